@@ -1,0 +1,109 @@
+"""Time, injected: the engine and the console read the time and wait only through a Clock.
+
+Tests hand in a :class:`ManualClock` and move it by hand, so minute, daily and DST cases
+run in milliseconds and snapshots stay stable; production uses :class:`SystemClock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from datetime import datetime, timedelta, timezone
+from typing import Protocol
+
+from .model import utc
+
+__all__ = ["Clock", "ManualClock", "SystemClock"]
+
+
+class Clock(Protocol):
+    """Where the engine gets the time from.
+
+    ``now()`` returns an aware UTC datetime. ``sleep_until(deadline)`` returns once
+    ``now() >= deadline`` holds (never before), and may be cancelled.
+    """
+
+    def now(self) -> datetime: ...
+
+    async def sleep_until(self, deadline: datetime) -> None: ...
+
+
+class SystemClock:
+    """The real wall clock.
+
+    Long waits are cut into chunks of at most ``max_chunk`` seconds and the wall clock is read
+    again after each one: asyncio measures delays on the monotonic clock, so without this a
+    wall-clock step (NTP, a suspended VM) would go unnoticed until the sleep ended, and a
+    timer may come back a little early.
+    """
+
+    def __init__(self, max_chunk: float = 60.0) -> None:
+        self.max_chunk = max_chunk
+
+    def now(self) -> datetime:
+        return datetime.now(timezone.utc)
+
+    async def sleep_until(self, deadline: datetime) -> None:
+        while True:
+            remaining = (deadline - self.now()).total_seconds()
+            if remaining <= 0:
+                return
+            await asyncio.sleep(min(remaining, self.max_chunk))
+
+
+class ManualClock:
+    """A clock that only moves when told to; for tests, demos and snapshots.
+
+    Sleepers wake when :meth:`advance` or :meth:`set` moves the time to or past their
+    deadline. ``sleepers`` tells how many are waiting, so a test can wait for a loop to
+    park again instead of sleeping for real.
+    """
+
+    def __init__(self, start: datetime | str = "2026-01-01T00:00:00Z") -> None:
+        if isinstance(start, str):
+            start = datetime.fromisoformat(start.replace("Z", "+00:00"))
+        self._now = utc(start)
+        self._sleepers: list[tuple[datetime, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def now(self) -> datetime:
+        return self._now
+
+    @property
+    def sleepers(self) -> int:
+        return sum(1 for _, _, fut in self._sleepers if not fut.done())
+
+    def next_deadline(self) -> datetime | None:
+        """The earliest deadline anyone waits for, if any."""
+        live = [when for when, _, fut in self._sleepers if not fut.done()]
+        return min(live) if live else None
+
+    async def sleep_until(self, deadline: datetime) -> None:
+        if deadline <= self._now:
+            await asyncio.sleep(0)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (deadline, next(self._seq), fut))
+        try:
+            await fut
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    def set(self, when: datetime | str) -> None:
+        if isinstance(when, str):
+            when = datetime.fromisoformat(when.replace("Z", "+00:00"))
+        when = utc(when)
+        if when < self._now:
+            raise ValueError(f"ManualClock cannot go back from {self._now} to {when}")
+        self._now = when
+        while self._sleepers and self._sleepers[0][0] <= when:
+            _, _, fut = heapq.heappop(self._sleepers)
+            if not fut.done():
+                fut.set_result(None)
+
+    def advance(self, seconds: float | timedelta) -> datetime:
+        step = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
+        self.set(self._now + step)
+        return self._now

@@ -1,0 +1,135 @@
+"""The one exception tree of schedtui.
+
+Every error the engine, the stores, the HTTP API and the remote client raise on purpose
+derives from :class:`SchedtuiError`. Each carries a short ``title`` and an operator-facing
+``message``, so the console can show it as a notification and the API as JSON without
+knowing the concrete type. Where a built-in exception fits, the subclass inherits it too,
+so ``except ValueError`` keeps working for callers who never heard of schedtui::
+
+    SchedtuiError
+    ├── DefinitionError (ValueError)      a schedule that cannot exist as written
+    │   ├── CronError                     bad cron expression or timezone
+    │   └── DiscoveryError                a *.cron.py file that fails to load
+    ├── BadInput (ValueError)             an operator or API argument that makes no sense
+    ├── NotFound (LookupError)            unknown schedule, run or backfill
+    ├── Refused                           a valid request the engine declines (count, reason)
+    ├── Unauthorized (PermissionError)    no or a wrong token
+    ├── Forbidden (PermissionError)       a read-only caller tried to act
+    └── Unavailable (ConnectionError)     the store or the remote engine cannot be reached
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadInput",
+    "CronError",
+    "DefinitionError",
+    "DiscoveryError",
+    "Forbidden",
+    "NotFound",
+    "Refused",
+    "SchedtuiError",
+    "Unauthorized",
+    "Unavailable",
+]
+
+
+class SchedtuiError(Exception):
+    """Root of every deliberate schedtui error."""
+
+    title: str = "Error"
+    """A few words naming the kind of problem, e.g. for a notification's title."""
+
+    #: Machine-readable code used in the HTTP API's ``{"error": {"code", "message"}}``.
+    code: str = "error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+        """The whole sentence for an operator; names the bad value where there is one."""
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class DefinitionError(SchedtuiError, ValueError):
+    """A schedule definition that cannot be accepted."""
+
+    title = "Invalid schedule"
+    code = "invalid_definition"
+
+
+class CronError(DefinitionError):
+    """A cron expression or timezone that cannot be used.
+
+    The message names the expression, the zone and what is wrong, e.g.
+    ``invalid cron expression "0 25 * * *" (tz="UTC"): hour 25 out of range``.
+    """
+
+    title = "Invalid cron expression"
+    code = "invalid_cron"
+
+
+class DiscoveryError(DefinitionError):
+    """A ``*.cron.py`` file that could not be imported or clashes with another one."""
+
+    title = "Schedule discovery failed"
+    code = "discovery_failed"
+
+
+class BadInput(SchedtuiError, ValueError):
+    """An argument that makes no sense (a malformed date, a limit above the ceiling, …)."""
+
+    title = "Bad input"
+    code = "bad_input"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        """The name of the offending field, when the input came as named fields."""
+
+
+class NotFound(SchedtuiError, LookupError):
+    """An unknown schedule, run or backfill."""
+
+    title = "Not found"
+    code = "not_found"
+
+
+class Refused(SchedtuiError):
+    """A well-formed request the engine declines, with how many slots and why.
+
+    Raised by a backfill that needs confirmation, exceeds its limit, is reversed, empty or
+    reaches into the future, or collides with a backfill already running.
+    """
+
+    title = "Refused"
+    code = "refused"
+
+    def __init__(self, message: str, *, count: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.count = count
+        """The number of slots concerned (``None`` when it does not apply)."""
+        self.reason = reason or message
+        """Why, in a few words (e.g. ``needs confirmation``)."""
+
+
+class Unauthorized(SchedtuiError, PermissionError):
+    """No token, or a wrong one."""
+
+    title = "Unauthorized"
+    code = "unauthorized"
+
+
+class Forbidden(SchedtuiError, PermissionError):
+    """The caller may read but not act (read token or read-only mode)."""
+
+    title = "Read-only"
+    code = "forbidden"
+
+
+class Unavailable(SchedtuiError, ConnectionError):
+    """The store or the remote engine cannot be reached right now."""
+
+    title = "Unavailable"
+    code = "unavailable"

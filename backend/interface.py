@@ -1,0 +1,270 @@
+"""The shared backend interface: all the console and the CLI know about an engine.
+
+:class:`Backend` is implemented twice: :class:`EmbeddedBackend` drives an
+:class:`~backend.engine.Engine` in this process, and :class:`backend.remote.RemoteBackend`
+drives a remote engine through its HTTP inspect API. The same contract tests run against
+both. Nothing here imports Textual; the caller owns concurrency (the console calls these
+methods from its workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, Protocol, TypeVar
+
+from .engine import Engine
+from .errors import Forbidden
+from .model import (
+    BackfillPlan,
+    BackfillProgress,
+    CoordinationMode,
+    Run,
+    ScheduleView,
+    iso,
+    parse_iso,
+)
+
+__all__ = [
+    "Backend",
+    "ConnectionInfo",
+    "EmbeddedBackend",
+    "RunsPage",
+    "SchedulesSnapshot",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionInfo:
+    """What a backend is connected to, for the console's header."""
+
+    kind: Literal["embedded", "remote"]
+    where: str
+    """The store's path or redacted URL (embedded), or the server's URL (remote)."""
+    coordination: CoordinationMode
+    instance: str
+    read_only: bool
+    store_kind: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "where": self.where,
+            "coordination": self.coordination,
+            "instance": self.instance,
+            "read_only": self.read_only,
+            "store_kind": self.store_kind,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulesSnapshot:
+    """Every schedule at one instant (``now`` is the engine's clock at that instant)."""
+
+    coordination: CoordinationMode
+    instance: str
+    now: datetime
+    schedules: list[ScheduleView]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "coordination": self.coordination,
+            "instance": self.instance,
+            "now": iso(self.now),
+            "schedules": [s.to_json() for s in self.schedules],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SchedulesSnapshot:
+        return cls(
+            coordination=data["coordination"],
+            instance=data["instance"],
+            now=parse_iso(data["now"]),
+            schedules=[ScheduleView.from_json(s) for s in data["schedules"]],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunsPage:
+    """One page of a schedule's runs, newest first; ``next_before`` pages further back."""
+
+    runs: list[Run]
+    next_before: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runs": [r.to_json() for r in self.runs], "next_before": self.next_before}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunsPage:
+        return cls(runs=[Run.from_json(r) for r in data["runs"]], next_before=data.get("next_before"))
+
+
+class Backend(Protocol):
+    """One engine, local or remote, as the console and the CLI see it.
+
+    Contract:
+
+    * Every method may raise a :class:`backend.errors.SchedtuiError` subclass and nothing
+      else on purpose: ``NotFound`` (unknown schedule/run/backfill), ``Refused`` (with
+      ``count`` and ``reason``), ``BadInput``, ``Unauthorized``, ``Forbidden`` (a
+      read-only backend asked to act), ``Unavailable`` (store or server unreachable).
+    * Reads have no side effects. ``plan_backfill`` in particular fires nothing.
+    * ``run_now`` always starts exactly one run (trigger and outcome ``manual``) and
+      returns it once it is recorded; it is not retried on a connection error.
+    * Datetimes are aware UTC.
+    """
+
+    read_only: bool
+    """True when the actions below raise ``Forbidden``."""
+
+    async def connect(self) -> ConnectionInfo:
+        """Open the store or reach the server; returns what it is connected to."""
+
+    async def close(self) -> None: ...
+
+    async def list_schedules(self) -> SchedulesSnapshot: ...
+
+    async def list_runs(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+        """A page of runs of ``name``, newest first, by keyset (``before`` a run id)."""
+
+    async def get_run(self, run_id: str) -> Run: ...
+
+    async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
+        """The next ``count`` slots of ``name`` by its cron (whether or not it is enabled)."""
+
+    async def run_now(self, name: str) -> Run: ...
+
+    async def wait_run(self, run_id: str) -> Run:
+        """Return the run once it is no longer ``running``."""
+
+    async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None) -> ScheduleView: ...
+
+    async def plan_backfill(
+        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+    ) -> BackfillPlan: ...
+
+    async def start_backfill(
+        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+    ) -> BackfillProgress: ...
+
+    async def backfill_progress(self, backfill_id: str) -> BackfillProgress: ...
+
+    async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
+        """Return the backfill's progress once it is no longer ``running``."""
+
+
+@dataclass
+class _EngineThread:
+    """An event loop on its own thread, so handlers never share the caller's loop."""
+
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.loop.run_forever, name="schedtui-engine", daemon=True)
+        self.thread.start()
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        self.loop.close()
+
+
+class EmbeddedBackend:
+    """The interface over an engine in this process.
+
+    ``arm=True`` starts the engine's timers (the console and ``serve``); otherwise the
+    engine is only opened, to read and act (the one-shot CLI verbs). ``own_thread=True``
+    runs the engine on a loop of its own thread, so that neither handlers nor the ledger
+    ever hold up the caller's loop (the console's UI).
+    """
+
+    def __init__(self, engine: Engine, *, read_only: bool = False, arm: bool = False, own_thread: bool = False) -> None:
+        self.engine = engine
+        self.read_only = read_only
+        self.arm = arm
+        self._thread = _EngineThread() if own_thread else None
+
+    async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._thread is None:
+            return await coro
+        return await self._thread.call(coro)
+
+    def _check_can_act(self, action: str) -> None:
+        if self.read_only:
+            raise Forbidden(f"read-only: {action} is not allowed")
+
+    def info(self) -> ConnectionInfo:
+        return ConnectionInfo(
+            kind="embedded",
+            where=self.engine.store.where,
+            coordination=self.engine.coordination,
+            instance=self.engine.instance,
+            read_only=self.read_only,
+            store_kind=self.engine.store.kind,
+        )
+
+    async def connect(self) -> ConnectionInfo:
+        if self._thread is not None and self._thread.thread is None:
+            self._thread.start()
+        await self._call(self.engine.start() if self.arm else self.engine.open())
+        return self.info()
+
+    async def close(self) -> None:
+        await self._call(self.engine.stop())
+        if self._thread is not None:
+            self._thread.stop()
+
+    async def list_schedules(self) -> SchedulesSnapshot:
+        async def snapshot() -> SchedulesSnapshot:
+            views = await self.engine.list_schedules()
+            return SchedulesSnapshot(self.engine.coordination, self.engine.instance, self.engine.clock.now(), views)
+
+        return await self._call(snapshot())
+
+    async def list_runs(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+        runs, next_before = await self._call(self.engine.list_runs(name, limit=limit, before=before))
+        return RunsPage(runs, next_before)
+
+    async def get_run(self, run_id: str) -> Run:
+        return await self._call(self.engine.get_run(run_id))
+
+    async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
+        return self.engine.upcoming(name, count)
+
+    async def run_now(self, name: str) -> Run:
+        self._check_can_act("Run now")
+        return await self._call(self.engine.run_now(name))
+
+    async def wait_run(self, run_id: str) -> Run:
+        return await self._call(self.engine.wait_run(run_id))
+
+    async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None) -> ScheduleView:
+        self._check_can_act("enable" if enabled else "disable")
+        return await self._call(self.engine.set_enabled(name, enabled, note=note))
+
+    async def plan_backfill(
+        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+    ) -> BackfillPlan:
+        return self.engine.plan_backfill(name, start, end, confirm=confirm, limit=limit)
+
+    async def start_backfill(
+        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+    ) -> BackfillProgress:
+        self._check_can_act("backfill")
+        return await self._call(self.engine.start_backfill(name, start, end, confirm=confirm, limit=limit))
+
+    async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
+        return await self._call(self.engine.backfill_progress(backfill_id))
+
+    async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
+        return await self._call(self.engine.wait_backfill(backfill_id))

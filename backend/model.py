@@ -1,0 +1,381 @@
+"""Plain data shared by every layer: runs, schedule views, backfill plans and progress.
+
+Everything here is a frozen dataclass holding timezone-aware UTC datetimes. ``to_json``
+turns each into the JSON object of the public contract (the HTTP API, ``--json`` output
+of the CLI and the shared backend interface all use the same shapes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Final, Literal
+
+RunStatus = Literal["succeeded", "failed", "skipped", "missed", "running"]
+Trigger = Literal["self", "external", "manual"]
+CoordinationMode = Literal["single", "advisoryLock"]
+Outcome = Literal["single", "wonLock", "external", "manual"]
+OverlapPolicy = Literal["skip", "queue", "parallel"]
+BackfillPolicy = Literal["skip", "latest", "all"]
+
+RUN_STATUSES: Final = ("succeeded", "failed", "skipped", "missed", "running")
+TRIGGERS: Final = ("self", "external", "manual")
+COORDINATION_MODES: Final = ("single", "advisoryLock")
+OUTCOMES: Final = ("single", "wonLock", "external", "manual")
+OVERLAP_POLICIES: Final = ("skip", "queue", "parallel")
+BACKFILL_POLICIES: Final = ("skip", "latest", "all")
+
+#: Error tags the engine itself writes; a failing handler's tag is its exception's class name.
+TAG_TIMEOUT: Final = "timeout"
+TAG_ABANDONED: Final = "abandoned"
+TAG_INTERRUPTED: Final = "interrupted"
+TAG_UNAVAILABLE: Final = "unavailable"
+
+
+def utc(dt: datetime) -> datetime:
+    """Return ``dt`` as an aware UTC datetime; naive input is a programming error."""
+    if dt.tzinfo is None or dt.utcoffset() is None:
+        raise ValueError(f"naive datetime {dt.isoformat()} (schedtui needs timezone-aware datetimes)")
+    return dt.astimezone(timezone.utc)
+
+
+def iso(dt: datetime | None) -> str | None:
+    """ISO 8601 in UTC with a ``Z``; seconds precision unless there are fractions."""
+    if dt is None:
+        return None
+    dt = dt.astimezone(timezone.utc)
+    text = dt.isoformat(timespec="milliseconds" if dt.microsecond else "seconds")
+    return text.replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> datetime:
+    """Parse an ISO 8601 instant written by :func:`iso` (or any aware ISO string)."""
+    return utc(datetime.fromisoformat(text.replace("Z", "+00:00")))
+
+
+def slot_key(name: str, scheduled_at: datetime) -> str:
+    """The claim key of one slot: ``name@YYYY-MM-DDTHH:MM:SS`` in UTC."""
+    return f"{name}@{scheduled_at.astimezone(timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A slot an instance wants to own: the key, its schedule, the run id it would record."""
+
+    key: str
+    name: str
+    run_id: str
+    prune_before: datetime | None = None
+    """If this claim is won, the schedule's claims older than this can go."""
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One row of the run ledger: a firing, or a slot that did not fire and why."""
+
+    id: str
+    name: str
+    scheduled_at: datetime
+    status: RunStatus
+    trigger: Trigger
+    coordination_outcome: Outcome
+    instance: str
+    fired_at: datetime | None = None
+    finished_at: datetime | None = None
+    error_tag: str | None = None
+    error_message: str | None = None
+
+    @property
+    def duration_ms(self) -> int | None:
+        if self.fired_at is None or self.finished_at is None:
+            return None
+        return round((self.finished_at - self.fired_at).total_seconds() * 1000)
+
+    @property
+    def done(self) -> bool:
+        return self.status != "running"
+
+    def finish(
+        self,
+        status: RunStatus,
+        at: datetime,
+        *,
+        error_tag: str | None = None,
+        error_message: str | None = None,
+    ) -> Run:
+        return dataclasses.replace(
+            self, status=status, finished_at=at, error_tag=error_tag, error_message=error_message
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "scheduled_at": iso(self.scheduled_at),
+            "fired_at": iso(self.fired_at),
+            "finished_at": iso(self.finished_at),
+            "status": self.status,
+            "trigger": self.trigger,
+            "coordination_outcome": self.coordination_outcome,
+            "instance": self.instance,
+            "error_tag": self.error_tag,
+            "error_message": self.error_message,
+            "duration_ms": self.duration_ms,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Run:
+        def when(key: str) -> datetime | None:
+            value = data.get(key)
+            return parse_iso(value) if value else None
+
+        scheduled_at = when("scheduled_at")
+        assert scheduled_at is not None
+        return cls(
+            id=data["id"],
+            name=data["name"],
+            scheduled_at=scheduled_at,
+            fired_at=when("fired_at"),
+            finished_at=when("finished_at"),
+            status=data["status"],
+            trigger=data["trigger"],
+            coordination_outcome=data["coordination_outcome"],
+            instance=data["instance"],
+            error_tag=data.get("error_tag"),
+            error_message=data.get("error_message"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StateNote:
+    """Who last enabled or disabled a schedule, when, and why."""
+
+    by: str
+    at: datetime
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"by": self.by, "at": iso(self.at), "note": self.note}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StateNote:
+        return cls(by=data["by"], at=parse_iso(data["at"]), note=data.get("note"))
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleState:
+    """The persisted, operator-controlled part of a schedule (survives restarts)."""
+
+    name: str
+    enabled: bool
+    changed_by: str
+    changed_at: datetime
+    note: str | None = None
+
+    @property
+    def state_note(self) -> StateNote:
+        return StateNote(by=self.changed_by, at=self.changed_at, note=self.note)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleView:
+    """A schedule as an operator sees it: its definition, its state, what is next, what was last."""
+
+    name: str
+    cron: str
+    timezone: str
+    trigger: Literal["self", "external"]
+    on_overlap: OverlapPolicy
+    backfill: BackfillPolicy
+    max_runtime_s: float
+    description: str | None
+    payload: Any
+    enabled: bool
+    state_note: StateNote | None
+    next_fire_at: datetime | None
+    last_run: Run | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "cron": self.cron,
+            "timezone": self.timezone,
+            "trigger": self.trigger,
+            "on_overlap": self.on_overlap,
+            "backfill": self.backfill,
+            "max_runtime_s": self.max_runtime_s,
+            "description": self.description,
+            "payload": self.payload,
+            "enabled": self.enabled,
+            "state_note": self.state_note.to_json() if self.state_note else None,
+            "next_fire_at": iso(self.next_fire_at),
+            "last_run": self.last_run.to_json() if self.last_run else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ScheduleView:
+        return cls(
+            name=data["name"],
+            cron=data["cron"],
+            timezone=data["timezone"],
+            trigger=data["trigger"],
+            on_overlap=data["on_overlap"],
+            backfill=data["backfill"],
+            max_runtime_s=data["max_runtime_s"],
+            description=data.get("description"),
+            payload=data.get("payload"),
+            enabled=data["enabled"],
+            state_note=StateNote.from_json(data["state_note"]) if data.get("state_note") else None,
+            next_fire_at=parse_iso(data["next_fire_at"]) if data.get("next_fire_at") else None,
+            last_run=Run.from_json(data["last_run"]) if data.get("last_run") else None,
+        )
+
+
+#: Above this many slots a range backfill needs an explicit confirmation.
+BACKFILL_CONFIRM_ABOVE: Final = 25
+#: Default most slots one backfill may fire.
+BACKFILL_DEFAULT_LIMIT: Final = 1_000
+#: The limit can be raised up to here and no further.
+BACKFILL_MAX_LIMIT: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillPlan:
+    """What a range backfill would do, computed without side effects.
+
+    ``count`` is exact up to :data:`BACKFILL_MAX_LIMIT`; beyond it the plan stops counting
+    and sets ``count_exceeds`` (the refusal then says "more than 10,000").
+    """
+
+    name: str
+    start: datetime
+    end: datetime
+    count: int
+    first: datetime | None
+    last: datetime | None
+    limit: int
+    confirm: bool
+    refusal: str | None
+    count_exceeds: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.refusal is None
+
+    @property
+    def needs_confirmation(self) -> bool:
+        return self.count > BACKFILL_CONFIRM_ABOVE
+
+    def count_text(self) -> str:
+        return f"more than {self.count - 1:,}" if self.count_exceeds else f"{self.count:,}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "from": iso(self.start),
+            "to": iso(self.end),
+            "count": self.count,
+            "count_exceeds": self.count_exceeds,
+            "first": iso(self.first),
+            "last": iso(self.last),
+            "limit": self.limit,
+            "confirm": self.confirm,
+            "needs_confirmation": self.needs_confirmation,
+            "ok": self.ok,
+            "refusal": self.refusal,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BackfillPlan:
+        return cls(
+            name=data["name"],
+            start=parse_iso(data["from"]),
+            end=parse_iso(data["to"]),
+            count=data["count"],
+            count_exceeds=data.get("count_exceeds", False),
+            first=parse_iso(data["first"]) if data.get("first") else None,
+            last=parse_iso(data["last"]) if data.get("last") else None,
+            limit=data["limit"],
+            confirm=data["confirm"],
+            refusal=data.get("refusal"),
+        )
+
+
+BackfillState = Literal["running", "done", "abandoned"]
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillProgress:
+    """How far a range backfill has got; readable by any process while it runs."""
+
+    id: str
+    name: str
+    start: datetime
+    end: datetime
+    total: int
+    fired: int
+    failed: int
+    state: BackfillState
+    instance: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    current: datetime | None = field(default=None)
+
+    @property
+    def remaining(self) -> int:
+        return self.total - self.fired
+
+    @property
+    def succeeded(self) -> int:
+        return self.fired - self.failed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "from": iso(self.start),
+            "to": iso(self.end),
+            "total": self.total,
+            "fired": self.fired,
+            "failed": self.failed,
+            "remaining": self.remaining,
+            "state": self.state,
+            "instance": self.instance,
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+            "current": iso(self.current),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BackfillProgress:
+        return cls(
+            id=data["id"],
+            name=data["name"],
+            start=parse_iso(data["from"]),
+            end=parse_iso(data["to"]),
+            total=data["total"],
+            fired=data["fired"],
+            failed=data["failed"],
+            state=data["state"],
+            instance=data["instance"],
+            started_at=parse_iso(data["started_at"]),
+            finished_at=parse_iso(data["finished_at"]) if data.get("finished_at") else None,
+            current=parse_iso(data["current"]) if data.get("current") else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    """What a handler receives about the firing it is running for."""
+
+    name: str
+    run_id: str
+    scheduled_at: datetime
+    """The cron-derived slot this run is for (the same on every instance)."""
+    fired_at: datetime
+    """When the handler actually started; later than ``scheduled_at`` by the firing lag."""
+    trigger: Trigger
+    payload: Any
+    deadline: datetime
+    """When the watchdog gives up on this run (``fired_at`` + ``max_runtime``)."""

@@ -1,0 +1,209 @@
+"""The shared backend interface over a remote engine's HTTP inspect API (httpx).
+
+Reads are retried briefly on connection errors; actions are never retried blindly (a Run
+now that timed out may have fired). An unreachable server is an :class:`Unavailable`
+with one clear sentence, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from .errors import (
+    BadInput,
+    Forbidden,
+    NotFound,
+    Refused,
+    SchedtuiError,
+    Unauthorized,
+    Unavailable,
+)
+from .interface import ConnectionInfo, RunsPage, SchedulesSnapshot
+from .model import BackfillPlan, BackfillProgress, Run, ScheduleView, iso, parse_iso
+
+__all__ = ["RemoteBackend"]
+
+_READ_RETRIES = (0.2, 0.5, 1.0)
+
+
+class RemoteBackend:
+    """A :class:`~backend.interface.Backend` that talks to ``schedtui serve`` over HTTP.
+
+    ``transport`` lets tests hand in an ``httpx.ASGITransport``; by default it is a real
+    connection. ``read_only`` can be forced on; it is also on when the token only reads.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        read_only: bool = False,
+        timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise BadInput(f'server URL "{url}" must start with http:// or https://', field="url")
+        self.url = url.rstrip("/")
+        self.read_only = read_only
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        self._info: ConnectionInfo | None = None
+
+    # -- plumbing -----------------------------------------------------------------------
+    async def _request(self, method: str, path: str, *, retry: bool, **kwargs: Any) -> Any:
+        delays = _READ_RETRIES if retry else ()
+        attempt = 0
+        while True:
+            try:
+                response = await self._client.request(method, path, **kwargs)
+                break
+            except httpx.TimeoutException:
+                if attempt < len(delays):
+                    await asyncio.sleep(delays[attempt])
+                    attempt += 1
+                    continue
+                raise Unavailable(f"{self.url} did not answer in time ({method} {path})") from None
+            except httpx.TransportError as exc:
+                if attempt < len(delays):
+                    await asyncio.sleep(delays[attempt])
+                    attempt += 1
+                    continue
+                raise Unavailable(f"cannot reach {self.url}: {_reason(exc)}") from None
+        return self._decode(response)
+
+    def _decode(self, response: httpx.Response) -> Any:
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if response.is_success:
+            if data is None:
+                raise Unavailable(f"{self.url} answered {response.status_code} without JSON; is it a schedtui server?")
+            return data
+        error = data.get("error") if isinstance(data, dict) else None
+        message = (error or {}).get("message") or f"{self.url} answered {response.status_code}"
+        status = response.status_code
+        if status == 401:
+            raise Unauthorized(message)
+        if status == 403:
+            raise Forbidden(message)
+        if status == 404:
+            raise NotFound(message)
+        if status == 409:
+            count = data.get("count") if isinstance(data, dict) else None
+            reason = data.get("reason") if isinstance(data, dict) else None
+            raise Refused(message, count=count, reason=reason or message)
+        if status in (413, 422):
+            raise BadInput(message, field=(error or {}).get("field"))
+        if status in (502, 503, 504):
+            raise Unavailable(message)
+        raise SchedtuiError(message)
+
+    async def _get(self, path: str, **params: Any) -> Any:
+        return await self._request("GET", path, retry=True, params={k: v for k, v in params.items() if v is not None})
+
+    async def _post(self, path: str, body: dict[str, Any] | None = None, *, retry: bool = False) -> Any:
+        return await self._request("POST", path, retry=retry, json=body or {})
+
+    def _check_can_act(self, action: str) -> None:
+        if self.read_only:
+            raise Forbidden(f"read-only: {action} is not allowed")
+
+    # -- the interface ------------------------------------------------------------------
+    async def connect(self) -> ConnectionInfo:
+        data = await self._get("/inspect/info")
+        if data.get("access") == "read":
+            self.read_only = True
+        self._info = ConnectionInfo(
+            kind="remote",
+            where=self.url,
+            coordination=data["coordination"],
+            instance=data["instance"],
+            read_only=self.read_only,
+            store_kind=data.get("store_kind", ""),
+        )
+        return self._info
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def list_schedules(self) -> SchedulesSnapshot:
+        return SchedulesSnapshot.from_json(await self._get("/inspect/schedules"))
+
+    async def list_runs(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+        return RunsPage.from_json(await self._get("/inspect/schedules/runs", name=name, limit=limit, before=before))
+
+    async def get_run(self, run_id: str) -> Run:
+        return Run.from_json(await self._get(f"/inspect/runs/{_seg(run_id)}"))
+
+    async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
+        data = await self._get(f"/inspect/schedules/{_seg(name)}/upcoming", count=count)
+        return [parse_iso(s) for s in data["slots"]]
+
+    async def run_now(self, name: str) -> Run:
+        self._check_can_act("Run now")
+        data = await self._post(f"/inspect/schedules/{_seg(name)}/fire")
+        return Run.from_json(data["run"])
+
+    async def wait_run(self, run_id: str) -> Run:
+        delay = 0.05
+        while True:
+            run = await self.get_run(run_id)
+            if run.status != "running":
+                return run
+            await asyncio.sleep(delay)  # polling a remote server: nothing to wait on
+            delay = min(delay * 2, 1.0)
+
+    async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None) -> ScheduleView:
+        self._check_can_act("enable" if enabled else "disable")
+        action = "enable" if enabled else "disable"
+        # Setting a state is idempotent, so a retry after a lost answer is safe.
+        data = await self._post(f"/inspect/schedules/{_seg(name)}/{action}", {"note": note}, retry=True)
+        return ScheduleView.from_json(data)
+
+    def _backfill_body(
+        self, start: datetime, end: datetime, confirm: bool, limit: int | None
+    ) -> dict[str, Any]:
+        return {"from": iso(start), "to": iso(end), "confirm": confirm, "limit": limit}
+
+    async def plan_backfill(
+        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+    ) -> BackfillPlan:
+        body = self._backfill_body(start, end, confirm, limit)
+        data = await self._post(f"/inspect/schedules/{_seg(name)}/backfill/plan", body, retry=True)
+        return BackfillPlan.from_json(data)
+
+    async def start_backfill(
+        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+    ) -> BackfillProgress:
+        self._check_can_act("backfill")
+        data = await self._post(f"/inspect/schedules/{_seg(name)}/backfill", self._backfill_body(start, end, confirm, limit))
+        return BackfillProgress.from_json(data["progress"])
+
+    async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
+        return BackfillProgress.from_json(await self._get(f"/inspect/backfills/{_seg(backfill_id)}"))
+
+    async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
+        delay = 0.05
+        while (progress := await self.backfill_progress(backfill_id)).state == "running":
+            await asyncio.sleep(delay)  # polling a remote server: nothing to wait on
+            delay = min(delay * 2, 1.0)
+        return progress
+
+
+def _seg(value: str) -> str:
+    from urllib.parse import quote
+
+    return quote(value, safe="")
+
+
+def _reason(exc: httpx.TransportError) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectError):
+        return f"cannot connect ({text})"
+    return text

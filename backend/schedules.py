@@ -1,0 +1,225 @@
+"""Defining schedules and discovering them in ``*.cron.py`` files.
+
+A schedule is validated completely when it is defined, so a typo fails at import time
+with a message naming the schedule, the expression and the zone, rather than as a timer
+that silently never fires.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import re
+import sys
+import traceback
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Union
+
+from .cron import Cron
+from .errors import CronError, DefinitionError, DiscoveryError
+from .model import BACKFILL_POLICIES, OVERLAP_POLICIES, BackfillPolicy, OverlapPolicy, Trigger
+
+if TYPE_CHECKING:
+    from .model import RunContext
+
+__all__ = ["DEFAULT_MAX_RUNTIME", "Handler", "Schedule", "define_schedule", "discover"]
+
+Handler = Callable[["RunContext"], Union[Awaitable[Any], Any]]
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+#: The watchdog's default bound on one run, in seconds (30 minutes).
+DEFAULT_MAX_RUNTIME = 1800.0
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """A validated schedule definition. Build it with :func:`define_schedule`."""
+
+    name: str
+    cron: Cron
+    handler: Handler
+    on_overlap: OverlapPolicy = "skip"
+    backfill: BackfillPolicy = "skip"
+    max_runtime: float = DEFAULT_MAX_RUNTIME
+    description: str | None = None
+    payload: Any = None
+    enabled: bool = True
+    trigger: Literal["self", "external"] | None = None
+    source: str | None = field(default=None, compare=False)
+    """Where it was defined, as ``path:line``."""
+
+    @property
+    def timezone(self) -> str:
+        return self.cron.timezone
+
+    @property
+    def is_async(self) -> bool:
+        return _is_async_callable(self.handler)
+
+    def effective_trigger(self, default: Literal["self", "external"] = "self") -> Literal["self", "external"]:
+        return self.trigger or default
+
+    def __repr__(self) -> str:
+        return f"Schedule({self.name!r}, {self.cron.expr!r}, tz={self.timezone!r})"
+
+
+def _is_async_callable(obj: Any) -> bool:
+    return inspect.iscoroutinefunction(obj) or inspect.iscoroutinefunction(getattr(obj, "__call__", None))
+
+
+def define_schedule(
+    *,
+    name: str,
+    cron: str,
+    timezone: str,
+    handler: Handler,
+    on_overlap: OverlapPolicy = "skip",
+    backfill: BackfillPolicy = "skip",
+    max_runtime: float | timedelta = DEFAULT_MAX_RUNTIME,
+    description: str | None = None,
+    payload: Any = None,
+    enabled: bool = True,
+    trigger: Trigger | None = None,
+) -> Schedule:
+    """Define a named cron schedule; raises :class:`DefinitionError` on anything invalid."""
+    label = f"define_schedule({name!r})" if isinstance(name, str) else "define_schedule()"
+
+    def bad(problem: str) -> DefinitionError:
+        return DefinitionError(f"{label}: {problem}")
+
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise DefinitionError(
+            f"{label}: invalid name {name!r} (1-128 characters of letters, digits, '_', '.', '-')"
+        )
+    try:
+        parsed = Cron(cron, timezone)
+    except CronError as exc:
+        raise CronError(f"{label}: {exc.message}") from None
+    if not callable(handler):
+        raise bad(f"handler {handler!r} is not callable")
+    if on_overlap not in OVERLAP_POLICIES:
+        raise bad(f"on_overlap {on_overlap!r} is not one of {', '.join(OVERLAP_POLICIES)}")
+    if backfill not in BACKFILL_POLICIES:
+        raise bad(f"backfill {backfill!r} is not one of {', '.join(BACKFILL_POLICIES)}")
+    if trigger not in (None, "self", "external"):
+        raise bad(f"trigger {trigger!r} is not one of self, external (or None for the app default)")
+    if isinstance(max_runtime, timedelta):
+        max_runtime = max_runtime.total_seconds()
+    if isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float)) or not max_runtime > 0:
+        raise bad(f"max_runtime {max_runtime!r} must be a positive number of seconds")
+    if max_runtime == float("inf"):
+        raise bad("max_runtime inf is not a bound; give a number of seconds")
+    if description is not None and not isinstance(description, str):
+        raise bad(f"description {description!r} is not a string")
+    if not isinstance(enabled, bool):
+        raise bad(f"enabled {enabled!r} is not a bool")
+    try:
+        json.dumps(payload, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise bad(f"payload is not JSON-serialisable ({exc})") from None
+    if trigger == "external" and parsed.has_seconds:
+        raise bad(
+            f'cron "{parsed.expr}" has a seconds field; external schedulers fire at most once a '
+            "minute, so a six-field schedule must use the self trigger"
+        )
+    return Schedule(
+        name=name,
+        cron=parsed,
+        handler=handler,
+        on_overlap=on_overlap,
+        backfill=backfill,
+        max_runtime=float(max_runtime),
+        description=description,
+        payload=payload,
+        enabled=enabled,
+        trigger=trigger,  # "manual" was rejected above
+        source=_caller_location(),
+    )
+
+
+def _caller_location() -> str | None:
+    frame = inspect.currentframe()
+    try:
+        caller = frame.f_back.f_back if frame and frame.f_back else None
+        return f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller else None
+    finally:
+        del frame
+
+
+_module_counter = 0
+
+
+def discover(folder: str | Path) -> list[Schedule]:
+    """Import every ``*.cron.py`` below ``folder`` by path and return its schedules, by name.
+
+    Raises :class:`DiscoveryError` naming the file and line of a failing import, or both
+    files when two schedules share one name.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise DiscoveryError(f'schedules folder "{folder}" does not exist or is not a folder')
+    found: dict[str, Schedule] = {}
+    for path in sorted(root.rglob("*.cron.py")):
+        for schedule in _load_file(path):
+            other = found.get(schedule.name)
+            if other is not None and other is not schedule:
+                raise DiscoveryError(
+                    f'schedule name "{schedule.name}" is defined twice: in '
+                    f"{_where(other, path)} and in {_where(schedule, path)}"
+                )
+            found[schedule.name] = schedule
+    return sorted(found.values(), key=lambda s: s.name)
+
+
+def _where(schedule: Schedule, fallback: Path) -> str:
+    return schedule.source or str(fallback)
+
+
+def _load_file(path: Path) -> Iterable[Schedule]:
+    global _module_counter
+    _module_counter += 1
+    module_name = f"_schedtui_cron_{_module_counter}_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:  # pragma: no cover - only for non-.py paths
+        raise DiscoveryError(f"{path}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        sys.modules.pop(module_name, None)
+        raise DiscoveryError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from exc
+    except (Exception, SystemExit) as exc:  # sys.exit() in a file must not end the caller
+        sys.modules.pop(module_name, None)
+        line = _line_in(path, exc)
+        detail = str(exc) if isinstance(exc, DefinitionError) else f"{type(exc).__name__}: {exc}"
+        raise DiscoveryError(f"{path}:{line}: {detail}") from exc
+    seen: list[Schedule] = []
+    for value in vars(module).values():
+        if isinstance(value, Schedule) and all(value is not s for s in seen):
+            seen.append(value)
+    return seen
+
+
+def _line_in(path: Path, exc: BaseException) -> int | str:
+    """The deepest traceback line that lies in ``path`` (where the file went wrong)."""
+    target = str(path.resolve())
+    line: int | str = "?"
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename and str(Path(frame.filename).resolve()) == target and frame.lineno:
+            line = frame.lineno
+    return line
+
+
+def describe_next(schedule: Schedule, after: datetime, count: int = 5) -> list[datetime]:
+    """The next ``count`` slots after ``after`` (for previews)."""
+    slots: list[datetime] = []
+    at = after
+    for _ in range(count):
+        at = schedule.cron.next(at)
+        slots.append(at)
+    return slots

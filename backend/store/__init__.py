@@ -1,0 +1,152 @@
+"""The run ledger and schedule state, behind one protocol.
+
+:class:`Store` is the seam between the engine and a database. Two implementations:
+:mod:`backend.store.sqlite` (embedded default) and :mod:`backend.store.postgres` (fleets).
+:func:`open_store` picks one from a URL. Every method is safe to call from the engine's
+event loop; none blocks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+from ..errors import BadInput
+from ..model import BackfillProgress, Claim, CoordinationMode, Run, ScheduleState
+
+__all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "Store", "open_store", "redact_url"]
+
+DEFAULT_STORE_URL = "sqlite:///.schedtui/state.db"
+
+
+class InstanceBeat(Protocol):
+    instance: str
+    host: str
+    pid: int
+    heartbeat_at: datetime
+
+
+class Store(Protocol):
+    """A durable ledger of runs plus the operator-controlled state of schedules.
+
+    Contract:
+
+    * Writes of runs are *upserts by id* and are applied in the order they were handed in.
+      :meth:`save_runs` returns at once; the rows become durable at the next group commit,
+      and :meth:`flush` waits until everything handed in so far is committed. Several
+      processes may write the same store at once.
+    * Runs are read per schedule, newest first (by id, which sorts by creation time),
+      paged by keyset: ``before`` is the id of the last run of the previous page.
+    * Times go in and come out as aware UTC datetimes.
+    * A connection problem raises :class:`backend.errors.Unavailable`.
+    """
+
+    kind: str
+    """``sqlite`` or ``postgresql``."""
+    where: str
+    """Where it lives, fit to show (a path, or a URL without its password)."""
+    default_coordination: CoordinationMode
+
+    async def open(self) -> None:
+        """Connect, create or migrate the schema (safe when several processes start at once)."""
+
+    async def close(self) -> None:
+        """Commit what is pending and disconnect."""
+
+    # -- runs ---------------------------------------------------------------------------
+    def save_runs(self, runs: Sequence[Run]) -> None:
+        """Hand runs to the writer (thread-safe, non-blocking); see the class contract."""
+
+    async def flush(self) -> None:
+        """Return once every run handed in before this call is committed."""
+
+    async def get_run(self, run_id: str) -> Run | None: ...
+
+    async def list_runs(self, name: str, *, limit: int, before: str | None = None) -> list[Run]:
+        """At most ``limit`` runs of ``name`` with ``id < before``, newest first."""
+
+    async def last_runs(self, names: Iterable[str]) -> dict[str, Run]:
+        """The newest run of each named schedule that has one."""
+
+    async def last_slot(self, name: str) -> datetime | None:
+        """The newest ``scheduled_at`` among the schedule's non-manual runs (catch-up start)."""
+
+    async def running_runs(self) -> list[Run]:
+        """Every run whose status is still ``running``, from any instance."""
+
+    async def close_run(self, run: Run) -> bool:
+        """Write ``run`` (a finished version) only if the stored one is still ``running``."""
+
+    async def prune_runs(self, created_before: datetime) -> int:
+        """Delete runs created before the given time; returns how many."""
+
+    # -- schedule state -----------------------------------------------------------------
+    async def get_states(self) -> dict[str, ScheduleState]: ...
+
+    async def set_state(self, state: ScheduleState) -> None: ...
+
+    # -- instances ----------------------------------------------------------------------
+    async def heartbeat(self, instance: str, host: str, pid: int, at: datetime) -> None:
+        """Register or refresh a live instance."""
+
+    async def instances(self) -> dict[str, tuple[str, int, datetime]]:
+        """Every registered instance: ``{name: (host, pid, heartbeat_at)}``."""
+
+    async def forget_instance(self, instance: str) -> None: ...
+
+    # -- claims (coordination) -------------------------------------------------------------
+    async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> set[str]:
+        """Insert each claim unless its key exists; return the keys this call inserted.
+
+        The key's uniqueness is what makes a slot fire once across every process sharing
+        the store. Raises :class:`Unavailable` when the claims cannot be written."""
+
+    async def claimed_run(self, key: str) -> str | None:
+        """The run id recorded with a claim, if the key is claimed."""
+
+    async def prune_claims(self, name: str | None, before: datetime) -> int:
+        """Delete claims older than ``before``: one schedule's, or (``None``) everyone's."""
+
+    async def count_claims(self) -> int: ...
+
+    # -- backfills ----------------------------------------------------------------------
+    async def start_backfill(self, progress: BackfillProgress) -> None:
+        """Record a new running backfill; :class:`Refused` if one runs for that schedule."""
+
+    async def update_backfill(self, progress: BackfillProgress) -> None: ...
+
+    async def get_backfill(self, backfill_id: str) -> BackfillProgress | None: ...
+
+    async def running_backfills(self) -> list[BackfillProgress]: ...
+
+
+def redact_url(url: str) -> str:
+    """A store URL fit to show or log: the password replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def open_store(url: str | None = None) -> Store:
+    """Build the store a URL names (not yet opened): ``sqlite:///path`` or ``postgresql://…``."""
+    url = url or DEFAULT_STORE_URL
+    if url.startswith("sqlite://"):
+        from .sqlite import SQLiteStore
+
+        path = url[len("sqlite://") :]
+        if path.startswith("/"):
+            path = path[1:]  # sqlite:///relative.db and sqlite:////abs/path.db, as SQLAlchemy
+        if not path:
+            raise BadInput(f'store URL "{url}" names no file (try sqlite:///.schedtui/state.db)')
+        return SQLiteStore(Path(path) if path != ":memory:" else path)
+    if url.startswith(("postgresql://", "postgres://")):
+        from .postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
+
+        return PostgresStore(url)  # type: ignore[no-any-return,unused-ignore]
+    raise BadInput(f'unsupported store URL "{redact_url(url)}" (use sqlite:///PATH or postgresql://…)')

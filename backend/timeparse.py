@@ -1,0 +1,44 @@
+"""Reading the instants an operator types: ISO 8601, a date, ``now``, or ``-2d``-style offsets.
+
+A time without an offset is read in the schedule's own timezone, the zone the operator
+sees slots in; the result is always an aware UTC datetime.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, time, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+from .errors import BadInput
+
+_UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
+_RELATIVE = re.compile(r"^([+-])((?:\d+[wdhms])+)$")
+_PART = re.compile(r"(\d+)([wdhms])")
+
+
+def parse_when(text: str, *, now: datetime, zone: ZoneInfo | str = "UTC", field: str = "time") -> datetime:
+    """Parse ``text``; raises :class:`BadInput` naming the field and the value."""
+    tz = ZoneInfo(zone) if isinstance(zone, str) else zone
+    raw = text.strip()
+    if not raw:
+        raise BadInput(f"{field} is empty (use ISO 8601 such as 2026-08-10T00:00Z, or now, -6h, -2d)", field=field)
+    lowered = raw.lower()
+    if lowered == "now":
+        return now.astimezone(timezone.utc)
+    match = _RELATIVE.match(lowered.replace(" ", ""))
+    if match:
+        delta = timedelta(**{_UNITS[u]: int(n) for n, u in _PART.findall(match.group(2))})
+        return (now + delta if match.group(1) == "+" else now - delta).astimezone(timezone.utc)
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise BadInput(
+            f'{field} "{text}" is not a time (use ISO 8601 such as 2026-08-10T00:00Z, or now, -6h, -2d)',
+            field=field,
+        ) from None
+    if len(raw) == 10 and isinstance(value, datetime):  # a bare date: midnight in the zone
+        value = datetime.combine(value.date(), time(0), tz)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=tz)
+    return value.astimezone(timezone.utc)

@@ -1,0 +1,529 @@
+"""The ``schedtui`` command: parses arguments and dispatches verbs (and, later, the app).
+
+Exit codes: 0 success, 1 failure, 2 bad usage or input (one line on stderr naming the
+bad value), 3 a refused backfill (the count and the reason are printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Coroutine, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from backend import (
+    BadInput,
+    DefinitionError,
+    Engine,
+    NotFound,
+    Refused,
+    SchedtuiError,
+    discover,
+)
+from backend.interface import Backend, EmbeddedBackend
+from backend.manifests import PROVIDERS, render_manifests
+from backend.remote import RemoteBackend
+from backend.model import BACKFILL_MAX_LIMIT, BackfillProgress, Run, ScheduleView
+from backend.store import DEFAULT_STORE_URL
+from backend.timeparse import parse_when
+
+from . import format as fmt
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
+
+DEMO_SCHEDULES = Path(__file__).parent / "demo_schedules"
+
+
+class UsageError(Exception):
+    """Bad usage caught by the argument parser."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but bad usage is one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535)")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="schedtui", description="Run and operate scheduled work.")
+    parser.add_argument("--version", action="version", version="schedtui 0.1.0")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+
+    def local(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--schedules",
+            metavar="DIR",
+            default=os.environ.get("SCHEDTUI_SCHEDULES", "schedules"),
+            help="folder searched for *.cron.py files (default ./schedules, or $SCHEDTUI_SCHEDULES)",
+        )
+        p.add_argument(
+            "--store",
+            metavar="URL",
+            default=os.environ.get("SCHEDTUI_STORE", DEFAULT_STORE_URL),
+            help=f"sqlite:///PATH or postgresql://… (default {DEFAULT_STORE_URL}, or $SCHEDTUI_STORE)",
+        )
+        p.add_argument("--instance", metavar="NAME", help="name recorded on runs (default hostname:pid)")
+
+    def embedded(p: argparse.ArgumentParser) -> None:
+        """Verbs that work on a local store, or on a remote server with --url."""
+        local(p)
+        p.add_argument(
+            "--url",
+            metavar="URL",
+            default=os.environ.get("SCHEDTUI_URL") or None,
+            help="act on a remote `schedtui serve` instead (or $SCHEDTUI_URL)",
+        )
+        p.add_argument(
+            "--token",
+            metavar="T",
+            default=os.environ.get("SCHEDTUI_TOKEN") or None,
+            help="bearer token for --url (or $SCHEDTUI_TOKEN)",
+        )
+
+    serve = verbs.add_parser("serve", help="run the engine: fire schedules on their timers, serve the API")
+    local(serve)
+    serve.add_argument("--coordination", choices=["single", "advisoryLock"], help="default: from the store")
+    serve.add_argument("--retention-days", type=_positive_int, default=30, metavar="N", help="keep runs N days (30)")
+    serve.add_argument("--host", default="127.0.0.1", help="API address (127.0.0.1; others need a token)")
+    serve.add_argument("--port", type=_port, metavar="P", help="serve the HTTP API on this port (0: any free port)")
+    serve.add_argument(
+        "--token", metavar="T", default=os.environ.get("SCHEDTUI_TOKEN") or None,
+        help="operator token: may read and act (or $SCHEDTUI_TOKEN)",
+    )
+    serve.add_argument(
+        "--read-token", metavar="T", default=os.environ.get("SCHEDTUI_READ_TOKEN") or None,
+        help="read-only token (or $SCHEDTUI_READ_TOKEN)",
+    )
+    serve.add_argument(
+        "--allow-external-self", action="store_true",
+        help="let the external fire endpoint fire schedules that have their own timer too",
+    )
+
+    verbs.add_parser("demo", help="the engine on bundled demo schedules with a temporary store")
+
+    p = verbs.add_parser("list", help="list schedules")
+    embedded(p)
+    p.add_argument("--json", action="store_true", help="a JSON array of schedules")
+
+    p = verbs.add_parser("runs", help="show a schedule's runs, newest first")
+    embedded(p)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="how many (20)")
+    p.add_argument("--before", metavar="RUN_ID", help="older than this run (the next page)")
+    p.add_argument("--json", action="store_true", help="a JSON array of runs")
+
+    p = verbs.add_parser("fire", help="run a schedule now (in this process) and wait for it")
+    embedded(p)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--json", action="store_true", help="print the run as JSON")
+
+    for verb in ("enable", "disable"):
+        p = verbs.add_parser(verb, help=f"{verb} a schedule")
+        embedded(p)
+        p.add_argument("name", metavar="NAME")
+        p.add_argument("--note", help="why (shown with the schedule)")
+        p.add_argument("--json", action="store_true", help="print the schedule as JSON")
+
+    p = verbs.add_parser("backfill", help="fire the slots of a past range, in order")
+    embedded(p)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--from", dest="start", required=True, metavar="WHEN", help="ISO 8601, a date, now, or -2d/-6h")
+    p.add_argument("--to", dest="end", required=True, metavar="WHEN", help="ISO 8601, a date, now, or -2d/-6h")
+    p.add_argument("--yes", action="store_true", help="confirm a backfill of more than 25 slots")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help=f"most slots (1,000; at most {BACKFILL_MAX_LIMIT:,})")
+    p.add_argument("--json", action="store_true", help="print the plan and the result as JSON")
+
+    p = verbs.add_parser("manifest", help="platform scheduler manifests for trigger=external schedules")
+    p.add_argument("--provider", required=True, choices=PROVIDERS, help="where the clock lives")
+    p.add_argument("--base-url", required=True, metavar="URL", help="where the platform reaches `schedtui serve`")
+    p.add_argument(
+        "--schedules", metavar="DIR", default=os.environ.get("SCHEDTUI_SCHEDULES", "schedules"),
+        help="folder searched for *.cron.py files (default ./schedules)",
+    )
+    p.add_argument("--out", metavar="DIR", help="write files here instead of printing them")
+    return parser
+
+
+# -------------------------------------------------------------------------------------------
+# entry point
+# -------------------------------------------------------------------------------------------
+def _glue_offsets(argv: Sequence[str]) -> list[str]:
+    """``--from -3h``: argparse takes ``-3h`` for an option; hand it on as ``--from=-3h``."""
+    glued: list[str] = []
+    for arg in argv:
+        if glued and glued[-1] in ("--from", "--to") and re.match(r"-\d", arg):
+            glued[-1] = f"{glued[-1]}={arg}"
+        else:
+            glued.append(arg)
+    return glued
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(_glue_offsets(sys.argv[1:] if argv is None else argv))
+    except UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    if args.verb is None:
+        build_parser().print_help()
+        return EXIT_OK
+    handler = VERBS[args.verb]
+    try:
+        return asyncio.run(handler(args))
+    except KeyboardInterrupt:
+        return 130
+    except (BadInput, NotFound, DefinitionError) as exc:
+        print(f"schedtui: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except Refused as exc:
+        print(f"schedtui: {exc.message}", file=sys.stderr)
+        return EXIT_REFUSED
+    except SchedtuiError as exc:
+        print(f"schedtui: {exc.message}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _engine(args: argparse.Namespace, **kwargs: Any) -> Engine:
+    schedules = discover(args.schedules)
+    return Engine(schedules, args.store, instance=args.instance, **kwargs)
+
+
+async def _with_backend(args: argparse.Namespace, body: Callable[[Backend], Coroutine[Any, Any, int]]) -> int:
+    backend: Backend
+    if args.url:
+        backend = RemoteBackend(args.url, args.token)
+    else:
+        backend = EmbeddedBackend(_engine(args))
+    await backend.connect()
+    try:
+        return await body(backend)
+    finally:
+        await backend.close()
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+# -------------------------------------------------------------------------------------------
+# verbs
+# -------------------------------------------------------------------------------------------
+async def cmd_list(args: argparse.Namespace) -> int:
+    async def body(backend: Backend) -> int:
+        snapshot = await backend.list_schedules()
+        if args.json:
+            _print_json([s.to_json() for s in snapshot.schedules])
+            return EXIT_OK
+        print(schedules_table(snapshot.schedules, snapshot.now))
+        return EXIT_OK
+
+    return await _with_backend(args, body)
+
+
+def schedules_table(schedules: list[ScheduleView], now: datetime) -> str:
+    rows = []
+    for s in schedules:
+        last = s.last_run
+        if not s.enabled:
+            state = "disabled" + (f" ({s.state_note.note})" if s.state_note and s.state_note.note else "")
+        else:
+            state = "enabled"
+        rows.append(
+            [
+                s.name,
+                s.cron,
+                s.timezone,
+                s.trigger,
+                state,
+                fmt.countdown(s.next_fire_at, now) if s.next_fire_at else "-",
+                f"{fmt.STATUS_GLYPHS[last.status]} {last.status} {fmt.ago(last.fired_at or last.scheduled_at, now)}"
+                if last
+                else "-",
+            ]
+        )
+    return fmt.table(["NAME", "CRON", "TIMEZONE", "TRIGGER", "STATE", "NEXT FIRE", "LAST RUN"], rows)
+
+
+def runs_table(runs: list[Run], zone: str) -> str:
+    rows = [
+        [
+            run.id,
+            fmt.local_time(run.scheduled_at, zone),
+            f"{fmt.STATUS_GLYPHS[run.status]} {run.status}",
+            run.trigger,
+            run.coordination_outcome,
+            run.instance,
+            fmt.duration(run.duration_ms),
+            " ".join(filter(None, [run.error_tag and f"[{run.error_tag}]", run.error_message])) or "",
+        ]
+        for run in runs
+    ]
+    return fmt.table(["ID", "SCHEDULED AT", "STATUS", "TRIGGER", "OUTCOME", "INSTANCE", "DURATION", "ERROR"], rows)
+
+
+async def _zone_of(backend: Backend, name: str) -> str:
+    for s in (await backend.list_schedules()).schedules:
+        if s.name == name:
+            return s.timezone
+    raise NotFound(f'no schedule named "{name}"')
+
+
+async def cmd_runs(args: argparse.Namespace) -> int:
+    async def body(backend: Backend) -> int:
+        zone = await _zone_of(backend, args.name)
+        page = await backend.list_runs(args.name, limit=args.limit, before=args.before)
+        if args.json:
+            _print_json([r.to_json() for r in page.runs])
+            return EXIT_OK
+        if not page.runs:
+            print(f"no runs of {args.name}" + (f" before {args.before}" if args.before else ""))
+            return EXIT_OK
+        print(runs_table(page.runs, zone))
+        if page.next_before:
+            print(f"\nolder: schedtui runs {args.name} --before {page.next_before}")
+        return EXIT_OK
+
+    return await _with_backend(args, body)
+
+
+async def cmd_fire(args: argparse.Namespace) -> int:
+    async def body(backend: Backend) -> int:
+        zone = await _zone_of(backend, args.name)
+        run = await backend.run_now(args.name)
+        if not args.json:
+            print(f"fired {args.name}: run {run.id}", file=sys.stderr)
+        run = await backend.wait_run(run.id)
+        if args.json:
+            _print_json(run.to_json())
+        else:
+            print(runs_table([run], zone))
+        return EXIT_OK if run.status == "succeeded" else EXIT_FAILURE
+
+    return await _with_backend(args, body)
+
+
+async def cmd_enable(args: argparse.Namespace) -> int:
+    enabled = args.verb == "enable"
+
+    async def body(backend: Backend) -> int:
+        view = await backend.set_enabled(args.name, enabled, note=args.note)
+        if args.json:
+            _print_json(view.to_json())
+        else:
+            note = f" ({view.state_note.note})" if view.state_note and view.state_note.note else ""
+            nxt = f"; next fire {fmt.local_time(view.next_fire_at, view.timezone)}" if view.next_fire_at else ""
+            print(f"{view.name} {'enabled' if view.enabled else 'disabled'}{note}{nxt}")
+        return EXIT_OK
+
+    return await _with_backend(args, body)
+
+
+async def cmd_backfill(args: argparse.Namespace) -> int:
+    async def body(backend: Backend) -> int:
+        snapshot = await backend.list_schedules()
+        view = next((s for s in snapshot.schedules if s.name == args.name), None)
+        if view is None:
+            raise NotFound(f'no schedule named "{args.name}"')
+        start = parse_when(args.start, now=snapshot.now, zone=view.timezone, field="--from")
+        end = parse_when(args.end, now=snapshot.now, zone=view.timezone, field="--to")
+        plan = await backend.plan_backfill(args.name, start, end, confirm=args.yes, limit=args.limit)
+        if not plan.ok:
+            if args.json:
+                _print_json(plan.to_json())
+            print(
+                f"schedtui: backfill of {args.name} refused: {plan.count_text()} slot(s) in "
+                f"({fmt.local_time(plan.start, view.timezone)}, {fmt.local_time(plan.end, view.timezone)}]: "
+                f"{plan.refusal}"
+                + (" (re-run with --yes after reading the count)" if "need confirmation" in (plan.refusal or "") else ""),
+                file=sys.stderr,
+            )
+            return EXIT_REFUSED
+        progress = await backend.start_backfill(args.name, start, end, confirm=args.yes, limit=args.limit)
+        print(
+            f"backfilling {plan.count} slot(s) of {args.name}: "
+            f"{fmt.local_time(plan.first, view.timezone)} … {fmt.local_time(plan.last, view.timezone)}",
+            file=sys.stderr,
+        )
+        progress = await _follow_backfill(backend, progress)
+        if args.json:
+            _print_json(progress.to_json())
+        else:
+            print(
+                f"backfill {progress.id} {progress.state}: {progress.fired} fired, "
+                f"{progress.succeeded} succeeded, {progress.failed} failed, {progress.remaining} remaining"
+            )
+        return EXIT_OK if progress.state == "done" and not progress.failed else EXIT_FAILURE
+
+    return await _with_backend(args, body)
+
+
+async def _follow_backfill(backend: Backend, progress: BackfillProgress) -> BackfillProgress:
+    tty = sys.stderr.isatty()
+    shown = -1
+    while True:
+        if progress.fired != shown:
+            shown = progress.fired
+            _draw_progress(progress, tty)
+        if progress.state != "running":
+            if tty:
+                print(file=sys.stderr)
+            return progress
+        await asyncio.sleep(0.1)  # polling for display only
+        progress = await backend.backfill_progress(progress.id)
+
+
+def _draw_progress(progress: BackfillProgress, tty: bool) -> None:
+    width = 30
+    done = int(width * progress.fired / progress.total) if progress.total else width
+    bar = "#" * done + "." * (width - done)
+    text = (
+        f"[{bar}] {progress.fired}/{progress.total}  failed {progress.failed}  remaining {progress.remaining}"
+    )
+    if tty:
+        print(f"\r{text}", end="", file=sys.stderr, flush=True)
+    elif progress.fired == progress.total or progress.total < 10 or progress.fired % max(1, progress.total // 10) == 0:
+        print(text, file=sys.stderr)
+
+
+async def _until_signalled(stop: asyncio.Event, on_second: Callable[[], None]) -> None:
+    loop = asyncio.get_running_loop()
+    count = 0
+
+    def handle() -> None:
+        nonlocal count
+        count += 1
+        if count == 1:
+            stop.set()
+        else:
+            on_second()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, handle)
+    await stop.wait()
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+async def cmd_serve(args: argparse.Namespace) -> int:
+    _configure_logging()
+    from datetime import timedelta
+
+    from backend.server import serve
+
+    engine = _engine(args, coordination=args.coordination, retention=timedelta(days=args.retention_days))
+    if not engine.schedules:
+        logging.getLogger("schedtui").warning("no *.cron.py schedules found under %s", args.schedules)
+    await serve(
+        engine,
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        read_token=args.read_token,
+        allow_external_self=args.allow_external_self,
+    )
+    return EXIT_OK
+
+
+async def cmd_manifest(args: argparse.Namespace) -> int:
+    files = render_manifests(discover(args.schedules), args.provider, args.base_url)
+    if not files:
+        print(f"schedtui: no schedule under {args.schedules} has trigger=\"external\"; nothing to write", file=sys.stderr)
+        return EXIT_OK
+    if args.out:
+        out = Path(args.out)
+        for file in files:
+            target = out / file.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(file.content)
+            print(target)
+        return EXIT_OK
+    for index, file in enumerate(files):
+        if len(files) > 1:
+            print(f"{'' if index == 0 else chr(10)}# ---- {file.path} ----")
+        print(file.content, end="" if file.content.endswith("\n") else "\n")
+    return EXIT_OK
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    _configure_logging()
+    with tempfile.TemporaryDirectory(prefix="schedtui-demo-") as tmp:
+        from .demo import prepare_demo
+
+        engine = await prepare_demo(Path(tmp))
+
+        def show(run: Run) -> None:
+            if run.status == "running":
+                return
+            zone = engine.schedules[run.name].timezone
+            print(
+                f"{fmt.local_time(run.scheduled_at, zone)}  {fmt.STATUS_GLYPHS[run.status]} {run.status:<9}  "
+                f"{run.name:<16} {run.trigger:<8} {run.coordination_outcome:<8} {fmt.duration(run.duration_ms):>7}"
+                + (f"  [{run.error_tag}] {run.error_message}" if run.error_tag else ""),
+                flush=True,
+            )
+
+        engine.add_listener(show)
+        print(f"schedtui demo: {len(engine.schedules)} schedules, store {engine.store.where}; Ctrl-C stops", flush=True)
+        await engine.start()
+        stop = asyncio.Event()
+        await _until_signalled(stop, lambda: None)
+        await engine.stop(grace=2)
+    return EXIT_OK
+
+
+VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
+    "serve": cmd_serve,
+    "demo": cmd_demo,
+    "list": cmd_list,
+    "runs": cmd_runs,
+    "fire": cmd_fire,
+    "enable": cmd_enable,
+    "disable": cmd_enable,
+    "backfill": cmd_backfill,
+    "manifest": cmd_manifest,
+}
+
+
+def run() -> None:
+    """The console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,19 @@
+"""A plain (sync) function, run on a thread, every ten seconds in Berlin time."""
+
+import time
+
+from backend import define_schedule
+
+
+def build_report(ctx):
+    time.sleep(0.2)
+
+
+sync_report = define_schedule(
+    name="sync-report",
+    cron="5-55/10 * * * * *",
+    timezone="Europe/Berlin",
+    handler=build_report,
+    payload={"format": "csv"},
+    description="Rebuilds the usage report",
+)

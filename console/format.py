@@ -1,0 +1,84 @@
+"""How schedtui writes times, durations and statuses for people (CLI tables and the console)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import humanize
+
+STATUS_GLYPHS = {
+    "succeeded": "✓",
+    "failed": "✗",
+    "skipped": "↷",
+    "missed": "⊘",
+    "running": "▶",
+}
+OUTCOME_GLYPHS = {
+    "single": "●",
+    "wonLock": "🔒",
+    "external": "⇲",
+    "manual": "✋",
+}
+
+
+def local_time(dt: datetime | None, zone: str, *, seconds: bool = True) -> str:
+    """``2026-11-30 09:00:00 CET`` in the schedule's zone."""
+    if dt is None:
+        return "-"
+    local = dt.astimezone(ZoneInfo(zone))
+    return local.strftime("%Y-%m-%d %H:%M:%S %Z" if seconds else "%Y-%m-%d %H:%M %Z")
+
+
+def countdown(target: datetime | None, now: datetime) -> str:
+    """``in 4m 59s`` / ``due`` / ``-``; recomputed from the absolute target every time."""
+    if target is None:
+        return "-"
+    delta = target - now
+    if delta <= timedelta(0):
+        return "due now"
+    return "in " + compact_delta(delta)
+
+
+def ago(then: datetime | None, now: datetime) -> str:
+    if then is None:
+        return "-"
+    delta = now - then
+    if delta < timedelta(0):
+        return "in " + compact_delta(-delta)
+    return compact_delta(delta) + " ago"
+
+
+def compact_delta(delta: timedelta) -> str:
+    """Two most significant units: ``4m 59s``, ``3h 2m``, ``2d 4h``; ``0s`` at least."""
+    total = int(delta.total_seconds())
+    days, rem = divmod(total, 86400)
+    hours, rem = divmod(rem, 3600)
+    minutes, seconds = divmod(rem, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")]
+    shown = [f"{n}{u}" for n, u in parts if n][:2]
+    if days >= 365:
+        return humanize.naturaldelta(delta)
+    return " ".join(shown) or "0s"
+
+
+def duration(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}s"
+    return compact_delta(timedelta(milliseconds=ms))
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain, aligned text table (greppable; no box drawing)."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""Shared fixtures: a manual clock, a temporary SQLite store, engines built from them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend import Engine, ManualClock, Run, Schedule
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock("2026-03-02T08:00:00Z")
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+@pytest.fixture
+async def make_engine(clock: ManualClock, store_url: str) -> AsyncIterator[Callable[..., Engine]]:
+    """Build engines on the test clock and store; every one is stopped at the end."""
+    engines: list[Engine] = []
+
+    def make(schedules: list[Schedule], **kwargs: Any) -> Engine:
+        kwargs.setdefault("clock", clock)
+        kwargs.setdefault("instance", f"test-{len(engines)}")
+        kwargs.setdefault("shutdown_grace", 0)
+        engine = Engine(schedules, kwargs.pop("store", store_url), **kwargs)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        await engine.stop(grace=0)
+
+
+def expect(engine: Engine, predicate: Callable[[Run], bool], timeout: float = 10.0) -> Awaitable[Run]:
+    """Start listening now for the first recorded run matching ``predicate``; await it later.
+
+    The timeout only bounds a broken test; it never stands in for synchronisation."""
+    fut: asyncio.Future[Run] = asyncio.get_running_loop().create_future()
+
+    def listener(run: Run) -> None:
+        if not fut.done() and predicate(run):
+            fut.set_result(run)
+
+    engine.add_listener(listener)
+
+    async def wait() -> Run:
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            engine.remove_listener(listener)
+
+    return wait()
+
+
+async def all_runs(engine: Engine, name: str) -> list[Run]:
+    """Every run of a schedule, oldest first (by id, i.e. creation order)."""
+    await engine.flush()
+    return list(reversed(await engine.store.list_runs(name, limit=100_000)))

@@ -1,0 +1,65 @@
+"""Starting real ``schedtui serve`` processes for tests (a real HTTP server on loopback)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("SCHEDTUI_TOKEN", None)
+    env.pop("SCHEDTUI_READ_TOKEN", None)
+    env.pop("SCHEDTUI_URL", None)
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[str]
+    url: str
+    log: Path
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(2)
+            try:
+                return self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                return self.process.wait(5)
+        return self.process.returncode
+
+    def log_text(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+
+def start_server(cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 20.0) -> Server:
+    """``schedtui serve --port 0 …``; returns once it prints the URL it listens on."""
+    log = cwd / f"serve-{time.monotonic_ns()}.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "console.cli", "serve", "--host", "127.0.0.1", "--port", "0", *args],
+        cwd=cwd,
+        env=env or cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=log.open("w"),
+        text=True,
+    )
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()  # blocks until the server prints (or exits)
+        if not line:
+            break
+        if line.startswith("schedtui: serving "):
+            return Server(process, line.split()[-1].strip(), log)
+    process.kill()
+    raise AssertionError(f"schedtui serve did not start:\n{log.read_text()}")

@@ -1,0 +1,224 @@
+"""The HTTP API of a real ``schedtui serve``: statuses, tokens, limits, the external trigger,
+and the CLI's remote mode against it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backend.api import MAX_BODY_BYTES
+from tests.servers import Server, cli_env, start_server
+
+OPERATE, READ = "op-token-123", "read-token-456"
+
+SCHEDULES = {
+    "report.cron.py": """
+        from backend import define_schedule
+
+        async def work(ctx):
+            pass
+
+        report = define_schedule(name="report", cron="0 * * * *", timezone="UTC", handler=work)
+    """,
+    # Every minute, external: a call is always within a minute of its slot.
+    "ext.cron.py": """
+        from backend import define_schedule
+        from pathlib import Path
+
+        def mark(ctx):
+            with open("external-calls.txt", "a") as f:
+                f.write(ctx.scheduled_at.isoformat() + " " + ctx.trigger + "\\n")
+
+        ext = define_schedule(name="ext", cron="* * * * *", timezone="UTC", handler=mark, trigger="external")
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("api")
+    (root / "schedules").mkdir()
+    for name, text in SCHEDULES.items():
+        (root / "schedules" / name).write_text(textwrap.dedent(text))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(root: Path):  # type: ignore[no-untyped-def]
+    srv = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{root / 'state.db'}",
+                       "--token", OPERATE, "--read-token", READ)
+    yield srv
+    assert srv.stop() == 0, srv.log_text()
+    assert OPERATE not in srv.log_text() and READ not in srv.log_text()
+
+
+def client(server: Server, token: str | None = OPERATE) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=server.url, headers=headers, timeout=10)
+
+
+def error_of(response: httpx.Response) -> dict:  # type: ignore[type-arg]
+    body = response.json()
+    assert set(body["error"]) >= {"code", "message"}, body
+    return body["error"]  # type: ignore[no-any-return]
+
+
+def test_healthz_needs_no_token(server: Server) -> None:
+    response = client(server, None).get("/healthz")
+    assert response.status_code == 200 and response.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("token", [None, "wrong", ""])
+def test_no_or_wrong_token_is_401(server: Server, token: str | None) -> None:
+    response = client(server, token).get("/inspect/schedules")
+    assert response.status_code == 401 and error_of(response)["code"] == "unauthorized"
+    assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_read_token_reads_but_may_not_act(server: Server) -> None:
+    reader = client(server, READ)
+    assert reader.get("/inspect/schedules").status_code == 200
+    assert reader.get("/inspect/info").json()["access"] == "read"
+    for path in ("/inspect/schedules/report/fire", "/inspect/schedules/report/disable", "/schedule/ext/fire?trigger=external"):
+        response = reader.post(path)
+        assert response.status_code == 403, path
+        assert error_of(response)["code"] == "forbidden"
+
+
+def test_schedules_and_runs(server: Server) -> None:
+    op = client(server)
+    body = op.get("/inspect/schedules").json()
+    assert set(body) == {"coordination", "instance", "now", "schedules"}
+    names = [s["name"] for s in body["schedules"]]
+    assert names == ["ext", "report"]
+    fired = op.post("/inspect/schedules/report/fire")
+    assert fired.status_code == 202
+    run_id = fired.json()["run_id"]
+    page = op.get("/inspect/schedules/runs", params={"name": "report", "limit": 10}).json()
+    assert set(page) == {"runs", "next_before"} and page["runs"][0]["id"] == run_id
+    assert set(page["runs"][0]) == {
+        "id", "name", "scheduled_at", "fired_at", "finished_at", "status", "trigger",
+        "coordination_outcome", "instance", "error_tag", "error_message", "duration_ms",
+    }
+    assert op.get(f"/inspect/runs/{run_id}").json()["trigger"] == "manual"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "field"),
+    [
+        ("GET", "/inspect/schedules/runs", {"params": {"name": "nope"}}, 404, None),
+        ("GET", "/inspect/schedules/runs", {}, 422, "name"),
+        ("GET", "/inspect/schedules/runs", {"params": {"name": "report", "limit": "abc"}}, 422, "limit"),
+        ("GET", "/inspect/schedules/runs", {"params": {"name": "report", "limit": "0"}}, 422, "limit"),
+        ("POST", "/inspect/schedules/nope/fire", {}, 404, None),
+        ("GET", "/inspect/runs/nope", {}, 404, None),
+        ("GET", "/inspect/backfills/nope", {}, 404, None),
+        ("GET", "/no/such/route", {}, 404, None),
+        ("DELETE", "/inspect/schedules", {}, 405, None),
+        ("POST", "/inspect/schedules/report/backfill", {"content": b"{not json"}, 422, "body"),
+        ("POST", "/inspect/schedules/report/backfill", {"json": [1, 2]}, 422, "body"),
+        ("POST", "/inspect/schedules/report/backfill", {"json": {"to": "now"}}, 422, "from"),
+        ("POST", "/inspect/schedules/report/backfill", {"json": {"from": "yesterday", "to": "now"}}, 422, "from"),
+        ("POST", "/inspect/schedules/report/backfill", {"json": {"from": "-2h", "to": "now", "confirm": "yes"}}, 422, "confirm"),
+        ("POST", "/inspect/schedules/report/backfill", {"json": {"from": "-2h", "to": "now", "limit": 20000}}, 422, "limit"),
+        ("POST", "/inspect/schedules/report/disable", {"json": {"note": 5}}, 422, "note"),
+        ("POST", "/schedule/ext/fire", {"params": {"trigger": "self"}}, 422, "trigger"),
+    ],
+)
+def test_bad_requests_get_the_right_status(server: Server, method: str, path: str, kwargs, status: int, field) -> None:  # type: ignore[no-untyped-def]
+    response = client(server).request(method, path, **kwargs)
+    assert response.status_code == status, response.text
+    error = error_of(response)
+    if field:
+        assert error["field"] == field
+    assert "Traceback" not in response.text
+
+
+def test_a_body_over_the_limit_is_413(server: Server) -> None:
+    big = b'{"note": "' + b"x" * (MAX_BODY_BYTES + 10) + b'"}'
+    response = client(server).post("/inspect/schedules/report/disable", content=big)
+    assert response.status_code == 413 and error_of(response)["code"] == "too_large"
+
+    def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(20):
+            yield b"x" * 8192
+
+    chunked = client(server).post("/inspect/schedules/report/disable", content=chunks())
+    assert chunked.status_code == 413
+
+
+def test_a_refused_backfill_is_409_with_count_and_reason(server: Server) -> None:
+    response = client(server).post("/inspect/schedules/report/backfill", json={"from": "-3d", "to": "-1d"})
+    assert response.status_code == 409
+    body = response.json()
+    assert (body["count"], body["reason"]) == (48, "needs confirmation")
+    assert error_of(response)["code"] == "refused"
+
+
+def test_backfill_runs_in_the_background(server: Server) -> None:
+    op = client(server)
+    plan = op.post("/inspect/schedules/report/backfill/plan", json={"from": "-5h", "to": "-1h"}).json()
+    assert plan["ok"] and plan["count"] == 4
+    started = op.post("/inspect/schedules/report/backfill", json={"from": "-5h", "to": "-1h"})
+    assert started.status_code == 202
+    body = started.json()
+    assert body["plan"]["count"] == 4 and body["progress"]["total"] == 4
+    progress = op.get(f"/inspect/backfills/{body['id']}").json()
+    assert progress["id"] == body["id"] and progress["fired"] + progress["remaining"] == 4
+
+
+def test_openapi_document(server: Server) -> None:
+    doc = client(server, None).get("/openapi.json").json()
+    assert doc["openapi"].startswith("3.")
+    for path in ("/inspect/schedules", "/inspect/schedules/runs", "/inspect/schedules/{name}/backfill", "/schedule/{name}/fire"):
+        assert path in doc["paths"], path
+    assert "409" in str(doc["paths"]["/inspect/schedules/{name}/backfill"]["post"]["responses"])
+
+
+def test_external_fire_dedupes_retries(server: Server, root: Path) -> None:
+    op = client(server)
+    first = op.post("/schedule/ext/fire", params={"trigger": "external"})
+    assert first.status_code in (200, 202), first.text
+    retry = op.post("/schedule/ext/fire", params={"trigger": "external"})
+    if retry.json()["run"]["scheduled_at"] == first.json()["run"]["scheduled_at"]:
+        assert retry.status_code == 200 and retry.json()["run_id"] == first.json()["run_id"]
+        assert retry.json()["created"] is False
+    run = first.json()["run"]
+    assert (run["trigger"], run["coordination_outcome"]) == ("external", "external")
+    refused = op.post("/schedule/report/fire", params={"trigger": "external"})
+    assert refused.status_code == 409 and refused.json()["reason"] == "not an external schedule"
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "console.cli", *args], cwd=cwd, env=cli_env(),
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_remote_mode(server: Server, root: Path) -> None:
+    listed = run_cli("list", "--url", server.url, "--token", READ, cwd=root)
+    assert listed.returncode == 0 and "report" in listed.stdout
+    denied = run_cli("fire", "report", "--url", server.url, "--token", READ, cwd=root)
+    assert denied.returncode == 1 and len(denied.stderr.strip().splitlines()) == 1 and "read" in denied.stderr
+    fired = run_cli("fire", "report", "--json", "--url", server.url, "--token", OPERATE, cwd=root)
+    assert fired.returncode == 0, fired.stderr
+    assert '"coordination_outcome": "manual"' in fired.stdout
+    refused = run_cli("backfill", "report", "--from", "-3d", "--to", "-1d", "--url", server.url, "--token", OPERATE, cwd=root)
+    assert refused.returncode == 3 and "48" in refused.stderr
+
+
+def test_cli_unreachable_server_is_one_line(tmp_path: Path) -> None:
+    result = run_cli("list", "--url", "http://127.0.0.1:9", cwd=tmp_path)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach http://127.0.0.1:9" in lines[0] and "Traceback" not in result.stderr
+
+
+def test_serve_refuses_a_public_address_without_a_token(root: Path) -> None:
+    result = run_cli("serve", "--schedules", "schedules", "--store", f"sqlite:///{root / 'other.db'}", "--host", "0.0.0.0", "--port", "0", cwd=root)
+    assert result.returncode == 2
+    assert "refusing to listen on 0.0.0.0 without a token" in result.stderr

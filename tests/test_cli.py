@@ -1,0 +1,705 @@
+"""The ``schedtui`` command end to end: every verb in a real subprocess on a real store.
+
+Each test gets its own folder with a ``schedules/`` tree and a SQLite store; handlers
+append to log files there, so a test sees exactly what ran. The ``serve`` tests run a
+real server on the real clock: they wait by polling a condition (a file, the ledger, the
+server's log) against a deadline, never by sleeping a fixed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from backend import Engine, ManualClock, Run, define_schedule
+from backend.interface import EmbeddedBackend
+from backend.store.sqlite import SQLiteStore
+from tests.conftest import expect
+
+REPO = Path(__file__).resolve().parents[1]
+UTC = timezone.utc
+T = TypeVar("T")
+
+SCHEDULE_KEYS = {
+    "name", "cron", "timezone", "trigger", "on_overlap", "backfill", "max_runtime_s", "description",
+    "payload", "enabled", "state_note", "next_fire_at", "last_run",
+}  # fmt: skip
+RUN_KEYS = {
+    "id", "name", "scheduled_at", "fired_at", "finished_at", "status", "trigger", "coordination_outcome",
+    "instance", "error_tag", "error_message", "duration_ms",
+}  # fmt: skip
+INSTANCE_RE = re.compile(rf"^{re.escape(socket.gethostname())}:\d+$")
+
+# Handlers log "<trigger> <scheduled_at> <run_id>" to a file beside the schedules folder.
+SCHEDULES = {
+    "hourly.cron.py": """
+        from pathlib import Path
+        from backend import define_schedule
+
+        LOG = Path(__file__).resolve().parent.parent / "hourly.log"
+
+        def handler(ctx):
+            with LOG.open("a") as f:
+                f.write(f"{ctx.trigger} {ctx.scheduled_at.isoformat()} {ctx.run_id}\\n")
+
+        hourly = define_schedule(name="hourly", cron="0 * * * *", timezone="UTC", handler=handler)
+    """,
+    "ops/nightly/failing.cron.py": """
+        from backend import define_schedule
+
+        async def export(ctx):
+            raise RuntimeError("disk full")
+
+        failing = define_schedule(
+            name="failing", cron="30 6 * * 1-5", timezone="Europe/Berlin", handler=export,
+            description="Nightly export", payload={"bucket": "b1"}, max_runtime=120, backfill="latest",
+        )
+    """,
+    "ops/webhook.cron.py": """
+        from backend import define_schedule
+
+        webhook = define_schedule(
+            name="webhook", cron="*/15 * * * *", timezone="UTC", handler=print, trigger="external",
+            on_overlap="queue",
+        )
+    """,
+    "README.md": "not a schedule",
+    "helpers.py": "raise RuntimeError('never imported')",
+}
+
+
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"))
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDTUI_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["SCHEDTUI_LOG_LEVEL"] = "INFO"
+    return env
+
+
+class Cli:
+    """Runs ``python -m console.cli VERB ... --store sqlite:///<tmp>/state.db`` in ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.store = f"sqlite:///{root / 'state.db'}"
+
+    def argv(self, *args: str, store: bool = True) -> list[str]:
+        return [sys.executable, "-m", "console.cli", *args, *(["--store", self.store] if store else [])]
+
+    def __call__(self, *args: str, store: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(*args, store=store), cwd=self.root, env=child_env(), capture_output=True, text=True, timeout=timeout
+        )
+
+    def ok(self, *args: str) -> subprocess.CompletedProcess[str]:
+        done = self(*args)
+        assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+        return done
+
+    def json(self, *args: str) -> Any:
+        return json.loads(self.ok(*args, "--json").stdout)
+
+    def runs(self, name: str, limit: int = 1000, schedules: str = "schedules") -> list[dict[str, Any]]:
+        return self.json("runs", name, "--limit", str(limit), "--schedules", schedules)  # type: ignore[no-any-return]
+
+    def schedules(self) -> dict[str, dict[str, Any]]:
+        return {s["name"]: s for s in self.json("list")}
+
+    def log(self, name: str) -> list[list[str]]:
+        path = self.root / f"{name}.log"
+        return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    write_tree(tmp_path / "schedules", SCHEDULES)
+    return Cli(tmp_path)
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def columns(line: str) -> list[str]:
+    return re.split(r"\s{2,}", line.strip())
+
+
+def poll(condition: Callable[[], T], *, timeout: float, what: str, every: float = 0.05) -> T:
+    """Return ``condition()``'s first truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+# ---------------------------------------------------------------------------------------
+# list
+# ---------------------------------------------------------------------------------------
+def test_list_table(cli: Cli) -> None:
+    done = cli.ok("list")
+    assert done.stderr == ""
+    header, *rows = done.stdout.splitlines()
+    assert columns(header) == ["NAME", "CRON", "TIMEZONE", "TRIGGER", "STATE", "NEXT FIRE", "LAST RUN"]
+    table = {row.split()[0]: columns(row) for row in rows}
+    assert list(table) == ["failing", "hourly", "webhook"]
+    assert table["failing"][:5] == ["failing", "30 6 * * 1-5", "Europe/Berlin", "self", "enabled"]
+    assert table["webhook"] == ["webhook", "*/15 * * * *", "UTC", "external", "enabled", "-", "-"]
+    name, cron, zone, trigger, state, next_fire, last = table["hourly"]
+    assert (name, cron, zone, trigger, state, last) == ("hourly", "0 * * * *", "UTC", "self", "enabled", "-")
+    assert re.fullmatch(r"in (\d+m \d+s|\d+m|\d+s)", next_fire), next_fire
+    assert re.fullmatch(r"in \d+d( \d+h)?|in \d+h( \d+m)?|in \d+m( \d+s)?", table["failing"][5])
+
+
+def test_list_json(cli: Cli) -> None:
+    before = datetime.now(UTC)
+    schedules = cli.json("list")
+    after = datetime.now(UTC)
+    assert isinstance(schedules, list)
+    assert [s["name"] for s in schedules] == ["failing", "hourly", "webhook"]
+    for s in schedules:
+        assert set(s) == SCHEDULE_KEYS
+    failing, hourly, webhook = schedules
+    assert {k: v for k, v in failing.items() if k != "next_fire_at"} == {
+        "name": "failing",
+        "cron": "30 6 * * 1-5",
+        "timezone": "Europe/Berlin",
+        "trigger": "self",
+        "on_overlap": "skip",
+        "backfill": "latest",
+        "max_runtime_s": 120.0,
+        "description": "Nightly export",
+        "payload": {"bucket": "b1"},
+        "enabled": True,
+        "state_note": None,
+        "last_run": None,
+    }
+    assert (webhook["trigger"], webhook["on_overlap"], webhook["next_fire_at"], webhook["max_runtime_s"]) == (
+        "external",
+        "queue",
+        None,
+        1800.0,
+    )
+    # The next top of the hour, in UTC with a Z.
+    assert hourly["next_fire_at"].endswith(":00:00Z")
+    nxt = at(hourly["next_fire_at"])
+    assert before < nxt <= after + timedelta(hours=1)
+    assert nxt.minute == 0 and nxt.second == 0
+    berlin = at(failing["next_fire_at"]).astimezone(__import__("zoneinfo").ZoneInfo("Europe/Berlin"))
+    assert (berlin.hour, berlin.minute) == (6, 30) and berlin.weekday() < 5
+
+
+def test_a_schedule_file_that_fails_to_load(cli: Cli) -> None:
+    write_tree(cli.root / "schedules", {"broken/bad.cron.py": "import os\nVALUE = os.environ['SCHEDTUI_NO_SUCH_VARIABLE']\n"})
+    done = cli("list")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    # The path as the folder was given (relative to the working directory here).
+    assert done.stderr.splitlines() == ["schedtui: schedules/broken/bad.cron.py:2: KeyError: 'SCHEDTUI_NO_SUCH_VARIABLE'"]
+
+
+# ---------------------------------------------------------------------------------------
+# fire
+# ---------------------------------------------------------------------------------------
+def test_fire_runs_the_handler_here_and_waits(cli: Cli) -> None:
+    ids = []
+    for _ in range(3):  # a few times: the answer must never be a stale "running"
+        done = cli.ok("fire", "hourly")
+        match = re.fullmatch(r"fired hourly: run (\w{26})\n", done.stderr)
+        assert match, done.stderr
+        ids.append(match.group(1))
+        header, row = done.stdout.splitlines()
+        assert columns(header) == ["ID", "SCHEDULED AT", "STATUS", "TRIGGER", "OUTCOME", "INSTANCE", "DURATION", "ERROR"]
+        assert columns(row)[0] == ids[-1]
+        assert columns(row)[2:5] == ["✓ succeeded", "manual", "manual"]
+    assert [(trigger, run_id) for trigger, _, run_id in cli.log("hourly")] == [("manual", i) for i in ids]
+    runs = cli.runs("hourly")
+    assert [r["id"] for r in runs] == ids[::-1]
+    for r in runs:
+        assert set(r) == RUN_KEYS
+        assert (r["status"], r["trigger"], r["coordination_outcome"], r["error_tag"]) == ("succeeded", "manual", "manual", None)
+        assert INSTANCE_RE.match(r["instance"])
+        # A manual run's slot is the moment it was fired.
+        assert timedelta(0) <= at(r["fired_at"]) - at(r["scheduled_at"]) < timedelta(seconds=1)
+        assert isinstance(r["duration_ms"], int) and 0 <= r["duration_ms"] < 5000
+        assert at(r["finished_at"]) >= at(r["fired_at"])
+    assert len({r["instance"] for r in runs}) == 3  # each fire is its own process
+
+
+def test_fire_a_failing_handler_exits_1(cli: Cli) -> None:
+    for _ in range(2):
+        done = cli("fire", "failing")
+        assert done.returncode == 1, done
+        row = columns(done.stdout.splitlines()[1])
+        assert row[2:5] == ["✗ failed", "manual", "manual"]
+        assert row[-1] == "[RuntimeError] disk full"
+    runs = cli.runs("failing")
+    assert [(r["status"], r["trigger"], r["coordination_outcome"], r["error_tag"], r["error_message"]) for r in runs] == [
+        ("failed", "manual", "manual", "RuntimeError", "disk full")
+    ] * 2
+
+
+def test_fire_json(cli: Cli) -> None:
+    done = cli("fire", "failing", "--json")
+    assert done.returncode == 1
+    assert done.stderr == ""
+    run = json.loads(done.stdout)
+    assert set(run) == RUN_KEYS
+    assert (run["name"], run["status"], run["error_message"]) == ("failing", "failed", "disk full")
+    done = cli.ok("fire", "hourly", "--json")
+    assert json.loads(done.stdout)["status"] == "succeeded"
+
+
+def test_fire_an_external_schedule(cli: Cli) -> None:
+    done = cli.ok("fire", "webhook")  # handler=print: prints the context to the CLI's stdout
+    assert "RunContext(name='webhook'" in done.stdout
+    assert [r["trigger"] for r in cli.runs("webhook")] == ["manual"]
+
+
+# ---------------------------------------------------------------------------------------
+# enable / disable
+# ---------------------------------------------------------------------------------------
+def test_disable_with_a_note_then_enable(cli: Cli) -> None:
+    done = cli.ok("disable", "hourly", "--note", "db migration tonight", "--instance", "ops-alice")
+    assert done.stdout == "hourly disabled (db migration tonight)\n"
+    hourly = cli.schedules()["hourly"]
+    assert (hourly["enabled"], hourly["next_fire_at"]) == (False, None)
+    note = hourly["state_note"]
+    assert (note["by"], note["note"]) == ("ops-alice", "db migration tonight")
+    assert abs(at(note["at"]) - datetime.now(UTC)) < timedelta(seconds=30)
+    row = next(columns(line) for line in cli.ok("list").stdout.splitlines() if line.startswith("hourly"))
+    assert row[4:6] == ["disabled (db migration tonight)", "-"]
+    assert cli.schedules()["failing"]["enabled"] is True  # only that one
+
+    # Disabled schedules can still be fired by hand.
+    cli.ok("fire", "hourly")
+
+    done = cli.ok("enable", "hourly")
+    assert re.fullmatch(r"hourly enabled; next fire \d{4}-\d\d-\d\d \d\d:00:00 UTC\n", done.stdout), done.stdout
+    hourly = cli.schedules()["hourly"]
+    assert hourly["enabled"] is True
+    assert hourly["next_fire_at"] is not None and hourly["next_fire_at"].endswith(":00:00Z")
+    assert hourly["state_note"]["note"] is None
+    assert INSTANCE_RE.match(hourly["state_note"]["by"])
+
+
+def test_disable_json(cli: Cli) -> None:
+    view = cli.json("disable", "failing")
+    assert set(view) == SCHEDULE_KEYS
+    assert (view["enabled"], view["state_note"]["note"]) == (False, None)
+
+
+# ---------------------------------------------------------------------------------------
+# backfill
+# ---------------------------------------------------------------------------------------
+def test_backfill_fires_each_slot_in_order_with_progress_and_a_summary(cli: Cli) -> None:
+    done = cli.ok("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-01T05:00Z")
+    lines = done.stderr.splitlines()
+    assert lines[0] == "backfilling 5 slot(s) of hourly: 2026-01-01 01:00:00 UTC … 2026-01-01 05:00:00 UTC"
+    assert lines[-1] == "[" + "#" * 30 + "] 5/5  failed 0  remaining 0"
+    assert all(re.fullmatch(r"\[#*\.*\] \d/5  failed 0  remaining \d", line) for line in lines[1:])
+    assert re.fullmatch(r"backfill \w{26} done: 5 fired, 5 succeeded, 0 failed, 0 remaining\n", done.stdout)
+    slots = [f"2026-01-01T0{h}:00:00+00:00" for h in range(1, 6)]
+    assert [(trigger, slot) for trigger, slot, _ in cli.log("hourly")] == [("manual", s) for s in slots]
+    runs = cli.runs("hourly")
+    assert [r["scheduled_at"] for r in runs] == [f"2026-01-01T0{h}:00:00Z" for h in range(5, 0, -1)]
+    assert {(r["status"], r["trigger"], r["coordination_outcome"]) for r in runs} == {("succeeded", "manual", "manual")}
+
+
+def test_backfill_json_and_failures(cli: Cli) -> None:
+    # Bare dates are midnight in the schedule's zone: Mon 5 and Tue 6 January at 06:30 Berlin.
+    done = cli("backfill", "failing", "--from", "2026-01-05", "--to", "2026-01-07", "--json")
+    assert done.returncode == 1, done
+    progress = json.loads(done.stdout)
+    assert (progress["state"], progress["total"], progress["fired"], progress["failed"]) == ("done", 2, 2, 2)
+    assert (progress["from"], progress["to"]) == ("2026-01-04T23:00:00Z", "2026-01-06T23:00:00Z")
+    runs = cli.runs("failing")
+    assert [(r["scheduled_at"], r["status"], r["error_tag"]) for r in runs] == [
+        ("2026-01-06T05:30:00Z", "failed", "RuntimeError"),
+        ("2026-01-05T05:30:00Z", "failed", "RuntimeError"),
+    ]
+
+
+def test_backfill_over_25_slots_needs_yes(cli: Cli) -> None:
+    done = cli("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-03T00:00Z")
+    assert done.returncode == 3
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "schedtui: backfill of hourly refused: 48 slot(s) in (2026-01-01 00:00:00 UTC, 2026-01-03 00:00:00 UTC]: "
+        "48 slots need confirmation (more than 25) (re-run with --yes after reading the count)"
+    ]
+    assert cli.log("hourly") == []
+    assert cli.runs("hourly") == []
+
+    done = cli.ok("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-02T06:00Z", "--yes")
+    assert "done: 30 fired, 30 succeeded, 0 failed, 0 remaining" in done.stdout
+    assert len(cli.log("hourly")) == 30
+
+
+def test_backfill_over_the_limit_is_refused(cli: Cli) -> None:
+    done = cli("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-03T00:00Z", "--yes", "--limit", "10")
+    assert done.returncode == 3
+    assert done.stderr.splitlines() == [
+        "schedtui: backfill of hourly refused: 48 slot(s) in (2026-01-01 00:00:00 UTC, 2026-01-03 00:00:00 UTC]: "
+        "48 slots exceed the limit of 10; backfill in smaller slices"
+    ]
+    # Over the default limit of 1,000 too: two months of hours.
+    done = cli("backfill", "hourly", "--from", "2025-01-01T00:00Z", "--to", "2025-03-01T00:00Z", "--yes")
+    assert done.returncode == 3
+    assert "1,416 slot(s)" in done.stderr and "exceed the limit of 1,000" in done.stderr
+    assert cli.runs("hourly") == []
+
+
+def test_backfill_limit_above_the_ceiling_is_bad_usage(cli: Cli) -> None:
+    done = cli("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-01T05:00Z", "--limit", "20000")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == ["schedtui: limit 20000 is out of range (1-10,000)"]
+    assert cli.runs("hourly") == []
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "reason"),
+    [
+        ("2026-01-03T00:00Z", "2026-01-01T00:00Z", "reversed range: from is after to"),
+        ("2026-01-01T00:00Z", "2026-01-01T00:00Z", "empty range: from equals to"),
+        ("-1h", "+2h", "the range reaches into the future"),
+        ("-2d", "+1h", "the range reaches into the future"),  # 49 slots: --yes would not help
+        ("2026-01-01T00:10Z", "2026-01-01T00:50Z", "no slots in the range"),
+    ],
+)
+def test_backfill_refusals(cli: Cli, start: str, end: str, reason: str) -> None:
+    done = cli("backfill", "hourly", "--from", start, "--to", end)
+    assert done.returncode == 3, done
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("schedtui: backfill of hourly refused: ")
+    assert reason in line
+    assert "--yes" not in line  # only a refusal for want of confirmation suggests it
+    assert cli.runs("hourly") == []
+
+
+def test_backfill_relative_times(cli: Cli) -> None:
+    done = cli.ok("backfill", "hourly", "--from", "-3h", "--to", "now")
+    assert "done: 3 fired, 3 succeeded" in done.stdout
+    slots = [at(slot) for _, slot, _ in cli.log("hourly")]
+    assert len(slots) == 3
+    assert all(s.minute == 0 and s.second == 0 for s in slots)
+    assert [b - a for a, b in zip(slots, slots[1:])] == [timedelta(hours=1)] * 2
+    assert datetime.now(UTC) - timedelta(hours=1) < slots[-1] <= datetime.now(UTC)
+
+    done = cli.ok("backfill", "hourly", "--from=-1d", "--to", "-20h")
+    assert "done: 4 fired" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# runs
+# ---------------------------------------------------------------------------------------
+def test_runs_table_json_limit_and_paging(cli: Cli) -> None:
+    assert cli.ok("runs", "hourly").stdout == "no runs of hourly\n"
+    cli.ok("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-01T05:00Z")
+    runs = cli.runs("hourly")
+    assert len(runs) == 5
+    ids = [r["id"] for r in runs]
+    assert ids == sorted(ids, reverse=True)
+    assert [r["id"] for r in cli.json("runs", "hourly", "--limit", "2")] == ids[:2]
+
+    done = cli.ok("runs", "hourly")
+    header, *rows = done.stdout.splitlines()
+    assert columns(header) == ["ID", "SCHEDULED AT", "STATUS", "TRIGGER", "OUTCOME", "INSTANCE", "DURATION", "ERROR"]
+    assert [columns(r)[:5] for r in rows] == [
+        [i, f"2026-01-01 0{h}:00:00 UTC", "✓ succeeded", "manual", "manual"] for i, h in zip(ids, range(5, 0, -1))
+    ]
+
+    seen: list[str] = []
+    args = ["runs", "hourly", "--limit", "2"]
+    for page in range(3):
+        out = cli.ok(*args).stdout.splitlines()
+        hint = re.fullmatch(r"older: schedtui runs hourly --before (\w{26})", out[-1])
+        body = out[1:-2] if hint else out[1:]
+        seen += [columns(r)[0] for r in body]
+        if page < 2:
+            assert hint and out[-2] == "" and hint.group(1) == seen[-1]
+            args = ["runs", "hourly", "--limit", "2", "--before", hint.group(1)]
+        else:
+            assert not hint and len(body) == 1
+    assert seen == ids
+    assert cli.json("runs", "hourly", "--before", ids[2]) == runs[3:]
+    assert cli.ok("runs", "hourly", "--before", ids[-1]).stdout == f"no runs of hourly before {ids[-1]}\n"
+
+
+# ---------------------------------------------------------------------------------------
+# bad usage: exit 2, one line on stderr naming the bad value, nothing on stdout
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["runs", "nosuch"], 'no schedule named "nosuch"'),
+        (["fire", "nosuch"], 'no schedule named "nosuch"'),
+        (["disable", "nosuch"], 'no schedule named "nosuch"'),
+        (["backfill", "nosuch", "--from", "-1h", "--to", "now"], 'no schedule named "nosuch"'),
+        (["runs", "hourly", "--limit", "abc"], "'abc' is not a whole number"),
+        (["runs", "hourly", "--limit", "0"], "0 must be at least 1"),
+        (["runs", "hourly", "--limit", "5000"], "limit 5000 is out of range"),
+        (["list", "--bogus"], "--bogus"),
+        (["list", "--schedules", "no-such-folder"], 'schedules folder "no-such-folder" does not exist'),
+        (["backfill", "hourly", "--from", "yesterday", "--to", "now"], '--from "yesterday" is not a time'),
+        (["backfill", "hourly", "--from", "-1h", "--to", "2026-13-01"], '--to "2026-13-01" is not a time'),
+        (["backfill", "hourly", "--to", "now"], "--from"),
+    ],
+)
+def test_bad_usage(cli: Cli, args: list[str], named: str) -> None:
+    done = cli(*args)
+    assert done.returncode == 2, done
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert named in line
+    assert "Traceback" not in done.stderr
+    assert cli.log("hourly") == []
+
+
+def test_unknown_store_scheme_is_bad_usage_and_hides_the_password(cli: Cli) -> None:
+    done = cli("list", "--store", "mysql://ops:s3cret@db.internal/sched", store=False)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        'schedtui: unsupported store URL "mysql://ops:***@db.internal/sched" (use sqlite:///PATH or postgresql://…)'
+    ]
+
+
+def test_no_verb_prints_help(cli: Cli) -> None:
+    done = cli(store=False)
+    assert done.returncode == 0
+    assert done.stdout.startswith("usage: schedtui")
+
+
+def test_the_installed_console_script(cli: Cli) -> None:
+    script = Path(sys.executable).with_name("schedtui")
+    if not script.exists():
+        pytest.skip("the schedtui console script is not installed (pip install -e .)")
+    done = subprocess.run(
+        [str(script), "list", "--json", "--store", cli.store], cwd=cli.root, env=child_env(), capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert [s["name"] for s in json.loads(done.stdout)] == ["failing", "hourly", "webhook"]
+
+
+# ---------------------------------------------------------------------------------------
+# serve: a real server on the real clock
+# ---------------------------------------------------------------------------------------
+TICKER = """
+    import time
+    from pathlib import Path
+    from backend import define_schedule
+
+    LOG = Path(__file__).resolve().parent.parent / "{name}.log"
+
+    def handler(ctx):
+        with LOG.open("a") as f:
+            f.write(f"start {{ctx.scheduled_at.isoformat()}} {{ctx.run_id}}\\n")
+        time.sleep({sleep})
+        with LOG.open("a") as f:
+            f.write(f"end {{ctx.scheduled_at.isoformat()}} {{ctx.run_id}}\\n")
+
+    job = define_schedule(name="{name}", cron="* * * * * *", timezone="UTC", handler=handler, max_runtime=300)
+"""
+
+
+class Server:
+    def __init__(self, cli: Cli, folder: str) -> None:
+        self.cli = cli
+        self.err = cli.root / f"serve-{folder}.err"
+        self.proc = subprocess.Popen(
+            cli.argv("serve", "--schedules", folder),
+            cwd=cli.root,
+            env=child_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=self.err.open("w"),
+        )
+
+    def log(self) -> str:
+        return self.err.read_text()
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 15) -> int:
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"serve did not stop within {timeout}s after signal {sig}:\n{self.log()}")
+
+
+@pytest.fixture
+def serve(cli: Cli) -> Iterator[Callable[[str, str, float], Server]]:
+    servers: list[Server] = []
+
+    def start(folder: str, name: str, sleep: float) -> Server:
+        write_tree(cli.root / folder, {f"{name}.cron.py": TICKER.format(name=name, sleep=sleep)})
+        server = Server(cli, folder)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def entries(cli: Cli, name: str, kind: str) -> list[tuple[str, str]]:
+    return [(slot, run_id) for k, slot, run_id in cli.log(name) if k == kind]
+
+
+@pytest.mark.slow
+def test_serve_fires_every_second_stops_when_disabled_and_on_sigint(cli: Cli, serve: Callable[..., Server]) -> None:
+    server = serve("live", "ticker", 0)
+    poll(lambda: len(entries(cli, "ticker", "end")) >= 2, timeout=15, what="two ticks")
+
+    done = subprocess.run(
+        cli.argv("disable", "ticker", "--note", "enough", "--schedules", "live"),
+        cwd=cli.root, env=child_env(), capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    disabled_at = time.monotonic()
+    # The server re-reads schedule state every second: it must notice within ~2 s.
+    poll(lambda: "schedule ticker disabled by" in server.log(), timeout=5, what="the server to notice the disable")
+    assert time.monotonic() - disabled_at < 2.5
+    changed_at = at(json.loads(cli.ok("list", "--json", "--schedules", "live").stdout)[0]["state_note"]["at"])
+
+    # Watch the ledger until two more slots would have fired; none may, beyond one in flight.
+    def quiet_for_two_slots() -> list[dict[str, Any]] | None:
+        runs = cli.runs("ticker", schedules="live")
+        return runs if datetime.now(UTC) > changed_at + timedelta(seconds=3.5) else None
+
+    runs = poll(quiet_for_two_slots, timeout=15, what="the observation window", every=0.2)
+    slots = sorted(at(r["scheduled_at"]) for r in runs)
+    assert len(slots) >= 2
+    assert slots[-1] <= changed_at + timedelta(seconds=2), (changed_at, slots[-1])
+    assert {(r["status"], r["trigger"], r["coordination_outcome"]) for r in runs} == {("succeeded", "self", "single")}
+    assert [b - a for a, b in zip(slots, slots[1:])] == [timedelta(seconds=1)] * (len(slots) - 1)
+    assert sorted(run_id for _, run_id in entries(cli, "ticker", "end")) == sorted(r["id"] for r in runs)
+
+    assert server.stop(signal.SIGINT) == 0
+    assert "stopping" in server.log()
+    after = cli.runs("ticker", schedules="live")
+    assert [r for r in after if r["status"] == "running"] == []
+    assert len(after) == len(runs)
+
+
+@pytest.mark.slow
+def test_sigint_lets_a_run_in_flight_finish(cli: Cli, serve: Callable[..., Server]) -> None:
+    server = serve("slow", "slow", 1.5)
+    slot, run_id = poll(lambda: entries(cli, "slow", "start"), timeout=15, what="a run to start")[0]
+    assert server.stop(signal.SIGINT) == 0
+    assert (slot, run_id) in entries(cli, "slow", "end")
+    runs = {r["id"]: r for r in cli.runs("slow", schedules="slow")}
+    assert (runs[run_id]["status"], runs[run_id]["error_tag"]) == ("succeeded", None)
+    assert runs[run_id]["duration_ms"] >= 1500
+    assert [r for r in runs.values() if r["status"] == "running"] == []
+    # Slots that came due while it ran were skipped (on_overlap=skip), not started.
+    assert {r["status"] for r in runs.values() if r["id"] != run_id} <= {"skipped"}
+    assert len(entries(cli, "slow", "start")) == 1
+
+
+@pytest.mark.slow
+def test_a_killed_server_leaves_its_run_to_be_closed_abandoned(cli: Cli, serve: Callable[..., Server]) -> None:
+    server = serve("stuck", "stuck", 120)
+    _, run_id = poll(lambda: entries(cli, "stuck", "start"), timeout=15, what="a run to start")[0]
+
+    def committed_running() -> bool:
+        return any(r["id"] == run_id and r["status"] == "running" for r in cli.runs("stuck", schedules="stuck"))
+
+    poll(committed_running, timeout=10, what="the running row to be committed", every=0.1)
+    server.proc.send_signal(signal.SIGKILL)
+    assert server.proc.wait(10) == -signal.SIGKILL  # reaped: its pid is gone, not a zombie
+
+    # Opening the store (any verb) closes what the dead instance left running.
+    cli.ok("list", "--schedules", "stuck")
+    runs = {r["id"]: r for r in cli.runs("stuck", schedules="stuck")}
+    run = runs[run_id]
+    assert (run["status"], run["error_tag"]) == ("failed", "abandoned")
+    assert f"(pid {server.proc.pid}) is no longer running" in run["error_message"]
+    assert run["finished_at"] is not None
+    assert [r for r in runs.values() if r["status"] == "running"] == []
+
+
+# ---------------------------------------------------------------------------------------
+# Engine and interface behaviour the CLI depends on, pinned in-process without races
+# ---------------------------------------------------------------------------------------
+def test_no_paging_hint_on_the_last_page(cli: Cli) -> None:
+    cli.ok("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-01T02:00Z")
+    out = cli.ok("runs", "hourly", "--limit", "2").stdout.splitlines()
+    assert len(out) == 3 and not out[-1].startswith("older:")
+
+
+class LazyStore(SQLiteStore):
+    """A valid store that hands runs to its writer only at the next flush (or close_run,
+    to keep the order of hand-in): a long group-commit window, which the Store contract allows."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.held: list[Run] = []
+
+    def save_runs(self, runs: Sequence[Run]) -> None:
+        self.held.extend(runs)
+
+    def release(self) -> None:
+        held, self.held = self.held, []
+        if held:
+            super().save_runs(held)
+
+    async def flush(self) -> None:
+        self.release()
+        await super().flush()
+
+    async def close_run(self, run: Run) -> bool:
+        self.release()
+        return await super().close_run(run)
+
+
+async def test_wait_run_of_a_run_that_just_finished_is_not_stale(tmp_path: Path) -> None:
+    """``fire`` used to print "running" and exit 1 for a run that had succeeded, about one
+    time in four: wait_run read the store before the engine had handed in the finished
+    version. Pinned here without a race, on a store that commits as late as it may."""
+    gate = asyncio.Event()
+
+    async def handler(ctx: Any) -> None:
+        await gate.wait()
+
+    job = define_schedule(name="job", cron="0 * * * *", timezone="UTC", handler=handler)
+    engine = Engine([job], LazyStore(tmp_path / "state.db"), clock=ManualClock(), instance="t", shutdown_grace=0)
+    backend = EmbeddedBackend(engine)
+    await backend.connect()
+    try:
+        run = await backend.run_now("job")
+        finished = expect(engine, lambda r: r.id == run.id and r.status != "running")
+        gate.set()
+        assert (await finished).status == "succeeded"
+        assert (await backend.wait_run(run.id)).status == "succeeded"
+    finally:
+        await backend.close()

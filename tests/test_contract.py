@@ -1,0 +1,218 @@
+"""One contract for the shared backend interface, run against both implementations:
+the embedded one (engine in this process) and the remote one (httpx against a real
+``schedtui serve`` on a loopback port)."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from backend import BadInput, Engine, Forbidden, NotFound, Refused, discover
+from backend.interface import Backend, EmbeddedBackend
+from backend.remote import RemoteBackend
+from tests.servers import start_server
+
+SCHEDULES = {
+    "hourly.cron.py": """
+        from backend import define_schedule
+
+        async def work(ctx):
+            pass
+
+        hourly = define_schedule(name="hourly", cron="0 * * * *", timezone="Europe/Berlin", handler=work,
+                                 description="every hour", payload={"n": 1})
+    """,
+    "failing.cron.py": """
+        from backend import define_schedule
+
+        def boom(ctx):
+            raise RuntimeError("disk full")
+
+        failing = define_schedule(name="failing", cron="0 0 1 1 *", timezone="UTC", handler=boom)
+    """,
+    "ext.cron.py": """
+        from backend import define_schedule
+
+        async def invoice(ctx):
+            pass
+
+        ext = define_schedule(name="ext", cron="0 3 1 * *", timezone="UTC", handler=invoice, trigger="external")
+    """,
+}
+OPERATE, READ = "op-secret-token", "read-secret-token"
+
+
+def write_schedules(folder: Path) -> Path:
+    target = folder / "schedules"
+    target.mkdir()
+    for name, text in SCHEDULES.items():
+        (target / name).write_text(textwrap.dedent(text))
+    return target
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    root = tmp_path_factory.mktemp("remote")
+    write_schedules(root)
+    srv = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{root / 'state.db'}",
+                       "--token", OPERATE, "--read-token", READ)
+    yield srv
+    assert srv.stop() == 0, srv.log_text()
+
+
+@pytest.fixture(params=["embedded", "remote"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    if request.param == "embedded":
+        folder = write_schedules(tmp_path)
+        impl: Backend = EmbeddedBackend(Engine(discover(folder), f"sqlite:///{tmp_path / 'state.db'}"))
+    else:
+        impl = RemoteBackend(request.getfixturevalue("server").url, OPERATE)
+    await impl.connect()
+    yield impl
+    await impl.close()
+
+
+@pytest.fixture(params=["embedded", "remote"])
+async def read_only_backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    if request.param == "embedded":
+        folder = write_schedules(tmp_path)
+        impl: Backend = EmbeddedBackend(Engine(discover(folder), f"sqlite:///{tmp_path / 'state.db'}"), read_only=True)
+    else:
+        impl = RemoteBackend(request.getfixturevalue("server").url, READ)
+    await impl.connect()
+    yield impl
+    await impl.close()
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+async def test_connect_describes_the_connection(backend: Backend) -> None:
+    info = await backend.connect()
+    assert info.coordination == "single" and info.instance and not info.read_only
+    assert info.kind in ("embedded", "remote")
+    assert info.where.endswith("state.db") if info.kind == "embedded" else info.where.startswith("http://127.0.0.1:")
+
+
+async def test_list_schedules(backend: Backend) -> None:
+    snapshot = await backend.list_schedules()
+    by_name = {s.name: s for s in snapshot.schedules}
+    assert set(by_name) >= {"hourly", "failing", "ext"}
+    hourly = by_name["hourly"]
+    assert (hourly.cron, hourly.timezone, hourly.trigger, hourly.on_overlap, hourly.backfill) == (
+        "0 * * * *", "Europe/Berlin", "self", "skip", "skip")
+    assert (hourly.description, hourly.payload, hourly.max_runtime_s) == ("every hour", {"n": 1}, 1800.0)
+    assert hourly.next_fire_at is not None and hourly.next_fire_at.minute == 0
+    assert timedelta(0) < hourly.next_fire_at - snapshot.now <= timedelta(hours=1)
+    assert by_name["ext"].trigger == "external" and by_name["ext"].next_fire_at is None
+    assert abs(snapshot.now - now()) < timedelta(seconds=30)
+
+
+async def test_upcoming(backend: Backend) -> None:
+    slots = await backend.upcoming("hourly", 5)
+    assert len(slots) == 5 and all(b - a == timedelta(hours=1) for a, b in zip(slots, slots[1:]))
+
+
+async def test_run_now_and_wait(backend: Backend) -> None:
+    run = await backend.run_now("hourly")
+    assert (run.name, run.trigger, run.coordination_outcome) == ("hourly", "manual", "manual")
+    done = await backend.wait_run(run.id)
+    assert done.status == "succeeded" and done.duration_ms is not None
+    assert (await backend.get_run(run.id)).status == "succeeded"
+    page = await backend.list_runs("hourly", limit=50)
+    assert run.id in [r.id for r in page.runs]
+
+
+async def test_a_failing_run_carries_its_error(backend: Backend) -> None:
+    run = await backend.run_now("failing")
+    done = await backend.wait_run(run.id)
+    assert (done.status, done.error_tag, done.error_message) == ("failed", "RuntimeError", "disk full")
+
+
+async def test_runs_are_paged_by_keyset(backend: Backend) -> None:
+    end = now().replace(minute=0, second=0, microsecond=0) - timedelta(days=30)
+    progress = await backend.start_backfill("hourly", end - timedelta(hours=7), end)
+    assert progress.total == 7
+    progress = await backend.wait_backfill(progress.id)
+    assert (progress.state, progress.fired, progress.failed) == ("done", 7, 0)
+    seen: list[str] = []
+    before = None
+    sizes = []
+    while True:
+        page = await backend.list_runs("hourly", limit=3, before=before)
+        sizes.append(len(page.runs))
+        seen += [r.id for r in page.runs]
+        if page.next_before is None:
+            break
+        before = page.next_before
+    assert seen == sorted(seen, reverse=True) and len(seen) == len(set(seen)) >= 7
+    assert all(size == 3 for size in sizes[:-1]) and sizes[-1] <= 3
+
+
+async def test_enable_disable_with_a_note(backend: Backend) -> None:
+    view = await backend.set_enabled("hourly", False, note="vendor outage")
+    assert (view.enabled, view.next_fire_at) == (False, None)
+    assert view.state_note is not None and view.state_note.note == "vendor outage"
+    listed = {s.name: s for s in (await backend.list_schedules()).schedules}["hourly"]
+    assert not listed.enabled and listed.state_note is not None and listed.state_note.note == "vendor outage"
+    view = await backend.set_enabled("hourly", True)
+    assert view.enabled and view.next_fire_at is not None
+
+
+async def test_backfill_plans_fire_nothing(backend: Backend) -> None:
+    end = now() - timedelta(days=2)
+    reversed_plan = await backend.plan_backfill("hourly", end, end - timedelta(hours=1))
+    assert not reversed_plan.ok and "reversed" in (reversed_plan.refusal or "")
+    big = await backend.plan_backfill("hourly", end - timedelta(days=2), end)
+    assert big.count in (47, 48, 49) and big.needs_confirmation and not big.ok
+    assert (await backend.plan_backfill("hourly", end - timedelta(days=2), end, confirm=True)).ok
+    future = await backend.plan_backfill("hourly", end, now() + timedelta(hours=3))
+    assert not future.ok and "future" in (future.refusal or "")
+    huge = await backend.plan_backfill("hourly", end - timedelta(days=100), end, confirm=True)
+    assert not huge.ok and "limit" in (huge.refusal or "")
+    assert big.first is not None and big.last is not None and big.first < big.last
+
+
+async def test_refused_backfill_says_count_and_reason(backend: Backend) -> None:
+    end = now() - timedelta(days=2)
+    with pytest.raises(Refused) as info:
+        await backend.start_backfill("hourly", end - timedelta(days=2), end)
+    assert info.value.reason == "needs confirmation" and info.value.count in (47, 48, 49)
+
+
+async def test_unknowns_are_not_found(backend: Backend) -> None:
+    with pytest.raises(NotFound, match="nope"):
+        await backend.list_runs("nope")
+    with pytest.raises(NotFound):
+        await backend.run_now("nope")
+    with pytest.raises(NotFound):
+        await backend.set_enabled("nope", False)
+    with pytest.raises(NotFound):
+        await backend.get_run("01ZZZZZZZZZZZZZZZZZZZZZZZZ")
+    with pytest.raises(NotFound):
+        await backend.backfill_progress("nope")
+
+
+async def test_bad_input(backend: Backend) -> None:
+    with pytest.raises(BadInput, match="limit"):
+        await backend.list_runs("hourly", limit=0)
+    with pytest.raises(BadInput, match="10,000"):
+        await backend.plan_backfill("hourly", now() - timedelta(days=1), now(), limit=20_000)
+
+
+async def test_read_only_reads_but_may_not_act(read_only_backend: Backend) -> None:
+    info = await read_only_backend.connect()
+    assert info.read_only and read_only_backend.read_only
+    assert (await read_only_backend.list_schedules()).schedules
+    await read_only_backend.plan_backfill("hourly", now() - timedelta(days=1), now() - timedelta(hours=2))
+    with pytest.raises(Forbidden):
+        await read_only_backend.run_now("hourly")
+    with pytest.raises(Forbidden):
+        await read_only_backend.set_enabled("hourly", False)
+    with pytest.raises(Forbidden):
+        await read_only_backend.start_backfill("hourly", now() - timedelta(hours=3), now() - timedelta(hours=1))

@@ -1,0 +1,706 @@
+"""The engine on a manual clock: timers, overlap, watchdog, catch-up, operator actions."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from backend import BadInput, Engine, ManualClock, NotFound, Refused, RunContext, define_schedule
+from backend.model import Run
+from tests.conftest import all_runs, expect
+
+UTC = timezone.utc
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+def schedule(name: str = "job", cron: str = "* * * * *", handler: Any = None, **kwargs: Any):  # type: ignore[no-untyped-def]
+    async def noop(ctx: RunContext) -> None:
+        pass
+
+    return define_schedule(name=name, cron=cron, timezone=kwargs.pop("timezone", "UTC"), handler=handler or noop, **kwargs)
+
+
+def summary(runs: list[Run]) -> list[tuple[str, str, str]]:
+    return [(r.scheduled_at.strftime("%H:%M:%S"), r.status, r.trigger) for r in runs]
+
+
+# ---------------------------------------------------------------------------------------
+# timers
+# ---------------------------------------------------------------------------------------
+async def test_minute_schedule_fires_each_slot_with_a_full_context(make_engine, clock: ManualClock) -> None:
+    seen: list[RunContext] = []
+
+    async def handler(ctx: RunContext) -> None:
+        seen.append(ctx)
+
+    engine = make_engine([schedule(handler=handler, payload={"k": 1}, max_runtime=90)])
+    await engine.start()
+    await engine.quiesce()
+    assert engine.next_fire_at("job") == at("2026-03-02T08:01:00Z")
+    for _ in range(3):
+        clock.advance(60)
+        await engine.quiesce()
+    assert [c.scheduled_at for c in seen] == [at("2026-03-02T08:01:00Z"), at("2026-03-02T08:02:00Z"), at("2026-03-02T08:03:00Z")]
+    first = seen[0]
+    assert (first.name, first.trigger, first.payload) == ("job", "self", {"k": 1})
+    assert first.fired_at == at("2026-03-02T08:01:00Z")
+    assert first.deadline == first.fired_at + timedelta(seconds=90)
+    runs = await all_runs(engine, "job")
+    assert [r.id for r in runs] == [c.run_id for c in seen]
+    assert {(r.status, r.coordination_outcome, r.instance) for r in runs} == {("succeeded", "single", "test-0")}
+
+
+async def test_scheduled_at_comes_from_the_cron_not_the_clock(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([schedule(cron="*/15 * * * *")])
+    await engine.start()
+    await engine.quiesce()
+    clock.set("2026-03-02T08:15:00.750Z")  # woke 750 ms late
+    await engine.quiesce()
+    (run,) = await all_runs(engine, "job")
+    assert run.scheduled_at == at("2026-03-02T08:15:00Z")
+    assert run.fired_at == at("2026-03-02T08:15:00.750Z")
+
+
+async def test_a_raising_handler_never_stops_the_chain(make_engine, clock: ManualClock) -> None:
+    async def boom(ctx: RunContext) -> None:
+        raise ConnectionRefusedError("smtp refused")
+
+    engine = make_engine([schedule(handler=boom)])
+    await engine.start()
+    for _ in range(3):
+        clock.advance(60)
+        await engine.quiesce()
+    runs = await all_runs(engine, "job")
+    assert [(r.status, r.error_tag, r.error_message) for r in runs] == [("failed", "ConnectionRefusedError", "smtp refused")] * 3
+    assert engine.next_fire_at("job") == at("2026-03-02T08:04:00Z")
+
+
+async def test_sync_handlers_run_on_a_thread(make_engine, clock: ManualClock) -> None:
+    threads: list[str] = []
+
+    def handler(ctx: RunContext) -> None:
+        threads.append(threading.current_thread().name)
+
+    engine = make_engine([schedule(handler=handler)])
+    await engine.start()
+    clock.advance(60)
+    await engine.quiesce()
+    assert threads == ["schedtui-run-job"]
+    assert [r.status for r in await all_runs(engine, "job")] == ["succeeded"]
+
+
+class EarlyClock(ManualClock):
+    """A clock whose first sleep returns at once, as asyncio timers sometimes do."""
+
+    early_wakes = 0
+
+    async def sleep_until(self, deadline: datetime) -> None:
+        if self.early_wakes == 0 and deadline > self.now():
+            self.early_wakes += 1
+            return
+        await super().sleep_until(deadline)
+
+
+async def test_an_early_wake_never_fires_before_the_slot(make_engine) -> None:
+    clock = EarlyClock("2026-03-02T08:00:00Z")
+    engine = make_engine([schedule()], clock=clock)
+    await engine.start()
+    await engine.quiesce()
+    assert clock.early_wakes == 1
+    assert await all_runs(engine, "job") == []
+    clock.advance(60)
+    await engine.quiesce()
+    assert len(await all_runs(engine, "job")) == 1
+
+
+async def test_yearly_schedule_waits_through_a_long_gap(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([schedule(cron="0 0 1 1 *")])
+    await engine.start()
+    await engine.quiesce()
+    assert engine.next_fire_at("job") == at("2027-01-01T00:00:00Z")
+    clock.set("2026-12-31T23:59:59Z")
+    await engine.quiesce()
+    assert await all_runs(engine, "job") == []
+    clock.set("2027-01-01T00:00:00Z")
+    await engine.quiesce()
+    assert [r.scheduled_at for r in await all_runs(engine, "job")] == [at("2027-01-01T00:00:00Z")]
+
+
+async def test_external_schedules_get_no_timer(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([schedule(trigger="external")])
+    await engine.start()
+    clock.advance(600)
+    await engine.quiesce()
+    assert await all_runs(engine, "job") == []
+    assert engine.next_fire_at("job") is None
+
+
+async def test_dst_fixed_time_fires_once_on_both_transition_days(make_engine) -> None:
+    clock = ManualClock("2026-03-28T12:00:00Z")
+    engine = make_engine([schedule(cron="30 2 * * *", timezone="Europe/Berlin")], clock=clock)
+    await engine.start()
+    for day in range(2):
+        clock.advance(timedelta(days=1))
+        await engine.quiesce()
+    # 2026-03-29: 02:30 does not exist in Berlin; it fires once at 03:00 CEST (01:00 UTC).
+    assert [r.scheduled_at for r in await all_runs(engine, "job")] == [at("2026-03-29T01:00:00Z"), at("2026-03-30T00:30:00Z")]
+
+
+async def test_long_running_engine_fires_a_fall_back_hour_twice_for_hourly(make_engine) -> None:
+    clock = ManualClock("2026-10-24T23:30:00Z")
+    engine = make_engine([schedule(cron="0 * * * *", timezone="Europe/Berlin")], clock=clock)
+    await engine.start()
+    for _ in range(4):
+        clock.advance(3600)
+        await engine.quiesce()
+    # 02:00 CEST (00:00 UTC) and 02:00 CET (01:00 UTC) are both real instants.
+    assert [r.scheduled_at for r in await all_runs(engine, "job")] == [
+        at("2026-10-25T00:00:00Z"),
+        at("2026-10-25T01:00:00Z"),
+        at("2026-10-25T02:00:00Z"),
+        at("2026-10-25T03:00:00Z"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# overlap
+# ---------------------------------------------------------------------------------------
+class Gate:
+    """A handler that blocks until released; counts how many run at once."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.started: list[datetime] = []
+        self.running = 0
+        self.most = 0
+        self.entered = asyncio.Event()
+
+    async def __call__(self, ctx: RunContext) -> None:
+        self.started.append(ctx.scheduled_at)
+        self.running += 1
+        self.most = max(self.most, self.running)
+        self.entered.set()
+        try:
+            await self.release.wait()
+        finally:
+            self.running -= 1
+
+
+async def test_overlap_skip_records_a_skipped_run(make_engine, clock: ManualClock) -> None:
+    gate = Gate()
+    engine = make_engine([schedule(handler=gate, on_overlap="skip")])
+    await engine.start()
+    clock.advance(60)
+    await gate.entered.wait()
+    skipped = expect(engine, lambda r: r.status == "skipped")
+    clock.advance(60)
+    run = await skipped
+    assert run.scheduled_at == at("2026-03-02T08:02:00Z")
+    assert run.error_tag == "overlap" and run.error_message and "still in flight" in run.error_message
+    gate.release.set()
+    await engine.quiesce()
+    clock.advance(60)
+    await engine.quiesce()
+    assert summary(await all_runs(engine, "job")) == [
+        ("08:01:00", "succeeded", "self"),
+        ("08:02:00", "skipped", "self"),
+        ("08:03:00", "succeeded", "self"),
+    ]
+    assert gate.most == 1
+
+
+async def test_overlap_queue_runs_in_order_never_concurrently(make_engine, clock: ManualClock) -> None:
+    gate = Gate()
+    engine = make_engine([schedule(handler=gate, on_overlap="queue")])
+    await engine.start()
+    clock.advance(60)
+    await gate.entered.wait()
+    for _ in range(2):
+        clock.advance(60)
+        await engine.quiesce(runs=False)
+    assert gate.started == [at("2026-03-02T08:01:00Z")]
+    gate.release.set()
+    await engine.quiesce()
+    assert gate.started == [at("2026-03-02T08:01:00Z"), at("2026-03-02T08:02:00Z"), at("2026-03-02T08:03:00Z")]
+    assert gate.most == 1
+    assert [r.status for r in await all_runs(engine, "job")] == ["succeeded"] * 3
+
+
+async def test_overlap_parallel_starts_at_once(make_engine, clock: ManualClock) -> None:
+    gate = Gate()
+    engine = make_engine([schedule(handler=gate, on_overlap="parallel")])
+    await engine.start()
+    clock.advance(60)
+    await gate.entered.wait()
+    second = expect(engine, lambda r: r.status == "running" and r.scheduled_at.minute == 2)
+    clock.advance(60)
+    await second
+    await asyncio.sleep(0)
+    assert gate.running == 2
+    gate.release.set()
+    await engine.quiesce()
+    assert gate.most == 2
+
+
+# ---------------------------------------------------------------------------------------
+# watchdog
+# ---------------------------------------------------------------------------------------
+async def test_watchdog_cancels_an_async_handler(make_engine, clock: ManualClock) -> None:
+    cancelled = asyncio.Event()
+
+    async def hang(ctx: RunContext) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    engine = make_engine([schedule(cron="0 * * * *", handler=hang, max_runtime=120)])
+    await engine.start()
+    started = expect(engine, lambda r: r.status == "running")
+    clock.set("2026-03-02T09:00:00Z")
+    await started
+    clock.advance(119)
+    await engine.quiesce(runs=False)
+    assert [r.status for r in await all_runs(engine, "job")] == ["running"]
+    timed_out = expect(engine, lambda r: r.status == "failed")
+    clock.advance(1)
+    run = await timed_out
+    await cancelled.wait()
+    assert (run.error_tag, run.duration_ms) == ("timeout", 120_000)
+    await engine.quiesce()
+    assert [(r.status, r.error_tag) for r in await all_runs(engine, "job")] == [("failed", "timeout")]
+
+
+async def test_watchdog_abandons_a_sync_handler_and_keeps_the_timeout(make_engine, clock: ManualClock) -> None:
+    release, entered, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def hang(ctx: RunContext) -> None:
+        entered.set()
+        release.wait(30)
+        finished.set()
+
+    engine = make_engine([schedule(cron="0 * * * *", handler=hang, max_runtime=60)])
+    await engine.start()
+    clock.set("2026-03-02T09:00:00Z")
+    await asyncio.to_thread(entered.wait, 10)
+    timed_out = expect(engine, lambda r: r.status == "failed")
+    clock.advance(60)
+    run = await timed_out
+    assert run.error_tag == "timeout" and "abandoned" in (run.error_message or "")
+    # The thread cannot be killed; when it ends on its own, the ledger keeps the timeout.
+    release.set()
+    await asyncio.to_thread(finished.wait, 10)
+    await engine.quiesce()
+    assert [(r.status, r.error_tag) for r in await all_runs(engine, "job")] == [("failed", "timeout")]
+    # An abandoned thread does not count as in flight: the next slot runs.
+    clock.set("2026-03-02T10:00:00Z")
+    await engine.quiesce()
+    assert [r.status for r in await all_runs(engine, "job")] == ["failed", "succeeded"]
+
+
+# ---------------------------------------------------------------------------------------
+# catch-up at boot
+# ---------------------------------------------------------------------------------------
+async def _seed_last_run(engine: Engine, name: str, slot: datetime) -> None:
+    await engine.open()
+    engine.store.save_runs(
+        [
+            Run(
+                id=engine.new_id(),
+                name=name,
+                scheduled_at=slot,
+                status="succeeded",
+                trigger="self",
+                coordination_outcome="single",
+                instance="earlier",
+                fired_at=slot,
+                finished_at=slot,
+            )
+        ]
+    )
+    await engine.store.flush()
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        ("skip", [("03-02", "missed"), ("03-03", "missed"), ("03-04", "missed"), ("03-05", "missed")]),
+        ("latest", [("03-02", "missed"), ("03-03", "missed"), ("03-04", "missed"), ("03-05", "succeeded")]),
+        ("all", [("03-02", "succeeded"), ("03-03", "succeeded"), ("03-04", "succeeded"), ("03-05", "succeeded")]),
+    ],
+)
+async def test_boot_catch_up_policies(make_engine, clock: ManualClock, policy: str, expected) -> None:  # type: ignore[no-untyped-def]
+    fired: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    clock.set("2026-03-05T12:00:00Z")
+    engine = make_engine([schedule(cron="0 9 * * *", handler=handler, backfill=policy)])
+    await _seed_last_run(engine, "job", at("2026-03-01T09:00:00Z"))
+    await engine.start()
+    await engine.quiesce()
+    runs = (await all_runs(engine, "job"))[1:]
+    assert [(r.scheduled_at.strftime("%m-%d"), r.status) for r in runs] == expected
+    missed_slots = [at(f"2026-03-0{day}T09:00:00Z") for day in (2, 3, 4, 5)]
+    assert [r.scheduled_at for r in runs] == missed_slots
+    assert fired == {"skip": [], "latest": missed_slots[-1:], "all": missed_slots}[policy]
+    assert {r.trigger for r in runs} == {"self"}
+    assert engine.next_fire_at("job") == at("2026-03-06T09:00:00Z")
+
+
+async def test_catch_up_walk_is_capped(make_engine, clock: ManualClock) -> None:
+    clock.set("2026-03-02T12:00:00Z")
+    engine = make_engine([schedule(cron="* * * * *", backfill="skip")], catch_up_limit=1000)
+    await _seed_last_run(engine, "job", at("2026-02-20T00:00:00Z"))
+    await engine.start()
+    await engine.quiesce()
+    missed = [r for r in await all_runs(engine, "job") if r.status == "missed"]
+    assert len(missed) == 1000
+    assert max(r.scheduled_at for r in missed) == at("2026-03-02T12:00:00Z")  # the newest are kept
+
+
+async def test_catch_up_finishes_before_the_live_timer_arms(make_engine, clock: ManualClock) -> None:
+    gate = Gate()
+    clock.set("2026-03-02T08:00:30Z")
+    engine = make_engine([schedule(cron="* * * * *", handler=gate, backfill="all", on_overlap="parallel")])
+    await _seed_last_run(engine, "job", at("2026-03-02T07:57:00Z"))
+    await engine.start()
+    await gate.entered.wait()
+    assert engine.next_fire_at("job") == at("2026-03-02T08:01:00Z")  # not armed: computed
+    clock.set("2026-03-02T08:01:00Z")
+    await engine.quiesce(runs=False)
+    assert gate.running == 1
+    gate.release.set()
+    await engine.quiesce()
+    assert gate.most == 1  # even with on_overlap=parallel: catch-up ran alone, in order
+    assert gate.started == [at("2026-03-02T07:58:00Z"), at("2026-03-02T07:59:00Z"), at("2026-03-02T08:00:00Z"), at("2026-03-02T08:01:00Z")]
+
+
+async def test_a_new_schedule_has_nothing_to_catch_up(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([schedule(backfill="all")])
+    await engine.start()
+    await engine.quiesce()
+    assert await all_runs(engine, "job") == []
+
+
+async def test_live_engine_behind_fires_the_current_slot(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([schedule(cron="*/10 * * * * *", backfill="skip")])
+    await engine.start()
+    await engine.quiesce()
+    clock.advance(35)  # a suspended VM: three slots passed at once
+    await engine.quiesce()
+    assert summary(await all_runs(engine, "job")) == [
+        ("08:00:10", "missed", "self"),
+        ("08:00:20", "missed", "self"),
+        ("08:00:30", "succeeded", "self"),
+    ]
+    assert engine.next_fire_at("job") == at("2026-03-02T08:00:40Z")
+
+
+# ---------------------------------------------------------------------------------------
+# crash, stop, retention
+# ---------------------------------------------------------------------------------------
+async def test_a_run_left_running_by_a_dead_process_is_closed_as_abandoned(make_engine, clock: ManualClock) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    dead_pid = int(dead.stdout)
+    first = make_engine([schedule()], instance="crashed")
+    await first.open()
+    await first.store.heartbeat("crashed", first.host, dead_pid, clock.now())
+    first.store.save_runs(
+        [Run(id=first.new_id(), name="job", scheduled_at=clock.now(), status="running", trigger="self",
+             coordination_outcome="single", instance="crashed", fired_at=clock.now())]
+    )
+    await first.store.flush()
+    second = make_engine([schedule()], instance="survivor")
+    await second.open()
+    (run,) = await all_runs(second, "job")
+    assert (run.status, run.error_tag) == ("failed", "abandoned")
+    assert str(dead_pid) in (run.error_message or "")
+
+
+async def test_a_live_instance_run_is_not_abandoned(make_engine, clock: ManualClock) -> None:
+    gate = Gate()
+    first = make_engine([schedule(handler=gate)], instance="alive")
+    await first.start()
+    clock.advance(60)
+    await gate.entered.wait()
+    await first.quiesce(runs=False)  # it has sent its heartbeat for the new time
+    second = make_engine([schedule()], instance="other")
+    await second.open()
+    assert [r.status for r in await all_runs(second, "job")] == ["running"]
+    gate.release.set()
+
+
+async def test_stop_waits_for_runs_in_flight(make_engine, clock: ManualClock) -> None:
+    gate = Gate()
+    engine = make_engine([schedule(handler=gate)])
+    await engine.start()
+    clock.advance(60)
+    await gate.entered.wait()
+    stopping = asyncio.ensure_future(engine.stop(grace=30))
+    await asyncio.sleep(0)
+    assert not stopping.done()
+    gate.release.set()
+    await stopping
+    reopened = make_engine([schedule()])
+    await reopened.open()
+    assert [r.status for r in await all_runs(reopened, "job")] == ["succeeded"]
+
+
+async def test_stop_without_grace_records_runs_in_flight_as_interrupted(make_engine, clock: ManualClock) -> None:
+    gate = Gate()
+    engine = make_engine([schedule(handler=gate, on_overlap="queue")])
+    await engine.start()
+    clock.advance(60)
+    await gate.entered.wait()
+    clock.advance(60)  # queued behind the first
+    await engine.quiesce(runs=False)
+    await engine.stop(grace=0)
+    reopened = make_engine([schedule()])
+    await reopened.open()
+    assert [(r.status, r.error_tag) for r in await all_runs(reopened, "job")] == [("failed", "interrupted"), ("missed", None)]
+
+
+async def test_retention_prunes_old_runs(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([schedule(cron="0 * * * *")], retention=timedelta(days=1))
+    await engine.start()
+    for _ in range(30):
+        clock.advance(3600)
+        await engine.quiesce()
+    await engine.maintain()
+    runs = await all_runs(engine, "job")
+    assert 23 <= len(runs) <= 25
+    assert min(r.scheduled_at for r in runs) >= clock.now() - timedelta(days=1, hours=1)
+
+
+# ---------------------------------------------------------------------------------------
+# operator actions
+# ---------------------------------------------------------------------------------------
+async def test_run_now_always_runs_even_disabled_and_overlapping(make_engine, clock: ManualClock) -> None:
+    gate = Gate()
+    engine = make_engine([schedule(handler=gate, on_overlap="skip")])
+    await engine.start()
+    clock.advance(60)
+    await gate.entered.wait()
+    await engine.set_enabled("job", False)
+    run = await engine.run_now("job")
+    assert (run.trigger, run.coordination_outcome, run.status) == ("manual", "manual", "running")
+    assert (await engine.store.get_run(run.id)) is not None  # committed before returning
+    gate.release.set()
+    assert (await engine.wait_run(run.id)).status == "succeeded"
+    with pytest.raises(NotFound, match='"nope"'):
+        await engine.run_now("nope")
+
+
+async def test_disable_persists_and_enable_skips_the_disabled_slots(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([schedule(backfill="all")])
+    await engine.start()
+    clock.advance(60)
+    await engine.quiesce()
+    view = await engine.set_enabled("job", False, note="maintenance window", by="alice")
+    assert (view.enabled, view.next_fire_at) == (False, None)
+    assert view.state_note is not None and (view.state_note.by, view.state_note.note) == ("alice", "maintenance window")
+    clock.advance(300)
+    await engine.quiesce()
+    assert len(await all_runs(engine, "job")) == 1
+    await engine.stop()
+    # A restart keeps it disabled; enabling arms the next future slot, nothing is caught up.
+    clock.advance(300)
+    again = make_engine([schedule(backfill="all")])
+    await again.start()
+    await again.quiesce()
+    assert not again.is_enabled("job") and again.next_fire_at("job") is None
+    await again.set_enabled("job", True)
+    assert again.next_fire_at("job") == at("2026-03-02T08:12:00Z")
+    await again.stop()
+    third = make_engine([schedule(backfill="all")])
+    clock.advance(60)
+    await third.start()
+    await third.quiesce()
+    # The one slot after enabling was missed while down: caught up; the disabled ones were not.
+    assert [r.scheduled_at for r in await all_runs(third, "job")] == [at("2026-03-02T08:01:00Z"), at("2026-03-02T08:12:00Z")]
+
+
+async def test_a_running_engine_notices_a_disable_from_another_process(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([schedule()])
+    await engine.start()
+    await engine.quiesce()
+    other = make_engine([schedule()], instance="cli")
+    await other.open()
+    await other.set_enabled("job", False, note="from the CLI")
+    clock.advance(1)  # the next state poll
+    await engine.quiesce()
+    assert not engine.is_enabled("job")
+    clock.advance(120)
+    await engine.quiesce()
+    assert await all_runs(engine, "job") == []
+
+
+# ---------------------------------------------------------------------------------------
+# range backfill
+# ---------------------------------------------------------------------------------------
+async def test_backfill_fires_each_slot_in_order_and_survives_a_failure(make_engine, clock: ManualClock) -> None:
+    seen: list[tuple[datetime, str]] = []
+
+    async def handler(ctx: RunContext) -> None:
+        seen.append((ctx.scheduled_at, ctx.trigger))
+        if ctx.scheduled_at.hour == 3:
+            raise ValueError("bad hour")
+
+    engine = make_engine([schedule(cron="0 * * * *", handler=handler)])
+    await engine.open()
+    plan = engine.plan_backfill("job", at("2026-03-02T00:00:00Z"), at("2026-03-02T06:00:00Z"))
+    assert (plan.count, plan.first, plan.last, plan.refusal) == (6, at("2026-03-02T01:00:00Z"), at("2026-03-02T06:00:00Z"), None)
+    progress = await engine.start_backfill("job", at("2026-03-02T00:00:00Z"), at("2026-03-02T06:00:00Z"))
+    done = await engine.wait_backfill(progress.id)
+    assert (done.state, done.fired, done.failed, done.remaining) == ("done", 6, 1, 0)
+    assert seen == [(at(f"2026-03-02T0{h}:00:00Z"), "manual") for h in range(1, 7)]
+    runs = await all_runs(engine, "job")
+    assert [(r.status, r.coordination_outcome) for r in runs].count(("failed", "manual")) == 1
+    assert (await engine.backfill_progress(progress.id)).fired == 6
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "kwargs", "reason", "count"),
+    [
+        ("2026-03-02T06:00:00Z", "2026-03-02T00:00:00Z", {}, "reversed range", 0),
+        ("2026-03-02T06:00:00Z", "2026-03-02T06:00:00Z", {}, "empty range", 0),
+        ("2026-03-02T06:00:00Z", "2026-03-02T09:00:00Z", {}, "reaches into the future", 3),
+        ("2026-03-02T06:10:00Z", "2026-03-02T06:20:00Z", {}, "no slots in range", 0),
+        ("2026-02-27T00:00:00Z", "2026-03-02T00:00:00Z", {}, "needs confirmation", 72),
+        ("2026-01-01T00:00:00Z", "2026-03-02T00:00:00Z", {"confirm": True}, "over the limit", 1440),
+        ("2025-01-01T00:00:00Z", "2026-03-02T00:00:00Z", {"confirm": True, "limit": 10_000}, "over the limit", 10_001),
+    ],
+)
+async def test_backfill_refusals_fire_nothing(make_engine, clock: ManualClock, start, end, kwargs, reason, count) -> None:  # type: ignore[no-untyped-def]
+    fired: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    engine = make_engine([schedule(cron="0 * * * *", handler=handler)])
+    await engine.open()
+    plan = engine.plan_backfill("job", at(start), at(end), **kwargs)
+    assert not plan.ok and plan.count == count
+    with pytest.raises(Refused) as info:
+        await engine.start_backfill("job", at(start), at(end), **kwargs)
+    assert info.value.reason == reason and info.value.count == count
+    assert f"{count:,}" in info.value.message or count == 0 or count > 10_000
+    await engine.quiesce()
+    assert fired == [] and await all_runs(engine, "job") == []
+
+
+async def test_backfill_confirmation_and_limits(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([schedule(cron="0 * * * *")])
+    await engine.open()
+    start, end = at("2026-02-27T00:00:00Z"), at("2026-03-02T00:00:00Z")
+    assert engine.plan_backfill("job", start, end, confirm=True).ok
+    assert engine.plan_backfill("job", at("2026-01-01T00:00:00Z"), end, confirm=True, limit=2000).ok
+    with pytest.raises(BadInput, match="10,000"):
+        engine.plan_backfill("job", start, end, limit=10_001)
+    with pytest.raises(BadInput, match="naive"):
+        engine.plan_backfill("job", datetime(2026, 3, 1), end)
+    exceeding = engine.plan_backfill("job", at("2024-01-01T00:00:00Z"), end, confirm=True, limit=10_000)
+    assert exceeding.count_exceeds and exceeding.count_text() == "more than 10,000"
+
+
+async def test_one_backfill_per_schedule_and_progress_while_running(make_engine, clock: ManualClock) -> None:
+    gate = Gate()
+    engine = make_engine([schedule(cron="0 * * * *", handler=gate)])
+    await engine.open()
+    progress = await engine.start_backfill("job", at("2026-03-02T00:00:00Z"), at("2026-03-02T03:00:00Z"))
+    await gate.entered.wait()
+    with pytest.raises(Refused, match="already running"):
+        await engine.start_backfill("job", at("2026-03-01T00:00:00Z"), at("2026-03-01T03:00:00Z"))
+    # Another process sees it too.
+    other = make_engine([schedule(cron="0 * * * *")], instance="cli")
+    await other.open()
+    with pytest.raises(Refused, match="already running"):
+        await other.start_backfill("job", at("2026-03-01T00:00:00Z"), at("2026-03-01T03:00:00Z"))
+    now = await engine.backfill_progress(progress.id)
+    assert (now.fired, now.remaining, now.state, now.current) == (0, 3, "running", at("2026-03-02T01:00:00Z"))
+    gate.release.set()
+    done = await engine.wait_backfill(progress.id)
+    assert (done.fired, done.failed, done.state) == (3, 0, "done")
+    assert (await other.backfill_progress(progress.id)).state == "done"
+
+
+# ---------------------------------------------------------------------------------------
+# coordination through the store's claims, and external firing
+# ---------------------------------------------------------------------------------------
+async def test_two_engines_with_claims_fire_each_slot_once(make_engine, clock: ManualClock) -> None:
+    fired: list[tuple[str, datetime]] = []
+
+    def handler_for(instance: str):  # type: ignore[no-untyped-def]
+        async def handler(ctx: RunContext) -> None:
+            fired.append((instance, ctx.scheduled_at))
+
+        return handler
+
+    a = make_engine([schedule(handler=handler_for("a"))], instance="a", coordination="advisoryLock")
+    b = make_engine([schedule(handler=handler_for("b"))], instance="b", coordination="advisoryLock")
+    await a.start()
+    await b.start()
+    for _ in range(5):
+        clock.advance(60)
+        await a.quiesce()
+        await b.quiesce()
+    assert sorted(slot for _, slot in fired) == [at(f"2026-03-02T08:0{m}:00Z") for m in range(1, 6)]
+    runs = await all_runs(a, "job")
+    assert len(runs) == 5 and {r.coordination_outcome for r in runs} == {"wonLock"}
+    assert {r.instance for r in runs} <= {"a", "b"}
+
+
+async def test_external_fire_runs_the_due_slot_once_per_slot(make_engine, clock: ManualClock) -> None:
+    calls: list[tuple[datetime, str]] = []
+
+    async def handler(ctx: RunContext) -> None:
+        calls.append((ctx.scheduled_at, ctx.trigger))
+
+    engine = make_engine([schedule(cron="0 * * * *", handler=handler, trigger="external"), schedule("timer", cron="0 * * * *")])
+    await engine.start()
+    clock.set("2026-03-02T09:00:30Z")
+    first = await engine.fire_external("job")
+    assert first.created and first.run is not None
+    assert (first.run.scheduled_at, first.run.trigger, first.run.coordination_outcome) == (at("2026-03-02T09:00:00Z"), "external", "external")
+    await engine.quiesce()
+    clock.set("2026-03-02T09:25:00Z")  # a platform retry, past the tolerance: same run
+    retry = await engine.fire_external("job")
+    assert (retry.created, retry.run_id) == (False, first.run_id)
+    assert retry.run is not None and retry.run.status == "succeeded"
+    assert calls == [(at("2026-03-02T09:00:00Z"), "external")]
+    clock.set("2026-03-02T10:11:00Z")  # the 10:00 slot was never fired and is 11 minutes old
+    with pytest.raises(Refused, match="no slot") as late:
+        await engine.fire_external("job")
+    assert late.value.reason == "no slot due"
+    with pytest.raises(Refused, match="trigger=self"):
+        await engine.fire_external("timer")
+    clock.set("2026-03-02T11:00:05Z")
+    allowed = await engine.fire_external("timer", allow_self=True)
+    assert allowed.created and allowed.run is not None and allowed.run.trigger == "external"
+    with pytest.raises(NotFound):
+        await engine.fire_external("nope")
+
+
+async def test_an_external_call_slightly_early_waits_for_its_slot(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([schedule(cron="0 * * * *", trigger="external")])
+    await engine.start()
+    clock.set("2026-03-02T08:59:58Z")  # the platform's clock runs two seconds fast
+    call = asyncio.ensure_future(engine.fire_external("job"))
+    await engine.quiesce(runs=False)
+    assert not call.done()
+    clock.set("2026-03-02T09:00:00Z")
+    firing = await call
+    assert firing.created and firing.run is not None
+    assert (firing.run.scheduled_at, firing.run.fired_at) == (at("2026-03-02T09:00:00Z"), at("2026-03-02T09:00:00Z"))

@@ -1,0 +1,729 @@
+"""The Store contract, written once and run against every store kind.
+
+Every test goes through the :class:`backend.store.Store` protocol only. To run the suite
+against another implementation, add a factory to :data:`STORE_FACTORIES`: it gets the
+test's ``tmp_path`` and returns a new, unopened store over one fresh, empty location
+for that test; calling it again with the same ``tmp_path`` must give another store over
+the *same* location (the re-open and multi-store tests rely on that).
+
+SQLite-only checks (WAL, a second process on the same file, the schema version row) are
+in their own section at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import json
+import re
+import sqlite3
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from backend import BackfillProgress, Refused, Run, ScheduleState
+from backend.ids import IdFactory, id_floor
+from backend.store import Store, open_store
+
+UTC = timezone.utc
+REPO = Path(__file__).resolve().parents[1]
+
+StoreFactory = Callable[[Path], Store]
+
+STORE_FACTORIES: dict[str, StoreFactory] = {
+    "sqlite": lambda tmp_path: open_store(f"sqlite:///{tmp_path / 'ledger' / 'state.db'}"),
+}
+
+
+@pytest.fixture(params=sorted(STORE_FACTORIES))
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def new_store(store_kind: str, tmp_path: Path) -> AsyncIterator[Callable[[], Store]]:
+    """Make more (unopened) stores over the same location; each opened one is closed at the end."""
+    made: list[Store] = []
+
+    def make() -> Store:
+        store = STORE_FACTORIES[store_kind](tmp_path)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        try:
+            await store.close()
+        except Exception:  # already closed by the test
+            pass
+
+
+@pytest.fixture
+async def store(new_store: Callable[[], Store]) -> Store:
+    s = new_store()
+    await s.open()
+    return s
+
+
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+
+
+class Ids:
+    """Real run ids from a clock the test controls."""
+
+    def __init__(self, start: datetime = T0) -> None:
+        self.now = start
+        self.make = IdFactory(lambda: self.now)
+
+    def __call__(self) -> str:
+        return self.make()
+
+
+def run(
+    run_id: str,
+    name: str = "job",
+    scheduled_at: datetime = T0,
+    status: str = "succeeded",
+    trigger: str = "self",
+    **kwargs: object,
+) -> Run:
+    done = status != "running"
+    fields: dict[str, object] = {
+        "coordination_outcome": "manual" if trigger == "manual" else ("external" if trigger == "external" else "single"),
+        "instance": "host-a:101",
+        "fired_at": scheduled_at + timedelta(milliseconds=3),
+        "finished_at": scheduled_at + timedelta(seconds=1, microseconds=250) if done else None,
+    }
+    fields.update(kwargs)
+    return Run(id=run_id, name=name, scheduled_at=scheduled_at, status=status, trigger=trigger, **fields)  # type: ignore[arg-type]
+
+
+def assert_utc(dt: datetime | None) -> None:
+    assert dt is not None and dt.tzinfo is not None and dt.utcoffset() == timedelta(0)
+
+
+# ---------------------------------------------------------------------------------------
+# opening and the schema
+# ---------------------------------------------------------------------------------------
+async def test_a_fresh_store_is_empty_and_usable(store: Store) -> None:
+    assert store.kind in ("sqlite", "postgresql")
+    assert store.default_coordination in ("single", "advisoryLock")
+    assert isinstance(store.where, str) and store.where
+    assert await store.list_runs("job", limit=10) == []
+    assert await store.get_run("01J00000000000000000000000") is None
+    assert await store.last_runs(["job"]) == {}
+    assert await store.last_slot("job") is None
+    assert await store.running_runs() == []
+    assert await store.get_states() == {}
+    assert await store.instances() == {}
+    assert await store.running_backfills() == []
+    await store.flush()  # nothing handed in: returns at once
+
+
+async def test_reopening_an_existing_store_keeps_its_data(new_store: Callable[[], Store]) -> None:
+    ids = Ids()
+    first = new_store()
+    await first.open()
+    saved = run(ids())
+    first.save_runs([saved])
+    await first.set_state(ScheduleState("job", False, "alice", T0, "paused"))
+    await first.close()
+
+    second = new_store()
+    await second.open()  # the schema exists at the current version: nothing to do
+    third = new_store()
+    await third.open()  # a second open while another store has it open
+    for s in (second, third):
+        assert await s.get_run(saved.id) == saved
+        assert await s.get_states() == {"job": ScheduleState("job", False, "alice", T0, "paused")}
+    more = run(ids(), scheduled_at=T0 + timedelta(minutes=1))
+    third.save_runs([more])
+    await third.flush()
+    assert [r.id for r in await second.list_runs("job", limit=10)] == [more.id, saved.id]
+
+
+async def test_close_commits_what_was_handed_in(new_store: Callable[[], Store]) -> None:
+    ids = Ids()
+    first = new_store()
+    await first.open()
+    runs = [run(ids(), scheduled_at=T0 + timedelta(minutes=i)) for i in range(5)]
+    first.save_runs(runs)
+    await first.close()  # no flush: close commits what is pending
+    second = new_store()
+    await second.open()
+    assert await second.list_runs("job", limit=10) == runs[::-1]
+
+
+async def test_several_stores_open_at_once_on_a_fresh_location(new_store: Callable[[], Store]) -> None:
+    stores = [new_store() for _ in range(4)]
+    await asyncio.gather(*(s.open() for s in stores))
+    ids = Ids()
+    for i, s in enumerate(stores):
+        s.save_runs([run(ids(), name=f"job{i}")])
+        await s.flush()
+    for i in range(4):
+        assert len(await stores[0].list_runs(f"job{i}", limit=5)) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# saving runs
+# ---------------------------------------------------------------------------------------
+async def test_save_and_get_round_trip_every_field(store: Store) -> None:
+    ids = Ids()
+    full = Run(
+        id=ids(),
+        name="export.v2",
+        scheduled_at=T0,
+        status="failed",
+        trigger="external",
+        coordination_outcome="external",
+        instance="host-b:4242",
+        fired_at=T0 + timedelta(microseconds=123_457),
+        finished_at=T0 + timedelta(seconds=61, microseconds=999_999),
+        error_tag="ConnectionRefusedError",
+        error_message="smtp refused: ünïcode ✓ and 'quotes' \"too\"",
+    )
+    sparse = Run(
+        id=ids(),
+        name="export.v2",
+        scheduled_at=T0 + timedelta(hours=1),
+        status="missed",
+        trigger="self",
+        coordination_outcome="single",
+        instance="host-b:4242",
+        error_message="missed while the engine was not running (backfill=skip)",
+    )
+    store.save_runs([full, sparse])
+    await store.flush()
+    got_full, got_sparse = await store.get_run(full.id), await store.get_run(sparse.id)
+    assert got_full == full
+    assert got_sparse == sparse
+    assert got_full is not None and got_sparse is not None
+    assert (got_sparse.fired_at, got_sparse.finished_at, got_sparse.error_tag) == (None, None, None)
+    assert got_full.duration_ms == 61_877
+
+
+async def test_datetimes_come_back_aware_utc_and_equal(store: Store) -> None:
+    berlin = timezone(timedelta(hours=1))
+    tokyo = timezone(timedelta(hours=9))
+    ids = Ids()
+    sent = Run(
+        id=ids(),
+        name="job",
+        scheduled_at=datetime(2026, 3, 2, 9, 0, tzinfo=berlin),
+        status="succeeded",
+        trigger="self",
+        coordination_outcome="single",
+        instance="i",
+        fired_at=datetime(2026, 3, 2, 17, 0, 0, 1, tzinfo=tokyo),
+        finished_at=datetime(2026, 3, 2, 8, 0, 59, 999_999, tzinfo=UTC),
+    )
+    store.save_runs([sent])
+    await store.flush()
+    got = await store.get_run(sent.id)
+    assert got is not None
+    for field in ("scheduled_at", "fired_at", "finished_at"):
+        value = getattr(got, field)
+        assert_utc(value)
+        assert value == getattr(sent, field)
+    assert got.scheduled_at == datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+    assert got.fired_at == datetime(2026, 3, 2, 8, 0, 0, 1, tzinfo=UTC)
+    assert (got.finished_at.microsecond, got.fired_at.microsecond) == (999_999, 1)  # type: ignore[union-attr]
+
+
+async def test_dates_far_from_now_round_trip(store: Store) -> None:
+    ids = Ids()
+    old = run(ids(), scheduled_at=datetime(1970, 1, 1, tzinfo=UTC), fired_at=datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC))
+    future = run(ids(), name="later", scheduled_at=datetime(2199, 12, 31, 23, 59, 59, tzinfo=UTC))
+    store.save_runs([old, future])
+    await store.flush()
+    assert await store.get_run(old.id) == old
+    assert await store.get_run(future.id) == future
+
+
+async def test_a_later_version_replaces_the_earlier(store: Store) -> None:
+    ids = Ids()
+    started = run(ids(), status="running")
+    store.save_runs([started])
+    await store.flush()
+    assert await store.get_run(started.id) == started
+    finished = started.finish("failed", T0 + timedelta(seconds=5), error_tag="timeout", error_message="too slow")
+    store.save_runs([finished])
+    await store.flush()
+    assert await store.get_run(started.id) == finished
+    assert await store.list_runs("job", limit=10) == [finished]  # replaced, not added
+
+
+async def test_an_upsert_replaces_every_field(store: Store) -> None:
+    ids = Ids()
+    first = run(ids(), status="running", instance="host-a:1", trigger="self")
+    store.save_runs([first])
+    await store.flush()
+    other = dataclasses.replace(
+        first,
+        scheduled_at=T0 + timedelta(minutes=1),
+        status="skipped",
+        trigger="external",
+        coordination_outcome="external",
+        instance="host-b:2",
+        fired_at=T0 + timedelta(minutes=1, microseconds=5),
+        finished_at=T0 + timedelta(minutes=1, microseconds=6),
+        error_tag="overlap",
+        error_message="run X was still in flight",
+    )
+    store.save_runs([other])
+    await store.flush()
+    assert await store.get_run(first.id) == other
+
+
+async def test_hand_in_order_wins_within_one_batch(store: Store) -> None:
+    ids = Ids()
+    running = run(ids(), status="running")
+    done = running.finish("succeeded", T0 + timedelta(seconds=2))
+    other = run(ids(), name="other")
+    # The same id twice in one batch: the later one wins, even though "running" looks newer.
+    store.save_runs([done, other, running])
+    await store.flush()
+    assert await store.get_run(running.id) == running
+    store.save_runs([running, done])
+    await store.flush()
+    assert await store.get_run(running.id) == done
+    assert await store.get_run(other.id) == other
+
+
+async def test_hand_in_order_wins_across_batches_without_flushing(store: Store) -> None:
+    ids = Ids()
+    base = run(ids(), status="running")
+    versions = [base] + [
+        base.finish("failed", T0 + timedelta(seconds=i), error_tag=f"tag{i}", error_message=f"version {i}") for i in range(1, 30)
+    ]
+    for version in versions:
+        store.save_runs([version])
+    await store.flush()
+    assert await store.get_run(base.id) == versions[-1]
+
+
+async def test_save_runs_from_other_threads(store: Store) -> None:
+    ids = Ids()
+    batches = [[run(ids(), name=f"t{t}", scheduled_at=T0 + timedelta(minutes=i)) for i in range(50)] for t in range(4)]
+
+    def hand_in(batch: list[Run]) -> None:
+        for r in batch:
+            store.save_runs([r])
+
+    await asyncio.gather(*(asyncio.to_thread(hand_in, b) for b in batches))
+    await store.flush()
+    for t, batch in enumerate(batches):
+        assert await store.list_runs(f"t{t}", limit=100) == batch[::-1]
+
+
+async def test_flush_waits_for_everything_handed_in_before_it(store: Store, new_store: Callable[[], Store]) -> None:
+    ids = Ids()
+    runs = [run(ids(), scheduled_at=T0 + timedelta(seconds=i)) for i in range(500)]
+    store.save_runs(runs[:250])
+    store.save_runs(runs[250:])
+    await store.flush()
+    # Another store over the same location sees it all: it is committed, not just buffered.
+    other = new_store()
+    await other.open()
+    assert len(await other.list_runs("job", limit=1000)) == 500
+
+
+async def test_get_run_of_an_unknown_id(store: Store) -> None:
+    assert await store.get_run("nope") is None
+
+
+# ---------------------------------------------------------------------------------------
+# reading runs
+# ---------------------------------------------------------------------------------------
+async def test_list_runs_pages_by_keyset_newest_first(store: Store) -> None:
+    ids = Ids()
+    mine, noise = [], []
+    for i in range(250):
+        ids.now = T0 + timedelta(seconds=i // 3)  # several ids per millisecond too
+        mine.append(run(ids(), scheduled_at=T0 + timedelta(minutes=i)))
+        if i % 5 == 0:
+            noise.append(run(ids(), name="job-other", scheduled_at=T0 + timedelta(minutes=i)))
+    store.save_runs(mine + noise)
+    await store.flush()
+
+    pages: list[list[Run]] = []
+    before: str | None = None
+    while True:
+        page = await store.list_runs("job", limit=50, before=before)
+        if not page:
+            break
+        pages.append(page)
+        before = page[-1].id
+    assert [len(p) for p in pages] == [50, 50, 50, 50, 50]
+    seen = [r.id for p in pages for r in p]
+    assert seen == sorted((r.id for r in mine), reverse=True)
+    assert len(set(seen)) == 250
+    assert all(a > b for a, b in zip(seen, seen[1:]))
+    assert pages[0][0] == mine[-1] and pages[-1][-1] == mine[0]
+
+    # A limit that does not divide the count: the last page is shorter.
+    sizes, before = [], None
+    while True:
+        page = await store.list_runs("job", limit=60, before=before)
+        if not page:
+            break
+        sizes.append(len(page))
+        before = page[-1].id
+    assert sizes == [60, 60, 60, 60, 10]
+    assert [r.name for r in await store.list_runs("job-other", limit=100)] == ["job-other"] * 50
+
+
+async def test_list_runs_before_an_id_that_is_not_stored(store: Store) -> None:
+    ids = Ids()
+    runs = []
+    for i in range(10):
+        ids.now = T0 + timedelta(seconds=i)
+        runs.append(run(ids()))
+    store.save_runs(runs)
+    await store.flush()
+    between = id_floor(T0 + timedelta(seconds=5, milliseconds=500))  # sorts between runs[5] and runs[6]
+    assert await store.list_runs("job", limit=3, before=between) == [runs[5], runs[4], runs[3]]
+    assert await store.list_runs("job", limit=3, before=runs[0].id) == []
+    assert await store.list_runs("nobody", limit=3) == []
+
+
+async def test_last_runs_of_several_names(store: Store) -> None:
+    ids = Ids()
+    a1, b1 = run(ids(), name="a"), run(ids(), name="b", status="failed", error_tag="E")
+    a2 = run(ids(), name="a", scheduled_at=T0 + timedelta(minutes=1), status="running")
+    b2 = run(ids(), name="b", scheduled_at=T0 + timedelta(minutes=2), trigger="manual")
+    store.save_runs([a1, b1, a2, b2, run(ids(), name="c")])
+    await store.flush()
+    assert await store.last_runs(["a", "b", "never-ran"]) == {"a": a2, "b": b2}
+    assert await store.last_runs(iter(["b"])) == {"b": b2}
+    assert await store.last_runs([]) == {}
+    assert await store.last_runs(["never-ran"]) == {}
+
+
+async def test_last_slot_ignores_manual_runs(store: Store) -> None:
+    ids = Ids()
+    store.save_runs(
+        [
+            run(ids(), scheduled_at=T0, trigger="self"),
+            run(ids(), scheduled_at=T0 + timedelta(hours=1), trigger="external"),
+            run(ids(), scheduled_at=T0 + timedelta(hours=2), status="missed", fired_at=None, finished_at=None),
+            run(ids(), scheduled_at=T0 + timedelta(hours=5), trigger="manual"),
+            run(ids(), name="other", scheduled_at=T0 + timedelta(hours=9)),
+            # An older slot recorded later (e.g. a backfill): the newest *slot* counts, not the newest id.
+            run(ids(), scheduled_at=T0 - timedelta(days=1), trigger="self"),
+        ]
+    )
+    store.save_runs([run(ids(), name="manual-only", trigger="manual")])
+    await store.flush()
+    slot = await store.last_slot("job")
+    assert slot == T0 + timedelta(hours=2)
+    assert_utc(slot)
+    assert await store.last_slot("manual-only") is None
+    assert await store.last_slot("never-ran") is None
+
+
+async def test_running_runs_from_every_instance(store: Store) -> None:
+    ids = Ids()
+    r1 = run(ids(), status="running", instance="host-a:1")
+    r2 = run(ids(), name="other", status="running", instance="host-b:2")
+    done = run(ids(), status="succeeded")
+    store.save_runs([r1, r2, done])
+    await store.flush()
+    assert sorted(await store.running_runs(), key=lambda r: r.id) == [r1, r2]
+    store.save_runs([r1.finish("succeeded", T0 + timedelta(seconds=9))])
+    await store.flush()
+    assert await store.running_runs() == [r2]
+
+
+# ---------------------------------------------------------------------------------------
+# close_run
+# ---------------------------------------------------------------------------------------
+async def test_close_run_closes_only_a_running_run(store: Store) -> None:
+    ids = Ids()
+    running = run(ids(), status="running")
+    store.save_runs([running])
+    await store.flush()
+    abandoned = running.finish("failed", T0 + timedelta(minutes=1), error_tag="abandoned", error_message="gone")
+    assert await store.close_run(abandoned) is True
+    assert await store.get_run(running.id) == abandoned
+    assert await store.running_runs() == []
+    # Already closed: a second closer (another instance) loses and changes nothing.
+    late = running.finish("succeeded", T0 + timedelta(minutes=2))
+    assert await store.close_run(late) is False
+    assert await store.get_run(running.id) == abandoned
+
+
+async def test_close_run_of_a_finished_or_unknown_run(store: Store) -> None:
+    ids = Ids()
+    done = run(ids(), status="succeeded")
+    store.save_runs([done])
+    await store.flush()
+    assert await store.close_run(done.finish("failed", T0, error_tag="abandoned")) is False
+    assert await store.get_run(done.id) == done
+    ghost = run(ids(), status="failed", error_tag="abandoned")
+    assert await store.close_run(ghost) is False
+    assert await store.get_run(ghost.id) is None
+
+
+async def test_close_run_sees_runs_handed_in_before_it(store: Store) -> None:
+    ids = Ids()
+    running = run(ids(), status="running")
+    store.save_runs([running])  # no flush: the order of hand-in still holds
+    closed = running.finish("failed", T0 + timedelta(seconds=1), error_tag="abandoned", error_message="x")
+    assert await store.close_run(closed) is True
+    assert await store.get_run(running.id) == closed
+
+
+# ---------------------------------------------------------------------------------------
+# retention
+# ---------------------------------------------------------------------------------------
+async def test_prune_runs_by_creation_time(store: Store) -> None:
+    ids = Ids()
+    made: dict[str, Run] = {}
+    for hours in (0, 1, 2, 3):
+        ids.now = T0 + timedelta(hours=hours)
+        # scheduled_at deliberately disagrees with creation time: pruning goes by creation.
+        r = run(ids(), scheduled_at=T0 + timedelta(days=10 - hours))
+        made[f"h{hours}"] = r
+    ids.now = T0 + timedelta(minutes=30)
+    old_running = run(ids(), name="stuck", status="running")
+    store.save_runs([*made.values(), old_running])
+    await store.flush()
+
+    assert await store.prune_runs(T0 + timedelta(hours=2)) == 2
+    remaining = await store.list_runs("job", limit=10)
+    assert remaining == [made["h3"], made["h2"]]  # created at the cutoff exactly: kept
+    assert await store.running_runs() == [old_running]  # a run in flight is never pruned
+    assert await store.prune_runs(T0 + timedelta(hours=2)) == 0
+    assert await store.prune_runs(T0 - timedelta(days=1)) == 0
+    assert await store.prune_runs(T0 + timedelta(days=1)) == 2
+    assert await store.list_runs("job", limit=10) == []
+    assert await store.get_run(old_running.id) == old_running
+
+
+# ---------------------------------------------------------------------------------------
+# schedule state
+# ---------------------------------------------------------------------------------------
+async def test_schedule_state_round_trip(store: Store) -> None:
+    at = datetime(2026, 3, 2, 9, 15, 30, 123_456, tzinfo=timezone(timedelta(hours=-5)))
+    off = ScheduleState(name="digest", enabled=False, changed_by="alice@ops", changed_at=at, note="mail server down")
+    other = ScheduleState(name="export", enabled=True, changed_by="host:1", changed_at=T0, note=None)
+    await store.set_state(off)
+    await store.set_state(other)
+    states = await store.get_states()
+    assert states == {"digest": off, "export": other}
+    assert states["export"].note is None
+    assert_utc(states["digest"].changed_at)
+    assert states["digest"].changed_at == at
+    assert states["digest"].enabled is False and states["export"].enabled is True
+
+    on = ScheduleState(name="digest", enabled=True, changed_by="bob", changed_at=T0 + timedelta(hours=3), note=None)
+    await store.set_state(on)
+    assert await store.get_states() == {"digest": on, "export": other}
+
+
+# ---------------------------------------------------------------------------------------
+# instances
+# ---------------------------------------------------------------------------------------
+async def test_instances_heartbeat_and_forget(store: Store) -> None:
+    await store.heartbeat("host-a:1", "host-a", 1, T0)
+    await store.heartbeat("host-b:2", "host-b", 2, T0 + timedelta(microseconds=7))
+    assert await store.instances() == {
+        "host-a:1": ("host-a", 1, T0),
+        "host-b:2": ("host-b", 2, T0 + timedelta(microseconds=7)),
+    }
+    later = T0 + timedelta(seconds=5, microseconds=1)
+    await store.heartbeat("host-a:1", "host-a2", 11, later)
+    beats = await store.instances()
+    assert beats["host-a:1"] == ("host-a2", 11, later)
+    assert_utc(beats["host-a:1"][2])
+    await store.forget_instance("host-b:2")
+    await store.forget_instance("never-registered")
+    assert await store.instances() == {"host-a:1": ("host-a2", 11, later)}
+
+
+# ---------------------------------------------------------------------------------------
+# backfills
+# ---------------------------------------------------------------------------------------
+def progress(backfill_id: str, name: str = "job", **kwargs: object) -> BackfillProgress:
+    fields: dict[str, object] = {
+        "start": datetime(2026, 3, 1, 0, 0, tzinfo=UTC),
+        "end": datetime(2026, 3, 1, 6, 0, tzinfo=UTC),
+        "total": 6,
+        "fired": 0,
+        "failed": 0,
+        "state": "running",
+        "instance": "host-a:1",
+        "started_at": T0 + timedelta(microseconds=42),
+    }
+    fields.update(kwargs)
+    return BackfillProgress(id=backfill_id, name=name, **fields)  # type: ignore[arg-type]
+
+
+async def test_backfill_start_update_get(store: Store) -> None:
+    ids = Ids()
+    first = progress(ids())
+    await store.start_backfill(first)
+    assert await store.get_backfill(first.id) == first
+    assert await store.running_backfills() == [first]
+
+    step = dataclasses.replace(first, fired=2, failed=1, current=datetime(2026, 3, 1, 2, 0, tzinfo=UTC))
+    await store.update_backfill(step)
+    got = await store.get_backfill(first.id)
+    assert got == step
+    assert got is not None and got.current is not None
+    assert_utc(got.current)
+    assert_utc(got.started_at)
+
+    done = dataclasses.replace(step, fired=6, state="done", finished_at=T0 + timedelta(minutes=3), current=None)
+    await store.update_backfill(done)
+    assert await store.get_backfill(first.id) == done
+    assert await store.running_backfills() == []
+    assert await store.get_backfill("unknown") is None
+
+
+async def test_a_second_running_backfill_of_one_schedule_is_refused(store: Store) -> None:
+    ids = Ids()
+    first = progress(ids())
+    await store.start_backfill(first)
+    other_name = progress(ids(), name="other")
+    await store.start_backfill(other_name)  # another schedule: fine
+
+    clash = progress(ids(), total=9, instance="host-b:2")
+    with pytest.raises(Refused) as info:
+        await store.start_backfill(clash)
+    assert info.value.count == 9
+    assert info.value.reason == "a backfill is already running"
+    assert '"job"' in info.value.message
+    assert await store.get_backfill(clash.id) is None
+    assert sorted(p.id for p in await store.running_backfills()) == sorted([first.id, other_name.id])
+
+    # Once the first is over, the schedule may be backfilled again.
+    await store.update_backfill(dataclasses.replace(first, state="abandoned", finished_at=T0))
+    again = progress(ids())
+    await store.start_backfill(again)
+    assert sorted(p.id for p in await store.running_backfills()) == sorted([other_name.id, again.id])
+
+
+# ---------------------------------------------------------------------------------------
+# keyset, not OFFSET, for every implementation
+# ---------------------------------------------------------------------------------------
+def test_no_store_pages_with_offset(store_kind: str, tmp_path: Path) -> None:
+    module = inspect.getmodule(type(STORE_FACTORIES[store_kind](tmp_path)))
+    assert module is not None
+    source = inspect.getsource(module)
+    assert "ORDER BY id DESC" in source or "order by id desc" in source.lower()
+    assert re.search(r"\bOFFSET\s+(\?|%s|%\(|\$\d|\d|\{)", source, re.IGNORECASE) is None
+
+
+# ---------------------------------------------------------------------------------------
+# SQLite only
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[Store]:
+    s = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    await s.open()
+    yield s
+    await s.close()
+
+
+async def test_sqlite_uses_wal(sqlite_store: Store, tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "state.db") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+async def test_sqlite_schema_version_is_written_once(tmp_path: Path) -> None:
+    from backend.store.sqlite import MIGRATIONS
+
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    for _ in range(3):
+        s = open_store(url)
+        await s.open()
+        await s.close()
+    with sqlite3.connect(tmp_path / "state.db") as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(len(MIGRATIONS),)]
+
+
+async def test_sqlite_relative_url_is_relative_to_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    s = open_store("sqlite:///sub/dir/state.db")
+    await s.open()
+    await s.close()
+    assert (tmp_path / "sub" / "dir" / "state.db").is_file()
+
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from datetime import datetime, timedelta, timezone
+    from backend.model import Run
+    from backend.store.sqlite import SQLiteStore
+
+    async def main(path, parent_id, first_id):
+        store = SQLiteStore(path)
+        await store.open()
+        seen = await store.get_run(parent_id)
+        t0 = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)
+        runs = [
+            Run(id=f"{first_id}{i:02d}", name="child", scheduled_at=t0 + timedelta(minutes=i), status="succeeded",
+                trigger="self", coordination_outcome="single", instance="child",
+                fired_at=t0 + timedelta(minutes=i, microseconds=i), finished_at=t0 + timedelta(minutes=i, seconds=1))
+            for i in range(20)
+        ]
+        store.save_runs(runs)
+        await store.flush()
+        await store.set_state(
+            __import__("backend.model", fromlist=["ScheduleState"]).ScheduleState("child", False, "child", t0, "from the child")
+        )
+        print(json.dumps({"seen": seen.to_json() if seen else None}))
+        await store.close()
+
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
+    """
+)
+
+
+async def test_sqlite_a_second_process_reads_and_writes_while_the_first_is_open(sqlite_store: Store, tmp_path: Path) -> None:
+    ids = Ids()
+    mine = run(ids(), status="running", instance="parent")
+    sqlite_store.save_runs([mine])
+    await sqlite_store.flush()
+    # Keep the parent's read connection warm and its writer busy-capable across the child's life.
+    assert await sqlite_store.get_run(mine.id) == mine
+
+    child_prefix = "01ZZZZZZZZZZZZZZZZZZZZZZ"  # 24 chars + 2 digits: sorts after the parent's ids
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CHILD,
+        str(tmp_path / "state.db"),
+        mine.id,
+        child_prefix,
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    # The parent keeps writing while the child runs.
+    for i in range(10):
+        sqlite_store.save_runs([run(ids(), name="parent-side", scheduled_at=T0 + timedelta(minutes=i))])
+        await sqlite_store.flush()
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert json.loads(out) == {"seen": mine.to_json()}
+
+    child_runs = await sqlite_store.list_runs("child", limit=100)
+    assert [r.id for r in child_runs] == [f"{child_prefix}{i:02d}" for i in reversed(range(20))]
+    assert child_runs[-1].fired_at == T0
+    assert child_runs[0].fired_at == T0 + timedelta(minutes=19, microseconds=19)
+    assert (await sqlite_store.get_states())["child"].note == "from the child"
+    assert len(await sqlite_store.list_runs("parent-side", limit=100)) == 10
+    # The parent can still write after the child is gone.
+    closed = mine.finish("succeeded", T0 + timedelta(seconds=3))
+    assert await sqlite_store.close_run(closed) is True
+    assert await sqlite_store.get_run(mine.id) == closed
