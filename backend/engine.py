@@ -161,7 +161,7 @@ class Engine:
         abandon_after: float = 30.0,
         shutdown_grace: float = 30.0,
         external_tolerance: timedelta = timedelta(minutes=10),
-        external_early: timedelta = timedelta(seconds=30),
+        external_early: timedelta = timedelta(seconds=5),
         ids: Callable[[], str] | None = None,
     ) -> None:
         self.schedules: dict[str, Schedule] = {}
@@ -1031,7 +1031,7 @@ class Engine:
         """Fire the slot that is due now because an external scheduler says so.
 
         The slot is the newest cron slot at or before now; it must be at most
-        ``external_tolerance`` (10 minutes) old. A call up to ``external_early`` (30 s)
+        ``external_tolerance`` (10 minutes) old. A call up to ``external_early`` (5 s)
         before a slot is for that slot: it waits for the slot's instant, then fires. The slot is claimed in the store, so a
         platform that retries the call gets the same run back (``created`` False) instead
         of a second firing, whichever instance it reaches. Schedules not marked

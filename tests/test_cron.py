@@ -548,9 +548,9 @@ def test_equality_hash_immutability_pickle() -> None:
     assert a != "0 9 * * *"
     assert len({a, Cron("0 9 * * *", "Europe/Berlin"), Cron("@daily", "Europe/Berlin")}) == 2
     with pytest.raises(AttributeError):
-        a.expr = "0 10 * * *"  # type: ignore[misc]
+        a.expr = "0 10 * * *"
     with pytest.raises(AttributeError):
-        a.timezone = "UTC"  # type: ignore[misc]
+        a.timezone = "UTC"
     restored = pickle.loads(pickle.dumps(a))
     assert restored == a
     assert restored.next(at("06-01 00:00")) == at("06-01 07:00")
@@ -706,7 +706,11 @@ def test_iterators_are_lazy_and_unbounded_backwards() -> None:
     assert next(back) == at("06-01 00:00:00")
     assert next(back) == at("05-31 23:59:59")
     forward = every_second.occurrences(at("06-01 00:00"), at("2999-01-01 00:00"))
-    assert list(islice(forward, 3)) == [at("06-01 00:00:01"), at("06-01 00:00:02"), at("06-01 00:00:03")]
+    assert list(islice(forward, 3)) == [
+        at("06-01 00:00:01"),
+        at("06-01 00:00:02"),
+        at("06-01 00:00:03"),
+    ]
 
 
 def test_date_range_limits() -> None:
