@@ -14,7 +14,7 @@ from typing import Protocol
 
 from .model import utc
 
-__all__ = ["Clock", "ManualClock", "SystemClock"]
+__all__ = ["Clock", "ManualClock", "OffsetClock", "SystemClock"]
 
 
 class Clock(Protocol):
@@ -50,6 +50,25 @@ class SystemClock:
             if remaining <= 0:
                 return
             await asyncio.sleep(min(remaining, self.max_chunk))
+
+
+class OffsetClock:
+    """Another clock shifted by a fixed offset: a machine whose clock runs fast or slow.
+
+    A test seam: ``schedtui serve`` uses one when ``$SCHEDTUI_CLOCK_OFFSET_MS`` (or the
+    hidden ``--clock-offset-ms``) is set, so a test can run an instance 300 ms ahead of
+    another and check that they still fire each slot once. Never needed in production.
+    """
+
+    def __init__(self, offset: timedelta | float, base: Clock | None = None) -> None:
+        self.offset = offset if isinstance(offset, timedelta) else timedelta(seconds=offset)
+        self.base: Clock = base or SystemClock()
+
+    def now(self) -> datetime:
+        return self.base.now() + self.offset
+
+    async def sleep_until(self, deadline: datetime) -> None:
+        await self.base.sleep_until(deadline - self.offset)
 
 
 class ManualClock:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
-from .model import Claim, CoordinationMode, Outcome
+from .model import Claim, ClaimResult, CoordinationMode, Outcome
 
 if TYPE_CHECKING:
     from .store import Store
@@ -26,8 +26,11 @@ class Coordinator(Protocol):
     Contract: ``claim`` takes claims whose keys are ``name@YYYY-MM-DDTHH:MM:SS`` (see
     :func:`backend.model.slot_key`) and returns the keys this instance won. For a given
     key, across every instance sharing the store, at most one call ever returns it (for as
-    long as the claim is retained). When the claim cannot be written the coordinator
-    raises :class:`backend.errors.Unavailable` and the caller must not fire: fail closed.
+    long as the claim is retained, and, for claims carrying their slot, for as long as the
+    slot's run is in the ledger). The result also names the schedules of the batch that
+    another instance has a run of in flight, so overlap policies hold across instances.
+    When the claim cannot be written the coordinator raises
+    :class:`backend.errors.Unavailable` and the caller must not fire: fail closed.
     """
 
     mode: CoordinationMode
@@ -36,7 +39,7 @@ class Coordinator(Protocol):
     needs_claims: bool
     """False when every slot is won without asking anyone (``single``)."""
 
-    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> set[str]: ...
+    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult: ...
 
 
 class SingleCoordinator:
@@ -46,8 +49,8 @@ class SingleCoordinator:
     outcome: Outcome = "single"
     needs_claims = False
 
-    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> set[str]:
-        return {claim.key for claim in claims}
+    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
+        return ClaimResult(frozenset(claim.key for claim in claims))
 
 
 class ClaimCoordinator:
@@ -62,5 +65,5 @@ class ClaimCoordinator:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> set[str]:
+    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
         return await self.store.claim(claims, instance, now)

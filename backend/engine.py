@@ -55,6 +55,7 @@ from .model import (
     BackfillPlan,
     BackfillProgress,
     Claim,
+    ClaimResult,
     CoordinationMode,
     Outcome,
     Run,
@@ -84,6 +85,19 @@ _START_SLICE = 32
 
 def default_instance_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def host_identity() -> str:
+    """This machine, as recorded with each instance's heartbeat: the hostname, plus the
+    kernel's boot id where there is one. A dead pid proves a run abandoned only to a
+    process on the same machine; two machines that share a hostname (cloned VMs, two
+    containers named alike) must not judge each other's pids."""
+    host = socket.gethostname()
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{host}#{f.read().strip()[:8]}"
+    except OSError:
+        return host
 
 
 def _pid_alive(pid: int) -> bool:
@@ -155,6 +169,7 @@ class Engine:
         coordination: CoordinationMode | Coordinator | None = None,
         default_trigger: Literal["self", "external"] = "self",
         retention: timedelta | None = timedelta(days=30),
+        claims_ttl: timedelta | None = timedelta(hours=24),
         catch_up_limit: int = 1000,
         state_poll_interval: float = 1.0,
         heartbeat_interval: float = 5.0,
@@ -172,10 +187,12 @@ class Engine:
         self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
         self.clock: Clock = clock or SystemClock()
         self.instance = instance or default_instance_name()
-        self.host = socket.gethostname()
+        self.host = host_identity()
         self.coordinator = self._make_coordinator(coordination)
         self.default_trigger = default_trigger
         self.retention = retention
+        self.claims_ttl = claims_ttl
+        """Claims older than this are swept (hourly); ``None`` keeps them."""
         self.catch_up_limit = catch_up_limit
         self.state_poll_interval = timedelta(seconds=state_poll_interval)
         self.heartbeat_interval = timedelta(seconds=heartbeat_interval)
@@ -214,6 +231,16 @@ class Engine:
         self._last_beat: datetime | None = None
         self._last_prune: datetime | None = None
         self.stats: dict[str, int] = defaultdict(int)
+        # coordination across instances
+        self._claimed: set[str] = set()
+        """Run ids this engine won a claim for whose run is not recorded finished yet."""
+        self._lost: dict[str, dict[datetime, str]] = defaultdict(dict)
+        """Slots that could not be claimed (store unreachable), with the run id proposed;
+        claimed and recorded once the store is back (see :meth:`_recover_lost`)."""
+        self._remote: dict[str, str] = {}
+        """Schedules whose queued slots wait for a run in flight on another instance."""
+        self._store_down_at: datetime | None = None
+        self._store_warned: dict[str, int] = {}
 
     def _make_coordinator(self, coordination: CoordinationMode | Coordinator | None) -> Coordinator:
         if coordination is not None and not isinstance(coordination, str):
@@ -265,6 +292,13 @@ class Engine:
             self.instance,
             self.store.where,
         )
+        if self.claims_ttl is not None:
+            log.info(
+                "claims retention: claims older than %gh are swept hourly (renamed and deleted schedules' too)",
+                self.claims_ttl.total_seconds() / 3600,
+            )
+        else:
+            log.info("claims retention: off (claims are only pruned by the schedules that win new ones)")
         now = self.clock.now()
         for schedule in self.schedules.values():
             if self._trigger_of(schedule) == "self" and self.is_enabled(schedule.name):
@@ -350,6 +384,8 @@ class Engine:
             self._listeners.remove(listener)
 
     def _record(self, run: Run) -> None:
+        if run.status != "running":
+            self._claimed.discard(run.id)
         self._buffer.append(run)
         if not self._handoff_pending:
             self._handoff_pending = True
@@ -590,12 +626,13 @@ class Engine:
 
     async def _fire_due(self, due: list[tuple[Schedule, datetime, datetime]], now: datetime) -> None:
         outcome = self.coordinator.outcome
+        busy: dict[str, str] = {}
         if self.coordinator.needs_claims:
-            owned = await self._claim([(schedule, slot) for schedule, slot, _ in due], now)
+            owned, busy = await self._claim([(schedule, slot) for schedule, slot, _ in due], now)
         else:
             owned = [(schedule, slot, self.new_id()) for schedule, slot, _ in due]
         for index, (schedule, slot, run_id) in enumerate(owned):
-            self._fire(schedule, slot, "self", outcome, run_id)
+            self._fire(schedule, slot, "self", outcome, run_id, remote=busy.get(schedule.name))
             if index % _START_SLICE == _START_SLICE - 1:
                 await asyncio.sleep(0)  # let the handlers created so far start
         for schedule, _, following in due:
@@ -609,35 +646,206 @@ class Engine:
 
     async def _claim(
         self, slots: list[tuple[Schedule, datetime]], now: datetime, *, in_store: bool = False
-    ) -> list[tuple[Schedule, datetime, str]]:
-        """The slots this instance wins, each with the run id its claim recorded. Fails
-        closed: if the claims cannot be written, nothing is won. ``in_store`` claims in
-        the store whatever the coordination mode (external fires dedupe retries so)."""
-        claims = [
-            Claim(slot_key(schedule.name, slot), schedule.name, self.new_id(), self._claim_horizon(schedule, now))
+    ) -> tuple[list[tuple[Schedule, datetime, str]], dict[str, str]]:
+        """The slots this instance wins, each with the run id its claim recorded, and the
+        schedules of the batch with a run in flight on another instance (name -> run id).
+
+        Fails closed: if the claims cannot be written, nothing is won, and the slots are
+        remembered as lost, to be claimed and recorded once the store is back (see
+        :meth:`_recover_lost`); external fires are not remembered, their caller gets the
+        error and retries. ``in_store`` claims in the store whatever the coordination mode
+        (external fires dedupe retries so)."""
+        claims = self._make_claims(slots, now, in_store=in_store)
+        try:
+            result = await self._send_claims(claims, now, in_store=in_store)
+        except Unavailable as exc:
+            self.stats["unclaimed"] += len(slots)
+            self._store_trouble("claim", f"not firing {len(slots)} slot(s): cannot claim them", exc)
+            if not in_store:
+                for (schedule, slot), claim in zip(slots, claims):
+                    self._remember_lost(schedule, slot, claim.run_id)
+            return [], {}
+        self._store_back()
+        owned = [(schedule, slot, claim.run_id) for (schedule, slot), claim in zip(slots, claims) if claim.key in result.won]
+        return owned, result.busy
+
+    def _make_claims(
+        self,
+        slots: list[tuple[Schedule, datetime]],
+        now: datetime,
+        *,
+        in_store: bool = False,
+        run_ids: dict[tuple[str, datetime], str] | None = None,
+    ) -> list[Claim]:
+        """One claim per slot; ``run_ids`` reuses the ids of an earlier attempt, whose
+        reply may have been lost after it committed."""
+        trigger: Trigger = "external" if in_store else "self"
+        outcome: Outcome = "external" if in_store else self.coordinator.outcome
+        stamps: dict[datetime, str] = {}  # a batch shares a few slots: format each once
+
+        def key(name: str, slot: datetime) -> str:
+            stamp = stamps.get(slot)
+            if stamp is None:
+                stamp = stamps[slot] = slot_key("", slot)[1:]
+            return f"{name}@{stamp}"
+
+        return [
+            Claim(
+                key(schedule.name, slot),
+                schedule.name,
+                (run_ids or {}).get((schedule.name, slot)) or self.new_id(),
+                self._claim_horizon(schedule, now),
+                scheduled_at=slot,
+                trigger=trigger,
+                outcome=outcome,
+            )
             for schedule, slot in slots
         ]
+
+    async def _send_claims(self, claims: list[Claim], now: datetime, *, in_store: bool = False) -> ClaimResult:
+        """Claim (raising :class:`Unavailable`); remember the run ids won as pending."""
+        if in_store:
+            result = await self.store.claim(claims, self.instance, now)
+        else:
+            result = await self.coordinator.claim(claims, self.instance, now)
+        self._claimed.update(claim.run_id for claim in claims if claim.key in result.won)
+        return result
+
+    def _remember_lost(self, schedule: Schedule, slot: datetime, run_id: str) -> None:
+        lost = self._lost[schedule.name]
+        run_id = lost.setdefault(slot, run_id)
+        # The claim may have committed with its reply lost: then its placeholder row is ours.
+        self._claimed.add(run_id)
+        if len(lost) > self.catch_up_limit:  # slots come in order: the first is the oldest
+            self._claimed.discard(lost.pop(next(iter(lost))))
+
+    async def _recover_lost(self) -> None:
+        """Claim and record the slots that could not be claimed while the store was down.
+
+        Every instance that lost a slot tries to claim it now; one wins it (or nobody, if
+        another instance fired it in time), and the winner applies the schedule's backfill
+        policy to the lost slots it won: ``skip`` records them ``missed``, ``latest`` fires
+        the newest lost slot and records the others, ``all`` fires them in order. A slot lost
+        to an outage thus shows up in the ledger afterwards, and still never fires twice."""
+        lost, self._lost = self._lost, defaultdict(dict)
+        wanted: list[tuple[Schedule, datetime]] = []
+        ids: dict[tuple[str, datetime], str] = {}
+        for name, entries in lost.items():
+            schedule = self.schedules.get(name)
+            if schedule is None:
+                self._claimed.difference_update(entries.values())
+                continue
+            for slot, run_id in sorted(entries.items()):
+                wanted.append((schedule, slot))
+                ids[(name, slot)] = run_id
+        if not wanted:
+            return
+        now = self.clock.now()
+        claims = self._make_claims(wanted, now, run_ids=ids)
         try:
-            if in_store:
-                won = await self.store.claim(claims, self.instance, now)
-            else:
-                won = await self.coordinator.claim(claims, self.instance, now)
+            result = await self._send_claims(claims, now)
         except Unavailable as exc:
-            log.warning("not firing %d slot(s): cannot claim them (%s)", len(claims), exc)
-            self.stats["unclaimed"] += len(claims)
-            return []
-        return [(schedule, slot, claim.run_id) for (schedule, slot), claim in zip(slots, claims) if claim.key in won]
+            for schedule, slot in wanted:
+                self._remember_lost(schedule, slot, ids[(schedule.name, slot)])
+            self._store_trouble("claim", f"not firing {len(wanted)} slot(s): cannot claim them", exc)
+            return
+        self._store_back()
+        won: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
+        for (schedule, slot), claim in zip(wanted, claims):
+            if claim.key in result.won:
+                won[schedule.name].append((slot, claim.run_id))
+            else:
+                self._claimed.discard(claim.run_id)
+        outcome = self.coordinator.outcome
+        for name, mine in won.items():
+            schedule = self.schedules[name]
+            enabled = self.is_enabled(name)
+            policy = schedule.backfill if enabled else "skip"
+            newest = max(lost[name])
+            if policy == "all":
+                to_fire = mine
+            elif policy == "latest":
+                to_fire = [(slot, run_id) for slot, run_id in mine if slot == newest]
+            else:
+                to_fire = []
+            firing = {slot for slot, _ in to_fire}
+            why = f"not fired: the store was unreachable when it was due (backfill={policy})"
+            for slot, run_id in mine:
+                if slot not in firing:
+                    self._record_missed(schedule, slot, "self", outcome, why, run_id)
+            if to_fire:
+                self._catching_up.add(name)
+                self._spawn(self._fire_in_order(schedule, to_fire, result.busy.get(name)), f"recover {name}")
+            log.info(
+                "%s: %d slot(s) lost while the store was unreachable: %d recorded missed, %d fired (backfill=%s)",
+                name,
+                len(mine),
+                len(mine) - len(to_fire),
+                len(to_fire),
+                policy,
+            )
+
+    async def _fire_in_order(self, schedule: Schedule, slots: list[tuple[datetime, str]], remote: str | None) -> None:
+        """Fire owned slots one after the other (each waits for the previous run to end)."""
+        try:
+            outcome = self.coordinator.outcome
+            for slot, run_id in slots:
+                if remote is not None or self._inflight[schedule.name]:
+                    self._fire(schedule, slot, "self", outcome, run_id, remote=remote)
+                    remote = None
+                    continue
+                active = await self._launch(schedule, slot, "self", outcome, run_id)
+                await active.done
+        finally:
+            self._catching_up.discard(schedule.name)
+            self._poke_waiters()
+
+    def _store_trouble(self, kind: str, what: str, exc: Exception) -> None:
+        """Log a store outage: a warning at its first failure of each kind, then one every
+        60 failures (once a minute for every-second schedules); the rest at debug level."""
+        if self._store_down_at is None:
+            self._store_down_at = self.clock.now()
+        count = self._store_warned.get(kind, 0)
+        self._store_warned[kind] = count + 1
+        if count % 60 == 0:
+            log.warning("%s (%s)", what, exc)
+        else:
+            log.debug("%s (%s)", what, exc)
+
+    def _store_back(self) -> None:
+        if self._store_down_at is None:
+            return
+        lost = sum(len(entries) for entries in self._lost.values())
+        log.info(
+            "store reachable again after %.1fs; %d slot(s) that could not be claimed meanwhile will be recorded",
+            (self.clock.now() - self._store_down_at).total_seconds(),
+            lost,
+        )
+        self._store_down_at = None
+        self._store_warned.clear()
 
     def _fire(
-        self, schedule: Schedule, slot: datetime, trigger: Trigger, outcome: Outcome, run_id: str
+        self,
+        schedule: Schedule,
+        slot: datetime,
+        trigger: Trigger,
+        outcome: Outcome,
+        run_id: str,
+        *,
+        remote: str | None = None,
     ) -> Run | None:
-        """A slot is due and this instance owns it: apply the overlap policy. Returns the
-        ``skipped`` run, or ``None`` when the run was started or queued (under ``run_id``)."""
+        """A slot is due and this instance owns it: apply the overlap policy. ``remote`` is
+        a run of the schedule in flight on another instance (from the claim): it counts
+        like one of ours. Returns the ``skipped`` run, or ``None`` when the run was started
+        or queued (under ``run_id``)."""
         name = schedule.name
-        if self._inflight[name] and trigger != "manual":
+        queued = schedule.on_overlap == "queue" and (self._waiting[name] or name in self._remote)
+        if (self._inflight[name] or remote or queued) and trigger != "manual":
             if schedule.on_overlap == "skip":
                 now = self.clock.now()
                 busy = next((a.run.id for a in self._active.values() if a.schedule is schedule), "")
+                if not busy and remote:
+                    busy = f"{remote} (on another instance)"
                 skipped = Run(
                     id=run_id,
                     name=name,
@@ -655,6 +863,8 @@ class Engine:
                 return skipped
             if schedule.on_overlap == "queue":
                 self._waiting[name].append((slot, trigger, outcome, run_id))
+                if remote:
+                    self._remote[name] = remote  # released by the housekeeping loop
                 return None
         self._launch(schedule, slot, trigger, outcome, run_id)
         return None
@@ -778,7 +988,7 @@ class Engine:
         self._inflight[name] -= 1
         if not active.done.done():
             active.done.set_result(active.run)
-        if not self._inflight[name] and self._waiting[name] and not self._stopping:
+        if not self._inflight[name] and self._waiting[name] and not self._stopping and name not in self._remote:
             slot, trigger, outcome, run_id = self._waiting[name].popleft()
             self._launch(active.schedule, slot, trigger, outcome, run_id)
         self._poke_waiters()
@@ -837,7 +1047,7 @@ class Engine:
     # ------------------------------------------------------------------------------------
     async def _boot_catch_up(self, schedule: Schedule, now: datetime) -> None:
         try:
-            since = await self.store.last_slot(schedule.name)
+            since = await self._where_it_left_off(schedule)
             state = self._states.get(schedule.name)
             if since is not None and state is not None and state.enabled and state.changed_at > since:
                 since = state.changed_at  # slots missed while disabled are not caught up
@@ -856,6 +1066,23 @@ class Engine:
             self._arm(schedule, now)
             return
         await self._catch_up(schedule, missed)
+
+    async def _where_it_left_off(self, schedule: Schedule) -> datetime | None:
+        """The schedule's newest recorded slot; while the store is unreachable, wait for it
+        (nothing could be claimed meanwhile anyway), parked so that quiesce() sees it idle."""
+        name = schedule.name
+        while True:
+            try:
+                return await self.store.last_slot(name)
+            except Unavailable as exc:
+                self._store_trouble("catch-up", f"{name}: catch-up waits for the store", exc)
+            loop = f"catch-up {name}"
+            self._catching_up.discard(name)
+            try:
+                await self._park(loop, self.clock.now() + self.state_poll_interval)
+            finally:
+                self._loops.pop(loop, None)
+                self._catching_up.add(name)
 
     async def _catch_up(self, schedule: Schedule, slots: list[datetime], *, live: bool = False) -> None:
         """Apply the schedule's backfill policy to ``slots`` (ascending, all due), then arm.
@@ -880,11 +1107,13 @@ class Engine:
             else:
                 to_fire, to_record = [], slots
             ids: dict[datetime, str] = {}
+            remote: str | None = None
             if self.coordinator.needs_claims:
                 # Missed slots are claimed like live ones, so N instances booting together
                 # catch each slot up (or record it missed) once.
-                owned = await self._claim([(schedule, slot) for slot in slots], self.clock.now())
+                owned, busy = await self._claim([(schedule, slot) for slot in slots], self.clock.now())
                 ids = {slot: run_id for _, slot, run_id in owned}
+                remote = busy.get(schedule.name)
                 to_fire = [s for s in to_fire if s in ids]
                 to_record = [s for s in to_record if s in ids]
             why = (
@@ -895,6 +1124,9 @@ class Engine:
             for slot in to_record:
                 self._record_missed(schedule, slot, "self", outcome, why, ids.get(slot))
             for slot in to_fire:
+                if remote is not None:  # in flight on another instance: the overlap policy decides
+                    self._fire(schedule, slot, "self", outcome, ids[slot], remote=remote)
+                    continue
                 active = await self._launch(schedule, slot, "self", outcome, ids.get(slot))
                 await active.done
             log.info(
@@ -920,7 +1152,7 @@ class Engine:
             try:
                 await self.maintain()
             except Unavailable as exc:
-                log.warning("store unavailable: %s", exc)
+                self._store_trouble("maintain", "store unavailable for housekeeping", exc)
             await self._park("maintenance", self.clock.now() + self.state_poll_interval)
 
     async def maintain(self) -> None:
@@ -932,16 +1164,53 @@ class Engine:
             self._last_beat = now
             await self.close_abandoned()
         await self._prune(now)
+        if self._lost:
+            await self._recover_lost()
+        if self._remote:
+            await self._release_remote_waits()
+        self._store_back()
+
+    async def _release_remote_waits(self) -> None:
+        """Start the queued slots that waited for a run on another instance, once no other
+        instance has a run of that schedule started, or placed for an earlier slot (so
+        queues spread over instances still run one at a time, in slot order)."""
+        running = await self.store.running_runs()
+        for name in list(self._remote):
+            waiting = self._waiting.get(name)
+            if not waiting:
+                del self._remote[name]
+                continue
+            head = waiting[0][0]
+            blocker = next(
+                (
+                    r.id
+                    for r in running
+                    if r.name == name
+                    and r.instance != self.instance
+                    and (r.fired_at is not None or r.scheduled_at < head)
+                ),
+                None,
+            )
+            if blocker is not None:
+                self._remote[name] = blocker
+                continue
+            del self._remote[name]
+            if not self._inflight[name] and not self._stopping:
+                slot, trigger, outcome, run_id = waiting.popleft()
+                self._launch(self.schedules[name], slot, trigger, outcome, run_id)
 
     async def _prune(self, now: datetime) -> None:
-        if self.retention is None:
-            return
         if self._last_prune is not None and now - self._last_prune < timedelta(hours=1):
             return
         self._last_prune = now
-        removed = await self.store.prune_runs(now - self.retention)
-        if removed:
-            log.info("retention: removed %d run(s) older than %s", removed, self.retention)
+        if self.retention is not None:
+            removed = await self.store.prune_runs(now - self.retention)
+            if removed:
+                log.info("retention: removed %d run(s) older than %s", removed, self.retention)
+        if self.claims_ttl is not None:
+            swept = await self.store.prune_claims(None, now - self.claims_ttl)
+            if swept:
+                log.info("claims retention: swept %d claim(s) older than %s", swept, self.claims_ttl)
 
     async def close_abandoned(self) -> list[Run]:
         """Close runs (and backfills) left ``running`` by instances that are gone."""
@@ -967,7 +1236,7 @@ class Engine:
 
         closed = []
         for run in runs:
-            if run.id in self._active:
+            if run.id in self._active or run.id in self._claimed:
                 continue
             why = gone(run.instance)
             if why is None:
@@ -1064,14 +1333,14 @@ class Engine:
                     f"(tolerance {self.external_tolerance})",
                     reason="no slot due",
                 )
-            owned = await self._claim([(schedule, slot)], now, in_store=True)
+            owned, busy = await self._claim([(schedule, slot)], now, in_store=True)
             if not owned:
                 winner = await self.store.claimed_run(key)
                 if winner is None:
                     raise Unavailable(f"could not claim slot {key}; try again")
                 return await self._external_result(winner, created=False)
             _, _, run_id = owned[0]
-            self._fire(schedule, slot, "external", "external", run_id)
+            self._fire(schedule, slot, "external", "external", run_id, remote=busy.get(name))
             await self.flush()
             return await self._external_result(run_id, created=True)
 
@@ -1081,6 +1350,8 @@ class Engine:
             if any(entry[3] == run_id for queue in self._waiting.values() for entry in queue):
                 return ExternalFiring(run_id, None, created, queued=True)
             active = self._active.get(run_id)
+            if active is None:
+                await self.flush()  # our own latest version first, not the claim's placeholder
             run = active.run if active is not None else await self.store.get_run(run_id)
             if run is not None:
                 return ExternalFiring(run_id, run, created)

@@ -50,6 +50,9 @@ class ConnectionInfo:
     instance: str
     read_only: bool
     store_kind: str = ""
+    fires: bool = True
+    """Whether this engine fires schedules on its timers (a remote ``serve`` does; an
+    embedded console only when asked to, otherwise it observes and acts)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +62,7 @@ class ConnectionInfo:
             "instance": self.instance,
             "read_only": self.read_only,
             "store_kind": self.store_kind,
+            "fires": self.fires,
         }
 
 
@@ -211,6 +215,7 @@ class EmbeddedBackend:
             instance=self.engine.instance,
             read_only=self.read_only,
             store_kind=self.engine.store.kind,
+            fires=self.arm,
         )
 
     async def connect(self) -> ConnectionInfo:

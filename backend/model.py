@@ -68,6 +68,29 @@ class Claim:
     run_id: str
     prune_before: datetime | None = None
     """If this claim is won, the schedule's claims older than this can go."""
+    scheduled_at: datetime | None = None
+    """The slot itself. When given, the store also refuses the claim if the ledger already
+    holds a run of that slot that was claimed (outcome ``wonLock`` or ``external``), so a
+    slot stays taken after its claim is pruned;
+    and writes the winner's run row as a ``running`` placeholder (no ``fired_at`` yet) in
+    the same transaction as the claim: from the moment a slot is won, every instance can
+    see it in flight, and a winner that dies before starting leaves a row to close."""
+    trigger: Trigger = "self"
+    """Trigger of the placeholder run."""
+    outcome: Outcome = "wonLock"
+    """Coordination outcome of the placeholder run."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimResult:
+    """What a claim call decided: the keys this caller won, and which schedules of the
+    batch another instance has a run of in flight."""
+
+    won: frozenset[str]
+    busy: dict[str, str] = field(default_factory=dict)
+    """``{schedule name: id of a run in flight elsewhere}``: a run of that schedule that is
+    ``running`` on another instance and has started, or is claimed for an earlier slot
+    than the earliest one this batch asks for (a run about to start, or queued)."""
 
 
 @dataclass(frozen=True, slots=True)

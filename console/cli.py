@@ -1,4 +1,4 @@
-"""The ``schedtui`` command: parses arguments and dispatches verbs (and, later, the app).
+"""The ``schedtui`` command: parses arguments and dispatches verbs; with no verb, the console.
 
 Exit codes: 0 success, 1 failure, 2 bad usage or input (one line on stderr naming the
 bad value), 3 a refused backfill (the count and the reason are printed).
@@ -114,6 +114,19 @@ def build_parser() -> argparse.ArgumentParser:
     local(serve)
     serve.add_argument("--coordination", choices=["single", "advisoryLock"], help="default: from the store")
     serve.add_argument("--retention-days", type=_positive_int, default=30, metavar="N", help="keep runs N days (30)")
+    serve.add_argument(
+        "--claims-ttl-hours", type=_positive_int, default=24, metavar="N",
+        help="sweep slot claims older than N hours (24); longer than any instance may lag behind",
+    )
+    serve.add_argument(
+        "--abandon-after", type=_positive_int, default=30, metavar="S",
+        help="close a run as abandoned once its instance sent no heartbeat for S seconds (30)",
+    )
+    # A test seam, not an operator option: pretend this machine's clock is off by MS.
+    serve.add_argument(
+        "--clock-offset-ms", type=int, metavar="MS", help=argparse.SUPPRESS,
+        default=os.environ.get("SCHEDTUI_CLOCK_OFFSET_MS") or None,  # argparse applies type=int to it
+    )
     serve.add_argument("--host", default="127.0.0.1", help="API address (127.0.0.1; others need a token)")
     serve.add_argument("--port", type=_port, metavar="P", help="serve the HTTP API on this port (0: any free port)")
     serve.add_argument(
@@ -129,7 +142,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="let the external fire endpoint fire schedules that have their own timer too",
     )
 
-    verbs.add_parser("demo", help="the engine on bundled demo schedules with a temporary store")
+    def console_options(p: argparse.ArgumentParser) -> None:
+        """The console's options (on ``console`` and, as it is the default verb, on the top)."""
+        embedded(p)
+        p.add_argument(
+            "--read-only", action="store_true",
+            help="look, do not touch: Run now, enable/disable and backfill do nothing (the backend refuses them too)",
+        )
+        p.add_argument(
+            "--fire", action="store_true",
+            help="embedded: also fire schedules on their timers while the console runs (as `serve` does); "
+            "without it the console watches and acts, and `schedtui serve` does the firing",
+        )
+
+    console_options(parser)
+    p = verbs.add_parser("console", help="the operations console (also what `schedtui` alone starts)")
+    console_options(p)
+
+    p = verbs.add_parser("demo", help="the console on bundled demo schedules with a temporary store")
+    p.add_argument("--headless", action="store_true", help="no console: print every firing (Ctrl-C stops)")
 
     p = verbs.add_parser("list", help="list schedules")
     embedded(p)
@@ -195,8 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
     if args.verb is None:
-        build_parser().print_help()
-        return EXIT_OK
+        args.verb = "console"
     handler = VERBS[args.verb]
     try:
         return asyncio.run(handler(args))
@@ -446,7 +476,17 @@ async def cmd_serve(args: argparse.Namespace) -> int:
 
     from backend.server import serve
 
-    engine = _engine(args, coordination=args.coordination, retention=timedelta(days=args.retention_days))
+    from backend.clock import OffsetClock
+
+    engine = _engine(
+        args,
+        coordination=args.coordination,
+        retention=timedelta(days=args.retention_days),
+        claims_ttl=timedelta(hours=args.claims_ttl_hours),
+        abandon_after=float(args.abandon_after),
+        heartbeat_interval=min(5.0, args.abandon_after / 3),
+        clock=OffsetClock(timedelta(milliseconds=args.clock_offset_ms)) if args.clock_offset_ms else None,
+    )
     if not engine.schedules:
         logging.getLogger("schedtui").warning("no *.cron.py schedules found under %s", args.schedules)
     await serve(
@@ -481,9 +521,31 @@ async def cmd_manifest(args: argparse.Namespace) -> int:
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
+    if args.headless:
+        return await _demo_headless()
+    if not _has_terminal():
+        return EXIT_USAGE
+    from .app import SchedtuiApp
+    from .demo import ExternalPlatform, demo_engine, run_now_at_start, seed_demo
+
+    _quiet_logging()
+    with tempfile.TemporaryDirectory(prefix="schedtui-demo-") as tmp:
+        folder = Path(tmp)
+        await seed_demo(folder)
+        backend = EmbeddedBackend(demo_engine(folder), arm=True, own_thread=True)
+        platform = ExternalPlatform(folder)
+        platform.start()
+        app = SchedtuiApp(backend, after_connect=run_now_at_start, keymap=_keymap())
+        try:
+            return await _run_console(app, backend)
+        finally:
+            platform.stop()
+
+
+async def _demo_headless() -> int:
     _configure_logging()
     with tempfile.TemporaryDirectory(prefix="schedtui-demo-") as tmp:
-        from .demo import prepare_demo
+        from .demo import play_platform, prepare_demo
 
         engine = await prepare_demo(Path(tmp))
 
@@ -501,14 +563,86 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         engine.add_listener(show)
         print(f"schedtui demo: {len(engine.schedules)} schedules, store {engine.store.where}; Ctrl-C stops", flush=True)
         await engine.start()
+        platform = asyncio.ensure_future(play_platform(engine))
         stop = asyncio.Event()
         await _until_signalled(stop, lambda: None)
+        platform.cancel()
         await engine.stop(grace=2)
     return EXIT_OK
 
 
+# -------------------------------------------------------------------------------------------
+# the console
+# -------------------------------------------------------------------------------------------
+CONSOLE_GRACE = 5.0
+"""Seconds the embedded console's engine lets runs in flight finish after quitting."""
+
+
+def _has_terminal() -> bool:
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        return True
+    print(
+        "schedtui: the console needs a terminal (stdin and stdout are not a TTY); "
+        "for scripts use the verbs, see `schedtui --help`",
+        file=sys.stderr,
+    )
+    return False
+
+
+def _quiet_logging() -> None:
+    """Log lines would tear the console's screen: send them to $SCHEDTUI_LOG_FILE, or nowhere."""
+    path = os.environ.get("SCHEDTUI_LOG_FILE")
+    handler: logging.Handler = logging.FileHandler(path) if path else logging.NullHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper())
+
+
+def _keymap() -> dict[str, str]:
+    from .app import parse_keymap
+
+    return parse_keymap(os.environ.get("SCHEDTUI_KEYMAP", ""))
+
+
+async def _run_console(app: Any, backend: Backend) -> int:
+    """Run the app; once the terminal is back, close the backend (an embedded engine lets
+    its runs in flight finish, up to a few seconds)."""
+    try:
+        await app.run_async()
+    finally:
+        if isinstance(backend, EmbeddedBackend):
+            print(f"schedtui: stopping the engine (runs in flight get up to {CONSOLE_GRACE:g}s)", file=sys.stderr)
+        try:
+            await asyncio.wait_for(backend.close(), CONSOLE_GRACE + 10)
+        except (SchedtuiError, asyncio.TimeoutError) as exc:
+            print(f"schedtui: {exc}", file=sys.stderr)
+    return EXIT_OK
+
+
+async def cmd_console(args: argparse.Namespace) -> int:
+    if not _has_terminal():
+        return EXIT_USAGE
+    from .app import SchedtuiApp
+
+    backend: Backend
+    if args.url:
+        backend = RemoteBackend(args.url, args.token, read_only=args.read_only)
+        interval = 2.0
+    else:
+        engine = _engine(args, shutdown_grace=CONSOLE_GRACE)
+        # Without --fire the console only watches and acts: an operator's console must not
+        # start firing a second time what `schedtui serve` already fires on this store.
+        backend = EmbeddedBackend(engine, read_only=args.read_only, arm=args.fire, own_thread=True)
+        interval = 1.0
+    _quiet_logging()
+    app = SchedtuiApp(backend, read_only=args.read_only, refresh_interval=interval, keymap=_keymap())
+    return await _run_console(app, backend)
+
+
 VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "serve": cmd_serve,
+    "console": cmd_console,
     "demo": cmd_demo,
     "list": cmd_list,
     "runs": cmd_runs,

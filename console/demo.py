@@ -1,24 +1,62 @@
-"""The demo: bundled schedules on a temporary store, seeded so every status shows at once."""
+"""The demo: bundled schedules on a temporary store, seeded so every status and every
+coordination outcome shows within a minute.
+
+* The engine runs in ``advisoryLock`` mode (SQLite has a claims table too), so its own
+  firings are recorded ``wonLock``.
+* ``daily-digest`` has one run from four days ago, recorded ``single``: it stands for the
+  history from before this deployment became a fleet. The boot catch-up then finds the
+  mornings since: the older ones are recorded ``missed``, the newest fires.
+* ``legacy-cleanup`` is disabled with a note, as an operator would have left it.
+* ``billing-webhook`` has ``trigger="external"``: a platform scheduler would call
+  ``POST /schedule/billing-webhook/fire`` every minute. The demo plays that platform with a
+  small background task on a second instance (``demo-2``) that calls
+  :meth:`~backend.engine.Engine.fire_external` at each minute: outcome ``external``.
+* One Run now at start (``heartbeat``): outcome ``manual``.
+* The rest come from the schedules themselves: ``flaky-export`` fails every other slot,
+  ``slow-reindex`` outlives its interval (``running``, then ``skipped`` overlaps),
+  ``stuck-import`` hits its watchdog (``failed``/``timeout``), and ``cpu-hog`` holds the
+  engine's loop for two seconds (the console's countdowns keep ticking regardless).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import threading
 from datetime import timedelta
 from pathlib import Path
 
 from backend import Engine, Run, discover
 from backend.clock import Clock
+from backend.errors import SchedtuiError
+from backend.interface import Backend
 
 DEMO_SCHEDULES = Path(__file__).parent / "demo_schedules"
+EXTERNAL = "billing-webhook"
+"""The demo's external schedule, fired by :class:`ExternalPlatform`."""
+RUN_NOW = "heartbeat"
+"""The schedule the demo runs once at start (a manual run)."""
+
+log = logging.getLogger("schedtui.demo")
 
 
-async def prepare_demo(folder: Path, *, clock: Clock | None = None) -> Engine:
-    """An opened (not started) engine over the demo schedules in a fresh store in ``folder``.
+def store_url(folder: Path) -> str:
+    return f"sqlite:///{folder / 'state.db'}"
 
-    The store is seeded with one ``daily-digest`` run from four days ago, so the boot
-    catch-up finds three missed mornings (recorded ``missed``) and fires the newest, and
-    ``legacy-cleanup`` is disabled with a note, as an operator would have left it.
-    """
-    engine = Engine(discover(DEMO_SCHEDULES), f"sqlite:///{folder / 'state.db'}", clock=clock, instance="demo")
+
+def demo_engine(folder: Path, *, clock: Clock | None = None, instance: str = "demo-1") -> Engine:
+    """An engine over the demo schedules and the store in ``folder`` (not opened)."""
+    return Engine(
+        discover(DEMO_SCHEDULES), store_url(folder), clock=clock, instance=instance,
+        coordination="advisoryLock", shutdown_grace=2,
+    )
+
+
+async def seed_demo(folder: Path, *, clock: Clock | None = None) -> None:
+    """Write the demo's history into a fresh store in ``folder`` (then close it again, so
+    the engine that runs the demo can open it on a loop of its own)."""
+    engine = demo_engine(folder, clock=clock)
     await engine.open()
     now = engine.clock.now()
     digest = engine.schedules["daily-digest"]
@@ -31,8 +69,10 @@ async def prepare_demo(folder: Path, *, clock: Clock | None = None) -> Engine:
                 scheduled_at=last_morning,
                 status="succeeded",
                 trigger="self",
-                coordination_outcome=engine.coordinator.outcome,
-                instance="demo",
+                # History from before the demo switched to a fleet (advisoryLock): one
+                # instance fired it alone, so its outcome is "single".
+                coordination_outcome="single",
+                instance="demo-1",
                 fired_at=last_morning + timedelta(milliseconds=4),
                 finished_at=last_morning + timedelta(milliseconds=310),
             )
@@ -40,4 +80,71 @@ async def prepare_demo(folder: Path, *, clock: Clock | None = None) -> Engine:
     )
     await engine.store.flush()
     await engine.set_enabled("legacy-cleanup", False, note="paused during the session-store migration", by="ops")
+    await engine.stop(grace=0)
+
+
+async def prepare_demo(folder: Path, *, clock: Clock | None = None) -> Engine:
+    """The seeded store, and an opened (not started) engine over it on this loop."""
+    await seed_demo(folder, clock=clock)
+    engine = demo_engine(folder, clock=clock)
+    await engine.open()
     return engine
+
+
+async def play_platform(engine: Engine, name: str = EXTERNAL) -> None:
+    """Call ``fire_external`` now and then at every slot of ``name``, as a platform
+    scheduler calling ``POST /schedule/NAME/fire`` would. Runs until cancelled."""
+    clock = engine.clock
+    cron = engine.schedules[name].cron
+    while True:
+        try:
+            firing = await engine.fire_external(name)
+            log.info("platform fired %s: run %s", name, firing.run_id)
+        except SchedtuiError as exc:
+            log.warning("platform could not fire %s: %s", name, exc.message)
+        await clock.sleep_until(cron.next(clock.now()))
+
+
+class ExternalPlatform:
+    """The platform scheduler, played by a second instance (``demo-2``) on a thread and
+    event loop of its own, so it shares nothing with the console's engine but the store."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="schedtui-demo-platform", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(10)
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        engine = demo_engine(self.folder, instance="demo-2")
+        try:
+            await engine.open()
+        finally:
+            self._ready.set()
+        task = asyncio.ensure_future(play_platform(engine))
+        await self._stop.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await engine.stop(grace=2)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout=10)
+
+
+async def run_now_at_start(backend: Backend) -> None:
+    """The demo's one Run now, so a ``manual`` run is there from the first second."""
+    await backend.run_now(RUN_NOW)

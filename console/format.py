@@ -14,11 +14,12 @@ STATUS_GLYPHS = {
     "missed": "⊘",
     "running": "▶",
 }
+# One terminal cell each (no emoji): they must line up in tmux and over SSH.
 OUTCOME_GLYPHS = {
     "single": "●",
-    "wonLock": "🔒",
+    "wonLock": "◆",
     "external": "⇲",
-    "manual": "✋",
+    "manual": "✎",
 }
 
 

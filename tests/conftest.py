@@ -1,15 +1,41 @@
-"""Shared fixtures: a manual clock, a temporary SQLite store, engines built from them."""
+"""Shared fixtures: a manual clock, a temporary SQLite store, engines built from them, and
+a PostgreSQL server for the tests marked ``postgres`` (see :mod:`tests.pg`)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from backend import Engine, ManualClock, Run, Schedule
+from tests import pg
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pg.PgServer]:
+    """One PostgreSQL server for the whole session, started at the first test that needs it.
+
+    Without PostgreSQL on the machine the test is skipped, unless $SCHEDTUI_REQUIRE_POSTGRES
+    is set (CI), where it fails."""
+    try:
+        server = pg.provide()
+    except pg.NoPostgres as exc:
+        if pg.required():
+            pytest.fail(f"PostgreSQL is required here ({pg.REQUIRE_ENV}) but: {exc}", pytrace=False)
+        pytest.skip(f"no PostgreSQL: {exc}")
+    pg.ACTIVE = server
+    yield server
+    pg.ACTIVE = None
+    server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server: pg.PgServer) -> str:
+    """The URL of a new, empty database for this test."""
+    return pg_server.create_database()
 
 
 @pytest.fixture

@@ -491,10 +491,11 @@ def test_unknown_store_scheme_is_bad_usage_and_hides_the_password(cli: Cli) -> N
     ]
 
 
-def test_no_verb_prints_help(cli: Cli) -> None:
-    done = cli(store=False)
-    assert done.returncode == 0
-    assert done.stdout.startswith("usage: schedtui")
+def test_no_verb_starts_the_console_which_needs_a_terminal(cli: Cli) -> None:
+    done = cli(store=False)  # no TTY here: the console says so instead of drawing
+    assert done.returncode == 2
+    assert "the console needs a terminal" in done.stderr and "schedtui --help" in done.stderr
+    assert cli("--help", store=False).stdout.startswith("usage: schedtui")
 
 
 def test_the_installed_console_script(cli: Cli) -> None:

@@ -27,8 +27,10 @@ from pathlib import Path
 import pytest
 
 from backend import BackfillProgress, Refused, Run, ScheduleState
+from backend.model import Claim, slot_key
 from backend.ids import IdFactory, id_floor
 from backend.store import Store, open_store
+from tests import pg
 
 UTC = timezone.utc
 REPO = Path(__file__).resolve().parents[1]
@@ -37,11 +39,19 @@ StoreFactory = Callable[[Path], Store]
 
 STORE_FACTORIES: dict[str, StoreFactory] = {
     "sqlite": lambda tmp_path: open_store(f"sqlite:///{tmp_path / 'ledger' / 'state.db'}"),
+    # One fresh database per test on the session's server (see tests/pg.py).
+    "postgres": lambda tmp_path: open_store(pg.database_for(tmp_path)),
 }
+#: Kinds that need a server: their tests carry the ``postgres`` mark and its fixture.
+SERVER_KINDS = {"postgres"}
 
 
-@pytest.fixture(params=sorted(STORE_FACTORIES))
+@pytest.fixture(
+    params=[pytest.param(kind, marks=pytest.mark.postgres) if kind in SERVER_KINDS else kind for kind in sorted(STORE_FACTORIES)]
+)
 def store_kind(request: pytest.FixtureRequest) -> str:
+    if request.param in SERVER_KINDS:
+        request.getfixturevalue("pg_server")
     return str(request.param)
 
 
@@ -609,6 +619,128 @@ async def test_a_second_running_backfill_of_one_schedule_is_refused(store: Store
     again = progress(ids())
     await store.start_backfill(again)
     assert sorted(p.id for p in await store.running_backfills()) == sorted([other_name.id, again.id])
+
+
+# ---------------------------------------------------------------------------------------
+# claims (coordination)
+# ---------------------------------------------------------------------------------------
+def claim(ids: Ids, name: str, slot: datetime, *, prune_before: datetime | None = None, run_id: str | None = None) -> Claim:
+    return Claim(slot_key(name, slot), name, run_id or ids(), prune_before, scheduled_at=slot)
+
+
+async def test_each_key_is_won_by_one_claimer(new_store: Callable[[], Store]) -> None:
+    a, b = new_store(), new_store()
+    await asyncio.gather(a.open(), b.open())
+    ids = Ids()
+    slots = [T0 + timedelta(seconds=i) for i in range(5)]
+    first = await a.claim([claim(ids, "job", t) for t in slots[:3]], "host-a:1", T0)
+    second = await b.claim([claim(ids, "job", t) for t in slots], "host-b:2", T0)
+    assert first.won == {slot_key("job", t) for t in slots[:3]}
+    assert second.won == {slot_key("job", t) for t in slots[3:]}
+    assert await a.count_claims() == 5
+    assert await b.claimed_run(slot_key("job", slots[0])) is not None
+    assert await b.claimed_run("job@1999-01-01T00:00:00") is None
+
+
+async def test_claimers_racing_on_overlapping_batches_never_share_a_key(new_store: Callable[[], Store]) -> None:
+    stores = [new_store() for _ in range(4)]
+    await asyncio.gather(*(s.open() for s in stores))
+    ids = Ids()
+    names = [f"job{i}" for i in range(40)]
+    results = await asyncio.gather(
+        *(
+            # every claimer asks in another order, some for a subset
+            s.claim([claim(ids, n, T0) for n in (names[::-1] if i % 2 else names)[i:]], f"i{i}", T0)
+            for i, s in enumerate(stores)
+        )
+    )
+    won = [key for r in results for key in r.won]
+    assert sorted(won) == sorted(slot_key(n, T0) for n in names)  # each once, none lost
+
+
+async def test_a_won_claim_writes_a_running_placeholder_run(store: Store) -> None:
+    ids = Ids()
+    c = Claim(slot_key("job", T0), "job", ids(), None, scheduled_at=T0, trigger="external", outcome="external")
+    assert (await store.claim([c], "host-a:1", T0)).won == {c.key}
+    placeholder = await store.get_run(c.run_id)
+    assert placeholder == Run(
+        id=c.run_id, name="job", scheduled_at=T0, status="running", trigger="external",
+        coordination_outcome="external", instance="host-a:1",
+    )  # fmt: skip
+    assert [r.id for r in await store.running_runs()] == [c.run_id]
+    assert await store.last_slot("job") == T0
+    bare = Claim(slot_key("bare", T0), "bare", ids())  # no slot given: no placeholder
+    assert (await store.claim([bare], "host-a:1", T0)).won == {bare.key}
+    assert await store.get_run(bare.run_id) is None
+
+
+async def test_a_fired_slot_stays_taken_after_its_claim_is_pruned(store: Store) -> None:
+    ids = Ids()
+    first = claim(ids, "job", T0)
+    assert (await store.claim([first], "a", T0)).won == {first.key}
+    store.save_runs([run(first.run_id, scheduled_at=T0, coordination_outcome="wonLock", instance="a")])
+    await store.flush()
+    assert await store.prune_claims(None, T0 + timedelta(days=2)) == 1
+    assert await store.count_claims() == 0
+    late = await store.claim([claim(ids, "job", T0)], "b", T0 + timedelta(days=2))
+    assert late.won == frozenset()
+    # Runs that were never claimed do not take a slot: manual runs, `single` instances.
+    for trigger, outcome, name in (("manual", "manual", "m"), ("self", "single", "s")):
+        store.save_runs([run(ids(), name=name, scheduled_at=T0, trigger=trigger, coordination_outcome=outcome)])
+    await store.flush()
+    got = await store.claim([claim(ids, "m", T0), claim(ids, "s", T0)], "b", T0)
+    assert got.won == {slot_key("m", T0), slot_key("s", T0)}
+
+
+async def test_a_retried_claim_with_the_same_run_id_is_still_won(store: Store) -> None:
+    ids = Ids()
+    c = claim(ids, "job", T0)
+    assert (await store.claim([c], "a", T0)).won == {c.key}
+    # The reply was lost; the caller retries the very same claim: it is still its own.
+    assert (await store.claim([c], "a", T0)).won == {c.key}
+    # Another caller (another run id) does not get it.
+    assert (await store.claim([claim(ids, "job", T0)], "b", T0)).won == frozenset()
+    assert await store.claimed_run(c.key) == c.run_id
+
+
+async def test_winners_prune_their_schedules_old_claims_and_the_sweep_takes_the_rest(store: Store) -> None:
+    ids = Ids()
+    for i in range(5):
+        at = T0 + timedelta(minutes=i)
+        await store.claim([claim(ids, "job", at), claim(ids, "gone", at)], "a", at)
+    assert await store.count_claims() == 10
+    # A winner keeps its schedule's claims made at or after prune_before, drops older ones.
+    at = T0 + timedelta(minutes=10)
+    won = await store.claim([claim(ids, "job", at, prune_before=T0 + timedelta(minutes=3))], "a", at)
+    assert len(won.won) == 1
+    assert await store.count_claims() == 8  # job: minutes 3, 4, 10; gone: 0-4
+    # A losing claim prunes nothing.
+    await store.claim([claim(ids, "job", at, prune_before=at)], "b", at)
+    assert await store.count_claims() == 8
+    # "gone" (a renamed or deleted schedule) never wins again: only the sweep clears it.
+    assert await store.prune_claims("gone", T0 + timedelta(minutes=2)) == 2
+    assert await store.prune_claims(None, T0 + timedelta(minutes=5)) == 5
+    assert await store.count_claims() == 1
+
+
+async def test_claims_report_runs_in_flight_on_other_instances(store: Store) -> None:
+    ids = Ids()
+    t = [T0 + timedelta(minutes=i) for i in range(6)]
+    started = run(ids(), name="long", scheduled_at=t[0], status="running", instance="b", coordination_outcome="wonLock")
+    mine = run(ids(), name="own", scheduled_at=t[0], status="running", instance="a", coordination_outcome="wonLock")
+    finished = run(ids(), name="done", scheduled_at=t[0], status="succeeded", instance="b")
+    store.save_runs([started, mine, finished])
+    await store.flush()
+    # A slot claimed (not started yet) by b for an earlier slot, and one for a later slot.
+    await store.claim([claim(ids, "queued", t[1]), claim(ids, "ahead", t[4])], "b", t[1])
+    result = await store.claim(
+        [claim(ids, n, t[2]) for n in ("long", "own", "done", "queued", "ahead", "free")], "a", t[2]
+    )
+    assert len(result.won) == 6
+    assert set(result.busy) == {"long", "queued"}
+    assert result.busy["long"] == started.id
+    queued_run = await store.get_run(result.busy["queued"])
+    assert queued_run is not None and (queued_run.instance, queued_run.fired_at) == ("b", None)
 
 
 # ---------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import BadInput
-from ..model import BackfillProgress, Claim, CoordinationMode, Run, ScheduleState
+from ..model import BackfillProgress, Claim, ClaimResult, CoordinationMode, Run, ScheduleState
 
 __all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "Store", "open_store", "redact_url"]
 
@@ -97,11 +97,22 @@ class Store(Protocol):
     async def forget_instance(self, instance: str) -> None: ...
 
     # -- claims (coordination) -------------------------------------------------------------
-    async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> set[str]:
-        """Insert each claim unless its key exists; return the keys this call inserted.
+    async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:
+        """Insert each claim unless its key exists; return the keys this call won, all in
+        one transaction (and, for a server, one round trip).
 
         The key's uniqueness is what makes a slot fire once across every process sharing
-        the store. Raises :class:`Unavailable` when the claims cannot be written."""
+        the store. A claim that carries its ``scheduled_at`` is also refused when the
+        ledger already holds a claimed run of that slot (outcome ``wonLock`` or
+        ``external``: its claim may have been pruned since), and its winner's run row is
+        written as a ``running`` placeholder in the same transaction (see :class:`Claim`).
+        A key whose stored claim carries this call's ``run_id`` counts as won: that is a
+        retry of a call whose reply was lost. Each won claim's ``prune_before`` deletes
+        that schedule's claims older than it. ``busy`` names the schedules of the batch
+        that another instance has a run of in flight (see :class:`ClaimResult`).
+
+        Concurrent callers never deadlock (keys are taken in one global order). Raises
+        :class:`Unavailable` when the claims cannot be written: the caller must not fire."""
 
     async def claimed_run(self, key: str) -> str | None:
         """The run id recorded with a claim, if the key is claimed."""
@@ -146,7 +157,7 @@ def open_store(url: str | None = None) -> Store:
             raise BadInput(f'store URL "{url}" names no file (try sqlite:///.schedtui/state.db)')
         return SQLiteStore(Path(path) if path != ":memory:" else path)
     if url.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
+        from .postgres import PostgresStore
 
-        return PostgresStore(url)  # type: ignore[no-any-return,unused-ignore]
+        return PostgresStore(url)
     raise BadInput(f'unsupported store URL "{redact_url(url)}" (use sqlite:///PATH or postgresql://…)')

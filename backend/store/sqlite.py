@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from ..errors import Refused, Unavailable
 from ..ids import id_floor
-from ..model import BackfillProgress, Claim, CoordinationMode, Run, ScheduleState
+from ..model import BackfillProgress, Claim, ClaimResult, CoordinationMode, Run, ScheduleState
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -151,6 +151,19 @@ RUNNING_BACKFILLS = f"SELECT {BACKFILL_COLUMNS} FROM backfills WHERE state = 'ru
 PRUNE_BACKFILLS = "DELETE FROM backfills WHERE state <> 'running' AND started_at < ?"
 CLAIM = "INSERT INTO claims (key, name, instance, claimed_at, run_id) VALUES (?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING"
 CLAIMED_RUN = "SELECT run_id FROM claims WHERE key = ?"
+SLOT_TAKEN = """
+    SELECT 1 FROM runs WHERE name = ? AND scheduled_at = ? AND trigger <> 'manual'
+        AND outcome IN ('wonLock', 'external') LIMIT 1
+"""
+INSERT_PLACEHOLDER = """
+    INSERT INTO runs (id, name, scheduled_at, status, trigger, outcome, instance)
+    VALUES (?, ?, ?, 'running', ?, ?, ?) ON CONFLICT (id) DO NOTHING
+"""
+BUSY_ELSEWHERE = """
+    SELECT id FROM runs WHERE status = 'running' AND name = ? AND instance <> ?
+        AND (fired_at IS NOT NULL OR scheduled_at < ?)
+    ORDER BY id LIMIT 1
+"""
 PRUNE_OWN_CLAIMS = "DELETE FROM claims WHERE name = ? AND claimed_at < ?"
 SWEEP_CLAIMS = "DELETE FROM claims WHERE claimed_at < ?"
 COUNT_CLAIMS = "SELECT count(*) FROM claims"
@@ -224,7 +237,17 @@ def _backfill(row: tuple[Any, ...]) -> BackfillProgress:
 
 def _connect(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=15.0, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode = WAL")
+    for attempt in range(50):
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            break
+        except sqlite3.OperationalError:
+            # Switching a fresh file to WAL while another process does the same can report
+            # "database is locked" at once, without waiting on the busy handler.
+            if attempt == 49:
+                conn.close()
+                raise
+            time.sleep(0.02 * (attempt + 1))
     # NORMAL under WAL survives a process crash; only an OS crash can lose the last commits.
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA busy_timeout = 15000")
@@ -484,17 +507,35 @@ class SQLiteStore:
         await self._write(lambda c: c.execute(FORGET_INSTANCE, (instance,)))
 
     # -- claims ---------------------------------------------------------------------------
-    async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> set[str]:
+    async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:
         us = _us(at)
 
-        def insert(c: sqlite3.Connection) -> set[str]:
+        def insert(c: sqlite3.Connection) -> ClaimResult:
             won = set()
-            for claim in claims:
-                if c.execute(CLAIM, (claim.key, claim.name, instance, us, claim.run_id)).rowcount == 1:
-                    won.add(claim.key)
-                    if claim.prune_before is not None:
-                        c.execute(PRUNE_OWN_CLAIMS, (claim.name, _us(claim.prune_before)))
-            return won
+            first: dict[str, int | None] = {}
+            for claim in sorted(claims, key=lambda cl: cl.key):
+                slot = _us(claim.scheduled_at)
+                earliest = first.get(claim.name)
+                first[claim.name] = slot if earliest is None or (slot is not None and slot < earliest) else earliest
+                owner = c.execute(CLAIMED_RUN, (claim.key,)).fetchone()
+                if owner is not None:
+                    if owner[0] == claim.run_id:  # our own earlier attempt: its reply was lost
+                        won.add(claim.key)
+                    continue
+                if slot is not None and c.execute(SLOT_TAKEN, (claim.name, slot)).fetchone():
+                    continue  # fired already; its claim has been pruned since
+                c.execute(CLAIM, (claim.key, claim.name, instance, us, claim.run_id))
+                won.add(claim.key)
+                if slot is not None:
+                    c.execute(INSERT_PLACEHOLDER, (claim.run_id, claim.name, slot, claim.trigger, claim.outcome, instance))
+                if claim.prune_before is not None:
+                    c.execute(PRUNE_OWN_CLAIMS, (claim.name, _us(claim.prune_before)))
+            busy = {}
+            for name, slot in first.items():
+                row = c.execute(BUSY_ELSEWHERE, (name, instance, slot)).fetchone()
+                if row is not None:
+                    busy[name] = row[0]
+            return ClaimResult(frozenset(won), busy)
 
         return await self._write(insert)
 

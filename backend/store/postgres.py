@@ -1,0 +1,821 @@
+"""The fleet store: PostgreSQL through psycopg 3 and a psycopg_pool connection pool.
+
+Several ``schedtui serve`` processes on several machines share one database. The claims
+table is what makes each slot fire once: a winner inserts the slot's key; the primary key
+turns every other insert of it away.
+
+Runs are written like in the SQLite store, by group commit: :meth:`save_runs` only hands
+runs to a writer task, which upserts whatever has gathered since its last commit in one
+statement and one transaction. So a thousand schedules due in the same second cost a few
+commits, not a thousand. Everything else is one statement per call on a pooled
+connection in autocommit mode.
+
+Connections die (a server restart, a failover, a network cut). Every call that finds its
+connection broken checks the pool's idle connections and retries once on a fresh one; if
+the server is really gone the call raises :class:`~backend.errors.Unavailable` with a
+one-line message, and the pool keeps reconnecting by itself in the background. Runs handed
+in meanwhile stay with the writer, which retries until the server is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from ..errors import BadInput, Refused, Unavailable
+from ..ids import id_floor
+from ..model import BackfillProgress, Claim, ClaimResult, CoordinationMode, Run, ScheduleState
+from . import redact_url
+
+log = logging.getLogger("schedtui.store")
+T = TypeVar("T")
+
+# During an outage the pool logs every failed reconnection attempt as a warning; this store
+# reports the outage itself (once, then sparingly), so keep the pool to its errors unless
+# the application configured that logger.
+_pool_log = logging.getLogger("psycopg.pool")
+if _pool_log.level == logging.NOTSET:
+    _pool_log.setLevel(logging.ERROR)
+
+# ---------------------------------------------------------------------------------------
+# SQL: everything this store says to PostgreSQL is here.
+# ---------------------------------------------------------------------------------------
+
+#: Advisory lock taken (transaction-scoped) around schema creation and migration, so N
+#: instances starting at once migrate one after the other. Two-key form: (class, object).
+LOCK_CLASS = 0x5C4ED  # "schedtui"
+LOCK_MIGRATE = 1
+
+MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(%s, %s)"
+CREATE_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schedtui_schema_version (version integer NOT NULL)"
+GET_VERSION = "SELECT version FROM schedtui_schema_version"
+INSERT_VERSION = "INSERT INTO schedtui_schema_version (version) VALUES (%s)"
+UPDATE_VERSION = "UPDATE schedtui_schema_version SET version = %s"
+
+#: Each entry moves the schema up one version; applied in order under MIGRATE_LOCK.
+#: Run ids sort by creation time as bytes, hence COLLATE "C" (whatever the database's locale).
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE schedtui_runs (
+        id            text COLLATE "C" PRIMARY KEY,
+        name          text NOT NULL,
+        scheduled_at  timestamptz NOT NULL,
+        fired_at      timestamptz,
+        finished_at   timestamptz,
+        status        text NOT NULL,
+        trigger       text NOT NULL,
+        outcome       text NOT NULL,
+        instance      text NOT NULL,
+        error_tag     text,
+        error_message text
+    );
+    CREATE INDEX schedtui_runs_by_name ON schedtui_runs (name, id);
+    CREATE INDEX schedtui_runs_by_slot ON schedtui_runs (name, scheduled_at) WHERE trigger <> 'manual';
+    CREATE INDEX schedtui_runs_running ON schedtui_runs (name) WHERE status = 'running';
+    CREATE TABLE schedtui_schedule_state (
+        name       text PRIMARY KEY,
+        enabled    boolean NOT NULL,
+        changed_by text NOT NULL,
+        changed_at timestamptz NOT NULL,
+        note       text
+    );
+    CREATE TABLE schedtui_instances (
+        instance     text PRIMARY KEY,
+        host         text NOT NULL,
+        pid          integer NOT NULL,
+        heartbeat_at timestamptz NOT NULL
+    );
+    CREATE TABLE schedtui_backfills (
+        id           text COLLATE "C" PRIMARY KEY,
+        name         text NOT NULL,
+        range_start  timestamptz NOT NULL,
+        range_end    timestamptz NOT NULL,
+        total        integer NOT NULL,
+        fired        integer NOT NULL,
+        failed       integer NOT NULL,
+        state        text NOT NULL,
+        instance     text NOT NULL,
+        started_at   timestamptz NOT NULL,
+        finished_at  timestamptz,
+        current_slot timestamptz
+    );
+    CREATE UNIQUE INDEX schedtui_backfills_one_running ON schedtui_backfills (name) WHERE state = 'running';
+    CREATE TABLE schedtui_claims (
+        key        text COLLATE "C" PRIMARY KEY,
+        name       text NOT NULL,
+        instance   text NOT NULL,
+        claimed_at timestamptz NOT NULL,
+        run_id     text NOT NULL
+    );
+    CREATE INDEX schedtui_claims_by_name ON schedtui_claims (name, claimed_at);
+    """,
+)
+
+RUN_COLUMNS = (
+    "id, name, scheduled_at, fired_at, finished_at, status, trigger, outcome, instance, "
+    "error_tag, error_message"
+)
+#: One statement for a whole group commit. The batch travels as one JSON document (one
+#: parameter: cheap to build in Python, where a parameter per column would be adapted
+#: element by element on the event loop).
+UPSERT_RUNS = f"""
+    INSERT INTO schedtui_runs ({RUN_COLUMNS})
+    SELECT {RUN_COLUMNS} FROM json_to_recordset(%s::json) AS r(
+        id text, name text, scheduled_at timestamptz, fired_at timestamptz, finished_at timestamptz,
+        status text, trigger text, outcome text, instance text, error_tag text, error_message text)
+    ON CONFLICT (id) DO UPDATE SET
+        name = excluded.name, scheduled_at = excluded.scheduled_at,
+        fired_at = excluded.fired_at, finished_at = excluded.finished_at,
+        status = excluded.status, trigger = excluded.trigger, outcome = excluded.outcome,
+        instance = excluded.instance, error_tag = excluded.error_tag,
+        error_message = excluded.error_message
+"""
+CLOSE_RUN = """
+    UPDATE schedtui_runs SET status = %s, finished_at = %s, error_tag = %s, error_message = %s
+    WHERE id = %s AND status = 'running'
+"""
+GET_RUN = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE id = %s"
+LIST_RUNS = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = %s ORDER BY id DESC LIMIT %s"
+LIST_RUNS_BEFORE = (
+    f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = %s AND id < %s ORDER BY id DESC LIMIT %s"
+)
+LAST_RUNS = f"""
+    SELECT r.* FROM unnest(%s::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = n.name ORDER BY id DESC LIMIT 1
+    ) AS r
+"""
+LAST_SLOT = "SELECT max(scheduled_at) FROM schedtui_runs WHERE name = %s AND trigger <> 'manual'"
+RUNNING_RUNS = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE status = 'running'"
+PRUNE_RUNS = "DELETE FROM schedtui_runs WHERE id < %s AND status <> 'running'"
+GET_STATES = "SELECT name, enabled, changed_by, changed_at, note FROM schedtui_schedule_state"
+SET_STATE = """
+    INSERT INTO schedtui_schedule_state (name, enabled, changed_by, changed_at, note)
+    VALUES (%s, %s, %s, %s, %s)
+    ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, changed_by = excluded.changed_by,
+        changed_at = excluded.changed_at, note = excluded.note
+"""
+HEARTBEAT = """
+    INSERT INTO schedtui_instances (instance, host, pid, heartbeat_at) VALUES (%s, %s, %s, %s)
+    ON CONFLICT (instance) DO UPDATE SET host = excluded.host, pid = excluded.pid,
+        heartbeat_at = excluded.heartbeat_at
+"""
+INSTANCES = "SELECT instance, host, pid, heartbeat_at FROM schedtui_instances"
+FORGET_INSTANCE = "DELETE FROM schedtui_instances WHERE instance = %s"
+BACKFILL_COLUMNS = (
+    "id, name, range_start, range_end, total, fired, failed, state, instance, started_at, "
+    "finished_at, current_slot"
+)
+INSERT_BACKFILL = (
+    f"INSERT INTO schedtui_backfills ({BACKFILL_COLUMNS}) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+UPDATE_BACKFILL = """
+    UPDATE schedtui_backfills SET fired = %s, failed = %s, state = %s, finished_at = %s, current_slot = %s
+    WHERE id = %s
+"""
+GET_BACKFILL = f"SELECT {BACKFILL_COLUMNS} FROM schedtui_backfills WHERE id = %s"
+RUNNING_BACKFILLS = f"SELECT {BACKFILL_COLUMNS} FROM schedtui_backfills WHERE state = 'running'"
+PRUNE_BACKFILLS = "DELETE FROM schedtui_backfills WHERE state <> 'running' AND started_at < %s"
+BACKFILL_PKEY = "schedtui_backfills_pkey"
+
+#: The whole claim of a batch, in one statement (one round trip, one transaction):
+#:
+#: * ``inserted``: the claims, in key order (so concurrent claimers wait on each other's
+#:   keys in one global order and cannot deadlock), skipping slots the ledger already holds
+#:   a claimed run of (its claim may be pruned by now), and keys someone else holds (the
+#:   primary key decides).
+#: * ``mine``: keys not inserted but claimed with the run id we propose, i.e. our own
+#:   earlier attempt whose reply was lost; they count as won.
+#: * ``placeholders``: each winner's run row, ``running`` without ``fired_at``, committed
+#:   with its claim, so the slot is visibly in flight before its handler starts.
+#: * ``doomed``/``pruned``: the winners' schedules' claims older than ``prune_before``. Rows
+#:   another claimer is deleting right now are skipped, never waited for.
+#:
+#: Lookups are written as correlated subqueries and LATERAL joins so that each is an
+#: index probe whatever the planner thinks of the tables' sizes: the cost of a claim grows
+#: with the batch, never with the ledger or the claims table.
+#: * the final SELECT: the keys won, and per schedule of the batch one run in flight on
+#:   another instance (started, or placed for an earlier slot than ours), if any.
+CLAIM = """
+    WITH wanted AS (
+        SELECT * FROM json_to_recordset(%(claims)s::json) AS w(
+            key text, name text, run_id text, slot timestamptz, trigger text, outcome text,
+            prune_before timestamptz)
+    ),
+    inserted AS (
+        INSERT INTO schedtui_claims (key, name, instance, claimed_at, run_id)
+        SELECT w.key, w.name, %(instance)s, %(at)s, w.run_id FROM wanted w
+        WHERE (
+            SELECT 1 FROM schedtui_runs r
+            WHERE r.name = w.name AND r.scheduled_at = w.slot AND r.trigger <> 'manual'
+                AND r.outcome IN ('wonLock', 'external')
+            LIMIT 1
+        ) IS NULL
+        ORDER BY w.key
+        ON CONFLICT (key) DO NOTHING
+        RETURNING key
+    ),
+    mine AS (
+        SELECT w.key FROM wanted w
+        WHERE NOT EXISTS (SELECT 1 FROM inserted i WHERE i.key = w.key)
+            AND w.run_id = (SELECT c.run_id FROM schedtui_claims c WHERE c.key = w.key)
+    ),
+    placeholders AS (
+        INSERT INTO schedtui_runs (id, name, scheduled_at, status, trigger, outcome, instance)
+        SELECT w.run_id, w.name, w.slot, 'running', w.trigger, w.outcome, %(instance)s
+        FROM wanted w JOIN inserted i ON i.key = w.key
+        WHERE w.slot IS NOT NULL
+        ON CONFLICT (id) DO NOTHING
+    ),
+    doomed AS (
+        SELECT d.ctid FROM (
+            SELECT w.name, max(w.prune_before) AS before
+            FROM wanted w JOIN inserted i ON i.key = w.key
+            WHERE w.prune_before IS NOT NULL
+            GROUP BY w.name
+        ) h
+        CROSS JOIN LATERAL (
+            SELECT c.ctid FROM schedtui_claims c
+            WHERE c.name = h.name AND c.claimed_at < h.before
+            FOR UPDATE SKIP LOCKED
+        ) d
+    ),
+    pruned AS (
+        DELETE FROM schedtui_claims WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
+    )
+    SELECT 'won', key FROM inserted
+    UNION ALL
+    SELECT 'won', key FROM mine
+    UNION ALL
+    SELECT 'busy:' || f.name, b.id
+    FROM (SELECT name, min(slot) AS first FROM wanted GROUP BY name) f
+    CROSS JOIN LATERAL (
+        SELECT r.id FROM schedtui_runs r
+        WHERE r.name = f.name AND r.status = 'running' AND r.instance <> %(instance)s
+            AND (r.fired_at IS NOT NULL OR r.scheduled_at < f.first)
+        ORDER BY r.id LIMIT 1
+    ) b
+"""
+CLAIMED_RUN = "SELECT run_id FROM schedtui_claims WHERE key = %s"
+PRUNE_OWN_CLAIMS = "DELETE FROM schedtui_claims WHERE name = %s AND claimed_at < %s"
+#: Hourly, over a table the winners keep small: no index on claimed_at to maintain on
+#: every claim for it.
+SWEEP_CLAIMS = "DELETE FROM schedtui_claims WHERE claimed_at < %s"
+COUNT_CLAIMS = "SELECT count(*) FROM schedtui_claims"
+
+#: Per-connection settings: a statement that runs away (a lock never released, a server
+#: stuck) is stopped rather than left to hold a pool connection forever.
+CONFIGURE = "SET statement_timeout = '30s'; SET idle_in_transaction_session_timeout = '60s'"
+
+# ---------------------------------------------------------------------------------------
+
+#: libpq parameters set unless the URL says otherwise: fail fast on an unreachable server,
+#: notice a dead peer within seconds, and name ourselves in pg_stat_activity.
+_CONNINFO_DEFAULTS = {
+    "connect_timeout": "5",
+    "application_name": "schedtui",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "15000",
+}
+
+#: How long a call waits for a pooled connection before giving up (seconds). Claims get
+#: a shorter wait: a slot that cannot be claimed promptly is not fired (fail closed).
+_POOL_WAIT = 5.0
+_CLAIM_WAIT = 2.0
+#: Writer: most rows per statement, and the pause between failed attempts (grows to the max).
+_WRITE_CHUNK = 5_000
+_RETRY_MIN, _RETRY_MAX = 0.25, 2.0
+
+
+def _utc(dt: datetime | None) -> datetime | None:
+    return None if dt is None else dt.astimezone(timezone.utc)
+
+
+def _run(row: Sequence[Any]) -> Run:
+    scheduled_at = _utc(row[2])
+    assert scheduled_at is not None
+    return Run(
+        id=row[0],
+        name=row[1],
+        scheduled_at=scheduled_at,
+        fired_at=_utc(row[3]),
+        finished_at=_utc(row[4]),
+        status=row[5],
+        trigger=row[6],
+        coordination_outcome=row[7],
+        instance=row[8],
+        error_tag=row[9],
+        error_message=row[10],
+    )
+
+
+def _backfill(row: Sequence[Any]) -> BackfillProgress:
+    return BackfillProgress(
+        id=row[0],
+        name=row[1],
+        start=_utc(row[2]),  # type: ignore[arg-type]
+        end=_utc(row[3]),  # type: ignore[arg-type]
+        total=row[4],
+        fired=row[5],
+        failed=row[6],
+        state=row[7],
+        instance=row[8],
+        started_at=_utc(row[9]),  # type: ignore[arg-type]
+        finished_at=_utc(row[10]),
+        current=_utc(row[11]),
+    )
+
+
+class _Iso:
+    """ISO 8601 text of datetimes for JSON payloads, memoised: a batch repeats a few slots."""
+
+    def __init__(self) -> None:
+        self.seen: dict[datetime, str] = {}
+
+    def __call__(self, dt: datetime | None) -> str | None:
+        if dt is None:
+            return None
+        text = self.seen.get(dt)
+        if text is None:
+            text = self.seen[dt] = dt.isoformat()
+        return text
+
+
+def _runs_json(runs: Sequence[Run]) -> str:
+    """The batch as the JSON document UPSERT_RUNS reads."""
+    iso = _Iso()
+    return json.dumps(
+        [
+            {
+                "id": r.id,
+                "name": r.name,
+                "scheduled_at": iso(r.scheduled_at),
+                "fired_at": iso(r.fired_at),
+                "finished_at": iso(r.finished_at),
+                "status": r.status,
+                "trigger": r.trigger,
+                "outcome": r.coordination_outcome,
+                "instance": r.instance,
+                "error_tag": r.error_tag,
+                "error_message": r.error_message,
+            }
+            for r in runs
+        ],
+        separators=(",", ":"),
+    )
+
+
+def _claims_json(claims: Sequence[Claim]) -> str:
+    iso = _Iso()
+    return json.dumps(
+        [
+            {
+                "key": c.key,
+                "name": c.name,
+                "run_id": c.run_id,
+                "slot": iso(c.scheduled_at),
+                "trigger": c.trigger,
+                "outcome": c.outcome,
+                "prune_before": iso(c.prune_before),
+            }
+            for c in claims
+        ],
+        separators=(",", ":"),
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _connection_lost(exc: psycopg.Error) -> bool:
+    """True when the error says the connection (not the statement) failed: worth one retry."""
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
+
+class PostgresStore:
+    """The fleet store. ``PostgresStore("postgresql://user:pass@host:5432/db")``.
+
+    Tables are created in the first schema of the connection's ``search_path`` (add
+    ``?options=-csearch_path%3Dsomewhere`` to the URL to choose another); the user needs
+    the right to create tables there at the first start.
+    """
+
+    kind = "postgresql"
+    default_coordination: CoordinationMode = "advisoryLock"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.where = redact_url(url)
+        try:
+            params = conninfo_to_dict(url)
+        except psycopg.Error as exc:
+            raise BadInput(f'bad store URL "{self.where}": {_one_line(exc)}') from None
+        for key, value in _CONNINFO_DEFAULTS.items():
+            params.setdefault(key, value)
+        self._conninfo = make_conninfo("", **params)
+        self._pool: AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        # writer (group commit)
+        self._lock = threading.Lock()
+        self._incoming: list[Run] = []
+        self._handed = 0  # save_runs calls so far (under _lock)
+        self._committed = 0  # of those, how many are committed (writer task only)
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._wake: asyncio.Event | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._write_failures = 0
+        self.commits = 0
+        """Write transactions committed (group commits, claims, other writes)."""
+        self.rows_written = 0
+        """Run rows upserted by the group commit."""
+
+    # -- opening and closing ---------------------------------------------------------------
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        # One plain connection first: its error says exactly what is wrong (refused, unknown
+        # host, bad password), and it creates or migrates the schema.
+        try:
+            conn = await AsyncConnection.connect(self._conninfo, autocommit=True)
+        except psycopg.Error as exc:
+            raise Unavailable(f'cannot reach the store "{self.where}": {_one_line(exc)}') from None
+        try:
+            await self._migrate(conn)
+        except psycopg.Error as exc:
+            raise Unavailable(f'cannot set up the store "{self.where}": {_one_line(exc)}') from None
+        finally:
+            await conn.close()
+        pool: AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]] = AsyncConnectionPool(
+            self._conninfo,
+            kwargs={"autocommit": True},
+            min_size=2,
+            max_size=8,
+            open=False,
+            name="schedtui",
+            timeout=_POOL_WAIT,
+            # Give up on a reconnection attempt quickly: the next request that finds the
+            # pool short starts a new one at once, instead of after a growing backoff.
+            reconnect_timeout=2.0,
+            reconnect_failed=lambda pool: None,
+            configure=self._configure,
+        )
+        try:
+            await pool.open(wait=True, timeout=float(_CONNINFO_DEFAULTS["connect_timeout"]) + 2)
+        except (PoolTimeout, psycopg.Error) as exc:
+            await pool.close(timeout=1)
+            raise Unavailable(f'cannot reach the store "{self.where}": {self._why(exc)}') from None
+        self._pool = pool
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._wake = asyncio.Event()
+        self._writer = asyncio.ensure_future(self._write_loop())
+        self._writer.set_name("schedtui postgres writer")
+
+    @staticmethod
+    async def _configure(conn: AsyncConnection[Any]) -> None:
+        for statement in CONFIGURE.split(";"):
+            await conn.execute(statement)
+
+    async def _migrate(self, conn: AsyncConnection[Any]) -> None:
+        async with conn.transaction():
+            await conn.execute(MIGRATE_LOCK, (LOCK_CLASS, LOCK_MIGRATE))
+            await conn.execute(CREATE_VERSION_TABLE)
+            row = await (await conn.execute(GET_VERSION)).fetchone()
+            version = int(row[0]) if row else 0
+            if version > len(MIGRATIONS):
+                raise Unavailable(
+                    f"the store's schema is version {version}, newer than this schedtui knows "
+                    f"({len(MIGRATIONS)}); upgrade schedtui before opening it"
+                )
+            for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+                for statement in script.split(";"):
+                    if statement.strip():
+                        await conn.execute(statement)
+                log.info("store schema migrated to version %d", number)
+            if row is None:
+                await conn.execute(INSERT_VERSION, (len(MIGRATIONS),))
+            elif version != len(MIGRATIONS):
+                await conn.execute(UPDATE_VERSION, (len(MIGRATIONS),))
+        self.commits += 1
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            try:
+                await asyncio.wait_for(self.flush(), timeout=10)
+            except (Unavailable, TimeoutError) as exc:
+                with self._lock:
+                    lost = len(self._incoming)
+                log.warning("closing the store with run(s) not written (%s; %d more handed in)", exc, lost)
+            self._writer.cancel()
+            await asyncio.gather(self._writer, return_exceptions=True)
+            self._writer = None
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close(timeout=5)
+        for _, fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(Unavailable(f'the store "{self.where}" was closed'))
+        self._waiters = []
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _why(self, exc: BaseException) -> str:
+        if isinstance(exc, PoolTimeout):
+            return "no connection to the server (it is down or unreachable)"
+        return _one_line(exc)
+
+    def _unavailable(self, exc: BaseException) -> Unavailable:
+        return Unavailable(f'the store "{self.where}" is unavailable: {self._why(exc)}')
+
+    def _require_pool(self) -> AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]:
+        if self._pool is None:
+            raise Unavailable(f'the store "{self.where}" is not open')
+        return self._pool
+
+    async def _with_conn(
+        self, fn: Callable[[AsyncConnection[Any]], Awaitable[T]], *, wait: float = _POOL_WAIT
+    ) -> T:
+        """Run ``fn`` on a pooled connection; retry once on a fresh one if the connection
+        turns out to be dead (a restarted server). Connection trouble -> Unavailable."""
+        pool = self._require_pool()
+        for attempt in (1, 2):
+            try:
+                async with pool.connection(timeout=wait) as conn:
+                    return await fn(conn)
+            except PoolTimeout as exc:
+                raise self._unavailable(exc) from None
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if attempt == 2 or not _connection_lost(exc):
+                    raise self._unavailable(exc) from None
+                log.info("store connection lost (%s); retrying on a fresh one", _one_line(exc))
+                try:
+                    await pool.check()  # drop every idle connection that died with it
+                except Exception:  # the check itself failing is the next attempt's problem
+                    pass
+        raise AssertionError("unreachable")
+
+    async def _fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
+        async def go(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            return await (await conn.execute(sql, params)).fetchall()
+
+        return await self._with_conn(go)
+
+    async def _fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        async def go(conn: AsyncConnection[Any]) -> tuple[Any, ...] | None:
+            return await (await conn.execute(sql, params)).fetchone()
+
+        return await self._with_conn(go)
+
+    async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """One write statement (its own transaction); returns the affected row count."""
+
+        async def go(conn: AsyncConnection[Any]) -> int:
+            return (await conn.execute(sql, params)).rowcount
+
+        count = await self._with_conn(go)
+        self.commits += 1
+        return count
+
+    # -- runs: the group-commit writer -----------------------------------------------------
+    def save_runs(self, runs: Sequence[Run]) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is None or wake is None or self._writer is None:
+            raise Unavailable(f'the store "{self.where}" is not open')
+        with self._lock:
+            self._incoming.extend(runs)
+            self._handed += 1
+        if threading.get_ident() == self._loop_thread:
+            wake.set()
+        else:
+            loop.call_soon_threadsafe(wake.set)
+
+    async def flush(self) -> None:
+        if self._writer is None or self._wake is None or self._loop is None:
+            raise Unavailable(f'the store "{self.where}" is not open')
+        with self._lock:
+            target = self._handed
+        if self._committed >= target:
+            return
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.append((target, fut))
+        self._wake.set()
+        await fut
+
+    def _settle(self, upto: int, error: Exception | None = None) -> None:
+        """Wake the flushes waiting for hand-ins up to ``upto``: done, or failed with ``error``."""
+        if error is None:
+            self._committed = max(self._committed, upto)
+        keep = []
+        for target, fut in self._waiters:
+            if fut.done():
+                continue
+            if target <= upto:
+                if error is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(error)
+            else:
+                keep.append((target, fut))
+        self._waiters = keep
+
+    async def _write_loop(self) -> None:
+        assert self._wake is not None
+        pending: dict[str, Run] = {}
+        while True:
+            if not pending:
+                await self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                batch, self._incoming = self._incoming, []
+                upto = self._handed
+            for run in batch:
+                pending.pop(run.id, None)  # keep hand-in order: the latest version last
+                pending[run.id] = run
+            if not pending:
+                self._settle(upto)
+                continue
+            try:
+                await self._with_conn(lambda conn: self._upsert(conn, list(pending.values())))
+            except Unavailable as exc:
+                self._write_failures += 1
+                self._settle(upto, exc)
+                if self._write_failures == 1 or self._write_failures % 20 == 0:
+                    log.warning("cannot write %d run(s) to the ledger yet, will retry: %s", len(pending), exc)
+                delay = min(_RETRY_MAX, _RETRY_MIN * 2 ** min(self._write_failures - 1, 8))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                continue
+            except Exception:
+                log.exception("could not write %d run(s) to the ledger", len(pending))
+            if self._write_failures:
+                log.info("run ledger writable again; %d run(s) written", len(pending))
+                self._write_failures = 0
+            pending = {}
+            self._settle(upto)
+
+    async def _upsert(self, conn: AsyncConnection[Any], runs: list[Run]) -> None:
+        async with conn.transaction():
+            for start in range(0, len(runs), _WRITE_CHUNK):
+                await conn.execute(UPSERT_RUNS, (_runs_json(runs[start : start + _WRITE_CHUNK]),))
+        self.commits += 1
+        self.rows_written += len(runs)
+
+    # -- runs: reads and the rest -----------------------------------------------------------
+    async def get_run(self, run_id: str) -> Run | None:
+        row = await self._fetchone(GET_RUN, (run_id,))
+        return _run(row) if row else None
+
+    async def list_runs(self, name: str, *, limit: int, before: str | None = None) -> list[Run]:
+        if before:
+            rows = await self._fetchall(LIST_RUNS_BEFORE, (name, before, limit))
+        else:
+            rows = await self._fetchall(LIST_RUNS, (name, limit))
+        return [_run(row) for row in rows]
+
+    async def last_runs(self, names: Iterable[str]) -> dict[str, Run]:
+        wanted = list(names)
+        if not wanted:
+            return {}
+        rows = await self._fetchall(LAST_RUNS, (wanted,))
+        return {row[1]: _run(row) for row in rows}
+
+    async def last_slot(self, name: str) -> datetime | None:
+        row = await self._fetchone(LAST_SLOT, (name,))
+        return _utc(row[0]) if row else None
+
+    async def running_runs(self) -> list[Run]:
+        return [_run(row) for row in await self._fetchall(RUNNING_RUNS)]
+
+    async def close_run(self, run: Run) -> bool:
+        await self.flush()  # the order of hand-in: a version handed in earlier lands first
+        params = (run.status, run.finished_at, run.error_tag, run.error_message, run.id)
+        return await self._execute(CLOSE_RUN, params) == 1
+
+    async def prune_runs(self, created_before: datetime) -> int:
+        await self.flush()
+        floor = id_floor(created_before)
+
+        async def prune(conn: AsyncConnection[Any]) -> int:
+            async with conn.transaction():
+                await conn.execute(PRUNE_BACKFILLS, (created_before,))
+                return (await conn.execute(PRUNE_RUNS, (floor,))).rowcount
+
+        removed = await self._with_conn(prune)
+        self.commits += 1
+        return removed
+
+    # -- schedule state -------------------------------------------------------------------
+    async def get_states(self) -> dict[str, ScheduleState]:
+        rows = await self._fetchall(GET_STATES)
+        return {
+            row[0]: ScheduleState(
+                name=row[0], enabled=bool(row[1]), changed_by=row[2], changed_at=_utc(row[3]), note=row[4]  # type: ignore[arg-type]
+            )
+            for row in rows
+        }
+
+    async def set_state(self, state: ScheduleState) -> None:
+        await self._execute(SET_STATE, (state.name, state.enabled, state.changed_by, state.changed_at, state.note))
+
+    # -- instances ------------------------------------------------------------------------
+    async def heartbeat(self, instance: str, host: str, pid: int, at: datetime) -> None:
+        await self._execute(HEARTBEAT, (instance, host, pid, at))
+
+    async def instances(self) -> dict[str, tuple[str, int, datetime]]:
+        rows = await self._fetchall(INSTANCES)
+        return {row[0]: (row[1], row[2], _utc(row[3])) for row in rows}  # type: ignore[misc]
+
+    async def forget_instance(self, instance: str) -> None:
+        await self._execute(FORGET_INSTANCE, (instance,))
+
+    # -- claims ---------------------------------------------------------------------------
+    async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:
+        if not claims:
+            return ClaimResult(frozenset())
+        params = {"claims": _claims_json(claims), "instance": instance, "at": at}
+
+        async def go(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            return await (await conn.execute(CLAIM, params)).fetchall()
+
+        rows = await self._with_conn(go, wait=_CLAIM_WAIT)
+        self.commits += 1
+        won = frozenset(value for kind, value in rows if kind == "won")
+        busy = {kind[len("busy:") :]: value for kind, value in rows if kind.startswith("busy:")}
+        return ClaimResult(won, busy)
+
+    async def claimed_run(self, key: str) -> str | None:
+        row = await self._fetchone(CLAIMED_RUN, (key,))
+        return row[0] if row else None
+
+    async def prune_claims(self, name: str | None, before: datetime) -> int:
+        if name is None:
+            return await self._execute(SWEEP_CLAIMS, (before,))
+        return await self._execute(PRUNE_OWN_CLAIMS, (name, before))
+
+    async def count_claims(self) -> int:
+        row = await self._fetchone(COUNT_CLAIMS)
+        return int(row[0]) if row else 0
+
+    # -- backfills ------------------------------------------------------------------------
+    async def start_backfill(self, progress: BackfillProgress) -> None:
+        params = (
+            progress.id,
+            progress.name,
+            progress.start,
+            progress.end,
+            progress.total,
+            progress.fired,
+            progress.failed,
+            progress.state,
+            progress.instance,
+            progress.started_at,
+            progress.finished_at,
+            progress.current,
+        )
+        try:
+            await self._execute(INSERT_BACKFILL, params)
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name == BACKFILL_PKEY:
+                return  # a retry of our own insert whose reply was lost
+            raise Refused(
+                f'a backfill of "{progress.name}" is already running; wait for it to finish',
+                count=progress.total,
+                reason="a backfill is already running",
+            ) from None
+
+    async def update_backfill(self, progress: BackfillProgress) -> None:
+        params = (
+            progress.fired,
+            progress.failed,
+            progress.state,
+            progress.finished_at,
+            progress.current,
+            progress.id,
+        )
+        await self._execute(UPDATE_BACKFILL, params)
+
+    async def get_backfill(self, backfill_id: str) -> BackfillProgress | None:
+        row = await self._fetchone(GET_BACKFILL, (backfill_id,))
+        return _backfill(row) if row else None
+
+    async def running_backfills(self) -> list[BackfillProgress]:
+        return [_backfill(row) for row in await self._fetchall(RUNNING_BACKFILLS)]
+

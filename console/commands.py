@@ -1,0 +1,47 @@
+"""The command palette's provider: the console's actions by name, and "go to" each schedule."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+if TYPE_CHECKING:
+    from .app import SchedtuiApp
+
+__all__ = ["ConsoleCommands"]
+
+
+class ConsoleCommands(Provider):
+    """Offers every action that has a key (Run now, Enable/disable, Backfill, …) by name,
+    each with its key and what it applies to, plus "Go to schedule NAME"."""
+
+    @property
+    def console(self) -> SchedtuiApp:
+        from .app import SchedtuiApp
+
+        app = self.app
+        assert isinstance(app, SchedtuiApp)
+        return app
+
+    def _commands(self) -> list[tuple[str, str, str]]:
+        app = self.console
+        target = app.selected_name or "the selected schedule"
+        commands = [(title.format(name=target), action, help_) for action, title, help_ in app.PALETTE_ACTIONS]
+        for name in app.schedule_names:
+            commands.append((f"Go to schedule {name}", f"select('{name}')", "select it in the table"))
+        return commands
+
+    async def discover(self) -> Hits:
+        for title, action, help_ in self._commands():
+            if action.startswith("select("):
+                continue
+            yield DiscoveryHit(title, partial(self.console.run_action, action), help=help_)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for title, action, help_ in self._commands():
+            score = matcher.match(title)
+            if score > 0:
+                yield Hit(score, matcher.highlight(title), partial(self.console.run_action, action), help=help_)

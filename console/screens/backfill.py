@@ -1,0 +1,322 @@
+"""``b``: the range backfill dialog, with a live plan, a typed confirmation and progress."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime
+from typing import Literal
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.markup import escape
+from textual.reactive import reactive
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, ProgressBar, Static
+
+from backend.errors import BadInput, SchedtuiError
+from backend.interface import Backend
+from backend.model import BACKFILL_CONFIRM_ABOVE, BackfillPlan, BackfillProgress, ScheduleView
+from backend.timeparse import parse_when
+
+from .. import format as fmt
+
+__all__ = ["BackfillScreen", "PlanState"]
+
+PlanState = Literal["planning", "invalid", "ok", "confirm", "refused", "running", "done"]
+
+POLL_SECONDS = 0.2
+"""How often the progress is read while a backfill runs (display only)."""
+
+
+class BackfillScreen(ModalScreen[None]):
+    """From/to fields (ISO 8601, a date, ``now``, or ``-2d``/``-6h``), read in the schedule's
+    zone; as the operator types, the plan: how many slots, the first and the last, and, where
+    it would be refused, why. Above 25 slots the count must be typed to confirm. Cancel has
+    the focus; Esc cancels. Once started, a progress bar until done, then a summary."""
+
+    DEFAULT_CSS = """
+    BackfillScreen {
+        align: center middle;
+    }
+    BackfillScreen > Vertical {
+        width: 76;
+        max-width: 100%;
+        height: auto;
+        max-height: 100%;
+        border: round $warning;
+        background: $surface;
+        padding: 0 1;
+    }
+    BackfillScreen .field {
+        height: 1;
+        margin-bottom: 1;
+    }
+    BackfillScreen .field Label {
+        width: 9;
+        padding: 0;
+    }
+    BackfillScreen Input {
+        border: none;
+        height: 1;
+        width: 1fr;
+        padding: 0 1;
+        background: $boost;
+    }
+    BackfillScreen Input:focus {
+        border: none;
+        background: $primary 30%;
+    }
+    BackfillScreen .hint {
+        color: $text-muted;
+        width: 1fr;
+        margin-bottom: 1;
+    }
+    BackfillScreen #plan {
+        height: auto;
+        min-height: 2;
+        margin-bottom: 1;
+    }
+    BackfillScreen #confirm-row {
+        display: none;
+    }
+    BackfillScreen.-confirm #confirm-row {
+        display: block;
+    }
+    BackfillScreen #progress-box {
+        display: none;
+        height: auto;
+        margin-bottom: 1;
+    }
+    BackfillScreen.-running #progress-box, BackfillScreen.-done #progress-box {
+        display: block;
+    }
+    BackfillScreen.-running .form, BackfillScreen.-done .form {
+        display: none;
+    }
+    BackfillScreen #buttons {
+        height: auto;
+        align-horizontal: right;
+    }
+    BackfillScreen Button {
+        min-width: 12;
+        margin-left: 2;
+    }
+    BackfillScreen Button:focus {
+        text-style: bold reverse;
+    }
+    """
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="cancel_backfill")]
+    AUTO_FOCUS = "#cancel"
+
+    state: reactive[PlanState] = reactive("planning")
+    """Where the dialog is: planning, invalid input, ok, needs confirmation, refused, running, done."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        view: ScheduleView,
+        now: Callable[[], datetime],
+        *,
+        start: str = "-1h",
+        end: str = "now",
+        on_finished: Callable[[BackfillProgress], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self.backend = backend
+        self.view = view
+        """The schedule to backfill."""
+        self.now = now
+        """The backend's idea of now (relative times are read against it)."""
+        self.initial = (start, end)
+        self.plan: BackfillPlan | None = None
+        """The latest plan for the fields as typed."""
+        self.progress: BackfillProgress | None = None
+        """The running backfill, once confirmed."""
+        self.on_finished = on_finished
+
+    def compose(self) -> ComposeResult:
+        with Vertical() as box:
+            box.border_title = f"Backfill {self.view.name}"
+            box.border_subtitle = "tab moves · esc cancels"
+            yield Label(
+                f"Fires every slot in (from, to] in order, as manual runs. Times without an offset are "
+                f"read in {self.view.timezone}; also now, -6h, -2d.",
+                classes="hint form",
+            )
+            with Horizontal(classes="field form"):
+                yield Label("From")
+                yield Input(self.initial[0], id="from")
+            with Horizontal(classes="field form"):
+                yield Label("To")
+                yield Input(self.initial[1], id="to")
+            yield Static(id="plan", classes="form")
+            with Horizontal(classes="field form", id="confirm-row"):
+                yield Label("Confirm")
+                yield Input(placeholder="type the slot count", id="confirm", restrict=r"[0-9,]*")
+            with Vertical(id="progress-box"):
+                yield ProgressBar(total=1, show_eta=False, id="bar")
+                yield Static(id="counts")
+            with Horizontal(id="buttons"):
+                yield Button("Cancel", id="cancel", compact=True)
+                yield Button("Backfill", id="start", variant="warning", disabled=True, compact=True)
+
+    def on_mount(self) -> None:
+        self.replan()
+
+    # -- planning -----------------------------------------------------------------------
+    @on(Input.Changed, "#from, #to")
+    def _fields_changed(self) -> None:
+        self.replan()
+
+    @on(Input.Changed, "#confirm")
+    def _confirm_changed(self) -> None:
+        self._update_start()
+
+    @on(Input.Submitted)
+    def _submitted(self) -> None:
+        if not self.query_one("#start", Button).disabled:
+            self.action_start()
+
+    def _range(self) -> tuple[datetime, datetime]:
+        now = self.now()
+        zone = self.view.timezone
+        start = parse_when(self.query_one("#from", Input).value, now=now, zone=zone, field="from")
+        end = parse_when(self.query_one("#to", Input).value, now=now, zone=zone, field="to")
+        return start, end
+
+    def replan(self) -> None:
+        """Re-read the fields and ask the backend for the plan (nothing fires)."""
+        if self.state in ("running", "done"):
+            return
+        try:
+            start, end = self._range()
+        except BadInput as exc:
+            self.plan = None
+            self._show_plan(Content.from_markup(f"[b $text-error]✗[/] {escape(exc.message)}"))
+            self.state = "invalid"
+            return
+        self.state = "planning"
+        self._plan(start, end)
+
+    @work(exclusive=True, group="plan", exit_on_error=False)
+    async def _plan(self, start: datetime, end: datetime) -> None:
+        try:
+            # Planned as if confirmed: the dialog asks for the count itself.
+            plan = await self.backend.plan_backfill(self.view.name, start, end, confirm=True)
+        except SchedtuiError as exc:
+            self.plan = None
+            self._show_plan(Content.from_markup(f"[b $text-error]✗ {escape(exc.title)}[/] {escape(exc.message)}"))
+            self.state = "invalid"
+            return
+        self.plan = plan
+        zone = self.view.timezone
+        slots = f"[b]{plan.count_text()}[/b] slot{'s' if plan.count != 1 else ''}"
+        span = ""
+        if plan.first is not None:
+            span = f"\n  first {fmt.local_time(plan.first, zone)}"
+            span += f"   last {fmt.local_time(plan.last, zone)}" if plan.last is not None else "   last …"
+        if plan.refusal is not None:
+            self._show_plan(Content.from_markup(f"[b $text-error]✗ refused[/] {slots}: {escape(plan.refusal)}{span}"))
+            self.state = "refused"
+        elif plan.needs_confirmation:
+            self._show_plan(
+                Content.from_markup(
+                    f"[b $text-warning]![/] {slots} — more than {BACKFILL_CONFIRM_ABOVE}: "
+                    f"type [b]{plan.count}[/b] below to confirm{span}"
+                )
+            )
+            self.state = "confirm"
+        else:
+            self._show_plan(Content.from_markup(f"[b $text-success]✓[/] {slots} would fire{span}"))
+            self.state = "ok"
+
+    def _show_plan(self, content: Content) -> None:
+        self.query_one("#plan", Static).update(content)
+
+    def watch_state(self, state: PlanState) -> None:
+        self.set_class(state == "confirm", "-confirm")
+        self.set_class(state == "running", "-running")
+        self.set_class(state == "done", "-done")
+        self._update_start()
+
+    def _update_start(self) -> None:
+        start = self.query_one("#start", Button)
+        if self.state == "ok":
+            start.disabled = False
+        elif self.state == "confirm" and self.plan is not None:
+            typed = self.query_one("#confirm", Input).value.replace(",", "").strip()
+            start.disabled = typed != str(self.plan.count)
+        else:
+            start.disabled = True
+        start.display = self.state not in ("running", "done")
+        self.query_one("#cancel", Button).label = "Close" if self.state in ("running", "done") else "Cancel"
+
+    # -- running ------------------------------------------------------------------------
+    @on(Button.Pressed, "#start")
+    def action_start(self) -> None:
+        if self.query_one("#start", Button).disabled or self.state not in ("ok", "confirm"):
+            return
+        try:
+            start, end = self._range()
+        except BadInput as exc:
+            self.notify(exc.message, title=exc.title, severity="error", markup=False)
+            return
+        self.state = "running"
+        self._counts("starting…")
+        self.query_one("#cancel", Button).focus()
+        self._start(start, end)
+
+    @work(exclusive=True, group="backfill", exit_on_error=False)
+    async def _start(self, start: datetime, end: datetime) -> None:
+        try:
+            progress = await self.backend.start_backfill(self.view.name, start, end, confirm=True)
+        except SchedtuiError as exc:
+            self.notify(exc.message, title=exc.title, severity="error", markup=False)
+            self.state = "planning"
+            self.replan()
+            return
+        self._show_progress(progress)
+        # The follow-up runs on the app, so it outlives this dialog if the operator closes it.
+        self.app.run_worker(self._follow(progress), group="backfill-follow", exit_on_error=False)
+
+    async def _follow(self, progress: BackfillProgress) -> None:
+        try:
+            while progress.state == "running":
+                await asyncio.sleep(POLL_SECONDS)  # polling for display; nothing to wait on
+                progress = await self.backend.backfill_progress(progress.id)
+                if self.is_attached:
+                    self._show_progress(progress)
+        except SchedtuiError as exc:
+            self.app.notify(exc.message, title=exc.title, severity="error", markup=False)
+            return
+        if self.on_finished is not None:
+            self.on_finished(progress)
+
+    def _show_progress(self, progress: BackfillProgress) -> None:
+        self.progress = progress
+        self.query_one("#bar", ProgressBar).update(total=max(progress.total, 1), progress=progress.fired)
+        counts = (
+            f"fired [b]{progress.fired}[/b]/{progress.total} · "
+            f"[$text-success]succeeded {progress.succeeded}[/] · "
+            f"[$text-error]failed {progress.failed}[/] · remaining {progress.remaining}"
+        )
+        if progress.state != "running":
+            verdict = "[b $text-success]done[/]" if progress.state == "done" and not progress.failed else (
+                f"[b $text-warning]{progress.state}[/]"
+            )
+            counts = f"Backfill {verdict}: {counts}\n[$text-muted]esc or enter closes[/]"
+            self.state = "done"
+        self._counts(counts)
+
+    def _counts(self, markup: str) -> None:
+        self.query_one("#counts", Static).update(Content.from_markup(markup))
+
+    # -- leaving ------------------------------------------------------------------------
+    @on(Button.Pressed, "#cancel")
+    def action_cancel(self) -> None:
+        self.dismiss(None)

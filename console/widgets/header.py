@@ -1,0 +1,87 @@
+"""The one-line header: what the console is connected to and how fresh its data is."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from textual.content import Content
+from textual.markup import escape
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from backend.interface import ConnectionInfo
+
+from .. import format as fmt
+
+__all__ = ["ConnectionState", "ConsoleHeader"]
+
+ConnectionState = Literal["connecting", "live", "lost", "error"]
+
+
+class ConsoleHeader(Widget):
+    """Backend kind and where, coordination, instance, connection state with the age of the
+    last good refresh, and a read-only badge. Everything is drawn from the reactives below;
+    ages are computed from ``now`` (the injected clock), never from the wall clock."""
+
+    DEFAULT_CSS = """
+    ConsoleHeader {
+        dock: top;
+        height: 1;
+        background: $panel;
+        color: $foreground;
+    }
+    """
+
+    info: reactive[ConnectionInfo | None] = reactive(None)
+    """What the backend said it is connected to (``None`` until the first connect)."""
+    where: reactive[str] = reactive("")
+    """Where the store or server is, as shown (short; see :func:`console.app.short_where`)."""
+    state: reactive[ConnectionState] = reactive("connecting")
+    """Connection state: connecting, live, lost (retrying by itself), error (gave up)."""
+    paused: reactive[bool] = reactive(False)
+    """Auto-refresh paused by the operator."""
+    read_only: reactive[bool] = reactive(False)
+    """Actions are refused (flag or a read token)."""
+    last_ok: reactive[datetime | None] = reactive(None)
+    """When the last refresh succeeded (clock time)."""
+    retry_at: reactive[datetime | None] = reactive(None)
+    """When the next reconnect attempt is due (clock time), while lost."""
+    now: reactive[datetime | None] = reactive(None)
+    """The clock's time at the last tick; ages are measured against it."""
+
+    def render(self) -> Content:
+        # Most telling first: what is true now, then what it is connected to (cut at 80 columns).
+        parts: list[str] = ["[b]schedtui[/b]", self._connection()]
+        if self.read_only:
+            parts.append("[b reverse $text-warning] READ-ONLY [/]")
+        info = self.info
+        if info is not None:
+            kind = f"{info.kind} {info.store_kind}".strip() if info.kind == "embedded" else "remote"
+            parts.append(f"{escape(kind)} [b]{escape(self.where or info.where)}[/b]")
+            if not info.fires:
+                # An embedded console that does not run timers: `serve` (or nothing) fires.
+                parts.append("[$text-muted]timers off[/]")
+            parts.append(escape(info.coordination))
+            parts.append(f"[$text-muted]instance[/] {escape(info.instance)}")
+        elif self.where:
+            parts.append(escape(self.where))
+        return Content.from_markup(" [$text-muted]│[/] ".join(parts))
+
+    def _connection(self) -> str:
+        age = ""
+        if self.last_ok is not None and self.now is not None:
+            age = fmt.compact_delta(max(self.now - self.last_ok, self.now - self.now)) + " ago"
+        if self.state == "connecting":
+            return "[$text-warning]◌ connecting…[/]"
+        if self.state == "lost":
+            retry = ""
+            if self.retry_at is not None and self.now is not None:
+                retry = f" · retry {fmt.countdown(self.retry_at, self.now)}"
+            stale = f" · [b]stale[/b], last good {age}" if age else ""
+            return f"[b $text-error]✗ connection lost[/]{stale}{retry}"
+        if self.state == "error":
+            return "[b $text-error]✗ not connected[/] [$text-muted](ctrl+r retries)[/]"
+        if self.paused:
+            return f"[b $text-warning]⏸ paused[/] [$text-muted]data {age}[/]"
+        return f"[$text-success]● live[/] [$text-muted]{age}[/]"

@@ -1,0 +1,111 @@
+"""Status and outcome colours and glyphs: one table, used by every widget and the help legend.
+
+Colours are names of theme variables (``$success``, ``$error``, …), resolved against the
+running app's theme when drawn, so a theme change recolours everything consistently and
+``NO_COLOR`` (Textual's monochrome filter) still leaves a glyph on every cell.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.style import Style
+from rich.text import Text
+from textual.color import Color
+
+from .. import format as fmt
+
+if TYPE_CHECKING:
+    from textual.app import App
+
+__all__ = [
+    "OUTCOME_COLORS",
+    "STATUS_BACKGROUNDS",
+    "STATUS_COLORS",
+    "outcome_text",
+    "status_cell",
+    "status_text",
+    "theme_color",
+]
+
+STATUS_COLORS: dict[str, str] = {
+    "succeeded": "text-success",
+    "failed": "text-error",
+    "skipped": "text-warning",
+    "missed": "foreground-darken-2",
+    "running": "text-primary",
+}
+"""The theme variable giving each run status its text colour."""
+
+STATUS_BACKGROUNDS: dict[str, str] = {
+    "succeeded": "success",
+    "failed": "error",
+    "skipped": "warning",
+    "missed": "panel-lighten-2",
+    "running": "primary",
+}
+"""The theme variable filling each status's cell in the run timeline."""
+
+OUTCOME_COLORS: dict[str, str] = {
+    "single": "text-secondary",
+    "wonLock": "text-success",
+    "external": "text-primary",
+    "manual": "text-accent",
+}
+"""The theme variable giving each coordination outcome its text colour."""
+
+STATUS_MEANINGS: dict[str, str] = {
+    "succeeded": "the handler returned within max_runtime",
+    "failed": "raised, timed out, abandoned or interrupted",
+    "skipped": "due while a run was still in flight",
+    "missed": "did not run (engine down or behind)",
+    "running": "in flight now",
+}
+OUTCOME_MEANINGS: dict[str, str] = {
+    "single": "fired by the only instance (coordination single)",
+    "wonLock": "this instance won the slot's claim (advisoryLock)",
+    "external": "fired by a platform scheduler's call",
+    "manual": "Run now or a range backfill",
+}
+
+
+_RESOLVED: dict[tuple[str, str], str] = {}
+
+
+def theme_color(app: App[object], variable: str) -> str:
+    """A theme variable's value as a colour Rich understands (``#RRGGBB``); cached per theme
+    (a thousand rows are drawn from a handful of colours)."""
+    key = (app.theme, variable)
+    cached = _RESOLVED.get(key)
+    if cached is None:
+        cached = _RESOLVED[key] = _resolve(app, variable)
+    return cached
+
+
+def _resolve(app: App[object], variable: str) -> str:
+    value = app.theme_variables.get(variable) or app.get_css_variables().get(variable, "")
+    try:
+        color = Color.parse(value)
+    except Exception:  # a variable such as "auto 60%": fall back to the foreground
+        color = Color.parse(app.theme_variables.get("foreground", "#e0e0e0"))
+    background = Color.parse(app.theme_variables.get("background", "#000000"))
+    return (background + color).hex6 if color.a < 1 else color.hex6
+
+
+def status_text(app: App[object], status: str, label: str | None = None) -> Text:
+    """``✓ succeeded`` in the status's colour."""
+    glyph = fmt.STATUS_GLYPHS.get(status, "?")
+    return Text(f"{glyph} {status if label is None else label}", style=Style(color=theme_color(app, STATUS_COLORS.get(status, "foreground"))))
+
+
+def status_cell(app: App[object], status: str) -> Text:
+    """One cell of the run timeline: the glyph on the status's colour."""
+    background = theme_color(app, STATUS_BACKGROUNDS.get(status, "panel"))
+    foreground = Color.parse(background).get_contrast_text(1.0).hex6
+    return Text(fmt.STATUS_GLYPHS.get(status, "?"), style=Style(color=foreground, bgcolor=background, bold=True))
+
+
+def outcome_text(app: App[object], outcome: str) -> Text:
+    """``◆ wonLock`` in the outcome's colour."""
+    glyph = fmt.OUTCOME_GLYPHS.get(outcome, "?")
+    return Text(f"{glyph} {outcome}", style=Style(color=theme_color(app, OUTCOME_COLORS.get(outcome, "foreground"))))

@@ -1,0 +1,315 @@
+"""Fleet benchmark: N ``schedtui serve`` processes on one PostgreSQL, against N uncoordinated
+APScheduler 3 processes.
+
+A benchmark, not a test (pytest does not collect it). Run it from the repository root::
+
+    python -m tests.bench.fleet                          # N = 1, 2, 4; 200 schedules; 30 s
+    python -m tests.bench.fleet --instances 4 --seconds 10 --schedules 100
+
+The load: S schedules with the cron ``* * * * * *`` (every second) in UTC, each with an
+async handler that does nothing. For each N, a fresh database, N real ``schedtui serve``
+processes (``advisoryLock``, the PostgreSQL default) started at once, and a measured
+window of D whole seconds that opens two seconds after the last of them is up.
+
+Everything is read back from the database once the fleet has stopped:
+
+* ``firings``: runs of the window's slots whose handler started; ``duplicates``: runs
+  beyond the first of one (schedule, slot); ``missing``: window slots without a firing.
+* ``lag_ms``: ``fired_at - scheduled_at`` from the run ledger. The engine reads
+  ``fired_at`` just before it calls the handler, so this is the handler's start, minus
+  the slot, on the winning instance's clock (all instances run on this machine's clock).
+* ``commits_per_firing``: ``xact_commit`` of the fleet's database in
+  ``pg_stat_database`` from before the fleet started to after it stopped (every
+  transaction, reads included), divided by every firing in the ledger. Backends flush
+  these counters when they exit, so the delta is exact.
+* ``claims_rows_at_end``: rows in the claims table after the run (each winner prunes its
+  schedule's claims older than a minute for sub-minute crons).
+
+Then the same S jobs on N uncoordinated APScheduler 3 processes (AsyncIOScheduler, memory
+job store): each process fires every slot, so each slot runs N times: the contrast.
+
+The server is ``$SCHEDTUI_BENCH_DSN`` when set, otherwise a throwaway cluster from the
+machine's binaries (see tests/pg.py) with durable settings (fsync on). JSON on stdout,
+progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if __package__ in (None, ""):  # run as a script: make backend/ and tests/ importable
+    sys.path.insert(0, str(REPO_ROOT))
+
+CRON = "* * * * * *"
+LEAD_S = 2.0  # the window opens this long after the last instance is up
+SETTLE_S = 1.5  # and the fleet stops this long after it closes
+
+SCHEDULES = """
+    from backend import define_schedule
+
+    async def noop(ctx):
+        pass
+
+    for i in range({n}):
+        globals()[f"s{{i}}"] = define_schedule(
+            name=f"bench-{{i:04d}}", cron="* * * * * *", timezone="UTC", handler=noop, max_runtime=60,
+        )
+"""
+
+
+def log(message: str) -> None:
+    print(f"[fleet {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _pct(values: list[float], p: float) -> float:
+    index = max(0, math.ceil(p / 100 * len(values)) - 1)
+    return values[min(index, len(values) - 1)]
+
+
+def summary_ms(lags_s: list[float]) -> dict[str, float | None]:
+    if not lags_s:
+        return {"p50": None, "p99": None, "max": None}
+    values = sorted(lags_s)
+    return {k: round(v * 1000, 2) for k, v in (("p50", _pct(values, 50)), ("p99", _pct(values, 99)), ("max", values[-1]))}
+
+
+def wait_for(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def sleep_until(epoch: float) -> None:
+    while (remaining := epoch - time.time()) > 0:
+        time.sleep(min(remaining, 0.5))
+
+
+# ---------------------------------------------------------------------------------------
+# schedtui: N serve processes
+# ---------------------------------------------------------------------------------------
+def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: Path) -> dict[str, Any]:
+    import psycopg
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    from tests.pg import die_with_parent
+
+    url = server.create_database(prefix=f"bench{instances}")
+    dbname = conninfo_to_dict(url)["dbname"]
+    folder = work / f"n{instances}"
+    (folder / "schedules").mkdir(parents=True)
+    (folder / "schedules" / "bench.cron.py").write_text(textwrap.dedent(SCHEDULES.format(n=schedules)))
+
+    def stat(query: str) -> Any:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            row = conn.execute(query, (dbname,)).fetchone()
+            return row[0] if row else None
+
+    commits_query = "SELECT xact_commit FROM pg_stat_database WHERE datname = %s"
+    commits_before = stat(commits_query) or 0
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDTUI_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["SCHEDTUI_LOG_LEVEL"] = "INFO"
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+    t0 = time.time()
+    for i in range(instances):
+        log_path = folder / f"serve-{i}.log"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "console.cli", "serve", "--schedules", "schedules", "--store", url, "--instance", f"bench-{i}"],
+            cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=log_path.open("w"),
+            preexec_fn=die_with_parent,
+        )  # fmt: skip
+        procs.append((proc, log_path))
+    try:
+        for proc, log_path in procs:
+            wait_for(lambda: "claims retention" in log_path.read_text() or proc.poll() is not None, 60, "an instance to start")
+            if proc.poll() is not None:
+                raise RuntimeError(f"an instance exited:\n{log_path.read_text()}")
+        ready = time.time()
+        start = math.floor(ready + LEAD_S) + 1
+        end = start + seconds
+        log(f"N={instances}: {instances} instance(s) up in {ready - t0:.2f}s; window {start}..{end} ({seconds}s)")
+        sleep_until(end + SETTLE_S)
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc, log_path in procs:
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    exits = [proc.returncode for proc, _ in procs]
+    time.sleep(0.5)  # backends flush their statistics as they exit
+    commits_after = stat(commits_query) or 0
+
+    with psycopg.connect(url) as conn:
+        window = conn.execute(
+            """
+            SELECT name, scheduled_at, status, extract(epoch FROM fired_at - scheduled_at), instance
+            FROM schedtui_runs WHERE scheduled_at >= to_timestamp(%s) AND scheduled_at < to_timestamp(%s)
+            """,
+            (start, end),
+        ).fetchall()
+        all_firings = conn.execute("SELECT count(*) FROM schedtui_runs WHERE fired_at IS NOT NULL").fetchone()
+        claims = conn.execute("SELECT count(*) FROM schedtui_claims").fetchone()
+        statuses = dict(conn.execute("SELECT status, count(*) FROM schedtui_runs GROUP BY status").fetchall())
+    fired = [row for row in window if row[3] is not None]
+    per_slot = Counter((row[0], row[1]) for row in fired)
+    expected = schedules * seconds
+    lags = [float(row[3]) for row in fired]
+    firings_total = int(all_firings[0]) if all_firings else 0
+    return {
+        "instances": instances,
+        "expected": expected,
+        "firings": len(fired),
+        "duplicates": sum(count - 1 for count in per_slot.values()),
+        "missing": expected - len(per_slot),
+        "lag_ms": summary_ms(lags),
+        "commits": commits_after - commits_before,
+        "firings_total": firings_total,
+        "commits_per_firing": round((commits_after - commits_before) / max(1, firings_total), 4),
+        "claims_rows_at_end": int(claims[0]) if claims else None,
+        "window_statuses": dict(Counter(row[2] for row in window)),
+        "ledger_statuses": statuses,
+        "firings_by_instance": dict(sorted(Counter(row[4] for row in fired).items())),
+        "exit_codes": exits,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# APScheduler 3: N uncoordinated processes
+# ---------------------------------------------------------------------------------------
+async def aps_child(schedules: int, start: int, end: int) -> dict[str, Any]:
+    from apscheduler.events import EVENT_JOB_EXECUTED
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
+    from apscheduler.triggers.cron import CronTrigger
+
+    counts: Counter[str] = Counter()
+    lags: list[float] = []
+
+    async def job() -> None:
+        pass
+
+    def listener(event: Any) -> None:
+        slot = event.scheduled_run_time.timestamp()
+        if start <= slot < end:
+            counts[f"{event.job_id}@{int(slot)}"] += 1
+            lags.append(time.time() - slot)  # after the no-op job ended: its start, within a hair
+
+    scheduler = AsyncIOScheduler(timezone="UTC")
+    scheduler.add_listener(listener, EVENT_JOB_EXECUTED)
+    for i in range(schedules):
+        scheduler.add_job(
+            job, CronTrigger(second="*", timezone="UTC"), id=str(i),
+            misfire_grace_time=None, coalesce=False, max_instances=1000,
+        )  # fmt: skip
+    scheduler.start()
+    while time.time() < end + SETTLE_S:
+        await asyncio.sleep(0.2)
+    scheduler.shutdown(wait=False)
+    return {"counts": counts, "lags": lags}
+
+
+def run_apscheduler(processes: int, schedules: int, seconds: int) -> dict[str, Any]:
+    import apscheduler
+
+    from tests.pg import die_with_parent
+
+    start = math.floor(time.time() + 3) + 1  # time for the interpreters to start
+    end = start + seconds
+    log(f"APScheduler 3: {processes} uncoordinated process(es); window {start}..{end} ({seconds}s)")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.bench.fleet", "--aps-child", str(schedules), str(start), str(end)],
+            cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent,
+        )  # fmt: skip
+        for _ in range(processes)
+    ]
+    total: Counter[str] = Counter()
+    lags: list[float] = []
+    for child in children:
+        out, _ = child.communicate(timeout=seconds + 120)
+        doc = json.loads(out.strip().splitlines()[-1])
+        total.update(doc["counts"])
+        lags += doc["lags"]
+    expected = schedules * seconds
+    return {
+        "processes": processes,
+        "expected": expected,
+        "firings": sum(total.values()),
+        "duplicates": sum(count - 1 for count in total.values()),
+        "missing": expected - len(total),
+        "lag_ms": summary_ms(lags),
+        "settings": "AsyncIOScheduler, memory job store, CronTrigger(second='*'), coalesce=False, misfire_grace_time=None",
+        "version": apscheduler.__version__,
+    }
+
+
+# ---------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--schedules", type=int, default=200, help="schedules (default 200)")
+    parser.add_argument("--seconds", type=int, default=30, help="measured whole seconds (default 30)")
+    parser.add_argument("--instances", default="1,2,4", help="fleet sizes, comma-separated (default 1,2,4)")
+    parser.add_argument("--apscheduler", type=int, default=4, help="uncoordinated APScheduler processes (0: skip)")
+    parser.add_argument("--aps-child", nargs=3, type=int, help=argparse.SUPPRESS)  # internal
+    args = parser.parse_args(argv)
+    if args.aps_child:
+        n, start, end = args.aps_child
+        print(json.dumps(asyncio.run(aps_child(n, start, end))), flush=True)
+        return 0
+
+    from tests import pg
+
+    sizes = [int(x) for x in args.instances.split(",") if x.strip()]
+    dsn = os.environ.get("SCHEDTUI_BENCH_DSN")
+    server = pg.PgServer(dsn=dsn) if dsn else pg.start_cluster(durable=True)
+    try:
+        import psycopg
+
+        with psycopg.connect(server.dsn) as conn:
+            row = conn.execute("SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')").fetchone()
+        assert row is not None
+        doc: dict[str, Any] = {
+            "load": {"schedules": args.schedules, "seconds": args.seconds, "cron": CRON},
+            "server": {"version": row[0], "fsync": row[1], "synchronous_commit": row[2], "throwaway": server.owned},
+            "lag_source": "fired_at - scheduled_at from the run ledger (fired_at is read just before the handler is called)",
+            "schedtui": {},
+        }
+        with tempfile.TemporaryDirectory(prefix="schedtui-fleet-") as work:
+            for n in sizes:
+                doc["schedtui"][str(n)] = run_fleet(server, n, args.schedules, args.seconds, Path(work))
+                log(f"N={n}: {json.dumps({k: doc['schedtui'][str(n)][k] for k in ('firings', 'duplicates', 'missing', 'lag_ms')})}")
+        if args.apscheduler:
+            doc["apscheduler3_uncoordinated"] = run_apscheduler(args.apscheduler, args.schedules, args.seconds)
+        doc["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
+    finally:
+        server.stop()
+    print(json.dumps(doc, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""A frozen, repeatable ledger for the console's tests, snapshots and screenshots.
+
+:func:`build_ledger` runs a real engine on a :class:`ManualClock` for a simulated minute and
+leaves a store holding every run status (succeeded, failed, skipped, missed, running) and
+every coordination outcome (single, wonLock, external, manual), with deterministic run ids.
+:func:`console_backend` then opens a second engine over that store at the frozen instant,
+as the console would see it. Nothing here reads the wall clock or a random source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from backend import Engine, ManualClock, Run, Schedule, define_schedule
+from backend.clock import Clock
+from backend.errors import Unavailable
+from backend.ids import IdFactory
+from backend.interface import ConnectionInfo, EmbeddedBackend, RunsPage, SchedulesSnapshot
+from backend.model import BackfillPlan, BackfillProgress, ScheduleView
+
+START = "2026-03-02T07:59:00Z"
+"""When the simulated minute starts (08:59 in Berlin; the daily digest is due at 09:00)."""
+FROZEN = "2026-03-02T08:00:05Z"
+"""The instant the console is opened at: every countdown on screen is computed from it."""
+WHERE = "state.db"
+"""What the header shows as the store (never a temporary path)."""
+
+
+def seeded_ids(clock: Clock, seed: int) -> IdFactory:
+    rng = random.Random(seed)
+    return IdFactory(clock.now, random_bits=lambda: rng.getrandbits(80))
+
+
+def console_schedules(clock: Clock) -> list[Schedule]:
+    """The fixture's schedules; handlers that take time wait on ``clock`` (no real time)."""
+
+    async def digest(ctx: Any) -> None:
+        if ctx.trigger == "manual":
+            await clock.sleep_until(ctx.fired_at + timedelta(seconds=35))
+            return
+        if ctx.scheduled_at.day == 1:
+            raise ConnectionRefusedError("smtp.example.internal:587 refused the connection")
+
+    async def quick(ctx: Any) -> None:
+        return None
+
+    async def export(ctx: Any) -> None:
+        if ctx.trigger == "self" and ctx.scheduled_at.second % 20 == 0:
+            raise TimeoutError("export API answered 504 after 30s")
+
+    async def reindex(ctx: Any) -> None:
+        await clock.sleep_until(ctx.fired_at + timedelta(seconds=14))
+
+    async def stuck(ctx: Any) -> None:
+        await asyncio.Event().wait()  # hangs until the watchdog cancels it
+
+    return [
+        define_schedule(
+            name="daily-digest", cron="0 9 * * *", timezone="Europe/Berlin", handler=digest,
+            backfill="latest", max_runtime=1800, description="Morning digest", payload={"list": "all"},
+        ),
+        define_schedule(
+            name="heartbeat", cron="*/10 * * * * *", timezone="UTC", handler=quick,
+            description="Pings the upstream API",
+        ),
+        define_schedule(
+            name="flaky-export", cron="*/10 * * * * *", timezone="America/New_York", handler=export,
+            description="Mails the hourly export",
+        ),
+        define_schedule(
+            name="slow-reindex", cron="*/10 * * * * *", timezone="UTC", handler=reindex, on_overlap="skip",
+            max_runtime=60, description="Rebuilds the search index",
+        ),
+        define_schedule(
+            name="stuck-import", cron="*/20 * * * * *", timezone="Asia/Tokyo", handler=stuck, max_runtime=5,
+            description="Pulls the partner feed",
+        ),
+        define_schedule(
+            name="billing-webhook", cron="* * * * *", timezone="UTC", handler=quick, trigger="external",
+            description="Fired by the platform's scheduler",
+        ),
+        define_schedule(
+            name="legacy-cleanup", cron="*/15 * * * *", timezone="UTC", handler=quick,
+            description="Prunes the old session table",
+        ),
+    ]
+
+
+async def build_ledger(folder: Path) -> str:
+    """Fill a store in ``folder`` by running an engine through a simulated minute; returns
+    its URL. Deterministic: same rows, same ids, every time."""
+    url = f"sqlite:///{folder / 'state.db'}"
+    clock = ManualClock(START)
+    engine = Engine(
+        console_schedules(clock), url, clock=clock, instance="web-1", coordination="advisoryLock",
+        ids=seeded_ids(clock, 7), shutdown_grace=0,
+    )
+    await engine.open()
+    # History from before this deployment became a fleet: one instance, coordination single.
+    seed_at = datetime.fromisoformat("2026-02-26T08:00:00+00:00")
+    engine.store.save_runs([
+        Run(
+            id=engine.new_id(), name="daily-digest", scheduled_at=seed_at, status="succeeded", trigger="self",
+            coordination_outcome="single", instance="web-0", fired_at=seed_at + timedelta(milliseconds=4),
+            finished_at=seed_at + timedelta(milliseconds=310),
+        )
+    ])
+    await engine.store.flush()
+    await engine.set_enabled("legacy-cleanup", False, note="paused during the session-store migration", by="ops")
+    await engine.start()  # catch-up: two mornings missed, the newest fired (and it fails)
+    await engine.quiesce(runs=False)
+    await engine.fire_external("billing-webhook")
+    await engine.quiesce(runs=False)
+    for _ in range(13):  # 07:59:00 -> 08:00:05 in steps of 5 s
+        clock.advance(5)
+        await engine.quiesce(runs=False)
+        if clock.now() == datetime.fromisoformat("2026-03-02T07:59:30+00:00"):
+            await engine.run_now("daily-digest")  # manual; still in flight at 09:00, so that slot is skipped
+        if clock.now() == datetime.fromisoformat("2026-03-02T08:00:00+00:00"):
+            await engine.fire_external("billing-webhook")
+    await engine.quiesce()
+    await engine.stop(grace=0)
+    # An operator on another replica pressed Run now a second ago; it is still running.
+    other = seeded_ids(clock, 11)
+    store = engine.store
+    await store.open()
+    await store.heartbeat("web-2", "web-2.internal", 4242, clock.now())
+    fired = clock.now() - timedelta(seconds=1)
+    store.save_runs([
+        Run(id=other(), name="daily-digest", scheduled_at=fired, status="running", trigger="manual",
+            coordination_outcome="manual", instance="web-2", fired_at=fired)
+    ])
+    await store.flush()
+    await store.close()
+    assert clock.now() == datetime.fromisoformat(FROZEN.replace("Z", "+00:00"))
+    return url
+
+
+def console_engine(url: str, clock: ManualClock | None = None) -> Engine:
+    """An engine over the fixture's store at the frozen instant (instance ``console``)."""
+    clock = clock or ManualClock(FROZEN)
+    return Engine(
+        console_schedules(clock), url, clock=clock, instance="console", coordination="advisoryLock",
+        ids=seeded_ids(clock, 23), shutdown_grace=0,
+    )
+
+
+def console_backend(url: str, clock: ManualClock | None = None, *, read_only: bool = False) -> EmbeddedBackend:
+    """The embedded backend the console tests use: on the caller's loop (``own_thread``
+    is off so the ManualClock's sleepers stay on one loop), timers not armed."""
+    return EmbeddedBackend(console_engine(url, clock), read_only=read_only)
+
+
+class FlakyBackend:
+    """Wraps a backend; while ``down`` is set every call raises :class:`Unavailable`, as a
+    remote backend does when its server has gone away."""
+
+    URL = "http://10.0.0.7:8080"
+
+    def __init__(self, inner: Any, message: str = f"cannot reach {URL}: connection refused") -> None:
+        self.inner = inner
+        self.down = False
+        self.message = message
+        self.read_only = inner.read_only
+
+    def _check(self) -> None:
+        if self.down:
+            raise Unavailable(self.message)
+
+    async def connect(self) -> ConnectionInfo:
+        """Describes itself as the remote server it stands in for."""
+        self._check()
+        info: ConnectionInfo = await self.inner.connect()
+        return dataclasses.replace(info, kind="remote", where=self.URL, store_kind="", fires=True)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def list_schedules(self) -> SchedulesSnapshot:
+        self._check()
+        result: SchedulesSnapshot = await self.inner.list_schedules()
+        return result
+
+    async def list_runs(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+        self._check()
+        result: RunsPage = await self.inner.list_runs(name, limit=limit, before=before)
+        return result
+
+    async def get_run(self, run_id: str) -> Run:
+        self._check()
+        result: Run = await self.inner.get_run(run_id)
+        return result
+
+    async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
+        self._check()
+        result: list[datetime] = await self.inner.upcoming(name, count)
+        return result
+
+    async def run_now(self, name: str) -> Run:
+        self._check()
+        result: Run = await self.inner.run_now(name)
+        return result
+
+    async def wait_run(self, run_id: str) -> Run:
+        self._check()
+        result: Run = await self.inner.wait_run(run_id)
+        return result
+
+    async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None) -> ScheduleView:
+        self._check()
+        result: ScheduleView = await self.inner.set_enabled(name, enabled, note=note)
+        return result
+
+    async def plan_backfill(self, name: str, start: datetime, end: datetime, *, confirm: bool = False,
+                            limit: int | None = None) -> BackfillPlan:
+        self._check()
+        result: BackfillPlan = await self.inner.plan_backfill(name, start, end, confirm=confirm, limit=limit)
+        return result
+
+    async def start_backfill(self, name: str, start: datetime, end: datetime, *, confirm: bool = False,
+                             limit: int | None = None) -> BackfillProgress:
+        self._check()
+        result: BackfillProgress = await self.inner.start_backfill(name, start, end, confirm=confirm, limit=limit)
+        return result
+
+    async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
+        self._check()
+        result: BackfillProgress = await self.inner.backfill_progress(backfill_id)
+        return result
+
+    async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
+        self._check()
+        result: BackfillProgress = await self.inner.wait_backfill(backfill_id)
+        return result

@@ -1,0 +1,43 @@
+"""Draw the README's pictures: ``python -m tests.screenshots [OUT_DIR]`` (default screenshots/).
+
+The same scenes as the snapshot tests (tests/console_scenes.py), from the same frozen
+fixture ledger, at 100x30; the main screen at 80x24 too.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from textual._doc import take_svg_screenshot
+
+from tests.console_scenes import SIZES, make_ledger, scene_app
+
+PICTURES = [
+    ("main", "100x30"),
+    ("main", "80x24"),
+    ("backfill-ok", "100x30"),
+    ("backfill-confirm", "100x30"),
+    ("backfill-refused", "100x30"),
+    ("read-only", "100x30"),
+    ("disconnected", "100x30"),
+    ("help", "100x30"),
+]
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent / "screenshots"
+    out.mkdir(parents=True, exist_ok=True)
+    ledger = make_ledger(Path(tempfile.mkdtemp(prefix="schedtui-shots-")))
+    for scene, size in PICTURES:
+        app, run_before = scene_app(ledger, scene)
+        svg = take_svg_screenshot(app=app, terminal_size=SIZES[size], run_before=run_before, title=f"schedtui — {scene}")
+        target = out / f"console-{scene}-{size}.svg"
+        target.write_text(svg)
+        print(target)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

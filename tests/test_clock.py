@@ -1,0 +1,110 @@
+"""Clocks, ids and the operator's time syntax."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import backend.clock as clock_module
+from backend import BadInput, ManualClock, SystemClock
+from backend.ids import IdFactory, id_floor
+from backend.timeparse import parse_when
+
+UTC = timezone.utc
+
+
+class SteppedSystemClock(SystemClock):
+    """The real SystemClock's waiting logic, over a time we move ourselves."""
+
+    def __init__(self, start: datetime, max_chunk: float) -> None:
+        super().__init__(max_chunk=max_chunk)
+        self.current = start
+
+    def now(self) -> datetime:
+        return self.current
+
+
+async def test_system_clock_chunks_long_waits_and_rechecks_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = SteppedSystemClock(datetime(2026, 1, 1, tzinfo=UTC), max_chunk=60)
+    sleeps: list[float] = []
+
+    async def fake_sleep(delay: float) -> None:
+        sleeps.append(delay)
+        # asyncio may come back a little early: the clock only moves 90% of the way.
+        clock.current += timedelta(seconds=delay * 0.9)
+
+    monkeypatch.setattr(clock_module.asyncio, "sleep", fake_sleep)
+    deadline = clock.current + timedelta(hours=2)
+    await clock.sleep_until(deadline)
+    assert clock.now() >= deadline
+    assert max(sleeps) == 60 and len(sleeps) > 120  # chunked, and re-checked after each wake
+
+
+async def test_system_clock_notices_a_wall_clock_jump(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = SteppedSystemClock(datetime(2026, 1, 1, tzinfo=UTC), max_chunk=60)
+    sleeps: list[float] = []
+
+    async def fake_sleep(delay: float) -> None:
+        sleeps.append(delay)
+        clock.current += timedelta(hours=1) if len(sleeps) == 1 else timedelta(seconds=delay)
+
+    monkeypatch.setattr(clock_module.asyncio, "sleep", fake_sleep)
+    await clock.sleep_until(clock.current + timedelta(minutes=30))
+    assert sleeps == [60]  # a suspended VM woke past the deadline: one chunk, not thirty
+
+
+async def test_manual_clock_wakes_sleepers_in_order() -> None:
+    clock = ManualClock("2026-01-01T00:00:00Z")
+    woke: list[str] = []
+
+    async def sleeper(name: str, seconds: int) -> None:
+        await clock.sleep_until(clock.now() + timedelta(seconds=seconds))
+        woke.append(name)
+
+    tasks = [asyncio.ensure_future(sleeper("b", 20)), asyncio.ensure_future(sleeper("a", 10))]
+    await asyncio.sleep(0)
+    assert clock.sleepers == 2 and clock.next_deadline() == datetime(2026, 1, 1, 0, 0, 10, tzinfo=UTC)
+    clock.advance(10)
+    await asyncio.sleep(0)
+    assert woke == ["a"]
+    clock.advance(10)
+    await asyncio.gather(*tasks)
+    assert woke == ["a", "b"]
+    with pytest.raises(ValueError, match="cannot go back"):
+        clock.set("2025-12-31T00:00:00Z")
+
+
+def test_ids_sort_by_creation_even_within_a_millisecond() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    ids = IdFactory(lambda: now, random_bits=lambda: 2**80 - 1)
+    made = [ids() for _ in range(100)]
+    assert made == sorted(made) and len(set(made)) == 100 and all(len(i) == 26 for i in made)
+    assert id_floor(now) <= made[0] < id_floor(now + timedelta(milliseconds=2))
+
+
+@pytest.mark.parametrize(
+    ("text", "zone", "expected"),
+    [
+        ("now", "UTC", "2026-03-02T08:00:00+00:00"),
+        ("-2d", "UTC", "2026-02-28T08:00:00+00:00"),
+        ("-6h", "UTC", "2026-03-02T02:00:00+00:00"),
+        ("-1d12h", "UTC", "2026-02-28T20:00:00+00:00"),
+        ("+30m", "UTC", "2026-03-02T08:30:00+00:00"),
+        ("2026-03-01T09:00:00Z", "Europe/Berlin", "2026-03-01T09:00:00+00:00"),
+        ("2026-03-01T09:00:00", "Europe/Berlin", "2026-03-01T08:00:00+00:00"),  # read in the zone
+        ("2026-03-01", "America/New_York", "2026-03-01T05:00:00+00:00"),
+        ("2026-03-01 09:00+02:00", "UTC", "2026-03-01T07:00:00+00:00"),
+    ],
+)
+def test_parse_when(text: str, zone: str, expected: str) -> None:
+    now = datetime(2026, 3, 2, 8, tzinfo=UTC)
+    assert parse_when(text, now=now, zone=zone).isoformat() == expected
+
+
+@pytest.mark.parametrize("text", ["", "yesterday", "-2x", "2026-13-01"])
+def test_parse_when_rejects_naming_the_value(text: str) -> None:
+    with pytest.raises(BadInput) as info:
+        parse_when(text, now=datetime(2026, 3, 2, tzinfo=UTC), field="--from")
+    assert "--from" in info.value.message and (text in info.value.message)

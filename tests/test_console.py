@@ -1,0 +1,584 @@
+"""The operations console, driven by Pilot against an embedded backend at a frozen time.
+
+The ledger comes from a real engine run on a ManualClock (tests/console_fixtures.py); the app
+gets a backend over a copy of it and the same kind of clock, frozen at FROZEN. Nothing here
+sleeps: tests wait for the app's workers and for Pilot to settle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from backend import Engine, Forbidden, ManualClock, NotFound, Run, define_schedule
+from backend.interface import EmbeddedBackend
+from backend.model import parse_iso
+from backend.store import open_store
+from console.app import PAGE_SIZE, SchedtuiApp, parse_keymap, short_where
+from console.commands import ConsoleCommands
+from console.screens import BackfillScreen, HelpScreen, NotePrompt, RunDetails
+from console.widgets import ConsoleHeader, RunsTable, RunTimeline, SchedulesTable, UpcomingLine
+from tests.console_fixtures import FROZEN, WHERE, FlakyBackend, build_ledger, console_backend, seeded_ids
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("console-ledger")
+    asyncio.run(build_ledger(folder))
+    return folder / "state.db"
+
+
+@pytest.fixture
+def store_url(ledger: Path, tmp_path: Path) -> str:
+    """A private copy of the fixture ledger (tests act on it)."""
+    for file in ledger.parent.glob("state.db*"):
+        shutil.copy(file, tmp_path / file.name)
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+class Notes:
+    """Records every notification the app shows (title, message)."""
+
+    def __init__(self, app: SchedtuiApp) -> None:
+        self.seen: list[tuple[str, str]] = []
+        original = app.notify
+
+        def notify(message: str, *, title: str = "", **kwargs: Any) -> None:
+            self.seen.append((title, message))
+            original(message, title=title, **kwargs)
+
+        app.notify = notify  # type: ignore[method-assign]
+
+    def titled(self, title: str) -> list[str]:
+        return [message for t, message in self.seen if t == title]
+
+
+async def settle(pilot: Pilot[Any]) -> None:
+    """Let every worker finish and the screen catch up."""
+    await pilot.pause()
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+@asynccontextmanager
+async def console(
+    url: str,
+    *,
+    backend: Any = None,
+    clock: ManualClock | None = None,
+    size: tuple[int, int] = (100, 30),
+    **kwargs: Any,
+) -> AsyncIterator[tuple[SchedtuiApp, Pilot[Any], ManualClock, Notes]]:
+    clock = clock or ManualClock(FROZEN)
+    backend = backend or console_backend(url, clock, read_only=kwargs.get("read_only", False))
+    app = SchedtuiApp(backend, clock, where=WHERE, **kwargs)
+    notes = Notes(app)
+    try:
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            yield app, pilot, clock, notes
+    finally:
+        await backend.close()
+
+
+async def select(pilot: Pilot[Any], name: str) -> None:
+    app = pilot.app
+    assert isinstance(app, SchedtuiApp)
+    app.action_select(name)
+    await settle(pilot)
+    assert app.selected_name == name
+
+
+def schedules(app: SchedtuiApp) -> SchedulesTable:
+    return app.query_one(SchedulesTable)
+
+
+def cell(app: SchedtuiApp, name: str, column: str) -> str:
+    value = schedules(app).get_cell(name, column)
+    return value if isinstance(value, str) else value.plain
+
+
+# ----------------------------------------------------------------------------------------
+# what it shows
+# ----------------------------------------------------------------------------------------
+async def test_main_screen_shows_every_schedule_and_the_selected_runs(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        table = schedules(app)
+        assert list(table.views) == [
+            "daily-digest", "heartbeat", "flaky-export", "slow-reindex", "stuck-import", "billing-webhook",
+            "legacy-cleanup",
+        ]
+        assert app.selected_name == "daily-digest"
+        assert cell(app, "daily-digest", "next") == "in 23h 59m"
+        assert cell(app, "heartbeat", "next") == "in 5s"
+        assert cell(app, "billing-webhook", "next") == "external"
+        assert cell(app, "legacy-cleanup", "next") == "disabled"
+        assert cell(app, "legacy-cleanup", "enabled").startswith("○ off: paused during")
+        assert cell(app, "stuck-import", "last") == "✗ failed 5.0s ◆"
+        assert cell(app, "billing-webhook", "last") == "✓ succeeded 0ms ⇲"
+        assert cell(app, "daily-digest", "last") == "▶ running ✎"
+        assert cell(app, "daily-digest", "tz") == "Europe/Berlin"
+        runs = app.query_one(RunsTable).runs
+        assert [r.status for r in runs] == ["running", "skipped", "succeeded", "failed", "missed", "missed", "succeeded"]
+        assert {r.coordination_outcome for r in runs} == {"manual", "wonLock", "single"}
+        assert app.query_one(RunTimeline).runs == runs
+        upcoming = app.query_one(UpcomingLine)
+        assert len(upcoming.slots) == 5 and upcoming.zone == "Europe/Berlin"
+        assert upcoming.slots[0] == parse_iso("2026-03-03T08:00:00Z")
+        header = app.query_one(ConsoleHeader)
+        assert header.state == "live" and header.where == WHERE and not header.read_only
+        assert header.info is not None and header.info.coordination == "advisoryLock"
+        assert header.info.instance == "console"
+        # the scheduled time is shown in the schedule's zone
+        assert app.query_one(RunsTable).get_cell_at((0, 0)) == "03-02 09:00:04 CET"
+        assert notes.seen == []
+
+
+async def test_countdowns_are_recomputed_from_the_clock_on_every_tick(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        assert cell(app, "heartbeat", "next") == "in 5s"
+        clock.advance(2)
+        app.tick()
+        assert cell(app, "heartbeat", "next") == "in 3s"
+        assert cell(app, "stuck-import", "next") == "in 13s"
+        clock.advance(timedelta(seconds=3, milliseconds=500))
+        app.tick()  # past the slot (nothing armed here fires it): "due now", never negative
+        assert cell(app, "heartbeat", "next") == "due now"
+        # the header's age of the last good refresh comes from the same clock
+        assert app.query_one(ConsoleHeader).render().plain.count("5s ago") == 1
+
+
+async def test_selecting_another_schedule_loads_its_runs_and_next_fires(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("down")
+        await settle(pilot)
+        assert app.selected_name == "heartbeat"
+        assert [r.status for r in app.query_one(RunsTable).runs] == ["succeeded"] * 6
+        upcoming = app.query_one(UpcomingLine)
+        assert upcoming.slots[:2] == [parse_iso("2026-03-02T08:00:10Z"), parse_iso("2026-03-02T08:00:20Z")]
+        await select(pilot, "stuck-import")
+        errors = [r.error_tag for r in app.query_one(RunsTable).runs]
+        assert errors == ["timeout"] * 3
+
+
+# ----------------------------------------------------------------------------------------
+# acting
+# ----------------------------------------------------------------------------------------
+async def test_r_runs_now_names_the_run_and_shows_it_in_the_timeline(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await select(pilot, "heartbeat")
+        await pilot.press("r")
+        await settle(pilot)
+        fired = notes.titled("Run now: fired")
+        assert len(fired) == 1
+        newest = app.query_one(RunTimeline).runs[0]
+        assert newest.trigger == "manual" and newest.coordination_outcome == "manual"
+        assert newest.id in fired[0] and "heartbeat" in fired[0]
+        assert app.query_one(RunsTable).runs[0].id == newest.id
+        assert newest.status == "succeeded"  # re-read once it finished
+        finished = notes.titled("Run finished")
+        assert finished and newest.id in finished[0] and "succeeded" in finished[0]
+        assert cell(app, "heartbeat", "last").startswith("✓ succeeded")
+
+
+async def test_e_disables_with_a_note_then_enables(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await select(pilot, "heartbeat")
+        await pilot.press("e")
+        await settle(pilot)
+        assert isinstance(app.screen, NotePrompt)
+        await pilot.press(*"vendor outage")
+        await pilot.press("enter")
+        await settle(pilot)
+        assert not isinstance(app.screen, NotePrompt)
+        view = app.view_of("heartbeat")
+        assert view is not None and not view.enabled
+        assert view.state_note is not None and view.state_note.note == "vendor outage"
+        assert view.state_note.by == "console"
+        assert cell(app, "heartbeat", "enabled") == "○ off: vendor outage"
+        assert cell(app, "heartbeat", "next") == "disabled"
+        assert notes.titled("Disabled") == ["heartbeat disabled: vendor outage"]
+        await pilot.press("e")  # enabling asks nothing
+        await settle(pilot)
+        view = app.view_of("heartbeat")
+        assert view is not None and view.enabled
+        assert cell(app, "heartbeat", "next") == "in 5s"
+        assert notes.titled("Enabled") == ["heartbeat enabled; next fire in 5s"]
+
+
+async def test_disabling_enter_skips_the_note_and_esc_cancels(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await select(pilot, "flaky-export")
+        await pilot.press("e")
+        await settle(pilot)
+        await pilot.press("escape")
+        await settle(pilot)
+        view = app.view_of("flaky-export")
+        assert view is not None and view.enabled and notes.titled("Disabled") == []
+        await pilot.press("e")
+        await settle(pilot)
+        await pilot.press("enter")
+        await settle(pilot)
+        view = app.view_of("flaky-export")
+        assert view is not None and not view.enabled
+        assert view.state_note is not None and view.state_note.note is None
+        assert cell(app, "flaky-export", "enabled") == "○ off"
+
+
+async def open_backfill(pilot: Pilot[Any], name: str, start: str, end: str = "now") -> BackfillScreen:
+    await select(pilot, name)
+    await pilot.press("b")
+    await settle(pilot)
+    screen = pilot.app.screen
+    assert isinstance(screen, BackfillScreen)
+    assert screen.focused is not None and screen.focused.id == "cancel"  # Cancel has the focus
+    screen.query_one("#from").value = start  # type: ignore[attr-defined]
+    screen.query_one("#to").value = end  # type: ignore[attr-defined]
+    await settle(pilot)
+    return screen
+
+
+async def test_backfill_plans_as_you_type_then_runs_with_progress_and_a_summary(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        screen = await open_backfill(pilot, "heartbeat", "-1m")
+        assert screen.state == "ok"
+        assert screen.plan is not None and screen.plan.count == 6
+        text = screen.query_one("#plan").render().plain  # type: ignore[attr-defined]
+        assert "6 slots would fire" in text
+        assert "first 2026-03-02 07:59:10 UTC" in text and "last 2026-03-02 08:00:00 UTC" in text
+        await pilot.press("tab")  # Cancel -> Backfill
+        assert screen.focused is not None and screen.focused.id == "start"
+        await pilot.press("enter")
+        await settle(pilot)
+        assert screen.state == "done"
+        assert screen.progress is not None and screen.progress.fired == 6 and screen.progress.remaining == 0
+        counts = screen.query_one("#counts").render().plain  # type: ignore[attr-defined]
+        assert "fired 6/6" in counts and "failed 0" in counts and "done" in counts
+        assert notes.titled("Backfill finished") == ["heartbeat: 6 fired, 6 succeeded, 0 failed, 0 remaining (done)"]
+        await pilot.press("escape")
+        await settle(pilot)
+        manual = [r for r in app.query_one(RunsTable).runs if r.trigger == "manual"]
+        assert len(manual) == 6
+        assert sorted(r.scheduled_at for r in manual)[0] == parse_iso("2026-03-02T07:59:10Z")
+
+
+async def test_backfill_over_25_slots_needs_the_count_typed(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        screen = await open_backfill(pilot, "heartbeat", "-10m")
+        assert screen.state == "confirm"
+        start = screen.query_one("#start")
+        assert start.disabled
+        assert "type 60 below to confirm" in screen.query_one("#plan").render().plain  # type: ignore[attr-defined]
+        screen.query_one("#confirm").value = "59"  # type: ignore[attr-defined]
+        await settle(pilot)
+        assert start.disabled
+        screen.query_one("#confirm").value = "60"  # type: ignore[attr-defined]
+        await settle(pilot)
+        assert not start.disabled
+        await pilot.press("escape")  # Esc cancels: nothing fired
+        await settle(pilot)
+        assert not isinstance(app.screen, BackfillScreen)
+        assert not any(r.trigger == "manual" for r in app.query_one(RunsTable).runs)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "why"),
+    [
+        ("now", "-1h", "reversed range"),
+        ("-1h", "+1h", "reaches into the future"),
+        ("-3h", "now", "exceed the limit of 1,000"),
+        ("2026-03-02T07:59:01", "2026-03-02T07:59:09", "no slots in the range"),  # naive: the zone (UTC)
+        ("yesterday", "now", 'from "yesterday" is not a time'),
+    ],
+)
+async def test_backfill_refusals_say_why(store_url: str, start: str, end: str, why: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await select(pilot, "heartbeat")
+        await pilot.press("b")
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, BackfillScreen)
+        screen.query_one("#from").value = start  # type: ignore[attr-defined]
+        screen.query_one("#to").value = end  # type: ignore[attr-defined]
+        await settle(pilot)
+        assert screen.state in ("refused", "invalid")
+        assert why in screen.query_one("#plan").render().plain  # type: ignore[attr-defined]
+        assert screen.query_one("#start").disabled
+
+
+async def test_enter_opens_the_run_details(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("tab")  # to the runs table
+        await pilot.press("down", "down", "down")  # the failed catch-up run
+        await pilot.press("enter")
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, RunDetails)
+        body = screen.query_one("#run-body").render().plain  # type: ignore[attr-defined]
+        assert "✗ failed" in body and "ConnectionRefusedError" in body and "smtp.example.internal" in body
+        assert "2026-03-01 09:00:00 CET" in body and "◆ wonLock" in body
+        await pilot.press("escape")
+        await settle(pilot)
+        assert not isinstance(app.screen, RunDetails)
+
+
+async def test_older_runs_page_by_keyset(store_url: str) -> None:
+    # 120 older heartbeat runs, written straight into the store before the console opens.
+    store = open_store(store_url)
+    await store.open()
+    clock = ManualClock("2026-03-01T00:00:00Z")
+    ids = seeded_ids(clock, 99)
+    older = []
+    for n in range(120):
+        at = clock.now()
+        older.append(Run(id=ids(), name="heartbeat", scheduled_at=at, status="succeeded", trigger="self",
+                         coordination_outcome="wonLock", instance="web-1", fired_at=at, finished_at=at))
+        clock.advance(10)
+    store.save_runs(older)
+    await store.close()
+
+    async with console(store_url) as (app, pilot, clock, notes):
+        calls: list[str | None] = []
+        backend = app.backend
+        original = backend.list_runs
+
+        async def list_runs(name: str, *, limit: int = 50, before: str | None = None) -> Any:
+            calls.append(before)
+            assert limit == PAGE_SIZE  # a page at a time, never everything
+            return await original(name, limit=limit, before=before)
+
+        backend.list_runs = list_runs  # type: ignore[method-assign]
+        await select(pilot, "heartbeat")
+        first = app.query_one(RunsTable).runs
+        assert len(first) == PAGE_SIZE
+        await pilot.press("right_square_bracket")
+        await settle(pilot)
+        second = app.query_one(RunsTable).runs
+        assert len(second) == PAGE_SIZE and second[0].id < first[-1].id
+        assert calls[-2:] == [None, first[-1].id] or first[-1].id in calls
+        await pilot.press("right_square_bracket")
+        await settle(pilot)
+        third = app.query_one(RunsTable).runs
+        assert len(third) == 126 - 2 * PAGE_SIZE
+        await pilot.press("right_square_bracket")  # nothing older
+        await settle(pilot)
+        assert notes.titled("") [-1:] == ["No older runs."]
+        await pilot.press("left_square_bracket", "left_square_bracket")
+        await settle(pilot)
+        assert app.query_one(RunsTable).runs == first
+        assert app.query_one(RunTimeline).runs == first  # the timeline always shows the newest
+
+
+async def test_filter_with_slash_and_esc(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("slash")
+        await pilot.press(*"beat")
+        await settle(pilot)
+        assert list(schedules(app).views) == ["heartbeat"]
+        assert app.selected_name == "heartbeat"
+        await pilot.press("enter")  # keeps the filter, back to the table
+        assert app.focused is schedules(app)
+        await pilot.press("r")  # keys act again once the table has the focus
+        await settle(pilot)
+        assert len(notes.titled("Run now: fired")) == 1
+        await pilot.press("escape")
+        await settle(pilot)
+        assert len(schedules(app).views) == 7
+
+
+async def test_p_pauses_auto_refresh_and_ctrl_r_refreshes_now(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        reads = 0
+        original = app.backend.list_schedules
+
+        async def counting() -> Any:
+            nonlocal reads
+            reads += 1
+            return await original()
+
+        app.backend.list_schedules = counting  # type: ignore[method-assign]
+        clock.advance(1)
+        app.tick()
+        await settle(pilot)
+        assert reads == 1  # due every second by the clock
+        await pilot.press("p")
+        assert app.query_one(ConsoleHeader).paused
+        clock.advance(5)
+        app.tick()
+        await settle(pilot)
+        assert reads == 1
+        assert cell(app, "heartbeat", "next") == "due now"  # countdowns keep ticking
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert reads == 2
+        await pilot.press("p")
+        await settle(pilot)
+        assert reads == 3 and not app.query_one(ConsoleHeader).paused
+
+
+async def test_read_only_keys_say_why_and_the_backend_refuses_too(store_url: str) -> None:
+    async with console(store_url, read_only=True, backend=None) as (app, pilot, clock, notes):
+        assert app.read_only
+        for key in ("r", "e", "b"):
+            await pilot.press(key)
+            await settle(pilot)
+        refusals = notes.titled("Read-only")
+        assert len(refusals) == 3 and all("--read-only" in m for m in refusals)
+        assert not isinstance(app.screen, (NotePrompt, BackfillScreen))
+        assert app.query_one("#mode").display
+        assert "READ-ONLY" in app.query_one(ConsoleHeader).render().plain
+        # not the UI alone: the backend wrapper refuses as well
+        with pytest.raises(Forbidden):
+            await app.backend.run_now("heartbeat")
+
+
+async def test_read_only_backend_is_shown_read_only(store_url: str) -> None:
+    clock = ManualClock(FROZEN)
+    async with console(store_url, backend=console_backend(store_url, clock, read_only=True), clock=clock) as (
+        app, pilot, _, notes,
+    ):
+        assert app.read_only
+        await pilot.press("r")
+        await settle(pilot)
+        assert notes.titled("Read-only") == ["Run now does nothing here: the backend is read-only."]
+
+
+async def test_a_lost_connection_is_shown_stale_and_retried_with_backoff(store_url: str) -> None:
+    clock = ManualClock(FROZEN)
+    flaky = FlakyBackend(console_backend(store_url, clock))
+    async with console(store_url, backend=flaky, clock=clock) as (app, pilot, _, notes):
+        header = app.query_one(ConsoleHeader)
+        flaky.down = True
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert header.state == "lost"
+        assert app.query_one("#main").has_class("-stale")
+        assert notes.titled("Unavailable") == [
+            "cannot reach http://10.0.0.7:8080: connection refused. Retrying by itself; the data on screen is stale."
+        ]
+        assert "in 1s" in header.render().plain
+        assert len(schedules(app).views) == 7  # the last data stays, marked stale
+        clock.advance(1)
+        app.tick()
+        await settle(pilot)
+        assert header.state == "lost" and header.retry_at == clock.now() + timedelta(seconds=2)  # backoff
+        assert len(notes.titled("Unavailable")) == 1  # said once, not at every retry
+        clock.advance(2)
+        flaky.down = False
+        app.tick()
+        await settle(pilot)
+        assert header.state == "live" and not app.query_one("#main").has_class("-stale")
+        assert notes.titled("Reconnected")
+
+
+async def test_every_backend_error_is_a_notification(store_url: str) -> None:
+    clock = ManualClock(FROZEN)
+    backend = console_backend(store_url, clock)
+
+    async def gone(name: str) -> Run:
+        raise NotFound(f'no schedule named "{name}"')
+
+    backend.run_now = gone  # type: ignore[method-assign]
+    async with console(store_url, backend=backend, clock=clock) as (app, pilot, _, notes):
+        await pilot.press("r")
+        await settle(pilot)
+        assert notes.titled("Not found") == ['no schedule named "daily-digest"']
+
+
+async def test_help_lists_the_keys_as_bound_and_the_legend(store_url: str) -> None:
+    async with console(store_url, keymap=parse_keymap("run_now=R")) as (app, pilot, clock, notes):
+        await pilot.press("question_mark")
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, HelpScreen)
+        keys = dict((description, key) for key, description in screen.keys)
+        assert keys["Run now"] == "R" and keys["Backfill"] == "b" and keys["Refresh"] == "^r"
+        text = screen.query_one("Static").render().plain  # type: ignore[attr-defined]
+        for word in ("succeeded", "failed", "skipped", "missed", "running", "single", "wonLock", "external", "manual"):
+            assert word in text
+        await pilot.press("escape")
+        await settle(pilot)
+        await select(pilot, "heartbeat")
+        await pilot.press("R")  # the remapped key acts
+        await settle(pilot)
+        assert len(notes.titled("Run now: fired")) == 1
+
+
+async def test_the_command_palette_offers_the_actions_by_name(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await select(pilot, "heartbeat")
+        provider = ConsoleCommands(app.screen)
+        hits = [hit async for hit in provider.search("run now")]
+        assert hits and str(hits[0].text) == "Run now: heartbeat"
+        await hits[0].command()  # type: ignore[misc]
+        await settle(pilot)
+        assert len(notes.titled("Run now: fired")) == 1
+        goto = [hit async for hit in provider.search("go to stuck")]
+        assert goto and str(goto[0].text) == "Go to schedule stuck-import"
+        await goto[0].command()  # type: ignore[misc]
+        await settle(pilot)
+        assert app.selected_name == "stuck-import"
+        titles = [str(hit.text) async for hit in provider.discover()]
+        for title in ("Enable/disable: stuck-import", "Backfill: stuck-import", "Pause or resume auto-refresh",
+                      "Refresh now", "Run details"):
+            assert title in titles
+
+
+async def test_usable_at_80x24(store_url: str) -> None:
+    async with console(store_url, size=(80, 24)) as (app, pilot, clock, notes):
+        assert app.query_one(RunsTable).size.height >= 4
+        assert schedules(app).size.height >= 8
+        await pilot.press("b")
+        await settle(pilot)
+        assert isinstance(app.screen, BackfillScreen)
+        assert app.screen.query_one("#start").region.bottom <= 24
+
+
+def test_short_where_and_keymap() -> None:
+    from backend.interface import ConnectionInfo
+
+    here = Path.cwd() / ".schedtui" / "state.db"
+    assert short_where(ConnectionInfo("embedded", str(here), "single", "i", False)) == ".schedtui/state.db"
+    assert short_where(ConnectionInfo("remote", "http://h:1", "single", "i", False)) == "http://h:1"
+    assert parse_keymap("run_now=R, backfill=B;bad") == {"run_now": "R", "backfill": "B"}
+
+
+# ----------------------------------------------------------------------------------------
+# a handler burning CPU runs on the engine's own thread, never on the UI's loop
+# ----------------------------------------------------------------------------------------
+async def test_embedded_handlers_run_off_the_ui_thread(tmp_path: Path) -> None:
+    ran_on: list[int] = []
+    done = threading.Event()
+
+    async def burn(ctx: Any) -> None:
+        ran_on.append(threading.get_ident())
+        total = 0
+        for n in range(200_000):  # CPU, no await: would freeze a UI sharing this loop
+            total += n
+        done.set()
+
+    hog = define_schedule(name="cpu-hog", cron="0 0 1 1 *", timezone="UTC", handler=burn)
+    engine = Engine([hog], f"sqlite:///{tmp_path / 'state.db'}", instance="console")
+    backend = EmbeddedBackend(engine, arm=True, own_thread=True)
+    app = SchedtuiApp(backend, where=WHERE)
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot)
+            await pilot.press("r")
+            await settle(pilot)
+            assert done.is_set()
+            assert ran_on and ran_on[0] != threading.get_ident()
+            assert app.query_one(RunsTable).runs[0].status == "succeeded"
+    finally:
+        await backend.close()

@@ -1,0 +1,407 @@
+"""Several engines on one store with ``advisoryLock``, on a manual clock, against every store.
+
+Each test runs on SQLite and on PostgreSQL (a fresh database per test): overlap policies
+that hold across instances, fail-closed claims and the recovery of the slots they lost,
+abandoned runs of instances on other machines, the claims sweep, and boot catch-up by
+several instances at once. The real-process, real-clock versions are in test_fleet.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend import Engine, ManualClock, Run, RunContext, Unavailable, define_schedule
+from backend.coordination import ClaimCoordinator
+from backend.model import Claim, ClaimResult, slot_key
+from backend.store import Store, open_store
+from tests.conftest import all_runs, expect
+
+UTC = timezone.utc
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Overrides conftest's: every engine of a test shares this store."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+def schedule(name: str = "job", cron: str = "* * * * *", handler: Any = None, **kwargs: Any):  # type: ignore[no-untyped-def]
+    async def noop(ctx: RunContext) -> None:
+        pass
+
+    return define_schedule(name=name, cron=cron, timezone="UTC", handler=handler or noop, **kwargs)
+
+
+class Gate:
+    """A handler that blocks until released; counts how many run at once (across engines)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.started: list[tuple[datetime, str]] = []
+        self.running = 0
+        self.most = 0
+        self.entered = asyncio.Event()
+
+    async def __call__(self, ctx: RunContext) -> None:
+        self.started.append((ctx.scheduled_at, ctx.run_id))
+        self.running += 1
+        self.most = max(self.most, self.running)
+        self.entered.set()
+        try:
+            await self.release.wait()
+        finally:
+            self.running -= 1
+
+
+class Loser(ClaimCoordinator):
+    """advisoryLock, except that this instance loses every claim once ``losing`` is set:
+    forces another instance to win the next slot."""
+
+    losing = False
+
+    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
+        if self.losing:
+            return ClaimResult(frozenset())
+        return await super().claim(claims, instance, now)
+
+
+async def settle(clock: ManualClock, *engines: Engine, runs: bool = True) -> None:
+    for engine in engines:
+        await engine.quiesce(runs=runs)
+
+
+def by_slot(runs: list[Run]) -> dict[datetime, list[Run]]:
+    slots: dict[datetime, list[Run]] = {}
+    for r in runs:
+        slots.setdefault(r.scheduled_at, []).append(r)
+    return slots
+
+
+# ---------------------------------------------------------------------------------------
+# overlap across instances
+# ---------------------------------------------------------------------------------------
+async def test_skip_counts_a_run_in_flight_on_another_instance(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    gate = Gate()
+    a = make_engine([schedule(handler=gate)], instance="a", coordination="advisoryLock", abandon_after=3600)
+    b = make_engine([schedule(handler=gate)], instance="b", coordination="advisoryLock", abandon_after=3600)
+    a.coordinator = Loser(a.store)
+    await a.start()
+    clock.advance(60)  # 08:01, only a runs timers yet: a wins and its run blocks
+    await gate.entered.wait()
+    await b.start()
+    a.coordinator.losing = True  # type: ignore[attr-defined]
+    skipped = expect(b, lambda r: r.status == "skipped")
+    clock.advance(60)  # 08:02: b wins, but a's run is in flight
+    run = await skipped
+    assert (run.scheduled_at, run.instance, run.coordination_outcome) == (at("2026-03-02T08:02:00Z"), "b", "wonLock")
+    assert run.error_tag == "overlap" and "on another instance" in (run.error_message or "")
+    assert gate.started[0][1] in (run.error_message or "")
+    gate.release.set()
+    await settle(clock, a, b)
+    clock.advance(60)  # 08:03: nothing in flight any more: b runs it
+    await settle(clock, a, b)
+    runs = await all_runs(b, "job")
+    assert [(r.scheduled_at.minute, r.status, r.instance) for r in runs] == [
+        (1, "succeeded", "a"),
+        (2, "skipped", "b"),
+        (3, "succeeded", "b"),
+    ]
+    assert gate.most == 1
+
+
+async def test_queue_waits_for_the_run_on_another_instance(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    gate = Gate()
+    a = make_engine([schedule(handler=gate, on_overlap="queue")], instance="a", coordination="advisoryLock", abandon_after=3600)
+    b = make_engine([schedule(handler=gate, on_overlap="queue")], instance="b", coordination="advisoryLock", abandon_after=3600)
+    a.coordinator = Loser(a.store)
+    await a.start()
+    clock.advance(60)
+    await gate.entered.wait()
+    await b.start()
+    a.coordinator.losing = True  # type: ignore[attr-defined]
+    for _ in range(2):  # 08:02 and 08:03 come due while a's 08:01 runs: b queues both
+        clock.advance(60)
+        await settle(clock, a, b, runs=False)
+    assert [slot.minute for slot, _ in gate.started] == [1]
+    running = await b.store.running_runs()
+    # b's queued slots are visible as claimed-but-not-started placeholders.
+    assert sorted((r.scheduled_at.minute, r.instance, r.fired_at is None) for r in running) == [
+        (1, "a", False),
+        (2, "b", True),
+        (3, "b", True),
+    ]
+    gate.release.set()
+    await settle(clock, a, b)
+    clock.advance(1)  # b's housekeeping sees a's run finished and starts the queue, in order
+    await settle(clock, a, b)
+    assert [slot.minute for slot, _ in gate.started] == [1, 2, 3]
+    assert gate.most == 1
+    runs = await all_runs(b, "job")
+    assert [(r.scheduled_at.minute, r.status, r.instance) for r in runs] == [
+        (1, "succeeded", "a"),
+        (2, "succeeded", "b"),
+        (3, "succeeded", "b"),
+    ]
+
+
+async def test_run_now_on_one_instance_counts_as_in_flight_for_the_others(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    gate = Gate()
+    a = make_engine([schedule(handler=gate)], instance="a", coordination="advisoryLock", abandon_after=3600)
+    b = make_engine([schedule(handler=gate)], instance="b", coordination="advisoryLock", abandon_after=3600)
+    await a.open()  # acts on the store, arms nothing (like a CLI verb)
+    await b.start()
+    manual = await a.run_now("job")
+    assert (manual.trigger, manual.coordination_outcome) == ("manual", "manual")
+    assert await b.store.count_claims() == 0  # Run now never claims
+    skipped = expect(b, lambda r: r.status == "skipped")
+    clock.advance(60)
+    assert (await skipped).error_message is not None
+    gate.release.set()
+    await settle(clock, a, b)
+    assert [(r.trigger, r.status) for r in await all_runs(b, "job")] == [("manual", "succeeded"), ("self", "skipped")]
+
+
+# ---------------------------------------------------------------------------------------
+# fail closed
+# ---------------------------------------------------------------------------------------
+class Outage:
+    """Wraps a store; while ``down``, every call that reaches the server raises Unavailable
+    (the writer keeps its runs, like the real stores do). ``lose_reply`` makes the next
+    claim commit and then fail, as when a connection drops after the commit."""
+
+    CALLS = {
+        "claim", "claimed_run", "get_states", "set_state", "heartbeat", "instances", "running_runs",
+        "running_backfills", "last_slot", "last_runs", "list_runs", "get_run", "close_run", "prune_runs",
+        "prune_claims", "count_claims",
+    }  # fmt: skip
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.down = False
+        self.lose_reply = False
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if name not in self.CALLS:
+            return value
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self.down:
+                raise Unavailable("the store is down (test)")
+            result = await value(*args, **kwargs)
+            if name == "claim" and self.lose_reply:
+                self.lose_reply = False
+                raise Unavailable("connection lost after commit (test)")
+            return result
+
+        return call
+
+
+async def test_no_claim_no_fire_and_the_lost_slots_are_recorded_once_back(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    fired: list[tuple[str, datetime]] = []
+
+    def handler_for(name: str) -> Any:
+        async def handler(ctx: RunContext) -> None:
+            fired.append((name, ctx.scheduled_at))
+
+        return handler
+
+    stores = [Outage(open_store(store_url)) for _ in range(2)]
+    a, b = (
+        make_engine([schedule(handler=handler_for(n))], instance=n, coordination="advisoryLock", store=s)
+        for n, s in zip("ab", stores)
+    )
+    await a.start()
+    await b.start()
+    clock.advance(60)
+    await settle(clock, a, b)
+    caplog.set_level(logging.INFO, "schedtui")
+    for s in stores:
+        s.down = True
+    for _ in range(3):  # 08:02, 08:03, 08:04: nobody can claim, nobody fires
+        clock.advance(60)
+        await settle(clock, a, b)
+    assert [slot.minute for _, slot in fired] == [1]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "cannot claim" in r.getMessage()]
+    assert len(warnings) == 2  # one per instance, not one per slot
+    for s in stores:
+        s.down = False
+    clock.advance(1)  # housekeeping: the store is back, lost slots are claimed and recorded
+    await settle(clock, a, b)
+    clock.advance(59)  # 08:05 fires as usual
+    await settle(clock, a, b)
+    runs = await all_runs(a, "job")
+    assert {slot: [r.status for r in rs] for slot, rs in by_slot(runs).items()} == {
+        at("2026-03-02T08:01:00Z"): ["succeeded"],
+        at("2026-03-02T08:02:00Z"): ["missed"],
+        at("2026-03-02T08:03:00Z"): ["missed"],
+        at("2026-03-02T08:04:00Z"): ["missed"],
+        at("2026-03-02T08:05:00Z"): ["succeeded"],
+    }
+    assert {r.coordination_outcome for r in runs} == {"wonLock"}
+    assert [slot.minute for _, slot in fired] == [1, 5]
+    assert "unreachable" in (runs[1].error_message or "")
+    assert "store reachable again" in caplog.text
+
+
+async def test_lost_slots_follow_the_backfill_policy(make_engine: Callable[..., Engine], clock: ManualClock, store_url: str) -> None:
+    fired: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    store = Outage(open_store(store_url))
+    engine = make_engine([schedule(handler=handler, backfill="latest")], coordination="advisoryLock", store=store)
+    await engine.start()
+    await engine.quiesce()
+    store.down = True
+    for _ in range(3):
+        clock.advance(60)
+        await engine.quiesce()
+    store.down = False
+    clock.advance(1)
+    await engine.quiesce()
+    assert fired == [at("2026-03-02T08:03:00Z")]  # latest: the newest lost slot fires
+    assert [(r.scheduled_at.minute, r.status) for r in sorted(await all_runs(engine, "job"), key=lambda r: r.scheduled_at)] == [
+        (1, "missed"),
+        (2, "missed"),
+        (3, "succeeded"),
+    ]
+
+
+async def test_a_claim_whose_reply_was_lost_is_recognised_as_ours(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    store = Outage(open_store(store_url))
+    engine = make_engine([schedule()], coordination="advisoryLock", store=store)
+    await engine.start()
+    await engine.quiesce()
+    store.lose_reply = True  # the 08:01 claim commits (with its placeholder row), the reply is lost
+    for _ in range(2):  # then housekeeping (a heartbeat round) finds it
+        clock.advance(60)
+        await engine.quiesce()
+    # The placeholder carries this instance's name but was not closed as abandoned, and
+    # the claim was recognised as this instance's own: recorded once, under its run id.
+    runs = await all_runs(engine, "job")
+    assert [(r.scheduled_at.minute, r.status, r.instance) for r in runs] == [(1, "missed", "test-0"), (2, "succeeded", "test-0")]
+    assert await engine.store.claimed_run(slot_key("job", at("2026-03-02T08:01:00Z"))) == runs[0].id
+    assert engine.stats["abandoned"] == 0
+
+
+# ---------------------------------------------------------------------------------------
+# abandoned runs, across machines
+# ---------------------------------------------------------------------------------------
+async def test_runs_of_an_instance_on_another_machine_are_closed_once_its_heartbeat_is_stale(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    live = make_engine([schedule()], instance="live", coordination="advisoryLock", abandon_after=30, heartbeat_interval=5)
+    await live.open()
+    # Another machine: its pid happens to be alive here, which proves nothing about it.
+    await live.store.heartbeat("far:1", "far-host#0000", os.getpid(), clock.now())
+    stuck = Run(id=live.new_id(), name="job", scheduled_at=clock.now(), status="running", trigger="self",
+                coordination_outcome="wonLock", instance="far:1", fired_at=clock.now())  # fmt: skip
+    live.store.save_runs([stuck])
+    await live.store.flush()
+    await live.start()
+    closed_at = None
+    for second in range(1, 60):
+        clock.advance(1)
+        await live.quiesce()
+        run = await live.store.get_run(stuck.id)
+        assert run is not None
+        if run.status != "running":
+            closed_at = second
+            break
+    # Stale after abandon_after (30 s); noticed at the next heartbeat round (every 5 s).
+    assert closed_at is not None and 30 < closed_at <= 30 + 5 + 1
+    assert (run.status, run.error_tag) == ("failed", "abandoned")
+    assert "has not sent a heartbeat" in (run.error_message or "")
+
+
+# ---------------------------------------------------------------------------------------
+# claims retention, boot catch-up, defaults
+# ---------------------------------------------------------------------------------------
+async def test_claims_are_swept_after_the_ttl_also_for_schedules_gone_since(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "schedtui")
+    # Claims of schedules that no longer exist (renamed, deleted): nobody prunes them but the sweep.
+    earlier = open_store(store_url)
+    await earlier.open()
+    for hours_ago in (5, 2):
+        when = clock.now() - timedelta(hours=hours_ago)
+        key = slot_key(f"renamed{hours_ago}", when)
+        await earlier.claim([Claim(key, f"renamed{hours_ago}", f"01J{hours_ago:023d}")], "gone:1", when)
+    await earlier.close()
+    engine = make_engine([schedule(cron="*/10 * * * *")], coordination="advisoryLock", claims_ttl=timedelta(hours=3))
+    await engine.start()  # the sweep runs at start, then hourly
+    assert "claims older than 3h are swept hourly" in caplog.text
+    assert await engine.store.claimed_run(slot_key("renamed5", clock.now() - timedelta(hours=5))) is None
+    renamed2 = slot_key("renamed2", clock.now() - timedelta(hours=2))
+    for _ in range(6):  # an hour in 10-minute steps: the schedule's own claims stay bounded
+        clock.advance(600)
+        await engine.quiesce()
+    assert await engine.store.claimed_run(renamed2) is not None  # just 3 h old at 09:00's sweep
+    for _ in range(6):  # the next hourly sweep, at 10:00, takes it
+        clock.advance(600)
+        await engine.quiesce()
+    assert await engine.store.claimed_run(renamed2) is None
+    # Winners kept an hour of their own schedule's claims (6 or 7 ten-minute slots).
+    assert 6 <= await engine.store.count_claims() <= 7
+
+
+async def test_instances_booting_together_catch_each_missed_slot_up_once(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    fired: list[tuple[str, datetime]] = []
+
+    def handler_for(name: str) -> Any:
+        async def handler(ctx: RunContext) -> None:
+            fired.append((name, ctx.scheduled_at))
+
+        return handler
+
+    engines = [
+        make_engine([schedule("daily", "0 6 * * *", handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock")
+        for n in ("a", "b", "c")
+    ]
+    await engines[0].open()
+    three_days_ago = at("2026-02-27T06:00:00Z")
+    engines[0].store.save_runs([Run(id=engines[0].new_id(), name="daily", scheduled_at=three_days_ago, status="succeeded",
+                                    trigger="self", coordination_outcome="wonLock", instance="old")])  # fmt: skip
+    await engines[0].store.flush()
+    await asyncio.gather(*(e.start() for e in engines))
+    await settle(clock, *engines)
+    runs = await all_runs(engines[0], "daily")
+    assert sorted((r.scheduled_at, r.status) for r in runs) == [
+        (at("2026-02-27T06:00:00Z"), "succeeded"),
+        (at("2026-02-28T06:00:00Z"), "missed"),
+        (at("2026-03-01T06:00:00Z"), "missed"),
+        (at("2026-03-02T06:00:00Z"), "succeeded"),
+    ]
+    assert [slot for _, slot in fired] == [at("2026-03-02T06:00:00Z")]
+
+
+async def test_default_coordination_comes_from_the_store(make_engine: Callable[..., Engine], store_url: str) -> None:
+    engine = make_engine([schedule()])
+    expected = "advisoryLock" if store_url.startswith("postgresql") else "single"
+    assert engine.coordination == expected
+    assert make_engine([schedule()], coordination="single").coordination == "single"
