@@ -488,9 +488,12 @@ class Engine:
 
     def next_fire_at(self, name: str) -> datetime | None:
         schedule = self.schedule(name)
-        if self._trigger_of(schedule) == "external" or not self.is_enabled(name):
+        return self._next_fire(schedule, self.is_enabled(name))
+
+    def _next_fire(self, schedule: Schedule, enabled: bool) -> datetime | None:
+        if not enabled or self._trigger_of(schedule) == "external":
             return None
-        armed = self._armed.get(name)
+        armed = self._armed.get(schedule.name)
         if armed is not None:
             return armed[0]
         return schedule.cron.next(self.clock.now())
@@ -540,6 +543,7 @@ class Engine:
 
     def _view(self, schedule: Schedule, last_run: Run | None) -> ScheduleView:
         state = self._states.get(schedule.name)
+        enabled = state.enabled if state is not None else schedule.enabled
         return ScheduleView(
             name=schedule.name,
             cron=schedule.cron.expr,
@@ -550,9 +554,9 @@ class Engine:
             max_runtime_s=schedule.max_runtime,
             description=schedule.description,
             payload=schedule.payload,
-            enabled=self.is_enabled(schedule.name),
+            enabled=enabled,
             state_note=state.state_note if state is not None else None,
-            next_fire_at=self.next_fire_at(schedule.name),
+            next_fire_at=self._next_fire(schedule, enabled),
             last_run=last_run,
         )
 
@@ -628,16 +632,24 @@ class Engine:
         outcome = self.coordinator.outcome
         busy: dict[str, str] = {}
         if self.coordinator.needs_claims:
+            # One claim for the whole batch: one round trip, one transaction.
             owned, busy = await self._claim([(schedule, slot) for schedule, slot, _ in due], now)
         else:
             owned = [(schedule, slot, self.new_id()) for schedule, slot, _ in due]
+        await self._fire_owned(owned, outcome, busy)
+        for schedule, _, following in due:
+            if schedule.name in self._armed and self.is_enabled(schedule.name):
+                self._arm_at(schedule, following, schedule.cron.next(following))
+
+    async def _fire_owned(
+        self, owned: list[tuple[Schedule, datetime, str]], outcome: Outcome, busy: dict[str, str]
+    ) -> None:
         for index, (schedule, slot, run_id) in enumerate(owned):
             self._fire(schedule, slot, "self", outcome, run_id, remote=busy.get(schedule.name))
             if index % _START_SLICE == _START_SLICE - 1:
                 await asyncio.sleep(0)  # let the handlers created so far start
-        for schedule, _, following in due:
-            if schedule.name in self._armed and self.is_enabled(schedule.name):
-                self._arm_at(schedule, following, schedule.cron.next(following))
+        if owned:
+            await asyncio.sleep(0)  # the last slice too, before the re-arming that follows
 
     def _claim_horizon(self, schedule: Schedule, now: datetime) -> datetime:
         """How far back a winner keeps its schedule's claims: long enough that a replica

@@ -88,9 +88,10 @@ class ClaimResult:
 
     won: frozenset[str]
     busy: dict[str, str] = field(default_factory=dict)
-    """``{schedule name: id of a run in flight elsewhere}``: a run of that schedule that is
-    ``running`` on another instance and has started, or is claimed for an earlier slot
-    than the earliest one this batch asks for (a run about to start, or queued)."""
+    """``{schedule name: id of a run in flight elsewhere}``, for the schedules this call won
+    a slot of: a run of that schedule that is ``running`` on another instance and has
+    started, or is claimed for an earlier slot than the earliest one won here (a run about
+    to start, or queued)."""
 
 
 @dataclass(frozen=True, slots=True)

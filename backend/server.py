@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import logging
 import signal
@@ -96,6 +97,11 @@ async def serve(
         app = create_app(engine, token=token, read_token=read_token, allow_external_self=allow_external_self)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
         server = _quiet_server_class()(config)
+        # Everything loaded so far (modules, schedules, crons) lives as long as the process:
+        # move it out of the collector's sight, so a full collection during a request scans
+        # only what requests allocate (a gen-2 pass over it all took 15-20 ms).
+        gc.collect()
+        gc.freeze()
         server_task = asyncio.ensure_future(server.serve())
         while not server.started and not server_task.done():
             await asyncio.sleep(0.01)  # uvicorn offers no start event

@@ -38,6 +38,8 @@ def countdown(target: datetime | None, now: datetime) -> str:
     delta = target - now
     if delta <= timedelta(0):
         return "due now"
+    if delta < timedelta(seconds=1):
+        return "in <1s"
     return "in " + compact_delta(delta)
 
 

@@ -405,3 +405,25 @@ async def test_default_coordination_comes_from_the_store(make_engine: Callable[.
     expected = "advisoryLock" if store_url.startswith("postgresql") else "single"
     assert engine.coordination == expected
     assert make_engine([schedule()], coordination="single").coordination == "single"
+
+
+async def test_offset_clock_runs_ahead_or_behind_its_base(clock: ManualClock) -> None:
+    """The seam the clock-skew fleet test starts `serve` with (SCHEDTUI_CLOCK_OFFSET_MS)."""
+    from backend.clock import OffsetClock
+
+    ahead, behind = OffsetClock(timedelta(milliseconds=300), clock), OffsetClock(-0.3, clock)
+    assert ahead.now() - clock.now() == timedelta(milliseconds=300) == clock.now() - behind.now()
+    slot = clock.now() + timedelta(seconds=1)
+
+    async def wait(c: OffsetClock) -> None:
+        await c.sleep_until(slot)
+        assert c.now() >= slot  # never before its own reading of the slot
+
+    early, late = asyncio.ensure_future(wait(ahead)), asyncio.ensure_future(wait(behind))
+    while clock.sleepers < 2:  # both parked on the base clock
+        await asyncio.sleep(0)
+    clock.advance(0.7)  # the fast clock reads the slot 300 ms early...
+    await asyncio.wait_for(early, 5)
+    assert not late.done()  # ...the slow one 300 ms late
+    clock.advance(0.6)
+    await asyncio.wait_for(late, 5)

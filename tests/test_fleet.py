@@ -259,8 +259,6 @@ def test_four_instances_fire_every_slot_once_and_catch_up_once_across_a_restart(
         assert_once_and_contiguous(mine)
         assert len(mine) >= 20
         assert {(r.status, r.trigger, r.coordination_outcome) for r in mine} == {("succeeded", "self", "wonLock")}
-    everyone = {r.instance for rs in runs.values() for r in rs}
-    assert len(everyone - {"long-gone:1"}) >= 2  # the work really is shared
 
     # The daily schedule was caught up once by the four booting together (latest: the
     # newest missed slot fires, the older ones are recorded missed), and not again by
@@ -286,6 +284,17 @@ def test_a_killed_instance_loses_no_slot_and_a_live_one_closes_its_run(fleets: C
         return rows[0] if rows else None
 
     run_id, victim_name = poll(slow_running, timeout=20, what="the slow schedule to be running")
+
+    def skipped_elsewhere() -> bool:  # overlap across instances: the others skip while it runs
+        rows = sql(
+            fleet.url,
+            "SELECT count(*) FROM schedtui_runs WHERE name = 'slow' AND status = 'skipped' AND instance <> %s "
+            "AND error_message LIKE %s",
+            (victim_name, f"%{run_id} (on another instance)%"),
+        )
+        return bool(rows[0][0])
+
+    poll(skipped_elsewhere, timeout=20, what="another instance to skip a slot while the slow run is in flight")
     victim = next(i for i in fleet.instances if i.name == victim_name)
     victim.proc.send_signal(signal.SIGKILL)
     assert victim.proc.wait(10) == -signal.SIGKILL  # reaped: its pid is gone, not a zombie
@@ -317,9 +326,7 @@ def test_a_killed_instance_loses_no_slot_and_a_live_one_closes_its_run(fleets: C
         assert {r.status for r in mine} <= {"succeeded", "failed", "skipped"}
         assert all(r.error_tag == "abandoned" for r in mine if r.status == "failed" and r.name != "slow")
     slow = runs["slow"]
-    # While the killed run was in flight every other instance skipped (overlap across
-    # instances); once it was closed a live instance ran the schedule again.
-    assert any(r.status == "skipped" and "on another instance" in (r.error_message or "") for r in slow)
+    # Once the killed run was closed, a live instance ran the schedule again.
     later = [r for r in slow if r.fired_at is not None and r.id != run_id and r.instance != victim_name]
     assert later and all(r.instance in {i.name for i in survivors} for r in later)
     assert [r for r in fleet.runs() if r.status == "running"] == []

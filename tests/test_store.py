@@ -17,6 +17,7 @@ import dataclasses
 import inspect
 import json
 import re
+import socket
 import sqlite3
 import sys
 import textwrap
@@ -24,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from backend import BackfillProgress, Refused, Run, ScheduleState
@@ -859,3 +861,83 @@ async def test_sqlite_a_second_process_reads_and_writes_while_the_first_is_open(
     closed = mine.finish("succeeded", T0 + timedelta(seconds=3))
     assert await sqlite_store.close_run(closed) is True
     assert await sqlite_store.get_run(mine.id) == closed
+
+
+# ---------------------------------------------------------------------------------------
+# PostgreSQL only
+# ---------------------------------------------------------------------------------------
+@pytest.mark.postgres
+async def test_postgres_unreachable_is_one_line_without_the_password(pg_server: pg.PgServer) -> None:
+    from backend.errors import Unavailable
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = open_store(f"postgresql://someone:s3cret@127.0.0.1:{port}/nowhere")
+    assert store.kind == "postgresql" and store.default_coordination == "advisoryLock"
+    assert store.where == f"postgresql://someone:***@127.0.0.1:{port}/nowhere"
+    with pytest.raises(Unavailable) as info:
+        await store.open()
+    assert "\n" not in info.value.message and "s3cret" not in info.value.message
+    assert "refused" in info.value.message.lower()
+    with pytest.raises(Unavailable):
+        store.save_runs([])  # not open
+
+
+@pytest.mark.postgres
+async def test_postgres_schema_version_is_written_once(pg_url: str) -> None:
+    from backend.store.postgres import MIGRATIONS
+
+    for _ in range(3):
+        s = open_store(pg_url)
+        await s.open()
+        await s.close()
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT version FROM schedtui_schema_version").fetchall() == [(len(MIGRATIONS),)]
+
+
+@pytest.mark.postgres
+async def test_postgres_store_survives_a_server_restart(pg_server: pg.PgServer, pg_url: str) -> None:
+    from backend.errors import Unavailable
+
+    if not pg_server.owned:
+        pytest.skip("the server comes from SCHEDTUI_TEST_DSN: it cannot be restarted here")
+    store = open_store(pg_url)
+    await store.open()
+    ids = Ids()
+    before = run(ids())
+    store.save_runs([before])
+    await store.flush()
+    try:
+        await asyncio.to_thread(pg_server.pg_ctl, "stop")
+        # Down: calls fail fast with Unavailable (fail closed), runs handed in are kept.
+        with pytest.raises(Unavailable):
+            await store.claim([claim(ids, "job", T0)], "a", T0)
+        during = run(ids(), scheduled_at=T0 + timedelta(minutes=1))
+        store.save_runs([during])
+        with pytest.raises(Unavailable):
+            await store.flush()
+    finally:
+        await asyncio.to_thread(pg_server.pg_ctl, "start")
+    # Back: the same store object works again, without being reopened.
+    await store.flush()
+    assert await store.get_run(during.id) == during
+    assert (await store.claim([claim(ids, "job", T0)], "a", T0)).won == {slot_key("job", T0)}
+    await store.close()
+
+
+@pytest.mark.postgres
+async def test_postgres_keeps_runs_whose_messages_it_cannot_store_verbatim(pg_url: str) -> None:
+    store = open_store(pg_url)
+    await store.open()
+    ids = Ids()
+    runs = [
+        run(ids(), status="failed", error_tag="ValueError", error_message="nul \x00 inside"),
+        run(ids(), status="failed", error_tag="UnicodeError", error_message="lone \udcff surrogate"),
+        run(ids(), status="succeeded"),
+    ]
+    store.save_runs(runs)
+    await store.flush()
+    got = [await store.get_run(r.id) for r in runs]
+    assert [g.error_message if g else None for g in got] == ["nul \\0 inside", "lone \\udcff surrogate", None]
+    await store.close()

@@ -206,8 +206,8 @@ BACKFILL_PKEY = "schedtui_backfills_pkey"
 #: Lookups are written as correlated subqueries and LATERAL joins so that each is an
 #: index probe whatever the planner thinks of the tables' sizes: the cost of a claim grows
 #: with the batch, never with the ledger or the claims table.
-#: * the final SELECT: the keys won, and per schedule of the batch one run in flight on
-#:   another instance (started, or placed for an earlier slot than ours), if any.
+#: * the final SELECT: the keys won, and per schedule of the slots won one run in flight
+#:   on another instance (started, or placed for an earlier slot than ours), if any.
 CLAIM = """
     WITH wanted AS (
         SELECT * FROM json_to_recordset(%(claims)s::json) AS w(
@@ -260,7 +260,11 @@ CLAIM = """
     SELECT 'won', key FROM mine
     UNION ALL
     SELECT 'busy:' || f.name, b.id
-    FROM (SELECT name, min(slot) AS first FROM wanted GROUP BY name) f
+    FROM (
+        SELECT w.name, min(w.slot) AS first FROM wanted w
+        WHERE w.key IN (SELECT key FROM inserted UNION ALL SELECT key FROM mine)
+        GROUP BY w.name
+    ) f
     CROSS JOIN LATERAL (
         SELECT r.id FROM schedtui_runs r
         WHERE r.name = f.name AND r.status = 'running' AND r.instance <> %(instance)s
@@ -295,7 +299,7 @@ _CONNINFO_DEFAULTS = {
 
 #: How long a call waits for a pooled connection before giving up (seconds). Claims get
 #: a shorter wait: a slot that cannot be claimed promptly is not fired (fail closed).
-_POOL_WAIT = 5.0
+_POOL_WAIT = 3.0
 _CLAIM_WAIT = 2.0
 #: Writer: most rows per statement, and the pause between failed attempts (grows to the max).
 _WRITE_CHUNK = 5_000
@@ -356,6 +360,14 @@ class _Iso:
         return text
 
 
+def _text(value: str | None) -> str | None:
+    """Text PostgreSQL accepts: no NUL character, no lone surrogate (a handler's message may
+    carry either)."""
+    if value is None or value.isascii() and "\x00" not in value:
+        return value
+    return value.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _runs_json(runs: Sequence[Run]) -> str:
     """The batch as the JSON document UPSERT_RUNS reads."""
     iso = _Iso()
@@ -371,8 +383,8 @@ def _runs_json(runs: Sequence[Run]) -> str:
                 "trigger": r.trigger,
                 "outcome": r.coordination_outcome,
                 "instance": r.instance,
-                "error_tag": r.error_tag,
-                "error_message": r.error_message,
+                "error_tag": _text(r.error_tag),
+                "error_message": _text(r.error_message),
             }
             for r in runs
         ],
@@ -663,6 +675,11 @@ class PostgresStore:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay)
                 continue
+            except psycopg.Error as exc:
+                # Refused by the server, not lost on the way: find the culprit row by row
+                # rather than drop the whole batch.
+                log.warning("the ledger refused a batch of %d run(s) (%s); writing them one by one", len(pending), _one_line(exc))
+                await self._upsert_each(list(pending.values()))
             except Exception:
                 log.exception("could not write %d run(s) to the ledger", len(pending))
             if self._write_failures:
@@ -677,6 +694,15 @@ class PostgresStore:
                 await conn.execute(UPSERT_RUNS, (_runs_json(runs[start : start + _WRITE_CHUNK]),))
         self.commits += 1
         self.rows_written += len(runs)
+
+    async def _upsert_each(self, runs: list[Run]) -> None:
+        for run in runs:
+            try:
+                await self._with_conn(lambda conn: self._upsert(conn, [run]))
+            except psycopg.Error as exc:
+                log.error("run %s of %s could not be written to the ledger: %s", run.id, run.name, _one_line(exc))
+            except Unavailable as exc:
+                log.error("run %s of %s could not be written to the ledger: %s", run.id, run.name, exc)
 
     # -- runs: reads and the rest -----------------------------------------------------------
     async def get_run(self, run_id: str) -> Run | None:

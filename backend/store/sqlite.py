@@ -181,7 +181,8 @@ def _us(dt: datetime | None) -> int | None:
 
 
 def _dt(us: int | None) -> datetime | None:
-    return None if us is None else _EPOCH + timedelta(microseconds=us)
+    # timedelta * int is exact, and twice as fast as timedelta(microseconds=us).
+    return None if us is None else _EPOCH + _MICROSECOND * us
 
 
 def _run_params(run: Run) -> tuple[Any, ...]:
@@ -515,21 +516,22 @@ class SQLiteStore:
             first: dict[str, int | None] = {}
             for claim in sorted(claims, key=lambda cl: cl.key):
                 slot = _us(claim.scheduled_at)
-                earliest = first.get(claim.name)
-                first[claim.name] = slot if earliest is None or (slot is not None and slot < earliest) else earliest
                 owner = c.execute(CLAIMED_RUN, (claim.key,)).fetchone()
                 if owner is not None:
-                    if owner[0] == claim.run_id:  # our own earlier attempt: its reply was lost
-                        won.add(claim.key)
-                    continue
-                if slot is not None and c.execute(SLOT_TAKEN, (claim.name, slot)).fetchone():
+                    if owner[0] != claim.run_id:
+                        continue
+                    won.add(claim.key)  # our own earlier attempt: its reply was lost
+                elif slot is not None and c.execute(SLOT_TAKEN, (claim.name, slot)).fetchone():
                     continue  # fired already; its claim has been pruned since
-                c.execute(CLAIM, (claim.key, claim.name, instance, us, claim.run_id))
-                won.add(claim.key)
-                if slot is not None:
-                    c.execute(INSERT_PLACEHOLDER, (claim.run_id, claim.name, slot, claim.trigger, claim.outcome, instance))
-                if claim.prune_before is not None:
-                    c.execute(PRUNE_OWN_CLAIMS, (claim.name, _us(claim.prune_before)))
+                else:
+                    c.execute(CLAIM, (claim.key, claim.name, instance, us, claim.run_id))
+                    won.add(claim.key)
+                    if slot is not None:
+                        c.execute(INSERT_PLACEHOLDER, (claim.run_id, claim.name, slot, claim.trigger, claim.outcome, instance))
+                    if claim.prune_before is not None:
+                        c.execute(PRUNE_OWN_CLAIMS, (claim.name, _us(claim.prune_before)))
+                earliest = first.get(claim.name)
+                first[claim.name] = slot if earliest is None or (slot is not None and slot < earliest) else earliest
             busy = {}
             for name, slot in first.items():
                 row = c.execute(BUSY_ELSEWHERE, (name, instance, slot)).fetchone()

@@ -219,6 +219,7 @@ async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
         threads_after = thread_cpu()
         await sleep_until(end + SETTLE_S)
         stats_before_stop = dict(engine.stats)
+        counts_before_stop = (getattr(engine.store, "rows_written", None), getattr(engine.store, "commits", None))
         t_stop = time.time()
         await engine.stop()
         stop_s = time.time() - t_stop
@@ -243,8 +244,9 @@ async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
         {
             "ledger_missed_rows": statuses.get("missed", 0),
             "ledger_skipped_rows": statuses.get("skipped", 0),
-            "ledger_rows_written": writer.rows_written if writer is not None else None,
-            "ledger_commits": writer.commits if writer is not None else None,
+            # After stop (includes the final flush); else as read just before stop.
+            "ledger_rows_written": writer.rows_written if writer is not None else counts_before_stop[0],
+            "ledger_commits": writer.commits if writer is not None else counts_before_stop[1],
             "ledger_rows": ledger_rows,
             "ledger_statuses": statuses,
             "ledger_window_statuses": window_statuses,

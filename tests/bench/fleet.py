@@ -159,7 +159,8 @@ def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: P
                 proc.kill()
                 proc.wait()
     exits = [proc.returncode for proc, _ in procs]
-    time.sleep(0.5)  # backends flush their statistics as they exit
+    # Backends flush their statistics as they exit: read them once all have gone.
+    wait_for(lambda: stat("SELECT count(*) FROM pg_stat_activity WHERE datname = %s") == 0, 30, "the fleet's connections to close")
     commits_after = stat(commits_query) or 0
 
     with psycopg.connect(url) as conn:
