@@ -37,7 +37,15 @@ from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
 from .engine import Engine
-from .errors import BadInput, Forbidden, NotFound, Refused, SchedtuiError, Unauthorized, Unavailable
+from .errors import (
+    BadInput,
+    Forbidden,
+    NotFound,
+    Refused,
+    SchedtuiError,
+    Unauthorized,
+    Unavailable,
+)
 from .interface import EmbeddedBackend
 from .model import BACKFILL_MAX_LIMIT, iso
 from .timeparse import parse_when

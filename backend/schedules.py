@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 from .cron import Cron
 from .errors import CronError, DefinitionError, DiscoveryError
-from .model import BACKFILL_POLICIES, OVERLAP_POLICIES, BackfillPolicy, OverlapPolicy, Trigger
+from .model import (
+    BACKFILL_POLICIES,
+    OVERLAP_POLICIES,
+    BackfillPolicy,
+    OverlapPolicy,
+    Trigger,
+)
 
 if TYPE_CHECKING:
     from .model import RunContext

@@ -30,8 +30,8 @@ from typing import ClassVar
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import DataTable, Footer, Input, Static
@@ -47,7 +47,14 @@ from .screens.backfill import BackfillScreen
 from .screens.details import RunDetails
 from .screens.help import HelpScreen
 from .screens.prompt import NotePrompt
-from .widgets import ConsoleHeader, DetailBar, RunsTable, RunTimeline, SchedulesTable, UpcomingLine
+from .widgets import (
+    ConsoleHeader,
+    DetailBar,
+    RunsTable,
+    RunTimeline,
+    SchedulesTable,
+    UpcomingLine,
+)
 
 __all__ = ["PAGE_SIZE", "SchedtuiApp", "parse_keymap", "short_where"]
 

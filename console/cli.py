@@ -31,8 +31,8 @@ from backend import (
 )
 from backend.interface import Backend, EmbeddedBackend
 from backend.manifests import PROVIDERS, render_manifests
-from backend.remote import RemoteBackend
 from backend.model import BACKFILL_MAX_LIMIT, BackfillProgress, Run, ScheduleView
+from backend.remote import RemoteBackend
 from backend.store import DEFAULT_STORE_URL
 from backend.timeparse import parse_when
 
@@ -474,9 +474,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     _configure_logging()
     from datetime import timedelta
 
-    from backend.server import serve
-
     from backend.clock import OffsetClock
+    from backend.server import serve
 
     engine = _engine(
         args,

@@ -20,7 +20,12 @@ from backend import Engine, ManualClock, Run, Schedule, define_schedule
 from backend.clock import Clock
 from backend.errors import Unavailable
 from backend.ids import IdFactory
-from backend.interface import ConnectionInfo, EmbeddedBackend, RunsPage, SchedulesSnapshot
+from backend.interface import (
+    ConnectionInfo,
+    EmbeddedBackend,
+    RunsPage,
+    SchedulesSnapshot,
+)
 from backend.model import BackfillPlan, BackfillProgress, ScheduleView
 
 START = "2026-03-02T07:59:00Z"

@@ -18,7 +18,13 @@ from textual.pilot import Pilot
 
 from backend import ManualClock
 from console.app import SchedtuiApp
-from tests.console_fixtures import FROZEN, WHERE, FlakyBackend, build_ledger, console_backend
+from tests.console_fixtures import (
+    FROZEN,
+    WHERE,
+    FlakyBackend,
+    build_ledger,
+    console_backend,
+)
 
 RunBefore = Callable[[Pilot[Any]], Awaitable[None]]
 SIZES = {"100x30": (100, 30), "80x24": (80, 24)}

@@ -12,7 +12,7 @@ import shutil
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,21 @@ from backend.store import open_store
 from console.app import PAGE_SIZE, SchedtuiApp, parse_keymap, short_where
 from console.commands import ConsoleCommands
 from console.screens import BackfillScreen, HelpScreen, NotePrompt, RunDetails
-from console.widgets import ConsoleHeader, RunsTable, RunTimeline, SchedulesTable, UpcomingLine
-from tests.console_fixtures import FROZEN, WHERE, FlakyBackend, build_ledger, console_backend, seeded_ids
+from console.widgets import (
+    ConsoleHeader,
+    RunsTable,
+    RunTimeline,
+    SchedulesTable,
+    UpcomingLine,
+)
+from tests.console_fixtures import (
+    FROZEN,
+    WHERE,
+    FlakyBackend,
+    build_ledger,
+    console_backend,
+    seeded_ids,
+)
 
 
 @pytest.fixture(scope="module")

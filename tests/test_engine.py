@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from backend import BadInput, Engine, ManualClock, NotFound, Refused, RunContext, define_schedule
+from backend import (
+    BadInput,
+    Engine,
+    ManualClock,
+    NotFound,
+    Refused,
+    RunContext,
+    define_schedule,
+)
 from backend.model import Run
 from tests.conftest import all_runs, expect
 

@@ -12,7 +12,17 @@ from typing import Any
 
 import pytest
 
-from backend import CronError, Engine, ManualClock, DefinitionError, DiscoveryError, RunContext, Schedule, define_schedule, discover
+from backend import (
+    CronError,
+    DefinitionError,
+    DiscoveryError,
+    Engine,
+    ManualClock,
+    RunContext,
+    Schedule,
+    define_schedule,
+    discover,
+)
 from backend.schedules import DEFAULT_MAX_RUNTIME
 
 

@@ -29,8 +29,8 @@ import psycopg
 import pytest
 
 from backend import BackfillProgress, Refused, Run, ScheduleState
-from backend.model import Claim, slot_key
 from backend.ids import IdFactory, id_floor
+from backend.model import Claim, slot_key
 from backend.store import Store, open_store
 from tests import pg
 

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import BadInput
-from ..model import BackfillProgress, Claim, ClaimResult, CoordinationMode, Run, ScheduleState
+from ..model import (
+    BackfillProgress,
+    Claim,
+    ClaimResult,
+    CoordinationMode,
+    Run,
+    ScheduleState,
+)
 
 __all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "Store", "open_store", "redact_url"]
 

@@ -35,8 +35,16 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..errors import BadInput, Refused, Unavailable
 from ..ids import id_floor
-from ..model import BackfillProgress, Claim, ClaimResult, CoordinationMode, Run, ScheduleState
+from ..model import (
+    BackfillProgress,
+    Claim,
+    ClaimResult,
+    CoordinationMode,
+    Run,
+    ScheduleState,
+)
 from . import redact_url
+from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -122,10 +130,7 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 
-RUN_COLUMNS = (
-    "id, name, scheduled_at, fired_at, finished_at, status, trigger, outcome, instance, "
-    "error_tag, error_message"
-)
+RUN_COLUMNS = ", ".join(RUN_FIELDS)
 #: One statement for a whole group commit. The batch travels as one JSON document (one
 #: parameter: cheap to build in Python, where a parameter per column would be adapted
 #: element by element on the event loop).
@@ -173,10 +178,7 @@ HEARTBEAT = """
 """
 INSTANCES = "SELECT instance, host, pid, heartbeat_at FROM schedtui_instances"
 FORGET_INSTANCE = "DELETE FROM schedtui_instances WHERE instance = %s"
-BACKFILL_COLUMNS = (
-    "id, name, range_start, range_end, total, fired, failed, state, instance, started_at, "
-    "finished_at, current_slot"
-)
+BACKFILL_COLUMNS = ", ".join(BACKFILL_FIELDS)
 INSERT_BACKFILL = (
     f"INSERT INTO schedtui_backfills ({BACKFILL_COLUMNS}) "
     "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -311,38 +313,11 @@ def _utc(dt: datetime | None) -> datetime | None:
 
 
 def _run(row: Sequence[Any]) -> Run:
-    scheduled_at = _utc(row[2])
-    assert scheduled_at is not None
-    return Run(
-        id=row[0],
-        name=row[1],
-        scheduled_at=scheduled_at,
-        fired_at=_utc(row[3]),
-        finished_at=_utc(row[4]),
-        status=row[5],
-        trigger=row[6],
-        coordination_outcome=row[7],
-        instance=row[8],
-        error_tag=row[9],
-        error_message=row[10],
-    )
+    return run_from_row(row, _utc)
 
 
 def _backfill(row: Sequence[Any]) -> BackfillProgress:
-    return BackfillProgress(
-        id=row[0],
-        name=row[1],
-        start=_utc(row[2]),  # type: ignore[arg-type]
-        end=_utc(row[3]),  # type: ignore[arg-type]
-        total=row[4],
-        fired=row[5],
-        failed=row[6],
-        state=row[7],
-        instance=row[8],
-        started_at=_utc(row[9]),  # type: ignore[arg-type]
-        finished_at=_utc(row[10]),
-        current=_utc(row[11]),
-    )
+    return backfill_from_row(row, _utc)
 
 
 class _Iso:

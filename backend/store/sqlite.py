@@ -25,7 +25,15 @@ from typing import Any, TypeVar
 
 from ..errors import Refused, Unavailable
 from ..ids import id_floor
-from ..model import BackfillProgress, Claim, ClaimResult, CoordinationMode, Run, ScheduleState
+from ..model import (
+    BackfillProgress,
+    Claim,
+    ClaimResult,
+    CoordinationMode,
+    Run,
+    ScheduleState,
+)
+from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -93,10 +101,7 @@ MIGRATIONS: tuple[str, ...] = (
     """,
 )
 
-RUN_COLUMNS = (
-    "id, name, scheduled_at, fired_at, finished_at, status, trigger, outcome, instance, "
-    "error_tag, error_message"
-)
+RUN_COLUMNS = ", ".join(RUN_FIELDS)
 UPSERT_RUN = f"""
     INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO UPDATE SET
@@ -137,10 +142,7 @@ HEARTBEAT = """
 """
 INSTANCES = "SELECT instance, host, pid, heartbeat_at FROM instances"
 FORGET_INSTANCE = "DELETE FROM instances WHERE instance = ?"
-BACKFILL_COLUMNS = (
-    "id, name, range_start, range_end, total, fired, failed, state, instance, started_at, "
-    "finished_at, current_slot"
-)
+BACKFILL_COLUMNS = ", ".join(BACKFILL_FIELDS)
 INSERT_BACKFILL = f"INSERT INTO backfills ({BACKFILL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 UPDATE_BACKFILL = """
     UPDATE backfills SET fired = ?, failed = ?, state = ?, finished_at = ?, current_slot = ?
@@ -202,38 +204,11 @@ def _run_params(run: Run) -> tuple[Any, ...]:
 
 
 def _run(row: tuple[Any, ...]) -> Run:
-    scheduled_at = _dt(row[2])
-    assert scheduled_at is not None
-    return Run(
-        id=row[0],
-        name=row[1],
-        scheduled_at=scheduled_at,
-        fired_at=_dt(row[3]),
-        finished_at=_dt(row[4]),
-        status=row[5],
-        trigger=row[6],
-        coordination_outcome=row[7],
-        instance=row[8],
-        error_tag=row[9],
-        error_message=row[10],
-    )
+    return run_from_row(row, _dt)
 
 
 def _backfill(row: tuple[Any, ...]) -> BackfillProgress:
-    return BackfillProgress(
-        id=row[0],
-        name=row[1],
-        start=_dt(row[2]),  # type: ignore[arg-type]
-        end=_dt(row[3]),  # type: ignore[arg-type]
-        total=row[4],
-        fired=row[5],
-        failed=row[6],
-        state=row[7],
-        instance=row[8],
-        started_at=_dt(row[9]),  # type: ignore[arg-type]
-        finished_at=_dt(row[10]),
-        current=_dt(row[11]),
-    )
+    return backfill_from_row(row, _dt)
 
 
 def _connect(path: str) -> sqlite3.Connection:

@@ -19,7 +19,12 @@ from textual.widgets import Button, Input, Label, ProgressBar, Static
 
 from backend.errors import BadInput, SchedtuiError
 from backend.interface import Backend
-from backend.model import BACKFILL_CONFIRM_ABOVE, BackfillPlan, BackfillProgress, ScheduleView
+from backend.model import (
+    BACKFILL_CONFIRM_ABOVE,
+    BackfillPlan,
+    BackfillProgress,
+    ScheduleView,
+)
 from backend.timeparse import parse_when
 
 from .. import format as fmt

@@ -13,7 +13,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from .. import format as fmt
-from ..widgets.palette import OUTCOME_COLORS, OUTCOME_MEANINGS, STATUS_BACKGROUNDS, STATUS_COLORS, STATUS_MEANINGS
+from ..widgets.palette import (
+    OUTCOME_COLORS,
+    OUTCOME_MEANINGS,
+    STATUS_BACKGROUNDS,
+    STATUS_COLORS,
+    STATUS_MEANINGS,
+)
 
 __all__ = ["HelpScreen"]
 

@@ -106,7 +106,6 @@ def sleep_until(epoch: float) -> None:
 # ---------------------------------------------------------------------------------------
 def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: Path) -> dict[str, Any]:
     import psycopg
-
     from psycopg.conninfo import conninfo_to_dict
 
     from tests.pg import die_with_parent
