@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import signal
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Sequence
@@ -33,6 +32,7 @@ from backend.interface import Backend, EmbeddedBackend
 from backend.manifests import PROVIDERS, render_manifests
 from backend.model import BACKFILL_MAX_LIMIT, BackfillProgress, Run, ScheduleView
 from backend.remote import RemoteBackend
+from backend.server import serve
 from backend.store import DEFAULT_STORE_URL
 from backend.timeparse import parse_when
 
@@ -445,23 +445,6 @@ def _draw_progress(progress: BackfillProgress, tty: bool) -> None:
         print(text, file=sys.stderr)
 
 
-async def _until_signalled(stop: asyncio.Event, on_second: Callable[[], None]) -> None:
-    loop = asyncio.get_running_loop()
-    count = 0
-
-    def handle() -> None:
-        nonlocal count
-        count += 1
-        if count == 1:
-            stop.set()
-        else:
-            on_second()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, handle)
-    await stop.wait()
-
-
 def _configure_logging() -> None:
     logging.basicConfig(
         level=os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper(),
@@ -475,8 +458,6 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from backend.clock import OffsetClock
-    from backend.server import serve
-
     engine = _engine(
         args,
         coordination=args.coordination,
@@ -560,13 +541,13 @@ async def _demo_headless() -> int:
             )
 
         engine.add_listener(show)
+        engine.shutdown_grace = 2
         print(f"schedtui demo: {len(engine.schedules)} schedules, store {engine.store.where}; Ctrl-C stops", flush=True)
-        await engine.start()
         platform = asyncio.ensure_future(play_platform(engine))
-        stop = asyncio.Event()
-        await _until_signalled(stop, lambda: None)
-        platform.cancel()
-        await engine.stop(grace=2)
+        try:
+            await serve(engine)  # no port: the engine alone, until Ctrl-C
+        finally:
+            platform.cancel()
     return EXIT_OK
 
 
