@@ -81,6 +81,7 @@ _MAX_ERROR_MESSAGE = 2000
 # Handlers due at one instant are started in slices of this size, yielding to the loop in
 # between, so the first ones start before the last ones are even created.
 _START_SLICE = 32
+_NOBODY: Any = None  # what _launch(notify=False) returns
 
 
 def default_instance_name() -> str:
@@ -110,7 +111,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Active:
     """A run this engine started and has not closed yet."""
 
@@ -202,13 +203,19 @@ class Engine:
         self.external_early = external_early
         self._external_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self.new_id = ids or IdFactory(self.clock.now)
+        # Per-schedule constants the firing path would otherwise recompute for every run.
+        self._max_runtime = {n: timedelta(seconds=s.max_runtime) for n, s in self.schedules.items()}
+        self._is_async = {n: s.is_async for n, s in self.schedules.items()}
 
         self._states: dict[str, ScheduleState] = {}
         self._opened = False
         self._started = False
         self._stopping = False
         # timers
-        self._heap: list[tuple[datetime, int, str]] = []
+        # One heap entry per distinct armed slot, with the schedules armed for it: a
+        # thousand schedules due at one second cost one heap operation, not a thousand.
+        self._heap: list[datetime] = []
+        self._due_at: dict[datetime, list[str]] = {}
         self._armed: dict[str, tuple[datetime, datetime]] = {}  # name -> (slot, the slot after)
         self._seq = itertools.count()
         self._timer_wake: asyncio.Event | None = None
@@ -221,6 +228,7 @@ class Engine:
         # ledger hand-off
         self._buffer: list[Run] = []
         self._handoff_pending = False
+        self._hold_handoff = False  # set while a burst of due slots is being started
         self._listeners: list[RunListener] = []
         # bookkeeping
         self._loops: dict[str, _Loop] = {}
@@ -387,16 +395,21 @@ class Engine:
         if run.status != "running":
             self._claimed.discard(run.id)
         self._buffer.append(run)
-        if not self._handoff_pending:
+        if not self._handoff_pending and not self._hold_handoff:
             self._handoff_pending = True
             # After the tasks already scheduled (handlers starting), not before them.
-            asyncio.get_running_loop().call_soon(self._handoff)
+            asyncio.get_running_loop().call_soon(self._scheduled_handoff)
         self.stats[run.status] += 1
         for listener in self._listeners:
             try:
                 listener(run)
             except Exception:
                 log.exception("a run listener failed")
+
+    def _scheduled_handoff(self) -> None:
+        self._handoff_pending = False
+        if not self._hold_handoff:
+            self._handoff()
 
     def _handoff(self) -> None:
         self._handoff_pending = False
@@ -593,7 +606,12 @@ class Engine:
 
     def _arm_at(self, schedule: Schedule, slot: datetime, following: datetime) -> None:
         self._armed[schedule.name] = (slot, following)
-        heapq.heappush(self._heap, (slot, next(self._seq), schedule.name))
+        names = self._due_at.get(slot)
+        if names is None:
+            self._due_at[slot] = [schedule.name]
+            heapq.heappush(self._heap, slot)
+        else:
+            names.append(schedule.name)
         timers = self._loops.get("timers")
         if timers is None or not timers.parked or timers.until is None or slot < timers.until:
             if self._timer_wake is not None:
@@ -603,21 +621,22 @@ class Engine:
         assert self._timer_wake is not None
         while True:
             now = self.clock.now()
-            if not self._heap or self._heap[0][0] > now:
-                await self._park("timers", self._heap[0][0] if self._heap else None, self._timer_wake)
+            if not self._heap or self._heap[0] > now:
+                await self._park("timers", self._heap[0] if self._heap else None, self._timer_wake)
                 continue
             due: list[tuple[Schedule, datetime, datetime]] = []
             behind: list[tuple[Schedule, datetime]] = []
-            while self._heap and self._heap[0][0] <= now:
-                slot, _, name = heapq.heappop(self._heap)
-                armed = self._armed.get(name)
-                if armed is None or armed[0] != slot:
-                    continue  # disarmed or re-armed since: a stale entry
-                schedule = self.schedules[name]
-                if armed[1] <= now:
-                    behind.append((schedule, slot))
-                else:
-                    due.append((schedule, slot, armed[1]))
+            while self._heap and self._heap[0] <= now:
+                slot = heapq.heappop(self._heap)
+                for name in self._due_at.pop(slot):
+                    armed = self._armed.get(name)
+                    if armed is None or armed[0] != slot:
+                        continue  # disarmed or re-armed since: a stale entry
+                    schedule = self.schedules[name]
+                    if armed[1] <= now:
+                        behind.append((schedule, slot))
+                    else:
+                        due.append((schedule, slot, armed[1]))
             if due:
                 await self._fire_due(due, now)
             for schedule, slot in behind:
@@ -631,24 +650,41 @@ class Engine:
     async def _fire_due(self, due: list[tuple[Schedule, datetime, datetime]], now: datetime) -> None:
         outcome = self.coordinator.outcome
         busy: dict[str, str] = {}
+        owned: Iterable[tuple[Schedule, datetime, str]]
         if self.coordinator.needs_claims:
             # One claim for the whole batch: one round trip, one transaction.
             owned, busy = await self._claim([(schedule, slot) for schedule, slot, _ in due], now)
         else:
-            owned = [(schedule, slot, self.new_id()) for schedule, slot, _ in due]
-        await self._fire_owned(owned, outcome, busy)
-        for schedule, _, following in due:
-            if schedule.name in self._armed and self.is_enabled(schedule.name):
-                self._arm_at(schedule, following, schedule.cron.next(following))
+            # Lazily: making every id before the first start delays the whole burst.
+            owned = ((schedule, slot, self.new_id()) for schedule, slot, _ in due)
+        # The runs started here reach the writer thread only once the whole burst has
+        # started: its work holds the GIL, and handing it batches between slices makes
+        # every later handler of the burst wait for it.
+        self._hold_handoff = True
+        try:
+            await self._fire_owned(owned, outcome, busy)
+            # Schedules that share an expression share their next slot: compute it once.
+            after: dict[tuple[Any, datetime], datetime] = {}
+            for schedule, _, following in due:
+                if schedule.name in self._armed and self.is_enabled(schedule.name):
+                    key = (schedule.cron, following)
+                    nxt = after.get(key)
+                    if nxt is None:
+                        nxt = after[key] = schedule.cron.next(following)
+                    self._arm_at(schedule, following, nxt)
+        finally:
+            self._hold_handoff = False
+            self._handoff()
 
     async def _fire_owned(
-        self, owned: list[tuple[Schedule, datetime, str]], outcome: Outcome, busy: dict[str, str]
+        self, owned: Iterable[tuple[Schedule, datetime, str]], outcome: Outcome, busy: dict[str, str]
     ) -> None:
+        index = -1
         for index, (schedule, slot, run_id) in enumerate(owned):
             self._fire(schedule, slot, "self", outcome, run_id, remote=busy.get(schedule.name))
             if index % _START_SLICE == _START_SLICE - 1:
                 await asyncio.sleep(0)  # let the handlers created so far start
-        if owned:
+        if index >= 0:
             await asyncio.sleep(0)  # the last slice too, before the re-arming that follows
 
     def _claim_horizon(self, schedule: Schedule, now: datetime) -> datetime:
@@ -878,7 +914,7 @@ class Engine:
                 if remote:
                     self._remote[name] = remote  # released by the housekeeping loop
                 return None
-        self._launch(schedule, slot, trigger, outcome, run_id)
+        self._launch(schedule, slot, trigger, outcome, run_id, notify=False)
         return None
 
     def _launch(
@@ -888,12 +924,15 @@ class Engine:
         trigger: Trigger,
         outcome: Outcome,
         run_id: str | None = None,
+        *,
+        notify: bool = True,
     ) -> asyncio.Future[_Active]:
-        """Start a run now, whatever the overlap policy; resolves once its row exists."""
+        """Start a run now, whatever the overlap policy; resolves once its row exists
+        (without ``notify``, nobody waits for that: the returned future is a dummy)."""
         self._inflight[schedule.name] += 1
-        started: asyncio.Future[_Active] = asyncio.get_running_loop().create_future()
+        started = asyncio.get_running_loop().create_future() if notify else None
         asyncio.ensure_future(self._execute(schedule, slot, trigger, outcome, run_id or self.new_id(), started))
-        return started
+        return started if started is not None else _NOBODY
 
     async def _execute(
         self,
@@ -902,10 +941,10 @@ class Engine:
         trigger: Trigger,
         outcome: Outcome,
         run_id: str,
-        started: asyncio.Future[_Active],
+        started: asyncio.Future[_Active] | None,
     ) -> None:
         fired_at = self.clock.now()
-        deadline = fired_at + timedelta(seconds=schedule.max_runtime)
+        deadline = fired_at + self._max_runtime[schedule.name]
         run = Run(
             id=run_id,
             name=schedule.name,
@@ -930,7 +969,7 @@ class Engine:
         )
         self._after_start(active, started)
         try:
-            if schedule.is_async:
+            if self._is_async[schedule.name]:
                 await schedule.handler(ctx)
             else:
                 result = await self._in_thread(schedule.handler, ctx)
@@ -945,14 +984,14 @@ class Engine:
         else:
             self._close(active, "succeeded", self.clock.now())
 
-    def _after_start(self, active: _Active, started: asyncio.Future[_Active]) -> None:
+    def _after_start(self, active: _Active, started: asyncio.Future[_Active] | None) -> None:
         self._record(active.run)
         heapq.heappush(self._watch, (active.deadline, next(self._seq), active.run.id))
         watchdog = self._loops.get("watchdog")
         if watchdog is not None and (watchdog.until is None or active.deadline < watchdog.until):
             assert self._watch_wake is not None
             self._watch_wake.set()
-        if not started.done():
+        if started is not None and not started.done():
             started.set_result(active)
 
     @staticmethod

@@ -6,13 +6,16 @@ index, and let retention delete by id range, without another timestamp index.
 
 from __future__ import annotations
 
+import functools
 import os
+import random
 import threading
 from collections.abc import Callable
 from datetime import datetime
 
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _RANDOM_BITS = 80
+_RANDOM_MASK = (1 << _RANDOM_BITS) - 1
 
 
 # Two base32 digits per table lookup: ids are made on the firing hot path.
@@ -40,7 +43,10 @@ class IdFactory:
         self, now: Callable[[], datetime], random_bits: Callable[[], int] | None = None
     ) -> None:
         self._now = now
-        self._random = random_bits or (lambda: int.from_bytes(os.urandom(10), "big"))
+        # Uniqueness, not secrecy: a PRNG seeded from the OS (os.urandom is a syscall per id).
+        self._random = random_bits or functools.partial(random.Random(os.urandom(16)).getrandbits, _RANDOM_BITS)
+        self._prefix_ms = -1
+        self._prefix = ""
         self._last = 0
         self._lock = threading.Lock()
 
@@ -51,4 +57,8 @@ class IdFactory:
             if value <= self._last:
                 value = self._last + 1
             self._last = value
-        return _encode(value, 26)
+        # The first 10 digits are exactly the 48-bit millisecond: encode them once per ms.
+        ms, low = value >> _RANDOM_BITS, value & _RANDOM_MASK
+        if ms != self._prefix_ms:
+            self._prefix, self._prefix_ms = _encode(ms, 10), ms
+        return self._prefix + _encode(low, 16)

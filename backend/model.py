@@ -128,8 +128,10 @@ class Run:
         error_tag: str | None = None,
         error_message: str | None = None,
     ) -> Run:
-        return dataclasses.replace(
-            self, status=status, finished_at=at, error_tag=error_tag, error_message=error_message
+        # Positional construction: dataclasses.replace costs twice as much, once per run.
+        return Run(
+            self.id, self.name, self.scheduled_at, status, self.trigger, self.coordination_outcome,
+            self.instance, self.fired_at, at, error_tag, error_message,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -32,14 +32,19 @@ async def test_system_clock_chunks_long_waits_and_rechecks_the_wall_clock(monkey
 
     async def fake_sleep(delay: float) -> None:
         sleeps.append(delay)
-        # asyncio may come back a little early: the clock only moves 90% of the way.
-        clock.current += timedelta(seconds=delay * 0.9)
+        assert len(sleeps) < 100_000, "sleep_until never returned"
+        # asyncio may come back a little early: the clock only moves 90% of the way (and a
+        # zero-length yield still lets a little time pass).
+        clock.current += timedelta(seconds=max(delay * 0.9, 0.0001))
 
     monkeypatch.setattr(clock_module.asyncio, "sleep", fake_sleep)
     deadline = clock.current + timedelta(hours=2)
     await clock.sleep_until(deadline)
     assert clock.now() >= deadline
     assert max(sleeps) == 60 and len(sleeps) > 120  # chunked, and re-checked after each wake
+    # The last stretch ends just short of the deadline and yields until it passes, rather
+    # than overshooting by the selector's rounding.
+    assert 0 in sleeps
 
 
 async def test_system_clock_notices_a_wall_clock_jump(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,7 +53,8 @@ async def test_system_clock_notices_a_wall_clock_jump(monkeypatch: pytest.Monkey
 
     async def fake_sleep(delay: float) -> None:
         sleeps.append(delay)
-        clock.current += timedelta(hours=1) if len(sleeps) == 1 else timedelta(seconds=delay)
+        assert len(sleeps) < 100_000, "sleep_until never returned"
+        clock.current += timedelta(hours=1) if len(sleeps) == 1 else timedelta(seconds=max(delay, 0.0001))
 
     monkeypatch.setattr(clock_module.asyncio, "sleep", fake_sleep)
     await clock.sleep_until(clock.current + timedelta(minutes=30))
@@ -108,3 +114,15 @@ def test_parse_when_rejects_naming_the_value(text: str) -> None:
     with pytest.raises(BadInput) as info:
         parse_when(text, now=datetime(2026, 3, 2, tzinfo=UTC), field="--from")
     assert "--from" in info.value.message and (text in info.value.message)
+
+
+def test_finishing_a_run_keeps_every_other_field() -> None:
+    from backend.model import Run
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    run = Run(id="id-1", name="job", scheduled_at=at, status="running", trigger="external",
+              coordination_outcome="wonLock", instance="web-3", fired_at=at + timedelta(seconds=1))
+    done = run.finish("failed", at + timedelta(seconds=5), error_tag="ValueError", error_message="bad row")
+    assert done == Run(id="id-1", name="job", scheduled_at=at, status="failed", trigger="external",
+                       coordination_outcome="wonLock", instance="web-3", fired_at=at + timedelta(seconds=1),
+                       finished_at=at + timedelta(seconds=5), error_tag="ValueError", error_message="bad row")
