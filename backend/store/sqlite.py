@@ -324,16 +324,19 @@ class SQLiteStore:
         self.path = Path(path)
         self.where = str(self.path)
         self._writer: _Writer | None = None
+        self._last_writer: _Writer | None = None  # its counters outlive close()
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         self._read_conn: sqlite3.Connection | None = None
 
     @property
     def commits(self) -> int:
-        return self._writer.commits if self._writer else 0
+        """Transactions committed by this store's writer (also after close)."""
+        return self._last_writer.commits if self._last_writer else 0
 
     @property
     def rows_written(self) -> int:
-        return self._writer.rows_written if self._writer else 0
+        """Run rows upserted by this store's writer (also after close)."""
+        return self._last_writer.rows_written if self._last_writer else 0
 
     async def open(self) -> None:
         try:
@@ -347,7 +350,7 @@ class SQLiteStore:
             await asyncio.wrap_future(writer.ready)
         except sqlite3.Error as exc:
             raise Unavailable(f'cannot open the store "{self.path}": {exc}') from exc
-        self._writer = writer
+        self._writer = self._last_writer = writer
         await self._write(self._migrate)
 
     @staticmethod

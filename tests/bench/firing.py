@@ -165,6 +165,7 @@ async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
     import backend
     from backend import Engine, define_schedule
     from backend.clock import SystemClock
+    from backend.server import freeze_startup_heap
 
     observations: list[tuple[int, int, float]] = []
     note = observations.append
@@ -192,9 +193,8 @@ async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
         )
         t0 = time.time()
         await engine.start()
-        # The writer thread is gone after stop() (and the store's counters read 0 then):
-        # keep a reference to read its final counts.
-        writer = getattr(engine.store, "_writer", None)
+        freeze_startup_heap()  # as `schedtui serve` does once its engine has started
+        store = engine.store
         # Armed = every schedule has its slot in the timer heap. This peeks at the engine's
         # internals; if they change shape, fall back to waiting one second.
         armed, catching_up = getattr(engine, "_armed", None), getattr(engine, "_catching_up", None)
@@ -245,8 +245,8 @@ async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
             "ledger_missed_rows": statuses.get("missed", 0),
             "ledger_skipped_rows": statuses.get("skipped", 0),
             # After stop (includes the final flush); else as read just before stop.
-            "ledger_rows_written": writer.rows_written if writer is not None else counts_before_stop[0],
-            "ledger_commits": writer.commits if writer is not None else counts_before_stop[1],
+            "ledger_rows_written": getattr(store, "rows_written", counts_before_stop[0]),
+            "ledger_commits": getattr(store, "commits", counts_before_stop[1]),
             "ledger_rows": ledger_rows,
             "ledger_statuses": statuses,
             "ledger_window_statuses": window_statuses,
