@@ -291,10 +291,7 @@ class SchedtuiApp(App[None]):
             page: RunsPage | None = None
             upcoming: list[datetime] | None = None
             if name is not None and any(v.name == name for v in snapshot.schedules):
-                recent = await self.backend.list_runs(name, limit=PAGE_SIZE)
-                before = self._pages[-1]
-                page = recent if before is None else await self.backend.list_runs(name, limit=PAGE_SIZE, before=before)
-                upcoming = await self.backend.upcoming(name, 5)
+                recent, page, upcoming = await self._fetch_detail(name)
         except Unavailable as exc:
             self._lost(exc)
             return
@@ -447,14 +444,19 @@ class SchedtuiApp(App[None]):
             return
         self.load_detail(new)
 
+    async def _fetch_detail(self, name: str) -> tuple[RunsPage, RunsPage, list[datetime]]:
+        """A schedule's newest runs (for the timeline), the page of runs on screen (the same,
+        unless the operator paged back), and its next slots."""
+        recent = await self.backend.list_runs(name, limit=PAGE_SIZE)
+        before = self._pages[-1]
+        page = recent if before is None else await self.backend.list_runs(name, limit=PAGE_SIZE, before=before)
+        return recent, page, await self.backend.upcoming(name, 5)
+
     @work(exclusive=True, group="detail", exit_on_error=False)
     async def load_detail(self, name: str) -> None:
         """Read the selected schedule's newest runs (or the page on screen) and next slots."""
         try:
-            recent = await self.backend.list_runs(name, limit=PAGE_SIZE)
-            before = self._pages[-1]
-            page = recent if before is None else await self.backend.list_runs(name, limit=PAGE_SIZE, before=before)
-            upcoming = await self.backend.upcoming(name, 5)
+            recent, page, upcoming = await self._fetch_detail(name)
         except Unavailable as exc:
             self._lost(exc)
             return
