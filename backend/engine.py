@@ -1433,18 +1433,21 @@ class Engine:
         exceeds = len(slots) > BACKFILL_MAX_LIMIT
         count = len(slots)
         shown = f"more than {BACKFILL_MAX_LIMIT:,}" if exceeds else f"{count:,}"
-        refusal = None
+        reason, refusal = None, None
         if start > end:
-            refusal = "reversed range: from is after to"
+            reason, refusal = "reversed range", "reversed range: from is after to"
         elif start == end:
-            refusal = "empty range: from equals to"
+            reason, refusal = "empty range", "empty range: from equals to"
         elif end > now:
+            reason = "reaches into the future"
             refusal = f"the range reaches into the future (to is after now, {now.isoformat()})"
         elif count == 0:
-            refusal = "no slots in the range"
+            reason, refusal = "no slots in range", "no slots in the range"
         elif count > limit:
+            reason = "over the limit"
             refusal = f"{shown} slots exceed the limit of {limit:,}; backfill in smaller slices"
         elif count > BACKFILL_CONFIRM_ABOVE and not confirm:
+            reason = "needs confirmation"
             refusal = f"{shown} slots need confirmation (more than {BACKFILL_CONFIRM_ABOVE})"
         return BackfillPlan(
             name=name,
@@ -1457,6 +1460,7 @@ class Engine:
             limit=limit,
             confirm=confirm,
             refusal=refusal,
+            reason=reason,
         )
 
     async def start_backfill(
@@ -1475,7 +1479,7 @@ class Engine:
         plan = self.plan_backfill(name, start, end, confirm=confirm, limit=limit)
         if plan.refusal is not None:
             raise Refused(
-                f'backfill of "{name}" refused: {plan.refusal}', count=plan.count, reason=_short_reason(plan)
+                f'backfill of "{name}" refused: {plan.refusal}', count=plan.count, reason=plan.reason or plan.refusal
             )
         schedule = self.schedules[name]
         slots = list(schedule.cron.occurrences(plan.start, plan.end))
@@ -1542,21 +1546,3 @@ class Engine:
             return await self.backfill_progress(backfill_id)
         await job.finished.wait()
         return job.progress
-
-
-def _short_reason(plan: BackfillPlan) -> str:
-    """The refusal's kind in a few words (the API's ``reason``)."""
-    refusal = plan.refusal or ""
-    for prefix, reason in (
-        ("reversed", "reversed range"),
-        ("empty", "empty range"),
-        ("the range reaches", "reaches into the future"),
-        ("no slots", "no slots in range"),
-    ):
-        if refusal.startswith(prefix):
-            return reason
-    if "exceed the limit" in refusal:
-        return "over the limit"
-    if "need confirmation" in refusal:
-        return "needs confirmation"
-    return refusal

@@ -283,7 +283,11 @@ class BackfillPlan:
     limit: int
     confirm: bool
     refusal: str | None
+    """Why it would be refused, as a sentence; ``None`` when it may start."""
     count_exceeds: bool = False
+    reason: str | None = None
+    """The refusal's kind in a few words: ``reversed range``, ``empty range``, ``reaches into
+    the future``, ``no slots in range``, ``over the limit`` or ``needs confirmation``."""
 
     @property
     def ok(self) -> bool:
@@ -310,6 +314,7 @@ class BackfillPlan:
             "needs_confirmation": self.needs_confirmation,
             "ok": self.ok,
             "refusal": self.refusal,
+            "reason": self.reason,
         }
 
     @classmethod
@@ -325,6 +330,7 @@ class BackfillPlan:
             limit=data["limit"],
             confirm=data["confirm"],
             refusal=data.get("refusal"),
+            reason=data.get("reason"),
         )
 
 

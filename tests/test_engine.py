@@ -600,7 +600,7 @@ async def test_backfill_refusals_fire_nothing(make_engine, clock: ManualClock, s
     engine = make_engine([schedule(cron="0 * * * *", handler=handler)])
     await engine.open()
     plan = engine.plan_backfill("job", at(start), at(end), **kwargs)
-    assert not plan.ok and plan.count == count
+    assert not plan.ok and plan.count == count and plan.reason == reason
     with pytest.raises(Refused) as info:
         await engine.start_backfill("job", at(start), at(end), **kwargs)
     assert info.value.reason == reason and info.value.count == count
