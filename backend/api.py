@@ -25,6 +25,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Literal
@@ -463,7 +464,7 @@ def create_app(
     )
 
     async def openapi(request: Request) -> Response:
-        return JSONResponse(schemas.get_schema(routes=app.routes))
+        return JSONResponse(_declare_path_parameters(schemas.get_schema(routes=app.routes)))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -491,6 +492,23 @@ def create_app(
         lifespan=lifespan,
     )
     return app
+
+
+def _declare_path_parameters(schema: dict[str, Any]) -> dict[str, Any]:
+    """Declare every ``{name}`` of a route's path as a required string path parameter: the
+    routes say it once, in their path, rather than again in each docstring."""
+    for path, operations in schema.get("paths", {}).items():
+        names = re.findall(r"{(\w+)}", path)
+        for operation in operations.values():
+            declared = {p.get("name") for p in operation.get("parameters", []) if p.get("in") == "path"}
+            extra = [
+                {"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+                for n in names
+                if n not in declared
+            ]
+            if extra:
+                operation["parameters"] = extra + operation.get("parameters", [])
+    return schema
 
 
 class _TooLarge(Exception):

@@ -3,6 +3,7 @@ and the CLI's remote mode against it."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -178,6 +179,11 @@ def test_openapi_document(server: Server) -> None:
     for path in ("/inspect/schedules", "/inspect/schedules/runs", "/inspect/schedules/{name}/backfill", "/schedule/{name}/fire"):
         assert path in doc["paths"], path
     assert "409" in str(doc["paths"]["/inspect/schedules/{name}/backfill"]["post"]["responses"])
+    # Every path parameter is declared (schemathesis and code generators rely on it).
+    for path, operations in doc["paths"].items():
+        for operation in operations.values():
+            declared = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
+            assert declared == set(re.findall(r"{(\w+)}", path)), path
 
 
 def test_external_fire_dedupes_retries(server: Server, root: Path) -> None:
