@@ -6,10 +6,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -20,6 +25,19 @@ def cli_env(**extra: str) -> dict[str, str]:
     env.pop("SCHEDTUI_URL", None)
     env.update(extra)
     return env
+
+
+def poll(condition: Callable[[], T], *, timeout: float, what: str, every: float = 0.05) -> T:
+    """Return ``condition()``'s first truthy value; fail after ``timeout`` seconds. For real
+    processes on a real clock, where there is nothing to await."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
 
 
 @dataclass

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -29,10 +29,10 @@ from backend import Engine, ManualClock, Run, define_schedule
 from backend.interface import EmbeddedBackend
 from backend.store.sqlite import SQLiteStore
 from tests.conftest import expect
+from tests.servers import poll
 
 REPO = Path(__file__).resolve().parents[1]
 UTC = timezone.utc
-T = TypeVar("T")
 
 SCHEDULE_KEYS = {
     "name", "cron", "timezone", "trigger", "on_overlap", "backfill", "max_runtime_s", "description",
@@ -145,16 +145,6 @@ def columns(line: str) -> list[str]:
     return re.split(r"\s{2,}", line.strip())
 
 
-def poll(condition: Callable[[], T], *, timeout: float, what: str, every: float = 0.05) -> T:
-    """Return ``condition()``'s first truthy value; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 # ---------------------------------------------------------------------------------------

@@ -15,12 +15,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import pytest
@@ -30,12 +29,12 @@ from backend.ids import IdFactory
 from backend.model import Run
 from backend.store import open_store
 from tests import pg
+from tests.servers import poll
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 UTC = timezone.utc
-T = TypeVar("T")
 SECOND = timedelta(seconds=1)
 
 TICKS = """
@@ -58,16 +57,6 @@ TICKS = """
 """
 
 
-def poll(condition: Callable[[], T], *, timeout: float, what: str, every: float = 0.1) -> T:
-    """Return ``condition()``'s first truthy value; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 def sql(url: str, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

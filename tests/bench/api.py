@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import platform
 import secrets
@@ -52,6 +51,7 @@ if __package__ in (None, ""):  # run as a script
 
 import httpx  # noqa: E402
 
+from tests.bench import stats  # noqa: E402
 from tests.bench.ledger import BigLedger, build_ledger  # noqa: E402
 from tests.servers import Server, cli_env, start_server  # noqa: E402
 
@@ -64,25 +64,8 @@ def log(message: str) -> None:
     print(f"[bench-api {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _pct(values: list[float], p: float) -> float:
-    index = max(0, math.ceil(p / 100 * len(values)) - 1)
-    return values[min(index, len(values) - 1)]
-
-
 def summary_ms(samples_s: list[float]) -> dict[str, Any]:
-    if not samples_s:
-        return {"n": 0}
-    v = sorted(samples_s)
-    r = lambda s: round(s * 1000, 3)  # noqa: E731
-    return {
-        "n": len(v),
-        "p50": r(_pct(v, 50)),
-        "p90": r(_pct(v, 90)),
-        "p99": r(_pct(v, 99)),
-        "max": r(v[-1]),
-        "min": r(v[0]),
-        "mean": r(sum(v) / len(v)),
-    }
+    return {"n": len(samples_s), **stats.summary_ms(samples_s, ("p50", "p90", "p99", "max", "min", "mean"))}
 
 
 class Target:

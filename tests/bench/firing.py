@@ -47,6 +47,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if __package__ in (None, ""):  # run as a script: make backend/ importable
     sys.path.insert(0, str(REPO_ROOT))
 
+from tests.bench import stats  # noqa: E402
+
 CRON = "* * * * * *"
 CONTENDERS = ("schedtui", "apscheduler3")
 SWEEP = (100, 300, 1000)
@@ -65,27 +67,9 @@ def log(message: str) -> None:
 # ---------------------------------------------------------------------------------------
 # statistics
 # ---------------------------------------------------------------------------------------
-def _pct(sorted_values: list[float], p: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    index = max(0, math.ceil(p / 100 * len(sorted_values)) - 1)
-    return sorted_values[min(index, len(sorted_values) - 1)]
-
-
 def summary_ms(lags_s: list[float]) -> dict[str, float | None]:
     """p50/p90/p99/p99.9/max/min/mean of lags given in seconds, in milliseconds."""
-    if not lags_s:
-        return {k: None for k in ("p50", "p90", "p99", "p999", "max", "min", "mean")}
-    values = sorted(lags_s)
-    r = lambda s: round(s * 1000, 3)  # noqa: E731
-    return {
-        "p50": r(_pct(values, 50)),
-        "p90": r(_pct(values, 90)),
-        "p99": r(_pct(values, 99)),
-        "p999": r(_pct(values, 99.9)),
-        "max": r(values[-1]),
-        "min": r(values[0]),
-        "mean": r(sum(values) / len(values)),
-    }
+    return stats.summary_ms(lags_s, ("p50", "p90", "p99", "p999", "max", "min", "mean"))
 
 
 def analyse(
@@ -121,7 +105,7 @@ def analyse(
         "last_of_second_lag_ms": summary_ms(lasts),
         # Second by second (window order): the p99 of N x D firings is often set by a few
         # bad seconds, and these show which (e.g. every 5th: heartbeats).
-        "per_second_p50_ms": [round(_pct(sorted(per_slot[s]), 50) * 1000, 1) if per_slot[s] else None for s in range(start, end)],
+        "per_second_p50_ms": [round(stats.percentile(sorted(per_slot[s]), 50) * 1000, 1) if per_slot[s] else None for s in range(start, end)],
         "per_second_max_ms": [round(max(per_slot[s]) * 1000, 1) if per_slot[s] else None for s in range(start, end)],
     }
 

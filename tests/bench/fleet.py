@@ -55,6 +55,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if __package__ in (None, ""):  # run as a script: make backend/ and tests/ importable
     sys.path.insert(0, str(REPO_ROOT))
 
+from tests.bench import stats  # noqa: E402
+
 CRON = "* * * * * *"
 LEAD_S = 2.0  # the window opens this long after the last instance is up
 SETTLE_S = 1.5  # and the fleet stops this long after it closes
@@ -76,16 +78,8 @@ def log(message: str) -> None:
     print(f"[fleet {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _pct(values: list[float], p: float) -> float:
-    index = max(0, math.ceil(p / 100 * len(values)) - 1)
-    return values[min(index, len(values) - 1)]
-
-
 def summary_ms(lags_s: list[float]) -> dict[str, float | None]:
-    if not lags_s:
-        return {"p50": None, "p99": None, "max": None}
-    values = sorted(lags_s)
-    return {k: round(v * 1000, 2) for k, v in (("p50", _pct(values, 50)), ("p99", _pct(values, 99)), ("max", values[-1]))}
+    return stats.summary_ms(lags_s, ("p50", "p99", "max"), digits=2)
 
 
 def wait_for(condition: Any, timeout: float, what: str) -> None:
