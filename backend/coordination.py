@@ -1,23 +1,38 @@
-"""Who gets to fire a slot when several instances share a store.
+"""Who gets to fire a slot when several instances share a store, and what happens to the
+slots nobody could claim.
 
 :class:`Coordinator` is the gate between "a timer says slot X of schedule S is due" and
 "this instance runs the handler". ``single`` lets every firing through (one instance
 only: two ``single`` instances fire everything twice); ``advisoryLock`` lets exactly one
 instance win each slot through a claims table in PostgreSQL.
+
+:class:`SlotClaims` is the engine's side of it: it claims batches of due slots, fails
+closed when the store cannot be written (nothing fires), remembers the slots it could not
+claim, and claims and records them once the store is back (:meth:`SlotClaims.recover_lost`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import datetime
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
-from .model import Claim, ClaimResult, CoordinationMode, Outcome
+from .clock import Clock
+from .errors import Unavailable
+from .launcher import Launcher
+from .loops import Loops
+from .model import Claim, ClaimResult, CoordinationMode, Outcome, Trigger, slot_key
+from .outages import OutageLog
+from .schedules import Schedule
 
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["ClaimCoordinator", "Coordinator", "SingleCoordinator"]
+__all__ = ["ClaimCoordinator", "Coordinator", "SingleCoordinator", "SlotClaims"]
+
+log = logging.getLogger("schedtui.engine")
 
 
 class Coordinator(Protocol):
@@ -67,3 +82,216 @@ class ClaimCoordinator:
 
     async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
         return await self.store.claim(claims, instance, now)
+
+
+class SlotClaims:
+    """Claims due slots for this instance and accounts for the ones it could not claim.
+
+    Contract: :meth:`claim` returns only slots this instance won (each with the run id
+    its claim recorded); when the store cannot be written it returns nothing (fail closed)
+    and remembers the slots, at most ``catch_up_limit`` per schedule. :meth:`recover_lost`
+    claims them again once the store answers; the winner of each records it ``missed`` or
+    fires it per the schedule's backfill policy, so an outage leaves visible rows and never
+    a double firing.
+    """
+
+    def __init__(
+        self,
+        *,
+        coordinator: Coordinator,
+        store: Store,
+        clock: Clock,
+        loops: Loops,
+        launcher: Launcher,
+        outages: OutageLog,
+        schedules: dict[str, Schedule],
+        is_enabled: Callable[[str], bool],
+        instance: str,
+        new_id: Callable[[], str],
+        catch_up_limit: int,
+    ) -> None:
+        self.coordinator = coordinator
+        self.store = store
+        self.clock = clock
+        self.loops = loops
+        self.launcher = launcher
+        self.outages = outages
+        self.schedules = schedules
+        self.is_enabled = is_enabled
+        self.instance = instance
+        self.new_id = new_id
+        self.catch_up_limit = catch_up_limit
+        self.claimed: set[str] = set()
+        """Run ids this instance won a claim for whose run is not recorded finished yet."""
+        self.lost: dict[str, dict[datetime, str]] = defaultdict(dict)
+        """Slots that could not be claimed (store unreachable), with the run id proposed."""
+        self.recovering: set[str] = set()
+        """Schedules whose recovered slots are being fired."""
+
+    @property
+    def lost_count(self) -> int:
+        return sum(len(entries) for entries in self.lost.values())
+
+    def finished(self, run_id: str) -> None:
+        self.claimed.discard(run_id)
+
+    def horizon(self, schedule: Schedule, now: datetime) -> datetime:
+        """How far back a winner keeps its schedule's claims: long enough that a replica
+        running late still finds its slot taken (an hour; a minute for sub-minute crons)."""
+        return now - (timedelta(minutes=1) if schedule.cron.has_seconds else timedelta(hours=1))
+
+    async def claim(
+        self, slots: list[tuple[Schedule, datetime]], now: datetime, *, in_store: bool = False
+    ) -> tuple[list[tuple[Schedule, datetime, str]], dict[str, str]]:
+        """The slots this instance wins, each with the run id its claim recorded, and the
+        schedules of the batch with a run in flight on another instance (name -> run id).
+
+        Fails closed: if the claims cannot be written, nothing is won, and the slots are
+        remembered as lost; external fires are not remembered, their caller gets the
+        error and retries. ``in_store`` claims in the store whatever the coordination mode
+        (external fires dedupe retries so)."""
+        claims = self.make_claims(slots, now, in_store=in_store)
+        try:
+            result = await self._send(claims, now, in_store=in_store)
+        except Unavailable as exc:
+            self.outages.trouble("claim", f"not firing {len(slots)} slot(s): cannot claim them", exc)
+            if not in_store:
+                for (schedule, slot), claim in zip(slots, claims):
+                    self._remember_lost(schedule, slot, claim.run_id)
+            return [], {}
+        self.outages.back(self.lost_count)
+        won = result.won
+        owned = [(schedule, slot, claim.run_id) for (schedule, slot), claim in zip(slots, claims) if claim.key in won]
+        return owned, result.busy
+
+    def make_claims(
+        self,
+        slots: list[tuple[Schedule, datetime]],
+        now: datetime,
+        *,
+        in_store: bool = False,
+        run_ids: dict[tuple[str, datetime], str] | None = None,
+    ) -> list[Claim]:
+        """One claim per slot; ``run_ids`` reuses the ids of an earlier attempt, whose
+        reply may have been lost after it committed."""
+        trigger: Trigger = "external" if in_store else "self"
+        outcome: Outcome = "external" if in_store else self.coordinator.outcome
+        stamps: dict[datetime, str] = {}  # a batch shares a few slots: format each once
+
+        def key(name: str, slot: datetime) -> str:
+            stamp = stamps.get(slot)
+            if stamp is None:
+                stamp = stamps[slot] = slot_key("", slot)[1:]
+            return f"{name}@{stamp}"
+
+        return [
+            Claim(
+                key(schedule.name, slot),
+                schedule.name,
+                (run_ids or {}).get((schedule.name, slot)) or self.new_id(),
+                self.horizon(schedule, now),
+                scheduled_at=slot,
+                trigger=trigger,
+                outcome=outcome,
+            )
+            for schedule, slot in slots
+        ]
+
+    async def _send(self, claims: list[Claim], now: datetime, *, in_store: bool = False) -> ClaimResult:
+        """Claim (raising :class:`Unavailable`); remember the run ids won as pending."""
+        if in_store:
+            result = await self.store.claim(claims, self.instance, now)
+        else:
+            result = await self.coordinator.claim(claims, self.instance, now)
+        self.claimed.update(claim.run_id for claim in claims if claim.key in result.won)
+        return result
+
+    def _remember_lost(self, schedule: Schedule, slot: datetime, run_id: str) -> None:
+        lost = self.lost[schedule.name]
+        run_id = lost.setdefault(slot, run_id)
+        # The claim may have committed with its reply lost: then its placeholder row is ours.
+        self.claimed.add(run_id)
+        if len(lost) > self.catch_up_limit:  # slots come in order: the first is the oldest
+            self.claimed.discard(lost.pop(next(iter(lost))))
+
+    async def recover_lost(self) -> None:
+        """Claim and record the slots that could not be claimed while the store was down.
+
+        Every instance that lost a slot tries to claim it now; one wins it (or nobody, if
+        another instance fired it in time), and the winner applies the schedule's backfill
+        policy to the lost slots it won: ``skip`` records them ``missed``, ``latest`` fires
+        the newest lost slot and records the others, ``all`` fires them in order."""
+        if not self.lost:
+            return
+        lost, self.lost = self.lost, defaultdict(dict)
+        wanted: list[tuple[Schedule, datetime]] = []
+        ids: dict[tuple[str, datetime], str] = {}
+        for name, entries in lost.items():
+            schedule = self.schedules.get(name)
+            if schedule is None:
+                self.claimed.difference_update(entries.values())
+                continue
+            for slot, run_id in sorted(entries.items()):
+                wanted.append((schedule, slot))
+                ids[(name, slot)] = run_id
+        if not wanted:
+            return
+        now = self.clock.now()
+        claims = self.make_claims(wanted, now, run_ids=ids)
+        try:
+            result = await self._send(claims, now)
+        except Unavailable as exc:
+            for schedule, slot in wanted:
+                self._remember_lost(schedule, slot, ids[(schedule.name, slot)])
+            self.outages.trouble("claim", f"not firing {len(wanted)} slot(s): cannot claim them", exc)
+            return
+        self.outages.back(self.lost_count)
+        won: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
+        for (schedule, slot), claim in zip(wanted, claims):
+            if claim.key in result.won:
+                won[schedule.name].append((slot, claim.run_id))
+            else:
+                self.claimed.discard(claim.run_id)
+        outcome = self.coordinator.outcome
+        for name, mine in won.items():
+            schedule = self.schedules[name]
+            policy = schedule.backfill if self.is_enabled(name) else "skip"
+            newest = max(lost[name])
+            if policy == "all":
+                to_fire = mine
+            elif policy == "latest":
+                to_fire = [(slot, run_id) for slot, run_id in mine if slot == newest]
+            else:
+                to_fire = []
+            firing = {slot for slot, _ in to_fire}
+            why = f"not fired: the store was unreachable when it was due (backfill={policy})"
+            for slot, run_id in mine:
+                if slot not in firing:
+                    self.launcher.record_missed(schedule, slot, "self", outcome, why, run_id)
+            if to_fire:
+                self.recovering.add(name)
+                self.loops.spawn(self._fire_in_order(schedule, to_fire, result.busy.get(name)), f"recover {name}")
+            log.info(
+                "%s: %d slot(s) lost while the store was unreachable: %d recorded missed, %d fired (backfill=%s)",
+                name,
+                len(mine),
+                len(mine) - len(to_fire),
+                len(to_fire),
+                policy,
+            )
+
+    async def _fire_in_order(self, schedule: Schedule, slots: list[tuple[datetime, str]], remote: str | None) -> None:
+        """Fire owned slots one after the other (each waits for the previous run to end)."""
+        try:
+            outcome = self.coordinator.outcome
+            launcher = self.launcher
+            for slot, run_id in slots:
+                if remote is not None or launcher.inflight[schedule.name]:
+                    launcher.fire(schedule, slot, "self", outcome, run_id, remote=remote)
+                    remote = None
+                    continue
+                await launcher.launch(schedule, slot, "self", outcome, run_id).finished()
+        finally:
+            self.recovering.discard(schedule.name)
+            self.loops.poke()
+

@@ -179,16 +179,11 @@ async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
         await engine.start()
         freeze_startup_heap()  # as `schedtui serve` does once its engine has started
         store = engine.store
-        # Armed = every schedule has its slot in the timer heap. This peeks at the engine's
-        # internals; if they change shape, fall back to waiting one second.
-        armed, catching_up = getattr(engine, "_armed", None), getattr(engine, "_catching_up", None)
-        if isinstance(armed, dict) and isinstance(catching_up, set):
-            while len(armed) < n or catching_up:
-                if time.time() - t0 > 120:
-                    raise RuntimeError(f"only {len(armed)} of {n} schedules armed after 120 s")
-                await asyncio.sleep(0.005)
-        else:
-            await asyncio.sleep(1.0)
+        # Armed = every schedule has its slot in the timer heap and no catch-up is running.
+        while not engine.armed:
+            if time.time() - t0 > 120:
+                raise RuntimeError(f"schedules not armed after 120 s")
+            await asyncio.sleep(0.005)
         ready = time.time()
         start = math.floor(ready + MID_S) + 1
         end = start + seconds

@@ -1,0 +1,209 @@
+"""Range backfills: fire the past slots of a schedule in a range, in order, on request.
+
+:func:`plan_backfill` says what a backfill of ``(start, end]`` would do without doing it:
+how many slots, the first and last, or why it is refused (reversed, empty, reaching into
+the future, no slots, over the limit, or needing confirmation above 25 slots).
+:class:`Backfills` runs accepted ones in the background, one slot after the other (a
+failed slot is recorded and the next still fires), at most one per schedule across every
+process sharing the store, with progress readable from anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from itertools import islice
+
+from .clock import Clock
+from .errors import BadInput, NotFound, Refused, Unavailable
+from .launcher import Launcher
+from .loops import Loops
+from .model import (
+    BACKFILL_CONFIRM_ABOVE,
+    BACKFILL_DEFAULT_LIMIT,
+    BACKFILL_MAX_LIMIT,
+    BackfillPlan,
+    BackfillProgress,
+    utc,
+)
+from .schedules import Schedule
+from .store import Store
+
+__all__ = ["Backfills", "plan_backfill"]
+
+log = logging.getLogger("schedtui.engine")
+
+
+def plan_backfill(
+    schedule: Schedule,
+    start: datetime,
+    end: datetime,
+    now: datetime,
+    *,
+    confirm: bool = False,
+    limit: int | None = None,
+) -> BackfillPlan:
+    """What a backfill of the slots in ``(start, end]`` would do; fires nothing."""
+    name = schedule.name
+    limit = BACKFILL_DEFAULT_LIMIT if limit is None else limit
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= BACKFILL_MAX_LIMIT:
+        raise BadInput(f"limit {limit!r} is out of range (1-{BACKFILL_MAX_LIMIT:,})", field="limit")
+    try:
+        start, end = utc(start), utc(end)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    slots = list(islice(schedule.cron.occurrences(start, end), BACKFILL_MAX_LIMIT + 1)) if start < end else []
+    exceeds = len(slots) > BACKFILL_MAX_LIMIT
+    count = len(slots)
+    shown = f"more than {BACKFILL_MAX_LIMIT:,}" if exceeds else f"{count:,}"
+    reason, refusal = None, None
+    if start > end:
+        reason, refusal = "reversed range", "reversed range: from is after to"
+    elif start == end:
+        reason, refusal = "empty range", "empty range: from equals to"
+    elif end > now:
+        reason = "reaches into the future"
+        refusal = f"the range reaches into the future (to is after now, {now.isoformat()})"
+    elif count == 0:
+        reason, refusal = "no slots in range", "no slots in the range"
+    elif count > limit:
+        reason = "over the limit"
+        refusal = f"{shown} slots exceed the limit of {limit:,}; backfill in smaller slices"
+    elif count > BACKFILL_CONFIRM_ABOVE and not confirm:
+        reason = "needs confirmation"
+        refusal = f"{shown} slots need confirmation (more than {BACKFILL_CONFIRM_ABOVE})"
+    return BackfillPlan(
+        name=name,
+        start=start,
+        end=end,
+        count=count,
+        count_exceeds=exceeds,
+        first=slots[0] if slots else None,
+        last=slots[-1] if slots and not exceeds else None,
+        limit=limit,
+        confirm=confirm,
+        refusal=refusal,
+        reason=reason,
+    )
+
+
+@dataclass
+class _Job:
+    progress: BackfillProgress
+    task: asyncio.Task[None] | None = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Backfills:
+    """Starts and tracks this process's backfills; reads others' from the store."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: Store,
+        loops: Loops,
+        launcher: Launcher,
+        instance: str,
+        new_id: Callable[[], str],
+    ) -> None:
+        self.clock = clock
+        self.store = store
+        self.loops = loops
+        self.launcher = launcher
+        self.instance = instance
+        self.new_id = new_id
+        self.jobs: dict[str, _Job] = {}
+
+    @property
+    def idle(self) -> bool:
+        return not any(job.task is not None and not job.task.done() for job in self.jobs.values())
+
+    def plan(
+        self, schedule: Schedule, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+    ) -> BackfillPlan:
+        return plan_backfill(schedule, start, end, self.clock.now(), confirm=confirm, limit=limit)
+
+    async def start(
+        self, schedule: Schedule, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+    ) -> BackfillProgress:
+        """Start firing the slots in ``(start, end]`` in order, in the background.
+
+        Raises :class:`Refused` (with the count and reason) when the plan is refused or a
+        backfill of this schedule is already running anywhere."""
+        plan = self.plan(schedule, start, end, confirm=confirm, limit=limit)
+        if plan.refusal is not None:
+            raise Refused(
+                f'backfill of "{schedule.name}" refused: {plan.refusal}',
+                count=plan.count,
+                reason=plan.reason or plan.refusal,
+            )
+        slots = list(schedule.cron.occurrences(plan.start, plan.end))
+        progress = BackfillProgress(
+            id=self.new_id(),
+            name=schedule.name,
+            start=plan.start,
+            end=plan.end,
+            total=len(slots),
+            fired=0,
+            failed=0,
+            state="running",
+            instance=self.instance,
+            started_at=self.clock.now(),
+        )
+        await self.store.start_backfill(progress)
+        job = _Job(progress)
+        self.jobs[progress.id] = job
+        job.task = self.loops.spawn(self._run(schedule, job, slots), f"backfill {schedule.name}")
+        return progress
+
+    async def _run(self, schedule: Schedule, job: _Job, slots: list[datetime]) -> None:
+        try:
+            for slot in slots:
+                job.progress = dataclasses.replace(job.progress, current=slot)
+                scheduled = self.launcher.launch(schedule, slot, "manual", "manual")
+                run = await asyncio.shield(scheduled.finished())
+                job.progress = dataclasses.replace(
+                    job.progress,
+                    fired=job.progress.fired + 1,
+                    failed=job.progress.failed + (run.status == "failed"),
+                )
+                await self.store.update_backfill(job.progress)
+            job.progress = dataclasses.replace(job.progress, state="done", finished_at=self.clock.now(), current=None)
+        except asyncio.CancelledError:
+            job.progress = dataclasses.replace(job.progress, state="abandoned", finished_at=self.clock.now())
+            raise
+        finally:
+            with contextlib.suppress(Unavailable):
+                await self.store.update_backfill(job.progress)
+            job.finished.set()
+            log.info(
+                "backfill %s of %s %s: %d fired, %d failed, %d remaining",
+                job.progress.id,
+                schedule.name,
+                job.progress.state,
+                job.progress.fired,
+                job.progress.failed,
+                job.progress.remaining,
+            )
+
+    async def progress(self, backfill_id: str) -> BackfillProgress:
+        job = self.jobs.get(backfill_id)
+        if job is not None:
+            return job.progress
+        progress = await self.store.get_backfill(backfill_id)
+        if progress is None:
+            raise NotFound(f'no backfill with id "{backfill_id}"')
+        return progress
+
+    async def wait(self, backfill_id: str) -> BackfillProgress:
+        job = self.jobs.get(backfill_id)
+        if job is None:
+            return await self.progress(backfill_id)
+        await job.finished.wait()
+        return job.progress

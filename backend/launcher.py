@@ -1,0 +1,310 @@
+"""Starting schedule runs: the overlap policy, runs in flight, and the ledger rows they make.
+
+A slot this instance owns is handed to :meth:`Launcher.fire`, which applies the schedule's
+``on_overlap`` policy against the runs in flight (here, and on other instances as the claim
+reported them): ``skip`` records a ``skipped`` run, ``queue`` parks the slot until the run
+in flight ends (slot order kept), ``parallel`` starts at once. :meth:`Launcher.launch`
+starts a run whatever the policy (Run now, backfills, catch-up). Each run is a
+:class:`ScheduleRun`, an invocation of the :class:`~backend.runner.HandlerRunner`, whose
+outcome closes the run exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict, deque
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from .clock import Clock
+from .ledger import RunLedger
+from .model import TAG_INTERRUPTED, Outcome, Run, RunContext, RunStatus, Trigger
+from .runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
+from .runner import Outcome as CallOutcome
+from .schedules import Schedule
+from .store import Store
+
+__all__ = ["Launcher", "ScheduleRun"]
+
+log = logging.getLogger("schedtui.engine")
+
+_Queued = tuple[datetime, Trigger, Outcome, str]  # slot, trigger, outcome, run id
+
+
+class ScheduleRun(Invocation):
+    """A run of a schedule: its ledger row, and futures for whoever waits on it."""
+
+    __slots__ = ("_finished", "_started", "launcher", "run", "schedule")
+
+    def __init__(self, launcher: Launcher, schedule: Schedule, run: Run) -> None:
+        super().__init__(
+            f"run {run.id} of {schedule.name}", launcher.max_runtime[schedule.name], launcher.is_async[schedule.name]
+        )
+        self.launcher = launcher
+        self.schedule = schedule
+        self.run = run
+        self._started: asyncio.Future[ScheduleRun] | None = None
+        self._finished: asyncio.Future[Run] | None = None
+
+    @property
+    def thread_name(self) -> str:
+        return f"schedtui-run-{self.schedule.name}"
+
+    def begin(self, now: datetime) -> RunContext:
+        """The handler is about to be called: record the run as started."""
+        deadline = self.deadline = now + self.max_runtime
+        run = self.run
+        self.run = Run(run.id, run.name, run.scheduled_at, "running", run.trigger, run.coordination_outcome, run.instance, now)
+        self.launcher.ledger.record(self.run)
+        if self._started is not None and not self._started.done():
+            self._started.set_result(self)
+        return RunContext(
+            name=self.schedule.name,
+            run_id=run.id,
+            scheduled_at=run.scheduled_at,
+            fired_at=now,
+            trigger=run.trigger,
+            payload=self.schedule.payload,
+            deadline=deadline,
+        )
+
+    def settled(self, outcome: CallOutcome) -> None:
+        self.launcher.close(self, outcome.status, outcome.at, outcome.error_tag, outcome.error_message)
+
+    def started(self) -> asyncio.Future[ScheduleRun]:
+        """Resolves once the run's ``running`` row is recorded (its handler starting)."""
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_future()
+            if self.run.fired_at is not None or self.done:
+                self._started.set_result(self)
+        return self._started
+
+    def finished(self) -> asyncio.Future[Run]:
+        """Resolves with the closed run."""
+        if self._finished is None:
+            self._finished = asyncio.get_running_loop().create_future()
+            if self.done:
+                self._finished.set_result(self.run)
+        return self._finished
+
+
+class Launcher:
+    """Applies overlap policies and starts, tracks and closes schedule runs.
+
+    Contract: every run started here is closed exactly once (``succeeded``, ``failed``);
+    under ``skip`` and ``queue`` no two runs of one schedule that this instance fired from
+    its timers overlap, and queued slots start in slot order; manual runs ignore the policy.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: Store,
+        ledger: RunLedger,
+        runner: HandlerRunner,
+        schedules: dict[str, Schedule],
+        instance: str,
+        new_id: Callable[[], str],
+        poke: Callable[[], None],
+    ) -> None:
+        self.clock = clock
+        self.store = store
+        self.ledger = ledger
+        self.runner = runner
+        self.schedules = schedules
+        self.instance = instance
+        self.new_id = new_id
+        self.poke = poke
+        # Per-schedule constants the firing path would otherwise recompute for every run.
+        self.max_runtime = {n: timedelta(seconds=s.max_runtime) for n, s in schedules.items()}
+        self.is_async = {n: s.is_async for n, s in schedules.items()}
+        self.inflight: dict[str, int] = defaultdict(int)
+        self.active: dict[str, ScheduleRun] = {}
+        self.waiting: dict[str, deque[_Queued]] = defaultdict(deque)
+        self.remote: dict[str, str] = {}
+        """Schedules whose queued slots wait for a run in flight on another instance."""
+        self.stopping = False
+
+    @property
+    def idle(self) -> bool:
+        return not any(self.inflight.values())
+
+    # -- the overlap policy -------------------------------------------------------------
+    def fire(
+        self,
+        schedule: Schedule,
+        slot: datetime,
+        trigger: Trigger,
+        outcome: Outcome,
+        run_id: str,
+        *,
+        remote: str | None = None,
+    ) -> Run | None:
+        """A slot is due and this instance owns it: apply the overlap policy. ``remote`` is
+        a run of the schedule in flight on another instance (from the claim): it counts
+        like one of ours. Returns the ``skipped`` run, or ``None`` when the run was started
+        or queued (under ``run_id``)."""
+        name = schedule.name
+        queued = schedule.on_overlap == "queue" and (self.waiting[name] or name in self.remote)
+        if (self.inflight[name] or remote or queued) and trigger != "manual":
+            if schedule.on_overlap == "skip":
+                busy = next((a.run.id for a in self.active.values() if a.schedule is schedule), "")
+                if not busy and remote:
+                    busy = f"{remote} (on another instance)"
+                message = f"run {busy} was still in flight" if busy else "a run was still in flight"
+                return self.record_closed(schedule, slot, trigger, outcome, run_id, "skipped", "overlap", message)
+            if schedule.on_overlap == "queue":
+                self.waiting[name].append((slot, trigger, outcome, run_id))
+                if remote:
+                    self.remote[name] = remote  # released by release_remote_waits
+                return None
+        self.launch(schedule, slot, trigger, outcome, run_id)
+        return None
+
+    def launch(
+        self,
+        schedule: Schedule,
+        slot: datetime,
+        trigger: Trigger,
+        outcome: Outcome,
+        run_id: str | None = None,
+    ) -> ScheduleRun:
+        """Start a run now, whatever the overlap policy. When every handler thread is busy
+        the run is recorded ``skipped`` (error tag ``threads_exhausted``) instead."""
+        run = Run(run_id or self.new_id(), schedule.name, slot, "running", trigger, outcome, self.instance)
+        scheduled = ScheduleRun(self, schedule, run)
+        self.inflight[schedule.name] += 1
+        self.active[run.id] = scheduled
+        try:
+            self.runner.start(scheduled, schedule.handler)
+        except RunnerSaturated as exc:
+            log.warning("%s not started: %s", scheduled.label, exc)
+            scheduled.settle(CallOutcome("skipped", self.clock.now(), TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
+        return scheduled
+
+    def close(
+        self,
+        scheduled: ScheduleRun,
+        status: RunStatus,
+        at: datetime,
+        error_tag: str | None = None,
+        error_message: str | None = None,
+    ) -> None:
+        """Record the end of a run and free its overlap slot (called once per run)."""
+        scheduled.run = scheduled.run.finish(status, at, error_tag=error_tag, error_message=error_message)
+        self.ledger.record(scheduled.run)
+        self.active.pop(scheduled.run.id, None)
+        name = scheduled.schedule.name
+        self.inflight[name] -= 1
+        if scheduled._started is not None and not scheduled._started.done():
+            scheduled._started.set_result(scheduled)
+        if scheduled._finished is not None and not scheduled._finished.done():
+            scheduled._finished.set_result(scheduled.run)
+        if not self.inflight[name] and self.waiting[name] and not self.stopping and name not in self.remote:
+            slot, trigger, outcome, run_id = self.waiting[name].popleft()
+            self.launch(scheduled.schedule, slot, trigger, outcome, run_id)
+        self.poke()
+
+    def record_closed(
+        self,
+        schedule: Schedule,
+        slot: datetime,
+        trigger: Trigger,
+        outcome: Outcome,
+        run_id: str | None,
+        status: RunStatus,
+        error_tag: str | None,
+        message: str,
+    ) -> Run:
+        """Record a slot that did not start (``skipped``) as one closed row."""
+        now = self.clock.now()
+        run = Run(
+            run_id or self.new_id(), schedule.name, slot, status, trigger, outcome, self.instance, now, now, error_tag, message
+        )
+        self.ledger.record(run)
+        return run
+
+    def record_missed(
+        self,
+        schedule: Schedule,
+        slot: datetime,
+        trigger: Trigger,
+        outcome: Outcome,
+        why: str,
+        run_id: str | None = None,
+    ) -> None:
+        self.ledger.record(
+            Run(
+                id=run_id or self.new_id(),
+                name=schedule.name,
+                scheduled_at=slot,
+                status="missed",
+                trigger=trigger,
+                coordination_outcome=outcome,
+                instance=self.instance,
+                error_message=why,
+            )
+        )
+
+    # -- queues waiting on another instance ----------------------------------------------------
+    async def release_remote_waits(self) -> None:
+        """Start the queued slots that waited for a run on another instance, once no other
+        instance has a run of that schedule started, or placed for an earlier slot (so
+        queues spread over instances still run one at a time, in slot order)."""
+        if not self.remote:
+            return
+        running = await self.store.running_runs()
+        for name in list(self.remote):
+            waiting = self.waiting.get(name)
+            if not waiting:
+                del self.remote[name]
+                continue
+            head = waiting[0][0]
+            blocker = next(
+                (
+                    r.id
+                    for r in running
+                    if r.name == name
+                    and r.instance != self.instance
+                    and (r.fired_at is not None or r.scheduled_at < head)
+                ),
+                None,
+            )
+            if blocker is not None:
+                self.remote[name] = blocker
+                continue
+            del self.remote[name]
+            if not self.inflight[name] and not self.stopping:
+                slot, trigger, outcome, run_id = waiting.popleft()
+                self.launch(self.schedules[name], slot, trigger, outcome, run_id)
+
+    def queued_run(self, run_id: str) -> bool:
+        return any(entry[3] == run_id for queue in self.waiting.values() for entry in queue)
+
+    # -- stopping -----------------------------------------------------------------------
+    async def stop(self, grace: float) -> None:
+        """Let runs in flight finish for up to ``grace`` seconds; record the rest
+        ``interrupted`` and the queued slots ``missed``."""
+        self.stopping = True
+        running = self.runner.running_tasks()
+        if running:
+            log.info("waiting up to %.0fs for %d run(s) in flight", grace, len(running))
+            if grace > 0:
+                await asyncio.wait(running, timeout=grace)
+        self.interrupt("the engine stopped while this run was in flight")
+        for name, waiting in self.waiting.items():
+            schedule = self.schedules[name]
+            while waiting:
+                slot, trigger, outcome, run_id = waiting.popleft()
+                self.record_missed(
+                    schedule, slot, trigger, outcome, "the engine stopped before this queued firing started", run_id
+                )
+
+    def interrupt(self, message: str) -> None:
+        """Close every run in flight as ``failed``/``interrupted`` and cancel it."""
+        now = self.clock.now()
+        for scheduled in list(self.active.values()):
+            scheduled.settle(CallOutcome("failed", now, TAG_INTERRUPTED, message))
+            scheduled.cancel()

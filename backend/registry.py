@@ -1,0 +1,159 @@
+"""The instance registry: who is alive, what the dead left running, and what has expired.
+
+Every process that opens a store registers itself (name, host, pid) and refreshes its
+heartbeat every few seconds. :meth:`InstanceRegistry.close_abandoned` closes what an
+instance that is gone left ``running`` (runs as ``failed``/``abandoned``, backfills as
+``abandoned``): gone means, on the same machine, that its pid no longer exists, and
+anywhere, that its heartbeat is older than ``abandon_after``. Schedules use it today; the
+job queue and durable executions ask it the same question. It also runs the retention
+sweeps (old runs, old claims) at most once an hour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from .clock import Clock
+from .ledger import RunLedger
+from .model import TAG_ABANDONED, Run
+from .store import Store
+
+__all__ = ["InstanceRegistry", "default_instance_name", "host_identity"]
+
+log = logging.getLogger("schedtui.engine")
+
+
+def default_instance_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def host_identity() -> str:
+    """This machine, as recorded with each instance's heartbeat: the hostname, plus the
+    kernel's boot id where there is one. A dead pid proves a run abandoned only to a
+    process on the same machine; two machines that share a hostname (cloned VMs, two
+    containers named alike) must not judge each other's pids."""
+    host = socket.gethostname()
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{host}#{f.read().strip()[:8]}"
+    except OSError:
+        return host
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class InstanceRegistry:
+    """This instance's heartbeat, the abandoned-work sweep, and retention.
+
+    Contract: :meth:`gone` says why an instance is dead, or ``None`` while it may be
+    alive (this process's own name counts as dead: an earlier process that used it has
+    stopped). Work is closed as abandoned only when :meth:`gone` says so and
+    ``is_ours(id)`` is false, and only if it is still ``running`` in the store (a
+    conditional write), so two live instances never close the same run twice.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: Store,
+        ledger: RunLedger,
+        instance: str,
+        heartbeat_interval: timedelta,
+        abandon_after: timedelta,
+        retention: timedelta | None,
+        claims_ttl: timedelta | None,
+        is_ours: Callable[[str], bool],
+    ) -> None:
+        self.clock = clock
+        self.store = store
+        self.ledger = ledger
+        self.instance = instance
+        self.host = host_identity()
+        self.heartbeat_interval = heartbeat_interval
+        self.abandon_after = abandon_after
+        self.retention = retention
+        self.claims_ttl = claims_ttl
+        """Claims older than this are swept (hourly); ``None`` keeps them."""
+        self.is_ours = is_ours
+        self._last_beat: datetime | None = None
+        self._last_prune: datetime | None = None
+
+    async def beat(self, now: datetime, *, force: bool = False) -> bool:
+        """Refresh the heartbeat if it is due (or ``force``); True if it was written."""
+        if not force and self._last_beat is not None and now - self._last_beat < self.heartbeat_interval:
+            return False
+        await self.store.heartbeat(self.instance, self.host, os.getpid(), now)
+        self._last_beat = now
+        return True
+
+    async def forget(self) -> None:
+        await self.store.forget_instance(self.instance)
+
+    def gone(self, beats: dict[str, tuple[str, int, datetime]], instance: str, now: datetime) -> str | None:
+        if instance == self.instance:
+            return "an earlier process with this instance name stopped"
+        beat = beats.get(instance)
+        if beat is None:
+            return f"instance {instance} is no longer registered"
+        host, pid, at = beat
+        if host == self.host and not pid_alive(pid):
+            return f"instance {instance} (pid {pid}) is no longer running"
+        if now - at > self.abandon_after:
+            return f"instance {instance} has not sent a heartbeat since {at.isoformat()}"
+        return None
+
+    async def close_abandoned(self) -> list[Run]:
+        """Close runs (and backfills) left ``running`` by instances that are gone."""
+        now = self.clock.now()
+        runs = await self.store.running_runs()
+        backfills = await self.store.running_backfills()
+        if not runs and not backfills:
+            return []
+        beats = await self.store.instances()
+        closed = []
+        for run in runs:
+            if self.is_ours(run.id):
+                continue
+            why = self.gone(beats, run.instance, now)
+            if why is None:
+                continue
+            finished = run.finish("failed", now, error_tag=TAG_ABANDONED, error_message=why)
+            if await self.store.close_run(finished):
+                log.warning("run %s of %s abandoned: %s", run.id, run.name, why)
+                closed.append(finished)
+                self.ledger.stats["abandoned"] += 1
+                self.ledger.tell(finished)
+        for progress in backfills:
+            if self.is_ours(progress.id):
+                continue
+            if self.gone(beats, progress.instance, now) is not None:
+                await self.store.update_backfill(dataclasses.replace(progress, state="abandoned", finished_at=now))
+        return closed
+
+    async def prune(self, now: datetime) -> None:
+        """The retention sweeps, at most once an hour."""
+        if self._last_prune is not None and now - self._last_prune < timedelta(hours=1):
+            return
+        self._last_prune = now
+        if self.retention is not None:
+            removed = await self.store.prune_runs(now - self.retention)
+            if removed:
+                log.info("retention: removed %d run(s) older than %s", removed, self.retention)
+        if self.claims_ttl is not None:
+            swept = await self.store.prune_claims(None, now - self.claims_ttl)
+            if swept:
+                log.info("claims retention: swept %d claim(s) older than %s", swept, self.claims_ttl)

@@ -1,0 +1,205 @@
+"""The timers: each self-triggered schedule's next slot, and the loop that fires them.
+
+:class:`TimerWheel` holds the armed slots: **one entry per schedule, by construction**
+(arming a schedule that is armed already moves its entry), all in one heap keyed by slot,
+so a thousand schedules due at the same second cost one heap operation. :class:`Timers`
+is the loop over it: when slots come due it claims them (one round trip for the whole
+burst when the coordination mode needs claims), starts their handlers back to back, and
+only then spends time computing each schedule's next slot, once per distinct expression.
+A schedule found more than one slot behind (a suspended VM, a blocked loop) is handed to
+catch-up instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from itertools import islice
+from typing import Any, Final
+
+from .clock import Clock
+from .coordination import SlotClaims
+from .launcher import Launcher
+from .ledger import RunLedger
+from .loops import Loops
+from .model import Outcome
+from .schedules import Schedule
+
+__all__ = ["TimerWheel", "Timers"]
+
+# Handlers due at one instant are started in slices of this size, yielding to the loop in
+# between, so the first ones start before the last ones are even created.
+START_SLICE: Final = 32
+
+
+class TimerWheel:
+    """Armed slots: ``name -> (slot, the slot after)``, and a heap of distinct slots.
+
+    Contract: a schedule has at most one armed slot, and :meth:`pop_due` returns each
+    armed schedule at most once per slot, however often it was armed, disarmed and armed
+    again. A popped schedule stays *armed at the popped slot* (no heap entry) until it is
+    armed anew or disarmed: that is how the firing loop knows it was not disabled meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[datetime] = []
+        self._due_at: dict[datetime, dict[str, None]] = {}  # slot -> names (an ordered set)
+        self._armed: dict[str, tuple[datetime, datetime]] = {}
+
+    def __len__(self) -> int:
+        return len(self._armed)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._armed
+
+    def armed(self, name: str) -> tuple[datetime, datetime] | None:
+        return self._armed.get(name)
+
+    def arm(self, name: str, slot: datetime, following: datetime) -> None:
+        old = self._armed.get(name)
+        if old is not None:
+            names = self._due_at.get(old[0])
+            if names is not None:
+                names.pop(name, None)
+        self._armed[name] = (slot, following)
+        names = self._due_at.get(slot)
+        if names is None:
+            self._due_at[slot] = {name: None}
+            heapq.heappush(self._heap, slot)
+        else:
+            names[name] = None
+
+    def disarm(self, name: str) -> None:
+        old = self._armed.pop(name, None)
+        if old is not None:
+            names = self._due_at.get(old[0])
+            if names is not None:
+                names.pop(name, None)
+
+    def next_at(self) -> datetime | None:
+        return self._heap[0] if self._heap else None
+
+    def pop_due(self, now: datetime) -> list[tuple[str, datetime, datetime]]:
+        """Every armed ``(name, slot, following)`` whose slot is at or before ``now``."""
+        due: list[tuple[str, datetime, datetime]] = []
+        while self._heap and self._heap[0] <= now:
+            slot = heapq.heappop(self._heap)
+            for name in self._due_at.pop(slot, ()):
+                armed = self._armed[name]
+                due.append((name, slot, armed[1]))
+        return due
+
+
+class Timers:
+    """Fires armed slots when they come due. See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        loops: Loops,
+        ledger: RunLedger,
+        launcher: Launcher,
+        claims: SlotClaims,
+        schedules: dict[str, Schedule],
+        is_enabled: Callable[[str], bool],
+        catch_up_limit: int,
+    ) -> None:
+        self.clock = clock
+        self.loops = loops
+        self.ledger = ledger
+        self.launcher = launcher
+        self.claims = claims
+        self.schedules = schedules
+        self.is_enabled = is_enabled
+        self.catch_up_limit = catch_up_limit
+        self.wheel = TimerWheel()
+        self._wake = asyncio.Event()
+        self.on_behind: Callable[[Schedule, list[datetime]], None] = lambda schedule, slots: None
+        """Called with a schedule found more than one slot behind and its missed slots
+        (ascending, the current one last); it takes over re-arming it."""
+
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self.loops.expect("timers")
+        self.loops.spawn(self._loop(), "timers")
+
+    def arm(self, schedule: Schedule, after: datetime) -> None:
+        """Arm the schedule's first slot after ``after``."""
+        slot = schedule.cron.next(after)
+        self.arm_at(schedule, slot, schedule.cron.next(slot))
+
+    def arm_at(self, schedule: Schedule, slot: datetime, following: datetime) -> None:
+        self.wheel.arm(schedule.name, slot, following)
+        if self.loops.needs_wake("timers", slot):
+            self._wake.set()
+
+    def disarm(self, name: str) -> None:
+        self.wheel.disarm(name)
+
+    def next_slot(self, name: str) -> datetime | None:
+        armed = self.wheel.armed(name)
+        return armed[0] if armed is not None else None
+
+    async def _loop(self) -> None:
+        while True:
+            now = self.clock.now()
+            nxt = self.wheel.next_at()
+            if nxt is None or nxt > now:
+                await self.loops.park("timers", nxt, self._wake)
+                continue
+            due: list[tuple[Schedule, datetime, datetime]] = []
+            behind: list[tuple[Schedule, datetime]] = []
+            for name, slot, following in self.wheel.pop_due(now):
+                schedule = self.schedules[name]
+                if following <= now:
+                    behind.append((schedule, slot))
+                else:
+                    due.append((schedule, slot, following))
+            if due:
+                await self._fire_due(due, now)
+            for schedule, slot in behind:
+                self.wheel.disarm(schedule.name)
+                missed = [slot, *islice(schedule.cron.occurrences(slot, now), self.catch_up_limit)]
+                self.on_behind(schedule, missed[-self.catch_up_limit :])
+
+    async def _fire_due(self, due: list[tuple[Schedule, datetime, datetime]], now: datetime) -> None:
+        claims = self.claims
+        outcome = claims.coordinator.outcome
+        busy: dict[str, str] = {}
+        owned: Iterable[tuple[Schedule, datetime, str]]
+        if claims.coordinator.needs_claims:
+            # One claim for the whole batch: one round trip, one transaction.
+            owned, busy = await claims.claim([(schedule, slot) for schedule, slot, _ in due], now)
+        else:
+            # Lazily: making every id before the first start delays the whole burst.
+            new_id = self.launcher.new_id
+            owned = ((schedule, slot, new_id()) for schedule, slot, _ in due)
+        # The runs started here reach the writer thread only once the whole burst has started.
+        with self.ledger.hold():
+            await self._fire_owned(owned, outcome, busy)
+            # Schedules that share an expression share their next slot: compute it once.
+            after: dict[tuple[Any, datetime], datetime] = {}
+            for schedule, slot, following in due:
+                armed = self.wheel.armed(schedule.name)
+                # Still armed at the slot just fired: not disabled (or re-armed) meanwhile.
+                if armed is not None and armed[0] == slot and self.is_enabled(schedule.name):
+                    key = (schedule.cron, following)
+                    nxt = after.get(key)
+                    if nxt is None:
+                        nxt = after[key] = schedule.cron.next(following)
+                    self.arm_at(schedule, following, nxt)
+
+    async def _fire_owned(
+        self, owned: Iterable[tuple[Schedule, datetime, str]], outcome: Outcome, busy: dict[str, str]
+    ) -> None:
+        fire = self.launcher.fire
+        index = -1
+        for index, (schedule, slot, run_id) in enumerate(owned):
+            fire(schedule, slot, "self", outcome, run_id, remote=busy.get(schedule.name))
+            if index % START_SLICE == START_SLICE - 1:
+                await asyncio.sleep(0)  # let the handlers created so far start
+        if index >= 0:
+            await asyncio.sleep(0)  # the last slice too, before the re-arming that follows
