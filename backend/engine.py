@@ -132,7 +132,7 @@ class Engine:
             new_id=self.new_id,
             catch_up_limit=catch_up_limit,
         )
-        self.ledger.on_finished = lambda run: self.claims.finished(run.id)
+        self.ledger.on_finished = self._finished
         self.timers = Timers(
             clock=self.clock,
             loops=self.loops,
@@ -172,7 +172,7 @@ class Engine:
             abandon_after=timedelta(seconds=abandon_after),
             retention=retention,
             claims_ttl=claims_ttl,
-            is_ours=lambda id_: id_ in self.launcher.active or id_ in self.claims.claimed or id_ in self.backfills.jobs,
+            is_ours=self._is_ours,
         )
         self.external = ExternalFires(
             clock=self.clock,
@@ -182,6 +182,19 @@ class Engine:
             claims=self.claims,
             tolerance=external_tolerance,
             early=external_early,
+        )
+
+    def _finished(self, run: Run) -> None:
+        self.claims.finished(run.id)
+        self.launcher.placed.discard(run.id)
+
+    def _is_ours(self, id_: str) -> bool:
+        """A run (or backfill) this process is responsible for: never abandoned by it."""
+        return (
+            id_ in self.launcher.active
+            or id_ in self.launcher.placed
+            or id_ in self.claims.claimed
+            or id_ in self.backfills.jobs
         )
 
     def _make_coordinator(self, coordination: CoordinationMode | Coordinator | None) -> Coordinator:

@@ -31,6 +31,10 @@ log = logging.getLogger("schedtui.engine")
 
 _Queued = tuple[datetime, Trigger, Outcome, str]  # slot, trigger, outcome, run id
 
+#: How long a run waits for its ``running`` row to be committed before its handler starts
+#: anyway (a store that is this slow is failing: its rows wait in the writer meanwhile).
+PLACE_WAIT_S = 2.0
+
 
 class ScheduleRun(Invocation):
     """A run of a schedule: its ledger row, and futures for whoever waits on it."""
@@ -126,6 +130,11 @@ class Launcher:
         self.remote: dict[str, str] = {}
         """Schedules whose queued slots wait for a run in flight on another instance."""
         self.stopping = False
+        self.placed: set[str] = set()
+        """Run ids whose ``running`` row this instance wrote before starting them (see
+        :meth:`place`) and that are not recorded finished yet."""
+        self._batch: tuple[list[Run], asyncio.Future[None]] | None = None
+        self._slow_flush: asyncio.Future[None] | None = None
 
     @property
     def idle(self) -> bool:
@@ -172,9 +181,17 @@ class Launcher:
         run_id: str | None = None,
     ) -> ScheduleRun:
         """Start a run now, whatever the overlap policy. When every handler thread is busy
-        the run is recorded ``skipped`` (error tag ``threads_exhausted``) instead."""
+        the run is recorded ``skipped`` (error tag ``threads_exhausted``) instead.
+
+        ``run_id`` is the id of a run whose ``running`` row is in the store already (a
+        claim's, or one written by :meth:`place`). Without it the run is new: its row is
+        written first (runs launched in the same loop iteration share one transaction),
+        and its handler starts once that row is committed, so a handler that kills its
+        process still leaves its run in the ledger, to be closed as abandoned."""
         run = Run(run_id or self.new_id(), schedule.name, slot, "running", trigger, outcome, self.instance)
         scheduled = ScheduleRun(self, schedule, run)
+        if run_id is None:
+            scheduled.gate = self._place_soon(run)
         self.inflight[schedule.name] += 1
         self.active[run.id] = scheduled
         try:
@@ -183,6 +200,46 @@ class Launcher:
             log.warning("%s not started: %s", scheduled.label, exc)
             scheduled.settle(CallOutcome("skipped", self.clock.now(), TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
         return scheduled
+
+    async def place(self, runs: list[Run]) -> None:
+        """Write ``running`` rows for runs about to start and wait until they are committed
+        (at most :data:`PLACE_WAIT_S`; while the store is that slow, not at all)."""
+        self.placed.update(run.id for run in runs)
+        self.store.save_runs(runs)
+        if self._slow_flush is not None:
+            if not self._slow_flush.done():
+                return
+            self._slow_flush = None
+        flush = asyncio.ensure_future(self.store.flush())
+        done, _ = await asyncio.wait({flush}, timeout=PLACE_WAIT_S)
+        if not done:
+            self._slow_flush = flush
+            flush.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, never raised
+            log.warning(
+                "the store did not commit within %gs: runs start without their row committed first "
+                "(their rows wait in the writer) until it does",
+                PLACE_WAIT_S,
+            )
+        elif flush.exception() is not None:
+            log.warning("could not commit the rows of runs about to start (%s); starting them anyway", flush.exception())
+
+    def _place_soon(self, run: Run) -> asyncio.Future[None]:
+        """Add ``run``'s row to the batch written at the end of this loop iteration."""
+        if self._batch is None:
+            self._batch = ([], asyncio.get_running_loop().create_future())
+            asyncio.ensure_future(self._place_batch())
+        rows, gate = self._batch
+        rows.append(run)
+        return gate
+
+    async def _place_batch(self) -> None:
+        await asyncio.sleep(0)  # let the rest of this iteration's launches join the batch
+        assert self._batch is not None
+        (rows, gate), self._batch = self._batch, None
+        try:
+            await self.place(rows)
+        finally:
+            gate.set_result(None)
 
     def close(
         self,

@@ -85,7 +85,7 @@ class Invocation:
     comes first.
     """
 
-    __slots__ = ("deadline", "is_async", "label", "max_runtime", "outcome", "task")
+    __slots__ = ("deadline", "gate", "is_async", "label", "max_runtime", "outcome", "task")
 
     def __init__(self, label: str, max_runtime: timedelta, is_async: bool) -> None:
         self.label = label
@@ -95,6 +95,8 @@ class Invocation:
         self.is_async = is_async
         self.task: asyncio.Task[None] | None = None
         self.outcome: Outcome | None = None
+        self.gate: asyncio.Future[None] | None = None
+        """If set, the call waits for it before it begins (its ledger row being committed)."""
 
     @property
     def thread_name(self) -> str:
@@ -141,7 +143,8 @@ class _ThreadPool:
         self.max_threads = max_threads
         self._lock = threading.Lock()
         self._work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._threads = 0
+        self.threads = 0
+        """Threads alive in the pool."""
         self.busy = 0
         """Calls handed in and not returned yet (running, or about to be picked up)."""
 
@@ -155,9 +158,9 @@ class _ThreadPool:
     def submit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on a thread; needs a :meth:`reserve` first."""
         with self._lock:
-            spawn = self.busy > self._threads
+            spawn = self.busy > self.threads
             if spawn:
-                self._threads += 1
+                self.threads += 1
         self._work.put(fn)
         if spawn:
             threading.Thread(target=self._worker, name="schedtui-handler", daemon=True).start()
@@ -168,8 +171,8 @@ class _ThreadPool:
                 fn = self._work.get(timeout=_IDLE_THREAD_EXIT_S)
             except queue.Empty:
                 with self._lock:
-                    if self._threads > self.busy:  # a spare thread: nothing can be waiting for it
-                        self._threads -= 1
+                    if self.threads > self.busy:  # a spare thread: nothing can be waiting for it
+                        self.threads -= 1
                         return
                 continue
             try:
@@ -231,6 +234,8 @@ class HandlerRunner:
 
     async def _call(self, key: int, invocation: Invocation, fn: Callable[[Any], Any]) -> None:
         try:
+            if invocation.gate is not None:
+                await invocation.gate
             arg = invocation.begin(self.clock.now())
             deadline = invocation.deadline
             assert deadline is not None, "Invocation.begin() sets the deadline"

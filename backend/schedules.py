@@ -77,6 +77,23 @@ def _is_async_callable(obj: Any) -> bool:
     return inspect.iscoroutinefunction(obj) or inspect.iscoroutinefunction(getattr(obj, "__call__", None))
 
 
+def handler_problem(handler: Any) -> str | None:
+    """Why ``handler`` cannot be a handler (it would not run when called), or ``None``.
+
+    A handler is a function, a coroutine function, or an object whose ``__call__`` is one
+    (partials included). A generator function, sync or async, only builds a generator when
+    called and never runs its body; a class builds an instance."""
+    if not callable(handler):
+        return f"handler {handler!r} is not callable"
+    if inspect.isclass(handler):
+        return f"handler {handler.__name__} is a class; pass a function (or an instance with __call__)"
+    for candidate in (handler, getattr(handler, "__call__", None)):
+        if inspect.isasyncgenfunction(candidate) or inspect.isgeneratorfunction(candidate):
+            name = getattr(handler, "__name__", repr(handler))
+            return f"handler {name} is a generator function: calling it would not run it; use def or async def without yield"
+    return None
+
+
 def define_schedule(
     *,
     name: str,
@@ -105,8 +122,9 @@ def define_schedule(
         parsed = Cron(cron, timezone)
     except CronError as exc:
         raise CronError(f"{label}: {exc.message}") from None
-    if not callable(handler):
-        raise bad(f"handler {handler!r} is not callable")
+    problem = handler_problem(handler)
+    if problem is not None:
+        raise bad(problem)
     if on_overlap not in OVERLAP_POLICIES:
         raise bad(f"on_overlap {on_overlap!r} is not one of {', '.join(OVERLAP_POLICIES)}")
     if backfill not in BACKFILL_POLICIES:

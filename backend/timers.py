@@ -24,7 +24,7 @@ from .coordination import SlotClaims
 from .launcher import Launcher
 from .ledger import RunLedger
 from .loops import Loops
-from .model import Outcome
+from .model import Outcome, Run
 from .schedules import Schedule
 
 __all__ = ["TimerWheel", "Timers"]
@@ -174,9 +174,13 @@ class Timers:
             # One claim for the whole batch: one round trip, one transaction.
             owned, busy = await claims.claim([(schedule, slot) for schedule, slot, _ in due], now)
         else:
-            # Lazily: making every id before the first start delays the whole burst.
-            new_id = self.launcher.new_id
-            owned = ((schedule, slot, new_id()) for schedule, slot, _ in due)
+            # Every run's row is committed before its handler starts (one transaction for
+            # the burst), so a handler that kills its process still leaves a row to close.
+            new_id, instance = self.launcher.new_id, self.launcher.instance
+            owned = [(schedule, slot, new_id()) for schedule, slot, _ in due]
+            await self.launcher.place(
+                [Run(run_id, schedule.name, slot, "running", "self", outcome, instance) for schedule, slot, run_id in owned]
+            )
         # The runs started here reach the writer thread only once the whole burst has started.
         with self.ledger.hold():
             await self._fire_owned(owned, outcome, busy)

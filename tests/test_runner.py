@@ -1,0 +1,302 @@
+"""The handler runner and the timer wheel, alone and through the engine.
+
+How a handler call ends is decided in one place (backend/runner.py): whatever a handler
+raises fails its run and never the process; a deadline cancels async work and abandons a
+stuck thread; threads are bounded; a handler that blocks the loop past its deadline is a
+timeout; and every run's row is committed before its handler starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import subprocess
+import sys
+import textwrap
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend import DefinitionError, ManualClock, RunContext, define_schedule, open_store
+from backend.loops import Loops
+from backend.runner import HandlerRunner, Invocation, Outcome
+from backend.timers import TimerWheel
+from tests.conftest import all_runs
+from tests.servers import REPO, cli_env
+
+UTC = timezone.utc
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+
+
+def at(minute: int) -> datetime:
+    return T0 + timedelta(minutes=minute)
+
+
+def schedule(handler: Any, name: str = "job", cron: str = "* * * * *", **kwargs: Any):  # type: ignore[no-untyped-def]
+    return define_schedule(name=name, cron=cron, timezone="UTC", handler=handler, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------
+# the timer wheel: one armed entry per schedule, by construction
+# ---------------------------------------------------------------------------------------
+def test_arming_twice_for_one_slot_pops_the_schedule_once() -> None:
+    wheel = TimerWheel()
+    wheel.arm("a", at(1), at(2))
+    wheel.arm("a", at(1), at(2))
+    wheel.disarm("a")
+    wheel.arm("a", at(1), at(2))  # disable + enable within the interval
+    assert wheel.pop_due(at(1)) == [("a", at(1), at(2))]
+    assert wheel.pop_due(at(5)) == []
+
+
+def test_rearming_moves_the_entry() -> None:
+    wheel = TimerWheel()
+    wheel.arm("a", at(1), at(2))
+    wheel.arm("b", at(1), at(2))
+    wheel.arm("a", at(3), at(4))
+    assert wheel.pop_due(at(2)) == [("b", at(1), at(2))]
+    assert wheel.armed("a") == (at(3), at(4)) and len(wheel) == 2
+    assert wheel.pop_due(at(3)) == [("a", at(3), at(4))]
+    # Popped schedules stay armed at the slot they fired for, until re-armed or disarmed.
+    assert wheel.armed("a") == (at(3), at(4)) and wheel.next_at() is None
+
+
+# ---------------------------------------------------------------------------------------
+# the runner alone
+# ---------------------------------------------------------------------------------------
+async def nothing() -> None:
+    pass
+
+
+class Call(Invocation):
+    def __init__(self, max_runtime: float = 60, is_async: bool = True) -> None:
+        super().__init__("call", timedelta(seconds=max_runtime), is_async)
+        self.outcomes: list[Outcome] = []
+
+    def begin(self, now: datetime) -> Any:
+        super().begin(now)
+        return "arg"
+
+    def settled(self, outcome: Outcome) -> None:
+        self.outcomes.append(outcome)
+
+
+async def test_a_call_is_settled_once_even_when_it_returns_after_its_timeout() -> None:
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    runner = HandlerRunner(clock, loops)
+    runner.open()
+    release = threading.Event()
+
+    def slow(arg: str) -> str:
+        release.wait(10)
+        return arg
+
+    call = Call(max_runtime=5, is_async=False)
+    runner.start(call, slow)
+    await loops.quiesce(lambda: call.deadline is not None, nothing)  # begun, watchdog parked
+    clock.advance(5)
+    await loops.quiesce(lambda: call.done, nothing)
+    assert runner.abandoned == 1
+    release.set()
+    assert call.task is not None
+    await call.task
+    assert [(o.status, o.error_tag) for o in call.outcomes] == [("failed", "timeout")]
+    await loops.cancel_all()
+
+
+async def test_a_succeeding_call_hands_back_its_value() -> None:
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    runner = HandlerRunner(clock, loops)
+    runner.open()
+
+    async def echo(arg: str) -> str:
+        return arg * 2
+
+    call = Call()
+    runner.start(call, echo)
+    assert call.task is not None
+    await call.task
+    assert [(o.status, o.value) for o in call.outcomes] == [("succeeded", "argarg")]
+    await loops.cancel_all()
+
+
+# ---------------------------------------------------------------------------------------
+# whatever a handler raises fails its run, never the process
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), ValueError("boom")])
+async def test_any_exception_fails_the_run_and_the_next_slot_still_fires(make_engine, clock: ManualClock, kind: str, exc: BaseException) -> None:
+    calls: list[datetime] = []
+
+    async def async_handler(ctx: RunContext) -> None:
+        calls.append(ctx.scheduled_at)
+        if len(calls) == 1:
+            raise exc
+
+    def sync_handler(ctx: RunContext) -> None:
+        calls.append(ctx.scheduled_at)
+        if len(calls) == 1:
+            raise exc
+
+    engine = make_engine([schedule(async_handler if kind == "async" else sync_handler)])
+    await engine.start()
+    for _ in range(2):
+        clock.advance(60)
+        await engine.quiesce()
+    runs = await all_runs(engine, "job")
+    assert [(r.status, r.error_tag) for r in runs] == [("failed", type(exc).__name__), ("succeeded", None)]
+    assert await engine.store.running_runs() == []
+
+
+@pytest.mark.parametrize("handler", ["async generator", "generator", "class", "string"])
+def test_handlers_that_would_not_run_are_refused_at_definition(handler: str) -> None:
+    async def agen(ctx: RunContext) -> Any:
+        yield ctx
+
+    def gen(ctx: RunContext) -> Any:
+        yield ctx
+
+    class Job:
+        def __init__(self, ctx: RunContext) -> None:
+            pass
+
+    value = {"async generator": agen, "generator": gen, "class": Job, "string": "module:function"}[handler]
+    with pytest.raises(DefinitionError, match="handler"):
+        schedule(value)
+
+
+def test_callable_objects_and_partials_are_accepted() -> None:
+    class Job:
+        async def __call__(self, ctx: RunContext) -> None:
+            pass
+
+    async def with_arg(extra: int, ctx: RunContext) -> None:
+        pass
+
+    assert schedule(Job()).is_async
+    assert schedule(functools.partial(with_arg, 1)).is_async
+
+
+# ---------------------------------------------------------------------------------------
+# deadlines
+# ---------------------------------------------------------------------------------------
+async def test_an_async_handler_that_blocks_the_loop_past_its_deadline_is_a_timeout(
+    make_engine, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def blocking(ctx: RunContext) -> None:
+        clock.advance(10)  # ten seconds of blocking work, never yielding to the loop
+
+    engine = make_engine([schedule(blocking, max_runtime=5)])
+    await engine.start()
+    clock.advance(60)
+    await engine.quiesce()
+    [run] = await all_runs(engine, "job")
+    assert (run.status, run.error_tag) == ("failed", "timeout")
+    assert "blocking the event loop" in (run.error_message or "")
+    assert "blocked the event loop" in caplog.text
+
+
+async def test_stuck_sync_handlers_are_bounded_and_the_excess_is_recorded_skipped(
+    make_engine, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    def stuck(ctx: RunContext) -> None:
+        entered.release()
+        release.wait(30)
+
+    engine = make_engine([schedule(stuck, on_overlap="parallel", max_runtime=30)], max_threads=3)
+    await engine.start()
+    try:
+        for minute in range(5):
+            clock.advance(60 if minute == 0 else 30)  # the slot
+            await engine.quiesce(runs=False)
+            if minute < 3:
+                await asyncio.to_thread(entered.acquire, True, 10)
+            clock.advance(30)  # the watchdog gives up on it; its thread stays stuck
+            await engine.quiesce()
+        runs = await all_runs(engine, "job")
+        assert [(r.status, r.error_tag) for r in runs] == [("failed", "timeout")] * 3 + [
+            ("skipped", "threads_exhausted")
+        ] * 2
+        assert "3 handler threads are busy (3 abandoned" in (runs[-1].error_message or "")
+        assert engine.runner.pool.threads == 3
+        assert "not started: all 3 handler threads are busy" in caplog.text
+    finally:
+        release.set()
+    # Once the stuck threads return, they are reused: the next slot runs again.
+    while engine.runner.pool.busy:
+        await asyncio.sleep(0.01)  # the released threads unwinding (real threads: nothing to await)
+    clock.advance(30)
+    await engine.quiesce(runs=False)
+    await engine.quiesce()
+    assert (await all_runs(engine, "job"))[-1].status == "succeeded"  # released: it returns at once
+
+
+# ---------------------------------------------------------------------------------------
+# a run's row exists before its handler starts
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["timer", "run now"])
+async def test_the_running_row_is_committed_before_the_handler_starts(make_engine, clock: ManualClock, store_url: str, how: str) -> None:
+    seen: list[Any] = []
+
+    async def look(ctx: RunContext) -> None:
+        other = open_store(store_url)  # another connection: only committed rows are visible
+        await other.open()
+        try:
+            seen.append(await other.get_run(ctx.run_id))
+        finally:
+            await other.close()
+
+    engine = make_engine([schedule(look)])
+    await engine.start()
+    if how == "timer":
+        clock.advance(60)
+    else:
+        await engine.run_now("job")
+    await engine.quiesce()
+    assert len(seen) == 1 and seen[0] is not None and seen[0].status == "running"
+
+
+def test_a_handler_that_kills_its_process_leaves_its_run_to_be_closed(tmp_path: Path) -> None:
+    folder = tmp_path / "schedules"
+    folder.mkdir()
+    (folder / "exit.cron.py").write_text(
+        textwrap.dedent(
+            """
+            import os
+            from backend import define_schedule
+
+            def die(ctx):
+                os._exit(7)
+
+            job = define_schedule(name="die", cron="0 0 1 1 *", timezone="UTC", handler=die)
+            """
+        )
+    )
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    args = ["--schedules", str(folder), "--store", store]
+    fired = subprocess.run(
+        [sys.executable, "-m", "console.cli", "fire", "die", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60
+    )
+    assert fired.returncode == 7, fired.stderr
+    runs = subprocess.run(
+        [sys.executable, "-m", "console.cli", "runs", "die", "--json", *args],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert runs.returncode == 0, runs.stderr
+    import json
+
+    [run] = json.loads(runs.stdout)
+    # The next process to open the store closes it: its pid is gone.
+    assert (run["status"], run["error_tag"], run["trigger"]) == ("failed", "abandoned", "manual")
