@@ -201,11 +201,15 @@ class Launcher:
             scheduled.settle(CallOutcome("skipped", self.clock.now(), TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
         return scheduled
 
-    async def place(self, runs: list[Run]) -> None:
-        """Write ``running`` rows for runs about to start and wait until they are committed
-        (at most :data:`PLACE_WAIT_S`; while the store is that slow, not at all)."""
+    def place(self, runs: list[Run]) -> asyncio.Future[None]:
+        """Hand the ``running`` rows of runs about to start to the store now; the future
+        resolves once they are committed (after :data:`PLACE_WAIT_S` at most, and at once
+        while the store is that slow: their rows then wait in the writer)."""
         self.placed.update(run.id for run in runs)
         self.store.save_runs(runs)
+        return asyncio.ensure_future(self._committed())
+
+    async def _committed(self) -> None:
         if self._slow_flush is not None:
             if not self._slow_flush.done():
                 return

@@ -24,7 +24,7 @@ from .coordination import SlotClaims
 from .launcher import Launcher
 from .ledger import RunLedger
 from .loops import Loops
-from .model import Outcome, Run
+from .model import Outcome
 from .schedules import Schedule
 
 __all__ = ["TimerWheel", "Timers"]
@@ -168,22 +168,17 @@ class Timers:
     async def _fire_due(self, due: list[tuple[Schedule, datetime, datetime]], now: datetime) -> None:
         claims = self.claims
         outcome = claims.coordinator.outcome
-        busy: dict[str, str] = {}
-        owned: Iterable[tuple[Schedule, datetime, str]]
-        if claims.coordinator.needs_claims:
-            # One claim for the whole batch: one round trip, one transaction.
-            owned, busy = await claims.claim([(schedule, slot) for schedule, slot, _ in due], now)
-        else:
-            # Every run's row is committed before its handler starts (one transaction for
-            # the burst), so a handler that kills its process still leaves a row to close.
-            new_id, instance = self.launcher.new_id, self.launcher.instance
-            owned = [(schedule, slot, new_id()) for schedule, slot, _ in due]
-            await self.launcher.place(
-                [Run(run_id, schedule.name, slot, "running", "self", outcome, instance) for schedule, slot, run_id in owned]
-            )
         # The runs started here reach the writer thread only once the whole burst has started.
         with self.ledger.hold():
-            await self._fire_owned(owned, outcome, busy)
+            if claims.coordinator.needs_claims:
+                # One claim for the whole batch: one round trip, one transaction, which also
+                # writes the winners' rows.
+                owned, busy = await claims.claim([(schedule, slot) for schedule, slot, _ in due], now)
+                await self._fire_owned(owned, outcome, busy)
+            else:
+                # Lazily: making every id before the first start delays the whole burst.
+                new_id = self.launcher.new_id
+                await self._fire_owned(((schedule, slot, new_id()) for schedule, slot, _ in due), outcome, {})
             # Schedules that share an expression share their next slot: compute it once.
             after: dict[tuple[Any, datetime], datetime] = {}
             for schedule, slot, following in due:

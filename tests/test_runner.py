@@ -242,7 +242,7 @@ async def test_stuck_sync_handlers_are_bounded_and_the_excess_is_recorded_skippe
 # ---------------------------------------------------------------------------------------
 # a run's row exists before its handler starts
 # ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("how", ["timer", "run now"])
+@pytest.mark.parametrize("how", ["run now", "backfill"])
 async def test_the_running_row_is_committed_before_the_handler_starts(make_engine, clock: ManualClock, store_url: str, how: str) -> None:
     seen: list[Any] = []
 
@@ -256,8 +256,8 @@ async def test_the_running_row_is_committed_before_the_handler_starts(make_engin
 
     engine = make_engine([schedule(look)])
     await engine.start()
-    if how == "timer":
-        clock.advance(60)
+    if how == "backfill":
+        await engine.start_backfill("job", T0 - timedelta(minutes=1), T0)
     else:
         await engine.run_now("job")
     await engine.quiesce()
