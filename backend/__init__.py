@@ -4,6 +4,7 @@ recorded in a durable ledger, and operable by hand.
 The public API is re-exported here; the modules behind it are private unless documented.
 """
 
+from .client import Client, SyncClient, connect, connect_sync
 from .clock import Clock, ManualClock, SystemClock
 from .cron import Cron
 from .engine import Engine
@@ -35,6 +36,7 @@ __all__ = [
     "BackfillPlan",
     "BackfillProgress",
     "BadInput",
+    "Client",
     "Clock",
     "Cron",
     "CronError",
@@ -52,9 +54,12 @@ __all__ = [
     "ScheduleView",
     "SchedtuiError",
     "StateNote",
+    "SyncClient",
     "SystemClock",
     "Unauthorized",
     "Unavailable",
+    "connect",
+    "connect_sync",
     "define_schedule",
     "discover",
     "open_store",
