@@ -223,9 +223,7 @@ class HandlerRunner:
             )
         key = next(self._seq)
         self.in_flight[key] = invocation
-        task = invocation.task = asyncio.ensure_future(self._call(key, invocation, fn))
-        # Not a `finally` in _call: a task cancelled before its first step never runs it.
-        task.add_done_callback(lambda _: self.in_flight.pop(key, None))
+        invocation.task = asyncio.get_running_loop().create_task(self._call(key, invocation, fn))
 
     def _watch(self, key: int, invocation: Invocation, deadline: datetime) -> None:
         heapq.heappush(self._deadlines, (deadline, key, invocation))
@@ -274,6 +272,8 @@ class HandlerRunner:
                 )
             else:
                 invocation.settle(Outcome("succeeded", now, value=value))
+        finally:
+            self.in_flight.pop(key, None)
 
     def _on_thread(self, invocation: Invocation, fn: Callable[[Any], Any], arg: Any) -> asyncio.Future[Any]:
         """Run a sync handler on a pool thread (reserved by :meth:`start`)."""
@@ -332,6 +332,8 @@ class HandlerRunner:
     def interrupt(self, message: str) -> None:
         """Settle every call in flight as ``failed``/``interrupted`` and cancel it."""
         now = self.clock.now()
-        for invocation in list(self.in_flight.values()):
+        for key, invocation in list(self.in_flight.items()):
             invocation.settle(Outcome("failed", now, TAG_INTERRUPTED, message))
             invocation.cancel()
+            # A task cancelled before its first step never runs its `finally`.
+            self.in_flight.pop(key, None)
