@@ -1,0 +1,170 @@
+"""The engine's smaller parts on their own: the registry's verdicts, the ledger's hand-off,
+schedule states, and the loops' parking (the timers and the runner: tests/test_runner.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from backend import ManualClock, RunContext, define_schedule, open_store
+from backend.ledger import RunLedger
+from backend.loops import Loops
+from backend.model import Run, ScheduleState
+from backend.registry import InstanceRegistry, host_identity
+from backend.states import ScheduleStates
+
+UTC = timezone.utc
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+
+
+def run(id_: str, status: str = "running") -> Run:
+    return Run(id_, "job", T0, status, "self", "single", "me")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------
+# the registry: who is gone
+# ---------------------------------------------------------------------------------------
+def registry(store: Any = None) -> InstanceRegistry:
+    clock = ManualClock(T0)
+    return InstanceRegistry(
+        clock=clock,
+        store=store,
+        ledger=RunLedger(store),
+        instance="me",
+        heartbeat_interval=timedelta(seconds=5),
+        abandon_after=timedelta(seconds=30),
+        retention=None,
+        claims_ttl=None,
+        is_ours=lambda _: False,
+    )
+
+
+def test_gone_judges_pids_only_on_the_same_host_and_heartbeats_everywhere() -> None:
+    reg = registry()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    here, fresh, stale = host_identity(), T0 - timedelta(seconds=5), T0 - timedelta(seconds=31)
+    beats = {
+        "alive-here": (here, os.getpid(), fresh),
+        "dead-here": (here, dead_pid, fresh),
+        "dead-pid-elsewhere": ("other#boot", dead_pid, fresh),
+        "silent-elsewhere": ("other#boot", 1, stale),
+    }
+    assert reg.gone(beats, "alive-here", T0) is None
+    assert "is no longer running" in (reg.gone(beats, "dead-here", T0) or "")
+    assert reg.gone(beats, "dead-pid-elsewhere", T0) is None  # another machine's pid proves nothing
+    assert "has not sent a heartbeat" in (reg.gone(beats, "silent-elsewhere", T0) or "")
+    assert "no longer registered" in (reg.gone(beats, "unknown", T0) or "")
+    assert "earlier process with this instance name" in (reg.gone(beats, "me", T0) or "")
+
+
+async def test_close_abandoned_writes_only_runs_still_running(store_url: str) -> None:
+    store = open_store(store_url)
+    await store.open()
+    try:
+        reg = registry(store)
+        store.save_runs([run("A"), run("B", "succeeded")])
+        await store.flush()
+        closed = await reg.close_abandoned()  # "me" is this name: an earlier process stopped
+        assert [(r.id, r.status, r.error_tag) for r in closed] == [("A", "failed", "abandoned")]
+        assert await reg.close_abandoned() == []  # closed once
+    finally:
+        await store.close()
+
+
+# ---------------------------------------------------------------------------------------
+# the ledger: order and the burst hold
+# ---------------------------------------------------------------------------------------
+class RecordingStore:
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def save_runs(self, runs: list[Run]) -> None:
+        self.batches.append([f"{r.id}:{r.status}" for r in runs])
+
+
+async def test_a_held_ledger_hands_the_whole_burst_over_at_once_in_order() -> None:
+    store = RecordingStore()
+    ledger = RunLedger(store)  # type: ignore[arg-type]
+    seen: list[str] = []
+    ledger.listeners.append(lambda r: seen.append(r.id))
+    ledger.listeners.append(lambda r: 1 / 0)  # a failing listener is logged, never fatal
+    with ledger.hold():
+        ledger.record(run("A"))
+        await asyncio.sleep(0)
+        ledger.record(run("B"))
+        await asyncio.sleep(0)
+        assert store.batches == []  # nothing handed over while held
+        ledger.record(run("A", "succeeded"))
+    assert store.batches == [["A:running", "B:running", "A:succeeded"]]
+    assert seen == ["A", "B", "A"]
+    ledger.record(run("C"))
+    await asyncio.sleep(0)
+    assert store.batches[-1] == ["C:running"]
+
+
+# ---------------------------------------------------------------------------------------
+# schedule states
+# ---------------------------------------------------------------------------------------
+async def test_states_report_each_change_once_whoever_made_it(store_url: str) -> None:
+    async def noop(ctx: RunContext) -> None:
+        pass
+
+    job = define_schedule(name="job", cron="* * * * *", timezone="UTC", handler=noop)
+    store = open_store(store_url)
+    await store.open()
+    try:
+        states = ScheduleStates(store, {"job": job})
+        changes: list[bool] = []
+        states.on_change = lambda schedule, state: changes.append(state.enabled)
+        await states.load()
+        assert states.is_enabled("job")
+        await store.set_state(ScheduleState("job", False, "someone else", T0))
+        await states.refresh()
+        await states.refresh()
+        await states.set("job", False, at=T0, by="me", note="again")  # already disabled: no change
+        await states.set("job", True, at=T0, by="me")
+        assert changes == [False, True]
+        with pytest.raises(Exception, match="longer than 1000"):
+            await states.set("job", False, at=T0, by="me", note="x" * 1001)
+    finally:
+        await store.close()
+
+
+# ---------------------------------------------------------------------------------------
+# loops
+# ---------------------------------------------------------------------------------------
+async def test_a_loop_is_idle_only_while_parked_with_nothing_due() -> None:
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    wake = asyncio.Event()
+    loops.expect("worker")
+    assert not loops.idle()  # expected but not parked yet
+    rounds: list[datetime] = []
+
+    async def worker() -> None:
+        while True:
+            rounds.append(clock.now())
+            await loops.park("worker", clock.now() + timedelta(seconds=10), wake)
+
+    loops.spawn(worker(), "worker")
+
+    async def nothing() -> None:
+        pass
+
+    await loops.quiesce(lambda: True, nothing)
+    assert rounds == [T0]
+    assert not loops.needs_wake("worker", T0 + timedelta(seconds=20))  # it wakes before that anyway
+    assert loops.needs_wake("worker", T0 + timedelta(seconds=5))
+    clock.advance(10)
+    await loops.quiesce(lambda: True, nothing)
+    wake.set()
+    await loops.quiesce(lambda: True, nothing)
+    assert rounds == [T0, T0 + timedelta(seconds=10), T0 + timedelta(seconds=10)]
+    await loops.cancel_all()
