@@ -13,6 +13,7 @@ from .errors import (
     DefinitionError,
     DiscoveryError,
     Forbidden,
+    ListenError,
     NotFound,
     Refused,
     SchedtuiError,
@@ -28,7 +29,8 @@ from .model import (
     ScheduleView,
     StateNote,
 )
-from .schedules import Schedule, define_schedule, discover
+from .definitions import Definitions, discover, discover_definitions
+from .schedules import Schedule, define_schedule
 from .store import open_store
 
 __all__ = [
@@ -39,9 +41,11 @@ __all__ = [
     "Cron",
     "CronError",
     "DefinitionError",
+    "Definitions",
     "DiscoveryError",
     "Engine",
     "Forbidden",
+    "ListenError",
     "ManualClock",
     "NotFound",
     "Refused",
@@ -57,6 +61,7 @@ __all__ = [
     "Unavailable",
     "define_schedule",
     "discover",
+    "discover_definitions",
     "open_store",
 ]
 

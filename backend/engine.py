@@ -45,6 +45,7 @@ from .clock import Clock, SystemClock
 from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator
 from .errors import BadInput, NotFound, Refused, Unavailable
 from .ids import IdFactory
+from .inputs import check_note
 from .model import (
     BACKFILL_CONFIRM_ABOVE,
     BACKFILL_DEFAULT_LIMIT,
@@ -57,6 +58,7 @@ from .model import (
     Claim,
     ClaimResult,
     CoordinationMode,
+    ExternalFiring,
     Outcome,
     Run,
     RunContext,
@@ -131,18 +133,6 @@ class _Loop:
     until: datetime | None = None
     wake: asyncio.Event | None = None
     """Set by whoever has new work for the loop; a set event means it is not idle."""
-
-
-@dataclass(frozen=True)
-class ExternalFiring:
-    """What an external fire did: the run of the due slot, and whether this call made it."""
-
-    run_id: str
-    run: Run | None
-    """``None`` only while the firing waits behind a run in flight (``on_overlap="queue"``)."""
-    created: bool
-    """False when the slot had already been fired (a retry): ``run`` is that firing."""
-    queued: bool = False
 
 
 @dataclass
@@ -1334,8 +1324,7 @@ class Engine:
         definition, has no next slot and does not fire; enabling it arms its next future slot
         (slots that passed while it was disabled are not caught up)."""
         self.schedule(name)
-        if note is not None and len(note) > 1000:
-            raise BadInput("note is longer than 1000 characters", field="note")
+        note = check_note(note)
         state = ScheduleState(
             name=name,
             enabled=enabled,

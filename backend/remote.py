@@ -22,8 +22,9 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .interface import ConnectionInfo, RunsPage, SchedulesSnapshot
-from .model import BackfillPlan, BackfillProgress, Run, ScheduleView, iso, parse_iso
+from .interface import ConnectionInfo, Health, RunsPage, SchedulesSnapshot
+from .model import BackfillPlan, BackfillProgress, ExternalFiring, Run, ScheduleView, iso, parse_iso
+from .safetext import redact_url, remember_url_secrets
 
 __all__ = ["RemoteBackend"]
 
@@ -46,9 +47,12 @@ class RemoteBackend:
         timeout: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        remember_url_secrets(url)
         if not url.startswith(("http://", "https://")):
-            raise BadInput(f'server URL "{url}" must start with http:// or https://', field="url")
+            raise BadInput(f'server URL "{redact_url(url)}" must start with http:// or https://', field="url")
         self.url = url.rstrip("/")
+        self.where = redact_url(self.url)
+        """The URL fit to show: without the password of a ``user:pass@`` part."""
         self.read_only = read_only
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
@@ -67,13 +71,13 @@ class RemoteBackend:
                     await asyncio.sleep(delays[attempt])
                     attempt += 1
                     continue
-                raise Unavailable(f"{self.url} did not answer in time ({method} {path})") from None
+                raise Unavailable(f"{self.where} did not answer in time ({method} {path})") from None
             except httpx.TransportError as exc:
                 if attempt < len(delays):
                     await asyncio.sleep(delays[attempt])
                     attempt += 1
                     continue
-                raise Unavailable(f"cannot reach {self.url}: {_reason(exc)}") from None
+                raise Unavailable(f"cannot reach {self.where}: {_reason(exc)}") from None
         return self._decode(response)
 
     def _decode(self, response: httpx.Response) -> Any:
@@ -83,10 +87,10 @@ class RemoteBackend:
             data = None
         if response.is_success:
             if data is None:
-                raise Unavailable(f"{self.url} answered {response.status_code} without JSON; is it a schedtui server?")
+                raise Unavailable(f"{self.where} answered {response.status_code} without JSON; is it a schedtui server?")
             return data
         error = data.get("error") if isinstance(data, dict) else None
-        message = (error or {}).get("message") or f"{self.url} answered {response.status_code}"
+        message = (error or {}).get("message") or f"{self.where} answered {response.status_code}"
         status = response.status_code
         if status == 401:
             raise Unauthorized(message)
@@ -121,7 +125,7 @@ class RemoteBackend:
             self.read_only = True
         self._info = ConnectionInfo(
             kind="remote",
-            where=self.url,
+            where=self.where,
             coordination=data["coordination"],
             instance=data["instance"],
             read_only=self.read_only,
@@ -131,6 +135,23 @@ class RemoteBackend:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    def info(self) -> ConnectionInfo:
+        if self._info is None:
+            raise Unavailable(f"not connected to {self.where} yet")
+        return self._info
+
+    async def health(self) -> Health:
+        return Health.from_json(await self._get("/healthz"))
+
+    async def now(self) -> datetime:
+        return parse_iso((await self._get("/inspect/info"))["now"])
+
+    async def schedule_zone(self, name: str) -> str:
+        for view in (await self.list_schedules()).schedules:
+            if view.name == name:
+                return view.timezone
+        raise NotFound(f'no schedule named "{name}"')
 
     async def list_schedules(self) -> SchedulesSnapshot:
         return SchedulesSnapshot.from_json(await self._get("/inspect/schedules"))
@@ -149,6 +170,12 @@ class RemoteBackend:
         self._check_can_act("Run now")
         data = await self._post(f"/inspect/schedules/{_seg(name)}/fire")
         return Run.from_json(data["run"])
+
+    async def fire_external(self, name: str) -> ExternalFiring:
+        self._check_can_act("an external fire")
+        # Not retried here: a repeat is safe within the slot, but by then it may be the next slot's.
+        data = await self._post(f"/schedule/{_seg(name)}/fire?trigger=external")
+        return ExternalFiring.from_json(data)
 
     async def wait_run(self, run_id: str) -> Run:
         delay = 0.05

@@ -212,6 +212,23 @@ def test_a_schedule_file_that_fails_to_load(cli: Cli) -> None:
     assert done.stderr.splitlines() == ["schedtui: schedules/broken/bad.cron.py:2: KeyError: 'SCHEDTUI_NO_SUCH_VARIABLE'"]
 
 
+def test_every_bad_file_is_named_and_serve_refuses_to_start(cli: Cli) -> None:
+    write_tree(cli.root / "schedules", {
+        "broken/bad.cron.py": "import os\nVALUE = os.environ['SCHEDTUI_NO_SUCH_VARIABLE']\n",
+        "stop.jobs.py": "raise KeyboardInterrupt\n",
+    })  # fmt: skip
+    for args in (["list"], ["serve"]):
+        done = cli(*args)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines()[-3:] == [
+            "schedtui: 2 problems in the definitions:",
+            "  schedules/broken/bad.cron.py:2: KeyError: 'SCHEDTUI_NO_SUCH_VARIABLE'",
+            "  schedules/stop.jobs.py:1: KeyboardInterrupt",
+        ]
+        assert "starting" not in done.stderr  # serve never started an engine
+    assert "refuses to start" in cli("serve", "--help", store=False).stdout
+
+
 # ---------------------------------------------------------------------------------------
 # fire
 # ---------------------------------------------------------------------------------------
