@@ -168,7 +168,7 @@ def create_app(
                     return response
                 except Exception:
                     # The path is the client's: escaped, so it cannot forge log lines.
-                    log.exception("unexpected error in %s %s", request.method, printable(request.url.path))
+                    log.exception("unexpected error in %s %s", request.method, printable(request.scope.get("path", "")))
                     return error_response(500, "internal", "internal error; the server log has the details")
 
             handler.__name__ = fn.__name__
