@@ -22,6 +22,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
+from .inputs import check_before, check_id, check_instant, check_note
 from .interface import ConnectionInfo, Health, RunsPage, SchedulesSnapshot
 from .model import BackfillPlan, BackfillProgress, ExternalFiring, Run, ScheduleView, iso, parse_iso
 from .safetext import redact_url, remember_url_secrets
@@ -157,10 +158,11 @@ class RemoteBackend:
         return SchedulesSnapshot.from_json(await self._get("/inspect/schedules"))
 
     async def list_runs(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+        before = check_before(before)  # the same checks as the server's: no request that cannot succeed
         return RunsPage.from_json(await self._get("/inspect/schedules/runs", name=name, limit=limit, before=before))
 
     async def get_run(self, run_id: str) -> Run:
-        return Run.from_json(await self._get(f"/inspect/runs/{_seg(run_id)}"))
+        return Run.from_json(await self._get(f"/inspect/runs/{check_id(run_id, 'run')}"))
 
     async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
         data = await self._get(f"/inspect/schedules/{_seg(name)}/upcoming", count=count)
@@ -188,6 +190,7 @@ class RemoteBackend:
 
     async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None) -> ScheduleView:
         self._check_can_act("enable" if enabled else "disable")
+        note = check_note(note)
         action = "enable" if enabled else "disable"
         # Setting a state is idempotent, so a retry after a lost answer is safe.
         data = await self._post(f"/inspect/schedules/{_seg(name)}/{action}", {"note": note}, retry=True)
@@ -196,6 +199,7 @@ class RemoteBackend:
     def _backfill_body(
         self, start: datetime, end: datetime, confirm: bool, limit: int | None
     ) -> dict[str, Any]:
+        start, end = check_instant(start, "from"), check_instant(end, "to")
         return {"from": iso(start), "to": iso(end), "confirm": confirm, "limit": limit}
 
     async def plan_backfill(
@@ -213,7 +217,7 @@ class RemoteBackend:
         return BackfillProgress.from_json(data["progress"])
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
-        return BackfillProgress.from_json(await self._get(f"/inspect/backfills/{_seg(backfill_id)}"))
+        return BackfillProgress.from_json(await self._get(f"/inspect/backfills/{check_id(backfill_id, 'backfill')}"))
 
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         delay = 0.05
