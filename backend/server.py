@@ -137,9 +137,9 @@ def listen_on(host: str, port: int, backlog: int = 2048) -> socket.socket:
     """A socket listening on ``host:port`` (0: any free port); :class:`ListenError` naming
     the address and the system's reason when it cannot be had (a taken port, an unknown host)."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        # A name such as localhost may resolve to ::1 first: IPv4 is what clients try.
+        family, kind, proto, _, address = sorted(infos, key=lambda info: info[0] != socket.AF_INET)[0]
     except socket.gaierror as exc:
         raise ListenError(f"cannot listen on {_address(host, port)}: {exc.strerror}") from None
     sock = socket.socket(family, kind, proto)
