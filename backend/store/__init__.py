@@ -28,7 +28,6 @@ from ..model import (
 __all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "Store", "open_store", "redact_url"]
 
 
-
 class InstanceBeat(Protocol):
     instance: str
     host: str
