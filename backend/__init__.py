@@ -14,6 +14,7 @@ from .errors import (
     DefinitionError,
     DiscoveryError,
     Forbidden,
+    ListenError,
     NotFound,
     Refused,
     SchedtuiError,
@@ -29,7 +30,8 @@ from .model import (
     ScheduleView,
     StateNote,
 )
-from .schedules import Schedule, define_schedule, discover
+from .definitions import Definitions, discover, discover_definitions
+from .schedules import Schedule, define_schedule
 from .store import open_store
 
 __all__ = [
@@ -41,9 +43,11 @@ __all__ = [
     "Cron",
     "CronError",
     "DefinitionError",
+    "Definitions",
     "DiscoveryError",
     "Engine",
     "Forbidden",
+    "ListenError",
     "ManualClock",
     "NotFound",
     "Refused",
@@ -62,6 +66,7 @@ __all__ = [
     "connect_sync",
     "define_schedule",
     "discover",
+    "discover_definitions",
     "open_store",
 ]
 

@@ -1,4 +1,8 @@
-"""The HTTP inspect API: a Starlette app over an engine in this process.
+"""The HTTP inspect API: a Starlette app over the shared backend interface.
+
+The routes speak only to :class:`~backend.interface.Backend` (``serve`` hands in the
+embedded implementation), so every system's routes are written once, against the same
+methods that the console uses and that :class:`~backend.remote.RemoteBackend` mirrors.
 
 Routes (JSON, snake_case; see ``/openapi.json`` for the full document)::
 
@@ -15,18 +19,21 @@ Routes (JSON, snake_case; see ``/openapi.json`` for the full document)::
     GET  /inspect/backfills/{backfill_id}
     POST /schedule/{name}/fire?trigger=external          what platform schedulers call
 
-Every error is ``{"error": {"code", "message"}}`` with its status (401, 403, 404, 405, 409,
-413, 422, 503); a refused backfill adds ``count`` and ``reason``. Bad input never yields a
-500. Bearer tokens: the operator token may do everything, the read token only ``GET``.
+Every error is ``{"error": {"code", "message"}}`` with its status (401, 403, 404, 405, 408,
+409, 413, 422, 503); a refused backfill adds ``count`` and ``reason``. Bad input never
+yields a 500. Bearer tokens: the operator token may do everything, the read token only
+``GET``. A request body must arrive within ``body_timeout`` seconds (408 otherwise).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, Literal
 
@@ -37,7 +44,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
-from .engine import Engine
 from .errors import (
     BadInput,
     Forbidden,
@@ -47,16 +53,20 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .interface import EmbeddedBackend
+from .inputs import check_note
+from .interface import Backend
 from .model import BACKFILL_MAX_LIMIT, iso
+from .safetext import printable
 from .timeparse import parse_when
 
-__all__ = ["MAX_BODY_BYTES", "create_app"]
+__all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "create_app"]
 
 log = logging.getLogger("schedtui.api")
 
 #: Request bodies larger than this are refused with 413 (the largest real body is ~200 bytes).
 MAX_BODY_BYTES = 64 * 1024
+#: Seconds a client has to send a request's whole body once its head has arrived.
+BODY_TIMEOUT = 30.0
 
 Access = Literal["open", "read", "operate"]
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -93,8 +103,11 @@ def _from_error(exc: SchedtuiError) -> JSONResponse:
 
 class _Tokens:
     def __init__(self, operate: str | None, read: str | None) -> None:
-        self.operate = operate or None
-        self.read = read or None
+        for what, token in (("token", operate), ("read token", read)):
+            if token is not None and token != "" and not token.strip():
+                raise BadInput(f"the {what} is only whitespace; give a real secret", field=what.replace(" ", "_"))
+        self.operate = operate.strip() if operate else None
+        self.read = read.strip() if read else None
 
     @property
     def required(self) -> bool:
@@ -120,16 +133,17 @@ class _Tokens:
 
 
 def create_app(
-    engine: Engine,
+    backend: Backend,
     *,
     token: str | None = None,
     read_token: str | None = None,
-    allow_external_self: bool = False,
-    manage_engine: bool = False,
+    manage_backend: bool = False,
+    body_timeout: float = BODY_TIMEOUT,
 ) -> Starlette:
-    """The ASGI app. With ``manage_engine`` the app's lifespan starts and stops the engine."""
-    backend = EmbeddedBackend(engine)
+    """The ASGI app over ``backend``. With ``manage_backend`` the app's lifespan connects
+    and closes it (for an embedded backend: starts and stops its engine)."""
     tokens = _Tokens(token, read_token)
+    access_of_endpoint: dict[Endpoint, Access] = {}
 
     def endpoint(access: Access) -> Callable[[Endpoint], Endpoint]:
         """Authorise, then map schedtui errors to JSON; nothing escapes as a 500 with a trace."""
@@ -146,12 +160,20 @@ def create_app(
                     return _from_error(exc)
                 except _TooLarge:
                     return error_response(413, "too_large", f"the request body is larger than {MAX_BODY_BYTES} bytes")
+                except _TooSlow:
+                    response = error_response(
+                        408, "request_timeout", f"the request body did not arrive within {body_timeout:g}s"
+                    )
+                    response.headers["Connection"] = "close"
+                    return response
                 except Exception:
-                    log.exception("unexpected error in %s %s", request.method, request.url.path)
+                    # The path is the client's: escaped, so it cannot forge log lines.
+                    log.exception("unexpected error in %s %s", request.method, printable(request.scope.get("path", "")))
                     return error_response(500, "internal", "internal error; the server log has the details")
 
             handler.__name__ = fn.__name__
             handler.__doc__ = fn.__doc__
+            access_of_endpoint[handler] = access
             return handler
 
         return wrap
@@ -161,16 +183,22 @@ def create_app(
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise _TooLarge()
         raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY_BYTES:
-                raise _TooLarge()
+        try:
+            async with asyncio.timeout(body_timeout):
+                async for chunk in request.stream():
+                    raw += chunk
+                    if len(raw) > MAX_BODY_BYTES:
+                        raise _TooLarge()
+        except TimeoutError:
+            raise _TooSlow() from None
         if not raw.strip():
             return {}
         try:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadInput(f"the body is not valid JSON ({exc})", field="body") from None
+        except RecursionError:
+            raise BadInput("the body is nested too deeply to be read", field="body") from None
         if not isinstance(data, dict):
             raise BadInput("the body must be a JSON object", field="body")
         return data
@@ -187,9 +215,10 @@ def create_app(
             raise BadInput(f"{name} {value} is out of range ({low}-{high})", field=name)
         return value
 
-    def schedule_name(request: Request) -> str:
+    async def schedule_name(request: Request) -> str:
+        """The path's schedule name; NotFound (404) before anything else is read."""
         name = str(request.path_params["name"])
-        engine.schedule(name)
+        await backend.schedule_zone(name)
         return name
 
     # -- reads --------------------------------------------------------------------------
@@ -198,10 +227,11 @@ def create_app(
         """
         ---
         summary: Liveness
+        security: []
         responses:
           200: {description: "the engine is serving"}
         """
-        return JSONResponse({"status": "ok", "instance": engine.instance, "coordination": engine.coordination})
+        return JSONResponse((await backend.health()).to_json())
 
     @endpoint("read")
     async def info(request: Request) -> Response:
@@ -212,13 +242,14 @@ def create_app(
           200: {description: "instance, coordination, store kind, access (read or operate)"}
         """
         access = tokens.access_of(request)
+        connection = backend.info()
         return JSONResponse(
             {
-                "instance": engine.instance,
-                "coordination": engine.coordination,
-                "store_kind": engine.store.kind,
+                "instance": connection.instance,
+                "coordination": connection.coordination,
+                "store_kind": connection.store_kind,
                 "access": access,
-                "now": iso(engine.clock.now()),
+                "now": iso(await backend.now()),
             }
         )
 
@@ -239,9 +270,12 @@ def create_app(
         ---
         summary: A page of a schedule's runs, newest first (keyset paging)
         parameters:
-          - {name: name, in: query, required: true, schema: {type: string}}
+          - {name: name, in: query, required: true, schema: {type: string, minLength: 1}}
           - {name: limit, in: query, schema: {type: integer, minimum: 1, maximum: 1000, default: 50}}
-          - {name: before, in: query, description: "id of the last run of the previous page", schema: {type: string}}
+          - name: before
+            in: query
+            description: "id of the last run of the previous page"
+            schema: {type: string, pattern: "^[0-9A-HJKMNP-TV-Z]{26}$"}
         responses:
           200: {description: "{runs: [run], next_before}"}
           404: {description: unknown schedule}
@@ -266,7 +300,7 @@ def create_app(
           200: {description: "{slots: [iso8601]}"}
           404: {description: unknown schedule}
         """
-        name = schedule_name(request)
+        name = await schedule_name(request)
         count = query_int(request, "count", 5, 1, 100)
         return JSONResponse({"slots": [iso(s) for s in await backend.upcoming(name, count)]})
 
@@ -305,16 +339,14 @@ def create_app(
           403: {description: read-only token}
           404: {description: unknown schedule}
         """
-        name = schedule_name(request)
+        name = await schedule_name(request)
         run = await backend.run_now(name)
         return JSONResponse({"run_id": run.id, "run": run.to_json()}, status_code=202)
 
     async def _set_enabled(request: Request, enabled: bool) -> Response:
-        name = schedule_name(request)
+        name = await schedule_name(request)
         body = await body_of(request)
-        note = body.get("note")
-        if note is not None and not isinstance(note, str):
-            raise BadInput("note must be a string", field="note")
+        note = check_note(body.get("note"))
         view = await backend.set_enabled(name, enabled, note=note)
         return JSONResponse(view.to_json())
 
@@ -336,17 +368,17 @@ def create_app(
         requestBody:
           content:
             application/json:
-              schema: {type: object, properties: {note: {type: string}}}
+              schema: {type: object, properties: {note: {type: string, nullable: true, maxLength: 1000}}}
         responses:
           200: {description: the schedule}
         """
         return await _set_enabled(request, False)
 
     async def _backfill_args(request: Request) -> tuple[str, datetime, datetime, bool, int | None]:
-        name = schedule_name(request)
+        name = await schedule_name(request)
         body = await body_of(request)
-        zone = engine.schedule(name).timezone
-        now = engine.clock.now()
+        zone = await backend.schedule_zone(name)
+        now = await backend.now()
         values: list[datetime] = []
         for key in ("from", "to"):
             raw = body.get(key)
@@ -376,7 +408,7 @@ def create_app(
                   from: {type: string, description: "ISO 8601, now, or -2d/-6h"}
                   to: {type: string}
                   confirm: {type: boolean}
-                  limit: {type: integer, maximum: 10000}
+                  limit: {type: integer, minimum: 1, maximum: 10000}
         responses:
           200: {description: the plan}
         """
@@ -399,7 +431,7 @@ def create_app(
                   from: {type: string}
                   to: {type: string}
                   confirm: {type: boolean, description: "needed above 25 slots"}
-                  limit: {type: integer, maximum: 10000, default: 1000}
+                  limit: {type: integer, minimum: 1, maximum: 10000, default: 1000}
         responses:
           202: {description: "{id, plan, progress}"}
           409: {description: "refused: {count, reason}"}
@@ -424,18 +456,12 @@ def create_app(
           200: {description: "already fired for this slot: the same body"}
           409: {description: "not an external schedule, or no slot due"}
         """
-        name = schedule_name(request)
+        name = await schedule_name(request)
         trigger = request.query_params.get("trigger")
         if trigger != "external":
             raise BadInput(f'trigger "{trigger}" is not supported here (use trigger=external)', field="trigger")
-        firing = await engine.fire_external(name, allow_self=allow_external_self)
-        body = {
-            "run_id": firing.run_id,
-            "created": firing.created,
-            "queued": firing.queued,
-            "run": firing.run.to_json() if firing.run else None,
-        }
-        return JSONResponse(body, status_code=202 if firing.created else 200)
+        firing = await backend.fire_external(name)
+        return JSONResponse(firing.to_json(), status_code=202 if firing.created else 200)
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
@@ -464,7 +490,14 @@ def create_app(
     )
 
     async def openapi(request: Request) -> Response:
-        return JSONResponse(_declare_path_parameters(schemas.get_schema(routes=app.routes)))
+        schema = _declare_path_parameters(schemas.get_schema(routes=app.routes))
+        access = {
+            (route.path, method.lower()): access_of_endpoint[route.endpoint]
+            for route in routes
+            for method in route.methods or ()
+            if route.endpoint in access_of_endpoint
+        }
+        return JSONResponse(_declare_errors(schema, access))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -472,19 +505,20 @@ def create_app(
         message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed here"}.get(
             exc.status_code, str(exc.detail)
         )
-        return error_response(exc.status_code, codes.get(exc.status_code, "http_error"), message)
+        response = error_response(exc.status_code, codes.get(exc.status_code, "http_error"), message)
+        response.headers.update(exc.headers or {})  # 405's Allow
+        return response
 
     lifespan = None
-    if manage_engine:
-        from contextlib import asynccontextmanager
+    if manage_backend:
 
         @asynccontextmanager
-        async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
-            await engine.start()
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            await backend.connect()
             try:
                 yield
             finally:
-                await engine.stop()
+                await backend.close()
 
     app = Starlette(
         routes=[*routes, Route("/openapi.json", openapi, methods=["GET"], include_in_schema=False)],
@@ -511,5 +545,69 @@ def _declare_path_parameters(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "field": {"type": "string"},
+                "count": {"type": "integer", "nullable": True},
+                "reason": {"type": "string"},
+            },
+        },
+        "count": {"type": "integer", "nullable": True},
+        "reason": {"type": "string"},
+    },
+}
+_ERRORS = {
+    401: "no token, or a wrong one",
+    403: "a read token tried to act",
+    404: "unknown schedule, run or backfill",
+    408: "the request body did not arrive in time",
+    413: "the request body is too large",
+    422: "a bad parameter or body (error.field names it)",
+    503: "the store is unavailable",
+}
+
+
+def _declare_errors(schema: dict[str, Any], access: dict[tuple[str, str], Access]) -> dict[str, Any]:
+    """Declare the errors each operation can answer with, and their one JSON shape: which
+    follow from the route itself (its token rule, its path parameters, its body), rather
+    than from every docstring repeating them."""
+    schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = _ERROR_SCHEMA
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            kind = access.get((path, method), "read")
+            statuses = {503}
+            if kind == "open":
+                operation["security"] = []
+            else:
+                statuses.add(401)
+            if kind == "operate":
+                statuses.add(403)
+            if "{" in path:
+                statuses |= {404, 422}
+            if operation.get("parameters"):
+                statuses.add(422)
+            if method in ("post", "put", "patch"):
+                statuses |= {408, 413, 422}
+            responses = operation.setdefault("responses", {})
+            for status in sorted(statuses):
+                responses.setdefault(str(status), {"description": _ERRORS[status]})
+            for status, entry in responses.items():
+                if int(status) >= 400:
+                    entry.setdefault("content", {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}})
+    return schema
+
+
 class _TooLarge(Exception):
     """A body over :data:`MAX_BODY_BYTES`."""
+
+
+class _TooSlow(Exception):
+    """A body that did not arrive within the body timeout."""

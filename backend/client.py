@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 
 from .engine import Engine
 from .model import BackfillPlan, BackfillProgress, Run, ScheduleView
-from .schedules import Schedule, discover
+from .definitions import discover
+from .schedules import Schedule
 from .store import open_store
 
 __all__ = ["Client", "ScheduleActions", "SyncClient", "connect", "connect_sync"]

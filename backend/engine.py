@@ -32,7 +32,7 @@ from .catchup import CatchUp
 from .clock import Clock, SystemClock
 from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator, SlotClaims
 from .errors import BadInput, NotFound, Refused, Unavailable
-from .external import ExternalFires, ExternalFiring
+from .external import ExternalFires
 from .ids import IdFactory
 from .launcher import Launcher
 from .ledger import RunLedger, RunListener
@@ -41,6 +41,7 @@ from .model import (
     BackfillPlan,
     BackfillProgress,
     CoordinationMode,
+    ExternalFiring,
     Run,
     ScheduleState,
     ScheduleView,

@@ -9,16 +9,19 @@ so ``except ValueError`` keeps working for callers who never heard of schedtui::
     SchedtuiError
     ├── DefinitionError (ValueError)      a schedule that cannot exist as written
     │   ├── CronError                     bad cron expression or timezone
-    │   └── DiscoveryError                a *.cron.py file that fails to load
+    │   └── DiscoveryError                definitions files that fail to load (every problem)
     ├── BadInput (ValueError)             an operator or API argument that makes no sense
     ├── NotFound (LookupError)            unknown schedule, run or backfill
     ├── Refused                           a valid request the engine declines (count, reason)
     ├── Unauthorized (PermissionError)    no or a wrong token
     ├── Forbidden (PermissionError)       a read-only caller tried to act
-    └── Unavailable (ConnectionError)     the store or the remote engine cannot be reached
+    ├── Unavailable (ConnectionError)     the store or the remote engine cannot be reached
+    └── ListenError (OSError)             serve cannot listen on its address (a taken port)
 """
 
 from __future__ import annotations
+
+from .safetext import redact
 
 __all__ = [
     "BadInput",
@@ -26,6 +29,7 @@ __all__ = [
     "DefinitionError",
     "DiscoveryError",
     "Forbidden",
+    "ListenError",
     "NotFound",
     "Refused",
     "SchedtuiError",
@@ -44,6 +48,7 @@ class SchedtuiError(Exception):
     code: str = "error"
 
     def __init__(self, message: str) -> None:
+        message = redact(message)  # a store's error text may quote its password
         super().__init__(message)
         self.message = message
         """The whole sentence for an operator; names the bad value where there is one."""
@@ -71,10 +76,17 @@ class CronError(DefinitionError):
 
 
 class DiscoveryError(DefinitionError):
-    """A ``*.cron.py`` file that could not be imported or clashes with another one."""
+    """Definitions files that could not be imported or clash with one another.
+
+    ``problems`` lists each one (``path:line: problem``); the message is the only one, or
+    all of them under a count."""
 
     title = "Schedule discovery failed"
     code = "discovery_failed"
+
+    def __init__(self, message: str, *, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems if problems is not None else [message]
 
 
 class BadInput(SchedtuiError, ValueError):
@@ -133,3 +145,10 @@ class Unavailable(SchedtuiError, ConnectionError):
 
     title = "Unavailable"
     code = "unavailable"
+
+
+class ListenError(SchedtuiError, OSError):
+    """``serve`` cannot listen on its address: the port is taken, the host unknown, …"""
+
+    title = "Cannot listen"
+    code = "cannot_listen"

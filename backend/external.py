@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import timedelta
 
 from .clock import Clock
@@ -19,23 +18,11 @@ from .coordination import SlotClaims
 from .errors import Refused, Unavailable
 from .ledger import RunLedger
 from .launcher import Launcher
-from .model import Run, slot_key
+from .model import ExternalFiring, slot_key
 from .schedules import Schedule
 from .store import Store
 
 __all__ = ["ExternalFires", "ExternalFiring"]
-
-
-@dataclass(frozen=True)
-class ExternalFiring:
-    """What an external fire did: the run of the due slot, and whether this call made it."""
-
-    run_id: str
-    run: Run | None
-    """``None`` only while the firing waits behind a run in flight (``on_overlap="queue"``)."""
-    created: bool
-    """False when the slot had already been fired (a retry): ``run`` is that firing."""
-    queued: bool = False
 
 
 class ExternalFires:

@@ -18,10 +18,12 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from .engine import Engine
 from .errors import Forbidden
+from .inputs import check_before, check_id, check_instant
 from .model import (
     BackfillPlan,
     BackfillProgress,
     CoordinationMode,
+    ExternalFiring,
     Run,
     ScheduleView,
     iso,
@@ -32,6 +34,7 @@ __all__ = [
     "Backend",
     "ConnectionInfo",
     "EmbeddedBackend",
+    "Health",
     "RunsPage",
     "SchedulesSnapshot",
 ]
@@ -108,6 +111,22 @@ class RunsPage:
         return cls(runs=[Run.from_json(r) for r in data["runs"]], next_before=data.get("next_before"))
 
 
+@dataclass(frozen=True, slots=True)
+class Health:
+    """Whether an engine is serving (``/healthz``)."""
+
+    status: str
+    instance: str
+    coordination: CoordinationMode
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "instance": self.instance, "coordination": self.coordination}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Health:
+        return cls(status=data["status"], instance=data["instance"], coordination=data["coordination"])
+
+
 class Backend(Protocol):
     """One engine, local or remote, as the console and the CLI see it.
 
@@ -131,6 +150,19 @@ class Backend(Protocol):
 
     async def close(self) -> None: ...
 
+    def info(self) -> ConnectionInfo:
+        """What :meth:`connect` found (call it after connecting)."""
+
+    async def health(self) -> Health:
+        """Whether the engine is serving; needs no token."""
+
+    async def now(self) -> datetime:
+        """The engine's clock: what relative times such as ``-2d`` are read against."""
+
+    async def schedule_zone(self, name: str) -> str:
+        """The IANA zone of schedule ``name``, in which operator-typed times without an
+        offset are read; ``NotFound`` for an unknown name (a cheap existence check)."""
+
     async def list_schedules(self) -> SchedulesSnapshot: ...
 
     async def list_runs(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
@@ -142,6 +174,12 @@ class Backend(Protocol):
         """The next ``count`` slots of ``name`` by its cron (whether or not it is enabled)."""
 
     async def run_now(self, name: str) -> Run: ...
+
+    async def fire_external(self, name: str) -> ExternalFiring:
+        """Fire the slot of ``name`` that is due now, as a platform scheduler asks: at most
+        once per slot across the fleet (a repeated call returns the first firing with
+        ``created`` False). ``Refused`` for a schedule on its own timer (unless the serving
+        engine allows it) or when no slot is due."""
 
     async def wait_run(self, run_id: str) -> Run:
         """Return the run once it is no longer ``running``."""
@@ -192,10 +230,20 @@ class EmbeddedBackend:
     ever hold up the caller's loop (the console's UI).
     """
 
-    def __init__(self, engine: Engine, *, read_only: bool = False, arm: bool = False, own_thread: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        read_only: bool = False,
+        arm: bool = False,
+        own_thread: bool = False,
+        allow_external_self: bool = False,
+    ) -> None:
         self.engine = engine
         self.read_only = read_only
         self.arm = arm
+        self.allow_external_self = allow_external_self
+        """Let :meth:`fire_external` fire schedules that have their own timer too."""
         self._thread = _EngineThread() if own_thread else None
 
     async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -224,10 +272,27 @@ class EmbeddedBackend:
         await self._call(self.engine.start() if self.arm else self.engine.open())
         return self.info()
 
-    async def close(self) -> None:
-        await self._call(self.engine.stop())
+    async def close(self, grace: float | None = None) -> None:
+        """Stop the engine: runs in flight may finish for ``grace`` seconds (its default)."""
+        await self._call(self.engine.stop(grace))
         if self._thread is not None:
             self._thread.stop()
+
+    def interrupt(self) -> None:
+        """Stop waiting for runs in flight during :meth:`close` (a second Ctrl-C)."""
+        if self._thread is None:
+            self.engine.interrupt()
+        else:
+            self._thread.loop.call_soon_threadsafe(self.engine.interrupt)
+
+    async def health(self) -> Health:
+        return Health("ok", self.engine.instance, self.engine.coordination)
+
+    async def now(self) -> datetime:
+        return self.engine.clock.now()
+
+    async def schedule_zone(self, name: str) -> str:
+        return self.engine.schedule(name).timezone
 
     async def list_schedules(self) -> SchedulesSnapshot:
         async def snapshot() -> SchedulesSnapshot:
@@ -237,11 +302,12 @@ class EmbeddedBackend:
         return await self._call(snapshot())
 
     async def list_runs(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+        before = check_before(before)
         runs, next_before = await self._call(self.engine.list_runs(name, limit=limit, before=before))
         return RunsPage(runs, next_before)
 
     async def get_run(self, run_id: str) -> Run:
-        return await self._call(self.engine.get_run(run_id))
+        return await self._call(self.engine.get_run(check_id(run_id, "run")))
 
     async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
         return self.engine.upcoming(name, count)
@@ -250,8 +316,12 @@ class EmbeddedBackend:
         self._check_can_act("Run now")
         return await self._call(self.engine.run_now(name))
 
+    async def fire_external(self, name: str) -> ExternalFiring:
+        self._check_can_act("an external fire")
+        return await self._call(self.engine.fire_external(name, allow_self=self.allow_external_self))
+
     async def wait_run(self, run_id: str) -> Run:
-        return await self._call(self.engine.wait_run(run_id))
+        return await self._call(self.engine.wait_run(check_id(run_id, "run")))
 
     async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None) -> ScheduleView:
         self._check_can_act("enable" if enabled else "disable")
@@ -260,16 +330,18 @@ class EmbeddedBackend:
     async def plan_backfill(
         self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
     ) -> BackfillPlan:
+        start, end = check_instant(start, "from"), check_instant(end, "to")
         return self.engine.plan_backfill(name, start, end, confirm=confirm, limit=limit)
 
     async def start_backfill(
         self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
     ) -> BackfillProgress:
         self._check_can_act("backfill")
+        start, end = check_instant(start, "from"), check_instant(end, "to")
         return await self._call(self.engine.start_backfill(name, start, end, confirm=confirm, limit=limit))
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
-        return await self._call(self.engine.backfill_progress(backfill_id))
+        return await self._call(self.engine.backfill_progress(check_id(backfill_id, "backfill")))
 
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
-        return await self._call(self.engine.wait_backfill(backfill_id))
+        return await self._call(self.engine.wait_backfill(check_id(backfill_id, "backfill")))

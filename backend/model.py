@@ -26,6 +26,11 @@ OUTCOMES: Final = ("single", "wonLock", "external", "manual")
 OVERLAP_POLICIES: Final = ("skip", "queue", "parallel")
 BACKFILL_POLICIES: Final = ("skip", "latest", "all")
 
+#: Where the embedded store lives unless told otherwise (``--store``, ``$SCHEDTUI_STORE``).
+DEFAULT_STORE_URL: Final = "sqlite:///.schedtui/state.db"
+#: The definitions folder unless told otherwise (``--schedules``, ``$SCHEDTUI_SCHEDULES``).
+DEFAULT_DEFINITIONS_FOLDER: Final = "schedules"
+
 #: Error tags the engine itself writes; a failing handler's tag is its exception's class name.
 TAG_TIMEOUT: Final = "timeout"
 TAG_ABANDONED: Final = "abandoned"
@@ -394,6 +399,36 @@ class BackfillProgress:
             started_at=parse_iso(data["started_at"]),
             finished_at=parse_iso(data["finished_at"]) if data.get("finished_at") else None,
             current=parse_iso(data["current"]) if data.get("current") else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalFiring:
+    """What an external fire did: the run of the due slot, and whether this call made it."""
+
+    run_id: str
+    run: Run | None
+    """``None`` only while the firing waits behind a run in flight (``on_overlap="queue"``)."""
+    created: bool
+    """False when the slot had already been fired (a retry): ``run`` is that firing."""
+    queued: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "created": self.created,
+            "queued": self.queued,
+            "run": self.run.to_json() if self.run is not None else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ExternalFiring:
+        run = data.get("run")
+        return cls(
+            run_id=data["run_id"],
+            run=Run.from_json(run) if run is not None else None,
+            created=bool(data["created"]),
+            queued=bool(data.get("queued", False)),
         )
 
 

@@ -22,8 +22,10 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .interface import ConnectionInfo, RunsPage, SchedulesSnapshot
-from .model import BackfillPlan, BackfillProgress, Run, ScheduleView, iso, parse_iso
+from .inputs import check_before, check_id, check_instant, check_note
+from .interface import ConnectionInfo, Health, RunsPage, SchedulesSnapshot
+from .model import BackfillPlan, BackfillProgress, ExternalFiring, Run, ScheduleView, iso, parse_iso
+from .safetext import redact_url, remember_url_secrets
 
 __all__ = ["RemoteBackend"]
 
@@ -46,9 +48,12 @@ class RemoteBackend:
         timeout: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        remember_url_secrets(url)
         if not url.startswith(("http://", "https://")):
-            raise BadInput(f'server URL "{url}" must start with http:// or https://', field="url")
+            raise BadInput(f'server URL "{redact_url(url)}" must start with http:// or https://', field="url")
         self.url = url.rstrip("/")
+        self.where = redact_url(self.url)
+        """The URL fit to show: without the password of a ``user:pass@`` part."""
         self.read_only = read_only
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
@@ -67,13 +72,13 @@ class RemoteBackend:
                     await asyncio.sleep(delays[attempt])
                     attempt += 1
                     continue
-                raise Unavailable(f"{self.url} did not answer in time ({method} {path})") from None
+                raise Unavailable(f"{self.where} did not answer in time ({method} {path})") from None
             except httpx.TransportError as exc:
                 if attempt < len(delays):
                     await asyncio.sleep(delays[attempt])
                     attempt += 1
                     continue
-                raise Unavailable(f"cannot reach {self.url}: {_reason(exc)}") from None
+                raise Unavailable(f"cannot reach {self.where}: {_reason(exc)}") from None
         return self._decode(response)
 
     def _decode(self, response: httpx.Response) -> Any:
@@ -83,10 +88,10 @@ class RemoteBackend:
             data = None
         if response.is_success:
             if data is None:
-                raise Unavailable(f"{self.url} answered {response.status_code} without JSON; is it a schedtui server?")
+                raise Unavailable(f"{self.where} answered {response.status_code} without JSON; is it a schedtui server?")
             return data
         error = data.get("error") if isinstance(data, dict) else None
-        message = (error or {}).get("message") or f"{self.url} answered {response.status_code}"
+        message = (error or {}).get("message") or f"{self.where} answered {response.status_code}"
         status = response.status_code
         if status == 401:
             raise Unauthorized(message)
@@ -121,7 +126,7 @@ class RemoteBackend:
             self.read_only = True
         self._info = ConnectionInfo(
             kind="remote",
-            where=self.url,
+            where=self.where,
             coordination=data["coordination"],
             instance=data["instance"],
             read_only=self.read_only,
@@ -132,14 +137,32 @@ class RemoteBackend:
     async def close(self) -> None:
         await self._client.aclose()
 
+    def info(self) -> ConnectionInfo:
+        if self._info is None:
+            raise Unavailable(f"not connected to {self.where} yet")
+        return self._info
+
+    async def health(self) -> Health:
+        return Health.from_json(await self._get("/healthz"))
+
+    async def now(self) -> datetime:
+        return parse_iso((await self._get("/inspect/info"))["now"])
+
+    async def schedule_zone(self, name: str) -> str:
+        for view in (await self.list_schedules()).schedules:
+            if view.name == name:
+                return view.timezone
+        raise NotFound(f'no schedule named "{name}"')
+
     async def list_schedules(self) -> SchedulesSnapshot:
         return SchedulesSnapshot.from_json(await self._get("/inspect/schedules"))
 
     async def list_runs(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+        before = check_before(before)  # the same checks as the server's: no request that cannot succeed
         return RunsPage.from_json(await self._get("/inspect/schedules/runs", name=name, limit=limit, before=before))
 
     async def get_run(self, run_id: str) -> Run:
-        return Run.from_json(await self._get(f"/inspect/runs/{_seg(run_id)}"))
+        return Run.from_json(await self._get(f"/inspect/runs/{check_id(run_id, 'run')}"))
 
     async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
         data = await self._get(f"/inspect/schedules/{_seg(name)}/upcoming", count=count)
@@ -149,6 +172,12 @@ class RemoteBackend:
         self._check_can_act("Run now")
         data = await self._post(f"/inspect/schedules/{_seg(name)}/fire")
         return Run.from_json(data["run"])
+
+    async def fire_external(self, name: str) -> ExternalFiring:
+        self._check_can_act("an external fire")
+        # Not retried here: a repeat is safe within the slot, but by then it may be the next slot's.
+        data = await self._post(f"/schedule/{_seg(name)}/fire?trigger=external")
+        return ExternalFiring.from_json(data)
 
     async def wait_run(self, run_id: str) -> Run:
         delay = 0.05
@@ -161,6 +190,7 @@ class RemoteBackend:
 
     async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None) -> ScheduleView:
         self._check_can_act("enable" if enabled else "disable")
+        note = check_note(note)
         action = "enable" if enabled else "disable"
         # Setting a state is idempotent, so a retry after a lost answer is safe.
         data = await self._post(f"/inspect/schedules/{_seg(name)}/{action}", {"note": note}, retry=True)
@@ -169,6 +199,7 @@ class RemoteBackend:
     def _backfill_body(
         self, start: datetime, end: datetime, confirm: bool, limit: int | None
     ) -> dict[str, Any]:
+        start, end = check_instant(start, "from"), check_instant(end, "to")
         return {"from": iso(start), "to": iso(end), "confirm": confirm, "limit": limit}
 
     async def plan_backfill(
@@ -186,7 +217,7 @@ class RemoteBackend:
         return BackfillProgress.from_json(data["progress"])
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
-        return BackfillProgress.from_json(await self._get(f"/inspect/backfills/{_seg(backfill_id)}"))
+        return BackfillProgress.from_json(await self._get(f"/inspect/backfills/{check_id(backfill_id, 'backfill')}"))
 
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         delay = 0.05

@@ -1,4 +1,4 @@
-"""Defining schedules and discovering them in ``*.cron.py`` files.
+"""Defining schedules (discovering them in files is :mod:`backend.definitions`'s job).
 
 A schedule is validated completely when it is defined, so a typo fails at import time
 with a message naming the schedule, the expression and the zone, rather than as a timer
@@ -7,20 +7,16 @@ that silently never fires.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import re
-import sys
-import traceback
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 from .cron import Cron
-from .errors import CronError, DefinitionError, DiscoveryError
+from .errors import CronError, DefinitionError
 from .model import (
     BACKFILL_POLICIES,
     OVERLAP_POLICIES,
@@ -32,7 +28,7 @@ from .model import (
 if TYPE_CHECKING:
     from .model import RunContext
 
-__all__ = ["DEFAULT_MAX_RUNTIME", "Handler", "Schedule", "define_schedule", "discover"]
+__all__ = ["DEFAULT_MAX_RUNTIME", "Handler", "Schedule", "define_schedule"]
 
 Handler = Callable[["RunContext"], Union[Awaitable[Any], Any]]
 
@@ -172,71 +168,6 @@ def _caller_location() -> str | None:
         return f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller else None
     finally:
         del frame
-
-
-_module_counter = 0
-
-
-def discover(folder: str | Path) -> list[Schedule]:
-    """Import every ``*.cron.py`` below ``folder`` by path and return its schedules, by name.
-
-    Raises :class:`DiscoveryError` naming the file and line of a failing import, or both
-    files when two schedules share one name.
-    """
-    root = Path(folder)
-    if not root.is_dir():
-        raise DiscoveryError(f'schedules folder "{folder}" does not exist or is not a folder')
-    found: dict[str, Schedule] = {}
-    for path in sorted(root.rglob("*.cron.py")):
-        for schedule in _load_file(path):
-            other = found.get(schedule.name)
-            if other is not None and other is not schedule:
-                raise DiscoveryError(
-                    f'schedule name "{schedule.name}" is defined twice: in '
-                    f"{_where(other, path)} and in {_where(schedule, path)}"
-                )
-            found[schedule.name] = schedule
-    return sorted(found.values(), key=lambda s: s.name)
-
-
-def _where(schedule: Schedule, fallback: Path) -> str:
-    return schedule.source or str(fallback)
-
-
-def _load_file(path: Path) -> Iterable[Schedule]:
-    global _module_counter
-    _module_counter += 1
-    module_name = f"_schedtui_cron_{_module_counter}_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:  # pragma: no cover - only for non-.py paths
-        raise DiscoveryError(f"{path}: cannot be imported")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except SyntaxError as exc:
-        sys.modules.pop(module_name, None)
-        raise DiscoveryError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from exc
-    except (Exception, SystemExit) as exc:  # sys.exit() in a file must not end the caller
-        sys.modules.pop(module_name, None)
-        line = _line_in(path, exc)
-        detail = str(exc) if isinstance(exc, DefinitionError) else f"{type(exc).__name__}: {exc}"
-        raise DiscoveryError(f"{path}:{line}: {detail}") from exc
-    seen: list[Schedule] = []
-    for value in vars(module).values():
-        if isinstance(value, Schedule) and all(value is not s for s in seen):
-            seen.append(value)
-    return seen
-
-
-def _line_in(path: Path, exc: BaseException) -> int | str:
-    """The deepest traceback line that lies in ``path`` (where the file went wrong)."""
-    target = str(path.resolve())
-    line: int | str = "?"
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if frame.filename and str(Path(frame.filename).resolve()) == target and frame.lineno:
-            line = frame.lineno
-    return line
 
 
 def describe_next(schedule: Schedule, after: datetime, count: int = 5) -> list[datetime]:

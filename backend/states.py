@@ -11,7 +11,8 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
-from .errors import BadInput, NotFound
+from .errors import NotFound
+from .inputs import check_note
 from .model import ScheduleState
 from .schedules import Schedule
 from .store import Store
@@ -19,8 +20,6 @@ from .store import Store
 __all__ = ["ScheduleStates"]
 
 log = logging.getLogger("schedtui.engine")
-
-MAX_NOTE = 1000
 
 
 class ScheduleStates:
@@ -68,8 +67,7 @@ class ScheduleStates:
         """Persist a new state and apply it here at once."""
         if name not in self.schedules:
             raise NotFound(f'no schedule named "{name}"')
-        if note is not None and len(note) > MAX_NOTE:
-            raise BadInput(f"note is longer than {MAX_NOTE} characters", field="note")
+        note = check_note(note)
         state = ScheduleState(name=name, enabled=enabled, changed_by=by, changed_at=at, note=note or None)
         await self.store.set_state(state)
         self.apply(state)

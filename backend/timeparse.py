@@ -11,6 +11,8 @@ from datetime import datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 from .errors import BadInput
+from .inputs import check_instant, out_of_range
+from .safetext import printable
 
 _UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 _RELATIVE = re.compile(r"^([+-])((?:\d+[wdhms])+)$")
@@ -18,7 +20,16 @@ _PART = re.compile(r"(\d+)([wdhms])")
 
 
 def parse_when(text: str, *, now: datetime, zone: ZoneInfo | str = "UTC", field: str = "time") -> datetime:
-    """Parse ``text``; raises :class:`BadInput` naming the field and the value."""
+    """Parse ``text``; raises :class:`BadInput` naming the field and the value. The result
+    lies within :data:`backend.inputs.EARLIEST` … :data:`~backend.inputs.LATEST`."""
+    try:
+        value = _parse(text, now=now, zone=zone, field=field)
+    except OverflowError:  # past the calendar's ends, before or after the zone's offset
+        raise out_of_range(field, text) from None
+    return check_instant(value, field, text)
+
+
+def _parse(text: str, *, now: datetime, zone: ZoneInfo | str, field: str) -> datetime:
     tz = ZoneInfo(zone) if isinstance(zone, str) else zone
     raw = text.strip()
     if not raw:
@@ -34,7 +45,7 @@ def parse_when(text: str, *, now: datetime, zone: ZoneInfo | str = "UTC", field:
         value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise BadInput(
-            f'{field} "{text}" is not a time (use ISO 8601 such as 2026-08-10T00:00Z, or now, -6h, -2d)',
+            f'{field} "{printable(text, 60)}" is not a time (use ISO 8601 such as 2026-08-10T00:00Z, or now, -6h, -2d)',
             field=field,
         ) from None
     if len(raw) == 10 and isinstance(value, datetime):  # a bare date: midnight in the zone

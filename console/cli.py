@@ -15,6 +15,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
@@ -30,10 +31,17 @@ from backend import (
 )
 from backend.interface import Backend, EmbeddedBackend
 from backend.manifests import PROVIDERS, render_manifests
-from backend.model import BACKFILL_MAX_LIMIT, BackfillProgress, Run, ScheduleView
+from backend.model import (
+    BACKFILL_MAX_LIMIT,
+    DEFAULT_DEFINITIONS_FOLDER,
+    DEFAULT_STORE_URL,
+    BackfillProgress,
+    Run,
+    ScheduleView,
+)
 from backend.remote import RemoteBackend
+from backend.safetext import RedactingFormatter, remember_secret
 from backend.server import serve
-from backend.store import DEFAULT_STORE_URL
 from backend.timeparse import parse_when
 
 from . import format as fmt
@@ -48,7 +56,12 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but bad usage is one line on stderr and exit code 2."""
+    """argparse, but bad usage is one line on stderr and exit code 2, and options are
+    never abbreviated (``--to`` must not be read as the start of ``--token``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}")
@@ -74,44 +87,89 @@ def _port(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+@dataclass(frozen=True)
+class _Shared:
+    """An option that may stand before the verb as well as after it."""
+
+    flags: tuple[str, ...]
+    dest: str
+    help: str
+    metavar: str | None = None
+    flag: bool = False
+
+
+# Any of these may come before the verb (`schedtui --read-only console`) or after it; one
+# given before a verb it does not apply to is refused, never silently dropped.
+SHARED = [
+    _Shared(("--schedules",), "schedules", "definitions folder, searched for *.cron.py, *.jobs.py and *.durable.py "
+            f"files (default ./{DEFAULT_DEFINITIONS_FOLDER}, or $SCHEDTUI_SCHEDULES)", "DIR"),
+    _Shared(("--store",), "store", f"sqlite:///PATH or postgresql://… (default {DEFAULT_STORE_URL}, or $SCHEDTUI_STORE)",
+            "URL"),
+    _Shared(("--instance",), "instance", "name recorded on runs (default hostname:pid)", "NAME"),
+    _Shared(("--url",), "url", "act on a remote `schedtui serve` instead (or $SCHEDTUI_URL)", "URL"),
+    _Shared(("--token",), "token", "bearer token for --url (or $SCHEDTUI_TOKEN); visible to other users in `ps`: "
+            "prefer --token-file", "T"),
+    _Shared(("--token-file",), "token_file", "read the token from this file (its surrounding whitespace ignored)",
+            "PATH"),
+    _Shared(("--read-only",), "read_only", "look, do not touch: actions are refused (by the backend too)", flag=True),
+    _Shared(("--fire",), "fire", "embedded console: also fire schedules on their timers (as `serve` does); without it "
+            "the console watches and acts, and `schedtui serve` does the firing", flag=True),
+]  # fmt: skip
+_SHARED_BY_DEST = {option.dest: option for option in SHARED}
+_DEFAULTS: dict[str, Callable[[], Any]] = {
+    "schedules": lambda: os.environ.get("SCHEDTUI_SCHEDULES") or DEFAULT_DEFINITIONS_FOLDER,
+    "store": lambda: os.environ.get("SCHEDTUI_STORE") or DEFAULT_STORE_URL,
+    "instance": lambda: None,
+    "url": lambda: os.environ.get("SCHEDTUI_URL") or None,
+    "token": lambda: None,  # resolved with its file and $SCHEDTUI_TOKEN by _resolve_token
+    "token_file": lambda: None,
+    "read_only": lambda: False,
+    "fire": lambda: False,
+}
+_CONSOLE = [option.dest for option in SHARED]
+_VERB_OPTIONS = ["schedules", "store", "instance", "url", "token", "token_file", "read_only"]
+
+
+def _add_shared(p: argparse.ArgumentParser, dests: Sequence[str], **helps: str) -> None:
+    for dest in dests:
+        option = _SHARED_BY_DEST[dest]
+        kwargs: dict[str, Any] = {"dest": dest, "help": helps.get(dest, option.help), "default": argparse.SUPPRESS}
+        if option.flag:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["metavar"] = option.metavar
+        p.add_argument(*option.flags, **kwargs)
+
+
+SERVE_DESCRIPTION = (
+    "Run the engine: fire every schedule of the definitions folder on its timer and, with --port, serve the HTTP "
+    "API. serve refuses to start when any definitions file is bad (it names every one, exit code 2), and when "
+    "its port is taken (exit code 1), before anything fires."
+)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and each verb's own parser (to tell which shared options a verb takes)."""
     parser = _Parser(prog="schedtui", description="Run and operate scheduled work.")
     parser.add_argument("--version", action="version", version="schedtui 0.1.0")
+    _add_shared(parser, _CONSOLE)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    by_verb: dict[str, argparse.ArgumentParser] = {}
 
-    def local(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--schedules",
-            metavar="DIR",
-            default=os.environ.get("SCHEDTUI_SCHEDULES", "schedules"),
-            help="folder searched for *.cron.py files (default ./schedules, or $SCHEDTUI_SCHEDULES)",
-        )
-        p.add_argument(
-            "--store",
-            metavar="URL",
-            default=os.environ.get("SCHEDTUI_STORE", DEFAULT_STORE_URL),
-            help=f"sqlite:///PATH or postgresql://… (default {DEFAULT_STORE_URL}, or $SCHEDTUI_STORE)",
-        )
-        p.add_argument("--instance", metavar="NAME", help="name recorded on runs (default hostname:pid)")
+    def verb(name: str, help: str, shared: Sequence[str]) -> argparse.ArgumentParser:
+        sub = verbs.add_parser(name, help=help)
+        by_verb[name] = sub
+        _add_shared(sub, shared)
+        return sub
 
-    def embedded(p: argparse.ArgumentParser) -> None:
-        """Verbs that work on a local store, or on a remote server with --url."""
-        local(p)
-        p.add_argument(
-            "--url",
-            metavar="URL",
-            default=os.environ.get("SCHEDTUI_URL") or None,
-            help="act on a remote `schedtui serve` instead (or $SCHEDTUI_URL)",
-        )
-        p.add_argument(
-            "--token",
-            metavar="T",
-            default=os.environ.get("SCHEDTUI_TOKEN") or None,
-            help="bearer token for --url (or $SCHEDTUI_TOKEN)",
-        )
-
-    serve = verbs.add_parser("serve", help="run the engine: fire schedules on their timers, serve the API")
-    local(serve)
+    serve = verbs.add_parser(
+        "serve", help="run the engine: fire schedules on their timers, serve the API", description=SERVE_DESCRIPTION
+    )
+    by_verb["serve"] = serve
+    _add_shared(serve, ["schedules", "store", "instance", "token", "token_file"],
+                token="operator token: may read and act (or $SCHEDTUI_TOKEN); visible to other users in `ps`: "
+                "prefer --token-file",
+                token_file="read the operator token from this file")  # fmt: skip
     serve.add_argument("--coordination", choices=["single", "advisoryLock"], help="default: from the store")
     serve.add_argument("--retention-days", type=_positive_int, default=30, metavar="N", help="keep runs N days (30)")
     serve.add_argument(
@@ -130,63 +188,41 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="API address (127.0.0.1; others need a token)")
     serve.add_argument("--port", type=_port, metavar="P", help="serve the HTTP API on this port (0: any free port)")
     serve.add_argument(
-        "--token", metavar="T", default=os.environ.get("SCHEDTUI_TOKEN") or None,
-        help="operator token: may read and act (or $SCHEDTUI_TOKEN)",
+        "--read-token", metavar="T", default=argparse.SUPPRESS,
+        help="read-only token (or $SCHEDTUI_READ_TOKEN); visible to other users in `ps`: prefer --read-token-file",
     )
-    serve.add_argument(
-        "--read-token", metavar="T", default=os.environ.get("SCHEDTUI_READ_TOKEN") or None,
-        help="read-only token (or $SCHEDTUI_READ_TOKEN)",
-    )
+    serve.add_argument("--read-token-file", metavar="PATH", default=argparse.SUPPRESS,
+                       help="read the read-only token from this file")  # fmt: skip
     serve.add_argument(
         "--allow-external-self", action="store_true",
         help="let the external fire endpoint fire schedules that have their own timer too",
     )
 
-    def console_options(p: argparse.ArgumentParser) -> None:
-        """The console's options (on ``console`` and, as it is the default verb, on the top)."""
-        embedded(p)
-        p.add_argument(
-            "--read-only", action="store_true",
-            help="look, do not touch: Run now, enable/disable and backfill do nothing (the backend refuses them too)",
-        )
-        p.add_argument(
-            "--fire", action="store_true",
-            help="embedded: also fire schedules on their timers while the console runs (as `serve` does); "
-            "without it the console watches and acts, and `schedtui serve` does the firing",
-        )
+    verb("console", "the operations console (also what `schedtui` alone starts)", _CONSOLE)
 
-    console_options(parser)
-    p = verbs.add_parser("console", help="the operations console (also what `schedtui` alone starts)")
-    console_options(p)
-
-    p = verbs.add_parser("demo", help="the console on bundled demo schedules with a temporary store")
+    p = verb("demo", "the console on bundled demo schedules with a temporary store", [])
     p.add_argument("--headless", action="store_true", help="no console: print every firing (Ctrl-C stops)")
 
-    p = verbs.add_parser("list", help="list schedules")
-    embedded(p)
+    p = verb("list", "list schedules", _VERB_OPTIONS)
     p.add_argument("--json", action="store_true", help="a JSON array of schedules")
 
-    p = verbs.add_parser("runs", help="show a schedule's runs, newest first")
-    embedded(p)
+    p = verb("runs", "show a schedule's runs, newest first", _VERB_OPTIONS)
     p.add_argument("name", metavar="NAME")
     p.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="how many (20)")
     p.add_argument("--before", metavar="RUN_ID", help="older than this run (the next page)")
     p.add_argument("--json", action="store_true", help="a JSON array of runs")
 
-    p = verbs.add_parser("fire", help="run a schedule now (in this process) and wait for it")
-    embedded(p)
+    p = verb("fire", "run a schedule now (in this process) and wait for it", _VERB_OPTIONS)
     p.add_argument("name", metavar="NAME")
     p.add_argument("--json", action="store_true", help="print the run as JSON")
 
-    for verb in ("enable", "disable"):
-        p = verbs.add_parser(verb, help=f"{verb} a schedule")
-        embedded(p)
+    for name in ("enable", "disable"):
+        p = verb(name, f"{name} a schedule", _VERB_OPTIONS)
         p.add_argument("name", metavar="NAME")
         p.add_argument("--note", help="why (shown with the schedule)")
         p.add_argument("--json", action="store_true", help="print the schedule as JSON")
 
-    p = verbs.add_parser("backfill", help="fire the slots of a past range, in order")
-    embedded(p)
+    p = verb("backfill", "fire the slots of a past range, in order", _VERB_OPTIONS)
     p.add_argument("name", metavar="NAME")
     p.add_argument("--from", dest="start", required=True, metavar="WHEN", help="ISO 8601, a date, now, or -2d/-6h")
     p.add_argument("--to", dest="end", required=True, metavar="WHEN", help="ISO 8601, a date, now, or -2d/-6h")
@@ -194,15 +230,65 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_positive_int, metavar="N", help=f"most slots (1,000; at most {BACKFILL_MAX_LIMIT:,})")
     p.add_argument("--json", action="store_true", help="print the plan and the result as JSON")
 
-    p = verbs.add_parser("manifest", help="platform scheduler manifests for trigger=external schedules")
+    p = verb("manifest", "platform scheduler manifests for trigger=external schedules", ["schedules"])
     p.add_argument("--provider", required=True, choices=PROVIDERS, help="where the clock lives")
     p.add_argument("--base-url", required=True, metavar="URL", help="where the platform reaches `schedtui serve`")
-    p.add_argument(
-        "--schedules", metavar="DIR", default=os.environ.get("SCHEDTUI_SCHEDULES", "schedules"),
-        help="folder searched for *.cron.py files (default ./schedules)",
-    )
     p.add_argument("--out", metavar="DIR", help="write files here instead of printing them")
-    return parser
+    return parser, by_verb
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse, check shared options against the verb, fill defaults, resolve the tokens.
+    Raises :class:`UsageError` for bad usage (exit code 2)."""
+    parser, by_verb = build_parser()
+    args = parser.parse_args(_glue_offsets(argv))
+    if args.verb is None:
+        args.verb = "console"
+    accepted = {action.dest for action in by_verb[args.verb]._actions}
+    for option in SHARED:
+        if hasattr(args, option.dest) and option.dest not in accepted:
+            raise UsageError(f"schedtui: {option.flags[0]} does not apply to `schedtui {args.verb}`")
+    for dest in accepted & set(_DEFAULTS):
+        if not hasattr(args, dest):
+            setattr(args, dest, _DEFAULTS[dest]())
+    if "token" in accepted:
+        args.token = _resolve_token(args, "token", "SCHEDTUI_TOKEN")
+    if args.verb == "serve":
+        args.read_token = _resolve_token(args, "read_token", "SCHEDTUI_READ_TOKEN")
+    return args
+
+
+def _resolve_token(args: argparse.Namespace, dest: str, env: str) -> str | None:
+    """A token from ``--X`` (with a warning: ``ps`` shows it), ``--X-file`` or ``$ENV``.
+    Empty or blank tokens are refused: they would quietly mean "no token"."""
+    flag = "--" + dest.replace("_", "-")
+    given, path = getattr(args, dest, None), getattr(args, f"{dest}_file", None)
+    if given is not None and path is not None:
+        raise UsageError(f"schedtui: give {flag} or {flag}-file, not both")
+    if given is not None:
+        print(
+            f"schedtui: warning: {flag} on the command line can be read by every local user (ps); "
+            f"use {flag}-file PATH or ${env}",
+            file=sys.stderr,
+        )
+        token, source = str(given), flag
+    elif path is not None:
+        try:
+            token = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise UsageError(f'schedtui: cannot read {flag}-file "{path}": {reason}') from None
+        source = f'{flag}-file "{path}"'
+    else:
+        from_env = os.environ.get(env)
+        if not from_env:
+            return None
+        token, source = from_env, f"${env}"
+    token = token.strip()
+    if not token:
+        raise UsageError(f"schedtui: the token from {source} is empty (or only whitespace)")
+    remember_secret(token)
+    return token
 
 
 # -------------------------------------------------------------------------------------------
@@ -221,12 +307,10 @@ def _glue_offsets(argv: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(_glue_offsets(sys.argv[1:] if argv is None else argv))
+        args = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
-    if args.verb is None:
-        args.verb = "console"
     handler = VERBS[args.verb]
     try:
         return asyncio.run(handler(args))
@@ -251,9 +335,9 @@ def _engine(args: argparse.Namespace, **kwargs: Any) -> Engine:
 async def _with_backend(args: argparse.Namespace, body: Callable[[Backend], Coroutine[Any, Any, int]]) -> int:
     backend: Backend
     if args.url:
-        backend = RemoteBackend(args.url, args.token)
+        backend = RemoteBackend(args.url, args.token, read_only=args.read_only)
     else:
-        backend = EmbeddedBackend(_engine(args))
+        backend = EmbeddedBackend(_engine(args), read_only=args.read_only)
     await backend.connect()
     try:
         return await body(backend)
@@ -321,16 +405,9 @@ def runs_table(runs: list[Run], zone: str) -> str:
     return fmt.table(["ID", "SCHEDULED AT", "STATUS", "TRIGGER", "OUTCOME", "INSTANCE", "DURATION", "ERROR"], rows)
 
 
-async def _zone_of(backend: Backend, name: str) -> str:
-    for s in (await backend.list_schedules()).schedules:
-        if s.name == name:
-            return s.timezone
-    raise NotFound(f'no schedule named "{name}"')
-
-
 async def cmd_runs(args: argparse.Namespace) -> int:
     async def body(backend: Backend) -> int:
-        zone = await _zone_of(backend, args.name)
+        zone = await backend.schedule_zone(args.name)
         page = await backend.list_runs(args.name, limit=args.limit, before=args.before)
         if args.json:
             _print_json([r.to_json() for r in page.runs])
@@ -348,7 +425,7 @@ async def cmd_runs(args: argparse.Namespace) -> int:
 
 async def cmd_fire(args: argparse.Namespace) -> int:
     async def body(backend: Backend) -> int:
-        zone = await _zone_of(backend, args.name)
+        zone = await backend.schedule_zone(args.name)
         run = await backend.run_now(args.name)
         if not args.json:
             print(f"fired {args.name}: run {run.id}", file=sys.stderr)
@@ -445,12 +522,13 @@ def _draw_progress(progress: BackfillProgress, tty: bool) -> None:
         print(text, file=sys.stderr)
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
 def _configure_logging() -> None:
-    logging.basicConfig(
-        level=os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RedactingFormatter(LOG_FORMAT))  # no store password, no token, ever
+    logging.basicConfig(level=os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper(), handlers=[handler])
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:
@@ -467,16 +545,18 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         heartbeat_interval=min(5.0, args.abandon_after / 3),
         clock=OffsetClock(timedelta(milliseconds=args.clock_offset_ms)) if args.clock_offset_ms else None,
     )
+    log = logging.getLogger("schedtui")
+    if args.clock_offset_ms:
+        log.warning(
+            "THE CLOCK IS SHIFTED by %+d ms (--clock-offset-ms or $SCHEDTUI_CLOCK_OFFSET_MS, a test setting): "
+            "every slot fires that much %s than the machine's clock says",
+            args.clock_offset_ms,
+            "earlier" if args.clock_offset_ms > 0 else "later",
+        )
     if not engine.schedules:
-        logging.getLogger("schedtui").warning("no *.cron.py schedules found under %s", args.schedules)
-    await serve(
-        engine,
-        host=args.host,
-        port=args.port,
-        token=args.token,
-        read_token=args.read_token,
-        allow_external_self=args.allow_external_self,
-    )
+        log.warning("no schedules found under %s", args.schedules)
+    backend = EmbeddedBackend(engine, arm=True, allow_external_self=args.allow_external_self)
+    await serve(backend, host=args.host, port=args.port, token=args.token, read_token=args.read_token)
     return EXIT_OK
 
 
@@ -545,7 +625,7 @@ async def _demo_headless() -> int:
         print(f"schedtui demo: {len(engine.schedules)} schedules, store {engine.store.where}; Ctrl-C stops", flush=True)
         platform = asyncio.ensure_future(play_platform(engine))
         try:
-            await serve(engine)  # no port: the engine alone, until Ctrl-C
+            await serve(EmbeddedBackend(engine, arm=True))  # no port: the engine alone, until Ctrl-C
         finally:
             platform.cancel()
     return EXIT_OK
@@ -573,7 +653,7 @@ def _quiet_logging() -> None:
     """Log lines would tear the console's screen: send them to $SCHEDTUI_LOG_FILE, or nowhere."""
     path = os.environ.get("SCHEDTUI_LOG_FILE")
     handler: logging.Handler = logging.FileHandler(path) if path else logging.NullHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(RedactingFormatter(LOG_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper())

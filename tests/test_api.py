@@ -200,20 +200,21 @@ def test_external_fire_dedupes_retries(server: Server, root: Path) -> None:
     assert refused.status_code == 409 and refused.json()["reason"] == "not an external schedule"
 
 
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "console.cli", *args], cwd=cwd, env=cli_env(),
+def run_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "console.cli", *args], cwd=cwd, env=cli_env(**env),
                           capture_output=True, text=True, timeout=60)
 
 
 def test_cli_remote_mode(server: Server, root: Path) -> None:
-    listed = run_cli("list", "--url", server.url, "--token", READ, cwd=root)
+    listed = run_cli("list", "--url", server.url, cwd=root, SCHEDTUI_TOKEN=READ)
     assert listed.returncode == 0 and "report" in listed.stdout
-    denied = run_cli("fire", "report", "--url", server.url, "--token", READ, cwd=root)
+    denied = run_cli("fire", "report", "--url", server.url, cwd=root, SCHEDTUI_TOKEN=READ)
     assert denied.returncode == 1 and len(denied.stderr.strip().splitlines()) == 1 and "read" in denied.stderr
-    fired = run_cli("fire", "report", "--json", "--url", server.url, "--token", OPERATE, cwd=root)
+    fired = run_cli("fire", "report", "--json", "--url", server.url, cwd=root, SCHEDTUI_TOKEN=OPERATE)
     assert fired.returncode == 0, fired.stderr
     assert '"coordination_outcome": "manual"' in fired.stdout
-    refused = run_cli("backfill", "report", "--from", "-3d", "--to", "-1d", "--url", server.url, "--token", OPERATE, cwd=root)
+    refused = run_cli("backfill", "report", "--from", "-3d", "--to", "-1d", "--url", server.url, cwd=root,
+                      SCHEDTUI_TOKEN=OPERATE)  # fmt: skip
     assert refused.returncode == 3 and "48" in refused.stderr
 
 

@@ -212,6 +212,23 @@ def test_a_schedule_file_that_fails_to_load(cli: Cli) -> None:
     assert done.stderr.splitlines() == ["schedtui: schedules/broken/bad.cron.py:2: KeyError: 'SCHEDTUI_NO_SUCH_VARIABLE'"]
 
 
+def test_every_bad_file_is_named_and_serve_refuses_to_start(cli: Cli) -> None:
+    write_tree(cli.root / "schedules", {
+        "broken/bad.cron.py": "import os\nVALUE = os.environ['SCHEDTUI_NO_SUCH_VARIABLE']\n",
+        "stop.jobs.py": "raise KeyboardInterrupt\n",
+    })  # fmt: skip
+    for args in (["list"], ["serve"]):
+        done = cli(*args)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines()[-3:] == [
+            "schedtui: 2 problems in the definitions:",
+            "  schedules/broken/bad.cron.py:2: KeyError: 'SCHEDTUI_NO_SUCH_VARIABLE'",
+            "  schedules/stop.jobs.py:1: KeyboardInterrupt",
+        ]
+        assert "starting" not in done.stderr  # serve never started an engine
+    assert "refuses to start" in cli("serve", "--help", store=False).stdout
+
+
 # ---------------------------------------------------------------------------------------
 # fire
 # ---------------------------------------------------------------------------------------
@@ -460,6 +477,11 @@ def test_runs_table_json_limit_and_paging(cli: Cli) -> None:
         (["backfill", "hourly", "--from", "yesterday", "--to", "now"], '--from "yesterday" is not a time'),
         (["backfill", "hourly", "--from", "-1h", "--to", "2026-13-01"], '--to "2026-13-01" is not a time'),
         (["backfill", "hourly", "--to", "now"], "--from"),
+        (["backfill", "hourly", "--from", "-999999999d", "--to", "now"], '--from "-999999999d" is out of range'),
+        (["backfill", "failing", "--from", "0001-01-01", "--to", "now"], '--from "0001-01-01" is out of range'),
+        (["runs", "hourly", "--before", "zz"], 'before "zz" is not a run id'),
+        (["--fire", "list"], "--fire does not apply to `schedtui list`"),
+        (["--read-only", "serve"], "--read-only does not apply to `schedtui serve`"),
     ],
 )
 def test_bad_usage(cli: Cli, args: list[str], named: str) -> None:
@@ -470,6 +492,51 @@ def test_bad_usage(cli: Cli, args: list[str], named: str) -> None:
     assert named in line
     assert "Traceback" not in done.stderr
     assert cli.log("hourly") == []
+
+
+def test_a_note_that_is_not_text_is_bad_usage(cli: Cli) -> None:
+    # A byte that is not UTF-8 reaches Python as a lone surrogate: no store could keep it.
+    done = subprocess.run(
+        [*cli.argv("disable", "hourly"), "--note", b"vendor \xff outage"], cwd=cli.root, env=child_env(),
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith('schedtui: note "vendor \\udcff outage" holds \\udcff at position 7')
+    assert cli.schedules()["hourly"]["enabled"]
+
+
+def test_shared_options_work_before_or_after_the_verb(cli: Cli) -> None:
+    write_tree(cli.root / "other", {"only.cron.py": 'from backend import define_schedule\n'
+                                    'only = define_schedule(name="only", cron="0 0 1 1 *", timezone="UTC", handler=print)\n'})
+    for args in (["--schedules", "other", "list", "--json"], ["list", "--schedules", "other", "--json"]):
+        assert [s["name"] for s in json.loads(cli.ok(*args).stdout)] == ["only"], args
+
+
+def test_read_only_before_or_after_the_verb_is_never_dropped(cli: Cli) -> None:
+    for args, action in (
+        (["--read-only", "fire", "hourly"], "Run now"),
+        (["fire", "hourly", "--read-only"], "Run now"),
+        (["--read-only", "disable", "hourly"], "disable"),
+        (["--read-only", "backfill", "hourly", "--from", "-2h", "--to", "now"], "backfill"),
+    ):
+        done = cli(*args)
+        assert done.returncode == 1, (args, done.stderr)
+        assert done.stderr.splitlines()[-1] == f"schedtui: read-only: {action} is not allowed"
+    assert cli.log("hourly") == [] and cli.schedules()["hourly"]["enabled"]
+
+
+def test_console_options_before_the_verb_reach_the_console() -> None:
+    from console.cli import parse_args
+
+    for argv in (
+        ["--read-only", "console", "--url", "http://sched:8080"],
+        ["console", "--read-only", "--url", "http://sched:8080"],
+        ["--url", "http://sched:8080", "--read-only"],  # no verb: the console
+    ):
+        args = parse_args(argv)
+        assert (args.verb, args.read_only, args.url, args.fire) == ("console", True, "http://sched:8080", False), argv
+    assert parse_args(["--schedules", "elsewhere", "console", "--fire"]).schedules == "elsewhere"
 
 
 def test_unknown_store_scheme_is_bad_usage_and_hides_the_password(cli: Cli) -> None:

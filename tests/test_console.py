@@ -330,6 +330,18 @@ async def test_backfill_refusals_say_why(store_url: str, start: str, end: str, w
         assert screen.query_one("#start").disabled
 
 
+@pytest.mark.parametrize("start", ["-999999999d", "0001-01-01", "-99999999999999999999w"])
+async def test_backfill_from_beyond_the_calendar_says_why(store_url: str, start: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        screen = await open_backfill(pilot, "daily-digest", start)  # Europe/Berlin
+        assert screen.state == "invalid"
+        assert f'from "{start}" is out of range' in screen.query_one("#plan").render().plain  # type: ignore[attr-defined]
+        assert screen.query_one("#start").disabled
+        await pilot.press("escape")
+        await settle(pilot)
+        assert not isinstance(app.screen, BackfillScreen)  # the app is alive and well
+
+
 async def test_enter_opens_the_run_details(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         await pilot.press("tab")  # to the runs table

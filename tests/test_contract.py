@@ -216,3 +216,52 @@ async def test_read_only_reads_but_may_not_act(read_only_backend: Backend) -> No
         await read_only_backend.set_enabled("hourly", False)
     with pytest.raises(Forbidden):
         await read_only_backend.start_backfill("hourly", now() - timedelta(hours=3), now() - timedelta(hours=1))
+
+
+async def test_what_the_api_asks_of_a_backend(backend: Backend) -> None:
+    info = backend.info()
+    assert info.coordination == "single" and info.instance
+    health = await backend.health()
+    assert (health.status, health.instance, health.coordination) == ("ok", info.instance, "single")
+    assert abs(await backend.now() - now()) < timedelta(seconds=30)
+    assert await backend.schedule_zone("hourly") == "Europe/Berlin"
+    with pytest.raises(NotFound, match="nope"):
+        await backend.schedule_zone("nope")
+
+
+async def test_external_fires(backend: Backend) -> None:
+    with pytest.raises(Refused) as info:
+        await backend.fire_external("hourly")  # on its own timer
+    assert info.value.reason == "not an external schedule"
+    with pytest.raises(Refused) as info:
+        await backend.fire_external("ext")  # 03:00 on the 1st: no slot of it is due now
+    assert info.value.reason == "no slot due"
+    with pytest.raises(NotFound):
+        await backend.fire_external("nope")
+
+
+async def test_ids_and_notes_that_cannot_be_are_refused_alike(backend: Backend) -> None:
+    for bad in ("\x00", "nope", "01ZZZZZZZZZZZZZZZZZZZZZZZ\ud800"):
+        with pytest.raises(NotFound):
+            await backend.get_run(bad)
+        with pytest.raises(NotFound):
+            await backend.backfill_progress(bad)
+        with pytest.raises(BadInput, match="before"):
+            await backend.list_runs("hourly", before=bad)
+    for note in ("on call\x00", "half \ud800", "\x1b[2J"):
+        with pytest.raises(BadInput, match="note"):
+            await backend.set_enabled("hourly", False, note=note)
+    assert {s.name: s for s in (await backend.list_schedules()).schedules}["hourly"].enabled
+
+
+async def test_backfill_times_out_of_range_are_bad_input(backend: Backend) -> None:
+    ancient = datetime(1, 1, 2, tzinfo=timezone.utc)
+    with pytest.raises(BadInput, match="out of range"):
+        await backend.plan_backfill("hourly", ancient, now() - timedelta(days=1))
+    with pytest.raises(BadInput, match="out of range"):
+        await backend.start_backfill("hourly", now() - timedelta(days=1), datetime(9999, 12, 31, tzinfo=timezone.utc))
+
+
+async def test_read_only_may_not_fire_external(read_only_backend: Backend) -> None:
+    with pytest.raises(Forbidden):
+        await read_only_backend.fire_external("ext")

@@ -13,8 +13,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from .. import safetext
 from ..errors import BadInput
 from ..model import (
+    DEFAULT_STORE_URL,
     BackfillProgress,
     Claim,
     ClaimResult,
@@ -24,8 +26,6 @@ from ..model import (
 )
 
 __all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "Store", "open_store", "redact_url"]
-
-DEFAULT_STORE_URL = "sqlite:///.schedtui/state.db"
 
 
 class InstanceBeat(Protocol):
@@ -141,19 +141,16 @@ class Store(Protocol):
 
 
 def redact_url(url: str) -> str:
-    """A store URL fit to show or log: the password replaced by ``***``."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
+    """A store URL fit to show or log: its passwords (user part, ``password``/``sslpassword``
+    query parameters) replaced by ``***`` (see :func:`backend.safetext.redact_url`)."""
+    return safetext.redact_url(url)
 
 
 def open_store(url: str | None = None) -> Store:
     """Build the store a URL names (not yet opened): ``sqlite:///path`` or ``postgresql://…``."""
     url = url or DEFAULT_STORE_URL
+    # Error texts may quote the URL (libpq echoes what it cannot parse): keep its secrets out.
+    safetext.remember_url_secrets(url)
     if url.startswith("sqlite://"):
         from .sqlite import SQLiteStore
 

@@ -1,0 +1,180 @@
+"""Discovering definitions in the definitions folder (``--schedules DIR``).
+
+The folder is searched, recursively, for ``*.cron.py``, ``*.jobs.py`` and ``*.durable.py``
+files. Each is imported by path, and every module-level object that is an instance of a
+*registered definition type* is collected, whatever the file's suffix: the suffix tells
+readers what a file is mostly about, not what it may define. :class:`~backend.schedules.Schedule`
+is registered here; the queue and durable-function types register themselves with
+:func:`register_definition_type` when their modules are imported (a file that defines one
+imports its module first, so the type is always known before its instances appear).
+
+Every problem is collected before anything is refused: a file that fails to import (its
+path and the line that failed), and two definitions of one kind sharing a name (both
+places). One :class:`DiscoveryError` then lists them all, so one bad file never hides
+another's error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .errors import DefinitionError, DiscoveryError
+from .schedules import Schedule
+
+__all__ = [
+    "DEFINITION_PATTERNS",
+    "Definitions",
+    "discover",
+    "discover_definitions",
+    "register_definition_type",
+]
+
+T = TypeVar("T")
+
+#: The file names searched for below the definitions folder.
+DEFINITION_PATTERNS = ("*.cron.py", "*.jobs.py", "*.durable.py")
+
+
+@dataclass(frozen=True)
+class _Kind:
+    type: type
+    label: str
+    """How messages name one of them: ``schedule``, ``queue``, ``durable function``."""
+
+
+_KINDS: list[_Kind] = []
+
+
+def register_definition_type(cls: type, label: str) -> None:
+    """Let discovery collect module-level instances of ``cls``. Instances must have a
+    ``name`` (unique among their kind) and may have a ``source`` (``path:line``)."""
+    if not any(kind.type is cls for kind in _KINDS):
+        _KINDS.append(_Kind(cls, label))
+
+
+register_definition_type(Schedule, "schedule")
+
+
+@dataclass(frozen=True)
+class Definitions:
+    """Everything a definitions folder defines, each kind sorted by name."""
+
+    items: tuple[Any, ...]
+    files: tuple[Path, ...]
+    """The files that were imported."""
+
+    def of(self, cls: type[T]) -> list[T]:
+        """The definitions of one type, by name."""
+        return [item for item in self.items if isinstance(item, cls)]
+
+    @property
+    def schedules(self) -> list[Schedule]:
+        return self.of(Schedule)
+
+
+def discover(folder: str | Path) -> list[Schedule]:
+    """The schedules a definitions folder defines, by name (see :func:`discover_definitions`)."""
+    return discover_definitions(folder).schedules
+
+
+def discover_definitions(folder: str | Path) -> Definitions:
+    """Import every definitions file below ``folder`` and collect what it defines.
+
+    Raises :class:`DiscoveryError` listing every problem (``path:line: problem``): each
+    file that fails to import, and each name defined twice within one kind."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise DiscoveryError(f'schedules folder "{folder}" does not exist or is not a folder')
+    files = sorted({path for pattern in DEFINITION_PATTERNS for path in root.rglob(pattern) if path.is_file()})
+    problems: list[tuple[str, BaseException | None]] = []
+    found: dict[tuple[int, str], tuple[Any, Path]] = {}
+    for path in files:
+        try:
+            loaded = _load_file(path)
+        except _BadFile as bad:
+            problems.append((bad.problem, bad.__cause__))
+            continue
+        for index, item in loaded:
+            other = found.get((index, item.name))
+            if other is not None:
+                problems.append(
+                    (
+                        f'{_KINDS[index].label} name "{item.name}" is defined twice: in '
+                        f"{_where(*other)} and in {_where(item, path)}",
+                        None,
+                    )
+                )
+                continue
+            found[(index, item.name)] = (item, path)
+    if problems:
+        raise _discovery_error(problems)
+    items = tuple(found[key][0] for key in sorted(found))
+    return Definitions(items=items, files=tuple(files))
+
+
+def _discovery_error(problems: list[tuple[str, BaseException | None]]) -> DiscoveryError:
+    if len(problems) == 1:
+        message = problems[0][0]
+    else:
+        message = f"{len(problems)} problems in the definitions:\n" + "\n".join(f"  {p}" for p, _ in problems)
+    error = DiscoveryError(message, problems=[p for p, _ in problems])
+    error.__cause__ = next((cause for _, cause in problems if cause is not None), None)
+    return error
+
+
+def _where(item: Any, fallback: Path) -> str:
+    return getattr(item, "source", None) or str(fallback)
+
+
+class _BadFile(Exception):
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+_module_counter = 0
+
+
+def _load_file(path: Path) -> Iterable[tuple[int, Any]]:
+    """Import one file; its definitions with their kind's index. Raises :class:`_BadFile`."""
+    global _module_counter
+    _module_counter += 1
+    module_name = f"_schedtui_defs_{_module_counter}_{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:  # pragma: no cover - only for non-.py paths
+        raise _BadFile(f"{path}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        sys.modules.pop(module_name, None)
+        raise _BadFile(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from exc
+    except BaseException as exc:  # noqa: BLE001 - sys.exit() or a KeyboardInterrupt in a file is its problem, not ours
+        sys.modules.pop(module_name, None)
+        line = _line_in(path, exc)
+        detail = str(exc) if isinstance(exc, DefinitionError) else ": ".join(filter(None, [type(exc).__name__, str(exc)]))
+        raise _BadFile(f"{path}:{line}: {detail}") from exc
+    seen: list[tuple[int, Any]] = []
+    for value in vars(module).values():
+        index = next((i for i, kind in enumerate(_KINDS) if isinstance(value, kind.type)), None)
+        if index is not None and all(value is not other for _, other in seen):
+            seen.append((index, value))
+    return seen
+
+
+def _line_in(path: Path, exc: BaseException) -> int | str:
+    """The deepest traceback line that lies in ``path`` (where the file went wrong)."""
+    target = str(path.resolve())
+    line: int | str = "?"
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename and str(Path(frame.filename).resolve()) == target and frame.lineno:
+            line = frame.lineno
+    return line

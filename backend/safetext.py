@@ -1,0 +1,138 @@
+"""Text fit to show: secrets redacted, control characters escaped.
+
+Two ways a secret leaks into what an operator sees: a URL shown as it was given (a store
+URL's password, in its user part or in its query; a server URL's ``user:pass@``), and an
+exception text that quotes it (libpq echoes pieces of a connection string it cannot parse,
+the password included). :func:`redact_url` handles the first by structure. For the second,
+the secrets this process was given are remembered (:func:`remember_secret`,
+:func:`remember_url_secrets`), and :func:`redact` replaces them in any text: every
+:class:`~backend.errors.SchedtuiError` message passes through it, and so does every log line
+formatted by :class:`RedactingFormatter`.
+
+:func:`printable` escapes what a client sent before it goes into a log line, so a request
+path cannot forge log lines or send escape sequences to a terminal.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+__all__ = [
+    "MASK",
+    "RedactingFormatter",
+    "printable",
+    "redact",
+    "redact_url",
+    "remember_secret",
+    "remember_url_secrets",
+]
+
+MASK = "***"
+
+#: libpq's connection parameters that hold a secret (``password`` and the key file's one).
+SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+
+#: Shorter values are not searched for in free text: replacing every "ab" would garble it.
+#: (They are still removed from URLs, by structure.)
+_MIN_SECRET = 4
+
+_secrets: set[str] = set()
+_pattern: re.Pattern[str] | None = None
+_lock = threading.Lock()
+
+# ``password=value`` in a libpq keyword/value string (the value bare, or single-quoted).
+_KEYWORD_VALUE = re.compile(r"(?i)\b(password|sslpassword)(\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)")
+
+
+def remember_secret(value: str | None) -> None:
+    """Redact ``value`` from every error message and log line of this process from now on."""
+    global _pattern
+    if not value or len(value) < _MIN_SECRET:
+        return
+    with _lock:
+        if value in _secrets:
+            return
+        _secrets.add(value)
+        # Longest first: a secret that contains another is replaced whole.
+        alternatives = sorted(_secrets, key=len, reverse=True)
+        _pattern = re.compile("|".join(re.escape(s) for s in alternatives))
+
+
+def remember_url_secrets(url: str) -> None:
+    """Remember the passwords a URL carries (user part and query), as written and decoded."""
+    for secret in _url_secrets(url):
+        remember_secret(secret)
+        remember_secret(unquote(secret))
+
+
+def redact(text: str) -> str:
+    """``text`` with every remembered secret, and any ``password=…``, replaced by ``***``."""
+    pattern = _pattern
+    if pattern is not None:
+        text = pattern.sub(MASK, text)
+    return _KEYWORD_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
+
+
+def redact_url(url: str) -> str:
+    """A URL fit to show or log: the password in its user part and every secret query
+    parameter (``password``, ``sslpassword``) replaced by ``***``. Also takes a libpq
+    keyword/value string (``host=db password=…``). Everything else is left as written."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _KEYWORD_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", url)
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    netloc, tail = rest[:end], rest[end:]
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user, colon, _password = userinfo.partition(":")
+        if colon:
+            netloc = f"{user}:{MASK}@{hostport}"
+    path, qmark, query = tail.partition("?")
+    if qmark:
+        query, hash_, fragment = query.partition("#")
+        query = "&".join(
+            f"{key}={MASK}" if eq and unquote(key).lower() in SECRET_PARAMETERS else f"{key}{eq}{value}"
+            for key, eq, value in (pair.partition("=") for pair in query.split("&"))
+        )
+        tail = f"{path}?{query}{hash_}{fragment}"
+    return f"{scheme}://{netloc}{tail}"
+
+
+def _url_secrets(url: str) -> list[str]:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return [m.group(3).strip("'") for m in _KEYWORD_VALUE.finditer(url)]
+    found = []
+    if "@" in parts.netloc:
+        userinfo = parts.netloc.rpartition("@")[0]
+        if ":" in userinfo:
+            found.append(userinfo.partition(":")[2])
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key.lower() in SECRET_PARAMETERS:
+            found.append(value)
+    # The raw query too: parse_qsl decodes, but an error text quotes the value as written.
+    found += [m.group(3) for m in _KEYWORD_VALUE.finditer(parts.query)]
+    found += [m.group(3).strip("'") for m in _KEYWORD_VALUE.finditer(url) if "://" not in url]
+    return found
+
+
+class RedactingFormatter(logging.Formatter):
+    """A log formatter whose output (message and traceback) has every secret redacted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` with control characters (and lone surrogates) as ``\\xNN`` escapes, cut to
+    ``limit`` characters: what a client sent, fit for one log line."""
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)

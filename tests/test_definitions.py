@@ -1,0 +1,97 @@
+"""Discovery of the definitions folder: the three file patterns, kinds registered by
+their modules, and every problem reported at once."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from backend import DiscoveryError, discover, discover_definitions
+from backend.definitions import register_definition_type
+from backend.schedules import Schedule
+
+
+@dataclass(frozen=True)
+class FakeQueue:
+    """Stands in for the coming queue definitions: any registered type is collected."""
+
+    name: str
+    source: str | None = None
+
+
+register_definition_type(FakeQueue, "queue")
+
+
+def write(path: Path, source: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source).lstrip("\n"))
+    return path
+
+
+def schedule_file(name: str) -> str:
+    return (
+        "from backend import define_schedule\n"
+        "async def handler(ctx):\n    pass\n"
+        f'job = define_schedule(name="{name}", cron="0 * * * *", timezone="UTC", handler=handler)\n'
+    )
+
+
+def test_every_pattern_is_searched_and_each_may_define_any_kind(tmp_path: Path) -> None:
+    write(tmp_path / "a.cron.py", schedule_file("from-cron"))
+    write(tmp_path / "mail" / "b.jobs.py", schedule_file("from-jobs") + "from tests.test_definitions import FakeQueue\n"
+          'mailer = FakeQueue("mailer")\n')
+    write(tmp_path / "c.durable.py", schedule_file("from-durable"))
+    write(tmp_path / "d.py", "raise RuntimeError('not a definitions file')\n")
+    write(tmp_path / "e.queue.py", "raise RuntimeError('not a definitions file either')\n")
+
+    found = discover_definitions(tmp_path)
+    assert [s.name for s in found.schedules] == ["from-cron", "from-durable", "from-jobs"]
+    assert [q.name for q in found.of(FakeQueue)] == ["mailer"]
+    assert [p.relative_to(tmp_path).as_posix() for p in found.files] == ["a.cron.py", "c.durable.py", "mail/b.jobs.py"]
+    assert all(isinstance(s, Schedule) for s in discover(tmp_path))
+
+
+def test_names_are_unique_per_kind_not_across_kinds(tmp_path: Path) -> None:
+    write(tmp_path / "a.cron.py", schedule_file("mailer"))
+    write(tmp_path / "b.jobs.py", 'from tests.test_definitions import FakeQueue\nq = FakeQueue("mailer")\n')
+    found = discover_definitions(tmp_path)
+    assert [type(d).__name__ for d in found.items] == ["Schedule", "FakeQueue"]
+
+    twice = write(tmp_path / "c.jobs.py", 'from tests.test_definitions import FakeQueue\nq = FakeQueue("mailer")\n')
+    with pytest.raises(DiscoveryError) as info:
+        discover_definitions(tmp_path)
+    assert str(info.value) == f'queue name "mailer" is defined twice: in {tmp_path / "b.jobs.py"} and in {twice}'
+
+
+def test_every_bad_file_is_reported_at_once(tmp_path: Path) -> None:
+    write(tmp_path / "a_good.cron.py", schedule_file("fine"))
+    syntax = write(tmp_path / "b.cron.py", "def f(:\n    pass\n")
+    raises = write(tmp_path / "sub" / "c.jobs.py", "x = 1\nraise RuntimeError('no config')\n")
+    interrupt = write(tmp_path / "d.durable.py", "x = 1\ny = 2\nraise KeyboardInterrupt\n")
+    exits = write(tmp_path / "e.cron.py", "import sys\nsys.exit(4)\n")
+    dup_one = write(tmp_path / "f.cron.py", schedule_file("same"))
+    dup_two = write(tmp_path / "g.cron.py", schedule_file("same"))
+
+    with pytest.raises(DiscoveryError) as info:
+        discover(tmp_path)
+    problems = info.value.problems
+    assert problems == [
+        f"{syntax}:1: syntax error: invalid syntax",
+        f"{interrupt}:3: KeyboardInterrupt",
+        f"{exits}:2: SystemExit: 4",
+        f'schedule name "same" is defined twice: in {dup_one}:4 and in {dup_two}:4',
+        f"{raises}:2: RuntimeError: no config",
+    ]
+    assert str(info.value) == "5 problems in the definitions:\n" + "\n".join(f"  {p}" for p in problems)
+    assert info.value.__cause__ is not None  # the first failing file's exception
+
+
+def test_one_problem_is_the_whole_message(tmp_path: Path) -> None:
+    bad = write(tmp_path / "stop.cron.py", "raise KeyboardInterrupt()\n")
+    with pytest.raises(DiscoveryError) as info:
+        discover(tmp_path)
+    assert str(info.value) == f"{bad}:1: KeyboardInterrupt"
+    assert info.value.problems == [str(info.value)]

@@ -1,0 +1,156 @@
+"""Secrets stay secret: store and server passwords never reach a log line or an error,
+tokens come from files or the environment, blank tokens are refused, and a shifted clock
+is announced."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backend import SchedtuiError, Unavailable
+from backend.safetext import printable, redact, redact_url, remember_url_secrets
+from tests.servers import cli_env, start_server
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://sched:pw@db/app", "postgresql://sched:***@db/app"),
+        ("postgresql://sched@db/app?password=pw&sslmode=require", "postgresql://sched@db/app?password=***&sslmode=require"),
+        ("postgresql://db/app?sslpassword=k&Password=p", "postgresql://db/app?sslpassword=***&Password=***"),
+        ("postgresql://?host=db&password=p%26q&dbname=app", "postgresql://?host=db&password=***&dbname=app"),
+        ("postgresql://u:p@ss@db/app?options=-c%20x", "postgresql://u:***@db/app?options=-c%20x"),
+        ("host=db password=pw dbname=app", "host=db password=*** dbname=app"),
+        ("host=db password='p w' dbname=app", "host=db password=*** dbname=app"),
+        ("http://alice:pa55@sched.internal:8080", "http://alice:***@sched.internal:8080"),
+        ("sqlite:///.schedtui/state.db", "sqlite:///.schedtui/state.db"),
+        ("postgresql://sched@db/app", "postgresql://sched@db/app"),
+    ],
+)
+def test_redact_url(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_an_error_quoting_a_remembered_password_shows_it_masked() -> None:
+    remember_url_secrets("postgresql://u:s3cr%zzet@db/app?password=another-one")
+    error = Unavailable('invalid percent-encoded token: "s3cr%zzet"; also another-one')
+    assert error.message == 'invalid percent-encoded token: "***"; also ***'
+    assert str(SchedtuiError("password=hunter22 in a conninfo")) == "password=*** in a conninfo"
+    assert redact("nothing secret here") == "nothing secret here"
+
+
+def test_printable_escapes_control_characters() -> None:
+    assert printable("a\nb\rc\x1b[2J\x00\ud800 ok") == "a\\nb\\rc\\x1b[2J\\x00\\ud800 ok"
+    assert printable("x" * 300, 10) == "x" * 10 + "…"
+
+
+def cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "console.cli", *args], cwd=cwd, env=cli_env(**env),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("store", "secret"),
+    [
+        ("postgresql://u:s3cr%zzet@127.0.0.1:1/app", "s3cr"),  # libpq quotes the bad token back
+        ("postgresql://u@127.0.0.1:1/app?password=hunter22&bogus", "hunter22"),
+    ],
+)
+def test_a_store_url_error_never_shows_its_password(tmp_path: Path, store: str, secret: str) -> None:
+    (tmp_path / "schedules").mkdir()
+    done = cli("list", "--store", store, cwd=tmp_path)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert secret not in done.stderr and "***" in done.stderr
+
+
+@pytest.mark.postgres
+def test_the_startup_log_never_shows_a_query_password(tmp_path: Path, pg_url: str) -> None:
+    (tmp_path / "schedules").mkdir()
+    store = f"{pg_url}?password=hunter2-in-the-query"  # the test server trusts everyone: any password works
+    server = start_server(tmp_path, "--schedules", "schedules", "--store", store)
+    try:
+        assert httpx.get(f"{server.url}/healthz").status_code == 200
+    finally:
+        assert server.stop() == 0
+    log = server.log_text()
+    assert "store=" in log and "password=***" in log
+    assert "hunter2" not in log
+
+
+def test_the_remote_cli_never_shows_the_servers_password(tmp_path: Path) -> None:
+    done = cli("list", "--url", "http://alice:pa55word@127.0.0.1:9", cwd=tmp_path)
+    assert done.returncode == 1 and "cannot reach http://alice:***@127.0.0.1:9" in done.stderr
+    assert "pa55word" not in done.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# tokens
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    (tmp_path / "schedules").mkdir()
+    (tmp_path / "schedules" / "a.cron.py").write_text(textwrap.dedent("""
+        from backend import define_schedule
+        a = define_schedule(name="a", cron="0 0 1 1 *", timezone="UTC", handler=print)
+    """))  # fmt: skip
+    return tmp_path
+
+
+def test_tokens_from_files_and_no_warning(folder: Path) -> None:
+    (folder / "op.token").write_text("op-secret-from-file\n")
+    (folder / "read.token").write_text("  read-secret-from-file  \n")
+    server = start_server(folder, "--schedules", "schedules", "--store", f"sqlite:///{folder / 'state.db'}",
+                          "--token-file", "op.token", "--read-token-file", "read.token")  # fmt: skip
+    try:
+        def access(token: str) -> int:
+            return httpx.get(f"{server.url}/inspect/info", headers={"Authorization": f"Bearer {token}"}).status_code
+
+        assert (access("op-secret-from-file"), access("read-secret-from-file"), access("wrong")) == (200, 200, 401)
+        listed = cli("list", "--url", server.url, "--token-file", "read.token", cwd=folder)
+        assert listed.returncode == 0 and "a" in listed.stdout and listed.stderr == ""
+    finally:
+        assert server.stop() == 0
+    assert "warning" not in server.log_text() and "secret-from-file" not in server.log_text()
+
+
+def test_a_token_on_the_command_line_is_warned_about_once(folder: Path) -> None:
+    done = cli("list", "--url", "http://127.0.0.1:9", "--token", "visible-in-ps", cwd=folder)
+    warnings = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert warnings == [
+        "schedtui: warning: --token on the command line can be read by every local user (ps); "
+        "use --token-file PATH or $SCHEDTUI_TOKEN"
+    ]
+    assert "visible-in-ps" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["serve", "--host", "0.0.0.0", "--port", "0", "--token", "   "], {}, "the token from --token is empty"),
+        (["serve", "--host", "0.0.0.0", "--port", "0"], {"SCHEDTUI_TOKEN": " \t "}, "the token from $SCHEDTUI_TOKEN is empty"),
+        (["serve", "--port", "0", "--read-token", ""], {}, "the token from --read-token is empty"),
+        (["serve", "--port", "0", "--token-file", "blank.token"], {}, 'the token from --token-file "blank.token" is empty'),
+        (["serve", "--port", "0", "--token-file", "missing.token"], {}, 'cannot read --token-file "missing.token"'),
+        (["list", "--url", "http://127.0.0.1:9", "--token", "x", "--token-file", "blank.token"], {}, "not both"),
+        (["console", "--url", "http://127.0.0.1:9", "--token", " "], {}, "the token from --token is empty"),
+    ],
+)
+def test_blank_or_unreadable_tokens_are_refused(folder: Path, args: list[str], env: dict[str, str], message: str) -> None:
+    (folder / "blank.token").write_text(" \n")
+    done = cli(*args, cwd=folder, **env)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr.splitlines()[-1]
+    assert "serving" not in done.stdout
+
+
+def test_a_shifted_clock_is_announced_loudly(folder: Path) -> None:
+    env = cli_env(SCHEDTUI_CLOCK_OFFSET_MS="1500")
+    server = start_server(folder, "--schedules", "schedules", "--store", f"sqlite:///{folder / 'state.db'}", env=env)
+    assert server.stop() == 0
+    [line] = [line for line in server.log_text().splitlines() if "CLOCK" in line]
+    assert "WARNING" in line and "SHIFTED by +1500 ms" in line and "earlier" in line

@@ -1,0 +1,160 @@
+"""``schedtui serve`` as a process and as a server: a taken port, slow clients, the body
+timeout, and what reaches its log."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend import Engine, Run, define_schedule, open_store
+from backend.api import create_app
+from backend.ids import IdFactory
+from backend.interface import EmbeddedBackend
+from backend.server import serve
+from tests.servers import cli_env
+
+EVERY_MINUTE = """
+    from pathlib import Path
+    from backend import define_schedule
+
+    def work(ctx):
+        with open(Path(__file__).resolve().parent.parent / "fired.log", "a") as f:
+            f.write(ctx.scheduled_at.isoformat() + "\\n")
+
+    minutely = define_schedule(name="minutely", cron="* * * * *", timezone="UTC", handler=work, backfill="all")
+"""
+
+
+async def _seed_and_count(url: str, seed: bool) -> int:
+    """Record one run 10 minutes ago (so that catch-up has slots to fire); count the runs."""
+    store = open_store(url)
+    await store.open()
+    try:
+        if seed:
+            at = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(minutes=10)
+            run = Run(id=IdFactory(lambda: at)(), name="minutely", scheduled_at=at, status="succeeded", trigger="self",
+                      coordination_outcome="single", instance="earlier", fired_at=at, finished_at=at)  # fmt: skip
+            store.save_runs([run])
+            await store.flush()
+        return len(await store.list_runs("minutely", limit=100))
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_a_taken_port_fails_at_once_and_fires_nothing(tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
+    (tmp_path / "schedules").mkdir()
+    (tmp_path / "schedules" / "minutely.cron.py").write_text(textwrap.dedent(EVERY_MINUTE))
+    url = f"sqlite:///{tmp_path / 'state.db'}" if kind == "sqlite" else request.getfixturevalue("pg_url")
+    assert asyncio.run(_seed_and_count(url, seed=True)) == 1
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "console.cli", "serve", "--schedules", "schedules", "--store", url, "--port", str(port)],
+            cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == f"schedtui: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert "Traceback" not in done.stderr and "starting" not in done.stderr  # the engine never started
+    assert not (tmp_path / "fired.log").exists()  # catch-up fired nothing
+    assert asyncio.run(_seed_and_count(url, seed=False)) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# slow clients
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[tuple[str, int]]:
+    """A real server on a loopback port, with a 0.3 s head deadline and body timeout."""
+    schedule = define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=print)
+    backend = EmbeddedBackend(Engine([schedule], f"sqlite:///{tmp_path / 'state.db'}", shutdown_grace=0))
+    ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(
+        serve(backend, port=0, stop=stop, head_timeout=0.3, body_timeout=0.3, on_ready=ready.set_result)
+    )
+    url = await asyncio.wait_for(ready, 30)
+    host, _, port = url.removeprefix("http://").rpartition(":")
+    yield host, int(port)
+    stop.set()
+    await task
+
+
+async def _closed_by_server(reader: asyncio.StreamReader) -> bytes:
+    """Everything the server sends until it closes the connection (bounded for a broken test)."""
+    return await asyncio.wait_for(reader.read(), timeout=15)
+
+
+async def test_a_client_stalling_in_its_request_head_is_cut_off(running: tuple[str, int]) -> None:
+    reader, writer = await asyncio.open_connection(*running)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: test\r\nX-Slow: ")  # the head never ends
+    await writer.drain()
+    assert await _closed_by_server(reader) == b""
+    writer.close()
+
+
+async def test_a_keep_alive_client_stalling_in_its_next_head_is_cut_off(running: tuple[str, int]) -> None:
+    reader, writer = await asyncio.open_connection(*running)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+    await writer.drain()
+    first = await asyncio.wait_for(reader.readuntil(b"}"), timeout=15)
+    assert first.startswith(b"HTTP/1.1 200") and b'"status":"ok"' in first
+    writer.write(b"GET /healthz HTTP/1.1\r\nHo")  # the next request stalls
+    await writer.drain()
+    assert await _closed_by_server(reader) == b""
+    writer.close()
+
+
+async def test_a_body_that_does_not_arrive_is_408(running: tuple[str, int]) -> None:
+    reader, writer = await asyncio.open_connection(*running)
+    writer.write(
+        b"POST /inspect/schedules/s/disable HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n{\"note\": "
+    )
+    await writer.drain()
+    answer = await _closed_by_server(reader)
+    assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
+    writer.close()
+
+
+class _Exploding:
+    """A backend whose get_run fails as no backend should: the API must log it, escaped."""
+
+    read_only = False
+
+    async def get_run(self, run_id: str) -> Any:
+        raise RuntimeError("boom")
+
+
+async def test_a_request_path_is_logged_escaped(caplog: pytest.LogCaptureFixture) -> None:
+    app = create_app(_Exploding())  # type: ignore[arg-type]
+    # As uvicorn hands it on: the path percent-decoded, control characters and all.
+    scope = {"type": "http", "method": "GET", "path": "/inspect/runs/x\nFAKE log line\x1b[2J", "raw_path": b"",
+             "query_string": b"", "headers": [], "http_version": "1.1", "scheme": "http", "server": ("t", 80)}  # fmt: skip
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with caplog.at_level(logging.ERROR, logger="schedtui.api"):
+        await app(scope, receive, send)
+    assert sent[0]["status"] == 500 and b'"internal"' in sent[1]["body"]
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "\n" not in message and "\x1b" not in message
+    assert message == "unexpected error in GET /inspect/runs/x\\nFAKE log line\\x1b[2J"
