@@ -173,6 +173,55 @@ class Run:
         )
 
 
+StoreState = Literal["ok", "failing", "lost"]
+STORE_STATES: Final = ("ok", "failing", "lost")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreHealth:
+    """What a store knows about its own writes, without asking the database.
+
+    ``failing``: it cannot write right now (a full disk, a database that is down); the rows
+    handed in wait in memory and are retried. ``lost``: what it writes can no longer
+    survive (the SQLite file was deleted or replaced while in use)."""
+
+    state: StoreState
+    error: str | None = None
+    """Why it cannot write, in a few words (no URL, no password); ``None`` when ``ok``."""
+    waiting: int = 0
+    """Run rows handed in and not committed yet."""
+    since: datetime | None = None
+    """When the trouble began; ``None`` when ``ok``."""
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "error": self.error, "waiting": self.waiting, "since": iso(self.since)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StoreHealth:
+        return cls(
+            state=data["state"],
+            error=data.get("error"),
+            waiting=data.get("waiting", 0),
+            since=parse_iso(data["since"]) if data.get("since") else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """One registered instance, as its heartbeat row says."""
+
+    name: str
+    host: str
+    pid: int
+    heartbeat_at: datetime
+    last_fired_at: datetime | None = None
+    """When a run of this instance last started (as far as its ledger rows tell)."""
+
+
 @dataclass(frozen=True, slots=True)
 class StateNote:
     """Who last enabled or disabled a schedule, when, and why."""
