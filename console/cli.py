@@ -33,7 +33,7 @@ from backend.manifests import PROVIDERS, render_manifests
 from backend.model import BACKFILL_MAX_LIMIT, BackfillProgress, Run, ScheduleView
 from backend.remote import RemoteBackend
 from backend.server import serve
-from backend.store import DEFAULT_STORE_URL
+from backend.store import DEFAULT_STORE_URL, open_store
 from backend.timeparse import parse_when
 
 from . import format as fmt
@@ -243,9 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-def _engine(args: argparse.Namespace, **kwargs: Any) -> Engine:
+def _engine(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) -> Engine:
+    """The engine over ``--store``. Only ``serve`` creates a missing store (``create``); the
+    verbs that read or act, and the console, refuse it naming the path (exit 2)."""
     schedules = discover(args.schedules)
-    return Engine(schedules, args.store, instance=args.instance, **kwargs)
+    return Engine(schedules, open_store(args.store, create=create), instance=args.instance, **kwargs)
 
 
 async def _with_backend(args: argparse.Namespace, body: Callable[[Backend], Coroutine[Any, Any, int]]) -> int:
@@ -460,6 +462,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     from backend.clock import OffsetClock
     engine = _engine(
         args,
+        create=True,
         coordination=args.coordination,
         retention=timedelta(days=args.retention_days),
         claims_ttl=timedelta(hours=args.claims_ttl_hours),
