@@ -22,6 +22,7 @@ Every error is ``{"error": {"code", "message"}}`` with its status (401, 403, 404
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -54,6 +55,9 @@ from .timeparse import parse_when
 __all__ = ["MAX_BODY_BYTES", "create_app"]
 
 log = logging.getLogger("schedtui.api")
+
+#: How long /healthz waits for the instances table before answering without it (seconds).
+HEALTH_READ_TIMEOUT = 2.0
 
 #: Request bodies larger than this are refused with 413 (the largest real body is ~200 bytes).
 MAX_BODY_BYTES = 64 * 1024
@@ -197,11 +201,45 @@ def create_app(
     async def healthz(request: Request) -> Response:
         """
         ---
-        summary: Liveness
+        summary: Health, without a token - can the store record runs, and what each instance last did
+        description: >
+          status is the store's state: ok, failing (it cannot write now, e.g. a full disk or a
+          database that is down; runs wait in memory and are retried) or lost (the SQLite file
+          was deleted while in use). store carries {kind, state, error, waiting, since};
+          instances lists every registered instance {name, host, pid, heartbeat_at,
+          heartbeat_age_s, last_fired_at} (null when the store cannot be read). No URL,
+          path or password is ever included.
         responses:
-          200: {description: "the engine is serving"}
+          200: {description: "the store can record runs"}
+          503: {description: "the store cannot record runs: store.error says why"}
         """
-        return JSONResponse({"status": "ok", "instance": engine.instance, "coordination": engine.coordination})
+        instances: list[dict[str, Any]] | None
+        try:
+            fleet = await asyncio.wait_for(engine.store.fleet(), HEALTH_READ_TIMEOUT)
+        except (Unavailable, TimeoutError):
+            instances = None
+        else:
+            now = engine.clock.now()
+            instances = [
+                {
+                    "name": i.name,
+                    "host": i.host,
+                    "pid": i.pid,
+                    "heartbeat_at": iso(i.heartbeat_at),
+                    "heartbeat_age_s": round((now - i.heartbeat_at).total_seconds(), 1),
+                    "last_fired_at": iso(i.last_fired_at),
+                }
+                for i in fleet
+            ]
+        health = engine.store.health()  # after the read: it may just have found the store down
+        body = {
+            "status": health.state,
+            "instance": engine.instance,
+            "coordination": engine.coordination,
+            "store": {"kind": engine.store.kind, **health.to_json()},
+            "instances": instances,
+        }
+        return JSONResponse(body, status_code=200 if health.ok else 503)
 
     @endpoint("read")
     async def info(request: Request) -> Response:

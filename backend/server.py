@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from .engine import Engine
-from .errors import BadInput
+from .errors import BadInput, Unavailable
+from .store import until_lost
 
 __all__ = ["freeze_startup_heap", "is_loopback", "serve"]
 
@@ -122,8 +123,18 @@ async def serve(
             "token required" if token or read_token else "no token: loopback only",
         )
         print(f"schedtui: serving http://{bound[0]}:{bound[1]}", flush=True)
+    # [stores] A store file deleted while serving: stop, and exit 1 saying so.
+    lost = asyncio.ensure_future(until_lost(engine.store))
+    lost.add_done_callback(lambda _: stop.set())
     await stop.wait()
     if server is not None and server_task is not None:
         server.should_exit = True
         await server_task
     await engine.stop()
+    if not lost.done():
+        lost.cancel()
+    elif not lost.cancelled() and lost.exception() is None:
+        raise Unavailable(
+            f'stopped: the store "{engine.store.where}" was deleted or replaced while in use, so nothing written '
+            "since would survive (the runs not written are in the log); restore it, or start again to create a new one"
+        )

@@ -614,6 +614,9 @@ async def cmd_console(args: argparse.Namespace) -> int:
         interval = 2.0
     else:
         engine = _engine(args, shutdown_grace=CONSOLE_GRACE)
+        if args.fire and engine.coordination == "single":
+            # One firer per embedded store: refused here, in one line, before the screen is drawn.
+            await engine.store.take_firing_lock(engine.instance)
         # Without --fire the console only watches and acts: an operator's console must not
         # start firing a second time what `schedtui serve` already fires on this store.
         backend = EmbeddedBackend(engine, read_only=args.read_only, arm=args.fire, own_thread=True)

@@ -1136,10 +1136,15 @@ async def test_postgres_store_survives_a_server_restart(pg_server: pg.PgServer, 
         store.save_runs([during])
         with pytest.raises(Unavailable):
             await store.flush()
+        health = store.health()
+        assert (health.state, health.waiting) == ("failing", 1)
+        assert health.error is not None and health.since is not None
+        assert pg_url.split("@")[0] not in health.error  # the cause, not the URL
     finally:
         await asyncio.to_thread(pg_server.pg_ctl, "start")
     # Back: the same store object works again, without being reopened.
     await store.flush()
+    assert store.health() == StoreHealth("ok")
     assert await store.get_run(during.id) == during
     assert (await store.claim([claim(ids, "job", T0)], "a", T0)).won == {slot_key("job", T0)}
     await store.close()

@@ -8,6 +8,7 @@ event loop; none blocks it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +26,7 @@ from ..model import (
     StoreHealth,
 )
 
-__all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "Store", "open_store", "redact_url"]
+__all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "Store", "open_store", "redact_url", "until_lost"]
 
 DEFAULT_STORE_URL = "sqlite:///.schedtui/state.db"
 
@@ -161,6 +162,16 @@ class Store(Protocol):
     async def get_backfill(self, backfill_id: str) -> BackfillProgress | None: ...
 
     async def running_backfills(self) -> list[BackfillProgress]: ...
+
+
+async def until_lost(store: Store, every: float = 1.0) -> StoreHealth:
+    """Return the store's health once it is ``lost`` (looked at every ``every`` seconds):
+    a process that keeps writing then writes into nothing."""
+    while True:
+        health = store.health()
+        if health.state == "lost":
+            return health
+        await asyncio.sleep(every)
 
 
 def redact_url(url: str) -> str:
