@@ -29,6 +29,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from backend import BackfillProgress, InUse, NotFound, Refused, Run, ScheduleState, Unavailable
 from backend.ids import IdFactory, id_floor
@@ -940,6 +942,56 @@ async def test_sqlite_on_a_full_disk_keeps_every_run_names_the_cause_and_writes_
     stored = {r.id: r for r in await store.list_runs("job", limit=5000)}
     assert stored == {r.id: r for r in [*finished, *started[500:], *more]}
     await store.set_state(ScheduleState("job", False, "op", T0))  # writable again
+
+
+# One step of the writer under a disk that fills and empties at random: hand in a new run
+# (running), finish one (hand in its finished version), hand one in again unchanged, fill
+# the disk, free it, or flush.
+WRITER_STEP = st.tuples(st.sampled_from(["new", "new", "finish", "again", "fill", "free", "flush", "flush"]), st.integers(1, 300))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(WRITER_STEP, min_size=3, max_size=30))
+def test_sqlite_whatever_the_disk_does_every_run_lands_as_its_latest_version(tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]]) -> None:
+    """The writer's invariants under random sequences: a flush that returns means everything
+    handed in before it is in the ledger as its latest version; one that fails names the
+    real cause; and once there is space again, every run handed in is there, nothing else."""
+
+    async def play() -> None:
+        store = SQLiteStore(tmp_path_factory.mktemp("writer") / "state.db")
+        await store.open()
+        ids, latest, full = Ids(), {}, False  # latest: run id -> the version last handed in
+        try:
+            for op, n in steps:
+                if op == "new":
+                    batch = [run(ids(), status="running", error_message="y" * 200) for _ in range(n)]
+                    store.save_runs(batch)
+                    latest.update((r.id, r) for r in batch)
+                elif op in ("finish", "again") and latest:
+                    chosen = list(latest.values())[n % len(latest)]
+                    if op == "finish" and chosen.status == "running":
+                        chosen = chosen.finish("succeeded", T0 + timedelta(seconds=n))
+                    store.save_runs([chosen])
+                    latest[chosen.id] = chosen
+                elif op in ("fill", "free"):
+                    full = op == "fill"
+                    store.limit_pages(0 if full else None)
+                elif op == "flush":
+                    try:
+                        await store.flush()
+                    except Unavailable as exc:
+                        assert full and "database or disk is full" in str(exc), exc
+                    else:
+                        assert {r.id: r for r in await store.list_runs("job", limit=10_000)} == latest
+            store.limit_pages(None)
+            await store.flush()
+            assert {r.id: r for r in await store.list_runs("job", limit=10_000)} == latest
+            assert store.health() == StoreHealth("ok")
+        finally:
+            store.limit_pages(None)
+            await store.close()
+
+    asyncio.run(play())
 
 
 async def test_sqlite_closing_a_full_store_logs_each_run_it_could_not_write(
