@@ -1297,6 +1297,9 @@ class Engine:
             if why is None:
                 continue
             finished = run.finish("failed", now, error_tag=TAG_ABANDONED, error_message=why)
+            # [stores] Hand in our own finished versions first: a run of ours that finished
+            # while we looked lands before this close, which then finds it closed.
+            self._handoff()
             if await self.store.close_run(finished):
                 log.warning("run %s of %s abandoned: %s", run.id, run.name, why)
                 closed.append(finished)

@@ -8,6 +8,7 @@ against a deadline (``tests.servers.poll``), never by sleeping a fixed time.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -28,6 +29,8 @@ import pytest
 from backend import Engine, ManualClock, ScheduleState, Unavailable, define_schedule
 from backend.api import create_app
 from backend.model import iso
+from backend.store.sqlite import SQLiteStore
+from tests.conftest import expect
 from tests.servers import Server, cli_env, poll, start_server
 
 EVERY_SECOND = 8  # schedules, so that a full disk is felt within a second
@@ -290,3 +293,49 @@ async def test_healthz_reports_the_store_and_each_instance_and_503_once_the_file
         assert gone.json()["status"] == "lost"
         assert gone.json()["store"]["error"] == "the store file was deleted or replaced while in use"
         assert str(tmp_path) not in gone.text and "op" not in gone.headers.get("www-authenticate", "")
+
+
+# ---------------------------------------------------------------------------------------
+# a closed run stays closed: so an engine must never close its own run that just finished
+# ---------------------------------------------------------------------------------------
+class SlowLook(SQLiteStore):
+    """A valid store whose instances() answers only once ``until()`` holds: so a look for
+    abandoned runs (running runs, then instances) overlaps the finish of a run it read as
+    running, as a slow read does."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.until: Callable[[], bool] | None = None
+        self.read = asyncio.Event()
+
+    async def instances(self) -> dict[str, tuple[str, int, datetime]]:
+        beats = await super().instances()
+        self.read.set()
+        while self.until is not None and not self.until():
+            await asyncio.sleep(0)  # yield (no time passes), so the run finishes in between
+        return beats
+
+
+async def test_an_engine_does_not_close_its_own_run_that_finished_while_it_looked(
+    make_engine: Callable[..., Engine], clock: ManualClock, tmp_path: Path
+) -> None:
+    release = asyncio.Event()
+
+    async def held(ctx: object) -> None:
+        await release.wait()
+
+    store = SlowLook(tmp_path / "slow.db")
+    engine = make_engine([define_schedule(name="job", cron="* * * * *", timezone="UTC", handler=held)], store=store)
+    await engine.start()
+    running = expect(engine, lambda r: r.status == "running" and r.fired_at is not None)
+    clock.advance(60)
+    run = await running
+    await engine.flush()  # its "running" row is in the ledger
+    store.until = lambda: run.id not in engine._active  # the run is done on the engine
+    look = asyncio.ensure_future(engine.close_abandoned())
+    await store.read.wait()  # it has read the run as running, and the instances...
+    release.set()  # ...and the run finishes before it goes on
+    assert await look == []
+    await engine.quiesce()
+    stored = await engine.get_run(run.id)
+    assert (stored.status, stored.error_tag, stored.error_message) == ("succeeded", None, None)
