@@ -49,7 +49,7 @@ from .errors import (
     Unavailable,
 )
 from .interface import EmbeddedBackend
-from .model import BACKFILL_MAX_LIMIT, iso
+from .model import BACKFILL_MAX_LIMIT, Health, InstanceInfo, iso
 from .timeparse import parse_when
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]
@@ -207,39 +207,14 @@ def create_app(
           database that is down; runs wait in memory and are retried) or lost (the SQLite file
           was deleted while in use). store carries {kind, state, error, waiting, since};
           instances lists every registered instance {name, host, pid, heartbeat_at,
-          heartbeat_age_s, last_fired_at} (null when the store cannot be read). No URL,
-          path or password is ever included.
+          heartbeat_age_s, last_fired_at} (null when the store cannot be read); now is the
+          engine's clock. No URL, path or password is ever included.
         responses:
           200: {description: "the store can record runs"}
           503: {description: "the store cannot record runs: store.error says why"}
         """
-        instances: list[dict[str, Any]] | None
-        try:
-            fleet = await asyncio.wait_for(engine.store.fleet(), HEALTH_READ_TIMEOUT)
-        except (Unavailable, TimeoutError):
-            instances = None
-        else:
-            now = engine.clock.now()
-            instances = [
-                {
-                    "name": i.name,
-                    "host": i.host,
-                    "pid": i.pid,
-                    "heartbeat_at": iso(i.heartbeat_at),
-                    "heartbeat_age_s": round((now - i.heartbeat_at).total_seconds(), 1),
-                    "last_fired_at": iso(i.last_fired_at),
-                }
-                for i in fleet
-            ]
-        health = engine.store.health()  # after the read: it may just have found the store down
-        body = {
-            "status": health.state,
-            "instance": engine.instance,
-            "coordination": engine.coordination,
-            "store": {"kind": engine.store.kind, **health.to_json()},
-            "instances": instances,
-        }
-        return JSONResponse(body, status_code=200 if health.ok else 503)
+        health = await engine_health(engine)
+        return JSONResponse(health.to_json(), status_code=200 if health.ok else 503)
 
     @endpoint("read")
     async def info(request: Request) -> Response:
@@ -530,6 +505,18 @@ def create_app(
         lifespan=lifespan,
     )
     return app
+
+
+async def engine_health(engine: Engine) -> Health:
+    """What ``/healthz`` answers: the store's own account of its writes (no I/O) and the
+    instances table (one read, bounded by :data:`HEALTH_READ_TIMEOUT`)."""
+    instances: list[InstanceInfo] | None
+    try:
+        instances = await asyncio.wait_for(engine.store.fleet(), HEALTH_READ_TIMEOUT)
+    except (Unavailable, TimeoutError):
+        instances = None
+    # After the read: it may just have found the store down.
+    return Health(engine.instance, engine.coordination, engine.store.kind, engine.store.health(), instances, engine.clock.now())
 
 
 def _declare_path_parameters(schema: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import pytest
 
 from backend import Engine, ManualClock, ScheduleState, Unavailable, define_schedule
 from backend.api import create_app
-from backend.model import iso
+from backend.model import Health, iso
 from backend.store.sqlite import SQLiteStore
 from tests.conftest import expect
 from tests.servers import Server, cli_env, poll, start_server
@@ -283,7 +283,9 @@ async def test_healthz_reports_the_store_and_each_instance_and_503_once_the_file
                     "last_fired_at": iso(fired.fired_at),
                 }
             ],
+            "now": iso(clock.now()),
         }
+        assert Health.from_json(ok.json()).to_json() == ok.json()  # what a remote client reads back
 
         (tmp_path / "state.db").unlink()
         with pytest.raises(Unavailable, match="deleted or replaced"):
