@@ -226,12 +226,21 @@ def create_app(
     async def healthz(request: Request) -> Response:
         """
         ---
-        summary: Liveness
+        summary: Health, without a token - can the store record runs, and what each instance last did
         security: []
+        description: >
+          status is the store's state: ok, failing (it cannot write now, e.g. a full disk or a
+          database that is down; runs wait in memory and are retried) or lost (the SQLite file
+          was deleted while in use). store carries {kind, state, error, waiting, since};
+          instances lists every registered instance {name, host, pid, heartbeat_at,
+          heartbeat_age_s, last_fired_at} (null when the store cannot be read); now is the
+          engine's clock. No URL, path or password is ever included.
         responses:
-          200: {description: "the engine is serving"}
+          200: {description: "the store can record runs"}
+          503: {description: "the store cannot record runs: store.error says why"}
         """
-        return JSONResponse((await backend.health()).to_json())
+        health = await backend.health()
+        return JSONResponse(health.to_json(), status_code=200 if health.ok else 503)
 
     @endpoint("read")
     async def info(request: Request) -> Response:

@@ -115,12 +115,15 @@ async def connect(
     definitions: Definitions = None,
     instance: str | None = None,
     actor: str | None = None,
+    create: bool = False,
 ) -> AsyncIterator[Client]:
     """Open the store at ``url`` (default ``sqlite:///.schedtui/state.db``) without timers.
 
     ``actor`` is who the actions are recorded as (default: the instance name). Runs
-    started here (Run now, backfills) run in this process and are waited for on exit."""
-    engine = Engine(_schedules(definitions), open_store(url), instance=instance)
+    started here (Run now, backfills) run in this process and are waited for on exit. A
+    missing SQLite file is refused (a typo must not create an empty, healthy-looking
+    store) unless ``create``."""
+    engine = Engine(_schedules(definitions), open_store(url, create=create), instance=instance)
     await engine.open()
     try:
         yield Client(engine, actor=actor)
@@ -185,10 +188,11 @@ def connect_sync(
     definitions: Definitions = None,
     instance: str | None = None,
     actor: str | None = None,
+    create: bool = False,
 ) -> Iterator[SyncClient]:
     """:func:`connect` for synchronous code; the store runs on a private event loop thread."""
     loop = _Loop()
-    manager = connect(url, definitions=definitions, instance=instance, actor=actor)
+    manager = connect(url, definitions=definitions, instance=instance, actor=actor, create=create)
     try:
         client = loop.run(manager.__aenter__())
         try:

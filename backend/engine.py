@@ -247,6 +247,10 @@ class Engine:
 
     async def start(self) -> None:
         """Open, catch up on missed slots, arm every enabled self-triggered schedule."""
+        if not self._started and self.coordination == "single":
+            # One firer per embedded store: refused (InUse) before anything is registered
+            # or fired, when another process already fires it.
+            await self.store.take_firing_lock(self.instance)
         await self.open()
         if self._started:
             return
@@ -485,6 +489,10 @@ class Engine:
         policy and enabled state. Returns the run once its row is committed, or, with
         ``wait``, once it has finished."""
         schedule = self.schedule(name)
+        health = self.store.health()
+        if not health.ok:
+            # Refused before firing: its answer could only be a 503 after the fact.
+            raise Unavailable(f'"{name}" not fired: the store cannot record runs now ({health.error})')
         scheduled = self.launcher.launch(schedule, self.clock.now(), "manual", "manual")
         await scheduled.started()
         run = await scheduled.finished() if wait else scheduled.run

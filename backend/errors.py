@@ -15,6 +15,7 @@ so ``except ValueError`` keeps working for callers who never heard of schedtui::
     ├── Refused                           a valid request the engine declines (count, reason)
     ├── Unauthorized (PermissionError)    no or a wrong token
     ├── Forbidden (PermissionError)       a read-only caller tried to act
+    ├── InUse                             another process already fires this embedded store
     ├── Unavailable (ConnectionError)     the store or the remote engine cannot be reached
     └── ListenError (OSError)             serve cannot listen on its address (a taken port)
 """
@@ -29,6 +30,7 @@ __all__ = [
     "DefinitionError",
     "DiscoveryError",
     "Forbidden",
+    "InUse",
     "ListenError",
     "NotFound",
     "Refused",
@@ -152,3 +154,11 @@ class ListenError(SchedtuiError, OSError):
 
     title = "Cannot listen"
     code = "cannot_listen"
+
+
+class InUse(SchedtuiError):
+    """Another process already fires the schedules of this embedded (SQLite) store; the
+    message names it (instance, pid, host, since) and the file."""
+
+    title = "Store in use"
+    code = "in_use"

@@ -17,13 +17,15 @@ from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
 from .engine import Engine
-from .errors import Forbidden
+from .errors import Forbidden, Unavailable
 from .inputs import check_before, check_id, check_instant
 from .model import (
     BackfillPlan,
     BackfillProgress,
     CoordinationMode,
     ExternalFiring,
+    Health,
+    InstanceInfo,
     Run,
     ScheduleView,
     iso,
@@ -34,12 +36,14 @@ __all__ = [
     "Backend",
     "ConnectionInfo",
     "EmbeddedBackend",
-    "Health",
     "RunsPage",
     "SchedulesSnapshot",
 ]
 
 T = TypeVar("T")
+
+#: How long a health check waits for the instances table before answering without it (seconds).
+HEALTH_READ_TIMEOUT = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,22 +113,6 @@ class RunsPage:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunsPage:
         return cls(runs=[Run.from_json(r) for r in data["runs"]], next_before=data.get("next_before"))
-
-
-@dataclass(frozen=True, slots=True)
-class Health:
-    """Whether an engine is serving (``/healthz``)."""
-
-    status: str
-    instance: str
-    coordination: CoordinationMode
-
-    def to_json(self) -> dict[str, Any]:
-        return {"status": self.status, "instance": self.instance, "coordination": self.coordination}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Health:
-        return cls(status=data["status"], instance=data["instance"], coordination=data["coordination"])
 
 
 class Backend(Protocol):
@@ -286,7 +274,22 @@ class EmbeddedBackend:
             self._thread.loop.call_soon_threadsafe(self.engine.interrupt)
 
     async def health(self) -> Health:
-        return Health("ok", self.engine.instance, self.engine.coordination)
+        """The store's own account of its writes (no I/O) and the instances table (one
+        read, bounded by :data:`HEALTH_READ_TIMEOUT`; ``None`` when it cannot be read)."""
+
+        async def health() -> Health:
+            engine = self.engine
+            instances: list[InstanceInfo] | None
+            try:
+                instances = await asyncio.wait_for(engine.store.fleet(), HEALTH_READ_TIMEOUT)
+            except (Unavailable, TimeoutError):
+                instances = None
+            # After the read: it may just have found the store down.
+            return Health(
+                engine.instance, engine.coordination, engine.store.kind, engine.store.health(), instances, engine.clock.now()
+            )
+
+        return await self._call(health())
 
     async def now(self) -> datetime:
         return self.engine.clock.now()

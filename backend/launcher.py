@@ -210,6 +210,8 @@ class Launcher:
         return asyncio.ensure_future(self._committed())
 
     async def _committed(self) -> None:
+        if not self.store.health().ok:
+            return  # the store says why, once; its rows wait in the writer
         if self._slow_flush is not None:
             if not self._slow_flush.done():
                 return

@@ -178,6 +178,121 @@ class Run:
         )
 
 
+StoreState = Literal["ok", "failing", "lost"]
+STORE_STATES: Final = ("ok", "failing", "lost")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreHealth:
+    """What a store knows about its own writes, without asking the database.
+
+    ``failing``: it cannot write right now (a full disk, a database that is down); the rows
+    handed in wait in memory and are retried. ``lost``: what it writes can no longer
+    survive (the SQLite file was deleted or replaced while in use)."""
+
+    state: StoreState
+    error: str | None = None
+    """Why it cannot write, in a few words (no URL, no password); ``None`` when ``ok``."""
+    waiting: int = 0
+    """Run rows handed in and not committed yet."""
+    since: datetime | None = None
+    """When the trouble began; ``None`` when ``ok``."""
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "error": self.error, "waiting": self.waiting, "since": iso(self.since)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StoreHealth:
+        return cls(
+            state=data["state"],
+            error=data.get("error"),
+            waiting=data.get("waiting", 0),
+            since=parse_iso(data["since"]) if data.get("since") else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """One registered instance, as its heartbeat row says."""
+
+    name: str
+    host: str
+    pid: int
+    heartbeat_at: datetime
+    last_fired_at: datetime | None = None
+    """When a run of this instance last started (as far as its ledger rows tell)."""
+
+    def to_json(self, now: datetime) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "host": self.host,
+            "pid": self.pid,
+            "heartbeat_at": iso(self.heartbeat_at),
+            "heartbeat_age_s": round((now - self.heartbeat_at).total_seconds(), 1),
+            "last_fired_at": iso(self.last_fired_at),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> InstanceInfo:
+        return cls(
+            name=data["name"],
+            host=data["host"],
+            pid=data["pid"],
+            heartbeat_at=parse_iso(data["heartbeat_at"]),
+            last_fired_at=parse_iso(data["last_fired_at"]) if data.get("last_fired_at") else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What ``/healthz`` says: whether the store can record runs, and every instance's
+    last signs of life. ``ok`` decides the HTTP status (200, else 503)."""
+
+    instance: str
+    coordination: CoordinationMode
+    store_kind: str
+    store: StoreHealth
+    instances: list[InstanceInfo] | None
+    """Every registered instance; ``None`` when the store could not be read."""
+    now: datetime
+
+    @property
+    def ok(self) -> bool:
+        return self.store.ok
+
+    @property
+    def status(self) -> StoreState:
+        return self.store.state
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "instance": self.instance,
+            "coordination": self.coordination,
+            "store": {"kind": self.store_kind, **self.store.to_json()},
+            "instances": None if self.instances is None else [i.to_json(self.now) for i in self.instances],
+            "now": iso(self.now),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Health:
+        store = dict(data["store"])
+        kind = store.pop("kind")
+        instances = data.get("instances")
+        return cls(
+            instance=data["instance"],
+            coordination=data["coordination"],
+            store_kind=kind,
+            store=StoreHealth.from_json(store),
+            instances=None if instances is None else [InstanceInfo.from_json(i) for i in instances],
+            now=parse_iso(data["now"]),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class StateNote:
     """Who last enabled or disabled a schedule, when, and why."""

@@ -132,6 +132,9 @@ class InstanceRegistry:
             if why is None:
                 continue
             finished = run.finish("failed", now, error_tag=TAG_ABANDONED, error_message=why)
+            # Hand in our own finished versions first: a run of ours that finished while we
+            # looked then lands before this close, which finds it closed.
+            self.ledger.handoff()
             if await self.store.close_run(finished):
                 log.warning("run %s of %s abandoned: %s", run.id, run.name, why)
                 closed.append(finished)

@@ -23,8 +23,8 @@ from .errors import (
     Unavailable,
 )
 from .inputs import check_before, check_id, check_instant, check_note
-from .interface import ConnectionInfo, Health, RunsPage, SchedulesSnapshot
-from .model import BackfillPlan, BackfillProgress, ExternalFiring, Run, ScheduleView, iso, parse_iso
+from .interface import ConnectionInfo, RunsPage, SchedulesSnapshot
+from .model import BackfillPlan, BackfillProgress, ExternalFiring, Health, Run, ScheduleView, iso, parse_iso
 from .safetext import redact_url, remember_url_secrets
 
 __all__ = ["RemoteBackend"]
@@ -143,7 +143,17 @@ class RemoteBackend:
         return self._info
 
     async def health(self) -> Health:
-        return Health.from_json(await self._get("/healthz"))
+        """The server's ``/healthz``: a 503 is an answer (the store is failing), not an error."""
+        try:
+            response = await self._client.get("/healthz")
+        except httpx.TransportError as exc:
+            raise Unavailable(f"cannot reach {self.where}: {_reason(exc)}") from None
+        if response.status_code == 503:
+            try:
+                return Health.from_json(response.json())
+            except (ValueError, KeyError, TypeError):
+                pass
+        return Health.from_json(self._decode(response))
 
     async def now(self) -> datetime:
         return parse_iso((await self._get("/inspect/info"))["now"])

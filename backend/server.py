@@ -23,8 +23,9 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .errors import BadInput, ListenError
+from .errors import BadInput, ListenError, Unavailable
 from .interface import EmbeddedBackend
+from .store import until_lost
 
 __all__ = [
     "HEAD_TIMEOUT",
@@ -258,8 +259,18 @@ async def _serve(
         print(f"schedtui: serving {url}", flush=True)
         if on_ready is not None:
             on_ready(url)
+    # A store file deleted while serving: stop, and exit 1 saying so.
+    lost = asyncio.ensure_future(until_lost(backend.engine.store))
+    lost.add_done_callback(lambda _: stop.set())
     await stop.wait()
     if server is not None and server_task is not None:
         server.should_exit = True
         await server_task
     await backend.close()
+    if not lost.done():
+        lost.cancel()
+    elif not lost.cancelled() and lost.exception() is None:
+        raise Unavailable(
+            f'stopped: the store "{backend.engine.store.where}" was deleted or replaced while in use, so nothing '
+            "written since would survive (the runs not written are in the log); restore it, or start again to create a new one"
+        )

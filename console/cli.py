@@ -28,6 +28,7 @@ from backend import (
     Refused,
     SchedtuiError,
     discover,
+    open_store,
 )
 from backend.interface import Backend, EmbeddedBackend
 from backend.manifests import PROVIDERS, render_manifests
@@ -327,9 +328,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-def _engine(args: argparse.Namespace, **kwargs: Any) -> Engine:
+def _engine(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) -> Engine:
+    """The engine over ``--store``. Only ``serve`` creates a missing store (``create``); the
+    verbs that read or act, and the console, refuse it naming the path (exit 2)."""
     schedules = discover(args.schedules)
-    return Engine(schedules, args.store, instance=args.instance, **kwargs)
+    return Engine(schedules, open_store(args.store, create=create), instance=args.instance, **kwargs)
 
 
 async def _with_backend(args: argparse.Namespace, body: Callable[[Backend], Coroutine[Any, Any, int]]) -> int:
@@ -538,6 +541,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     from backend.clock import OffsetClock
     engine = _engine(
         args,
+        create=True,
         coordination=args.coordination,
         retention=timedelta(days=args.retention_days),
         claims_ttl=timedelta(hours=args.claims_ttl_hours),
@@ -691,6 +695,9 @@ async def cmd_console(args: argparse.Namespace) -> int:
         interval = 2.0
     else:
         engine = _engine(args, shutdown_grace=CONSOLE_GRACE)
+        if args.fire and engine.coordination == "single":
+            # One firer per embedded store: refused here, in one line, before the screen is drawn.
+            await engine.store.take_firing_lock(engine.instance)
         # Without --fire the console only watches and acts: an operator's console must not
         # start firing a second time what `schedtui serve` already fires on this store.
         backend = EmbeddedBackend(engine, read_only=args.read_only, arm=args.fire, own_thread=True)

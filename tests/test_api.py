@@ -69,9 +69,14 @@ def error_of(response: httpx.Response) -> dict:  # type: ignore[type-arg]
     return body["error"]  # type: ignore[no-any-return]
 
 
-def test_healthz_needs_no_token(server: Server) -> None:
+def test_healthz_needs_no_token_and_shows_no_secret(server: Server, root: Path) -> None:
     response = client(server, None).get("/healthz")
     assert response.status_code == 200 and response.json()["status"] == "ok"
+    body = response.json()
+    assert body["store"] == {"kind": "sqlite", "state": "ok", "error": None, "waiting": body["store"]["waiting"], "since": None}
+    (me,) = [i for i in body["instances"] if i["name"] == body["instance"]]
+    assert me["pid"] == server.process.pid and 0 <= me["heartbeat_age_s"] < 60
+    assert str(root) not in response.text and OPERATE not in response.text and READ not in response.text
 
 
 @pytest.mark.parametrize("token", [None, "wrong", ""])

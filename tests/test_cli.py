@@ -131,9 +131,21 @@ class Cli:
         return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def create_store(path: Path) -> None:
+    """What `schedtui serve` does first: the other verbs refuse a store that does not exist."""
+
+    async def create() -> None:
+        store = SQLiteStore(path)
+        await store.open()
+        await store.close()
+
+    asyncio.run(create())
+
+
 @pytest.fixture
 def cli(tmp_path: Path) -> Cli:
     write_tree(tmp_path / "schedules", SCHEDULES)
+    create_store(tmp_path / "state.db")
     return Cli(tmp_path)
 
 
@@ -546,6 +558,66 @@ def test_unknown_store_scheme_is_bad_usage_and_hides_the_password(cli: Cli) -> N
     assert done.stderr.splitlines() == [
         'schedtui: unsupported store URL "mysql://ops:***@db.internal/sched" (use sqlite:///PATH or postgresql://…)'
     ]
+
+
+MISSING_STORE_HINT = "(no such file); check --store and the working directory (only `schedtui serve` and `schedtui demo` create a store)"
+
+
+@pytest.mark.parametrize(
+    "verb",
+    [
+        ["list"],
+        ["runs", "hourly"],
+        ["fire", "hourly"],
+        ["enable", "hourly"],
+        ["disable", "hourly", "--note", "x"],
+        ["backfill", "hourly", "--from", "-2h", "--to", "now", "--yes"],
+    ],
+    ids=lambda verb: verb[0],
+)
+def test_verbs_that_read_or_act_refuse_a_missing_store_and_create_nothing(cli: Cli, verb: list[str]) -> None:
+    missing = cli.root / "typo" / "state.db"
+    done = cli(*verb, "--store", f"sqlite:///{missing}", store=False)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines() == [f'schedtui: no store at "{missing}" {MISSING_STORE_HINT}']
+    assert not missing.parent.exists()
+    assert cli.log("hourly") == []
+
+
+def test_the_default_store_is_not_created_by_a_verb_in_the_wrong_folder(cli: Cli) -> None:
+    elsewhere = cli.root / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "console.cli", "list", "--schedules", str(cli.root / "schedules")],
+        cwd=elsewhere, env=child_env(), capture_output=True, text=True, timeout=30,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f'schedtui: no store at "{elsewhere / ".schedtui" / "state.db"}" {MISSING_STORE_HINT}']
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_embedded_console_refuses_a_missing_store_before_drawing(cli: Cli) -> None:
+    import pty
+
+    missing = cli.root / "typo" / "state.db"
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(
+            cli.argv("console", "--store", f"sqlite:///{missing}", store=False),
+            cwd=cli.root, env=child_env(), stdin=terminal, stdout=terminal, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            _, err = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:  # it drew a console instead of refusing
+                process.kill()
+                process.wait(5)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert process.returncode == 2
+    assert err.splitlines() == [f'schedtui: no store at "{missing}" {MISSING_STORE_HINT}']
+    assert not missing.parent.exists()
 
 
 def test_no_verb_starts_the_console_which_needs_a_terminal(cli: Cli) -> None:

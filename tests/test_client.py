@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from backend import Engine, ManualClock, RunContext, connect, connect_sync, define_schedule
-from backend.errors import NotFound
+from backend.errors import BadInput, NotFound
 
 CALLS: list[str] = []
 
@@ -23,7 +23,7 @@ def schedules() -> list[Any]:
 
 async def test_connect_lists_fires_and_disables_without_arming_timers(store_url: str) -> None:
     CALLS.clear()
-    async with connect(store_url, definitions=schedules(), actor="alice") as st:
+    async with connect(store_url, definitions=schedules(), actor="alice", create=True) as st:
         assert st.engine.timers.wheel.next_at() is None  # nothing armed, nothing fires on the clock
         [view] = await st.schedules.list()
         assert (view.name, view.enabled) == ("digest", True)
@@ -44,7 +44,7 @@ async def test_connect_lists_fires_and_disables_without_arming_timers(store_url:
 
 async def test_connect_plans_and_runs_a_backfill(store_url: str) -> None:
     CALLS.clear()
-    async with connect(store_url, definitions=schedules()) as st:
+    async with connect(store_url, definitions=schedules(), create=True) as st:
         now = st.engine.clock.now()
         plan = await st.schedules.plan_backfill("digest", now - timedelta(days=3), now)
         assert plan.ok and plan.count == 3
@@ -53,7 +53,10 @@ async def test_connect_plans_and_runs_a_backfill(store_url: str) -> None:
 
 
 async def test_without_definitions_a_schedule_is_unknown_and_says_so(store_url: str) -> None:
-    async with connect(store_url) as st:
+    with pytest.raises(NotFound, match="no store at"):
+        async with connect(store_url):
+            pass
+    async with connect(store_url, create=True) as st:
         assert await st.schedules.list() == []
         with pytest.raises(NotFound, match='no schedule named "digest"'):
             await st.schedules.fire("digest")
@@ -61,7 +64,7 @@ async def test_without_definitions_a_schedule_is_unknown_and_says_so(store_url: 
 
 def test_connect_sync_blocks_and_returns_the_same_values(store_url: str) -> None:
     CALLS.clear()
-    with connect_sync(store_url, definitions=schedules()) as st:
+    with connect_sync(store_url, definitions=schedules(), create=True) as st:
         [view] = st.schedules.list()
         assert view.name == "digest"
         run = st.schedules.fire("digest")

@@ -226,7 +226,9 @@ async def test_no_claim_no_fire_and_the_lost_slots_are_recorded_once_back(
 
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
-        make_engine([schedule(handler=handler_for(n))], instance=n, coordination="advisoryLock", store=s)
+        # abandon_after: the clock jumps a minute at a time, and a closed run stays closed
+        # (an instance whose heartbeat looks a minute old would see the other's run abandoned).
+        make_engine([schedule(handler=handler_for(n))], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
         for n, s in zip("ab", stores)
     )
     await a.start()

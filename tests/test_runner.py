@@ -281,6 +281,13 @@ def test_a_handler_that_kills_its_process_leaves_its_run_to_be_closed(tmp_path: 
         )
     )
     store = f"sqlite:///{tmp_path / 'state.db'}"
+
+    async def create() -> None:  # only serve creates a store
+        made = open_store(store)
+        await made.open()
+        await made.close()
+
+    asyncio.run(create())
     args = ["--schedules", str(folder), "--store", store]
     fired = subprocess.run(
         [sys.executable, "-m", "console.cli", "fire", "die", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60

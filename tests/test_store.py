@@ -16,6 +16,8 @@ import asyncio
 import dataclasses
 import inspect
 import json
+import logging
+import os
 import re
 import socket
 import sqlite3
@@ -27,11 +29,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from backend import BackfillProgress, Refused, Run, ScheduleState
+from backend import BackfillProgress, InUse, NotFound, Refused, Run, ScheduleState, Unavailable
 from backend.ids import IdFactory, id_floor
-from backend.model import Claim, slot_key
+from backend.model import Claim, StoreHealth, slot_key
 from backend.store import Store, open_store
+from backend.store.sqlite import SQLiteStore
 from tests import pg
 
 UTC = timezone.utc
@@ -312,8 +317,9 @@ async def test_hand_in_order_wins_across_batches_without_flushing(store: Store) 
     ids = Ids()
     base = run(ids(), status="running")
     versions = [base] + [
-        base.finish("failed", T0 + timedelta(seconds=i), error_tag=f"tag{i}", error_message=f"version {i}") for i in range(1, 30)
+        dataclasses.replace(base, fired_at=T0 + timedelta(seconds=i), error_message=f"version {i}") for i in range(1, 29)
     ]
+    versions.append(versions[-1].finish("failed", T0 + timedelta(seconds=30), error_tag="timeout", error_message="last"))
     for version in versions:
         store.save_runs([version])
     await store.flush()
@@ -456,6 +462,61 @@ async def test_running_runs_from_every_instance(store: Store) -> None:
 # ---------------------------------------------------------------------------------------
 # close_run
 # ---------------------------------------------------------------------------------------
+async def test_a_closed_run_stays_closed_and_a_late_result_is_noted_once(store: Store) -> None:
+    ids = Ids()
+    started = run(ids(), status="running", instance="host-a:1")
+    store.save_runs([started])
+    await store.flush()
+    # Another instance closes it while host-a:1 is frozen past the abandon window...
+    abandoned = started.finish("failed", T0 + timedelta(seconds=40), error_tag="abandoned", error_message="no heartbeat")
+    assert await store.close_run(abandoned) is True
+    # ...then host-a:1 wakes up and hands in its result (twice: a retried write).
+    late = started.finish("succeeded", T0 + timedelta(seconds=61, microseconds=5))
+    store.save_runs([late])
+    await store.flush()
+    store.save_runs([late])
+    await store.flush()
+    stored = await store.get_run(started.id)
+    assert stored == dataclasses.replace(
+        abandoned, error_message="no heartbeat; late result from instance host-a:1 at 2026-03-02T08:01:01Z: succeeded"
+    )
+    # A late failure is noted with its tag and message; a late "running" version and the
+    # same closed version again change nothing.
+    for version in (
+        abandoned,
+        started.finish("failed", T0 + timedelta(seconds=62), error_tag="ValueError", error_message="boom"),
+        started,
+    ):
+        store.save_runs([version])
+        await store.flush()  # each its own commit (a batch keeps only the latest version of a run)
+    assert (await store.get_run(started.id)) == dataclasses.replace(
+        stored,
+        error_message=stored.error_message + "; late result from instance host-a:1 at 2026-03-02T08:01:02Z: failed [ValueError] boom",
+    )
+    assert [r.status for r in await store.running_runs()] == []
+
+
+async def test_a_finished_run_written_first_is_not_reopened(store: Store) -> None:
+    ids = Ids()
+    skipped = run(ids(), status="skipped", error_tag="overlap", error_message="run X was in flight")
+    missed = run(ids(), status="missed", finished_at=None, error_message="the engine was down")
+    store.save_runs([skipped, missed])
+    await store.flush()
+    # A "running" version handed in later (out of order) does not reopen either, and a
+    # version without a finish time is noted without one.
+    store.save_runs(
+        [
+            dataclasses.replace(skipped, status="running", finished_at=None, error_tag=None),
+            dataclasses.replace(missed, status="skipped", error_message=None),
+        ]
+    )
+    await store.flush()
+    assert await store.get_run(skipped.id) == skipped
+    assert await store.get_run(missed.id) == dataclasses.replace(
+        missed, error_message="the engine was down; late result from instance host-a:101: skipped"
+    )
+
+
 async def test_close_run_closes_only_a_running_run(store: Store) -> None:
     ids = Ids()
     running = run(ids(), status="running")
@@ -558,6 +619,54 @@ async def test_instances_heartbeat_and_forget(store: Store) -> None:
     await store.forget_instance("host-b:2")
     await store.forget_instance("never-registered")
     assert await store.instances() == {"host-a:1": ("host-a2", 11, later)}
+
+
+async def test_fleet_lists_instances_with_when_each_last_started_a_run(store: Store) -> None:
+    ids = Ids()
+    await store.heartbeat("host-b:2", "host-b", 2, T0)
+    await store.heartbeat("host-a:1", "host-a", 1, T0 + timedelta(seconds=1))
+    assert [(i.name, i.host, i.pid, i.heartbeat_at, i.last_fired_at) for i in await store.fleet()] == [
+        ("host-a:1", "host-a", 1, T0 + timedelta(seconds=1), None),
+        ("host-b:2", "host-b", 2, T0, None),
+    ]
+    first = run(ids(), status="running", instance="host-a:1", fired_at=T0 + timedelta(seconds=2, microseconds=3))
+    newer = run(ids(), status="running", instance="host-a:1", fired_at=T0 + timedelta(seconds=9))
+    # Skips and misses are not starts; a run finishing later does not move the start back.
+    store.save_runs([first, newer, run(ids(), status="skipped", instance="host-a:1", fired_at=T0 + timedelta(minutes=5))])
+    store.save_runs([first.finish("succeeded", T0 + timedelta(seconds=20))])
+    await store.flush()
+    fleet = {i.name: i for i in await store.fleet()}
+    assert fleet["host-a:1"].last_fired_at == T0 + timedelta(seconds=9)
+    assert_utc(fleet["host-a:1"].last_fired_at)
+    assert fleet["host-b:2"].last_fired_at is None
+
+
+# ---------------------------------------------------------------------------------------
+# health and the one firer
+# ---------------------------------------------------------------------------------------
+async def test_health_of_a_store_that_writes(store: Store) -> None:
+    health = store.health()
+    assert (health.state, health.error, health.since, health.ok) == ("ok", None, None, True)
+    ids = Ids()
+    store.save_runs([run(ids()) for _ in range(3)])
+    assert 0 <= store.health().waiting <= 3  # handed in, on their way
+    await store.flush()
+    assert store.health() == StoreHealth("ok", waiting=0)
+    assert store.health().to_json() == {"state": "ok", "error": None, "waiting": 0, "since": None}
+
+
+async def test_taking_the_firing_lock(store_kind: str, new_store: Callable[[], Store]) -> None:
+    first, second = new_store(), new_store()
+    await first.open()
+    await second.open()
+    await first.take_firing_lock("host-a:1")
+    await first.take_firing_lock("host-a:1")  # again: already held
+    if store_kind == "sqlite":
+        with pytest.raises(InUse, match=r'instance "host-a:1" \(pid \d+ on .*, since .*\) already fires'):
+            await second.take_firing_lock("host-b:2")
+        await first.close()
+    # PostgreSQL: instances coordinate through the claims; nothing to hold.
+    await second.take_firing_lock("host-b:2")
 
 
 # ---------------------------------------------------------------------------------------
@@ -792,6 +901,168 @@ async def test_sqlite_relative_url_is_relative_to_the_working_directory(tmp_path
     assert (tmp_path / "sub" / "dir" / "state.db").is_file()
 
 
+def _ledger_log(caplog: pytest.LogCaptureFixture, level: int = logging.WARNING) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "schedtui.store" and r.levelno >= level]
+
+
+async def test_sqlite_on_a_full_disk_keeps_every_run_names_the_cause_and_writes_them_later(
+    sqlite_store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert isinstance(sqlite_store, SQLiteStore)
+    caplog.set_level(logging.INFO, logger="schedtui.store")
+    store, ids = sqlite_store, Ids()
+    store.limit_pages(0)  # SQLite now answers SQLITE_FULL, as on a full disk
+    started = [run(ids(), status="running", scheduled_at=T0 + timedelta(seconds=i)) for i in range(2000)]
+    store.save_runs(started)
+    with pytest.raises(Unavailable, match=r"cannot be written: database or disk is full \(2000 run\(s\) waiting") as info:
+        await store.flush()
+    assert "rollback" not in str(info.value)
+    health = store.health()
+    assert (health.state, health.error, health.waiting) == ("failing", "database or disk is full", 2000)
+    assert health.since is not None and not health.ok
+    # Other writes do not overtake the runs waiting before them: refused, with the cause.
+    with pytest.raises(Unavailable, match="database or disk is full"):
+        await store.set_state(ScheduleState("job", False, "op", T0))
+    # More runs, and newer versions of waiting ones, keep arriving and are kept too.
+    finished = [r.finish("succeeded", T0 + timedelta(minutes=1)) for r in started[:500]]
+    more = [run(ids(), scheduled_at=T0 + timedelta(hours=1, seconds=i)) for i in range(300)]
+    store.save_runs(finished)
+    store.save_runs(more)
+    with pytest.raises(Unavailable):
+        await store.flush()
+    assert store.health().waiting == 2300
+    assert [m for m in _ledger_log(caplog) if "cannot write" in m] == [
+        f'cannot write 2000 run(s) to the ledger "{store.path}": database or disk is full; they are kept and retried'
+    ]
+
+    store.limit_pages(None)  # space again
+    await store.flush()
+    assert store.health() == StoreHealth("ok", waiting=0)
+    assert any(m == f'run ledger "{store.path}" writable again; 2300 run(s) written' for m in _ledger_log(caplog, logging.INFO))
+    stored = {r.id: r for r in await store.list_runs("job", limit=5000)}
+    assert stored == {r.id: r for r in [*finished, *started[500:], *more]}
+    await store.set_state(ScheduleState("job", False, "op", T0))  # writable again
+
+
+# One step of the writer under a disk that fills and empties at random: hand in a new run
+# (running), finish one (hand in its finished version), hand one in again unchanged, fill
+# the disk, free it, or flush.
+WRITER_STEP = st.tuples(st.sampled_from(["new", "new", "finish", "again", "fill", "free", "flush", "flush"]), st.integers(1, 300))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(WRITER_STEP, min_size=3, max_size=30))
+def test_sqlite_whatever_the_disk_does_every_run_lands_as_its_latest_version(tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]]) -> None:
+    """The writer's invariants under random sequences: a flush that returns means everything
+    handed in before it is in the ledger as its latest version; one that fails names the
+    real cause; and once there is space again, every run handed in is there, nothing else."""
+
+    async def play() -> None:
+        store = SQLiteStore(tmp_path_factory.mktemp("writer") / "state.db")
+        await store.open()
+        ids, latest, full = Ids(), {}, False  # latest: run id -> the version last handed in
+        try:
+            for op, n in steps:
+                if op == "new":
+                    batch = [run(ids(), status="running", error_message="y" * 200) for _ in range(n)]
+                    store.save_runs(batch)
+                    latest.update((r.id, r) for r in batch)
+                elif op in ("finish", "again") and latest:
+                    chosen = list(latest.values())[n % len(latest)]
+                    if op == "finish" and chosen.status == "running":
+                        chosen = chosen.finish("succeeded", T0 + timedelta(seconds=n))
+                    store.save_runs([chosen])
+                    latest[chosen.id] = chosen
+                elif op in ("fill", "free"):
+                    full = op == "fill"
+                    store.limit_pages(0 if full else None)
+                elif op == "flush":
+                    try:
+                        await store.flush()
+                    except Unavailable as exc:
+                        assert full and "database or disk is full" in str(exc), exc
+                    else:
+                        assert {r.id: r for r in await store.list_runs("job", limit=10_000)} == latest
+            store.limit_pages(None)
+            await store.flush()
+            assert {r.id: r for r in await store.list_runs("job", limit=10_000)} == latest
+            assert store.health() == StoreHealth("ok")
+        finally:
+            store.limit_pages(None)
+            await store.close()
+
+    asyncio.run(play())
+
+
+async def test_sqlite_closing_a_full_store_logs_each_run_it_could_not_write(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    await store.open()
+    store.close_patience = 0.2
+    store.limit_pages(0)
+    runs = [run(Ids(T0 + timedelta(days=i))(), scheduled_at=T0 + timedelta(seconds=i), error_message="x" * 4000) for i in range(5)]
+    store.save_runs(runs)
+    await store.close()
+    lost = [m for m in _ledger_log(caplog, logging.ERROR) if m.startswith("run not written to the ledger: ")]
+    assert [json.loads(m.split(": ", 1)[1]) for m in lost] == [r.to_json() for r in runs]
+
+
+async def test_sqlite_a_store_file_deleted_while_open_is_noticed_and_never_recreated(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "state.db"
+    store = SQLiteStore(path)
+    await store.open()
+    store.close_patience = 0.2
+    ids = Ids()
+    store.save_runs([run(ids())])
+    await store.flush()
+    path.unlink()
+    late = run(ids())
+    store.save_runs([late])
+    with pytest.raises(Unavailable, match=f'the store file "{re.escape(str(path))}" was deleted or replaced while in use'):
+        await store.flush()
+    health = store.health()
+    assert (health.state, health.error, health.waiting) == ("lost", "the store file was deleted or replaced while in use", 1)
+    assert any(str(path) in m and "deleted or replaced" in m for m in _ledger_log(caplog, logging.ERROR))
+    with pytest.raises(Unavailable, match="deleted or replaced"):
+        await store.heartbeat("a", "h", 1, T0)
+    await store.close()
+    assert any(late.id in m for m in _ledger_log(caplog, logging.ERROR))
+    assert not path.exists()
+
+
+async def test_sqlite_a_store_file_replaced_while_open_is_noticed(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = SQLiteStore(path)
+    await store.open()
+    store.close_patience = 0.2
+    other = SQLiteStore(tmp_path / "other.db")
+    await other.open()
+    await other.close()
+    os.replace(tmp_path / "other.db", path)
+    with pytest.raises(Unavailable, match="deleted or replaced"):
+        await store.set_state(ScheduleState("job", False, "op", T0))
+    assert store.health().state == "lost"
+    await store.close()
+
+
+async def test_sqlite_a_store_that_must_exist_is_refused_naming_it_and_never_created(tmp_path: Path) -> None:
+    path = tmp_path / "typo" / "state.db"
+    with pytest.raises(NotFound, match=f'no store at "{re.escape(str(path))}" \\(no such file\\)'):
+        open_store(f"sqlite:///{path}", create=False)
+    assert not path.parent.exists()
+    made = open_store(f"sqlite:///{path}")
+    await made.open()
+    await made.close()
+    existing = open_store(f"sqlite:///{path}", create=False)
+    path.unlink()  # gone between building and opening: refused again, not created
+    with pytest.raises(NotFound, match="no store at"):
+        await existing.open()
+    assert not path.exists()
+
+
 CHILD = textwrap.dedent(
     """
     import asyncio, json, sys
@@ -917,10 +1188,15 @@ async def test_postgres_store_survives_a_server_restart(pg_server: pg.PgServer, 
         store.save_runs([during])
         with pytest.raises(Unavailable):
             await store.flush()
+        health = store.health()
+        assert (health.state, health.waiting) == ("failing", 1)
+        assert health.error is not None and health.since is not None
+        assert pg_url.split("@")[0] not in health.error  # the cause, not the URL
     finally:
         await asyncio.to_thread(pg_server.pg_ctl, "start")
     # Back: the same store object works again, without being reopened.
     await store.flush()
+    assert store.health() == StoreHealth("ok")
     assert await store.get_run(during.id) == during
     assert (await store.claim([claim(ids, "job", T0)], "a", T0)).won == {slot_key("job", T0)}
     await store.close()

@@ -8,6 +8,7 @@ event loop; none blocks it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -21,11 +22,13 @@ from ..model import (
     Claim,
     ClaimResult,
     CoordinationMode,
+    InstanceInfo,
     Run,
     ScheduleState,
+    StoreHealth,
 )
 
-__all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "Store", "open_store", "redact_url"]
+__all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "Store", "open_store", "redact_url", "until_lost"]
 
 
 class InstanceBeat(Protocol):
@@ -48,6 +51,15 @@ class Store(Protocol):
       paged by keyset: ``before`` is the id of the last run of the previous page.
     * Times go in and come out as aware UTC datetimes.
     * A connection problem raises :class:`backend.errors.Unavailable`.
+    * Runs handed in are never dropped because the store cannot take them now (a full
+      disk, a database that is down): they wait in memory, are retried until written, and
+      :meth:`health` says so. :meth:`flush` does not wait for that: it raises
+      :class:`Unavailable` naming the cause once an attempt to write them has failed.
+    * A run's row is replaced while it is ``running``. Once closed it stays closed: a
+      later version with another outcome (an instance frozen past the abandon window, whose
+      run was closed ``abandoned`` meanwhile) leaves status, times and tag as they are and
+      appends "late result from instance I at T: STATUS [TAG] MESSAGE" to its
+      ``error_message`` (once); a late ``running`` version changes nothing.
     """
 
     kind: str
@@ -60,7 +72,16 @@ class Store(Protocol):
         """Connect, create or migrate the schema (safe when several processes start at once)."""
 
     async def close(self) -> None:
-        """Commit what is pending and disconnect."""
+        """Commit what is pending and disconnect (giving up, loudly, after a few seconds)."""
+
+    def health(self) -> StoreHealth:
+        """Whether runs can be written now, from what the store already knows (no I/O)."""
+
+    async def take_firing_lock(self, instance: str) -> None:
+        """Become the one process firing this store's schedules on their timers, until
+        :meth:`close` or the process ends; :class:`~backend.errors.InUse` (naming the
+        holder) when another has that role. A no-op where instances coordinate through
+        the store (PostgreSQL)."""
 
     # -- runs ---------------------------------------------------------------------------
     def save_runs(self, runs: Sequence[Run]) -> None:
@@ -101,6 +122,9 @@ class Store(Protocol):
     async def instances(self) -> dict[str, tuple[str, int, datetime]]:
         """Every registered instance: ``{name: (host, pid, heartbeat_at)}``."""
 
+    async def fleet(self) -> list[InstanceInfo]:
+        """Every registered instance, by name, with when it last started a run."""
+
     async def forget_instance(self, instance: str) -> None: ...
 
     # -- claims (coordination) -------------------------------------------------------------
@@ -140,14 +164,29 @@ class Store(Protocol):
     async def running_backfills(self) -> list[BackfillProgress]: ...
 
 
+async def until_lost(store: Store, every: float = 1.0) -> StoreHealth:
+    """Return the store's health once it is ``lost`` (looked at every ``every`` seconds):
+    a process that keeps writing then writes into nothing."""
+    while True:
+        health = store.health()
+        if health.state == "lost":
+            return health
+        await asyncio.sleep(every)
+
+
 def redact_url(url: str) -> str:
     """A store URL fit to show or log: its passwords (user part, ``password``/``sslpassword``
     query parameters) replaced by ``***`` (see :func:`backend.safetext.redact_url`)."""
     return safetext.redact_url(url)
 
 
-def open_store(url: str | None = None) -> Store:
-    """Build the store a URL names (not yet opened): ``sqlite:///path`` or ``postgresql://…``."""
+def open_store(url: str | None = None, *, create: bool = True) -> Store:
+    """Build the store a URL names (not yet opened): ``sqlite:///path`` or ``postgresql://…``.
+
+    ``create=False`` is for callers that only read or act: a SQLite file that does not
+    exist is refused (:class:`~backend.errors.NotFound`, naming the path) rather than
+    created empty. (A PostgreSQL database is never created; its tables are, by whoever
+    connects first.)"""
     url = url or DEFAULT_STORE_URL
     # Error texts may quote the URL (libpq echoes what it cannot parse): keep its secrets out.
     safetext.remember_url_secrets(url)
@@ -159,7 +198,7 @@ def open_store(url: str | None = None) -> Store:
             path = path[1:]  # sqlite:///relative.db and sqlite:////abs/path.db, as SQLAlchemy
         if not path:
             raise BadInput(f'store URL "{url}" names no file (try sqlite:///.schedtui/state.db)')
-        return SQLiteStore(Path(path) if path != ":memory:" else path)
+        return SQLiteStore(Path(path) if path != ":memory:" else path, create=create)
     if url.startswith(("postgresql://", "postgres://")):
         from .postgres import PostgresStore
 

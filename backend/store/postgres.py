@@ -40,8 +40,10 @@ from ..model import (
     Claim,
     ClaimResult,
     CoordinationMode,
+    InstanceInfo,
     Run,
     ScheduleState,
+    StoreHealth,
 )
 from . import redact_url
 from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
@@ -128,23 +130,48 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX schedtui_claims_by_name ON schedtui_claims (name, claimed_at);
     """,
+    """
+    ALTER TABLE schedtui_instances ADD COLUMN last_fired_at timestamptz;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
+_KEEP_CLOSED = ",\n        ".join(
+    f"{c} = CASE WHEN schedtui_runs.status = 'running' THEN excluded.{c} ELSE schedtui_runs.{c} END"
+    for c in RUN_FIELDS[1:]
+    if c != "error_message"
+)
+#: What a finished run's row gains when another version of it arrives late (an instance
+#: frozen past the abandon window, whose run was closed meanwhile): one sentence appended
+#: to its error message. The row itself stays as it was closed.
+LATE_NOTE = """
+    'late result from instance ' || excluded.instance
+    || coalesce(' at ' || to_char(excluded.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), '')
+    || ': ' || excluded.status
+    || coalesce(' [' || excluded.error_tag || ']', '')
+    || coalesce(' ' || left(excluded.error_message, 200), '')
+"""
 #: One statement for a whole group commit. The batch travels as one JSON document (one
 #: parameter: cheap to build in Python, where a parameter per column would be adapted
-#: element by element on the event loop).
+#: element by element on the event loop). A row is replaced while it is ``running``; once
+#: closed it stays closed: a later, different outcome only adds LATE_NOTE (once), and a
+#: late ``running`` version or the same finished version again changes nothing.
 UPSERT_RUNS = f"""
     INSERT INTO schedtui_runs ({RUN_COLUMNS})
     SELECT {RUN_COLUMNS} FROM json_to_recordset(%s::json) AS r(
         id text, name text, scheduled_at timestamptz, fired_at timestamptz, finished_at timestamptz,
         status text, trigger text, outcome text, instance text, error_tag text, error_message text)
     ON CONFLICT (id) DO UPDATE SET
-        name = excluded.name, scheduled_at = excluded.scheduled_at,
-        fired_at = excluded.fired_at, finished_at = excluded.finished_at,
-        status = excluded.status, trigger = excluded.trigger, outcome = excluded.outcome,
-        instance = excluded.instance, error_tag = excluded.error_tag,
-        error_message = excluded.error_message
+        {_KEEP_CLOSED},
+        error_message = CASE WHEN schedtui_runs.status = 'running' THEN excluded.error_message
+            ELSE coalesce(schedtui_runs.error_message || '; ', '') || {LATE_NOTE} END
+    WHERE schedtui_runs.status = 'running' OR (
+        excluded.status <> 'running'
+        AND NOT (excluded.status = schedtui_runs.status
+                 AND excluded.error_tag IS NOT DISTINCT FROM schedtui_runs.error_tag
+                 AND excluded.finished_at IS NOT DISTINCT FROM schedtui_runs.finished_at)
+        AND strpos(coalesce(schedtui_runs.error_message, ''), {LATE_NOTE}) = 0
+    )
 """
 CLOSE_RUN = """
     UPDATE schedtui_runs SET status = %s, finished_at = %s, error_tag = %s, error_message = %s
@@ -177,6 +204,13 @@ HEARTBEAT = """
         heartbeat_at = excluded.heartbeat_at
 """
 INSTANCES = "SELECT instance, host, pid, heartbeat_at FROM schedtui_instances"
+INSTANCE_LIST = (
+    "SELECT instance, host, pid, heartbeat_at, last_fired_at FROM schedtui_instances ORDER BY instance COLLATE \"C\""
+)
+#: Kept by the group commit, in its transaction: when this instance last started a run.
+NOTE_LAST_FIRED = """
+    UPDATE schedtui_instances SET last_fired_at = greatest(last_fired_at, %s) WHERE instance = %s
+"""
 FORGET_INSTANCE = "DELETE FROM schedtui_instances WHERE instance = %s"
 BACKFILL_COLUMNS = ", ".join(BACKFILL_FIELDS)
 INSERT_BACKFILL = (
@@ -430,6 +464,9 @@ class PostgresStore:
         self._wake: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
         self._write_failures = 0
+        self._pending: dict[str, Run] = {}  # the writer's runs, not yet committed
+        self._write_trouble: tuple[str, datetime] | None = None  # why the writer cannot write, since
+        self._conn_trouble: tuple[str, datetime] | None = None  # the last call's connection trouble
         self.commits = 0
         """Write transactions committed (group commits, claims, other writes)."""
         self.rows_written = 0
@@ -509,12 +546,16 @@ class PostgresStore:
             try:
                 await asyncio.wait_for(self.flush(), timeout=10)
             except (Unavailable, TimeoutError) as exc:
-                with self._lock:
-                    lost = len(self._incoming)
-                log.warning("closing the store with run(s) not written (%s; %d more handed in)", exc, lost)
+                log.error("closing the store with run(s) not written: %s", exc or "no answer within 10s")
             self._writer.cancel()
             await asyncio.gather(self._writer, return_exceptions=True)
             self._writer = None
+            with self._lock:
+                left, self._incoming = [*self._pending.values(), *self._incoming], []
+            self._pending.clear()
+            for run in left:
+                # The last resort: the log is the only place left that can keep it.
+                log.error("run not written to the ledger: %s", json.dumps(run.to_json(), ensure_ascii=False))
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close(timeout=5)
@@ -532,6 +573,25 @@ class PostgresStore:
     def _unavailable(self, exc: BaseException) -> Unavailable:
         return Unavailable(f'the store "{self.where}" is unavailable: {self._why(exc)}')
 
+    def _trouble(self, exc: BaseException) -> Unavailable:
+        """Remember connection trouble for :meth:`health`; the error to raise."""
+        since = self._conn_trouble[1] if self._conn_trouble else datetime.now(timezone.utc)
+        self._conn_trouble = (self._why(exc), since)
+        return self._unavailable(exc)
+
+    def health(self) -> StoreHealth:
+        with self._lock:
+            waiting = len(self._incoming) + len(self._pending)
+        trouble = self._write_trouble or self._conn_trouble
+        if self._writer is not None and self._writer.done():
+            return StoreHealth("failing", "the ledger writer stopped (see the log)", waiting)
+        if trouble is not None:
+            return StoreHealth("failing", trouble[0], waiting, trouble[1])
+        return StoreHealth("ok", waiting=waiting)
+
+    async def take_firing_lock(self, instance: str) -> None:
+        """Nothing to take: instances sharing PostgreSQL coordinate through its claims."""
+
     def _require_pool(self) -> AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]:
         if self._pool is None:
             raise Unavailable(f'the store "{self.where}" is not open')
@@ -546,12 +606,14 @@ class PostgresStore:
         for attempt in (1, 2):
             try:
                 async with pool.connection(timeout=wait) as conn:
-                    return await fn(conn)
+                    result = await fn(conn)
+                self._conn_trouble = None
+                return result
             except PoolTimeout as exc:
-                raise self._unavailable(exc) from None
+                raise self._trouble(exc) from None
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 if attempt == 2 or not _connection_lost(exc):
-                    raise self._unavailable(exc) from None
+                    raise self._trouble(exc) from None
                 log.info("store connection lost (%s); retrying on a fresh one", _one_line(exc))
                 try:
                     await pool.check()  # drop every idle connection that died with it
@@ -625,7 +687,7 @@ class PostgresStore:
 
     async def _write_loop(self) -> None:
         assert self._wake is not None
-        pending: dict[str, Run] = {}
+        pending = self._pending
         while True:
             if not pending:
                 await self._wake.wait()
@@ -640,9 +702,22 @@ class PostgresStore:
                 self._settle(upto)
                 continue
             try:
-                await self._with_conn(lambda conn: self._upsert(conn, list(pending.values())))
-            except Unavailable as exc:
+                try:
+                    await self._with_conn(lambda conn: self._upsert(conn, list(pending.values())))
+                except psycopg.Error as exc:
+                    # Refused by the server, not lost on the way: find the culprit row by
+                    # row rather than drop the whole batch.
+                    log.warning(
+                        "the ledger refused a batch of %d run(s) (%s); writing them one by one", len(pending), _one_line(exc)
+                    )
+                    await self._upsert_each(pending)
+            except Exception as exc:
+                if not isinstance(exc, Unavailable):  # a bug: keep the rows, say it loudly
+                    log.exception("could not write %d run(s) to the ledger", len(pending))
+                    exc = Unavailable(f'the store "{self.where}" could not write runs: {_one_line(exc)}')
                 self._write_failures += 1
+                since = self._write_trouble[1] if self._write_trouble else datetime.now(timezone.utc)
+                self._write_trouble = (str(self._conn_trouble[0] if self._conn_trouble else exc), since)
                 self._settle(upto, exc)
                 if self._write_failures == 1 or self._write_failures % 20 == 0:
                     log.warning("cannot write %d run(s) to the ledger yet, will retry: %s", len(pending), exc)
@@ -650,34 +725,39 @@ class PostgresStore:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), delay)
                 continue
-            except psycopg.Error as exc:
-                # Refused by the server, not lost on the way: find the culprit row by row
-                # rather than drop the whole batch.
-                log.warning("the ledger refused a batch of %d run(s) (%s); writing them one by one", len(pending), _one_line(exc))
-                await self._upsert_each(list(pending.values()))
-            except Exception:
-                log.exception("could not write %d run(s) to the ledger", len(pending))
             if self._write_failures:
                 log.info("run ledger writable again; %d run(s) written", len(pending))
                 self._write_failures = 0
-            pending = {}
+                self._write_trouble = None
+            pending.clear()
             self._settle(upto)
 
     async def _upsert(self, conn: AsyncConnection[Any], runs: list[Run]) -> None:
+        started: dict[str, datetime] = {}  # instance -> the latest fired_at among its runs here
+        for run in runs:
+            fired = run.fired_at
+            if fired is not None and run.status not in ("skipped", "missed"):
+                latest = started.get(run.instance)
+                if latest is None or fired > latest:
+                    started[run.instance] = fired
         async with conn.transaction():
             for start in range(0, len(runs), _WRITE_CHUNK):
                 await conn.execute(UPSERT_RUNS, (_runs_json(runs[start : start + _WRITE_CHUNK]),))
+            for instance, fired in started.items():
+                await conn.execute(NOTE_LAST_FIRED, (fired, instance))
         self.commits += 1
         self.rows_written += len(runs)
 
-    async def _upsert_each(self, runs: list[Run]) -> None:
-        for run in runs:
+    async def _upsert_each(self, pending: dict[str, Run]) -> None:
+        """Write ``pending`` row by row, dropping only the rows the server refuses (they could
+        never be written). Connection trouble stops it with :class:`Unavailable`, the rows
+        not yet written still in ``pending``."""
+        for run in list(pending.values()):
             try:
                 await self._with_conn(lambda conn: self._upsert(conn, [run]))
             except psycopg.Error as exc:
-                log.error("run %s of %s could not be written to the ledger: %s", run.id, run.name, _one_line(exc))
-            except Unavailable as exc:
-                log.error("run %s of %s could not be written to the ledger: %s", run.id, run.name, exc)
+                log.error("run %s of %s cannot be written to the ledger: %s", run.id, run.name, _one_line(exc))
+            del pending[run.id]
 
     # -- runs: reads and the rest -----------------------------------------------------------
     async def get_run(self, run_id: str) -> Run | None:
@@ -743,6 +823,10 @@ class PostgresStore:
     async def instances(self) -> dict[str, tuple[str, int, datetime]]:
         rows = await self._fetchall(INSTANCES)
         return {row[0]: (row[1], row[2], _utc(row[3])) for row in rows}  # type: ignore[misc]
+
+    async def fleet(self) -> list[InstanceInfo]:
+        rows = await self._fetchall(INSTANCE_LIST)
+        return [InstanceInfo(row[0], row[1], row[2], _utc(row[3]), _utc(row[4])) for row in rows]  # type: ignore[arg-type]
 
     async def forget_instance(self, instance: str) -> None:
         await self._execute(FORGET_INSTANCE, (instance,))

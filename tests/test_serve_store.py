@@ -1,0 +1,344 @@
+"""Real ``schedtui serve`` processes and their SQLite store: one firer per file, a file
+deleted while serving, a disk that fills up and empties again (a real tmpfs), and what
+``/healthz`` says meanwhile.
+
+These run on the real clock against real processes; they wait by polling a condition
+against a deadline (``tests.servers.poll``), never by sleeping a fixed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import os
+import pty
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backend import Engine, ManualClock, ScheduleState, Unavailable, define_schedule
+from backend.api import create_app
+from backend.interface import EmbeddedBackend
+from backend.model import Health, iso
+from backend.store.sqlite import SQLiteStore
+from tests.conftest import expect
+from tests.servers import Server, cli_env, poll, start_server
+
+EVERY_SECOND = 8  # schedules, so that a full disk is felt within a second
+
+SCHEDULES = "\n".join(
+    textwrap.dedent(
+        f"""
+        async def work_{i}(ctx):
+            pass
+
+        tick_{i} = define_schedule(name="tick-{i}", cron="* * * * * *", timezone="UTC", handler=work_{i})
+        """
+    )
+    for i in range(EVERY_SECOND)
+)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    (tmp_path / "schedules").mkdir()
+    (tmp_path / "schedules" / "ticks.cron.py").write_text("from backend import define_schedule\n" + SCHEDULES)
+    return tmp_path
+
+
+def serve_argv(db: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "console.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+        "--schedules", "schedules", "--store", f"sqlite:///{db}", *extra,
+    ]  # fmt: skip
+
+
+def ledger(db: Path, query: str = "SELECT name, scheduled_at, status, trigger FROM runs") -> list[tuple[object, ...]]:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return conn.execute(query).fetchall()
+
+
+def count_runs(db: Path) -> int:
+    try:
+        return int(ledger(db, "SELECT count(*) FROM runs")[0][0])  # type: ignore[call-overload]
+    except sqlite3.Error:  # not created yet
+        return 0
+
+
+def run_in_terminal(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run with a pseudo-terminal as stdin and stdout (what the console needs), stderr captured."""
+    controller, terminal = pty.openpty()
+    try:
+        process = subprocess.Popen(argv, cwd=cwd, env=cli_env(), stdin=terminal, stdout=terminal, stderr=subprocess.PIPE, text=True)
+        try:
+            _, err = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:  # it drew a console instead of refusing
+                process.kill()
+                process.wait(5)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    return subprocess.CompletedProcess(argv, process.returncode, "", err)
+
+
+def healthz(server: Server) -> httpx.Response:
+    return httpx.get(f"{server.url}/healthz", timeout=10)
+
+
+# ---------------------------------------------------------------------------------------
+# one firer per SQLite file
+# ---------------------------------------------------------------------------------------
+def test_a_second_serve_on_the_same_file_is_refused_naming_the_first_until_it_dies(root: Path) -> None:
+    db = root / "state.db"
+    first = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}", "--instance", "first")
+    try:
+        poll(lambda: count_runs(db) > 0, timeout=20, what="the first serve to fire")
+        second = subprocess.run(
+            serve_argv(db, "--instance", "second"), cwd=root, env=cli_env(), capture_output=True, text=True, timeout=60
+        )
+        assert second.returncode == 1, second.stderr
+        assert second.stdout == ""
+        assert second.stderr.splitlines() == [
+            f'schedtui: refusing to fire: instance "first" (pid {first.process.pid} on {socket.gethostname()}, since '
+            + second.stderr.split(", since ", 1)[1].split(")", 1)[0]
+            + f') already fires the schedules of the store "{db}"; two firing processes on one SQLite file would run '
+            "every slot twice. Stop that one first (the other verbs, and a console without --fire, work beside it; "
+            "several firing instances need PostgreSQL)"
+        ]
+        # Refused before it registered or fired anything.
+        assert [row[0] for row in ledger(db, "SELECT instance FROM instances")] == ["first"]
+        assert {row[0] for row in ledger(db, "SELECT DISTINCT instance FROM runs")} == {"first"}
+        # Reading and acting beside a running serve still works.
+        listed = subprocess.run(
+            [sys.executable, "-m", "console.cli", "fire", "tick-0", "--store", f"sqlite:///{db}"],
+            cwd=root, env=cli_env(), capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert listed.returncode == 0, listed.stderr
+        # A console that would fire too is refused the same way, before drawing anything.
+        console = run_in_terminal(
+            [sys.executable, "-m", "console.cli", "console", "--fire", "--store", f"sqlite:///{db}"], cwd=root
+        )
+        assert console.returncode == 1
+        assert console.stderr.startswith('schedtui: refusing to fire: instance "first"'), console.stderr
+    finally:
+        first.process.send_signal(signal.SIGKILL)  # the kernel releases its lock, however it dies
+        first.process.wait(15)
+    again = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}", "--instance", "second")
+    try:
+        poll(lambda: ("second",) in ledger(db, "SELECT DISTINCT instance FROM runs"), timeout=20, what="the second to fire")
+    finally:
+        assert again.stop() == 0, again.log_text()
+
+
+# ---------------------------------------------------------------------------------------
+# a store file deleted while serving
+# ---------------------------------------------------------------------------------------
+def test_a_serve_whose_store_file_is_deleted_says_so_and_exits_1_without_recreating_it(root: Path) -> None:
+    db = root / "state.db"
+    server = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}")
+    try:
+        poll(lambda: count_runs(db) > 0, timeout=20, what="the serve to fire")
+        db.unlink()
+        code = poll(lambda: server.process.poll() is not None and (server.process.returncode,), timeout=60, what="serve to stop")
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+    log = server.log_text()
+    assert code == (1,), log
+    assert f'the store file "{db}" was deleted or replaced while in use' in log
+    assert log.rstrip().splitlines()[-1] == (
+        f'schedtui: stopped: the store "{db}" was deleted or replaced while in use, so nothing written since would '
+        "survive (the runs not written are in the log); restore it, or start again to create a new one"
+    )
+    assert "Traceback" not in log
+    assert not db.exists()
+
+
+# ---------------------------------------------------------------------------------------
+# a full disk (a real tmpfs)
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, mounted for the test (needs root, as in CI); skipped where it cannot be."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs Linux and root")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file until the disk refuses another byte."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as f:
+        block = b"\0" * 4096
+        try:
+            while True:
+                f.write(block)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0")
+    return filler
+
+
+def test_a_full_disk_loses_no_run_and_healthz_says_why_until_space_is_back(root: Path, small_disk: Path) -> None:
+    db = small_disk / "state.db"
+    server = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}")
+    op = httpx.Client(base_url=server.url, timeout=10)
+    answered: list[str] = []
+    try:
+        poll(lambda: count_runs(db) >= 2 * EVERY_SECOND, timeout=30, what="a few seconds of runs")
+        answered.append(op.post("/inspect/schedules/tick-0/fire").json()["run_id"])
+        filler = fill(small_disk)
+
+        failing = poll(lambda: (r := healthz(server)).status_code == 503 and r, timeout=30, what="/healthz to say 503")
+        body = failing.json()
+        assert body["status"] == "failing"
+        assert body["store"]["state"] == "failing" and body["store"]["error"] == "database or disk is full"
+        assert body["store"]["kind"] == "sqlite" and body["store"]["since"]
+        assert str(small_disk) not in failing.text  # no path on an open endpoint
+        assert "cannot rollback" not in server.log_text()
+        assert "database or disk is full; they are kept and retried" in server.log_text()
+        # Runs keep firing, and wait; Run now is refused before firing (nothing unrecorded).
+        poll(lambda: healthz(server).json()["store"]["waiting"] >= 3 * EVERY_SECOND, timeout=30, what="runs to wait")
+        refused = op.post("/inspect/schedules/tick-1/fire")
+        assert refused.status_code == 503, refused.text
+        assert "not fired: the store cannot record runs now (database or disk is full)" in refused.json()["error"]["message"]
+
+        filler.unlink()
+        poll(lambda: "writable again" in server.log_text(), timeout=30, what="the ledger to be written again")
+        healthy = poll(lambda: (r := healthz(server)).status_code == 200 and r, timeout=30, what="/healthz 200")
+        store = healthy.json()["store"]
+        assert (store["state"], store["error"], store["since"], healthy.json()["status"]) == ("ok", None, None, "ok")
+        fired = op.post("/inspect/schedules/tick-1/fire")
+        assert fired.status_code == 202, fired.text
+        answered.append(fired.json()["run_id"])
+    finally:
+        op.close()
+        stopped = server.stop()
+    assert stopped == 0, server.log_text()
+    assert "run not written to the ledger" not in server.log_text()
+
+    # Every slot between the first and the last fired once and is in the ledger, through
+    # the whole time the disk was full; so are the runs Run now answered for.
+    rows = ledger(db, "SELECT id, name, scheduled_at, trigger FROM runs")
+    assert {row[0] for row in rows} >= set(answered)
+    for i in range(EVERY_SECOND):
+        slots = sorted(int(row[2]) for row in rows if row[1] == f"tick-{i}" and row[3] == "self")  # type: ignore[call-overload]
+        assert len(slots) == len(set(slots)), f"tick-{i}: a slot recorded twice"
+        expected = (slots[-1] - slots[0]) // 1_000_000 + 1
+        assert len(slots) == expected, f"tick-{i}: {expected - len(slots)} slot(s) missing from the ledger"
+        assert timedelta(microseconds=slots[-1] - slots[0]) > timedelta(seconds=3)
+
+
+# ---------------------------------------------------------------------------------------
+# /healthz, in process (the state it reports, without racing a real process's exit)
+# ---------------------------------------------------------------------------------------
+async def test_healthz_reports_the_store_and_each_instance_and_503_once_the_file_is_gone(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str, tmp_path: Path
+) -> None:
+    async def work(ctx: object) -> None:
+        pass
+
+    engine = make_engine([define_schedule(name="minutely", cron="* * * * *", timezone="UTC", handler=work)])
+    await engine.start()
+    clock.advance(60)
+    await engine.quiesce()
+    (fired,) = [r for r in await engine.store.list_runs("minutely", limit=5)]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(EmbeddedBackend(engine), token="op")), base_url="http://t") as c:
+        clock.advance(2.5)
+        (beat,) = await engine.store.fleet()
+        ok = await c.get("/healthz")  # no token needed
+        assert ok.status_code == 200
+        assert ok.json() == {
+            "status": "ok",
+            "instance": engine.instance,
+            "coordination": "single",
+            "store": {"kind": "sqlite", "state": "ok", "error": None, "waiting": 0, "since": None},
+            "instances": [
+                {
+                    "name": engine.instance,
+                    "host": engine.host,
+                    "pid": os.getpid(),
+                    "heartbeat_at": iso(beat.heartbeat_at),
+                    "heartbeat_age_s": round((clock.now() - beat.heartbeat_at).total_seconds(), 1),
+                    "last_fired_at": iso(fired.fired_at),
+                }
+            ],
+            "now": iso(clock.now()),
+        }
+        assert Health.from_json(ok.json()).to_json() == ok.json()  # what a remote client reads back
+
+        (tmp_path / "state.db").unlink()
+        with pytest.raises(Unavailable, match="deleted or replaced"):
+            await engine.store.set_state(ScheduleState("minutely", False, "op", clock.now()))
+        gone = await c.get("/healthz")
+        assert gone.status_code == 503
+        assert gone.json()["status"] == "lost"
+        assert gone.json()["store"]["error"] == "the store file was deleted or replaced while in use"
+        assert str(tmp_path) not in gone.text and "op" not in gone.headers.get("www-authenticate", "")
+
+
+# ---------------------------------------------------------------------------------------
+# a closed run stays closed: so an engine must never close its own run that just finished
+# ---------------------------------------------------------------------------------------
+class SlowLook(SQLiteStore):
+    """A valid store whose instances() answers only once ``until()`` holds: so a look for
+    abandoned runs (running runs, then instances) overlaps the finish of a run it read as
+    running, as a slow read does."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.until: Callable[[], bool] | None = None
+        self.read = asyncio.Event()
+
+    async def instances(self) -> dict[str, tuple[str, int, datetime]]:
+        beats = await super().instances()
+        self.read.set()
+        while self.until is not None and not self.until():
+            await asyncio.sleep(0)  # yield (no time passes), so the run finishes in between
+        return beats
+
+
+async def test_an_engine_does_not_close_its_own_run_that_finished_while_it_looked(
+    make_engine: Callable[..., Engine], clock: ManualClock, tmp_path: Path
+) -> None:
+    release = asyncio.Event()
+
+    async def held(ctx: object) -> None:
+        await release.wait()
+
+    store = SlowLook(tmp_path / "slow.db")
+    engine = make_engine([define_schedule(name="job", cron="* * * * *", timezone="UTC", handler=held)], store=store)
+    await engine.start()
+    running = expect(engine, lambda r: r.status == "running" and r.fired_at is not None)
+    clock.advance(60)
+    run = await running
+    await engine.flush()  # its "running" row is in the ledger
+    store.until = lambda: run.id not in engine.launcher.active  # the run is done on the engine
+    look = asyncio.ensure_future(engine.close_abandoned())
+    await store.read.wait()  # it has read the run as running, and the instances...
+    release.set()  # ...and the run finishes before it goes on
+    assert await look == []
+    await engine.quiesce()
+    stored = await engine.get_run(run.id)
+    assert (stored.status, stored.error_tag, stored.error_message) == ("succeeded", None, None)
