@@ -25,12 +25,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from .backfills import Backfills
 from .catchup import CatchUp
 from .clock import Clock, SystemClock
 from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator, SlotClaims
+from .definitions import Definitions
 from .errors import BadInput, NotFound, Refused, Unavailable
 from .external import ExternalFires
 from .ids import IdFactory
@@ -52,11 +53,15 @@ from .runner import DEFAULT_MAX_THREADS, HandlerRunner
 from .schedules import Schedule
 from .states import ScheduleStates
 from .store import Store, open_store
+from .subsystems import Shared, Subsystem
 from .timers import Timers
 
 __all__ = ["Engine", "ExternalFiring", "RunListener"]
 
 log = logging.getLogger("schedtui.engine")
+
+#: What the engine runs: schedules, and each subsystem's definitions.
+_DEFINITION_TYPES: tuple[type, ...] = (Schedule,)
 
 
 class Engine:
@@ -69,7 +74,7 @@ class Engine:
 
     def __init__(
         self,
-        schedules: Iterable[Schedule],
+        definitions: Iterable[Any] | Definitions,
         store: Store | str | None = None,
         *,
         clock: Clock | None = None,
@@ -88,8 +93,9 @@ class Engine:
         max_threads: int = DEFAULT_MAX_THREADS,
         ids: Callable[[], str] | None = None,
     ) -> None:
+        items = list(definitions.items if isinstance(definitions, Definitions) else definitions)
         self.schedules: dict[str, Schedule] = {}
-        for schedule in schedules:
+        for schedule in (item for item in items if isinstance(item, Schedule)):
             if schedule.name in self.schedules:
                 raise BadInput(f'schedule name "{schedule.name}" is given twice')
             self.schedules[schedule.name] = schedule
@@ -175,6 +181,21 @@ class Engine:
             claims_ttl=claims_ttl,
             is_ours=self._is_ours,
         )
+        self.shared = Shared(
+            clock=self.clock,
+            store=self.store,
+            loops=self.loops,
+            runner=self.runner,
+            registry=self.registry,
+            outages=self.outages,
+            instance=self.instance,
+            new_id=self.new_id,
+        )
+        self.subsystems: list[Subsystem] = []
+        """The systems beside the schedules (queue, durable, locks), in start order."""
+        unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
+        if unknown:
+            raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")
         self.external = ExternalFires(
             clock=self.clock,
             store=self.store,
@@ -196,6 +217,7 @@ class Engine:
             or id_ in self.launcher.placed
             or id_ in self.claims.claimed
             or id_ in self.backfills.jobs
+            or any(subsystem.is_ours(id_) for subsystem in self.subsystems)
         )
 
     def _make_coordinator(self, coordination: CoordinationMode | Coordinator | None) -> Coordinator:
@@ -244,6 +266,8 @@ class Engine:
         await self.registry.close_abandoned()
         await self.registry.prune(now)
         self.runner.open()
+        for subsystem in self.subsystems:
+            await subsystem.open()
 
     async def start(self) -> None:
         """Open, catch up on missed slots, arm every enabled self-triggered schedule."""
@@ -278,6 +302,8 @@ class Engine:
             if self._trigger_of(schedule) == "self" and self.is_enabled(schedule.name):
                 self.catch_up.at_boot(schedule, now)
         self.timers.start()
+        for subsystem in self.subsystems:
+            subsystem.start()
         self.loops.expect("maintenance")
         self.loops.spawn(self._maintenance(), "maintenance")
 
@@ -287,8 +313,9 @@ class Engine:
             return
         self._stopping = True
         self.launcher.stopping = True
+        grace = self.shutdown_grace if grace is None else grace
         await self.loops.cancel_all()
-        await self.launcher.stop(self.shutdown_grace if grace is None else grace)
+        await asyncio.gather(self.launcher.stop(grace), *(subsystem.stop(grace) for subsystem in self.subsystems))
         self.ledger.handoff()
         try:
             await self.store.flush()
@@ -348,6 +375,7 @@ class Engine:
                 and not self.catch_up.busy
                 and not self.claims.recovering
                 and self.backfills.idle
+                and all(subsystem.idle for subsystem in self.subsystems)
             )
 
         await self.loops.quiesce(settled, self.flush)
@@ -475,6 +503,8 @@ class Engine:
         await self.registry.prune(now)
         await self.claims.recover_lost()
         await self.launcher.release_remote_waits()
+        for subsystem in self.subsystems:
+            await subsystem.maintain(now)
         self.outages.back(self.claims.lost_count)
 
     async def close_abandoned(self) -> list[Run]:

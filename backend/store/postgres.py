@@ -46,6 +46,7 @@ from ..model import (
     StoreHealth,
 )
 from . import redact_url
+from .migrations import components_of, migrate_postgres
 from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
 
 log = logging.getLogger("schedtui.store")
@@ -539,6 +540,7 @@ class PostgresStore:
                 await conn.execute(INSERT_VERSION, (len(MIGRATIONS),))
             elif version != len(MIGRATIONS):
                 await conn.execute(UPDATE_VERSION, (len(MIGRATIONS),))
+            await migrate_postgres(conn, components_of(type(self)))
         self.commits += 1
 
     async def close(self) -> None:

@@ -42,6 +42,7 @@ from ..model import (
     ScheduleState,
     StoreHealth,
 )
+from .migrations import components_of, migrate_sqlite
 from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
 
 log = logging.getLogger("schedtui.store")
@@ -681,8 +682,12 @@ class SQLiteStore:
         self._writer = self._last_writer = writer
         await self._write(self._migrate)
 
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        self._migrate_core(conn)
+        migrate_sqlite(conn, components_of(type(self)))
+
     @staticmethod
-    def _migrate(conn: sqlite3.Connection) -> None:
+    def _migrate_core(conn: sqlite3.Connection) -> None:
         conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         row = conn.execute("SELECT version FROM schema_version").fetchone()
         version = row[0] if row else 0

@@ -1,0 +1,63 @@
+"""What every system the engine runs beside the schedules looks like to the engine.
+
+The job queue, durable executions and locks live in the same store and process as the
+schedules and share the engine's parts: the clock, the store, the background loops, the
+handler runner and the instance registry (:class:`Shared`). Each is a :class:`Subsystem`:
+the engine opens it with the store, starts it with the timers, calls its housekeeping
+every poll interval, waits for it in :meth:`~backend.engine.Engine.quiesce`, and stops it
+before the store closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from .clock import Clock
+from .loops import Loops
+from .outages import OutageLog
+from .registry import InstanceRegistry
+from .runner import HandlerRunner
+from .store import Store
+
+__all__ = ["Shared", "Subsystem"]
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The engine's parts a subsystem may use."""
+
+    clock: Clock
+    store: Store
+    loops: Loops
+    runner: HandlerRunner
+    registry: InstanceRegistry
+    outages: OutageLog
+    instance: str
+    new_id: Callable[[], str]
+
+
+class Subsystem(Protocol):
+    """Contract: ``open`` runs once the store is open (``serve`` and the one-shot verbs
+    alike); ``start`` only where work is done (``serve``, ``console --fire``): it starts
+    workers through ``Shared.loops`` so that ``quiesce`` sees them; ``maintain`` is the
+    housekeeping round (abandoned work of dead instances, retention) and must tolerate
+    :class:`~backend.errors.Unavailable`; ``stop`` lets work in flight finish for up to
+    ``grace`` seconds and records the rest; ``idle`` is false while work this process
+    started is in flight; ``is_ours`` names work this process is responsible for, which
+    the abandoned-work sweeps must leave alone."""
+
+    async def open(self) -> None: ...
+
+    def start(self) -> None: ...
+
+    async def maintain(self, now: datetime) -> None: ...
+
+    async def stop(self, grace: float) -> None: ...
+
+    @property
+    def idle(self) -> bool: ...
+
+    def is_ours(self, id_: str) -> bool: ...
