@@ -132,21 +132,23 @@ class _Tokens:
         raise Unauthorized("wrong bearer token")
 
 
-def create_app(
-    backend: Backend,
-    *,
-    token: str | None = None,
-    read_token: str | None = None,
-    manage_backend: bool = False,
-    body_timeout: float = BODY_TIMEOUT,
-) -> Starlette:
-    """The ASGI app over ``backend``. With ``manage_backend`` the app's lifespan connects
-    and closes it (for an embedded backend: starts and stops its engine)."""
-    tokens = _Tokens(token, read_token)
-    access_of_endpoint: dict[Endpoint, Access] = {}
+class Api:
+    """What every route module builds on: the backend, token checks, body and query parsing.
 
-    def endpoint(access: Access) -> Callable[[Endpoint], Endpoint]:
+    ``endpoint(access)`` wraps a route function: it authorises the request (``open``,
+    ``read`` or ``operate``), maps :class:`SchedtuiError` to its JSON status, and turns
+    anything unexpected into a 500 without a trace. Each system's routes live in their
+    own module as ``routes(api) -> list[Route]`` (see :data:`ROUTE_MODULES`)."""
+
+    def __init__(self, backend: Backend, tokens: _Tokens, body_timeout: float) -> None:
+        self.backend = backend
+        self.tokens = tokens
+        self.body_timeout = body_timeout
+        self.access: dict[Endpoint, Access] = {}
+
+    def endpoint(self, access: Access) -> Callable[[Endpoint], Endpoint]:
         """Authorise, then map schedtui errors to JSON; nothing escapes as a 500 with a trace."""
+        tokens, body_timeout = self.tokens, self.body_timeout
 
         def wrap(fn: Endpoint) -> Endpoint:
             async def handler(request: Request) -> Response:
@@ -173,18 +175,19 @@ def create_app(
 
             handler.__name__ = fn.__name__
             handler.__doc__ = fn.__doc__
-            access_of_endpoint[handler] = access
+            self.access[handler] = access
             return handler
 
         return wrap
 
-    async def body_of(request: Request) -> dict[str, Any]:
+    async def body_of(self, request: Request) -> dict[str, Any]:
+        """The request's JSON object body (``{}`` when empty); 413, 408 and 422 as due."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise _TooLarge()
         raw = b""
         try:
-            async with asyncio.timeout(body_timeout):
+            async with asyncio.timeout(self.body_timeout):
                 async for chunk in request.stream():
                     raw += chunk
                     if len(raw) > MAX_BODY_BYTES:
@@ -203,6 +206,7 @@ def create_app(
             raise BadInput("the body must be a JSON object", field="body")
         return data
 
+    @staticmethod
     def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
         raw = request.query_params.get(name)
         if raw is None:
@@ -214,6 +218,73 @@ def create_app(
         if not low <= value <= high:
             raise BadInput(f"{name} {value} is out of range ({low}-{high})", field=name)
         return value
+
+
+def create_app(
+    backend: Backend,
+    *,
+    token: str | None = None,
+    read_token: str | None = None,
+    manage_backend: bool = False,
+    body_timeout: float = BODY_TIMEOUT,
+) -> Starlette:
+    """The ASGI app over ``backend``. With ``manage_backend`` the app's lifespan connects
+    and closes it (for an embedded backend: starts and stops its engine)."""
+    api = Api(backend, _Tokens(token, read_token), body_timeout)
+    routes = [route for module in ROUTE_MODULES for route in module(api)]
+    schemas = SchemaGenerator(
+        {
+            "openapi": "3.0.3",
+            "info": {"title": "schedtui inspect API", "version": "1"},
+            "components": {
+                "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            },
+            "security": [{"bearer": []}],
+        }
+    )
+
+    async def openapi(request: Request) -> Response:
+        schema = _declare_path_parameters(schemas.get_schema(routes=app.routes))
+        access = {
+            (route.path, method.lower()): api.access[route.endpoint]
+            for route in routes
+            for method in route.methods or ()
+            if route.endpoint in api.access
+        }
+        return JSONResponse(_declare_errors(schema, access))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed here"}.get(
+            exc.status_code, str(exc.detail)
+        )
+        response = error_response(exc.status_code, codes.get(exc.status_code, "http_error"), message)
+        response.headers.update(exc.headers or {})  # 405's Allow
+        return response
+
+    lifespan = None
+    if manage_backend:
+
+        @asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            await backend.connect()
+            try:
+                yield
+            finally:
+                await backend.close()
+
+    app = Starlette(
+        routes=[*routes, Route("/openapi.json", openapi, methods=["GET"], include_in_schema=False)],
+        exception_handlers={HTTPException: http_error},
+        lifespan=lifespan,
+    )
+    return app
+
+
+def schedule_routes(api: Api) -> list[Route]:
+    """Health, info, schedules, runs, backfills and the external fire."""
+    backend, endpoint, body_of, query_int = api.backend, api.endpoint, api.body_of, api.query_int
 
     async def schedule_name(request: Request) -> str:
         """The path's schedule name; NotFound (404) before anything else is read."""
@@ -250,7 +321,7 @@ def create_app(
         responses:
           200: {description: "instance, coordination, store kind, access (read or operate)"}
         """
-        access = tokens.access_of(request)
+        access = api.tokens.access_of(request)
         connection = backend.info()
         return JSONResponse(
             {
@@ -472,7 +543,7 @@ def create_app(
         firing = await backend.fire_external(name)
         return JSONResponse(firing.to_json(), status_code=202 if firing.created else 200)
 
-    routes = [
+    return [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/inspect/info", info, methods=["GET"]),
         Route("/inspect/schedules", list_schedules, methods=["GET"]),
@@ -487,54 +558,10 @@ def create_app(
         Route("/inspect/backfills/{backfill_id}", get_backfill, methods=["GET"]),
         Route("/schedule/{name}/fire", fire_external, methods=["POST"]),
     ]
-    schemas = SchemaGenerator(
-        {
-            "openapi": "3.0.3",
-            "info": {"title": "schedtui inspect API", "version": "1"},
-            "components": {
-                "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            },
-            "security": [{"bearer": []}],
-        }
-    )
 
-    async def openapi(request: Request) -> Response:
-        schema = _declare_path_parameters(schemas.get_schema(routes=app.routes))
-        access = {
-            (route.path, method.lower()): access_of_endpoint[route.endpoint]
-            for route in routes
-            for method in route.methods or ()
-            if route.endpoint in access_of_endpoint
-        }
-        return JSONResponse(_declare_errors(schema, access))
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        codes = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
-        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed here"}.get(
-            exc.status_code, str(exc.detail)
-        )
-        response = error_response(exc.status_code, codes.get(exc.status_code, "http_error"), message)
-        response.headers.update(exc.headers or {})  # 405's Allow
-        return response
-
-    lifespan = None
-    if manage_backend:
-
-        @asynccontextmanager
-        async def lifespan(app: Starlette) -> AsyncIterator[None]:
-            await backend.connect()
-            try:
-                yield
-            finally:
-                await backend.close()
-
-    app = Starlette(
-        routes=[*routes, Route("/openapi.json", openapi, methods=["GET"], include_in_schema=False)],
-        exception_handlers={HTTPException: http_error},
-        lifespan=lifespan,
-    )
-    return app
+#: The route modules, each ``routes(api) -> list[Route]``, mounted in this order.
+ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [schedule_routes]
 
 
 def _declare_path_parameters(schema: dict[str, Any]) -> dict[str, Any]:

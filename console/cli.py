@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from backend import (
     discover,
     open_store,
 )
+from backend.definitions import discover_definitions
 from backend.interface import Backend, EmbeddedBackend
 from backend.manifests import PROVIDERS, render_manifests
 from backend.model import (
@@ -235,7 +237,34 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--provider", required=True, choices=PROVIDERS, help="where the clock lives")
     p.add_argument("--base-url", required=True, metavar="URL", help="where the platform reaches `schedtui serve`")
     p.add_argument("--out", metavar="DIR", help="write files here instead of printing them")
+
+    def group(name: str, help: str, shared: Sequence[str] = ()) -> Callable[[str, str, Sequence[str]], argparse.ArgumentParser]:
+        """A verb with sub-verbs (``schedtui jobs list``); returns the maker of its sub-verbs.
+        The group alone (``schedtui locks``) is a command too when its module handles it."""
+        sub = verb(name, help, shared)
+        inner = sub.add_subparsers(dest="subverb", metavar="VERB", parser_class=_Parser)
+
+        def subverb(subname: str, help: str, shared: Sequence[str]) -> argparse.ArgumentParser:
+            p = inner.add_parser(subname, help=help)
+            by_verb[f"{name} {subname}"] = p
+            _add_shared(p, shared)
+            return p
+
+        return subverb
+
+    for module in verb_modules():
+        module.add_verbs(verb, group)
     return parser, by_verb
+
+
+#: Modules adding verbs for one system each: ``add_verbs(verb, group)`` declares them and
+#: ``VERBS`` maps each command (``"jobs list"``) to its handler. Imported lazily, so that
+#: they may import this module's helpers.
+VERB_MODULES: list[str] = []
+
+
+def verb_modules() -> list[Any]:
+    return [importlib.import_module(name) for name in VERB_MODULES]
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -245,7 +274,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(_glue_offsets(argv))
     if args.verb is None:
         args.verb = "console"
-    accepted = {action.dest for action in by_verb[args.verb]._actions}
+    args.command = f"{args.verb} {args.subverb}" if getattr(args, "subverb", None) else args.verb
+    if args.command not in _verbs():
+        raise UsageError(f"schedtui {args.verb}: say what to do (see `schedtui {args.verb} --help`)")
+    accepted = {action.dest for action in by_verb[args.command]._actions}
     for option in SHARED:
         if hasattr(args, option.dest) and option.dest not in accepted:
             raise UsageError(f"schedtui: {option.flags[0]} does not apply to `schedtui {args.verb}`")
@@ -312,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
-    handler = VERBS[args.verb]
+    handler = _verbs()[args.command]
     try:
         return asyncio.run(handler(args))
     except KeyboardInterrupt:
@@ -331,8 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _engine(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) -> Engine:
     """The engine over ``--store``. Only ``serve`` creates a missing store (``create``); the
     verbs that read or act, and the console, refuse it naming the path (exit 2)."""
-    schedules = discover(args.schedules)
-    return Engine(schedules, open_store(args.store, create=create), instance=args.instance, **kwargs)
+    definitions = discover_definitions(args.schedules)
+    return Engine(definitions, open_store(args.store, create=create), instance=args.instance, **kwargs)
 
 
 async def _with_backend(args: argparse.Namespace, body: Callable[[Backend], Coroutine[Any, Any, int]]) -> int:
@@ -719,6 +751,14 @@ VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "backfill": cmd_backfill,
     "manifest": cmd_manifest,
 }
+
+
+def _verbs() -> dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]]:
+    """Every command and its handler: this module's verbs and the verb modules'."""
+    verbs = dict(VERBS)
+    for module in verb_modules():
+        verbs.update(module.VERBS)
+    return verbs
 
 
 def run() -> None:
