@@ -149,6 +149,7 @@ class ExternalFiring:
 class _BackfillJob:
     progress: BackfillProgress
     task: asyncio.Task[None] | None = None
+    cancelled: bool = False
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -543,18 +544,27 @@ class Engine:
             self._armed.pop(state.name, None)
 
     async def list_schedules(self) -> list[ScheduleView]:
-        """Every schedule with its state, next slot and newest run."""
+        """Every schedule with its state, next slot, newest self/external run and newest
+        manual run (when that is its newest run)."""
         self._handoff()
         await self.refresh_states()
-        last = await self.store.last_runs(self.schedules)
-        return [self._view(schedule, last.get(name)) for name, schedule in self.schedules.items()]
+        return await self._views(list(self.schedules))
 
     async def get_schedule(self, name: str) -> ScheduleView:
-        schedule = self.schedule(name)
-        runs = await self.store.list_runs(name, limit=1)
-        return self._view(schedule, runs[0] if runs else None)
+        self.schedule(name)
+        return (await self._views([name]))[0]
 
-    def _view(self, schedule: Schedule, last_run: Run | None) -> ScheduleView:
+    async def _views(self, names: list[str]) -> list[ScheduleView]:
+        last = await self.store.last_runs(names)
+        latest = await self.store.last_runs(names, manual=True)
+        views = []
+        for name in names:
+            newest = latest.get(name)
+            manual = newest if newest is not None and newest.trigger == "manual" else None
+            views.append(self._view(self.schedules[name], last.get(name), manual))
+        return views
+
+    def _view(self, schedule: Schedule, last_run: Run | None, latest_manual: Run | None = None) -> ScheduleView:
         state = self._states.get(schedule.name)
         enabled = state.enabled if state is not None else schedule.enabled
         return ScheduleView(
@@ -571,6 +581,7 @@ class Engine:
             state_note=state.state_note if state is not None else None,
             next_fire_at=self._next_fire(schedule, enabled),
             last_run=last_run,
+            latest_manual=latest_manual,
         )
 
     async def list_runs(
@@ -1471,8 +1482,10 @@ class Engine:
         *,
         confirm: bool = False,
         limit: int | None = None,
+        skip_succeeded: bool = False,
     ) -> BackfillProgress:
-        """Start firing the slots in ``(start, end]`` in order, in the background.
+        """Start firing the slots in ``(start, end]`` in order, in the background; with
+        ``skip_succeeded``, only those without a succeeded run.
 
         Raises :class:`Refused` (with the count and reason) when the plan is refused or a
         backfill of this schedule is already running anywhere."""
@@ -1483,6 +1496,12 @@ class Engine:
             )
         schedule = self.schedules[name]
         slots = list(schedule.cron.occurrences(plan.start, plan.end))
+        if skip_succeeded:
+            done = await self.succeeded_slots(name, slots)
+            slots = [slot for slot in slots if slot not in done]
+            if not slots:
+                raise Refused(f'backfill of "{name}": every slot in the range already succeeded', count=0,
+                              reason="nothing to run")
         progress = BackfillProgress(
             id=self.new_id(),
             name=name,
@@ -1515,8 +1534,10 @@ class Engine:
                 await self.store.update_backfill(job.progress)
             job.progress = dataclasses.replace(job.progress, state="done", finished_at=self.clock.now(), current=None)
         except asyncio.CancelledError:
-            job.progress = dataclasses.replace(job.progress, state="abandoned", finished_at=self.clock.now())
-            raise
+            state: Literal["cancelled", "abandoned"] = "cancelled" if job.cancelled else "abandoned"
+            job.progress = dataclasses.replace(job.progress, state=state, finished_at=self.clock.now())
+            if not job.cancelled:
+                raise
         finally:
             with contextlib.suppress(Unavailable):
                 await self.store.update_backfill(job.progress)
@@ -1530,6 +1551,36 @@ class Engine:
                 job.progress.failed,
                 job.progress.remaining,
             )
+
+    async def succeeded_slots(self, name: str, slots: list[datetime]) -> set[datetime]:
+        """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""
+        if not slots:
+            return set()
+        found = await self.store.runs_between(
+            [name], slots[0], slots[-1] + timedelta(seconds=1), limit_per_name=4 * len(slots) + 100
+        )
+        wanted = set(slots)
+        return {r.scheduled_at for r in found.get(name, []) if r.status == "succeeded" and r.scheduled_at in wanted}
+
+    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
+        """Stop a running backfill of this engine before its next slot (the run in flight
+        finishes on its own); recorded ``cancelled`` with what it fired."""
+        job = self._backfills.get(backfill_id)
+        if job is None:
+            progress = await self.backfill_progress(backfill_id)
+            if progress.state != "running":
+                return progress
+            raise Refused(f"backfill {backfill_id} runs on instance {progress.instance}; cancel it there",
+                          reason="runs elsewhere")
+        if job.task is not None and not job.task.done():
+            job.cancelled = True
+            job.task.cancel()
+            await asyncio.gather(job.task, return_exceptions=True)
+        if job.progress.state == "running":  # cancelled before its first step
+            job.progress = dataclasses.replace(job.progress, state="cancelled", finished_at=self.clock.now())
+            await self.store.update_backfill(job.progress)
+            job.finished.set()
+        return job.progress
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
         job = self._backfills.get(backfill_id)

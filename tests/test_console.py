@@ -140,7 +140,7 @@ async def test_main_screen_shows_every_schedule_and_the_selected_runs(store_url:
         assert cell(app, "legacy-cleanup", "enabled").startswith("○ off: paused during")
         assert cell(app, "stuck-import", "last") == "✗ failed 5.0s ◆"
         assert cell(app, "billing-webhook", "last") == "✓ succeeded 0ms ⇲"
-        assert cell(app, "daily-digest", "last") == "▶ running ✎"
+        assert cell(app, "daily-digest", "last") == "↷ skipped 0ms ◆"  # the newest self slot; the manual run is newer
         assert cell(app, "daily-digest", "tz") == "Europe/Berlin"
         runs = app.query_one(RunsTable).runs
         assert [r.status for r in runs] == ["running", "skipped", "succeeded", "failed", "missed", "missed", "succeeded"]
