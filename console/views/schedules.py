@@ -9,13 +9,14 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.content import Content
-from textual.widgets import DataTable, Static
+from textual.widgets import DataTable
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.interface import RunsPage
 from backend.model import Run
 
 from ..fleet import durations
+from ..widgets.line import Line
 from ..widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
 from .base import View
 
@@ -51,7 +52,7 @@ class SchedulesView(View):
 
     def compose(self) -> ComposeResult:
         console = self.console
-        yield Static("SCHEDULES", id="schedules-title", classes="section")
+        yield Line("SCHEDULES", id="schedules-title", classes="section")
         yield SchedulesTable(console.crons, console.overdue, id="schedules")
         yield DetailBar(id="detail")
         yield RecentRuns(id="recent")
@@ -130,7 +131,7 @@ class SchedulesView(View):
         hidden = self.table.hidden_columns()
         if hidden:
             title += f" · → {', '.join(hidden)} off-screen (wider terminal, or ← →)"
-        self.query_one("#schedules-title", Static).update(Content(title))
+        self.query_one("#schedules-title", Line).update(Content(title))
 
     def _show_detail(self) -> None:
         console = self.console

@@ -9,13 +9,13 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.content import Content
-from textual.widgets import Static
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.model import Run
 
 from .. import format as fmt
 from ..timeline import DEFAULT_ZOOM, ZOOMS, Window, kind_of, zoom_label
+from ..widgets.line import Line
 from ..widgets import TimelineGrid
 from ..widgets.palette import KIND_MEANINGS
 from ..widgets.runs import run_duration
@@ -55,9 +55,9 @@ class TimelineView(View):
         self.loaded_for: tuple[Window, frozenset[str]] | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static("TIMELINE", id="timeline-title", classes="section")
+        yield Line("TIMELINE", id="timeline-title", classes="section")
         yield TimelineGrid(self.console.crons, id="timeline-grid")
-        yield Static("", id="timeline-info")
+        yield Line("", id="timeline-info")
 
     @property
     def grid(self) -> TimelineGrid:
@@ -88,9 +88,9 @@ class TimelineView(View):
         grid = self.grid
         rows = self.console.visible_views()
         top = int(grid.scroll_y)
-        height = max(1, grid.size.height - 1) if grid.size.height else 40
-        # The cursor's row first: the row an operator looks at is never the one left out.
-        on_screen = rows[top : top + height + 1]
+        # Not laid out yet (the view was just switched to): no more rows than the screen has.
+        height = max(1, (grid.size.height or self.app.size.height) - 1)
+        on_screen = rows[top : top + height]
         return [v.name for v in on_screen]
 
     # -- data ---------------------------------------------------------------------------
@@ -149,7 +149,7 @@ class TimelineView(View):
         title = f"TIMELINE {shown} schedules · {zoom_label(ZOOMS[self.zoom])} · {span} · {mode}"
         if console.filter_text:
             title += f" · filter “{console.filter_text}”"
-        self.query_one("#timeline-title", Static).update(Content(title))
+        self.query_one("#timeline-title", Line).update(Content(title))
 
     def tick(self, now: datetime) -> None:
         grid = self.grid
@@ -167,7 +167,7 @@ class TimelineView(View):
             self.reload()
 
     def _info(self) -> None:
-        info = self.query_one("#timeline-info", Static)
+        info = self.query_one("#timeline-info", Line)
         console = self.console
         cursor = self.grid.cursor
         if cursor is None:

@@ -11,13 +11,13 @@ from textual.binding import Binding
 from textual.content import Content
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import DataTable
 
 from backend.model import Run, ScheduleView
 
 from .. import format as fmt
 from ..fleet import Durations
 from .palette import outcome_text, status_cell, status_text, theme_color
+from .schedules import FreshTable
 
 __all__ = ["DetailBar", "RecentRuns", "RunsTable", "UpcomingLine", "lag"]
 
@@ -54,13 +54,14 @@ class DetailBar(Widget):
     }
     """
 
-    view: reactive[ScheduleView | None] = reactive(None)
+    # The line count follows these (a note, an overdue line, a description): re-lay out.
+    view: reactive[ScheduleView | None] = reactive(None, layout=True)
     """The schedule shown."""
     page: reactive[str] = reactive("")
     """Which page of runs is on screen (empty on the newest)."""
     durations: reactive[Durations | None] = reactive(None)
     """p50/p95 of the runs on screen."""
-    overdue_since: reactive[datetime | None] = reactive(None)
+    overdue_since: reactive[datetime | None] = reactive(None, layout=True)
     zone: reactive[str] = reactive("UTC")
     """The display zone (the operator's, or UTC) for when it was disabled."""
     now: reactive[datetime | None] = reactive(None)
@@ -168,7 +169,7 @@ class UpcomingLine(Widget):
         return Content.assemble(*parts)
 
 
-class RunsTable(DataTable[Text | str]):
+class RunsTable(FreshTable):
     """One page of the selected schedule's runs, newest first by scheduled time. Times are
     in the display zone; the error column takes the room the others leave (and at least
     :data:`ERROR_MIN`), so it stays on screen at 80 columns."""
@@ -224,14 +225,15 @@ class RunsTable(DataTable[Text | str]):
         width = self._error_width()
         if len(error) > width:
             error = error[: width - 1] + "…"
+        # Text, never str: a str cell is parsed as markup on every measure and render.
         return (
-            fmt.short_time(run.scheduled_at, zone),
+            Text(fmt.short_time(run.scheduled_at, zone)),
             status_text(self.app, run.status),
             outcome_text(self.app, run.coordination_outcome),
-            run_duration(run, self._max_runtime_s, now),
-            Text(error, style=Style(color=theme_color(self.app, "text-error"))) if error else "",
-            lag(run),
-            run.instance,
+            Text(run_duration(run, self._max_runtime_s, now)),
+            Text(error, style=Style(color=theme_color(self.app, "text-error"))),
+            Text(lag(run)),
+            Text(run.instance),
         )
 
     def show(self, runs: list[Run], zone: str, now: datetime, max_runtime_s: float = 1800.0) -> None:

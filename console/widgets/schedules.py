@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 
 from rich.style import Style
 from rich.text import Text
+from textual import events
 from textual.binding import Binding
 from textual.widgets import DataTable
 
@@ -22,7 +23,7 @@ from .. import format as fmt
 from ..fleet import CronCache, Overdue
 from .palette import OUTCOME_COLORS, status_style, theme_color
 
-__all__ = ["LAST_WIDTH", "NAME_MAX", "SchedulesTable", "last_run_text"]
+__all__ = ["LAST_WIDTH", "NAME_MAX", "FreshTable", "SchedulesTable", "last_run_text"]
 
 NAME_MAX = 28
 """Longer names are cut with an ellipsis (the detail bar shows the whole name)."""
@@ -69,7 +70,20 @@ def last_run_text(view: ScheduleView, now: datetime, app: object) -> Text:
     return text
 
 
-class SchedulesTable(DataTable[Text | str]):
+class FreshTable(DataTable[Text | str]):
+    """A DataTable that never shows rows drawn with the column widths of before: Textual
+    measures new rows when idle and keeps lines it drew in between (a frame could show the
+    first rows cut to the old widths). Once measured, those lines are dropped."""
+
+    async def _on_idle(self, event: events.Idle) -> None:
+        measuring = self._require_update_dimensions
+        await super()._on_idle(event)
+        if measuring:
+            self._line_cache.clear()
+            self.refresh()
+
+
+class SchedulesTable(FreshTable):
     """:meth:`show` diffs against what is on screen (cursor and scroll stay put); :meth:`tick`
     recomputes the time-dependent cells (countdown, ages, overdue) of the rows on screen."""
 
@@ -140,7 +154,7 @@ class SchedulesTable(DataTable[Text | str]):
             return Text("⚠ overdue", style=Style(color=theme_color(self.app, "text-warning"), bold=True, reverse=True))
         return Text("● on", style=theme_color(self.app, "text-success"))
 
-    def _countdown(self, view: ScheduleView, now: datetime) -> Text | str:
+    def _countdown(self, view: ScheduleView, now: datetime) -> Text:
         if not view.enabled:
             return Text("disabled", style=theme_color(self.app, "text-muted"))
         if view.next_fire_at is None:
@@ -150,18 +164,19 @@ class SchedulesTable(DataTable[Text | str]):
             # The known slot has passed and no fresh data says what came next (paused, or
             # between refreshes): count down to the cron's next slot instead of "due now".
             target = self.crons.next_after(view, now) or target
-        return fmt.countdown(target, now)
+        return Text(fmt.countdown(target, now))
 
     def _cells(self, view: ScheduleView, now: datetime, data_now: datetime) -> tuple[Text | str, ...]:
+        # Text, never str: a str cell is parsed as markup on every measure and render.
         name = view.name if len(view.name) <= NAME_MAX else view.name[: NAME_MAX - 1] + "…"
         return (
             Text(name, style="bold"),
             self._state(view, data_now),
             self._countdown(view, now),
             last_run_text(view, now, self.app),
-            view.cron,
-            view.timezone,
-            view.trigger,
+            Text(view.cron),
+            Text(view.timezone),
+            Text(view.trigger),
         )
 
     # -- showing ------------------------------------------------------------------------
