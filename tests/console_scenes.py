@@ -165,7 +165,11 @@ def scene_app(ledger: Path, name: str) -> tuple[SchedtuiApp, RunBefore]:
         backend = FlakyBackend(backend)
         where = FlakyBackend.URL
     if options.get("no_color"):
-        os.environ["NO_COLOR"] = "1"  # Textual reads (and removes) it when the app is made
-    app = SchedtuiApp(backend, clock, where=where, read_only=read_only, close_backend_on_exit=True,
-                      operator_zone=OPERATOR_ZONE)
+        os.environ["NO_COLOR"] = "1"  # Textual reads it when the app is made
+    try:
+        app = SchedtuiApp(backend, clock, where=where, read_only=read_only, close_backend_on_exit=True,
+                          operator_zone=OPERATOR_ZONE)
+    finally:
+        if options.get("no_color"):
+            del os.environ["NO_COLOR"]
     return app, run_before

@@ -593,3 +593,15 @@ def test_overdue_is_cached_until_it_can_change() -> None:
     assert overdue.since(view, at + timedelta(seconds=89)) is None  # 08:01 is due at 08:01:30
     assert overdue.since(view, at + timedelta(seconds=90)) == at + timedelta(minutes=1)
     assert overdue.since(view, at + timedelta(hours=3)) == at + timedelta(minutes=1)
+
+
+async def test_10_the_timeline_draws_under_no_color(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")  # Textual's monochrome filter reads every segment's style
+    async with console(store_url) as (app, pilot, clock, notes):
+        assert app.no_color
+        await pilot.press("2")
+        await settle(pilot)
+        grid = app.query_one(TimelineGrid)
+        assert grid.rows and "CET" in grid.render_line(0).text
+        svg = app.export_screenshot()  # the whole screen, through the filter
+        assert "flaky-export" in svg

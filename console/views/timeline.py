@@ -74,9 +74,9 @@ class TimelineView(View):
 
     @property
     def limit_per_name(self) -> int:
-        """Enough runs to fill every cell a few times over; a row with exactly this many is
+        """Enough runs for eight in every cell; a row with exactly this many is
         drawn as known only from its oldest loaded run on (zoom in for the rest)."""
-        return min(1000, max(200, 3 * self.grid.cells))
+        return min(1000, max(200, 8 * self.grid.cells))
 
     def window(self, now: datetime) -> Window:
         span, cells = ZOOMS[self.zoom], self.grid.cells

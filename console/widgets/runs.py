@@ -260,7 +260,7 @@ class RunsTable(FreshTable):
             self.move_cursor(row=self.get_row_index(selected), animate=False)
 
     def hidden_columns(self) -> list[str]:
-        room = self.size.width - 1
+        room = self.scrollable_content_region.width
         used, hidden = 0, []
         for column in self.ordered_columns:
             used += column.get_render_width(self)

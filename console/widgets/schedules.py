@@ -138,7 +138,7 @@ class SchedulesTable(FreshTable):
 
     def hidden_columns(self) -> list[str]:
         """The labels of the columns that do not fit the table's width (from the right)."""
-        room = self.size.width - 1
+        room = self.scrollable_content_region.width
         used, hidden = 0, []
         for column in self.ordered_columns:
             used += column.get_render_width(self)

@@ -38,6 +38,8 @@ MARKS = {
 """The timeline's marks besides runs (legend under ``?``)."""
 
 NAME_MAX = 24
+_PLAIN = Style()
+"""Padding's style: never None (the NO_COLOR filter reads every segment's style)."""
 
 
 class TimelineGrid(ScrollView, can_focus=True):
@@ -267,12 +269,12 @@ class TimelineGrid(ScrollView, can_focus=True):
     def render_line(self, y: int) -> Strip:
         width = self.size.width
         if self.window is None or self.now is None:
-            return Strip.blank(width)
+            return Strip.blank(width, _PLAIN)
         if y == 0:
             return self._axis(width)
         index = int(self.scroll_y) + y - 1
         if not 0 <= index < len(self.rows):
-            return Strip.blank(width)
+            return Strip.blank(width, _PLAIN)
         return self._row(self.rows[index], index == self.cursor_row, width)
 
     def _axis(self, width: int) -> Strip:
@@ -295,7 +297,7 @@ class TimelineGrid(ScrollView, can_focus=True):
         if 0 <= now_i < window.cells:
             segments.append(Segment("▼", self._style(("axis", "text-accent", "bold"))))
             segments.append(Segment("".join(chars[now_i + 1 :]), self._style(("axis", "text-muted"))))
-        return Strip(segments).adjust_cell_length(width)
+        return Strip(segments).adjust_cell_length(width, _PLAIN)
 
     def _row(self, view: ScheduleView, is_cursor: bool, width: int) -> Strip:
         assert self.window is not None and self.now is not None
@@ -309,7 +311,7 @@ class TimelineGrid(ScrollView, can_focus=True):
             state = (" ", self._style(("state", "foreground")))
         name = view.name if len(view.name) <= name_w - 2 else view.name[: name_w - 3] + "…"
         name_style = self._style(("name", "foreground", "bold", "reverse")) if is_cursor else self._style(("name", "foreground", "bold"))
-        segments = [Segment(*state), Segment(name.ljust(name_w - 2), name_style), Segment(" ")]
+        segments = [Segment(*state), Segment(name.ljust(name_w - 2), name_style), Segment(" ", _PLAIN)]
         now_i = window.index(self.now)
         muted = self._style(("mark", "text-muted", "dim"))
         for i in range(window.cells):
@@ -325,7 +327,7 @@ class TimelineGrid(ScrollView, can_focus=True):
             if is_cursor and i == self.cursor_cell:
                 style = self._style(("cursor", "accent"))
             segments.append(Segment(char, style))
-        return Strip(Segment.simplify(segments)).adjust_cell_length(width)
+        return Strip(Segment.simplify(segments)).adjust_cell_length(width, _PLAIN)
 
     def refresh_now(self, now: datetime) -> None:
         """A tick: redraw only if "now" moved to another cell (the marks depend on it)."""
