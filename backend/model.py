@@ -384,25 +384,6 @@ class ScheduleView:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Instance:
-    """An engine process registered in the store, with its latest heartbeat. An engine that
-    fires (``serve``, ``console --fire``) beats every few seconds; one that only opens the
-    store (a CLI verb, a watching console) beats once, when it opens it."""
-
-    instance: str
-    host: str
-    pid: int
-    heartbeat_at: datetime
-
-    def to_json(self) -> dict[str, Any]:
-        return {"instance": self.instance, "host": self.host, "pid": self.pid, "heartbeat_at": iso(self.heartbeat_at)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Instance:
-        return cls(data["instance"], data["host"], data["pid"], parse_iso(data["heartbeat_at"]))
-
-
 #: Above this many slots a range backfill needs an explicit confirmation.
 BACKFILL_CONFIRM_ABOVE: Final = 25
 #: Default most slots one backfill may fire.
