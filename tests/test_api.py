@@ -109,7 +109,7 @@ def test_schedules_and_runs(server: Server) -> None:
     assert set(page) == {"runs", "next_before"} and page["runs"][0]["id"] == run_id
     assert set(page["runs"][0]) == {
         "id", "name", "scheduled_at", "fired_at", "finished_at", "status", "trigger",
-        "coordination_outcome", "instance", "error_tag", "error_message", "duration_ms",
+        "coordination_outcome", "instance", "error_tag", "error_message", "duration_ms", "traceback",
     }
     assert op.get(f"/inspect/runs/{run_id}").json()["trigger"] == "manual"
 
