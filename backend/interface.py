@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
+from .audit import AuditPage
 from .engine import Engine
+from .events import READY, STREAM, Signal
 from .errors import Forbidden, Unavailable
 from .inputs import check_before, check_id, check_instant
 from .model import (
@@ -60,6 +62,9 @@ class ConnectionInfo:
     fires: bool = True
     """Whether this engine fires schedules on its timers (a remote ``serve`` does; an
     embedded console only when asked to, otherwise it observes and acts)."""
+    actor: str = ""
+    """Who the actions are recorded as: the OS user or ``--as`` (embedded), the token's
+    name (remote)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +75,7 @@ class ConnectionInfo:
             "read_only": self.read_only,
             "store_kind": self.store_kind,
             "fires": self.fires,
+            "actor": self.actor,
         }
 
 
@@ -187,6 +193,18 @@ class Backend(Protocol):
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         """Return the backfill's progress once it is no longer ``running``."""
 
+    async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
+        """A page of the audit log, newest first, by keyset (``before`` an entry id)."""
+
+    def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
+        """Change signals as they happen (see :mod:`backend.events`): first a batch holding
+        a ``ready`` signal (its name says how other instances' changes arrive: ``notify``,
+        ``file`` or ``none``; a ``stream down`` beside it says they do not, for now), then
+        each batch as it comes, and ``[]`` when the stream has been quiet for a while
+        (``idle`` seconds embedded; at the server's ping remotely). ``since`` resumes after
+        the last id seen: what was missed comes first, or a ``resync``. Raises
+        ``Unavailable`` when the stream cannot be had or breaks."""
+
 
 @dataclass
 class _EngineThread:
@@ -252,6 +270,7 @@ class EmbeddedBackend:
             read_only=self.read_only,
             store_kind=self.engine.store.kind,
             fires=self.arm,
+            actor=self.engine.audit.default_actor,
         )
 
     async def connect(self) -> ConnectionInfo:
@@ -348,3 +367,19 @@ class EmbeddedBackend:
 
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         return await self._call(self.engine.wait_backfill(check_id(backfill_id, "backfill")))
+
+    async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
+        return await self._call(self.engine.audit.list(limit=limit, before=before))
+
+    async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
+        bus = self.engine.events
+        subscription = bus.subscribe(since=since)  # read on the caller's loop, whatever the engine's
+        try:
+            ready = [Signal(since or subscription.start_id, READY, self.engine.relay.stream_kind)]
+            if not bus.live:
+                ready.append(Signal(subscription.start_id, STREAM, "down"))
+            yield ready
+            while not subscription.closed:
+                yield await subscription.get(idle)
+        finally:
+            subscription.close()

@@ -20,6 +20,7 @@ import pytest
 from textual.pilot import Pilot
 
 from backend import Engine, Forbidden, ManualClock, NotFound, Run, define_schedule
+from backend.audit import os_user
 from backend.interface import EmbeddedBackend
 from backend.model import parse_iso
 from backend.store import open_store
@@ -218,7 +219,7 @@ async def test_e_disables_with_a_note_then_enables(store_url: str) -> None:
         view = app.view_of("heartbeat")
         assert view is not None and not view.enabled
         assert view.state_note is not None and view.state_note.note == "vendor outage"
-        assert view.state_note.by == "console"
+        assert view.state_note.by == os_user()  # the person at the console
         assert cell(app, "heartbeat", "enabled") == "○ off: vendor outage"
         assert cell(app, "heartbeat", "next") == "disabled"
         assert notes.titled("Disabled") == ["heartbeat disabled: vendor outage"]
