@@ -237,6 +237,7 @@ class StoreWatch:
 
     def listen(self) -> None:
         if self._task is None or self._task.done():
+            self.loops.expect("store watch")  # quiesce waits for its first look
             self._task = self.loops.spawn(self._watch(), "store watch")
 
     async def _watch(self) -> None:

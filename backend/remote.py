@@ -277,7 +277,7 @@ class SseParser:
         self._buffer = ""
 
     def feed(self, chunk: str) -> list[Signal] | None:
-        self._buffer += chunk.replace("\r\n", "\n")
+        self._buffer = (self._buffer + chunk).replace("\r\n", "\n")  # a CR may end one chunk, its LF the next
         *blocks, self._buffer = self._buffer.split("\n\n")
         if not blocks:
             return None
