@@ -6,9 +6,11 @@ from the other processes sharing the store.
   ``runs`` for a schedule only once the rows recorded before are committed, so whoever
   reads on a signal finds what it announced.
 * PostgreSQL (:class:`PostgresRelay`): signals published here are sent to the other
-  instances as one NOTIFY per batch, at most one every :data:`NOTIFY_EVERY` seconds (the
-  first of a quiet spell at once), each its own tiny statement, never inside another
-  transaction; a batch too large for one notification is sent as a resync. A dedicated
+  instances as one NOTIFY per batch (what gathered within :data:`NOTIFY_GATHER`), each its
+  own tiny statement, never inside another transaction; at most :data:`NOTIFY_RATE` a
+  second, with bursts of up to :data:`NOTIFY_BURST` (one action often signals twice: its
+  audit entry, then its run), so that a quiet instance tells at once and a busy one
+  coalesces. A batch too large for one notification is sent as a resync. A dedicated
   LISTEN connection (opened when the first reader subscribes) publishes what the others
   send. It reconnects by itself; while it is down the bus says so (``stream down``), and
   once it is back the bus owes its readers a resync, since notifications sent meanwhile
@@ -37,7 +39,9 @@ from .loops import Loops
 from .model import Run
 
 __all__ = [
-    "NOTIFY_EVERY",
+    "NOTIFY_BURST",
+    "NOTIFY_GATHER",
+    "NOTIFY_RATE",
     "WATCH_EVERY",
     "CountingStore",
     "NotifyingStore",
@@ -49,8 +53,12 @@ __all__ = [
 
 log = logging.getLogger("schedtui.events")
 
-#: Seconds between two NOTIFYs of one instance, at least (a few per second at most).
-NOTIFY_EVERY = 0.2
+#: NOTIFYs a second one instance sends at most, in the long run …
+NOTIFY_RATE = 5.0
+#: … and at most this many at once after a quiet spell (a token bucket).
+NOTIFY_BURST = 3
+#: Seconds a notification waits for the other signals of the same moment.
+NOTIFY_GATHER = 0.005
 #: Seconds between two looks at an SQLite file's change counter.
 WATCH_EVERY = 0.25
 #: The largest notification payload sent (PostgreSQL's limit is 8,000 bytes).
@@ -129,11 +137,24 @@ class RunSignals:
 class PostgresRelay:
     """Signals between the instances sharing a PostgreSQL store (see the module docstring)."""
 
-    def __init__(self, store: NotifyingStore, events: EventBus, loops: Loops, *, every: float = NOTIFY_EVERY) -> None:
+    def __init__(
+        self,
+        store: NotifyingStore,
+        events: EventBus,
+        loops: Loops,
+        *,
+        rate: float = NOTIFY_RATE,
+        burst: int = NOTIFY_BURST,
+        gather: float = NOTIFY_GATHER,
+    ) -> None:
         self.store = store
         self.events = events
         self.loops = loops
-        self.every = every
+        self.rate = rate
+        self.burst = burst
+        self.gather = gather
+        self._tokens = float(burst)
+        self._refilled = time.monotonic()
         self.origin = os.urandom(6).hex()
         """Names this process in its notifications, to skip its own when they come back."""
         self._pending: dict[tuple[str, str | None], None] = {}
@@ -141,7 +162,6 @@ class PostgresRelay:
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
-        self._last_sent = -1e9
         self._listened = False
         self.sent = 0
         """NOTIFYs sent by this process."""
@@ -178,9 +198,14 @@ class PostgresRelay:
         while True:
             await self._wake.wait()
             # Pacing a network chatter, not engine time: the wall clock is the right one here.
-            wait = self._last_sent + self.every - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
+            await asyncio.sleep(self.gather)
+            now = time.monotonic()
+            self._tokens = min(float(self.burst), self._tokens + (now - self._refilled) * self.rate)
+            self._refilled = now
+            if self._tokens < 1:
+                await asyncio.sleep((1 - self._tokens) / self.rate)
+                self._tokens, self._refilled = 1.0, time.monotonic()
+            self._tokens -= 1
             self._wake.clear()
             await self.send_now()
 
@@ -189,7 +214,6 @@ class PostgresRelay:
         if not self._pending and not self._resync:
             return
         payload = self._payload()
-        self._last_sent = time.monotonic()
         try:
             await self.store.notify_events(payload)
             self.sent += 1

@@ -10,6 +10,7 @@ import asyncio
 import socket
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from backend import Engine, ManualClock, RunContext, define_schedule
 from backend.api import create_app
 from backend.events import RESYNC, STREAM, EventBus, Signal, Subscription
 from backend.interface import EmbeddedBackend
+from backend.loops import Loops
+from backend.relay import NOTIFY_BURST, NOTIFY_RATE, PostgresRelay
 from backend.remote import RemoteBackend, SseParser
 from backend.server import serve
 from backend.store import open_store
@@ -304,6 +307,36 @@ async def test_the_listener_reconnects_and_readers_refetch(fleet: tuple[Engine, 
     await listening(pg_url)
     await b.set_enabled("job1", False)
     await until(inbox.get, lambda batch: ("schedules", "job1") in pairs(batch))
+
+
+class CountingNotifier:
+    """A store that only counts notifications (when they were sent, by the wall clock)."""
+
+    def __init__(self) -> None:
+        self.sent: list[float] = []
+
+    async def notify_events(self, payload: str) -> None:
+        self.sent.append(time.monotonic())
+
+    async def listen_events(self, on_payload: Any, on_state: Any) -> None:
+        await asyncio.Future()
+
+
+async def test_a_busy_instance_notifies_at_most_a_few_times_a_second(clock: ManualClock) -> None:
+    store = CountingNotifier()
+    bus = EventBus()
+    relay = PostgresRelay(store, bus, Loops(clock))
+    relay.open()
+    started = time.monotonic()
+    for i in range(150):  # a signal every ~10 ms for ~1.5 s: the load, not a synchronisation
+        bus.publish("runs", f"s{i % 7}")
+        await asyncio.sleep(0.01)
+    elapsed = time.monotonic() - started
+    await relay.stop()
+    # The first three at once (the burst), then at most five a second.
+    assert len(store.sent) <= NOTIFY_BURST + elapsed * NOTIFY_RATE + 1
+    assert store.sent[0] - started < 0.1  # a quiet instance tells at once
+    assert len(store.sent) >= 3
 
 
 # ---------------------------------------------------------------------------------------

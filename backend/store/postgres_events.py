@@ -24,7 +24,8 @@ log = logging.getLogger("schedtui.events")
 CHANNEL = "schedtui_events"
 NOTIFY = f"SELECT pg_notify('{CHANNEL}', %s)"
 LISTEN = f"LISTEN {CHANNEL}"
-PING = "SELECT 1"
+#: The check of a quiet listening connection: listening again is a no-op that needs the server.
+PING = LISTEN
 #: Seconds without a notification after which the listening connection is checked.
 LISTEN_CHECK = 15.0
 #: Pauses between attempts to listen again (seconds); the last repeats.
