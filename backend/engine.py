@@ -453,18 +453,27 @@ class Engine:
             self.timers.disarm(state.name)
 
     async def list_schedules(self) -> list[ScheduleView]:
-        """Every schedule with its state, next slot and newest run."""
+        """Every schedule with its state, next slot, newest self/external run and newest
+        manual run (when that is its newest run)."""
         self.ledger.handoff()
         await self.refresh_states()
-        last = await self.store.last_runs(self.schedules)
-        return [self._view(schedule, last.get(name)) for name, schedule in self.schedules.items()]
+        return await self._views(list(self.schedules))
 
     async def get_schedule(self, name: str) -> ScheduleView:
-        schedule = self.schedule(name)
-        runs = await self.store.list_runs(name, limit=1)
-        return self._view(schedule, runs[0] if runs else None)
+        self.schedule(name)
+        return (await self._views([name]))[0]
 
-    def _view(self, schedule: Schedule, last_run: Run | None) -> ScheduleView:
+    async def _views(self, names: list[str]) -> list[ScheduleView]:
+        last = await self.store.last_runs(names)
+        latest = await self.store.last_runs(names, manual=True)
+        views = []
+        for name in names:
+            newest = latest.get(name)
+            manual = newest if newest is not None and newest.trigger == "manual" else None
+            views.append(self._view(self.schedules[name], last.get(name), manual))
+        return views
+
+    def _view(self, schedule: Schedule, last_run: Run | None, latest_manual: Run | None = None) -> ScheduleView:
         state = self.states.get(schedule.name)
         enabled = state.enabled if state is not None else schedule.enabled
         return ScheduleView(
@@ -481,6 +490,7 @@ class Engine:
             state_note=state.state_note if state is not None else None,
             next_fire_at=self._next_fire(schedule, enabled),
             last_run=last_run,
+            latest_manual=latest_manual,
         )
 
     async def list_runs(
@@ -598,16 +608,42 @@ class Engine:
         return self.backfills.plan(self.schedule(name), start, end, confirm=confirm, limit=limit)
 
     async def start_backfill(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        confirm: bool = False,
+        limit: int | None = None,
+        skip_succeeded: bool = False,
     ) -> BackfillProgress:
-        """Start firing the slots in ``(start, end]`` in order, in the background; raises
-        :class:`Refused` when the plan is refused or one runs for this schedule anywhere."""
-        progress = await self.backfills.start(self.schedule(name), start, end, confirm=confirm, limit=limit)
-        await self.audit.record(
-            "schedule.backfill",
-            name,
-            {"backfill_id": progress.id, "from": iso(progress.start), "to": iso(progress.end), "count": progress.total},
+        """Start firing the slots in ``(start, end]`` in order, in the background (with
+        ``skip_succeeded``, only those without a succeeded run); raises :class:`Refused`
+        when the plan is refused or one runs for this schedule anywhere."""
+        progress = await self.backfills.start(
+            self.schedule(name), start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
         )
+        detail = {"backfill_id": progress.id, "from": iso(progress.start), "to": iso(progress.end), "count": progress.total}
+        if skip_succeeded:
+            detail["skip_succeeded"] = True
+        await self.audit.record("schedule.backfill", name, detail)
+        return progress
+
+    async def succeeded_slots(self, name: str, slots: list[datetime]) -> set[datetime]:
+        """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""
+        return await self.backfills.succeeded_slots(self.schedule(name), slots)
+
+    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
+        """Stop a running backfill of this engine before its next slot (the run in flight
+        finishes on its own); recorded ``cancelled`` with what it fired."""
+        running = backfill_id in self.backfills.jobs and self.backfills.jobs[backfill_id].progress.state == "running"
+        progress = await self.backfills.cancel(backfill_id)
+        if running and progress.state == "cancelled":
+            await self.audit.record(
+                "schedule.backfill_cancel",
+                progress.name,
+                {"backfill_id": progress.id, "fired": progress.fired, "failed": progress.failed, "remaining": progress.remaining},
+            )
         return progress
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:

@@ -341,6 +341,10 @@ class ScheduleView:
     state_note: StateNote | None
     next_fire_at: datetime | None
     last_run: Run | None
+    """The run of the newest self/external slot (by scheduled time), or ``None``."""
+    latest_manual: Run | None = None
+    """The schedule's newest run by scheduled time when that run is manual (a Run now, or a
+    backfill reaching past ``last_run``); ``None`` otherwise."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -357,6 +361,7 @@ class ScheduleView:
             "state_note": self.state_note.to_json() if self.state_note else None,
             "next_fire_at": iso(self.next_fire_at),
             "last_run": self.last_run.to_json() if self.last_run else None,
+            "latest_manual": self.latest_manual.to_json() if self.latest_manual else None,
         }
 
     @classmethod
@@ -375,7 +380,27 @@ class ScheduleView:
             state_note=StateNote.from_json(data["state_note"]) if data.get("state_note") else None,
             next_fire_at=parse_iso(data["next_fire_at"]) if data.get("next_fire_at") else None,
             last_run=Run.from_json(data["last_run"]) if data.get("last_run") else None,
+            latest_manual=Run.from_json(data["latest_manual"]) if data.get("latest_manual") else None,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """An engine process registered in the store, with its latest heartbeat. An engine that
+    fires (``serve``, ``console --fire``) beats every few seconds; one that only opens the
+    store (a CLI verb, a watching console) beats once, when it opens it."""
+
+    instance: str
+    host: str
+    pid: int
+    heartbeat_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {"instance": self.instance, "host": self.host, "pid": self.pid, "heartbeat_at": iso(self.heartbeat_at)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Instance:
+        return cls(data["instance"], data["host"], data["pid"], parse_iso(data["heartbeat_at"]))
 
 
 #: Above this many slots a range backfill needs an explicit confirmation.
@@ -408,6 +433,9 @@ class BackfillPlan:
     reason: str | None = None
     """The refusal's kind in a few words: ``reversed range``, ``empty range``, ``reaches into
     the future``, ``no slots in range``, ``over the limit`` or ``needs confirmation``."""
+    already_succeeded: int = 0
+    """How many of the slots already have a succeeded run (any trigger): they would run
+    again, unless the backfill is started with ``skip_succeeded``."""
 
     @property
     def ok(self) -> bool:
@@ -435,6 +463,7 @@ class BackfillPlan:
             "ok": self.ok,
             "refusal": self.refusal,
             "reason": self.reason,
+            "already_succeeded": self.already_succeeded,
         }
 
     @classmethod
@@ -451,10 +480,13 @@ class BackfillPlan:
             confirm=data["confirm"],
             refusal=data.get("refusal"),
             reason=data.get("reason"),
+            already_succeeded=data.get("already_succeeded", 0),
         )
 
 
-BackfillState = Literal["running", "done", "abandoned"]
+BackfillState = Literal["running", "done", "cancelled", "abandoned"]
+"""``cancelled``: an operator stopped it (the run in flight then finishes on its own);
+``abandoned``: the process running it stopped."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,6 +130,27 @@ async def test_every_schedule_action_is_recorded_with_its_actor(make_engine: Any
     assert all(e.at == clock.now() for e in page.entries)
 
 
+async def test_cancelling_a_backfill_is_recorded_once(make_engine: Any) -> None:
+    gate = asyncio.Event()
+
+    async def slow(ctx: RunContext) -> None:
+        await gate.wait()
+
+    engine: Engine = make_engine([define_schedule(name="slow", cron="0 * * * *", timezone="UTC", handler=slow)])
+    await engine.open()
+    progress = await engine.start_backfill("slow", T0 - timedelta(hours=3), T0 - timedelta(minutes=30))
+    with acting_as("carol"):
+        cancelled = await engine.cancel_backfill(progress.id)
+        assert cancelled.state == "cancelled"
+        await engine.cancel_backfill(progress.id)  # already over: nothing to record
+    gate.set()
+    entries = (await engine.audit.list()).entries
+    assert [(e.actor, e.action, e.target) for e in entries] == [
+        ("carol", "schedule.backfill_cancel", "slow"), (os_user(), "schedule.backfill", "slow"),
+    ]  # fmt: skip
+    assert entries[0].detail == {"backfill_id": progress.id, "fired": 0, "failed": 0, "remaining": 2}
+
+
 async def test_the_default_actor_is_the_os_user_and_external_fires_are_not_operator_actions(
     make_engine: Any,
 ) -> None:
