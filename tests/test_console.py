@@ -170,7 +170,7 @@ async def test_main_screen_shows_every_schedule_and_the_selected_runs(store_url:
 
 
 async def test_countdowns_are_recomputed_from_the_clock_on_every_tick(store_url: str) -> None:
-    async with console(store_url) as (app, pilot, clock, notes):
+    async with console(store_url, live_events=False) as (app, pilot, clock, notes):  # polling: the header has an age
         assert cell(app, "heartbeat", "next") == "in 5s"
         clock.advance(2)
         app.tick()
@@ -442,7 +442,7 @@ async def test_filter_with_slash_and_esc(store_url: str) -> None:
 
 
 async def test_p_pauses_auto_refresh_and_ctrl_r_refreshes_now(store_url: str) -> None:
-    async with console(store_url) as (app, pilot, clock, notes):
+    async with console(store_url, live_events=False) as (app, pilot, clock, notes):  # polling
         reads = 0
         original = app.backend.list_schedules
 
