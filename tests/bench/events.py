@@ -1,6 +1,6 @@
 """Live events benchmark (not a test); prints JSON.
 
-    python -m tests.bench.events [--runs 200] [--gap 0.25] [--idle 60]
+    python -m tests.bench.events [--runs 200] [--gap 0.25] [--idle 150]
 
 **Latency across instances.** Two real ``schedtui serve`` processes, A and B, on one
 PostgreSQL database (a throwaway cluster with durable settings, or ``$SCHEDTUI_BENCH_DSN``).
@@ -210,7 +210,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--gap", type=float, default=0.25, help="seconds between a signal and the next Run now")
-    parser.add_argument("--idle", type=float, default=60.0, help="seconds of idle console per mode (0: skip)")
+    parser.add_argument("--idle", type=float, default=150.0, help="seconds of idle console per mode (0: skip)")
     args = parser.parse_args()
 
     from tests import pg
