@@ -429,10 +429,11 @@ def schedule_routes(api: Api) -> list[Route]:
           An engine that fires beats every few seconds; one that only opened the store (a
           CLI verb, a watching console) beat once, when it opened it.
         responses:
-          200: {description: "{now, instances: [{instance, host, pid, heartbeat_at}]}"}
+          200: {description: "{now, instances: [{name, host, pid, heartbeat_at, heartbeat_age_s, last_fired_at}]}"}
         """
         found = await backend.instances()
-        return JSONResponse({"now": iso(await backend.now()), "instances": [i.to_json() for i in found]})
+        now = await backend.now()
+        return JSONResponse({"now": iso(now), "instances": [i.to_json(now) for i in found]})
 
     @endpoint("read")
     async def get_backfill(request: Request) -> Response:

@@ -27,7 +27,6 @@ from .model import (
     CoordinationMode,
     ExternalFiring,
     Health,
-    Instance,
     InstanceInfo,
     Run,
     ScheduleView,
@@ -179,7 +178,7 @@ class Backend(Protocol):
         at most ``limit_per_name`` (a schedule with exactly that many may have more);
         schedules without runs there are left out. ``NotFound`` for an unknown name."""
 
-    async def instances(self) -> list[Instance]:
+    async def instances(self) -> list[InstanceInfo]:
         """The engine instances registered in the store, by name, with their heartbeats."""
 
     async def get_run(self, run_id: str) -> Run: ...
@@ -371,9 +370,8 @@ class EmbeddedBackend:
         store = self.engine.store
         return await self._call(store.runs_between(names, start, end, limit_per_name=limit_per_name))
 
-    async def instances(self) -> list[Instance]:
-        beats = await self._call(self.engine.store.instances())
-        return [Instance(name, host, pid, at) for name, (host, pid, at) in sorted(beats.items())]
+    async def instances(self) -> list[InstanceInfo]:
+        return await self._call(self.engine.store.fleet())
 
     async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
         return self.engine.upcoming(name, count)

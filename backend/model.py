@@ -114,6 +114,9 @@ class Run:
     finished_at: datetime | None = None
     error_tag: str | None = None
     error_message: str | None = None
+    traceback: str | None = None
+    """The failing handler's traceback (its last 8 KB); read with one run (the API's run
+    detail, the console's details), not with lists of runs."""
 
     @property
     def duration_ms(self) -> int | None:
@@ -132,11 +135,12 @@ class Run:
         *,
         error_tag: str | None = None,
         error_message: str | None = None,
+        traceback: str | None = None,
     ) -> Run:
         # Positional construction: dataclasses.replace costs twice as much, once per run.
         return Run(
             self.id, self.name, self.scheduled_at, status, self.trigger, self.coordination_outcome,
-            self.instance, self.fired_at, at, error_tag, error_message,
+            self.instance, self.fired_at, at, error_tag, error_message, traceback,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -153,6 +157,7 @@ class Run:
             "error_tag": self.error_tag,
             "error_message": self.error_message,
             "duration_ms": self.duration_ms,
+            "traceback": self.traceback,
         }
 
     @classmethod
@@ -175,6 +180,7 @@ class Run:
             instance=data["instance"],
             error_tag=data.get("error_tag"),
             error_message=data.get("error_message"),
+            traceback=data.get("traceback"),
         )
 
 
@@ -382,25 +388,6 @@ class ScheduleView:
             last_run=Run.from_json(data["last_run"]) if data.get("last_run") else None,
             latest_manual=Run.from_json(data["latest_manual"]) if data.get("latest_manual") else None,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class Instance:
-    """An engine process registered in the store, with its latest heartbeat. An engine that
-    fires (``serve``, ``console --fire``) beats every few seconds; one that only opens the
-    store (a CLI verb, a watching console) beats once, when it opens it."""
-
-    instance: str
-    host: str
-    pid: int
-    heartbeat_at: datetime
-
-    def to_json(self) -> dict[str, Any]:
-        return {"instance": self.instance, "host": self.host, "pid": self.pid, "heartbeat_at": iso(self.heartbeat_at)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Instance:
-        return cls(data["instance"], data["host"], data["pid"], parse_iso(data["heartbeat_at"]))
 
 
 #: Above this many slots a range backfill needs an explicit confirmation.

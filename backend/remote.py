@@ -28,7 +28,7 @@ from .errors import (
 from .events import READY, RESYNC, STREAM, TOPICS, Signal
 from .inputs import check_before, check_id, check_instant, check_note
 from .interface import SYSTEMS, ConnectionInfo, RunsPage, SchedulesSnapshot, check_runs_between
-from .model import BackfillPlan, BackfillProgress, ExternalFiring, Health, Instance, Run, ScheduleView, iso, parse_iso
+from .model import BackfillPlan, BackfillProgress, ExternalFiring, Health, InstanceInfo, Run, ScheduleView, iso, parse_iso
 from .safetext import redact_url, remember_url_secrets
 
 __all__ = ["RemoteBackend"]
@@ -192,9 +192,9 @@ class RemoteBackend:
         data = await self._request("GET", "/inspect/runs", retry=True, params=params)
         return {name: [Run.from_json(r) for r in runs] for name, runs in data["runs"].items()}
 
-    async def instances(self) -> list[Instance]:
+    async def instances(self) -> list[InstanceInfo]:
         data = await self._get("/inspect/instances")
-        return [Instance.from_json(i) for i in data["instances"]]
+        return [InstanceInfo.from_json(i) for i in data["instances"]]
 
     async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
         data = await self._get(f"/inspect/schedules/{_seg(name)}/upcoming", count=count)

@@ -51,7 +51,7 @@ from backend.clock import Clock, SystemClock
 from backend.errors import NotFound, SchedtuiError, Unauthorized, Unavailable
 from backend.events import READY, RESYNC, STREAM, Signal
 from backend.interface import SYSTEMS, Backend, ConnectionInfo
-from backend.model import BackfillProgress, Instance, Run, ScheduleView
+from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView
 
 from . import format as fmt
 from .commands import ConsoleCommands
@@ -217,7 +217,7 @@ class SchedtuiApp(App[None]):
         """What the backend said on the last successful connect."""
         self.views: list[ScheduleView] = []
         """Every schedule, as of the last refresh, in the backend's order."""
-        self.instances: list[Instance] | None = None
+        self.instances: list[InstanceInfo] | None = None
         """The registered engines, as of the last read (``None``: the backend cannot say)."""
         self.fleet: Fleet | None = None
         self.crons = CronCache()

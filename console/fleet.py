@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from backend.cron import Cron
 from backend.interface import ConnectionInfo
-from backend.model import Instance, Run, ScheduleView
+from backend.model import InstanceInfo, Run, ScheduleView
 
 __all__ = [
     "LIVE_WITHIN",
@@ -62,9 +62,9 @@ class CronCache:
 class Fleet:
     """The engines that fire, as the heartbeats tell it."""
 
-    firing: tuple[Instance, ...]
+    firing: tuple[InstanceInfo, ...]
     """Instances that beat within :data:`LIVE_WITHIN` (this console itself only if it fires)."""
-    last_beat: Instance | None
+    last_beat: InstanceInfo | None
     """The most recent heartbeat of any other instance, live or not (to say since when)."""
     self_triggered: int
     """Enabled schedules that need an engine's timer to fire."""
@@ -76,13 +76,13 @@ class Fleet:
 
 
 def fleet_of(
-    instances: Iterable[Instance], now: datetime, info: ConnectionInfo, views: Iterable[ScheduleView]
+    instances: Iterable[InstanceInfo], now: datetime, info: ConnectionInfo, views: Iterable[ScheduleView]
 ) -> Fleet:
     """Which instances fire. An engine that fires beats every few seconds; a watching console
     or a CLI verb beats once, at open: after :data:`LIVE_WITHIN` it no longer counts, and this
     console's own instance never counts unless it fires."""
-    others = [i for i in instances if info.fires or i.instance != info.instance]
-    firing = tuple(sorted((i for i in others if now - i.heartbeat_at <= LIVE_WITHIN), key=lambda i: i.instance))
+    others = [i for i in instances if info.fires or i.name != info.instance]
+    firing = tuple(sorted((i for i in others if now - i.heartbeat_at <= LIVE_WITHIN), key=lambda i: i.name))
     last = max(others, key=lambda i: i.heartbeat_at, default=None)
     count = sum(1 for v in views if v.enabled and v.trigger == "self")
     return Fleet(firing, last, count)

@@ -30,7 +30,7 @@ from backend.interface import (
     RunsPage,
     SchedulesSnapshot,
 )
-from backend.model import BackfillPlan, BackfillProgress, Instance, ScheduleView
+from backend.model import BackfillPlan, BackfillProgress, InstanceInfo, ScheduleView
 
 START = "2026-03-02T07:59:00Z"
 """When the simulated minute starts (08:59 in Berlin; the daily digest is due at 09:00)."""
@@ -273,9 +273,9 @@ class FlakyBackend:
         result: dict[str, list[Run]] = await self.inner.runs_between(names, start, end, limit_per_name=limit_per_name)
         return result
 
-    async def instances(self) -> list[Instance]:
+    async def instances(self) -> list[InstanceInfo]:
         self._check()
-        result: list[Instance] = await self.inner.instances()
+        result: list[InstanceInfo] = await self.inner.instances()
         return result
 
     async def upcoming(self, name: str, count: int = 5) -> list[datetime]:

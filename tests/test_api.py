@@ -109,7 +109,7 @@ def test_schedules_and_runs(server: Server) -> None:
     assert set(page) == {"runs", "next_before"} and page["runs"][0]["id"] == run_id
     assert set(page["runs"][0]) == {
         "id", "name", "scheduled_at", "fired_at", "finished_at", "status", "trigger",
-        "coordination_outcome", "instance", "error_tag", "error_message", "duration_ms",
+        "coordination_outcome", "instance", "error_tag", "error_message", "duration_ms", "traceback",
     }
     assert op.get(f"/inspect/runs/{run_id}").json()["trigger"] == "manual"
 
@@ -217,7 +217,7 @@ def test_runs_in_a_window_instances_and_cancel_with_each_token(server: Server) -
     assert runs.status_code == 200 and set(runs.json()) == {"from", "to", "runs"}
     assert read.get("/inspect/runs", params={**window, "name": "nope"}).status_code == 404
     beats = read.get("/inspect/instances").json()
-    assert beats["instances"] and {"instance", "host", "pid", "heartbeat_at"} == set(beats["instances"][0])
+    assert beats["instances"] and {"name", "host", "pid", "heartbeat_at", "heartbeat_age_s", "last_fired_at"} == set(beats["instances"][0])
     assert read.post("/inspect/backfills/nope/cancel").status_code == 403
     assert client(server).post("/inspect/backfills/nope/cancel").status_code == 404
     assert read.get("/inspect/info").json()["systems"] == ["schedules", "audit"]

@@ -41,7 +41,7 @@ SCHEDULE_KEYS = {
 }  # fmt: skip
 RUN_KEYS = {
     "id", "name", "scheduled_at", "fired_at", "finished_at", "status", "trigger", "coordination_outcome",
-    "instance", "error_tag", "error_message", "duration_ms",
+    "instance", "error_tag", "error_message", "duration_ms", "traceback",
 }  # fmt: skip
 INSTANCE_RE = re.compile(rf"^{re.escape(socket.gethostname())}:\d+$")
 

@@ -22,7 +22,7 @@ from textual.pilot import Pilot
 
 from backend import Engine, ManualClock, Run, define_schedule
 from backend.interface import ConnectionInfo, EmbeddedBackend
-from backend.model import Instance, ScheduleView, parse_iso
+from backend.model import InstanceInfo, ScheduleView, parse_iso
 from console.app import SchedtuiApp
 from console.fleet import CronCache, Overdue, durations, fleet_of
 from console.screens import BackfillScreen, HelpScreen, QuitPrompt, RunDetails
@@ -276,14 +276,14 @@ async def test_1_a_schedule_whose_last_slot_has_no_run_is_overdue(store_url: str
 
 def test_1_fleet_counts_only_engines_that_fire() -> None:
     now = parse_iso(FROZEN)
-    beats = [Instance("console", "h", 1, now), Instance("web-1", "h", 2, now - timedelta(minutes=5)),
-             Instance("web-2", "h", 3, now - timedelta(seconds=4))]
+    beats = [InstanceInfo("console", "h", 1, now), InstanceInfo("web-1", "h", 2, now - timedelta(minutes=5)),
+             InstanceInfo("web-2", "h", 3, now - timedelta(seconds=4))]
     watching = ConnectionInfo("embedded", "state.db", "single", "console", False, fires=False)
     fleet = fleet_of(beats, now, watching, [])
-    assert [i.instance for i in fleet.firing] == ["web-2"] and fleet.last_beat is not None
+    assert [i.name for i in fleet.firing] == ["web-2"] and fleet.last_beat is not None
     assert not fleet.silent  # no self-triggered schedule: nothing needs firing
     firing = ConnectionInfo("embedded", "state.db", "single", "console", False, fires=True)
-    assert [i.instance for i in fleet_of(beats, now, firing, []).firing] == ["console", "web-2"]
+    assert [i.name for i in fleet_of(beats, now, firing, []).firing] == ["console", "web-2"]
 
 
 # ----------------------------------------------------------------------------------------

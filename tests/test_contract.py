@@ -202,7 +202,7 @@ async def test_runs_between_reads_a_window_of_several_schedules(backend: Backend
 
 async def test_instances_are_listed_with_their_heartbeats(backend: Backend) -> None:
     info = await backend.connect()
-    found = {i.instance: i for i in await backend.instances()}
+    found = {i.name: i for i in await backend.instances()}
     assert info.instance in found
     mine = found[info.instance]
     assert mine.pid > 0 and mine.host and abs(mine.heartbeat_at - now()) < timedelta(seconds=60)

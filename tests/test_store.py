@@ -653,6 +653,22 @@ async def test_schedule_state_round_trip(store: Store) -> None:
     assert await store.get_states() == {"digest": on, "export": other}
 
 
+async def test_a_traceback_is_kept_and_read_with_one_run_only(store: Store) -> None:
+    ids = Ids()
+    failed = run(ids(), status="running").finish(
+        "failed", T0 + timedelta(seconds=2), error_tag="KeyError", error_message="'x'", traceback="Traceback …\nKeyError: 'x'\n"
+    )
+    store.save_runs([failed])
+    await store.flush()
+    got = await store.get_run(failed.id)
+    assert got is not None and got.traceback == "Traceback …\nKeyError: 'x'\n"
+    assert [r.traceback for r in await store.list_runs("job", limit=5)] == [None]
+    # A late version of a closed run leaves its traceback as it was.
+    store.save_runs([dataclasses.replace(failed, status="succeeded", error_tag=None, traceback=None)])
+    await store.flush()
+    assert (await store.get_run(failed.id)).traceback == "Traceback …\nKeyError: 'x'\n"  # type: ignore[union-attr]
+
+
 # ---------------------------------------------------------------------------------------
 # instances
 # ---------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from . import redact_url
 from .migrations import components_of, migrate_postgres
 from .postgres_audit import PostgresAudit
 from .postgres_events import PostgresEvents
-from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
+from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -144,12 +144,16 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX schedtui_runs_by_name;
     CREATE INDEX schedtui_runs_by_name_slot ON schedtui_runs (name, scheduled_at, id);
     """,
+    """
+    ALTER TABLE schedtui_runs ADD COLUMN traceback text;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
+RUN_WRITE_COLUMNS = ", ".join(RUN_WRITE_FIELDS)
 _KEEP_CLOSED = ",\n        ".join(
     f"{c} = CASE WHEN schedtui_runs.status = 'running' THEN excluded.{c} ELSE schedtui_runs.{c} END"
-    for c in RUN_FIELDS[1:]
+    for c in RUN_WRITE_FIELDS[1:]
     if c != "error_message"
 )
 #: What a finished run's row gains when another version of it arrives late (an instance
@@ -168,10 +172,11 @@ LATE_NOTE = """
 #: closed it stays closed: a later, different outcome only adds LATE_NOTE (once), and a
 #: late ``running`` version or the same finished version again changes nothing.
 UPSERT_RUNS = f"""
-    INSERT INTO schedtui_runs ({RUN_COLUMNS})
-    SELECT {RUN_COLUMNS} FROM json_to_recordset(%s::json) AS r(
+    INSERT INTO schedtui_runs ({RUN_WRITE_COLUMNS})
+    SELECT {RUN_WRITE_COLUMNS} FROM json_to_recordset(%s::json) AS r(
         id text, name text, scheduled_at timestamptz, fired_at timestamptz, finished_at timestamptz,
-        status text, trigger text, outcome text, instance text, error_tag text, error_message text)
+        status text, trigger text, outcome text, instance text, error_tag text, error_message text,
+        traceback text)
     ON CONFLICT (id) DO UPDATE SET
         {_KEEP_CLOSED},
         error_message = CASE WHEN schedtui_runs.status = 'running' THEN excluded.error_message
@@ -188,7 +193,7 @@ CLOSE_RUN = """
     UPDATE schedtui_runs SET status = %s, finished_at = %s, error_tag = %s, error_message = %s
     WHERE id = %s AND status = 'running'
 """
-GET_RUN = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE id = %s"
+GET_RUN = f"SELECT {RUN_WRITE_COLUMNS} FROM schedtui_runs WHERE id = %s"
 LIST_RUNS = (
     f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = %s ORDER BY scheduled_at DESC, id DESC LIMIT %s"
 )
@@ -434,6 +439,7 @@ def _runs_json(runs: Sequence[Run]) -> str:
                 "trigger": r.trigger,
                 "outcome": r.coordination_outcome,
                 "instance": r.instance,
+                "traceback": _text(r.traceback),
                 "error_tag": _text(r.error_tag),
                 "error_message": _text(r.error_message),
             }

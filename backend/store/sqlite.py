@@ -43,7 +43,7 @@ from ..model import (
     StoreHealth,
 )
 from .migrations import components_of, migrate_sqlite
-from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
+from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
 from .sqlite_audit import SQLiteAudit
 from .sqlite_events import SQLiteEvents
 
@@ -122,12 +122,16 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX runs_by_name;
     CREATE INDEX runs_by_name_slot ON runs (name, scheduled_at, id);
     """,
+    """
+    ALTER TABLE runs ADD COLUMN traceback TEXT;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
+RUN_WRITE_COLUMNS = ", ".join(RUN_WRITE_FIELDS)
 _KEEP_CLOSED = ",\n        ".join(
     f"{c} = CASE WHEN runs.status = 'running' THEN excluded.{c} ELSE runs.{c} END"
-    for c in RUN_FIELDS[1:]
+    for c in RUN_WRITE_FIELDS[1:]
     if c != "error_message"
 )
 #: What a finished run's row gains when another version of it arrives late (an instance
@@ -144,7 +148,7 @@ LATE_NOTE = """
 #: different outcome only adds LATE_NOTE (once), and a late ``running`` version changes
 #: nothing. Writing the same finished version again changes nothing either.
 UPSERT_RUN = f"""
-    INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO runs ({RUN_WRITE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO UPDATE SET
         {_KEEP_CLOSED},
         error_message = CASE WHEN runs.status = 'running' THEN excluded.error_message
@@ -160,7 +164,7 @@ CLOSE_RUN = """
     UPDATE runs SET status = ?, finished_at = ?, error_tag = ?, error_message = ?
     WHERE id = ? AND status = 'running'
 """
-GET_RUN = f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?"
+GET_RUN = f"SELECT {RUN_WRITE_COLUMNS} FROM runs WHERE id = ?"
 LIST_RUNS = f"SELECT {RUN_COLUMNS} FROM runs WHERE name = ? ORDER BY scheduled_at DESC, id DESC LIMIT ?"
 LIST_RUNS_BEFORE = f"""
     SELECT {RUN_COLUMNS} FROM runs
@@ -267,6 +271,7 @@ def _run_params(run: Run) -> tuple[Any, ...]:
         run.instance,
         run.error_tag,
         run.error_message,
+        run.traceback,
     )
 
 

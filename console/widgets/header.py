@@ -81,7 +81,7 @@ class ConsoleHeader(Widget):
             return "[b reverse $text-error] ✗ NOTHING FIRES [/]"
         if not fleet.firing:
             return "[$text-muted]no engine firing[/]"
-        names = ", ".join(i.instance for i in fleet.firing[:2]) + (" …" if len(fleet.firing) > 2 else "")
+        names = ", ".join(i.name for i in fleet.firing[:2]) + (" …" if len(fleet.firing) > 2 else "")
         return f"[$text-success]▲ {len(fleet.firing)} firing[/] [$text-muted]{escape(names)}[/]"
 
     def _connection(self) -> str:
@@ -137,7 +137,7 @@ class FleetBanner(Widget):
         if fleet.last_beat is not None and self.now is not None:
             since = (
                 f"the last heartbeat was {fmt.compact_delta(max(self.now - fleet.last_beat.heartbeat_at, self.now - self.now))}"
-                f" ago ({fleet.last_beat.instance})"
+                f" ago ({fleet.last_beat.name})"
             )
         else:
             since = "no engine has ever registered in this store"
