@@ -28,6 +28,7 @@ PICTURES = [
     ("no-color", "80x24"),
     ("jobs", "80x24"),
     ("help", "120x32"),
+    ("audit", "120x32"),
 ]
 
 
