@@ -35,6 +35,8 @@ from .definitions import Definitions
 from .errors import BadInput, NotFound, Refused, Unavailable
 from .external import ExternalFires
 from .ids import IdFactory
+from .jobs.definition import Queue
+from .jobs.system import Jobs
 from .launcher import Launcher
 from .ledger import RunLedger, RunListener
 from .loops import Loops
@@ -61,7 +63,7 @@ __all__ = ["Engine", "ExternalFiring", "RunListener"]
 log = logging.getLogger("schedtui.engine")
 
 #: What the engine runs: schedules, and each subsystem's definitions.
-_DEFINITION_TYPES: tuple[type, ...] = (Schedule,)
+_DEFINITION_TYPES: tuple[type, ...] = (Schedule, Queue)
 
 
 class Engine:
@@ -193,6 +195,10 @@ class Engine:
         )
         self.subsystems: list[Subsystem] = []
         """The systems beside the schedules (queue, durable, locks), in start order."""
+        self.jobs = Jobs(self.shared, [item for item in items if isinstance(item, Queue)])
+        """The job queue: sending and operator actions; workers once started."""
+        self.subsystems.append(self.jobs)
+        self.launcher.jobs = self.jobs.actions
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
             raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")

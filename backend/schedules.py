@@ -28,7 +28,7 @@ from .model import (
 if TYPE_CHECKING:
     from .model import RunContext
 
-__all__ = ["DEFAULT_MAX_RUNTIME", "Handler", "Schedule", "define_schedule"]
+__all__ = ["DEFAULT_MAX_RUNTIME", "Handler", "QueueTarget", "Schedule", "define_schedule"]
 
 Handler = Callable[["RunContext"], Union[Awaitable[Any], Any]]
 
@@ -51,6 +51,9 @@ class Schedule:
     payload: Any = None
     enabled: bool = True
     trigger: Literal["self", "external"] | None = None
+    queue: str | None = None
+    """The queue each firing sends a job to, when the schedule targets one (its handler is
+    then a :class:`QueueTarget`)."""
     source: str | None = field(default=None, compare=False)
     """Where it was defined, as ``path:line``."""
 
@@ -71,6 +74,23 @@ class Schedule:
 
 def _is_async_callable(obj: Any) -> bool:
     return inspect.iscoroutinefunction(obj) or inspect.iscoroutinefunction(getattr(obj, "__call__", None))
+
+
+class QueueTarget:
+    """The handler of a schedule that targets a queue: each firing sends one job there, with
+    the schedule's payload, ``cron`` set to the schedule's name and one attempt."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+
+    async def __call__(self, ctx: RunContext) -> str:
+        if ctx.jobs is None:
+            raise RuntimeError(f'no job queue to send to "{self.queue}"')
+        sent = await ctx.jobs.from_schedule(self.queue, ctx.name, ctx.run_id, ctx.payload)
+        return str(sent.id)
+
+    def __repr__(self) -> str:
+        return f"QueueTarget({self.queue!r})"
 
 
 def handler_problem(handler: Any) -> str | None:
@@ -95,7 +115,7 @@ def define_schedule(
     name: str,
     cron: str,
     timezone: str,
-    handler: Handler,
+    handler: Handler | None = None,
     on_overlap: OverlapPolicy = "skip",
     backfill: BackfillPolicy = "skip",
     max_runtime: float | timedelta = DEFAULT_MAX_RUNTIME,
@@ -103,8 +123,11 @@ def define_schedule(
     payload: Any = None,
     enabled: bool = True,
     trigger: Trigger | None = None,
+    queue: str | None = None,
 ) -> Schedule:
-    """Define a named cron schedule; raises :class:`DefinitionError` on anything invalid."""
+    """Define a named cron schedule; raises :class:`DefinitionError` on anything invalid.
+
+    A schedule runs ``handler``, or (``queue=``) sends one job to that queue per firing."""
     label = f"define_schedule({name!r})" if isinstance(name, str) else "define_schedule()"
 
     def bad(problem: str) -> DefinitionError:
@@ -118,6 +141,12 @@ def define_schedule(
         parsed = Cron(cron, timezone)
     except CronError as exc:
         raise CronError(f"{label}: {exc.message}") from None
+    if queue is not None:
+        if handler is not None:
+            raise bad(f"give a handler or a queue, not both (queue={queue!r})")
+        if not isinstance(queue, str) or not NAME_PATTERN.fullmatch(queue):
+            raise bad(f"queue {queue!r} is not a queue name (1-128 letters, digits, '_', '.', '-')")
+        handler = QueueTarget(queue)
     problem = handler_problem(handler)
     if problem is not None:
         raise bad(problem)
@@ -157,6 +186,7 @@ def define_schedule(
         payload=payload,
         enabled=enabled,
         trigger=trigger,  # "manual" was rejected above
+        queue=queue,
         source=_caller_location(),
     )
 
