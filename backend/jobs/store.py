@@ -124,6 +124,7 @@ class RunningJob:
     attempt: int
     max_attempts: int
     started_at: datetime
+    seat: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ CLAIMED_FIELDS = (
 )  # fmt: skip
 #: The columns of an attempt (after the job's queue).
 ATTEMPT_FIELDS = ("attempt", "started_at", "finished_at", "status", "error_tag", "error_message", "instance")
-RUNNING_FIELDS = ("id", "queue", "instance", "token", "tries", "attempt", "max_attempts", "started_at")
+RUNNING_FIELDS = ("id", "queue", "instance", "token", "tries", "attempt", "max_attempts", "started_at", "seat")
 
 
 def job_from_row(row: Sequence[Any], when: ToTime) -> Job:
@@ -60,7 +60,7 @@ def attempt_from_row(row: Sequence[Any], when: ToTime) -> Attempt:
 def running_from_row(row: Sequence[Any], when: ToTime) -> RunningJob:
     started_at = when(row[7])
     assert started_at is not None
-    return RunningJob(row[0], row[1], row[2], row[3], row[4], row[5], row[6], started_at)
+    return RunningJob(row[0], row[1], row[2], row[3], row[4], row[5], row[6], started_at, row[8])
 
 
 def queue_full_message(queue: str, held: int, adding: int, limit: int) -> str:
