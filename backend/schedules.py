@@ -148,8 +148,8 @@ def define_schedule(
             raise bad(f"queue {queue!r} is not a queue name (1-128 letters, digits, '_', '.', '-')")
         handler = QueueTarget(queue)
     problem = handler_problem(handler)
-    if problem is not None:
-        raise bad(problem)
+    if problem is not None or handler is None:
+        raise bad(problem or "no handler")
     if on_overlap not in OVERLAP_POLICIES:
         raise bad(f"on_overlap {on_overlap!r} is not one of {', '.join(OVERLAP_POLICIES)}")
     if backfill not in BACKFILL_POLICIES:
