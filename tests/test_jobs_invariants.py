@@ -105,7 +105,7 @@ class QueueMachine(RuleBasedStateMachine):
         for engine in self.engines.values():
             workers = engine.jobs.workers
             assert workers is not None
-            if workers.cycling or any(run.context is None and not run.done for run in workers.running.values()):
+            if workers.inflight or any(run.context is None and not run.done for run in workers.running.values()):
                 return True
         return any(live.result.done() for live in self.live.values())
 
@@ -240,6 +240,7 @@ class QueueMachine(RuleBasedStateMachine):
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             workers.finishes.clear()  # what it had not written dies with it
+            workers.inflight.clear()
             await engine.store.close()
             await self.start_engine()
 

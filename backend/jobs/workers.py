@@ -44,6 +44,9 @@ log = logging.getLogger("schedtui.jobs")
 
 #: How long the dispatcher waits after the store failed a cycle before trying again (seconds).
 RETRY_AFTER_TROUBLE = 1.0
+#: Cycles on their way at once. Measured (tests/bench/queue.py): two at a time race each
+#: other for the same seats and rows and drain at half the rate of one; one it is.
+MAX_CYCLES = 1
 
 
 class JobRun(Invocation):
@@ -111,7 +114,7 @@ class Workers:
     for per queue never exceeds the queue's concurrency minus the attempts in flight.
     """
 
-    def __init__(self, jobs: Jobs, queues: Iterable[Queue], *, poll_interval: float) -> None:
+    def __init__(self, jobs: Jobs, queues: Iterable[Queue], *, poll_interval: float, max_cycles: int = MAX_CYCLES) -> None:
         self.jobs = jobs
         shared = jobs.shared
         self.clock = shared.clock
@@ -123,24 +126,33 @@ class Workers:
         self.store = jobs.store
         self.queues = {q.name: q for q in queues}
         self.poll_interval = timedelta(seconds=poll_interval)
+        self.max_cycles = max_cycles
         self.running: dict[str, JobRun] = {}
         """Claimed here and not yet handed to the store as ended."""
         self.active: Counter[str] = Counter()
         """Per queue, attempts whose handler has not ended yet."""
+        self.asked: Counter[str] = Counter()
+        """Per queue, the room asked for by the cycles on their way."""
         self.finishes: list[tuple[Finish, JobRun]] = []
+        """Ended attempts not yet in a cycle."""
+        self.inflight: dict[str, list[tuple[Finish, JobRun]]] = {}
+        """The cycles on their way (by their claim token), with the ended attempts they carry."""
         self.due: set[str] = set(self.queues)
         """Queues with a reason to claim now (a send, a notification, a retry due)."""
         self.backlog: set[str] = set()
         """Queues whose last claim got all it asked for: there may be more."""
         self.next_at: dict[str, datetime | None] = {}
         self.polled_at: dict[str, datetime] = {}
-        self.tokens: set[str] = set()
-        """Tokens of the claims on their way: their jobs are ours though not yet known."""
-        self.cycling = False
+        self.trouble_until: datetime | None = None
         self.stopping = False
         self.wake = asyncio.Event()
         self.cycles = 0
         self.defined = False
+
+    @property
+    def tokens(self) -> set[str]:
+        """Tokens of the claims on their way: their jobs are ours though not yet known."""
+        return set(self.inflight)
 
     # -- the dispatcher ------------------------------------------------------------------
     def start(self) -> None:
@@ -166,12 +178,12 @@ class Workers:
 
     @property
     def idle(self) -> bool:
-        return not self.running and not self.finishes and not self.cycling
+        return not self.running and not self.finishes and not self.inflight
 
     def room(self, queue: Queue) -> int:
-        free = queue.concurrency - self.active[queue.name]
+        free = queue.concurrency - self.active[queue.name] - self.asked[queue.name]
         if not queue.is_async:
-            free = min(free, self.runner.pool.max_threads - self.runner.pool.busy)
+            free = min(free, self.runner.pool.max_threads - self.runner.pool.busy - sum(self.asked.values()))
         return free
 
     def _wanted(self, now: datetime) -> dict[str, int]:
@@ -191,10 +203,16 @@ class Workers:
                 or polled + self.poll_interval <= now
                 or (upcoming is not None and upcoming <= now)
             ):
-                wanted[name] = room
+                # A share of the room per cycle, so that the next cycle can go out while
+                # this one is on its way (its commit overlaps the next one's work).
+                wanted[name] = min(room, -(-queue.concurrency // self.max_cycles))
         return wanted
 
     def _park_until(self, now: datetime) -> datetime | None:
+        if self.trouble_until is not None:
+            return self.trouble_until
+        if len(self.inflight) >= self.max_cycles:
+            return None  # woken when one comes back
         times = []
         for name, queue in self.queues.items():
             if self.room(queue) <= 0:
@@ -221,47 +239,57 @@ class Workers:
         await self._define()
         while True:
             now = self.clock.now()
-            batch = list(self.finishes)
-            wanted = self._wanted(now)
-            if batch or wanted:
-                if not await self._cycle(batch, wanted, now):
-                    await self.loops.park("jobs", self.clock.now() + timedelta(seconds=RETRY_AFTER_TROUBLE))
-                continue
+            if self.trouble_until is not None and now >= self.trouble_until:
+                self.trouble_until = None
+            if self.trouble_until is None and len(self.inflight) < self.max_cycles:
+                wanted = self._wanted(now)
+                if self.finishes or wanted:
+                    batch, self.finishes = self.finishes, []
+                    self._send_cycle(batch, wanted, now)
+                    continue
             await self.loops.park("jobs", self._park_until(now), self.wake)
 
-    async def _cycle(self, batch: list[tuple[Finish, JobRun]], wanted: dict[str, int], now: datetime) -> bool:
+    def _send_cycle(self, batch: list[tuple[Finish, JobRun]], wanted: dict[str, int], now: datetime) -> None:
         token = self.new_id()
-        self.tokens.add(token)
-        self.cycling = True
+        self.inflight[token] = batch
+        self.asked.update(wanted)
+        for name in wanted:
+            self.polled_at[name] = now
+            if self.room(self.queues[name]) <= 0:
+                self.due.discard(name)  # all its room is asked for; a later reason sets it again
+        self.loops.spawn(self._cycle(token, batch, wanted, now), "jobs cycle")
+
+    async def _cycle(self, token: str, batch: list[tuple[Finish, JobRun]], wanted: dict[str, int], now: datetime) -> None:
         try:
             cycle = await self.store.cycle_jobs([f for f, _ in batch], wanted, self.instance, token, now)
         except Exception as exc:
             if not isinstance(exc, Unavailable):
                 log.exception("a job cycle failed")
             self.outages.trouble("jobs", "store unavailable to the job workers", exc)
-            self.tokens.discard(token)
-            return False
-        finally:
-            self.cycling = False
+            self.finishes[:0] = batch  # handed in again with the next cycle
+            self.asked.subtract(wanted)
+            del self.inflight[token]
+            self.due.update(wanted)
+            self.trouble_until = self.clock.now() + timedelta(seconds=RETRY_AFTER_TROUBLE)
+            self.wake.set()
+            return
         self.cycles += 1
-        del self.finishes[: len(batch)]
         for (finish, run), applied in zip(batch, cycle.applied):
             self._handed_in(run, finish, applied)
         got: Counter[str] = Counter()
         for claimed in cycle.claimed:
             got[claimed.queue] += 1
             self._run(claimed)
+        self.asked.subtract(wanted)
         for name, asked in wanted.items():
-            self.polled_at[name] = now
-            self.due.discard(name)
             self.next_at[name] = cycle.next_at.get(name)
             if got[name] >= asked:
                 self.backlog.add(name)
             else:
                 self.backlog.discard(name)
-        self.tokens.discard(token)  # after its jobs are in `running`: the sweep sees one or the other
+        del self.inflight[token]  # after its jobs are in `running`: the sweep sees one or the other
+        self.wake.set()
         self.loops.poke()
-        return True
 
     # -- running -------------------------------------------------------------------------
     def _run(self, claimed: Claimed) -> None:
@@ -328,8 +356,13 @@ class Workers:
             if not run.done:
                 run.settle(Outcome("failed", now, TAG_INTERRUPTED, "the engine stopped while this job ran"))
                 run.cancel()
-        if self.finishes:
-            batch, self.finishes = self.finishes, []
+        # What cycles cut short by the stop carried, and what ended since (in doubt: every
+        # finish is conditional, so one applied already changes nothing the second time).
+        in_doubt = [item for carried in self.inflight.values() for item in carried]
+        batch = in_doubt + self.finishes
+        self.inflight.clear()
+        self.finishes = []
+        if batch:
             try:
                 applied = await self.store.finish_jobs([f for f, _ in batch])
             except Unavailable as exc:
@@ -337,8 +370,8 @@ class Workers:
                 # retried) by the next instance to look, once this one is gone.
                 log.warning("could not hand in %d ended job attempt(s) while stopping: %s", len(batch), exc)
                 return
-            for (finish, run), ok in zip(batch, applied):
-                self._handed_in(run, finish, ok)
+            for index, ((finish, run), ok) in enumerate(zip(batch, applied)):
+                self._handed_in(run, finish, ok or index < len(in_doubt))
 
     def describe(self) -> dict[str, Any]:
         """For logs and tests: what is in flight."""

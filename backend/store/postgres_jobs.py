@@ -90,7 +90,7 @@ SCHEMA_V1 = """
     CREATE UNIQUE INDEX schedtui_jobs_one_per_key ON schedtui_jobs (queue, key) WHERE key IS NOT NULL;
     CREATE UNIQUE INDEX schedtui_jobs_one_per_seat ON schedtui_jobs (queue, seat) WHERE status = 'running';
     CREATE INDEX schedtui_jobs_due ON schedtui_jobs (queue, run_after, id) WHERE status = 'queued';
-    CREATE INDEX schedtui_jobs_by_status ON schedtui_jobs (queue, status, id);
+    CREATE INDEX schedtui_jobs_dead ON schedtui_jobs (queue, dead_at) WHERE status = 'dead';
     CREATE TABLE schedtui_job_attempts (
         job_id        text COLLATE "C" NOT NULL,
         seq           integer NOT NULL,
@@ -126,14 +126,17 @@ ADD_QUEUES = """
     FROM json_to_recordset(%(queues)s::json) AS q(name text, concurrency int, attempts int, max_runtime_s float8)
     ON CONFLICT (name) DO NOTHING
 """
-#: The first statement of a send: the queue exists, and its sends are ours until commit.
-SEND_LOCK = f"""
-    SELECT attempts, pg_advisory_xact_lock({SEND_LOCK_CLASS}, hashtext(name)) FROM schedtui_queues WHERE name = %s
-"""
-#: The second: insert what is new; answer, per job in order, its id and whether it was a
-#: duplicate (an earlier job of the same batch included); and the counts of the limit.
+#: The first statement of a send: this queue's sends are ours until commit.
+SEND_LOCK = f"SELECT pg_advisory_xact_lock({SEND_LOCK_CLASS}, hashtext(%s))"
+#: The second (its snapshot sees every send committed before the lock): which jobs are
+#: new (not an id that exists, not a key held, not a key an earlier job of the batch
+#: takes); whether they fit under the limit; if they do, insert them. Answers per job, in
+#: order: its id (or the holder's), whether it is a duplicate; and with every row whether
+#: the queue exists, whether the batch fit, and the counts of the limit. One round trip
+#: with the lock, pipelined; nothing for the client to decide in between.
 SEND = """
-    WITH w AS (
+    WITH q AS (SELECT attempts FROM schedtui_queues WHERE name = %(queue)s),
+    w AS (
         SELECT * FROM json_to_recordset(%(jobs)s::json) AS w(
             n int, id text, payload text, key text, cron text, attempts int, run_after timestamptz)
     ),
@@ -141,23 +144,36 @@ SEND = """
         SELECT count(*) AS n FROM schedtui_jobs
         WHERE queue = %(queue)s AND status IN ('queued', 'dead') AND NOT deleted
     ),
+    fresh AS (
+        SELECT w.* FROM w
+        WHERE NOT EXISTS (SELECT 1 FROM schedtui_jobs e WHERE e.id = w.id)
+            AND (w.key IS NULL OR (
+                NOT EXISTS (SELECT 1 FROM schedtui_jobs h WHERE h.queue = %(queue)s AND h.key = w.key)
+                AND w.n = (SELECT min(v.n) FROM w v WHERE v.key = w.key)))
+    ),
+    fits AS (
+        SELECT EXISTS (SELECT 1 FROM q) AND (SELECT n FROM held) + (SELECT count(*) FROM fresh) <= %(limit)s AS ok
+    ),
     ins AS (
         INSERT INTO schedtui_jobs (id, queue, status, payload, key, cron, max_attempts, run_after, created_at)
-        SELECT w.id, %(queue)s, 'queued', w.payload, w.key, w.cron, coalesce(w.attempts, %(default)s), w.run_after, %(at)s
-        FROM w ORDER BY w.n
+        SELECT f.id, %(queue)s, 'queued', f.payload, f.key, f.cron, coalesce(f.attempts, (SELECT attempts FROM q)),
+            f.run_after, %(at)s
+        FROM fresh f WHERE (SELECT ok FROM fits)
+        ORDER BY f.n
         ON CONFLICT DO NOTHING
-        RETURNING id, key
+        RETURNING id
     )
     SELECT
-        CASE WHEN i.id IS NOT NULL OR e.id IS NOT NULL THEN w.id
-             ELSE coalesce((SELECT b.id FROM ins b WHERE b.key = w.key), h.id) END,
-        i.id IS NULL AND e.id IS NULL,
-        (SELECT n FROM held),
+        coalesce(
+            (SELECT e.id FROM schedtui_jobs e WHERE e.id = w.id),
+            (SELECT f.id FROM fresh f WHERE f.id = w.id),
+            (SELECT f.id FROM fresh f WHERE f.key = w.key),
+            (SELECT h.id FROM schedtui_jobs h WHERE h.queue = %(queue)s AND h.key = w.key)),
+        w.key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM schedtui_jobs e WHERE e.id = w.id)
+            AND NOT EXISTS (SELECT 1 FROM fresh f WHERE f.id = w.id),
+        EXISTS (SELECT 1 FROM q), (SELECT ok FROM fits), (SELECT n FROM held), (SELECT count(*) FROM fresh),
         (SELECT count(*) FROM ins)
     FROM w
-    LEFT JOIN ins i ON i.id = w.id
-    LEFT JOIN schedtui_jobs e ON e.id = w.id
-    LEFT JOIN schedtui_jobs h ON h.queue = %(queue)s AND h.key = w.key
     ORDER BY w.n
 """
 #: A cycle's finishes, each applied only while its job is still running under its tries;
@@ -254,7 +270,7 @@ CLAIM = f"""
         UPDATE schedtui_jobs j SET status = 'running', seat = s.seat, attempt = j.attempt + 1, tries = j.tries + 1,
             started_at = %(now)s, instance = %(instance)s, token = %(token)s
         FROM picked p JOIN seats s ON s.queue = p.queue AND s.k = p.k
-        WHERE j.id = p.id
+        WHERE j.id = p.id AND j.status = 'queued'
         RETURNING {", ".join(f"j.{c}" for c in CLAIMED_FIELDS)}
     )
     SELECT 'job', {", ".join(f"c.{c}" for c in CLAIMED_FIELDS)} FROM claimed c
@@ -410,27 +426,25 @@ class PostgresJobs:
             separators=(",", ":"),
         )  # fmt: skip
 
-        async def send(conn: AsyncConnection[Any]) -> list[Sent]:
-            async with conn.transaction():
-                row = await (await conn.execute(SEND_LOCK, (queue,))).fetchone()
-                if row is None:
-                    raise NotFound(f'no queue named "{queue}"')
-                params = {"jobs": batch, "queue": queue, "default": row[0], "at": at}
-                rows = await (await conn.execute(SEND, params)).fetchall()
-                if rows and rows[0][3] and rows[0][2] + rows[0][3] > MAX_HELD:
-                    raise QueueFull(
-                        queue_full_message(queue, rows[0][2], rows[0][3], MAX_HELD), count=rows[0][2], reason="queue full"
-                    )  # raised in the transaction: it rolls back, nothing of the batch stays
-            answers = []
-            for job_id, duplicate, _, _ in rows:
-                if job_id is None:  # a holder this transaction cannot see: cannot happen under the lock
-                    raise Unavailable(f'the send to "{queue}" met a concurrent change; send it again')
-                answers.append(Sent(job_id, duplicate=bool(duplicate)))
-            return answers
+        params = {"jobs": batch, "queue": queue, "at": at, "limit": MAX_HELD}
 
-        result: list[Sent] = await self._with_conn(send)
+        async def send(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            async with conn.pipeline():
+                async with conn.transaction():
+                    await conn.execute(SEND_LOCK, (queue,))
+                    cursor = await conn.execute(SEND, params)
+                return await cursor.fetchall()
+
+        rows = await self._with_conn(send)
         self.commits += 1
-        return result
+        if not rows or not rows[0][2]:
+            raise NotFound(f'no queue named "{queue}"')
+        _, _, _, fits, held, adding, inserted = rows[0]
+        if not fits:
+            raise QueueFull(queue_full_message(queue, held, adding, MAX_HELD), count=held, reason="queue full")
+        if inserted != adding:  # cannot happen under the lock: it would be a race we did not see
+            raise Unavailable(f'the send to "{queue}" met a concurrent change; send it again')
+        return [Sent(job_id, duplicate=bool(duplicate)) for job_id, duplicate, *_ in rows]
 
     async def cycle_jobs(
         self, finishes: Sequence[Finish], wanted: Mapping[str, int], instance: str, token: str, now: datetime

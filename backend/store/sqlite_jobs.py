@@ -70,7 +70,7 @@ SCHEMA_V1 = """
     CREATE UNIQUE INDEX jobs_one_per_key ON jobs (queue, key) WHERE key IS NOT NULL;
     CREATE UNIQUE INDEX jobs_one_per_seat ON jobs (queue, seat) WHERE status = 'running';
     CREATE INDEX jobs_due ON jobs (queue, run_after, id) WHERE status = 'queued';
-    CREATE INDEX jobs_by_status ON jobs (queue, status, id);
+    CREATE INDEX jobs_dead ON jobs (queue, dead_at) WHERE status = 'dead';
     CREATE TABLE job_attempts (
         job_id        TEXT NOT NULL,
         seq           INTEGER NOT NULL,
