@@ -103,6 +103,8 @@ class Jobs:
             await self.store.define_queues(specs, self.shared.clock.now(), update=False)
 
     def start(self) -> None:
+        if not self.queues:
+            return  # an instance without queues runs no workers, sweeps and listens to nothing
         if self.workers is None:
             self.workers = Workers(self, self.queues.values(), poll_interval=self.poll_interval)
         self.workers.start()
@@ -110,12 +112,16 @@ class Jobs:
     async def maintain(self, now: datetime) -> None:
         if self.workers is None:
             return
-        await self.rescue(now)
-        if self.last_prune is None or now - self.last_prune >= timedelta(hours=1):
-            self.last_prune = now
-            removed = await self.store.prune_jobs(now - DEAD_KEEP, now - CRON_DEAD_KEEP, now - ATTEMPTS_KEEP)
-            if removed:
-                log.info("job retention: removed %d dead job(s) and old attempt(s)", removed)
+        try:
+            await self.rescue(now)
+            if self.last_prune is None or now - self.last_prune >= timedelta(hours=1):
+                self.last_prune = now
+                removed = await self.store.prune_jobs(now - DEAD_KEEP, now - CRON_DEAD_KEEP, now - ATTEMPTS_KEEP)
+                if removed:
+                    log.info("job retention: removed %d dead job(s) and old attempt(s)", removed)
+        except Unavailable as exc:
+            # The rest of the engine's housekeeping goes on; the next round tries again.
+            self.shared.outages.trouble("jobs", "store unavailable for the job queue's housekeeping", exc)
 
     async def stop(self, grace: float) -> None:
         if self.workers is not None:
