@@ -199,6 +199,14 @@ class Engine:
         """The job queue: sending and operator actions; workers once started."""
         self.subsystems.append(self.jobs)
         self.launcher.jobs = self.jobs.actions
+        for schedule in self.schedules.values():
+            if schedule.queue is not None and schedule.queue not in self.jobs.queues:
+                log.warning(
+                    'schedule "%s" sends its jobs to queue "%s", which these definitions do not define: '
+                    "its firings fail unless a process that defines it has recorded it in the store",
+                    schedule.name,
+                    schedule.queue,
+                )
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
             raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")

@@ -519,3 +519,14 @@ async def test_dead_jobs_and_old_attempts_are_swept(make_engine: Callable[..., E
     await engine.quiesce()
     with pytest.raises(NotFound):
         await engine.jobs.get_job(sent.id)
+
+
+async def test_a_schedule_targeting_an_unknown_queue_fails_its_runs_saying_so(
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, "schedtui.engine"):
+        engine = make_engine([define_schedule(name="orphan", cron="* * * * *", timezone="UTC", queue="nowhere")])
+    assert 'sends its jobs to queue "nowhere", which these definitions do not define' in caplog.text
+    await engine.start()
+    run = await engine.run_now("orphan", wait=True)
+    assert (run.status, run.error_tag, run.error_message) == ("failed", "NotFound", 'no queue named "nowhere"')

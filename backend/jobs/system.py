@@ -107,6 +107,11 @@ class Jobs:
             return  # an instance without queues runs no workers, sweeps and listens to nothing
         if self.workers is None:
             self.workers = Workers(self, self.queues.values(), poll_interval=self.poll_interval)
+        log.info(
+            "running %d job queue(s): %s",
+            len(self.queues),
+            ", ".join(f"{q.name} (concurrency {q.concurrency})" for q in self.queues.values()),
+        )
         self.workers.start()
 
     async def maintain(self, now: datetime) -> None:
