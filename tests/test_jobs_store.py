@@ -403,3 +403,19 @@ async def test_a_notification_reaches_a_listener_of_another_store(new_store: Cal
     finally:
         watch.cancel()
         await asyncio.gather(watch, return_exceptions=True)
+
+
+async def test_concurrent_sends_near_the_limit_fill_it_exactly(new_store: Callable[[], Store]) -> None:
+    stores = [new_store() for _ in range(5)]
+    for s in stores:
+        await s.open()
+    js = await define(stores[0])
+    await js.send_jobs("mail", [new(i) for i in range(MAX_HELD - 10)], T0)
+    answers = await asyncio.gather(
+        *(jobs_of(stores[i % 5]).send_jobs("mail", [new(f"late {i}")], T0) for i in range(50)), return_exceptions=True
+    )
+    refused = [a for a in answers if isinstance(a, QueueFull)]
+    assert len(refused) == 40 and all(isinstance(a, list) for a in answers if a not in refused)
+    assert len(await js.list_jobs("mail", status="queued", limit=1000, before=None)) == 1000
+    views = await js.queue_views(T0)
+    assert views[0].queued == MAX_HELD

@@ -11,8 +11,11 @@
   taking right now (``pg_try_advisory_xact_lock`` per seat), so claims never wait on each
   other; one that loses a seat to a claim committed after its snapshot fails on the index
   and is retried.
-* **Sends** take a per-queue advisory lock for their (short) transaction: the count
-  behind the 10,000-job limit is then exact and a key's holder is always visible.
+* **Sends** are one pipelined round trip each. Far from the 10,000-job limit they share
+  a per-queue advisory lock and run side by side (their commits group); one that finds
+  the queue within 2,000 of the limit, or sends more than 100 jobs, takes the lock alone,
+  so near the limit the count is exact. Concurrent sends of one key meet on the unique
+  index: the loser sends again and finds the winner's job (a duplicate).
 * **Wake-ups**: after a send commits (never inside its transaction: a NOTIFY serialises
   commits), the sender tells workers with ``pg_notify``, coalesced per queue; workers
   ``LISTEN`` on a connection of their own and poll as a fallback.
@@ -126,8 +129,11 @@ ADD_QUEUES = """
     FROM json_to_recordset(%(queues)s::json) AS q(name text, concurrency int, attempts int, max_runtime_s float8)
     ON CONFLICT (name) DO NOTHING
 """
-#: The first statement of a send: this queue's sends are ours until commit.
-SEND_LOCK = f"SELECT pg_advisory_xact_lock({SEND_LOCK_CLASS}, hashtext(%s))"
+#: The first statement of a send. Far from the limit, sends share the queue's lock and go
+#: side by side; near it a send takes the lock alone (it waits for those sharing it to
+#: commit, and they for it), so the count behind the limit is exact where it matters.
+SEND_LOCK_SHARED = f"SELECT pg_advisory_xact_lock_shared({SEND_LOCK_CLASS}, hashtext(%s))"
+SEND_LOCK_ALONE = f"SELECT pg_advisory_xact_lock({SEND_LOCK_CLASS}, hashtext(%s))"
 #: The second (its snapshot sees every send committed before the lock): which jobs are
 #: new (not an id that exists, not a key held, not a key an earlier job of the batch
 #: takes); whether they fit under the limit; if they do, insert them. Answers per job, in
@@ -344,6 +350,12 @@ LISTEN = f"LISTEN {CHANNEL}"
 
 #: How often a cycle is retried at once when it lost a seat to a concurrent claim.
 _SEAT_RETRIES = 5
+#: Sends of at most this many jobs share the queue's lock while the queue has this much
+#: room to spare; larger ones, and any near the limit, take it alone (see SEND_LOCK_SHARED).
+_SHARED_BATCH = 100
+_SHARED_ROOM = 2_000
+#: A send that met a concurrent send of one of its keys is made again, at most this often.
+_SEND_TRIES = 5
 #: The listener's pause between reconnection attempts (seconds; grows to the max).
 _LISTEN_RETRY_MIN, _LISTEN_RETRY_MAX = 0.25, 5.0
 
@@ -426,25 +438,33 @@ class PostgresJobs:
             separators=(",", ":"),
         )  # fmt: skip
 
-        params = {"jobs": batch, "queue": queue, "at": at, "limit": MAX_HELD}
+        alone = len(jobs) > _SHARED_BATCH
 
         async def send(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            # While sharing the lock, leave room for the others that share it now.
+            params = {"jobs": batch, "queue": queue, "at": at, "limit": MAX_HELD if alone else MAX_HELD - _SHARED_ROOM}
             async with conn.pipeline():
                 async with conn.transaction():
-                    await conn.execute(SEND_LOCK, (queue,))
+                    await conn.execute(SEND_LOCK_ALONE if alone else SEND_LOCK_SHARED, (queue,))
                     cursor = await conn.execute(SEND, params)
                 return await cursor.fetchall()
 
-        rows = await self._with_conn(send)
-        self.commits += 1
-        if not rows or not rows[0][2]:
-            raise NotFound(f'no queue named "{queue}"')
-        _, _, _, fits, held, adding, inserted = rows[0]
-        if not fits:
-            raise QueueFull(queue_full_message(queue, held, adding, MAX_HELD), count=held, reason="queue full")
-        if inserted != adding:  # cannot happen under the lock: it would be a race we did not see
-            raise Unavailable(f'the send to "{queue}" met a concurrent change; send it again')
-        return [Sent(job_id, duplicate=bool(duplicate)) for job_id, duplicate, *_ in rows]
+        for _ in range(_SEND_TRIES):
+            rows = await self._with_conn(send)
+            self.commits += 1
+            if not rows or not rows[0][2]:
+                raise NotFound(f'no queue named "{queue}"')
+            _, _, _, fits, held, adding, inserted = rows[0]
+            if not fits:
+                if not alone:
+                    alone = True  # near the limit: count again, alone
+                    continue
+                raise QueueFull(queue_full_message(queue, held, adding, MAX_HELD), count=held, reason="queue full")
+            if inserted == adding:
+                return [Sent(job_id, duplicate=bool(duplicate)) for job_id, duplicate, *_ in rows]
+            # A send beside this one took one of its keys first (or its ids: our own earlier
+            # attempt). Again: that job is visible now, and what was inserted is ours.
+        raise Unavailable(f'the send to "{queue}" kept meeting concurrent sends of its keys; send it again')
 
     async def cycle_jobs(
         self, finishes: Sequence[Finish], wanted: Mapping[str, int], instance: str, token: str, now: datetime

@@ -435,6 +435,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=20, help="seconds of sending for the latency (20)")
     parser.add_argument("--kill-jobs", type=int, default=4_000, help="jobs of the SIGKILL run (4,000)")
     parser.add_argument("--no-peers", action="store_true", help="schedtui only")
+    parser.add_argument("--parts", default="drain,latency,sigkill", help="which measures (drain,latency,sigkill)")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="schedtui-bench-queue-"))
@@ -457,15 +458,17 @@ def main() -> None:
             "drain": {},
             "latency": {},
         }
-        for system in systems:
+        parts = set(args.parts.split(","))
+        for system in systems if "drain" in parts else ():
             results["drain"][system] = drain(runner, server, system, args.jobs, args.concurrency)
             log(f"{system}: drain {results['drain'][system]}")
-        for system in systems:
+        for system in systems if "latency" in parts else ():
             results["latency"][system] = latency(runner, server, system, args.rate, args.seconds, args.concurrency)
             log(f"{system}: latency {results['latency'][system]}")
-        results["sigkill"] = sigkill(runner, server, args.kill_jobs, args.concurrency)
-        log(f"sigkill: {results['sigkill']}")
-        if "pgqueuer" in results["drain"]:
+        if "sigkill" in parts:
+            results["sigkill"] = sigkill(runner, server, args.kill_jobs, args.concurrency)
+            log(f"sigkill: {results['sigkill']}")
+        if "pgqueuer" in results["drain"] and "schedtui" in results["drain"]:
             results["drain_vs_pgqueuer"] = round(
                 results["drain"]["schedtui"]["jobs_per_s"] / results["drain"]["pgqueuer"]["jobs_per_s"], 2
             )
