@@ -44,9 +44,6 @@ log = logging.getLogger("schedtui.jobs")
 
 #: How long the dispatcher waits after the store failed a cycle before trying again (seconds).
 RETRY_AFTER_TROUBLE = 1.0
-#: Cycles on their way at once. Measured (tests/bench/queue.py): two at a time race each
-#: other for the same seats and rows and drain at half the rate of one; one it is.
-MAX_CYCLES = 1
 
 
 class JobRun(Invocation):
@@ -114,7 +111,7 @@ class Workers:
     for per queue never exceeds the queue's concurrency minus the attempts in flight.
     """
 
-    def __init__(self, jobs: Jobs, queues: Iterable[Queue], *, poll_interval: float, max_cycles: int = MAX_CYCLES) -> None:
+    def __init__(self, jobs: Jobs, queues: Iterable[Queue], *, poll_interval: float) -> None:
         self.jobs = jobs
         shared = jobs.shared
         self.clock = shared.clock
@@ -126,7 +123,6 @@ class Workers:
         self.store = jobs.store
         self.queues = {q.name: q for q in queues}
         self.poll_interval = timedelta(seconds=poll_interval)
-        self.max_cycles = max_cycles
         self.running: dict[str, JobRun] = {}
         """Claimed here and not yet handed to the store as ended."""
         self.active: Counter[str] = Counter()
@@ -137,6 +133,12 @@ class Workers:
         """Ended attempts not yet in a cycle."""
         self.inflight: dict[str, list[tuple[Finish, JobRun]]] = {}
         """The cycles on their way (by their claim token), with the ended attempts they carry."""
+        self.claiming: str | None = None
+        """The token of the cycle on its way that claims, if one does. At most two cycles
+        are on their way at once: one that claims, and one that only hands in ended
+        attempts (so that a send arriving meanwhile is claimed at once). Two that claim
+        would race each other for the same seats and rows: measured with
+        tests/bench/queue.py, that drains at half the rate of one."""
         self.due: set[str] = set(self.queues)
         """Queues with a reason to claim now (a send, a notification, a retry due)."""
         self.backlog: set[str] = set()
@@ -203,16 +205,14 @@ class Workers:
                 or polled + self.poll_interval <= now
                 or (upcoming is not None and upcoming <= now)
             ):
-                # A share of the room per cycle, so that the next cycle can go out while
-                # this one is on its way (its commit overlaps the next one's work).
-                wanted[name] = min(room, -(-queue.concurrency // self.max_cycles))
+                wanted[name] = room
         return wanted
 
     def _park_until(self, now: datetime) -> datetime | None:
         if self.trouble_until is not None:
             return self.trouble_until
-        if len(self.inflight) >= self.max_cycles:
-            return None  # woken when one comes back
+        if self.claiming is not None:
+            return None  # woken when it comes back
         times = []
         for name, queue in self.queues.items():
             if self.room(queue) <= 0:
@@ -241,9 +241,10 @@ class Workers:
             now = self.clock.now()
             if self.trouble_until is not None and now >= self.trouble_until:
                 self.trouble_until = None
-            if self.trouble_until is None and len(self.inflight) < self.max_cycles:
-                wanted = self._wanted(now)
-                if self.finishes or wanted:
+            if self.trouble_until is None:
+                wanted = self._wanted(now) if self.claiming is None else {}
+                finishing = len(self.inflight) - (self.claiming is not None)  # cycles that only hand in
+                if wanted or (self.finishes and not finishing):
                     batch, self.finishes = self.finishes, []
                     self._send_cycle(batch, wanted, now)
                     continue
@@ -252,6 +253,8 @@ class Workers:
     def _send_cycle(self, batch: list[tuple[Finish, JobRun]], wanted: dict[str, int], now: datetime) -> None:
         token = self.new_id()
         self.inflight[token] = batch
+        if wanted:
+            self.claiming = token
         self.asked.update(wanted)
         for name in wanted:
             self.polled_at[name] = now
@@ -269,6 +272,8 @@ class Workers:
             self.finishes[:0] = batch  # handed in again with the next cycle
             self.asked.subtract(wanted)
             del self.inflight[token]
+            if self.claiming == token:
+                self.claiming = None
             self.due.update(wanted)
             self.trouble_until = self.clock.now() + timedelta(seconds=RETRY_AFTER_TROUBLE)
             self.wake.set()
@@ -288,6 +293,8 @@ class Workers:
             else:
                 self.backlog.discard(name)
         del self.inflight[token]  # after its jobs are in `running`: the sweep sees one or the other
+        if self.claiming == token:
+            self.claiming = None
         self.wake.set()
         self.loops.poke()
 
@@ -361,6 +368,7 @@ class Workers:
         in_doubt = [item for carried in self.inflight.values() for item in carried]
         batch = in_doubt + self.finishes
         self.inflight.clear()
+        self.claiming = None
         self.finishes = []
         if batch:
             try:
