@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -76,7 +76,7 @@ class ScheduleRun(Invocation):
         )
 
     def settled(self, outcome: CallOutcome) -> None:
-        self.launcher.close(self, outcome.status, outcome.at, outcome.error_tag, outcome.error_message)
+        self.launcher.close(self, outcome.status, outcome.at, outcome.error_tag, outcome.error_message, outcome.traceback)
 
     def started(self) -> asyncio.Future[ScheduleRun]:
         """Resolves once the run's ``running`` row is recorded (its handler starting)."""
@@ -213,14 +213,21 @@ class Launcher:
         self.store.save_runs(runs)
         return asyncio.ensure_future(self._committed())
 
-    async def _committed(self) -> None:
+    async def mark_starting(self, slot: datetime) -> None:
+        """Commit the store's mark that this instance starts the runs due at ``slot`` (see
+        :meth:`Store.mark_starting`), waiting as :meth:`place` does."""
+        await self._committed(lambda: self.store.mark_starting(self.instance, slot))
+
+    async def _committed(self, write: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Wait for ``write`` (default: a flush of the rows handed in) to commit, at most
+        :data:`PLACE_WAIT_S`, and not at all while the store is failing or that slow."""
         if not self.store.health().ok:
             return  # the store says why, once; its rows wait in the writer
         if self._slow_flush is not None:
             if not self._slow_flush.done():
                 return
             self._slow_flush = None
-        flush = asyncio.ensure_future(self.store.flush())
+        flush = asyncio.ensure_future(write() if write is not None else self.store.flush())
         done, _ = await asyncio.wait({flush}, timeout=PLACE_WAIT_S)
         if not done:
             self._slow_flush = flush
@@ -258,9 +265,16 @@ class Launcher:
         at: datetime,
         error_tag: str | None = None,
         error_message: str | None = None,
+        traceback: str | None = None,
     ) -> None:
         """Record the end of a run and free its overlap slot (called once per run)."""
-        scheduled.run = scheduled.run.finish(status, at, error_tag=error_tag, error_message=error_message)
+        scheduled.run = scheduled.run.finish(
+            status, at, error_tag=error_tag, error_message=error_message, traceback=traceback
+        )
+        if traceback is not None:
+            # The handler raised: say so where serve's operator looks (its log), whole. INFO:
+            # a handler failing is the ledger's news, not the engine's trouble.
+            log.info("%s failed: %s: %s\n%s", scheduled.label, error_tag, error_message, traceback.rstrip())
         self.ledger.record(scheduled.run)
         self.active.pop(scheduled.run.id, None)
         name = scheduled.schedule.name
