@@ -367,3 +367,36 @@ class FlakyBackend:
         self._check()
         result: BackfillProgress = await self.inner.wait_backfill(backfill_id)
         return result
+
+    # -- the job queue: the same, call for call
+    async def list_queues(self) -> Any:
+        self._check()
+        return await self.inner.list_queues()
+
+    async def list_jobs(self, queue: str, **kwargs: Any) -> Any:
+        self._check()
+        return await self.inner.list_jobs(queue, **kwargs)
+
+    async def get_job(self, job_id: str) -> Any:
+        self._check()
+        return await self.inner.get_job(job_id)
+
+    async def send_job(self, queue: str, payload: Any = None, **kwargs: Any) -> Any:
+        self._check()
+        return await self.inner.send_job(queue, payload, **kwargs)
+
+    async def set_queue_paused(self, queue: str, paused: bool) -> Any:
+        self._check()
+        return await self.inner.set_queue_paused(queue, paused)
+
+    async def cancel_job(self, queue: str, id_or_key: str) -> Any:
+        self._check()
+        return await self.inner.cancel_job(queue, id_or_key)
+
+    async def retry_job(self, queue: str, job_id: str) -> Any:
+        self._check()
+        return await self.inner.retry_job(queue, job_id)
+
+    async def delete_job(self, queue: str, job_id: str) -> Any:
+        self._check()
+        return await self.inner.delete_job(queue, job_id)

@@ -284,3 +284,30 @@ async def test_an_empty_store_says_how_queues_appear(tmp_path: Path, size: tuple
         await pilot.press("n")
         await settle(pilot)
         assert notes.seen[-1][1] == "Send: no queue selected."
+
+
+async def test_a_lost_connection_leaves_the_jobs_on_screen_stale_and_comes_back(store_url: str) -> None:
+    from tests.console_fixtures import FlakyBackend
+
+    clock = ManualClock(FROZEN)
+    backend = FlakyBackend(console_backend(store_url, clock))
+    app = SchedtuiApp(backend, clock, where=WHERE, operator_zone=ZONE)
+    notes = Notes(app)
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot)
+            await pilot.press("3")
+            await settle(pilot)
+            view = app.active_view
+            assert isinstance(view, JobsView) and view.query_one(JobsTable).row_count == 7
+            backend.down = True
+            await pilot.press("ctrl+r")
+            await settle(pilot)
+            assert app.query_one("#main").has_class("-stale") and view.query_one(JobsTable).row_count == 7
+            assert notes.seen[-1][0] == "Unavailable"
+            backend.down = False
+            await pilot.press("ctrl+r")
+            await settle(pilot)
+            assert not app.query_one("#main").has_class("-stale") and notes.titled("Reconnected")
+    finally:
+        await backend.close()

@@ -20,12 +20,12 @@ of its own (a no-op async handler):
   the time just before it calls the send; the worker (concurrency 16, started and idle
   before the first send) reads the time at the handler's start. ``p50_ms``/``p99_ms``
   of the difference: enqueue-to-start, as an application sees it.
-* ``sigkill`` (schedtui only): 4,000 jobs of 2 ms each on two worker processes; one is
-  SIGKILLed a quarter of the way through. ``lost``: jobs with no succeeded attempt in the
-  store at the end; ``run_twice``: jobs with more than one succeeded attempt, or whose
-  handler completed twice outside the killed worker; ``rerun_after_kill``: jobs the
-  killed worker had in hand (its handler had ended, its result was not yet written),
-  run again elsewhere, as at-least-once delivery must.
+* ``sigkill`` (schedtui only): 4,000 jobs of 2 ms each on two worker processes; the one
+  running them is SIGKILLed a quarter of the way through. ``lost``: jobs with no succeeded
+  attempt in the store at the end; ``run_twice``: jobs two of whose attempts ran at the
+  same time (the killed worker's until the kill), or with more than one succeeded attempt;
+  ``rerun_after_kill``: jobs the killed worker had in hand, run again elsewhere after it
+  died (their result died with it: at-least-once delivery).
 
 The peers are installed by this script into a temporary folder (``pip install --target``)
 and run from there: they are never a dependency of schedtui. The server is
@@ -166,8 +166,9 @@ async def noop(job):
 DONE = open(os.environ["BENCH_DONE_FILE"], "a", buffering=1) if os.environ.get("BENCH_DONE_FILE") else None
 
 async def work_2ms(job):
+    DONE.write(f"s {job.id} {os.getpid()} {time.time():.6f}\\n")
     await asyncio.sleep(0.002)
-    DONE.write(f"{job.id} {os.getpid()}\\n")
+    DONE.write(f"e {job.id} {os.getpid()} {time.time():.6f}\\n")
 
 conc = int(os.environ.get("BENCH_CONCURRENCY", "16"))
 QUEUES = [
@@ -369,22 +370,26 @@ def sigkill(runner: Runner, server: pg.PgServer, jobs: int, concurrency: int) ->
     for worker in workers:
         runner.ready(worker, "a kill worker")
 
-    def completions() -> list[tuple[str, int]]:
+    def events() -> list[tuple[str, str, int, float]]:
         lines = []
         for path in done_files:
             if path.exists():
-                lines += [(a, int(b)) for a, b in (line.split() for line in path.read_text().splitlines() if " " in line)]
+                for line in path.read_text().splitlines():
+                    parts = line.split()
+                    if len(parts) == 4:
+                        lines.append((parts[0], parts[1], int(parts[2]), float(parts[3])))
         return lines
 
     deadline = time.monotonic() + 120
-    while len(completions()) < jobs // 4 and time.monotonic() < deadline:
+    while sum(1 for e in events() if e[0] == "e") < jobs // 4 and time.monotonic() < deadline:
         time.sleep(0.01)  # watching a real process's progress
     # The worker with jobs in hand (the first to claim keeps the seats it frees).
-    busiest = Counter(pid for _, pid in completions()).most_common(1)
+    busiest = Counter(pid for kind, _, pid, _ in events() if kind == "e").most_common(1)
     victim = next((w for w in workers if busiest and w.pid == busiest[0][0]), workers[0])
     victim.send_signal(signal.SIGKILL)
     victim.wait()
-    log(f"sigkill: killed worker {victim.pid} after {len(completions()):,} of {jobs:,} jobs")
+    killed_at = time.time()
+    log(f"sigkill: killed worker {victim.pid} after {sum(1 for e in events() if e[0] == 'e'):,} of {jobs:,} jobs")
     while time.monotonic() < deadline:
         with psycopg.connect(url) as conn:
             left = conn.execute("SELECT count(*) FROM schedtui_jobs").fetchone()
@@ -399,19 +404,28 @@ def sigkill(runner: Runner, server: pg.PgServer, jobs: int, concurrency: int) ->
             row[0] for row in conn.execute("SELECT job_id FROM schedtui_job_attempts WHERE status = 'succeeded'")
         )
         abandoned = conn.execute("SELECT count(*) FROM schedtui_job_attempts WHERE error_tag = 'abandoned'").fetchone()
-    done = completions()
-    by_job: dict[str, list[int]] = {}
-    for job_id, pid in done:
-        by_job.setdefault(job_id, []).append(pid)
-    rerun = [j for j, pids in by_job.items() if len(pids) > 1 and pids[0] == victim.pid and len(pids) == 2]
-    twice = {j for j, n in succeeded.items() if n > 1} | {
-        j for j, pids in by_job.items() if len(pids) > 1 and j not in rerun
+    # Each attempt as a span of time: from its start to its end, or to the kill for one the
+    # killed worker never ended. Two spans of one job that overlap ran twice at once.
+    spans: dict[str, list[tuple[float, float, int]]] = {}
+    opened: dict[tuple[str, int], float] = {}
+    for kind, job_id, pid, at in sorted(events(), key=lambda e: e[3]):
+        if kind == "s":
+            opened[(job_id, pid)] = at
+        elif (job_id, pid) in opened:
+            spans.setdefault(job_id, []).append((opened.pop((job_id, pid)), at, pid))
+    for (job_id, pid), at in opened.items():
+        spans.setdefault(job_id, []).append((at, killed_at if pid == victim.pid else time.time(), pid))
+    at_once = {
+        job_id for job_id, s in spans.items()
+        if any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(s) for b in s[i + 1:])
     }
+    ended = {job_id: [pid for _, _, pid in s] for job_id, s in spans.items()}
+    rerun = [j for j, pids in ended.items() if victim.pid in pids and len(pids) > 1 and j not in at_once]
     return {
         "jobs": jobs,
-        "killed_after": len([1 for _, pid in done if pid == victim.pid]),
+        "killed_after": sum(1 for kind, _, pid, _ in events() if kind == "e" and pid == victim.pid),
         "lost": len(set(sent) - set(succeeded)),
-        "run_twice": len(twice),
+        "run_twice": len(at_once | {j for j, n in succeeded.items() if n > 1}),
         "rerun_after_kill": len(rerun),
         "abandoned_attempts": int(abandoned[0]) if abandoned else 0,
     }
