@@ -19,6 +19,7 @@ from .errors import (
     NotFound,
     Refused,
     SchedtuiError,
+    TooLarge,
     Unauthorized,
     Unavailable,
 )
@@ -32,6 +33,7 @@ from .model import (
     StateNote,
 )
 from .definitions import Definitions, discover, discover_definitions
+from .jobs import Job, JobContext, JobDetail, Queue, QueueFull, QueueView, Sent, define_queue
 from .schedules import Schedule, define_schedule
 from .store import open_store
 
@@ -49,9 +51,15 @@ __all__ = [
     "Engine",
     "Forbidden",
     "InUse",
+    "Job",
+    "JobContext",
+    "JobDetail",
     "ListenError",
     "ManualClock",
     "NotFound",
+    "Queue",
+    "QueueFull",
+    "QueueView",
     "Refused",
     "Run",
     "RunContext",
@@ -59,13 +67,16 @@ __all__ = [
     "ScheduleState",
     "ScheduleView",
     "SchedtuiError",
+    "Sent",
     "StateNote",
     "SyncClient",
     "SystemClock",
+    "TooLarge",
     "Unauthorized",
     "Unavailable",
     "connect",
     "connect_sync",
+    "define_queue",
     "define_schedule",
     "discover",
     "discover_definitions",

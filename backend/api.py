@@ -47,12 +47,14 @@ from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
 from .audit import acting_as
+from .api_jobs import job_routes
 from .errors import (
     BadInput,
     Forbidden,
     NotFound,
     Refused,
     SchedtuiError,
+    TooLarge,
     Unauthorized,
     Unavailable,
 )
@@ -80,6 +82,7 @@ _STATUS: list[tuple[type[SchedtuiError], int]] = [
     (Refused, 409),
     (Unauthorized, 401),
     (Forbidden, 403),
+    (TooLarge, 413),
     (BadInput, 422),
     (Unavailable, 503),
 ]
@@ -139,8 +142,8 @@ class Api:
                         return await fn(request)
                 except SchedtuiError as exc:
                     return _from_error(exc)
-                except _TooLarge:
-                    return error_response(413, "too_large", f"the request body is larger than {MAX_BODY_BYTES} bytes")
+                except _TooLarge as exc:
+                    return error_response(413, "too_large", f"the request body is larger than {exc.limit} bytes")
                 except _TooSlow:
                     response = error_response(
                         408, "request_timeout", f"the request body did not arrive within {body_timeout:g}s"
@@ -163,18 +166,18 @@ class Api:
         """The token a request came with (its name is the actor of what it does)."""
         return self.tokens.check(request.headers.get("authorization", ""))
 
-    async def body_of(self, request: Request) -> dict[str, Any]:
+    async def body_of(self, request: Request, max_bytes: int = MAX_BODY_BYTES) -> dict[str, Any]:
         """The request's JSON object body (``{}`` when empty); 413, 408 and 422 as due."""
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            raise _TooLarge()
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            raise _TooLarge(max_bytes)
         raw = b""
         try:
             async with asyncio.timeout(self.body_timeout):
                 async for chunk in request.stream():
                     raw += chunk
-                    if len(raw) > MAX_BODY_BYTES:
-                        raise _TooLarge()
+                    if len(raw) > max_bytes:
+                        raise _TooLarge(max_bytes)
         except TimeoutError:
             raise _TooSlow() from None
         if not raw.strip():
@@ -632,7 +635,7 @@ def _event_routes(api: Api) -> list[Route]:
 
 
 #: The route modules, each ``routes(api) -> list[Route]``, mounted in this order.
-ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [schedule_routes, _audit_routes, _event_routes]
+ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [schedule_routes, job_routes, _audit_routes, _event_routes]
 
 
 def _declare_path_parameters(schema: dict[str, Any]) -> dict[str, Any]:
@@ -674,7 +677,7 @@ _ERROR_SCHEMA = {
 _ERRORS = {
     401: "no token, or a wrong one",
     403: "a read token tried to act",
-    404: "unknown schedule, run or backfill",
+    404: "unknown schedule, run, backfill, queue or job",
     408: "the request body did not arrive in time",
     413: "the request body is too large",
     422: "a bad parameter or body (error.field names it)",
@@ -713,7 +716,11 @@ def _declare_errors(schema: dict[str, Any], access: dict[tuple[str, str], Access
 
 
 class _TooLarge(Exception):
-    """A body over :data:`MAX_BODY_BYTES`."""
+    """A body over its route's limit (:data:`MAX_BODY_BYTES` unless the route says)."""
+
+    def __init__(self, limit: int = MAX_BODY_BYTES) -> None:
+        super().__init__(limit)
+        self.limit = limit
 
 
 class _TooSlow(Exception):

@@ -9,10 +9,11 @@ no timers are armed and nothing fires on the clock::
         views = await st.schedules.list()
         run = await st.schedules.fire("daily-digest")        # runs the handler here
         await st.schedules.disable("daily-digest", note="vendor outage")
+        sent = await st.jobs.send("mailer", {"order": 42}, key="receipt:42")
 
 ``definitions`` is the folder of ``*.cron.py`` (and ``*.jobs.py``, ``*.durable.py``) files,
 or the definitions themselves; the schedule actions need it, since the store holds runs and
-states, not code. :func:`connect_sync` is the same for synchronous code (Django, Flask):
+states, not code (sending jobs does not: queues are recorded in the store). :func:`connect_sync` is the same for synchronous code (Django, Flask):
 its methods block and return the same values.
 """
 
@@ -29,8 +30,7 @@ from typing import Any, TypeVar
 
 from .engine import Engine
 from .model import BackfillPlan, BackfillProgress, Run, ScheduleView
-from .definitions import discover
-from .schedules import Schedule
+from .definitions import discover_definitions
 from .store import open_store
 
 __all__ = ["Client", "ScheduleActions", "SyncClient", "connect", "connect_sync"]
@@ -91,20 +91,23 @@ class Client:
     def __init__(self, engine: Engine, *, actor: str | None = None) -> None:
         self.engine = engine
         self.schedules = ScheduleActions(engine, actor)
+        self.jobs = engine.jobs.actions.acting_as(actor)
+        """Send jobs and act on queues (:class:`~backend.jobs.actions.JobActions`)."""
 
     @property
     def where(self) -> str:
         return self.engine.store.where
 
 
-Definitions = str | Path | Iterable[Schedule] | None
+Definitions = str | Path | Iterable[Any] | None
 
 
-def _schedules(definitions: Definitions) -> list[Schedule]:
+def _schedules(definitions: Definitions) -> list[Any]:
+    """Every definition (schedules, queues, …) of a folder, or those given."""
     if definitions is None:
         return []
     if isinstance(definitions, (str, Path)):
-        return discover(definitions)
+        return list(discover_definitions(definitions).items)
     return list(definitions)
 
 
@@ -176,6 +179,7 @@ class SyncClient:
     def __init__(self, client: Client, loop: _Loop) -> None:
         self.client = client
         self.schedules: Any = _Blocking(client.schedules, loop)
+        self.jobs: Any = _Blocking(client.jobs, loop)
 
     @property
     def where(self) -> str:

@@ -37,6 +37,8 @@ from .errors import BadInput, NotFound, Refused, Unavailable
 from .events import EventBus
 from .external import ExternalFires
 from .ids import IdFactory
+from .jobs.definition import Queue
+from .jobs.system import Jobs
 from .launcher import Launcher
 from .ledger import RunLedger, RunListener
 from .loops import Loops
@@ -65,7 +67,7 @@ __all__ = ["Engine", "ExternalFiring", "RunListener"]
 log = logging.getLogger("schedtui.engine")
 
 #: What the engine runs: schedules, and each subsystem's definitions.
-_DEFINITION_TYPES: tuple[type, ...] = (Schedule,)
+_DEFINITION_TYPES: tuple[type, ...] = (Schedule, Queue)
 
 
 class Engine:
@@ -208,6 +210,18 @@ class Engine:
         )
         self.subsystems: list[Subsystem] = [self.relay, self.audit]
         """The systems beside the schedules (queue, durable, locks), in start order."""
+        self.jobs = Jobs(self.shared, [item for item in items if isinstance(item, Queue)])
+        """The job queue: sending and operator actions; workers once started."""
+        self.subsystems.append(self.jobs)
+        self.launcher.jobs = self.jobs.actions
+        for schedule in self.schedules.values():
+            if schedule.queue is not None and schedule.queue not in self.jobs.queues:
+                log.warning(
+                    'schedule "%s" sends its jobs to queue "%s", which these definitions do not define: '
+                    "its firings fail unless a process that defines it has recorded it in the store",
+                    schedule.name,
+                    schedule.queue,
+                )
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
             raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")

@@ -11,6 +11,7 @@ so ``except ValueError`` keeps working for callers who never heard of schedtui::
     │   ├── CronError                     bad cron expression or timezone
     │   └── DiscoveryError                definitions files that fail to load (every problem)
     ├── BadInput (ValueError)             an operator or API argument that makes no sense
+    │   └── TooLarge                      a value over its size limit (a job's payload)
     ├── NotFound (LookupError)            unknown schedule, run or backfill
     ├── Refused                           a valid request the engine declines (count, reason)
     ├── Unauthorized (PermissionError)    no or a wrong token
@@ -35,6 +36,7 @@ __all__ = [
     "NotFound",
     "Refused",
     "SchedtuiError",
+    "TooLarge",
     "Unauthorized",
     "Unavailable",
 ]
@@ -101,6 +103,13 @@ class BadInput(SchedtuiError, ValueError):
         super().__init__(message)
         self.field = field
         """The name of the offending field, when the input came as named fields."""
+
+
+class TooLarge(BadInput):
+    """A value larger than its limit (a job's payload over 256 KiB): HTTP 413."""
+
+    title = "Too large"
+    code = "too_large"
 
 
 class NotFound(SchedtuiError, LookupError):

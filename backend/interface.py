@@ -21,6 +21,7 @@ from .engine import Engine
 from .errors import BadInput, Forbidden, Unavailable
 from .events import READY, STREAM, Signal
 from .inputs import check_before, check_id, check_instant
+from .jobs.model import Job, JobDetail, JobsPage, QueueView, Sent
 from .model import (
     BackfillPlan,
     BackfillProgress,
@@ -48,7 +49,7 @@ T = TypeVar("T")
 #: How long a health check waits for the instances table before answering without it (seconds).
 HEALTH_READ_TIMEOUT = 2.0
 
-SYSTEMS = ("schedules", "audit")
+SYSTEMS = ("schedules", "jobs", "audit")
 """The systems an engine of this version offers (part 2 adds ``jobs``, ``durable``,
 ``locks``, ``audit``); a console shows a view only for a system its backend offers."""
 
@@ -234,6 +235,35 @@ class Backend(Protocol):
         (``idle`` seconds embedded; at the server's ping remotely). ``since`` resumes after
         the last id seen: what was missed comes first, or a ``resync``. Raises
         ``Unavailable`` when the stream cannot be had or breaks."""
+    # -- the job queue (DESIGN.md part 2) -------------------------------------------------
+    async def list_queues(self) -> list[QueueView]:
+        """Every queue recorded in the store, by name, with its counts."""
+
+    async def set_queue_paused(self, queue: str, paused: bool) -> QueueView:
+        """Pause a queue (its jobs wait; running ones finish) or resume it."""
+
+    async def list_jobs(
+        self, queue: str, *, status: str | None = None, limit: int = 50, before: str | None = None
+    ) -> JobsPage:
+        """A page of a queue's jobs, newest first, by keyset (``before`` a job id)."""
+
+    async def send_job(
+        self, queue: str, payload: Any = None, *, delay: float = 0, attempts: int | None = None, key: str | None = None
+    ) -> Sent:
+        """Queue one job; every limit is checked before anything is written (``BadInput``,
+        ``TooLarge``; ``QueueFull`` is a ``Refused``). Never retried on a connection error."""
+
+    async def get_job(self, job_id: str) -> JobDetail:
+        """A job (while it exists) and its attempts; ``NotFound`` once both are gone."""
+
+    async def cancel_job(self, queue: str, id_or_key: str) -> bool:
+        """Delete a queued job by id or key; True if it was queued and is gone."""
+
+    async def retry_job(self, queue: str, job_id: str) -> Job:
+        """A dead job back to the queue with fresh attempts (``Refused`` if it is not dead)."""
+
+    async def delete_job(self, queue: str, job_id: str) -> None:
+        """Delete a job in any state (``NotFound`` if there is none)."""
 
 
 @dataclass
@@ -443,6 +473,42 @@ class EmbeddedBackend:
                 yield await subscription.get(idle)
         finally:
             subscription.close()
+    # -- the job queue --------------------------------------------------------------------
+    async def list_queues(self) -> list[QueueView]:
+        return await self._call(self.engine.jobs.queue_views())
+
+    async def set_queue_paused(self, queue: str, paused: bool) -> QueueView:
+        self._check_can_act("pause" if paused else "resume")
+        return await self._call(self.engine.jobs.set_paused(queue, paused))
+
+    async def list_jobs(
+        self, queue: str, *, status: str | None = None, limit: int = 50, before: str | None = None
+    ) -> JobsPage:
+        return await self._call(self.engine.jobs.list_jobs(queue, status=status, limit=limit, before=before))
+
+    async def send_job(
+        self, queue: str, payload: Any = None, *, delay: float = 0, attempts: int | None = None, key: str | None = None
+    ) -> Sent:
+        self._check_can_act("sending a job")
+        sent = await self._call(self.engine.jobs.send(queue, payload, delay=delay, attempts=attempts, key=key))
+        # An operator's send (console, CLI, API) is audited; the application's are not.
+        await self._call(self.engine.audit.record("job.send", sent.id, {"queue": queue, "key": key, "duplicate": sent.duplicate}))
+        return sent
+
+    async def get_job(self, job_id: str) -> JobDetail:
+        return await self._call(self.engine.jobs.get_job(job_id))
+
+    async def cancel_job(self, queue: str, id_or_key: str) -> bool:
+        self._check_can_act("cancel")
+        return await self._call(self.engine.jobs.cancel(queue, id_or_key))
+
+    async def retry_job(self, queue: str, job_id: str) -> Job:
+        self._check_can_act("retry")
+        return await self._call(self.engine.jobs.retry(queue, job_id))
+
+    async def delete_job(self, queue: str, job_id: str) -> None:
+        self._check_can_act("delete")
+        await self._call(self.engine.jobs.delete(queue, job_id))
 
 #: Bounds of :meth:`Backend.runs_between` (the console asks for what is on screen).
 RUNS_BETWEEN_MAX_NAMES = 500

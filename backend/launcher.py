@@ -96,6 +96,7 @@ class ScheduleRun(Invocation):
             trigger=run.trigger,
             payload=self.schedule.payload,
             deadline=deadline,
+            jobs=self.launcher.jobs,
         )
 
     def settled(self, outcome: CallOutcome) -> None:
@@ -158,6 +159,8 @@ class Launcher:
         self.placed: set[str] = set()
         """Run ids whose ``running`` row this instance wrote before starting them (see
         :meth:`place`) and that are not recorded finished yet."""
+        self.jobs: Any = None
+        """What handlers get as ``ctx.jobs`` (the engine's job queue actions)."""
         self._batch: tuple[list[Run], asyncio.Future[None]] | None = None
         self._slow_flush: asyncio.Future[None] | None = None
 

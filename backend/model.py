@@ -580,3 +580,6 @@ class RunContext:
     payload: Any
     deadline: datetime
     """When the watchdog gives up on this run (``fired_at`` + ``max_runtime``)."""
+    jobs: Any = field(default=None, repr=False, compare=False)
+    """The job queue's actions (``backend.jobs.actions.JobActions``): send jobs from the
+    handler with ``await ctx.jobs.send(...)`` (a sync handler: ``ctx.jobs.sync.send(...)``)."""

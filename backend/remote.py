@@ -22,12 +22,15 @@ from .errors import (
     NotFound,
     Refused,
     SchedtuiError,
+    TooLarge,
     Unauthorized,
     Unavailable,
 )
 from .events import READY, RESYNC, STREAM, TOPICS, Signal
-from .inputs import check_before, check_id, check_instant, check_note
+from .inputs import check_before, check_id, check_instant, check_note, is_id
 from .interface import SYSTEMS, ConnectionInfo, RunsPage, SchedulesSnapshot, check_runs_between
+from .jobs.definition import check_queue_name, check_send
+from .jobs.model import Job, JobDetail, JobsPage, NotDead, QueueFull, QueueView, Sent
 from .model import BackfillPlan, BackfillProgress, ExternalFiring, Health, InstanceInfo, Run, ScheduleView, iso, parse_iso
 from .safetext import redact_url, remember_url_secrets
 
@@ -110,8 +113,11 @@ class RemoteBackend:
         if status == 409:
             count = data.get("count") if isinstance(data, dict) else None
             reason = data.get("reason") if isinstance(data, dict) else None
-            raise Refused(message, count=count, reason=reason or message)
-        if status in (413, 422):
+            refusal = {"queue_full": QueueFull, "not_dead": NotDead}.get(str((error or {}).get("code")), Refused)
+            raise refusal(message, count=count, reason=reason or message)
+        if status == 413:
+            raise TooLarge(message, field=(error or {}).get("field"))
+        if status == 422:
             raise BadInput(message, field=(error or {}).get("field"))
         if status in (502, 503, 504):
             raise Unavailable(message)
@@ -294,6 +300,55 @@ class RemoteBackend:
             raise Unavailable(f"the event stream of {self.where} broke: {_reason(exc)}") from None
         raise Unavailable(f"{self.where} ended the event stream")
 
+
+    # -- the job queue --------------------------------------------------------------------
+    async def list_queues(self) -> list[QueueView]:
+        return [QueueView.from_json(q) for q in (await self._get("/inspect/queues"))["queues"]]
+
+    async def set_queue_paused(self, queue: str, paused: bool) -> QueueView:
+        self._check_can_act("pause" if paused else "resume")
+        action = "pause" if paused else "resume"
+        # Idempotent: a retry after a lost answer is safe.
+        data = await self._post(f"/inspect/queues/{_seg(check_queue_name(queue))}/{action}", retry=True)
+        return QueueView.from_json(data)
+
+    async def list_jobs(
+        self, queue: str, *, status: str | None = None, limit: int = 50, before: str | None = None
+    ) -> JobsPage:
+        before = check_before(before)
+        path = f"/inspect/queues/{_seg(check_queue_name(queue))}/jobs"
+        return JobsPage.from_json(await self._get(path, status=status, limit=limit, before=before))
+
+    async def send_job(
+        self, queue: str, payload: Any = None, *, delay: float = 0, attempts: int | None = None, key: str | None = None
+    ) -> Sent:
+        self._check_can_act("sending a job")
+        check_send(payload, delay, attempts, key)  # the server's checks: no request that cannot succeed
+        body = {"payload": payload, "delay": delay, "attempts": attempts, "key": key}
+        # Never retried: a send whose answer was lost may have queued the job.
+        data = await self._request("POST", f"/inspect/queues/{_seg(check_queue_name(queue))}/jobs", retry=False, json=body)
+        return Sent.from_json(data)
+
+    async def get_job(self, job_id: str) -> JobDetail:
+        return JobDetail.from_json(await self._get(f"/inspect/jobs/{check_id(job_id, 'job')}"))
+
+    async def cancel_job(self, queue: str, id_or_key: str) -> bool:
+        self._check_can_act("cancel")
+        if not isinstance(id_or_key, str) or not id_or_key:
+            raise BadInput("say which job: an id or a key", field="id")
+        field = "id" if is_id(id_or_key) else "key"  # the server tries it as an id, then as a key
+        data = await self._post(f"/inspect/queues/{_seg(check_queue_name(queue))}/cancel", {field: id_or_key})
+        return bool(data["cancelled"])
+
+    async def retry_job(self, queue: str, job_id: str) -> Job:
+        self._check_can_act("retry")
+        data = await self._post(f"/inspect/queues/{_seg(check_queue_name(queue))}/jobs/{check_id(job_id, 'job')}/retry")
+        return Job.from_json(data)
+
+    async def delete_job(self, queue: str, job_id: str) -> None:
+        self._check_can_act("delete")
+        path = f"/inspect/queues/{_seg(check_queue_name(queue))}/jobs/{check_id(job_id, 'job')}"
+        await self._request("DELETE", path, retry=False)
 
 class SseParser:
     """Server-Sent Events text in, signals out: :meth:`feed` returns the signals of the

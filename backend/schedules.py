@@ -28,7 +28,7 @@ from .model import (
 if TYPE_CHECKING:
     from .model import RunContext
 
-__all__ = ["DEFAULT_MAX_RUNTIME", "Handler", "Schedule", "define_schedule"]
+__all__ = ["DEFAULT_MAX_RUNTIME", "Handler", "QueueTarget", "Schedule", "define_schedule"]
 
 Handler = Callable[["RunContext"], Union[Awaitable[Any], Any]]
 
@@ -51,6 +51,9 @@ class Schedule:
     payload: Any = None
     enabled: bool = True
     trigger: Literal["self", "external"] | None = None
+    queue: str | None = None
+    """The queue each firing sends a job to, when the schedule targets one (its handler is
+    then a :class:`QueueTarget`)."""
     source: str | None = field(default=None, compare=False)
     """Where it was defined, as ``path:line``."""
     isolation: Literal["process"] | None = None
@@ -79,6 +82,23 @@ def _is_async_callable(obj: Any) -> bool:
     return inspect.iscoroutinefunction(obj) or inspect.iscoroutinefunction(getattr(obj, "__call__", None))
 
 
+class QueueTarget:
+    """The handler of a schedule that targets a queue: each firing sends one job there, with
+    the schedule's payload, ``cron`` set to the schedule's name and one attempt."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+
+    async def __call__(self, ctx: RunContext) -> str:
+        if ctx.jobs is None:
+            raise RuntimeError(f'no job queue to send to "{self.queue}"')
+        sent = await ctx.jobs.from_schedule(self.queue, ctx.name, ctx.run_id, ctx.payload)
+        return str(sent.id)
+
+    def __repr__(self) -> str:
+        return f"QueueTarget({self.queue!r})"
+
+
 def handler_problem(handler: Any) -> str | None:
     """Why ``handler`` cannot be a handler (it would not run when called), or ``None``.
 
@@ -101,7 +121,7 @@ def define_schedule(
     name: str,
     cron: str,
     timezone: str,
-    handler: Handler,
+    handler: Handler | None = None,
     on_overlap: OverlapPolicy = "skip",
     backfill: BackfillPolicy = "skip",
     max_runtime: float | timedelta = DEFAULT_MAX_RUNTIME,
@@ -110,9 +130,11 @@ def define_schedule(
     enabled: bool = True,
     trigger: Trigger | None = None,
     isolation: Literal["process"] | None = None,
+    queue: str | None = None,
 ) -> Schedule:
     """Define a named cron schedule; raises :class:`DefinitionError` on anything invalid.
 
+    A schedule runs ``handler``, or (``queue=``) sends one job to that queue per firing.
     ``isolation="process"`` runs each run of it in a child process (see
     :mod:`backend.isolated`): for handlers that may hang, burn CPU or block the event loop,
     which the watchdog can then really stop."""
@@ -129,9 +151,15 @@ def define_schedule(
         parsed = Cron(cron, timezone)
     except CronError as exc:
         raise CronError(f"{label}: {exc.message}") from None
+    if queue is not None:
+        if handler is not None:
+            raise bad(f"give a handler or a queue, not both (queue={queue!r})")
+        if not isinstance(queue, str) or not NAME_PATTERN.fullmatch(queue):
+            raise bad(f"queue {queue!r} is not a queue name (1-128 letters, digits, '_', '.', '-')")
+        handler = QueueTarget(queue)
     problem = handler_problem(handler)
-    if problem is not None:
-        raise bad(problem)
+    if problem is not None or handler is None:
+        raise bad(problem or "no handler")
     if on_overlap not in OVERLAP_POLICIES:
         raise bad(f"on_overlap {on_overlap!r} is not one of {', '.join(OVERLAP_POLICIES)}")
     if backfill not in BACKFILL_POLICIES:
@@ -175,6 +203,7 @@ def define_schedule(
         trigger=trigger,  # "manual" was rejected above
         source=source,
         isolation=isolation,
+        queue=queue,
     )
 
 

@@ -923,6 +923,12 @@ VIEW_NAVIGATION: dict[str, list[tuple[str, str]]] = {
         ("tab", "switch between the schedules and the runs"),
         ("enter", "the selected run's details"),
     ],
+    "jobs": [
+        ("↑ ↓", "move in the table"),
+        ("tab", "switch between the queues and their jobs"),
+        ("enter", "a queue: its jobs; a job: its details (payload, attempts, next try)"),
+        ("] [", "older / newer jobs (by keyset)"),
+    ],
     "timeline": [
         ("↑ ↓", "another schedule (pgup/pgdn a page, home/end first/last)"),
         ("← →", "the previous / next run of the row"),

@@ -153,8 +153,8 @@ def _add_shared(p: argparse.ArgumentParser, dests: Sequence[str], **helps: str) 
 
 
 SERVE_DESCRIPTION = (
-    "Run the engine: fire every schedule of the definitions folder on its timer and, with --port, serve the HTTP "
-    "API. serve refuses to start when any definitions file is bad (it names every one, exit code 2), and when "
+    "Run the engine: fire every schedule of the definitions folder on its timer, run the workers of its job "
+    "queues and, with --port, serve the HTTP API. serve refuses to start when any definitions file is bad (it names every one, exit code 2), and when "
     "its port is taken (exit code 1), before anything fires."
 )
 
@@ -270,7 +270,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 #: Modules adding verbs for one system each: ``add_verbs(verb, group)`` declares them and
 #: ``VERBS`` maps each command (``"jobs list"``) to its handler. Imported lazily, so that
 #: they may import this module's helpers.
-VERB_MODULES: list[str] = ["console.cli_audit"]
+VERB_MODULES: list[str] = ["console.cli_jobs", "console.cli_audit"]
 
 
 def verb_modules() -> list[Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import random
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
@@ -212,6 +213,65 @@ async def add_timeline_history(url: str) -> None:
     await store.close()
 
 
+async def add_jobs(url: str) -> None:
+    """Job queues for view 3, written through the store's queue API (no engine: the
+    schedules' ledger and the heartbeats stay as they are). At the frozen instant:
+    ``mailer`` has two dead jobs (three failed attempts each), one running on ``web-2``, a
+    keyed one due in 5 s, one waiting 15 s for its second try and two due now;
+    ``thumbnails`` is paused with five jobs waiting two minutes; ``webhooks`` is idle.
+    Deterministic ids."""
+    from backend.jobs.store import Finish, JobStore, NewJob, QueueSpec
+
+    clock = ManualClock("2026-03-02T07:50:00Z")
+    ids = seeded_ids(clock, 53)
+    store = open_store(url)
+    await store.open()
+    js: JobStore = store  # type: ignore[assignment]
+
+    def at(text: str) -> datetime:
+        clock.set(f"2026-03-02T{text}Z")
+        return clock.now()
+
+    def job(payload: object, *, key: str | None = None, attempts: int | None = None, delay: float = 0) -> NewJob:
+        return NewJob(ids(), json.dumps(payload), clock.now() + timedelta(seconds=delay), attempts, key)
+
+    async def fail(claimed: Any, message: str, retry_at: datetime | None) -> None:
+        kind = "retry" if retry_at is not None else "dead"
+        end = clock.now() + timedelta(milliseconds=230)
+        await js.finish_jobs([Finish(claimed.id, claimed.queue, claimed.tries, kind, claimed.attempt, claimed.started_at,
+                                     end, "web-1", "SMTPConnectError", message, retry_at)])
+
+    await js.define_queues([QueueSpec("mailer", 4, 3, 900.0), QueueSpec("thumbnails", 2, 5, 120.0),
+                            QueueSpec("webhooks", 8, 5, 30.0)], at("07:50:00"), update=True)
+    refused = "smtp.example.internal:587 refused the connection"
+    await js.send_jobs("mailer", [job({"order": 40, "to": "ana@example.com"}), job({"order": 41, "to": "bo@example.com"})],
+                       clock.now())
+    for wait in (10, 20, None):  # three attempts each, then dead
+        claimed = (await js.cycle_jobs([], {"mailer": 4}, "web-1", ids(), clock.now())).claimed
+        for c in claimed:
+            await fail(c, refused, clock.now() + timedelta(seconds=wait) if wait else None)
+        if wait:
+            clock.advance(wait)
+    at("07:58:00")
+    await js.send_jobs("thumbnails", [job({"image": f"img-{n}.png", "size": 512}) for n in range(5)], clock.now())
+    await js.pause_queue("thumbnails", True, "ops", clock.now())
+    at("07:59:20")
+    retrying = job({"order": 43, "to": "cy@example.com"})
+    await js.send_jobs("mailer", [retrying], clock.now())
+    (claimed,) = (await js.cycle_jobs([], {"mailer": 4}, "web-1", ids(), clock.now())).claimed
+    at("07:59:50")
+    await fail(claimed, "timed out after 30s waiting for the SMTP greeting",
+               datetime.fromisoformat("2026-03-02T08:00:20+00:00"))
+    await js.send_jobs("mailer", [job({"order": 44, "to": "di@example.com"})], clock.now())
+    await js.cycle_jobs([], {"mailer": 1}, "web-2", ids(), clock.now())  # still running at 08:00:05
+    at("07:59:59")
+    await js.send_jobs("mailer", [job({"receipt": 42}, key="receipt:42", delay=11)], clock.now())
+    at("08:00:01")
+    await js.send_jobs("mailer", [job({"order": 45, "to": "ed@example.com"}), job({"order": 46, "to": "fa@example.com"})],
+                       clock.now())
+    await store.close()
+
+
 def console_engine(url: str, clock: ManualClock | None = None) -> Engine:
     """An engine over the fixture's store at the frozen instant (instance ``console``)."""
     clock = clock or ManualClock(FROZEN)
@@ -337,3 +397,35 @@ class FlakyBackend:
         async for batch in self.inner.changes(since=since, idle=idle):
             self._check()
             yield batch
+    # -- the job queue: the same, call for call
+    async def list_queues(self) -> Any:
+        self._check()
+        return await self.inner.list_queues()
+
+    async def list_jobs(self, queue: str, **kwargs: Any) -> Any:
+        self._check()
+        return await self.inner.list_jobs(queue, **kwargs)
+
+    async def get_job(self, job_id: str) -> Any:
+        self._check()
+        return await self.inner.get_job(job_id)
+
+    async def send_job(self, queue: str, payload: Any = None, **kwargs: Any) -> Any:
+        self._check()
+        return await self.inner.send_job(queue, payload, **kwargs)
+
+    async def set_queue_paused(self, queue: str, paused: bool) -> Any:
+        self._check()
+        return await self.inner.set_queue_paused(queue, paused)
+
+    async def cancel_job(self, queue: str, id_or_key: str) -> Any:
+        self._check()
+        return await self.inner.cancel_job(queue, id_or_key)
+
+    async def retry_job(self, queue: str, job_id: str) -> Any:
+        self._check()
+        return await self.inner.retry_job(queue, job_id)
+
+    async def delete_job(self, queue: str, job_id: str) -> Any:
+        self._check()
+        return await self.inner.delete_job(queue, job_id)

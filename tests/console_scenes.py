@@ -23,6 +23,7 @@ from tests.console_fixtures import (
     FROZEN,
     WHERE,
     FlakyBackend,
+    add_jobs,
     add_timeline_history,
     build_ledger,
     console_backend,
@@ -40,6 +41,7 @@ def make_ledger(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     url = asyncio.run(build_ledger(folder))
     asyncio.run(add_timeline_history(url))
+    asyncio.run(add_jobs(url))
     return folder
 
 
@@ -139,6 +141,8 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "main": ({}, _keys()),
     "timeline": ({}, _timeline),
     "jobs": ({}, _keys("3")),
+    "job-details": ({}, _keys("3", "enter", "end", "enter")),
+    "job-send": ({}, _keys("3", "n")),
     "durable": ({}, _keys("4")),
     "locks": ({}, _keys("5")),
     "audit": ({}, _keys("6")),

@@ -27,6 +27,8 @@ PICTURES = [
     ("nothing-fires", "120x32"),
     ("no-color", "80x24"),
     ("jobs", "80x24"),
+    ("jobs", "120x32"),
+    ("job-details", "120x32"),
     ("help", "120x32"),
     ("audit", "120x32"),
 ]

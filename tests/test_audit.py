@@ -130,6 +130,35 @@ async def test_every_schedule_action_is_recorded_with_its_actor(make_engine: Any
     assert all(e.at == clock.now() for e in page.entries)
 
 
+async def test_every_job_queue_action_is_recorded_and_signalled(make_engine: Any) -> None:
+    from backend import define_queue
+
+    async def failing(ctx: Any) -> None:
+        raise RuntimeError("boom")
+
+    engine: Engine = make_engine([define_queue(name="mail", handler=failing, attempts=1)], actor="ops-bob")
+    await engine.open()
+    backend = EmbeddedBackend(engine)
+    subscription = engine.events.subscribe()
+    with acting_as("alice"):
+        sent = await backend.send_job("mail", {"to": "x"}, key="k1")
+        await backend.set_queue_paused("mail", True)
+        await backend.set_queue_paused("mail", False)
+        assert await backend.cancel_job("mail", "k1")
+    await engine.jobs.send("mail", {"by": "the app"})  # the application's sends are not audited
+    page = await engine.audit.list(limit=10)
+    assert [(e.actor, e.action, e.target) for e in reversed(page.entries)] == [
+        ("alice", "job.send", sent.id),
+        ("alice", "queue.pause", "mail"),
+        ("alice", "queue.resume", "mail"),
+        ("alice", "job.cancel", "k1"),
+    ]
+    assert page.entries[-1].detail == {"queue": "mail", "key": "k1", "duplicate": False}
+    signals = await subscription.get(0)
+    assert ("jobs", "mail") in [(s.topic, s.name) for s in signals]
+    subscription.close()
+
+
 async def test_cancelling_a_backfill_is_recorded_once(make_engine: Any) -> None:
     gate = asyncio.Event()
 

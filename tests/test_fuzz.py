@@ -31,6 +31,14 @@ SCHEDULE = """
     report = define_schedule(name="report", cron="0 * * * *", timezone="Europe/Berlin", handler=work)
     ext = define_schedule(name="ext", cron="* * * * *", timezone="UTC", handler=work, trigger="external")
 """
+QUEUE = """
+    from backend import define_queue
+
+    async def deliver(job):
+        pass
+
+    mail = define_queue(name="mail", handler=deliver)
+"""
 NAMES = ["report", "ext"]
 
 CHECKS = [
@@ -52,6 +60,7 @@ def api_schema(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     root: Path = tmp_path_factory.mktemp(f"fuzz-{request.param}")
     (root / "schedules").mkdir()
     (root / "schedules" / "fuzz.cron.py").write_text(textwrap.dedent(SCHEDULE))
+    (root / "schedules" / "fuzz.jobs.py").write_text(textwrap.dedent(QUEUE))
     if request.param == "sqlite":
         store = f"sqlite:///{root / 'state.db'}"
     else:
@@ -75,4 +84,6 @@ def test_no_5xx_and_every_answer_as_documented(case: schemathesis.Case) -> None:
     # Half the cases name a real schedule: a random name stops at 404 before the body is read.
     if "name" in case.path_parameters and hash(case.id) % 2:
         case.path_parameters["name"] = NAMES[hash(case.id) // 2 % len(NAMES)]
+    if "queue" in case.path_parameters and hash(case.id) % 2:
+        case.path_parameters["queue"] = "mail"
     case.call_and_validate(headers={"Authorization": f"Bearer {OPERATE}"}, checks=CHECKS)

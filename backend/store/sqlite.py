@@ -46,6 +46,7 @@ from .migrations import components_of, migrate_sqlite
 from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
 from .sqlite_audit import SQLiteAudit
 from .sqlite_events import SQLiteEvents
+from .sqlite_jobs import SQLiteJobs
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -666,7 +667,7 @@ class _Writer(threading.Thread):
         return StoreHealth("ok", waiting=waiting)
 
 
-class SQLiteStore(SQLiteAudit, SQLiteEvents):
+class SQLiteStore(SQLiteJobs, SQLiteAudit, SQLiteEvents):
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
     ``create=False`` refuses a file that does not exist (:class:`NotFound`, naming it) instead

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .audit import AuditView
 from .base import UnavailableView, View
+from .jobs import JobsView
 from .schedules import SchedulesView
 from .timeline import TimelineView
 
@@ -37,7 +38,7 @@ class ViewSpec:
 VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("schedules", "1", "Schedules", "schedules", "every schedule; the selected one's runs", SchedulesView),
     ViewSpec("timeline", "2", "Timeline", "schedules", "every schedule's runs on a time axis", TimelineView),
-    ViewSpec("jobs", "3", "Jobs", "jobs", "job queues: queued, running and dead jobs", None),
+    ViewSpec("jobs", "3", "Jobs", "jobs", "job queues: queued, running and dead jobs", JobsView),
     ViewSpec("durable", "4", "Durable", "durable", "durable executions and their steps", None),
     ViewSpec("locks", "5", "Locks", "locks", "project locks: holders and fencing tokens", None),
     ViewSpec("audit", "6", "Audit", "audit", "who did what, and when; / filters, ] reads older", AuditView),

@@ -1,0 +1,229 @@
+"""Defining queues, and the limits every job sent to one must keep.
+
+A queue is validated completely when it is defined, like a schedule: a typo fails at
+import time naming the queue. The limits of a send are checked in one place
+(:func:`check_send`), before anything is written, by every path that sends: the Python
+client, handlers, the HTTP API, the CLI and the console; each refusal names the limit and
+the value.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Final, Union
+
+from ..definitions import register_definition_type
+from ..errors import BadInput, DefinitionError, TooLarge
+from ..safetext import printable
+from ..schedules import NAME_PATTERN, handler_problem
+
+if TYPE_CHECKING:
+    from .model import JobContext
+
+__all__ = [
+    "DEFAULT_ATTEMPTS",
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_MAX_RUNTIME",
+    "MAX_ATTEMPTS",
+    "MAX_CONCURRENCY",
+    "MAX_DELAY_S",
+    "MAX_HELD",
+    "MAX_KEY_BYTES",
+    "MAX_PAYLOAD_BYTES",
+    "Queue",
+    "Send",
+    "backoff",
+    "check_queue_name",
+    "check_send",
+    "define_queue",
+]
+
+JobHandler = Callable[["JobContext"], Union[Awaitable[Any], Any]]
+
+#: The limits of a job (DESIGN.md part 2, "Job queue").
+MAX_PAYLOAD_BYTES: Final = 256 * 1024
+MAX_DELAY_S: Final = 30 * 86400
+MIN_ATTEMPTS: Final = 1
+MAX_ATTEMPTS: Final = 20
+MAX_KEY_BYTES: Final = 256
+MAX_HELD: Final = 10_000
+"""Queued + dead jobs one queue may hold; past it a send is refused (``queue_full``)."""
+MAX_CONCURRENCY: Final = 1_000
+DEFAULT_CONCURRENCY: Final = 4
+DEFAULT_ATTEMPTS: Final = 3
+DEFAULT_MAX_RUNTIME: Final = 900.0
+#: The retry delay grows from this, doubling, up to the cap (seconds).
+BACKOFF_FIRST_S: Final = 10
+BACKOFF_MAX_S: Final = 3600
+#: Dead jobs are deleted after this long (a schedule's after a day: its next slot is its retry).
+DEAD_KEEP: Final = timedelta(days=7)
+CRON_DEAD_KEEP: Final = timedelta(days=1)
+#: Attempts stay readable this long after they ended.
+ATTEMPTS_KEEP: Final = timedelta(days=7)
+
+
+def backoff(attempt: int) -> int:
+    """Seconds before the retry of failed attempt ``attempt`` (1-based): 10, 20, 40 … 3600."""
+    return int(min(BACKOFF_FIRST_S * 2 ** min(attempt - 1, 16), BACKOFF_MAX_S))
+
+
+@dataclass(frozen=True, eq=False)
+class Queue:
+    """A validated queue definition. Build it with :func:`define_queue`."""
+
+    name: str
+    handler: JobHandler
+    concurrency: int = DEFAULT_CONCURRENCY
+    """At most this many of its jobs run at once, across every instance sharing the store."""
+    attempts: int = DEFAULT_ATTEMPTS
+    """The attempts a job gets when its sender does not say."""
+    max_runtime: float = DEFAULT_MAX_RUNTIME
+    description: str | None = None
+    source: str | None = field(default=None, compare=False)
+    """Where it was defined, as ``path:line``."""
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.handler) or inspect.iscoroutinefunction(
+            getattr(self.handler, "__call__", None)
+        )
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r}, concurrency={self.concurrency})"
+
+
+register_definition_type(Queue, "queue")
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def define_queue(
+    *,
+    name: str,
+    handler: JobHandler,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    attempts: int = DEFAULT_ATTEMPTS,
+    max_runtime: float | timedelta = DEFAULT_MAX_RUNTIME,
+    description: str | None = None,
+) -> Queue:
+    """Define a named job queue; raises :class:`DefinitionError` on anything invalid."""
+    label = f"define_queue({name!r})" if isinstance(name, str) else "define_queue()"
+
+    def bad(problem: str) -> DefinitionError:
+        return DefinitionError(f"{label}: {problem}")
+
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise bad(f"invalid name {name!r} (1-128 characters of letters, digits, '_', '.', '-')")
+    problem = handler_problem(handler)
+    if problem is not None:
+        raise bad(problem)
+    if not _whole(concurrency) or not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise bad(f"concurrency {concurrency!r} is out of range (1-{MAX_CONCURRENCY})")
+    if not _whole(attempts) or not MIN_ATTEMPTS <= attempts <= MAX_ATTEMPTS:
+        raise bad(f"attempts {attempts!r} is out of range ({MIN_ATTEMPTS}-{MAX_ATTEMPTS})")
+    if isinstance(max_runtime, timedelta):
+        max_runtime = max_runtime.total_seconds()
+    if isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float)) or not 0 < max_runtime < math.inf:
+        raise bad(f"max_runtime {max_runtime!r} must be a positive number of seconds")
+    if description is not None and not isinstance(description, str):
+        raise bad(f"description {description!r} is not a string")
+    return Queue(
+        name=name,
+        handler=handler,
+        concurrency=concurrency,
+        attempts=attempts,
+        max_runtime=float(max_runtime),
+        description=description,
+        source=_caller_location(),
+    )
+
+
+def _caller_location() -> str | None:
+    frame = inspect.currentframe()
+    try:
+        caller = frame.f_back.f_back if frame and frame.f_back else None
+        return f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller else None
+    finally:
+        del frame
+
+
+# -- sends ---------------------------------------------------------------------------------
+# Characters a key may not hold: control characters and lone surrogates (a key is shown
+# to operators and stored as text; PostgreSQL refuses NUL).
+_NOT_KEY = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One job to send, checked: its payload encoded, its delay in seconds."""
+
+    payload: str
+    """The payload as JSON text (what the store keeps; at most 256 KiB of UTF-8)."""
+    delay: float = 0.0
+    attempts: int | None = None
+    """``None``: the queue's default."""
+    key: str | None = None
+
+
+def check_queue_name(queue: object) -> str:
+    """A queue name as given; :class:`BadInput` naming it otherwise."""
+    if not isinstance(queue, str) or not NAME_PATTERN.fullmatch(queue):
+        shown = printable(queue, 60) if isinstance(queue, str) else repr(queue)
+        raise BadInput(f'queue "{shown}" is not a queue name (1-128 letters, digits, "_", ".", "-")', field="queue")
+    return queue
+
+
+def encode_payload(payload: object) -> str:
+    """The payload as compact JSON text; refused when it is not JSON or too large."""
+    try:
+        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"payload is not JSON ({exc})", field="payload") from None
+    except RecursionError:
+        raise BadInput("payload is nested too deeply to be encoded", field="payload") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise BadInput(
+            f"payload holds a lone surrogate ({printable(text[exc.start : exc.end])}), which is not text",
+            field="payload",
+        ) from None
+    if size > MAX_PAYLOAD_BYTES:
+        raise TooLarge(
+            f"payload is {size:,} bytes of JSON; the limit is {MAX_PAYLOAD_BYTES:,} bytes (256 KiB)", field="payload"
+        )
+    return text
+
+
+def check_send(payload: object = None, delay: object = 0, attempts: object = None, key: object = None) -> Send:
+    """Check one job against every limit; raises :class:`BadInput` (or :class:`TooLarge`
+    for the payload) naming the limit and the value. Nothing is written before this."""
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
+        raise BadInput(f"delay {delay!r} is not a number of seconds (0 to {MAX_DELAY_S:,}, 30 days)", field="delay")
+    if not 0 <= delay <= MAX_DELAY_S:
+        shown = f"{int(delay):,}" if delay == int(delay) else f"{delay:,}"
+        raise BadInput(f"delay {shown}s is out of range: 0 to {MAX_DELAY_S:,} seconds (30 days)", field="delay")
+    if attempts is not None and (not _whole(attempts) or not MIN_ATTEMPTS <= attempts <= MAX_ATTEMPTS):  # type: ignore[operator]
+        raise BadInput(f"attempts {attempts!r} is out of range ({MIN_ATTEMPTS}-{MAX_ATTEMPTS})", field="attempts")
+    if key is not None:
+        if not isinstance(key, str):
+            raise BadInput(f"key must be a string, not {type(key).__name__}", field="key")
+        bad = _NOT_KEY.search(key)
+        if bad is not None:
+            raise BadInput(
+                f'key "{printable(key, 60)}" holds {printable(bad.group())} at position {bad.start()}, '
+                "which a key may not (control characters and lone surrogates)",
+                field="key",
+            )
+        size = len(key.encode("utf-8"))
+        if size > MAX_KEY_BYTES:
+            raise BadInput(f'key "{printable(key, 40)}" is {size} bytes; the limit is {MAX_KEY_BYTES} bytes', field="key")
+    return Send(encode_payload(payload), float(delay), attempts, key or None)  # type: ignore[arg-type]

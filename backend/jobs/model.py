@@ -1,0 +1,275 @@
+"""The job queue's objects, as the API, the CLI's ``--json`` and the backend interface share
+them (DESIGN.md part 2): a job, its attempts, a queue, a send's answer, a page of jobs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from ..errors import Refused
+from ..model import iso, parse_iso
+
+if TYPE_CHECKING:
+    from .actions import JobActions
+
+__all__ = [
+    "ATTEMPT_STATUSES",
+    "JOB_STATUSES",
+    "Attempt",
+    "Job",
+    "JobContext",
+    "JobDetail",
+    "JobStatus",
+    "JobsPage",
+    "NotDead",
+    "QueueFull",
+    "QueueView",
+    "Sent",
+]
+
+JobStatus = Literal["queued", "running", "dead"]
+JOB_STATUSES: Final = ("queued", "running", "dead")
+AttemptStatus = Literal["succeeded", "failed"]
+ATTEMPT_STATUSES: Final = ("succeeded", "failed")
+
+
+class QueueFull(Refused):
+    """The queue holds its maximum of queued + dead jobs: nothing was sent."""
+
+    title = "Queue full"
+    code = "queue_full"
+
+
+class NotDead(Refused):
+    """Only a dead job can be retried."""
+
+    title = "Not dead"
+    code = "not_dead"
+
+
+def _when(data: dict[str, Any], key: str) -> datetime | None:
+    value = data.get(key)
+    return parse_iso(value) if value else None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job while it exists: ``queued`` (also delayed, or waiting for a retry), ``running``
+    or ``dead``. One that succeeds, or is deleted, is gone; its attempts stay readable."""
+
+    id: str
+    queue: str
+    status: JobStatus
+    payload: Any
+    key: str | None
+    cron: str | None
+    """The schedule that enqueued it, if one did."""
+    attempt: int
+    """Attempts made (since it was sent, or retried from dead)."""
+    max_attempts: int
+    run_after: datetime
+    """When it may run (next): its send plus delay, or its retry time."""
+    created_at: datetime
+    started_at: datetime | None = None
+    """When its latest attempt started."""
+    instance: str | None = None
+    """Who runs it, or ran its latest attempt."""
+    error_tag: str | None = None
+    error_message: str | None = None
+    """Why its latest attempt failed."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "status": self.status,
+            "payload": self.payload,
+            "key": self.key,
+            "cron": self.cron,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "run_after": iso(self.run_after),
+            "created_at": iso(self.created_at),
+            "started_at": iso(self.started_at),
+            "instance": self.instance,
+            "error_tag": self.error_tag,
+            "error_message": self.error_message,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Job:
+        run_after, created_at = _when(data, "run_after"), _when(data, "created_at")
+        assert run_after is not None and created_at is not None
+        return cls(
+            id=data["id"],
+            queue=data["queue"],
+            status=data["status"],
+            payload=data.get("payload"),
+            key=data.get("key"),
+            cron=data.get("cron"),
+            attempt=int(data["attempt"]),
+            max_attempts=int(data["max_attempts"]),
+            run_after=run_after,
+            created_at=created_at,
+            started_at=_when(data, "started_at"),
+            instance=data.get("instance"),
+            error_tag=data.get("error_tag"),
+            error_message=data.get("error_message"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One finished attempt of a job (kept 7 days)."""
+
+    attempt: int
+    started_at: datetime
+    finished_at: datetime
+    status: AttemptStatus
+    error_tag: str | None
+    error_message: str | None
+    instance: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+            "status": self.status,
+            "error_tag": self.error_tag,
+            "error_message": self.error_message,
+            "instance": self.instance,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Attempt:
+        started, finished = _when(data, "started_at"), _when(data, "finished_at")
+        assert started is not None and finished is not None
+        return cls(
+            attempt=int(data["attempt"]),
+            started_at=started,
+            finished_at=finished,
+            status=data["status"],
+            error_tag=data.get("error_tag"),
+            error_message=data.get("error_message"),
+            instance=data["instance"],
+        )
+
+
+_JOB_FIELDS = (
+    "status", "payload", "key", "cron", "attempt", "max_attempts", "run_after", "created_at", "started_at",
+    "instance", "error_tag", "error_message",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """A job and its attempts, oldest first. Once the job is gone (it succeeded, or was
+    deleted) only its attempts remain: ``job`` is ``None`` and the JSON's job fields are
+    ``null``."""
+
+    id: str
+    queue: str
+    job: Job | None
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        body = self.job.to_json() if self.job is not None else {"id": self.id, "queue": self.queue, **dict.fromkeys(_JOB_FIELDS)}
+        body["attempts"] = [a.to_json() for a in self.attempts]
+        return body
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobDetail:
+        job = Job.from_json(data) if data.get("status") is not None else None
+        return cls(data["id"], data["queue"], job, [Attempt.from_json(a) for a in data.get("attempts", [])])
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """A queue as operators see it."""
+
+    name: str
+    concurrency: int
+    paused: bool
+    queued: int
+    running: int
+    dead: int
+    oldest_queued_at: datetime | None
+    """When the job that has waited longest became due (``None`` when none is due)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "concurrency": self.concurrency,
+            "paused": self.paused,
+            "queued": self.queued,
+            "running": self.running,
+            "dead": self.dead,
+            "oldest_queued_at": iso(self.oldest_queued_at),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> QueueView:
+        return cls(
+            name=data["name"],
+            concurrency=int(data["concurrency"]),
+            paused=bool(data["paused"]),
+            queued=int(data["queued"]),
+            running=int(data["running"]),
+            dead=int(data["dead"]),
+            oldest_queued_at=_when(data, "oldest_queued_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """What a send did: the job's id, and whether a job with the same key was there already
+    (then nothing was queued and ``id`` is that job's)."""
+
+    id: str
+    duplicate: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "duplicate": self.duplicate}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Sent:
+        return cls(id=data["id"], duplicate=bool(data["duplicate"]))
+
+
+@dataclass(frozen=True, slots=True)
+class JobsPage:
+    """One page of a queue's jobs, newest first; ``next_before`` pages further back."""
+
+    jobs: list[Job]
+    next_before: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"jobs": [j.to_json() for j in self.jobs], "next_before": self.next_before}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobsPage:
+        return cls(jobs=[Job.from_json(j) for j in data["jobs"]], next_before=data.get("next_before"))
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """What a job's handler receives."""
+
+    id: str
+    queue: str
+    payload: Any
+    attempt: int
+    """This attempt's number, from 1."""
+    max_attempts: int
+    key: str | None
+    cron: str | None
+    """The schedule that enqueued it, if one did."""
+    deadline: datetime
+    """When the watchdog gives up on this attempt (its start + the queue's ``max_runtime``)."""
+    created_at: datetime
+    jobs: JobActions = field(repr=False)
+    """Send (and act on) jobs from the handler: ``await job.jobs.send(...)``; from a sync
+    handler, ``job.jobs.sync.send(...)``."""

@@ -1,0 +1,353 @@
+"""View 3: the job queues, and the selected queue's jobs.
+
+A row per queue (running n/concurrency, queued, dead, how long the oldest due job has
+waited, paused); under it the selected queue's jobs, newest first, filterable by status
+(``f``) and paged by keyset (``]``/``[``). Enter on a queue goes to its jobs; Enter on a
+job opens its details (payload, attempt k/N, the countdown to its next try, every
+attempt's error). ``R`` retries the selected dead job, or, with the dead filter on, every
+dead job shown (their count typed above 25); ``x`` deletes the selected job (asked first);
+``P`` pauses or resumes the queue (``p`` stays the pause of refreshes); ``n`` sends a job.
+Acting is refused, saying why, when the console is read-only.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import ClassVar, Final
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.content import Content
+from textual.widgets import DataTable
+
+from backend.errors import SchedtuiError, Unavailable
+from backend.jobs.model import Job, JobsPage, QueueView, Sent
+
+from ..screens.jobs import RETRY_CONFIRM_ABOVE, ConfirmPrompt, JobDetails, SendJobScreen
+from ..widgets.jobs import JobsTable, QueuesTable
+from ..widgets.line import Line
+from .base import View
+
+__all__ = ["JOBS_PAGE", "JobsView", "STATUS_CYCLE"]
+
+JOBS_PAGE: Final = 100
+"""Jobs per page."""
+STATUS_CYCLE: Final = (None, "queued", "running", "dead")
+"""What ``f`` steps through: every job, then each status."""
+
+
+class JobsView(View):
+    """See the module."""
+
+    view_id = "jobs"
+    topics: ClassVar[tuple[str, ...]] = ("jobs",)
+
+    BINDINGS = [
+        Binding("f", "cycle_status", "Status", id="jobs_status",
+                tooltip="show every job, or only the queued, running or dead ones"),
+        Binding("R", "retry", "Retry", id="jobs_retry",
+                tooltip="retry the selected dead job (with the dead filter: every dead job shown)"),
+        Binding("x", "delete", "Delete", id="jobs_delete", tooltip="delete the selected job (asks first)"),
+        Binding("P", "pause_queue", "Pause queue", id="jobs_pause", tooltip="pause or resume the selected queue"),
+        Binding("n", "send", "Send", id="jobs_send", tooltip="send a job to the selected queue (a payload editor)"),
+        Binding("right_square_bracket", "older_jobs", "Older jobs", id="older_jobs", show=False,
+                tooltip="older jobs (the next page, by keyset)"),
+        Binding("left_square_bracket", "newer_jobs", "Newer jobs", id="newer_jobs", show=False,
+                tooltip="newer jobs (back towards the newest page)"),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id or self.view_id)
+        self.queues: list[QueueView] = []
+        self.selected_queue: str | None = None
+        self.status: str | None = None
+        """The status filter of the jobs table (``None``: every job)."""
+        self.page: JobsPage | None = None
+        self._pages: list[str | None] = [None]
+        self._page_of: tuple[str, str | None, str | None] | None = None
+        """(queue, status, before) of the page on screen."""
+
+    def compose(self) -> ComposeResult:
+        yield Line("QUEUES", id="queues-title", classes="section")
+        yield QueuesTable(id="queues")
+        yield Line("JOBS", id="jobs-title", classes="section")
+        yield JobsTable(id="jobs-table")
+
+    @property
+    def queues_table(self) -> QueuesTable:
+        return self.query_one(QueuesTable)
+
+    @property
+    def jobs_table(self) -> JobsTable:
+        return self.query_one(JobsTable)
+
+    def focus_main(self) -> None:
+        self.queues_table.focus()
+
+    # -- data ---------------------------------------------------------------------------
+    async def load(self) -> None:
+        backend = self.console.backend
+        self.queues = await backend.list_queues()
+        names = [q.name for q in self.queues]
+        if self.selected_queue not in names:
+            self.selected_queue = names[0] if names else None
+            self._pages = [None]
+        if self.selected_queue is not None:
+            before = self._pages[-1]
+            self.page = await backend.list_jobs(self.selected_queue, status=self.status, limit=JOBS_PAGE, before=before)
+            self._page_of = (self.selected_queue, self.status, before)
+
+    @work(exclusive=True, group="jobs", exit_on_error=False)
+    async def load_jobs(self) -> None:
+        """Read the page of jobs for the selected queue and status (a selection changed)."""
+        queue, status, before = self.selected_queue, self.status, self._pages[-1]
+        if queue is None:
+            return
+        try:
+            page = await self.console.backend.list_jobs(queue, status=status, limit=JOBS_PAGE, before=before)
+        except Unavailable as exc:
+            self.console.connection_lost(exc)
+            return
+        except SchedtuiError as exc:
+            self.console.report(exc)
+            return
+        if (queue, status, before) == (self.selected_queue, self.status, self._pages[-1]):
+            self.page = page
+            self._page_of = (queue, status, before)
+            self._show_jobs()
+
+    # -- drawing ------------------------------------------------------------------------
+    def show(self) -> None:
+        now = self.console.clock.now()
+        self.queues_table.show(self.queues, now)
+        shown = len(self.queues)
+        paused = sum(1 for q in self.queues if q.paused)
+        title = f"QUEUES {shown}" + (f" · {paused} paused" if paused else "")
+        if not self.queues:
+            title += " · none yet (a queue is recorded when a process with its definition opens the store)"
+        self.query_one("#queues-title", Line).update(Content(title))
+        if self.selected_queue is not None and self.selected_queue in self.queues_table.queues:
+            table = self.queues_table
+            if table.selected_name != self.selected_queue:
+                table.move_cursor(row=table.get_row_index(self.selected_queue), animate=False, scroll=True)
+        self._show_jobs()
+
+    def _show_jobs(self) -> None:
+        table = self.jobs_table
+        now = self.console.clock.now()
+        current = (self.selected_queue, self.status, self._pages[-1])
+        jobs = self.page.jobs if self.page is not None and self._page_of == current else []
+        table.show(jobs, now)
+        queue = self.selected_queue
+        if queue is None:
+            self.query_one("#jobs-title", Line).update(Content("JOBS"))
+            return
+        which = self.status or "all"
+        title = f"JOBS of {queue} · {which} (f) · {len(jobs)} shown"
+        if len(self._pages) > 1:
+            title += f" · page {len(self._pages)} ([ newer)"
+        if self.page is not None and self.page.next_before is not None:
+            title += " · ] older"
+        view = next((q for q in self.queues if q.name == queue), None)
+        if view is not None and view.paused:
+            title += " · ‖ paused (P resumes)"
+        self.query_one("#jobs-title", Line).update(Content(title))
+
+    def tick(self, now: datetime) -> None:
+        self.queues_table.tick(now)
+        self.jobs_table.tick(now)
+
+    # -- selection ------------------------------------------------------------------------
+    @on(DataTable.RowHighlighted, "#queues")
+    def _queue_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        name = event.row_key.value
+        if name is None or name == self.selected_queue:
+            return
+        self.selected_queue = name
+        self._pages = [None]
+        self.page = None
+        self._show_jobs()
+        self.load_jobs()
+
+    @on(DataTable.RowSelected, "#queues")
+    def _queue_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.jobs_table.focus()
+
+    @on(DataTable.RowSelected, "#jobs-table")
+    def _job_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.open_details()
+
+    def open_details(self) -> None:
+        if self.focused_table() is self.queues_table:
+            self.jobs_table.focus()
+            return
+        job = self.jobs_table.selected_job
+        if job is None:
+            self.notify("No job selected.", severity="information")
+            return
+        console = self.console
+        self.app.push_screen(JobDetails(console.backend, job, console.display_zone, console.clock.now))
+
+    def focused_table(self) -> DataTable[object] | None:
+        focused = self.app.focused
+        return focused if isinstance(focused, DataTable) else None
+
+    def action_cycle_status(self) -> None:
+        """``f``: every job, then only queued, running, dead."""
+        self.status = STATUS_CYCLE[(STATUS_CYCLE.index(self.status) + 1) % len(STATUS_CYCLE)]
+        self._pages = [None]
+        self.page = None
+        self._show_jobs()
+        self.load_jobs()
+
+    def action_older_jobs(self) -> None:
+        if self.page is None or self.page.next_before is None:
+            self.notify("No older jobs.", severity="information")
+            return
+        self._pages.append(self.page.next_before)
+        self.load_jobs()
+
+    def action_newer_jobs(self) -> None:
+        if len(self._pages) == 1:
+            self.notify("Already on the newest jobs.", severity="information")
+            return
+        self._pages.pop()
+        self.load_jobs()
+
+    # -- acting -------------------------------------------------------------------------
+    def _may_act(self, action: str) -> str | None:
+        """The selected queue, if ``action`` may go ahead; otherwise say why not."""
+        console = self.console
+        if console.read_only:
+            why = "the console was started with --read-only" if console.read_only_flag else "the token may only read"
+            if console.info is not None and console.info.kind == "embedded" and not console.read_only_flag:
+                why = "the backend is read-only"
+            self.notify(f"{action} does nothing here: {why}.", title="Read-only", severity="warning")
+            return None
+        if self.selected_queue is None:
+            self.notify(f"{action}: no queue selected.", severity="warning")
+        return self.selected_queue
+
+    def _job_for(self, action: str) -> tuple[str, Job] | None:
+        queue = self._may_act(action)
+        if queue is None:
+            return None
+        job = self.jobs_table.selected_job
+        if job is None:
+            self.notify(f"{action}: no job selected (Enter on a queue goes to its jobs).", severity="warning")
+            return None
+        return queue, job
+
+    def action_retry(self) -> None:
+        """``R``: retry the selected dead job; with the dead filter, every dead job shown."""
+        if self.status == "dead" and self.focused_table() is not self.queues_table:
+            queue = self._may_act("Retry")
+            if queue is None:
+                return
+            dead = [j for j in self.jobs_table.jobs.values() if j.status == "dead"]
+            if not dead:
+                self.notify("No dead job shown.", severity="information")
+                return
+            count = len(dead) if len(dead) > RETRY_CONFIRM_ABOVE else None
+
+            def answer(go: bool | None) -> None:
+                if go:
+                    self._retry(queue, [j.id for j in dead])
+
+            self.app.push_screen(
+                ConfirmPrompt(f"Retry {len(dead)} dead jobs", f"Put the {len(dead)} dead jobs shown of {queue} back "
+                              "in the queue, each with fresh attempts?", count=count),
+                answer,
+            )
+            return
+        target = self._job_for("Retry")
+        if target is None:
+            return
+        queue, job = target
+        if job.status != "dead":
+            self.notify(f"Job {job.id} is {job.status}: only a dead job can be retried.", severity="warning")
+            return
+        self._retry(queue, [job.id])
+
+    @work(group="jobs-action", exit_on_error=False)
+    async def _retry(self, queue: str, ids: list[str]) -> None:
+        done = 0
+        for job_id in ids:
+            try:
+                await self.console.backend.retry_job(queue, job_id)
+            except SchedtuiError as exc:
+                self.console.report(exc)
+                break
+            done += 1
+        if done:
+            what = f"job {ids[0]}" if len(ids) == 1 else f"{done} of {len(ids)} dead jobs"
+            self.notify(f"{queue}: {what} queued again with fresh attempts", title="Retried")
+        self.console.request_refresh()
+
+    def action_delete(self) -> None:
+        """``x``: delete the selected job, after asking."""
+        target = self._job_for("Delete")
+        if target is None:
+            return
+        queue, job = target
+        running = " It is running: it finishes, and its result is not kept." if job.status == "running" else ""
+
+        def answer(go: bool | None) -> None:
+            if go:
+                self._delete(queue, job)
+
+        self.app.push_screen(ConfirmPrompt("Delete a job", f"Delete job {job.id} ({job.status}) of {queue}?{running}"), answer)
+
+    @work(group="jobs-action", exit_on_error=False)
+    async def _delete(self, queue: str, job: Job) -> None:
+        try:
+            await self.console.backend.delete_job(queue, job.id)
+        except SchedtuiError as exc:
+            self.console.report(exc)
+            return
+        self.notify(f"{queue}: job {job.id} deleted", title="Deleted")
+        self.console.request_refresh()
+
+    def action_pause_queue(self) -> None:
+        """``P``: pause or resume the selected queue."""
+        queue = self._may_act("Pause/resume")
+        if queue is None:
+            return
+        view = next((q for q in self.queues if q.name == queue), None)
+        self._pause(queue, not (view.paused if view is not None else False))
+
+    @work(group="jobs-action", exit_on_error=False)
+    async def _pause(self, queue: str, paused: bool) -> None:
+        try:
+            view = await self.console.backend.set_queue_paused(queue, paused)
+        except SchedtuiError as exc:
+            self.console.report(exc)
+            return
+        self.queues = [view if q.name == queue else q for q in self.queues]
+        self.show()
+        if view.paused:
+            self.notify(f"{queue} paused: its jobs wait (running ones finish); P resumes", title="Paused queue")
+        else:
+            self.notify(f"{queue} resumed", title="Resumed queue")
+        self.console.request_refresh()
+
+    def action_send(self) -> None:
+        """``n``: send a job to the selected queue (a payload editor)."""
+        queue = self._may_act("Send")
+        if queue is None:
+            return
+
+        def sent(result: Sent | None) -> None:
+            if result is None:
+                return
+            if result.duplicate:
+                self.notify(f"{queue}: a job with that key is there already: {result.id}; nothing queued",
+                            title="Duplicate", severity="warning", markup=False)
+            else:
+                self.notify(f"{queue}: job {result.id} queued", title="Sent")
+            self.console.request_refresh()
+
+        self.app.push_screen(SendJobScreen(self.console.backend, queue), sent)

@@ -1,0 +1,497 @@
+"""Job queue benchmark: schedtui against pgqueuer 1.6.0 (asyncpg) and procrastinate 3.10.0,
+on the same PostgreSQL, in the same run.
+
+A benchmark, not a test (pytest does not collect it). Run it from the repository root::
+
+    python -m tests.bench.queue                      # everything (installs the peers first)
+    python -m tests.bench.queue --no-peers           # schedtui only
+    python -m tests.bench.queue --jobs 5000 --seconds 5
+
+Three measures, each system in its own database of one server, each worker in a process
+of its own (a no-op async handler):
+
+* ``drain``: N jobs (20,000) are queued first, then one worker process with a
+  concurrency of 16 runs them all. ``jobs_per_s`` is N over the time from the first
+  handler's start to the last one's, read in the handlers. A schedtui queue holds at
+  most 10,000 queued jobs, so schedtui's N are spread over two queues of concurrency 8
+  (16 at once, as for the others, which use one entrypoint or task of concurrency 16).
+* ``latency``: a separate sender process queues R jobs a second (300) for S seconds (20),
+  each on its own schedule (an open loop: a slow send does not slow the next), stamping
+  the time just before it calls the send; the worker (concurrency 16, started and idle
+  before the first send) reads the time at the handler's start. ``p50_ms``/``p99_ms``
+  of the difference: enqueue-to-start, as an application sees it.
+* ``sigkill`` (schedtui only): 4,000 jobs of 2 ms each on two worker processes; the one
+  running them is SIGKILLed a quarter of the way through. ``lost``: jobs with no succeeded
+  attempt in the store at the end; ``run_twice``: jobs two of whose attempts ran at the
+  same time (the killed worker's until the kill), or with more than one succeeded attempt;
+  ``rerun_after_kill``: jobs the killed worker had in hand, run again elsewhere after it
+  died (their result died with it: at-least-once delivery).
+
+The peers are installed by this script into a temporary folder (``pip install --target``)
+and run from there: they are never a dependency of schedtui. The server is
+``$SCHEDTUI_BENCH_DSN`` when set, otherwise a throwaway cluster from the machine's
+binaries with durable settings (fsync on; see tests/pg.py). JSON on stdout, progress on
+stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if __package__ in (None, ""):  # run as a script: make backend/ and tests/ importable
+    sys.path.insert(0, str(REPO_ROOT))
+
+import psycopg  # noqa: E402
+
+from tests import pg  # noqa: E402
+from tests.bench import stats  # noqa: E402
+
+PEERS = ["pgqueuer==1.6.0", "asyncpg", "procrastinate==3.10.0"]
+
+
+def log(message: str) -> None:
+    print(f"[queue {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# The worker and sender programs, one per system. Each runs in a process of its own:
+# ``python -c PROGRAM MODE URL ARGS...``, and prints one JSON line last.
+# ---------------------------------------------------------------------------------------
+COMMON = """
+import asyncio, json, os, sys, time
+mode, url = sys.argv[1], sys.argv[2]
+args = [int(a) for a in sys.argv[3:]]
+
+def report(**fields):
+    print(json.dumps(fields), flush=True)
+
+class Tally:
+    def __init__(self, expected):
+        self.expected, self.count, self.first, self.last = expected, 0, None, None
+        self.delays = []
+        self.done = asyncio.Event()
+
+    def start(self, sent_at=None):
+        now = time.time()
+        if self.first is None:
+            self.first = now
+        if sent_at is not None:
+            self.delays.append(now - sent_at)
+
+    def end(self):
+        self.count += 1
+        if self.count >= self.expected:
+            self.last = time.time()
+            self.done.set()
+
+async def paced(total, rate, send):
+    # An open loop: each send at its own time, whatever the previous one costs.
+    start = time.time() + 0.5
+    tasks = []
+    for i in range(total):
+        delay = start + i / rate - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(send(i)))
+    await asyncio.gather(*tasks)
+"""
+
+SCHEDTUI = COMMON + """
+sys.path.insert(0, os.environ["SCHEDTUI_REPO"])
+from backend import Engine, connect, define_queue
+
+async def main():
+    if mode == "enqueue":  # N jobs over two queues (a queue holds at most 10,000)
+        n, = args
+        async with connect(url, definitions=QUEUES) as st:
+            for q in range(2):
+                for at in range(0, n // 2, 1000):
+                    await st.jobs.send_many(f"drain{q}", [{"payload": {}}] * min(1000, n // 2 - at))
+        report(enqueued=n)
+    elif mode == "drain":
+        n, conc = args
+        tally.expected = n
+        engine = Engine(QUEUES, url, instance="bench-drain")
+        await engine.start()
+        await tally.done.wait()
+        await engine.stop(grace=5)
+        report(count=tally.count, first=tally.first, last=tally.last)
+    elif mode == "latency-worker":
+        n, conc = args
+        tally.expected = n
+        engine = Engine(QUEUES, url, instance="bench-latency")
+        await engine.start()
+        report(ready=True)
+        await tally.done.wait()
+        await engine.stop(grace=5)
+        report(count=tally.count, delays=tally.delays)
+    elif mode == "latency-sender":
+        n, rate = args
+        async with connect(url, definitions=QUEUES) as st:
+            await paced(n, rate, lambda i: st.jobs.send("latency", {"t": time.time()}))
+        report(sent=n)
+    elif mode == "kill-enqueue":
+        n, = args
+        async with connect(url, definitions=QUEUES) as st:
+            ids = []
+            for at in range(0, n, 1000):
+                ids += [s.id for s in await st.jobs.send_many("kill", [{"payload": {}}] * min(1000, n - at))]
+        report(ids=ids)
+    elif mode == "kill-worker":
+        engine = Engine(QUEUES, url, instance=f"bench-kill-{os.getpid()}")
+        await engine.start()
+        report(ready=True)
+        await asyncio.Event().wait()
+
+tally = Tally(0)
+
+async def noop(job):
+    tally.start(job.payload.get("t") if isinstance(job.payload, dict) else None)
+    tally.end()
+
+DONE = open(os.environ["BENCH_DONE_FILE"], "a", buffering=1) if os.environ.get("BENCH_DONE_FILE") else None
+
+async def work_2ms(job):
+    DONE.write(f"s {job.id} {os.getpid()} {time.time():.6f}\\n")
+    await asyncio.sleep(0.002)
+    DONE.write(f"e {job.id} {os.getpid()} {time.time():.6f}\\n")
+
+conc = int(os.environ.get("BENCH_CONCURRENCY", "16"))
+QUEUES = [
+    define_queue(name="drain0", handler=noop, concurrency=conc // 2),
+    define_queue(name="drain1", handler=noop, concurrency=conc // 2),
+    define_queue(name="latency", handler=noop, concurrency=conc),
+    define_queue(name="kill", handler=work_2ms, concurrency=conc),
+]
+asyncio.run(main())
+"""
+
+PGQUEUER = COMMON + """
+import asyncpg
+from pgqueuer.db import AsyncpgDriver
+from pgqueuer.qm import QueueManager
+from pgqueuer.queries import Queries
+from pgqueuer import types
+
+async def main():
+    conn = await asyncpg.connect(url)
+    driver = AsyncpgDriver(conn)
+    if mode == "enqueue":
+        n, = args
+        queries = Queries(driver)
+        await queries.install()
+        for at in range(0, n, 1000):
+            size = min(1000, n - at)
+            await queries.enqueue(["noop"] * size, [b"{}"] * size, [0] * size)
+        report(enqueued=n)
+        return
+    n, conc = args
+    tally.expected = n
+    qm = QueueManager(Queries(driver))
+
+    @qm.entrypoint("noop", concurrency_limit=conc)
+    async def noop(job):
+        payload = json.loads(job.payload) if job.payload else {}
+        tally.start(payload.get("t"))
+        tally.end()
+        if tally.count >= n:
+            qm.shutdown.set()
+
+    if mode == "drain":
+        await qm.run(batch_size=conc, mode=types.QueueExecutionMode.drain)
+        report(count=tally.count, first=tally.first, last=tally.last)
+    elif mode == "latency-worker":
+        runner = asyncio.ensure_future(qm.run(batch_size=conc))
+        report(ready=True)
+        await tally.done.wait()
+        await runner
+        report(count=tally.count, delays=tally.delays)
+
+async def send_main():
+    n, rate = args
+    pool = await asyncpg.create_pool(url, min_size=4, max_size=16)
+    from pgqueuer.db import AsyncpgPoolDriver
+    queries = Queries(AsyncpgPoolDriver(pool))
+    await paced(n, rate, lambda i: queries.enqueue("noop", json.dumps({"t": time.time()}).encode()))
+    report(sent=n)
+
+tally = Tally(0)
+asyncio.run(send_main() if mode == "latency-sender" else main())
+"""
+
+PROCRASTINATE = COMMON + """
+import procrastinate
+
+app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url, min_size=4, max_size=20))
+
+@app.task(name="noop", queue="bench")
+async def noop(t=None):
+    tally.start(t)
+    tally.end()
+
+async def main():
+    async with app.open_async():
+        if mode == "enqueue":
+            n, = args
+            await app.schema_manager.apply_schema_async()
+            for at in range(0, n, 1000):
+                await noop.batch_defer_async(*[{}] * min(1000, n - at))
+            report(enqueued=n)
+        elif mode == "drain":
+            n, conc = args
+            tally.expected = n
+            await app.run_worker_async(queues=["bench"], concurrency=conc, wait=False)
+            report(count=tally.count, first=tally.first, last=tally.last)
+        elif mode == "latency-worker":
+            n, conc = args
+            tally.expected = n
+            worker = asyncio.ensure_future(app.run_worker_async(queues=["bench"], concurrency=conc, wait=True))
+            report(ready=True)
+            await tally.done.wait()
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
+            report(count=tally.count, delays=tally.delays)
+        elif mode == "latency-sender":
+            n, rate = args
+            await paced(n, rate, lambda i: noop.defer_async(t=time.time()))
+            report(sent=n)
+
+tally = Tally(0)
+asyncio.run(main())
+"""
+
+PROGRAMS = {"schedtui": SCHEDTUI, "pgqueuer": PGQUEUER, "procrastinate": PROCRASTINATE}
+
+
+class Runner:
+    """Starts the programs with the right paths and reads their JSON."""
+
+    def __init__(self, peers: Path | None, workdir: Path) -> None:
+        self.peers = peers
+        self.workdir = workdir
+
+    def env(self, system: str, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDTUI_")}
+        env["SCHEDTUI_REPO"] = str(REPO_ROOT)
+        env["SCHEDTUI_LOG_LEVEL"] = "WARNING"
+        env["PYTHONUNBUFFERED"] = "1"
+        if system != "schedtui":
+            assert self.peers is not None
+            env["PYTHONPATH"] = str(self.peers)
+        env.update(extra)
+        return env
+
+    def popen(self, system: str, mode: str, url: str, *args: int, **extra: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(PROGRAMS[system]), mode, url, *map(str, args)],
+            cwd=self.workdir, env=self.env(system, **extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def run(self, system: str, mode: str, url: str, *args: int, timeout: float = 900, **extra: str) -> dict[str, Any]:
+        proc = self.popen(system, mode, url, *args, **extra)
+        out, err = proc.communicate(timeout=timeout)
+        return last_json(out, err, f"{system} {mode}", proc.returncode)
+
+    @staticmethod
+    def ready(proc: subprocess.Popen[str], what: str, timeout: float = 60) -> None:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if '"ready"' in line:
+                return
+        proc.kill()
+        raise RuntimeError(f"{what} did not start:\n{proc.stderr.read() if proc.stderr else ''}")
+
+
+def last_json(out: str, err: str, what: str, code: int | None) -> dict[str, Any]:
+    for line in reversed(out.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)  # type: ignore[no-any-return]
+    raise RuntimeError(f"{what} failed (exit {code}):\n{err[-3000:]}")
+
+
+def database(server: pg.PgServer, name: str) -> str:
+    return server.create_database(name)
+
+
+def drain(runner: Runner, server: pg.PgServer, system: str, jobs: int, concurrency: int) -> dict[str, Any]:
+    url = database(server, f"drain_{system}")
+    log(f"{system}: queueing {jobs:,} jobs")
+    runner.run(system, "enqueue", url, jobs, BENCH_CONCURRENCY=str(concurrency))
+    log(f"{system}: draining them with one worker, concurrency {concurrency}")
+    result = runner.run(system, "drain", url, jobs, concurrency, BENCH_CONCURRENCY=str(concurrency))
+    seconds = result["last"] - result["first"]
+    return {"jobs": result["count"], "seconds": round(seconds, 3), "jobs_per_s": round(result["count"] / seconds)}
+
+
+def latency(runner: Runner, server: pg.PgServer, system: str, rate: int, seconds: int, concurrency: int) -> dict[str, Any]:
+    url = database(server, f"latency_{system}")
+    total = rate * seconds
+    if system != "schedtui":
+        runner.run(system, "enqueue", url, 0)  # installs the schema
+    else:
+        runner.run(system, "enqueue", url, 0, BENCH_CONCURRENCY=str(concurrency))
+    worker = runner.popen(system, "latency-worker", url, total, concurrency, BENCH_CONCURRENCY=str(concurrency))
+    runner.ready(worker, f"{system}'s worker")
+    log(f"{system}: {rate} jobs/s for {seconds}s, enqueue to start")
+    runner.run(system, "latency-sender", url, total, rate, BENCH_CONCURRENCY=str(concurrency))
+    out, err = worker.communicate(timeout=120)
+    result = last_json(out, err, f"{system} latency worker", worker.returncode)
+    delays = result["delays"]
+    summary = stats.summary_ms(delays, keys=("p50", "p99", "max"), digits=1)
+    return {"jobs": len(delays), "rate_per_s": rate, "p50_ms": summary["p50"], "p99_ms": summary["p99"], "max_ms": summary["max"]}
+
+
+def sigkill(runner: Runner, server: pg.PgServer, jobs: int, concurrency: int) -> dict[str, Any]:
+    url = database(server, "sigkill")
+    done_files = [runner.workdir / f"done-{i}.txt" for i in range(2)]
+    sent = runner.run("schedtui", "kill-enqueue", url, jobs, BENCH_CONCURRENCY=str(concurrency))["ids"]
+    workers = [
+        runner.popen("schedtui", "kill-worker", url, BENCH_CONCURRENCY=str(concurrency), BENCH_DONE_FILE=str(path))
+        for path in done_files
+    ]
+    for worker in workers:
+        runner.ready(worker, "a kill worker")
+
+    def events() -> list[tuple[str, str, int, float]]:
+        lines = []
+        for path in done_files:
+            if path.exists():
+                for line in path.read_text().splitlines():
+                    parts = line.split()
+                    if len(parts) == 4:
+                        lines.append((parts[0], parts[1], int(parts[2]), float(parts[3])))
+        return lines
+
+    deadline = time.monotonic() + 120
+    while sum(1 for e in events() if e[0] == "e") < jobs // 4 and time.monotonic() < deadline:
+        time.sleep(0.01)  # watching a real process's progress
+    # The worker with jobs in hand (the first to claim keeps the seats it frees).
+    busiest = Counter(pid for kind, _, pid, _ in events() if kind == "e").most_common(1)
+    victim = next((w for w in workers if busiest and w.pid == busiest[0][0]), workers[0])
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    killed_at = time.time()
+    log(f"sigkill: killed worker {victim.pid} after {sum(1 for e in events() if e[0] == 'e'):,} of {jobs:,} jobs")
+    while time.monotonic() < deadline:
+        with psycopg.connect(url) as conn:
+            left = conn.execute("SELECT count(*) FROM schedtui_jobs").fetchone()
+        if left is not None and left[0] == 0:
+            break
+        time.sleep(0.1)
+    (survivor,) = [w for w in workers if w is not victim]
+    survivor.send_signal(signal.SIGINT)
+    survivor.communicate(timeout=60)
+    with psycopg.connect(url) as conn:
+        succeeded = Counter(
+            row[0] for row in conn.execute("SELECT job_id FROM schedtui_job_attempts WHERE status = 'succeeded'")
+        )
+        abandoned = conn.execute("SELECT count(*) FROM schedtui_job_attempts WHERE error_tag = 'abandoned'").fetchone()
+    # Each attempt as a span of time: from its start to its end, or to the kill for one the
+    # killed worker never ended. Two spans of one job that overlap ran twice at once.
+    spans: dict[str, list[tuple[float, float, int]]] = {}
+    opened: dict[tuple[str, int], float] = {}
+    for kind, job_id, pid, at in sorted(events(), key=lambda e: e[3]):
+        if kind == "s":
+            opened[(job_id, pid)] = at
+        elif (job_id, pid) in opened:
+            spans.setdefault(job_id, []).append((opened.pop((job_id, pid)), at, pid))
+    for (job_id, pid), at in opened.items():
+        spans.setdefault(job_id, []).append((at, killed_at if pid == victim.pid else time.time(), pid))
+    at_once = {
+        job_id for job_id, s in spans.items()
+        if any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(s) for b in s[i + 1:])
+    }
+    ended = {job_id: [pid for _, _, pid in s] for job_id, s in spans.items()}
+    rerun = [j for j, pids in ended.items() if victim.pid in pids and len(pids) > 1 and j not in at_once]
+    return {
+        "jobs": jobs,
+        "killed_after": sum(1 for kind, _, pid, _ in events() if kind == "e" and pid == victim.pid),
+        "lost": len(set(sent) - set(succeeded)),
+        "run_twice": len(at_once | {j for j, n in succeeded.items() if n > 1}),
+        "rerun_after_kill": len(rerun),
+        "abandoned_attempts": int(abandoned[0]) if abandoned else 0,
+    }
+
+
+def install_peers(target: Path) -> None:
+    log(f"installing {', '.join(PEERS)} into {target}")
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target", str(target), *PEERS],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"could not install the peers:\n{done.stderr[-3000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=20_000, help="jobs drained (20,000)")
+    parser.add_argument("--concurrency", type=int, default=16, help="worker concurrency (16)")
+    parser.add_argument("--rate", type=int, default=300, help="jobs sent per second for the latency (300)")
+    parser.add_argument("--seconds", type=int, default=20, help="seconds of sending for the latency (20)")
+    parser.add_argument("--kill-jobs", type=int, default=4_000, help="jobs of the SIGKILL run (4,000)")
+    parser.add_argument("--no-peers", action="store_true", help="schedtui only")
+    parser.add_argument("--parts", default="drain,latency,sigkill", help="which measures (drain,latency,sigkill)")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="schedtui-bench-queue-"))
+    dsn = os.environ.get("SCHEDTUI_BENCH_DSN")
+    server = pg.PgServer(dsn=dsn) if dsn else pg.start_cluster(durable=True)
+    systems = ["schedtui"] if args.no_peers else ["schedtui", "pgqueuer", "procrastinate"]
+    try:
+        peers = None
+        if not args.no_peers:
+            peers = workdir / "peers"
+            install_peers(peers)
+        runner = Runner(peers, workdir)
+        with psycopg.connect(server.dsn) as conn:
+            version = conn.execute("SHOW server_version").fetchone()
+            fsync = conn.execute("SHOW fsync").fetchone()
+        results: dict[str, Any] = {
+            "benchmark": "queue",
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)},
+            "postgres": {"version": version[0] if version else None, "fsync": fsync[0] if fsync else None},
+            "drain": {},
+            "latency": {},
+        }
+        parts = set(args.parts.split(","))
+        for system in systems if "drain" in parts else ():
+            results["drain"][system] = drain(runner, server, system, args.jobs, args.concurrency)
+            log(f"{system}: drain {results['drain'][system]}")
+        for system in systems if "latency" in parts else ():
+            results["latency"][system] = latency(runner, server, system, args.rate, args.seconds, args.concurrency)
+            log(f"{system}: latency {results['latency'][system]}")
+        if "sigkill" in parts:
+            results["sigkill"] = sigkill(runner, server, args.kill_jobs, args.concurrency)
+            log(f"sigkill: {results['sigkill']}")
+        if "pgqueuer" in results["drain"] and "schedtui" in results["drain"]:
+            results["drain_vs_pgqueuer"] = round(
+                results["drain"]["schedtui"]["jobs_per_s"] / results["drain"]["pgqueuer"]["jobs_per_s"], 2
+            )
+        results["machine"]["load_1m_after"] = round(os.getloadavg()[0], 2)
+        print(json.dumps(results, indent=2))
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,313 @@
+"""The console's Jobs view (key 3) under Pilot, at the frozen instant of the fixture ledger
+(tests/console_fixtures.py: ``add_jobs``): queues with their counts, a queue's jobs by
+status, a job's details, and every action (retry, delete, pause, send) with its read-only
+refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from backend import ManualClock
+from backend.jobs.store import Finish, JobStore, NewJob
+from backend.store import open_store
+from console.app import SchedtuiApp
+from console.screens.jobs import ConfirmPrompt, JobDetails, SendJobScreen
+from console.views.jobs import JobsView
+from console.widgets.jobs import JobsTable, QueuesTable
+from tests.console_fixtures import FROZEN, WHERE, console_backend
+from tests.console_scenes import make_ledger
+from tests.test_console import Notes, settle
+
+ZONE = "Europe/Berlin"
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_ledger(tmp_path_factory.mktemp("console-jobs")) / "state.db"
+
+
+@pytest.fixture
+def store_url(ledger: Path, tmp_path: Path) -> str:
+    for file in ledger.parent.glob("state.db*"):
+        shutil.copy(file, tmp_path / file.name)
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+@asynccontextmanager
+async def jobs_view(
+    url: str, *, size: tuple[int, int] = (120, 32), **kwargs: Any
+) -> AsyncIterator[tuple[SchedtuiApp, Pilot[Any], ManualClock, Notes, JobsView]]:
+    clock = ManualClock(FROZEN)
+    backend = console_backend(url, clock, read_only=kwargs.get("read_only", False))
+    app = SchedtuiApp(backend, clock, where=WHERE, operator_zone=ZONE, **kwargs)
+    notes = Notes(app)
+    try:
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            await pilot.press("3")
+            await settle(pilot)
+            view = app.active_view
+            assert isinstance(view, JobsView)
+            yield app, pilot, clock, notes, view
+    finally:
+        await backend.close()
+
+
+def rows(table: Any) -> list[list[str]]:
+    return [[str(getattr(cell, "plain", cell)) for cell in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+async def store_of(url: str) -> Any:
+    store = open_store(url, create=False)
+    await store.open()
+    return store
+
+
+async def test_queues_with_their_counts_and_a_queues_jobs_by_status(store_url: str) -> None:
+    async with jobs_view(store_url) as (app, pilot, clock, notes, view):
+        queues = rows(view.query_one(QueuesTable))
+        assert queues == [
+            ["mailer", "1/4", "4", "2", "4s", ""],
+            ["thumbnails", "0/2", "5", "0", "2m", "‖ paused"],
+            ["webhooks", "0/8", "0", "0", "-", ""],
+        ]
+        jobs = view.query_one(JobsTable)
+        statuses = [r[0] for r in rows(jobs)]
+        assert statuses == ["… queued"] * 3 + ["▶ running", "… queued", "✗ dead", "✗ dead"]
+        assert [r[2] for r in rows(jobs)][:5] == ["due", "due", "in 5s", "15s running", "in 15s"]
+        assert rows(jobs)[2][4] == "receipt:42" and rows(jobs)[5][1] == "3/3"
+        assert "[SMTPConnectError] smtp.example.internal:587 refused the" in rows(jobs)[5][6]
+        await pilot.press("enter")  # a queue: its jobs
+        await settle(pilot)
+        assert app.focused is jobs
+        for status, count in (("queued", 4), ("running", 1), ("dead", 2), (None, 7)):
+            await pilot.press("f")
+            await settle(pilot)
+            assert view.status == status and jobs.row_count == count
+        await pilot.press("shift+tab")
+        await settle(pilot)
+        await pilot.press("down")  # thumbnails
+        await settle(pilot)
+        assert view.selected_queue == "thumbnails" and jobs.row_count == 5
+        assert "‖ paused (P resumes)" in str(view.query_one("#jobs-title").content)
+        clock.advance(6)
+        app.tick()
+        await settle(pilot)
+        assert rows(view.query_one(QueuesTable))[1][4] == "2m"
+
+
+async def test_details_show_payload_attempts_and_a_countdown_to_the_next_try(store_url: str) -> None:
+    async with jobs_view(store_url, size=(80, 24)) as (app, pilot, clock, notes, view):
+        await pilot.press("enter", "down", "down", "down", "down")  # the job waiting for its second try
+        await settle(pilot)
+        job = view.query_one(JobsTable).selected_job
+        assert job is not None and job.attempt == 1 and job.status == "queued"
+        await pilot.press("enter")
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, JobDetails)
+        body = str(screen.query_one("#job-body").render())
+        assert "attempt      1/3" in body and "next try     in 15s" in body
+        assert '{"order": 43, "to": "cy@example.com"}' in body
+        assert "SMTPConnectError: timed out after 30s waiting for the SMTP greeting" in body
+        clock.advance(5)
+        screen._tick()
+        await settle(pilot)
+        assert "next try     in 10s" in str(screen.query_one("#job-body").render())
+        await pilot.press("escape")
+        await settle(pilot)
+        assert not isinstance(app.screen, JobDetails)
+
+
+async def test_R_retries_the_selected_dead_job_and_refuses_a_live_one(store_url: str) -> None:
+    async with jobs_view(store_url) as (app, pilot, clock, notes, view):
+        await pilot.press("enter")
+        await settle(pilot)
+        await pilot.press("R")  # the first row: queued
+        await settle(pilot)
+        assert "only a dead job can be retried" in notes.seen[-1][1]
+        await pilot.press("end")
+        await settle(pilot)
+        dead = view.query_one(JobsTable).selected_job
+        assert dead is not None and dead.status == "dead"
+        await pilot.press("R")
+        await settle(pilot)
+        assert notes.titled("Retried") == [f"mailer: job {dead.id} queued again with fresh attempts"]
+        detail = await app.backend.get_job(dead.id)
+        assert detail.job is not None and (detail.job.status, detail.job.attempt) == ("queued", 0)
+        assert rows(view.query_one(QueuesTable))[0][3] == "1"
+
+
+async def test_R_with_the_dead_filter_retries_every_dead_job_shown_typing_their_count(store_url: str) -> None:
+    store = await store_of(store_url)
+    js: JobStore = store
+    ids = [f"01KJPRZB00DEAD{n:012d}" for n in range(28)]
+    await js.send_jobs("webhooks", [NewJob(i, "{}", ManualClock(FROZEN).now(), 1) for i in ids], ManualClock(FROZEN).now())
+    claimed = (await js.cycle_jobs([], {"webhooks": 8}, "w", "t", ManualClock(FROZEN).now())).claimed
+    while claimed:
+        now = ManualClock(FROZEN).now()
+        await js.finish_jobs([Finish(c.id, c.queue, c.tries, "dead", 1, c.started_at, now, "w", "HTTPError", "410 Gone")
+                              for c in claimed])
+        claimed = (await js.cycle_jobs([], {"webhooks": 8}, "w", "t", now)).claimed
+    await store.close()
+    async with jobs_view(store_url) as (app, pilot, clock, notes, view):
+        await pilot.press("down", "down")  # webhooks
+        await settle(pilot)
+        await pilot.press("enter", "f", "f", "f")  # dead
+        await settle(pilot)
+        assert view.status == "dead" and view.query_one(JobsTable).row_count == 28
+        await pilot.press("R")
+        await settle(pilot)
+        prompt = app.screen
+        assert isinstance(prompt, ConfirmPrompt) and prompt.count == 28
+        await pilot.press("2", "7", "enter")
+        await settle(pilot)
+        assert notes.seen[-1] == ("Not confirmed", "You typed 27; type 28 to confirm.")
+        assert isinstance(app.screen, ConfirmPrompt)
+        prompt.query_one("#typed").value = ""  # type: ignore[attr-defined]
+        await pilot.press("2", "8", "enter")
+        await settle(pilot)
+        assert notes.titled("Retried") == ["webhooks: 28 of 28 dead jobs queued again with fresh attempts"]
+        assert view.query_one(JobsTable).row_count == 0
+        assert rows(view.query_one(QueuesTable))[2][2:4] == ["28", "0"]
+
+
+async def test_x_deletes_after_asking_and_esc_keeps_the_job(store_url: str) -> None:
+    async with jobs_view(store_url) as (app, pilot, clock, notes, view):
+        await pilot.press("enter")
+        await settle(pilot)
+        job = view.query_one(JobsTable).selected_job
+        assert job is not None
+        await pilot.press("x")
+        await settle(pilot)
+        assert isinstance(app.screen, ConfirmPrompt)
+        await pilot.press("escape")
+        await settle(pilot)
+        assert (await app.backend.get_job(job.id)).job is not None
+        await pilot.press("x")
+        await settle(pilot)
+        await pilot.press("y")
+        await settle(pilot)
+        assert notes.titled("Deleted") == [f"mailer: job {job.id} deleted"]
+        with pytest.raises(Exception, match="no job with id"):
+            await app.backend.get_job(job.id)
+        assert view.query_one(JobsTable).row_count == 6
+
+
+async def test_P_pauses_and_resumes_the_queue_and_p_still_pauses_refreshes(store_url: str) -> None:
+    async with jobs_view(store_url) as (app, pilot, clock, notes, view):
+        await pilot.press("P")
+        await settle(pilot)
+        assert rows(view.query_one(QueuesTable))[0][5] == "‖ paused"
+        assert (await app.backend.list_queues())[0].paused
+        await pilot.press("P")
+        await settle(pilot)
+        assert not (await app.backend.list_queues())[0].paused and rows(view.query_one(QueuesTable))[0][5] == ""
+        await pilot.press("p")
+        await settle(pilot)
+        assert app.paused
+
+
+async def test_n_sends_a_job_and_bad_input_sends_nothing(store_url: str) -> None:
+    async with jobs_view(store_url, size=(80, 24)) as (app, pilot, clock, notes, view):
+        await pilot.press("down", "down")  # webhooks, empty
+        await settle(pilot)
+        await pilot.press("n")
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, SendJobScreen)
+        screen.query_one("#payload").text = '{"url": "https://example.com/hook"'  # type: ignore[attr-defined]
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert notes.seen[-1][0] == "Not sent" and "The payload is not JSON" in notes.seen[-1][1]
+        screen.query_one("#payload").text = '{"url": "https://example.com/hook"}'  # type: ignore[attr-defined]
+        screen.query_one("#delay").value = "99999999"  # type: ignore[attr-defined]
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert notes.seen[-1] == ("Not sent", "delay 99,999,999s is out of range: 0 to 2,592,000 seconds (30 days)")
+        assert (await app.backend.list_jobs("webhooks")).jobs == []
+        screen.query_one("#delay").value = "60"  # type: ignore[attr-defined]
+        screen.query_one("#key").value = "hook-1"  # type: ignore[attr-defined]
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert not isinstance(app.screen, SendJobScreen)
+        (sent,) = (await app.backend.list_jobs("webhooks")).jobs
+        assert (sent.payload, sent.key, sent.max_attempts) == ({"url": "https://example.com/hook"}, "hook-1", 5)
+        assert notes.titled("Sent") == [f"webhooks: job {sent.id} queued"]
+        assert [r[2] for r in rows(view.query_one(JobsTable))] == ["in 1m"]
+        await pilot.press("n")
+        await settle(pilot)
+        app.screen.query_one("#key").value = "hook-1"  # type: ignore[attr-defined]
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert notes.titled("Duplicate") == [f"webhooks: a job with that key is there already: {sent.id}; nothing queued"]
+
+
+async def test_read_only_refuses_every_job_action_saying_why(store_url: str) -> None:
+    async with jobs_view(store_url, read_only=True) as (app, pilot, clock, notes, view):
+        await pilot.press("enter", "end")
+        await settle(pilot)
+        for key in ("R", "x", "P", "n"):
+            await pilot.press(key)
+            await settle(pilot)
+            assert notes.seen[-1][0] == "Read-only" and "the console was started with --read-only" in notes.seen[-1][1]
+        assert not isinstance(app.screen, (ConfirmPrompt, SendJobScreen))
+        assert json.dumps([q.paused for q in await app.backend.list_queues()]) == "[false, true, false]"
+
+
+async def test_help_lists_the_jobs_keys(store_url: str) -> None:
+    async with jobs_view(store_url) as (app, pilot, clock, notes, view):
+        sections = dict(app.help_keys())
+        keys = [key for key, _ in sections["3 Jobs"]]
+        assert keys[:5] == ["f", "R", "x", "P", "n"] and "enter" in keys
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 32)])
+async def test_an_empty_store_says_how_queues_appear(tmp_path: Path, size: tuple[int, int]) -> None:
+    from tests.console_fixtures import build_ledger
+
+    url = await asyncio.to_thread(lambda: asyncio.run(build_ledger(tmp_path)))
+    async with jobs_view(url, size=size) as (app, pilot, clock, notes, view):
+        assert view.query_one(QueuesTable).row_count == 0
+        assert "a queue is recorded when a process with its definition opens the store" in str(
+            view.query_one("#queues-title").content
+        )
+        await pilot.press("n")
+        await settle(pilot)
+        assert notes.seen[-1][1] == "Send: no queue selected."
+
+
+async def test_a_lost_connection_leaves_the_jobs_on_screen_stale_and_comes_back(store_url: str) -> None:
+    from tests.console_fixtures import FlakyBackend
+
+    clock = ManualClock(FROZEN)
+    backend = FlakyBackend(console_backend(store_url, clock))
+    app = SchedtuiApp(backend, clock, where=WHERE, operator_zone=ZONE)
+    notes = Notes(app)
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot)
+            await pilot.press("3")
+            await settle(pilot)
+            view = app.active_view
+            assert isinstance(view, JobsView) and view.query_one(JobsTable).row_count == 7
+            backend.down = True
+            await pilot.press("ctrl+r")
+            await settle(pilot)
+            assert app.query_one("#main").has_class("-stale") and view.query_one(JobsTable).row_count == 7
+            assert notes.seen[-1][0] == "Unavailable"
+            backend.down = False
+            await pilot.press("ctrl+r")
+            await settle(pilot)
+            assert not app.query_one("#main").has_class("-stale") and notes.titled("Reconnected")
+    finally:
+        await backend.close()

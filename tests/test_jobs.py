@@ -1,0 +1,532 @@
+"""The job queue in an engine, on the manual clock: handlers, retries with the exact backoff,
+dead jobs, timeouts, abandoned attempts, late results, pausing, deleting, schedules that
+target a queue, sending from handlers and from ``connect()``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend import (
+    BadInput,
+    DefinitionError,
+    Engine,
+    JobContext,
+    ManualClock,
+    NotFound,
+    QueueFull,
+    RunContext,
+    TooLarge,
+    connect,
+    connect_sync,
+    define_queue,
+    define_schedule,
+)
+from backend.jobs.definition import backoff, check_send
+from backend.jobs.model import NotDead
+from tests.conftest import expect
+
+UTC = timezone.utc
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+
+
+class Handler:
+    """A job handler the test steers: records every call; fails while ``fail`` says so."""
+
+    def __init__(self, fail: Callable[[JobContext], bool] = lambda job: False) -> None:
+        self.calls: list[JobContext] = []
+        self.fail = fail
+
+    async def __call__(self, job: JobContext) -> None:
+        self.calls.append(job)
+        if self.fail(job):
+            raise RuntimeError(f"attempt {job.attempt} failed")
+
+
+async def detail(engine: Engine, job_id: str) -> Any:
+    return await engine.jobs.get_job(job_id)
+
+
+# ---------------------------------------------------------------------------------------
+# definitions and limits
+# ---------------------------------------------------------------------------------------
+def test_backoff_doubles_from_ten_seconds_up_to_an_hour() -> None:
+    assert [backoff(n) for n in range(1, 12)] == [10, 20, 40, 80, 160, 320, 640, 1280, 2560, 3600, 3600]
+    assert backoff(200) == 3600
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "bad name"}, "define_queue('bad name'): invalid name"),
+        ({"concurrency": 0}, "concurrency 0 is out of range (1-1000)"),
+        ({"attempts": 21}, "attempts 21 is out of range (1-20)"),
+        ({"attempts": True}, "attempts True is out of range (1-20)"),
+        ({"max_runtime": 0}, "max_runtime 0 must be a positive number of seconds"),
+        ({"handler": 42}, "handler 42 is not callable"),
+    ],
+)
+def test_a_bad_queue_definition_names_the_queue_and_the_value(kwargs: dict[str, Any], message: str) -> None:
+    fields: dict[str, Any] = {"name": "mail", "handler": Handler()}
+    fields.update(kwargs)
+    with pytest.raises(DefinitionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        define_queue(**fields)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"payload": "x" * (256 * 1024)}, TooLarge, "payload is 262,146 bytes of JSON; the limit is 262,144 bytes (256 KiB)"),
+        ({"payload": {1, 2}}, BadInput, "payload is not JSON"),
+        ({"payload": float("nan")}, BadInput, "payload is not JSON"),
+        ({"delay": -1}, BadInput, "delay -1s is out of range: 0 to 2,592,000 seconds (30 days)"),
+        ({"delay": 30 * 86400 + 1}, BadInput, "delay 2,592,001s is out of range"),
+        ({"delay": "soon"}, BadInput, "delay 'soon' is not a number of seconds"),
+        ({"attempts": 0}, BadInput, "attempts 0 is out of range (1-20)"),
+        ({"attempts": 21}, BadInput, "attempts 21 is out of range (1-20)"),
+        ({"key": "k" * 257}, BadInput, "is 257 bytes; the limit is 256 bytes"),
+        ({"key": "é" * 129}, BadInput, "is 258 bytes; the limit is 256 bytes"),
+        ({"key": "a\x00b"}, BadInput, "which a key may not"),
+        ({"key": 7}, BadInput, "key must be a string, not int"),
+    ],
+)
+def test_every_limit_of_a_send_is_named_with_its_value(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error) as info:
+        check_send(**kwargs)
+    assert type(info.value) is error and message in str(info.value)
+
+
+def test_the_limits_themselves_are_accepted() -> None:
+    send = check_send("x" * (256 * 1024 - 2), 30 * 86400, 20, "k" * 256)
+    assert (len(send.payload), send.delay, send.attempts, send.key) == (256 * 1024, 30 * 86400, 20, "k" * 256)
+    assert check_send(key="").key is None  # an empty key is no key
+
+
+async def test_a_refused_send_writes_nothing(make_engine: Callable[..., Engine]) -> None:
+    engine = make_engine([define_queue(name="mail", handler=Handler())])
+    await engine.open()
+    with pytest.raises(TooLarge):
+        await engine.jobs.send("mail", "x" * (300 * 1024))
+    with pytest.raises(BadInput):
+        await engine.jobs.send_many("mail", [{"payload": 1}, {"payload": 2, "attempts": 99}])
+    with pytest.raises(NotFound, match='no queue named "ghost"'):
+        await engine.jobs.send("ghost", 1)
+    assert (await engine.jobs.list_jobs("mail")).jobs == []
+
+
+# ---------------------------------------------------------------------------------------
+# running, retrying, dead
+# ---------------------------------------------------------------------------------------
+async def test_a_handler_gets_its_job_and_a_success_leaves_only_its_attempt(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    handler = Handler()
+    engine = make_engine([define_queue(name="mail", handler=handler, max_runtime=60)])
+    await engine.start()
+    sent = await engine.jobs.send("mail", {"order": 42}, key="receipt:42", attempts=5)
+    await engine.quiesce()
+    (job,) = handler.calls
+    assert (job.id, job.queue, job.payload, job.attempt, job.max_attempts, job.key, job.cron) == (
+        sent.id, "mail", {"order": 42}, 1, 5, "receipt:42", None
+    )
+    assert job.deadline == T0 + timedelta(seconds=60) and job.created_at == T0
+    found = await detail(engine, sent.id)
+    assert found.job is None and [(a.attempt, a.status) for a in found.attempts] == [(1, "succeeded")]
+    assert found.to_json()["status"] is None and found.to_json()["attempts"][0]["status"] == "succeeded"
+
+
+async def test_a_failing_job_is_retried_on_the_exact_backoff_then_dead(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    handler = Handler(fail=lambda job: True)
+    engine = make_engine([define_queue(name="mail", handler=handler, attempts=5)])
+    await engine.start()
+    sent = await engine.jobs.send("mail", "x")
+    await engine.quiesce()
+    for attempt in range(1, 5):
+        job = (await detail(engine, sent.id)).job
+        assert (job.status, job.attempt, job.run_after) == ("queued", attempt, clock.now() + timedelta(seconds=backoff(attempt)))
+        assert job.error_message == f"attempt {attempt} failed"
+        clock.advance(timedelta(seconds=backoff(attempt)) - timedelta(microseconds=1))
+        await engine.quiesce()
+        assert len(handler.calls) == attempt  # not a microsecond early
+        clock.advance(timedelta(microseconds=1))
+        await engine.quiesce()
+        assert len(handler.calls) == attempt + 1
+    found = await detail(engine, sent.id)
+    assert (found.job.status, found.job.attempt, found.job.max_attempts) == ("dead", 5, 5)
+    starts = [a.started_at - T0 for a in found.attempts]
+    assert starts == [timedelta(seconds=s) for s in (0, 10, 30, 70, 150)]
+    assert [(a.status, a.error_tag) for a in found.attempts] == [("failed", "RuntimeError")] * 5
+    clock.advance(3600 * 24)
+    await engine.quiesce()
+    assert len(handler.calls) == 5  # dead: never again, until retried
+    retried = await engine.jobs.retry("mail", sent.id)
+    assert (retried.status, retried.attempt) == ("queued", 0)
+    await engine.quiesce()
+    assert [c.attempt for c in handler.calls[5:]] == [1]
+    with pytest.raises(NotDead):
+        await engine.jobs.retry("mail", sent.id)
+
+
+async def test_an_attempt_past_max_runtime_fails_with_timeout(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    release = asyncio.Event()
+
+    async def hang(job: JobContext) -> None:
+        if job.attempt == 1:
+            await release.wait()
+
+    engine = make_engine([define_queue(name="slow", handler=hang, max_runtime=30, attempts=2)])
+    await engine.start()
+    sent = await engine.jobs.send("slow")
+    await engine.quiesce(runs=False)
+    clock.advance(30)
+    await engine.quiesce()
+    found = await detail(engine, sent.id)
+    assert [(a.attempt, a.error_tag) for a in found.attempts] == [(1, "timeout")]
+    assert "exceeded max_runtime of 30s" in (found.attempts[0].error_message or "")
+    clock.advance(10)
+    await engine.quiesce()
+    assert [(a.attempt, a.status) for a in (await detail(engine, sent.id)).attempts] == [(1, "failed"), (2, "succeeded")]
+
+
+async def test_the_concurrency_cap_holds_and_a_finished_job_makes_room(make_engine: Callable[..., Engine]) -> None:
+    gates: dict[int, asyncio.Event] = {}
+    running: set[int] = set()
+    most = 0
+
+    async def work(job: JobContext) -> None:
+        nonlocal most
+        running.add(job.payload)
+        most = max(most, len(running))
+        gates[job.payload] = asyncio.Event()
+        await gates[job.payload].wait()
+        running.discard(job.payload)
+
+    engine = make_engine([define_queue(name="mail", handler=work, concurrency=2)])
+    await engine.start()
+    await engine.jobs.send_many("mail", [{"payload": i} for i in range(5)])
+    await engine.quiesce(runs=False)
+    while len(gates) < 2 or running != set(gates):
+        await asyncio.sleep(0)
+    assert running == {0, 1}
+    for i in range(5):
+        await engine.quiesce(runs=False)
+        while i not in gates:
+            await asyncio.sleep(0)
+        gates[i].set()
+    await engine.quiesce()
+    assert most == 2 and not running
+
+
+async def test_a_sync_handler_runs_on_a_thread_and_sends_with_the_blocking_twin(make_engine: Callable[..., Engine]) -> None:
+    threads: list[str] = []
+
+    def fan_out(job: JobContext) -> None:
+        threads.append(threading.current_thread().name)
+        if job.payload == "parent":
+            job.jobs.sync.send("mail", "child", key="only-child")
+
+    engine = make_engine([define_queue(name="mail", handler=fan_out)])
+    await engine.start()
+    await engine.jobs.send("mail", "parent")
+    await engine.quiesce()
+    assert threads == ["schedtui-job-mail", "schedtui-job-mail"]
+
+
+async def test_an_async_handler_sends_from_its_context(make_engine: Callable[..., Engine]) -> None:
+    handler = Handler()
+
+    async def chain(job: JobContext) -> None:
+        if job.payload < 3:
+            await job.jobs.send("mail", job.payload + 1)
+        await handler(job)
+
+    engine = make_engine([define_queue(name="mail", handler=chain)])
+    await engine.start()
+    await engine.jobs.send("mail", 0)
+    await engine.quiesce()
+    assert [c.payload for c in handler.calls] == [0, 1, 2, 3]
+
+
+async def test_a_paused_queue_keeps_its_jobs_until_resumed(make_engine: Callable[..., Engine]) -> None:
+    handler = Handler()
+    engine = make_engine([define_queue(name="mail", handler=handler)])
+    await engine.start()
+    view = await engine.jobs.set_paused("mail", True, by="alice")
+    assert view.paused
+    await engine.jobs.send("mail", 1)
+    await engine.quiesce()
+    assert handler.calls == [] and (await engine.jobs.queue_view("mail")).queued == 1
+    await engine.jobs.set_paused("mail", False)
+    await engine.quiesce()
+    assert [c.payload for c in handler.calls] == [1]
+
+
+async def test_cancel_delete_and_their_refusals(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    handler = Handler()
+    engine = make_engine([define_queue(name="mail", handler=handler)])
+    await engine.start()
+    later = await engine.jobs.send("mail", "later", delay=3600, key="k")
+    assert await engine.jobs.cancel("mail", "k")
+    assert not await engine.jobs.cancel("mail", "k")
+    other = await engine.jobs.send("mail", "other", delay=3600)
+    await engine.jobs.delete("mail", other.id)
+    with pytest.raises(NotFound):
+        await engine.jobs.delete("mail", other.id)
+    with pytest.raises(NotFound):
+        await engine.jobs.get_job(later.id)
+    with pytest.raises(NotFound, match="no queue named"):
+        await engine.jobs.cancel("ghost", "k")
+    with pytest.raises(NotFound, match='no job with id "nope"'):
+        await engine.jobs.get_job("nope")
+    clock.advance(3600)
+    await engine.quiesce()
+    assert handler.calls == []
+
+
+async def test_a_job_deleted_while_it_runs_finishes_and_holds_its_seat_not_its_key(make_engine: Callable[..., Engine]) -> None:
+    gate = asyncio.Event()
+    seen: list[str] = []
+
+    async def work(job: JobContext) -> None:
+        seen.append(job.payload)
+        if job.payload == "first":
+            await gate.wait()
+
+    engine = make_engine([define_queue(name="mail", handler=work, concurrency=1)])
+    await engine.start()
+    first = await engine.jobs.send("mail", "first", key="k")
+    await engine.quiesce(runs=False)
+    while seen != ["first"]:
+        await asyncio.sleep(0)
+    await engine.jobs.delete("mail", first.id)
+    await engine.jobs.send("mail", "second", key="k")  # the key is free at once
+    await engine.quiesce(runs=False)
+    assert seen == ["first"]  # ... but the seat is not
+    gate.set()
+    await engine.quiesce()
+    assert seen == ["first", "second"]
+    gone = await engine.jobs.get_job(first.id)
+    assert gone.job is None and [a.status for a in gone.attempts] == ["succeeded"]  # its attempt stays readable
+    assert (await engine.jobs.queue_view("mail")).queued == 0
+
+
+# ---------------------------------------------------------------------------------------
+# workers that die, or come back late
+# ---------------------------------------------------------------------------------------
+async def test_a_job_whose_instance_died_is_retried_within_the_abandon_window(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    handler = Handler()
+    engine = make_engine([define_queue(name="mail", handler=handler, attempts=3)], abandon_after=30)
+    await engine.open()
+    sent = await engine.jobs.send("mail", "x")
+    store: Any = engine.store
+    await store.heartbeat("ghost", "another-host", 1, clock.now())
+    claimed = (await store.cycle_jobs([], {"mail": 1}, "ghost", "tok", clock.now())).claimed
+    assert [c.id for c in claimed] == [sent.id]
+    await engine.start()
+    clock.advance(30)
+    await engine.quiesce()
+    assert handler.calls == []  # its heartbeat is 30s old: not gone yet
+    clock.advance(1)
+    await engine.quiesce()
+    assert [(c.id, c.attempt) for c in handler.calls] == [(sent.id, 2)]
+    attempts = (await detail(engine, sent.id)).attempts
+    assert [(a.attempt, a.status, a.error_tag, a.instance) for a in attempts] == [
+        (1, "failed", "abandoned", "ghost"), (2, "succeeded", None, engine.instance)
+    ]
+    assert "has not sent a heartbeat since" in (attempts[0].error_message or "")
+
+
+async def test_an_abandoned_last_attempt_makes_the_job_dead(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    engine = make_engine([define_queue(name="mail", handler=Handler(), attempts=1)], abandon_after=30)
+    await engine.open()
+    sent = await engine.jobs.send("mail", "x")
+    store: Any = engine.store
+    await store.heartbeat("ghost", "another-host", 1, clock.now())
+    await store.cycle_jobs([], {"mail": 1}, "ghost", "tok", clock.now())
+    await engine.start()
+    clock.advance(31)
+    await engine.quiesce()
+    job = (await detail(engine, sent.id)).job
+    assert (job.status, job.error_tag) == ("dead", "abandoned")
+
+
+async def test_a_late_result_from_a_displaced_worker_is_discarded(make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture) -> None:
+    gate = asyncio.Event()
+    calls: list[int] = []
+
+    async def work(job: JobContext) -> None:
+        calls.append(job.attempt)
+        if job.attempt == 1:
+            await gate.wait()
+            raise RuntimeError("late and wrong")
+
+    engine = make_engine([define_queue(name="mail", handler=work, attempts=3)])
+    await engine.start()
+    sent = await engine.jobs.send("mail", "x")
+    await engine.quiesce(runs=False)
+    while calls != [1]:
+        await asyncio.sleep(0)
+    # Another instance judged this one gone and closed the attempt (as its sweep would).
+    store: Any = engine.store
+    (running,) = await store.running_jobs()
+    from backend.jobs.store import Finish
+
+    await store.finish_jobs([Finish(sent.id, "mail", running.tries, "dead", 1, running.started_at, clock.now(), engine.instance, "abandoned", "gone")])
+    with caplog.at_level(logging.WARNING, "schedtui.jobs"):
+        gate.set()
+        await engine.quiesce()
+    job = (await detail(engine, sent.id)).job
+    assert (job.status, job.error_tag) == ("dead", "abandoned")  # unchanged by the late failure
+    assert [(a.attempt, a.error_tag) for a in (await detail(engine, sent.id)).attempts] == [(1, "abandoned")]
+    assert "late result of job" in caplog.text
+
+
+async def test_stopping_interrupts_a_job_and_it_is_retried_at_once(make_engine: Callable[..., Engine], clock: ManualClock, store_url: str) -> None:
+    started = asyncio.Event()
+
+    async def forever(job: JobContext) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    engine = make_engine([define_queue(name="mail", handler=forever, attempts=3)])
+    await engine.start()
+    sent = await engine.jobs.send("mail", "x")
+    await started.wait()
+    await engine.stop(grace=0)
+    again = make_engine([define_queue(name="mail", handler=Handler(), attempts=3)])
+    await again.open()
+    job = (await detail(again, sent.id)).job
+    assert (job.status, job.attempt, job.run_after, job.error_tag) == ("queued", 1, clock.now(), "interrupted")
+
+
+# ---------------------------------------------------------------------------------------
+# schedules that target a queue
+# ---------------------------------------------------------------------------------------
+def test_a_schedule_takes_a_handler_or_a_queue() -> None:
+    with pytest.raises(DefinitionError, match="give a handler or a queue, not both"):
+        define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=Handler(), queue="mail")
+    with pytest.raises(DefinitionError, match="queue 'bad name' is not a queue name"):
+        define_schedule(name="s", cron="* * * * *", timezone="UTC", queue="bad name")
+
+
+async def test_each_slot_enqueues_one_job_and_run_now_one_more(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    handler = Handler(fail=lambda job: True)
+    queue = define_queue(name="mail", handler=handler, attempts=5)
+    digest = define_schedule(name="digest", cron="*/5 * * * *", timezone="UTC", queue="mail", payload={"list": "all"})
+    engine = make_engine([queue, digest])
+    await engine.start()
+    fired = expect(engine, lambda run: run.status == "succeeded")
+    clock.advance(300)
+    await engine.quiesce()
+    run = await fired
+    (job,) = handler.calls
+    assert (job.id, job.payload, job.cron, job.max_attempts) == (run.id, {"list": "all"}, "digest", 1)
+    dead = (await detail(engine, run.id)).job
+    assert dead.status == "dead"  # one attempt: its next slot is its retry
+    manual = await engine.run_now("digest", wait=True)
+    await engine.quiesce()
+    assert manual.status == "succeeded" and [c.id for c in handler.calls] == [run.id, manual.id]
+
+
+async def test_a_slot_is_enqueued_once_across_instances(pg_url: str, make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    digest = define_schedule(name="digest", cron="*/5 * * * *", timezone="UTC", queue="mail")
+    engines = [make_engine([define_queue(name="mail", handler=Handler()), digest], store=pg_url) for _ in range(3)]
+    for engine in engines:
+        await engine.open()
+    await engines[0].jobs.set_paused("mail", True)  # keep the jobs to count them
+    for engine in engines:
+        await engine.start()
+    clock.advance(300)
+    for engine in engines:
+        await engine.quiesce()
+    page = await engines[0].jobs.list_jobs("mail")
+    assert [(j.cron, j.status) for j in page.jobs] == [("digest", "queued")]
+
+
+# ---------------------------------------------------------------------------------------
+# connect(), the sync twin, and a full queue
+# ---------------------------------------------------------------------------------------
+async def test_connect_sends_without_running_anything(tmp_path: Path, make_engine: Callable[..., Engine], store_url: str) -> None:
+    handler = Handler()
+    serving = make_engine([define_queue(name="mail", handler=handler)])
+    await serving.open()  # records the queue
+    async with connect(store_url) as st:
+        sent = await st.jobs.send("mail", {"order": 42}, key="receipt:42")
+        again = await st.jobs.send("mail", {"order": 42}, key="receipt:42")
+        assert (again.id, again.duplicate) == (sent.id, True)
+        many = await st.jobs.send_many("mail", [{"payload": 1, "delay": 60}, {"payload": 2, "key": "receipt:42"}])
+        assert [s.duplicate for s in many] == [False, True]
+        assert [q.queued for q in await st.jobs.queues()] == [2]
+        assert await st.jobs.cancel("mail", "receipt:42")
+        assert (await st.jobs.pause("mail")).paused
+        assert not (await st.jobs.resume("mail")).paused
+        page = await st.jobs.list(many[0].id and "mail", status="queued")
+        assert [j.id for j in page.jobs] == [many[0].id]
+    assert handler.calls == []
+
+
+def test_connect_sync_mirrors_the_job_actions(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    queue = define_queue(name="mail", handler=Handler())
+    with connect_sync(url, definitions=[queue], create=True) as st:
+        sent = st.jobs.send("mail", "hello", delay=10)
+        assert st.jobs.get(sent.id).job.payload == "hello"
+        assert st.jobs.cancel("mail", sent.id) is True
+
+
+async def test_a_full_queue_refuses_until_jobs_run(make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.store import sqlite_jobs
+
+    monkeypatch.setattr(sqlite_jobs, "MAX_HELD", 3)
+    handler = Handler()
+    engine = make_engine([define_queue(name="mail", handler=handler)])
+    await engine.open()
+    await engine.jobs.send_many("mail", [{"payload": i} for i in range(3)])
+    with pytest.raises(QueueFull, match='queue "mail" is full'):
+        await engine.jobs.send("mail", 3)
+    await engine.start()
+    await engine.quiesce()
+    await engine.jobs.send("mail", 3)
+    await engine.quiesce()
+    assert sorted(c.payload for c in handler.calls) == [0, 1, 2, 3]
+
+
+async def test_a_schedule_handler_sends_through_its_context(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    handler = Handler()
+
+    async def nightly(ctx: RunContext) -> None:
+        await ctx.jobs.send("mail", {"slot": ctx.scheduled_at.isoformat()})
+
+    engine = make_engine([define_queue(name="mail", handler=handler), define_schedule(name="n", cron="0 * * * *", timezone="UTC", handler=nightly)])
+    await engine.start()
+    clock.advance(3600)
+    await engine.quiesce()
+    assert [c.payload for c in handler.calls] == [{"slot": "2026-03-02T09:00:00+00:00"}]
+
+
+async def test_dead_jobs_and_old_attempts_are_swept(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    engine = make_engine([define_queue(name="mail", handler=Handler(fail=lambda job: True), attempts=1)])
+    await engine.start()
+    sent = await engine.jobs.send("mail", "x")
+    await engine.quiesce()
+    assert (await detail(engine, sent.id)).job.status == "dead"
+    clock.advance(timedelta(days=7, hours=1))  # the sweep runs hourly
+    await engine.quiesce()
+    with pytest.raises(NotFound):
+        await engine.jobs.get_job(sent.id)
+
+
+async def test_a_schedule_targeting_an_unknown_queue_fails_its_runs_saying_so(
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, "schedtui.engine"):
+        engine = make_engine([define_schedule(name="orphan", cron="* * * * *", timezone="UTC", queue="nowhere")])
+    assert 'sends its jobs to queue "nowhere", which these definitions do not define' in caplog.text
+    await engine.start()
+    run = await engine.run_now("orphan", wait=True)
+    assert (run.status, run.error_tag, run.error_message) == ("failed", "NotFound", 'no queue named "nowhere"')
