@@ -32,6 +32,7 @@ from .model import (
     StateNote,
 )
 from .definitions import Definitions, discover, discover_definitions
+from .locks import Lease, LeaseLost, LockNotAcquired, LockResult, StaleLease
 from .schedules import Schedule, define_schedule
 from .store import open_store
 
@@ -49,7 +50,11 @@ __all__ = [
     "Engine",
     "Forbidden",
     "InUse",
+    "Lease",
+    "LeaseLost",
     "ListenError",
+    "LockNotAcquired",
+    "LockResult",
     "ManualClock",
     "NotFound",
     "Refused",
@@ -59,6 +64,7 @@ __all__ = [
     "ScheduleState",
     "ScheduleView",
     "SchedtuiError",
+    "StaleLease",
     "StateNote",
     "SyncClient",
     "SystemClock",

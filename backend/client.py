@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .engine import Engine
+from .locks.sync import SyncLocks
 from .model import BackfillPlan, BackfillProgress, Run, ScheduleView
 from .definitions import discover
 from .schedules import Schedule
@@ -91,6 +92,8 @@ class Client:
     def __init__(self, engine: Engine, *, actor: str | None = None) -> None:
         self.engine = engine
         self.schedules = ScheduleActions(engine, actor)
+        self.locks = engine.locks
+        """Leases on named locks: ``with_lock``, ``hold``, ``list``, ``release``."""
 
     @property
     def where(self) -> str:
@@ -175,6 +178,7 @@ class SyncClient:
     def __init__(self, client: Client, loop: _Loop) -> None:
         self.client = client
         self.schedules: Any = _Blocking(client.schedules, loop)
+        self.locks = SyncLocks(client.locks, loop.run)
 
     @property
     def where(self) -> str:

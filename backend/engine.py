@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from .backfills import Backfills
 from .catchup import CatchUp
-from .clock import Clock, SystemClock
+from .clock import Clock, ManualClock, SystemClock
 from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator, SlotClaims
 from .definitions import Definitions
 from .errors import BadInput, NotFound, Refused, Unavailable
@@ -37,6 +37,7 @@ from .external import ExternalFires
 from .ids import IdFactory
 from .launcher import Launcher
 from .ledger import RunLedger, RunListener
+from .locks import Locks
 from .loops import Loops
 from .model import (
     BackfillPlan,
@@ -193,6 +194,10 @@ class Engine:
         )
         self.subsystems: list[Subsystem] = []
         """The systems beside the schedules (queue, durable, locks), in start order."""
+        # Leases expire on the database's clock, unless a test injected a clock to move by hand.
+        self.locks = Locks(self.shared, database_clock=not isinstance(self.clock, ManualClock))
+        self.launcher.locks = self.locks
+        self.subsystems.append(self.locks)
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
             raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")

@@ -16,6 +16,7 @@ import logging
 from collections import defaultdict, deque
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from .clock import Clock
 from .ledger import RunLedger
@@ -24,6 +25,9 @@ from .runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSatu
 from .runner import Outcome as CallOutcome
 from .schedules import Schedule
 from .store import Store
+
+if TYPE_CHECKING:
+    from .locks import Lease, Locks
 
 __all__ = ["Launcher", "ScheduleRun"]
 
@@ -39,7 +43,7 @@ PLACE_WAIT_S = 2.0
 class ScheduleRun(Invocation):
     """A run of a schedule: its ledger row, and futures for whoever waits on it."""
 
-    __slots__ = ("_finished", "_started", "launcher", "run", "schedule")
+    __slots__ = ("_finished", "_started", "launcher", "lease", "run", "schedule")
 
     def __init__(self, launcher: Launcher, schedule: Schedule, run: Run) -> None:
         super().__init__(
@@ -48,6 +52,8 @@ class ScheduleRun(Invocation):
         self.launcher = launcher
         self.schedule = schedule
         self.run = run
+        self.lease: Lease | None = None
+        """The lease of the schedule's lock, while the run holds it."""
         self._started: asyncio.Future[ScheduleRun] | None = None
         self._finished: asyncio.Future[Run] | None = None
 
@@ -71,6 +77,8 @@ class ScheduleRun(Invocation):
             trigger=run.trigger,
             payload=self.schedule.payload,
             deadline=deadline,
+            lease=self.lease,
+            locks=self.launcher.locks,
         )
 
     def settled(self, outcome: CallOutcome) -> None:
@@ -133,6 +141,8 @@ class Launcher:
         self.placed: set[str] = set()
         """Run ids whose ``running`` row this instance wrote before starting them (see
         :meth:`place`) and that are not recorded finished yet."""
+        self.locks: Locks | None = None
+        """Takes the lock of a schedule defined with ``lock=`` before its runs start."""
         self._batch: tuple[list[Run], asyncio.Future[None]] | None = None
         self._slow_flush: asyncio.Future[None] | None = None
 
@@ -194,12 +204,18 @@ class Launcher:
             scheduled.gate = self._place_soon(run)
         self.inflight[schedule.name] += 1
         self.active[run.id] = scheduled
+        if schedule.lock is not None and self.locks is not None:
+            self.locks.guard(scheduled, lambda: self._start(scheduled))
+        else:
+            self._start(scheduled)
+        return scheduled
+
+    def _start(self, scheduled: ScheduleRun) -> None:
         try:
-            self.runner.start(scheduled, schedule.handler)
+            self.runner.start(scheduled, scheduled.schedule.handler)
         except RunnerSaturated as exc:
             log.warning("%s not started: %s", scheduled.label, exc)
             scheduled.settle(CallOutcome("skipped", self.clock.now(), TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
-        return scheduled
 
     def place(self, runs: list[Run]) -> asyncio.Future[None]:
         """Hand the ``running`` rows of runs about to start to the store now; the future
@@ -259,6 +275,8 @@ class Launcher:
         scheduled.run = scheduled.run.finish(status, at, error_tag=error_tag, error_message=error_message)
         self.ledger.record(scheduled.run)
         self.active.pop(scheduled.run.id, None)
+        if scheduled.lease is not None and self.locks is not None:
+            self.locks.release_soon(scheduled.lease)
         name = scheduled.schedule.name
         self.inflight[name] -= 1
         if scheduled._started is not None and not scheduled._started.done():

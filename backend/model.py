@@ -10,7 +10,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+if TYPE_CHECKING:
+    from .locks import Lease, Locks
 
 RunStatus = Literal["succeeded", "failed", "skipped", "missed", "running"]
 Trigger = Literal["self", "external", "manual"]
@@ -561,3 +564,7 @@ class RunContext:
     payload: Any
     deadline: datetime
     """When the watchdog gives up on this run (``fired_at`` + ``max_runtime``)."""
+    lease: Lease | None = None
+    """The lease of the schedule's ``lock``, for its fencing token (``None`` without one)."""
+    locks: Locks | None = None
+    """The engine's locks, for handlers that take locks of their own."""
