@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol, TypeVar
 from .engine import Engine
 from .errors import Forbidden, Unavailable
 from .inputs import check_before, check_id, check_instant
+from .locks import LockRelease, LocksSnapshot
 from .model import (
     BackfillPlan,
     BackfillProgress,
@@ -187,6 +188,15 @@ class Backend(Protocol):
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         """Return the backfill's progress once it is no longer ``running``."""
 
+    # -- locks ------------------------------------------------------------------------
+    async def list_locks(self) -> LocksSnapshot:
+        """Every lock (held, expired or free) with the lock clock's ``now``."""
+
+    async def release_lock(self, name: str) -> LockRelease:
+        """Release a lock by force (an operator's action; the next holder gets a greater
+        token); ``NotFound`` for a name no lock ever had. Never retried blindly: a second
+        release would free the next holder's lock."""
+
 
 @dataclass
 class _EngineThread:
@@ -348,3 +358,10 @@ class EmbeddedBackend:
 
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         return await self._call(self.engine.wait_backfill(check_id(backfill_id, "backfill")))
+
+    async def list_locks(self) -> LocksSnapshot:
+        return await self._call(self.engine.locks.list())
+
+    async def release_lock(self, name: str) -> LockRelease:
+        self._check_can_act("a lock release")
+        return await self._call(self.engine.locks.release(name))

@@ -238,10 +238,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--base-url", required=True, metavar="URL", help="where the platform reaches `schedtui serve`")
     p.add_argument("--out", metavar="DIR", help="write files here instead of printing them")
 
-    def group(name: str, help: str, shared: Sequence[str] = ()) -> Callable[[str, str, Sequence[str]], argparse.ArgumentParser]:
+    def group(
+        name: str,
+        help: str,
+        shared: Sequence[str] = (),
+        options: Callable[[argparse.ArgumentParser], None] | None = None,
+    ) -> Callable[[str, str, Sequence[str]], argparse.ArgumentParser]:
         """A verb with sub-verbs (``schedtui jobs list``); returns the maker of its sub-verbs.
-        The group alone (``schedtui locks``) is a command too when its module handles it."""
+        The group alone (``schedtui locks``) is a command too when its module handles it;
+        ``options`` adds the group's own options to it (``schedtui locks --json``)."""
         sub = verb(name, help, shared)
+        if options is not None:
+            options(sub)
         inner = sub.add_subparsers(dest="subverb", metavar="VERB", parser_class=_Parser)
 
         def subverb(subname: str, help: str, shared: Sequence[str]) -> argparse.ArgumentParser:
@@ -260,7 +268,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 #: Modules adding verbs for one system each: ``add_verbs(verb, group)`` declares them and
 #: ``VERBS`` maps each command (``"jobs list"``) to its handler. Imported lazily, so that
 #: they may import this module's helpers.
-VERB_MODULES: list[str] = []
+VERB_MODULES: list[str] = ["console.cli_locks"]
 
 
 def verb_modules() -> list[Any]:
