@@ -181,6 +181,8 @@ class Engine:
             retention=retention,
             claims_ttl=claims_ttl,
             is_ours=self._is_ours,
+            due_at=self._self_due_at,
+            new_id=self.new_id,
         )
         self.shared = Shared(
             clock=self.clock,
@@ -225,6 +227,15 @@ class Engine:
             or any(subsystem.is_ours(id_) for subsystem in self.subsystems)
         )
 
+    def _self_due_at(self, slot: datetime) -> list[str]:
+        """The self-triggered schedules with a slot at ``slot``."""
+        before = slot - timedelta(microseconds=1)
+        return [
+            name
+            for name, schedule in self.schedules.items()
+            if self._trigger_of(schedule) == "self" and schedule.cron.next(before) == slot
+        ]
+
     def _make_coordinator(self, coordination: CoordinationMode | Coordinator | None) -> Coordinator:
         if coordination is not None and not isinstance(coordination, str):
             return coordination
@@ -268,7 +279,7 @@ class Engine:
         now = self.clock.now()
         await self.registry.beat(now, force=True)
         await self.states.load()
-        await self.registry.close_abandoned()
+        await self.registry.close_abandoned(at_open=True)
         await self.registry.prune(now)
         self.runner.open()
         for subsystem in self.subsystems:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -225,14 +225,21 @@ class Launcher:
         self.store.save_runs(runs)
         return asyncio.ensure_future(self._committed())
 
-    async def _committed(self) -> None:
+    async def mark_starting(self, slot: datetime) -> None:
+        """Commit the store's mark that this instance starts the runs due at ``slot`` (see
+        :meth:`Store.mark_starting`), waiting as :meth:`place` does."""
+        await self._committed(lambda: self.store.mark_starting(self.instance, slot))
+
+    async def _committed(self, write: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Wait for ``write`` (default: a flush of the rows handed in) to commit, at most
+        :data:`PLACE_WAIT_S`, and not at all while the store is failing or that slow."""
         if not self.store.health().ok:
             return  # the store says why, once; its rows wait in the writer
         if self._slow_flush is not None:
             if not self._slow_flush.done():
                 return
             self._slow_flush = None
-        flush = asyncio.ensure_future(self.store.flush())
+        flush = asyncio.ensure_future(write() if write is not None else self.store.flush())
         done, _ = await asyncio.wait({flush}, timeout=PLACE_WAIT_S)
         if not done:
             self._slow_flush = flush

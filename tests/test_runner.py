@@ -307,3 +307,53 @@ def test_a_handler_that_kills_its_process_leaves_its_run_to_be_closed(tmp_path: 
     [run] = json.loads(runs.stdout)
     # The next process to open the store closes it: its pid is gone.
     assert (run["status"], run["error_tag"], run["trigger"]) == ("failed", "abandoned", "manual")
+
+
+def test_a_handler_that_kills_serve_in_a_timer_burst_leaves_its_run_to_be_closed(tmp_path: Path) -> None:
+    """serve fires from its timers in bursts whose rows follow in the group commit; a
+    committed mark before each burst lets the next process record what the dead one
+    was starting."""
+    folder = tmp_path / "schedules"
+    folder.mkdir()
+    (folder / "exit.cron.py").write_text(
+        textwrap.dedent(
+            """
+            import os
+            from backend import define_schedule
+
+            def die(ctx):
+                os._exit(7)
+
+            async def calm(ctx):
+                pass
+
+            die_job = define_schedule(name="die", cron="* * * * * *", timezone="UTC", handler=die)
+            calm_job = define_schedule(name="calm", cron="* * * * * *", timezone="UTC", handler=calm)
+            """
+        )
+    )
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    args = ["--schedules", str(folder), "--store", store]
+    served = subprocess.run(
+        [sys.executable, "-m", "console.cli", "serve", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60
+    )
+    assert served.returncode == 7, served.stderr
+    import json
+
+    def runs(name: str) -> list[dict[str, Any]]:
+        listed = subprocess.run(
+            [sys.executable, "-m", "console.cli", "runs", name, "--json", *args],
+            cwd=REPO,
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert listed.returncode == 0, listed.stderr
+        return list(json.loads(listed.stdout))
+
+    [died] = runs("die")
+    assert (died["status"], died["error_tag"], died["trigger"]) == ("failed", "abandoned", "self")
+    # The other schedule of the burst is accounted for too: its run, or the same verdict.
+    calm = runs("calm")
+    assert calm and {r["scheduled_at"] for r in calm} >= {died["scheduled_at"]}

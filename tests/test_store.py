@@ -641,6 +641,38 @@ async def test_fleet_lists_instances_with_when_each_last_started_a_run(store: St
     assert fleet["host-b:2"].last_fired_at is None
 
 
+async def test_a_starting_mark_lets_a_survivor_record_a_dead_burst_once(store: Store, new_store: Callable[[], Store]) -> None:
+    ids = Ids()
+    slot = T0 + timedelta(minutes=1)
+    await store.heartbeat("dead:1", "host-a", 1, T0)
+    await store.mark_starting("dead:1", T0)
+    await store.mark_starting("dead:1", slot)  # the newest burst's mark replaces the older one
+    assert await store.starting_marks() == {"dead:1": slot}
+    assert_utc((await store.starting_marks())["dead:1"])
+    # One schedule of the burst did reach the ledger; the others did not.
+    store.save_runs([run(ids(), name="landed", scheduled_at=slot, status="running", instance="dead:1")])
+    await store.flush()
+
+    def verdict(name: str) -> Run:
+        return Run(ids(), name, slot, "failed", "self", "single", "dead:1", None, T0, "abandoned", "died")
+
+    other = new_store()  # a second process sweeping at the same time
+    await other.open()
+    proposed = [verdict("landed"), verdict("lost-a"), verdict("lost-b")]
+    first, second = await asyncio.gather(
+        store.close_unrecorded("dead:1", slot, proposed),
+        other.close_unrecorded("dead:1", slot, [verdict("landed"), verdict("lost-a"), verdict("lost-b")]),
+    )
+    assert sorted(r.name for r in first + second) == ["lost-a", "lost-b"]  # one of them wrote, once
+    assert await store.starting_marks() == {}
+    for name, status in (("landed", "running"), ("lost-a", "failed"), ("lost-b", "failed")):
+        assert [r.status for r in await store.list_runs(name, limit=5)] == [status]
+    # A mark that moved on since it was read is left alone.
+    await store.mark_starting("dead:1", slot + timedelta(minutes=1))
+    assert await store.close_unrecorded("dead:1", slot, [verdict("late")]) == []
+    assert await store.starting_marks() == {"dead:1": slot + timedelta(minutes=1)}
+
+
 # ---------------------------------------------------------------------------------------
 # health and the one firer
 # ---------------------------------------------------------------------------------------

@@ -127,6 +127,21 @@ class Store(Protocol):
 
     async def forget_instance(self, instance: str) -> None: ...
 
+    async def mark_starting(self, instance: str, slot: datetime) -> None:
+        """Record, committed when this returns, that ``instance`` is about to start the
+        runs due at ``slot`` whose rows are not written yet (a burst of ``single``-mode
+        firings: their rows follow in the group commit). If the process dies before they
+        land, :meth:`close_unrecorded` lets a survivor record them."""
+
+    async def starting_marks(self) -> dict[str, datetime]:
+        """Every instance's last :meth:`mark_starting` slot not cleared yet."""
+
+    async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
+        """In one transaction: if ``instance``'s mark is still ``slot``, clear it and write
+        those of ``runs`` (closed rows, one per schedule, all of that slot) whose schedule
+        has no non-manual run of that slot yet; return the ones written. Concurrent
+        callers never both write (the mark is cleared conditionally)."""
+
     # -- claims (coordination) -------------------------------------------------------------
     async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:
         """Insert each claim unless its key exists; return the keys this call won, all in

@@ -135,6 +135,9 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE schedtui_instances ADD COLUMN last_fired_at timestamptz;
     """,
+    """
+    ALTER TABLE schedtui_instances ADD COLUMN starting_at timestamptz;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
@@ -214,6 +217,12 @@ NOTE_LAST_FIRED = """
     UPDATE schedtui_instances SET last_fired_at = greatest(last_fired_at, %s) WHERE instance = %s
 """
 FORGET_INSTANCE = "DELETE FROM schedtui_instances WHERE instance = %s"
+MARK_STARTING = "UPDATE schedtui_instances SET starting_at = %s WHERE instance = %s"
+STARTING_MARKS = "SELECT instance, starting_at FROM schedtui_instances WHERE starting_at IS NOT NULL"
+CLEAR_STARTING = "UPDATE schedtui_instances SET starting_at = NULL WHERE instance = %s AND starting_at = %s"
+SLOT_RECORDED = (
+    "SELECT 1 FROM schedtui_runs WHERE name = %s AND scheduled_at = %s AND trigger <> 'manual' LIMIT 1"
+)
 BACKFILL_COLUMNS = ", ".join(BACKFILL_FIELDS)
 INSERT_BACKFILL = (
     f"INSERT INTO schedtui_backfills ({BACKFILL_COLUMNS}) "
@@ -833,6 +842,27 @@ class PostgresStore(PostgresLocks):
 
     async def forget_instance(self, instance: str) -> None:
         await self._execute(FORGET_INSTANCE, (instance,))
+
+    async def mark_starting(self, instance: str, slot: datetime) -> None:
+        await self._execute(MARK_STARTING, (slot, instance))
+
+    async def starting_marks(self) -> dict[str, datetime]:
+        return {row[0]: _utc(row[1]) for row in await self._fetchall(STARTING_MARKS)}  # type: ignore[misc]
+
+    async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
+        async def close(conn: AsyncConnection[Any]) -> list[Run]:
+            async with conn.transaction():
+                if (await conn.execute(CLEAR_STARTING, (instance, slot))).rowcount != 1:
+                    return []  # cleared by someone else meanwhile
+                missing = [
+                    run for run in runs if await (await conn.execute(SLOT_RECORDED, (run.name, slot))).fetchone() is None
+                ]
+                if missing:
+                    await conn.execute(UPSERT_RUNS, (_runs_json(missing),))
+            self.commits += 1
+            return missing
+
+        return await self._with_conn(close)
 
     # -- claims ---------------------------------------------------------------------------
     async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:

@@ -113,6 +113,9 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE instances ADD COLUMN last_fired_at INTEGER;
     """,
+    """
+    ALTER TABLE instances ADD COLUMN starting_at INTEGER;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
@@ -181,6 +184,10 @@ INSTANCE_LIST = "SELECT instance, host, pid, heartbeat_at, last_fired_at FROM in
 #: Kept by the group commit, in its transaction: when this instance last started a run.
 NOTE_LAST_FIRED = "UPDATE instances SET last_fired_at = max(coalesce(last_fired_at, 0), ?) WHERE instance = ?"
 FORGET_INSTANCE = "DELETE FROM instances WHERE instance = ?"
+MARK_STARTING = "UPDATE instances SET starting_at = ? WHERE instance = ?"
+STARTING_MARKS = "SELECT instance, starting_at FROM instances WHERE starting_at IS NOT NULL"
+CLEAR_STARTING = "UPDATE instances SET starting_at = NULL WHERE instance = ? AND starting_at = ?"
+SLOT_RECORDED = "SELECT 1 FROM runs WHERE name = ? AND scheduled_at = ? AND trigger <> 'manual' LIMIT 1"
 BACKFILL_COLUMNS = ", ".join(BACKFILL_FIELDS)
 INSERT_BACKFILL = f"INSERT INTO backfills ({BACKFILL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 UPDATE_BACKFILL = """
@@ -908,6 +915,26 @@ class SQLiteStore(SQLiteLocks):
 
     async def forget_instance(self, instance: str) -> None:
         await self._write(lambda c: c.execute(FORGET_INSTANCE, (instance,)))
+
+    async def mark_starting(self, instance: str, slot: datetime) -> None:
+        params = (_us(slot), instance)
+        await self._write(lambda c: c.execute(MARK_STARTING, params))
+
+    async def starting_marks(self) -> dict[str, datetime]:
+        rows = await self._read(lambda c: c.execute(STARTING_MARKS).fetchall())
+        return {row[0]: _dt(row[1]) for row in rows}  # type: ignore[misc]
+
+    async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
+        us = _us(slot)
+
+        def close(c: sqlite3.Connection) -> list[Run]:
+            if c.execute(CLEAR_STARTING, (instance, us)).rowcount != 1:
+                return []  # cleared by someone else meanwhile
+            missing = [run for run in runs if not c.execute(SLOT_RECORDED, (run.name, us)).fetchone()]
+            c.executemany(UPSERT_RUN, [_run_params(run) for run in missing])
+            return missing
+
+        return await self._write(close)
 
     # -- claims ---------------------------------------------------------------------------
     async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:
