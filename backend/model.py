@@ -17,15 +17,15 @@ if TYPE_CHECKING:
 
 RunStatus = Literal["succeeded", "failed", "skipped", "missed", "running"]
 Trigger = Literal["self", "external", "manual"]
-CoordinationMode = Literal["single", "advisoryLock"]
-Outcome = Literal["single", "wonLock", "external", "manual"]
+CoordinationMode = Literal["single", "advisoryLock", "cluster"]
+Outcome = Literal["single", "wonLock", "cluster", "external", "manual"]
 OverlapPolicy = Literal["skip", "queue", "parallel"]
 BackfillPolicy = Literal["skip", "latest", "all"]
 
 RUN_STATUSES: Final = ("succeeded", "failed", "skipped", "missed", "running")
 TRIGGERS: Final = ("self", "external", "manual")
-COORDINATION_MODES: Final = ("single", "advisoryLock")
-OUTCOMES: Final = ("single", "wonLock", "external", "manual")
+COORDINATION_MODES: Final = ("single", "advisoryLock", "cluster")
+OUTCOMES: Final = ("single", "wonLock", "cluster", "external", "manual")
 OVERLAP_POLICIES: Final = ("skip", "queue", "parallel")
 BACKFILL_POLICIES: Final = ("skip", "latest", "all")
 
@@ -344,8 +344,14 @@ class ScheduleView:
     state_note: StateNote | None
     next_fire_at: datetime | None
     last_run: Run | None
+    owner: str | None = None
+    """In ``cluster`` coordination: the instance holding the schedule's shard (``None``
+    while nobody holds it); see :attr:`sharded`."""
+    sharded: bool = False
+    """Whether the engine coordinates in ``cluster`` mode (then the JSON carries ``owner``)."""
 
     def to_json(self) -> dict[str, Any]:
+        extra = {"owner": self.owner} if self.sharded else {}
         return {
             "name": self.name,
             "cron": self.cron,
@@ -360,6 +366,7 @@ class ScheduleView:
             "state_note": self.state_note.to_json() if self.state_note else None,
             "next_fire_at": iso(self.next_fire_at),
             "last_run": self.last_run.to_json() if self.last_run else None,
+            **extra,
         }
 
     @classmethod
@@ -378,6 +385,8 @@ class ScheduleView:
             state_note=StateNote.from_json(data["state_note"]) if data.get("state_note") else None,
             next_fire_at=parse_iso(data["next_fire_at"]) if data.get("next_fire_at") else None,
             last_run=Run.from_json(data["last_run"]) if data.get("last_run") else None,
+            owner=data.get("owner"),
+            sharded="owner" in data,
         )
 
 

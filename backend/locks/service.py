@@ -42,6 +42,7 @@ from .model import (
 from .store import LockStore
 
 if TYPE_CHECKING:
+    from ..clock import Clock
     from ..schedules import Schedule
     from ..subsystems import Shared
 
@@ -69,15 +70,15 @@ class Locks:
 
     Contract: a lease returned by :meth:`acquire` is the lock's only current lease until
     it is released or lost; its renewals, releases and fences act only while its token is
-    the lock's current one; the lock clock is the database's unless ``database_clock`` is
-    false (then the engine's injected clock)."""
+    the lock's current one; the lock clock is the database's unless ``lock_clock`` is given
+    (an injected clock, for tests)."""
 
-    def __init__(self, shared: Shared, *, database_clock: bool = True) -> None:
+    def __init__(self, shared: Shared, *, lock_clock: Clock | None = None) -> None:
         self.clock = shared.clock
         self.store = cast(LockStore, shared.store)
         self.loops = shared.loops
         self.instance = shared.instance
-        self.database_clock = database_clock
+        self.lock_clock = lock_clock
         self._leases: set[Lease] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._run_leases: set[Lease] = set()
@@ -86,7 +87,7 @@ class Locks:
 
     def lock_now(self) -> datetime | None:
         """The time to hand the store: ``None`` for the database's own clock."""
-        return None if self.database_clock else self.clock.now()
+        return None if self.lock_clock is None else self.lock_clock.now()
 
     # -- the subsystem's hooks ------------------------------------------------------------
     async def open(self) -> None:
