@@ -18,6 +18,7 @@ STATUS_GLYPHS = {
 OUTCOME_GLYPHS = {
     "single": "●",
     "wonLock": "◆",
+    "cluster": "◈",
     "external": "⇲",
     "manual": "✎",
 }
