@@ -11,12 +11,15 @@ Routes (JSON, snake_case; see ``/openapi.json`` for the full document)::
     GET  /inspect/schedules
     GET  /inspect/schedules/runs?name=N&limit=L&before=RUN_ID
     GET  /inspect/schedules/{name}/upcoming?count=5
+    GET  /inspect/runs?name=A&name=B&from=ISO&to=ISO&limit_per_name=N   runs in a window
     GET  /inspect/runs/{run_id}
+    GET  /inspect/instances                              registered engines and heartbeats
     POST /inspect/schedules/{name}/fire                  Run now
     POST /inspect/schedules/{name}/enable | /disable     {"note": "..."}
     POST /inspect/schedules/{name}/backfill/plan         {"from", "to", "confirm", "limit"}
     POST /inspect/schedules/{name}/backfill              the same; starts it in the background
     GET  /inspect/backfills/{backfill_id}
+    POST /inspect/backfills/{backfill_id}/cancel
     POST /schedule/{name}/fire?trigger=external          what platform schedulers call
 
 Every error is ``{"error": {"code", "message"}}`` with its status (401, 403, 404, 405, 408,
@@ -54,8 +57,8 @@ from .errors import (
     Unavailable,
 )
 from .inputs import check_note
-from .interface import Backend
-from .model import BACKFILL_MAX_LIMIT, iso
+from .interface import RUNS_BETWEEN_MAX_PER_NAME, Backend
+from .model import BACKFILL_MAX_LIMIT, iso, parse_iso
 from .safetext import printable
 from .timeparse import parse_when
 
@@ -330,6 +333,7 @@ def schedule_routes(api: Api) -> list[Route]:
                 "store_kind": connection.store_kind,
                 "access": access,
                 "now": iso(await backend.now()),
+                "systems": list(backend.info().systems),
             }
         )
 
@@ -397,6 +401,57 @@ def schedule_routes(api: Api) -> list[Route]:
         return JSONResponse(run.to_json())
 
     @endpoint("read")
+    async def runs_between(request: Request) -> Response:
+        """
+        ---
+        summary: Runs of several schedules scheduled in a window, newest first per schedule
+        description: >
+          For timelines: per schedule, its runs with from <= scheduled_at < to, at most
+          limit_per_name of them (the newest; a schedule with exactly that many may have
+          more). Schedules without runs in the window are left out of "runs".
+        parameters:
+          - {name: name, in: query, required: true, description: "repeat for several schedules (up to 500)", schema: {type: array, items: {type: string}}, style: form, explode: true}
+          - {name: from, in: query, required: true, schema: {type: string, format: date-time}}
+          - {name: to, in: query, required: true, schema: {type: string, format: date-time}}
+          - {name: limit_per_name, in: query, schema: {type: integer, minimum: 1, maximum: 1000, default: 200}}
+        responses:
+          200: {description: "{from, to, runs: {name: [run]}}"}
+          404: {description: unknown schedule}
+          422: {description: bad parameter}
+        """
+        names = request.query_params.getlist("name")
+        window = []
+        for key in ("from", "to"):
+            raw = request.query_params.get(key)
+            if not raw:
+                raise BadInput(f"the query parameter {key} is required (an ISO 8601 instant)", field=key)
+            try:
+                window.append(parse_iso(raw))
+            except (ValueError, OverflowError):
+                raise BadInput(f'{key} "{raw}" is not an ISO 8601 instant with an offset', field=key) from None
+        limit = query_int(request, "limit_per_name", 200, 1, RUNS_BETWEEN_MAX_PER_NAME)
+        found = await backend.runs_between(names, window[0], window[1], limit_per_name=limit)
+        return JSONResponse(
+            {"from": iso(window[0]), "to": iso(window[1]),
+             "runs": {name: [r.to_json() for r in runs] for name, runs in found.items()}}
+        )
+
+    @endpoint("read")
+    async def instances(request: Request) -> Response:
+        """
+        ---
+        summary: The engine instances registered in the store, with their last heartbeat
+        description: >
+          An engine that fires beats every few seconds; one that only opened the store (a
+          CLI verb, a watching console) beat once, when it opened it.
+        responses:
+          200: {description: "{now, instances: [{name, host, pid, heartbeat_at, heartbeat_age_s, last_fired_at}]}"}
+        """
+        found = await backend.instances()
+        now = await backend.now()
+        return JSONResponse({"now": iso(now), "instances": [i.to_json(now) for i in found]})
+
+    @endpoint("read")
     async def get_backfill(request: Request) -> Response:
         """
         ---
@@ -454,7 +509,7 @@ def schedule_routes(api: Api) -> list[Route]:
         """
         return await _set_enabled(request, False)
 
-    async def _backfill_args(request: Request) -> tuple[str, datetime, datetime, bool, int | None]:
+    async def _backfill_args(request: Request) -> tuple[str, datetime, datetime, bool, int | None, bool]:
         name = await schedule_name(request)
         body = await body_of(request)
         zone = await backend.schedule_zone(name)
@@ -471,7 +526,10 @@ def schedule_routes(api: Api) -> list[Route]:
         limit = body.get("limit")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise BadInput(f'"limit" must be a whole number up to {BACKFILL_MAX_LIMIT}', field="limit")
-        return name, values[0], values[1], confirm, limit
+        skip = body.get("skip_succeeded", False)
+        if not isinstance(skip, bool):
+            raise BadInput('"skip_succeeded" must be true or false', field="skip_succeeded")
+        return name, values[0], values[1], confirm, limit, skip
 
     @endpoint("read")
     async def plan_backfill(request: Request) -> Response:
@@ -492,7 +550,7 @@ def schedule_routes(api: Api) -> list[Route]:
         responses:
           200: {description: the plan}
         """
-        name, start, end, confirm, limit = await _backfill_args(request)
+        name, start, end, confirm, limit, _ = await _backfill_args(request)
         plan = await backend.plan_backfill(name, start, end, confirm=confirm, limit=limit)
         return JSONResponse(plan.to_json())
 
@@ -512,14 +570,28 @@ def schedule_routes(api: Api) -> list[Route]:
                   to: {type: string}
                   confirm: {type: boolean, description: "needed above 25 slots"}
                   limit: {type: integer, minimum: 1, maximum: 10000, default: 1000}
+                  skip_succeeded: {type: boolean, description: "fire only the slots without a succeeded run"}
         responses:
           202: {description: "{id, plan, progress}"}
           409: {description: "refused: {count, reason}"}
         """
-        name, start, end, confirm, limit = await _backfill_args(request)
+        name, start, end, confirm, limit, skip = await _backfill_args(request)
         plan = await backend.plan_backfill(name, start, end, confirm=confirm, limit=limit)
-        progress = await backend.start_backfill(name, start, end, confirm=confirm, limit=limit)
+        progress = await backend.start_backfill(name, start, end, confirm=confirm, limit=limit, skip_succeeded=skip)
         return JSONResponse({"id": progress.id, "plan": plan.to_json(), "progress": progress.to_json()}, status_code=202)
+
+    @endpoint("operate")
+    async def cancel_backfill(request: Request) -> Response:
+        """
+        ---
+        summary: Stop a running backfill before its next slot (the run in flight finishes)
+        responses:
+          200: {description: "the backfill's progress, state cancelled (or as it had ended)"}
+          404: {description: unknown backfill}
+          409: {description: "it runs on another instance"}
+        """
+        progress = await backend.cancel_backfill(str(request.path_params["backfill_id"]))
+        return JSONResponse(progress.to_json())
 
     @endpoint("operate")
     async def fire_external(request: Request) -> Response:
@@ -549,13 +621,16 @@ def schedule_routes(api: Api) -> list[Route]:
         Route("/inspect/schedules", list_schedules, methods=["GET"]),
         Route("/inspect/schedules/runs", list_runs, methods=["GET"]),
         Route("/inspect/schedules/{name}/upcoming", upcoming, methods=["GET"]),
+        Route("/inspect/runs", runs_between, methods=["GET"]),
         Route("/inspect/runs/{run_id}", get_run, methods=["GET"]),
+        Route("/inspect/instances", instances, methods=["GET"]),
         Route("/inspect/schedules/{name}/fire", fire, methods=["POST"]),
         Route("/inspect/schedules/{name}/enable", enable, methods=["POST"]),
         Route("/inspect/schedules/{name}/disable", disable, methods=["POST"]),
         Route("/inspect/schedules/{name}/backfill/plan", plan_backfill, methods=["POST"]),
         Route("/inspect/schedules/{name}/backfill", start_backfill, methods=["POST"]),
         Route("/inspect/backfills/{backfill_id}", get_backfill, methods=["GET"]),
+        Route("/inspect/backfills/{backfill_id}/cancel", cancel_backfill, methods=["POST"]),
         Route("/schedule/{name}/fire", fire_external, methods=["POST"]),
     ]
 

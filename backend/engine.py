@@ -490,20 +490,34 @@ class Engine:
             self.timers.disarm(state.name)
 
     async def list_schedules(self) -> list[ScheduleView]:
-        """Every schedule with its state, next slot and newest run."""
+        """Every schedule with its state, next slot, newest self/external run and newest
+        manual run (when that is its newest run)."""
         self.ledger.handoff()
         await self.refresh_states()
-        last = await self.store.last_runs(self.schedules)
-        owners = await self.cluster.owners() if self.cluster is not None else None
-        return [self._view(schedule, last.get(name), owners) for name, schedule in self.schedules.items()]
+        return await self._views(list(self.schedules))
 
     async def get_schedule(self, name: str) -> ScheduleView:
-        schedule = self.schedule(name)
-        runs = await self.store.list_runs(name, limit=1)
-        owners = await self.cluster.owners() if self.cluster is not None else None
-        return self._view(schedule, runs[0] if runs else None, owners)
+        self.schedule(name)
+        return (await self._views([name]))[0]
 
-    def _view(self, schedule: Schedule, last_run: Run | None, owners: dict[str, str | None] | None = None) -> ScheduleView:
+    async def _views(self, names: list[str]) -> list[ScheduleView]:
+        last = await self.store.last_runs(names)
+        latest = await self.store.last_runs(names, manual=True)
+        owners = await self.cluster.owners() if self.cluster is not None else None
+        views = []
+        for name in names:
+            newest = latest.get(name)
+            manual = newest if newest is not None and newest.trigger == "manual" else None
+            views.append(self._view(self.schedules[name], last.get(name), manual, owners))
+        return views
+
+    def _view(
+        self,
+        schedule: Schedule,
+        last_run: Run | None,
+        latest_manual: Run | None = None,
+        owners: dict[str, str | None] | None = None,
+    ) -> ScheduleView:
         state = self.states.get(schedule.name)
         enabled = state.enabled if state is not None else schedule.enabled
         return ScheduleView(
@@ -520,6 +534,7 @@ class Engine:
             state_note=state.state_note if state is not None else None,
             next_fire_at=self._next_fire(schedule, enabled),
             last_run=last_run,
+            latest_manual=latest_manual,
             owner=owners.get(schedule.name) if owners is not None else None,
             sharded=owners is not None,
         )
@@ -629,11 +644,30 @@ class Engine:
         return self.backfills.plan(self.schedule(name), start, end, confirm=confirm, limit=limit)
 
     async def start_backfill(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        confirm: bool = False,
+        limit: int | None = None,
+        skip_succeeded: bool = False,
     ) -> BackfillProgress:
-        """Start firing the slots in ``(start, end]`` in order, in the background; raises
-        :class:`Refused` when the plan is refused or one runs for this schedule anywhere."""
-        return await self.backfills.start(self.schedule(name), start, end, confirm=confirm, limit=limit)
+        """Start firing the slots in ``(start, end]`` in order, in the background (with
+        ``skip_succeeded``, only those without a succeeded run); raises :class:`Refused`
+        when the plan is refused or one runs for this schedule anywhere."""
+        return await self.backfills.start(
+            self.schedule(name), start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
+        )
+
+    async def succeeded_slots(self, name: str, slots: list[datetime]) -> set[datetime]:
+        """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""
+        return await self.backfills.succeeded_slots(self.schedule(name), slots)
+
+    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
+        """Stop a running backfill of this engine before its next slot (the run in flight
+        finishes on its own); recorded ``cancelled`` with what it fired."""
+        return await self.backfills.cancel(backfill_id)
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
         return await self.backfills.progress(backfill_id)

@@ -82,7 +82,7 @@ class ScheduleRun(Invocation):
         )
 
     def settled(self, outcome: CallOutcome) -> None:
-        self.launcher.close(self, outcome.status, outcome.at, outcome.error_tag, outcome.error_message)
+        self.launcher.close(self, outcome.status, outcome.at, outcome.error_tag, outcome.error_message, outcome.traceback)
 
     def started(self) -> asyncio.Future[ScheduleRun]:
         """Resolves once the run's ``running`` row is recorded (its handler starting)."""
@@ -277,9 +277,16 @@ class Launcher:
         at: datetime,
         error_tag: str | None = None,
         error_message: str | None = None,
+        traceback: str | None = None,
     ) -> None:
         """Record the end of a run and free its overlap slot (called once per run)."""
-        scheduled.run = scheduled.run.finish(status, at, error_tag=error_tag, error_message=error_message)
+        scheduled.run = scheduled.run.finish(
+            status, at, error_tag=error_tag, error_message=error_message, traceback=traceback
+        )
+        if traceback is not None:
+            # The handler raised: say so where serve's operator looks (its log), whole. INFO:
+            # a handler failing is the ledger's news, not the engine's trouble.
+            log.info("%s failed: %s: %s\n%s", scheduled.label, error_tag, error_message, traceback.rstrip())
         self.ledger.record(scheduled.run)
         self.active.pop(scheduled.run.id, None)
         if scheduled.lease is not None and self.locks is not None:

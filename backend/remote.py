@@ -23,10 +23,10 @@ from .errors import (
     Unavailable,
 )
 from .inputs import check_before, check_id, check_instant, check_note
-from .interface import ConnectionInfo, RunsPage, SchedulesSnapshot
+from .interface import SYSTEMS, ConnectionInfo, RunsPage, SchedulesSnapshot, check_runs_between
 from .locks import LockRelease, LocksSnapshot
 from .locks.model import check_lock_name
-from .model import BackfillPlan, BackfillProgress, ExternalFiring, Health, Run, ScheduleView, iso, parse_iso
+from .model import BackfillPlan, BackfillProgress, ExternalFiring, Health, InstanceInfo, Run, ScheduleView, iso, parse_iso
 from .safetext import redact_url, remember_url_secrets
 
 __all__ = ["RemoteBackend"]
@@ -133,6 +133,7 @@ class RemoteBackend:
             instance=data["instance"],
             read_only=self.read_only,
             store_kind=data.get("store_kind", ""),
+            systems=tuple(data.get("systems", SYSTEMS)),
         )
         return self._info
 
@@ -175,6 +176,18 @@ class RemoteBackend:
 
     async def get_run(self, run_id: str) -> Run:
         return Run.from_json(await self._get(f"/inspect/runs/{check_id(run_id, 'run')}"))
+
+    async def runs_between(
+        self, names: list[str], start: datetime, end: datetime, *, limit_per_name: int = 200
+    ) -> dict[str, list[Run]]:
+        check_runs_between(names, start, end, limit_per_name)
+        params = [("name", n) for n in names] + [("from", iso(start)), ("to", iso(end)), ("limit_per_name", limit_per_name)]
+        data = await self._request("GET", "/inspect/runs", retry=True, params=params)
+        return {name: [Run.from_json(r) for r in runs] for name, runs in data["runs"].items()}
+
+    async def instances(self) -> list[InstanceInfo]:
+        data = await self._get("/inspect/instances")
+        return [InstanceInfo.from_json(i) for i in data["instances"]]
 
     async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
         data = await self._get(f"/inspect/schedules/{_seg(name)}/upcoming", count=count)
@@ -222,14 +235,27 @@ class RemoteBackend:
         return BackfillPlan.from_json(data)
 
     async def start_backfill(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        confirm: bool = False,
+        limit: int | None = None,
+        skip_succeeded: bool = False,
     ) -> BackfillProgress:
         self._check_can_act("backfill")
-        data = await self._post(f"/inspect/schedules/{_seg(name)}/backfill", self._backfill_body(start, end, confirm, limit))
+        body = {**self._backfill_body(start, end, confirm, limit), "skip_succeeded": skip_succeeded}
+        data = await self._post(f"/inspect/schedules/{_seg(name)}/backfill", body)
         return BackfillProgress.from_json(data["progress"])
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
         return BackfillProgress.from_json(await self._get(f"/inspect/backfills/{check_id(backfill_id, 'backfill')}"))
+
+    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
+        self._check_can_act("cancelling a backfill")
+        # Cancelling is idempotent: a retry after a lost answer is safe.
+        return BackfillProgress.from_json(await self._post(f"/inspect/backfills/{_seg(backfill_id)}/cancel", retry=True))
 
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         delay = 0.05

@@ -36,11 +36,11 @@ UTC = timezone.utc
 
 SCHEDULE_KEYS = {
     "name", "cron", "timezone", "trigger", "on_overlap", "backfill", "max_runtime_s", "description",
-    "payload", "enabled", "state_note", "next_fire_at", "last_run",
+    "payload", "enabled", "state_note", "next_fire_at", "last_run", "latest_manual",
 }  # fmt: skip
 RUN_KEYS = {
     "id", "name", "scheduled_at", "fired_at", "finished_at", "status", "trigger", "coordination_outcome",
-    "instance", "error_tag", "error_message", "duration_ms",
+    "instance", "error_tag", "error_message", "duration_ms", "traceback",
 }  # fmt: skip
 INSTANCE_RE = re.compile(rf"^{re.escape(socket.gethostname())}:\d+$")
 
@@ -199,6 +199,7 @@ def test_list_json(cli: Cli) -> None:
         "enabled": True,
         "state_note": None,
         "last_run": None,
+        "latest_manual": None,
     }
     assert (webhook["trigger"], webhook["on_overlap"], webhook["next_fire_at"], webhook["max_runtime_s"]) == (
         "external",

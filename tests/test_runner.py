@@ -357,3 +357,34 @@ def test_a_handler_that_kills_serve_in_a_timer_burst_leaves_its_run_to_be_closed
     # The other schedule of the burst is accounted for too: its run, or the same verdict.
     calm = runs("calm")
     assert calm and {r["scheduled_at"] for r in calm} >= {died["scheduled_at"]}
+
+
+# ---------------------------------------------------------------------------------------
+# why a run failed: the traceback, kept (bounded), read with the run, and logged
+# ---------------------------------------------------------------------------------------
+async def test_a_failed_run_keeps_its_traceback_in_the_ledger_and_the_log(
+    make_engine, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="schedtui")
+    def deep(level: int) -> None:
+        if level == 0:
+            raise ConnectionRefusedError("smtp refused")
+        deep(level - 1)
+
+    async def handler(ctx: RunContext) -> None:
+        deep(300)  # a traceback far longer than what is kept
+
+    engine = make_engine([schedule(handler)])
+    await engine.start()
+    clock.advance(60)
+    await engine.quiesce()
+    [listed] = await all_runs(engine, "job")
+    assert listed.traceback is None  # lists leave it out
+    run = await engine.get_run(listed.id)
+    assert run.traceback is not None and len(run.traceback) <= 8192
+    assert run.traceback.rstrip().endswith("ConnectionRefusedError: smtp refused")  # the tail: where it went wrong
+    assert "in deep" in run.traceback and "ConnectionRefusedError: smtp refused" in caplog.text
+    assert run.to_json()["traceback"] == run.traceback
+    # A run that did not raise has none.
+    await engine.run_now("job")
+    assert all(r.traceback is None for r in await all_runs(engine, "job") if r.status == "succeeded")

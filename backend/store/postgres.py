@@ -49,7 +49,7 @@ from . import redact_url
 from .migrations import components_of, migrate_postgres
 from .postgres_cluster import PostgresCluster
 from .postgres_locks import PostgresLocks
-from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
+from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -139,12 +139,21 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE schedtui_instances ADD COLUMN starting_at timestamptz;
     """,
+    # Runs are read in scheduled order (a backfill's old slots land among their peers).
+    """
+    DROP INDEX schedtui_runs_by_name;
+    CREATE INDEX schedtui_runs_by_name_slot ON schedtui_runs (name, scheduled_at, id);
+    """,
+    """
+    ALTER TABLE schedtui_runs ADD COLUMN traceback text;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
+RUN_WRITE_COLUMNS = ", ".join(RUN_WRITE_FIELDS)
 _KEEP_CLOSED = ",\n        ".join(
     f"{c} = CASE WHEN schedtui_runs.status = 'running' THEN excluded.{c} ELSE schedtui_runs.{c} END"
-    for c in RUN_FIELDS[1:]
+    for c in RUN_WRITE_FIELDS[1:]
     if c != "error_message"
 )
 #: What a finished run's row gains when another version of it arrives late (an instance
@@ -163,10 +172,11 @@ LATE_NOTE = """
 #: closed it stays closed: a later, different outcome only adds LATE_NOTE (once), and a
 #: late ``running`` version or the same finished version again changes nothing.
 UPSERT_RUNS = f"""
-    INSERT INTO schedtui_runs ({RUN_COLUMNS})
-    SELECT {RUN_COLUMNS} FROM json_to_recordset(%s::json) AS r(
+    INSERT INTO schedtui_runs ({RUN_WRITE_COLUMNS})
+    SELECT {RUN_WRITE_COLUMNS} FROM json_to_recordset(%s::json) AS r(
         id text, name text, scheduled_at timestamptz, fired_at timestamptz, finished_at timestamptz,
-        status text, trigger text, outcome text, instance text, error_tag text, error_message text)
+        status text, trigger text, outcome text, instance text, error_tag text, error_message text,
+        traceback text)
     ON CONFLICT (id) DO UPDATE SET
         {_KEEP_CLOSED},
         error_message = CASE WHEN schedtui_runs.status = 'running' THEN excluded.error_message
@@ -183,15 +193,40 @@ CLOSE_RUN = """
     UPDATE schedtui_runs SET status = %s, finished_at = %s, error_tag = %s, error_message = %s
     WHERE id = %s AND status = 'running'
 """
-GET_RUN = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE id = %s"
-LIST_RUNS = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = %s ORDER BY id DESC LIMIT %s"
-LIST_RUNS_BEFORE = (
-    f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = %s AND id < %s ORDER BY id DESC LIMIT %s"
+GET_RUN = f"SELECT {RUN_WRITE_COLUMNS} FROM schedtui_runs WHERE id = %s"
+LIST_RUNS = (
+    f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = %s ORDER BY scheduled_at DESC, id DESC LIMIT %s"
 )
+#: Keyset on (scheduled_at, id) from the cursor run's pair; LATERAL, so that the row
+#: comparison is an index condition of the inner scan.
+LIST_RUNS_BEFORE = f"""
+    SELECT r.* FROM (SELECT scheduled_at, id FROM schedtui_runs WHERE id = %(before)s) AS c
+    CROSS JOIN LATERAL (
+        SELECT {RUN_COLUMNS} FROM schedtui_runs
+        WHERE name = %(name)s AND (scheduled_at, id) < (c.scheduled_at, c.id)
+        ORDER BY scheduled_at DESC, id DESC LIMIT %(limit)s
+    ) AS r
+"""
+#: The newest self/external slot's run per name, or with LATEST_RUNS the newest of any trigger.
 LAST_RUNS = f"""
     SELECT r.* FROM unnest(%s::text[]) AS n(name)
     CROSS JOIN LATERAL (
-        SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = n.name ORDER BY id DESC LIMIT 1
+        SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = n.name AND trigger <> 'manual'
+        ORDER BY scheduled_at DESC, id DESC LIMIT 1
+    ) AS r
+"""
+LATEST_RUNS = f"""
+    SELECT r.* FROM unnest(%s::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = n.name ORDER BY scheduled_at DESC, id DESC LIMIT 1
+    ) AS r
+"""
+RUNS_BETWEEN = f"""
+    SELECT r.* FROM unnest(%(names)s::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT {RUN_COLUMNS} FROM schedtui_runs
+        WHERE name = n.name AND scheduled_at >= %(start)s AND scheduled_at < %(end)s
+        ORDER BY scheduled_at DESC, id DESC LIMIT %(limit)s
     ) AS r
 """
 LAST_SLOT = "SELECT max(scheduled_at) FROM schedtui_runs WHERE name = %s AND trigger <> 'manual'"
@@ -404,6 +439,7 @@ def _runs_json(runs: Sequence[Run]) -> str:
                 "trigger": r.trigger,
                 "outcome": r.coordination_outcome,
                 "instance": r.instance,
+                "traceback": _text(r.traceback),
                 "error_tag": _text(r.error_tag),
                 "error_message": _text(r.error_message),
             }
@@ -779,17 +815,29 @@ class PostgresStore(PostgresLocks, PostgresCluster):
 
     async def list_runs(self, name: str, *, limit: int, before: str | None = None) -> list[Run]:
         if before:
-            rows = await self._fetchall(LIST_RUNS_BEFORE, (name, before, limit))
+            rows = await self._fetchall(LIST_RUNS_BEFORE, {"name": name, "before": before, "limit": limit})
         else:
             rows = await self._fetchall(LIST_RUNS, (name, limit))
         return [_run(row) for row in rows]
 
-    async def last_runs(self, names: Iterable[str]) -> dict[str, Run]:
+    async def last_runs(self, names: Iterable[str], *, manual: bool = False) -> dict[str, Run]:
         wanted = list(names)
         if not wanted:
             return {}
-        rows = await self._fetchall(LAST_RUNS, (wanted,))
+        rows = await self._fetchall(LATEST_RUNS if manual else LAST_RUNS, (wanted,))
         return {row[1]: _run(row) for row in rows}
+
+    async def runs_between(
+        self, names: Iterable[str], start: datetime, end: datetime, *, limit_per_name: int
+    ) -> dict[str, list[Run]]:
+        wanted = list(names)
+        if not wanted:
+            return {}
+        params = {"names": wanted, "start": start, "end": end, "limit": limit_per_name}
+        found: dict[str, list[Run]] = {}
+        for row in await self._fetchall(RUNS_BETWEEN, params):
+            found.setdefault(row[1], []).append(_run(row))
+        return found
 
     async def last_slot(self, name: str) -> datetime | None:
         row = await self._fetchone(LAST_SLOT, (name,))

@@ -43,7 +43,7 @@ from ..model import (
     StoreHealth,
 )
 from .migrations import components_of, migrate_sqlite
-from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
+from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
 from .sqlite_locks import SQLiteLocks
 
 log = logging.getLogger("schedtui.store")
@@ -116,12 +116,21 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE instances ADD COLUMN starting_at INTEGER;
     """,
+    # Runs are read in scheduled order (a backfill's old slots land among their peers).
+    """
+    DROP INDEX runs_by_name;
+    CREATE INDEX runs_by_name_slot ON runs (name, scheduled_at, id);
+    """,
+    """
+    ALTER TABLE runs ADD COLUMN traceback TEXT;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
+RUN_WRITE_COLUMNS = ", ".join(RUN_WRITE_FIELDS)
 _KEEP_CLOSED = ",\n        ".join(
     f"{c} = CASE WHEN runs.status = 'running' THEN excluded.{c} ELSE runs.{c} END"
-    for c in RUN_FIELDS[1:]
+    for c in RUN_WRITE_FIELDS[1:]
     if c != "error_message"
 )
 #: What a finished run's row gains when another version of it arrives late (an instance
@@ -138,7 +147,7 @@ LATE_NOTE = """
 #: different outcome only adds LATE_NOTE (once), and a late ``running`` version changes
 #: nothing. Writing the same finished version again changes nothing either.
 UPSERT_RUN = f"""
-    INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO runs ({RUN_WRITE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO UPDATE SET
         {_KEEP_CLOSED},
         error_message = CASE WHEN runs.status = 'running' THEN excluded.error_message
@@ -154,16 +163,31 @@ CLOSE_RUN = """
     UPDATE runs SET status = ?, finished_at = ?, error_tag = ?, error_message = ?
     WHERE id = ? AND status = 'running'
 """
-GET_RUN = f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?"
-LIST_RUNS = f"SELECT {RUN_COLUMNS} FROM runs WHERE name = ? ORDER BY id DESC LIMIT ?"
-LIST_RUNS_BEFORE = (
-    f"SELECT {RUN_COLUMNS} FROM runs WHERE name = ? AND id < ? ORDER BY id DESC LIMIT ?"
-)
+GET_RUN = f"SELECT {RUN_WRITE_COLUMNS} FROM runs WHERE id = ?"
+LIST_RUNS = f"SELECT {RUN_COLUMNS} FROM runs WHERE name = ? ORDER BY scheduled_at DESC, id DESC LIMIT ?"
+LIST_RUNS_BEFORE = f"""
+    SELECT {RUN_COLUMNS} FROM runs
+    WHERE name = ?1 AND (scheduled_at, id) < (SELECT scheduled_at, id FROM runs WHERE id = ?2)
+    ORDER BY scheduled_at DESC, id DESC LIMIT ?3
+"""
+#: The newest self/external slot's run per name (the partial index runs_by_slot), or with
+#: LATEST_RUNS the newest run of any trigger.
 LAST_RUNS = f"""
     SELECT {RUN_COLUMNS} FROM runs WHERE id IN (
-        SELECT (SELECT id FROM runs WHERE name = n.value ORDER BY id DESC LIMIT 1)
+        SELECT (SELECT id FROM runs WHERE name = n.value AND trigger <> 'manual'
+                ORDER BY scheduled_at DESC, id DESC LIMIT 1)
         FROM json_each(?) AS n
     )
+"""
+LATEST_RUNS = f"""
+    SELECT {RUN_COLUMNS} FROM runs WHERE id IN (
+        SELECT (SELECT id FROM runs WHERE name = n.value ORDER BY scheduled_at DESC, id DESC LIMIT 1)
+        FROM json_each(?) AS n
+    )
+"""
+RUNS_BETWEEN = f"""
+    SELECT {RUN_COLUMNS} FROM runs WHERE name = ? AND scheduled_at >= ? AND scheduled_at < ?
+    ORDER BY scheduled_at DESC, id DESC LIMIT ?
 """
 LAST_SLOT = "SELECT max(scheduled_at) FROM runs WHERE name = ? AND trigger <> 'manual'"
 RUNNING_RUNS = f"SELECT {RUN_COLUMNS} FROM runs WHERE status = 'running'"
@@ -246,6 +270,7 @@ def _run_params(run: Run) -> tuple[Any, ...]:
         run.instance,
         run.error_tag,
         run.error_message,
+        run.traceback,
     )
 
 
@@ -860,10 +885,25 @@ class SQLiteStore(SQLiteLocks):
             rows = await self._read(lambda c: c.execute(LIST_RUNS, (name, limit)).fetchall())
         return [_run(row) for row in rows]
 
-    async def last_runs(self, names: Iterable[str]) -> dict[str, Run]:
-        payload = json.dumps(list(names))
-        rows = await self._read(lambda c: c.execute(LAST_RUNS, (payload,)).fetchall())
+    async def last_runs(self, names: Iterable[str], *, manual: bool = False) -> dict[str, Run]:
+        payload, sql = json.dumps(list(names)), LATEST_RUNS if manual else LAST_RUNS
+        rows = await self._read(lambda c: c.execute(sql, (payload,)).fetchall())
         return {row[1]: _run(row) for row in rows}
+
+    async def runs_between(
+        self, names: Iterable[str], start: datetime, end: datetime, *, limit_per_name: int
+    ) -> dict[str, list[Run]]:
+        wanted, low, high = list(names), _us(start), _us(end)
+
+        def read(c: sqlite3.Connection) -> dict[str, list[Run]]:
+            found = {}
+            for name in wanted:  # one index range per name, on the reader's thread
+                rows = c.execute(RUNS_BETWEEN, (name, low, high, limit_per_name)).fetchall()
+                if rows:
+                    found[name] = [_run(row) for row in rows]
+            return found
+
+        return await self._read(read)
 
     async def last_slot(self, name: str) -> datetime | None:
         row = await self._read(lambda c: c.execute(LAST_SLOT, (name,)).fetchone())
