@@ -47,7 +47,7 @@ T = TypeVar("T")
 #: How long a health check waits for the instances table before answering without it (seconds).
 HEALTH_READ_TIMEOUT = 2.0
 
-SYSTEMS = ("schedules",)
+SYSTEMS = ("schedules", "locks")
 """The systems an engine of this version offers (part 2 adds ``jobs``, ``durable``,
 ``locks``, ``audit``); a console shows a view only for a system its backend offers."""
 

@@ -791,6 +791,9 @@ VIEW_NAVIGATION: dict[str, list[tuple[str, str]]] = {
         ("tab", "switch between the schedules and the runs"),
         ("enter", "the selected run's details"),
     ],
+    "locks": [
+        ("↑ ↓", "move in the table (pgup/pgdn a page)"),
+    ],
     "timeline": [
         ("↑ ↓", "another schedule (pgup/pgdn a page, home/end first/last)"),
         ("← →", "the previous / next run of the row"),

@@ -23,6 +23,7 @@ from tests.console_fixtures import (
     FROZEN,
     WHERE,
     FlakyBackend,
+    add_locks,
     add_timeline_history,
     build_ledger,
     console_backend,
@@ -40,6 +41,7 @@ def make_ledger(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     url = asyncio.run(build_ledger(folder))
     asyncio.run(add_timeline_history(url))
+    asyncio.run(add_locks(url))
     return folder
 
 

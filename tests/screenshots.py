@@ -27,6 +27,7 @@ PICTURES = [
     ("nothing-fires", "120x32"),
     ("no-color", "80x24"),
     ("jobs", "80x24"),
+    ("locks", "120x32"),
     ("help", "120x32"),
 ]
 
