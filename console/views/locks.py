@@ -24,14 +24,20 @@ from .base import View
 __all__ = ["LocksTable", "LocksView"]
 
 
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 class LocksTable(FreshTable):
     """One row per lock, by name; :meth:`tick` recomputes the expiry countdowns and the
     renewal ages from the lock clock's time (the database's, as estimated)."""
 
+    # Fixed widths: a table that re-measures its columns as rows arrive draws differently
+    # from one refresh to the next (and from one snapshot to the next).
     COLUMNS = (
-        ("name", "NAME", None),
-        ("holder", "HOLDER", None),
-        ("token", "TOKEN", None),
+        ("name", "NAME", 24),
+        ("holder", "HOLDER", 22),
+        ("token", "TOKEN", 8),
         ("state", "STATE", 9),
         ("expires", "EXPIRES", 18),
         ("renewed", "LAST RENEWAL", 12),
@@ -74,8 +80,8 @@ class LocksTable(FreshTable):
         self.clear()
         for lock in snapshot.locks:
             state, expires, renewed = self._timed(lock, now)
-            self.add_row(Text(lock.name, style="bold"), Text(lock.holder or "-"), Text(str(lock.token)),
-                         state, expires, renewed, key=lock.name)  # fmt: skip
+            self.add_row(Text(_cut(lock.name, 24), style="bold"), Text(_cut(lock.holder or "-", 22)),
+                         Text(str(lock.token)), state, expires, renewed, key=lock.name)  # fmt: skip
         if selected is not None and selected.name in self.locks:
             self.move_cursor(row=self.get_row_index(selected.name), animate=False, scroll=True)
 
