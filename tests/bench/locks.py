@@ -6,7 +6,9 @@ A benchmark, not a test (pytest does not collect it). Run it from the repository
     python -m tests.bench.locks --contenders 4 --seconds 5
 
 Each contender is its own process with its own ``connect()`` (a real client: its own
-connection pool, its own event loop), looping for the measured window: take the lock
+connection pool, its own event loop), or (``--as tasks``) a task of one process, the eight
+sharing one client as the requests of one web application would; each loops for the
+measured window: take the lock
 (``Locks.acquire``: one statement), and when it got it, release it at once (one
 statement); then wait ``--think-ms`` (20 ms) before the next attempt: eight contenders that
 never pause would measure how eight interpreters share the CPU. Two scenarios:
@@ -55,33 +57,50 @@ def log(message: str) -> None:
 async def contender(url: str, name: str, start: float, end: float, think: float) -> dict[str, Any]:
     from backend import connect
 
+    async with connect(url, instance=f"bench-{os.getpid()}") as st:
+        await st.locks.list()  # warm the pool before the window opens
+        return await attempts(st.locks, name, start, end, think)
+
+
+async def tasks_contenders(url: str, names: list[str], start: float, end: float, think: float) -> dict[str, Any]:
+    """Every contender a task of one process, sharing its client (one pool of 8 connections)."""
+    from backend import connect
+
+    async with connect(url, instance=f"bench-{os.getpid()}") as st:
+        await asyncio.gather(*(st.locks.list() for _ in names))  # open the pool's connections
+        docs = await asyncio.gather(*(attempts(st.locks, name, start, end, think) for name in names))
+    return {key: [value for doc in docs for value in doc[key]] for key in docs[0]} | {
+        "per_contender": [len(doc["won"]) for doc in docs]
+    }
+
+
+async def attempts(locks: Any, name: str, start: float, end: float, think: float) -> dict[str, Any]:
     won: list[float] = []
     lost: list[float] = []
     released: list[float] = []
     pairs: list[float] = []
-    async with connect(url, instance=f"bench-{os.getpid()}") as st:
-        locks = st.locks
-        await locks.list()  # warm the pool before the window opens
-        while time.time() < start:
-            await asyncio.sleep(0.01)
-        while time.time() < end:
-            t0 = time.perf_counter()
-            lease = await locks.acquire(name, ttl=30)
-            t1 = time.perf_counter()
-            if lease is None:
-                lost.append(t1 - t0)
-            else:
-                await lease.release()
-                t2 = time.perf_counter()
-                won.append(t1 - t0)
-                released.append(t2 - t1)
-                pairs.append(t2 - t0)
-            if think:
-                await asyncio.sleep(think)
+    while time.time() < start:
+        await asyncio.sleep(0.01)
+    while time.time() < end:
+        t0 = time.perf_counter()
+        lease = await locks.acquire(name, ttl=30)
+        t1 = time.perf_counter()
+        if lease is None:
+            lost.append(t1 - t0)
+        else:
+            await lease.release()
+            t2 = time.perf_counter()
+            won.append(t1 - t0)
+            released.append(t2 - t1)
+            pairs.append(t2 - t0)
+        if think:
+            await asyncio.sleep(think)
     return {"won": won, "lost": lost, "released": released, "pairs": pairs}
 
 
-def run_scenario(server: Any, scenario: str, contenders: int, seconds: int, think_ms: float) -> dict[str, Any]:
+def run_scenario(
+    server: Any, scenario: str, contenders: int, seconds: int, think_ms: float, mode: str = "processes"
+) -> dict[str, Any]:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
@@ -107,15 +126,16 @@ def run_scenario(server: Any, scenario: str, contenders: int, seconds: int, thin
     end = start + seconds
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    names = ["bench" if scenario == "one_lock" else f"bench-{i}" for i in range(contenders)]
+    groups = [[name] for name in names] if mode == "processes" else [names]
     children = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.bench.locks", "--child", url,
-             "bench" if scenario == "one_lock" else f"bench-{i}", str(start), str(end), str(think_ms)],
+            [sys.executable, "-m", "tests.bench.locks", "--child", url, ",".join(group), str(start), str(end), str(think_ms)],
             cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent,
         )  # fmt: skip
-        for i in range(contenders)
+        for group in groups
     ]
-    log(f"{scenario}: {contenders} contender(s), {seconds}s window, think {think_ms} ms")
+    log(f"{scenario}: {contenders} contender(s) as {mode}, {seconds}s window, think {think_ms} ms")
     while time.time() < start:
         time.sleep(0.05)
     before = commits()
@@ -126,7 +146,7 @@ def run_scenario(server: Any, scenario: str, contenders: int, seconds: int, thin
         doc = json.loads(out.strip().splitlines()[-1])
         for key in samples:
             samples[key] += doc[key]
-        per_contender.append(len(doc["won"]))
+        per_contender += doc.get("per_contender", [len(doc["won"])])
     # Backends flush their statistics when they exit: wait for the contenders' to go.
     deadline = time.time() + 30
     while time.time() < deadline:
@@ -139,6 +159,7 @@ def run_scenario(server: Any, scenario: str, contenders: int, seconds: int, thin
     wins = len(samples["won"])
     return {
         "contenders": contenders,
+        "as": mode,
         "attempts": wins + len(samples["lost"]),
         "wins": wins,
         "wins_per_contender": per_contender,
@@ -173,11 +194,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contenders", type=int, default=8, help="processes (default 8)")
     parser.add_argument("--seconds", type=int, default=20, help="measured seconds per scenario (default 20)")
     parser.add_argument("--think-ms", type=float, default=20.0, help="pause between a contender's attempts (default 20)")
+    parser.add_argument(
+        "--as", dest="mode", default="processes,tasks",
+        help="contenders as processes (a client each) and/or as tasks of one process sharing a client (default both)",
+    )
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)  # internal
     args = parser.parse_args(argv)
     if args.child:
-        url, name, start, end, think = args.child
-        doc = asyncio.run(contender(url, name, float(start), float(end), float(think) / 1000))
+        url, names, start, end, think = args.child
+        group = names.split(",")
+        if len(group) == 1:
+            doc = asyncio.run(contender(url, group[0], float(start), float(end), float(think) / 1000))
+        else:
+            doc = asyncio.run(tasks_contenders(url, group, float(start), float(end), float(think) / 1000))
         print(json.dumps(doc), flush=True)
         return 0
 
@@ -198,9 +227,11 @@ def main(argv: list[str] | None = None) -> int:
             "load": {"contenders": args.contenders, "seconds": args.seconds, "think_ms": args.think_ms, "ttl_s": 30},
         }
         doc["commit_floor_ms"] = commit_floor(server)
-        for scenario in ("one_lock", "own_locks"):
-            doc[scenario] = run_scenario(server, scenario, args.contenders, args.seconds, args.think_ms)
-            log(f"{scenario}: acquire+release {doc[scenario]['acquire_release_ms']}")
+        for mode in [m for m in args.mode.split(",") if m]:
+            for scenario in ("one_lock", "own_locks"):
+                key = f"{scenario}_{mode}"
+                doc[key] = run_scenario(server, scenario, args.contenders, args.seconds, args.think_ms, mode)
+                log(f"{key}: acquire+release {doc[key]['acquire_release_ms']}")
         doc["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
     finally:
         server.stop()
