@@ -31,11 +31,10 @@ yields a 500. Bearer tokens: the operator token may do everything, the read toke
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, Literal
@@ -47,6 +46,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
+from .audit import acting_as
 from .errors import (
     BadInput,
     Forbidden,
@@ -61,6 +61,7 @@ from .interface import RUNS_BETWEEN_MAX_PER_NAME, Backend
 from .model import BACKFILL_MAX_LIMIT, iso, parse_iso
 from .safetext import printable
 from .timeparse import parse_when
+from .tokens import ApiToken, Tokens
 
 __all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "create_app"]
 
@@ -104,37 +105,6 @@ def _from_error(exc: SchedtuiError) -> JSONResponse:
     return response
 
 
-class _Tokens:
-    def __init__(self, operate: str | None, read: str | None) -> None:
-        for what, token in (("token", operate), ("read token", read)):
-            if token is not None and token != "" and not token.strip():
-                raise BadInput(f"the {what} is only whitespace; give a real secret", field=what.replace(" ", "_"))
-        self.operate = operate.strip() if operate else None
-        self.read = read.strip() if read else None
-
-    @property
-    def required(self) -> bool:
-        return self.operate is not None or self.read is not None
-
-    def access_of(self, request: Request) -> Access:
-        """What the request's bearer token allows; raises Unauthorized for none or a wrong one."""
-        if not self.required:
-            return "operate"
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise Unauthorized("missing bearer token (send Authorization: Bearer <token>)")
-        token = token.strip()
-        # Both comparisons always run: the time taken says nothing about which token matched.
-        is_operate = self.operate is not None and hmac.compare_digest(token.encode(), self.operate.encode())
-        is_read = self.read is not None and hmac.compare_digest(token.encode(), self.read.encode())
-        if is_operate:
-            return "operate"
-        if is_read:
-            return "read"
-        raise Unauthorized("wrong bearer token")
-
-
 class Api:
     """What every route module builds on: the backend, token checks, body and query parsing.
 
@@ -143,11 +113,15 @@ class Api:
     anything unexpected into a 500 without a trace. Each system's routes live in their
     own module as ``routes(api) -> list[Route]`` (see :data:`ROUTE_MODULES`)."""
 
-    def __init__(self, backend: Backend, tokens: _Tokens, body_timeout: float) -> None:
+    def __init__(self, backend: Backend, tokens: Tokens, body_timeout: float) -> None:
         self.backend = backend
         self.tokens = tokens
         self.body_timeout = body_timeout
         self.access: dict[Endpoint, Access] = {}
+        self.closing = asyncio.Event()
+        """Set when the server stops: long-lived responses (the event stream) end then."""
+        self.streams = 0
+        """Event streams open now."""
 
     def endpoint(self, access: Access) -> Callable[[Endpoint], Endpoint]:
         """Authorise, then map schedtui errors to JSON; nothing escapes as a 500 with a trace."""
@@ -156,11 +130,13 @@ class Api:
         def wrap(fn: Endpoint) -> Endpoint:
             async def handler(request: Request) -> Response:
                 try:
-                    if access != "open":
-                        granted = tokens.access_of(request)
-                        if access == "operate" and granted != "operate":
-                            raise Forbidden("this token may only read; acting needs the operator token")
-                    return await fn(request)
+                    if access == "open":
+                        return await fn(request)
+                    granted = tokens.check(request.headers.get("authorization", ""))
+                    if access == "operate" and granted.access != "operate":
+                        raise Forbidden("this token may only read; acting needs the operator token")
+                    with acting_as(granted.name):  # the audit log names the token
+                        return await fn(request)
                 except SchedtuiError as exc:
                     return _from_error(exc)
                 except _TooLarge:
@@ -182,6 +158,10 @@ class Api:
             return handler
 
         return wrap
+
+    def token_of(self, request: Request) -> ApiToken:
+        """The token a request came with (its name is the actor of what it does)."""
+        return self.tokens.check(request.headers.get("authorization", ""))
 
     async def body_of(self, request: Request) -> dict[str, Any]:
         """The request's JSON object body (``{}`` when empty); 413, 408 and 422 as due."""
@@ -226,14 +206,16 @@ class Api:
 def create_app(
     backend: Backend,
     *,
-    token: str | None = None,
-    read_token: str | None = None,
+    token: str | Sequence[str] | None = None,
+    read_token: str | Sequence[str] | None = None,
     manage_backend: bool = False,
     body_timeout: float = BODY_TIMEOUT,
 ) -> Starlette:
-    """The ASGI app over ``backend``. With ``manage_backend`` the app's lifespan connects
-    and closes it (for an embedded backend: starts and stops its engine)."""
-    api = Api(backend, _Tokens(token, read_token), body_timeout)
+    """The ASGI app over ``backend``. ``token``/``read_token``: one or several, each
+    ``NAME=SECRET`` or a bare secret (see :mod:`backend.tokens`). With ``manage_backend``
+    the app's lifespan connects and closes it (for an embedded backend: starts and stops
+    its engine)."""
+    api = Api(backend, Tokens.from_options(token, read_token), body_timeout)
     routes = [route for module in ROUTE_MODULES for route in module(api)]
     schemas = SchemaGenerator(
         {
@@ -282,6 +264,7 @@ def create_app(
         exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
     )
+    app.state.api = api  # serve ends the event streams through it before stopping
     return app
 
 
@@ -322,16 +305,17 @@ def schedule_routes(api: Api) -> list[Route]:
         ---
         summary: What this server is, and what the caller's token may do
         responses:
-          200: {description: "instance, coordination, store kind, access (read or operate)"}
+          200: {description: "instance, coordination, store kind, access (read or operate), actor (the token's name)"}
         """
-        access = api.tokens.access_of(request)
+        token = api.token_of(request)
         connection = backend.info()
         return JSONResponse(
             {
                 "instance": connection.instance,
                 "coordination": connection.coordination,
                 "store_kind": connection.store_kind,
-                "access": access,
+                "access": token.access,
+                "actor": token.name,
                 "now": iso(await backend.now()),
                 "systems": list(backend.info().systems),
             }
@@ -635,10 +619,26 @@ def schedule_routes(api: Api) -> list[Route]:
     ]
 
 
-from .api_locks import lock_routes  # noqa: E402 - route modules build on Api, above
+def _lock_routes(api: Api) -> list[Route]:
+    from .api_locks import lock_routes
+
+    return lock_routes(api)
+
+
+def _audit_routes(api: Api) -> list[Route]:
+    from .api_audit import audit_routes
+
+    return audit_routes(api)
+
+
+def _event_routes(api: Api) -> list[Route]:
+    from .api_events import event_routes
+
+    return event_routes(api)
+
 
 #: The route modules, each ``routes(api) -> list[Route]``, mounted in this order.
-ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [schedule_routes, lock_routes]
+ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [schedule_routes, _lock_routes, _audit_routes, _event_routes]
 
 
 def _declare_path_parameters(schema: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
+from .audit import AuditLog
 from .backfills import Backfills
 from .catchup import CatchUp
 from .clock import Clock, ManualClock, SystemClock
@@ -34,6 +35,7 @@ from .cluster import Cluster, ClusterCoordinator, ClusterStore
 from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator, SlotClaims
 from .definitions import Definitions
 from .errors import BadInput, NotFound, Refused, Unavailable
+from .events import EventBus
 from .external import ExternalFires
 from .ids import IdFactory
 from .launcher import Launcher
@@ -48,9 +50,11 @@ from .model import (
     Run,
     ScheduleState,
     ScheduleView,
+    iso,
 )
 from .outages import OutageLog
 from .registry import InstanceRegistry, default_instance_name
+from .relay import Relay
 from .runner import DEFAULT_MAX_THREADS, HandlerRunner
 from .schedules import Schedule
 from .states import ScheduleStates
@@ -96,6 +100,7 @@ class Engine:
         ids: Callable[[], str] | None = None,
         lock_clock: Clock | None = None,
         shard_ttl: float = 10.0,
+        actor: str | None = None,
     ) -> None:
         items = list(definitions.items if isinstance(definitions, Definitions) else definitions)
         self.schedules: dict[str, Schedule] = {}
@@ -121,6 +126,12 @@ class Engine:
 
         self.loops = Loops(self.clock)
         self.ledger = RunLedger(self.store)
+        self.events = EventBus()
+        """Change signals (runs, schedules, …) for the event stream and the console."""
+        self.audit = AuditLog(store=self.store, clock=self.clock, new_id=self.new_id, events=self.events, actor=actor)
+        """The audit log of operator actions; ``actor`` names who acts when no token does."""
+        self.relay = Relay(store=self.store, ledger=self.ledger, events=self.events, loops=self.loops)
+        self.states.publish = lambda name: self.events.publish("schedules", name)
         self.outages = OutageLog(self.clock)
         self.runner = HandlerRunner(self.clock, self.loops, max_threads=max_threads)
         self.launcher = Launcher(
@@ -199,8 +210,10 @@ class Engine:
             outages=self.outages,
             instance=self.instance,
             new_id=self.new_id,
+            audit=self.audit,
+            events=self.events,
         )
-        self.subsystems: list[Subsystem] = []
+        self.subsystems: list[Subsystem] = [self.relay, self.audit]
         """The systems beside the schedules (queue, durable, locks), in start order."""
         # Leases expire on the database's clock, unless a test injected a clock to move by hand.
         if lock_clock is None and isinstance(self.clock, ManualClock):
@@ -605,6 +618,7 @@ class Engine:
             raise Unavailable(f'"{name}" not fired: the store cannot record runs now ({health.error})')
         scheduled = self.launcher.launch(schedule, self.clock.now(), "manual", "manual")
         await scheduled.started()
+        await self.audit.record("schedule.fire", name, {"run_id": scheduled.run.id})
         run = await scheduled.finished() if wait else scheduled.run
         await self.flush()
         return run
@@ -621,7 +635,16 @@ class Engine:
         definition, has no next slot and does not fire; enabling it arms its next future slot
         (slots that passed while it was disabled are not caught up)."""
         self.schedule(name)
-        await self.states.set(name, enabled, at=self.clock.now(), by=by or self.instance, note=note)
+        actor = by or self.audit.actor()
+        was = self.is_enabled(name)
+        await self.states.set(name, enabled, at=self.clock.now(), by=actor, note=note)
+        state = self.states.get(name)
+        await self.audit.record(
+            "schedule.enable" if enabled else "schedule.disable",
+            name,
+            {"note": state.note if state is not None else None, "was_enabled": was},
+            actor=actor,
+        )
         return await self.get_schedule(name)
 
     async def fire_external(self, name: str, *, allow_self: bool = False) -> ExternalFiring:
@@ -656,9 +679,14 @@ class Engine:
         """Start firing the slots in ``(start, end]`` in order, in the background (with
         ``skip_succeeded``, only those without a succeeded run); raises :class:`Refused`
         when the plan is refused or one runs for this schedule anywhere."""
-        return await self.backfills.start(
+        progress = await self.backfills.start(
             self.schedule(name), start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
         )
+        detail = {"backfill_id": progress.id, "from": iso(progress.start), "to": iso(progress.end), "count": progress.total}
+        if skip_succeeded:
+            detail["skip_succeeded"] = True
+        await self.audit.record("schedule.backfill", name, detail)
+        return progress
 
     async def succeeded_slots(self, name: str, slots: list[datetime]) -> set[datetime]:
         """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""
@@ -667,7 +695,15 @@ class Engine:
     async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
         """Stop a running backfill of this engine before its next slot (the run in flight
         finishes on its own); recorded ``cancelled`` with what it fired."""
-        return await self.backfills.cancel(backfill_id)
+        running = backfill_id in self.backfills.jobs and self.backfills.jobs[backfill_id].progress.state == "running"
+        progress = await self.backfills.cancel(backfill_id)
+        if running and progress.state == "cancelled":
+            await self.audit.record(
+                "schedule.backfill_cancel",
+                progress.name,
+                {"backfill_id": progress.id, "fired": progress.fired, "failed": progress.failed, "remaining": progress.remaining},
+            )
+        return progress
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
         return await self.backfills.progress(backfill_id)

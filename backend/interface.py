@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
+from .audit import AuditPage
 from .engine import Engine
 from .errors import BadInput, Forbidden, Unavailable
+from .events import READY, STREAM, Signal
 from .inputs import check_before, check_id, check_instant
 from .locks import LockRelease, LocksSnapshot
 from .model import (
@@ -47,7 +49,7 @@ T = TypeVar("T")
 #: How long a health check waits for the instances table before answering without it (seconds).
 HEALTH_READ_TIMEOUT = 2.0
 
-SYSTEMS = ("schedules", "locks")
+SYSTEMS = ("schedules", "locks", "audit")
 """The systems an engine of this version offers (part 2 adds ``jobs``, ``durable``,
 ``locks``, ``audit``); a console shows a view only for a system its backend offers."""
 
@@ -68,6 +70,9 @@ class ConnectionInfo:
     embedded console only when asked to, otherwise it observes and acts)."""
     systems: tuple[str, ...] = SYSTEMS
     """What the backend offers (``schedules``; later ``jobs``, ``durable``, ``locks``, ``audit``)."""
+    actor: str = ""
+    """Who the actions are recorded as: the OS user or ``--as`` (embedded), the token's
+    name (remote)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +84,7 @@ class ConnectionInfo:
             "store_kind": self.store_kind,
             "fires": self.fires,
             "systems": list(self.systems),
+            "actor": self.actor,
         }
 
 
@@ -226,6 +232,17 @@ class Backend(Protocol):
         """Release a lock by force (an operator's action; the next holder gets a greater
         token); ``NotFound`` for a name no lock ever had. Never retried blindly: a second
         release would free the next holder's lock."""
+    async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
+        """A page of the audit log, newest first, by keyset (``before`` an entry id)."""
+
+    def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
+        """Change signals as they happen (see :mod:`backend.events`): first a batch holding
+        a ``ready`` signal (its name says how other instances' changes arrive: ``notify``,
+        ``file`` or ``none``; a ``stream down`` beside it says they do not, for now), then
+        each batch as it comes, and ``[]`` when the stream has been quiet for a while
+        (``idle`` seconds embedded; at the server's ping remotely). ``since`` resumes after
+        the last id seen: what was missed comes first, or a ``resync``. Raises
+        ``Unavailable`` when the stream cannot be had or breaks."""
 
 
 @dataclass
@@ -292,6 +309,7 @@ class EmbeddedBackend:
             read_only=self.read_only,
             store_kind=self.engine.store.kind,
             fires=self.arm,
+            actor=self.engine.audit.default_actor,
         )
 
     async def connect(self) -> ConnectionInfo:
@@ -425,6 +443,21 @@ class EmbeddedBackend:
     async def release_lock(self, name: str) -> LockRelease:
         self._check_can_act("a lock release")
         return await self._call(self.engine.locks.release(name))
+    async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
+        return await self._call(self.engine.audit.list(limit=limit, before=before))
+
+    async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
+        bus = self.engine.events
+        subscription = bus.subscribe(since=since)  # read on the caller's loop, whatever the engine's
+        try:
+            ready = [Signal(since or subscription.start_id, READY, self.engine.relay.stream_kind)]
+            if not bus.live:
+                ready.append(Signal(subscription.start_id, STREAM, "down"))
+            yield ready
+            while not subscription.closed:
+                yield await subscription.get(idle)
+        finally:
+            subscription.close()
 
 #: Bounds of :meth:`Backend.runs_between` (the console asks for what is on screen).
 RUNS_BETWEEN_MAX_NAMES = 500

@@ -16,11 +16,11 @@ import logging
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .clock import Clock
 from .ledger import RunLedger
-from .model import TAG_INTERRUPTED, Outcome, Run, RunContext, RunStatus, Trigger
+from .model import TAG_INTERRUPTED, Outcome, Run, RunContext, RunStatus, Trigger, iso
 from .runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
 from .runner import Outcome as CallOutcome
 from .schedules import Schedule
@@ -47,7 +47,10 @@ class ScheduleRun(Invocation):
 
     def __init__(self, launcher: Launcher, schedule: Schedule, run: Run) -> None:
         super().__init__(
-            f"run {run.id} of {schedule.name}", launcher.max_runtime[schedule.name], launcher.is_async[schedule.name]
+            f"run {run.id} of {schedule.name}",
+            launcher.max_runtime[schedule.name],
+            # A run in a child process takes no thread here: it is awaited like async work.
+            launcher.is_async[schedule.name] or schedule.isolation == "process",
         )
         self.launcher = launcher
         self.schedule = schedule
@@ -60,6 +63,27 @@ class ScheduleRun(Invocation):
     @property
     def thread_name(self) -> str:
         return f"schedtui-run-{self.schedule.name}"
+
+    @property
+    def stopped_how(self) -> str:
+        return "handler's process was killed" if self.schedule.isolation == "process" else super().stopped_how
+
+    def process_spec(self, arg: RunContext) -> dict[str, Any] | None:
+        if self.schedule.isolation != "process":
+            return None
+        return {
+            "file": self.schedule.source_file,
+            "schedule": self.schedule.name,
+            "context": {
+                "name": arg.name,
+                "run_id": arg.run_id,
+                "scheduled_at": iso(arg.scheduled_at),
+                "fired_at": iso(arg.fired_at),
+                "trigger": arg.trigger,
+                "payload": arg.payload,
+                "deadline": iso(arg.deadline),
+            },
+        }
 
     def begin(self, now: datetime) -> RunContext:
         """The handler is about to be called: record the run as started."""

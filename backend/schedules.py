@@ -58,6 +58,12 @@ class Schedule:
     lock_ttl: float = 60.0
     source: str | None = field(default=None, compare=False)
     """Where it was defined, as ``path:line``."""
+    isolation: Literal["process"] | None = None
+    """``"process"``: each run in a child process of its own, which the watchdog can kill."""
+
+    @property
+    def source_file(self) -> str | None:
+        return self.source.rsplit(":", 1)[0] if self.source else None
 
     @property
     def timezone(self) -> str:
@@ -110,8 +116,13 @@ def define_schedule(
     trigger: Trigger | None = None,
     lock: str | None = None,
     lock_ttl: float | timedelta = 60.0,
+    isolation: Literal["process"] | None = None,
 ) -> Schedule:
-    """Define a named cron schedule; raises :class:`DefinitionError` on anything invalid."""
+    """Define a named cron schedule; raises :class:`DefinitionError` on anything invalid.
+
+    ``isolation="process"`` runs each run of it in a child process (see
+    :mod:`backend.isolated`): for handlers that may hang, burn CPU or block the event loop,
+    which the watchdog can then really stop."""
     label = f"define_schedule({name!r})" if isinstance(name, str) else "define_schedule()"
 
     def bad(problem: str) -> DefinitionError:
@@ -154,6 +165,11 @@ def define_schedule(
         json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise bad(f"payload is not JSON-serialisable ({exc})") from None
+    if isolation not in (None, "process"):
+        raise bad(f"isolation {isolation!r} is not one of process (or None: in this process)")
+    source = _caller_location()
+    if isolation == "process" and (source is None or not source.rsplit(":", 1)[0].endswith(".py")):
+        raise bad("isolation='process' needs the schedule defined in a definitions file (its child imports it again)")
     if trigger == "external" and parsed.has_seconds:
         raise bad(
             f'cron "{parsed.expr}" has a seconds field; external schedulers fire at most once a '
@@ -172,11 +188,13 @@ def define_schedule(
         trigger=trigger,  # "manual" was rejected above
         lock=lock,
         lock_ttl=float(lock_ttl.total_seconds() if isinstance(lock_ttl, timedelta) else lock_ttl),
-        source=_caller_location(),
+        source=source,
+        isolation=isolation,
     )
 
 
 def _caller_location() -> str | None:
+    """Where define_schedule was called (the caller of its caller here)."""
     frame = inspect.currentframe()
     try:
         caller = frame.f_back.f_back if frame and frame.f_back else None

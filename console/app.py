@@ -14,7 +14,14 @@ and an injected :class:`~backend.clock.Clock`:
   that freezes a :class:`~backend.clock.ManualClock` gets a frozen, repeatable screen;
 * every :class:`~backend.errors.SchedtuiError` becomes a notification with its title and
   message; a lost connection is shown in the header, the data is marked stale, and the app
-  reconnects with backoff by itself.
+  reconnects with backoff by itself;
+* the data stays fresh by change signals (:meth:`~backend.interface.Backend.changes`: the
+  server's event stream, or the embedded engine's bus): a signal that names what is on
+  screen makes the app read it again, and nothing is read while nothing changes (the
+  heartbeats excepted, every :data:`INSTANCES_LIVE_EVERY`, and everything every
+  :data:`KEEP_FRESH`). While the stream is down the app polls every ``refresh_interval``
+  and tries the stream again with backoff; the header says which (``● live (events)`` or
+  ``(polling)``).
 
 The caller owns the backend's lifetime: it hands in a backend that is not yet connected, the
 app connects it, and the caller closes it after the app has exited (or passes
@@ -23,6 +30,7 @@ app connects it, and the caller closes it after the app has exited (or passes
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -41,6 +49,7 @@ from textual.widgets import ContentSwitcher, Footer, Input, Static
 
 from backend.clock import Clock, SystemClock
 from backend.errors import NotFound, SchedtuiError, Unauthorized, Unavailable
+from backend.events import READY, RESYNC, STREAM, Signal
 from backend.interface import SYSTEMS, Backend, ConnectionInfo
 from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView
 
@@ -63,7 +72,17 @@ BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
 """Delays between reconnect attempts; the last one repeats."""
 
 INSTANCES_EVERY = timedelta(seconds=5)
-"""How often the heartbeats are read (they change every 5 s at most)."""
+"""How often the heartbeats are read while polling (they change every 5 s at most)."""
+
+INSTANCES_LIVE_EVERY = timedelta(seconds=20)
+"""How often the heartbeats are read while change signals flow (no signal says an engine
+stopped beating; an engine counts as firing for 30 s after its last beat)."""
+
+KEEP_FRESH = timedelta(seconds=120)
+"""While change signals flow, everything is read again this often anyway."""
+
+EVENTS_IDLE = 15.0
+"""Seconds of a quiet embedded stream after which it says it is still there."""
 
 STATUS_FILTERS = ("failed", "succeeded", "skipped", "missed", "running", "overdue", "disabled", "enabled", "manual")
 """Filter words that also match by state: ``/failed`` shows the schedules whose last run
@@ -178,6 +197,7 @@ class SchedtuiApp(App[None]):
         after_connect: Callable[[Backend], Awaitable[None]] | None = None,
         close_backend_on_exit: bool = False,
         operator_zone: str | None = None,
+        live_events: bool = True,
     ) -> None:
         super().__init__()
         self.backend = backend
@@ -213,6 +233,16 @@ class SchedtuiApp(App[None]):
         self._refreshing = False
         self._refresh_again = False
         self._lost_reported = False
+        self.live_events = live_events
+        """Follow the backend's change signals (off: poll every ``refresh_interval``)."""
+        self.events_live = False
+        """Change signals flow now: the data on screen is true as of now."""
+        self.event_id: str | None = None
+        """The last signal's id: a new stream resumes after it."""
+        self._events_task: asyncio.Task[None] | None = None
+        self._events_retry_at: datetime | None = None
+        self._events_failures = 0
+        self._instances_now: datetime | None = None
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over SSH and in tmux: no animations unless asked
         if keymap:
@@ -251,6 +281,9 @@ class SchedtuiApp(App[None]):
         self.refresh_data()
 
     async def on_unmount(self) -> None:
+        if self._events_task is not None:
+            self._events_task.cancel()
+            await asyncio.gather(self._events_task, return_exceptions=True)
         if self.close_backend_on_exit:
             try:
                 await self.backend.close()
@@ -296,6 +329,13 @@ class SchedtuiApp(App[None]):
         header.now = now
         self.query_one(FleetBanner).now = now
         view.tick(now)
+        if (
+            self._events_retry_at is not None
+            and now >= self._events_retry_at
+            and self.info is not None
+            and self._retry_at is None
+        ):
+            self._start_events()
         if self._refreshing:
             return
         if self._retry_at is not None:
@@ -303,6 +343,13 @@ class SchedtuiApp(App[None]):
                 self.refresh_data()
         elif not self.paused and self._next_refresh is not None and now >= self._next_refresh:
             self.refresh_data()
+        elif (
+            self.events_live
+            and not self.paused
+            and self._instances_at is not None
+            and now - self._instances_at >= INSTANCES_LIVE_EVERY
+        ):
+            self.refresh_instances()
 
     def backend_now(self) -> datetime:
         """The backend's clock, estimated: its ``now`` at the last snapshot plus the time
@@ -312,8 +359,11 @@ class SchedtuiApp(App[None]):
         return self._snapshot_now + (self.clock.now() - self._snapshot_at)
 
     def data_now(self) -> datetime:
-        """The backend's time when the data on screen was read: what it says is true as of
-        then (overdue is judged against it, so paused or stale data accuses no one)."""
+        """The backend's time as of which the data on screen is true: when it was read
+        (overdue is judged against it, so paused or stale data accuses no one), or now,
+        while change signals flow (no signal: nothing changed)."""
+        if self.events_live and not self.paused and self._snapshot_now is not None:
+            return self.backend_now()
         return self._snapshot_now or self.clock.now()
 
     # ------------------------------------------------------------------------------------
@@ -378,30 +428,109 @@ class SchedtuiApp(App[None]):
             self._lost_reported = False
         self._retry_at = None
         self._failures = 0
-        self._next_refresh = now + self.refresh_interval
+        self._next_refresh = now + (KEEP_FRESH if self.events_live else self.refresh_interval)
         header = self.query_one(ConsoleHeader)
         header.state = "live"
         header.last_ok = now
         header.retry_at = None
         header.now = now
-        if self.info is not None and self.instances is not None:
-            self.fleet = fleet_of(self.instances, self.data_now(), self.info, self.views)
-        header.fleet = self.fleet
-        self.query_one(FleetBanner).fleet = self.fleet
+        self._update_fleet()
         self.query_one("#main").remove_class("-stale")
         if view is self.active_view:
             view.show()
         self.post_message(self.Refreshed())
 
-    async def _read_instances(self) -> None:
+    async def _read_instances(self, *, force: bool = False) -> None:
         now = self.clock.now()
-        if self._instances_at is not None and now - self._instances_at < INSTANCES_EVERY:
+        if not force and self._instances_at is not None and now - self._instances_at < INSTANCES_EVERY:
             return
         try:
             self.instances = await self.backend.instances()
         except NotFound:  # a server older than this console: it cannot say who fires
             self.instances = None
         self._instances_at = now
+        self._instances_now = self.backend_now()
+
+    def _update_fleet(self) -> None:
+        """Who fires, as of when the heartbeats were read (not later: an engine that beat
+        then is not accused of silence because the console has not looked since)."""
+        if self.info is not None and self.instances is not None:
+            self.fleet = fleet_of(self.instances, self._instances_now or self.data_now(), self.info, self.views)
+        self.query_one(ConsoleHeader).fleet = self.fleet
+        self.query_one(FleetBanner).fleet = self.fleet
+
+    @work(group="instances", exclusive=True, exit_on_error=False)
+    async def refresh_instances(self) -> None:
+        """Read the heartbeats alone (while change signals keep the rest fresh)."""
+        self._instances_at = self.clock.now()  # once per period, even when it fails
+        try:
+            await self._read_instances(force=True)
+        except SchedtuiError:
+            return  # the next full refresh reports it
+        self._update_fleet()
+
+    # ------------------------------------------------------------------------------------
+    # change signals
+    # ------------------------------------------------------------------------------------
+    def _start_events(self) -> None:
+        """Follow the backend's change signals (an asyncio task, not a worker: it never ends
+        by itself, and tests wait for the workers)."""
+        if not self.live_events or (self._events_task is not None and not self._events_task.done()):
+            return
+        self._events_retry_at = None
+        self._events_task = asyncio.ensure_future(self._follow_events())
+
+    async def _follow_events(self) -> None:
+        why = "the event stream ended"
+        try:
+            async for batch in self.backend.changes(since=self.event_id, idle=EVENTS_IDLE):
+                self.on_signals(batch)
+        except SchedtuiError as exc:
+            why = exc.message
+        except Exception as exc:  # never let it take the console down
+            self.log.error(f"event stream failed: {exc!r}")
+            why = f"{type(exc).__name__}: {exc}"
+        self._events_down(why)
+
+    def on_signals(self, batch: list[Signal]) -> None:
+        """Act on a batch of change signals: read again what they name, if it is on screen."""
+        refresh = False
+        feed: bool | None = None
+        topics = ("runs", "schedules", *self.active_view.topics)
+        for signal in batch:
+            if signal.id:
+                self.event_id = signal.id
+            if signal.topic == READY:
+                feed, refresh = True, True  # and read what changed while the stream was not there
+                self._events_failures = 0
+            elif signal.topic == STREAM:
+                feed, refresh = signal.name == "up", True
+            elif signal.topic == RESYNC or signal.topic in topics:
+                refresh = True
+        if feed is not None:
+            self._set_feed(feed)
+        if refresh and not self.paused and self.info is not None:
+            self.request_refresh()
+
+    def _set_feed(self, events: bool) -> None:
+        if events == self.events_live:
+            return
+        self.events_live = events
+        self.query_one(ConsoleHeader).feed = "events" if events else "polling"
+        now = self.clock.now()
+        if self._next_refresh is not None:
+            self._next_refresh = now + (KEEP_FRESH if events else self.refresh_interval)
+
+    def _events_down(self, why: str) -> None:
+        """The stream ended: poll until it is back (tried again with backoff)."""
+        try:
+            self._set_feed(False)
+        except NoMatches:  # the app is shutting down
+            return
+        delay = BACKOFF_SECONDS[min(self._events_failures, len(BACKOFF_SECONDS) - 1)]
+        self._events_failures += 1
+        self._events_retry_at = self.clock.now() + timedelta(seconds=delay)
+        self.log.info(f"event stream down ({why}); polling, trying it again in {delay}s")
 
     async def _connected(self, info: ConnectionInfo) -> None:
         first = self.info is None
@@ -411,6 +540,7 @@ class SchedtuiApp(App[None]):
         header.where = self.where or short_where(info)
         self.read_only = self.read_only_flag or info.read_only or self.backend.read_only
         self._update_tabs()
+        self._start_events()
         if first and self.after_connect is not None:
             try:
                 await self.after_connect(self.backend)
@@ -707,6 +837,8 @@ class SchedtuiApp(App[None]):
         if self.info is None:
             self.query_one(ConsoleHeader).state = "connecting"
         self._instances_at = None
+        if self._events_retry_at is not None and self.info is not None:
+            self._start_events()  # and the event stream, now
         self.request_refresh()
 
     async def action_quit(self) -> None:

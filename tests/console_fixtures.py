@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from backend import Engine, ManualClock, Run, Schedule, define_schedule
+from backend.audit import AuditEntry, AuditPage
+from backend.events import Signal
 from backend.clock import Clock
 from backend.errors import Unavailable
 from backend.ids import IdFactory
@@ -104,7 +107,7 @@ async def build_ledger(folder: Path) -> str:
     clock = ManualClock(START)
     engine = Engine(
         console_schedules(clock), url, clock=clock, instance="web-1", coordination="advisoryLock",
-        ids=seeded_ids(clock, 7), shutdown_grace=0,
+        ids=seeded_ids(clock, 7), shutdown_grace=0, actor="alice",
     )
     await engine.open()
     # History from before this deployment became a fleet: one instance, coordination single.
@@ -205,6 +208,21 @@ async def add_timeline_history(url: str) -> None:
     store = open_store(url)
     await store.open()
     store.save_runs(sorted(runs, key=lambda r: r.id))
+    # What operators did in that hour (the fixture's minute adds alice's and ops' actions).
+    audit_clock = ManualClock("2026-03-02T07:00:00Z")
+    audit_ids = seeded_ids(audit_clock, 41)
+    for at, actor, action, target, detail in [
+        ("07:40:12", "carol", "schedule.disable", "stuck-import",
+         {"note": "partner feed down, INC-2231", "was_enabled": True}),
+        ("07:47:03", "carol", "schedule.enable", "stuck-import", {"note": None, "was_enabled": False}),
+        ("07:55:00", "bob", "schedule.backfill", "billing-webhook",
+         {"backfill_id": "01KJP9ZV800000000000000000", "from": "2026-03-02T07:39:00Z",
+          "to": "2026-03-02T07:41:00Z", "count": 2}),
+        ("07:58:40", "ci-deploy@ops", "schedule.fire", "heartbeat", {"run_id": "01KJPA9W0000000000000000AB"}),
+    ]:  # fmt: skip
+        audit_clock.set(datetime.fromisoformat(f"2026-03-02T{at}+00:00"))
+        entry = AuditEntry(audit_ids(), audit_clock.now(), actor, action, target, detail)
+        await store.append_audit(entry)  # type: ignore[attr-defined]
     await store.close()
 
 
@@ -321,3 +339,15 @@ class FlakyBackend:
         self._check()
         result: BackfillProgress = await self.inner.wait_backfill(backfill_id)
         return result
+
+    async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
+        self._check()
+        result: AuditPage = await self.inner.audit(limit=limit, before=before)
+        return result
+
+    async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
+        """The inner backend's stream, ended (as a broken connection ends it) once ``down``."""
+        self._check()
+        async for batch in self.inner.changes(since=since, idle=idle):
+            self._check()
+            yield batch

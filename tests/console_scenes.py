@@ -144,6 +144,7 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "durable": ({}, _keys("4")),
     "locks": ({}, _keys("5")),
     "audit": ({}, _keys("6")),
+    "audit-filter": ({}, _keys("6", "slash", "c", "a", "r", "o", "l", "enter", "down")),
     "backfill-ok": ({}, _backfill("-1m")),
     "backfill-confirm": ({}, _backfill("2026-03-02T07:50:00Z", "2026-03-02T07:55:00Z", confirm="29")),
     "backfill-refused": ({}, _backfill("-1h", "+1h")),

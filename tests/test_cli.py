@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from backend import Engine, ManualClock, Run, define_schedule
+from backend.audit import os_user
 from backend.interface import EmbeddedBackend
 from backend.store.sqlite import SQLiteStore
 from tests.conftest import expect
@@ -304,7 +305,7 @@ def test_fire_an_external_schedule(cli: Cli) -> None:
 # enable / disable
 # ---------------------------------------------------------------------------------------
 def test_disable_with_a_note_then_enable(cli: Cli) -> None:
-    done = cli.ok("disable", "hourly", "--note", "db migration tonight", "--instance", "ops-alice")
+    done = cli.ok("disable", "hourly", "--note", "db migration tonight", "--as", "ops-alice")
     assert done.stdout == "hourly disabled (db migration tonight)\n"
     hourly = cli.schedules()["hourly"]
     assert (hourly["enabled"], hourly["next_fire_at"]) == (False, None)
@@ -324,7 +325,7 @@ def test_disable_with_a_note_then_enable(cli: Cli) -> None:
     assert hourly["enabled"] is True
     assert hourly["next_fire_at"] is not None and hourly["next_fire_at"].endswith(":00:00Z")
     assert hourly["state_note"]["note"] is None
-    assert INSTANCE_RE.match(hourly["state_note"]["by"])
+    assert hourly["state_note"]["by"] == os_user()  # a person, not a process
 
 
 def test_disable_json(cli: Cli) -> None:

@@ -336,6 +336,22 @@ async def test_with_lock_returns_value_or_error_and_never_overlaps(engines: Call
     assert threaded.value == threaded.token
 
 
+async def test_a_forced_release_is_audited_and_every_change_is_signalled(engines: Callable[..., Engine]) -> None:
+    holder, operator = engines(), engines(actor="alice")
+    await holder.open()
+    await operator.open()
+    inbox = holder.events.subscribe()
+    lease = await holder.locks.acquire("rollup", ttl=30)
+    assert lease is not None
+    assert ("locks", "rollup") in [(s.topic, s.name) for s in await inbox.get(1)]
+    await operator.locks.release("rollup")
+    [entry] = (await operator.audit.list()).entries
+    assert (entry.actor, entry.action, entry.target) == ("alice", "lock.release", "rollup")
+    assert entry.detail == {"released": True, "holder": holder.instance, "token": lease.token}
+    await lease.release()
+    assert ("locks", "rollup") in [(s.topic, s.name) for s in await inbox.get(1)]
+
+
 @pytest.mark.parametrize("ttl", [0, -1, 86_401, "60", True, float("nan")])
 async def test_bad_ttls_and_names_are_refused_naming_the_value(engines: Callable[..., Engine], ttl: Any) -> None:
     a = engines()

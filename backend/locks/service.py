@@ -78,6 +78,8 @@ class Locks:
         self.store = cast(LockStore, shared.store)
         self.loops = shared.loops
         self.instance = shared.instance
+        self.audit = shared.audit
+        self.events = shared.events
         self.lock_clock = lock_clock
         self._leases: set[Lease] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -131,6 +133,7 @@ class Locks:
             return None
         lease = Lease(self, lock, span, asked_at)
         self._leases.add(lease)
+        self.events.publish("locks", name)
         self._spawn(self._keep(lease), f"lease {name}#{lease.token}")
         return lease
 
@@ -149,6 +152,7 @@ class Locks:
         except Unavailable as exc:
             log.warning('lock "%s" (token %d) not released (%s); it expires by itself at %s',
                         lease.name, lease.token, exc, iso(lease.expires_at))
+        self.events.publish("locks", lease.name)
 
     def release_soon(self, lease: Lease) -> None:
         """Release in the background (from code that cannot wait)."""
@@ -326,6 +330,10 @@ class Locks:
             raise NotFound(f'no lock named "{name}"')
         if done.released:
             log.warning('lock "%s" released by force (holder %s, token %d)', name, done.lock.holder, done.lock.token)
+        await self.audit.record(
+            "lock.release", name, {"released": done.released, "holder": done.lock.holder, "token": done.lock.token}
+        )
+        self.events.publish("locks", name)
         return done
 
     # -- locked schedule runs ------------------------------------------------------------------

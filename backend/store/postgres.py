@@ -47,6 +47,8 @@ from ..model import (
 )
 from . import redact_url
 from .migrations import components_of, migrate_postgres
+from .postgres_audit import PostgresAudit
+from .postgres_events import PostgresEvents
 from .postgres_cluster import PostgresCluster
 from .postgres_locks import PostgresLocks
 from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
@@ -479,7 +481,7 @@ def _connection_lost(exc: psycopg.Error) -> bool:
     return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
-class PostgresStore(PostgresLocks, PostgresCluster):
+class PostgresStore(PostgresLocks, PostgresCluster, PostgresAudit, PostgresEvents):
     """The fleet store. ``PostgresStore("postgresql://user:pass@host:5432/db")``.
 
     Tables are created in the first schema of the connection's ``search_path`` (add

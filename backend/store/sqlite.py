@@ -44,6 +44,8 @@ from ..model import (
 )
 from .migrations import components_of, migrate_sqlite
 from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
+from .sqlite_audit import SQLiteAudit
+from .sqlite_events import SQLiteEvents
 from .sqlite_locks import SQLiteLocks
 
 log = logging.getLogger("schedtui.store")
@@ -346,6 +348,17 @@ class _Flush:
         self.target = 0
 
 
+class _Peek:
+    """A read on the writer's own connection, outside any transaction (see
+    :mod:`backend.store.sqlite_events`)."""
+
+    __slots__ = ("fn", "future")
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
+        self.fn = fn
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+
 class _Writer(threading.Thread):
     """Owns the write connection; group-commits run upserts; runs other writes in order.
 
@@ -427,6 +440,12 @@ class _Writer(threading.Thread):
                     pass
                 elif isinstance(item, list):
                     self._take(item)
+                elif isinstance(item, _Peek):
+                    if item.future.set_running_or_notify_cancel():
+                        try:
+                            item.future.set_result(item.fn(conn))
+                        except BaseException as exc:
+                            item.future.set_exception(exc)
                 elif isinstance(item, _Flush):
                     if item.future.set_running_or_notify_cancel():
                         item.target = self.taken
@@ -648,7 +667,7 @@ class _Writer(threading.Thread):
         return StoreHealth("ok", waiting=waiting)
 
 
-class SQLiteStore(SQLiteLocks):
+class SQLiteStore(SQLiteLocks, SQLiteAudit, SQLiteEvents):
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
     ``create=False`` refuses a file that does not exist (:class:`NotFound`, naming it) instead
@@ -839,6 +858,18 @@ class SQLiteStore(SQLiteLocks):
             if not _is_trouble(exc):
                 raise
             raise Unavailable(f'the store "{self.path}" is unavailable: {exc}') from exc
+
+    async def _peek(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` on the writer's connection, between its transactions (a read only)."""
+        peek = _Peek(fn)
+        self._open_writer().jobs.put(peek)
+        try:
+            result: T = await asyncio.wrap_future(peek.future)
+        except sqlite3.Error as exc:
+            if not _is_trouble(exc):
+                raise
+            raise Unavailable(f'the store "{self.path}" is unavailable: {exc}') from exc
+        return result
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def job() -> T:

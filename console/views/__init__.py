@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .audit import AuditView
 from .base import UnavailableView, View
 from .locks import LocksView
 from .schedules import SchedulesView
@@ -40,7 +41,7 @@ VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("jobs", "3", "Jobs", "jobs", "job queues: queued, running and dead jobs", None),
     ViewSpec("durable", "4", "Durable", "durable", "durable executions and their steps", None),
     ViewSpec("locks", "5", "Locks", "locks", "project locks: holders, fencing tokens, expiries", LocksView),
-    ViewSpec("audit", "6", "Audit", "audit", "who did what, and when", None),
+    ViewSpec("audit", "6", "Audit", "audit", "who did what, and when; / filters, ] reads older", AuditView),
 )
 
 

@@ -32,6 +32,9 @@ class View(Vertical):
     """
 
     view_id: ClassVar[str] = ""
+    topics: ClassVar[tuple[str, ...]] = ()
+    """Change signals (besides ``runs`` and ``schedules``, which every view follows) that
+    make the app refresh while this view is on screen (see :mod:`backend.events`)."""
 
     @property
     def console(self) -> SchedtuiApp:

@@ -4,6 +4,7 @@ was last renewed; ``x`` releases the selected one by force, after asking."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import ClassVar
 
 from rich.text import Text
 from textual import work
@@ -96,6 +97,7 @@ class LocksView(View):
     """The lock table, refreshed with the app; countdowns tick between refreshes."""
 
     view_id = "locks"
+    topics: ClassVar[tuple[str, ...]] = ("locks",)
 
     BINDINGS = [
         Binding("x", "release_lock", "Release", id="release_lock",

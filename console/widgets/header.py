@@ -15,9 +15,10 @@ from backend.interface import ConnectionInfo
 from .. import format as fmt
 from ..fleet import Fleet
 
-__all__ = ["ConnectionState", "ConsoleHeader", "FleetBanner"]
+__all__ = ["ConnectionState", "ConsoleHeader", "Feed", "FleetBanner"]
 
 ConnectionState = Literal["connecting", "live", "lost", "error"]
+Feed = Literal["events", "polling"]
 
 
 class ConsoleHeader(Widget):
@@ -51,6 +52,8 @@ class ConsoleHeader(Widget):
     """The clock's time at the last tick; ages are measured against it."""
     fleet: reactive[Fleet | None] = reactive(None)
     """Who fires, from the heartbeats (``None`` until read, or when the backend cannot say)."""
+    feed: reactive[Feed] = reactive("polling")
+    """How the data stays fresh: change signals (``events``), or reading it again and again."""
 
     def render(self) -> Content:
         # Most telling first: what is true now, then what it is connected to (cut at 80 columns).
@@ -102,7 +105,9 @@ class ConsoleHeader(Widget):
             return "[b $text-error]✗ not connected[/] [$text-muted](ctrl+r retries)[/]"
         if self.paused:
             return f"[b $text-warning]⏸ paused[/] [$text-muted]data {age}[/]"
-        return f"[$text-success]● live[/] [$text-muted]{age}[/]"
+        if self.feed == "events":
+            return "[$text-success]● live[/] [$text-muted](events)[/]"  # signals keep it current: no age
+        return f"[$text-success]● live[/] [$text-muted](polling) {age}[/]"
 
 
 class FleetBanner(Widget):
