@@ -34,6 +34,7 @@ from .model import (
 )
 from .definitions import Definitions, discover, discover_definitions
 from .jobs import Job, JobContext, JobDetail, Queue, QueueFull, QueueView, Sent, define_queue
+from .locks import Lease, LeaseLost, LockNotAcquired, LockResult, StaleLease
 from .schedules import Schedule, define_schedule
 from .store import open_store
 
@@ -54,7 +55,11 @@ __all__ = [
     "Job",
     "JobContext",
     "JobDetail",
+    "Lease",
+    "LeaseLost",
     "ListenError",
+    "LockNotAcquired",
+    "LockResult",
     "ManualClock",
     "NotFound",
     "Queue",
@@ -68,6 +73,7 @@ __all__ = [
     "ScheduleView",
     "SchedtuiError",
     "Sent",
+    "StaleLease",
     "StateNote",
     "SyncClient",
     "SystemClock",

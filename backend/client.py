@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .engine import Engine
+from .locks.sync import SyncLocks
 from .model import BackfillPlan, BackfillProgress, Run, ScheduleView
 from .definitions import discover_definitions
 from .store import open_store
@@ -93,6 +94,8 @@ class Client:
         self.schedules = ScheduleActions(engine, actor)
         self.jobs = engine.jobs.actions.acting_as(actor)
         """Send jobs and act on queues (:class:`~backend.jobs.actions.JobActions`)."""
+        self.locks = engine.locks
+        """Leases on named locks: ``with_lock``, ``hold``, ``list``, ``release``."""
 
     @property
     def where(self) -> str:
@@ -180,6 +183,7 @@ class SyncClient:
         self.client = client
         self.schedules: Any = _Blocking(client.schedules, loop)
         self.jobs: Any = _Blocking(client.jobs, loop)
+        self.locks = SyncLocks(client.locks, loop.run)
 
     @property
     def where(self) -> str:

@@ -25,12 +25,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from .audit import AuditLog
 from .backfills import Backfills
 from .catchup import CatchUp
-from .clock import Clock, SystemClock
+from .clock import Clock, ManualClock, SystemClock
+from .cluster import Cluster, ClusterCoordinator, ClusterStore
 from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator, SlotClaims
 from .definitions import Definitions
 from .errors import BadInput, NotFound, Refused, Unavailable
@@ -41,6 +42,7 @@ from .jobs.definition import Queue
 from .jobs.system import Jobs
 from .launcher import Launcher
 from .ledger import RunLedger, RunListener
+from .locks import Locks
 from .loops import Loops
 from .model import (
     BackfillPlan,
@@ -98,6 +100,8 @@ class Engine:
         external_early: timedelta = timedelta(seconds=5),
         max_threads: int = DEFAULT_MAX_THREADS,
         ids: Callable[[], str] | None = None,
+        lock_clock: Clock | None = None,
+        shard_ttl: float = 10.0,
         actor: str | None = None,
     ) -> None:
         items = list(definitions.items if isinstance(definitions, Definitions) else definitions)
@@ -118,6 +122,9 @@ class Engine:
         self._opened = False
         self._started = False
         self._stopping = False
+        self._cluster_fallback = False
+        self.cluster: Cluster | None = None
+        """This instance's shards, in ``cluster`` coordination."""
 
         self.loops = Loops(self.clock)
         self.ledger = RunLedger(self.store)
@@ -222,6 +229,31 @@ class Engine:
                     schedule.name,
                     schedule.queue,
                 )
+        # Leases expire on the database's clock, unless a test injected a clock to move by hand.
+        if lock_clock is None and isinstance(self.clock, ManualClock):
+            lock_clock = self.clock
+        self.locks = Locks(self.shared, lock_clock=lock_clock)
+        self.launcher.locks = self.locks
+        self.subsystems.append(self.locks)
+        if isinstance(self.coordinator, ClusterCoordinator):
+            self.cluster = Cluster(
+                store=cast(ClusterStore, self.store),
+                clock=self.clock,
+                loops=self.loops,
+                registry=self.registry,
+                outages=self.outages,
+                instance=self.instance,
+                schedules=[s for s in self.schedules.values() if self._trigger_of(s) == "self"],
+                catch_up=self.catch_up,
+                timers=self.timers,
+                is_enabled=self.is_enabled,
+                lock_now=self.locks.lock_now,
+                ttl=timedelta(seconds=shard_ttl),
+                poll=self.state_poll_interval,
+            )
+            self.coordinator.cluster = self.cluster
+            self.timers.may_arm = self.cluster.owns  # only what this instance's shards hold
+            self.subsystems.append(self.cluster)
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
             raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")
@@ -266,7 +298,12 @@ class Engine:
             return SingleCoordinator()
         if mode == "advisoryLock":
             return ClaimCoordinator(self.store)
-        raise BadInput(f'coordination "{mode}" is not one of single, advisoryLock')
+        if mode == "cluster":
+            if self.store.kind != "postgresql":
+                self._cluster_fallback = True  # said loudly at start
+                return SingleCoordinator()
+            return ClusterCoordinator(cast(ClusterStore, self.store))
+        raise BadInput(f'coordination "{mode}" is not one of single, advisoryLock, cluster')
 
     @property
     def coordinator(self) -> Coordinator:
@@ -335,8 +372,17 @@ class Engine:
             )
         else:
             log.info("claims retention: off (claims are only pruned by the schedules that win new ones)")
+        if self._cluster_fallback:
+            log.warning(
+                "COORDINATION: cluster needs a PostgreSQL store; the store %s is %s, so this instance falls "
+                "back to single: it fires every schedule itself, and a second instance would fire them all again",
+                self.store.where,
+                self.store.kind,
+            )
         now = self.clock.now()
         for schedule in self.schedules.values():
+            if self.cluster is not None:
+                break  # each schedule is caught up when its shard is taken
             if self._trigger_of(schedule) == "self" and self.is_enabled(schedule.name):
                 self.catch_up.at_boot(schedule, now)
         self.timers.start()
@@ -379,7 +425,11 @@ class Engine:
     def armed(self) -> bool:
         """True once every enabled self-triggered schedule is armed and none is catching up."""
         wanted = sum(
-            1 for s in self.schedules.values() if self._trigger_of(s) == "self" and self.is_enabled(s.name)
+            1
+            for s in self.schedules.values()
+            if self._trigger_of(s) == "self"
+            and self.is_enabled(s.name)
+            and (self.cluster is None or self.cluster.owns(s.name))
         )
         return len(self.timers.wheel) >= wanted and not self.catch_up.busy
 
@@ -480,14 +530,21 @@ class Engine:
     async def _views(self, names: list[str]) -> list[ScheduleView]:
         last = await self.store.last_runs(names)
         latest = await self.store.last_runs(names, manual=True)
+        owners = await self.cluster.owners() if self.cluster is not None else None
         views = []
         for name in names:
             newest = latest.get(name)
             manual = newest if newest is not None and newest.trigger == "manual" else None
-            views.append(self._view(self.schedules[name], last.get(name), manual))
+            views.append(self._view(self.schedules[name], last.get(name), manual, owners))
         return views
 
-    def _view(self, schedule: Schedule, last_run: Run | None, latest_manual: Run | None = None) -> ScheduleView:
+    def _view(
+        self,
+        schedule: Schedule,
+        last_run: Run | None,
+        latest_manual: Run | None = None,
+        owners: dict[str, str | None] | None = None,
+    ) -> ScheduleView:
         state = self.states.get(schedule.name)
         enabled = state.enabled if state is not None else schedule.enabled
         return ScheduleView(
@@ -505,6 +562,8 @@ class Engine:
             next_fire_at=self._next_fire(schedule, enabled),
             last_run=last_run,
             latest_manual=latest_manual,
+            owner=owners.get(schedule.name) if owners is not None else None,
+            sharded=owners is not None,
         )
 
     async def list_runs(

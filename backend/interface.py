@@ -22,6 +22,7 @@ from .errors import BadInput, Forbidden, Unavailable
 from .events import READY, STREAM, Signal
 from .inputs import check_before, check_id, check_instant
 from .jobs.model import Job, JobDetail, JobsPage, QueueView, Sent
+from .locks import LockRelease, LocksSnapshot
 from .model import (
     BackfillPlan,
     BackfillProgress,
@@ -49,7 +50,7 @@ T = TypeVar("T")
 #: How long a health check waits for the instances table before answering without it (seconds).
 HEALTH_READ_TIMEOUT = 2.0
 
-SYSTEMS = ("schedules", "jobs", "audit")
+SYSTEMS = ("schedules", "jobs", "locks", "audit")
 """The systems an engine of this version offers (part 2 adds ``jobs``, ``durable``,
 ``locks``, ``audit``); a console shows a view only for a system its backend offers."""
 
@@ -224,6 +225,14 @@ class Backend(Protocol):
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         """Return the backfill's progress once it is no longer ``running``."""
 
+    # -- locks ------------------------------------------------------------------------
+    async def list_locks(self) -> LocksSnapshot:
+        """Every lock (held, expired or free) with the lock clock's ``now``."""
+
+    async def release_lock(self, name: str) -> LockRelease:
+        """Release a lock by force (an operator's action; the next holder gets a greater
+        token); ``NotFound`` for a name no lock ever had. Never retried blindly: a second
+        release would free the next holder's lock."""
     async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
         """A page of the audit log, newest first, by keyset (``before`` an entry id)."""
 
@@ -458,6 +467,12 @@ class EmbeddedBackend:
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         return await self._call(self.engine.wait_backfill(check_id(backfill_id, "backfill")))
 
+    async def list_locks(self) -> LocksSnapshot:
+        return await self._call(self.engine.locks.list())
+
+    async def release_lock(self, name: str) -> LockRelease:
+        self._check_can_act("a lock release")
+        return await self._call(self.engine.locks.release(name))
     async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
         return await self._call(self.engine.audit.list(limit=limit, before=before))
 

@@ -16,7 +16,7 @@ import logging
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .clock import Clock
 from .ledger import RunLedger
@@ -25,6 +25,9 @@ from .runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSatu
 from .runner import Outcome as CallOutcome
 from .schedules import Schedule
 from .store import Store
+
+if TYPE_CHECKING:
+    from .locks import Lease, Locks
 
 __all__ = ["Launcher", "ScheduleRun"]
 
@@ -40,7 +43,7 @@ PLACE_WAIT_S = 2.0
 class ScheduleRun(Invocation):
     """A run of a schedule: its ledger row, and futures for whoever waits on it."""
 
-    __slots__ = ("_finished", "_started", "launcher", "run", "schedule")
+    __slots__ = ("_finished", "_started", "launcher", "lease", "run", "schedule")
 
     def __init__(self, launcher: Launcher, schedule: Schedule, run: Run) -> None:
         super().__init__(
@@ -52,6 +55,8 @@ class ScheduleRun(Invocation):
         self.launcher = launcher
         self.schedule = schedule
         self.run = run
+        self.lease: Lease | None = None
+        """The lease of the schedule's lock, while the run holds it."""
         self._started: asyncio.Future[ScheduleRun] | None = None
         self._finished: asyncio.Future[Run] | None = None
 
@@ -97,6 +102,8 @@ class ScheduleRun(Invocation):
             payload=self.schedule.payload,
             deadline=deadline,
             jobs=self.launcher.jobs,
+            lease=self.lease,
+            locks=self.launcher.locks,
         )
 
     def settled(self, outcome: CallOutcome) -> None:
@@ -161,6 +168,8 @@ class Launcher:
         :meth:`place`) and that are not recorded finished yet."""
         self.jobs: Any = None
         """What handlers get as ``ctx.jobs`` (the engine's job queue actions)."""
+        self.locks: Locks | None = None
+        """Takes the lock of a schedule defined with ``lock=`` before its runs start."""
         self._batch: tuple[list[Run], asyncio.Future[None]] | None = None
         self._slow_flush: asyncio.Future[None] | None = None
 
@@ -222,12 +231,18 @@ class Launcher:
             scheduled.gate = self._place_soon(run)
         self.inflight[schedule.name] += 1
         self.active[run.id] = scheduled
+        if schedule.lock is not None and self.locks is not None:
+            self.locks.guard(scheduled, lambda: self._start(scheduled))
+        else:
+            self._start(scheduled)
+        return scheduled
+
+    def _start(self, scheduled: ScheduleRun) -> None:
         try:
-            self.runner.start(scheduled, schedule.handler)
+            self.runner.start(scheduled, scheduled.schedule.handler)
         except RunnerSaturated as exc:
             log.warning("%s not started: %s", scheduled.label, exc)
             scheduled.settle(CallOutcome("skipped", self.clock.now(), TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
-        return scheduled
 
     def place(self, runs: list[Run]) -> asyncio.Future[None]:
         """Hand the ``running`` rows of runs about to start to the store now; the future
@@ -301,6 +316,8 @@ class Launcher:
             log.info("%s failed: %s: %s\n%s", scheduled.label, error_tag, error_message, traceback.rstrip())
         self.ledger.record(scheduled.run)
         self.active.pop(scheduled.run.id, None)
+        if scheduled.lease is not None and self.locks is not None:
+            self.locks.release_soon(scheduled.lease)
         name = scheduled.schedule.name
         self.inflight[name] -= 1
         if scheduled._started is not None and not scheduled._started.done():

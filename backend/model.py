@@ -10,19 +10,22 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+if TYPE_CHECKING:
+    from .locks import Lease, Locks
 
 RunStatus = Literal["succeeded", "failed", "skipped", "missed", "running"]
 Trigger = Literal["self", "external", "manual"]
-CoordinationMode = Literal["single", "advisoryLock"]
-Outcome = Literal["single", "wonLock", "external", "manual"]
+CoordinationMode = Literal["single", "advisoryLock", "cluster"]
+Outcome = Literal["single", "wonLock", "cluster", "external", "manual"]
 OverlapPolicy = Literal["skip", "queue", "parallel"]
 BackfillPolicy = Literal["skip", "latest", "all"]
 
 RUN_STATUSES: Final = ("succeeded", "failed", "skipped", "missed", "running")
 TRIGGERS: Final = ("self", "external", "manual")
-COORDINATION_MODES: Final = ("single", "advisoryLock")
-OUTCOMES: Final = ("single", "wonLock", "external", "manual")
+COORDINATION_MODES: Final = ("single", "advisoryLock", "cluster")
+OUTCOMES: Final = ("single", "wonLock", "cluster", "external", "manual")
 OVERLAP_POLICIES: Final = ("skip", "queue", "parallel")
 BACKFILL_POLICIES: Final = ("skip", "latest", "all")
 
@@ -351,8 +354,14 @@ class ScheduleView:
     latest_manual: Run | None = None
     """The schedule's newest run by scheduled time when that run is manual (a Run now, or a
     backfill reaching past ``last_run``); ``None`` otherwise."""
+    owner: str | None = None
+    """In ``cluster`` coordination: the instance holding the schedule's shard (``None``
+    while nobody holds it); see :attr:`sharded`."""
+    sharded: bool = False
+    """Whether the engine coordinates in ``cluster`` mode (then the JSON carries ``owner``)."""
 
     def to_json(self) -> dict[str, Any]:
+        extra = {"owner": self.owner} if self.sharded else {}
         return {
             "name": self.name,
             "cron": self.cron,
@@ -368,6 +377,7 @@ class ScheduleView:
             "next_fire_at": iso(self.next_fire_at),
             "last_run": self.last_run.to_json() if self.last_run else None,
             "latest_manual": self.latest_manual.to_json() if self.latest_manual else None,
+            **extra,
         }
 
     @classmethod
@@ -387,6 +397,8 @@ class ScheduleView:
             next_fire_at=parse_iso(data["next_fire_at"]) if data.get("next_fire_at") else None,
             last_run=Run.from_json(data["last_run"]) if data.get("last_run") else None,
             latest_manual=Run.from_json(data["latest_manual"]) if data.get("latest_manual") else None,
+            owner=data.get("owner"),
+            sharded="owner" in data,
         )
 
 
@@ -583,3 +595,7 @@ class RunContext:
     jobs: Any = field(default=None, repr=False, compare=False)
     """The job queue's actions (``backend.jobs.actions.JobActions``): send jobs from the
     handler with ``await ctx.jobs.send(...)`` (a sync handler: ``ctx.jobs.sync.send(...)``)."""
+    lease: Lease | None = None
+    """The lease of the schedule's ``lock``, for its fencing token (``None`` without one)."""
+    locks: Locks | None = None
+    """The engine's locks, for handlers that take locks of their own."""

@@ -31,6 +31,8 @@ from .inputs import check_before, check_id, check_instant, check_note, is_id
 from .interface import SYSTEMS, ConnectionInfo, RunsPage, SchedulesSnapshot, check_runs_between
 from .jobs.definition import check_queue_name, check_send
 from .jobs.model import Job, JobDetail, JobsPage, NotDead, QueueFull, QueueView, Sent
+from .locks import LockRelease, LocksSnapshot
+from .locks.model import check_lock_name
 from .model import BackfillPlan, BackfillProgress, ExternalFiring, Health, InstanceInfo, Run, ScheduleView, iso, parse_iso
 from .safetext import redact_url, remember_url_secrets
 
@@ -276,6 +278,15 @@ class RemoteBackend:
             await asyncio.sleep(delay)  # polling a remote server: nothing to wait on
             delay = min(delay * 2, 1.0)
         return progress
+
+    async def list_locks(self) -> LocksSnapshot:
+        return LocksSnapshot.from_json(await self._get("/inspect/locks"))
+
+    async def release_lock(self, name: str) -> LockRelease:
+        self._check_can_act("a lock release")
+        # Not retried: a repeat after a lost answer would free the next holder's lock.
+        data = await self._post(f"/inspect/locks/{_seg(check_lock_name(name))}/release")
+        return LockRelease.from_json(data)
 
     async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
         before = check_before(before, "entry")

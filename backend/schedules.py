@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 from .cron import Cron
-from .errors import CronError, DefinitionError
+from .errors import BadInput, CronError, DefinitionError
+from .locks.model import check_lock_name, check_ttl
 from .model import (
     BACKFILL_POLICIES,
     OVERLAP_POLICIES,
@@ -54,6 +55,10 @@ class Schedule:
     queue: str | None = None
     """The queue each firing sends a job to, when the schedule targets one (its handler is
     then a :class:`QueueTarget`)."""
+    lock: str | None = None
+    """A lock every run must hold (see :mod:`backend.locks`); a slot that cannot get it is
+    recorded ``skipped`` with error tag ``locked``."""
+    lock_ttl: float = 60.0
     source: str | None = field(default=None, compare=False)
     """Where it was defined, as ``path:line``."""
     isolation: Literal["process"] | None = None
@@ -129,6 +134,8 @@ def define_schedule(
     payload: Any = None,
     enabled: bool = True,
     trigger: Trigger | None = None,
+    lock: str | None = None,
+    lock_ttl: float | timedelta = 60.0,
     isolation: Literal["process"] | None = None,
     queue: str | None = None,
 ) -> Schedule:
@@ -166,6 +173,12 @@ def define_schedule(
         raise bad(f"backfill {backfill!r} is not one of {', '.join(BACKFILL_POLICIES)}")
     if trigger not in (None, "self", "external"):
         raise bad(f"trigger {trigger!r} is not one of self, external (or None for the app default)")
+    if lock is not None:
+        try:
+            lock = check_lock_name(lock)
+            lock_ttl = check_ttl(lock_ttl).total_seconds()
+        except BadInput as exc:
+            raise bad(exc.message) from None
     if isinstance(max_runtime, timedelta):
         max_runtime = max_runtime.total_seconds()
     if isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float)) or not max_runtime > 0:
@@ -201,6 +214,8 @@ def define_schedule(
         payload=payload,
         enabled=enabled,
         trigger=trigger,  # "manual" was rejected above
+        lock=lock,
+        lock_ttl=float(lock_ttl.total_seconds() if isinstance(lock_ttl, timedelta) else lock_ttl),
         source=source,
         isolation=isolation,
         queue=queue,

@@ -117,6 +117,8 @@ class Timers:
         self.catch_up_limit = catch_up_limit
         self.wheel = TimerWheel()
         self._wake = asyncio.Event()
+        self.may_arm: Callable[[str], bool] = lambda name: True
+        """Whether this instance fires the schedule (``cluster``: its shard is held here)."""
         self.on_behind: Callable[[Schedule, list[datetime]], None] = lambda schedule, slots: None
         """Called with a schedule found more than one slot behind and its missed slots
         (ascending, the current one last); it takes over re-arming it."""
@@ -132,6 +134,8 @@ class Timers:
         self.arm_at(schedule, slot, schedule.cron.next(slot))
 
     def arm_at(self, schedule: Schedule, slot: datetime, following: datetime) -> None:
+        if not self.may_arm(schedule.name):
+            return
         self.wheel.arm(schedule.name, slot, following)
         if self.loops.needs_wake("timers", slot):
             self._wake.set()

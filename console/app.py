@@ -929,6 +929,9 @@ VIEW_NAVIGATION: dict[str, list[tuple[str, str]]] = {
         ("enter", "a queue: its jobs; a job: its details (payload, attempts, next try)"),
         ("] [", "older / newer jobs (by keyset)"),
     ],
+    "locks": [
+        ("↑ ↓", "move in the table (pgup/pgdn a page)"),
+    ],
     "timeline": [
         ("↑ ↓", "another schedule (pgup/pgdn a page, home/end first/last)"),
         ("← →", "the previous / next run of the row"),

@@ -36,6 +36,7 @@ from backend.interface import Backend, EmbeddedBackend
 from backend.manifests import PROVIDERS, render_manifests
 from backend.model import (
     BACKFILL_MAX_LIMIT,
+    COORDINATION_MODES,
     DEFAULT_DEFINITIONS_FOLDER,
     DEFAULT_STORE_URL,
     BackfillProgress,
@@ -182,7 +183,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                 "who acted, in the audit log (or $SCHEDTUI_TOKEN, one per line); visible to other users in `ps`: "
                 "prefer --token-file",
                 token_file="read operator tokens from this file, one per line")  # fmt: skip
-    serve.add_argument("--coordination", choices=["single", "advisoryLock"], help="default: from the store")
+    serve.add_argument(
+        "--coordination", choices=["single", "advisoryLock", "cluster"],
+        help="how instances share the schedules (default: $SCHEDTUI_COORDINATION, else from the store: advisoryLock on "
+        "PostgreSQL, single on SQLite); cluster divides them among the live instances (PostgreSQL only)",
+    )
     serve.add_argument("--retention-days", type=_positive_int, default=30, metavar="N", help="keep runs N days (30)")
     serve.add_argument(
         "--claims-ttl-hours", type=_positive_int, default=24, metavar="N",
@@ -248,10 +253,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--base-url", required=True, metavar="URL", help="where the platform reaches `schedtui serve`")
     p.add_argument("--out", metavar="DIR", help="write files here instead of printing them")
 
-    def group(name: str, help: str, shared: Sequence[str] = ()) -> Callable[[str, str, Sequence[str]], argparse.ArgumentParser]:
+    def group(
+        name: str,
+        help: str,
+        shared: Sequence[str] = (),
+        options: Callable[[argparse.ArgumentParser], None] | None = None,
+    ) -> Callable[[str, str, Sequence[str]], argparse.ArgumentParser]:
         """A verb with sub-verbs (``schedtui jobs list``); returns the maker of its sub-verbs.
-        The group alone (``schedtui locks``) is a command too when its module handles it."""
+        The group alone (``schedtui locks``) is a command too when its module handles it;
+        ``options`` adds the group's own options to it (``schedtui locks --json``)."""
         sub = verb(name, help, shared)
+        if options is not None:
+            options(sub)
         inner = sub.add_subparsers(dest="subverb", metavar="VERB", parser_class=_Parser)
 
         def subverb(subname: str, help: str, shared: Sequence[str]) -> argparse.ArgumentParser:
@@ -270,7 +283,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 #: Modules adding verbs for one system each: ``add_verbs(verb, group)`` declares them and
 #: ``VERBS`` maps each command (``"jobs list"``) to its handler. Imported lazily, so that
 #: they may import this module's helpers.
-VERB_MODULES: list[str] = ["console.cli_jobs", "console.cli_audit"]
+VERB_MODULES: list[str] = ["console.cli_jobs", "console.cli_locks", "console.cli_audit"]
 
 
 def verb_modules() -> list[Any]:
@@ -412,8 +425,17 @@ def _engine(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) ->
     """The engine over ``--store``. Only ``serve`` creates a missing store (``create``); the
     verbs that read or act, and the console, refuse it naming the path (exit 2)."""
     definitions = discover_definitions(args.schedules)
+    if kwargs.get("coordination") is None:  # the app-wide setting, for serve and the verbs alike
+        kwargs["coordination"] = _coordination_setting()
     kwargs.setdefault("actor", getattr(args, "actor", None))
     return Engine(definitions, open_store(args.store, create=create), instance=args.instance, **kwargs)
+
+
+def _coordination_setting() -> str | None:
+    value = os.environ.get("SCHEDTUI_COORDINATION") or None
+    if value is not None and value not in COORDINATION_MODES:
+        raise BadInput(f'$SCHEDTUI_COORDINATION "{value}" is not one of {", ".join(COORDINATION_MODES)}')
+    return value
 
 
 async def _with_backend(args: argparse.Namespace, body: Callable[[Backend], Coroutine[Any, Any, int]]) -> int:
@@ -449,6 +471,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 def schedules_table(schedules: list[ScheduleView], now: datetime) -> str:
+    sharded = any(s.sharded for s in schedules)
     rows = []
     for s in schedules:
         last = s.last_run
@@ -467,9 +490,11 @@ def schedules_table(schedules: list[ScheduleView], now: datetime) -> str:
                 f"{fmt.STATUS_GLYPHS[last.status]} {last.status} {fmt.ago(last.fired_at or last.scheduled_at, now)}"
                 if last
                 else "-",
+                *([s.owner or "-"] if sharded else []),
             ]
         )
-    return fmt.table(["NAME", "CRON", "TIMEZONE", "TRIGGER", "STATE", "NEXT FIRE", "LAST RUN"], rows)
+    owner = ["OWNER"] if sharded else []
+    return fmt.table(["NAME", "CRON", "TIMEZONE", "TRIGGER", "STATE", "NEXT FIRE", "LAST RUN", *owner], rows)
 
 
 def runs_table(runs: list[Run], zone: str) -> str:

@@ -68,6 +68,9 @@ class Fleet:
     """The most recent heartbeat of any other instance, live or not (to say since when)."""
     self_triggered: int
     """Enabled schedules that need an engine's timer to fire."""
+    owned: dict[str, int] | None = None
+    """In ``cluster`` coordination: instance -> how many schedules it owns (``None`` in the
+    other modes)."""
 
     @property
     def silent(self) -> bool:
@@ -84,8 +87,15 @@ def fleet_of(
     others = [i for i in instances if info.fires or i.name != info.instance]
     firing = tuple(sorted((i for i in others if now - i.heartbeat_at <= LIVE_WITHIN), key=lambda i: i.name))
     last = max(others, key=lambda i: i.heartbeat_at, default=None)
+    views = list(views)
     count = sum(1 for v in views if v.enabled and v.trigger == "self")
-    return Fleet(firing, last, count)
+    owned: dict[str, int] | None = None
+    if any(v.sharded for v in views):
+        owned = {}
+        for view in views:
+            if view.owner is not None:
+                owned[view.owner] = owned.get(view.owner, 0) + 1
+    return Fleet(firing, last, count, owned)
 
 
 class Overdue:

@@ -20,6 +20,7 @@ STATUS_GLYPHS = {
 OUTCOME_GLYPHS = {
     "single": "●",
     "wonLock": "◆",
+    "cluster": "◈",
     "external": "⇲",
     "manual": "✎",
 }

@@ -151,6 +151,20 @@ async def build_ledger(folder: Path) -> str:
     return url
 
 
+async def add_locks(url: str) -> None:
+    """Locks for the Locks view, on the lock clock at the frozen instant: one held (renewed
+    2 s ago), one whose holder stopped renewing it, one released."""
+    frozen = datetime.fromisoformat(FROZEN.replace("Z", "+00:00"))
+    store: Any = open_store(url)
+    await store.open()
+    held = await store.acquire_lock("nightly-rollup", "web-2:77 (rollup)", timedelta(seconds=60), frozen - timedelta(seconds=12))
+    await store.renew_lock("nightly-rollup", held.token, timedelta(seconds=60), frozen - timedelta(seconds=2))
+    await store.acquire_lock("partner-sync", "web-1:4242", timedelta(seconds=30), frozen - timedelta(seconds=95))
+    done = await store.acquire_lock("reindex", "web-3:9", timedelta(minutes=5), frozen - timedelta(minutes=20))
+    await store.release_lock("reindex", done.token, frozen - timedelta(minutes=18))
+    await store.close()
+
+
 async def add_timeline_history(url: str) -> None:
     """An hour of history before the fixture's minute, written straight into the store, for
     the timeline: many runs per cell with failures (``flaky-export``), an engine outage

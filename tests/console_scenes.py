@@ -24,6 +24,7 @@ from tests.console_fixtures import (
     WHERE,
     FlakyBackend,
     add_jobs,
+    add_locks,
     add_timeline_history,
     build_ledger,
     console_backend,
@@ -42,6 +43,7 @@ def make_ledger(folder: Path) -> Path:
     url = asyncio.run(build_ledger(folder))
     asyncio.run(add_timeline_history(url))
     asyncio.run(add_jobs(url))
+    asyncio.run(add_locks(url))
     return folder
 
 

@@ -29,6 +29,7 @@ PICTURES = [
     ("jobs", "80x24"),
     ("jobs", "120x32"),
     ("job-details", "120x32"),
+    ("locks", "120x32"),
     ("help", "120x32"),
     ("audit", "120x32"),
 ]

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from backend.api import MAX_BODY_BYTES
+from backend.interface import SYSTEMS
 from tests.servers import Server, cli_env, start_server
 
 OPERATE, READ = "op-token-123", "read-token-456"
@@ -220,7 +221,7 @@ def test_runs_in_a_window_instances_and_cancel_with_each_token(server: Server) -
     assert beats["instances"] and {"name", "host", "pid", "heartbeat_at", "heartbeat_age_s", "last_fired_at"} == set(beats["instances"][0])
     assert read.post("/inspect/backfills/nope/cancel").status_code == 403
     assert client(server).post("/inspect/backfills/nope/cancel").status_code == 404
-    assert read.get("/inspect/info").json()["systems"] == ["schedules", "jobs", "audit"]
+    assert read.get("/inspect/info").json()["systems"] == list(SYSTEMS)
 
 
 def test_external_fire_dedupes_retries(server: Server, root: Path) -> None:

@@ -111,7 +111,7 @@ async def test_number_keys_switch_views_and_each_keeps_its_selection(store_url: 
         assert app.selected_name == "flaky-export"
 
 
-@pytest.mark.parametrize(("key", "title"), [("4", "Durable"), ("5", "Locks")])
+@pytest.mark.parametrize(("key", "title"), [("4", "Durable")])
 async def test_views_whose_system_is_not_built_say_so(store_url: str, key: str, title: str) -> None:
     async with console(store_url, size=(80, 24)) as (app, pilot, clock, notes):
         await pilot.press(key)

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -87,9 +87,11 @@ class Instance:
 class Fleet:
     """``schedtui serve`` processes sharing one database and one schedules folder."""
 
-    def __init__(self, root: Path, url: str, *, ticks: int, slow: bool = False) -> None:
+    def __init__(self, root: Path, url: str, *, ticks: int, slow: bool = False, args: Sequence[str] = ()) -> None:
         self.root = root
         self.url = url
+        self.args = list(args)
+        """Extra ``serve`` options for every instance (``--coordination cluster``)."""
         self.instances: list[Instance] = []
         folder = root / "schedules"
         folder.mkdir(parents=True, exist_ok=True)
@@ -104,7 +106,8 @@ class Fleet:
             env["SCHEDTUI_CLOCK_OFFSET_MS"] = str(offset_ms)
         log_path = self.root / f"{name}-{len(self.instances)}.log"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "console.cli", "serve", "--schedules", "schedules", "--store", self.url, "--instance", name],
+            [sys.executable, "-m", "console.cli", "serve", "--schedules", "schedules", "--store", self.url, "--instance", name,
+             *self.args],
             cwd=self.root,
             env=env,
             stdout=subprocess.DEVNULL,

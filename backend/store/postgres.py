@@ -50,6 +50,8 @@ from .migrations import components_of, migrate_postgres
 from .postgres_audit import PostgresAudit
 from .postgres_events import PostgresEvents
 from .postgres_jobs import PostgresJobs
+from .postgres_cluster import PostgresCluster
+from .postgres_locks import PostgresLocks
 from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
 
 log = logging.getLogger("schedtui.store")
@@ -480,7 +482,7 @@ def _connection_lost(exc: psycopg.Error) -> bool:
     return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
-class PostgresStore(PostgresJobs, PostgresAudit, PostgresEvents):
+class PostgresStore(PostgresJobs, PostgresLocks, PostgresCluster, PostgresAudit, PostgresEvents):
     """The fleet store. ``PostgresStore("postgresql://user:pass@host:5432/db")``.
 
     Tables are created in the first schema of the connection's ``search_path`` (add

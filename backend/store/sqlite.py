@@ -47,6 +47,7 @@ from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_r
 from .sqlite_audit import SQLiteAudit
 from .sqlite_events import SQLiteEvents
 from .sqlite_jobs import SQLiteJobs
+from .sqlite_locks import SQLiteLocks
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -667,7 +668,7 @@ class _Writer(threading.Thread):
         return StoreHealth("ok", waiting=waiting)
 
 
-class SQLiteStore(SQLiteJobs, SQLiteAudit, SQLiteEvents):
+class SQLiteStore(SQLiteJobs, SQLiteLocks, SQLiteAudit, SQLiteEvents):
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
     ``create=False`` refuses a file that does not exist (:class:`NotFound`, naming it) instead

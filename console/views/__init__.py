@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .audit import AuditView
 from .base import UnavailableView, View
 from .jobs import JobsView
+from .locks import LocksView
 from .schedules import SchedulesView
 from .timeline import TimelineView
 
@@ -40,7 +41,7 @@ VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("timeline", "2", "Timeline", "schedules", "every schedule's runs on a time axis", TimelineView),
     ViewSpec("jobs", "3", "Jobs", "jobs", "job queues: queued, running and dead jobs", JobsView),
     ViewSpec("durable", "4", "Durable", "durable", "durable executions and their steps", None),
-    ViewSpec("locks", "5", "Locks", "locks", "project locks: holders and fencing tokens", None),
+    ViewSpec("locks", "5", "Locks", "locks", "project locks: holders, fencing tokens, expiries", LocksView),
     ViewSpec("audit", "6", "Audit", "audit", "who did what, and when; / filters, ] reads older", AuditView),
 )
 

@@ -81,7 +81,12 @@ class ConsoleHeader(Widget):
             return "[b reverse $text-error] ✗ NOTHING FIRES [/]"
         if not fleet.firing:
             return "[$text-muted]no engine firing[/]"
-        names = ", ".join(i.name for i in fleet.firing[:2]) + (" …" if len(fleet.firing) > 2 else "")
+        owned = fleet.owned
+        if owned is not None:  # cluster: who owns how many schedules
+            names = ", ".join(f"{i.name} ◈{owned.get(i.name, 0)}" for i in fleet.firing[:3])
+            names += " …" if len(fleet.firing) > 3 else ""
+        else:
+            names = ", ".join(i.name for i in fleet.firing[:2]) + (" …" if len(fleet.firing) > 2 else "")
         return f"[$text-success]▲ {len(fleet.firing)} firing[/] [$text-muted]{escape(names)}[/]"
 
     def _connection(self) -> str:

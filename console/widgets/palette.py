@@ -52,6 +52,7 @@ STATUS_BACKGROUNDS: dict[str, str] = {
 OUTCOME_COLORS: dict[str, str] = {
     "single": "text-secondary",
     "wonLock": "text-success",
+    "cluster": "text-warning",
     "external": "text-primary",
     "manual": "text-accent",
 }
@@ -67,6 +68,7 @@ STATUS_MEANINGS: dict[str, str] = {
 OUTCOME_MEANINGS: dict[str, str] = {
     "single": "fired by the only instance (coordination single)",
     "wonLock": "this instance won the slot's claim (advisoryLock)",
+    "cluster": "fired by the owner of the schedule's shard (cluster)",
     "external": "fired by a platform scheduler's call",
     "manual": "Run now or a range backfill",
 }

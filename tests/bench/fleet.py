@@ -1,27 +1,34 @@
-"""Fleet benchmark: N ``schedtui serve`` processes on one PostgreSQL, against N uncoordinated
-APScheduler 3 processes.
+"""Fleet benchmark: N ``schedtui serve`` processes on one PostgreSQL, ``advisoryLock`` against
+``cluster`` coordination, and N uncoordinated APScheduler 3 processes.
 
 A benchmark, not a test (pytest does not collect it). Run it from the repository root::
 
-    python -m tests.bench.fleet                          # N = 1, 2, 4; 200 schedules; 30 s
-    python -m tests.bench.fleet --instances 4 --seconds 10 --schedules 100
+    python -m tests.bench.fleet          # advisoryLock and cluster; N = 1, 2, 4, 8; 1,000 schedules; 30 s
+    python -m tests.bench.fleet --coordination advisoryLock --instances 4 --seconds 10 --schedules 200
 
 The load: S schedules with the cron ``* * * * * *`` (every second) in UTC, each with an
-async handler that does nothing. For each N, a fresh database, N real ``schedtui serve``
-processes (``advisoryLock``, the PostgreSQL default) started at once, and a measured
-window of D whole seconds that opens two seconds after the last of them is up.
+async handler that does nothing. For each mode and each N, a fresh database, N real
+``schedtui serve --coordination MODE`` processes started at once, and a measured window
+of D whole seconds that opens two seconds after the last of them is up (in ``cluster``
+mode: after the members hold every shard, spread over all N, and the spread has held
+for two seconds).
 
 Everything is read back from the database once the fleet has stopped:
 
 * ``firings``: runs of the window's slots whose handler started; ``duplicates``: runs
-  beyond the first of one (schedule, slot); ``missing``: window slots without a firing.
+  beyond the first of one (schedule, slot); ``missing``: window slots without a firing;
+  ``recorded_missed``: those of them recorded ``missed``; ``silent_holes``: those without
+  any row at all, once the fleet has had up to a minute after the window to record every
+  slot (a fleet running late catches up before it is stopped).
 * ``lag_ms``: ``fired_at - scheduled_at`` from the run ledger. The engine reads
   ``fired_at`` just before it calls the handler, so this is the handler's start, minus
   the slot, on the winning instance's clock (all instances run on this machine's clock).
 * ``commits_per_firing``: ``xact_commit`` of the fleet's database in
   ``pg_stat_database`` from before the fleet started to after it stopped (every
   transaction, reads included), divided by every firing in the ledger. Backends flush
-  these counters when they exit, so the delta is exact.
+  these counters when they exit, so the delta is exact. ``write_transactions_per_firing``
+  counts only the transactions that wrote (transaction ids assigned, from
+  ``txid_current_snapshot()`` before and after; the server runs nothing else).
 * ``claims_rows_at_end``: rows in the claims table after the run (each winner prunes its
   schedule's claims older than a minute for sub-minute crons).
 
@@ -59,7 +66,8 @@ from tests.bench import stats  # noqa: E402
 
 CRON = "* * * * * *"
 LEAD_S = 2.0  # the window opens this long after the last instance is up
-SETTLE_S = 1.5  # and the fleet stops this long after it closes
+SETTLE_S = 1.5  # and the fleet stops this long after it closes,
+DRAIN_S = 60.0  # or once every slot of the window has a row (a fleet running late), at most this later
 
 SCHEDULES = """
     from backend import define_schedule
@@ -98,15 +106,15 @@ def sleep_until(epoch: float) -> None:
 # ---------------------------------------------------------------------------------------
 # schedtui: N serve processes
 # ---------------------------------------------------------------------------------------
-def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: Path) -> dict[str, Any]:
+def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: Path, mode: str = "advisoryLock") -> dict[str, Any]:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
     from tests.pg import die_with_parent
 
-    url = server.create_database(prefix=f"bench{instances}")
+    url = server.create_database(prefix=f"bench{mode[:2]}{instances}")
     dbname = conninfo_to_dict(url)["dbname"]
-    folder = work / f"n{instances}"
+    folder = work / f"{mode}-n{instances}"
     (folder / "schedules").mkdir(parents=True)
     (folder / "schedules" / "bench.cron.py").write_text(textwrap.dedent(SCHEDULES.format(n=schedules)))
 
@@ -117,6 +125,7 @@ def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: P
 
     commits_query = "SELECT xact_commit FROM pg_stat_database WHERE datname = %s"
     commits_before = stat(commits_query) or 0
+    xids_before = next_xid(server)
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDTUI_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
@@ -126,7 +135,8 @@ def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: P
     for i in range(instances):
         log_path = folder / f"serve-{i}.log"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "console.cli", "serve", "--schedules", "schedules", "--store", url, "--instance", f"bench-{i}"],
+            [sys.executable, "-m", "console.cli", "serve", "--schedules", "schedules", "--store", url, "--instance", f"bench-{i}",
+             "--coordination", mode],
             cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=log_path.open("w"),
             preexec_fn=die_with_parent,
         )  # fmt: skip
@@ -136,11 +146,14 @@ def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: P
             wait_for(lambda: "claims retention" in log_path.read_text() or proc.poll() is not None, 60, "an instance to start")
             if proc.poll() is not None:
                 raise RuntimeError(f"an instance exited:\n{log_path.read_text()}")
+        if mode == "cluster":
+            wait_for_spread(url, instances, 120)
         ready = time.time()
         start = math.floor(ready + LEAD_S) + 1
         end = start + seconds
-        log(f"N={instances}: {instances} instance(s) up in {ready - t0:.2f}s; window {start}..{end} ({seconds}s)")
+        log(f"{mode} N={instances}: {instances} instance(s) up in {ready - t0:.2f}s; window {start}..{end} ({seconds}s)")
         sleep_until(end + SETTLE_S)
+        drain(url, start, end, schedules * seconds, DRAIN_S)
     finally:
         for proc, _ in procs:
             if proc.poll() is None:
@@ -155,6 +168,7 @@ def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: P
     # Backends flush their statistics as they exit: read them once all have gone.
     wait_for(lambda: stat("SELECT count(*) FROM pg_stat_activity WHERE datname = %s") == 0, 30, "the fleet's connections to close")
     commits_after = stat(commits_query) or 0
+    xids_after = next_xid(server)
 
     with psycopg.connect(url) as conn:
         window = conn.execute(
@@ -169,25 +183,88 @@ def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: P
         statuses = dict(conn.execute("SELECT status, count(*) FROM schedtui_runs GROUP BY status").fetchall())
     fired = [row for row in window if row[3] is not None]
     per_slot = Counter((row[0], row[1]) for row in fired)
+    rows_per_slot = Counter((row[0], row[1]) for row in window)
+    recorded_missed = sum(1 for row in window if row[2] == "missed")
     expected = schedules * seconds
     lags = [float(row[3]) for row in fired]
     firings_total = int(all_firings[0]) if all_firings else 0
     return {
+        "coordination": mode,
         "instances": instances,
         "expected": expected,
         "firings": len(fired),
         "duplicates": sum(count - 1 for count in per_slot.values()),
         "missing": expected - len(per_slot),
+        "recorded_missed": recorded_missed,
+        "silent_holes": expected - len(rows_per_slot),
         "lag_ms": summary_ms(lags),
         "commits": commits_after - commits_before,
         "firings_total": firings_total,
         "commits_per_firing": round((commits_after - commits_before) / max(1, firings_total), 4),
+        "write_transactions": xids_after - xids_before,
+        "write_transactions_per_firing": round((xids_after - xids_before) / max(1, firings_total), 4),
         "claims_rows_at_end": int(claims[0]) if claims else None,
         "window_statuses": dict(Counter(row[2] for row in window)),
         "ledger_statuses": statuses,
         "firings_by_instance": dict(sorted(Counter(row[4] for row in fired).items())),
         "exit_codes": exits,
     }
+
+
+def drain(url: str, start: int, end: int, expected: int, timeout: float) -> None:
+    """Wait until every slot of the window has a row (fired or recorded), at most ``timeout``:
+    a fleet running seconds late still records what it owes before it is stopped, so a slot
+    without any row is a real silent hole, not an artefact of stopping it."""
+    import psycopg
+
+    def recorded() -> int:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT count(*) FROM (SELECT DISTINCT name, scheduled_at FROM schedtui_runs "
+                "WHERE scheduled_at >= to_timestamp(%s) AND scheduled_at < to_timestamp(%s)) s",
+                (start, end),
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    deadline = time.monotonic() + timeout
+    while recorded() < expected and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def next_xid(server: Any) -> int:
+    """The next transaction id the server will assign (reading it assigns none)."""
+    import psycopg
+
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT txid_snapshot_xmax(txid_current_snapshot())").fetchone()
+    return int(row[0]) if row else 0
+
+
+def wait_for_spread(url: str, instances: int, timeout: float) -> None:
+    """Until the members hold every shard between them, all N of them, unchanged for 2 s."""
+    import psycopg
+
+    from backend.cluster import SHARDS
+
+    def holders() -> dict[str, str]:
+        with psycopg.connect(url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT name, holder FROM schedtui_locks WHERE name LIKE 'cluster:shard:%' AND holder IS NOT NULL "
+                "AND expires_at > statement_timestamp()"
+            ).fetchall()
+        return dict(rows)
+
+    deadline = time.monotonic() + timeout
+    last: dict[str, str] = {}
+    since = time.monotonic()
+    while time.monotonic() < deadline:
+        now = holders()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif len(now) == SHARDS and len(set(now.values())) == instances and time.monotonic() - since >= 2:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the shards did not settle over {instances} members within {timeout}s: {Counter(last.values())}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -264,9 +341,12 @@ def run_apscheduler(processes: int, schedules: int, seconds: int) -> dict[str, A
 # ---------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--schedules", type=int, default=200, help="schedules (default 200)")
+    parser.add_argument("--schedules", type=int, default=1000, help="schedules (default 1000)")
     parser.add_argument("--seconds", type=int, default=30, help="measured whole seconds (default 30)")
-    parser.add_argument("--instances", default="1,2,4", help="fleet sizes, comma-separated (default 1,2,4)")
+    parser.add_argument("--instances", default="1,2,4,8", help="fleet sizes, comma-separated (default 1,2,4,8)")
+    parser.add_argument(
+        "--coordination", default="advisoryLock,cluster", help="modes, comma-separated (default advisoryLock,cluster)"
+    )
     parser.add_argument("--apscheduler", type=int, default=4, help="uncoordinated APScheduler processes (0: skip)")
     parser.add_argument("--aps-child", nargs=3, type=int, help=argparse.SUPPRESS)  # internal
     args = parser.parse_args(argv)
@@ -292,10 +372,14 @@ def main(argv: list[str] | None = None) -> int:
             "lag_source": "fired_at - scheduled_at from the run ledger (fired_at is read just before the handler is called)",
             "schedtui": {},
         }
+        modes = [m for m in args.coordination.split(",") if m.strip()]
         with tempfile.TemporaryDirectory(prefix="schedtui-fleet-") as work:
-            for n in sizes:
-                doc["schedtui"][str(n)] = run_fleet(server, n, args.schedules, args.seconds, Path(work))
-                log(f"N={n}: {json.dumps({k: doc['schedtui'][str(n)][k] for k in ('firings', 'duplicates', 'missing', 'lag_ms')})}")
+            for mode in modes:
+                doc["schedtui"][mode] = {}
+                for n in sizes:
+                    result = doc["schedtui"][mode][str(n)] = run_fleet(server, n, args.schedules, args.seconds, Path(work), mode)
+                    keys = ("firings", "duplicates", "silent_holes", "lag_ms", "commits_per_firing", "write_transactions_per_firing")
+                    log(f"{mode} N={n}: {json.dumps({k: result[k] for k in keys})}")
         if args.apscheduler:
             doc["apscheduler3_uncoordinated"] = run_apscheduler(args.apscheduler, args.schedules, args.seconds)
         doc["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}

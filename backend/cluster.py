@@ -1,0 +1,387 @@
+"""``cluster`` coordination: the schedules are divided among the live instances.
+
+Every schedule belongs to one of :data:`SHARDS` shards (a hash of its name). Each shard is
+a lock of the lock table (``cluster:shard:NN``) held under a lease with a fencing token;
+only the instance holding a shard arms its schedules' timers and fires them, so nobody
+else even wakes for them, and no per-slot claim is written.
+
+* **Who should own what.** Rendezvous hashing over the live members: each shard goes to
+  the member with the highest score for it, so shards spread evenly and a member joining
+  or leaving moves only its share. Members are the registered instances with a recent
+  heartbeat (within three intervals) that :meth:`~backend.registry.InstanceRegistry.gone`
+  does not rule out, less the *suspects*:
+  an instance holding a shard whose lease expired (it stopped renewing), or one that has
+  not picked up a shard it should own for a whole lease. So a dead owner's shards move
+  within a lease (plus a poll) of its death, whatever its last heartbeat says.
+* **Hand-over.** An owner gives a shard back (disarming its schedules first) when it
+  should no longer own it; the new owner takes it only once it is released or expired
+  (the lock's rule), then catches its schedules up from their last recorded slot, bounded
+  like the boot catch-up: the slots of the hand-over window are fired late or recorded
+  ``missed`` per each schedule's backfill policy.
+* **Fencing.** Every run row an owner creates for a slot is inserted by one statement
+  that checks its shard token is still current and that the slot has no run yet, holding
+  the shard's lock row until it commits (see :mod:`backend.store.postgres_cluster`). A
+  frozen owner that wakes up finds its token stale: it fires nothing, writes nothing, and
+  stands down (disarms the shard). Runs it started while it owned the shard go on being
+  recorded.
+
+PostgreSQL only; the engine falls back to ``single`` on SQLite, loudly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Protocol
+
+from .errors import Unavailable
+from .model import Claim, ClaimResult, CoordinationMode, Outcome
+
+if TYPE_CHECKING:
+    from .catchup import CatchUp
+    from .clock import Clock
+    from .loops import Loops
+    from .outages import OutageLog
+    from .registry import InstanceRegistry
+    from .schedules import Schedule
+    from .store.postgres_cluster import ClusterState
+    from .timers import Timers
+
+__all__ = ["SHARDS", "SHARD_PREFIX", "Cluster", "ClusterCoordinator", "ClusterStore", "rendezvous", "shard_of"]
+
+log = logging.getLogger("schedtui.cluster")
+
+#: Shards the schedules are hashed onto: fixed, so every instance agrees on them.
+SHARDS = 64
+SHARD_PREFIX = "cluster:shard:"
+
+
+def shard_of(name: str) -> int:
+    """The shard of a schedule: a stable hash of its name."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") % SHARDS
+
+
+def shard_lock(shard: int) -> str:
+    return f"{SHARD_PREFIX}{shard:02d}"
+
+
+def _score(member: str, shard: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{member}\x00{shard}".encode(), digest_size=8).digest(), "big")
+
+
+def rendezvous(shard: int, members: Iterable[str]) -> str | None:
+    """The member that should own ``shard``: the highest score (``None`` without members)."""
+    return max(members, key=lambda member: (_score(member, shard), member), default=None)
+
+
+class ClusterStore(Protocol):
+    """What ``cluster`` needs from a store (PostgreSQL's :class:`~backend.store.postgres_cluster.PostgresCluster`)."""
+
+    async def acquire_shards(
+        self, names: Sequence[str], holder: str, ttl: timedelta, now: datetime | None
+    ) -> dict[str, tuple[int, datetime]]: ...
+
+    async def renew_shards(self, held: dict[str, int], ttl: timedelta, now: datetime | None) -> dict[str, datetime]: ...
+
+    async def release_shards(self, held: dict[str, int], now: datetime | None) -> None: ...
+
+    async def release_leftover_shards(self, prefix: str, holder: str, keep: Sequence[int], now: datetime | None) -> None: ...
+
+    async def cluster_state(self, prefix: str, now: datetime | None) -> ClusterState: ...
+
+    async def cluster_claim(
+        self, claims: Sequence[Claim], fences: dict[str, tuple[str, int]], instance: str, now: datetime | None
+    ) -> tuple[ClaimResult, set[str]]: ...
+
+
+@dataclass
+class _Held:
+    token: int
+    renewed_at: datetime
+    """When this process asked for the lease or its last renewal (its own clock)."""
+    deadline: datetime
+    """Until when the lease is surely ours: ``renewed_at`` + the ttl."""
+
+
+class ClusterCoordinator:
+    """The :class:`~backend.coordination.Coordinator` of ``cluster``: a slot is won when its
+    schedule's shard is held here and the store confirms the token (see the module)."""
+
+    mode: CoordinationMode = "cluster"
+    outcome: Outcome = "cluster"
+    needs_claims = True
+
+    def __init__(self, store: ClusterStore) -> None:
+        self.store = store
+        self.cluster: Cluster | None = None
+        """Set by the engine once the cluster exists."""
+
+    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
+        cluster = self.cluster
+        assert cluster is not None, "the engine wires the cluster in"
+        fences = {name: fence for name in {c.name for c in claims} if (fence := cluster.fence_of(name)) is not None}
+        mine = [claim for claim in claims if claim.name in fences]
+        if not mine:
+            return ClaimResult(frozenset())
+        result, stale = await self.store.cluster_claim(mine, fences, instance, cluster.lock_now())
+        if stale:
+            cluster.stand_down(stale, "its token is no longer current (the shard was taken over or its lease expired)")
+        return result
+
+
+class Cluster:
+    """This instance's shards: taking, renewing and giving them back, and arming what they
+    hold. The engine runs it as a subsystem (its own loop, every ``poll``)."""
+
+    def __init__(
+        self,
+        *,
+        store: ClusterStore,
+        clock: Clock,
+        loops: Loops,
+        registry: InstanceRegistry,
+        outages: OutageLog,
+        instance: str,
+        schedules: Iterable[Schedule],
+        catch_up: CatchUp,
+        timers: Timers,
+        is_enabled: Callable[[str], bool],
+        lock_now: Callable[[], datetime | None],
+        ttl: timedelta = timedelta(seconds=10),
+        poll: timedelta = timedelta(seconds=1),
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.loops = loops
+        self.registry = registry
+        self.outages = outages
+        self.instance = instance
+        self.catch_up = catch_up
+        self.timers = timers
+        self.is_enabled = is_enabled
+        self.lock_now = lock_now
+        self.ttl = ttl
+        self.poll = poll
+        self.grace = ttl
+        """How long a shard may stay free before its would-be owner counts as gone."""
+        self.by_shard: dict[int, list[Schedule]] = {}
+        for schedule in schedules:
+            self.by_shard.setdefault(shard_of(schedule.name), []).append(schedule)
+        self.held: dict[int, _Held] = {}
+        self._free_since: dict[int, datetime] = {}
+        self._suspects: dict[str, datetime | None] = {}
+        """Instances found dead-like (see :meth:`assignment`), with the heartbeat they had
+        then: they are members again only once they send a newer one."""
+        self._first_round = True
+        self.last_state: ClusterState | None = None
+        """The last read of the shards and instances (for the views)."""
+
+    # -- what the engine asks ------------------------------------------------------------
+    def owns(self, name: str) -> bool:
+        return shard_of(name) in self.held
+
+    def fence_of(self, name: str) -> tuple[str, int] | None:
+        held = self.held.get(shard_of(name))
+        return (shard_lock(shard_of(name)), held.token) if held is not None else None
+
+    async def owners(self) -> dict[str, str | None]:
+        """Schedule name -> the instance holding its shard now (``None``: nobody)."""
+        state = await self.store.cluster_state(SHARD_PREFIX, self.lock_now())
+        holders = {lock.name: lock.holder for lock in state.shards.values() if lock.state(state.now) == "held"}
+        return {
+            schedule.name: holders.get(shard_lock(shard))
+            for shard, schedules in self.by_shard.items()
+            for schedule in schedules
+        }
+
+    # -- the subsystem's hooks -------------------------------------------------------------
+    async def open(self) -> None:
+        """Nothing: the shards are the lock table's rows."""
+
+    def start(self) -> None:
+        self.loops.expect("cluster")
+        self.loops.spawn(self._loop(), "cluster")
+
+    async def maintain(self, now: datetime) -> None:
+        """Nothing here: the cluster keeps its own loop (a slow housekeeping round must not
+        delay renewals)."""
+
+    async def stop(self, grace: float) -> None:
+        """Give every shard back at once (its timers stopped already), so that the others
+        take over without waiting for the leases to run out."""
+        held = {shard_lock(shard): h.token for shard, h in self.held.items()}
+        self.held.clear()
+        if held:
+            try:
+                await self.store.release_shards(held, self.lock_now())
+                log.info("cluster: gave back %d shard(s)", len(held))
+            except Unavailable as exc:
+                log.warning("cluster: could not give the shards back (%s); they expire within %s", exc, self.ttl)
+
+    @property
+    def idle(self) -> bool:
+        return True
+
+    def is_ours(self, id_: str) -> bool:
+        return False
+
+    # -- the loop ---------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        # One poll before the first take: instances starting together see each other first,
+        # instead of one taking every shard and handing most of them over a second later.
+        await self.loops.park("cluster", self.clock.now() + self.poll)
+        while True:
+            try:
+                await self.round()
+            except Unavailable as exc:
+                self.outages.trouble("cluster", "cluster: cannot renew or balance the shards", exc)
+                self._expire(self.clock.now())
+            await self.loops.park("cluster", self.clock.now() + self.poll)
+
+    async def round(self) -> None:
+        """Renew what is due, read the shards and the members, give back and take."""
+        now = self.clock.now()
+        self._expire(now)
+        await self._renew(now)
+        state = await self.store.cluster_state(SHARD_PREFIX, self.lock_now())
+        self.last_state = state
+        if self._first_round:
+            # A previous process of this instance name died holding shards: free them now
+            # rather than wait for their leases (nobody else would take them sooner).
+            self._first_round = False
+            mine = [lock for lock in state.shards.values() if lock.holder == self.instance]
+            if any(lock.token not in {h.token for h in self.held.values()} for lock in mine):
+                await self.store.release_leftover_shards(
+                    SHARD_PREFIX, self.instance, [h.token for h in self.held.values()], self.lock_now()
+                )
+                state = await self.store.cluster_state(SHARD_PREFIX, self.lock_now())
+        desired = self.assignment(state, now)
+        give = [shard for shard in self.held if desired.get(shard) != self.instance]
+        if give:
+            handed = {shard_lock(shard): self.held[shard].token for shard in give}
+            self._drop(give, "rebalanced to another member")  # its timers stop before it is handed over
+            await self.store.release_shards(handed, self.lock_now())
+        take = [
+            shard
+            for shard, owner in desired.items()
+            if owner == self.instance and shard not in self.held and _free(state, shard)
+        ]
+        if take:
+            asked_at = self.clock.now()
+            got = await self.store.acquire_shards([shard_lock(s) for s in take], self.instance, self.ttl, self.lock_now())
+            for name, (token, _) in sorted(got.items()):
+                self._took(int(name[len(SHARD_PREFIX) :]), token, asked_at)
+
+    def assignment(self, state: ClusterState, now: datetime) -> dict[int, str]:
+        """Shard -> the member that should own it (see the module docstring)."""
+        beats = state.instances
+        # A member sends heartbeats: one silent for three of its intervals is not handed
+        # shards (a crashed process stays registered until the abandon window says gone).
+        fresh = now - 3 * self.registry.heartbeat_interval
+        live = {self.instance} | {
+            name for name, (_, _, at) in beats.items() if at >= fresh and self.registry.gone(beats, name, now) is None
+        }
+        for shard in range(SHARDS):
+            if _free(state, shard):
+                self._free_since.setdefault(shard, now)
+            else:
+                self._free_since.pop(shard, None)
+        def heartbeat(name: str) -> datetime | None:
+            beat = beats.get(name)
+            return beat[2] if beat is not None else None
+
+        for name, seen in list(self._suspects.items()):
+            latest = heartbeat(name)
+            if latest is not None and (seen is None or latest > seen):
+                del self._suspects[name]  # a newer heartbeat: it is back
+                log.info("cluster: instance %s is back", name)
+        for lock in state.shards.values():
+            holder = lock.holder
+            if holder is not None and holder != self.instance and lock.state(state.now) == "expired":
+                self._suspect(holder, heartbeat(holder), "it stopped renewing its shards")
+        members = live - set(self._suspects)
+        while True:
+            desired = {shard: rendezvous(shard, members) for shard in range(SHARDS)}
+            slow = {
+                owner
+                for shard, since in self._free_since.items()
+                if now - since > self.grace and (owner := desired[shard]) is not None and owner != self.instance
+            }
+            if not slow:
+                return {shard: owner for shard, owner in desired.items() if owner is not None}
+            for owner in slow:
+                self._suspect(owner, heartbeat(owner), f"it did not take a free shard within {self.grace}")
+            members -= slow
+
+    def _suspect(self, name: str, heartbeat: datetime | None, why: str) -> None:
+        if name not in self._suspects:
+            self._suspects[name] = heartbeat
+            log.warning("cluster: counting instance %s out until it sends a heartbeat: %s", name, why)
+
+    # -- holding and letting go ----------------------------------------------------------------
+    def _took(self, shard: int, token: int, asked_at: datetime) -> None:
+        self.held[shard] = _Held(token, asked_at, asked_at + self.ttl)
+        schedules = self.by_shard.get(shard, [])
+        log.info("cluster: took shard %02d (token %d, %d schedule(s))", shard, token, len(schedules))
+        now = self.clock.now()
+        for schedule in schedules:
+            if self.is_enabled(schedule.name) and schedule.name not in self.timers.wheel:
+                # From its last recorded slot, as at boot: the hand-over window is fired late
+                # or recorded missed per its backfill policy.
+                self.catch_up.at_boot(schedule, now, reason=f"while its shard {shard:02d} changed hands")
+
+    def _drop(self, shards: Iterable[int], why: str) -> None:
+        for shard in list(shards):
+            if self.held.pop(shard, None) is None:
+                continue
+            for schedule in self.by_shard.get(shard, []):
+                self.timers.disarm(schedule.name)
+            log.info("cluster: let go of shard %02d: %s", shard, why)
+
+    def stand_down(self, locks: Iterable[str], why: str) -> None:
+        """The store refused this instance's token for these shard locks: stop firing them."""
+        shards = [int(name[len(SHARD_PREFIX) :]) for name in locks if name.startswith(SHARD_PREFIX)]
+        held = [shard for shard in shards if shard in self.held]
+        if held:
+            log.warning("cluster: fenced on %d shard(s), standing down: %s", len(held), why)
+            self._drop(held, why)
+
+    def _expire(self, now: datetime) -> None:
+        late = [shard for shard, held in self.held.items() if held.deadline <= now]
+        if late:
+            log.warning("cluster: %d shard lease(s) not renewed in time; standing down on them", len(late))
+            self._drop(late, "its lease could not be renewed in time")
+
+    async def _renew(self, now: datetime) -> None:
+        if not self.held or min(h.renewed_at for h in self.held.values()) + self.ttl / 3 > now:
+            return
+        asked_at = now
+        held = {shard_lock(shard): h.token for shard, h in self.held.items()}
+        renewed = await self.store.renew_shards(held, self.ttl, self.lock_now())
+        lost = [int(name[len(SHARD_PREFIX) :]) for name in held if name not in renewed]
+        if lost:
+            self.stand_down([shard_lock(s) for s in lost], "its token is no longer current")
+        for name in renewed:
+            current = self.held.get(int(name[len(SHARD_PREFIX) :]))
+            if current is not None:
+                current.renewed_at, current.deadline = asked_at, asked_at + self.ttl
+
+    def owned_counts(self) -> dict[str, int]:
+        """From the last read: instance -> how many schedules its shards hold."""
+        state = self.last_state
+        if state is None:
+            return {}
+        counts: dict[str, int] = {}
+        for lock in state.shards.values():
+            if lock.holder is not None and lock.state(state.now) == "held":
+                shard = int(lock.name[len(SHARD_PREFIX) :])
+                counts[lock.holder] = counts.get(lock.holder, 0) + len(self.by_shard.get(shard, []))
+        return counts
+
+
+def _free(state: ClusterState, shard: int) -> bool:
+    lock = state.shards.get(shard_lock(shard))
+    return lock is None or lock.state(state.now) != "held"

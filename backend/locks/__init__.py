@@ -1,0 +1,39 @@
+"""Project locks with fencing tokens (DESIGN.md part 2, "Locks").
+
+``engine.locks`` / ``st.locks`` is a :class:`Locks`: :meth:`~Locks.with_lock` runs work
+holding a lock (or returns ``acquired=False`` at once), :meth:`~Locks.hold` is the same as
+an ``async with`` block, and every :class:`Lease` carries a fencing token that its holder's
+writes can be checked against (:meth:`Lease.fence`). ``define_schedule(..., lock="name")``
+runs a schedule's handler only while holding that lock.
+"""
+
+from .lease import Lease, LockResult
+from .model import (
+    DEFAULT_TTL,
+    TAG_LEASE_LOST,
+    TAG_LOCKED,
+    LeaseLost,
+    Lock,
+    LockNotAcquired,
+    LockRelease,
+    LocksSnapshot,
+    StaleLease,
+)
+from .service import Locks
+from .store import LockStore
+
+__all__ = [
+    "DEFAULT_TTL",
+    "TAG_LEASE_LOST",
+    "TAG_LOCKED",
+    "Lease",
+    "LeaseLost",
+    "Lock",
+    "LockNotAcquired",
+    "LockRelease",
+    "LockResult",
+    "LockStore",
+    "Locks",
+    "LocksSnapshot",
+    "StaleLease",
+]

@@ -1,0 +1,154 @@
+"""The lock object of the public contract, and the errors of the locks system."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final, Literal
+
+from ..errors import BadInput, SchedtuiError
+from ..model import iso, parse_iso
+
+__all__ = [
+    "DEFAULT_TTL",
+    "TAG_LEASE_LOST",
+    "TAG_LOCKED",
+    "LeaseLost",
+    "Lock",
+    "LockNotAcquired",
+    "LockRelease",
+    "LockState",
+    "LocksSnapshot",
+    "StaleLease",
+    "check_lock_name",
+    "check_ttl",
+]
+
+LockState = Literal["held", "expired", "free"]
+
+#: A lease's time to live unless the caller says otherwise (seconds).
+DEFAULT_TTL: Final = 60.0
+#: The longest lease one acquisition may ask for: a day (it is renewed while held).
+MAX_TTL: Final = 86_400.0
+#: Error tag of a locked schedule's slot skipped because another holder had the lock.
+TAG_LOCKED: Final = "locked"
+#: Error tag of a run whose lease could not be renewed before it expired.
+TAG_LEASE_LOST: Final = "lease_lost"
+LOCK_NAME = re.compile(r"[A-Za-z0-9_.:/@-]{1,200}")
+
+
+class LockNotAcquired(SchedtuiError):
+    """``hold()`` found the lock held by someone else; the message names the holder."""
+
+    title = "Lock held"
+    code = "lock_not_acquired"
+
+
+class LeaseLost(SchedtuiError):
+    """The lease could not be renewed before it expired (taken over, released by force, or
+    the store unreachable): the work it protected was cancelled, or ran on unprotected."""
+
+    title = "Lease lost"
+    code = "lease_lost"
+
+
+class StaleLease(SchedtuiError):
+    """A fenced write was refused: a newer token has been seen for the resource, or the
+    lease is no longer the lock's current one."""
+
+    title = "Stale lease"
+    code = "stale_lease"
+
+
+def check_lock_name(name: object) -> str:
+    if not isinstance(name, str) or not LOCK_NAME.fullmatch(name):
+        raise BadInput(
+            f"invalid lock name {name!r} (1-200 characters of letters, digits and _ . : / @ -)", field="name"
+        )
+    return name
+
+
+def check_ttl(ttl: object) -> timedelta:
+    """A lease's time to live: seconds (a number) or a timedelta, more than 0, at most a day."""
+    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_TTL:
+        raise BadInput(f"lock ttl {ttl!r} must be more than 0 and at most {MAX_TTL:g} seconds", field="ttl")
+    return timedelta(seconds=seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Lock:
+    """One row of the lock table. A lock that was released keeps its row, its last token
+    and its times (``holder`` is then ``None``): the next holder's token is greater."""
+
+    name: str
+    holder: str | None
+    token: int
+    acquired_at: datetime
+    renewed_at: datetime
+    expires_at: datetime
+    """Until when the holder's lease runs; for a released lock, when it was released."""
+
+    def state(self, now: datetime) -> LockState:
+        if self.holder is None:
+            return "free"
+        return "held" if self.expires_at > now else "expired"
+
+    def to_json(self, now: datetime) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "holder": self.holder,
+            "token": self.token,
+            "acquired_at": iso(self.acquired_at),
+            "expires_at": iso(self.expires_at),
+            "renewed_at": iso(self.renewed_at),
+            "state": self.state(now),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Lock:
+        return cls(
+            name=data["name"],
+            holder=data.get("holder"),
+            token=int(data["token"]),
+            acquired_at=parse_iso(data["acquired_at"]),
+            renewed_at=parse_iso(data["renewed_at"]),
+            expires_at=parse_iso(data["expires_at"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LockRelease:
+    """A forced release: the lock as it was just before, and the lock clock's ``now``."""
+
+    lock: Lock
+    now: datetime
+
+    @property
+    def released(self) -> bool:
+        """False when nobody held it (it was free already)."""
+        return self.lock.holder is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"released": self.released, "lock": self.lock.to_json(self.now), "now": iso(self.now)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LockRelease:
+        return cls(lock=Lock.from_json(data["lock"]), now=parse_iso(data["now"]))
+
+
+@dataclass(frozen=True, slots=True)
+class LocksSnapshot:
+    """Every lock, and the lock clock's ``now`` (the database's, or the injected clock's):
+    expiry countdowns are ``expires_at - now``, whatever the reader's own clock says."""
+
+    now: datetime
+    locks: list[Lock]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"now": iso(self.now), "locks": [lock.to_json(self.now) for lock in self.locks]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LocksSnapshot:
+        return cls(now=parse_iso(data["now"]), locks=[Lock.from_json(item) for item in data["locks"]])

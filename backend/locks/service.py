@@ -1,0 +1,383 @@
+"""The locks subsystem: taking, renewing and releasing leases; locked schedule runs.
+
+One :class:`Locks` per engine (``engine.locks``, and ``st.locks`` from
+:func:`~backend.client.connect`). A lease is taken with one conditional statement
+(:meth:`Locks.acquire`: another holder means ``None`` at once, never a wait), renewed in
+the background every ``ttl/3`` by a task parked on the engine's clock (so
+:meth:`~backend.engine.Engine.quiesce` sees it), and released with one statement. When a
+renewal fails for good (the token is no longer current) or the lease's deadline passes
+without one, the lease is *lost*: its callbacks run (``with_lock`` and ``hold`` cancel
+async work, a locked schedule's run is recorded ``failed``/``lease_lost``).
+
+Times: leases expire on the *lock clock*, the database's own unless the engine runs on an
+injected :class:`~backend.clock.ManualClock` (tests), so that instances whose clocks
+differ agree on expiry. The renewal loop measures durations on the engine's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from ..errors import NotFound, Unavailable
+from ..model import TAG_UNAVAILABLE, iso
+from ..runner import Outcome
+from .lease import Lease, LockResult
+from .model import (
+    DEFAULT_TTL,
+    TAG_LEASE_LOST,
+    TAG_LOCKED,
+    LeaseLost,
+    LockNotAcquired,
+    LockRelease,
+    LocksSnapshot,
+    check_lock_name,
+    check_ttl,
+)
+from .store import LockStore
+
+if TYPE_CHECKING:
+    from ..clock import Clock
+    from ..schedules import Schedule
+    from ..subsystems import Shared
+
+__all__ = ["GuardedRun", "Locks"]
+
+log = logging.getLogger("schedtui.locks")
+
+
+class GuardedRun(Protocol):
+    """A run of a schedule defined with ``lock=``, as the launcher hands it in."""
+
+    schedule: Schedule
+    lease: Lease | None
+
+    @property
+    def done(self) -> bool: ...
+
+    def settle(self, outcome: Outcome) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+
+class Locks:
+    """Leases on named locks in the engine's store. See the module docstring.
+
+    Contract: a lease returned by :meth:`acquire` is the lock's only current lease until
+    it is released or lost; its renewals, releases and fences act only while its token is
+    the lock's current one; the lock clock is the database's unless ``lock_clock`` is given
+    (an injected clock, for tests)."""
+
+    def __init__(self, shared: Shared, *, lock_clock: Clock | None = None) -> None:
+        self.clock = shared.clock
+        self.store = cast(LockStore, shared.store)
+        self.loops = shared.loops
+        self.instance = shared.instance
+        self.audit = shared.audit
+        self.events = shared.events
+        self.lock_clock = lock_clock
+        self._leases: set[Lease] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._run_leases: set[Lease] = set()
+        """Leases held by locked schedule runs (what :meth:`stop` gives its grace to)."""
+        self._runs_done = asyncio.Event()
+
+    def lock_now(self) -> datetime | None:
+        """The time to hand the store: ``None`` for the database's own clock."""
+        return None if self.lock_clock is None else self.lock_clock.now()
+
+    # -- the subsystem's hooks ------------------------------------------------------------
+    async def open(self) -> None:
+        """The store migrated the lock tables when it opened; bind to this event loop."""
+        self._runs_done = asyncio.Event()
+        self._runs_done.set()
+
+    def start(self) -> None:
+        """No workers: leases renew themselves."""
+
+    async def maintain(self, now: datetime) -> None:
+        """Nothing to sweep: lock rows and fence counters are kept for good (a name's row
+        carries its last token; deleting it could let a token run backwards)."""
+
+    @property
+    def idle(self) -> bool:
+        return True  # renewal loops park on the clock: quiesce sees them through Loops
+
+    def is_ours(self, id_: str) -> bool:
+        return False
+
+    async def stop(self, grace: float) -> None:
+        """Give locked runs up to ``grace`` seconds to finish (a run's lease is released when
+        the run is recorded), then release every lease still held."""
+        if self._run_leases and grace > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._runs_done.wait(), grace)
+        for lease in list(self._leases):
+            await self.release_lease(lease)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- leases ----------------------------------------------------------------------------
+    async def acquire(self, name: str, ttl: float | Any = DEFAULT_TTL, *, holder: str | None = None) -> Lease | None:
+        """Take the lock if nobody holds it (one statement); ``None`` at once otherwise."""
+        name, span = check_lock_name(name), check_ttl(ttl)
+        asked_at = self.clock.now()
+        lock = await self.store.acquire_lock(name, holder or self.instance, span, self.lock_now())
+        if lock is None:
+            return None
+        lease = Lease(self, lock, span, asked_at)
+        self._leases.add(lease)
+        self.events.publish("locks", name)
+        self._spawn(self._keep(lease), f"lease {name}#{lease.token}")
+        return lease
+
+    async def release_lease(self, lease: Lease) -> None:
+        if lease.released:
+            return
+        lease.released = True
+        lease._stop.set()
+        self._leases.discard(lease)
+        if lease in self._run_leases:
+            self._run_leases.discard(lease)
+            if not self._run_leases:
+                self._runs_done.set()
+        try:
+            await self.store.release_lock(lease.name, lease.token, self.lock_now())
+        except Unavailable as exc:
+            log.warning('lock "%s" (token %d) not released (%s); it expires by itself at %s',
+                        lease.name, lease.token, exc, iso(lease.expires_at))
+        self.events.publish("locks", lease.name)
+
+    def release_soon(self, lease: Lease) -> None:
+        """Release in the background (from code that cannot wait)."""
+        if not lease.released:
+            self._spawn(self.release_lease(lease), f"release {lease.name}#{lease.token}")
+
+    def _spawn(self, coro: Awaitable[Any], name: str) -> None:
+        # Not Loops.spawn: the engine cancels those first when it stops, and a lease must
+        # keep being renewed while the runs it protects are given their grace.
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"schedtui {name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _lose(self, lease: Lease, reason: str) -> None:
+        if lease.lost.is_set() or lease.released:
+            return
+        lease.lost_reason = reason
+        lease.lost.set()
+        lease._lost_flag.set()
+        log.warning('lease of lock "%s" (token %d) lost: %s', lease.name, lease.token, reason)
+        for callback in lease._on_lost:
+            try:
+                callback(reason)
+            except Exception:
+                log.exception('a callback of lock "%s" failed', lease.name)
+        # In case a renewal went through after all: a stale lease must not block the next holder.
+        self.release_soon(lease)
+
+    async def _keep(self, lease: Lease) -> None:
+        """Renew every ttl/3 until released; lose the lease when that fails for good."""
+        loop = f"lease {lease.name}#{lease.token}"
+        every = lease.ttl / 3
+        due = lease.renewed_at + every
+        try:
+            while True:
+                await self.loops.park(loop, min(due, lease.deadline), lease._stop)
+                if lease.released or lease.lost.is_set():
+                    return
+                asked_at = self.clock.now()
+                if asked_at >= lease.deadline:
+                    self._lose(lease, "it was not renewed before it expired")
+                    return
+                if asked_at < due:
+                    continue
+                renewal = asyncio.ensure_future(self.store.renew_lock(lease.name, lease.token, lease.ttl, self.lock_now()))
+                expired = asyncio.ensure_future(self.clock.sleep_until(lease.deadline))
+                try:
+                    await asyncio.wait({renewal, expired}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    expired.cancel()
+                if lease.released:
+                    renewal.add_done_callback(_retrieve)
+                    return
+                if not renewal.done():
+                    renewal.add_done_callback(_retrieve)
+                    self._lose(lease, "the store did not answer the renewal before the lease expired")
+                    return
+                try:
+                    expires = renewal.result()
+                except Unavailable as exc:
+                    # Try again soon; the deadline decides when it is too late.
+                    log.info('lock "%s": renewal failed (%s); retrying', lease.name, exc)
+                    due = min(self.clock.now() + every / 3, lease.deadline)
+                    continue
+                if expires is None:
+                    self._lose(lease, f"token {lease.token} is no longer current (taken over, or released by force)")
+                    return
+                lease.expires_at = expires
+                lease.renewed_at = asked_at
+                lease.deadline = asked_at + lease.ttl
+                due = asked_at + every
+        finally:
+            self.loops.forget(loop)
+            self.loops.poke()
+
+    # -- what callers use ------------------------------------------------------------------
+    async def with_lock(self, name: str, work: Callable[[Lease], Any], ttl: float | Any = DEFAULT_TTL) -> LockResult:
+        """Run ``work(lease)`` while holding the lock, or return ``acquired=False`` at once.
+
+        Async work is cancelled if the lease is lost (``error`` is then :class:`LeaseLost`);
+        sync work runs on a thread and is told through ``lease.lost``. What ``work``
+        returns is ``value``; what it raises is ``error`` (returned, not raised)."""
+        lease = await self.acquire(name, ttl)
+        if lease is None:
+            return LockResult(False)
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            if inspect.iscoroutinefunction(work) or inspect.iscoroutinefunction(getattr(work, "__call__", None)):
+                value, error = await self._run_async(lease, work)
+            else:
+                try:
+                    value = await asyncio.to_thread(work, lease)
+                except Exception as exc:
+                    error = exc
+                if inspect.isawaitable(value):  # lambda lease: coro(lease)
+                    value, error = await self._run_async(lease, lambda _: value)
+        finally:
+            await lease.release()
+        if lease.lost.is_set() and error is None:
+            error = LeaseLost(f'the lease of lock "{lease.name}" was lost while the work ran: {lease.lost_reason}')
+        return LockResult(True, value, error, lease.token)
+
+    async def _run_async(self, lease: Lease, work: Callable[[Lease], Any]) -> tuple[Any, BaseException | None]:
+        task = asyncio.ensure_future(work(lease))
+        lease.on_lost(lambda why: task.cancel())
+        try:
+            return await task, None
+        except asyncio.CancelledError:
+            if lease.lost.is_set() and task.cancelled() and not _cancelling():
+                return None, LeaseLost(f'the lease of lock "{lease.name}" was lost; the work was cancelled: {lease.lost_reason}')
+            raise
+        except Exception as exc:
+            return None, exc
+
+    @contextlib.asynccontextmanager
+    async def hold(self, name: str, ttl: float | Any = DEFAULT_TTL) -> AsyncIterator[Lease]:
+        """``async with locks.hold(name, ttl) as lease:`` runs the block holding the lock.
+
+        Raises :class:`LockNotAcquired` (naming the holder) when another holder has it. If
+        the lease is lost, the block is cancelled and :class:`LeaseLost` raised instead."""
+        lease = await self.acquire(name, ttl)
+        if lease is None:
+            raise LockNotAcquired(await self.describe_holder(name))
+        task = asyncio.current_task()
+        assert task is not None
+        cancelled = False
+
+        def cancel(why: str) -> None:
+            nonlocal cancelled
+            cancelled = True
+            task.cancel()
+
+        lease.on_lost(cancel)
+        try:
+            yield lease
+        except asyncio.CancelledError:
+            if not cancelled:
+                raise
+            cancelled = False
+            if task.uncancel() > 0:  # cancelled by someone else as well: theirs wins
+                raise
+            raise LeaseLost(f'the lease of lock "{name}" was lost; the block was cancelled: {lease.lost_reason}') from None
+        finally:
+            lease._on_lost.clear()
+            if cancelled:  # lost after the block's last await: the cancel is still pending
+                task.uncancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0)
+            await lease.release()
+        if lease.lost.is_set():
+            raise LeaseLost(f'the lease of lock "{name}" was lost while the block ran: {lease.lost_reason}')
+
+    async def describe_holder(self, name: str) -> str:
+        """A sentence naming who holds ``name`` (for refusals)."""
+        try:
+            lock = await self.store.get_lock(name)
+        except Unavailable:
+            lock = None
+        if lock is None or lock.holder is None:
+            return f'lock "{name}" is held by another holder'
+        return f'lock "{name}" is held by {lock.holder} (token {lock.token}) until {iso(lock.expires_at)}'
+
+    async def list(self) -> LocksSnapshot:
+        """Every lock (held, expired or free) and the lock clock's now."""
+        return await self.store.list_locks(self.lock_now())
+
+    async def release(self, name: str) -> LockRelease:
+        """Release ``name`` by force, whoever holds it (an operator's action): its holder's
+        renewals and fences fail from now on, and the next holder gets a greater token.
+        Returns the lock as it was; :class:`~backend.errors.NotFound` for an unknown name."""
+        done = await self.store.force_release_lock(check_lock_name(name), self.lock_now())
+        if done is None:
+            raise NotFound(f'no lock named "{name}"')
+        if done.released:
+            log.warning('lock "%s" released by force (holder %s, token %d)', name, done.lock.holder, done.lock.token)
+        await self.audit.record(
+            "lock.release", name, {"released": done.released, "holder": done.lock.holder, "token": done.lock.token}
+        )
+        self.events.publish("locks", name)
+        return done
+
+    # -- locked schedule runs ------------------------------------------------------------------
+    def guard(self, run: GuardedRun, start: Callable[[], None]) -> None:
+        """Take the schedule's lock, then ``start()`` the run holding it; if another holder
+        has it, record the run ``skipped`` (error tag ``locked``). The lease is released
+        when the run is recorded finished (:meth:`release_soon` from the launcher); if it is
+        lost first, the run is recorded ``failed`` (``lease_lost``) and cancelled."""
+        self._spawn(self._guard(run, start), f"lock for {run.schedule.name}")
+
+    async def _guard(self, run: GuardedRun, start: Callable[[], None]) -> None:
+        schedule = run.schedule
+        name = schedule.lock
+        assert name is not None
+        try:
+            lease = await self.acquire(name, schedule.lock_ttl, holder=f"{self.instance} ({schedule.name})")
+        except Unavailable as exc:
+            run.settle(Outcome("failed", self.clock.now(), TAG_UNAVAILABLE, f'not started: cannot take lock "{name}": {exc}'))
+            return
+        if lease is None:
+            why = await self.describe_holder(name)
+            run.settle(Outcome("skipped", self.clock.now(), TAG_LOCKED, f"not started: {why}"))
+            return
+        if run.done:  # stopped while the lock was being taken
+            await lease.release()
+            return
+        run.lease = lease
+        self._run_leases.add(lease)
+        self._runs_done.clear()
+
+        def lost(why: str) -> None:
+            message = f'the lease of lock "{name}" (token {lease.token}) was lost: {why}'
+            if run.settle(Outcome("failed", self.clock.now(), TAG_LEASE_LOST, message)):
+                run.cancel()
+
+        lease.on_lost(lost)
+        start()
+
+
+def _cancelling() -> int:
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()

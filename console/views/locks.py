@@ -1,0 +1,200 @@
+"""View 5: the project locks: who holds each, its fencing token, when it expires, when it
+was last renewed; ``x`` releases the selected one by force, after asking."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import ClassVar
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.content import Content
+
+from backend.errors import SchedtuiError, Unavailable
+from backend.locks import Lock, LocksSnapshot
+
+from .. import format as fmt
+from ..screens.confirm import Confirm
+from ..widgets.line import Line
+from ..widgets.palette import theme_color
+from ..widgets.schedules import FreshTable
+from .base import View
+
+__all__ = ["LocksTable", "LocksView"]
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class LocksTable(FreshTable):
+    """One row per lock, by name; :meth:`tick` recomputes the expiry countdowns and the
+    renewal ages from the lock clock's time (the database's, as estimated)."""
+
+    # Fixed widths: a table that re-measures its columns as rows arrive draws differently
+    # from one refresh to the next (and from one snapshot to the next).
+    COLUMNS = (
+        ("name", "NAME", 24),
+        ("holder", "HOLDER", 22),
+        ("token", "TOKEN", 8),
+        ("state", "STATE", 9),
+        ("expires", "EXPIRES", 18),
+        ("renewed", "LAST RENEWAL", 12),
+    )
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=False)
+        self.locks: dict[str, Lock] = {}
+
+    def on_mount(self) -> None:
+        for key, label, width in self.COLUMNS:
+            self.add_column(label, key=key, width=width)
+
+    @property
+    def selected(self) -> Lock | None:
+        if not self.row_count:
+            return None
+        try:
+            name = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        except Exception:
+            return None
+        return self.locks.get(name or "")
+
+    def _timed(self, lock: Lock, now: datetime) -> tuple[Text, Text, Text]:
+        state = lock.state(now)
+        color = {"held": "text-success", "expired": "text-warning", "free": "text-muted"}[state]
+        glyph = {"held": "●", "expired": "⚠", "free": "○"}[state]
+        if state == "held":
+            expires = fmt.countdown(lock.expires_at, now)
+        elif state == "expired":
+            expires = f"expired {fmt.ago(lock.expires_at, now)}"
+        else:
+            expires = f"released {fmt.ago(lock.expires_at, now)}"
+        renewed = fmt.ago(lock.renewed_at, now) if lock.holder is not None else "-"
+        return Text(f"{glyph} {state}", style=theme_color(self.app, color)), Text(expires), Text(renewed)
+
+    def show(self, snapshot: LocksSnapshot, now: datetime) -> None:
+        selected = self.selected
+        self.locks = {lock.name: lock for lock in snapshot.locks}
+        self.clear()
+        for lock in snapshot.locks:
+            state, expires, renewed = self._timed(lock, now)
+            self.add_row(Text(_cut(lock.name, 24), style="bold"), Text(_cut(lock.holder or "-", 22)),
+                         Text(str(lock.token)), state, expires, renewed, key=lock.name)  # fmt: skip
+        if selected is not None and selected.name in self.locks:
+            self.move_cursor(row=self.get_row_index(selected.name), animate=False, scroll=True)
+
+    def tick(self, now: datetime) -> None:
+        for name, lock in self.locks.items():
+            for key, cell in zip(("state", "expires", "renewed"), self._timed(lock, now)):
+                if self.get_cell(name, key) != cell:
+                    self.update_cell(name, key, cell)
+
+
+class LocksView(View):
+    """The lock table, refreshed with the app; countdowns tick between refreshes."""
+
+    view_id = "locks"
+    topics: ClassVar[tuple[str, ...]] = ("locks",)
+
+    BINDINGS = [
+        Binding("x", "release_lock", "Release", id="release_lock",
+                tooltip="release the selected lock by force (asks first; the next holder gets a greater token)"),
+    ]  # fmt: skip
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id or self.view_id)
+        self.snapshot: LocksSnapshot | None = None
+        self._read_at: datetime | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Line("LOCKS", id="locks-title", classes="section")
+        yield LocksTable(id="locks-table")
+        yield Line("", id="locks-hint")
+
+    @property
+    def table(self) -> LocksTable:
+        return self.query_one(LocksTable)
+
+    def focus_main(self) -> None:
+        self.table.focus()
+
+    def lock_now(self, now: datetime) -> datetime:
+        """The lock clock now: its time at the last read plus what has passed since."""
+        if self.snapshot is None or self._read_at is None:
+            return now
+        return self.snapshot.now + (now - self._read_at)
+
+    async def load(self) -> None:
+        self.snapshot = await self.console.backend.list_locks()
+        self._read_at = self.console.clock.now()
+
+    def show(self) -> None:
+        snapshot = self.snapshot
+        if snapshot is None:
+            return
+        now = self.lock_now(self.console.clock.now())
+        self.table.show(snapshot, now)
+        held = sum(1 for lock in snapshot.locks if lock.state(now) == "held")
+        self.query_one("#locks-title", Line).update(f"LOCKS  {len(snapshot.locks)} · {held} held")
+        self.query_one("#locks-hint", Line).update(
+            Content.from_markup("[$text-muted]no lock has been taken in this store yet[/]")
+            if not snapshot.locks
+            else Content.from_markup("[$text-muted]x releases the selected lock by force[/]")
+        )
+
+    def tick(self, now: datetime) -> None:
+        if self.snapshot is not None:
+            self.table.tick(self.lock_now(now))
+
+    def action_release_lock(self) -> None:
+        console = self.console
+        if console.read_only:
+            console.notify(f"Release does nothing here: {console._read_only_reason()}.", title="Read-only",
+                           severity="warning")  # fmt: skip
+            return
+        lock = self.table.selected
+        if lock is None:
+            console.notify("Release: no lock selected.", severity="warning")
+            return
+        now = self.lock_now(console.clock.now())
+        if lock.holder is None:
+            console.notify(f'Lock "{lock.name}" is not held; nothing to release.', title="Release", markup=False)
+            return
+        state = lock.state(now)
+        until = (
+            f"its lease runs {fmt.countdown(lock.expires_at, now)}" if state == "held"
+            else f"its lease expired {fmt.ago(lock.expires_at, now)}"
+        )  # fmt: skip
+        lines: list[Content | str] = [
+            Content.assemble(("Lock ", ""), (lock.name, "bold"), f" is held by {lock.holder} (token {lock.token}); {until}."),
+            "Released by force, its holder's renewals and fenced writes are refused from now on, "
+            "and the next holder gets a greater token. Its holder may still be working.",
+        ]
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self._release(lock.name)
+
+        console.push_screen(Confirm("Release this lock?", lines, "releases it"), answer)
+
+    @work(group="action", exit_on_error=False)
+    async def _release(self, name: str) -> None:
+        console = self.console
+        try:
+            done = await console.backend.release_lock(name)
+        except Unavailable as exc:
+            console.connection_lost(exc)
+            return
+        except SchedtuiError as exc:
+            console.report(exc)
+            return
+        if done.released:
+            console.notify(f'Lock "{name}" released (was held by {done.lock.holder}, token {done.lock.token}).',
+                           title="Lock released", markup=False)  # fmt: skip
+        else:
+            console.notify(f'Lock "{name}" was not held any more.', title="Release", markup=False)
+        console.request_refresh()
+

@@ -1,0 +1,477 @@
+"""``cluster`` coordination on the injected clock: engines in this process sharing one
+PostgreSQL database, the lock clock (the database's, in production) shared by all.
+
+Each engine runs on its own view of the clock, which can be *frozen* (its loops stop, its
+``now()`` stands still, as a process under SIGSTOP) while the shared clock moves on; thawed,
+it sees the jump all at once. A crashed engine just stops, holding its shards until their
+leases expire.
+
+The invariants, checked on the ledger after every step of random sequences (Hypothesis):
+no slot of a schedule ever has two runs; every run is tagged ``cluster``; and once the
+fleet has settled, no slot between a schedule's first and last recorded one is a silent
+hole (each is fired, or recorded ``missed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from backend import Engine, ManualClock, define_schedule
+from backend.cluster import SHARDS, rendezvous, shard_of
+from backend.schedules import Schedule
+from tests import pg
+
+UTC = timezone.utc
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+SHARD_TTL = 3.0
+
+
+class ViewClock:
+    """One engine's view of the shared :class:`ManualClock`, which can be frozen."""
+
+    def __init__(self, shared: ManualClock) -> None:
+        self.shared = shared
+        self.frozen_at: datetime | None = None
+        self._thawed = asyncio.Event()
+        self._thawed.set()
+
+    def now(self) -> datetime:
+        return self.frozen_at if self.frozen_at is not None else self.shared.now()
+
+    async def sleep_until(self, deadline: datetime) -> None:
+        while True:
+            await self.shared.sleep_until(deadline)
+            if self.frozen_at is None:
+                return
+            await self._thawed.wait()
+
+    def freeze(self) -> None:
+        self.frozen_at = self.shared.now()
+        self._thawed.clear()
+
+    def thaw(self) -> None:
+        self.frozen_at = None
+        self._thawed.set()
+
+
+async def noop(ctx: Any) -> None:
+    pass
+
+
+def every_second(count: int, **kwargs: Any) -> list[Schedule]:
+    return [
+        define_schedule(name=f"s{i:02d}", cron="* * * * * *", timezone="UTC", handler=noop, **kwargs)
+        for i in range(count)
+    ]
+
+
+class Fleet:
+    """Engines on one database and one shared clock."""
+
+    def __init__(self, url: str, schedules: list[Schedule]) -> None:
+        self.url = url
+        self.schedules = schedules
+        self.clock = ManualClock(T0)
+        self.engines: dict[str, tuple[Engine, ViewClock]] = {}
+        self.crashed: list[Engine] = []
+
+    async def start(self, name: str) -> Engine:
+        view = ViewClock(self.clock)
+        engine = Engine(
+            self.schedules, self.url, clock=view, lock_clock=self.clock, instance=name, coordination="cluster",
+            shard_ttl=SHARD_TTL, shutdown_grace=0, abandon_after=3600,
+        )  # fmt: skip
+        self.engines[name] = (engine, view)
+        await engine.start()
+        return engine
+
+    async def tick(self, seconds: int = 1) -> None:
+        """Move the shared clock a second at a time; every engine that is not frozen does
+        what each second calls for."""
+        for _ in range(seconds):
+            self.clock.advance(1)
+            for engine, view in self.engines.values():
+                if view.frozen_at is None:
+                    await engine.quiesce()
+
+    async def settle(self, limit: int = 60) -> None:
+        """Tick until every shard is held by a live engine and nothing is catching up, for a
+        whole lease (at most ``limit`` seconds)."""
+        steady = 0
+        for _ in range(limit):
+            await self.tick()
+            held = sum(len(engine.cluster.held) for engine, _ in self.engines.values())  # type: ignore[union-attr]
+            busy = any(engine.catch_up.busy for engine, _ in self.engines.values())
+            steady = steady + 1 if held == SHARDS and not busy else 0
+            if steady > SHARD_TTL:
+                return
+        raise AssertionError(f"the fleet did not settle within {limit}s")
+
+    async def crash(self, name: str) -> None:
+        """Gone without a word: its loops stop, its shards stay taken until they expire."""
+        engine, _ = self.engines.pop(name)
+        await engine.loops.cancel_all()
+        self.crashed.append(engine)
+
+    async def stop(self) -> None:
+        for engine, view in self.engines.values():
+            view.thaw()
+            await engine.stop(grace=0)
+        for engine in self.crashed:
+            await engine.store.close()
+
+    async def runs(self) -> list[tuple[str, datetime, str, str, str]]:
+        engine = next(iter(self.engines.values()))[0] if self.engines else self.crashed[0]
+        await engine.flush()
+        rows = await engine.store._fetchall(  # type: ignore[attr-defined]
+            "SELECT name, scheduled_at, status, outcome, instance FROM schedtui_runs WHERE trigger <> 'manual' "
+            "ORDER BY name, scheduled_at"
+        )
+        return [(r[0], r[1].astimezone(UTC), r[2], r[3], r[4]) for r in rows]
+
+
+def duplicates(runs: list[tuple[str, datetime, str, str, str]]) -> list[tuple[str, datetime]]:
+    counts = Counter((name, slot) for name, slot, *_ in runs)
+    return [key for key, n in counts.items() if n > 1]
+
+
+def holes(runs: list[tuple[str, datetime, str, str, str]], until: datetime) -> list[tuple[str, datetime]]:
+    """Slots with no row between a schedule's first recorded slot and ``until``."""
+    slots: dict[str, set[datetime]] = {}
+    for name, slot, *_ in runs:
+        slots.setdefault(name, set()).add(slot)
+    missing = []
+    for name, seen in slots.items():
+        at = min(seen)
+        while at <= until:
+            if at not in seen:
+                missing.append((name, at))
+            at += timedelta(seconds=1)
+    return missing
+
+
+@pytest.fixture
+async def fleet(pg_url: str) -> AsyncIterator[Callable[..., Fleet]]:
+    made: list[Fleet] = []
+
+    def make(schedules: list[Schedule]) -> Fleet:
+        made.append(Fleet(pg_url, schedules))
+        return made[-1]
+
+    yield make
+    for f in made:
+        await f.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# the assignment, without a database
+# ---------------------------------------------------------------------------------------
+def test_rendezvous_spreads_the_shards_evenly_and_a_join_moves_only_the_joiners_share() -> None:
+    members = [f"web-{i}:{1000 + i}" for i in range(4)]
+    before = {shard: rendezvous(shard, members[:3]) for shard in range(SHARDS)}
+    counts = Counter(before.values())
+    assert set(counts) == set(members[:3]) and min(counts.values()) >= SHARDS // 3 - 8
+    after = {shard: rendezvous(shard, members) for shard in range(SHARDS)}
+    moved = [shard for shard in range(SHARDS) if before[shard] != after[shard]]
+    assert moved and all(after[shard] == members[3] for shard in moved)  # only to the new member
+    assert SHARDS // 4 - 8 <= len(moved) <= SHARDS // 4 + 8
+    left = {shard: rendezvous(shard, members[1:3]) for shard in range(SHARDS)}
+    assert all(left[shard] == before[shard] for shard in range(SHARDS) if before[shard] != members[0])
+    assert rendezvous(0, []) is None
+
+
+def test_schedules_hash_onto_every_shard() -> None:
+    shards = Counter(shard_of(f"schedule-{i}") for i in range(6400))
+    assert set(shards) == set(range(SHARDS)) and statistics.pstdev(shards.values()) < 20
+
+
+async def test_on_sqlite_cluster_falls_back_to_single_loudly(make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture) -> None:
+    engine = make_engine(every_second(1), coordination="cluster")
+    assert engine.coordination == "single" and engine.cluster is None
+    with caplog.at_level(logging.WARNING, logger="schedtui.engine"):
+        await engine.start()
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "cluster needs a PostgreSQL store" in warning.getMessage() and "falls back to single" in warning.getMessage()
+
+
+# ---------------------------------------------------------------------------------------
+# engines on PostgreSQL
+# ---------------------------------------------------------------------------------------
+pg_only = pytest.mark.postgres
+
+
+@pg_only
+async def test_three_instances_divide_the_schedules_and_fire_each_slot_once(fleet: Callable[..., Fleet]) -> None:
+    f = fleet(every_second(24))
+    for name in ("a", "b", "c"):
+        await f.start(name)
+    await f.tick(8)
+    held = {name: len(engine.cluster.held) for name, (engine, _) in f.engines.items()}  # type: ignore[union-attr]
+    assert sum(held.values()) == SHARDS and min(held.values()) >= 10, held
+    runs = await f.runs()
+    assert not duplicates(runs) and not holes(runs, f.clock.now())
+    assert {(status, outcome) for _, _, status, outcome, _ in runs} == {("succeeded", "cluster")}
+    by_instance = Counter(instance for *_, instance in runs)
+    assert set(by_instance) == {"a", "b", "c"}
+    # Each schedule has one owner, and only that instance ran it.
+    views = await f.engines["a"][0].list_schedules()
+    owners = {view.name: view.owner for view in views}
+    assert all(view.sharded for view in views) and set(owners.values()) == {"a", "b", "c"}
+    assert {(name, instance) for name, _, _, _, instance in runs if (name, instance) != (name, owners[name])} == set()
+    # Only the owner arms a schedule: the others do not even wake for it.
+    for name, (engine, _) in f.engines.items():
+        assert {s for s in engine.schedules if engine.timers.next_slot(s) is not None} == {
+            s for s, owner in owners.items() if owner == name
+        }
+
+
+@pg_only
+async def test_a_crashed_owners_schedules_are_taken_over_within_a_lease_and_no_slot_is_lost(
+    fleet: Callable[..., Fleet],
+) -> None:
+    f = fleet(every_second(12))
+    for name in ("a", "b"):
+        await f.start(name)
+    await f.tick(4)
+    victim_owned = {s for s in f.schedules if f.engines["a"][0].cluster.owns(s.name)}  # type: ignore[union-attr]
+    assert victim_owned
+    await f.crash("a")
+    crashed_at = f.clock.now()
+    await f.tick(int(SHARD_TTL) + 3)
+    survivor = f.engines["b"][0]
+    assert all(survivor.cluster.owns(s.name) for s in f.schedules)  # type: ignore[union-attr]
+    runs = await f.runs()
+    assert not duplicates(runs) and not holes(runs, f.clock.now())
+    window = [(name, slot, status) for name, slot, status, _, _ in runs if slot > crashed_at and status != "succeeded"]
+    # The slots of the hand-over window are recorded missed (backfill="skip"), never dropped.
+    assert window and {status for *_, status in window} == {"missed"}
+    assert all(slot <= crashed_at + timedelta(seconds=SHARD_TTL + 2) for _, slot, _ in window)
+
+
+@pg_only
+async def test_a_frozen_owner_that_wakes_up_is_fenced_and_stands_down(fleet: Callable[..., Fleet], caplog: pytest.LogCaptureFixture) -> None:
+    f = fleet(every_second(12, backfill="all"))
+    for name in ("a", "b"):
+        await f.start(name)
+    await f.tick(3)
+    frozen, view = f.engines["a"]
+    frozen_at = f.clock.now()
+    lost = {s.name for s in f.schedules if frozen.cluster.owns(s.name)}  # type: ignore[union-attr]
+    view.freeze()
+    await f.tick(int(SHARD_TTL) + 3)  # b takes a's shards over once their leases expire
+    assert all(f.engines["b"][0].cluster.owns(name) for name in lost)  # type: ignore[union-attr]
+    before = await f.runs()
+    with caplog.at_level(logging.WARNING, logger="schedtui.cluster"):
+        view.thaw()
+        await frozen.quiesce()  # it wakes up seconds behind, with every timer due
+    runs = await f.runs()
+    written = [row for row in runs if row not in before and row[4] == "a"]
+    assert written == [], "the woken owner wrote rows for shards it had lost"
+    assert any("standing down" in r.getMessage() for r in caplog.records)
+    assert not any(frozen.cluster.owns(name) for name in lost)  # type: ignore[union-attr]
+    await f.tick(3)  # it rejoins: shards move back to it, without a duplicate
+    runs = await f.runs()
+    assert not duplicates(runs) and not holes(runs, f.clock.now())
+    assert any(instance == "a" and slot > f.clock.now() - timedelta(seconds=2) for _, slot, _, _, instance in runs)
+    # backfill="all": the hand-over window was fired late by the new owner, not dropped.
+    assert {status for _, slot, status, _, _ in runs if slot > frozen_at} == {"succeeded"}
+
+
+@pg_only
+async def test_a_claim_under_a_stale_shard_token_writes_nothing_and_stands_the_owner_down(
+    fleet: Callable[..., Fleet], caplog: pytest.LogCaptureFixture
+) -> None:
+    f = fleet(every_second(4))
+    stale = await f.start("a")
+    await f.tick(2)
+    schedule = f.schedules[0]
+    assert stale.cluster is not None and stale.cluster.owns(schedule.name)
+    lock, token = stale.cluster.fence_of(schedule.name)  # type: ignore[misc]
+    # Behind its back, an operator frees the shard and another instance takes it over.
+    other = await f.start("b")
+    await other.locks.release(lock)
+    got = await other.store.acquire_shards([lock], "b", timedelta(seconds=30), f.clock.now())  # type: ignore[attr-defined]
+    assert got[lock][0] > token
+    slot = f.clock.now() + timedelta(seconds=1)
+    claim = stale.claims.make_claims([(schedule, slot)], f.clock.now())
+    with caplog.at_level(logging.WARNING, logger="schedtui.cluster"):
+        result = await stale.coordinator.claim(claim, "a", f.clock.now())
+    assert result.won == frozenset()
+    assert [r for r in await f.runs() if r[1] == slot] == []
+    assert not stale.cluster.owns(schedule.name) and stale.timers.next_slot(schedule.name) is None
+    assert any("fenced on 1 shard(s), standing down" in r.getMessage() for r in caplog.records)
+
+
+@pg_only
+async def test_a_slot_that_has_a_run_is_never_claimed_again_even_by_its_current_owner(fleet: Callable[..., Fleet]) -> None:
+    f = fleet(every_second(2))
+    owner = await f.start("a")
+    await f.tick(2)
+    schedule, slot = f.schedules[0], f.clock.now() + timedelta(seconds=5)
+    first = await owner.coordinator.claim(owner.claims.make_claims([(schedule, slot)], f.clock.now()), "a", f.clock.now())
+    again = await owner.coordinator.claim(owner.claims.make_claims([(schedule, slot)], f.clock.now()), "a", f.clock.now())
+    assert len(first.won) == 1 and again.won == frozenset()
+    assert len([r for r in await f.runs() if r[:2] == (schedule.name, slot)]) == 1
+
+
+@pg_only
+async def test_a_joining_member_takes_its_share_without_a_duplicate(fleet: Callable[..., Fleet]) -> None:
+    f = fleet(every_second(16))
+    await f.start("a")
+    await f.tick(3)
+    assert len(f.engines["a"][0].cluster.held) == SHARDS  # type: ignore[union-attr]
+    await f.start("b")
+    await f.tick(4)
+    held = {name: len(engine.cluster.held) for name, (engine, _) in f.engines.items()}  # type: ignore[union-attr]
+    assert sum(held.values()) == SHARDS and held["b"] >= 20
+    runs = await f.runs()
+    assert not duplicates(runs) and not holes(runs, f.clock.now())
+    assert {instance for *_, instance in runs if _ } >= {"a", "b"}
+
+
+# ---------------------------------------------------------------------------------------
+# hand-over under random sequences
+# ---------------------------------------------------------------------------------------
+class HandOver(RuleBasedStateMachine):
+    """Members join, crash, freeze and thaw while the clock moves; the ledger must never
+    show a slot twice, and once settled, never a silent hole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert pg.ACTIVE is not None
+        self.loop = asyncio.new_event_loop()
+        self.fleet = Fleet(pg.ACTIVE.create_database("handover"), every_second(6))
+        self.names = iter(f"m{i}" for i in range(100))
+        self.run(self.fleet.start(next(self.names)))
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def teardown(self) -> None:
+        try:
+            self.settle_and_check()
+        finally:
+            self.run(self.fleet.stop())
+            self.loop.close()
+
+    def live(self) -> list[str]:
+        return [name for name, (_, view) in self.fleet.engines.items() if view.frozen_at is None]
+
+    @precondition(lambda self: len(self.fleet.engines) < 3)
+    @rule()
+    def join(self) -> None:
+        self.run(self.fleet.start(next(self.names)))
+
+    @precondition(lambda self: len(self.fleet.engines) > 1)
+    @rule(data=st.data())
+    def crash(self, data: st.DataObject) -> None:
+        self.run(self.fleet.crash(data.draw(st.sampled_from(sorted(self.fleet.engines)))))
+
+    @precondition(lambda self: len(self.live()) > 1)
+    @rule(data=st.data())
+    def freeze(self, data: st.DataObject) -> None:
+        self.fleet.engines[data.draw(st.sampled_from(self.live()))][1].freeze()
+
+    @rule(data=st.data())
+    def thaw(self, data: st.DataObject) -> None:
+        frozen = sorted(name for name, (_, view) in self.fleet.engines.items() if view.frozen_at is not None)
+        if frozen:
+            engine, view = self.fleet.engines[data.draw(st.sampled_from(frozen))]
+            view.thaw()
+            self.run(engine.quiesce())
+
+    @rule(seconds=st.integers(1, 5))
+    def tick(self, seconds: int) -> None:
+        self.run(self.fleet.tick(seconds))
+
+    @invariant()
+    def no_slot_twice_and_every_run_is_the_clusters(self) -> None:
+        runs = self.run(self.fleet.runs())
+        assert not duplicates(runs), duplicates(runs)[:5]
+        assert {outcome for _, _, _, outcome, _ in runs} <= {"cluster"}
+
+    def settle_and_check(self) -> None:
+        for engine, view in self.fleet.engines.values():
+            if view.frozen_at is not None:
+                view.thaw()
+                self.run(engine.quiesce())
+        self.run(self.fleet.settle())
+        runs = self.run(self.fleet.runs())
+        assert not duplicates(runs)
+        settled = self.fleet.clock.now() - timedelta(seconds=2)
+        assert not holes(runs, settled), holes(runs, settled)[:5]
+
+
+@pg_only
+def test_hand_over_never_fires_a_slot_twice_nor_leaves_a_silent_hole(pg_server: pg.PgServer) -> None:
+    run_state_machine_as_test(
+        HandOver,
+        settings=settings(
+            max_examples=12, stateful_step_count=12, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# the command line
+# ---------------------------------------------------------------------------------------
+@pg_only
+async def test_list_gains_the_owner_of_each_schedule_in_cluster_mode(pg_url: str, tmp_path: Any) -> None:
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.servers import REPO, cli_env
+
+    folder = tmp_path / "schedules"
+    folder.mkdir()
+    (folder / "ticks.cron.py").write_text(textwrap.dedent("""
+        from backend import define_schedule
+
+        async def noop(ctx):
+            pass
+
+        a = define_schedule(name="alpha", cron="0 * * * *", timezone="UTC", handler=noop)
+        b = define_schedule(name="beta", cron="0 * * * *", timezone="UTC", handler=noop)
+    """))
+    from backend import discover
+
+    engine = Engine(discover(folder), pg_url, instance="owner-1", coordination="cluster", shutdown_grace=0)
+    await engine.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 20
+        while len(engine.cluster.held) < SHARDS:  # type: ignore[union-attr]
+            assert asyncio.get_running_loop().time() < deadline, "the engine did not take the shards"
+            await asyncio.sleep(0.1)  # a real clock: the shards are taken on the next poll
+
+        def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "console.cli", *args, "--schedules", str(folder), "--store", pg_url],
+                cwd=REPO, env=cli_env(**env), capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+
+        done = await asyncio.to_thread(cli, "list", "--json", SCHEDTUI_COORDINATION="cluster")
+        assert done.returncode == 0, done.stderr
+        assert {(s["name"], s["owner"]) for s in json.loads(done.stdout)} == {("alpha", "owner-1"), ("beta", "owner-1")}
+        table = await asyncio.to_thread(cli, "list", SCHEDTUI_COORDINATION="cluster")
+        assert table.stdout.splitlines()[0].split()[-1] == "OWNER" and "owner-1" in table.stdout
+        plain = await asyncio.to_thread(cli, "list", "--json")
+        assert all("owner" not in s for s in json.loads(plain.stdout))  # not in the other modes
+        bad = await asyncio.to_thread(cli, "list", SCHEDTUI_COORDINATION="clustr")
+        assert bad.returncode == 2 and bad.stderr == (
+            'schedtui: $SCHEDTUI_COORDINATION "clustr" is not one of single, advisoryLock, cluster\n'
+        )
+    finally:
+        await engine.stop(grace=0)

@@ -1,0 +1,108 @@
+"""The console's Locks view (key 5) under Pilot, on the fixture ledger at the frozen time,
+and the header's owned counts in ``cluster`` coordination."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from backend.interface import ConnectionInfo
+from backend.model import InstanceInfo, ScheduleView
+from backend.store import open_store
+from console.fleet import fleet_of
+from console.screens.confirm import Confirm
+from console.views.locks import LocksTable
+from console.widgets import ConsoleHeader
+from tests.console_fixtures import add_locks
+from tests.test_console import console, ledger, settle, store_url  # noqa: F401 - fixtures
+
+UTC = timezone.utc
+
+
+def cells(app: Any, name: str) -> list[str]:
+    table = app.query_one(LocksTable)
+    return [table.get_cell(name, key).plain for key, _, _ in table.COLUMNS]
+
+
+async def holder_of(url: str, name: str) -> str | None:
+    store: Any = open_store(url)
+    await store.open()
+    try:
+        return (await store.get_lock(name)).holder  # type: ignore[no-any-return]
+    finally:
+        await store.close()
+
+
+async def test_the_locks_view_shows_holders_tokens_and_expiries_counting_down(store_url: str) -> None:  # noqa: F811
+    await add_locks(store_url)
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("5")
+        await settle(pilot)
+        assert app.active_view_id == "locks"
+        assert list(app.query_one(LocksTable).locks) == ["nightly-rollup", "partner-sync", "reindex"]
+        held = cells(app, "nightly-rollup")
+        assert held[:2] == ["nightly-rollup", "web-2:77 (rollup)"] and held[3:] == ["● held", "in 58s", "2s ago"]
+        assert cells(app, "partner-sync")[3:] == ["⚠ expired", "expired 1m 5s ago", "1m 35s ago"]
+        assert cells(app, "reindex")[1] == "-" and cells(app, "reindex")[3:] == ["○ free", "released 18m ago", "-"]
+        tokens = [int(cells(app, name)[2]) for name in ("nightly-rollup", "partner-sync", "reindex")]
+        assert len(set(tokens)) == 3
+        clock.advance(5)
+        app.tick()  # countdowns and ages move with the clock, between refreshes
+        assert cells(app, "nightly-rollup")[4:] == ["in 53s", "7s ago"]
+        assert notes.seen == []
+
+
+async def test_x_asks_then_releases_the_selected_lock_by_force(store_url: str) -> None:  # noqa: F811
+    await add_locks(store_url)
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("5")
+        await settle(pilot)
+        await pilot.press("x")  # the cursor is on the first lock, nightly-rollup
+        await settle(pilot)
+        assert isinstance(app.screen, Confirm)
+        await pilot.press("n")  # no: nothing happens
+        await settle(pilot)
+        assert await holder_of(store_url, "nightly-rollup") == "web-2:77 (rollup)"
+        await pilot.press("x")
+        await settle(pilot)
+        await pilot.press("y")
+        await settle(pilot)
+        assert await holder_of(store_url, "nightly-rollup") is None
+        [message] = notes.titled("Lock released")
+        assert message.startswith('Lock "nightly-rollup" released (was held by web-2:77 (rollup), token ')
+        assert cells(app, "nightly-rollup")[3] == "○ free"
+        await pilot.press("down", "down")
+        await pilot.press("x")  # reindex is free: nothing to release, no question
+        await settle(pilot)
+        assert not isinstance(app.screen, Confirm)
+        assert notes.titled("Release") == ['Lock "reindex" is not held; nothing to release.']
+
+
+async def test_x_in_read_only_says_why_and_releases_nothing(store_url: str) -> None:  # noqa: F811
+    await add_locks(store_url)
+    async with console(store_url, read_only=True) as (app, pilot, clock, notes):
+        await pilot.press("5")
+        await settle(pilot)
+        await pilot.press("x")
+        await settle(pilot)
+        assert not isinstance(app.screen, Confirm)
+        assert notes.titled("Read-only") == ["Release does nothing here: the console was started with --read-only."]
+    assert await holder_of(store_url, "nightly-rollup") == "web-2:77 (rollup)"
+
+
+def test_in_cluster_mode_the_header_says_how_many_schedules_each_instance_owns() -> None:
+    now = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+
+    def view(name: str, owner: str | None) -> ScheduleView:
+        return ScheduleView(name, "* * * * *", "UTC", "self", "skip", "skip", 60.0, None, None, True, None, None, None,
+                            owner=owner, sharded=True)  # fmt: skip
+
+    views = [view("a", "web-1"), view("b", "web-1"), view("c", "web-2"), view("d", None)]
+    beats = [InstanceInfo(name, "host", 1, now - timedelta(seconds=2)) for name in ("web-1", "web-2")]
+    info = ConnectionInfo("remote", "http://x", "cluster", "web-1", False)
+    fleet = fleet_of(beats, now, info, views)
+    assert fleet.owned == {"web-1": 2, "web-2": 1}
+    text = ConsoleHeader._fleet(fleet)
+    assert "web-1 ◈2, web-2 ◈1" in text
+    plain = ScheduleView("a", "* * * * *", "UTC", "self", "skip", "skip", 60.0, None, None, True, None, None, None)
+    assert fleet_of(beats, now, info, [plain]).owned is None  # not in the other modes

@@ -1,0 +1,473 @@
+"""Locks: the lock table on both stores, leases on the injected clock, locked schedules,
+the synchronous twin, and the invariants under random sequences (Hypothesis).
+
+The lock clock is the injected one here (an engine on a ManualClock hands the store its
+time), so expiry is exact and nothing waits for real time."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from backend import (
+    BadInput,
+    DefinitionError,
+    Engine,
+    LeaseLost,
+    LockNotAcquired,
+    ManualClock,
+    NotFound,
+    StaleLease,
+    Unavailable,
+    connect,
+    connect_sync,
+    define_schedule,
+)
+from backend.locks import Lease, LockStore
+from backend.model import RunContext
+from backend.store import Store, open_store
+from tests import pg
+from tests.conftest import all_runs
+
+UTC = timezone.utc
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+TTL = timedelta(seconds=30)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def lock_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """An open store of either kind (the lock methods are what these tests use)."""
+    if request.param == "postgres":
+        request.getfixturevalue("pg_server")
+        store: Store = open_store(pg.database_for(tmp_path))
+    else:
+        store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    await store.open()
+    yield store
+    await store.close()
+
+
+def fence_conn(store: Any, tmp_path: Path) -> Any:
+    """A connection of the caller's own to the store's database, in autocommit-free mode."""
+    if store.kind == "sqlite":
+        return sqlite3.connect(str(tmp_path / "state.db"), isolation_level=None)
+    return psycopg.connect(store.url)
+
+
+def fence(store: Any, conn: Any, resource: str, name: str, token: int, now: datetime) -> str | None:
+    """One fenced write in its own transaction: the fence, then commit (roll back if refused)."""
+    if isinstance(conn, sqlite3.Connection):
+        conn.execute("BEGIN")
+        why = store.fence_on_sync(conn, resource, name, token, now)
+        conn.execute("ROLLBACK" if why else "COMMIT")
+        return why  # type: ignore[no-any-return]
+    with conn.transaction():
+        why = store.fence_on_sync(conn, resource, name, token, now)
+    return why  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------------------
+# the lock table, on both stores
+# ---------------------------------------------------------------------------------------
+async def test_one_holder_until_expiry_then_a_greater_token(lock_store: LockStore) -> None:
+    first = await lock_store.acquire_lock("rollup", "a", TTL, at(0))
+    assert first is not None and first.token >= 1 and first.holder == "a"
+    assert first.expires_at == at(30)
+    assert await lock_store.acquire_lock("rollup", "b", TTL, at(29.999)) is None  # held: refused at once
+    other = await lock_store.acquire_lock("other", "b", TTL, at(1))  # another name is another lock
+    assert other is not None
+    second = await lock_store.acquire_lock("rollup", "b", TTL, at(30))  # expired: taken over
+    assert second is not None and second.token > first.token and second.holder == "b"
+    # The old holder can neither renew nor release what is no longer its lease.
+    assert await lock_store.renew_lock("rollup", first.token, TTL, at(31)) is None
+    assert not await lock_store.release_lock("rollup", first.token, at(31))
+    assert (await lock_store.get_lock("rollup")).holder == "b"  # type: ignore[union-attr]
+
+
+async def test_renewal_only_for_the_current_token_before_expiry(lock_store: LockStore) -> None:
+    lease = await lock_store.acquire_lock("sync", "a", TTL, at(0))
+    assert lease is not None
+    assert await lock_store.renew_lock("sync", lease.token, TTL, at(10)) == at(40)
+    assert await lock_store.renew_lock("sync", lease.token + 1, TTL, at(11)) is None
+    assert await lock_store.renew_lock("sync", lease.token, TTL, at(40)) is None  # expired at 40: too late
+    snapshot = await lock_store.list_locks(at(41))
+    assert snapshot.now == at(41)
+    [lock] = snapshot.locks
+    assert (lock.renewed_at, lock.expires_at, lock.state(snapshot.now)) == (at(10), at(40), "expired")
+
+
+async def test_release_keeps_the_row_and_the_next_token_is_greater(lock_store: LockStore) -> None:
+    first = await lock_store.acquire_lock("x", "a", TTL, at(0))
+    assert first is not None
+    assert await lock_store.release_lock("x", first.token, at(5))
+    assert not await lock_store.release_lock("x", first.token, at(5))  # once
+    [lock] = (await lock_store.list_locks(at(5))).locks
+    assert (lock.holder, lock.token, lock.state(at(5))) == (None, first.token, "free")
+    assert await lock_store.renew_lock("x", first.token, TTL, at(6)) is None  # released: no renewal
+    second = await lock_store.acquire_lock("x", "b", TTL, at(6))
+    assert second is not None and second.token > first.token
+
+
+async def test_a_forced_release_frees_the_lock_and_stales_its_holder(lock_store: LockStore, tmp_path: Path) -> None:
+    held = await lock_store.acquire_lock("x", "a", TTL, at(0))
+    assert held is not None
+    done = await lock_store.force_release_lock("x", at(1))
+    assert done is not None and done.released and done.lock.holder == "a" and done.lock.token == held.token
+    assert await lock_store.renew_lock("x", held.token, TTL, at(2)) is None
+    conn = fence_conn(lock_store, tmp_path)
+    try:
+        assert fence(lock_store, conn, "table:t", "x", held.token, at(2)) == "the lease expired or was released"
+    finally:
+        conn.close()
+    again = await lock_store.force_release_lock("x", at(2))
+    assert again is not None and not again.released
+    assert await lock_store.force_release_lock("never", at(2)) is None
+    nxt = await lock_store.acquire_lock("x", "b", TTL, at(2))
+    assert nxt is not None and nxt.token > held.token
+
+
+async def test_a_fence_refuses_a_token_older_than_one_seen_and_a_lease_no_longer_current(
+    lock_store: LockStore, tmp_path: Path
+) -> None:
+    conn = fence_conn(lock_store, tmp_path)
+    try:
+        old = await lock_store.acquire_lock("acct", "a", TTL, at(0))
+        assert old is not None
+        assert fence(lock_store, conn, "acct:42", "acct", old.token, at(1)) is None
+        assert fence(lock_store, conn, "acct:42", "acct", old.token, at(2)) is None  # the same holder again
+        # Expired, nobody took it yet: the lease is not current any more.
+        assert fence(lock_store, conn, "acct:42", "acct", old.token, at(30)) == "the lease expired or was released"
+        new = await lock_store.acquire_lock("acct", "b", TTL, at(31))
+        assert new is not None
+        assert fence(lock_store, conn, "acct:42", "acct", old.token, at(32)) == (
+            f"the lock was taken over since (token {new.token})"
+        )
+        assert fence(lock_store, conn, "acct:42", "acct", new.token, at(33)) is None
+        # Even a lease that is current again under a later lock cannot go below what the
+        # resource has seen (another lock's holder wrote there with a greater token).
+        assert fence(lock_store, conn, "acct:43", "acct", new.token, at(33)) is None
+        third = await lock_store.acquire_lock("other", "c", TTL, at(34))
+        assert third is not None and third.token > new.token
+        assert fence(lock_store, conn, "acct:43", "other", third.token, at(34)) is None
+        assert fence(lock_store, conn, "acct:43", "acct", new.token, at(35)) == (
+            f"token {third.token} has already written to it"
+        )
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------------------
+# leases on an engine's injected clock
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+async def engines(clock: ManualClock, store_url: str) -> AsyncIterator[Callable[..., Engine]]:
+    made: list[Engine] = []
+
+    def make(schedules: list[Any] | None = None, **kwargs: Any) -> Engine:
+        kwargs.setdefault("instance", f"i{len(made)}")
+        engine = Engine(schedules or [], store_url, clock=clock, shutdown_grace=0, **kwargs)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        await engine.stop(grace=0)
+
+
+async def test_a_lease_renews_every_third_of_its_ttl_and_is_released(clock: ManualClock, engines: Callable[..., Engine]) -> None:
+    engine = engines()
+    await engine.open()
+    lease = await engine.locks.acquire("nightly", ttl=30)
+    assert lease is not None and lease.held and lease.expires_at == clock.now() + TTL
+    for step in range(1, 7):  # a minute: six renewals, each 10 s after the previous
+        clock.advance(10)
+        await engine.quiesce()
+        assert lease.expires_at == clock.now() + TTL, step
+    lock = await engine.store.get_lock("nightly")  # type: ignore[attr-defined]
+    assert lock.renewed_at == clock.now() and lock.holder == engine.instance
+    await lease.release()
+    assert not lease.held
+    assert (await engine.store.get_lock("nightly")).holder is None  # type: ignore[attr-defined]
+
+
+async def test_a_lease_that_cannot_be_renewed_is_lost_at_its_deadline_and_async_work_is_cancelled(
+    clock: ManualClock, engines: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = engines()
+    await engine.open()
+    started = asyncio.Event()
+    finished: list[str] = []
+
+    async def work(lease: Lease) -> str:
+        started.set()
+        await asyncio.Event().wait()  # until cancelled
+        finished.append("never")
+        return "done"
+
+    async def unreachable(*args: Any) -> None:
+        raise Unavailable("the store is down")
+
+    task = asyncio.ensure_future(engine.locks.with_lock("rollup", work, ttl=30))
+    await started.wait()
+    monkeypatch.setattr(engine.store, "renew_lock", unreachable)
+    clock.advance(29)  # renewals fail, and are retried, until the deadline
+    await engine.quiesce()
+    assert not task.done()
+    clock.advance(1)
+    result = await task
+    assert result.acquired and result.value is None and finished == []
+    assert isinstance(result.error, LeaseLost) and "not renewed before it expired" in str(result.error)
+
+
+async def test_a_lease_taken_from_its_holder_is_lost_at_the_next_renewal(clock: ManualClock, engines: Callable[..., Engine]) -> None:
+    holder, operator = engines(), engines()
+    await holder.open()
+    await operator.open()
+    lease = await holder.locks.acquire("rollup", ttl=30)
+    assert lease is not None
+    done = await operator.locks.release("rollup")
+    assert done.released and done.lock.token == lease.token
+    with pytest.raises(StaleLease, match="expired or was released"):
+        conn = sqlite3.connect(str(holder.store.where), isolation_level=None)
+        try:
+            await lease.fence(conn, "rollup-table")
+        finally:
+            conn.close()
+    clock.advance(10)
+    await holder.quiesce()
+    assert lease.lost.is_set() and "no longer current" in (lease.lost_reason or "")
+    taker = await operator.locks.acquire("rollup", ttl=30)
+    assert taker is not None and taker.token > lease.token
+
+
+async def test_hold_refuses_naming_the_holder_and_cancels_its_block_when_the_lease_is_lost(
+    clock: ManualClock, engines: Callable[..., Engine]
+) -> None:
+    a, b = engines(), engines()
+    await a.open()
+    await b.open()
+    entered = asyncio.Event()
+
+    async def block() -> None:
+        async with a.locks.hold("rollup", ttl=30) as lease:
+            assert lease.held
+            entered.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.ensure_future(block())
+    await entered.wait()
+    with pytest.raises(LockNotAcquired, match=r'lock "rollup" is held by i0 \(token 1\) until 2026-03-02T08:00:30Z'):
+        async with b.locks.hold("rollup", ttl=30):
+            pass
+    await b.locks.release("rollup")
+    clock.advance(10)
+    with pytest.raises(LeaseLost, match="the block was cancelled"):
+        await task
+    # The holder's task was not left cancelled: it goes on (here: it ended with LeaseLost).
+    assert not task.cancelled()
+
+
+async def test_hold_whose_lease_is_lost_after_the_last_await_raises_at_the_end(
+    clock: ManualClock, engines: Callable[..., Engine]
+) -> None:
+    a = engines()
+    await a.open()
+    with pytest.raises(LeaseLost, match="while the block ran"):
+        async with a.locks.hold("x", ttl=30) as lease:
+            a.locks._lose(lease, "simulated")  # lost with no await left in the block
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    await asyncio.sleep(0)  # no cancellation left pending on this task
+
+
+async def test_an_outside_cancellation_of_a_holder_is_not_taken_for_a_lost_lease(engines: Callable[..., Engine]) -> None:
+    a = engines()
+    await a.open()
+    entered = asyncio.Event()
+
+    async def block() -> None:
+        async with a.locks.hold("x", ttl=30):
+            entered.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.ensure_future(block())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await a.store.get_lock("x")).holder is None  # type: ignore[attr-defined]
+
+
+async def test_with_lock_returns_value_or_error_and_never_overlaps(engines: Callable[..., Engine]) -> None:
+    a = engines()
+    await a.open()
+    inside = asyncio.Event()
+    leave = asyncio.Event()
+
+    async def slow(lease: Lease) -> int:
+        inside.set()
+        await leave.wait()
+        return lease.token
+
+    first = asyncio.ensure_future(a.locks.with_lock("rollup", slow, ttl=30))
+    await inside.wait()
+    second = await a.locks.with_lock("rollup", slow, ttl=30)
+    assert (second.acquired, second.value, second.error) == (False, None, None)
+    leave.set()
+    result = await first
+    assert (result.acquired, result.value, result.error) == (True, result.token, None)
+
+    def boom(lease: Lease) -> None:
+        raise RuntimeError("partner API down")
+
+    failed = await a.locks.with_lock("rollup", boom, ttl=30)
+    assert failed.acquired and isinstance(failed.error, RuntimeError) and failed.token > result.token  # type: ignore[operator]
+    threaded = await a.locks.with_lock("rollup", lambda lease: lease.token, ttl=30)
+    assert threaded.value == threaded.token
+
+
+async def test_a_forced_release_is_audited_and_every_change_is_signalled(engines: Callable[..., Engine]) -> None:
+    holder, operator = engines(), engines(actor="alice")
+    await holder.open()
+    await operator.open()
+    inbox = holder.events.subscribe()
+    lease = await holder.locks.acquire("rollup", ttl=30)
+    assert lease is not None
+    assert ("locks", "rollup") in [(s.topic, s.name) for s in await inbox.get(1)]
+    await operator.locks.release("rollup")
+    [entry] = (await operator.audit.list()).entries
+    assert (entry.actor, entry.action, entry.target) == ("alice", "lock.release", "rollup")
+    assert entry.detail == {"released": True, "holder": holder.instance, "token": lease.token}
+    await lease.release()
+    assert ("locks", "rollup") in [(s.topic, s.name) for s in await inbox.get(1)]
+
+
+@pytest.mark.parametrize("ttl", [0, -1, 86_401, "60", True, float("nan")])
+async def test_bad_ttls_and_names_are_refused_naming_the_value(engines: Callable[..., Engine], ttl: Any) -> None:
+    a = engines()
+    await a.open()
+    with pytest.raises(BadInput, match=f"lock ttl {ttl!r}"):
+        await a.locks.acquire("x", ttl=ttl)
+    with pytest.raises(BadInput, match="invalid lock name 'a b'"):
+        await a.locks.acquire("a b")
+    with pytest.raises(NotFound, match='no lock named "never"'):
+        await a.locks.release("never")
+
+
+# ---------------------------------------------------------------------------------------
+# schedules defined with lock=
+# ---------------------------------------------------------------------------------------
+async def test_a_locked_schedule_runs_holding_its_lock_and_skips_a_slot_when_it_is_held(
+    clock: ManualClock, engines: Callable[..., Engine]
+) -> None:
+    seen: list[tuple[int, str | None]] = []
+
+    async def rollup(ctx: RunContext) -> None:
+        assert ctx.lease is not None and ctx.locks is not None
+        seen.append((ctx.lease.token, (await ctx.locks.list()).locks[0].holder))
+
+    schedule = define_schedule(name="rollup", cron="* * * * *", timezone="UTC", handler=rollup, lock="nightly-rollup")
+    engine = engines([schedule])
+    await engine.start()
+    clock.advance(60)
+    await engine.quiesce()
+    assert seen == [(1, "i0 (rollup)")]
+    assert (await engine.store.get_lock("nightly-rollup")).holder is None  # type: ignore[attr-defined]
+
+    other = engines()
+    await other.open()
+    held = await other.locks.acquire("nightly-rollup", ttl=300)
+    assert held is not None
+    clock.advance(60)
+    await engine.quiesce()
+    runs = await all_runs(engine, "rollup")
+    assert [(r.status, r.error_tag) for r in runs] == [("succeeded", None), ("skipped", "locked")]
+    assert runs[1].error_message == (
+        f'not started: lock "nightly-rollup" is held by i1 (token {held.token}) until 2026-03-02T08:06:00Z'
+    )
+    await held.release()
+    clock.advance(60)
+    await engine.quiesce()
+    assert len(seen) == 2 and seen[1][0] > held.token
+
+
+async def test_a_locked_run_whose_lease_is_lost_is_recorded_and_cancelled(clock: ManualClock, engines: Callable[..., Engine]) -> None:
+    started = asyncio.Event()
+    cancelled: list[bool] = []
+
+    async def long(ctx: RunContext) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    schedule = define_schedule(name="long", cron="0 * * * *", timezone="UTC", handler=long, lock="l", lock_ttl=30)
+    engine, operator = engines([schedule]), engines()
+    await engine.open()
+    await operator.open()
+    run = await engine.run_now("long")
+    await started.wait()
+    await operator.locks.release("l")
+    clock.advance(10)
+    await engine.quiesce()
+    [closed] = await all_runs(engine, "long")
+    assert closed.id == run.id and (closed.status, closed.error_tag) == ("failed", "lease_lost")
+    assert "no longer current" in (closed.error_message or "") and cancelled == [True]
+
+
+def test_define_schedule_checks_its_lock() -> None:
+    with pytest.raises(DefinitionError, match=r"define_schedule\('x'\): invalid lock name 'a b'"):
+        define_schedule(name="x", cron="* * * * *", timezone="UTC", handler=lambda ctx: None, lock="a b")
+    with pytest.raises(DefinitionError, match="lock ttl 0"):
+        define_schedule(name="x", cron="* * * * *", timezone="UTC", handler=lambda ctx: None, lock="ok", lock_ttl=0)
+
+
+# ---------------------------------------------------------------------------------------
+# connect() and its synchronous twin
+# ---------------------------------------------------------------------------------------
+async def test_connect_exposes_the_locks_and_releases_what_is_held_on_exit(store_url: str) -> None:
+    async with connect(store_url, create=True) as st:
+        lease = await st.locks.acquire("x", ttl=60)
+        assert lease is not None
+        async with connect(store_url) as other:
+            assert (await other.locks.with_lock("x", lambda lease: 1)).acquired is False
+    async with connect(store_url) as st:
+        [lock] = (await st.locks.list()).locks
+        assert lock.holder is None and lock.token == lease.token
+
+
+def test_the_synchronous_twin_holds_fences_and_reports(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    with connect_sync(url, create=True) as st:
+        result = st.locks.with_lock("x", lambda lease: lease.token * 2, ttl=60)
+        assert result.acquired and result.value == 2 * result.token
+        with st.locks.hold("x", ttl=60) as lease:
+            assert lease.held and not lease.lost.is_set()
+            assert st.locks.with_lock("x", lambda lease: None).acquired is False
+            with pytest.raises(LockNotAcquired, match='lock "x" is held by'):
+                with st.locks.hold("x"):
+                    pass
+            conn = sqlite3.connect(str(tmp_path / "state.db"), isolation_level=None)
+            conn.execute("BEGIN")
+            lease.fence(conn, "report")
+            conn.execute("COMMIT")
+            st.locks.release("x")  # an operator, by force
+            conn.execute("BEGIN")
+            with pytest.raises(StaleLease, match="expired or was released"):
+                lease.fence(conn, "report")
+            conn.execute("ROLLBACK")
+            conn.close()
+        snapshot = st.locks.list()
+        assert [lock.state(snapshot.now) for lock in snapshot.locks] == ["free"]

@@ -1,0 +1,296 @@
+"""The locks' invariants under random sequences of operations (Hypothesis, stateful), on
+the injected clock:
+
+* one holder at a time: a lock is taken only when no current lease holds it;
+* tokens strictly increasing per name, across take-overs, releases and forced releases;
+* a stale token (taken over, released, expired) never renews, releases or fences, and a
+  resource never accepts a token older than one it has seen.
+
+The first machine drives the store directly (both stores) against a model of what each
+answer must be; the second drives leases of two engines on one SQLite store, with
+background renewals, frozen holders and forced releases, and checks after every step
+that at most one lease per name believes itself held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sqlite3
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule, run_state_machine_as_test
+
+from backend import Engine, ManualClock, Unavailable
+from backend.locks import Lease
+from backend.store import open_store
+from tests import pg
+
+UTC = timezone.utc
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+NAMES = ["a", "b"]
+RESOURCES = ["r1", "r2"]
+SETTINGS = settings(
+    max_examples=25, stateful_step_count=30, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
+
+
+@dataclass
+class Issued:
+    name: str
+    token: int
+
+
+@dataclass
+class Current:
+    token: int
+    expires_at: datetime
+    released: bool = False
+
+
+_examples = itertools.count()
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """The lock table against a model. ``KIND`` picks the store (set by the test)."""
+
+    KIND = "sqlite"
+    issued = Bundle("issued")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.tmp = tempfile.TemporaryDirectory(prefix="locks-props-")
+        self.prefix = f"x{next(_examples)}-"  # the PostgreSQL database is shared by every example
+        if self.KIND == "sqlite":
+            path = Path(self.tmp.name) / "state.db"
+            self.store: Any = open_store(f"sqlite:///{path}")
+            self.run(self.store.open())
+            self.conn: Any = sqlite3.connect(str(path), isolation_level=None)
+        else:
+            assert pg.ACTIVE is not None
+            self.store = open_store(_pg_url())
+            self.run(self.store.open())
+            import psycopg
+
+            self.conn = psycopg.connect(self.store.url)
+        self.now = T0
+        self.current: dict[str, Current] = {}
+        self.highest: dict[str, int] = {}
+        self.seen: dict[str, int] = {}
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def teardown(self) -> None:
+        self.conn.close()
+        self.run(self.store.close())
+        self.loop.close()
+        self.tmp.cleanup()
+
+    def lock(self, name: str) -> str:
+        return self.prefix + name
+
+    def is_current(self, lease: Issued) -> bool:
+        cur = self.current.get(lease.name)
+        return cur is not None and cur.token == lease.token and not cur.released and cur.expires_at > self.now
+
+    # -- rules ---------------------------------------------------------------------------
+    @rule(seconds=st.sampled_from([0, 0.5, 1, 3, 7]))
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    @rule(target=issued, name=st.sampled_from(NAMES), ttl=st.sampled_from([1, 5, 10]))
+    def acquire(self, name: str, ttl: int) -> Any:
+        cur = self.current.get(name)
+        free = cur is None or cur.released or cur.expires_at <= self.now
+        lock = self.run(self.store.acquire_lock(self.lock(name), f"h{ttl}", timedelta(seconds=ttl), self.now))
+        assert (lock is not None) == free, (name, cur, self.now)
+        if lock is None:
+            return multiple()  # nothing issued
+        assert lock.token > self.highest.get(name, 0), "tokens must strictly increase per name"
+        self.highest[name] = lock.token
+        self.current[name] = Current(lock.token, self.now + timedelta(seconds=ttl))
+        return Issued(name, lock.token)
+
+    @rule(lease=issued, ttl=st.sampled_from([1, 5, 10]))
+    def renew(self, lease: Issued, ttl: int) -> None:
+        expected = self.is_current(lease)
+        expires = self.run(self.store.renew_lock(self.lock(lease.name), lease.token, timedelta(seconds=ttl), self.now))
+        assert (expires is not None) == expected, "only the current, unexpired lease renews"
+        if expires is not None:
+            assert expires == self.now + timedelta(seconds=ttl)
+            self.current[lease.name].expires_at = expires
+
+    @rule(lease=issued)
+    def release(self, lease: Issued) -> None:
+        cur = self.current.get(lease.name)
+        expected = cur is not None and cur.token == lease.token and not cur.released
+        released = self.run(self.store.release_lock(self.lock(lease.name), lease.token, self.now))
+        assert released == expected, "only the current lease releases"
+        if released:
+            assert cur is not None
+            cur.released = True
+            cur.expires_at = min(cur.expires_at, self.now)
+
+    @rule(name=st.sampled_from(NAMES))
+    def force_release(self, name: str) -> None:
+        done = self.run(self.store.force_release_lock(self.lock(name), self.now))
+        cur = self.current.get(name)
+        assert (done is None) == (cur is None)
+        if cur is not None:
+            assert done.released == (not cur.released)
+            cur.released = True
+            cur.expires_at = min(cur.expires_at, self.now)
+
+    @rule(lease=issued, resource=st.sampled_from(RESOURCES))
+    def fence(self, lease: Issued, resource: str) -> None:
+        expected = self.is_current(lease) and self.seen.get(resource, 0) <= lease.token
+        resource = self.lock(resource)
+        if isinstance(self.conn, sqlite3.Connection):
+            self.conn.execute("BEGIN")
+            why = self.store.fence_on_sync(self.conn, resource, self.lock(lease.name), lease.token, self.now)
+            self.conn.execute("COMMIT")
+        else:
+            with self.conn.transaction():
+                why = self.store.fence_on_sync(self.conn, resource, self.lock(lease.name), lease.token, self.now)
+        assert (why is None) == expected, (why, lease, self.current, self.seen)
+        if why is None:
+            self.seen[resource[len(self.prefix) :]] = lease.token
+
+    # -- invariants ------------------------------------------------------------------------
+    @invariant()
+    def the_table_matches_the_model(self) -> None:
+        snapshot = self.run(self.store.list_locks(self.now))
+        rows = {lock.name[len(self.prefix) :]: lock for lock in snapshot.locks if lock.name.startswith(self.prefix)}
+        assert set(rows) == set(self.current)
+        for name, lock in rows.items():
+            cur = self.current[name]
+            assert lock.token == cur.token
+            held = lock.state(self.now) == "held"
+            assert held == (not cur.released and cur.expires_at > self.now), "one holder at a time"
+
+
+def _pg_url() -> str:
+    global _PG_URL
+    if _PG_URL is None:
+        assert pg.ACTIVE is not None
+        _PG_URL = pg.ACTIVE.create_database("props")
+    return _PG_URL
+
+
+_PG_URL: str | None = None
+
+
+def test_the_lock_table_keeps_its_invariants_on_sqlite() -> None:
+    run_state_machine_as_test(StoreMachine, settings=SETTINGS)
+
+
+@pytest.mark.postgres
+def test_the_lock_table_keeps_its_invariants_on_postgres(pg_server: pg.PgServer) -> None:
+    class OnPostgres(StoreMachine):
+        KIND = "postgres"
+
+    run_state_machine_as_test(OnPostgres, settings=settings(SETTINGS, max_examples=10))
+
+
+class LeaseMachine(RuleBasedStateMachine):
+    """Leases of two engines sharing a store and a clock: renewals run by themselves; a
+    frozen holder's renewals fail; an operator releases by force."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.tmp = tempfile.TemporaryDirectory(prefix="lease-props-")
+        self.clock = ManualClock(T0)
+        url = f"sqlite:///{Path(self.tmp.name) / 'state.db'}"
+        self.engines = [Engine([], url, clock=self.clock, instance=f"e{i}", shutdown_grace=0) for i in range(2)]
+        for engine in self.engines:
+            self.run(engine.open())
+        self.leases: list[Lease] = []
+        self.frozen: set[int] = set()
+        self.evicted: set[int] = set()
+        """Tokens of leases released by force while held: they learn it at their next renewal."""
+        self.highest: dict[str, int] = {}
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def teardown(self) -> None:
+        for engine in self.engines:
+            self.run(engine.stop(grace=0))
+        self.loop.close()
+        self.tmp.cleanup()
+
+    @rule(engine=st.integers(0, 1), name=st.sampled_from(NAMES), ttl=st.sampled_from([3, 9]))
+    def acquire(self, engine: int, name: str, ttl: int) -> None:
+        lease = self.run(self.engines[engine].locks.acquire(name, ttl=ttl))
+        if lease is not None:
+            assert lease.token > self.highest.get(name, 0)
+            self.highest[name] = lease.token
+            self.leases.append(lease)
+
+    @rule(seconds=st.sampled_from([1, 2, 3, 5]))
+    def advance(self, seconds: int) -> None:
+        # A second at a time: time flows for live holders (a jump past a whole ttl would be
+        # a freeze of everyone, which the freeze rule models for one holder).
+        for _ in range(seconds):
+            self.clock.advance(1)
+            for engine in self.engines:
+                self.run(engine.quiesce())
+
+    @rule(engine=st.integers(0, 1))
+    def freeze(self, engine: int) -> None:
+        """From now on this engine's renewals fail, as if it could not reach the store."""
+
+        async def unreachable(*args: Any) -> None:
+            raise Unavailable("frozen")
+
+        self.frozen.add(engine)
+        self.engines[engine].store.renew_lock = unreachable  # type: ignore[attr-defined]
+
+    @rule(name=st.sampled_from(NAMES))
+    def force_release(self, name: str) -> None:
+        try:
+            done = self.run(self.engines[0].locks.release(name))
+        except LookupError:
+            return
+        if done.released:
+            self.evicted.add(done.lock.token)
+
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        live = [lease for lease in self.leases if not lease.released]
+        if live:
+            self.run(data.draw(st.sampled_from(live)).release())
+
+    @invariant()
+    def at_most_one_lease_per_name_believes_itself_held(self) -> None:
+        now = self.clock.now()
+        for name in NAMES:
+            believers = [lease for lease in self.leases if lease.name == name and lease.held]
+            held = [lease for lease in believers if lease.token not in self.evicted]
+            assert len(held) <= 1, held
+            for lease in believers:
+                assert now < lease.deadline, "a lease is lost by its deadline at the latest"
+                owner = next(i for i, engine in enumerate(self.engines) if engine.locks is lease._locks)
+                if lease.token in self.evicted and owner not in self.frozen:
+                    assert now < lease.renewed_at + lease.ttl / 3, "an evicted holder learns it at its next renewal"
+            for lease in self.leases:
+                owner = next(i for i, engine in enumerate(self.engines) if engine.locks is lease._locks)
+                if lease.name == name and lease.lost.is_set():
+                    assert lease.token in self.evicted or owner in self.frozen, "lost without a cause"
+            if held:
+                lock = self.run(self.engines[0].store.get_lock(name))  # type: ignore[attr-defined]
+                assert lock.token == held[0].token and lock.state(self.clock.now()) == "held"
+
+
+def test_leases_keep_their_invariants_with_renewals_freezes_and_forced_releases() -> None:
+    run_state_machine_as_test(LeaseMachine, settings=SETTINGS)
