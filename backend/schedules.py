@@ -51,6 +51,8 @@ class Schedule:
     payload: Any = None
     enabled: bool = True
     trigger: Literal["self", "external"] | None = None
+    durable: str | None = None
+    """The durable function each slot starts an execution of (instead of a handler)."""
     source: str | None = field(default=None, compare=False)
     """Where it was defined, as ``path:line``."""
 
@@ -95,7 +97,7 @@ def define_schedule(
     name: str,
     cron: str,
     timezone: str,
-    handler: Handler,
+    handler: Handler | None = None,
     on_overlap: OverlapPolicy = "skip",
     backfill: BackfillPolicy = "skip",
     max_runtime: float | timedelta = DEFAULT_MAX_RUNTIME,
@@ -103,8 +105,12 @@ def define_schedule(
     payload: Any = None,
     enabled: bool = True,
     trigger: Trigger | None = None,
+    durable: str | None = None,
 ) -> Schedule:
-    """Define a named cron schedule; raises :class:`DefinitionError` on anything invalid."""
+    """Define a named cron schedule; raises :class:`DefinitionError` on anything invalid.
+
+    A schedule runs ``handler``, or, with ``durable="F"`` instead, starts one execution of
+    the durable function F per slot (its ``payload`` is the execution's input)."""
     label = f"define_schedule({name!r})" if isinstance(name, str) else "define_schedule()"
 
     def bad(problem: str) -> DefinitionError:
@@ -118,9 +124,15 @@ def define_schedule(
         parsed = Cron(cron, timezone)
     except CronError as exc:
         raise CronError(f"{label}: {exc.message}") from None
+    if durable is not None:
+        if handler is not None:
+            raise bad("give a handler or durable=, not both")
+        if not isinstance(durable, str) or not NAME_PATTERN.fullmatch(durable):
+            raise bad(f"durable {durable!r} is not a durable function name")
+        handler = _unbound_target
     problem = handler_problem(handler)
-    if problem is not None:
-        raise bad(problem)
+    if problem is not None or handler is None:
+        raise bad(problem or "no handler")
     if on_overlap not in OVERLAP_POLICIES:
         raise bad(f"on_overlap {on_overlap!r} is not one of {', '.join(OVERLAP_POLICIES)}")
     if backfill not in BACKFILL_POLICIES:
@@ -157,8 +169,14 @@ def define_schedule(
         payload=payload,
         enabled=enabled,
         trigger=trigger,  # "manual" was rejected above
+        durable=durable,
         source=_caller_location(),
     )
+
+
+async def _unbound_target(ctx: RunContext) -> None:
+    """The handler of a schedule with a target, until an engine binds it (it always does)."""
+    raise RuntimeError(f"schedule {ctx.name} has a target but no engine bound it")
 
 
 def _caller_location() -> str | None:

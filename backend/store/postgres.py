@@ -47,6 +47,7 @@ from ..model import (
 )
 from . import redact_url
 from .migrations import components_of, migrate_postgres
+from .postgres_durable import PostgresDurable
 from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
 
 log = logging.getLogger("schedtui.store")
@@ -432,7 +433,7 @@ def _connection_lost(exc: psycopg.Error) -> bool:
     return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
-class PostgresStore:
+class PostgresStore(PostgresDurable):
     """The fleet store. ``PostgresStore("postgresql://user:pass@host:5432/db")``.
 
     Tables are created in the first schema of the connection's ``search_path`` (add

@@ -44,6 +44,7 @@ from ..model import (
 )
 from .migrations import components_of, migrate_sqlite
 from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
+from .sqlite_durable import SQLiteDurable
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -615,7 +616,7 @@ class _Writer(threading.Thread):
         return StoreHealth("ok", waiting=waiting)
 
 
-class SQLiteStore:
+class SQLiteStore(SQLiteDurable):
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
     ``create=False`` refuses a file that does not exist (:class:`NotFound`, naming it) instead
