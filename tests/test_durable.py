@@ -367,10 +367,11 @@ async def test_a_three_day_wait_for_approval_runs_in_milliseconds(engines: Calla
     assert (waiting.waiting_for, waiting.wake_at) == ("signal:approval", clock.now() + timedelta(days=3))
     clock.advance(timedelta(days=1))
     await engine.quiesce()
+    early = await engine.durable.signal(timed_out.id, "later", 1)
+    again = await engine.durable.signal(timed_out.id, "later", 2)
+    assert (early.duplicate, again.duplicate) == (False, True)  # the first payload is kept
     signalled = await engine.durable.signal(approved.id, "approval", {"by": "ops"})
     assert not signalled.duplicate
-    again = await engine.durable.signal(approved.id, "approval", {"by": "someone else"})
-    assert again.duplicate  # the first payload is kept
     await engine.quiesce()
     assert (await engine.durable.get(approved.id)).output == {"approval": {"by": "ops"}}
     assert (await engine.durable.get(timed_out.id)).status == "waiting"
@@ -725,3 +726,30 @@ async def test_list_pages_newest_first_and_filters(engines: Callable[..., Engine
     assert [e.id for e in only_f] == [ids[4], ids[2], ids[0]]
     queued, _ = await engine.durable.list(status="queued", limit=100)
     assert len(queued) == 5
+
+
+async def test_the_sweep_for_an_earlier_process_of_our_name_spares_a_claim_in_flight(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    # The registry calls our own instance name gone (an earlier process used it): its
+    # leases are freed. A claim this process has just made, not yet running here, must
+    # keep its lease, or the execution would be claimed (and run) a second time.
+    async def body(ctx: DurableContext, input: Any) -> None:
+        pass
+
+    function = define_durable(name="f", handler=body)
+    before = engines([function], instance="a")  # the earlier process
+    await before.open()
+    store: DurableStore = before.store  # type: ignore[assignment]
+    earlier = await before.durable.start_execution("f")
+    now = clock.now()
+    [old] = await store.durable_claim("a", ["f"], now, now + timedelta(seconds=30), 1)
+    clock.advance(1)
+    engine = engines([function], instance="a")  # this process, same name
+    await engine.open()
+    mine = await engine.durable.start_execution("f")
+    now = clock.now()
+    [new] = await store.durable_claim("a", ["f"], now, now + timedelta(seconds=30), 1)  # its claim, in flight
+    assert (old.execution.id, new.execution.id) == (earlier.id, mine.id)
+    await engine.durable.executor.maintain(now)
+    assert [c.execution.id for c in await store.durable_claim("b", ["f"], now, now + timedelta(seconds=30), 5)] == [earlier.id]

@@ -219,14 +219,17 @@ class DurableContext:
         run.boundary()
         now = run.now
         started = record.started_at if record is not None and record.started_at else now
-        payload = run.signals.get(name)
-        if payload is not None:
-            run.pending.append(StepRecord(position, name, "signal", "succeeded", 1, started, now, output=payload))
-            return decode(payload)
         if record is not None:
             wake = record.wake_at or run.deadline
         else:
             wake = now + length if length is not None else run.deadline
+        # A signal counts if it was sent by the wait's deadline: so a replay decides as the
+        # first run did, whenever it happens (a later signal does not undo a timeout).
+        signal = run.signals.get(name)
+        if signal is not None and signal[1] <= wake:
+            payload = signal[0]
+            run.pending.append(StepRecord(position, name, "signal", "succeeded", 1, started, now, output=payload))
+            return decode(payload)
         if wake <= now:
             run.pending.append(
                 StepRecord(position, name, "signal", "succeeded", 1, started, now, wake_at=wake, output="null",

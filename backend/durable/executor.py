@@ -78,6 +78,7 @@ class DurableExecutor:
         self._owners_checked: datetime | None = None
         self._pruned: datetime | None = None
         self._stale_reported: datetime | None = None
+        self._started_at = self.clock.now()
 
     @property
     def idle(self) -> bool:
@@ -91,6 +92,7 @@ class DurableExecutor:
     # -- the loop ------------------------------------------------------------------------
     def start(self) -> None:
         self._wake = asyncio.Event()
+        self._started_at = self.clock.now()
         if not self.functions:
             return  # nothing this instance could run
         self.loops.expect("durable")
@@ -133,6 +135,9 @@ class DurableExecutor:
                 "execution %s of %s taken over from %s (its lease had expired)",
                 execution.id, execution.function, execution.was_instance,
             )  # fmt: skip
+        earlier = self.running.get(run.id)
+        if earlier is not None:  # cannot happen while leases hold; never let two runs go on
+            earlier.lose("the execution was claimed again")
         self.running[run.id] = run
         if self._renew_at is None:
             self._renew_at = self.clock.now() + self.lease_ttl / 3
@@ -202,8 +207,10 @@ class DurableExecutor:
             why = registry.gone(beats, owner, now)
             if why is None:
                 continue
-            keep = list(self.running) if owner == self.instance else []
-            expired = await self.store.durable_expire(owner, now, keep)
+            # Our own name: only what an earlier process of that name claimed (the registry
+            # calls it gone); a claim of ours in flight right now must keep its lease.
+            before = self._started_at if owner == self.instance else None
+            expired = await self.store.durable_expire(owner, now, before)
             if expired:
                 log.warning("%d durable execution(s) of %s are free to claim: %s", expired, owner, why)
                 self.poke()

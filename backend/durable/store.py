@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+import json
+from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 
 from .model import Execution, ExecutionStatus, StepKind, StepStatus, StepView, decode
@@ -36,6 +37,7 @@ __all__ = [
     "Suspend",
     "Write",
     "execution_from_row",
+    "signals_from_json",
     "step_from_row",
     "step_view",
 ]
@@ -94,8 +96,8 @@ class Claimed:
 
     execution: ExecutionRow
     steps: list[StepRecord]
-    signals: dict[str, str]
-    """Signals received so far: name -> payload (JSON text)."""
+    signals: dict[str, tuple[str, datetime]]
+    """Signals received so far: name -> (payload as JSON text, when it was sent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +168,8 @@ class DurableStore(Protocol):
       claimer only (``SKIP LOCKED`` on PostgreSQL): ``queued`` ones, ``waiting`` ones whose
       ``wake_at`` has come, and ``running`` ones whose lease has expired. Each claim
       increments the lease number. It returns each with its steps and signals.
-    * A signal is kept once per execution and name (the first payload wins); it makes a
-      wait for it due at once.
+    * A signal is kept once per execution and name (the first payload wins), with the time
+      it was sent; it makes a wait for it due at once.
     * Times go in and come out aware UTC.
     """
 
@@ -188,8 +190,9 @@ class DurableStore(Protocol):
     async def durable_owners(self, now: datetime) -> set[str]:
         """The instances holding unexpired leases."""
 
-    async def durable_expire(self, instance: str, now: datetime, keep: Sequence[str] = ()) -> int:
-        """End the leases an instance holds (it is gone), except on ``keep``; how many."""
+    async def durable_expire(self, instance: str, now: datetime, claimed_before: datetime | None = None) -> int:
+        """End the leases an instance holds (it is gone): all of them, or those it claimed
+        before ``claimed_before`` (an earlier process of this instance's own name); how many."""
 
     async def durable_signal(self, id: str, name: str, payload: str, now: datetime) -> tuple[ExecutionStatus, bool] | None:
         """Record a signal unless the execution has one of that name, and make a wait for it
@@ -279,6 +282,15 @@ def step_from_row(row: Sequence[Any], when: ToTime) -> StepRecord:
         error_message=row[10],
         at_most_once=bool(row[11]),
     )
+
+
+def signals_from_json(stored: dict[str, Any]) -> dict[str, tuple[str, datetime]]:
+    """The signals an execution's row keeps (``{name: {"p": payload, "at": iso}}``)."""
+    signals = {}
+    for name, entry in stored.items():
+        at = datetime.fromisoformat(entry["at"]).astimezone(timezone.utc)
+        signals[name] = (json.dumps(entry["p"], separators=(",", ":")), at)
+    return signals
 
 
 def step_view(record: StepRecord) -> StepView:

@@ -39,6 +39,7 @@ from ..durable.store import (
     Suspend,
     Write,
     execution_from_row,
+    signals_from_json,
     step_from_row,
     step_view,
 )
@@ -205,13 +206,15 @@ RENEW = f"""
 OWNERS = f"SELECT DISTINCT instance FROM {EXECUTIONS} WHERE status = 'running' AND lease_until > %s"
 EXPIRE = f"""
     UPDATE {EXECUTIONS} SET lease_until = %s
-    WHERE status = 'running' AND instance = %s AND lease_until > %s AND NOT (id = ANY (%s))
+    WHERE status = 'running' AND instance = %s AND lease_until > %s
+        AND (%s::timestamptz IS NULL OR updated_at < %s::timestamptz)
 """
 SIGNAL = f"""
     WITH found AS (SELECT status FROM {EXECUTIONS} WHERE id = %(id)s),
     taken AS (
         UPDATE {EXECUTIONS}
-        SET signals = signals || jsonb_build_object(%(name)s::text, %(payload)s::jsonb),
+        SET signals = signals || jsonb_build_object(
+                %(name)s::text, jsonb_build_object('p', %(payload)s::jsonb, 'at', %(sent)s::text)),
             wake_at = CASE WHEN status = 'waiting' AND awaits = %(name)s THEN %(now)s ELSE wake_at END
         WHERE id = %(id)s AND status NOT IN ('succeeded', 'failed', 'cancelled') AND NOT signals ? %(name)s::text
         RETURNING id
@@ -376,7 +379,7 @@ class PostgresDurable:
                 was=row[9],
                 was_instance=row[10],
             )
-            signals = {name: json.dumps(value) for name, value in (row[8] or {}).items()}
+            signals = signals_from_json(row[8] or {})
             steps = [step_from_row(step, _utc) for step in row[11] or ()]
             claimed.append(Claimed(execution, steps, signals))
         return claimed
@@ -417,11 +420,12 @@ class PostgresDurable:
     async def durable_owners(self, now: datetime) -> set[str]:
         return {row[0] for row in await self._fetchall(OWNERS, (now,))}
 
-    async def durable_expire(self, instance: str, now: datetime, keep: Sequence[str] = ()) -> int:
-        return await self._execute(EXPIRE, (now, instance, now, list(keep)))
+    async def durable_expire(self, instance: str, now: datetime, claimed_before: datetime | None = None) -> int:
+        return await self._execute(EXPIRE, (now, instance, now, claimed_before, claimed_before))
 
     async def durable_signal(self, id: str, name: str, payload: str, now: datetime) -> tuple[ExecutionStatus, bool] | None:
-        rows = await self._fetch_write(SIGNAL, {"id": id, "name": name, "payload": _text(payload), "now": now})
+        params = {"id": id, "name": name, "payload": _text(payload), "now": now, "sent": now.isoformat()}
+        rows = await self._fetch_write(SIGNAL, params)
         status, taken = rows[0]
         if status is None:
             return None

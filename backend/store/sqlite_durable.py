@@ -31,6 +31,7 @@ from ..durable.store import (
     Suspend,
     Write,
     execution_from_row,
+    signals_from_json,
     step_from_row,
     step_view,
 )
@@ -154,11 +155,11 @@ RENEW = f"""
 OWNERS = "SELECT DISTINCT instance FROM durable_executions WHERE status = 'running' AND lease_until > ?"
 EXPIRE = """
     UPDATE durable_executions SET lease_until = ?
-    WHERE status = 'running' AND instance = ? AND lease_until > ? AND id NOT IN (SELECT value FROM json_each(?))
+    WHERE status = 'running' AND instance = ? AND lease_until > ? AND (? IS NULL OR updated_at < ?)
 """
 STATE = "SELECT status, awaits, signals, lease_until FROM durable_executions WHERE id = ?"
 SIGNAL = """
-    UPDATE durable_executions SET signals = json_set(signals, '$."' || ? || '"', json(?)),
+    UPDATE durable_executions SET signals = json_set(signals, '$."' || ? || '"', json_object('p', json(?), 'at', ?)),
         wake_at = CASE WHEN status = 'waiting' AND awaits = ? THEN ? ELSE wake_at END
     WHERE id = ?
 """
@@ -246,7 +247,7 @@ class SQLiteDurable:
             claimed = []
             for id_, was, was_instance in c.execute(RUNNABLE, (names, at, at, limit)).fetchall():
                 row = c.execute(CLAIM, (instance, until, at, id_)).fetchone()
-                signals = {name: json.dumps(value) for name, value in json.loads(row[8]).items()}
+                signals = signals_from_json(json.loads(row[8]))
                 steps = [step_from_row(r, _dt) for r in c.execute(STEPS_OF, (id_,)).fetchall()]
                 execution = ExecutionRow(
                     id=row[0],
@@ -316,8 +317,9 @@ class SQLiteDurable:
         rows = await self._read(lambda c: c.execute(OWNERS, (_us(now),)).fetchall())
         return {row[0] for row in rows}
 
-    async def durable_expire(self, instance: str, now: datetime, keep: Sequence[str] = ()) -> int:
-        params = (_us(now), instance, _us(now), json.dumps(list(keep)))
+    async def durable_expire(self, instance: str, now: datetime, claimed_before: datetime | None = None) -> int:
+        before = _us(claimed_before)
+        params = (_us(now), instance, _us(now), before, before)
         return await self._write(lambda c: int(c.execute(EXPIRE, params).rowcount))
 
     async def durable_signal(self, id: str, name: str, payload: str, now: datetime) -> tuple[ExecutionStatus, bool] | None:
@@ -332,7 +334,7 @@ class SQLiteDurable:
                 return status, False
             if name in json.loads(signals):
                 return status, True
-            c.execute(SIGNAL, (name, payload, name, at, id))
+            c.execute(SIGNAL, (name, payload, now.isoformat(), name, at, id))
             c.execute(INSERT_LOG, (id, at, f"signal {name} received"))
             return status, False
 
