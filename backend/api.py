@@ -560,8 +560,10 @@ def schedule_routes(api: Api) -> list[Route]:
     ]
 
 
+from .api_durable import durable_routes  # noqa: E402 - it builds on Api, above
+
 #: The route modules, each ``routes(api) -> list[Route]``, mounted in this order.
-ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [schedule_routes]
+ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [schedule_routes, durable_routes]
 
 
 def _declare_path_parameters(schema: dict[str, Any]) -> dict[str, Any]:
@@ -603,7 +605,7 @@ _ERROR_SCHEMA = {
 _ERRORS = {
     401: "no token, or a wrong one",
     403: "a read token tried to act",
-    404: "unknown schedule, run or backfill",
+    404: "unknown schedule, run, backfill, execution or function",
     408: "the request body did not arrive in time",
     413: "the request body is too large",
     422: "a bad parameter or body (error.field names it)",

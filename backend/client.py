@@ -27,10 +27,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .durable.actions import DurableActions
 from .engine import Engine
 from .model import BackfillPlan, BackfillProgress, Run, ScheduleView
-from .definitions import discover
-from .schedules import Schedule
+from .definitions import discover_definitions
 from .store import open_store
 
 __all__ = ["Client", "ScheduleActions", "SyncClient", "connect", "connect_sync"]
@@ -91,20 +91,21 @@ class Client:
     def __init__(self, engine: Engine, *, actor: str | None = None) -> None:
         self.engine = engine
         self.schedules = ScheduleActions(engine, actor)
+        self.durable = DurableActions(engine.durable, actor)
 
     @property
     def where(self) -> str:
         return self.engine.store.where
 
 
-Definitions = str | Path | Iterable[Schedule] | None
+Definitions = str | Path | Iterable[Any] | None
 
 
-def _schedules(definitions: Definitions) -> list[Schedule]:
+def _schedules(definitions: Definitions) -> list[Any]:
     if definitions is None:
         return []
     if isinstance(definitions, (str, Path)):
-        return discover(definitions)
+        return list(discover_definitions(definitions).items)
     return list(definitions)
 
 
@@ -175,6 +176,7 @@ class SyncClient:
     def __init__(self, client: Client, loop: _Loop) -> None:
         self.client = client
         self.schedules: Any = _Blocking(client.schedules, loop)
+        self.durable: Any = _Blocking(client.durable, loop)
 
     @property
     def where(self) -> str:

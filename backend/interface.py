@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
+from .durable.model import Execution, ExecutionsPage, Signalled, Started
 from .engine import Engine
 from .errors import Forbidden, Unavailable
 from .inputs import check_before, check_id, check_instant
@@ -187,6 +188,26 @@ class Backend(Protocol):
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         """Return the backfill's progress once it is no longer ``running``."""
 
+    # -- durable executions (``NotFound`` for an unknown execution or function; ``Refused``
+    # for a signal or cancel of a finished execution, a retry of one that has not failed)
+    async def list_executions(
+        self, function: str | None = None, *, status: str | None = None, limit: int = 50, before: str | None = None
+    ) -> ExecutionsPage:
+        """A page of executions, newest first, by keyset (``before`` an execution id)."""
+
+    async def get_execution(self, execution_id: str) -> Execution:
+        """One execution with its steps (the timeline) and its log."""
+
+    async def start_execution(self, function: str, input: Any = None) -> Started: ...
+
+    async def signal_execution(self, execution_id: str, name: str, payload: Any = None) -> Signalled: ...
+
+    async def cancel_execution(self, execution_id: str) -> Execution:
+        """Cancel: a queued or waiting execution at once, a running one at its next step."""
+
+    async def retry_execution(self, execution_id: str) -> Execution:
+        """Run a failed execution again from its failed step, with fresh attempts."""
+
 
 @dataclass
 class _EngineThread:
@@ -232,6 +253,8 @@ class EmbeddedBackend:
         self.arm = arm
         self.allow_external_self = allow_external_self
         """Let :meth:`fire_external` fire schedules that have their own timer too."""
+        self.actor: str | None = None
+        """Who the durable actions are recorded as (default: the engine's instance)."""
         self._thread = _EngineThread() if own_thread else None
 
     async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -348,3 +371,29 @@ class EmbeddedBackend:
 
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         return await self._call(self.engine.wait_backfill(check_id(backfill_id, "backfill")))
+
+    # -- durable executions ----------------------------------------------------------------
+    async def list_executions(
+        self, function: str | None = None, *, status: str | None = None, limit: int = 50, before: str | None = None
+    ) -> ExecutionsPage:
+        rows, next_before = await self._call(self.engine.durable.list(function, status=status, limit=limit, before=before))
+        return ExecutionsPage(rows, next_before)
+
+    async def get_execution(self, execution_id: str) -> Execution:
+        return await self._call(self.engine.durable.get(execution_id))
+
+    async def start_execution(self, function: str, input: Any = None) -> Started:
+        self._check_can_act("durable start")
+        return await self._call(self.engine.durable.start_execution(function, input))
+
+    async def signal_execution(self, execution_id: str, name: str, payload: Any = None) -> Signalled:
+        self._check_can_act("durable signal")
+        return await self._call(self.engine.durable.signal(execution_id, name, payload))
+
+    async def cancel_execution(self, execution_id: str) -> Execution:
+        self._check_can_act("durable cancel")
+        return await self._call(self.engine.durable.cancel(execution_id, by=self.actor))
+
+    async def retry_execution(self, execution_id: str) -> Execution:
+        self._check_can_act("durable retry")
+        return await self._call(self.engine.durable.retry(execution_id, by=self.actor))

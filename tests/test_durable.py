@@ -455,7 +455,7 @@ async def test_cancel_a_waiting_execution_at_once_and_a_running_one_at_its_next_
     await engine.quiesce()
     stopped = await engine.durable.get(working.id)
     assert stopped.status == "cancelled" and CALLS == {"slow": 1}
-    with pytest.raises(Refused, match="is cancelled already"):
+    with pytest.raises(Refused, match="has finished \(cancelled\)"):
         await engine.durable.cancel(working.id)
     with pytest.raises(NotFound):
         await engine.durable.cancel("01JD3Z6Q0V9W4C7PAXH3KJ1M2B")
@@ -753,3 +753,28 @@ async def test_the_sweep_for_an_earlier_process_of_our_name_spares_a_claim_in_fl
     assert (old.execution.id, new.execution.id) == (earlier.id, mine.id)
     await engine.durable.executor.maintain(now)
     assert [c.execution.id for c in await store.durable_claim("b", ["f"], now, now + timedelta(seconds=30), 5)] == [earlier.id]
+
+
+async def test_a_signal_sent_after_the_deadline_by_a_clock_ahead_does_not_count(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    # A client whose clock runs an hour ahead signals a wait of 10 minutes: by the times
+    # recorded, the signal came after the wait's deadline. The wait must neither take it
+    # nor be woken for it over and over (the replay would refuse it every time).
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        await ctx.sleep("first", 60)
+        return await ctx.wait_for("go", timeout=600)
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    store: DurableStore = engine.store  # type: ignore[assignment]
+    await store.durable_signal(started.id, "go", '"late"', clock.now() + timedelta(hours=1))
+    clock.advance(60)
+    await asyncio.wait_for(engine.quiesce(), 10)
+    waiting = await engine.durable.get(started.id)
+    assert (waiting.status, waiting.waiting_for, waiting.wake_at) == ("waiting", "signal:go", clock.now() + timedelta(seconds=600))
+    clock.advance(600)
+    await engine.quiesce()
+    assert (await engine.durable.get(started.id)).output is None

@@ -26,7 +26,7 @@ from .executor import DurableExecutor
 from .model import EXECUTION_STATUSES, Execution, Signalled, Started, execution_id_for_slot
 from .store import DurableStore, NewExecution
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_SIGNAL_BYTES", "Durable"]
+__all__ = ["MAX_INPUT_BYTES", "MAX_SIGNAL_BYTES", "Durable", "check_json", "parse_json_option"]
 
 #: Largest input of an execution, and payload of a signal (encoded JSON).
 MAX_INPUT_BYTES: Final = 256 * 1024
@@ -34,7 +34,8 @@ MAX_SIGNAL_BYTES: Final = 64 * 1024
 DEFAULT_CONCURRENCY: Final = 32
 
 
-def _json(value: Any, field: str, limit: int) -> str:
+def check_json(value: Any, field: str, limit: int) -> str:
+    """``value`` as JSON text; BadInput naming ``field`` when it is not JSON or too long."""
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
@@ -132,7 +133,7 @@ class Durable:
         knows none (``connect()`` without definitions) cannot check, and the execution
         waits for an instance that defines it (``serve`` warns about it)."""
         name = self._function(function)
-        text = _json(input, "input", MAX_INPUT_BYTES)
+        text = check_json(input, "input", MAX_INPUT_BYTES)
         execution_id = id or self.shared.new_id()
         created = await self.store.durable_insert(
             NewExecution(execution_id, name, text, self.clock.now(), schedule, scheduled_at)
@@ -150,7 +151,7 @@ class Durable:
                 f"signal name \"{printable(str(name), 60)}\" must be 1-128 letters, digits, '_', '.', ':' or '-'",
                 field="name",
             )
-        text = _json(payload, "payload", MAX_SIGNAL_BYTES)
+        text = check_json(payload, "payload", MAX_SIGNAL_BYTES)
         found = await self.store.durable_signal(id, name, text, self.clock.now())
         if found is None:
             raise NotFound(f'no execution with id "{id}"')
@@ -170,7 +171,7 @@ class Durable:
             raise NotFound(f'no execution with id "{id}"')
         status, done = found
         if done is None:
-            raise Refused(f"execution {id} is {status} already; there is nothing to cancel", reason=f"execution {status}")
+            raise Refused(f"execution {id} has finished ({status}); there is nothing to cancel", reason=f"execution {status}")
         run = self.executor.running.get(id)
         if run is not None:
             run.request_cancel()

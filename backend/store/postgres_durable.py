@@ -179,14 +179,17 @@ PROGRESS_ONLY = f"""
     UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
     WHERE {HELD} RETURNING cancel_requested
 """
-#: A signal already received makes its wait due at once; so does a cancellation asked for
-#: meanwhile (the next claim finishes it).
+#: A signal received by the wait's deadline makes the wait due at once (the replay takes
+#: such a signal, and only such a one); so does a cancellation asked for meanwhile (the next
+#: claim finishes it).
 SUSPEND = f"""
     WITH e AS (
         UPDATE {EXECUTIONS} SET status = %(status)s, lease_until = NULL, step = coalesce(%(step)s, step),
             updated_at = %(now)s, waiting_for = %(waiting_for)s, awaits = %(signal)s,
-            wake_at = CASE WHEN cancel_requested OR (%(signal)s::text IS NOT NULL AND signals ? %(signal)s::text)
-                           THEN %(now)s ELSE %(wake)s END
+            wake_at = CASE WHEN cancel_requested OR (
+                    %(signal)s::text IS NOT NULL
+                    AND (signals -> %(signal)s::text ->> 'at')::timestamptz <= %(wake)s::timestamptz)
+                THEN %(now)s ELSE %(wake)s END
         WHERE {HELD} RETURNING cancel_requested
     )""" + _AND_STEPS_AND_LOGS
 FINISH = f"""
@@ -424,7 +427,8 @@ class PostgresDurable:
         return await self._execute(EXPIRE, (now, instance, now, claimed_before, claimed_before))
 
     async def durable_signal(self, id: str, name: str, payload: str, now: datetime) -> tuple[ExecutionStatus, bool] | None:
-        params = {"id": id, "name": name, "payload": _text(payload), "now": now, "sent": now.isoformat()}
+        sent = now.astimezone(timezone.utc).isoformat(timespec="microseconds")
+        params = {"id": id, "name": name, "payload": _text(payload), "now": now, "sent": sent}
         rows = await self._fetch_write(SIGNAL, params)
         status, taken = rows[0]
         if status is None:

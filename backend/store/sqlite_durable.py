@@ -126,12 +126,13 @@ STEPS_OF = f"SELECT {STEP_COLUMNS} FROM durable_steps WHERE execution_id = ? ORD
 #: The lease condition every write of the runner carries.
 HELD = "id = ? AND lease = ? AND status = 'running'"
 PROGRESS = f"UPDATE durable_executions SET lease_until = ?, step = coalesce(?, step) WHERE {HELD} RETURNING cancel_requested"
-#: A signal already received makes its wait due at once; so does a cancellation asked for
-#: meanwhile (the next claim finishes it).
+#: A signal received by the wait's deadline makes the wait due at once (the replay takes
+#: such a signal, and only such a one); so does a cancellation asked for meanwhile (the next
+#: claim finishes it). Signal times are ISO 8601 in UTC to the microsecond: they compare as text.
 SUSPEND = f"""
     UPDATE durable_executions SET status = ?, lease_until = NULL, step = coalesce(?, step), updated_at = ?,
         waiting_for = ?, awaits = ?,
-        wake_at = CASE WHEN cancel_requested OR (? IS NOT NULL AND json_type(signals, '$."' || ? || '"') IS NOT NULL)
+        wake_at = CASE WHEN cancel_requested OR (? IS NOT NULL AND json_extract(signals, '$."' || ? || '".at') <= ?)
                        THEN ? ELSE ? END
     WHERE {HELD} RETURNING cancel_requested
 """
@@ -275,7 +276,9 @@ class SQLiteDurable:
             sql, params = PROGRESS, (_us(then.lease_until), then.step, *held)
         elif isinstance(then, Suspend):
             wake = _us(then.wake_at)
-            params = (then.status, then.step, now, then.waiting_for, then.signal, then.signal, then.signal, now, wake, *held)
+            deadline = _iso(then.wake_at)
+            params = (then.status, then.step, now, then.waiting_for, then.signal, then.signal, then.signal, deadline, now, wake,
+                      *held)  # fmt: skip
             sql = SUSPEND
         else:
             assert isinstance(then, Finish)
@@ -334,7 +337,7 @@ class SQLiteDurable:
                 return status, False
             if name in json.loads(signals):
                 return status, True
-            c.execute(SIGNAL, (name, payload, now.isoformat(), name, at, id))
+            c.execute(SIGNAL, (name, payload, _iso(now), name, at, id))
             c.execute(INSERT_LOG, (id, at, f"signal {name} received"))
             return status, False
 
@@ -438,6 +441,11 @@ _MICROSECOND = timedelta(microseconds=1)
 def _us(dt: datetime | None) -> int | None:
     """Microseconds since the epoch, as the SQLite store keeps every time."""
     return None if dt is None else (dt - _EPOCH) // _MICROSECOND
+
+
+def _iso(dt: datetime | None) -> str | None:
+    """A signal's time as its JSON keeps it: UTC, to the microsecond (so texts compare as times)."""
+    return None if dt is None else dt.astimezone(timezone.utc).isoformat(timespec="microseconds")
 
 
 def _dt(us: int | None) -> datetime | None:
