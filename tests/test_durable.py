@@ -455,7 +455,7 @@ async def test_cancel_a_waiting_execution_at_once_and_a_running_one_at_its_next_
     await engine.quiesce()
     stopped = await engine.durable.get(working.id)
     assert stopped.status == "cancelled" and CALLS == {"slow": 1}
-    with pytest.raises(Refused, match="has finished \(cancelled\)"):
+    with pytest.raises(Refused, match=r"has finished \(cancelled\)"):
         await engine.durable.cancel(working.id)
     with pytest.raises(NotFound):
         await engine.durable.cancel("01JD3Z6Q0V9W4C7PAXH3KJ1M2B")
