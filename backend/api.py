@@ -11,12 +11,15 @@ Routes (JSON, snake_case; see ``/openapi.json`` for the full document)::
     GET  /inspect/schedules
     GET  /inspect/schedules/runs?name=N&limit=L&before=RUN_ID
     GET  /inspect/schedules/{name}/upcoming?count=5
+    GET  /inspect/runs?name=A&name=B&from=ISO&to=ISO&limit_per_name=N   runs in a window
     GET  /inspect/runs/{run_id}
+    GET  /inspect/instances                              registered engines and heartbeats
     POST /inspect/schedules/{name}/fire                  Run now
     POST /inspect/schedules/{name}/enable | /disable     {"note": "..."}
     POST /inspect/schedules/{name}/backfill/plan         {"from", "to", "confirm", "limit"}
     POST /inspect/schedules/{name}/backfill              the same; starts it in the background
     GET  /inspect/backfills/{backfill_id}
+    POST /inspect/backfills/{backfill_id}/cancel
     POST /schedule/{name}/fire?trigger=external          what platform schedulers call
 
 Every error is ``{"error": {"code", "message"}}`` with its status (401, 403, 404, 405, 408,
@@ -28,11 +31,10 @@ yields a 500. Bearer tokens: the operator token may do everything, the read toke
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, Literal
@@ -44,6 +46,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
+from .audit import acting_as
 from .errors import (
     BadInput,
     Forbidden,
@@ -54,10 +57,11 @@ from .errors import (
     Unavailable,
 )
 from .inputs import check_note
-from .interface import Backend
-from .model import BACKFILL_MAX_LIMIT, iso
+from .interface import RUNS_BETWEEN_MAX_PER_NAME, Backend
+from .model import BACKFILL_MAX_LIMIT, iso, parse_iso
 from .safetext import printable
 from .timeparse import parse_when
+from .tokens import ApiToken, Tokens
 
 __all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "create_app"]
 
@@ -101,37 +105,6 @@ def _from_error(exc: SchedtuiError) -> JSONResponse:
     return response
 
 
-class _Tokens:
-    def __init__(self, operate: str | None, read: str | None) -> None:
-        for what, token in (("token", operate), ("read token", read)):
-            if token is not None and token != "" and not token.strip():
-                raise BadInput(f"the {what} is only whitespace; give a real secret", field=what.replace(" ", "_"))
-        self.operate = operate.strip() if operate else None
-        self.read = read.strip() if read else None
-
-    @property
-    def required(self) -> bool:
-        return self.operate is not None or self.read is not None
-
-    def access_of(self, request: Request) -> Access:
-        """What the request's bearer token allows; raises Unauthorized for none or a wrong one."""
-        if not self.required:
-            return "operate"
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise Unauthorized("missing bearer token (send Authorization: Bearer <token>)")
-        token = token.strip()
-        # Both comparisons always run: the time taken says nothing about which token matched.
-        is_operate = self.operate is not None and hmac.compare_digest(token.encode(), self.operate.encode())
-        is_read = self.read is not None and hmac.compare_digest(token.encode(), self.read.encode())
-        if is_operate:
-            return "operate"
-        if is_read:
-            return "read"
-        raise Unauthorized("wrong bearer token")
-
-
 class Api:
     """What every route module builds on: the backend, token checks, body and query parsing.
 
@@ -140,11 +113,15 @@ class Api:
     anything unexpected into a 500 without a trace. Each system's routes live in their
     own module as ``routes(api) -> list[Route]`` (see :data:`ROUTE_MODULES`)."""
 
-    def __init__(self, backend: Backend, tokens: _Tokens, body_timeout: float) -> None:
+    def __init__(self, backend: Backend, tokens: Tokens, body_timeout: float) -> None:
         self.backend = backend
         self.tokens = tokens
         self.body_timeout = body_timeout
         self.access: dict[Endpoint, Access] = {}
+        self.closing = asyncio.Event()
+        """Set when the server stops: long-lived responses (the event stream) end then."""
+        self.streams = 0
+        """Event streams open now."""
 
     def endpoint(self, access: Access) -> Callable[[Endpoint], Endpoint]:
         """Authorise, then map schedtui errors to JSON; nothing escapes as a 500 with a trace."""
@@ -153,11 +130,13 @@ class Api:
         def wrap(fn: Endpoint) -> Endpoint:
             async def handler(request: Request) -> Response:
                 try:
-                    if access != "open":
-                        granted = tokens.access_of(request)
-                        if access == "operate" and granted != "operate":
-                            raise Forbidden("this token may only read; acting needs the operator token")
-                    return await fn(request)
+                    if access == "open":
+                        return await fn(request)
+                    granted = tokens.check(request.headers.get("authorization", ""))
+                    if access == "operate" and granted.access != "operate":
+                        raise Forbidden("this token may only read; acting needs the operator token")
+                    with acting_as(granted.name):  # the audit log names the token
+                        return await fn(request)
                 except SchedtuiError as exc:
                     return _from_error(exc)
                 except _TooLarge:
@@ -179,6 +158,10 @@ class Api:
             return handler
 
         return wrap
+
+    def token_of(self, request: Request) -> ApiToken:
+        """The token a request came with (its name is the actor of what it does)."""
+        return self.tokens.check(request.headers.get("authorization", ""))
 
     async def body_of(self, request: Request) -> dict[str, Any]:
         """The request's JSON object body (``{}`` when empty); 413, 408 and 422 as due."""
@@ -223,14 +206,16 @@ class Api:
 def create_app(
     backend: Backend,
     *,
-    token: str | None = None,
-    read_token: str | None = None,
+    token: str | Sequence[str] | None = None,
+    read_token: str | Sequence[str] | None = None,
     manage_backend: bool = False,
     body_timeout: float = BODY_TIMEOUT,
 ) -> Starlette:
-    """The ASGI app over ``backend``. With ``manage_backend`` the app's lifespan connects
-    and closes it (for an embedded backend: starts and stops its engine)."""
-    api = Api(backend, _Tokens(token, read_token), body_timeout)
+    """The ASGI app over ``backend``. ``token``/``read_token``: one or several, each
+    ``NAME=SECRET`` or a bare secret (see :mod:`backend.tokens`). With ``manage_backend``
+    the app's lifespan connects and closes it (for an embedded backend: starts and stops
+    its engine)."""
+    api = Api(backend, Tokens.from_options(token, read_token), body_timeout)
     routes = [route for module in ROUTE_MODULES for route in module(api)]
     schemas = SchemaGenerator(
         {
@@ -279,6 +264,7 @@ def create_app(
         exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
     )
+    app.state.api = api  # serve ends the event streams through it before stopping
     return app
 
 
@@ -319,17 +305,19 @@ def schedule_routes(api: Api) -> list[Route]:
         ---
         summary: What this server is, and what the caller's token may do
         responses:
-          200: {description: "instance, coordination, store kind, access (read or operate)"}
+          200: {description: "instance, coordination, store kind, access (read or operate), actor (the token's name)"}
         """
-        access = api.tokens.access_of(request)
+        token = api.token_of(request)
         connection = backend.info()
         return JSONResponse(
             {
                 "instance": connection.instance,
                 "coordination": connection.coordination,
                 "store_kind": connection.store_kind,
-                "access": access,
+                "access": token.access,
+                "actor": token.name,
                 "now": iso(await backend.now()),
+                "systems": list(backend.info().systems),
             }
         )
 
@@ -397,6 +385,57 @@ def schedule_routes(api: Api) -> list[Route]:
         return JSONResponse(run.to_json())
 
     @endpoint("read")
+    async def runs_between(request: Request) -> Response:
+        """
+        ---
+        summary: Runs of several schedules scheduled in a window, newest first per schedule
+        description: >
+          For timelines: per schedule, its runs with from <= scheduled_at < to, at most
+          limit_per_name of them (the newest; a schedule with exactly that many may have
+          more). Schedules without runs in the window are left out of "runs".
+        parameters:
+          - {name: name, in: query, required: true, description: "repeat for several schedules (up to 500)", schema: {type: array, items: {type: string}}, style: form, explode: true}
+          - {name: from, in: query, required: true, schema: {type: string, format: date-time}}
+          - {name: to, in: query, required: true, schema: {type: string, format: date-time}}
+          - {name: limit_per_name, in: query, schema: {type: integer, minimum: 1, maximum: 1000, default: 200}}
+        responses:
+          200: {description: "{from, to, runs: {name: [run]}}"}
+          404: {description: unknown schedule}
+          422: {description: bad parameter}
+        """
+        names = request.query_params.getlist("name")
+        window = []
+        for key in ("from", "to"):
+            raw = request.query_params.get(key)
+            if not raw:
+                raise BadInput(f"the query parameter {key} is required (an ISO 8601 instant)", field=key)
+            try:
+                window.append(parse_iso(raw))
+            except (ValueError, OverflowError):
+                raise BadInput(f'{key} "{raw}" is not an ISO 8601 instant with an offset', field=key) from None
+        limit = query_int(request, "limit_per_name", 200, 1, RUNS_BETWEEN_MAX_PER_NAME)
+        found = await backend.runs_between(names, window[0], window[1], limit_per_name=limit)
+        return JSONResponse(
+            {"from": iso(window[0]), "to": iso(window[1]),
+             "runs": {name: [r.to_json() for r in runs] for name, runs in found.items()}}
+        )
+
+    @endpoint("read")
+    async def instances(request: Request) -> Response:
+        """
+        ---
+        summary: The engine instances registered in the store, with their last heartbeat
+        description: >
+          An engine that fires beats every few seconds; one that only opened the store (a
+          CLI verb, a watching console) beat once, when it opened it.
+        responses:
+          200: {description: "{now, instances: [{name, host, pid, heartbeat_at, heartbeat_age_s, last_fired_at}]}"}
+        """
+        found = await backend.instances()
+        now = await backend.now()
+        return JSONResponse({"now": iso(now), "instances": [i.to_json(now) for i in found]})
+
+    @endpoint("read")
     async def get_backfill(request: Request) -> Response:
         """
         ---
@@ -454,7 +493,7 @@ def schedule_routes(api: Api) -> list[Route]:
         """
         return await _set_enabled(request, False)
 
-    async def _backfill_args(request: Request) -> tuple[str, datetime, datetime, bool, int | None]:
+    async def _backfill_args(request: Request) -> tuple[str, datetime, datetime, bool, int | None, bool]:
         name = await schedule_name(request)
         body = await body_of(request)
         zone = await backend.schedule_zone(name)
@@ -471,7 +510,10 @@ def schedule_routes(api: Api) -> list[Route]:
         limit = body.get("limit")
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise BadInput(f'"limit" must be a whole number up to {BACKFILL_MAX_LIMIT}', field="limit")
-        return name, values[0], values[1], confirm, limit
+        skip = body.get("skip_succeeded", False)
+        if not isinstance(skip, bool):
+            raise BadInput('"skip_succeeded" must be true or false', field="skip_succeeded")
+        return name, values[0], values[1], confirm, limit, skip
 
     @endpoint("read")
     async def plan_backfill(request: Request) -> Response:
@@ -492,7 +534,7 @@ def schedule_routes(api: Api) -> list[Route]:
         responses:
           200: {description: the plan}
         """
-        name, start, end, confirm, limit = await _backfill_args(request)
+        name, start, end, confirm, limit, _ = await _backfill_args(request)
         plan = await backend.plan_backfill(name, start, end, confirm=confirm, limit=limit)
         return JSONResponse(plan.to_json())
 
@@ -512,14 +554,28 @@ def schedule_routes(api: Api) -> list[Route]:
                   to: {type: string}
                   confirm: {type: boolean, description: "needed above 25 slots"}
                   limit: {type: integer, minimum: 1, maximum: 10000, default: 1000}
+                  skip_succeeded: {type: boolean, description: "fire only the slots without a succeeded run"}
         responses:
           202: {description: "{id, plan, progress}"}
           409: {description: "refused: {count, reason}"}
         """
-        name, start, end, confirm, limit = await _backfill_args(request)
+        name, start, end, confirm, limit, skip = await _backfill_args(request)
         plan = await backend.plan_backfill(name, start, end, confirm=confirm, limit=limit)
-        progress = await backend.start_backfill(name, start, end, confirm=confirm, limit=limit)
+        progress = await backend.start_backfill(name, start, end, confirm=confirm, limit=limit, skip_succeeded=skip)
         return JSONResponse({"id": progress.id, "plan": plan.to_json(), "progress": progress.to_json()}, status_code=202)
+
+    @endpoint("operate")
+    async def cancel_backfill(request: Request) -> Response:
+        """
+        ---
+        summary: Stop a running backfill before its next slot (the run in flight finishes)
+        responses:
+          200: {description: "the backfill's progress, state cancelled (or as it had ended)"}
+          404: {description: unknown backfill}
+          409: {description: "it runs on another instance"}
+        """
+        progress = await backend.cancel_backfill(str(request.path_params["backfill_id"]))
+        return JSONResponse(progress.to_json())
 
     @endpoint("operate")
     async def fire_external(request: Request) -> Response:
@@ -549,21 +605,40 @@ def schedule_routes(api: Api) -> list[Route]:
         Route("/inspect/schedules", list_schedules, methods=["GET"]),
         Route("/inspect/schedules/runs", list_runs, methods=["GET"]),
         Route("/inspect/schedules/{name}/upcoming", upcoming, methods=["GET"]),
+        Route("/inspect/runs", runs_between, methods=["GET"]),
         Route("/inspect/runs/{run_id}", get_run, methods=["GET"]),
+        Route("/inspect/instances", instances, methods=["GET"]),
         Route("/inspect/schedules/{name}/fire", fire, methods=["POST"]),
         Route("/inspect/schedules/{name}/enable", enable, methods=["POST"]),
         Route("/inspect/schedules/{name}/disable", disable, methods=["POST"]),
         Route("/inspect/schedules/{name}/backfill/plan", plan_backfill, methods=["POST"]),
         Route("/inspect/schedules/{name}/backfill", start_backfill, methods=["POST"]),
         Route("/inspect/backfills/{backfill_id}", get_backfill, methods=["GET"]),
+        Route("/inspect/backfills/{backfill_id}/cancel", cancel_backfill, methods=["POST"]),
         Route("/schedule/{name}/fire", fire_external, methods=["POST"]),
     ]
 
 
-from .api_durable import durable_routes  # noqa: E402 - it builds on Api, above
+def _audit_routes(api: Api) -> list[Route]:
+    from .api_audit import audit_routes
+
+    return audit_routes(api)
+
+
+def _event_routes(api: Api) -> list[Route]:
+    from .api_events import event_routes
+
+    return event_routes(api)
+
+
+def _durable_routes(api: Api) -> list[Route]:
+    from .api_durable import durable_routes
+
+    return durable_routes(api)
+
 
 #: The route modules, each ``routes(api) -> list[Route]``, mounted in this order.
-ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [schedule_routes, durable_routes]
+ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [schedule_routes, _audit_routes, _event_routes, _durable_routes]
 
 
 def _declare_path_parameters(schema: dict[str, Any]) -> dict[str, Any]:

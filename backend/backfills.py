@@ -16,8 +16,9 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import islice
+from typing import Literal
 
 from .clock import Clock
 from .errors import BadInput, NotFound, Refused, Unavailable
@@ -96,6 +97,7 @@ def plan_backfill(
 class _Job:
     progress: BackfillProgress
     task: asyncio.Task[None] | None = None
+    cancelled: bool = False
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -130,9 +132,17 @@ class Backfills:
         return plan_backfill(schedule, start, end, self.clock.now(), confirm=confirm, limit=limit)
 
     async def start(
-        self, schedule: Schedule, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+        self,
+        schedule: Schedule,
+        start: datetime,
+        end: datetime,
+        *,
+        confirm: bool = False,
+        limit: int | None = None,
+        skip_succeeded: bool = False,
     ) -> BackfillProgress:
-        """Start firing the slots in ``(start, end]`` in order, in the background.
+        """Start firing the slots in ``(start, end]`` in order, in the background; with
+        ``skip_succeeded``, only those without a succeeded run.
 
         Raises :class:`Refused` (with the count and reason) when the plan is refused or a
         backfill of this schedule is already running anywhere."""
@@ -144,6 +154,15 @@ class Backfills:
                 reason=plan.reason or plan.refusal,
             )
         slots = list(schedule.cron.occurrences(plan.start, plan.end))
+        if skip_succeeded:
+            done = await self.succeeded_slots(schedule, slots)
+            slots = [slot for slot in slots if slot not in done]
+            if not slots:
+                raise Refused(
+                    f'backfill of "{schedule.name}": every slot in the range already succeeded',
+                    count=0,
+                    reason="nothing to run",
+                )
         progress = BackfillProgress(
             id=self.new_id(),
             name=schedule.name,
@@ -176,8 +195,10 @@ class Backfills:
                 await self.store.update_backfill(job.progress)
             job.progress = dataclasses.replace(job.progress, state="done", finished_at=self.clock.now(), current=None)
         except asyncio.CancelledError:
-            job.progress = dataclasses.replace(job.progress, state="abandoned", finished_at=self.clock.now())
-            raise
+            state: Literal["cancelled", "abandoned"] = "cancelled" if job.cancelled else "abandoned"
+            job.progress = dataclasses.replace(job.progress, state=state, finished_at=self.clock.now())
+            if not job.cancelled:
+                raise
         finally:
             with contextlib.suppress(Unavailable):
                 await self.store.update_backfill(job.progress)
@@ -191,6 +212,37 @@ class Backfills:
                 job.progress.failed,
                 job.progress.remaining,
             )
+
+    async def succeeded_slots(self, schedule: Schedule, slots: list[datetime]) -> set[datetime]:
+        """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""
+        if not slots:
+            return set()
+        found = await self.store.runs_between(
+            [schedule.name], slots[0], slots[-1] + timedelta(seconds=1), limit_per_name=4 * len(slots) + 100
+        )
+        wanted = set(slots)
+        return {r.scheduled_at for r in found.get(schedule.name, []) if r.status == "succeeded" and r.scheduled_at in wanted}
+
+    async def cancel(self, backfill_id: str) -> BackfillProgress:
+        """Stop a running backfill of this process before its next slot (the run in flight
+        finishes on its own); recorded ``cancelled`` with what it fired."""
+        job = self.jobs.get(backfill_id)
+        if job is None:
+            progress = await self.progress(backfill_id)
+            if progress.state != "running":
+                return progress
+            raise Refused(
+                f"backfill {backfill_id} runs on instance {progress.instance}; cancel it there", reason="runs elsewhere"
+            )
+        if job.task is not None and not job.task.done():
+            job.cancelled = True
+            job.task.cancel()
+            await asyncio.gather(job.task, return_exceptions=True)
+        if job.progress.state == "running":  # cancelled before its first slot
+            job.progress = dataclasses.replace(job.progress, state="cancelled", finished_at=self.clock.now())
+            await self.store.update_backfill(job.progress)
+            job.finished.set()
+        return job.progress
 
     async def progress(self, backfill_id: str) -> BackfillProgress:
         job = self.jobs.get(backfill_id)

@@ -120,11 +120,12 @@ async def connect(
 ) -> AsyncIterator[Client]:
     """Open the store at ``url`` (default ``sqlite:///.schedtui/state.db``) without timers.
 
-    ``actor`` is who the actions are recorded as (default: the instance name). Runs
+    ``actor`` is who the actions are recorded as, in the audit log and on a disabled
+    schedule (default: the OS user). Runs
     started here (Run now, backfills) run in this process and are waited for on exit. A
     missing SQLite file is refused (a typo must not create an empty, healthy-looking
     store) unless ``create``."""
-    engine = Engine(_schedules(definitions), open_store(url, create=create), instance=instance)
+    engine = Engine(_schedules(definitions), open_store(url, create=create), instance=instance, actor=actor)
     await engine.open()
     try:
         yield Client(engine, actor=actor)

@@ -33,6 +33,7 @@ __all__ = [
     "Definitions",
     "discover",
     "discover_definitions",
+    "load_file",
     "register_definition_type",
 ]
 
@@ -140,6 +141,14 @@ class _BadFile(Exception):
 
 
 _module_counter = 0
+
+
+def load_file(path: Path) -> list[Any]:
+    """The definitions one file makes (imported afresh); :class:`DiscoveryError` if it fails."""
+    try:
+        return [item for _, item in _load_file(path)]
+    except _BadFile as bad:
+        raise DiscoveryError(bad.problem) from bad.__cause__
 
 
 def _load_file(path: Path) -> Iterable[tuple[int, Any]]:

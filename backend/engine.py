@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
+from .audit import AuditLog
 from .backfills import Backfills
 from .catchup import CatchUp
 from .clock import Clock, SystemClock
@@ -35,6 +36,7 @@ from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator, Slot
 from .definitions import Definitions
 from .durable import Durable, DurableFunction
 from .errors import BadInput, NotFound, Refused, Unavailable
+from .events import EventBus
 from .external import ExternalFires
 from .ids import IdFactory
 from .launcher import Launcher
@@ -49,9 +51,11 @@ from .model import (
     RunContext,
     ScheduleState,
     ScheduleView,
+    iso,
 )
 from .outages import OutageLog
 from .registry import InstanceRegistry, default_instance_name
+from .relay import Relay
 from .runner import DEFAULT_MAX_THREADS, HandlerRunner
 from .schedules import Schedule
 from .states import ScheduleStates
@@ -95,6 +99,7 @@ class Engine:
         external_early: timedelta = timedelta(seconds=5),
         max_threads: int = DEFAULT_MAX_THREADS,
         ids: Callable[[], str] | None = None,
+        actor: str | None = None,
     ) -> None:
         items = list(definitions.items if isinstance(definitions, Definitions) else definitions)
         self.schedules: dict[str, Schedule] = {}
@@ -119,6 +124,12 @@ class Engine:
 
         self.loops = Loops(self.clock)
         self.ledger = RunLedger(self.store)
+        self.events = EventBus()
+        """Change signals (runs, schedules, …) for the event stream and the console."""
+        self.audit = AuditLog(store=self.store, clock=self.clock, new_id=self.new_id, events=self.events, actor=actor)
+        """The audit log of operator actions; ``actor`` names who acts when no token does."""
+        self.relay = Relay(store=self.store, ledger=self.ledger, events=self.events, loops=self.loops)
+        self.states.publish = lambda name: self.events.publish("schedules", name)
         self.outages = OutageLog(self.clock)
         self.runner = HandlerRunner(self.clock, self.loops, max_threads=max_threads)
         self.launcher = Launcher(
@@ -185,6 +196,8 @@ class Engine:
             retention=retention,
             claims_ttl=claims_ttl,
             is_ours=self._is_ours,
+            due_at=self._self_due_at,
+            new_id=self.new_id,
         )
         self.shared = Shared(
             clock=self.clock,
@@ -195,8 +208,10 @@ class Engine:
             outages=self.outages,
             instance=self.instance,
             new_id=self.new_id,
+            audit=self.audit,
+            events=self.events,
         )
-        self.subsystems: list[Subsystem] = []
+        self.subsystems: list[Subsystem] = [self.relay, self.audit]
         """The systems beside the schedules (queue, durable, locks), in start order."""
         self.durable = Durable(
             self.shared,
@@ -248,6 +263,15 @@ class Engine:
             or any(subsystem.is_ours(id_) for subsystem in self.subsystems)
         )
 
+    def _self_due_at(self, slot: datetime) -> list[str]:
+        """The self-triggered schedules with a slot at ``slot``."""
+        before = slot - timedelta(microseconds=1)
+        return [
+            name
+            for name, schedule in self.schedules.items()
+            if self._trigger_of(schedule) == "self" and schedule.cron.next(before) == slot
+        ]
+
     def _make_coordinator(self, coordination: CoordinationMode | Coordinator | None) -> Coordinator:
         if coordination is not None and not isinstance(coordination, str):
             return coordination
@@ -291,7 +315,7 @@ class Engine:
         now = self.clock.now()
         await self.registry.beat(now, force=True)
         await self.states.load()
-        await self.registry.close_abandoned()
+        await self.registry.close_abandoned(at_open=True)
         await self.registry.prune(now)
         self.runner.open()
         for subsystem in self.subsystems:
@@ -457,18 +481,27 @@ class Engine:
             self.timers.disarm(state.name)
 
     async def list_schedules(self) -> list[ScheduleView]:
-        """Every schedule with its state, next slot and newest run."""
+        """Every schedule with its state, next slot, newest self/external run and newest
+        manual run (when that is its newest run)."""
         self.ledger.handoff()
         await self.refresh_states()
-        last = await self.store.last_runs(self.schedules)
-        return [self._view(schedule, last.get(name)) for name, schedule in self.schedules.items()]
+        return await self._views(list(self.schedules))
 
     async def get_schedule(self, name: str) -> ScheduleView:
-        schedule = self.schedule(name)
-        runs = await self.store.list_runs(name, limit=1)
-        return self._view(schedule, runs[0] if runs else None)
+        self.schedule(name)
+        return (await self._views([name]))[0]
 
-    def _view(self, schedule: Schedule, last_run: Run | None) -> ScheduleView:
+    async def _views(self, names: list[str]) -> list[ScheduleView]:
+        last = await self.store.last_runs(names)
+        latest = await self.store.last_runs(names, manual=True)
+        views = []
+        for name in names:
+            newest = latest.get(name)
+            manual = newest if newest is not None and newest.trigger == "manual" else None
+            views.append(self._view(self.schedules[name], last.get(name), manual))
+        return views
+
+    def _view(self, schedule: Schedule, last_run: Run | None, latest_manual: Run | None = None) -> ScheduleView:
         state = self.states.get(schedule.name)
         enabled = state.enabled if state is not None else schedule.enabled
         return ScheduleView(
@@ -485,6 +518,7 @@ class Engine:
             state_note=state.state_note if state is not None else None,
             next_fire_at=self._next_fire(schedule, enabled),
             last_run=last_run,
+            latest_manual=latest_manual,
         )
 
     async def list_runs(
@@ -553,6 +587,7 @@ class Engine:
             raise Unavailable(f'"{name}" not fired: the store cannot record runs now ({health.error})')
         scheduled = self.launcher.launch(schedule, self.clock.now(), "manual", "manual")
         await scheduled.started()
+        await self.audit.record("schedule.fire", name, {"run_id": scheduled.run.id})
         run = await scheduled.finished() if wait else scheduled.run
         await self.flush()
         return run
@@ -569,7 +604,16 @@ class Engine:
         definition, has no next slot and does not fire; enabling it arms its next future slot
         (slots that passed while it was disabled are not caught up)."""
         self.schedule(name)
-        await self.states.set(name, enabled, at=self.clock.now(), by=by or self.instance, note=note)
+        actor = by or self.audit.actor()
+        was = self.is_enabled(name)
+        await self.states.set(name, enabled, at=self.clock.now(), by=actor, note=note)
+        state = self.states.get(name)
+        await self.audit.record(
+            "schedule.enable" if enabled else "schedule.disable",
+            name,
+            {"note": state.note if state is not None else None, "was_enabled": was},
+            actor=actor,
+        )
         return await self.get_schedule(name)
 
     async def fire_external(self, name: str, *, allow_self: bool = False) -> ExternalFiring:
@@ -592,11 +636,43 @@ class Engine:
         return self.backfills.plan(self.schedule(name), start, end, confirm=confirm, limit=limit)
 
     async def start_backfill(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        confirm: bool = False,
+        limit: int | None = None,
+        skip_succeeded: bool = False,
     ) -> BackfillProgress:
-        """Start firing the slots in ``(start, end]`` in order, in the background; raises
-        :class:`Refused` when the plan is refused or one runs for this schedule anywhere."""
-        return await self.backfills.start(self.schedule(name), start, end, confirm=confirm, limit=limit)
+        """Start firing the slots in ``(start, end]`` in order, in the background (with
+        ``skip_succeeded``, only those without a succeeded run); raises :class:`Refused`
+        when the plan is refused or one runs for this schedule anywhere."""
+        progress = await self.backfills.start(
+            self.schedule(name), start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
+        )
+        detail = {"backfill_id": progress.id, "from": iso(progress.start), "to": iso(progress.end), "count": progress.total}
+        if skip_succeeded:
+            detail["skip_succeeded"] = True
+        await self.audit.record("schedule.backfill", name, detail)
+        return progress
+
+    async def succeeded_slots(self, name: str, slots: list[datetime]) -> set[datetime]:
+        """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""
+        return await self.backfills.succeeded_slots(self.schedule(name), slots)
+
+    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
+        """Stop a running backfill of this engine before its next slot (the run in flight
+        finishes on its own); recorded ``cancelled`` with what it fired."""
+        running = backfill_id in self.backfills.jobs and self.backfills.jobs[backfill_id].progress.state == "running"
+        progress = await self.backfills.cancel(backfill_id)
+        if running and progress.state == "cancelled":
+            await self.audit.record(
+                "schedule.backfill_cancel",
+                progress.name,
+                {"backfill_id": progress.id, "fired": progress.fired, "failed": progress.failed, "remaining": progress.remaining},
+            )
+        return progress
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
         return await self.backfills.progress(backfill_id)

@@ -71,11 +71,13 @@ def check_id(value: str, what: str) -> str:
     return value
 
 
-def check_before(value: str | None) -> str | None:
-    """The ``before`` of a runs page: the id of the last run of the previous page."""
+def check_before(value: str | None, what: str = "run") -> str | None:
+    """The ``before`` of a page (of runs, or of ``what``): the id of the last item of the
+    previous page."""
     if value is not None and not is_id(value):
         raise BadInput(
-            f'before "{printable(value, 60)}" is not a run id (26 characters such as 01JD3Z6Q0V9W4C7PAXH3KJ1M2B)',
+            f'before "{printable(value, 60)}" is not {"an" if what[0] in "aeiou" else "a"} {what} id '
+            "(26 characters such as 01JD3Z6Q0V9W4C7PAXH3KJ1M2B)",
             field="before",
         )
     return value

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
+from .audit import AuditPage
 from .durable.model import Execution, ExecutionsPage, Signalled, Started
 from .engine import Engine
-from .errors import Forbidden, Unavailable
+from .errors import BadInput, Forbidden, Unavailable
+from .events import READY, STREAM, Signal
 from .inputs import check_before, check_id, check_instant
 from .model import (
     BackfillPlan,
@@ -34,6 +36,7 @@ from .model import (
 )
 
 __all__ = [
+    "SYSTEMS",
     "Backend",
     "ConnectionInfo",
     "EmbeddedBackend",
@@ -45,6 +48,10 @@ T = TypeVar("T")
 
 #: How long a health check waits for the instances table before answering without it (seconds).
 HEALTH_READ_TIMEOUT = 2.0
+
+SYSTEMS = ("schedules", "audit", "durable")
+"""The systems an engine of this version offers (part 2 adds ``jobs``, ``durable``,
+``locks``, ``audit``); a console shows a view only for a system its backend offers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,11 @@ class ConnectionInfo:
     fires: bool = True
     """Whether this engine fires schedules on its timers (a remote ``serve`` does; an
     embedded console only when asked to, otherwise it observes and acts)."""
+    systems: tuple[str, ...] = SYSTEMS
+    """What the backend offers (``schedules``; later ``jobs``, ``durable``, ``locks``, ``audit``)."""
+    actor: str = ""
+    """Who the actions are recorded as: the OS user or ``--as`` (embedded), the token's
+    name (remote)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +83,8 @@ class ConnectionInfo:
             "read_only": self.read_only,
             "store_kind": self.store_kind,
             "fires": self.fires,
+            "systems": list(self.systems),
+            "actor": self.actor,
         }
 
 
@@ -155,7 +169,18 @@ class Backend(Protocol):
     async def list_schedules(self) -> SchedulesSnapshot: ...
 
     async def list_runs(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
-        """A page of runs of ``name``, newest first, by keyset (``before`` a run id)."""
+        """A page of runs of ``name``, newest first by scheduled time (then id), by keyset
+        (``before`` a run id)."""
+
+    async def runs_between(
+        self, names: list[str], start: datetime, end: datetime, *, limit_per_name: int = 200
+    ) -> dict[str, list[Run]]:
+        """Per schedule of ``names``, its runs scheduled in ``[start, end)``, newest first,
+        at most ``limit_per_name`` (a schedule with exactly that many may have more);
+        schedules without runs there are left out. ``NotFound`` for an unknown name."""
+
+    async def instances(self) -> list[InstanceInfo]:
+        """The engine instances registered in the store, by name, with their heartbeats."""
 
     async def get_run(self, run_id: str) -> Run: ...
 
@@ -180,10 +205,21 @@ class Backend(Protocol):
     ) -> BackfillPlan: ...
 
     async def start_backfill(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        confirm: bool = False,
+        limit: int | None = None,
+        skip_succeeded: bool = False,
     ) -> BackfillProgress: ...
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress: ...
+
+    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
+        """Stop a running backfill before its next slot; its progress, ``cancelled`` (or
+        as it ended, if it had). ``Refused`` when another instance runs it."""
 
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         """Return the backfill's progress once it is no longer ``running``."""
@@ -207,6 +243,18 @@ class Backend(Protocol):
 
     async def retry_execution(self, execution_id: str) -> Execution:
         """Run a failed execution again from its failed step, with fresh attempts."""
+
+    async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
+        """A page of the audit log, newest first, by keyset (``before`` an entry id)."""
+
+    def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
+        """Change signals as they happen (see :mod:`backend.events`): first a batch holding
+        a ``ready`` signal (its name says how other instances' changes arrive: ``notify``,
+        ``file`` or ``none``; a ``stream down`` beside it says they do not, for now), then
+        each batch as it comes, and ``[]`` when the stream has been quiet for a while
+        (``idle`` seconds embedded; at the server's ping remotely). ``since`` resumes after
+        the last id seen: what was missed comes first, or a ``resync``. Raises
+        ``Unavailable`` when the stream cannot be had or breaks."""
 
 
 @dataclass
@@ -253,8 +301,6 @@ class EmbeddedBackend:
         self.arm = arm
         self.allow_external_self = allow_external_self
         """Let :meth:`fire_external` fire schedules that have their own timer too."""
-        self.actor: str | None = None
-        """Who the durable actions are recorded as (default: the engine's instance)."""
         self._thread = _EngineThread() if own_thread else None
 
     async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -275,6 +321,7 @@ class EmbeddedBackend:
             read_only=self.read_only,
             store_kind=self.engine.store.kind,
             fires=self.arm,
+            actor=self.engine.audit.default_actor,
         )
 
     async def connect(self) -> ConnectionInfo:
@@ -335,6 +382,18 @@ class EmbeddedBackend:
     async def get_run(self, run_id: str) -> Run:
         return await self._call(self.engine.get_run(check_id(run_id, "run")))
 
+    async def runs_between(
+        self, names: list[str], start: datetime, end: datetime, *, limit_per_name: int = 200
+    ) -> dict[str, list[Run]]:
+        for name in names:
+            self.engine.schedule(name)
+        check_runs_between(names, start, end, limit_per_name)
+        store = self.engine.store
+        return await self._call(store.runs_between(names, start, end, limit_per_name=limit_per_name))
+
+    async def instances(self) -> list[InstanceInfo]:
+        return await self._call(self.engine.store.fleet())
+
     async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
         return self.engine.upcoming(name, count)
 
@@ -357,17 +416,35 @@ class EmbeddedBackend:
         self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
     ) -> BackfillPlan:
         start, end = check_instant(start, "from"), check_instant(end, "to")
-        return self.engine.plan_backfill(name, start, end, confirm=confirm, limit=limit)
+        plan = self.engine.plan_backfill(name, start, end, confirm=confirm, limit=limit)
+        if plan.count == 0 or plan.reason not in (None, "needs confirmation"):
+            return plan
+        slots = list(self.engine.schedule(name).cron.occurrences(plan.start, plan.end))
+        done = await self._call(self.engine.succeeded_slots(name, slots))
+        return replace(plan, already_succeeded=len(done))
 
     async def start_backfill(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        confirm: bool = False,
+        limit: int | None = None,
+        skip_succeeded: bool = False,
     ) -> BackfillProgress:
         self._check_can_act("backfill")
         start, end = check_instant(start, "from"), check_instant(end, "to")
-        return await self._call(self.engine.start_backfill(name, start, end, confirm=confirm, limit=limit))
+        return await self._call(
+            self.engine.start_backfill(name, start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded)
+        )
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
         return await self._call(self.engine.backfill_progress(check_id(backfill_id, "backfill")))
+
+    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
+        self._check_can_act("cancelling a backfill")
+        return await self._call(self.engine.cancel_backfill(check_id(backfill_id, "backfill")))
 
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         return await self._call(self.engine.wait_backfill(check_id(backfill_id, "backfill")))
@@ -392,8 +469,43 @@ class EmbeddedBackend:
 
     async def cancel_execution(self, execution_id: str) -> Execution:
         self._check_can_act("durable cancel")
-        return await self._call(self.engine.durable.cancel(execution_id, by=self.actor))
+        return await self._call(self.engine.durable.cancel(execution_id))
 
     async def retry_execution(self, execution_id: str) -> Execution:
         self._check_can_act("durable retry")
-        return await self._call(self.engine.durable.retry(execution_id, by=self.actor))
+        return await self._call(self.engine.durable.retry(execution_id))
+
+    async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
+        return await self._call(self.engine.audit.list(limit=limit, before=before))
+
+    async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
+        bus = self.engine.events
+        subscription = bus.subscribe(since=since)  # read on the caller's loop, whatever the engine's
+        try:
+            ready = [Signal(since or subscription.start_id, READY, self.engine.relay.stream_kind)]
+            if not bus.live:
+                ready.append(Signal(subscription.start_id, STREAM, "down"))
+            yield ready
+            while not subscription.closed:
+                yield await subscription.get(idle)
+        finally:
+            subscription.close()
+
+#: Bounds of :meth:`Backend.runs_between` (the console asks for what is on screen).
+RUNS_BETWEEN_MAX_NAMES = 500
+RUNS_BETWEEN_MAX_PER_NAME = 1000
+
+
+def check_runs_between(names: list[str], start: datetime, end: datetime, limit_per_name: int) -> None:
+    """Refuse a :meth:`Backend.runs_between` call out of bounds, naming the bad value."""
+    if not names:
+        raise BadInput("name: give at least one schedule name", field="name")
+    if len(names) > RUNS_BETWEEN_MAX_NAMES:
+        raise BadInput(f"{len(names)} names are more than {RUNS_BETWEEN_MAX_NAMES} at once", field="name")
+    if isinstance(limit_per_name, bool) or not 1 <= limit_per_name <= RUNS_BETWEEN_MAX_PER_NAME:
+        raise BadInput(f"limit_per_name {limit_per_name!r} is out of range (1-{RUNS_BETWEEN_MAX_PER_NAME})",
+                       field="limit_per_name")
+    if start.tzinfo is None or end.tzinfo is None:
+        raise BadInput("from and to must carry a time zone offset", field="from")
+    if start >= end:
+        raise BadInput(f"from ({iso(start)}) must be before to ({iso(end)})", field="from")

@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from .clock import Clock
 from .ledger import RunLedger
-from .model import TAG_INTERRUPTED, Outcome, Run, RunContext, RunStatus, Trigger
+from .model import TAG_INTERRUPTED, Outcome, Run, RunContext, RunStatus, Trigger, iso
 from .runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
 from .runner import Outcome as CallOutcome
 from .schedules import Schedule
@@ -43,7 +44,10 @@ class ScheduleRun(Invocation):
 
     def __init__(self, launcher: Launcher, schedule: Schedule, run: Run) -> None:
         super().__init__(
-            f"run {run.id} of {schedule.name}", launcher.max_runtime[schedule.name], launcher.is_async[schedule.name]
+            f"run {run.id} of {schedule.name}",
+            launcher.max_runtime[schedule.name],
+            # A run in a child process takes no thread here: it is awaited like async work.
+            launcher.is_async[schedule.name] or schedule.isolation == "process",
         )
         self.launcher = launcher
         self.schedule = schedule
@@ -54,6 +58,27 @@ class ScheduleRun(Invocation):
     @property
     def thread_name(self) -> str:
         return f"schedtui-run-{self.schedule.name}"
+
+    @property
+    def stopped_how(self) -> str:
+        return "handler's process was killed" if self.schedule.isolation == "process" else super().stopped_how
+
+    def process_spec(self, arg: RunContext) -> dict[str, Any] | None:
+        if self.schedule.isolation != "process":
+            return None
+        return {
+            "file": self.schedule.source_file,
+            "schedule": self.schedule.name,
+            "context": {
+                "name": arg.name,
+                "run_id": arg.run_id,
+                "scheduled_at": iso(arg.scheduled_at),
+                "fired_at": iso(arg.fired_at),
+                "trigger": arg.trigger,
+                "payload": arg.payload,
+                "deadline": iso(arg.deadline),
+            },
+        }
 
     def begin(self, now: datetime) -> RunContext:
         """The handler is about to be called: record the run as started."""
@@ -74,7 +99,7 @@ class ScheduleRun(Invocation):
         )
 
     def settled(self, outcome: CallOutcome) -> None:
-        self.launcher.close(self, outcome.status, outcome.at, outcome.error_tag, outcome.error_message)
+        self.launcher.close(self, outcome.status, outcome.at, outcome.error_tag, outcome.error_message, outcome.traceback)
 
     def started(self) -> asyncio.Future[ScheduleRun]:
         """Resolves once the run's ``running`` row is recorded (its handler starting)."""
@@ -209,14 +234,21 @@ class Launcher:
         self.store.save_runs(runs)
         return asyncio.ensure_future(self._committed())
 
-    async def _committed(self) -> None:
+    async def mark_starting(self, slot: datetime) -> None:
+        """Commit the store's mark that this instance starts the runs due at ``slot`` (see
+        :meth:`Store.mark_starting`), waiting as :meth:`place` does."""
+        await self._committed(lambda: self.store.mark_starting(self.instance, slot))
+
+    async def _committed(self, write: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Wait for ``write`` (default: a flush of the rows handed in) to commit, at most
+        :data:`PLACE_WAIT_S`, and not at all while the store is failing or that slow."""
         if not self.store.health().ok:
             return  # the store says why, once; its rows wait in the writer
         if self._slow_flush is not None:
             if not self._slow_flush.done():
                 return
             self._slow_flush = None
-        flush = asyncio.ensure_future(self.store.flush())
+        flush = asyncio.ensure_future(write() if write is not None else self.store.flush())
         done, _ = await asyncio.wait({flush}, timeout=PLACE_WAIT_S)
         if not done:
             self._slow_flush = flush
@@ -254,9 +286,16 @@ class Launcher:
         at: datetime,
         error_tag: str | None = None,
         error_message: str | None = None,
+        traceback: str | None = None,
     ) -> None:
         """Record the end of a run and free its overlap slot (called once per run)."""
-        scheduled.run = scheduled.run.finish(status, at, error_tag=error_tag, error_message=error_message)
+        scheduled.run = scheduled.run.finish(
+            status, at, error_tag=error_tag, error_message=error_message, traceback=traceback
+        )
+        if traceback is not None:
+            # The handler raised: say so where serve's operator looks (its log), whole. INFO:
+            # a handler failing is the ledger's news, not the engine's trouble.
+            log.info("%s failed: %s: %s\n%s", scheduled.label, error_tag, error_message, traceback.rstrip())
         self.ledger.record(scheduled.run)
         self.active.pop(scheduled.run.id, None)
         name = scheduled.schedule.name

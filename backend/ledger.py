@@ -43,6 +43,13 @@ class RunLedger:
         self._held = False
         self.on_finished: Callable[[Run], None] | None = None
         """Called for every run recorded in a final status (the claims' bookkeeping)."""
+        self.on_handoff: list[Callable[[], None]] = []
+        """Called after each hand-off of rows to the store (the change signals wait for it)."""
+
+    @property
+    def buffered(self) -> bool:
+        """Whether recorded runs wait in the buffer, not yet handed to the store."""
+        return bool(self._buffer)
 
     def record(self, run: Run) -> None:
         if run.status != "running" and self.on_finished is not None:
@@ -83,6 +90,8 @@ class RunLedger:
         if self._buffer:
             batch, self._buffer = self._buffer, []
             self.store.save_runs(batch)
+            for hook in self.on_handoff:
+                hook()
 
     async def flush(self) -> None:
         """Return once every run recorded so far is committed to the store."""

@@ -114,6 +114,9 @@ class Run:
     finished_at: datetime | None = None
     error_tag: str | None = None
     error_message: str | None = None
+    traceback: str | None = None
+    """The failing handler's traceback (its last 8 KB); read with one run (the API's run
+    detail, the console's details), not with lists of runs."""
 
     @property
     def duration_ms(self) -> int | None:
@@ -132,11 +135,12 @@ class Run:
         *,
         error_tag: str | None = None,
         error_message: str | None = None,
+        traceback: str | None = None,
     ) -> Run:
         # Positional construction: dataclasses.replace costs twice as much, once per run.
         return Run(
             self.id, self.name, self.scheduled_at, status, self.trigger, self.coordination_outcome,
-            self.instance, self.fired_at, at, error_tag, error_message,
+            self.instance, self.fired_at, at, error_tag, error_message, traceback,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -153,6 +157,7 @@ class Run:
             "error_tag": self.error_tag,
             "error_message": self.error_message,
             "duration_ms": self.duration_ms,
+            "traceback": self.traceback,
         }
 
     @classmethod
@@ -175,6 +180,7 @@ class Run:
             instance=data["instance"],
             error_tag=data.get("error_tag"),
             error_message=data.get("error_message"),
+            traceback=data.get("traceback"),
         )
 
 
@@ -341,6 +347,10 @@ class ScheduleView:
     state_note: StateNote | None
     next_fire_at: datetime | None
     last_run: Run | None
+    """The run of the newest self/external slot (by scheduled time), or ``None``."""
+    latest_manual: Run | None = None
+    """The schedule's newest run by scheduled time when that run is manual (a Run now, or a
+    backfill reaching past ``last_run``); ``None`` otherwise."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -357,6 +367,7 @@ class ScheduleView:
             "state_note": self.state_note.to_json() if self.state_note else None,
             "next_fire_at": iso(self.next_fire_at),
             "last_run": self.last_run.to_json() if self.last_run else None,
+            "latest_manual": self.latest_manual.to_json() if self.latest_manual else None,
         }
 
     @classmethod
@@ -375,6 +386,7 @@ class ScheduleView:
             state_note=StateNote.from_json(data["state_note"]) if data.get("state_note") else None,
             next_fire_at=parse_iso(data["next_fire_at"]) if data.get("next_fire_at") else None,
             last_run=Run.from_json(data["last_run"]) if data.get("last_run") else None,
+            latest_manual=Run.from_json(data["latest_manual"]) if data.get("latest_manual") else None,
         )
 
 
@@ -408,6 +420,9 @@ class BackfillPlan:
     reason: str | None = None
     """The refusal's kind in a few words: ``reversed range``, ``empty range``, ``reaches into
     the future``, ``no slots in range``, ``over the limit`` or ``needs confirmation``."""
+    already_succeeded: int = 0
+    """How many of the slots already have a succeeded run (any trigger): they would run
+    again, unless the backfill is started with ``skip_succeeded``."""
 
     @property
     def ok(self) -> bool:
@@ -435,6 +450,7 @@ class BackfillPlan:
             "ok": self.ok,
             "refusal": self.refusal,
             "reason": self.reason,
+            "already_succeeded": self.already_succeeded,
         }
 
     @classmethod
@@ -451,10 +467,13 @@ class BackfillPlan:
             confirm=data["confirm"],
             refusal=data.get("refusal"),
             reason=data.get("reason"),
+            already_succeeded=data.get("already_succeeded", 0),
         )
 
 
-BackfillState = Literal["running", "done", "abandoned"]
+BackfillState = Literal["running", "done", "cancelled", "abandoned"]
+"""``cancelled``: an operator stopped it (the run in flight then finishes on its own);
+``abandoned``: the process running it stopped."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,8 @@ class InstanceRegistry:
         retention: timedelta | None,
         claims_ttl: timedelta | None,
         is_ours: Callable[[str], bool],
+        due_at: Callable[[datetime], list[str]] = lambda slot: [],
+        new_id: Callable[[], str] = lambda: "",
     ) -> None:
         self.clock = clock
         self.store = store
@@ -89,6 +91,9 @@ class InstanceRegistry:
         self.claims_ttl = claims_ttl
         """Claims older than this are swept (hourly); ``None`` keeps them."""
         self.is_ours = is_ours
+        self.due_at = due_at
+        """The self-triggered schedules due at a slot (for bursts a dead instance left)."""
+        self.new_id = new_id
         self._last_beat: datetime | None = None
         self._last_prune: datetime | None = None
 
@@ -116,15 +121,22 @@ class InstanceRegistry:
             return f"instance {instance} has not sent a heartbeat since {at.isoformat()}"
         return None
 
-    async def close_abandoned(self) -> list[Run]:
-        """Close runs (and backfills) left ``running`` by instances that are gone."""
+    async def close_abandoned(self, *, at_open: bool = False) -> list[Run]:
+        """Close runs (and backfills) left ``running`` by instances that are gone, and
+        record the runs of a burst a dead instance was starting when it died.
+
+        ``at_open``: this process has fired nothing yet, so a mark left under its own
+        instance name is a dead predecessor's (later, it is this process's own)."""
         now = self.clock.now()
         runs = await self.store.running_runs()
         backfills = await self.store.running_backfills()
-        if not runs and not backfills:
+        marks = await self.store.starting_marks()
+        if not at_open:
+            marks.pop(self.instance, None)
+        if not runs and not backfills and not marks:
             return []
         beats = await self.store.instances()
-        closed = []
+        closed = await self._close_bursts(marks, beats, now)
         for run in runs:
             if self.is_ours(run.id):
                 continue
@@ -145,6 +157,32 @@ class InstanceRegistry:
                 continue
             if self.gone(beats, progress.instance, now) is not None:
                 await self.store.update_backfill(dataclasses.replace(progress, state="abandoned", finished_at=now))
+        return closed
+
+    async def _close_bursts(
+        self, marks: dict[str, datetime], beats: dict[str, tuple[str, int, datetime]], now: datetime
+    ) -> list[Run]:
+        """A dead instance's last burst: the runs due then that never reached the ledger
+        (the process died before its group commit) are recorded failed/abandoned."""
+        closed: list[Run] = []
+        for instance, slot in marks.items():
+            why = self.gone(beats, instance, now)
+            if why is None:
+                continue
+            message = (
+                f"{why}, while the runs due at {slot.isoformat()} were starting: "
+                "neither this run's start nor its result was recorded"
+            )
+            rows = [
+                Run(self.new_id(), name, slot, "failed", "self", "single", instance, None, now, TAG_ABANDONED, message)
+                for name in self.due_at(slot)
+            ]
+            written = await self.store.close_unrecorded(instance, slot, rows)
+            for run in written:
+                log.warning("run %s of %s abandoned: %s", run.id, run.name, message)
+                self.ledger.stats["abandoned"] += 1
+                self.ledger.tell(run)
+            closed += written
         return closed
 
     async def prune(self, now: datetime) -> None:

@@ -8,11 +8,14 @@ with one clear sentence, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
 import httpx
 
+from .audit import AuditPage
 from .durable.model import Execution, ExecutionsPage, Signalled, Started
 from .durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES, check_json
 from .errors import (
@@ -24,14 +27,18 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
+from .events import READY, RESYNC, STREAM, TOPICS, Signal
 from .inputs import check_before, check_id, check_instant, check_note
-from .interface import ConnectionInfo, RunsPage, SchedulesSnapshot
-from .model import BackfillPlan, BackfillProgress, ExternalFiring, Health, Run, ScheduleView, iso, parse_iso
+from .interface import SYSTEMS, ConnectionInfo, RunsPage, SchedulesSnapshot, check_runs_between
+from .model import BackfillPlan, BackfillProgress, ExternalFiring, Health, InstanceInfo, Run, ScheduleView, iso, parse_iso
 from .safetext import redact_url, remember_url_secrets
 
 __all__ = ["RemoteBackend"]
 
 _READ_RETRIES = (0.2, 0.5, 1.0)
+#: Seconds the event stream may stay silent before it counts as broken (the server pings
+#: every 15 s).
+EVENTS_SILENCE = 40.0
 
 
 class RemoteBackend:
@@ -59,6 +66,7 @@ class RemoteBackend:
         self.read_only = read_only
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        self._timeout = timeout
         self._info: ConnectionInfo | None = None
 
     # -- plumbing -----------------------------------------------------------------------
@@ -133,6 +141,8 @@ class RemoteBackend:
             instance=data["instance"],
             read_only=self.read_only,
             store_kind=data.get("store_kind", ""),
+            actor=data.get("actor", ""),
+            systems=tuple(data.get("systems", SYSTEMS)),
         )
         return self._info
 
@@ -175,6 +185,18 @@ class RemoteBackend:
 
     async def get_run(self, run_id: str) -> Run:
         return Run.from_json(await self._get(f"/inspect/runs/{check_id(run_id, 'run')}"))
+
+    async def runs_between(
+        self, names: list[str], start: datetime, end: datetime, *, limit_per_name: int = 200
+    ) -> dict[str, list[Run]]:
+        check_runs_between(names, start, end, limit_per_name)
+        params = [("name", n) for n in names] + [("from", iso(start)), ("to", iso(end)), ("limit_per_name", limit_per_name)]
+        data = await self._request("GET", "/inspect/runs", retry=True, params=params)
+        return {name: [Run.from_json(r) for r in runs] for name, runs in data["runs"].items()}
+
+    async def instances(self) -> list[InstanceInfo]:
+        data = await self._get("/inspect/instances")
+        return [InstanceInfo.from_json(i) for i in data["instances"]]
 
     async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
         data = await self._get(f"/inspect/schedules/{_seg(name)}/upcoming", count=count)
@@ -222,14 +244,27 @@ class RemoteBackend:
         return BackfillPlan.from_json(data)
 
     async def start_backfill(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        confirm: bool = False,
+        limit: int | None = None,
+        skip_succeeded: bool = False,
     ) -> BackfillProgress:
         self._check_can_act("backfill")
-        data = await self._post(f"/inspect/schedules/{_seg(name)}/backfill", self._backfill_body(start, end, confirm, limit))
+        body = {**self._backfill_body(start, end, confirm, limit), "skip_succeeded": skip_succeeded}
+        data = await self._post(f"/inspect/schedules/{_seg(name)}/backfill", body)
         return BackfillProgress.from_json(data["progress"])
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
         return BackfillProgress.from_json(await self._get(f"/inspect/backfills/{check_id(backfill_id, 'backfill')}"))
+
+    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
+        self._check_can_act("cancelling a backfill")
+        # Cancelling is idempotent: a retry after a lost answer is safe.
+        return BackfillProgress.from_json(await self._post(f"/inspect/backfills/{_seg(backfill_id)}/cancel", retry=True))
 
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         delay = 0.05
@@ -238,6 +273,28 @@ class RemoteBackend:
             delay = min(delay * 2, 1.0)
         return progress
 
+    async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
+        before = check_before(before, "entry")
+        return AuditPage.from_json(await self._get("/inspect/audit", limit=limit, before=before))
+
+    async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
+        headers = {"Last-Event-ID": since} if since else {}
+        timeout = httpx.Timeout(self._timeout, read=EVENTS_SILENCE)
+        try:
+            async with self._client.stream("GET", "/inspect/events", headers=headers, timeout=timeout) as response:
+                if not response.is_success:
+                    await response.aread()
+                    self._decode(response)  # raises the error it says
+                parser = SseParser()
+                async for chunk in response.aiter_text():
+                    batch = parser.feed(chunk)
+                    if batch is not None:
+                        yield batch
+        except httpx.TimeoutException:
+            raise Unavailable(f"the event stream of {self.where} went silent (no ping for {EVENTS_SILENCE:g}s)") from None
+        except httpx.TransportError as exc:
+            raise Unavailable(f"the event stream of {self.where} broke: {_reason(exc)}") from None
+        raise Unavailable(f"{self.where} ended the event stream")
 
     # -- durable executions ----------------------------------------------------------------
     async def list_executions(
@@ -273,6 +330,42 @@ class RemoteBackend:
         self._check_can_act("durable retry")
         data = await self._post(f"/inspect/durable/executions/{check_id(execution_id, 'execution')}/retry")
         return Execution.from_json(data)
+
+
+class SseParser:
+    """Server-Sent Events text in, signals out: :meth:`feed` returns the signals of the
+    events completed by a chunk (``[]`` for a ping alone), or ``None`` while none is."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+
+    def feed(self, chunk: str) -> list[Signal] | None:
+        self._buffer = (self._buffer + chunk).replace("\r\n", "\n")  # a CR may end one chunk, its LF the next
+        *blocks, self._buffer = self._buffer.split("\n\n")
+        if not blocks:
+            return None
+        signals = []
+        pinged = False
+        for block in blocks:
+            fields: dict[str, str] = {}
+            for line in block.split("\n"):
+                if line.startswith(":"):
+                    pinged = True  # a comment: the server's ping
+                if not line or line.startswith(":"):
+                    continue
+                key, _, value = line.partition(":")
+                fields[key] = fields.get(key, "") + value.removeprefix(" ")
+            event = fields.get("event")
+            if event is None:
+                continue
+            try:
+                data = json.loads(fields.get("data") or "{}")
+            except ValueError:
+                data = {}
+            name = data.get("name") if isinstance(data, dict) else None
+            if event in TOPICS or event in (READY, RESYNC, STREAM):
+                signals.append(Signal(fields.get("id", ""), event, name if isinstance(name, str) else None))
+        return signals if signals or pinged else None
 
 
 def _seg(value: str) -> str:

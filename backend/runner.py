@@ -36,6 +36,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
 from .clock import Clock
+from .isolated import IsolatedFailure, run_isolated
 from .loops import Loops
 from .model import TAG_INTERRUPTED, TAG_TIMEOUT
 
@@ -99,6 +100,11 @@ class Invocation:
         """If set, the call waits for it before it begins (its ledger row being committed)."""
 
     @property
+    def stopped_how(self) -> str:
+        """What the watchdog's timeout does to this call, for its message."""
+        return "async handler was cancelled" if self.is_async else "sync handler was abandoned"
+
+    @property
     def thread_name(self) -> str:
         """The name a sync handler's thread carries while it runs this call."""
         return "schedtui-handler"
@@ -106,6 +112,11 @@ class Invocation:
     @property
     def max_runtime_s(self) -> float:
         return self.max_runtime.total_seconds()
+
+    def process_spec(self, arg: Any) -> dict[str, Any] | None:
+        """What a child process needs to make this call (see :mod:`backend.isolated`), or
+        ``None`` to call the handler in this process (override)."""
+        return None
 
     def begin(self, now: datetime) -> Any:
         """The handler is about to be called (on its task): set the deadline and return the
@@ -183,6 +194,8 @@ class _ThreadPool:
 
 
 def _describe(exc: BaseException) -> tuple[str, str, str]:
+    if isinstance(exc, IsolatedFailure):
+        return exc.tag, exc.message[:MAX_ERROR_MESSAGE], (exc.trace or "")[-MAX_TRACEBACK:]
     message = str(exc) or repr(exc)
     trace = "".join(tb.format_exception(exc))
     return type(exc).__name__, message[:MAX_ERROR_MESSAGE], trace[-MAX_TRACEBACK:]
@@ -238,7 +251,10 @@ class HandlerRunner:
             deadline = invocation.deadline
             assert deadline is not None, "Invocation.begin() sets the deadline"
             self._watch(key, invocation, deadline)
-            if invocation.is_async:
+            spec = invocation.process_spec(arg)
+            if spec is not None:
+                value = await run_isolated(spec)
+            elif invocation.is_async:
                 value = await fn(arg)
             else:
                 value = await self._on_thread(invocation, fn, arg)
@@ -314,7 +330,7 @@ class HandlerRunner:
                 _, _, invocation = heapq.heappop(self._deadlines)
                 if invocation.done:
                     continue
-                kind = "async handler was cancelled" if invocation.is_async else "sync handler was abandoned"
+                kind = invocation.stopped_how
                 log.warning("%s timed out; its %s", invocation.label, kind)
                 if invocation.settle(
                     Outcome("failed", now, TAG_TIMEOUT, f"exceeded max_runtime of {invocation.max_runtime_s:g}s; the {kind}")

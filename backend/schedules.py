@@ -55,6 +55,12 @@ class Schedule:
     """The durable function each slot starts an execution of (instead of a handler)."""
     source: str | None = field(default=None, compare=False)
     """Where it was defined, as ``path:line``."""
+    isolation: Literal["process"] | None = None
+    """``"process"``: each run in a child process of its own, which the watchdog can kill."""
+
+    @property
+    def source_file(self) -> str | None:
+        return self.source.rsplit(":", 1)[0] if self.source else None
 
     @property
     def timezone(self) -> str:
@@ -105,12 +111,15 @@ def define_schedule(
     payload: Any = None,
     enabled: bool = True,
     trigger: Trigger | None = None,
+    isolation: Literal["process"] | None = None,
     durable: str | None = None,
 ) -> Schedule:
     """Define a named cron schedule; raises :class:`DefinitionError` on anything invalid.
 
-    A schedule runs ``handler``, or, with ``durable="F"`` instead, starts one execution of
-    the durable function F per slot (its ``payload`` is the execution's input)."""
+    ``isolation="process"`` runs each run of it in a child process (see
+    :mod:`backend.isolated`): for handlers that may hang, burn CPU or block the event loop,
+    which the watchdog can then really stop. With ``durable="F"`` instead of a handler, each
+    slot starts one execution of the durable function F (its ``payload`` is the input)."""
     label = f"define_schedule({name!r})" if isinstance(name, str) else "define_schedule()"
 
     def bad(problem: str) -> DefinitionError:
@@ -153,6 +162,13 @@ def define_schedule(
         json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise bad(f"payload is not JSON-serialisable ({exc})") from None
+    if isolation not in (None, "process"):
+        raise bad(f"isolation {isolation!r} is not one of process (or None: in this process)")
+    if isolation is not None and durable is not None:
+        raise bad("isolation applies to a handler; a schedule with durable= starts an execution")
+    source = _caller_location()
+    if isolation == "process" and (source is None or not source.rsplit(":", 1)[0].endswith(".py")):
+        raise bad("isolation='process' needs the schedule defined in a definitions file (its child imports it again)")
     if trigger == "external" and parsed.has_seconds:
         raise bad(
             f'cron "{parsed.expr}" has a seconds field; external schedulers fire at most once a '
@@ -169,8 +185,9 @@ def define_schedule(
         payload=payload,
         enabled=enabled,
         trigger=trigger,  # "manual" was rejected above
+        source=source,
+        isolation=isolation,
         durable=durable,
-        source=_caller_location(),
     )
 
 
@@ -180,6 +197,7 @@ async def _unbound_target(ctx: RunContext) -> None:
 
 
 def _caller_location() -> str | None:
+    """Where define_schedule was called (the caller of its caller here)."""
     frame = inspect.currentframe()
     try:
         caller = frame.f_back.f_back if frame and frame.f_back else None

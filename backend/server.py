@@ -20,7 +20,7 @@ import ipaddress
 import logging
 import signal
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .errors import BadInput, ListenError, Unavailable
@@ -159,8 +159,8 @@ async def serve(
     *,
     host: str = "127.0.0.1",
     port: int | None = None,
-    token: str | None = None,
-    read_token: str | None = None,
+    token: str | Sequence[str] | None = None,
+    read_token: str | Sequence[str] | None = None,
     stop: asyncio.Event | None = None,
     head_timeout: float = HEAD_TIMEOUT,
     body_timeout: float | None = None,
@@ -264,6 +264,7 @@ async def _serve(
     lost.add_done_callback(lambda _: stop.set())
     await stop.wait()
     if server is not None and server_task is not None:
+        app.state.api.closing.set()  # end the event streams: uvicorn waits for every response
         server.should_exit = True
         await server_task
     await backend.close()

@@ -35,6 +35,8 @@ class ScheduleStates:
         self.schedules = schedules
         self._states: dict[str, ScheduleState] = {}
         self.on_change: Callable[[Schedule, ScheduleState], None] | None = None
+        self.publish: Callable[[str], None] | None = None
+        """Told the name of each schedule whose state changed (the change signals)."""
 
     def get(self, name: str) -> ScheduleState | None:
         return self._states.get(name)
@@ -60,6 +62,8 @@ class ScheduleStates:
     def apply(self, state: ScheduleState) -> None:
         was = self.is_enabled(state.name)
         self._states[state.name] = state
+        if self.publish is not None:
+            self.publish(state.name)
         if state.enabled != was and self.on_change is not None:
             self.on_change(self.schedules[state.name], state)
 

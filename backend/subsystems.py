@@ -2,7 +2,7 @@
 
 The job queue, durable executions and locks live in the same store and process as the
 schedules and share the engine's parts: the clock, the store, the background loops, the
-handler runner and the instance registry (:class:`Shared`). Each is a :class:`Subsystem`:
+handler runner, the instance registry, the audit log and the change signals (:class:`Shared`). Each is a :class:`Subsystem`:
 the engine opens it with the store, starts it with the timers, calls its housekeeping
 every poll interval, waits for it in :meth:`~backend.engine.Engine.quiesce`, and stops it
 before the store closes.
@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from .audit import AuditLog
 from .clock import Clock
+from .events import EventBus
 from .loops import Loops
 from .outages import OutageLog
 from .registry import InstanceRegistry
@@ -37,6 +39,10 @@ class Shared:
     outages: OutageLog
     instance: str
     new_id: Callable[[], str]
+    audit: AuditLog
+    """``await audit.record(action, target, detail)`` for every operator action."""
+    events: EventBus
+    """``events.publish(topic, name)`` whenever something an operator may watch changed."""
 
 
 class Subsystem(Protocol):

@@ -176,6 +176,10 @@ class Timers:
                 owned, busy = await claims.claim([(schedule, slot) for schedule, slot, _ in due], now)
                 await self._fire_owned(owned, outcome, busy)
             else:
+                # The burst's rows follow in the group commit; until they land, a committed
+                # mark lets a survivor record them if this process dies (a handler calling
+                # os._exit). One small write, not a thousand rows before the first start.
+                await self.launcher.mark_starting(max(slot for _, slot, _ in due))
                 # Lazily: making every id before the first start delays the whole burst.
                 new_id = self.launcher.new_id
                 await self._fire_owned(((schedule, slot, new_id()) for schedule, slot, _ in due), outcome, {})

@@ -3,6 +3,9 @@
 The app knows nothing but the shared backend interface (embedded engine or remote server)
 and an injected :class:`~backend.clock.Clock`:
 
+* numbered views (:mod:`console.views`): ``1`` schedules, ``2`` timeline, ``3``-``6`` the
+  jobs, durable, locks and audit views as their systems arrive; each view keeps its
+  selection while another is on screen;
 * every backend call runs in a Textual worker, never in a message handler, so the UI keeps
   drawing while a call is in flight (the embedded backend runs its engine on a thread of its
   own, so a handler burning CPU cannot hold up the countdowns either);
@@ -11,7 +14,14 @@ and an injected :class:`~backend.clock.Clock`:
   that freezes a :class:`~backend.clock.ManualClock` gets a frozen, repeatable screen;
 * every :class:`~backend.errors.SchedtuiError` becomes a notification with its title and
   message; a lost connection is shown in the header, the data is marked stale, and the app
-  reconnects with backoff by itself.
+  reconnects with backoff by itself;
+* the data stays fresh by change signals (:meth:`~backend.interface.Backend.changes`: the
+  server's event stream, or the embedded engine's bus): a signal that names what is on
+  screen makes the app read it again, and nothing is read while nothing changes (the
+  heartbeats excepted, every :data:`INSTANCES_LIVE_EVERY`, and everything every
+  :data:`KEEP_FRESH`). While the stream is down the app polls every ``refresh_interval``
+  and tries the stream again with backoff; the header says which (``● live (events)`` or
+  ``(polling)``).
 
 The caller owns the backend's lifetime: it hands in a backend that is not yet connected, the
 app connects it, and the caller closes it after the app has exited (or passes
@@ -20,6 +30,7 @@ app connects it, and the caller closes it after the app has exited (or passes
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -30,39 +41,52 @@ from typing import ClassVar
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.css.query import NoMatches
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import ContentSwitcher, Footer, Input, Static
 
 from backend.clock import Clock, SystemClock
-from backend.errors import SchedtuiError, Unauthorized, Unavailable
-from backend.interface import Backend, ConnectionInfo, RunsPage
-from backend.model import BackfillProgress, Run, ScheduleView
+from backend.errors import NotFound, SchedtuiError, Unauthorized, Unavailable
+from backend.events import READY, RESYNC, STREAM, Signal
+from backend.interface import SYSTEMS, Backend, ConnectionInfo
+from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView
 
 from . import format as fmt
 from .commands import ConsoleCommands
+from .fleet import CronCache, Fleet, Overdue, fleet_of
 from .screens.backfill import BackfillScreen
 from .screens.details import RunDetails
 from .screens.help import HelpScreen
 from .screens.prompt import NotePrompt
-from .widgets import (
-    ConsoleHeader,
-    DetailBar,
-    RunsTable,
-    RunTimeline,
-    SchedulesTable,
-    UpcomingLine,
-)
+from .screens.quit import QuitPrompt
+from .views import VIEWS, UnavailableView, View, view_spec
+from .views.schedules import PAGE_SIZE, SchedulesView
+from .widgets import ConsoleHeader, FleetBanner
+from .widgets.tabs import ViewTabs
 
-__all__ = ["PAGE_SIZE", "SchedtuiApp", "parse_keymap", "short_where"]
-
-PAGE_SIZE = 50
-"""Runs per page (the timeline shows the newest page)."""
+__all__ = ["PAGE_SIZE", "STATUS_FILTERS", "SchedtuiApp", "parse_keymap", "short_where"]
 
 BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
 """Delays between reconnect attempts; the last one repeats."""
+
+INSTANCES_EVERY = timedelta(seconds=5)
+"""How often the heartbeats are read while polling (they change every 5 s at most)."""
+
+INSTANCES_LIVE_EVERY = timedelta(seconds=20)
+"""How often the heartbeats are read while change signals flow (no signal says an engine
+stopped beating; an engine counts as firing for 30 s after its last beat)."""
+
+KEEP_FRESH = timedelta(seconds=120)
+"""While change signals flow, everything is read again this often anyway."""
+
+EVENTS_IDLE = 15.0
+"""Seconds of a quiet embedded stream after which it says it is still there."""
+
+STATUS_FILTERS = ("failed", "succeeded", "skipped", "missed", "running", "overdue", "disabled", "enabled", "manual")
+"""Filter words that also match by state: ``/failed`` shows the schedules whose last run
+failed (besides those whose name, cron, zone or description contain the word)."""
 
 
 def short_where(info: ConnectionInfo) -> str:
@@ -90,6 +114,19 @@ def parse_keymap(text: str) -> dict[str, str]:
     return keymap
 
 
+def _view_bindings() -> list[BindingType]:
+    """``1``…``6``; the footer shows them as one entry, ``1-6 Views``."""
+    bindings: list[BindingType] = []
+    for i, spec in enumerate(VIEWS):
+        bindings.append(
+            Binding(
+                spec.key, f"show_view('{spec.id}')", "Views" if i == 0 else spec.title, id=f"view_{spec.id}",
+                show=i == 0, key_display=f"1-{len(VIEWS)}" if i == 0 else None,
+            )
+        )
+    return bindings
+
+
 class SchedtuiApp(App[None]):
     """The schedtui operations console (see the module docstring)."""
 
@@ -98,18 +135,21 @@ class SchedtuiApp(App[None]):
     COMMANDS = App.COMMANDS | {ConsoleCommands}
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("r", "run_now", "Run now", id="run_now"),
-        Binding("e", "toggle_enabled", "On/off", id="toggle_enabled"),
-        Binding("b", "backfill", "Backfill", id="backfill"),
-        Binding("enter", "run_details", "Details", id="run_details", show=False),
-        Binding("slash", "filter", "Filter", id="filter"),
-        Binding("p", "toggle_pause", "Pause", id="toggle_pause"),
-        Binding("ctrl+r", "refresh", "Refresh", id="refresh"),
-        Binding("right_square_bracket", "older_runs", "Older runs", id="older_runs", show=False),
-        Binding("left_square_bracket", "newer_runs", "Newer runs", id="newer_runs", show=False),
+        Binding("r", "run_now", "Run now", id="run_now", tooltip="Run now: fire the selected schedule once (manual)"),
+        Binding("e", "toggle_enabled", "On/off", id="toggle_enabled",
+                tooltip="enable / disable the selected schedule (disabling asks for a note)"),
+        Binding("b", "backfill", "Backfill", id="backfill", tooltip="backfill a past range of the selected schedule"),
+        Binding("enter", "run_details", "Details", id="run_details", show=False,
+                tooltip="the details of the run under the cursor"),
+        Binding("slash", "filter", "Filter", id="filter",
+                tooltip="filter the schedules: a text, or failed, overdue, disabled, running…"),
+        *_view_bindings(),
+        Binding("z", "toggle_zone", "Zone", id="toggle_zone", tooltip="times in UTC / in your zone"),
+        Binding("p", "toggle_pause", "Pause", id="toggle_pause", tooltip="pause auto-refresh (countdowns keep ticking)"),
+        Binding("ctrl+r", "refresh", "Refresh", id="refresh", tooltip="refresh now (and retry a lost connection)"),
         Binding("escape", "clear_filter", "Clear filter", id="clear_filter", show=False),
-        Binding("question_mark", "help", "Help", id="help"),
-        Binding("q", "quit", "Quit", id="quit"),
+        Binding("question_mark", "help", "Help", id="help", tooltip="this help"),
+        Binding("q", "quit", "Quit", id="quit", tooltip="quit (asks while a backfill started here runs)"),
     ]
 
     PALETTE_ACTIONS: ClassVar[list[tuple[str, str, str]]] = [
@@ -117,14 +157,13 @@ class SchedtuiApp(App[None]):
         ("toggle_enabled", "Enable/disable: {name}", "toggle; disabling asks for an optional note (e)"),
         ("backfill", "Backfill: {name}", "fire the slots of a past range (b)"),
         ("run_details", "Run details", "every field of the selected run (enter)"),
-        ("older_runs", "Older runs", "the next page of runs, further back (])"),
-        ("newer_runs", "Newer runs", "back towards the newest runs ([)"),
-        ("filter", "Filter schedules", "show only the schedules matching a text (/)"),
+        ("filter", "Filter schedules", "by name, cron, zone, description, or a state: failed, overdue, disabled… (/)"),
+        ("toggle_zone", "Show times in UTC / in my zone", "the zone every time on screen is shown in (z)"),
         ("toggle_pause", "Pause or resume auto-refresh", "countdowns keep ticking (p)"),
         ("refresh", "Refresh now", "read everything again (ctrl+r)"),
-        ("help", "Help: keys and legend", "statuses and outcomes explained (?)"),
+        ("help", "Help: keys and legend", "statuses, outcomes and timeline marks explained (?)"),
     ]
-    """(action, title, help) offered by name in the command palette."""
+    """(action, title, help) offered by name in the command palette (the views are added)."""
 
     class Refreshed(Message):
         """Posted after every successful refresh (tests and the benchmark wait on it)."""
@@ -136,14 +175,15 @@ class SchedtuiApp(App[None]):
             super().__init__()
             self.run = run
 
-    selected_name: reactive[str | None] = reactive(None, init=False)
-    """The schedule under the cursor; its runs and next fire times are shown."""
     paused: reactive[bool] = reactive(False, init=False)
     """Auto-refresh paused (``p``); countdowns keep ticking."""
     read_only: reactive[bool] = reactive(False, init=False)
     """Actions do nothing but say why (``--read-only`` or a read token)."""
     filter_text: reactive[str] = reactive("", init=False)
-    """Only schedules whose name, cron, zone or description contain this are shown."""
+    """Only schedules matching this are shown (see :meth:`visible_views`)."""
+    utc: reactive[bool] = reactive(False, init=False)
+    """Times are shown in UTC rather than in the operator's zone (``z``)."""
+    active_view_id: reactive[str] = reactive("schedules", init=False)
 
     def __init__(
         self,
@@ -156,6 +196,8 @@ class SchedtuiApp(App[None]):
         keymap: dict[str, str] | None = None,
         after_connect: Callable[[Backend], Awaitable[None]] | None = None,
         close_backend_on_exit: bool = False,
+        operator_zone: str | None = None,
+        live_events: bool = True,
     ) -> None:
         super().__init__()
         self.backend = backend
@@ -169,24 +211,38 @@ class SchedtuiApp(App[None]):
         """Read-only because the operator asked for it (as opposed to a read token)."""
         self.after_connect = after_connect
         self.close_backend_on_exit = close_backend_on_exit
+        self.operator_zone = operator_zone or fmt.operator_zone()
+        """The zone times are shown in unless ``z`` switched to UTC."""
         self.info: ConnectionInfo | None = None
         """What the backend said on the last successful connect."""
         self.views: list[ScheduleView] = []
         """Every schedule, as of the last refresh, in the backend's order."""
-        self.page: RunsPage | None = None
-        """The runs page on screen for the selected schedule."""
-        self.recent: list[Run] = []
-        """The newest page of the selected schedule (the timeline)."""
-        self._pages: list[str | None] = [None]
+        self.instances: list[InstanceInfo] | None = None
+        """The registered engines, as of the last read (``None``: the backend cannot say)."""
+        self.fleet: Fleet | None = None
+        self.crons = CronCache()
+        self.overdue = Overdue(self.crons)
+        self.backfills: dict[str, BackfillProgress] = {}
+        """Backfills started from this console that are still running."""
         self._snapshot_now: datetime | None = None
         self._snapshot_at: datetime | None = None
+        self._instances_at: datetime | None = None
         self._next_refresh: datetime | None = None
         self._retry_at: datetime | None = None
         self._failures = 0
         self._refreshing = False
         self._refresh_again = False
         self._lost_reported = False
-        self._connected_once = False
+        self.live_events = live_events
+        """Follow the backend's change signals (off: poll every ``refresh_interval``)."""
+        self.events_live = False
+        """Change signals flow now: the data on screen is true as of now."""
+        self.event_id: str | None = None
+        """The last signal's id: a new stream resumes after it."""
+        self._events_task: asyncio.Task[None] | None = None
+        self._events_retry_at: datetime | None = None
+        self._events_failures = 0
+        self._instances_now: datetime | None = None
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over SSH and in tmux: no animations unless asked
         if keymap:
@@ -197,14 +253,19 @@ class SchedtuiApp(App[None]):
     # ------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield ConsoleHeader(id="header")
-        yield Input(placeholder="filter schedules by name, cron, zone or description", id="filter")
-        with Vertical(id="main"):
-            yield Static("SCHEDULES", id="schedules-title", classes="section")
-            yield SchedulesTable(id="schedules")
-            yield DetailBar(id="detail")
-            yield RunTimeline(id="timeline")
-            yield UpcomingLine(id="upcoming")
-            yield RunsTable(id="runs")
+        yield FleetBanner(id="fleet-banner")
+        yield ViewTabs(id="tabs")
+        yield Input(placeholder="filter by name, cron, zone, description, or failed / overdue / disabled …", id="filter")
+        with ContentSwitcher(initial="schedules", id="main"):
+            for spec in VIEWS:
+                if spec.make is not None:
+                    yield spec.make()  # a view's id is its spec's
+                else:
+                    yield UnavailableView(
+                        f"{spec.key} {spec.title}",
+                        f"This schedtui has no {spec.system} system yet; the view comes with it ({spec.help}).",
+                        id=spec.id,
+                    )
         with Horizontal(id="footer-bar"):
             yield Static("", id="mode")
             yield Footer(id="footer", compact=True, show_command_palette=False)
@@ -213,32 +274,68 @@ class SchedtuiApp(App[None]):
         header = self.query_one(ConsoleHeader)
         header.now = self.clock.now()
         self.query_one("#filter", Input).display = False
-        self.query_one(SchedulesTable).focus()
+        self._update_tabs()
+        self.active_view.focus_main()
         self._update_read_only()
         self.set_interval(0.5, self.tick, name="tick")
         self.refresh_data()
 
     async def on_unmount(self) -> None:
+        if self._events_task is not None:
+            self._events_task.cancel()
+            await asyncio.gather(self._events_task, return_exceptions=True)
         if self.close_backend_on_exit:
             try:
                 await self.backend.close()
             except SchedtuiError:
                 pass
 
+    @property
+    def active_view(self) -> View:
+        view = self.query_one(f"#{self.active_view_id}")
+        assert isinstance(view, View)
+        return view
+
+    def view_widget(self, view_id: str) -> View:
+        view = self.query_one(f"#{view_id}")
+        assert isinstance(view, View)
+        return view
+
+    def _update_tabs(self) -> None:
+        systems = self.info.systems if self.info is not None else SYSTEMS
+        tabs = self.query_one(ViewTabs)
+        tabs.tabs = tuple((s.id, s.key, s.title, s.make is not None and s.system in systems) for s in VIEWS)
+        tabs.active = self.active_view_id
+        tabs.zone = self.display_zone
+
     # ------------------------------------------------------------------------------------
     # time
     # ------------------------------------------------------------------------------------
+    @property
+    def display_zone(self) -> str:
+        """The zone every time on screen is shown in (each schedule's cron and next fires
+        excepted: those are in the schedule's own zone)."""
+        return "UTC" if self.utc else self.operator_zone
+
     def tick(self) -> None:
         """Recompute countdowns and ages from ``clock.now()``; start a refresh when one is
         due. A timer calls this twice a second; a test that moves a ManualClock calls it."""
         now = self.clock.now()
         try:
             header = self.query_one(ConsoleHeader)
-            table = self.query_one(SchedulesTable)
+            view = self.active_view
         except NoMatches:  # a last tick while the app shuts down
             return
         header.now = now
-        table.tick(now)
+        self.query_one(FleetBanner).now = now
+        view.tick(now)
+        if (
+            self._events_retry_at is not None
+            and now >= self._events_retry_at
+            and self.info is not None
+            and self._retry_at is None
+        ):
+            self._start_events()
         if self._refreshing:
             return
         if self._retry_at is not None:
@@ -246,6 +343,13 @@ class SchedtuiApp(App[None]):
                 self.refresh_data()
         elif not self.paused and self._next_refresh is not None and now >= self._next_refresh:
             self.refresh_data()
+        elif (
+            self.events_live
+            and not self.paused
+            and self._instances_at is not None
+            and now - self._instances_at >= INSTANCES_LIVE_EVERY
+        ):
+            self.refresh_instances()
 
     def backend_now(self) -> datetime:
         """The backend's clock, estimated: its ``now`` at the last snapshot plus the time
@@ -253,6 +357,14 @@ class SchedtuiApp(App[None]):
         if self._snapshot_now is None or self._snapshot_at is None:
             return self.clock.now()
         return self._snapshot_now + (self.clock.now() - self._snapshot_at)
+
+    def data_now(self) -> datetime:
+        """The backend's time as of which the data on screen is true: when it was read
+        (overdue is judged against it, so paused or stale data accuses no one), or now,
+        while change signals flow (no signal: nothing changed)."""
+        if self.events_live and not self.paused and self._snapshot_now is not None:
+            return self.backend_now()
+        return self._snapshot_now or self.clock.now()
 
     # ------------------------------------------------------------------------------------
     # refreshing
@@ -266,7 +378,8 @@ class SchedtuiApp(App[None]):
 
     @work(group="refresh", exit_on_error=False)
     async def refresh_data(self) -> None:
-        """Connect if need be, then read the schedules and the selected schedule's runs."""
+        """Connect if need be, then read the schedules, the heartbeats (every few seconds)
+        and what the view on screen shows."""
         if self._refreshing:
             self._refresh_again = True
             return
@@ -281,19 +394,18 @@ class SchedtuiApp(App[None]):
             self._refreshing = False
 
     async def _refresh_once(self) -> None:
+        view = self.active_view
         try:
             if self.info is None or self._retry_at is not None:
                 info = await self.backend.connect()
                 await self._connected(info)
             snapshot = await self.backend.list_schedules()
-            name = self.selected_name
-            recent: RunsPage | None = None
-            page: RunsPage | None = None
-            upcoming: list[datetime] | None = None
-            if name is not None and any(v.name == name for v in snapshot.schedules):
-                recent, page, upcoming = await self._fetch_detail(name)
+            await self._read_instances()
+            self._snapshot_now, self._snapshot_at = snapshot.now, self.clock.now()
+            self.views = snapshot.schedules
+            await view.load()
         except Unavailable as exc:
-            self._lost(exc)
+            self.connection_lost(exc)
             return
         except Unauthorized as exc:
             self._give_up(exc)
@@ -311,25 +423,114 @@ class SchedtuiApp(App[None]):
             self._next_refresh = self.clock.now() + self.refresh_interval
             return
         now = self.clock.now()
-        self._snapshot_now, self._snapshot_at = snapshot.now, now
-        if self._retry_at is not None or self._lost_reported:
-            if self._lost_reported:
-                self.notify("Connection is back; data is fresh again.", title="Reconnected")
+        if self._lost_reported:
+            self.notify("Connection is back; data is fresh again.", title="Reconnected")
             self._lost_reported = False
         self._retry_at = None
         self._failures = 0
-        self._next_refresh = now + self.refresh_interval
+        self._next_refresh = now + (KEEP_FRESH if self.events_live else self.refresh_interval)
         header = self.query_one(ConsoleHeader)
         header.state = "live"
         header.last_ok = now
         header.retry_at = None
         header.now = now
+        self._update_fleet()
         self.query_one("#main").remove_class("-stale")
-        self.views = snapshot.schedules
-        self._show_schedules()
-        if name is not None and name == self.selected_name and recent is not None and page is not None:
-            self._show_detail(name, recent, page, upcoming or [])
+        if view is self.active_view:
+            view.show()
         self.post_message(self.Refreshed())
+
+    async def _read_instances(self, *, force: bool = False) -> None:
+        now = self.clock.now()
+        if not force and self._instances_at is not None and now - self._instances_at < INSTANCES_EVERY:
+            return
+        try:
+            self.instances = await self.backend.instances()
+        except NotFound:  # a server older than this console: it cannot say who fires
+            self.instances = None
+        self._instances_at = now
+        self._instances_now = self.backend_now()
+
+    def _update_fleet(self) -> None:
+        """Who fires, as of when the heartbeats were read (not later: an engine that beat
+        then is not accused of silence because the console has not looked since)."""
+        if self.info is not None and self.instances is not None:
+            self.fleet = fleet_of(self.instances, self._instances_now or self.data_now(), self.info, self.views)
+        self.query_one(ConsoleHeader).fleet = self.fleet
+        self.query_one(FleetBanner).fleet = self.fleet
+
+    @work(group="instances", exclusive=True, exit_on_error=False)
+    async def refresh_instances(self) -> None:
+        """Read the heartbeats alone (while change signals keep the rest fresh)."""
+        self._instances_at = self.clock.now()  # once per period, even when it fails
+        try:
+            await self._read_instances(force=True)
+        except SchedtuiError:
+            return  # the next full refresh reports it
+        self._update_fleet()
+
+    # ------------------------------------------------------------------------------------
+    # change signals
+    # ------------------------------------------------------------------------------------
+    def _start_events(self) -> None:
+        """Follow the backend's change signals (an asyncio task, not a worker: it never ends
+        by itself, and tests wait for the workers)."""
+        if not self.live_events or (self._events_task is not None and not self._events_task.done()):
+            return
+        self._events_retry_at = None
+        self._events_task = asyncio.ensure_future(self._follow_events())
+
+    async def _follow_events(self) -> None:
+        why = "the event stream ended"
+        try:
+            async for batch in self.backend.changes(since=self.event_id, idle=EVENTS_IDLE):
+                self.on_signals(batch)
+        except SchedtuiError as exc:
+            why = exc.message
+        except Exception as exc:  # never let it take the console down
+            self.log.error(f"event stream failed: {exc!r}")
+            why = f"{type(exc).__name__}: {exc}"
+        self._events_down(why)
+
+    def on_signals(self, batch: list[Signal]) -> None:
+        """Act on a batch of change signals: read again what they name, if it is on screen."""
+        refresh = False
+        feed: bool | None = None
+        topics = ("runs", "schedules", *self.active_view.topics)
+        for signal in batch:
+            if signal.id:
+                self.event_id = signal.id
+            if signal.topic == READY:
+                feed, refresh = True, True  # and read what changed while the stream was not there
+                self._events_failures = 0
+            elif signal.topic == STREAM:
+                feed, refresh = signal.name == "up", True
+            elif signal.topic == RESYNC or signal.topic in topics:
+                refresh = True
+        if feed is not None:
+            self._set_feed(feed)
+        if refresh and not self.paused and self.info is not None:
+            self.request_refresh()
+
+    def _set_feed(self, events: bool) -> None:
+        if events == self.events_live:
+            return
+        self.events_live = events
+        self.query_one(ConsoleHeader).feed = "events" if events else "polling"
+        now = self.clock.now()
+        if self._next_refresh is not None:
+            self._next_refresh = now + (KEEP_FRESH if events else self.refresh_interval)
+
+    def _events_down(self, why: str) -> None:
+        """The stream ended: poll until it is back (tried again with backoff)."""
+        try:
+            self._set_feed(False)
+        except NoMatches:  # the app is shutting down
+            return
+        delay = BACKOFF_SECONDS[min(self._events_failures, len(BACKOFF_SECONDS) - 1)]
+        self._events_failures += 1
+        self._events_retry_at = self.clock.now() + timedelta(seconds=delay)
+        self.log.info(f"event stream down ({why}); polling, trying it again in {delay}s")
 
     async def _connected(self, info: ConnectionInfo) -> None:
         first = self.info is None
@@ -338,13 +539,16 @@ class SchedtuiApp(App[None]):
         header.info = info
         header.where = self.where or short_where(info)
         self.read_only = self.read_only_flag or info.read_only or self.backend.read_only
+        self._update_tabs()
+        self._start_events()
         if first and self.after_connect is not None:
             try:
                 await self.after_connect(self.backend)
             except SchedtuiError as exc:
                 self.report(exc)
 
-    def _lost(self, exc: Unavailable) -> None:
+    def connection_lost(self, exc: Unavailable) -> None:
+        """Show the data as stale and retry with backoff (said once, not at every retry)."""
         now = self.clock.now()
         delay = BACKOFF_SECONDS[min(self._failures, len(BACKOFF_SECONDS) - 1)]
         self._failures += 1
@@ -377,12 +581,31 @@ class SchedtuiApp(App[None]):
             self.notify(f"{type(exc).__name__}: {exc}", title="Unexpected error", severity="error", markup=False)
 
     # ------------------------------------------------------------------------------------
-    # showing
+    # data for the views
     # ------------------------------------------------------------------------------------
-    def _visible_views(self) -> list[ScheduleView]:
+    def visible_views(self) -> list[ScheduleView]:
+        """The schedules the filter lets through: its text in the name, cron, zone or
+        description, or a state word (:data:`STATUS_FILTERS`) that the schedule is in."""
         needle = self.filter_text.strip().lower()
         if not needle:
             return self.views
+        now = self.data_now()
+
+        def state_matches(view: ScheduleView) -> bool:
+            if needle in ("failed", "succeeded", "skipped", "missed", "running"):
+                return view.last_run is not None and view.last_run.status == needle or (
+                    view.latest_manual is not None and view.latest_manual.status == needle
+                )
+            if needle == "overdue":
+                return self.overdue.since(view, now) is not None
+            if needle in ("disabled", "off"):
+                return not view.enabled
+            if needle in ("enabled", "on"):
+                return view.enabled
+            if needle == "manual":
+                return view.latest_manual is not None
+            return False
+
         return [
             v
             for v in self.views
@@ -390,6 +613,7 @@ class SchedtuiApp(App[None]):
             or needle in v.cron.lower()
             or needle in v.timezone.lower()
             or needle in (v.description or "").lower()
+            or state_matches(v)
         ]
 
     @property
@@ -400,79 +624,10 @@ class SchedtuiApp(App[None]):
     def view_of(self, name: str | None) -> ScheduleView | None:
         return next((v for v in self.views if v.name == name), None)
 
-    def _show_schedules(self) -> None:
-        table = self.query_one(SchedulesTable)
-        visible = self._visible_views()
-        table.show(visible, self.clock.now())
-        title = f"SCHEDULES {len(visible)}"
-        if self.filter_text:
-            title += f" of {len(self.views)} · filter “{self.filter_text}” (esc clears)"
-        self.query_one("#schedules-title", Static).update(title)
-        self.selected_name = table.selected_name
-        view = self.view_of(self.selected_name)
-        detail = self.query_one(DetailBar)
-        if view is not None and view != detail.view:
-            detail.view = view
-
-    def _show_detail(self, name: str, recent: RunsPage, page: RunsPage, upcoming: list[datetime]) -> None:
-        view = self.view_of(name)
-        zone = view.timezone if view is not None else "UTC"
-        self.recent = recent.runs
-        self.page = page
-        self.query_one(RunTimeline).runs = recent.runs
-        self.query_one(RunsTable).show(page.runs, zone)
-        line = self.query_one(UpcomingLine)
-        line.zone = zone
-        line.slots = upcoming
-        if view is not None and not view.enabled:
-            line.note = "disabled: will not fire"
-        elif view is not None and view.trigger == "external":
-            line.note = "fired by the platform's scheduler"
-        else:
-            line.note = ""
-        self.query_one(DetailBar).page = "" if len(self._pages) == 1 else f"page {len(self._pages)} · [ newer"
-
-    def watch_selected_name(self, old: str | None, new: str | None) -> None:
-        if old == new:
-            return
-        self._pages = [None]
-        self.query_one(DetailBar).view = self.view_of(new)
-        if new is None:
-            self.query_one(RunTimeline).runs = []
-            self.query_one(RunsTable).show([], "UTC")
-            self.query_one(UpcomingLine).slots = []
-            return
-        self.load_detail(new)
-
-    async def _fetch_detail(self, name: str) -> tuple[RunsPage, RunsPage, list[datetime]]:
-        """A schedule's newest runs (for the timeline), the page of runs on screen (the same,
-        unless the operator paged back), and its next slots."""
-        recent = await self.backend.list_runs(name, limit=PAGE_SIZE)
-        before = self._pages[-1]
-        page = recent if before is None else await self.backend.list_runs(name, limit=PAGE_SIZE, before=before)
-        return recent, page, await self.backend.upcoming(name, 5)
-
-    @work(exclusive=True, group="detail", exit_on_error=False)
-    async def load_detail(self, name: str) -> None:
-        """Read the selected schedule's newest runs (or the page on screen) and next slots."""
-        try:
-            recent, page, upcoming = await self._fetch_detail(name)
-        except Unavailable as exc:
-            self._lost(exc)
-            return
-        except SchedtuiError as exc:
-            self.report(exc)
-            return
-        if name == self.selected_name:
-            self._show_detail(name, recent, page, upcoming)
-
-    @on(DataTable.RowHighlighted, "#schedules")
-    def _schedule_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        self.selected_name = event.row_key.value
-
-    @on(DataTable.RowSelected)
-    def _row_selected(self) -> None:
-        self.action_run_details()
+    @property
+    def selected_name(self) -> str | None:
+        """The schedule the view on screen has selected."""
+        return self.active_view.selected_schedule()
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
@@ -482,16 +637,20 @@ class SchedtuiApp(App[None]):
     def _filter_submitted(self, event: Input.Submitted) -> None:
         if not event.value:
             event.input.display = False
-        self.query_one(SchedulesTable).focus()
+        self.active_view.focus_main()
 
     def watch_filter_text(self) -> None:
-        self._show_schedules()
+        self.active_view.show()
 
     def watch_read_only(self) -> None:
         self._update_read_only()
 
     def watch_paused(self, paused: bool) -> None:
         self.query_one(ConsoleHeader).paused = paused
+
+    def watch_utc(self) -> None:
+        self._update_tabs()
+        self.active_view.show()
 
     def _update_read_only(self) -> None:
         self.query_one(ConsoleHeader).read_only = self.read_only
@@ -524,6 +683,29 @@ class SchedtuiApp(App[None]):
             self.notify(f"{action}: no schedule selected.", severity="warning")
         return view
 
+    def action_show_view(self, view_id: str) -> None:
+        """``1``…``6``: show a view (it comes back as it was left)."""
+        spec = view_spec(view_id)
+        systems = self.info.systems if self.info is not None else SYSTEMS
+        if spec.make is not None and spec.system not in systems:
+            self.notify(f"{spec.title}: this backend does not offer {spec.system}.", title="Not available",
+                        severity="warning")
+            return
+        self.query_one(ContentSwitcher).current = view_id
+        self.active_view_id = view_id
+        self._update_tabs()
+        view = self.active_view
+        view.focus_main()
+        if self.views:
+            view.show()
+        self.request_refresh()
+
+    def action_toggle_zone(self) -> None:
+        """``z``: times in UTC, or in the operator's zone."""
+        self.utc = not self.utc
+        self.notify(f"Times are shown in {self.display_zone}; schedules' crons and next fires in their own zones.",
+                    title="Zone")
+
     def action_run_now(self) -> None:
         """``r``: fire the selected schedule once, now; no dialog."""
         view = self._target("Run now")
@@ -538,23 +720,13 @@ class SchedtuiApp(App[None]):
             self.report(exc)
             return
         self.notify(f"{name}: run {run.id}", title="Run now: fired")
-        self._show_new_run(run)
-        self.post_message(self.RunShown(run))
+        self.views = [replace(v, latest_manual=run) if v.name == name else v for v in self.views]
+        self.active_view.show()
+        schedules = self.view_widget("schedules")
+        if isinstance(schedules, SchedulesView):
+            schedules.show_new_run(run)
         self._follow_run(run, name)
         self.request_refresh()
-
-    def _show_new_run(self, run: Run) -> None:
-        """Put a run on screen at once (the next refresh confirms it)."""
-        view = self.view_of(run.name)
-        if view is not None:
-            self.views = [replace(v, last_run=run) if v.name == run.name else v for v in self.views]
-            self._show_schedules()
-        if run.name != self.selected_name:
-            return
-        self.recent = [run, *[r for r in self.recent if r.id != run.id]][:PAGE_SIZE]
-        self.query_one(RunTimeline).runs = self.recent
-        if len(self._pages) == 1:
-            self.query_one(RunsTable).show(self.recent, view.timezone if view is not None else "UTC")
 
     @work(group="follow", exit_on_error=False)
     async def _follow_run(self, run: Run, name: str) -> None:
@@ -601,8 +773,7 @@ class SchedtuiApp(App[None]):
         else:
             self.notify(f"{name} disabled" + (f": {note}" if note else ""), title="Disabled", markup=False)
         self.views = [view if v.name == name else v for v in self.views]
-        self._show_schedules()
-        self.query_one(DetailBar).view = view
+        self.active_view.show()
         self.request_refresh()
 
     def action_backfill(self) -> None:
@@ -611,45 +782,34 @@ class SchedtuiApp(App[None]):
         if view is None:
             return
 
+        def started(progress: BackfillProgress) -> None:
+            self.backfills[progress.id] = progress
+
         def finished(progress: BackfillProgress) -> None:
+            self.backfills.pop(progress.id, None)
             self.notify(
                 f"{progress.name}: {progress.fired} fired, {progress.succeeded} succeeded, "
-                f"{progress.failed} failed, {progress.remaining} remaining ({progress.state})",
-                title="Backfill finished",
+                f"{progress.failed} failed, {progress.remaining} not fired ({progress.state})",
+                title="Backfill finished" if progress.state == "done" else f"Backfill {progress.state}",
                 severity="information" if progress.state == "done" and not progress.failed else "warning",
             )
             self.request_refresh()
 
-        self.push_screen(BackfillScreen(self.backend, view, self.backend_now, on_finished=finished))
+        self.push_screen(
+            BackfillScreen(self.backend, view, self.backend_now, on_started=started, on_finished=finished)
+        )
 
     def action_run_details(self) -> None:
-        """``enter``: every field of the run under the runs table's cursor."""
-        runs = self.query_one(RunsTable)
-        run = runs.selected_run
-        if run is None:
-            self.notify("No run selected (this schedule has no runs yet).", severity="warning")
-            return
+        """``enter``: the details of what is under the cursor of the view on screen."""
+        self.active_view.open_details()
+
+    def show_run(self, run: Run) -> None:
+        """The run details screen (times in the display zone and the schedule's own)."""
         view = self.view_of(run.name)
-        self.push_screen(RunDetails(self.backend, run, view.timezone if view is not None else "UTC"))
-
-    def action_older_runs(self) -> None:
-        """``]``: the next page of runs, further back (by keyset)."""
-        if self.page is None or self.page.next_before is None or self.selected_name is None:
-            self.notify("No older runs.", severity="information")
-            return
-        self._pages.append(self.page.next_before)
-        self.load_detail(self.selected_name)
-
-    def action_newer_runs(self) -> None:
-        """``[``: back towards the newest page."""
-        if len(self._pages) == 1 or self.selected_name is None:
-            self.notify("Already on the newest runs.", severity="information")
-            return
-        self._pages.pop()
-        self.load_detail(self.selected_name)
+        self.push_screen(RunDetails(self.backend, run, view.timezone if view is not None else "UTC", self.display_zone))
 
     def action_filter(self) -> None:
-        """``/``: filter the schedules."""
+        """``/``: filter the schedules (also by state: ``failed``, ``overdue``, ``disabled``…)."""
         field = self.query_one("#filter", Input)
         field.display = True
         field.focus()
@@ -659,7 +819,7 @@ class SchedtuiApp(App[None]):
         if field.display or self.filter_text:
             field.value = ""
             field.display = False
-            self.query_one(SchedulesTable).focus()
+            self.active_view.focus_main()
 
     def action_toggle_pause(self) -> None:
         """``p``: pause or resume auto-refresh."""
@@ -676,35 +836,97 @@ class SchedtuiApp(App[None]):
             self._retry_at = self.clock.now()
         if self.info is None:
             self.query_one(ConsoleHeader).state = "connecting"
+        self._instances_at = None
+        if self._events_retry_at is not None and self.info is not None:
+            self._start_events()  # and the event stream, now
         self.request_refresh()
+
+    async def action_quit(self) -> None:
+        """``q``: quit; asks first while a backfill started here is running."""
+        running = [p for p in self.backfills.values() if p.state == "running"]
+        if not running:
+            self.exit()
+            return
+        embedded = self.info is not None and self.info.kind == "embedded"
+
+        def answer(choice: str | None) -> None:
+            if choice == "quit":
+                self.exit()
+            elif choice == "cancel":
+                self._cancel_backfills_and_quit(running)
+
+        self.push_screen(QuitPrompt(running, embedded=embedded), answer)
+
+    @work(group="action", exit_on_error=False)
+    async def _cancel_backfills_and_quit(self, running: list[BackfillProgress]) -> None:
+        for progress in running:
+            try:
+                await self.backend.cancel_backfill(progress.id)
+            except SchedtuiError as exc:
+                self.report(exc)
+                return
+        self.exit()
 
     def action_help(self) -> None:
         """``?``: keys and the legend."""
-        keys = []
+        self.push_screen(HelpScreen(self.help_keys(), self._read_only_reason()))
+
+    def help_keys(self) -> list[tuple[str, list[tuple[str, str]]]]:
+        """Every key, as bound now (a keymap may have moved one), in sections."""
+        def bound(binding: Binding) -> str:
+            for active in self.screen.active_bindings.values():
+                if active.binding.id is not None and active.binding.id == binding.id:
+                    return self.get_key_display(active.binding)
+            keys = self._keymap_keys(binding)
+            return keys or self.get_key_display(binding)
+
+        app_keys: list[tuple[str, str]] = []
         for binding in self.BINDINGS:
             assert isinstance(binding, Binding)
-            if binding.action in ("clear_filter",):
+            if binding.action == "clear_filter" or (binding.id or "").startswith("view_"):
                 continue
-            bound = self._bound_key(binding)
-            keys.append((bound, binding.description))
-        keys.append(("ctrl+p", "command palette: every action by name, go to a schedule"))
-        self.push_screen(HelpScreen(keys, self._read_only_reason()))
+            app_keys.append((bound(binding), binding.tooltip or binding.description))
+        app_keys.append(("esc", "clear the filter"))
+        app_keys.append(("ctrl+p", "command palette: every action by name, go to a schedule or a view"))
+        views = [(self._keymap_keys(b) or b.key, f"{spec.title}: {spec.help}" + ("" if spec.make else " (not yet)"))
+                 for spec in VIEWS for b in self.BINDINGS if isinstance(b, Binding) and b.id == f"view_{spec.id}"]
+        sections = [("Everywhere", app_keys), ("Views", views)]
+        for spec in VIEWS:
+            if spec.make is None:
+                continue
+            view = self.view_widget(spec.id)
+            keys = [(bound(b), b.tooltip or b.description) for b in view.BINDINGS if isinstance(b, Binding)]
+            sections.append((f"{spec.key} {spec.title}", [*keys, *VIEW_NAVIGATION.get(spec.id, [])]))
+        return sections
 
-    def _bound_key(self, binding: Binding) -> str:
-        """The key a binding has now (a keymap may have moved it), as the footer shows keys."""
-        for active in self.screen.active_bindings.values():
-            if active.binding.id is not None and active.binding.id == binding.id:
-                return self.get_key_display(active.binding)
-        return self.get_key_display(binding)
+    def _keymap_keys(self, binding: Binding) -> str:
+        keys = self._keymap.get(binding.id or "", "")
+        return keys.split(",")[0] if keys else ""
 
     def action_select(self, name: str) -> None:
         """Move the cursor to a schedule (the palette's "Go to schedule")."""
-        table = self.query_one(SchedulesTable)
-        if name not in table.views:
+        view = self.active_view
+        if name not in {v.name for v in self.visible_views()}:
             self.action_clear_filter()
-        try:
-            table.move_cursor(row=table.get_row_index(name), animate=False)
-        except Exception:
+            view.show()
+        if not view.select(name):
             self.notify(f"no schedule named {name}", severity="warning")
             return
-        table.focus()
+        view.focus_main()
+
+
+VIEW_NAVIGATION: dict[str, list[tuple[str, str]]] = {
+    "schedules": [
+        ("↑ ↓", "move in the table (pgup/pgdn a page)"),
+        ("home end", "first / last row"),
+        ("← →", "scroll the table sideways (hidden columns)"),
+        ("tab", "switch between the schedules and the runs"),
+        ("enter", "the selected run's details"),
+    ],
+    "timeline": [
+        ("↑ ↓", "another schedule (pgup/pgdn a page, home/end first/last)"),
+        ("← →", "the previous / next run of the row"),
+        ("enter", "the run under the cursor (the worst, where several share a cell)"),
+    ],
+}
+"""Navigation keys the widgets themselves handle, for the help screen."""

@@ -42,10 +42,12 @@ from backend.model import (
     Run,
     ScheduleView,
 )
+from backend.audit import check_actor
 from backend.remote import RemoteBackend
 from backend.safetext import RedactingFormatter, remember_secret
 from backend.server import serve
 from backend.timeparse import parse_when
+from backend.tokens import Tokens, parse_token
 
 from . import format as fmt
 
@@ -99,6 +101,7 @@ class _Shared:
     help: str
     metavar: str | None = None
     flag: bool = False
+    repeat: bool = False
 
 
 # Any of these may come before the verb (`schedtui --read-only console`) or after it; one
@@ -111,9 +114,11 @@ SHARED = [
     _Shared(("--instance",), "instance", "name recorded on runs (default hostname:pid)", "NAME"),
     _Shared(("--url",), "url", "act on a remote `schedtui serve` instead (or $SCHEDTUI_URL)", "URL"),
     _Shared(("--token",), "token", "bearer token for --url (or $SCHEDTUI_TOKEN); visible to other users in `ps`: "
-            "prefer --token-file", "T"),
+            "prefer --token-file", "T", repeat=True),
     _Shared(("--token-file",), "token_file", "read the token from this file (its surrounding whitespace ignored)",
             "PATH"),
+    _Shared(("--as",), "actor", "who acts, in the audit log and on a disabled schedule (default: your OS user); "
+            "a server records the name of your token instead", "NAME"),
     _Shared(("--read-only",), "read_only", "look, do not touch: actions are refused (by the backend too)", flag=True),
     _Shared(("--fire",), "fire", "embedded console: also fire schedules on their timers (as `serve` does); without it "
             "the console watches and acts, and `schedtui serve` does the firing", flag=True),
@@ -126,11 +131,12 @@ _DEFAULTS: dict[str, Callable[[], Any]] = {
     "url": lambda: os.environ.get("SCHEDTUI_URL") or None,
     "token": lambda: None,  # resolved with its file and $SCHEDTUI_TOKEN by _resolve_token
     "token_file": lambda: None,
+    "actor": lambda: None,  # the engine's default: the OS user
     "read_only": lambda: False,
     "fire": lambda: False,
 }
 _CONSOLE = [option.dest for option in SHARED]
-_VERB_OPTIONS = ["schedules", "store", "instance", "url", "token", "token_file", "read_only"]
+_VERB_OPTIONS = ["schedules", "store", "instance", "url", "token", "token_file", "actor", "read_only"]
 
 
 def _add_shared(p: argparse.ArgumentParser, dests: Sequence[str], **helps: str) -> None:
@@ -141,6 +147,8 @@ def _add_shared(p: argparse.ArgumentParser, dests: Sequence[str], **helps: str) 
             kwargs["action"] = "store_true"
         else:
             kwargs["metavar"] = option.metavar
+            if option.repeat:
+                kwargs["action"] = "append"
         p.add_argument(*option.flags, **kwargs)
 
 
@@ -170,9 +178,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     by_verb["serve"] = serve
     _add_shared(serve, ["schedules", "store", "instance", "token", "token_file"],
-                token="operator token: may read and act (or $SCHEDTUI_TOKEN); visible to other users in `ps`: "
+                token="operator token, NAME=SECRET (or a bare SECRET, named operator); several allowed; the name is "
+                "who acted, in the audit log (or $SCHEDTUI_TOKEN, one per line); visible to other users in `ps`: "
                 "prefer --token-file",
-                token_file="read the operator token from this file")  # fmt: skip
+                token_file="read operator tokens from this file, one per line")  # fmt: skip
     serve.add_argument("--coordination", choices=["single", "advisoryLock"], help="default: from the store")
     serve.add_argument("--retention-days", type=_positive_int, default=30, metavar="N", help="keep runs N days (30)")
     serve.add_argument(
@@ -191,11 +200,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     serve.add_argument("--host", default="127.0.0.1", help="API address (127.0.0.1; others need a token)")
     serve.add_argument("--port", type=_port, metavar="P", help="serve the HTTP API on this port (0: any free port)")
     serve.add_argument(
-        "--read-token", metavar="T", default=argparse.SUPPRESS,
-        help="read-only token (or $SCHEDTUI_READ_TOKEN); visible to other users in `ps`: prefer --read-token-file",
+        "--read-token", metavar="T", default=argparse.SUPPRESS, action="append",
+        help="read-only token, NAME=SECRET (or a bare SECRET, named reader); several allowed (or "
+        "$SCHEDTUI_READ_TOKEN, one per line); visible to other users in `ps`: prefer --read-token-file",
     )
     serve.add_argument("--read-token-file", metavar="PATH", default=argparse.SUPPRESS,
-                       help="read the read-only token from this file")  # fmt: skip
+                       help="read read-only tokens from this file, one per line")  # fmt: skip
     serve.add_argument(
         "--allow-external-self", action="store_true",
         help="let the external fire endpoint fire schedules that have their own timer too",
@@ -260,7 +270,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 #: Modules adding verbs for one system each: ``add_verbs(verb, group)`` declares them and
 #: ``VERBS`` maps each command (``"jobs list"``) to its handler. Imported lazily, so that
 #: they may import this module's helpers.
-VERB_MODULES: list[str] = ["console.cli_durable"]
+VERB_MODULES: list[str] = ["console.cli_audit", "console.cli_durable"]
 
 
 def verb_modules() -> list[Any]:
@@ -284,16 +294,27 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for dest in accepted & set(_DEFAULTS):
         if not hasattr(args, dest):
             setattr(args, dest, _DEFAULTS[dest]())
-    if "token" in accepted:
-        args.token = _resolve_token(args, "token", "SCHEDTUI_TOKEN")
     if args.verb == "serve":
-        args.read_token = _resolve_token(args, "read_token", "SCHEDTUI_READ_TOKEN")
+        args.token = _resolve_tokens(args, "token", "SCHEDTUI_TOKEN", several=True)
+        args.read_token = _resolve_tokens(args, "read_token", "SCHEDTUI_READ_TOKEN", several=True)
+        try:
+            Tokens.from_options(args.token, args.read_token)  # names and secrets distinct, names valid
+        except BadInput as exc:
+            raise UsageError(f"schedtui: {exc.message}") from None
+    elif "token" in accepted:
+        tokens = _resolve_tokens(args, "token", "SCHEDTUI_TOKEN", several=False)
+        try:
+            args.token = parse_token(tokens[0], "operate").secret if tokens else None  # NAME=SECRET sends SECRET
+        except BadInput as exc:
+            raise UsageError(f"schedtui: {exc.message}") from None
+    _resolve_actor(args)
     return args
 
 
-def _resolve_token(args: argparse.Namespace, dest: str, env: str) -> str | None:
-    """A token from ``--X`` (with a warning: ``ps`` shows it), ``--X-file`` or ``$ENV``.
-    Empty or blank tokens are refused: they would quietly mean "no token"."""
+def _resolve_tokens(args: argparse.Namespace, dest: str, env: str, *, several: bool) -> list[str]:
+    """Tokens from ``--X`` (repeatable; with a warning: ``ps`` shows it), ``--X-file`` or
+    ``$ENV``: for a server (``several``) one per line of the file or variable, for a client
+    the one token. Empty or blank tokens are refused: they would quietly mean "no token"."""
     flag = "--" + dest.replace("_", "-")
     given, path = getattr(args, dest, None), getattr(args, f"{dest}_file", None)
     if given is not None and path is not None:
@@ -304,24 +325,51 @@ def _resolve_token(args: argparse.Namespace, dest: str, env: str) -> str | None:
             f"use {flag}-file PATH or ${env}",
             file=sys.stderr,
         )
-        token, source = str(given), flag
+        texts, source = [str(t) for t in given], flag
     elif path is not None:
         try:
-            token = Path(path).read_text(encoding="utf-8")
+            content = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise UsageError(f'schedtui: cannot read {flag}-file "{path}": {reason}') from None
-        source = f'{flag}-file "{path}"'
+        texts, source = _token_lines(content), f'{flag}-file "{path}"'
     else:
         from_env = os.environ.get(env)
         if not from_env:
-            return None
-        token, source = from_env, f"${env}"
-    token = token.strip()
-    if not token:
+            return []
+        texts, source = _token_lines(from_env), f"${env}"
+    if len(texts) > 1 and not several:
+        raise UsageError(f"schedtui: {source} gives {len(texts)} tokens; a client sends one")
+    tokens = [text.strip() for text in texts]
+    if not tokens or not all(tokens):
         raise UsageError(f"schedtui: the token from {source} is empty (or only whitespace)")
-    remember_secret(token)
-    return token
+    for token in tokens:
+        remember_secret(token)
+        try:
+            remember_secret(parse_token(token, "operate").secret)
+        except BadInput as exc:
+            raise UsageError(f"schedtui: {exc.message} (in {source})") from None
+    return tokens
+
+
+def _token_lines(text: str) -> list[str]:
+    """Tokens one per line, blank lines and ``#`` comments skipped."""
+    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")] or [""]
+
+
+def _resolve_actor(args: argparse.Namespace) -> None:
+    actor = getattr(args, "actor", None)
+    if actor is None:
+        return
+    if getattr(args, "url", None):
+        raise UsageError(
+            "schedtui: --as applies to a store acted on directly; a server records the name of your token "
+            "(see `schedtui serve --token NAME=SECRET`)"
+        )
+    try:
+        check_actor(actor, "--as")
+    except BadInput as exc:
+        raise UsageError(f"schedtui: {exc.message}") from None
 
 
 # -------------------------------------------------------------------------------------------
@@ -364,6 +412,7 @@ def _engine(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) ->
     """The engine over ``--store``. Only ``serve`` creates a missing store (``create``); the
     verbs that read or act, and the console, refuse it naming the path (exit 2)."""
     definitions = discover_definitions(args.schedules)
+    kwargs.setdefault("actor", getattr(args, "actor", None))
     return Engine(definitions, open_store(args.store, create=create), instance=args.instance, **kwargs)
 
 

@@ -9,7 +9,6 @@ or an unknown execution or function (one line on stderr naming it).
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -19,21 +18,12 @@ from typing import Any
 from backend import Refused
 from backend.durable.model import EXECUTION_STATUSES, Execution
 from backend.durable.service import parse_json_option
-from backend.interface import Backend, EmbeddedBackend
+from backend.interface import Backend
 
 from . import format as fmt
 from .cli import EXIT_FAILURE, EXIT_OK, _positive_int, _print_json, _VERB_OPTIONS, _with_backend
 
-#: One terminal cell each, as the run glyphs.
-EXECUTION_GLYPHS = {
-    "queued": "○",
-    "running": "▶",
-    "waiting": "◷",
-    "succeeded": "✓",
-    "failed": "✗",
-    "cancelled": "⊘",
-}
-STEP_GLYPHS = {"running": "▶", "waiting": "◷", "succeeded": "✓", "failed": "✗"}
+EXECUTION_GLYPHS, STEP_GLYPHS = fmt.EXECUTION_GLYPHS, fmt.STEP_GLYPHS
 
 MakeSub = Callable[[str, str, Sequence[str]], argparse.ArgumentParser]
 
@@ -71,8 +61,6 @@ async def _act(args: argparse.Namespace, body: Callable[[Backend], Coroutine[Any
     """Run ``body`` on the backend; a refusal is exit code 1 with one line."""
 
     async def wrapped(backend: Backend) -> int:
-        if isinstance(backend, EmbeddedBackend):
-            backend.actor = getpass.getuser()
         try:
             return await body(backend)
         except Refused as exc:

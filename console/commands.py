@@ -14,8 +14,9 @@ __all__ = ["ConsoleCommands"]
 
 
 class ConsoleCommands(Provider):
-    """Offers every action that has a key (Run now, Enable/disable, Backfill, …) by name,
-    each with its key and what it applies to, plus "Go to schedule NAME"."""
+    """Offers every view ("View 2: Timeline") and every action that has a key (Run now,
+    Enable/disable, Backfill, …) by name, each with its key and what it applies to, plus
+    "Go to schedule NAME"."""
 
     @property
     def console(self) -> SchedtuiApp:
@@ -28,7 +29,12 @@ class ConsoleCommands(Provider):
     def _commands(self) -> list[tuple[str, str, str]]:
         app = self.console
         target = app.selected_name or "the selected schedule"
-        commands = [(title.format(name=target), action, help_) for action, title, help_ in app.PALETTE_ACTIONS]
+        from .views import VIEWS
+
+        commands = [
+            (f"View {spec.key}: {spec.title}", f"show_view('{spec.id}')", f"{spec.help} ({spec.key})") for spec in VIEWS
+        ]
+        commands += [(title.format(name=target), action, help_) for action, title, help_ in app.PALETTE_ACTIONS]
         for name in app.schedule_names:
             commands.append((f"Go to schedule {name}", f"select('{name}')", "select it in the table"))
         return commands

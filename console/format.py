@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta
-from zoneinfo import ZoneInfo
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import humanize
 
@@ -21,6 +23,59 @@ OUTCOME_GLYPHS = {
     "external": "⇲",
     "manual": "✎",
 }
+
+#: Durable executions and their steps, likewise one cell each.
+EXECUTION_GLYPHS = {
+    "queued": "○",
+    "running": "▶",
+    "waiting": "◷",
+    "succeeded": "✓",
+    "failed": "✗",
+    "cancelled": "⊘",
+}
+STEP_GLYPHS = {"running": "▶", "waiting": "◷", "succeeded": "✓", "failed": "✗"}
+
+
+def operator_zone() -> str:
+    """The operator's IANA zone: ``$TZ`` when it names one, else the zone ``/etc/localtime``
+    links to, else ``UTC``. (A name, not a fixed offset: a week on a timeline may cross a
+    daylight-saving change.)"""
+    candidates = [os.environ.get("TZ", "").lstrip(":")]
+    try:
+        target = str(Path("/etc/localtime").resolve())
+        if "zoneinfo/" in target:
+            candidates.append(target.split("zoneinfo/", 1)[1])
+    except OSError:
+        pass
+    for name in candidates:
+        if name:
+            try:
+                ZoneInfo(name)
+                return "UTC" if name in ("Etc/UTC", "Etc/UCT", "UCT", "Universal", "Zulu", "Etc/Zulu") else name
+            except (ZoneInfoNotFoundError, ValueError):
+                continue
+    return "UTC"
+
+
+def zone_abbr(zone: str, at: datetime) -> str:
+    """``CET``, ``EDT``, ``UTC``: the zone's abbreviation at that instant."""
+    return at.astimezone(ZoneInfo(zone)).strftime("%Z")
+
+
+def short_time(dt: datetime | None, zone: str) -> str:
+    """``03-02 09:00:00 CET``: month-day and time in ``zone``."""
+    if dt is None:
+        return "-"
+    return dt.astimezone(ZoneInfo(zone)).strftime("%m-%d %H:%M:%S %Z")
+
+
+def age(then: datetime, now: datetime) -> str:
+    """``45s``, ``3m``, ``23h``, ``4d``: one unit, for narrow columns (``0s`` at least)."""
+    seconds = max(0, int((now - then).total_seconds()))
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "m")):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def local_time(dt: datetime | None, zone: str, *, seconds: bool = True) -> str:

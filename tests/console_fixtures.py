@@ -12,21 +12,25 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from backend import Engine, ManualClock, Run, Schedule, define_schedule
+from backend.audit import AuditEntry, AuditPage
+from backend.events import Signal
 from backend.clock import Clock
 from backend.errors import Unavailable
 from backend.ids import IdFactory
+from backend.store import open_store
 from backend.interface import (
     ConnectionInfo,
     EmbeddedBackend,
     RunsPage,
     SchedulesSnapshot,
 )
-from backend.model import BackfillPlan, BackfillProgress, ScheduleView
+from backend.model import BackfillPlan, BackfillProgress, InstanceInfo, ScheduleView
 
 START = "2026-03-02T07:59:00Z"
 """When the simulated minute starts (08:59 in Berlin; the daily digest is due at 09:00)."""
@@ -103,7 +107,7 @@ async def build_ledger(folder: Path) -> str:
     clock = ManualClock(START)
     engine = Engine(
         console_schedules(clock), url, clock=clock, instance="web-1", coordination="advisoryLock",
-        ids=seeded_ids(clock, 7), shutdown_grace=0,
+        ids=seeded_ids(clock, 7), shutdown_grace=0, actor="alice",
     )
     await engine.open()
     # History from before this deployment became a fleet: one instance, coordination single.
@@ -144,6 +148,68 @@ async def build_ledger(folder: Path) -> str:
     await store.close()
     assert clock.now() == datetime.fromisoformat(FROZEN.replace("Z", "+00:00"))
     return url
+
+
+async def add_timeline_history(url: str) -> None:
+    """An hour of history before the fixture's minute, written straight into the store, for
+    the timeline: many runs per cell with failures (``flaky-export``), an engine outage
+    (``stuck-import``: no rows for 15 minutes, then slots recorded ``missed``), and a
+    platform that stopped calling (``billing-webhook``: minutes without a run, two of them
+    backfilled later). Deterministic ids."""
+    clock = ManualClock("2026-03-02T07:00:00Z")
+    ids = seeded_ids(clock, 31)
+    base = datetime.fromisoformat("2026-03-02T07:00:00+00:00")
+    runs: list[Run] = []
+
+    def ran(name: str, slot: datetime, status: str = "succeeded", outcome: str = "wonLock", trigger: str = "self",
+            fired: datetime | None = None, error: tuple[str, str] | None = None) -> None:
+        start = fired or slot + timedelta(milliseconds=3)
+        clock.set(max(clock.now(), start))
+        runs.append(Run(id=ids(), name=name, scheduled_at=slot, status=status,  # type: ignore[arg-type]
+                        trigger=trigger, coordination_outcome=outcome, instance="web-1",  # type: ignore[arg-type]
+                        fired_at=None if status == "missed" else start,
+                        finished_at=None if status == "missed" else start + timedelta(milliseconds=40),
+                        error_tag=error[0] if error else None, error_message=error[1] if error else None))
+
+    for n in range(0, 59 * 60, 10):  # flaky-export: every 10 s; 07:20-07:25 the export API fails
+        slot = base + timedelta(seconds=n)
+        failing = timedelta(minutes=20) <= slot - base < timedelta(minutes=25) and n % 20 == 0
+        ran("flaky-export", slot, "failed" if failing else "succeeded",
+            error=("TimeoutError", "export API answered 504 after 30s") if failing else None)
+    for n in range(0, 59 * 60, 20):  # stuck-import: down 07:30-07:45 (nothing), then caught up as missed
+        slot = base + timedelta(seconds=n)
+        if timedelta(minutes=30) <= slot - base < timedelta(minutes=45):
+            continue
+        if timedelta(minutes=45) <= slot - base < timedelta(minutes=50):
+            ran("stuck-import", slot, "missed", error=None)
+        else:
+            ran("stuck-import", slot)
+    for minute in range(59):  # billing-webhook: the platform missed 07:40-07:44
+        slot = base + timedelta(minutes=minute)
+        if not 40 <= minute <= 44:
+            ran("billing-webhook", slot, outcome="external", trigger="external")
+    for minute in (40, 41):  # an operator backfilled two of them at 07:55
+        ran("billing-webhook", base + timedelta(minutes=minute), outcome="manual", trigger="manual",
+            fired=base + timedelta(minutes=55, seconds=minute - 40))
+    store = open_store(url)
+    await store.open()
+    store.save_runs(sorted(runs, key=lambda r: r.id))
+    # What operators did in that hour (the fixture's minute adds alice's and ops' actions).
+    audit_clock = ManualClock("2026-03-02T07:00:00Z")
+    audit_ids = seeded_ids(audit_clock, 41)
+    for at, actor, action, target, detail in [
+        ("07:40:12", "carol", "schedule.disable", "stuck-import",
+         {"note": "partner feed down, INC-2231", "was_enabled": True}),
+        ("07:47:03", "carol", "schedule.enable", "stuck-import", {"note": None, "was_enabled": False}),
+        ("07:55:00", "bob", "schedule.backfill", "billing-webhook",
+         {"backfill_id": "01KJP9ZV800000000000000000", "from": "2026-03-02T07:39:00Z",
+          "to": "2026-03-02T07:41:00Z", "count": 2}),
+        ("07:58:40", "ci-deploy@ops", "schedule.fire", "heartbeat", {"run_id": "01KJPA9W0000000000000000AB"}),
+    ]:  # fmt: skip
+        audit_clock.set(datetime.fromisoformat(f"2026-03-02T{at}+00:00"))
+        entry = AuditEntry(audit_ids(), audit_clock.now(), actor, action, target, detail)
+        await store.append_audit(entry)  # type: ignore[attr-defined]
+    await store.close()
 
 
 def console_engine(url: str, clock: ManualClock | None = None) -> Engine:
@@ -201,6 +267,17 @@ class FlakyBackend:
         result: Run = await self.inner.get_run(run_id)
         return result
 
+    async def runs_between(self, names: list[str], start: datetime, end: datetime, *,
+                           limit_per_name: int = 200) -> dict[str, list[Run]]:
+        self._check()
+        result: dict[str, list[Run]] = await self.inner.runs_between(names, start, end, limit_per_name=limit_per_name)
+        return result
+
+    async def instances(self) -> list[InstanceInfo]:
+        self._check()
+        result: list[InstanceInfo] = await self.inner.instances()
+        return result
+
     async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
         self._check()
         result: list[datetime] = await self.inner.upcoming(name, count)
@@ -228,9 +305,15 @@ class FlakyBackend:
         return result
 
     async def start_backfill(self, name: str, start: datetime, end: datetime, *, confirm: bool = False,
-                             limit: int | None = None) -> BackfillProgress:
+                             limit: int | None = None, skip_succeeded: bool = False) -> BackfillProgress:
         self._check()
-        result: BackfillProgress = await self.inner.start_backfill(name, start, end, confirm=confirm, limit=limit)
+        result: BackfillProgress = await self.inner.start_backfill(name, start, end, confirm=confirm, limit=limit,
+                                                                   skip_succeeded=skip_succeeded)
+        return result
+
+    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
+        self._check()
+        result: BackfillProgress = await self.inner.cancel_backfill(backfill_id)
         return result
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
@@ -242,3 +325,15 @@ class FlakyBackend:
         self._check()
         result: BackfillProgress = await self.inner.wait_backfill(backfill_id)
         return result
+
+    async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
+        self._check()
+        result: AuditPage = await self.inner.audit(limit=limit, before=before)
+        return result
+
+    async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
+        """The inner backend's stream, ended (as a broken connection ends it) once ``down``."""
+        self._check()
+        async for batch in self.inner.changes(since=since, idle=idle):
+            self._check()
+            yield batch

@@ -8,6 +8,7 @@ screenshots script run each app on an event loop of its own.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -18,22 +19,29 @@ from textual.pilot import Pilot
 
 from backend import ManualClock
 from console.app import SchedtuiApp
+from tests.durable_scenes import add_durable_history
 from tests.console_fixtures import (
     FROZEN,
     WHERE,
     FlakyBackend,
+    add_timeline_history,
     build_ledger,
     console_backend,
 )
 
 RunBefore = Callable[[Pilot[Any]], Awaitable[None]]
-SIZES = {"100x30": (100, 30), "80x24": (80, 24)}
+SIZES = {"120x32": (120, 32), "80x24": (80, 24)}
+OPERATOR_ZONE = "Europe/Berlin"
+"""The operator's zone in every scene (not the machine's): times on screen are CET."""
 
 
 def make_ledger(folder: Path) -> Path:
-    """Build the fixture ledger once; returns the folder holding ``state.db``."""
+    """Build the fixture ledger once, with the timeline's hour of history; returns the
+    folder holding ``state.db``."""
     folder.mkdir(parents=True, exist_ok=True)
-    asyncio.run(build_ledger(folder))
+    url = asyncio.run(build_ledger(folder))
+    asyncio.run(add_timeline_history(url))
+    asyncio.run(add_durable_history(url))
     return folder
 
 
@@ -52,12 +60,22 @@ async def settle(pilot: Pilot[Any]) -> None:
     await pilot.pause()
 
 
-def _backfill(start: str, end: str = "now", confirm: str = "") -> RunBefore:
+def _keys(*keys: str) -> RunBefore:
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await settle(pilot)
+        for key in keys:
+            await pilot.press(key)
+            await settle(pilot)
+
+    return run_before
+
+
+def _backfill(start: str, end: str = "now", confirm: str = "", skip: bool = False) -> RunBefore:
     async def run_before(pilot: Pilot[Any]) -> None:
         await settle(pilot)
         app = pilot.app
         assert isinstance(app, SchedtuiApp)
-        app.action_select("heartbeat")
+        app.action_select("flaky-export")
         await settle(pilot)
         await pilot.press("b")
         await settle(pilot)
@@ -65,15 +83,14 @@ def _backfill(start: str, end: str = "now", confirm: str = "") -> RunBefore:
         screen.query_one("#from").value = start  # type: ignore[attr-defined]
         screen.query_one("#to").value = end  # type: ignore[attr-defined]
         await settle(pilot)
+        if skip:
+            screen.query_one("#skip").value = True  # type: ignore[attr-defined]
+            await settle(pilot)
         if confirm:
             screen.query_one("#confirm").value = confirm  # type: ignore[attr-defined]
             await settle(pilot)
 
     return run_before
-
-
-async def _main(pilot: Pilot[Any]) -> None:
-    await settle(pilot)
 
 
 async def _disconnected(pilot: Pilot[Any]) -> None:
@@ -87,20 +104,58 @@ async def _disconnected(pilot: Pilot[Any]) -> None:
     await settle(pilot)
 
 
-async def _help(pilot: Pilot[Any]) -> None:
+async def _nothing_fires(pilot: Pilot[Any]) -> None:
+    """90 s later, and no engine has sent a heartbeat: the fleet is silent, schedules overdue."""
     await settle(pilot)
-    await pilot.press("question_mark")
+    app = pilot.app
+    assert isinstance(app, SchedtuiApp)
+    assert isinstance(app.clock, ManualClock)
+    app.clock.advance(90)
+    await pilot.press("ctrl+r")
+    await settle(pilot)
+    app.tick()
+    await settle(pilot)
+
+
+async def _timeline(pilot: Pilot[Any]) -> None:
+    """The timeline at one hour, the cursor on a failed cell of flaky-export."""
+    await settle(pilot)
+    for key in ("2", "plus", "plus", "down", "down"):
+        await pilot.press(key)
+        await settle(pilot)
+    app = pilot.app
+    assert isinstance(app, SchedtuiApp)
+    from console.widgets import TimelineGrid
+
+    grid = app.query_one(TimelineGrid)
+    assert grid.window is not None
+    from datetime import datetime
+
+    grid.cursor_cell = grid.window.index(datetime.fromisoformat("2026-03-02T07:22:00+00:00"))
+    grid.action_step(-1)
+    grid.action_step(1)
     await settle(pilot)
 
 
 SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
-    "main": ({}, _main),
+    "main": ({}, _keys()),
+    "timeline": ({}, _timeline),
+    "jobs": ({}, _keys("3")),
+    "durable": ({}, _keys("4")),
+    "durable-steps": ({}, _keys("4", "down", "down", "down", "down", "down", "down", "enter")),
+    "durable-failed-only": ({}, _keys("4", "down", "down", "down", "down", "down", "down", "enter", "f")),
+    "durable-signal": ({}, _keys("4", "down", "down", "down", "down", "down", "a", "o", "k")),
+    "locks": ({}, _keys("5")),
+    "audit": ({}, _keys("6")),
+    "audit-filter": ({}, _keys("6", "slash", "c", "a", "r", "o", "l", "enter", "down")),
     "backfill-ok": ({}, _backfill("-1m")),
-    "backfill-confirm": ({}, _backfill("-10m", confirm="60")),
+    "backfill-confirm": ({}, _backfill("2026-03-02T07:50:00Z", "2026-03-02T07:55:00Z", confirm="29")),
     "backfill-refused": ({}, _backfill("-1h", "+1h")),
-    "read-only": ({"read_only": True}, _main),
+    "read-only": ({"read_only": True}, _keys()),
     "disconnected": ({"flaky": True}, _disconnected),
-    "help": ({}, _help),
+    "nothing-fires": ({}, _nothing_fires),
+    "no-color": ({"no_color": True}, _keys()),
+    "help": ({}, _keys("question_mark")),
 }
 """name -> (options, what to do before the picture)."""
 
@@ -115,5 +170,12 @@ def scene_app(ledger: Path, name: str) -> tuple[SchedtuiApp, RunBefore]:
     if options.get("flaky"):
         backend = FlakyBackend(backend)
         where = FlakyBackend.URL
-    app = SchedtuiApp(backend, clock, where=where, read_only=read_only, close_backend_on_exit=True)
+    if options.get("no_color"):
+        os.environ["NO_COLOR"] = "1"  # Textual reads it when the app is made
+    try:
+        app = SchedtuiApp(backend, clock, where=where, read_only=read_only, close_backend_on_exit=True,
+                          operator_zone=OPERATOR_ZONE)
+    finally:
+        if options.get("no_color"):
+            del os.environ["NO_COLOR"]
     return app, run_before

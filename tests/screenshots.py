@@ -1,7 +1,7 @@
 """Draw the README's pictures: ``python -m tests.screenshots [OUT_DIR]`` (default screenshots/).
 
 The same scenes as the snapshot tests (tests/console_scenes.py), from the same frozen
-fixture ledger, at 100x30; the main screen at 80x24 too.
+fixture ledger, at 120x32; the main screen and NO_COLOR at 80x24 too.
 """
 
 from __future__ import annotations
@@ -15,14 +15,20 @@ from textual._doc import take_svg_screenshot
 from tests.console_scenes import SIZES, make_ledger, scene_app
 
 PICTURES = [
-    ("main", "100x30"),
+    ("main", "120x32"),
     ("main", "80x24"),
-    ("backfill-ok", "100x30"),
-    ("backfill-confirm", "100x30"),
-    ("backfill-refused", "100x30"),
-    ("read-only", "100x30"),
-    ("disconnected", "100x30"),
-    ("help", "100x30"),
+    ("timeline", "120x32"),
+    ("timeline", "80x24"),
+    ("backfill-ok", "120x32"),
+    ("backfill-confirm", "120x32"),
+    ("backfill-refused", "120x32"),
+    ("read-only", "120x32"),
+    ("disconnected", "120x32"),
+    ("nothing-fires", "120x32"),
+    ("no-color", "80x24"),
+    ("jobs", "80x24"),
+    ("help", "120x32"),
+    ("audit", "120x32"),
 ]
 
 

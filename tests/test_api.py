@@ -109,7 +109,7 @@ def test_schedules_and_runs(server: Server) -> None:
     assert set(page) == {"runs", "next_before"} and page["runs"][0]["id"] == run_id
     assert set(page["runs"][0]) == {
         "id", "name", "scheduled_at", "fired_at", "finished_at", "status", "trigger",
-        "coordination_outcome", "instance", "error_tag", "error_message", "duration_ms",
+        "coordination_outcome", "instance", "error_tag", "error_message", "duration_ms", "traceback",
     }
     assert op.get(f"/inspect/runs/{run_id}").json()["trigger"] == "manual"
 
@@ -181,7 +181,8 @@ def test_backfill_runs_in_the_background(server: Server) -> None:
 def test_openapi_document(server: Server) -> None:
     doc = client(server, None).get("/openapi.json").json()
     assert doc["openapi"].startswith("3.")
-    for path in ("/inspect/schedules", "/inspect/schedules/runs", "/inspect/schedules/{name}/backfill", "/schedule/{name}/fire"):
+    for path in ("/inspect/schedules", "/inspect/schedules/runs", "/inspect/schedules/{name}/backfill", "/schedule/{name}/fire",
+                 "/inspect/runs", "/inspect/instances", "/inspect/backfills/{backfill_id}/cancel"):
         assert path in doc["paths"], path
     assert "409" in str(doc["paths"]["/inspect/schedules/{name}/backfill"]["post"]["responses"])
     # Every path parameter is declared (schemathesis and code generators rely on it).
@@ -189,6 +190,37 @@ def test_openapi_document(server: Server) -> None:
         for operation in operations.values():
             declared = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
             assert declared == set(re.findall(r"{(\w+)}", path)), path
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"from": "2026-01-01T00:00Z", "to": "2026-01-02T00:00Z"}, "name"),
+        ({"name": "report", "to": "2026-01-02T00:00Z"}, "from"),
+        ({"name": "report", "from": "yesterday", "to": "2026-01-02T00:00Z"}, "from"),
+        ({"name": "report", "from": "2026-01-01T00:00", "to": "2026-01-02T00:00Z"}, "from"),  # no offset
+        ({"name": "report", "from": "0001-01-01T00:00+05:00", "to": "2026-01-02T00:00Z"}, "from"),
+        ({"name": "report", "from": "2026-01-02T00:00Z", "to": "2026-01-01T00:00Z"}, "from"),
+        ({"name": "report", "from": "2026-01-01T00:00Z", "to": "2026-01-02T00:00Z", "limit_per_name": "0"}, "limit_per_name"),
+    ],
+)
+def test_runs_in_a_window_refuse_bad_parameters_by_name(server: Server, params: dict[str, str], field: str) -> None:
+    response = client(server, READ).get("/inspect/runs", params=params)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == field
+
+
+def test_runs_in_a_window_instances_and_cancel_with_each_token(server: Server) -> None:
+    window = {"name": ["report", "ext"], "from": "2026-01-01T00:00Z", "to": "2999-01-01T00:00Z"}
+    read = client(server, READ)
+    runs = read.get("/inspect/runs", params=window)
+    assert runs.status_code == 200 and set(runs.json()) == {"from", "to", "runs"}
+    assert read.get("/inspect/runs", params={**window, "name": "nope"}).status_code == 404
+    beats = read.get("/inspect/instances").json()
+    assert beats["instances"] and {"name", "host", "pid", "heartbeat_at", "heartbeat_age_s", "last_fired_at"} == set(beats["instances"][0])
+    assert read.post("/inspect/backfills/nope/cancel").status_code == 403
+    assert client(server).post("/inspect/backfills/nope/cancel").status_code == 404
+    assert read.get("/inspect/info").json()["systems"] == ["schedules", "audit", "durable"]
 
 
 def test_external_fire_dedupes_retries(server: Server, root: Path) -> None:

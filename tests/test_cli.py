@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from backend import Engine, ManualClock, Run, define_schedule
+from backend.audit import os_user
 from backend.interface import EmbeddedBackend
 from backend.store.sqlite import SQLiteStore
 from tests.conftest import expect
@@ -36,11 +37,11 @@ UTC = timezone.utc
 
 SCHEDULE_KEYS = {
     "name", "cron", "timezone", "trigger", "on_overlap", "backfill", "max_runtime_s", "description",
-    "payload", "enabled", "state_note", "next_fire_at", "last_run",
+    "payload", "enabled", "state_note", "next_fire_at", "last_run", "latest_manual",
 }  # fmt: skip
 RUN_KEYS = {
     "id", "name", "scheduled_at", "fired_at", "finished_at", "status", "trigger", "coordination_outcome",
-    "instance", "error_tag", "error_message", "duration_ms",
+    "instance", "error_tag", "error_message", "duration_ms", "traceback",
 }  # fmt: skip
 INSTANCE_RE = re.compile(rf"^{re.escape(socket.gethostname())}:\d+$")
 
@@ -199,6 +200,7 @@ def test_list_json(cli: Cli) -> None:
         "enabled": True,
         "state_note": None,
         "last_run": None,
+        "latest_manual": None,
     }
     assert (webhook["trigger"], webhook["on_overlap"], webhook["next_fire_at"], webhook["max_runtime_s"]) == (
         "external",
@@ -303,7 +305,7 @@ def test_fire_an_external_schedule(cli: Cli) -> None:
 # enable / disable
 # ---------------------------------------------------------------------------------------
 def test_disable_with_a_note_then_enable(cli: Cli) -> None:
-    done = cli.ok("disable", "hourly", "--note", "db migration tonight", "--instance", "ops-alice")
+    done = cli.ok("disable", "hourly", "--note", "db migration tonight", "--as", "ops-alice")
     assert done.stdout == "hourly disabled (db migration tonight)\n"
     hourly = cli.schedules()["hourly"]
     assert (hourly["enabled"], hourly["next_fire_at"]) == (False, None)
@@ -323,7 +325,7 @@ def test_disable_with_a_note_then_enable(cli: Cli) -> None:
     assert hourly["enabled"] is True
     assert hourly["next_fire_at"] is not None and hourly["next_fire_at"].endswith(":00:00Z")
     assert hourly["state_note"]["note"] is None
-    assert INSTANCE_RE.match(hourly["state_note"]["by"])
+    assert hourly["state_note"]["by"] == os_user()  # a person, not a process
 
 
 def test_disable_json(cli: Cli) -> None:

@@ -33,6 +33,8 @@ async def test_connect_lists_fires_and_disables_without_arming_timers(store_url:
         assert view.state_note is not None and (view.state_note.by, view.state_note.note) == ("alice", "vendor outage")
         runs, _ = await st.schedules.runs("digest")
         assert [r.id for r in runs] == [run.id]
+        audit = await st.engine.audit.list()
+        assert [(e.actor, e.action) for e in audit.entries] == [("alice", "schedule.disable"), ("alice", "schedule.fire")]
     # What it did is in the store for everyone: an engine opened afterwards sees it.
     engine = Engine(schedules(), store_url, clock=ManualClock("2026-03-02T08:00:00Z"))
     await engine.open()

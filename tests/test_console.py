@@ -20,6 +20,7 @@ import pytest
 from textual.pilot import Pilot
 
 from backend import Engine, Forbidden, ManualClock, NotFound, Run, define_schedule
+from backend.audit import os_user
 from backend.interface import EmbeddedBackend
 from backend.model import parse_iso
 from backend.store import open_store
@@ -28,12 +29,18 @@ from console.commands import ConsoleCommands
 from console.screens import BackfillScreen, HelpScreen, NotePrompt, RunDetails
 from console.widgets import (
     ConsoleHeader,
+    DetailBar,
+    FleetBanner,
+    RecentRuns,
     RunsTable,
-    RunTimeline,
     SchedulesTable,
+    TimelineGrid,
     UpcomingLine,
 )
-from tests.console_fixtures import (
+OPERATOR_ZONE = "Europe/Berlin"
+"""The operator's zone in these tests: times on screen are CET whatever the schedule's zone."""
+
+from tests.console_fixtures import (  # noqa: E402
     FROZEN,
     WHERE,
     FlakyBackend,
@@ -95,6 +102,7 @@ async def console(
 ) -> AsyncIterator[tuple[SchedtuiApp, Pilot[Any], ManualClock, Notes]]:
     clock = clock or ManualClock(FROZEN)
     backend = backend or console_backend(url, clock, read_only=kwargs.get("read_only", False))
+    kwargs.setdefault("operator_zone", OPERATOR_ZONE)
     app = SchedtuiApp(backend, clock, where=WHERE, **kwargs)
     notes = Notes(app)
     try:
@@ -137,15 +145,18 @@ async def test_main_screen_shows_every_schedule_and_the_selected_runs(store_url:
         assert cell(app, "heartbeat", "next") == "in 5s"
         assert cell(app, "billing-webhook", "next") == "external"
         assert cell(app, "legacy-cleanup", "next") == "disabled"
-        assert cell(app, "legacy-cleanup", "enabled").startswith("○ off: paused during")
-        assert cell(app, "stuck-import", "last") == "✗ failed 5.0s ◆"
-        assert cell(app, "billing-webhook", "last") == "✓ succeeded 0ms ⇲"
-        assert cell(app, "daily-digest", "last") == "▶ running ✎"
+        assert cell(app, "legacy-cleanup", "state") == "○ off"
+        assert cell(app, "heartbeat", "state") == "● on"
+        assert cell(app, "stuck-import", "last") == "✗ failed 0s ago 5.0s ◆"
+        assert cell(app, "billing-webhook", "last") == "✓ succeeded 5s ago 0ms ⇲"
+        # LAST RUN is the newest self/external slot; the newer manual run is marked as such.
+        assert cell(app, "daily-digest", "last") == "↷ skipped 5s ago 0ms ◆ ✎▶ 1s/30m"
         assert cell(app, "daily-digest", "tz") == "Europe/Berlin"
         runs = app.query_one(RunsTable).runs
         assert [r.status for r in runs] == ["running", "skipped", "succeeded", "failed", "missed", "missed", "succeeded"]
+        assert [r.scheduled_at for r in runs] == sorted((r.scheduled_at for r in runs), reverse=True)
         assert {r.coordination_outcome for r in runs} == {"manual", "wonLock", "single"}
-        assert app.query_one(RunTimeline).runs == runs
+        assert app.query_one(RecentRuns).runs == runs
         upcoming = app.query_one(UpcomingLine)
         assert len(upcoming.slots) == 5 and upcoming.zone == "Europe/Berlin"
         assert upcoming.slots[0] == parse_iso("2026-03-03T08:00:00Z")
@@ -153,21 +164,21 @@ async def test_main_screen_shows_every_schedule_and_the_selected_runs(store_url:
         assert header.state == "live" and header.where == WHERE and not header.read_only
         assert header.info is not None and header.info.coordination == "advisoryLock"
         assert header.info.instance == "console"
-        # the scheduled time is shown in the schedule's zone
-        assert app.query_one(RunsTable).get_cell_at((0, 0)) == "03-02 09:00:04 CET"
+        # the scheduled time is shown in the operator's zone
+        assert app.query_one(RunsTable).get_cell_at((0, 0)).plain == "03-02 09:00:04 CET"
         assert notes.seen == []
 
 
 async def test_countdowns_are_recomputed_from_the_clock_on_every_tick(store_url: str) -> None:
-    async with console(store_url) as (app, pilot, clock, notes):
+    async with console(store_url, live_events=False) as (app, pilot, clock, notes):  # polling: the header has an age
         assert cell(app, "heartbeat", "next") == "in 5s"
         clock.advance(2)
         app.tick()
         assert cell(app, "heartbeat", "next") == "in 3s"
         assert cell(app, "stuck-import", "next") == "in 13s"
         clock.advance(timedelta(seconds=3, milliseconds=500))
-        app.tick()  # past the slot (nothing armed here fires it): "due now", never negative
-        assert cell(app, "heartbeat", "next") == "due now"
+        app.tick()  # past the slot (nothing armed here fires it): the cron's next slot, never "due now"
+        assert cell(app, "heartbeat", "next") == "in 9s"
         # the header's age of the last good refresh comes from the same clock
         assert app.query_one(ConsoleHeader).render().plain.count("5s ago") == 1
 
@@ -195,7 +206,7 @@ async def test_r_runs_now_names_the_run_and_shows_it_in_the_timeline(store_url: 
         await settle(pilot)
         fired = notes.titled("Run now: fired")
         assert len(fired) == 1
-        newest = app.query_one(RunTimeline).runs[0]
+        newest = app.query_one(RecentRuns).runs[0]
         assert newest.trigger == "manual" and newest.coordination_outcome == "manual"
         assert newest.id in fired[0] and "heartbeat" in fired[0]
         assert app.query_one(RunsTable).runs[0].id == newest.id
@@ -203,6 +214,7 @@ async def test_r_runs_now_names_the_run_and_shows_it_in_the_timeline(store_url: 
         finished = notes.titled("Run finished")
         assert finished and newest.id in finished[0] and "succeeded" in finished[0]
         assert cell(app, "heartbeat", "last").startswith("✓ succeeded")
+        assert cell(app, "heartbeat", "last").endswith("✎✓ 0s ago")  # the manual run, as such
 
 
 async def test_e_disables_with_a_note_then_enables(store_url: str) -> None:
@@ -218,8 +230,10 @@ async def test_e_disables_with_a_note_then_enables(store_url: str) -> None:
         view = app.view_of("heartbeat")
         assert view is not None and not view.enabled
         assert view.state_note is not None and view.state_note.note == "vendor outage"
-        assert view.state_note.by == "console"
-        assert cell(app, "heartbeat", "enabled") == "○ off: vendor outage"
+        assert view.state_note.by == os_user()  # the person at the console
+        assert cell(app, "heartbeat", "state") == "○ off"
+        detail = app.query_one(DetailBar).render().plain
+        assert f"○ disabled by {os_user()} at 03-02 09:00:05 CET, 0s ago: vendor outage" in detail
         assert cell(app, "heartbeat", "next") == "disabled"
         assert notes.titled("Disabled") == ["heartbeat disabled: vendor outage"]
         await pilot.press("e")  # enabling asks nothing
@@ -246,7 +260,7 @@ async def test_disabling_enter_skips_the_note_and_esc_cancels(store_url: str) ->
         view = app.view_of("flaky-export")
         assert view is not None and not view.enabled
         assert view.state_note is not None and view.state_note.note is None
-        assert cell(app, "flaky-export", "enabled") == "○ off"
+        assert cell(app, "flaky-export", "state") == "○ off"
 
 
 async def open_backfill(pilot: Pilot[Any], name: str, start: str, end: str = "now") -> BackfillScreen:
@@ -268,7 +282,7 @@ async def test_backfill_plans_as_you_type_then_runs_with_progress_and_a_summary(
         assert screen.state == "ok"
         assert screen.plan is not None and screen.plan.count == 6
         text = screen.query_one("#plan").render().plain  # type: ignore[attr-defined]
-        assert "6 slots would fire" in text
+        assert "6 slots would fire" in text and "6 of them already succeeded" in text
         assert "first 2026-03-02 07:59:10 UTC" in text and "last 2026-03-02 08:00:00 UTC" in text
         await pilot.press("tab")  # Cancel -> Backfill
         assert screen.focused is not None and screen.focused.id == "start"
@@ -278,12 +292,17 @@ async def test_backfill_plans_as_you_type_then_runs_with_progress_and_a_summary(
         assert screen.progress is not None and screen.progress.fired == 6 and screen.progress.remaining == 0
         counts = screen.query_one("#counts").render().plain  # type: ignore[attr-defined]
         assert "fired 6/6" in counts and "failed 0" in counts and "done" in counts
-        assert notes.titled("Backfill finished") == ["heartbeat: 6 fired, 6 succeeded, 0 failed, 0 remaining (done)"]
+        assert notes.titled("Backfill finished") == ["heartbeat: 6 fired, 6 succeeded, 0 failed, 0 not fired (done)"]
         await pilot.press("escape")
         await settle(pilot)
-        manual = [r for r in app.query_one(RunsTable).runs if r.trigger == "manual"]
+        runs = app.query_one(RunsTable).runs
+        manual = [r for r in runs if r.trigger == "manual"]
         assert len(manual) == 6
         assert sorted(r.scheduled_at for r in manual)[0] == parse_iso("2026-03-02T07:59:10Z")
+        # In scheduled order: each backfilled slot beside its own firing, newest created first.
+        assert [(r.scheduled_at, r.trigger) for r in runs[:2]] == [(parse_iso("2026-03-02T08:00:00Z"), "manual"),
+                                                                     (parse_iso("2026-03-02T08:00:00Z"), "self")]
+        assert cell(app, "heartbeat", "last").startswith("✓ succeeded 5s ago")  # still the newest self slot
 
 
 async def test_backfill_over_25_slots_needs_the_count_typed(store_url: str) -> None:
@@ -402,7 +421,7 @@ async def test_older_runs_page_by_keyset(store_url: str) -> None:
         await pilot.press("left_square_bracket", "left_square_bracket")
         await settle(pilot)
         assert app.query_one(RunsTable).runs == first
-        assert app.query_one(RunTimeline).runs == first  # the timeline always shows the newest
+        assert app.query_one(RecentRuns).runs == first  # the strip always shows the newest
 
 
 async def test_filter_with_slash_and_esc(store_url: str) -> None:
@@ -423,7 +442,7 @@ async def test_filter_with_slash_and_esc(store_url: str) -> None:
 
 
 async def test_p_pauses_auto_refresh_and_ctrl_r_refreshes_now(store_url: str) -> None:
-    async with console(store_url) as (app, pilot, clock, notes):
+    async with console(store_url, live_events=False) as (app, pilot, clock, notes):  # polling
         reads = 0
         original = app.backend.list_schedules
 
@@ -443,7 +462,7 @@ async def test_p_pauses_auto_refresh_and_ctrl_r_refreshes_now(store_url: str) ->
         app.tick()
         await settle(pilot)
         assert reads == 1
-        assert cell(app, "heartbeat", "next") == "due now"  # countdowns keep ticking
+        assert cell(app, "heartbeat", "next") == "in 9s"  # countdowns keep ticking, slot after slot
         await pilot.press("ctrl+r")
         await settle(pilot)
         assert reads == 2
@@ -527,8 +546,9 @@ async def test_help_lists_the_keys_as_bound_and_the_legend(store_url: str) -> No
         await settle(pilot)
         screen = app.screen
         assert isinstance(screen, HelpScreen)
-        keys = dict((description, key) for key, description in screen.keys)
-        assert keys["Run now"] == "R" and keys["Backfill"] == "b" and keys["Refresh"] == "^r"
+        keys = {description.split(":")[0].split(" (")[0]: key for key, description in screen.keys}
+        assert keys["Run now"] == "R" and keys["backfill a past range of the selected schedule"] == "b"
+        assert keys["refresh now"] == "^r" and keys["Timeline"] == "2" and keys["Jobs"] == "3"
         text = screen.query_one("Static").render().plain  # type: ignore[attr-defined]
         for word in ("succeeded", "failed", "skipped", "missed", "running", "single", "wonLock", "external", "manual"):
             assert word in text

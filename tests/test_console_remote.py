@@ -34,7 +34,7 @@ async def test_remote_console_reads_acts_and_survives_the_server_going_away(serv
             header = app.query_one(ConsoleHeader)
             assert header.state == "live" and header.info is not None and header.info.kind == "remote"
             assert header.where == server.url and not app.read_only
-            assert list(app.query_one(SchedulesTable).views) == ["ext", "failing", "hourly"]
+            assert list(app.query_one(SchedulesTable).views) == ["ext", "failing", "hourly", "slow"]
             app.action_select("hourly")
             await settle(pilot)
             await pilot.press("r")

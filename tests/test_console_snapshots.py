@@ -1,4 +1,6 @@
-"""SVG snapshots of the console at a frozen time, at 100x30 and 80x24.
+"""SVG snapshots of the console at a frozen time, at 120x32 and 80x24: every view (the
+timeline with gaps, missed slots, backfills and many runs per cell), the dialogs, a silent
+fleet, a lost connection and NO_COLOR.
 
 The scenes (tests/console_scenes.py) are the same ones the screenshots script draws. Update
 them with ``pytest tests/test_console_snapshots.py --snapshot-update`` and look at the SVGs.

@@ -49,12 +49,12 @@ async def test_a_component_migrates_on_its_own_and_refuses_a_newer_schema(where:
     kind, location = where
     first = store_class(kind, V1)(location)
     await first.open()
-    assert await versions(first) == {"widgets": 1}
+    assert (await versions(first))["widgets"] == 1  # beside the real components
     await first.close()
 
     second = store_class(kind, V1, V2)(location)  # a newer release adds a column
     await second.open()
-    assert await versions(second) == {"widgets": 2}
+    assert (await versions(second))["widgets"] == 2
     if isinstance(second, SQLiteStore):
         await second._write(lambda c: c.execute("INSERT INTO widgets (id, note) VALUES ('a', 'b')"))
     else:

@@ -307,3 +307,84 @@ def test_a_handler_that_kills_its_process_leaves_its_run_to_be_closed(tmp_path: 
     [run] = json.loads(runs.stdout)
     # The next process to open the store closes it: its pid is gone.
     assert (run["status"], run["error_tag"], run["trigger"]) == ("failed", "abandoned", "manual")
+
+
+def test_a_handler_that_kills_serve_in_a_timer_burst_leaves_its_run_to_be_closed(tmp_path: Path) -> None:
+    """serve fires from its timers in bursts whose rows follow in the group commit; a
+    committed mark before each burst lets the next process record what the dead one
+    was starting."""
+    folder = tmp_path / "schedules"
+    folder.mkdir()
+    (folder / "exit.cron.py").write_text(
+        textwrap.dedent(
+            """
+            import os
+            from backend import define_schedule
+
+            def die(ctx):
+                os._exit(7)
+
+            async def calm(ctx):
+                pass
+
+            die_job = define_schedule(name="die", cron="* * * * * *", timezone="UTC", handler=die)
+            calm_job = define_schedule(name="calm", cron="* * * * * *", timezone="UTC", handler=calm)
+            """
+        )
+    )
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    args = ["--schedules", str(folder), "--store", store]
+    served = subprocess.run(
+        [sys.executable, "-m", "console.cli", "serve", *args], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=60
+    )
+    assert served.returncode == 7, served.stderr
+    import json
+
+    def runs(name: str) -> list[dict[str, Any]]:
+        listed = subprocess.run(
+            [sys.executable, "-m", "console.cli", "runs", name, "--json", *args],
+            cwd=REPO,
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert listed.returncode == 0, listed.stderr
+        return list(json.loads(listed.stdout))
+
+    [died] = runs("die")
+    assert (died["status"], died["error_tag"], died["trigger"]) == ("failed", "abandoned", "self")
+    # The other schedule of the burst is accounted for too: its run, or the same verdict.
+    calm = runs("calm")
+    assert calm and {r["scheduled_at"] for r in calm} >= {died["scheduled_at"]}
+
+
+# ---------------------------------------------------------------------------------------
+# why a run failed: the traceback, kept (bounded), read with the run, and logged
+# ---------------------------------------------------------------------------------------
+async def test_a_failed_run_keeps_its_traceback_in_the_ledger_and_the_log(
+    make_engine, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="schedtui")
+    def deep(level: int) -> None:
+        if level == 0:
+            raise ConnectionRefusedError("smtp refused")
+        deep(level - 1)
+
+    async def handler(ctx: RunContext) -> None:
+        deep(300)  # a traceback far longer than what is kept
+
+    engine = make_engine([schedule(handler)])
+    await engine.start()
+    clock.advance(60)
+    await engine.quiesce()
+    [listed] = await all_runs(engine, "job")
+    assert listed.traceback is None  # lists leave it out
+    run = await engine.get_run(listed.id)
+    assert run.traceback is not None and len(run.traceback) <= 8192
+    assert run.traceback.rstrip().endswith("ConnectionRefusedError: smtp refused")  # the tail: where it went wrong
+    assert "in deep" in run.traceback and "ConnectionRefusedError: smtp refused" in caplog.text
+    assert run.to_json()["traceback"] == run.traceback
+    # A run that did not raise has none.
+    await engine.run_now("job")
+    assert all(r.traceback is None for r in await all_runs(engine, "job") if r.status == "succeeded")

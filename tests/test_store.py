@@ -90,6 +90,14 @@ async def store(new_store: Callable[[], Store]) -> Store:
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 
 
+class _AnyRun:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Run)
+
+
+ANY_RUN = _AnyRun()
+
+
 class Ids:
     """Real run ids from a clock the test controls."""
 
@@ -397,18 +405,45 @@ async def test_list_runs_pages_by_keyset_newest_first(store: Store) -> None:
     assert [r.name for r in await store.list_runs("job-other", limit=100)] == ["job-other"] * 50
 
 
-async def test_list_runs_before_an_id_that_is_not_stored(store: Store) -> None:
+async def test_list_runs_before_a_run_that_is_not_stored_is_empty(store: Store) -> None:
     ids = Ids()
     runs = []
     for i in range(10):
         ids.now = T0 + timedelta(seconds=i)
-        runs.append(run(ids()))
+        runs.append(run(ids(), scheduled_at=T0 + timedelta(minutes=i)))
     store.save_runs(runs)
     await store.flush()
-    between = id_floor(T0 + timedelta(seconds=5, milliseconds=500))  # sorts between runs[5] and runs[6]
-    assert await store.list_runs("job", limit=3, before=between) == [runs[5], runs[4], runs[3]]
+    assert await store.list_runs("job", limit=3, before=runs[6].id) == [runs[5], runs[4], runs[3]]
+    # The cursor is a run: one that is not stored (pruned meanwhile) ends the paging.
+    assert await store.list_runs("job", limit=3, before=id_floor(T0 + timedelta(seconds=5, milliseconds=500))) == []
     assert await store.list_runs("job", limit=3, before=runs[0].id) == []
     assert await store.list_runs("nobody", limit=3) == []
+
+
+async def test_runs_are_read_in_scheduled_order_and_paged_by_slot_then_id(store: Store) -> None:
+    """A backfill writes old slots after new ones: reads put them among their peers, and a
+    slot with two runs (fired, then backfilled) lists them newest-created first."""
+    ids = Ids()
+    fired = []
+    for i in range(6):
+        ids.now = T0 + timedelta(hours=i)
+        fired.append(run(ids(), scheduled_at=T0 + timedelta(hours=i)))
+    ids.now = T0 + timedelta(hours=7)
+    backfilled = [run(ids(), scheduled_at=T0 + timedelta(hours=i), trigger="manual") for i in (1, 2, 3)]
+    ids.now = T0 + timedelta(hours=8)
+    now = run(ids(), scheduled_at=T0 + timedelta(hours=8), trigger="manual")
+    store.save_runs([*fired, *backfilled, now])
+    await store.flush()
+    expected = [now, fired[5], fired[4], backfilled[2], fired[3], backfilled[1], fired[2], backfilled[0], fired[1], fired[0]]
+    assert await store.list_runs("job", limit=20) == expected
+    pages, before = [], None
+    while page := await store.list_runs("job", limit=3, before=before):
+        pages.append(page)
+        before = page[-1].id
+    assert [r for p in pages for r in p] == expected and [len(p) for p in pages] == [3, 3, 3, 1]
+    # LAST RUN is the newest self/external slot; with manual=True, the newest of any trigger.
+    assert await store.last_runs(["job"]) == {"job": fired[5]}
+    assert await store.last_runs(["job"], manual=True) == {"job": now}
 
 
 async def test_last_runs_of_several_names(store: Store) -> None:
@@ -416,12 +451,29 @@ async def test_last_runs_of_several_names(store: Store) -> None:
     a1, b1 = run(ids(), name="a"), run(ids(), name="b", status="failed", error_tag="E")
     a2 = run(ids(), name="a", scheduled_at=T0 + timedelta(minutes=1), status="running")
     b2 = run(ids(), name="b", scheduled_at=T0 + timedelta(minutes=2), trigger="manual")
-    store.save_runs([a1, b1, a2, b2, run(ids(), name="c")])
+    a0 = run(ids(), name="a", scheduled_at=T0 - timedelta(days=1), trigger="external")  # an old slot, recorded last
+    store.save_runs([a1, b1, a2, b2, run(ids(), name="c"), a0, run(ids(), name="m", trigger="manual")])
     await store.flush()
-    assert await store.last_runs(["a", "b", "never-ran"]) == {"a": a2, "b": b2}
-    assert await store.last_runs(iter(["b"])) == {"b": b2}
+    assert await store.last_runs(["a", "b", "never-ran", "m"]) == {"a": a2, "b": b1}
+    assert await store.last_runs(["a", "b", "never-ran", "m"], manual=True) == {"a": a2, "b": b2, "m": ANY_RUN}
+    assert await store.last_runs(iter(["b"])) == {"b": b1}
     assert await store.last_runs([]) == {}
     assert await store.last_runs(["never-ran"]) == {}
+
+
+async def test_runs_between_reads_a_window_per_name_newest_first(store: Store) -> None:
+    ids = Ids()
+    runs = {name: [run(ids(), name=name, scheduled_at=T0 + timedelta(minutes=i)) for i in range(10)]
+            for name in ("a", "b", "c")}
+    store.save_runs([r for rs in runs.values() for r in rs])
+    await store.flush()
+    start, end = T0 + timedelta(minutes=2), T0 + timedelta(minutes=6)  # [start, end)
+    found = await store.runs_between(["a", "b", "none"], start, end, limit_per_name=100)
+    assert found == {"a": runs["a"][5:1:-1], "b": runs["b"][5:1:-1]}
+    assert all(r.scheduled_at.utcoffset() == timedelta(0) for r in found["a"])
+    assert await store.runs_between(["a"], start, end, limit_per_name=2) == {"a": runs["a"][5:3:-1]}  # the newest
+    assert await store.runs_between(["a"], T0 + timedelta(hours=1), T0 + timedelta(hours=2), limit_per_name=5) == {}
+    assert await store.runs_between([], start, end, limit_per_name=5) == {}
 
 
 async def test_last_slot_ignores_manual_runs(store: Store) -> None:
@@ -571,7 +623,7 @@ async def test_prune_runs_by_creation_time(store: Store) -> None:
 
     assert await store.prune_runs(T0 + timedelta(hours=2)) == 2
     remaining = await store.list_runs("job", limit=10)
-    assert remaining == [made["h3"], made["h2"]]  # created at the cutoff exactly: kept
+    assert remaining == [made["h2"], made["h3"]]  # created at the cutoff exactly: kept (listed by slot)
     assert await store.running_runs() == [old_running]  # a run in flight is never pruned
     assert await store.prune_runs(T0 + timedelta(hours=2)) == 0
     assert await store.prune_runs(T0 - timedelta(days=1)) == 0
@@ -599,6 +651,22 @@ async def test_schedule_state_round_trip(store: Store) -> None:
     on = ScheduleState(name="digest", enabled=True, changed_by="bob", changed_at=T0 + timedelta(hours=3), note=None)
     await store.set_state(on)
     assert await store.get_states() == {"digest": on, "export": other}
+
+
+async def test_a_traceback_is_kept_and_read_with_one_run_only(store: Store) -> None:
+    ids = Ids()
+    failed = run(ids(), status="running").finish(
+        "failed", T0 + timedelta(seconds=2), error_tag="KeyError", error_message="'x'", traceback="Traceback …\nKeyError: 'x'\n"
+    )
+    store.save_runs([failed])
+    await store.flush()
+    got = await store.get_run(failed.id)
+    assert got is not None and got.traceback == "Traceback …\nKeyError: 'x'\n"
+    assert [r.traceback for r in await store.list_runs("job", limit=5)] == [None]
+    # A late version of a closed run leaves its traceback as it was.
+    store.save_runs([dataclasses.replace(failed, status="succeeded", error_tag=None, traceback=None)])
+    await store.flush()
+    assert (await store.get_run(failed.id)).traceback == "Traceback …\nKeyError: 'x'\n"  # type: ignore[union-attr]
 
 
 # ---------------------------------------------------------------------------------------
@@ -639,6 +707,38 @@ async def test_fleet_lists_instances_with_when_each_last_started_a_run(store: St
     assert fleet["host-a:1"].last_fired_at == T0 + timedelta(seconds=9)
     assert_utc(fleet["host-a:1"].last_fired_at)
     assert fleet["host-b:2"].last_fired_at is None
+
+
+async def test_a_starting_mark_lets_a_survivor_record_a_dead_burst_once(store: Store, new_store: Callable[[], Store]) -> None:
+    ids = Ids()
+    slot = T0 + timedelta(minutes=1)
+    await store.heartbeat("dead:1", "host-a", 1, T0)
+    await store.mark_starting("dead:1", T0)
+    await store.mark_starting("dead:1", slot)  # the newest burst's mark replaces the older one
+    assert await store.starting_marks() == {"dead:1": slot}
+    assert_utc((await store.starting_marks())["dead:1"])
+    # One schedule of the burst did reach the ledger; the others did not.
+    store.save_runs([run(ids(), name="landed", scheduled_at=slot, status="running", instance="dead:1")])
+    await store.flush()
+
+    def verdict(name: str) -> Run:
+        return Run(ids(), name, slot, "failed", "self", "single", "dead:1", None, T0, "abandoned", "died")
+
+    other = new_store()  # a second process sweeping at the same time
+    await other.open()
+    proposed = [verdict("landed"), verdict("lost-a"), verdict("lost-b")]
+    first, second = await asyncio.gather(
+        store.close_unrecorded("dead:1", slot, proposed),
+        other.close_unrecorded("dead:1", slot, [verdict("landed"), verdict("lost-a"), verdict("lost-b")]),
+    )
+    assert sorted(r.name for r in first + second) == ["lost-a", "lost-b"]  # one of them wrote, once
+    assert await store.starting_marks() == {}
+    for name, status in (("landed", "running"), ("lost-a", "failed"), ("lost-b", "failed")):
+        assert [r.status for r in await store.list_runs(name, limit=5)] == [status]
+    # A mark that moved on since it was read is left alone.
+    await store.mark_starting("dead:1", slot + timedelta(minutes=1))
+    assert await store.close_unrecorded("dead:1", slot, [verdict("late")]) == []
+    assert await store.starting_marks() == {"dead:1": slot + timedelta(minutes=1)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -861,7 +961,7 @@ def test_no_store_pages_with_offset(store_kind: str, tmp_path: Path) -> None:
     module = inspect.getmodule(type(STORE_FACTORIES[store_kind](tmp_path)))
     assert module is not None
     source = inspect.getsource(module)
-    assert "ORDER BY id DESC" in source or "order by id desc" in source.lower()
+    assert "ORDER BY scheduled_at DESC, id DESC" in source
     assert re.search(r"\bOFFSET\s+(\?|%s|%\(|\$\d|\d|\{)", source, re.IGNORECASE) is None
 
 

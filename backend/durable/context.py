@@ -120,6 +120,7 @@ class DurableContext:
         else:
             raise TypeError(f"retry must be a Retry, False or None, not {retry!r}")
         attempt = 1
+        earlier: StepRecord | None = None  # a failed attempt waiting for this retry
         if record is not None:
             if record.status == "succeeded":
                 return decode(record.output)
@@ -138,6 +139,7 @@ class DurableContext:
                 if record.wake_at is not None and record.wake_at > run.now:
                     await run.suspend(f"retry:{name}", record.wake_at)
                 attempt = record.attempt + 1
+                earlier = record
         run.boundary()
         if not callable(fn):
             raise TypeError(f'step "{name}": {fn!r} is not callable')
@@ -162,8 +164,11 @@ class DurableContext:
         if outcome.status == "succeeded":
             text, problem = encode(outcome.value)
             if problem is None:
+                # A success after failed attempts keeps the last failure: the timeline shows it.
+                tag = earlier.error_tag if earlier is not None else None
+                why = f"attempt {earlier.attempt} failed: {earlier.error_message}" if earlier is not None else None
                 done = StepRecord(position, name, "step", "succeeded", attempt, started, outcome.at, output=text,
-                                  at_most_once=at_most_once)  # fmt: skip
+                                  error_tag=tag, error_message=why, at_most_once=at_most_once)  # fmt: skip
                 await run.checkpoint(done)
                 return json.loads(text)  # exactly what a replay will return
             outcome = Outcome("failed", outcome.at, TAG_NOT_JSON, f"its result {problem}")

@@ -100,22 +100,24 @@ class DurableExecutor:
 
     async def _loop(self) -> None:
         while True:
+            # The next round is due a poll after this one looked (not after it ended): time
+            # that passed during its claim may already have made a wait due.
+            looked = self.clock.now()
             try:
-                more = await self.round()
+                more = await self.round(looked)
             except Unavailable as exc:
                 self.shared.outages.trouble("durable", "store unavailable for durable executions", exc)
                 more = False
             if more:
                 self._wake.set()
-            now = self.clock.now()
-            until = now + self.poll_interval
+            until = looked + self.poll_interval
             if self._renew_at is not None and self.running:
                 until = min(until, self._renew_at)
             await self.loops.park("durable", until, self._wake)
 
-    async def round(self) -> bool:
-        """Renew leases when due, then claim; True when there may be more to claim now."""
-        now = self.clock.now()
+    async def round(self, now: datetime) -> bool:
+        """Renew leases when due, then claim what is runnable at ``now``; True when there
+        may be more to claim at once."""
         if self.running and (self._renew_at is None or now >= self._renew_at):
             await self.renew(now)
         free = self.concurrency - len(self.running)
@@ -141,6 +143,7 @@ class DurableExecutor:
         self.running[run.id] = run
         if self._renew_at is None:
             self._renew_at = self.clock.now() + self.lease_ttl / 3
+        self.shared.events.publish("durable", run.id)
         task = asyncio.ensure_future(self._drive(run))
         task.set_name(f"schedtui durable {run.id}")
         self._drives.add(task)

@@ -328,6 +328,8 @@ class ExecutionRun:
         self.pending = []
         if cancel:
             self.cancel_requested = True
+        if not isinstance(then, Progress):  # it waits or ended: what operators watch
+            self.executor.shared.events.publish("durable", self.id)
 
     async def checkpoint(self, record: StepRecord) -> None:
         """A step finished: its outcome, one commit (the lease is renewed with it)."""

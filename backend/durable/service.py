@@ -140,6 +140,9 @@ class Durable:
         )
         if created:
             self.executor.poke()
+            self.shared.events.publish("durable", execution_id)
+            if schedule is None:  # an operator's (a schedule's slot is in the run ledger)
+                await self.shared.audit.record("durable.start", execution_id, {"function": name})
         return Started(execution_id, duplicate=not created)
 
     async def signal(self, id: str, name: str, payload: Any = None) -> Signalled:
@@ -159,13 +162,17 @@ class Durable:
         if status in ("succeeded", "failed", "cancelled"):
             raise Refused(f"execution {id} is {status}; it takes no more signals", reason=f"execution {status}")
         self.executor.poke()
+        if not duplicate:
+            self.shared.events.publish("durable", id)
+            await self.shared.audit.record("durable.signal", id, {"name": name})
         return Signalled(id, name, duplicate)
 
     async def cancel(self, id: str, *, by: str | None = None) -> Execution:
         """Cancel an execution: a queued or waiting one at once; a running one stops at
         its next step boundary (async work in flight is cancelled)."""
         check_id(id, "execution")
-        note = f"cancelled by {by or self.shared.instance}"
+        actor = by or self.shared.audit.actor()
+        note = f"cancelled by {actor}"
         found = await self.store.durable_cancel(id, self.clock.now(), note)
         if found is None:
             raise NotFound(f'no execution with id "{id}"')
@@ -175,18 +182,23 @@ class Durable:
         run = self.executor.running.get(id)
         if run is not None:
             run.request_cancel()
+        self.shared.events.publish("durable", id)
+        await self.shared.audit.record("durable.cancel", id, {"was": status, "done": done}, actor=actor)
         return await self.get(id)
 
     async def retry(self, id: str, *, by: str | None = None) -> Execution:
         """Queue a failed execution again: it replays its finished steps and runs its
         failed step again, with fresh attempts."""
         check_id(id, "execution")
-        status = await self.store.durable_retry(id, self.clock.now(), f"retried by {by or self.shared.instance}")
+        actor = by or self.shared.audit.actor()
+        status = await self.store.durable_retry(id, self.clock.now(), f"retried by {actor}")
         if status is None:
             raise NotFound(f'no execution with id "{id}"')
         if status != "failed":
             raise Refused(f"execution {id} is {status}; only a failed execution can be retried", reason=f"execution {status}")
         self.executor.poke()
+        self.shared.events.publish("durable", id)
+        await self.shared.audit.record("durable.retry", id, actor=actor)
         return await self.get(id)
 
     async def get(self, id: str) -> Execution:

@@ -47,8 +47,9 @@ class Store(Protocol):
       :meth:`save_runs` returns at once; the rows become durable at the next group commit,
       and :meth:`flush` waits until everything handed in so far is committed. Several
       processes may write the same store at once.
-    * Runs are read per schedule, newest first (by id, which sorts by creation time),
-      paged by keyset: ``before`` is the id of the last run of the previous page.
+    * Runs are read per schedule, newest first by scheduled time (ties, such as a slot
+      fired and then backfilled, by id: by creation), paged by keyset on
+      ``(scheduled_at, id)``: ``before`` is the id of the last run of the previous page.
     * Times go in and come out as aware UTC datetimes.
     * A connection problem raises :class:`backend.errors.Unavailable`.
     * Runs handed in are never dropped because the store cannot take them now (a full
@@ -93,10 +94,18 @@ class Store(Protocol):
     async def get_run(self, run_id: str) -> Run | None: ...
 
     async def list_runs(self, name: str, *, limit: int, before: str | None = None) -> list[Run]:
-        """At most ``limit`` runs of ``name`` with ``id < before``, newest first."""
+        """At most ``limit`` runs of ``name`` older than the run ``before`` in the order
+        ``(scheduled_at, id)``, newest first (none when ``before`` names no stored run)."""
 
-    async def last_runs(self, names: Iterable[str]) -> dict[str, Run]:
-        """The newest run of each named schedule that has one."""
+    async def last_runs(self, names: Iterable[str], *, manual: bool = False) -> dict[str, Run]:
+        """Per named schedule that has one, the run of its newest self/external slot; with
+        ``manual``, its newest run of any trigger (by scheduled time, then id)."""
+
+    async def runs_between(
+        self, names: Iterable[str], start: datetime, end: datetime, *, limit_per_name: int
+    ) -> dict[str, list[Run]]:
+        """Per named schedule, its runs scheduled in ``[start, end)``, newest first, at most
+        ``limit_per_name`` of them (the newest); names without runs there are left out."""
 
     async def last_slot(self, name: str) -> datetime | None:
         """The newest ``scheduled_at`` among the schedule's non-manual runs (catch-up start)."""
@@ -126,6 +135,21 @@ class Store(Protocol):
         """Every registered instance, by name, with when it last started a run."""
 
     async def forget_instance(self, instance: str) -> None: ...
+
+    async def mark_starting(self, instance: str, slot: datetime) -> None:
+        """Record, committed when this returns, that ``instance`` is about to start the
+        runs due at ``slot`` whose rows are not written yet (a burst of ``single``-mode
+        firings: their rows follow in the group commit). If the process dies before they
+        land, :meth:`close_unrecorded` lets a survivor record them."""
+
+    async def starting_marks(self) -> dict[str, datetime]:
+        """Every instance's last :meth:`mark_starting` slot not cleared yet."""
+
+    async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
+        """In one transaction: if ``instance``'s mark is still ``slot``, clear it and write
+        those of ``runs`` (closed rows, one per schedule, all of that slot) whose schedule
+        has no non-manual run of that slot yet; return the ones written. Concurrent
+        callers never both write (the mark is cleared conditionally)."""
 
     # -- claims (coordination) -------------------------------------------------------------
     async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:

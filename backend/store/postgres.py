@@ -47,8 +47,10 @@ from ..model import (
 )
 from . import redact_url
 from .migrations import components_of, migrate_postgres
+from .postgres_audit import PostgresAudit
 from .postgres_durable import PostgresDurable
-from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
+from .postgres_events import PostgresEvents
+from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -135,12 +137,24 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE schedtui_instances ADD COLUMN last_fired_at timestamptz;
     """,
+    """
+    ALTER TABLE schedtui_instances ADD COLUMN starting_at timestamptz;
+    """,
+    # Runs are read in scheduled order (a backfill's old slots land among their peers).
+    """
+    DROP INDEX schedtui_runs_by_name;
+    CREATE INDEX schedtui_runs_by_name_slot ON schedtui_runs (name, scheduled_at, id);
+    """,
+    """
+    ALTER TABLE schedtui_runs ADD COLUMN traceback text;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
+RUN_WRITE_COLUMNS = ", ".join(RUN_WRITE_FIELDS)
 _KEEP_CLOSED = ",\n        ".join(
     f"{c} = CASE WHEN schedtui_runs.status = 'running' THEN excluded.{c} ELSE schedtui_runs.{c} END"
-    for c in RUN_FIELDS[1:]
+    for c in RUN_WRITE_FIELDS[1:]
     if c != "error_message"
 )
 #: What a finished run's row gains when another version of it arrives late (an instance
@@ -159,10 +173,11 @@ LATE_NOTE = """
 #: closed it stays closed: a later, different outcome only adds LATE_NOTE (once), and a
 #: late ``running`` version or the same finished version again changes nothing.
 UPSERT_RUNS = f"""
-    INSERT INTO schedtui_runs ({RUN_COLUMNS})
-    SELECT {RUN_COLUMNS} FROM json_to_recordset(%s::json) AS r(
+    INSERT INTO schedtui_runs ({RUN_WRITE_COLUMNS})
+    SELECT {RUN_WRITE_COLUMNS} FROM json_to_recordset(%s::json) AS r(
         id text, name text, scheduled_at timestamptz, fired_at timestamptz, finished_at timestamptz,
-        status text, trigger text, outcome text, instance text, error_tag text, error_message text)
+        status text, trigger text, outcome text, instance text, error_tag text, error_message text,
+        traceback text)
     ON CONFLICT (id) DO UPDATE SET
         {_KEEP_CLOSED},
         error_message = CASE WHEN schedtui_runs.status = 'running' THEN excluded.error_message
@@ -179,15 +194,40 @@ CLOSE_RUN = """
     UPDATE schedtui_runs SET status = %s, finished_at = %s, error_tag = %s, error_message = %s
     WHERE id = %s AND status = 'running'
 """
-GET_RUN = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE id = %s"
-LIST_RUNS = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = %s ORDER BY id DESC LIMIT %s"
-LIST_RUNS_BEFORE = (
-    f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = %s AND id < %s ORDER BY id DESC LIMIT %s"
+GET_RUN = f"SELECT {RUN_WRITE_COLUMNS} FROM schedtui_runs WHERE id = %s"
+LIST_RUNS = (
+    f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = %s ORDER BY scheduled_at DESC, id DESC LIMIT %s"
 )
+#: Keyset on (scheduled_at, id) from the cursor run's pair; LATERAL, so that the row
+#: comparison is an index condition of the inner scan.
+LIST_RUNS_BEFORE = f"""
+    SELECT r.* FROM (SELECT scheduled_at, id FROM schedtui_runs WHERE id = %(before)s) AS c
+    CROSS JOIN LATERAL (
+        SELECT {RUN_COLUMNS} FROM schedtui_runs
+        WHERE name = %(name)s AND (scheduled_at, id) < (c.scheduled_at, c.id)
+        ORDER BY scheduled_at DESC, id DESC LIMIT %(limit)s
+    ) AS r
+"""
+#: The newest self/external slot's run per name, or with LATEST_RUNS the newest of any trigger.
 LAST_RUNS = f"""
     SELECT r.* FROM unnest(%s::text[]) AS n(name)
     CROSS JOIN LATERAL (
-        SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = n.name ORDER BY id DESC LIMIT 1
+        SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = n.name AND trigger <> 'manual'
+        ORDER BY scheduled_at DESC, id DESC LIMIT 1
+    ) AS r
+"""
+LATEST_RUNS = f"""
+    SELECT r.* FROM unnest(%s::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = n.name ORDER BY scheduled_at DESC, id DESC LIMIT 1
+    ) AS r
+"""
+RUNS_BETWEEN = f"""
+    SELECT r.* FROM unnest(%(names)s::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT {RUN_COLUMNS} FROM schedtui_runs
+        WHERE name = n.name AND scheduled_at >= %(start)s AND scheduled_at < %(end)s
+        ORDER BY scheduled_at DESC, id DESC LIMIT %(limit)s
     ) AS r
 """
 LAST_SLOT = "SELECT max(scheduled_at) FROM schedtui_runs WHERE name = %s AND trigger <> 'manual'"
@@ -214,6 +254,12 @@ NOTE_LAST_FIRED = """
     UPDATE schedtui_instances SET last_fired_at = greatest(last_fired_at, %s) WHERE instance = %s
 """
 FORGET_INSTANCE = "DELETE FROM schedtui_instances WHERE instance = %s"
+MARK_STARTING = "UPDATE schedtui_instances SET starting_at = %s WHERE instance = %s"
+STARTING_MARKS = "SELECT instance, starting_at FROM schedtui_instances WHERE starting_at IS NOT NULL"
+CLEAR_STARTING = "UPDATE schedtui_instances SET starting_at = NULL WHERE instance = %s AND starting_at = %s"
+SLOT_RECORDED = (
+    "SELECT 1 FROM schedtui_runs WHERE name = %s AND scheduled_at = %s AND trigger <> 'manual' LIMIT 1"
+)
 BACKFILL_COLUMNS = ", ".join(BACKFILL_FIELDS)
 INSERT_BACKFILL = (
     f"INSERT INTO schedtui_backfills ({BACKFILL_COLUMNS}) "
@@ -394,6 +440,7 @@ def _runs_json(runs: Sequence[Run]) -> str:
                 "trigger": r.trigger,
                 "outcome": r.coordination_outcome,
                 "instance": r.instance,
+                "traceback": _text(r.traceback),
                 "error_tag": _text(r.error_tag),
                 "error_message": _text(r.error_message),
             }
@@ -433,7 +480,7 @@ def _connection_lost(exc: psycopg.Error) -> bool:
     return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
-class PostgresStore(PostgresDurable):
+class PostgresStore(PostgresAudit, PostgresEvents, PostgresDurable):
     """The fleet store. ``PostgresStore("postgresql://user:pass@host:5432/db")``.
 
     Tables are created in the first schema of the connection's ``search_path`` (add
@@ -769,17 +816,29 @@ class PostgresStore(PostgresDurable):
 
     async def list_runs(self, name: str, *, limit: int, before: str | None = None) -> list[Run]:
         if before:
-            rows = await self._fetchall(LIST_RUNS_BEFORE, (name, before, limit))
+            rows = await self._fetchall(LIST_RUNS_BEFORE, {"name": name, "before": before, "limit": limit})
         else:
             rows = await self._fetchall(LIST_RUNS, (name, limit))
         return [_run(row) for row in rows]
 
-    async def last_runs(self, names: Iterable[str]) -> dict[str, Run]:
+    async def last_runs(self, names: Iterable[str], *, manual: bool = False) -> dict[str, Run]:
         wanted = list(names)
         if not wanted:
             return {}
-        rows = await self._fetchall(LAST_RUNS, (wanted,))
+        rows = await self._fetchall(LATEST_RUNS if manual else LAST_RUNS, (wanted,))
         return {row[1]: _run(row) for row in rows}
+
+    async def runs_between(
+        self, names: Iterable[str], start: datetime, end: datetime, *, limit_per_name: int
+    ) -> dict[str, list[Run]]:
+        wanted = list(names)
+        if not wanted:
+            return {}
+        params = {"names": wanted, "start": start, "end": end, "limit": limit_per_name}
+        found: dict[str, list[Run]] = {}
+        for row in await self._fetchall(RUNS_BETWEEN, params):
+            found.setdefault(row[1], []).append(_run(row))
+        return found
 
     async def last_slot(self, name: str) -> datetime | None:
         row = await self._fetchone(LAST_SLOT, (name,))
@@ -833,6 +892,27 @@ class PostgresStore(PostgresDurable):
 
     async def forget_instance(self, instance: str) -> None:
         await self._execute(FORGET_INSTANCE, (instance,))
+
+    async def mark_starting(self, instance: str, slot: datetime) -> None:
+        await self._execute(MARK_STARTING, (slot, instance))
+
+    async def starting_marks(self) -> dict[str, datetime]:
+        return {row[0]: _utc(row[1]) for row in await self._fetchall(STARTING_MARKS)}  # type: ignore[misc]
+
+    async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
+        async def close(conn: AsyncConnection[Any]) -> list[Run]:
+            async with conn.transaction():
+                if (await conn.execute(CLEAR_STARTING, (instance, slot))).rowcount != 1:
+                    return []  # cleared by someone else meanwhile
+                missing = [
+                    run for run in runs if await (await conn.execute(SLOT_RECORDED, (run.name, slot))).fetchone() is None
+                ]
+                if missing:
+                    await conn.execute(UPSERT_RUNS, (_runs_json(missing),))
+            self.commits += 1
+            return missing
+
+        return await self._with_conn(close)
 
     # -- claims ---------------------------------------------------------------------------
     async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:

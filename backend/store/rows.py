@@ -17,6 +17,9 @@ RUN_FIELDS = (
     "id", "name", "scheduled_at", "fired_at", "finished_at", "status", "trigger", "outcome",
     "instance", "error_tag", "error_message",
 )
+#: The columns a run is written with: RUN_FIELDS and its traceback, which is read only
+#: with one run (lists of runs leave it out: it can be 8 KB).
+RUN_WRITE_FIELDS = (*RUN_FIELDS, "traceback")
 #: The columns of a backfill, likewise.
 BACKFILL_FIELDS = (
     "id", "name", "range_start", "range_end", "total", "fired", "failed", "state", "instance",
@@ -41,6 +44,7 @@ def run_from_row(row: Sequence[Any], when: ToTime) -> Run:
         instance=row[8],
         error_tag=row[9],
         error_message=row[10],
+        traceback=row[11] if len(row) > 11 else None,
     )
 
 

@@ -43,7 +43,9 @@ from ..model import (
     StoreHealth,
 )
 from .migrations import components_of, migrate_sqlite
-from .rows import BACKFILL_FIELDS, RUN_FIELDS, backfill_from_row, run_from_row
+from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
+from .sqlite_audit import SQLiteAudit
+from .sqlite_events import SQLiteEvents
 from .sqlite_durable import SQLiteDurable
 
 log = logging.getLogger("schedtui.store")
@@ -113,12 +115,24 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE instances ADD COLUMN last_fired_at INTEGER;
     """,
+    """
+    ALTER TABLE instances ADD COLUMN starting_at INTEGER;
+    """,
+    # Runs are read in scheduled order (a backfill's old slots land among their peers).
+    """
+    DROP INDEX runs_by_name;
+    CREATE INDEX runs_by_name_slot ON runs (name, scheduled_at, id);
+    """,
+    """
+    ALTER TABLE runs ADD COLUMN traceback TEXT;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
+RUN_WRITE_COLUMNS = ", ".join(RUN_WRITE_FIELDS)
 _KEEP_CLOSED = ",\n        ".join(
     f"{c} = CASE WHEN runs.status = 'running' THEN excluded.{c} ELSE runs.{c} END"
-    for c in RUN_FIELDS[1:]
+    for c in RUN_WRITE_FIELDS[1:]
     if c != "error_message"
 )
 #: What a finished run's row gains when another version of it arrives late (an instance
@@ -135,7 +149,7 @@ LATE_NOTE = """
 #: different outcome only adds LATE_NOTE (once), and a late ``running`` version changes
 #: nothing. Writing the same finished version again changes nothing either.
 UPSERT_RUN = f"""
-    INSERT INTO runs ({RUN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO runs ({RUN_WRITE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO UPDATE SET
         {_KEEP_CLOSED},
         error_message = CASE WHEN runs.status = 'running' THEN excluded.error_message
@@ -151,16 +165,31 @@ CLOSE_RUN = """
     UPDATE runs SET status = ?, finished_at = ?, error_tag = ?, error_message = ?
     WHERE id = ? AND status = 'running'
 """
-GET_RUN = f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?"
-LIST_RUNS = f"SELECT {RUN_COLUMNS} FROM runs WHERE name = ? ORDER BY id DESC LIMIT ?"
-LIST_RUNS_BEFORE = (
-    f"SELECT {RUN_COLUMNS} FROM runs WHERE name = ? AND id < ? ORDER BY id DESC LIMIT ?"
-)
+GET_RUN = f"SELECT {RUN_WRITE_COLUMNS} FROM runs WHERE id = ?"
+LIST_RUNS = f"SELECT {RUN_COLUMNS} FROM runs WHERE name = ? ORDER BY scheduled_at DESC, id DESC LIMIT ?"
+LIST_RUNS_BEFORE = f"""
+    SELECT {RUN_COLUMNS} FROM runs
+    WHERE name = ?1 AND (scheduled_at, id) < (SELECT scheduled_at, id FROM runs WHERE id = ?2)
+    ORDER BY scheduled_at DESC, id DESC LIMIT ?3
+"""
+#: The newest self/external slot's run per name (the partial index runs_by_slot), or with
+#: LATEST_RUNS the newest run of any trigger.
 LAST_RUNS = f"""
     SELECT {RUN_COLUMNS} FROM runs WHERE id IN (
-        SELECT (SELECT id FROM runs WHERE name = n.value ORDER BY id DESC LIMIT 1)
+        SELECT (SELECT id FROM runs WHERE name = n.value AND trigger <> 'manual'
+                ORDER BY scheduled_at DESC, id DESC LIMIT 1)
         FROM json_each(?) AS n
     )
+"""
+LATEST_RUNS = f"""
+    SELECT {RUN_COLUMNS} FROM runs WHERE id IN (
+        SELECT (SELECT id FROM runs WHERE name = n.value ORDER BY scheduled_at DESC, id DESC LIMIT 1)
+        FROM json_each(?) AS n
+    )
+"""
+RUNS_BETWEEN = f"""
+    SELECT {RUN_COLUMNS} FROM runs WHERE name = ? AND scheduled_at >= ? AND scheduled_at < ?
+    ORDER BY scheduled_at DESC, id DESC LIMIT ?
 """
 LAST_SLOT = "SELECT max(scheduled_at) FROM runs WHERE name = ? AND trigger <> 'manual'"
 RUNNING_RUNS = f"SELECT {RUN_COLUMNS} FROM runs WHERE status = 'running'"
@@ -181,6 +210,10 @@ INSTANCE_LIST = "SELECT instance, host, pid, heartbeat_at, last_fired_at FROM in
 #: Kept by the group commit, in its transaction: when this instance last started a run.
 NOTE_LAST_FIRED = "UPDATE instances SET last_fired_at = max(coalesce(last_fired_at, 0), ?) WHERE instance = ?"
 FORGET_INSTANCE = "DELETE FROM instances WHERE instance = ?"
+MARK_STARTING = "UPDATE instances SET starting_at = ? WHERE instance = ?"
+STARTING_MARKS = "SELECT instance, starting_at FROM instances WHERE starting_at IS NOT NULL"
+CLEAR_STARTING = "UPDATE instances SET starting_at = NULL WHERE instance = ? AND starting_at = ?"
+SLOT_RECORDED = "SELECT 1 FROM runs WHERE name = ? AND scheduled_at = ? AND trigger <> 'manual' LIMIT 1"
 BACKFILL_COLUMNS = ", ".join(BACKFILL_FIELDS)
 INSERT_BACKFILL = f"INSERT INTO backfills ({BACKFILL_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 UPDATE_BACKFILL = """
@@ -239,6 +272,7 @@ def _run_params(run: Run) -> tuple[Any, ...]:
         run.instance,
         run.error_tag,
         run.error_message,
+        run.traceback,
     )
 
 
@@ -312,6 +346,17 @@ class _Flush:
         self.future: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.deadline = time.monotonic() + patience
         self.target = 0
+
+
+class _Peek:
+    """A read on the writer's own connection, outside any transaction (see
+    :mod:`backend.store.sqlite_events`)."""
+
+    __slots__ = ("fn", "future")
+
+    def __init__(self, fn: Callable[[sqlite3.Connection], Any]) -> None:
+        self.fn = fn
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
 
 class _Writer(threading.Thread):
@@ -395,6 +440,12 @@ class _Writer(threading.Thread):
                     pass
                 elif isinstance(item, list):
                     self._take(item)
+                elif isinstance(item, _Peek):
+                    if item.future.set_running_or_notify_cancel():
+                        try:
+                            item.future.set_result(item.fn(conn))
+                        except BaseException as exc:
+                            item.future.set_exception(exc)
                 elif isinstance(item, _Flush):
                     if item.future.set_running_or_notify_cancel():
                         item.target = self.taken
@@ -616,7 +667,7 @@ class _Writer(threading.Thread):
         return StoreHealth("ok", waiting=waiting)
 
 
-class SQLiteStore(SQLiteDurable):
+class SQLiteStore(SQLiteAudit, SQLiteEvents, SQLiteDurable):
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
     ``create=False`` refuses a file that does not exist (:class:`NotFound`, naming it) instead
@@ -808,6 +859,18 @@ class SQLiteStore(SQLiteDurable):
                 raise
             raise Unavailable(f'the store "{self.path}" is unavailable: {exc}') from exc
 
+    async def _peek(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn`` on the writer's connection, between its transactions (a read only)."""
+        peek = _Peek(fn)
+        self._open_writer().jobs.put(peek)
+        try:
+            result: T = await asyncio.wrap_future(peek.future)
+        except sqlite3.Error as exc:
+            if not _is_trouble(exc):
+                raise
+            raise Unavailable(f'the store "{self.path}" is unavailable: {exc}') from exc
+        return result
+
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def job() -> T:
             if self._read_conn is None:
@@ -853,10 +916,25 @@ class SQLiteStore(SQLiteDurable):
             rows = await self._read(lambda c: c.execute(LIST_RUNS, (name, limit)).fetchall())
         return [_run(row) for row in rows]
 
-    async def last_runs(self, names: Iterable[str]) -> dict[str, Run]:
-        payload = json.dumps(list(names))
-        rows = await self._read(lambda c: c.execute(LAST_RUNS, (payload,)).fetchall())
+    async def last_runs(self, names: Iterable[str], *, manual: bool = False) -> dict[str, Run]:
+        payload, sql = json.dumps(list(names)), LATEST_RUNS if manual else LAST_RUNS
+        rows = await self._read(lambda c: c.execute(sql, (payload,)).fetchall())
         return {row[1]: _run(row) for row in rows}
+
+    async def runs_between(
+        self, names: Iterable[str], start: datetime, end: datetime, *, limit_per_name: int
+    ) -> dict[str, list[Run]]:
+        wanted, low, high = list(names), _us(start), _us(end)
+
+        def read(c: sqlite3.Connection) -> dict[str, list[Run]]:
+            found = {}
+            for name in wanted:  # one index range per name, on the reader's thread
+                rows = c.execute(RUNS_BETWEEN, (name, low, high, limit_per_name)).fetchall()
+                if rows:
+                    found[name] = [_run(row) for row in rows]
+            return found
+
+        return await self._read(read)
 
     async def last_slot(self, name: str) -> datetime | None:
         row = await self._read(lambda c: c.execute(LAST_SLOT, (name,)).fetchone())
@@ -908,6 +986,26 @@ class SQLiteStore(SQLiteDurable):
 
     async def forget_instance(self, instance: str) -> None:
         await self._write(lambda c: c.execute(FORGET_INSTANCE, (instance,)))
+
+    async def mark_starting(self, instance: str, slot: datetime) -> None:
+        params = (_us(slot), instance)
+        await self._write(lambda c: c.execute(MARK_STARTING, params))
+
+    async def starting_marks(self) -> dict[str, datetime]:
+        rows = await self._read(lambda c: c.execute(STARTING_MARKS).fetchall())
+        return {row[0]: _dt(row[1]) for row in rows}  # type: ignore[misc]
+
+    async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
+        us = _us(slot)
+
+        def close(c: sqlite3.Connection) -> list[Run]:
+            if c.execute(CLEAR_STARTING, (instance, us)).rowcount != 1:
+                return []  # cleared by someone else meanwhile
+            missing = [run for run in runs if not c.execute(SLOT_RECORDED, (run.name, us)).fetchone()]
+            c.executemany(UPSERT_RUN, [_run_params(run) for run in missing])
+            return missing
+
+        return await self._write(close)
 
     # -- claims ---------------------------------------------------------------------------
     async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:

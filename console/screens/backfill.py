@@ -1,4 +1,5 @@
-"""``b``: the range backfill dialog, with a live plan, a typed confirmation and progress."""
+"""``b``: the range backfill dialog: a live plan (frozen to absolute times once shown), the
+slots that already succeeded (skippable), a typed confirmation, progress, and a stop."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from textual.content import Content
 from textual.markup import escape
 from textual.reactive import reactive
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, ProgressBar, Static
+from textual.widgets import Button, Checkbox, Input, Label, ProgressBar, Static
 
 from backend.errors import BadInput, SchedtuiError
 from backend.interface import Backend
@@ -39,9 +40,12 @@ POLL_SECONDS = 0.2
 
 class BackfillScreen(ModalScreen[None]):
     """From/to fields (ISO 8601, a date, ``now``, or ``-2d``/``-6h``), read in the schedule's
-    zone; as the operator types, the plan: how many slots, the first and the last, and, where
-    it would be refused, why. Above 25 slots the count must be typed to confirm. Cancel has
-    the focus; Esc cancels. Once started, a progress bar until done, then a summary."""
+    zone; as the operator types, the plan: how many slots, the first and the last, how many
+    already succeeded (a checkbox skips them), and, where it would be refused, why. The
+    plan's range is absolute: ``now`` and ``-1h`` are read once, when the plan is shown, and
+    the backfill fires exactly that range. Above 25 slots the count must be typed to
+    confirm (a wrong count says why). Cancel has the focus; Esc cancels. Once started, a
+    progress bar with a Stop button until done, then a summary."""
 
     DEFAULT_CSS = """
     BackfillScreen {
@@ -85,11 +89,22 @@ class BackfillScreen(ModalScreen[None]):
         min-height: 2;
         margin-bottom: 1;
     }
-    BackfillScreen #confirm-row {
+    BackfillScreen #confirm-row, BackfillScreen #skip {
         display: none;
     }
-    BackfillScreen.-confirm #confirm-row {
+    BackfillScreen.-confirm #confirm-row, BackfillScreen.-succeeded #skip {
         display: block;
+    }
+    BackfillScreen #skip {
+        border: none;
+        padding: 0;
+        margin-bottom: 1;
+        height: 1;
+        background: $surface;
+    }
+    BackfillScreen #confirm-hint {
+        color: $text-warning;
+        height: auto;
     }
     BackfillScreen #progress-box {
         display: none;
@@ -101,6 +116,12 @@ class BackfillScreen(ModalScreen[None]):
     }
     BackfillScreen.-running .form, BackfillScreen.-done .form {
         display: none;
+    }
+    BackfillScreen #stop {
+        display: none;
+    }
+    BackfillScreen.-running #stop {
+        display: block;
     }
     BackfillScreen #buttons {
         height: auto;
@@ -129,6 +150,7 @@ class BackfillScreen(ModalScreen[None]):
         *,
         start: str = "-1h",
         end: str = "now",
+        on_started: Callable[[BackfillProgress], None] | None = None,
         on_finished: Callable[[BackfillProgress], None] | None = None,
     ) -> None:
         super().__init__()
@@ -139,9 +161,11 @@ class BackfillScreen(ModalScreen[None]):
         """The backend's idea of now (relative times are read against it)."""
         self.initial = (start, end)
         self.plan: BackfillPlan | None = None
-        """The latest plan for the fields as typed."""
+        """The latest plan for the fields as typed: its ``start``/``end`` are what fires."""
         self.progress: BackfillProgress | None = None
         """The running backfill, once confirmed."""
+        self.on_started = on_started
+        """Called with the progress when it starts and at every poll while it runs."""
         self.on_finished = on_finished
 
     def compose(self) -> ComposeResult:
@@ -160,14 +184,17 @@ class BackfillScreen(ModalScreen[None]):
                 yield Label("To")
                 yield Input(self.initial[1], id="to")
             yield Static(id="plan", classes="form")
+            yield Checkbox("Skip the slots that already succeeded", id="skip", classes="form", compact=True)
             with Horizontal(classes="field form", id="confirm-row"):
                 yield Label("Confirm")
                 yield Input(placeholder="type the slot count", id="confirm", restrict=r"[0-9,]*")
+            yield Static("", id="confirm-hint", classes="form")
             with Vertical(id="progress-box"):
                 yield ProgressBar(total=1, show_eta=False, id="bar")
                 yield Static(id="counts")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", compact=True)
+                yield Button("Stop backfill", id="stop", variant="error", compact=True)
                 yield Button("Backfill", id="start", variant="warning", disabled=True, compact=True)
 
     def on_mount(self) -> None:
@@ -181,13 +208,49 @@ class BackfillScreen(ModalScreen[None]):
     @on(Input.Changed, "#confirm")
     def _confirm_changed(self) -> None:
         self._update_start()
+        self._confirm_hint(submitted=False)
+
+    @on(Checkbox.Changed, "#skip")
+    def _skip_changed(self) -> None:
+        if self.plan is not None:
+            self._show_planned(self.plan)
 
     @on(Input.Submitted)
-    def _submitted(self) -> None:
+    def _submitted(self, event: Input.Submitted) -> None:
         if not self.query_one("#start", Button).disabled:
             self.action_start()
+        elif event.input.id == "confirm":
+            self._confirm_hint(submitted=True)
+
+    @property
+    def skipping(self) -> bool:
+        return self.plan is not None and self.plan.already_succeeded > 0 and self.query_one("#skip", Checkbox).value
+
+    @property
+    def to_fire(self) -> int:
+        """How many slots would fire: the plan's, less those skipped."""
+        if self.plan is None:
+            return 0
+        return self.plan.count - (self.plan.already_succeeded if self.skipping else 0)
+
+    def _typed(self) -> str:
+        return self.query_one("#confirm", Input).value.replace(",", "").strip()
+
+    def _confirm_hint(self, *, submitted: bool) -> None:
+        """Say why a typed count does not confirm (never nothing)."""
+        hint = self.query_one("#confirm-hint", Static)
+        typed = self._typed()
+        if self.state != "confirm" or self.plan is None or typed == str(self.to_fire) or (not typed and not submitted):
+            hint.update("")
+            return
+        why = (f"You typed {typed}; type {self.to_fire}, the number of slots that would fire, to confirm."
+               if typed else f"Type {self.to_fire}, the number of slots that would fire, to confirm.")
+        hint.update(Content(why))
+        if submitted:
+            self.notify(why, title="Not confirmed", severity="warning", markup=False)
 
     def _range(self) -> tuple[datetime, datetime]:
+        """The fields read now (relative times against the backend's now)."""
         now = self.now()
         zone = self.view.timezone
         start = parse_when(self.query_one("#from", Input).value, now=now, zone=zone, field="from")
@@ -219,26 +282,46 @@ class BackfillScreen(ModalScreen[None]):
             self.state = "invalid"
             return
         self.plan = plan
+        self._show_planned(plan)
+
+    def _show_planned(self, plan: BackfillPlan) -> None:
         zone = self.view.timezone
-        slots = f"[b]{plan.count_text()}[/b] slot{'s' if plan.count != 1 else ''}"
+        count = self.to_fire
+        slots = f"[b]{plan.count_text() if count == plan.count else f'{count:,}'}[/b] slot{'s' if count != 1 else ''}"
         span = ""
         if plan.first is not None:
             span = f"\n  first {fmt.local_time(plan.first, zone)}"
             span += f"   last {fmt.local_time(plan.last, zone)}" if plan.last is not None else "   last …"
+        # The range is read once, here: Backfill fires exactly this, however long the dialog stays open.
+        frozen = (f"\n  [$text-muted]range ({fmt.local_time(plan.start, zone)} … {fmt.local_time(plan.end, zone)}]"
+                  " as read now; edit a field to read it again[/]")
+        done = ""
+        self.set_class(plan.already_succeeded > 0 and plan.refusal is None, "-succeeded")
+        if plan.already_succeeded and plan.refusal is None:
+            if self.skipping:
+                done = f"\n  [$text-muted]{plan.already_succeeded:,} of the {plan.count:,} already succeeded: skipped[/]"
+            else:
+                done = (f"\n  [b $text-warning]{plan.already_succeeded:,} of them already succeeded[/] and would run again"
+                        " [$text-muted](tick the box to skip them)[/]")
         if plan.refusal is not None:
             self._show_plan(Content.from_markup(f"[b $text-error]✗ refused[/] {slots}: {escape(plan.refusal)}{span}"))
             self.state = "refused"
-        elif plan.needs_confirmation:
+        elif count == 0:
+            self._show_plan(Content.from_markup(f"[b $text-warning]![/] every slot already succeeded: nothing to run{span}{done}"))
+            self.state = "invalid"
+        elif count > BACKFILL_CONFIRM_ABOVE:
             self._show_plan(
                 Content.from_markup(
                     f"[b $text-warning]![/] {slots} — more than {BACKFILL_CONFIRM_ABOVE}: "
-                    f"type [b]{plan.count}[/b] below to confirm{span}"
+                    f"type [b]{count}[/b] below to confirm{span}{done}{frozen}"
                 )
             )
             self.state = "confirm"
         else:
-            self._show_plan(Content.from_markup(f"[b $text-success]✓[/] {slots} would fire{span}"))
+            self._show_plan(Content.from_markup(f"[b $text-success]✓[/] {slots} would fire{span}{done}{frozen}"))
             self.state = "ok"
+        self._update_start()
+        self._confirm_hint(submitted=False)
 
     def _show_plan(self, content: Content) -> None:
         self.query_one("#plan", Static).update(content)
@@ -254,8 +337,7 @@ class BackfillScreen(ModalScreen[None]):
         if self.state == "ok":
             start.disabled = False
         elif self.state == "confirm" and self.plan is not None:
-            typed = self.query_one("#confirm", Input).value.replace(",", "").strip()
-            start.disabled = typed != str(self.plan.count)
+            start.disabled = self._typed() != str(self.to_fire)
         else:
             start.disabled = True
         start.display = self.state not in ("running", "done")
@@ -264,30 +346,47 @@ class BackfillScreen(ModalScreen[None]):
     # -- running ------------------------------------------------------------------------
     @on(Button.Pressed, "#start")
     def action_start(self) -> None:
-        if self.query_one("#start", Button).disabled or self.state not in ("ok", "confirm"):
+        if self.query_one("#start", Button).disabled or self.state not in ("ok", "confirm") or self.plan is None:
             return
-        try:
-            start, end = self._range()
-        except BadInput as exc:
-            self.notify(exc.message, title=exc.title, severity="error", markup=False)
-            return
+        plan = self.plan
         self.state = "running"
         self._counts("starting…")
         self.query_one("#cancel", Button).focus()
-        self._start(start, end)
+        # The range shown, not the fields read again: "now" must not move under the operator.
+        self._start(plan.start, plan.end, self.skipping)
 
     @work(exclusive=True, group="backfill", exit_on_error=False)
-    async def _start(self, start: datetime, end: datetime) -> None:
+    async def _start(self, start: datetime, end: datetime, skip: bool = False) -> None:
         try:
-            progress = await self.backend.start_backfill(self.view.name, start, end, confirm=True)
+            progress = await self.backend.start_backfill(self.view.name, start, end, confirm=True, skip_succeeded=skip)
         except SchedtuiError as exc:
             self.notify(exc.message, title=exc.title, severity="error", markup=False)
             self.state = "planning"
             self.replan()
             return
         self._show_progress(progress)
+        if self.on_started is not None:
+            self.on_started(progress)
         # The follow-up runs on the app, so it outlives this dialog if the operator closes it.
         self.app.run_worker(self._follow(progress), group="backfill-follow", exit_on_error=False)
+
+    @on(Button.Pressed, "#stop")
+    def action_stop(self) -> None:
+        """Stop the running backfill before its next slot (recorded ``cancelled``)."""
+        if self.state != "running" or self.progress is None:
+            return
+        self.query_one("#stop", Button).disabled = True
+        self._stop(self.progress.id)
+
+    @work(exclusive=True, group="backfill-stop", exit_on_error=False)
+    async def _stop(self, backfill_id: str) -> None:
+        try:
+            progress = await self.backend.cancel_backfill(backfill_id)
+        except SchedtuiError as exc:
+            self.query_one("#stop", Button).disabled = False
+            self.notify(exc.message, title=exc.title, severity="error", markup=False)
+            return
+        self._show_progress(progress)
 
     async def _follow(self, progress: BackfillProgress) -> None:
         try:
@@ -296,6 +395,8 @@ class BackfillScreen(ModalScreen[None]):
                 progress = await self.backend.backfill_progress(progress.id)
                 if self.is_attached:
                     self._show_progress(progress)
+                if self.on_started is not None and progress.state == "running":
+                    self.on_started(progress)
         except SchedtuiError as exc:
             self.app.notify(exc.message, title=exc.title, severity="error", markup=False)
             return
@@ -312,9 +413,15 @@ class BackfillScreen(ModalScreen[None]):
         )
         if progress.state != "running":
             verdict = "[b $text-success]done[/]" if progress.state == "done" and not progress.failed else (
-                f"[b $text-warning]{progress.state}[/]"
+                f"[b reverse $text-warning] {progress.state} [/]"
             )
-            counts = f"Backfill {verdict}: {counts}\n[$text-muted]esc or enter closes[/]"
+            stopped = ""
+            if progress.state in ("cancelled", "abandoned"):
+                stopped = f"\n{progress.remaining} slot(s) not fired"
+                if progress.current is not None:
+                    stopped += f"; the last started was {fmt.local_time(progress.current, self.view.timezone)}"
+                stopped += " (a run in flight finishes on its own)"
+            counts = f"Backfill {verdict}: {counts}{stopped}\n[$text-muted]esc or enter closes[/]"
             self.state = "done"
         self._counts(counts)
 

@@ -1,4 +1,5 @@
-"""The details of one run: every field of the ledger row, in the schedule's zone and UTC."""
+"""The details of one run: every field of the ledger row, in the display zone, the
+schedule's own zone and UTC; scrollable, with room for a traceback."""
 
 from __future__ import annotations
 
@@ -45,17 +46,19 @@ class RunDetails(ModalScreen[None]):
         Binding("escape,enter,q", "close", "Close", id="close_details"),
     ]
 
-    def __init__(self, backend: Backend, run: Run, zone: str) -> None:
+    def __init__(self, backend: Backend, run: Run, zone: str, display_zone: str | None = None) -> None:
         super().__init__()
         self.backend = backend
         self.run_data = run
         """The run shown (replaced by the fresh copy once it has been read)."""
         self.zone = zone
+        """The schedule's own zone."""
+        self.display_zone = display_zone or zone
 
     def compose(self) -> ComposeResult:
         with VerticalScroll() as box:
             box.border_title = f"Run {self.run_data.id}"
-            box.border_subtitle = "esc closes"
+            box.border_subtitle = "↑↓ scroll · esc closes"
             yield Static(self._body(), id="run-body")
 
     def on_mount(self) -> None:
@@ -73,7 +76,8 @@ class RunDetails(ModalScreen[None]):
 
     def _body(self) -> Content:
         run = self.run_data
-        zone = self.zone
+        zone = self.display_zone
+        own = self.zone
         status_color = STATUS_COLORS.get(run.status, "foreground")
         outcome_color = OUTCOME_COLORS.get(run.coordination_outcome, "foreground")
 
@@ -82,14 +86,15 @@ class RunDetails(ModalScreen[None]):
 
             if not isinstance(value, datetime):
                 return f"[$text-muted]{label:<13}[/] -"
+            also = f" · {fmt.local_time(value, own)}" if own != zone else ""
             return (
                 f"[$text-muted]{label:<13}[/] {fmt.local_time(value, zone)}"
-                f" [$text-muted]({escape(value.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3])}Z)[/]"
+                f" [$text-muted]({escape(value.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3])}Z{escape(also)})[/]"
             )
 
         lines = [
             f"[$text-muted]{'schedule':<13}[/] [b]{escape(run.name)}[/b]",
-            f"[$text-muted]{'status':<13}[/] [b ${status_color}]{fmt.STATUS_GLYPHS.get(run.status, '?')} {run.status}[/]",
+            f"[$text-muted]{'status':<13}[/] [b{' reverse' if run.status == 'failed' else ''} ${status_color}]{fmt.STATUS_GLYPHS.get(run.status, '?')} {run.status}[/]",
             f"[$text-muted]{'trigger':<13}[/] {run.trigger}",
             f"[$text-muted]{'coordination':<13}[/] [${outcome_color}]{fmt.OUTCOME_GLYPHS.get(run.coordination_outcome, '?')} {run.coordination_outcome}[/]",
             f"[$text-muted]{'instance':<13}[/] {escape(run.instance)}",
@@ -99,10 +104,15 @@ class RunDetails(ModalScreen[None]):
             f"[$text-muted]{'duration':<13}[/] {fmt.duration(run.duration_ms)}",
         ]
         if run.error_tag or run.error_message:
-            lines.append(f"[$text-muted]{'error':<13}[/] [b $text-error]{escape(run.error_tag or '')}[/]")
+            lines.append(f"[$text-muted]{'error':<13}[/] [b reverse $text-error] {escape(run.error_tag or '')} [/]")
             if run.error_message:
                 lines.append("")
                 lines.append(f"[$text-error]{escape(run.error_message)}[/]")
+        # Where the traceback goes once the ledger keeps it (the runner's issue): any
+        # ``traceback`` the run carries is shown here, whole; this screen scrolls.
+        traceback = getattr(run, "traceback", None)
+        if isinstance(traceback, str) and traceback:
+            lines += ["", "[$text-muted]traceback[/]", f"[$text-error]{escape(traceback)}[/]"]
         return Content.from_markup("\n".join(lines))
 
     def action_close(self) -> None:

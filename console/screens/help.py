@@ -1,85 +1,131 @@
-"""``?``: every key, and the legend of statuses and coordination outcomes."""
+"""``?``: every key (as bound now), and the legend of statuses, outcomes and timeline marks."""
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from .. import format as fmt
 from ..widgets.palette import (
+    KIND_GLYPHS,
+    KIND_MEANINGS,
     OUTCOME_COLORS,
     OUTCOME_MEANINGS,
-    STATUS_BACKGROUNDS,
     STATUS_COLORS,
     STATUS_MEANINGS,
 )
+from ..widgets.timeline import MARKS
 
 __all__ = ["HelpScreen"]
 
+KeySections = list[tuple[str, list[tuple[str, str]]]]
+
 
 class HelpScreen(ModalScreen[None]):
-    """Keys (as currently bound, so a remapped key shows its new binding) and the legend."""
+    """Keys in sections (a remapped key shows its new binding), then the legend. It scrolls
+    (↑ ↓, pgup pgdn, home end); the border says so when it does not fit."""
 
     DEFAULT_CSS = """
     HelpScreen {
         align: center middle;
     }
     HelpScreen > VerticalScroll {
-        width: 84;
+        width: 90;
         max-width: 100%;
         height: auto;
         max-height: 100%;
         border: round $primary;
         background: $surface;
         padding: 0 1;
+        scrollbar-size-vertical: 1;
     }
     """
 
-    BINDINGS = [Binding("escape,question_mark,q", "close", "Close", id="close_help")]
+    BINDINGS = [
+        Binding("escape,question_mark,q", "close", "Close", id="close_help"),
+        Binding("home", "scroll('home')", "Top", show=False),
+        Binding("end", "scroll('end')", "Bottom", show=False),
+    ]
 
-    def __init__(self, keys: Iterable[tuple[str, str]], read_only_reason: str | None = None) -> None:
+    def __init__(self, sections: KeySections, read_only_reason: str | None = None) -> None:
         super().__init__()
-        self.keys = list(keys)
-        """(key as displayed, what it does)."""
+        self.sections = sections
+        """(title, [(key as displayed, what it does)])."""
         self.read_only_reason = read_only_reason
+
+    @property
+    def keys(self) -> list[tuple[str, str]]:
+        """Every (key, description), all sections."""
+        return [item for _, items in self.sections for item in items]
 
     def compose(self) -> ComposeResult:
         with VerticalScroll() as box:
             box.border_title = "schedtui help"
             box.border_subtitle = "esc closes"
-            yield Static(self._body())
+            yield Static(self._body(), id="help-body")
+
+    def on_mount(self) -> None:
+        self.call_after_refresh(self._scroll_hint)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._scroll_hint)
+
+    def _scroll_hint(self) -> None:
+        box = self.query_one(VerticalScroll)
+        box.border_subtitle = "↑↓ pgup pgdn scroll · esc closes" if box.max_scroll_y > 0 else "esc closes"
+
+    def action_scroll(self, where: str) -> None:
+        box = self.query_one(VerticalScroll)
+        if where == "home":
+            box.scroll_home(animate=False)
+        else:
+            box.scroll_end(animate=False)
 
     def _body(self) -> Content:
-        keys = [Content.from_markup("[b]Keys[/b]")]
-        rows = [*self.keys, ("tab", "switch between the schedules and the runs")]
-        for key, description in rows:
-            keys.append(Content.assemble("  ", (f"{key:>8}", "bold $text-accent"), "  ", description))
+        out: list[Content] = []
+        for title, items in self.sections:
+            out.append(Content.from_markup(f"[b]{title}[/b]"))
+            for key, description in items:
+                out.append(Content.assemble("  ", (f"{key:>9}", "bold $text-accent"), "  ", description))
+            out.append(Content(""))
         if self.read_only_reason:
-            keys.append(
-                Content.assemble("  ", ("read-only", "bold $text-warning"), f" {self.read_only_reason}: r, e and b do nothing")
-            )
-        lines: list[str] = []
-        lines.append("")
-        lines.append("[b]Run status[/b] [$text-muted](timeline cell · table)[/]")
+            out.append(Content.assemble("  ", ("read-only", "bold $text-warning"), f" {self.read_only_reason}: r, e and b do nothing"))
+            out.append(Content(""))
+        lines: list[str] = ["[b]Run status[/b] [$text-muted](tables, strip and timeline; a failure is also reversed)[/]"]
         for status, meaning in STATUS_MEANINGS.items():
             glyph = fmt.STATUS_GLYPHS[status]
-            lines.append(
-                f"  [b reverse ${STATUS_BACKGROUNDS[status]}]{glyph}[/] [${STATUS_COLORS[status]}]{glyph} {status:<10}[/]"
-                f" [$text-muted]{escape(meaning)}[/]"
-            )
+            style = f"b reverse ${STATUS_COLORS[status]}" if status == "failed" else f"${STATUS_COLORS[status]}"
+            lines.append(f"  [{style}]{glyph} {status:<10}[/] [$text-muted]{meaning}[/]")
         lines.append("")
         lines.append("[b]Coordination outcome[/b]")
         for outcome, meaning in OUTCOME_MEANINGS.items():
             glyph = fmt.OUTCOME_GLYPHS[outcome]
-            lines.append(f"    [${OUTCOME_COLORS[outcome]}]{glyph} {outcome:<10}[/] [$text-muted]{escape(meaning)}[/]")
-        return Content("\n").join([*keys, Content.from_markup("\n".join(lines))])
+            lines.append(f"  [${OUTCOME_COLORS[outcome]}]{glyph} {outcome:<10}[/] [$text-muted]{meaning}[/]")
+        lines.append(f"  [$text-muted]LAST RUN is the newest self/external slot; [/]{fmt.OUTCOME_GLYPHS['manual']}"
+                     "[$text-muted] after it: a newer manual run (Run now or backfill)[/]")
+        lines.append("")
+        lines.append("[b]Timeline[/b] [$text-muted](one cell per time step; where runs share a cell, the worst shows)[/]")
+        lines.append("  [$text-muted]a run that ran shows who fired it, coloured by how it ended:[/]")
+        for kind, meaning in KIND_MEANINGS.items():
+            glyph = KIND_GLYPHS[kind]
+            lines.append(
+                f"  [$text-success]{glyph}[/] [b reverse $text-error]{glyph}[/] "
+                f"[$text-muted]{kind:<9}[/] {meaning} [$text-muted](succeeded · failed)[/]"
+            )
+        lines.append("  [$text-muted]a run that did not run, or runs now, shows its status:[/] "
+                     f"[$text-warning]{fmt.STATUS_GLYPHS['skipped']}[/] skipped  "
+                     f"{fmt.STATUS_GLYPHS['missed']} missed  [$text-primary]{fmt.STATUS_GLYPHS['running']}[/] running")
+        lines.append(f"  [b $text-warning]{MARKS['gap']}[/] a past slot with no run at all   "
+                     f"[b $text-primary]{MARKS['next']}[/] the next fire, [$text-muted]{MARKS['upcoming']}[/] the ones after   "
+                     f"[b $text-accent]{MARKS['now']}[/] now   [$text-muted]{MARKS['unknown']}[/] not loaded (zoom in)")
+        lines.append(f"  [b reverse $text-warning]⚠[/] overdue: a slot {30}s past with no run   "
+                     "[$text-muted]○ before a name: disabled[/]")
+        out.append(Content.from_markup("\n".join(lines)))
+        return Content("\n").join(out)
 
     def action_close(self) -> None:
         self.dismiss(None)

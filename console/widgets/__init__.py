@@ -1,7 +1,17 @@
-"""The console's widgets: header, schedules table, run timeline and runs table."""
+"""The console's widgets: header, schedules table, the selected schedule's runs, the timeline."""
 
-from .header import ConsoleHeader
-from .runs import DetailBar, RunsTable, RunTimeline, UpcomingLine
+from .header import ConsoleHeader, FleetBanner
+from .runs import DetailBar, RecentRuns, RunsTable, UpcomingLine
 from .schedules import SchedulesTable
+from .timeline import TimelineGrid
 
-__all__ = ["ConsoleHeader", "DetailBar", "RunTimeline", "RunsTable", "SchedulesTable", "UpcomingLine"]
+__all__ = [
+    "ConsoleHeader",
+    "DetailBar",
+    "FleetBanner",
+    "RecentRuns",
+    "RunsTable",
+    "SchedulesTable",
+    "TimelineGrid",
+    "UpcomingLine",
+]

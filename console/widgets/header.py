@@ -13,10 +13,12 @@ from textual.widget import Widget
 from backend.interface import ConnectionInfo
 
 from .. import format as fmt
+from ..fleet import Fleet
 
-__all__ = ["ConnectionState", "ConsoleHeader"]
+__all__ = ["ConnectionState", "ConsoleHeader", "Feed", "FleetBanner"]
 
 ConnectionState = Literal["connecting", "live", "lost", "error"]
+Feed = Literal["events", "polling"]
 
 
 class ConsoleHeader(Widget):
@@ -26,7 +28,6 @@ class ConsoleHeader(Widget):
 
     DEFAULT_CSS = """
     ConsoleHeader {
-        dock: top;
         height: 1;
         background: $panel;
         color: $foreground;
@@ -49,12 +50,18 @@ class ConsoleHeader(Widget):
     """When the next reconnect attempt is due (clock time), while lost."""
     now: reactive[datetime | None] = reactive(None)
     """The clock's time at the last tick; ages are measured against it."""
+    fleet: reactive[Fleet | None] = reactive(None)
+    """Who fires, from the heartbeats (``None`` until read, or when the backend cannot say)."""
+    feed: reactive[Feed] = reactive("polling")
+    """How the data stays fresh: change signals (``events``), or reading it again and again."""
 
     def render(self) -> Content:
         # Most telling first: what is true now, then what it is connected to (cut at 80 columns).
         parts: list[str] = ["[b]schedtui[/b]", self._connection()]
         if self.read_only:
             parts.append("[b reverse $text-warning] READ-ONLY [/]")
+        if self.fleet is not None:
+            parts.append(self._fleet(self.fleet))
         info = self.info
         if info is not None:
             kind = f"{info.kind} {info.store_kind}".strip() if info.kind == "embedded" else "remote"
@@ -67,6 +74,15 @@ class ConsoleHeader(Widget):
         elif self.where:
             parts.append(escape(self.where))
         return Content.from_markup(" [$text-muted]│[/] ".join(parts))
+
+    @staticmethod
+    def _fleet(fleet: Fleet) -> str:
+        if fleet.silent:
+            return "[b reverse $text-error] ✗ NOTHING FIRES [/]"
+        if not fleet.firing:
+            return "[$text-muted]no engine firing[/]"
+        names = ", ".join(i.name for i in fleet.firing[:2]) + (" …" if len(fleet.firing) > 2 else "")
+        return f"[$text-success]▲ {len(fleet.firing)} firing[/] [$text-muted]{escape(names)}[/]"
 
     def _connection(self) -> str:
         age = ""
@@ -84,4 +100,48 @@ class ConsoleHeader(Widget):
             return "[b $text-error]✗ not connected[/] [$text-muted](ctrl+r retries)[/]"
         if self.paused:
             return f"[b $text-warning]⏸ paused[/] [$text-muted]data {age}[/]"
-        return f"[$text-success]● live[/] [$text-muted]{age}[/]"
+        if self.feed == "events":
+            return "[$text-success]● live[/] [$text-muted](events)[/]"  # signals keep it current: no age
+        return f"[$text-success]● live[/] [$text-muted](polling) {age}[/]"
+
+
+class FleetBanner(Widget):
+    """A full-width line, shown only while no engine fires the schedules that need a timer:
+    with ``serve`` dead the countdowns still roll, and this says they are empty promises."""
+
+    DEFAULT_CSS = """
+    FleetBanner {
+        height: auto;
+        background: $error;
+        color: $background;
+        text-style: bold;
+        padding: 0 1;
+        display: none;
+    }
+    FleetBanner.-silent {
+        display: block;
+    }
+    """
+
+    fleet: reactive[Fleet | None] = reactive(None)
+    now: reactive[datetime | None] = reactive(None)
+
+    def watch_fleet(self, fleet: Fleet | None) -> None:
+        self.set_class(fleet is not None and fleet.silent, "-silent")
+
+    def render(self) -> Content:
+        fleet = self.fleet
+        if fleet is None or not fleet.silent:
+            return Content("")
+        plural = "s need" if fleet.self_triggered != 1 else " needs"
+        if fleet.last_beat is not None and self.now is not None:
+            since = (
+                f"the last heartbeat was {fmt.compact_delta(max(self.now - fleet.last_beat.heartbeat_at, self.now - self.now))}"
+                f" ago ({fleet.last_beat.name})"
+            )
+        else:
+            since = "no engine has ever registered in this store"
+        return Content(
+            f"✗ NOTHING IS FIRING: no engine is sending heartbeats; {since}. "
+            f"{fleet.self_triggered} enabled schedule{plural} an engine's timer: start `schedtui serve`."
+        )

@@ -19,11 +19,14 @@ if TYPE_CHECKING:
     from textual.app import App
 
 __all__ = [
+    "KIND_GLYPHS",
+    "KIND_MEANINGS",
     "OUTCOME_COLORS",
     "STATUS_BACKGROUNDS",
     "STATUS_COLORS",
     "outcome_text",
     "status_cell",
+    "status_style",
     "status_text",
     "theme_color",
 ]
@@ -69,6 +72,27 @@ OUTCOME_MEANINGS: dict[str, str] = {
 }
 
 
+KIND_GLYPHS: dict[str, str] = {
+    "single": fmt.OUTCOME_GLYPHS["single"],
+    "wonLock": fmt.OUTCOME_GLYPHS["wonLock"],
+    "external": fmt.OUTCOME_GLYPHS["external"],
+    "runnow": fmt.OUTCOME_GLYPHS["manual"],
+    "backfill": "↺",
+}
+"""The timeline's mark for a run that ran (succeeded or failed): who fired it."""
+KIND_MEANINGS: dict[str, str] = {
+    "single": "fired by the only instance",
+    "wonLock": "fired by the instance that won the slot's claim",
+    "external": "fired by a platform scheduler's call",
+    "runnow": "Run now (manual)",
+    "backfill": "a backfill (manual, an old slot)",
+}
+
+FAILED_EMPHASIS = Style(bold=True, reverse=True)
+"""Added to every failed status: it must stand out without colour (NO_COLOR) and where
+16 colours draw red and green alike."""
+
+
 _RESOLVED: dict[tuple[str, str], str] = {}
 
 
@@ -92,17 +116,22 @@ def _resolve(app: App[object], variable: str) -> str:
     return (background + color).hex6 if color.a < 1 else color.hex6
 
 
+def status_style(app: App[object], status: str) -> Style:
+    """The status's colour; a failure is bold and reversed as well."""
+    style = Style(color=theme_color(app, STATUS_COLORS.get(status, "foreground")))
+    return style + FAILED_EMPHASIS if status == "failed" else style
+
+
 def status_text(app: App[object], status: str, label: str | None = None) -> Text:
-    """``✓ succeeded`` in the status's colour."""
+    """``✓ succeeded`` in the status's colour (``✗ failed`` reversed, bold)."""
     glyph = fmt.STATUS_GLYPHS.get(status, "?")
-    return Text(f"{glyph} {status if label is None else label}", style=Style(color=theme_color(app, STATUS_COLORS.get(status, "foreground"))))
+    return Text(f"{glyph} {status if label is None else label}", style=status_style(app, status))
 
 
 def status_cell(app: App[object], status: str) -> Text:
-    """One cell of the run timeline: the glyph on the status's colour."""
-    background = theme_color(app, STATUS_BACKGROUNDS.get(status, "panel"))
-    foreground = Color.parse(background).get_contrast_text(1.0).hex6
-    return Text(fmt.STATUS_GLYPHS.get(status, "?"), style=Style(color=foreground, bgcolor=background, bold=True))
+    """One cell of the recent-runs strip: the status's glyph in its colour (a failure
+    reversed)."""
+    return Text(fmt.STATUS_GLYPHS.get(status, "?"), style=status_style(app, status) + Style(bold=True))
 
 
 def outcome_text(app: App[object], outcome: str) -> Text:

@@ -1,30 +1,25 @@
-"""The selected schedule: its detail bar, run timeline, next fire times and runs table."""
+"""The selected schedule: its detail bar, recent runs, next fire times and runs table."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from rich.style import Style
 from rich.text import Text
+from textual.binding import Binding
 from textual.content import Content
-from textual.markup import escape
 from textual.reactive import reactive
 from textual.widget import Widget
-from textual.widgets import DataTable
 
 from backend.model import Run, ScheduleView
 
 from .. import format as fmt
+from ..fleet import Durations
 from .palette import outcome_text, status_cell, status_text, theme_color
+from .schedules import FreshTable
 
-__all__ = ["DetailBar", "RunTimeline", "RunsTable", "UpcomingLine", "lag", "short_time"]
-
-
-def short_time(dt: datetime | None, zone: str) -> str:
-    """``03-02 09:00:00 CET``: month-day and time in the schedule's zone."""
-    if dt is None:
-        return "-"
-    return dt.astimezone(ZoneInfo(zone)).strftime("%m-%d %H:%M:%S %Z")
+__all__ = ["DetailBar", "RecentRuns", "RunsTable", "UpcomingLine", "lag"]
 
 
 def lag(run: Run) -> str:
@@ -35,49 +30,88 @@ def lag(run: Run) -> str:
     return ("+" if ms >= 0 else "-") + fmt.duration(abs(ms))
 
 
+def run_duration(run: Run, max_runtime_s: float, now: datetime) -> str:
+    """``310ms``; a running run's elapsed time against its watchdog: ``12s of 30m``."""
+    if run.status == "running" and run.fired_at is not None:
+        elapsed = fmt.compact_delta(max(now - run.fired_at, timedelta(0))).split(" ")[0]
+        budget = fmt.compact_delta(timedelta(seconds=max_runtime_s)).split(" ")[0]
+        return f"{elapsed} of {budget}"
+    return fmt.duration(run.duration_ms)
+
+
 class DetailBar(Widget):
-    """One line about the selected schedule: name, cron and zone, policies, description, note."""
+    """The selected schedule: name, cron and its zone, policies, typical durations; then
+    why it is off (who, when, the whole note) or overdue, or its description."""
 
     DEFAULT_CSS = """
     DetailBar {
-        height: 1;
+        height: auto;
+        max-height: 3;
         background: $boost;
         padding: 0 1;
+        text-wrap: nowrap;
+        text-overflow: ellipsis;
     }
     """
 
-    view: reactive[ScheduleView | None] = reactive(None)
+    # The line count follows these (a note, an overdue line, a description): re-lay out.
+    view: reactive[ScheduleView | None] = reactive(None, layout=True)
     """The schedule shown."""
     page: reactive[str] = reactive("")
     """Which page of runs is on screen (empty on the newest)."""
+    durations: reactive[Durations | None] = reactive(None)
+    """p50/p95 of the runs on screen."""
+    overdue_since: reactive[datetime | None] = reactive(None, layout=True)
+    zone: reactive[str] = reactive("UTC")
+    """The display zone (the operator's, or UTC) for when it was disabled."""
+    now: reactive[datetime | None] = reactive(None)
 
     def render(self) -> Content:
         view = self.view
         if view is None:
             return Content.from_markup("[$text-muted]no schedule selected[/]")
-        parts = [
-            f"[b]{escape(view.name)}[/b]",
-            f"{escape(view.cron)} [$text-muted]{escape(view.timezone)}[/]",
-            f"[$text-muted]overlap[/] {view.on_overlap}",
-            f"[$text-muted]catch-up[/] {view.backfill}",
-            f"[$text-muted]watchdog[/] {fmt.compact_delta(timedelta(seconds=view.max_runtime_s))}",
+        sep = (" · ", "$text-muted")
+        parts: list[str | tuple[str, str] | Content] = [
+            (view.name, "bold"), sep, view.cron, " ", (view.timezone, "$text-muted"), sep,
+            ("overlap ", "$text-muted"), view.on_overlap, sep, ("catch-up ", "$text-muted"), view.backfill, sep,
+            ("watchdog ", "$text-muted"), fmt.compact_delta(timedelta(seconds=view.max_runtime_s)),
         ]
-        if not view.enabled and view.state_note is not None:
-            note = f": {view.state_note.note}" if view.state_note.note else ""
-            parts.append(f"[$text-warning]disabled by {escape(view.state_note.by)}{escape(note)}[/]")
-        elif view.description:
-            parts.append(f"[$text-muted]{escape(view.description)}[/]")
+        if self.durations is not None:
+            d = self.durations
+            parts += [sep, ("p50 ", "$text-muted"), fmt.duration(d.p50_ms), (" p95 ", "$text-muted"),
+                      fmt.duration(d.p95_ms), (f" ({d.count} runs)", "$text-muted")]
         if self.page:
-            parts.append(f"[b $text-accent]{escape(self.page)}[/]")
-        return Content.from_markup(" · ".join(parts))
+            parts += [sep, (self.page, "bold $text-accent")]
+        lines = [Content.assemble(*parts)]
+        now = self.now
+        if not view.enabled:
+            note = view.state_note
+            if note is not None:
+                when = fmt.short_time(note.at, self.zone)
+                ago = f", {fmt.age(note.at, now)} ago" if now is not None else ""
+                lines.append(Content.assemble(
+                    ("○ disabled", "bold $text-warning"), f" by {note.by} at {when}{ago}",
+                    (": " + note.note) if note.note else "",
+                ))
+            else:
+                lines.append(Content.assemble(("○ disabled in its definition", "bold $text-warning")))
+        elif self.overdue_since is not None:
+            late = f" ({fmt.age(self.overdue_since, now)} ago)" if now is not None else ""
+            lines.append(Content.assemble(
+                ("⚠ overdue", "bold reverse $text-warning"),
+                f" no run for the slot of {fmt.short_time(self.overdue_since, self.zone)}{late} or since:"
+                " is an engine firing it?",
+            ))
+        elif view.description:
+            lines.append(Content.assemble((view.description, "$text-muted")))
+        return Content("\n").join(lines)
 
 
-class RunTimeline(Widget):
-    """The recent runs as a strip of cells, oldest left, newest right; each cell carries
-    its status's glyph and colour, so it reads with and without colour."""
+class RecentRuns(Widget):
+    """The newest runs as a strip of glyphs, oldest left (by scheduled time)."""
 
     DEFAULT_CSS = """
-    RunTimeline {
+    RecentRuns {
         height: 1;
         padding: 0 1;
     }
@@ -85,7 +119,6 @@ class RunTimeline(Widget):
 
     runs: reactive[list[Run]] = reactive(list, always_update=True)
     """Newest first, as the backend pages them."""
-    stale: reactive[bool] = reactive(False)
 
     def render(self) -> Text:
         label = Text("recent ", style=theme_color(self.app, "text-muted"))
@@ -101,7 +134,7 @@ class RunTimeline(Widget):
 
 
 class UpcomingLine(Widget):
-    """The next five fire times in the schedule's zone."""
+    """The next five fire times, in the schedule's own zone (where its cron is read)."""
 
     DEFAULT_CSS = """
     UpcomingLine {
@@ -125,15 +158,21 @@ class UpcomingLine(Widget):
             shown = [local[0].strftime("%m-%d %H:%M:%S")] + [t.strftime("%H:%M:%S") for t in local[1:]]
         else:
             shown = [t.strftime("%m-%d %H:%M") for t in local]
-        abbr = local[0].strftime("%Z")
-        note = f" [$text-warning]({escape(self.note)})[/]" if self.note else ""
-        return Content.from_markup(
-            "[$text-muted]next[/]    " + " [$text-muted]·[/] ".join(shown) + f" [$text-muted]{escape(abbr)}[/]{note}"
-        )
+        parts: list[str | tuple[str, str]] = [("next    ", "$text-muted")]
+        for i, text in enumerate(shown):
+            if i:
+                parts.append((" · ", "$text-muted"))
+            parts.append(text)
+        parts.append((f" {local[0].strftime('%Z')} (its zone)", "$text-muted"))
+        if self.note:
+            parts.append((f" ({self.note})", "$text-warning"))
+        return Content.assemble(*parts)
 
 
-class RunsTable(DataTable[Text | str]):
-    """One page of the selected schedule's runs, newest first."""
+class RunsTable(FreshTable):
+    """One page of the selected schedule's runs, newest first by scheduled time. Times are
+    in the display zone; the error column takes the room the others leave (and at least
+    :data:`ERROR_MIN`), so it stays on screen at 80 columns."""
 
     DEFAULT_CSS = """
     RunsTable {
@@ -141,22 +180,30 @@ class RunsTable(DataTable[Text | str]):
     }
     """
 
+    BINDINGS = [
+        Binding("home", "scroll_top", "First", show=False),
+        Binding("end", "scroll_bottom", "Last", show=False),
+    ]
+
     COLUMNS = (
         ("scheduled", "SCHEDULED AT"),
         ("status", "STATUS"),
         ("outcome", "OUTCOME"),
-        ("lag", "LAG"),
         ("duration", "DURATION"),
-        ("instance", "INSTANCE"),
         ("error", "ERROR"),
+        ("lag", "LAG"),
+        ("instance", "INSTANCE"),
     )
+    ERROR_MIN = 16
+    _FIXED = 18 + 12 + 10 + 10  # scheduled, status, outcome and duration, as drawn
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=False)
         self.runs: list[Run] = []
         """The runs shown, newest first."""
-        self._zone = "UTC"
+        self._key: tuple[object, ...] = ()
         self._shown: list[tuple[str, tuple[Text | str, ...]]] = []
+        self._max_runtime_s = 1800.0
 
     def on_mount(self) -> None:
         for key, label in self.COLUMNS:
@@ -168,26 +215,35 @@ class RunsTable(DataTable[Text | str]):
             return None
         return self.runs[self.cursor_row]
 
-    def _cells(self, run: Run, zone: str) -> tuple[Text | str, ...]:
+    def _error_width(self) -> int:
+        padding = 2 * len(self.COLUMNS)
+        return max(self.ERROR_MIN, self.size.width - 1 - padding - self._FIXED - 8 - 12)
+
+    def _cells(self, run: Run, zone: str, now: datetime) -> tuple[Text | str, ...]:
         error = " ".join(filter(None, [run.error_tag and f"[{run.error_tag}]", run.error_message]))
+        error = error.replace("\n", " ")
+        width = self._error_width()
+        if len(error) > width:
+            error = error[: width - 1] + "…"
+        # Text, never str: a str cell is parsed as markup on every measure and render.
         return (
-            short_time(run.scheduled_at, zone),
+            Text(fmt.short_time(run.scheduled_at, zone)),
             status_text(self.app, run.status),
             outcome_text(self.app, run.coordination_outcome),
-            lag(run),
-            fmt.duration(run.duration_ms),
-            run.instance,
-            Text(error, style=theme_color(self.app, "text-error")) if error else "",
+            Text(run_duration(run, self._max_runtime_s, now)),
+            Text(error, style=Style(color=theme_color(self.app, "text-error"))),
+            Text(lag(run)),
+            Text(run.instance),
         )
 
-    def show(self, runs: list[Run], zone: str) -> None:
+    def show(self, runs: list[Run], zone: str, now: datetime, max_runtime_s: float = 1800.0) -> None:
         """Show ``runs``; the cursor stays on the same run when it is still there."""
-        shown = [(run.id, self._cells(run, zone)) for run in runs]
-        if shown == self._shown and zone == self._zone:
+        self._max_runtime_s = max_runtime_s
+        shown = [(run.id, self._cells(run, zone, now)) for run in runs]
+        if shown == self._shown:
             return
         selected = self.selected_run.id if self.selected_run is not None else None
         same_rows = [key for key, _ in shown] == [key for key, _ in self._shown]
-        self._zone = zone
         self.runs = list(runs)
         if same_rows:
             for (key, cells), (_, old) in zip(shown, self._shown):
@@ -202,3 +258,12 @@ class RunsTable(DataTable[Text | str]):
             self.add_row(*cells, key=key)
         if selected is not None and any(key == selected for key, _ in shown):
             self.move_cursor(row=self.get_row_index(selected), animate=False)
+
+    def hidden_columns(self) -> list[str]:
+        room = self.scrollable_content_region.width
+        used, hidden = 0, []
+        for column in self.ordered_columns:
+            used += column.get_render_width(self)
+            if used > room:
+                hidden.append(str(column.label).lower())
+        return hidden

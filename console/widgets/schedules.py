@@ -1,29 +1,91 @@
-"""The schedules table: one row per schedule, its countdown recomputed on every tick."""
+"""The schedules table: one row per schedule, what matters most on the left.
+
+Columns by priority: name, state (on, off, overdue), next fire (a countdown), last run (its
+status, age or elapsed time, duration, who fired it, and a newer manual run), then cron,
+zone and trigger. Every column that changes while the console runs has a fixed width:
+updating a cell then never makes the table re-measure a column of a thousand rows (that
+re-measuring froze the console after each minute boundary at 1,000 schedules).
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from rich.style import Style
 from rich.text import Text
+from textual import events
+from textual.binding import Binding
 from textual.widgets import DataTable
 
-from backend.model import ScheduleView
+from backend.model import Run, ScheduleView
 
 from .. import format as fmt
-from .palette import OUTCOME_COLORS, status_text, theme_color
+from ..fleet import CronCache, Overdue
+from .palette import OUTCOME_COLORS, status_style, theme_color
 
-__all__ = ["SchedulesTable"]
+__all__ = ["LAST_WIDTH", "NAME_MAX", "FreshTable", "SchedulesTable", "last_run_text"]
 
-NOTE_WIDTH = 18
-"""How much of a disabled schedule's note the table shows (the detail bar shows it all)."""
+NAME_MAX = 28
+"""Longer names are cut with an ellipsis (the detail bar shows the whole name)."""
+LAST_WIDTH = 34
 
 
-class SchedulesTable(DataTable[Text | str]):
-    """Schedules, most telling columns first so that 80 columns show what matters.
+def _run_age(run: Run, view: ScheduleView, now: datetime) -> str:
+    if run.status == "running":
+        started = run.fired_at or run.scheduled_at
+        budget = fmt.compact_delta(timedelta(seconds=view.max_runtime_s)).split(" ")[0]
+        return f"{fmt.age(started, now)}/{budget}"
+    return f"{fmt.age(run.finished_at or run.fired_at or run.scheduled_at, now)} ago"
 
-    :meth:`show` diffs against what is on screen (cursor and scroll stay put); :meth:`tick`
-    recomputes the countdowns of the visible rows from the absolute ``next_fire_at``.
-    """
+
+def last_run_text(view: ScheduleView, now: datetime, app: object) -> Text:
+    """``✓ succeeded 3m ago 310ms ◆`` (a running one: ``▶ running 12s/30m``, its elapsed
+    time against max_runtime), then ``✎▶ 2s`` when a manual run is newer than that slot."""
+    from textual.app import App
+
+    assert isinstance(app, App)
+    muted = Style(color=theme_color(app, "text-muted"))
+    last = view.last_run
+    if last is None:
+        text = Text("- " if view.latest_manual is None else "", style=muted)
+    else:
+        # Each part its own span: a Text's base style would spread the failure's reverse.
+        text = Text()
+        text.append(f"{fmt.STATUS_GLYPHS.get(last.status, '?')} {last.status}", style=status_style(app, last.status))
+        text.append(f" {_run_age(last, view, now)}")
+        if last.status != "running" and last.duration_ms is not None:
+            text.append(f" {fmt.duration(last.duration_ms)}", style=muted)
+        text.append(" ")
+        text.append(
+            fmt.OUTCOME_GLYPHS.get(last.coordination_outcome, "?"),
+            style=Style(color=theme_color(app, OUTCOME_COLORS.get(last.coordination_outcome, "foreground"))),
+        )
+    manual = view.latest_manual
+    if manual is not None and (last is None or (manual.scheduled_at, manual.id) > (last.scheduled_at, last.id)):
+        text.append(" " if last is not None else "")
+        text.append(fmt.OUTCOME_GLYPHS["manual"], style=Style(color=theme_color(app, OUTCOME_COLORS["manual"])))
+        text.append(fmt.STATUS_GLYPHS.get(manual.status, "?"), style=status_style(app, manual.status))
+        text.append(f" {_run_age(manual, view, now)}", style=muted)
+    text.truncate(LAST_WIDTH, overflow="ellipsis")
+    return text
+
+
+class FreshTable(DataTable[Text | str]):
+    """A DataTable that never shows rows drawn with the column widths of before: Textual
+    measures new rows when idle and keeps lines it drew in between (a frame could show the
+    first rows cut to the old widths). Once measured, those lines are dropped."""
+
+    async def _on_idle(self, event: events.Idle) -> None:
+        measuring = self._require_update_dimensions
+        await super()._on_idle(event)
+        if measuring:
+            self._line_cache.clear()
+            self.refresh()
+
+
+class SchedulesTable(FreshTable):
+    """:meth:`show` diffs against what is on screen (cursor and scroll stay put); :meth:`tick`
+    recomputes the time-dependent cells (countdown, ages, overdue) of the rows on screen."""
 
     DEFAULT_CSS = """
     SchedulesTable {
@@ -33,22 +95,32 @@ class SchedulesTable(DataTable[Text | str]):
     }
     """
 
+    BINDINGS = [
+        Binding("home", "scroll_top", "First", show=False),
+        Binding("end", "scroll_bottom", "Last", show=False),
+    ]
+
     COLUMNS = (
         ("name", "NAME", None),
+        ("state", "STATE", 9),
         ("next", "NEXT FIRE", 11),
-        ("last", "LAST RUN", None),
-        ("enabled", "ENABLED", None),
+        ("last", "LAST RUN", LAST_WIDTH),
         ("cron", "CRON", None),
         ("tz", "TIMEZONE", None),
-        ("trigger", "TRIGGER", None),
+        ("trigger", "TRIGGER", 8),
     )
+    TICKING = ("state", "next", "last")
+    """The columns that change with time alone."""
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, crons: CronCache, overdue: Overdue, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=False)
+        self.crons = crons
+        self.overdue = overdue
         self.views: dict[str, ScheduleView] = {}
         """The schedules shown, by name."""
         self._shown: dict[str, tuple[Text | str, ...]] = {}
         self._now: datetime | None = None
+        self._data_now: datetime | None = None
 
     def on_mount(self) -> None:
         for key, label, width in self.COLUMNS:
@@ -64,44 +136,55 @@ class SchedulesTable(DataTable[Text | str]):
         except Exception:
             return None
 
-    def _cells(self, view: ScheduleView, now: datetime) -> tuple[Text | str, ...]:
-        last = view.last_run
-        if last is None:
-            last_cell: Text | str = Text("-", style=theme_color(self.app, "text-muted"))
-        else:
-            label = f"{last.status} {fmt.duration(last.duration_ms)}" if last.duration_ms is not None else last.status
-            # The outcome's glyph too: who fired it (●◆⇲✎, see the legend under ?).
-            last_cell = status_text(self.app, last.status, label) + Text(" ") + Text(
-                fmt.OUTCOME_GLYPHS.get(last.coordination_outcome, "?"),
-                style=theme_color(self.app, OUTCOME_COLORS.get(last.coordination_outcome, "foreground")),
-            )
-        if view.enabled:
-            enabled: Text | str = Text("● on", style=theme_color(self.app, "text-success"))
-        else:
-            note = view.state_note.note if view.state_note and view.state_note.note else ""
-            if len(note) > NOTE_WIDTH:
-                note = note[: NOTE_WIDTH - 1] + "…"
-            enabled = Text(f"○ off{': ' + note if note else ''}", style=theme_color(self.app, "text-warning"))
-        return (
-            Text(view.name, style="bold"),
-            self._countdown(view, now),
-            last_cell,
-            enabled,
-            view.cron,
-            view.timezone,
-            view.trigger,
-        )
+    def hidden_columns(self) -> list[str]:
+        """The labels of the columns that do not fit the table's width (from the right)."""
+        room = self.scrollable_content_region.width
+        used, hidden = 0, []
+        for column in self.ordered_columns:
+            used += column.get_render_width(self)
+            if used > room:
+                hidden.append(str(column.label).lower())
+        return hidden
 
-    def _countdown(self, view: ScheduleView, now: datetime) -> Text | str:
+    # -- cells --------------------------------------------------------------------------
+    def _state(self, view: ScheduleView, data_now: datetime) -> Text:
+        if not view.enabled:
+            return Text("○ off", style=theme_color(self.app, "text-warning"))
+        if self.overdue.since(view, data_now) is not None:
+            return Text("⚠ overdue", style=Style(color=theme_color(self.app, "text-warning"), bold=True, reverse=True))
+        return Text("● on", style=theme_color(self.app, "text-success"))
+
+    def _countdown(self, view: ScheduleView, now: datetime) -> Text:
         if not view.enabled:
             return Text("disabled", style=theme_color(self.app, "text-muted"))
         if view.next_fire_at is None:
             return Text("external", style=theme_color(self.app, "text-muted"))
-        return fmt.countdown(view.next_fire_at, now)
+        target = view.next_fire_at
+        if target <= now:
+            # The known slot has passed and no fresh data says what came next (paused, or
+            # between refreshes): count down to the cron's next slot instead of "due now".
+            target = self.crons.next_after(view, now) or target
+        return Text(fmt.countdown(target, now))
 
-    def show(self, views: list[ScheduleView], now: datetime) -> None:
-        """Show ``views`` (already filtered), keeping the cursor on the same schedule."""
-        self._now = now
+    def _cells(self, view: ScheduleView, now: datetime, data_now: datetime) -> tuple[Text | str, ...]:
+        # Text, never str: a str cell is parsed as markup on every measure and render.
+        name = view.name if len(view.name) <= NAME_MAX else view.name[: NAME_MAX - 1] + "…"
+        return (
+            Text(name, style="bold"),
+            self._state(view, data_now),
+            self._countdown(view, now),
+            last_run_text(view, now, self.app),
+            Text(view.cron),
+            Text(view.timezone),
+            Text(view.trigger),
+        )
+
+    # -- showing ------------------------------------------------------------------------
+    def show(self, views: list[ScheduleView], now: datetime, data_now: datetime) -> None:
+        """Show ``views`` (already filtered), keeping the cursor on the same schedule.
+        ``data_now`` is the backend's time when the data was read (overdue is judged
+        against it, so paused or stale data does not make schedules look overdue)."""
+        self._now, self._data_now = now, data_now
         names = [v.name for v in views]
         previous = self.views
         self.views = {v.name: v for v in views}
@@ -110,26 +193,31 @@ class SchedulesTable(DataTable[Text | str]):
             self.clear()
             self._shown = {}
             for view in views:
-                cells = self._cells(view, now)
+                cells = self._cells(view, now, data_now)
                 self._shown[view.name] = cells
                 self.add_row(*cells, key=view.name)
             if selected in self._shown:
-                self.move_cursor(row=self.get_row_index(selected), animate=False)
+                self.move_cursor(row=self.get_row_index(selected), animate=False, scroll=True)
             return
         for view in views:
             if view == previous.get(view.name):
-                continue  # unchanged (its countdown is the tick's business)
-            cells = self._cells(view, now)
-            old = self._shown[view.name]
-            for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, old):
-                if new_cell != old_cell:
-                    self.update_cell(view.name, key, new_cell, update_width=width is None)
-            self._shown[view.name] = cells
+                continue  # unchanged: its time-dependent cells are the tick's business
+            self._update_row(view, self._cells(view, now, data_now))
 
-    def tick(self, now: datetime) -> None:
-        """Recompute the countdowns of the rows on screen (others follow when scrolled to)."""
+    def _update_row(self, view: ScheduleView, cells: tuple[Text | str, ...]) -> None:
+        old = self._shown[view.name]
+        for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, old):
+            if new_cell != old_cell:
+                self.update_cell(view.name, key, new_cell, update_width=width is None)
+        self._shown[view.name] = cells
+
+    def tick(self, now: datetime, data_now: datetime | None = None) -> None:
+        """Recompute the time-dependent cells of the rows on screen (others follow when
+        scrolled to: :meth:`show` and this only ever look at what is visible)."""
         self._now = now
-        if not self._shown:
+        if data_now is not None:
+            self._data_now = data_now
+        if not self._shown or self._data_now is None:
             return
         first = max(0, int(self.scroll_y) - 1)
         last = first + self.size.height + 1
@@ -138,8 +226,7 @@ class SchedulesTable(DataTable[Text | str]):
             view = self.views.get(name)
             if view is None:
                 continue
-            cell = self._countdown(view, now)
+            fresh = (self._state(view, self._data_now), self._countdown(view, now), last_run_text(view, now, self.app))
             cells = self._shown[name]
-            if cells[1] != cell:
-                self.update_cell(name, "next", cell)
-                self._shown[name] = (cells[0], cell, *cells[2:])
+            if fresh != cells[1:4]:
+                self._update_row(view, (cells[0], *fresh, *cells[4:]))

@@ -350,7 +350,7 @@ def _allocate(specs: list[ScheduleSpec], runs: int, span_s: float) -> list[int]:
     return counts
 
 
-_DDL_DEFERRED = ("CREATE INDEX", "CREATE UNIQUE INDEX")
+_DDL_DEFERRED = ("CREATE INDEX", "CREATE UNIQUE INDEX", "DROP INDEX")  # in migration order
 
 
 def _schema_statements() -> tuple[list[str], list[str]]:

@@ -1,0 +1,83 @@
+"""Change signals between the instances sharing a PostgreSQL store: NOTIFY and LISTEN (a
+mixin of :class:`~backend.store.postgres.PostgresStore`; see :mod:`backend.relay`).
+
+A notification is sent by a statement of its own on a pooled connection (autocommit:
+never inside another transaction). Listening needs a connection of its own, outside the
+pool, held open for as long as someone wants to hear; it is checked every
+:data:`LISTEN_CHECK` seconds and opened again, with backoff, when it is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import AsyncConnection
+
+__all__ = ["PostgresEvents"]
+
+log = logging.getLogger("schedtui.events")
+
+CHANNEL = "schedtui_events"
+NOTIFY = f"SELECT pg_notify('{CHANNEL}', %s)"
+LISTEN = f"LISTEN {CHANNEL}"
+#: The check of a quiet listening connection: listening again is a no-op that needs the server.
+PING = LISTEN
+#: Seconds without a notification after which the listening connection is checked.
+LISTEN_CHECK = 15.0
+#: Pauses between attempts to listen again (seconds); the last repeats.
+LISTEN_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+class PostgresEvents:
+    if TYPE_CHECKING:
+        where: str
+        _conninfo: str
+
+        async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int: ...
+
+    async def notify_events(self, payload: str) -> None:
+        await self._execute(NOTIFY, (payload,))
+
+    async def listen_events(self, on_payload: Callable[[str], None], on_state: Callable[[bool], None]) -> None:
+        failures = 0
+        listening: bool | None = None  # as last told to on_state
+        while True:
+            conn: AsyncConnection[Any] | None = None
+            try:
+                conn = await AsyncConnection.connect(
+                    self._conninfo, autocommit=True, application_name="schedtui-listen"
+                )
+                await conn.execute(LISTEN)
+                if failures:
+                    log.info("listening to the other instances again")
+                failures = 0
+                if listening is not True:
+                    listening = True
+                    on_state(True)
+                while True:
+                    async for notify in conn.notifies(timeout=LISTEN_CHECK):
+                        on_payload(notify.payload)
+                    await conn.execute(PING)  # quiet for a while: is the connection still there?
+            except (psycopg.Error, OSError) as exc:
+                if listening is not False:
+                    listening = False
+                    on_state(False)
+                failures += 1
+                if failures == 1 or failures % 20 == 0:
+                    log.warning('cannot listen to the other instances on "%s" (%s); retrying', self.where, _one_line(exc))
+            finally:
+                if conn is not None:
+                    try:
+                        await conn.close()
+                    except Exception:  # closing a broken connection: nothing left to do
+                        pass
+            await asyncio.sleep(LISTEN_BACKOFF[min(failures, len(LISTEN_BACKOFF)) - 1])

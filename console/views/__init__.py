@@ -1,0 +1,50 @@
+"""The numbered views and their registry.
+
+A view is one module here with one :class:`~console.views.base.View` subclass. To add one
+(the jobs, durable, locks and audit views come with their systems), write its module and
+fill in ``make`` in its :data:`VIEWS` entry; the keys, the footer, ``?``, the command
+palette and the tab line follow from the registry. A view whose system the backend does
+not offer (:attr:`backend.interface.ConnectionInfo.systems`), or that is not written yet,
+says so instead of failing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .audit import AuditView
+from .base import UnavailableView, View
+from .durable import DurableView
+from .schedules import SchedulesView
+from .timeline import TimelineView
+
+__all__ = ["VIEWS", "UnavailableView", "View", "ViewSpec", "view_spec"]
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    id: str
+    """Also the view's widget id and, with a ``view_`` prefix, its key binding's id."""
+    key: str
+    title: str
+    system: str
+    """The backend system it needs (see ``ConnectionInfo.systems``)."""
+    help: str
+    make: Callable[[], View] | None
+    """Builds the view; ``None`` while it is not written."""
+
+
+VIEWS: tuple[ViewSpec, ...] = (
+    ViewSpec("schedules", "1", "Schedules", "schedules", "every schedule; the selected one's runs", SchedulesView),
+    ViewSpec("timeline", "2", "Timeline", "schedules", "every schedule's runs on a time axis", TimelineView),
+    ViewSpec("jobs", "3", "Jobs", "jobs", "job queues: queued, running and dead jobs", None),
+    ViewSpec("durable", "4", "Durable", "durable",
+             "durable executions: enter steps (f failed only), a signal, c cancel, R retry", DurableView),
+    ViewSpec("locks", "5", "Locks", "locks", "project locks: holders and fencing tokens", None),
+    ViewSpec("audit", "6", "Audit", "audit", "who did what, and when; / filters, ] reads older", AuditView),
+)
+
+
+def view_spec(view_id: str) -> ViewSpec:
+    return next(spec for spec in VIEWS if spec.id == view_id)

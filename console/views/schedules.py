@@ -1,0 +1,234 @@
+"""View 1: every schedule, and the selected one's settings, recent runs, next fires and runs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.content import Content
+from textual.widgets import DataTable
+
+from backend.errors import SchedtuiError, Unavailable
+from backend.interface import RunsPage
+from backend.model import Run
+
+from ..fleet import durations
+from ..widgets.line import Line
+from ..widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
+from .base import View
+
+__all__ = ["PAGE_SIZE", "SchedulesView"]
+
+PAGE_SIZE = 50
+"""Runs per page (the recent strip and the typical durations use the newest page)."""
+
+
+class SchedulesView(View):
+    """The schedules table; under it the selected schedule's detail bar, its newest runs as
+    a strip, its next fire times and a page of its runs (``]``/``[`` page by keyset)."""
+
+    view_id = "schedules"
+
+    BINDINGS = [
+        Binding("right_square_bracket", "older_runs", "Older runs", id="older_runs", show=False,
+                tooltip="older runs (the next page, by keyset)"),
+        Binding("left_square_bracket", "newer_runs", "Newer runs", id="newer_runs", show=False,
+                tooltip="newer runs (back towards the newest page)"),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id or self.view_id)
+        self.selected_name: str | None = None
+        """The schedule under the cursor; its runs and next fire times are shown."""
+        self.page: RunsPage | None = None
+        """The runs page on screen for the selected schedule."""
+        self.recent: list[Run] = []
+        """The newest page of the selected schedule (the strip and the durations)."""
+        self._pages: list[str | None] = [None]
+        self._detail: tuple[str, RunsPage, RunsPage, list[datetime]] | None = None
+
+    def compose(self) -> ComposeResult:
+        console = self.console
+        yield Line("SCHEDULES", id="schedules-title", classes="section")
+        yield SchedulesTable(console.crons, console.overdue, id="schedules")
+        yield DetailBar(id="detail")
+        yield RecentRuns(id="recent")
+        yield UpcomingLine(id="upcoming")
+        yield RunsTable(id="runs")
+
+    @property
+    def table(self) -> SchedulesTable:
+        return self.query_one(SchedulesTable)
+
+    def focus_main(self) -> None:
+        self.table.focus()
+
+    def selected_schedule(self) -> str | None:
+        return self.selected_name
+
+    def select(self, name: str) -> bool:
+        table = self.table
+        if name not in table.views:
+            return False
+        table.move_cursor(row=table.get_row_index(name), animate=False, scroll=True)
+        self._select(name)
+        return True
+
+    # -- data ---------------------------------------------------------------------------
+    async def load(self) -> None:
+        name = self.selected_name
+        if name is not None and self.console.view_of(name) is not None:
+            recent, page, upcoming = await self._fetch_detail(name)
+            self._detail = (name, recent, page, upcoming)
+
+    async def _fetch_detail(self, name: str) -> tuple[RunsPage, RunsPage, list[datetime]]:
+        """A schedule's newest runs (the strip), the page of runs on screen (the same,
+        unless the operator paged back), and its next slots."""
+        backend = self.console.backend
+        recent = await backend.list_runs(name, limit=PAGE_SIZE)
+        before = self._pages[-1]
+        page = recent if before is None else await backend.list_runs(name, limit=PAGE_SIZE, before=before)
+        return recent, page, await backend.upcoming(name, 5)
+
+    @work(exclusive=True, group="detail", exit_on_error=False)
+    async def load_detail(self, name: str) -> None:
+        """Read the selected schedule's newest runs (or the page on screen) and next slots."""
+        try:
+            recent, page, upcoming = await self._fetch_detail(name)
+        except Unavailable as exc:
+            self.console.connection_lost(exc)
+            return
+        except SchedtuiError as exc:
+            self.console.report(exc)
+            return
+        if name == self.selected_name:
+            self._detail = (name, recent, page, upcoming)
+            self._show_detail()
+
+    # -- drawing ------------------------------------------------------------------------
+    def show(self) -> None:
+        console = self.console
+        table = self.table
+        visible = console.visible_views()
+        table.show(visible, console.clock.now(), console.data_now())
+        self._title(len(visible))
+        self.call_after_refresh(self._title, len(visible))  # hidden columns: once laid out
+        self._select(table.selected_name)
+        view = console.view_of(self.selected_name)
+        detail = self.query_one(DetailBar)
+        if view is not None and view != detail.view:
+            detail.view = view
+        self._show_detail()
+
+    def _title(self, shown: int) -> None:
+        console = self.console
+        title = f"SCHEDULES {shown}"
+        if console.filter_text:
+            title += f" of {len(console.views)} · filter “{console.filter_text}” (esc clears)"
+        hidden = self.table.hidden_columns()
+        if hidden:
+            title += f" · → {', '.join(hidden)} off-screen (wider terminal, or ← →)"
+        self.query_one("#schedules-title", Line).update(Content(title))
+
+    def _show_detail(self) -> None:
+        console = self.console
+        name = self.selected_name
+        detail = self.query_one(DetailBar)
+        now = console.clock.now()
+        detail.zone, detail.now = console.display_zone, now
+        if self._detail is None or name is None or self._detail[0] != name:
+            return
+        _, recent, page, upcoming = self._detail
+        view = console.view_of(name)
+        zone = view.timezone if view is not None else "UTC"
+        self.recent = recent.runs
+        self.page = page
+        self.query_one(RecentRuns).runs = recent.runs
+        self.query_one(RunsTable).show(page.runs, console.display_zone, now, view.max_runtime_s if view else 1800.0)
+        line = self.query_one(UpcomingLine)
+        line.zone = zone
+        line.slots = upcoming
+        if view is not None and not view.enabled:
+            line.note = "disabled: will not fire"
+        elif view is not None and view.trigger == "external":
+            line.note = "fired by the platform's scheduler"
+        else:
+            line.note = ""
+        detail.durations = durations(recent.runs)
+        detail.overdue_since = console.overdue.since(view, console.data_now()) if view is not None else None
+        detail.page = "" if len(self._pages) == 1 else f"page {len(self._pages)} · [ newer"
+
+    def tick(self, now: datetime) -> None:
+        self.table.tick(now, self.console.data_now())
+        detail = self.query_one(DetailBar)
+        detail.now = now
+        runs = self.query_one(RunsTable)
+        if any(r.status == "running" for r in runs.runs):
+            view = self.console.view_of(self.selected_name)
+            runs.show(runs.runs, self.console.display_zone, now, view.max_runtime_s if view else 1800.0)
+
+    def show_new_run(self, run: Run) -> None:
+        """Put a run started here on screen at once (the next refresh confirms it)."""
+        console = self.console
+        if run.name != self.selected_name or self._detail is None:
+            return
+        name, recent, page, upcoming = self._detail
+        runs = [run, *[r for r in recent.runs if r.id != run.id]][:PAGE_SIZE]
+        fresh = replace(recent, runs=runs)
+        self._detail = (name, fresh, fresh if len(self._pages) == 1 else page, upcoming)
+        self._show_detail()
+        console.post_message(console.RunShown(run))
+
+    # -- selection and paging -----------------------------------------------------------
+    def _select(self, name: str | None) -> None:
+        if name == self.selected_name:
+            return
+        self.selected_name = name
+        self._pages = [None]
+        self.query_one(DetailBar).view = self.console.view_of(name)
+        if name is None:
+            self._detail = None
+            self.query_one(RecentRuns).runs = []
+            self.query_one(RunsTable).show([], self.console.display_zone, self.console.clock.now())
+            self.query_one(UpcomingLine).slots = []
+            return
+        self.load_detail(name)
+
+    @on(DataTable.RowHighlighted, "#schedules")
+    def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._select(event.row_key.value)
+
+    @on(DataTable.RowSelected)
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.open_details()
+
+    def open_details(self) -> None:
+        run = self.query_one(RunsTable).selected_run
+        if run is None:
+            self.notify("No run selected (this schedule has no runs yet).", severity="warning")
+            return
+        self.console.show_run(run)
+
+    def action_older_runs(self) -> None:
+        """``]``: the next page of runs, further back (by keyset)."""
+        if self.page is None or self.page.next_before is None or self.selected_name is None:
+            self.notify("No older runs.", severity="information")
+            return
+        self._pages.append(self.page.next_before)
+        self.load_detail(self.selected_name)
+
+    def action_newer_runs(self) -> None:
+        """``[``: back towards the newest page."""
+        if len(self._pages) == 1 or self.selected_name is None:
+            self.notify("Already on the newest runs.", severity="information")
+            return
+        self._pages.pop()
+        self.load_detail(self.selected_name)
+
+    def on_resize(self) -> None:
+        if self.console.views:
+            self._title(len(self.table.views))

@@ -1,0 +1,245 @@
+"""View 2: the fleet timeline, every schedule's runs on one time axis."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.content import Content
+
+from backend.errors import SchedtuiError, Unavailable
+from backend.model import Run
+
+from .. import format as fmt
+from ..timeline import DEFAULT_ZOOM, ZOOMS, Window, kind_of, zoom_label
+from ..widgets.line import Line
+from ..widgets import TimelineGrid
+from ..widgets.palette import KIND_MEANINGS
+from ..widgets.runs import run_duration
+from .base import View
+
+__all__ = ["TimelineView"]
+
+
+class TimelineView(View):
+    """A row per schedule (the filter applies), time across: each run at its scheduled
+    time, the worst status where runs share a cell, slots without a run, "now", and the
+    next fires to its right. Only the rows on screen are read, for the window on screen."""
+
+    view_id = "timeline"
+
+    BINDINGS = [
+        Binding("h", "pan(-1)", "Earlier", id="timeline_earlier", tooltip="pan a quarter of the window earlier"),
+        Binding("l", "pan(1)", "Later", id="timeline_later", tooltip="pan a quarter of the window later"),
+        Binding("plus,equals_sign", "zoom(-1)", "Zoom in", id="timeline_zoom_in", key_display="+",
+                tooltip="zoom in (down to 15 minutes)"),
+        Binding("minus", "zoom(1)", "Zoom out", id="timeline_zoom_out", key_display="-",
+                tooltip="zoom out (up to 7 days)"),
+        Binding("0", "follow_now", "Back to now", id="timeline_now", show=False,
+                tooltip="back to following now"),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id or self.view_id)
+        self.zoom = DEFAULT_ZOOM
+        """Index into :data:`~console.timeline.ZOOMS`."""
+        self.following = True
+        """The window keeps "now" a fifth from its right edge; panning stops that (``0`` resumes)."""
+        self.center: datetime | None = None
+        """The window's centre while not following."""
+        self.runs: dict[str, list[Run]] = {}
+        """Runs loaded, per schedule, for :attr:`loaded_for`."""
+        self.loaded_for: tuple[Window, frozenset[str]] | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Line("TIMELINE", id="timeline-title", classes="section")
+        yield TimelineGrid(self.console.crons, id="timeline-grid")
+        yield Line("", id="timeline-info")
+
+    @property
+    def grid(self) -> TimelineGrid:
+        return self.query_one(TimelineGrid)
+
+    def focus_main(self) -> None:
+        self.grid.focus()
+
+    def selected_schedule(self) -> str | None:
+        return self.grid.selected_name
+
+    def select(self, name: str) -> bool:
+        return self.grid.select_name(name)
+
+    @property
+    def limit_per_name(self) -> int:
+        """Enough runs for eight in every cell; a row with exactly this many is
+        drawn as known only from its oldest loaded run on (zoom in for the rest)."""
+        return min(1000, max(200, 8 * self.grid.cells))
+
+    def window(self, now: datetime) -> Window:
+        span, cells = ZOOMS[self.zoom], self.grid.cells
+        if self.following or self.center is None:
+            return Window.following(now, span, cells)
+        return Window.around(self.center, span, cells)
+
+    def _names_on_screen(self) -> list[str]:
+        grid = self.grid
+        rows = self.console.visible_views()
+        top = int(grid.scroll_y)
+        # Not laid out yet (the view was just switched to): no more rows than the screen has.
+        height = max(1, (grid.size.height or self.app.size.height) - 1)
+        on_screen = rows[top : top + height]
+        return [v.name for v in on_screen]
+
+    # -- data ---------------------------------------------------------------------------
+    async def load(self) -> None:
+        window = self.window(self.console.clock.now())
+        names = self._names_on_screen()
+        if not names:
+            self.runs, self.loaded_for = {}, (window, frozenset())
+            return
+        found = await self.console.backend.runs_between(
+            names, window.start, window.end, limit_per_name=self.limit_per_name
+        )
+        self.runs, self.loaded_for = found, (window, frozenset(names))
+
+    @work(exclusive=True, group="timeline", exit_on_error=False)
+    async def reload(self) -> None:
+        """Read again for what is on screen now (after a pan, a zoom or a scroll)."""
+        try:
+            await self.load()
+        except Unavailable as exc:
+            self.console.connection_lost(exc)
+            return
+        except SchedtuiError as exc:
+            self.console.report(exc)
+            return
+        self.show()
+
+    def _stale(self, window: Window) -> bool:
+        if self.loaded_for is None:
+            return True
+        loaded_window, loaded_names = self.loaded_for
+        if loaded_window.cell != window.cell or loaded_window.start > window.start or loaded_window.end < window.end:
+            # Following now moves the window a cell at a time: what is loaded still covers
+            # all but the newest cell, which the next refresh brings.
+            if not (self.following and loaded_window.cell == window.cell and window.start - loaded_window.start <= window.cell * 2):
+                return True
+        return not set(self._names_on_screen()) <= loaded_names
+
+    # -- drawing ------------------------------------------------------------------------
+    def show(self) -> None:
+        console = self.console
+        now = console.clock.now()
+        window = self.window(now)
+        rows = console.visible_views()
+        overdue = {v.name for v in rows if console.overdue.since(v, console.data_now()) is not None}
+        self.grid.show(rows, self.runs, window, now, console.display_zone, limit=self.limit_per_name, overdue=overdue)
+        self._title(window, len(rows))
+        if self._stale(window):
+            self.reload()
+
+    def _title(self, window: Window, shown: int) -> None:
+        console = self.console
+        zone = console.display_zone
+        span = f"{fmt.short_time(window.start, zone)[:11]} – {fmt.short_time(window.end, zone)[:11]} {fmt.zone_abbr(zone, window.end)}"
+        mode = "following now" if self.following else "panned · 0 returns to now"
+        title = f"TIMELINE {shown} schedules · {zoom_label(ZOOMS[self.zoom])} · {span} · {mode}"
+        if console.filter_text:
+            title += f" · filter “{console.filter_text}”"
+        self.query_one("#timeline-title", Line).update(Content(title))
+
+    def tick(self, now: datetime) -> None:
+        grid = self.grid
+        if grid.window is None:
+            return
+        if self.window(now) != grid.window:
+            self.show()  # following: the window moved by a cell
+        else:
+            grid.refresh_now(now)
+
+    @on(TimelineGrid.CursorMoved)
+    def _cursor_moved(self) -> None:
+        self._info()
+        if self.grid.window is not None and self._stale(self.grid.window):
+            self.reload()
+
+    def _info(self) -> None:
+        info = self.query_one("#timeline-info", Line)
+        console = self.console
+        cursor = self.grid.cursor
+        if cursor is None:
+            info.update(Content.styled("no schedules to show" + (" (filter on)" if console.filter_text else ""), "$text-muted"))
+            return
+        view, cell, index = cursor
+        zone = console.display_zone
+        head: list[str | tuple[str, str]] = [(view.name, "bold"), ("  ", "")]
+        if cell is None or index is None:
+            hint = "←/→ a run · enter its details · h/l pan · +/- zoom · ? legend"
+            info.update(Content.assemble(*head, (hint, "$text-muted")))
+            return
+        assert self.grid.window is not None
+        at = fmt.short_time(self.grid.window.cell_start(index), zone)
+        run = cell.worst
+        if run is None:
+            what = "a slot with no run: missed without a record (was an engine firing?)" if cell.gap else "next fire"
+            info.update(Content.assemble(*head, f"{at}  ", (what, "bold $text-warning" if cell.gap else "$text-muted")))
+            return
+        glyph = fmt.STATUS_GLYPHS.get(run.status, "?")
+        style = "bold reverse $text-error" if run.status == "failed" else "bold"
+        parts: list[str | tuple[str, str]] = [
+            *head, fmt.short_time(run.scheduled_at, zone), "  ", (f"{glyph} {run.status}", style), "  ",
+            f"{fmt.OUTCOME_GLYPHS.get(run.coordination_outcome, '?')} {run.coordination_outcome}",
+            ("  ", ""), (KIND_MEANINGS[kind_of(run)], "$text-muted"), "  ", run.instance, "  ",
+            run_duration(run, view.max_runtime_s, console.clock.now()),
+        ]
+        if run.error_tag or run.error_message:
+            parts += ["  ", (f"[{run.error_tag}] {run.error_message or ''}".strip(), "$text-error")]
+        if len(cell.runs) > 1:
+            counts = Counter(r.status for r in cell.runs)
+            summary = ", ".join(f"{n} {status}" for status, n in counts.most_common())
+            parts += [("  ", ""), (f"{len(cell.runs)} runs in this cell: {summary} (+ zooms in)", "$text-muted")]
+        info.update(Content.assemble(*parts))
+
+    # -- keys ---------------------------------------------------------------------------
+    def action_pan(self, direction: int) -> None:
+        """``h``/``l``: a quarter of the window earlier or later."""
+        now = self.console.clock.now()
+        current = self.window(now)
+        self.center = current.center + ZOOMS[self.zoom] / 4 * direction
+        following = Window.following(now, ZOOMS[self.zoom], self.grid.cells)
+        self.following = direction > 0 and self.center >= following.center
+        self.show()
+
+    def action_zoom(self, direction: int) -> None:
+        """``+``/``-``: a shorter or longer span (15 minutes to 7 days)."""
+        zoom = max(0, min(len(ZOOMS) - 1, self.zoom + direction))
+        if zoom == self.zoom:
+            self.notify(f"Already at {zoom_label(ZOOMS[zoom])}, the {'narrowest' if direction < 0 else 'widest'} span.")
+            return
+        now = self.console.clock.now()
+        if not self.following:
+            self.center = self.window(now).center
+        self.zoom = zoom
+        self.show()
+
+    def action_follow_now(self) -> None:
+        """``0``: back to following now."""
+        self.following = True
+        self.show()
+
+    def open_details(self) -> None:
+        run = self.grid.selected_run
+        if run is None:
+            self.notify("No run under the cursor: ←/→ move between runs.", severity="warning")
+            return
+        cursor = self.grid.cursor
+        if cursor is not None and cursor[1] is not None and len(cursor[1].runs) > 1:
+            self.notify(f"{len(cursor[1].runs)} runs share this cell; showing the worst. + zooms in.")
+        self.console.show_run(run)
+
+    def on_resize(self) -> None:
+        if self.console.views:
+            self.show()

@@ -1,0 +1,258 @@
+"""The console on change signals, and its Audit view (key 6).
+
+Live: a signal naming what is on screen makes the console read it again; nothing is read
+while nothing changes; while the stream is down it polls, tries the stream again with
+backoff, and the header says which. Against a real ``schedtui serve`` too: a Run now made
+by another client shows up without polling. The Audit view: newest first, filtered, older
+entries by keyset, an entry whole on ``enter``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backend import Engine, ManualClock
+from backend.audit import os_user
+from backend.errors import Unavailable
+from backend.events import READY, Signal
+from backend.remote import RemoteBackend
+from console.app import SchedtuiApp
+from console.views.audit import AuditTable, AuditView
+from console.widgets import ConsoleHeader, RunsTable, SchedulesTable
+from tests.console_fixtures import console_engine
+from tests.servers import Server, start_server
+from tests.test_console import Notes, cell, console, ledger, settle, store_url  # noqa: F401  (fixtures)
+from tests.test_contract import OPERATE, write_schedules
+
+
+def header_text(app: SchedtuiApp) -> str:
+    return app.query_one(ConsoleHeader).render().plain
+
+
+class Reads:
+    """Counts the schedule reads of a backend (one per refresh)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.count = 0
+        original = backend.list_schedules
+
+        async def counting() -> Any:
+            self.count += 1
+            return await original()
+
+        backend.list_schedules = counting
+
+
+async def until(pilot: Any, condition: Any, timeout: float = 10) -> None:
+    """Let the app run until ``condition()`` holds (the timeout only bounds a broken test)."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await pilot.pause()
+
+
+def refreshed(app: SchedtuiApp) -> asyncio.Future[None]:
+    """Resolves at the app's next completed refresh."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    original = app.post_message
+
+    def post(message: Any) -> bool:
+        if isinstance(message, SchedtuiApp.Refreshed) and not fut.done():
+            fut.set_result(None)
+        return original(message)
+
+    app.post_message = post  # type: ignore[method-assign]
+    return fut
+
+
+# ---------------------------------------------------------------------------------------
+# embedded: the engine's bus, and the file's change counter
+# ---------------------------------------------------------------------------------------
+async def test_signals_refresh_what_changed_and_nothing_is_read_while_nothing_does(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        assert "● live (events)" in header_text(app) and "ago" not in header_text(app)
+        reads = Reads(app.backend)
+        for _ in range(10):  # ten seconds of a quiet store: not one read
+            clock.advance(1)
+            app.tick()
+            await settle(pilot)
+        assert reads.count == 0
+        # The engine disables a schedule (as a Python client sharing it would): the
+        # schedules signal refreshes the table.
+        engine = app.backend.engine  # type: ignore[attr-defined]
+        done = refreshed(app)
+        await engine.set_enabled("heartbeat", False, note="from elsewhere")
+        await asyncio.wait_for(done, 10)
+        assert cell(app, "heartbeat", "state") == "○ off" and reads.count >= 1
+
+
+async def test_another_process_on_the_file_is_seen_without_polling(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        other = console_engine(store_url, ManualClock(clock.now()))  # another store object: another writer
+        await other.open()
+        try:
+            await other.set_enabled("flaky-export", False, note="paused by a script")
+            done = refreshed(app)
+            clock.advance(1)  # the watch looks at the file's change counter on the engine's clock
+            app.tick()
+            await asyncio.wait_for(done, 10)
+            await settle(pilot)
+            assert cell(app, "flaky-export", "state") == "○ off"
+        finally:
+            await other.stop(0)
+
+
+class Switchable:
+    """A backend whose change stream the test turns on and off; everything else passes."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.up = False
+        self.broken = asyncio.Event()
+        self.read_only = inner.read_only
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
+        if not self.up:
+            raise Unavailable("no event stream (test)")
+        self.broken = asyncio.Event()
+        yield [Signal("e-1", READY, "file")]
+        await self.broken.wait()
+        raise Unavailable("the event stream broke (test)")
+
+
+async def test_it_polls_only_while_the_stream_is_down_and_says_so(store_url: str) -> None:
+    from tests.console_fixtures import console_backend
+
+    clock = ManualClock("2026-03-02T08:00:05Z")
+    backend = Switchable(console_backend(store_url, clock))
+    async with console(store_url, backend=backend, clock=clock) as (app, pilot, _, notes):
+        assert "● live (polling)" in header_text(app)
+        reads = Reads(backend.inner)
+        clock.advance(1)
+        app.tick()
+        await settle(pilot)
+        assert reads.count == 1  # polling: due every second
+
+        backend.up = True
+        clock.advance(2)  # tried again after 1 s (down still), then after 2 s more
+        app.tick()
+        await until(pilot, lambda: app.events_live)
+        await settle(pilot)
+        assert "● live (events)" in header_text(app)
+        before = reads.count
+        for _ in range(10):
+            clock.advance(1)
+            app.tick()
+            await settle(pilot)
+        assert reads.count == before  # no polling while signals flow
+
+        backend.up = False
+        backend.broken.set()
+        await until(pilot, lambda: not app.events_live)
+        assert "● live (polling)" in header_text(app)
+        clock.advance(1)
+        app.tick()
+        await settle(pilot)
+        assert reads.count > before
+
+
+# ---------------------------------------------------------------------------------------
+# remote: the server's event stream
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+def server(tmp_path: Path) -> Any:
+    write_schedules(tmp_path)
+    srv = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{tmp_path / 'state.db'}",
+                       "--token", OPERATE)  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+async def test_a_remote_console_shows_another_clients_run_without_polling(server: Server) -> None:
+    backend = RemoteBackend(server.url, OPERATE)
+    app = SchedtuiApp(backend, refresh_interval=3600)  # polling would take an hour
+    try:
+        async with app.run_test(size=(120, 32)) as pilot:
+            await settle(pilot)
+            await until(pilot, lambda: app.events_live)
+            assert "● live (events)" in header_text(app)
+            app.action_select("hourly")
+            await settle(pilot)
+            async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {OPERATE}"}) as other:
+                fired = (await other.post("/inspect/schedules/hourly/fire")).json()["run_id"]
+            # The signal, then the refresh it starts (a real server: nothing else to await).
+            await until(pilot, lambda: any(r.id == fired for r in app.query_one(RunsTable).runs))
+    finally:
+        await backend.close()
+
+
+# ---------------------------------------------------------------------------------------
+# the Audit view
+# ---------------------------------------------------------------------------------------
+def audit_rows(app: SchedtuiApp) -> list[tuple[str, str, str]]:
+    table = app.query_one(AuditTable)
+    return [(e.actor, e.action, e.target) for e in table.entries]
+
+
+async def test_the_audit_view_lists_who_did_what_newest_first_and_filters(store_url: str) -> None:
+    async with console(store_url, size=(120, 32)) as (app, pilot, clock, notes):
+        await pilot.press("e")  # disable the selected schedule (daily-digest), as this console's user
+        await settle(pilot)
+        await pilot.press("enter")  # no note
+        await settle(pilot)
+        await pilot.press("6")
+        await settle(pilot)
+        assert isinstance(app.active_view, AuditView)
+        assert audit_rows(app) == [
+            (os_user(), "schedule.disable", "daily-digest"),
+            ("alice", "schedule.fire", "daily-digest"),
+            ("ops", "schedule.disable", "legacy-cleanup"),
+        ]
+        table = app.query_one(AuditTable)
+        assert table.get_cell_at((2, 4)).plain.startswith("note=paused during the session-store migration")
+        assert table.get_cell_at((2, 0)).plain == "03-02 08:59:00"  # in the zone on the tab line
+        title = app.query_one("#audit-title").render().plain  # type: ignore[attr-defined]
+        assert title == "AUDIT 3 · newest first · all read"
+
+        await pilot.press("slash", *"alice", "enter")
+        await settle(pilot)
+        assert audit_rows(app) == [("alice", "schedule.fire", "daily-digest")]
+        assert "AUDIT 1 of 3 · filter “alice”" in app.query_one("#audit-title").render().plain  # type: ignore[attr-defined]
+        await pilot.press("enter")  # the entry whole
+        await settle(pilot)
+        (message,) = [m for t, m in notes.seen if t.startswith("Audit entry")]
+        assert "alice · schedule.fire · daily-digest" in message and "run_id:" in message
+        await pilot.press("escape")
+        await settle(pilot)
+        assert len(audit_rows(app)) == 3
+
+
+async def test_the_audit_view_follows_new_entries_and_reads_older_ones(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("console.views.audit.AUDIT_PAGE", 2)
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("6")
+        await settle(pilot)
+        assert audit_rows(app) == [("alice", "schedule.fire", "daily-digest"), ("ops", "schedule.disable", "legacy-cleanup")]
+        assert app.query_one(AuditView).next_before is None or len(audit_rows(app)) == 2
+        engine: Engine = app.backend.engine  # type: ignore[attr-defined]
+        done = refreshed(app)
+        await engine.run_now("heartbeat")  # the audit signal brings it in
+        await asyncio.wait_for(done, 10)
+        await settle(pilot)
+        assert audit_rows(app)[0][1:] == ("schedule.fire", "heartbeat") and len(audit_rows(app)) == 2
+        await pilot.press("right_square_bracket")  # older
+        await settle(pilot)
+        assert [a for _, a, _ in audit_rows(app)] == ["schedule.fire", "schedule.fire", "schedule.disable"]
+        await pilot.press("right_square_bracket")
+        await settle(pilot)
+        assert notes.seen[-1] == ("", "No older entries.")

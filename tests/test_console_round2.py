@@ -1,0 +1,607 @@
+"""The console's second round (issue 13), item by item, under Pilot at a frozen time.
+
+Each test names the item it proves. The fixture ledger (tests/console_fixtures.py) has, at
+the frozen instant, one firing instance (``web-2``, heartbeat a moment ago), the schedules'
+runs of one simulated minute and, for the timeline, an hour of history before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from dataclasses import replace
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.text import Text
+from textual.pilot import Pilot
+
+from backend import Engine, ManualClock, Run, define_schedule
+from backend.interface import ConnectionInfo, EmbeddedBackend
+from backend.model import InstanceInfo, ScheduleView, parse_iso
+from console.app import SchedtuiApp
+from console.fleet import CronCache, Overdue, durations, fleet_of
+from console.screens import BackfillScreen, HelpScreen, QuitPrompt, RunDetails
+from console.views import UnavailableView
+from console.widgets import (
+    ConsoleHeader,
+    DetailBar,
+    FleetBanner,
+    RunsTable,
+    SchedulesTable,
+    TimelineGrid,
+)
+from console.widgets.palette import status_style
+from console.widgets.schedules import last_run_text
+from tests.console_fixtures import FROZEN, WHERE, add_timeline_history, build_ledger, console_backend
+from tests.test_console import Notes, cell, schedules, select, settle
+
+ZONE = "Europe/Berlin"
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("console-round2")
+    url = asyncio.run(build_ledger(folder))
+    asyncio.run(add_timeline_history(url))
+    return folder / "state.db"
+
+
+@pytest.fixture
+def store_url(ledger: Path, tmp_path: Path) -> str:
+    for file in ledger.parent.glob("state.db*"):
+        shutil.copy(file, tmp_path / file.name)
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+@asynccontextmanager
+async def console(
+    url: str, *, size: tuple[int, int] = (120, 32), clock: ManualClock | None = None, backend: Any = None,
+    **kwargs: Any,
+) -> AsyncIterator[tuple[SchedtuiApp, Pilot[Any], ManualClock, Notes]]:
+    clock = clock or ManualClock(FROZEN)
+    backend = backend or console_backend(url, clock)
+    kwargs.setdefault("operator_zone", ZONE)
+    app = SchedtuiApp(backend, clock, where=WHERE, **kwargs)
+    notes = Notes(app)
+    try:
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            yield app, pilot, clock, notes
+    finally:
+        await backend.close()
+
+
+async def later(app: SchedtuiApp, pilot: Pilot[Any], clock: ManualClock, seconds: float) -> None:
+    """Move the clock, refresh (what the timer would do) and let everything settle."""
+    clock.advance(seconds)
+    app.tick()
+    await settle(pilot)
+    app.action_refresh()
+    await settle(pilot)
+
+
+def plain(widget: Any) -> str:
+    rendered = widget.render()
+    return rendered.plain if hasattr(rendered, "plain") else str(rendered)
+
+
+# ----------------------------------------------------------------------------------------
+# views, numbered
+# ----------------------------------------------------------------------------------------
+async def test_number_keys_switch_views_and_each_keeps_its_selection(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await select(pilot, "stuck-import")
+        await pilot.press("2")
+        await settle(pilot)
+        assert app.active_view_id == "timeline"
+        grid = app.query_one(TimelineGrid)
+        assert grid.has_focus and grid.selected_name == "daily-digest"
+        await pilot.press("down", "down")
+        assert app.selected_name == "flaky-export"
+        await pilot.press("1")
+        await settle(pilot)
+        assert app.active_view_id == "schedules" and app.selected_name == "stuck-import"
+        await pilot.press("2")
+        await settle(pilot)
+        assert app.selected_name == "flaky-export"
+
+
+@pytest.mark.parametrize(("key", "title"), [("3", "Jobs"), ("5", "Locks")])
+async def test_views_whose_system_is_not_built_say_so(store_url: str, key: str, title: str) -> None:
+    async with console(store_url, size=(80, 24)) as (app, pilot, clock, notes):
+        await pilot.press(key)
+        await settle(pilot)
+        view = app.active_view
+        assert isinstance(view, UnavailableView)
+        text = " ".join(plain(w) for w in view.query("Static"))
+        assert f"{key} {title}".upper() in text and "not available here" in text and "yet" in text
+        await pilot.press("r")  # the schedule actions have nothing to act on: said, not failed
+        await settle(pilot)
+        assert notes.titled("") and "no schedule selected" in notes.titled("")[-1]
+
+
+async def test_views_are_in_the_footer_the_palette_and_help(store_url: str) -> None:
+    from console.commands import ConsoleCommands
+
+    async with console(store_url) as (app, pilot, clock, notes):
+        footer_keys = {b.binding.key_display or b.binding.key for b in app.screen.active_bindings.values() if b.binding.show}
+        assert "1-6" in footer_keys
+        provider = ConsoleCommands(app.screen)
+        hits = [hit async for hit in provider.search("view 2")]
+        assert hits and str(hits[0].text) == "View 2: Timeline"
+        await hits[0].command()  # type: ignore[misc]
+        await settle(pilot)
+        assert app.active_view_id == "timeline"
+        sections = dict(app.help_keys())
+        assert [key for key, _ in sections["Views"]] == ["1", "2", "3", "4", "5", "6"]
+        assert any("zoom" in description for _, description in sections["2 Timeline"])
+
+
+# ----------------------------------------------------------------------------------------
+# the timeline
+# ----------------------------------------------------------------------------------------
+async def test_timeline_rows_marks_cursor_and_details(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("2", "plus", "plus")  # 1 hour
+        await settle(pilot)
+        grid = app.query_one(TimelineGrid)
+        assert [v.name for v in grid.rows] == list(schedules(app).views)
+        assert grid.window is not None and grid.window.end - grid.window.start >= timedelta(hours=1)
+        window = grid.window
+        # stuck-import: no rows 07:30-07:45 UTC (gaps), then missed slots
+        stuck = next(v for v in grid.rows if v.name == "stuck-import")
+        cells, _ = grid.marks(stuck)
+        gap = cells[window.index(parse_iso("2026-03-02T07:35:00Z"))]
+        assert gap.gap and not gap.runs
+        missed = cells[window.index(parse_iso("2026-03-02T07:47:00Z"))]
+        assert missed.worst is not None and missed.worst.status == "missed"
+        # billing-webhook: two backfilled slots, the rest of the outage gaps
+        billing = next(v for v in grid.rows if v.name == "billing-webhook")
+        cells, _ = grid.marks(billing)
+        backfilled = cells[window.index(parse_iso("2026-03-02T07:40:00Z"))].worst
+        assert backfilled is not None and backfilled.trigger == "manual"
+        assert cells[window.index(parse_iso("2026-03-02T07:43:00Z"))].gap
+        # flaky-export: several runs per cell, the worst shown
+        flaky = next(v for v in grid.rows if v.name == "flaky-export")
+        cells, _ = grid.marks(flaky)
+        busy = cells[window.index(parse_iso("2026-03-02T07:22:00Z"))]
+        assert len(busy.runs) >= 3 and busy.worst is not None and busy.worst.status == "failed"
+        # the cursor on that cell; Enter opens the worst run's details
+        await pilot.press("down", "down")
+        grid.cursor_cell = window.index(parse_iso("2026-03-02T07:22:00Z")) - 1
+        await pilot.press("right")
+        await settle(pilot)
+        info = plain(app.query_one("#timeline-info"))
+        assert "✗ failed" in info and "runs in this cell" in info and "08:2" in info  # CET
+        await pilot.press("enter")
+        await settle(pilot)
+        assert isinstance(app.screen, RunDetails) and app.screen.run_data.status == "failed"
+        assert app.screen.run_data.name == "flaky-export"
+
+
+async def test_timeline_zoom_pan_now_and_zone(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("2")
+        await settle(pilot)
+        grid = app.query_one(TimelineGrid)
+        view = app.active_view
+        spans = []
+        for _ in range(12):
+            await pilot.press("plus")
+            await settle(pilot)
+            assert grid.window is not None
+            spans.append(grid.window.cell * grid.window.cells)
+        assert timedelta(minutes=15) <= spans[-1] < timedelta(minutes=16) and notes.titled("")[-1].startswith("Already at 15m")
+        for _ in range(12):
+            await pilot.press("minus")
+            await settle(pilot)
+        assert grid.window is not None and timedelta(days=7) <= grid.window.end - grid.window.start < timedelta(days=7, hours=1)
+        await pilot.press("h")
+        await settle(pilot)
+        assert not view.following and grid.window.end < clock.now() + timedelta(days=1)  # type: ignore[attr-defined]
+        await pilot.press("0")
+        await settle(pilot)
+        assert view.following  # type: ignore[attr-defined]
+        axis = grid.render_line(0).text
+        assert "CET" in axis
+        await pilot.press("z")
+        await settle(pilot)
+        assert "UTC" in grid.render_line(0).text
+
+
+async def test_timeline_rows_follow_the_filter(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("2", "slash", *"export", "enter")
+        await settle(pilot)
+        assert [v.name for v in app.query_one(TimelineGrid).rows] == ["flaky-export"]
+
+
+async def test_timeline_reads_only_the_rows_on_screen(tmp_path: Path) -> None:
+    async def quick(ctx: Any) -> None:
+        return None
+
+    many = [define_schedule(name=f"job-{n:04d}", cron="*/5 * * * *", timezone="UTC", handler=quick) for n in range(300)]
+    clock = ManualClock(FROZEN)
+    backend = EmbeddedBackend(Engine(many, f"sqlite:///{tmp_path / 'state.db'}", clock=clock, instance="console"))
+    asked: list[int] = []
+    original = backend.runs_between
+
+    async def counting(names: list[str], start: datetime, end: datetime, *, limit_per_name: int = 200) -> Any:
+        asked.append(len(names))
+        return await original(names, start, end, limit_per_name=limit_per_name)
+
+    backend.runs_between = counting  # type: ignore[method-assign]
+    async with console("", backend=backend, clock=clock, size=(80, 24)) as (app, pilot, _, notes):
+        await pilot.press("2")
+        await settle(pilot)
+        assert asked and max(asked) <= 24
+        await pilot.press("end")
+        await settle(pilot)
+        assert app.selected_name == "job-0299" and max(asked) <= 24
+
+
+# ----------------------------------------------------------------------------------------
+# item 1: nothing says "nothing is firing"
+# ----------------------------------------------------------------------------------------
+async def test_1_the_header_shows_who_fires_and_says_loudly_when_nothing_does(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        header = app.query_one(ConsoleHeader)
+        assert "▲ 1 firing web-2" in plain(header)
+        assert not app.query_one(FleetBanner).display
+        await later(app, pilot, clock, 90)  # web-2 stopped beating 90 s ago
+        assert "NOTHING FIRES" in plain(header)
+        banner = app.query_one(FleetBanner)
+        assert banner.display and "NOTHING IS FIRING" in plain(banner) and "web-2" in plain(banner)
+        assert "5 enabled schedules need an engine's timer" in plain(banner)
+
+
+async def test_1_a_schedule_whose_last_slot_has_no_run_is_overdue(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        assert cell(app, "heartbeat", "state") == "● on"
+        await later(app, pilot, clock, 20)  # 08:00:10 and :20 have passed, but within 30 s
+        assert cell(app, "heartbeat", "state") == "● on"
+        await later(app, pilot, clock, 40)
+        assert cell(app, "heartbeat", "state") == "⚠ overdue"
+        assert cell(app, "legacy-cleanup", "state") == "○ off"  # disabled: owes nothing
+        assert cell(app, "daily-digest", "state") == "● on"  # its next slot is tomorrow
+        await select(pilot, "heartbeat")
+        detail = plain(app.query_one(DetailBar))
+        assert "⚠ overdue no run for the slot of 03-02 09:00:10 CET" in detail
+
+
+def test_1_fleet_counts_only_engines_that_fire() -> None:
+    now = parse_iso(FROZEN)
+    beats = [InstanceInfo("console", "h", 1, now), InstanceInfo("web-1", "h", 2, now - timedelta(minutes=5)),
+             InstanceInfo("web-2", "h", 3, now - timedelta(seconds=4))]
+    watching = ConnectionInfo("embedded", "state.db", "single", "console", False, fires=False)
+    fleet = fleet_of(beats, now, watching, [])
+    assert [i.name for i in fleet.firing] == ["web-2"] and fleet.last_beat is not None
+    assert not fleet.silent  # no self-triggered schedule: nothing needs firing
+    firing = ConnectionInfo("embedded", "state.db", "single", "console", False, fires=True)
+    assert [i.name for i in fleet_of(beats, now, firing, []).firing] == ["console", "web-2"]
+
+
+# ----------------------------------------------------------------------------------------
+# items 3 and 4: columns by priority, ages, elapsed time, durations
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 32)])
+async def test_3_key_columns_stay_on_screen_and_hidden_ones_are_named(store_url: str, size: tuple[int, int]) -> None:
+    async with console(store_url, size=size) as (app, pilot, clock, notes):
+        table = schedules(app)
+        hidden = table.hidden_columns()
+        assert not {"name", "state", "next fire", "last run"} & set(hidden)
+        title = plain(app.query_one("#schedules-title"))
+        if hidden:
+            assert f"→ {', '.join(hidden)} off-screen" in title
+        runs = app.query_one(RunsTable)
+        assert "error" not in runs.hidden_columns()
+
+
+async def test_3_the_disabled_note_is_shown_whole_with_who_and_when(store_url: str) -> None:
+    async with console(store_url, size=(80, 24)) as (app, pilot, clock, notes):
+        await select(pilot, "legacy-cleanup")
+        detail = plain(app.query_one(DetailBar))
+        assert "○ disabled by ops at 03-02 08:59:00 CET, 1m ago: paused during the session-store migration" in detail
+
+
+async def test_4_last_run_has_an_age_running_runs_their_elapsed_time_and_durations(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        assert cell(app, "heartbeat", "last") == "✓ succeeded 5s ago 0ms ◆"
+        clock.advance(60)
+        app.tick()
+        assert cell(app, "heartbeat", "last") == "✓ succeeded 1m ago 0ms ◆"
+        runs = app.query_one(RunsTable)
+        assert runs.runs[0].status == "running" and runs.get_cell_at((0, 3)).plain == "1m of 30m"
+        assert cell(app, "daily-digest", "last").endswith("✎▶ 1m/30m")
+        detail = app.query_one(DetailBar)
+        assert detail.durations is not None and detail.durations.count == 3
+        assert "p50 306ms p95 35.0s (3 runs)" in plain(detail)
+
+
+def test_4_durations_are_nearest_rank_percentiles_of_finished_runs() -> None:
+    at = parse_iso(FROZEN)
+    runs = [Run(id=str(n), name="x", scheduled_at=at, status="succeeded", trigger="self",
+                coordination_outcome="single", instance="i", fired_at=at,
+                finished_at=at + timedelta(milliseconds=n * 10)) for n in range(1, 21)]
+    runs.append(Run(id="r", name="x", scheduled_at=at, status="running", trigger="self",
+                    coordination_outcome="single", instance="i", fired_at=at))
+    d = durations(runs)
+    assert d is not None and (d.p50_ms, d.p95_ms, d.count) == (100, 190, 20)
+    assert durations(runs[-1:]) is None
+
+
+# ----------------------------------------------------------------------------------------
+# item 6: backfill
+# ----------------------------------------------------------------------------------------
+async def open_backfill(app: SchedtuiApp, pilot: Pilot[Any], name: str, start: str, end: str = "now") -> BackfillScreen:
+    await select(pilot, name)
+    await pilot.press("b")
+    await settle(pilot)
+    screen = app.screen
+    assert isinstance(screen, BackfillScreen)
+    screen.query_one("#from").value = start  # type: ignore[attr-defined]
+    screen.query_one("#to").value = end  # type: ignore[attr-defined]
+    await settle(pilot)
+    return screen
+
+
+async def test_6_the_plan_says_how_many_already_succeeded_and_can_skip_them(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        screen = await open_backfill(app, pilot, "flaky-export", "2026-03-02T07:50:00Z", "2026-03-02T07:51:00Z")
+        assert screen.plan is not None and (screen.plan.count, screen.plan.already_succeeded) == (6, 6)
+        assert "6 of them already succeeded and would run again" in plain(screen.query_one("#plan"))
+        screen.query_one("#skip").value = True  # type: ignore[attr-defined]
+        await settle(pilot)
+        assert screen.to_fire == 0 and screen.query_one("#start").disabled
+        assert "nothing to run" in plain(screen.query_one("#plan"))
+        screen.query_one("#from").value = "2026-03-02T07:20:00Z"  # type: ignore[attr-defined]
+        screen.query_one("#to").value = "2026-03-02T07:21:00Z"  # type: ignore[attr-defined]
+        await settle(pilot)  # 07:20-07:21: the export API failed at :20 and :40 (and :00)
+        assert screen.plan is not None and screen.plan.already_succeeded == 3 and screen.to_fire == 3
+        await pilot.press("tab", "tab", "enter")  # skip box -> Backfill
+        await settle(pilot)
+        assert screen.progress is not None and screen.progress.total == 3 and screen.state == "done"
+
+
+async def test_6_the_range_shown_is_the_range_fired(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        screen = await open_backfill(app, pilot, "heartbeat", "-1m")
+        assert screen.plan is not None
+        shown = (screen.plan.start, screen.plan.end)
+        assert "as read now" in plain(screen.query_one("#plan"))
+        clock.advance(40)  # the operator reads the plan for 40 s; "now" moves, the plan must not
+        screen.action_start()
+        await settle(pilot)
+        assert screen.progress is not None
+        assert (screen.progress.start, screen.progress.end) == shown and screen.progress.total == 6
+
+
+async def test_6_a_wrong_typed_count_says_why(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        screen = await open_backfill(app, pilot, "heartbeat", "-10m")
+        assert screen.state == "confirm"
+        screen.query_one("#confirm").focus()
+        await pilot.press(*"59", "enter")
+        await settle(pilot)
+        assert notes.titled("Not confirmed") == ["You typed 59; type 60, the number of slots that would fire, to confirm."]
+        assert "You typed 59" in plain(screen.query_one("#confirm-hint"))
+        assert screen.state == "confirm"
+
+
+async def test_6_a_running_backfill_can_be_stopped_and_q_asks_first(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        # slow-reindex's handler waits 14 s on the (frozen) clock: the backfill stays running.
+        screen = await open_backfill(app, pilot, "slow-reindex", "-1m")
+        screen.action_start()
+        await pilot.pause()
+        assert screen.state == "running" and app.backfills
+        await pilot.press("escape")  # close the dialog; the backfill goes on
+        await pilot.pause()
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, QuitPrompt)
+        await pilot.press("escape")  # stay
+        await pilot.pause()
+        assert not isinstance(app.screen, QuitPrompt) and app.is_running
+        progress = next(iter(app.backfills.values()))
+        stopped = await app.backend.cancel_backfill(progress.id)
+        assert stopped.state == "cancelled" and stopped.fired < stopped.total
+        clock.advance(30)  # the run in flight finishes
+        await settle(pilot)
+        assert notes.titled("Backfill cancelled") and not app.backfills
+
+
+async def test_6_the_dialog_stop_button_cancels(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        screen = await open_backfill(app, pilot, "slow-reindex", "-1m")
+        screen.action_start()
+        await pilot.pause()
+        assert screen.state == "running"
+        screen.action_stop()
+        await pilot.pause()
+        await pilot.pause()
+        assert screen.progress is not None and screen.progress.state == "cancelled"
+        assert "cancelled" in plain(screen.query_one("#counts")) and "not fired" in plain(screen.query_one("#counts"))
+        clock.advance(30)
+        await settle(pilot)
+
+
+# ----------------------------------------------------------------------------------------
+# item 7: the filter
+# ----------------------------------------------------------------------------------------
+async def test_7_the_filter_leaves_the_header_visible_and_filters_by_state(store_url: str) -> None:
+    async with console(store_url, size=(80, 24), read_only=True) as (app, pilot, clock, notes):
+        await pilot.press("slash")
+        await settle(pilot)
+        header, field = app.query_one(ConsoleHeader), app.query_one("#filter")
+        assert field.display and header.region.height == 1 and not header.region.overlaps(field.region)
+        assert "READ-ONLY" in plain(header) and "live" in plain(header)
+        await pilot.press(*"failed")
+        await settle(pilot)
+        assert list(schedules(app).views) == ["flaky-export", "stuck-import"]
+        field.value = "disabled"  # type: ignore[attr-defined]
+        await settle(pilot)
+        assert list(schedules(app).views) == ["legacy-cleanup"]
+
+
+async def test_7_clearing_the_filter_keeps_the_cursor(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("slash", *"reindex", "enter")
+        await settle(pilot)
+        assert app.selected_name == "slow-reindex"
+        await pilot.press("escape")
+        await settle(pilot)
+        assert len(schedules(app).views) == 7 and app.selected_name == "slow-reindex"
+        assert schedules(app).cursor_row == 3
+
+
+async def test_7_overdue_filter(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await later(app, pilot, clock, 60)
+        await pilot.press("slash", *"overdue")
+        await settle(pilot)
+        assert "heartbeat" in schedules(app).views and "daily-digest" not in schedules(app).views
+
+
+# ----------------------------------------------------------------------------------------
+# item 8: paused countdowns, paging marker, Home/End, help
+# ----------------------------------------------------------------------------------------
+async def test_8_paging_shows_no_markup_and_home_end_jump(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        detail = app.query_one(DetailBar)
+        detail.page = "page 2 · [ newer"
+        text = plain(detail)
+        assert "page 2 · [ newer" in text and "[/]" not in text
+        await pilot.press("end")
+        assert app.selected_name == "legacy-cleanup"
+        await pilot.press("home")
+        assert app.selected_name == "daily-digest"
+        await pilot.press("tab", "end")
+        runs = app.query_one(RunsTable)
+        assert runs.cursor_row == len(runs.runs) - 1
+
+
+async def test_8_help_lists_navigation_and_scrolls_at_80x24(store_url: str) -> None:
+    async with console(store_url, size=(80, 24)) as (app, pilot, clock, notes):
+        await pilot.press("question_mark")
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, HelpScreen)
+        described = " ".join(d for _, d in screen.keys)
+        for words in ("first / last row", "the previous / next run", "switch between the schedules and the runs"):
+            assert words in described
+        from textual.containers import VerticalScroll
+
+        box = screen.query_one(VerticalScroll)
+        assert box.max_scroll_y > 0 and "scroll" in str(box.border_subtitle)
+        await pilot.press("end")
+        await settle(pilot)
+        assert box.scroll_y == box.max_scroll_y
+
+
+# ----------------------------------------------------------------------------------------
+# item 9: no column re-measuring on refresh
+# ----------------------------------------------------------------------------------------
+async def test_9_a_refresh_that_changes_every_last_run_remeasures_no_column(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        table = schedules(app)
+        measured: list[Any] = []
+        original = table._update_column_widths
+
+        def counting(cells: Any) -> None:
+            measured.extend(cells)
+            original(cells)
+
+        table._update_column_widths = counting  # type: ignore[method-assign]
+        # A minute later every schedule has a new last run (as after a minute boundary).
+        changed = [
+            replace(v, last_run=replace(v.last_run, id=v.last_run.id + "x", scheduled_at=v.last_run.scheduled_at
+                                        + timedelta(minutes=1)))
+            if v.last_run is not None else v
+            for v in app.views
+        ]
+        app.views = changed
+        table.show(changed, clock.now() + timedelta(minutes=1), clock.now())
+        await settle(pilot)
+        assert measured == []
+
+
+# ----------------------------------------------------------------------------------------
+# item 10: failure unmistakable without colour
+# ----------------------------------------------------------------------------------------
+async def test_10_failure_is_bold_and_reversed_everywhere(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        failed = status_style(app, "failed")
+        assert failed.bold and failed.reverse and not status_style(app, "succeeded").reverse
+        view = app.view_of("stuck-import")
+        assert view is not None
+        text: Text = last_run_text(view, clock.now(), app)
+        first = text.spans[0]
+        assert text.plain[first.start:first.end] == "✗ failed"
+        style = first.style
+        assert not isinstance(style, str) and style.reverse and style.bold
+        await select(pilot, "stuck-import")
+        status = app.query_one(RunsTable).get_cell_at((0, 1))
+        assert isinstance(status, Text) and status.style.reverse  # type: ignore[union-attr]
+
+
+# ----------------------------------------------------------------------------------------
+# item 12: one zone for every time on screen
+# ----------------------------------------------------------------------------------------
+async def test_12_times_are_in_the_operators_zone_or_utc_whatever_the_schedule(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        runs = app.query_one(RunsTable)
+        assert runs.get_cell_at((0, 0)).plain == "03-02 09:00:04 CET"  # daily-digest, a Berlin schedule
+        await select(pilot, "stuck-import")  # a Tokyo schedule: still CET
+        assert runs.get_cell_at((0, 0)).plain == "03-02 09:00:00 CET"
+        await pilot.press("z")
+        await settle(pilot)
+        assert runs.get_cell_at((0, 0)).plain == "03-02 08:00:00 UTC"
+        assert "times UTC" in plain(app.query_one("#tabs"))
+        # its cron and next fires stay in its own zone
+        assert app.query_one("#upcoming").zone == "Asia/Tokyo"  # type: ignore[attr-defined]
+
+
+# ----------------------------------------------------------------------------------------
+# the run details: both zones, and where a traceback will go
+# ----------------------------------------------------------------------------------------
+async def test_run_details_show_the_display_zone_and_the_schedules_own(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await select(pilot, "stuck-import")
+        await pilot.press("tab", "enter")
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, RunDetails)
+        body = plain(screen.query_one("#run-body"))
+        assert "2026-03-02 09:00:00 CET" in body and "2026-03-02 17:00:00 JST" in body
+
+
+def test_overdue_is_cached_until_it_can_change() -> None:
+    crons = CronCache()
+    overdue = Overdue(crons)
+    at = parse_iso("2026-03-02T08:00:00Z")
+    last = Run(id="a", name="x", scheduled_at=at, status="succeeded", trigger="self", coordination_outcome="single",
+               instance="i", fired_at=at, finished_at=at)
+    view = ScheduleView(name="x", cron="* * * * *", timezone="UTC", trigger="self", on_overlap="skip", backfill="skip",
+                        max_runtime_s=60, description=None, payload=None, enabled=True, state_note=None,
+                        next_fire_at=None, last_run=last)
+    assert overdue.since(view, at + timedelta(seconds=89)) is None  # 08:01 is due at 08:01:30
+    assert overdue.since(view, at + timedelta(seconds=90)) == at + timedelta(minutes=1)
+    assert overdue.since(view, at + timedelta(hours=3)) == at + timedelta(minutes=1)
+
+
+async def test_10_the_timeline_draws_under_no_color(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")  # Textual's monochrome filter reads every segment's style
+    async with console(store_url) as (app, pilot, clock, notes):
+        assert app.no_color
+        await pilot.press("2")
+        await settle(pilot)
+        grid = app.query_one(TimelineGrid)
+        assert grid.rows and "CET" in grid.render_line(0).text
+        svg = app.export_screenshot()  # the whole screen, through the filter
+        assert "flaky-export" in svg

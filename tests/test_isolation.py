@@ -1,0 +1,104 @@
+"""Handlers in a process of their own (``isolation="process"``): the watchdog really stops
+them, and nothing they do (hang, raise, exit) reaches the engine's process."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend import DefinitionError, ManualClock, RunContext, define_schedule, discover
+from tests.conftest import all_runs
+from tests.servers import poll
+
+HANDLERS = '''
+import os, time
+from pathlib import Path
+from backend import define_schedule
+
+HERE = Path(__file__).parent
+
+def hang(ctx):
+    (HERE / "hang.pid").write_text(str(os.getpid()))
+    time.sleep(600)
+
+async def boom(ctx):
+    print("a line of the handler's own")  # stays out of the report
+    raise KeyError(ctx.payload["missing"])
+
+def exits(ctx):
+    os._exit(3)
+
+def fine(ctx):
+    return {"ran": ctx.name, "slot": ctx.scheduled_at.isoformat()}
+
+hang_job = define_schedule(name="hang", cron="0 * * * *", timezone="UTC", handler=hang, max_runtime=60, isolation="process")
+boom_job = define_schedule(name="boom", cron="0 * * * *", timezone="UTC", handler=boom, payload={}, isolation="process")
+exit_job = define_schedule(name="exits", cron="0 * * * *", timezone="UTC", handler=exits, isolation="process")
+fine_job = define_schedule(name="fine", cron="0 * * * *", timezone="UTC", handler=fine, isolation="process")
+'''
+
+
+@pytest.fixture
+def definitions(tmp_path: Path) -> list[Any]:
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "isolated.cron.py").write_text(textwrap.dedent(HANDLERS))
+    return discover(folder)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_the_watchdog_kills_a_hanging_handler_in_its_process(make_engine, clock: ManualClock, definitions, tmp_path: Path) -> None:
+    engine = make_engine([s for s in definitions if s.name == "hang"])
+    await engine.start()
+    clock.set("2026-03-02T09:00:00Z")
+    await engine.quiesce(runs=False)
+    pid_file = tmp_path / "defs" / "hang.pid"
+    pid = int(poll(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the handler's process to start"))
+    clock.advance(60)
+    await engine.quiesce()
+    [run] = await all_runs(engine, "hang")
+    assert (run.status, run.error_tag) == ("failed", "timeout")
+    assert "handler's process was killed" in (run.error_message or "")
+    poll(lambda: not alive(pid), timeout=10, what="the handler's process to be gone")
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "tag", "message"),
+    [
+        ("boom", "failed", "KeyError", "'missing'"),
+        ("exits", "failed", "process_exit", "the handler's process exited with code 3 without a result"),
+        ("fine", "succeeded", None, None),
+    ],
+)
+async def test_what_a_handler_in_its_process_does_is_its_runs_outcome(
+    make_engine, clock: ManualClock, definitions, name: str, status: str, tag: str | None, message: str | None
+) -> None:
+    engine = make_engine([s for s in definitions if s.name == name])
+    await engine.start()
+    run = await engine.run_now(name, wait=True)
+    assert (run.status, run.error_tag, run.error_message) == (status, tag, message)
+    detail = await engine.get_run(run.id)
+    if name == "boom":
+        assert "KeyError: 'missing'" in (detail.traceback or "") and "a line of the handler's own" not in (detail.error_message or "")
+    assert os.getpid() == os.getpid()  # still here: the engine's process survived
+
+
+def test_process_isolation_needs_a_definitions_file() -> None:
+    async def inline(ctx: RunContext) -> None:
+        pass
+
+    with pytest.raises(DefinitionError, match="isolation 'thread' is not one of process"):
+        define_schedule(name="x", cron="* * * * *", timezone="UTC", handler=inline, isolation="thread")  # type: ignore[arg-type]
+    ok = define_schedule(name="x", cron="* * * * *", timezone="UTC", handler=inline, isolation="process")
+    assert ok.source_file == __file__
