@@ -640,8 +640,16 @@ def _event_routes(api: Api) -> list[Route]:
     return event_routes(api)
 
 
+def _durable_routes(api: Api) -> list[Route]:
+    from .api_durable import durable_routes
+
+    return durable_routes(api)
+
+
 #: The route modules, each ``routes(api) -> list[Route]``, mounted in this order.
-ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [schedule_routes, job_routes, _lock_routes, _audit_routes, _event_routes]
+ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [
+    schedule_routes, job_routes, _durable_routes, _lock_routes, _audit_routes, _event_routes,
+]
 
 
 def _declare_path_parameters(schema: dict[str, Any]) -> dict[str, Any]:
@@ -683,7 +691,7 @@ _ERROR_SCHEMA = {
 _ERRORS = {
     401: "no token, or a wrong one",
     403: "a read token tried to act",
-    404: "unknown schedule, run, backfill, queue, job or lock",
+    404: "unknown schedule, run, backfill, queue, job, execution, function or lock",
     408: "the request body did not arrive in time",
     413: "the request body is too large",
     422: "a bad parameter or body (error.field names it)",

@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .durable.actions import DurableActions
 from .engine import Engine
 from .locks.sync import SyncLocks
 from .model import BackfillPlan, BackfillProgress, Run, ScheduleView
@@ -96,6 +97,7 @@ class Client:
         """Send jobs and act on queues (:class:`~backend.jobs.actions.JobActions`)."""
         self.locks = engine.locks
         """Leases on named locks: ``with_lock``, ``hold``, ``list``, ``release``."""
+        self.durable = DurableActions(engine.durable, actor)
 
     @property
     def where(self) -> str:
@@ -184,6 +186,7 @@ class SyncClient:
         self.schedules: Any = _Blocking(client.schedules, loop)
         self.jobs: Any = _Blocking(client.jobs, loop)
         self.locks = SyncLocks(client.locks, loop.run)
+        self.durable: Any = _Blocking(client.durable, loop)
 
     @property
     def where(self) -> str:

@@ -22,6 +22,7 @@ Time comes only from the injected :class:`~backend.clock.Clock`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
@@ -34,6 +35,7 @@ from .clock import Clock, ManualClock, SystemClock
 from .cluster import Cluster, ClusterCoordinator, ClusterStore
 from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator, SlotClaims
 from .definitions import Definitions
+from .durable import Durable, DurableFunction
 from .errors import BadInput, NotFound, Refused, Unavailable
 from .events import EventBus
 from .external import ExternalFires
@@ -50,6 +52,7 @@ from .model import (
     CoordinationMode,
     ExternalFiring,
     Run,
+    RunContext,
     ScheduleState,
     ScheduleView,
     iso,
@@ -69,7 +72,7 @@ __all__ = ["Engine", "ExternalFiring", "RunListener"]
 log = logging.getLogger("schedtui.engine")
 
 #: What the engine runs: schedules, and each subsystem's definitions.
-_DEFINITION_TYPES: tuple[type, ...] = (Schedule, Queue)
+_DEFINITION_TYPES: tuple[type, ...] = (Schedule, Queue, DurableFunction)
 
 
 class Engine:
@@ -110,6 +113,8 @@ class Engine:
             if schedule.name in self.schedules:
                 raise BadInput(f'schedule name "{schedule.name}" is given twice')
             self.schedules[schedule.name] = schedule
+        functions = [item for item in items if isinstance(item, DurableFunction)]
+        self._bind_durable_targets({f.name for f in functions})
         self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
         self.clock: Clock = clock or SystemClock()
         self.instance = instance or default_instance_name()
@@ -217,6 +222,15 @@ class Engine:
         )
         self.subsystems: list[Subsystem] = [self.relay, self.audit]
         """The systems beside the schedules (queue, durable, locks), in start order."""
+        self.durable = Durable(
+            self.shared,
+            functions,
+            lease_ttl=timedelta(seconds=abandon_after),
+            poll_interval=timedelta(seconds=state_poll_interval),
+            check_owners_every=timedelta(seconds=heartbeat_interval),
+            retention=retention,
+        )
+        self.subsystems.append(self.durable)
         self.jobs = Jobs(self.shared, [item for item in items if isinstance(item, Queue)])
         """The job queue: sending and operator actions; workers once started."""
         self.subsystems.append(self.jobs)
@@ -266,6 +280,20 @@ class Engine:
             tolerance=external_tolerance,
             early=external_early,
         )
+
+    def _bind_durable_targets(self, functions: set[str]) -> None:
+        """A schedule defined with ``durable=F`` starts an execution of F per slot."""
+        for name, schedule in list(self.schedules.items()):
+            target = schedule.durable
+            if target is None:
+                continue
+            if target not in functions:
+                raise BadInput(f'schedule "{name}" targets durable function "{target}", which is not defined')
+
+            async def start(ctx: RunContext, target: str = target) -> None:
+                await self.durable.start_for_slot(target, ctx)
+
+            self.schedules[name] = dataclasses.replace(schedule, handler=start)
 
     def _finished(self, run: Run) -> None:
         self.claims.finished(run.id)

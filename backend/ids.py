@@ -31,6 +31,12 @@ def _encode(value: int, length: int) -> str:
     return "".join(reversed(pairs))
 
 
+def encode_id(ms: int, low: int) -> str:
+    """An id from its two parts: milliseconds since the epoch and 80 more bits (ids derived
+    from something else than the clock, such as a schedule's slot, keep the id's shape)."""
+    return _encode(((ms & ((1 << 48) - 1)) << _RANDOM_BITS) | (low & _RANDOM_MASK), 26)
+
+
 def id_floor(at: datetime) -> str:
     """The smallest id that can be created at ``at``: ``id < id_floor(t)`` means "before t"."""
     return _encode(int(at.timestamp() * 1000) << _RANDOM_BITS, 26)

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
 from .audit import AuditPage
+from .durable.model import Execution, ExecutionsPage, Signalled, Started
 from .engine import Engine
 from .errors import BadInput, Forbidden, Unavailable
 from .events import READY, STREAM, Signal
@@ -50,7 +51,7 @@ T = TypeVar("T")
 #: How long a health check waits for the instances table before answering without it (seconds).
 HEALTH_READ_TIMEOUT = 2.0
 
-SYSTEMS = ("schedules", "jobs", "locks", "audit")
+SYSTEMS = ("schedules", "jobs", "durable", "locks", "audit")
 """The systems an engine of this version offers (part 2 adds ``jobs``, ``durable``,
 ``locks``, ``audit``); a console shows a view only for a system its backend offers."""
 
@@ -233,6 +234,26 @@ class Backend(Protocol):
         """Release a lock by force (an operator's action; the next holder gets a greater
         token); ``NotFound`` for a name no lock ever had. Never retried blindly: a second
         release would free the next holder's lock."""
+    # -- durable executions (``NotFound`` for an unknown execution or function; ``Refused``
+    # for a signal or cancel of a finished execution, a retry of one that has not failed)
+    async def list_executions(
+        self, function: str | None = None, *, status: str | None = None, limit: int = 50, before: str | None = None
+    ) -> ExecutionsPage:
+        """A page of executions, newest first, by keyset (``before`` an execution id)."""
+
+    async def get_execution(self, execution_id: str) -> Execution:
+        """One execution with its steps (the timeline) and its log."""
+
+    async def start_execution(self, function: str, input: Any = None) -> Started: ...
+
+    async def signal_execution(self, execution_id: str, name: str, payload: Any = None) -> Signalled: ...
+
+    async def cancel_execution(self, execution_id: str) -> Execution:
+        """Cancel: a queued or waiting execution at once, a running one at its next step."""
+
+    async def retry_execution(self, execution_id: str) -> Execution:
+        """Run a failed execution again from its failed step, with fresh attempts."""
+
     async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
         """A page of the audit log, newest first, by keyset (``before`` an entry id)."""
 
@@ -473,6 +494,32 @@ class EmbeddedBackend:
     async def release_lock(self, name: str) -> LockRelease:
         self._check_can_act("a lock release")
         return await self._call(self.engine.locks.release(name))
+    # -- durable executions ----------------------------------------------------------------
+    async def list_executions(
+        self, function: str | None = None, *, status: str | None = None, limit: int = 50, before: str | None = None
+    ) -> ExecutionsPage:
+        rows, next_before = await self._call(self.engine.durable.list(function, status=status, limit=limit, before=before))
+        return ExecutionsPage(rows, next_before)
+
+    async def get_execution(self, execution_id: str) -> Execution:
+        return await self._call(self.engine.durable.get(execution_id))
+
+    async def start_execution(self, function: str, input: Any = None) -> Started:
+        self._check_can_act("durable start")
+        return await self._call(self.engine.durable.start_execution(function, input))
+
+    async def signal_execution(self, execution_id: str, name: str, payload: Any = None) -> Signalled:
+        self._check_can_act("durable signal")
+        return await self._call(self.engine.durable.signal(execution_id, name, payload))
+
+    async def cancel_execution(self, execution_id: str) -> Execution:
+        self._check_can_act("durable cancel")
+        return await self._call(self.engine.durable.cancel(execution_id))
+
+    async def retry_execution(self, execution_id: str) -> Execution:
+        self._check_can_act("durable retry")
+        return await self._call(self.engine.durable.retry(execution_id))
+
     async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
         return await self._call(self.engine.audit.list(limit=limit, before=before))
 

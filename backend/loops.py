@@ -112,7 +112,14 @@ class Loops:
             await self._poke.wait()
 
     async def park(self, name: str, until: datetime | None, wake: asyncio.Event | None = None) -> None:
-        """Sleep on the clock until ``until`` (or forever), or until ``wake`` is set."""
+        """Sleep on the clock until ``until`` (or forever), or until ``wake`` is set.
+
+        A task being cancelled does not park: its cancellation may have been lost in its
+        work (Python 3.11's ``asyncio.wait_for`` can drop one), and parking would then
+        wait for ever instead of ending the loop."""
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
         state = self._parking.setdefault(name, _Parking())
         state.parked, state.until, state.wake = True, until, wake
         self.poke()

@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 
 from .audit import AuditPage
+from .durable.model import Execution, ExecutionsPage, Signalled, Started
+from .durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES, check_json
 from .errors import (
     BadInput,
     Forbidden,
@@ -310,6 +312,41 @@ class RemoteBackend:
         except httpx.TransportError as exc:
             raise Unavailable(f"the event stream of {self.where} broke: {_reason(exc)}") from None
         raise Unavailable(f"{self.where} ended the event stream")
+
+    # -- durable executions ----------------------------------------------------------------
+    async def list_executions(
+        self, function: str | None = None, *, status: str | None = None, limit: int = 50, before: str | None = None
+    ) -> ExecutionsPage:
+        before = check_before(before)
+        data = await self._get("/inspect/durable/executions", function=function, status=status, limit=limit, before=before)
+        return ExecutionsPage.from_json(data)
+
+    async def get_execution(self, execution_id: str) -> Execution:
+        return Execution.from_json(await self._get(f"/inspect/durable/executions/{check_id(execution_id, 'execution')}"))
+
+    async def start_execution(self, function: str, input: Any = None) -> Started:
+        self._check_can_act("durable start")
+        check_json(input, "input", MAX_INPUT_BYTES)  # the server's checks: no request that cannot succeed
+        # Not retried: a start whose answer was lost may have queued an execution.
+        data = await self._post(f"/inspect/durable/{_seg(function)}/start", {"input": input})
+        return Started(data["id"], bool(data.get("duplicate", False)))
+
+    async def signal_execution(self, execution_id: str, name: str, payload: Any = None) -> Signalled:
+        self._check_can_act("durable signal")
+        check_json(payload, "payload", MAX_SIGNAL_BYTES)
+        path = f"/inspect/durable/executions/{check_id(execution_id, 'execution')}/signal/{_seg(name)}"
+        # A signal is kept once per execution and name: a retry after a lost answer is safe.
+        return Signalled.from_json(await self._post(path, {"payload": payload}, retry=True))
+
+    async def cancel_execution(self, execution_id: str) -> Execution:
+        self._check_can_act("durable cancel")
+        data = await self._post(f"/inspect/durable/executions/{check_id(execution_id, 'execution')}/cancel")
+        return Execution.from_json(data)
+
+    async def retry_execution(self, execution_id: str) -> Execution:
+        self._check_can_act("durable retry")
+        data = await self._post(f"/inspect/durable/executions/{check_id(execution_id, 'execution')}/retry")
+        return Execution.from_json(data)
 
 
     # -- the job queue --------------------------------------------------------------------

@@ -59,6 +59,8 @@ class Schedule:
     """A lock every run must hold (see :mod:`backend.locks`); a slot that cannot get it is
     recorded ``skipped`` with error tag ``locked``."""
     lock_ttl: float = 60.0
+    durable: str | None = None
+    """The durable function each slot starts an execution of (instead of a handler)."""
     source: str | None = field(default=None, compare=False)
     """Where it was defined, as ``path:line``."""
     isolation: Literal["process"] | None = None
@@ -138,13 +140,15 @@ def define_schedule(
     lock_ttl: float | timedelta = 60.0,
     isolation: Literal["process"] | None = None,
     queue: str | None = None,
+    durable: str | None = None,
 ) -> Schedule:
     """Define a named cron schedule; raises :class:`DefinitionError` on anything invalid.
 
     A schedule runs ``handler``, or (``queue=``) sends one job to that queue per firing.
     ``isolation="process"`` runs each run of it in a child process (see
     :mod:`backend.isolated`): for handlers that may hang, burn CPU or block the event loop,
-    which the watchdog can then really stop."""
+    which the watchdog can then really stop. With ``durable="F"`` instead of a handler, each
+    slot starts one execution of the durable function F (its ``payload`` is the input)."""
     label = f"define_schedule({name!r})" if isinstance(name, str) else "define_schedule()"
 
     def bad(problem: str) -> DefinitionError:
@@ -158,12 +162,20 @@ def define_schedule(
         parsed = Cron(cron, timezone)
     except CronError as exc:
         raise CronError(f"{label}: {exc.message}") from None
+    if queue is not None and durable is not None:
+        raise bad(f"give a queue or durable=, not both (queue={queue!r}, durable={durable!r})")
     if queue is not None:
         if handler is not None:
             raise bad(f"give a handler or a queue, not both (queue={queue!r})")
         if not isinstance(queue, str) or not NAME_PATTERN.fullmatch(queue):
             raise bad(f"queue {queue!r} is not a queue name (1-128 letters, digits, '_', '.', '-')")
         handler = QueueTarget(queue)
+    if durable is not None:
+        if handler is not None:
+            raise bad("give a handler or durable=, not both")
+        if not isinstance(durable, str) or not NAME_PATTERN.fullmatch(durable):
+            raise bad(f"durable {durable!r} is not a durable function name")
+        handler = _unbound_target
     problem = handler_problem(handler)
     if problem is not None or handler is None:
         raise bad(problem or "no handler")
@@ -195,6 +207,8 @@ def define_schedule(
         raise bad(f"payload is not JSON-serialisable ({exc})") from None
     if isolation not in (None, "process"):
         raise bad(f"isolation {isolation!r} is not one of process (or None: in this process)")
+    if isolation is not None and durable is not None:
+        raise bad("isolation applies to a handler; a schedule with durable= starts an execution")
     source = _caller_location()
     if isolation == "process" and (source is None or not source.rsplit(":", 1)[0].endswith(".py")):
         raise bad("isolation='process' needs the schedule defined in a definitions file (its child imports it again)")
@@ -219,7 +233,13 @@ def define_schedule(
         source=source,
         isolation=isolation,
         queue=queue,
+        durable=durable,
     )
+
+
+async def _unbound_target(ctx: RunContext) -> None:
+    """The handler of a schedule with a target, until an engine binds it (it always does)."""
+    raise RuntimeError(f"schedule {ctx.name} has a target but no engine bound it")
 
 
 def _caller_location() -> str | None:

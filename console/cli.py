@@ -283,7 +283,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 #: Modules adding verbs for one system each: ``add_verbs(verb, group)`` declares them and
 #: ``VERBS`` maps each command (``"jobs list"``) to its handler. Imported lazily, so that
 #: they may import this module's helpers.
-VERB_MODULES: list[str] = ["console.cli_jobs", "console.cli_locks", "console.cli_audit"]
+VERB_MODULES: list[str] = ["console.cli_jobs", "console.cli_durable", "console.cli_locks", "console.cli_audit"]
 
 
 def verb_modules() -> list[Any]:
@@ -663,7 +663,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
             args.clock_offset_ms,
             "earlier" if args.clock_offset_ms > 0 else "later",
         )
-    if not engine.schedules:
+    if not engine.schedules and not engine.durable.functions:
         log.warning("no schedules found under %s", args.schedules)
     backend = EmbeddedBackend(engine, arm=True, allow_external_self=args.allow_external_self)
     await serve(backend, host=args.host, port=args.port, token=args.token, read_token=args.read_token)

@@ -25,6 +25,17 @@ OUTCOME_GLYPHS = {
     "manual": "✎",
 }
 
+#: Durable executions and their steps, likewise one cell each.
+EXECUTION_GLYPHS = {
+    "queued": "○",
+    "running": "▶",
+    "waiting": "◷",
+    "succeeded": "✓",
+    "failed": "✗",
+    "cancelled": "⊘",
+}
+STEP_GLYPHS = {"running": "▶", "waiting": "◷", "succeeded": "✓", "failed": "✗"}
+
 
 def operator_zone() -> str:
     """The operator's IANA zone: ``$TZ`` when it names one, else the zone ``/etc/localtime``

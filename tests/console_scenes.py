@@ -19,6 +19,7 @@ from textual.pilot import Pilot
 
 from backend import ManualClock
 from console.app import SchedtuiApp
+from tests.durable_scenes import add_durable_history
 from tests.console_fixtures import (
     FROZEN,
     WHERE,
@@ -44,6 +45,7 @@ def make_ledger(folder: Path) -> Path:
     asyncio.run(add_timeline_history(url))
     asyncio.run(add_jobs(url))
     asyncio.run(add_locks(url))
+    asyncio.run(add_durable_history(url))
     return folder
 
 
@@ -146,6 +148,9 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "job-details": ({}, _keys("3", "enter", "end", "enter")),
     "job-send": ({}, _keys("3", "n")),
     "durable": ({}, _keys("4")),
+    "durable-steps": ({}, _keys("4", "down", "down", "down", "down", "down", "down", "enter")),
+    "durable-failed-only": ({}, _keys("4", "down", "down", "down", "down", "down", "down", "enter", "f")),
+    "durable-signal": ({}, _keys("4", "down", "down", "down", "down", "down", "a", "o", "k")),
     "locks": ({}, _keys("5")),
     "audit": ({}, _keys("6")),
     "audit-filter": ({}, _keys("6", "slash", "c", "a", "r", "o", "l", "enter", "down")),

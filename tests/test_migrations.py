@@ -41,7 +41,8 @@ async def versions(store: object) -> dict[str, int]:
     else:
         assert isinstance(store, PostgresStore)
         rows = await store._fetchall("SELECT component, version FROM schedtui_schema_components")
-    return {name: version for name, version in rows}
+    # Only the test's own component: the stores carry the systems' components as well.
+    return {name: version for name, version in rows if name == "widgets"}
 
 
 async def test_a_component_migrates_on_its_own_and_refuses_a_newer_schema(where: tuple[str, str]) -> None:

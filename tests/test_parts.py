@@ -168,3 +168,28 @@ async def test_a_loop_is_idle_only_while_parked_with_nothing_due() -> None:
     await loops.quiesce(lambda: True, nothing)
     assert rounds == [T0, T0 + timedelta(seconds=10), T0 + timedelta(seconds=10)]
     await loops.cancel_all()
+
+
+async def test_a_loop_whose_work_lost_a_cancellation_still_stops() -> None:
+    # A cancellation can be lost inside a loop's work: Python 3.11's asyncio.wait_for drops
+    # one that arrives as its inner future finishes (connection pools wait through it), and
+    # a driver may turn it into an error the loop catches. Parking must not then wait for
+    # ever: stop() would hang on the loop.
+    loops = Loops(ManualClock())
+    swallowed = asyncio.Event()
+
+    async def work() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            swallowed.set()  # lost, as described above
+
+    async def loop() -> None:
+        while True:
+            await work()
+            await loops.park("lossy", None)
+
+    loops.spawn(loop(), "lossy")
+    await asyncio.sleep(0)
+    await asyncio.wait_for(loops.cancel_all(), 5)
+    assert swallowed.is_set() and not loops.tasks

@@ -48,6 +48,7 @@ from .sqlite_audit import SQLiteAudit
 from .sqlite_events import SQLiteEvents
 from .sqlite_jobs import SQLiteJobs
 from .sqlite_locks import SQLiteLocks
+from .sqlite_durable import SQLiteDurable
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -668,7 +669,7 @@ class _Writer(threading.Thread):
         return StoreHealth("ok", waiting=waiting)
 
 
-class SQLiteStore(SQLiteJobs, SQLiteLocks, SQLiteAudit, SQLiteEvents):
+class SQLiteStore(SQLiteJobs, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteEvents):
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
     ``create=False`` refuses a file that does not exist (:class:`NotFound`, naming it) instead

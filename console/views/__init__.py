@@ -17,6 +17,7 @@ from .audit import AuditView
 from .base import UnavailableView, View
 from .jobs import JobsView
 from .locks import LocksView
+from .durable import DurableView
 from .schedules import SchedulesView
 from .timeline import TimelineView
 
@@ -40,7 +41,8 @@ VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("schedules", "1", "Schedules", "schedules", "every schedule; the selected one's runs", SchedulesView),
     ViewSpec("timeline", "2", "Timeline", "schedules", "every schedule's runs on a time axis", TimelineView),
     ViewSpec("jobs", "3", "Jobs", "jobs", "job queues: queued, running and dead jobs", JobsView),
-    ViewSpec("durable", "4", "Durable", "durable", "durable executions and their steps", None),
+    ViewSpec("durable", "4", "Durable", "durable",
+             "durable executions: enter steps (f failed only), a signal, c cancel, R retry", DurableView),
     ViewSpec("locks", "5", "Locks", "locks", "project locks: holders, fencing tokens, expiries", LocksView),
     ViewSpec("audit", "6", "Audit", "audit", "who did what, and when; / filters, ] reads older", AuditView),
 )

@@ -1,0 +1,245 @@
+"""What a durable function's code works with: ``ctx.step``, ``ctx.sleep``, ``ctx.wait_for``.
+
+Every call names an entry of the execution's timeline. Names are unique within an
+execution, and the code must reach its recorded entries in the order they were recorded:
+that is how a replay knows that the checkpoint it hands back belongs where the code is.
+An entry already finished is answered from its checkpoint and never runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import re
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..model import TAG_INTERRUPTED
+from ..runner import TAG_THREADS_EXHAUSTED, Outcome, RunnerSaturated
+from .definition import DEFAULT_RETRY, NO_RETRY, Retry
+from .errors import StepFailed
+from .model import TAG_AT_MOST_ONCE_INTERRUPTED, decode
+from .run import TAG_NOT_JSON, encode
+from .store import Progress, StepRecord
+
+if TYPE_CHECKING:
+    from .run import ExecutionRun
+
+__all__ = ["SIGNAL_NAME", "DurableContext"]
+
+#: What a signal's name may be: it travels in URLs and command lines.
+SIGNAL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+#: Longest line ``ctx.log`` keeps.
+MAX_LOG_LINE = 2000
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def _seconds(value: float | timedelta, what: str) -> timedelta:
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"{what} must be a number of seconds or a timedelta, not {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{what} must be 0 seconds or more, not {value!r}")
+    return timedelta(seconds=seconds)
+
+
+class DurableContext:
+    """Handed to a durable function's code with its input: ``handler(ctx, input)``."""
+
+    __slots__ = ("_run",)
+
+    def __init__(self, run: ExecutionRun) -> None:
+        self._run = run
+
+    # -- what the code may know --------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self._run.id
+
+    @property
+    def function(self) -> str:
+        return self._run.function.name
+
+    @property
+    def input(self) -> Any:
+        return self._run.input
+
+    @property
+    def schedule(self) -> str | None:
+        """The schedule that started it, if one did."""
+        return self._run.row.schedule
+
+    @property
+    def scheduled_at(self) -> datetime | None:
+        """The slot it was started for, if a schedule started it."""
+        return self._run.row.scheduled_at
+
+    @property
+    def created_at(self) -> datetime:
+        return self._run.row.created_at
+
+    def log(self, message: str) -> None:
+        """Add a line to the execution's log (written with its next checkpoint)."""
+        self._run.logs.append(str(message)[:MAX_LOG_LINE])
+
+    # -- the timeline ----------------------------------------------------------------------
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: Retry | bool | None = None,
+        at_most_once: bool = False,
+    ) -> Any:
+        """Run ``fn(*args)`` as the step ``name`` and return its result (JSON), or the
+        checkpointed result of a step that finished before.
+
+        A failed attempt is retried after a durable wait (``retry``: a :class:`Retry`;
+        default 3 attempts, 10 s doubling up to 5 min; ``False``: one attempt); the last
+        failure raises :class:`StepFailed`. ``at_most_once``: the step is checkpointed as
+        started before it runs and is never retried; found started but unfinished after a
+        crash, it is not run again and the execution fails (``at_most_once_interrupted``).
+        Each attempt is bounded by the function's ``step_timeout``."""
+        run = self._run
+        position, record = run.enter(name, "step")
+        if at_most_once or retry is False:
+            policy = NO_RETRY
+        elif retry is None or retry is True:
+            policy = DEFAULT_RETRY
+        elif isinstance(retry, Retry):
+            policy = retry
+        else:
+            raise TypeError(f"retry must be a Retry, False or None, not {retry!r}")
+        attempt = 1
+        earlier: StepRecord | None = None  # a failed attempt waiting for this retry
+        if record is not None:
+            if record.status == "succeeded":
+                return decode(record.output)
+            if record.status == "failed":
+                run.failure = StepFailed(name, position, record.attempt, record.error_tag, record.error_message)
+                raise run.failure
+            if record.status == "running" and record.at_most_once:
+                when = record.started_at.isoformat() if record.started_at else "?"
+                raise run.fatal(
+                    TAG_AT_MOST_ONCE_INTERRUPTED,
+                    f'at-most-once step "{name}" (position {position}) started at {when} and never finished '
+                    "(its instance stopped or lost the execution); it is not run again",
+                    name,
+                )
+            if record.status == "waiting":  # a failed attempt waiting for its retry
+                if record.wake_at is not None and record.wake_at > run.now:
+                    await run.suspend(f"retry:{name}", record.wake_at)
+                attempt = record.attempt + 1
+                earlier = record
+        run.boundary()
+        if not callable(fn):
+            raise TypeError(f'step "{name}": {fn!r} is not callable')
+        started = run.now
+        if at_most_once:
+            mark = StepRecord(position, name, "step", "running", attempt, started, at_most_once=True)
+            await run.write(Progress(name, started + run.executor.lease_ttl), [mark])
+        call = run.call_step(name, fn, args, _is_async(fn))
+        try:
+            run.executor.runner.start(call, lambda arguments: fn(*arguments))
+        except RunnerSaturated as exc:
+            call.settle(Outcome("failed", run.now, TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
+        try:
+            outcome = await call.finished
+        except asyncio.CancelledError:
+            call.cancel()  # the code is cancelled: so is the step it waits for
+            raise
+        finally:
+            run.call = None
+        run.check()
+        last_attempt = attempt >= policy.attempts
+        if outcome.status == "succeeded":
+            text, problem = encode(outcome.value)
+            if problem is None:
+                # A success after failed attempts keeps the last failure: the timeline shows it.
+                tag = earlier.error_tag if earlier is not None else None
+                why = f"attempt {earlier.attempt} failed: {earlier.error_message}" if earlier is not None else None
+                done = StepRecord(position, name, "step", "succeeded", attempt, started, outcome.at, output=text,
+                                  error_tag=tag, error_message=why, at_most_once=at_most_once)  # fmt: skip
+                await run.checkpoint(done)
+                return json.loads(text)  # exactly what a replay will return
+            outcome = Outcome("failed", outcome.at, TAG_NOT_JSON, f"its result {problem}")
+            last_attempt = True  # the same code returns the same kind of value
+        if run.cancel_requested and outcome.error_tag == TAG_INTERRUPTED:
+            run.boundary()
+        what = f"[{outcome.error_tag}] {outcome.error_message}"
+        if not last_attempt:
+            wake = outcome.at + policy.delay_after(attempt)
+            run.logs.append(
+                f'step "{name}" attempt {attempt} of {policy.attempts} failed: {what}; next attempt at {wake.isoformat()}'
+            )
+            waiting = StepRecord(position, name, "step", "waiting", attempt, started, outcome.at, wake_at=wake,
+                                 error_tag=outcome.error_tag, error_message=outcome.error_message)  # fmt: skip
+            await run.suspend(f"retry:{name}", wake, waiting)
+        run.logs.append(f'step "{name}" failed (attempt {attempt} of {policy.attempts}): {what}')
+        failed = StepRecord(position, name, "step", "failed", attempt, started, outcome.at, error_tag=outcome.error_tag,
+                            error_message=outcome.error_message, at_most_once=at_most_once)  # fmt: skip
+        await run.checkpoint(failed)
+        run.failure = StepFailed(name, position, attempt, outcome.error_tag, outcome.error_message)
+        raise run.failure
+
+    async def sleep(self, name: str, duration: float | timedelta) -> None:
+        """Wait ``duration`` (seconds or a timedelta) durably: the execution waits in the
+        store, holding nothing, and resumes after it on any live instance."""
+        run = self._run
+        length = _seconds(duration, f'sleep "{name}"')
+        position, record = run.enter(name, "sleep")
+        if record is not None and record.status == "succeeded":
+            return
+        run.boundary()
+        now = run.now
+        started = record.started_at if record is not None and record.started_at else now
+        wake = record.wake_at if record is not None and record.wake_at else now + length
+        if wake <= now:
+            run.pending.append(StepRecord(position, name, "sleep", "succeeded", 1, started, now, wake_at=wake))
+            return
+        waiting = None if record is not None else StepRecord(position, name, "sleep", "waiting", 1, started, wake_at=wake)
+        await run.suspend(f"sleep:{name}", wake, waiting)
+
+    async def wait_for(self, name: str, timeout: float | timedelta | None = None) -> Any:
+        """Wait durably for the signal ``name`` (``schedtui durable signal ID NAME``) and
+        return its payload; ``None`` once ``timeout`` has passed without it (no timeout:
+        until the execution's lifetime bound). A signal sent before the code gets here is
+        kept and taken at once."""
+        run = self._run
+        length = None if timeout is None else _seconds(timeout, f'wait_for "{name}" timeout')
+        if not isinstance(name, str) or not SIGNAL_NAME.fullmatch(name):
+            raise ValueError(f"signal name {name!r} must be 1-128 letters, digits, '_', '.', ':' or '-'")
+        position, record = run.enter(name, "signal")
+        if record is not None and record.status == "succeeded":
+            return decode(record.output)
+        run.boundary()
+        now = run.now
+        started = record.started_at if record is not None and record.started_at else now
+        if record is not None:
+            wake = record.wake_at or run.deadline
+        else:
+            wake = now + length if length is not None else run.deadline
+        # A signal counts if it was sent by the wait's deadline: so a replay decides as the
+        # first run did, whenever it happens (a later signal does not undo a timeout).
+        signal = run.signals.get(name)
+        if signal is not None and signal[1] <= wake:
+            payload = signal[0]
+            run.pending.append(StepRecord(position, name, "signal", "succeeded", 1, started, now, output=payload))
+            return decode(payload)
+        if wake <= now:
+            run.pending.append(
+                StepRecord(position, name, "signal", "succeeded", 1, started, now, wake_at=wake, output="null",
+                           error_message="timed out without the signal")  # fmt: skip
+            )
+            return None
+        waiting = None if record is not None else StepRecord(position, name, "signal", "waiting", 1, started, wake_at=wake)
+        await run.suspend(f"signal:{name}", wake, waiting, signal=name)

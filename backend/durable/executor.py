@@ -1,0 +1,247 @@
+"""The executor: claims runnable executions, keeps their leases, runs them, and lets go.
+
+Each instance that runs durable functions (``schedtui serve``) claims on its own: there is
+no coordinator. Every ``poll_interval`` (and at once when this process starts, signals or
+wakes one) it claims what is runnable among the functions it defines, up to its
+``concurrency``: new executions, waits that are due, and executions whose owner's lease
+has expired. It renews the leases it holds every third of ``lease_ttl`` (each checkpoint
+renews its own too). An instance that dies stops renewing: within ``lease_ttl`` any other
+live instance takes its executions over; sooner when the instance registry already knows
+it is gone (its pid is dead on this machine, or its heartbeat is too old).
+
+An execution of a function no live instance defines is never claimed, and never dropped:
+the executor warns, every few minutes, about runnable executions nobody has claimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import cast
+
+from ..errors import Unavailable
+from ..subsystems import Shared
+from .definition import DurableFunction
+from .run import ExecutionRun
+from .store import Claimed, DurableStore
+
+__all__ = ["DurableExecutor"]
+
+log = logging.getLogger("schedtui.durable")
+
+#: Most executions one claim takes.
+CLAIM_BATCH = 32
+#: Runnable executions unclaimed for this long are reported (and how often, at most).
+STALE_AFTER = timedelta(seconds=60)
+STALE_REPORT_EVERY = timedelta(minutes=5)
+
+
+class DurableExecutor:
+    """Runs the durable functions of one instance (see the module docstring).
+
+    Contract: an execution runs in this process only while this process holds its lease;
+    every write for it carries the lease number of its claim; :attr:`idle` is false while
+    any runs here; :meth:`stop` lets the code reach its next step boundary (for up to
+    ``grace``), then releases what is left to the queue.
+    """
+
+    def __init__(
+        self,
+        shared: Shared,
+        functions: Mapping[str, DurableFunction],
+        *,
+        lease_ttl: timedelta,
+        poll_interval: timedelta,
+        concurrency: int,
+        check_owners_every: timedelta,
+        retention: timedelta | None,
+    ) -> None:
+        self.shared = shared
+        self.clock = shared.clock
+        self.store = cast(DurableStore, shared.store)
+        self.loops = shared.loops
+        self.runner = shared.runner
+        self.instance = shared.instance
+        self.functions = functions
+        self.lease_ttl = lease_ttl
+        self.poll_interval = poll_interval
+        self.concurrency = concurrency
+        self.check_owners_every = check_owners_every
+        self.retention = retention
+        self.running: dict[str, ExecutionRun] = {}
+        self.stopping = False
+        self._drives: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._renew_at: datetime | None = None
+        self._owners_checked: datetime | None = None
+        self._pruned: datetime | None = None
+        self._stale_reported: datetime | None = None
+        self._started_at = self.clock.now()
+
+    @property
+    def idle(self) -> bool:
+        return not self._drives
+
+    def poke(self) -> None:
+        """Claim now rather than at the next poll (new work, a signal, a due wait)."""
+        self._wake.set()
+        self.loops.poke()
+
+    # -- the loop ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._started_at = self.clock.now()
+        if not self.functions:
+            return  # nothing this instance could run
+        self.loops.expect("durable")
+        self.loops.spawn(self._loop(), "durable")
+
+    async def _loop(self) -> None:
+        while True:
+            # The next round is due a poll after this one looked (not after it ended): time
+            # that passed during its claim may already have made a wait due.
+            looked = self.clock.now()
+            try:
+                more = await self.round(looked)
+            except Unavailable as exc:
+                self.shared.outages.trouble("durable", "store unavailable for durable executions", exc)
+                more = False
+            if more:
+                self._wake.set()
+            until = looked + self.poll_interval
+            if self._renew_at is not None and self.running:
+                until = min(until, self._renew_at)
+            await self.loops.park("durable", until, self._wake)
+
+    async def round(self, now: datetime) -> bool:
+        """Renew leases when due, then claim what is runnable at ``now``; True when there
+        may be more to claim at once."""
+        if self.running and (self._renew_at is None or now >= self._renew_at):
+            await self.renew(now)
+        free = self.concurrency - len(self.running)
+        if free <= 0 or self.stopping:
+            return False
+        limit = min(free, CLAIM_BATCH)
+        claimed = await self.store.durable_claim(self.instance, list(self.functions), now, now + self.lease_ttl, limit)
+        for one in claimed:
+            self._launch(one)
+        return len(claimed) == limit
+
+    def _launch(self, claimed: Claimed) -> None:
+        execution = claimed.execution
+        run = ExecutionRun(self, claimed, self.functions[execution.function])
+        if execution.was == "running":
+            log.warning(
+                "execution %s of %s taken over from %s (its lease had expired)",
+                execution.id, execution.function, execution.was_instance,
+            )  # fmt: skip
+        earlier = self.running.get(run.id)
+        if earlier is not None:  # cannot happen while leases hold; never let two runs go on
+            earlier.lose("the execution was claimed again")
+        self.running[run.id] = run
+        if self._renew_at is None:
+            self._renew_at = self.clock.now() + self.lease_ttl / 3
+        self.shared.events.publish("durable", run.id)
+        task = asyncio.ensure_future(self._drive(run))
+        task.set_name(f"schedtui durable {run.id}")
+        self._drives.add(task)
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._drives.discard(t)
+            self.loops.poke()
+
+        task.add_done_callback(done)
+
+    async def _drive(self, run: ExecutionRun) -> None:
+        try:
+            await run.drive()
+        except Exception:
+            log.exception("execution %s of %s: the executor failed", run.id, run.function.name)
+        finally:
+            if self.running.get(run.id) is run:
+                del self.running[run.id]
+            if not self.running:
+                self._renew_at = None
+            if not self.stopping:
+                self._wake.set()  # a place is free: claim again
+
+    async def renew(self, now: datetime) -> None:
+        """Extend every lease held here; stop the runs whose lease is gone, and tell the
+        ones an operator cancelled elsewhere."""
+        self._renew_at = now + self.lease_ttl / 3
+        leases = [(run.id, run.lease) for run in self.running.values()]
+        if not leases:
+            return
+        renewal = await self.store.durable_renew(self.instance, leases, now + self.lease_ttl)
+        for id_ in renewal.lost:
+            run = self.running.get(id_)
+            if run is not None:
+                run.lose("its lease could not be renewed (another instance took the execution over)")
+        for id_ in renewal.cancel:
+            run = self.running.get(id_)
+            if run is not None:
+                run.request_cancel()
+
+    # -- housekeeping ------------------------------------------------------------------
+    async def maintain(self, now: datetime) -> None:
+        """Take the executions of instances known to be gone, prune old ones, and report
+        runnable executions nobody claims."""
+        if self._owners_checked is None or now - self._owners_checked >= self.check_owners_every:
+            self._owners_checked = now
+            await self._expire_gone(now)
+        if self.retention is not None and (self._pruned is None or now - self._pruned >= timedelta(hours=1)):
+            self._pruned = now
+            removed = await self.store.durable_prune(now - self.retention)
+            if removed:
+                log.info("retention: removed %d durable execution(s) finished more than %s ago", removed, self.retention)
+        if self._stale_reported is None or now - self._stale_reported >= STALE_REPORT_EVERY:
+            self._stale_reported = now
+            await self._report_stale(now)
+
+    async def _expire_gone(self, now: datetime) -> None:
+        owners = await self.store.durable_owners(now)
+        if not owners:
+            return
+        registry = self.shared.registry
+        beats = await self.shared.store.instances()
+        for owner in owners:
+            why = registry.gone(beats, owner, now)
+            if why is None:
+                continue
+            # Our own name: only what an earlier process of that name claimed (the registry
+            # calls it gone); a claim of ours in flight right now must keep its lease.
+            before = self._started_at if owner == self.instance else None
+            expired = await self.store.durable_expire(owner, now, before)
+            if expired:
+                log.warning("%d durable execution(s) of %s are free to claim: %s", expired, owner, why)
+                self.poke()
+
+    async def _report_stale(self, now: datetime) -> None:
+        stale = await self.store.durable_stale(now - STALE_AFTER, now)
+        for function, count in stale.items():
+            if function in self.functions:
+                continue  # ours: claimed as soon as there is room
+            log.warning(
+                '%d runnable execution(s) of durable function "%s" have waited over %ds for an instance that '
+                "defines it; this instance does not (it defines: %s)",
+                count, function, STALE_AFTER.total_seconds(), ", ".join(sorted(self.functions)) or "none",
+            )  # fmt: skip
+
+    # -- stopping ------------------------------------------------------------------------
+    async def stop(self, grace: float) -> None:
+        self.stopping = True
+        if not self._drives:
+            return
+        for run in self.running.values():
+            run.stopping = True
+        try:
+            await self.renew(self.clock.now())  # a full lease for the grace period
+        except Unavailable:
+            pass
+        await asyncio.wait(set(self._drives), timeout=max(grace, 0))
+        for run in list(self.running.values()):
+            run.interrupt()
+        if self._drives:
+            await asyncio.wait(set(self._drives), timeout=10)

@@ -1,0 +1,367 @@
+"""One claimed execution in this process: its replay state, its calls, its writes.
+
+An :class:`ExecutionRun` is made for each claim. It calls the function's code (through
+the shared :class:`~backend.runner.HandlerRunner`, like every handler) with a
+:class:`~backend.durable.context.DurableContext` over this run. The step checkpoints it
+was claimed with (read once, in the claim) answer every step already finished; the first
+unfinished one runs for real. Every write carries the claim's lease number, so a run that
+was displaced writes nothing (the store refuses it; the run then stops quietly).
+
+How the code is left (see :mod:`.errors`): when it waits (sleep, signal, retry backoff)
+the run writes the wait and stops, holding nothing; the next claim replays from the top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..errors import Unavailable
+from ..model import TAG_INTERRUPTED, TAG_TIMEOUT
+from ..runner import Invocation, Outcome
+from .definition import DurableFunction
+from .errors import Cancelled, Fatal, LeaseLost, Released, StepFailed, Stop, Suspended
+from .model import MAX_LIFETIME, TAG_CANCELLED, TAG_EXPIRED, TAG_NONDETERMINISTIC, decode
+from .store import Claimed, DurableStore, Finish, Progress, StepRecord, Suspend, Write
+
+if TYPE_CHECKING:
+    from .context import DurableContext
+    from .executor import DurableExecutor
+
+__all__ = ["ExecutionRun"]
+
+log = logging.getLogger("schedtui.durable")
+
+#: An execution's output, a step's output, must stay below this (encoded JSON).
+MAX_OUTPUT_BYTES = 1024 * 1024
+TAG_NOT_JSON = "output_not_json"
+
+
+class BodyCall(Invocation):
+    """The function's code for one claim: bounded by the execution's lifetime."""
+
+    __slots__ = ("finished", "run")
+
+    def __init__(self, run: ExecutionRun) -> None:
+        super().__init__(f"execution {run.id} of {run.function.name}", MAX_LIFETIME, True)
+        self.run = run
+        self.finished: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+    def begin(self, now: datetime) -> DurableContext:
+        self.deadline = self.run.deadline
+        return self.run.context
+
+    def settled(self, outcome: Outcome) -> None:
+        if not self.finished.done():
+            self.finished.set_result(outcome)
+
+
+class StepCall(Invocation):
+    """One attempt of one step."""
+
+    __slots__ = ("args", "finished", "step")
+
+    def __init__(self, run: ExecutionRun, step: str, args: tuple[Any, ...], is_async: bool) -> None:
+        super().__init__(f'step "{step}" of execution {run.id}', timedelta(seconds=run.function.step_timeout), is_async)
+        self.step = step
+        self.args = args
+        self.finished: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+    @property
+    def thread_name(self) -> str:
+        return f"schedtui-step-{self.step}"
+
+    def begin(self, now: datetime) -> tuple[Any, ...]:
+        super().begin(now)
+        return self.args
+
+    def settled(self, outcome: Outcome) -> None:
+        if not self.finished.done():
+            self.finished.set_result(outcome)
+
+
+class ExecutionRun:
+    """Replay state and writes of one claimed execution (see the module docstring)."""
+
+    def __init__(self, executor: DurableExecutor, claimed: Claimed, function: DurableFunction) -> None:
+        from .context import DurableContext
+
+        row = claimed.execution
+        self.executor = executor
+        self.store: DurableStore = executor.store
+        self.clock = executor.clock
+        self.id = row.id
+        self.lease = row.lease
+        self.row = row
+        self.function = function
+        self.deadline = row.created_at + MAX_LIFETIME
+        self.recorded: dict[int, StepRecord] = {step.seq: step for step in claimed.steps}
+        self.positions: dict[str, int] = {step.name: step.seq for step in claimed.steps}
+        self.signals = claimed.signals
+        self.pending: list[StepRecord] = []
+        """Checkpoints that need no commit of their own (a sleep or wait found over): they
+        go with the next write."""
+        self.logs: list[str] = []
+        self.seen: dict[str, int] = {}
+        self.position = 0
+        self.current_step: str | None = None
+        self.cancel_requested = row.cancel_requested
+        self.stopping = False
+        self.ending: Stop | None = None
+        """Why the code must stop, once decided: every later call of the context raises it."""
+        self.body: BodyCall | None = None
+        self.call: StepCall | None = None
+        self.in_store = False
+        self.failure: StepFailed | None = None
+        """The last step failure raised into the code (it failed the execution if the code
+        then failed)."""
+        self.context: DurableContext = DurableContext(self)
+        self.input: Any = decode(row.input)
+        if row.was == "running":
+            self.logs.append(
+                f"taken over by {executor.instance} (lease {row.lease}): the lease of {row.was_instance} had expired"
+            )
+        elif row.was_instance is not None and row.was_instance != executor.instance:
+            self.logs.append(f"resumed on {executor.instance} (lease {row.lease})")
+        elif row.lease == 1:
+            self.logs.append(f"started on {executor.instance}")
+
+    @property
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    # -- the code ---------------------------------------------------------------------
+    async def drive(self) -> None:
+        """Run the code until it ends, waits or is stopped, then write how it ended."""
+        if self.cancel_requested:
+            await self._end(Finish("cancelled", None, error_tag=TAG_CANCELLED, error_message="cancelled before it resumed"))
+            return
+        if self.now >= self.deadline:
+            await self._end(Finish("failed", None, error_tag=TAG_EXPIRED, error_message=self._expired_message()))
+            return
+        body = self.body = BodyCall(self)
+        handler = self.function.handler
+        arg = self.input
+        self.executor.runner.start(body, lambda ctx: handler(ctx, arg))
+        outcome = await body.finished
+        await self._conclude(outcome)
+
+    async def _conclude(self, outcome: Outcome) -> None:
+        ending = self.ending
+        if isinstance(ending, (Suspended, LeaseLost)):
+            return
+        if isinstance(ending, Released):
+            await self._end(Suspend("queued", self.current_step), note=f"released: {self.executor.instance} is stopping")
+            return
+        if isinstance(ending, Fatal):
+            finish = Finish("failed", ending.step, error_tag=ending.tag, error_message=ending.message, failed_step=ending.step)
+        elif isinstance(ending, Cancelled) or (self.cancel_requested and outcome.error_tag == TAG_INTERRUPTED):
+            finish = Finish("cancelled", self.current_step, error_tag=TAG_CANCELLED, error_message=self._cancel_note())
+        elif outcome.status == "succeeded":
+            text, problem = encode(outcome.value)
+            if problem is None:
+                finish = Finish("succeeded", self.current_step, output=text)
+            else:
+                finish = Finish("failed", self.current_step, error_tag=TAG_NOT_JSON, error_message=f"the result {problem}")
+        elif outcome.error_tag == TAG_TIMEOUT:
+            finish = Finish("failed", self.current_step, error_tag=TAG_EXPIRED, error_message=self._expired_message())
+        elif self.failure is not None and outcome.error_tag == StepFailed.__name__:
+            failure = self.failure
+            finish = Finish(
+                "failed", failure.step, error_tag=failure.error_tag, error_message=failure.message, failed_step=failure.step
+            )
+        else:
+            failed_step = self.failure.step if self.failure is not None else None
+            finish = Finish(
+                "failed", self.current_step, error_tag=outcome.error_tag, error_message=outcome.error_message,
+                failed_step=failed_step,
+            )  # fmt: skip
+        await self._end(finish)
+
+    async def _end(self, then: Finish | Suspend, note: str | None = None) -> None:
+        if note:
+            self.logs.append(note)
+        if isinstance(then, Finish):
+            self.logs.append(f"{then.status}" + (f": [{then.error_tag}] {then.error_message}" if then.error_tag else ""))
+        try:
+            await self.write(then)
+        except LeaseLost:
+            pass
+
+    def _cancel_note(self) -> str:
+        return "cancelled by an operator; it stopped at a step boundary"
+
+    def _expired_message(self) -> str:
+        return f"the execution outlived its {MAX_LIFETIME.days}-day bound (created {self.row.created_at.isoformat()})"
+
+    # -- stopping it from outside ---------------------------------------------------------
+    def request_cancel(self) -> None:
+        """An operator asked: stop at the next step boundary; async work in flight is
+        cancelled now (a step on a thread cannot be: the boundary after it is the stop)."""
+        self.cancel_requested = True
+        call = self.call
+        if call is not None:
+            if call.is_async:
+                call.cancel()
+        elif not self.in_store and self.body is not None and self.ending is None:
+            self.body.cancel()  # the code is between steps, in its own awaits
+
+    def lose(self, why: str) -> None:
+        """The lease is gone: stop at once, write nothing."""
+        if self.ending is None or isinstance(self.ending, Released):
+            self.ending = LeaseLost(why)
+            log.warning("execution %s of %s: %s; this instance stops running it", self.id, self.function.name, why)
+        self._cancel_calls()
+
+    def interrupt(self) -> None:
+        """The instance stops and cannot wait any longer: leave the code now; the execution
+        goes back to the queue (a step cut short here runs again on the next claim)."""
+        if self.ending is None:
+            self.ending = Released("the instance is stopping")
+        self._cancel_calls()
+
+    def _cancel_calls(self) -> None:
+        if self.call is not None:
+            self.call.cancel()
+        if self.body is not None:
+            self.body.cancel()
+
+    # -- helpers for the context ------------------------------------------------------
+    def check(self) -> None:
+        """Raise what stops the code, if anything has (every context call starts here)."""
+        if self.ending is not None:
+            raise self.ending
+
+    def boundary(self) -> None:
+        """A step boundary: where a cancellation or a stopping instance takes effect."""
+        self.check()
+        if self.cancel_requested:
+            self.ending = Cancelled()
+            raise self.ending
+        if self.stopping:
+            self.ending = Released("the instance is stopping")
+            raise self.ending
+
+    def fatal(self, tag: str, message: str, step: str | None = None) -> Fatal:
+        self.ending = Fatal(tag, message, step)
+        return self.ending
+
+    def enter(self, name: str, kind: str) -> tuple[int, StepRecord | None]:
+        """The code reached a step, sleep or wait called ``name``: its position, and its
+        checkpoint if it has one. Refuses a name used twice and recorded steps reached in
+        another order (the recorded data would be replayed into the wrong place)."""
+        self.check()
+        if not isinstance(name, str) or not name or len(name) > 200 or not name.isprintable():
+            raise ValueError(f"a step name must be 1-200 printable characters, not {name!r}")
+        position = self.position + 1
+        first = self.seen.get(name)
+        if first is not None:
+            raise self.fatal(
+                TAG_NONDETERMINISTIC,
+                f'step name "{name}" is used twice in this execution (positions {first} and {position}); '
+                "step names must be unique within an execution",
+                name,
+            )
+        self.position = position
+        self.seen[name] = position
+        self.current_step = name
+        recorded_at = self.positions.get(name)
+        if recorded_at is not None and recorded_at != position:
+            raise self.fatal(
+                TAG_NONDETERMINISTIC,
+                f'the code reached step "{name}" at position {position}, but it is recorded at position '
+                f"{recorded_at}: it now reaches recorded steps in another order than when they ran "
+                "(was the function changed?); its recorded data is not replayed",
+                name,
+            )
+        record = self.recorded.get(position)
+        if record is not None and record.name != name:
+            raise self.fatal(
+                TAG_NONDETERMINISTIC,
+                f'the code reached step "{name}" at position {position}, where step "{record.name}" is recorded: '
+                "it now reaches recorded steps in another order than when they ran (was the function changed?); "
+                "its recorded data is not replayed",
+                name,
+            )
+        if record is not None and record.kind != kind:
+            raise self.fatal(
+                TAG_NONDETERMINISTIC,
+                f'"{name}" at position {position} is recorded as a {record.kind} but was reached as a {kind}',
+                name,
+            )
+        return position, record
+
+    def check_bound(self, what: str, until: datetime) -> None:
+        if until > self.deadline:
+            raise self.fatal(
+                TAG_EXPIRED,
+                f"{what} would end at {until.isoformat()}, after the execution's {MAX_LIFETIME.days}-day bound "
+                f"({self.deadline.isoformat()})",
+                self.current_step,
+            )
+
+    # -- writing ----------------------------------------------------------------------
+    async def write(self, then: Progress | Suspend | Finish, steps: Sequence[StepRecord] = ()) -> None:
+        """One transaction under this run's lease, with whatever checkpoints and log lines
+        wait to go. Raises :class:`LeaseLost` (and stops the run) when the store refuses
+        it or cannot be reached."""
+        pending = [*self.pending, *steps] if self.pending else steps
+        logs, self.logs = self.logs, []
+        write = Write(self.id, self.lease, self.now, then, pending, logs)
+        self.in_store = True
+        try:
+            cancel = await self.store.durable_write(write)
+        except Unavailable as exc:
+            self.logs = logs + self.logs
+            self.lose(f"the store cannot be reached to checkpoint ({exc})")
+            raise LeaseLost(str(exc)) from None
+        finally:
+            self.in_store = False
+        if cancel is None:
+            self.lose("its lease was taken over by another claim")
+            assert isinstance(self.ending, LeaseLost)
+            raise self.ending
+        self.pending = []
+        if cancel:
+            self.cancel_requested = True
+        if not isinstance(then, Progress):  # it waits or ended: what operators watch
+            self.executor.shared.events.publish("durable", self.id)
+
+    async def checkpoint(self, record: StepRecord) -> None:
+        """A step finished: its outcome, one commit (the lease is renewed with it)."""
+        await self.write(Progress(record.name, self.now + self.executor.lease_ttl), [record])
+
+    async def suspend(
+        self,
+        waiting_for: str,
+        wake_at: datetime,
+        record: StepRecord | None = None,
+        signal: str | None = None,
+    ) -> None:
+        """Write the wait and leave the code: nothing is held while it waits."""
+        self.check_bound(f'the wait "{waiting_for}"', wake_at)
+        then = Suspend("waiting", self.current_step, waiting_for, wake_at, signal)
+        await self.write(then, [record] if record is not None else [])
+        self.ending = Suspended(waiting_for)
+        self.executor.poke()  # due already (a signal that arrived meanwhile)? claim it again now
+        raise self.ending
+
+    def call_step(self, step: str, fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool) -> StepCall:
+        call = StepCall(self, step, args, is_async)
+        self.call = call
+        return call
+
+
+def encode(value: Any) -> tuple[str, str | None]:
+    """A value as the JSON text it is checkpointed as, or why it cannot be."""
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        return "", f"is not JSON ({exc})"
+    if len(text.encode()) > MAX_OUTPUT_BYTES:
+        return "", f"is larger than {MAX_OUTPUT_BYTES} bytes as JSON"
+    return text, None

@@ -1,0 +1,239 @@
+"""Durable functions as the engine holds them: the subsystem, and the operations on executions.
+
+:class:`Durable` is ``engine.durable``. As a subsystem it runs the
+:class:`~.executor.DurableExecutor` where the engine is started (``schedtui serve``);
+everywhere (the CLI's verbs, ``connect()``, the API) it carries out the operations:
+start, signal, cancel, retry, list and show. Operations check their input here, once,
+for every path that reaches them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any, Final, cast
+
+from ..errors import BadInput, NotFound, Refused
+from ..inputs import check_before, check_id
+from ..model import RunContext
+from ..safetext import printable
+from ..schedules import NAME_PATTERN
+from ..subsystems import Shared
+from .context import SIGNAL_NAME
+from .definition import DurableFunction
+from .executor import DurableExecutor
+from .model import EXECUTION_STATUSES, Execution, Signalled, Started, execution_id_for_slot
+from .store import DurableStore, NewExecution
+
+__all__ = ["MAX_INPUT_BYTES", "MAX_SIGNAL_BYTES", "Durable", "check_json", "parse_json_option"]
+
+#: Largest input of an execution, and payload of a signal (encoded JSON).
+MAX_INPUT_BYTES: Final = 256 * 1024
+MAX_SIGNAL_BYTES: Final = 64 * 1024
+DEFAULT_CONCURRENCY: Final = 32
+
+
+def check_json(value: Any, field: str, limit: int) -> str:
+    """``value`` as JSON text; BadInput naming ``field`` when it is not JSON or too long."""
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise BadInput(f"{field} is not JSON: {exc}", field=field) from None
+    if len(text) > limit:
+        raise BadInput(f"{field} is {len(text):,} bytes as JSON, more than the {limit:,} allowed", field=field)
+    return text
+
+
+def parse_json_option(text: str | None, field: str) -> Any:
+    """A JSON value typed by an operator (``--input``, ``--payload``); ``None`` for none."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise BadInput(f'{field} "{printable(text, 60)}" is not valid JSON ({exc})', field=field.lstrip("-")) from None
+
+
+class Durable:
+    """The durable functions of one engine, and the operations on their executions."""
+
+    def __init__(
+        self,
+        shared: Shared,
+        functions: Iterable[DurableFunction],
+        *,
+        lease_ttl: timedelta = timedelta(seconds=30),
+        poll_interval: timedelta = timedelta(seconds=1),
+        concurrency: int = DEFAULT_CONCURRENCY,
+        check_owners_every: timedelta = timedelta(seconds=5),
+        retention: timedelta | None = timedelta(days=30),
+    ) -> None:
+        self.shared = shared
+        self.clock = shared.clock
+        self.store = cast(DurableStore, shared.store)
+        self.functions: dict[str, DurableFunction] = {}
+        for function in functions:
+            if function.name in self.functions:
+                raise BadInput(f'durable function name "{function.name}" is given twice')
+            self.functions[function.name] = function
+        self.executor = DurableExecutor(
+            shared,
+            self.functions,
+            lease_ttl=lease_ttl,
+            poll_interval=poll_interval,
+            concurrency=concurrency,
+            check_owners_every=check_owners_every,
+            retention=retention,
+        )
+
+    # -- the subsystem ---------------------------------------------------------------------
+    async def open(self) -> None:
+        pass
+
+    def start(self) -> None:
+        self.executor.start()
+
+    async def maintain(self, now: datetime) -> None:
+        if self.functions:
+            await self.executor.maintain(now)
+
+    async def stop(self, grace: float) -> None:
+        await self.executor.stop(grace)
+
+    @property
+    def idle(self) -> bool:
+        return self.executor.idle
+
+    def is_ours(self, id_: str) -> bool:
+        return id_ in self.executor.running
+
+    # -- operations --------------------------------------------------------------------
+    def _function(self, name: object) -> str:
+        if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+            raise NotFound(f'no durable function named "{printable(str(name), 60)}"')
+        if self.functions and name not in self.functions:
+            known = ", ".join(sorted(self.functions))
+            raise NotFound(f'no durable function named "{name}" (defined here: {known})')
+        return name
+
+    async def start_execution(
+        self,
+        function: str,
+        input: Any = None,
+        *,
+        id: str | None = None,
+        schedule: str | None = None,
+        scheduled_at: datetime | None = None,
+    ) -> Started:
+        """Queue an execution of ``function`` with ``input`` (JSON, at most 256 KiB).
+
+        Any instance that defines the function runs it. Where this process knows durable
+        functions (the definitions folder), an unknown name is refused; a process that
+        knows none (``connect()`` without definitions) cannot check, and the execution
+        waits for an instance that defines it (``serve`` warns about it)."""
+        name = self._function(function)
+        text = check_json(input, "input", MAX_INPUT_BYTES)
+        execution_id = id or self.shared.new_id()
+        created = await self.store.durable_insert(
+            NewExecution(execution_id, name, text, self.clock.now(), schedule, scheduled_at)
+        )
+        if created:
+            self.executor.poke()
+            self.shared.events.publish("durable", execution_id)
+            if schedule is None:  # an operator's (a schedule's slot is in the run ledger)
+                await self.shared.audit.record("durable.start", execution_id, {"function": name})
+        return Started(execution_id, duplicate=not created)
+
+    async def signal(self, id: str, name: str, payload: Any = None) -> Signalled:
+        """Send the signal ``name`` to an execution. The first signal of a name is kept
+        (a repeat is a ``duplicate``, changing nothing); an execution waiting for it wakes."""
+        check_id(id, "execution")
+        if not isinstance(name, str) or not SIGNAL_NAME.fullmatch(name):
+            raise BadInput(
+                f"signal name \"{printable(str(name), 60)}\" must be 1-128 letters, digits, '_', '.', ':' or '-'",
+                field="name",
+            )
+        text = check_json(payload, "payload", MAX_SIGNAL_BYTES)
+        found = await self.store.durable_signal(id, name, text, self.clock.now())
+        if found is None:
+            raise NotFound(f'no execution with id "{id}"')
+        status, duplicate = found
+        if status in ("succeeded", "failed", "cancelled"):
+            raise Refused(f"execution {id} is {status}; it takes no more signals", reason=f"execution {status}")
+        self.executor.poke()
+        if not duplicate:
+            self.shared.events.publish("durable", id)
+            await self.shared.audit.record("durable.signal", id, {"name": name})
+        return Signalled(id, name, duplicate)
+
+    async def cancel(self, id: str, *, by: str | None = None) -> Execution:
+        """Cancel an execution: a queued or waiting one at once; a running one stops at
+        its next step boundary (async work in flight is cancelled)."""
+        check_id(id, "execution")
+        actor = by or self.shared.audit.actor()
+        note = f"cancelled by {actor}"
+        found = await self.store.durable_cancel(id, self.clock.now(), note)
+        if found is None:
+            raise NotFound(f'no execution with id "{id}"')
+        status, done = found
+        if done is None:
+            raise Refused(f"execution {id} has finished ({status}); there is nothing to cancel", reason=f"execution {status}")
+        run = self.executor.running.get(id)
+        if run is not None:
+            run.request_cancel()
+        self.shared.events.publish("durable", id)
+        await self.shared.audit.record("durable.cancel", id, {"was": status, "done": done}, actor=actor)
+        return await self.get(id)
+
+    async def retry(self, id: str, *, by: str | None = None) -> Execution:
+        """Queue a failed execution again: it replays its finished steps and runs its
+        failed step again, with fresh attempts."""
+        check_id(id, "execution")
+        actor = by or self.shared.audit.actor()
+        status = await self.store.durable_retry(id, self.clock.now(), f"retried by {actor}")
+        if status is None:
+            raise NotFound(f'no execution with id "{id}"')
+        if status != "failed":
+            raise Refused(f"execution {id} is {status}; only a failed execution can be retried", reason=f"execution {status}")
+        self.executor.poke()
+        self.shared.events.publish("durable", id)
+        await self.shared.audit.record("durable.retry", id, actor=actor)
+        return await self.get(id)
+
+    async def get(self, id: str) -> Execution:
+        """One execution with its steps (its timeline) and its log."""
+        check_id(id, "execution")
+        execution = await self.store.durable_get(id)
+        if execution is None:
+            raise NotFound(f'no execution with id "{id}"')
+        return execution
+
+    async def list(
+        self,
+        function: str | None = None,
+        *,
+        status: str | None = None,
+        limit: int = 50,
+        before: str | None = None,
+    ) -> tuple[list[Execution], str | None]:
+        """A page of executions, newest first, and the ``before`` of the next page."""
+        if function is not None and (not isinstance(function, str) or not NAME_PATTERN.fullmatch(function)):
+            raise BadInput(f'function "{printable(str(function), 60)}" is not a durable function name', field="function")
+        if status is not None and status not in EXECUTION_STATUSES:
+            raise BadInput(f'status "{printable(str(status), 40)}" is not one of {", ".join(EXECUTION_STATUSES)}', field="status")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise BadInput(f"limit {limit!r} is out of range (1-1000)", field="limit")
+        before = check_before(before)
+        rows = await self.store.durable_list(function=function, status=status, limit=limit + 1, before=before)
+        if len(rows) > limit:
+            return rows[:limit], rows[limit - 1].id
+        return rows, None
+
+    # -- schedules that start executions ------------------------------------------------
+    async def start_for_slot(self, function: str, ctx: RunContext) -> Started:
+        """What a schedule defined with ``durable=function`` does for a slot: start one
+        execution, whose id derives from the schedule and the slot, so the slot starts one
+        however many instances fire it (Run now starts a new one each time)."""
+        id_ = None if ctx.trigger == "manual" else execution_id_for_slot(ctx.name, ctx.scheduled_at)
+        return await self.start_execution(function, ctx.payload, id=id_, schedule=ctx.name, scheduled_at=ctx.scheduled_at)

@@ -1,0 +1,317 @@
+"""View 4: durable executions, newest first: status, the step each is at, what it waits
+for and until when. ``enter`` opens the step timeline (``f`` there: failed only); ``a``
+sends the signal the execution waits for (a payload prompt), ``c`` cancels it (after a
+confirmation), ``R`` retries a failed one from its failed step."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from rich.style import Style
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.content import Content
+from textual.widgets import DataTable, Static
+
+from backend.durable.model import Execution
+from backend.errors import SchedtuiError, Unavailable
+
+from .. import format as fmt
+from ..screens.durable import CancelPrompt, SignalPrompt, StepsScreen
+from ..widgets.line import Line
+from ..widgets.palette import theme_color
+from ..widgets.schedules import FreshTable
+from .base import View
+
+__all__ = ["EXECUTIONS_PAGE", "DurableView", "ExecutionsTable", "execution_matches"]
+
+EXECUTIONS_PAGE = 200
+"""Executions read on every refresh (the newest)."""
+
+_STATUS_STYLE = {"failed": "bold red", "waiting": "yellow", "running": "cyan", "cancelled": "", "queued": ""}
+
+
+def execution_matches(execution: Execution, needle: str) -> bool:
+    """The filter: its text in the id, function, status, step, wait or error (any case)."""
+    needle = needle.strip().lower()
+    if not needle:
+        return True
+    fields = (execution.id, execution.function, execution.status, execution.current_step or "",
+              execution.waiting_for or "", execution.error_tag or "", execution.error_message or "")  # fmt: skip
+    return any(needle in field.lower() for field in fields)
+
+
+def waiting_text(execution: Execution) -> str:
+    """``signal approval``, ``retry fetch-31``, ``sleep cool-down``; ``-`` when not waiting."""
+    return execution.waiting_for.replace(":", " ", 1) if execution.waiting_for else "-"
+
+
+class ExecutionsTable(FreshTable):
+    """The executions, newest first; the error column takes the room the others leave."""
+
+    DEFAULT_CSS = """
+    ExecutionsTable {
+        height: 1fr;
+    }
+    """
+
+    COLUMNS = (
+        ("id", "ID"), ("created", "CREATED"), ("function", "FUNCTION"), ("status", "STATUS"), ("step", "STEP"),
+        ("waiting", "WAITING FOR"), ("until", "UNTIL"), ("error", "ERROR"),
+    )  # fmt: skip
+    ERROR_MIN = 8
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=False)
+        self.executions: list[Execution] = []
+        self._shown: list[tuple[str, tuple[Text, ...]]] = []
+
+    def on_mount(self) -> None:
+        for key, label in self.COLUMNS:
+            self.add_column(label, key=key)
+
+    def _cells(self, e: Execution, zone: str, now: datetime, others: int) -> tuple[Text, ...]:
+        muted = Style(color=theme_color(self.app, "text-muted"))
+        error = " ".join(filter(None, [e.error_tag and f"[{e.error_tag}]", e.error_message]))
+        width = max(self.ERROR_MIN, self.size.width - 1 - 2 * len(self.COLUMNS) - others)
+        if len(error) > width:
+            error = error[: width - 1] + "…"
+        return (
+            Text(e.id[-6:], style=muted),
+            Text(fmt.short_time(e.created_at, zone).rsplit(" ", 1)[0][6:], style=muted),  # the zone is on the tab line
+            Text(e.function, style="bold"),
+            Text(f"{fmt.EXECUTION_GLYPHS.get(e.status, '?')} {e.status}", style=_STATUS_STYLE.get(e.status, "")),
+            Text(e.current_step or "-"),
+            Text(waiting_text(e)),
+            Text(fmt.countdown(e.wake_at, now) if e.status == "waiting" and e.wake_at else "-"),
+            Text(error, style="red" if error else ""),
+        )
+
+    def show(self, executions: list[Execution], zone: str, now: datetime) -> None:
+        """Show ``executions``; the cursor stays on the same one when it is still there."""
+        others = (
+            6 + 8 + max((len(e.function) for e in executions), default=8) + 11
+            + max((len(e.current_step or "-") for e in executions), default=4)
+            + max((len(waiting_text(e)) for e in executions), default=11) + 9
+        )  # fmt: skip
+        shown = [(e.id, self._cells(e, zone, now, others)) for e in executions]
+        if shown == self._shown:
+            return
+        selected = self.selected_execution.id if self.selected_execution is not None else None
+        self.executions = list(executions)
+        self._shown = shown
+        self.clear()
+        for key, cells in shown:
+            self.add_row(*cells, key=key)
+        if selected is not None and any(key == selected for key, _ in shown):
+            self.move_cursor(row=self.get_row_index(selected), animate=False)
+
+    @property
+    def selected_execution(self) -> Execution | None:
+        if not self.executions or not self.is_valid_row_index(self.cursor_row):
+            return None
+        return self.executions[self.cursor_row]
+
+
+class DurableView(View):
+    """Durable executions, newest first (see the module docstring). The filter (``/``)
+    narrows them by id, function, status, step, wait or error."""
+
+    DEFAULT_CSS = """
+    DurableView #durable-selected {
+        height: auto;
+        max-height: 2;
+        background: $boost;
+        padding: 0 1;
+    }
+    """
+
+    view_id = "durable"
+    topics: ClassVar[tuple[str, ...]] = ("durable",)
+
+    BINDINGS = [
+        Binding("a", "signal", "Signal", id="durable_signal", tooltip="send the signal the execution waits for"),
+        Binding("c", "cancel", "Cancel", id="durable_cancel", tooltip="cancel the execution (asks first)"),
+        Binding("R", "retry", "Retry", id="durable_retry", tooltip="retry a failed execution from its failed step"),
+    ]
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id or self.view_id)
+        self.executions: list[Execution] = []
+        self.more = False
+
+    def compose(self) -> ComposeResult:
+        yield Line("DURABLE", id="durable-title", classes="section")
+        yield ExecutionsTable(id="durable-table")
+        yield Static("", id="durable-selected", markup=False)
+
+    @property
+    def table(self) -> ExecutionsTable:
+        return self.query_one(ExecutionsTable)
+
+    def focus_main(self) -> None:
+        self.table.focus()
+
+    async def load(self) -> None:
+        page = await self.console.backend.list_executions(limit=EXECUTIONS_PAGE)
+        self.executions, self.more = page.executions, page.next_before is not None
+
+    def show(self) -> None:
+        console = self.console
+        needle = console.filter_text.strip()
+        shown = [e for e in self.executions if execution_matches(e, needle)]
+        self.table.show(shown, console.display_zone, console.clock.now())
+        self._show_selected()
+        counts = {status: sum(1 for e in shown if e.status == status) for status in ("running", "waiting", "failed")}
+        title = f"DURABLE {len(shown)}" + ("+" if self.more and not needle else "")
+        title += "".join(f" · {n} {status}" for status, n in counts.items() if n)
+        if needle:
+            title += f" · filter “{needle}” (esc clears)"
+        title += " · enter steps · a signal · c cancel · R retry"
+        self.query_one("#durable-title", Line).update(Content(title))
+
+    def tick(self, now: datetime) -> None:
+        if self.executions:
+            self.table.show(self.table.executions, self.console.display_zone, now)
+
+    def _show_selected(self) -> None:
+        e = self.table.selected_execution
+        text = ""
+        if e is not None:
+            text = f"{e.id} · {e.function} · {e.status}"
+            if e.schedule:
+                text += f" · schedule {e.schedule}"
+            if e.instance:
+                text += f" · on {e.instance}"
+            if e.error_message:
+                text += f" · {e.error_message}"
+        self.query_one("#durable-selected", Static).update(text)
+
+    @on(DataTable.RowHighlighted, "#durable-table")
+    def _highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._show_selected()
+
+    @on(DataTable.RowSelected, "#durable-table")
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        self.open_details()
+
+    def on_resize(self) -> None:
+        if self.executions:
+            self.table._shown = []  # the error column's width changed
+            self.show()
+
+    # -- the timeline --------------------------------------------------------------------
+    def open_details(self) -> None:
+        execution = self.table.selected_execution
+        if execution is None:
+            self.notify("No execution selected.", severity="warning")
+            return
+        self._open_steps(execution.id)
+
+    @work(group="durable-steps", exclusive=True, exit_on_error=False)
+    async def _open_steps(self, execution_id: str) -> None:
+        try:
+            execution = await self.console.backend.get_execution(execution_id)
+        except Unavailable as exc:
+            self.console.connection_lost(exc)
+            return
+        except SchedtuiError as exc:
+            self.console.report(exc)
+            return
+        self.app.push_screen(StepsScreen(execution, self.console.display_zone, self.console.clock.now()))
+
+    # -- actions -------------------------------------------------------------------------
+    def _target(self, action: str) -> Execution | None:
+        """The execution under the cursor, if ``action`` may go ahead; else say why not."""
+        console = self.console
+        if console.read_only:
+            self.notify(f"{action} does nothing here: {console._read_only_reason()}.", title="Read-only",
+                        severity="warning")  # fmt: skip
+            return None
+        execution = self.table.selected_execution
+        if execution is None:
+            self.notify(f"{action}: no execution selected.", severity="warning")
+        return execution
+
+    def action_signal(self) -> None:
+        """``a``: send the signal the selected execution waits for, with a payload."""
+        execution = self._target("Signal")
+        if execution is None:
+            return
+        waiting = execution.waiting_for or ""
+        if execution.status != "waiting" or not waiting.startswith("signal:"):
+            now = f"waiting for {waiting_text(execution)}" if execution.status == "waiting" else execution.status
+            self.notify(f"Execution {execution.id[-6:]} waits for no signal ({now}).", title="Signal",
+                        severity="warning", markup=False)  # fmt: skip
+            return
+        name = waiting.split(":", 1)[1]
+
+        def send(answer: tuple[Any] | None) -> None:
+            if answer is not None:
+                self._send(execution.id, name, answer[0])
+
+        self.app.push_screen(SignalPrompt(execution, name), send)
+
+    @work(group="durable-action", exit_on_error=False)
+    async def _send(self, execution_id: str, name: str, payload: Any) -> None:
+        try:
+            sent = await self.console.backend.signal_execution(execution_id, name, payload)
+        except SchedtuiError as exc:
+            self.console.report(exc)
+            return
+        note = " (it had one already: the first is kept)" if sent.duplicate else ""
+        self.notify(f"{name} sent to {execution_id[-6:]}{note}", title="Signal sent", markup=False)
+        self.console.request_refresh()
+
+    def action_cancel(self) -> None:
+        """``c``: cancel the selected execution, once confirmed."""
+        execution = self._target("Cancel")
+        if execution is None:
+            return
+        if execution.done:
+            self.notify(f"Execution {execution.id[-6:]} has finished ({execution.status}).", title="Cancel",
+                        severity="warning")  # fmt: skip
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self._cancel(execution.id)
+
+        self.app.push_screen(CancelPrompt(execution), confirmed)
+
+    @work(group="durable-action", exit_on_error=False)
+    async def _cancel(self, execution_id: str) -> None:
+        try:
+            execution = await self.console.backend.cancel_execution(execution_id)
+        except SchedtuiError as exc:
+            self.console.report(exc)
+            return
+        what = "stops at its next step" if execution.status == "running" else execution.status
+        self.notify(f"{execution.function} {execution_id[-6:]}: {what}", title="Cancelled", markup=False)
+        self.console.request_refresh()
+
+    def action_retry(self) -> None:
+        """``R``: retry the selected execution from its failed step."""
+        execution = self._target("Retry")
+        if execution is None:
+            return
+        if execution.status != "failed":
+            self.notify(f"Only a failed execution can be retried; {execution.id[-6:]} is {execution.status}.",
+                        title="Retry", severity="warning")  # fmt: skip
+            return
+        self._retry(execution.id)
+
+    @work(group="durable-action", exit_on_error=False)
+    async def _retry(self, execution_id: str) -> None:
+        try:
+            execution = await self.console.backend.retry_execution(execution_id)
+        except SchedtuiError as exc:
+            self.console.report(exc)
+            return
+        self.notify(f"{execution.function} {execution_id[-6:]}: queued again from its failed step", title="Retried",
+                    markup=False)  # fmt: skip
+        self.console.request_refresh()

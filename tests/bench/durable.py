@@ -1,0 +1,393 @@
+"""Durable-function benchmark: schedtui against DBOS Transact 3.4.0 on the same PostgreSQL.
+
+A benchmark, not a test (pytest does not collect it). Run it from the repository root::
+
+    python -m tests.bench.durable                  # 20 workflows of 100 no-op steps each
+    python -m tests.bench.durable --workflows 5 --skip-resume
+
+The workload: a workflow of ``--steps`` no-op steps (each returns its index), run
+``--workflows`` times one after the other, after one warm-up run. Each system runs in a
+process of its own against a fresh database of one PostgreSQL cluster (fsync on), one at
+a time. Measured:
+
+* ``steps_per_s``: steps of the measured workflows over the wall time from the first
+  start to the last end (each system's own process clock). The systems run ``--rounds``
+  times, alternating, each round on a fresh database; each system's median round is
+  shown (with every round's figure): the machine may be busy with other work;
+* ``checkpoint_ms``: the time of one step's checkpoint, the write that makes its outcome
+  durable (schedtui: its one statement; DBOS: ``record_operation_result``), p50/p99/max.
+  For DBOS ``step_db_ms`` adds the read it does first (``check_operation_execution``):
+  what a step costs it in the database in all;
+* ``commits_per_step``: ``xact_commit`` of the system's database in ``pg_stat_database``
+  (every transaction, read-only ones included) over the measured workflows, less a run
+  of the same process with no workflow (start-up, schema, background work), divided by
+  the steps (the warm-up's included). Counters are read after each process has exited
+  (backends flush them then).
+
+DBOS is installed by this script with pip into a temporary virtual environment it
+creates and removes (never into the project's environment). ``resume`` measures, on real
+``schedtui serve`` processes, how long after a SIGKILL of the instance running an
+execution another live instance runs its next step (the registry sees the dead pid on
+this machine), and after a SIGSTOP (the frozen owner's lease must expire: 30 s).
+
+The server is ``$SCHEDTUI_BENCH_DSN`` when set, otherwise a throwaway cluster from the
+machine's binaries (see tests/pg.py). JSON on stdout, progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if __package__ in (None, ""):  # run as a script: make backend/ and tests/ importable
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tests.bench import stats  # noqa: E402
+
+DBOS_VERSION = "3.4.0"
+
+
+def log(message: str) -> None:
+    print(f"[durable {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# the schedtui worker (run in a process of its own)
+# ---------------------------------------------------------------------------------------
+def schedtui_worker(url: str, steps: int, workflows: int) -> dict[str, Any]:
+    import asyncio
+
+    from backend import Engine
+    from backend.durable import DurableContext, define_durable
+    from backend.durable.store import Finish, Progress, Write
+
+    async def noop(i: int) -> int:
+        return i
+
+    async def body(ctx: DurableContext, input: Any) -> int:
+        for i in range(steps):
+            await ctx.step(f"s{i}", noop, i)
+        return steps
+
+    async def run() -> dict[str, Any]:
+        engine = Engine([define_durable(name="bench", handler=body)], url, instance="bench", shutdown_grace=5)
+        await engine.start()
+        store: Any = engine.store
+        write = store.durable_write
+        checkpoints: list[float] = []
+        finished: dict[str, asyncio.Future[None]] = {}
+
+        async def timed(w: Write) -> Any:
+            began = time.perf_counter()
+            result = await write(w)
+            if isinstance(w.then, Progress) and w.steps:
+                checkpoints.append(time.perf_counter() - began)
+            if isinstance(w.then, Finish) and w.id in finished:
+                finished[w.id].set_result(None)
+            return result
+
+        store.durable_write = timed
+
+        async def one() -> float:
+            began = time.perf_counter()
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            started = await engine.durable.start_execution("bench")
+            finished[started.id] = done
+            await done
+            return time.perf_counter() - began
+
+        if workflows:
+            await one()  # warm-up
+        checkpoints.clear()
+        began = time.perf_counter()
+        durations = [await one() for _ in range(workflows)]
+        elapsed = time.perf_counter() - began
+        await engine.stop()
+        return {"elapsed_s": elapsed, "workflow_s": durations, "checkpoint_s": checkpoints}
+
+    return asyncio.run(run())
+
+
+# ---------------------------------------------------------------------------------------
+# the DBOS worker (run with the temporary venv's Python; this file is read as a script)
+# ---------------------------------------------------------------------------------------
+DBOS_WORKER = """
+import json, sys, time
+from dbos import DBOS, DBOSConfig
+from dbos._sys_db import SystemDatabase
+
+url, steps, workflows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+timings = {"record": [], "check": []}
+
+def timed(name, key):
+    original = getattr(SystemDatabase, name)
+    def wrapper(self, *args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            timings[key].append(time.perf_counter() - began)
+    setattr(SystemDatabase, name, wrapper)
+
+timed("record_operation_result", "record")
+timed("check_operation_execution", "check")
+config: DBOSConfig = {"name": "bench", "system_database_url": url, "run_admin_server": False}
+DBOS(config=config)
+
+@DBOS.step()
+def noop(i):
+    return i
+
+@DBOS.workflow()
+def bench():
+    for i in range(steps):
+        noop(i)
+    return steps
+
+DBOS.launch()
+if workflows:
+    bench()  # warm-up
+for values in timings.values():
+    values.clear()
+began = time.perf_counter()
+durations = []
+for _ in range(workflows):
+    t = time.perf_counter()
+    bench()
+    durations.append(time.perf_counter() - t)
+elapsed = time.perf_counter() - began
+DBOS.destroy()
+print(json.dumps({"elapsed_s": elapsed, "workflow_s": durations, "checkpoint_s": timings["record"],
+                  "check_s": timings["check"]}))
+"""
+
+
+def install_dbos(folder: Path) -> Path:
+    """A virtual environment with dbos==3.4.0; returns its Python."""
+    venv = folder / "dbos-venv"
+    log(f"installing dbos=={DBOS_VERSION} into a temporary venv ({venv})")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", f"dbos=={DBOS_VERSION}"], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    return python
+
+
+# ---------------------------------------------------------------------------------------
+# the parent: databases, commit counts, figures
+# ---------------------------------------------------------------------------------------
+def xact_commit(dsn: str, database: str) -> int:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database,)).fetchone()
+        return int(row[0]) if row else 0
+
+
+def run_worker(command: list[str]) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env["SCHEDTUI_LOG_LEVEL"] = "WARNING"
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"worker failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def baseline(server: Any, name: str, command: list[str], steps: int) -> int:
+    """Commits of the worker's process with no workflow: start-up, schema, background work."""
+    return run_counted(server, name, command, steps, 0)[1]
+
+
+def run_counted(server: Any, name: str, command: list[str], steps: int, workflows: int) -> tuple[dict[str, Any], int]:
+    url = server.create_database(f"bench_{name}")
+    database = url.rsplit("/", 1)[1].split("?")[0]
+    before = xact_commit(server.dsn, database)
+    results = run_worker([*command, url, str(steps), str(workflows)])
+    time.sleep(1.0)  # the stats collector: backends report their counters as they exit
+    return results, xact_commit(server.dsn, database) - before
+
+
+def figures(results: dict[str, Any], commits: int, base: int, steps: int, workflows: int) -> dict[str, Any]:
+    total_steps = steps * workflows
+    out: dict[str, Any] = {
+        "steps_per_s": round(total_steps / results["elapsed_s"]),
+        "workflow_ms": stats.summary_ms(results["workflow_s"], ("p50", "p99", "max")),
+        "checkpoint_ms": stats.summary_ms(results["checkpoint_s"], ("p50", "p99", "max")),
+        "checkpoints": len(results["checkpoint_s"]),
+        # the warm-up workflow's commits are in the count: its steps are too
+        "commits_per_step": round((commits - base) / (total_steps + steps), 3),
+    }
+    if "check_s" in results:
+        steps_db = [a + b for a, b in zip(results["check_s"], results["checkpoint_s"])]
+        out["step_db_ms"] = stats.summary_ms(steps_db, ("p50", "p99", "max"))
+    return out
+
+
+def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median steps/s, with every round's steps/s beside it."""
+    ordered = sorted(rounds, key=lambda r: r["steps_per_s"])
+    chosen = dict(ordered[len(ordered) // 2])
+    chosen["rounds_steps_per_s"] = [r["steps_per_s"] for r in rounds]
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------
+# resume after SIGKILL / SIGSTOP, on real serve processes
+# ---------------------------------------------------------------------------------------
+RESUME_DEFINITIONS = """
+    import asyncio, os
+    from pathlib import Path
+    from backend.durable import define_durable
+
+    CALLS = Path({calls!r})
+
+    async def step(n):
+        with open(CALLS, "a") as f:
+            f.write(f"{{n}} {{os.getpid()}} {{__import__('time').time()}}\\n")
+        if n == 2 and os.environ.get("RESUME_HOLD"):
+            await asyncio.sleep(3600)  # the first owner is stopped here
+        return n
+
+    async def work(ctx, input):
+        for n in range(1, 5):
+            await ctx.step(f"s{{n}}", step, n)
+
+    resume = define_durable(name="resume", handler=work)
+"""
+
+
+def resume_after(server: Any, how: str, folder: Path) -> float:
+    """Seconds from the owner's SIGKILL/SIGSTOP until another live instance runs the step."""
+    import asyncio
+
+    from backend import connect
+
+    root = folder / f"resume-{how}"
+    (root / "defs").mkdir(parents=True)
+    calls = root / "calls.log"
+    (root / "defs" / "resume.durable.py").write_text(textwrap.dedent(RESUME_DEFINITIONS.format(calls=str(calls))))
+    url = server.create_database(f"resume_{how}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDTUI_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+
+    def serve(name: str) -> subprocess.Popen[bytes]:
+        hold = {"RESUME_HOLD": "1"} if name == "first" else {}
+        return subprocess.Popen(
+            [sys.executable, "-m", "console.cli", "serve", "--schedules", "defs", "--store", url, "--instance", name],
+            cwd=root, env={**env, **hold}, stdout=subprocess.DEVNULL, stderr=(root / f"{name}.log").open("w"),
+        )  # fmt: skip
+
+    def lines() -> list[list[str]]:
+        return [line.split() for line in calls.read_text().splitlines()] if calls.exists() else []
+
+    def wait(condition: Any, what: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            time.sleep(0.005)
+
+    first = serve("first")
+    try:
+        wait(lambda: (root / "first.log").exists() and "starting 0 schedule" in (root / "first.log").read_text(), "first")
+
+        async def start() -> None:
+            async with connect(url) as st:
+                await st.durable.start("resume")
+
+        asyncio.run(start())
+        wait(lambda: any(n == "2" for n, *_ in lines()), "the first owner to reach step 2")
+        second = serve("second")
+        try:
+            wait(lambda: "starting 0 schedule" in (root / "second.log").read_text(), "second")
+            time.sleep(1.0)  # the second instance is up and idle
+            stopped_at = time.time()
+            first.send_signal(signal.SIGKILL if how == "sigkill" else signal.SIGSTOP)
+            if how == "sigkill":
+                first.wait()  # reaped, as a supervisor would (a zombie's pid still looks alive)
+            wait(lambda: sum(1 for n, *_ in lines() if n == "2") == 2, "the second instance to resume")
+            resumed_at = float(next(t for n, pid, t in lines()[::-1] if n == "2"))
+            return resumed_at - stopped_at
+        finally:
+            second.send_signal(signal.SIGINT)
+            second.wait(30)
+    finally:
+        if first.poll() is None:
+            first.send_signal(signal.SIGKILL)
+        first.wait(30)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--workflows", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per system; the median is shown")
+    parser.add_argument("--skip-dbos", action="store_true")
+    parser.add_argument("--skip-resume", action="store_true")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args(argv)
+    if args.worker == "schedtui":
+        url, steps, workflows = rest
+        print(json.dumps(schedtui_worker(url, int(steps), int(workflows))))
+        return 0
+
+    from tests import pg
+
+    dsn = os.environ.get("SCHEDTUI_BENCH_DSN")
+    server = pg.PgServer(dsn=dsn) if dsn else pg.start_cluster(durable=True)
+    folder = Path(tempfile.mkdtemp(prefix="schedtui-bench-durable-"))
+    try:
+        with __import__("psycopg").connect(server.dsn) as conn:
+            version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        result: dict[str, Any] = {
+            "benchmark": "durable",
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "postgresql": version},
+            "workload": {"steps_per_workflow": args.steps, "workflows": args.workflows, "step": "no-op, returns its index"},
+        }
+        systems = {"schedtui": [sys.executable, "-m", "tests.bench.durable", "--worker", "schedtui"]}
+        if not args.skip_dbos:
+            python = install_dbos(folder)
+            script = folder / "dbos_worker.py"
+            script.write_text(DBOS_WORKER)
+            systems["dbos"] = [str(python), str(script)]
+        bases = {name: baseline(server, name, command, args.steps) for name, command in systems.items()}
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+        for number in range(1, args.rounds + 1):  # alternating: load on a shared machine hits both alike
+            for name, command in systems.items():
+                log(f"round {number}/{args.rounds}: {name}, {args.workflows} workflows of {args.steps} steps")
+                results, commits = run_counted(server, name, command, args.steps, args.workflows)
+                rounds[name].append(figures(results, commits, bases[name], args.steps, args.workflows))
+                log(f"  {rounds[name][-1]['steps_per_s']} steps/s")
+        result["schedtui"] = median_round(rounds["schedtui"])
+        if "dbos" in rounds:
+            result["dbos"] = {"version": DBOS_VERSION, **median_round(rounds["dbos"])}
+            result["steps_per_s_ratio"] = round(result["schedtui"]["steps_per_s"] / result["dbos"]["steps_per_s"], 2)
+        if not args.skip_resume:
+            log("resume after SIGKILL (a live instance takes over)")
+            killed = resume_after(server, "sigkill", folder)
+            log("resume after SIGSTOP (the frozen owner's lease expires)")
+            frozen = resume_after(server, "sigstop", folder)
+            result["resume_s"] = {"after_sigkill": round(killed, 2), "after_sigstop_lease_expiry": round(frozen, 2)}
+        print(json.dumps(result, indent=2))
+        return 0
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

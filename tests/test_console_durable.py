@@ -1,0 +1,193 @@
+"""The console's Durable view (key 4) under Pilot at the fixture's frozen instant: the
+executions with status, step, what they wait for and until when; the step timeline with
+its failed-only filter; ``a`` signal with a payload prompt, ``c`` cancel after a
+confirmation, ``R`` retry; bad input and a read-only console."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.widgets import DataTable, Input, Label
+
+from console.app import SchedtuiApp
+from console.screens.durable import CancelPrompt, SignalPrompt, StepsScreen
+from console.views.durable import DurableView, ExecutionsTable
+from tests.console_fixtures import add_timeline_history, build_ledger
+from tests.durable_scenes import add_durable_history
+from tests.test_console import console, settle
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("console-durable")
+    url = asyncio.run(build_ledger(folder))
+    asyncio.run(add_timeline_history(url))
+    asyncio.run(add_durable_history(url))
+    return folder / "state.db"
+
+
+@pytest.fixture
+def store_url(ledger: Path, tmp_path: Path) -> str:
+    for file in ledger.parent.glob("state.db*"):
+        shutil.copy(file, tmp_path / file.name)
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+def table(app: SchedtuiApp) -> ExecutionsTable:
+    return app.query_one(ExecutionsTable)
+
+
+def row(app: SchedtuiApp, function: str, status: str) -> int:
+    executions = table(app).executions
+    return next(i for i, e in enumerate(executions) if (e.function, e.status) == (function, status))
+
+
+def texts(app: SchedtuiApp, index: int) -> list[str]:
+    cells = table(app).get_row_at(index)
+    return [c if isinstance(c, str) else c.plain for c in cells]
+
+
+async def on(pilot: Any, app: SchedtuiApp, function: str, status: str) -> None:
+    table(app).move_cursor(row=row(app, function, status), animate=False)
+    await settle(pilot)
+
+
+async def test_the_view_lists_executions_with_status_step_wait_and_deadline(store_url: str) -> None:
+    async with console(store_url, size=(120, 32)) as (app, pilot, clock, notes):
+        await pilot.press("4")
+        await settle(pilot)
+        assert isinstance(app.active_view, DurableView)
+        executions = table(app).executions
+        assert [(e.function, e.status) for e in executions] == [
+            ("export", "running"), ("reindex", "queued"), ("nightly-sync", "waiting"), ("export", "waiting"),
+            ("report", "failed"), ("release", "cancelled"), ("release", "waiting"), ("nightly-sync", "succeeded"),
+        ]
+        _, _, _, status, step, waiting, until, _ = texts(app, row(app, "release", "waiting"))
+        assert (status, step, waiting, until) == ("◷ waiting", "approval", "signal approval", "in 2d 23h")
+        assert texts(app, row(app, "nightly-sync", "waiting"))[5:7] == ["retry fetch-3", "in 3s"]
+        assert "[ValueError]" in texts(app, row(app, "report", "failed"))[7]
+        title = app.query_one("#durable-title").render()
+        assert "DURABLE 8 · 1 running · 3 waiting · 1 failed" in str(title)
+        clock.advance(2)
+        app.tick()
+        await settle(pilot)
+        assert texts(app, row(app, "nightly-sync", "waiting"))[6] == "in 1s"  # the countdown ticks
+
+
+async def test_enter_opens_the_step_timeline_and_f_keeps_the_failed(store_url: str) -> None:
+    async with console(store_url, size=(120, 32)) as (app, pilot, clock, notes):
+        await pilot.press("4")
+        await settle(pilot)
+        await on(pilot, app, "nightly-sync", "succeeded")
+        await pilot.press("enter")
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, StepsScreen)
+        steps = screen.query_one(DataTable)
+        assert steps.row_count == 7
+        retried = [c if isinstance(c, str) else c.plain for c in steps.get_row_at(2)]
+        assert retried[:5] == ["3", "fetch-3", "step", "✓ succeeded", "2"]
+        assert retried[7] == "[ConnectionError] attempt 1 failed: 502 Bad Gateway from partner API"
+        await pilot.press("f")
+        await settle(pilot)
+        assert steps.row_count == 1 and "1 of 7 steps" in str(screen.query_one("#steps-hint", Label).render())
+        await pilot.press("escape")
+        await settle(pilot)
+        assert not isinstance(app.screen, StepsScreen)
+        await on(pilot, app, "report", "failed")
+        await pilot.press("enter")
+        await settle(pilot)
+        await pilot.press("f")
+        await settle(pilot)
+        failed = app.screen.query_one(DataTable)
+        assert [c if isinstance(c, str) else c.plain for c in failed.get_row_at(0)][1:4] == ["render", "step", "✗ failed"]
+
+
+async def test_a_sends_the_awaited_signal_with_a_payload_and_refuses_bad_json(store_url: str) -> None:
+    async with console(store_url, size=(120, 32)) as (app, pilot, clock, notes):
+        await pilot.press("4")
+        await settle(pilot)
+        await on(pilot, app, "export", "waiting")
+        await pilot.press("a")
+        await settle(pilot)
+        assert not isinstance(app.screen, SignalPrompt)
+        assert "waits for no signal (waiting for sleep cool-down)" in notes.titled("Signal")[-1]
+        await on(pilot, app, "release", "waiting")
+        waiting = table(app).selected_execution
+        assert waiting is not None
+        await pilot.press("a")
+        await settle(pilot)
+        assert isinstance(app.screen, SignalPrompt)
+        for key in "{ok":
+            await pilot.press(key)
+        await pilot.press("enter")
+        await settle(pilot)
+        assert isinstance(app.screen, SignalPrompt)  # bad JSON: it stays, with what was typed
+        assert app.screen.query_one(Input).value == "{ok"
+        assert "not JSON" in str(app.screen.query_one("#signal-error", Label).render())
+        app.screen.query_one(Input).value = '{"by": "ops"}'
+        await pilot.press("enter")
+        await settle(pilot)
+        assert not isinstance(app.screen, SignalPrompt)
+        assert notes.titled("Signal sent") == [f"approval sent to {waiting.id[-6:]}"]
+        execution = await app.backend.get_execution(waiting.id)
+        assert any(line.message == "signal approval received" for line in execution.logs or [])
+
+
+async def test_c_cancels_after_a_confirmation_and_r_retries_a_failed_one(store_url: str) -> None:
+    async with console(store_url, size=(80, 24)) as (app, pilot, clock, notes):
+        await pilot.press("4")
+        await settle(pilot)
+        await on(pilot, app, "export", "waiting")
+        sleeping = table(app).selected_execution
+        assert sleeping is not None
+        await pilot.press("c")
+        await settle(pilot)
+        assert isinstance(app.screen, CancelPrompt)
+        await pilot.press("escape")  # kept
+        await settle(pilot)
+        assert (await app.backend.get_execution(sleeping.id)).status == "waiting"
+        await pilot.press("c")
+        await settle(pilot)
+        await pilot.press("y")
+        await settle(pilot)
+        cancelled = await app.backend.get_execution(sleeping.id)
+        assert (cancelled.status, cancelled.error_tag) == ("cancelled", "cancelled")
+        assert notes.titled("Cancelled")
+        await on(pilot, app, "nightly-sync", "succeeded")
+        await pilot.press("R")
+        await settle(pilot)
+        assert "Only a failed execution can be retried" in notes.titled("Retry")[-1]
+        await on(pilot, app, "report", "failed")
+        failed = table(app).selected_execution
+        assert failed is not None
+        await pilot.press("R")
+        await settle(pilot)
+        assert (await app.backend.get_execution(failed.id)).status == "queued"
+        assert notes.titled("Retried")
+
+
+async def test_a_read_only_console_does_not_act(store_url: str) -> None:
+    async with console(store_url, size=(80, 24), read_only=True) as (app, pilot, clock, notes):
+        await pilot.press("4")
+        await settle(pilot)
+        await on(pilot, app, "release", "waiting")
+        for key in ("a", "c", "R"):
+            await pilot.press(key)
+            await settle(pilot)
+        assert len(notes.titled("Read-only")) == 3 and not isinstance(app.screen, (SignalPrompt, CancelPrompt))
+
+
+async def test_the_filter_narrows_the_executions(store_url: str) -> None:
+    async with console(store_url, size=(120, 32)) as (app, pilot, clock, notes):
+        await pilot.press("4")
+        await settle(pilot)
+        app.filter_text = "failed"
+        await settle(pilot)
+        app.active_view.show()
+        await settle(pilot)
+        assert [(e.function, e.status) for e in table(app).executions] == [("report", "failed")]

@@ -1,0 +1,813 @@
+"""Durable functions on the injected clock, over both stores: steps that never run twice,
+durable retries, sleeps and signal waits that hold no worker, at-most-once steps, replay
+checks, the lifetime bound, cancellation, retry, schedules that start executions, leases.
+
+Time only moves when a test moves the ManualClock; ``engine.quiesce()`` waits until the
+engine has done what the new time calls for. A three-day wait takes milliseconds."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend import BadInput, DefinitionError, Engine, ManualClock, NotFound, Refused, define_schedule
+from backend.definitions import discover_definitions
+from backend.durable import DurableContext, Retry, StepFailed, define_durable, execution_id_for_slot
+from backend.durable.store import DurableStore, NewExecution, Progress, StepRecord, Write
+from tests.durable_helpers import crash, durable_url, engines  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+CALLS: Counter[str] = Counter()
+
+
+def count(name: str, value: Any = None) -> Callable[..., Any]:
+    """A step function that counts its calls and returns ``value``."""
+
+    def step(*args: Any) -> Any:
+        CALLS[name] += 1
+        return value
+
+    return step
+
+
+@pytest.fixture(autouse=True)
+def _fresh_calls() -> None:
+    CALLS.clear()
+
+
+# ---------------------------------------------------------------------------------------
+# definitions
+# ---------------------------------------------------------------------------------------
+def test_define_durable_refuses_what_cannot_run() -> None:
+    async def body(ctx: DurableContext, input: Any) -> None:
+        pass
+
+    def sync_body(ctx: DurableContext, input: Any) -> None:
+        pass
+
+    assert define_durable(name="ok", handler=body).name == "ok"
+    with pytest.raises(DefinitionError, match=r"define_durable\('bad name'\): invalid name"):
+        define_durable(name="bad name", handler=body)
+    with pytest.raises(DefinitionError, match="sync_body must be an async def"):
+        define_durable(name="s", handler=sync_body)  # type: ignore[arg-type]
+    with pytest.raises(DefinitionError, match="step_timeout must be more than 0"):
+        define_durable(name="t", handler=body, step_timeout=0)
+    with pytest.raises(DefinitionError, match="Retry attempts 0"):
+        Retry(attempts=0)
+    with pytest.raises(DefinitionError, match="max_delay 1s is shorter than initial_delay 10s"):
+        Retry(initial_delay=10, max_delay=1)
+    assert [Retry(5, 10, 300).delay_after(n).total_seconds() for n in (1, 2, 3, 6)] == [10, 20, 40, 300]
+
+
+def test_schedule_targets_a_durable_function_by_name(tmp_path: Path) -> None:
+    with pytest.raises(DefinitionError, match="give a handler or durable=, not both"):
+        define_schedule(name="n", cron="0 2 * * *", timezone="UTC", handler=lambda ctx: None, durable="f")
+    with pytest.raises(DefinitionError, match="handler None is not callable"):
+        define_schedule(name="n", cron="0 2 * * *", timezone="UTC")
+    nightly = define_schedule(name="n", cron="0 2 * * *", timezone="UTC", durable="nightly-sync")
+    with pytest.raises(BadInput, match='schedule "n" targets durable function "nightly-sync", which is not defined'):
+        Engine([nightly], f"sqlite:///{tmp_path / 's.db'}")
+
+
+def test_durable_files_are_discovered(tmp_path: Path) -> None:
+    (tmp_path / "sync.durable.py").write_text(
+        textwrap.dedent(
+            """
+            from backend import define_schedule
+            from backend.durable import define_durable
+
+            async def body(ctx, input):
+                return await ctx.step("one", lambda: 1)
+
+            sync = define_durable(name="nightly-sync", handler=body)
+            nightly = define_schedule(name="nightly", cron="0 2 * * *", timezone="UTC", durable="nightly-sync")
+            """
+        )
+    )
+    found = discover_definitions(tmp_path)
+    assert sorted(type(item).__name__ for item in found.items) == ["DurableFunction", "Schedule"]
+    engine = Engine(found, f"sqlite:///{tmp_path / 's.db'}")
+    assert list(engine.durable.functions) == ["nightly-sync"]
+
+
+# ---------------------------------------------------------------------------------------
+# steps, checkpoints, replay
+# ---------------------------------------------------------------------------------------
+async def test_steps_run_once_and_replay_from_checkpoints(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        one = await ctx.step("one", count("one", {"n": 1, "t": (1, 2)}))
+        two = await ctx.step("two", count("two", [one["n"] + 1]))
+        await ctx.sleep("nap", 60)
+        three = await ctx.step("three", count("three", "x"))
+        return {"one": one, "two": two, "three": three, "input": input}
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f", {"k": "v"})
+    await engine.quiesce()
+    waiting = await engine.durable.get(started.id)
+    assert (waiting.status, waiting.waiting_for, waiting.wake_at) == ("waiting", "sleep:nap", clock.now() + timedelta(seconds=60))
+    assert not engine.durable.executor.running and not engine.runner.in_flight  # the sleep holds no worker
+    clock.advance(60)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert done.status == "succeeded"
+    # A step returns its value as JSON decodes it, live and on replay alike (the tuple is a list).
+    assert done.output == {"one": {"n": 1, "t": [1, 2]}, "two": [2], "three": "x", "input": {"k": "v"}}
+    assert CALLS == {"one": 1, "two": 1, "three": 1}
+    assert [(s.seq, s.name, s.kind, s.status, s.attempt) for s in done.steps or []] == [
+        (1, "one", "step", "succeeded", 1),
+        (2, "two", "step", "succeeded", 1),
+        (3, "nap", "sleep", "succeeded", 1),
+        (4, "three", "step", "succeeded", 1),
+    ]
+
+
+async def test_one_commit_per_finished_step(engines: Callable[..., Engine]) -> None:
+    async def body(ctx: DurableContext, input: Any) -> int:
+        for i in range(20):
+            await ctx.step(f"s{i}", count("s"))
+        return 20
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    store: Any = engine.store
+    claims: list[Any] = []
+    writes: list[tuple[Write, int]] = []
+    claim, write = store.durable_claim, store.durable_write
+
+    async def counted_claim(*args: Any) -> Any:
+        claims.append(await claim(*args))
+        return claims[-1]
+
+    async def counted_write(w: Write) -> Any:
+        before = store.commits
+        result = await write(w)
+        writes.append((w, store.commits - before))  # its commits (other work runs between, not within)
+        return result
+
+    store.durable_claim, store.durable_write = counted_claim, counted_write
+    await engine.durable.start_execution("f")
+    await engine.quiesce()
+    # One claim reads the execution with its (empty) step map; then each of the 20 steps is
+    # one write of one commit, and the finish another: no read per step.
+    assert [len(c) for c in claims if c] == [1]
+    assert [(len(w.steps), commits) for w, commits in writes] == [(1, 1)] * 20 + [(0, 1)]
+    assert (await engine.durable.get(started.id)).status == "succeeded"
+
+
+async def test_a_failed_step_retries_after_durable_waits_that_hold_no_worker(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    async def flaky() -> str:
+        CALLS["fetch"] += 1
+        if CALLS["fetch"] < 3:
+            raise ConnectionError(f"502 from partner (call {CALLS['fetch']})")
+        return "page"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("before", count("before"))
+        return await ctx.step("fetch-31", flaky, retry=Retry(attempts=5, initial_delay=10, max_delay=300))
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    first = await engine.durable.get(started.id)
+    assert (first.status, first.waiting_for, first.wake_at) == ("waiting", "retry:fetch-31", clock.now() + timedelta(seconds=10))
+    step = (first.steps or [])[-1]
+    assert (step.status, step.attempt, step.error_tag, step.error_message) == (
+        "waiting", 1, "ConnectionError", "502 from partner (call 1)"
+    )
+    assert not engine.durable.executor.running and not engine.runner.in_flight
+    clock.advance(9)
+    await engine.quiesce()
+    assert CALLS["fetch"] == 1  # not before its time
+    clock.advance(1)
+    await engine.quiesce()
+    second = await engine.durable.get(started.id)
+    assert (second.waiting_for, second.wake_at) == ("retry:fetch-31", clock.now() + timedelta(seconds=20))  # doubled
+    clock.advance(20)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", "page")
+    assert CALLS == {"before": 1, "fetch": 3}
+    last = (done.steps or [])[-1]
+    assert (last.status, last.attempt, last.error_tag, last.error_message) == (
+        "succeeded", 3, "ConnectionError", "attempt 2 failed: 502 from partner (call 2)"
+    )  # the timeline shows that it took retries, and why
+    assert any("attempt 1 of 5 failed" in line.message for line in done.logs or [])
+
+
+async def test_retry_false_fails_at_once_and_retry_runs_the_failed_step_again(
+    engines: Callable[..., Engine],
+) -> None:
+    fail = {"on": True}
+
+    def send() -> str:
+        CALLS["send"] += 1
+        if fail["on"]:
+            raise RuntimeError("mail server down")
+        return "sent"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("prepare", count("prepare", 1))
+        return await ctx.step("send", send, retry=False)
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    failed = await engine.durable.get(started.id)
+    assert (failed.status, failed.error_tag) == ("failed", "RuntimeError")
+    assert failed.error_message == 'step "send" (position 2) failed (one attempt): RuntimeError: mail server down'
+    fail["on"] = False
+    again = await engine.durable.retry(started.id)
+    assert again.status in ("queued", "running")  # its executor may have claimed it already
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.output, done.error_tag) == ("succeeded", "sent", None)
+    assert CALLS == {"prepare": 1, "send": 2}  # the finished step was not run again
+    assert (done.steps or [])[-1].attempt == 1  # fresh attempts
+    with pytest.raises(Refused, match="is succeeded; only a failed execution can be retried"):
+        await engine.durable.retry(started.id)
+
+
+async def test_code_that_catches_a_step_failure_goes_on(engines: Callable[..., Engine]) -> None:
+    def boom() -> None:
+        raise ValueError("no")
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        try:
+            await ctx.step("risky", boom, retry=False)
+        except StepFailed as exc:
+            return {"handled": exc.step, "tag": exc.error_tag}
+        return None
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", {"handled": "risky", "tag": "ValueError"})
+
+
+async def test_a_step_timeout_is_the_runners_and_a_failed_attempt(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    entered = asyncio.Event()
+
+    async def hangs() -> None:
+        CALLS["hang"] += 1
+        entered.set()
+        await asyncio.Event().wait()
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.step("hang", hangs, retry=Retry(attempts=2, initial_delay=1))
+
+    engine = engines([define_durable(name="f", handler=body, step_timeout=5)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await entered.wait()
+    entered.clear()
+    clock.advance(5)
+    await engine.quiesce()
+    waiting = await engine.durable.get(started.id)
+    assert waiting.waiting_for == "retry:hang"
+    assert (waiting.steps or [])[0].error_tag == "timeout"
+    clock.advance(1)
+    await entered.wait()
+    clock.advance(5)
+    await engine.quiesce()
+    failed = await engine.durable.get(started.id)
+    assert (failed.status, failed.error_tag, CALLS["hang"]) == ("failed", "timeout", 2)
+
+
+async def test_output_that_is_not_json_fails_the_step(engines: Callable[..., Engine]) -> None:
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.step("odd", count("odd", {1, 2}))
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    failed = await engine.durable.get(started.id)
+    assert (failed.status, failed.error_tag, CALLS["odd"]) == ("failed", "output_not_json", 1)  # not retried
+    assert "is not JSON" in (failed.error_message or "")
+
+
+# ---------------------------------------------------------------------------------------
+# names and order
+# ---------------------------------------------------------------------------------------
+async def test_a_step_name_used_twice_fails_naming_both_positions(engines: Callable[..., Engine]) -> None:
+    async def body(ctx: DurableContext, input: Any) -> None:
+        await ctx.step("page", count("a"))
+        await ctx.step("other", count("b"))
+        await ctx.step("page", count("c"))
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    failed = await engine.durable.get(started.id)
+    assert (failed.status, failed.error_tag) == ("failed", "nondeterministic")
+    assert 'step name "page" is used twice in this execution (positions 1 and 3)' in (failed.error_message or "")
+    assert CALLS == {"a": 1, "b": 1}
+
+
+async def test_code_reaching_recorded_steps_in_another_order_fails_instead_of_replaying_wrong_data(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    async def v1(ctx: DurableContext, input: Any) -> None:
+        await ctx.step("fetch", count("fetch", 1))
+        await ctx.step("store", count("store", 2))
+        await ctx.sleep("nap", 60)
+
+    async def v2(ctx: DurableContext, input: Any) -> None:  # a deploy swapped two steps
+        await ctx.step("store", count("store", 2))
+        await ctx.step("fetch", count("fetch", 1))
+        await ctx.sleep("nap", 60)
+
+    first = engines([define_durable(name="f", handler=v1)])
+    await first.start()
+    started = await first.durable.start_execution("f")
+    await first.quiesce()
+    await first.stop()
+    second = engines([define_durable(name="f", handler=v2)])
+    await second.start()
+    clock.advance(60)
+    await second.quiesce()
+    failed = await second.durable.get(started.id)
+    assert (failed.status, failed.error_tag) == ("failed", "nondeterministic")
+    assert failed.error_message is not None and failed.error_message.startswith(
+        'the code reached step "store" at position 1, but it is recorded at position 2'
+    )
+    assert CALLS == {"fetch": 1, "store": 1}  # nothing ran again with the wrong data
+
+
+# ---------------------------------------------------------------------------------------
+# sleeps, signal waits, the bound
+# ---------------------------------------------------------------------------------------
+async def test_a_three_day_wait_for_approval_runs_in_milliseconds(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return {"approval": await ctx.wait_for("approval", timeout=timedelta(days=3))}
+
+    engine = engines([define_durable(name="release", handler=body)])
+    await engine.start()
+    timed_out = await engine.durable.start_execution("release")
+    approved = await engine.durable.start_execution("release")
+    await engine.quiesce()
+    waiting = await engine.durable.get(timed_out.id)
+    assert (waiting.waiting_for, waiting.wake_at) == ("signal:approval", clock.now() + timedelta(days=3))
+    clock.advance(timedelta(days=1))
+    await engine.quiesce()
+    early = await engine.durable.signal(timed_out.id, "later", 1)
+    again = await engine.durable.signal(timed_out.id, "later", 2)
+    assert (early.duplicate, again.duplicate) == (False, True)  # the first payload is kept
+    signalled = await engine.durable.signal(approved.id, "approval", {"by": "ops"})
+    assert not signalled.duplicate
+    await engine.quiesce()
+    assert (await engine.durable.get(approved.id)).output == {"approval": {"by": "ops"}}
+    assert (await engine.durable.get(timed_out.id)).status == "waiting"
+    clock.advance(timedelta(days=2))
+    await engine.quiesce()
+    done = await engine.durable.get(timed_out.id)
+    assert (done.status, done.output) == ("succeeded", {"approval": None})
+    with pytest.raises(Refused, match="takes no more signals"):
+        await engine.durable.signal(done.id, "approval", True)
+
+
+async def test_a_signal_sent_before_the_wait_is_taken_when_the_code_gets_there(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        await ctx.sleep("first", 60)
+        return await ctx.wait_for("go")
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    await engine.durable.signal(started.id, "go", [1, 2])
+    clock.advance(60)
+    await engine.quiesce()
+    got = await engine.durable.get(started.id)
+    assert got.output == [1, 2], (got.waiting_for, got.wake_at, got.steps, got.logs)
+
+
+async def test_waits_past_the_366_day_bound_fail_the_execution(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    async def too_long(ctx: DurableContext, input: Any) -> None:
+        await ctx.sleep("forever", timedelta(days=400))
+
+    async def unbounded(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.wait_for("go")
+
+    engine = engines([define_durable(name="long", handler=too_long), define_durable(name="wait", handler=unbounded)])
+    await engine.start()
+    long = await engine.durable.start_execution("long")
+    wait = await engine.durable.start_execution("wait")
+    await engine.quiesce()
+    failed = await engine.durable.get(long.id)
+    assert (failed.status, failed.error_tag) == ("failed", "expired")
+    assert "after the execution's 366-day bound" in (failed.error_message or "")
+    waiting = await engine.durable.get(wait.id)
+    assert waiting.wake_at == waiting.created_at + timedelta(days=366)  # no timeout: until the bound
+    clock.advance(timedelta(days=366))
+    await engine.quiesce()
+    assert (await engine.durable.get(wait.id)).output is None
+
+
+# ---------------------------------------------------------------------------------------
+# cancel
+# ---------------------------------------------------------------------------------------
+async def test_cancel_a_waiting_execution_at_once_and_a_running_one_at_its_next_step(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    entered = asyncio.Event()
+
+    async def slow() -> None:
+        CALLS["slow"] += 1
+        entered.set()
+        await asyncio.Event().wait()  # async work in flight: cancelled
+
+    async def sleeper(ctx: DurableContext, input: Any) -> None:
+        await ctx.sleep("nap", 3600)
+
+    async def worker(ctx: DurableContext, input: Any) -> None:
+        await ctx.step("slow", slow)
+        await ctx.step("after", count("after"))
+
+    engine = engines([define_durable(name="sleeper", handler=sleeper), define_durable(name="worker", handler=worker)])
+    await engine.start()
+    sleeping = await engine.durable.start_execution("sleeper")
+    working = await engine.durable.start_execution("worker")
+    await entered.wait()
+    await engine.quiesce(runs=False)
+    cancelled = await engine.durable.cancel(sleeping.id, by="alice")
+    assert (cancelled.status, cancelled.error_tag, cancelled.error_message) == ("cancelled", "cancelled", "cancelled by alice")
+    asked = await engine.durable.cancel(working.id, by="alice")
+    assert asked.status in ("running", "cancelled")  # the async step in flight is cancelled at once
+    await engine.quiesce()
+    stopped = await engine.durable.get(working.id)
+    assert stopped.status == "cancelled" and CALLS == {"slow": 1}
+    with pytest.raises(Refused, match=r"has finished \(cancelled\)"):
+        await engine.durable.cancel(working.id)
+    with pytest.raises(NotFound):
+        await engine.durable.cancel("01JD3Z6Q0V9W4C7PAXH3KJ1M2B")
+
+
+async def test_cancel_lets_a_step_on_a_thread_finish_and_stops_after_it(engines: Callable[..., Engine]) -> None:
+    import threading
+
+    release, entered = threading.Event(), threading.Event()
+
+    def blocking() -> str:
+        entered.set()
+        release.wait(10)
+        CALLS["blocking"] += 1
+        return "done"
+
+    async def body(ctx: DurableContext, input: Any) -> None:
+        await ctx.step("blocking", blocking)
+        await ctx.step("after", count("after"))
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await asyncio.to_thread(entered.wait, 10)
+    await engine.durable.cancel(started.id)
+    release.set()
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert done.status == "cancelled"
+    assert [(s.name, s.status) for s in done.steps or []] == [("blocking", "succeeded")]  # it ran: checkpointed
+    assert CALLS == {"blocking": 1}
+
+
+# ---------------------------------------------------------------------------------------
+# schedules
+# ---------------------------------------------------------------------------------------
+async def test_a_schedule_starts_one_execution_per_slot_with_an_id_from_the_slot(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return {"input": input, "schedule": ctx.schedule, "slot": ctx.scheduled_at.isoformat() if ctx.scheduled_at else None}
+
+    definitions = [
+        define_durable(name="nightly-sync", handler=body),
+        define_schedule(name="nightly", cron="0 9 * * *", timezone="UTC", durable="nightly-sync", payload={"full": True}),
+    ]
+    engine = engines(definitions)
+    await engine.start()
+    clock.set("2026-03-02T09:00:00Z")
+    await engine.quiesce()
+    expected = execution_id_for_slot("nightly", clock.now())
+    done = await engine.durable.get(expected)
+    assert (done.status, done.schedule, done.scheduled_at) == ("succeeded", "nightly", clock.now())
+    assert done.output == {"input": {"full": True}, "schedule": "nightly", "slot": "2026-03-02T09:00:00+00:00"}
+    # Another instance firing the same slot starts nothing new.
+    again = await engine.durable.start_for_slot(
+        "nightly-sync", _slot_context("nightly", clock.now())
+    )
+    assert again.duplicate and again.id == expected
+    executions, _ = await engine.durable.list("nightly-sync")
+    assert [e.id for e in executions] == [expected]
+    [run] = await engine.store.list_runs("nightly", limit=5)
+    assert run.status == "succeeded"
+
+
+def _slot_context(name: str, slot: Any) -> Any:
+    from backend.model import RunContext
+
+    return RunContext(name=name, run_id="x", scheduled_at=slot, fired_at=slot, trigger="self", payload={"full": True},
+                      deadline=slot)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# leases, crashes, takeovers
+# ---------------------------------------------------------------------------------------
+async def test_a_crashed_instances_execution_resumes_elsewhere_without_rerunning_finished_steps(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    entered = asyncio.Event()
+    hang = {"on": True}
+
+    async def page(n: int) -> int:
+        CALLS[f"page-{n}"] += 1
+        if n == 3 and hang["on"]:
+            entered.set()
+            await asyncio.Event().wait()
+        return n
+
+    async def body(ctx: DurableContext, input: Any) -> int:
+        total = 0
+        for n in range(1, 6):
+            total += await ctx.step(f"page-{n}", page, n)
+        return total
+
+    function = define_durable(name="sync", handler=body)
+    a = engines([function], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("sync")
+    await entered.wait()
+    await crash(a)
+    hang["on"] = False
+    b = engines([function], instance="b")
+    await b.start()
+    await b.quiesce()
+    assert (await b.durable.get(started.id)).status == "running"  # a's lease holds until it expires
+    clock.advance(31)
+    await b.quiesce()
+    done = await b.durable.get(started.id)
+    assert (done.status, done.output, done.instance) == ("succeeded", 15, "b")
+    assert CALLS == {"page-1": 1, "page-2": 1, "page-3": 2, "page-4": 1, "page-5": 1}
+    assert any("taken over by b" in line.message for line in done.logs or [])
+
+
+async def test_an_at_most_once_step_interrupted_by_a_crash_is_not_run_again(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    entered = asyncio.Event()
+
+    async def notify() -> None:
+        CALLS["notify"] += 1
+        entered.set()
+        await asyncio.Event().wait()
+
+    async def body(ctx: DurableContext, input: Any) -> None:
+        await ctx.step("notify", notify, at_most_once=True)
+
+    function = define_durable(name="f", handler=body)
+    a = engines([function], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("f")
+    await entered.wait()
+    marked = await a.durable.get(started.id)
+    assert [(s.name, s.status, s.at_most_once) for s in marked.steps or []] == [("notify", "running", True)]
+    await crash(a)
+    b = engines([function], instance="b")
+    await b.start()
+    clock.advance(31)
+    await b.quiesce()
+    failed = await b.durable.get(started.id)
+    assert (failed.status, failed.error_tag) == ("failed", "at_most_once_interrupted")
+    assert 'at-most-once step "notify" (position 1)' in (failed.error_message or "")
+    assert CALLS == {"notify": 1}
+
+
+async def test_a_displaced_owner_cannot_write(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    engine = engines([])
+    await engine.open()
+    store: DurableStore = engine.store  # type: ignore[assignment]
+    now = clock.now()
+    await store.durable_insert(NewExecution("01JD3Z6Q0V9W4C7PAXH3KJ1M2B", "f", "null", now))
+    [first] = await store.durable_claim("a", ["f"], now, now + timedelta(seconds=30), 10)
+    assert await store.durable_claim("b", ["f"], now, now + timedelta(seconds=30), 10) == []  # held
+    later = now + timedelta(seconds=31)
+    [second] = await store.durable_claim("b", ["f"], later, later + timedelta(seconds=30), 10)
+    assert second.execution.lease == first.execution.lease + 1 and second.execution.was_instance == "a"
+    step = StepRecord(1, "one", "step", "succeeded", 1, later, later, output="1")
+    stale = Write(first.execution.id, first.execution.lease, later, Progress("one", later + timedelta(seconds=30)), [step])
+    assert await store.durable_write(stale) is None
+    assert (await engine.durable.get(first.execution.id)).steps == []  # nothing of it landed
+    fresh = Write(first.execution.id, second.execution.lease, later, Progress("one", later + timedelta(seconds=30)), [step])
+    assert await store.durable_write(fresh) is False
+    renewal = await store.durable_renew("a", [(first.execution.id, first.execution.lease)], later)
+    assert renewal.lost == {first.execution.id}
+
+
+async def test_stopping_releases_executions_to_another_instance_at_once(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    entered = asyncio.Event()
+    hang = {"on": True}
+
+    async def slow() -> str:
+        CALLS["slow"] += 1
+        if hang["on"]:
+            entered.set()
+            await asyncio.Event().wait()
+        return "ok"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("first", count("first"))
+        return await ctx.step("slow", slow)
+
+    function = define_durable(name="f", handler=body)
+    a = engines([function], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("f")
+    await entered.wait()
+    await a.stop(grace=0)
+    hang["on"] = False
+    b = engines([function], instance="b")
+    await b.open()
+    assert (await b.durable.get(started.id)).status == "queued"
+    await b.start()
+    await b.quiesce()  # no lease to wait for: a let go
+    done = await b.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", "ok")
+    assert CALLS == {"first": 1, "slow": 2}
+    assert any("released: a is stopping" in line.message for line in done.logs or [])
+
+
+async def test_two_instances_never_run_one_execution_at_once(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    running: set[str] = set()
+    overlaps: list[str] = []
+
+    async def step(ctx_id: str) -> None:
+        if ctx_id in running:
+            overlaps.append(ctx_id)
+        running.add(ctx_id)
+        await asyncio.sleep(0)
+        running.discard(ctx_id)
+
+    async def body(ctx: DurableContext, input: Any) -> None:
+        for i in range(5):
+            await ctx.step(f"s{i}", step, ctx.id)
+
+    function = define_durable(name="f", handler=body)
+    a, b = engines([function], instance="a"), engines([function], instance="b")
+    await a.start()
+    await b.start()
+    ids = [(await a.durable.start_execution("f")).id for _ in range(20)]
+    await a.quiesce()
+    await b.quiesce()
+    statuses = Counter([(await a.durable.get(i)).status for i in ids])
+    assert statuses == {"succeeded": 20} and overlaps == []
+
+
+# ---------------------------------------------------------------------------------------
+# operations: bad input and paging
+# ---------------------------------------------------------------------------------------
+async def test_operations_refuse_bad_input_naming_it(engines: Callable[..., Engine]) -> None:
+    async def body(ctx: DurableContext, input: Any) -> None:
+        await ctx.sleep("nap", 60)
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.open()
+    with pytest.raises(NotFound, match='no durable function named "nope" \\(defined here: f\\)'):
+        await engine.durable.start_execution("nope")
+    with pytest.raises(BadInput, match="input is not JSON"):
+        await engine.durable.start_execution("f", {1, 2})
+    with pytest.raises(BadInput, match="more than the 262,144 allowed"):
+        await engine.durable.start_execution("f", "x" * 300_000)
+    started = await engine.durable.start_execution("f")
+    with pytest.raises(BadInput, match="signal name"):
+        await engine.durable.signal(started.id, "bad name")
+    with pytest.raises(NotFound, match='no execution with id "nope"'):
+        await engine.durable.get("nope")
+    with pytest.raises(BadInput, match='status "done" is not one of'):
+        await engine.durable.list(status="done")
+    with pytest.raises(BadInput, match="limit 0 is out of range"):
+        await engine.durable.list(limit=0)
+
+
+async def test_list_pages_newest_first_and_filters(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    async def body(ctx: DurableContext, input: Any) -> None:
+        pass
+
+    engine = engines([define_durable(name="f", handler=body), define_durable(name="g", handler=body)])
+    await engine.open()
+    ids = []
+    for i in range(5):
+        clock.advance(1)
+        ids.append((await engine.durable.start_execution("f" if i % 2 == 0 else "g")).id)
+    page, more = await engine.durable.list(limit=2)
+    assert [e.id for e in page] == ids[:2:-1] and more == ids[3]
+    page, more = await engine.durable.list(limit=2, before=more)
+    assert [e.id for e in page] == [ids[2], ids[1]]
+    only_f, _ = await engine.durable.list("f")
+    assert [e.id for e in only_f] == [ids[4], ids[2], ids[0]]
+    queued, _ = await engine.durable.list(status="queued", limit=100)
+    assert len(queued) == 5
+
+
+async def test_the_sweep_for_an_earlier_process_of_our_name_spares_a_claim_in_flight(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    # The registry calls our own instance name gone (an earlier process used it): its
+    # leases are freed. A claim this process has just made, not yet running here, must
+    # keep its lease, or the execution would be claimed (and run) a second time.
+    async def body(ctx: DurableContext, input: Any) -> None:
+        pass
+
+    function = define_durable(name="f", handler=body)
+    before = engines([function], instance="a")  # the earlier process
+    await before.open()
+    store: DurableStore = before.store  # type: ignore[assignment]
+    earlier = await before.durable.start_execution("f")
+    now = clock.now()
+    [old] = await store.durable_claim("a", ["f"], now, now + timedelta(seconds=30), 1)
+    clock.advance(1)
+    engine = engines([function], instance="a")  # this process, same name
+    await engine.open()
+    mine = await engine.durable.start_execution("f")
+    now = clock.now()
+    [new] = await store.durable_claim("a", ["f"], now, now + timedelta(seconds=30), 1)  # its claim, in flight
+    assert (old.execution.id, new.execution.id) == (earlier.id, mine.id)
+    await engine.durable.executor.maintain(now)
+    assert [c.execution.id for c in await store.durable_claim("b", ["f"], now, now + timedelta(seconds=30), 5)] == [earlier.id]
+
+
+async def test_a_signal_sent_after_the_deadline_by_a_clock_ahead_does_not_count(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    # A client whose clock runs an hour ahead signals a wait of 10 minutes: by the times
+    # recorded, the signal came after the wait's deadline. The wait must neither take it
+    # nor be woken for it over and over (the replay would refuse it every time).
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        await ctx.sleep("first", 60)
+        return await ctx.wait_for("go", timeout=600)
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    store: DurableStore = engine.store  # type: ignore[assignment]
+    await store.durable_signal(started.id, "go", '"late"', clock.now() + timedelta(hours=1))
+    clock.advance(60)
+    await asyncio.wait_for(engine.quiesce(), 10)
+    waiting = await engine.durable.get(started.id)
+    assert (waiting.status, waiting.waiting_for, waiting.wake_at) == ("waiting", "signal:go", clock.now() + timedelta(seconds=600))
+    clock.advance(600)
+    await engine.quiesce()
+    assert (await engine.durable.get(started.id)).output is None
+
+
+async def test_time_that_passes_during_a_claim_is_not_lost(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    # The executor looks at the clock, claims, then parks until its next round. If the
+    # clock moved while it claimed, a wait that became due meanwhile must be claimed at
+    # once, not a poll interval after the new time (on a ManualClock: never).
+    async def body(ctx: DurableContext, input: Any) -> str:
+        await ctx.sleep("nap", 60)
+        return "woke"
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    store: Any = engine.store
+    claim = store.durable_claim
+
+    async def slow_claim(*args: Any) -> Any:
+        result = await claim(*args)
+        if clock.now() < started_at + timedelta(seconds=60):
+            clock.advance(60)  # the minute passes while this claim is on its way
+        return result
+
+    started_at = clock.now()
+    store.durable_claim = slow_claim
+    engine.durable.executor.poke()
+    await engine.quiesce()
+    assert (await engine.durable.get(started.id)).output == "woke"

@@ -1,0 +1,340 @@
+"""The invariants of durable executions under random sequences (Hypothesis, stateful).
+
+Up to three instances share one store on one manual clock. Hypothesis starts executions
+of random plans (steps that fail a few times, at-most-once steps, sleeps, signal waits),
+sends signals, cancels, moves the clock (so leases expire), crashes instances just before
+or just after one of their writes commits, freezes an instance (its store calls hang, as
+a SIGSTOPped process's would) and thaws it later, and restarts crashed ones. After every
+rule:
+
+* a finished step never runs again: no step starts after its success was committed;
+* an at-most-once step runs at most once;
+* a stale lease never writes: every write the store accepts carries the newest lease;
+* step outputs replay identically: at each position, every run of an execution's code
+  saw the same value;
+* every execution ends, or waits with a reason (what for, until when).
+
+At the end every execution must have finished, once the instances are thawed and the
+clock has moved on far enough.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import tempfile
+from collections import defaultdict
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from backend import Engine, ManualClock, Refused, Unavailable
+from backend.durable import DurableContext, Retry, define_durable
+from backend.durable.store import Claimed, Write
+from backend.ids import IdFactory
+from backend.store import open_store
+from tests.durable_helpers import crash
+
+T = TypeVar("T")
+NAMES = ("a", "b", "c")
+EXAMPLES = int(os.environ.get("SCHEDTUI_DURABLE_EXAMPLES", "30"))
+
+Plan = list[tuple[str, int]]
+PLANS = st.lists(
+    st.one_of(
+        st.tuples(st.just("step"), st.integers(0, 3)),  # fails this many times first
+        st.tuples(st.just("amo"), st.just(0)),
+        st.tuples(st.just("sleep"), st.integers(0, 20)),
+        st.tuples(st.just("wait"), st.integers(1, 40)),  # timeout
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+class World:
+    """What happened, in one order: step starts, committed checkpoints, the leases claimed."""
+
+    def __init__(self) -> None:
+        self.seq = itertools.count()
+        self.started: dict[tuple[str, str], list[int]] = defaultdict(list)
+        self.committed: dict[tuple[str, str], int] = {}
+        self.amo: set[tuple[str, str]] = set()
+        self.lease: dict[str, int] = {}
+        self.violations: list[str] = []
+        self.seen: dict[tuple[str, int], set[str]] = defaultdict(set)
+
+
+WORLD = World()
+
+
+async def page(execution: str, step: str, fails: int) -> str:
+    key = (execution, step)
+    WORLD.started[key].append(next(WORLD.seq))
+    if len(WORLD.started[key]) <= fails:
+        raise ConnectionError(f"failure {len(WORLD.started[key])} of {fails}")
+    return f"{step}#{next(WORLD.seq)}"  # a new value on every call: a re-run would show
+
+
+async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
+    seen = []
+    for position, (kind, arg) in enumerate(plan):
+        name = f"p{position}"
+        value: Any = None
+        if kind == "step":
+            value = await ctx.step(name, page, ctx.id, name, arg, retry=Retry(attempts=4, initial_delay=5, max_delay=5))
+        elif kind == "amo":
+            WORLD.amo.add((ctx.id, name))
+            value = await ctx.step(name, page, ctx.id, name, 0, at_most_once=True)
+        elif kind == "sleep":
+            await ctx.sleep(name, arg)
+        else:
+            value = await ctx.wait_for(name, timeout=arg)
+        WORLD.seen[(ctx.id, position)].add(json.dumps(value))
+        seen.append(value)
+    return seen
+
+
+FUNCTION = define_durable(name="plan", handler=plan_body)
+
+
+class Proxy:
+    """A store as one instance sees it: it can hang (frozen), or die just before or just
+    after one of its writes commits; it checks every write the store accepts."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.frozen: asyncio.Event | None = None
+        self.crash_next: str | None = None  # "before" or "after"
+        self.crashed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def _gate(self) -> None:
+        if self.crashed:
+            raise Unavailable("crashed (test)")
+        if self.frozen is not None:
+            await self.frozen.wait()
+
+    async def durable_claim(self, *args: Any) -> list[Claimed]:
+        await self._gate()
+        claimed: list[Claimed] = await self._store.durable_claim(*args)
+        for one in claimed:
+            WORLD.lease[one.execution.id] = one.execution.lease
+        return claimed
+
+    async def durable_renew(self, *args: Any) -> Any:
+        await self._gate()
+        return await self._store.durable_renew(*args)
+
+    async def durable_write(self, write: Write) -> bool | None:
+        await self._gate()
+        when, self.crash_next = self.crash_next, None
+        if when == "before":
+            self.crashed = True
+            raise Unavailable("crashed before the write (test)")
+        result: bool | None = await self._store.durable_write(write)
+        if result is not None:
+            if WORLD.lease.get(write.id) != write.lease:
+                WORLD.violations.append(f"a write under lease {write.lease} landed; the newest is {WORLD.lease.get(write.id)}")
+            for record in write.steps:
+                if record.kind == "step" and record.status == "succeeded":
+                    WORLD.committed.setdefault((write.id, record.name), next(WORLD.seq))
+        if when == "after":
+            self.crashed = True
+            raise Unavailable("crashed after the write (test)")
+        return result
+
+
+class DurableFleet(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        global WORLD
+        WORLD = World()
+        self.loop = asyncio.new_event_loop()
+        self.folder = Path(tempfile.mkdtemp(prefix="schedtui-durable-"))
+        self.url = f"sqlite:///{self.folder / 'state.db'}"
+        self.clock = ManualClock("2026-03-02T08:00:00Z")
+        self.ids_made = IdFactory(self.clock.now, itertools.count().__next__)  # the same ids on a replay
+        self.live: dict[str, tuple[Engine, Proxy]] = {}
+        self.ids: list[str] = []
+        self.run(self._boot("a"))
+
+    def run(self, coro: Awaitable[T]) -> T:
+        return self.loop.run_until_complete(asyncio.wait_for(coro, 60))  # type: ignore[arg-type]
+
+    async def _boot(self, name: str) -> None:
+        proxy = Proxy(open_store(self.url))
+        engine = Engine([FUNCTION], proxy, clock=self.clock, instance=name, coordination="advisoryLock",  # type: ignore[arg-type]
+                        shutdown_grace=0, retention=None, ids=self.ids_made)  # fmt: skip
+        await engine.start()
+        self.live[name] = (engine, proxy)
+
+    async def _settle(self) -> None:
+        for name, (engine, proxy) in list(self.live.items()):
+            if proxy.frozen is None and not proxy.crashed:
+                await engine.quiesce()
+        for name, (engine, proxy) in list(self.live.items()):
+            if proxy.crashed:
+                del self.live[name]
+                await crash(engine)
+
+    def settle(self) -> None:
+        self.run(self._settle())
+
+    @property
+    def acting(self) -> Engine | None:
+        for engine, proxy in self.live.values():
+            if proxy.frozen is None and not proxy.crashed:
+                return engine
+        return None
+
+    # -- rules -------------------------------------------------------------------------
+    @precondition(lambda self: self.acting is not None)
+    @rule(plan=PLANS)
+    def start(self, plan: Plan) -> None:
+        engine = self.acting
+        assert engine is not None
+        self.ids.append(self.run(engine.durable.start_execution("plan", plan)).id)
+        self.settle()
+
+    @rule(seconds=st.sampled_from([1, 5, 10, 31]))
+    def advance(self, seconds: int) -> None:
+        self.clock.advance(seconds)
+        self.settle()
+
+    @precondition(lambda self: self.ids and self.acting is not None)
+    @rule(data=st.data(), position=st.integers(0, 5), payload=st.integers(0, 100))
+    def signal(self, data: st.DataObject, position: int, payload: int) -> None:
+        engine = self.acting
+        assert engine is not None
+        id_ = data.draw(st.sampled_from(self.ids))
+        try:
+            self.run(engine.durable.signal(id_, f"p{position}", payload))
+        except Refused:
+            pass  # finished already
+        self.settle()
+
+    @precondition(lambda self: self.ids and self.acting is not None)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        engine = self.acting
+        assert engine is not None
+        try:
+            self.run(engine.durable.cancel(data.draw(st.sampled_from(self.ids))))
+        except Refused:
+            pass
+        self.settle()
+
+    @precondition(lambda self: any(not p.crashed and p.crash_next is None for _, p in self.live.values()))
+    @rule(data=st.data(), when=st.sampled_from(["before", "after"]))
+    def crash_at_next_write(self, data: st.DataObject, when: str) -> None:
+        name = data.draw(st.sampled_from(sorted(n for n, (_, p) in self.live.items() if not p.crashed)))
+        self.live[name][1].crash_next = when
+        self.settle()
+
+    @precondition(lambda self: any(p.frozen is None and not p.crashed for _, p in self.live.values()))
+    @rule(data=st.data())
+    def freeze(self, data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from(sorted(n for n, (_, p) in self.live.items() if p.frozen is None and not p.crashed)))
+        self.live[name][1].frozen = asyncio.Event()
+        self.settle()
+
+    @precondition(lambda self: any(p.frozen is not None for _, p in self.live.values()))
+    @rule(data=st.data())
+    def thaw(self, data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from(sorted(n for n, (_, p) in self.live.items() if p.frozen is not None)))
+        self._thaw(name)
+        self.settle()
+
+    def _thaw(self, name: str) -> None:
+        proxy = self.live[name][1]
+        frozen, proxy.frozen = proxy.frozen, None
+        if frozen is not None:
+            frozen.set()
+
+    @precondition(lambda self: len(self.live) < len(NAMES))
+    @rule(data=st.data())
+    def restart(self, data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from([n for n in NAMES if n not in self.live]))
+        self.run(self._boot(name))
+        self.settle()
+
+    # -- invariants --------------------------------------------------------------------
+    @invariant()
+    def a_finished_step_never_runs_again(self) -> None:
+        for key, committed in WORLD.committed.items():
+            late = [seq for seq in WORLD.started[key] if seq > committed]
+            assert not late, f"step {key} started again after its success was committed"
+
+    @invariant()
+    def an_at_most_once_step_runs_at_most_once(self) -> None:
+        for key in WORLD.amo:
+            assert len(WORLD.started.get(key, [])) <= 1, f"at-most-once step {key} ran {len(WORLD.started[key])} times"
+
+    @invariant()
+    def a_stale_lease_never_writes(self) -> None:
+        assert WORLD.violations == []
+
+    @invariant()
+    def step_outputs_replay_identically(self) -> None:
+        for key, values in WORLD.seen.items():
+            assert len(values) == 1, f"position {key} saw {sorted(values)}"
+
+    @invariant()
+    def every_execution_ends_or_waits_with_a_reason(self) -> None:
+        engine = self.acting
+        if engine is None or not self.ids:
+            return
+        executions, _ = self.run(engine.durable.list(limit=1000))
+        for execution in executions:
+            if execution.status == "waiting":
+                assert execution.waiting_for and execution.wake_at, execution
+            if execution.status in ("succeeded", "failed", "cancelled"):
+                assert execution.finished_at is not None, execution
+
+    def teardown(self) -> None:
+        try:
+            for name, (_, proxy) in list(self.live.items()):
+                proxy.crash_next = None
+                self._thaw(name)
+            self.settle()
+            if self.acting is None:
+                free = next(n for n in NAMES if n not in self.live)
+                self.run(self._boot(free))
+            executions = []
+            for _ in range(40):
+                engine = self.acting
+                assert engine is not None
+                executions, _ = self.run(engine.durable.list(limit=1000))
+                if all(e.done for e in executions):
+                    break
+                self.clock.advance(31)
+                self.settle()
+            open_ = [(e.id, e.status, e.waiting_for) for e in executions if not e.done]
+            assert not open_, f"executions that never ended: {open_}"
+            self.a_finished_step_never_runs_again()
+            self.an_at_most_once_step_runs_at_most_once()
+            self.a_stale_lease_never_writes()
+            self.step_outputs_replay_identically()
+        finally:
+            for engine, _ in list(self.live.values()):
+                self.run(engine.stop(grace=0))
+            self.loop.close()
+
+
+DurableFleet.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+test_durable_invariants = DurableFleet.TestCase
