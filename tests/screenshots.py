@@ -29,6 +29,8 @@ PICTURES = [
     ("jobs", "80x24"),
     ("help", "120x32"),
     ("audit", "120x32"),
+    ("durable", "120x32"),
+    ("durable-steps", "120x32"),
 ]
 
 
