@@ -32,6 +32,8 @@ PICTURES = [
     ("locks", "120x32"),
     ("help", "120x32"),
     ("audit", "120x32"),
+    ("durable", "120x32"),
+    ("durable-steps", "120x32"),
 ]
 
 
