@@ -145,18 +145,34 @@ async def test_one_commit_per_finished_step(engines: Callable[..., Engine]) -> N
     claims: list[Any] = []
     writes: list[tuple[Write, int]] = []
     claim, write = store.durable_claim, store.durable_write
+    # The store's commit counter is shared: a claim round, the event relay's NOTIFY or the
+    # start's audit entry may commit while a checkpoint is on its way. One lock keeps them
+    # out of a write's window, so each write's count is its own.
+    alone = asyncio.Lock()
 
     async def counted_claim(*args: Any) -> Any:
-        claims.append(await claim(*args))
+        async with alone:
+            claims.append(await claim(*args))
         return claims[-1]
 
     async def counted_write(w: Write) -> Any:
-        before = store.commits
-        result = await write(w)
-        writes.append((w, store.commits - before))  # its commits (other work runs between, not within)
+        async with alone:
+            before = store.commits
+            result = await write(w)
+            writes.append((w, store.commits - before))
         return result
 
+    def serialised(method: Callable[..., Any]) -> Callable[..., Any]:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            async with alone:
+                return await method(*args, **kwargs)
+
+        return call
+
     store.durable_claim, store.durable_write = counted_claim, counted_write
+    for name in ("notify_events", "append_audit"):
+        if hasattr(store, name):  # SQLite has no NOTIFY
+            setattr(store, name, serialised(getattr(store, name)))
     await engine.durable.start_execution("f")
     await engine.quiesce()
     # One claim reads the execution with its (empty) step map; then each of the 20 steps is
