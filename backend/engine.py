@@ -591,6 +591,8 @@ class Engine:
         return await self._views(list(self.schedules))
 
     async def get_schedule(self, name: str) -> ScheduleView:
+        if name not in self.schedules:
+            await self.catalog.refresh()  # created a moment ago by another process?
         self.schedule(name)
         return (await self._views([name]))[0]
 
@@ -730,6 +732,8 @@ class Engine:
         """Enable or disable a schedule, persistently. A disabled schedule keeps its
         definition, has no next slot and does not fire; enabling it arms its next future slot
         (slots that passed while it was disabled are not caught up)."""
+        if name not in self.schedules:
+            await self.catalog.refresh()  # created a moment ago by another process?
         self.schedule(name)
         actor = by or self.audit.actor()
         was = self.is_enabled(name)
@@ -769,6 +773,7 @@ class Engine:
         await self.audit.record("schedule.delete", name, {"spec": row.spec()}, actor=actor)
 
     def _check_stored(self, name: str) -> None:
+        """Refuse a schedule defined in code (stored ones, and unknown names, pass)."""
         if name in self.schedules and not self.catalog.is_stored(name):
             raise DefinedInCode(
                 f'"{name}" is defined in code; it can be enabled or disabled, not edited or deleted here',
