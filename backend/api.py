@@ -18,6 +18,7 @@ Routes (JSON, snake_case; see ``/openapi.json`` for the full document)::
     POST /inspect/schedules/{name}/enable | /disable     {"note": "..."}
     POST /inspect/schedules/{name}/backfill/plan         {"from", "to", "confirm", "limit"}
     POST /inspect/schedules/{name}/backfill              the same; starts it in the background
+    POST /inspect/schedules   PATCH|DELETE /inspect/schedules/{name}   stored schedules (api_catalog)
     GET  /inspect/backfills/{backfill_id}
     POST /inspect/backfills/{backfill_id}/cancel
     POST /schedule/{name}/fire?trigger=external          what platform schedulers call
@@ -628,6 +629,12 @@ def _lock_routes(api: Api) -> list[Route]:
     return lock_routes(api)
 
 
+def _catalog_routes(api: Api) -> list[Route]:
+    from .api_catalog import catalog_routes
+
+    return catalog_routes(api)
+
+
 def _audit_routes(api: Api) -> list[Route]:
     from .api_audit import audit_routes
 
@@ -648,7 +655,7 @@ def _durable_routes(api: Api) -> list[Route]:
 
 #: The route modules, each ``routes(api) -> list[Route]``, mounted in this order.
 ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [
-    schedule_routes, job_routes, _durable_routes, _lock_routes, _audit_routes, _event_routes,
+    schedule_routes, _catalog_routes, job_routes, _durable_routes, _lock_routes, _audit_routes, _event_routes,
 ]
 
 

@@ -164,8 +164,15 @@ class CatchUp:
             )
         finally:
             self.busy.discard(schedule.name)
-            if not launcher.stopping and self.states.is_enabled(schedule.name) and schedule.name not in self.timers.wheel:
+            # The definition now (a stored schedule may have been changed or deleted meanwhile).
+            current = self.timers.schedules.get(schedule.name)
+            if (
+                current is not None
+                and not launcher.stopping
+                and self.states.is_enabled(schedule.name)
+                and schedule.name not in self.timers.wheel
+            ):
                 # From the last slot handled: slots that passed during a long catch-up are
                 # then late (one) or behind (several), and handled by the same rules.
-                self.timers.arm(schedule, slots[-1] if slots else self.clock.now())
+                self.timers.arm(current, slots[-1] if slots else self.clock.now())
             self.loops.poke()

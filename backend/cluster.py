@@ -179,6 +179,15 @@ class Cluster:
         self.last_state: ClusterState | None = None
         """The last read of the shards and instances (for the views)."""
 
+    def put(self, schedule: Schedule) -> None:
+        """Hold ``schedule`` in its shard (a stored one created or changed at run time)."""
+        self.drop(schedule.name)
+        self.by_shard.setdefault(shard_of(schedule.name), []).append(schedule)
+
+    def drop(self, name: str) -> None:
+        members = self.by_shard.get(shard_of(name), [])
+        members[:] = [s for s in members if s.name != name]
+
     # -- what the engine asks ------------------------------------------------------------
     def owns(self, name: str) -> bool:
         return shard_of(name) in self.held

@@ -24,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
 from .audit import AuditLog
 from .backfills import Backfills
+from .catalog import Catalog, CatalogStore
 from .catchup import CatchUp
 from .clock import Clock, ManualClock, SystemClock
 from .cluster import Cluster, ClusterCoordinator, ClusterStore
@@ -37,7 +38,7 @@ from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator, Slot
 from .definitions import Definitions
 from .durable import Durable, DurableFunction
 from .errors import BadInput, NotFound, Refused, Unavailable
-from .events import EventBus
+from .events import RESYNC, EventBus
 from .external import ExternalFires
 from .ids import IdFactory
 from .jobs.definition import Queue
@@ -54,6 +55,7 @@ from .model import (
     Run,
     RunContext,
     ScheduleState,
+    ScheduleTarget,
     ScheduleView,
     iso,
 )
@@ -64,6 +66,7 @@ from .runner import DEFAULT_MAX_THREADS, HandlerRunner
 from .schedules import Schedule
 from .states import ScheduleStates
 from .store import Store, open_store
+from .stored import DefinedInCode
 from .subsystems import Shared, Subsystem
 from .timers import Timers
 
@@ -114,7 +117,10 @@ class Engine:
                 raise BadInput(f'schedule name "{schedule.name}" is given twice')
             self.schedules[schedule.name] = schedule
         functions = [item for item in items if isinstance(item, DurableFunction)]
-        self._bind_durable_targets({f.name for f in functions})
+        for name, schedule in list(self.schedules.items()):
+            if schedule.durable is not None and schedule.durable not in {f.name for f in functions}:
+                raise BadInput(f'schedule "{name}" targets durable function "{schedule.durable}", which is not defined')
+            self.schedules[name] = self.bind_target(schedule)
         self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
         self.clock: Clock = clock or SystemClock()
         self.instance = instance or default_instance_name()
@@ -268,6 +274,9 @@ class Engine:
             self.coordinator.cluster = self.cluster
             self.timers.may_arm = self.cluster.owns  # only what this instance's shards hold
             self.subsystems.append(self.cluster)
+        self.catalog = Catalog(self, cast(CatalogStore, self.store))
+        self._catalog_changed = asyncio.Event()
+        """The schedules created at run time (kept in the store)."""
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
             raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")
@@ -281,19 +290,46 @@ class Engine:
             early=external_early,
         )
 
-    def _bind_durable_targets(self, functions: set[str]) -> None:
+    def bind_target(self, schedule: Schedule) -> Schedule:
         """A schedule defined with ``durable=F`` starts an execution of F per slot."""
-        for name, schedule in list(self.schedules.items()):
-            target = schedule.durable
-            if target is None:
-                continue
-            if target not in functions:
-                raise BadInput(f'schedule "{name}" targets durable function "{target}", which is not defined')
+        target = schedule.durable
+        if target is None:
+            return schedule
 
-            async def start(ctx: RunContext, target: str = target) -> None:
-                await self.durable.start_for_slot(target, ctx)
+        async def start(ctx: RunContext, target: str = target) -> None:
+            await self.durable.start_for_slot(target, ctx)
 
-            self.schedules[name] = dataclasses.replace(schedule, handler=start)
+        return dataclasses.replace(schedule, handler=start)
+
+    def add_schedule(self, schedule: Schedule) -> None:
+        """Run ``schedule`` (new, or replacing its namesake's definition); arming is the caller's."""
+        name = schedule.name
+        self.schedules[name] = schedule
+        self.launcher.max_runtime[name] = timedelta(seconds=schedule.max_runtime)
+        self.launcher.is_async[name] = schedule.is_async
+        if self.cluster is not None:
+            self.cluster.put(schedule)
+
+    def remove_schedule(self, name: str) -> None:
+        """Stop running a schedule: disarmed, its queued firings recorded missed, forgotten
+        (a run in flight finishes and is recorded)."""
+        schedule = self.schedules.get(name)
+        if schedule is None:
+            return
+        self.timers.disarm(name)
+        waiting = self.launcher.waiting.pop(name, None)
+        while waiting:
+            slot, trigger, fired_as, run_id = waiting.popleft()
+            self.launcher.record_missed(schedule, slot, trigger, fired_as, "the schedule was deleted before this queued firing started", run_id)
+        self.launcher.remote.pop(name, None)
+        del self.schedules[name]
+        self.states.forget(name)
+        if self.cluster is not None:
+            self.cluster.drop(name)
+
+    @property
+    def started(self) -> bool:
+        return self._started and not self._stopping
 
     def _finished(self, run: Run) -> None:
         self.claims.finished(run.id)
@@ -365,6 +401,7 @@ class Engine:
         self._opened = True
         now = self.clock.now()
         await self.registry.beat(now, force=True)
+        await self.catalog.load()
         await self.states.load()
         await self.registry.close_abandoned(at_open=True)
         await self.registry.prune(now)
@@ -418,6 +455,12 @@ class Engine:
             subsystem.start()
         self.loops.expect("maintenance")
         self.loops.spawn(self._maintenance(), "maintenance")
+        if self.relay.postgres is not None:
+            # Another instance's change to a stored schedule is heard at once by NOTIFY
+            # (the state poll would find it within its interval anyway).
+            self.relay.postgres.on_remote = self._heard
+            self.relay.listen()
+            self.loops.spawn(self._follow_catalog(), "catalog signals")
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop firing, let runs in flight finish (up to ``grace`` seconds), record the rest."""
@@ -548,10 +591,13 @@ class Engine:
         """Every schedule with its state, next slot, newest self/external run and newest
         manual run (when that is its newest run)."""
         self.ledger.handoff()
+        await self.catalog.refresh()
         await self.refresh_states()
         return await self._views(list(self.schedules))
 
     async def get_schedule(self, name: str) -> ScheduleView:
+        if name not in self.schedules:
+            await self.catalog.refresh()  # created a moment ago by another process?
         self.schedule(name)
         return (await self._views([name]))[0]
 
@@ -592,6 +638,8 @@ class Engine:
             latest_manual=latest_manual,
             owner=owners.get(schedule.name) if owners is not None else None,
             sharded=owners is not None,
+            source="store" if self.catalog.is_stored(schedule.name) else "code",
+            target=_target_of(schedule),
         )
 
     async def list_runs(
@@ -629,9 +677,25 @@ class Engine:
                 self.outages.trouble("maintain", "store unavailable for housekeeping", exc)
             await self.loops.park("maintenance", self.clock.now() + self.state_poll_interval)
 
+    def _heard(self, topic: str, name: str | None) -> None:
+        if topic in ("schedules", RESYNC):
+            self._catalog_changed.set()
+
+    async def _follow_catalog(self) -> None:
+        """PostgreSQL: re-read the catalog as soon as another instance signals a change
+        (the state poll would find it within its interval anyway)."""
+        while True:
+            await self._catalog_changed.wait()
+            self._catalog_changed.clear()
+            try:
+                await self.catalog.refresh()
+            except Unavailable as exc:
+                self.outages.trouble("maintain", "store unavailable for the catalog", exc)
+
     async def maintain(self) -> None:
         """One round of housekeeping (normally every ``state_poll_interval``)."""
         now = self.clock.now()
+        await self.catalog.refresh()
         await self.refresh_states()
         if await self.registry.beat(now):
             await self.registry.close_abandoned()
@@ -676,6 +740,8 @@ class Engine:
         """Enable or disable a schedule, persistently. A disabled schedule keeps its
         definition, has no next slot and does not fire; enabling it arms its next future slot
         (slots that passed while it was disabled are not caught up)."""
+        if name not in self.schedules:
+            await self.catalog.refresh()  # created a moment ago by another process?
         self.schedule(name)
         actor = by or self.audit.actor()
         was = self.is_enabled(name)
@@ -688,6 +754,39 @@ class Engine:
             actor=actor,
         )
         return await self.get_schedule(name)
+
+    async def create_schedule(self, spec: Mapping[str, Any]) -> ScheduleView:
+        """Store a new schedule (see :meth:`backend.interface.Backend.create_schedule`);
+        armed here at once, on every instance sharing the store within 2 s."""
+        actor = self.audit.actor()
+        row = await self.catalog.create(spec, actor)
+        await self.audit.record("schedule.create", row.name, {"spec": row.spec()}, actor=actor)
+        return await self.get_schedule(row.name)
+
+    async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
+        """Change a stored schedule; a code schedule is refused (``defined_in_code``)."""
+        self._check_stored(name)
+        actor = self.audit.actor()
+        before, after = await self.catalog.update(name, changes, actor)
+        if "enabled" in changes and after.enabled != self.is_enabled(name):
+            await self.states.set(name, after.enabled, at=self.clock.now(), by=actor)
+        await self.audit.record("schedule.update", name, {"before": before.spec(), "after": after.spec()}, actor=actor)
+        return await self.get_schedule(name)
+
+    async def delete_schedule(self, name: str) -> None:
+        """Delete a stored schedule: it stops firing here at once, everywhere within 2 s."""
+        self._check_stored(name)
+        actor = self.audit.actor()
+        row = await self.catalog.delete(name)
+        await self.audit.record("schedule.delete", name, {"spec": row.spec()}, actor=actor)
+
+    def _check_stored(self, name: str) -> None:
+        """Refuse a schedule defined in code (stored ones, and unknown names, pass)."""
+        if name in self.schedules and not self.catalog.is_stored(name):
+            raise DefinedInCode(
+                f'"{name}" is defined in code; it can be enabled or disabled, not edited or deleted here',
+                reason="defined in code",
+            )
 
     async def fire_external(self, name: str, *, allow_self: bool = False) -> ExternalFiring:
         """Fire the slot that is due now because an external scheduler says so (see
@@ -752,3 +851,14 @@ class Engine:
 
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         return await self.backfills.wait(backfill_id)
+
+
+def _target_of(schedule: Schedule) -> ScheduleTarget:
+    if schedule.queue is not None:
+        return ScheduleTarget("queue", schedule.queue)
+    if schedule.durable is not None:
+        return ScheduleTarget("durable", schedule.durable)
+    handler = schedule.handler
+    name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+    module = getattr(handler, "__module__", None)
+    return ScheduleTarget("handler", f"{module}.{name}" if module else name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
@@ -201,6 +201,20 @@ class Backend(Protocol):
         """Return the run once it is no longer ``running``."""
 
     async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None) -> ScheduleView: ...
+
+    async def create_schedule(self, spec: Mapping[str, Any]) -> ScheduleView:
+        """Store a new schedule (keys: ``name``, ``cron``, ``timezone``, exactly one of
+        ``queue``/``durable``, and optionally ``payload``, ``description``, ``enabled``,
+        ``on_overlap``, ``backfill``, ``max_runtime``); every instance arms it within 2 s.
+        ``BadInput`` (its ``field`` the key) for a bad value or an unknown target,
+        ``NameTaken`` (409 ``name_taken``) for a name in use."""
+
+    async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
+        """Change a stored schedule (the same keys but ``name``); ``DefinedInCode`` (409
+        ``defined_in_code``) for a schedule defined in code, ``NotFound`` for an unknown one."""
+
+    async def delete_schedule(self, name: str) -> None:
+        """Delete a stored schedule; ``DefinedInCode`` (409), ``NotFound`` as for update."""
 
     async def plan_backfill(
         self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
@@ -450,6 +464,18 @@ class EmbeddedBackend:
     async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None) -> ScheduleView:
         self._check_can_act("enable" if enabled else "disable")
         return await self._call(self.engine.set_enabled(name, enabled, note=note))
+
+    async def create_schedule(self, spec: Mapping[str, Any]) -> ScheduleView:
+        self._check_can_act("creating a schedule")
+        return await self._call(self.engine.create_schedule(spec))
+
+    async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
+        self._check_can_act("editing a schedule")
+        return await self._call(self.engine.update_schedule(name, changes))
+
+    async def delete_schedule(self, name: str) -> None:
+        self._check_can_act("deleting a schedule")
+        await self._call(self.engine.delete_schedule(name))
 
     async def plan_backfill(
         self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None

@@ -334,6 +334,22 @@ class ScheduleState:
 
 
 @dataclass(frozen=True, slots=True)
+class ScheduleTarget:
+    """What a schedule's slots do: call a ``handler`` (its qualified name), send a job to a
+    ``queue``, or start an execution of a ``durable`` function."""
+
+    kind: Literal["handler", "queue", "durable"]
+    name: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ScheduleTarget:
+        return cls(kind=data["kind"], name=data["name"])
+
+
+@dataclass(frozen=True, slots=True)
 class ScheduleView:
     """A schedule as an operator sees it: its definition, its state, what is next, what was last."""
 
@@ -359,6 +375,9 @@ class ScheduleView:
     while nobody holds it); see :attr:`sharded`."""
     sharded: bool = False
     """Whether the engine coordinates in ``cluster`` mode (then the JSON carries ``owner``)."""
+    source: Literal["code", "store"] = "code"
+    """``code``: defined in a definitions file; ``store``: created at run time."""
+    target: ScheduleTarget | None = None
 
     def to_json(self) -> dict[str, Any]:
         extra = {"owner": self.owner} if self.sharded else {}
@@ -377,6 +396,8 @@ class ScheduleView:
             "next_fire_at": iso(self.next_fire_at),
             "last_run": self.last_run.to_json() if self.last_run else None,
             "latest_manual": self.latest_manual.to_json() if self.latest_manual else None,
+            "source": self.source,
+            "target": self.target.to_json() if self.target else None,
             **extra,
         }
 
@@ -399,6 +420,8 @@ class ScheduleView:
             latest_manual=Run.from_json(data["latest_manual"]) if data.get("latest_manual") else None,
             owner=data.get("owner"),
             sharded="owner" in data,
+            source="store" if data.get("source") == "store" else "code",  # older servers: all code
+            target=ScheduleTarget.from_json(data["target"]) if data.get("target") else None,
         )
 
 

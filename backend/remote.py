@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +37,7 @@ from .locks import LockRelease, LocksSnapshot
 from .locks.model import check_lock_name
 from .model import BackfillPlan, BackfillProgress, ExternalFiring, Health, InstanceInfo, Run, ScheduleView, iso, parse_iso
 from .safetext import redact_url, remember_url_secrets
+from .stored import DefinedInCode, NameTaken
 
 __all__ = ["RemoteBackend"]
 
@@ -117,7 +118,12 @@ class RemoteBackend:
         if status == 409:
             count = data.get("count") if isinstance(data, dict) else None
             reason = data.get("reason") if isinstance(data, dict) else None
-            refusal = {"queue_full": QueueFull, "not_dead": NotDead}.get(str((error or {}).get("code")), Refused)
+            refusal = {
+                "queue_full": QueueFull,
+                "not_dead": NotDead,
+                "defined_in_code": DefinedInCode,
+                "name_taken": NameTaken,
+            }.get(str((error or {}).get("code")), Refused)
             raise refusal(message, count=count, reason=reason or message)
         if status == 413:
             raise TooLarge(message, field=(error or {}).get("field"))
@@ -237,6 +243,21 @@ class RemoteBackend:
         # Setting a state is idempotent, so a retry after a lost answer is safe.
         data = await self._post(f"/inspect/schedules/{_seg(name)}/{action}", {"note": note}, retry=True)
         return ScheduleView.from_json(data)
+
+    async def create_schedule(self, spec: Mapping[str, Any]) -> ScheduleView:
+        self._check_can_act("creating a schedule")
+        # Not retried: a repeat after a lost answer would be refused as a taken name.
+        return ScheduleView.from_json(await self._post("/inspect/schedules", dict(spec)))
+
+    async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
+        self._check_can_act("editing a schedule")
+        # Setting the same fields again is idempotent: a retry after a lost answer is safe.
+        data = await self._request("PATCH", f"/inspect/schedules/{_seg(name)}", retry=True, json=dict(changes))
+        return ScheduleView.from_json(data)
+
+    async def delete_schedule(self, name: str) -> None:
+        self._check_can_act("deleting a schedule")
+        await self._request("DELETE", f"/inspect/schedules/{_seg(name)}", retry=False)
 
     def _backfill_body(
         self, start: datetime, end: datetime, confirm: bool, limit: int | None

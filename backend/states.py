@@ -50,6 +50,10 @@ class ScheduleStates:
         except KeyError:
             raise NotFound(f'no schedule named "{name}"') from None
 
+    def forget(self, name: str) -> None:
+        """A deleted schedule's state goes with it (the store deleted its row too)."""
+        self._states.pop(name, None)
+
     async def load(self) -> None:
         self._states = await self.store.get_states()
 

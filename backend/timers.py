@@ -78,6 +78,11 @@ class TimerWheel:
             if names is not None:
                 names.pop(name, None)
 
+    def pending(self, name: str) -> bool:
+        """Whether the schedule is armed and its slot not yet popped (firing)."""
+        armed = self._armed.get(name)
+        return armed is not None and name in self._due_at.get(armed[0], ())
+
     def next_at(self) -> datetime | None:
         return self._heap[0] if self._heap else None
 
@@ -193,6 +198,10 @@ class Timers:
                 armed = self.wheel.armed(schedule.name)
                 # Still armed at the slot just fired: not disabled (or re-armed) meanwhile.
                 if armed is not None and armed[0] == slot and self.is_enabled(schedule.name):
+                    current = self.schedules.get(schedule.name, schedule)
+                    if current is not schedule:  # redefined while firing (a stored schedule)
+                        self.arm(current, slot)
+                        continue
                     key = (schedule.cron, following)
                     nxt = after.get(key)
                     if nxt is None:

@@ -283,7 +283,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 #: Modules adding verbs for one system each: ``add_verbs(verb, group)`` declares them and
 #: ``VERBS`` maps each command (``"jobs list"``) to its handler. Imported lazily, so that
 #: they may import this module's helpers.
-VERB_MODULES: list[str] = ["console.cli_jobs", "console.cli_durable", "console.cli_locks", "console.cli_audit"]
+VERB_MODULES: list[str] = [
+    "console.cli_schedules", "console.cli_jobs", "console.cli_durable", "console.cli_locks", "console.cli_audit",
+]
 
 
 def verb_modules() -> list[Any]:

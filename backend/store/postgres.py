@@ -50,6 +50,7 @@ from .migrations import components_of, migrate_postgres
 from .postgres_audit import PostgresAudit
 from .postgres_durable import PostgresDurable
 from .postgres_events import PostgresEvents
+from .postgres_catalog import PostgresCatalog
 from .postgres_jobs import PostgresJobs
 from .postgres_cluster import PostgresCluster
 from .postgres_locks import PostgresLocks
@@ -483,7 +484,7 @@ def _connection_lost(exc: psycopg.Error) -> bool:
     return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
-class PostgresStore(PostgresJobs, PostgresDurable, PostgresLocks, PostgresCluster, PostgresAudit, PostgresEvents):
+class PostgresStore(PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLocks, PostgresCluster, PostgresAudit, PostgresEvents):
     """The fleet store. ``PostgresStore("postgresql://user:pass@host:5432/db")``.
 
     Tables are created in the first schema of the connection's ``search_path`` (add

@@ -46,6 +46,7 @@ from .migrations import components_of, migrate_sqlite
 from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
 from .sqlite_audit import SQLiteAudit
 from .sqlite_events import SQLiteEvents
+from .sqlite_catalog import SQLiteCatalog
 from .sqlite_jobs import SQLiteJobs
 from .sqlite_locks import SQLiteLocks
 from .sqlite_durable import SQLiteDurable
@@ -669,7 +670,7 @@ class _Writer(threading.Thread):
         return StoreHealth("ok", waiting=waiting)
 
 
-class SQLiteStore(SQLiteJobs, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteEvents):
+class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteEvents):
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
     ``create=False`` refuses a file that does not exist (:class:`NotFound`, naming it) instead

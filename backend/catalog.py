@@ -1,0 +1,202 @@
+"""The catalog: schedules created at run time, kept in the store, run beside the code ones.
+
+Every change to the stored rows bumps a counter in the same transaction. An engine reads
+the counter on its state poll (and at once when a ``schedules`` change signal arrives from
+another instance over PostgreSQL's NOTIFY), and on a new value re-reads the rows and applies
+the difference to its ``schedules``: a created schedule is armed, a changed one re-armed, a
+deleted one disarmed and forgotten. The process that makes a change applies it at once.
+
+Re-arming loses no due slot and fires none twice. A schedule is armed again from the later
+of the old definition's last slot before the one that was armed (handled already), and the
+earlier of the change's time and the armed slot: the new definition's slots that came due
+since the change, before this instance heard of it, still fire (claims keep them once
+across instances); a slot due while the change was applied fires once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .errors import BadInput, NotFound, Unavailable
+from .schedules import Schedule
+from .stored import NameTaken, StoredSchedule, check_changes, check_spec
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["Catalog", "CatalogStore"]
+
+log = logging.getLogger("schedtui.engine")
+
+_TICK = timedelta(microseconds=1)
+
+
+class CatalogStore(Protocol):
+    """The stored schedules in a store. Every change bumps :meth:`catalog_version` in its
+    own transaction; deleting a schedule also deletes its enabled/disabled state."""
+
+    async def catalog_version(self) -> int: ...
+
+    async def stored_schedules(self) -> tuple[int, list[StoredSchedule]]:
+        """The version and every row, read at one instant."""
+
+    async def create_stored_schedule(self, schedule: StoredSchedule) -> bool:
+        """Insert the row; False when the name is taken."""
+
+    async def update_stored_schedule(self, schedule: StoredSchedule, version: int) -> StoredSchedule | None:
+        """Replace the definition of the row if its version is still ``version``; the row
+        as stored (version + 1), or None when it is gone or changed meanwhile."""
+
+    async def delete_stored_schedule(self, name: str) -> bool: ...
+
+
+class Catalog:
+    """This engine's copy of the stored schedules (see the module docstring)."""
+
+    def __init__(self, engine: Engine, store: CatalogStore) -> None:
+        self.engine = engine
+        self.store = store
+        self.rows: dict[str, StoredSchedule] = {}
+        self.version: int | None = None
+        self.shadowed: set[str] = set()
+        """Stored names that a code schedule also defines (the code one runs)."""
+        self.known_queues: set[str] = set()
+        """Queues recorded in the store by any process (read before a change is checked)."""
+
+    def is_stored(self, name: str) -> bool:
+        return name in self.rows
+
+    # -- following the store -----------------------------------------------------------------
+    async def load(self) -> None:
+        version, rows = await self.store.stored_schedules()
+        self._apply(version, rows)
+
+    async def refresh(self) -> None:
+        """Re-read the rows if the catalog changed since the last read."""
+        if self.version is not None and await self.store.catalog_version() == self.version:
+            return
+        await self.load()
+
+    def _apply(self, version: int, rows: list[StoredSchedule]) -> None:
+        if self.version is not None and version < self.version:
+            return  # an older read than one applied already
+        self.version = version
+        fresh = {row.name: row for row in rows}
+        for name in [n for n in self.rows if n not in fresh]:
+            self._remove(name)
+        for row in rows:
+            old = self.rows.get(row.name)
+            if old is None or old.version != row.version:
+                self._put(row)
+
+    def _put(self, row: StoredSchedule) -> None:
+        engine = self.engine
+        code = engine.schedules.get(row.name)
+        if code is not None and row.name not in self.rows:
+            if row.name not in self.shadowed:
+                log.warning('stored schedule "%s" is ignored: a schedule defined in code has that name', row.name)
+                self.shadowed.add(row.name)
+            return
+        try:
+            schedule = engine.bind_target(row.to_schedule())
+        except BadInput as exc:
+            log.warning('stored schedule "%s" is not valid here and is not run: %s', row.name, exc.message)
+            return
+        old_row = self.rows.get(row.name)
+        old = engine.schedules.get(row.name) if old_row is not None else None
+        self.rows[row.name] = row
+        engine.add_schedule(schedule)
+        engine.events.publish("schedules", row.name)
+        if not engine.started or not engine.is_enabled(row.name) or engine.catch_up.busy & {row.name}:
+            return
+        timers = engine.timers
+        armed = timers.wheel.armed(row.name)
+        now = engine.clock.now()
+        if old is None or armed is None:
+            timers.arm(schedule, min(row.updated_at, now))
+            return
+        slot = armed[0]
+        if slot <= now:
+            # Due before the change took effect here: it fires once, as it was armed (the
+            # timer loop re-arms a slot being fired from the new definition).
+            if timers.wheel.pending(row.name):
+                timers.arm_at(schedule, slot, schedule.cron.next(slot))
+            return
+        # The old definition handled its slots up to the one before the armed one.
+        handled = next(iter(old.cron.occurrences_back(slot - _TICK)), None)
+        after = min(row.updated_at, slot - _TICK)
+        if handled is not None and handled > after:
+            after = handled
+        timers.arm(schedule, after)
+
+    def _remove(self, name: str) -> None:
+        del self.rows[name]
+        self.engine.remove_schedule(name)
+        self.engine.events.publish("schedules", name)
+
+    # -- the operator's changes ---------------------------------------------------------------
+    async def create(self, spec: Any, actor: str) -> StoredSchedule:
+        full = check_spec(spec)
+        name = full["name"]
+        if name in self.engine.schedules and name not in self.rows:
+            raise NameTaken(f'a schedule named "{name}" is defined in code', reason="name taken")
+        await self._read_known_queues()
+        self._check_target(full)
+        now = self.engine.clock.now()
+        row = StoredSchedule(
+            **full, created_at=now, created_by=actor, updated_at=now, updated_by=actor, version=1
+        )
+        if not await self.store.create_stored_schedule(row):
+            raise NameTaken(f'a schedule named "{name}" exists already', reason="name taken")
+        await self._after_change()
+        return row
+
+    async def update(self, name: str, changes: Any, actor: str) -> tuple[StoredSchedule, StoredSchedule]:
+        """Apply ``changes``; returns the row before and after."""
+        await self.refresh()
+        before = self._row(name)
+        full = check_changes(before.spec(), changes)
+        await self._read_known_queues()
+        self._check_target(full)
+        now = self.engine.clock.now()
+        wanted = replace(before, **{k: v for k, v in full.items() if k != "name"}, updated_at=now, updated_by=actor)
+        after = await self.store.update_stored_schedule(wanted, before.version)
+        if after is None:
+            await self.refresh()
+            self._row(name)  # NotFound when it was deleted meanwhile
+            raise Unavailable(f'"{name}" was changed by someone else at the same moment; try again')
+        await self._after_change()
+        return before, after
+
+    async def delete(self, name: str) -> StoredSchedule:
+        await self.refresh()
+        row = self._row(name)
+        if not await self.store.delete_stored_schedule(name):
+            raise NotFound(f'no schedule named "{name}"')
+        await self._after_change()
+        return row
+
+    def _row(self, name: str) -> StoredSchedule:
+        row = self.rows.get(name)
+        if row is None:
+            raise NotFound(f'no schedule named "{name}"')
+        return row
+
+    async def _after_change(self) -> None:
+        # Applied here at once; the others hear of it by the signal the engine publishes.
+        await self.load()
+
+    def _check_target(self, spec: dict[str, Any]) -> None:
+        queue, durable = spec.get("queue"), spec.get("durable")
+        engine = self.engine
+        if durable is not None and durable not in engine.durable.functions:
+            raise BadInput(f'durable function "{durable}" is not defined here', field="durable")
+        if queue is not None and queue not in engine.jobs.queues and queue not in self.known_queues:
+            raise BadInput(f'queue "{queue}" is not defined here nor recorded in the store', field="queue")
+
+    async def _read_known_queues(self) -> None:
+        views = await self.engine.jobs.queue_views()
+        self.known_queues = {view.name for view in views}

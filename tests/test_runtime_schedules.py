@@ -1,0 +1,164 @@
+"""Schedules created at run time, on the engine and the manual clock: armed on creation,
+re-armed on an update without a slot fired twice or lost, stopped on deletion, picked up
+by another engine sharing the store on its state poll."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from backend import BadInput, Engine, ManualClock, NotFound
+from backend.jobs import JobContext, define_queue
+from backend.stored import DefinedInCode, NameTaken
+from tests.conftest import all_runs
+from tests.test_engine import schedule
+
+UTC = timezone.utc
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+async def _job(ctx: JobContext) -> None:
+    pass
+
+
+def queue() -> Any:
+    return define_queue(name="mail", handler=_job)
+
+
+def spec(name: str = "reap", cron: str = "* * * * *", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "cron": cron, "timezone": "UTC", "queue": "mail", **extra}
+
+
+def slots(runs: list[Any]) -> list[str]:
+    return [r.scheduled_at.strftime("%H:%M") for r in runs if r.trigger == "self"]
+
+
+async def step(engine: Engine, clock: ManualClock, seconds: float) -> None:
+    """Move the clock in steps of at most a second (the state poll's interval), letting
+    the engine do what each calls for."""
+    while seconds > 0:
+        clock.advance(min(seconds, 1.0))
+        seconds -= 1.0
+        await engine.quiesce()
+
+
+async def test_created_schedule_is_armed_and_fires_on_its_slot(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.quiesce()
+    view = await engine.create_schedule(spec(payload={"older_than": "7d"}))
+    assert (view.source, view.target and view.target.to_json()) == ("store", {"kind": "queue", "name": "mail"})
+    assert view.next_fire_at == at("2026-03-02T08:01:00Z")
+    await step(engine, clock, 60)
+    await step(engine, clock, 60)
+    assert slots(await all_runs(engine, "reap")) == ["08:01", "08:02"]
+    assert {r.status for r in await all_runs(engine, "reap")} == {"succeeded"}
+
+
+async def test_update_of_cron_rearms_and_a_slot_due_during_it_fires_once(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.quiesce()
+    await engine.create_schedule(spec())
+    await step(engine, clock, 60)  # 08:01 fired
+    clock.set("2026-03-02T08:02:00.500Z")  # 08:02 is due; the update comes before the timer loop runs
+    view = await engine.update_schedule("reap", {"cron": "*/2 * * * *"})
+    assert view.cron == "*/2 * * * *"
+    await engine.quiesce()
+    await step(engine, clock, 120)
+    assert slots(await all_runs(engine, "reap")) == ["08:01", "08:02", "08:04"]
+
+
+async def test_update_to_a_cron_without_the_armed_slot_loses_nothing_new(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.quiesce()
+    await engine.create_schedule(spec(cron="0 * * * *"))  # hourly: armed at 09:00
+    clock.set("2026-03-02T08:10:30Z")
+    await engine.update_schedule("reap", {"cron": "* * * * *"})
+    await engine.quiesce()
+    await step(engine, clock, 60)
+    assert slots(await all_runs(engine, "reap")) == ["08:11"]
+
+
+async def test_delete_stops_it_and_disable_enable_works(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.quiesce()
+    await engine.create_schedule(spec())
+    await step(engine, clock, 60)
+    await engine.set_enabled("reap", False)
+    await step(engine, clock, 60)
+    await engine.set_enabled("reap", True)
+    await step(engine, clock, 60)
+    await engine.delete_schedule("reap")
+    await step(engine, clock, 120)
+    assert slots(await all_runs(engine, "reap")) == ["08:01", "08:03"]
+    assert "reap" not in engine.schedules
+    with pytest.raises(NotFound):
+        await engine.delete_schedule("reap")
+
+
+async def test_refusals_name_the_value(make_engine, clock: ManualClock) -> None:
+    engine = make_engine([queue(), schedule("coded")])
+    await engine.open()
+    cases = [
+        (spec(cron="61 * * * *"), "cron"),
+        ({**spec(), "timezone": "Mars/Olympus"}, "timezone"),
+        (spec(queue="nowhere"), "queue"),
+        ({**spec(), "durable": "flow"}, "durable"),
+        (spec(on_overlap="sometimes"), "on_overlap"),
+        (spec(max_runtime=-1), "max_runtime"),
+        (spec(colour="red"), "colour"),
+        ({"name": "x y", "cron": "* * * * *", "timezone": "UTC", "queue": "mail"}, "name"),
+    ]
+    for bad, field in cases:
+        with pytest.raises(BadInput) as caught:
+            await engine.create_schedule(bad)
+        assert caught.value.field == field, (bad, caught.value)
+    assert "nowhere" in str((await _refusal(engine, spec(queue="nowhere"))))
+    with pytest.raises(NameTaken):
+        await engine.create_schedule(spec(name="coded"))
+    with pytest.raises(DefinedInCode):
+        await engine.update_schedule("coded", {"cron": "5 * * * *"})
+    with pytest.raises(DefinedInCode):
+        await engine.delete_schedule("coded")
+    await engine.create_schedule(spec())
+    with pytest.raises(NameTaken):
+        await engine.create_schedule(spec())
+    with pytest.raises(NotFound):
+        await engine.update_schedule("ghost", {"cron": "5 * * * *"})
+
+
+async def _refusal(engine: Engine, bad: dict[str, Any]) -> BadInput:
+    try:
+        await engine.create_schedule(bad)
+    except BadInput as exc:
+        return exc
+    raise AssertionError("not refused")
+
+
+async def test_another_engine_picks_up_create_update_delete_on_its_poll(make_engine, clock: ManualClock) -> None:
+    firer = make_engine([queue()])
+    await firer.start()
+    await firer.quiesce()
+    operator = make_engine([queue()], instance="cli")
+    await operator.open()
+    clock.set("2026-03-02T08:00:59.500Z")
+    await firer.quiesce()
+    await operator.create_schedule(spec())  # 08:01 comes due before the firer's next poll
+    await step(firer, clock, 1)
+    assert "reap" in firer.schedules
+    await step(firer, clock, 58)  # 08:01:58.5, a poll before 08:02
+    await operator.update_schedule("reap", {"cron": "*/3 * * * *"})  # 08:02 is not a slot of it
+    await step(firer, clock, 62)  # 08:03:00.5: 08:03 fired
+    await operator.delete_schedule("reap")
+    await step(firer, clock, 1)
+    assert "reap" not in firer.schedules
+    await step(firer, clock, 180)
+    assert slots(await all_runs(firer, "reap")) == ["08:01", "08:03"]

@@ -1,0 +1,192 @@
+"""Schedules created at run time through every surface: the backend interface (embedded
+and remote, against a real ``schedtui serve``), the HTTP API's statuses, and the
+``schedtui schedules`` verbs in real subprocesses (embedded and remote)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backend import BadInput, Engine, NotFound
+from backend.definitions import discover_definitions
+from backend.interface import Backend, EmbeddedBackend
+from backend.remote import RemoteBackend
+from backend.stored import DefinedInCode, NameTaken
+from tests.servers import Server, start_server
+from tests.test_cli import Cli, create_store, write_tree
+
+OPERATE = "op-secret"
+DEFINITIONS = {
+    "schedules/mail.jobs.py": """
+        from backend import define_queue
+
+        async def send(job):
+            pass
+
+        mail = define_queue(name="mail", handler=send)
+    """,
+    "schedules/hourly.cron.py": """
+        from backend import define_schedule
+
+        async def work(ctx):
+            pass
+
+        hourly = define_schedule(name="hourly", cron="0 * * * *", timezone="UTC", handler=work)
+    """,
+}
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def rt_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("rt")
+    write_tree(root, DEFINITIONS)
+    srv = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{root / 'state.db'}",
+                       "--token", f"alice={OPERATE}")
+    yield srv
+    assert srv.stop() == 0, srv.log_text()
+
+
+@pytest.fixture(params=["embedded", "remote"])
+async def rt_backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    if request.param == "embedded":
+        write_tree(tmp_path, DEFINITIONS)
+        impl: Backend = EmbeddedBackend(Engine(discover_definitions(tmp_path / "schedules"), f"sqlite:///{tmp_path / 'state.db'}"))
+    else:
+        impl = RemoteBackend(request.getfixturevalue("rt_server").url, OPERATE)
+    await impl.connect()
+    yield impl
+    await impl.close()
+
+
+async def test_create_update_delete_through_the_interface(rt_backend: Backend) -> None:
+    name = f"reap-{next(_names)}"
+    view = await rt_backend.create_schedule(
+        {"name": name, "cron": "*/15 * * * *", "timezone": "UTC", "queue": "mail", "payload": {"older_than": "7d"}}
+    )
+    assert (view.source, view.target and view.target.to_json(), view.payload) == (
+        "store", {"kind": "queue", "name": "mail"}, {"older_than": "7d"}
+    )
+    listed = {s.name: s for s in (await rt_backend.list_schedules()).schedules}
+    assert listed[name].source == "store" and listed["hourly"].source == "code"
+    assert listed["hourly"].target is not None and listed["hourly"].target.kind == "handler"
+    with pytest.raises(NameTaken):
+        await rt_backend.create_schedule({"name": name, "cron": "* * * * *", "timezone": "UTC", "queue": "mail"})
+    with pytest.raises(NameTaken):
+        await rt_backend.create_schedule({"name": "hourly", "cron": "* * * * *", "timezone": "UTC", "queue": "mail"})
+    changed = await rt_backend.update_schedule(name, {"cron": "0 3 * * *", "timezone": "Europe/Berlin", "enabled": False})
+    assert (changed.cron, changed.timezone, changed.enabled, changed.next_fire_at) == ("0 3 * * *", "Europe/Berlin", False, None)
+    with pytest.raises(BadInput) as bad:
+        await rt_backend.update_schedule(name, {"cron": "0 25 * * *"})
+    assert bad.value.field == "cron" and "0 25 * * *" in bad.value.message
+    with pytest.raises(BadInput, match="nowhere"):
+        await rt_backend.update_schedule(name, {"queue": "nowhere"})
+    with pytest.raises(DefinedInCode):
+        await rt_backend.update_schedule("hourly", {"cron": "5 * * * *"})
+    with pytest.raises(DefinedInCode):
+        await rt_backend.delete_schedule("hourly")
+    await rt_backend.delete_schedule(name)
+    with pytest.raises(NotFound):
+        await rt_backend.delete_schedule(name)
+    with pytest.raises(NotFound):
+        await rt_backend.update_schedule(name, {"cron": "5 * * * *"})
+    assert name not in {s.name for s in (await rt_backend.list_schedules()).schedules}
+
+
+async def test_the_api_answers_as_documented(rt_server: Server) -> None:
+    auth = {"Authorization": f"Bearer {OPERATE}"}
+    async with httpx.AsyncClient(base_url=rt_server.url, headers=auth) as http:
+        spec = {"name": "api-made", "cron": "*/5 * * * *", "timezone": "UTC", "queue": "mail"}
+        created = await http.post("/inspect/schedules", json=spec)
+        assert created.status_code == 201, created.text
+        assert created.json()["source"] == "store" and created.json()["target"] == {"kind": "queue", "name": "mail"}
+        assert (await http.post("/inspect/schedules", json=spec)).json()["error"]["code"] == "name_taken"
+        bad_cases = [
+            ({**spec, "name": "x1", "cron": "nope"}, "cron"),
+            ({**spec, "name": "x2", "timezone": "Mars/Base"}, "timezone"),
+            ({**spec, "name": "x3", "queue": "ghost"}, "queue"),
+            ({"name": "x4", "cron": "* * * * *", "timezone": "UTC"}, "queue"),
+            ({**spec, "name": "x5", "durable": "flow"}, "durable"),
+            ({**spec, "name": "x6", "backfill": "maybe"}, "backfill"),
+            ({**spec, "name": "x7", "max_runtime": "long"}, "max_runtime"),
+            ({**spec, "name": "x8", "extra": 1}, "extra"),
+            ({**spec, "name": 7}, "name"),
+            ({**spec, "name": "x9", "cron": 5}, "cron"),
+        ]
+        for body, field in bad_cases:
+            answer = await http.post("/inspect/schedules", json=body)
+            assert answer.status_code == 422 and answer.json()["error"]["field"] == field, (body, answer.text)
+        assert (await http.post("/inspect/schedules", content=b"[1]")).status_code == 422
+        patched = await http.patch("/inspect/schedules/api-made", json={"description": "made over HTTP"})
+        assert patched.status_code == 200 and patched.json()["description"] == "made over HTTP"
+        assert (await http.patch("/inspect/schedules/api-made", json={"on_overlap": "x"})).status_code == 422
+        code = await http.patch("/inspect/schedules/hourly", json={"cron": "1 * * * *"})
+        assert code.status_code == 409 and code.json()["error"]["code"] == "defined_in_code"
+        assert (await http.delete("/inspect/schedules/hourly")).json()["error"]["code"] == "defined_in_code"
+        assert (await http.patch("/inspect/schedules/ghost", json={"cron": "1 * * * *"})).status_code == 404
+        assert (await http.delete("/inspect/schedules/api-made")).status_code == 200
+        assert (await http.delete("/inspect/schedules/api-made")).status_code == 404
+        read = await http.post("/inspect/schedules", json=spec, headers={"Authorization": "Bearer wrong"})
+        assert read.status_code == 401
+        entries = (await http.get("/inspect/audit", params={"limit": 10})).json()["entries"]
+        mine = [(e["action"], e["actor"]) for e in entries if e["target"] == "api-made"]
+        assert mine == [("schedule.delete", "alice"), ("schedule.update", "alice"), ("schedule.create", "alice")]
+        update = next(e for e in entries if e["target"] == "api-made" and e["action"] == "schedule.update")
+        assert update["detail"]["before"]["description"] is None
+        assert update["detail"]["after"]["description"] == "made over HTTP"
+        paths = (await http.get("/openapi.json")).json()["paths"]
+        assert "post" in paths["/inspect/schedules"]
+        assert {"patch", "delete"} <= set(paths["/inspect/schedules/{name}"])
+        assert "409" in paths["/inspect/schedules/{name}"]["patch"]["responses"]
+
+
+@pytest.fixture
+def rt_cli(tmp_path: Path) -> Cli:
+    write_tree(tmp_path, DEFINITIONS)
+    create_store(tmp_path / "state.db")
+    return Cli(tmp_path)
+
+
+def test_the_cli_creates_updates_and_deletes_embedded(rt_cli: Cli) -> None:
+    s = ("--schedules", "schedules")
+    made = rt_cli("schedules", "create", "reap", "--cron", "*/15 * * * *", "--timezone", "UTC", "--queue", "mail",
+                  "--payload", '{"older_than": "7d"}', "--description", "old sessions", *s)
+    assert made.returncode == 0 and made.stdout.startswith('schedule "reap" created: */15 * * * * (UTC) -> queue mail'), made
+    bad = rt_cli("schedules", "create", "x", "--cron", "*/15 * * *", "--timezone", "UTC", "--queue", "mail", *s)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "*/15 * * *" in bad.stderr
+    zone = rt_cli("schedules", "create", "x", "--cron", "* * * * *", "--timezone", "Nowhere/Land", "--queue", "mail", *s)
+    assert zone.returncode == 2 and "Nowhere/Land" in zone.stderr
+    unknown = rt_cli("schedules", "create", "x", "--cron", "* * * * *", "--timezone", "UTC", "--durable", "flow", *s)
+    assert unknown.returncode == 2 and '"flow"' in unknown.stderr
+    payload = rt_cli("schedules", "create", "x", "--cron", "* * * * *", "--timezone", "UTC", "--queue", "mail", "--payload", "{", *s)
+    assert payload.returncode == 2 and "--payload" in payload.stderr
+    taken = rt_cli("schedules", "create", "reap", "--cron", "* * * * *", "--timezone", "UTC", "--queue", "mail", *s)
+    assert taken.returncode == 3 and "exists already" in taken.stderr
+    changed = json.loads(rt_cli.ok("schedules", "update", "reap", "--cron", "0 * * * *", "--disabled", "--json", *s).stdout)
+    assert (changed["cron"], changed["enabled"], changed["source"]) == ("0 * * * *", False, "store")
+    code = rt_cli("schedules", "update", "hourly", "--cron", "5 * * * *", *s)
+    assert code.returncode == 3 and "defined in code" in code.stderr
+    listed = rt_cli.schedules()
+    assert listed["reap"]["description"] == "old sessions" and listed["hourly"]["source"] == "code"
+    assert rt_cli.ok("schedules", "delete", "reap", *s).stdout == 'schedule "reap" deleted\n'
+    gone = rt_cli("schedules", "delete", "reap", *s)
+    assert (gone.returncode, gone.stderr) == (2, 'schedtui: no schedule named "reap"\n')
+
+
+def test_the_cli_over_the_remote_api(rt_cli: Cli, rt_server: Server) -> None:
+    remote = ("--url", rt_server.url, "--token", OPERATE)
+    made = rt_cli("schedules", "create", "cli-remote", "--cron", "0 4 * * *", "--timezone", "Europe/Paris",
+                  "--queue", "mail", "--json", *remote, store=False)
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["timezone"] == "Europe/Paris"
+    bad = rt_cli("schedules", "update", "cli-remote", "--on-overlap", "sometimes", *remote, store=False)
+    assert bad.returncode == 2 and "sometimes" in bad.stderr
+    done = rt_cli("schedules", "delete", "cli-remote", *remote, store=False)
+    assert done.returncode == 0, done.stderr
+    again = rt_cli("schedules", "delete", "cli-remote", *remote, store=False)
+    assert again.returncode == 2 and "no schedule named" in again.stderr
