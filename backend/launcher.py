@@ -324,7 +324,7 @@ class Launcher:
             scheduled._started.set_result(scheduled)
         if scheduled._finished is not None and not scheduled._finished.done():
             scheduled._finished.set_result(scheduled.run)
-        if not self.inflight[name] and self.waiting[name] and not self.stopping and name not in self.remote:
+        if not self.inflight[name] and self.waiting.get(name) and not self.stopping and name not in self.remote:
             slot, trigger, outcome, run_id = self.waiting[name].popleft()
             self.launch(scheduled.schedule, slot, trigger, outcome, run_id)
         self.poke()
@@ -417,7 +417,10 @@ class Launcher:
                 await asyncio.wait(running, timeout=grace)
         self.interrupt("the engine stopped while this run was in flight")
         for name, waiting in self.waiting.items():
-            schedule = self.schedules[name]
+            schedule = self.schedules.get(name)
+            if schedule is None:  # deleted at run time: its queued slots were recorded then
+                waiting.clear()
+                continue
             while waiting:
                 slot, trigger, outcome, run_id = waiting.popleft()
                 self.record_missed(

@@ -115,10 +115,14 @@ def compact_delta(delta: timedelta) -> str:
     hours, rem = divmod(rem, 3600)
     minutes, seconds = divmod(rem, 60)
     parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")]
-    shown = [f"{n}{u}" for n, u in parts if n][:2]
     if days >= 365:
         return humanize.naturaldelta(delta)
-    return " ".join(shown) or "0s"
+    first = next((i for i, (n, _) in enumerate(parts) if n), None)
+    if first is None:
+        return "0s"
+    # Two adjacent units, the smaller left out when zero: 10h 0m 46s is "10h", never "10h 46s".
+    shown = [f"{n}{u}" for n, u in parts[first : first + 2] if n]
+    return " ".join(shown)
 
 
 def duration(ms: int | None) -> str:

@@ -57,11 +57,19 @@ def copy_ledger(ledger: Path) -> str:
 
 
 async def settle(pilot: Pilot[Any]) -> None:
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
+    """Until the app has been quiet twice in a row: no worker running, no refresh under
+    way (a loaded machine may start one a moment after the workers were waited for)."""
+    quiet = 0
+    for _ in range(50):
+        await pilot.pause()
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        busy = getattr(pilot.app, "_refreshing", False) or any(
+            worker.state.name in ("PENDING", "RUNNING") for worker in pilot.app.workers
+        )
+        quiet = 0 if busy else quiet + 1
+        if quiet >= 2:
+            return
 
 
 def _keys(*keys: str) -> RunBefore:
