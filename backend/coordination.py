@@ -13,6 +13,7 @@ claim, and claims and records them once the store is back (:meth:`SlotClaims.rec
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -109,6 +110,7 @@ class SlotClaims:
         instance: str,
         new_id: Callable[[], str],
         catch_up_limit: int,
+        poll_interval: timedelta,
     ) -> None:
         self.coordinator = coordinator
         self.store = store
@@ -121,6 +123,8 @@ class SlotClaims:
         self.instance = instance
         self.new_id = new_id
         self.catch_up_limit = catch_up_limit
+        self.poll_interval = poll_interval
+        """How often lost slots waiting for a run on another instance look at the ledger."""
         self.claimed: set[str] = set()
         """Run ids this instance won a claim for whose run is not recorded finished yet."""
         self.lost: dict[str, dict[datetime, str]] = defaultdict(dict)
@@ -199,11 +203,19 @@ class SlotClaims:
 
     async def _send(self, claims: list[Claim], now: datetime, *, in_store: bool = False) -> ClaimResult:
         """Claim (raising :class:`Unavailable`); remember the run ids won as pending."""
-        if in_store:
-            result = await self.store.claim(claims, self.instance, now)
-        else:
-            result = await self.coordinator.claim(claims, self.instance, now)
-        self.claimed.update(claim.run_id for claim in claims if claim.key in result.won)
+        # Pending from before the claim is sent: a placeholder committed while its reply is
+        # still on the way is ours, not a dead instance's run for close_abandoned to close.
+        proposed = [claim.run_id for claim in claims]
+        self.claimed.update(proposed)
+        try:
+            if in_store:
+                result = await self.store.claim(claims, self.instance, now)
+            else:
+                result = await self.coordinator.claim(claims, self.instance, now)
+        except BaseException:
+            self.claimed.difference_update(proposed)  # the callers remember what may be ours
+            raise
+        self.claimed.difference_update(claim.run_id for claim in claims if claim.key not in result.won)
         return result
 
     def _remember_lost(self, schedule: Schedule, slot: datetime, run_id: str) -> None:
@@ -255,7 +267,8 @@ class SlotClaims:
         outcome = self.coordinator.outcome
         for name, mine in won.items():
             schedule = self.schedules[name]
-            policy = schedule.backfill if self.is_enabled(name) else "skip"
+            stopping = self.launcher.stopping  # a stop records them: nothing new fires
+            policy = schedule.backfill if self.is_enabled(name) and not stopping else "skip"
             newest = max(lost[name])
             if policy == "all":
                 to_fire = mine
@@ -264,7 +277,9 @@ class SlotClaims:
             else:
                 to_fire = []
             firing = {slot for slot, _ in to_fire}
-            why = f"not fired: the store was unreachable when it was due (backfill={policy})"
+            why = "not fired: the store was unreachable when it was due " + (
+                "(the engine stopped before it could fire it)" if stopping else f"(backfill={policy})"
+            )
             for slot, run_id in mine:
                 if slot not in firing:
                     self.launcher.record_missed(schedule, slot, "self", outcome, why, run_id)
@@ -281,17 +296,61 @@ class SlotClaims:
             )
 
     async def _fire_in_order(self, schedule: Schedule, slots: list[tuple[datetime, str]], remote: str | None) -> None:
-        """Fire owned slots one after the other (each waits for the previous run to end)."""
+        """Fire owned lost slots oldest first, one at a time. They were due when the store
+        was down, so a run in flight (the live timer's, here or on another instance) does
+        not make ``skip`` skip them: they wait for it. ``queue`` puts them in its queue
+        ahead of the newer slots waiting there (``remote``: a run in flight elsewhere, from
+        the claim, holds the queue); ``parallel`` does not wait."""
+        name = schedule.name
+        launcher = self.launcher
+        outcome = self.coordinator.outcome
         try:
-            outcome = self.coordinator.outcome
-            launcher = self.launcher
-            for slot, run_id in slots:
-                if remote is not None or launcher.inflight[schedule.name]:
-                    launcher.fire(schedule, slot, "self", outcome, run_id, remote=remote)
-                    remote = None
-                    continue
-                await launcher.launch(schedule, slot, "self", outcome, run_id).finished()
+            if schedule.on_overlap == "queue":
+                waiting = launcher.waiting[name]
+                waiting.extendleft((slot, "self", outcome, run_id) for slot, run_id in reversed(slots))
+                if remote is not None:
+                    launcher.remote[name] = remote  # released by release_remote_waits
+                elif not launcher.inflight[name] and name not in launcher.remote and not launcher.stopping:
+                    launcher.launch(schedule, *waiting.popleft())
+                return
+            for index, (slot, run_id) in enumerate(slots):
+                with launcher.missed_on_stop(schedule, slots[index:], outcome):
+                    if schedule.on_overlap == "skip":
+                        await self._until_idle(schedule, slot)
+                run = launcher.launch(schedule, slot, "self", outcome, run_id)
+                with launcher.missed_on_stop(schedule, slots[index + 1 :], outcome):
+                    await asyncio.shield(run.finished())
         finally:
-            self.recovering.discard(schedule.name)
+            self.recovering.discard(name)
             self.loops.poke()
 
+    async def _until_idle(self, schedule: Schedule, slot: datetime) -> None:
+        """Return once no run of the schedule is in flight here, nor on another instance:
+        started there, or claimed there for a slot newer than ``slot`` (about to start; an
+        older one waits for ours in turn, so two instances never wait for each other). The
+        ledger is looked at once, then every poll interval while something is in flight."""
+        name = schedule.name
+        launcher = self.launcher
+        while True:
+            while launcher.inflight[name]:
+                mine = [r.finished() for r in launcher.active.values() if r.schedule is schedule and not r.done]
+                await (asyncio.wait(mine) if mine else asyncio.sleep(0))  # sleep(0): not started yet
+            try:
+                running = await self.store.running_runs()
+            except Unavailable as exc:
+                self.outages.trouble("recover", f"{name}: lost slots wait for the store", exc)
+                running = None
+            if launcher.inflight[name]:
+                continue  # started here meanwhile
+            if running is not None and not any(
+                r.name == name and r.instance != self.instance and (r.fired_at is not None or r.scheduled_at > slot)
+                for r in running
+            ):
+                return
+            loop = f"recover {name}"
+            self.recovering.discard(name)  # parked on the clock: idle for quiesce()
+            try:
+                await self.loops.park(loop, self.clock.now() + self.poll_interval)
+            finally:
+                self.loops.forget(loop)
+                self.recovering.add(name)

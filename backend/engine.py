@@ -149,6 +149,7 @@ class Engine:
             instance=self.instance,
             new_id=self.new_id,
             catch_up_limit=catch_up_limit,
+            poll_interval=self.state_poll_interval,
         )
         self.ledger.on_finished = self._finished
         self.timers = Timers(
@@ -340,6 +341,7 @@ class Engine:
         grace = self.shutdown_grace if grace is None else grace
         await self.loops.cancel_all()
         await asyncio.gather(self.launcher.stop(grace), *(subsystem.stop(grace) for subsystem in self.subsystems))
+        await self.claims.recover_lost()  # lost slots not claimed yet: recorded, a next start would not look
         self.ledger.handoff()
         try:
             await self.store.flush()
@@ -536,6 +538,7 @@ class Engine:
             await self.registry.close_abandoned()
         await self.registry.prune(now)
         await self.claims.recover_lost()
+        await self.backfills.maintain()
         await self.launcher.release_remote_waits()
         for subsystem in self.subsystems:
             await subsystem.maintain(now)

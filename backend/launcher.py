@@ -12,9 +12,10 @@ outcome closes the run exactly once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -349,6 +350,21 @@ class Launcher:
                 error_message=why,
             )
         )
+
+    @contextlib.contextmanager
+    def missed_on_stop(
+        self, schedule: Schedule, slots: Sequence[tuple[datetime, str | None]], outcome: Outcome
+    ) -> Iterator[None]:
+        """Slots a task fires in order (a catch-up, lost slots), not started yet: if stop()
+        cancels the task, record them ``missed`` as it does the queued ones, so none is
+        left without a row, nor with its claim's placeholder row ``running``."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            for slot, run_id in slots:
+                why = "the engine stopped before this catch-up firing started"
+                self.record_missed(schedule, slot, "self", outcome, why, run_id)
+            raise
 
     # -- queues waiting on another instance ----------------------------------------------------
     async def release_remote_waits(self) -> None:
