@@ -453,6 +453,7 @@ class Engine:
         else:
             log.info("schedule %s disabled by %s", state.name, state.changed_by)
             self.timers.disarm(state.name)
+            self.catch_up.disabled(state.name, state.changed_at)
 
     async def list_schedules(self) -> list[ScheduleView]:
         """Every schedule with its state, next slot, newest self/external run and newest

@@ -161,6 +161,9 @@ class Timers:
             if due:
                 await self._fire_due(due, now)
             for schedule, slot in behind:
+                armed = self.wheel.armed(schedule.name)
+                if armed is None or armed[0] != slot:
+                    continue  # disabled (or re-armed) while the due slots above were claimed
                 self.wheel.disarm(schedule.name)
                 missed = [slot, *islice(schedule.cron.occurrences(slot, now), self.catch_up_limit)]
                 self.on_behind(schedule, missed[-self.catch_up_limit :])
