@@ -24,6 +24,7 @@ from .coordination import SlotClaims
 from .errors import Unavailable
 from .launcher import Launcher
 from .loops import Loops
+from .model import Trigger
 from .outages import OutageLog
 from .schedules import Schedule
 from .states import ScheduleStates
@@ -75,6 +76,7 @@ class CatchUp:
         self.holds: dict[str, list[_Hold]] = defaultdict(list)
         """The catch-ups in progress that fire slots, per schedule."""
         timers.on_behind = self.behind
+        timers.on_disarm = self.disabled
 
     def at_boot(self, schedule: Schedule, now: datetime) -> None:
         """Catch the schedule up from where the ledger left off, then arm it."""
@@ -125,9 +127,11 @@ class CatchUp:
                 self.loops.forget(loop)
                 self.busy.add(name)
 
-    def disabled(self, name: str, at: datetime) -> None:
+    def disabled(self, name: str) -> None:
         """The schedule was disabled: every catch-up holding it answers for the slots due
-        until ``at`` only (a re-enable arms its timer, which handles the later ones)."""
+        until then only (a re-enable arms its timer, which handles the later ones)."""
+        state = self.states.get(name)
+        at = state.changed_at if state is not None and not state.enabled else self.clock.now()
         for hold in self.holds.get(name, ()):
             if hold.disabled_at is None:
                 hold.disabled_at = at
@@ -182,12 +186,17 @@ class CatchUp:
                 why = f"missed while the engine was not running (backfill={policy})"
             for slot in to_record:
                 launcher.record_missed(schedule, slot, "self", outcome, why, ids.get(slot))
-            for index, slot in enumerate(to_fire):
+            if schedule.on_overlap == "queue":
+                # Into the queue, in slot order among the slots waiting there (the timer's
+                # may join while these run); it runs them one at a time.
+                trigger: Trigger = "self"
+                entries = [(slot, trigger, outcome, ids.get(slot) or launcher.new_id()) for slot in to_fire]
+                launcher.enqueue(schedule, entries, remote)
+            for index, slot in enumerate(to_fire if schedule.on_overlap != "queue" else []):
                 # A run in flight here or on another instance (an engine behind usually has
-                # one), or slots queued before ours: the overlap policy decides, as for any
-                # timer firing. Otherwise each slot runs once the one before it has ended.
-                queued = schedule.on_overlap == "queue" and launcher.waiting[name]
-                if (remote is not None or launcher.inflight[name] or queued) and schedule.on_overlap != "parallel":
+                # one): the overlap policy decides, as for any timer firing. Otherwise each
+                # slot runs once the one before it has ended.
+                if (remote is not None or launcher.inflight[name]) and schedule.on_overlap == "skip":
                     launcher.fire(schedule, slot, "self", outcome, ids.get(slot) or launcher.new_id(), remote=remote)
                     continue
                 run = launcher.launch(schedule, slot, "self", outcome, ids.get(slot))

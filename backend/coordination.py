@@ -110,7 +110,6 @@ class SlotClaims:
         instance: str,
         new_id: Callable[[], str],
         catch_up_limit: int,
-        poll_interval: timedelta,
     ) -> None:
         self.coordinator = coordinator
         self.store = store
@@ -123,8 +122,9 @@ class SlotClaims:
         self.instance = instance
         self.new_id = new_id
         self.catch_up_limit = catch_up_limit
-        self.poll_interval = poll_interval
-        """How often lost slots waiting for a run on another instance look at the ledger."""
+        self._recheck = asyncio.Event()
+        """Set by each housekeeping round: lost slots waiting for a run on another instance
+        look at the ledger again."""
         self.claimed: set[str] = set()
         """Run ids this instance won a claim for whose run is not recorded finished yet."""
         self.lost: dict[str, dict[datetime, str]] = defaultdict(dict)
@@ -232,7 +232,9 @@ class SlotClaims:
         Every instance that lost a slot tries to claim it now; one wins it (or nobody, if
         another instance fired it in time), and the winner applies the schedule's backfill
         policy to the lost slots it won: ``skip`` records them ``missed``, ``latest`` fires
-        the newest lost slot and records the others, ``all`` fires them in order."""
+        the newest lost slot and records the others, ``all`` fires them in order (see
+        :meth:`_fire_in_order`). Called by every housekeeping round."""
+        self._recheck.set()
         if not self.lost:
             return
         lost, self.lost = self.lost, defaultdict(dict)
@@ -298,20 +300,15 @@ class SlotClaims:
     async def _fire_in_order(self, schedule: Schedule, slots: list[tuple[datetime, str]], remote: str | None) -> None:
         """Fire owned lost slots oldest first, one at a time. They were due when the store
         was down, so a run in flight (the live timer's, here or on another instance) does
-        not make ``skip`` skip them: they wait for it. ``queue`` puts them in its queue
-        ahead of the newer slots waiting there (``remote``: a run in flight elsewhere, from
-        the claim, holds the queue); ``parallel`` does not wait."""
+        not make ``skip`` skip them: they wait for it. ``queue`` puts them in its queue, in
+        slot order, so ahead of the newer slots waiting there (``remote``: a run in flight
+        elsewhere, from the claim, holds the queue); ``parallel`` does not wait."""
         name = schedule.name
         launcher = self.launcher
         outcome = self.coordinator.outcome
         try:
             if schedule.on_overlap == "queue":
-                waiting = launcher.waiting[name]
-                waiting.extendleft((slot, "self", outcome, run_id) for slot, run_id in reversed(slots))
-                if remote is not None:
-                    launcher.remote[name] = remote  # released by release_remote_waits
-                elif not launcher.inflight[name] and name not in launcher.remote and not launcher.stopping:
-                    launcher.launch(schedule, *waiting.popleft())
+                launcher.enqueue(schedule, [(slot, "self", outcome, run_id) for slot, run_id in slots], remote)
                 return
             for index, (slot, run_id) in enumerate(slots):
                 with launcher.missed_on_stop(schedule, slots[index:], outcome):
@@ -328,7 +325,8 @@ class SlotClaims:
         """Return once no run of the schedule is in flight here, nor on another instance:
         started there, or claimed there for a slot newer than ``slot`` (about to start; an
         older one waits for ours in turn, so two instances never wait for each other). The
-        ledger is looked at once, then every poll interval while something is in flight."""
+        ledger is looked at once, then at each housekeeping round while something is in
+        flight."""
         name = schedule.name
         launcher = self.launcher
         while True:
@@ -350,7 +348,7 @@ class SlotClaims:
             loop = f"recover {name}"
             self.recovering.discard(name)  # parked on the clock: idle for quiesce()
             try:
-                await self.loops.park(loop, self.clock.now() + self.poll_interval)
+                await self.loops.park(loop, None, self._recheck)
             finally:
                 self.loops.forget(loop)
                 self.recovering.add(name)

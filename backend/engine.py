@@ -149,7 +149,6 @@ class Engine:
             instance=self.instance,
             new_id=self.new_id,
             catch_up_limit=catch_up_limit,
-            poll_interval=self.state_poll_interval,
         )
         self.ledger.on_finished = self._finished
         self.timers = Timers(
@@ -453,7 +452,6 @@ class Engine:
         else:
             log.info("schedule %s disabled by %s", state.name, state.changed_by)
             self.timers.disarm(state.name)
-            self.catch_up.disabled(state.name, state.changed_at)
 
     async def list_schedules(self) -> list[ScheduleView]:
         """Every schedule with its state, next slot, newest self/external run and newest

@@ -198,6 +198,21 @@ class Launcher:
         self.launch(schedule, slot, trigger, outcome, run_id)
         return None
 
+    def enqueue(self, schedule: Schedule, entries: list[_Queued], remote: str | None = None) -> None:
+        """Queue slots of a ``queue`` schedule (a catch-up's, lost ones) among those waiting,
+        in slot order, and start the first if nothing holds the queue. ``remote``: a run in
+        flight on another instance (from the claim) holds it, as in :meth:`fire`."""
+        name = schedule.name
+        waiting = self.waiting[name]
+        merged = sorted([*waiting, *entries], key=lambda entry: entry[0])
+        waiting.clear()
+        waiting.extend(merged)
+        if remote is not None:
+            self.remote[name] = remote  # released by release_remote_waits
+        elif waiting and not self.inflight[name] and name not in self.remote and not self.stopping:
+            slot, trigger, outcome, run_id = waiting.popleft()
+            self.launch(schedule, slot, trigger, outcome, run_id)
+
     def launch(
         self,
         schedule: Schedule,

@@ -191,7 +191,11 @@ async def test_a_fleet_fires_each_slot_once_after_disable_and_enable_within_an_i
         return handler
 
     a, b = (
-        make_engine([schedule(handler=handler_for(n), on_overlap="parallel")], instance=n, coordination="advisoryLock")
+        # The clock jumps a minute at a time: a long abandon window, or one instance may
+        # take the other for gone and close its run in flight.
+        make_engine(
+            [schedule(handler=handler_for(n), on_overlap="parallel")], instance=n, coordination="advisoryLock", abandon_after=3600
+        )
         for n in "ab"
     )
     await a.start()

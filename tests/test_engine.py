@@ -583,6 +583,34 @@ async def test_a_catch_up_started_by_a_re_enabled_timer_leaves_the_first_ones_sl
     ]
 
 
+@pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
+async def test_a_queue_catch_up_keeps_slot_order_with_the_timers_slots(
+    make_engine, clock: ManualClock, coordination: str
+) -> None:
+    """Found by the state machine (2,000 examples): a catch-up of a ``queue`` schedule ran
+    its slots one by one; a timer slot queued meanwhile (the schedule paused and armed
+    again) started as soon as the catch-up's run ended, ahead of the catch-up's older
+    slots. The catch-up's slots now join the queue in slot order."""
+    gate = Gate()
+    clock.set("2026-03-02T08:00:30Z")
+    engine = make_engine([schedule(handler=gate, on_overlap="queue", backfill="all")], coordination=coordination)
+    await _seed_last_run(engine, "job", at("2026-03-02T07:57:00Z"))
+    await engine.start()
+    await gate.entered.wait()  # 07:58 runs; 07:59 and 08:00 wait their turn
+    await engine.set_enabled("job", False)
+    await engine.set_enabled("job", True)  # armed again, for 08:01
+    clock.set("2026-03-02T08:01:00Z")  # 08:01 queues
+    await engine.quiesce(runs=False)
+    gate.release.set()
+    await engine.quiesce()
+    assert [slot.strftime("%H:%M") for slot in gate.started] == ["07:58", "07:59", "08:00", "08:01"]
+    assert gate.most == 1
+    runs = sorted(await all_runs(engine, "job"), key=lambda r: r.scheduled_at)
+    assert [(r.scheduled_at.strftime("%H:%M"), r.status) for r in runs][1:] == [
+        (m, "succeeded") for m in ("07:58", "07:59", "08:00", "08:01")
+    ]
+
+
 async def test_catch_ups_overlapping_after_pauses_never_fire_a_slot_twice(make_engine, clock: ManualClock) -> None:
     """Found by the state machine: paused during a catch-up, a schedule is armed again and
     may start another catch-up while the first still runs. One that ended while a newer
