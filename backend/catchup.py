@@ -7,6 +7,13 @@ behind has missed the older ones. Either way the schedule's ``backfill`` policy 
 order. At most ``catch_up_limit`` slots are considered, and a schedule's catch-up finishes
 before its timer is armed again. Missed slots are claimed like live ones, so N instances
 starting together catch each slot up (or record it) once.
+
+The slots it fires keep the overlap policy: under ``skip`` a slot meets a run in flight
+(here or elsewhere) as a timer slot would; ``queue`` slots join the queue in slot order;
+otherwise each runs once the one before it has ended. Contract: every slot a catch-up
+holds gets a row, including those due while it held the timer if the schedule is disabled
+before it ends (recorded ``missed``), and a stop records the ones not started yet; only a
+catch-up never disabled meanwhile re-arms the timer, so none fires a slot twice.
 """
 
 from __future__ import annotations
@@ -190,7 +197,7 @@ class CatchUp:
                 # Into the queue, in slot order among the slots waiting there (the timer's
                 # may join while these run); it runs them one at a time.
                 trigger: Trigger = "self"
-                entries = [(slot, trigger, outcome, ids.get(slot) or launcher.new_id()) for slot in to_fire]
+                entries = [(slot, trigger, outcome, ids.get(slot)) for slot in to_fire]
                 launcher.enqueue(schedule, entries, remote)
             for index, slot in enumerate(to_fire if schedule.on_overlap != "queue" else []):
                 # A run in flight here or on another instance (an engine behind usually has

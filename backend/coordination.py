@@ -8,7 +8,11 @@ instance win each slot through a claims table in PostgreSQL.
 
 :class:`SlotClaims` is the engine's side of it: it claims batches of due slots, fails
 closed when the store cannot be written (nothing fires), remembers the slots it could not
-claim, and claims and records them once the store is back (:meth:`SlotClaims.recover_lost`).
+claim, and claims and records them once the store is back (:meth:`SlotClaims.recover_lost`)
+or, at the latest, when the engine stops. Lost slots that the backfill policy fires run
+oldest first, one at a time, each once no run of the schedule is in flight anywhere
+(``skip`` does not skip them behind the live timer's run); ``queue`` takes them in slot
+order.
 """
 
 from __future__ import annotations
@@ -352,3 +356,4 @@ class SlotClaims:
             finally:
                 self.loops.forget(loop)
                 self.recovering.add(name)
+                self.loops.poke()  # woken (not idle) to wait for a run: idle again for quiesce()

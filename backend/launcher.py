@@ -31,7 +31,8 @@ __all__ = ["Launcher", "ScheduleRun"]
 
 log = logging.getLogger("schedtui.engine")
 
-_Queued = tuple[datetime, Trigger, Outcome, str]  # slot, trigger, outcome, run id
+# slot, trigger, outcome, run id (None: a new run, its row written before it starts)
+_Queued = tuple[datetime, Trigger, Outcome, str | None]
 
 #: How long a run waits for its ``running`` row to be committed before its handler starts
 #: anyway (a store that is this slow is failing: its rows wait in the writer meanwhile).

@@ -443,6 +443,49 @@ async def test_lost_slots_wait_for_a_run_in_flight_on_another_instance(
     ]
 
 
+async def test_lost_slots_waiting_on_another_instance_and_then_on_a_run_here_leave_the_engine_idle(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    """Found by the state machine (2,000 examples): lost slots parked until the next
+    housekeeping round (a run in flight on another instance), woken by it, then waiting for
+    a run started here meanwhile (a Run now) left quiesce() waiting for a poke that never
+    came: the engine looked busy for good."""
+    gate = Gate()
+    started: list[tuple[int, str, str]] = []
+
+    def handler_for(instance: str) -> Any:
+        async def handler(ctx: RunContext) -> None:
+            started.append((ctx.scheduled_at.minute, ctx.trigger, instance))
+            await gate(ctx)
+
+        return handler
+
+    stores = [Outage(open_store(store_url)) for _ in range(2)]
+    a, b = (
+        make_engine([schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
+        for n, s in zip("ab", stores)
+    )
+    a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])  # type: ignore[arg-type]
+    await a.start()
+    await b.start()
+    await settle(clock, a, b)
+    await outage_until_just_before(clock, at("2026-03-02T08:04:00Z"), stores, a, b)
+    a.coordinator.losing = True  # type: ignore[attr-defined]
+    clock.advance(0.5)  # 08:04: b wins it and runs it
+    await gate.entered.wait()
+    a.coordinator.losing, b.coordinator.losing = False, True  # type: ignore[attr-defined]
+    clock.advance(0.5)  # a wins the lost slots; b's 08:04 is in flight: a parks until the next round
+    await settle(clock, a, b, runs=False)
+    await a.run_now("job")  # a run of the schedule here, in flight (it holds on the gate)
+    clock.advance(1)  # the next round wakes the lost slots, which now wait for the Run now
+    await asyncio.wait_for(a.quiesce(runs=False), 10)  # the timeout only bounds the failure
+    gate.release.set()
+    await settle(clock, a, b)
+    clock.advance(1)
+    await settle(clock, a, b)
+    assert [(minute, trigger) for minute, trigger, _ in started] == [(4, "self"), (4, "manual"), (3, "self")]
+
+
 class HeldClaims(ClaimCoordinator):
     """advisoryLock, except that once ``hold`` is set the next claim won is committed and
     then its reply waits for ``release`` (the slot is visibly taken, its run not started
