@@ -83,19 +83,20 @@ class CatchUp:
         self.holds: dict[str, list[_Hold]] = defaultdict(list)
         """The catch-ups in progress that fire slots, per schedule."""
         timers.on_behind = self.behind
-        timers.on_disarm = self.disabled
+        timers.on_disabled = self.disabled
 
-    def at_boot(self, schedule: Schedule, now: datetime) -> None:
-        """Catch the schedule up from where the ledger left off, then arm it."""
+    def at_boot(self, schedule: Schedule, now: datetime, *, reason: str | None = None) -> None:
+        """Catch the schedule up from where the ledger left off, then arm it. ``reason``
+        says why slots were missed (default: the engine was not running)."""
         self.busy.add(schedule.name)
-        self.loops.spawn(self._boot(schedule, now), f"catch-up {schedule.name}")
+        self.loops.spawn(self._boot(schedule, now, reason), f"catch-up {schedule.name}")
 
     def behind(self, schedule: Schedule, slots: list[datetime]) -> None:
         """A running engine found the schedule behind: ``slots`` were due, the last is current."""
         self.busy.add(schedule.name)
         self.loops.spawn(self._catch_up(schedule, slots, live=True), f"catch-up {schedule.name}")
 
-    async def _boot(self, schedule: Schedule, now: datetime) -> None:
+    async def _boot(self, schedule: Schedule, now: datetime, reason: str | None = None) -> None:
         try:
             since = await self._where_it_left_off(schedule)
             state = self.states.get(schedule.name)
@@ -115,7 +116,7 @@ class CatchUp:
             self.busy.discard(schedule.name)
             self.timers.arm(schedule, now)
             return
-        await self._catch_up(schedule, missed)
+        await self._catch_up(schedule, missed, reason=reason)
 
     async def _where_it_left_off(self, schedule: Schedule) -> datetime | None:
         """The schedule's newest recorded slot; while the store is unreachable, wait for it
@@ -144,7 +145,13 @@ class CatchUp:
                 hold.disabled_at = at
 
     async def _catch_up(
-        self, schedule: Schedule, slots: list[datetime], *, live: bool = False, fire: bool = True
+        self,
+        schedule: Schedule,
+        slots: list[datetime],
+        *,
+        live: bool = False,
+        fire: bool = True,
+        reason: str | None = None,
     ) -> None:
         """Apply the schedule's backfill policy to ``slots`` (ascending, all due), then arm.
 
@@ -190,7 +197,7 @@ class CatchUp:
             elif live:
                 why = f"missed while the engine was behind (backfill={policy})"
             else:
-                why = f"missed while the engine was not running (backfill={policy})"
+                why = f"missed {reason or 'while the engine was not running'} (backfill={policy})"
             for slot in to_record:
                 launcher.record_missed(schedule, slot, "self", outcome, why, ids.get(slot))
             if schedule.on_overlap == "queue":

@@ -451,7 +451,7 @@ class Engine:
             self.timers.arm(schedule, self.clock.now())
         else:
             log.info("schedule %s disabled by %s", state.name, state.changed_by)
-            self.timers.disarm(state.name)
+            self.timers.disabled(state.name)
 
     async def list_schedules(self) -> list[ScheduleView]:
         """Every schedule with its state, next slot, newest self/external run and newest

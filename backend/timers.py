@@ -120,8 +120,8 @@ class Timers:
         self.on_behind: Callable[[Schedule, list[datetime]], None] = lambda schedule, slots: None
         """Called with a schedule found more than one slot behind and its missed slots
         (ascending, the current one last); it takes over re-arming it."""
-        self.on_disarm: Callable[[str], None] = lambda name: None
-        """Called with a schedule just disarmed by :meth:`disarm` (disabled)."""
+        self.on_disabled: Callable[[str], None] = lambda name: None
+        """Called with a schedule just disabled (see :meth:`disabled`)."""
 
     def start(self) -> None:
         self._wake = asyncio.Event()
@@ -139,9 +139,12 @@ class Timers:
             self._wake.set()
 
     def disarm(self, name: str) -> None:
-        """The schedule was disabled: take it off its armed slot."""
         self.wheel.disarm(name)
-        self.on_disarm(name)
+
+    def disabled(self, name: str) -> None:
+        """The schedule was disabled: disarm it, and tell ``on_disabled``."""
+        self.wheel.disarm(name)
+        self.on_disabled(name)
 
     def next_slot(self, name: str) -> datetime | None:
         armed = self.wheel.armed(name)
