@@ -99,6 +99,9 @@ class _Job:
     task: asyncio.Task[None] | None = None
     cancelled: bool = False
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    unsaved: bool = False
+    """Its end is not in the store yet (it was unreachable): until then the store says
+    ``running``, which refuses other backfills of the schedule."""
 
 
 class Backfills:
@@ -192,7 +195,10 @@ class Backfills:
                     fired=job.progress.fired + 1,
                     failed=job.progress.failed + (run.status == "failed"),
                 )
-                await self.store.update_backfill(job.progress)
+                # Progress is kept here and read from here; a store that cannot take it now
+                # gets it with the next update. The backfill goes on either way.
+                with contextlib.suppress(Unavailable):
+                    await self.store.update_backfill(job.progress)
             job.progress = dataclasses.replace(job.progress, state="done", finished_at=self.clock.now(), current=None)
         except asyncio.CancelledError:
             state: Literal["cancelled", "abandoned"] = "cancelled" if job.cancelled else "abandoned"
@@ -200,8 +206,10 @@ class Backfills:
             if not job.cancelled:
                 raise
         finally:
-            with contextlib.suppress(Unavailable):
+            try:
                 await self.store.update_backfill(job.progress)
+            except Unavailable:
+                job.unsaved = True  # written by maintain() once the store is back
             job.finished.set()
             log.info(
                 "backfill %s of %s %s: %d fired, %d failed, %d remaining",
@@ -212,6 +220,13 @@ class Backfills:
                 job.progress.failed,
                 job.progress.remaining,
             )
+
+    async def maintain(self) -> None:
+        """Write the ends of backfills the store could not take when they ended."""
+        for job in self.jobs.values():
+            if job.unsaved:
+                await self.store.update_backfill(job.progress)
+                job.unsaved = False
 
     async def succeeded_slots(self, schedule: Schedule, slots: list[datetime]) -> set[datetime]:
         """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""

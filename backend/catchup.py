@@ -7,18 +7,31 @@ behind has missed the older ones. Either way the schedule's ``backfill`` policy 
 order. At most ``catch_up_limit`` slots are considered, and a schedule's catch-up finishes
 before its timer is armed again. Missed slots are claimed like live ones, so N instances
 starting together catch each slot up (or record it) once.
+
+The slots it fires keep the overlap policy: under ``skip`` a slot meets a run in flight
+(here or elsewhere) as a timer slot would; ``queue`` slots join the queue in slot order;
+otherwise each runs once the one before it has ended. Contract: every slot a catch-up
+holds gets a row, including those due while it held the timer if the schedule is disabled
+before it ends (recorded ``missed``), and a stop records the ones not started yet; only a
+catch-up never disabled meanwhile re-arms the timer, so none fires a slot twice.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import islice
 
 from .clock import Clock
 from .coordination import SlotClaims
 from .errors import Unavailable
 from .launcher import Launcher
 from .loops import Loops
+from .model import Trigger
 from .outages import OutageLog
 from .schedules import Schedule
 from .states import ScheduleStates
@@ -28,6 +41,15 @@ from .timers import Timers
 __all__ = ["CatchUp"]
 
 log = logging.getLogger("schedtui.engine")
+
+
+@dataclass(eq=False)
+class _Hold:
+    """A catch-up keeping its schedule unarmed until it ends."""
+
+    disabled_at: datetime | None = None
+    """When the schedule was first disabled meanwhile: the catch-up holds the slots due
+    until then (a re-enable arms the timer, which handles the later ones)."""
 
 
 class CatchUp:
@@ -58,7 +80,10 @@ class CatchUp:
         self.catch_up_limit = catch_up_limit
         self.poll_interval = poll_interval
         self.busy: set[str] = set()
+        self.holds: dict[str, list[_Hold]] = defaultdict(list)
+        """The catch-ups in progress that fire slots, per schedule."""
         timers.on_behind = self.behind
+        timers.on_disabled = self.disabled
 
     def at_boot(self, schedule: Schedule, now: datetime, *, reason: str | None = None) -> None:
         """Catch the schedule up from where the ledger left off, then arm it. ``reason``
@@ -110,28 +135,52 @@ class CatchUp:
                 self.loops.forget(loop)
                 self.busy.add(name)
 
+    def disabled(self, name: str) -> None:
+        """The schedule was disabled: every catch-up holding it answers for the slots due
+        until then only (a re-enable arms its timer, which handles the later ones)."""
+        state = self.states.get(name)
+        at = state.changed_at if state is not None and not state.enabled else self.clock.now()
+        for hold in self.holds.get(name, ()):
+            if hold.disabled_at is None:
+                hold.disabled_at = at
+
     async def _catch_up(
-        self, schedule: Schedule, slots: list[datetime], *, live: bool = False, reason: str | None = None
+        self,
+        schedule: Schedule,
+        slots: list[datetime],
+        *,
+        live: bool = False,
+        fire: bool = True,
+        reason: str | None = None,
     ) -> None:
         """Apply the schedule's backfill policy to ``slots`` (ascending, all due), then arm.
 
         At boot every slot is in the past: ``skip`` records them all ``missed``, ``latest``
         fires the newest, ``all`` fires each in order. When a live engine finds itself
         behind (``live``), the newest slot is simply the current one and always fires; the
-        policy decides about the older ones."""
+        policy decides about the older ones. Without ``fire``, all are recorded ``missed``.
+        A slot fired while a run of the schedule is in flight (here or elsewhere) goes
+        through the overlap policy, as any timer firing."""
         launcher = self.launcher
+        name = schedule.name
+        # While it runs the schedule is not armed. A disable ends that (a re-enable arms
+        # the timer, which may even start another catch-up meanwhile): this one then only
+        # answers for the slots due until the disable.
+        hold = _Hold() if fire else None
+        if hold is not None:
+            self.holds[name].append(hold)
         try:
             if len(slots) >= self.catch_up_limit:
                 log.warning(
                     "%s missed more slots than the catch-up walk considers; only the newest %d are handled",
-                    schedule.name,
+                    name,
                     len(slots),
                 )
             outcome = self.claims.coordinator.outcome
-            policy = schedule.backfill
+            policy = schedule.backfill if fire else "skip"
             if policy == "all":
                 to_fire, to_record = slots, []
-            elif policy == "latest" or live:
+            elif policy == "latest" or (live and fire):
                 to_fire, to_record = slots[-1:], slots[:-1]
             else:
                 to_fire, to_record = [], slots
@@ -140,39 +189,68 @@ class CatchUp:
             if self.claims.coordinator.needs_claims:
                 owned, busy = await self.claims.claim([(schedule, slot) for slot in slots], self.clock.now())
                 ids = {slot: run_id for _, slot, run_id in owned}
-                remote = busy.get(schedule.name)
+                remote = busy.get(name)
                 to_fire = [s for s in to_fire if s in ids]
                 to_record = [s for s in to_record if s in ids]
-            why = (
-                f"missed while the engine was behind (backfill={policy})"
-                if live
-                else f"missed {reason or 'while the engine was not running'} (backfill={policy})"
-            )
+            if not fire:
+                why = "due while a catch-up held the schedule's timer, and disabled before it ended"
+            elif live:
+                why = f"missed while the engine was behind (backfill={policy})"
+            else:
+                why = f"missed {reason or 'while the engine was not running'} (backfill={policy})"
             for slot in to_record:
                 launcher.record_missed(schedule, slot, "self", outcome, why, ids.get(slot))
-            for slot in to_fire:
-                if remote is not None:  # in flight on another instance: the overlap policy decides
-                    launcher.fire(schedule, slot, "self", outcome, ids[slot], remote=remote)
+            if schedule.on_overlap == "queue":
+                # Into the queue, in slot order among the slots waiting there (the timer's
+                # may join while these run); it runs them one at a time.
+                trigger: Trigger = "self"
+                entries = [(slot, trigger, outcome, ids.get(slot)) for slot in to_fire]
+                launcher.enqueue(schedule, entries, remote)
+            for index, slot in enumerate(to_fire if schedule.on_overlap != "queue" else []):
+                # A run in flight here or on another instance (an engine behind usually has
+                # one): the overlap policy decides, as for any timer firing. Otherwise each
+                # slot runs once the one before it has ended.
+                if (remote is not None or launcher.inflight[name]) and schedule.on_overlap == "skip":
+                    launcher.fire(schedule, slot, "self", outcome, ids.get(slot) or launcher.new_id(), remote=remote)
                     continue
-                await launcher.launch(schedule, slot, "self", outcome, ids.get(slot)).finished()
+                run = launcher.launch(schedule, slot, "self", outcome, ids.get(slot))
+                with launcher.missed_on_stop(schedule, [(s, ids.get(s)) for s in to_fire[index + 1 :]], outcome):
+                    await asyncio.shield(run.finished())
             log.info(
                 "%s caught up: %d slot(s) recorded missed, %d fired (backfill=%s)",
-                schedule.name,
+                name,
                 len(to_record),
                 len(to_fire),
                 policy,
             )
         finally:
-            self.busy.discard(schedule.name)
-            # The definition now (a stored schedule may have been changed or deleted meanwhile).
-            current = self.timers.schedules.get(schedule.name)
-            if (
-                current is not None
-                and not launcher.stopping
-                and self.states.is_enabled(schedule.name)
-                and schedule.name not in self.timers.wheel
-            ):
-                # From the last slot handled: slots that passed during a long catch-up are
-                # then late (one) or behind (several), and handled by the same rules.
-                self.timers.arm(current, slots[-1] if slots else self.clock.now())
+            self.busy.discard(name)
+            if hold is not None:
+                self.holds[name].remove(hold)
+                await self._after(schedule, slots, hold)
             self.loops.poke()
+
+    async def _after(self, schedule: Schedule, slots: list[datetime], hold: _Hold) -> None:
+        """A firing catch-up ended (or was cancelled by a stop)."""
+        name = schedule.name
+        if hold.disabled_at is not None and slots:
+            # Disabled meanwhile: the slots that came due before that, while this catch-up
+            # held the timer, still get their (missed) rows, claimed as usual; when
+            # stopping, now (a next start would not look for them).
+            until = min(hold.disabled_at, self.clock.now())
+            held = list(islice(schedule.cron.occurrences(slots[-1], until), self.catch_up_limit))
+            if held and self.launcher.stopping:
+                with contextlib.suppress(Unavailable):
+                    await self._catch_up(schedule, held, live=True, fire=False)
+            elif held:
+                self.busy.add(name)
+                self.loops.spawn(self._catch_up(schedule, held, live=True, fire=False), f"catch-up {name}")
+        elif name not in self.timers.wheel and self.states.is_enabled(name) and not self.launcher.stopping:
+            # Never disabled meanwhile, so the only catch-up holding the schedule: re-arm it
+            # from the last slot handled. Slots that passed during a long catch-up are then
+            # late (one) or behind (several), and handled by the same rules (after a stop,
+            # by the next start's catch-up). The definition now: a stored schedule may have
+            # been changed or deleted meanwhile.
+            current = self.timers.schedules.get(name)
+            if current is not None:
+                self.timers.arm(current, slots[-1] if slots else self.clock.now())

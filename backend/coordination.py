@@ -8,11 +8,16 @@ instance win each slot through a claims table in PostgreSQL.
 
 :class:`SlotClaims` is the engine's side of it: it claims batches of due slots, fails
 closed when the store cannot be written (nothing fires), remembers the slots it could not
-claim, and claims and records them once the store is back (:meth:`SlotClaims.recover_lost`).
+claim, and claims and records them once the store is back (:meth:`SlotClaims.recover_lost`)
+or, at the latest, when the engine stops. Lost slots that the backfill policy fires run
+oldest first, one at a time, each once no run of the schedule is in flight anywhere
+(``skip`` does not skip them behind the live timer's run); ``queue`` takes them in slot
+order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -121,6 +126,9 @@ class SlotClaims:
         self.instance = instance
         self.new_id = new_id
         self.catch_up_limit = catch_up_limit
+        self._recheck = asyncio.Event()
+        """Set by each housekeeping round: lost slots waiting for a run on another instance
+        look at the ledger again."""
         self.claimed: set[str] = set()
         """Run ids this instance won a claim for whose run is not recorded finished yet."""
         self.lost: dict[str, dict[datetime, str]] = defaultdict(dict)
@@ -199,11 +207,19 @@ class SlotClaims:
 
     async def _send(self, claims: list[Claim], now: datetime, *, in_store: bool = False) -> ClaimResult:
         """Claim (raising :class:`Unavailable`); remember the run ids won as pending."""
-        if in_store:
-            result = await self.store.claim(claims, self.instance, now)
-        else:
-            result = await self.coordinator.claim(claims, self.instance, now)
-        self.claimed.update(claim.run_id for claim in claims if claim.key in result.won)
+        # Pending from before the claim is sent: a placeholder committed while its reply is
+        # still on the way is ours, not a dead instance's run for close_abandoned to close.
+        proposed = [claim.run_id for claim in claims]
+        self.claimed.update(proposed)
+        try:
+            if in_store:
+                result = await self.store.claim(claims, self.instance, now)
+            else:
+                result = await self.coordinator.claim(claims, self.instance, now)
+        except BaseException:
+            self.claimed.difference_update(proposed)  # the callers remember what may be ours
+            raise
+        self.claimed.difference_update(claim.run_id for claim in claims if claim.key not in result.won)
         return result
 
     def _remember_lost(self, schedule: Schedule, slot: datetime, run_id: str) -> None:
@@ -220,7 +236,9 @@ class SlotClaims:
         Every instance that lost a slot tries to claim it now; one wins it (or nobody, if
         another instance fired it in time), and the winner applies the schedule's backfill
         policy to the lost slots it won: ``skip`` records them ``missed``, ``latest`` fires
-        the newest lost slot and records the others, ``all`` fires them in order."""
+        the newest lost slot and records the others, ``all`` fires them in order (see
+        :meth:`_fire_in_order`). Called by every housekeeping round."""
+        self._recheck.set()
         if not self.lost:
             return
         lost, self.lost = self.lost, defaultdict(dict)
@@ -255,7 +273,8 @@ class SlotClaims:
         outcome = self.coordinator.outcome
         for name, mine in won.items():
             schedule = self.schedules[name]
-            policy = schedule.backfill if self.is_enabled(name) else "skip"
+            stopping = self.launcher.stopping  # a stop records them: nothing new fires
+            policy = schedule.backfill if self.is_enabled(name) and not stopping else "skip"
             newest = max(lost[name])
             if policy == "all":
                 to_fire = mine
@@ -264,7 +283,9 @@ class SlotClaims:
             else:
                 to_fire = []
             firing = {slot for slot, _ in to_fire}
-            why = f"not fired: the store was unreachable when it was due (backfill={policy})"
+            why = "not fired: the store was unreachable when it was due " + (
+                "(the engine stopped before it could fire it)" if stopping else f"(backfill={policy})"
+            )
             for slot, run_id in mine:
                 if slot not in firing:
                     self.launcher.record_missed(schedule, slot, "self", outcome, why, run_id)
@@ -281,17 +302,58 @@ class SlotClaims:
             )
 
     async def _fire_in_order(self, schedule: Schedule, slots: list[tuple[datetime, str]], remote: str | None) -> None:
-        """Fire owned slots one after the other (each waits for the previous run to end)."""
+        """Fire owned lost slots oldest first, one at a time. They were due when the store
+        was down, so a run in flight (the live timer's, here or on another instance) does
+        not make ``skip`` skip them: they wait for it. ``queue`` puts them in its queue, in
+        slot order, so ahead of the newer slots waiting there (``remote``: a run in flight
+        elsewhere, from the claim, holds the queue); ``parallel`` does not wait."""
+        name = schedule.name
+        launcher = self.launcher
+        outcome = self.coordinator.outcome
         try:
-            outcome = self.coordinator.outcome
-            launcher = self.launcher
-            for slot, run_id in slots:
-                if remote is not None or launcher.inflight[schedule.name]:
-                    launcher.fire(schedule, slot, "self", outcome, run_id, remote=remote)
-                    remote = None
-                    continue
-                await launcher.launch(schedule, slot, "self", outcome, run_id).finished()
+            if schedule.on_overlap == "queue":
+                launcher.enqueue(schedule, [(slot, "self", outcome, run_id) for slot, run_id in slots], remote)
+                return
+            for index, (slot, run_id) in enumerate(slots):
+                with launcher.missed_on_stop(schedule, slots[index:], outcome):
+                    if schedule.on_overlap == "skip":
+                        await self._until_idle(schedule, slot)
+                run = launcher.launch(schedule, slot, "self", outcome, run_id)
+                with launcher.missed_on_stop(schedule, slots[index + 1 :], outcome):
+                    await asyncio.shield(run.finished())
         finally:
-            self.recovering.discard(schedule.name)
+            self.recovering.discard(name)
             self.loops.poke()
 
+    async def _until_idle(self, schedule: Schedule, slot: datetime) -> None:
+        """Return once no run of the schedule is in flight here, nor on another instance:
+        started there, or claimed there for a slot newer than ``slot`` (about to start; an
+        older one waits for ours in turn, so two instances never wait for each other). The
+        ledger is looked at once, then at each housekeeping round while something is in
+        flight."""
+        name = schedule.name
+        launcher = self.launcher
+        while True:
+            while launcher.inflight[name]:
+                mine = [r.finished() for r in launcher.active.values() if r.schedule is schedule and not r.done]
+                await (asyncio.wait(mine) if mine else asyncio.sleep(0))  # sleep(0): not started yet
+            try:
+                running = await self.store.running_runs()
+            except Unavailable as exc:
+                self.outages.trouble("recover", f"{name}: lost slots wait for the store", exc)
+                running = None
+            if launcher.inflight[name]:
+                continue  # started here meanwhile
+            if running is not None and not any(
+                r.name == name and r.instance != self.instance and (r.fired_at is not None or r.scheduled_at > slot)
+                for r in running
+            ):
+                return
+            loop = f"recover {name}"
+            self.recovering.discard(name)  # parked on the clock: idle for quiesce()
+            try:
+                await self.loops.park(loop, None, self._recheck)
+            finally:
+                self.loops.forget(loop)
+                self.recovering.add(name)
+                self.loops.poke()  # woken (not idle) to wait for a run: idle again for quiesce()

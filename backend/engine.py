@@ -471,6 +471,7 @@ class Engine:
         grace = self.shutdown_grace if grace is None else grace
         await self.loops.cancel_all()
         await asyncio.gather(self.launcher.stop(grace), *(subsystem.stop(grace) for subsystem in self.subsystems))
+        await self.claims.recover_lost()  # lost slots not claimed yet: recorded, a next start would not look
         self.ledger.handoff()
         try:
             await self.store.flush()
@@ -585,7 +586,7 @@ class Engine:
             self.timers.arm(schedule, self.clock.now())
         else:
             log.info("schedule %s disabled by %s", state.name, state.changed_by)
-            self.timers.disarm(state.name)
+            self.timers.disabled(state.name)
 
     async def list_schedules(self) -> list[ScheduleView]:
         """Every schedule with its state, next slot, newest self/external run and newest
@@ -701,6 +702,7 @@ class Engine:
             await self.registry.close_abandoned()
         await self.registry.prune(now)
         await self.claims.recover_lost()
+        await self.backfills.maintain()
         await self.launcher.release_remote_waits()
         for subsystem in self.subsystems:
             await subsystem.maintain(now)

@@ -12,9 +12,10 @@ outcome closes the run exactly once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,8 @@ __all__ = ["Launcher", "ScheduleRun"]
 
 log = logging.getLogger("schedtui.engine")
 
-_Queued = tuple[datetime, Trigger, Outcome, str]  # slot, trigger, outcome, run id
+# slot, trigger, outcome, run id (None: a new run, its row written before it starts)
+_Queued = tuple[datetime, Trigger, Outcome, str | None]
 
 #: How long a run waits for its ``running`` row to be committed before its handler starts
 #: anyway (a store that is this slow is failing: its rows wait in the writer meanwhile).
@@ -209,6 +211,21 @@ class Launcher:
         self.launch(schedule, slot, trigger, outcome, run_id)
         return None
 
+    def enqueue(self, schedule: Schedule, entries: list[_Queued], remote: str | None = None) -> None:
+        """Queue slots of a ``queue`` schedule (a catch-up's, lost ones) among those waiting,
+        in slot order, and start the first if nothing holds the queue. ``remote``: a run in
+        flight on another instance (from the claim) holds it, as in :meth:`fire`."""
+        name = schedule.name
+        waiting = self.waiting[name]
+        merged = sorted([*waiting, *entries], key=lambda entry: entry[0])
+        waiting.clear()
+        waiting.extend(merged)
+        if remote is not None:
+            self.remote[name] = remote  # released by release_remote_waits
+        elif waiting and not self.inflight[name] and name not in self.remote and not self.stopping:
+            slot, trigger, outcome, run_id = waiting.popleft()
+            self.launch(schedule, slot, trigger, outcome, run_id)
+
     def launch(
         self,
         schedule: Schedule,
@@ -369,6 +386,21 @@ class Launcher:
                 error_message=why,
             )
         )
+
+    @contextlib.contextmanager
+    def missed_on_stop(
+        self, schedule: Schedule, slots: Sequence[tuple[datetime, str | None]], outcome: Outcome
+    ) -> Iterator[None]:
+        """Slots a task fires in order (a catch-up, lost slots), not started yet: if stop()
+        cancels the task, record them ``missed`` as it does the queued ones, so none is
+        left without a row, nor with its claim's placeholder row ``running``."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            for slot, run_id in slots:
+                why = "the engine stopped before this catch-up firing started"
+                self.record_missed(schedule, slot, "self", outcome, why, run_id)
+            raise
 
     # -- queues waiting on another instance ----------------------------------------------------
     async def release_remote_waits(self) -> None:

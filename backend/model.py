@@ -8,6 +8,7 @@ of the CLI and the shared backend interface all use the same shapes).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -87,6 +88,15 @@ class Claim:
     """Trigger of the placeholder run."""
     outcome: Outcome = "wonLock"
     """Coordination outcome of the placeholder run."""
+
+
+def unique_claims(claims: Sequence[Claim]) -> Sequence[Claim]:
+    """The batch with each key once, by its first claim: a key given twice in one batch is
+    claimed once, under one run id (a caller that counted both as won would fire twice)."""
+    unique: dict[str, Claim] = {}
+    for claim in claims:
+        unique.setdefault(claim.key, claim)
+    return claims if len(unique) == len(claims) else list(unique.values())
 
 
 @dataclass(frozen=True, slots=True)

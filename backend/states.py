@@ -72,10 +72,17 @@ class ScheduleStates:
             self.on_change(self.schedules[state.name], state)
 
     async def set(self, name: str, enabled: bool, *, at: datetime, by: str, note: str | None = None) -> None:
-        """Persist a new state and apply it here at once."""
+        """Persist a new state and apply it here at once. Enabling a schedule that is
+        enabled (in the store: another process may have just disabled it) writes nothing:
+        a new state would move the moment the next start's catch-up begins from (the last
+        enable), dropping the slots missed before it."""
         if name not in self.schedules:
             raise NotFound(f'no schedule named "{name}"')
         note = check_note(note)
+        if enabled:
+            await self.refresh()
+            if self.is_enabled(name):
+                return
         state = ScheduleState(name=name, enabled=enabled, changed_by=by, changed_at=at, note=note or None)
         await self.store.set_state(state)
         self.apply(state)

@@ -127,6 +127,8 @@ class Timers:
         self.on_behind: Callable[[Schedule, list[datetime]], None] = lambda schedule, slots: None
         """Called with a schedule found more than one slot behind and its missed slots
         (ascending, the current one last); it takes over re-arming it."""
+        self.on_disabled: Callable[[str], None] = lambda name: None
+        """Called with a schedule just disabled (see :meth:`disabled`)."""
 
     def start(self) -> None:
         self._wake = asyncio.Event()
@@ -147,6 +149,11 @@ class Timers:
 
     def disarm(self, name: str) -> None:
         self.wheel.disarm(name)
+
+    def disabled(self, name: str) -> None:
+        """The schedule was disabled: disarm it, and tell ``on_disabled``."""
+        self.wheel.disarm(name)
+        self.on_disabled(name)
 
     def next_slot(self, name: str) -> datetime | None:
         armed = self.wheel.armed(name)
@@ -170,6 +177,9 @@ class Timers:
             if due:
                 await self._fire_due(due, now)
             for schedule, slot in behind:
+                armed = self.wheel.armed(schedule.name)
+                if armed is None or armed[0] != slot:
+                    continue  # disabled (or re-armed) while the due slots above were claimed
                 self.wheel.disarm(schedule.name)
                 missed = [slot, *islice(schedule.cron.occurrences(slot, now), self.catch_up_limit)]
                 self.on_behind(schedule, missed[-self.catch_up_limit :])

@@ -177,6 +177,44 @@ async def test_run_now_on_one_instance_counts_as_in_flight_for_the_others(
     assert [(r.trigger, r.status) for r in await all_runs(b, "job")] == [("manual", "succeeded"), ("self", "skipped")]
 
 
+async def test_a_fleet_fires_each_slot_once_after_disable_and_enable_within_an_interval(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Issue 8, item 1, in a fleet: the re-enabled instance's timer held the armed slot
+    twice, its claim batch carried the slot's key twice, and both counted as won."""
+    fired: list[tuple[str, datetime]] = []
+
+    def handler_for(name: str) -> Any:
+        async def handler(ctx: RunContext) -> None:
+            fired.append((name, ctx.scheduled_at))
+
+        return handler
+
+    a, b = (
+        # The clock jumps a minute at a time: a long abandon window, or one instance may
+        # take the other for gone and close its run in flight.
+        make_engine(
+            [schedule(handler=handler_for(n), on_overlap="parallel")], instance=n, coordination="advisoryLock", abandon_after=3600
+        )
+        for n in "ab"
+    )
+    await a.start()
+    await b.start()
+    clock.advance(30)
+    for _ in range(3):  # three cycles on a, all between 08:00 and 08:01
+        await a.set_enabled("job", False)
+        await a.set_enabled("job", True)
+    await settle(clock, a, b)
+    for _ in range(4):
+        clock.advance(60)
+        await settle(clock, a, b)
+    slots = [at(f"2026-03-02T08:0{m}:00Z") for m in range(1, 5)]
+    assert sorted(slot for _, slot in fired) == slots
+    runs = await all_runs(a, "job")
+    assert sorted((r.scheduled_at, r.status) for r in runs) == [(slot, "succeeded") for slot in slots]
+    assert await a.store.running_runs() == []
+
+
 # ---------------------------------------------------------------------------------------
 # fail closed
 # ---------------------------------------------------------------------------------------
@@ -188,7 +226,7 @@ class Outage:
     CALLS = {
         "claim", "claimed_run", "get_states", "set_state", "heartbeat", "instances", "running_runs",
         "running_backfills", "last_slot", "last_runs", "list_runs", "get_run", "close_run", "prune_runs",
-        "prune_claims", "count_claims",
+        "prune_claims", "count_claims", "update_backfill",
     }  # fmt: skip
 
     def __init__(self, inner: Store) -> None:
@@ -287,6 +325,298 @@ async def test_lost_slots_follow_the_backfill_policy(make_engine: Callable[..., 
         (2, "missed"),
         (3, "succeeded"),
     ]
+
+
+async def outage_until_just_before(clock: ManualClock, when: datetime, stores: list[Outage], *engines: Engine) -> None:
+    """Take the store down now (on a whole second) and bring it back half a second before
+    ``when``, advancing in one-second steps from half past: every instance's housekeeping
+    (once a second) last ran just before the store came back, so the slot at ``when`` is
+    claimed before the lost ones are recovered, at the next round, half a second later."""
+    for s in stores:
+        s.down = True
+    clock.advance(0.5)
+    while clock.now() < when - timedelta(seconds=0.5):
+        clock.advance(1)
+        await settle(clock, *engines, runs=False)
+    assert clock.now() == when - timedelta(seconds=0.5)
+    for s in stores:
+        s.down = False
+
+
+async def test_lost_slots_wait_for_the_run_in_flight_instead_of_being_skipped(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    """Issue 8, item 3: the slots lost to an outage were handed to the overlap policy while
+    the live timer's first run after the outage was in flight, so ``skip`` recorded them all
+    skipped and none ran. They wait for it instead, then run one at a time, in order."""
+    gate = Gate()
+    store = Outage(open_store(store_url))
+    engine = make_engine([schedule(handler=gate, backfill="all")], coordination="advisoryLock", store=store)
+    await engine.start()
+    await engine.quiesce()
+    await outage_until_just_before(clock, at("2026-03-02T08:04:00Z"), [store], engine)  # 08:01-08:03 lost
+    clock.advance(0.5)  # 08:04 is claimed and starts (and holds on the gate)
+    await gate.entered.wait()
+    clock.advance(0.5)  # housekeeping: the store is back, the lost slots are won
+    await engine.quiesce(runs=False)
+    assert [slot.minute for slot, _ in gate.started] == [4]
+    gate.release.set()
+    await engine.quiesce()
+    assert [slot.minute for slot, _ in gate.started] == [4, 1, 2, 3]
+    assert gate.most == 1
+    runs = await all_runs(engine, "job")
+    assert sorted((r.scheduled_at.minute, r.status) for r in runs) == [(m, "succeeded") for m in range(1, 5)]
+
+
+async def test_queued_lost_slots_go_ahead_of_the_newer_slots_waiting(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    gate = Gate()
+    store = Outage(open_store(store_url))
+    # Housekeeping every 130 s, so its rounds fall between the slots: 08:00:00, 08:02:10,
+    # 08:04:20 (the store is still down), 08:06:30 (it is back).
+    engine = make_engine(
+        [schedule(handler=gate, backfill="all", on_overlap="queue")], coordination="advisoryLock", store=store, state_poll_interval=130
+    )
+    await engine.start()
+    await engine.quiesce()
+    store.down = True
+    for moment in ("08:01:00", "08:02:00", "08:02:10", "08:03:00", "08:04:00", "08:04:20"):  # 08:01-08:04 are lost
+        clock.set(f"2026-03-02T{moment}Z")
+        await engine.quiesce(runs=False)
+    store.down = False
+    clock.set("2026-03-02T08:05:00Z")  # 08:05 runs (and holds on the gate)
+    await gate.entered.wait()
+    clock.set("2026-03-02T08:06:00Z")  # 08:06 queues behind it
+    await engine.quiesce(runs=False)
+    clock.set("2026-03-02T08:06:30Z")  # the lost slots are won, and queue ahead of 08:06
+    await engine.quiesce(runs=False)
+    assert [slot.minute for slot, _ in gate.started] == [5]
+    gate.release.set()
+    await engine.quiesce()
+    assert [slot.minute for slot, _ in gate.started] == [5, 1, 2, 3, 4, 6]
+    assert gate.most == 1
+
+
+async def test_lost_slots_wait_for_a_run_in_flight_on_another_instance(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    gate = Gate()
+    started: list[tuple[int, str]] = []
+
+    def handler_for(instance: str) -> Any:
+        async def handler(ctx: RunContext) -> None:
+            started.append((ctx.scheduled_at.minute, instance))
+            await gate(ctx)
+
+        return handler
+
+    stores = [Outage(open_store(store_url)) for _ in range(2)]
+    a, b = (
+        make_engine([schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
+        for n, s in zip("ab", stores)
+    )
+    a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])  # type: ignore[arg-type]
+    await a.start()
+    await b.start()
+    await settle(clock, a, b)
+    await outage_until_just_before(clock, at("2026-03-02T08:04:00Z"), stores, a, b)
+    a.coordinator.losing = True  # type: ignore[attr-defined]
+    clock.advance(0.5)  # 08:04: b wins it and runs it
+    await gate.entered.wait()
+    a.coordinator.losing, b.coordinator.losing = False, True  # type: ignore[attr-defined]
+    clock.advance(0.5)  # a wins the lost slots; b's 08:04 is in flight: a waits for it
+    await settle(clock, a, b, runs=False)
+    assert started == [(4, "b")]
+    gate.release.set()
+    await settle(clock, a, b)
+    clock.advance(1)  # a's next look at the ledger finds b's run finished
+    await settle(clock, a, b)
+    assert started == [(4, "b"), (3, "a")]  # latest: the newest lost slot
+    assert gate.most == 1
+    runs = await all_runs(a, "job")
+    assert sorted((r.scheduled_at.minute, r.status, r.instance) for r in runs) == [
+        (1, "missed", "a"),
+        (2, "missed", "a"),
+        (3, "succeeded", "a"),
+        (4, "succeeded", "b"),
+    ]
+
+
+async def test_lost_slots_waiting_on_another_instance_and_then_on_a_run_here_leave_the_engine_idle(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    """Found by the state machine (2,000 examples): lost slots parked until the next
+    housekeeping round (a run in flight on another instance), woken by it, then waiting for
+    a run started here meanwhile (a Run now) left quiesce() waiting for a poke that never
+    came: the engine looked busy for good."""
+    gate = Gate()
+    started: list[tuple[int, str, str]] = []
+
+    def handler_for(instance: str) -> Any:
+        async def handler(ctx: RunContext) -> None:
+            started.append((ctx.scheduled_at.minute, ctx.trigger, instance))
+            await gate(ctx)
+
+        return handler
+
+    stores = [Outage(open_store(store_url)) for _ in range(2)]
+    a, b = (
+        make_engine([schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
+        for n, s in zip("ab", stores)
+    )
+    a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])  # type: ignore[arg-type]
+    await a.start()
+    await b.start()
+    await settle(clock, a, b)
+    await outage_until_just_before(clock, at("2026-03-02T08:04:00Z"), stores, a, b)
+    a.coordinator.losing = True  # type: ignore[attr-defined]
+    clock.advance(0.5)  # 08:04: b wins it and runs it
+    await gate.entered.wait()
+    a.coordinator.losing, b.coordinator.losing = False, True  # type: ignore[attr-defined]
+    clock.advance(0.5)  # a wins the lost slots; b's 08:04 is in flight: a parks until the next round
+    await settle(clock, a, b, runs=False)
+    await a.run_now("job")  # a run of the schedule here, in flight (it holds on the gate)
+    clock.advance(1)  # the next round wakes the lost slots, which now wait for the Run now
+    await asyncio.wait_for(a.quiesce(runs=False), 10)  # the timeout only bounds the failure
+    gate.release.set()
+    await settle(clock, a, b)
+    clock.advance(1)
+    await settle(clock, a, b)
+    assert [(minute, trigger) for minute, trigger, _ in started] == [(4, "self"), (4, "manual"), (3, "self")]
+
+
+class HeldClaims(ClaimCoordinator):
+    """advisoryLock, except that once ``hold`` is set the next claim won is committed and
+    then its reply waits for ``release`` (the slot is visibly taken, its run not started
+    yet); meanwhile this instance loses every other claim."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.hold = False
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
+        if self.holding.is_set() and not self.release.is_set():
+            return ClaimResult(frozenset())
+        result = await super().claim(claims, instance, now)
+        if self.hold and result.won and not self.holding.is_set():
+            self.holding.set()
+            await self.release.wait()
+        return result
+
+
+async def test_a_claim_committed_but_not_answered_yet_is_not_taken_for_abandoned(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Found with the test below: the run ids of a claim were remembered as this instance's
+    only once its reply was back; a housekeeping round in between found the claim's
+    committed placeholder, saw no run of that id here, and closed it as abandoned."""
+    engine = make_engine([schedule()], coordination="advisoryLock")
+    held = HeldClaims(engine.store)
+    held.hold = True
+    engine.coordinator = held
+    await engine.start()
+    await engine.quiesce()
+    clock.advance(60)  # 08:01 is claimed; the reply waits
+    await held.holding.wait()
+    assert [r.scheduled_at.minute for r in await engine.store.running_runs()] == [1]
+    assert await engine.close_abandoned() == []
+    held.release.set()
+    await engine.quiesce()
+    assert [(r.scheduled_at.minute, r.status) for r in await all_runs(engine, "job")] == [(1, "succeeded")]
+
+
+async def test_lost_slots_wait_for_a_newer_slot_claimed_on_another_instance(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    """A newer slot claimed by another instance, its run about to start: the lost slots
+    wait for it too (they are older, so that instance never waits for them in turn)."""
+    gate = Gate()
+    started: list[tuple[int, str]] = []
+
+    def handler_for(instance: str) -> Any:
+        async def handler(ctx: RunContext) -> None:
+            started.append((ctx.scheduled_at.minute, instance))
+            await gate(ctx)
+
+        return handler
+
+    stores = [Outage(open_store(store_url)) for _ in range(2)]
+    a, b = (
+        make_engine([schedule(handler=handler_for(n), backfill="all")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
+        for n, s in zip("ab", stores)
+    )
+    a.coordinator, b.coordinator = Loser(stores[0]), HeldClaims(stores[1])  # type: ignore[arg-type]
+    await a.start()
+    await b.start()
+    await settle(clock, a, b)
+    await outage_until_just_before(clock, at("2026-03-02T08:02:00Z"), stores, a, b)  # 08:01 lost by both
+    a.coordinator.losing = True  # type: ignore[attr-defined]
+    b.coordinator.hold = True  # type: ignore[attr-defined]
+    clock.advance(0.5)  # 08:02: b claims it; its run waits for the claim's reply
+    await b.coordinator.holding.wait()  # type: ignore[attr-defined]
+    a.coordinator.losing = False  # type: ignore[attr-defined]
+    clock.advance(0.5)  # a recovers 08:01 (b is busy claiming): it must wait for b's 08:02
+    # Waiting, a is idle; started, its run would hold on the gate (the timeout only bounds that).
+    await asyncio.wait_for(a.quiesce(), 10)
+    assert started == []
+    gate.release.set()
+    b.coordinator.release.set()  # type: ignore[attr-defined]
+    await settle(clock, a, b)
+    clock.advance(1)  # a's next look at the ledger finds b's run finished
+    await settle(clock, a, b)
+    assert started == [(2, "b"), (1, "a")]
+    assert gate.most == 1
+
+
+async def test_slots_lost_to_an_outage_are_recorded_by_a_stop_before_the_next_housekeeping(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    """Found by the state machine: the slots an instance could not claim were only kept in
+    memory until its next housekeeping round; stopping before that lost them for good (the
+    next start catches up only from the newest slot in the ledger)."""
+    store = Outage(open_store(store_url))
+    engine = make_engine([schedule(cron="*/20 * * * * *", backfill="all")], coordination="advisoryLock", store=store)
+    await engine.start()
+    await engine.quiesce()
+    store.down = True
+    clock.advance(20)  # 08:00:20 cannot be claimed
+    await engine.quiesce()
+    store.down = False
+    await engine.stop()  # at once: no housekeeping round since the store came back
+    reader = make_engine([schedule()], coordination="advisoryLock")
+    await reader.open()
+    runs = await all_runs(reader, "job")
+    assert [(r.scheduled_at, r.status) for r in runs] == [(at("2026-03-02T08:00:20Z"), "missed")]
+    assert "stopped" in (runs[0].error_message or "")
+
+
+async def test_a_range_backfill_goes_on_through_an_outage_and_records_its_end_once_back(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    """Found by the state machine: the progress update after each slot raised Unavailable
+    while the store was down, which ended the backfill task there (a logged traceback), the
+    rest never fired, and its row stayed 'running', refusing every later backfill of that
+    schedule for as long as the instance lived."""
+    gate = Gate()
+    store = Outage(open_store(store_url))
+    engine = make_engine([schedule(handler=gate)], store=store)
+    await engine.start()
+    progress = await engine.start_backfill("job", at("2026-03-02T07:56:00Z"), at("2026-03-02T07:59:00Z"))
+    await gate.entered.wait()
+    store.down = True
+    gate.release.set()
+    done = await engine.wait_backfill(progress.id)
+    assert (done.state, done.fired, done.failed) == ("done", 3, 0)
+    assert [slot.minute for slot, _ in gate.started] == [57, 58, 59]
+    store.down = False
+    clock.advance(1)  # housekeeping writes the end it could not write
+    await engine.quiesce()
+    assert (await engine.store.get_backfill(progress.id)).state == "done"  # type: ignore[union-attr]
+    again = await engine.start_backfill("job", at("2026-03-02T07:56:00Z"), at("2026-03-02T07:57:00Z"))
+    assert (await engine.wait_backfill(again.id)).state == "done"
 
 
 async def test_a_claim_whose_reply_was_lost_is_recognised_as_ours(

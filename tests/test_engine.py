@@ -21,6 +21,7 @@ from backend import (
     define_schedule,
 )
 from backend.model import Run
+from backend.store import open_store
 from tests.conftest import all_runs, expect
 
 UTC = timezone.utc
@@ -416,6 +417,239 @@ async def test_live_engine_behind_fires_the_current_slot(make_engine, clock: Man
     assert engine.next_fire_at("job") == at("2026-03-02T08:00:40Z")
 
 
+@pytest.mark.parametrize(
+    ("overlap", "backfill", "expected"),
+    [
+        # skip: the slot that fires when the engine finds itself behind is skipped like any
+        # other while 08:01 is in flight.
+        ("skip", "skip", [("08:01:00", "succeeded"), ("08:02:00", "missed"), ("08:03:00", "skipped")]),
+        # queue: the caught-up slots wait for 08:01, then run one at a time, in order.
+        ("queue", "all", [("08:01:00", "succeeded"), ("08:02:00", "succeeded"), ("08:03:00", "succeeded")]),
+    ],
+)
+async def test_an_engine_behind_keeps_the_overlap_policy_for_the_slots_it_catches_up(
+    make_engine, clock: ManualClock, overlap: str, backfill: str, expected: list[tuple[str, str]]
+) -> None:
+    """Found by the state machine (tests/test_invariants.py): the catch-up of an engine that
+    found itself behind started its slots whatever was in flight."""
+    gate = Gate()
+    engine = make_engine([schedule(handler=gate, on_overlap=overlap, backfill=backfill)])
+    await engine.start()
+    clock.advance(60)  # 08:01 runs, and holds
+    await gate.entered.wait()
+    clock.advance(150)  # 08:03:30: a suspended VM; 08:02 and 08:03 passed at once
+    await engine.quiesce(runs=False)
+    assert gate.running == 1
+    gate.release.set()
+    await engine.quiesce()
+    assert gate.most == 1
+    assert [(r.scheduled_at.strftime("%H:%M:%S"), r.status) for r in sorted(await all_runs(engine, "job"), key=lambda r: r.scheduled_at)] == expected
+    assert [slot.strftime("%H:%M") for slot in gate.started] == [slot[:5] for slot, status in expected if status == "succeeded"]
+
+
+async def test_a_schedule_disabled_while_due_slots_are_claimed_does_not_stop_the_timers(make_engine, clock: ManualClock) -> None:
+    """Found by the state machine: a schedule found behind was disarmed (disabled) while the
+    timer loop awaited the claim of another schedule's due slot; the loop then failed on it
+    (KeyError) and died, and nothing fired any more."""
+    from backend.coordination import ClaimCoordinator
+
+    class SlowClaims(ClaimCoordinator):
+        def __init__(self, store: Any) -> None:
+            super().__init__(store)
+            self.waiting = asyncio.Event()
+            self.release = asyncio.Event()
+
+        async def claim(self, claims, instance, now):  # type: ignore[no-untyped-def]
+            self.waiting.set()
+            await self.release.wait()
+            return await super().claim(claims, instance, now)
+
+    fired: list[str] = []
+
+    def handler_for(name: str) -> Any:
+        async def handler(ctx: RunContext) -> None:
+            fired.append(f"{name} {ctx.scheduled_at:%H:%M:%S}")
+
+        return handler
+
+    engine = make_engine([schedule("minute", handler=handler_for("minute")), schedule("ten", "*/10 * * * * *", handler=handler_for("ten"))])
+    claims = SlowClaims(engine.store)
+    engine.coordinator = claims
+    await engine.start()
+    await engine.quiesce()
+    clock.set("2026-03-02T08:01:05Z")  # "minute" is due; "ten" is behind (08:00:10 ... 08:01:00)
+    await claims.waiting.wait()
+    await engine.set_enabled("ten", False)
+    claims.release.set()
+    clock.set("2026-03-02T08:02:00Z")
+    # A dead timer loop never parks again: the timeout only bounds that failure.
+    await asyncio.wait_for(engine.quiesce(), 10)
+    assert fired == ["minute 08:01:00", "minute 08:02:00"]
+
+
+@pytest.mark.parametrize("stop", [False, True])
+@pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
+async def test_slots_held_by_a_catch_up_are_recorded_when_the_schedule_is_disabled_meanwhile(
+    make_engine, clock: ManualClock, coordination: str, stop: bool
+) -> None:
+    """Found by the state machine: a catch-up holds the schedule's timer until its last run
+    ends; the slots due meanwhile are handled when it re-arms. Disabled before that, the
+    schedule was not re-armed, and those slots (due while it was enabled) got no row."""
+    gate = Gate()
+    engine = make_engine([schedule(handler=gate)], coordination=coordination)
+    await engine.start()
+    await engine.quiesce()
+    clock.set("2026-03-02T08:02:30Z")  # behind: 08:01 missed, 08:02 runs (and holds)
+    await gate.entered.wait()
+    clock.set("2026-03-02T08:03:30Z")  # 08:03 comes due while the catch-up holds the timer
+    await engine.quiesce(runs=False)
+    await engine.set_enabled("job", False)
+    if stop:  # and stopped before the catch-up ends: the next start would not look for 08:03
+        await engine.stop(grace=0)
+        engine = make_engine([schedule()], coordination=coordination)
+        await engine.open()
+    gate.release.set()
+    await engine.quiesce()
+    clock.set("2026-03-02T08:06:00Z")
+    await engine.quiesce()
+    runs = sorted(await all_runs(engine, "job"), key=lambda r: r.scheduled_at)
+    assert [(r.scheduled_at.strftime("%H:%M"), r.status) for r in runs] == [
+        ("08:01", "missed"),
+        ("08:02", "failed" if stop else "succeeded"),
+        ("08:03", "missed"),  # due while enabled; nothing after the disable
+    ]
+
+
+@pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
+async def test_a_schedule_re_enabled_during_a_catch_up_records_each_slot_once(
+    make_engine, clock: ManualClock, coordination: str
+) -> None:
+    """Found by the state machine: disabled, re-enabled (its timer armed again) and disabled
+    again while a catch-up held it, a schedule got a second row for the slot its timer had
+    fired, and rows for slots that passed while it was disabled."""
+    gate = Gate()
+    engine = make_engine([schedule(handler=gate)], coordination=coordination)
+    await engine.start()
+    await engine.quiesce()
+    clock.set("2026-03-02T08:02:30Z")  # behind: 08:01 missed, 08:02 runs (and holds)
+    await gate.entered.wait()
+    for moment, enabled in (("08:03:30", False), ("08:04:30", True), ("08:05:30", False)):
+        clock.set(f"2026-03-02T{moment}Z")
+        await engine.quiesce(runs=False)
+        await engine.set_enabled("job", enabled)
+    gate.release.set()
+    await engine.quiesce()
+    clock.set("2026-03-02T08:07:00Z")
+    await engine.quiesce()
+    runs = sorted(await all_runs(engine, "job"), key=lambda r: r.scheduled_at)
+    assert [(r.scheduled_at.strftime("%H:%M"), r.status) for r in runs] == [
+        ("08:01", "missed"),
+        ("08:02", "succeeded"),
+        ("08:03", "missed"),  # held by the catch-up, due before the first disable
+        ("08:05", "skipped"),  # the timer's again, while 08:02 still ran; 08:04 was disabled
+    ]
+
+
+async def test_a_catch_up_started_by_a_re_enabled_timer_leaves_the_first_ones_slots_alone(make_engine, clock: ManualClock) -> None:
+    """Found by the state machine: paused (disabled and enabled again) while a catch-up
+    held it, a schedule's re-armed timer found itself behind and started a second
+    catch-up, which took over the first one's note of the disable: the slots the first
+    one held before the disable got no row."""
+    gate = Gate()
+    engine = make_engine([schedule(handler=gate, backfill="all")])
+    await engine.start()
+    await engine.quiesce()
+    clock.set("2026-03-02T08:03:30Z")  # behind: 08:01, 08:02, 08:03 to fire in order; 08:01 holds
+    await gate.entered.wait()
+    clock.set("2026-03-02T08:04:30Z")  # 08:04 comes due while the catch-up holds the timer
+    await engine.quiesce(runs=False)
+    await engine.set_enabled("job", False)
+    await engine.set_enabled("job", True)  # armed again, for 08:05
+    clock.set("2026-03-02T08:06:30Z")  # the timer is behind: a second catch-up (08:05, 08:06)
+    await engine.quiesce(runs=False)
+    gate.release.set()
+    await engine.quiesce()
+    clock.set("2026-03-02T08:07:00Z")
+    await engine.quiesce()
+    runs = sorted(await all_runs(engine, "job"), key=lambda r: r.scheduled_at)
+    assert [(r.scheduled_at.strftime("%H:%M"), r.status) for r in runs] == [
+        ("08:01", "succeeded"),
+        ("08:02", "succeeded"),
+        ("08:03", "succeeded"),
+        ("08:04", "missed"),  # held by the first catch-up, due before the pause
+        ("08:05", "skipped"),  # the second's, while 08:01 still ran
+        ("08:06", "skipped"),
+        ("08:07", "succeeded"),
+    ]
+
+
+@pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
+async def test_a_queue_catch_up_keeps_slot_order_with_the_timers_slots(
+    make_engine, clock: ManualClock, coordination: str
+) -> None:
+    """Found by the state machine (2,000 examples): a catch-up of a ``queue`` schedule ran
+    its slots one by one; a timer slot queued meanwhile (the schedule paused and armed
+    again) started as soon as the catch-up's run ended, ahead of the catch-up's older
+    slots. The catch-up's slots now join the queue in slot order."""
+    gate = Gate()
+    clock.set("2026-03-02T08:00:30Z")
+    engine = make_engine([schedule(handler=gate, on_overlap="queue", backfill="all")], coordination=coordination)
+    await _seed_last_run(engine, "job", at("2026-03-02T07:57:00Z"))
+    await engine.start()
+    await gate.entered.wait()  # 07:58 runs; 07:59 and 08:00 wait their turn
+    await engine.set_enabled("job", False)
+    await engine.set_enabled("job", True)  # armed again, for 08:01
+    clock.set("2026-03-02T08:01:00Z")  # 08:01 queues
+    await engine.quiesce(runs=False)
+    gate.release.set()
+    await engine.quiesce()
+    assert [slot.strftime("%H:%M") for slot in gate.started] == ["07:58", "07:59", "08:00", "08:01"]
+    assert gate.most == 1
+    runs = sorted(await all_runs(engine, "job"), key=lambda r: r.scheduled_at)
+    assert [(r.scheduled_at.strftime("%H:%M"), r.status) for r in runs][1:] == [
+        (m, "succeeded") for m in ("07:58", "07:59", "08:00", "08:01")
+    ]
+
+
+async def test_catch_ups_overlapping_after_pauses_never_fire_a_slot_twice(make_engine, clock: ManualClock) -> None:
+    """Found by the state machine: paused during a catch-up, a schedule is armed again and
+    may start another catch-up while the first still runs. One that ended while a newer
+    one held the schedule re-armed it from its own, older, last slot, and the slots after
+    it were caught up a second time."""
+    release: dict[int, asyncio.Event] = {}
+    fired: list[int] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at.minute)
+        await release.setdefault(ctx.scheduled_at.minute, asyncio.Event()).wait()
+
+    def free(minute: int) -> None:
+        release.setdefault(minute, asyncio.Event()).set()
+
+    engine = make_engine([schedule(handler=handler, backfill="all", on_overlap="parallel")])
+    await engine.start()
+    await engine.quiesce()
+    for moment in ("08:02:30", "08:04:30"):  # each time behind: a catch-up, then a pause
+        clock.set(f"2026-03-02T{moment}Z")
+        await engine.quiesce(runs=False)
+        await engine.set_enabled("job", False)
+        await engine.set_enabled("job", True)
+    clock.set("2026-03-02T08:06:30Z")  # behind once more, unpaused
+    await engine.quiesce(runs=False)
+    assert fired == [1, 3, 5]  # three catch-ups at once: (1, 2), (3, 4), (5, 6)
+    free(3)
+    free(4)  # the middle one ends while the newest holds the schedule
+    await engine.quiesce(runs=False)
+    for minute in range(1, 8):
+        free(minute)
+    await engine.quiesce()
+    clock.set("2026-03-02T08:07:00Z")
+    await engine.quiesce()
+    runs = await all_runs(engine, "job")
+    assert sorted(r.scheduled_at.minute for r in runs) == [1, 2, 3, 4, 5, 6, 7]
+    assert sorted(fired) == [1, 2, 3, 4, 5, 6, 7]
+
+
 # ---------------------------------------------------------------------------------------
 # crash, stop, retention
 # ---------------------------------------------------------------------------------------
@@ -480,6 +714,35 @@ async def test_stop_without_grace_records_runs_in_flight_as_interrupted(make_eng
     assert [(r.status, r.error_tag) for r in await all_runs(reopened, "job")] == [("failed", "interrupted"), ("missed", None)]
 
 
+@pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
+async def test_stop_records_the_slots_a_catch_up_had_not_started_yet(
+    make_engine, clock: ManualClock, store_url: str, coordination: str
+) -> None:
+    """Found by the state machine: a catch-up firing its slots in order was cancelled by
+    stop() and its later slots were left without a row (single) or with their claim's
+    placeholder row left ``running`` (advisoryLock)."""
+    gate = Gate()
+    clock.set("2026-03-02T08:00:30Z")
+    engine = make_engine([schedule(handler=gate, backfill="all")], coordination=coordination)
+    await _seed_last_run(engine, "job", at("2026-03-02T07:57:00Z"))
+    await engine.start()
+    await gate.entered.wait()  # 07:58 runs; 07:59 and 08:00 wait their turn
+    await engine.stop(grace=0)
+    ledger = open_store(store_url)  # as it was left, before anyone closes abandoned runs
+    await ledger.open()
+    try:
+        assert await ledger.running_runs() == []
+        runs = sorted((await ledger.list_runs("job", limit=10))[:-1], key=lambda r: r.scheduled_at)
+    finally:
+        await ledger.close()
+    assert [(r.scheduled_at.strftime("%H:%M"), r.status, r.error_tag) for r in runs] == [
+        ("07:58", "failed", "interrupted"),
+        ("07:59", "missed", None),
+        ("08:00", "missed", None),
+    ]
+    assert "stopped" in (runs[1].error_message or "")
+
+
 async def test_retention_prunes_old_runs(make_engine, clock: ManualClock) -> None:
     engine = make_engine([schedule(cron="0 * * * *")], retention=timedelta(days=1))
     await engine.start()
@@ -538,6 +801,54 @@ async def test_disable_persists_and_enable_skips_the_disabled_slots(make_engine,
     await third.quiesce()
     # The one slot after enabling was missed while down: caught up; the disabled ones were not.
     assert [r.scheduled_at for r in await all_runs(third, "job")] == [at("2026-03-02T08:01:00Z"), at("2026-03-02T08:12:00Z")]
+
+
+async def test_disable_then_enable_within_one_interval_keeps_one_firing_per_slot(make_engine, clock: ManualClock) -> None:
+    """Issue 8, item 1: each disable/enable cycle between two slots used to add a timer
+    entry for the armed slot, so every later slot fired once more per cycle, forever."""
+    fired: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    engine = make_engine([schedule(handler=handler, on_overlap="parallel")])
+    await engine.start()
+    clock.advance(60)  # 08:01 fires
+    await engine.quiesce()
+    for _ in range(2):  # two cycles, both before 08:02
+        clock.advance(10)
+        await engine.set_enabled("job", False, note="a moment")
+        await engine.set_enabled("job", True)
+        await engine.quiesce()
+    assert engine.next_fire_at("job") == at("2026-03-02T08:02:00Z")
+    for _ in range(3):
+        clock.advance(60)
+        await engine.quiesce()
+    assert fired == [at(f"2026-03-02T08:0{m}:00Z") for m in range(1, 5)]
+    runs = await all_runs(engine, "job")
+    assert summary(runs) == [(f"08:0{m}:00", "succeeded", "self") for m in range(1, 5)]
+
+
+async def test_enabling_an_enabled_schedule_changes_nothing(make_engine, clock: ManualClock) -> None:
+    """Found by the state machine: "enable" on a schedule that was already enabled wrote a
+    new state, and the next start's catch-up then began at that moment (as after a real
+    re-enable), silently dropping the slots missed before it."""
+    engine = make_engine([schedule(backfill="all")])
+    await engine.start()
+    clock.set("2026-03-02T08:01:30Z")
+    await engine.quiesce()
+    await engine.stop()
+    clock.set("2026-03-02T08:04:30Z")  # 08:02-08:04 missed while down; then a redundant enable
+    cli = make_engine([schedule(backfill="all")], instance="cli")
+    await cli.open()
+    view = await cli.set_enabled("job", True)
+    assert view.enabled and view.state_note is None
+    await cli.stop()
+    clock.set("2026-03-02T08:05:10Z")
+    again = make_engine([schedule(backfill="all")])
+    await again.start()
+    await again.quiesce()
+    assert summary(await all_runs(again, "job")) == [(f"08:0{m}:00", "succeeded", "self") for m in range(1, 6)]
 
 
 async def test_a_running_engine_notices_a_disable_from_another_process(make_engine, clock: ManualClock) -> None:

@@ -352,8 +352,13 @@ def test_a_postgres_restart_double_fires_nothing_and_the_lost_slots_show_as_miss
     for name, mine in runs.items():
         assert_once_and_contiguous(mine)
         assert {r.coordination_outcome for r in mine} == {"wonLock"}
-        assert {r.status for r in mine} <= {"succeeded", "missed"}, name
+        assert {r.status for r in mine} <= {"succeeded", "missed", "skipped"}, name
         missed += [r for r in mine if r.status == "missed"]
+        # Skipped only by the overlap policy (skip, the default), around the outage: a slot
+        # fired late as the instances recovered (a catch-up's current slot) can still be in
+        # flight on one instance when the next slot is claimed on another.
+        skipped = [r for r in mine if r.status == "skipped"]
+        assert all(r.error_tag == "overlap" and r.scheduled_at >= down_at - SECOND for r in skipped), skipped
     assert missed, "the slots of the outage should be recorded missed"
     assert all(down_at - SECOND <= r.scheduled_at <= up_at + SECOND for r in missed)
     # Recorded by the recovery of unclaimable slots, or by the catch-up of an instance that

@@ -914,6 +914,23 @@ async def test_a_retried_claim_with_the_same_run_id_is_still_won(store: Store) -
     assert await store.claimed_run(c.key) == c.run_id
 
 
+async def test_a_key_given_twice_in_one_batch_is_won_once(store: Store) -> None:
+    ids = Ids()
+    first, again = claim(ids, "job", T0), claim(ids, "job", T0)  # one key, two run ids
+    other = claim(ids, "other", T0)
+    result = await store.claim([first, other, again], "a", T0)
+    assert result.won == {first.key, other.key}
+    # The first claim of the key is the one recorded: one claim, one placeholder run.
+    assert await store.claimed_run(first.key) == first.run_id
+    assert await store.count_claims() == 2
+    assert sorted(r.id for r in await store.running_runs()) == sorted([first.run_id, other.run_id])
+    assert await store.get_run(again.run_id) is None
+    # The same claim twice (one run id) is one claim too.
+    twice = claim(ids, "job", T0 + timedelta(minutes=1))
+    assert (await store.claim([twice, twice], "a", T0)).won == {twice.key}
+    assert sorted(r.id for r in await store.running_runs() if r.name == "job") == sorted([first.run_id, twice.run_id])
+
+
 async def test_winners_prune_their_schedules_old_claims_and_the_sweep_takes_the_rest(store: Store) -> None:
     ids = Ids()
     for i in range(5):

@@ -162,9 +162,11 @@ class Store(Protocol):
         ``external``: its claim may have been pruned since), and its winner's run row is
         written as a ``running`` placeholder in the same transaction (see :class:`Claim`).
         A key whose stored claim carries this call's ``run_id`` counts as won: that is a
-        retry of a call whose reply was lost. Each won claim's ``prune_before`` deletes
-        that schedule's claims older than it. ``busy`` names the schedules won here that
-        another instance has a run of in flight (see :class:`ClaimResult`).
+        retry of a call whose reply was lost. A key given twice in one batch is claimed
+        once, by its first claim (see :func:`backend.model.unique_claims`). Each won
+        claim's ``prune_before`` deletes that schedule's claims older than it. ``busy``
+        names the schedules won here that another instance has a run of in flight (see
+        :class:`ClaimResult`).
 
         Concurrent callers never deadlock (keys are taken in one global order). Raises
         :class:`Unavailable` when the claims cannot be written: the caller must not fire."""

@@ -44,6 +44,7 @@ from ..model import (
     Run,
     ScheduleState,
     StoreHealth,
+    unique_claims,
 )
 from . import redact_url
 from .migrations import components_of, migrate_postgres
@@ -922,7 +923,8 @@ class PostgresStore(PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLock
     async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:
         if not claims:
             return ClaimResult(frozenset())
-        params = {"claims": _claims_json(claims), "instance": instance, "at": at}
+        # A key twice in the batch would get one claim row but two placeholder runs.
+        params = {"claims": _claims_json(unique_claims(claims)), "instance": instance, "at": at}
 
         async def go(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             return await (await conn.execute(CLAIM, params)).fetchall()

@@ -41,6 +41,7 @@ from ..model import (
     Run,
     ScheduleState,
     StoreHealth,
+    unique_claims,
 )
 from .migrations import components_of, migrate_sqlite
 from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
@@ -1013,6 +1014,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
     # -- claims ---------------------------------------------------------------------------
     async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:
         us = _us(at)
+        claims = unique_claims(claims)
 
         def insert(c: sqlite3.Connection) -> ClaimResult:
             won = set()

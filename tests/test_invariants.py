@@ -1,0 +1,599 @@
+"""The engine's invariants under random sequences of operations (Hypothesis, stateful).
+
+A :class:`~hypothesis.stateful.RuleBasedStateMachine` drives real engines on a
+:class:`~backend.clock.ManualClock` over a real SQLite store in a temporary folder: enable,
+disable (with or without a note), Run now, range backfills of a past range, clock advances
+from a fraction of a second to several minutes, store outages (a wrapper whose calls raise
+:class:`~backend.errors.Unavailable` while the store is down), and clean restarts after
+some downtime. One configuration runs one engine (``single`` or ``advisoryLock``
+coordination), the other a fleet of two ``advisoryLock`` engines sharing the store. After
+every step the ledger is checked:
+
+(a) at most one ``self`` run per (schedule, slot), across every engine;
+(b) every slot of a self-triggered schedule that came due while it was enabled (after the
+    first start, or after it was re-enabled: slots passed while disabled are not replayed)
+    has a row: a run, or a ``skipped`` or ``missed`` one;
+(c) after a clean stop (a restart, and the end of each example), the stopped engine has
+    left nothing ``running``;
+(d) no two non-manual runs of a ``skip`` or ``queue`` schedule were in flight at once.
+
+Only the engine's public API is used (``Engine(...)``, ``start``, ``stop``, ``quiesce``,
+``run_now``, ``set_enabled``, ``start_backfill``, ``flush``, ``store``, ``stats``).
+
+The number of examples is bounded for CI by the Hypothesis profile ``invariants`` (100
+examples of 30 steps, about 20 s on two cores). The profile ``invariants-deep`` (2,000
+examples) shakes out rarer sequences locally; ``SCHEDTUI_HYPOTHESIS_EXAMPLES`` and
+``SCHEDTUI_HYPOTHESIS_STEPS`` override either, e.g.::
+
+    SCHEDTUI_HYPOTHESIS_PROFILE=invariants-deep python -m pytest tests/test_invariants.py -q -p no:cacheprovider
+    SCHEDTUI_HYPOTHESIS_EXAMPLES=5000 SCHEDTUI_HYPOTHESIS_STEPS=50 python -m pytest tests/test_invariants.py -q
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import random
+import shutil
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from backend import Engine, ManualClock, Refused, Run, RunContext, Schedule, Unavailable, define_schedule
+from backend.ids import IdFactory
+from backend.store import Store, open_store
+
+START = "2026-03-02T08:00:00Z"
+STEP_TIMEOUT = 30.0  # real seconds; a step takes milliseconds
+POLL = 1.0  # the engines' state_poll_interval: how soon housekeeping notices things
+
+# Schedules, one of each kind of cadence: a six-field every-20-seconds one, a minute one,
+# and an every-two-minutes one. Their policies and handlers are drawn per example.
+CRONS = {"sec": "*/20 * * * * *", "min": "* * * * *", "two": "*/2 * * * *"}
+
+
+# ---------------------------------------------------------------------------------------
+# test infrastructure: a store that can go down, handlers that can be slow or fail
+# ---------------------------------------------------------------------------------------
+class World:
+    """What the engines of one example share: the outage switch, and the stores behind
+    their :class:`FlakyStore` wrappers."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.pending = 0  # store calls on their way
+        self.stores: list[Store] = []
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+
+class FlakyStore:
+    """A store whose calls raise :class:`Unavailable` while the world's store is down.
+
+    Handing runs to the writer and flushing it still work (the real stores keep what they
+    cannot write and write it once back). For repeatable examples, calls go one at a time
+    (in the order the engines make them), and each first flushes every engine's writer:
+    what an engine handed in before is visible to the next call, whichever engine makes
+    it (the group commit takes milliseconds; the clock here only moves between steps). It
+    also counts the calls on their way, so the machine knows when nothing waits for the
+    database any more."""
+
+    FAILING = {
+        "claim", "claimed_run", "get_states", "set_state", "heartbeat", "instances", "forget_instance",
+        "running_runs", "running_backfills", "last_slot", "last_runs", "list_runs", "get_run", "close_run",
+        "prune_runs", "prune_claims", "count_claims", "start_backfill", "update_backfill", "get_backfill",
+    }  # fmt: skip
+    PASSING = {"open", "close", "flush"}
+
+    def __init__(self, inner: Store, world: World) -> None:
+        self.inner = inner
+        self.world = world
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if name not in self.FAILING and name not in self.PASSING:
+            return value
+        world = self.world
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            world.pending += 1
+            try:
+                async with world.lock:
+                    if name in self.FAILING and world.down:
+                        raise Unavailable("the store is down (test)")
+                    for store in world.stores:
+                        await store.flush()
+                    if name == "close":
+                        world.stores.remove(self.inner)
+                    result = await value(*args, **kwargs)
+                    if name == "open":
+                        world.stores.append(self.inner)
+                    return result
+            finally:
+                world.pending -= 1
+
+        return call
+
+
+@dataclass
+class Behaviour:
+    kind: str  # "noop" | "fail" | "sleep"
+    seconds: float = 0.0
+
+
+class Handlers:
+    """One handler per schedule, shared by the engines; counts what they do."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.events = 0  # changes whenever a handler starts or ends
+
+    def make(self, behaviour: Behaviour) -> Callable[[RunContext], Any]:
+        async def handler(ctx: RunContext) -> None:
+            self.events += 1
+            try:
+                if behaviour.kind == "fail":
+                    raise RuntimeError("failed on purpose")
+                if behaviour.kind == "sleep":
+                    await self.clock.sleep_until(ctx.fired_at + timedelta(seconds=behaviour.seconds))
+            finally:
+                self.events += 1
+
+        return handler
+
+
+# ---------------------------------------------------------------------------------------
+# the model: what the ledger must show
+# ---------------------------------------------------------------------------------------
+@dataclass
+class ScheduleModel:
+    name: str
+    schedule: Schedule
+    enabled_since: list[datetime] = field(default_factory=list)
+    """Starts of the enabled intervals; ``enabled_until`` holds their ends."""
+    enabled_until: list[datetime | None] = field(default_factory=list)
+    excused: list[tuple[datetime, datetime]] = field(default_factory=list)
+    """Intervals ``(start, end]`` whose slots may lack a row (documented behaviour)."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.enabled_until) and self.enabled_until[-1] is None
+
+    def enable(self, at: datetime) -> None:
+        if not self.enabled:
+            self.enabled_since.append(at)
+            self.enabled_until.append(None)
+
+    def disable(self, at: datetime) -> None:
+        if self.enabled:
+            self.enabled_until[-1] = at
+
+    def due_slots(self, now: datetime) -> list[datetime]:
+        """Slots that came due while enabled, up to now."""
+        slots: list[datetime] = []
+        for since, until in zip(self.enabled_since, self.enabled_until):
+            slots.extend(self.schedule.cron.occurrences(since, until or now))
+        return [s for s in slots if not any(a < s <= b for a, b in self.excused)]
+
+
+class EngineMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.runner = asyncio.Runner()
+        self.folder = Path(tempfile.mkdtemp(prefix="schedtui-invariants-"))
+        self.url = f"sqlite:///{self.folder / 'state.db'}"
+        self.clock = ManualClock(START)
+        self.handlers = Handlers(self.clock)
+        self.world = World()
+        self.generation = 0  # engines made so far: seeds their ids
+        self.engines: dict[str, Engine] = {}
+        self.mode = "single"
+        self.models: dict[str, ScheduleModel] = {}
+        self.definitions: list[Schedule] = []
+        self.checker: Store | None = None
+        self.unrecovered_since: datetime | None = None
+        """When the current (or last, not yet recovered) outage began."""
+        self.recovered_after: datetime | None = None
+        self.log: list[str] = []
+
+    # -- plumbing -------------------------------------------------------------------------
+    def run(self, coro: Any) -> Any:
+        """Run one step on the machine's event loop. The timeout only bounds a hung engine
+        (then the stacks of its tasks and the steps so far are the failure message)."""
+
+        async def bounded() -> Any:
+            step = asyncio.ensure_future(coro)
+            done, _ = await asyncio.wait({step}, timeout=STEP_TIMEOUT)
+            if step in done:
+                return step.result()
+            stacks = []
+            for task in asyncio.all_tasks():
+                where, awaiting = [], task.get_coro()
+                while awaiting is not None and hasattr(awaiting, "cr_frame"):  # down the await chain
+                    if awaiting.cr_frame is not None:
+                        where.append(f"{awaiting.cr_code.co_name}:{awaiting.cr_frame.f_lineno}")
+                    awaiting = awaiting.cr_await
+                stacks.append(f"{task.get_name()}: {' -> '.join(where)}")
+            step.cancel()
+            raise AssertionError(f"a step hung ({STEP_TIMEOUT}s); tasks:\n  " + "\n  ".join(stacks) + self.steps())
+
+        return self.runner.run(bounded())
+
+    def new_engine(self, instance: str) -> Engine:
+        store = FlakyStore(open_store(self.url), self.world)
+        self.generation += 1
+        bits = random.Random(f"{instance}-{self.generation}").getrandbits
+        return Engine(
+            self.definitions,
+            store,  # type: ignore[arg-type]
+            clock=self.clock,
+            instance=instance,
+            coordination="single" if self.mode == "single" else "advisoryLock",
+            shutdown_grace=0,
+            state_poll_interval=POLL,
+            abandon_after=3600,  # the clock jumps minutes at once; no instance here dies
+            retention=None,
+            ids=IdFactory(self.clock.now, functools.partial(bits, 80)),  # repeatable
+        )
+
+    def signature(self) -> tuple[Any, ...]:
+        return (
+            self.world.pending,
+            self.handlers.events,
+            self.clock.sleepers,
+            len(asyncio.all_tasks()),
+            tuple(sum(e.stats.values()) for e in self.engines.values()),
+        )
+
+    async def settle(self) -> None:
+        """Wait until the engines have done everything the current time calls for, short
+        of runs still in flight: their loops are parked (``quiesce(runs=False)``), no store
+        call is on its way, and nothing changes over a few more rounds of the event loop.
+        (``quiesce()`` itself waits for every run to finish, which a handler sleeping on
+        the manual clock never does until the clock moves.)"""
+        last, stable = None, 0
+        for _ in range(2000):
+            for engine in self.engines.values():
+                await engine.quiesce(runs=False)
+            for _ in range(3):
+                await asyncio.sleep(0)
+            now = self.signature()
+            stable = stable + 1 if now == last and self.world.pending == 0 else 0
+            if stable >= 3:
+                return
+            last = now
+        raise AssertionError(f"the engines did not settle{self.steps()}")
+
+    async def ledger(self) -> dict[str, list[Run]]:
+        for engine in self.engines.values():
+            await engine.flush()
+        assert self.checker is not None
+        return {name: await self.checker.list_runs(name, limit=1_000_000) for name in self.models}
+
+    # -- set-up -----------------------------------------------------------------------------
+    @initialize(
+        mode=st.sampled_from(["single", "advisoryLock", "fleet"]),
+        policies=st.lists(
+            st.tuples(
+                st.sampled_from(["skip", "queue", "parallel"]),
+                st.sampled_from(["skip", "latest", "all"]),
+                st.one_of(
+                    st.just(Behaviour("noop")),
+                    st.just(Behaviour("fail")),
+                    st.builds(Behaviour, st.just("sleep"), st.sampled_from([5.0, 25.0, 45.0, 90.0, 200.0])),
+                ),
+                st.sampled_from([30.0, 600.0]),
+            ),
+            min_size=len(CRONS),
+            max_size=len(CRONS),
+        ),
+    )
+    def set_up(self, mode: str, policies: list[tuple[str, str, Behaviour, float]]) -> None:
+        self.mode = mode
+        for (name, cron), (overlap, backfill, behaviour, max_runtime) in zip(CRONS.items(), policies):
+            schedule = define_schedule(
+                name=name,
+                cron=cron,
+                timezone="UTC",
+                handler=self.handlers.make(behaviour),
+                on_overlap=overlap,  # type: ignore[arg-type]
+                backfill=backfill,  # type: ignore[arg-type]
+                max_runtime=max_runtime,
+            )
+            self.definitions.append(schedule)
+            self.models[name] = ScheduleModel(name, schedule)
+            self.log.append(f"{name}: {cron} on_overlap={overlap} backfill={backfill} {behaviour} max_runtime={max_runtime}")
+
+        async def go() -> None:
+            self.checker = open_store(self.url)
+            await self.checker.open()
+            for instance in ["a", "b"] if mode == "fleet" else ["a"]:
+                self.engines[instance] = engine = self.new_engine(instance)
+                await engine.start()
+            await self.settle()
+
+        self.run(go())
+        for model in self.models.values():
+            model.enable(self.clock.now())
+
+    def teardown(self) -> None:
+        async def go() -> None:
+            for engine in self.engines.values():
+                await engine.stop(grace=0)
+            if self.checker is not None:
+                left = await self.checker.running_runs()
+                await self.checker.close()
+                # (c) once more, for every engine, after the last step
+                assert not left, f"(c) a clean stop left runs running: {self.show({r.scheduled_at: [r] for r in left})}"
+
+        try:
+            self.run(go())
+        finally:
+            self.runner.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    # -- rules ------------------------------------------------------------------------------
+    instances = st.sampled_from(["a", "b"])
+    names = st.sampled_from(sorted(CRONS))
+    # Every other rule also lets some time pass after it (Hypothesis turns whole rules off
+    # in some examples, the advance rules too): none, a fraction of a second, a slot of
+    # the six-field schedule, a minute and a bit, a few minutes.
+    then = st.sampled_from([0.0, 0.5, 20.0, 61.0, 150.0])
+
+    def engine(self, instance: str) -> Engine:
+        return self.engines.get(instance) or self.engines["a"]
+
+    # Time moves in three kinds of steps (three rules, so that it moves in most steps):
+    # within a second, across a few of the six-field schedule's slots, across minutes.
+    @rule(seconds=st.floats(0.1, 1.0))
+    def advance_a_little(self, seconds: float) -> None:
+        self.advance(seconds)
+
+    @rule(seconds=st.integers(1, 30))
+    def advance_seconds(self, seconds: int) -> None:
+        self.advance(seconds)
+
+    @rule(seconds=st.integers(30, 400))
+    def advance_minutes(self, seconds: int) -> None:
+        self.advance(seconds)
+
+    def advance(self, seconds: float) -> None:
+        if not seconds:
+            return
+        self.clock.advance(seconds)
+        self.log.append(f"advance {seconds}s -> {self.clock.now():%H:%M:%S.%f}")
+        self.run(self.settle())
+
+    notes = st.one_of(st.none(), st.just("maintenance"))
+
+    @rule(instance=instances, name=names, enabled=st.booleans(), note=notes, then=then)
+    def set_enabled(self, instance: str, name: str, enabled: bool, note: str | None, then: float) -> None:
+        self.switch(instance, name, enabled, note)
+        self.advance(then)
+
+    @rule(instance=instances, name=names, note=notes, then=then)
+    def pause(self, instance: str, name: str, note: str | None, then: float) -> None:
+        """Disable, then enable at once: an operator's brief pause (issue 8, item 1)."""
+        self.switch(instance, name, False, note)
+        self.switch(instance, name, True, None)
+        self.advance(then)
+
+    def switch(self, instance: str, name: str, enabled: bool, note: str | None) -> None:
+        engine = self.engine(instance)
+        self.log.append(f"{engine.instance}: set_enabled({name}, {enabled}, note={note!r})")
+
+        async def go() -> bool:
+            try:
+                await engine.set_enabled(name, enabled, note=note)
+            except Unavailable:
+                return False
+            await self.settle()
+            return True
+
+        if self.run(go()):
+            model = self.models[name]
+            model.enable(self.clock.now()) if enabled else model.disable(self.clock.now())
+
+    @rule(instance=instances, name=names, then=then)
+    def run_now(self, instance: str, name: str, then: float) -> None:
+        engine = self.engine(instance)
+        self.log.append(f"{engine.instance}: run_now({name})")
+
+        async def go() -> None:
+            run = await engine.run_now(name)
+            assert (run.trigger, run.coordination_outcome) == ("manual", "manual")
+            await self.settle()
+
+        self.run(go())
+        self.advance(then)
+
+    @rule(instance=instances, name=names, back=st.integers(1, 6), count=st.integers(1, 4), then=then)
+    def backfill(self, instance: str, name: str, back: int, count: int, then: float) -> None:
+        engine = self.engine(instance)
+        step = timedelta(seconds=20 if name == "sec" else 60 if name == "min" else 120)
+        end = self.clock.now() - back * step
+        start = end - count * step
+        self.log.append(f"{engine.instance}: backfill({name}, {start:%H:%M:%S}, {end:%H:%M:%S})")
+
+        async def go() -> None:
+            try:
+                await engine.start_backfill(name, start, end, confirm=True)
+            except (Refused, Unavailable):
+                pass  # one at a time, a range before the first slot, or the store is down
+            await self.settle()
+
+        self.run(go())
+        self.advance(then)
+
+    @rule(then=then)
+    def outage(self, then: float = 0.0) -> None:
+        """The store goes down, or comes back."""
+        self.toggle_store()
+        self.advance(then)
+
+    def toggle_store(self) -> None:
+        if not self.world.down:
+            self.log.append("store down")
+            self.world.down = True
+            if self.unrecovered_since is None:
+                self.unrecovered_since = self.clock.now()
+            self.recovered_after = None
+            return
+        self.log.append("store up")
+        self.world.down = False
+        # The lost slots are claimed and recorded at the next housekeeping round.
+        self.recovered_after = self.clock.now() + timedelta(seconds=POLL)
+        self.run(self.settle())
+
+    @rule(instance=instances, down_for=st.sampled_from([0.0, 0.5, 30.0, 150.0, 400.0]))
+    def restart(self, instance: str, down_for: float) -> None:
+        if self.world.down:  # an engine refuses to start without its store: it comes back first
+            self.toggle_store()
+        engine = self.engine(instance)
+        name = engine.instance
+        self.log.append(f"{name}: restart after {down_for}s")
+
+        async def go() -> None:
+            await engine.stop(grace=0)
+            del self.engines[name]
+            await self.settle()
+            assert self.checker is not None
+            left = [r for r in await self.checker.running_runs() if r.instance == name]
+            assert not left, f"(c) a clean stop of {name} left runs running: {self.show({r.scheduled_at: [r] for r in left})}"
+            stopped_at = self.clock.now()
+            # A schedule that has never run has nothing to catch up: its slots while this
+            # engine was down may stay empty, unless another instance fired them.
+            ledger = await self.ledger()
+            never_ran = {n for n, runs in ledger.items() if not any(r.trigger != "manual" for r in runs)}
+            self.clock.advance(down_for)
+            await self.settle()
+            if not self.engines:
+                for n in never_ran:
+                    self.models[n].excused.append((stopped_at, self.clock.now()))
+            self.engines[name] = again = self.new_engine(name)
+            await again.start()
+            await self.settle()
+
+        self.run(go())
+
+    # -- invariants ---------------------------------------------------------------------------
+    @invariant()
+    def ledger_holds(self) -> None:
+        if not self.engines:  # before set-up
+            return
+        if self.unrecovered_since is not None and not self.world.down and self.recovered_after is not None:
+            if self.clock.now() >= self.recovered_after:
+                self.unrecovered_since = None
+        ledger = self.run(self.ledger())
+        now = self.clock.now()
+        for name, runs in ledger.items():
+            model = self.models[name]
+            timed = [r for r in runs if r.trigger != "manual"]
+            if currently_in_test_context():
+                for what in {f"{self.mode}: {r.status}/{r.trigger} {r.error_tag or ''}" for r in runs}:
+                    event(what)  # what the examples reached (--hypothesis-show-statistics)
+            # (a) at most one self/external run per slot
+            per_slot: dict[datetime, list[Run]] = defaultdict(list)
+            for r in timed:
+                per_slot[r.scheduled_at].append(r)
+            twice = {slot: rs for slot, rs in per_slot.items() if len(rs) > 1}
+            assert not twice, f"(a) {name}: slots recorded more than once: {self.show(twice)}"
+            # (b) no slot of an enabled schedule left without a row
+            expected = model.due_slots(now)
+            expected = [s for s in expected if s <= self.held_from(runs, now)]
+            if self.unrecovered_since is not None:
+                # While the store is down, and until the housekeeping round after it is back,
+                # slots may wait unclaimed in memory: also slots due before the outage that a
+                # catch-up reached only during it.
+                if self.world.down or self.recovered_after is None or now < self.recovered_after:
+                    expected = []
+            missing = [s for s in expected if s not in per_slot]
+            assert not missing, f"(b) {name}: due slots with no row: {[f'{s:%H:%M:%S}' for s in missing]}{self.steps()}"
+            # (d) skip and queue never run two of a schedule at once: the runs' [fired_at,
+            # finished_at) intervals do not intersect (one still running: up to now).
+            if model.schedule.on_overlap in ("skip", "queue"):
+                spans = sorted(
+                    ((r.fired_at, r.finished_at or datetime.max.replace(tzinfo=now.tzinfo), r) for r in timed
+                     if r.fired_at is not None and r.status in ("succeeded", "failed", "running")),
+                    key=lambda span: (span[0], span[1], span[2].id),
+                )  # fmt: skip
+                latest: tuple[datetime, Run] | None = None  # the span that ends last so far
+                for start, end, r in spans:
+                    if start == end:
+                        continue  # zero length: nothing can run beside it
+                    if latest is not None:
+                        assert start >= latest[0], f"(d) {name}: ran at once: {self.show({r.scheduled_at: [latest[1], r]})}"
+                    if latest is None or end > latest[0]:
+                        latest = (end, r)
+
+    @staticmethod
+    def held_from(runs: list[Run], now: datetime) -> datetime:
+        """From when a schedule's slots may wait in memory, rowless, because runs of it are
+        in flight: the slots after the oldest slot still running (a catch-up firing in
+        order), and those due since the stretch of runs back to back, any trigger, that
+        is still going on began (queued behind them)."""
+        running = [r.scheduled_at for r in runs if r.status == "running"]
+        if not running:
+            return now
+        spans = sorted((r.fired_at, r.finished_at or now.max.replace(tzinfo=now.tzinfo)) for r in runs if r.fired_at)
+        since, until = None, None
+        for start, end in spans:
+            if until is None or start > until:
+                since, until = start, end  # a new stretch
+            else:
+                until = max(until, end)
+        ongoing = since if until is not None and until > now and since is not None else now
+        return min(min(running), ongoing - timedelta(microseconds=1))
+
+    def steps(self) -> str:
+        return "\n steps:\n   " + "\n   ".join(self.log)
+
+    def show(self, runs: dict[datetime, Sequence[Run]]) -> str:
+        return "; ".join(
+            f"{slot:%H:%M:%S}: "
+            + ", ".join(
+                f"[{r.scheduled_at:%H:%M:%S} {r.status}/{r.trigger}/{r.instance} fired {r.fired_at and f'{r.fired_at:%H:%M:%S}'} "
+                f"finished {r.finished_at and f'{r.finished_at:%H:%M:%S}'} {r.error_tag or ''} {r.error_message or ''}]"
+                for r in rs
+            )
+            for slot, rs in runs.items()
+        ) + self.steps()
+
+
+settings.register_profile(
+    "invariants",
+    max_examples=100,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+settings.register_profile("invariants-deep", settings.get_profile("invariants"), max_examples=2000)
+
+
+def _profile() -> settings:
+    chosen = settings.get_profile(os.environ.get("SCHEDTUI_HYPOTHESIS_PROFILE", "invariants"))
+    overrides: dict[str, Any] = {}
+    if "SCHEDTUI_HYPOTHESIS_EXAMPLES" in os.environ:
+        overrides["max_examples"] = int(os.environ["SCHEDTUI_HYPOTHESIS_EXAMPLES"])
+    if "SCHEDTUI_HYPOTHESIS_STEPS" in os.environ:
+        overrides["stateful_step_count"] = int(os.environ["SCHEDTUI_HYPOTHESIS_STEPS"])
+    return settings(chosen, **overrides)
+
+
+EngineMachine.TestCase.settings = _profile()
+TestEngineInvariants = EngineMachine.TestCase
