@@ -41,7 +41,7 @@ class SchedulesView(View):
 
     BINDINGS = [
         Binding("n", "create_schedule", "New", id="schedule_create",
-                tooltip="create a schedule at run time (a queue or durable function; its next fires previewed)"),
+                tooltip="create a schedule at run time (its next fires previewed as you type)"),
         Binding("E", "edit_schedule", "Edit", id="schedule_edit", show=False,
                 tooltip="edit the selected stored schedule (one in code: e only)"),
         Binding("D", "delete_schedule", "Delete", id="schedule_delete", show=False,
