@@ -2,12 +2,13 @@
 over a copy of the fixture ledger (tests/console_fixtures.py) at its frozen instant: a
 schedule created through the form (its next fires previewed as typed), the inline errors
 that keep it from being sent, the backend's refusals, editing and deleting a stored
-schedule, and the refusals for schedules in code and for a read-only console."""
+schedule, and the refusals for schedules in code and for a read-only console; then the same
+three through a real ``schedtui serve`` (RemoteBackend), audited."""
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,16 @@ from textual.pilot import Pilot
 from textual.widgets import Input, Select
 
 from backend import ManualClock
+from backend.remote import RemoteBackend
 from console.app import SchedtuiApp
 from console.screens.schedule_form import DeleteSchedule, ScheduleForm
 from console.widgets import DetailBar, SchedulesTable
 from tests.console_fixtures import FROZEN, WHERE, console_backend
 from tests.console_scenes import make_ledger
+from tests.servers import Server, start_server
+from tests.test_cli import write_tree
 from tests.test_console import Notes, settle
+from tests.test_runtime_surfaces import DEFINITIONS, OPERATE
 
 ZONE = "Europe/Berlin"
 CODE_NAMES = ["daily-digest", "heartbeat", "flaky-export", "slow-reindex", "stuck-import", "billing-webhook",
@@ -282,3 +287,47 @@ async def test_read_only_refuses_create_edit_and_delete(store_url: str) -> None:
             for what in ("Create schedule", "Edit schedule", "Delete schedule")
         ]
         assert backend.calls == []
+
+
+@pytest.fixture
+def rt_server(tmp_path: Path) -> Iterator[Server]:
+    write_tree(tmp_path, DEFINITIONS)
+    srv = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{tmp_path / 'state.db'}",
+                       "--token", f"alice={OPERATE}")
+    yield srv
+    assert srv.stop() == 0, srv.log_text()
+
+
+async def test_create_edit_and_delete_against_a_real_server(rt_server: Server) -> None:
+    backend = RemoteBackend(rt_server.url, OPERATE)
+    app = SchedtuiApp(backend, refresh_interval=60)
+    notes = Notes(app)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            await pilot.press("n")
+            await settle(pilot)
+            assert isinstance(app.screen, ScheduleForm) and app.screen.queues == ["mail"]
+            await fill(pilot, name="reap-sessions", cron="*/15 * * * *", target="mail", payload='{"older_than": "7d"}')
+            await pilot.press("ctrl+s")
+            await settle(pilot)
+            assert not isinstance(app.screen, ScheduleForm), notes.seen
+            assert name_cell(app, "reap-sessions") == "reap-sessions ⊕"
+            await pilot.press("E")
+            await settle(pilot)
+            await type_into(pilot, "#cron", "0 3 * * *")
+            await pilot.press("ctrl+s")
+            await settle(pilot)
+            listed = {v.name: v for v in (await backend.list_schedules()).schedules}
+            assert listed["reap-sessions"].cron == "0 3 * * *" and listed["reap-sessions"].source == "store"
+            assert listed["reap-sessions"].payload == {"older_than": "7d"}
+            await pilot.press("D")
+            await settle(pilot)
+            await pilot.press(*"reap-sessions", "enter")
+            await settle(pilot)
+            assert "reap-sessions" not in {v.name for v in (await backend.list_schedules()).schedules}
+            assert notes.titled("Deleted") == ["reap-sessions deleted; its runs stay in the ledger"]
+            actions = [e.action for e in (await backend.audit()).entries if e.target == "reap-sessions"]
+            assert actions == ["schedule.delete", "schedule.update", "schedule.create"]
+    finally:
+        await backend.close()
