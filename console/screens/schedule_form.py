@@ -178,7 +178,9 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
                 yield Label("Target")
                 yield Select([("queue", "queue"), ("durable", "durable")], value=kind, allow_blank=False,
                              id="kind", compact=True)
-                yield Input(target.name if target is not None and target.kind != "handler" else "",
+                known = self._names(kind)
+                typed = target.name if target is not None and target.kind != "handler" else ""
+                yield Input(typed or (known[0] if view is None and len(known) == 1 else ""),
                             placeholder=self._names_hint(kind), id="target",
                             suggester=SuggestFromList(self._names(kind), case_sensitive=True))
             with Horizontal(classes="field"):
@@ -209,8 +211,7 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
         names = self._names(kind)
         if not names:
             return "a queue defined in code" if kind == "queue" else "a durable function defined in code"
-        shown = ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
-        return shown
+        return "one of: " + ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
 
     @on(Select.Changed, "#kind")
     def _kind_changed(self, event: Select.Changed) -> None:
@@ -388,10 +389,13 @@ class DeleteSchedule(ModalScreen[bool]):
         background: $surface;
         padding: 0 1;
     }
+    DeleteSchedule Label {
+        width: 1fr;
+    }
     DeleteSchedule .hint {
         color: $text-muted;
     }
-    DeleteSchedule Input {
+    DeleteSchedule Input, DeleteSchedule Input:focus {
         border: none;
         height: 1;
         padding: 0 1;
