@@ -275,6 +275,7 @@ class Engine:
             self.timers.may_arm = self.cluster.owns  # only what this instance's shards hold
             self.subsystems.append(self.cluster)
         self.catalog = Catalog(self, cast(CatalogStore, self.store))
+        self._catalog_changed = asyncio.Event()
         """The schedules created at run time (kept in the store)."""
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
@@ -455,6 +456,10 @@ class Engine:
         self.loops.expect("maintenance")
         self.loops.spawn(self._maintenance(), "maintenance")
         if self.relay.postgres is not None:
+            # Another instance's change to a stored schedule is heard at once by NOTIFY
+            # (the state poll would find it within its interval anyway).
+            self.relay.postgres.on_remote = self._heard
+            self.relay.listen()
             self.loops.spawn(self._follow_catalog(), "catalog signals")
 
     async def stop(self, grace: float | None = None) -> None:
@@ -591,6 +596,8 @@ class Engine:
         return await self._views(list(self.schedules))
 
     async def get_schedule(self, name: str) -> ScheduleView:
+        if name not in self.schedules:
+            await self.catalog.refresh()  # created a moment ago by another process?
         self.schedule(name)
         return (await self._views([name]))[0]
 
@@ -670,17 +677,20 @@ class Engine:
                 self.outages.trouble("maintain", "store unavailable for housekeeping", exc)
             await self.loops.park("maintenance", self.clock.now() + self.state_poll_interval)
 
+    def _heard(self, topic: str, name: str | None) -> None:
+        if topic in ("schedules", RESYNC):
+            self._catalog_changed.set()
+
     async def _follow_catalog(self) -> None:
         """PostgreSQL: re-read the catalog as soon as another instance signals a change
         (the state poll would find it within its interval anyway)."""
-        with self.events.subscribe() as inbox:
-            while True:
-                signals = await inbox.get()
-                if any(signal.topic in ("schedules", RESYNC) for signal in signals):
-                    try:
-                        await self.catalog.refresh()
-                    except Unavailable as exc:
-                        self.outages.trouble("maintain", "store unavailable for the catalog", exc)
+        while True:
+            await self._catalog_changed.wait()
+            self._catalog_changed.clear()
+            try:
+                await self.catalog.refresh()
+            except Unavailable as exc:
+                self.outages.trouble("maintain", "store unavailable for the catalog", exc)
 
     async def maintain(self) -> None:
         """One round of housekeeping (normally every ``state_poll_interval``)."""
@@ -730,6 +740,8 @@ class Engine:
         """Enable or disable a schedule, persistently. A disabled schedule keeps its
         definition, has no next slot and does not fire; enabling it arms its next future slot
         (slots that passed while it was disabled are not caught up)."""
+        if name not in self.schedules:
+            await self.catalog.refresh()  # created a moment ago by another process?
         self.schedule(name)
         actor = by or self.audit.actor()
         was = self.is_enabled(name)
@@ -769,6 +781,7 @@ class Engine:
         await self.audit.record("schedule.delete", name, {"spec": row.spec()}, actor=actor)
 
     def _check_stored(self, name: str) -> None:
+        """Refuse a schedule defined in code (stored ones, and unknown names, pass)."""
         if name in self.schedules and not self.catalog.is_stored(name):
             raise DefinedInCode(
                 f'"{name}" is defined in code; it can be enabled or disabled, not edited or deleted here',

@@ -165,6 +165,10 @@ class PostgresRelay:
         self._listened = False
         self.sent = 0
         """NOTIFYs sent by this process."""
+        self.on_remote: Callable[[str, str | None], None] | None = None
+        """Told each signal heard from another instance (``RESYNC`` when some may be lost),
+        whether or not anyone subscribes to the bus: how the engine hears of changes to
+        stored schedules at once."""
         events.taps.append(self._tap)
 
     def _tap(self, topic: str, name: str | None) -> None:
@@ -229,19 +233,28 @@ class PostgresRelay:
                 return
             if data.get("resync"):
                 self.events.resync()
+                self._heard(RESYNC, None)
                 return
             for topic, name in data["signals"]:
                 if topic in TOPICS and (name is None or isinstance(name, str)):
                     self.events.publish(topic, name, remote=True)
+                    self._heard(topic, name)
         except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("ignored a malformed event notification: %.200r", payload)
             self.events.resync()
+            self._heard(RESYNC, None)
+
+    def _heard(self, topic: str, name: str | None) -> None:
+        if self.on_remote is not None:
+            self.on_remote(topic, name)
 
     def _listening(self, up: bool) -> None:
         first, self._listened = not self._listened, True
         if first and up and self.events.live:
             return  # the first connection: nothing was missed yet
         self.events.set_live(up)
+        if up:
+            self._heard(RESYNC, None)
 
     async def stop(self) -> None:
         with contextlib.suppress(Unavailable):

@@ -37,7 +37,7 @@ UTC = timezone.utc
 
 SCHEDULE_KEYS = {
     "name", "cron", "timezone", "trigger", "on_overlap", "backfill", "max_runtime_s", "description",
-    "payload", "enabled", "state_note", "next_fire_at", "last_run", "latest_manual",
+    "payload", "enabled", "state_note", "next_fire_at", "last_run", "latest_manual", "source", "target",
 }  # fmt: skip
 RUN_KEYS = {
     "id", "name", "scheduled_at", "fired_at", "finished_at", "status", "trigger", "coordination_outcome",
@@ -201,6 +201,8 @@ def test_list_json(cli: Cli) -> None:
         "state_note": None,
         "last_run": None,
         "latest_manual": None,
+        "source": "code",
+        "target": {"kind": "handler", "name": failing["target"]["name"]},
     }
     assert (webhook["trigger"], webhook["on_overlap"], webhook["next_fire_at"], webhook["max_runtime_s"]) == (
         "external",

@@ -1,0 +1,65 @@
+"""The stored schedules' store contract, on SQLite and PostgreSQL alike: rows round-trip,
+names are unique, updates are compare-and-set on the row's version, every change bumps the
+catalog version (what other instances poll), and a delete takes the schedule's state along."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any, cast
+
+from backend.catalog import CatalogStore
+from backend.model import ScheduleState
+from backend.store import Store
+from backend.stored import StoredSchedule
+from tests.test_store import new_store, store, store_kind  # noqa: F401 - fixtures
+
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)
+
+
+def row(name: str = "reap", **changes: Any) -> StoredSchedule:
+    base = StoredSchedule(
+        name=name, cron="*/15 * * * *", timezone="Europe/Berlin", queue="mail", durable=None,
+        payload={"older_than": "7d", "n": [1, 2]}, description="old sessions", enabled=True,
+        on_overlap="queue", backfill="latest", max_runtime=90.5,
+        created_at=T0, created_by="alice", updated_at=T0, updated_by="alice", version=1,
+    )  # fmt: skip
+    return replace(base, **changes)
+
+
+async def test_rows_round_trip_and_every_change_bumps_the_version(store: Store) -> None:  # noqa: F811
+    catalog = cast(CatalogStore, store)
+    start = await catalog.catalog_version()
+    assert await catalog.stored_schedules() == (start, [])
+    assert await catalog.create_stored_schedule(row())
+    assert not await catalog.create_stored_schedule(row(cron="* * * * *"))  # the name is taken
+    assert await catalog.create_stored_schedule(row("other", queue=None, durable="flow", payload=None, description=None))
+    version, rows = await catalog.stored_schedules()
+    assert version == start + 2 == await catalog.catalog_version()
+    assert rows == [row("other", queue=None, durable="flow", payload=None, description=None), row()]
+
+    later = T0 + timedelta(minutes=5)
+    wanted = row(cron="0 * * * *", enabled=False, updated_at=later, updated_by="bob")
+    updated = await catalog.update_stored_schedule(wanted, 1)
+    assert updated == replace(wanted, version=2)
+    assert await catalog.update_stored_schedule(wanted, 1) is None  # changed meanwhile: refused
+    assert await catalog.catalog_version() == start + 3
+    assert (await catalog.stored_schedules())[1][1] == updated
+
+    await store.set_state(ScheduleState("reap", False, "bob", later))
+    assert await catalog.delete_stored_schedule("reap")
+    assert not await catalog.delete_stored_schedule("reap")
+    assert "reap" not in await store.get_states()
+    version, rows = await catalog.stored_schedules()
+    assert version == start + 4 and [r.name for r in rows] == ["other"]
+    assert await catalog.update_stored_schedule(updated, 2) is None  # gone
+
+
+async def test_another_connection_sees_the_change(new_store) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    one, two = new_store(), new_store()
+    await one.open()
+    await two.open()
+    before = await cast(CatalogStore, two).catalog_version()
+    assert await cast(CatalogStore, one).create_stored_schedule(row())
+    assert await cast(CatalogStore, two).catalog_version() == before + 1
+    assert [r.name for r in (await cast(CatalogStore, two).stored_schedules())[1]] == ["reap"]
