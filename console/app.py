@@ -655,7 +655,7 @@ class SchedtuiApp(App[None]):
     def _update_read_only(self) -> None:
         self.query_one(ConsoleHeader).read_only = self.read_only
         mode = self.query_one("#mode", Static)
-        mode.update(" READ-ONLY: r e b disabled " if self.read_only else "")
+        mode.update(" READ-ONLY: r e b n E D disabled " if self.read_only else "")
         mode.display = self.read_only
 
     # ------------------------------------------------------------------------------------
@@ -670,13 +670,19 @@ class SchedtuiApp(App[None]):
             return "the token may only read"
         return "the backend is read-only"
 
-    def _target(self, action: str, *, acting: bool = True) -> ScheduleView | None:
-        """The selected schedule, if ``action`` may go ahead; otherwise say why not."""
+    def may_act(self, action: str, *, acting: bool = True) -> bool:
+        """Whether ``action`` may go ahead (writable, connected); otherwise say why not."""
         if acting and self.read_only:
             self.notify(f"{action} does nothing here: {self._read_only_reason()}.", title="Read-only", severity="warning")
-            return None
+            return False
         if self.info is None:
             self.notify(f"{action}: not connected yet.", title="Not connected", severity="warning")
+            return False
+        return True
+
+    def _target(self, action: str, *, acting: bool = True) -> ScheduleView | None:
+        """The selected schedule, if ``action`` may go ahead; otherwise say why not."""
+        if not self.may_act(action, acting=acting):
             return None
         view = self.view_of(self.selected_name)
         if view is None:

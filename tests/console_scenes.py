@@ -105,6 +105,26 @@ def _backfill(start: str, end: str = "now", confirm: str = "", skip: bool = Fals
     return run_before
 
 
+def _new_schedule(cron: str, zone: str = "Europe/Berlin", payload: str = '{"older_than": "7d"}') -> RunBefore:
+    """``n``, the form filled in as an operator would have typed it (the preview follows)."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await settle(pilot)
+        await pilot.press("n")
+        await settle(pilot)
+        screen = pilot.app.screen
+        for field, value in (("name", "reap-sessions"), ("cron", cron), ("zone", zone), ("target", "mailer"),
+                             ("payload", payload), ("description", "Prunes expired sessions")):
+            screen.query_one(f"#{field}").value = value  # type: ignore[attr-defined]
+        cron_field = screen.query_one("#cron")
+        cron_field.focus()
+        await settle(pilot)
+        cron_field.action_end()  # the cursor after what was typed (focus selected it all)
+        await settle(pilot)
+
+    return run_before
+
+
 async def _disconnected(pilot: Pilot[Any]) -> None:
     await settle(pilot)
     app = pilot.app
@@ -162,6 +182,8 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "locks": ({}, _keys("5")),
     "audit": ({}, _keys("6")),
     "audit-filter": ({}, _keys("6", "slash", "c", "a", "r", "o", "l", "enter", "down")),
+    "schedule-create": ({}, _new_schedule("*/15 * * * *")),
+    "schedule-create-error": ({}, _new_schedule("0 25 * * *")),
     "backfill-ok": ({}, _backfill("-1m")),
     "backfill-confirm": ({}, _backfill("2026-03-02T07:50:00Z", "2026-03-02T07:55:00Z", confirm="29")),
     "backfill-refused": ({}, _backfill("-1h", "+1h")),

@@ -19,6 +19,8 @@ PICTURES = [
     ("main", "80x24"),
     ("timeline", "120x32"),
     ("timeline", "80x24"),
+    ("schedule-create", "120x32"),
+    ("schedule-create-error", "80x24"),
     ("backfill-ok", "120x32"),
     ("backfill-confirm", "120x32"),
     ("backfill-refused", "120x32"),

@@ -18,6 +18,7 @@ from ..widgets.palette import (
     STATUS_COLORS,
     STATUS_MEANINGS,
 )
+from ..widgets.schedules import STORED_MARK
 from ..widgets.timeline import MARKS
 
 __all__ = ["HelpScreen"]
@@ -93,7 +94,7 @@ class HelpScreen(ModalScreen[None]):
                 out.append(Content.assemble("  ", (f"{key:>9}", "bold $text-accent"), "  ", description))
             out.append(Content(""))
         if self.read_only_reason:
-            out.append(Content.assemble("  ", ("read-only", "bold $text-warning"), f" {self.read_only_reason}: r, e and b do nothing"))
+            out.append(Content.assemble("  ", ("read-only", "bold $text-warning"), f" {self.read_only_reason}: r, e, b, n, E and D do nothing"))
             out.append(Content(""))
         lines: list[str] = ["[b]Run status[/b] [$text-muted](tables, strip and timeline; a failure is also reversed)[/]"]
         for status, meaning in STATUS_MEANINGS.items():
@@ -124,6 +125,8 @@ class HelpScreen(ModalScreen[None]):
                      f"[b $text-accent]{MARKS['now']}[/] now   [$text-muted]{MARKS['unknown']}[/] not loaded (zoom in)")
         lines.append(f"  [b reverse $text-warning]⚠[/] overdue: a slot {30}s past with no run   "
                      "[$text-muted]○ before a name: disabled[/]")
+        lines.append(f"  [$text-accent]{STORED_MARK}[/] after a name: created at run time (stored; E edits, D deletes); "
+                     "[$text-muted]the others are in code: e only[/]")
         out.append(Content.from_markup("\n".join(lines)))
         return Content("\n").join(out)
 

@@ -1,4 +1,9 @@
-"""View 1: every schedule, and the selected one's settings, recent runs, next fires and runs."""
+"""View 1: every schedule, and the selected one's settings, recent runs, next fires and runs.
+
+``n`` creates a schedule at run time (a form previewing its next fires), ``E`` edits a
+stored one, ``D`` deletes a stored one (its name typed to confirm). Schedules written in
+code can only be enabled or disabled (``e``): ``E`` and ``D`` say so. Acting is refused,
+saying why, when the console is read-only."""
 
 from __future__ import annotations
 
@@ -13,9 +18,11 @@ from textual.widgets import DataTable
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.interface import RunsPage
-from backend.model import Run
+from backend.model import Run, ScheduleView
 
+from .. import format as fmt
 from ..fleet import durations
+from ..screens.schedule_form import DEFINED_IN_CODE, DeleteSchedule, ScheduleForm, defined_in_code
 from ..widgets.line import Line
 from ..widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
 from .base import View
@@ -33,6 +40,12 @@ class SchedulesView(View):
     view_id = "schedules"
 
     BINDINGS = [
+        Binding("n", "create_schedule", "New", id="schedule_create",
+                tooltip="create a schedule at run time (its next fires previewed as you type)"),
+        Binding("E", "edit_schedule", "Edit", id="schedule_edit", show=False,
+                tooltip="edit the selected stored schedule (one in code: e only)"),
+        Binding("D", "delete_schedule", "Delete", id="schedule_delete", show=False,
+                tooltip="delete the selected stored schedule (its name typed to confirm)"),
         Binding("right_square_bracket", "older_runs", "Older runs", id="older_runs", show=False,
                 tooltip="older runs (the next page, by keyset)"),
         Binding("left_square_bracket", "newer_runs", "Newer runs", id="newer_runs", show=False,
@@ -232,3 +245,104 @@ class SchedulesView(View):
     def on_resize(self) -> None:
         if self.console.views:
             self._title(len(self.table.views))
+
+    # -- creating, editing, deleting ----------------------------------------------------
+    def _stored(self, action: str) -> ScheduleView | None:
+        """The selected schedule, if ``action`` may go ahead on it: writable, connected, and
+        a stored one (a schedule in code is refused, saying so)."""
+        console = self.console
+        if not console.may_act(action):
+            return None
+        view = console.view_of(self.selected_name)
+        if view is None:
+            self.notify(f"{action}: no schedule selected.", severity="warning")
+            return None
+        if view.source != "store":
+            self.notify(defined_in_code(view.name), title=DEFINED_IN_CODE, severity="warning", markup=False)
+            return None
+        return view
+
+    def action_create_schedule(self) -> None:
+        """``n``: the form for a new schedule."""
+        if self.console.may_act("Create schedule"):
+            self.open_form(None)
+
+    def action_edit_schedule(self) -> None:
+        """``E``: the form, filled in from the selected stored schedule."""
+        view = self._stored("Edit schedule")
+        if view is not None:
+            self.open_form(view)
+
+    @work(exclusive=True, group="schedule-form-open", exit_on_error=False)
+    async def open_form(self, editing: ScheduleView | None) -> None:
+        """Read the targets on offer (the queues, and the durable functions that have run),
+        then show the form."""
+        console = self.console
+        backend = console.backend
+        systems = console.info.systems if console.info is not None else ()
+        queues: list[str] = []
+        functions: list[str] = []
+        try:
+            if "jobs" in systems:
+                queues = [q.name for q in await backend.list_queues()]
+            if "durable" in systems:
+                page = await backend.list_executions(limit=200)
+                functions = sorted({e.function for e in page.executions})
+        except Unavailable as exc:
+            console.connection_lost(exc)
+            return
+        except SchedtuiError as exc:
+            console.report(exc)  # the form still opens: a target can be typed
+        zone = editing.timezone if editing is not None else "UTC"
+
+        def saved(view: ScheduleView | None) -> None:
+            if view is not None:
+                self._saved(view, created=editing is None)
+
+        self.app.push_screen(
+            ScheduleForm(backend, console.backend_now, queues=queues, functions=functions, editing=editing, zone=zone),
+            saved,
+        )
+
+    def _saved(self, view: ScheduleView, *, created: bool) -> None:
+        console = self.console
+        target = f" → {view.target.kind} {view.target.name}" if view.target is not None else ""
+        if not view.enabled:
+            when = "; disabled"
+        elif view.next_fire_at is not None:
+            when = f"; next fire {fmt.countdown(view.next_fire_at, console.clock.now())}"
+        else:
+            when = ""
+        self.notify(f"{view.name}{target}{when}", title="Created" if created else "Saved", markup=False)
+        if created:
+            console.views = [*[v for v in console.views if v.name != view.name], view]
+        else:
+            console.views = [view if v.name == view.name else v for v in console.views]
+        self.show()
+        self.select(view.name)
+        console.request_refresh()
+
+    def action_delete_schedule(self) -> None:
+        """``D``: delete the selected stored schedule, once its name is typed."""
+        view = self._stored("Delete schedule")
+        if view is None:
+            return
+
+        def answer(go: bool | None) -> None:
+            if go:
+                self._delete(view.name)
+
+        self.app.push_screen(DeleteSchedule(view), answer)
+
+    @work(group="schedule-delete", exit_on_error=False)
+    async def _delete(self, name: str) -> None:
+        console = self.console
+        try:
+            await console.backend.delete_schedule(name)
+        except SchedtuiError as exc:
+            console.report(exc)
+            return
+        self.notify(f"{name} deleted; its runs stay in the ledger", title="Deleted", markup=False)
+        console.views = [v for v in console.views if v.name != name]
+        self.show()
+        console.request_refresh()

@@ -76,6 +76,9 @@ class DetailBar(Widget):
             ("overlap ", "$text-muted"), view.on_overlap, sep, ("catch-up ", "$text-muted"), view.backfill, sep,
             ("watchdog ", "$text-muted"), fmt.compact_delta(timedelta(seconds=view.max_runtime_s)),
         ]
+        if view.source == "store":  # first after the name: it says E and D apply
+            target = f" → {view.target.kind} {view.target.name}" if view.target is not None else ""
+            parts[2:2] = [("stored", "bold $text-accent"), target, sep]
         if self.durations is not None:
             d = self.durations
             parts += [sep, ("p50 ", "$text-muted"), fmt.duration(d.p50_ms), (" p95 ", "$text-muted"),

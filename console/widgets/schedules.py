@@ -23,10 +23,12 @@ from .. import format as fmt
 from ..fleet import CronCache, Overdue
 from .palette import OUTCOME_COLORS, status_style, theme_color
 
-__all__ = ["LAST_WIDTH", "NAME_MAX", "FreshTable", "SchedulesTable", "last_run_text"]
+__all__ = ["LAST_WIDTH", "NAME_MAX", "STORED_MARK", "FreshTable", "SchedulesTable", "last_run_text"]
 
 NAME_MAX = 28
 """Longer names are cut with an ellipsis (the detail bar shows the whole name)."""
+STORED_MARK = "⊕"
+"""After the name of a schedule created at run time (stored; ``E`` edits it, ``D`` deletes it)."""
 LAST_WIDTH = 34
 
 
@@ -169,8 +171,11 @@ class SchedulesTable(FreshTable):
     def _cells(self, view: ScheduleView, now: datetime, data_now: datetime) -> tuple[Text | str, ...]:
         # Text, never str: a str cell is parsed as markup on every measure and render.
         name = view.name if len(view.name) <= NAME_MAX else view.name[: NAME_MAX - 1] + "…"
+        cell = Text(name, style="bold")
+        if view.source == "store":
+            cell.append(f" {STORED_MARK}", style=Style(color=theme_color(self.app, "text-accent")))
         return (
-            Text(name, style="bold"),
+            cell,
             self._state(view, data_now),
             self._countdown(view, now),
             last_run_text(view, now, self.app),

@@ -1,0 +1,333 @@
+"""The schedules view's ``n`` / ``E`` / ``D`` under Pilot, against the real embedded backend
+over a copy of the fixture ledger (tests/console_fixtures.py) at its frozen instant: a
+schedule created through the form (its next fires previewed as typed), the inline errors
+that keep it from being sent, the backend's refusals, editing and deleting a stored
+schedule, and the refusals for schedules in code and for a read-only console; then the same
+three through a real ``schedtui serve`` (RemoteBackend), audited."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Input, Select
+
+from backend import ManualClock
+from backend.remote import RemoteBackend
+from console.app import SchedtuiApp
+from console.screens.schedule_form import DeleteSchedule, ScheduleForm
+from console.widgets import DetailBar, SchedulesTable
+from tests.console_fixtures import FROZEN, WHERE, console_backend
+from tests.console_scenes import make_ledger
+from tests.servers import Server, start_server
+from tests.test_cli import write_tree
+from tests.test_console import Notes, settle
+from tests.test_runtime_surfaces import DEFINITIONS, OPERATE
+
+ZONE = "Europe/Berlin"
+CODE_NAMES = ["daily-digest", "heartbeat", "flaky-export", "slow-reindex", "stuck-import", "billing-webhook",
+              "legacy-cleanup"]
+
+
+@pytest.fixture(scope="module")
+def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_ledger(tmp_path_factory.mktemp("console-schedule-form")) / "state.db"
+
+
+@pytest.fixture
+def store_url(ledger: Path, tmp_path: Path) -> str:
+    for file in ledger.parent.glob("state.db*"):
+        shutil.copy(file, tmp_path / file.name)
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+class Spy:
+    """The real backend, with its schedule writes counted (what the form sent, if anything)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.read_only = inner.read_only
+        self.calls: list[tuple[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def create_schedule(self, spec: Any) -> Any:
+        self.calls.append(("create", dict(spec)))
+        return await self.inner.create_schedule(spec)
+
+    async def update_schedule(self, name: str, changes: Any) -> Any:
+        self.calls.append(("update", (name, dict(changes))))
+        return await self.inner.update_schedule(name, changes)
+
+    async def delete_schedule(self, name: str) -> None:
+        self.calls.append(("delete", name))
+        await self.inner.delete_schedule(name)
+
+
+@asynccontextmanager
+async def schedules_view(
+    url: str, *, size: tuple[int, int] = (120, 32), read_only: bool = False
+) -> AsyncIterator[tuple[SchedtuiApp, Pilot[Any], Notes, Spy]]:
+    clock = ManualClock(FROZEN)
+    backend = Spy(console_backend(url, clock, read_only=read_only))
+    app = SchedtuiApp(backend, clock, where=WHERE, operator_zone=ZONE, read_only=read_only)  # type: ignore[arg-type]
+    notes = Notes(app)
+    try:
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            yield app, pilot, notes, backend
+    finally:
+        await backend.close()
+
+
+async def type_into(pilot: Pilot[Any], selector: str, text: str) -> None:
+    """Focus a field, clear it, and type ``text`` key by key (as an operator would)."""
+    field = pilot.app.screen.query_one(selector, Input)
+    field.focus()
+    field.value = ""
+    await pilot.pause()
+    await pilot.press(*text)
+    await settle(pilot)
+
+
+def preview(app: SchedtuiApp) -> str:
+    return str(app.screen.query_one("#preview").render())
+
+
+def name_cell(app: SchedtuiApp, name: str) -> str:
+    value = app.query_one(SchedulesTable).get_cell(name, "name")
+    return value if isinstance(value, str) else value.plain
+
+
+async def fill(pilot: Pilot[Any], *, name: str, cron: str, zone: str = "UTC", target: str = "mailer",
+               payload: str = "") -> None:
+    await type_into(pilot, "#name", name)
+    await type_into(pilot, "#cron", cron)
+    await type_into(pilot, "#zone", zone)
+    await type_into(pilot, "#target", target)
+    if payload:
+        await type_into(pilot, "#payload", payload)
+
+
+async def test_create_through_the_form_previews_fires_and_lists_it_as_stored(store_url: str) -> None:
+    async with schedules_view(store_url) as (app, pilot, notes, backend):
+        assert all("⊕" not in name_cell(app, n) for n in CODE_NAMES)
+        await pilot.press("n")
+        await settle(pilot)
+        form = app.screen
+        assert isinstance(form, ScheduleForm)
+        assert form.queues == ["mailer", "thumbnails", "webhooks"]
+        await fill(pilot, name="reap-sessions", cron="*/15 * * * *", zone="Europe/Berlin",
+                   payload='{"older_than": "7d"}')
+        # 08:00:05 UTC is 09:00:05 in Berlin: the next five quarters, in the schedule's zone.
+        shown = preview(app)
+        assert "next fires in Europe/Berlin" in shown
+        for line in ("Mon 2026-03-02 09:15:00 CET  in 14m 55s", "Mon 2026-03-02 09:30:00 CET  in 29m 55s",
+                     "Mon 2026-03-02 10:15:00 CET  in 1h 14m"):
+            assert line in shown
+        assert len(form.slots) == 5
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert not isinstance(app.screen, ScheduleForm)
+        assert backend.calls == [("create", {
+            "name": "reap-sessions", "cron": "*/15 * * * *", "timezone": "Europe/Berlin", "queue": "mailer",
+            "payload": {"older_than": "7d"}, "description": None, "enabled": True,
+        })]
+        assert notes.titled("Created") == ["reap-sessions → queue mailer; next fire in 14m 55s"]
+        view = app.view_of("reap-sessions")
+        assert view is not None and view.source == "store" and view.payload == {"older_than": "7d"}
+        assert name_cell(app, "reap-sessions") == "reap-sessions ⊕"
+        assert app.selected_name == "reap-sessions"
+        assert "stored → queue mailer" in app.query_one(DetailBar).render().plain
+        stored = [v for v in (await backend.list_schedules()).schedules if v.name == "reap-sessions"]
+        assert stored and stored[0].source == "store" and stored[0].target is not None
+        assert (stored[0].target.kind, stored[0].target.name) == ("queue", "mailer")
+
+
+async def test_bad_cron_zone_or_payload_is_said_inline_and_nothing_is_sent(store_url: str) -> None:
+    async with schedules_view(store_url, size=(80, 24)) as (app, pilot, notes, backend):
+        await pilot.press("n")
+        await settle(pilot)
+        await fill(pilot, name="reap-sessions", cron="0 25 * * *")
+        assert 'invalid cron expression "0 25 * * *" (tz="UTC"): hour 25 out of range' in preview(app)
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert isinstance(app.screen, ScheduleForm)
+        assert backend.calls == []
+        assert any("hour 25 out of range" in m for m in notes.titled("Not created"))
+        await type_into(pilot, "#cron", "0 9 * * 1-5")
+        await type_into(pilot, "#zone", "Mars/Base")
+        assert 'unknown timezone "Mars/Base"' in preview(app)
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert backend.calls == []
+        await type_into(pilot, "#zone", "UTC")
+        assert "Mon 2026-03-02 09:00:00 UTC" in preview(app)
+        await type_into(pilot, "#payload", "{older: 7}")
+        assert "payload {older: 7} is not JSON" in preview(app)
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert backend.calls == [] and isinstance(app.screen, ScheduleForm)
+        assert any("payload {older: 7} is not JSON" in m for m in notes.titled("Not created"))
+        # Nothing typed was lost.
+        screen = app.screen
+        assert [screen.query_one(f"#{f}", Input).value for f in ("name", "cron", "zone", "target", "payload")] == [
+            "reap-sessions", "0 9 * * 1-5", "UTC", "mailer", "{older: 7}"]
+
+
+async def test_a_refusal_from_the_backend_names_the_value_and_keeps_the_form(store_url: str) -> None:
+    async with schedules_view(store_url) as (app, pilot, notes, backend):
+        await pilot.press("n")
+        await settle(pilot)
+        await fill(pilot, name="heartbeat", cron="0 * * * *")  # a schedule in code has that name
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert len(backend.calls) == 1 and isinstance(app.screen, ScheduleForm)
+        assert notes.titled("Name taken") == ['a schedule named "heartbeat" is defined in code']
+        assert "heartbeat" in str(app.screen.query_one("#problem").render())
+        await type_into(pilot, "#name", "hourly-report")
+        await type_into(pilot, "#target", "no-such-queue")
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert len(backend.calls) == 2 and isinstance(app.screen, ScheduleForm)
+        assert notes.titled("Bad input") == ['queue "no-such-queue" is not defined here nor recorded in the store']
+        assert app.screen.query_one("#cron", Input).value == "0 * * * *"
+        assert app.view_of("hourly-report") is None and app.view_of("heartbeat") is not None
+
+
+async def stored(app: SchedtuiApp, pilot: Pilot[Any], name: str = "reap-sessions") -> None:
+    """A stored schedule made through the backend (not the form: not counted), then selected."""
+    spy = app.backend
+    assert isinstance(spy, Spy)
+    await spy.inner.create_schedule({"name": name, "cron": "*/15 * * * *", "timezone": "UTC", "queue": "mailer",
+                                       "description": "Prunes sessions"})
+    app.request_refresh()
+    await settle(pilot)
+    app.action_select(name)
+    await settle(pilot)
+    assert app.selected_name == name
+
+
+async def test_edit_prefills_the_stored_schedule_and_sends_only_what_changed(store_url: str) -> None:
+    async with schedules_view(store_url) as (app, pilot, notes, backend):
+        await stored(app, pilot)
+        await pilot.press("E")
+        await settle(pilot)
+        form = app.screen
+        assert isinstance(form, ScheduleForm) and form.editing is not None
+        values = [form.query_one(f"#{f}", Input).value for f in ("name", "cron", "zone", "target", "description")]
+        assert values == ["reap-sessions", "*/15 * * * *", "UTC", "mailer", "Prunes sessions"]
+        assert form.query_one("#name", Input).disabled and form.query_one("#kind", Select).value == "queue"
+        await type_into(pilot, "#cron", "0 */2 * * *")
+        assert "Mon 2026-03-02 10:00:00 UTC  in 1h 59m" in preview(app)
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert not isinstance(app.screen, ScheduleForm)
+        assert backend.calls[-1] == ("update", ("reap-sessions", {"cron": "0 */2 * * *"}))
+        view = app.view_of("reap-sessions")
+        assert view is not None and view.cron == "0 */2 * * *" and view.source == "store"
+        assert notes.titled("Saved") == ["reap-sessions → queue mailer; next fire in 1h 59m"]
+        fresh = [v for v in (await backend.list_schedules()).schedules if v.name == "reap-sessions"]
+        assert fresh[0].cron == "0 */2 * * *"
+
+
+async def test_delete_needs_the_exact_name_typed(store_url: str) -> None:
+    async with schedules_view(store_url) as (app, pilot, notes, backend):
+        await stored(app, pilot)
+        await pilot.press("D")
+        await settle(pilot)
+        assert isinstance(app.screen, DeleteSchedule)
+        await pilot.press(*"reap-session", "enter")
+        await settle(pilot)
+        assert isinstance(app.screen, DeleteSchedule) and backend.calls == []
+        assert notes.titled("Not deleted") == ["You typed 'reap-session'; type 'reap-sessions' exactly to delete it."]
+        await pilot.press("s", "enter")
+        await settle(pilot)
+        assert not isinstance(app.screen, DeleteSchedule)
+        assert backend.calls == [("delete", "reap-sessions")]
+        assert app.view_of("reap-sessions") is None
+        assert "reap-sessions" not in app.query_one(SchedulesTable).views
+        assert notes.titled("Deleted") == ["reap-sessions deleted; its runs stay in the ledger"]
+        assert "reap-sessions" not in [v.name for v in (await backend.list_schedules()).schedules]
+        # Esc leaves a stored schedule alone.
+        await stored(app, pilot, "other")
+        await pilot.press("D", "escape")
+        await settle(pilot)
+        assert app.view_of("other") is not None and backend.calls == [("delete", "reap-sessions")]
+
+
+async def test_schedules_in_code_can_only_be_enabled_or_disabled(store_url: str) -> None:
+    async with schedules_view(store_url) as (app, pilot, notes, backend):
+        app.action_select("heartbeat")
+        await settle(pilot)
+        for key in ("E", "D"):
+            await pilot.press(key)
+            await settle(pilot)
+            assert not isinstance(app.screen, (ScheduleForm, DeleteSchedule))
+        said = ("heartbeat is defined in code: it can only be enabled or disabled here (e); "
+                "edit or delete it in its code.")
+        assert notes.titled("Defined in code") == [said, said]
+        assert backend.calls == []
+
+
+async def test_read_only_refuses_create_edit_and_delete(store_url: str) -> None:
+    async with schedules_view(store_url, read_only=True) as (app, pilot, notes, backend):
+        for key in ("n", "E", "D"):
+            await pilot.press(key)
+            await settle(pilot)
+            assert not isinstance(app.screen, (ScheduleForm, DeleteSchedule))
+        assert notes.titled("Read-only") == [
+            f"{what} does nothing here: the console was started with --read-only."
+            for what in ("Create schedule", "Edit schedule", "Delete schedule")
+        ]
+        assert backend.calls == []
+
+
+@pytest.fixture
+def rt_server(tmp_path: Path) -> Iterator[Server]:
+    write_tree(tmp_path, DEFINITIONS)
+    srv = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{tmp_path / 'state.db'}",
+                       "--token", f"alice={OPERATE}")
+    yield srv
+    assert srv.stop() == 0, srv.log_text()
+
+
+async def test_create_edit_and_delete_against_a_real_server(rt_server: Server) -> None:
+    backend = RemoteBackend(rt_server.url, OPERATE)
+    app = SchedtuiApp(backend, refresh_interval=60)
+    notes = Notes(app)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            await pilot.press("n")
+            await settle(pilot)
+            assert isinstance(app.screen, ScheduleForm) and app.screen.queues == ["mail"]
+            await fill(pilot, name="reap-sessions", cron="*/15 * * * *", target="mail", payload='{"older_than": "7d"}')
+            await pilot.press("ctrl+s")
+            await settle(pilot)
+            assert not isinstance(app.screen, ScheduleForm), notes.seen
+            assert name_cell(app, "reap-sessions") == "reap-sessions ⊕"
+            await pilot.press("E")
+            await settle(pilot)
+            await type_into(pilot, "#cron", "0 3 * * *")
+            await pilot.press("ctrl+s")
+            await settle(pilot)
+            listed = {v.name: v for v in (await backend.list_schedules()).schedules}
+            assert listed["reap-sessions"].cron == "0 3 * * *" and listed["reap-sessions"].source == "store"
+            assert listed["reap-sessions"].payload == {"older_than": "7d"}
+            await pilot.press("D")
+            await settle(pilot)
+            await pilot.press(*"reap-sessions", "enter")
+            await settle(pilot)
+            assert "reap-sessions" not in {v.name for v in (await backend.list_schedules()).schedules}
+            assert notes.titled("Deleted") == ["reap-sessions deleted; its runs stay in the ledger"]
+            actions = [e.action for e in (await backend.audit()).entries if e.target == "reap-sessions"]
+            assert actions == ["schedule.delete", "schedule.update", "schedule.create"]
+    finally:
+        await backend.close()
