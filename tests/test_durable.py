@@ -46,6 +46,20 @@ def _fresh_calls() -> None:
 # ---------------------------------------------------------------------------------------
 # definitions
 # ---------------------------------------------------------------------------------------
+def test_the_durable_public_names_come_from_backend_too() -> None:
+    import backend
+    import backend.durable
+
+    names = ["DurableContext", "DurableFunction", "Execution", "ExecutionLog", "ExecutionsPage", "Retry", "Signalled",
+             "Started", "StepFailed", "StepView", "define_durable"]  # fmt: skip
+    for name in names:
+        assert name in backend.__all__
+        assert getattr(backend, name) is getattr(backend.durable, name)
+    from backend import Retry, define_durable  # as DESIGN.md and the README write it
+
+    assert (Retry, define_durable) == (backend.durable.Retry, backend.durable.define_durable)
+
+
 def test_define_durable_refuses_what_cannot_run() -> None:
     async def body(ctx: DurableContext, input: Any) -> None:
         pass
