@@ -33,6 +33,19 @@ from .model import (
     StateNote,
 )
 from .definitions import Definitions, discover, discover_definitions
+from .durable import (
+    DurableContext,
+    DurableFunction,
+    Execution,
+    ExecutionLog,
+    ExecutionsPage,
+    Retry,
+    Signalled,
+    Started,
+    StepFailed,
+    StepView,
+    define_durable,
+)
 from .jobs import Job, JobContext, JobDetail, Queue, QueueFull, QueueView, Sent, define_queue
 from .locks import Lease, LeaseLost, LockNotAcquired, LockResult, StaleLease
 from .schedules import Schedule, define_schedule
@@ -49,7 +62,12 @@ __all__ = [
     "DefinitionError",
     "Definitions",
     "DiscoveryError",
+    "DurableContext",
+    "DurableFunction",
     "Engine",
+    "Execution",
+    "ExecutionLog",
+    "ExecutionsPage",
     "Forbidden",
     "InUse",
     "Job",
@@ -66,6 +84,7 @@ __all__ = [
     "QueueFull",
     "QueueView",
     "Refused",
+    "Retry",
     "Run",
     "RunContext",
     "Schedule",
@@ -73,8 +92,12 @@ __all__ = [
     "ScheduleView",
     "SchedtuiError",
     "Sent",
+    "Signalled",
     "StaleLease",
+    "Started",
     "StateNote",
+    "StepFailed",
+    "StepView",
     "SyncClient",
     "SystemClock",
     "TooLarge",
@@ -82,6 +105,7 @@ __all__ = [
     "Unavailable",
     "connect",
     "connect_sync",
+    "define_durable",
     "define_queue",
     "define_schedule",
     "discover",

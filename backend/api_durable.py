@@ -7,7 +7,8 @@
     POST /inspect/durable/executions/{execution_id}/cancel | /retry
 
 Like every route they speak only to the backend interface; its checks answer bad input
-(422), unknown executions and functions (404) and refusals (409).
+(422), an input or payload over its limit (413), unknown executions and functions (404)
+and refusals (409).
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .api import Api
+from .durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES
 
-__all__ = ["durable_routes"]
+__all__ = ["SIGNAL_BODY_BYTES", "START_BODY_BYTES", "durable_routes"]
+
+#: A body may carry the largest input (payload) even when its client escapes every
+#: character (``\\u00e9`` is 6 bytes for 2): the input's own limit is what answers.
+START_BODY_BYTES = 6 * MAX_INPUT_BYTES + 64 * 1024
+SIGNAL_BODY_BYTES = 6 * MAX_SIGNAL_BYTES + 64 * 1024
 
 
 def durable_routes(api: Api) -> list[Route]:
@@ -76,10 +83,11 @@ def durable_routes(api: Api) -> list[Route]:
         responses:
           201: {description: "{id, duplicate}"}
           404: {description: unknown durable function}
-          422: {description: "input not JSON, or too large"}
+          413: {description: "input over 256 KiB as JSON"}
+          422: {description: input not JSON}
         """
         function = str(request.path_params["function"])
-        body = await body_of(request)
+        body = await body_of(request, START_BODY_BYTES)
         started = await backend.start_execution(function, body.get("input"))
         return JSONResponse(started.to_json(), status_code=201)
 
@@ -96,9 +104,10 @@ def durable_routes(api: Api) -> list[Route]:
           200: {description: "{execution_id, name, duplicate}"}
           404: {description: unknown execution}
           409: {description: the execution has finished}
+          413: {description: "payload over 64 KiB as JSON"}
           422: {description: bad signal name or payload}
         """
-        body = await body_of(request)
+        body = await body_of(request, SIGNAL_BODY_BYTES)
         sent = await backend.signal_execution(
             str(request.path_params["execution_id"]), str(request.path_params["name"]), body.get("payload")
         )

@@ -470,8 +470,16 @@ class Engine:
         self.launcher.stopping = True
         grace = self.shutdown_grace if grace is None else grace
         await self.loops.cancel_all()
-        await asyncio.gather(self.launcher.stop(grace), *(subsystem.stop(grace) for subsystem in self.subsystems))
-        await self.claims.recover_lost()  # lost slots not claimed yet: recorded, a next start would not look
+        parts = [self.launcher.stop(grace), *(subsystem.stop(grace) for subsystem in self.subsystems)]
+        # A part that fails to stop must not keep the store open: its connections' tasks would
+        # then outlive the loop, and the process would never exit.
+        for failed in await asyncio.gather(*parts, return_exceptions=True):
+            if isinstance(failed, BaseException):
+                log.error("stopping: %s", failed, exc_info=failed)
+        try:
+            await self.claims.recover_lost()  # lost slots not claimed yet: recorded, a next start would not look
+        except Exception as exc:  # the store is closed below whatever happens here
+            log.error("stopping: could not record the lost slots: %s", exc, exc_info=exc)
         self.ledger.handoff()
         try:
             await self.store.flush()

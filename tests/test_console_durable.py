@@ -153,6 +153,14 @@ async def test_c_cancels_after_a_confirmation_and_r_retries_a_failed_one(store_u
         assert (await app.backend.get_execution(sleeping.id)).status == "waiting"
         await pilot.press("c")
         await settle(pilot)
+        assert isinstance(app.screen, CancelPrompt)
+        await pilot.press("enter")  # kept too: only an explicit y cancels
+        await settle(pilot)
+        assert not isinstance(app.screen, CancelPrompt)
+        assert (await app.backend.get_execution(sleeping.id)).status == "waiting"
+        assert not notes.titled("Cancelled")
+        await pilot.press("c")
+        await settle(pilot)
         await pilot.press("y")
         await settle(pilot)
         cancelled = await app.backend.get_execution(sleeping.id)

@@ -46,6 +46,20 @@ def _fresh_calls() -> None:
 # ---------------------------------------------------------------------------------------
 # definitions
 # ---------------------------------------------------------------------------------------
+def test_the_durable_public_names_come_from_backend_too() -> None:
+    import backend
+    import backend.durable
+
+    names = ["DurableContext", "DurableFunction", "Execution", "ExecutionLog", "ExecutionsPage", "Retry", "Signalled",
+             "Started", "StepFailed", "StepView", "define_durable"]  # fmt: skip
+    for name in names:
+        assert name in backend.__all__
+        assert getattr(backend, name) is getattr(backend.durable, name)
+    from backend import Retry, define_durable  # as DESIGN.md and the README write it
+
+    assert (Retry, define_durable) == (backend.durable.Retry, backend.durable.define_durable)
+
+
 def test_define_durable_refuses_what_cannot_run() -> None:
     async def body(ctx: DurableContext, input: Any) -> None:
         pass
@@ -675,6 +689,69 @@ async def test_stopping_releases_executions_to_another_instance_at_once(
     assert (done.status, done.output) == ("succeeded", "ok")
     assert CALLS == {"first": 1, "slow": 2}
     assert any("released: a is stopping" in line.message for line in done.logs or [])
+
+
+async def test_stopping_when_the_last_run_ends_during_the_final_renewal(
+    engines: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # stop() renews the leases it holds before waiting for the runs; a run that ends during
+    # that renewal once left nothing to wait for, asyncio.wait() refused the empty set, and
+    # the engine never closed its store (a real serve then hung on exit).
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow() -> str:
+        entered.set()
+        await release.wait()
+        return "ok"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("slow", slow)
+        return await ctx.step("after", count("after"))
+
+    a = engines([define_durable(name="f", handler=body)], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("f")
+    await entered.wait()
+    executor = a.durable.executor
+    renew = a.store.durable_renew
+
+    async def renew_while_the_run_ends(*args: Any) -> Any:
+        renewal = await renew(*args)
+        if executor.stopping:
+            release.set()
+            await asyncio.wait(set(executor._drives))  # the run checkpoints, then lets go
+        return renewal
+
+    monkeypatch.setattr(a.store, "durable_renew", renew_while_the_run_ends)
+    with caplog.at_level("ERROR"):
+        await a.stop(grace=5)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+    assert release.is_set()
+    b = engines([define_durable(name="f", handler=body)], instance="b")
+    await b.open()
+    released = await b.durable.get(started.id)
+    assert released.status == "queued"
+    assert [(step.name, step.status) for step in released.steps or []] == [("slow", "succeeded")]
+    assert CALLS == {}
+
+
+async def test_a_part_failing_to_stop_still_closes_the_store(
+    engines: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body(ctx: DurableContext, input: Any) -> None:
+        return None
+
+    engine = engines([define_durable(name="f", handler=body)], instance="a")
+    await engine.start()
+
+    async def broken(grace: float) -> None:
+        raise RuntimeError("stop failed (test)")
+
+    monkeypatch.setattr(engine.durable, "stop", broken)
+    with caplog.at_level("ERROR"):
+        await engine.stop(grace=0)
+    assert not engine._opened  # the store was closed: nothing is left to outlive the loop
+    assert any("stop failed (test)" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
 
 
 async def test_two_instances_never_run_one_execution_at_once(engines: Callable[..., Engine], clock: ManualClock) -> None:

@@ -171,6 +171,31 @@ def test_sigkill_mid_execution_resumes_elsewhere_and_finished_steps_never_rerun(
     assert resumed_in < 60
 
 
+def test_an_instance_that_took_over_an_execution_exits_on_sigint_within_its_grace(fleet: Fleet) -> None:
+    # A serve that took over a SIGKILLed owner's execution once hung on SIGINT for ever (its
+    # stop raised when the run ended during the last lease renewal; the store stayed open).
+    fleet.hold.touch()
+    a = fleet.start("a")
+    id_ = start(fleet.url, "nightly-sync")
+    poll(lambda: ("page-3", str(a.proc.pid)) in fleet.calls_of(id_), timeout=30, what="a to reach page-3")
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait()
+    b = fleet.start("b")
+    poll(lambda: ("page-3", str(b.proc.pid)) in fleet.calls_of(id_), timeout=60, what="b to take page-3 over")
+    b.proc.send_signal(signal.SIGINT)
+    poll(lambda: "stopping: runs in flight may finish" in b.log(), timeout=10, what="b to begin stopping")
+    fleet.hold.unlink()  # page-3 ends within the grace: b checkpoints it and lets go
+    try:
+        code = b.proc.wait(30)  # serve's shutdown grace
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"b did not exit within its shutdown grace after SIGINT:\n{b.log()}")
+    assert code == 0, b.log()
+    released = get(fleet.url, id_)
+    assert released.status == "queued", released
+    assert [step.name for step in released.steps or [] if step.status == "succeeded"] == ["page-1", "page-2", "page-3"]
+    assert any("released: b is stopping" in line.message for line in released.logs or [])
+
+
 def test_sigkill_during_an_at_most_once_step_never_runs_it_again(fleet: Fleet) -> None:
     fleet.hold.touch()
     a = fleet.start("a")

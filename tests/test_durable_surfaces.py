@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backend import BadInput, Engine, Forbidden, NotFound, Refused, connect, connect_sync
+from backend import BadInput, Engine, Forbidden, NotFound, Refused, TooLarge, connect, connect_sync
 from backend.definitions import discover_definitions
 from backend.interface import Backend, EmbeddedBackend
 from backend.remote import RemoteBackend
@@ -145,6 +145,36 @@ async def test_a_read_token_reads_but_does_not_act(server: Server) -> None:
 # ---------------------------------------------------------------------------------------
 # the HTTP API
 # ---------------------------------------------------------------------------------------
+async def test_an_input_up_to_its_limit_is_taken_and_one_over_it_is_too_large(backend: Backend) -> None:
+    # Over HTTP too: the body of a start may carry an input at its limit (256 KiB).
+    started = await backend.start_execution("release", "x" * (256 * 1024 - 2))  # 256 KiB with its quotes
+    assert (await backend.get_execution(started.id)).input == "x" * (256 * 1024 - 2)
+    with pytest.raises(TooLarge, match="input is 262,145 bytes as JSON, more than the 262,144 allowed") as raised:
+        await backend.start_execution("release", "x" * (256 * 1024 - 1))
+    assert raised.value.field == "input"
+    sent = await backend.signal_execution(started.id, "approval", "y" * (64 * 1024 - 2))
+    assert not sent.duplicate
+    with pytest.raises(TooLarge, match="payload is 65,537 bytes as JSON"):
+        await backend.signal_execution(started.id, "other", "y" * (64 * 1024 - 1))
+
+
+def test_api_answers_an_input_over_its_limit_with_413(server: Server) -> None:
+    headers = {"Authorization": f"Bearer {OPERATE}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=10) as http:
+        escaped = http.post("/inspect/durable/release/start", content=json.dumps({"input": "é" * 40000}).encode())
+        assert escaped.status_code == 201, escaped.text  # 240,000 bytes of body, 40,002 of input
+        big = http.post("/inspect/durable/release/start", json={"input": "x" * (256 * 1024)})
+        error = big.json()["error"]
+        assert (big.status_code, error["code"], error["field"]) == (413, "too_large", "input"), big.text
+        huge = http.post("/inspect/durable/release/start", content=b"[" + b"0," * (1024 * 1024) + b"0]")
+        assert huge.status_code == 413  # past the body's own limit: refused unread
+        id_ = escaped.json()["id"]
+        payload = http.post(f"/inspect/durable/executions/{id_}/signal/approval", json={"payload": "y" * (64 * 1024)})
+        assert (payload.status_code, payload.json()["error"]["field"]) == (413, "payload")
+        responses = http.get("/openapi.json").json()["paths"]["/inspect/durable/{function}/start"]["post"]["responses"]
+        assert {"201", "404", "413", "422"} <= set(responses)
+
+
 def test_api_statuses_and_openapi(server: Server) -> None:
     headers = {"Authorization": f"Bearer {OPERATE}"}
     with httpx.Client(base_url=server.url, headers=headers, timeout=10) as http:
@@ -223,6 +253,9 @@ def test_cli_embedded_and_remote(tmp_path: Path, server: Server) -> None:
         (["durable", "start", "release", "--input", "{bad"], '--input "{bad" is not valid JSON'),
         (["durable", "show", "nope"], 'no execution with id "nope"'),
         (["durable", "signal", id_, "bad name"], "signal name"),
+        # 50,000 characters on the command line, 300,002 bytes as JSON (each is escaped)
+        (["durable", "start", "release", "--input", json.dumps("é" * 50000, ensure_ascii=False)],
+         "input is 300,002 bytes as JSON, more than the 262,144 allowed"),
     ]:
         result = cli(tmp_path, *args, *store)
         assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result

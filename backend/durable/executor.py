@@ -240,7 +240,9 @@ class DurableExecutor:
             await self.renew(self.clock.now())  # a full lease for the grace period
         except Unavailable:
             pass
-        await asyncio.wait(set(self._drives), timeout=max(grace, 0))
+        # The last runs may have ended during the renewal: asyncio.wait refuses an empty set.
+        if self._drives:
+            await asyncio.wait(set(self._drives), timeout=max(grace, 0))
         for run in list(self.running.values()):
             run.interrupt()
         if self._drives:

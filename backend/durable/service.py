@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
-from ..errors import BadInput, NotFound, Refused
+from ..errors import BadInput, NotFound, Refused, TooLarge
 from ..inputs import check_before, check_id
 from ..model import RunContext
 from ..safetext import printable
@@ -35,13 +35,14 @@ DEFAULT_CONCURRENCY: Final = 32
 
 
 def check_json(value: Any, field: str, limit: int) -> str:
-    """``value`` as JSON text; BadInput naming ``field`` when it is not JSON or too long."""
+    """``value`` as JSON text; BadInput naming ``field`` when it is not JSON, TooLarge (HTTP
+    413) when it is longer than ``limit``."""
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
         raise BadInput(f"{field} is not JSON: {exc}", field=field) from None
     if len(text) > limit:
-        raise BadInput(f"{field} is {len(text):,} bytes as JSON, more than the {limit:,} allowed", field=field)
+        raise TooLarge(f"{field} is {len(text):,} bytes as JSON, more than the {limit:,} allowed", field=field)
     return text
 
 

@@ -201,7 +201,8 @@ class SignalPrompt(ModalScreen["tuple[Any] | None"]):
 
 
 class CancelPrompt(ModalScreen[bool]):
-    """``c``: cancel this execution? ``y``/enter cancels it, esc keeps it."""
+    """``c``: cancel this execution? Only ``y`` cancels it; ``n``, esc and enter keep it
+    (as every dangerous question in the console: a stray enter changes nothing)."""
 
     DEFAULT_CSS = """
     CancelPrompt {
@@ -222,8 +223,8 @@ class CancelPrompt(ModalScreen[bool]):
     """
 
     BINDINGS = [
-        Binding("y,enter", "choose(True)", "Cancel it", id="cancel_confirm"),
-        Binding("escape,n", "choose(False)", "Keep it", id="cancel_keep"),
+        Binding("y", "choose(True)", "Cancel it", id="cancel_confirm"),
+        Binding("escape,n,enter", "choose(False)", "Keep it", id="cancel_keep"),
     ]
 
     def __init__(self, execution: Execution) -> None:
@@ -239,7 +240,7 @@ class CancelPrompt(ModalScreen[bool]):
                 yield Label("It stops at its next step boundary; async work in flight is cancelled.")
             else:
                 yield Label("It is cancelled at once.")
-            yield Label("y cancels it · esc keeps it", classes="hint")
+            yield Label("y cancels it · n, esc or enter keeps it", classes="hint")
 
     def action_choose(self, choice: bool) -> None:
         self.dismiss(choice)
