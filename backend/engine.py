@@ -13,6 +13,7 @@ with one job:
 * :mod:`~backend.backfills`: operator-requested range backfills;
 * :mod:`~backend.registry`: heartbeats, the abandoned-work sweep and retention;
 * :mod:`~backend.external`: fires requested by a platform scheduler;
+* :mod:`~backend.reads`: the schedule views, run pages and upcoming slots it answers with;
 * :mod:`~backend.ledger` and :mod:`~backend.loops`: recording runs, and the background
   tasks with the bookkeeping that lets :meth:`Engine.quiesce` say "nothing left to do".
 
@@ -55,11 +56,11 @@ from .model import (
     Run,
     RunContext,
     ScheduleState,
-    ScheduleTarget,
     ScheduleView,
     iso,
 )
 from .outages import OutageLog
+from .reads import ScheduleReads
 from .registry import InstanceRegistry, default_instance_name
 from .relay import Relay
 from .runner import DEFAULT_MAX_THREADS, HandlerRunner
@@ -276,6 +277,8 @@ class Engine:
             self.subsystems.append(self.cluster)
         self.catalog = Catalog(self, cast(CatalogStore, self.store))
         """The schedules created at run time (kept in the store)."""
+        self.reads = ScheduleReads(self)
+        """Schedule views, run pages, upcoming slots: what the read methods delegate to."""
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
             raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")
@@ -550,23 +553,11 @@ class Engine:
         return self.states.is_enabled(name)
 
     def next_fire_at(self, name: str) -> datetime | None:
-        schedule = self.schedule(name)
-        return self._next_fire(schedule, self.is_enabled(name))
-
-    def _next_fire(self, schedule: Schedule, enabled: bool) -> datetime | None:
-        if not enabled or self._trigger_of(schedule) == "external":
-            return None
-        armed = self.timers.next_slot(schedule.name)
-        return armed if armed is not None else schedule.cron.next(self.clock.now())
+        return self.reads.next_fire(self.schedule(name), self.is_enabled(name))
 
     def upcoming(self, name: str, count: int = 5) -> list[datetime]:
         """The next ``count`` slots of a schedule, whatever its state (for previews)."""
-        schedule = self.schedule(name)
-        slots, at = [], self.clock.now()
-        for _ in range(count):
-            at = schedule.cron.next(at)
-            slots.append(at)
-        return slots
+        return self.reads.upcoming(name, count)
 
     async def refresh_states(self) -> None:
         """Re-read enabled/disabled from the store and arm or disarm what changed."""
@@ -585,81 +576,20 @@ class Engine:
     async def list_schedules(self) -> list[ScheduleView]:
         """Every schedule with its state, next slot, newest self/external run and newest
         manual run (when that is its newest run)."""
-        self.ledger.handoff()
-        await self.catalog.refresh()
-        await self.refresh_states()
-        return await self._views(list(self.schedules))
+        return await self.reads.list_schedules()
 
     async def get_schedule(self, name: str) -> ScheduleView:
-        if name not in self.schedules:
-            await self.catalog.refresh()  # created a moment ago by another process?
-        self.schedule(name)
-        return (await self._views([name]))[0]
-
-    async def _views(self, names: list[str]) -> list[ScheduleView]:
-        last = await self.store.last_runs(names)
-        latest = await self.store.last_runs(names, manual=True)
-        owners = await self.cluster.owners() if self.cluster is not None else None
-        views = []
-        for name in names:
-            newest = latest.get(name)
-            manual = newest if newest is not None and newest.trigger == "manual" else None
-            views.append(self._view(self.schedules[name], last.get(name), manual, owners))
-        return views
-
-    def _view(
-        self,
-        schedule: Schedule,
-        last_run: Run | None,
-        latest_manual: Run | None = None,
-        owners: dict[str, str | None] | None = None,
-    ) -> ScheduleView:
-        state = self.states.get(schedule.name)
-        enabled = state.enabled if state is not None else schedule.enabled
-        return ScheduleView(
-            name=schedule.name,
-            cron=schedule.cron.expr,
-            timezone=schedule.timezone,
-            trigger=self._trigger_of(schedule),
-            on_overlap=schedule.on_overlap,
-            backfill=schedule.backfill,
-            max_runtime_s=schedule.max_runtime,
-            description=schedule.description,
-            payload=schedule.payload,
-            enabled=enabled,
-            state_note=state.state_note if state is not None else None,
-            next_fire_at=self._next_fire(schedule, enabled),
-            last_run=last_run,
-            latest_manual=latest_manual,
-            owner=owners.get(schedule.name) if owners is not None else None,
-            sharded=owners is not None,
-            source="store" if self.catalog.is_stored(schedule.name) else "code",
-            target=_target_of(schedule),
-        )
+        return await self.reads.get_schedule(name)
 
     async def list_runs(
         self, name: str, *, limit: int = 50, before: str | None = None
     ) -> tuple[list[Run], str | None]:
         """A page of a schedule's runs, newest first, and the ``before`` of the next page
         (``None`` on the last). ``before`` is the last id of the previous page."""
-        self.schedule(name)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise BadInput(f"limit {limit!r} is out of range (1-1000)", field="limit")
-        self.ledger.handoff()
-        runs = await self.store.list_runs(name, limit=limit + 1, before=before)
-        if len(runs) > limit:  # one more than asked for: there is an older page
-            return runs[:limit], runs[limit - 1].id
-        return runs, None
+        return await self.reads.list_runs(name, limit=limit, before=before)
 
     async def get_run(self, run_id: str) -> Run:
-        active = self.launcher.active.get(run_id)
-        if active is not None:
-            return active.run
-        await self.flush()  # a run that just finished may still be on its way to the store
-        run = await self.store.get_run(run_id)
-        if run is None:
-            raise NotFound(f'no run with id "{run_id}"')
-        return run
+        return await self.reads.get_run(run_id)
 
     # ------------------------------------------------------------------------------------
     # housekeeping: state changes from other processes, heartbeats, abandoned runs, retention
@@ -844,13 +774,3 @@ class Engine:
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         return await self.backfills.wait(backfill_id)
 
-
-def _target_of(schedule: Schedule) -> ScheduleTarget:
-    if schedule.queue is not None:
-        return ScheduleTarget("queue", schedule.queue)
-    if schedule.durable is not None:
-        return ScheduleTarget("durable", schedule.durable)
-    handler = schedule.handler
-    name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
-    module = getattr(handler, "__module__", None)
-    return ScheduleTarget("handler", f"{module}.{name}" if module else name)
