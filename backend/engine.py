@@ -13,6 +13,8 @@ with one job:
 * :mod:`~backend.backfills`: operator-requested range backfills;
 * :mod:`~backend.registry`: heartbeats, the abandoned-work sweep and retention;
 * :mod:`~backend.external`: fires requested by a platform scheduler;
+* :mod:`~backend.systems`: builds the job queue, durable executions, locks and shards
+  beside the schedules (each a :class:`~backend.subsystems.Subsystem`);
 * :mod:`~backend.reads`: the schedule views, run pages and upcoming slots it answers with;
 * :mod:`~backend.ledger` and :mod:`~backend.loops`: recording runs, and the background
   tasks with the bookkeeping that lets :meth:`Engine.quiesce` say "nothing left to do".
@@ -33,7 +35,7 @@ from .audit import AuditLog
 from .backfills import Backfills
 from .catalog import Catalog, CatalogStore
 from .catchup import CatchUp
-from .clock import Clock, ManualClock, SystemClock
+from .clock import Clock, SystemClock
 from .cluster import Cluster, ClusterCoordinator, ClusterStore
 from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator, SlotClaims
 from .definitions import Definitions
@@ -69,6 +71,7 @@ from .states import ScheduleStates
 from .store import Store, open_store
 from .stored import DefinedInCode
 from .subsystems import Shared, Subsystem
+from .systems import attach_systems
 from .timers import Timers
 
 __all__ = ["Engine", "ExternalFiring", "RunListener"]
@@ -86,6 +89,16 @@ class Engine:
     ``await engine.open()`` to act on the store without firing anything on the clock (what
     the other CLI verbs do). ``await engine.stop()`` shuts down cleanly.
     """
+
+    # Set by :func:`backend.systems.attach_systems` while the engine is built.
+    shared: Shared
+    """The engine's parts the systems beside the schedules use."""
+    durable: Durable
+    """Durable executions: starting them and operator actions; the executor once started."""
+    jobs: Jobs
+    """The job queue: sending and operator actions; workers once started."""
+    locks: Locks
+    """Leases on named locks, and locked schedule runs."""
 
     def __init__(
         self,
@@ -215,66 +228,19 @@ class Engine:
             due_at=self._self_due_at,
             new_id=self.new_id,
         )
-        self.shared = Shared(
-            clock=self.clock,
-            store=self.store,
-            loops=self.loops,
-            runner=self.runner,
-            registry=self.registry,
-            outages=self.outages,
-            instance=self.instance,
-            new_id=self.new_id,
-            audit=self.audit,
-            events=self.events,
-        )
         self.subsystems: list[Subsystem] = [self.relay, self.audit]
         """The systems beside the schedules (queue, durable, locks), in start order."""
-        self.durable = Durable(
-            self.shared,
+        attach_systems(
+            self,
             functions,
-            lease_ttl=timedelta(seconds=abandon_after),
-            poll_interval=timedelta(seconds=state_poll_interval),
-            check_owners_every=timedelta(seconds=heartbeat_interval),
+            [item for item in items if isinstance(item, Queue)],
+            abandon_after=abandon_after,
+            state_poll_interval=state_poll_interval,
+            heartbeat_interval=heartbeat_interval,
             retention=retention,
+            lock_clock=lock_clock,
+            shard_ttl=shard_ttl,
         )
-        self.subsystems.append(self.durable)
-        self.jobs = Jobs(self.shared, [item for item in items if isinstance(item, Queue)])
-        """The job queue: sending and operator actions; workers once started."""
-        self.subsystems.append(self.jobs)
-        self.launcher.jobs = self.jobs.actions
-        for schedule in self.schedules.values():
-            if schedule.queue is not None and schedule.queue not in self.jobs.queues:
-                log.warning(
-                    'schedule "%s" sends its jobs to queue "%s", which these definitions do not define: '
-                    "its firings fail unless a process that defines it has recorded it in the store",
-                    schedule.name,
-                    schedule.queue,
-                )
-        # Leases expire on the database's clock, unless a test injected a clock to move by hand.
-        if lock_clock is None and isinstance(self.clock, ManualClock):
-            lock_clock = self.clock
-        self.locks = Locks(self.shared, lock_clock=lock_clock)
-        self.launcher.locks = self.locks
-        self.subsystems.append(self.locks)
-        if isinstance(self.coordinator, ClusterCoordinator):
-            self.cluster = Cluster(
-                store=cast(ClusterStore, self.store),
-                clock=self.clock,
-                loops=self.loops,
-                registry=self.registry,
-                outages=self.outages,
-                instance=self.instance,
-                schedules=[s for s in self.schedules.values() if self._trigger_of(s) == "self"],
-                catch_up=self.catch_up,
-                timers=self.timers,
-                is_enabled=self.is_enabled,
-                lock_now=self.locks.lock_now,
-                ttl=timedelta(seconds=shard_ttl),
-                poll=self.state_poll_interval,
-            )
-            self.coordinator.cluster = self.cluster
-            self.timers.may_arm = self.cluster.owns  # only what this instance's shards hold
-            self.subsystems.append(self.cluster)
         self.catalog = Catalog(self, cast(CatalogStore, self.store))
         """The schedules created at run time (kept in the store)."""
         self.reads = ScheduleReads(self)
