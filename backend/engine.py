@@ -25,7 +25,6 @@ Time comes only from the injected :class:`~backend.clock.Clock`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
@@ -33,7 +32,7 @@ from typing import Any, Literal, cast
 
 from .audit import AuditLog
 from .backfills import Backfills
-from .catalog import Catalog, CatalogStore
+from .catalog import Catalog, CatalogStore, bind_target
 from .catchup import CatchUp
 from .clock import Clock, SystemClock
 from .cluster import Cluster, ClusterCoordinator, ClusterStore
@@ -41,7 +40,7 @@ from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator, Slot
 from .definitions import Definitions
 from .durable import Durable, DurableFunction
 from .errors import BadInput, NotFound, Refused, Unavailable
-from .events import RESYNC, EventBus
+from .events import EventBus
 from .external import ExternalFires
 from .ids import IdFactory
 from .jobs.definition import Queue
@@ -56,7 +55,6 @@ from .model import (
     CoordinationMode,
     ExternalFiring,
     Run,
-    RunContext,
     ScheduleState,
     ScheduleView,
     iso,
@@ -69,7 +67,6 @@ from .runner import DEFAULT_MAX_THREADS, HandlerRunner
 from .schedules import Schedule
 from .states import ScheduleStates
 from .store import Store, open_store
-from .stored import DefinedInCode
 from .subsystems import Shared, Subsystem
 from .systems import attach_systems
 from .timers import Timers
@@ -260,40 +257,16 @@ class Engine:
 
     def bind_target(self, schedule: Schedule) -> Schedule:
         """A schedule defined with ``durable=F`` starts an execution of F per slot."""
-        target = schedule.durable
-        if target is None:
-            return schedule
-
-        async def start(ctx: RunContext, target: str = target) -> None:
-            await self.durable.start_for_slot(target, ctx)
-
-        return dataclasses.replace(schedule, handler=start)
+        return bind_target(self, schedule)
 
     def add_schedule(self, schedule: Schedule) -> None:
         """Run ``schedule`` (new, or replacing its namesake's definition); arming is the caller's."""
-        name = schedule.name
-        self.schedules[name] = schedule
-        self.launcher.max_runtime[name] = timedelta(seconds=schedule.max_runtime)
-        self.launcher.is_async[name] = schedule.is_async
-        if self.cluster is not None:
-            self.cluster.put(schedule)
+        self.catalog.add_schedule(schedule)
 
     def remove_schedule(self, name: str) -> None:
         """Stop running a schedule: disarmed, its queued firings recorded missed, forgotten
         (a run in flight finishes and is recorded)."""
-        schedule = self.schedules.get(name)
-        if schedule is None:
-            return
-        self.timers.disarm(name)
-        waiting = self.launcher.waiting.pop(name, None)
-        while waiting:
-            slot, trigger, fired_as, run_id = waiting.popleft()
-            self.launcher.record_missed(schedule, slot, trigger, fired_as, "the schedule was deleted before this queued firing started", run_id)
-        self.launcher.remote.pop(name, None)
-        del self.schedules[name]
-        self.states.forget(name)
-        if self.cluster is not None:
-            self.cluster.drop(name)
+        self.catalog.remove_schedule(name)
 
     @property
     def started(self) -> bool:
@@ -424,7 +397,7 @@ class Engine:
         self.loops.expect("maintenance")
         self.loops.spawn(self._maintenance(), "maintenance")
         if self.relay.postgres is not None:
-            self.loops.spawn(self._follow_catalog(), "catalog signals")
+            self.loops.spawn(self.catalog.follow_signals(), "catalog signals")
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop firing, let runs in flight finish (up to ``grace`` seconds), record the rest."""
@@ -568,18 +541,6 @@ class Engine:
                 self.outages.trouble("maintain", "store unavailable for housekeeping", exc)
             await self.loops.park("maintenance", self.clock.now() + self.state_poll_interval)
 
-    async def _follow_catalog(self) -> None:
-        """PostgreSQL: re-read the catalog as soon as another instance signals a change
-        (the state poll would find it within its interval anyway)."""
-        with self.events.subscribe() as inbox:
-            while True:
-                signals = await inbox.get()
-                if any(signal.topic in ("schedules", RESYNC) for signal in signals):
-                    try:
-                        await self.catalog.refresh()
-                    except Unavailable as exc:
-                        self.outages.trouble("maintain", "store unavailable for the catalog", exc)
-
     async def maintain(self) -> None:
         """One round of housekeeping (normally every ``state_poll_interval``)."""
         now = self.clock.now()
@@ -653,7 +614,7 @@ class Engine:
 
     async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
         """Change a stored schedule; a code schedule is refused (``defined_in_code``)."""
-        self._check_stored(name)
+        self.catalog.check_stored(name)
         actor = self.audit.actor()
         before, after = await self.catalog.update(name, changes, actor)
         if "enabled" in changes and after.enabled != self.is_enabled(name):
@@ -663,18 +624,10 @@ class Engine:
 
     async def delete_schedule(self, name: str) -> None:
         """Delete a stored schedule: it stops firing here at once, everywhere within 2 s."""
-        self._check_stored(name)
+        self.catalog.check_stored(name)
         actor = self.audit.actor()
         row = await self.catalog.delete(name)
         await self.audit.record("schedule.delete", name, {"spec": row.spec()}, actor=actor)
-
-    def _check_stored(self, name: str) -> None:
-        """Refuse a schedule defined in code (stored ones, and unknown names, pass)."""
-        if name in self.schedules and not self.catalog.is_stored(name):
-            raise DefinedInCode(
-                f'"{name}" is defined in code; it can be enabled or disabled, not edited or deleted here',
-                reason="defined in code",
-            )
 
     async def fire_external(self, name: str, *, allow_self: bool = False) -> ExternalFiring:
         """Fire the slot that is due now because an external scheduler says so (see
