@@ -35,8 +35,8 @@ from .backfills import Backfills
 from .catalog import Catalog, CatalogStore, bind_target
 from .catchup import CatchUp
 from .clock import Clock, SystemClock
-from .cluster import Cluster, ClusterCoordinator, ClusterStore
-from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator, SlotClaims
+from .cluster import Cluster
+from .coordination import Coordinator, SlotClaims, make_coordinator, warn_cluster_fallback
 from .definitions import Definitions
 from .durable import Durable, DurableFunction
 from .errors import BadInput, NotFound, Refused, Unavailable
@@ -144,7 +144,6 @@ class Engine:
         self._opened = False
         self._started = False
         self._stopping = False
-        self._cluster_fallback = False
         self.cluster: Cluster | None = None
         """This instance's shards, in ``cluster`` coordination."""
 
@@ -168,8 +167,9 @@ class Engine:
             new_id=self.new_id,
             poke=self.loops.poke,
         )
+        coordinator, self._cluster_fallback = make_coordinator(coordination, self.store)
         self.claims = SlotClaims(
-            coordinator=self._make_coordinator(coordination),
+            coordinator=coordinator,
             store=self.store,
             clock=self.clock,
             loops=self.loops,
@@ -295,21 +295,6 @@ class Engine:
             if self._trigger_of(schedule) == "self" and schedule.cron.next(before) == slot
         ]
 
-    def _make_coordinator(self, coordination: CoordinationMode | Coordinator | None) -> Coordinator:
-        if coordination is not None and not isinstance(coordination, str):
-            return coordination
-        mode = coordination or self.store.default_coordination
-        if mode == "single":
-            return SingleCoordinator()
-        if mode == "advisoryLock":
-            return ClaimCoordinator(self.store)
-        if mode == "cluster":
-            if self.store.kind != "postgresql":
-                self._cluster_fallback = True  # said loudly at start
-                return SingleCoordinator()
-            return ClusterCoordinator(cast(ClusterStore, self.store))
-        raise BadInput(f'coordination "{mode}" is not one of single, advisoryLock, cluster')
-
     @property
     def coordinator(self) -> Coordinator:
         return self.claims.coordinator
@@ -370,21 +355,9 @@ class Engine:
             self.instance,
             self.store.where,
         )
-        ttl = self.registry.claims_ttl
-        if ttl is not None:
-            log.info(
-                "claims retention: claims older than %gh are swept hourly (renamed and deleted schedules' too)",
-                ttl.total_seconds() / 3600,
-            )
-        else:
-            log.info("claims retention: off (claims are only pruned by the schedules that win new ones)")
+        self.registry.log_claims_retention()
         if self._cluster_fallback:
-            log.warning(
-                "COORDINATION: cluster needs a PostgreSQL store; the store %s is %s, so this instance falls "
-                "back to single: it fires every schedule itself, and a second instance would fire them all again",
-                self.store.where,
-                self.store.kind,
-            )
+            warn_cluster_fallback(self.store)  # said loudly at start
         now = self.clock.now()
         for schedule in self.schedules.values():
             if self.cluster is not None:
