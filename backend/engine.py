@@ -13,6 +13,7 @@ with one job:
 * :mod:`~backend.backfills`: operator-requested range backfills;
 * :mod:`~backend.registry`: heartbeats, the abandoned-work sweep and retention;
 * :mod:`~backend.external`: fires requested by a platform scheduler;
+* :mod:`~backend.parts`: builds the parts above and hands each what it needs of the others;
 * :mod:`~backend.systems`: builds the job queue, durable executions, locks and shards
   beside the schedules (each a :class:`~backend.subsystems.Subsystem`);
 * :mod:`~backend.reads`: the schedule views, run pages and upcoming slots it answers with;
@@ -60,6 +61,7 @@ from .model import (
     iso,
 )
 from .outages import OutageLog
+from .parts import attach_schedule_parts
 from .reads import ScheduleReads
 from .registry import InstanceRegistry, default_instance_name
 from .relay import Relay
@@ -87,6 +89,13 @@ class Engine:
     the other CLI verbs do). ``await engine.stop()`` shuts down cleanly.
     """
 
+    # Set by :func:`backend.parts.attach_schedule_parts` while the engine is built.
+    launcher: Launcher
+    claims: SlotClaims
+    timers: Timers
+    catch_up: CatchUp
+    backfills: Backfills
+    registry: InstanceRegistry
     # Set by :func:`backend.systems.attach_systems` while the engine is built.
     shared: Shared
     """The engine's parts the systems beside the schedules use."""
@@ -157,73 +166,15 @@ class Engine:
         self.states.publish = lambda name: self.events.publish("schedules", name)
         self.outages = OutageLog(self.clock)
         self.runner = HandlerRunner(self.clock, self.loops, max_threads=max_threads)
-        self.launcher = Launcher(
-            clock=self.clock,
-            store=self.store,
-            ledger=self.ledger,
-            runner=self.runner,
-            schedules=self.schedules,
-            instance=self.instance,
-            new_id=self.new_id,
-            poke=self.loops.poke,
-        )
         coordinator, self._cluster_fallback = make_coordinator(coordination, self.store)
-        self.claims = SlotClaims(
-            coordinator=coordinator,
-            store=self.store,
-            clock=self.clock,
-            loops=self.loops,
-            launcher=self.launcher,
-            outages=self.outages,
-            schedules=self.schedules,
-            is_enabled=self.is_enabled,
-            instance=self.instance,
-            new_id=self.new_id,
+        attach_schedule_parts(
+            self,
+            coordinator,
             catch_up_limit=catch_up_limit,
-        )
-        self.ledger.on_finished = self._finished
-        self.timers = Timers(
-            clock=self.clock,
-            loops=self.loops,
-            ledger=self.ledger,
-            launcher=self.launcher,
-            claims=self.claims,
-            schedules=self.schedules,
-            is_enabled=self.is_enabled,
-            catch_up_limit=catch_up_limit,
-        )
-        self.catch_up = CatchUp(
-            clock=self.clock,
-            store=self.store,
-            loops=self.loops,
-            claims=self.claims,
-            launcher=self.launcher,
-            timers=self.timers,
-            outages=self.outages,
-            states=self.states,
-            catch_up_limit=catch_up_limit,
-            poll_interval=self.state_poll_interval,
-        )
-        self.backfills = Backfills(
-            clock=self.clock,
-            store=self.store,
-            loops=self.loops,
-            launcher=self.launcher,
-            instance=self.instance,
-            new_id=self.new_id,
-        )
-        self.registry = InstanceRegistry(
-            clock=self.clock,
-            store=self.store,
-            ledger=self.ledger,
-            instance=self.instance,
-            heartbeat_interval=timedelta(seconds=heartbeat_interval),
-            abandon_after=timedelta(seconds=abandon_after),
+            heartbeat_interval=heartbeat_interval,
+            abandon_after=abandon_after,
             retention=retention,
             claims_ttl=claims_ttl,
-            is_ours=self._is_ours,
-            due_at=self._self_due_at,
-            new_id=self.new_id,
         )
         self.subsystems: list[Subsystem] = [self.relay, self.audit]
         """The systems beside the schedules (queue, durable, locks), in start order."""
@@ -271,29 +222,6 @@ class Engine:
     @property
     def started(self) -> bool:
         return self._started and not self._stopping
-
-    def _finished(self, run: Run) -> None:
-        self.claims.finished(run.id)
-        self.launcher.placed.discard(run.id)
-
-    def _is_ours(self, id_: str) -> bool:
-        """A run (or backfill) this process is responsible for: never abandoned by it."""
-        return (
-            id_ in self.launcher.active
-            or id_ in self.launcher.placed
-            or id_ in self.claims.claimed
-            or id_ in self.backfills.jobs
-            or any(subsystem.is_ours(id_) for subsystem in self.subsystems)
-        )
-
-    def _self_due_at(self, slot: datetime) -> list[str]:
-        """The self-triggered schedules with a slot at ``slot``."""
-        before = slot - timedelta(microseconds=1)
-        return [
-            name
-            for name, schedule in self.schedules.items()
-            if self._trigger_of(schedule) == "self" and schedule.cron.next(before) == slot
-        ]
 
     @property
     def coordinator(self) -> Coordinator:
