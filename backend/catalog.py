@@ -11,9 +11,16 @@ of the old definition's last slot before the one that was armed (handled already
 earlier of the change's time and the armed slot: the new definition's slots that came due
 since the change, before this instance heard of it, still fire (claims keep them once
 across instances); a slot due while the change was applied fires once.
+
+The catalog also changes the set of schedules the engine runs
+(:meth:`Catalog.add_schedule`, :meth:`Catalog.remove_schedule`: arming is the caller's),
+refuses edits of schedules defined in code (:meth:`Catalog.check_stored`), and binds a
+``durable=F`` schedule to its function (:func:`bind_target`, for code schedules too).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import logging
 from dataclasses import replace
@@ -21,13 +28,15 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import BadInput, NotFound, Unavailable
+from .events import RESYNC
+from .model import RunContext
 from .schedules import Schedule
-from .stored import NameTaken, StoredSchedule, check_changes, check_spec
+from .stored import DefinedInCode, NameTaken, StoredSchedule, check_changes, check_spec
 
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["Catalog", "CatalogStore"]
+__all__ = ["Catalog", "CatalogStore", "bind_target"]
 
 log = logging.getLogger("schedtui.engine")
 
@@ -65,9 +74,47 @@ class Catalog:
         """Stored names that a code schedule also defines (the code one runs)."""
         self.known_queues: set[str] = set()
         """Queues recorded in the store by any process (read before a change is checked)."""
+        self._changed = asyncio.Event()
 
     def is_stored(self, name: str) -> bool:
         return name in self.rows
+
+    def check_stored(self, name: str) -> None:
+        """Refuse a schedule defined in code (stored ones, and unknown names, pass)."""
+        if name in self.engine.schedules and not self.is_stored(name):
+            raise DefinedInCode(
+                f'"{name}" is defined in code; it can be enabled or disabled, not edited or deleted here',
+                reason="defined in code",
+            )
+
+    # -- the engine's running set --------------------------------------------------------------
+    def add_schedule(self, schedule: Schedule) -> None:
+        """Run ``schedule`` (new, or replacing its namesake's definition); arming is the caller's."""
+        engine = self.engine
+        name = schedule.name
+        engine.schedules[name] = schedule
+        engine.launcher.max_runtime[name] = timedelta(seconds=schedule.max_runtime)
+        engine.launcher.is_async[name] = schedule.is_async
+        if engine.cluster is not None:
+            engine.cluster.put(schedule)
+
+    def remove_schedule(self, name: str) -> None:
+        """Stop running a schedule: disarmed, its queued firings recorded missed, forgotten
+        (a run in flight finishes and is recorded)."""
+        engine = self.engine
+        schedule = engine.schedules.get(name)
+        if schedule is None:
+            return
+        engine.timers.disarm(name)
+        waiting = engine.launcher.waiting.pop(name, None)
+        while waiting:
+            slot, trigger, fired_as, run_id = waiting.popleft()
+            engine.launcher.record_missed(schedule, slot, trigger, fired_as, "the schedule was deleted before this queued firing started", run_id)
+        engine.launcher.remote.pop(name, None)
+        del engine.schedules[name]
+        engine.states.forget(name)
+        if engine.cluster is not None:
+            engine.cluster.drop(name)
 
     # -- following the store -----------------------------------------------------------------
     async def load(self) -> None:
@@ -79,6 +126,23 @@ class Catalog:
         if self.version is not None and await self.store.catalog_version() == self.version:
             return
         await self.load()
+
+    def heard(self, topic: str, name: str | None) -> None:
+        """A signal relayed from another instance (PostgreSQL): a schedules change, or a
+        resync, means the catalog may have changed."""
+        if topic in ("schedules", RESYNC):
+            self._changed.set()
+
+    async def follow_signals(self) -> None:
+        """PostgreSQL: re-read the catalog as soon as another instance signals a change
+        (the state poll would find it within its interval anyway)."""
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self.refresh()
+            except Unavailable as exc:
+                self.engine.outages.trouble("maintain", "store unavailable for the catalog", exc)
 
     def _apply(self, version: int, rows: list[StoredSchedule]) -> None:
         if self.version is not None and version < self.version:
@@ -101,14 +165,14 @@ class Catalog:
                 self.shadowed.add(row.name)
             return
         try:
-            schedule = engine.bind_target(row.to_schedule())
+            schedule = bind_target(engine, row.to_schedule())
         except BadInput as exc:
             log.warning('stored schedule "%s" is not valid here and is not run: %s', row.name, exc.message)
             return
         old_row = self.rows.get(row.name)
         old = engine.schedules.get(row.name) if old_row is not None else None
         self.rows[row.name] = row
-        engine.add_schedule(schedule)
+        self.add_schedule(schedule)
         engine.events.publish("schedules", row.name)
         if not engine.started or not engine.is_enabled(row.name) or engine.catch_up.busy & {row.name}:
             return
@@ -134,7 +198,7 @@ class Catalog:
 
     def _remove(self, name: str) -> None:
         del self.rows[name]
-        self.engine.remove_schedule(name)
+        self.remove_schedule(name)
         self.engine.events.publish("schedules", name)
 
     # -- the operator's changes ---------------------------------------------------------------
@@ -200,3 +264,16 @@ class Catalog:
     async def _read_known_queues(self) -> None:
         views = await self.engine.jobs.queue_views()
         self.known_queues = {view.name for view in views}
+
+
+def bind_target(engine: Engine, schedule: Schedule) -> Schedule:
+    """A schedule defined with ``durable=F`` starts an execution of F (``engine.durable``)
+    per slot; any other schedule is returned as it is."""
+    target = schedule.durable
+    if target is None:
+        return schedule
+
+    async def start(ctx: RunContext, target: str = target) -> None:
+        await engine.durable.start_for_slot(target, ctx)
+
+    return replace(schedule, handler=start)

@@ -22,10 +22,11 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from .clock import Clock
-from .errors import Unavailable
+from .cluster import ClusterCoordinator, ClusterStore
+from .errors import BadInput, Unavailable
 from .launcher import Launcher
 from .loops import Loops
 from .model import Claim, ClaimResult, CoordinationMode, Outcome, Trigger, slot_key
@@ -35,7 +36,7 @@ from .schedules import Schedule
 if TYPE_CHECKING:
     from .store import Store
 
-__all__ = ["ClaimCoordinator", "Coordinator", "SingleCoordinator", "SlotClaims"]
+__all__ = ["ClaimCoordinator", "Coordinator", "SingleCoordinator", "SlotClaims", "make_coordinator", "warn_cluster_fallback"]
 
 log = logging.getLogger("schedtui.engine")
 
@@ -87,6 +88,32 @@ class ClaimCoordinator:
 
     async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
         return await self.store.claim(claims, instance, now)
+
+
+def make_coordinator(coordination: CoordinationMode | Coordinator | None, store: Store) -> tuple[Coordinator, bool]:
+    """The coordinator for ``coordination`` (a mode, a coordinator given as is, or ``None``
+    for the store's default), and whether ``cluster`` fell back to ``single``."""
+    if coordination is not None and not isinstance(coordination, str):
+        return coordination, False
+    mode = coordination or store.default_coordination
+    if mode == "single":
+        return SingleCoordinator(), False
+    if mode == "advisoryLock":
+        return ClaimCoordinator(store), False
+    if mode == "cluster":
+        if store.kind != "postgresql":
+            return SingleCoordinator(), True
+        return ClusterCoordinator(cast(ClusterStore, store)), False
+    raise BadInput(f'coordination "{mode}" is not one of single, advisoryLock, cluster')
+
+
+def warn_cluster_fallback(store: Store) -> None:
+    log.warning(
+        "COORDINATION: cluster needs a PostgreSQL store; the store %s is %s, so this instance falls "
+        "back to single: it fires every schedule itself, and a second instance would fire them all again",
+        store.where,
+        store.kind,
+    )
 
 
 class SlotClaims:

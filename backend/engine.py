@@ -13,6 +13,10 @@ with one job:
 * :mod:`~backend.backfills`: operator-requested range backfills;
 * :mod:`~backend.registry`: heartbeats, the abandoned-work sweep and retention;
 * :mod:`~backend.external`: fires requested by a platform scheduler;
+* :mod:`~backend.parts`: builds the parts above and hands each what it needs of the others;
+* :mod:`~backend.systems`: builds the job queue, durable executions, locks and shards
+  beside the schedules (each a :class:`~backend.subsystems.Subsystem`);
+* :mod:`~backend.reads`: the schedule views, run pages and upcoming slots it answers with;
 * :mod:`~backend.ledger` and :mod:`~backend.loops`: recording runs, and the background
   tasks with the bookkeeping that lets :meth:`Engine.quiesce` say "nothing left to do".
 
@@ -22,7 +26,6 @@ Time comes only from the injected :class:`~backend.clock.Clock`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
@@ -30,15 +33,15 @@ from typing import Any, Literal, cast
 
 from .audit import AuditLog
 from .backfills import Backfills
-from .catalog import Catalog, CatalogStore
+from .catalog import Catalog, CatalogStore, bind_target
 from .catchup import CatchUp
-from .clock import Clock, ManualClock, SystemClock
-from .cluster import Cluster, ClusterCoordinator, ClusterStore
-from .coordination import ClaimCoordinator, Coordinator, SingleCoordinator, SlotClaims
+from .clock import Clock, SystemClock
+from .cluster import Cluster
+from .coordination import Coordinator, SlotClaims, make_coordinator, warn_cluster_fallback
 from .definitions import Definitions
 from .durable import Durable, DurableFunction
 from .errors import BadInput, NotFound, Refused, Unavailable
-from .events import RESYNC, EventBus
+from .events import EventBus
 from .external import ExternalFires
 from .ids import IdFactory
 from .jobs.definition import Queue
@@ -53,21 +56,21 @@ from .model import (
     CoordinationMode,
     ExternalFiring,
     Run,
-    RunContext,
     ScheduleState,
-    ScheduleTarget,
     ScheduleView,
     iso,
 )
 from .outages import OutageLog
+from .parts import attach_schedule_parts
+from .reads import ScheduleReads
 from .registry import InstanceRegistry, default_instance_name
 from .relay import Relay
 from .runner import DEFAULT_MAX_THREADS, HandlerRunner
 from .schedules import Schedule
 from .states import ScheduleStates
 from .store import Store, open_store
-from .stored import DefinedInCode
 from .subsystems import Shared, Subsystem
+from .systems import attach_systems
 from .timers import Timers
 
 __all__ = ["Engine", "ExternalFiring", "RunListener"]
@@ -85,6 +88,23 @@ class Engine:
     ``await engine.open()`` to act on the store without firing anything on the clock (what
     the other CLI verbs do). ``await engine.stop()`` shuts down cleanly.
     """
+
+    # Set by :func:`backend.parts.attach_schedule_parts` while the engine is built.
+    launcher: Launcher
+    claims: SlotClaims
+    timers: Timers
+    catch_up: CatchUp
+    backfills: Backfills
+    registry: InstanceRegistry
+    # Set by :func:`backend.systems.attach_systems` while the engine is built.
+    shared: Shared
+    """The engine's parts the systems beside the schedules use."""
+    durable: Durable
+    """Durable executions: starting them and operator actions; the executor once started."""
+    jobs: Jobs
+    """The job queue: sending and operator actions; workers once started."""
+    locks: Locks
+    """Leases on named locks, and locked schedule runs."""
 
     def __init__(
         self,
@@ -133,7 +153,6 @@ class Engine:
         self._opened = False
         self._started = False
         self._stopping = False
-        self._cluster_fallback = False
         self.cluster: Cluster | None = None
         """This instance's shards, in ``cluster`` coordination."""
 
@@ -147,136 +166,33 @@ class Engine:
         self.states.publish = lambda name: self.events.publish("schedules", name)
         self.outages = OutageLog(self.clock)
         self.runner = HandlerRunner(self.clock, self.loops, max_threads=max_threads)
-        self.launcher = Launcher(
-            clock=self.clock,
-            store=self.store,
-            ledger=self.ledger,
-            runner=self.runner,
-            schedules=self.schedules,
-            instance=self.instance,
-            new_id=self.new_id,
-            poke=self.loops.poke,
-        )
-        self.claims = SlotClaims(
-            coordinator=self._make_coordinator(coordination),
-            store=self.store,
-            clock=self.clock,
-            loops=self.loops,
-            launcher=self.launcher,
-            outages=self.outages,
-            schedules=self.schedules,
-            is_enabled=self.is_enabled,
-            instance=self.instance,
-            new_id=self.new_id,
+        coordinator, self._cluster_fallback = make_coordinator(coordination, self.store)
+        attach_schedule_parts(
+            self,
+            coordinator,
             catch_up_limit=catch_up_limit,
-        )
-        self.ledger.on_finished = self._finished
-        self.timers = Timers(
-            clock=self.clock,
-            loops=self.loops,
-            ledger=self.ledger,
-            launcher=self.launcher,
-            claims=self.claims,
-            schedules=self.schedules,
-            is_enabled=self.is_enabled,
-            catch_up_limit=catch_up_limit,
-        )
-        self.catch_up = CatchUp(
-            clock=self.clock,
-            store=self.store,
-            loops=self.loops,
-            claims=self.claims,
-            launcher=self.launcher,
-            timers=self.timers,
-            outages=self.outages,
-            states=self.states,
-            catch_up_limit=catch_up_limit,
-            poll_interval=self.state_poll_interval,
-        )
-        self.backfills = Backfills(
-            clock=self.clock,
-            store=self.store,
-            loops=self.loops,
-            launcher=self.launcher,
-            instance=self.instance,
-            new_id=self.new_id,
-        )
-        self.registry = InstanceRegistry(
-            clock=self.clock,
-            store=self.store,
-            ledger=self.ledger,
-            instance=self.instance,
-            heartbeat_interval=timedelta(seconds=heartbeat_interval),
-            abandon_after=timedelta(seconds=abandon_after),
+            heartbeat_interval=heartbeat_interval,
+            abandon_after=abandon_after,
             retention=retention,
             claims_ttl=claims_ttl,
-            is_ours=self._is_ours,
-            due_at=self._self_due_at,
-            new_id=self.new_id,
-        )
-        self.shared = Shared(
-            clock=self.clock,
-            store=self.store,
-            loops=self.loops,
-            runner=self.runner,
-            registry=self.registry,
-            outages=self.outages,
-            instance=self.instance,
-            new_id=self.new_id,
-            audit=self.audit,
-            events=self.events,
         )
         self.subsystems: list[Subsystem] = [self.relay, self.audit]
         """The systems beside the schedules (queue, durable, locks), in start order."""
-        self.durable = Durable(
-            self.shared,
+        attach_systems(
+            self,
             functions,
-            lease_ttl=timedelta(seconds=abandon_after),
-            poll_interval=timedelta(seconds=state_poll_interval),
-            check_owners_every=timedelta(seconds=heartbeat_interval),
+            [item for item in items if isinstance(item, Queue)],
+            abandon_after=abandon_after,
+            state_poll_interval=state_poll_interval,
+            heartbeat_interval=heartbeat_interval,
             retention=retention,
+            lock_clock=lock_clock,
+            shard_ttl=shard_ttl,
         )
-        self.subsystems.append(self.durable)
-        self.jobs = Jobs(self.shared, [item for item in items if isinstance(item, Queue)])
-        """The job queue: sending and operator actions; workers once started."""
-        self.subsystems.append(self.jobs)
-        self.launcher.jobs = self.jobs.actions
-        for schedule in self.schedules.values():
-            if schedule.queue is not None and schedule.queue not in self.jobs.queues:
-                log.warning(
-                    'schedule "%s" sends its jobs to queue "%s", which these definitions do not define: '
-                    "its firings fail unless a process that defines it has recorded it in the store",
-                    schedule.name,
-                    schedule.queue,
-                )
-        # Leases expire on the database's clock, unless a test injected a clock to move by hand.
-        if lock_clock is None and isinstance(self.clock, ManualClock):
-            lock_clock = self.clock
-        self.locks = Locks(self.shared, lock_clock=lock_clock)
-        self.launcher.locks = self.locks
-        self.subsystems.append(self.locks)
-        if isinstance(self.coordinator, ClusterCoordinator):
-            self.cluster = Cluster(
-                store=cast(ClusterStore, self.store),
-                clock=self.clock,
-                loops=self.loops,
-                registry=self.registry,
-                outages=self.outages,
-                instance=self.instance,
-                schedules=[s for s in self.schedules.values() if self._trigger_of(s) == "self"],
-                catch_up=self.catch_up,
-                timers=self.timers,
-                is_enabled=self.is_enabled,
-                lock_now=self.locks.lock_now,
-                ttl=timedelta(seconds=shard_ttl),
-                poll=self.state_poll_interval,
-            )
-            self.coordinator.cluster = self.cluster
-            self.timers.may_arm = self.cluster.owns  # only what this instance's shards hold
-            self.subsystems.append(self.cluster)
         self.catalog = Catalog(self, cast(CatalogStore, self.store))
-        self._catalog_changed = asyncio.Event()
         """The schedules created at run time (kept in the store)."""
+        self.reads = ScheduleReads(self)
+        """Schedule views, run pages, upcoming slots: what the read methods delegate to."""
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
             raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")
@@ -292,82 +208,20 @@ class Engine:
 
     def bind_target(self, schedule: Schedule) -> Schedule:
         """A schedule defined with ``durable=F`` starts an execution of F per slot."""
-        target = schedule.durable
-        if target is None:
-            return schedule
-
-        async def start(ctx: RunContext, target: str = target) -> None:
-            await self.durable.start_for_slot(target, ctx)
-
-        return dataclasses.replace(schedule, handler=start)
+        return bind_target(self, schedule)
 
     def add_schedule(self, schedule: Schedule) -> None:
         """Run ``schedule`` (new, or replacing its namesake's definition); arming is the caller's."""
-        name = schedule.name
-        self.schedules[name] = schedule
-        self.launcher.max_runtime[name] = timedelta(seconds=schedule.max_runtime)
-        self.launcher.is_async[name] = schedule.is_async
-        if self.cluster is not None:
-            self.cluster.put(schedule)
+        self.catalog.add_schedule(schedule)
 
     def remove_schedule(self, name: str) -> None:
         """Stop running a schedule: disarmed, its queued firings recorded missed, forgotten
         (a run in flight finishes and is recorded)."""
-        schedule = self.schedules.get(name)
-        if schedule is None:
-            return
-        self.timers.disarm(name)
-        waiting = self.launcher.waiting.pop(name, None)
-        while waiting:
-            slot, trigger, fired_as, run_id = waiting.popleft()
-            self.launcher.record_missed(schedule, slot, trigger, fired_as, "the schedule was deleted before this queued firing started", run_id)
-        self.launcher.remote.pop(name, None)
-        del self.schedules[name]
-        self.states.forget(name)
-        if self.cluster is not None:
-            self.cluster.drop(name)
+        self.catalog.remove_schedule(name)
 
     @property
     def started(self) -> bool:
         return self._started and not self._stopping
-
-    def _finished(self, run: Run) -> None:
-        self.claims.finished(run.id)
-        self.launcher.placed.discard(run.id)
-
-    def _is_ours(self, id_: str) -> bool:
-        """A run (or backfill) this process is responsible for: never abandoned by it."""
-        return (
-            id_ in self.launcher.active
-            or id_ in self.launcher.placed
-            or id_ in self.claims.claimed
-            or id_ in self.backfills.jobs
-            or any(subsystem.is_ours(id_) for subsystem in self.subsystems)
-        )
-
-    def _self_due_at(self, slot: datetime) -> list[str]:
-        """The self-triggered schedules with a slot at ``slot``."""
-        before = slot - timedelta(microseconds=1)
-        return [
-            name
-            for name, schedule in self.schedules.items()
-            if self._trigger_of(schedule) == "self" and schedule.cron.next(before) == slot
-        ]
-
-    def _make_coordinator(self, coordination: CoordinationMode | Coordinator | None) -> Coordinator:
-        if coordination is not None and not isinstance(coordination, str):
-            return coordination
-        mode = coordination or self.store.default_coordination
-        if mode == "single":
-            return SingleCoordinator()
-        if mode == "advisoryLock":
-            return ClaimCoordinator(self.store)
-        if mode == "cluster":
-            if self.store.kind != "postgresql":
-                self._cluster_fallback = True  # said loudly at start
-                return SingleCoordinator()
-            return ClusterCoordinator(cast(ClusterStore, self.store))
-        raise BadInput(f'coordination "{mode}" is not one of single, advisoryLock, cluster')
 
     @property
     def coordinator(self) -> Coordinator:
@@ -429,21 +283,9 @@ class Engine:
             self.instance,
             self.store.where,
         )
-        ttl = self.registry.claims_ttl
-        if ttl is not None:
-            log.info(
-                "claims retention: claims older than %gh are swept hourly (renamed and deleted schedules' too)",
-                ttl.total_seconds() / 3600,
-            )
-        else:
-            log.info("claims retention: off (claims are only pruned by the schedules that win new ones)")
+        self.registry.log_claims_retention()
         if self._cluster_fallback:
-            log.warning(
-                "COORDINATION: cluster needs a PostgreSQL store; the store %s is %s, so this instance falls "
-                "back to single: it fires every schedule itself, and a second instance would fire them all again",
-                self.store.where,
-                self.store.kind,
-            )
+            warn_cluster_fallback(self.store)  # said loudly at start
         now = self.clock.now()
         for schedule in self.schedules.values():
             if self.cluster is not None:
@@ -458,9 +300,9 @@ class Engine:
         if self.relay.postgres is not None:
             # Another instance's change to a stored schedule is heard at once by NOTIFY
             # (the state poll would find it within its interval anyway).
-            self.relay.postgres.on_remote = self._heard
+            self.relay.postgres.on_remote = self.catalog.heard
             self.relay.listen()
-            self.loops.spawn(self._follow_catalog(), "catalog signals")
+            self.loops.spawn(self.catalog.follow_signals(), "catalog signals")
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop firing, let runs in flight finish (up to ``grace`` seconds), record the rest."""
@@ -564,23 +406,11 @@ class Engine:
         return self.states.is_enabled(name)
 
     def next_fire_at(self, name: str) -> datetime | None:
-        schedule = self.schedule(name)
-        return self._next_fire(schedule, self.is_enabled(name))
-
-    def _next_fire(self, schedule: Schedule, enabled: bool) -> datetime | None:
-        if not enabled or self._trigger_of(schedule) == "external":
-            return None
-        armed = self.timers.next_slot(schedule.name)
-        return armed if armed is not None else schedule.cron.next(self.clock.now())
+        return self.reads.next_fire(self.schedule(name), self.is_enabled(name))
 
     def upcoming(self, name: str, count: int = 5) -> list[datetime]:
         """The next ``count`` slots of a schedule, whatever its state (for previews)."""
-        schedule = self.schedule(name)
-        slots, at = [], self.clock.now()
-        for _ in range(count):
-            at = schedule.cron.next(at)
-            slots.append(at)
-        return slots
+        return self.reads.upcoming(name, count)
 
     async def refresh_states(self) -> None:
         """Re-read enabled/disabled from the store and arm or disarm what changed."""
@@ -599,81 +429,20 @@ class Engine:
     async def list_schedules(self) -> list[ScheduleView]:
         """Every schedule with its state, next slot, newest self/external run and newest
         manual run (when that is its newest run)."""
-        self.ledger.handoff()
-        await self.catalog.refresh()
-        await self.refresh_states()
-        return await self._views(list(self.schedules))
+        return await self.reads.list_schedules()
 
     async def get_schedule(self, name: str) -> ScheduleView:
-        if name not in self.schedules:
-            await self.catalog.refresh()  # created a moment ago by another process?
-        self.schedule(name)
-        return (await self._views([name]))[0]
-
-    async def _views(self, names: list[str]) -> list[ScheduleView]:
-        last = await self.store.last_runs(names)
-        latest = await self.store.last_runs(names, manual=True)
-        owners = await self.cluster.owners() if self.cluster is not None else None
-        views = []
-        for name in names:
-            newest = latest.get(name)
-            manual = newest if newest is not None and newest.trigger == "manual" else None
-            views.append(self._view(self.schedules[name], last.get(name), manual, owners))
-        return views
-
-    def _view(
-        self,
-        schedule: Schedule,
-        last_run: Run | None,
-        latest_manual: Run | None = None,
-        owners: dict[str, str | None] | None = None,
-    ) -> ScheduleView:
-        state = self.states.get(schedule.name)
-        enabled = state.enabled if state is not None else schedule.enabled
-        return ScheduleView(
-            name=schedule.name,
-            cron=schedule.cron.expr,
-            timezone=schedule.timezone,
-            trigger=self._trigger_of(schedule),
-            on_overlap=schedule.on_overlap,
-            backfill=schedule.backfill,
-            max_runtime_s=schedule.max_runtime,
-            description=schedule.description,
-            payload=schedule.payload,
-            enabled=enabled,
-            state_note=state.state_note if state is not None else None,
-            next_fire_at=self._next_fire(schedule, enabled),
-            last_run=last_run,
-            latest_manual=latest_manual,
-            owner=owners.get(schedule.name) if owners is not None else None,
-            sharded=owners is not None,
-            source="store" if self.catalog.is_stored(schedule.name) else "code",
-            target=_target_of(schedule),
-        )
+        return await self.reads.get_schedule(name)
 
     async def list_runs(
         self, name: str, *, limit: int = 50, before: str | None = None
     ) -> tuple[list[Run], str | None]:
         """A page of a schedule's runs, newest first, and the ``before`` of the next page
         (``None`` on the last). ``before`` is the last id of the previous page."""
-        self.schedule(name)
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise BadInput(f"limit {limit!r} is out of range (1-1000)", field="limit")
-        self.ledger.handoff()
-        runs = await self.store.list_runs(name, limit=limit + 1, before=before)
-        if len(runs) > limit:  # one more than asked for: there is an older page
-            return runs[:limit], runs[limit - 1].id
-        return runs, None
+        return await self.reads.list_runs(name, limit=limit, before=before)
 
     async def get_run(self, run_id: str) -> Run:
-        active = self.launcher.active.get(run_id)
-        if active is not None:
-            return active.run
-        await self.flush()  # a run that just finished may still be on its way to the store
-        run = await self.store.get_run(run_id)
-        if run is None:
-            raise NotFound(f'no run with id "{run_id}"')
-        return run
+        return await self.reads.get_run(run_id)
 
     # ------------------------------------------------------------------------------------
     # housekeeping: state changes from other processes, heartbeats, abandoned runs, retention
@@ -685,21 +454,6 @@ class Engine:
             except Unavailable as exc:
                 self.outages.trouble("maintain", "store unavailable for housekeeping", exc)
             await self.loops.park("maintenance", self.clock.now() + self.state_poll_interval)
-
-    def _heard(self, topic: str, name: str | None) -> None:
-        if topic in ("schedules", RESYNC):
-            self._catalog_changed.set()
-
-    async def _follow_catalog(self) -> None:
-        """PostgreSQL: re-read the catalog as soon as another instance signals a change
-        (the state poll would find it within its interval anyway)."""
-        while True:
-            await self._catalog_changed.wait()
-            self._catalog_changed.clear()
-            try:
-                await self.catalog.refresh()
-            except Unavailable as exc:
-                self.outages.trouble("maintain", "store unavailable for the catalog", exc)
 
     async def maintain(self) -> None:
         """One round of housekeeping (normally every ``state_poll_interval``)."""
@@ -775,7 +529,7 @@ class Engine:
 
     async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
         """Change a stored schedule; a code schedule is refused (``defined_in_code``)."""
-        self._check_stored(name)
+        self.catalog.check_stored(name)
         actor = self.audit.actor()
         before, after = await self.catalog.update(name, changes, actor)
         if "enabled" in changes and after.enabled != self.is_enabled(name):
@@ -785,18 +539,10 @@ class Engine:
 
     async def delete_schedule(self, name: str) -> None:
         """Delete a stored schedule: it stops firing here at once, everywhere within 2 s."""
-        self._check_stored(name)
+        self.catalog.check_stored(name)
         actor = self.audit.actor()
         row = await self.catalog.delete(name)
         await self.audit.record("schedule.delete", name, {"spec": row.spec()}, actor=actor)
-
-    def _check_stored(self, name: str) -> None:
-        """Refuse a schedule defined in code (stored ones, and unknown names, pass)."""
-        if name in self.schedules and not self.catalog.is_stored(name):
-            raise DefinedInCode(
-                f'"{name}" is defined in code; it can be enabled or disabled, not edited or deleted here',
-                reason="defined in code",
-            )
 
     async def fire_external(self, name: str, *, allow_self: bool = False) -> ExternalFiring:
         """Fire the slot that is due now because an external scheduler says so (see
@@ -862,13 +608,3 @@ class Engine:
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         return await self.backfills.wait(backfill_id)
 
-
-def _target_of(schedule: Schedule) -> ScheduleTarget:
-    if schedule.queue is not None:
-        return ScheduleTarget("queue", schedule.queue)
-    if schedule.durable is not None:
-        return ScheduleTarget("durable", schedule.durable)
-    handler = schedule.handler
-    name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
-    module = getattr(handler, "__module__", None)
-    return ScheduleTarget("handler", f"{module}.{name}" if module else name)

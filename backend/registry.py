@@ -108,6 +108,16 @@ class InstanceRegistry:
     async def forget(self) -> None:
         await self.store.forget_instance(self.instance)
 
+    def log_claims_retention(self) -> None:
+        """Say at start how old claims are swept."""
+        if self.claims_ttl is not None:
+            log.info(
+                "claims retention: claims older than %gh are swept hourly (renamed and deleted schedules' too)",
+                self.claims_ttl.total_seconds() / 3600,
+            )
+        else:
+            log.info("claims retention: off (claims are only pruned by the schedules that win new ones)")
+
     def gone(self, beats: dict[str, tuple[str, int, datetime]], instance: str, now: datetime) -> str | None:
         if instance == self.instance:
             return "an earlier process with this instance name stopped"
