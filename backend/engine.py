@@ -17,6 +17,7 @@ with one job:
 * :mod:`~backend.systems`: builds the job queue, durable executions, locks and shards
   beside the schedules (each a :class:`~backend.subsystems.Subsystem`);
 * :mod:`~backend.reads`: the schedule views, run pages and upcoming slots it answers with;
+* :mod:`~backend.lifecycle`: the order in which the parts open, start, keep house and stop;
 * :mod:`~backend.ledger` and :mod:`~backend.loops`: recording runs, and the background
   tasks with the bookkeeping that lets :meth:`Engine.quiesce` say "nothing left to do".
 
@@ -31,13 +32,14 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
+from . import lifecycle
 from .audit import AuditLog
 from .backfills import Backfills
 from .catalog import Catalog, CatalogStore, bind_target
 from .catchup import CatchUp
 from .clock import Clock, SystemClock
 from .cluster import Cluster
-from .coordination import Coordinator, SlotClaims, make_coordinator, warn_cluster_fallback
+from .coordination import Coordinator, SlotClaims, make_coordinator
 from .definitions import Definitions
 from .durable import Durable, DurableFunction
 from .errors import BadInput, NotFound, Refused, Unavailable
@@ -250,18 +252,7 @@ class Engine:
         """Open the store, register this instance, close what dead processes left running."""
         if self._opened:
             return
-        self.loops.reset()
-        await self.store.open()
-        self._opened = True
-        now = self.clock.now()
-        await self.registry.beat(now, force=True)
-        await self.catalog.load()
-        await self.states.load()
-        await self.registry.close_abandoned(at_open=True)
-        await self.registry.prune(now)
-        self.runner.open()
-        for subsystem in self.subsystems:
-            await subsystem.open()
+        await lifecycle.open_engine(self)
 
     async def start(self) -> None:
         """Open, catch up on missed slots, arm every enabled self-triggered schedule."""
@@ -273,36 +264,7 @@ class Engine:
         if self._started:
             return
         self._started = True
-        self.states.on_change = self._state_changed
-        log.info(
-            "starting %d schedule(s) (self=%d external=%d) coordination=%s instance=%s store=%s",
-            len(self.schedules),
-            sum(1 for s in self.schedules.values() if self._trigger_of(s) == "self"),
-            sum(1 for s in self.schedules.values() if self._trigger_of(s) == "external"),
-            self.coordination,
-            self.instance,
-            self.store.where,
-        )
-        self.registry.log_claims_retention()
-        if self._cluster_fallback:
-            warn_cluster_fallback(self.store)  # said loudly at start
-        now = self.clock.now()
-        for schedule in self.schedules.values():
-            if self.cluster is not None:
-                break  # each schedule is caught up when its shard is taken
-            if self._trigger_of(schedule) == "self" and self.is_enabled(schedule.name):
-                self.catch_up.at_boot(schedule, now)
-        self.timers.start()
-        for subsystem in self.subsystems:
-            subsystem.start()
-        self.loops.expect("maintenance")
-        self.loops.spawn(self._maintenance(), "maintenance")
-        if self.relay.postgres is not None:
-            # Another instance's change to a stored schedule is heard at once by NOTIFY
-            # (the state poll would find it within its interval anyway).
-            self.relay.postgres.on_remote = self.catalog.heard
-            self.relay.listen()
-            self.loops.spawn(self.catalog.follow_signals(), "catalog signals")
+        lifecycle.start_engine(self)
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop firing, let runs in flight finish (up to ``grace`` seconds), record the rest."""
@@ -311,24 +273,7 @@ class Engine:
         self._stopping = True
         self.launcher.stopping = True
         grace = self.shutdown_grace if grace is None else grace
-        await self.loops.cancel_all()
-        parts = [self.launcher.stop(grace), *(subsystem.stop(grace) for subsystem in self.subsystems)]
-        # A part that fails to stop must not keep the store open: its connections' tasks would
-        # then outlive the loop, and the process would never exit.
-        for failed in await asyncio.gather(*parts, return_exceptions=True):
-            if isinstance(failed, BaseException):
-                log.error("stopping: %s", failed, exc_info=failed)
-        try:
-            await self.claims.recover_lost()  # lost slots not claimed yet: recorded, a next start would not look
-        except Exception as exc:  # the store is closed below whatever happens here
-            log.error("stopping: could not record the lost slots: %s", exc, exc_info=exc)
-        self.ledger.handoff()
-        try:
-            await self.store.flush()
-            await self.registry.forget()
-        except Unavailable as exc:
-            log.warning("could not write the last runs: %s", exc)
-        await self.store.close()
+        await lifecycle.stop_engine(self, grace)
         self._opened = False
 
     def interrupt(self) -> None:
@@ -346,14 +291,7 @@ class Engine:
     @property
     def armed(self) -> bool:
         """True once every enabled self-triggered schedule is armed and none is catching up."""
-        wanted = sum(
-            1
-            for s in self.schedules.values()
-            if self._trigger_of(s) == "self"
-            and self.is_enabled(s.name)
-            and (self.cluster is None or self.cluster.owns(s.name))
-        )
-        return len(self.timers.wheel) >= wanted and not self.catch_up.busy
+        return lifecycle.is_armed(self)
 
     # ------------------------------------------------------------------------------------
     # listeners, the ledger, quiescence
@@ -377,18 +315,7 @@ class Engine:
         housekeeping) to have handled the new time, not for handlers to finish."""
         assert self._opened, "open() the engine first"
 
-        def settled() -> bool:
-            if not runs:
-                return True
-            return (
-                self.launcher.idle
-                and not self.catch_up.busy
-                and not self.claims.recovering
-                and self.backfills.idle
-                and all(subsystem.idle for subsystem in self.subsystems)
-            )
-
-        await self.loops.quiesce(settled, self.flush)
+        await self.loops.quiesce(lambda: not runs or lifecycle.is_settled(self), self.flush)
 
     # ------------------------------------------------------------------------------------
     # state
@@ -447,28 +374,9 @@ class Engine:
     # ------------------------------------------------------------------------------------
     # housekeeping: state changes from other processes, heartbeats, abandoned runs, retention
     # ------------------------------------------------------------------------------------
-    async def _maintenance(self) -> None:
-        while True:
-            try:
-                await self.maintain()
-            except Unavailable as exc:
-                self.outages.trouble("maintain", "store unavailable for housekeeping", exc)
-            await self.loops.park("maintenance", self.clock.now() + self.state_poll_interval)
-
     async def maintain(self) -> None:
         """One round of housekeeping (normally every ``state_poll_interval``)."""
-        now = self.clock.now()
-        await self.catalog.refresh()
-        await self.refresh_states()
-        if await self.registry.beat(now):
-            await self.registry.close_abandoned()
-        await self.registry.prune(now)
-        await self.claims.recover_lost()
-        await self.backfills.maintain()
-        await self.launcher.release_remote_waits()
-        for subsystem in self.subsystems:
-            await subsystem.maintain(now)
-        self.outages.back(self.claims.lost_count)
+        await lifecycle.maintain(self)
 
     async def close_abandoned(self) -> list[Run]:
         """Close runs (and backfills) left ``running`` by instances that are gone."""

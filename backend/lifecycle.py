@@ -1,0 +1,148 @@
+"""The engine's lifecycle: the order in which its parts open, start, keep house and stop.
+
+:class:`~backend.engine.Engine` keeps the guards (opened, started, stopping) and calls
+these; each takes the engine and touches only its parts. The contract: ``open_engine``
+registers this instance and closes what dead processes left running before any part
+opens; ``start_engine`` catches up, then arms, then starts the systems beside the
+schedules; ``stop_engine`` always closes the store, whatever a part raised while stopping
+(a store left open keeps its connection tasks alive, and the process would never exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from .coordination import warn_cluster_fallback
+from .errors import Unavailable
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["housekeeping", "is_armed", "is_settled", "maintain", "open_engine", "start_engine", "stop_engine"]
+
+log = logging.getLogger("schedtui.engine")
+
+
+async def open_engine(engine: Engine) -> None:
+    """Open the store, register this instance, close what dead processes left running."""
+    engine.loops.reset()
+    await engine.store.open()
+    engine._opened = True
+    now = engine.clock.now()
+    await engine.registry.beat(now, force=True)
+    await engine.catalog.load()
+    await engine.states.load()
+    await engine.registry.close_abandoned(at_open=True)
+    await engine.registry.prune(now)
+    engine.runner.open()
+    for subsystem in engine.subsystems:
+        await subsystem.open()
+
+
+def start_engine(engine: Engine) -> None:
+    """Catch up on missed slots, arm every enabled self-triggered schedule, start the rest."""
+    engine.states.on_change = engine._state_changed
+    log.info(
+        "starting %d schedule(s) (self=%d external=%d) coordination=%s instance=%s store=%s",
+        len(engine.schedules),
+        sum(1 for s in engine.schedules.values() if engine._trigger_of(s) == "self"),
+        sum(1 for s in engine.schedules.values() if engine._trigger_of(s) == "external"),
+        engine.coordination,
+        engine.instance,
+        engine.store.where,
+    )
+    engine.registry.log_claims_retention()
+    if engine._cluster_fallback:
+        warn_cluster_fallback(engine.store)  # said loudly at start
+    now = engine.clock.now()
+    for schedule in engine.schedules.values():
+        if engine.cluster is not None:
+            break  # each schedule is caught up when its shard is taken
+        if engine._trigger_of(schedule) == "self" and engine.is_enabled(schedule.name):
+            engine.catch_up.at_boot(schedule, now)
+    engine.timers.start()
+    for subsystem in engine.subsystems:
+        subsystem.start()
+    engine.loops.expect("maintenance")
+    engine.loops.spawn(housekeeping(engine), "maintenance")
+    if engine.relay.postgres is not None:
+        # Another instance's change to a stored schedule is heard at once by NOTIFY
+        # (the state poll would find it within its interval anyway).
+        engine.relay.postgres.on_remote = engine.catalog.heard
+        engine.relay.listen()
+        engine.loops.spawn(engine.catalog.follow_signals(), "catalog signals")
+
+
+async def stop_engine(engine: Engine, grace: float) -> None:
+    """Stop firing, let runs in flight finish (up to ``grace`` seconds), record the rest."""
+    await engine.loops.cancel_all()
+    parts = [engine.launcher.stop(grace), *(subsystem.stop(grace) for subsystem in engine.subsystems)]
+    # A part that fails to stop must not keep the store open: its connections' tasks would
+    # then outlive the loop, and the process would never exit.
+    for failed in await asyncio.gather(*parts, return_exceptions=True):
+        if isinstance(failed, BaseException):
+            log.error("stopping: %s", failed, exc_info=failed)
+    try:
+        await engine.claims.recover_lost()  # lost slots not claimed yet: recorded, a next start would not look
+    except Exception as exc:  # the store is closed below whatever happens here
+        log.error("stopping: could not record the lost slots: %s", exc, exc_info=exc)
+    engine.ledger.handoff()
+    try:
+        await engine.store.flush()
+        await engine.registry.forget()
+    except Unavailable as exc:
+        log.warning("could not write the last runs: %s", exc)
+    await engine.store.close()
+
+
+def is_armed(engine: Engine) -> bool:
+    """Every enabled self-triggered schedule (this instance's, in ``cluster``) is armed and
+    none is catching up."""
+    wanted = sum(
+        1
+        for s in engine.schedules.values()
+        if engine._trigger_of(s) == "self"
+        and engine.is_enabled(s.name)
+        and (engine.cluster is None or engine.cluster.owns(s.name))
+    )
+    return len(engine.timers.wheel) >= wanted and not engine.catch_up.busy
+
+
+def is_settled(engine: Engine) -> bool:
+    """No run in flight, nothing catching up, recovering or backfilling, every system idle."""
+    return (
+        engine.launcher.idle
+        and not engine.catch_up.busy
+        and not engine.claims.recovering
+        and engine.backfills.idle
+        and all(subsystem.idle for subsystem in engine.subsystems)
+    )
+
+
+async def housekeeping(engine: Engine) -> None:
+    """The housekeeping loop: :func:`maintain` every ``state_poll_interval``."""
+    while True:
+        try:
+            await maintain(engine)
+        except Unavailable as exc:
+            engine.outages.trouble("maintain", "store unavailable for housekeeping", exc)
+        await engine.loops.park("maintenance", engine.clock.now() + engine.state_poll_interval)
+
+
+async def maintain(engine: Engine) -> None:
+    """One round: stored schedules and states from other processes, heartbeats and the
+    abandoned-work sweep, retention, lost slots, backfills, remote waits, each system."""
+    now = engine.clock.now()
+    await engine.catalog.refresh()
+    await engine.refresh_states()
+    if await engine.registry.beat(now):
+        await engine.registry.close_abandoned()
+    await engine.registry.prune(now)
+    await engine.claims.recover_lost()
+    await engine.backfills.maintain()
+    await engine.launcher.release_remote_waits()
+    for subsystem in engine.subsystems:
+        await subsystem.maintain(now)
+    engine.outages.back(engine.claims.lost_count)
