@@ -302,6 +302,9 @@ async def aps_child(schedules: int, start: int, end: int) -> dict[str, Any]:
 
 
 def run_apscheduler(processes: int, schedules: int, seconds: int) -> dict[str, Any]:
+    from tests.bench.peers import ensure
+
+    ensure("apscheduler>=3.10,<4", "apscheduler")  # installed by the benchmark (its children inherit PYTHONPATH)
     import apscheduler
 
     from tests.pg import die_with_parent
