@@ -3,7 +3,7 @@ timeline with gaps, missed slots, backfills and many runs per cell), the dialogs
 fleet, a lost connection and NO_COLOR.
 
 The scenes (tests/console_scenes.py) are the same ones the screenshots script draws. Update
-them with ``pytest tests/test_console_snapshots.py --snapshot-update`` and look at the SVGs.
+them with ``pytest tests/test_console_snapshots.py -n 0 --snapshot-update`` and look at the SVGs.
 """
 
 from __future__ import annotations
