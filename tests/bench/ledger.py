@@ -453,8 +453,10 @@ def _write_db(path: Path, specs: list[ScheduleSpec], counts: list[int], built_at
 
     it = rows()
     batch = 200_000
+    # Columns written after the generated ones (the traceback) are left empty.
+    pad = (None,) * (sqlite_store.UPSERT_RUN.split("VALUES", 1)[1].split(")", 1)[0].count("?") - 11)
     while True:
-        chunk = [row for _, row in zip(range(batch), it)]
+        chunk = [row + pad for _, row in zip(range(batch), it)]
         if not chunk:
             break
         conn.execute("BEGIN")
@@ -547,7 +549,8 @@ def top_up(db_path: Path, specs: list[ScheduleSpec], now: datetime | None = None
                 rows.append((ids(), spec.name, slot, fired, fired + 40_000, "succeeded", "self", "single",
                              INSTANCE, None, None))
         conn.execute("BEGIN IMMEDIATE")
-        conn.executemany(sqlite_store.UPSERT_RUN, rows)
+        pad = (None,) * (sqlite_store.UPSERT_RUN.split("VALUES", 1)[1].split(")", 1)[0].count("?") - 11)
+        conn.executemany(sqlite_store.UPSERT_RUN, [row + pad for row in rows])
         conn.execute("COMMIT")
         return len(rows)
     finally:
