@@ -98,11 +98,7 @@ class AuditTable(FreshTable):
         selected = self.selected_entry.id if self.selected_entry is not None else None
         self.entries = list(entries)
         self._shown = shown
-        self.clear()
-        for key, cells in shown:
-            self.add_row(*cells, key=key)
-        if selected is not None and any(key == selected for key, _ in shown):
-            self.move_cursor(row=self.get_row_index(selected), animate=False)
+        self.replace_rows(shown, selected)
 
     @property
     def selected_entry(self) -> AuditEntry | None:

@@ -103,11 +103,7 @@ class ExecutionsTable(FreshTable):
         selected = self.selected_execution.id if self.selected_execution is not None else None
         self.executions = list(executions)
         self._shown = shown
-        self.clear()
-        for key, cells in shown:
-            self.add_row(*cells, key=key)
-        if selected is not None and any(key == selected for key, _ in shown):
-            self.move_cursor(row=self.get_row_index(selected), animate=False)
+        self.replace_rows(shown, selected)
 
     @property
     def selected_execution(self) -> Execution | None:

@@ -255,12 +255,8 @@ class RunsTable(FreshTable):
                         self.update_cell(key, column, new_cell, update_width=True)
             self._shown = shown
             return
-        self.clear()
         self._shown = shown
-        for key, cells in shown:
-            self.add_row(*cells, key=key)
-        if selected is not None and any(key == selected for key, _ in shown):
-            self.move_cursor(row=self.get_row_index(selected), animate=False)
+        self.replace_rows(shown, selected)
 
     def hidden_columns(self) -> list[str]:
         room = self.scrollable_content_region.width

@@ -9,6 +9,8 @@ re-measuring froze the console after each minute boundary at 1,000 schedules).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from datetime import datetime, timedelta
 
 from rich.style import Style
@@ -83,6 +85,15 @@ class FreshTable(DataTable[Text | str]):
         if measuring:
             self._line_cache.clear()
             self.refresh()
+
+    def replace_rows(self, shown: Sequence[tuple[str, Sequence[Text | str]]], keep: str | None) -> None:
+        """Redraw with ``shown`` (each row's key and cells), the cursor back on the row
+        keyed ``keep`` if it is still there."""
+        self.clear()
+        for key, cells in shown:
+            self.add_row(*cells, key=key)
+        if keep is not None and any(key == keep for key, _ in shown):
+            self.move_cursor(row=self.get_row_index(keep), animate=False)
 
 
 class SchedulesTable(FreshTable):
