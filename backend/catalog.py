@@ -70,6 +70,8 @@ class Catalog:
         self.store = store
         self.rows: dict[str, StoredSchedule] = {}
         self.version: int | None = None
+        self.polled_at: datetime | None = None
+        """When the housekeeping round last read the catalog and the states."""
         self.shadowed: set[str] = set()
         """Stored names that a code schedule also defines (the code one runs)."""
         self.known_queues: set[str] = set()
@@ -134,13 +136,15 @@ class Catalog:
             self._changed.set()
 
     async def follow_signals(self) -> None:
-        """PostgreSQL: re-read the catalog as soon as another instance signals a change
-        (the state poll would find it within its interval anyway)."""
+        """PostgreSQL: re-read the catalog and the enabled states as soon as another
+        instance signals a change to them (or that signals were lost). While signals
+        arrive, the state poll is only a backstop (see :func:`backend.lifecycle.maintain`)."""
         while True:
             await self._changed.wait()
             self._changed.clear()
             try:
                 await self.refresh()
+                await self.engine.refresh_states()
             except Unavailable as exc:
                 self.engine.outages.trouble("maintain", "store unavailable for the catalog", exc)
 

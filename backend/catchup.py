@@ -82,23 +82,38 @@ class CatchUp:
         self.busy: set[str] = set()
         self.holds: dict[str, list[_Hold]] = defaultdict(list)
         """The catch-ups in progress that fire slots, per schedule."""
+        self._booting: list[tuple[Schedule, datetime, str | None]] = []
+        """Schedules waiting for the next read of where they left off (see :meth:`at_boot`)."""
+        self._boot_batches = 0
         timers.on_behind = self.behind
         timers.on_disabled = self.disabled
 
     def at_boot(self, schedule: Schedule, now: datetime, *, reason: str | None = None) -> None:
         """Catch the schedule up from where the ledger left off, then arm it. ``reason``
-        says why slots were missed (default: the engine was not running)."""
+        says why slots were missed (default: the engine was not running). The schedules
+        asked for together (an engine starting, a shard taken over) share one read of
+        where they left off: one query for a thousand schedules, not a thousand."""
         self.busy.add(schedule.name)
-        self.loops.spawn(self._boot(schedule, now, reason), f"catch-up {schedule.name}")
+        self._booting.append((schedule, now, reason))
+        if len(self._booting) == 1:
+            self._boot_batches += 1
+            self.loops.spawn(self._boot(f"catch-up boot {self._boot_batches}"), "catch-up boot")
 
     def behind(self, schedule: Schedule, slots: list[datetime]) -> None:
         """A running engine found the schedule behind: ``slots`` were due, the last is current."""
         self.busy.add(schedule.name)
         self.loops.spawn(self._catch_up(schedule, slots, live=True), f"catch-up {schedule.name}")
 
-    async def _boot(self, schedule: Schedule, now: datetime, reason: str | None = None) -> None:
+    async def _boot(self, loop: str) -> None:
+        batch, self._booting = self._booting, []
+        names = [schedule.name for schedule, _, _ in batch]
         try:
-            since = await self._where_it_left_off(schedule)
+            left_off = await self._where_they_left_off(names, loop)
+        except BaseException:
+            self.busy.difference_update(names)
+            raise
+        for schedule, now, reason in batch:
+            since = left_off.get(schedule.name)
             state = self.states.get(schedule.name)
             if since is not None and state is not None and state.enabled and state.changed_at > since:
                 since = state.changed_at  # slots missed while disabled are not caught up
@@ -109,31 +124,27 @@ class CatchUp:
                         break
                     missed.append(slot)
                 missed.reverse()
-        except BaseException:
-            self.busy.discard(schedule.name)
-            raise
-        if not missed:
-            self.busy.discard(schedule.name)
-            self.timers.arm(schedule, now)
-            return
-        await self._catch_up(schedule, missed, reason=reason)
+            if missed:
+                self.loops.spawn(self._catch_up(schedule, missed, reason=reason), f"catch-up {schedule.name}")
+            else:
+                self.busy.discard(schedule.name)
+                self.timers.arm(schedule, now)
+        self.loops.poke()
 
-    async def _where_it_left_off(self, schedule: Schedule) -> datetime | None:
-        """The schedule's newest recorded slot; while the store is unreachable, wait for it
+    async def _where_they_left_off(self, names: list[str], loop: str) -> dict[str, datetime]:
+        """The schedules' newest recorded slots; while the store is unreachable, wait for it
         (nothing could be claimed meanwhile anyway), parked so that quiesce() sees it idle."""
-        name = schedule.name
         while True:
             try:
-                return await self.store.last_slot(name)
+                return await self.store.last_slots(names)
             except Unavailable as exc:
-                self.outages.trouble("catch-up", f"{name}: catch-up waits for the store", exc)
-            loop = f"catch-up {name}"
-            self.busy.discard(name)
+                self.outages.trouble("catch-up", f"catch-up of {len(names)} schedule(s) waits for the store", exc)
+            self.busy.difference_update(names)
             try:
                 await self.loops.park(loop, self.clock.now() + self.poll_interval)
             finally:
                 self.loops.forget(loop)
-                self.busy.add(name)
+                self.busy.update(names)
 
     def disabled(self, name: str) -> None:
         """The schedule was disabled: every catch-up holding it answers for the slots due

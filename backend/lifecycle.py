@@ -24,6 +24,10 @@ __all__ = ["housekeeping", "is_armed", "is_settled", "maintain", "open_engine", 
 
 log = logging.getLogger("schedtui.engine")
 
+#: While the other instances' changes are heard as they are made, the stored schedules and
+#: the enabled states are read every this many state-poll rounds (a lost signal's backstop).
+STATE_BACKSTOP = 10
+
 
 async def open_engine(engine: Engine) -> None:
     """Open the store, register this instance, close what dead processes left running."""
@@ -135,8 +139,14 @@ async def maintain(engine: Engine) -> None:
     """One round: stored schedules and states from other processes, heartbeats and the
     abandoned-work sweep, retention, lost slots, backfills, remote waits, each system."""
     now = engine.clock.now()
-    await engine.catalog.refresh()
-    await engine.refresh_states()
+    last = engine.catalog.polled_at
+    if not engine.relay.hears_others or last is None or now - last >= STATE_BACKSTOP * engine.state_poll_interval:
+        # Every round, unless the other instances' changes are heard as they are made
+        # (PostgreSQL's NOTIFY): then a read every few rounds only covers a lost signal,
+        # and an idle fleet member costs the database almost nothing.
+        await engine.catalog.refresh()
+        await engine.refresh_states()
+        engine.catalog.polled_at = now
     if await engine.registry.beat(now):
         await engine.registry.close_abandoned()
     await engine.registry.prune(now)

@@ -163,6 +163,8 @@ class PostgresRelay:
         self._sender: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
         self._listened = False
+        self.hearing = False
+        """Whether the LISTEN connection is up: every notification sent from now on is heard."""
         self.sent = 0
         """NOTIFYs sent by this process."""
         self.on_remote: Callable[[str, str | None], None] | None = None
@@ -196,6 +198,11 @@ class PostgresRelay:
             text = json.dumps({"from": self.origin, "signals": signals}, separators=(",", ":"))
             if len(text.encode()) <= MAX_PAYLOAD:
                 return text
+            # Too many names for one notification (a burst of a thousand runs): say which
+            # topics changed, not which names. A resync would make every reader refetch
+            # everything, and every instance re-read its schedules, for a burst of runs.
+            topics = sorted({topic for topic, _ in signals})
+            return json.dumps({"from": self.origin, "signals": [[topic, None] for topic in topics]}, separators=(",", ":"))
         return json.dumps({"from": self.origin, "resync": True})
 
     async def _send_loop(self) -> None:
@@ -249,9 +256,13 @@ class PostgresRelay:
             self.on_remote(topic, name)
 
     def _listening(self, up: bool) -> None:
+        self.hearing = up
         first, self._listened = not self._listened, True
         if first and up and self.events.live:
-            return  # the first connection: nothing was missed yet
+            # The first connection: the readers missed nothing yet, but a change committed
+            # before it was up was announced to nobody here: the engine reads once.
+            self._heard(RESYNC, None)
+            return
         self.events.set_live(up)
         if up:
             self._heard(RESYNC, None)
@@ -355,6 +366,12 @@ class Relay:
 
     def is_ours(self, id_: str) -> bool:
         return False
+
+    @property
+    def hears_others(self) -> bool:
+        """Whether the other instances' changes arrive as they are made (PostgreSQL, its
+        LISTEN connection up): then the state poll is only a backstop."""
+        return self.postgres is not None and self.postgres.hearing
 
     @property
     def stream_kind(self) -> str:

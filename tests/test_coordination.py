@@ -225,7 +225,7 @@ class Outage:
 
     CALLS = {
         "claim", "claimed_run", "get_states", "set_state", "heartbeat", "instances", "running_runs",
-        "running_backfills", "last_slot", "last_runs", "list_runs", "get_run", "close_run", "prune_runs",
+        "running_backfills", "last_slots", "last_runs", "list_runs", "get_run", "close_run", "prune_runs",
         "prune_claims", "count_claims", "update_backfill",
     }  # fmt: skip
 

@@ -396,6 +396,32 @@ async def test_catch_up_finishes_before_the_live_timer_arms(make_engine, clock: 
     assert gate.started == [at("2026-03-02T07:58:00Z"), at("2026-03-02T07:59:00Z"), at("2026-03-02T08:00:00Z"), at("2026-03-02T08:01:00Z")]
 
 
+async def test_boot_reads_where_every_schedule_left_off_in_one_query(make_engine, clock: ManualClock) -> None:
+    # A thousand schedules starting used to cost a thousand reads (and, on PostgreSQL, a
+    # thousand transactions); each still catches up from its own last slot.
+    clock.set("2026-03-02T12:00:30Z")
+    schedules = [schedule(name=f"s{i:02d}", cron="* * * * *", backfill="skip") for i in range(30)]
+    engine = make_engine(schedules)
+    await engine.open()
+    for i in range(0, 30, 2):  # the even ones ran i minutes before now; the odd ones never
+        await _seed_last_run(engine, f"s{i:02d}", at("2026-03-02T12:00:00Z") - timedelta(minutes=i))
+    reads: list[list[str]] = []
+    last_slots = engine.store.last_slots
+
+    async def counting(names: Any) -> dict[str, datetime]:
+        reads.append(sorted(names))
+        return await last_slots(names)
+
+    engine.store.last_slots = counting  # type: ignore[method-assign]
+    await engine.start()
+    await engine.quiesce()
+    assert reads == [sorted(s.name for s in schedules)]
+    for i in range(30):
+        missed = [r for r in await all_runs(engine, f"s{i:02d}") if r.status == "missed"]
+        assert len(missed) == (i if i % 2 == 0 else 0), f"s{i:02d}"
+        assert engine.next_fire_at(f"s{i:02d}") == at("2026-03-02T12:01:00Z")
+
+
 async def test_a_new_schedule_has_nothing_to_catch_up(make_engine, clock: ManualClock) -> None:
     engine = make_engine([schedule(backfill="all")])
     await engine.start()

@@ -142,7 +142,7 @@ async def test_a_fresh_store_is_empty_and_usable(store: Store) -> None:
     assert await store.list_runs("job", limit=10) == []
     assert await store.get_run("01J00000000000000000000000") is None
     assert await store.last_runs(["job"]) == {}
-    assert await store.last_slot("job") is None
+    assert await store.last_slots(["job"]) == {}
     assert await store.running_runs() == []
     assert await store.get_states() == {}
     assert await store.instances() == {}
@@ -476,7 +476,7 @@ async def test_runs_between_reads_a_window_per_name_newest_first(store: Store) -
     assert await store.runs_between([], start, end, limit_per_name=5) == {}
 
 
-async def test_last_slot_ignores_manual_runs(store: Store) -> None:
+async def test_last_slots_ignore_manual_runs(store: Store) -> None:
     ids = Ids()
     store.save_runs(
         [
@@ -491,11 +491,10 @@ async def test_last_slot_ignores_manual_runs(store: Store) -> None:
     )
     store.save_runs([run(ids(), name="manual-only", trigger="manual")])
     await store.flush()
-    slot = await store.last_slot("job")
-    assert slot == T0 + timedelta(hours=2)
-    assert_utc(slot)
-    assert await store.last_slot("manual-only") is None
-    assert await store.last_slot("never-ran") is None
+    slots = await store.last_slots(["job", "other", "manual-only", "never-ran", "job"])
+    assert slots == {"job": T0 + timedelta(hours=2), "other": T0 + timedelta(hours=9)}
+    assert_utc(slots["job"])
+    assert await store.last_slots([]) == {}
 
 
 async def test_running_runs_from_every_instance(store: Store) -> None:
@@ -879,7 +878,7 @@ async def test_a_won_claim_writes_a_running_placeholder_run(store: Store) -> Non
         coordination_outcome="external", instance="host-a:1",
     )  # fmt: skip
     assert [r.id for r in await store.running_runs()] == [c.run_id]
-    assert await store.last_slot("job") == T0
+    assert await store.last_slots(["job"]) == {"job": T0}
     bare = Claim(slot_key("bare", T0), "bare", ids())  # no slot given: no placeholder
     assert (await store.claim([bare], "host-a:1", T0)).won == {bare.key}
     assert await store.get_run(bare.run_id) is None

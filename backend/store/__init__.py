@@ -107,8 +107,10 @@ class Store(Protocol):
         """Per named schedule, its runs scheduled in ``[start, end)``, newest first, at most
         ``limit_per_name`` of them (the newest); names without runs there are left out."""
 
-    async def last_slot(self, name: str) -> datetime | None:
-        """The newest ``scheduled_at`` among the schedule's non-manual runs (catch-up start)."""
+    async def last_slots(self, names: Iterable[str]) -> dict[str, datetime]:
+        """Per named schedule that has one, the newest ``scheduled_at`` among its non-manual
+        runs (where its catch-up starts). One read for every name: an instance starting,
+        or taking over a shard, asks for a thousand schedules at once."""
 
     async def running_runs(self) -> list[Run]:
         """Every run whose status is still ``running``, from any instance."""

@@ -235,7 +235,11 @@ RUNS_BETWEEN = f"""
         ORDER BY scheduled_at DESC, id DESC LIMIT %(limit)s
     ) AS r
 """
-LAST_SLOT = "SELECT max(scheduled_at) FROM schedtui_runs WHERE name = %s AND trigger <> 'manual'"
+# A correlated max() per name: one backward index probe each (schedtui_runs_by_name_slot).
+LAST_SLOTS = """
+    SELECT n.name, (SELECT max(r.scheduled_at) FROM schedtui_runs r WHERE r.name = n.name AND r.trigger <> 'manual')
+    FROM unnest(%s::text[]) AS n(name)
+"""
 RUNNING_RUNS = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE status = 'running'"
 PRUNE_RUNS = "DELETE FROM schedtui_runs WHERE id < %s AND status <> 'running'"
 GET_STATES = "SELECT name, enabled, changed_by, changed_at, note FROM schedtui_schedule_state"
@@ -845,9 +849,12 @@ class PostgresStore(PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLock
             found.setdefault(row[1], []).append(_run(row))
         return found
 
-    async def last_slot(self, name: str) -> datetime | None:
-        row = await self._fetchone(LAST_SLOT, (name,))
-        return _utc(row[0]) if row else None
+    async def last_slots(self, names: Iterable[str]) -> dict[str, datetime]:
+        wanted = sorted(set(names))
+        if not wanted:
+            return {}
+        rows = await self._fetchall(LAST_SLOTS, (wanted,))
+        return {name: slot.astimezone(timezone.utc) for name, slot in rows if slot is not None}
 
     async def running_runs(self) -> list[Run]:
         return [_run(row) for row in await self._fetchall(RUNNING_RUNS)]

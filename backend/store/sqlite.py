@@ -940,9 +940,18 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
 
         return await self._read(read)
 
-    async def last_slot(self, name: str) -> datetime | None:
-        row = await self._read(lambda c: c.execute(LAST_SLOT, (name,)).fetchone())
-        return _dt(row[0]) if row else None
+    async def last_slots(self, names: Iterable[str]) -> dict[str, datetime]:
+        wanted = sorted(set(names))
+
+        def read(c: sqlite3.Connection) -> dict[str, datetime]:
+            found: dict[str, datetime] = {}
+            for name in wanted:  # one index probe per name, on the reader's thread
+                row = c.execute(LAST_SLOT, (name,)).fetchone()
+                if row and row[0] is not None:
+                    found[name] = _EPOCH + _MICROSECOND * row[0]
+            return found
+
+        return await self._read(read) if wanted else {}
 
     async def running_runs(self) -> list[Run]:
         rows = await self._read(lambda c: c.execute(RUNNING_RUNS).fetchall())
