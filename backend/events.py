@@ -190,9 +190,10 @@ class EventBus:
     def subscribers(self) -> int:
         return len(self._subscriptions)
 
-    def publish(self, topic: str, name: str | None = None, *, remote: bool = False) -> None:
+    def publish(self, topic: str, name: str | None = None, *, remote: bool = False, announced: bool = False) -> None:
         """Tell every subscriber that ``topic``/``name`` changed; ``remote`` for a signal
-        relayed from another instance (not relayed on). Never blocks."""
+        relayed from another instance, ``announced`` for one the other instances were told
+        of already (neither is relayed on). Never blocks."""
         with self._lock:
             self._seq += 1
             seq = self._seq
@@ -200,7 +201,7 @@ class EventBus:
             subscriptions = self._subscriptions
         for subscription in subscriptions:
             subscription._offer(seq, topic, name)
-        if not remote:
+        if not remote and not announced:
             for tap in self.taps:
                 tap(topic, name)
 

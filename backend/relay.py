@@ -7,10 +7,12 @@ from the other processes sharing the store.
   reads on a signal finds what it announced.
 * PostgreSQL (:class:`PostgresRelay`): signals published here are sent to the other
   instances as one NOTIFY per batch (what gathered within :data:`NOTIFY_GATHER`), each its
-  own tiny statement, never inside another transaction; at most :data:`NOTIFY_RATE` a
-  second, with bursts of up to :data:`NOTIFY_BURST` (one action often signals twice: its
-  audit entry, then its run), so that a quiet instance tells at once and a busy one
-  coalesces. A batch too large for one notification is sent as a resync. A dedicated
+  own tiny statement; at most :data:`NOTIFY_RATE` a second, with bursts of up to
+  :data:`NOTIFY_BURST` (one action often signals twice: its audit entry, then its run),
+  so that a quiet instance tells at once and a busy one coalesces. The runs are the
+  exception: the ledger's group commit carries their notification in its own transaction
+  (:meth:`PostgresRelay.announce_runs`), so a burst costs one commit, not two. A batch
+  with too many names for one notification names its topics only. A dedicated
   LISTEN connection (opened when the first reader subscribes) publishes what the others
   send. It reconnects by itself; while it is down the bus says so (``stream down``), and
   once it is back the bus owes its readers a resync, since notifications sent meanwhile
@@ -28,7 +30,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
@@ -79,6 +81,13 @@ class NotifyingStore(Protocol):
 
 
 @runtime_checkable
+class AnnouncingStore(Protocol):
+    """A store that can tell the others of a batch of run rows in the batch's own commit."""
+
+    announce_runs: Callable[[Sequence[Run]], str | None] | None
+
+
+@runtime_checkable
 class CountingStore(Protocol):
     """A store that can say whether another process committed to it (SQLite)."""
 
@@ -93,6 +102,9 @@ class RunSignals:
         self.ledger = ledger
         self.events = events
         self.loops = loops
+        self.announced = False
+        """The store tells the other instances of the rows as it commits them (PostgreSQL):
+        the signals published here are then not relayed again."""
         self._names: dict[str, None] = {}
         self._wake = asyncio.Event()
         self._handed = asyncio.Event()
@@ -128,7 +140,7 @@ class RunSignals:
                 pass  # the rows wait in the writer; say what changed all the same
             names, self._names = self._names, {}
             for name in names:
-                self.events.publish("runs", name)
+                self.events.publish("runs", name, announced=self.announced)
 
     def close(self) -> None:
         self._task = None
@@ -194,16 +206,27 @@ class PostgresRelay:
     def _payload(self) -> str:
         signals, self._pending = list(self._pending), {}
         resync, self._resync = self._resync, False
-        if not resync:
-            text = json.dumps({"from": self.origin, "signals": signals}, separators=(",", ":"))
-            if len(text.encode()) <= MAX_PAYLOAD:
-                return text
-            # Too many names for one notification (a burst of a thousand runs): say which
-            # topics changed, not which names. A resync would make every reader refetch
-            # everything, and every instance re-read its schedules, for a burst of runs.
-            topics = sorted({topic for topic, _ in signals})
-            return json.dumps({"from": self.origin, "signals": [[topic, None] for topic in topics]}, separators=(",", ":"))
-        return json.dumps({"from": self.origin, "resync": True})
+        if resync:
+            return json.dumps({"from": self.origin, "resync": True})
+        return self._encode(signals)
+
+    def _encode(self, signals: list[tuple[str, str | None]]) -> str:
+        text = json.dumps({"from": self.origin, "signals": signals}, separators=(",", ":"))
+        if len(text.encode()) <= MAX_PAYLOAD:
+            return text
+        # Too many names for one notification (a burst of a thousand runs): say which
+        # topics changed, not which names. A resync would make every reader refetch
+        # everything, and every instance re-read its schedules, for a burst of runs.
+        topics = sorted({topic for topic, _ in signals})
+        return json.dumps({"from": self.origin, "signals": [[topic, None] for topic in topics]}, separators=(",", ":"))
+
+    def announce_runs(self, runs: Sequence[Run]) -> str | None:
+        """The notification of a batch of run rows, for the store to send in the batch's
+        own transaction (``None``: not open, nothing to say)."""
+        if self._sender is None or not runs:
+            return None
+        names = dict.fromkeys(run.name for run in runs)
+        return self._encode([("runs", name) for name in names])
 
     async def _send_loop(self) -> None:
         while True:
@@ -312,6 +335,7 @@ class Relay:
         self.runs = RunSignals(ledger, events, loops)
         self.postgres = PostgresRelay(store, events, loops) if isinstance(store, NotifyingStore) else None
         self.watch = StoreWatch(store, events, loops) if isinstance(store, CountingStore) else None
+        self._announcing = store if self.postgres is not None and isinstance(store, AnnouncingStore) else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opened = False
         events.on_subscribe = self._subscribed
@@ -345,6 +369,11 @@ class Relay:
         self.runs.open()
         if self.postgres is not None:
             self.postgres.open()
+            if self._announcing is not None:
+                # The runs' notifications ride the ledger's commits (one transaction a
+                # batch, not two); the run signals published here are not sent again.
+                self._announcing.announce_runs = self.postgres.announce_runs
+                self.runs.announced = True
         if self.events.subscribers:
             self.listen()
 
@@ -357,6 +386,9 @@ class Relay:
     async def stop(self, grace: float) -> None:
         self._opened = False
         self.runs.close()
+        if self._announcing is not None:
+            self._announcing.announce_runs = None
+            self.runs.announced = False
         if self.postgres is not None:
             await self.postgres.stop()
 

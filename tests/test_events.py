@@ -268,6 +268,72 @@ async def test_a_run_now_on_one_instance_is_signalled_on_the_other(fleet: tuple[
 
 
 @pytest.mark.postgres
+async def test_while_signals_are_heard_the_state_poll_is_only_a_backstop(pg_url: str) -> None:
+    # An idle member of a PostgreSQL fleet used to read the catalog and the states every
+    # second; with its LISTEN connection up it reads them every ten rounds, and a change
+    # made elsewhere still arrives at once, by its signal.
+    clock = ManualClock("2026-03-02T08:00:00Z")
+    a = Engine(SCHEDULES, pg_url, instance="a", shutdown_grace=0)
+    b = Engine(SCHEDULES, pg_url, instance="b", clock=clock, shutdown_grace=0)
+    await a.open()
+    try:
+        await b.start()
+        async with asyncio.timeout(10):
+            while not b.relay.hears_others:  # b's LISTEN connection: another connection's state
+                await asyncio.sleep(0.01)
+        await b.quiesce()
+        reads: list[int] = []
+        get_states = b.store.get_states
+
+        async def counting() -> Any:
+            reads.append(1)
+            return await get_states()
+
+        b.store.get_states = counting  # type: ignore[method-assign]
+        for _ in range(20):
+            clock.advance(1)
+            await b.quiesce()
+        assert 1 <= len(reads) <= 2  # was 20
+        await a.set_enabled("job1", False)
+        async with asyncio.timeout(10):
+            while b.is_enabled("job1"):  # told by a's NOTIFY, with b's clock standing still
+                await asyncio.sleep(0.01)
+    finally:
+        await b.stop(0)
+        await a.stop(0)
+
+
+@pytest.mark.postgres
+async def test_a_burst_of_runs_is_announced_by_the_ledgers_own_commit(pg_url: str) -> None:
+    # The runs' notification rides the group commit that writes their rows: a burst costs
+    # the database one transaction, not the rows' and then a NOTIFY's.
+    clock = ManualClock("2026-03-02T08:00:00Z")
+    every_second = [define_schedule(name=f"tick{i}", cron="* * * * * *", timezone="UTC", handler=noop) for i in range(20)]
+    a = Engine(SCHEDULES, pg_url, instance="a", shutdown_grace=0)
+    b = Engine(every_second, pg_url, instance="b", clock=clock, shutdown_grace=0)
+    await a.open()
+    try:
+        inbox = a.events.subscribe()
+        await listening(pg_url)
+        await b.start()
+        await b.quiesce()
+        relay, store = b.relay.postgres, b.store
+        assert relay is not None
+        sent, rows = relay.sent, store.rows_written  # type: ignore[attr-defined]
+        clock.advance(1)
+        await b.quiesce()
+        await b.flush()
+        heard: set[str] = set()
+        await until(inbox.get, lambda batch: heard.update(n for t, n in pairs(batch) if t == "runs" and n) or len(heard) == 20)
+        assert heard == {f"tick{i}" for i in range(20)}
+        assert store.rows_written > rows  # type: ignore[attr-defined]
+        assert relay.sent == sent  # no NOTIFY of its own: it rode the rows' commit
+    finally:
+        await b.stop(0)
+        await a.stop(0)
+
+
+@pytest.mark.postgres
 async def test_a_burst_is_one_notification_and_a_huge_one_names_its_topics(fleet: tuple[Engine, Engine], pg_url: str) -> None:
     a, b = fleet
     inbox = a.events.subscribe()

@@ -50,6 +50,7 @@ from . import redact_url
 from .migrations import components_of, migrate_postgres
 from .postgres_audit import PostgresAudit
 from .postgres_durable import PostgresDurable
+from .postgres_events import NOTIFY as NOTIFY_EVENTS
 from .postgres_events import PostgresEvents
 from .postgres_catalog import PostgresCatalog
 from .postgres_jobs import PostgresJobs
@@ -529,6 +530,9 @@ class PostgresStore(PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLock
         """Write transactions committed (group commits, claims, other writes)."""
         self.rows_written = 0
         """Run rows upserted by the group commit."""
+        self.announce_runs: Callable[[Sequence[Run]], str | None] | None = None
+        """Set by the relay: the notification that tells the other instances of a batch
+        of run rows, sent inside the batch's own transaction."""
 
     # -- opening and closing ---------------------------------------------------------------
     async def open(self) -> None:
@@ -804,6 +808,12 @@ class PostgresStore(PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLock
                 await conn.execute(UPSERT_RUNS, (_runs_json(runs[start : start + _WRITE_CHUNK]),))
             for instance, fired in started.items():
                 await conn.execute(NOTE_LAST_FIRED, (fired, instance))
+            announce = self.announce_runs
+            payload = announce(runs) if announce is not None else None
+            if payload is not None:
+                # Rides this commit: one transaction per batch, not two, and the other
+                # instances hear of the rows exactly when they become readable.
+                await conn.execute(NOTIFY_EVENTS, (payload,))
         self.commits += 1
         self.rows_written += len(runs)
 

@@ -1,8 +1,9 @@
 """Change signals between the instances sharing a PostgreSQL store: NOTIFY and LISTEN (a
 mixin of :class:`~backend.store.postgres.PostgresStore`; see :mod:`backend.relay`).
 
-A notification is sent by a statement of its own on a pooled connection (autocommit:
-never inside another transaction). Listening needs a connection of its own, outside the
+A notification is sent by a statement of its own on a pooled connection (autocommit),
+except the one that announces a batch of run rows: it rides the batch's own transaction
+(see ``PostgresStore.announce_runs``). Listening needs a connection of its own, outside the
 pool, held open for as long as someone wants to hear; it is checked every
 :data:`LISTEN_CHECK` seconds and opened again, with backoff, when it is lost.
 """
