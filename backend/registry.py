@@ -138,9 +138,7 @@ class InstanceRegistry:
         ``at_open``: this process has fired nothing yet, so a mark left under its own
         instance name is a dead predecessor's (later, it is this process's own)."""
         now = self.clock.now()
-        runs = await self.store.running_runs()
-        backfills = await self.store.running_backfills()
-        marks = await self.store.starting_marks()
+        runs, backfills, marks = await self.store.unfinished_work()
         if not at_open:
             marks.pop(self.instance, None)
         if not runs and not backfills and not marks:

@@ -717,8 +717,15 @@ async def test_a_starting_mark_lets_a_survivor_record_a_dead_burst_once(store: S
     assert await store.starting_marks() == {"dead:1": slot}
     assert_utc((await store.starting_marks())["dead:1"])
     # One schedule of the burst did reach the ledger; the others did not.
-    store.save_runs([run(ids(), name="landed", scheduled_at=slot, status="running", instance="dead:1")])
+    landed = run(ids(), name="landed", scheduled_at=slot, status="running", instance="dead:1")
+    store.save_runs([landed])
     await store.flush()
+    backfill = progress(ids(), instance="dead:1")
+    await store.start_backfill(backfill)
+    # What the sweep reads, in one go.
+    runs, backfills, marks = await store.unfinished_work()
+    assert (runs, backfills, marks) == ([landed], [backfill], {"dead:1": slot})
+    assert_utc(marks["dead:1"])
 
     def verdict(name: str) -> Run:
         return Run(ids(), name, slot, "failed", "self", "single", "dead:1", None, T0, "abandoned", "died")

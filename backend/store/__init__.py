@@ -147,6 +147,10 @@ class Store(Protocol):
     async def starting_marks(self) -> dict[str, datetime]:
         """Every instance's last :meth:`mark_starting` slot not cleared yet."""
 
+    async def unfinished_work(self) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
+        """:meth:`running_runs`, ``running_backfills`` and :meth:`starting_marks` in one
+        read transaction: what the abandoned-work sweep of every instance looks at."""
+
     async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
         """In one transaction: if ``instance``'s mark is still ``slot``, clear it and write
         those of ``runs`` (closed rows, one per schedule, all of that slot) whose schedule

@@ -921,6 +921,16 @@ class PostgresStore(PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLock
     async def starting_marks(self) -> dict[str, datetime]:
         return {row[0]: _utc(row[1]) for row in await self._fetchall(STARTING_MARKS)}  # type: ignore[misc]
 
+    async def unfinished_work(self) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
+        async def read(conn: AsyncConnection[Any]) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
+            async with conn.transaction():  # one commit for the three, not three
+                runs = await (await conn.execute(RUNNING_RUNS)).fetchall()
+                backfills = await (await conn.execute(RUNNING_BACKFILLS)).fetchall()
+                marks = await (await conn.execute(STARTING_MARKS)).fetchall()
+            return [_run(r) for r in runs], [_backfill(r) for r in backfills], {r[0]: r[1].astimezone(timezone.utc) for r in marks}
+
+        return await self._with_conn(read)
+
     async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
         async def close(conn: AsyncConnection[Any]) -> list[Run]:
             async with conn.transaction():

@@ -1008,6 +1008,15 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         rows = await self._read(lambda c: c.execute(STARTING_MARKS).fetchall())
         return {row[0]: _dt(row[1]) for row in rows}  # type: ignore[misc]
 
+    async def unfinished_work(self) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
+        def read(c: sqlite3.Connection) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
+            runs = [_run(row) for row in c.execute(RUNNING_RUNS).fetchall()]
+            backfills = [_backfill(row) for row in c.execute(RUNNING_BACKFILLS).fetchall()]
+            marks = {row[0]: _EPOCH + _MICROSECOND * row[1] for row in c.execute(STARTING_MARKS).fetchall()}
+            return runs, backfills, marks
+
+        return await self._read(read)
+
     async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
         us = _us(slot)
 
