@@ -179,6 +179,8 @@ class EventBus:
         self.on_subscribe: Callable[[], None] | None = None
         """Called (on the subscriber's thread) when a subscription is made: the engine
         starts listening to other instances then, not before anyone wants to hear."""
+        self.on_unsubscribe: Callable[[], None] | None = None
+        """Called (on the closing thread) when a subscription is closed."""
         self.live = True
         """Whether signals from other instances arrive (see :data:`STREAM`)."""
 
@@ -249,3 +251,5 @@ class EventBus:
     def _forget(self, subscription: Subscription) -> None:
         with self._lock:
             self._subscriptions = [s for s in self._subscriptions if s is not subscription]
+        if self.on_unsubscribe is not None:
+            self.on_unsubscribe()

@@ -11,8 +11,12 @@ from the other processes sharing the store.
   :data:`NOTIFY_BURST` (one action often signals twice: its audit entry, then its run),
   so that a quiet instance tells at once and a busy one coalesces. The runs are the
   exception: the ledger's group commit carries their notification in its own transaction
-  (:meth:`PostgresRelay.announce_runs`), so a burst costs one commit, not two. A batch
-  with too many names for one notification names its topics only. A dedicated
+  (:meth:`PostgresRelay.announce_runs`), so a burst costs one commit, not two, and only
+  while some process of the database has readers: every NOTIFY wakes every listening
+  connection of the database (a transaction each), so a fleet of N that nobody watches
+  would otherwise pay N² transactions a second for news nobody reads. A process with
+  readers says so by holding a connection named ``schedtui-readers`` open. A batch with
+  too many names for one notification names its topics only. A dedicated
   LISTEN connection (opened when the first reader subscribes) publishes what the others
   send. It reconnects by itself; while it is down the bus says so (``stream down``), and
   once it is back the bus owes its readers a resync, since notifications sent meanwhile
@@ -78,6 +82,10 @@ class NotifyingStore(Protocol):
         """Until cancelled: listen on a dedicated connection, call ``on_payload`` with each
         notification, ``on_state(True)`` when listening and ``on_state(False)`` when the
         connection is lost; reconnect with backoff."""
+
+    async def hold_readers_mark(self, has_readers: Callable[[], bool], changed: asyncio.Event) -> None:
+        """Until cancelled: let the other processes see whether this one has readers (they
+        announce their runs only while some process has)."""
 
 
 @runtime_checkable
@@ -174,6 +182,8 @@ class PostgresRelay:
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         self._listener: asyncio.Task[None] | None = None
+        self._marker: asyncio.Task[None] | None = None
+        self._readers_changed = asyncio.Event()
         self._listened = False
         self.hearing = False
         """Whether the LISTEN connection is up: every notification sent from now on is heard."""
@@ -197,6 +207,14 @@ class PostgresRelay:
     def open(self) -> None:
         self._wake = asyncio.Event()
         self._sender = self.loops.spawn(self._send_loop(), "event notifications")
+        self._readers_changed = asyncio.Event()
+        self._marker = self.loops.spawn(
+            self.store.hold_readers_mark(lambda: self.events.subscribers > 0, self._readers_changed), "readers mark"
+        )
+
+    def readers_changed(self) -> None:
+        """A reader came or went (on the engine's loop)."""
+        self._readers_changed.set()
 
     def listen(self) -> None:
         """Start listening to the other instances (idempotent)."""
@@ -294,6 +312,11 @@ class PostgresRelay:
         with contextlib.suppress(Unavailable):
             await self.send_now()
         self._sender = None
+        if self._marker is not None:
+            self._marker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._marker
+            self._marker = None
 
 
 class StoreWatch:
@@ -339,8 +362,10 @@ class Relay:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opened = False
         events.on_subscribe = self._subscribed
+        events.on_unsubscribe = self._unsubscribed
 
-    def _subscribed(self) -> None:
+    def _on_loop(self, action: Callable[[], None]) -> None:
+        """Run ``action`` on the engine's loop (readers subscribe from any thread)."""
         loop = self._loop
         if loop is None or not self._opened:
             return
@@ -349,10 +374,22 @@ class Relay:
         except RuntimeError:
             running = None
         if running is loop:
-            self.listen()
+            action()
         else:
             with contextlib.suppress(RuntimeError):  # the engine's loop is gone: nothing to start
-                loop.call_soon_threadsafe(self.listen)
+                loop.call_soon_threadsafe(action)
+
+    def _subscribed(self) -> None:
+        self._on_loop(self._readers_came)
+
+    def _unsubscribed(self) -> None:
+        if self.postgres is not None:
+            self._on_loop(self.postgres.readers_changed)
+
+    def _readers_came(self) -> None:
+        self.listen()
+        if self.postgres is not None:
+            self.postgres.readers_changed()
 
     def listen(self) -> None:
         """Start hearing what other processes do (idempotent)."""
@@ -370,6 +407,7 @@ class Relay:
         if self.postgres is not None:
             self.postgres.open()
             if self._announcing is not None:
+                # (Only while some process of the fleet has readers: see hold_readers_mark.)
                 # The runs' notifications ride the ledger's commits (one transaction a
                 # batch, not two); the run signals published here are not sent again.
                 self._announcing.announce_runs = self.postgres.announce_runs

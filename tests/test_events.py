@@ -268,6 +268,65 @@ async def test_a_run_now_on_one_instance_is_signalled_on_the_other(fleet: tuple[
 
 
 @pytest.mark.postgres
+async def test_runs_are_announced_only_while_some_process_has_readers(pg_url: str) -> None:
+    # Every NOTIFY wakes every listening connection of the database: a fleet of N nobody
+    # watches would pay N^2 transactions a second to announce its bursts to nobody.
+    clock = ManualClock("2026-03-02T08:00:00Z")
+    every_second = [define_schedule(name=f"tick{i}", cron="* * * * * *", timezone="UTC", handler=noop) for i in range(5)]
+    a = Engine(SCHEDULES, pg_url, instance="a", shutdown_grace=0)
+    b = Engine(every_second, pg_url, instance="b", clock=clock, shutdown_grace=0)
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as ear:
+        await ear.execute("LISTEN schedtui_events")
+
+        async def heard_before_marker() -> list[str]:
+            """Every notification committed before now: they arrive in commit order."""
+            await b.flush()
+            async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as mouth:
+                await mouth.execute("SELECT pg_notify('schedtui_events', 'marker')")
+            got = []
+            async for notify in ear.notifies(timeout=10):
+                if notify.payload == "marker":
+                    return got
+                got.append(notify.payload)
+            raise AssertionError("the marker never came")
+
+        await a.start()  # it listens (for the catalog), with no reader
+        try:
+            await b.start()
+            await b.quiesce()
+            await heard_before_marker()
+            clock.advance(1)
+            await b.quiesce()
+            assert not [p for p in await heard_before_marker() if '"runs"' in p]  # nobody reads: not announced
+            inbox = a.events.subscribe()  # a reader on a: now b announces
+            await listening(pg_url, count=2, readers=1)
+            clock.advance(1)
+            await b.quiesce()
+            assert [p for p in await heard_before_marker() if '"runs"' in p]
+            await until(inbox.get, lambda batch: ("runs", "tick4") in pairs(batch))
+            inbox.close()  # the last reader gone: the mark goes, and the announcements stop
+            await listening(pg_url, count=2, readers=0)  # (at least 0) ...
+            async with asyncio.timeout(10):
+                while await readers_marks(pg_url):  # ... and exactly 0
+                    await asyncio.sleep(0.02)  # another connection's state: nothing to await
+            clock.advance(1)
+            await b.quiesce()
+            assert not [p for p in await heard_before_marker() if '"runs"' in p]
+        finally:
+            await b.stop(0)
+            await a.stop(0)
+
+
+async def readers_marks(url: str) -> int:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'schedtui-readers'"
+        )
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.postgres
 async def test_while_signals_are_heard_the_state_poll_is_only_a_backstop(pg_url: str) -> None:
     # An idle member of a PostgreSQL fleet used to read the catalog and the states every
     # second; with its LISTEN connection up it reads them every ten rounds, and a change
@@ -391,6 +450,9 @@ class CountingNotifier:
         self.sent.append(time.monotonic())
 
     async def listen_events(self, on_payload: Any, on_state: Any) -> None:
+        await asyncio.Future()
+
+    async def hold_readers_mark(self, has_readers: Any, changed: Any) -> None:
         await asyncio.Future()
 
 
@@ -595,17 +657,19 @@ def test_two_serve_instances_on_postgresql_share_signals_and_the_audit_log(
         assert b.stop() == 0, b.log_text()
 
 
-async def listening(url: str, count: int = 1) -> None:
-    """Wait until ``count`` instances' LISTEN connections are registered with the server."""
+async def listening(url: str, count: int = 1, readers: int = 1) -> None:
+    """Wait until ``count`` instances' LISTEN connections are registered with the server,
+    and ``readers`` processes say they have readers (the others announce runs then)."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         async with asyncio.timeout(10):
             while True:
                 cur = await conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'schedtui-listen' "
-                    "AND datname = current_database() AND query ILIKE 'LISTEN%%'"
+                    "SELECT count(*) FILTER (WHERE application_name = 'schedtui-listen' AND query ILIKE 'LISTEN%%'), "
+                    "count(*) FILTER (WHERE application_name = 'schedtui-readers') "
+                    "FROM pg_stat_activity WHERE datname = current_database()"
                 )
                 row = await cur.fetchone()
-                if row and row[0] >= count:
+                if row and row[0] >= count and row[1] >= readers:
                     return
                 await asyncio.sleep(0.02)  # polling another process: there is nothing to await
 

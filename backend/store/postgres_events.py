@@ -11,6 +11,7 @@ pool, held open for as long as someone wants to hear; it is checked every
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,15 @@ log = logging.getLogger("schedtui.events")
 
 CHANNEL = "schedtui_events"
 NOTIFY = f"SELECT pg_notify('{CHANNEL}', %s)"
+#: The application name of the connection a process holds open while it has readers.
+READERS_APP = "schedtui-readers"
+#: A notification sent only while some process of the database has readers: every
+#: listening connection of the database is woken by every NOTIFY (one transaction each),
+#: so a fleet nobody watches must not be told of every burst of runs.
+NOTIFY_IF_READ = (
+    f"SELECT pg_notify('{CHANNEL}', %s) WHERE EXISTS (SELECT 1 FROM pg_stat_activity "
+    f"WHERE datname = current_database() AND application_name = '{READERS_APP}')"
+)
 LISTEN = f"LISTEN {CHANNEL}"
 #: The check of a quiet listening connection: listening again is a no-op that needs the server.
 PING = LISTEN
@@ -47,6 +57,34 @@ class PostgresEvents:
 
     async def notify_events(self, payload: str) -> None:
         await self._execute(NOTIFY, (payload,))
+
+    async def hold_readers_mark(self, has_readers: Callable[[], bool], changed: asyncio.Event) -> None:
+        """Until cancelled: while ``has_readers()``, hold a connection named
+        :data:`READERS_APP` open (the other instances then announce their runs); ``changed``
+        is set when the answer may have changed. Checked every :data:`LISTEN_CHECK` s."""
+        conn: AsyncConnection[Any] | None = None
+        try:
+            while True:
+                try:
+                    if has_readers() and conn is None:
+                        conn = await AsyncConnection.connect(self._conninfo, autocommit=True, application_name=READERS_APP)
+                    elif not has_readers() and conn is not None:
+                        await conn.close()
+                        conn = None
+                    elif conn is not None:
+                        await conn.execute("SELECT 1")  # still there?
+                except (psycopg.Error, OSError) as exc:
+                    log.debug("cannot hold the readers mark (%s); retrying", _one_line(exc))
+                    if conn is not None:
+                        await conn.close()
+                    conn = None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), LISTEN_CHECK)
+                changed.clear()
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.close()
 
     async def listen_events(self, on_payload: Callable[[str], None], on_state: Callable[[bool], None]) -> None:
         failures = 0
