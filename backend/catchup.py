@@ -42,6 +42,9 @@ __all__ = ["CatchUp"]
 
 log = logging.getLogger("schedtui.engine")
 
+#: Slots claimed in one go when a batch of schedules catches up at start or take-over.
+_CLAIM_CHUNK = 5_000
+
 
 @dataclass(eq=False)
 class _Hold:
@@ -112,6 +115,7 @@ class CatchUp:
         except BaseException:
             self.busy.difference_update(names)
             raise
+        catching: list[tuple[Schedule, list[datetime], str | None]] = []
         for schedule, now, reason in batch:
             since = left_off.get(schedule.name)
             state = self.states.get(schedule.name)
@@ -125,10 +129,29 @@ class CatchUp:
                     missed.append(slot)
                 missed.reverse()
             if missed:
-                self.loops.spawn(self._catch_up(schedule, missed, reason=reason), f"catch-up {schedule.name}")
+                catching.append((schedule, missed, reason))
             else:
                 self.busy.discard(schedule.name)
                 self.timers.arm(schedule, now)
+        claimed: dict[str, tuple[dict[datetime, str], str | None]] = {}
+        if catching and self.claims.coordinator.needs_claims:
+            # Their slots claimed together, a chunk at a time: a shard taken over with a
+            # hundred schedules behind costs a few transactions, not a hundred.
+            try:
+                pairs = [(schedule, slot) for schedule, missed, _ in catching for slot in missed]
+                for start in range(0, len(pairs), _CLAIM_CHUNK):
+                    owned, busy = await self.claims.claim(pairs[start : start + _CLAIM_CHUNK], self.clock.now())
+                    for schedule, slot, run_id in owned:
+                        ids, remote = claimed.setdefault(schedule.name, ({}, None))
+                        ids[slot] = run_id
+                    for name, instance in busy.items():
+                        claimed[name] = (claimed.get(name, ({}, None))[0], instance)
+            except BaseException:
+                self.busy.difference_update(schedule.name for schedule, _, _ in catching)
+                raise
+        for schedule, missed, reason in catching:
+            claim = claimed.get(schedule.name, ({}, None)) if self.claims.coordinator.needs_claims else None
+            self.loops.spawn(self._catch_up(schedule, missed, reason=reason, claimed=claim), f"catch-up {schedule.name}")
         self.loops.poke()
 
     async def _where_they_left_off(self, names: list[str], loop: str) -> dict[str, datetime]:
@@ -163,6 +186,7 @@ class CatchUp:
         live: bool = False,
         fire: bool = True,
         reason: str | None = None,
+        claimed: tuple[dict[datetime, str], str | None] | None = None,
     ) -> None:
         """Apply the schedule's backfill policy to ``slots`` (ascending, all due), then arm.
 
@@ -197,7 +221,11 @@ class CatchUp:
                 to_fire, to_record = [], slots
             ids: dict[datetime, str] = {}
             remote: str | None = None
-            if self.claims.coordinator.needs_claims:
+            if claimed is not None:  # claimed with the other schedules of its batch
+                ids, remote = claimed
+                to_fire = [s for s in to_fire if s in ids]
+                to_record = [s for s in to_record if s in ids]
+            elif self.claims.coordinator.needs_claims:
                 owned, busy = await self.claims.claim([(schedule, slot) for slot in slots], self.clock.now())
                 ids = {slot: run_id for _, slot, run_id in owned}
                 remote = busy.get(name)

@@ -396,12 +396,14 @@ async def test_catch_up_finishes_before_the_live_timer_arms(make_engine, clock: 
     assert gate.started == [at("2026-03-02T07:58:00Z"), at("2026-03-02T07:59:00Z"), at("2026-03-02T08:00:00Z"), at("2026-03-02T08:01:00Z")]
 
 
-async def test_boot_reads_where_every_schedule_left_off_in_one_query(make_engine, clock: ManualClock) -> None:
-    # A thousand schedules starting used to cost a thousand reads (and, on PostgreSQL, a
-    # thousand transactions); each still catches up from its own last slot.
+@pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
+async def test_boot_reads_where_every_schedule_left_off_in_one_query(make_engine, clock: ManualClock, coordination: str) -> None:
+    # A thousand schedules starting (or a shard of them taken over) used to cost a thousand
+    # reads and a thousand claims (on PostgreSQL, a transaction each); each still catches
+    # up from its own last slot.
     clock.set("2026-03-02T12:00:30Z")
     schedules = [schedule(name=f"s{i:02d}", cron="* * * * *", backfill="skip") for i in range(30)]
-    engine = make_engine(schedules)
+    engine = make_engine(schedules, coordination=coordination)
     await engine.open()
     for i in range(0, 30, 2):  # the even ones ran i minutes before now; the odd ones never
         await _seed_last_run(engine, f"s{i:02d}", at("2026-03-02T12:00:00Z") - timedelta(minutes=i))
@@ -413,9 +415,18 @@ async def test_boot_reads_where_every_schedule_left_off_in_one_query(make_engine
         return await last_slots(names)
 
     engine.store.last_slots = counting  # type: ignore[method-assign]
+    claims: list[int] = []
+    claim = engine.store.claim
+
+    async def counting_claims(batch: Any, instance: str, now: datetime) -> Any:
+        claims.append(len(batch))
+        return await claim(batch, instance, now)
+
+    engine.store.claim = counting_claims  # type: ignore[method-assign]
     await engine.start()
     await engine.quiesce()
     assert reads == [sorted(s.name for s in schedules)]
+    assert claims == ([] if coordination == "single" else [sum(range(0, 30, 2))])  # one claim for every missed slot
     for i in range(30):
         missed = [r for r in await all_runs(engine, f"s{i:02d}") if r.status == "missed"]
         assert len(missed) == (i if i % 2 == 0 else 0), f"s{i:02d}"
