@@ -88,6 +88,8 @@ class CatchUp:
         self._booting: list[tuple[Schedule, datetime, str | None]] = []
         """Schedules waiting for the next read of where they left off (see :meth:`at_boot`)."""
         self._boot_batches = 0
+        self._behind: list[tuple[Schedule, list[datetime]]] = []
+        """Schedules found behind, waiting for the claim of their slots (see :meth:`behind`)."""
         timers.on_behind = self.behind
         timers.on_disabled = self.disabled
 
@@ -103,9 +105,12 @@ class CatchUp:
             self.loops.spawn(self._boot(f"catch-up boot {self._boot_batches}"), "catch-up boot")
 
     def behind(self, schedule: Schedule, slots: list[datetime]) -> None:
-        """A running engine found the schedule behind: ``slots`` were due, the last is current."""
+        """A running engine found the schedule behind: ``slots`` were due, the last is current.
+        The schedules found behind together (a stalled burst) claim their slots together."""
         self.busy.add(schedule.name)
-        self.loops.spawn(self._catch_up(schedule, slots, live=True), f"catch-up {schedule.name}")
+        self._behind.append((schedule, slots))
+        if len(self._behind) == 1:
+            self.loops.spawn(self._behind_batch(), "catch-up behind")
 
     async def _boot(self, loop: str) -> None:
         batch, self._booting = self._booting, []
@@ -133,26 +138,42 @@ class CatchUp:
             else:
                 self.busy.discard(schedule.name)
                 self.timers.arm(schedule, now)
-        claimed: dict[str, tuple[dict[datetime, str], str | None]] = {}
-        if catching and self.claims.coordinator.needs_claims:
-            # Their slots claimed together, a chunk at a time: a shard taken over with a
-            # hundred schedules behind costs a few transactions, not a hundred.
-            try:
-                pairs = [(schedule, slot) for schedule, missed, _ in catching for slot in missed]
-                for start in range(0, len(pairs), _CLAIM_CHUNK):
-                    owned, busy = await self.claims.claim(pairs[start : start + _CLAIM_CHUNK], self.clock.now())
-                    for schedule, slot, run_id in owned:
-                        ids, remote = claimed.setdefault(schedule.name, ({}, None))
-                        ids[slot] = run_id
-                    for name, instance in busy.items():
-                        claimed[name] = (claimed.get(name, ({}, None))[0], instance)
-            except BaseException:
-                self.busy.difference_update(schedule.name for schedule, _, _ in catching)
-                raise
+        claimed = await self._claim_together([(schedule, missed) for schedule, missed, _ in catching])
         for schedule, missed, reason in catching:
-            claim = claimed.get(schedule.name, ({}, None)) if self.claims.coordinator.needs_claims else None
+            claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
             self.loops.spawn(self._catch_up(schedule, missed, reason=reason, claimed=claim), f"catch-up {schedule.name}")
         self.loops.poke()
+
+    async def _behind_batch(self) -> None:
+        batch, self._behind = self._behind, []
+        claimed = await self._claim_together(batch)
+        for schedule, slots in batch:
+            claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
+            self.loops.spawn(self._catch_up(schedule, slots, live=True, claimed=claim), f"catch-up {schedule.name}")
+        self.loops.poke()
+
+    async def _claim_together(
+        self, catching: list[tuple[Schedule, list[datetime]]]
+    ) -> dict[str, tuple[dict[datetime, str], str | None]] | None:
+        """Claim the slots of several schedules' catch-ups together, a chunk at a time: a
+        shard taken over, or a burst fallen behind, costs a few transactions, not one per
+        schedule. Per schedule: the slots won (with their run ids) and the instance running
+        it elsewhere, if any; ``None`` when the coordination claims nothing."""
+        if not catching or not self.claims.coordinator.needs_claims:
+            return None
+        claimed: dict[str, tuple[dict[datetime, str], str | None]] = {}
+        try:
+            pairs = [(schedule, slot) for schedule, slots in catching for slot in slots]
+            for start in range(0, len(pairs), _CLAIM_CHUNK):
+                owned, busy = await self.claims.claim(pairs[start : start + _CLAIM_CHUNK], self.clock.now())
+                for schedule, slot, run_id in owned:
+                    claimed.setdefault(schedule.name, ({}, None))[0][slot] = run_id
+                for name, instance in busy.items():
+                    claimed[name] = (claimed.get(name, ({}, None))[0], instance)
+        except BaseException:
+            self.busy.difference_update(schedule.name for schedule, _ in catching)
+            raise
+        return claimed
 
     async def _where_they_left_off(self, names: list[str], loop: str) -> dict[str, datetime]:
         """The schedules' newest recorded slots; while the store is unreachable, wait for it
