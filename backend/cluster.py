@@ -84,13 +84,15 @@ class ClusterStore(Protocol):
         self, names: Sequence[str], holder: str, ttl: timedelta, now: datetime | None
     ) -> dict[str, tuple[int, datetime]]: ...
 
-    async def renew_shards(self, held: dict[str, int], ttl: timedelta, now: datetime | None) -> dict[str, datetime]: ...
-
     async def release_shards(self, held: dict[str, int], now: datetime | None) -> None: ...
 
     async def release_leftover_shards(self, prefix: str, holder: str, keep: Sequence[int], now: datetime | None) -> None: ...
 
     async def cluster_state(self, prefix: str, now: datetime | None) -> ClusterState: ...
+
+    async def renew_and_read(
+        self, held: dict[str, int], ttl: timedelta, prefix: str, now: datetime | None
+    ) -> tuple[dict[str, datetime], ClusterState]: ...
 
     async def cluster_claim(
         self, claims: Sequence[Claim], fences: dict[str, tuple[str, int]], instance: str, now: datetime | None
@@ -254,8 +256,7 @@ class Cluster:
         """Renew what is due, read the shards and the members, give back and take."""
         now = self.clock.now()
         self._expire(now)
-        await self._renew(now)
-        state = await self.store.cluster_state(SHARD_PREFIX, self.lock_now())
+        state = await self._renew_and_read(now)
         self.last_state = state
         if self._first_round:
             # A previous process of this instance name died holding shards: free them now
@@ -364,12 +365,17 @@ class Cluster:
             log.warning("cluster: %d shard lease(s) not renewed in time; standing down on them", len(late))
             self._drop(late, "its lease could not be renewed in time")
 
-    async def _renew(self, now: datetime) -> None:
-        if not self.held or min(h.renewed_at for h in self.held.values()) + self.ttl / 3 > now:
-            return
-        asked_at = now
-        held = {shard_lock(shard): h.token for shard, h in self.held.items()}
-        renewed = await self.store.renew_shards(held, self.ttl, self.lock_now())
+    async def _renew_and_read(self, now: datetime) -> ClusterState:
+        """Renew the leases if a third of their ttl has passed, and read the shards and
+        the members: one transaction."""
+        due = bool(self.held) and min(h.renewed_at for h in self.held.values()) + self.ttl / 3 <= now
+        held = {shard_lock(shard): h.token for shard, h in self.held.items()} if due else {}
+        renewed, state = await self.store.renew_and_read(held, self.ttl, SHARD_PREFIX, self.lock_now())
+        if held:
+            self._renewed(now, held, renewed)
+        return state
+
+    def _renewed(self, asked_at: datetime, held: dict[str, int], renewed: dict[str, datetime]) -> None:
         lost = [int(name[len(SHARD_PREFIX) :]) for name in held if name not in renewed]
         if lost:
             self.stand_down([shard_lock(s) for s in lost], "its token is no longer current")

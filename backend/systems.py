@@ -100,7 +100,9 @@ def attach_systems(
             is_enabled=engine.is_enabled,
             lock_now=engine.locks.lock_now,
             ttl=timedelta(seconds=shard_ttl),
-            poll=engine.state_poll_interval,
+            # A round (renewal and read, one transaction) every fifth of a lease: a dead
+            # owner's shards move within a lease and that; a member costs 0.5 commits/s.
+            poll=max(engine.state_poll_interval, timedelta(seconds=shard_ttl) / 5),
         )
         coordinator.cluster = engine.cluster
         engine.timers.may_arm = engine.cluster.owns  # only what this instance's shards hold

@@ -79,9 +79,10 @@ def every_second(count: int, **kwargs: Any) -> list[Schedule]:
 class Fleet:
     """Engines on one database and one shared clock."""
 
-    def __init__(self, url: str, schedules: list[Schedule]) -> None:
+    def __init__(self, url: str, schedules: list[Schedule], shard_ttl: float = SHARD_TTL) -> None:
         self.url = url
         self.schedules = schedules
+        self.shard_ttl = shard_ttl
         self.clock = ManualClock(T0)
         self.engines: dict[str, tuple[Engine, ViewClock]] = {}
         self.crashed: list[Engine] = []
@@ -90,7 +91,7 @@ class Fleet:
         view = ViewClock(self.clock)
         engine = Engine(
             self.schedules, self.url, clock=view, lock_clock=self.clock, instance=name, coordination="cluster",
-            shard_ttl=SHARD_TTL, shutdown_grace=0, abandon_after=3600,
+            shard_ttl=self.shard_ttl, shutdown_grace=0, abandon_after=3600,
         )  # fmt: skip
         self.engines[name] = (engine, view)
         await engine.start()
@@ -114,7 +115,7 @@ class Fleet:
             held = sum(len(engine.cluster.held) for engine, _ in self.engines.values())  # type: ignore[union-attr]
             busy = any(engine.catch_up.busy for engine, _ in self.engines.values())
             steady = steady + 1 if held == SHARDS and not busy else 0
-            if steady > SHARD_TTL:
+            if steady > self.shard_ttl:
                 return
         raise AssertionError(f"the fleet did not settle within {limit}s")
 
@@ -165,8 +166,8 @@ def holes(runs: list[tuple[str, datetime, str, str, str]], until: datetime) -> l
 async def fleet(pg_url: str) -> AsyncIterator[Callable[..., Fleet]]:
     made: list[Fleet] = []
 
-    def make(schedules: list[Schedule]) -> Fleet:
-        made.append(Fleet(pg_url, schedules))
+    def make(schedules: list[Schedule], **kwargs: Any) -> Fleet:
+        made.append(Fleet(pg_url, schedules, **kwargs))
         return made[-1]
 
     yield make
@@ -326,6 +327,30 @@ async def test_a_slot_that_has_a_run_is_never_claimed_again_even_by_its_current_
 
 
 @pg_only
+async def test_a_settled_members_round_is_one_transaction_every_fifth_of_a_lease(fleet: Callable[..., Fleet]) -> None:
+    # Renewing the leases and reading the shards and members was two round trips, one of
+    # them every second: with a fleet of N, N reads a second before any firing. Now one
+    # transaction every fifth of a lease (2 s of the default 10), renewing in every other.
+    f = fleet(every_second(20), shard_ttl=10)
+    a = await f.start("a")
+    await f.start("b")
+    await f.settle()
+    calls: list[int] = []
+    store = a.store
+    renew_and_read = store.renew_and_read  # type: ignore[attr-defined]
+
+    async def counting(held: Any, *args: Any) -> Any:
+        calls.append(len(held))
+        return await renew_and_read(held, *args)
+
+    store.renew_and_read = counting  # type: ignore[attr-defined]
+    held_before = dict(a.cluster.held)  # type: ignore[union-attr]
+    await f.tick(40)
+    assert 19 <= len(calls) <= 21  # a round every 2 s
+    assert 9 <= sum(1 for held in calls if held) <= 11  # the renewals (every 3.3 s) ride every other one
+    assert a.cluster.held.keys() == held_before.keys()  # type: ignore[union-attr]  # renewed throughout
+
+
 async def test_a_joining_member_takes_its_share_without_a_duplicate(fleet: Callable[..., Fleet]) -> None:
     f = fleet(every_second(16))
     await f.start("a")

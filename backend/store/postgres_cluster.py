@@ -185,11 +185,6 @@ class PostgresCluster:
         rows = await self._rows(ACQUIRE_SHARDS, {"names": list(names), "holder": holder, "ttl": ttl, "now": now}, writes=True)
         return {name: (int(token), _utc(expires)) for name, token, expires in rows}
 
-    async def renew_shards(self, held: dict[str, int], ttl: timedelta, now: datetime | None) -> dict[str, datetime]:
-        """Extend the leases still current: ``{name: expires_at}``; the others are lost."""
-        params = {"names": list(held), "tokens": list(held.values()), "ttl": ttl, "now": now}
-        return {name: _utc(expires) for name, expires in await self._rows(RENEW_SHARDS, params, writes=True)}
-
     async def release_shards(self, held: dict[str, int], now: datetime | None) -> None:
         params = {"names": list(held), "tokens": list(held.values()), "now": now}
         await self._rows_none(RELEASE_SHARDS, params)
@@ -206,19 +201,27 @@ class PostgresCluster:
         self.commits += 1
 
     async def cluster_state(self, prefix: str, now: datetime | None) -> ClusterState:
-        rows = await self._fetchall(CLUSTER_STATE, {"prefix": prefix + "%", "now": now})
-        shards: dict[str, Lock] = {}
-        instances: dict[str, tuple[str, int, datetime]] = {}
-        clock: datetime | None = None
-        for kind, name, holder, token, acquired, renewed, at, pid in rows:
-            if kind == "lock":
-                shards[name] = Lock(name, holder, int(token), _utc(acquired), _utc(renewed), _utc(at))
-            elif kind == "instance":
-                instances[name] = (holder, int(pid), _utc(at))
-            else:
-                clock = _utc(at)
-        assert clock is not None
-        return ClusterState(shards, instances, clock)
+        return _state(await self._fetchall(CLUSTER_STATE, {"prefix": prefix + "%", "now": now}))
+
+    async def renew_and_read(
+        self, held: dict[str, int], ttl: timedelta, prefix: str, now: datetime | None
+    ) -> tuple[dict[str, datetime], ClusterState]:
+        """:meth:`renew_shards` (when ``held`` is not empty), then :meth:`cluster_state`, in
+        one transaction: a member's round costs the database one commit."""
+
+        async def go(conn: Any) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+            async with conn.transaction():
+                renewed: list[tuple[Any, ...]] = []
+                if held:
+                    params = {"names": list(held), "tokens": list(held.values()), "ttl": ttl, "now": now}
+                    renewed = await (await conn.execute(RENEW_SHARDS, params)).fetchall()
+                state = await (await conn.execute(CLUSTER_STATE, {"prefix": prefix + "%", "now": now})).fetchall()
+            return renewed, state
+
+        renewed, state = await self._with_conn(go)
+        if held:
+            self.commits += 1
+        return {name: _utc(expires) for name, expires in renewed}, _state(state)
 
     async def cluster_claim(
         self, claims: Sequence[Claim], fences: dict[str, tuple[str, int]], instance: str, now: datetime | None
@@ -247,3 +250,18 @@ class PostgresCluster:
         stale = {value for kind, value in rows if kind == "stale"}
         busy = {kind[len("busy:") :]: value for kind, value in rows if kind.startswith("busy:")}
         return ClaimResult(won, busy), stale
+
+
+def _state(rows: list[tuple[Any, ...]]) -> ClusterState:
+    shards: dict[str, Lock] = {}
+    instances: dict[str, tuple[str, int, datetime]] = {}
+    clock: datetime | None = None
+    for kind, name, holder, token, acquired, renewed, at, pid in rows:
+        if kind == "lock":
+            shards[name] = Lock(name, holder, int(token), _utc(acquired), _utc(renewed), _utc(at))
+        elif kind == "instance":
+            instances[name] = (holder, int(pid), _utc(at))
+        else:
+            clock = _utc(at)
+    assert clock is not None
+    return ClusterState(shards, instances, clock)
