@@ -278,14 +278,16 @@ async def test_runs_are_announced_only_while_some_process_has_readers(pg_url: st
     async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as ear:
         await ear.execute("LISTEN schedtui_events")
 
+        marker = '{"from":"the-test","signals":[]}'  # well-formed: the engines ignore it
+
         async def heard_before_marker() -> list[str]:
             """Every notification committed before now: they arrive in commit order."""
             await b.flush()
             async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as mouth:
-                await mouth.execute("SELECT pg_notify('schedtui_events', 'marker')")
+                await mouth.execute("SELECT pg_notify('schedtui_events', %s)", (marker,))
             got = []
             async for notify in ear.notifies(timeout=10):
-                if notify.payload == "marker":
+                if notify.payload == marker:
                     return got
                 got.append(notify.payload)
             raise AssertionError("the marker never came")
