@@ -8,7 +8,9 @@ runs of one simulated minute and, for the timeline, an hour of history before it
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
+import weakref
 from dataclasses import replace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,7 +37,7 @@ from console.widgets import (
     TimelineGrid,
 )
 from console.widgets.palette import status_style
-from console.widgets.schedules import last_run_text
+from console.widgets.schedules import FreshTable, RingFreeCache, last_run_text
 from tests.console_fixtures import FROZEN, WHERE, add_timeline_history, build_ledger, console_backend
 from tests.test_console import Notes, cell, schedules, select, settle
 
@@ -594,6 +596,46 @@ async def test_9_rows_scrolled_on_screen_before_their_batch_are_redrawn_by_the_n
         await settle(pilot)
         drawn = ["".join(segment.text for segment in table.render_line(y)) for y in range(1, table.size.height)]
         assert all("*/7 * * * *" in line and "bulk-" in line for line in drawn)
+
+
+async def test_9_the_console_freezes_the_heap_of_its_first_screen_only_when_asked(store_url: str) -> None:
+    frozen = gc.get_freeze_count()
+    try:
+        async with console(store_url) as (app, pilot, clock, notes):
+            assert gc.get_freeze_count() == frozen  # tests run many apps in one process
+        async with console(store_url, freeze_heap=True) as (app, pilot, clock, notes):
+            assert gc.get_freeze_count() > frozen + 10_000
+    finally:
+        gc.unfreeze()
+
+
+def test_9_a_cleared_table_cache_frees_its_entries_without_the_cycle_collector() -> None:
+    class Rendered:
+        pass
+
+    gc.disable()
+    try:
+        cache: RingFreeCache[int, Rendered] = RingFreeCache(10)
+        alive = []
+        for key in range(25):  # evicting as it goes
+            value = Rendered()
+            alive.append(weakref.ref(value))
+            cache[key] = value
+        del value
+        cache.clear()
+        assert [ref() for ref in alive] == [None] * 25
+    finally:
+        gc.enable()
+
+
+async def test_9_every_console_table_keeps_a_few_screens_rendered_in_ring_free_caches(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        tables = list(app.query(FreshTable))
+        assert len(tables) >= 2
+        for table in tables:
+            caches = (table._row_render_cache, table._cell_render_cache, table._row_renderable_cache, table._line_cache)
+            assert all(isinstance(cache, RingFreeCache) for cache in caches)
+            assert table._cell_render_cache.maxsize == FreshTable.CACHED_CELLS <= 2000
 
 
 # ----------------------------------------------------------------------------------------
