@@ -130,8 +130,8 @@ class FreshTable(DataTable[Text | str]):
 
     CACHED_LINES = 200
     """Rows and lines kept rendered (a tall terminal shows ~100)."""
-    CACHED_CELLS = 2000
-    """Cells kept rendered (~100 rows of up to 10 columns, twice)."""
+    CACHED_CELLS = 1000
+    """Cells kept rendered (~100 rows of up to 10 columns)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -313,18 +313,21 @@ class SchedulesTable(FreshTable):
         """Put the cells that changed in the row. A row off screen takes them without
         ``update_cell``, which repaints the whole table on screen each time (a repaint of
         10-20 ms per batch of rows caught up); its rendering is dropped all the same, as
-        every one is keyed by the update count."""
-        old = self._shown[view.name]
+        every one is keyed by the update count. An equal cell is kept, not its copy (a
+        thousand rows' copies were thousands more objects for the garbage collector)."""
         row = RowKey(view.name)
-        for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, old):
+        kept: list[Text | str] = []
+        for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, self._shown[view.name]):
             if new_cell == old_cell:
+                kept.append(old_cell)
                 continue
+            kept.append(new_cell)
             if on_screen or width is None:  # a column sized to its cells: measured again
                 self.update_cell(row, key, new_cell, update_width=width is None)
             else:
                 self._data[row][ColumnKey(key)] = new_cell
                 self._update_count += 1
-        self._shown[view.name] = cells
+        self._shown[view.name] = tuple(kept)
 
     def tick(self, now: datetime, data_now: datetime | None = None) -> None:
         """Recompute the time-dependent cells of the rows on screen (others follow when
