@@ -707,7 +707,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         backend = EmbeddedBackend(demo_engine(folder), arm=True, own_thread=True)
         platform = ExternalPlatform(folder)
         platform.start()
-        app = SchedtuiApp(backend, after_connect=run_now_at_start, keymap=_keymap())
+        app = SchedtuiApp(backend, after_connect=run_now_at_start, keymap=_keymap(), freeze_heap=True)
         try:
             return await _run_console(app, backend)
         finally:
@@ -811,7 +811,8 @@ async def cmd_console(args: argparse.Namespace) -> int:
         backend = EmbeddedBackend(engine, read_only=args.read_only, arm=args.fire, own_thread=True)
         interval = 1.0
     _quiet_logging()
-    app = SchedtuiApp(backend, read_only=args.read_only, refresh_interval=interval, keymap=_keymap())
+    app = SchedtuiApp(backend, read_only=args.read_only, refresh_interval=interval, keymap=_keymap(),
+                      freeze_heap=True)
     return await _run_console(app, backend)
 
 

@@ -8,7 +8,9 @@ runs of one simulated minute and, for the timeline, an hour of history before it
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
+import weakref
 from dataclasses import replace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,7 +37,7 @@ from console.widgets import (
     TimelineGrid,
 )
 from console.widgets.palette import status_style
-from console.widgets.schedules import last_run_text
+from console.widgets.schedules import FreshTable, RingFreeCache, last_run_text
 from tests.console_fixtures import FROZEN, WHERE, add_timeline_history, build_ledger, console_backend
 from tests.test_console import Notes, cell, schedules, select, settle
 
@@ -527,6 +529,118 @@ async def test_9_a_refresh_that_changes_every_last_run_remeasures_no_column(stor
         table.show(changed, clock.now() + timedelta(minutes=1), clock.now())
         await settle(pilot)
         assert measured == []
+
+
+def with_bulk(views: list[ScheduleView], count: int) -> list[ScheduleView]:
+    """``views`` and ``count`` more schedules after them (copies of the first that has run)."""
+    model = next(v for v in views if v.last_run is not None)
+    return [*views, *(replace(model, name=f"bulk-{i:04d}") for i in range(count))]
+
+
+def fired(views: list[ScheduleView], cron: str | None = None) -> list[ScheduleView]:
+    """Every schedule with a new last run (a missed one), and a new cron if given."""
+    return [
+        replace(v, cron=cron or v.cron, last_run=None if v.last_run is None
+                else replace(v.last_run, id=v.last_run.id + "x", status="missed"))
+        for v in views
+    ]
+
+
+async def test_9_a_refresh_that_changes_every_schedule_redraws_the_rows_on_screen_at_once_the_rest_after(
+    store_url: str,
+) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        table = schedules(app)
+        many = with_bulk(app.views, 600)
+        table.show(many, clock.now(), clock.now())
+        await settle(pilot)
+        await select(pilot, "stuck-import")
+        before = {v.name: cell(app, v.name, "last") for v in many}
+        repainted: list[str] = []  # update_cell repaints the table on screen
+        update_cell = table.update_cell
+
+        def counting(row_key: Any, *args: Any, **kwargs: Any) -> None:
+            repainted.append(str(getattr(row_key, "value", row_key)))
+            update_cell(row_key, *args, **kwargs)
+
+        table.update_cell = counting  # type: ignore[method-assign]
+        changed = fired(many)
+        table.show(changed, clock.now(), clock.now())
+        redrawn = {v.name for v in changed if cell(app, v.name, "last") != before[v.name]}
+        # at once: the rows on screen (the cursor's among them), not the 600 below
+        assert "stuck-import" in redrawn and "daily-digest" in redrawn
+        assert len(redrawn) <= table.size.height + 2
+        await settle(pilot)
+        assert all(" missed " in cell(app, v.name, "last") for v in changed if v.last_run is not None)
+        assert table.selected_name == "stuck-import" and app.selected_name == "stuck-import"
+        # the rows below took their cells without repainting the table once per row
+        assert len(set(repainted)) <= table.size.height + 2 and "bulk-0599" not in repainted
+        # and what the table remembers showing is what it shows, not equal copies (a thousand
+        # rows' copies were thousands of objects more for the garbage collector)
+        columns = [key for key, _, _ in table.COLUMNS]
+        assert all(table._shown[v.name][i] is table.get_cell(v.name, key) for v in changed
+                   for i, key in enumerate(columns))
+        assert notes.seen == []
+
+
+async def test_9_rows_scrolled_on_screen_before_their_batch_are_redrawn_by_the_next_tick(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        table = schedules(app)
+        many = with_bulk(app.views, 600)
+        table.show(many, clock.now(), clock.now())
+        await settle(pilot)
+        table.show(fired(many, cron="*/7 * * * *"), clock.now(), clock.now())
+        table.scroll_to(y=table.max_scroll_y, animate=False, immediate=True)
+        table.tick(clock.now())  # before any batch ran (nothing awaited since the refresh)
+        last = many[-1].name
+        assert cell(app, last, "cron") == "*/7 * * * *"
+        assert cell(app, many[len(many) // 2].name, "cron") != "*/7 * * * *"  # still waiting for its batch
+        await settle(pilot)
+        assert all(cell(app, v.name, "cron") == "*/7 * * * *" for v in many)
+        table.scroll_to(y=len(many) // 2, animate=False, immediate=True)  # rows caught up off screen
+        await settle(pilot)
+        drawn = ["".join(segment.text for segment in table.render_line(y)) for y in range(1, table.size.height)]
+        assert all("*/7 * * * *" in line and "bulk-" in line for line in drawn)
+
+
+async def test_9_the_console_freezes_the_heap_of_its_first_screen_only_when_asked(store_url: str) -> None:
+    frozen = gc.get_freeze_count()
+    try:
+        async with console(store_url) as (app, pilot, clock, notes):
+            assert gc.get_freeze_count() == frozen  # tests run many apps in one process
+        async with console(store_url, freeze_heap=True) as (app, pilot, clock, notes):
+            assert gc.get_freeze_count() > frozen + 10_000
+    finally:
+        gc.unfreeze()
+
+
+def test_9_a_cleared_table_cache_frees_its_entries_without_the_cycle_collector() -> None:
+    class Rendered:
+        pass
+
+    gc.disable()
+    try:
+        cache: RingFreeCache[int, Rendered] = RingFreeCache(10)
+        alive = []
+        for key in range(25):  # evicting as it goes
+            value = Rendered()
+            alive.append(weakref.ref(value))
+            cache[key] = value
+        del value
+        cache.clear()
+        assert [ref() for ref in alive] == [None] * 25
+    finally:
+        gc.enable()
+
+
+async def test_9_every_console_table_keeps_a_few_screens_rendered_in_ring_free_caches(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        tables = list(app.query(FreshTable))
+        assert len(tables) >= 2
+        for table in tables:
+            caches = (table._row_render_cache, table._cell_render_cache, table._row_renderable_cache, table._line_cache)
+            assert all(isinstance(cache, RingFreeCache) for cache in caches)
+            assert table._cell_render_cache.maxsize == FreshTable.CACHED_CELLS <= 1000
 
 
 # ----------------------------------------------------------------------------------------

@@ -5,19 +5,28 @@ status, age or elapsed time, duration, who fired it, and a newer manual run), th
 zone and trigger. Every column that changes while the console runs has a fixed width:
 updating a cell then never makes the table re-measure a column of a thousand rows (that
 re-measuring froze the console after each minute boundary at 1,000 schedules).
+
+A refresh that changes many schedules at once (every one of 1,000 fired at the top of the
+hour) updates the rows on screen at once and the others in batches (:data:`ROWS_PER_BATCH`)
+with the event loop free in between: building a thousand rows' cells in one go kept a key
+pressed then waiting 150-200 ms.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
+import asyncio
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from itertools import islice
+from typing import Any, TypeVar
 
 from rich.style import Style
 from rich.text import Text
-from textual import events
+from textual import events, work
 from textual.binding import Binding
+from textual.cache import LRUCache
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey, RowKey
 
 from backend.model import Run, ScheduleView
 
@@ -25,13 +34,30 @@ from .. import format as fmt
 from ..fleet import CronCache, Overdue
 from .palette import OUTCOME_COLORS, status_style, theme_color
 
-__all__ = ["LAST_WIDTH", "NAME_MAX", "STORED_MARK", "FreshTable", "SchedulesTable", "last_run_text"]
+__all__ = [
+    "BATCH_PAUSE",
+    "LAST_WIDTH",
+    "NAME_MAX",
+    "ROWS_PER_BATCH",
+    "STORED_MARK",
+    "FreshTable",
+    "RingFreeCache",
+    "SchedulesTable",
+    "last_run_text",
+]
 
 NAME_MAX = 28
 """Longer names are cut with an ellipsis (the detail bar shows the whole name)."""
 STORED_MARK = "⊕"
 """After the name of a schedule created at run time (stored; ``E`` edits it, ``D`` deletes it)."""
 LAST_WIDTH = 34
+ROWS_PER_BATCH = 50
+"""Rows off screen brought up to date at a time after a refresh changed them (~3 ms of work:
+a key pressed meanwhile waits for one batch, not for all of them)."""
+BATCH_PAUSE = 0.005
+"""Seconds between two batches: the event loop goes idle in between, so a key pressed
+meanwhile is handled whole (it takes several turns of the loop; with a bare ``sleep(0)``
+between batches it waited for most of them)."""
 
 
 def _run_age(run: Run, view: ScheduleView, now: datetime) -> str:
@@ -74,10 +100,45 @@ def last_run_text(view: ScheduleView, now: datetime, app: object) -> Text:
     return text
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class RingFreeCache(LRUCache[K, V]):
+    """Textual's LRU cache, but cleared without leaving garbage for the cycle collector.
+
+    Textual's keeps its entries in a ring of linked lists: cleared, the ring is a cycle that
+    only a full collection frees, with every rendered line in it. A table clears its caches
+    whenever it changes (its rows replaced, focus, a resize), so tens of thousands of
+    objects waited for full collections that took 50-100 ms each at 1,000 schedules."""
+
+    def clear(self) -> None:
+        for link in self._cache.values():
+            link.clear()  # the ring broken: reference counting frees every entry now
+        super().clear()
+
+
 class FreshTable(DataTable[Text | str]):
     """A DataTable that never shows rows drawn with the column widths of before: Textual
     measures new rows when idle and keeps lines it drew in between (a frame could show the
-    first rows cut to the old widths). Once measured, those lines are dropped."""
+    first rows cut to the old widths). Once measured, those lines are dropped.
+
+    Its render caches hold a few screens (:data:`CACHED_LINES`, :data:`CACHED_CELLS`), not
+    Textual's 1,000 rows and 10,000 cells: every entry is keyed by the table's update count,
+    which the countdowns move every second, so older ones are never read again; they only
+    kept the garbage collector busy. And they are cleared without cycles (:class:`RingFreeCache`)."""
+
+    CACHED_LINES = 200
+    """Rows and lines kept rendered (a tall terminal shows ~100)."""
+    CACHED_CELLS = 1000
+    """Cells kept rendered (~100 rows of up to 10 columns)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._row_render_cache = RingFreeCache(self.CACHED_LINES)
+        self._cell_render_cache = RingFreeCache(self.CACHED_CELLS)
+        self._row_renderable_cache = RingFreeCache(self.CACHED_LINES)
+        self._line_cache = RingFreeCache(self.CACHED_LINES)
 
     async def _on_idle(self, event: events.Idle) -> None:
         measuring = self._require_update_dimensions
@@ -132,6 +193,9 @@ class SchedulesTable(FreshTable):
         self.views: dict[str, ScheduleView] = {}
         """The schedules shown, by name."""
         self._shown: dict[str, tuple[Text | str, ...]] = {}
+        self._stale: dict[str, None] = {}
+        """Rows whose schedule changed and whose cells are not redrawn yet (off screen), in
+        table order."""
         self._now: datetime | None = None
         self._data_now: datetime | None = None
 
@@ -208,6 +272,7 @@ class SchedulesTable(FreshTable):
             selected = self.selected_name
             self.clear()
             self._shown = {}
+            self._stale = {}
             for view in views:
                 cells = self._cells(view, now, data_now)
                 self._shown[view.name] = cells
@@ -215,17 +280,54 @@ class SchedulesTable(FreshTable):
             if selected in self._shown:
                 self.move_cursor(row=self.get_row_index(selected), animate=False, scroll=True)
             return
-        for view in views:
-            if view == previous.get(view.name):
-                continue  # unchanged: its time-dependent cells are the tick's business
-            self._update_row(view, self._cells(view, now, data_now))
+        for view in views:  # an unchanged one: its time-dependent cells are the tick's business
+            if view != previous.get(view.name):
+                self._stale[view.name] = None
+        self._catch_up(self._on_screen())
+        if self._stale:
+            self._catch_up_off_screen()
 
-    def _update_row(self, view: ScheduleView, cells: tuple[Text | str, ...]) -> None:
-        old = self._shown[view.name]
-        for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, old):
-            if new_cell != old_cell:
-                self.update_cell(view.name, key, new_cell, update_width=width is None)
-        self._shown[view.name] = cells
+    def _on_screen(self) -> list[str]:
+        """The names of the rows on screen (and one either side)."""
+        first = max(0, int(self.scroll_y) - 1)
+        return list(self._shown)[first : first + self.size.height + 1]
+
+    def _catch_up(self, names: Iterable[str], *, on_screen: bool = True) -> None:
+        """Redraw the rows of ``names`` that are stale."""
+        assert self._now is not None and self._data_now is not None
+        for name in names:
+            if name in self._stale:
+                del self._stale[name]
+                view = self.views[name]
+                self._update_row(view, self._cells(view, self._now, self._data_now), on_screen=on_screen)
+
+    @work(group="catch-up", exclusive=True, exit_on_error=False)
+    async def _catch_up_off_screen(self) -> None:
+        """The stale rows, a batch at a time (what scrolled on screen meanwhile first)."""
+        while self._stale:
+            await asyncio.sleep(BATCH_PAUSE)
+            self._catch_up(self._on_screen())
+            self._catch_up(list(islice(self._stale, ROWS_PER_BATCH)), on_screen=False)
+
+    def _update_row(self, view: ScheduleView, cells: tuple[Text | str, ...], *, on_screen: bool = True) -> None:
+        """Put the cells that changed in the row. A row off screen takes them without
+        ``update_cell``, which repaints the whole table on screen each time (a repaint of
+        10-20 ms per batch of rows caught up); its rendering is dropped all the same, as
+        every one is keyed by the update count. An equal cell is kept, not its copy (a
+        thousand rows' copies were thousands more objects for the garbage collector)."""
+        row = RowKey(view.name)
+        kept: list[Text | str] = []
+        for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, self._shown[view.name]):
+            if new_cell == old_cell:
+                kept.append(old_cell)
+                continue
+            kept.append(new_cell)
+            if on_screen or width is None:  # a column sized to its cells: measured again
+                self.update_cell(row, key, new_cell, update_width=width is None)
+            else:
+                self._data[row][ColumnKey(key)] = new_cell
+                self._update_count += 1
+        self._shown[view.name] = tuple(kept)
 
     def tick(self, now: datetime, data_now: datetime | None = None) -> None:
         """Recompute the time-dependent cells of the rows on screen (others follow when
@@ -235,10 +337,9 @@ class SchedulesTable(FreshTable):
             self._data_now = data_now
         if not self._shown or self._data_now is None:
             return
-        first = max(0, int(self.scroll_y) - 1)
-        last = first + self.size.height + 1
-        names = list(self._shown)
-        for name in names[first:last]:
+        on_screen = self._on_screen()
+        self._catch_up(on_screen)
+        for name in on_screen:
             view = self.views.get(name)
             if view is None:
                 continue

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -139,7 +140,7 @@ async def bench(folder: Path, schedules: int, runs: int, presses: int) -> dict[s
     started = time.perf_counter()
     engine = Engine(discover(ledger.schedules_dir), ledger.store_url, instance="bench-console")
     backend = EmbeddedBackend(engine, arm=True, own_thread=True)
-    app = SchedtuiApp(backend, where="state.db")
+    app = SchedtuiApp(backend, where="state.db", freeze_heap=True)  # as `schedtui console` does
     result: dict[str, Any] = {"schedules": schedules, "runs": runs, "rss_mb_before_app": rss_before}
     try:
         async with app.run_test(size=(100, 30)) as pilot:
@@ -205,12 +206,15 @@ def main(argv: list[str] | None = None) -> int:
         # Build (or reuse) the ledger here, then measure in a fresh process, so that the
         # builder's memory is not counted as the console's.
         folder = Path(tempfile.mkdtemp(prefix="schedtui-bench-console-"))
-        build_ledger(folder, args.schedules, args.runs)
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.bench.console", "--measure", str(folder), "--schedules", str(args.schedules),
-             "--runs", str(args.runs), "--presses", str(args.presses)],
-            check=False,
-        )
+        try:
+            build_ledger(folder, args.schedules, args.runs)
+            done = subprocess.run(
+                [sys.executable, "-m", "tests.bench.console", "--measure", str(folder), "--schedules",
+                 str(args.schedules), "--runs", str(args.runs), "--presses", str(args.presses)],
+                check=False,
+            )
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # the ledger's copy: 265 MB at the defaults
         return done.returncode
     print(json.dumps(asyncio.run(bench(Path(args.measure), args.schedules, args.runs, args.presses)), indent=2))
     return 0
