@@ -29,6 +29,9 @@ Everything is read back from the database once the fleet has stopped:
   these counters when they exit, so the delta is exact. ``write_transactions_per_firing``
   counts only the transactions that wrote (transaction ids assigned, from
   ``txid_current_snapshot()`` before and after; the server runs nothing else).
+  ``commits_per_instance_second``: the same commits over N times ``ran_s``, the seconds
+  from the first instance's start to the last one's exit (start-up and stop included):
+  what one member costs the database, whatever the number of firings.
 * ``claims_rows_at_end``: rows in the claims table after the run (each winner prunes its
   schedule's claims older than a minute for sub-minute crons).
 
@@ -165,6 +168,7 @@ def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: P
                 proc.kill()
                 proc.wait()
     exits = [proc.returncode for proc, _ in procs]
+    ran_s = time.time() - t0  # from the first start to the last exit
     # Backends flush their statistics as they exit: read them once all have gone.
     wait_for(lambda: stat("SELECT count(*) FROM pg_stat_activity WHERE datname = %s") == 0, 30, "the fleet's connections to close")
     commits_after = stat(commits_query) or 0
@@ -201,6 +205,8 @@ def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: P
         "commits": commits_after - commits_before,
         "firings_total": firings_total,
         "commits_per_firing": round((commits_after - commits_before) / max(1, firings_total), 4),
+        "commits_per_instance_second": round((commits_after - commits_before) / (instances * ran_s), 2),
+        "ran_s": round(ran_s, 1),
         "write_transactions": xids_after - xids_before,
         "write_transactions_per_firing": round((xids_after - xids_before) / max(1, firings_total), 4),
         "claims_rows_at_end": int(claims[0]) if claims else None,
@@ -381,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                 doc["schedtui"][mode] = {}
                 for n in sizes:
                     result = doc["schedtui"][mode][str(n)] = run_fleet(server, n, args.schedules, args.seconds, Path(work), mode)
-                    keys = ("firings", "duplicates", "silent_holes", "lag_ms", "commits_per_firing", "write_transactions_per_firing")
+                    keys = ("firings", "duplicates", "silent_holes", "lag_ms", "commits_per_firing", "commits_per_instance_second",
+                            "write_transactions_per_firing")
                     log(f"{mode} N={n}: {json.dumps({k: result[k] for k in keys})}")
         if args.apscheduler:
             doc["apscheduler3_uncoordinated"] = run_apscheduler(args.apscheduler, args.schedules, args.seconds)
