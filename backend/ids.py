@@ -31,6 +31,14 @@ def _encode(value: int, length: int) -> str:
     return "".join(reversed(pairs))
 
 
+def _encode80(v: int, p: list[str] = _PAIRS) -> str:
+    """``_encode(v, 16)`` unrolled: the 80 bits after an id's millisecond, once per id."""
+    return "".join(
+        (p[v >> 70 & 0x3FF], p[v >> 60 & 0x3FF], p[v >> 50 & 0x3FF], p[v >> 40 & 0x3FF],
+         p[v >> 30 & 0x3FF], p[v >> 20 & 0x3FF], p[v >> 10 & 0x3FF], p[v & 0x3FF])
+    )  # fmt: skip
+
+
 def encode_id(ms: int, low: int) -> str:
     """An id from its two parts: milliseconds since the epoch and 80 more bits (ids derived
     from something else than the clock, such as a schedule's slot, keep the id's shape)."""
@@ -67,4 +75,4 @@ class IdFactory:
         ms, low = value >> _RANDOM_BITS, value & _RANDOM_MASK
         if ms != self._prefix_ms:
             self._prefix, self._prefix_ms = _encode(ms, 10), ms
-        return self._prefix + _encode(low, 16)
+        return self._prefix + _encode80(low)

@@ -6,10 +6,12 @@ import asyncio
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import backend.clock as clock_module
 from backend import BadInput, ManualClock, SystemClock
-from backend.ids import IdFactory, id_floor
+from backend.ids import IdFactory, encode_id, id_floor
 from backend.timeparse import parse_when
 
 UTC = timezone.utc
@@ -88,6 +90,23 @@ def test_ids_sort_by_creation_even_within_a_millisecond() -> None:
     made = [ids() for _ in range(100)]
     assert made == sorted(made) and len(set(made)) == 100 and all(len(i) == 26 for i in made)
     assert id_floor(now) <= made[0] < id_floor(now + timedelta(milliseconds=2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(ms=st.integers(1, 253_402_300_799_999), low=st.integers(0, 2**80 - 1))  # up to 9999-12-31
+def test_an_id_is_the_crockford_base32_of_its_millisecond_and_random_bits(ms: int, low: int) -> None:
+    # The reference: 26 digits of 5 bits, most significant first (the encoding is unrolled
+    # for speed; this is what it must equal).
+    value, digits = (ms << 80) | low, []
+    for _ in range(26):
+        value, digit = divmod(value, 32)
+        digits.append("0123456789ABCDEFGHJKMNPQRSTVWXYZ"[digit])
+    expected = "".join(reversed(digits))
+    at = datetime.fromtimestamp(ms / 1000, UTC)
+    made = IdFactory(lambda: at, random_bits=lambda: low)()
+    assert int(at.timestamp() * 1000) != ms or made == expected
+    assert encode_id(ms, low) == expected
+    assert encode_id(2**48 - 1, 2**80 - 1) == "7" + "Z" * 25
 
 
 @pytest.mark.parametrize(
