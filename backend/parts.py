@@ -66,7 +66,7 @@ def attach_schedule_parts(
     )
 
     def finished(run: Run) -> None:
-        claims.finished(run.id)
+        claims.claimed.discard(run.id)  # claims.finished(), inlined: once per run
         launcher.placed.discard(run.id)
 
     engine.ledger.on_finished = finished

@@ -125,6 +125,27 @@ async def test_a_succeeding_call_hands_back_its_value() -> None:
     await loops.cancel_all()
 
 
+async def test_a_deadline_earlier_than_those_watched_wakes_the_watchdog_and_a_later_one_waits() -> None:
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    runner = HandlerRunner(clock, loops)
+    runner.open()
+
+    async def forever(arg: str) -> None:
+        await asyncio.Event().wait()
+
+    calls = {seconds: Call(max_runtime=seconds) for seconds in (60, 5, 30)}
+    for call in calls.values():  # each begins (and is watched) while the watchdog is parked
+        runner.start(call, forever)
+        await asyncio.wait_for(loops.quiesce(lambda call=call: call.deadline is not None, nothing), 5)
+    for seconds in (5, 30, 60):
+        clock.set(T0 + timedelta(seconds=seconds))
+        await asyncio.wait_for(loops.quiesce(lambda seconds=seconds: calls[seconds].done, nothing), 5)
+        assert [s for s, call in calls.items() if call.done] == [s for s in calls if s <= seconds]
+        assert calls[seconds].outcomes[0].error_tag == "timeout"
+    await loops.cancel_all()
+
+
 # ---------------------------------------------------------------------------------------
 # whatever a handler raises fails its run, never the process
 # ---------------------------------------------------------------------------------------
