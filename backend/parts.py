@@ -77,7 +77,7 @@ def attach_schedule_parts(
         launcher=launcher,
         claims=claims,
         schedules=engine.schedules,
-        is_enabled=engine.is_enabled,
+        is_enabled=engine.states.is_enabled,
         catch_up_limit=catch_up_limit,
     )
     engine.catch_up = CatchUp(

@@ -202,21 +202,36 @@ class Timers:
                 # Lazily: making every id before the first start delays the whole burst.
                 new_id = self.launcher.new_id
                 await self._fire_owned(((schedule, slot, new_id()) for schedule, slot, _ in due), outcome, {})
-            # Schedules that share an expression share their next slot: compute it once.
-            after: dict[tuple[Any, datetime], datetime] = {}
-            for schedule, slot, following in due:
-                armed = self.wheel.armed(schedule.name)
-                # Still armed at the slot just fired: not disabled (or re-armed) meanwhile.
-                if armed is not None and armed[0] == slot and self.is_enabled(schedule.name):
-                    current = self.schedules.get(schedule.name, schedule)
-                    if current is not schedule:  # redefined while firing (a stored schedule)
-                        self.arm(current, slot)
-                        continue
-                    key = (schedule.cron, following)
-                    nxt = after.get(key)
-                    if nxt is None:
-                        nxt = after[key] = schedule.cron.next(following)
-                    self.arm_at(schedule, following, nxt)
+            self._rearm(due)
+
+    def _rearm(self, fired: list[tuple[Schedule, datetime, datetime]]) -> None:
+        """Arm each fired schedule for its following slot: :meth:`arm_at` for the burst,
+        with one wake check for all."""
+        # Schedules that share an expression share their next slot: compute it once.
+        after: dict[tuple[Any, datetime], datetime] = {}
+        armed, arm, schedules = self.wheel.armed, self.wheel.arm, self.schedules
+        is_enabled, may_arm = self.is_enabled, self.may_arm
+        earliest: datetime | None = None
+        for schedule, slot, following in fired:
+            name = schedule.name
+            current = armed(name)
+            # Still armed at the slot just fired: not disabled (or re-armed) meanwhile.
+            if current is None or current[0] != slot or not is_enabled(name):
+                continue
+            if schedules.get(name, schedule) is not schedule:  # redefined while firing (a stored schedule)
+                self.arm(schedules[name], slot)
+                continue
+            if not may_arm(name):
+                continue
+            key = (schedule.cron, following)
+            nxt = after.get(key)
+            if nxt is None:
+                nxt = after[key] = schedule.cron.next(following)
+            arm(name, following, nxt)
+            if earliest is None or following < earliest:
+                earliest = following
+        if earliest is not None and self.loops.needs_wake("timers", earliest):
+            self._wake.set()
 
     async def _fire_owned(
         self, owned: Iterable[tuple[Schedule, datetime, str]], outcome: Outcome, busy: dict[str, str]
