@@ -25,7 +25,7 @@ from .model import TAG_INTERRUPTED, Outcome, Run, RunContext, RunStatus, Trigger
 from .runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
 from .runner import Outcome as CallOutcome
 from .schedules import Schedule
-from .store import Store
+from .store import MarksNow, Store
 
 if TYPE_CHECKING:
     from .locks import Lease, Locks
@@ -199,6 +199,7 @@ class Launcher:
         """Takes the lock of a schedule defined with ``lock=`` before its runs start."""
         self._batch: tuple[list[Run], asyncio.Future[None]] | None = None
         self._slow_flush: asyncio.Future[None] | None = None
+        self._mark_now = store.mark_starting_now if isinstance(store, MarksNow) else None
 
     def defined(self, schedule: Schedule) -> None:
         """Take in a schedule's definition (new, or replacing its namesake's)."""
@@ -302,7 +303,10 @@ class Launcher:
 
     async def mark_starting(self, slot: datetime) -> None:
         """Commit the store's mark that this instance starts the runs due at ``slot`` (see
-        :meth:`Store.mark_starting`), waiting as :meth:`place` does."""
+        :meth:`Store.mark_starting`), waiting as :meth:`place` does (or not at all, when
+        the store can commit it at once)."""
+        if self._mark_now is not None and self._mark_now(self.instance, slot):
+            return
         await self._committed(lambda: self.store.mark_starting(self.instance, slot))
 
     async def _committed(self, write: Callable[[], Awaitable[None]] | None = None) -> None:
