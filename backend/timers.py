@@ -87,7 +87,8 @@ class TimerWheel:
         return self._heap[0] if self._heap else None
 
     def pop_due(self, now: datetime) -> list[tuple[str, datetime, datetime]]:
-        """Every armed ``(name, slot, following)`` whose slot is at or before ``now``."""
+        """Every armed ``(name, slot, following)`` whose slot is at or before ``now``, in
+        slot order."""
         due: list[tuple[str, datetime, datetime]] = []
         while self._heap and self._heap[0] <= now:
             slot = heapq.heappop(self._heap)
@@ -185,6 +186,7 @@ class Timers:
                 self.on_behind(schedule, missed[-self.catch_up_limit :])
 
     async def _fire_due(self, due: list[tuple[Schedule, datetime, datetime]], now: datetime) -> None:
+        """Claim (or mark), start and re-arm ``due``, in slot order (as :meth:`TimerWheel.pop_due`)."""
         claims = self.claims
         outcome = claims.coordinator.outcome
         # The runs started here reach the writer thread only once the whole burst has started.
@@ -198,7 +200,7 @@ class Timers:
                 # The burst's rows follow in the group commit; until they land, a committed
                 # mark lets a survivor record them if this process dies (a handler calling
                 # os._exit). One small write, not a thousand rows before the first start.
-                await self.launcher.mark_starting(max(slot for _, slot, _ in due))
+                await self.launcher.mark_starting(due[-1][1])  # the latest slot: due is in slot order
                 # Lazily: making every id before the first start delays the whole burst.
                 new_id = self.launcher.new_id
                 await self._fire_owned(((schedule, slot, new_id()) for schedule, slot, _ in due), outcome, {})
