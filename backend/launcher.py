@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .clock import Clock
+from .ids import id_batches
 from .ledger import RunLedger
 from .model import TAG_INTERRUPTED, Outcome, Run, RunContext, RunStatus, Trigger, iso
 from .runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
@@ -178,6 +179,7 @@ class Launcher:
         self.schedules = schedules
         self.instance = instance
         self.new_id = new_id
+        self.new_ids = id_batches(new_id)
         self.poke = poke
         # Per-schedule constants the firing path would otherwise recompute for every run.
         self.max_runtime: dict[str, timedelta] = {}

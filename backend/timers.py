@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from itertools import islice
 from typing import Any, Final
@@ -201,9 +201,7 @@ class Timers:
                 # mark lets a survivor record them if this process dies (a handler calling
                 # os._exit). One small write, not a thousand rows before the first start.
                 await self.launcher.mark_starting(due[-1][1])  # the latest slot: due is in slot order
-                # Lazily: making every id before the first start delays the whole burst.
-                new_id = self.launcher.new_id
-                await self._fire_owned(((schedule, slot, new_id()) for schedule, slot, _ in due), outcome, {})
+                await self._fire_owned(self._with_ids(due), outcome, {})
             self._rearm(due)
 
     def _rearm(self, fired: list[tuple[Schedule, datetime, datetime]]) -> None:
@@ -234,6 +232,16 @@ class Timers:
                 earliest = following
         if earliest is not None and self.loops.needs_wake("timers", earliest):
             self._wake.set()
+
+    def _with_ids(self, due: list[tuple[Schedule, datetime, datetime]]) -> Iterator[tuple[Schedule, datetime, str]]:
+        """``due`` with a new run id each, made a slice at a time as :meth:`_fire_owned`
+        starts them: lazily, since making every id before the first start delays the whole
+        burst, but one clock read per slice, not per id."""
+        new_ids = self.launcher.new_ids
+        for start in range(0, len(due), START_SLICE):
+            chunk = due[start : start + START_SLICE]
+            for (schedule, slot, _), run_id in zip(chunk, new_ids(len(chunk)), strict=True):
+                yield schedule, slot, run_id
 
     async def _fire_owned(
         self, owned: Iterable[tuple[Schedule, datetime, str]], outcome: Outcome, busy: dict[str, str]
