@@ -95,8 +95,7 @@ class Catalog:
         engine = self.engine
         name = schedule.name
         engine.schedules[name] = schedule
-        engine.launcher.max_runtime[name] = timedelta(seconds=schedule.max_runtime)
-        engine.launcher.is_async[name] = schedule.is_async
+        engine.launcher.defined(schedule)
         if engine.cluster is not None:
             engine.cluster.put(schedule)
 

@@ -31,6 +31,14 @@ def _encode(value: int, length: int) -> str:
     return "".join(reversed(pairs))
 
 
+def _encode80(v: int, p: list[str] = _PAIRS) -> str:
+    """``_encode(v, 16)`` unrolled: the 80 bits after an id's millisecond, once per id."""
+    return "".join(
+        (p[v >> 70 & 0x3FF], p[v >> 60 & 0x3FF], p[v >> 50 & 0x3FF], p[v >> 40 & 0x3FF],
+         p[v >> 30 & 0x3FF], p[v >> 20 & 0x3FF], p[v >> 10 & 0x3FF], p[v & 0x3FF])
+    )  # fmt: skip
+
+
 def encode_id(ms: int, low: int) -> str:
     """An id from its two parts: milliseconds since the epoch and 80 more bits (ids derived
     from something else than the clock, such as a schedule's slot, keep the id's shape)."""
@@ -67,4 +75,33 @@ class IdFactory:
         ms, low = value >> _RANDOM_BITS, value & _RANDOM_MASK
         if ms != self._prefix_ms:
             self._prefix, self._prefix_ms = _encode(ms, 10), ms
-        return self._prefix + _encode(low, 16)
+        return self._prefix + _encode80(low)
+
+    def many(self, count: int) -> list[str]:
+        """``count`` ids, exactly as ``count`` calls at this instant would make them (one
+        clock read and one lock for all: a burst of firings takes its ids a slice at a time)."""
+        base = int(self._now().timestamp() * 1000) << _RANDOM_BITS
+        values = []
+        with self._lock:
+            last, random_bits = self._last, self._random
+            for _ in range(count):
+                value = base | random_bits()
+                if value <= last:
+                    value = last + 1
+                values.append(value)
+                last = value
+            self._last = last
+        ids = []
+        for value in values:
+            ms = value >> _RANDOM_BITS
+            if ms != self._prefix_ms:
+                self._prefix, self._prefix_ms = _encode(ms, 10), ms
+            ids.append(self._prefix + _encode80(value & _RANDOM_MASK))
+        return ids
+
+
+def id_batches(new_id: Callable[[], str]) -> Callable[[int], list[str]]:
+    """``new_id``'s :meth:`IdFactory.many`, or as many calls for any other id source."""
+    if isinstance(new_id, IdFactory):
+        return new_id.many
+    return lambda count: [new_id() for _ in range(count)]

@@ -20,12 +20,13 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .clock import Clock
+from .ids import id_batches
 from .ledger import RunLedger
 from .model import TAG_INTERRUPTED, Outcome, Run, RunContext, RunStatus, Trigger, iso
 from .runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
 from .runner import Outcome as CallOutcome
 from .schedules import Schedule
-from .store import Store
+from .store import MarksNow, Store
 
 if TYPE_CHECKING:
     from .locks import Lease, Locks
@@ -43,24 +44,50 @@ PLACE_WAIT_S = 2.0
 
 
 class ScheduleRun(Invocation):
-    """A run of a schedule: its ledger row, and futures for whoever waits on it."""
+    """A run of a schedule: its ledger row, and futures for whoever waits on it.
 
-    __slots__ = ("_finished", "_started", "launcher", "lease", "run", "schedule")
+    Made once per firing, so it is lean: its ``running`` row (:attr:`run`) is built when
+    first asked for (a run placed before it starts) or when the handler begins, and its
+    label only when something logs it."""
 
-    def __init__(self, launcher: Launcher, schedule: Schedule, run: Run) -> None:
-        super().__init__(
-            f"run {run.id} of {schedule.name}",
-            launcher.max_runtime[schedule.name],
-            # A run in a child process takes no thread here: it is awaited like async work.
-            launcher.is_async[schedule.name] or schedule.isolation == "process",
-        )
+    __slots__ = ("_finished", "_run", "_started", "coordination", "launcher", "lease", "run_id", "schedule", "slot", "trigger")
+
+    def __init__(
+        self, launcher: Launcher, schedule: Schedule, run_id: str, slot: datetime, trigger: Trigger, outcome: Outcome
+    ) -> None:
+        name = schedule.name
+        # A run in a child process takes no thread here: it is awaited like async work.
+        super().__init__("", launcher.max_runtime[name], launcher.runs_async[name])
         self.launcher = launcher
         self.schedule = schedule
-        self.run = run
+        self.run_id = run_id
+        self.slot = slot
+        self.trigger = trigger
+        self.coordination = outcome
+        self._run: Run | None = None
         self.lease: Lease | None = None
         """The lease of the schedule's lock, while the run holds it."""
         self._started: asyncio.Future[ScheduleRun] | None = None
         self._finished: asyncio.Future[Run] | None = None
+
+    @property
+    def run(self) -> Run:
+        """The run's latest row: ``running`` (``fired_at`` set once its handler began),
+        then the finished one."""
+        run = self._run
+        if run is None:
+            run = self._run = Run(
+                self.run_id, self.schedule.name, self.slot, "running", self.trigger, self.coordination, self.launcher.instance
+            )
+        return run
+
+    @run.setter
+    def run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def label(self) -> str:
+        return f"run {self.run_id} of {self.schedule.name}"
 
     @property
     def thread_name(self) -> str:
@@ -90,23 +117,20 @@ class ScheduleRun(Invocation):
     def begin(self, now: datetime) -> RunContext:
         """The handler is about to be called: record the run as started."""
         deadline = self.deadline = now + self.max_runtime
-        run = self.run
-        self.run = Run(run.id, run.name, run.scheduled_at, "running", run.trigger, run.coordination_outcome, run.instance, now)
-        self.launcher.ledger.record(self.run)
-        if self._started is not None and not self._started.done():
-            self._started.set_result(self)
-        return RunContext(
-            name=self.schedule.name,
-            run_id=run.id,
-            scheduled_at=run.scheduled_at,
-            fired_at=now,
-            trigger=run.trigger,
-            payload=self.schedule.payload,
-            deadline=deadline,
-            jobs=self.launcher.jobs,
-            lease=self.lease,
-            locks=self.launcher.locks,
+        launcher, schedule = self.launcher, self.schedule
+        run = self._run = Run(
+            self.run_id, schedule.name, self.slot, "running", self.trigger, self.coordination, launcher.instance, now
         )
+        launcher.ledger.record(run)
+        started = self._started
+        if started is not None and not started.done():
+            started.set_result(self)
+        # Positional, in field order: name, run_id, scheduled_at, fired_at, trigger,
+        # payload, deadline, jobs, lease, locks.
+        return RunContext(
+            run.name, run.id, run.scheduled_at, now, run.trigger, schedule.payload, deadline,
+            launcher.jobs, self.lease, launcher.locks,
+        )  # fmt: skip
 
     def settled(self, outcome: CallOutcome) -> None:
         self.launcher.close(self, outcome.status, outcome.at, outcome.error_tag, outcome.error_message, outcome.traceback)
@@ -155,10 +179,13 @@ class Launcher:
         self.schedules = schedules
         self.instance = instance
         self.new_id = new_id
+        self.new_ids = id_batches(new_id)
         self.poke = poke
         # Per-schedule constants the firing path would otherwise recompute for every run.
-        self.max_runtime = {n: timedelta(seconds=s.max_runtime) for n, s in schedules.items()}
-        self.is_async = {n: s.is_async for n, s in schedules.items()}
+        self.max_runtime: dict[str, timedelta] = {}
+        self.runs_async: dict[str, bool] = {}
+        for schedule in schedules.values():
+            self.defined(schedule)
         self.inflight: dict[str, int] = defaultdict(int)
         self.active: dict[str, ScheduleRun] = {}
         self.waiting: dict[str, deque[_Queued]] = defaultdict(deque)
@@ -174,6 +201,12 @@ class Launcher:
         """Takes the lock of a schedule defined with ``lock=`` before its runs start."""
         self._batch: tuple[list[Run], asyncio.Future[None]] | None = None
         self._slow_flush: asyncio.Future[None] | None = None
+        self._mark_now = store.mark_starting_now if isinstance(store, MarksNow) else None
+
+    def defined(self, schedule: Schedule) -> None:
+        """Take in a schedule's definition (new, or replacing its namesake's)."""
+        self.max_runtime[schedule.name] = timedelta(seconds=schedule.max_runtime)
+        self.runs_async[schedule.name] = schedule.is_async or schedule.isolation == "process"
 
     @property
     def idle(self) -> bool:
@@ -242,12 +275,13 @@ class Launcher:
         written first (runs launched in the same loop iteration share one transaction),
         and its handler starts once that row is committed, so a handler that kills its
         process still leaves its run in the ledger, to be closed as abandoned."""
-        run = Run(run_id or self.new_id(), schedule.name, slot, "running", trigger, outcome, self.instance)
-        scheduled = ScheduleRun(self, schedule, run)
         if run_id is None:
-            scheduled.gate = self._place_soon(run)
+            scheduled = ScheduleRun(self, schedule, self.new_id(), slot, trigger, outcome)
+            scheduled.gate = self._place_soon(scheduled.run)
+        else:
+            scheduled = ScheduleRun(self, schedule, run_id, slot, trigger, outcome)
         self.inflight[schedule.name] += 1
-        self.active[run.id] = scheduled
+        self.active[scheduled.run_id] = scheduled
         if schedule.lock is not None and self.locks is not None:
             self.locks.guard(scheduled, lambda: self._start(scheduled))
         else:
@@ -271,7 +305,10 @@ class Launcher:
 
     async def mark_starting(self, slot: datetime) -> None:
         """Commit the store's mark that this instance starts the runs due at ``slot`` (see
-        :meth:`Store.mark_starting`), waiting as :meth:`place` does."""
+        :meth:`Store.mark_starting`), waiting as :meth:`place` does (or not at all, when
+        the store can commit it at once)."""
+        if self._mark_now is not None and self._mark_now(self.instance, slot):
+            return
         await self._committed(lambda: self.store.mark_starting(self.instance, slot))
 
     async def _committed(self, write: Callable[[], Awaitable[None]] | None = None) -> None:
@@ -324,24 +361,26 @@ class Launcher:
         traceback: str | None = None,
     ) -> None:
         """Record the end of a run and free its overlap slot (called once per run)."""
-        scheduled.run = scheduled.run.finish(
+        run = scheduled.run = scheduled.run.finish(
             status, at, error_tag=error_tag, error_message=error_message, traceback=traceback
         )
         if traceback is not None:
             # The handler raised: say so where serve's operator looks (its log), whole. INFO:
             # a handler failing is the ledger's news, not the engine's trouble.
             log.info("%s failed: %s: %s\n%s", scheduled.label, error_tag, error_message, traceback.rstrip())
-        self.ledger.record(scheduled.run)
-        self.active.pop(scheduled.run.id, None)
+        self.ledger.record(run)
+        self.active.pop(run.id, None)
         if scheduled.lease is not None and self.locks is not None:
             self.locks.release_soon(scheduled.lease)
-        name = scheduled.schedule.name
-        self.inflight[name] -= 1
-        if scheduled._started is not None and not scheduled._started.done():
-            scheduled._started.set_result(scheduled)
-        if scheduled._finished is not None and not scheduled._finished.done():
-            scheduled._finished.set_result(scheduled.run)
-        if not self.inflight[name] and self.waiting.get(name) and not self.stopping and name not in self.remote:
+        name = run.name
+        inflight = self.inflight
+        inflight[name] -= 1
+        started, finished = scheduled._started, scheduled._finished
+        if started is not None and not started.done():
+            started.set_result(scheduled)
+        if finished is not None and not finished.done():
+            finished.set_result(run)
+        if not inflight[name] and self.waiting.get(name) and not self.stopping and name not in self.remote:
             slot, trigger, outcome, run_id = self.waiting[name].popleft()
             self.launch(scheduled.schedule, slot, trigger, outcome, run_id)
         self.poke()

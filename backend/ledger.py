@@ -52,15 +52,20 @@ class RunLedger:
         return bool(self._buffer)
 
     def record(self, run: Run) -> None:
-        if run.status != "running" and self.on_finished is not None:
+        status = run.status
+        if status != "running" and self.on_finished is not None:
             self.on_finished(run)
         self._buffer.append(run)
         if not self._pending and not self._held:
             self._pending = True
             # After the tasks already scheduled (handlers starting), not before them.
             asyncio.get_running_loop().call_soon(self._scheduled_handoff)
-        self.stats[run.status] += 1
-        self.tell(run)
+        self.stats[status] += 1
+        for listener in self.listeners:  # tell(run), inlined: twice per run
+            try:
+                listener(run)
+            except Exception:
+                log.exception("a run listener failed")
 
     def tell(self, run: Run) -> None:
         """Tell the listeners about a run version (also one written by someone else)."""

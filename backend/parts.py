@@ -66,7 +66,7 @@ def attach_schedule_parts(
     )
 
     def finished(run: Run) -> None:
-        claims.finished(run.id)
+        claims.claimed.discard(run.id)  # claims.finished(), inlined: once per run
         launcher.placed.discard(run.id)
 
     engine.ledger.on_finished = finished
@@ -77,7 +77,7 @@ def attach_schedule_parts(
         launcher=launcher,
         claims=claims,
         schedules=engine.schedules,
-        is_enabled=engine.is_enabled,
+        is_enabled=engine.states.is_enabled,
         catch_up_limit=catch_up_limit,
     )
     engine.catch_up = CatchUp(

@@ -61,9 +61,10 @@ MAX_TRACEBACK: Final = 8192
 _IDLE_THREAD_EXIT_S = 60.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outcome:
-    """How one handler call ended."""
+    """How one handler call ended. (Not frozen: one is made per call, and a frozen
+    dataclass costs five times as much to construct; nothing changes one once made.)"""
 
     status: Literal["succeeded", "failed", "skipped"]
     at: datetime
@@ -86,10 +87,10 @@ class Invocation:
     comes first.
     """
 
-    __slots__ = ("deadline", "gate", "is_async", "label", "max_runtime", "outcome", "task")
+    __slots__ = ("_label", "deadline", "gate", "is_async", "max_runtime", "outcome", "task")
 
     def __init__(self, label: str, max_runtime: timedelta, is_async: bool) -> None:
-        self.label = label
+        self._label = label
         self.max_runtime = max_runtime
         self.deadline: datetime | None = None
         """Set by :meth:`begin`: the start plus ``max_runtime``."""
@@ -98,6 +99,11 @@ class Invocation:
         self.outcome: Outcome | None = None
         self.gate: asyncio.Future[None] | None = None
         """If set, the call waits for it before it begins (its ledger row being committed)."""
+
+    @property
+    def label(self) -> str:
+        """What the log calls this call (a subclass may compute it only when asked)."""
+        return self._label
 
     @property
     def stopped_how(self) -> str:
@@ -239,9 +245,12 @@ class HandlerRunner:
         invocation.task = asyncio.get_running_loop().create_task(self._call(key, invocation, fn))
 
     def _watch(self, key: int, invocation: Invocation, deadline: datetime) -> None:
-        heapq.heappush(self._deadlines, (deadline, key, invocation))
-        if self.loops.needs_wake("watchdog", deadline):
+        deadlines = self._deadlines
+        # The watchdog parks until the earliest deadline at most: one no earlier than the
+        # earliest now cannot need it woken (a burst's runs mostly share their deadline).
+        if (not deadlines or deadline < deadlines[0][0]) and self.loops.needs_wake("watchdog", deadline):
             self._wake.set()
+        heapq.heappush(deadlines, (deadline, key, invocation))
 
     async def _call(self, key: int, invocation: Invocation, fn: Callable[[Any], Any]) -> None:
         try:
@@ -287,7 +296,7 @@ class HandlerRunner:
                     )
                 )
             else:
-                invocation.settle(Outcome("succeeded", now, value=value))
+                invocation.settle(Outcome("succeeded", now, None, None, None, value))
         finally:
             self.in_flight.pop(key, None)
 

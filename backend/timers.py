@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from itertools import islice
 from typing import Any, Final
@@ -87,7 +87,8 @@ class TimerWheel:
         return self._heap[0] if self._heap else None
 
     def pop_due(self, now: datetime) -> list[tuple[str, datetime, datetime]]:
-        """Every armed ``(name, slot, following)`` whose slot is at or before ``now``."""
+        """Every armed ``(name, slot, following)`` whose slot is at or before ``now``, in
+        slot order."""
         due: list[tuple[str, datetime, datetime]] = []
         while self._heap and self._heap[0] <= now:
             slot = heapq.heappop(self._heap)
@@ -185,6 +186,7 @@ class Timers:
                 self.on_behind(schedule, missed[-self.catch_up_limit :])
 
     async def _fire_due(self, due: list[tuple[Schedule, datetime, datetime]], now: datetime) -> None:
+        """Claim (or mark), start and re-arm ``due``, in slot order (as :meth:`TimerWheel.pop_due`)."""
         claims = self.claims
         outcome = claims.coordinator.outcome
         # The runs started here reach the writer thread only once the whole burst has started.
@@ -198,25 +200,48 @@ class Timers:
                 # The burst's rows follow in the group commit; until they land, a committed
                 # mark lets a survivor record them if this process dies (a handler calling
                 # os._exit). One small write, not a thousand rows before the first start.
-                await self.launcher.mark_starting(max(slot for _, slot, _ in due))
-                # Lazily: making every id before the first start delays the whole burst.
-                new_id = self.launcher.new_id
-                await self._fire_owned(((schedule, slot, new_id()) for schedule, slot, _ in due), outcome, {})
-            # Schedules that share an expression share their next slot: compute it once.
-            after: dict[tuple[Any, datetime], datetime] = {}
-            for schedule, slot, following in due:
-                armed = self.wheel.armed(schedule.name)
-                # Still armed at the slot just fired: not disabled (or re-armed) meanwhile.
-                if armed is not None and armed[0] == slot and self.is_enabled(schedule.name):
-                    current = self.schedules.get(schedule.name, schedule)
-                    if current is not schedule:  # redefined while firing (a stored schedule)
-                        self.arm(current, slot)
-                        continue
-                    key = (schedule.cron, following)
-                    nxt = after.get(key)
-                    if nxt is None:
-                        nxt = after[key] = schedule.cron.next(following)
-                    self.arm_at(schedule, following, nxt)
+                await self.launcher.mark_starting(due[-1][1])  # the latest slot: due is in slot order
+                await self._fire_owned(self._with_ids(due), outcome, {})
+            self._rearm(due)
+
+    def _rearm(self, fired: list[tuple[Schedule, datetime, datetime]]) -> None:
+        """Arm each fired schedule for its following slot: :meth:`arm_at` for the burst,
+        with one wake check for all."""
+        # Schedules that share an expression share their next slot: compute it once.
+        after: dict[tuple[Any, datetime], datetime] = {}
+        armed, arm, schedules = self.wheel.armed, self.wheel.arm, self.schedules
+        is_enabled, may_arm = self.is_enabled, self.may_arm
+        earliest: datetime | None = None
+        for schedule, slot, following in fired:
+            name = schedule.name
+            current = armed(name)
+            # Still armed at the slot just fired: not disabled (or re-armed) meanwhile.
+            if current is None or current[0] != slot or not is_enabled(name):
+                continue
+            if schedules.get(name, schedule) is not schedule:  # redefined while firing (a stored schedule)
+                self.arm(schedules[name], slot)
+                continue
+            if not may_arm(name):
+                continue
+            key = (schedule.cron, following)
+            nxt = after.get(key)
+            if nxt is None:
+                nxt = after[key] = schedule.cron.next(following)
+            arm(name, following, nxt)
+            if earliest is None or following < earliest:
+                earliest = following
+        if earliest is not None and self.loops.needs_wake("timers", earliest):
+            self._wake.set()
+
+    def _with_ids(self, due: list[tuple[Schedule, datetime, datetime]]) -> Iterator[tuple[Schedule, datetime, str]]:
+        """``due`` with a new run id each, made a slice at a time as :meth:`_fire_owned`
+        starts them: lazily, since making every id before the first start delays the whole
+        burst, but one clock read per slice, not per id."""
+        new_ids = self.launcher.new_ids
+        for start in range(0, len(due), START_SLICE):
+            chunk = due[start : start + START_SLICE]
+            for (schedule, slot, _), run_id in zip(chunk, new_ids(len(chunk)), strict=True):
+                yield schedule, slot, run_id
 
     async def _fire_owned(
         self, owned: Iterable[tuple[Schedule, datetime, str]], outcome: Outcome, busy: dict[str, str]

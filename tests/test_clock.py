@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import backend.clock as clock_module
 from backend import BadInput, ManualClock, SystemClock
-from backend.ids import IdFactory, id_floor
+from backend.ids import IdFactory, encode_id, id_floor
 from backend.timeparse import parse_when
 
 UTC = timezone.utc
@@ -90,6 +93,40 @@ def test_ids_sort_by_creation_even_within_a_millisecond() -> None:
     assert id_floor(now) <= made[0] < id_floor(now + timedelta(milliseconds=2))
 
 
+@settings(max_examples=200, deadline=None)
+@given(ms=st.integers(1, 253_402_300_799_999), low=st.integers(0, 2**80 - 1))  # up to 9999-12-31
+def test_an_id_is_the_crockford_base32_of_its_millisecond_and_random_bits(ms: int, low: int) -> None:
+    # The reference: 26 digits of 5 bits, most significant first (the encoding is unrolled
+    # for speed; this is what it must equal).
+    value, digits = (ms << 80) | low, []
+    for _ in range(26):
+        value, digit = divmod(value, 32)
+        digits.append("0123456789ABCDEFGHJKMNPQRSTVWXYZ"[digit])
+    expected = "".join(reversed(digits))
+    at = datetime.fromtimestamp(ms / 1000, UTC)
+    made = IdFactory(lambda: at, random_bits=lambda: low)()
+    assert int(at.timestamp() * 1000) != ms or made == expected
+    assert encode_id(ms, low) == expected
+    assert encode_id(2**48 - 1, 2**80 - 1) == "7" + "Z" * 25
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 3)), min_size=1, max_size=12), seed=st.integers(0, 2**32))
+def test_ids_made_many_at_a_time_are_the_ids_made_one_by_one(steps: list[tuple[int, int]], seed: int) -> None:
+    """many(n) is n calls at one instant: the same ids, from the same random bits (the
+    seeded ids of the console's fixtures stay what they were), whatever came before."""
+    import random
+
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    # Few distinct random values: ids within a millisecond often need the +1 bump.
+    one = IdFactory(lambda: now[0], random_bits=functools.partial(random.Random(seed).randrange, 4))
+    batched = IdFactory(lambda: now[0], random_bits=functools.partial(random.Random(seed).randrange, 4))
+    for count, advance_ms in steps:
+        assert batched.many(count) == [one() for _ in range(count)]
+        assert batched() == one()
+        now[0] += timedelta(milliseconds=advance_ms)
+
+
 @pytest.mark.parametrize(
     ("text", "zone", "expected"),
     [
@@ -126,3 +163,52 @@ def test_finishing_a_run_keeps_every_other_field() -> None:
     assert done == Run(id="id-1", name="job", scheduled_at=at, status="failed", trigger="external",
                        coordination_outcome="wonLock", instance="web-3", fired_at=at + timedelta(seconds=1),
                        finished_at=at + timedelta(seconds=5), error_tag="ValueError", error_message="bad row")
+
+
+@pytest.mark.parametrize("cls", ["Run", "RunContext"])
+def test_the_quickly_made_rows_behave_as_their_dataclass_would(cls: str) -> None:
+    """Run and RunContext get a faster __init__ (quick_init); everything else a dataclass
+    gives them is unchanged, and what it builds equals what the generated one built."""
+    import dataclasses
+    import inspect
+
+    from backend import model
+
+    quick = getattr(model, cls)
+    # The same fields, with the generated __init__.
+    fields = [(f.name, f.type, dataclasses.field(default=f.default) if f.default is not dataclasses.MISSING else None)
+              for f in dataclasses.fields(quick)]
+    plain = dataclasses.make_dataclass("Plain", [(n, t, d) if d is not None else (n, t) for n, t, d in fields],
+                                       frozen=True, slots=True)
+    assert str(inspect.signature(quick)) == str(inspect.signature(plain))
+    required = [f for f in dataclasses.fields(quick) if f.default is dataclasses.MISSING]
+    values = {f.name: f"{f.name}-value" for f in dataclasses.fields(quick)}
+    for given in ({f.name: values[f.name] for f in required}, values):
+        made = quick(**given)
+        expected = plain(**given)
+        assert dataclasses.astuple(made) == dataclasses.astuple(expected)
+        positional = quick(*[given[f.name] for f in dataclasses.fields(quick) if f.name in given])
+        assert positional == made and hash(positional) == hash(made) and repr(made).startswith(f"{cls}(")
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(made, required[0].name, "changed")
+        assert dataclasses.replace(made, **{required[0].name: "other"}) != made
+    with pytest.raises(TypeError, match="missing"):
+        quick(*[values[f.name] for f in required[:-1]])
+
+
+def test_quick_init_refuses_what_it_cannot_make_alike() -> None:
+    import dataclasses
+
+    from backend.model import quick_init
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Listed:
+        items: list[int] = dataclasses.field(default_factory=list)
+
+    @dataclasses.dataclass(slots=True)
+    class Mutable:
+        value: int
+
+    for cls in (Listed, Mutable):
+        with pytest.raises(TypeError, match="quick_init"):
+            quick_init(cls)

@@ -52,6 +52,25 @@ def test_arming_twice_for_one_slot_pops_the_schedule_once() -> None:
     assert wheel.pop_due(at(5)) == []
 
 
+def test_due_slots_pop_in_slot_order_whatever_the_arming_order() -> None:
+    wheel = TimerWheel()
+    for name, minute in (("late", 3), ("early", 1), ("middle", 2), ("early-too", 1)):
+        wheel.arm(name, at(minute), at(minute + 10))
+    assert [(name, slot) for name, slot, _ in wheel.pop_due(at(5))] == [
+        ("early", at(1)), ("early-too", at(1)), ("middle", at(2)), ("late", at(3))
+    ]
+
+
+async def test_a_burst_of_several_slots_marks_its_latest(make_engine, clock: ManualClock) -> None:
+    """The burst's starting mark covers every run it starts: its slot is the latest one."""
+    engine = make_engine([schedule(nothing_with_ctx, name=f"at-{second}", cron=f"{second} * * * * *") for second in (2, 1, 3)])
+    await engine.start()
+    clock.advance(4)  # one wake: the three slots are due together, none is behind
+    await engine.quiesce()
+    assert [r.scheduled_at for r in await all_runs(engine, "at-1")] == [T0 + timedelta(seconds=1)]
+    assert await engine.store.starting_marks() == {engine.instance: T0 + timedelta(seconds=3)}
+
+
 def test_rearming_moves_the_entry() -> None:
     wheel = TimerWheel()
     wheel.arm("a", at(1), at(2))
@@ -68,6 +87,10 @@ def test_rearming_moves_the_entry() -> None:
 # the runner alone
 # ---------------------------------------------------------------------------------------
 async def nothing() -> None:
+    pass
+
+
+async def nothing_with_ctx(ctx: RunContext) -> None:
     pass
 
 
@@ -122,6 +145,27 @@ async def test_a_succeeding_call_hands_back_its_value() -> None:
     assert call.task is not None
     await call.task
     assert [(o.status, o.value) for o in call.outcomes] == [("succeeded", "argarg")]
+    await loops.cancel_all()
+
+
+async def test_a_deadline_earlier_than_those_watched_wakes_the_watchdog_and_a_later_one_waits() -> None:
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    runner = HandlerRunner(clock, loops)
+    runner.open()
+
+    async def forever(arg: str) -> None:
+        await asyncio.Event().wait()
+
+    calls = {seconds: Call(max_runtime=seconds) for seconds in (60, 5, 30)}
+    for call in calls.values():  # each begins (and is watched) while the watchdog is parked
+        runner.start(call, forever)
+        await asyncio.wait_for(loops.quiesce(lambda call=call: call.deadline is not None, nothing), 5)
+    for seconds in (5, 30, 60):
+        clock.set(T0 + timedelta(seconds=seconds))
+        await asyncio.wait_for(loops.quiesce(lambda seconds=seconds: calls[seconds].done, nothing), 5)
+        assert [s for s, call in calls.items() if call.done] == [s for s in calls if s <= seconds]
+        assert calls[seconds].outcomes[0].error_tag == "timeout"
     await loops.cancel_all()
 
 

@@ -23,6 +23,7 @@ import socket
 import sqlite3
 import sys
 import textwrap
+import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -1065,6 +1066,51 @@ async def test_sqlite_on_a_full_disk_keeps_every_run_names_the_cause_and_writes_
     stored = {r.id: r for r in await store.list_runs("job", limit=5000)}
     assert stored == {r.id: r for r in [*finished, *started[500:], *more]}
     await store.set_state(ScheduleState("job", False, "op", T0))  # writable again
+
+
+async def test_sqlite_commits_a_burst_mark_at_once_only_while_its_writer_has_nothing_in_hand(
+    sqlite_store: Store, tmp_path: Path
+) -> None:
+    assert isinstance(sqlite_store, SQLiteStore)
+    store, ids = sqlite_store, Ids()
+
+    async def marks_seen_elsewhere() -> dict[str, datetime]:
+        reader = SQLiteStore(tmp_path / "state.db", create=False)
+        await reader.open()
+        try:
+            return await reader.starting_marks()
+        finally:
+            await reader.close()
+
+    await store.heartbeat("me", "host-a", 1, T0)
+    # Idle writer: committed here, at once (another process sees it when this returns).
+    assert store.mark_starting_now("me", T0)
+    assert await marks_seen_elsewhere() == {"me": T0}
+    # Another connection holds the write lock: nothing waits for it (the lock is released
+    # only later, so a call that waited would succeed); the writer's path then does.
+    other = sqlite3.connect(tmp_path / "state.db", isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+    release.start()
+    slot = T0 + timedelta(seconds=1)
+    assert not store.mark_starting_now("me", slot)
+    await store.mark_starting("me", slot)
+    release.join()
+    other.close()
+    assert await marks_seen_elsewhere() == {"me": slot}
+    # Runs handed in before and not written (a full disk): the mark never overtakes them,
+    # and through the writer it is refused, naming the cause, as every later write is.
+    store.limit_pages(0)
+    store.save_runs([run(ids(), status="running", scheduled_at=slot + timedelta(seconds=i)) for i in range(200)])
+    with pytest.raises(Unavailable):
+        await store.flush()
+    assert not store.mark_starting_now("me", slot + timedelta(seconds=1))
+    with pytest.raises(Unavailable, match="database or disk is full"):
+        await store.mark_starting("me", slot + timedelta(seconds=1))
+    store.limit_pages(None)
+    await store.flush()
+    assert store.mark_starting_now("me", slot + timedelta(seconds=2))
+    assert await marks_seen_elsewhere() == {"me": slot + timedelta(seconds=2)}
 
 
 # One step of the writer under a disk that fills and empties at random: hand in a new run

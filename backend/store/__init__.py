@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .. import safetext
 from ..errors import BadInput
@@ -28,7 +28,7 @@ from ..model import (
     StoreHealth,
 )
 
-__all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "Store", "open_store", "redact_url", "until_lost"]
+__all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "MarksNow", "Store", "open_store", "redact_url", "until_lost"]
 
 
 class InstanceBeat(Protocol):
@@ -36,6 +36,16 @@ class InstanceBeat(Protocol):
     host: str
     pid: int
     heartbeat_at: datetime
+
+
+@runtime_checkable
+class MarksNow(Protocol):
+    """A store that can sometimes commit :meth:`Store.mark_starting` at once, on the
+    caller's thread and without waiting (SQLite, while its writer has nothing in hand)."""
+
+    def mark_starting_now(self, instance: str, slot: datetime) -> bool:
+        """:meth:`Store.mark_starting`, committed if this returns True; False: nothing was
+        written (it could not be done at once): call :meth:`Store.mark_starting`."""
 
 
 class Store(Protocol):

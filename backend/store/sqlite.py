@@ -402,12 +402,21 @@ class _Writer(threading.Thread):
         self.page_limit: int | None = None  # the test seam of SQLiteStore.limit_pages
         self.applied_limit: int | None = None
         self.crashed = False
+        self.marker: sqlite3.Connection | None = None
+        """The connection :meth:`mark_now` writes on (from the event loop's thread)."""
+        self.marker_lock = threading.Lock()
+        self.marks_now = 0
+        """Commits made by :meth:`mark_now`."""
 
     def run(self) -> None:
         try:
             conn = _connect(self.path, create=self.create)
             st = os.stat(self.path)
             self.identity = (st.st_dev, st.st_ino)
+            marker = _connect(self.path, create=False)
+            marker.execute("PRAGMA busy_timeout = 0")  # never waits for the write lock: the writer does
+            marker.execute("PRAGMA wal_autocheckpoint = 0")  # never checkpoints: the writer does
+            self.marker = marker
             self.ready.set_result(None)
         except Exception as exc:  # surfaced by open()
             self.ready.set_exception(exc)
@@ -421,7 +430,40 @@ class _Writer(threading.Thread):
                 flush.future.set_exception(Unavailable(f'the ledger writer of "{self.path}" stopped: {exc}'))
             raise
         finally:
+            with self.marker_lock:
+                self.marker = None
+            marker.close()
             conn.close()
+
+    def mark_now(self, params: tuple[int | None, str]) -> bool:
+        """Commit the burst mark (:data:`MARK_STARTING`) on the caller's thread, if that can
+        be done at once; False (nothing written) otherwise.
+
+        A burst's handlers wait for its mark: written here it takes one small autocommit
+        (no fsync under WAL and synchronous=NORMAL) instead of two thread hand-offs, each a
+        wake-up that costs a few hundred microseconds on a busy machine. Only while the
+        writer has nothing in hand (no rows queued or being written, no other write queued,
+        no trouble), so nothing handed in before is overtaken; and never waiting for a lock
+        (another write in progress: False). The file's identity is not checked here (a
+        stat is a syscall on the burst's path): the writer checks it before every write,
+        the burst's rows included, and a store whose file was replaced keeps nothing anyway."""
+        if self.crashed or self.lost or self.error is not None or not self.marker_lock.acquire(blocking=False):
+            return False
+        try:
+            with self.lock:
+                if self.queued or self.pending or not self.jobs.empty():
+                    return False
+            marker = self.marker
+            if marker is None:
+                return False
+            try:
+                marker.execute(MARK_STARTING, params)
+            except sqlite3.Error:
+                return False  # a write in progress (busy), or trouble the writer will name
+            self.marks_now += 1
+            return True
+        finally:
+            self.marker_lock.release()
 
     # -- the loop ----------------------------------------------------------------------
     def _loop(self, conn: sqlite3.Connection) -> None:
@@ -479,12 +521,13 @@ class _Writer(threading.Thread):
                 return
 
     def _take(self, runs: list[Run]) -> None:
-        with self.lock:
-            self.queued -= len(runs)
         self.taken += 1
         for run in runs:
             self.pending.pop(run.id, None)  # keep hand-in order: the latest version last
             self.pending[run.id] = (run, self.taken)
+        # Only now: mark_now must never see them neither queued nor pending.
+        with self.lock:
+            self.queued -= len(runs)
 
     def _committed_upto(self) -> int:
         """Every hand-in up to this one is committed."""
@@ -698,8 +741,10 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
 
     @property
     def commits(self) -> int:
-        """Transactions committed by this store's writer (also after close)."""
-        return self._last_writer.commits if self._last_writer else 0
+        """Transactions committed by this store's writer, and by :meth:`mark_starting_now`
+        (also after close)."""
+        writer = self._last_writer
+        return writer.commits + writer.marks_now if writer else 0
 
     @property
     def rows_written(self) -> int:
@@ -1003,6 +1048,10 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
     async def mark_starting(self, instance: str, slot: datetime) -> None:
         params = (_us(slot), instance)
         await self._write(lambda c: c.execute(MARK_STARTING, params))
+
+    def mark_starting_now(self, instance: str, slot: datetime) -> bool:
+        writer = self._writer
+        return writer is not None and writer.mark_now((_us(slot), instance))
 
     async def starting_marks(self) -> dict[str, datetime]:
         rows = await self._read(lambda c: c.execute(STARTING_MARKS).fetchall())
