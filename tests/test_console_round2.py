@@ -603,6 +603,38 @@ async def test_9_rows_scrolled_on_screen_before_their_batch_are_redrawn_by_the_n
         assert all("*/7 * * * *" in line and "bulk-" in line for line in drawn)
 
 
+async def test_9_rows_shown_again_after_a_filter_are_measured_by_their_text_not_rendered(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Clearing a "/" filter at 1,000 schedules adds every row back: Textual rendered and
+    # measured each cell through the console (a terminal-size call each), ~170 ms on the
+    # UI loop. The widths come from the cells' text now, and are the same.
+    import textual.widgets._data_table as data_table
+    from textual.render import measure
+
+    rendered: list[int] = []
+
+    def counting(*args: Any, **kwargs: Any) -> int:
+        rendered.append(1)
+        return measure(*args, **kwargs)
+
+    async with console(store_url) as (app, pilot, clock, notes):
+        table = schedules(app)
+        many = with_bulk(app.views, 600)
+        table.show(many[:3], clock.now(), clock.now())  # filtered
+        await settle(pilot)
+        monkeypatch.setattr(data_table, "measure", counting)
+        table.show(many, clock.now(), clock.now())  # the filter cleared
+        await settle(pilot)
+        assert len(rendered) < 50  # was 600 rows x 7 columns
+        monkeypatch.undo()
+        for column in table.columns.values():  # as Textual would have measured them
+            cells = [data_table.default_cell_formatter(value) for value in table.get_column(column.key)]
+            assert column.content_width == max(measure(app.console, c, 1) for c in cells), column.label
+        assert table.virtual_size.height == len(many) + 1  # the rows and the header
+        assert notes.seen == []
+
+
 async def test_9_the_console_freezes_the_heap_of_its_first_screen_only_when_asked(store_url: str) -> None:
     frozen = gc.get_freeze_count()
     try:

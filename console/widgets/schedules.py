@@ -26,6 +26,9 @@ from textual import events, work
 from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.widgets import DataTable
+from textual.geometry import Size
+from textual.render import measure
+from textual.widgets._data_table import default_cell_formatter
 from textual.widgets.data_table import ColumnKey, RowKey
 
 from backend.model import Run, ScheduleView
@@ -139,6 +142,31 @@ class FreshTable(DataTable[Text | str]):
         self._cell_render_cache = RingFreeCache(self.CACHED_CELLS)
         self._row_renderable_cache = RingFreeCache(self.CACHED_LINES)
         self._line_cache = RingFreeCache(self.CACHED_LINES)
+
+    def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
+        """Column widths for new rows. Textual renders and measures every cell through the
+        console (a terminal-size call each); a thousand rows shown again when a filter is
+        cleared held the UI loop for ~170 ms. These rows are one line high and unlabelled,
+        so a cell's width is its text's cell length."""
+        keys = list(new_rows)
+        for key in keys:
+            row = self.rows.get(key)
+            if row is not None and (row.auto_height or row.height != 1 or row.label is not None):
+                super()._update_dimensions(keys)  # Textual's way, for the rows that need it
+                return
+        columns = self.ordered_columns
+        for key in keys:
+            values = self._data.get(key)
+            if values is None or key not in self._row_locations:
+                continue  # removed before the idle came
+            for column in columns:
+                value = values.get(column.key)
+                text = value if isinstance(value, Text) else default_cell_formatter(value)
+                width = text.cell_len if isinstance(text, Text) else measure(self.app.console, text, 1)
+                if width > column.content_width:
+                    column.content_width = width
+        width = sum(column.get_render_width(self) for column in self.columns.values()) + self._row_label_column_width
+        self.virtual_size = Size(width, self._total_row_height + (self.header_height if self.show_header else 0))
 
     async def _on_idle(self, event: events.Idle) -> None:
         measuring = self._require_update_dimensions
