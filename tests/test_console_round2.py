@@ -635,6 +635,34 @@ async def test_9_rows_shown_again_after_a_filter_are_measured_by_their_text_not_
         assert notes.seen == []
 
 
+async def test_9_a_cleared_filter_builds_the_cells_of_the_rows_on_screen_and_catches_the_rest_up(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        table = schedules(app)
+        many = with_bulk(app.views, 600)
+        table.show(many, clock.now(), clock.now())
+        await settle(pilot)
+        await select(pilot, "stuck-import")
+        table.show([v for v in many if v.name == "stuck-import"], clock.now(), clock.now())  # filtered
+        await settle(pilot)
+        changed = fired(many)  # meanwhile, every schedule got a new last run
+        built: list[str] = []
+        cells_of = table._cells
+
+        def counting(view: ScheduleView, *args: Any) -> Any:
+            built.append(view.name)
+            return cells_of(view, *args)
+
+        table._cells = counting  # type: ignore[method-assign]
+        table.show(changed, clock.now(), clock.now())  # the filter cleared
+        assert len(built) <= 4 * table.size.height  # the rows on screen, not 600
+        assert "stuck-import" in built and table.selected_name == "stuck-import"
+        assert " missed " not in cell(app, "bulk-0599", "last")  # far below: its old cells, for now
+        await settle(pilot)
+        assert all(" missed " in cell(app, v.name, "last") for v in changed if v.last_run is not None)
+        assert table.selected_name == "stuck-import"
+        assert notes.seen == []
+
+
 async def test_9_the_console_freezes_the_heap_of_its_first_screen_only_when_asked(store_url: str) -> None:
     frozen = gc.get_freeze_count()
     try:

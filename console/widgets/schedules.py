@@ -221,6 +221,8 @@ class SchedulesTable(FreshTable):
         self.views: dict[str, ScheduleView] = {}
         """The schedules shown, by name."""
         self._shown: dict[str, tuple[Text | str, ...]] = {}
+        self._drawn: dict[str, tuple[Text | str, ...]] = {}
+        """The cells each schedule's row had when it was last in the table (a filter hid it)."""
         self._stale: dict[str, None] = {}
         """Rows whose schedule changed and whose cells are not redrawn yet (off screen), in
         table order."""
@@ -297,16 +299,30 @@ class SchedulesTable(FreshTable):
         previous = self.views
         self.views = {v.name: v for v in views}
         if names != list(self._shown):
+            # Other rows (a filter typed or cleared): the rows that will be on screen get
+            # their cells now; the others show the cells they had when last drawn, and are
+            # caught up a batch at a time, as after a refresh (a thousand rows' cells built
+            # at once held the UI loop for ~50 ms).
             selected = self.selected_name
+            self._drawn.update(self._shown)
             self.clear()
             self._shown = {}
             self._stale = {}
+            at = names.index(selected) if selected in names else 0
+            span = self.size.height + 2
+            near = {*names[:span], *names[max(0, at - span) : at + span]}
             for view in views:
-                cells = self._cells(view, now, data_now)
+                cells = self._drawn.get(view.name)
+                if cells is None or view.name in near:
+                    cells = self._cells(view, now, data_now)
+                else:
+                    self._stale[view.name] = None
                 self._shown[view.name] = cells
                 self.add_row(*cells, key=view.name)
             if selected in self._shown:
                 self.move_cursor(row=self.get_row_index(selected), animate=False, scroll=True)
+            if self._stale:
+                self._catch_up_off_screen()
             return
         for view in views:  # an unchanged one: its time-dependent cells are the tick's business
             if view != previous.get(view.name):
