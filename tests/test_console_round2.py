@@ -416,6 +416,37 @@ async def test_6_a_running_backfill_can_be_stopped_and_q_asks_first(store_url: s
         assert notes.titled("Backfill cancelled") and not app.backfills
 
 
+async def test_6_a_backfill_is_still_followed_through_a_moment_without_the_store(store_url: str) -> None:
+    # The follower used to give up at the first error: the app then kept the backfill as
+    # running (q asked about it for ever) and never said how it ended.
+    from backend.errors import Unavailable
+
+    async with console(store_url) as (app, pilot, clock, notes):
+        screen = await open_backfill(app, pilot, "slow-reindex", "-1m")
+        screen.action_start()
+        await pilot.pause()
+        await pilot.press("escape")  # the dialog closed; the backfill goes on
+        await pilot.pause()
+        backend = app.backend
+        progress_of = backend.backfill_progress
+        failures = [Unavailable('the store "state.db" is locked'), Unavailable('the store "state.db" is locked')]
+
+        async def flaky(backfill_id: str) -> Any:
+            if failures:
+                raise failures.pop()
+            return await progress_of(backfill_id)
+
+        backend.backfill_progress = flaky  # type: ignore[method-assign]
+        progress = next(iter(app.backfills.values()))
+        await progress_of(progress.id)
+        await backend.cancel_backfill(progress.id)
+        clock.advance(30)
+        await settle(pilot)
+        assert not failures  # the follower met both
+        assert len([n for n in notes.seen if "still following" in str(n)]) == 1  # said once
+        assert notes.titled("Backfill cancelled") and not app.backfills
+
+
 async def test_6_the_dialog_stop_button_cancels(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         screen = await open_backfill(app, pilot, "slow-reindex", "-1m")

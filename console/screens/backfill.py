@@ -4,6 +4,7 @@ slots that already succeeded (skippable), a typed confirmation, progress, and a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
@@ -12,13 +13,14 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.content import Content
 from textual.markup import escape
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, ProgressBar, Static
 
-from backend.errors import BadInput, SchedtuiError
+from backend.errors import BadInput, SchedtuiError, Unavailable
 from backend.interface import Backend
 from backend.model import (
     BACKFILL_CONFIRM_ABOVE,
@@ -389,17 +391,30 @@ class BackfillScreen(ModalScreen[None]):
         self._show_progress(progress)
 
     async def _follow(self, progress: BackfillProgress) -> None:
-        try:
-            while progress.state == "running":
-                await asyncio.sleep(POLL_SECONDS)  # polling for display; nothing to wait on
+        """Until the backfill ends: its progress on the dialog while it is open, and the
+        app told when it ends. A store that does not answer for a moment, or the dialog
+        closing while a progress is drawn, does not end the following (the app would
+        otherwise keep the backfill as running, and ``q`` would ask about it for ever)."""
+        trouble = False
+        while progress.state == "running":
+            await asyncio.sleep(POLL_SECONDS)  # polling for display; nothing to wait on
+            try:
                 progress = await self.backend.backfill_progress(progress.id)
-                if self.is_attached:
+            except Unavailable as exc:
+                if not trouble:
+                    self.app.notify(f"{exc.message}; still following the backfill", title=exc.title,
+                                    severity="warning", markup=False)  # fmt: skip
+                trouble = True
+                continue
+            except SchedtuiError as exc:
+                self.app.notify(exc.message, title=exc.title, severity="error", markup=False)
+                return
+            trouble = False
+            if self.is_attached:
+                with contextlib.suppress(NoMatches):  # closing while it is drawn
                     self._show_progress(progress)
-                if self.on_started is not None and progress.state == "running":
-                    self.on_started(progress)
-        except SchedtuiError as exc:
-            self.app.notify(exc.message, title=exc.title, severity="error", markup=False)
-            return
+            if self.on_started is not None and progress.state == "running":
+                self.on_started(progress)
         if self.on_finished is not None:
             self.on_finished(progress)
 
