@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import BadInput, NotFound, Unavailable
 from .events import RESYNC
+from .loops import stop_if_cancelled
 from .model import RunContext
 from .schedules import Schedule
 from .stored import DefinedInCode, NameTaken, StoredSchedule, check_changes, check_spec
@@ -139,6 +140,7 @@ class Catalog:
         instance signals a change to them (or that signals were lost). While signals
         arrive, the state poll is only a backstop (see :func:`backend.lifecycle.maintain`)."""
         while True:
+            stop_if_cancelled()
             await self._changed.wait()
             self._changed.clear()
             try:

@@ -20,9 +20,12 @@ from typing import Any
 
 from .clock import Clock
 
-__all__ = ["Loops"]
+__all__ = ["Loops", "stop_if_cancelled"]
 
 log = logging.getLogger("schedtui.engine")
+
+#: Seconds a stop waits for a cancelled task before cancelling it again.
+CANCEL_AGAIN = 0.5
 
 
 @dataclass
@@ -33,6 +36,16 @@ class _Parking:
     until: datetime | None = None
     wake: asyncio.Event | None = None
     """Set by whoever has new work for the loop; a set event means it is not idle."""
+
+
+def stop_if_cancelled() -> None:
+    """Raise ``CancelledError`` if the current task is being cancelled. A loop that waits
+    on its own event calls it before each wait: Python 3.11's ``asyncio.wait_for`` (psycopg's
+    pool uses it) can drop a cancellation in the loop's work, which would then wait for ever
+    and hang the engine's stop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class Loops:
@@ -70,8 +83,13 @@ class Loops:
         return task
 
     async def cancel_all(self) -> None:
-        for task in list(self.tasks):
-            task.cancel()
+        """Cancel every task and wait until all have ended. One whose cancellation was
+        dropped in its work (see :func:`stop_if_cancelled`) is cancelled again, every
+        :data:`CANCEL_AGAIN` seconds, instead of hanging the stop."""
+        while pending := [task for task in self.tasks if not task.done()]:
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=CANCEL_AGAIN)
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
     def expect(self, name: str) -> None:

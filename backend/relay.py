@@ -41,7 +41,7 @@ from typing import Any, Protocol, runtime_checkable
 from .errors import Unavailable
 from .events import RESYNC, TOPICS, EventBus
 from .ledger import RunLedger
-from .loops import Loops
+from .loops import Loops, stop_if_cancelled
 from .model import Run
 
 __all__ = [
@@ -248,6 +248,7 @@ class PostgresRelay:
 
     async def _send_loop(self) -> None:
         while True:
+            stop_if_cancelled()
             await self._wake.wait()
             # Pacing a network chatter, not engine time: the wall clock is the right one here.
             await asyncio.sleep(self.gather)

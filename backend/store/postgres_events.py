@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import AsyncConnection
 
+from ..loops import stop_if_cancelled
+
 __all__ = ["PostgresEvents"]
 
 log = logging.getLogger("schedtui.events")
@@ -78,6 +80,7 @@ class PostgresEvents:
                     if conn is not None:
                         await conn.close()
                     conn = None
+                stop_if_cancelled()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), LISTEN_CHECK)
                 changed.clear()
@@ -103,6 +106,7 @@ class PostgresEvents:
                     listening = True
                     on_state(True)
                 while True:
+                    stop_if_cancelled()
                     async for notify in conn.notifies(timeout=LISTEN_CHECK):
                         on_payload(notify.payload)
                     await conn.execute(PING)  # quiet for a while: is the connection still there?
