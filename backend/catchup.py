@@ -102,7 +102,9 @@ class CatchUp:
         self._booting.append((schedule, now, reason))
         if len(self._booting) == 1:
             self._boot_batches += 1
-            self.loops.spawn(self._boot(f"catch-up boot {self._boot_batches}"), "catch-up boot")
+            loop = f"catch-up boot {self._boot_batches}"
+            self.loops.expect(loop)  # quiesce() waits for it to hand its schedules on
+            self.loops.spawn(self._boot(loop), "catch-up boot")
 
     def behind(self, schedule: Schedule, slots: list[datetime]) -> None:
         """A running engine found the schedule behind: ``slots`` were due, the last is current.
@@ -110,9 +112,19 @@ class CatchUp:
         self.busy.add(schedule.name)
         self._behind.append((schedule, slots))
         if len(self._behind) == 1:
-            self.loops.spawn(self._behind_batch(), "catch-up behind")
+            self._boot_batches += 1
+            loop = f"catch-up behind {self._boot_batches}"
+            self.loops.expect(loop)  # quiesce() waits for it to hand its schedules on
+            self.loops.spawn(self._behind_batch(loop), "catch-up behind")
 
     async def _boot(self, loop: str) -> None:
+        try:
+            await self._boot_batch(loop)
+        finally:
+            self.loops.forget(loop)
+            self.loops.poke()
+
+    async def _boot_batch(self, loop: str) -> None:
         batch, self._booting = self._booting, []
         names = [schedule.name for schedule, _, _ in batch]
         try:
@@ -144,13 +156,16 @@ class CatchUp:
             self.loops.spawn(self._catch_up(schedule, missed, reason=reason, claimed=claim), f"catch-up {schedule.name}")
         self.loops.poke()
 
-    async def _behind_batch(self) -> None:
-        batch, self._behind = self._behind, []
-        claimed = await self._claim_together(batch)
-        for schedule, slots in batch:
-            claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
-            self.loops.spawn(self._catch_up(schedule, slots, live=True, claimed=claim), f"catch-up {schedule.name}")
-        self.loops.poke()
+    async def _behind_batch(self, loop: str) -> None:
+        try:
+            batch, self._behind = self._behind, []
+            claimed = await self._claim_together(batch)
+            for schedule, slots in batch:
+                claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
+                self.loops.spawn(self._catch_up(schedule, slots, live=True, claimed=claim), f"catch-up {schedule.name}")
+        finally:
+            self.loops.forget(loop)
+            self.loops.poke()
 
     async def _claim_together(
         self, catching: list[tuple[Schedule, list[datetime]]]
