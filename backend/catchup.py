@@ -88,8 +88,6 @@ class CatchUp:
         self._booting: list[tuple[Schedule, datetime, str | None]] = []
         """Schedules waiting for the next read of where they left off (see :meth:`at_boot`)."""
         self._boot_batches = 0
-        self._behind: list[tuple[Schedule, list[datetime]]] = []
-        """Schedules found behind, waiting for the claim of their slots (see :meth:`behind`)."""
         timers.on_behind = self.behind
         timers.on_disabled = self.disabled
 
@@ -107,15 +105,9 @@ class CatchUp:
             self.loops.spawn(self._boot(loop), "catch-up boot")
 
     def behind(self, schedule: Schedule, slots: list[datetime]) -> None:
-        """A running engine found the schedule behind: ``slots`` were due, the last is current.
-        The schedules found behind together (a stalled burst) claim their slots together."""
+        """A running engine found the schedule behind: ``slots`` were due, the last is current."""
         self.busy.add(schedule.name)
-        self._behind.append((schedule, slots))
-        if len(self._behind) == 1:
-            self._boot_batches += 1
-            loop = f"catch-up behind {self._boot_batches}"
-            self.loops.expect(loop)  # quiesce() waits for it to hand its schedules on
-            self.loops.spawn(self._behind_batch(loop), "catch-up behind")
+        self.loops.spawn(self._catch_up(schedule, slots, live=True), f"catch-up {schedule.name}")
 
     async def _boot(self, loop: str) -> None:
         try:
@@ -156,22 +148,11 @@ class CatchUp:
             self.loops.spawn(self._catch_up(schedule, missed, reason=reason, claimed=claim), f"catch-up {schedule.name}")
         self.loops.poke()
 
-    async def _behind_batch(self, loop: str) -> None:
-        try:
-            batch, self._behind = self._behind, []
-            claimed = await self._claim_together(batch)
-            for schedule, slots in batch:
-                claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
-                self.loops.spawn(self._catch_up(schedule, slots, live=True, claimed=claim), f"catch-up {schedule.name}")
-        finally:
-            self.loops.forget(loop)
-            self.loops.poke()
-
     async def _claim_together(
         self, catching: list[tuple[Schedule, list[datetime]]]
     ) -> dict[str, tuple[dict[datetime, str], str | None]] | None:
         """Claim the slots of several schedules' catch-ups together, a chunk at a time: a
-        shard taken over, or a burst fallen behind, costs a few transactions, not one per
+        shard taken over costs a few transactions, not one per
         schedule. Per schedule: the slots won (with their run ids) and the instance running
         it elsewhere, if any; ``None`` when the coordination claims nothing."""
         if not catching or not self.claims.coordinator.needs_claims:

@@ -454,29 +454,6 @@ async def test_live_engine_behind_fires_the_current_slot(make_engine, clock: Man
     assert engine.next_fire_at("job") == at("2026-03-02T08:00:40Z")
 
 
-async def test_schedules_found_behind_together_claim_their_slots_together(make_engine, clock: ManualClock) -> None:
-    # A stalled process finds its whole burst behind: one claim for all their slots, not
-    # one per schedule (on PostgreSQL, a transaction each, when it can least afford them).
-    engine = make_engine([schedule(name=f"s{i:02d}", cron="*/10 * * * * *", backfill="skip") for i in range(20)], coordination="advisoryLock")
-    await engine.start()
-    await engine.quiesce()
-    claims: list[int] = []
-    claim = engine.store.claim
-
-    async def counting_claims(batch: Any, instance: str, now: datetime) -> Any:
-        claims.append(len(batch))
-        return await claim(batch, instance, now)
-
-    engine.store.claim = counting_claims  # type: ignore[method-assign]
-    clock.advance(35)  # a suspended VM: three slots of each passed at once
-    await engine.quiesce()
-    assert claims == [20 * 3]
-    for i in range(20):
-        assert summary(await all_runs(engine, f"s{i:02d}")) == [
-            ("08:00:10", "missed", "self"), ("08:00:20", "missed", "self"), ("08:00:30", "succeeded", "self"),
-        ]  # fmt: skip
-
-
 @pytest.mark.parametrize(
     ("overlap", "backfill", "expected"),
     [
