@@ -9,14 +9,16 @@ from the other processes sharing the store.
   instances as one NOTIFY per batch (what gathered within :data:`NOTIFY_GATHER`), each its
   own tiny statement; at most :data:`NOTIFY_RATE` a second, with bursts of up to
   :data:`NOTIFY_BURST` (one action often signals twice: its audit entry, then its run),
-  so that a quiet instance tells at once and a busy one coalesces. The runs are the
-  exception: the ledger's group commit carries their notification in its own transaction
-  (:meth:`PostgresRelay.announce_runs`), so a burst costs one commit, not two, and only
-  while some process of the database has readers: every NOTIFY wakes every listening
-  connection of the database (a transaction each), so a fleet of N that nobody watches
-  would otherwise pay N² transactions a second for news nobody reads. A process with
-  readers says so by holding a connection named ``schedtui-readers`` open. A batch with
-  too many names for one notification names its topics only. A dedicated
+  so that a quiet instance tells at once and a busy one coalesces. Every NOTIFY wakes
+  every listening connection of the database (a transaction each), so a fleet of N that
+  nobody watches would pay N² transactions a second for news nobody reads: only the
+  signals other engines act on (:data:`ENGINE_TOPICS`, and resyncs) are always sent; the
+  rest (runs, jobs, durable executions, locks, audit) only while some process of the
+  database has readers, which it says by holding a connection named ``schedtui-readers``
+  open (the server picks the payload as it sends). The runs' signals are not sent by the
+  relay at all: the ledger's group commit carries them in its own transaction
+  (:meth:`PostgresRelay.announce_runs`), so a burst costs one commit, not two. A batch
+  with too many names for one notification names its topics only. A dedicated
   LISTEN connection (opened when the first reader subscribes) publishes what the others
   send. It reconnects by itself; while it is down the bus says so (``stream down``), and
   once it is back the bus owes its readers a resync, since notifications sent meanwhile
@@ -45,6 +47,7 @@ from .loops import Loops, stop_if_cancelled
 from .model import Run
 
 __all__ = [
+    "ENGINE_TOPICS",
     "NOTIFY_BURST",
     "NOTIFY_GATHER",
     "NOTIFY_RATE",
@@ -69,14 +72,19 @@ NOTIFY_GATHER = 0.005
 WATCH_EVERY = 0.25
 #: The largest notification payload sent (PostgreSQL's limit is 8,000 bytes).
 MAX_PAYLOAD = 7_500
+#: The topics another instance's engine acts on (a stored schedule or its enabled state
+#: changed: see :meth:`backend.catalog.Catalog.heard`): sent whether or not anyone reads.
+ENGINE_TOPICS = frozenset({"schedules"})
 
 
 @runtime_checkable
 class NotifyingStore(Protocol):
     """A store whose processes can notify each other (PostgreSQL)."""
 
-    async def notify_events(self, payload: str) -> None:
-        """Send ``payload`` to every listener, in a statement of its own."""
+    async def notify_events(self, payload: str, unread: str | None = None) -> None:
+        """Send ``payload`` to every listener, in a statement of its own, while some
+        process has readers (see :meth:`hold_readers_mark`); otherwise send ``unread``, or
+        nothing when it is ``None``. ``unread == payload``: send it whatever happens."""
 
     async def listen_events(self, on_payload: Callable[[str], None], on_state: Callable[[bool], None]) -> None:
         """Until cancelled: listen on a dedicated connection, call ``on_payload`` with each
@@ -188,7 +196,7 @@ class PostgresRelay:
         self.hearing = False
         """Whether the LISTEN connection is up: every notification sent from now on is heard."""
         self.sent = 0
-        """NOTIFYs sent by this process."""
+        """Notifications handed to the store (sent, or dropped by the server while nobody reads)."""
         self.on_remote: Callable[[str, str | None], None] | None = None
         """Told each signal heard from another instance (``RESYNC`` when some may be lost),
         whether or not anyone subscribes to the bus: how the engine hears of changes to
@@ -221,12 +229,19 @@ class PostgresRelay:
         if self._listener is None or self._listener.done():
             self._listener = self.loops.spawn(self.store.listen_events(self._received, self._listening), "event listener")
 
-    def _payload(self) -> str:
+    def _payloads(self) -> tuple[str, str | None]:
+        """What is pending: the notification for readers, and the part of it the other
+        engines act on (``None``: nothing)."""
         signals, self._pending = list(self._pending), {}
         resync, self._resync = self._resync, False
         if resync:
-            return json.dumps({"from": self.origin, "resync": True})
-        return self._encode(signals)
+            payload = json.dumps({"from": self.origin, "resync": True})
+            return payload, payload
+        full = self._encode(signals)
+        engines = [signal for signal in signals if signal[0] in ENGINE_TOPICS]
+        if len(engines) == len(signals):
+            return full, full
+        return full, self._encode(engines) if engines else None
 
     def _encode(self, signals: list[tuple[str, str | None]]) -> str:
         text = json.dumps({"from": self.origin, "signals": signals}, separators=(",", ":"))
@@ -266,9 +281,9 @@ class PostgresRelay:
         """Send what is pending in one notification (also at stop)."""
         if not self._pending and not self._resync:
             return
-        payload = self._payload()
+        payload, unread = self._payloads()
         try:
-            await self.store.notify_events(payload)
+            await self.store.notify_events(payload, unread)
             self.sent += 1
         except Unavailable as exc:
             # The others will miss these; they resync when their own connection comes back,

@@ -448,7 +448,7 @@ class CountingNotifier:
     def __init__(self) -> None:
         self.sent: list[float] = []
 
-    async def notify_events(self, payload: str) -> None:
+    async def notify_events(self, payload: str, unread: str | None = None) -> None:
         self.sent.append(time.monotonic())
 
     async def listen_events(self, on_payload: Any, on_state: Any) -> None:

@@ -50,7 +50,7 @@ from . import redact_url
 from .migrations import components_of, migrate_postgres
 from .postgres_audit import PostgresAudit
 from .postgres_durable import PostgresDurable
-from .postgres_events import NOTIFY_IF_READ
+from .postgres_events import NOTIFY_CHOSEN
 from .postgres_events import PostgresEvents
 from .postgres_catalog import PostgresCatalog
 from .postgres_jobs import PostgresJobs
@@ -813,8 +813,8 @@ class PostgresStore(PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLock
             if payload is not None:
                 # Rides this commit: one transaction per batch, not two, and the other
                 # instances hear of the rows exactly when they become readable; and only
-                # while some process has readers (see NOTIFY_IF_READ).
-                await conn.execute(NOTIFY_IF_READ, (payload,))
+                # while some process has readers (see NOTIFY_CHOSEN).
+                await conn.execute(NOTIFY_CHOSEN, (payload, None))
         self.commits += 1
         self.rows_written += len(runs)
 

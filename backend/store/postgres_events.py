@@ -29,12 +29,17 @@ CHANNEL = "schedtui_events"
 NOTIFY = f"SELECT pg_notify('{CHANNEL}', %s)"
 #: The application name of the connection a process holds open while it has readers.
 READERS_APP = "schedtui-readers"
-#: A notification sent only while some process of the database has readers: every
-#: listening connection of the database is woken by every NOTIFY (one transaction each),
-#: so a fleet nobody watches must not be told of every burst of runs.
-NOTIFY_IF_READ = (
-    f"SELECT pg_notify('{CHANNEL}', %s) WHERE EXISTS (SELECT 1 FROM pg_stat_activity "
-    f"WHERE datname = current_database() AND application_name = '{READERS_APP}')"
+_SOMEONE_READS = (
+    f"EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND application_name = '{READERS_APP}')"
+)
+#: A notification whose payload the server picks: the whole one while some process of the
+#: database has readers, otherwise the part the other engines act on (``NULL``: nothing is
+#: sent). Every listening connection of the database is woken by every NOTIFY (one
+#: transaction each), so a fleet nobody watches must not be told of every burst of runs,
+#: job or lock change, only of what changes what it runs.
+NOTIFY_CHOSEN = (
+    f"SELECT pg_notify('{CHANNEL}', c.payload) FROM (SELECT CASE WHEN {_SOMEONE_READS} "
+    "THEN %s::text ELSE %s::text END AS payload) AS c WHERE c.payload IS NOT NULL"
 )
 LISTEN = f"LISTEN {CHANNEL}"
 #: The check of a quiet listening connection: listening again is a no-op that needs the server.
@@ -57,8 +62,13 @@ class PostgresEvents:
 
         async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int: ...
 
-    async def notify_events(self, payload: str) -> None:
-        await self._execute(NOTIFY, (payload,))
+    async def notify_events(self, payload: str, unread: str | None = None) -> None:
+        """Send ``payload`` while some process has readers; otherwise ``unread`` (the part
+        the other engines need), or nothing when it is ``None``. One statement of its own."""
+        if unread == payload:
+            await self._execute(NOTIFY, (payload,))
+        else:
+            await self._execute(NOTIFY_CHOSEN, (payload, unread))
 
     async def hold_readers_mark(self, has_readers: Callable[[], bool], changed: asyncio.Event) -> None:
         """Until cancelled: while ``has_readers()``, hold a connection named
