@@ -147,8 +147,7 @@ async def maintain(engine: Engine) -> None:
         await engine.catalog.refresh()
         await engine.refresh_states()
         engine.catalog.polled_at = now
-    if await engine.registry.beat(now):
-        await engine.registry.close_abandoned()
+    await engine.registry.beat_and_sweep(now)
     await engine.registry.prune(now)
     await engine.claims.recover_lost()
     await engine.backfills.maintain()

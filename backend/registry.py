@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 
 from .clock import Clock
 from .ledger import RunLedger
-from .model import TAG_ABANDONED, Run
+from .model import TAG_ABANDONED, BackfillProgress, Run
 from .store import Store
 
 __all__ = ["InstanceRegistry", "default_instance_name", "host_identity"]
@@ -105,6 +105,16 @@ class InstanceRegistry:
         self._last_beat = now
         return True
 
+    async def beat_and_sweep(self, now: datetime) -> list[Run]:
+        """The periodic round: if the heartbeat is due, refresh it and, reading in the same
+        transaction what is left running, close what the dead left (one commit every
+        ``heartbeat_interval``, not two)."""
+        if self._last_beat is not None and now - self._last_beat < self.heartbeat_interval:
+            return []
+        work = await self.store.heartbeat_and_unfinished(self.instance, self.host, os.getpid(), now)
+        self._last_beat = now
+        return await self._close(work.runs, work.backfills, work.marks, work.instances, at_open=False)
+
     async def forget(self) -> None:
         await self.store.forget_instance(self.instance)
 
@@ -137,13 +147,25 @@ class InstanceRegistry:
 
         ``at_open``: this process has fired nothing yet, so a mark left under its own
         instance name is a dead predecessor's (later, it is this process's own)."""
-        now = self.clock.now()
         runs, backfills, marks = await self.store.unfinished_work()
+        return await self._close(runs, backfills, marks, None, at_open=at_open)
+
+    async def _close(
+        self,
+        runs: list[Run],
+        backfills: list[BackfillProgress],
+        marks: dict[str, datetime],
+        beats: dict[str, tuple[str, int, datetime]] | None,
+        *,
+        at_open: bool,
+    ) -> list[Run]:
+        now = self.clock.now()
         if not at_open:
             marks.pop(self.instance, None)
         if not runs and not backfills and not marks:
             return []
-        beats = await self.store.instances()
+        if beats is None:
+            beats = await self.store.instances()
         closed = await self._close_bursts(marks, beats, now)
         for run in runs:
             if self.is_ours(run.id):

@@ -224,7 +224,7 @@ class Outage:
     claim commit and then fail, as when a connection drops after the commit."""
 
     CALLS = {
-        "claim", "claimed_run", "get_states", "set_state", "heartbeat", "instances", "running_runs", "unfinished_work",
+        "claim", "claimed_run", "get_states", "set_state", "heartbeat", "heartbeat_and_unfinished", "instances", "running_runs", "unfinished_work",
         "running_backfills", "last_slots", "last_runs", "list_runs", "get_run", "close_run", "prune_runs",
         "prune_claims", "count_claims", "update_backfill",
     }  # fmt: skip

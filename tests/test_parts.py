@@ -78,6 +78,44 @@ async def test_close_abandoned_writes_only_runs_still_running(store_url: str) ->
         await store.close()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_the_periodic_round_is_one_call_that_beats_and_sweeps(kind: str, request: pytest.FixtureRequest) -> None:
+    # A member's heartbeat and its abandoned-work sweep were two transactions every few
+    # seconds, on every member of a fleet: now one, and only when the heartbeat is due.
+    url = request.getfixturevalue("pg_url" if kind == "postgres" else "store_url")
+    store = open_store(url)
+    await store.open()
+    try:
+        reg = registry(store)
+        calls: list[str] = []
+        inside: list[str] = []  # SQLite's round is made of the other three: count the outer call
+        for name in ("heartbeat", "unfinished_work", "instances", "heartbeat_and_unfinished"):
+            method = getattr(store, name)
+
+            async def counted(*args: Any, _name: str = name, _method: Any = method) -> Any:
+                if not inside:
+                    calls.append(_name)
+                inside.append(_name)
+                try:
+                    return await _method(*args)
+                finally:
+                    inside.pop()
+
+            setattr(store, name, counted)
+        store.save_runs([run("A")])  # left running by "me": an earlier process of this name
+        await store.flush()
+        closed = await reg.beat_and_sweep(T0)
+        assert [(r.id, r.error_tag) for r in closed] == [("A", "abandoned")]
+        assert calls == ["heartbeat_and_unfinished"]
+        assert (await store.instances())["me"][2] == T0  # the heartbeat was written
+        assert await reg.beat_and_sweep(T0 + timedelta(seconds=4)) == []  # not due yet: nothing asked
+        assert calls == ["heartbeat_and_unfinished", "instances"]
+        await reg.beat_and_sweep(T0 + timedelta(seconds=5))
+        assert calls[-1] == "heartbeat_and_unfinished" and (await store.instances())["me"][2] == T0 + timedelta(seconds=5)
+    finally:
+        await store.close()
+
+
 # ---------------------------------------------------------------------------------------
 # the ledger: order and the burst hold
 # ---------------------------------------------------------------------------------------

@@ -727,6 +727,11 @@ async def test_a_starting_mark_lets_a_survivor_record_a_dead_burst_once(store: S
     runs, backfills, marks = await store.unfinished_work()
     assert (runs, backfills, marks) == ([landed], [backfill], {"dead:1": slot})
     assert_utc(marks["dead:1"])
+    # A member's round: its own heartbeat, then the same, with every instance's heartbeat.
+    work = await store.heartbeat_and_unfinished("alive:2", "host-b", 2, T0 + timedelta(seconds=5))
+    assert (work.runs, work.backfills, work.marks) == ([landed], [backfill], {"dead:1": slot})
+    assert work.instances == {"dead:1": ("host-a", 1, T0), "alive:2": ("host-b", 2, T0 + timedelta(seconds=5))}
+    assert work.instances == await store.instances()
 
     def verdict(name: str) -> Run:
         return Run(ids(), name, slot, "failed", "self", "single", "dead:1", None, T0, "abandoned", "died")

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from .. import safetext
 from ..errors import BadInput
@@ -28,7 +28,20 @@ from ..model import (
     StoreHealth,
 )
 
-__all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "MarksNow", "Store", "open_store", "redact_url", "until_lost"]
+__all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "MarksNow", "Store", "Unfinished", "open_store", "redact_url", "until_lost"]
+
+
+class Unfinished(NamedTuple):
+    """What the abandoned-work sweep looks at (see :meth:`Store.heartbeat_and_unfinished`)."""
+
+    runs: list[Run]
+    """Runs still ``running``."""
+    backfills: list[BackfillProgress]
+    """Backfills still ``running``."""
+    marks: dict[str, datetime]
+    """Each instance's burst mark not cleared yet (:meth:`Store.starting_marks`)."""
+    instances: dict[str, tuple[str, int, datetime]]
+    """Every registered instance (:meth:`Store.instances`)."""
 
 
 class InstanceBeat(Protocol):
@@ -160,6 +173,11 @@ class Store(Protocol):
     async def unfinished_work(self) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
         """:meth:`running_runs`, ``running_backfills`` and :meth:`starting_marks` in one
         read transaction: what the abandoned-work sweep of every instance looks at."""
+
+    async def heartbeat_and_unfinished(self, instance: str, host: str, pid: int, at: datetime) -> Unfinished:
+        """:meth:`heartbeat`, then what :meth:`unfinished_work` and :meth:`instances` read:
+        a member's periodic round. PostgreSQL does it in one transaction (one commit every
+        few seconds per member, not two); SQLite writes the heartbeat, then reads."""
 
     async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
         """In one transaction: if ``instance``'s mark is still ``slot``, clear it and write

@@ -46,7 +46,7 @@ from ..model import (
     StoreHealth,
     unique_claims,
 )
-from . import redact_url
+from . import Unfinished, redact_url
 from .migrations import components_of, migrate_postgres
 from .postgres_audit import PostgresAudit
 from .postgres_durable import PostgresDurable
@@ -925,12 +925,26 @@ class PostgresStore(PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLock
     async def unfinished_work(self) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
         async def read(conn: AsyncConnection[Any]) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
             async with conn.transaction():  # one commit for the three, not three
-                runs = await (await conn.execute(RUNNING_RUNS)).fetchall()
-                backfills = await (await conn.execute(RUNNING_BACKFILLS)).fetchall()
-                marks = await (await conn.execute(STARTING_MARKS)).fetchall()
-            return [_run(r) for r in runs], [_backfill(r) for r in backfills], {r[0]: r[1].astimezone(timezone.utc) for r in marks}
+                return await self._read_unfinished(conn)
 
         return await self._with_conn(read)
+
+    async def heartbeat_and_unfinished(self, instance: str, host: str, pid: int, at: datetime) -> Unfinished:
+        async def beat(conn: AsyncConnection[Any]) -> Unfinished:
+            async with conn.transaction():  # a member's round: one commit, not two
+                await conn.execute(HEARTBEAT, (instance, host, pid, at))
+                runs, backfills, marks = await self._read_unfinished(conn)
+                beats = await (await conn.execute(INSTANCES)).fetchall()
+            return Unfinished(runs, backfills, marks, {r[0]: (r[1], r[2], _utc(r[3])) for r in beats})  # type: ignore[misc]
+
+        return await self._with_conn(beat)
+
+    @staticmethod
+    async def _read_unfinished(conn: AsyncConnection[Any]) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
+        runs = await (await conn.execute(RUNNING_RUNS)).fetchall()
+        backfills = await (await conn.execute(RUNNING_BACKFILLS)).fetchall()
+        marks = await (await conn.execute(STARTING_MARKS)).fetchall()
+        return [_run(r) for r in runs], [_backfill(r) for r in backfills], {r[0]: r[1].astimezone(timezone.utc) for r in marks}
 
     async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
         async def close(conn: AsyncConnection[Any]) -> list[Run]:

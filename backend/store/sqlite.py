@@ -43,6 +43,7 @@ from ..model import (
     StoreHealth,
     unique_claims,
 )
+from . import Unfinished
 from .migrations import components_of, migrate_sqlite
 from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
 from .sqlite_audit import SQLiteAudit
@@ -1065,6 +1066,12 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
             return runs, backfills, marks
 
         return await self._read(read)
+
+    async def heartbeat_and_unfinished(self, instance: str, host: str, pid: int, at: datetime) -> Unfinished:
+        # One process's file: no commit to save by folding the reads into the write.
+        await self.heartbeat(instance, host, pid, at)
+        runs, backfills, marks = await self.unfinished_work()
+        return Unfinished(runs, backfills, marks, await self.instances())
 
     async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
         us = _us(slot)

@@ -5,6 +5,7 @@ A benchmark, not a test (pytest does not collect it). Run it from the repository
 
     python -m tests.bench.fleet          # advisoryLock and cluster; N = 1, 2, 4, 8; 1,000 schedules; 30 s
     python -m tests.bench.fleet --coordination advisoryLock --instances 4 --seconds 10 --schedules 200
+    python -m tests.bench.fleet --idle --seconds 60 --apscheduler 0   # what an idle member costs
 
 The load: S schedules with the cron ``* * * * * *`` (every second) in UTC, each with an
 async handler that does nothing. For each mode and each N, a fresh database, N real
@@ -34,6 +35,10 @@ Everything is read back from the database once the fleet has stopped:
   what one member costs the database, whatever the number of firings.
 * ``claims_rows_at_end``: rows in the claims table after the run (each winner prunes its
   schedule's claims older than a minute for sub-minute crons).
+
+``--idle``: the same schedules on a yearly cron (:data:`IDLE_CRON`), so nothing is due: the
+thousands-of-hourly-schedules fleet between its firings. Only the cost of being a member
+is measured (``commits_per_instance_second``, start-up and stop included).
 
 Then the same S jobs on N uncoordinated APScheduler 3 processes (AsyncIOScheduler, memory
 job store): each process fires every slot, so each slot runs N times: the contrast.
@@ -68,6 +73,7 @@ if __package__ in (None, ""):  # run as a script: make backend/ and tests/ impor
 from tests.bench import stats  # noqa: E402
 
 CRON = "* * * * * *"
+IDLE_CRON = "0 0 1 1 *"  # midnight on 1 January: never due while the benchmark runs
 LEAD_S = 2.0  # the window opens this long after the last instance is up
 SETTLE_S = 1.5  # and the fleet stops this long after it closes,
 DRAIN_S = 60.0  # or once every slot of the window has a row (a fleet running late), at most this later
@@ -80,7 +86,7 @@ SCHEDULES = """
 
     for i in range({n}):
         globals()[f"s{{i}}"] = define_schedule(
-            name=f"bench-{{i:04d}}", cron="* * * * * *", timezone="UTC", handler=noop, max_runtime=60,
+            name=f"bench-{{i:04d}}", cron="{cron}", timezone="UTC", handler=noop, max_runtime=60,
         )
 """
 
@@ -109,7 +115,9 @@ def sleep_until(epoch: float) -> None:
 # ---------------------------------------------------------------------------------------
 # schedtui: N serve processes
 # ---------------------------------------------------------------------------------------
-def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: Path, mode: str = "advisoryLock") -> dict[str, Any]:
+def run_fleet(
+    server: Any, instances: int, schedules: int, seconds: int, work: Path, mode: str = "advisoryLock", *, idle: bool = False
+) -> dict[str, Any]:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
@@ -119,7 +127,7 @@ def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: P
     dbname = conninfo_to_dict(url)["dbname"]
     folder = work / f"{mode}-n{instances}"
     (folder / "schedules").mkdir(parents=True)
-    (folder / "schedules" / "bench.cron.py").write_text(textwrap.dedent(SCHEDULES.format(n=schedules)))
+    (folder / "schedules" / "bench.cron.py").write_text(textwrap.dedent(SCHEDULES.format(n=schedules, cron=IDLE_CRON if idle else CRON)))
 
     def stat(query: str) -> Any:
         with psycopg.connect(server.dsn, autocommit=True) as conn:
@@ -156,7 +164,8 @@ def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: P
         end = start + seconds
         log(f"{mode} N={instances}: {instances} instance(s) up in {ready - t0:.2f}s; window {start}..{end} ({seconds}s)")
         sleep_until(end + SETTLE_S)
-        drain(url, start, end, schedules * seconds, DRAIN_S)
+        if not idle:
+            drain(url, start, end, schedules * seconds, DRAIN_S)
     finally:
         for proc, _ in procs:
             if proc.poll() is None:
@@ -184,12 +193,12 @@ def run_fleet(server: Any, instances: int, schedules: int, seconds: int, work: P
         ).fetchall()
         all_firings = conn.execute("SELECT count(*) FROM schedtui_runs WHERE fired_at IS NOT NULL").fetchone()
         claims = conn.execute("SELECT count(*) FROM schedtui_claims").fetchone()
-        statuses = dict(conn.execute("SELECT status, count(*) FROM schedtui_runs GROUP BY status").fetchall())
+        statuses: dict[str, int] = dict(conn.execute("SELECT status, count(*) FROM schedtui_runs GROUP BY status").fetchall())
     fired = [row for row in window if row[3] is not None]
     per_slot = Counter((row[0], row[1]) for row in fired)
     rows_per_slot = Counter((row[0], row[1]) for row in window)
     recorded_missed = sum(1 for row in window if row[2] == "missed")
-    expected = schedules * seconds
+    expected = 0 if idle else schedules * seconds
     lags = [float(row[3]) for row in fired]
     firings_total = int(all_firings[0]) if all_firings else 0
     return {
@@ -356,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--coordination", default="advisoryLock,cluster", help="modes, comma-separated (default advisoryLock,cluster)"
     )
+    parser.add_argument("--idle", action="store_true", help="nothing due: what a member costs between firings")
     parser.add_argument("--apscheduler", type=int, default=4, help="uncoordinated APScheduler processes (0: skip)")
     parser.add_argument("--aps-child", nargs=3, type=int, help=argparse.SUPPRESS)  # internal
     args = parser.parse_args(argv)
@@ -376,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
             row = conn.execute("SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')").fetchone()
         assert row is not None
         doc: dict[str, Any] = {
-            "load": {"schedules": args.schedules, "seconds": args.seconds, "cron": CRON},
+            "load": {"schedules": args.schedules, "seconds": args.seconds, "cron": IDLE_CRON if args.idle else CRON},
             "server": {"version": row[0], "fsync": row[1], "synchronous_commit": row[2], "throwaway": server.owned},
             "lag_source": "fired_at - scheduled_at from the run ledger (fired_at is read just before the handler is called)",
             "schedtui": {},
@@ -386,7 +396,9 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes:
                 doc["schedtui"][mode] = {}
                 for n in sizes:
-                    result = doc["schedtui"][mode][str(n)] = run_fleet(server, n, args.schedules, args.seconds, Path(work), mode)
+                    result = doc["schedtui"][mode][str(n)] = run_fleet(
+                        server, n, args.schedules, args.seconds, Path(work), mode, idle=args.idle
+                    )
                     keys = ("firings", "duplicates", "silent_holes", "lag_ms", "commits_per_firing", "commits_per_instance_second",
                             "write_transactions_per_firing")
                     log(f"{mode} N={n}: {json.dumps({k: result[k] for k in keys})}")
