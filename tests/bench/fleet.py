@@ -26,7 +26,8 @@ Everything is read back from the database once the fleet has stopped:
   the slot, on the winning instance's clock (all instances run on this machine's clock).
 * ``commits_per_firing``: ``xact_commit`` of the fleet's database in
   ``pg_stat_database`` from before the fleet started to after it stopped (every
-  transaction, reads included), divided by every firing in the ledger. Backends flush
+  transaction, reads included, less the benchmark's own reads while it waits for the
+  fleet: ``harness_commits``), divided by every firing in the ledger. Backends flush
   these counters when they exit, so the delta is exact. ``write_transactions_per_firing``
   counts only the transactions that wrote (transaction ids assigned, from
   ``txid_current_snapshot()`` before and after; the server runs nothing else).
@@ -35,6 +36,10 @@ Everything is read back from the database once the fleet has stopped:
   what one member costs the database, whatever the number of firings.
 * ``claims_rows_at_end``: rows in the claims table after the run (each winner prunes its
   schedule's claims older than a minute for sub-minute crons).
+
+``--jobs R``: each instance also runs a queue (concurrency 8, a no-op handler), and a
+client of the store sends it R jobs a second during the window (``jobs_sent``,
+``jobs_done``): the fleet's cost with a busy queue.
 
 ``--idle``: the same schedules on a yearly cron (:data:`IDLE_CRON`), so nothing is due: the
 thousands-of-hourly-schedules fleet between its firings. Only the cost of being a member
@@ -61,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -89,6 +95,37 @@ SCHEDULES = """
             name=f"bench-{{i:04d}}", cron="{cron}", timezone="UTC", handler=noop, max_runtime=60,
         )
 """
+QUEUE = """
+    from backend import define_queue
+
+    async def noop_job(job):
+        pass
+
+    queue = define_queue(name="bench-q", handler=noop_job, concurrency=8)
+"""
+
+
+def send_jobs(url: str, rate: int, until: float, sent: list[int]) -> None:
+    """Send ``rate`` jobs a second to ``bench-q`` until ``until`` (epoch), one at a time on
+    a schedule of their own, from a client of the store (what an application does)."""
+    from backend import connect, define_queue
+
+    async def noop_job(job: Any) -> None:
+        pass
+
+    async def go() -> None:
+        async with connect(url, definitions=[define_queue(name="bench-q", handler=noop_job, concurrency=8)]) as client:
+            i = 0
+            start = time.time()
+            while (now := time.time()) < until:
+                due = start + i / rate
+                if due > now:
+                    await asyncio.sleep(due - now)
+                await client.jobs.send("bench-q", {"i": i})
+                i += 1
+            sent.append(i)
+
+    asyncio.run(go())
 
 
 def log(message: str) -> None:
@@ -116,7 +153,15 @@ def sleep_until(epoch: float) -> None:
 # schedtui: N serve processes
 # ---------------------------------------------------------------------------------------
 def run_fleet(
-    server: Any, instances: int, schedules: int, seconds: int, work: Path, mode: str = "advisoryLock", *, idle: bool = False
+    server: Any,
+    instances: int,
+    schedules: int,
+    seconds: int,
+    work: Path,
+    mode: str = "advisoryLock",
+    *,
+    idle: bool = False,
+    jobs: int = 0,
 ) -> dict[str, Any]:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
@@ -127,7 +172,8 @@ def run_fleet(
     dbname = conninfo_to_dict(url)["dbname"]
     folder = work / f"{mode}-n{instances}"
     (folder / "schedules").mkdir(parents=True)
-    (folder / "schedules" / "bench.cron.py").write_text(textwrap.dedent(SCHEDULES.format(n=schedules, cron=IDLE_CRON if idle else CRON)))
+    (folder / "schedules" / "bench.cron.py").write_text(textwrap.dedent(SCHEDULES.format(n=schedules, cron=IDLE_CRON if idle else CRON))
+        + (textwrap.dedent(QUEUE) if jobs else ""))
 
     def stat(query: str) -> Any:
         with psycopg.connect(server.dsn, autocommit=True) as conn:
@@ -157,15 +203,23 @@ def run_fleet(
             wait_for(lambda: "claims retention" in log_path.read_text() or proc.poll() is not None, 60, "an instance to start")
             if proc.poll() is not None:
                 raise RuntimeError(f"an instance exited:\n{log_path.read_text()}")
+        harness = 0  # the benchmark's own transactions on the fleet's database, left out
         if mode == "cluster":
-            wait_for_spread(url, instances, 120)
+            harness += wait_for_spread(url, instances, 120)
         ready = time.time()
         start = math.floor(ready + LEAD_S) + 1
         end = start + seconds
         log(f"{mode} N={instances}: {instances} instance(s) up in {ready - t0:.2f}s; window {start}..{end} ({seconds}s)")
+        sent: list[int] = []
+        if jobs:
+            sleep_until(start)
+            sender = threading.Thread(target=send_jobs, args=(url, jobs, end, sent))
+            sender.start()
         sleep_until(end + SETTLE_S)
+        if jobs:
+            sender.join()
         if not idle:
-            drain(url, start, end, schedules * seconds, DRAIN_S)
+            harness += drain(url, start, end, schedules * seconds, DRAIN_S)
     finally:
         for proc, _ in procs:
             if proc.poll() is None:
@@ -180,7 +234,7 @@ def run_fleet(
     ran_s = time.time() - t0  # from the first start to the last exit
     # Backends flush their statistics as they exit: read them once all have gone.
     wait_for(lambda: stat("SELECT count(*) FROM pg_stat_activity WHERE datname = %s") == 0, 30, "the fleet's connections to close")
-    commits_after = stat(commits_query) or 0
+    commits_after = (stat(commits_query) or 0) - harness
     xids_after = next_xid(server)
 
     with psycopg.connect(url) as conn:
@@ -193,6 +247,7 @@ def run_fleet(
         ).fetchall()
         all_firings = conn.execute("SELECT count(*) FROM schedtui_runs WHERE fired_at IS NOT NULL").fetchone()
         claims = conn.execute("SELECT count(*) FROM schedtui_claims").fetchone()
+        done = conn.execute("SELECT count(DISTINCT job_id) FROM schedtui_job_attempts WHERE status = 'succeeded'").fetchone() if jobs else None
         statuses: dict[str, int] = dict(conn.execute("SELECT status, count(*) FROM schedtui_runs GROUP BY status").fetchall())
     fired = [row for row in window if row[3] is not None]
     per_slot = Counter((row[0], row[1]) for row in fired)
@@ -212,6 +267,9 @@ def run_fleet(
         "silent_holes": expected - len(rows_per_slot),
         "lag_ms": summary_ms(lags),
         "commits": commits_after - commits_before,
+        "harness_commits": harness,
+        "jobs_sent": sum(sent),
+        "jobs_done": int(done[0]) if done else 0,
         "firings_total": firings_total,
         "commits_per_firing": round((commits_after - commits_before) / max(1, firings_total), 4),
         "commits_per_instance_second": round((commits_after - commits_before) / (instances * ran_s), 2),
@@ -226,13 +284,18 @@ def run_fleet(
     }
 
 
-def drain(url: str, start: int, end: int, expected: int, timeout: float) -> None:
+def drain(url: str, start: int, end: int, expected: int, timeout: float) -> int:
     """Wait until every slot of the window has a row (fired or recorded), at most ``timeout``:
     a fleet running seconds late still records what it owes before it is stopped, so a slot
-    without any row is a real silent hole, not an artefact of stopping it."""
+    without any row is a real silent hole, not an artefact of stopping it. Returns the
+    transactions it took."""
     import psycopg
 
+    looks = 0
+
     def recorded() -> int:
+        nonlocal looks
+        looks += 1
         with psycopg.connect(url, autocommit=True) as conn:
             row = conn.execute(
                 "SELECT count(*) FROM (SELECT DISTINCT name, scheduled_at FROM schedtui_runs "
@@ -244,6 +307,7 @@ def drain(url: str, start: int, end: int, expected: int, timeout: float) -> None
     deadline = time.monotonic() + timeout
     while recorded() < expected and time.monotonic() < deadline:
         time.sleep(0.5)
+    return looks
 
 
 def next_xid(server: Any) -> int:
@@ -255,13 +319,18 @@ def next_xid(server: Any) -> int:
     return int(row[0]) if row else 0
 
 
-def wait_for_spread(url: str, instances: int, timeout: float) -> None:
-    """Until the members hold every shard between them, all N of them, unchanged for 2 s."""
+def wait_for_spread(url: str, instances: int, timeout: float) -> int:
+    """Until the members hold every shard between them, all N of them, unchanged for 2 s.
+    Returns the transactions it took."""
     import psycopg
 
     from backend.cluster import SHARDS
 
+    looks = 0
+
     def holders() -> dict[str, str]:
+        nonlocal looks
+        looks += 1
         with psycopg.connect(url, autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT name, holder FROM schedtui_locks WHERE name LIKE 'cluster:shard:%' AND holder IS NOT NULL "
@@ -277,7 +346,7 @@ def wait_for_spread(url: str, instances: int, timeout: float) -> None:
         if now != last:
             last, since = now, time.monotonic()
         elif len(now) == SHARDS and len(set(now.values())) == instances and time.monotonic() - since >= 2:
-            return
+            return looks
         time.sleep(0.2)
     raise RuntimeError(f"the shards did not settle over {instances} members within {timeout}s: {Counter(last.values())}")
 
@@ -365,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--coordination", default="advisoryLock,cluster", help="modes, comma-separated (default advisoryLock,cluster)"
     )
+    parser.add_argument("--jobs", type=int, default=0, help="jobs a second sent to a queue the instances run (default 0)")
     parser.add_argument("--idle", action="store_true", help="nothing due: what a member costs between firings")
     parser.add_argument("--apscheduler", type=int, default=4, help="uncoordinated APScheduler processes (0: skip)")
     parser.add_argument("--aps-child", nargs=3, type=int, help=argparse.SUPPRESS)  # internal
@@ -386,7 +456,9 @@ def main(argv: list[str] | None = None) -> int:
             row = conn.execute("SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')").fetchone()
         assert row is not None
         doc: dict[str, Any] = {
-            "load": {"schedules": args.schedules, "seconds": args.seconds, "cron": IDLE_CRON if args.idle else CRON},
+            "load": {
+                "schedules": args.schedules, "seconds": args.seconds, "cron": IDLE_CRON if args.idle else CRON, "jobs_per_s": args.jobs
+            },
             "server": {"version": row[0], "fsync": row[1], "synchronous_commit": row[2], "throwaway": server.owned},
             "lag_source": "fired_at - scheduled_at from the run ledger (fired_at is read just before the handler is called)",
             "schedtui": {},
@@ -397,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
                 doc["schedtui"][mode] = {}
                 for n in sizes:
                     result = doc["schedtui"][mode][str(n)] = run_fleet(
-                        server, n, args.schedules, args.seconds, Path(work), mode, idle=args.idle
+                        server, n, args.schedules, args.seconds, Path(work), mode, idle=args.idle, jobs=args.jobs
                     )
                     keys = ("firings", "duplicates", "silent_holes", "lag_ms", "commits_per_firing", "commits_per_instance_second",
                             "write_transactions_per_firing")
