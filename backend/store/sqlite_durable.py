@@ -13,7 +13,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..durable.model import TAG_CANCELLED, Execution, ExecutionLog, ExecutionStatus
@@ -36,6 +36,7 @@ from ..durable.store import (
     step_view,
 )
 from .migrations import Component
+from .sqlite_sql import _dt, _us
 
 T = TypeVar("T")
 
@@ -434,19 +435,8 @@ def _step_params(step: StepRecord) -> tuple[Any, ...]:
     )
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def _us(dt: datetime | None) -> int | None:
-    """Microseconds since the epoch, as the SQLite store keeps every time."""
-    return None if dt is None else (dt - _EPOCH) // _MICROSECOND
-
-
 def _iso(dt: datetime | None) -> str | None:
     """A signal's time as its JSON keeps it: UTC, to the microsecond (so texts compare as times)."""
     return None if dt is None else dt.astimezone(timezone.utc).isoformat(timespec="microseconds")
 
 
-def _dt(us: int | None) -> datetime | None:
-    return None if us is None else _EPOCH + _MICROSECOND * us

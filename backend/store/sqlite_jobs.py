@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any, TypeVar
 
 from ..errors import NotFound
@@ -27,6 +27,7 @@ from .job_rows import (
     running_from_row,
 )
 from .migrations import Component
+from .sqlite_sql import _dt, _us
 
 __all__ = ["SQLiteJobs"]
 
@@ -161,17 +162,6 @@ PRUNE_DEAD = """
 PRUNE_ATTEMPTS = "DELETE FROM job_attempts WHERE finished_at < ?"
 
 # ---------------------------------------------------------------------------------------
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def _us(dt: datetime | None) -> int | None:
-    return None if dt is None else (dt - _EPOCH) // _MICROSECOND
-
-
-def _dt(us: int | None) -> datetime | None:
-    return None if us is None else _EPOCH + _MICROSECOND * us
 
 
 def _apply(c: sqlite3.Connection, f: Finish) -> bool:
