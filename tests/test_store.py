@@ -1334,7 +1334,7 @@ async def test_postgres_unreachable_is_one_line_without_the_password(pg_server: 
 
 @pytest.mark.postgres
 async def test_postgres_schema_version_is_written_once(pg_url: str) -> None:
-    from backend.store.postgres import MIGRATIONS
+    from backend.store.postgres_sql import MIGRATIONS
 
     for _ in range(3):
         s = open_store(pg_url)
