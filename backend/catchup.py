@@ -88,6 +88,9 @@ class CatchUp:
         self._booting: list[tuple[Schedule, datetime, str | None]] = []
         """Schedules waiting for the next read of where they left off (see :meth:`at_boot`)."""
         self._boot_batches = 0
+        self.unhanded = 0
+        """Catch-ups spawned that have not yet launched their first run or recorded their
+        slots: ``quiesce(runs=False)`` waits for them."""
         timers.on_behind = self.behind
         timers.on_disabled = self.disabled
 
@@ -104,10 +107,17 @@ class CatchUp:
             self.loops.expect(loop)  # quiesce() waits for it to hand its schedules on
             self.loops.spawn(self._boot(loop), "catch-up boot")
 
-    def behind(self, schedule: Schedule, slots: list[datetime]) -> None:
-        """A running engine found the schedule behind: ``slots`` were due, the last is current."""
-        self.busy.add(schedule.name)
-        self.loops.spawn(self._catch_up(schedule, slots, live=True), f"catch-up {schedule.name}")
+    async def behind(self, catching: list[tuple[Schedule, list[datetime]]]) -> None:
+        """A running engine found these schedules behind, each with the slots that were
+        due (the last is current). Their slots are claimed together, here in the timers'
+        pass, before each schedule's catch-up starts: a stalled process that finds its
+        whole burst behind pays a few transactions, not one per schedule (on PostgreSQL,
+        when it can least afford them)."""
+        self.busy.update(schedule.name for schedule, _ in catching)
+        claimed = await self._claim_together(catching)
+        for schedule, slots in catching:
+            claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
+            self._spawn(schedule, slots, live=True, claimed=claim)
 
     async def _boot(self, loop: str) -> None:
         try:
@@ -145,15 +155,15 @@ class CatchUp:
         claimed = await self._claim_together([(schedule, missed) for schedule, missed, _ in catching])
         for schedule, missed, reason in catching:
             claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
-            self.loops.spawn(self._catch_up(schedule, missed, reason=reason, claimed=claim), f"catch-up {schedule.name}")
+            self._spawn(schedule, missed, reason=reason, claimed=claim)
         self.loops.poke()
 
     async def _claim_together(
         self, catching: list[tuple[Schedule, list[datetime]]]
     ) -> dict[str, tuple[dict[datetime, str], str | None]] | None:
         """Claim the slots of several schedules' catch-ups together, a chunk at a time: a
-        shard taken over costs a few transactions, not one per
-        schedule. Per schedule: the slots won (with their run ids) and the instance running
+        start, a shard taken over or a burst found behind costs a few transactions, not one
+        per schedule. Per schedule: the slots won (with their run ids) and the instance running
         it elsewhere, if any; ``None`` when the coordination claims nothing."""
         if not catching or not self.claims.coordinator.needs_claims:
             return None
@@ -195,6 +205,26 @@ class CatchUp:
             if hold.disabled_at is None:
                 hold.disabled_at = at
 
+    def _spawn(
+        self,
+        schedule: Schedule,
+        slots: list[datetime],
+        *,
+        live: bool = False,
+        fire: bool = True,
+        reason: str | None = None,
+        claimed: tuple[dict[datetime, str], str | None] | None = None,
+    ) -> None:
+        """Start a catch-up as a task of its own, counted in :attr:`unhanded` until it
+        hands its slots on."""
+        self.unhanded += 1
+        catch_up = self._catch_up(schedule, slots, live=live, fire=fire, reason=reason, claimed=claimed, counted=True)
+        self.loops.spawn(catch_up, f"catch-up {schedule.name}")
+
+    def _handed(self) -> None:
+        self.unhanded -= 1
+        self.loops.poke()
+
     async def _catch_up(
         self,
         schedule: Schedule,
@@ -204,6 +234,7 @@ class CatchUp:
         fire: bool = True,
         reason: str | None = None,
         claimed: tuple[dict[datetime, str], str | None] | None = None,
+        counted: bool = False,
     ) -> None:
         """Apply the schedule's backfill policy to ``slots`` (ascending, all due), then arm.
 
@@ -270,6 +301,9 @@ class CatchUp:
                     launcher.fire(schedule, slot, "self", outcome, ids.get(slot) or launcher.new_id(), remote=remote)
                     continue
                 run = launcher.launch(schedule, slot, "self", outcome, ids.get(slot))
+                if counted:
+                    counted = False
+                    self._handed()  # its run is the runner's now (see Runner.unbegun)
                 with launcher.missed_on_stop(schedule, [(s, ids.get(s)) for s in to_fire[index + 1 :]], outcome):
                     await asyncio.shield(run.finished())
             log.info(
@@ -280,6 +314,8 @@ class CatchUp:
                 policy,
             )
         finally:
+            if counted:
+                self._handed()
             self.busy.discard(name)
             if hold is not None:
                 self.holds[name].remove(hold)
@@ -300,7 +336,7 @@ class CatchUp:
                     await self._catch_up(schedule, held, live=True, fire=False)
             elif held:
                 self.busy.add(name)
-                self.loops.spawn(self._catch_up(schedule, held, live=True, fire=False), f"catch-up {name}")
+                self._spawn(schedule, held, live=True, fire=False)
         elif name not in self.timers.wheel and self.states.is_enabled(name) and not self.launcher.stopping:
             # Never disabled meanwhile, so the only catch-up holding the schedule: re-arm it
             # from the last slot handled. Slots that passed during a long catch-up are then

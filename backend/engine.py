@@ -312,10 +312,11 @@ class Engine:
         committed. Meant for a :class:`~backend.clock.ManualClock`: after moving it, this
         returns once the engine has done everything the new time calls for. With
         ``runs=False`` it waits only for the engine's own loops (timers, watchdog,
-        housekeeping) to have handled the new time, not for handlers to finish."""
+        housekeeping, catch-ups) to have handled the new time and the handlers they started
+        to have begun, not for handlers to finish."""
         assert self._opened, "open() the engine first"
 
-        await self.loops.quiesce(lambda: not runs or lifecycle.is_settled(self), self.flush)
+        await self.loops.quiesce(lambda: lifecycle.is_settled(self) if runs else lifecycle.has_started(self), self.flush)
 
     # ------------------------------------------------------------------------------------
     # state

@@ -114,6 +114,12 @@ def is_armed(engine: Engine) -> bool:
     return len(engine.timers.wheel) >= wanted and not engine.catch_up.busy
 
 
+def has_started(engine: Engine) -> bool:
+    """Every catch-up has handed its slots on, and every handler started has begun (what
+    ``quiesce(runs=False)`` waits for besides the loops)."""
+    return engine.catch_up.unhanded == 0 and engine.runner.unbegun == 0
+
+
 def is_settled(engine: Engine) -> bool:
     """No run in flight, nothing catching up, recovering or backfilling, every system idle."""
     return (

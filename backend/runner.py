@@ -218,6 +218,7 @@ class HandlerRunner:
     def __init__(self, clock: Clock, loops: Loops, *, max_threads: int = DEFAULT_MAX_THREADS) -> None:
         self.clock = clock
         self.loops = loops
+        self._unbegun: set[int] = set()
         self.pool = _ThreadPool(max_threads)
         self.in_flight: dict[int, Invocation] = {}
         self._deadlines: list[tuple[datetime, int, Invocation]] = []
@@ -233,6 +234,13 @@ class HandlerRunner:
         self.loops.spawn(self._watchdog(), "watchdog")
 
     # -- starting ---------------------------------------------------------------------
+    @property
+    def unbegun(self) -> int:
+        """Invocations started whose ``begin`` has not been called yet (their row's commit,
+        or the loop reaching their task, still to come): ``quiesce(runs=False)`` waits for
+        them, a handler blocked on a lock guard is not started yet, so not one of them."""
+        return len(self._unbegun)
+
     def start(self, invocation: Invocation, fn: Callable[[Any], Any]) -> None:
         """Call ``fn(invocation.begin(now))`` on a task of its own, under its deadline."""
         if not invocation.is_async and not self.pool.reserve():
@@ -242,7 +250,9 @@ class HandlerRunner:
             )
         key = next(self._seq)
         self.in_flight[key] = invocation
-        invocation.task = asyncio.get_running_loop().create_task(self._call(key, invocation, fn))
+        self._unbegun.add(key)
+        invocation.task = task = asyncio.get_running_loop().create_task(self._call(key, invocation, fn))
+        task.add_done_callback(lambda _: self._unbegun.discard(key))  # (also one cancelled before its first step)
 
     def _watch(self, key: int, invocation: Invocation, deadline: datetime) -> None:
         deadlines = self._deadlines
@@ -254,9 +264,13 @@ class HandlerRunner:
 
     async def _call(self, key: int, invocation: Invocation, fn: Callable[[Any], Any]) -> None:
         try:
-            if invocation.gate is not None:
-                await invocation.gate
-            arg = invocation.begin(self.clock.now())
+            try:
+                if invocation.gate is not None:
+                    await invocation.gate
+                arg = invocation.begin(self.clock.now())
+            finally:
+                self._unbegun.discard(key)
+                self.loops.poke()
             deadline = invocation.deadline
             assert deadline is not None, "Invocation.begin() sets the deadline"
             self._watch(key, invocation, deadline)

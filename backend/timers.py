@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from datetime import datetime
 from itertools import islice
 from typing import Any, Final
@@ -33,6 +33,10 @@ __all__ = ["TimerWheel", "Timers"]
 # between, so the first ones start before the last ones are even created.
 START_SLICE: Final = 32
 
+
+
+async def _nothing_behind(catching: list[tuple[Schedule, list[datetime]]]) -> None:
+    pass
 
 class TimerWheel:
     """Armed slots: ``name -> (slot, the slot after)``, and a heap of distinct slots.
@@ -125,7 +129,9 @@ class Timers:
         self._wake = asyncio.Event()
         self.may_arm: Callable[[str], bool] = lambda name: True
         """Whether this instance fires the schedule (``cluster``: its shard is held here)."""
-        self.on_behind: Callable[[Schedule, list[datetime]], None] = lambda schedule, slots: None
+        self.on_behind: Callable[[list[tuple[Schedule, list[datetime]]]], Awaitable[None]] = _nothing_behind
+        """Told, once per pass, of every schedule found behind with its due slots (the last
+        is current); awaited, so that the pass has handled them before the loop parks."""
         """Called with a schedule found more than one slot behind and its missed slots
         (ascending, the current one last); it takes over re-arming it."""
         self.on_disabled: Callable[[str], None] = lambda name: None
@@ -177,13 +183,16 @@ class Timers:
                     due.append((schedule, slot, following))
             if due:
                 await self._fire_due(due, now)
+            catching: list[tuple[Schedule, list[datetime]]] = []
             for schedule, slot in behind:
                 armed = self.wheel.armed(schedule.name)
                 if armed is None or armed[0] != slot:
                     continue  # disabled (or re-armed) while the due slots above were claimed
                 self.wheel.disarm(schedule.name)
                 missed = [slot, *islice(schedule.cron.occurrences(slot, now), self.catch_up_limit)]
-                self.on_behind(schedule, missed[-self.catch_up_limit :])
+                catching.append((schedule, missed[-self.catch_up_limit :]))
+            if catching:
+                await self.on_behind(catching)
 
     async def _fire_due(self, due: list[tuple[Schedule, datetime, datetime]], now: datetime) -> None:
         """Claim (or mark), start and re-arm ``due``, in slot order (as :meth:`TimerWheel.pop_due`)."""

@@ -648,6 +648,29 @@ async def test_a_queue_catch_up_keeps_slot_order_with_the_timers_slots(
     ]
 
 
+async def test_schedules_found_behind_together_claim_their_slots_together(make_engine, clock: ManualClock) -> None:
+    # A stalled process finds its whole burst behind: one claim for all their slots, not
+    # one per schedule (on PostgreSQL, a transaction each, when it can least afford them).
+    engine = make_engine([schedule(name=f"s{i:02d}", cron="*/10 * * * * *", backfill="skip") for i in range(20)], coordination="advisoryLock")
+    await engine.start()
+    await engine.quiesce()
+    claims: list[int] = []
+    claim = engine.store.claim
+
+    async def counting_claims(batch: Any, instance: str, now: datetime) -> Any:
+        claims.append(len(batch))
+        return await claim(batch, instance, now)
+
+    engine.store.claim = counting_claims  # type: ignore[method-assign]
+    clock.advance(35)  # a suspended VM: three slots of each passed at once
+    await engine.quiesce()
+    assert claims == [20 * 3]
+    for i in range(20):
+        assert summary(await all_runs(engine, f"s{i:02d}")) == [
+            ("08:00:10", "missed", "self"), ("08:00:20", "missed", "self"), ("08:00:30", "succeeded", "self"),
+        ]  # fmt: skip
+
+
 async def test_catch_ups_overlapping_after_pauses_never_fire_a_slot_twice(make_engine, clock: ManualClock) -> None:
     """Found by the state machine: paused during a catch-up, a schedule is armed again and
     may start another catch-up while the first still runs. One that ended while a newer
