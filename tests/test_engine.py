@@ -396,6 +396,19 @@ async def test_catch_up_finishes_before_the_live_timer_arms(make_engine, clock: 
     assert gate.started == [at("2026-03-02T07:58:00Z"), at("2026-03-02T07:59:00Z"), at("2026-03-02T08:00:00Z"), at("2026-03-02T08:01:00Z")]
 
 
+def count_claims(engine: Engine) -> list[int]:
+    """From now on, the size of each claim batch the engine sends its store."""
+    claims: list[int] = []
+    claim = engine.store.claim
+
+    async def counting_claims(batch: Any, instance: str, now: datetime) -> Any:
+        claims.append(len(batch))
+        return await claim(batch, instance, now)
+
+    engine.store.claim = counting_claims  # type: ignore[method-assign]
+    return claims
+
+
 @pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
 async def test_boot_reads_where_every_schedule_left_off_in_one_query(make_engine, clock: ManualClock, coordination: str) -> None:
     # A thousand schedules starting (or a shard of them taken over) used to cost a thousand
@@ -415,14 +428,7 @@ async def test_boot_reads_where_every_schedule_left_off_in_one_query(make_engine
         return await last_slots(names)
 
     engine.store.last_slots = counting  # type: ignore[method-assign]
-    claims: list[int] = []
-    claim = engine.store.claim
-
-    async def counting_claims(batch: Any, instance: str, now: datetime) -> Any:
-        claims.append(len(batch))
-        return await claim(batch, instance, now)
-
-    engine.store.claim = counting_claims  # type: ignore[method-assign]
+    claims = count_claims(engine)
     await engine.start()
     await engine.quiesce()
     assert reads == [sorted(s.name for s in schedules)]
@@ -654,14 +660,7 @@ async def test_schedules_found_behind_together_claim_their_slots_together(make_e
     engine = make_engine([schedule(name=f"s{i:02d}", cron="*/10 * * * * *", backfill="skip") for i in range(20)], coordination="advisoryLock")
     await engine.start()
     await engine.quiesce()
-    claims: list[int] = []
-    claim = engine.store.claim
-
-    async def counting_claims(batch: Any, instance: str, now: datetime) -> Any:
-        claims.append(len(batch))
-        return await claim(batch, instance, now)
-
-    engine.store.claim = counting_claims  # type: ignore[method-assign]
+    claims = count_claims(engine)
     clock.advance(35)  # a suspended VM: three slots of each passed at once
     await engine.quiesce()
     assert claims == [20 * 3]
