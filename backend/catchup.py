@@ -113,8 +113,14 @@ class CatchUp:
         pass, before each schedule's catch-up starts: a stalled process that finds its
         whole burst behind pays a few transactions, not one per schedule (on PostgreSQL,
         when it can least afford them)."""
-        self.busy.update(schedule.name for schedule, _ in catching)
-        claimed = await self._claim_together(catching)
+        names = [schedule.name for schedule, _ in catching]
+        self.busy.update(names)
+        try:
+            claimed = await self._claim_together(catching)
+        except Exception:  # a bug: it must not stop the timers; each catch-up claims its own
+            log.exception("could not claim the slots of %d schedule(s) found behind together", len(catching))
+            self.busy.update(names)
+            claimed = None
         for schedule, slots in catching:
             claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
             self._spawn(schedule, slots, live=True, claimed=claim)

@@ -34,9 +34,9 @@ __all__ = ["TimerWheel", "Timers"]
 START_SLICE: Final = 32
 
 
-
 async def _nothing_behind(catching: list[tuple[Schedule, list[datetime]]]) -> None:
     pass
+
 
 class TimerWheel:
     """Armed slots: ``name -> (slot, the slot after)``, and a heap of distinct slots.
@@ -130,10 +130,9 @@ class Timers:
         self.may_arm: Callable[[str], bool] = lambda name: True
         """Whether this instance fires the schedule (``cluster``: its shard is held here)."""
         self.on_behind: Callable[[list[tuple[Schedule, list[datetime]]]], Awaitable[None]] = _nothing_behind
-        """Told, once per pass, of every schedule found behind with its due slots (the last
-        is current); awaited, so that the pass has handled them before the loop parks."""
-        """Called with a schedule found more than one slot behind and its missed slots
-        (ascending, the current one last); it takes over re-arming it."""
+        """Told, once per pass, of every schedule found behind with its due slots (ascending,
+        the current one last); it takes over re-arming them. Awaited, so that the pass has
+        handled them before the loop parks."""
         self.on_disabled: Callable[[str], None] = lambda name: None
         """Called with a schedule just disabled (see :meth:`disabled`)."""
 
