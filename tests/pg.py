@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlencode
@@ -165,10 +166,11 @@ class PgServer:
                 pass
 
 
-def start_cluster(*, durable: bool = False, max_connections: int = 300) -> PgServer:
+def start_cluster(*, durable: bool = False, max_connections: int = 300, settings: Sequence[str] = ()) -> PgServer:
     """initdb + pg_ctl start in a new temporary folder; returns once it accepts connections.
 
-    ``durable=False`` (the tests) turns fsync off; the benchmark keeps the defaults."""
+    ``durable=False`` (the tests) turns fsync off; the benchmark keeps the defaults.
+    ``settings``: more ``name=value`` server settings (the benchmark's statistics)."""
     bindir = find_bindir()
     if bindir is None:
         raise NoPostgres("no PostgreSQL server binaries (initdb, pg_ctl) on this machine")
@@ -188,7 +190,7 @@ def start_cluster(*, durable: bool = False, max_connections: int = 300) -> PgSer
         entry = pwd.getpwnam(user)
         os.chown(base, entry.pw_uid, entry.pw_gid)
     port = _free_port()
-    settings = [
+    base_settings = [
         "listen_addresses=127.0.0.1",
         f"port={port}",
         f"unix_socket_directories={base}",
@@ -196,7 +198,8 @@ def start_cluster(*, durable: bool = False, max_connections: int = 300) -> PgSer
         "log_min_messages=warning",
     ]
     if not durable:
-        settings += ["fsync=off", "full_page_writes=off", "synchronous_commit=off"]
+        base_settings += ["fsync=off", "full_page_writes=off", "synchronous_commit=off"]
+    base_settings += settings
     server = PgServer(
         dsn=f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres",
         owned=True,
@@ -204,7 +207,7 @@ def start_cluster(*, durable: bool = False, max_connections: int = 300) -> PgSer
         base=base,
         port=port,
         user=user,
-        options=" ".join(f"-c {s}" for s in settings),
+        options=" ".join(f"-c {s}" for s in base_settings),
     )
     init = subprocess.run(
         server._cmd(

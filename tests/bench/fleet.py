@@ -34,6 +34,14 @@ Everything is read back from the database once the fleet has stopped:
   ``commits_per_instance_second``: the same commits over N times ``ran_s``, the seconds
   from the first instance's start to the last one's exit (start-up and stop included):
   what one member costs the database, whatever the number of firings.
+* ``database_work_per_firing``: what the database did for the fleet, per firing:
+  ``rows_written`` (inserted, updated, deleted) and ``rows_read`` (returned and fetched)
+  in the fleet's database, ``wal_bytes`` of the server, and, on the throwaway server
+  (which loads ``pg_stat_statements``), the ``statements`` the fleet ran there and their
+  ``statement_ms`` of execution time (BEGIN and COMMIT not counted). A commit is a
+  member's cost; these are a firing's.
+* ``busiest_instance_share``: the share of the window's firings run by the instance that
+  ran the most (``firings_by_instance``): 1/N is an even spread.
 * ``claims_rows_at_end``: rows in the claims table after the run (each winner prunes its
   schedule's claims older than a minute for sub-minute crons).
 
@@ -169,7 +177,7 @@ def run_fleet(
     from tests.pg import die_with_parent
 
     url = server.create_database(prefix=f"bench{mode[:2]}{instances}")
-    dbname = conninfo_to_dict(url)["dbname"]
+    dbname = str(conninfo_to_dict(url)["dbname"])
     folder = work / f"{mode}-n{instances}"
     (folder / "schedules").mkdir(parents=True)
     (folder / "schedules" / "bench.cron.py").write_text(textwrap.dedent(SCHEDULES.format(n=schedules, cron=IDLE_CRON if idle else CRON))
@@ -182,6 +190,7 @@ def run_fleet(
 
     commits_query = "SELECT xact_commit FROM pg_stat_database WHERE datname = %s"
     commits_before = stat(commits_query) or 0
+    work_before = database_work(server, dbname)
     xids_before = next_xid(server)
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SCHEDTUI_")}
@@ -236,6 +245,7 @@ def run_fleet(
     wait_for(lambda: stat("SELECT count(*) FROM pg_stat_activity WHERE datname = %s") == 0, 30, "the fleet's connections to close")
     commits_after = (stat(commits_query) or 0) - harness
     xids_after = next_xid(server)
+    work_after = database_work(server, dbname)
 
     with psycopg.connect(url) as conn:
         window = conn.execute(
@@ -255,6 +265,7 @@ def run_fleet(
     recorded_missed = sum(1 for row in window if row[2] == "missed")
     expected = 0 if idle else schedules * seconds
     lags = [float(row[3]) for row in fired]
+    by_instance = Counter(row[4] for row in fired)
     firings_total = int(all_firings[0]) if all_firings else 0
     return {
         "coordination": mode,
@@ -276,12 +287,50 @@ def run_fleet(
         "ran_s": round(ran_s, 1),
         "write_transactions": xids_after - xids_before,
         "write_transactions_per_firing": round((xids_after - xids_before) / max(1, firings_total), 4),
+        "database_work_per_firing": per_firing(work_before, work_after, harness, firings_total),
         "claims_rows_at_end": int(claims[0]) if claims else None,
         "window_statuses": dict(Counter(row[2] for row in window)),
         "ledger_statuses": statuses,
-        "firings_by_instance": dict(sorted(Counter(row[4] for row in fired).items())),
+        "firings_by_instance": dict(sorted(by_instance.items())),
+        "busiest_instance_share": round(max(by_instance.values(), default=0) / max(1, len(fired)), 3),
         "exit_codes": exits,
     }
+
+
+def database_work(server: Any, dbname: str) -> dict[str, float]:
+    """Counters of what the database did: rows written to the fleet's database
+    (``pg_stat_database``), WAL bytes of the server (``pg_stat_wal``: the server runs
+    nothing else), and, when ``pg_stat_statements`` is loaded, the statements run in the
+    fleet's database and their execution time."""
+    import psycopg
+
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT tup_inserted + tup_updated + tup_deleted, tup_returned + tup_fetched FROM pg_stat_database WHERE datname = %s",
+            (dbname,),
+        ).fetchone()
+        wal = conn.execute("SELECT wal_bytes FROM pg_stat_wal").fetchone()
+        work = {"rows_written": float(row[0]) if row else 0.0, "rows_read": float(row[1]) if row else 0.0,
+                "wal_bytes": float(wal[0]) if wal else 0.0}  # fmt: skip
+        if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'").fetchone():
+            calls = conn.execute(
+                "SELECT coalesce(sum(calls), 0), coalesce(sum(total_exec_time), 0) FROM pg_stat_statements s "
+                "JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s",
+                (dbname,),
+            ).fetchone()
+            assert calls is not None
+            work["statements"], work["statement_ms"] = float(calls[0]), float(calls[1])
+    return work
+
+
+def per_firing(before: dict[str, float], after: dict[str, float], harness: int, firings: int) -> dict[str, float]:
+    """The growth of each counter of :func:`database_work`, per firing (the benchmark's own
+    waiting reads, one statement each, left out of ``statements``)."""
+    out = {}
+    for key, value in after.items():
+        grown = value - before.get(key, 0.0) - (harness if key == "statements" else 0)
+        out[key] = round(grown / max(1, firings), 4 if key != "wal_bytes" else 1)
+    return out
 
 
 def drain(url: str, start: int, end: int, expected: int, timeout: float) -> int:
@@ -448,9 +497,15 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = [int(x) for x in args.instances.split(",") if x.strip()]
     dsn = os.environ.get("SCHEDTUI_BENCH_DSN")
-    server = pg.PgServer(dsn=dsn) if dsn else pg.start_cluster(durable=True)
+    # pg_stat_statements counts the statements and their time (without BEGIN/COMMIT).
+    statements = ["shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_utility=off"]
+    server = pg.PgServer(dsn=dsn) if dsn else pg.start_cluster(durable=True, settings=statements)
     try:
         import psycopg
+
+        if server.owned:
+            with psycopg.connect(server.dsn, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
 
         with psycopg.connect(server.dsn) as conn:
             row = conn.execute("SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')").fetchone()
@@ -472,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
                         server, n, args.schedules, args.seconds, Path(work), mode, idle=args.idle, jobs=args.jobs
                     )
                     keys = ("firings", "duplicates", "silent_holes", "lag_ms", "commits_per_firing", "commits_per_instance_second",
-                            "write_transactions_per_firing")
+                            "write_transactions_per_firing", "database_work_per_firing", "busiest_instance_share")
                     log(f"{mode} N={n}: {json.dumps({k: result[k] for k in keys})}")
         if args.apscheduler:
             doc["apscheduler3_uncoordinated"] = run_apscheduler(args.apscheduler, args.schedules, args.seconds)
