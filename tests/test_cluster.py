@@ -23,12 +23,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from backend import Engine, ManualClock, define_schedule
-from backend.cluster import SHARDS, rendezvous, shard_of
+from backend.cluster import SHARDS, shard_of, spread
 from backend.schedules import Schedule
 from tests import pg
 
@@ -178,18 +178,37 @@ async def fleet(pg_url: str) -> AsyncIterator[Callable[..., Fleet]]:
 # ---------------------------------------------------------------------------------------
 # the assignment, without a database
 # ---------------------------------------------------------------------------------------
-def test_rendezvous_spreads_the_shards_evenly_and_a_join_moves_only_the_joiners_share() -> None:
-    members = [f"web-{i}:{1000 + i}" for i in range(4)]
-    before = {shard: rendezvous(shard, members[:3]) for shard in range(SHARDS)}
-    counts = Counter(before.values())
-    assert set(counts) == set(members[:3]) and min(counts.values()) >= SHARDS // 3 - 8
-    after = {shard: rendezvous(shard, members) for shard in range(SHARDS)}
-    moved = [shard for shard in range(SHARDS) if before[shard] != after[shard]]
-    assert moved and all(after[shard] == members[3] for shard in moved)  # only to the new member
-    assert SHARDS // 4 - 8 <= len(moved) <= SHARDS // 4 + 8
-    left = {shard: rendezvous(shard, members[1:3]) for shard in range(SHARDS)}
-    assert all(left[shard] == before[shard] for shard in range(SHARDS) if before[shard] != members[0])
-    assert rendezvous(0, []) is None
+@settings(max_examples=150, deadline=None)
+@given(st.sets(st.text(min_size=1, max_size=12), min_size=1, max_size=70), st.randoms(use_true_random=False))
+def test_every_member_owns_its_even_share_whatever_the_members_and_their_order(members: set[str], rnd: Any) -> None:
+    owners = spread(members)
+    assert set(owners) == set(range(SHARDS)) and set(owners.values()) <= members
+    floor, extra = divmod(SHARDS, len(members))
+    loads = {member: list(owners.values()).count(member) for member in members}
+    assert all(floor <= load <= floor + 1 for load in loads.values()), loads
+    assert sum(1 for load in loads.values() if load == floor + 1) == extra
+    shuffled = list(members)
+    rnd.shuffle(shuffled)
+    assert spread(shuffled) == owners  # every member computes the same owners
+
+
+def test_a_join_or_a_leave_moves_its_share_and_a_few_shards_more() -> None:
+    assert spread([]) == {}
+    extra_moves = []
+    for seed in range(200):
+        names = [f"web-{seed}-{i}:{1000 + i}" for i in range(seed % 12 + 3)]
+        before = spread(names[:-1])
+        after = spread(names)
+        moved = [shard for shard in range(SHARDS) if before[shard] != after[shard]]
+        joined = [shard for shard in range(SHARDS) if after[shard] == names[-1]]
+        assert set(joined) <= set(moved)
+        extra_moves.append(len(moved) - len(joined))
+        left = spread(names[1:-1])  # the first one leaves
+        gone = [shard for shard in range(SHARDS) if before[shard] == names[0]]
+        extra_moves.append(sum(1 for shard in range(SHARDS) if before[shard] != left[shard]) - len(gone))
+    # Plain rendezvous moves nothing more, but leaves members with 2.5 times their share;
+    # the bounded loads cost a few moves (measured: 3.5 of 64 on average, 12 at most).
+    assert statistics.mean(extra_moves) <= 5 and max(extra_moves) <= SHARDS // 4, (statistics.mean(extra_moves), max(extra_moves))
 
 
 def test_schedules_hash_onto_every_shard() -> None:

@@ -12,6 +12,7 @@ leases to run out.
 from __future__ import annotations
 
 import signal
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -68,11 +69,13 @@ def test_three_members_divide_the_schedules_a_joiner_takes_its_share_and_a_kille
     poll(lambda: fleet.slots("tick00") >= 3, timeout=20, what="3 s of slots")
 
     joined = fleet.start("c")
-    poll(lambda: set(shard_holders(fleet.url).values()) == {"a", "b", "c"} and len(shard_holders(fleet.url)) == SHARDS,
-         timeout=30, what="the joiner to take its share")  # fmt: skip
+    def shares() -> list[int]:
+        holders = shard_holders(fleet.url)
+        return sorted(Counter(holders.values())[name] for name in ("a", "b", "c"))
+
+    # Bounded loads: 64 shards over 3 members are 21, 21 and 22, once the hand-overs are done.
+    poll(lambda: shares() == [SHARDS // 3, SHARDS // 3, SHARDS // 3 + 1], timeout=30, what="the joiner to take its share")
     holders = shard_holders(fleet.url)
-    counts = {name: list(holders.values()).count(name) for name in ("a", "b", "c")}
-    assert min(counts.values()) >= 12, counts  # rendezvous: about a third each
     after_join = datetime.now(UTC)
     poll(lambda: fleet.slots("tick00", since=after_join) >= 3, timeout=20, what="3 s of slots after the join")
 
