@@ -319,13 +319,16 @@ async def test_runs_are_announced_only_while_some_process_has_readers(pg_url: st
             await a.stop(0)
 
 
-async def readers_marks(url: str) -> int:
+async def backends(url: str, condition: str) -> int:
+    """Connections of the database whose ``pg_stat_activity`` row meets ``condition``."""
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        cur = await conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'schedtui-readers'"
-        )
+        cur = await conn.execute(f"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND {condition}")
         row = await cur.fetchone()
     return int(row[0]) if row else 0
+
+
+async def readers_marks(url: str) -> int:
+    return await backends(url, "application_name = 'schedtui-readers'")
 
 
 @pytest.mark.postgres
@@ -440,6 +443,47 @@ async def test_the_listener_reconnects_and_readers_refetch(fleet: tuple[Engine, 
     await listening(pg_url)
     await b.set_enabled("job1", False)
     await until(inbox.get, lambda batch: ("schedules", "job1") in pairs(batch))
+
+
+@pytest.mark.postgres
+async def test_a_process_listens_on_one_connection_for_signals_and_job_wake_ups(pg_url: str) -> None:
+    # PostgreSQL wakes every listening connection of the database for every NOTIFY, a
+    # transaction each: a process that runs queues must not listen twice.
+    listener, sender = open_store(pg_url), open_store(pg_url)
+    await listener.open()
+    await sender.open()
+    payloads: asyncio.Queue[str] = asyncio.Queue()
+    wakes: asyncio.Queue[str | None] = asyncio.Queue()
+    states: list[bool] = []
+    events = asyncio.ensure_future(listener.listen_events(payloads.put_nowait, states.append))  # type: ignore[attr-defined]
+    jobs = asyncio.ensure_future(listener.watch_jobs(wakes.put_nowait))  # type: ignore[attr-defined]
+    try:
+        assert await asyncio.wait_for(wakes.get(), 10) is None  # up: look at every queue
+        assert states == [True]
+        assert await listening_backends(pg_url) == 1
+        await sender.notify_events("hello", "hello")  # type: ignore[attr-defined]
+        await sender.notify_jobs(["mail"])  # type: ignore[attr-defined]
+        assert await asyncio.wait_for(payloads.get(), 10) == "hello"
+        assert await asyncio.wait_for(wakes.get(), 10) == "mail"
+        assert payloads.empty()  # a job wake-up is not a signal
+        events.cancel()
+        await asyncio.gather(events, return_exceptions=True)
+        await sender.notify_jobs(["audio"])  # type: ignore[attr-defined]
+        assert await asyncio.wait_for(wakes.get(), 10) == "audio"  # held for the queue's workers
+        assert await listening_backends(pg_url) == 1
+    finally:
+        for task in (events, jobs):
+            task.cancel()
+        await asyncio.gather(events, jobs, return_exceptions=True)
+        await sender.close()
+        await listener.close()
+    async with asyncio.timeout(10):
+        while await listening_backends(pg_url):  # nobody listens: the connection is closed
+            await asyncio.sleep(0.02)  # another backend's state: there is nothing to await
+
+
+async def listening_backends(url: str) -> int:
+    return await backends(url, "query ILIKE 'LISTEN%'")
 
 
 class CountingNotifier:

@@ -49,7 +49,7 @@ from . import Unfinished, redact_url
 from .migrations import components_of, migrate_postgres
 from .postgres_audit import PostgresAudit
 from .postgres_durable import PostgresDurable
-from .postgres_events import PostgresEvents
+from .postgres_events import PostgresEvents, _Listener
 from .postgres_catalog import PostgresCatalog
 from .postgres_jobs import PostgresJobs
 from .postgres_cluster import PostgresCluster
@@ -186,6 +186,7 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
         self.announce_runs: Callable[[Sequence[Run]], str | None] | None = None
         """Set by the relay: the notification that tells the other instances of a batch
         of run rows, sent inside the batch's own transaction."""
+        self._listener: _Listener | None = None  # the one listening connection, while subscribed
 
     # -- opening and closing ---------------------------------------------------------------
     async def open(self) -> None:
@@ -272,6 +273,8 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
             for run in left:
                 # The last resort: the log is the only place left that can keep it.
                 log.error("run not written to the ledger: %s", json.dumps(run.to_json(), ensure_ascii=False))
+        if self._listener is not None:
+            await self._listener.close()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close(timeout=5)

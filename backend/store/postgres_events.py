@@ -6,6 +6,12 @@ except the one that announces a batch of run rows: it rides the batch's own tran
 (see ``PostgresStore.announce_runs``). Listening needs a connection of its own, outside the
 pool, held open for as long as someone wants to hear; it is checked every
 :data:`LISTEN_CHECK` seconds and opened again, with backoff, when it is lost.
+
+A process listens on **one** connection, whatever it listens for (the other instances'
+signals, and the job queue's wake-ups when it runs queues): PostgreSQL wakes every
+listening connection of the database for every NOTIFY, whatever its channel, and each
+wake-up is a transaction, so a second listening connection per process would double what
+every notification of the fleet costs.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ __all__ = ["PostgresEvents"]
 log = logging.getLogger("schedtui.events")
 
 CHANNEL = "schedtui_events"
+#: The job queue's wake-ups (sent by :mod:`backend.store.postgres_jobs`).
+JOBS_CHANNEL = "schedtui_jobs"
 NOTIFY = f"SELECT pg_notify('{CHANNEL}', %s)"
 #: The application name of the connection a process holds open while it has readers.
 READERS_APP = "schedtui-readers"
@@ -42,6 +50,7 @@ NOTIFY_CHOSEN = (
     "THEN %s::text ELSE %s::text END AS payload) AS c WHERE c.payload IS NOT NULL"
 )
 LISTEN = f"LISTEN {CHANNEL}"
+LISTEN_JOBS = f"LISTEN {JOBS_CHANNEL}"
 #: The check of a quiet listening connection: listening again is a no-op that needs the server.
 PING = LISTEN
 #: Seconds without a notification after which the listening connection is checked.
@@ -59,6 +68,7 @@ class PostgresEvents:
     if TYPE_CHECKING:
         where: str
         _conninfo: str
+        _listener: _Listener | None
 
         async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int: ...
 
@@ -100,30 +110,86 @@ class PostgresEvents:
                     await conn.close()
 
     async def listen_events(self, on_payload: Callable[[str], None], on_state: Callable[[bool], None]) -> None:
+        """Until cancelled: the other instances' signals to ``on_payload``; ``on_state(up)``
+        when the listening connection comes up (what is sent from then on is heard) or is lost."""
+        await self._listen(CHANNEL, on_payload, on_state)
+
+    async def watch_jobs(self, wake: Callable[[str | None], Any]) -> None:
+        """Until cancelled: each queue named by a job wake-up to ``wake``; ``wake(None)``
+        whenever the listening connection comes up (what was sent meanwhile was not heard)."""
+        await self._listen(JOBS_CHANNEL, lambda payload: wake(payload or None), lambda up: wake(None) if up else None)
+
+    async def _listen(self, channel: str, on_payload: Callable[[str], None], on_state: Callable[[bool], None]) -> None:
+        """Subscribe to ``channel`` on this store's one listening connection until cancelled
+        (the connection is held while anyone subscribes)."""
+        if self._listener is None:
+            self._listener = _Listener(self._conninfo, self.where)
+        await self._listener.subscribe(channel, on_payload, on_state)
+
+
+class _Listener:
+    """One listening connection for every subscriber of a store (see the module)."""
+
+    def __init__(self, conninfo: str, where: str) -> None:
+        self.conninfo = conninfo
+        self.where = where
+        self.subscribers: dict[object, tuple[str, Callable[[str], None], Callable[[bool], None]]] = {}
+        self.task: asyncio.Task[None] | None = None
+        self.up = False
+
+    async def subscribe(self, channel: str, on_payload: Callable[[str], None], on_state: Callable[[bool], None]) -> None:
+        key = object()
+        self.subscribers[key] = (channel, on_payload, on_state)
+        if self.up:
+            on_state(True)
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run(), name="schedtui listener")
+        try:
+            await asyncio.Future()  # until cancelled
+        finally:
+            del self.subscribers[key]
+            if not self.subscribers and self.task is not None:
+                task, self.task, self.up = self.task, None, False
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop listening, whoever subscribes (the store is closing)."""
+        if self.task is not None:
+            task, self.task = self.task, None
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._state(False)
+
+    def _state(self, up: bool) -> None:
+        if up != self.up:
+            self.up = up
+            for _, _, on_state in list(self.subscribers.values()):
+                on_state(up)
+
+    async def _run(self) -> None:
         failures = 0
-        listening: bool | None = None  # as last told to on_state
         while True:
             conn: AsyncConnection[Any] | None = None
             try:
-                conn = await AsyncConnection.connect(
-                    self._conninfo, autocommit=True, application_name="schedtui-listen"
-                )
+                conn = await AsyncConnection.connect(self.conninfo, autocommit=True, application_name="schedtui-listen")
+                # Both channels, whoever subscribes: a listening connection is woken by
+                # every notification of the database anyway.
                 await conn.execute(LISTEN)
+                await conn.execute(LISTEN_JOBS)
                 if failures:
                     log.info("listening to the other instances again")
                 failures = 0
-                if listening is not True:
-                    listening = True
-                    on_state(True)
+                self._state(True)
                 while True:
                     stop_if_cancelled()
                     async for notify in conn.notifies(timeout=LISTEN_CHECK):
-                        on_payload(notify.payload)
+                        for channel, on_payload, _ in list(self.subscribers.values()):
+                            if channel == notify.channel:
+                                on_payload(notify.payload)
                     await conn.execute(PING)  # quiet for a while: is the connection still there?
             except (psycopg.Error, OSError) as exc:
-                if listening is not False:
-                    listening = False
-                    on_state(False)
+                self._state(False)
                 failures += 1
                 if failures == 1 or failures % 20 == 0:
                     log.warning('cannot listen to the other instances on "%s" (%s); retrying', self.where, _one_line(exc))

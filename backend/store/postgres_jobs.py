@@ -18,12 +18,12 @@
   index: the loser sends again and finds the winner's job (a duplicate).
 * **Wake-ups**: after a send commits (never inside its transaction: a NOTIFY serialises
   commits), the sender tells workers with ``pg_notify``, coalesced per queue; workers
-  ``LISTEN`` on a connection of their own and poll as a fallback.
+  listen on the process's one listening connection (:mod:`backend.store.postgres_events`)
+  and poll as a fallback.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import random
@@ -37,7 +37,7 @@ from psycopg import AsyncConnection
 from ..errors import NotFound, Unavailable
 from ..jobs.definition import MAX_HELD
 from ..jobs.model import Attempt, Job, JobStatus, NotDead, QueueFull, QueueView, Sent
-from ..jobs.store import Claimed, Cycle, Finish, NewJob, QueueSpec, RunningJob
+from ..jobs.store import Cycle, Finish, NewJob, QueueSpec, RunningJob
 from .job_rows import (
     CLAIMED_FIELDS,
     JOB_FIELDS,
@@ -49,6 +49,7 @@ from .job_rows import (
     running_from_row,
 )
 from .migrations import Component
+from .postgres_events import JOBS_CHANNEL
 
 __all__ = ["PostgresJobs"]
 
@@ -111,7 +112,7 @@ SCHEMA_V1 = """
 """
 
 #: The channel workers listen on; the payload is the queue's name.
-CHANNEL = "schedtui_jobs"
+CHANNEL = JOBS_CHANNEL
 #: Advisory lock classes (two-key form: class, object), kept apart from the store's own.
 SEND_LOCK_CLASS = "hashtext('schedtui.jobs.send')"
 
@@ -344,7 +345,6 @@ PRUNE = """
     SELECT (SELECT count(*) FROM dead) + (SELECT count(*) FROM attempts)
 """
 NOTIFY = f"SELECT pg_notify('{CHANNEL}', q) FROM unnest(%s::text[]) AS q"
-LISTEN = f"LISTEN {CHANNEL}"
 
 # ---------------------------------------------------------------------------------------
 
@@ -356,8 +356,6 @@ _SHARED_BATCH = 100
 _SHARED_ROOM = 2_000
 #: A send that met a concurrent send of one of its keys is made again, at most this often.
 _SEND_TRIES = 5
-#: The listener's pause between reconnection attempts (seconds; grows to the max).
-_LISTEN_RETRY_MIN, _LISTEN_RETRY_MAX = 0.25, 5.0
 
 
 def _utc(dt: datetime | None) -> datetime | None:
@@ -575,26 +573,3 @@ class PostgresJobs:
     async def notify_jobs(self, queues: Sequence[str]) -> None:
         if queues:
             await self._fetchall(NOTIFY, (list(queues),))
-
-    async def watch_jobs(self, wake: Callable[[str | None], Any]) -> None:
-        """LISTEN on a connection of its own (not the pool's: it is held for good). After
-        every (re)connection ``wake(None)``: what was sent meanwhile was not heard."""
-        delay = _LISTEN_RETRY_MIN
-        while True:
-            try:
-                conn = await AsyncConnection.connect(self._conninfo, autocommit=True)
-            except psycopg.Error as exc:
-                log.debug("job listener cannot connect (%s); retrying", exc)
-            else:
-                try:
-                    await conn.execute(LISTEN)
-                    wake(None)
-                    delay = _LISTEN_RETRY_MIN
-                    async for note in conn.notifies():
-                        wake(note.payload or None)
-                except psycopg.Error as exc:
-                    log.info("job listener lost its connection (%s); reconnecting", str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
-                finally:
-                    await conn.close()
-            await asyncio.sleep(delay)  # connection pacing, not time the engine reads
-            delay = min(delay * 2, _LISTEN_RETRY_MAX)
