@@ -18,9 +18,9 @@ from the other processes sharing the store.
   open (the server picks the payload as it sends). The runs' signals are not sent by the
   relay at all: the ledger's group commit carries them in its own transaction
   (:meth:`PostgresRelay.announce_runs`), so a burst costs one commit, not two. A batch
-  with too many names for one notification names its topics only. A dedicated
-  LISTEN connection (opened when the first reader subscribes) publishes what the others
-  send. It reconnects by itself; while it is down the bus says so (``stream down``), and
+  with too many names for one notification names its topics only. The store's one
+  LISTEN connection (opened when the engine starts, or when the first reader subscribes;
+  the job workers' wake-ups share it) publishes what the others send. It reconnects by itself; while it is down the bus says so (``stream down``), and
   once it is back the bus owes its readers a resync, since notifications sent meanwhile
   are lost.
 * SQLite (:class:`StoreWatch`): processes sharing a file cannot notify each other, but the
