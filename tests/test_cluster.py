@@ -9,7 +9,8 @@ leases expire.
 The invariants, checked on the ledger after every step of random sequences (Hypothesis):
 no slot of a schedule ever has two runs; every run is tagged ``cluster``; and once the
 fleet has settled, no slot between a schedule's first and last recorded one is a silent
-hole (each is fired, or recorded ``missed``).
+hole (each is fired, or recorded ``missed``), and each member holds its even share of the
+shards (64/N rounded down or up).
 """
 
 from __future__ import annotations
@@ -118,6 +119,17 @@ class Fleet:
             if steady > self.shard_ttl:
                 return
         raise AssertionError(f"the fleet did not settle within {limit}s")
+
+    async def balance(self, limit: int = 60) -> None:
+        """Tick until each engine holds 64/N shards rounded down or up (the crashed ones
+        counted out), at most ``limit`` seconds."""
+        floor = SHARDS // len(self.engines)
+        for _ in range(limit):
+            held = {name: len(engine.cluster.held) for name, (engine, _) in self.engines.items()}  # type: ignore[union-attr]
+            if sum(held.values()) == SHARDS and all(floor <= n <= floor + 1 for n in held.values()):
+                return
+            await self.tick()
+        raise AssertionError(f"the shards were not spread evenly within {limit}s: {held}")
 
     async def crash(self, name: str) -> None:
         """Gone without a word: its loops stop, its shards stay taken until they expire."""
@@ -389,7 +401,8 @@ async def test_a_joining_member_takes_its_share_without_a_duplicate(fleet: Calla
 # ---------------------------------------------------------------------------------------
 class HandOver(RuleBasedStateMachine):
     """Members join, crash, freeze and thaw while the clock moves; the ledger must never
-    show a slot twice, and once settled, never a silent hole."""
+    show a slot twice, and once settled, never a silent hole, and the shards are spread
+    evenly over the members left."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -455,6 +468,7 @@ class HandOver(RuleBasedStateMachine):
         assert not duplicates(runs)
         settled = self.fleet.clock.now() - timedelta(seconds=2)
         assert not holes(runs, settled), holes(runs, settled)[:5]
+        self.run(self.fleet.balance())  # and each member ends up with its even share
 
 
 @pg_only
