@@ -30,6 +30,7 @@ from backend.relay import NOTIFY_BURST, NOTIFY_RATE, PostgresRelay
 from backend.remote import RemoteBackend, SseParser
 from backend.server import serve
 from backend.store import open_store
+from backend.store.postgres import PostgresStore
 from tests import pg
 from tests.servers import start_server
 
@@ -317,6 +318,29 @@ async def test_runs_are_announced_only_while_some_process_has_readers(pg_url: st
         finally:
             await b.stop(0)
             await a.stop(0)
+
+
+async def test_a_listener_that_cannot_connect_says_the_stream_is_down() -> None:
+    # Told once, before it was ever up: readers must not take silence for a live stream.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nobody listens there
+    store = PostgresStore(f"postgresql://nobody@127.0.0.1:{port}/nowhere?connect_timeout=2")
+    states: list[bool] = []
+    wakes: list[str | None] = []
+    events = asyncio.ensure_future(store.listen_events(lambda payload: None, states.append))
+    try:
+        async with asyncio.timeout(10):
+            while not states:
+                await asyncio.sleep(0.01)  # the connection attempt fails in the background
+        jobs = asyncio.ensure_future(store.watch_jobs(wakes.append))
+        await asyncio.sleep(0)
+        assert states == [False] and wakes == []  # a subscriber that came later is not woken
+        jobs.cancel()
+        await asyncio.gather(jobs, return_exceptions=True)
+    finally:
+        events.cancel()
+        await asyncio.gather(events, return_exceptions=True)
 
 
 async def backends(url: str, condition: str) -> int:

@@ -135,13 +135,14 @@ class _Listener:
         self.where = where
         self.subscribers: dict[object, tuple[str, Callable[[str], None], Callable[[bool], None]]] = {}
         self.task: asyncio.Task[None] | None = None
-        self.up = False
+        self.up: bool | None = None
+        """Whether the connection is up, as last told to the subscribers (``None``: not known yet)."""
 
     async def subscribe(self, channel: str, on_payload: Callable[[str], None], on_state: Callable[[bool], None]) -> None:
         key = object()
         self.subscribers[key] = (channel, on_payload, on_state)
-        if self.up:
-            on_state(True)
+        if self.up is not None:
+            on_state(self.up)
         if self.task is None or self.task.done():
             self.task = asyncio.get_running_loop().create_task(self._run(), name="schedtui listener")
         try:
@@ -149,7 +150,7 @@ class _Listener:
         finally:
             del self.subscribers[key]
             if not self.subscribers and self.task is not None:
-                task, self.task, self.up = self.task, None, False
+                task, self.task, self.up = self.task, None, None
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
 
