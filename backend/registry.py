@@ -167,21 +167,26 @@ class InstanceRegistry:
         if beats is None:
             beats = await self.store.instances()
         closed = await self._close_bursts(marks, beats, now)
+        closing: list[Run] = []
         for run in runs:
             if self.is_ours(run.id):
                 continue
             why = self.gone(beats, run.instance, now)
-            if why is None:
-                continue
-            finished = run.finish("failed", now, error_tag=TAG_ABANDONED, error_message=why)
+            if why is not None:
+                closing.append(run.finish("failed", now, error_tag=TAG_ABANDONED, error_message=why))
+        if closing:
             # Hand in our own finished versions first: a run of ours that finished while we
-            # looked then lands before this close, which finds it closed.
+            # looked then lands before this close, which finds it closed. All in one
+            # statement: a dead instance's burst, or a burst of ours read just as it
+            # finished, is one transaction, not one per run.
             self.ledger.handoff()
-            if await self.store.close_run(finished):
-                log.warning("run %s of %s abandoned: %s", run.id, run.name, why)
-                closed.append(finished)
-                self.ledger.stats["abandoned"] += 1
-                self.ledger.tell(finished)
+            written = await self.store.close_runs(closing)
+            for finished in closing:
+                if finished.id in written:
+                    log.warning("run %s of %s abandoned: %s", finished.id, finished.name, finished.error_message)
+                    closed.append(finished)
+                    self.ledger.stats["abandoned"] += 1
+                    self.ledger.tell(finished)
         for progress in backfills:
             if self.is_ours(progress.id):
                 continue

@@ -792,7 +792,7 @@ def test_no_paging_hint_on_the_last_page(cli: Cli) -> None:
 
 
 class LazyStore(SQLiteStore):
-    """A valid store that hands runs to its writer only at the next flush (or close_run,
+    """A valid store that hands runs to its writer only at the next flush (or close_runs,
     to keep the order of hand-in): a long group-commit window, which the Store contract allows."""
 
     def __init__(self, path: Path) -> None:
@@ -811,9 +811,9 @@ class LazyStore(SQLiteStore):
         self.release()
         await super().flush()
 
-    async def close_run(self, run: Run) -> bool:
+    async def close_runs(self, runs: Sequence[Run]) -> set[str]:
         self.release()
-        return await super().close_run(run)
+        return await super().close_runs(runs)
 
 
 async def test_wait_run_of_a_run_that_just_finished_is_not_stale(tmp_path: Path) -> None:

@@ -225,7 +225,7 @@ class Outage:
 
     CALLS = {
         "claim", "claimed_run", "get_states", "set_state", "heartbeat", "heartbeat_and_unfinished", "instances", "running_runs", "unfinished_work",
-        "running_backfills", "last_slots", "last_runs", "list_runs", "get_run", "close_run", "prune_runs",
+        "running_backfills", "last_slots", "last_runs", "list_runs", "get_run", "close_runs", "prune_runs",
         "prune_claims", "count_claims", "update_backfill",
     }  # fmt: skip
 

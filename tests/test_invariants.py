@@ -95,7 +95,7 @@ class FlakyStore:
 
     FAILING = {
         "claim", "claimed_run", "get_states", "set_state", "heartbeat", "heartbeat_and_unfinished", "instances", "forget_instance",
-        "running_runs", "unfinished_work", "running_backfills", "last_slots", "last_runs", "list_runs", "get_run", "close_run",
+        "running_runs", "unfinished_work", "running_backfills", "last_slots", "last_runs", "list_runs", "get_run", "close_runs",
         "prune_runs", "prune_claims", "count_claims", "start_backfill", "update_backfill", "get_backfill",
     }  # fmt: skip
     PASSING = {"open", "close", "flush"}

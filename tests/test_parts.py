@@ -4,6 +4,7 @@ schedule states, and the loops' parking (the timers and the runner: tests/test_r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -74,6 +75,36 @@ async def test_close_abandoned_writes_only_runs_still_running(store_url: str) ->
         closed = await reg.close_abandoned()  # "me" is this name: an earlier process stopped
         assert [(r.id, r.status, r.error_tag) for r in closed] == [("A", "failed", "abandoned")]
         assert await reg.close_abandoned() == []  # closed once
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_dead_instances_burst_is_closed_in_one_write(kind: str, request: pytest.FixtureRequest) -> None:
+    # A sweep that found a burst of runs left running (a dead member's, or one of ours read
+    # just as it finished) wrote one statement per run: 250 transactions in one fleet run.
+    store = open_store(request.getfixturevalue("pg_url" if kind == "postgres" else "store_url"))
+    await store.open()
+    try:
+        reg = registry(store)
+        await store.heartbeat("alive", "elsewhere", 1, T0)
+        dead = [dataclasses.replace(run(f"d{i:02d}"), name=f"tick{i}", instance="dead") for i in range(50)]
+        alive = dataclasses.replace(run("a"), instance="alive")
+        store.save_runs([*dead, alive, run("done", "succeeded")])
+        await store.flush()
+        calls: list[int] = []
+        close_runs = store.close_runs
+
+        async def counted(runs: Any) -> set[str]:
+            calls.append(len(runs))
+            return await close_runs(runs)
+
+        store.close_runs = counted  # type: ignore[method-assign]
+        closed = await reg.close_abandoned()
+        assert sorted(r.id for r in closed) == [r.id for r in dead]
+        assert all(r.error_tag == "abandoned" and "no longer registered" in (r.error_message or "") for r in closed)
+        assert calls == [50]
+        assert [r.id for r in await store.running_runs()] == ["a"]
     finally:
         await store.close()
 

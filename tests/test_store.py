@@ -512,7 +512,7 @@ async def test_running_runs_from_every_instance(store: Store) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# close_run
+# close_runs
 # ---------------------------------------------------------------------------------------
 async def test_a_closed_run_stays_closed_and_a_late_result_is_noted_once(store: Store) -> None:
     ids = Ids()
@@ -521,7 +521,7 @@ async def test_a_closed_run_stays_closed_and_a_late_result_is_noted_once(store: 
     await store.flush()
     # Another instance closes it while host-a:1 is frozen past the abandon window...
     abandoned = started.finish("failed", T0 + timedelta(seconds=40), error_tag="abandoned", error_message="no heartbeat")
-    assert await store.close_run(abandoned) is True
+    assert await store.close_runs([abandoned]) == {started.id}
     # ...then host-a:1 wakes up and hands in its result (twice: a retried write).
     late = started.finish("succeeded", T0 + timedelta(seconds=61, microseconds=5))
     store.save_runs([late])
@@ -569,39 +569,49 @@ async def test_a_finished_run_written_first_is_not_reopened(store: Store) -> Non
     )
 
 
-async def test_close_run_closes_only_a_running_run(store: Store) -> None:
+async def test_close_runs_closes_only_running_runs(store: Store) -> None:
     ids = Ids()
     running = run(ids(), status="running")
     store.save_runs([running])
     await store.flush()
     abandoned = running.finish("failed", T0 + timedelta(minutes=1), error_tag="abandoned", error_message="gone")
-    assert await store.close_run(abandoned) is True
+    assert await store.close_runs([abandoned]) == {running.id}
     assert await store.get_run(running.id) == abandoned
     assert await store.running_runs() == []
     # Already closed: a second closer (another instance) loses and changes nothing.
     late = running.finish("succeeded", T0 + timedelta(minutes=2))
-    assert await store.close_run(late) is False
+    assert await store.close_runs([late]) == set()
     assert await store.get_run(running.id) == abandoned
+    assert await store.close_runs([]) == set()
 
 
-async def test_close_run_of_a_finished_or_unknown_run(store: Store) -> None:
+async def test_close_runs_of_a_burst_closes_the_running_ones_and_leaves_the_rest(store: Store) -> None:
     ids = Ids()
+    burst = [run(ids(), name=f"tick{i}", status="running") for i in range(40)]
     done = run(ids(), status="succeeded")
-    store.save_runs([done])
+    store.save_runs([*burst, done])
+    store.save_runs([burst[0].finish("succeeded", T0 + timedelta(seconds=1))])  # finished meanwhile
     await store.flush()
-    assert await store.close_run(done.finish("failed", T0, error_tag="abandoned")) is False
-    assert await store.get_run(done.id) == done
     ghost = run(ids(), status="failed", error_tag="abandoned")
-    assert await store.close_run(ghost) is False
+    at = T0 + timedelta(minutes=1)
+    closing = [r.finish("failed", at, error_tag="abandoned", error_message="gone") for r in [*burst, done]] + [ghost]
+    commits = getattr(store, "commits", 0)
+    assert await store.close_runs(closing) == {r.id for r in burst[1:]}
+    if hasattr(store, "commits"):
+        assert store.commits == commits + 1  # one transaction for the whole burst
+    assert (await store.get_run(burst[0].id)).status == "succeeded"  # type: ignore[union-attr]
+    assert await store.get_run(burst[1].id) == closing[1]
+    assert await store.get_run(done.id) == done
     assert await store.get_run(ghost.id) is None
+    assert await store.running_runs() == []
 
 
-async def test_close_run_sees_runs_handed_in_before_it(store: Store) -> None:
+async def test_close_runs_sees_runs_handed_in_before_it(store: Store) -> None:
     ids = Ids()
     running = run(ids(), status="running")
     store.save_runs([running])  # no flush: the order of hand-in still holds
     closed = running.finish("failed", T0 + timedelta(seconds=1), error_tag="abandoned", error_message="x")
-    assert await store.close_run(closed) is True
+    assert await store.close_runs([closed]) == {running.id}
     assert await store.get_run(running.id) == closed
 
 
@@ -1307,7 +1317,7 @@ async def test_sqlite_a_second_process_reads_and_writes_while_the_first_is_open(
     assert len(await sqlite_store.list_runs("parent-side", limit=100)) == 10
     # The parent can still write after the child is gone.
     closed = mine.finish("succeeded", T0 + timedelta(seconds=3))
-    assert await sqlite_store.close_run(closed) is True
+    assert await sqlite_store.close_runs([closed]) == {closed.id}
     assert await sqlite_store.get_run(mine.id) == closed
 
 

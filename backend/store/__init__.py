@@ -138,8 +138,10 @@ class Store(Protocol):
     async def running_runs(self) -> list[Run]:
         """Every run whose status is still ``running``, from any instance."""
 
-    async def close_run(self, run: Run) -> bool:
-        """Write ``run`` (a finished version) only if the stored one is still ``running``."""
+    async def close_runs(self, runs: Sequence[Run]) -> set[str]:
+        """Write each of ``runs`` (finished versions) whose stored version is still
+        ``running``, in one transaction; the ids written. Runs handed to :meth:`save_runs`
+        before the call land first."""
 
     async def prune_runs(self, created_before: datetime) -> int:
         """Delete runs created before the given time; returns how many."""

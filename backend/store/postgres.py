@@ -59,7 +59,7 @@ from .postgres_sql import (
     CLAIM,
     CLAIMED_RUN,
     CLEAR_STARTING,
-    CLOSE_RUN,
+    CLOSE_RUNS,
     CONFIGURE,
     COUNT_CLAIMS,
     CREATE_VERSION_TABLE,
@@ -403,10 +403,13 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
     async def running_runs(self) -> list[Run]:
         return [_run(row) for row in await self._fetchall(RUNNING_RUNS)]
 
-    async def close_run(self, run: Run) -> bool:
+    async def close_runs(self, runs: Sequence[Run]) -> set[str]:
+        if not runs:
+            return set()
         await self.flush()  # the order of hand-in: a version handed in earlier lands first
-        params = (run.status, run.finished_at, run.error_tag, run.error_message, run.id)
-        return await self._execute(CLOSE_RUN, params) == 1
+        rows = await self._fetchall(CLOSE_RUNS, (_runs_json(runs),))
+        self.commits += 1
+        return {str(row[0]) for row in rows}
 
     async def prune_runs(self, created_before: datetime) -> int:
         await self.flush()

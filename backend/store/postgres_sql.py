@@ -137,9 +137,12 @@ UPSERT_RUNS = f"""
         AND strpos(coalesce(schedtui_runs.error_message, ''), {LATE_NOTE}) = 0
     )
 """
-CLOSE_RUN = """
-    UPDATE schedtui_runs SET status = %s, finished_at = %s, error_tag = %s, error_message = %s
-    WHERE id = %s AND status = 'running'
+CLOSE_RUNS = """
+    UPDATE schedtui_runs r
+    SET status = c.status, finished_at = c.finished_at, error_tag = c.error_tag, error_message = c.error_message
+    FROM json_to_recordset(%s::json) AS c(id text, status text, finished_at timestamptz, error_tag text, error_message text)
+    WHERE r.id = c.id AND r.status = 'running'
+    RETURNING r.id
 """
 GET_RUN = f"SELECT {RUN_WRITE_COLUMNS} FROM schedtui_runs WHERE id = %s"
 LIST_RUNS = (

@@ -394,9 +394,18 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         rows = await self._read(lambda c: c.execute(RUNNING_RUNS).fetchall())
         return [_run(row) for row in rows]
 
-    async def close_run(self, run: Run) -> bool:
-        params = (run.status, _us(run.finished_at), run.error_tag, run.error_message, run.id)
-        return await self._write(lambda c: c.execute(CLOSE_RUN, params).rowcount == 1)
+    async def close_runs(self, runs: Sequence[Run]) -> set[str]:
+        if not runs:
+            return set()
+
+        def close(c: sqlite3.Connection) -> set[str]:
+            return {
+                run.id
+                for run in runs
+                if c.execute(CLOSE_RUN, (run.status, _us(run.finished_at), run.error_tag, run.error_message, run.id)).rowcount == 1
+            }
+
+        return await self._write(close)
 
     async def prune_runs(self, created_before: datetime) -> int:
         floor, us = id_floor(created_before), _us(created_before)
