@@ -8,13 +8,16 @@ else even wakes for them, and no per-slot claim is written.
 * **Who should own what.** Rendezvous hashing with bounded loads over the live members
   (:func:`spread`): every member scores every shard, the highest scores are served first,
   and nobody takes more than its even share, so each member holds 64/N shards rounded
-  down or up, and a member joining or leaving moves its own share and a few more. Members
-  are the registered instances with a recent
-  heartbeat (within three intervals) that :meth:`~backend.registry.InstanceRegistry.gone`
-  does not rule out, less the *suspects*:
+  down or up, and a member joining or leaving moves its own share and a few more.
+* **Who is a member.** An instance that runs ``cluster`` holds a member lock
+  (``cluster:member:<instance>``) under the same lease as its shards, renewed with them:
+  the members are the holders of live member locks that
+  :meth:`~backend.registry.InstanceRegistry.gone` does not rule out, less the *suspects*:
   an instance holding a shard whose lease expired (it stopped renewing), or one that has
-  not picked up a shard it should own for a whole lease. So a dead owner's shards move
-  within a lease (plus a poll) of its death, whatever its last heartbeat says.
+  not picked up a shard it should own for a whole lease. Any other process of the store
+  (a console, a CLI verb, an instance in another mode) registers a heartbeat but is no
+  member: it is never handed shards. A dead member's shards move within a lease (plus a
+  poll) of its death.
 * **Hand-over.** An owner gives a shard back (disarming its schedules first) when it
   should no longer own it; the new owner takes it only once it is released or expired
   (the lock's rule), then catches its schedules up from their last recorded slot, bounded
@@ -50,16 +53,20 @@ if TYPE_CHECKING:
     from .outages import OutageLog
     from .registry import InstanceRegistry
     from .schedules import Schedule
+    from .locks.model import Lock
     from .store.postgres_cluster import ClusterState
     from .timers import Timers
 
-__all__ = ["SHARDS", "SHARD_PREFIX", "Cluster", "ClusterCoordinator", "ClusterStore", "shard_of", "spread"]
+__all__ = ["MEMBER_PREFIX", "SHARDS", "SHARD_PREFIX", "Cluster", "ClusterCoordinator", "ClusterStore", "shard_of", "spread"]
 
 log = logging.getLogger("schedtui.cluster")
 
 #: Shards the schedules are hashed onto: fixed, so every instance agrees on them.
 SHARDS = 64
+#: The lock names of ``cluster``: its shards, and one member lock per instance in it.
+CLUSTER_PREFIX = "cluster:"
 SHARD_PREFIX = "cluster:shard:"
+MEMBER_PREFIX = "cluster:member:"
 
 
 def shard_of(name: str) -> int:
@@ -216,10 +223,15 @@ class Cluster:
         for schedule in schedules:
             self.by_shard.setdefault(shard_of(schedule.name), []).append(schedule)
         self.held: dict[int, _Held] = {}
-        self._free_since: dict[int, datetime] = {}
-        self._suspects: dict[str, datetime | None] = {}
-        """Instances found dead-like (see :meth:`assignment`), with the heartbeat they had
-        then: they are members again only once they send a newer one."""
+        self.member_lock = f"{MEMBER_PREFIX}{instance}"
+        self.member: _Held | None = None
+        """This instance's member lock, while it holds it (see the module)."""
+        self._waiting: dict[int, tuple[str, datetime]] = {}
+        """Free shards -> the member that should take them, and since when it should."""
+        self._suspects: dict[str, int | None] = {}
+        """Instances found dead-like (see :meth:`assignment`), with the token of the member
+        lock they held then: they are members again only once they join again (a new
+        token), as a process that was frozen or cut off past its lease does."""
         self._first_round = True
         self.last_state: ClusterState | None = None
         """The last read of the shards and instances (for the views)."""
@@ -243,8 +255,8 @@ class Cluster:
 
     async def owners(self) -> dict[str, str | None]:
         """Schedule name -> the instance holding its shard now (``None``: nobody)."""
-        state = await self.store.cluster_state(SHARD_PREFIX, self.lock_now())
-        holders = {lock.name: lock.holder for lock in state.shards.values() if lock.state(state.now) == "held"}
+        state = await self.store.cluster_state(CLUSTER_PREFIX, self.lock_now())
+        holders = {lock.name: lock.holder for lock in state.locks.values() if lock.state(state.now) == "held"}
         return {
             schedule.name: holders.get(shard_lock(shard))
             for shard, schedules in self.by_shard.items()
@@ -264,10 +276,13 @@ class Cluster:
         delay renewals)."""
 
     async def stop(self, grace: float) -> None:
-        """Give every shard back at once (its timers stopped already), so that the others
-        take over without waiting for the leases to run out."""
+        """Give every shard back at once (its timers stopped already), and the member lock,
+        so that the others take over without waiting for the leases to run out."""
         held = {shard_lock(shard): h.token for shard, h in self.held.items()}
+        if self.member is not None:
+            held[self.member_lock] = self.member.token
         self.held.clear()
+        self.member = None
         if held:
             try:
                 await self.store.release_shards(held, self.lock_now())
@@ -284,8 +299,13 @@ class Cluster:
 
     # -- the loop ---------------------------------------------------------------------------
     async def _loop(self) -> None:
-        # One poll before the first take: instances starting together see each other first,
-        # instead of one taking every shard and handing most of them over a second later.
+        # Join, then one poll before the first take: instances starting together see each
+        # other first, instead of one taking every shard and handing most of them over a
+        # second later.
+        try:
+            await self._join()
+        except Unavailable as exc:
+            self.outages.trouble("cluster", "cluster: cannot join the members", exc)
         await self.loops.park("cluster", self.clock.now() + self.poll)
         while True:
             try:
@@ -305,12 +325,13 @@ class Cluster:
             # A previous process of this instance name died holding shards: free them now
             # rather than wait for their leases (nobody else would take them sooner).
             self._first_round = False
-            mine = [lock for lock in state.shards.values() if lock.holder == self.instance]
-            if any(lock.token not in {h.token for h in self.held.values()} for lock in mine):
-                await self.store.release_leftover_shards(
-                    SHARD_PREFIX, self.instance, [h.token for h in self.held.values()], self.lock_now()
-                )
-                state = await self.store.cluster_state(SHARD_PREFIX, self.lock_now())
+            keep = [h.token for h in self.held.values()] + ([self.member.token] if self.member is not None else [])
+            mine = [lock for lock in state.locks.values() if lock.holder == self.instance]
+            if any(lock.token not in keep for lock in mine):
+                await self.store.release_leftover_shards(CLUSTER_PREFIX, self.instance, keep, self.lock_now())
+                state = await self.store.cluster_state(CLUSTER_PREFIX, self.lock_now())
+        if self.member is None:
+            await self._join()  # its member lock was lost (a long pause): a member again
         desired = self.assignment(state, now)
         give = [shard for shard in self.held if desired.get(shard) != self.instance]
         if give:
@@ -331,48 +352,45 @@ class Cluster:
     def assignment(self, state: ClusterState, now: datetime) -> dict[int, str]:
         """Shard -> the member that should own it (see the module docstring)."""
         beats = state.instances
-        # A member sends heartbeats: one silent for three of its intervals is not handed
-        # shards (a crashed process stays registered until the abandon window says gone).
-        fresh = now - 3 * self.registry.heartbeat_interval
-        live = {self.instance} | {
-            name for name, (_, _, at) in beats.items() if at >= fresh and self.registry.gone(beats, name, now) is None
-        }
-        for shard in range(SHARDS):
-            if _free(state, shard):
-                self._free_since.setdefault(shard, now)
-            else:
-                self._free_since.pop(shard, None)
-        def heartbeat(name: str) -> datetime | None:
-            beat = beats.get(name)
-            return beat[2] if beat is not None else None
-
-        for name, seen in list(self._suspects.items()):
-            latest = heartbeat(name)
-            if latest is not None and (seen is None or latest > seen):
-                del self._suspects[name]  # a newer heartbeat: it is back
+        tokens = members_of(state)
+        live = {self.instance} | {name for name in tokens if self.registry.gone(beats, name, now) is None}
+        for name, token in list(self._suspects.items()):
+            if name in tokens and tokens[name] != token:
+                del self._suspects[name]  # it joined again
                 log.info("cluster: instance %s is back", name)
-        for lock in state.shards.values():
+        for lock in shard_locks(state).values():
             holder = lock.holder
             if holder is not None and holder != self.instance and lock.state(state.now) == "expired":
-                self._suspect(holder, heartbeat(holder), "it stopped renewing its shards")
+                self._suspect(holder, tokens.get(holder), "it stopped renewing its shards")
         members = live - set(self._suspects)
         while True:
             desired = spread(members)  # this instance is always a member: every shard has an owner
+            # Slow: a member that should have taken a free shard for a whole lease and has
+            # not (counted from when it became that shard's owner-to-be, not from when the
+            # shard became free: counting a member out hands its shards to others, who
+            # must have their own lease to take them).
             slow = {
                 owner
-                for shard, since in self._free_since.items()
-                if now - since > self.grace and (owner := desired.get(shard)) is not None and owner != self.instance
+                for shard, (owner, since) in self._waiting.items()
+                if desired.get(shard) == owner and owner != self.instance and now - since > self.grace
             }
             if not slow:
-                return desired
+                break
             for owner in slow:
-                self._suspect(owner, heartbeat(owner), f"it did not take a free shard within {self.grace}")
+                self._suspect(owner, tokens.get(owner), f"it did not take a free shard within {self.grace}")
             members -= slow
+        for shard in range(SHARDS):
+            to = desired.get(shard)
+            if to is None or not _free(state, shard):
+                self._waiting.pop(shard, None)
+            elif shard not in self._waiting or self._waiting[shard][0] != to:
+                self._waiting[shard] = (to, now)
+        return desired
 
-    def _suspect(self, name: str, heartbeat: datetime | None, why: str) -> None:
+    def _suspect(self, name: str, token: int | None, why: str) -> None:
         if name not in self._suspects:
-            self._suspects[name] = heartbeat
-            log.warning("cluster: counting instance %s out until it sends a heartbeat: %s", name, why)
+            self._suspects[name] = token
+            log.warning("cluster: counting instance %s out until it joins again: %s", name, why)
 
     # -- holding and letting go ----------------------------------------------------------------
     def _took(self, shard: int, token: int, asked_at: datetime) -> None:
@@ -407,25 +425,51 @@ class Cluster:
         if late:
             log.warning("cluster: %d shard lease(s) not renewed in time; standing down on them", len(late))
             self._drop(late, "its lease could not be renewed in time")
+        if self.member is not None and self.member.deadline <= now:
+            self.member = None  # the others count it out: it joins again next round
+
+    async def _join(self) -> None:
+        """Take this instance's member lock: from now on the others hand it shards."""
+        asked_at = self.clock.now()
+        got = await self.store.acquire_shards([self.member_lock], self.instance, self.ttl, self.lock_now())
+        if self.member_lock in got:
+            token, _ = got[self.member_lock]
+            self.member = _Held(token, asked_at, asked_at + self.ttl)
 
     async def _renew_and_read(self, now: datetime) -> ClusterState:
-        """Renew the leases if a third of their ttl has passed, and read the shards and
-        the members: one transaction."""
-        due = bool(self.held) and min(h.renewed_at for h in self.held.values()) + self.ttl / 3 <= now
-        held = {shard_lock(shard): h.token for shard, h in self.held.items()} if due else {}
-        renewed, state = await self.store.renew_and_read(held, self.ttl, SHARD_PREFIX, self.lock_now())
+        """Renew the leases (the shards' and the member lock) if a third of their ttl has
+        passed, and read the shards, the members and the instances: one transaction."""
+        leases = list(self.held.values()) + ([self.member] if self.member is not None else [])
+        due = bool(leases) and min(h.renewed_at for h in leases) + self.ttl / 3 <= now
+        held: dict[str, int] = {}
+        if due:
+            held = {shard_lock(shard): h.token for shard, h in self.held.items()}
+            if self.member is not None:
+                held[self.member_lock] = self.member.token
+        renewed, state = await self.store.renew_and_read(held, self.ttl, CLUSTER_PREFIX, self.lock_now())
         if held:
             self._renewed(now, held, renewed)
         return state
 
     def _renewed(self, asked_at: datetime, held: dict[str, int], renewed: dict[str, datetime]) -> None:
-        lost = [int(name[len(SHARD_PREFIX) :]) for name in held if name not in renewed]
+        if self.member is not None and self.member_lock in held:
+            if self.member_lock in renewed:
+                self.member.renewed_at, self.member.deadline = asked_at, asked_at + self.ttl
+            else:
+                self.member = None  # taken over by a newer process of this name, or expired
+        lost = [name for name in held if name.startswith(SHARD_PREFIX) and name not in renewed]
         if lost:
-            self.stand_down([shard_lock(s) for s in lost], "its token is no longer current")
+            self.stand_down(lost, "its token is no longer current")
         for name in renewed:
+            if not name.startswith(SHARD_PREFIX):
+                continue
             current = self.held.get(int(name[len(SHARD_PREFIX) :]))
             if current is not None:
                 current.renewed_at, current.deadline = asked_at, asked_at + self.ttl
+
+    def members(self) -> set[str]:
+        """From the last read: the instances holding a live member lock."""
+        return set(members_of(self.last_state)) if self.last_state is not None else set()
 
     def owned_counts(self) -> dict[str, int]:
         """From the last read: instance -> how many schedules its shards hold."""
@@ -433,7 +477,7 @@ class Cluster:
         if state is None:
             return {}
         counts: dict[str, int] = {}
-        for lock in state.shards.values():
+        for lock in shard_locks(state).values():
             if lock.holder is not None and lock.state(state.now) == "held":
                 shard = int(lock.name[len(SHARD_PREFIX) :])
                 counts[lock.holder] = counts.get(lock.holder, 0) + len(self.by_shard.get(shard, []))
@@ -441,5 +485,19 @@ class Cluster:
 
 
 def _free(state: ClusterState, shard: int) -> bool:
-    lock = state.shards.get(shard_lock(shard))
+    lock = state.locks.get(shard_lock(shard))
     return lock is None or lock.state(state.now) != "held"
+
+
+def shard_locks(state: ClusterState) -> dict[str, Lock]:
+    """The shards' lock rows of a read of the cluster."""
+    return {name: lock for name, lock in state.locks.items() if name.startswith(SHARD_PREFIX)}
+
+
+def members_of(state: ClusterState) -> dict[str, int]:
+    """The instances holding a live member lock in a read of the cluster, with its token."""
+    return {
+        name[len(MEMBER_PREFIX) :]: lock.token
+        for name, lock in state.locks.items()
+        if name.startswith(MEMBER_PREFIX) and lock.holder == name[len(MEMBER_PREFIX) :] and lock.state(state.now) == "held"
+    }

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from backend import Engine, ManualClock, define_schedule
-from backend.cluster import SHARDS, shard_of, spread
+from backend.cluster import MEMBER_PREFIX, SHARDS, shard_of, spread
 from backend.schedules import Schedule
 from tests import pg
 
@@ -380,6 +380,56 @@ async def test_a_settled_members_round_is_one_transaction_every_fifth_of_a_lease
     assert 19 <= len(calls) <= 21  # a round every 2 s
     assert 9 <= sum(1 for held in calls if held) <= 11  # the renewals (every 3.3 s) ride every other one
     assert a.cluster.held.keys() == held_before.keys()  # type: ignore[union-attr]  # renewed throughout
+
+
+@pg_only
+async def test_a_console_or_a_cli_verb_on_the_store_is_never_handed_shards(fleet: Callable[..., Fleet]) -> None:
+    # They register a heartbeat as they open. The members used to count every fresh
+    # heartbeat as a member: opening the console handed it a share of the shards, which
+    # nobody then fired until it was counted out a lease later (and the shards it had
+    # been handed, free for that long, got their next owners counted out too).
+    f = fleet(every_second(12))
+    a = await f.start("a")
+    b = await f.start("b")
+    await f.settle()
+    await f.balance()
+    before = {name: set(engine.cluster.held) for name, (engine, _) in f.engines.items()}  # type: ignore[union-attr]
+    await a.store.heartbeat("console-on-a-laptop", "laptop", 4242, f.clock.now())
+    for _ in range(int(3 * f.shard_ttl)):
+        await f.tick()
+        await a.store.heartbeat("console-on-a-laptop", "laptop", 4242, f.clock.now())  # a watcher that stays
+        assert {name: set(engine.cluster.held) for name, (engine, _) in f.engines.items()} == before  # type: ignore[union-attr]
+    assert a.cluster.members() == b.cluster.members() == {"a", "b"}  # type: ignore[union-attr]
+    runs = await f.runs()
+    assert not duplicates(runs) and not holes(runs, f.clock.now() - timedelta(seconds=2))
+
+
+@pg_only
+async def test_a_member_that_never_takes_its_shards_is_counted_out_and_nobody_else(
+    fleet: Callable[..., Fleet], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Its shards, free for a lease by then, go to the others: they must get their own
+    # lease to take them, not be counted out at once for the shards' old wait.
+    f = fleet(every_second(12))
+    await f.start("a")
+    await f.start("b")
+    await f.settle()
+    c = await f.start("c")
+    acquire = c.store.acquire_shards  # type: ignore[attr-defined]
+
+    async def members_only(names: Any, *args: Any) -> Any:
+        return await acquire([n for n in names if n.startswith(MEMBER_PREFIX)], *args)
+
+    c.store.acquire_shards = members_only  # type: ignore[attr-defined]
+    caplog.set_level(logging.WARNING, logger="schedtui.cluster")
+    for _ in range(int(4 * f.shard_ttl)):
+        await f.tick()
+    counted_out = {r.getMessage().split()[3] for r in caplog.records if "counting instance" in r.getMessage()}
+    assert counted_out == {"c"}, counted_out
+    held = {name: len(engine.cluster.held) for name, (engine, _) in f.engines.items()}  # type: ignore[union-attr]
+    assert held["c"] == 0 and held["a"] + held["b"] == SHARDS, held
+    runs = await f.runs()
+    assert not duplicates(runs) and not holes(runs, f.clock.now() - timedelta(seconds=2))
 
 
 async def test_a_joining_member_takes_its_share_without_a_duplicate(fleet: Callable[..., Fleet]) -> None:

@@ -84,7 +84,8 @@ RELEASE_LEFTOVERS = f"""
     UPDATE schedtui_locks l SET holder = NULL, expires_at = least(l.expires_at, t.now)
     FROM t, left_over o WHERE l.name = o.name
 """
-#: The shards' rows, every registered instance and the lock clock, in one round trip.
+#: The cluster's lock rows (shards and members), every registered instance and the lock
+#: clock, in one round trip.
 CLUSTER_STATE = f"""
     SELECT 'lock', l.name, l.holder, l.token, l.acquired_at, l.renewed_at, l.expires_at, NULL::int
     FROM schedtui_locks l WHERE l.name LIKE %(prefix)s
@@ -151,13 +152,13 @@ def _utc(dt: datetime) -> datetime:
 
 
 class ClusterState:
-    """One read of the cluster: the shards' lock rows by name, every registered instance
-    (``{name: (host, pid, heartbeat_at)}``) and the lock clock's now."""
+    """One read of the cluster: its lock rows by name (shards and member locks), every
+    registered instance (``{name: (host, pid, heartbeat_at)}``) and the lock clock's now."""
 
-    __slots__ = ("instances", "now", "shards")
+    __slots__ = ("instances", "locks", "now")
 
-    def __init__(self, shards: dict[str, Lock], instances: dict[str, tuple[str, int, datetime]], now: datetime) -> None:
-        self.shards = shards
+    def __init__(self, locks: dict[str, Lock], instances: dict[str, tuple[str, int, datetime]], now: datetime) -> None:
+        self.locks = locks
         self.instances = instances
         self.now = now
 
@@ -253,15 +254,15 @@ class PostgresCluster:
 
 
 def _state(rows: list[tuple[Any, ...]]) -> ClusterState:
-    shards: dict[str, Lock] = {}
+    locks: dict[str, Lock] = {}
     instances: dict[str, tuple[str, int, datetime]] = {}
     clock: datetime | None = None
     for kind, name, holder, token, acquired, renewed, at, pid in rows:
         if kind == "lock":
-            shards[name] = Lock(name, holder, int(token), _utc(acquired), _utc(renewed), _utc(at))
+            locks[name] = Lock(name, holder, int(token), _utc(acquired), _utc(renewed), _utc(at))
         elif kind == "instance":
             instances[name] = (holder, int(pid), _utc(at))
         else:
             clock = _utc(at)
     assert clock is not None
-    return ClusterState(shards, instances, clock)
+    return ClusterState(locks, instances, clock)
