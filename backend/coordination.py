@@ -18,6 +18,7 @@ order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -238,16 +239,31 @@ class SlotClaims:
         # still on the way is ours, not a dead instance's run for close_abandoned to close.
         proposed = [claim.run_id for claim in claims]
         self.claimed.update(proposed)
+        sending = asyncio.ensure_future(
+            self.store.claim(claims, self.instance, now) if in_store else self.coordinator.claim(claims, self.instance, now)
+        )
         try:
-            if in_store:
-                result = await self.store.claim(claims, self.instance, now)
-            else:
-                result = await self.coordinator.claim(claims, self.instance, now)
+            result = await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            # Stopping with the claim on its way: it may commit all the same, and its rows
+            # would then stay "running" for good. Wait for its answer and record what it
+            # won as missed (the engine stopped before firing it).
+            self.claimed.difference_update(proposed)
+            with contextlib.suppress(Exception):
+                self._missed_on_stop(claims, await sending)
+            raise
         except BaseException:
             self.claimed.difference_update(proposed)  # the callers remember what may be ours
             raise
         self.claimed.difference_update(claim.run_id for claim in claims if claim.key not in result.won)
         return result
+
+    def _missed_on_stop(self, claims: Sequence[Claim], result: ClaimResult) -> None:
+        for claim in claims:
+            schedule = self.schedules.get(claim.name)
+            if claim.key in result.won and schedule is not None and claim.scheduled_at is not None:
+                why = "not fired: the engine stopped while this slot was being claimed"
+                self.launcher.record_missed(schedule, claim.scheduled_at, claim.trigger, claim.outcome, why, claim.run_id)
 
     def _remember_lost(self, schedule: Schedule, slot: datetime, run_id: str) -> None:
         lost = self.lost[schedule.name]

@@ -670,6 +670,42 @@ async def test_schedules_found_behind_together_claim_their_slots_together(make_e
         ]  # fmt: skip
 
 
+async def test_a_stop_while_a_claim_is_on_its_way_records_what_it_won_as_missed(
+    make_engine, clock: ManualClock, store_url: str
+) -> None:
+    # The claim committed, its answer was still on the way when the engine stopped: its
+    # run rows stayed "running" for good (a CI run of the cluster fleet test found one).
+    engine = make_engine([schedule(name="tick", cron="* * * * * *")], coordination="advisoryLock")
+    await engine.start()
+    await engine.quiesce()
+    committed, answer = asyncio.Event(), asyncio.Event()
+    claim = engine.store.claim
+
+    async def slow_answer(*args: Any) -> Any:
+        result = await claim(*args)
+        committed.set()
+        await answer.wait()  # the reply, on its way
+        return result
+
+    engine.store.claim = slow_answer  # type: ignore[method-assign]
+    clock.advance(1)
+    await committed.wait()
+    stopping = asyncio.ensure_future(engine.stop(0))
+    while not any(task.cancelling() for task in engine.loops.tasks):
+        await asyncio.sleep(0)  # until the stop has asked its loops to stop
+    answer.set()
+    await stopping
+    store = open_store(store_url)
+    await store.open()
+    try:
+        runs = [r for r in await store.list_runs("tick", limit=50) if r.scheduled_at == at("2026-03-02T08:00:01Z")]
+    finally:
+        await store.close()
+    assert [(r.status, r.error_message) for r in runs] == [
+        ("missed", "not fired: the engine stopped while this slot was being claimed")
+    ]
+
+
 async def test_catch_ups_overlapping_after_pauses_never_fire_a_slot_twice(make_engine, clock: ManualClock) -> None:
     """Found by the state machine: paused during a catch-up, a schedule is armed again and
     may start another catch-up while the first still runs. One that ended while a newer
