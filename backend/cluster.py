@@ -318,6 +318,12 @@ class Cluster:
     async def round(self) -> None:
         """Renew what is due, read the shards and the members, give back and take."""
         now = self.clock.now()
+        if not self.registry.fires:
+            # Waiting while another coordination mode fires (or an observer): hold nothing.
+            if self.held or self.member is not None:
+                log.warning("cluster: giving every shard back: this instance does not fire (%s)", self.registry.role)
+                await self.stop(0)
+            return
         self._expire(now)
         state = await self._renew_and_read(now)
         self.last_state = state

@@ -29,6 +29,7 @@ from .clock import Clock
 from .cluster import ClusterCoordinator, ClusterStore
 from .errors import BadInput, Unavailable
 from .launcher import Launcher
+from .liveness import WorkLease
 from .loops import Loops
 from .model import Claim, ClaimResult, CoordinationMode, Outcome, Trigger, slot_key
 from .outages import OutageLog
@@ -163,6 +164,10 @@ class SlotClaims:
         """Slots that could not be claimed (store unreachable), with the run id proposed."""
         self.recovering: set[str] = set()
         """Schedules whose recovered slots are being fired."""
+        self.lease: WorkLease = WorkLease(timedelta(seconds=30), None)
+        """This instance's lease on its work: nothing is claimed while it has lapsed."""
+        self.fires: Callable[[], bool] = lambda: True
+        """Whether this instance fires now (not while it waits for another mode's fleet)."""
 
     @property
     def lost_count(self) -> int:
@@ -186,8 +191,11 @@ class SlotClaims:
         remembered as lost; external fires are not remembered, their caller gets the
         error and retries. ``in_store`` claims in the store whatever the coordination mode
         (external fires dedupe retries so)."""
+        if not in_store and not self.fires():
+            return [], {}  # the fleet's own mode fires them (external fires dedupe in the store whatever the mode)
         claims = self.make_claims(slots, now, in_store=in_store)
         try:
+            self._check_lease()
             result = await self._send(claims, now, in_store=in_store)
         except Unavailable as exc:
             self.outages.trouble("claim", f"not firing {len(slots)} slot(s): cannot claim them", exc)
@@ -232,6 +240,12 @@ class SlotClaims:
             )
             for schedule, slot in slots
         ]
+
+    def _check_lease(self) -> None:
+        """Fail closed while this instance's lease has lapsed: what it claimed now, another
+        instance may take over before it could start it."""
+        if not self.lease.fresh():
+            raise Unavailable("this instance's lease on its work has lapsed (it could not renew its heartbeat in time)")
 
     async def _send(self, claims: list[Claim], now: datetime, *, in_store: bool = False) -> ClaimResult:
         """Claim (raising :class:`Unavailable`); remember the run ids won as pending."""
@@ -284,6 +298,14 @@ class SlotClaims:
         self._recheck.set()
         if not self.lost:
             return
+        if not self.fires():
+            # Waiting for another mode's fleet, which fires these slots (or records them).
+            for entries in self.lost.values():
+                self.claimed.difference_update(entries.values())
+            self.lost.clear()
+            return
+        if not self.lease.fresh():
+            return  # claimed once the lease is renewed
         lost, self.lost = self.lost, defaultdict(dict)
         wanted: list[tuple[Schedule, datetime]] = []
         ids: dict[tuple[str, datetime], str] = {}

@@ -12,6 +12,7 @@ with one job:
 * :mod:`~backend.catchup`: slots missed while no engine ran, or while it was behind;
 * :mod:`~backend.backfills`: operator-requested range backfills;
 * :mod:`~backend.registry`: heartbeats, the abandoned-work sweep and retention;
+* :mod:`~backend.liveness`: this instance's lease on its work, and what a lapse stops;
 * :mod:`~backend.external`: fires requested by a platform scheduler;
 * :mod:`~backend.parts`: builds the parts above and hands each what it needs of the others;
 * :mod:`~backend.systems`: builds the job queue, durable executions, locks and shards
@@ -51,6 +52,7 @@ from .jobs.system import Jobs
 from .launcher import Launcher
 from .ledger import RunLedger, RunListener
 from .locks import Locks
+from .liveness import WorkLease, boot_clock
 from .loops import Loops
 from .model import (
     BackfillPlan,
@@ -131,6 +133,8 @@ class Engine:
         lock_clock: Clock | None = None,
         shard_ttl: float = 10.0,
         actor: str | None = None,
+        lease_clock: Callable[[], float] | None | Literal["auto"] = "auto",
+        exit_when_lease_lapses: bool = True,
     ) -> None:
         items = list(definitions.items if isinstance(definitions, Definitions) else definitions)
         self.schedules: dict[str, Schedule] = {}
@@ -167,7 +171,16 @@ class Engine:
         self.relay = Relay(store=self.store, ledger=self.ledger, events=self.events, loops=self.loops)
         self.states.publish = lambda name: self.events.publish("schedules", name)
         self.outages = OutageLog(self.clock)
-        self.runner = HandlerRunner(self.clock, self.loops, max_threads=max_threads)
+        if lease_clock == "auto":
+            # The lease runs on real time: on an injected clock (tests) it is not enforced
+            # unless the test injects a lease clock of its own.
+            lease_clock = boot_clock if isinstance(self.clock, SystemClock) else None
+        self.lease = WorkLease(timedelta(seconds=abandon_after), lease_clock)
+        """This instance's lease on its work (see :mod:`backend.liveness`)."""
+        self.exit_when_lease_lapses = exit_when_lease_lapses
+        """End the process when the lease lapses while sync handlers still run (a thread
+        cannot be stopped; the process ending stops it)."""
+        self.runner = HandlerRunner(self.clock, self.loops, max_threads=max_threads, lease=self.lease)
         coordinator, self._cluster_fallback = make_coordinator(coordination, self.store)
         attach_schedule_parts(
             self,
@@ -264,6 +277,7 @@ class Engine:
         if self._started:
             return
         self._started = True
+        await lifecycle.join_fleet(self)
         lifecycle.start_engine(self)
 
     async def stop(self, grace: float | None = None) -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .clock import Clock
 from .ids import id_batches
 from .ledger import RunLedger
-from .model import TAG_INTERRUPTED, Outcome, Run, RunContext, RunStatus, Trigger, iso
+from .model import TAG_INTERRUPTED, TAG_LEASE_LOST, Outcome, Run, RunContext, RunStatus, Trigger, iso
 from .runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
 from .runner import Outcome as CallOutcome
 from .schedules import Schedule
@@ -125,15 +125,22 @@ class ScheduleRun(Invocation):
         started = self._started
         if started is not None and not started.done():
             started.set_result(self)
+        lease = self.lease
+        fence = lease.token if lease is not None else None
+        if fence is None and self.coordination == "cluster" and launcher.shard_fence is not None:
+            fence = launcher.shard_fence(schedule.name)
         # Positional, in field order: name, run_id, scheduled_at, fired_at, trigger,
-        # payload, deadline, jobs, lease, locks.
+        # payload, deadline, jobs, lease, locks, fence.
         return RunContext(
             run.name, run.id, run.scheduled_at, now, run.trigger, schedule.payload, deadline,
-            launcher.jobs, self.lease, launcher.locks,
+            launcher.jobs, lease, launcher.locks, fence,
         )  # fmt: skip
 
     def settled(self, outcome: CallOutcome) -> None:
         self.launcher.close(self, outcome.status, outcome.at, outcome.error_tag, outcome.error_message, outcome.traceback)
+
+    def ended(self) -> None:
+        self.launcher.released(self)
 
     def started(self) -> asyncio.Future[ScheduleRun]:
         """Resolves once the run's ``running`` row is recorded (its handler starting)."""
@@ -199,6 +206,8 @@ class Launcher:
         """What handlers get as ``ctx.jobs`` (the engine's job queue actions)."""
         self.locks: Locks | None = None
         """Takes the lock of a schedule defined with ``lock=`` before its runs start."""
+        self.shard_fence: Callable[[str], int | None] | None = None
+        """In ``cluster`` coordination: the token of the shard holding a schedule."""
         self._batch: tuple[list[Run], asyncio.Future[None]] | None = None
         self._slow_flush: asyncio.Future[None] | None = None
         self._mark_now = store.mark_starting_now if isinstance(store, MarksNow) else None
@@ -231,7 +240,10 @@ class Launcher:
         queued = schedule.on_overlap == "queue" and (self.waiting[name] or name in self.remote)
         if (self.inflight[name] or remote or queued) and trigger != "manual":
             if schedule.on_overlap == "skip":
-                busy = next((a.run.id for a in self.active.values() if a.schedule is schedule), "")
+                mine = next((a for a in self.active.values() if a.schedule is schedule), None)
+                busy = "" if mine is None else mine.run.id
+                if mine is not None and mine.done:
+                    busy += f" (recorded {mine.run.error_tag or mine.run.status}; its handler had not returned yet)"
                 if not busy and remote:
                     busy = f"{remote} (on another instance)"
                 message = f"run {busy} was still in flight" if busy else "a run was still in flight"
@@ -360,7 +372,8 @@ class Launcher:
         error_message: str | None = None,
         traceback: str | None = None,
     ) -> None:
-        """Record the end of a run and free its overlap slot (called once per run)."""
+        """Record the end of a run (called once per run). Its place under the overlap
+        policy is freed by :meth:`released`, once its handler has really returned."""
         run = scheduled.run = scheduled.run.finish(
             status, at, error_tag=error_tag, error_message=error_message, traceback=traceback
         )
@@ -369,17 +382,22 @@ class Launcher:
             # a handler failing is the ledger's news, not the engine's trouble.
             log.info("%s failed: %s: %s\n%s", scheduled.label, error_tag, error_message, traceback.rstrip())
         self.ledger.record(run)
-        self.active.pop(run.id, None)
-        if scheduled.lease is not None and self.locks is not None:
-            self.locks.release_soon(scheduled.lease)
-        name = run.name
-        inflight = self.inflight
-        inflight[name] -= 1
         started, finished = scheduled._started, scheduled._finished
         if started is not None and not started.done():
             started.set_result(scheduled)
         if finished is not None and not finished.done():
             finished.set_result(run)
+
+    def released(self, scheduled: ScheduleRun) -> None:
+        """A run's handler has really returned (a sync handler past its deadline returns
+        after its run was recorded ``timeout``): only now may the next run of its schedule
+        start under ``skip``/``queue``, and its lock go (called once per run)."""
+        self.active.pop(scheduled.run_id, None)
+        if scheduled.lease is not None and self.locks is not None:
+            self.locks.release_soon(scheduled.lease)
+        name = scheduled.schedule.name
+        inflight = self.inflight
+        inflight[name] -= 1
         if not inflight[name] and self.waiting.get(name) and not self.stopping and name not in self.remote:
             slot, trigger, outcome, run_id = self.waiting[name].popleft()
             self.launch(scheduled.schedule, slot, trigger, outcome, run_id)
@@ -498,9 +516,14 @@ class Launcher:
                     schedule, slot, trigger, outcome, "the engine stopped before this queued firing started", run_id
                 )
 
-    def interrupt(self, message: str) -> None:
-        """Close every run in flight as ``failed``/``interrupted`` and cancel it."""
+    def lease_lapsed(self, why: str) -> None:
+        """This instance's lease lapsed: stop every run in flight (``failed``/``lease_lost``);
+        runs not started yet never start (see :class:`~backend.runner.HandlerRunner`)."""
+        self.interrupt(f"stopped: this instance's lease on its work lapsed ({why})", TAG_LEASE_LOST)
+
+    def interrupt(self, message: str, tag: str = TAG_INTERRUPTED) -> None:
+        """Close every run in flight as ``failed``/``interrupted`` (or ``tag``) and cancel
+        it (a sync handler's thread runs on until it returns, holding its place)."""
         now = self.clock.now()
         for scheduled in list(self.active.values()):
-            scheduled.settle(CallOutcome("failed", now, TAG_INTERRUPTED, message))
-            scheduled.cancel()
+            self.runner.stop_call(scheduled, CallOutcome("failed", now, tag, message))

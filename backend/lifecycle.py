@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+import os
+import sys
+from typing import TYPE_CHECKING, Final
 
 from .coordination import warn_cluster_fallback
 from .errors import Unavailable
@@ -27,6 +29,9 @@ log = logging.getLogger("schedtui.engine")
 #: While the other instances' changes are heard as they are made, the stored schedules and
 #: the enabled states are read every this many state-poll rounds (a lost signal's backstop).
 STATE_BACKSTOP = 10
+#: The exit code of a process that ends itself because its lease lapsed while sync handlers
+#: ran (EX_TEMPFAIL: a supervisor may start it again at once).
+EXIT_LEASE_LAPSED: Final = 75
 
 
 async def open_engine(engine: Engine) -> None:
@@ -43,6 +48,15 @@ async def open_engine(engine: Engine) -> None:
     engine.runner.open()
     for subsystem in engine.subsystems:
         await subsystem.open()
+
+
+async def join_fleet(engine: Engine) -> None:
+    """Become a member of the store's fleet: the heartbeat that records this instance as
+    firing (or waiting, while another coordination mode fires) renews its lease, before
+    anything is claimed or armed."""
+    engine.registry.member = True
+    engine.lease.enforced = True
+    await engine.registry.beat(engine.clock.now(), force=True)
 
 
 def start_engine(engine: Engine) -> None:
@@ -69,6 +83,10 @@ def start_engine(engine: Engine) -> None:
     engine.timers.start()
     for subsystem in engine.subsystems:
         subsystem.start()
+    engine.lease.after_lapse = lambda why: end_if_threads_run(engine, why)
+    engine.loops.expect("lease")
+    engine.loops.spawn(renew_lease(engine), "lease")
+    engine.loops.spawn(engine.lease.watch(), "lease watch")
     engine.loops.expect("maintenance")
     engine.loops.spawn(housekeeping(engine), "maintenance")
     if engine.relay.postgres is not None:
@@ -79,9 +97,47 @@ def start_engine(engine: Engine) -> None:
         engine.loops.spawn(engine.catalog.follow_signals(), "catalog signals")
 
 
+async def renew_lease(engine: Engine) -> None:
+    """The lease loop: a heartbeat every ``heartbeat_interval`` (a slow housekeeping round
+    must not delay it), with the abandoned-work sweep that reads in the same transaction."""
+    registry = engine.registry
+    while True:
+        try:
+            await registry.beat_and_sweep(engine.clock.now())
+        except Unavailable as exc:
+            engine.outages.trouble("lease", "cannot renew this instance's lease (its heartbeat)", exc)
+        await engine.loops.park("lease", engine.clock.now() + registry.heartbeat_interval)
+
+
+def end_if_threads_run(engine: Engine, why: str) -> None:
+    """After every system let go of its work: a sync handler still running cannot be
+    stopped but by ending the process, which the instance taking the work over relies on."""
+    running = engine.runner.threads_running
+    if not running or not engine.exit_when_lease_lapses:
+        if running:
+            log.error("%d sync handler(s) still run after the lease lapsed (exit_when_lease_lapses=False)", running)
+        return
+    log.critical(
+        "ENDING THE PROCESS: %d sync handler(s) still run and a thread cannot be stopped, so this process "
+        "ends (exit code %d) before another instance takes their work over (the lease lapsed: %s)",
+        running, EXIT_LEASE_LAPSED, why,
+    )  # fmt: skip
+    for handler in logging.getLogger().handlers + log.handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: S112 - ending anyway
+            continue
+    sys.stderr.flush()
+    os._exit(EXIT_LEASE_LAPSED)
+
+
 async def stop_engine(engine: Engine, grace: float) -> None:
     """Stop firing, let runs in flight finish (up to ``grace`` seconds), record the rest."""
-    await engine.loops.cancel_all()
+    # The watchdog and the lease go on while runs finish: a run past its deadline during
+    # the grace is a timeout (and a child process is killed), and the others must not take
+    # this instance's work over while it is still running it.
+    keep = {task for task in engine.loops.tasks if task.get_name() in _KEPT_WHILE_STOPPING}
+    await engine.loops.cancel_all(keep=keep)
     parts = [engine.launcher.stop(grace), *(subsystem.stop(grace) for subsystem in engine.subsystems)]
     # A part that fails to stop must not keep the store open: its connections' tasks would
     # then outlive the loop, and the process would never exit.
@@ -92,13 +148,23 @@ async def stop_engine(engine: Engine, grace: float) -> None:
         await engine.claims.recover_lost()  # lost slots not claimed yet: recorded, a next start would not look
     except Exception as exc:  # the store is closed below whatever happens here
         log.error("stopping: could not record the lost slots: %s", exc, exc_info=exc)
+    await engine.loops.cancel_all()
     engine.ledger.handoff()
+    lingering = len(engine.runner.lingering)
     try:
         await engine.store.flush()
-        await engine.registry.forget()
+        if lingering:
+            # Registered still: its work is taken over once this process is gone (its pid on
+            # this host, its heartbeat's age elsewhere), not while its handlers run on.
+            log.warning("%d handler(s) still running: this instance stays registered until its process ends", lingering)
+        else:
+            await engine.registry.forget()
     except Unavailable as exc:
         log.warning("could not write the last runs: %s", exc)
     await engine.store.close()
+
+
+_KEPT_WHILE_STOPPING = frozenset({"schedtui watchdog", "schedtui lease", "schedtui lease watch"})
 
 
 def is_armed(engine: Engine) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -82,15 +82,15 @@ class Loops:
         task.add_done_callback(done)
         return task
 
-    async def cancel_all(self) -> None:
-        """Cancel every task and wait until all have ended. One whose cancellation was
-        dropped in its work (see :func:`stop_if_cancelled`) is cancelled again, every
-        :data:`CANCEL_AGAIN` seconds, instead of hanging the stop."""
-        while pending := [task for task in self.tasks if not task.done()]:
+    async def cancel_all(self, keep: Collection[asyncio.Task[Any]] = ()) -> None:
+        """Cancel every task (but those in ``keep``) and wait until all have ended. One whose
+        cancellation was dropped in its work (see :func:`stop_if_cancelled`) is cancelled
+        again, every :data:`CANCEL_AGAIN` seconds, instead of hanging the stop."""
+        while pending := [task for task in self.tasks if not task.done() and task not in keep]:
             for task in pending:
                 task.cancel()
             await asyncio.wait(pending, timeout=CANCEL_AGAIN)
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*(task for task in self.tasks if task not in keep), return_exceptions=True)
 
     def expect(self, name: str) -> None:
         """Count the loop ``name`` as busy until it first parks."""

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 RunStatus = Literal["succeeded", "failed", "skipped", "missed", "running"]
 Trigger = Literal["self", "external", "manual"]
 CoordinationMode = Literal["single", "advisoryLock", "cluster"]
+Role = Literal["firing", "waiting", "observer"]
+"""What an instance is to its fleet: a ``firing`` member arms timers or runs workers; a
+``waiting`` member would, but its coordination mode differs from the fleet's, so it fires
+nothing until the other mode's members are gone; an ``observer`` (a console, a CLI verb,
+``connect()``) acts for an operator and fires nothing on its own."""
 Outcome = Literal["single", "wonLock", "cluster", "external", "manual"]
 OverlapPolicy = Literal["skip", "queue", "parallel"]
 BackfillPolicy = Literal["skip", "latest", "all"]
@@ -71,6 +76,9 @@ TAG_TIMEOUT: Final = "timeout"
 TAG_ABANDONED: Final = "abandoned"
 TAG_INTERRUPTED: Final = "interrupted"
 TAG_UNAVAILABLE: Final = "unavailable"
+#: A run, attempt or step stopped (or never started) because this instance's lease on its
+#: work lapsed: it could not renew it in time, so another instance may take the work over.
+TAG_LEASE_LOST: Final = "lease_lost"
 
 
 def utc(dt: datetime) -> datetime:
@@ -276,6 +284,16 @@ class InstanceInfo:
     heartbeat_at: datetime
     last_fired_at: datetime | None = None
     """When a run of this instance last started (as far as its ledger rows tell)."""
+    role: Role | None = None
+    """``firing``, ``waiting`` or ``observer`` (``None``: a heartbeat that does not say,
+    from an older version)."""
+    coordination: CoordinationMode | None = None
+    """The coordination mode a member runs (``None`` for observers and older versions)."""
+
+    @property
+    def fires(self) -> bool:
+        """Whether this instance is a firing member (an older version's row counts as one)."""
+        return self.role in (None, "firing")
 
     def to_json(self, now: datetime) -> dict[str, Any]:
         return {
@@ -285,6 +303,8 @@ class InstanceInfo:
             "heartbeat_at": iso(self.heartbeat_at),
             "heartbeat_age_s": round((now - self.heartbeat_at).total_seconds(), 1),
             "last_fired_at": iso(self.last_fired_at),
+            "role": self.role,
+            "coordination": self.coordination,
         }
 
     @classmethod
@@ -295,6 +315,8 @@ class InstanceInfo:
             pid=data["pid"],
             heartbeat_at=parse_iso(data["heartbeat_at"]),
             last_fired_at=parse_iso(data["last_fired_at"]) if data.get("last_fired_at") else None,
+            role=data.get("role"),
+            coordination=data.get("coordination"),
         )
 
 
@@ -665,3 +687,7 @@ class RunContext:
     """The lease of the schedule's ``lock``, for its fencing token (``None`` without one)."""
     locks: Locks | None = None
     """The engine's locks, for handlers that take locks of their own."""
+    fence: int | None = None
+    """A fencing token for this run's own writes, strictly greater than every earlier
+    one of the same lease: the schedule's ``lock`` token, or in ``cluster`` coordination
+    its shard's (``None`` otherwise: give the schedule a ``lock`` to fence its writes)."""

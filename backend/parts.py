@@ -132,4 +132,10 @@ def attach_schedule_parts(
         is_ours=is_ours,
         due_at=self_due_at,
         new_id=engine.new_id,
+        lease=engine.lease,
+        coordination=coordinator.mode,
     )
+    claims.lease = engine.lease
+    engine.lease.on_lapse.append(launcher.lease_lapsed)
+    registry = engine.registry
+    claims.fires = lambda: registry.fires

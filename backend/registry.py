@@ -1,27 +1,43 @@
 """The instance registry: who is alive, what the dead left running, and what has expired.
 
-Every process that opens a store registers itself (name, host, pid) and refreshes its
-heartbeat every few seconds. :meth:`InstanceRegistry.close_abandoned` closes what an
-instance that is gone left ``running`` (runs as ``failed``/``abandoned``, backfills as
-``abandoned``): gone means, on the same machine, that its pid no longer exists, and
-anywhere, that its heartbeat is older than ``abandon_after``. Schedules use it today; the
-job queue and durable executions ask it the same question. It also runs the retention
-sweeps (old runs, old claims) at most once an hour.
+Every process that opens a store registers itself (name, host, pid, and what it is to the
+fleet: a firing member or an observer, and its coordination mode); a member refreshes its
+heartbeat every few seconds, which renews its lease (:mod:`backend.liveness`).
+:meth:`InstanceRegistry.close_abandoned` closes what an instance that is gone left
+``running`` (runs as ``failed``/``abandoned``, backfills as ``abandoned``). Gone means:
+
+* its heartbeat is older than ``abandon_after`` (the take-over window), counted from when
+  this process could last write the store: a heartbeat that nobody could write during an
+  outage is no evidence of death;
+* or, sooner, its pid no longer runs (a zombie counts as ended), but only where a pid means
+  the same process: the same machine, boot and PID namespace (containers sharing a
+  hostname, or ``unshare --pid``, each have their own pids).
+
+The job queue and durable executions ask it the same question. It also runs the
+retention sweeps (old runs, old claims) at most once an hour.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
 import socket
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta, timezone
+from typing import TypeVar
 
 from .clock import Clock
+from .errors import Unavailable
 from .ledger import RunLedger
-from .model import TAG_ABANDONED, BackfillProgress, Run
-from .store import Store
+from .liveness import WorkLease
+from .model import TAG_ABANDONED, BackfillProgress, CoordinationMode, Role, Run
+from .store import Membership, Store, Unfinished
+
+T = TypeVar("T")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 __all__ = ["InstanceRegistry", "default_instance_name", "host_identity"]
 
@@ -33,26 +49,42 @@ def default_instance_name() -> str:
 
 
 def host_identity() -> str:
-    """This machine, as recorded with each instance's heartbeat: the hostname, plus the
-    kernel's boot id where there is one. A dead pid proves a run abandoned only to a
-    process on the same machine; two machines that share a hostname (cloned VMs, two
-    containers named alike) must not judge each other's pids."""
-    host = socket.gethostname()
+    """Where this process's pid means something, as recorded with each heartbeat: the
+    hostname, the kernel's boot id and the PID namespace, where there are such. A dead pid
+    proves a run abandoned only to a process that sees the same pids: two machines that
+    share a hostname (cloned VMs, containers named alike) or two containers on one host
+    (host networking, ``unshare --pid``) must not judge each other's pids."""
+    parts = [socket.gethostname()]
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            return f"{host}#{f.read().strip()[:8]}"
+            parts.append(f.read().strip()[:8])
     except OSError:
-        return host
+        return parts[0]
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        namespace = ""
+    if namespace:
+        parts.append(namespace.removeprefix("pid:[").removesuffix("]"))
+    return "#".join(parts)
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process here. A zombie (ended, not yet reaped by its
+    parent) is not: its work stopped when it did."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True  # no procfs: the signal check is all there is
+    # "pid (comm) S ...": comm may hold spaces and parentheses, the state follows the last ")".
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
 
 
 class InstanceRegistry:
@@ -62,7 +94,8 @@ class InstanceRegistry:
     alive (this process's own name counts as dead: an earlier process that used it has
     stopped). Work is closed as abandoned only when :meth:`gone` says so and
     ``is_ours(id)`` is false, and only if it is still ``running`` in the store (a
-    conditional write), so two live instances never close the same run twice.
+    conditional write), so two live instances never close the same run twice. Each
+    heartbeat that commits renews :attr:`lease`; :attr:`role` is what the last one recorded.
     """
 
     def __init__(
@@ -79,14 +112,18 @@ class InstanceRegistry:
         is_ours: Callable[[str], bool],
         due_at: Callable[[datetime], list[str]] = lambda slot: [],
         new_id: Callable[[], str] = lambda: "",
+        lease: WorkLease | None = None,
+        coordination: CoordinationMode | None = None,
     ) -> None:
         self.clock = clock
         self.store = store
         self.ledger = ledger
         self.instance = instance
         self.host = host_identity()
-        self.heartbeat_interval = heartbeat_interval
         self.abandon_after = abandon_after
+        self.lease = lease if lease is not None else WorkLease(abandon_after, None)
+        # Three renewals fit in the renewal bound, whatever the window.
+        self.heartbeat_interval = min(heartbeat_interval, timedelta(seconds=self.lease.bound / 3))
         self.retention = retention
         self.claims_ttl = claims_ttl
         """Claims older than this are swept (hourly); ``None`` keeps them."""
@@ -94,26 +131,94 @@ class InstanceRegistry:
         self.due_at = due_at
         """The self-triggered schedules due at a slot (for bursts a dead instance left)."""
         self.new_id = new_id
+        self.coordination = coordination
+        self.member = False
+        """Whether this process arms timers or runs workers (set by the engine's start)."""
+        self.role: Role = "observer"
+        """What the last heartbeat recorded: ``firing``, ``waiting`` or ``observer``."""
+        self.back_at: datetime | None = None
+        """When this process could write the store again after it could not: heartbeat
+        ages are counted from then at the earliest (nobody could beat meanwhile)."""
+        self._cut_off = False
+        self._beating = asyncio.Lock()
         self._last_beat: datetime | None = None
         self._last_prune: datetime | None = None
 
+    @property
+    def fires(self) -> bool:
+        """Whether this instance may claim and fire: a member that is not waiting."""
+        return self.role == "firing"
+
+    def _membership(self, now: datetime) -> Membership:
+        if not self.member:
+            return Membership("observer")
+        return Membership("firing", self.coordination, self._live_after(now))
+
+    async def _beating_round(self, now: datetime, beat: Callable[[], Awaitable[T]], force: bool) -> T | None:
+        """One heartbeat (unless one is not due, or under way): renews the lease when it
+        commits, notes when the store comes back after it could not be written."""
+        if not force and self._last_beat is not None and now - self._last_beat < self.heartbeat_interval:
+            return None
+        if self._beating.locked() and not force:
+            return None
+        async with self._beating:
+            sent = self.lease.sending()
+            try:
+                result = await beat()
+            except Unavailable:
+                self._cut_off = True
+                raise
+            if self._cut_off:
+                self._cut_off = False
+                self.back_at = now
+            self._last_beat = now
+            self.lease.renewed(sent)
+            return result
+
     async def beat(self, now: datetime, *, force: bool = False) -> bool:
         """Refresh the heartbeat if it is due (or ``force``); True if it was written."""
-        if not force and self._last_beat is not None and now - self._last_beat < self.heartbeat_interval:
-            return False
-        await self.store.heartbeat(self.instance, self.host, os.getpid(), now)
-        self._last_beat = now
-        return True
 
-    async def beat_and_sweep(self, now: datetime) -> list[Run]:
+        async def beat() -> Role:
+            role = await self.store.heartbeat(self.instance, self.host, os.getpid(), now, self._membership(now))
+            self._recorded(role)
+            return role
+
+        return await self._beating_round(now, beat, force) is not None
+
+    async def beat_and_sweep(self, now: datetime, *, force: bool = False) -> list[Run]:
         """The periodic round: if the heartbeat is due, refresh it and, reading in the same
         transaction what is left running, close what the dead left (one commit every
         ``heartbeat_interval``, not two)."""
-        if self._last_beat is not None and now - self._last_beat < self.heartbeat_interval:
+
+        async def beat() -> Unfinished:
+            work = await self.store.heartbeat_and_unfinished(self.instance, self.host, os.getpid(), now, self._membership(now))
+            self._recorded(work.role)
+            return work
+
+        work = await self._beating_round(now, beat, force)
+        if work is None:
             return []
-        work = await self.store.heartbeat_and_unfinished(self.instance, self.host, os.getpid(), now)
-        self._last_beat = now
         return await self._close(work.runs, work.backfills, work.marks, work.instances, at_open=False)
+
+    def _recorded(self, role: Role) -> None:
+        if role != self.role and self.member:
+            if role == "waiting":
+                log.error(
+                    "COORDINATION: another instance of this store fires in another coordination mode; this "
+                    "instance (%s) fires nothing until no such instance is left (one fleet, one coordination: "
+                    "change the mode of every instance, or of none)",
+                    self.coordination,
+                )
+            elif self.role == "waiting":
+                log.warning("COORDINATION: no instance fires in another mode any more; this instance fires (%s)", self.coordination)
+        self.role = role
+
+    def _live_after(self, now: datetime) -> datetime:
+        """Instances whose heartbeat is newer than this may be alive. Just after this process
+        could write the store again, any of them may be: nobody could beat meanwhile."""
+        if self.back_at is not None and now - self.back_at <= self.abandon_after:
+            return _EPOCH
+        return now - self.abandon_after
 
     async def forget(self) -> None:
         await self.store.forget_instance(self.instance)
@@ -137,8 +242,14 @@ class InstanceRegistry:
         host, pid, at = beat
         if host == self.host and not pid_alive(pid):
             return f"instance {instance} (pid {pid}) is no longer running"
-        if now - at > self.abandon_after:
-            return f"instance {instance} has not sent a heartbeat since {at.isoformat()}"
+        silent_since = at if self.back_at is None else max(at, self.back_at)
+        if now - silent_since > self.abandon_after:
+            if silent_since == at:
+                return f"instance {instance} has not sent a heartbeat since {at.isoformat()}"
+            return (
+                f"instance {instance} has not sent a heartbeat since {at.isoformat()}, nor in the "
+                f"{self.abandon_after.total_seconds():g}s since the store was back at {silent_since.isoformat()}"
+            )
         return None
 
     async def close_abandoned(self, *, at_open: bool = False) -> list[Run]:

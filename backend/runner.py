@@ -10,13 +10,20 @@ once with an :class:`Outcome`:
   ``SystemExit``, ``KeyboardInterrupt`` and ``GeneratorExit`` included (a handler can fail
   its run, never the process);
 * ``failed``/``timeout``: the deadline passed. An async handler is cancelled; a thread
-  cannot be killed in Python, so a sync handler is *abandoned*: it runs on, unobserved,
-  holding its pool thread until it returns. A handler that returns after its deadline
-  without the watchdog having noticed (it blocked the event loop) is a timeout too;
+  cannot be killed in Python, so a sync handler runs on, holding its pool thread, until it
+  returns. A handler that returns after its deadline without the watchdog having noticed
+  (it blocked the event loop) is a timeout too;
 * ``failed``/``interrupted``: the engine stopped waiting for it (shutdown) or it was
-  cancelled.
+  cancelled;
+* ``failed``/``lease_lost``: this instance's lease on its work lapsed (see
+  :mod:`backend.liveness`) before the call started, or while it ran.
 
-Subclasses of :class:`Invocation` receive the outcome in :meth:`Invocation.settled`.
+Settling is not ending: a call *ends* when its handler has really returned (a sync
+handler's thread, an async handler that ignored its cancellation, a child process that
+was killed). Subclasses receive the outcome in :meth:`Invocation.settled` and the end in
+:meth:`Invocation.ended`; whatever a call holds (a queue's seat, a schedule's place under
+its overlap policy, a durable step's turn) it holds until it has ended, so that no retry
+or next run starts beside a handler that is still running.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ from typing import Any, Final, Literal
 from .clock import Clock
 from .isolated import IsolatedFailure, run_isolated
 from .loops import Loops
-from .model import TAG_INTERRUPTED, TAG_TIMEOUT
+from .liveness import WorkLease
+from .model import TAG_INTERRUPTED, TAG_LEASE_LOST, TAG_TIMEOUT
 
 __all__ = [
     "DEFAULT_MAX_THREADS",
@@ -59,6 +67,8 @@ MAX_ERROR_MESSAGE: Final = 2000
 #: The tail of a traceback that is kept (the innermost frames say why).
 MAX_TRACEBACK: Final = 8192
 _IDLE_THREAD_EXIT_S = 60.0
+#: A handler that returns this long after its call was settled is said to have run on.
+LINGER_NOTED_S = 1.0
 
 
 @dataclass(slots=True)
@@ -87,7 +97,10 @@ class Invocation:
     comes first.
     """
 
-    __slots__ = ("_label", "deadline", "gate", "is_async", "max_runtime", "outcome", "task")
+    __slots__ = (
+        "_label", "deadline", "epoch", "gate", "given_up_at", "has_ended", "is_async", "max_runtime", "outcome", "task",
+        "thread",
+    )  # fmt: skip
 
     def __init__(self, label: str, max_runtime: timedelta, is_async: bool) -> None:
         self._label = label
@@ -99,6 +112,14 @@ class Invocation:
         self.outcome: Outcome | None = None
         self.gate: asyncio.Future[None] | None = None
         """If set, the call waits for it before it begins (its ledger row being committed)."""
+        self.epoch = 0
+        """The epoch of this instance's lease when the call was started (claimed)."""
+        self.thread: asyncio.Future[Any] | None = None
+        """A sync handler's thread, once handed to one: resolves when the thread returns."""
+        self.has_ended = False
+        """True once the handler has really ended (see :meth:`ended`)."""
+        self.given_up_at: datetime | None = None
+        """When the watchdog, a stop or a lapse settled the call while its handler ran."""
 
     @property
     def label(self) -> str:
@@ -108,7 +129,11 @@ class Invocation:
     @property
     def stopped_how(self) -> str:
         """What the watchdog's timeout does to this call, for its message."""
-        return "async handler was cancelled" if self.is_async else "sync handler was abandoned"
+        return (
+            "async handler was cancelled"
+            if self.is_async
+            else "sync handler cannot be stopped: it holds its place until it returns"
+        )
 
     @property
     def thread_name(self) -> str:
@@ -139,10 +164,30 @@ class Invocation:
             return False
         self.outcome = outcome
         self.settled(outcome)
+        if self.task is None and not self.has_ended:  # never handed to the runner: nothing runs
+            self.has_ended = True
+            self.ended()
         return True
 
     def settled(self, outcome: Outcome) -> None:
         """Called once with the outcome (override)."""
+
+    def ended(self) -> None:
+        """Called once, after :meth:`settled`, when the handler has really returned (or never
+        started): what the call held may be let go now (override)."""
+
+    @property
+    def lingering(self) -> bool:
+        """Settled, but its handler still runs (a sync handler past its deadline)."""
+        return self.outcome is not None and not self.has_ended
+
+    def ran_on(self, now: datetime) -> float | None:
+        """Seconds the handler ran on after the call was settled (``None`` under a second:
+        a cancelled handler's ordinary unwinding)."""
+        if self.given_up_at is None:
+            return None
+        seconds = (now - self.given_up_at).total_seconds()
+        return seconds if seconds >= LINGER_NOTED_S else None
 
     def cancel(self) -> None:
         if self.task is not None:
@@ -171,6 +216,11 @@ class _ThreadPool:
                 return False
             self.busy += 1
             return True
+
+    def release(self) -> None:
+        """Give back a :meth:`reserve` that was never submitted."""
+        with self._lock:
+            self.busy -= 1
 
     def submit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on a thread; needs a :meth:`reserve` first."""
@@ -212,26 +262,40 @@ class HandlerRunner:
 
     Contract: :meth:`start` either starts the call or raises :class:`RunnerSaturated`
     (sync handlers only, when the thread pool is full) without side effects; every started
-    invocation is settled exactly once; :meth:`interrupt` settles what is still in flight.
+    invocation is settled exactly once and then ended exactly once (when its handler has
+    really returned, or never began); a call whose lease epoch is no longer held when it
+    would begin never begins (settled ``lease_lost``); :meth:`interrupt` settles what is
+    still in flight.
     """
 
-    def __init__(self, clock: Clock, loops: Loops, *, max_threads: int = DEFAULT_MAX_THREADS) -> None:
+    def __init__(
+        self, clock: Clock, loops: Loops, *, max_threads: int = DEFAULT_MAX_THREADS, lease: WorkLease | None = None
+    ) -> None:
         self.clock = clock
         self.loops = loops
+        self.lease = lease
         self._unbegun: set[int] = set()
         self.pool = _ThreadPool(max_threads)
         self.in_flight: dict[int, Invocation] = {}
+        self.lingering: set[Invocation] = set()
+        """Settled calls whose handler still runs (sync handlers past their deadline)."""
         self._deadlines: list[tuple[datetime, int, Invocation]] = []
         """(deadline, key, invocation): the key breaks ties, so invocations are never compared."""
         self._seq = itertools.count()
         self._wake = asyncio.Event()
-        self.abandoned = 0
-        """Sync handlers given up on by the watchdog that have not returned yet."""
+        self.watchdog: asyncio.Task[Any] | None = None
+        self.threads_running = 0
+        """Sync handlers running on a thread right now (abandoned ones included)."""
+
+    @property
+    def abandoned(self) -> int:
+        """Sync handlers settled (timed out, interrupted) that have not returned yet."""
+        return sum(1 for invocation in self.lingering if invocation.thread is not None)
 
     def open(self) -> None:
         self._wake = asyncio.Event()
         self.loops.expect("watchdog")  # busy until it first parks
-        self.loops.spawn(self._watchdog(), "watchdog")
+        self.watchdog = self.loops.spawn(self._watchdog(), "watchdog")
 
     # -- starting ---------------------------------------------------------------------
     @property
@@ -246,13 +310,28 @@ class HandlerRunner:
         if not invocation.is_async and not self.pool.reserve():
             raise RunnerSaturated(
                 f"all {self.pool.max_threads} handler threads are busy"
-                + (f" ({self.abandoned} abandoned by the watchdog and still running)" if self.abandoned else "")
+                + (f" ({self.abandoned} past their deadline and still running)" if self.abandoned else "")
             )
+        if self.lease is not None:
+            invocation.epoch = self.lease.epoch
         key = next(self._seq)
         self.in_flight[key] = invocation
         self._unbegun.add(key)
         invocation.task = task = asyncio.get_running_loop().create_task(self._call(key, invocation, fn))
-        task.add_done_callback(lambda _: self._unbegun.discard(key))  # (also one cancelled before its first step)
+
+        def task_done(_: asyncio.Task[None]) -> None:
+            self._unbegun.discard(key)
+            self.in_flight.pop(key, None)  # (also one cancelled before its first step)
+            thread = invocation.thread
+            if thread is None:
+                if not invocation.is_async:
+                    self.pool.release()  # never handed to a thread: its reservation is free
+                self._end(invocation)
+            elif thread.done():
+                self._end(invocation)
+            # else: its thread still runs; it ends the call when it returns
+
+        task.add_done_callback(task_done)
 
     def _watch(self, key: int, invocation: Invocation, deadline: datetime) -> None:
         deadlines = self._deadlines
@@ -267,6 +346,17 @@ class HandlerRunner:
             try:
                 if invocation.gate is not None:
                     await invocation.gate
+                lease = self.lease
+                if lease is not None and not lease.holds(invocation.epoch):
+                    # Claimed under a lease that lapsed since (a frozen process that woke,
+                    # a partition): another instance may have taken this work over.
+                    invocation.settle(
+                        Outcome(
+                            "failed", self.clock.now(), TAG_LEASE_LOST,
+                            "not started: this instance's lease on its work lapsed after it was claimed",
+                        )
+                    )  # fmt: skip
+                    return
                 arg = invocation.begin(self.clock.now())
             finally:
                 self._unbegun.discard(key)
@@ -311,21 +401,47 @@ class HandlerRunner:
                 )
             else:
                 invocation.settle(Outcome("succeeded", now, None, None, None, value))
-        finally:
-            self.in_flight.pop(key, None)
+
+    def _end(self, invocation: Invocation) -> None:
+        """The handler has really returned (or never began): settle it if nothing did, and
+        let the invocation go of what it held."""
+        if invocation.has_ended:
+            return
+        if invocation.outcome is None:  # (a task cancelled before its first step)
+            invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
+        invocation.has_ended = True
+        self.lingering.discard(invocation)
+        ran_on = invocation.ran_on(self.clock.now())
+        if ran_on is not None:
+            log.warning("%s returned %.1fs after it was given up on: what it held is free now", invocation.label, ran_on)
+        invocation.ended()
+        self.loops.poke()
+
+    def _linger(self, invocation: Invocation) -> None:
+        """A call was settled while its handler still runs: it holds what it holds until then."""
+        if not invocation.has_ended and invocation.given_up_at is None and invocation.outcome is not None:
+            invocation.given_up_at = invocation.outcome.at
+            self.lingering.add(invocation)
 
     def _on_thread(self, invocation: Invocation, fn: Callable[[Any], Any], arg: Any) -> asyncio.Future[Any]:
-        """Run a sync handler on a pool thread (reserved by :meth:`start`)."""
+        """Run a sync handler on a pool thread (reserved by :meth:`start`). The returned
+        future (also :attr:`Invocation.thread`) resolves when the thread returns, whether
+        or not anyone still waits for it; the call ends then."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
+        invocation.thread = fut
 
-        def settle(result: Any, error: BaseException | None) -> None:
-            if fut.done():
-                return
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(result)
+        def returned(result: Any, error: BaseException | None) -> None:
+            self.threads_running -= 1
+            if not fut.done():
+                if error is not None:
+                    fut.set_exception(error)
+                else:
+                    fut.set_result(result)
+            fut.exception() if fut.done() and not fut.cancelled() else None  # retrieved: never logged as unhandled
+            task = invocation.task
+            if task is None or task.done():  # else its task settles it first, then ends it
+                self._end(invocation)
 
         def target() -> None:
             threading.current_thread().name = invocation.thread_name
@@ -333,17 +449,12 @@ class HandlerRunner:
                 result, error = fn(arg), None
             except BaseException as exc:  # noqa: B036 - handed to the loop, recorded there
                 result, error = None, exc
-            if invocation.done and invocation.outcome is not None and invocation.outcome.error_tag == TAG_TIMEOUT:
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(self._abandoned_returned)
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
-                loop.call_soon_threadsafe(settle, result, error)
+                loop.call_soon_threadsafe(returned, result, error)
 
+        self.threads_running += 1
         self.pool.submit(target)
-        return fut
-
-    def _abandoned_returned(self) -> None:
-        self.abandoned = max(0, self.abandoned - 1)
+        return asyncio.shield(fut)
 
     # -- the watchdog -------------------------------------------------------------------
     async def _watchdog(self) -> None:
@@ -355,11 +466,11 @@ class HandlerRunner:
                     continue
                 kind = invocation.stopped_how
                 log.warning("%s timed out; its %s", invocation.label, kind)
-                if invocation.settle(
+                invocation.settle(
                     Outcome("failed", now, TAG_TIMEOUT, f"exceeded max_runtime of {invocation.max_runtime_s:g}s; the {kind}")
-                ) and not invocation.is_async:
-                    self.abandoned += 1
+                )
                 invocation.cancel()
+                self._linger(invocation)
             while self._deadlines and self._deadlines[0][2].done:
                 heapq.heappop(self._deadlines)  # finished in time: drop lazily
             await self.loops.park("watchdog", self._deadlines[0][0] if self._deadlines else None, self._wake)
@@ -368,11 +479,15 @@ class HandlerRunner:
     def running_tasks(self) -> list[asyncio.Task[None]]:
         return [i.task for i in self.in_flight.values() if i.task is not None and not i.done]
 
-    def interrupt(self, message: str) -> None:
-        """Settle every call in flight as ``failed``/``interrupted`` and cancel it."""
+    def interrupt(self, message: str, tag: str = TAG_INTERRUPTED) -> None:
+        """Settle every call in flight as ``failed`` (``interrupted``, or ``tag``) and cancel
+        it; a sync handler's thread runs on until it returns (see :attr:`lingering`)."""
         now = self.clock.now()
-        for key, invocation in list(self.in_flight.items()):
-            invocation.settle(Outcome("failed", now, TAG_INTERRUPTED, message))
-            invocation.cancel()
-            # A task cancelled before its first step never runs its `finally`.
-            self.in_flight.pop(key, None)
+        for invocation in list(self.in_flight.values()):
+            self.stop_call(invocation, Outcome("failed", now, tag, message))
+
+    def stop_call(self, invocation: Invocation, outcome: Outcome) -> None:
+        """Settle one call with ``outcome`` (unless it is settled) and cancel it."""
+        invocation.settle(outcome)
+        invocation.cancel()
+        self._linger(invocation)

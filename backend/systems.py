@@ -105,5 +105,7 @@ def attach_systems(
             poll=max(engine.state_poll_interval, timedelta(seconds=shard_ttl) / 5),
         )
         coordinator.cluster = engine.cluster
+        cluster = engine.cluster
+        engine.launcher.shard_fence = lambda name: fence[1] if (fence := cluster.fence_of(name)) is not None else None
         engine.timers.may_arm = engine.cluster.owns  # only what this instance's shards hold
         engine.subsystems.append(engine.cluster)

@@ -81,11 +81,13 @@ class Fleet:
 def fleet_of(
     instances: Iterable[InstanceInfo], now: datetime, info: ConnectionInfo, views: Iterable[ScheduleView]
 ) -> Fleet:
-    """Which instances fire. An engine that fires beats every few seconds; a watching console
-    or a CLI verb beats once, at open: after :data:`LIVE_WITHIN` it no longer counts, and this
-    console's own instance never counts unless it fires."""
+    """Which instances fire: the firing members (an engine that arms timers or runs workers,
+    not waiting for another coordination mode's fleet) whose heartbeat is recent. A console,
+    a CLI verb or a ``connect()`` client is an observer and never counts."""
     others = [i for i in instances if info.fires or i.name != info.instance]
-    firing = tuple(sorted((i for i in others if now - i.heartbeat_at <= LIVE_WITHIN), key=lambda i: i.name))
+    firing = tuple(
+        sorted((i for i in others if i.fires and now - i.heartbeat_at <= LIVE_WITHIN), key=lambda i: i.name)
+    )
     last = max(others, key=lambda i: i.heartbeat_at, default=None)
     views = list(views)
     count = sum(1 for v in views if v.enabled and v.trigger == "self")

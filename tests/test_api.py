@@ -218,7 +218,7 @@ def test_runs_in_a_window_instances_and_cancel_with_each_token(server: Server) -
     assert runs.status_code == 200 and set(runs.json()) == {"from", "to", "runs"}
     assert read.get("/inspect/runs", params={**window, "name": "nope"}).status_code == 404
     beats = read.get("/inspect/instances").json()
-    assert beats["instances"] and {"name", "host", "pid", "heartbeat_at", "heartbeat_age_s", "last_fired_at"} == set(beats["instances"][0])
+    assert beats["instances"] and {"name", "host", "pid", "heartbeat_at", "heartbeat_age_s", "last_fired_at", "role", "coordination"} == set(beats["instances"][0])
     assert read.post("/inspect/backfills/nope/cancel").status_code == 403
     assert client(server).post("/inspect/backfills/nope/cancel").status_code == 404
     assert read.get("/inspect/info").json()["systems"] == list(SYSTEMS)

@@ -290,7 +290,7 @@ async def test_watchdog_cancels_an_async_handler(make_engine, clock: ManualClock
     assert [(r.status, r.error_tag) for r in await all_runs(engine, "job")] == [("failed", "timeout")]
 
 
-async def test_watchdog_abandons_a_sync_handler_and_keeps_the_timeout(make_engine, clock: ManualClock) -> None:
+async def test_a_sync_handler_past_its_deadline_is_a_timeout_and_keeps_its_place(make_engine, clock: ManualClock) -> None:
     release, entered, finished = threading.Event(), threading.Event(), threading.Event()
 
     def hang(ctx: RunContext) -> None:
@@ -305,16 +305,23 @@ async def test_watchdog_abandons_a_sync_handler_and_keeps_the_timeout(make_engin
     timed_out = expect(engine, lambda r: r.status == "failed")
     clock.advance(60)
     run = await timed_out
-    assert run.error_tag == "timeout" and "abandoned" in (run.error_message or "")
-    # The thread cannot be killed; when it ends on its own, the ledger keeps the timeout.
+    assert run.error_tag == "timeout" and "holds its place until it returns" in (run.error_message or "")
+    # A thread cannot be killed: while it runs on, it is still in flight, so the next slot
+    # is skipped (on_overlap="skip") rather than run beside it.
+    clock.set("2026-03-02T10:00:00Z")
+    await engine.quiesce(runs=False)
+    await engine.flush()
+    runs = await all_runs(engine, "job")
+    assert [(r.status, r.error_tag) for r in runs] == [("failed", "timeout"), ("skipped", "overlap")]
+    assert runs[1].error_message is not None and f"run {run.id} (recorded timeout" in runs[1].error_message
+    # When it ends on its own, the ledger keeps the timeout, and the next slot runs.
     release.set()
     await asyncio.to_thread(finished.wait, 10)
     await engine.quiesce()
-    assert [(r.status, r.error_tag) for r in await all_runs(engine, "job")] == [("failed", "timeout")]
-    # An abandoned thread does not count as in flight: the next slot runs.
-    clock.set("2026-03-02T10:00:00Z")
+    clock.set("2026-03-02T11:00:00Z")
     await engine.quiesce()
-    assert [r.status for r in await all_runs(engine, "job")] == ["failed", "succeeded"]
+    runs = await all_runs(engine, "job")
+    assert [(r.status, r.error_tag) for r in runs] == [("failed", "timeout"), ("skipped", "overlap"), ("succeeded", None)]
 
 
 # ---------------------------------------------------------------------------------------

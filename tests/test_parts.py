@@ -123,12 +123,12 @@ async def test_the_periodic_round_is_one_call_that_beats_and_sweeps(kind: str, r
         for name in ("heartbeat", "unfinished_work", "instances", "heartbeat_and_unfinished"):
             method = getattr(store, name)
 
-            async def counted(*args: Any, _name: str = name, _method: Any = method) -> Any:
+            async def counted(*args: Any, _name: str = name, _method: Any = method, **kwargs: Any) -> Any:
                 if not inside:
                     calls.append(_name)
                 inside.append(_name)
                 try:
-                    return await _method(*args)
+                    return await _method(*args, **kwargs)
                 finally:
                     inside.pop()
 

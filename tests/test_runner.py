@@ -263,13 +263,14 @@ async def test_stuck_sync_handlers_are_bounded_and_the_excess_is_recorded_skippe
             await engine.quiesce(runs=False)
             if minute < 3:
                 await asyncio.to_thread(entered.acquire, True, 10)
-            clock.advance(30)  # the watchdog gives up on it; its thread stays stuck
-            await engine.quiesce()
+            clock.advance(30)  # the watchdog gives up on it; its thread stays stuck (and in flight)
+            await engine.quiesce(runs=False)
+        await engine.flush()
         runs = await all_runs(engine, "job")
         assert [(r.status, r.error_tag) for r in runs] == [("failed", "timeout")] * 3 + [
             ("skipped", "threads_exhausted")
         ] * 2
-        assert "3 handler threads are busy (3 abandoned" in (runs[-1].error_message or "")
+        assert "3 handler threads are busy (3 past their deadline and still running)" in (runs[-1].error_message or "")
         assert engine.runner.pool.threads == 3
         assert "not started: all 3 handler threads are busy" in caplog.text
     finally:

@@ -282,6 +282,8 @@ async def test_healthz_reports_the_store_and_each_instance_and_503_once_the_file
                     "heartbeat_at": iso(beat.heartbeat_at),
                     "heartbeat_age_s": round((clock.now() - beat.heartbeat_at).total_seconds(), 1),
                     "last_fired_at": iso(fired.fired_at),
+                    "role": "firing",
+                    "coordination": "single",
                 }
             ],
             "now": iso(clock.now()),

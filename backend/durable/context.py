@@ -84,6 +84,13 @@ class DurableContext:
         return self._run.row.scheduled_at
 
     @property
+    def fence(self) -> int:
+        """The fencing token of this claim of the execution: greater than every earlier
+        claim's. The store refuses a displaced claim's writes; give it to your own steps'
+        writes to refuse theirs too."""
+        return self._run.lease
+
+    @property
     def created_at(self) -> datetime:
         return self._run.row.created_at
 

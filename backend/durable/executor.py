@@ -16,6 +16,7 @@ the executor warns, every few minutes, about runnable executions nobody has clai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -95,6 +96,9 @@ class DurableExecutor:
         self._started_at = self.clock.now()
         if not self.functions:
             return  # nothing this instance could run
+        lease = self.shared.registry.lease
+        lease.on_lapse.append(self.lease_lapsed)
+        lease.on_renewed.append(self.poke)
         self.loops.expect("durable")
         self.loops.spawn(self._loop(), "durable")
 
@@ -121,8 +125,8 @@ class DurableExecutor:
         if self.running and (self._renew_at is None or now >= self._renew_at):
             await self.renew(now)
         free = self.concurrency - len(self.running)
-        if free <= 0 or self.stopping:
-            return False
+        if free <= 0 or self.stopping or not self.shared.registry.lease.fresh():
+            return False  # (woken when the lease is renewed)
         limit = min(free, CLAIM_BATCH)
         claimed = await self.store.durable_claim(self.instance, list(self.functions), now, now + self.lease_ttl, limit)
         for one in claimed:
@@ -229,9 +233,19 @@ class DurableExecutor:
                 count, function, STALE_AFTER.total_seconds(), ", ".join(sorted(self.functions)) or "none",
             )  # fmt: skip
 
+    def lease_lapsed(self, why: str) -> None:
+        """This instance's lease lapsed: let go of every execution at once, writing nothing
+        (its own execution lease lets another instance claim it, and replay its steps)."""
+        for run in list(self.running.values()):
+            run.lose(f"this instance's lease on its work lapsed ({why})")
+
     # -- stopping ------------------------------------------------------------------------
     async def stop(self, grace: float) -> None:
         self.stopping = True
+        lease = self.shared.registry.lease
+        with contextlib.suppress(ValueError):
+            lease.on_lapse.remove(self.lease_lapsed)
+            lease.on_renewed.remove(self.poke)
         if not self._drives:
             return
         for run in self.running.values():

@@ -55,9 +55,12 @@ class BodyCall(Invocation):
         self.deadline = self.run.deadline
         return self.run.context
 
-    def settled(self, outcome: Outcome) -> None:
+    def ended(self) -> None:
+        # Once the code has really returned (code that ignores its cancellation included):
+        # the execution is written, and let go, only then.
+        assert self.outcome is not None
         if not self.finished.done():
-            self.finished.set_result(outcome)
+            self.finished.set_result(self.outcome)
 
 
 class StepCall(Invocation):
@@ -79,9 +82,12 @@ class StepCall(Invocation):
         super().begin(now)
         return self.args
 
-    def settled(self, outcome: Outcome) -> None:
+    def ended(self) -> None:
+        # A step on a thread past its deadline still runs: its retry (or the next step)
+        # waits until it has returned, so no two attempts of a step ever run at once.
+        assert self.outcome is not None
         if not self.finished.done():
-            self.finished.set_result(outcome)
+            self.finished.set_result(self.outcome)
 
 
 class ExecutionRun:

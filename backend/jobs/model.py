@@ -273,3 +273,7 @@ class JobContext:
     jobs: JobActions = field(repr=False)
     """Send (and act on) jobs from the handler: ``await job.jobs.send(...)``; from a sync
     handler, ``job.jobs.sync.send(...)``."""
+    fence: int = 0
+    """This attempt's fencing token: greater than that of every earlier claim of this job,
+    on any instance. The store refuses the attempt's end once the job was claimed again;
+    give it to your own writes (``WHERE fence < %s``) to refuse a stale attempt's too."""

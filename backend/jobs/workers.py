@@ -21,6 +21,7 @@ attempt's end: ``succeeded``; a retry after ``min(10 * 2**(attempt-1), 3600)`` s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import Counter
@@ -29,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Unavailable
-from ..model import TAG_ABANDONED, TAG_INTERRUPTED
+from ..model import TAG_ABANDONED, TAG_INTERRUPTED, TAG_LEASE_LOST
 from ..runner import TAG_THREADS_EXHAUSTED, Invocation, Outcome, RunnerSaturated
 from .definition import Queue, backoff
 from .model import JobContext
@@ -44,6 +45,8 @@ log = logging.getLogger("schedtui.jobs")
 
 #: How long the dispatcher waits after the store failed a cycle before trying again (seconds).
 RETRY_AFTER_TROUBLE = 1.0
+#: How long a stop waits for cancelled async handlers to return (seconds).
+STOP_WAIT = 1.0
 
 
 class JobRun(Invocation):
@@ -80,11 +83,16 @@ class JobRun(Invocation):
             deadline=deadline,
             created_at=c.created_at,
             jobs=self.workers.jobs.actions,
+            fence=c.tries,
         )
         return self.context
 
-    def settled(self, outcome: Outcome) -> None:
-        self.workers.ended(self, outcome)
+    def ended(self) -> None:
+        # Not at settle: a sync handler past its deadline still runs, and its seat stays
+        # taken (the job stays `running`) until its thread returns; only then is the
+        # attempt handed in and a retry can start.
+        assert self.outcome is not None
+        self.workers.ended(self, self.outcome)
 
 
 def decide(claimed: Claimed, outcome: Outcome, *, stopping: bool = False) -> tuple[FinishKind, datetime | None]:
@@ -98,7 +106,7 @@ def decide(claimed: Claimed, outcome: Outcome, *, stopping: bool = False) -> tup
         return "release", None  # never started (no handler thread free): no attempt used
     if claimed.attempt >= claimed.max_attempts:
         return "dead", None
-    if stopping and outcome.error_tag == TAG_INTERRUPTED:
+    if (stopping and outcome.error_tag == TAG_INTERRUPTED) or outcome.error_tag == TAG_LEASE_LOST:
         return "retry", outcome.at
     return "retry", outcome.at + timedelta(seconds=backoff(claimed.attempt))
 
@@ -121,6 +129,7 @@ class Workers:
         self.instance = shared.instance
         self.new_id = shared.new_id
         self.store = jobs.store
+        self.lease = shared.registry.lease
         self.queues = {q.name: q for q in queues}
         self.poll_interval = timedelta(seconds=poll_interval)
         self.running: dict[str, JobRun] = {}
@@ -159,6 +168,8 @@ class Workers:
     # -- the dispatcher ------------------------------------------------------------------
     def start(self) -> None:
         self.wake = asyncio.Event()
+        self.lease.on_lapse.append(self.lease_lapsed)
+        self.lease.on_renewed.append(self.poke)
         self.loops.expect("jobs")
         self.loops.spawn(self._dispatch(), "jobs")
         if self.store.job_notifications:
@@ -189,8 +200,8 @@ class Workers:
         return free
 
     def _wanted(self, now: datetime) -> dict[str, int]:
-        if self.stopping:
-            return {}
+        if self.stopping or not self.lease.fresh():
+            return {}  # (woken when the lease is renewed)
         wanted = {}
         for name, queue in self.queues.items():
             room = self.room(queue)
@@ -213,6 +224,8 @@ class Workers:
             return self.trouble_until
         if self.claiming is not None:
             return None  # woken when it comes back
+        if not self.lease.fresh():
+            return None  # woken when the lease is renewed
         times = []
         for name, queue in self.queues.items():
             if self.room(queue) <= 0:
@@ -315,6 +328,15 @@ class Workers:
         """An attempt's handler ended (on the engine's loop, once per attempt)."""
         self.active[run.queue.name] -= 1
         c = run.claimed
+        now = self.clock.now()
+        held = run.ran_on(now)
+        if held is not None and outcome.status == "failed":
+            # Settled (timed out, interrupted) while its handler ran on: the attempt ends now.
+            outcome = Outcome(
+                "failed", now, outcome.error_tag,
+                f"{outcome.error_message}; its handler ran on for {held:.1f}s more, holding its seat, until it returned",
+                outcome.traceback,
+            )  # fmt: skip
         kind, retry_at = decide(c, outcome, stopping=self.stopping)
         if kind == "dead":
             log.warning("job %s of %s is dead after %d attempt(s): %s", c.id, c.queue, c.attempt, outcome.error_message)
@@ -350,12 +372,24 @@ class Workers:
                 finish.id, finish.kind, finish.attempt, TAG_ABANDONED,
             )  # fmt: skip
 
+    def lease_lapsed(self, why: str) -> None:
+        """This instance's lease lapsed: stop every attempt in flight (``lease_lost``,
+        retried at once: by whoever holds a lease, once the store has the attempt's end or
+        the take-over closes it); claimed attempts not started yet never start."""
+        now = self.clock.now()
+        for run in list(self.running.values()):
+            message = f"stopped: this instance's lease on its work lapsed ({why})"
+            self.runner.stop_call(run, Outcome("failed", now, TAG_LEASE_LOST, message))
+
     # -- stopping ------------------------------------------------------------------------
     async def stop(self, grace: float) -> None:
         """Claim nothing more; let attempts in flight end for up to ``grace`` seconds; end
         the rest as interrupted (retried at once, elsewhere or at the next start); hand
         every ended attempt to the store."""
         self.stopping = True
+        with contextlib.suppress(ValueError):
+            self.lease.on_lapse.remove(self.lease_lapsed)
+            self.lease.on_renewed.remove(self.poke)
         tasks = [run.task for run in self.running.values() if run.task is not None and not run.done]
         if tasks and grace > 0:
             log.info("waiting up to %.0fs for %d job(s) in flight", grace, len(tasks))
@@ -363,8 +397,20 @@ class Workers:
         now = self.clock.now()
         for run in list(self.running.values()):
             if not run.done:
-                run.settle(Outcome("failed", now, TAG_INTERRUPTED, "the engine stopped while this job ran"))
-                run.cancel()
+                self.runner.stop_call(run, Outcome("failed", now, TAG_INTERRUPTED, "the engine stopped while this job ran"))
+        # Cancelled async handlers end within a moment (one that ignores its cancellation
+        # does not); a sync handler's thread cannot be stopped.
+        ending = [run.task for run in self.running.values() if run.task is not None and run.is_async and not run.has_ended]
+        if ending:
+            await asyncio.wait(ending, timeout=STOP_WAIT)
+        lingering = [run for run in self.running.values() if not run.has_ended]
+        if lingering:
+            log.warning(
+                "%d job handler(s) still running as this instance stops (%s): their jobs stay running in the "
+                "store under this instance, and are retried once it is gone (at once on this host when the "
+                "process has exited, elsewhere after the take-over window), never beside it",
+                len(lingering), ", ".join(sorted(run.claimed.id for run in lingering)[:5]),
+            )  # fmt: skip
         # What cycles cut short by the stop carried, and what ended since (in doubt: every
         # finish is conditional, so one applied already changes nothing the second time).
         in_doubt = [item for carried in self.inflight.values() for item in carried]

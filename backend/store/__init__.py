@@ -23,12 +23,13 @@ from ..model import (
     ClaimResult,
     CoordinationMode,
     InstanceInfo,
+    Role,
     Run,
     ScheduleState,
     StoreHealth,
 )
 
-__all__ = ["DEFAULT_STORE_URL", "InstanceBeat", "MarksNow", "Store", "Unfinished", "open_store", "redact_url", "until_lost"]
+__all__ = ["DEFAULT_STORE_URL", "FIRING", "InstanceBeat", "Membership", "MarksNow", "Store", "Unfinished", "open_store", "redact_url", "until_lost"]
 
 
 class Unfinished(NamedTuple):
@@ -42,6 +43,21 @@ class Unfinished(NamedTuple):
     """Each instance's burst mark not cleared yet (:meth:`Store.starting_marks`)."""
     instances: dict[str, tuple[str, int, datetime]]
     """Every registered instance (:meth:`Store.instances`)."""
+    role: Role = "firing"
+    """The role the heartbeat recorded for the caller (see :meth:`Store.heartbeat`)."""
+
+
+class Membership(NamedTuple):
+    """What a heartbeat says of its instance besides its name, host and pid (see
+    :meth:`Store.heartbeat`)."""
+
+    role: Role = "firing"
+    coordination: CoordinationMode | None = None
+    live_after: datetime | None = None
+
+
+#: A bare heartbeat: a firing instance whose mode is not said (not gated, does not gate).
+FIRING = Membership()
 
 
 class InstanceBeat(Protocol):
@@ -152,8 +168,23 @@ class Store(Protocol):
     async def set_state(self, state: ScheduleState) -> None: ...
 
     # -- instances ----------------------------------------------------------------------
-    async def heartbeat(self, instance: str, host: str, pid: int, at: datetime) -> None:
-        """Register or refresh a live instance."""
+    async def heartbeat(
+        self,
+        instance: str,
+        host: str,
+        pid: int,
+        at: datetime,
+        membership: Membership = FIRING,
+    ) -> Role:
+        """Register or refresh an instance, and return the role recorded for it.
+
+        One fleet, one coordination: a member asking for ``firing`` with a
+        ``coordination`` is recorded ``waiting`` instead while another instance recorded
+        ``firing`` in a different mode has a heartbeat newer than ``live_after`` (all three
+        in ``membership``). The check and the write are atomic across every process sharing
+        the store (two members of different modes starting at once: one of them waits).
+        ``None`` as the mode is not gated and does not gate (an older version, a bare
+        heartbeat)."""
 
     async def instances(self) -> dict[str, tuple[str, int, datetime]]:
         """Every registered instance: ``{name: (host, pid, heartbeat_at)}``."""
@@ -176,7 +207,14 @@ class Store(Protocol):
         """:meth:`running_runs`, ``running_backfills`` and :meth:`starting_marks` in one
         read transaction: what the abandoned-work sweep of every instance looks at."""
 
-    async def heartbeat_and_unfinished(self, instance: str, host: str, pid: int, at: datetime) -> Unfinished:
+    async def heartbeat_and_unfinished(
+        self,
+        instance: str,
+        host: str,
+        pid: int,
+        at: datetime,
+        membership: Membership = FIRING,
+    ) -> Unfinished:
         """:meth:`heartbeat`, then what :meth:`unfinished_work` and :meth:`instances` read:
         a member's periodic round. PostgreSQL does it in one transaction (one commit every
         few seconds per member, not two); SQLite writes the heartbeat, then reads."""

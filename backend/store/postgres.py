@@ -40,12 +40,13 @@ from ..model import (
     ClaimResult,
     CoordinationMode,
     InstanceInfo,
+    Role,
     Run,
     ScheduleState,
     StoreHealth,
     unique_claims,
 )
-from . import Unfinished, redact_url
+from . import FIRING, Membership, Unfinished, redact_url
 from .migrations import components_of, migrate_postgres
 from .postgres_audit import PostgresAudit
 from .postgres_durable import PostgresDurable
@@ -68,6 +69,7 @@ from .postgres_sql import (
     GET_RUN,
     GET_STATES,
     GET_VERSION,
+    FLEET_LOCK,
     HEARTBEAT,
     INSERT_BACKFILL,
     INSERT_VERSION,
@@ -438,8 +440,21 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
         await self._execute(SET_STATE, (state.name, state.enabled, state.changed_by, state.changed_at, state.note))
 
     # -- instances ------------------------------------------------------------------------
-    async def heartbeat(self, instance: str, host: str, pid: int, at: datetime) -> None:
-        await self._execute(HEARTBEAT, (instance, host, pid, at))
+    async def heartbeat(
+        self,
+        instance: str,
+        host: str,
+        pid: int,
+        at: datetime,
+        membership: Membership = FIRING,
+    ) -> Role:
+        async def beat(conn: AsyncConnection[Any]) -> Role:
+            async with conn.transaction():
+                return await _beat(conn, instance, host, pid, at, membership)
+
+        role = await self._with_conn(beat)
+        self.commits += 1
+        return role
 
     async def instances(self) -> dict[str, tuple[str, int, datetime]]:
         rows = await self._fetchall(INSTANCES)
@@ -447,7 +462,7 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
 
     async def fleet(self) -> list[InstanceInfo]:
         rows = await self._fetchall(INSTANCE_LIST)
-        return [InstanceInfo(row[0], row[1], row[2], _utc(row[3]), _utc(row[4])) for row in rows]  # type: ignore[arg-type]
+        return [InstanceInfo(row[0], row[1], row[2], _utc(row[3]), _utc(row[4]), row[5], row[6]) for row in rows]  # type: ignore[arg-type]
 
     async def forget_instance(self, instance: str) -> None:
         await self._execute(FORGET_INSTANCE, (instance,))
@@ -465,13 +480,22 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
 
         return await self._with_conn(read)
 
-    async def heartbeat_and_unfinished(self, instance: str, host: str, pid: int, at: datetime) -> Unfinished:
+    async def heartbeat_and_unfinished(
+        self,
+        instance: str,
+        host: str,
+        pid: int,
+        at: datetime,
+        membership: Membership = FIRING,
+    ) -> Unfinished:
         async def beat(conn: AsyncConnection[Any]) -> Unfinished:
             async with conn.transaction():  # a member's round: one commit, not two
-                await conn.execute(HEARTBEAT, (instance, host, pid, at))
+                recorded = await _beat(conn, instance, host, pid, at, membership)
+                # The runs before the instances: a run committed after its instance renewed
+                # is then never read beside that instance's older heartbeat.
                 runs, backfills, marks = await self._read_unfinished(conn)
                 beats = await (await conn.execute(INSTANCES)).fetchall()
-            return Unfinished(runs, backfills, marks, {r[0]: (r[1], r[2], _utc(r[3])) for r in beats})  # type: ignore[misc]
+            return Unfinished(runs, backfills, marks, {r[0]: (r[1], r[2], _utc(r[3])) for r in beats}, recorded)  # type: ignore[misc]
 
         return await self._with_conn(beat)
 
@@ -571,3 +595,28 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
     async def running_backfills(self) -> list[BackfillProgress]:
         return [_backfill(row) for row in await self._fetchall(RUNNING_BACKFILLS)]
 
+
+async def _beat(
+    conn: AsyncConnection[Any],
+    instance: str,
+    host: str,
+    pid: int,
+    at: datetime,
+    membership: Membership,
+) -> Role:
+    """The heartbeat, inside the caller's transaction (see :meth:`PostgresStore.heartbeat`)."""
+    role, coordination, live_after = membership
+    gated = role == "firing" and coordination is not None
+    if gated:
+        await conn.execute(FLEET_LOCK)
+    row = await (
+        await conn.execute(
+            HEARTBEAT,
+            {
+                "instance": instance, "host": host, "pid": pid, "at": at, "role": role,
+                "mode": coordination, "live_after": live_after if live_after is not None else at,
+            },
+        )
+    ).fetchone()  # fmt: skip
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]

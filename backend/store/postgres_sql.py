@@ -17,6 +17,9 @@ from .rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_r
 #: instances starting at once migrate one after the other. Two-key form: (class, object).
 LOCK_CLASS = 0x5C4ED  # "schedtui"
 LOCK_MIGRATE = 1
+#: Taken around a member's heartbeat: two members of different coordination modes that
+#: beat at once see each other, and the second waits (see HEARTBEAT).
+LOCK_FLEET = 2
 
 MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(%s, %s)"
 CREATE_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schedtui_schema_version (version integer NOT NULL)"
@@ -94,6 +97,11 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     """
     ALTER TABLE schedtui_runs ADD COLUMN traceback text;
+    """,
+    # What each instance is to the fleet (firing, waiting, observer) and its mode.
+    """
+    ALTER TABLE schedtui_instances ADD COLUMN role text;
+    ALTER TABLE schedtui_instances ADD COLUMN coordination text;
     """,
 )
 
@@ -194,14 +202,29 @@ SET_STATE = """
     ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, changed_by = excluded.changed_by,
         changed_at = excluded.changed_at, note = excluded.note
 """
+#: Register or refresh an instance, deciding its role in the same statement: a member that
+#: asks to fire waits instead while a live firing member of another mode beats (one fleet,
+#: one coordination). Members take FLEET_LOCK first, so two of different modes starting
+#: at once see each other. A NULL mode (an older version, a bare heartbeat) is not gated
+#: and does not gate.
 HEARTBEAT = """
-    INSERT INTO schedtui_instances (instance, host, pid, heartbeat_at) VALUES (%s, %s, %s, %s)
+    INSERT INTO schedtui_instances (instance, host, pid, heartbeat_at, role, coordination)
+    VALUES (%(instance)s, %(host)s, %(pid)s, %(at)s,
+        CASE WHEN %(role)s::text = 'firing' AND EXISTS (
+            SELECT 1 FROM schedtui_instances o
+            WHERE o.instance <> %(instance)s AND o.role = 'firing'
+              AND o.coordination <> %(mode)s::text AND o.heartbeat_at > %(live_after)s::timestamptz)
+        THEN 'waiting' ELSE %(role)s::text END,
+        %(mode)s::text)
     ON CONFLICT (instance) DO UPDATE SET host = excluded.host, pid = excluded.pid,
-        heartbeat_at = excluded.heartbeat_at
+        heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination
+    RETURNING role
 """
+FLEET_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {LOCK_FLEET})"
 INSTANCES = "SELECT instance, host, pid, heartbeat_at FROM schedtui_instances"
 INSTANCE_LIST = (
-    "SELECT instance, host, pid, heartbeat_at, last_fired_at FROM schedtui_instances ORDER BY instance COLLATE \"C\""
+    "SELECT instance, host, pid, heartbeat_at, last_fired_at, role, coordination FROM schedtui_instances "
+    'ORDER BY instance COLLATE "C"'
 )
 #: Kept by the group commit, in its transaction: when this instance last started a run.
 NOTE_LAST_FIRED = """

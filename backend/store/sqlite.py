@@ -36,12 +36,13 @@ from ..model import (
     ClaimResult,
     CoordinationMode,
     InstanceInfo,
+    Role,
     Run,
     ScheduleState,
     StoreHealth,
     unique_claims,
 )
-from . import Unfinished
+from . import FIRING, Membership, Unfinished
 from .migrations import components_of, migrate_sqlite
 from .sqlite_audit import SQLiteAudit
 from .sqlite_events import SQLiteEvents
@@ -61,6 +62,7 @@ from .sqlite_sql import (
     GET_RUN,
     GET_STATES,
     HEARTBEAT,
+    OTHER_MODE_FIRING,
     INSERT_BACKFILL,
     INSERT_PLACEHOLDER,
     INSTANCES,
@@ -431,9 +433,27 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         await self._write(lambda c: c.execute(SET_STATE, params))
 
     # -- instances ------------------------------------------------------------------------
-    async def heartbeat(self, instance: str, host: str, pid: int, at: datetime) -> None:
-        params = (instance, host, pid, _us(at))
-        await self._write(lambda c: c.execute(HEARTBEAT, params))
+    async def heartbeat(
+        self,
+        instance: str,
+        host: str,
+        pid: int,
+        at: datetime,
+        membership: Membership = FIRING,
+    ) -> Role:
+        role, coordination, live_after = membership
+        since = _us(live_after if live_after is not None else at)
+
+        def beat(c: sqlite3.Connection) -> Role:
+            recorded = role
+            if role == "firing" and coordination is not None:
+                # The writer's transaction is the only one: the check and the write are atomic.
+                if c.execute(OTHER_MODE_FIRING, (instance, coordination, since)).fetchone() is not None:
+                    recorded = "waiting"
+            c.execute(HEARTBEAT, (instance, host, pid, _us(at), recorded, coordination))
+            return recorded
+
+        return await self._write(beat)
 
     async def instances(self) -> dict[str, tuple[str, int, datetime]]:
         rows = await self._read(lambda c: c.execute(INSTANCES).fetchall())
@@ -441,7 +461,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
 
     async def fleet(self) -> list[InstanceInfo]:
         rows = await self._read(lambda c: c.execute(INSTANCE_LIST).fetchall())
-        return [InstanceInfo(row[0], row[1], row[2], _dt(row[3]), _dt(row[4])) for row in rows]  # type: ignore[arg-type]
+        return [InstanceInfo(row[0], row[1], row[2], _dt(row[3]), _dt(row[4]), row[5], row[6]) for row in rows]  # type: ignore[arg-type]
 
     async def forget_instance(self, instance: str) -> None:
         await self._write(lambda c: c.execute(FORGET_INSTANCE, (instance,)))
@@ -467,11 +487,18 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
 
         return await self._read(read)
 
-    async def heartbeat_and_unfinished(self, instance: str, host: str, pid: int, at: datetime) -> Unfinished:
+    async def heartbeat_and_unfinished(
+        self,
+        instance: str,
+        host: str,
+        pid: int,
+        at: datetime,
+        membership: Membership = FIRING,
+    ) -> Unfinished:
         # One process's file: no commit to save by folding the reads into the write.
-        await self.heartbeat(instance, host, pid, at)
+        recorded = await self.heartbeat(instance, host, pid, at, membership)
         runs, backfills, marks = await self.unfinished_work()
-        return Unfinished(runs, backfills, marks, await self.instances())
+        return Unfinished(runs, backfills, marks, await self.instances(), recorded)
 
     async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
         us = _us(slot)

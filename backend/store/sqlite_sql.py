@@ -81,6 +81,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE runs ADD COLUMN traceback TEXT;
     """,
+    # What each instance is to the fleet (firing, waiting, observer) and its mode.
+    """
+    ALTER TABLE instances ADD COLUMN role TEXT;
+    ALTER TABLE instances ADD COLUMN coordination TEXT;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
@@ -156,12 +161,18 @@ SET_STATE = """
         changed_at = excluded.changed_at, note = excluded.note
 """
 HEARTBEAT = """
-    INSERT INTO instances (instance, host, pid, heartbeat_at) VALUES (?, ?, ?, ?)
+    INSERT INTO instances (instance, host, pid, heartbeat_at, role, coordination) VALUES (?, ?, ?, ?, ?, ?)
     ON CONFLICT (instance) DO UPDATE SET host = excluded.host, pid = excluded.pid,
-        heartbeat_at = excluded.heartbeat_at
+        heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination
+"""
+#: A live firing member of another mode (see the PostgreSQL store's HEARTBEAT).
+OTHER_MODE_FIRING = """
+    SELECT 1 FROM instances WHERE instance <> ? AND role = 'firing' AND coordination <> ? AND heartbeat_at > ? LIMIT 1
 """
 INSTANCES = "SELECT instance, host, pid, heartbeat_at FROM instances"
-INSTANCE_LIST = "SELECT instance, host, pid, heartbeat_at, last_fired_at FROM instances ORDER BY instance"
+INSTANCE_LIST = (
+    "SELECT instance, host, pid, heartbeat_at, last_fired_at, role, coordination FROM instances ORDER BY instance"
+)
 #: Kept by the group commit, in its transaction: when this instance last started a run.
 NOTE_LAST_FIRED = "UPDATE instances SET last_fired_at = max(coalesce(last_fired_at, 0), ?) WHERE instance = ?"
 FORGET_INSTANCE = "DELETE FROM instances WHERE instance = ?"

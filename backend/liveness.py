@@ -1,0 +1,159 @@
+"""This instance's lease on the work it runs: the liveness model.
+
+A firing member renews its lease with every heartbeat. Others take its work over (close
+its runs as abandoned, retry its jobs, claim its durable executions) only once its
+heartbeat is older than the **take-over window** (``abandon_after``, 30 s by default),
+counted from when the store could last be written by everyone. So the member itself must
+stop working before that: when it has not renewed for the **renewal bound** (two thirds
+of the window, as leader-election clients default to) its lease *lapses*:
+
+* work begun under the lapsed lease is fenced: async handlers are cancelled (recorded
+  ``failed``/``lease_lost``), durable executions let go, and work claimed but not started
+  never starts (each piece of work carries the lease *epoch* it was claimed under);
+* a thread cannot be stopped in Python: if sync handlers are still running, the process
+  ends itself (as a leader-election client does when it loses leadership), so that no
+  handler of it runs beside the one that takes its work over;
+* nothing new is claimed until a heartbeat renews the lease (a new epoch).
+
+Time here is the lease clock: ``CLOCK_BOOTTIME`` where there is one (it goes on counting
+while the process is stopped or the machine suspended), so a process frozen past the
+bound finds its lease lapsed the moment it runs again, before it starts anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Final
+
+__all__ = ["LEASE_BOUND_SHARE", "WorkLease", "boot_clock"]
+
+log = logging.getLogger("schedtui.engine")
+
+#: The renewal bound as a share of the take-over window: the rest is the margin for the
+#: lapse to take effect and for the clocks of two machines to differ.
+LEASE_BOUND_SHARE: Final = 2 / 3
+
+
+def boot_clock() -> float:
+    """Seconds on a clock that never jumps and keeps counting while the process is stopped
+    (``CLOCK_BOOTTIME``; ``time.monotonic`` where there is none)."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(boottime) if boottime is not None else time.monotonic()
+
+
+class WorkLease:
+    """The lease, its epochs, and what happens when it lapses (see the module).
+
+    Contract: :meth:`holds` is true only for work claimed under the current epoch while
+    the lease is fresh; a lapse moves to a new epoch at once and calls every
+    :attr:`on_lapse` callback once, on the engine's loop; :meth:`fresh` stays false from
+    the lapse until :meth:`renewed` is told of a renewal sent after it. With no clock the
+    lease is not enforced (an engine on an injected clock, unless the test injects one).
+    """
+
+    def __init__(self, window: timedelta, clock: Callable[[], float] | None = boot_clock) -> None:
+        self.window = window
+        self.bound = window.total_seconds() * LEASE_BOUND_SHARE
+        self.clock = clock
+        self.renewed_at: float | None = None
+        """The lease clock's reading when the last renewal that succeeded was sent."""
+        self.epoch = 0
+        self.lapsed = False
+        self.lapses = 0
+        self.enforced = False
+        """Set once this instance becomes a firing member (an observer holds no lease)."""
+        self.on_lapse: list[Callable[[str], None]] = []
+        """Each system's way of letting go of its work, called in order at a lapse."""
+        self.after_lapse: Callable[[str], None] | None = None
+        """Called after them (the engine ends the process if sync handlers still run)."""
+        self.on_renewed: list[Callable[[], None]] = []
+        self._changed: asyncio.Event | None = None
+
+    # -- renewing ---------------------------------------------------------------------------
+    def sending(self) -> float:
+        """Read the lease clock just before a renewal is sent (pass it to :meth:`renewed`)."""
+        return self.clock() if self.clock is not None else 0.0
+
+    def renewed(self, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` was committed."""
+        if self.renewed_at is not None and sent_at < self.renewed_at:
+            return
+        self.renewed_at = sent_at
+        if self.lapsed and self._age() < self.bound:
+            self.lapsed = False
+            log.warning("lease renewed: this instance takes on new work again (epoch %d)", self.epoch)
+        self._wake()
+        for callback in self.on_renewed:
+            callback()
+
+    # -- asking -----------------------------------------------------------------------------
+    def _age(self) -> float:
+        if self.clock is None or self.renewed_at is None:
+            return 0.0
+        return self.clock() - self.renewed_at
+
+    def fresh(self) -> bool:
+        """Whether new work may be claimed now (checks for a lapse first)."""
+        self.check()
+        return not self.lapsed
+
+    def holds(self, epoch: int) -> bool:
+        """Whether work claimed under ``epoch`` may start (or go on) now."""
+        return self.fresh() and epoch == self.epoch
+
+    @property
+    def remaining(self) -> float | None:
+        """Seconds until the lease lapses unless renewed (``None``: not enforced)."""
+        if not self.enforced or self.clock is None or self.renewed_at is None or self.lapsed:
+            return None
+        return self.bound - self._age()
+
+    def check(self) -> None:
+        """Lapse now if the bound has passed since the last renewal."""
+        remaining = self.remaining
+        if remaining is not None and remaining <= 0:
+            self.lapse(f"it could not be renewed for {self._age():.1f}s (renewal bound {self.bound:g}s)")
+
+    def lapse(self, why: str) -> None:
+        """Give up the work of the current epoch (see the module); a no-op while lapsed."""
+        if self.lapsed:
+            return
+        self.lapsed = True
+        self.lapses += 1
+        self.epoch += 1
+        log.error(
+            "LEASE LAPSED: %s; others take this instance's work over after %gs, so it stops that "
+            "work now (async handlers cancelled, nothing new claimed until the lease is renewed)",
+            why,
+            self.window.total_seconds(),
+        )
+        for callback in [*self.on_lapse, *([self.after_lapse] if self.after_lapse is not None else [])]:
+            try:
+                callback(why)
+            except Exception:  # one system failing to let go must not keep the others going
+                log.exception("letting go of work after the lease lapsed failed")
+        self._wake()
+
+    # -- watching ---------------------------------------------------------------------------
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+
+    async def watch(self) -> None:
+        """Lapse as soon as the bound passes without a renewal (a task of the engine's, on
+        real time: the engine's clock may be an injected one)."""
+        self._changed = changed = asyncio.Event()
+        while True:
+            remaining = self.remaining
+            if remaining is not None and remaining <= 0:
+                self.check()
+                continue
+            changed.clear()
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=remaining)
+            except TimeoutError:
+                pass

@@ -1,0 +1,472 @@
+"""The liveness model (issue "never twice at once"): leases a worker must hold, what a
+lapse stops, handlers that outlive their deadline, PID namespaces, outages, one mode per
+fleet, and who counts as firing. On the manual clock, with an injected lease clock where
+a lapse is the point; the real-process versions are in ``test_liveness_fleet.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from backend import Engine, JobContext, ManualClock, RunContext, Unavailable, define_queue, define_schedule, open_store
+from backend.liveness import WorkLease
+from backend.model import TAG_LEASE_LOST
+from backend.registry import InstanceRegistry, pid_alive
+from backend.runner import Invocation
+from console.fleet import fleet_of
+from backend.interface import ConnectionInfo
+
+UTC = timezone.utc
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+
+
+class LeaseClock:
+    """A lease clock the test moves by hand (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Overlap:
+    """Counts the handlers of a queue running at once, and the attempts of each job."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running: dict[str, int] = {}
+        self.most = 0
+        self.most_per_job = 0
+        self.starts: list[tuple[str, int]] = []
+
+    def enter(self, job: JobContext) -> None:
+        with self.lock:
+            self.running[job.id] = self.running.get(job.id, 0) + 1
+            self.starts.append((job.id, job.attempt))
+            self.most = max(self.most, sum(self.running.values()))
+            self.most_per_job = max(self.most_per_job, self.running[job.id])
+
+    def leave(self, job: JobContext) -> None:
+        with self.lock:
+            self.running[job.id] -= 1
+
+
+# ---------------------------------------------------------------------------------------
+# the lease itself
+# ---------------------------------------------------------------------------------------
+def test_a_lease_lapses_at_its_bound_once_and_a_renewal_starts_a_new_epoch() -> None:
+    clock = LeaseClock()
+    lease = WorkLease(timedelta(seconds=30), clock)
+    lease.enforced = True
+    calls: list[str] = []
+    lease.on_lapse.append(lambda why: calls.append("system"))
+    lease.after_lapse = lambda why: calls.append("after")
+    lease.renewed(lease.sending())
+    assert lease.bound == 20 and lease.holds(0)
+    clock.now += 19.9
+    assert lease.fresh() and lease.remaining == pytest.approx(0.1)
+    clock.now += 0.1
+    assert not lease.holds(0)  # the bound passed without a renewal: lapsed, a new epoch
+    assert (lease.epoch, lease.lapses, calls) == (1, 1, ["system", "after"])
+    lease.check()
+    assert calls == ["system", "after"]  # once
+    stale = clock.now - 25
+    lease.renewed(stale)  # a renewal sent before the lapse, answered late, renews nothing
+    assert not lease.fresh()
+    lease.renewed(lease.sending())
+    assert lease.fresh() and lease.holds(1) and not lease.holds(0)  # work of the old epoch never goes on
+
+
+def test_an_unenforced_lease_never_lapses() -> None:
+    lease = WorkLease(timedelta(seconds=30), None)
+    lease.enforced = True
+    lease.renewed(lease.sending())
+    assert lease.fresh() and lease.remaining is None
+
+
+async def test_a_call_claimed_before_a_lapse_never_begins(make_engine: Callable[..., Engine]) -> None:
+    lease_clock = LeaseClock()
+    engine = make_engine([], lease_clock=lease_clock)
+    await engine.start()
+    began: list[int] = []
+
+    class Call(Invocation):
+        def begin(self, now: datetime) -> Any:
+            began.append(1)
+            return super().begin(now)
+
+    call = Call("test call", timedelta(seconds=10), True)
+    call.gate = asyncio.get_running_loop().create_future()  # its row's commit, still to come
+
+    async def handler(arg: Any) -> None:
+        began.append(2)
+
+    engine.runner.start(call, handler)
+    lease_clock.now += 21  # the process was frozen past the bound meanwhile
+    call.gate.set_result(None)
+    await call.task  # type: ignore[misc]
+    assert began == [] and call.outcome is not None and call.outcome.error_tag == TAG_LEASE_LOST
+    assert call.has_ended
+
+
+# ---------------------------------------------------------------------------------------
+# handlers that outlive their deadline hold their place until they return
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["sync", "async ignoring its cancellation"])
+async def test_a_job_past_its_deadline_keeps_its_seat_and_its_retry_waits_until_it_returns(
+    make_engine: Callable[..., Engine], clock: ManualClock, kind: str
+) -> None:
+    seen = Overlap()
+    release = threading.Event()
+
+    def blocking(job: JobContext) -> None:
+        seen.enter(job)
+        try:
+            if job.payload == "slow" and job.attempt == 1:
+                release.wait(30)
+        finally:
+            seen.leave(job)
+
+    async def stubborn(job: JobContext) -> None:
+        seen.enter(job)
+        try:
+            if job.payload == "slow" and job.attempt == 1:
+                while not release.is_set():
+                    try:
+                        await asyncio.sleep(0.01)
+                    except asyncio.CancelledError:
+                        pass  # ignores its deadline
+        finally:
+            seen.leave(job)
+
+    handler: Any = blocking if kind == "sync" else stubborn
+    engine = make_engine([define_queue(name="q", handler=handler, concurrency=1, attempts=3, max_runtime=2)])
+    await engine.start()
+    slow = await engine.jobs.send("q", "slow")
+    await engine.jobs.send("q", "fast")
+    await engine.quiesce(runs=False)
+    while not seen.starts:
+        await asyncio.sleep(0.01)
+    clock.advance(3)  # past max_runtime: the watchdog settles it as a timeout ...
+    await engine.quiesce(runs=False)
+    clock.advance(60)  # ... and its backoff (10 s) passes: still nothing else may start
+    await engine.quiesce(runs=False)
+    assert seen.starts == [(slow.id, 1)]
+    job = (await engine.jobs.get_job(slow.id)).job
+    assert job is not None and job.status == "running"  # its seat is taken in the store too
+    release.set()
+    await engine.quiesce()  # it returns: the attempt is handed in, the other job runs
+    clock.advance(10)
+    await engine.quiesce()
+    assert seen.most == 1 and seen.most_per_job == 1
+    assert [attempt for _, attempt in seen.starts] == [1, 1, 2]
+    attempts = (await engine.jobs.get_job(slow.id)).attempts
+    assert [(a.attempt, a.status, a.error_tag) for a in attempts] == [(1, "failed", "timeout"), (2, "succeeded", None)]
+    assert "holding its seat, until it returned" in (attempts[0].error_message or "")
+
+
+async def test_a_step_on_a_thread_past_its_deadline_is_retried_only_once_it_returns(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    from backend import Retry, define_durable
+
+    release = threading.Event()
+    running = [0]
+    most = [0]
+    calls = [0]
+    guard = threading.Lock()
+
+    def step() -> str:
+        with guard:
+            calls[0] += 1
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            first = calls[0] == 1
+        try:
+            if first:
+                release.wait(30)
+            return "done"
+        finally:
+            with guard:
+                running[0] -= 1
+
+    async def body(ctx: Any, input: Any) -> Any:
+        return await ctx.step("slow", step, retry=Retry(attempts=3, initial_delay=1, max_delay=1))
+
+    function = define_durable(name="f", handler=body, step_timeout=2)
+    engine = make_engine([function])
+    await engine.start()
+    started = await engine.durable.start_execution("f", None)
+    await engine.quiesce(runs=False)
+    while calls[0] == 0:
+        await asyncio.sleep(0.01)
+    for _ in range(5):  # its deadline, the retry's delay, and more: the thread still runs
+        clock.advance(3)
+        await engine.quiesce(runs=False)
+    assert calls[0] == 1
+    release.set()
+    while running[0]:
+        await asyncio.sleep(0.01)
+    for _ in range(3):
+        clock.advance(2)
+        await engine.quiesce()
+    execution = await engine.durable.get(started.id)
+    assert (execution.status, calls[0], most[0]) == ("succeeded", 2, 1)
+
+
+# ---------------------------------------------------------------------------------------
+# a lapse: async work stops, claimed work never starts, sync work ends the process
+# ---------------------------------------------------------------------------------------
+async def test_a_lapsed_lease_stops_async_jobs_claims_nothing_and_resumes_once_renewed(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    lease_clock = LeaseClock()
+    started: list[tuple[str, int]] = []
+    cancelled: list[int] = []
+    release = asyncio.Event()
+
+    async def handler(job: JobContext) -> None:
+        started.append((job.payload, job.attempt))
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cancelled.append(job.attempt)
+            raise
+
+    engine = make_engine(
+        [define_queue(name="q", handler=handler, concurrency=4, attempts=5)], abandon_after=30, lease_clock=lease_clock
+    )
+    await engine.start()
+    first = await engine.jobs.send("q", "a")
+    await engine.quiesce(runs=False)
+    while not started:
+        await asyncio.sleep(0)
+    assert engine.lease.fresh()
+    lease_clock.now += 20  # cut off: no renewal within the bound
+    engine.lease.check()
+    await engine.quiesce(runs=False)
+    assert cancelled == [1] and engine.lease.lapsed
+    await engine.jobs.send("q", "b")
+    await engine.quiesce(runs=False)
+    assert [p for p, _ in started] == ["a"]  # nothing new is claimed while lapsed
+    attempts = (await engine.jobs.get_job(first.id)).attempts
+    assert [(a.status, a.error_tag) for a in attempts] == [("failed", TAG_LEASE_LOST)]
+    clock.advance(5)  # the next heartbeat renews the lease
+    await engine.quiesce(runs=False)
+    assert not engine.lease.lapsed
+    while len(started) < 3:
+        await asyncio.sleep(0)
+    assert sorted(started) == [("a", 1), ("a", 2), ("b", 1)]
+    release.set()
+    await engine.quiesce()
+
+
+async def test_a_lapse_with_a_sync_handler_running_ends_the_process(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ended: list[int] = []
+    monkeypatch.setattr("backend.lifecycle.os._exit", ended.append)
+    lease_clock = LeaseClock()
+    release, entered = threading.Event(), threading.Event()
+
+    def handler(job: JobContext) -> None:
+        entered.set()
+        release.wait(30)
+
+    engine = make_engine([define_queue(name="q", handler=handler)], lease_clock=lease_clock)
+    await engine.start()
+    await engine.jobs.send("q", "x")
+    await engine.quiesce(runs=False)
+    await asyncio.to_thread(entered.wait, 10)
+    lease_clock.now += 20
+    try:
+        engine.lease.check()
+        assert ended == [75]  # EX_TEMPFAIL: after every system let go of what it could
+        assert "ENDING THE PROCESS: 1 sync handler(s) still run" in caplog.text
+    finally:
+        release.set()
+
+
+async def test_async_runs_of_schedules_are_stopped_at_a_lapse(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    lease_clock = LeaseClock()
+    gate = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> None:
+        await gate.wait()
+
+    engine = make_engine([define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=handler)], lease_clock=lease_clock)
+    await engine.start()
+    clock.advance(60)
+    await engine.quiesce(runs=False)
+    lease_clock.now += 20
+    engine.lease.check()
+    await engine.quiesce()
+    [run] = await engine.store.list_runs("s", limit=10)
+    assert (run.status, run.error_tag) == ("failed", TAG_LEASE_LOST)
+
+
+# ---------------------------------------------------------------------------------------
+# who is dead: PID namespaces, zombies, outages
+# ---------------------------------------------------------------------------------------
+def _registry(store: Any, clock: ManualClock, instance: str = "me") -> InstanceRegistry:
+    return InstanceRegistry(
+        clock=clock, store=store, ledger=None, instance=instance,  # type: ignore[arg-type]
+        heartbeat_interval=timedelta(seconds=5), abandon_after=timedelta(seconds=30),
+        retention=None, claims_ttl=None, is_ours=lambda _: False,
+    )  # fmt: skip
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_dead_pid_proves_death_only_within_its_pid_namespace(clock: ManualClock) -> None:
+    registry = _registry(None, clock)
+    host, boot, namespace = registry.host.split("#")
+    dead = _dead_pid()
+    now = clock.now()
+    beats = {
+        "same": (registry.host, dead, now),
+        "container": (f"{host}#{boot}#{int(namespace) + 1}", dead, now),  # same host, another PID namespace
+        "old-version": (f"{host}#{boot}", dead, now),  # a heartbeat without a namespace
+    }
+    assert "is no longer running" in (registry.gone(beats, "same", now) or "")
+    assert registry.gone(beats, "container", now) is None  # its pid means another process here
+    assert registry.gone(beats, "old-version", now) is None
+    later = now + timedelta(seconds=31)
+    assert "has not sent a heartbeat" in (registry.gone(beats, "container", later) or "")  # only the lease decides
+
+
+def test_a_zombie_is_not_alive() -> None:
+    proc = subprocess.Popen(["sleep", "0"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)  # (a real process exiting: nothing to await)
+        assert not pid_alive(proc.pid)  # ended, not reaped yet: its work stopped
+        assert pid_alive(os.getpid())
+    finally:
+        proc.wait()
+
+
+class Outage:
+    """A store whose heartbeats fail while ``down``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.down = False
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if name not in ("heartbeat", "heartbeat_and_unfinished"):
+            return value
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self.down:
+                raise Unavailable("down (test)")
+            return await value(*args, **kwargs)
+
+        return call
+
+
+async def test_an_outage_is_no_evidence_of_death(clock: ManualClock, store_url: str) -> None:
+    store = Outage(open_store(store_url))
+    await store.open()
+    try:
+        registry = _registry(store, clock)
+        await registry.beat(clock.now())
+        beats = {"other": ("elsewhere#1#2", 1, clock.now())}
+        clock.advance(5)
+        store.down = True
+        with pytest.raises(Unavailable):
+            await registry.beat(clock.now(), force=True)
+        clock.advance(40)  # nobody could beat for 40 s
+        store.down = False
+        await registry.beat(clock.now(), force=True)
+        assert registry.back_at == clock.now()
+        assert registry.gone(beats, "other", clock.now()) is None  # counted from when the store came back
+        clock.advance(30)
+        assert registry.gone(beats, "other", clock.now()) is None
+        clock.advance(1)
+        assert "since the store was back" in (registry.gone(beats, "other", clock.now()) or "")
+    finally:
+        await store.close()
+
+
+# ---------------------------------------------------------------------------------------
+# one fleet, one coordination; who counts as firing
+# ---------------------------------------------------------------------------------------
+def _every_minute(seen: list[str], instance: str) -> Any:
+    async def handler(ctx: RunContext) -> None:
+        seen.append(instance)
+
+    return define_schedule(name="tick", cron="* * * * *", timezone="UTC", handler=handler)
+
+
+@pytest.mark.postgres
+async def test_an_instance_in_another_coordination_mode_waits_loudly_and_fires_once_alone(
+    make_engine: Callable[..., Engine], clock: ManualClock, pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[str] = []
+    old = make_engine([_every_minute(seen, "old")], store=pg_url, instance="old", coordination="advisoryLock")
+    new = make_engine([_every_minute(seen, "new")], store=pg_url, instance="new", coordination="cluster", shard_ttl=10)
+    await old.start()
+    await new.start()
+    assert (old.registry.role, new.registry.role) == ("firing", "waiting")
+    assert "fires nothing until no such instance is left" in caplog.text
+    for _ in range(18):  # three minutes, both beating every 10 s (a jump past the window
+        clock.advance(10)  # would be a freeze of both: each would count the other dead)
+        await old.quiesce()
+        await new.quiesce()
+    assert seen == ["old"] * 3
+    fleet = {i.name: (i.role, i.coordination) for i in await old.store.fleet()}
+    assert fleet == {"old": ("firing", "advisoryLock"), "new": ("waiting", "cluster")}
+    await old.stop()  # the rolling change goes on: the last instance of the old mode leaves
+    for _ in range(60):  # (a cluster member renews its shards every ttl/3)
+        clock.advance(2)
+        await new.quiesce()
+    assert new.registry.role == "firing"
+    runs = await new.store.list_runs("tick", limit=100)
+    slots = [r.scheduled_at for r in runs if r.status != "missed"]
+    assert len(slots) == len(set(slots))  # never two runs of one slot
+    assert seen[:3] == ["old"] * 3 and "new" in seen[3:] and "old" not in seen[3:]
+
+
+async def test_two_modes_on_one_embedded_store_wait_too(make_engine: Callable[..., Engine]) -> None:
+    first = make_engine([], instance="a", coordination="single")
+    second = make_engine([], instance="b", coordination="advisoryLock")
+    await first.open()
+    await second.open()
+    first.registry.member = second.registry.member = True
+    now = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+    assert await first.registry.beat(now, force=True)
+    assert await second.registry.beat(now, force=True)
+    assert (first.registry.role, second.registry.role) == ("firing", "waiting")
+
+
+async def test_a_console_or_cli_is_an_observer_and_never_counts_as_firing(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    serve = make_engine([_every_minute([], "serve")], instance="serve")
+    console = make_engine([_every_minute([], "console")], instance="console")
+    await serve.start()
+    await console.open()
+    roles = {i.name: i.role for i in await console.store.fleet()}
+    assert roles == {"serve": "firing", "console": "observer"}
+    info = ConnectionInfo(kind="embedded", where="test", coordination="single", instance="other-console", read_only=False, fires=False)
+    views = await console.list_schedules()
+    assert [i.name for i in fleet_of(await console.store.fleet(), clock.now(), info, views).firing] == ["serve"]
+    await serve.stop()
+    assert fleet_of(await console.store.fleet(), clock.now(), info, views).silent  # NOTHING FIRES, whoever watches
