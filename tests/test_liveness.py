@@ -470,3 +470,24 @@ async def test_a_console_or_cli_is_an_observer_and_never_counts_as_firing(make_e
     assert [i.name for i in fleet_of(await console.store.fleet(), clock.now(), info, views).firing] == ["serve"]
     await serve.stop()
     assert fleet_of(await console.store.fleet(), clock.now(), info, views).silent  # NOTHING FIRES, whoever watches
+
+
+# ---------------------------------------------------------------------------------------
+# the watchdog keeps watching while the engine stops
+# ---------------------------------------------------------------------------------------
+async def test_a_run_past_its_deadline_during_a_graceful_stop_is_a_timeout(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    async def hang(ctx: RunContext) -> None:
+        await asyncio.Event().wait()
+
+    engine = make_engine([define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=hang, max_runtime=2)])
+    await engine.start()
+    clock.advance(60)
+    await engine.quiesce(runs=False)
+    stopping = asyncio.ensure_future(engine.stop(grace=20))  # a Ctrl-C: runs in flight get their grace
+    while not engine.launcher.stopping:
+        await asyncio.sleep(0)
+    clock.advance(3)  # ... but not past their own deadline
+    await asyncio.wait_for(stopping, 10)
+    await engine.open()
+    [run] = await engine.store.list_runs("s", limit=10)
+    assert (run.status, run.error_tag) == ("failed", "timeout")

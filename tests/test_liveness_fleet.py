@@ -1,0 +1,276 @@
+"""Never twice at once, with real ``schedtui serve`` processes on a real PostgreSQL and the
+real clock: a worker cut off from the database (a TCP relay that freezes) stops its work
+before another takes it over; one whose sync handlers cannot be stopped ends itself;
+instances in two PID namespaces on one host (``unshare --pid``) do not judge each other's
+pids; a sync handler past ``max_runtime`` keeps its seat until it returns.
+
+Handlers append one line per start, stop and end to a log file (pid and wall time); the
+checks read that log and the store. The windows are short (``--abandon-after 6``: the
+renewal bound is 4 s), so each test takes some ten to twenty seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from backend import connect
+from tests.servers import Server, cli_env, poll, start_server
+from tests.tcp_relay import FreezableRelay
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+WINDOW = "6"  # --abandon-after: take-over after 6 s of silence, a worker stops after 4 s
+
+JOBS = """
+    import asyncio
+    import os
+    import time
+    from pathlib import Path
+
+    from backend import define_queue
+
+    LOG = Path(__file__).resolve().parent.parent / "jobs.log"
+
+
+    def note(what, job):
+        with open(LOG, "a") as f:  # one short line per write: appended whole
+            f.write(f"{what} {job.id} {job.attempt} {os.getpid()} {time.time():.6f}\\n")
+
+
+    async def waits(job):
+        note("start", job)
+        try:
+            await asyncio.sleep(job.payload["sleep"])
+        except asyncio.CancelledError:
+            note("stop", job)
+            raise
+        note("end", job)
+
+
+    def blocks(job):
+        note("start", job)
+        if job.attempt == 1:
+            time.sleep(job.payload["sleep"])
+        note("end", job)
+
+
+    work = define_queue(name="work", handler=waits, concurrency=8, attempts=3)
+    threads = define_queue(name="threads", handler=blocks, concurrency=8, attempts=3)
+    capped = define_queue(name="capped", handler=blocks, concurrency=1, attempts=3, max_runtime=1)
+"""
+
+
+@dataclass(frozen=True)
+class Line:
+    what: str
+    job: str
+    attempt: int
+    pid: int
+    at: float
+
+
+class Workers:
+    def __init__(self, root: Path, url: str) -> None:
+        self.root = root
+        self.url = url
+        self.servers: list[Server] = []
+        self.others: list[subprocess.Popen[str]] = []
+        (root / "schedules").mkdir(exist_ok=True)
+        (root / "schedules" / "work.jobs.py").write_text(textwrap.dedent(JOBS))
+
+    def start(self, name: str, url: str | None = None) -> Server:
+        args = ["--schedules", "schedules", "--store", url or self.url, "--instance", name, "--abandon-after", WINDOW]
+        server = start_server(self.root, *args)
+        self.servers.append(server)
+        return server
+
+    def lines(self) -> list[Line]:
+        path = self.root / "jobs.log"
+        if not path.exists():
+            return []
+        out = []
+        for raw in path.read_text().splitlines():
+            what, job, attempt, pid, at = raw.split()
+            out.append(Line(what, job, int(attempt), int(pid), float(at)))
+        return out
+
+    def starts(self, pid: int | None = None) -> list[Line]:
+        return [line for line in self.lines() if line.what == "start" and (pid is None or line.pid == pid)]
+
+    def send(self, queue: str, payloads: list[Any]) -> list[str]:
+        async def go() -> list[str]:
+            async with connect(self.url) as st:
+                sent = await st.jobs.send_many(queue, [{"payload": p} for p in payloads])
+            return [s.id for s in sent]
+
+        return asyncio.run(go())
+
+    def sql(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url, connect_timeout=5) as conn:
+            return conn.execute(query, params).fetchall()
+
+    def kill_all(self) -> None:
+        for server in self.servers:
+            if server.process.poll() is None:
+                server.process.kill()
+                server.process.wait(10)
+        for other in self.others:
+            if other.poll() is None:
+                other.kill()
+                other.wait(10)
+
+
+@pytest.fixture
+def workers(tmp_path: Path, pg_url: str) -> Iterator[Workers]:
+    made = Workers(tmp_path, pg_url)
+    yield made
+    made.kill_all()
+
+
+def via(url: str, port: int) -> str:
+    """The same database, reached through a relay listening on ``port``."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}@127.0.0.1:{port}" if parts.username else f"127.0.0.1:{port}"))
+
+
+def no_overlap(lines: list[Line], job: str, died: dict[int, float] | None = None) -> list[tuple[float, float, int]]:
+    """The attempts of ``job`` as (start, end, pid), checked never to overlap. An attempt
+    with no end line ran until its process ``died`` (pid -> when), else for ever."""
+    spans: list[tuple[float, float, int]] = []
+    ends = {(line.attempt, line.pid): line.at for line in lines if line.job == job and line.what in ("stop", "end")}
+    for line in lines:
+        if line.job == job and line.what == "start":
+            end = ends.get((line.attempt, line.pid), (died or {}).get(line.pid, float("inf")))
+            spans.append((line.at, end, line.pid))
+    spans.sort()
+    for (_, end, pid), (start, _, other) in zip(spans, spans[1:]):
+        assert end < start, f"job {job}: the attempt on pid {pid} ran until {end}, past the start on pid {other} at {start}"
+    return spans
+
+
+def relay_to(url: str) -> FreezableRelay:
+    params = conninfo_to_dict(url)
+    return FreezableRelay(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+
+
+# ---------------------------------------------------------------------------------------
+# a partition of one worker
+# ---------------------------------------------------------------------------------------
+def test_a_worker_cut_off_from_the_store_stops_its_handlers_before_another_takes_them_over(workers: Workers) -> None:
+    with relay_to(workers.url) as relay:
+        a = workers.start("a", via(workers.url, relay.port))
+        jobs = workers.send("work", [{"sleep": 25}] * 4)
+        poll(lambda: len(workers.starts(a.process.pid)) == 4, timeout=30, what="a to run the four jobs")
+        b = workers.start("b")
+        relay.freeze()
+        frozen_at = time.time()
+        poll(lambda: len(workers.starts(b.process.pid)) == 4, timeout=40, what="b to take the four jobs over")
+        lines = workers.lines()
+        for job in jobs:
+            (a_start, a_end, _), (b_start, _, _) = no_overlap(lines, job)
+            assert a_end < frozen_at + 6, "a stopped its handler within the renewal bound"
+            assert b_start > frozen_at + 4
+        assert a.process.poll() is None  # async handlers are cancelled: the process goes on
+        assert "LEASE LAPSED" in a.log_text()
+        relay.thaw()
+        poll(lambda: "lease renewed" in a.log_text(), timeout=30, what="a to renew its lease once the path is back")
+    # Each first attempt was closed once, by the take-over (a's own lease_lost end, handed in
+    # late, was refused: the job had been claimed again under a newer fence).
+    firsts = workers.sql("SELECT error_tag, instance FROM schedtui_job_attempts WHERE attempt = 1")
+    assert sorted(firsts) == [("abandoned", "a")] * 4
+
+
+def test_a_cut_off_worker_whose_sync_handlers_cannot_stop_ends_itself_first(workers: Workers) -> None:
+    with relay_to(workers.url) as relay:
+        a = workers.start("a", via(workers.url, relay.port))
+        jobs = workers.send("threads", [{"sleep": 20}] * 3)
+        poll(lambda: len(workers.starts(a.process.pid)) == 3, timeout=30, what="a to run the three jobs")
+        b = workers.start("b")
+        relay.freeze()
+        frozen_at = time.time()
+        assert a.process.wait(15) == 75  # a thread cannot be stopped: the process ends itself
+        ended_at = time.time()
+        assert ended_at < frozen_at + 6, "it ended before the take-over window"
+        assert "ENDING THE PROCESS: 3 sync handler(s) still run" in a.log_text()
+        poll(lambda: len(workers.starts(b.process.pid)) == 3, timeout=40, what="b to take the jobs over")
+        assert all(line.at > ended_at for line in workers.starts(b.process.pid))
+        for job in jobs:
+            assert len(no_overlap(workers.lines(), job, {a.process.pid: ended_at})) == 2
+
+
+# ---------------------------------------------------------------------------------------
+# two PID namespaces on one host
+# ---------------------------------------------------------------------------------------
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare(1) here")
+def test_instances_in_two_pid_namespaces_of_one_host_never_take_each_others_work(workers: Workers) -> None:
+    log = workers.root / "ns.log"
+    # Inside, a shell burns a few thousand pids first: the serve's pid there is then one
+    # that no process of the host's namespace has (pids 1, 2 ... are alive on any host).
+    serve = [sys.executable, "-m", "console.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--schedules",
+             "schedules", "--store", workers.url, "--instance", "ns-b", "--abandon-after", WINDOW]  # fmt: skip
+    script = 'i=0; while [ $i -lt 3000 ]; do /bin/true; i=$((i+1)); done; "$@"'
+    inner = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script, "sh", *serve],
+        cwd=workers.root, env=cli_env(), stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
+    )  # fmt: skip
+    workers.others.append(inner)
+    assert inner.stdout is not None
+    if not inner.stdout.readline().startswith("schedtui: serving"):
+        pytest.fail(f"the serve in its own PID namespace did not start (unshare needs root): {log.read_text()}")
+    jobs = workers.send("work", [{"sleep": 12}] * 4)
+    poll(lambda: len(workers.starts()) == 4, timeout=30, what="ns-b to run the four jobs")
+    inner_pid = workers.starts()[0].pid
+    assert inner_pid != inner.pid  # its own pids: 1, 2 ... inside the namespace
+    beats = workers.sql("SELECT host, pid FROM schedtui_instances WHERE instance = 'ns-b'")
+    assert beats[0][1] == inner_pid and not Path(f"/proc/{inner_pid}").exists(), "its pid is not dead out here"
+    host = workers.start("host")
+    first_beat = workers.sql("SELECT heartbeat_at FROM schedtui_instances WHERE instance = 'host'")[0][0]
+    # Several rounds of the host's sweep (a beat every 1.3 s here) while ns-b's jobs run.
+    poll(
+        lambda: workers.sql("SELECT heartbeat_at FROM schedtui_instances WHERE instance = 'host'")[0][0]
+        > first_beat + timedelta(seconds=4),
+        timeout=30, what="the host instance to sweep for a few rounds",
+    )  # fmt: skip
+    assert len(workers.starts()) == 4, "the host instance re-ran ns-b's jobs"
+    assert "no longer running" not in host.log_text()
+    own = workers.sql("SELECT host FROM schedtui_instances WHERE instance = 'host'")[0][0]
+    assert own.split("#")[:2] == beats[0][0].split("#")[:2] and own != beats[0][0]  # one host, two namespaces
+    poll(lambda: {line.job for line in workers.lines() if line.what == "end"} == set(jobs), timeout=30, what="the jobs to end")
+    assert {(line.attempt, line.pid) for line in workers.starts()} == {(1, inner_pid)}
+
+
+# ---------------------------------------------------------------------------------------
+# a sync handler past max_runtime, in serve
+# ---------------------------------------------------------------------------------------
+def test_a_sync_handler_past_max_runtime_holds_its_seat_until_it_returns(workers: Workers) -> None:
+    workers.start("a")
+    jobs = workers.send("capped", [{"sleep": 3}, {"sleep": 0}])
+    poll(lambda: len([line for line in workers.lines() if line.what == "end"]) >= 3, timeout=60, what="the attempts to run")
+    lines = workers.lines()
+    running = most = 0
+    for line in sorted(lines, key=lambda line: (line.at, line.what != "end")):
+        running += 1 if line.what == "start" else -1
+        most = max(most, running)
+    assert most == 1, "two handlers of a queue with concurrency 1 ran at once"
+    for job in jobs:
+        no_overlap(lines, job)
+    attempts = workers.sql(
+        "SELECT attempt, status, error_tag, error_message FROM schedtui_job_attempts WHERE job_id = %s ORDER BY seq", (jobs[0],)
+    )
+    assert (attempts[0][1], attempts[0][2]) == ("failed", "timeout")
+    assert "holding its seat, until it returned" in attempts[0][3]
