@@ -195,7 +195,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     serve.add_argument(
         "--abandon-after", type=_positive_int, default=30, metavar="S",
-        help="close a run as abandoned once its instance sent no heartbeat for S seconds (30)",
+        help="take an instance's work over (close its runs as abandoned, retry its jobs) once it sent no heartbeat for "
+        "S seconds (30); an instance that cannot renew its own for two thirds of that stops its work",
     )
     # A test seam, not an operator option: pretend this machine's clock is off by MS.
     serve.add_argument(
