@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast
@@ -180,6 +181,8 @@ class Engine:
         self.exit_when_lease_lapses = exit_when_lease_lapses
         """End the process when the lease lapses while sync handlers still run (a thread
         cannot be stopped; the process ending stops it)."""
+        self.end_process: Callable[[int], None] = os._exit
+        """How the process ends itself then (a test replaces it)."""
         self.runner = HandlerRunner(self.clock, self.loops, max_threads=max_threads, lease=self.lease)
         coordinator, self._cluster_fallback = make_coordinator(coordination, self.store)
         attach_schedule_parts(

@@ -32,6 +32,8 @@ STATE_BACKSTOP = 10
 #: The exit code of a process that ends itself because its lease lapsed while sync handlers
 #: ran (EX_TEMPFAIL: a supervisor may start it again at once).
 EXIT_LEASE_LAPSED: Final = 75
+#: Seconds a lapse gives cancelled async handlers to return before ending the process.
+LINGER_GRACE_S: Final = 2.0
 
 
 async def open_engine(engine: Engine) -> None:
@@ -106,21 +108,39 @@ async def renew_lease(engine: Engine) -> None:
             await registry.beat_and_sweep(engine.clock.now())
         except Unavailable as exc:
             engine.outages.trouble("lease", "cannot renew this instance's lease (its heartbeat)", exc)
+        engine.lease.check()  # (the watcher does too, on real time)
         await engine.loops.park("lease", engine.clock.now() + registry.heartbeat_interval)
 
 
 def end_if_threads_run(engine: Engine, why: str) -> None:
-    """After every system let go of its work: a sync handler still running cannot be
-    stopped but by ending the process, which the instance taking the work over relies on."""
+    """After every system let go of its work: a handler still running that cannot be
+    stopped (a sync handler's thread) is stopped by ending the process, which the
+    instance taking the work over relies on. Async handlers were cancelled: one that
+    ignores its cancellation is looked at again a moment later, and ends the process too."""
     running = engine.runner.threads_running
-    if not running or not engine.exit_when_lease_lapses:
-        if running:
-            log.error("%d sync handler(s) still run after the lease lapsed (exit_when_lease_lapses=False)", running)
+    if running:
+        _end_process(engine, f"{running} sync handler(s) still run and a thread cannot be stopped", why)
+        return
+    if engine.runner.lingering:
+        asyncio.get_running_loop().call_later(
+            LINGER_GRACE_S, lambda: _end_if_still_running(engine, engine.lease.epoch, why)
+        )
+
+
+def _end_if_still_running(engine: Engine, epoch: int, why: str) -> None:
+    stubborn = [i for i in engine.runner.lingering if i.epoch < epoch]
+    if stubborn:
+        _end_process(engine, f"{len(stubborn)} handler(s) ignored their cancellation and still run", why)
+
+
+def _end_process(engine: Engine, what: str, why: str) -> None:
+    if not engine.exit_when_lease_lapses:
+        log.error("%s after the lease lapsed (exit_when_lease_lapses=False: the process goes on)", what)
         return
     log.critical(
-        "ENDING THE PROCESS: %d sync handler(s) still run and a thread cannot be stopped, so this process "
-        "ends (exit code %d) before another instance takes their work over (the lease lapsed: %s)",
-        running, EXIT_LEASE_LAPSED, why,
+        "ENDING THE PROCESS: %s, so this process ends (exit code %d) before another instance "
+        "takes their work over (the lease lapsed: %s)",
+        what, EXIT_LEASE_LAPSED, why,
     )  # fmt: skip
     for handler in logging.getLogger().handlers + log.handlers:
         try:
@@ -128,7 +148,7 @@ def end_if_threads_run(engine: Engine, why: str) -> None:
         except Exception:  # noqa: S112 - ending anyway
             continue
     sys.stderr.flush()
-    os._exit(EXIT_LEASE_LAPSED)
+    engine.end_process(EXIT_LEASE_LAPSED)
 
 
 async def stop_engine(engine: Engine, grace: float) -> None:

@@ -120,6 +120,7 @@ class InstanceRegistry:
         self.ledger = ledger
         self.instance = instance
         self.host = host_identity()
+        self.pid = os.getpid()
         self.abandon_after = abandon_after
         self.lease = lease if lease is not None else WorkLease(abandon_after, None)
         # Three renewals fit in the renewal bound, whatever the window.
@@ -179,7 +180,7 @@ class InstanceRegistry:
         """Refresh the heartbeat if it is due (or ``force``); True if it was written."""
 
         async def beat() -> Role:
-            role = await self.store.heartbeat(self.instance, self.host, os.getpid(), now, self._membership(now))
+            role = await self.store.heartbeat(self.instance, self.host, self.pid, now, self._membership(now))
             self._recorded(role)
             return role
 
@@ -191,7 +192,7 @@ class InstanceRegistry:
         ``heartbeat_interval``, not two)."""
 
         async def beat() -> Unfinished:
-            work = await self.store.heartbeat_and_unfinished(self.instance, self.host, os.getpid(), now, self._membership(now))
+            work = await self.store.heartbeat_and_unfinished(self.instance, self.host, self.pid, now, self._membership(now))
             self._recorded(work.role)
             return work
 

@@ -271,10 +271,9 @@ async def test_a_lapsed_lease_stops_async_jobs_claims_nothing_and_resumes_once_r
 
 
 async def test_a_lapse_with_a_sync_handler_running_ends_the_process(
-    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture
 ) -> None:
     ended: list[int] = []
-    monkeypatch.setattr("backend.lifecycle.os._exit", ended.append)
     lease_clock = LeaseClock()
     release, entered = threading.Event(), threading.Event()
 
@@ -283,6 +282,7 @@ async def test_a_lapse_with_a_sync_handler_running_ends_the_process(
         release.wait(30)
 
     engine = make_engine([define_queue(name="q", handler=handler)], lease_clock=lease_clock)
+    engine.end_process = ended.append
     await engine.start()
     await engine.jobs.send("q", "x")
     await engine.quiesce(runs=False)
@@ -291,9 +291,39 @@ async def test_a_lapse_with_a_sync_handler_running_ends_the_process(
     try:
         engine.lease.check()
         assert ended == [75]  # EX_TEMPFAIL: after every system let go of what it could
-        assert "ENDING THE PROCESS: 1 sync handler(s) still run" in caplog.text
+        assert "ENDING THE PROCESS: 1 sync handler(s) still run and a thread cannot be stopped" in caplog.text
     finally:
         release.set()
+
+
+async def test_a_lapse_with_an_async_handler_that_ignores_its_cancellation_ends_the_process(
+    make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    ended = asyncio.Event()
+    codes: list[int] = []
+    lease_clock = LeaseClock()
+    release = asyncio.Event()
+
+    async def stubborn(job: JobContext) -> None:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                pass
+
+    engine = make_engine([define_queue(name="q", handler=stubborn)], lease_clock=lease_clock)
+    engine.end_process = lambda code: (codes.append(code), ended.set())  # type: ignore[func-returns-value]
+    await engine.start()
+    await engine.jobs.send("q", "x")
+    await engine.quiesce(runs=False)
+    while not engine.jobs.workers or not engine.jobs.workers.running:  # type: ignore[union-attr]
+        await asyncio.sleep(0)
+    lease_clock.now += 20
+    engine.lease.check()
+    assert codes == []  # cancelled: given a moment to return
+    await asyncio.wait_for(ended.wait(), 10)
+    assert codes == [75] and "1 handler(s) ignored their cancellation and still run" in caplog.text
+    release.set()
 
 
 async def test_async_runs_of_schedules_are_stopped_at_a_lapse(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
