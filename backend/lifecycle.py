@@ -114,22 +114,28 @@ async def renew_lease(engine: Engine) -> None:
 def end_if_threads_run(engine: Engine, why: str) -> None:
     """After every system let go of its work: a handler still running that cannot be
     stopped (a sync handler's thread) is stopped by ending the process, which the
-    instance taking the work over relies on. Async handlers were cancelled: one that
-    ignores its cancellation is looked at again a moment later, and ends the process too."""
+    instance taking the work over relies on. Async handlers were cancelled: those that
+    have not returned within :data:`LINGER_GRACE_S` (they ignore their cancellation) end
+    the process too."""
     running = engine.runner.threads_running
     if running:
         _end_process(engine, f"{running} sync handler(s) still run and a thread cannot be stopped", why)
         return
-    if engine.runner.lingering:
-        asyncio.get_running_loop().call_later(
-            LINGER_GRACE_S, lambda: _end_if_still_running(engine, engine.lease.epoch, why)
-        )
+    tasks = [i.task for i in engine.runner.lingering if i.is_async and i.task is not None and not i.task.done()]
+    if tasks:
+        engine.loops.expect("lapse")  # quiesce() waits for the verdict
+        engine.loops.spawn(_end_if_still_running(engine, tasks, why), "lapse")
 
 
-def _end_if_still_running(engine: Engine, epoch: int, why: str) -> None:
-    stubborn = [i for i in engine.runner.lingering if i.epoch < epoch]
-    if stubborn:
-        _end_process(engine, f"{len(stubborn)} handler(s) ignored their cancellation and still run", why)
+async def _end_if_still_running(engine: Engine, tasks: list[asyncio.Task[None]], why: str) -> None:
+    try:
+        await asyncio.wait(tasks, timeout=LINGER_GRACE_S)
+        stubborn = [task for task in tasks if not task.done()]
+        if stubborn:
+            _end_process(engine, f"{len(stubborn)} handler(s) ignored their cancellation and still run", why)
+    finally:
+        engine.loops.forget("lapse")
+        engine.loops.poke()
 
 
 def _end_process(engine: Engine, what: str, why: str) -> None:

@@ -4,12 +4,19 @@ Two or three engines share one store on the manual clock. Random steps send jobs
 and without keys, delays, attempts), let running attempts succeed or fail, move the
 clock (retries come due, attempts time out), cancel, delete, retry dead jobs, pause and
 resume queues, and kill an instance outright (its handlers stop, nothing it had in hand
-is written) to start a fresh one. After every step (and inside every handler call) the
-invariants of :mod:`backend.jobs.store` are checked:
+is written) to start a fresh one. The faults of the liveness model too: handlers that
+outlive their deadline (a sync one on its thread, an async one that ignores its
+cancellation), a partition of one worker (its store calls fail: its lease lapses and it
+stops its work, or ends its process when it cannot; the others take its jobs over after
+the window; it may come back), and instances in different PID namespaces of one host
+(simulated: each records a namespace of its own and a pid that is dead here). After
+every step (and at the start of every handler call) the invariants of
+:mod:`backend.jobs.store` are checked:
 
 * no job is lost: every job sent and not cancelled or deleted is in the store, or has a
   succeeded attempt;
 * no attempt of a job runs twice at once, and never more than the queue's concurrency;
+* a worker whose lease has lapsed starts no handler;
 * a key is never held by two live jobs;
 * attempts never exceed the maximum, and a job is dead only after its last attempt.
 """
@@ -19,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
+import subprocess
 import tempfile
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -29,15 +38,26 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from backend import Engine, JobContext, ManualClock, NotFound, define_queue
+from backend import Engine, JobContext, ManualClock, NotFound, Unavailable, define_queue, open_store
 from backend.ids import IdFactory
 from backend.jobs.model import Job, NotDead
+from backend.registry import host_identity
 from tests import pg
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)
-CAPS = {"q": 2, "r": 1}
+CAPS = {"q": 2, "r": 1, "s": 1}
+SYNC = {"s"}  # its handler runs on a thread
 MAX_RUNTIME = 60
 ABANDON_AFTER = 30
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+DEAD_PID = _dead_pid()
 
 
 @dataclass
@@ -47,6 +67,32 @@ class Live:
     job: JobContext
     result: asyncio.Future[bool]
     instance: str
+    told: threading.Event = field(default_factory=threading.Event)
+    """Set (with ``ok``) when the test lets the handler end (one on a thread waits for it)."""
+    ok: list[bool] = field(default_factory=list)
+
+
+class CutStore:
+    """An engine's store whose calls all fail while its engine is cut off (a partition of
+    that one worker); handing runs in and flushing still work, as with the real stores."""
+
+    PASSING = {"open", "close", "flush", "save_runs", "health"}
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.cut = False
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if name in self.PASSING or not asyncio.iscoroutinefunction(value):
+            return value
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self.cut:
+                raise Unavailable("cut off from the store (test)")
+            return await value(*args, **kwargs)
+
+        return call
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -57,6 +103,10 @@ class QueueMachine(RuleBasedStateMachine):
         self.url = self.store_url()
         self.clock = ManualClock(T0)
         self.live: dict[str, Live] = {}
+        self.violations: list[str] = []
+        self.stores: dict[str, CutStore] = {}
+        self.ended: set[str] = set()
+        """Instances whose process ended itself (their lease lapsed with handlers running)."""
         self.sent: dict[str, tuple[str, str | None]] = {}  # id -> (queue, key)
         self.gone: set[str] = set()  # cancelled or deleted by the test
         self.engines: dict[str, Engine] = {}
@@ -75,16 +125,35 @@ class QueueMachine(RuleBasedStateMachine):
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(asyncio.wait_for(coro, 30))
 
+    def check_start(self, job: JobContext, instance: str) -> Live:
+        """At the start of every attempt, on every instance (a violation is noted, not
+        raised: the handler would only fail its attempt)."""
+        if job.id in self.live:
+            self.violations.append(f"two attempts of job {job.id} at once")
+        if sum(1 for a in self.live.values() if a.job.queue == job.queue) >= CAPS[job.queue]:
+            self.violations.append(f"the cap of {job.queue} exceeded by {job.id}")
+        if not 1 <= job.attempt <= job.max_attempts:
+            self.violations.append(f"attempt {job.attempt} of {job.max_attempts}")
+        engine = self.engines.get(instance)
+        if engine is not None and engine.lease.lapsed:
+            self.violations.append(f"{instance} started job {job.id} with its lease lapsed")
+        live = Live(job, self.loop.create_future(), instance)
+        self.live[job.id] = live
+        return live
+
     def handler_for(self, instance: str) -> Any:
         async def handle(job: JobContext) -> None:
-            # Checked at the start of every attempt, on every instance.
-            assert job.id not in self.live, f"two attempts of job {job.id} at once"
-            assert sum(1 for a in self.live.values() if a.job.queue == job.queue) < CAPS[job.queue], "cap exceeded"
-            assert 1 <= job.attempt <= job.max_attempts, f"attempt {job.attempt} of {job.max_attempts}"
-            live = Live(job, self.loop.create_future(), instance)
-            self.live[job.id] = live
+            live = self.check_start(job, instance)
             try:
-                if not await live.result:
+                while True:
+                    try:
+                        ok = await asyncio.shield(live.result)
+                        break
+                    except asyncio.CancelledError:
+                        if not job.payload.get("stubborn"):
+                            raise
+                        # it ignores its deadline (and its lease's lapse) until told to end
+                if not ok:
                     raise RuntimeError("failed on purpose")
             finally:
                 if self.live.get(job.id) is live:
@@ -92,33 +161,67 @@ class QueueMachine(RuleBasedStateMachine):
 
         return handle
 
+    def sync_handler_for(self, instance: str) -> Any:
+        def handle(job: JobContext) -> None:
+            # The checks run on the loop's thread, where the rest of the machine runs.
+            began = asyncio.run_coroutine_threadsafe(self._begin(job, instance), self.loop)
+            live = began.result(30)
+            try:
+                live.told.wait(60)
+                if not (live.ok and live.ok[0]):
+                    raise RuntimeError("failed on purpose")
+            finally:
+                asyncio.run_coroutine_threadsafe(self._end(job.id, live), self.loop).result(30)
+
+        return handle
+
+    async def _begin(self, job: JobContext, instance: str) -> Live:
+        return self.check_start(job, instance)
+
+    async def _end(self, job_id: str, live: Live) -> None:
+        if self.live.get(job_id) is live:
+            del self.live[job_id]
+
     async def start_engine(self) -> None:
         self.serial += 1
         name = f"i{self.serial}"
-        handler = self.handler_for(name)
-        queues = [define_queue(name=q, handler=handler, concurrency=c, max_runtime=MAX_RUNTIME) for q, c in CAPS.items()]
+        handlers = {q: self.sync_handler_for(name) if q in SYNC else self.handler_for(name) for q in CAPS}
+        queues = [define_queue(name=q, handler=handlers[q], concurrency=c, max_runtime=MAX_RUNTIME) for q, c in CAPS.items()]
+        store = CutStore(open_store(self.url))
         engine = Engine(
-            queues, self.url, clock=self.clock, instance=name, coordination="advisoryLock",
+            queues, store, clock=self.clock, instance=name, coordination="advisoryLock",
             abandon_after=ABANDON_AFTER, shutdown_grace=0, ids=self.ids,
+            lease_clock=lambda: self.clock.now().timestamp(),  # the lease on the manual clock
         )  # fmt: skip
+        # Each instance in a PID namespace of its own on one host: its pid means nothing to
+        # the others (and is dead here), so only its lease may say it is gone.
+        engine.registry.host = f"{host_identity()}#sim{self.serial}"
+        engine.registry.pid = DEAD_PID
+        engine.end_process = lambda code: self.ended.add(name)
         await engine.start()
         self.engines[name] = engine
+        self.stores[name] = store
         await self.settle()
 
     def busy(self) -> bool:
         """Something the last step set off has not happened yet: a claimed job whose handler
-        has not begun, or an attempt told to end that has not ended."""
+        has not begun, an attempt told to end that has not ended, an instance that ended
+        itself and is not replaced yet."""
+        if self.ended & set(self.engines):
+            return True
         for engine in self.engines.values():
             workers = engine.jobs.workers
             assert workers is not None
             if workers.inflight or any(run.context is None and not run.done for run in workers.running.values()):
                 return True
-        return any(live.result.done() for live in self.live.values())
+        return any(live.result.done() or live.told.is_set() for live in self.live.values())
 
     async def settle(self) -> None:
         """Wait until every engine has done all the current time calls for (what happens
         next then depends on the steps alone, never on timing)."""
         while True:
+            for name in sorted(self.ended & set(self.engines)):
+                await self.die(self.engines[name])  # its lease lapsed with handlers running: it ended itself
             for engine in list(self.engines.values()):
                 await engine.quiesce(runs=False)
             if not self.busy():
@@ -128,7 +231,8 @@ class QueueMachine(RuleBasedStateMachine):
             await asyncio.sleep(0)
 
     def any_engine(self, pick: int) -> Engine:
-        names = sorted(self.engines)
+        """An engine that can reach the store (the operators' and the senders' side)."""
+        names = sorted(name for name in self.engines if not self.stores[name].cut)
         return self.engines[names[pick % len(names)]]
 
     def pick_sent(self, pick: int) -> tuple[str, str, str | None]:
@@ -151,6 +255,10 @@ class QueueMachine(RuleBasedStateMachine):
         return jobs
 
     def teardown(self) -> None:
+        for live in self.live.values():
+            live.told.set()  # every handler returns (on a thread, or ignoring cancellation)
+            if not live.result.done():
+                live.result.set_result(True)
         try:
             for engine in self.engines.values():
                 self.loop.run_until_complete(engine.stop(grace=0))
@@ -168,10 +276,12 @@ class QueueMachine(RuleBasedStateMachine):
         key=st.one_of(st.none(), st.sampled_from(["k1", "k2"])),
         attempts=st.integers(1, 3),
         delay=st.sampled_from([0, 0, 0, 5, 25]),
+        stubborn=st.booleans(),
     )
-    def send(self, pick: int, queue: str, key: str | None, attempts: int, delay: int) -> None:
+    def send(self, pick: int, queue: str, key: str | None, attempts: int, delay: int, stubborn: bool) -> None:
         engine = self.any_engine(pick)
-        sent = self.run(engine.jobs.send(queue, {"n": len(self.sent)}, delay=delay, attempts=attempts, key=key))
+        payload = {"n": len(self.sent), "stubborn": stubborn}
+        sent = self.run(engine.jobs.send(queue, payload, delay=delay, attempts=attempts, key=key))
         if not sent.duplicate:
             assert sent.id not in self.sent
             self.sent[sent.id] = (queue, key)
@@ -184,13 +294,47 @@ class QueueMachine(RuleBasedStateMachine):
         if not self.live:
             return
         live = self.live[sorted(self.live)[pick % len(self.live)]]
-        live.result.set_result(ok)
+        if not live.result.done():
+            live.result.set_result(ok)
+        live.ok.append(ok)
+        live.told.set()
         self.run(self.settle())
 
-    @rule(seconds=st.integers(1, 20))
+    @rule(seconds=st.integers(1, 14))
     def advance(self, seconds: int) -> None:
-        # At most 20s a step: a live instance beats every 5s, so it never looks dead (30s).
+        # At most 14s a step: a live instance beats every 5s, so its lease never lapses (20s)
+        # and it never looks dead (30s), unless it is cut off.
         self.clock.advance(seconds)
+        self.run(self.settle())
+
+    @rule(pick=st.integers(0, 9))
+    def cut_off(self, pick: int) -> None:
+        """A partition of one worker: every call of its store fails (the others' do not)."""
+        engine = self.any_engine(pick)
+        if sum(1 for store in self.stores.values() if not store.cut) > 1:
+            self.stores[engine.instance].cut = True
+        self.run(self.settle())
+
+    @rule(pick=st.integers(0, 9), seconds=st.sampled_from([25, 40, 70]))
+    def partition_for_a_while(self, pick: int, seconds: int) -> None:
+        """Cut one worker off and let time pass in steps of 10 s: its lease lapses (20 s),
+        the others take its jobs over (30 s), its running attempts time out (60 s)."""
+        self.cut_off(pick)
+        for _ in range(seconds // 10):
+            self.advance(10)
+        self.advance(seconds % 10 or 1)
+
+    @rule(seconds=st.sampled_from([30, 65]))
+    def time_passes(self, seconds: int) -> None:
+        """Time passes in steps of 10 s, every instance beating: attempts time out (60 s)."""
+        for _ in range(seconds // 10):
+            self.advance(10)
+        self.advance(seconds % 10 or 1)
+
+    @rule(pick=st.integers(0, 9))
+    def heal(self, pick: int) -> None:
+        names = sorted(self.engines)
+        self.stores[names[pick % len(names)]].cut = False
         self.run(self.settle())
 
     @rule(pick=st.integers(0, 99), by_key=st.booleans())
@@ -240,26 +384,40 @@ class QueueMachine(RuleBasedStateMachine):
     def kill_an_instance(self, pick: int) -> None:
         """SIGKILL, as far as one process can play it: the instance's loops and handlers
         stop where they are and nothing it holds is written; a fresh instance starts."""
-        engine = self.any_engine(pick)
+        names = sorted(self.engines)
+        self.run(self.die(self.engines[names[pick % len(names)]]))
 
-        async def kill() -> None:
-            del self.engines[engine.instance]
-            workers = engine.jobs.workers
-            assert workers is not None
-            workers.stopping = True
-            await engine.loops.cancel_all()
-            tasks = [run.task for run in workers.running.values() if run.task is not None]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            workers.finishes.clear()  # what it had not written dies with it
-            workers.inflight.clear()
-            await engine.store.close()
-            await self.start_engine()
-
-        self.run(kill())
+    async def die(self, engine: Engine) -> None:
+        """The instance's process ends: its handlers (threads too) end with it, nothing it
+        had in hand is written; a fresh instance starts in its place."""
+        del self.engines[engine.instance]
+        self.ended.discard(engine.instance)
+        self.stores.pop(engine.instance, None)
+        for job_id, live in list(self.live.items()):
+            if live.instance == engine.instance:
+                del self.live[job_id]  # its process is gone, and the handler with it
+                live.told.set()
+                if not live.result.done():
+                    live.result.set_result(False)  # (one that ignores cancellation ends too)
+        workers = engine.jobs.workers
+        assert workers is not None
+        workers.stopping = True
+        await engine.loops.cancel_all()
+        tasks = [run.task for run in workers.running.values() if run.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        workers.finishes.clear()  # what it had not written dies with it
+        workers.inflight.clear()
+        workers.running.clear()
+        await engine.store.close()
+        await self.start_engine()
 
     # -- invariants ----------------------------------------------------------------------------
+    @invariant()
+    def never_twice_at_once(self) -> None:
+        assert not self.violations, self.violations
+
     @invariant()
     def the_store_keeps_every_promise(self) -> None:
         jobs = self.run(self.store_jobs())
