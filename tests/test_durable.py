@@ -22,6 +22,7 @@ from backend.definitions import discover_definitions
 from backend.durable import DurableContext, Retry, StepFailed, define_durable, execution_id_for_slot
 from backend.durable.store import DurableStore, NewExecution, Progress, StepRecord, Write
 from tests.durable_helpers import crash, durable_url, engines  # noqa: F401 - fixtures
+from tests.odd_exceptions import ODD_EXCEPTIONS, StrRaises, tag_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -336,6 +337,54 @@ async def test_output_that_is_not_json_fails_the_step(engines: Callable[..., Eng
     failed = await engine.durable.get(started.id)
     assert (failed.status, failed.error_tag, CALLS["odd"]) == ("failed", "output_not_json", 1)  # not retried
     assert "is not JSON" in (failed.error_message or "")
+
+
+@pytest.mark.parametrize("odd", ODD_EXCEPTIONS, ids=tag_of)
+async def test_an_exception_that_cannot_be_described_fails_at_once(
+    engines: Callable[..., Engine], clock: ManualClock, odd: type[BaseException]
+) -> None:
+    """Raised by a step or by the code itself: the step, the execution fail as soon as it
+    is raised (not at the step's timeout, never left running), tagged with its class."""
+
+    def step() -> None:
+        raise odd()
+
+    async def in_a_step(ctx: DurableContext, input: Any) -> None:
+        await ctx.step("raises", step, retry=False)
+
+    async def in_the_code(ctx: DurableContext, input: Any) -> None:
+        raise odd()
+
+    engine = engines([define_durable(name="step", handler=in_a_step), define_durable(name="code", handler=in_the_code)])
+    await engine.start()
+    ids = [(await engine.durable.start_execution(name)).id for name in ("step", "code")]
+    await asyncio.wait_for(engine.quiesce(), 10)
+    by_step, by_code = [await engine.durable.get(id_) for id_ in ids]
+    assert (by_step.status, by_step.error_tag, by_step.finished_at) == ("failed", tag_of(odd), clock.now())
+    assert [(s.status, s.error_tag) for s in by_step.steps or []] == [("failed", tag_of(odd))]
+    assert (by_code.status, by_code.error_tag, by_code.finished_at) == ("failed", tag_of(odd), clock.now())
+
+
+async def test_a_result_whose_encoding_raises_fails_the_step_as_not_json(engines: Callable[..., Engine]) -> None:
+    class Mapping(dict[str, Any]):
+        def items(self) -> Any:  # what json reads of a dict subclass
+            raise StrRaises()
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.step("odd", count("odd", Mapping(a=1)))
+
+    async def returns(ctx: DurableContext, input: Any) -> Any:
+        return Mapping(a=1)
+
+    engine = engines([define_durable(name="f", handler=body), define_durable(name="g", handler=returns)])
+    await engine.start()
+    ids = [(await engine.durable.start_execution(name)).id for name in ("f", "g")]
+    await asyncio.wait_for(engine.quiesce(), 10)
+    for id_ in ids:
+        failed = await engine.durable.get(id_)
+        assert (failed.status, failed.error_tag) == ("failed", "output_not_json")
+        assert "is not JSON (StrRaises() (its str() raised ValueError))" in (failed.error_message or "")
+    assert CALLS["odd"] == 1
 
 
 # ---------------------------------------------------------------------------------------

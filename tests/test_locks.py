@@ -35,6 +35,7 @@ from backend.model import RunContext
 from backend.store import Store, open_store
 from tests import pg
 from tests.conftest import all_runs
+from tests.odd_exceptions import StrAndReprRaise, Unreadable
 
 UTC = timezone.utc
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
@@ -334,6 +335,17 @@ async def test_with_lock_returns_value_or_error_and_never_overlaps(engines: Call
     assert failed.acquired and isinstance(failed.error, RuntimeError) and failed.token > result.token  # type: ignore[operator]
     threaded = await a.locks.with_lock("rollup", lambda lease: lease.token, ttl=30)
     assert threaded.value == threaded.token
+
+    def odd(lease: Lease) -> None:  # what it raises is handed back, never described (str() raises)
+        raise StrAndReprRaise()
+
+    async def odd_async(lease: Lease) -> None:
+        raise Unreadable()
+
+    for work, raised in ((odd, StrAndReprRaise), (odd_async, Unreadable)):
+        result = await a.locks.with_lock("rollup", work, ttl=30)
+        assert result.acquired and type(result.error) is raised
+        assert (await a.store.get_lock("rollup")).holder is None  # type: ignore[attr-defined]
 
 
 async def test_a_forced_release_is_audited_and_every_change_is_signalled(engines: Callable[..., Engine]) -> None:

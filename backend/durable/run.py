@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Unavailable
+from ..errors import Unavailable, describe_exception
 from ..model import TAG_INTERRUPTED, TAG_TIMEOUT
 from ..runner import Invocation, Outcome
 from .definition import DurableFunction
@@ -360,8 +360,8 @@ def encode(value: Any) -> tuple[str, str | None]:
     """A value as the JSON text it is checkpointed as, or why it cannot be."""
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        return "", f"is not JSON ({exc})"
+    except BaseException as exc:  # noqa: BLE001 - the value's own methods run too (a dict subclass's items())
+        return "", f"is not JSON ({describe_exception(exc)[1]})"
     if len(text.encode()) > MAX_OUTPUT_BYTES:
         return "", f"is larger than {MAX_OUTPUT_BYTES} bytes as JSON"
     return text, None
