@@ -23,6 +23,9 @@ so ``except ValueError`` keeps working for callers who never heard of schedtui::
 
 from __future__ import annotations
 
+import traceback
+from collections.abc import Callable
+
 from .safetext import redact
 
 __all__ = [
@@ -39,6 +42,7 @@ __all__ = [
     "TooLarge",
     "Unauthorized",
     "Unavailable",
+    "describe_exception",
 ]
 
 
@@ -171,3 +175,59 @@ class InUse(SchedtuiError):
 
     title = "Store in use"
     code = "in_use"
+
+
+# ---------------------------------------------------------------------------------------
+# how a handler's exception is recorded
+# ---------------------------------------------------------------------------------------
+#: The getters of a class's real name (``type(x).__name__`` asks the metaclass, which may
+#: override it) and of an exception's real traceback (``exc.__traceback__`` asks the
+#: exception's own ``__getattribute__``).
+_CLASS_NAME = type.__dict__["__name__"]
+_TRACEBACK = BaseException.__dict__["__traceback__"]
+
+
+def _class_name(obj: object) -> str:
+    # type(obj), never obj.__class__: that is an attribute the object may fake or make raise;
+    # and a plain str (a class's name may be set to a str subclass).
+    return str.__str__(_CLASS_NAME.__get__(type(obj)))
+
+
+def _text(exc: BaseException, how: Callable[[object], str]) -> tuple[str | None, str | None]:
+    """``how(exc)`` (``str`` or ``repr``) as a plain str, or the class of what it raised."""
+    try:
+        text = how(exc)
+        # A str subclass's own methods (slicing, truth) could raise in turn: make it plain.
+        return str.__str__(text), None
+    except BaseException as failure:  # noqa: BLE001 - describing a failure must not fail
+        return None, _class_name(failure)
+
+
+def describe_exception(exc: BaseException) -> tuple[str, str, str]:
+    """How a handler's exception is recorded: ``(tag, message, traceback)``, the tag being
+    the name of its class.
+
+    Never raises, whatever the exception does: a ``__str__`` or ``__repr__`` that raises
+    (anything, ``SystemExit`` included) or returns a str subclass, a ``__class__`` or a
+    metaclass ``__name__`` that raises, attributes that cannot be read, a traceback that
+    cannot be formatted. What cannot be had is said in its place, so that the failure is
+    recorded at once (a description that raised would leave the call unsettled)."""
+    tag = _class_name(exc)
+    message, str_failed = _text(exc, str)
+    if not message:
+        shown, repr_failed = _text(exc, repr)
+        if str_failed is None:
+            message = shown or tag
+        elif shown is not None:
+            message = f"{shown} (its str() raised {str_failed})"
+        else:
+            message = f"{tag} (its str() raised {str_failed}, its repr() {repr_failed})"
+    try:
+        trace = "".join(traceback.format_exception(exc))
+    except BaseException:  # noqa: BLE001 - its attributes (notes, cause, …) would not format
+        try:
+            frames = traceback.format_tb(_TRACEBACK.__get__(exc))
+        except BaseException:  # noqa: BLE001
+            frames = []
+        trace = "".join(["Traceback (most recent call last):\n", *frames, f"{tag}: {message}\n"])
+    return tag, message, trace

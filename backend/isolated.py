@@ -21,7 +21,6 @@ import json
 import os
 import signal
 import sys
-import traceback
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -127,8 +126,10 @@ def _child() -> int:
             value = None
         report: dict[str, Any] = {"ok": True, "value": value}
     except BaseException as exc:  # noqa: BLE001 - reported to the engine, which records it
-        trace = "".join(traceback.format_exception(exc))
-        report = {"ok": False, "tag": type(exc).__name__, "message": str(exc) or repr(exc), "traceback": trace}
+        from .errors import describe_exception
+
+        tag, message, trace = describe_exception(exc)
+        report = {"ok": False, "tag": tag, "message": message, "traceback": trace}
     report_to.write(json.dumps(report) + "\n")
     report_to.flush()
     return 0

@@ -36,13 +36,13 @@ import itertools
 import logging
 import queue
 import threading
-import traceback as tb
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
 from .clock import Clock
+from .errors import describe_exception
 from .isolated import IsolatedFailure, run_isolated
 from .loops import Loops
 from .liveness import WorkLease
@@ -250,11 +250,13 @@ class _ThreadPool:
 
 
 def _describe(exc: BaseException) -> tuple[str, str, str]:
-    if isinstance(exc, IsolatedFailure):
+    """The error tag, message and traceback a failed call is recorded with; never raises
+    (see :func:`~backend.errors.describe_exception`)."""
+    if issubclass(type(exc), IsolatedFailure):  # not isinstance(): it reads exc.__class__
+        assert isinstance(exc, IsolatedFailure)
         return exc.tag, exc.message[:MAX_ERROR_MESSAGE], (exc.trace or "")[-MAX_TRACEBACK:]
-    message = str(exc) or repr(exc)
-    trace = "".join(tb.format_exception(exc))
-    return type(exc).__name__, message[:MAX_ERROR_MESSAGE], trace[-MAX_TRACEBACK:]
+    tag, message, trace = describe_exception(exc)
+    return tag, message[:MAX_ERROR_MESSAGE], trace[-MAX_TRACEBACK:]
 
 
 class HandlerRunner:

@@ -9,6 +9,7 @@ several instances at once. The real-process, real-clock versions are in test_fle
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -759,3 +760,99 @@ async def test_offset_clock_runs_ahead_or_behind_its_base(clock: ManualClock) ->
     assert not late.done()  # ...the slow one 300 ms late
     clock.advance(0.6)
     await asyncio.wait_for(late, 5)
+
+
+# ---------------------------------------------------------------------------------------
+# a finish that waits in the writer (a short PostgreSQL restart)
+# ---------------------------------------------------------------------------------------
+class HeldBack:
+    """Holds a PostgreSQL store's ledger writer back, as a restart of the server does: while
+    ``down``, its writes fail (the rows stay in the writer, which then waits out its retry
+    backoff, made an hour long here); ``committed`` is set by its next write that commits."""
+
+    def __init__(self, store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        from backend.store import postgres_ledger
+
+        monkeypatch.setattr(postgres_ledger, "_RETRY_MIN", 3600.0)
+        monkeypatch.setattr(postgres_ledger, "_RETRY_MAX", 3600.0)
+        self.down = True
+        self.failed = asyncio.Event()
+        self.committed = asyncio.Event()
+        upsert = store._upsert
+
+        async def held_back(conn: Any, runs: list[Run]) -> None:
+            if self.down:
+                self.failed.set()
+                raise Unavailable("the server restarted (test)")
+            await upsert(conn, runs)
+            self.committed.set()
+
+        monkeypatch.setattr(store, "_upsert", held_back)
+
+
+@pytest.mark.postgres
+async def test_a_finish_waiting_in_the_writer_reaches_the_store_at_this_instances_next_statement(
+    pg_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """advisoryLock, every-second schedules, a sub-second PostgreSQL restart: a's run
+    finished while its writer could not write, and the writer waits out its backoff.
+    Another instance, b (its claims sent here by hand), claims each slot before a does. Once
+    a's own claim has gone through (and lost), a's finish is written, so b's next claim does
+    not report a's run in flight (b recorded `skipped: overlap` against such runs for every
+    slot until a's writer retried: 101 of them). A claim of b's before any statement of a's
+    has gone through since the restart cannot be helped: nothing of a's reached the store."""
+    a = Engine([schedule(cron="* * * * * *")], pg_url, clock=clock, instance="a", coordination="advisoryLock",
+               shutdown_grace=0, abandon_after=3600)  # fmt: skip
+    other: Any = open_store(pg_url)
+    await other.open()
+
+    async def b_claims(slot: str) -> ClaimResult:
+        when = at(slot)
+        return await other.claim([Claim(slot_key("job", when), "job", f"b-{slot}", scheduled_at=when)], "b", when)  # type: ignore[no-any-return]
+
+    try:
+        held = HeldBack(a.store, monkeypatch)
+        await a.start()
+        finished = expect(a, lambda r: r.status != "running")
+        clock.set(at("2026-03-02T08:00:01Z"))  # a alone: it claims 08:00:01 and runs it
+        ran = await finished
+        assert (ran.scheduled_at, ran.status) == (at("2026-03-02T08:00:01Z"), "succeeded")
+        await held.failed.wait()
+        held.down = False  # the server is back; a's writer waits out its backoff
+        assert (await b_claims("2026-03-02T08:00:02Z")).won  # b first
+        clock.set(at("2026-03-02T08:00:02Z"))  # a claims 08:00:02 too, and loses it
+        await a.loops.quiesce(lambda: True, nothing)  # (not a.quiesce(): its flush would wake the writer)
+        with contextlib.suppress(TimeoutError):  # (the bound only stops a broken test)
+            await asyncio.wait_for(held.committed.wait(), 10)
+        claimed = await b_claims("2026-03-02T08:00:03Z")
+        assert claimed.won and claimed.busy == {}, f"b's claim reports a's run {claimed.busy} in flight"
+    finally:
+        await other.close()
+        await a.stop(grace=0)
+
+
+async def nothing() -> None:
+    pass
+
+
+@pytest.mark.postgres
+async def test_the_ledger_writer_retries_at_once_when_the_store_answers_again(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its retry backoff is no reason to keep finished runs from the other instances: any
+    statement of this process that goes through wakes it."""
+    store: Any = open_store(pg_url)
+    await store.open()
+    try:
+        held = HeldBack(store, monkeypatch)
+        run = Run("01JD3Z6Q0V9W4C7PAXH3KJ1M2B", "job", at("2026-03-02T08:00:00Z"), "succeeded", "self", "wonLock", "a",
+                  at("2026-03-02T08:00:00Z"), at("2026-03-02T08:00:01Z"))  # fmt: skip
+        store.save_runs([run])
+        await held.failed.wait()
+        held.down = False
+        await store.instances()  # any statement
+        await asyncio.wait_for(held.committed.wait(), 10)  # the bound only stops a broken test
+        assert store.health().ok
+        assert (await store.get_run(run.id)).status == "succeeded"
+    finally:
+        await store.close()

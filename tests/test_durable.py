@@ -20,8 +20,9 @@ import pytest
 from backend import BadInput, DefinitionError, Engine, ManualClock, NotFound, Refused, define_schedule
 from backend.definitions import discover_definitions
 from backend.durable import DurableContext, Retry, StepFailed, define_durable, execution_id_for_slot
-from backend.durable.store import DurableStore, NewExecution, Progress, StepRecord, Write
+from backend.durable.store import DurableStore, Finish, NewExecution, Progress, StepRecord, Write
 from tests.durable_helpers import crash, durable_url, engines  # noqa: F401 - fixtures
+from tests.odd_exceptions import ODD_EXCEPTIONS, StrRaises, tag_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -275,6 +276,59 @@ async def test_retry_false_fails_at_once_and_retry_runs_the_failed_step_again(
         await engine.durable.retry(started.id)
 
 
+async def test_retry_never_runs_a_succeeded_step_again_after_a_nondeterministic_failure(
+    engines: Callable[..., Engine],
+) -> None:
+    """Steps a, b, a: the second "a" fails the execution (a name used twice). Retrying it,
+    as often as anyone likes, never runs the first "a" again; once the code is fixed, a
+    retry replays a and b from their checkpoints and runs only what is new."""
+    fixed = {"on": False}
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        a = await ctx.step("a", count("a", 1))
+        b = await ctx.step("b", count("b", 2))
+        c = await ctx.step("c" if fixed["on"] else "a", count("c", 3))
+        return [a, b, c]
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    for _ in range(3):
+        failed = await engine.durable.get(started.id)
+        assert (failed.status, failed.error_tag) == ("failed", "nondeterministic")
+        assert [(s.name, s.status) for s in failed.steps or []] == [("a", "succeeded"), ("b", "succeeded")]
+        await engine.durable.retry(started.id)
+        await engine.quiesce()
+    assert CALLS == {"a": 1, "b": 1}
+    fixed["on"] = True
+    await engine.durable.retry(started.id)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", [1, 2, 3])
+    assert CALLS == {"a": 1, "b": 1, "c": 1}
+
+
+async def test_a_retry_forgets_a_failed_checkpoint_never_a_succeeded_one(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    """The store's own rule, whatever step the failure names."""
+    engine = engines([])
+    await engine.open()
+    store: DurableStore = engine.store  # type: ignore[assignment]
+    now = clock.now()
+    ids = ["01JD3Z6Q0V9W4C7PAXH3KJ1M2B", "01JD3Z6Q0V9W4C7PAXH3KJ1M2C"]
+    for id_ in ids:
+        await store.durable_insert(NewExecution(id_, "f", "null", now))
+    leases = {c.execution.id: c.execution.lease for c in await store.durable_claim("a", ["f"], now, now + timedelta(seconds=30), 10)}
+    ok = StepRecord(1, "a", "step", "succeeded", 1, now, now, output="1")
+    bad = StepRecord(2, "b", "step", "failed", 3, now, now, error_tag="ValueError", error_message="no")
+    for id_, failed_step in zip(ids, ["a", "b"]):
+        finish = Finish("failed", failed_step, error_tag="x", error_message="x", failed_step=failed_step)
+        assert await store.durable_write(Write(id_, leases[id_], now, finish, [ok, bad])) is not None
+        assert await store.durable_retry(id_, now, "retried by test") == "failed"
+    kept = [[(s.name, s.status) for s in (await store.durable_get(id_)).steps or []] for id_ in ids]  # type: ignore[union-attr]
+    assert kept == [[("a", "succeeded"), ("b", "failed")], [("a", "succeeded")]]
+
+
 async def test_code_that_catches_a_step_failure_goes_on(engines: Callable[..., Engine]) -> None:
     def boom() -> None:
         raise ValueError("no")
@@ -336,6 +390,54 @@ async def test_output_that_is_not_json_fails_the_step(engines: Callable[..., Eng
     failed = await engine.durable.get(started.id)
     assert (failed.status, failed.error_tag, CALLS["odd"]) == ("failed", "output_not_json", 1)  # not retried
     assert "is not JSON" in (failed.error_message or "")
+
+
+@pytest.mark.parametrize("odd", ODD_EXCEPTIONS, ids=tag_of)
+async def test_an_exception_that_cannot_be_described_fails_at_once(
+    engines: Callable[..., Engine], clock: ManualClock, odd: type[BaseException]
+) -> None:
+    """Raised by a step or by the code itself: the step, the execution fail as soon as it
+    is raised (not at the step's timeout, never left running), tagged with its class."""
+
+    def step() -> None:
+        raise odd()
+
+    async def in_a_step(ctx: DurableContext, input: Any) -> None:
+        await ctx.step("raises", step, retry=False)
+
+    async def in_the_code(ctx: DurableContext, input: Any) -> None:
+        raise odd()
+
+    engine = engines([define_durable(name="step", handler=in_a_step), define_durable(name="code", handler=in_the_code)])
+    await engine.start()
+    ids = [(await engine.durable.start_execution(name)).id for name in ("step", "code")]
+    await asyncio.wait_for(engine.quiesce(), 10)
+    by_step, by_code = [await engine.durable.get(id_) for id_ in ids]
+    assert (by_step.status, by_step.error_tag, by_step.finished_at) == ("failed", tag_of(odd), clock.now())
+    assert [(s.status, s.error_tag) for s in by_step.steps or []] == [("failed", tag_of(odd))]
+    assert (by_code.status, by_code.error_tag, by_code.finished_at) == ("failed", tag_of(odd), clock.now())
+
+
+async def test_a_result_whose_encoding_raises_fails_the_step_as_not_json(engines: Callable[..., Engine]) -> None:
+    class Mapping(dict[str, Any]):
+        def items(self) -> Any:  # what json reads of a dict subclass
+            raise StrRaises()
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.step("odd", count("odd", Mapping(a=1)))
+
+    async def returns(ctx: DurableContext, input: Any) -> Any:
+        return Mapping(a=1)
+
+    engine = engines([define_durable(name="f", handler=body), define_durable(name="g", handler=returns)])
+    await engine.start()
+    ids = [(await engine.durable.start_execution(name)).id for name in ("f", "g")]
+    await asyncio.wait_for(engine.quiesce(), 10)
+    for id_ in ids:
+        failed = await engine.durable.get(id_)
+        assert (failed.status, failed.error_tag) == ("failed", "output_not_json")
+        assert "is not JSON (StrRaises() (its str() raised ValueError))" in (failed.error_message or "")
+    assert CALLS["odd"] == 1
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The invariants of durable executions under random sequences (Hypothesis, stateful).
 
 Up to three instances share one store on one manual clock. Hypothesis starts executions
-of random plans (steps that fail a few times, at-most-once steps, sleeps, signal waits),
-sends signals, cancels, moves the clock (so leases expire), crashes instances just before
+of random plans (steps that fail a few times or until their attempts run out, at-most-once
+steps, sleeps, signal waits, a step name used a second time), sends signals, cancels,
+retries failed executions, moves the clock (so leases expire), crashes instances just before
 or just after one of their writes commits, freezes an instance (its store calls hang, as
 a SIGSTOPped process's would) and thaws it later, and restarts crashed ones. After every
 rule:
@@ -15,7 +16,8 @@ rule:
 * every execution ends, or waits with a reason (what for, until when).
 
 At the end every execution must have finished, once the instances are thawed and the
-clock has moved on far enough.
+clock has moved on far enough; then every failed one is retried and must end again, with
+the same invariants.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from backend import Engine, ManualClock, Refused, Unavailable
 from backend.durable import DurableContext, Retry, define_durable
+from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED
 from backend.durable.store import Claimed, Write
 from backend.ids import IdFactory
 from backend.store import open_store
@@ -48,7 +51,10 @@ EXAMPLES = int(os.environ.get("SCHEDTUI_DURABLE_EXAMPLES", "30"))
 Plan = list[tuple[str, int]]
 PLANS = st.lists(
     st.one_of(
-        st.tuples(st.just("step"), st.integers(0, 3)),  # fails this many times first
+        # Fails this many times first: from 4 on, its 4 attempts run out and the execution
+        # fails (a retry gives it 4 more).
+        st.tuples(st.just("step"), st.integers(0, 5)),
+        st.tuples(st.just("again"), st.integers(0, 5)),  # an earlier step's name: nondeterministic
         st.tuples(st.just("amo"), st.just(0)),
         st.tuples(st.just("sleep"), st.integers(0, 20)),
         st.tuples(st.just("wait"), st.integers(1, 40)),  # timeout
@@ -84,11 +90,17 @@ async def page(execution: str, step: str, fails: int) -> str:
 
 async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
     seen = []
+    steps: list[str] = []  # the names of the steps so far
     for position, (kind, arg) in enumerate(plan):
         name = f"p{position}"
         value: Any = None
+        if kind in ("step", "amo"):
+            steps.append(name)
         if kind == "step":
             value = await ctx.step(name, page, ctx.id, name, arg, retry=Retry(attempts=4, initial_delay=5, max_delay=5))
+        elif kind == "again":  # steps a, b, a: the second "a" fails the execution
+            name = steps[arg % len(steps)] if steps else name
+            value = await ctx.step(name, page, ctx.id, name, 0)
         elif kind == "amo":
             WORLD.amo.add((ctx.id, name))
             value = await ctx.step(name, page, ctx.id, name, 0, at_most_once=True)
@@ -234,6 +246,19 @@ class DurableFleet(RuleBasedStateMachine):
                 pass
         self.settle()
 
+    @rule()
+    def retry(self) -> None:
+        """An operator retries every failed execution: after a nondeterministic failure or
+        a failed step (not after an interrupted at-most-once step: that retry does run it
+        again, as documented)."""
+        engine = self.acting
+        if engine is not None and self.ids:
+            executions, _ = self.run(engine.durable.list(status="failed", limit=1000))
+            for execution in executions:
+                if execution.error_tag != TAG_AT_MOST_ONCE_INTERRUPTED:
+                    self.run(engine.durable.retry(execution.id))
+        self.settle()
+
     @rule(name=st.sampled_from(NAMES), when=st.sampled_from(["before", "after"]))
     def crash_at_next_write(self, name: str, when: str) -> None:
         entry = self.live.get(name)
@@ -308,25 +333,32 @@ class DurableFleet(RuleBasedStateMachine):
             if self.acting is None:
                 free = next(n for n in NAMES if n not in self.live)
                 self.run(self._boot(free))
-            executions = []
-            for _ in range(40):
-                engine = self.acting
-                assert engine is not None
-                executions, _ = self.run(engine.durable.list(limit=1000))
-                if all(e.done for e in executions):
-                    break
-                self.clock.advance(31)
-                self.settle()
-            open_ = [(e.id, e.status, e.waiting_for) for e in executions if not e.done]
-            assert not open_, f"executions that never ended: {open_}"
-            self.a_finished_step_never_runs_again()
-            self.an_at_most_once_step_runs_at_most_once()
-            self.a_stale_lease_never_writes()
-            self.step_outputs_replay_identically()
+            self._run_to_the_end()
+            # Every failed execution retried once more (a retry goes wherever its failure
+            # left the execution), and run to its end again.
+            self.retry()
+            self._run_to_the_end()
         finally:
             for engine, _ in list(self.live.values()):
                 self.run(engine.stop(grace=0))
             self.loop.close()
+
+    def _run_to_the_end(self) -> None:
+        executions = []
+        for _ in range(40):
+            engine = self.acting
+            assert engine is not None
+            executions, _ = self.run(engine.durable.list(limit=1000))
+            if all(e.done for e in executions):
+                break
+            self.clock.advance(31)
+            self.settle()
+        open_ = [(e.id, e.status, e.waiting_for) for e in executions if not e.done]
+        assert not open_, f"executions that never ended: {open_}"
+        self.a_finished_step_never_runs_again()
+        self.an_at_most_once_step_runs_at_most_once()
+        self.a_stale_lease_never_writes()
+        self.step_outputs_replay_identically()
 
 
 DurableFleet.TestCase.settings = settings(

@@ -18,6 +18,7 @@ HANDLERS = '''
 import os, time
 from pathlib import Path
 from backend import define_schedule
+from tests.odd_exceptions import StrAndReprRaise
 
 HERE = Path(__file__).parent
 
@@ -32,12 +33,16 @@ async def boom(ctx):
 def exits(ctx):
     os._exit(3)
 
+def odd(ctx):
+    raise StrAndReprRaise()
+
 def fine(ctx):
     return {"ran": ctx.name, "slot": ctx.scheduled_at.isoformat()}
 
 hang_job = define_schedule(name="hang", cron="0 * * * *", timezone="UTC", handler=hang, max_runtime=60, isolation="process")
 boom_job = define_schedule(name="boom", cron="0 * * * *", timezone="UTC", handler=boom, payload={}, isolation="process")
 exit_job = define_schedule(name="exits", cron="0 * * * *", timezone="UTC", handler=exits, isolation="process")
+odd_job = define_schedule(name="odd", cron="0 * * * *", timezone="UTC", handler=odd, isolation="process")
 fine_job = define_schedule(name="fine", cron="0 * * * *", timezone="UTC", handler=fine, isolation="process")
 '''
 
@@ -78,6 +83,8 @@ async def test_the_watchdog_kills_a_hanging_handler_in_its_process(make_engine, 
     [
         ("boom", "failed", "KeyError", "'missing'"),
         ("exits", "failed", "process_exit", "the handler's process exited with code 3 without a result"),
+        # Its str() and repr() raise: the child still reports it, by its class.
+        ("odd", "failed", "StrAndReprRaise", "StrAndReprRaise (its str() raised ValueError, its repr() ValueError)"),
         ("fine", "succeeded", None, None),
     ],
 )

@@ -32,6 +32,7 @@ from backend import (
 from backend.jobs.definition import backoff, check_send
 from backend.jobs.model import NotDead
 from tests.conftest import expect
+from tests.odd_exceptions import ODD_EXCEPTIONS, tag_of
 
 UTC = timezone.utc
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
@@ -170,6 +171,22 @@ async def test_a_failing_job_is_retried_on_the_exact_backoff_then_dead(make_engi
     assert [c.attempt for c in handler.calls[5:]] == [1]
     with pytest.raises(NotDead):
         await engine.jobs.retry("mail", sent.id)
+
+
+@pytest.mark.parametrize("odd", ODD_EXCEPTIONS, ids=tag_of)
+async def test_an_exception_that_cannot_be_described_fails_the_attempt_at_once(
+    make_engine: Callable[..., Engine], clock: ManualClock, odd: type[BaseException]
+) -> None:
+    async def raises(job: JobContext) -> None:
+        raise odd()
+
+    engine = make_engine([define_queue(name="odd", handler=raises, attempts=1, max_runtime=600)])
+    await engine.start()
+    sent = await engine.jobs.send("odd")
+    await asyncio.wait_for(engine.quiesce(), 10)
+    found = await detail(engine, sent.id)
+    assert (found.job.status, found.job.error_tag) == ("dead", tag_of(odd))
+    assert [(a.status, a.error_tag, a.finished_at) for a in found.attempts] == [("failed", tag_of(odd), T0)]
 
 
 async def test_an_attempt_past_max_runtime_fails_with_timeout(make_engine: Callable[..., Engine], clock: ManualClock) -> None:

@@ -35,6 +35,7 @@ from backend.model import RunContext
 from backend.store import Store, open_store
 from tests import pg
 from tests.conftest import all_runs
+from tests.odd_exceptions import StrAndReprRaise, Unreadable
 
 UTC = timezone.utc
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
@@ -251,6 +252,32 @@ async def test_a_lease_taken_from_its_holder_is_lost_at_the_next_renewal(clock: 
     assert taker is not None and taker.token > lease.token
 
 
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_with_lock_whose_lock_was_released_by_force_never_reports_success(
+    engines: Callable[..., Engine], kind: str
+) -> None:
+    """Released by force while the work runs, and the work ends before the next renewal
+    could notice: the release on exit finds the token no longer current."""
+    holder, operator = engines(), engines()
+    await holder.open()
+    await operator.open()
+
+    async def async_work(lease: Lease) -> str:
+        await operator.locks.release("rollup")
+        return "done"
+
+    def sync_work(lease: Lease) -> str:
+        asyncio.run_coroutine_threadsafe(operator.locks.release("rollup"), loop).result(10)
+        return "done"
+
+    loop = asyncio.get_running_loop()
+    result = await holder.locks.with_lock("rollup", async_work if kind == "async" else sync_work, ttl=30)
+    assert result.acquired and result.value == "done"
+    assert isinstance(result.error, LeaseLost) and "released by force" in str(result.error)
+    taker = await operator.locks.acquire("rollup", ttl=30)
+    assert taker is not None and taker.token > result.token  # type: ignore[operator]
+
+
 async def test_hold_refuses_naming_the_holder_and_cancels_its_block_when_the_lease_is_lost(
     clock: ManualClock, engines: Callable[..., Engine]
 ) -> None:
@@ -334,6 +361,17 @@ async def test_with_lock_returns_value_or_error_and_never_overlaps(engines: Call
     assert failed.acquired and isinstance(failed.error, RuntimeError) and failed.token > result.token  # type: ignore[operator]
     threaded = await a.locks.with_lock("rollup", lambda lease: lease.token, ttl=30)
     assert threaded.value == threaded.token
+
+    def odd(lease: Lease) -> None:  # what it raises is handed back, never described (str() raises)
+        raise StrAndReprRaise()
+
+    async def odd_async(lease: Lease) -> None:
+        raise Unreadable()
+
+    for work, raised in ((odd, StrAndReprRaise), (odd_async, Unreadable)):
+        result = await a.locks.with_lock("rollup", work, ttl=30)
+        assert result.acquired and type(result.error) is raised
+        assert (await a.store.get_lock("rollup")).holder is None  # type: ignore[attr-defined]
 
 
 async def test_a_forced_release_is_audited_and_every_change_is_signalled(engines: Callable[..., Engine]) -> None:
@@ -453,21 +491,24 @@ def test_the_synchronous_twin_holds_fences_and_reports(tmp_path: Path) -> None:
     with connect_sync(url, create=True) as st:
         result = st.locks.with_lock("x", lambda lease: lease.token * 2, ttl=60)
         assert result.acquired and result.value == 2 * result.token
-        with st.locks.hold("x", ttl=60) as lease:
-            assert lease.held and not lease.lost.is_set()
-            assert st.locks.with_lock("x", lambda lease: None).acquired is False
-            with pytest.raises(LockNotAcquired, match='lock "x" is held by'):
-                with st.locks.hold("x"):
-                    pass
-            conn = sqlite3.connect(str(tmp_path / "state.db"), isolation_level=None)
-            conn.execute("BEGIN")
-            lease.fence(conn, "report")
-            conn.execute("COMMIT")
-            st.locks.release("x")  # an operator, by force
-            conn.execute("BEGIN")
-            with pytest.raises(StaleLease, match="expired or was released"):
+        # Released by force inside the block: its end says so (LeaseLost), before any renewal.
+        with pytest.raises(LeaseLost, match="was lost while the block ran: .*released by force"):
+            with st.locks.hold("x", ttl=60) as lease:
+                assert lease.held and not lease.lost.is_set()
+                assert st.locks.with_lock("x", lambda lease: None).acquired is False
+                with pytest.raises(LockNotAcquired, match='lock "x" is held by'):
+                    with st.locks.hold("x"):
+                        pass
+                conn = sqlite3.connect(str(tmp_path / "state.db"), isolation_level=None)
+                conn.execute("BEGIN")
                 lease.fence(conn, "report")
-            conn.execute("ROLLBACK")
-            conn.close()
+                conn.execute("COMMIT")
+                st.locks.release("x")  # an operator, by force
+                conn.execute("BEGIN")
+                with pytest.raises(StaleLease, match="expired or was released"):
+                    lease.fence(conn, "report")
+                conn.execute("ROLLBACK")
+                conn.close()
+        assert lease.lost.is_set()
         snapshot = st.locks.list()
         assert [lock.state(snapshot.now) for lock in snapshot.locks] == ["free"]

@@ -8,8 +8,11 @@ the injected clock:
 
 The first machine drives the store directly (both stores) against a model of what each
 answer must be; the second drives leases of two engines on one SQLite store, with
-background renewals, frozen holders and forced releases, and checks after every step
-that at most one lease per name believes itself held.
+background renewals, frozen holders, forced releases and ``with_lock`` calls whose work
+ends (and, some, fences a write) when the machine says, and checks after every step that
+at most one lease per name believes itself held, that a ``with_lock`` whose lease was
+released by force while it held it never reports success, and that a fenced write is
+never accepted from a lease released by force nor after a newer token's.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule, run_state_machine_as_test
 
-from backend import Engine, ManualClock, Unavailable
-from backend.locks import Lease
+from backend import Engine, LeaseLost, ManualClock, StaleLease, Unavailable
+from backend.locks import Lease, LockResult
 from backend.store import open_store
 from tests import pg
 
@@ -201,9 +204,21 @@ def test_the_lock_table_keeps_its_invariants_on_postgres(pg_server: pg.PgServer)
     run_state_machine_as_test(OnPostgres, settings=settings(SETTINGS, max_examples=10))
 
 
+@dataclass
+class WorkInFlight:
+    """A ``with_lock`` call whose work waits for :attr:`finish` (then, if it ``fences``,
+    writes through ``lease.fence`` before it returns)."""
+
+    task: asyncio.Task[LockResult]
+    finish: asyncio.Event
+    fences: bool
+    lease: Lease | None = None
+
+
 class LeaseMachine(RuleBasedStateMachine):
     """Leases of two engines sharing a store and a clock: renewals run by themselves; a
-    frozen holder's renewals fail; an operator releases by force."""
+    frozen holder's renewals fail; an operator releases by force; ``with_lock`` work
+    starts and ends at any point in between."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -219,15 +234,27 @@ class LeaseMachine(RuleBasedStateMachine):
         self.evicted: set[int] = set()
         """Tokens of leases released by force while held: they learn it at their next renewal."""
         self.highest: dict[str, int] = {}
+        self.path = Path(self.tmp.name) / "state.db"
+        self.works: list[WorkInFlight] = []
+        self.writes: list[tuple[int, bool]] = []
+        """Fenced writes the store accepted: (token, whether it had been released by force)."""
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
 
     def teardown(self) -> None:
-        for engine in self.engines:
-            self.run(engine.stop(grace=0))
-        self.loop.close()
-        self.tmp.cleanup()
+        try:
+            for work in self.works:  # the work still in flight ends now, at this very time
+                work.finish.set()
+            if self.works:
+                self.run(asyncio.wait([work.task for work in self.works]))
+            self.a_holder_whose_lease_was_released_never_reports_success()
+            self.a_stale_lease_never_writes()
+        finally:
+            for engine in self.engines:
+                self.run(engine.stop(grace=0))
+            self.loop.close()
+            self.tmp.cleanup()
 
     @rule(engine=st.integers(0, 1), name=st.sampled_from(NAMES), ttl=st.sampled_from([3, 9]))
     def acquire(self, engine: int, name: str, ttl: int) -> None:
@@ -267,9 +294,55 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        live = [lease for lease in self.leases if not lease.released]
+        working = {id(work.lease) for work in self.works}  # with_lock releases its own
+        live = [lease for lease in self.leases if not lease.released and id(lease) not in working]
         if live:
             self.run(data.draw(st.sampled_from(live)).release())
+
+    @rule(engine=st.integers(0, 1), name=st.sampled_from(NAMES), ttl=st.sampled_from([3, 9]), fences=st.booleans())
+    def start_with_lock(self, engine: int, name: str, ttl: int, fences: bool) -> None:
+        entered, finish = asyncio.Event(), asyncio.Event()
+
+        async def work(lease: Lease) -> str:
+            started.lease = lease
+            self.leases.append(lease)
+            entered.set()
+            await finish.wait()
+            if fences:
+                self._fenced_write(lease)
+            return "done"
+
+        task = self.loop.create_task(self.engines[engine].locks.with_lock(name, work, ttl=ttl))
+        started = WorkInFlight(task, finish, fences)
+        waiting = self.loop.create_task(entered.wait())
+        self.run(asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED))  # holding it, or refused
+        waiting.cancel()
+        if started.lease is not None:
+            assert started.lease.token > self.highest.get(name, 0)
+            self.highest[name] = started.lease.token
+            self.works.append(started)
+
+    @rule(data=st.data())
+    def finish_with_lock(self, data: st.DataObject) -> None:
+        working = [work for work in self.works if not work.finish.is_set()]
+        if working:
+            work = data.draw(st.sampled_from(working))
+            work.finish.set()
+            self.run(asyncio.wait({work.task}))
+
+    def _fenced_write(self, lease: Lease) -> None:
+        conn = sqlite3.connect(str(self.path), isolation_level=None)
+        try:
+            conn.execute("BEGIN")
+            try:
+                lease.fence_sync(conn, "report")
+            except StaleLease:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        self.writes.append((lease.token, lease.token in self.evicted))
 
     @invariant()
     def at_most_one_lease_per_name_believes_itself_held(self) -> None:
@@ -290,6 +363,21 @@ class LeaseMachine(RuleBasedStateMachine):
             if held:
                 lock = self.run(self.engines[0].store.get_lock(name))  # type: ignore[attr-defined]
                 assert lock.token == held[0].token and lock.state(self.clock.now()) == "held"
+
+    @invariant()
+    def a_holder_whose_lease_was_released_never_reports_success(self) -> None:
+        for work in self.works:
+            if work.task.done() and work.lease is not None and work.lease.token in self.evicted:
+                result = work.task.result()
+                assert isinstance(result.error, (LeaseLost, StaleLease)), (
+                    f"with_lock reported {result} after its lease (token {work.lease.token}) was released by force"
+                )
+
+    @invariant()
+    def a_stale_lease_never_writes(self) -> None:
+        assert not [token for token, evicted in self.writes if evicted], "a lease released by force wrote"
+        tokens = [token for token, _ in self.writes]
+        assert tokens == sorted(tokens), "a fenced write was accepted after a newer token's"
 
 
 def test_leases_keep_their_invariants_with_renewals_freezes_and_forced_releases() -> None:

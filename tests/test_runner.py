@@ -21,10 +21,12 @@ from typing import Any
 import pytest
 
 from backend import DefinitionError, ManualClock, RunContext, define_schedule, open_store
+from backend.errors import describe_exception
 from backend.loops import Loops
 from backend.runner import HandlerRunner, Invocation, Outcome
 from backend.timers import TimerWheel
 from tests.conftest import all_runs
+from tests.odd_exceptions import ODD_EXCEPTIONS, tag_of
 from tests.servers import REPO, cli_env
 
 UTC = timezone.utc
@@ -194,6 +196,41 @@ async def test_any_exception_fails_the_run_and_the_next_slot_still_fires(make_en
         await engine.quiesce()
     runs = await all_runs(engine, "job")
     assert [(r.status, r.error_tag) for r in runs] == [("failed", type(exc).__name__), ("succeeded", None)]
+    assert await engine.store.running_runs() == []
+
+
+@pytest.mark.parametrize("odd", ODD_EXCEPTIONS, ids=tag_of)
+def test_describing_an_exception_never_raises_and_tags_it_with_its_class(odd: type[BaseException]) -> None:
+    try:
+        raise odd()
+    except BaseException as exc:  # noqa: BLE001 - the exception under test
+        tag, message, trace = describe_exception(exc)
+    assert tag == tag_of(odd)
+    assert type(message) is str and message and type(trace) is str  # plain str: no method of theirs runs later
+    assert trace.startswith("Traceback (most recent call last):") and "in test_describing" in trace
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+@pytest.mark.parametrize("odd", ODD_EXCEPTIONS, ids=tag_of)
+async def test_an_exception_that_cannot_be_described_still_fails_its_run_at_once(
+    make_engine, clock: ManualClock, kind: str, odd: type[BaseException]
+) -> None:
+    """Its str(), repr(), class or traceback raise: the run is recorded failed as soon as
+    the handler raised (not at its deadline), with the class's name as the error tag."""
+
+    async def async_handler(ctx: RunContext) -> None:
+        raise odd()
+
+    def sync_handler(ctx: RunContext) -> None:
+        raise odd()
+
+    engine = make_engine([schedule(async_handler if kind == "async" else sync_handler, max_runtime=600)])
+    await engine.start()
+    clock.advance(60)
+    await asyncio.wait_for(engine.quiesce(), 10)
+    [run] = await all_runs(engine, "job")
+    assert (run.status, run.error_tag, run.finished_at) == ("failed", tag_of(odd), clock.now())
+    assert run.error_message
     assert await engine.store.running_runs() == []
 
 

@@ -61,10 +61,15 @@ class Released(Stop):
 
 class Fatal(Stop):
     """Replaying would be wrong (steps reached in another order, a name used twice, an
-    at-most-once step found interrupted, the lifetime bound): the execution fails."""
+    at-most-once step found interrupted, the lifetime bound): the execution fails.
 
-    def __init__(self, tag: str, message: str, step: str | None = None) -> None:
+    ``step`` is where the code was; ``failed_step`` is the step whose checkpoint a retry
+    removes so that it runs again (``None`` when no step failed: the code reached its
+    steps otherwise than recorded)."""
+
+    def __init__(self, tag: str, message: str, step: str | None = None, failed_step: str | None = None) -> None:
         super().__init__(message)
         self.tag = tag
         self.message = message
         self.step = step
+        self.failed_step = failed_step

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Unavailable
+from ..errors import Unavailable, describe_exception
 from ..model import TAG_INTERRUPTED, TAG_TIMEOUT
 from ..runner import Invocation, Outcome
 from .definition import DurableFunction
@@ -164,7 +164,9 @@ class ExecutionRun:
             await self._end(Suspend("queued", self.current_step), note=f"released: {self.executor.instance} is stopping")
             return
         if isinstance(ending, Fatal):
-            finish = Finish("failed", ending.step, error_tag=ending.tag, error_message=ending.message, failed_step=ending.step)
+            finish = Finish(
+                "failed", ending.step, error_tag=ending.tag, error_message=ending.message, failed_step=ending.failed_step
+            )
         elif isinstance(ending, Cancelled) or (self.cancel_requested and outcome.error_tag == TAG_INTERRUPTED):
             finish = Finish("cancelled", self.current_step, error_tag=TAG_CANCELLED, error_message=self._cancel_note())
         elif outcome.status == "succeeded":
@@ -253,7 +255,14 @@ class ExecutionRun:
             raise self.ending
 
     def fatal(self, tag: str, message: str, step: str | None = None) -> Fatal:
-        self.ending = Fatal(tag, message, step)
+        """The execution fails at ``step``, which a retry runs again."""
+        self.ending = Fatal(tag, message, step, failed_step=step)
+        return self.ending
+
+    def nondeterministic(self, name: str, message: str) -> Fatal:
+        """The code reached its steps otherwise than recorded: it fails at ``name``, but no
+        step failed, so a retry runs none again (a succeeded one never runs twice)."""
+        self.ending = Fatal(TAG_NONDETERMINISTIC, message, name)
         return self.ending
 
     def enter(self, name: str, kind: str) -> tuple[int, StepRecord | None]:
@@ -266,38 +275,34 @@ class ExecutionRun:
         position = self.position + 1
         first = self.seen.get(name)
         if first is not None:
-            raise self.fatal(
-                TAG_NONDETERMINISTIC,
+            raise self.nondeterministic(
+                name,
                 f'step name "{name}" is used twice in this execution (positions {first} and {position}); '
                 "step names must be unique within an execution",
-                name,
             )
         self.position = position
         self.seen[name] = position
         self.current_step = name
         recorded_at = self.positions.get(name)
         if recorded_at is not None and recorded_at != position:
-            raise self.fatal(
-                TAG_NONDETERMINISTIC,
+            raise self.nondeterministic(
+                name,
                 f'the code reached step "{name}" at position {position}, but it is recorded at position '
                 f"{recorded_at}: it now reaches recorded steps in another order than when they ran "
                 "(was the function changed?); its recorded data is not replayed",
-                name,
             )
         record = self.recorded.get(position)
         if record is not None and record.name != name:
-            raise self.fatal(
-                TAG_NONDETERMINISTIC,
+            raise self.nondeterministic(
+                name,
                 f'the code reached step "{name}" at position {position}, where step "{record.name}" is recorded: '
                 "it now reaches recorded steps in another order than when they ran (was the function changed?); "
                 "its recorded data is not replayed",
-                name,
             )
         if record is not None and record.kind != kind:
-            raise self.fatal(
-                TAG_NONDETERMINISTIC,
-                f'"{name}" at position {position} is recorded as a {record.kind} but was reached as a {kind}',
+            raise self.nondeterministic(
                 name,
+                f'"{name}" at position {position} is recorded as a {record.kind} but was reached as a {kind}',
             )
         return position, record
 
@@ -366,8 +371,8 @@ def encode(value: Any) -> tuple[str, str | None]:
     """A value as the JSON text it is checkpointed as, or why it cannot be."""
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        return "", f"is not JSON ({exc})"
+    except BaseException as exc:  # noqa: BLE001 - the value's own methods run too (a dict subclass's items())
+        return "", f"is not JSON ({describe_exception(exc)[1]})"
     if len(text.encode()) > MAX_OUTPUT_BYTES:
         return "", f"is larger than {MAX_OUTPUT_BYTES} bytes as JSON"
     return text, None

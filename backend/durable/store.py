@@ -208,8 +208,9 @@ class DurableStore(Protocol):
 
     async def durable_retry(self, id: str, now: datetime, note: str) -> ExecutionStatus | None:
         """Queue a ``failed`` execution again: its failed step's checkpoint is removed, so
-        that step runs again with fresh attempts. Returns the status found (only ``failed``
-        is retried), or ``None`` for an unknown execution."""
+        that step runs again with fresh attempts, unless it succeeded (a succeeded step never
+        runs again). Returns the status found (only ``failed`` is retried), or ``None`` for
+        an unknown execution."""
 
     async def durable_get(self, id: str) -> Execution | None:
         """The execution with its steps and logs."""

@@ -24,7 +24,10 @@ class Lease:
     The lease is renewed in the background every ``ttl/3``. If it cannot be renewed before
     it expires (another holder took it over, an operator released it by force, or the
     store did not answer in time), :attr:`lost` is set, with :attr:`lost_reason`; whoever
-    runs the protected work is told (``with_lock`` and ``hold`` cancel async work).
+    runs the protected work is told (``with_lock`` and ``hold`` cancel async work). The
+    release checks it once more: a lease that is no longer the lock's current one by then
+    (released by force since the last renewal) is lost too, so the work that just ended is
+    not reported done under the lock.
 
     :attr:`token` is strictly greater than every token the lock was given before. Pass it
     to whatever the work writes, or let the store check it: :meth:`fence` in the caller's
@@ -102,7 +105,8 @@ class LockResult:
     """What :meth:`~backend.locks.Locks.with_lock` did: ``acquired`` false means another
     holder had the lock and ``work`` did not run. Otherwise ``value`` is what ``work``
     returned, or ``error`` what it raised (:class:`~backend.locks.LeaseLost` when the
-    lease was lost while it ran); errors are returned, not raised."""
+    lease was lost while it ran, or found released by force when it ended: ``value`` is
+    then what the work returned, unprotected); errors are returned, not raised."""
 
     acquired: bool
     value: Any = None

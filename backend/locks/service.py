@@ -7,7 +7,9 @@ the background every ``ttl/3`` by a task parked on the engine's clock (so
 :meth:`~backend.engine.Engine.quiesce` sees it), and released with one statement. When a
 renewal fails for good (the token is no longer current) or the lease's deadline passes
 without one, the lease is *lost*: its callbacks run (``with_lock`` and ``hold`` cancel
-async work, a locked schedule's run is recorded ``failed``/``lease_lost``).
+async work, a locked schedule's run is recorded ``failed``/``lease_lost``). The release
+is the last check: when it finds the token no longer current (released by force since
+the last renewal), the lease is lost too, and ``with_lock`` and ``hold`` report it.
 
 Times: leases expire on the *lock clock*, the database's own unless the engine runs on an
 injected :class:`~backend.clock.ManualClock` (tests), so that instances whose clocks
@@ -147,11 +149,20 @@ class Locks:
             self._run_leases.discard(lease)
             if not self._run_leases:
                 self._runs_done.set()
+        asked_at = self.clock.now()
         try:
-            await self.store.release_lock(lease.name, lease.token, self.lock_now())
+            still_held = await self.store.release_lock(lease.name, lease.token, self.lock_now())
         except Unavailable as exc:
             log.warning('lock "%s" (token %d) not released (%s); it expires by itself at %s',
                         lease.name, lease.token, exc, iso(lease.expires_at))
+        else:
+            # The release is the check on exit: the work that just ended must not be
+            # reported done under a lock it had lost before its next renewal would say so.
+            if not still_held:
+                self._mark_lost(lease, f"token {lease.token} was no longer current when it was released "
+                                       "(released by force, or taken over)")
+            elif asked_at >= lease.deadline:
+                self._mark_lost(lease, "it was not renewed before it expired")
         self.events.publish("locks", lease.name)
 
     def release_soon(self, lease: Lease) -> None:
@@ -167,13 +178,20 @@ class Locks:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _lose(self, lease: Lease, reason: str) -> None:
-        if lease.lost.is_set() or lease.released:
+    def _mark_lost(self, lease: Lease, reason: str) -> None:
+        """Set :attr:`Lease.lost` (once) and say why."""
+        if lease.lost.is_set():
             return
         lease.lost_reason = reason
         lease.lost.set()
         lease._lost_flag.set()
         log.warning('lease of lock "%s" (token %d) lost: %s', lease.name, lease.token, reason)
+
+    def _lose(self, lease: Lease, reason: str) -> None:
+        """The lease is lost while held: mark it, tell whoever runs the protected work."""
+        if lease.lost.is_set() or lease.released:
+            return
+        self._mark_lost(lease, reason)
         for callback in lease._on_lost:
             try:
                 callback(reason)
@@ -235,7 +253,9 @@ class Locks:
 
         Async work is cancelled if the lease is lost (``error`` is then :class:`LeaseLost`);
         sync work runs on a thread and is told through ``lease.lost``. What ``work``
-        returns is ``value``; what it raises is ``error`` (returned, not raised)."""
+        returns is ``value``; what it raises is ``error`` (returned, not raised). A lease
+        found released by force when the work ends (before a renewal noticed) is lost:
+        ``error`` is :class:`LeaseLost`, never a success."""
         lease = await self.acquire(name, ttl)
         if lease is None:
             return LockResult(False)

@@ -329,6 +329,7 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
                 async with pool.connection(timeout=wait) as conn:
                     result = await fn(conn)
                 self._conn_trouble = None
+                self._store_answered()
                 return result
             except PoolTimeout as exc:
                 raise self._trouble(exc) from None

@@ -241,7 +241,8 @@ REQUEUE = f"""
         failed_step = NULL, finished_at = NULL, updated_at = %s, cancel_requested = false
     WHERE id = %s
 """
-FORGET_STEP = "DELETE FROM schedtui_durable_steps WHERE execution_id = %s AND name = %s"
+# A retry forgets the failed step's checkpoint so that it runs again: never a succeeded one.
+FORGET_STEP = "DELETE FROM schedtui_durable_steps WHERE execution_id = %s AND name = %s AND status <> 'succeeded'"
 INSERT_LOG = "INSERT INTO schedtui_durable_logs (execution_id, at, message) VALUES (%s, %s, %s)"
 GET = f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} WHERE id = %s"
 STEPS_OF = f"SELECT {STEP_COLUMNS} FROM schedtui_durable_steps WHERE execution_id = %s ORDER BY seq"

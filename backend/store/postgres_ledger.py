@@ -2,7 +2,9 @@
 :class:`~backend.store.postgres.PostgresStore`): :meth:`save_runs` only hands runs to a
 writer task, which upserts whatever has gathered since its last commit in one statement
 and one transaction, with the notification that announces them; rows the server refuses
-are found one by one, and rows it cannot reach wait, retried, until it is back."""
+are found one by one, and rows it cannot reach wait, retried, until it is back (at once
+when any other statement of this process goes through: the retry backoff must not keep
+finished runs looking in flight to the other instances' claims)."""
 
 from __future__ import annotations
 
@@ -67,6 +69,13 @@ class PostgresLedgerWriter:
             wake.set()
         else:
             loop.call_soon_threadsafe(wake.set)
+
+    def _store_answered(self) -> None:
+        """A statement of this process just went through. A writer waiting out its retry
+        backoff with rows it could not write retries now: until it does, the other
+        instances read this instance's finished runs as still in flight."""
+        if self._write_failures and self._wake is not None:
+            self._wake.set()
 
     async def flush(self) -> None:
         if self._writer is None or self._wake is None or self._loop is None:

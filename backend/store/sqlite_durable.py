@@ -177,7 +177,8 @@ REQUEUE = """
         failed_step = NULL, finished_at = NULL, updated_at = ?, cancel_requested = 0
     WHERE id = ?
 """
-FORGET_STEP = "DELETE FROM durable_steps WHERE execution_id = ? AND name = ?"
+# A retry forgets the failed step's checkpoint so that it runs again: never a succeeded one.
+FORGET_STEP = "DELETE FROM durable_steps WHERE execution_id = ? AND name = ? AND status <> 'succeeded'"
 GET = f"SELECT {EXECUTION_COLUMNS} FROM durable_executions WHERE id = ?"
 LOGS_OF = """
     SELECT at, message FROM (
