@@ -141,6 +141,37 @@ def test_a_second_serve_on_the_same_file_is_refused_naming_the_first_until_it_di
         assert again.stop() == 0, again.log_text()
 
 
+def test_another_name_for_the_file_is_no_way_around_the_one_firer(root: Path) -> None:
+    """A symlink (to the file, or to its folder) leads to the same firing lock; a hard link,
+    whose name would get a write-ahead log of its own, is refused by every verb."""
+    db = root / "state.db"
+    first = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}", "--instance", "first")
+    try:
+        poll(lambda: count_runs(db) > 0, timeout=20, what="the first serve to fire")
+        (root / "link.db").symlink_to(db)
+        (root / "folder").symlink_to(root, target_is_directory=True)
+        for other in (root / "link.db", root / "folder" / "state.db"):
+            second = subprocess.run(serve_argv(other, "--instance", "second"), cwd=root, env=cli_env(),
+                                    capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+            assert second.returncode == 1, second.stderr
+            assert second.stderr.startswith('schedtui: refusing to fire: instance "first"'), second.stderr
+            assert f'the schedules of the store "{db}"' in second.stderr
+        os.link(db, root / "hard.db")
+        for argv in (serve_argv(root / "hard.db", "--instance", "second"),
+                     [sys.executable, "-m", "console.cli", "list", "--store", f"sqlite:///{root / 'hard.db'}"],
+                     [sys.executable, "-m", "console.cli", "list", "--store", f"sqlite:///{db}"]):  # fmt: skip
+            refused = subprocess.run(argv, cwd=root, env=cli_env(), capture_output=True, text=True, timeout=60, check=False)
+            assert refused.returncode == 2, refused.stderr
+            [line] = refused.stderr.splitlines()
+            assert line.startswith("schedtui: the store file ") and "has 2 names (hard links)" in line, line
+        assert not (root / "hard.db-wal").exists()  # never opened under that name
+        poll(lambda: "now has 2 names (hard links)" in first.log_text(), timeout=10, what="the firer to warn of the link")
+        assert {row[0] for row in ledger(db, "SELECT DISTINCT instance FROM runs")} == {"first"}
+    finally:
+        stopped = first.stop()
+    assert stopped == 0, first.log_text()
+
+
 # ---------------------------------------------------------------------------------------
 # a store file deleted while serving
 # ---------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import InUse, NotFound, Refused, Unavailable
+from ..errors import BadInput, InUse, NotFound, Refused, Unavailable
 from ..ids import id_floor
 from ..model import (
     BackfillProgress,
@@ -117,7 +117,9 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
     default_coordination: CoordinationMode = "single"
 
     def __init__(self, path: Path | str, *, create: bool = True) -> None:
-        self.path = Path(path)
+        # The file itself, whatever name it was given by: every symlink to it (or to a
+        # folder above it) leads to the same firing lock and the same write-ahead log.
+        self.path = Path(os.path.realpath(path))
         self.where = str(self.path)
         self.create = create
         self.close_patience = 10.0
@@ -151,8 +153,28 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
     def _require_file(self) -> None:
         if not self.path.is_file():
             raise NotFound(
-                f'no store at "{os.path.abspath(self.path)}" (no such file); check --store and the working '
+                f'no store at "{self.path}" (no such file); check --store and the working '
                 "directory (only `schedtui serve` and `schedtui demo` create a store)"
+            )
+
+    def _refuse_other_names(self) -> None:
+        """Refuse a store file that has more than one name (hard links). SQLite keeps its
+        write-ahead log and shared memory beside the name a file is opened by: a second
+        name gets a log of its own, each process sees only its own name's recent writes,
+        a firing lock beside each name lets a firer in through each, and a checkpoint
+        through one name overwrites what the other's log holds (a corrupt store)."""
+        try:
+            names = os.stat(self.path).st_nlink
+        except FileNotFoundError:
+            return  # created by the writer (one name)
+        except OSError as exc:
+            raise Unavailable(f'cannot look at the store file "{self.path}": {exc.strerror or exc}') from None
+        if names > 1:
+            raise BadInput(
+                f'the store file "{self.path}" has {names} names (hard links); SQLite would keep a write-ahead log '
+                "beside each name and the store would be corrupted: remove the other names (find them with "
+                f"`find / -xdev -samefile {self.path}`) and use one, or a symlink",
+                field="store",
             )
 
     async def open(self) -> None:
@@ -163,6 +185,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
                 raise Unavailable(f'cannot create the folder for the store "{self.path}": {exc}') from exc
         else:
             self._require_file()
+        self._refuse_other_names()
         self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="schedtui-sqlite-reader")
         writer = _Writer(str(self.path), create=self.create)
         writer.start()
@@ -243,6 +266,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
             self._firing_lock = await asyncio.to_thread(self._lock_firing, instance)
 
     def _lock_firing(self, instance: str) -> int:
+        self._refuse_other_names()
         path = self.firing_lock_path
         if self.create:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -276,7 +300,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         except (OSError, ValueError, KeyError, TypeError):
             who = "another process"
         return (
-            f'refusing to fire: {who} already fires the schedules of the store "{os.path.abspath(self.path)}"; '
+            f'refusing to fire: {who} already fires the schedules of the store "{self.path}"; '
             "two firing processes on one SQLite file would run every slot twice. Stop that one first "
             "(the other verbs, and a console without --fire, work beside it; several firing instances need PostgreSQL)"
         )

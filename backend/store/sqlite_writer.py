@@ -138,6 +138,7 @@ class _Writer(threading.Thread):
         self.next_try = 0.0
         self.warned_at = 0.0
         self.identity: tuple[int, int] | None = None
+        self.other_names = False  # said once: the file gained a hard link while open
         self.checked_at = 0.0
         self.page_limit: int | None = None  # the test seam of SQLiteStore.limit_pages
         self.applied_limit: int | None = None
@@ -423,6 +424,15 @@ class _Writer(threading.Thread):
             return  # cannot look (permissions, a stale mount): no verdict
         else:
             if (st.st_dev, st.st_ino) == self.identity:
+                if st.st_nlink > 1 and not self.other_names:
+                    # Opened under one name only (see SQLiteStore._refuse_other_names): no
+                    # schedtui process opens it through the other, but any other tool would.
+                    self.other_names = True
+                    log.error(
+                        'the store file "%s" now has %d names (hard links): a process opening it through another '
+                        "name would keep a write-ahead log of its own and corrupt the store; remove the other names",
+                        self.path, st.st_nlink,
+                    )
                 return
         self.lost = True
         self.error = "the store file was deleted or replaced while in use"
