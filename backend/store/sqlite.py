@@ -41,7 +41,7 @@ from ..model import (
     StoreHealth,
     unique_claims,
 )
-from . import Unfinished
+from . import Unfinished, store_unavailable
 from .migrations import components_of, migrate_sqlite
 from .sqlite_audit import SQLiteAudit
 from .sqlite_events import SQLiteEvents
@@ -257,7 +257,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         """Test seam: let the file grow by at most ``extra`` more pages (``None`` lifts the
         limit). Past it SQLite fails writes with SQLITE_FULL, exactly as on a full disk."""
         if self._writer is None:
-            raise Unavailable(f'the store "{self.path}" is not open')
+            raise store_unavailable(self.where, "{store} is not open")
         self._writer.page_limit = extra
         self._writer.jobs.put(_WAKE)
 
@@ -309,9 +309,9 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
     def _open_writer(self) -> _Writer:
         writer = self._writer
         if writer is None:
-            raise Unavailable(f'the store "{self.path}" is not open')
+            raise store_unavailable(self.where, "{store} is not open")
         if writer.crashed:
-            raise Unavailable(f'the ledger writer of "{self.path}" stopped (see the log)')
+            raise store_unavailable(self.where, "the ledger writer of {store} stopped (see the log)")
         return writer
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -322,7 +322,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         except sqlite3.Error as exc:
             if not _is_trouble(exc):
                 raise
-            raise Unavailable(f'the store "{self.path}" is unavailable: {exc}') from exc
+            raise store_unavailable(self.where, "{store} is unavailable", str(exc)) from exc
 
     async def _peek(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn`` on the writer's connection, between its transactions (a read only)."""
@@ -333,7 +333,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         except sqlite3.Error as exc:
             if not _is_trouble(exc):
                 raise
-            raise Unavailable(f'the store "{self.path}" is unavailable: {exc}') from exc
+            raise store_unavailable(self.where, "{store} is unavailable", str(exc)) from exc
         return result
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -343,13 +343,13 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
             return fn(self._read_conn)
 
         if self._reader is None:
-            raise Unavailable(f'the store "{self.path}" is not open')
+            raise store_unavailable(self.where, "{store} is not open")
         try:
             return await asyncio.wrap_future(self._reader.submit(job))
         except sqlite3.Error as exc:
             if not _is_trouble(exc):
                 raise
-            raise Unavailable(f'the store "{self.path}" is unavailable: {exc}') from exc
+            raise store_unavailable(self.where, "{store} is unavailable", str(exc)) from exc
 
     # -- runs -----------------------------------------------------------------------------
     def save_runs(self, runs: Sequence[Run]) -> None:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from ..errors import Unavailable
 from ..model import Run, StoreHealth
+from . import store_unavailable
 from .sqlite_sql import MARK_STARTING, NOTE_LAST_FIRED, UPSERT_RUN, _run_params
 
 
@@ -168,7 +169,7 @@ class _Writer(threading.Thread):
             self.crashed = True
             log.exception('the ledger writer of "%s" stopped', self.path)
             for flush in self.flushes:
-                flush.future.set_exception(Unavailable(f'the ledger writer of "{self.path}" stopped: {exc}'))
+                flush.future.set_exception(store_unavailable(self.path, "the ledger writer of {store} stopped", str(exc)))
             raise
         finally:
             with self.marker_lock:
@@ -446,12 +447,13 @@ class _Writer(threading.Thread):
     def unavailable(self) -> Unavailable:
         if self.lost:
             return Unavailable(
-                f'the store file "{self.path}" was deleted or replaced while in use; nothing written now would survive'
+                f'the store file "{self.path}" was deleted or replaced while in use; nothing written now would survive',
+                public="the store file was deleted or replaced while in use; nothing written now would survive",
             )
-        return Unavailable(
-            f'the store "{self.path}" cannot be written: {self.error} '
-            f"({len(self.pending)} run(s) waiting; they are kept and retried)"
-        )
+        return store_unavailable(
+            self.path, "{store} cannot be written",
+            f"{self.error} ({len(self.pending)} run(s) waiting; they are kept and retried)",
+        )  # fmt: skip
 
     def health(self) -> StoreHealth:
         waiting = self.queued + len(self.pending)
