@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import socket
 import sqlite3
@@ -93,6 +94,7 @@ from .sqlite_sql import (
     _run_params,
     _us,
 )
+from .sqlite_reserve import Kept, Reserve
 from .sqlite_writer import (
     _Flush,
     _Peek,
@@ -130,6 +132,12 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         self._read_conn: sqlite3.Connection | None = None
         self._firing_lock: int | None = None
+        self._reserve: Reserve | None = None
+        """The firing process's reserve (see :mod:`backend.store.sqlite_reserve`)."""
+        self._kept = Kept([], {})
+        """What an earlier process kept in the reserve, until handed to the writer."""
+        self._marks: dict[str, int] = {}
+        """The burst marks this process committed: instance -> slot (microseconds)."""
         if not create:
             self._require_file()
 
@@ -197,6 +205,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
             raise Unavailable(f'cannot open the store "{self.path}": {exc}') from exc
         self._writer = self._last_writer = writer
         await self._write(self._migrate)
+        await self._write_kept()
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         self._migrate_core(conn)
@@ -232,13 +241,14 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
             writer.jobs.put(_STOP)
             await asyncio.to_thread(writer.join)
             self._writer = None
-            for run, _ in writer.pending.values():
-                # The last resort: the log is the only place left that can keep it.
-                log.error("run not written to the ledger: %s", json.dumps(run.to_json(), ensure_ascii=False))
+            await asyncio.to_thread(self._keep_unwritten, writer)
         if self._reader is not None:
             reader, self._reader = self._reader, None
             await asyncio.wrap_future(reader.submit(self._close_reader))
             reader.shutdown(wait=False)
+        if self._reserve is not None:
+            self._reserve.close()
+            self._reserve = None
         if self._firing_lock is not None:
             fd, self._firing_lock = self._firing_lock, None
             os.close(fd)  # releases the lock
@@ -262,8 +272,68 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         self._writer.jobs.put(_WAKE)
 
     async def take_firing_lock(self, instance: str) -> None:
+        """Also opens the reserve (the firing process's alone) and, once the store is open,
+        writes the runs an earlier process kept there."""
         if self._firing_lock is None:
             self._firing_lock = await asyncio.to_thread(self._lock_firing, instance)
+            self._reserve = Reserve(self.path.with_name(self.path.name + ".reserve"))
+            self._kept = await asyncio.to_thread(self._reserve.open)
+            if self._writer is not None:
+                await self._write_kept()
+
+    async def _write_kept(self) -> None:
+        """Hand the runs kept in the reserve to the writer, ahead of anything this process
+        writes; the reserve is marked empty once they are committed. Meanwhile
+        :meth:`last_slots` counts them, so the catch-up starts after their slots. Then
+        clear the stopped process's burst marks they account for (after them: a write
+        never overtakes runs handed in before it; on a disk still full, this raises)."""
+        (kept, marks), self._kept = self._kept, Kept([], {})
+        reserve = self._reserve
+        if not kept or reserve is None:
+            return
+        log.warning(
+            '%d run(s) kept by an earlier process in the reserve "%s" (it could not write them to the ledger); '
+            "writing them now", len(kept), reserve.path,
+        )  # fmt: skip
+        self.save_runs(kept)
+        written = _Flush(math.inf)  # waits through a full disk, as the runs do
+
+        def done(future: concurrent.futures.Future[None]) -> None:
+            if future.exception() is None:  # on the writer's thread, before it takes anything else
+                reserve.clear()
+                log.info('the %d run(s) kept in the reserve "%s" are in the ledger', len(kept), reserve.path)
+
+        written.future.add_done_callback(done)
+        self._open_writer().jobs.put(written)
+        if marks:
+            try:
+                await self._write(lambda c: c.executemany(CLEAR_STARTING, list(marks.items())))
+            except Unavailable:
+                for instance, slot in marks.items():  # still to clear: kept again if this one stops first
+                    self._marks.setdefault(instance, slot)
+                raise
+
+    def _keep_unwritten(self, writer: _Writer) -> None:
+        """After the writer has stopped: keep the runs it could not write in the reserve,
+        as many as fit, and log the others, one JSON line each (the last resort)."""
+        left = [run for run, _ in writer.pending.values()]
+        if not left:
+            return
+        unkept = left
+        if self._reserve is not None and not writer.lost:
+            unkept = self._reserve.keep(left, self._marks)
+            kept = len(left) - len(unkept)
+            if kept:
+                log.error(
+                    'cannot write %d run(s) to the ledger "%s" (%s): kept %d run(s) in its reserve "%s"; the next process '
+                    "to fire this store writes them to the ledger first%s",
+                    len(left), self.path, writer.error, kept, self._reserve.path,
+                    f" ({len(unkept)} more did not fit: they follow, one a line)" if unkept else "",
+                )  # fmt: skip
+                writer.error = f"{writer.error}; {kept} of them kept in the reserve for the next start"
+        for run in unkept:
+            # The last resort: the log is the only place left that can keep it.
+            log.error("run not written to the ledger: %s", json.dumps(run.to_json(), ensure_ascii=False))
 
     def _lock_firing(self, instance: str) -> int:
         self._refuse_other_names()
@@ -402,7 +472,10 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         return await self._read(read)
 
     async def last_slots(self, names: Iterable[str]) -> dict[str, datetime]:
+        """Counting the runs that wait in the writer (a full disk), and those kept in the
+        reserve by an earlier process: their slots ran."""
         wanted = sorted(set(names))
+        waiting = await self._newest_waiting(wanted) if wanted else {}
 
         def read(c: sqlite3.Connection) -> dict[str, datetime]:
             found: dict[str, datetime] = {}
@@ -412,7 +485,24 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
                     found[name] = _EPOCH + _MICROSECOND * row[0]
             return found
 
-        return await self._read(read) if wanted else {}
+        found = await self._read(read) if wanted else {}
+        for name, slot in waiting.items():
+            if name not in found or slot > found[name]:
+                found[name] = slot
+        return found
+
+    async def _newest_waiting(self, names: list[str]) -> dict[str, datetime]:
+        """Per name, the newest slot of its timed runs handed in and not committed yet.
+        Looked at before the ledger is read: a run committed in between is then in one or
+        the other."""
+        writer = self._writer
+        if writer is None or writer.crashed or not writer.waiting():
+            return {}
+        wanted = set(names)
+        peek = _Peek(lambda _: writer.newest_waiting(wanted))  # on the writer's thread: it owns them
+        writer.jobs.put(peek)
+        newest: dict[str, datetime] = await asyncio.wrap_future(peek.future)
+        return newest
 
     async def running_runs(self) -> list[Run]:
         rows = await self._read(lambda c: c.execute(RUNNING_RUNS).fetchall())
@@ -471,12 +561,16 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         await self._write(lambda c: c.execute(FORGET_INSTANCE, (instance,)))
 
     async def mark_starting(self, instance: str, slot: datetime) -> None:
-        params = (_us(slot), instance)
-        await self._write(lambda c: c.execute(MARK_STARTING, params))
+        us = (slot - _EPOCH) // _MICROSECOND
+        await self._write(lambda c: c.execute(MARK_STARTING, (us, instance)))
+        self._marks[instance] = us
 
     def mark_starting_now(self, instance: str, slot: datetime) -> bool:
-        writer = self._writer
-        return writer is not None and writer.mark_now((_us(slot), instance))
+        writer, us = self._writer, (slot - _EPOCH) // _MICROSECOND
+        if writer is None or not writer.mark_now((us, instance)):
+            return False
+        self._marks[instance] = us
+        return True
 
     async def starting_marks(self) -> dict[str, datetime]:
         rows = await self._read(lambda c: c.execute(STARTING_MARKS).fetchall())

@@ -95,7 +95,7 @@ class _Flush:
 
 class _Peek:
     """A read on the writer's own connection, outside any transaction (see
-    :mod:`backend.store.sqlite_events`)."""
+    :mod:`backend.store.sqlite_events`), or of the runs it holds (on its thread)."""
 
     __slots__ = ("fn", "future")
 
@@ -270,6 +270,22 @@ class _Writer(threading.Thread):
         # Only now: mark_now must never see them neither queued nor pending.
         with self.lock:
             self.queued -= len(runs)
+
+    def waiting(self) -> bool:
+        """Whether runs were handed in and not committed yet (any thread; a run is queued
+        or pending, or both, until it is committed)."""
+        with self.lock:
+            queued = self.queued
+        return queued > 0 or bool(self.pending)
+
+    def newest_waiting(self, names: set[str]) -> dict[str, datetime]:
+        """Writer thread only (a :class:`_Peek`): per name, the newest slot among the timed
+        runs handed in and not committed yet."""
+        newest: dict[str, datetime] = {}
+        for run, _ in self.pending.values():
+            if run.name in names and run.trigger != "manual" and (run.name not in newest or run.scheduled_at > newest[run.name]):
+                newest[run.name] = run.scheduled_at
+        return newest
 
     def _committed_upto(self) -> int:
         """Every hand-in up to this one is committed."""
