@@ -17,6 +17,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from backend import SchedtuiError, Unavailable
 from backend.safetext import printable, redact, redact_url, remember_url_secrets
+from backend.store import open_store
 from tests import pg
 from tests.servers import cli_env, poll, start_server
 
@@ -71,6 +72,12 @@ def test_a_store_url_error_never_shows_its_password(tmp_path: Path, store: str, 
     done = cli("list", cwd=tmp_path, SCHEDTUI_STORE=store)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert secret not in done.stderr and "***" in done.stderr
+
+
+def test_libpqs_password_from_the_environment_is_masked_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGPASSWORD", "from-the-env-123")
+    open_store("postgresql://sched@127.0.0.1:1/app")  # built, not opened
+    assert redact('FATAL: password "from-the-env-123" refused') == 'FATAL: password "***" refused'
 
 
 def test_a_password_in_any_url_of_a_text_is_masked() -> None:
