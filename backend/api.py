@@ -95,7 +95,7 @@ def error_response(status: int, code: str, message: str, **extra: Any) -> JSONRe
 
 def _from_error(exc: SchedtuiError) -> JSONResponse:
     status = next((s for kind, s in _STATUS if isinstance(exc, kind)), 422)
-    error: dict[str, Any] = {"code": exc.code, "message": exc.message}
+    error: dict[str, Any] = {"code": exc.code, "message": exc.public}  # never where the store lives
     body: dict[str, Any] = {"error": error}
     if isinstance(exc, Refused):
         # A refusal is 409 {count, reason}: at the top level, and in the error too.

@@ -60,6 +60,9 @@ class SchedtuiError(Exception):
         super().__init__(message)
         self.message = message
         """The whole sentence for an operator; names the bad value where there is one."""
+        self.public = message
+        """What a client of the HTTP API is told: the message, unless it says where the
+        store lives (see :class:`Unavailable`)."""
 
     def __str__(self) -> str:
         return self.message
@@ -156,10 +159,19 @@ class Forbidden(SchedtuiError, PermissionError):
 
 
 class Unavailable(SchedtuiError, ConnectionError):
-    """The store or the remote engine cannot be reached right now."""
+    """The store or the remote engine cannot be reached right now.
+
+    ``public``: the same failure told without where the store lives (its path, host, port,
+    user, database), for clients of the HTTP API; the message, for the operator's log and
+    command line, names it (see :func:`backend.store.store_unavailable`)."""
 
     title = "Unavailable"
     code = "unavailable"
+
+    def __init__(self, message: str, *, public: str | None = None) -> None:
+        super().__init__(message)
+        if public is not None:
+            self.public = redact(public)
 
 
 class ListenError(SchedtuiError, OSError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote
 
 __all__ = [
     "MASK",
@@ -69,54 +69,76 @@ def remember_url_secrets(url: str) -> None:
 
 
 def redact(text: str) -> str:
-    """``text`` with every remembered secret, and any ``password=…``, replaced by ``***``."""
+    """``text`` with every remembered secret, every URL's password and any ``password=…``
+    replaced by ``***``."""
     pattern = _pattern
     if pattern is not None:
         text = pattern.sub(MASK, text)
+    # A URL quoted in an error text (libpq quotes a whole URL it cannot parse) loses its
+    # password by structure, even one this process was never told about.
+    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group()), text)
     return _KEYWORD_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
+
+
+# A URL inside free text: its scheme, then everything up to a blank, a quote or a bracket.
+_URL_IN_TEXT = re.compile(r"""\b[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>`]+""")
+
+
+def _split(url: str) -> tuple[str, str, str | None, str, list[tuple[str, str, str]], str] | None:
+    """``scheme://user:password@hostport/path?query#fragment`` taken apart by structure
+    alone (nothing here raises, whatever the URL holds): ``(scheme, user, password or None,
+    the rest of the address and the path, the query's (key, "=" or "", value) pairs, "#"
+    and the fragment)``; ``None`` when it is no URL."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    netloc, tail = rest[:end], rest[end:]
+    user, password = "", None
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user, colon, secret = userinfo.partition(":")
+        password = secret if colon else None
+        netloc = hostport
+        user += "@" if password is None else ""
+    path, qmark, query = tail.partition("?")
+    pairs: list[tuple[str, str, str]] = []
+    fragment = ""
+    if qmark:
+        query, hash_, after = query.partition("#")
+        pairs = [pair.partition("=") for pair in query.split("&")]
+        fragment = hash_ + after
+    else:
+        path, hash_, after = path.partition("#")
+        fragment = hash_ + after
+    return scheme, user, password, netloc + path, pairs, fragment
 
 
 def redact_url(url: str) -> str:
     """A URL fit to show or log: the password in its user part and every secret query
     parameter (``password``, ``sslpassword``) replaced by ``***``. Also takes a libpq
     keyword/value string (``host=db password=…``). Everything else is left as written."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
+    parts = _split(url)
+    if parts is None:
         return _KEYWORD_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", url)
-    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    netloc, tail = rest[:end], rest[end:]
-    if "@" in netloc:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user, colon, _password = userinfo.partition(":")
-        if colon:
-            netloc = f"{user}:{MASK}@{hostport}"
-    path, qmark, query = tail.partition("?")
-    if qmark:
-        query, hash_, fragment = query.partition("#")
-        query = "&".join(
+    scheme, user, password, address, pairs, fragment = parts
+    shown = f"{scheme}://{user}{'' if password is None else f':{MASK}@'}{address}"
+    if pairs:
+        shown += "?" + "&".join(
             f"{key}={MASK}" if eq and unquote(key).lower() in SECRET_PARAMETERS else f"{key}{eq}{value}"
-            for key, eq, value in (pair.partition("=") for pair in query.split("&"))
+            for key, eq, value in pairs
         )
-        tail = f"{path}?{query}{hash_}{fragment}"
-    return f"{scheme}://{netloc}{tail}"
+    return shown + fragment
 
 
 def _url_secrets(url: str) -> list[str]:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
+    parts = _split(url)
+    if parts is None:
         return [m.group(3).strip("'") for m in _KEYWORD_VALUE.finditer(url)]
-    found = []
-    if "@" in parts.netloc:
-        userinfo = parts.netloc.rpartition("@")[0]
-        if ":" in userinfo:
-            found.append(userinfo.partition(":")[2])
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key.lower() in SECRET_PARAMETERS:
-            found.append(value)
-    # The raw query too: parse_qsl decodes, but an error text quotes the value as written.
-    found += [m.group(3) for m in _KEYWORD_VALUE.finditer(parts.query)]
-    found += [m.group(3).strip("'") for m in _KEYWORD_VALUE.finditer(url) if "://" not in url]
+    _, _, password, _, pairs, _ = parts
+    found = [password] if password else []
+    # As written, and decoded by remember_url_secrets: an error text may quote either.
+    found += [value for key, eq, value in pairs if eq and unquote(key).lower() in SECRET_PARAMETERS]
     return found
 
 

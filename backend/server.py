@@ -275,3 +275,10 @@ async def _serve(
             f'stopped: the store "{backend.engine.store.where}" was deleted or replaced while in use, so nothing '
             "written since would survive (the runs not written are in the log); restore it, or start again to create a new one"
         )
+    left = backend.engine.store.health()  # after close: what it could not write
+    if left.waiting:
+        # Not a clean stop: a supervisor and an operator must hear of it (a full disk).
+        raise Unavailable(
+            f'stopped with {left.waiting} run(s) not written to the ledger of "{backend.engine.store.where}": {left.error} '
+            "(the log says where each run is kept)"
+        )

@@ -45,7 +45,7 @@ from backend.model import (
 )
 from backend.audit import check_actor
 from backend.remote import RemoteBackend
-from backend.safetext import RedactingFormatter, remember_secret
+from backend.safetext import RedactingFormatter, redact_url, remember_secret
 from backend.server import serve
 from backend.timeparse import parse_when
 from backend.tokens import Tokens, parse_token
@@ -110,8 +110,10 @@ class _Shared:
 SHARED = [
     _Shared(("--schedules",), "schedules", "definitions folder, searched for *.cron.py, *.jobs.py and *.durable.py "
             f"files (default ./{DEFAULT_DEFINITIONS_FOLDER}, or $SCHEDTUI_SCHEDULES)", "DIR"),
-    _Shared(("--store",), "store", f"sqlite:///PATH or postgresql://… (default {DEFAULT_STORE_URL}, or $SCHEDTUI_STORE)",
-            "URL"),
+    _Shared(("--store",), "store", f"sqlite:///PATH or postgresql://… (default {DEFAULT_STORE_URL}, or $SCHEDTUI_STORE); "
+            "a password in it is visible to other users in `ps`: prefer --store-file, or $PGPASSFILE", "URL"),
+    _Shared(("--store-file",), "store_file", "read the store URL from this file (its surrounding whitespace ignored)",
+            "PATH"),
     _Shared(("--instance",), "instance", "name recorded on runs (default hostname:pid)", "NAME"),
     _Shared(("--url",), "url", "act on a remote `schedtui serve` instead (or $SCHEDTUI_URL)", "URL"),
     _Shared(("--token",), "token", "bearer token for --url (or $SCHEDTUI_TOKEN); visible to other users in `ps`: "
@@ -128,6 +130,7 @@ _SHARED_BY_DEST = {option.dest: option for option in SHARED}
 _DEFAULTS: dict[str, Callable[[], Any]] = {
     "schedules": lambda: os.environ.get("SCHEDTUI_SCHEDULES") or DEFAULT_DEFINITIONS_FOLDER,
     "store": lambda: os.environ.get("SCHEDTUI_STORE") or DEFAULT_STORE_URL,
+    "store_file": lambda: None,
     "instance": lambda: None,
     "url": lambda: os.environ.get("SCHEDTUI_URL") or None,
     "token": lambda: None,  # resolved with its file and $SCHEDTUI_TOKEN by _resolve_token
@@ -137,7 +140,7 @@ _DEFAULTS: dict[str, Callable[[], Any]] = {
     "fire": lambda: False,
 }
 _CONSOLE = [option.dest for option in SHARED]
-_VERB_OPTIONS = ["schedules", "store", "instance", "url", "token", "token_file", "actor", "read_only"]
+_VERB_OPTIONS = ["schedules", "store", "store_file", "instance", "url", "token", "token_file", "actor", "read_only"]
 
 
 def _add_shared(p: argparse.ArgumentParser, dests: Sequence[str], **helps: str) -> None:
@@ -178,7 +181,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "serve", help="run the engine: fire schedules on their timers, serve the API", description=SERVE_DESCRIPTION
     )
     by_verb["serve"] = serve
-    _add_shared(serve, ["schedules", "store", "instance", "token", "token_file"],
+    _add_shared(serve, ["schedules", "store", "store_file", "instance", "token", "token_file"],
                 token="operator token, NAME=SECRET (or a bare SECRET, named operator); several allowed; the name is "
                 "who acted, in the audit log (or $SCHEDTUI_TOKEN, one per line); visible to other users in `ps`: "
                 "prefer --token-file",
@@ -307,6 +310,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for option in SHARED:
         if hasattr(args, option.dest) and option.dest not in accepted:
             raise UsageError(f"schedtui: {option.flags[0]} does not apply to `schedtui {args.verb}`")
+    if "store" in accepted:
+        _resolve_store(args)
     for dest in accepted & set(_DEFAULTS):
         if not hasattr(args, dest):
             setattr(args, dest, _DEFAULTS[dest]())
@@ -366,6 +371,30 @@ def _resolve_tokens(args: argparse.Namespace, dest: str, env: str, *, several: b
         except BadInput as exc:
             raise UsageError(f"schedtui: {exc.message} (in {source})") from None
     return tokens
+
+
+def _resolve_store(args: argparse.Namespace) -> None:
+    """The store URL from ``--store`` (warned about when it carries a password: ``ps``
+    shows it to every local user) or ``--store-file``; else the default fills it in."""
+    given, path = getattr(args, "store", None), getattr(args, "store_file", None)
+    if given is not None and path is not None:
+        raise UsageError("schedtui: give --store or --store-file, not both")
+    if given is not None:
+        if given.startswith(("postgresql:", "postgres:")) and redact_url(given) != given:  # (other schemes are refused)
+            print(
+                "schedtui: warning: the password in --store can be read by every local user (ps); use --store-file PATH "
+                "or $SCHEDTUI_STORE, or a URL without it and libpq's $PGPASSFILE (~/.pgpass) or $PGPASSWORD",
+                file=sys.stderr,
+            )
+    elif path is not None:
+        try:
+            url = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise UsageError(f'schedtui: cannot read --store-file "{path}": {reason}') from None
+        if not url:
+            raise UsageError(f'schedtui: --store-file "{path}" holds no store URL')
+        args.store = url
 
 
 def _token_lines(text: str) -> list[str]:

@@ -4,8 +4,9 @@ A :class:`~hypothesis.stateful.RuleBasedStateMachine` drives real engines on a
 :class:`~backend.clock.ManualClock` over a real SQLite store in a temporary folder: enable,
 disable (with or without a note), Run now, range backfills of a past range, clock advances
 from a fraction of a second to several minutes, store outages (a wrapper whose calls raise
-:class:`~backend.errors.Unavailable` while the store is down), and clean restarts after
-some downtime. One configuration runs one engine (``single`` or ``advisoryLock``
+:class:`~backend.errors.Unavailable` while the store is down), a full disk (SQLite refuses
+to grow the file; ``single`` only: the one firer keeps what it cannot write in the store's
+reserve) that a restart may find, and clean restarts after some downtime. One configuration runs one engine (``single`` or ``advisoryLock``
 coordination), the other a fleet of two ``advisoryLock`` engines sharing the store. After
 every step the ledger is checked:
 
@@ -15,7 +16,9 @@ every step the ledger is checked:
     has a row: a run, or a ``skipped`` or ``missed`` one;
 (c) after a clean stop (a restart, and the end of each example), the stopped engine has
     left nothing ``running``;
-(d) no two non-manual runs of a ``skip`` or ``queue`` schedule were in flight at once.
+(d) no two non-manual runs of a ``skip`` or ``queue`` schedule were in flight at once;
+(e) no slot's handler started twice (self-triggered), and none whose handler started is
+    recorded ``missed`` or ``skipped``.
 
 Only the engine's public API is used (``Engine(...)``, ``start``, ``stop``, ``quiesce``,
 ``run_now``, ``set_enabled``, ``start_backfill``, ``flush``, ``store``, ``stats``).
@@ -52,6 +55,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from backend import Engine, ManualClock, Refused, Run, RunContext, Schedule, Unavailable, define_schedule
 from backend.ids import IdFactory
 from backend.store import Store, open_store
+from backend.store.sqlite import SQLiteStore
 
 START = "2026-03-02T08:00:00Z"
 STEP_TIMEOUT = 30.0  # real seconds; a step takes milliseconds
@@ -71,6 +75,7 @@ class World:
 
     def __init__(self) -> None:
         self.down = False
+        self.full = False  # the disk: SQLite cannot grow the file
         self.pending = 0  # store calls on their way
         self.stores: list[Store] = []
         self._lock: asyncio.Lock | None = None
@@ -117,7 +122,11 @@ class FlakyStore:
                     if name in self.FAILING and world.down:
                         raise Unavailable("the store is down (test)")
                     for store in world.stores:
-                        await store.flush()
+                        try:
+                            await store.flush()
+                        except Unavailable:
+                            if not world.full:  # a full disk: the rows wait in the writer
+                                raise
                     if name == "close":
                         world.stores.remove(self.inner)
                     result = await value(*args, **kwargs)
@@ -142,10 +151,15 @@ class Handlers:
     def __init__(self, clock: ManualClock) -> None:
         self.clock = clock
         self.events = 0  # changes whenever a handler starts or ends
+        self.started: dict[tuple[str, datetime], int] = defaultdict(int)
+        """Handler starts per timed slot (``(name, scheduled_at)``; Run now and backfills are
+        manual and not counted)."""
 
     def make(self, behaviour: Behaviour) -> Callable[[RunContext], Any]:
         async def handler(ctx: RunContext) -> None:
             self.events += 1
+            if ctx.trigger != "manual":
+                self.started[(ctx.name, ctx.scheduled_at)] += 1
             try:
                 if behaviour.kind == "fail":
                     raise RuntimeError("failed on purpose")
@@ -235,7 +249,10 @@ class EngineMachine(RuleBasedStateMachine):
         return self.runner.run(bounded())
 
     def new_engine(self, instance: str) -> Engine:
-        store = FlakyStore(open_store(self.url), self.world)
+        inner = open_store(self.url)
+        assert isinstance(inner, SQLiteStore)
+        inner.close_patience = 0  # real seconds: a stop on a full disk keeps its runs at once
+        store = FlakyStore(inner, self.world)
         self.generation += 1
         bits = random.Random(f"{instance}-{self.generation}").getrandbits
         return Engine(
@@ -269,7 +286,11 @@ class EngineMachine(RuleBasedStateMachine):
         last, stable = None, 0
         for _ in range(2000):
             for engine in self.engines.values():
-                await engine.quiesce(runs=False)
+                try:
+                    await engine.quiesce(runs=False)
+                except Unavailable:
+                    if not self.world.full:  # a full disk: quiesce's last flush cannot write
+                        raise
             for _ in range(3):
                 await asyncio.sleep(0)
             now = self.signature()
@@ -281,7 +302,11 @@ class EngineMachine(RuleBasedStateMachine):
 
     async def ledger(self) -> dict[str, list[Run]]:
         for engine in self.engines.values():
-            await engine.flush()
+            try:
+                await engine.flush()
+            except Unavailable:
+                if not self.world.full:
+                    raise
         assert self.checker is not None
         return {name: await self.checker.list_runs(name, limit=1_000_000) for name in self.models}
 
@@ -335,6 +360,14 @@ class EngineMachine(RuleBasedStateMachine):
         async def go() -> None:
             for engine in self.engines.values():
                 await engine.stop(grace=0)
+            if self.world.full:
+                # Stopped on a full disk: the rows it could not write are in the reserve,
+                # until the next firer of the store (with room) writes them.
+                after = SQLiteStore(self.folder / "state.db")
+                await after.take_firing_lock("after")
+                await after.open()
+                await after.flush()
+                await after.close()
             if self.checker is not None:
                 left = await self.checker.running_runs()
                 await self.checker.close()
@@ -415,7 +448,11 @@ class EngineMachine(RuleBasedStateMachine):
         self.log.append(f"{engine.instance}: run_now({name})")
 
         async def go() -> None:
-            run = await engine.run_now(name)
+            try:
+                run = await engine.run_now(name)
+            except Unavailable:
+                assert self.world.full, "Run now refused with room on the disk"
+                return  # refused: the store cannot record it
             assert (run.trigger, run.coordination_outcome) == ("manual", "manual")
             await self.settle()
 
@@ -460,21 +497,37 @@ class EngineMachine(RuleBasedStateMachine):
         self.recovered_after = self.clock.now() + timedelta(seconds=POLL)
         self.run(self.settle())
 
+    @rule(then=then)
+    def disk(self, then: float) -> None:
+        """The disk fills up, or has room again (``single``: the one firer, whose stop keeps
+        what it cannot write in the reserve; the other modes have no reserve)."""
+        if self.mode == "single":
+            self.world.full = not self.world.full
+            self.log.append("disk full" if self.world.full else "disk has room")
+            for store in self.world.stores:
+                assert isinstance(store, SQLiteStore)
+                store.limit_pages(0 if self.world.full else None)
+            self.run(self.settle())
+        self.advance(then)
+
     @rule(instance=instances, down_for=st.sampled_from([0.0, 0.5, 30.0, 150.0, 400.0]))
     def restart(self, instance: str, down_for: float) -> None:
         if self.world.down:  # an engine refuses to start without its store: it comes back first
             self.toggle_store()
         engine = self.engine(instance)
         name = engine.instance
-        self.log.append(f"{name}: restart after {down_for}s")
+        full = self.world.full
+        self.log.append(f"{name}: restart after {down_for}s" + (" (the disk full as it stops, room when it starts)" if full else ""))
 
         async def go() -> None:
             await engine.stop(grace=0)
             del self.engines[name]
+            self.world.full = False  # its rows not written are in the reserve; the next store has room
             await self.settle()
             assert self.checker is not None
             left = [r for r in await self.checker.running_runs() if r.instance == name]
-            assert not left, f"(c) a clean stop of {name} left runs running: {self.show({r.scheduled_at: [r] for r in left})}"
+            if not full:  # (after a full disk: their last versions are in the reserve, checked below)
+                assert not left, f"(c) a clean stop of {name} left runs running: {self.show({r.scheduled_at: [r] for r in left})}"
             stopped_at = self.clock.now()
             # A schedule that has never run has nothing to catch up: its slots while this
             # engine was down may stay empty, unless another instance fired them.
@@ -488,6 +541,9 @@ class EngineMachine(RuleBasedStateMachine):
             self.engines[name] = again = self.new_engine(name)
             await again.start()
             await self.settle()
+            await again.flush()
+            still = {r.id for r in await self.checker.running_runs()} & {r.id for r in left}
+            assert not still, f"(c) runs left running by {name}'s stop on a full disk: {sorted(still)}{self.steps()}"
 
         self.run(go())
 
@@ -516,6 +572,8 @@ class EngineMachine(RuleBasedStateMachine):
             # (b) no slot of an enabled schedule left without a row
             expected = model.due_slots(now)
             expected = [s for s in expected if s <= self.held_from(runs, now)]
+            if self.world.full:
+                expected = []  # their rows wait in the writer
             if self.unrecovered_since is not None:
                 # While the store is down, and until the housekeeping round after it is back,
                 # slots may wait unclaimed in memory: also slots due before the outage that a
@@ -540,6 +598,15 @@ class EngineMachine(RuleBasedStateMachine):
                         assert start >= latest[0], f"(d) {name}: ran at once: {self.show({r.scheduled_at: [latest[1], r]})}"
                     if latest is None or end > latest[0]:
                         latest = (end, r)
+
+        # (e) a timed slot's handler starts once, and a slot whose handler started is not
+        # recorded as one that did not run
+        twice = [key for key, count in self.handlers.started.items() if count > 1]
+        assert not twice, f"(e) handlers started twice for {[f'{n} {s:%H:%M:%S}' for n, s in twice]}{self.steps()}"
+        for name, runs in ledger.items():
+            false = [r for r in runs if r.status in ("missed", "skipped") and r.trigger != "manual"
+                     and self.handlers.started.get((name, r.scheduled_at))]  # fmt: skip
+            assert not false, f"(e) {name}: recorded as not run, but its handler started: {self.show({r.scheduled_at: [r] for r in false})}"
 
     @staticmethod
     def held_from(runs: list[Run], now: datetime) -> datetime:

@@ -4,17 +4,22 @@ is announced."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from backend import SchedtuiError, Unavailable
 from backend.safetext import printable, redact, redact_url, remember_url_secrets
-from tests.servers import cli_env, start_server
+from backend.store import open_store
+from tests import pg
+from tests.servers import cli_env, poll, start_server
 
 
 @pytest.mark.parametrize(
@@ -59,13 +64,121 @@ def cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     [
         ("postgresql://u:s3cr%zzet@127.0.0.1:1/app", "s3cr"),  # libpq quotes the bad token back
         ("postgresql://u@127.0.0.1:1/app?password=hunter22&bogus", "hunter22"),
+        ("postgresql://sched:S3cret-pw@[::1/app", "S3cret-pw"),  # libpq quotes the whole URL back
     ],
 )
 def test_a_store_url_error_never_shows_its_password(tmp_path: Path, store: str, secret: str) -> None:
     (tmp_path / "schedules").mkdir()
-    done = cli("list", "--store", store, cwd=tmp_path)
+    done = cli("list", cwd=tmp_path, SCHEDTUI_STORE=store)
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert secret not in done.stderr and "***" in done.stderr
+
+
+def test_libpqs_password_from_the_environment_is_masked_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGPASSWORD", "from-the-env-123")
+    open_store("postgresql://sched@127.0.0.1:1/app")  # built, not opened
+    assert redact('FATAL: password "from-the-env-123" refused') == 'FATAL: password "***" refused'
+
+
+def test_a_password_in_any_url_of_a_text_is_masked() -> None:
+    assert redact('bad URI: "postgresql://sched:never-seen@[::1/app" (x)') == 'bad URI: "postgresql://sched:***@[::1/app" (x)'
+    assert redact("see http://a:b@c/d, then") == "see http://a:***@c/d, then"
+
+
+# ---------------------------------------------------------------------------------------
+# the store URL: from the environment or a file; a password on the command line is warned about
+# ---------------------------------------------------------------------------------------
+PS_WARNING = (
+    "schedtui: warning: the password in --store can be read by every local user (ps); use --store-file PATH or "
+    "$SCHEDTUI_STORE, or a URL without it and libpq's $PGPASSFILE (~/.pgpass) or $PGPASSWORD"
+)
+
+
+def test_a_password_in_store_on_the_command_line_is_warned_about(tmp_path: Path) -> None:
+    (tmp_path / "schedules").mkdir()
+    done = cli("list", "--store", "postgresql://u:visible-in-ps@127.0.0.1:1/app", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert [line for line in done.stderr.splitlines() if "warning" in line] == [PS_WARNING]
+    assert "visible-in-ps" not in done.stderr
+    for quiet in (["--store", "postgresql://u@127.0.0.1:1/app"], ["--store", f"sqlite:///{tmp_path / 'x.db'}"]):
+        assert "warning" not in cli("list", *quiet, cwd=tmp_path).stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--store-file", "missing.url"], 'schedtui: cannot read --store-file "missing.url": No such file or directory'),
+        (["--store-file", "blank.url"], 'schedtui: --store-file "blank.url" holds no store URL'),
+        (["--store-file", "blank.url", "--store", "sqlite:///x.db"], "schedtui: give --store or --store-file, not both"),
+    ],
+)
+def test_a_bad_store_file_is_refused(tmp_path: Path, args: list[str], message: str) -> None:
+    (tmp_path / "schedules").mkdir()
+    (tmp_path / "blank.url").write_text("  \n")
+    done = cli("list", *args, cwd=tmp_path)
+    assert (done.returncode, done.stderr.splitlines()) == (2, [message])
+
+
+@pytest.mark.postgres
+def test_the_store_url_from_a_file_or_the_environment_and_no_warning(tmp_path: Path, pg_url: str) -> None:
+    (tmp_path / "schedules").mkdir()
+    (tmp_path / "schedules" / "a.cron.py").write_text(
+        'from backend import define_schedule\na = define_schedule(name="a", cron="0 0 1 1 *", timezone="UTC", handler=print)\n'
+    )
+    with_password = with_user(pg_url, "schedtui", "file-pw-123")  # the test server trusts everyone
+    (tmp_path / "store.url").write_text(f"  {with_password}\n")
+    server = start_server(tmp_path, "--schedules", "schedules", "--store-file", "store.url")
+    try:
+        assert httpx.get(f"{server.url}/healthz").status_code == 200
+    finally:
+        assert server.stop() == 0
+    assert "warning" not in server.log_text() and "file-pw-123" not in server.log_text()
+    assert "store=postgresql://" in server.log_text()
+    for args, env in ((["--store-file", "store.url"], {}), ([], {"SCHEDTUI_STORE": with_password})):
+        listed = cli("list", "--schedules", "schedules", *args, cwd=tmp_path, **env)
+        assert (listed.returncode, listed.stderr) == (0, ""), listed.stderr
+        assert listed.stdout.split()[0] == "NAME" and "a" in listed.stdout.split()
+
+
+def with_user(url: str, user: str, password: str) -> str:
+    """``url`` (a test database's) as ``postgresql://USER:PASSWORD@HOST:PORT/DB``."""
+    params = conninfo_to_dict(url)
+    return f"postgresql://{user}:{password}@{params.get('host', '127.0.0.1')}:{params.get('port', 5432)}/{params['dbname']}"
+
+
+@pytest.mark.postgres
+def test_503_bodies_and_healthz_never_say_where_the_store_is(tmp_path: Path, pg_server: pg.PgServer, pg_url: str) -> None:
+    """A client of the HTTP API learns that the store is unavailable and why, in words that
+    name no host, port, user or database (the serve's log names the store, redacted)."""
+    (tmp_path / "schedules").mkdir()
+    dbname, role = conninfo_to_dict(pg_url)["dbname"], f"sched_role_{os.getpid()}"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN SUPERUSER')
+    url = with_user(pg_url, role, "S3cret-pw")
+    host, port = conninfo_to_dict(url)["host"], str(conninfo_to_dict(url)["port"])
+    server = start_server(tmp_path, "--schedules", "schedules", "--store", url, "--token", "op=op-token")
+    op = httpx.Client(base_url=server.url, headers={"Authorization": "Bearer op-token"}, timeout=30)
+    try:
+        with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS false')
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (dbname,))
+        bodies = [op.get(path) for path in ("/inspect/schedules", "/inspect/queues")]
+        assert [r.status_code for r in bodies] == [503, 503], [r.text for r in bodies]
+        assert all(r.json()["error"]["message"].startswith("the store is unavailable: ") for r in bodies), bodies[0].text
+        health = poll(lambda: (r := op.get("/healthz")).status_code == 503 and r, timeout=30, what="/healthz to say 503")
+        for text in [*(r.text for r in bodies), health.text]:
+            for where in (dbname, role, "S3cret", host, f":{port}", "postgresql://"):
+                assert where not in text, (where, text)
+    finally:
+        op.close()
+        with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{dbname}" WITH ALLOW_CONNECTIONS true')
+        server.stop()
+        with psycopg.connect(pg_url, autocommit=True) as owner:  # the role made the tables
+            owner.execute(f'REASSIGN OWNED BY "{role}" TO CURRENT_USER; DROP OWNED BY "{role}"')
+        with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+            admin.execute(f'DROP ROLE "{role}"')
+    assert f"{role}:***@" in server.log_text() and "S3cret" not in server.log_text()
 
 
 @pytest.mark.postgres

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import pty
+import re
 import signal
 import socket
 import sqlite3
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -141,6 +142,37 @@ def test_a_second_serve_on_the_same_file_is_refused_naming_the_first_until_it_di
         assert again.stop() == 0, again.log_text()
 
 
+def test_another_name_for_the_file_is_no_way_around_the_one_firer(root: Path) -> None:
+    """A symlink (to the file, or to its folder) leads to the same firing lock; a hard link,
+    whose name would get a write-ahead log of its own, is refused by every verb."""
+    db = root / "state.db"
+    first = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}", "--instance", "first")
+    try:
+        poll(lambda: count_runs(db) > 0, timeout=20, what="the first serve to fire")
+        (root / "link.db").symlink_to(db)
+        (root / "folder").symlink_to(root, target_is_directory=True)
+        for other in (root / "link.db", root / "folder" / "state.db"):
+            second = subprocess.run(serve_argv(other, "--instance", "second"), cwd=root, env=cli_env(),
+                                    capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+            assert second.returncode == 1, second.stderr
+            assert second.stderr.startswith('schedtui: refusing to fire: instance "first"'), second.stderr
+            assert f'the schedules of the store "{db}"' in second.stderr
+        os.link(db, root / "hard.db")
+        for argv in (serve_argv(root / "hard.db", "--instance", "second"),
+                     [sys.executable, "-m", "console.cli", "list", "--store", f"sqlite:///{root / 'hard.db'}"],
+                     [sys.executable, "-m", "console.cli", "list", "--store", f"sqlite:///{db}"]):  # fmt: skip
+            refused = subprocess.run(argv, cwd=root, env=cli_env(), capture_output=True, text=True, timeout=60, check=False)
+            assert refused.returncode == 2, refused.stderr
+            [line] = refused.stderr.splitlines()
+            assert line.startswith("schedtui: the store file ") and "has 2 names (hard links)" in line, line
+        assert not (root / "hard.db-wal").exists()  # never opened under that name
+        poll(lambda: "now has 2 names (hard links)" in first.log_text(), timeout=10, what="the firer to warn of the link")
+        assert {row[0] for row in ledger(db, "SELECT DISTINCT instance FROM runs")} == {"first"}
+    finally:
+        stopped = first.stop()
+    assert stopped == 0, first.log_text()
+
+
 # ---------------------------------------------------------------------------------------
 # a store file deleted while serving
 # ---------------------------------------------------------------------------------------
@@ -168,20 +200,31 @@ def test_a_serve_whose_store_file_is_deleted_says_so_and_exits_1_without_recreat
 # ---------------------------------------------------------------------------------------
 # a full disk (a real tmpfs)
 # ---------------------------------------------------------------------------------------
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs, mounted for the test (needs root, as in CI); skipped where it cannot be."""
-    disk = tmp_path / "disk"
+def tmpfs(disk: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on ``disk`` for a test (needs root, as in CI); the test
+    is skipped where it cannot be."""
     disk.mkdir()
     if sys.platform != "linux" or os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs Linux and root")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True, text=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)], capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
         yield disk
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """1 MiB: no room for the store's reserve."""
+    yield from tmpfs(tmp_path / "disk", "1m")
+
+
+@pytest.fixture
+def roomy_disk(tmp_path: Path) -> Iterator[Path]:
+    """6 MiB: room for the store and its reserve, until filled."""
+    yield from tmpfs(tmp_path / "disk", "6m")
 
 
 def fill(disk: Path) -> Path:
@@ -248,6 +291,71 @@ def test_a_full_disk_loses_no_run_and_healthz_says_why_until_space_is_back(root:
         expected = (slots[-1] - slots[0]) // 1_000_000 + 1
         assert len(slots) == expected, f"tick-{i}: {expected - len(slots)} slot(s) missing from the ledger"
         assert timedelta(microseconds=slots[-1] - slots[0]) > timedelta(seconds=3)
+
+
+RECORDING = textwrap.dedent(
+    """
+    from backend import define_schedule
+
+    def record(ctx):  # each start of a handler, one line, in a file off the full disk
+        with open({handled!r}, "a") as f:
+            f.write(f"{{ctx.name}} {{ctx.scheduled_at.isoformat()}}\\n")
+
+    {schedules}
+    """
+)
+
+
+def test_a_full_disk_then_a_restart_fires_no_slot_again_and_forgets_no_run(tmp_path: Path, roomy_disk: Path) -> None:
+    """serve stopped while the disk is full keeps the runs it could not write (in the reserve
+    beside the store) and exits 1; the next serve writes them to the ledger before it catches
+    up, so no slot that ran fires again (backfill="all") or is recorded missed ("skip")."""
+    handled, db = tmp_path / "handled.txt", roomy_disk / "state.db"
+    schedules = "\n".join(
+        f'{policy}_{i} = define_schedule(name="{policy}-{i}", cron="* * * * * *", timezone="UTC", handler=record, '
+        f'backfill="{policy}")'
+        for policy in ("all", "skip") for i in range(2)
+    )  # fmt: skip
+    (tmp_path / "schedules").mkdir()
+    (tmp_path / "schedules" / "rec.cron.py").write_text(RECORDING.format(handled=str(handled), schedules=schedules))
+    first = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{db}", "--instance", "first")
+    try:
+        poll(lambda: count_runs(db) >= 8, timeout=30, what="a few runs")
+        filler = fill(roomy_disk)
+        poll(lambda: healthz(first).json()["store"]["waiting"] >= 12, timeout=30, what="runs waiting for the disk")
+        first.process.send_signal(signal.SIGINT)
+        first_code = first.process.wait(60)
+    finally:
+        if first.process.poll() is None:
+            first.process.kill()
+    first_log = first.log_text()
+    filler.unlink()
+    since = (datetime.now(UTC) - _dt_us(0)) // timedelta(microseconds=1)
+    second = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{db}", "--instance", "second")
+    try:
+        live = f"SELECT DISTINCT name FROM runs WHERE instance = 'second' AND scheduled_at > {since}"
+        poll(lambda: len(ledger(db, live)) == 4, timeout=30, what="the second serve to fire every schedule")
+    finally:
+        second_code = second.stop()
+
+    starts = handled.read_text().splitlines()
+    assert len(starts) == len(set(starts)), [s for s in starts if starts.count(s) > 1]  # no slot ran twice
+    rows = {(name, datetime.fromisoformat(iso(_dt_us(us)))): status for name, us, status, _ in ledger(db)}  # type: ignore[arg-type]
+    ran = {(name, datetime.fromisoformat(at)) for name, at in (line.split() for line in starts)}
+    assert {key: rows.get(key) for key in ran} == dict.fromkeys(ran, "succeeded"), "a run that ran is not in the ledger"
+    for name in ("all-0", "all-1", "skip-0", "skip-1"):  # each slot from the first to the last once
+        slots = sorted(at for n, at in rows if n == name)
+        assert len(slots) == (slots[-1] - slots[0]).total_seconds() + 1, name
+    kept = int(re.findall(r"kept (\d+) run\(s\) in its reserve", first_log)[0])
+    assert kept >= 12, first_log
+    assert first_code == 1, first_log
+    assert first_log.rstrip().splitlines()[-1].startswith(f"schedtui: stopped with {kept} run(s) not written to the ledger"), first_log
+    assert f"{kept} run(s) kept by an earlier process" in second.log_text()
+    assert second_code == 0, second.log_text()
+
+
+def _dt_us(us: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
 
 
 # ---------------------------------------------------------------------------------------

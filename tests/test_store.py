@@ -38,6 +38,8 @@ from backend.ids import IdFactory, id_floor
 from backend.model import Claim, StoreHealth, slot_key
 from backend.store import Store, open_store
 from backend.store.sqlite import SQLiteStore
+from backend.store.sqlite_reserve import Reserve
+from backend.store.sqlite_sql import _run_params
 from tests import pg
 
 UTC = timezone.utc
@@ -1193,6 +1195,89 @@ async def test_sqlite_closing_a_full_store_logs_each_run_it_could_not_write(
     await store.close()
     lost = [m for m in _ledger_log(caplog, logging.ERROR) if m.startswith("run not written to the ledger: ")]
     assert [json.loads(m.split(": ", 1)[1]) for m in lost] == [r.to_json() for r in runs]
+
+
+async def test_sqlite_a_firer_stopped_on_a_full_disk_keeps_its_runs_for_the_next_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Runs the disk refused when the firing process stopped go to the reserve beside the
+    store; the next firer writes them to the ledger before anything else, and until they
+    are written its catch-up counts their slots (last_slots), as it counts runs waiting."""
+    caplog.set_level(logging.INFO, logger="schedtui.store")
+    path, ids = tmp_path / "state.db", Ids()
+    first = SQLiteStore(path)
+    await first.take_firing_lock("first")
+    await first.open()
+    first.close_patience = 0.2
+    first.save_runs([run(ids(), name=name, scheduled_at=T0) for name in ("a", "b")])
+    await first.heartbeat("first", "host-a", 1, T0)
+    await first.flush()
+    assert first.mark_starting_now("first", T0 + timedelta(seconds=2))  # the burst whose rows follow
+    first.limit_pages(0)
+    big = {"error_message": "x" * 4000}  # past the room left in the file's last page
+    waiting = [run(ids(), name=name, scheduled_at=T0 + timedelta(seconds=s), **big) for s in (1, 2) for name in ("a", "b")]
+    manual = run(ids(), name="a", scheduled_at=T0 + timedelta(hours=1), trigger="manual", **big)
+    first.save_runs([*waiting, manual])
+    # Waiting in memory, they count already: a catch-up now must not fire their slots again.
+    assert await first.last_slots(["a", "b", "c"]) == {"a": T0 + timedelta(seconds=2), "b": T0 + timedelta(seconds=2)}
+    await first.close()
+    assert first.health().waiting == 5 and "5 of them kept in the reserve" in (first.health().error or "")
+    assert any("kept 5 run(s) in its reserve" in m for m in _ledger_log(caplog, logging.ERROR))
+    assert not [m for m in _ledger_log(caplog, logging.ERROR) if m.startswith("run not written")]
+    assert await _last_slots(path) == {"a": T0, "b": T0}  # not in the ledger: in the reserve
+
+    second = SQLiteStore(path)
+    await second.take_firing_lock("second")
+    await second.open()
+    # The stop accounted for its burst (its runs are in the reserve): no abandoned rows for it.
+    assert await second.starting_marks() == {}
+    assert await second.last_slots(["a", "b"]) == {"a": T0 + timedelta(seconds=2), "b": T0 + timedelta(seconds=2)}
+    await second.flush()
+    stored = {r.id: r for name in ("a", "b") for r in await second.list_runs(name, limit=10)}
+    assert {r.id: stored.get(r.id) for r in [*waiting, manual]} == {r.id: r for r in [*waiting, manual]}
+    await second.close()
+    assert second.health() == StoreHealth("ok")
+    assert any("5 run(s) kept in the reserve" in m and "are in the ledger" in m for m in _ledger_log(caplog, logging.INFO))
+    caplog.clear()
+    third = SQLiteStore(path)  # the reserve was emptied once they were written
+    await third.take_firing_lock("third")
+    await third.open()
+    await third.close()
+    assert not [m for m in _ledger_log(caplog, logging.INFO) if "reserve" in m]
+
+
+async def _last_slots(path: Path) -> dict[str, datetime]:
+    reader = SQLiteStore(path, create=False)
+    await reader.open()
+    try:
+        return await reader.last_slots(["a", "b"])
+    finally:
+        await reader.close()
+
+
+def test_sqlite_a_reserve_too_small_keeps_each_schedules_newest_run_first(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = Ids()
+    runs = [run(ids(), name=f"s{i % 3}", scheduled_at=T0 + timedelta(seconds=i), error_message="x" * 300) for i in range(30)]
+    line = len(json.dumps(_run_params(runs[0])).encode()) + 1  # every run's line is as long (its row)
+    path, size = tmp_path / "state.db.reserve", 64 + 6 * line + line // 2  # the header, and six runs
+    small = Reserve(path, size=size)
+    assert small.open() == ([], {})
+    left = small.keep(runs, {"me": 1})
+    small.close()
+    again = Reserve(path, size=size)
+    kept, marks = again.open()
+    again.close()
+    assert marks == {}  # not every run fits: the burst's mark stays (its slot is recorded abandoned)
+    assert {r.id for r in kept} | {r.id for r in left} == {r.id for r in runs} and len(kept) == 6
+    assert kept[:3] == runs[-3:] and kept[3:] == runs[:3]  # the newest of each schedule, then the oldest
+    # A write cut short (the header's checksum fails): read as empty, and said.
+    with path.open("r+b") as f:
+        f.seek(100)
+        f.write(b"garbage")
+    assert Reserve(path).open() == ([], {})
+    assert any("cannot be read" in m for m in _ledger_log(caplog))
 
 
 async def test_sqlite_a_store_file_deleted_while_open_is_noticed_and_never_recreated(

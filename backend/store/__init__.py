@@ -9,13 +9,14 @@ event loop; none blocks it.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from .. import safetext
-from ..errors import BadInput
+from ..errors import BadInput, Unavailable
 from ..model import (
     DEFAULT_STORE_URL,
     BackfillProgress,
@@ -29,7 +30,10 @@ from ..model import (
     StoreHealth,
 )
 
-__all__ = ["DEFAULT_STORE_URL", "FIRING", "InstanceBeat", "Membership", "MarksNow", "Store", "Unfinished", "open_store", "redact_url", "until_lost"]
+__all__ = [
+    "DEFAULT_STORE_URL", "FIRING", "InstanceBeat", "MarksNow", "Membership", "Store", "Unfinished", "open_store",
+    "redact_url", "store_unavailable", "until_lost",
+]  # fmt: skip
 
 
 class Unfinished(NamedTuple):
@@ -274,6 +278,20 @@ async def until_lost(store: Store, every: float = 1.0) -> StoreHealth:
         await asyncio.sleep(every)
 
 
+def store_unavailable(where: str, problem: str, reason: str = "", public_reason: str | None = None) -> Unavailable:
+    """The error of a store that cannot be used now, told twice: ``problem`` is a sentence
+    in which ``{store}`` stands for the store. The message (the operator's log and command
+    line) reads it ``the store "WHERE"`` and adds ``: reason``; :attr:`Unavailable.public`
+    (what a client of the HTTP API is answered) reads it ``the store`` and adds
+    ``public_reason``, the reason in words that name no path, host, port, user or database
+    (by default ``reason``, when it names none: SQLite's own)."""
+    shown = reason if public_reason is None else public_reason
+    return Unavailable(
+        problem.format(store=f'the store "{where}"') + (f": {reason}" if reason else ""),
+        public=problem.format(store="the store") + (f": {shown}" if shown else ""),
+    )
+
+
 def redact_url(url: str) -> str:
     """A store URL fit to show or log: its passwords (user part, ``password``/``sslpassword``
     query parameters) replaced by ``***`` (see :func:`backend.safetext.redact_url`)."""
@@ -301,6 +319,8 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
         return SQLiteStore(Path(path) if path != ":memory:" else path, create=create)
     if url.startswith(("postgresql://", "postgres://")):
         from .postgres import PostgresStore
+
+        safetext.remember_secret(os.environ.get("PGPASSWORD"))  # libpq's own: kept out of texts too
 
         return PostgresStore(url)
     raise BadInput(f'unsupported store URL "{redact_url(url)}" (use sqlite:///PATH or postgresql://…)')

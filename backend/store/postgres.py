@@ -46,7 +46,7 @@ from ..model import (
     StoreHealth,
     unique_claims,
 )
-from . import FIRING, Membership, Unfinished, redact_url
+from . import FIRING, Membership, Unfinished, redact_url, store_unavailable
 from .migrations import components_of, migrate_postgres
 from .postgres_audit import PostgresAudit
 from .postgres_durable import PostgresDurable
@@ -139,6 +139,32 @@ def _one_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+#: What a connection's failure is told as to clients (by SQLSTATE prefix): libpq's own text
+#: names the host, the port, the user and the database.
+_PUBLIC_REASONS = (
+    ("28", "the server refused the credentials"),
+    ("3D000", "the database does not exist"),
+    ("53300", "the server has no connection slot left"),
+    ("57P", "the server is shutting down or starting up"),
+    ("08", "the connection to the server failed"),
+)
+
+
+def _public_reason(exc: BaseException) -> str:
+    """Why a call failed, in words that name no host, port, user or database: what
+    ``/healthz`` and the HTTP API's 503 bodies say (the log and the command line get the
+    driver's own line, passwords redacted)."""
+    if isinstance(exc, PoolTimeout):
+        return "no connection to the server (it is down or unreachable)"
+    state = getattr(exc, "sqlstate", None) or ""
+    for prefix, reason in _PUBLIC_REASONS:
+        if state.startswith(prefix):
+            return reason
+    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) and state[:2] not in ("40", "55", "57"):
+        return "the connection to the server failed" + (f" ({state})" if state else "")
+    return _one_line(exc)  # a statement's own error (a serialization failure, a lock timeout)
+
+
 def _connection_lost(exc: psycopg.Error) -> bool:
     """True when the error says the connection (not the statement) failed: worth one retry."""
     state = exc.sqlstate
@@ -199,11 +225,11 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
         try:
             conn = await AsyncConnection.connect(self._conninfo, autocommit=True)
         except psycopg.Error as exc:
-            raise Unavailable(f'cannot reach the store "{self.where}": {_one_line(exc)}') from None
+            raise store_unavailable(self.where, "cannot reach {store}", _one_line(exc), _public_reason(exc)) from None
         try:
             await self._migrate(conn)
         except psycopg.Error as exc:
-            raise Unavailable(f'cannot set up the store "{self.where}": {_one_line(exc)}') from None
+            raise store_unavailable(self.where, "cannot set up {store}", _one_line(exc), _public_reason(exc)) from None
         finally:
             await conn.close()
         pool: AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]] = AsyncConnectionPool(
@@ -224,7 +250,7 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
             await pool.open(wait=True, timeout=float(_CONNINFO_DEFAULTS["connect_timeout"]) + 2)
         except (PoolTimeout, psycopg.Error) as exc:
             await pool.close(timeout=1)
-            raise Unavailable(f'cannot reach the store "{self.where}": {self._why(exc)}') from None
+            raise store_unavailable(self.where, "cannot reach {store}", self._why(exc), _public_reason(exc)) from None
         self._pool = pool
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
@@ -282,7 +308,7 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
             await pool.close(timeout=5)
         for _, fut in self._waiters:
             if not fut.done():
-                fut.set_exception(Unavailable(f'the store "{self.where}" was closed'))
+                fut.set_exception(store_unavailable(self.where, "{store} was closed"))
         self._waiters = []
 
     # -- plumbing -------------------------------------------------------------------------
@@ -292,12 +318,13 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
         return _one_line(exc)
 
     def _unavailable(self, exc: BaseException) -> Unavailable:
-        return Unavailable(f'the store "{self.where}" is unavailable: {self._why(exc)}')
+        return store_unavailable(self.where, "{store} is unavailable", self._why(exc), _public_reason(exc))
 
     def _trouble(self, exc: BaseException) -> Unavailable:
-        """Remember connection trouble for :meth:`health`; the error to raise."""
+        """Remember connection trouble for :meth:`health` (in the words ``/healthz`` may
+        show); the error to raise."""
         since = self._conn_trouble[1] if self._conn_trouble else datetime.now(timezone.utc)
-        self._conn_trouble = (self._why(exc), since)
+        self._conn_trouble = (_public_reason(exc), since)
         return self._unavailable(exc)
 
     def health(self) -> StoreHealth:
@@ -315,7 +342,7 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
 
     def _require_pool(self) -> AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]:
         if self._pool is None:
-            raise Unavailable(f'the store "{self.where}" is not open')
+            raise store_unavailable(self.where, "{store} is not open")
         return self._pool
 
     async def _with_conn(

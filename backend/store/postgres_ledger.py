@@ -21,6 +21,7 @@ from psycopg import AsyncConnection
 
 from ..errors import Unavailable
 from ..model import Run
+from . import store_unavailable
 from .postgres_events import NOTIFY_CHOSEN, _one_line
 from .postgres_sql import NOTE_LAST_FIRED, UPSERT_RUNS, _runs_json
 
@@ -61,7 +62,7 @@ class PostgresLedgerWriter:
     def save_runs(self, runs: Sequence[Run]) -> None:
         loop, wake = self._loop, self._wake
         if loop is None or wake is None or self._writer is None:
-            raise Unavailable(f'the store "{self.where}" is not open')
+            raise store_unavailable(self.where, "{store} is not open")
         with self._lock:
             self._incoming.extend(runs)
             self._handed += 1
@@ -79,7 +80,7 @@ class PostgresLedgerWriter:
 
     async def flush(self) -> None:
         if self._writer is None or self._wake is None or self._loop is None:
-            raise Unavailable(f'the store "{self.where}" is not open')
+            raise store_unavailable(self.where, "{store} is not open")
         with self._lock:
             target = self._handed
         if self._committed >= target:
@@ -135,10 +136,11 @@ class PostgresLedgerWriter:
             except Exception as exc:
                 if not isinstance(exc, Unavailable):  # a bug: keep the rows, say it loudly
                     log.exception("could not write %d run(s) to the ledger", len(pending))
-                    exc = Unavailable(f'the store "{self.where}" could not write runs: {_one_line(exc)}')
+                    exc = store_unavailable(self.where, "{store} could not write runs", _one_line(exc), "see the log")
                 self._write_failures += 1
                 since = self._write_trouble[1] if self._write_trouble else datetime.now(timezone.utc)
-                self._write_trouble = (str(self._conn_trouble[0] if self._conn_trouble else exc), since)
+                # What /healthz shows: the words fit for anyone (no host, user or database).
+                self._write_trouble = (self._conn_trouble[0] if self._conn_trouble else exc.public, since)
                 self._settle(upto, exc)
                 if self._write_failures == 1 or self._write_failures % 20 == 0:
                     log.warning("cannot write %d run(s) to the ledger yet, will retry: %s", len(pending), exc)

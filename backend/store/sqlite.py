@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import socket
 import sqlite3
@@ -28,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypeVar
 
-from ..errors import InUse, NotFound, Refused, Unavailable
+from ..errors import BadInput, InUse, NotFound, Refused, Unavailable
 from ..ids import id_floor
 from ..model import (
     BackfillProgress,
@@ -42,7 +43,7 @@ from ..model import (
     StoreHealth,
     unique_claims,
 )
-from . import FIRING, Membership, Unfinished
+from . import FIRING, Membership, Unfinished, store_unavailable
 from .migrations import components_of, migrate_sqlite
 from .sqlite_audit import SQLiteAudit
 from .sqlite_events import SQLiteEvents
@@ -95,6 +96,7 @@ from .sqlite_sql import (
     _run_params,
     _us,
 )
+from .sqlite_reserve import Kept, Reserve
 from .sqlite_writer import (
     _Flush,
     _Peek,
@@ -119,7 +121,9 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
     default_coordination: CoordinationMode = "single"
 
     def __init__(self, path: Path | str, *, create: bool = True) -> None:
-        self.path = Path(path)
+        # The file itself, whatever name it was given by: every symlink to it (or to a
+        # folder above it) leads to the same firing lock and the same write-ahead log.
+        self.path = Path(os.path.realpath(path))
         self.where = str(self.path)
         self.create = create
         self.close_patience = 10.0
@@ -130,6 +134,12 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         self._read_conn: sqlite3.Connection | None = None
         self._firing_lock: int | None = None
+        self._reserve: Reserve | None = None
+        """The firing process's reserve (see :mod:`backend.store.sqlite_reserve`)."""
+        self._kept = Kept([], {})
+        """What an earlier process kept in the reserve, until handed to the writer."""
+        self._marks: dict[str, int] = {}
+        """The burst marks this process committed: instance -> slot (microseconds)."""
         if not create:
             self._require_file()
 
@@ -153,8 +163,28 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
     def _require_file(self) -> None:
         if not self.path.is_file():
             raise NotFound(
-                f'no store at "{os.path.abspath(self.path)}" (no such file); check --store and the working '
+                f'no store at "{self.path}" (no such file); check --store and the working '
                 "directory (only `schedtui serve` and `schedtui demo` create a store)"
+            )
+
+    def _refuse_other_names(self) -> None:
+        """Refuse a store file that has more than one name (hard links). SQLite keeps its
+        write-ahead log and shared memory beside the name a file is opened by: a second
+        name gets a log of its own, each process sees only its own name's recent writes,
+        a firing lock beside each name lets a firer in through each, and a checkpoint
+        through one name overwrites what the other's log holds (a corrupt store)."""
+        try:
+            names = os.stat(self.path).st_nlink
+        except FileNotFoundError:
+            return  # created by the writer (one name)
+        except OSError as exc:
+            raise Unavailable(f'cannot look at the store file "{self.path}": {exc.strerror or exc}') from None
+        if names > 1:
+            raise BadInput(
+                f'the store file "{self.path}" has {names} names (hard links); SQLite would keep a write-ahead log '
+                "beside each name and the store would be corrupted: remove the other names (find them with "
+                f"`find / -xdev -samefile {self.path}`) and use one, or a symlink",
+                field="store",
             )
 
     async def open(self) -> None:
@@ -165,6 +195,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
                 raise Unavailable(f'cannot create the folder for the store "{self.path}": {exc}') from exc
         else:
             self._require_file()
+        self._refuse_other_names()
         self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="schedtui-sqlite-reader")
         writer = _Writer(str(self.path), create=self.create)
         writer.start()
@@ -176,6 +207,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
             raise Unavailable(f'cannot open the store "{self.path}": {exc}') from exc
         self._writer = self._last_writer = writer
         await self._write(self._migrate)
+        await self._write_kept()
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         self._migrate_core(conn)
@@ -211,13 +243,14 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
             writer.jobs.put(_STOP)
             await asyncio.to_thread(writer.join)
             self._writer = None
-            for run, _ in writer.pending.values():
-                # The last resort: the log is the only place left that can keep it.
-                log.error("run not written to the ledger: %s", json.dumps(run.to_json(), ensure_ascii=False))
+            await asyncio.to_thread(self._keep_unwritten, writer)
         if self._reader is not None:
             reader, self._reader = self._reader, None
             await asyncio.wrap_future(reader.submit(self._close_reader))
             reader.shutdown(wait=False)
+        if self._reserve is not None:
+            self._reserve.close()
+            self._reserve = None
         if self._firing_lock is not None:
             fd, self._firing_lock = self._firing_lock, None
             os.close(fd)  # releases the lock
@@ -236,15 +269,76 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         """Test seam: let the file grow by at most ``extra`` more pages (``None`` lifts the
         limit). Past it SQLite fails writes with SQLITE_FULL, exactly as on a full disk."""
         if self._writer is None:
-            raise Unavailable(f'the store "{self.path}" is not open')
+            raise store_unavailable(self.where, "{store} is not open")
         self._writer.page_limit = extra
         self._writer.jobs.put(_WAKE)
 
     async def take_firing_lock(self, instance: str) -> None:
+        """Also opens the reserve (the firing process's alone) and, once the store is open,
+        writes the runs an earlier process kept there."""
         if self._firing_lock is None:
             self._firing_lock = await asyncio.to_thread(self._lock_firing, instance)
+            self._reserve = Reserve(self.path.with_name(self.path.name + ".reserve"))
+            self._kept = await asyncio.to_thread(self._reserve.open)
+            if self._writer is not None:
+                await self._write_kept()
+
+    async def _write_kept(self) -> None:
+        """Hand the runs kept in the reserve to the writer, ahead of anything this process
+        writes; the reserve is marked empty once they are committed. Meanwhile
+        :meth:`last_slots` counts them, so the catch-up starts after their slots. Then
+        clear the stopped process's burst marks they account for (after them: a write
+        never overtakes runs handed in before it; on a disk still full, this raises)."""
+        (kept, marks), self._kept = self._kept, Kept([], {})
+        reserve = self._reserve
+        if not kept or reserve is None:
+            return
+        log.warning(
+            '%d run(s) kept by an earlier process in the reserve "%s" (it could not write them to the ledger); '
+            "writing them now", len(kept), reserve.path,
+        )  # fmt: skip
+        self.save_runs(kept)
+        written = _Flush(math.inf)  # waits through a full disk, as the runs do
+
+        def done(future: concurrent.futures.Future[None]) -> None:
+            if future.exception() is None:  # on the writer's thread, before it takes anything else
+                reserve.clear()
+                log.info('the %d run(s) kept in the reserve "%s" are in the ledger', len(kept), reserve.path)
+
+        written.future.add_done_callback(done)
+        self._open_writer().jobs.put(written)
+        if marks:
+            try:
+                await self._write(lambda c: c.executemany(CLEAR_STARTING, list(marks.items())))
+            except Unavailable:
+                for instance, slot in marks.items():  # still to clear: kept again if this one stops first
+                    self._marks.setdefault(instance, slot)
+                raise
+
+    def _keep_unwritten(self, writer: _Writer) -> None:
+        """After the writer has stopped: keep the runs it could not write in the reserve,
+        as many as fit, and log the others, one JSON line each (the last resort)."""
+        left = [run for run, _ in writer.pending.values()]
+        if not left:
+            return
+        unkept = left
+        if self._reserve is not None and not writer.lost:
+            unkept = self._reserve.keep(left, self._marks)
+            kept = len(left) - len(unkept)
+            if kept:
+                log.error(
+                    'cannot write %d run(s) to the ledger "%s" (%s): kept %d run(s) in its reserve "%s"; the next process '
+                    "to fire this store writes them to the ledger first%s",
+                    len(left), self.path, writer.error, kept, self._reserve.path,
+                    f" ({len(unkept)} more did not fit: they follow, one a line)" if unkept else "",
+                )  # fmt: skip
+                writer.error = f"{writer.error}; {kept} of them kept in the reserve for the next start"
+        for run in unkept:
+            # The last resort: the log is the only place left that can keep it.
+            log.error("run not written to the ledger: %s", json.dumps(run.to_json(), ensure_ascii=False))
 
     def _lock_firing(self, instance: str) -> int:
+        self._refuse_other_names()
         path = self.firing_lock_path
         if self.create:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -278,7 +372,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         except (OSError, ValueError, KeyError, TypeError):
             who = "another process"
         return (
-            f'refusing to fire: {who} already fires the schedules of the store "{os.path.abspath(self.path)}"; '
+            f'refusing to fire: {who} already fires the schedules of the store "{self.path}"; '
             "two firing processes on one SQLite file would run every slot twice. Stop that one first "
             "(the other verbs, and a console without --fire, work beside it; several firing instances need PostgreSQL)"
         )
@@ -287,9 +381,9 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
     def _open_writer(self) -> _Writer:
         writer = self._writer
         if writer is None:
-            raise Unavailable(f'the store "{self.path}" is not open')
+            raise store_unavailable(self.where, "{store} is not open")
         if writer.crashed:
-            raise Unavailable(f'the ledger writer of "{self.path}" stopped (see the log)')
+            raise store_unavailable(self.where, "the ledger writer of {store} stopped (see the log)")
         return writer
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -300,7 +394,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         except sqlite3.Error as exc:
             if not _is_trouble(exc):
                 raise
-            raise Unavailable(f'the store "{self.path}" is unavailable: {exc}') from exc
+            raise store_unavailable(self.where, "{store} is unavailable", str(exc)) from exc
 
     async def _peek(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn`` on the writer's connection, between its transactions (a read only)."""
@@ -311,7 +405,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         except sqlite3.Error as exc:
             if not _is_trouble(exc):
                 raise
-            raise Unavailable(f'the store "{self.path}" is unavailable: {exc}') from exc
+            raise store_unavailable(self.where, "{store} is unavailable", str(exc)) from exc
         return result
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -321,13 +415,13 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
             return fn(self._read_conn)
 
         if self._reader is None:
-            raise Unavailable(f'the store "{self.path}" is not open')
+            raise store_unavailable(self.where, "{store} is not open")
         try:
             return await asyncio.wrap_future(self._reader.submit(job))
         except sqlite3.Error as exc:
             if not _is_trouble(exc):
                 raise
-            raise Unavailable(f'the store "{self.path}" is unavailable: {exc}') from exc
+            raise store_unavailable(self.where, "{store} is unavailable", str(exc)) from exc
 
     # -- runs -----------------------------------------------------------------------------
     def save_runs(self, runs: Sequence[Run]) -> None:
@@ -380,7 +474,10 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         return await self._read(read)
 
     async def last_slots(self, names: Iterable[str]) -> dict[str, datetime]:
+        """Counting the runs that wait in the writer (a full disk), and those kept in the
+        reserve by an earlier process: their slots ran."""
         wanted = sorted(set(names))
+        waiting = await self._newest_waiting(wanted) if wanted else {}
 
         def read(c: sqlite3.Connection) -> dict[str, datetime]:
             found: dict[str, datetime] = {}
@@ -390,7 +487,24 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
                     found[name] = _EPOCH + _MICROSECOND * row[0]
             return found
 
-        return await self._read(read) if wanted else {}
+        found = await self._read(read) if wanted else {}
+        for name, slot in waiting.items():
+            if name not in found or slot > found[name]:
+                found[name] = slot
+        return found
+
+    async def _newest_waiting(self, names: list[str]) -> dict[str, datetime]:
+        """Per name, the newest slot of its timed runs handed in and not committed yet.
+        Looked at before the ledger is read: a run committed in between is then in one or
+        the other."""
+        writer = self._writer
+        if writer is None or writer.crashed or not writer.waiting():
+            return {}
+        wanted = set(names)
+        peek = _Peek(lambda _: writer.newest_waiting(wanted))  # on the writer's thread: it owns them
+        writer.jobs.put(peek)
+        newest: dict[str, datetime] = await asyncio.wrap_future(peek.future)
+        return newest
 
     async def running_runs(self) -> list[Run]:
         rows = await self._read(lambda c: c.execute(RUNNING_RUNS).fetchall())
@@ -467,12 +581,16 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         await self._write(lambda c: c.execute(FORGET_INSTANCE, (instance,)))
 
     async def mark_starting(self, instance: str, slot: datetime) -> None:
-        params = (_us(slot), instance)
-        await self._write(lambda c: c.execute(MARK_STARTING, params))
+        us = (slot - _EPOCH) // _MICROSECOND
+        await self._write(lambda c: c.execute(MARK_STARTING, (us, instance)))
+        self._marks[instance] = us
 
     def mark_starting_now(self, instance: str, slot: datetime) -> bool:
-        writer = self._writer
-        return writer is not None and writer.mark_now((_us(slot), instance))
+        writer, us = self._writer, (slot - _EPOCH) // _MICROSECOND
+        if writer is None or not writer.mark_now((us, instance)):
+            return False
+        self._marks[instance] = us
+        return True
 
     async def starting_marks(self) -> dict[str, datetime]:
         rows = await self._read(lambda c: c.execute(STARTING_MARKS).fetchall())

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from ..errors import Unavailable
 from ..model import Run, StoreHealth
+from . import store_unavailable
 from .sqlite_sql import MARK_STARTING, NOTE_LAST_FIRED, UPSERT_RUN, _run_params
 
 
@@ -94,7 +95,7 @@ class _Flush:
 
 class _Peek:
     """A read on the writer's own connection, outside any transaction (see
-    :mod:`backend.store.sqlite_events`)."""
+    :mod:`backend.store.sqlite_events`), or of the runs it holds (on its thread)."""
 
     __slots__ = ("fn", "future")
 
@@ -138,6 +139,7 @@ class _Writer(threading.Thread):
         self.next_try = 0.0
         self.warned_at = 0.0
         self.identity: tuple[int, int] | None = None
+        self.other_names = False  # said once: the file gained a hard link while open
         self.checked_at = 0.0
         self.page_limit: int | None = None  # the test seam of SQLiteStore.limit_pages
         self.applied_limit: int | None = None
@@ -167,7 +169,7 @@ class _Writer(threading.Thread):
             self.crashed = True
             log.exception('the ledger writer of "%s" stopped', self.path)
             for flush in self.flushes:
-                flush.future.set_exception(Unavailable(f'the ledger writer of "{self.path}" stopped: {exc}'))
+                flush.future.set_exception(store_unavailable(self.path, "the ledger writer of {store} stopped", str(exc)))
             raise
         finally:
             with self.marker_lock:
@@ -268,6 +270,22 @@ class _Writer(threading.Thread):
         # Only now: mark_now must never see them neither queued nor pending.
         with self.lock:
             self.queued -= len(runs)
+
+    def waiting(self) -> bool:
+        """Whether runs were handed in and not committed yet (any thread; a run is queued
+        or pending, or both, until it is committed)."""
+        with self.lock:
+            queued = self.queued
+        return queued > 0 or bool(self.pending)
+
+    def newest_waiting(self, names: set[str]) -> dict[str, datetime]:
+        """Writer thread only (a :class:`_Peek`): per name, the newest slot among the timed
+        runs handed in and not committed yet."""
+        newest: dict[str, datetime] = {}
+        for run, _ in self.pending.values():
+            if run.name in names and run.trigger != "manual" and (run.name not in newest or run.scheduled_at > newest[run.name]):
+                newest[run.name] = run.scheduled_at
+        return newest
 
     def _committed_upto(self) -> int:
         """Every hand-in up to this one is committed."""
@@ -423,6 +441,15 @@ class _Writer(threading.Thread):
             return  # cannot look (permissions, a stale mount): no verdict
         else:
             if (st.st_dev, st.st_ino) == self.identity:
+                if st.st_nlink > 1 and not self.other_names:
+                    # Opened under one name only (see SQLiteStore._refuse_other_names): no
+                    # schedtui process opens it through the other, but any other tool would.
+                    self.other_names = True
+                    log.error(
+                        'the store file "%s" now has %d names (hard links): a process opening it through another '
+                        "name would keep a write-ahead log of its own and corrupt the store; remove the other names",
+                        self.path, st.st_nlink,
+                    )
                 return
         self.lost = True
         self.error = "the store file was deleted or replaced while in use"
@@ -436,12 +463,13 @@ class _Writer(threading.Thread):
     def unavailable(self) -> Unavailable:
         if self.lost:
             return Unavailable(
-                f'the store file "{self.path}" was deleted or replaced while in use; nothing written now would survive'
+                f'the store file "{self.path}" was deleted or replaced while in use; nothing written now would survive',
+                public="the store file was deleted or replaced while in use; nothing written now would survive",
             )
-        return Unavailable(
-            f'the store "{self.path}" cannot be written: {self.error} '
-            f"({len(self.pending)} run(s) waiting; they are kept and retried)"
-        )
+        return store_unavailable(
+            self.path, "{store} cannot be written",
+            f"{self.error} ({len(self.pending)} run(s) waiting; they are kept and retried)",
+        )  # fmt: skip
 
     def health(self) -> StoreHealth:
         waiting = self.queued + len(self.pending)
