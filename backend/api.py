@@ -43,12 +43,12 @@ from typing import Any, Literal
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse as StarletteJSONResponse
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
 from .audit import acting_as
-from .api_jobs import job_routes
 from .errors import (
     BadInput,
     Forbidden,
@@ -59,14 +59,14 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .inputs import check_note
+from .inputs import check_note, check_text
 from .interface import RUNS_BETWEEN_MAX_PER_NAME, Backend
 from .model import BACKFILL_MAX_LIMIT, iso, parse_iso
-from .safetext import printable
+from .safetext import escape_json, printable
 from .timeparse import parse_when
 from .tokens import ApiToken, Tokens
 
-__all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "create_app"]
+__all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "JSONResponse", "create_app"]
 
 log = logging.getLogger("schedtui.api")
 
@@ -87,6 +87,20 @@ _STATUS: list[tuple[type[SchedtuiError], int]] = [
     (BadInput, 422),
     (Unavailable, 503),
 ]
+
+
+class JSONResponse(StarletteJSONResponse):
+    """The JSON response of every route: a lone surrogate in its content (text no store
+    should hold, and no UTF-8 can encode) is sent escaped, as the six characters
+    ``\\ud800``, rather than failing the whole response with a 500. Reads of the stores
+    escape such text already (:func:`~backend.safetext.load_json`); this is the net under
+    any other way it could come."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return super().render(escape_json(content))
 
 
 def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
@@ -414,9 +428,9 @@ def schedule_routes(api: Api) -> list[Route]:
             if not raw:
                 raise BadInput(f"the query parameter {key} is required (an ISO 8601 instant)", field=key)
             try:
-                window.append(parse_iso(raw))
+                window.append(parse_iso(check_text(raw, key, one_line=True)))
             except (ValueError, OverflowError):
-                raise BadInput(f'{key} "{raw}" is not an ISO 8601 instant with an offset', field=key) from None
+                raise BadInput(f'{key} "{printable(raw, 60)}" is not an ISO 8601 instant with an offset', field=key) from None
         limit = query_int(request, "limit_per_name", 200, 1, RUNS_BETWEEN_MAX_PER_NAME)
         found = await backend.runs_between(names, window[0], window[1], limit_per_name=limit)
         return JSONResponse(
@@ -623,6 +637,12 @@ def schedule_routes(api: Api) -> list[Route]:
     ]
 
 
+def _job_routes(api: Api) -> list[Route]:
+    from .api_jobs import job_routes
+
+    return job_routes(api)
+
+
 def _lock_routes(api: Api) -> list[Route]:
     from .api_locks import lock_routes
 
@@ -655,7 +675,7 @@ def _durable_routes(api: Api) -> list[Route]:
 
 #: The route modules, each ``routes(api) -> list[Route]``, mounted in this order.
 ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [
-    schedule_routes, _catalog_routes, job_routes, _durable_routes, _lock_routes, _audit_routes, _event_routes,
+    schedule_routes, _catalog_routes, _job_routes, _durable_routes, _lock_routes, _audit_routes, _event_routes,
 ]
 
 

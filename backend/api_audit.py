@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
-from .api import Api
+from .api import Api, JSONResponse
 
 __all__ = ["audit_routes"]
 

@@ -7,14 +7,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
-if TYPE_CHECKING:
-    from .api import Api
+from .api import Api, JSONResponse
 
 __all__ = ["catalog_routes"]
 

@@ -14,10 +14,10 @@ and refusals (409).
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
-from .api import Api
+from .api import Api, JSONResponse
 from .durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES
 
 __all__ = ["SIGNAL_BODY_BYTES", "START_BODY_BYTES", "durable_routes"]

@@ -15,18 +15,16 @@ Limits answer 413 (payload), 422 (delay, attempts, key, bad JSON) and 409 (``que
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
+from .api import Api, JSONResponse
 from .errors import BadInput
 from .jobs.definition import MAX_PAYLOAD_BYTES
 from .model import iso
-
-if TYPE_CHECKING:
-    from .api import Api
 
 __all__ = ["SEND_BODY_BYTES", "job_routes"]
 

@@ -6,16 +6,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
+from .api import Api, JSONResponse
 from .locks.model import check_lock_name
-
-if TYPE_CHECKING:
-    from .api import Api
 
 __all__ = ["lock_routes"]
 

@@ -17,7 +17,7 @@ import httpx
 
 from .audit import AuditPage
 from .durable.model import Execution, ExecutionsPage, Signalled, Started
-from .durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES, check_json
+from .durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES
 from .errors import (
     BadInput,
     Forbidden,
@@ -29,7 +29,7 @@ from .errors import (
     Unavailable,
 )
 from .events import READY, RESYNC, STREAM, TOPICS, Signal
-from .inputs import check_before, check_id, check_instant, check_note, is_id
+from .inputs import check_before, check_id, check_instant, check_json, check_note, is_id
 from .interface import SYSTEMS, ConnectionInfo, RunsPage, SchedulesSnapshot, check_runs_between
 from .jobs.definition import check_queue_name, check_send
 from .jobs.model import Job, JobDetail, JobsPage, NotDead, QueueFull, QueueView, Sent

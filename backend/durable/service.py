@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
-from ..errors import BadInput, NotFound, Refused, TooLarge
-from ..inputs import check_before, check_id
+from ..errors import BadInput, NotFound, Refused
+from ..inputs import check_before, check_id, check_json
 from ..model import RunContext
 from ..safetext import printable
 from ..schedules import NAME_PATTERN
@@ -26,24 +26,12 @@ from .executor import DurableExecutor
 from .model import EXECUTION_STATUSES, Execution, Signalled, Started, execution_id_for_slot
 from .store import DurableStore, NewExecution
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_SIGNAL_BYTES", "Durable", "check_json", "parse_json_option"]
+__all__ = ["MAX_INPUT_BYTES", "MAX_SIGNAL_BYTES", "Durable", "parse_json_option"]
 
 #: Largest input of an execution, and payload of a signal (encoded JSON).
 MAX_INPUT_BYTES: Final = 256 * 1024
 MAX_SIGNAL_BYTES: Final = 64 * 1024
 DEFAULT_CONCURRENCY: Final = 32
-
-
-def check_json(value: Any, field: str, limit: int) -> str:
-    """``value`` as JSON text; BadInput naming ``field`` when it is not JSON, TooLarge (HTTP
-    413) when it is longer than ``limit``."""
-    try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise BadInput(f"{field} is not JSON: {exc}", field=field) from None
-    if len(text) > limit:
-        raise TooLarge(f"{field} is {len(text):,} bytes as JSON, more than the {limit:,} allowed", field=field)
-    return text
 
 
 def parse_json_option(text: str | None, field: str) -> Any:
