@@ -181,8 +181,12 @@ class Api:
         """The token a request came with (its name is the actor of what it does)."""
         return self.tokens.check(request.headers.get("authorization", ""))
 
-    async def body_of(self, request: Request, max_bytes: int = MAX_BODY_BYTES) -> dict[str, Any]:
-        """The request's JSON object body (``{}`` when empty); 413, 408 and 422 as due."""
+    async def body_of(
+        self, request: Request, max_bytes: int = MAX_BODY_BYTES, *, fields: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """The request's JSON object body (``{}`` when empty); 413, 408 and 422 as due. With
+        ``fields``, a body naming any other field is refused (422 naming it): a misspelt
+        field must not quietly mean "not given"."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_bytes:
             raise _TooLarge(max_bytes)
@@ -205,6 +209,10 @@ class Api:
             raise BadInput("the body is nested too deeply to be read", field="body") from None
         if not isinstance(data, dict):
             raise BadInput("the body must be a JSON object", field="body")
+        unknown = sorted(set(data) - set(fields)) if fields is not None else []
+        if unknown:
+            shown = ", ".join(f'"{printable(name, 60)}"' for name in unknown)
+            raise BadInput(f"unknown field(s) {shown} (known: {', '.join(fields or ())})", field=printable(unknown[0], 60))
         return data
 
     @staticmethod
@@ -263,7 +271,14 @@ def create_app(
             exc.status_code, str(exc.detail)
         )
         response = error_response(exc.status_code, codes.get(exc.status_code, "http_error"), message)
-        response.headers.update(exc.headers or {})  # 405's Allow
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette's Allow names the methods of the first route of the path only;
+            # a path served by several (GET and POST /inspect/schedules) has them all.
+            path = request.scope["path"]
+            matching = [r for r in app.routes if isinstance(r, Route) and r.path_regex.fullmatch(path)]
+            methods = {method for route in matching for method in route.methods or ()}
+            response.headers["Allow"] = ", ".join(sorted(methods))
         return response
 
     lifespan = None
@@ -371,7 +386,7 @@ def schedule_routes(api: Api) -> list[Route]:
         if not name:
             raise BadInput("the query parameter name is required", field="name")
         limit = query_int(request, "limit", 50, 1, 1000)
-        before = request.query_params.get("before") or None
+        before = request.query_params.get("before")  # empty is not "none": 422
         page = await backend.list_runs(name, limit=limit, before=before)
         return JSONResponse(page.to_json())
 
@@ -482,7 +497,7 @@ def schedule_routes(api: Api) -> list[Route]:
 
     async def _set_enabled(request: Request, enabled: bool) -> Response:
         name = await schedule_name(request)
-        body = await body_of(request)
+        body = await body_of(request, fields=("note",))
         note = check_note(body.get("note"))
         view = await backend.set_enabled(name, enabled, note=note)
         return JSONResponse(view.to_json())
@@ -492,6 +507,10 @@ def schedule_routes(api: Api) -> list[Route]:
         """
         ---
         summary: Enable a schedule (it arms its next future slot)
+        requestBody:
+          content:
+            application/json:
+              schema: {type: object, additionalProperties: false, properties: {note: {type: string, nullable: true, maxLength: 1000}}}
         responses:
           200: {description: the schedule}
         """
@@ -505,15 +524,17 @@ def schedule_routes(api: Api) -> list[Route]:
         requestBody:
           content:
             application/json:
-              schema: {type: object, properties: {note: {type: string, nullable: true, maxLength: 1000}}}
+              schema: {type: object, additionalProperties: false, properties: {note: {type: string, nullable: true, maxLength: 1000}}}
         responses:
           200: {description: the schedule}
         """
         return await _set_enabled(request, False)
 
-    async def _backfill_args(request: Request) -> tuple[str, datetime, datetime, bool, int | None, bool]:
+    async def _backfill_args(
+        request: Request, fields: Sequence[str]
+    ) -> tuple[str, datetime, datetime, bool, int | None, bool]:
         name = await schedule_name(request)
-        body = await body_of(request)
+        body = await body_of(request, fields=fields)
         zone = await backend.schedule_zone(name)
         now = await backend.now()
         values: list[datetime] = []
@@ -543,6 +564,7 @@ def schedule_routes(api: Api) -> list[Route]:
             application/json:
               schema:
                 type: object
+                additionalProperties: false
                 required: [from, to]
                 properties:
                   from: {type: string, description: "ISO 8601, now, or -2d/-6h"}
@@ -552,7 +574,7 @@ def schedule_routes(api: Api) -> list[Route]:
         responses:
           200: {description: the plan}
         """
-        name, start, end, confirm, limit, _ = await _backfill_args(request)
+        name, start, end, confirm, limit, _ = await _backfill_args(request, ("from", "to", "confirm", "limit"))
         plan = await backend.plan_backfill(name, start, end, confirm=confirm, limit=limit)
         return JSONResponse(plan.to_json())
 
@@ -566,6 +588,7 @@ def schedule_routes(api: Api) -> list[Route]:
             application/json:
               schema:
                 type: object
+                additionalProperties: false
                 required: [from, to]
                 properties:
                   from: {type: string}
@@ -577,7 +600,8 @@ def schedule_routes(api: Api) -> list[Route]:
           202: {description: "{id, plan, progress}"}
           409: {description: "refused: {count, reason}"}
         """
-        name, start, end, confirm, limit, skip = await _backfill_args(request)
+        fields = ("from", "to", "confirm", "limit", "skip_succeeded")
+        name, start, end, confirm, limit, skip = await _backfill_args(request, fields)
         plan = await backend.plan_backfill(name, start, end, confirm=confirm, limit=limit)
         progress = await backend.start_backfill(name, start, end, confirm=confirm, limit=limit, skip_succeeded=skip)
         return JSONResponse({"id": progress.id, "plan": plan.to_json(), "progress": progress.to_json()}, status_code=202)

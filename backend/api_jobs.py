@@ -15,8 +15,6 @@ Limits answer 413 (payload), 422 (delay, attempts, key, bad JSON) and 409 (``que
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -32,17 +30,7 @@ __all__ = ["SEND_BODY_BYTES", "job_routes"]
 #: character (``\\u00e9`` is 6 bytes for 2), plus the other fields.
 SEND_BODY_BYTES = 6 * MAX_PAYLOAD_BYTES + 64 * 1024
 
-_SEND_FIELDS = {"payload", "delay", "attempts", "key"}
-
-
-def _send_args(body: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(body) - _SEND_FIELDS)
-    if unknown:
-        raise BadInput(f"unknown field(s) {', '.join(unknown)} (a job has payload, delay, attempts, key)", field=unknown[0])
-    delay = body.get("delay", 0)
-    if delay is None:
-        delay = 0
-    return {"payload": body.get("payload"), "delay": delay, "attempts": body.get("attempts"), "key": body.get("key")}
+_SEND_FIELDS = ("payload", "delay", "attempts", "key")
 
 
 def job_routes(api: Api) -> list[Route]:
@@ -108,9 +96,9 @@ def job_routes(api: Api) -> list[Route]:
         limit = query_int(request, "limit", 50, 1, 1000)
         page = await backend.list_jobs(
             queue_of(request),
-            status=request.query_params.get("status") or None,
+            status=request.query_params.get("status"),
             limit=limit,
-            before=request.query_params.get("before") or None,
+            before=request.query_params.get("before"),
         )
         return JSONResponse(page.to_json())
 
@@ -138,8 +126,11 @@ def job_routes(api: Api) -> list[Route]:
           413: {description: "the payload is over 256 KiB"}
         """
         queue = queue_of(request)
-        args = _send_args(await body_of(request, SEND_BODY_BYTES))
-        sent = await backend.send_job(queue, args["payload"], delay=args["delay"], attempts=args["attempts"], key=args["key"])
+        body = await body_of(request, SEND_BODY_BYTES, fields=_SEND_FIELDS)
+        delay = body.get("delay")
+        sent = await backend.send_job(
+            queue, body.get("payload"), delay=0 if delay is None else delay, attempts=body.get("attempts"), key=body.get("key")
+        )
         return JSONResponse(sent.to_json(), status_code=200 if sent.duplicate else 201)
 
     @endpoint("read")
