@@ -20,7 +20,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .api import Api, JSONResponse
-from .errors import BadInput
 from .jobs.definition import MAX_PAYLOAD_BYTES
 from .model import iso
 
@@ -149,7 +148,10 @@ def job_routes(api: Api) -> list[Route]:
     async def cancel(request: Request) -> Response:
         """
         ---
-        summary: Delete a queued job by id or key (a running one finishes)
+        summary: Delete a queued job by its id or by its key (a running one finishes)
+        description: >
+          Exactly one of id and key. Each means what it says: a key that happens to look
+          like an id (even another job's) cancels the job with that key.
         requestBody:
           content:
             application/json:
@@ -157,23 +159,14 @@ def job_routes(api: Api) -> list[Route]:
                 type: object
                 additionalProperties: false
                 properties:
-                  id: {type: string}
-                  key: {type: string}
+                  id: {type: string, pattern: "^[0-9A-HJKMNP-TV-Z]{26}$"}
+                  key: {type: string, minLength: 1, maxLength: 256}
         responses:
           200: {description: "{cancelled}: true if it was queued and is gone"}
           404: {description: unknown queue}
         """
-        body = await body_of(request)
-        unknown = sorted(set(body) - {"id", "key"})
-        if unknown:
-            raise BadInput(f"unknown field(s) {', '.join(unknown)} (give id or key)", field=unknown[0])
-        given = [(name, body[name]) for name in ("id", "key") if body.get(name) is not None]
-        if len(given) != 1:
-            raise BadInput('give the job\'s "id" or its "key" (one of them)', field="id")
-        name, value = given[0]
-        if not isinstance(value, str) or not value:
-            raise BadInput(f'"{name}" must be a non-empty string', field=name)
-        cancelled = await backend.cancel_job(queue_of(request), value)
+        body = await body_of(request, fields=("id", "key"))
+        cancelled = await backend.cancel_job(queue_of(request), body.get("id"), key=body.get("key"))
         return JSONResponse({"cancelled": cancelled})
 
     @endpoint("operate")

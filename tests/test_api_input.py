@@ -64,6 +64,9 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("to year 9999", "POST", "/inspect/schedules/berlin/backfill/plan",
      {"json": {"from": "-1d", "to": "9999-12-31T23:00Z"}}, 422, "to", '"9999-12-31T23:00Z" is out of range'),
     # Text no store can keep, in every kind of field (as a JSON body carries it: escaped).
+    ("a lone surrogate in a key to cancel by", "POST", "/inspect/queues/mail/cancel",
+     {"content": b'{"key": "a\\ud800"}'}, 422, "key", "\\ud800"),
+    ("a NUL in a key to cancel by", "POST", "/inspect/queues/mail/cancel", {"json": {"key": "a\x00"}}, 422, "key", "\\x00"),
     ("a lone surrogate in a job's key", "POST", "/inspect/queues/mail/jobs",
      {"content": b'{"key": "k\\udcff"}'}, 422, "key", "\\udcff"),
     ("a NUL in a job's payload", "POST", "/inspect/queues/mail/jobs",

@@ -144,7 +144,7 @@ async def test_every_job_queue_action_is_recorded_and_signalled(make_engine: Any
         sent = await backend.send_job("mail", {"to": "x"}, key="k1")
         await backend.set_queue_paused("mail", True)
         await backend.set_queue_paused("mail", False)
-        assert await backend.cancel_job("mail", "k1")
+        assert await backend.cancel_job("mail", key="k1")
     await engine.jobs.send("mail", {"by": "the app"})  # the application's sends are not audited
     page = await engine.audit.list(limit=10)
     assert [(e.actor, e.action, e.target) for e in reversed(page.entries)] == [

@@ -273,8 +273,8 @@ async def test_cancel_delete_and_their_refusals(make_engine: Callable[..., Engin
     engine = make_engine([define_queue(name="mail", handler=handler)])
     await engine.start()
     later = await engine.jobs.send("mail", "later", delay=3600, key="k")
-    assert await engine.jobs.cancel("mail", "k")
-    assert not await engine.jobs.cancel("mail", "k")
+    assert await engine.jobs.cancel("mail", key="k")
+    assert not await engine.jobs.cancel("mail", key="k")
     other = await engine.jobs.send("mail", "other", delay=3600)
     await engine.jobs.delete("mail", other.id)
     with pytest.raises(NotFound):
@@ -282,7 +282,7 @@ async def test_cancel_delete_and_their_refusals(make_engine: Callable[..., Engin
     with pytest.raises(NotFound):
         await engine.jobs.get_job(later.id)
     with pytest.raises(NotFound, match="no queue named"):
-        await engine.jobs.cancel("ghost", "k")
+        await engine.jobs.cancel("ghost", key="k")
     with pytest.raises(NotFound, match='no job with id "nope"'):
         await engine.jobs.get_job("nope")
     clock.advance(3600)
@@ -464,7 +464,7 @@ async def test_connect_sends_without_running_anything(tmp_path: Path, make_engin
         many = await st.jobs.send_many("mail", [{"payload": 1, "delay": 60}, {"payload": 2, "key": "receipt:42"}])
         assert [s.duplicate for s in many] == [False, True]
         assert [q.queued for q in await st.jobs.queues()] == [2]
-        assert await st.jobs.cancel("mail", "receipt:42")
+        assert await st.jobs.cancel("mail", key="receipt:42")
         assert (await st.jobs.pause("mail")).paused
         assert not (await st.jobs.resume("mail")).paused
         page = await st.jobs.list(many[0].id and "mail", status="queued")

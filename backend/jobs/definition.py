@@ -14,11 +14,11 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final, Union
+from typing import TYPE_CHECKING, Any, Final, Literal, Union
 
 from ..definitions import register_definition_type
 from ..errors import BadInput, DefinitionError
-from ..inputs import check_json, check_text
+from ..inputs import check_json, check_text, is_id
 from ..safetext import printable
 from ..schedules import NAME_PATTERN, handler_problem
 
@@ -38,6 +38,7 @@ __all__ = [
     "Queue",
     "Send",
     "backoff",
+    "check_cancel",
     "check_key",
     "check_queue_name",
     "check_send",
@@ -185,6 +186,22 @@ def check_key(key: object) -> str:
     if size > MAX_KEY_BYTES:
         raise BadInput(f'key "{printable(key, 40)}" is {size} bytes; the limit is {MAX_KEY_BYTES} bytes', field="key")
     return key
+
+
+def check_cancel(id: object, key: object) -> tuple[Literal["id", "key"], str]:
+    """Which job a cancel names, as ``("id", id)`` or ``("key", key)``: exactly one of them
+    is given, and each means what it says (a key shaped like an id is still a key)."""
+    if (id is None) == (key is None):
+        raise BadInput('give the job\'s "id" or its "key" (one of them)', field="id" if key is None else "key")
+    if key is not None:
+        return "key", check_key(key)
+    if not isinstance(id, str) or not is_id(id):
+        shown = printable(id, 60) if isinstance(id, str) else repr(id)
+        raise BadInput(
+            f'id "{shown}" is not a job id (26 characters such as 01JD3Z6Q0V9W4C7PAXH3KJ1M2B); to cancel by key, give the key',
+            field="id",
+        )
+    return "id", id
 
 
 def check_send(payload: object = None, delay: object = 0, attempts: object = None, key: object = None) -> Send:
