@@ -257,7 +257,7 @@ def create_app(
     async def openapi(request: Request) -> Response:
         schema = _declare_path_parameters(schemas.get_schema(routes=app.routes))
         access = {
-            (route.path, method.lower()): api.access[route.endpoint]
+            (_CONVERTER.sub(r"{\1}", route.path), method.lower()): api.access[route.endpoint]
             for route in routes
             for method in route.methods or ()
             if route.endpoint in api.access
@@ -701,6 +701,10 @@ def _durable_routes(api: Api) -> list[Route]:
 ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [
     schedule_routes, _catalog_routes, _job_routes, _durable_routes, _lock_routes, _audit_routes, _event_routes,
 ]
+
+
+#: A path parameter's converter (``{name:path}``), which the OpenAPI paths leave out.
+_CONVERTER = re.compile(r"{(\w+):\w+}")
 
 
 def _declare_path_parameters(schema: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The locks' HTTP routes (see :mod:`backend.api` for the conventions)::
 
     GET  /inspect/locks                    {now, locks: [lock]}
-    POST /inspect/locks/{name}/release     release by force -> {released, lock, now}
+    POST /inspect/locks/{name}/release     release by force -> {released, lock, now}; name may hold "/"
 """
 
 from __future__ import annotations
@@ -52,5 +52,7 @@ def lock_routes(api: Api) -> list[Route]:
 
     return [
         Route("/inspect/locks", list_locks, methods=["GET"]),
-        Route("/inspect/locks/{name}/release", release_lock, methods=["POST"]),
+        # A lock name may hold "/" (a client sends it as %2F, which the server decodes):
+        # the path converter takes it whole, up to the last "/release".
+        Route("/inspect/locks/{name:path}/release", release_lock, methods=["POST"]),
     ]

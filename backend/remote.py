@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -454,9 +455,11 @@ class SseParser:
 
 
 def _seg(value: str) -> str:
-    from urllib.parse import quote
-
-    return quote(value, safe="")
+    """``value`` as one segment of a URL path, whatever it holds: every "/" escaped (a lock
+    name may hold some), and a name of dots alone ("." and "..", valid names) escaped too,
+    or the client would resolve it as a step up the path before sending it."""
+    segment = quote(value, safe="")
+    return segment.replace(".", "%2E") if segment.strip(".") == "" else segment
 
 
 def _reason(exc: httpx.TransportError) -> str:
