@@ -188,7 +188,7 @@ async def cmd_queues(args: argparse.Namespace) -> int:
             print(queues_table(queues, await backend.now()))
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 async def cmd_list(args: argparse.Namespace) -> int:
@@ -206,7 +206,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
             print(f"\nolder: schedtui jobs list {args.queue}{status} --before {page.next_before}")
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 def _payload(text: str | None) -> Any:
@@ -235,7 +235,7 @@ async def cmd_send(args: argparse.Namespace) -> int:
             print(f"queued job {sent.id} in {args.queue}" + (f" (runs in {args.delay:g}s)" if args.delay else ""))
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 async def cmd_show(args: argparse.Namespace) -> int:
@@ -247,7 +247,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
             print(detail_text(detail, await backend.now()))
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
@@ -265,7 +265,7 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"schedtui: no queued {shown.removeprefix('the ')} in {args.queue} (running, dead or gone)", file=sys.stderr)
         return EXIT_FAILURE
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 async def cmd_retry(args: argparse.Namespace) -> int:
@@ -281,7 +281,7 @@ async def cmd_retry(args: argparse.Namespace) -> int:
             print(f"job {job.id} of {job.queue} queued again with {job.max_attempts} fresh attempt(s)")
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 async def cmd_delete(args: argparse.Namespace) -> int:
@@ -290,7 +290,7 @@ async def cmd_delete(args: argparse.Namespace) -> int:
         print(f"deleted job {args.id} of {args.queue}")
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {

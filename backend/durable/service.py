@@ -66,6 +66,9 @@ class Durable:
             if function.name in self.functions:
                 raise BadInput(f'durable function name "{function.name}" is given twice')
             self.functions[function.name] = function
+        self.complete = False
+        """Whether ``functions`` is all a definitions folder defines (the engine sets it): then
+        a start of any other function is refused, even when the folder defines none."""
         self.executor = DurableExecutor(
             shared,
             self.functions,
@@ -101,8 +104,8 @@ class Durable:
     def _function(self, name: object) -> str:
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
             raise NotFound(f'no durable function named "{printable(str(name), 60)}"')
-        if self.functions and name not in self.functions:
-            known = ", ".join(sorted(self.functions))
+        if (self.functions or self.complete) and name not in self.functions:
+            known = ", ".join(sorted(self.functions)) or "none"
             raise NotFound(f'no durable function named "{name}" (defined here: {known})')
         return name
 
@@ -117,10 +120,11 @@ class Durable:
     ) -> Started:
         """Queue an execution of ``function`` with ``input`` (JSON, at most 256 KiB).
 
-        Any instance that defines the function runs it. Where this process knows durable
-        functions (the definitions folder), an unknown name is refused; a process that
-        knows none (``connect()`` without definitions) cannot check, and the execution
-        waits for an instance that defines it (``serve`` warns about it)."""
+        Any instance that defines the function runs it. Where this process read a
+        definitions folder (or was given durable functions), an unknown name is refused,
+        even when the folder defines none; a process without definitions (``connect()``
+        without them) cannot check, and the execution waits for an instance that defines
+        it (``serve`` warns about it)."""
         name = self._function(function)
         text = check_json(input, "input", MAX_INPUT_BYTES)
         execution_id = id or self.shared.new_id()
