@@ -43,12 +43,12 @@ from typing import Any, Literal
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse as StarletteJSONResponse
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
 from .audit import acting_as
-from .api_jobs import job_routes
 from .errors import (
     BadInput,
     Forbidden,
@@ -59,14 +59,14 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .inputs import check_note
+from .inputs import check_note, check_text
 from .interface import RUNS_BETWEEN_MAX_PER_NAME, Backend
 from .model import BACKFILL_MAX_LIMIT, iso, parse_iso
-from .safetext import printable
+from .safetext import escape_json, printable
 from .timeparse import parse_when
 from .tokens import ApiToken, Tokens
 
-__all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "create_app"]
+__all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "JSONResponse", "create_app"]
 
 log = logging.getLogger("schedtui.api")
 
@@ -87,6 +87,20 @@ _STATUS: list[tuple[type[SchedtuiError], int]] = [
     (BadInput, 422),
     (Unavailable, 503),
 ]
+
+
+class JSONResponse(StarletteJSONResponse):
+    """The JSON response of every route: a lone surrogate in its content (text no store
+    should hold, and no UTF-8 can encode) is sent escaped, as the six characters
+    ``\\ud800``, rather than failing the whole response with a 500. Reads of the stores
+    escape such text already (:func:`~backend.safetext.load_json`); this is the net under
+    any other way it could come."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return super().render(escape_json(content))
 
 
 def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
@@ -167,8 +181,12 @@ class Api:
         """The token a request came with (its name is the actor of what it does)."""
         return self.tokens.check(request.headers.get("authorization", ""))
 
-    async def body_of(self, request: Request, max_bytes: int = MAX_BODY_BYTES) -> dict[str, Any]:
-        """The request's JSON object body (``{}`` when empty); 413, 408 and 422 as due."""
+    async def body_of(
+        self, request: Request, max_bytes: int = MAX_BODY_BYTES, *, fields: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """The request's JSON object body (``{}`` when empty); 413, 408 and 422 as due. With
+        ``fields``, a body naming any other field is refused (422 naming it): a misspelt
+        field must not quietly mean "not given"."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > max_bytes:
             raise _TooLarge(max_bytes)
@@ -191,6 +209,10 @@ class Api:
             raise BadInput("the body is nested too deeply to be read", field="body") from None
         if not isinstance(data, dict):
             raise BadInput("the body must be a JSON object", field="body")
+        unknown = sorted(set(data) - set(fields)) if fields is not None else []
+        if unknown:
+            shown = ", ".join(f'"{printable(name, 60)}"' for name in unknown)
+            raise BadInput(f"unknown field(s) {shown} (known: {', '.join(fields or ())})", field=printable(unknown[0], 60))
         return data
 
     @staticmethod
@@ -235,7 +257,7 @@ def create_app(
     async def openapi(request: Request) -> Response:
         schema = _declare_path_parameters(schemas.get_schema(routes=app.routes))
         access = {
-            (route.path, method.lower()): api.access[route.endpoint]
+            (_CONVERTER.sub(r"{\1}", route.path), method.lower()): api.access[route.endpoint]
             for route in routes
             for method in route.methods or ()
             if route.endpoint in api.access
@@ -249,7 +271,14 @@ def create_app(
             exc.status_code, str(exc.detail)
         )
         response = error_response(exc.status_code, codes.get(exc.status_code, "http_error"), message)
-        response.headers.update(exc.headers or {})  # 405's Allow
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette's Allow names the methods of the first route of the path only;
+            # a path served by several (GET and POST /inspect/schedules) has them all.
+            path = request.scope["path"]
+            matching = [r for r in app.routes if isinstance(r, Route) and r.path_regex.fullmatch(path)]
+            methods = {method for route in matching for method in route.methods or ()}
+            response.headers["Allow"] = ", ".join(sorted(methods))
         return response
 
     lifespan = None
@@ -357,7 +386,7 @@ def schedule_routes(api: Api) -> list[Route]:
         if not name:
             raise BadInput("the query parameter name is required", field="name")
         limit = query_int(request, "limit", 50, 1, 1000)
-        before = request.query_params.get("before") or None
+        before = request.query_params.get("before")  # empty is not "none": 422
         page = await backend.list_runs(name, limit=limit, before=before)
         return JSONResponse(page.to_json())
 
@@ -414,9 +443,9 @@ def schedule_routes(api: Api) -> list[Route]:
             if not raw:
                 raise BadInput(f"the query parameter {key} is required (an ISO 8601 instant)", field=key)
             try:
-                window.append(parse_iso(raw))
+                window.append(parse_iso(check_text(raw, key, one_line=True)))
             except (ValueError, OverflowError):
-                raise BadInput(f'{key} "{raw}" is not an ISO 8601 instant with an offset', field=key) from None
+                raise BadInput(f'{key} "{printable(raw, 60)}" is not an ISO 8601 instant with an offset', field=key) from None
         limit = query_int(request, "limit_per_name", 200, 1, RUNS_BETWEEN_MAX_PER_NAME)
         found = await backend.runs_between(names, window[0], window[1], limit_per_name=limit)
         return JSONResponse(
@@ -468,7 +497,7 @@ def schedule_routes(api: Api) -> list[Route]:
 
     async def _set_enabled(request: Request, enabled: bool) -> Response:
         name = await schedule_name(request)
-        body = await body_of(request)
+        body = await body_of(request, fields=("note",))
         note = check_note(body.get("note"))
         view = await backend.set_enabled(name, enabled, note=note)
         return JSONResponse(view.to_json())
@@ -478,6 +507,10 @@ def schedule_routes(api: Api) -> list[Route]:
         """
         ---
         summary: Enable a schedule (it arms its next future slot)
+        requestBody:
+          content:
+            application/json:
+              schema: {type: object, additionalProperties: false, properties: {note: {type: string, nullable: true, maxLength: 1000}}}
         responses:
           200: {description: the schedule}
         """
@@ -491,15 +524,17 @@ def schedule_routes(api: Api) -> list[Route]:
         requestBody:
           content:
             application/json:
-              schema: {type: object, properties: {note: {type: string, nullable: true, maxLength: 1000}}}
+              schema: {type: object, additionalProperties: false, properties: {note: {type: string, nullable: true, maxLength: 1000}}}
         responses:
           200: {description: the schedule}
         """
         return await _set_enabled(request, False)
 
-    async def _backfill_args(request: Request) -> tuple[str, datetime, datetime, bool, int | None, bool]:
+    async def _backfill_args(
+        request: Request, fields: Sequence[str]
+    ) -> tuple[str, datetime, datetime, bool, int | None, bool]:
         name = await schedule_name(request)
-        body = await body_of(request)
+        body = await body_of(request, fields=fields)
         zone = await backend.schedule_zone(name)
         now = await backend.now()
         values: list[datetime] = []
@@ -529,6 +564,7 @@ def schedule_routes(api: Api) -> list[Route]:
             application/json:
               schema:
                 type: object
+                additionalProperties: false
                 required: [from, to]
                 properties:
                   from: {type: string, description: "ISO 8601, now, or -2d/-6h"}
@@ -538,7 +574,7 @@ def schedule_routes(api: Api) -> list[Route]:
         responses:
           200: {description: the plan}
         """
-        name, start, end, confirm, limit, _ = await _backfill_args(request)
+        name, start, end, confirm, limit, _ = await _backfill_args(request, ("from", "to", "confirm", "limit"))
         plan = await backend.plan_backfill(name, start, end, confirm=confirm, limit=limit)
         return JSONResponse(plan.to_json())
 
@@ -552,6 +588,7 @@ def schedule_routes(api: Api) -> list[Route]:
             application/json:
               schema:
                 type: object
+                additionalProperties: false
                 required: [from, to]
                 properties:
                   from: {type: string}
@@ -563,7 +600,8 @@ def schedule_routes(api: Api) -> list[Route]:
           202: {description: "{id, plan, progress}"}
           409: {description: "refused: {count, reason}"}
         """
-        name, start, end, confirm, limit, skip = await _backfill_args(request)
+        fields = ("from", "to", "confirm", "limit", "skip_succeeded")
+        name, start, end, confirm, limit, skip = await _backfill_args(request, fields)
         plan = await backend.plan_backfill(name, start, end, confirm=confirm, limit=limit)
         progress = await backend.start_backfill(name, start, end, confirm=confirm, limit=limit, skip_succeeded=skip)
         return JSONResponse({"id": progress.id, "plan": plan.to_json(), "progress": progress.to_json()}, status_code=202)
@@ -623,6 +661,12 @@ def schedule_routes(api: Api) -> list[Route]:
     ]
 
 
+def _job_routes(api: Api) -> list[Route]:
+    from .api_jobs import job_routes
+
+    return job_routes(api)
+
+
 def _lock_routes(api: Api) -> list[Route]:
     from .api_locks import lock_routes
 
@@ -655,8 +699,12 @@ def _durable_routes(api: Api) -> list[Route]:
 
 #: The route modules, each ``routes(api) -> list[Route]``, mounted in this order.
 ROUTE_MODULES: list[Callable[[Api], list[Route]]] = [
-    schedule_routes, _catalog_routes, job_routes, _durable_routes, _lock_routes, _audit_routes, _event_routes,
+    schedule_routes, _catalog_routes, _job_routes, _durable_routes, _lock_routes, _audit_routes, _event_routes,
 ]
+
+
+#: A path parameter's converter (``{name:path}``), which the OpenAPI paths leave out.
+_CONVERTER = re.compile(r"{(\w+):\w+}")
 
 
 def _declare_path_parameters(schema: dict[str, Any]) -> dict[str, Any]:

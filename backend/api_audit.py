@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
-from .api import Api
+from .api import Api, JSONResponse
 
 __all__ = ["audit_routes"]
 
@@ -33,7 +33,7 @@ def audit_routes(api: Api) -> list[Route]:
           422: {description: bad parameter}
         """
         limit = api.query_int(request, "limit", 50, 1, 1000)
-        before = request.query_params.get("before") or None
+        before = request.query_params.get("before")  # empty is not "none": 422
         page = await api.backend.audit(limit=limit, before=before)
         return JSONResponse(page.to_json())
 

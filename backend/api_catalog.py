@@ -7,14 +7,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
-if TYPE_CHECKING:
-    from .api import Api
+from .api import Api, JSONResponse
 
 __all__ = ["catalog_routes"]
 
@@ -29,11 +26,29 @@ def catalog_routes(api: Api) -> list[Route]:
         ---
         summary: Create a schedule, kept in the store, that every instance arms within 2 s
         description: >
-          The body is {name, cron, timezone, queue | durable, payload, description, enabled,
-          on_overlap, backfill, max_runtime}; exactly one of queue (a queue's name) or
-          durable (a durable function's name). Validated as a schedule defined in code: a bad
+          Exactly one of queue (a queue's name) or durable (a durable function's name).
+          Validated as a schedule defined in code: a bad
           value or an unknown target is 422 naming it (error.field). The answer is the
           schedule, with source "store".
+        requestBody:
+          content:
+            application/json:
+              schema:
+                type: object
+                additionalProperties: false
+                required: [name, cron, timezone]
+                properties:
+                  name: {type: string, pattern: "^[A-Za-z0-9_.-]{1,128}$"}
+                  cron: {type: string}
+                  timezone: {type: string}
+                  queue: {type: string, nullable: true}
+                  durable: {type: string, nullable: true}
+                  payload: {description: "any JSON, up to 64 KiB encoded"}
+                  description: {type: string, nullable: true, maxLength: 1000}
+                  enabled: {type: boolean}
+                  on_overlap: {type: string, enum: [skip, queue, parallel]}
+                  backfill: {type: string, enum: [skip, latest, all]}
+                  max_runtime: {type: number, exclusiveMinimum: true, minimum: 0}
         responses:
           201: {description: the schedule created}
           409: {description: "name_taken: a schedule (in code or stored) has that name"}

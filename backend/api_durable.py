@@ -14,10 +14,10 @@ and refusals (409).
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
-from .api import Api
+from .api import Api, JSONResponse
 from .durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES
 
 __all__ = ["SIGNAL_BODY_BYTES", "START_BODY_BYTES", "durable_routes"]
@@ -50,12 +50,12 @@ def durable_routes(api: Api) -> list[Route]:
           200: {description: "{executions: [execution], next_before}"}
           422: {description: bad parameter}
         """
-        params = request.query_params
+        params = request.query_params  # a parameter given empty is refused, not taken for none
         page = await backend.list_executions(
-            params.get("function") or None,
-            status=params.get("status") or None,
+            params.get("function"),
+            status=params.get("status"),
             limit=query_int(request, "limit", 50, 1, 1000),
-            before=params.get("before") or None,
+            before=params.get("before"),
         )
         return JSONResponse(page.to_json())
 
@@ -79,7 +79,7 @@ def durable_routes(api: Api) -> list[Route]:
         requestBody:
           content:
             application/json:
-              schema: {type: object, properties: {input: {description: "any JSON value, the function's input"}}}
+              schema: {type: object, additionalProperties: false, properties: {input: {description: "any JSON value, the function's input"}}}
         responses:
           201: {description: "{id, duplicate}"}
           404: {description: unknown durable function}
@@ -87,7 +87,7 @@ def durable_routes(api: Api) -> list[Route]:
           422: {description: input not JSON}
         """
         function = str(request.path_params["function"])
-        body = await body_of(request, START_BODY_BYTES)
+        body = await body_of(request, START_BODY_BYTES, fields=("input",))
         started = await backend.start_execution(function, body.get("input"))
         return JSONResponse(started.to_json(), status_code=201)
 
@@ -99,7 +99,7 @@ def durable_routes(api: Api) -> list[Route]:
         requestBody:
           content:
             application/json:
-              schema: {type: object, properties: {payload: {description: "any JSON value"}}}
+              schema: {type: object, additionalProperties: false, properties: {payload: {description: "any JSON value"}}}
         responses:
           200: {description: "{execution_id, name, duplicate}"}
           404: {description: unknown execution}
@@ -107,7 +107,7 @@ def durable_routes(api: Api) -> list[Route]:
           413: {description: "payload over 64 KiB as JSON"}
           422: {description: bad signal name or payload}
         """
-        body = await body_of(request, SIGNAL_BODY_BYTES)
+        body = await body_of(request, SIGNAL_BODY_BYTES, fields=("payload",))
         sent = await backend.signal_execution(
             str(request.path_params["execution_id"]), str(request.path_params["name"]), body.get("payload")
         )

@@ -15,18 +15,13 @@ Limits answer 413 (payload), 422 (delay, attempts, key, bad JSON) and 409 (``que
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
-from .errors import BadInput
+from .api import Api, JSONResponse
 from .jobs.definition import MAX_PAYLOAD_BYTES
 from .model import iso
-
-if TYPE_CHECKING:
-    from .api import Api
 
 __all__ = ["SEND_BODY_BYTES", "job_routes"]
 
@@ -34,17 +29,7 @@ __all__ = ["SEND_BODY_BYTES", "job_routes"]
 #: character (``\\u00e9`` is 6 bytes for 2), plus the other fields.
 SEND_BODY_BYTES = 6 * MAX_PAYLOAD_BYTES + 64 * 1024
 
-_SEND_FIELDS = {"payload", "delay", "attempts", "key"}
-
-
-def _send_args(body: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(body) - _SEND_FIELDS)
-    if unknown:
-        raise BadInput(f"unknown field(s) {', '.join(unknown)} (a job has payload, delay, attempts, key)", field=unknown[0])
-    delay = body.get("delay", 0)
-    if delay is None:
-        delay = 0
-    return {"payload": body.get("payload"), "delay": delay, "attempts": body.get("attempts"), "key": body.get("key")}
+_SEND_FIELDS = ("payload", "delay", "attempts", "key")
 
 
 def job_routes(api: Api) -> list[Route]:
@@ -110,9 +95,9 @@ def job_routes(api: Api) -> list[Route]:
         limit = query_int(request, "limit", 50, 1, 1000)
         page = await backend.list_jobs(
             queue_of(request),
-            status=request.query_params.get("status") or None,
+            status=request.query_params.get("status"),
             limit=limit,
-            before=request.query_params.get("before") or None,
+            before=request.query_params.get("before"),
         )
         return JSONResponse(page.to_json())
 
@@ -140,8 +125,11 @@ def job_routes(api: Api) -> list[Route]:
           413: {description: "the payload is over 256 KiB"}
         """
         queue = queue_of(request)
-        args = _send_args(await body_of(request, SEND_BODY_BYTES))
-        sent = await backend.send_job(queue, args["payload"], delay=args["delay"], attempts=args["attempts"], key=args["key"])
+        body = await body_of(request, SEND_BODY_BYTES, fields=_SEND_FIELDS)
+        delay = body.get("delay")
+        sent = await backend.send_job(
+            queue, body.get("payload"), delay=0 if delay is None else delay, attempts=body.get("attempts"), key=body.get("key")
+        )
         return JSONResponse(sent.to_json(), status_code=200 if sent.duplicate else 201)
 
     @endpoint("read")
@@ -160,7 +148,10 @@ def job_routes(api: Api) -> list[Route]:
     async def cancel(request: Request) -> Response:
         """
         ---
-        summary: Delete a queued job by id or key (a running one finishes)
+        summary: Delete a queued job by its id or by its key (a running one finishes)
+        description: >
+          Exactly one of id and key. Each means what it says: a key that happens to look
+          like an id (even another job's) cancels the job with that key.
         requestBody:
           content:
             application/json:
@@ -168,23 +159,14 @@ def job_routes(api: Api) -> list[Route]:
                 type: object
                 additionalProperties: false
                 properties:
-                  id: {type: string}
-                  key: {type: string}
+                  id: {type: string, pattern: "^[0-9A-HJKMNP-TV-Z]{26}$"}
+                  key: {type: string, minLength: 1, maxLength: 256}
         responses:
           200: {description: "{cancelled}: true if it was queued and is gone"}
           404: {description: unknown queue}
         """
-        body = await body_of(request)
-        unknown = sorted(set(body) - {"id", "key"})
-        if unknown:
-            raise BadInput(f"unknown field(s) {', '.join(unknown)} (give id or key)", field=unknown[0])
-        given = [(name, body[name]) for name in ("id", "key") if body.get(name) is not None]
-        if len(given) != 1:
-            raise BadInput('give the job\'s "id" or its "key" (one of them)', field="id")
-        name, value = given[0]
-        if not isinstance(value, str) or not value:
-            raise BadInput(f'"{name}" must be a non-empty string', field=name)
-        cancelled = await backend.cancel_job(queue_of(request), value)
+        body = await body_of(request, fields=("id", "key"))
+        cancelled = await backend.cancel_job(queue_of(request), body.get("id"), key=body.get("key"))
         return JSONResponse({"cancelled": cancelled})
 
     @endpoint("operate")

@@ -1,21 +1,17 @@
 """The locks' HTTP routes (see :mod:`backend.api` for the conventions)::
 
     GET  /inspect/locks                    {now, locks: [lock]}
-    POST /inspect/locks/{name}/release     release by force -> {released, lock, now}
+    POST /inspect/locks/{name}/release     release by force -> {released, lock, now}; name may hold "/"
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
+from .api import Api, JSONResponse
 from .locks.model import check_lock_name
-
-if TYPE_CHECKING:
-    from .api import Api
 
 __all__ = ["lock_routes"]
 
@@ -56,5 +52,7 @@ def lock_routes(api: Api) -> list[Route]:
 
     return [
         Route("/inspect/locks", list_locks, methods=["GET"]),
-        Route("/inspect/locks/{name}/release", release_lock, methods=["POST"]),
+        # A lock name may hold "/" (a client sends it as %2F, which the server decodes):
+        # the path converter takes it whole, up to the last "/release".
+        Route("/inspect/locks/{name:path}/release", release_lock, methods=["POST"]),
     ]

@@ -36,7 +36,7 @@ from .errors import BadInput, Unavailable
 from .events import EventBus
 from .inputs import check_before
 from .model import iso, parse_iso
-from .safetext import printable
+from .safetext import load_json, printable
 
 __all__ = [
     "ACTIONS",
@@ -210,7 +210,7 @@ def encode_detail(detail: Mapping[str, Any] | None) -> str | None:
 def decode_detail(text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
-    value = json.loads(text)
+    value = load_json(text)  # a NUL or a lone surrogate an older version wrote is escaped
     return value if isinstance(value, dict) else {"value": value}
 
 

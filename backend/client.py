@@ -32,6 +32,7 @@ from .durable.actions import DurableActions
 from .engine import Engine
 from .locks.sync import SyncLocks
 from .model import BackfillPlan, BackfillProgress, Run, ScheduleView
+from .definitions import Definitions as FolderDefinitions
 from .definitions import discover_definitions
 from .store import open_store
 
@@ -107,12 +108,13 @@ class Client:
 Definitions = str | Path | Iterable[Any] | None
 
 
-def _schedules(definitions: Definitions) -> list[Any]:
-    """Every definition (schedules, queues, …) of a folder, or those given."""
+def _schedules(definitions: Definitions) -> FolderDefinitions | list[Any]:
+    """Every definition (schedules, queues, …) of a folder (as found: all there are), or
+    those given."""
     if definitions is None:
         return []
     if isinstance(definitions, (str, Path)):
-        return list(discover_definitions(definitions).items)
+        return discover_definitions(definitions)
     return list(definitions)
 
 

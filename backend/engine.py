@@ -207,6 +207,8 @@ class Engine:
             lock_clock=lock_clock,
             shard_ttl=shard_ttl,
         )
+        # A folder's definitions are all there are: a start of any other function is refused.
+        self.durable.complete = isinstance(definitions, Definitions)
         self.catalog = Catalog(self, cast(CatalogStore, self.store))
         """The schedules created at run time (kept in the store)."""
         self.reads = ScheduleReads(self)

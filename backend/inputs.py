@@ -2,15 +2,22 @@
 
 Each check raises :class:`~backend.errors.BadInput` (or :class:`~backend.errors.NotFound`
 for an id that cannot exist) naming the value, escaped so that it can be shown on one line.
+
+Two checks cover every text a store keeps, whichever route, verb or call it comes by:
+:func:`check_text` (names, keys, notes, descriptions, times typed: no control character
+but tab and newline, no lone surrogate) and :func:`check_json` (payloads and inputs: JSON
+with no NUL and no lone surrogate, within a size). Both run before anything is written.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timezone
+from typing import Any
 
-from .errors import BadInput, NotFound
-from .safetext import printable
+from .errors import BadInput, NotFound, TooLarge
+from .safetext import NOT_TEXT, printable
 
 __all__ = [
     "EARLIEST",
@@ -19,7 +26,9 @@ __all__ = [
     "check_before",
     "check_id",
     "check_instant",
+    "check_json",
     "check_note",
+    "check_text",
     "is_id",
     "out_of_range",
 ]
@@ -34,28 +43,61 @@ LATEST = datetime(9000, 1, 1, tzinfo=timezone.utc)
 
 # Run and backfill ids are ULIDs (backend.ids): 26 characters of Crockford base32.
 _ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")
-# Characters a stored text may not hold: control characters except tab and newline (NUL
-# is refused by PostgreSQL; the others would reach an operator's terminal), and the lone
-# surrogates that no UTF-8 store can encode.
-_NOT_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+# Not one line of text: NOT_TEXT's characters, tab and newline.
+_NOT_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+# A NUL in JSON text as json.dumps writes it: \u0000 after an even run of backslashes (an
+# odd run would be an escaped backslash followed by the letters u0000).
+_NUL_IN_JSON = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def check_text(value: object, field: str, *, max_chars: int | None = None, one_line: bool = False) -> str:
+    """``value`` if it is a string every store can keep and a terminal can show: no control
+    character (but tab and newline, unless ``one_line``) and no lone surrogate (what a
+    byte that is not UTF-8 becomes in a command line). BadInput naming ``field``, the value
+    escaped, and the first bad character and its position."""
+    if not isinstance(value, str):
+        raise BadInput(f"{field} must be a string, not {type(value).__name__}", field=field)
+    if max_chars is not None and len(value) > max_chars:
+        raise BadInput(f"{field} is longer than {max_chars} characters ({len(value)})", field=field)
+    bad = (_NOT_LINE if one_line else NOT_TEXT).search(value)
+    if bad is not None:
+        kinds = "control characters" if one_line else "control characters other than tab and newline"
+        raise BadInput(
+            f'{field} "{printable(value, 60)}" holds {printable(bad.group())} at position {bad.start()}, '
+            f"which is not text ({kinds}, and lone surrogates, are refused)",
+            field=field,
+        )
+    return value
+
+
+def check_json(value: Any, field: str, limit: int | None = None) -> str:
+    """``value`` as the compact JSON text a store keeps (UTF-8, at most ``limit`` bytes).
+    BadInput naming ``field`` when it is not JSON or holds a NUL (PostgreSQL cannot keep
+    one, in text or jsonb) or a lone surrogate (no UTF-8 store can); TooLarge (HTTP 413)
+    over ``limit``."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"{field} is not JSON ({exc})", field=field) from None
+    except RecursionError:
+        raise BadInput(f"{field} is nested too deeply to be encoded", field=field) from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start : exc.end]
+        raise BadInput(f"{field} holds a lone surrogate ({printable(bad)}), which is not text", field=field) from None
+    if _NUL_IN_JSON.search(text):
+        raise BadInput(f"{field} holds a NUL character (\\u0000), which a store cannot keep", field=field)
+    if limit is not None and size > limit:
+        raise TooLarge(f"{field} is {size:,} bytes of JSON; the limit is {limit:,} bytes ({limit // 1024} KiB)", field=field)
+    return text
 
 
 def check_note(note: object) -> str | None:
     """A schedule's state note as given, or ``None`` for none (an empty one is none)."""
     if note is None:
         return None
-    if not isinstance(note, str):
-        raise BadInput(f"note must be a string, not {type(note).__name__}", field="note")
-    if len(note) > NOTE_MAX_CHARS:
-        raise BadInput(f"note is longer than {NOTE_MAX_CHARS} characters ({len(note)})", field="note")
-    bad = _NOT_TEXT.search(note)
-    if bad is not None:
-        raise BadInput(
-            f'note "{printable(note, 60)}" holds {printable(bad.group())} at position {bad.start()}, '
-            "which is not text (control characters and lone surrogates are refused)",
-            field="note",
-        )
-    return note or None
+    return check_text(note, "note", max_chars=NOTE_MAX_CHARS) or None
 
 
 def is_id(value: str) -> bool:

@@ -300,8 +300,9 @@ class Backend(Protocol):
     async def get_job(self, job_id: str) -> JobDetail:
         """A job (while it exists) and its attempts; ``NotFound`` once both are gone."""
 
-    async def cancel_job(self, queue: str, id_or_key: str) -> bool:
-        """Delete a queued job by id or key; True if it was queued and is gone."""
+    async def cancel_job(self, queue: str, id: str | None = None, *, key: str | None = None) -> bool:
+        """Delete a queued job by its id, or by its key (exactly one; each means what it
+        says); True if it was queued and is gone."""
 
     async def retry_job(self, queue: str, job_id: str) -> Job:
         """A dead job back to the queue with fresh attempts (``Refused`` if it is not dead)."""
@@ -586,9 +587,9 @@ class EmbeddedBackend:
     async def get_job(self, job_id: str) -> JobDetail:
         return await self._call(self.engine.jobs.get_job(job_id))
 
-    async def cancel_job(self, queue: str, id_or_key: str) -> bool:
+    async def cancel_job(self, queue: str, id: str | None = None, *, key: str | None = None) -> bool:
         self._check_can_act("cancel")
-        return await self._call(self.engine.jobs.cancel(queue, id_or_key))
+        return await self._call(self.engine.jobs.cancel(queue, id, key=key))
 
     async def retry_job(self, queue: str, job_id: str) -> Job:
         self._check_can_act("retry")

@@ -12,12 +12,13 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from .audit import AuditPage
 from .durable.model import Execution, ExecutionsPage, Signalled, Started
-from .durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES, check_json
+from .durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES
 from .errors import (
     BadInput,
     Forbidden,
@@ -29,9 +30,9 @@ from .errors import (
     Unavailable,
 )
 from .events import READY, RESYNC, STREAM, TOPICS, Signal
-from .inputs import check_before, check_id, check_instant, check_note, is_id
+from .inputs import check_before, check_id, check_instant, check_json, check_note
 from .interface import SYSTEMS, ConnectionInfo, RunsPage, SchedulesSnapshot, check_runs_between
-from .jobs.definition import check_queue_name, check_send
+from .jobs.definition import check_cancel, check_queue_name, check_send
 from .jobs.model import Job, JobDetail, JobsPage, NotDead, QueueFull, QueueView, Sent
 from .locks import LockRelease, LocksSnapshot
 from .locks.model import check_lock_name
@@ -401,12 +402,10 @@ class RemoteBackend:
     async def get_job(self, job_id: str) -> JobDetail:
         return JobDetail.from_json(await self._get(f"/inspect/jobs/{check_id(job_id, 'job')}"))
 
-    async def cancel_job(self, queue: str, id_or_key: str) -> bool:
+    async def cancel_job(self, queue: str, id: str | None = None, *, key: str | None = None) -> bool:
         self._check_can_act("cancel")
-        if not isinstance(id_or_key, str) or not id_or_key:
-            raise BadInput("say which job: an id or a key", field="id")
-        field = "id" if is_id(id_or_key) else "key"  # the server tries it as an id, then as a key
-        data = await self._post(f"/inspect/queues/{_seg(check_queue_name(queue))}/cancel", {field: id_or_key})
+        by, value = check_cancel(id, key)
+        data = await self._post(f"/inspect/queues/{_seg(check_queue_name(queue))}/cancel", {by: value})
         return bool(data["cancelled"])
 
     async def retry_job(self, queue: str, job_id: str) -> Job:
@@ -456,9 +455,11 @@ class SseParser:
 
 
 def _seg(value: str) -> str:
-    from urllib.parse import quote
-
-    return quote(value, safe="")
+    """``value`` as one segment of a URL path, whatever it holds: every "/" escaped (a lock
+    name may hold some), and a name of dots alone ("." and "..", valid names) escaped too,
+    or the client would resolve it as a step up the path before sending it."""
+    segment = quote(value, safe="")
+    return segment.replace(".", "%2E") if segment.strip(".") == "" else segment
 
 
 def _reason(exc: httpx.TransportError) -> str:

@@ -11,18 +11,30 @@ formatted by :class:`RedactingFormatter`.
 
 :func:`printable` escapes what a client sent before it goes into a log line, so a request
 path cannot forge log lines or send escape sequences to a terminal.
+
+:data:`NOT_TEXT` is the one definition of what a stored text may not hold; input holding it
+is refused (:func:`backend.inputs.check_text`), and what a store holds already (written
+before it was refused, or by a handler) is escaped on the way out (:func:`escape_text`,
+:func:`load_json`), so that no read fails on it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
+from typing import Any
 from urllib.parse import unquote
 
 __all__ = [
     "MASK",
+    "NOT_JSON_TEXT",
+    "NOT_TEXT",
     "RedactingFormatter",
+    "escape_json",
+    "escape_text",
+    "load_json",
     "printable",
     "redact",
     "redact_url",
@@ -158,3 +170,48 @@ def printable(text: str, limit: int = 200) -> str:
     if len(text) > limit:
         text = text[:limit] + "…"
     return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+
+
+#: Characters a stored text may not hold: control characters but tab and newline (NUL is
+#: refused by PostgreSQL; the others would reach an operator's terminal) and the lone
+#: surrogates that no UTF-8 store or response can encode.
+NOT_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+#: What a JSON value may not hold (:func:`backend.inputs.check_json`): a NUL, which
+#: PostgreSQL cannot keep, and lone surrogates.
+NOT_JSON_TEXT = re.compile(r"[\x00\ud800-\udfff]")
+# Either, written as a JSON escape (as json.dumps writes them).
+_NOT_JSON_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+
+
+def escape_text(text: str) -> str:
+    """``text`` with each character of :data:`NOT_TEXT` written as its escape (``\\x00``,
+    ``\\ud800``): a stored text fit to show, send as UTF-8, and check again as input."""
+    return NOT_TEXT.sub(_escape, text)
+
+
+def escape_json(value: Any) -> Any:
+    """A JSON value (of ``json.loads``) with each character of :data:`NOT_JSON_TEXT` in
+    its strings and keys written as its escape (``\\x00``, ``\\ud800``): it encodes as
+    UTF-8, and passes the input checks again. Other characters are left alone: JSON
+    carries them escaped."""
+    if isinstance(value, str):
+        return NOT_JSON_TEXT.sub(_escape, value)
+    if isinstance(value, list):
+        return [escape_json(item) for item in value]
+    if isinstance(value, dict):
+        return {escape_json(key): escape_json(item) for key, item in value.items()}
+    return value
+
+
+def load_json(text: str) -> Any:
+    """A JSON text read from a store, as a value fit to show and send: what
+    :func:`escape_json` makes of it. Parsed once; walked only when it can hold one of those."""
+    value = json.loads(text)
+    if _NOT_JSON_ESCAPE.search(text) is None and NOT_JSON_TEXT.search(text) is None:
+        return value
+    return escape_json(value)

@@ -8,7 +8,6 @@ that silently never fires.
 from __future__ import annotations
 
 import inspect
-import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 from .cron import Cron
 from .errors import BadInput, CronError, DefinitionError
+from .inputs import check_json, check_text
 from .locks.model import check_lock_name, check_ttl
 from .model import (
     BACKFILL_POLICIES,
@@ -158,6 +158,12 @@ def define_schedule(
         raise DefinitionError(
             f"{label}: invalid name {name!r} (1-128 characters of letters, digits, '_', '.', '-')"
         )
+    for what, text in (("cron", cron), ("timezone", timezone)):
+        if isinstance(text, str):  # checked before it is parsed, so no message quotes it raw
+            try:
+                check_text(text, what, one_line=True)
+            except BadInput as exc:
+                raise bad(exc.message) from None
     try:
         parsed = Cron(cron, timezone)
     except CronError as exc:
@@ -197,14 +203,14 @@ def define_schedule(
         raise bad(f"max_runtime {max_runtime!r} must be a positive number of seconds")
     if max_runtime == float("inf"):
         raise bad("max_runtime inf is not a bound; give a number of seconds")
-    if description is not None and not isinstance(description, str):
-        raise bad(f"description {description!r} is not a string")
     if not isinstance(enabled, bool):
         raise bad(f"enabled {enabled!r} is not a bool")
     try:
-        json.dumps(payload, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise bad(f"payload is not JSON-serialisable ({exc})") from None
+        if description is not None:
+            check_text(description, "description")
+        check_json(payload, "payload")
+    except BadInput as exc:
+        raise bad(exc.message) from None
     if isolation not in (None, "process"):
         raise bad(f"isolation {isolation!r} is not one of process (or None: in this process)")
     if isolation is not None and durable is not None:

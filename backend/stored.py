@@ -9,7 +9,6 @@ and arming them on every instance is :mod:`backend.catalog`'s job.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,6 +16,7 @@ from typing import Any
 
 from .cron import Cron
 from .errors import BadInput, CronError, DefinitionError, Refused
+from .inputs import check_json, check_text
 from .model import BACKFILL_POLICIES, OVERLAP_POLICIES, BackfillPolicy, OverlapPolicy, ScheduleTarget, iso
 from .schedules import DEFAULT_MAX_RUNTIME, NAME_PATTERN, Schedule, define_schedule
 
@@ -169,8 +169,7 @@ def _define(spec: Mapping[str, Any]) -> Schedule:
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise BadInput(f"name {name!r} is not a schedule name (1-128 letters, digits, '_', '.', '-')", field="name")
     for key in ("cron", "timezone"):
-        if not isinstance(spec[key], str):
-            raise BadInput(f"{key} {spec[key]!r} is not a string", field=key)
+        check_text(spec[key], key, one_line=True)
     try:
         Cron(spec["cron"], "UTC")
     except CronError as exc:
@@ -190,14 +189,9 @@ def _define(spec: Mapping[str, Any]) -> Schedule:
     if spec["backfill"] not in BACKFILL_POLICIES:
         raise BadInput(f"backfill {spec['backfill']!r} is not one of {', '.join(BACKFILL_POLICIES)}", field="backfill")
     description = spec.get("description")
-    if isinstance(description, str) and len(description) > MAX_DESCRIPTION:
-        raise BadInput(f"description is longer than {MAX_DESCRIPTION} characters", field="description")
-    try:
-        size = len(json.dumps(spec.get("payload"), allow_nan=False).encode())
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise BadInput(f"payload is not JSON ({exc})", field="payload") from None
-    if size > MAX_PAYLOAD_BYTES:
-        raise BadInput(f"payload is {size} bytes, over the {MAX_PAYLOAD_BYTES} allowed", field="payload")
+    if description is not None:
+        check_text(description, "description", max_chars=MAX_DESCRIPTION)
+    check_json(spec.get("payload"), "payload", MAX_PAYLOAD_BYTES)
     try:
         return define_schedule(
             name=name,

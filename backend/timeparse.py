@@ -11,7 +11,7 @@ from datetime import datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 from .errors import BadInput
-from .inputs import check_instant, out_of_range
+from .inputs import check_instant, check_text, out_of_range
 from .safetext import printable
 
 _UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
@@ -31,7 +31,9 @@ def parse_when(text: str, *, now: datetime, zone: ZoneInfo | str = "UTC", field:
 
 def _parse(text: str, *, now: datetime, zone: ZoneInfo | str, field: str) -> datetime:
     tz = ZoneInfo(zone) if isinstance(zone, str) else zone
-    raw = text.strip()
+    # datetime.fromisoformat reads "2026-08-10T00:00\x00Z" as midnight: such a character
+    # must not be dropped quietly.
+    raw = check_text(text, field, one_line=True).strip()
     if not raw:
         raise BadInput(f"{field} is empty (use ISO 8601 such as 2026-08-10T00:00Z, or now, -6h, -2d)", field=field)
     lowered = raw.lower()

@@ -31,7 +31,7 @@ from backend import (
     discover,
     open_store,
 )
-from backend.definitions import discover_definitions
+from backend.definitions import Definitions, discover_definitions
 from backend.interface import Backend, EmbeddedBackend
 from backend.manifests import PROVIDERS, render_manifests
 from backend.model import (
@@ -312,6 +312,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             raise UsageError(f"schedtui: {option.flags[0]} does not apply to `schedtui {args.verb}`")
     if "store" in accepted:
         _resolve_store(args)
+    # Named on the command line or in the environment, rather than the default folder.
+    args.schedules_named = hasattr(args, "schedules") or bool(os.environ.get("SCHEDTUI_SCHEDULES"))
     for dest in accepted & set(_DEFAULTS):
         if not hasattr(args, dest):
             setattr(args, dest, _DEFAULTS[dest]())
@@ -453,10 +455,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-def _engine(args: argparse.Namespace, *, create: bool = False, **kwargs: Any) -> Engine:
+def _engine(args: argparse.Namespace, *, create: bool = False, definitions_needed: bool = True, **kwargs: Any) -> Engine:
     """The engine over ``--store``. Only ``serve`` creates a missing store (``create``); the
-    verbs that read or act, and the console, refuse it naming the path (exit 2)."""
-    definitions = discover_definitions(args.schedules)
+    verbs that read or act, and the console, refuse it naming the path (exit 2). A verb
+    that uses no definition (``definitions_needed`` false: the job queue's, locks, audit)
+    does without the folder when none was named and the default one is absent; a folder
+    that was named must exist."""
+    definitions: Definitions | list[Any]
+    if not definitions_needed and not args.schedules_named and not Path(args.schedules).is_dir():
+        definitions = []
+    else:
+        definitions = discover_definitions(args.schedules)
     if kwargs.get("coordination") is None:  # the app-wide setting, for serve and the verbs alike
         kwargs["coordination"] = _coordination_setting()
     kwargs.setdefault("actor", getattr(args, "actor", None))
@@ -470,12 +479,15 @@ def _coordination_setting() -> str | None:
     return value
 
 
-async def _with_backend(args: argparse.Namespace, body: Callable[[Backend], Coroutine[Any, Any, int]]) -> int:
+async def _with_backend(
+    args: argparse.Namespace, body: Callable[[Backend], Coroutine[Any, Any, int]], *, definitions_needed: bool = True
+) -> int:
+    """Run ``body`` on the remote backend (``--url``) or an embedded one (see :func:`_engine`)."""
     backend: Backend
     if args.url:
         backend = RemoteBackend(args.url, args.token, read_only=args.read_only)
     else:
-        backend = EmbeddedBackend(_engine(args), read_only=args.read_only)
+        backend = EmbeddedBackend(_engine(args, definitions_needed=definitions_needed), read_only=args.read_only)
     await backend.connect()
     try:
         return await body(backend)

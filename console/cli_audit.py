@@ -65,7 +65,7 @@ async def cmd_audit(args: argparse.Namespace) -> int:
             print(f"\nolder: schedtui audit --before {page.next_before}")
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {"audit": cmd_audit}

@@ -4,7 +4,7 @@
     schedtui jobs list QUEUE [--status S] [--limit N] [--before ID] [--json]
     schedtui jobs send QUEUE [--payload JSON] [--delay S] [--attempts N] [--key K] [--json]
     schedtui jobs show ID [--json]
-    schedtui jobs cancel QUEUE ID_OR_KEY          exit 0 if it was queued and is gone, 1 if not
+    schedtui jobs cancel QUEUE (ID_OR_KEY | --key KEY)   exit 0 if it was queued and is gone, 1 if not
     schedtui jobs retry QUEUE ID [--json]         schedtui jobs delete QUEUE ID
 
 A send refused by a limit exits 2 (a bad value) or 1 (a full queue), with one line naming
@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from backend import BadInput, Refused
+from backend.inputs import is_id
 from backend.interface import Backend
 from backend.jobs.model import JOB_STATUSES, Job, JobDetail, QueueView
 from backend.safetext import printable
@@ -73,7 +74,9 @@ def add_verbs(verb: Maker, group: Callable[..., Maker]) -> None:
 
     p = sub("cancel", "delete a queued job by id or key (exit 1 if none was queued)", _VERB_OPTIONS)
     p.add_argument("queue", metavar="QUEUE")
-    p.add_argument("id", metavar="ID_OR_KEY")
+    p.add_argument("id", metavar="ID_OR_KEY", nargs="?",
+                   help="a job's id if it has an id's shape (26 characters such as 01JD3Z6Q0V9W4C7PAXH3KJ1M2B), else its key")
+    p.add_argument("--key", metavar="KEY", help="the job's key, whatever its shape (a key that looks like an id)")
 
     p = sub("retry", "put a dead job back with fresh attempts", _VERB_OPTIONS)
     p.add_argument("queue", metavar="QUEUE")
@@ -185,7 +188,7 @@ async def cmd_queues(args: argparse.Namespace) -> int:
             print(queues_table(queues, await backend.now()))
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 async def cmd_list(args: argparse.Namespace) -> int:
@@ -203,7 +206,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
             print(f"\nolder: schedtui jobs list {args.queue}{status} --before {page.next_before}")
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 def _payload(text: str | None) -> Any:
@@ -232,7 +235,7 @@ async def cmd_send(args: argparse.Namespace) -> int:
             print(f"queued job {sent.id} in {args.queue}" + (f" (runs in {args.delay:g}s)" if args.delay else ""))
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 async def cmd_show(args: argparse.Namespace) -> int:
@@ -244,18 +247,25 @@ async def cmd_show(args: argparse.Namespace) -> int:
             print(detail_text(detail, await backend.now()))
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
+    if (args.id is None) == (args.key is None):
+        raise BadInput("say which job: `jobs cancel QUEUE ID_OR_KEY` or `jobs cancel QUEUE --key KEY`", field="id")
+    # Without --key, the argument's shape decides: an id is an id, anything else a key.
+    key = args.key if args.key is not None else None if is_id(args.id) else args.id
+    job_id = None if key is not None else args.id
+    shown = f"job {job_id}" if job_id is not None else f'the job with key "{printable(key or "", 60)}"'
+
     async def body(backend: Backend) -> int:
-        if await backend.cancel_job(args.queue, args.id):
-            print(f"cancelled {printable(args.id, 60)} in {args.queue}")
+        if await backend.cancel_job(args.queue, job_id, key=key):
+            print(f"cancelled {shown} in {args.queue}")
             return EXIT_OK
-        print(f"schedtui: no queued job {printable(args.id, 60)} in {args.queue} (running, dead or gone)", file=sys.stderr)
+        print(f"schedtui: no queued {shown.removeprefix('the ')} in {args.queue} (running, dead or gone)", file=sys.stderr)
         return EXIT_FAILURE
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 async def cmd_retry(args: argparse.Namespace) -> int:
@@ -271,7 +281,7 @@ async def cmd_retry(args: argparse.Namespace) -> int:
             print(f"job {job.id} of {job.queue} queued again with {job.max_attempts} fresh attempt(s)")
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 async def cmd_delete(args: argparse.Namespace) -> int:
@@ -280,7 +290,7 @@ async def cmd_delete(args: argparse.Namespace) -> int:
         print(f"deleted job {args.id} of {args.queue}")
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {

@@ -65,7 +65,7 @@ async def cmd_locks(args: argparse.Namespace) -> int:
             print(locks_table(snapshot))
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 async def cmd_release(args: argparse.Namespace) -> int:
@@ -85,7 +85,7 @@ async def cmd_release(args: argparse.Namespace) -> int:
             print(f'lock "{args.name}" was not held; nothing to release')
         return EXIT_OK
 
-    return await _with_backend(args, body)
+    return await _with_backend(args, body, definitions_needed=False)
 
 
 VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {

@@ -432,9 +432,9 @@ class FlakyBackend:
         self._check()
         return await self.inner.set_queue_paused(queue, paused)
 
-    async def cancel_job(self, queue: str, id_or_key: str) -> Any:
+    async def cancel_job(self, queue: str, id: str | None = None, *, key: str | None = None) -> Any:
         self._check()
-        return await self.inner.cancel_job(queue, id_or_key)
+        return await self.inner.cancel_job(queue, id, key=key)
 
     async def retry_job(self, queue: str, job_id: str) -> Any:
         self._check()

@@ -60,6 +60,14 @@ class Server:
         return self.log.read_text() if self.log.exists() else ""
 
 
+def store_for(request: pytest.FixtureRequest, root: Path, name: str) -> str:
+    """The store a fixture parametrized ``sqlite``/``postgresql`` runs on: a SQLite file in
+    ``root``, or a new database ``name`` on the suite's PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{root / 'state.db'}"
+    return str(request.getfixturevalue("pg_server").create_database(name))
+
+
 def start_server(cwd: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 20.0) -> Server:
     """``schedtui serve --port 0 …``; returns once it prints the URL it listens on."""
     log = cwd / f"serve-{time.monotonic_ns()}.log"

@@ -1,8 +1,11 @@
 """Bad input to a real ``schedtui serve`` on SQLite and on PostgreSQL: each request a fuzzing
-client once turned into a 500 is a 4xx naming the value, and loses nothing."""
+client (or an attacker) once turned into a 500, or that was taken when it should not have
+been, is a 4xx naming the value, and writes nothing. Text no store can keep (a NUL, a lone
+surrogate, a control character) is refused in every text field of every route."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.servers import Server, start_server
+from tests.servers import Server, start_server, store_for
 
 OPERATE = "op-input-token"
 SCHEDULES = """
@@ -22,6 +25,21 @@ SCHEDULES = """
 
     berlin = define_schedule(name="berlin", cron="0 * * * *", timezone="Europe/Berlin", handler=work)
 """
+SYSTEMS = """
+    from backend import define_durable, define_queue
+
+    async def deliver(job):
+        pass
+
+    async def flow(ctx, input):
+        pass
+
+    mail = define_queue(name="mail", handler=deliver)
+    flow = define_durable(name="flow", handler=flow)
+"""
+#: An id no execution has: a signal is checked before the execution is looked up.
+SOME_ID = "01JD3Z6Q0V9W4C7PAXH3KJ1M2B"
+SCHEDULE = {"name": "made", "cron": "0 * * * *", "timezone": "UTC", "queue": "mail"}
 DEEP = 20_000  # 40 KB: under the body limit, far past any recursion limit
 
 CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
@@ -45,6 +63,49 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
      {"json": {"from": "0001-01-01", "to": "now"}}, 422, "from", '"0001-01-01" is out of range'),
     ("to year 9999", "POST", "/inspect/schedules/berlin/backfill/plan",
      {"json": {"from": "-1d", "to": "9999-12-31T23:00Z"}}, 422, "to", '"9999-12-31T23:00Z" is out of range'),
+    # Text no store can keep, in every kind of field (as a JSON body carries it: escaped).
+    ("a lone surrogate in a key to cancel by", "POST", "/inspect/queues/mail/cancel",
+     {"content": b'{"key": "a\\ud800"}'}, 422, "key", "\\ud800"),
+    ("a NUL in a key to cancel by", "POST", "/inspect/queues/mail/cancel", {"json": {"key": "a\x00"}}, 422, "key", "\\x00"),
+    ("a lone surrogate in a job's key", "POST", "/inspect/queues/mail/jobs",
+     {"content": b'{"key": "k\\udcff"}'}, 422, "key", "\\udcff"),
+    ("a NUL in a job's payload", "POST", "/inspect/queues/mail/jobs",
+     {"content": b'{"payload": {"to": "x\\u0000"}}'}, 422, "payload", "NUL"),
+    ("a lone surrogate in a durable input", "POST", "/inspect/durable/flow/start",
+     {"content": b'{"input": ["\\ud800"]}'}, 422, "input", "lone surrogate (\\ud800)"),
+    ("a NUL in a durable input's key", "POST", "/inspect/durable/flow/start",
+     {"content": b'{"input": {"k\\u0000": 1}}'}, 422, "input", "NUL"),
+    ("a NUL in a signal's payload", "POST", f"/inspect/durable/executions/{SOME_ID}/signal/go",
+     {"content": b'{"payload": "ok\\u0000"}'}, 422, "payload", "NUL"),
+    ("a lone surrogate in a signal's payload", "POST", f"/inspect/durable/executions/{SOME_ID}/signal/go",
+     {"content": b'{"payload": "\\udfff"}'}, 422, "payload", "lone surrogate (\\udfff)"),
+    ("a lone surrogate in a schedule's payload", "POST", "/inspect/schedules",
+     {"content": b'{"name": "made", "cron": "0 * * * *", "timezone": "UTC", "queue": "mail", "payload": "\\ud800"}'},
+     422, "payload", "lone surrogate (\\ud800)"),
+    ("a NUL in a schedule's description", "POST", "/inspect/schedules",
+     {"json": {**SCHEDULE, "description": "nightly\x00"}}, 422, "description", "\\x00"),
+    ("an escape sequence in a schedule's description", "POST", "/inspect/schedules",
+     {"json": {**SCHEDULE, "description": "\x1b[2J"}}, 422, "description", "\\x1b"),
+    ("a lone surrogate in a schedule's timezone", "POST", "/inspect/schedules",
+     {"content": b'{"name": "made", "cron": "0 * * * *", "timezone": "UTC\\ud800", "queue": "mail"}'},
+     422, "timezone", "\\ud800"),
+    ("a NUL in a schedule's cron", "POST", "/inspect/schedules", {"json": {**SCHEDULE, "cron": "0 * * * *\x00"}},
+     422, "cron", "\\x00"),
+    ("a NUL inside a backfill's time", "POST", "/inspect/schedules/berlin/backfill/plan",
+     {"json": {"from": "2026-01-01T00:00\x00Z", "to": "now"}}, 422, "from", "\\x00"),
+    ("a NUL inside a window's time", "GET", "/inspect/runs",
+     {"params": {"name": "berlin", "from": "2026-01-01T00:00\x00Z", "to": "2026-01-02T00:00Z"}}, 422, "from", "\\x00"),
+    # Fields a route does not know are refused, not ignored.
+    ("a misspelt durable input", "POST", "/inspect/durable/flow/start", {"json": {"inpt": 1}}, 422, "inpt", '"inpt"'),
+    ("a misspelt signal payload", "POST", f"/inspect/durable/executions/{SOME_ID}/signal/go",
+     {"json": {"payloadx": True}}, 422, "payloadx", '"payloadx"'),
+    ("a misspelt note", "POST", "/inspect/schedules/berlin/disable", {"json": {"notes": "x"}}, 422, "notes", '"notes"'),
+    ("a misspelt backfill field", "POST", "/inspect/schedules/berlin/backfill",
+     {"json": {"from": "-1h", "to": "now", "confrim": True}}, 422, "confrim", '"confrim"'),
+    # An empty before is no id (the schema's pattern says so), not "no before".
+    *((f"an empty before of {path}", "GET", path, {"params": {**params, "before": ""}}, 422, "before", 'before ""')
+      for path, params in (("/inspect/schedules/runs", {"name": "berlin"}), ("/inspect/queues/mail/jobs", {}),
+                           ("/inspect/durable/executions", {}), ("/inspect/audit", {}))),
 ]  # fmt: skip
 
 
@@ -53,10 +114,8 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     root: Path = tmp_path_factory.mktemp(f"input-{request.param}")
     (root / "schedules").mkdir()
     (root / "schedules" / "berlin.cron.py").write_text(textwrap.dedent(SCHEDULES))
-    if request.param == "sqlite":
-        store = f"sqlite:///{root / 'state.db'}"
-    else:
-        store = request.getfixturevalue("pg_server").create_database("input")
+    (root / "schedules" / "systems.jobs.py").write_text(textwrap.dedent(SYSTEMS))
+    store = store_for(request, root, "input")
     srv = start_server(root, "--schedules", "schedules", "--store", store, "--token", OPERATE)
     yield srv
     assert srv.stop() == 0, srv.log_text()
@@ -73,6 +132,34 @@ def test_bad_input_is_a_4xx_naming_the_value(
         error = response.json()["error"]
         assert named in error["message"], error
         assert error.get("field") == field
-        # Nothing changed: the schedule is still enabled, nothing was fired.
-        schedule = client.get("/inspect/schedules").json()["schedules"][0]
-        assert schedule["enabled"] and schedule["last_run"] is None
+        assert_nothing_written(client)
+
+
+def assert_nothing_written(client: httpx.Client) -> None:
+    """Every case is refused: the schedule is still enabled and has not fired, and no
+    schedule, job, execution or audit entry was made."""
+    [schedule] = client.get("/inspect/schedules").json()["schedules"]
+    assert (schedule["name"], schedule["enabled"], schedule["last_run"]) == ("berlin", True, None)
+    assert client.get("/inspect/queues/mail/jobs").json()["jobs"] == []
+    assert client.get("/inspect/durable/executions").json()["executions"] == []
+    assert client.get("/inspect/audit").json()["entries"] == []
+
+
+def test_every_method_of_a_path_is_allowed(server: Server) -> None:
+    """A method a URL is not served with is 405 with every method it is served with, also
+    where several routes serve it (POST and GET /inspect/schedules; PATCH of a schedule
+    named "runs" and GET /inspect/schedules/runs)."""
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {OPERATE}"}, timeout=30) as client:
+        paths = client.get("/openapi.json").json()["paths"]
+        for path in paths:
+            url = re.sub(r"{\w+}", "x", path)
+            response = client.request("OPTIONS", url)
+            assert response.status_code == 405, (path, response.text)
+            allowed = {
+                method.upper()
+                for other, operations in paths.items()
+                if re.fullmatch(re.sub(r"{\w+}", "[^/]+", other), url)
+                for method in [*operations, *(["head"] if "get" in operations else [])]
+            }
+            assert set(response.headers["allow"].split(", ")) == allowed, (path, response.headers["allow"])
+        assert_nothing_written(client)

@@ -897,7 +897,7 @@ async def test_operations_refuse_bad_input_naming_it(engines: Callable[..., Engi
         await engine.durable.start_execution("nope")
     with pytest.raises(BadInput, match="input is not JSON"):
         await engine.durable.start_execution("f", {1, 2})
-    with pytest.raises(BadInput, match="more than the 262,144 allowed"):
+    with pytest.raises(BadInput, match="the limit is 262,144 bytes"):
         await engine.durable.start_execution("f", "x" * 300_000)
     started = await engine.durable.start_execution("f")
     with pytest.raises(BadInput, match="signal name"):

@@ -119,6 +119,25 @@ async def test_queues_are_listed_with_their_counts(backend: Backend) -> None:
     assert (queues["mail"].concurrency, queues["held"].paused) == (2, True)
 
 
+async def test_a_cancel_by_key_never_takes_the_job_whose_id_the_key_equals(backend: Backend) -> None:
+    first = await backend.send_job("held", "first", delay=3600)
+    keyed = await backend.send_job("held", "keyed", delay=3600, key=first.id)  # its key is the other's id
+    assert await backend.cancel_job("held", key=first.id)
+    assert (await backend.get_job(first.id)).job is not None  # untouched: still queued
+    with pytest.raises(NotFound):
+        await backend.get_job(keyed.id)  # cancelled: gone
+    assert not await backend.cancel_job("held", key=first.id)
+    assert await backend.cancel_job("held", first.id)  # by id
+    with pytest.raises(BadInput, match='id "receipt:42" is not a job id') as refused:
+        await backend.cancel_job("held", "receipt:42")  # a key is never taken for an id
+    assert refused.value.field == "id"
+    with pytest.raises(BadInput, match="one of them"):
+        await backend.cancel_job("held", first.id, key="k")
+    with pytest.raises(BadInput, match="holds \\\\udcff at position 1") as refused:
+        await backend.cancel_job("held", key="a\udcff")  # a byte that is not UTF-8, from a command line
+    assert refused.value.field == "key"
+
+
 async def test_send_list_show_cancel_and_delete(backend: Backend) -> None:
     key = f"receipt:{id(backend)}"
     sent = await backend.send_job("held", {"order": 42}, delay=0, attempts=5, key=key)
@@ -132,8 +151,8 @@ async def test_send_list_show_cancel_and_delete(backend: Backend) -> None:
     detail = await backend.get_job(sent.id)
     assert detail.job is not None and set(detail.job.to_json()) == JOB_KEYS
     assert (detail.job.payload, detail.job.max_attempts, detail.job.key, detail.attempts) == ({"order": 42}, 5, key, [])
-    assert await backend.cancel_job("held", key)
-    assert not await backend.cancel_job("held", key)
+    assert await backend.cancel_job("held", key=key)
+    assert not await backend.cancel_job("held", key=key)
     await backend.delete_job("held", later.id)
     with pytest.raises(NotFound):
         await backend.delete_job("held", later.id)
@@ -182,7 +201,7 @@ async def test_read_only_reads_but_never_acts(read_only: Backend) -> None:
     assert {q.name for q in await read_only.list_queues()} >= {"mail"}
     for act in (
         read_only.send_job("mail", 1),
-        read_only.cancel_job("mail", "k"),
+        read_only.cancel_job("mail", key="k"),
         read_only.set_queue_paused("mail", True),
         read_only.retry_job("mail", "01J00000000000000000000000"),
         read_only.delete_job("mail", "01J00000000000000000000000"),
@@ -253,6 +272,18 @@ async def test_a_full_queue_answers_409_queue_full(tmp_path: Path, monkeypatch: 
         await backend.close()
 
 
+async def test_http_cancel_by_key_takes_the_keyed_job_not_the_one_with_that_id(server: Server) -> None:
+    headers = {"Authorization": f"Bearer {OPERATE}"}
+    async with httpx.AsyncClient(base_url=server.url, headers=headers) as http:
+        first = (await http.post("/inspect/queues/held/jobs", json={"delay": 3600})).json()["id"]
+        keyed = (await http.post("/inspect/queues/held/jobs", json={"delay": 3600, "key": first})).json()["id"]
+        cancelled = await http.post("/inspect/queues/held/cancel", json={"key": first})
+        assert cancelled.json() == {"cancelled": True}
+        assert (await http.get(f"/inspect/jobs/{first}")).json()["status"] == "queued"
+        assert (await http.get(f"/inspect/jobs/{keyed}")).status_code == 404
+        assert (await http.post("/inspect/queues/held/cancel", json={"id": first})).json() == {"cancelled": True}
+
+
 async def test_the_openapi_document_describes_the_job_routes(server: Server) -> None:
     async with httpx.AsyncClient(base_url=server.url) as http:
         paths = (await http.get("/openapi.json")).json()["paths"]
@@ -317,7 +348,7 @@ def test_every_job_verb_with_its_exit_code(where: list[str], tmp_path: Path) -> 
         (("jobs", "send", "held", "--attempts", "0"), 2, "attempts 0 is out of range (1-20)"),
         (("jobs", "send", "held", "--key", "k" * 300), 2, "the limit is 256 bytes"),
         (("jobs", "send", "ghost"), 2, 'no queue named "ghost"'),
-        (("jobs", "cancel", "held", "nothing-here"), 1, "no queued job nothing-here"),
+        (("jobs", "cancel", "held", "nothing-here"), 1, 'no queued job with key "nothing-here" in held'),
         (("jobs", "retry", "held", sent["id"]), 1, "is queued, not dead"),
         (("jobs", "show", "01J00000000000000000000000"), 2, "no job with id"),
         (("queues", "pause"), 2, "say `schedtui queues pause QUEUE`"),
@@ -341,3 +372,29 @@ def test_every_job_verb_with_its_exit_code(where: list[str], tmp_path: Path) -> 
     table = cli("jobs", "list", "mail")
     assert table.stdout.splitlines()[0].split() == ["ID", "STATUS", "ATTEMPT", "WHEN", "KEY", "CRON", "LAST", "ERROR"]
     assert cli("queues", "resume", "held").returncode == 0
+
+
+def test_jobs_cancel_takes_an_id_shaped_argument_as_an_id_and_key_as_a_key(where: list[str], tmp_path: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_cli(tmp_path, *args, *where)
+
+    def sent(*args: str) -> str:
+        return str(json.loads(cli("jobs", "send", "held", "--delay", "3600", *args, "--json").stdout)["id"])
+
+    first = sent()
+    keyed = sent("--key", first)  # its key is the other's id
+    done = cli("jobs", "cancel", "held", "--key", first)
+    assert (done.returncode, done.stdout.strip()) == (0, f'cancelled the job with key "{first}" in held'), done.stderr
+    assert cli("jobs", "show", keyed).returncode == 2  # gone
+    assert json.loads(cli("jobs", "show", first, "--json").stdout)["status"] == "queued"
+    done = cli("jobs", "cancel", "held", first)  # the shape of an id: an id
+    assert (done.returncode, done.stdout.strip()) == (0, f"cancelled job {first} in held"), done.stderr
+    for args, message in (
+        (("jobs", "cancel", "held"), "say which job"),
+        (("jobs", "cancel", "held", first, "--key", "k"), "say which job"),
+        # A byte that is not UTF-8 reaches Python as a lone surrogate: one line, no traceback.
+        (("jobs", "cancel", "held", "a\udcff"), 'key "a\\udcff" holds \\udcff at position 1'),
+    ):
+        done = cli(*args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr

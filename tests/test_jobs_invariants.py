@@ -342,11 +342,13 @@ class QueueMachine(RuleBasedStateMachine):
         if not self.sent:
             return
         job_id, queue, key = self.pick_sent(pick)
-        target = key if by_key and key else job_id
+        by_key = by_key and key is not None
         before = self.run(self.store_jobs())
-        queued = {j.id for j in before if j.queue == queue and j.status == "queued" and (j.id == target or j.key == target)}
-        cancelled = self.run(self.any_engine(pick).jobs.cancel(queue, target))
-        assert cancelled == bool(queued), (target, queued)
+        queued = {j.id for j in before if j.queue == queue and j.status == "queued" and
+                  (j.key == key if by_key else j.id == job_id)}  # fmt: skip
+        jobs = self.any_engine(pick).jobs
+        cancelled = self.run(jobs.cancel(queue, key=key) if by_key else jobs.cancel(queue, job_id))
+        assert cancelled == bool(queued), (job_id, key, by_key, queued)
         self.gone |= queued
         self.run(self.settle())
 

@@ -120,7 +120,7 @@ async def test_a_key_is_free_again_once_its_job_is_gone(store: Store) -> None:
     await js.cycle_jobs([finish(c, "succeeded", T0)], {}, "worker-a", ids(), T0)
     second = new(2, key="k")
     assert [(s.id, s.duplicate) for s in await js.send_jobs("mail", [second], T0)] == [(second.id, False)]
-    assert await js.cancel_job("mail", "k")  # by key
+    assert await js.cancel_job("mail", key="k")
     third = new(3, key="k")
     assert not (await js.send_jobs("mail", [third], T0))[0].duplicate
 
@@ -290,11 +290,11 @@ async def test_cancel_takes_only_a_queued_job_by_id_or_key(store: Store) -> None
     await js.send_jobs("mail", [a, b], T0)
     (c,) = await claim(js)
     assert c.id == a.id
-    assert not await js.cancel_job("mail", a.id)  # running: it finishes
-    assert not await js.cancel_job("mail", "ka")
-    assert not await js.cancel_job("other", b.id)  # another queue's
-    assert await js.cancel_job("mail", b.id)
-    assert not await js.cancel_job("mail", b.id)
+    assert not await js.cancel_job("mail", id=a.id)  # running: it finishes
+    assert not await js.cancel_job("mail", key="ka")
+    assert not await js.cancel_job("other", id=b.id)  # another queue's
+    assert await js.cancel_job("mail", id=b.id)
+    assert not await js.cancel_job("mail", id=b.id)
     assert await js.get_job(b.id) is None
 
 

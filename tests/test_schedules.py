@@ -195,7 +195,7 @@ def test_localtime_is_refused() -> None:
         ),
         ("handler", "not callable", "define_schedule('job'): handler 'not callable' is not callable"),
         ("handler", None, "define_schedule('job'): handler None is not callable"),
-        ("description", 5, "define_schedule('job'): description 5 is not a string"),
+        ("description", 5, "define_schedule('job'): description must be a string, not int"),
         ("enabled", "yes", "define_schedule('job'): enabled 'yes' is not a bool"),
         ("enabled", 1, "define_schedule('job'): enabled 1 is not a bool"),
     ],
@@ -243,7 +243,7 @@ def test_bad_max_runtime(value: Any, message: str) -> None:
 def test_non_json_payload(payload: Any, detail: str) -> None:
     with pytest.raises(DefinitionError) as info:
         define(payload=payload)
-    assert str(info.value).startswith("define_schedule('job'): payload is not JSON-serialisable (")
+    assert str(info.value).startswith("define_schedule('job'): payload is not JSON (")
     assert detail in str(info.value)
 
 

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
-from ..errors import BadInput, NotFound, Refused, TooLarge
-from ..inputs import check_before, check_id
+from ..errors import BadInput, NotFound, Refused
+from ..inputs import check_before, check_id, check_json
 from ..model import RunContext
 from ..safetext import printable
 from ..schedules import NAME_PATTERN
@@ -26,24 +26,12 @@ from .executor import DurableExecutor
 from .model import EXECUTION_STATUSES, Execution, Signalled, Started, execution_id_for_slot
 from .store import DurableStore, NewExecution
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_SIGNAL_BYTES", "Durable", "check_json", "parse_json_option"]
+__all__ = ["MAX_INPUT_BYTES", "MAX_SIGNAL_BYTES", "Durable", "parse_json_option"]
 
 #: Largest input of an execution, and payload of a signal (encoded JSON).
 MAX_INPUT_BYTES: Final = 256 * 1024
 MAX_SIGNAL_BYTES: Final = 64 * 1024
 DEFAULT_CONCURRENCY: Final = 32
-
-
-def check_json(value: Any, field: str, limit: int) -> str:
-    """``value`` as JSON text; BadInput naming ``field`` when it is not JSON, TooLarge (HTTP
-    413) when it is longer than ``limit``."""
-    try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise BadInput(f"{field} is not JSON: {exc}", field=field) from None
-    if len(text) > limit:
-        raise TooLarge(f"{field} is {len(text):,} bytes as JSON, more than the {limit:,} allowed", field=field)
-    return text
 
 
 def parse_json_option(text: str | None, field: str) -> Any:
@@ -78,6 +66,9 @@ class Durable:
             if function.name in self.functions:
                 raise BadInput(f'durable function name "{function.name}" is given twice')
             self.functions[function.name] = function
+        self.complete = False
+        """Whether ``functions`` is all a definitions folder defines (the engine sets it): then
+        a start of any other function is refused, even when the folder defines none."""
         self.executor = DurableExecutor(
             shared,
             self.functions,
@@ -113,8 +104,8 @@ class Durable:
     def _function(self, name: object) -> str:
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
             raise NotFound(f'no durable function named "{printable(str(name), 60)}"')
-        if self.functions and name not in self.functions:
-            known = ", ".join(sorted(self.functions))
+        if (self.functions or self.complete) and name not in self.functions:
+            known = ", ".join(sorted(self.functions)) or "none"
             raise NotFound(f'no durable function named "{name}" (defined here: {known})')
         return name
 
@@ -129,10 +120,11 @@ class Durable:
     ) -> Started:
         """Queue an execution of ``function`` with ``input`` (JSON, at most 256 KiB).
 
-        Any instance that defines the function runs it. Where this process knows durable
-        functions (the definitions folder), an unknown name is refused; a process that
-        knows none (``connect()`` without definitions) cannot check, and the execution
-        waits for an instance that defines it (``serve`` warns about it)."""
+        Any instance that defines the function runs it. Where this process read a
+        definitions folder (or was given durable functions), an unknown name is refused,
+        even when the folder defines none; a process without definitions (``connect()``
+        without them) cannot check, and the execution waits for an instance that defines
+        it (``serve`` warns about it)."""
         name = self._function(function)
         text = check_json(input, "input", MAX_INPUT_BYTES)
         execution_id = id or self.shared.new_id()

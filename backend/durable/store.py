@@ -20,7 +20,8 @@ import json
 from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 
-from .model import Execution, ExecutionStatus, StepKind, StepStatus, StepView, decode
+from ..safetext import load_json
+from .model import Execution, ExecutionStatus, StepKind, StepStatus, StepView
 
 __all__ = [
     "EXECUTION_FIELDS",
@@ -253,8 +254,10 @@ def execution_from_row(row: Sequence[Any], when: ToTime) -> Execution:
         id=row[0],
         function=row[1],
         status=row[2],
-        input=decode(row[3]),
-        output=decode(row[4]),
+        # A view (replays decode the checkpoints as stored): escaped where a handler, or an
+        # older version, stored what is not text.
+        input=None if row[3] is None else load_json(row[3]),
+        output=None if row[4] is None else load_json(row[4]),
         error_tag=row[5],
         error_message=row[6],
         schedule=row[7],

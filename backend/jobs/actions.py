@@ -2,7 +2,7 @@
 
     async with connect("postgresql://…") as st:
         sent = await st.jobs.send("mailer", {"order": 42}, key="receipt:42")
-        await st.jobs.cancel("mailer", "receipt:42")
+        await st.jobs.cancel("mailer", key="receipt:42")
 
 Inside a handler (of a job or a schedule) the same object is ``ctx.jobs``; a sync handler,
 which runs on a thread of its own, uses its blocking twin ``ctx.jobs.sync``.
@@ -49,9 +49,10 @@ class JobActions:
         ``attempts``, ``key``); all or none. One answer per job, in order."""
         return await self._jobs.send_many(queue, jobs)
 
-    async def cancel(self, queue: str, id_or_key: str) -> bool:
-        """Delete a queued job by id or key; True if it was queued (a running one finishes)."""
-        return await self._jobs.cancel(queue, id_or_key)
+    async def cancel(self, queue: str, id: str | None = None, *, key: str | None = None) -> bool:
+        """Delete a queued job by its id, or (``key=``) by its key; True if it was queued (a
+        running one finishes). An id is never taken for a key, nor a key for an id."""
+        return await self._jobs.cancel(queue, id, key=key)
 
     async def delete(self, queue: str, job_id: str) -> None:
         """Delete a job in any state (``NotFound`` if there is none)."""

@@ -10,16 +10,15 @@ the value.
 from __future__ import annotations
 
 import inspect
-import json
 import math
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final, Union
+from typing import TYPE_CHECKING, Any, Final, Literal, Union
 
 from ..definitions import register_definition_type
-from ..errors import BadInput, DefinitionError, TooLarge
+from ..errors import BadInput, DefinitionError
+from ..inputs import check_json, check_text, is_id
 from ..safetext import printable
 from ..schedules import NAME_PATTERN, handler_problem
 
@@ -39,6 +38,8 @@ __all__ = [
     "Queue",
     "Send",
     "backoff",
+    "check_cancel",
+    "check_key",
     "check_queue_name",
     "check_send",
     "define_queue",
@@ -156,11 +157,6 @@ def _caller_location() -> str | None:
 
 
 # -- sends ---------------------------------------------------------------------------------
-# Characters a key may not hold: control characters and lone surrogates (a key is shown
-# to operators and stored as text; PostgreSQL refuses NUL).
-_NOT_KEY = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
 @dataclass(frozen=True, slots=True)
 class Send:
     """One job to send, checked: its payload encoded, its delay in seconds."""
@@ -181,26 +177,31 @@ def check_queue_name(queue: object) -> str:
     return queue
 
 
-def encode_payload(payload: object) -> str:
-    """The payload as compact JSON text; refused when it is not JSON or too large."""
-    try:
-        text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise BadInput(f"payload is not JSON ({exc})", field="payload") from None
-    except RecursionError:
-        raise BadInput("payload is nested too deeply to be encoded", field="payload") from None
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError as exc:
+def check_key(key: object) -> str:
+    """A job's key (to send with, or to cancel by): one line of text, 1 to 256 bytes."""
+    key = check_text(key, "key", one_line=True)
+    if not key:
+        raise BadInput("key is empty", field="key")
+    size = len(key.encode("utf-8"))
+    if size > MAX_KEY_BYTES:
+        raise BadInput(f'key "{printable(key, 40)}" is {size} bytes; the limit is {MAX_KEY_BYTES} bytes', field="key")
+    return key
+
+
+def check_cancel(id: object, key: object) -> tuple[Literal["id", "key"], str]:
+    """Which job a cancel names, as ``("id", id)`` or ``("key", key)``: exactly one of them
+    is given, and each means what it says (a key shaped like an id is still a key)."""
+    if (id is None) == (key is None):
+        raise BadInput('give the job\'s "id" or its "key" (one of them)', field="id" if key is None else "key")
+    if key is not None:
+        return "key", check_key(key)
+    if not isinstance(id, str) or not is_id(id):
+        shown = printable(id, 60) if isinstance(id, str) else repr(id)
         raise BadInput(
-            f"payload holds a lone surrogate ({printable(text[exc.start : exc.end])}), which is not text",
-            field="payload",
-        ) from None
-    if size > MAX_PAYLOAD_BYTES:
-        raise TooLarge(
-            f"payload is {size:,} bytes of JSON; the limit is {MAX_PAYLOAD_BYTES:,} bytes (256 KiB)", field="payload"
+            f'id "{shown}" is not a job id (26 characters such as 01JD3Z6Q0V9W4C7PAXH3KJ1M2B); to cancel by key, give the key',
+            field="id",
         )
-    return text
+    return "id", id
 
 
 def check_send(payload: object = None, delay: object = 0, attempts: object = None, key: object = None) -> Send:
@@ -213,17 +214,6 @@ def check_send(payload: object = None, delay: object = 0, attempts: object = Non
         raise BadInput(f"delay {shown}s is out of range: 0 to {MAX_DELAY_S:,} seconds (30 days)", field="delay")
     if attempts is not None and (not _whole(attempts) or not MIN_ATTEMPTS <= attempts <= MAX_ATTEMPTS):  # type: ignore[operator]
         raise BadInput(f"attempts {attempts!r} is out of range ({MIN_ATTEMPTS}-{MAX_ATTEMPTS})", field="attempts")
-    if key is not None:
-        if not isinstance(key, str):
-            raise BadInput(f"key must be a string, not {type(key).__name__}", field="key")
-        bad = _NOT_KEY.search(key)
-        if bad is not None:
-            raise BadInput(
-                f'key "{printable(key, 60)}" holds {printable(bad.group())} at position {bad.start()}, '
-                "which a key may not (control characters and lone surrogates)",
-                field="key",
-            )
-        size = len(key.encode("utf-8"))
-        if size > MAX_KEY_BYTES:
-            raise BadInput(f'key "{printable(key, 40)}" is {size} bytes; the limit is {MAX_KEY_BYTES} bytes', field="key")
-    return Send(encode_payload(payload), float(delay), attempts, key or None)  # type: ignore[arg-type]
+    if key is not None and key != "":
+        key = check_key(key)
+    return Send(check_json(payload, "payload", MAX_PAYLOAD_BYTES), float(delay), attempts, key or None)  # type: ignore[arg-type]

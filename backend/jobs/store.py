@@ -176,8 +176,9 @@ class JobStore(Protocol):
     async def running_jobs(self) -> list[RunningJob]:
         """Every ``running`` job, from any instance."""
 
-    async def cancel_job(self, queue: str, id_or_key: str) -> bool:
-        """Delete the queued job with this id or key; True if there was one."""
+    async def cancel_job(self, queue: str, *, id: str | None = None, key: str | None = None) -> bool:
+        """Delete the queued job with this id, or this key (one of them is given); True if
+        there was one."""
 
     async def delete_job(self, queue: str, job_id: str) -> bool:
         """Delete a job in any state (a running one keeps its seat, not its key, until its

@@ -26,6 +26,7 @@ from .definition import (
     MAX_HELD,
     Queue,
     Send,
+    check_cancel,
     check_queue_name,
     check_send,
 )
@@ -290,14 +291,14 @@ class Jobs:
             raise NotFound(f'no job with id "{job_id}" (a job that succeeded or was deleted is gone once its attempts are)')
         return JobDetail(job_id, job.queue if job is not None else str(queue), job, attempts)
 
-    async def cancel(self, queue: str, id_or_key: str) -> bool:
-        """Delete a queued job by id or key; True if it was queued and is gone."""
-        if not isinstance(id_or_key, str) or not id_or_key:
-            raise BadInput("say which job: an id or a key", field="id")
+    async def cancel(self, queue: str, id: str | None = None, *, key: str | None = None) -> bool:
+        """Delete a queued job by its id, or by its key (exactly one); True if it was queued
+        and is gone."""
+        by, value = check_cancel(id, key)
         await self._known(queue)
-        cancelled = await self.store.cancel_job(queue, id_or_key)
+        cancelled = await self.store.cancel_job(queue, **{by: value})
         if cancelled:
-            await self.shared.audit.record("job.cancel", id_or_key, {"queue": queue})
+            await self.shared.audit.record("job.cancel", value, {"queue": queue, "by": by})
             self.shared.events.publish("jobs", queue)
         return cancelled
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from ..jobs.model import Attempt, Job
 from ..jobs.store import Claimed, RunningJob
+from ..safetext import load_json
 from .rows import ToTime
 
 #: The columns of a job, in the order every store selects them.
@@ -31,7 +31,7 @@ def job_from_row(row: Sequence[Any], when: ToTime) -> Job:
         id=row[0],
         queue=row[1],
         status=row[2],
-        payload=json.loads(row[3]),
+        payload=load_json(row[3]),
         key=row[4],
         cron=row[5],
         attempt=row[6],

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..safetext import escape_text, load_json
 from ..stored import StoredSchedule
 from .migrations import Component
 
@@ -74,8 +75,8 @@ def _row(row: tuple[Any, ...]) -> StoredSchedule:
         timezone=row[2],
         queue=row[3],
         durable=row[4],
-        payload=json.loads(row[5]),
-        description=row[6],
+        payload=load_json(row[5]),  # as every stored text: escaped where it is not text
+        description=None if row[6] is None else escape_text(row[6]),
         enabled=bool(row[7]),
         on_overlap=row[8],
         backfill=row[9],

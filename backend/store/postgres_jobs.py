@@ -513,10 +513,9 @@ class PostgresJobs:
     async def running_jobs(self) -> list[RunningJob]:
         return [running_from_row(row, _utc) for row in await self._fetchall(RUNNING)]
 
-    async def cancel_job(self, queue: str, id_or_key: str) -> bool:
-        if await self._execute(CANCEL_BY_ID, (queue, id_or_key)):
-            return True
-        return bool(await self._execute(CANCEL_BY_KEY, (queue, id_or_key)))
+    async def cancel_job(self, queue: str, *, id: str | None = None, key: str | None = None) -> bool:
+        sql, value = (CANCEL_BY_KEY, key) if id is None else (CANCEL_BY_ID, id)
+        return bool(await self._execute(sql, (queue, value)))
 
     async def delete_job(self, queue: str, job_id: str) -> bool:
         rows = await self._fetchall(DELETE_JOB, {"queue": queue, "id": job_id})

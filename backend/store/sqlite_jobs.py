@@ -274,13 +274,9 @@ class SQLiteJobs:
         rows = await self._read(lambda c: c.execute(RUNNING).fetchall())
         return [running_from_row(row, _dt) for row in rows]
 
-    async def cancel_job(self, queue: str, id_or_key: str) -> bool:
-        def cancel(c: sqlite3.Connection) -> bool:
-            if c.execute(CANCEL_BY_ID, (queue, id_or_key)).rowcount:
-                return True
-            return bool(c.execute(CANCEL_BY_KEY, (queue, id_or_key)).rowcount)
-
-        result: bool = await self._write(cancel)
+    async def cancel_job(self, queue: str, *, id: str | None = None, key: str | None = None) -> bool:
+        sql, value = (CANCEL_BY_KEY, key) if id is None else (CANCEL_BY_ID, id)
+        result: bool = await self._write(lambda c: bool(c.execute(sql, (queue, value)).rowcount))
         return result
 
     async def delete_job(self, queue: str, job_id: str) -> bool:
