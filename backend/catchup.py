@@ -285,6 +285,8 @@ class CatchUp:
                 remote = busy.get(name)
                 to_fire = [s for s in to_fire if s in ids]
                 to_record = [s for s in to_record if s in ids]
+            elif not self.claims.fires():
+                to_fire, to_record = [], []  # waiting for another mode's fleet, which fires them
             if not fire:
                 why = "due while a catch-up held the schedule's timer, and disabled before it ended"
             elif live:

@@ -60,6 +60,23 @@ async def join_fleet(engine: Engine) -> None:
     await engine.registry.beat(engine.clock.now(), force=True)
 
 
+def role_changed(engine: Engine, was: str, now: str) -> None:
+    """A heartbeat recorded another role: a member that waits (another coordination mode
+    fires) holds no timer; one that fires again catches up from where the ledger left off,
+    as at boot (``cluster``'s shards follow the role on their own)."""
+    if engine.cluster is not None or not engine.registry.member:
+        return
+    if now == "waiting":
+        for name in [n for n in engine.schedules if n in engine.timers.wheel]:
+            engine.timers.disarm(name)
+    elif now == "firing" and was == "waiting":
+        at = engine.clock.now()
+        for schedule in engine.schedules.values():
+            name = schedule.name
+            if engine._trigger_of(schedule) == "self" and engine.is_enabled(name) and name not in engine.timers.wheel:
+                engine.catch_up.at_boot(schedule, at, reason="while instances of another coordination mode fired")
+
+
 def start_engine(engine: Engine) -> None:
     """Catch up on missed slots, arm every enabled self-triggered schedule, start the rest."""
     engine.states.on_change = engine._state_changed

@@ -19,6 +19,7 @@ from .backfills import Backfills
 from .catchup import CatchUp
 from .coordination import Coordinator, SlotClaims
 from .launcher import Launcher
+from .lifecycle import role_changed
 from .model import Run
 from .registry import InstanceRegistry
 from .timers import Timers
@@ -139,3 +140,5 @@ def attach_schedule_parts(
     engine.lease.on_lapse.append(launcher.lease_lapsed)
     registry = engine.registry
     claims.fires = lambda: registry.fires
+    engine.timers.may_arm = lambda name: registry.role != "waiting"  # (cluster: its shards decide)
+    registry.on_role = lambda was, now: role_changed(engine, was, now)

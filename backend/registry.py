@@ -137,6 +137,8 @@ class InstanceRegistry:
         """Whether this process arms timers or runs workers (set by the engine's start)."""
         self.role: Role = "observer"
         """What the last heartbeat recorded: ``firing``, ``waiting`` or ``observer``."""
+        self.on_role: Callable[[Role, Role], None] | None = None
+        """Told (was, now) when a heartbeat records another role for this instance."""
         self.back_at: datetime | None = None
         """When this process could write the store again after it could not: heartbeat
         ages are counted from then at the earliest (nobody could beat meanwhile)."""
@@ -212,7 +214,9 @@ class InstanceRegistry:
                 )
             elif self.role == "waiting":
                 log.warning("COORDINATION: no instance fires in another mode any more; this instance fires (%s)", self.coordination)
-        self.role = role
+        was, self.role = self.role, role
+        if was != role and self.on_role is not None:
+            self.on_role(was, role)
 
     def _live_after(self, now: datetime) -> datetime:
         """Instances whose heartbeat is newer than this may be alive. Just after this process

@@ -7,8 +7,11 @@ from a fraction of a second to several minutes, store outages (a wrapper whose c
 :class:`~backend.errors.Unavailable` while the store is down), a full disk (SQLite refuses
 to grow the file; ``single`` only: the one firer keeps what it cannot write in the store's
 reserve) that a restart may find, and clean restarts after some downtime. One configuration runs one engine (``single`` or ``advisoryLock``
-coordination), the other a fleet of two ``advisoryLock`` engines sharing the store. After
-every step the ledger is checked:
+coordination), the other a fleet of two engines sharing the store, ``advisoryLock`` at
+first; a restart there may come back in the other mode (``single``), as a rolling change
+of ``--coordination`` does: an instance whose mode differs from the firing one's waits,
+and fires (catching up) once no instance of the other mode is left. After every step the
+ledger is checked:
 
 (a) at most one ``self`` run per (schedule, slot), across every engine;
 (b) every slot of a self-triggered schedule that came due while it was enabled (after the
@@ -217,6 +220,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.generation = 0  # engines made so far: seeds their ids
         self.engines: dict[str, Engine] = {}
         self.mode = "single"
+        self.modes: dict[str, str] = {}
+        """In a fleet: each instance's coordination mode (``advisoryLock`` unless a restart changed it)."""
         self.models: dict[str, ScheduleModel] = {}
         self.definitions: list[Schedule] = []
         self.checker: Store | None = None
@@ -257,10 +262,10 @@ class EngineMachine(RuleBasedStateMachine):
         bits = random.Random(f"{instance}-{self.generation}").getrandbits
         return Engine(
             self.definitions,
-            store,  # type: ignore[arg-type]
+            store,
             clock=self.clock,
             instance=instance,
-            coordination="single" if self.mode == "single" else "advisoryLock",
+            coordination=self.modes.get(instance, "single" if self.mode == "single" else "advisoryLock"),  # type: ignore[arg-type]
             shutdown_grace=0,
             state_poll_interval=POLL,
             abandon_after=3600,  # the clock jumps minutes at once; no instance here dies
@@ -440,6 +445,13 @@ class EngineMachine(RuleBasedStateMachine):
 
         if self.run(go()):
             model = self.models[name]
+            if not engine.registry.fires:
+                # Done through an instance that fires nothing (it waits for the other mode's
+                # instances to leave): the firing ones hear of it at their next state poll, so
+                # a slot due meanwhile may go either way.
+                before = self.clock.now()
+                self.advance(POLL)
+                model.excused.append((before - timedelta(seconds=POLL), self.clock.now()))
             model.enable(self.clock.now()) if enabled else model.disable(self.clock.now())
 
     @rule(instance=instances, name=names, then=then)
@@ -510,14 +522,21 @@ class EngineMachine(RuleBasedStateMachine):
             self.run(self.settle())
         self.advance(then)
 
-    @rule(instance=instances, down_for=st.sampled_from([0.0, 0.5, 30.0, 150.0, 400.0]))
-    def restart(self, instance: str, down_for: float) -> None:
+    @rule(instance=instances, down_for=st.sampled_from([0.0, 0.5, 30.0, 150.0, 400.0]), other_mode=st.booleans())
+    def restart(self, instance: str, down_for: float, other_mode: bool) -> None:
         if self.world.down:  # an engine refuses to start without its store: it comes back first
             self.toggle_store()
         engine = self.engine(instance)
         name = engine.instance
         full = self.world.full
-        self.log.append(f"{name}: restart after {down_for}s" + (" (the disk full as it stops, room when it starts)" if full else ""))
+        if self.mode == "fleet" and other_mode:
+            # A rolling change of mode: back in the other one. (Never two `single` instances:
+            # that mode does not coordinate; two of them fire everything twice, by design.)
+            mode = "single" if self.modes.get(name, "advisoryLock") == "advisoryLock" else "advisoryLock"
+            if mode == "advisoryLock" or all(m != "single" for n, m in self.modes.items() if n != name):
+                self.modes[name] = mode
+        change = f" as {self.modes[name]}" if name in self.modes else ""
+        self.log.append(f"{name}: restart after {down_for}s{change}" + (" (the disk full as it stops, room when it starts)" if full else ""))
 
         async def go() -> None:
             await engine.stop(grace=0)
@@ -533,9 +552,12 @@ class EngineMachine(RuleBasedStateMachine):
             # engine was down may stay empty, unless another instance fired them.
             ledger = await self.ledger()
             never_ran = {n for n, runs in ledger.items() if not any(r.trigger != "manual" for r in runs)}
+            # (Nor does an instance that waited for the other mode's instances to leave, when
+            # it starts firing: as at boot, it catches up from the last recorded slot.)
+            nobody_fired = not any(e.registry.fires for e in self.engines.values())
             self.clock.advance(down_for)
             await self.settle()
-            if not self.engines:
+            if nobody_fired:
                 for n in never_ran:
                     self.models[n].excused.append((stopped_at, self.clock.now()))
             self.engines[name] = again = self.new_engine(name)
