@@ -323,7 +323,8 @@ def schedule_routes(api: Api) -> list[Route]:
           database that is down; runs wait in memory and are retried) or lost (the SQLite file
           was deleted while in use). store carries {kind, state, error, waiting, since};
           instances lists every registered instance {name, host, pid, heartbeat_at,
-          heartbeat_age_s, last_fired_at} (null when the store cannot be read); now is the
+          heartbeat_age_s, last_fired_at, role (firing, waiting or observer), coordination}
+          (null when the store cannot be read); now is the
           engine's clock. No URL, path or password is ever included.
         responses:
           200: {description: "the store can record runs"}
@@ -462,7 +463,7 @@ def schedule_routes(api: Api) -> list[Route]:
           An engine that fires beats every few seconds; one that only opened the store (a
           CLI verb, a watching console) beat once, when it opened it.
         responses:
-          200: {description: "{now, instances: [{name, host, pid, heartbeat_at, heartbeat_age_s, last_fired_at}]}"}
+          200: {description: "{now, instances: [{name, host, pid, heartbeat_at, heartbeat_age_s, last_fired_at, role, coordination}]}"}
         """
         found = await backend.instances()
         now = await backend.now()

@@ -225,7 +225,7 @@ def test_instances_in_two_pid_namespaces_of_one_host_never_take_each_others_work
              "schedules", "--store", workers.url, "--instance", "ns-b", "--abandon-after", WINDOW]  # fmt: skip
     script = 'i=0; while [ $i -lt 3000 ]; do /bin/true; i=$((i+1)); done; "$@"'
     inner = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script, "sh", *serve],
+        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script, "sh", *serve],
         cwd=workers.root, env=cli_env(), stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
     )  # fmt: skip
     workers.others.append(inner)
