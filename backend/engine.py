@@ -174,8 +174,11 @@ class Engine:
         self.outages = OutageLog(self.clock)
         if lease_clock == "auto":
             # The lease runs on real time: on an injected clock (tests) it is not enforced
-            # unless the test injects a lease clock of its own.
-            lease_clock = boot_clock if isinstance(self.clock, SystemClock) else None
+            # unless the test injects a lease clock of its own. Nor on SQLite: its one firer
+            # holds the file's lock, which the others ask rather than its heartbeat's age
+            # (a full disk silences the heartbeat, and the work goes on).
+            shared = self.store.kind == "postgresql"
+            lease_clock = boot_clock if isinstance(self.clock, SystemClock) and shared else None
         self.lease = WorkLease(timedelta(seconds=abandon_after), lease_clock)
         """This instance's lease on its work (see :mod:`backend.liveness`)."""
         self.exit_when_lease_lapses = exit_when_lease_lapses

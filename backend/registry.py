@@ -33,7 +33,7 @@ from .errors import Unavailable
 from .ledger import RunLedger
 from .liveness import WorkLease
 from .model import TAG_ABANDONED, BackfillProgress, CoordinationMode, Role, Run
-from .store import Membership, Store, Unfinished
+from .store import KnowsFirer, Membership, Store, Unfinished
 
 T = TypeVar("T")
 
@@ -248,7 +248,7 @@ class InstanceRegistry:
         if host == self.host and not pid_alive(pid):
             return f"instance {instance} (pid {pid}) is no longer running"
         silent_since = at if self.back_at is None else max(at, self.back_at)
-        if now - silent_since > self.abandon_after:
+        if now - silent_since > self.abandon_after and not self._holds_firing_lock(instance):
             if silent_since == at:
                 return f"instance {instance} has not sent a heartbeat since {at.isoformat()}"
             return (
@@ -256,6 +256,12 @@ class InstanceRegistry:
                 f"{self.abandon_after.total_seconds():g}s since the store was back at {silent_since.isoformat()}"
             )
         return None
+
+    def _holds_firing_lock(self, instance: str) -> bool:
+        """On a store with a firing lock (SQLite): its holder is alive, however old its
+        heartbeat (a full disk silences it; the kernel's lock does not lie)."""
+        store = self.store
+        return isinstance(store, KnowsFirer) and store.live_firer() == instance
 
     async def close_abandoned(self, *, at_open: bool = False) -> list[Run]:
         """Close runs (and backfills) left ``running`` by instances that are gone, and

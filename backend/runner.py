@@ -132,7 +132,7 @@ class Invocation:
         return (
             "async handler was cancelled"
             if self.is_async
-            else "sync handler cannot be stopped: it holds its place until it returns"
+            else "sync handler runs on until it returns (a thread cannot be stopped), holding its place"
         )
 
     @property

@@ -305,7 +305,7 @@ async def test_a_sync_handler_past_its_deadline_is_a_timeout_and_keeps_its_place
     timed_out = expect(engine, lambda r: r.status == "failed")
     clock.advance(60)
     run = await timed_out
-    assert run.error_tag == "timeout" and "holds its place until it returns" in (run.error_message or "")
+    assert run.error_tag == "timeout" and "runs on until it returns (a thread cannot be stopped), holding its place" in (run.error_message or "")
     # A thread cannot be killed: while it runs on, it is still in flight, so the next slot
     # is skipped (on_overlap="skip") rather than run beside it.
     clock.set("2026-03-02T10:00:00Z")

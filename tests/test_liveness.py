@@ -171,7 +171,7 @@ async def test_a_job_past_its_deadline_keeps_its_seat_and_its_retry_waits_until_
     assert [attempt for _, attempt in seen.starts] == [1, 1, 2]
     attempts = (await engine.jobs.get_job(slow.id)).attempts
     assert [(a.attempt, a.status, a.error_tag) for a in attempts] == [(1, "failed", "timeout"), (2, "succeeded", None)]
-    assert "holding its seat, until it returned" in (attempts[0].error_message or "")
+    assert "s later" in (attempts[0].error_message or "") and ": it returned " in (attempts[0].error_message or "")
 
 
 async def test_a_step_on_a_thread_past_its_deadline_is_retried_only_once_it_returns(
@@ -521,3 +521,17 @@ async def test_a_run_past_its_deadline_during_a_graceful_stop_is_a_timeout(make_
     await engine.open()
     [run] = await engine.store.list_runs("s", limit=10)
     assert (run.status, run.error_tag) == ("failed", "timeout")
+
+
+async def test_on_sqlite_the_holder_of_the_firing_lock_is_alive_however_old_its_heartbeat(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    firer = make_engine([_every_minute([], "serve")], instance="serve")
+    console = make_engine([_every_minute([], "console")], instance="console")
+    await firer.start()  # takes the file's firing lock
+    await console.open()
+    hour_later = clock.now() + timedelta(hours=1)
+    beats = {"serve": ("elsewhere#1#2", 1, clock.now())}  # silent for an hour (a full disk, say)
+    assert console.registry.gone(beats, "serve", hour_later) is None
+    await firer.stop()
+    assert "has not sent a heartbeat" in (console.registry.gone(beats, "serve", hour_later) or "")

@@ -273,4 +273,4 @@ def test_a_sync_handler_past_max_runtime_holds_its_seat_until_it_returns(workers
         "SELECT attempt, status, error_tag, error_message FROM schedtui_job_attempts WHERE job_id = %s ORDER BY seq", (jobs[0],)
     )
     assert (attempts[0][1], attempts[0][2]) == ("failed", "timeout")
-    assert "holding its seat, until it returned" in attempts[0][3]
+    assert "holding its place: it returned" in attempts[0][3]

@@ -334,7 +334,7 @@ class Workers:
             # Settled (timed out, interrupted) while its handler ran on: the attempt ends now.
             outcome = Outcome(
                 "failed", now, outcome.error_tag,
-                f"{outcome.error_message}; its handler ran on for {held:.1f}s more, holding its seat, until it returned",
+                f"{outcome.error_message}: it returned {held:.1f}s later",
                 outcome.traceback,
             )  # fmt: skip
         kind, retry_at = decide(c, outcome, stopping=self.stopping)

@@ -31,7 +31,7 @@ from ..model import (
 )
 
 __all__ = [
-    "DEFAULT_STORE_URL", "FIRING", "InstanceBeat", "MarksNow", "Membership", "Store", "Unfinished", "open_store",
+    "DEFAULT_STORE_URL", "FIRING", "InstanceBeat", "KnowsFirer", "MarksNow", "Membership", "Store", "Unfinished", "open_store",
     "redact_url", "store_unavailable", "until_lost",
 ]  # fmt: skip
 
@@ -69,6 +69,15 @@ class InstanceBeat(Protocol):
     host: str
     pid: int
     heartbeat_at: datetime
+
+
+@runtime_checkable
+class KnowsFirer(Protocol):
+    """A store whose one firing process holds an OS lock (SQLite): that lock, not a
+    heartbeat, says whether it is alive."""
+
+    def live_firer(self) -> str | None:
+        """The instance holding the firing lock now, or ``None``."""
 
 
 @runtime_checkable

@@ -134,6 +134,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         self._read_conn: sqlite3.Connection | None = None
         self._firing_lock: int | None = None
+        self._firer: str | None = None
         self._reserve: Reserve | None = None
         """The firing process's reserve (see :mod:`backend.store.sqlite_reserve`)."""
         self._kept = Kept([], {})
@@ -278,6 +279,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         writes the runs an earlier process kept there."""
         if self._firing_lock is None:
             self._firing_lock = await asyncio.to_thread(self._lock_firing, instance)
+            self._firer = instance
             self._reserve = Reserve(self.path.with_name(self.path.name + ".reserve"))
             self._kept = await asyncio.to_thread(self._reserve.open)
             if self._writer is not None:
@@ -364,6 +366,29 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         return fd
+
+    def live_firer(self) -> str | None:
+        """The instance that holds this file's firing lock now (its kernel lock proves it
+        alive, whatever its heartbeat says), or ``None``."""
+        if self._firing_lock is not None:
+            return self._firer
+        path = self.firing_lock_path
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+                return holder.get("instance") if isinstance(holder, dict) else None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        except ValueError:
+            return None
+        finally:
+            os.close(fd)
 
     def _in_use_message(self, path: Path) -> str:
         try:
