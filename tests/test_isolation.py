@@ -3,6 +3,8 @@ them, and nothing they do (hang, raise, exit) reaches the engine's process."""
 
 from __future__ import annotations
 
+import asyncio
+
 import os
 import textwrap
 from pathlib import Path
@@ -69,7 +71,9 @@ async def test_the_watchdog_kills_a_hanging_handler_in_its_process(make_engine, 
     clock.set("2026-03-02T09:00:00Z")
     await engine.quiesce(runs=False)
     pid_file = tmp_path / "defs" / "hang.pid"
-    pid = int(poll(lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the handler's process to start"))
+    # (on a thread: the loop must go on running, it is what starts the handler's process)
+    found = await asyncio.to_thread(poll, lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the handler's process to start")
+    pid = int(found)
     clock.advance(60)
     await engine.quiesce()
     [run] = await all_runs(engine, "hang")
