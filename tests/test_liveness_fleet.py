@@ -11,26 +11,22 @@ renewal bound is 4 s), so each test takes some ten to twenty seconds.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from backend import connect
 from tests.servers import Server, cli_env, poll, start_server
 from tests.tcp_relay import FreezableRelay
+from tests.test_jobs_fleet import Fleet, Line
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -75,23 +71,14 @@ JOBS = """
 """
 
 
-@dataclass(frozen=True)
-class Line:
-    what: str
-    job: str
-    attempt: int
-    pid: int
-    at: float
+class Workers(Fleet):
+    """The job fleet of ``test_jobs_fleet``, with the queues above, short windows, and
+    processes started by hand (``others``: killed at the end too)."""
 
-
-class Workers:
     def __init__(self, root: Path, url: str) -> None:
-        self.root = root
-        self.url = url
-        self.servers: list[Server] = []
+        super().__init__(root, url)
+        (root / "schedules" / "fleet.jobs.py").write_text(textwrap.dedent(JOBS))
         self.others: list[subprocess.Popen[str]] = []
-        (root / "schedules").mkdir(exist_ok=True)
-        (root / "schedules" / "work.jobs.py").write_text(textwrap.dedent(JOBS))
 
     def start(self, name: str, url: str | None = None) -> Server:
         args = ["--schedules", "schedules", "--store", url or self.url, "--instance", name, "--abandon-after", WINDOW]
@@ -99,40 +86,14 @@ class Workers:
         self.servers.append(server)
         return server
 
-    def lines(self) -> list[Line]:
-        path = self.root / "jobs.log"
-        if not path.exists():
-            return []
-        out = []
-        for raw in path.read_text().splitlines():
-            what, job, attempt, pid, at = raw.split()
-            out.append(Line(what, job, int(attempt), int(pid), float(at)))
-        return out
-
     def starts(self, pid: int | None = None) -> list[Line]:
         return [line for line in self.lines() if line.what == "start" and (pid is None or line.pid == pid)]
 
-    def send(self, queue: str, payloads: list[Any]) -> list[str]:
-        async def go() -> list[str]:
-            async with connect(self.url) as st:
-                sent = await st.jobs.send_many(queue, [{"payload": p} for p in payloads])
-            return [s.id for s in sent]
-
-        return asyncio.run(go())
-
-    def sql(self, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.url, connect_timeout=5) as conn:
-            return conn.execute(query, params).fetchall()
-
     def kill_all(self) -> None:
-        for server in self.servers:
-            if server.process.poll() is None:
-                server.process.kill()
-                server.process.wait(10)
-        for other in self.others:
-            if other.poll() is None:
-                other.kill()
-                other.wait(10)
+        for process in [server.process for server in self.servers] + self.others:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
 
 
 @pytest.fixture
