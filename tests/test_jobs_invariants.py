@@ -8,7 +8,8 @@ is written) to start a fresh one. The faults of the liveness model too: handlers
 outlive their deadline (a sync one on its thread, an async one that ignores its
 cancellation), a partition of one worker (its store calls fail: its lease lapses and it
 stops its work, or ends its process when it cannot; the others take its jobs over after
-the window; it may come back), and instances in different PID namespaces of one host
+the window; it may come back), an outage of the store longer than the window for every
+worker at once, and instances in different PID namespaces of one host
 (simulated: each records a namespace of its own and a pid that is dead here). After
 every step (and at the start of every handler call) the invariants of
 :mod:`backend.jobs.store` are checked:
@@ -220,8 +221,8 @@ class QueueMachine(RuleBasedStateMachine):
         """Wait until every engine has done all the current time calls for (what happens
         next then depends on the steps alone, never on timing)."""
         while True:
-            for name in sorted(self.ended & set(self.engines)):
-                await self.die(self.engines[name])  # its lease lapsed with handlers running: it ended itself
+            while ended := sorted(self.ended & set(self.engines)):
+                await self.die(self.engines[ended[0]])  # its lease lapsed with handlers running: it ended itself
             for engine in list(self.engines.values()):
                 await engine.quiesce(runs=False)
             if not self.busy():
@@ -323,6 +324,19 @@ class QueueMachine(RuleBasedStateMachine):
         for _ in range(seconds // 10):
             self.advance(10)
         self.advance(seconds % 10 or 1)
+
+    @rule(seconds=st.sampled_from([25, 45]))
+    def store_outage(self, seconds: int) -> None:
+        """The store is out of reach of every worker for longer than the lease's bound, or
+        than the take-over window, then back: an outage's silence is nobody's death."""
+        for store in self.stores.values():
+            store.cut = True
+        for _ in range(seconds // 10):
+            self.advance(10)
+        self.advance(seconds % 10 or 1)
+        for store in self.stores.values():
+            store.cut = False
+        self.run(self.settle())
 
     @rule(seconds=st.sampled_from([30, 65]))
     def time_passes(self, seconds: int) -> None:
