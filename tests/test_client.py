@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from backend import Engine, ManualClock, RunContext, connect, connect_sync, define_schedule
-from backend.errors import BadInput, NotFound
+from backend.errors import NotFound
 
 CALLS: list[str] = []
 

@@ -183,11 +183,11 @@ def test_the_quickly_made_rows_behave_as_their_dataclass_would(cls: str) -> None
     assert str(inspect.signature(quick)) == str(inspect.signature(plain))
     required = [f for f in dataclasses.fields(quick) if f.default is dataclasses.MISSING]
     values = {f.name: f"{f.name}-value" for f in dataclasses.fields(quick)}
-    for given in ({f.name: values[f.name] for f in required}, values):
-        made = quick(**given)
-        expected = plain(**given)
+    for kwargs in ({f.name: values[f.name] for f in required}, values):
+        made = quick(**kwargs)
+        expected = plain(**kwargs)
         assert dataclasses.astuple(made) == dataclasses.astuple(expected)
-        positional = quick(*[given[f.name] for f in dataclasses.fields(quick) if f.name in given])
+        positional = quick(*[kwargs[f.name] for f in dataclasses.fields(quick) if f.name in kwargs])
         assert positional == made and hash(positional) == hash(made) and repr(made).startswith(f"{cls}(")
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(made, required[0].name, "changed")

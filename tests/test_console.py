@@ -30,11 +30,9 @@ from console.screens import BackfillScreen, HelpScreen, NotePrompt, RunDetails
 from console.widgets import (
     ConsoleHeader,
     DetailBar,
-    FleetBanner,
     RecentRuns,
     RunsTable,
     SchedulesTable,
-    TimelineGrid,
     UpcomingLine,
 )
 OPERATOR_ZONE = "Europe/Berlin"

@@ -24,7 +24,7 @@ from backend.events import READY, Signal
 from backend.remote import RemoteBackend
 from console.app import SchedtuiApp
 from console.views.audit import AuditTable, AuditView
-from console.widgets import ConsoleHeader, RunsTable, SchedulesTable
+from console.widgets import ConsoleHeader, RunsTable
 from tests.console_fixtures import console_engine
 from tests.servers import Server, start_server
 from tests.test_console import Notes, cell, console, ledger, settle, store_url  # noqa: F401  (fixtures)

@@ -33,7 +33,6 @@ from console.widgets import (
     DetailBar,
     FleetBanner,
     RunsTable,
-    SchedulesTable,
     TimelineGrid,
 )
 from console.widgets.palette import status_style

@@ -21,7 +21,7 @@ from backend import BadInput, Engine, Forbidden, NotFound, Refused, TooLarge, co
 from backend.definitions import discover_definitions
 from backend.interface import Backend, EmbeddedBackend
 from backend.remote import RemoteBackend
-from tests.servers import REPO, Server, cli_env, poll, start_server
+from tests.servers import Server, cli_env, poll, start_server
 
 DEFINITIONS = """
     from backend.durable import define_durable

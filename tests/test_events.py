@@ -22,7 +22,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend import Engine, ManualClock, RunContext, define_schedule
-from backend.api import create_app
 from backend.events import RESYNC, STREAM, EventBus, Signal, Subscription
 from backend.interface import EmbeddedBackend
 from backend.loops import Loops

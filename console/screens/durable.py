@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any
+from typing import Any  # noqa: F401 - used in a string annotation (ModalScreen["tuple[Any] | None"])
 
 from rich.text import Text
 from textual.app import ComposeResult

@@ -183,7 +183,7 @@ async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
         # Armed = every schedule has its slot in the timer heap and no catch-up is running.
         while not engine.armed:
             if time.time() - t0 > 120:
-                raise RuntimeError(f"schedules not armed after 120 s")
+                raise RuntimeError("schedules not armed after 120 s")
             await asyncio.sleep(0.005)
         ready = time.time()
         start = math.floor(ready + MID_S) + 1
