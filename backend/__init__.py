@@ -4,11 +4,11 @@ recorded in a durable ledger, and operable by hand.
 The public API is re-exported here; the modules behind it are private unless documented.
 """
 
-from .client import Client, SyncClient, connect, connect_sync
-from .clock import Clock, ManualClock, SystemClock
-from .cron import Cron
-from .engine import Engine
-from .errors import (
+from backend.client.connection import Client, SyncClient, connect, connect_sync
+from backend.clock import Clock, ManualClock, SystemClock
+from backend.cron import Cron
+from backend.scheduler.engine import Engine
+from backend.errors import (
     BadInput,
     CronError,
     DefinitionError,
@@ -23,7 +23,7 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .model import (
+from backend.model import (
     BackfillPlan,
     BackfillProgress,
     Run,
@@ -32,8 +32,8 @@ from .model import (
     ScheduleView,
     StateNote,
 )
-from .definitions import Definitions, discover, discover_definitions
-from .durable import (
+from backend.definitions import Definitions, discover, discover_definitions
+from backend.durable import (
     DurableContext,
     DurableFunction,
     Execution,
@@ -46,10 +46,10 @@ from .durable import (
     StepView,
     define_durable,
 )
-from .jobs import Job, JobContext, JobDetail, Queue, QueueFull, QueueView, Sent, define_queue
-from .locks import Lease, LeaseLost, LockNotAcquired, LockResult, StaleLease
-from .schedules import Schedule, define_schedule
-from .store import open_store
+from backend.jobs import Job, JobContext, JobDetail, Queue, QueueFull, QueueView, Sent, define_queue
+from backend.locks import Lease, LeaseLost, LockNotAcquired, LockResult, StaleLease
+from backend.schedules import Schedule, define_schedule
+from backend.store import open_store
 
 __all__ = [
     "BackfillPlan",

@@ -12,7 +12,7 @@ import itertools
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
-from .model import utc
+from backend.model import utc
 
 __all__ = ["Clock", "ManualClock", "OffsetClock", "SystemClock"]
 

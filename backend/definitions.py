@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import DefinitionError, DiscoveryError
-from .schedules import Schedule
+from backend.errors import DefinitionError, DiscoveryError
+from backend.schedules import Schedule
 
 __all__ = [
     "DEFINITION_PATTERNS",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 
-from .safetext import redact
+from backend.safetext import redact
 
 __all__ = [
     "BadInput",

@@ -16,8 +16,8 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from .errors import BadInput, NotFound, TooLarge
-from .safetext import NOT_TEXT, printable
+from backend.errors import BadInput, NotFound, TooLarge
+from backend.safetext import NOT_TEXT, printable
 
 __all__ = [
     "EARLIEST",

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 if TYPE_CHECKING:
-    from .locks import Lease, Locks
+    from backend.locks import Lease, Locks
 
 RunStatus = Literal["succeeded", "failed", "skipped", "missed", "running"]
 Trigger = Literal["self", "external", "manual"]

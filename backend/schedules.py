@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Union
 
-from .cron import Cron
-from .errors import BadInput, CronError, DefinitionError
-from .inputs import check_json, check_text
-from .locks.model import check_lock_name, check_ttl
-from .model import (
+from backend.cron import Cron
+from backend.errors import BadInput, CronError, DefinitionError
+from backend.inputs import check_json, check_text
+from backend.locks.model import check_lock_name, check_ttl
+from backend.model import (
     BACKFILL_POLICIES,
     OVERLAP_POLICIES,
     BackfillPolicy,
@@ -27,7 +27,7 @@ from .model import (
 )
 
 if TYPE_CHECKING:
-    from .model import RunContext
+    from backend.model import RunContext
 
 __all__ = ["DEFAULT_MAX_RUNTIME", "Handler", "QueueTarget", "Schedule", "define_schedule"]
 
@@ -146,7 +146,7 @@ def define_schedule(
 
     A schedule runs ``handler``, or (``queue=``) sends one job to that queue per firing.
     ``isolation="process"`` runs each run of it in a child process (see
-    :mod:`backend.isolated`): for handlers that may hang, burn CPU or block the event loop,
+    :mod:`backend.runtime.isolated`): for handlers that may hang, burn CPU or block the event loop,
     which the watchdog can then really stop. With ``durable="F"`` instead of a handler, each
     slot starts one execution of the durable function F (its ``payload`` is the input)."""
     label = f"define_schedule({name!r})" if isinstance(name, str) else "define_schedule()"

@@ -10,9 +10,9 @@ import re
 from datetime import datetime, time, timedelta, timezone
 from zoneinfo import ZoneInfo
 
-from .errors import BadInput
-from .inputs import check_instant, check_text, out_of_range
-from .safetext import printable
+from backend.errors import BadInput
+from backend.inputs import check_instant, check_text, out_of_range
+from backend.safetext import printable
 
 _UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
 _RELATIVE = re.compile(r"^([+-])((?:\d+[wdhms])+)$")

@@ -1,4 +1,4 @@
-"""The operations console: a Textual app over one :class:`~backend.interface.Backend`.
+"""The operations console: a Textual app over one :class:`~backend.client.interface.Backend`.
 
 The app knows nothing but the shared backend interface (embedded engine or remote server)
 and an injected :class:`~backend.clock.Clock`:
@@ -15,7 +15,7 @@ and an injected :class:`~backend.clock.Clock`:
 * every :class:`~backend.errors.SchedtuiError` becomes a notification with its title and
   message; a lost connection is shown in the header, the data is marked stale, and the app
   reconnects with backoff by itself;
-* the data stays fresh by change signals (:meth:`~backend.interface.Backend.changes`: the
+* the data stays fresh by change signals (:meth:`~backend.client.interface.Backend.changes`: the
   server's event stream, or the embedded engine's bus): a signal that names what is on
   screen makes the app read it again, and nothing is read while nothing changes (the
   heartbeats excepted, every :data:`INSTANCES_LIVE_EVERY`, and everything every
@@ -50,22 +50,22 @@ from textual.widgets import ContentSwitcher, Footer, Input, Static
 
 from backend.clock import Clock, SystemClock
 from backend.errors import NotFound, SchedtuiError, Unauthorized, Unavailable
-from backend.events import READY, RESYNC, STREAM, Signal
-from backend.interface import SYSTEMS, Backend, ConnectionInfo
+from backend.events.bus import READY, RESYNC, STREAM, Signal
+from backend.client.interface import SYSTEMS, Backend, ConnectionInfo
 from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView
 
-from . import format as fmt
-from .commands import ConsoleCommands
-from .fleet import CronCache, Fleet, Overdue, fleet_of
-from .screens.backfill import BackfillScreen
-from .screens.details import RunDetails
-from .screens.help import HelpScreen
-from .screens.prompt import NotePrompt
-from .screens.quit import QuitPrompt
-from .views import VIEWS, UnavailableView, View, view_spec
-from .views.schedules import PAGE_SIZE, SchedulesView
-from .widgets import ConsoleHeader, FleetBanner
-from .widgets.tabs import ViewTabs
+from console import format as fmt
+from console.commands import ConsoleCommands
+from console.fleet import CronCache, Fleet, Overdue, fleet_of
+from console.screens.backfill import BackfillScreen
+from console.screens.details import RunDetails
+from console.screens.help import HelpScreen
+from console.screens.prompt import NotePrompt
+from console.screens.quit import QuitPrompt
+from console.views import VIEWS, UnavailableView, View, view_spec
+from console.views.schedules import PAGE_SIZE, SchedulesView
+from console.widgets import ConsoleHeader, FleetBanner
+from console.widgets.tabs import ViewTabs
 
 __all__ = ["PAGE_SIZE", "STATUS_FILTERS", "SchedtuiApp", "freeze_heap", "parse_keymap", "short_where"]
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 if TYPE_CHECKING:
-    from .app import SchedtuiApp
+    from console.app import SchedtuiApp
 
 __all__ = ["ConsoleCommands"]
 
@@ -20,7 +20,7 @@ class ConsoleCommands(Provider):
 
     @property
     def console(self) -> SchedtuiApp:
-        from .app import SchedtuiApp
+        from console.app import SchedtuiApp
 
         app = self.app
         assert isinstance(app, SchedtuiApp)
@@ -29,7 +29,7 @@ class ConsoleCommands(Provider):
     def _commands(self) -> list[tuple[str, str, str]]:
         app = self.console
         target = app.selected_name or "the selected schedule"
-        from .views import VIEWS
+        from console.views import VIEWS
 
         commands = [
             (f"View {spec.key}: {spec.title}", f"show_view('{spec.id}')", f"{spec.help} ({spec.key})") for spec in VIEWS

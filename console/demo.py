@@ -10,7 +10,7 @@ coordination outcome shows within a minute.
 * ``billing-webhook`` has ``trigger="external"``: a platform scheduler would call
   ``POST /schedule/billing-webhook/fire`` every minute. The demo plays that platform with a
   small background task on a second instance (``demo-2``) that calls
-  :meth:`~backend.engine.Engine.fire_external` at each minute: outcome ``external``.
+  :meth:`~backend.scheduler.engine.Engine.fire_external` at each minute: outcome ``external``.
 * One Run now at start (``heartbeat``): outcome ``manual``.
 * The rest come from the schedules themselves: ``flaky-export`` fails every other slot,
   ``slow-reindex`` outlives its interval (``running``, then ``skipped`` overlaps),
@@ -30,7 +30,7 @@ from pathlib import Path
 from backend import Engine, Run, discover
 from backend.clock import Clock
 from backend.errors import SchedtuiError
-from backend.interface import Backend
+from backend.client.interface import Backend
 
 DEMO_SCHEDULES = Path(__file__).parent / "demo_schedules"
 EXTERNAL = "billing-webhook"

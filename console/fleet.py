@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from backend.cron import Cron
-from backend.interface import ConnectionInfo
+from backend.client.interface import ConnectionInfo
 from backend.model import InstanceInfo, Run, ScheduleView
 
 __all__ = [

@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 from backend.cron import Cron
 from backend.model import Run, ScheduleView
 
-from .fleet import OVERDUE_AFTER
+from console.fleet import OVERDUE_AFTER
 
 __all__ = [
     "SEVERITY",

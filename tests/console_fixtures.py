@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from backend import Engine, ManualClock, Run, Schedule, define_schedule
-from backend.audit import AuditEntry, AuditPage
-from backend.events import Signal
+from backend.events.audit import AuditEntry, AuditPage
+from backend.events.bus import Signal
 from backend.clock import Clock
 from backend.errors import Unavailable
 from backend.ids import IdFactory
 from backend.store import open_store
-from backend.interface import (
+from backend.client.interface import (
     ConnectionInfo,
     EmbeddedBackend,
     RunsPage,

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend.api import MAX_BODY_BYTES
-from backend.interface import SYSTEMS
+from backend.api.app import MAX_BODY_BYTES
+from backend.client.interface import SYSTEMS
 from tests.servers import Server, cli_env, start_server
 
 OPERATE, READ = "op-token-123", "read-token-456"

@@ -17,13 +17,13 @@ import httpx
 import pytest
 
 from backend import BadInput, Engine, ManualClock, RunContext, Unavailable, define_schedule
-from backend.api import create_app
-from backend.audit import ACTIONS, AuditEntry, AuditLog, acting_as, os_user
-from backend.events import EventBus
+from backend.api.app import create_app
+from backend.events.audit import ACTIONS, AuditEntry, AuditLog, acting_as, os_user
+from backend.events.bus import EventBus
 from backend.ids import IdFactory
-from backend.interface import EmbeddedBackend
+from backend.client.interface import EmbeddedBackend
 from backend.store import Store, open_store
-from backend.tokens import ANONYMOUS, Tokens, parse_token
+from backend.api.tokens import ANONYMOUS, Tokens, parse_token
 from tests import pg
 from tests.servers import cli_env, start_server
 

@@ -8,10 +8,10 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, cast
 
-from backend.catalog import CatalogStore
+from backend.scheduler.catalog import CatalogStore
 from backend.model import ScheduleState
 from backend.store import Store
-from backend.stored import StoredSchedule
+from backend.scheduler.stored import StoredSchedule
 from tests.test_store import new_store, store, store_kind  # noqa: F401 - fixtures
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)

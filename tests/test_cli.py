@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 
 from backend import Engine, ManualClock, Run, define_schedule
-from backend.audit import os_user
-from backend.interface import EmbeddedBackend
-from backend.store.sqlite import SQLiteStore
+from backend.events.audit import os_user
+from backend.client.interface import EmbeddedBackend
+from backend.store.sqlite.store import SQLiteStore
 from tests.conftest import expect
 from tests.servers import poll
 
@@ -543,7 +543,7 @@ def test_read_only_before_or_after_the_verb_is_never_dropped(cli: Cli) -> None:
 
 
 def test_console_options_before_the_verb_reach_the_console() -> None:
-    from console.cli import parse_args
+    from console.cli.main import parse_args
 
     for argv in (
         ["--read-only", "console", "--url", "http://sched:8080"],

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from backend import Engine, ManualClock, define_schedule
-from backend.cluster import MEMBER_PREFIX, SHARDS, shard_of, spread
+from backend.scheduler.coordination.cluster import MEMBER_PREFIX, SHARDS, shard_of, spread
 from backend.schedules import Schedule
 from tests import pg
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from backend.cluster import SHARDS, shard_of
+from backend.scheduler.coordination.cluster import SHARDS, shard_of
 from tests.servers import poll
 from tests.test_fleet import Fleet, assert_once_and_contiguous, by_name, fleets, sql  # noqa: F401 - fixture
 

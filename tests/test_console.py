@@ -20,8 +20,8 @@ import pytest
 from textual.pilot import Pilot
 
 from backend import Engine, Forbidden, ManualClock, NotFound, Run, define_schedule
-from backend.audit import os_user
-from backend.interface import EmbeddedBackend
+from backend.events.audit import os_user
+from backend.client.interface import EmbeddedBackend
 from backend.model import parse_iso
 from backend.store import open_store
 from console.app import PAGE_SIZE, SchedtuiApp, parse_keymap, short_where
@@ -589,7 +589,7 @@ async def test_usable_at_80x24(store_url: str) -> None:
 
 
 def test_short_where_and_keymap() -> None:
-    from backend.interface import ConnectionInfo
+    from backend.client.interface import ConnectionInfo
 
     here = Path.cwd() / ".schedtui" / "state.db"
     assert short_where(ConnectionInfo("embedded", str(here), "single", "i", False)) == ".schedtui/state.db"

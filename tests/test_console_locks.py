@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from backend.interface import ConnectionInfo
+from backend.client.interface import ConnectionInfo
 from backend.model import InstanceInfo, ScheduleView
 from backend.store import open_store
 from console.fleet import fleet_of

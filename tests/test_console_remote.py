@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.remote import RemoteBackend
+from backend.client.remote import RemoteBackend
 from console.app import SchedtuiApp
 from console.widgets import ConsoleHeader, RunsTable, SchedulesTable
 from tests.servers import Server, start_server

@@ -18,7 +18,7 @@ from textual.pilot import Pilot
 from textual.widgets import Input, Select
 
 from backend import ManualClock
-from backend.remote import RemoteBackend
+from backend.client.remote import RemoteBackend
 from console.app import SchedtuiApp
 from console.screens.schedule_form import DeleteSchedule, ScheduleForm
 from console.widgets import DetailBar, SchedulesTable

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from backend import BadInput, Engine, Forbidden, NotFound, Refused, discover
-from backend.audit import os_user
-from backend.interface import SYSTEMS, Backend, EmbeddedBackend
-from backend.remote import RemoteBackend
+from backend.events.audit import os_user
+from backend.client.interface import SYSTEMS, Backend, EmbeddedBackend
+from backend.client.remote import RemoteBackend
 from tests.servers import start_server
 
 #: The hour of the external schedule's daily slot: twelve hours from when the tests start, so

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from backend import Engine, ManualClock, Run, RunContext, Unavailable, define_schedule
-from backend.coordination import ClaimCoordinator
+from backend.scheduler.coordination.slots import ClaimCoordinator
 from backend.model import Claim, ClaimResult, slot_key
 from backend.store import Store, open_store
 from tests.conftest import all_runs, expect
@@ -771,7 +771,7 @@ class HeldBack:
     backoff, made an hour long here); ``committed`` is set by its next write that commits."""
 
     def __init__(self, store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-        from backend.store import postgres_ledger
+        from backend.store.postgres import ledger as postgres_ledger
 
         monkeypatch.setattr(postgres_ledger, "_RETRY_MIN", 3600.0)
         monkeypatch.setattr(postgres_ledger, "_RETRY_MAX", 3600.0)

@@ -19,8 +19,8 @@ import pytest
 
 from backend import BadInput, Engine, Forbidden, NotFound, Refused, TooLarge, connect, connect_sync
 from backend.definitions import discover_definitions
-from backend.interface import Backend, EmbeddedBackend
-from backend.remote import RemoteBackend
+from backend.client.interface import Backend, EmbeddedBackend
+from backend.client.remote import RemoteBackend
 from tests.servers import Server, cli_env, poll, start_server
 
 DEFINITIONS = """

@@ -501,7 +501,7 @@ async def test_a_schedule_disabled_while_due_slots_are_claimed_does_not_stop_the
     """Found by the state machine: a schedule found behind was disarmed (disabled) while the
     timer loop awaited the claim of another schedule's due slot; the loop then failed on it
     (KeyError) and died, and nothing fired any more."""
-    from backend.coordination import ClaimCoordinator
+    from backend.scheduler.coordination.slots import ClaimCoordinator
 
     class SlowClaims(ClaimCoordinator):
         def __init__(self, store: Any) -> None:

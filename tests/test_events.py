@@ -22,14 +22,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend import Engine, ManualClock, RunContext, define_schedule
-from backend.events import RESYNC, STREAM, EventBus, Signal, Subscription
-from backend.interface import EmbeddedBackend
-from backend.loops import Loops
-from backend.relay import NOTIFY_BURST, NOTIFY_RATE, PostgresRelay
-from backend.remote import RemoteBackend, SseParser
-from backend.server import serve
+from backend.events.bus import RESYNC, STREAM, EventBus, Signal, Subscription
+from backend.client.interface import EmbeddedBackend
+from backend.runtime.loops import Loops
+from backend.events.relay import NOTIFY_BURST, NOTIFY_RATE, PostgresRelay
+from backend.client.remote import RemoteBackend, SseParser
+from backend.api.server import serve
 from backend.store import open_store
-from backend.store.postgres import PostgresStore
+from backend.store.postgres.store import PostgresStore
 from tests import pg
 from tests.servers import start_server
 
@@ -638,7 +638,7 @@ def test_serve_stops_promptly_with_streams_open(folder: Path) -> None:
 @pytest.fixture
 async def live_server(make_engine: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[str, Engine]]:
     """A real HTTP server in this process (uvicorn on loopback), pinging every 0.2 s."""
-    monkeypatch.setattr("backend.api_events.PING_EVERY", 0.2)
+    monkeypatch.setattr("backend.api.events.PING_EVERY", 0.2)
     engine: Engine = make_engine([HOURLY])
     backend = EmbeddedBackend(engine)
     stop = asyncio.Event()

@@ -58,7 +58,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from backend import Engine, ManualClock, Refused, Run, RunContext, Schedule, Unavailable, define_schedule
 from backend.ids import IdFactory
 from backend.store import Store, open_store
-from backend.store.sqlite import SQLiteStore
+from backend.store.sqlite.store import SQLiteStore
 
 START = "2026-03-02T08:00:00Z"
 STEP_TIMEOUT = 30.0  # real seconds; a step takes milliseconds

@@ -499,7 +499,7 @@ def test_connect_sync_mirrors_the_job_actions(tmp_path: Path) -> None:
 
 
 async def test_a_full_queue_refuses_until_jobs_run(make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch) -> None:
-    from backend.store import sqlite_jobs
+    from backend.store.sqlite import jobs as sqlite_jobs
 
     monkeypatch.setattr(sqlite_jobs, "MAX_HELD", 3)
     handler = Handler()

@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from backend import BadInput, Engine, Forbidden, NotFound, TooLarge, discover_definitions
-from backend.api import create_app
-from backend.interface import Backend, EmbeddedBackend
+from backend.api.app import create_app
+from backend.client.interface import Backend, EmbeddedBackend
 from backend.jobs.model import NotDead, QueueFull
-from backend.remote import RemoteBackend
+from backend.client.remote import RemoteBackend
 from tests.servers import Server, cli_env, poll, start_server
 
 OPERATE, READ = "op-jobs-token", "read-jobs-token"
@@ -252,7 +252,7 @@ async def test_http_statuses_of_a_send(server: Server) -> None:
 
 
 async def test_a_full_queue_answers_409_queue_full(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from backend.store import sqlite_jobs
+    from backend.store.sqlite import jobs as sqlite_jobs
 
     monkeypatch.setattr(sqlite_jobs, "MAX_HELD", 1)
     backend = embedded(tmp_path)

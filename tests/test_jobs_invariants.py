@@ -42,7 +42,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from backend import Engine, JobContext, ManualClock, NotFound, Unavailable, define_queue, open_store
 from backend.ids import IdFactory
 from backend.jobs.model import Job, NotDead
-from backend.registry import host_identity
+from backend.scheduler.registry import host_identity
 from tests import pg
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from backend import Engine, JobContext, ManualClock, RunContext, Unavailable, define_queue, define_schedule, open_store
-from backend.liveness import WorkLease
+from backend.runtime.liveness import WorkLease
 from backend.model import TAG_LEASE_LOST
-from backend.registry import InstanceRegistry, pid_alive
-from backend.runner import Invocation
+from backend.scheduler.registry import InstanceRegistry, pid_alive
+from backend.runtime.runner import Invocation
 from console.fleet import fleet_of
-from backend.interface import ConnectionInfo
+from backend.client.interface import ConnectionInfo
 
 UTC = timezone.utc
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from backend import BadInput, Forbidden, NotFound, connect
-from backend.interface import Backend
+from backend.client.interface import Backend
 from tests.servers import Server
 from tests.test_cli import Cli, cli  # noqa: F401 - fixtures
 from tests.test_contract import OPERATE, READ, backend, read_only_backend, server  # noqa: F401 - fixtures

@@ -15,7 +15,7 @@ import yaml
 
 from backend.cron import Cron
 from backend.errors import BadInput
-from backend.manifests import PROVIDERS, ManifestFile, render_manifests
+from backend.scheduler.manifests import PROVIDERS, ManifestFile, render_manifests
 from backend.schedules import Schedule, define_schedule
 
 BASE = "https://sched.example.com"

@@ -8,8 +8,8 @@ import pytest
 
 from backend import Unavailable
 from backend.store.migrations import Component
-from backend.store.postgres import PostgresStore
-from backend.store.sqlite import SQLiteStore
+from backend.store.postgres.store import PostgresStore
+from backend.store.sqlite.store import SQLiteStore
 from tests import pg
 
 V1 = "CREATE TABLE {t} (id TEXT PRIMARY KEY); CREATE INDEX {t}_by_id ON {t} (id)"

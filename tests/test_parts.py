@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from backend import ManualClock, RunContext, define_schedule, open_store
-from backend.ledger import RunLedger
-from backend.loops import Loops
+from backend.scheduler.ledger import RunLedger
+from backend.runtime.loops import Loops
 from backend.model import Run, ScheduleState
-from backend.registry import InstanceRegistry, host_identity
-from backend.states import ScheduleStates
+from backend.scheduler.registry import InstanceRegistry, host_identity
+from backend.scheduler.states import ScheduleStates
 
 UTC = timezone.utc
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from backend import NotFound, connect
-from backend.remote import RemoteBackend
+from backend.client.remote import RemoteBackend
 from tests.servers import Server, cli_env, start_server
 
 OPERATE = "op-names-token"

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
 from backend import Engine, RunContext, define_schedule
-from backend.events import RESYNC, Subscription
-from backend.relay import ENGINE_TOPICS
+from backend.events.bus import RESYNC, Subscription
+from backend.events.relay import ENGINE_TOPICS
 from tests import pg
 
 PROCESSES = ["a", "b", "c"]

@@ -22,9 +22,9 @@ import pytest
 
 from backend import DefinitionError, ManualClock, RunContext, define_schedule, open_store
 from backend.errors import describe_exception
-from backend.loops import Loops
-from backend.runner import HandlerRunner, Invocation, Outcome
-from backend.timers import TimerWheel
+from backend.runtime.loops import Loops
+from backend.runtime.runner import HandlerRunner, Invocation, Outcome
+from backend.scheduler.timers import TimerWheel
 from tests.conftest import all_runs
 from tests.odd_exceptions import ODD_EXCEPTIONS, tag_of
 from tests.servers import REPO, cli_env

@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from backend import Engine, ManualClock
 from backend.errors import NotFound
 from backend.jobs import JobContext, define_queue
-from backend.stored import NameTaken
+from backend.scheduler.stored import NameTaken
 
 NAMES = ("a", "b")
 CRONS = ("* * * * *", "*/2 * * * *", "*/3 * * * *")

@@ -11,7 +11,7 @@ import pytest
 
 from backend import BadInput, Engine, ManualClock, NotFound
 from backend.jobs import JobContext, define_queue
-from backend.stored import DefinedInCode, NameTaken
+from backend.scheduler.stored import DefinedInCode, NameTaken
 from tests.conftest import all_runs
 from tests.test_engine import schedule
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from backend import Engine, Run, define_schedule, open_store
-from backend.api import create_app
+from backend.api.app import create_app
 from backend.ids import IdFactory
-from backend.interface import EmbeddedBackend
-from backend.server import serve
+from backend.client.interface import EmbeddedBackend
+from backend.api.server import serve
 from tests.servers import cli_env
 
 EVERY_MINUTE = """

@@ -28,10 +28,10 @@ import httpx
 import pytest
 
 from backend import Engine, ManualClock, ScheduleState, Unavailable, define_schedule
-from backend.api import create_app
-from backend.interface import EmbeddedBackend
+from backend.api.app import create_app
+from backend.client.interface import EmbeddedBackend
 from backend.model import Health, iso
-from backend.store.sqlite import SQLiteStore
+from backend.store.sqlite.store import SQLiteStore
 from tests.conftest import expect
 from tests.servers import Server, cli_env, poll, start_server
 

@@ -37,9 +37,9 @@ from backend import BackfillProgress, InUse, NotFound, Refused, Run, ScheduleSta
 from backend.ids import IdFactory, id_floor
 from backend.model import Claim, StoreHealth, slot_key
 from backend.store import Store, open_store
-from backend.store.sqlite import SQLiteStore
-from backend.store.sqlite_reserve import Reserve
-from backend.store.sqlite_sql import _run_params
+from backend.store.sqlite.store import SQLiteStore
+from backend.store.sqlite.reserve import Reserve
+from backend.store.sqlite.sql import _run_params
 from tests import pg
 
 UTC = timezone.utc
@@ -1001,9 +1001,9 @@ async def test_claims_report_runs_in_flight_on_other_instances(store: Store) -> 
 def test_no_store_pages_with_offset(store_kind: str, tmp_path: Path) -> None:
     module = inspect.getmodule(type(STORE_FACTORIES[store_kind](tmp_path)))
     assert module is not None
-    # The store's own module and its siblings (its SQL, its writer, each system's part).
+    # The store's package: its SQL, its writer, each system's part.
     folder = Path(inspect.getfile(module)).parent
-    source = "".join(path.read_text() for path in sorted(folder.glob(f"{store_kind}*.py")))
+    source = "".join(path.read_text() for path in sorted(folder.glob("*.py")))
     assert "ORDER BY scheduled_at DESC, id DESC" in source
     # (OFFSET 0 is an optimisation fence, not a page.)
     assert re.search(r"\bOFFSET\s+(\?|%s|%\(|\$\d|[1-9]|\{)", source, re.IGNORECASE) is None
@@ -1026,7 +1026,7 @@ async def test_sqlite_uses_wal(sqlite_store: Store, tmp_path: Path) -> None:
 
 
 async def test_sqlite_schema_version_is_written_once(tmp_path: Path) -> None:
-    from backend.store.sqlite_sql import MIGRATIONS
+    from backend.store.sqlite.sql import MIGRATIONS
 
     url = f"sqlite:///{tmp_path / 'state.db'}"
     for _ in range(3):
@@ -1340,7 +1340,7 @@ CHILD = textwrap.dedent(
     import asyncio, json, sys
     from datetime import datetime, timedelta, timezone
     from backend.model import Run
-    from backend.store.sqlite import SQLiteStore
+    from backend.store.sqlite.store import SQLiteStore
 
     async def main(path, parent_id, first_id):
         store = SQLiteStore(path)
@@ -1429,7 +1429,7 @@ async def test_postgres_unreachable_is_one_line_without_the_password(pg_server: 
 
 @pytest.mark.postgres
 async def test_postgres_schema_version_is_written_once(pg_url: str) -> None:
-    from backend.store.postgres_sql import MIGRATIONS
+    from backend.store.postgres.sql import MIGRATIONS
 
     for _ in range(3):
         s = open_store(pg_url)

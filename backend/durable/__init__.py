@@ -6,10 +6,10 @@ instance that defines the function (:mod:`.executor`); any process starts, signa
 cancels and retries them (:class:`Durable`, ``st.durable`` of :func:`backend.connect`).
 """
 
-from .context import DurableContext
-from .definition import DEFAULT_STEP_TIMEOUT, DurableFunction, Retry, define_durable
-from .errors import StepFailed
-from .model import (
+from backend.durable.context import DurableContext
+from backend.durable.definition import DEFAULT_STEP_TIMEOUT, DurableFunction, Retry, define_durable
+from backend.durable.errors import StepFailed
+from backend.durable.model import (
     EXECUTION_STATUSES,
     MAX_LIFETIME,
     Execution,
@@ -20,7 +20,7 @@ from .model import (
     StepView,
     execution_id_for_slot,
 )
-from .service import Durable
+from backend.durable.service import Durable
 
 __all__ = [
     "DEFAULT_STEP_TIMEOUT",

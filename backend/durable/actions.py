@@ -8,8 +8,8 @@ from __future__ import annotations
 import builtins
 from typing import Any
 
-from .model import Execution, Signalled, Started
-from .service import Durable
+from backend.durable.model import Execution, Signalled, Started
+from backend.durable.service import Durable
 
 __all__ = ["DurableActions"]
 

@@ -17,16 +17,16 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..model import TAG_INTERRUPTED
-from ..runner import TAG_THREADS_EXHAUSTED, Outcome, RunnerSaturated
-from .definition import DEFAULT_RETRY, NO_RETRY, Retry
-from .errors import StepFailed
-from .model import TAG_AT_MOST_ONCE_INTERRUPTED, decode
-from .run import TAG_NOT_JSON, encode
-from .store import Progress, StepRecord
+from backend.model import TAG_INTERRUPTED
+from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Outcome, RunnerSaturated
+from backend.durable.definition import DEFAULT_RETRY, NO_RETRY, Retry
+from backend.durable.errors import StepFailed
+from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED, decode
+from backend.durable.run import TAG_NOT_JSON, encode
+from backend.durable.store import Progress, StepRecord
 
 if TYPE_CHECKING:
-    from .run import ExecutionRun
+    from backend.durable.run import ExecutionRun
 
 __all__ = ["SIGNAL_NAME", "DurableContext"]
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
-from ..definitions import register_definition_type
-from ..errors import DefinitionError
-from ..schedules import NAME_PATTERN, handler_problem
+from backend.definitions import register_definition_type
+from backend.errors import DefinitionError
+from backend.schedules import NAME_PATTERN, handler_problem
 
 if TYPE_CHECKING:
-    from .context import DurableContext
+    from backend.durable.context import DurableContext
 
 __all__ = ["DEFAULT_STEP_TIMEOUT", "DurableFunction", "Retry", "define_durable"]
 

@@ -12,7 +12,7 @@ stopping, or replaying it would be wrong). They derive from :class:`BaseExceptio
 
 from __future__ import annotations
 
-from ..errors import SchedtuiError
+from backend.errors import SchedtuiError
 
 __all__ = ["StepFailed"]
 

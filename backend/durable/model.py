@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Final, Literal
 
-from ..ids import encode_id
-from ..model import iso, parse_iso
+from backend.ids import encode_id
+from backend.model import iso, parse_iso
 
 __all__ = [
     "EXECUTION_STATUSES",

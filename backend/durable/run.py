@@ -1,7 +1,7 @@
 """One claimed execution in this process: its replay state, its calls, its writes.
 
 An :class:`ExecutionRun` is made for each claim. It calls the function's code (through
-the shared :class:`~backend.runner.HandlerRunner`, like every handler) with a
+the shared :class:`~backend.runtime.runner.HandlerRunner`, like every handler) with a
 :class:`~backend.durable.context.DurableContext` over this run. The step checkpoints it
 was claimed with (read once, in the claim) answer every step already finished; the first
 unfinished one runs for real. Every write carries the claim's lease number, so a run that
@@ -20,17 +20,17 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Unavailable, describe_exception
-from ..model import TAG_INTERRUPTED, TAG_TIMEOUT
-from ..runner import Invocation, Outcome
-from .definition import DurableFunction
-from .errors import Cancelled, Fatal, LeaseLost, Released, StepFailed, Stop, Suspended
-from .model import MAX_LIFETIME, TAG_CANCELLED, TAG_EXPIRED, TAG_NONDETERMINISTIC, decode
-from .store import Claimed, DurableStore, Finish, Progress, StepRecord, Suspend, Write
+from backend.errors import Unavailable, describe_exception
+from backend.model import TAG_INTERRUPTED, TAG_TIMEOUT
+from backend.runtime.runner import Invocation, Outcome
+from backend.durable.definition import DurableFunction
+from backend.durable.errors import Cancelled, Fatal, LeaseLost, Released, StepFailed, Stop, Suspended
+from backend.durable.model import MAX_LIFETIME, TAG_CANCELLED, TAG_EXPIRED, TAG_NONDETERMINISTIC, decode
+from backend.durable.store import Claimed, DurableStore, Finish, Progress, StepRecord, Suspend, Write
 
 if TYPE_CHECKING:
-    from .context import DurableContext
-    from .executor import DurableExecutor
+    from backend.durable.context import DurableContext
+    from backend.durable.executor import DurableExecutor
 
 __all__ = ["ExecutionRun"]
 
@@ -94,7 +94,7 @@ class ExecutionRun:
     """Replay state and writes of one claimed execution (see the module docstring)."""
 
     def __init__(self, executor: DurableExecutor, claimed: Claimed, function: DurableFunction) -> None:
-        from .context import DurableContext
+        from backend.durable.context import DurableContext
 
         row = claimed.execution
         self.executor = executor

@@ -20,8 +20,8 @@ import json
 from datetime import datetime, timezone
 from typing import Any, Literal, Protocol
 
-from ..safetext import load_json
-from .model import Execution, ExecutionStatus, StepKind, StepStatus, StepView
+from backend.safetext import load_json
+from backend.durable.model import Execution, ExecutionStatus, StepKind, StepStatus, StepView
 
 __all__ = [
     "EXECUTION_FIELDS",

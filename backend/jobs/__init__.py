@@ -12,8 +12,8 @@ with retries, dedupe keys, dead jobs and a fleet-wide concurrency cap (DESIGN.md
 Only the light modules are imported here; the engine imports the rest.
 """
 
-from .definition import Queue, define_queue
-from .model import Attempt, Job, JobContext, JobDetail, JobsPage, NotDead, QueueFull, QueueView, Sent
+from backend.jobs.definition import Queue, define_queue
+from backend.jobs.model import Attempt, Job, JobContext, JobDetail, JobsPage, NotDead, QueueFull, QueueView, Sent
 
 __all__ = [
     "Attempt",

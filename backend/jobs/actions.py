@@ -16,10 +16,10 @@ import functools
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .model import Job, JobDetail, JobsPage, QueueView, Sent
+from backend.jobs.model import Job, JobDetail, JobsPage, QueueView, Sent
 
 if TYPE_CHECKING:
-    from .system import Jobs
+    from backend.jobs.system import Jobs
 
 __all__ = ["BlockingJobActions", "JobActions"]
 

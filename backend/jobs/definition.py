@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal, Union
 
-from ..definitions import register_definition_type
-from ..errors import BadInput, DefinitionError
-from ..inputs import check_json, check_text, is_id
-from ..safetext import printable
-from ..schedules import NAME_PATTERN, handler_problem
+from backend.definitions import register_definition_type
+from backend.errors import BadInput, DefinitionError
+from backend.inputs import check_json, check_text, is_id
+from backend.safetext import printable
+from backend.schedules import NAME_PATTERN, handler_problem
 
 if TYPE_CHECKING:
-    from .model import JobContext
+    from backend.jobs.model import JobContext
 
 __all__ = [
     "DEFAULT_ATTEMPTS",

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from ..errors import Refused
-from ..model import iso, parse_iso
+from backend.errors import Refused
+from backend.model import iso, parse_iso
 
 if TYPE_CHECKING:
-    from .actions import JobActions
+    from backend.jobs.actions import JobActions
 
 __all__ = [
     "ATTEMPT_STATUSES",

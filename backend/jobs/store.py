@@ -1,7 +1,7 @@
 """What the job queue needs from a store: :class:`JobStore`, and the records it takes.
 
 Both stores implement it, each in a mixin beside it that holds all of its SQL
-(:mod:`backend.store.sqlite_jobs`, :mod:`backend.store.postgres_jobs`).
+(:mod:`backend.store.sqlite.jobs`, :mod:`backend.store.postgres.jobs`).
 
 The invariants the queue keeps, and where each is kept:
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from .model import Attempt, Job, JobStatus, QueueView, Sent
+from backend.jobs.model import Attempt, Job, JobStatus, QueueView, Sent
 
 __all__ = [
     "Claimed",

@@ -1,4 +1,4 @@
-"""The job queue as a subsystem of the engine (:class:`~backend.subsystems.Subsystem`).
+"""The job queue as a subsystem of the engine (:class:`~backend.runtime.subsystems.Subsystem`).
 
 Any process that opens the store can send and act (``connect()``, the CLI, the API);
 only a started engine (``serve``) runs workers, closes the attempts of jobs whose worker
@@ -14,12 +14,12 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from ..errors import BadInput, NotFound, Unavailable
-from ..inputs import check_before, check_id
-from ..model import TAG_ABANDONED
-from ..subsystems import Shared
-from .actions import JobActions
-from .definition import (
+from backend.errors import BadInput, NotFound, Unavailable
+from backend.inputs import check_before, check_id
+from backend.model import TAG_ABANDONED
+from backend.runtime.subsystems import Shared
+from backend.jobs.actions import JobActions
+from backend.jobs.definition import (
     ATTEMPTS_KEEP,
     CRON_DEAD_KEEP,
     DEAD_KEEP,
@@ -30,9 +30,9 @@ from .definition import (
     check_queue_name,
     check_send,
 )
-from .model import JOB_STATUSES, Job, JobDetail, JobsPage, JobStatus, QueueView, Sent
-from .store import Finish, FinishKind, JobStore, NewJob, QueueSpec
-from .workers import Workers
+from backend.jobs.model import JOB_STATUSES, Job, JobDetail, JobsPage, JobStatus, QueueView, Sent
+from backend.jobs.store import Finish, FinishKind, JobStore, NewJob, QueueSpec
+from backend.jobs.workers import Workers
 
 __all__ = ["Jobs"]
 

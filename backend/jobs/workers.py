@@ -10,9 +10,9 @@ batch, not a transaction per job.
 The dispatcher claims for a queue when it has room and reason to: a send in this process
 or a notification from another, jobs left over by the last claim, the next known due
 time, or the fallback poll. It parks on the injected clock otherwise, so
-:meth:`~backend.engine.Engine.quiesce` sees it idle.
+:meth:`~backend.scheduler.engine.Engine.quiesce` sees it idle.
 
-Each claimed job runs as a :class:`JobRun`, an :class:`~backend.runner.Invocation`: the
+Each claimed job runs as a :class:`JobRun`, an :class:`~backend.runtime.runner.Invocation`: the
 runner calls the handler under the queue's ``max_runtime``, and its outcome decides the
 attempt's end: ``succeeded``; a retry after ``min(10 * 2**(attempt-1), 3600)`` seconds;
 ``dead`` after the last attempt.
@@ -29,15 +29,15 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Unavailable
-from ..model import TAG_ABANDONED, TAG_INTERRUPTED, TAG_LEASE_LOST
-from ..runner import TAG_THREADS_EXHAUSTED, Invocation, Outcome, RunnerSaturated
-from .definition import Queue, backoff
-from .model import JobContext
-from .store import Claimed, Finish, FinishKind, QueueSpec
+from backend.errors import Unavailable
+from backend.model import TAG_ABANDONED, TAG_INTERRUPTED, TAG_LEASE_LOST
+from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Invocation, Outcome, RunnerSaturated
+from backend.jobs.definition import Queue, backoff
+from backend.jobs.model import JobContext
+from backend.jobs.store import Claimed, Finish, FinishKind, QueueSpec
 
 if TYPE_CHECKING:
-    from .system import Jobs
+    from backend.jobs.system import Jobs
 
 __all__ = ["JobRun", "Workers"]
 

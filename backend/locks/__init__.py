@@ -7,8 +7,8 @@ writes can be checked against (:meth:`Lease.fence`). ``define_schedule(..., lock
 runs a schedule's handler only while holding that lock.
 """
 
-from .lease import Lease, LockResult
-from .model import (
+from backend.locks.lease import Lease, LockResult
+from backend.locks.model import (
     DEFAULT_TTL,
     TAG_LEASE_LOST,
     TAG_LOCKED,
@@ -19,8 +19,8 @@ from .model import (
     LocksSnapshot,
     StaleLease,
 )
-from .service import Locks
-from .store import LockStore
+from backend.locks.service import Locks
+from backend.locks.store import LockStore
 
 __all__ = [
     "DEFAULT_TTL",

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..model import iso
-from .model import Lock, StaleLease
+from backend.model import iso
+from backend.locks.model import Lock, StaleLease
 
 if TYPE_CHECKING:
-    from .service import Locks
+    from backend.locks.service import Locks
 
 __all__ = ["Lease", "LockResult"]
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from ..errors import BadInput, SchedtuiError
-from ..model import iso, parse_iso
+from backend.errors import BadInput, SchedtuiError
+from backend.model import iso, parse_iso
 
 __all__ = [
     "DEFAULT_TTL",

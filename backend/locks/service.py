@@ -1,10 +1,10 @@
 """The locks subsystem: taking, renewing and releasing leases; locked schedule runs.
 
 One :class:`Locks` per engine (``engine.locks``, and ``st.locks`` from
-:func:`~backend.client.connect`). A lease is taken with one conditional statement
+:func:`~backend.client.connection.connect`). A lease is taken with one conditional statement
 (:meth:`Locks.acquire`: another holder means ``None`` at once, never a wait), renewed in
 the background every ``ttl/3`` by a task parked on the engine's clock (so
-:meth:`~backend.engine.Engine.quiesce` sees it), and released with one statement. When a
+:meth:`~backend.scheduler.engine.Engine.quiesce` sees it), and released with one statement. When a
 renewal fails for good (the token is no longer current) or the lease's deadline passes
 without one, the lease is *lost*: its callbacks run (``with_lock`` and ``hold`` cancel
 async work, a locked schedule's run is recorded ``failed``/``lease_lost``). The release
@@ -26,11 +26,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from ..errors import NotFound, Unavailable
-from ..model import TAG_UNAVAILABLE, iso
-from ..runner import Outcome
-from .lease import Lease, LockResult
-from .model import (
+from backend.errors import NotFound, Unavailable
+from backend.model import TAG_UNAVAILABLE, iso
+from backend.runtime.runner import Outcome
+from backend.locks.lease import Lease, LockResult
+from backend.locks.model import (
     DEFAULT_TTL,
     TAG_LEASE_LOST,
     TAG_LOCKED,
@@ -41,12 +41,12 @@ from .model import (
     check_lock_name,
     check_ttl,
 )
-from .store import LockStore
+from backend.locks.store import LockStore
 
 if TYPE_CHECKING:
-    from ..clock import Clock
-    from ..schedules import Schedule
-    from ..subsystems import Shared
+    from backend.clock import Clock
+    from backend.schedules import Schedule
+    from backend.runtime.subsystems import Shared
 
 __all__ = ["GuardedRun", "Locks"]
 

@@ -1,12 +1,12 @@
 """What the locks need from a store: :class:`LockStore`, implemented by both stores
-(:mod:`backend.store.sqlite_locks`, :mod:`backend.store.postgres_locks`)."""
+(:mod:`backend.store.sqlite.locks`, :mod:`backend.store.postgres.locks`)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from .model import Lock, LockRelease, LocksSnapshot
+from backend.locks.model import Lock, LockRelease, LocksSnapshot
 
 __all__ = ["LockStore"]
 

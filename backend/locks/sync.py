@@ -1,4 +1,4 @@
-"""The locks for synchronous code (``st.locks`` of :func:`~backend.client.connect_sync`).
+"""The locks for synchronous code (``st.locks`` of :func:`~backend.client.connection.connect_sync`).
 
 The work runs in the caller's thread; the lease is taken, renewed and released on the
 client's event loop thread. Sync work cannot be cancelled: a lost lease sets
@@ -13,9 +13,9 @@ import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from .lease import Lease, LockResult
-from .model import DEFAULT_TTL, LeaseLost, LockNotAcquired, LockRelease, LocksSnapshot
-from .service import Locks
+from backend.locks.lease import Lease, LockResult
+from backend.locks.model import DEFAULT_TTL, LeaseLost, LockNotAcquired, LockRelease, LocksSnapshot
+from backend.locks.service import Locks
 
 __all__ = ["SyncLease", "SyncLocks"]
 

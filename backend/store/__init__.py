@@ -1,7 +1,7 @@
 """The run ledger and schedule state, behind one protocol.
 
 :class:`Store` is the seam between the engine and a database. Two implementations:
-:mod:`backend.store.sqlite` (embedded default) and :mod:`backend.store.postgres` (fleets).
+:mod:`backend.store.sqlite.store` (embedded default) and :mod:`backend.store.postgres.store` (fleets).
 :func:`open_store` picks one from a URL. Every method is safe to call from the engine's
 event loop; none blocks it.
 """
@@ -15,9 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from .. import safetext
-from ..errors import BadInput, Unavailable
-from ..model import (
+from backend import safetext
+from backend.errors import BadInput, Unavailable
+from backend.model import (
     DEFAULT_STORE_URL,
     BackfillProgress,
     Claim,
@@ -318,7 +318,7 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
     # Error texts may quote the URL (libpq echoes what it cannot parse): keep its secrets out.
     safetext.remember_url_secrets(url)
     if url.startswith("sqlite://"):
-        from .sqlite import SQLiteStore
+        from backend.store.sqlite.store import SQLiteStore
 
         path = url[len("sqlite://") :]
         if path.startswith("/"):
@@ -327,7 +327,7 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
             raise BadInput(f'store URL "{url}" names no file (try sqlite:///.schedtui/state.db)')
         return SQLiteStore(Path(path) if path != ":memory:" else path, create=create)
     if url.startswith(("postgresql://", "postgres://")):
-        from .postgres import PostgresStore
+        from backend.store.postgres.store import PostgresStore
 
         safetext.remember_secret(os.environ.get("PGPASSWORD"))  # libpq's own: kept out of texts too
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..jobs.model import Attempt, Job
-from ..jobs.store import Claimed, RunningJob
-from ..safetext import load_json
-from .rows import ToTime
+from backend.jobs.model import Attempt, Job
+from backend.jobs.store import Claimed, RunningJob
+from backend.safetext import load_json
+from backend.store.rows import ToTime
 
 #: The columns of a job, in the order every store selects them.
 JOB_FIELDS = (

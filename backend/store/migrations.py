@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import Unavailable
+from backend.errors import Unavailable
 
 __all__ = ["Component", "components_of", "migrate_postgres", "migrate_sqlite"]
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..model import BackfillProgress, Run
+from backend.model import BackfillProgress, Run
 
 #: The columns of a run, in the order every store selects them.
 RUN_FIELDS = (

@@ -1,9 +1,9 @@
 """The console's modal screens: backfill, disable note, run details, help, quit."""
 
-from .backfill import BackfillScreen
-from .details import RunDetails
-from .help import HelpScreen
-from .prompt import NotePrompt
-from .quit import QuitPrompt
+from console.screens.backfill import BackfillScreen
+from console.screens.details import RunDetails
+from console.screens.help import HelpScreen
+from console.screens.prompt import NotePrompt
+from console.screens.quit import QuitPrompt
 
 __all__ = ["BackfillScreen", "HelpScreen", "NotePrompt", "QuitPrompt", "RunDetails"]

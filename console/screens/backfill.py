@@ -21,7 +21,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, ProgressBar, Static
 
 from backend.errors import BadInput, SchedtuiError, Unavailable
-from backend.interface import Backend
+from backend.client.interface import Backend
 from backend.model import (
     BACKFILL_CONFIRM_ABOVE,
     BackfillPlan,
@@ -30,7 +30,7 @@ from backend.model import (
 )
 from backend.timeparse import parse_when
 
-from .. import format as fmt
+from console import format as fmt
 
 __all__ = ["BackfillScreen", "PlanState"]
 

@@ -13,12 +13,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from backend.errors import SchedtuiError
-from backend.interface import Backend
+from backend.client.interface import Backend
 from backend.model import Run
 
-from .. import format as fmt
-from ..widgets.palette import OUTCOME_COLORS, STATUS_COLORS
-from ..widgets.runs import lag
+from console import format as fmt
+from console.widgets.palette import OUTCOME_COLORS, STATUS_COLORS
+from console.widgets.runs import lag
 
 __all__ = ["RunDetails"]
 

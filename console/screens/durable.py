@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Input, Label, Static
 
 from backend.durable.model import Execution, StepView
 
-from .. import format as fmt
+from console import format as fmt
 
 __all__ = ["CancelPrompt", "SignalPrompt", "StepsScreen", "step_rows"]
 

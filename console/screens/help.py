@@ -9,8 +9,8 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from .. import format as fmt
-from ..widgets.palette import (
+from console import format as fmt
+from console.widgets.palette import (
     KIND_GLYPHS,
     KIND_MEANINGS,
     OUTCOME_COLORS,
@@ -18,8 +18,8 @@ from ..widgets.palette import (
     STATUS_COLORS,
     STATUS_MEANINGS,
 )
-from ..widgets.schedules import STORED_MARK
-from ..widgets.timeline import MARKS
+from console.widgets.schedules import STORED_MARK
+from console.widgets.timeline import MARKS
 
 __all__ = ["HelpScreen"]
 

@@ -17,11 +17,11 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
 from backend.errors import SchedtuiError
-from backend.interface import Backend
+from backend.client.interface import Backend
 from backend.jobs.model import Job, JobDetail, Sent
 
-from .. import format as fmt
-from ..widgets.jobs import JOB_STATUS_COLORS, job_when
+from console import format as fmt
+from console.widgets.jobs import JOB_STATUS_COLORS, job_when
 
 __all__ = ["ConfirmPrompt", "JobDetails", "RETRY_CONFIRM_ABOVE", "SendJobScreen"]
 

@@ -27,10 +27,10 @@ from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from backend.cron import Cron
 from backend.errors import CronError, SchedtuiError
-from backend.interface import Backend
+from backend.client.interface import Backend
 from backend.model import ScheduleView
 
-from .. import format as fmt
+from console import format as fmt
 
 __all__ = ["DEFINED_IN_CODE", "DeleteSchedule", "PREVIEW_COUNT", "ScheduleForm", "defined_in_code"]
 

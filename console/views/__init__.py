@@ -4,7 +4,7 @@ A view is one module here with one :class:`~console.views.base.View` subclass. T
 (the jobs, durable, locks and audit views come with their systems), write its module and
 fill in ``make`` in its :data:`VIEWS` entry; the keys, the footer, ``?``, the command
 palette and the tab line follow from the registry. A view whose system the backend does
-not offer (:attr:`backend.interface.ConnectionInfo.systems`), or that is not written yet,
+not offer (:attr:`backend.client.interface.ConnectionInfo.systems`), or that is not written yet,
 says so instead of failing.
 """
 
@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .audit import AuditView
-from .base import UnavailableView, View
-from .jobs import JobsView
-from .locks import LocksView
-from .durable import DurableView
-from .schedules import SchedulesView
-from .timeline import TimelineView
+from console.views.audit import AuditView
+from console.views.base import UnavailableView, View
+from console.views.jobs import JobsView
+from console.views.locks import LocksView
+from console.views.durable import DurableView
+from console.views.schedules import SchedulesView
+from console.views.timeline import TimelineView
 
 __all__ = ["VIEWS", "UnavailableView", "View", "ViewSpec", "view_spec"]
 

@@ -13,14 +13,14 @@ from textual.binding import Binding
 from textual.content import Content
 from textual.widgets import DataTable, Static
 
-from backend.audit import AuditEntry
+from backend.events.audit import AuditEntry
 from backend.errors import SchedtuiError, Unavailable
 
-from .. import format as fmt
-from ..widgets.line import Line
-from ..widgets.palette import theme_color
-from ..widgets.schedules import FreshTable
-from .base import View
+from console import format as fmt
+from console.widgets.line import Line
+from console.widgets.palette import theme_color
+from console.widgets.schedules import FreshTable
+from console.views.base import View
 
 __all__ = ["AUDIT_PAGE", "AuditTable", "AuditView", "detail_text", "entry_matches"]
 

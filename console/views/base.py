@@ -11,7 +11,7 @@ from textual.content import Content
 from textual.widgets import Static
 
 if TYPE_CHECKING:
-    from ..app import SchedtuiApp
+    from console.app import SchedtuiApp
 
 __all__ = ["UnavailableView", "View"]
 
@@ -34,11 +34,11 @@ class View(Vertical):
     view_id: ClassVar[str] = ""
     topics: ClassVar[tuple[str, ...]] = ()
     """Change signals (besides ``runs`` and ``schedules``, which every view follows) that
-    make the app refresh while this view is on screen (see :mod:`backend.events`)."""
+    make the app refresh while this view is on screen (see :mod:`backend.events.bus`)."""
 
     @property
     def console(self) -> SchedtuiApp:
-        from ..app import SchedtuiApp
+        from console.app import SchedtuiApp
 
         app = self.app
         assert isinstance(app, SchedtuiApp)

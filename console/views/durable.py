@@ -19,12 +19,12 @@ from textual.widgets import DataTable, Static
 from backend.durable.model import Execution
 from backend.errors import SchedtuiError, Unavailable
 
-from .. import format as fmt
-from ..screens.durable import CancelPrompt, SignalPrompt, StepsScreen
-from ..widgets.line import Line
-from ..widgets.palette import theme_color
-from ..widgets.schedules import FreshTable
-from .base import View
+from console import format as fmt
+from console.screens.durable import CancelPrompt, SignalPrompt, StepsScreen
+from console.widgets.line import Line
+from console.widgets.palette import theme_color
+from console.widgets.schedules import FreshTable
+from console.views.base import View
 
 __all__ = ["EXECUTIONS_PAGE", "DurableView", "ExecutionsTable", "execution_matches"]
 

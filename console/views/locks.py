@@ -15,12 +15,12 @@ from textual.content import Content
 from backend.errors import SchedtuiError, Unavailable
 from backend.locks import Lock, LocksSnapshot
 
-from .. import format as fmt
-from ..screens.confirm import Confirm
-from ..widgets.line import Line
-from ..widgets.palette import theme_color
-from ..widgets.schedules import FreshTable
-from .base import View
+from console import format as fmt
+from console.screens.confirm import Confirm
+from console.widgets.line import Line
+from console.widgets.palette import theme_color
+from console.widgets.schedules import FreshTable
+from console.views.base import View
 
 __all__ = ["LocksTable", "LocksView"]
 

@@ -17,15 +17,15 @@ from textual.content import Content
 from textual.widgets import DataTable
 
 from backend.errors import SchedtuiError, Unavailable
-from backend.interface import RunsPage
+from backend.client.interface import RunsPage
 from backend.model import Run, ScheduleView
 
-from .. import format as fmt
-from ..fleet import durations
-from ..screens.schedule_form import DEFINED_IN_CODE, DeleteSchedule, ScheduleForm, defined_in_code
-from ..widgets.line import Line
-from ..widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
-from .base import View
+from console import format as fmt
+from console.fleet import durations
+from console.screens.schedule_form import DEFINED_IN_CODE, DeleteSchedule, ScheduleForm, defined_in_code
+from console.widgets.line import Line
+from console.widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
+from console.views.base import View
 
 __all__ = ["PAGE_SIZE", "SchedulesView"]
 

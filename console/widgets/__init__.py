@@ -1,9 +1,9 @@
 """The console's widgets: header, schedules table, the selected schedule's runs, the timeline."""
 
-from .header import ConsoleHeader, FleetBanner
-from .runs import DetailBar, RecentRuns, RunsTable, UpcomingLine
-from .schedules import SchedulesTable
-from .timeline import TimelineGrid
+from console.widgets.header import ConsoleHeader, FleetBanner
+from console.widgets.runs import DetailBar, RecentRuns, RunsTable, UpcomingLine
+from console.widgets.schedules import SchedulesTable
+from console.widgets.timeline import TimelineGrid
 
 __all__ = [
     "ConsoleHeader",

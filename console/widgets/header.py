@@ -10,10 +10,10 @@ from textual.markup import escape
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from backend.interface import ConnectionInfo
+from backend.client.interface import ConnectionInfo
 
-from .. import format as fmt
-from ..fleet import Fleet
+from console import format as fmt
+from console.fleet import Fleet
 
 __all__ = ["ConnectionState", "ConsoleHeader", "Feed", "FleetBanner"]
 

@@ -16,9 +16,9 @@ from textual.binding import Binding, BindingType
 
 from backend.jobs.model import Job, QueueView
 
-from .. import format as fmt
-from .palette import FAILED_EMPHASIS, theme_color
-from .schedules import FreshTable
+from console import format as fmt
+from console.widgets.palette import FAILED_EMPHASIS, theme_color
+from console.widgets.schedules import FreshTable
 
 __all__ = ["JOB_STATUS_COLORS", "JobsTable", "QueuesTable", "job_status_text", "job_when"]
 

@@ -13,7 +13,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.color import Color
 
-from .. import format as fmt
+from console import format as fmt
 
 if TYPE_CHECKING:
     from textual.app import App

@@ -14,10 +14,10 @@ from textual.widget import Widget
 
 from backend.model import Run, ScheduleView
 
-from .. import format as fmt
-from ..fleet import Durations
-from .palette import outcome_text, status_cell, status_text, theme_color
-from .schedules import FreshTable
+from console import format as fmt
+from console.fleet import Durations
+from console.widgets.palette import outcome_text, status_cell, status_text, theme_color
+from console.widgets.schedules import FreshTable
 
 __all__ = ["DetailBar", "RecentRuns", "RunsTable", "UpcomingLine", "lag"]
 

@@ -33,9 +33,9 @@ from textual.widgets.data_table import ColumnKey, RowKey
 
 from backend.model import Run, ScheduleView
 
-from .. import format as fmt
-from ..fleet import CronCache, Overdue
-from .palette import OUTCOME_COLORS, status_style, theme_color
+from console import format as fmt
+from console.fleet import CronCache, Overdue
+from console.widgets.palette import OUTCOME_COLORS, status_style, theme_color
 
 __all__ = [
     "BATCH_PAUSE",

@@ -21,10 +21,10 @@ from textual.strip import Strip
 
 from backend.model import Run, ScheduleView
 
-from .. import format as fmt
-from ..fleet import CronCache
-from ..timeline import Cell, Window, kind_of, row_marks, ticks
-from .palette import KIND_GLYPHS, STATUS_COLORS, theme_color
+from console import format as fmt
+from console.fleet import CronCache
+from console.timeline import Cell, Window, kind_of, row_marks, ticks
+from console.widgets.palette import KIND_GLYPHS, STATUS_COLORS, theme_color
 
 __all__ = ["MARKS", "TimelineGrid"]
 

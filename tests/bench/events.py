@@ -44,7 +44,7 @@ if __package__ in (None, ""):  # run as a script: make backend/ and tests/ impor
 
 import httpx  # noqa: E402
 
-from backend.remote import RemoteBackend  # noqa: E402
+from backend.client.remote import RemoteBackend  # noqa: E402
 from tests.bench import stats  # noqa: E402
 
 SCHEDULES = """

@@ -150,7 +150,7 @@ async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
     import backend
     from backend import Engine, define_schedule
     from backend.clock import SystemClock
-    from backend.server import freeze_startup_heap
+    from backend.api.server import freeze_startup_heap
 
     observations: list[tuple[int, int, float]] = []
     note = observations.append

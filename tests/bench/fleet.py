@@ -373,7 +373,7 @@ def wait_for_spread(url: str, instances: int, timeout: float) -> int:
     Returns the transactions it took."""
     import psycopg
 
-    from backend.cluster import SHARDS
+    from backend.scheduler.coordination.cluster import SHARDS
 
     looks = 0
 

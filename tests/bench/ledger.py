@@ -15,7 +15,7 @@ What it writes into ``folder``:
   minute ... monthly), timezones (UTC, Berlin, New York, Tokyo, Kolkata's half hour ...),
   triggers (default, explicit self, external), overlap and backfill policies, payloads,
   descriptions, and a few schedules disabled in their definition. Handlers do nothing.
-* ``state.db``: the store, with the schema of :data:`backend.store.sqlite_sql.MIGRATIONS`
+* ``state.db``: the store, with the schema of :data:`backend.store.sqlite.sql.MIGRATIONS`
   (tables first, the rows inserted with ``executemany`` in big transactions, then the
   indexes, so the result is the very schema the store creates, built in seconds). Runs are
   spread over each schedule's last ~28 days and over the schedules roughly in proportion to

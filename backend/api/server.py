@@ -1,0 +1,284 @@
+"""``schedtui serve``: the engine and, when asked for, its HTTP API in one process.
+
+The engine (behind the embedded backend) and uvicorn share one event loop. The API's
+address is bound before anything else happens: a taken port fails at once, before the
+engine has caught up or fired anything. SIGINT/SIGTERM stops the API, then the engine
+(which lets runs in flight finish); a second signal stops waiting for them.
+
+Slow or idle clients are bounded: a request head must arrive within ``head_timeout``
+seconds of the connection (or of the previous response), a body within the API's
+``body_timeout``, an idle keep-alive connection is closed after uvicorn's keep-alive
+timeout, and past ``max_connections`` open connections new requests get 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import ipaddress
+import logging
+import signal
+import socket
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from backend.errors import BadInput, ListenError, Unavailable
+from backend.client.interface import EmbeddedBackend
+from backend.store import until_lost
+
+__all__ = [
+    "HEAD_TIMEOUT",
+    "KEEP_ALIVE",
+    "MAX_CONNECTIONS",
+    "freeze_startup_heap",
+    "is_loopback",
+    "listen_on",
+    "serve",
+]
+
+log = logging.getLogger("schedtui.server")
+
+#: Seconds a client has to send a complete request head (request line and headers).
+HEAD_TIMEOUT = 10.0
+#: Seconds an idle keep-alive connection stays open.
+KEEP_ALIVE = 5
+#: Open connections (and requests in progress) past which requests are answered 503.
+MAX_CONNECTIONS = 256
+
+
+def _quiet_server_class() -> type:
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        """uvicorn, minus its own signal handling: ours stops the engine and the API together."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return QuietServer
+
+
+def _head_deadline_protocol(seconds: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a deadline on each request head.
+
+    uvicorn bounds an idle keep-alive connection, but not one that has started a request
+    and stalls in its headers: such a client could hold a connection forever. The deadline
+    runs from the connection (and from the end of each response) until a complete head
+    has arrived; past it the connection is closed."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadDeadlineProtocol(H11Protocol):
+        _head_deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_head_deadline()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_head_deadline()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle:  # a complete head arrived: its request is under way
+                self._cancel_head_deadline()
+
+        def on_response_complete(self) -> None:
+            self._arm_head_deadline()  # before: a pipelined head handled below cancels it
+            super().on_response_complete()
+
+        def _arm_head_deadline(self) -> None:
+            self._cancel_head_deadline()
+            self._head_deadline = self.loop.call_later(seconds, self._head_too_slow)
+
+        def _cancel_head_deadline(self) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
+
+        def _head_too_slow(self) -> None:
+            self._head_deadline = None
+            if not self.transport.is_closing():
+                log.debug("closing a connection that sent no complete request head within %gs", seconds)
+                self.transport.close()
+
+    return HeadDeadlineProtocol
+
+
+def freeze_startup_heap() -> None:
+    """Everything loaded by now (modules, schedules, crons, the app) lives as long as the
+    process: move it out of the garbage collector's sight, so that a full collection, when
+    it lands in a burst of firings or a request, scans only what they allocate (a full pass
+    over the startup heap took 7-20 ms and showed up as the worst second's lag)."""
+    gc.collect()
+    gc.freeze()
+
+
+def is_loopback(host: str) -> bool:
+    """True for addresses that only this machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
+        except (OSError, ValueError):
+            return False
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def listen_on(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A socket listening on ``host:port`` (0: any free port); :class:`ListenError` naming
+    the address and the system's reason when it cannot be had (a taken port, an unknown host)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        # A name such as localhost may resolve to ::1 first: IPv4 is what clients try.
+        family, kind, proto, _, address = sorted(infos, key=lambda info: info[0] != socket.AF_INET)[0]
+    except socket.gaierror as exc:
+        raise ListenError(f"cannot listen on {_address(host, port)}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {_address(host, port)}: {exc.strerror or exc}") from None
+    return sock
+
+
+async def serve(
+    backend: EmbeddedBackend,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    token: str | Sequence[str] | None = None,
+    read_token: str | Sequence[str] | None = None,
+    stop: asyncio.Event | None = None,
+    head_timeout: float = HEAD_TIMEOUT,
+    body_timeout: float | None = None,
+    max_connections: int = MAX_CONNECTIONS,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Start the backend's engine (firing on its timers) and run until ``stop`` is set or
+    the process is signalled. ``port=None``: no HTTP API. ``on_ready`` gets the API's URL
+    once it accepts requests."""
+    if port is not None and not (token or read_token) and not is_loopback(host):
+        raise BadInput(
+            f"refusing to listen on {host} without a token: anyone who can reach it could run your "
+            "schedules (set --token/--read-token or SCHEDTUI_TOKEN, or listen on 127.0.0.1)",
+            field="host",
+        )
+    app: Any = None
+    sock: socket.socket | None = None
+    if port is not None:
+        from backend.api.app import BODY_TIMEOUT, create_app
+
+        # Both before the engine starts: bad tokens and a taken port fire nothing.
+        app = create_app(
+            backend, token=token, read_token=read_token, body_timeout=body_timeout or BODY_TIMEOUT
+        )
+        sock = listen_on(host, port)
+    try:
+        await _serve(backend, app, sock, host, stop or asyncio.Event(), head_timeout, max_connections, on_ready,
+                     token_required=bool(token or read_token))  # fmt: skip
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+async def _serve(
+    backend: EmbeddedBackend,
+    app: Any,
+    sock: socket.socket | None,
+    host: str,
+    stop: asyncio.Event,
+    head_timeout: float,
+    max_connections: int,
+    on_ready: Callable[[str], None] | None,
+    *,
+    token_required: bool,
+) -> None:
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            log.info("stopping: runs in flight may finish (signal again to stop waiting)")
+            stop.set()
+        else:
+            backend.interrupt()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, on_signal)
+        except (NotImplementedError, RuntimeError):  # not the main thread: the caller stops us
+            pass
+
+    backend.arm = True
+    await backend.connect()
+    freeze_startup_heap()
+    server: Any = None
+    server_task: asyncio.Task[None] | None = None
+    if sock is not None:
+        import uvicorn
+
+        config = uvicorn.Config(
+            app,
+            http=_head_deadline_protocol(head_timeout),
+            log_level="warning",
+            log_config=None,  # uvicorn's lines go through the process's logging (redacted)
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=KEEP_ALIVE,
+            limit_concurrency=max_connections,
+        )
+        server = _quiet_server_class()(config)
+        server_task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not server.started and not server_task.done():
+            await asyncio.sleep(0.01)  # uvicorn offers no start event
+        if server_task.done():
+            await backend.close(grace=0)
+            try:
+                server_task.result()
+            except BaseException as exc:  # uvicorn ends a failed start with sys.exit()
+                raise ListenError(f"the API could not start on {_address(host, sock.getsockname()[1])}: {exc!r}") from None
+            raise ListenError(f"the API stopped as it started on {_address(host, sock.getsockname()[1])}")
+        bound = sock.getsockname()
+        url = f"http://{_address(bound[0], bound[1])}"
+        log.info("API listening on %s (%s)", url, "token required" if token_required else "no token: loopback only")
+        print(f"schedtui: serving {url}", flush=True)
+        if on_ready is not None:
+            on_ready(url)
+    # A store file deleted while serving: stop, and exit 1 saying so.
+    lost = asyncio.ensure_future(until_lost(backend.engine.store))
+    lost.add_done_callback(lambda _: stop.set())
+    await stop.wait()
+    if server is not None and server_task is not None:
+        app.state.api.closing.set()  # end the event streams: uvicorn waits for every response
+        server.should_exit = True
+        await server_task
+    await backend.close()
+    if not lost.done():
+        lost.cancel()
+    elif not lost.cancelled() and lost.exception() is None:
+        raise Unavailable(
+            f'stopped: the store "{backend.engine.store.where}" was deleted or replaced while in use, so nothing '
+            "written since would survive (the runs not written are in the log); restore it, or start again to create a new one"
+        )
+    left = backend.engine.store.health()  # after close: what it could not write
+    if left.waiting:
+        # Not a clean stop: a supervisor and an operator must hear of it (a full disk).
+        raise Unavailable(
+            f'stopped with {left.waiting} run(s) not written to the ledger of "{backend.engine.store.where}": {left.error} '
+            "(the log says where each run is kept)"
+        )

@@ -1,0 +1,143 @@
+"""Handlers that run in a process of their own (``define_schedule(..., isolation="process")``).
+
+A sync handler that hangs cannot be stopped inside the engine's process (Python cannot
+kill a thread), and one that burns CPU, or an async one that blocks the loop, stalls every
+other schedule. Such a handler can run in a child process instead: the child imports the
+definitions file again, finds the schedule by name, calls its handler with the run's
+context (sync or async) and reports how it ended on its stdout as one JSON line. The
+watchdog then really stops it: past the deadline the child's whole process group is
+killed. It costs a Python start (tens of milliseconds) per run, so it suits work that runs
+for seconds or more.
+
+``python -m backend.runtime.isolated`` is the child: it reads ``{file, schedule, context}`` on stdin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import signal
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = ["IsolatedFailure", "run_isolated"]
+
+#: The last part of a dead child's stderr kept in the run's error.
+_STDERR_TAIL = 2000
+
+
+class IsolatedFailure(Exception):
+    """How a handler failed in its process: its exception's class, message and traceback,
+    or the way the process ended (tag ``process_exit``)."""
+
+    def __init__(self, tag: str, message: str, trace: str | None = None) -> None:
+        super().__init__(message)
+        self.tag = tag
+        self.message = message
+        self.trace = trace
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+async def run_isolated(spec: dict[str, Any]) -> Any:
+    """Run the handler ``spec`` names in a child process; its return value, or
+    :class:`IsolatedFailure`. Cancelling this kills the child's process group."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "backend.runtime.isolated",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        start_new_session=True,  # its own process group: killed with everything it started
+    )
+    try:
+        out, err = await process.communicate(json.dumps(spec).encode())
+    except asyncio.CancelledError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            await process.wait()
+        raise
+    lines = out.decode(errors="replace").strip().splitlines()
+    try:
+        report = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        report = None
+    if isinstance(report, dict) and report.get("ok") is True:
+        return report.get("value")
+    if isinstance(report, dict) and report.get("ok") is False:
+        raise IsolatedFailure(str(report["tag"]), str(report["message"]), report.get("traceback"))
+    code = process.returncode
+    how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"code {code}"
+    tail = err.decode(errors="replace")[-_STDERR_TAIL:].strip()
+    raise IsolatedFailure("process_exit", f"the handler's process exited with {how} without a result", tail or None)
+
+
+# ---------------------------------------------------------------------------------------
+# the child
+# ---------------------------------------------------------------------------------------
+def _context(data: dict[str, Any]) -> Any:
+    from backend.model import RunContext
+
+    def when(key: str) -> datetime:
+        return datetime.fromisoformat(str(data[key]).replace("Z", "+00:00"))
+
+    return RunContext(
+        name=data["name"],
+        run_id=data["run_id"],
+        scheduled_at=when("scheduled_at"),
+        fired_at=when("fired_at"),
+        trigger=data["trigger"],
+        payload=data.get("payload"),
+        deadline=when("deadline"),
+    )
+
+
+def _child() -> int:
+    # The handler's own prints must not mix with the report: they go to stderr.
+    report_to = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    try:
+        from backend.definitions import load_file
+        from backend.schedules import Schedule
+
+        spec = json.loads(sys.stdin.read())
+        found = [item for item in load_file(Path(spec["file"])) if isinstance(item, Schedule)]
+        schedule = next((s for s in found if s.name == spec["schedule"]), None)
+        if schedule is None:
+            raise LookupError(f'{spec["file"]} no longer defines the schedule "{spec["schedule"]}"')
+        value = schedule.handler(_context(spec["context"]))
+        if inspect.isawaitable(value):
+            value = asyncio.run(_awaited(value))
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            value = None
+        report: dict[str, Any] = {"ok": True, "value": value}
+    except BaseException as exc:  # noqa: BLE001 - reported to the engine, which records it
+        from backend.errors import describe_exception
+
+        tag, message, trace = describe_exception(exc)
+        report = {"ok": False, "tag": tag, "message": message, "traceback": trace}
+    report_to.write(json.dumps(report) + "\n")
+    report_to.flush()
+    return 0
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+if __name__ == "__main__":
+    sys.exit(_child())

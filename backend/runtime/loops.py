@@ -1,0 +1,160 @@
+"""The engine's background tasks, and knowing when they are all idle.
+
+:class:`Loops` starts the engine's long-lived tasks (timers, watchdog, housekeeping,
+catch-ups, backfills) and lets each of them *park*: sleep on the injected clock until a
+deadline, or until someone hands it new work through an event. A loop that is parked with
+no deadline already due is idle. :meth:`Loops.quiesce` waits until every loop is idle and
+the caller's own condition holds: on a :class:`~backend.clock.ManualClock` that is "the
+engine has done everything the current time calls for", which is how the tests move time
+without ever sleeping for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from backend.clock import Clock
+
+__all__ = ["Loops", "stop_if_cancelled"]
+
+log = logging.getLogger("schedtui.engine")
+
+#: Seconds a stop waits for a cancelled task before cancelling it again.
+CANCEL_AGAIN = 0.5
+
+
+@dataclass
+class _Parking:
+    """Where one loop is parked."""
+
+    parked: bool = False
+    until: datetime | None = None
+    wake: asyncio.Event | None = None
+    """Set by whoever has new work for the loop; a set event means it is not idle."""
+
+
+def stop_if_cancelled() -> None:
+    """Raise ``CancelledError`` if the current task is being cancelled. A loop that waits
+    on its own event calls it before each wait: Python 3.11's ``asyncio.wait_for`` (psycopg's
+    pool uses it) can drop a cancellation in the loop's work, which would then wait for ever
+    and hang the engine's stop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+class Loops:
+    """Spawns the engine's tasks and tracks which of them are parked.
+
+    Contract: a loop registered with :meth:`expect` counts as busy until it first parks;
+    :meth:`park` returns when ``until`` has passed on the clock or ``wake`` was set (and
+    clears ``wake``); :meth:`poke` must be called whenever something that
+    :meth:`quiesce`'s condition reads may have changed.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._parking: dict[str, _Parking] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._poke = asyncio.Event()
+
+    def reset(self) -> None:
+        """Forget every loop (for an engine opened again, possibly on another event loop)."""
+        self._parking.clear()
+        self._poke = asyncio.Event()
+
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"schedtui {name}")
+        self.tasks.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self.tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("%s crashed", name, exc_info=t.exception())
+            self.poke()
+
+        task.add_done_callback(done)
+        return task
+
+    async def cancel_all(self, keep: Collection[asyncio.Task[Any]] = ()) -> None:
+        """Cancel every task (but those in ``keep``) and wait until all have ended. One whose
+        cancellation was dropped in its work (see :func:`stop_if_cancelled`) is cancelled
+        again, every :data:`CANCEL_AGAIN` seconds, instead of hanging the stop."""
+        while pending := [task for task in self.tasks if not task.done() and task not in keep]:
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=CANCEL_AGAIN)
+        await asyncio.gather(*(task for task in self.tasks if task not in keep), return_exceptions=True)
+
+    def expect(self, name: str) -> None:
+        """Count the loop ``name`` as busy until it first parks."""
+        self._parking[name] = _Parking()
+
+    def forget(self, name: str) -> None:
+        self._parking.pop(name, None)
+
+    def needs_wake(self, name: str, at: datetime) -> bool:
+        """Whether new work due at ``at`` needs the loop ``name`` woken: unless it is parked
+        until ``at`` or earlier anyway."""
+        state = self._parking.get(name)
+        return state is None or not state.parked or state.until is None or at < state.until
+
+    def poke(self) -> None:
+        self._poke.set()
+
+    def idle(self) -> bool:
+        now = self.clock.now()
+        for state in self._parking.values():
+            if not state.parked or (state.until is not None and state.until <= now):
+                return False
+            if state.wake is not None and state.wake.is_set():
+                return False
+        return True
+
+    async def quiesce(self, settled: Callable[[], bool], flush: Callable[[], Awaitable[None]]) -> None:
+        """Wait until every loop is idle and ``settled()`` holds, then ``flush()``; repeat
+        until both still hold after the flush."""
+        while True:
+            self._poke.clear()
+            if self.idle() and settled():
+                await flush()
+                if self.idle() and settled():
+                    return
+                continue
+            await self._poke.wait()
+
+    async def park(self, name: str, until: datetime | None, wake: asyncio.Event | None = None) -> None:
+        """Sleep on the clock until ``until`` (or forever), or until ``wake`` is set.
+
+        A task being cancelled does not park: its cancellation may have been lost in its
+        work (Python 3.11's ``asyncio.wait_for`` can drop one), and parking would then
+        wait for ever instead of ending the loop."""
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
+        state = self._parking.setdefault(name, _Parking())
+        state.parked, state.until, state.wake = True, until, wake
+        self.poke()
+        try:
+            waiters: list[asyncio.Future[Any]] = []
+            if until is not None:
+                waiters.append(asyncio.ensure_future(self.clock.sleep_until(until)))
+            if wake is not None:
+                waiters.append(asyncio.ensure_future(wake.wait()))
+            if not waiters:
+                await asyncio.Future()  # until cancelled
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+            if wake is not None:
+                wake.clear()
+        finally:
+            state.parked = False

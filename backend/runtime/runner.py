@@ -1,0 +1,495 @@
+"""Running handlers: one place that calls user code and decides how each call ended.
+
+Schedules use it today; queue jobs and durable steps use the same one. A call is an
+:class:`Invocation`: the runner starts it (an async handler as a task on the engine's loop,
+a sync one on a bounded pool of threads), watches its deadline, and *settles* it exactly
+once with an :class:`Outcome`:
+
+* ``succeeded``: the handler returned before its deadline;
+* ``failed`` with the exception's class as error tag: the handler raised anything at all,
+  ``SystemExit``, ``KeyboardInterrupt`` and ``GeneratorExit`` included (a handler can fail
+  its run, never the process);
+* ``failed``/``timeout``: the deadline passed. An async handler is cancelled; a thread
+  cannot be killed in Python, so a sync handler runs on, holding its pool thread, until it
+  returns. A handler that returns after its deadline without the watchdog having noticed
+  (it blocked the event loop) is a timeout too;
+* ``failed``/``interrupted``: the engine stopped waiting for it (shutdown) or it was
+  cancelled;
+* ``failed``/``lease_lost``: this instance's lease on its work lapsed (see
+  :mod:`backend.runtime.liveness`) before the call started, or while it ran.
+
+Settling is not ending: a call *ends* when its handler has really returned (a sync
+handler's thread, an async handler that ignored its cancellation, a child process that
+was killed). Subclasses receive the outcome in :meth:`Invocation.settled` and the end in
+:meth:`Invocation.ended`; whatever a call holds (a queue's seat, a schedule's place under
+its overlap policy, a durable step's turn) it holds until it has ended, so that no retry
+or next run starts beside a handler that is still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import inspect
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final, Literal
+
+from backend.clock import Clock
+from backend.errors import describe_exception
+from backend.runtime.isolated import IsolatedFailure, run_isolated
+from backend.runtime.loops import Loops
+from backend.runtime.liveness import WorkLease
+from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, TAG_TIMEOUT
+
+__all__ = [
+    "DEFAULT_MAX_THREADS",
+    "HandlerRunner",
+    "Invocation",
+    "Outcome",
+    "RunnerSaturated",
+    "TAG_THREADS_EXHAUSTED",
+]
+
+log = logging.getLogger("schedtui.engine")
+
+#: How many sync handlers may run at once (threads abandoned by the watchdog included).
+DEFAULT_MAX_THREADS: Final = 32
+#: Error tag of a run that could not start because every handler thread was busy.
+TAG_THREADS_EXHAUSTED: Final = "threads_exhausted"
+MAX_ERROR_MESSAGE: Final = 2000
+#: The tail of a traceback that is kept (the innermost frames say why).
+MAX_TRACEBACK: Final = 8192
+_IDLE_THREAD_EXIT_S = 60.0
+#: A handler that returns this long after its call was settled is said to have run on.
+LINGER_NOTED_S = 1.0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How one handler call ended. (Not frozen: one is made per call, and a frozen
+    dataclass costs five times as much to construct; nothing changes one once made.)"""
+
+    status: Literal["succeeded", "failed", "skipped"]
+    at: datetime
+    error_tag: str | None = None
+    error_message: str | None = None
+    traceback: str | None = None
+    value: Any = None
+    """What the handler returned (``None`` unless it succeeded)."""
+
+
+class RunnerSaturated(Exception):
+    """Every handler thread is busy: the call was not started (internal; callers record it)."""
+
+
+class Invocation:
+    """One handler call: what it calls, its deadline, and how it ended.
+
+    Subclass it and override :meth:`settled` to act on the outcome; it is called exactly
+    once, on the engine's loop, whichever of the handler, the watchdog or an interrupt
+    comes first.
+    """
+
+    __slots__ = (
+        "_label", "deadline", "epoch", "gate", "given_up_at", "has_ended", "is_async", "max_runtime", "outcome", "task",
+        "thread",
+    )  # fmt: skip
+
+    def __init__(self, label: str, max_runtime: timedelta, is_async: bool) -> None:
+        self._label = label
+        self.max_runtime = max_runtime
+        self.deadline: datetime | None = None
+        """Set by :meth:`begin`: the start plus ``max_runtime``."""
+        self.is_async = is_async
+        self.task: asyncio.Task[None] | None = None
+        self.outcome: Outcome | None = None
+        self.gate: asyncio.Future[None] | None = None
+        """If set, the call waits for it before it begins (its ledger row being committed)."""
+        self.epoch = 0
+        """The epoch of this instance's lease when the call was started (claimed)."""
+        self.thread: asyncio.Future[Any] | None = None
+        """A sync handler's thread, once handed to one: resolves when the thread returns."""
+        self.has_ended = False
+        """True once the handler has really ended (see :meth:`ended`)."""
+        self.given_up_at: datetime | None = None
+        """When the watchdog, a stop or a lapse settled the call while its handler ran."""
+
+    @property
+    def label(self) -> str:
+        """What the log calls this call (a subclass may compute it only when asked)."""
+        return self._label
+
+    @property
+    def stopped_how(self) -> str:
+        """What the watchdog's timeout does to this call, for its message."""
+        return (
+            "async handler was cancelled"
+            if self.is_async
+            else "sync handler runs on until it returns (a thread cannot be stopped), holding its place"
+        )
+
+    @property
+    def thread_name(self) -> str:
+        """The name a sync handler's thread carries while it runs this call."""
+        return "schedtui-handler"
+
+    @property
+    def max_runtime_s(self) -> float:
+        return self.max_runtime.total_seconds()
+
+    def process_spec(self, arg: Any) -> dict[str, Any] | None:
+        """What a child process needs to make this call (see :mod:`backend.runtime.isolated`), or
+        ``None`` to call the handler in this process (override)."""
+        return None
+
+    def begin(self, now: datetime) -> Any:
+        """The handler is about to be called (on its task): set the deadline and return the
+        handler's argument (override; call this first)."""
+        self.deadline = now + self.max_runtime
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    def settle(self, outcome: Outcome) -> bool:
+        """Record the outcome unless there is one already; True if this call did."""
+        if self.outcome is not None:
+            return False
+        self.outcome = outcome
+        self.settled(outcome)
+        if self.task is None and not self.has_ended:  # never handed to the runner: nothing runs
+            self.has_ended = True
+            self.ended()
+        return True
+
+    def settled(self, outcome: Outcome) -> None:
+        """Called once with the outcome (override)."""
+
+    def ended(self) -> None:
+        """Called once, after :meth:`settled`, when the handler has really returned (or never
+        started): what the call held may be let go now (override)."""
+
+    @property
+    def lingering(self) -> bool:
+        """Settled, but its handler still runs (a sync handler past its deadline)."""
+        return self.outcome is not None and not self.has_ended
+
+    def ran_on(self, now: datetime) -> float | None:
+        """Seconds the handler ran on after the call was settled (``None`` under a second:
+        a cancelled handler's ordinary unwinding)."""
+        if self.given_up_at is None:
+            return None
+        seconds = (now - self.given_up_at).total_seconds()
+        return seconds if seconds >= LINGER_NOTED_S else None
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
+class _ThreadPool:
+    """At most ``max_threads`` threads run sync handlers; idle ones are reused, then exit.
+
+    A handler abandoned by the watchdog keeps its thread until it returns, so a handler
+    that hangs for ever costs one thread, not one per slot: once all are taken, new calls
+    are refused (and recorded as such) instead of growing the process without bound."""
+
+    def __init__(self, max_threads: int) -> None:
+        self.max_threads = max_threads
+        self._lock = threading.Lock()
+        self._work: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self.threads = 0
+        """Threads alive in the pool."""
+        self.busy = 0
+        """Calls handed in and not returned yet (running, or about to be picked up)."""
+
+    def reserve(self) -> bool:
+        with self._lock:
+            if self.busy >= self.max_threads:
+                return False
+            self.busy += 1
+            return True
+
+    def release(self) -> None:
+        """Give back a :meth:`reserve` that was never submitted."""
+        with self._lock:
+            self.busy -= 1
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on a thread; needs a :meth:`reserve` first."""
+        with self._lock:
+            spawn = self.busy > self.threads
+            if spawn:
+                self.threads += 1
+        self._work.put(fn)
+        if spawn:
+            threading.Thread(target=self._worker, name="schedtui-handler", daemon=True).start()
+
+    def _worker(self) -> None:
+        while True:
+            try:
+                fn = self._work.get(timeout=_IDLE_THREAD_EXIT_S)
+            except queue.Empty:
+                with self._lock:
+                    if self.threads > self.busy:  # a spare thread: nothing can be waiting for it
+                        self.threads -= 1
+                        return
+                continue
+            try:
+                fn()
+            finally:
+                with self._lock:
+                    self.busy -= 1
+
+
+def _describe(exc: BaseException) -> tuple[str, str, str]:
+    """The error tag, message and traceback a failed call is recorded with; never raises
+    (see :func:`~backend.errors.describe_exception`)."""
+    if issubclass(type(exc), IsolatedFailure):  # not isinstance(): it reads exc.__class__
+        assert isinstance(exc, IsolatedFailure)
+        return exc.tag, exc.message[:MAX_ERROR_MESSAGE], (exc.trace or "")[-MAX_TRACEBACK:]
+    tag, message, trace = describe_exception(exc)
+    return tag, message[:MAX_ERROR_MESSAGE], trace[-MAX_TRACEBACK:]
+
+
+class HandlerRunner:
+    """Starts invocations and watches their deadlines (one watchdog loop for all).
+
+    Contract: :meth:`start` either starts the call or raises :class:`RunnerSaturated`
+    (sync handlers only, when the thread pool is full) without side effects; every started
+    invocation is settled exactly once and then ended exactly once (when its handler has
+    really returned, or never began); a call whose lease epoch is no longer held when it
+    would begin never begins (settled ``lease_lost``); :meth:`interrupt` settles what is
+    still in flight.
+    """
+
+    def __init__(
+        self, clock: Clock, loops: Loops, *, max_threads: int = DEFAULT_MAX_THREADS, lease: WorkLease | None = None
+    ) -> None:
+        self.clock = clock
+        self.loops = loops
+        self.lease = lease
+        self._unbegun: set[int] = set()
+        self.pool = _ThreadPool(max_threads)
+        self.in_flight: dict[int, Invocation] = {}
+        self.lingering: set[Invocation] = set()
+        """Settled calls whose handler still runs (sync handlers past their deadline)."""
+        self._deadlines: list[tuple[datetime, int, Invocation]] = []
+        """(deadline, key, invocation): the key breaks ties, so invocations are never compared."""
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self.watchdog: asyncio.Task[Any] | None = None
+        self.threads_running = 0
+        """Sync handlers running on a thread right now (abandoned ones included)."""
+
+    @property
+    def abandoned(self) -> int:
+        """Sync handlers settled (timed out, interrupted) that have not returned yet."""
+        return sum(1 for invocation in self.lingering if invocation.thread is not None)
+
+    def open(self) -> None:
+        self._wake = asyncio.Event()
+        self.loops.expect("watchdog")  # busy until it first parks
+        self.watchdog = self.loops.spawn(self._watchdog(), "watchdog")
+
+    # -- starting ---------------------------------------------------------------------
+    @property
+    def unbegun(self) -> int:
+        """Invocations started whose ``begin`` has not been called yet (their row's commit,
+        or the loop reaching their task, still to come): ``quiesce(runs=False)`` waits for
+        them, a handler blocked on a lock guard is not started yet, so not one of them."""
+        return len(self._unbegun)
+
+    def start(self, invocation: Invocation, fn: Callable[[Any], Any]) -> None:
+        """Call ``fn(invocation.begin(now))`` on a task of its own, under its deadline."""
+        if not invocation.is_async and not self.pool.reserve():
+            raise RunnerSaturated(
+                f"all {self.pool.max_threads} handler threads are busy"
+                + (f" ({self.abandoned} past their deadline and still running)" if self.abandoned else "")
+            )
+        if self.lease is not None:
+            invocation.epoch = self.lease.epoch
+        key = next(self._seq)
+        self.in_flight[key] = invocation
+        self._unbegun.add(key)
+        invocation.task = task = asyncio.get_running_loop().create_task(self._call(key, invocation, fn))
+
+        def task_done(_: asyncio.Task[None]) -> None:
+            self._unbegun.discard(key)
+            self.in_flight.pop(key, None)  # (also one cancelled before its first step)
+            thread = invocation.thread
+            if thread is None:
+                if not invocation.is_async:
+                    self.pool.release()  # never handed to a thread: its reservation is free
+                self._end(invocation)
+            elif thread.done():
+                self._end(invocation)
+            # else: its thread still runs; it ends the call when it returns
+
+        task.add_done_callback(task_done)
+
+    def _watch(self, key: int, invocation: Invocation, deadline: datetime) -> None:
+        deadlines = self._deadlines
+        # The watchdog parks until the earliest deadline at most: one no earlier than the
+        # earliest now cannot need it woken (a burst's runs mostly share their deadline).
+        if (not deadlines or deadline < deadlines[0][0]) and self.loops.needs_wake("watchdog", deadline):
+            self._wake.set()
+        heapq.heappush(deadlines, (deadline, key, invocation))
+
+    async def _call(self, key: int, invocation: Invocation, fn: Callable[[Any], Any]) -> None:
+        try:
+            try:
+                if invocation.gate is not None:
+                    await invocation.gate
+                lease = self.lease
+                if lease is not None and not lease.holds(invocation.epoch):
+                    # Claimed under a lease that lapsed since (a frozen process that woke,
+                    # a partition): another instance may have taken this work over.
+                    invocation.settle(
+                        Outcome(
+                            "failed", self.clock.now(), TAG_LEASE_LOST,
+                            "not started: this instance's lease on its work lapsed after it was claimed",
+                        )
+                    )  # fmt: skip
+                    return
+                arg = invocation.begin(self.clock.now())
+            finally:
+                self._unbegun.discard(key)
+                self.loops.poke()
+            deadline = invocation.deadline
+            assert deadline is not None, "Invocation.begin() sets the deadline"
+            self._watch(key, invocation, deadline)
+            spec = invocation.process_spec(arg)
+            if spec is not None:
+                value = await run_isolated(spec)
+            elif invocation.is_async:
+                value = await fn(arg)
+            else:
+                value = await self._on_thread(invocation, fn, arg)
+                if inspect.isawaitable(value):  # lambda ctx: send(ctx): the work is the awaitable
+                    value = await value
+        except asyncio.CancelledError:
+            invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
+        except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the run, not the process
+            tag, message, trace = _describe(exc)
+            invocation.settle(Outcome("failed", self.clock.now(), tag, message, trace))
+        else:
+            now = self.clock.now()
+            if now > deadline and not invocation.done:
+                # The watchdog never got to run: the handler held the event loop past its deadline.
+                ran = (now - deadline).total_seconds() + invocation.max_runtime_s
+                log.warning(
+                    "%s blocked the event loop until %.1fs after its start (max_runtime %gs): "
+                    "an async handler doing blocking work stalls every schedule; make it a plain def",
+                    invocation.label,
+                    ran,
+                    invocation.max_runtime_s,
+                )
+                invocation.settle(
+                    Outcome(
+                        "failed",
+                        now,
+                        TAG_TIMEOUT,
+                        f"exceeded max_runtime of {invocation.max_runtime_s:g}s: finished after {ran:.1f}s, "
+                        "blocking the event loop (the watchdog could not interrupt it)",
+                    )
+                )
+            else:
+                invocation.settle(Outcome("succeeded", now, None, None, None, value))
+
+    def _end(self, invocation: Invocation) -> None:
+        """The handler has really returned (or never began): settle it if nothing did, and
+        let the invocation go of what it held."""
+        if invocation.has_ended:
+            return
+        if invocation.outcome is None:  # (a task cancelled before its first step)
+            invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
+        invocation.has_ended = True
+        self.lingering.discard(invocation)
+        ran_on = invocation.ran_on(self.clock.now())
+        if ran_on is not None:
+            log.warning("%s returned %.1fs after it was given up on: what it held is free now", invocation.label, ran_on)
+        invocation.ended()
+        self.loops.poke()
+
+    def _linger(self, invocation: Invocation) -> None:
+        """A call was settled while its handler still runs: it holds what it holds until then."""
+        if not invocation.has_ended and invocation.given_up_at is None and invocation.outcome is not None:
+            invocation.given_up_at = invocation.outcome.at
+            self.lingering.add(invocation)
+
+    def _on_thread(self, invocation: Invocation, fn: Callable[[Any], Any], arg: Any) -> asyncio.Future[Any]:
+        """Run a sync handler on a pool thread (reserved by :meth:`start`). The returned
+        future (also :attr:`Invocation.thread`) resolves when the thread returns, whether
+        or not anyone still waits for it; the call ends then."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        invocation.thread = fut
+
+        def returned(result: Any, error: BaseException | None) -> None:
+            self.threads_running -= 1
+            if not fut.done():
+                if error is not None:
+                    fut.set_exception(error)
+                else:
+                    fut.set_result(result)
+            fut.exception() if fut.done() and not fut.cancelled() else None  # retrieved: never logged as unhandled
+            task = invocation.task
+            if task is None or task.done():  # else its task settles it first, then ends it
+                self._end(invocation)
+
+        def target() -> None:
+            threading.current_thread().name = invocation.thread_name
+            try:
+                result, error = fn(arg), None
+            except BaseException as exc:  # noqa: B036 - handed to the loop, recorded there
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
+                loop.call_soon_threadsafe(returned, result, error)
+
+        self.threads_running += 1
+        self.pool.submit(target)
+        return asyncio.shield(fut)
+
+    # -- the watchdog -------------------------------------------------------------------
+    async def _watchdog(self) -> None:
+        while True:
+            now = self.clock.now()
+            while self._deadlines and self._deadlines[0][0] <= now:
+                _, _, invocation = heapq.heappop(self._deadlines)
+                if invocation.done:
+                    continue
+                kind = invocation.stopped_how
+                log.warning("%s timed out; its %s", invocation.label, kind)
+                invocation.settle(
+                    Outcome("failed", now, TAG_TIMEOUT, f"exceeded max_runtime of {invocation.max_runtime_s:g}s; the {kind}")
+                )
+                invocation.cancel()
+                self._linger(invocation)
+            while self._deadlines and self._deadlines[0][2].done:
+                heapq.heappop(self._deadlines)  # finished in time: drop lazily
+            await self.loops.park("watchdog", self._deadlines[0][0] if self._deadlines else None, self._wake)
+
+    # -- stopping -----------------------------------------------------------------------
+    def running_tasks(self) -> list[asyncio.Task[None]]:
+        return [i.task for i in self.in_flight.values() if i.task is not None and not i.done]
+
+    def interrupt(self, message: str, tag: str = TAG_INTERRUPTED) -> None:
+        """Settle every call in flight as ``failed`` (``interrupted``, or ``tag``) and cancel
+        it; a sync handler's thread runs on until it returns (see :attr:`lingering`)."""
+        now = self.clock.now()
+        for invocation in list(self.in_flight.values()):
+            self.stop_call(invocation, Outcome("failed", now, tag, message))
+
+    def stop_call(self, invocation: Invocation, outcome: Outcome) -> None:
+        """Settle one call with ``outcome`` (unless it is settled) and cancel it."""
+        invocation.settle(outcome)
+        invocation.cancel()
+        self._linger(invocation)

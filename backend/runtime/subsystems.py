@@ -1,0 +1,69 @@
+"""What every system the engine runs beside the schedules looks like to the engine.
+
+The job queue, durable executions and locks live in the same store and process as the
+schedules and share the engine's parts: the clock, the store, the background loops, the
+handler runner, the instance registry, the audit log and the change signals (:class:`Shared`). Each is a :class:`Subsystem`:
+the engine opens it with the store, starts it with the timers, calls its housekeeping
+every poll interval, waits for it in :meth:`~backend.scheduler.engine.Engine.quiesce`, and stops it
+before the store closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from backend.events.audit import AuditLog
+from backend.clock import Clock
+from backend.events.bus import EventBus
+from backend.runtime.loops import Loops
+from backend.runtime.outages import OutageLog
+from backend.scheduler.registry import InstanceRegistry
+from backend.runtime.runner import HandlerRunner
+from backend.store import Store
+
+__all__ = ["Shared", "Subsystem"]
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The engine's parts a subsystem may use."""
+
+    clock: Clock
+    store: Store
+    loops: Loops
+    runner: HandlerRunner
+    registry: InstanceRegistry
+    outages: OutageLog
+    instance: str
+    new_id: Callable[[], str]
+    audit: AuditLog
+    """``await audit.record(action, target, detail)`` for every operator action."""
+    events: EventBus
+    """``events.publish(topic, name)`` whenever something an operator may watch changed."""
+
+
+class Subsystem(Protocol):
+    """Contract: ``open`` runs once the store is open (``serve`` and the one-shot verbs
+    alike); ``start`` only where work is done (``serve``, ``console --fire``): it starts
+    workers through ``Shared.loops`` so that ``quiesce`` sees them; ``maintain`` is the
+    housekeeping round (abandoned work of dead instances, retention) and must tolerate
+    :class:`~backend.errors.Unavailable`; ``stop`` lets work in flight finish for up to
+    ``grace`` seconds and records the rest; ``idle`` is false while work this process
+    started is in flight; ``is_ours`` names work this process is responsible for, which
+    the abandoned-work sweeps must leave alone."""
+
+    async def open(self) -> None: ...
+
+    def start(self) -> None: ...
+
+    async def maintain(self, now: datetime) -> None: ...
+
+    async def stop(self, grace: float) -> None: ...
+
+    @property
+    def idle(self) -> bool: ...
+
+    def is_ours(self, id_: str) -> bool: ...

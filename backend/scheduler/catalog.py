@@ -1,0 +1,284 @@
+"""The catalog: schedules created at run time, kept in the store, run beside the code ones.
+
+Every change to the stored rows bumps a counter in the same transaction. An engine reads
+the counter on its state poll (and at once when a ``schedules`` change signal arrives from
+another instance over PostgreSQL's NOTIFY), and on a new value re-reads the rows and applies
+the difference to its ``schedules``: a created schedule is armed, a changed one re-armed, a
+deleted one disarmed and forgotten. The process that makes a change applies it at once.
+
+Re-arming loses no due slot and fires none twice. A schedule is armed again from the later
+of the old definition's last slot before the one that was armed (handled already), and the
+earlier of the change's time and the armed slot: the new definition's slots that came due
+since the change, before this instance heard of it, still fire (claims keep them once
+across instances); a slot due while the change was applied fires once.
+
+The catalog also changes the set of schedules the engine runs
+(:meth:`Catalog.add_schedule`, :meth:`Catalog.remove_schedule`: arming is the caller's),
+refuses edits of schedules defined in code (:meth:`Catalog.check_stored`), and binds a
+``durable=F`` schedule to its function (:func:`bind_target`, for code schedules too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import logging
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from backend.errors import BadInput, NotFound, Unavailable
+from backend.events.bus import RESYNC
+from backend.runtime.loops import stop_if_cancelled
+from backend.model import RunContext
+from backend.schedules import Schedule
+from backend.scheduler.stored import DefinedInCode, NameTaken, StoredSchedule, check_changes, check_spec
+
+if TYPE_CHECKING:
+    from backend.scheduler.engine import Engine
+
+__all__ = ["Catalog", "CatalogStore", "bind_target"]
+
+log = logging.getLogger("schedtui.engine")
+
+_TICK = timedelta(microseconds=1)
+
+
+class CatalogStore(Protocol):
+    """The stored schedules in a store. Every change bumps :meth:`catalog_version` in its
+    own transaction; deleting a schedule also deletes its enabled/disabled state."""
+
+    async def catalog_version(self) -> int: ...
+
+    async def stored_schedules(self) -> tuple[int, list[StoredSchedule]]:
+        """The version and every row, read at one instant."""
+
+    async def create_stored_schedule(self, schedule: StoredSchedule) -> bool:
+        """Insert the row; False when the name is taken."""
+
+    async def update_stored_schedule(self, schedule: StoredSchedule, version: int) -> StoredSchedule | None:
+        """Replace the definition of the row if its version is still ``version``; the row
+        as stored (version + 1), or None when it is gone or changed meanwhile."""
+
+    async def delete_stored_schedule(self, name: str) -> bool: ...
+
+
+class Catalog:
+    """This engine's copy of the stored schedules (see the module docstring)."""
+
+    def __init__(self, engine: Engine, store: CatalogStore) -> None:
+        self.engine = engine
+        self.store = store
+        self.rows: dict[str, StoredSchedule] = {}
+        self.version: int | None = None
+        self.polled_at: datetime | None = None
+        """When the housekeeping round last read the catalog and the states."""
+        self.shadowed: set[str] = set()
+        """Stored names that a code schedule also defines (the code one runs)."""
+        self.known_queues: set[str] = set()
+        """Queues recorded in the store by any process (read before a change is checked)."""
+        self._changed = asyncio.Event()
+
+    def is_stored(self, name: str) -> bool:
+        return name in self.rows
+
+    def check_stored(self, name: str) -> None:
+        """Refuse a schedule defined in code (stored ones, and unknown names, pass)."""
+        if name in self.engine.schedules and not self.is_stored(name):
+            raise DefinedInCode(
+                f'"{name}" is defined in code; it can be enabled or disabled, not edited or deleted here',
+                reason="defined in code",
+            )
+
+    # -- the engine's running set --------------------------------------------------------------
+    def add_schedule(self, schedule: Schedule) -> None:
+        """Run ``schedule`` (new, or replacing its namesake's definition); arming is the caller's."""
+        engine = self.engine
+        name = schedule.name
+        engine.schedules[name] = schedule
+        engine.launcher.defined(schedule)
+        if engine.cluster is not None:
+            engine.cluster.put(schedule)
+
+    def remove_schedule(self, name: str) -> None:
+        """Stop running a schedule: disarmed, its queued firings recorded missed, forgotten
+        (a run in flight finishes and is recorded)."""
+        engine = self.engine
+        schedule = engine.schedules.get(name)
+        if schedule is None:
+            return
+        engine.timers.disarm(name)
+        waiting = engine.launcher.waiting.pop(name, None)
+        while waiting:
+            slot, trigger, fired_as, run_id = waiting.popleft()
+            engine.launcher.record_missed(schedule, slot, trigger, fired_as, "the schedule was deleted before this queued firing started", run_id)
+        engine.launcher.remote.pop(name, None)
+        del engine.schedules[name]
+        engine.states.forget(name)
+        if engine.cluster is not None:
+            engine.cluster.drop(name)
+
+    # -- following the store -----------------------------------------------------------------
+    async def load(self) -> None:
+        version, rows = await self.store.stored_schedules()
+        self._apply(version, rows)
+
+    async def refresh(self) -> None:
+        """Re-read the rows if the catalog changed since the last read."""
+        if self.version is not None and await self.store.catalog_version() == self.version:
+            return
+        await self.load()
+
+    def heard(self, topic: str, name: str | None) -> None:
+        """A signal relayed from another instance (PostgreSQL): a schedules change, or a
+        resync, means the catalog may have changed."""
+        if topic in ("schedules", RESYNC):
+            self._changed.set()
+
+    async def follow_signals(self) -> None:
+        """PostgreSQL: re-read the catalog and the enabled states as soon as another
+        instance signals a change to them (or that signals were lost). While signals
+        arrive, the state poll is only a backstop (see :func:`backend.scheduler.lifecycle.maintain`)."""
+        while True:
+            stop_if_cancelled()
+            await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self.refresh()
+                await self.engine.refresh_states()
+            except Unavailable as exc:
+                self.engine.outages.trouble("maintain", "store unavailable for the catalog", exc)
+
+    def _apply(self, version: int, rows: list[StoredSchedule]) -> None:
+        if self.version is not None and version < self.version:
+            return  # an older read than one applied already
+        self.version = version
+        fresh = {row.name: row for row in rows}
+        for name in [n for n in self.rows if n not in fresh]:
+            self._remove(name)
+        for row in rows:
+            old = self.rows.get(row.name)
+            if old is None or old.version != row.version:
+                self._put(row)
+
+    def _put(self, row: StoredSchedule) -> None:
+        engine = self.engine
+        code = engine.schedules.get(row.name)
+        if code is not None and row.name not in self.rows:
+            if row.name not in self.shadowed:
+                log.warning('stored schedule "%s" is ignored: a schedule defined in code has that name', row.name)
+                self.shadowed.add(row.name)
+            return
+        try:
+            schedule = bind_target(engine, row.to_schedule())
+        except BadInput as exc:
+            log.warning('stored schedule "%s" is not valid here and is not run: %s', row.name, exc.message)
+            return
+        old_row = self.rows.get(row.name)
+        old = engine.schedules.get(row.name) if old_row is not None else None
+        self.rows[row.name] = row
+        self.add_schedule(schedule)
+        engine.events.publish("schedules", row.name)
+        if not engine.started or not engine.is_enabled(row.name) or engine.catch_up.busy & {row.name}:
+            return
+        timers = engine.timers
+        armed = timers.wheel.armed(row.name)
+        now = engine.clock.now()
+        if old is None or armed is None:
+            timers.arm(schedule, min(row.updated_at, now))
+            return
+        slot = armed[0]
+        if slot <= now:
+            # Due before the change took effect here: it fires once, as it was armed (the
+            # timer loop re-arms a slot being fired from the new definition).
+            if timers.wheel.pending(row.name):
+                timers.arm_at(schedule, slot, schedule.cron.next(slot))
+            return
+        # The old definition handled its slots up to the one before the armed one.
+        handled = next(iter(old.cron.occurrences_back(slot - _TICK)), None)
+        after = min(row.updated_at, slot - _TICK)
+        if handled is not None and handled > after:
+            after = handled
+        timers.arm(schedule, after)
+
+    def _remove(self, name: str) -> None:
+        del self.rows[name]
+        self.remove_schedule(name)
+        self.engine.events.publish("schedules", name)
+
+    # -- the operator's changes ---------------------------------------------------------------
+    async def create(self, spec: Any, actor: str) -> StoredSchedule:
+        full = check_spec(spec)
+        name = full["name"]
+        if name in self.engine.schedules and name not in self.rows:
+            raise NameTaken(f'a schedule named "{name}" is defined in code', reason="name taken")
+        await self._read_known_queues()
+        self._check_target(full)
+        now = self.engine.clock.now()
+        row = StoredSchedule(
+            **full, created_at=now, created_by=actor, updated_at=now, updated_by=actor, version=1
+        )
+        if not await self.store.create_stored_schedule(row):
+            raise NameTaken(f'a schedule named "{name}" exists already', reason="name taken")
+        await self._after_change()
+        return row
+
+    async def update(self, name: str, changes: Any, actor: str) -> tuple[StoredSchedule, StoredSchedule]:
+        """Apply ``changes``; returns the row before and after."""
+        await self.refresh()
+        before = self._row(name)
+        full = check_changes(before.spec(), changes)
+        await self._read_known_queues()
+        self._check_target(full)
+        now = self.engine.clock.now()
+        wanted = replace(before, **{k: v for k, v in full.items() if k != "name"}, updated_at=now, updated_by=actor)
+        after = await self.store.update_stored_schedule(wanted, before.version)
+        if after is None:
+            await self.refresh()
+            self._row(name)  # NotFound when it was deleted meanwhile
+            raise Unavailable(f'"{name}" was changed by someone else at the same moment; try again')
+        await self._after_change()
+        return before, after
+
+    async def delete(self, name: str) -> StoredSchedule:
+        await self.refresh()
+        row = self._row(name)
+        if not await self.store.delete_stored_schedule(name):
+            raise NotFound(f'no schedule named "{name}"')
+        await self._after_change()
+        return row
+
+    def _row(self, name: str) -> StoredSchedule:
+        row = self.rows.get(name)
+        if row is None:
+            raise NotFound(f'no schedule named "{name}"')
+        return row
+
+    async def _after_change(self) -> None:
+        # Applied here at once; the others hear of it by the signal the engine publishes.
+        await self.load()
+
+    def _check_target(self, spec: dict[str, Any]) -> None:
+        queue, durable = spec.get("queue"), spec.get("durable")
+        engine = self.engine
+        if durable is not None and durable not in engine.durable.functions:
+            raise BadInput(f'durable function "{durable}" is not defined here', field="durable")
+        if queue is not None and queue not in engine.jobs.queues and queue not in self.known_queues:
+            raise BadInput(f'queue "{queue}" is not defined here nor recorded in the store', field="queue")
+
+    async def _read_known_queues(self) -> None:
+        views = await self.engine.jobs.queue_views()
+        self.known_queues = {view.name for view in views}
+
+
+def bind_target(engine: Engine, schedule: Schedule) -> Schedule:
+    """A schedule defined with ``durable=F`` starts an execution of F (``engine.durable``)
+    per slot; any other schedule is returned as it is."""
+    target = schedule.durable
+    if target is None:
+        return schedule
+
+    async def start(ctx: RunContext, target: str = target) -> None:
+        await engine.durable.start_for_slot(target, ctx)
+
+    return replace(schedule, handler=start)

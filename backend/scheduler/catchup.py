@@ -1,0 +1,356 @@
+"""Catch-up: the slots a schedule missed while no engine ran it, or while it was behind.
+
+At start, the slots between a schedule's newest recorded slot (or its re-enabling, if
+later) and now were missed; a running engine that finds a schedule more than one slot
+behind has missed the older ones. Either way the schedule's ``backfill`` policy decides:
+``skip`` records them ``missed``, ``latest`` fires the newest once, ``all`` fires each in
+order. At most ``catch_up_limit`` slots are considered, and a schedule's catch-up finishes
+before its timer is armed again. Missed slots are claimed like live ones, so N instances
+starting together catch each slot up (or record it) once.
+
+The slots it fires keep the overlap policy: under ``skip`` a slot meets a run in flight
+(here or elsewhere) as a timer slot would; ``queue`` slots join the queue in slot order;
+otherwise each runs once the one before it has ended. Contract: every slot a catch-up
+holds gets a row, including those due while it held the timer if the schedule is disabled
+before it ends (recorded ``missed``), and a stop records the ones not started yet; only a
+catch-up never disabled meanwhile re-arms the timer, so none fires a slot twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from itertools import islice
+
+from backend.clock import Clock
+from backend.scheduler.coordination.slots import SlotClaims
+from backend.errors import Unavailable
+from backend.scheduler.launcher import Launcher
+from backend.runtime.loops import Loops
+from backend.model import Trigger
+from backend.runtime.outages import OutageLog
+from backend.schedules import Schedule
+from backend.scheduler.states import ScheduleStates
+from backend.store import Store
+from backend.scheduler.timers import Timers
+
+__all__ = ["CatchUp"]
+
+log = logging.getLogger("schedtui.engine")
+
+#: Slots claimed in one go when a batch of schedules catches up at start or take-over.
+_CLAIM_CHUNK = 5_000
+
+
+@dataclass(eq=False)
+class _Hold:
+    """A catch-up keeping its schedule unarmed until it ends."""
+
+    disabled_at: datetime | None = None
+    """When the schedule was first disabled meanwhile: the catch-up holds the slots due
+    until then (a re-enable arms the timer, which handles the later ones)."""
+
+
+class CatchUp:
+    """Runs catch-ups, one task per schedule; ``busy`` names the schedules catching up."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: Store,
+        loops: Loops,
+        claims: SlotClaims,
+        launcher: Launcher,
+        timers: Timers,
+        outages: OutageLog,
+        states: ScheduleStates,
+        catch_up_limit: int,
+        poll_interval: timedelta,
+    ) -> None:
+        self.clock = clock
+        self.store = store
+        self.loops = loops
+        self.claims = claims
+        self.launcher = launcher
+        self.timers = timers
+        self.outages = outages
+        self.states = states
+        self.catch_up_limit = catch_up_limit
+        self.poll_interval = poll_interval
+        self.busy: set[str] = set()
+        self.holds: dict[str, list[_Hold]] = defaultdict(list)
+        """The catch-ups in progress that fire slots, per schedule."""
+        self._booting: list[tuple[Schedule, datetime, str | None]] = []
+        """Schedules waiting for the next read of where they left off (see :meth:`at_boot`)."""
+        self._boot_batches = 0
+        self.unhanded = 0
+        """Catch-ups spawned that have not yet launched their first run or recorded their
+        slots: ``quiesce(runs=False)`` waits for them."""
+        timers.on_behind = self.behind
+        timers.on_disabled = self.disabled
+
+    def at_boot(self, schedule: Schedule, now: datetime, *, reason: str | None = None) -> None:
+        """Catch the schedule up from where the ledger left off, then arm it. ``reason``
+        says why slots were missed (default: the engine was not running). The schedules
+        asked for together (an engine starting, a shard taken over) share one read of
+        where they left off: one query for a thousand schedules, not a thousand."""
+        self.busy.add(schedule.name)
+        self._booting.append((schedule, now, reason))
+        if len(self._booting) == 1:
+            self._boot_batches += 1
+            loop = f"catch-up boot {self._boot_batches}"
+            self.loops.expect(loop)  # quiesce() waits for it to hand its schedules on
+            self.loops.spawn(self._boot(loop), "catch-up boot")
+
+    async def behind(self, catching: list[tuple[Schedule, list[datetime]]]) -> None:
+        """A running engine found these schedules behind, each with the slots that were
+        due (the last is current). Their slots are claimed together, here in the timers'
+        pass, before each schedule's catch-up starts: a stalled process that finds its
+        whole burst behind pays a few transactions, not one per schedule (on PostgreSQL,
+        when it can least afford them)."""
+        names = [schedule.name for schedule, _ in catching]
+        self.busy.update(names)
+        try:
+            claimed = await self._claim_together(catching)
+        except Exception:  # a bug: it must not stop the timers; each catch-up claims its own
+            log.exception("could not claim the slots of %d schedule(s) found behind together", len(catching))
+            self.busy.update(names)
+            claimed = None
+        for schedule, slots in catching:
+            claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
+            self._spawn(schedule, slots, live=True, claimed=claim)
+
+    async def _boot(self, loop: str) -> None:
+        try:
+            await self._boot_batch(loop)
+        finally:
+            self.loops.forget(loop)
+            self.loops.poke()
+
+    async def _boot_batch(self, loop: str) -> None:
+        batch, self._booting = self._booting, []
+        names = [schedule.name for schedule, _, _ in batch]
+        try:
+            left_off = await self._where_they_left_off(names, loop)
+        except BaseException:
+            self.busy.difference_update(names)
+            raise
+        catching: list[tuple[Schedule, list[datetime], str | None]] = []
+        for schedule, now, reason in batch:
+            since = left_off.get(schedule.name)
+            state = self.states.get(schedule.name)
+            if since is not None and state is not None and state.enabled and state.changed_at > since:
+                since = state.changed_at  # slots missed while disabled are not caught up
+            missed: list[datetime] = []
+            if since is not None:
+                for slot in schedule.cron.occurrences_back(now):
+                    if slot <= since or len(missed) == self.catch_up_limit:
+                        break
+                    missed.append(slot)
+                missed.reverse()
+            if missed:
+                catching.append((schedule, missed, reason))
+            else:
+                self.busy.discard(schedule.name)
+                self.timers.arm(schedule, now)
+        claimed = await self._claim_together([(schedule, missed) for schedule, missed, _ in catching])
+        for schedule, missed, reason in catching:
+            claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
+            self._spawn(schedule, missed, reason=reason, claimed=claim)
+        self.loops.poke()
+
+    async def _claim_together(
+        self, catching: list[tuple[Schedule, list[datetime]]]
+    ) -> dict[str, tuple[dict[datetime, str], str | None]] | None:
+        """Claim the slots of several schedules' catch-ups together, a chunk at a time: a
+        start, a shard taken over or a burst found behind costs a few transactions, not one
+        per schedule. Per schedule: the slots won (with their run ids) and the instance running
+        it elsewhere, if any; ``None`` when the coordination claims nothing."""
+        if not catching or not self.claims.coordinator.needs_claims:
+            return None
+        claimed: dict[str, tuple[dict[datetime, str], str | None]] = {}
+        try:
+            pairs = [(schedule, slot) for schedule, slots in catching for slot in slots]
+            for start in range(0, len(pairs), _CLAIM_CHUNK):
+                owned, busy = await self.claims.claim(pairs[start : start + _CLAIM_CHUNK], self.clock.now())
+                for schedule, slot, run_id in owned:
+                    claimed.setdefault(schedule.name, ({}, None))[0][slot] = run_id
+                for name, instance in busy.items():
+                    claimed[name] = (claimed.get(name, ({}, None))[0], instance)
+        except BaseException:
+            self.busy.difference_update(schedule.name for schedule, _ in catching)
+            raise
+        return claimed
+
+    async def _where_they_left_off(self, names: list[str], loop: str) -> dict[str, datetime]:
+        """The schedules' newest recorded slots; while the store is unreachable, wait for it
+        (nothing could be claimed meanwhile anyway), parked so that quiesce() sees it idle."""
+        while True:
+            try:
+                return await self.store.last_slots(names)
+            except Unavailable as exc:
+                self.outages.trouble("catch-up", f"catch-up of {len(names)} schedule(s) waits for the store", exc)
+            self.busy.difference_update(names)
+            try:
+                await self.loops.park(loop, self.clock.now() + self.poll_interval)
+            finally:
+                self.loops.forget(loop)
+                self.busy.update(names)
+
+    def disabled(self, name: str) -> None:
+        """The schedule was disabled: every catch-up holding it answers for the slots due
+        until then only (a re-enable arms its timer, which handles the later ones)."""
+        state = self.states.get(name)
+        at = state.changed_at if state is not None and not state.enabled else self.clock.now()
+        for hold in self.holds.get(name, ()):
+            if hold.disabled_at is None:
+                hold.disabled_at = at
+
+    def _spawn(
+        self,
+        schedule: Schedule,
+        slots: list[datetime],
+        *,
+        live: bool = False,
+        fire: bool = True,
+        reason: str | None = None,
+        claimed: tuple[dict[datetime, str], str | None] | None = None,
+    ) -> None:
+        """Start a catch-up as a task of its own, counted in :attr:`unhanded` until it
+        hands its slots on."""
+        self.unhanded += 1
+        catch_up = self._catch_up(schedule, slots, live=live, fire=fire, reason=reason, claimed=claimed, counted=True)
+        self.loops.spawn(catch_up, f"catch-up {schedule.name}")
+
+    def _handed(self) -> None:
+        self.unhanded -= 1
+        self.loops.poke()
+
+    async def _catch_up(
+        self,
+        schedule: Schedule,
+        slots: list[datetime],
+        *,
+        live: bool = False,
+        fire: bool = True,
+        reason: str | None = None,
+        claimed: tuple[dict[datetime, str], str | None] | None = None,
+        counted: bool = False,
+    ) -> None:
+        """Apply the schedule's backfill policy to ``slots`` (ascending, all due), then arm.
+
+        At boot every slot is in the past: ``skip`` records them all ``missed``, ``latest``
+        fires the newest, ``all`` fires each in order. When a live engine finds itself
+        behind (``live``), the newest slot is simply the current one and always fires; the
+        policy decides about the older ones. Without ``fire``, all are recorded ``missed``.
+        A slot fired while a run of the schedule is in flight (here or elsewhere) goes
+        through the overlap policy, as any timer firing."""
+        launcher = self.launcher
+        name = schedule.name
+        # While it runs the schedule is not armed. A disable ends that (a re-enable arms
+        # the timer, which may even start another catch-up meanwhile): this one then only
+        # answers for the slots due until the disable.
+        hold = _Hold() if fire else None
+        if hold is not None:
+            self.holds[name].append(hold)
+        try:
+            if len(slots) >= self.catch_up_limit:
+                log.warning(
+                    "%s missed more slots than the catch-up walk considers; only the newest %d are handled",
+                    name,
+                    len(slots),
+                )
+            outcome = self.claims.coordinator.outcome
+            policy = schedule.backfill if fire else "skip"
+            if policy == "all":
+                to_fire, to_record = slots, []
+            elif policy == "latest" or (live and fire):
+                to_fire, to_record = slots[-1:], slots[:-1]
+            else:
+                to_fire, to_record = [], slots
+            ids: dict[datetime, str] = {}
+            remote: str | None = None
+            if claimed is not None:  # claimed with the other schedules of its batch
+                ids, remote = claimed
+                to_fire = [s for s in to_fire if s in ids]
+                to_record = [s for s in to_record if s in ids]
+            elif self.claims.coordinator.needs_claims:
+                owned, busy = await self.claims.claim([(schedule, slot) for slot in slots], self.clock.now())
+                ids = {slot: run_id for _, slot, run_id in owned}
+                remote = busy.get(name)
+                to_fire = [s for s in to_fire if s in ids]
+                to_record = [s for s in to_record if s in ids]
+            elif not self.claims.fires():
+                to_fire, to_record = [], []  # waiting for another mode's fleet, which fires them
+            if not fire:
+                why = "due while a catch-up held the schedule's timer, and disabled before it ended"
+            elif live:
+                why = f"missed while the engine was behind (backfill={policy})"
+            else:
+                why = f"missed {reason or 'while the engine was not running'} (backfill={policy})"
+            for slot in to_record:
+                launcher.record_missed(schedule, slot, "self", outcome, why, ids.get(slot))
+            if schedule.on_overlap == "queue":
+                # Into the queue, in slot order among the slots waiting there (the timer's
+                # may join while these run); it runs them one at a time.
+                trigger: Trigger = "self"
+                entries = [(slot, trigger, outcome, ids.get(slot)) for slot in to_fire]
+                launcher.enqueue(schedule, entries, remote)
+            for index, slot in enumerate(to_fire if schedule.on_overlap != "queue" else []):
+                # A run in flight here or on another instance (an engine behind usually has
+                # one): the overlap policy decides, as for any timer firing. Otherwise each
+                # slot runs once the one before it has ended.
+                if (remote is not None or launcher.inflight[name]) and schedule.on_overlap == "skip":
+                    launcher.fire(schedule, slot, "self", outcome, ids.get(slot) or launcher.new_id(), remote=remote)
+                    continue
+                run = launcher.launch(schedule, slot, "self", outcome, ids.get(slot))
+                if counted:
+                    counted = False
+                    self._handed()  # its run is the runner's now (see Runner.unbegun)
+                with launcher.missed_on_stop(schedule, [(s, ids.get(s)) for s in to_fire[index + 1 :]], outcome):
+                    await asyncio.shield(run.finished())
+            log.info(
+                "%s caught up: %d slot(s) recorded missed, %d fired (backfill=%s)",
+                name,
+                len(to_record),
+                len(to_fire),
+                policy,
+            )
+        finally:
+            if counted:
+                self._handed()
+            self.busy.discard(name)
+            if hold is not None:
+                self.holds[name].remove(hold)
+                await self._after(schedule, slots, hold)
+            self.loops.poke()
+
+    async def _after(self, schedule: Schedule, slots: list[datetime], hold: _Hold) -> None:
+        """A firing catch-up ended (or was cancelled by a stop)."""
+        name = schedule.name
+        if hold.disabled_at is not None and slots:
+            # Disabled meanwhile: the slots that came due before that, while this catch-up
+            # held the timer, still get their (missed) rows, claimed as usual; when
+            # stopping, now (a next start would not look for them).
+            until = min(hold.disabled_at, self.clock.now())
+            held = list(islice(schedule.cron.occurrences(slots[-1], until), self.catch_up_limit))
+            if held and self.launcher.stopping:
+                with contextlib.suppress(Unavailable):
+                    await self._catch_up(schedule, held, live=True, fire=False)
+            elif held:
+                self.busy.add(name)
+                self._spawn(schedule, held, live=True, fire=False)
+        elif name not in self.timers.wheel and self.states.is_enabled(name) and not self.launcher.stopping:
+            # Never disabled meanwhile, so the only catch-up holding the schedule: re-arm it
+            # from the last slot handled. Slots that passed during a long catch-up are then
+            # late (one) or behind (several), and handled by the same rules (after a stop,
+            # by the next start's catch-up). The definition now: a stored schedule may have
+            # been changed or deleted meanwhile.
+            current = self.timers.schedules.get(name)
+            if current is not None:
+                self.timers.arm(current, slots[-1] if slots else self.clock.now())

@@ -1,0 +1,509 @@
+"""``cluster`` coordination: the schedules are divided among the live instances.
+
+Every schedule belongs to one of :data:`SHARDS` shards (a hash of its name). Each shard is
+a lock of the lock table (``cluster:shard:NN``) held under a lease with a fencing token;
+only the instance holding a shard arms its schedules' timers and fires them, so nobody
+else even wakes for them, and no per-slot claim is written.
+
+* **Who should own what.** Rendezvous hashing with bounded loads over the live members
+  (:func:`spread`): every member scores every shard, the highest scores are served first,
+  and nobody takes more than its even share, so each member holds 64/N shards rounded
+  down or up, and a member joining or leaving moves its own share and a few more.
+* **Who is a member.** An instance that runs ``cluster`` holds a member lock
+  (``cluster:member:<instance>``) under the same lease as its shards, renewed with them:
+  the members are the holders of live member locks that
+  :meth:`~backend.scheduler.registry.InstanceRegistry.gone` does not rule out, less the *suspects*:
+  an instance holding a shard whose lease expired (it stopped renewing), or one that has
+  not picked up a shard it should own for a whole lease. Any other process of the store
+  (a console, a CLI verb, an instance in another mode) registers a heartbeat but is no
+  member: it is never handed shards. A dead member's shards move within a lease (plus a
+  poll) of its death.
+* **Hand-over.** An owner gives a shard back (disarming its schedules first) when it
+  should no longer own it; the new owner takes it only once it is released or expired
+  (the lock's rule), then catches its schedules up from their last recorded slot, bounded
+  like the boot catch-up: the slots of the hand-over window are fired late or recorded
+  ``missed`` per each schedule's backfill policy.
+* **Fencing.** Every run row an owner creates for a slot is inserted by one statement
+  that checks its shard token is still current and that the slot has no run yet, holding
+  the shard's lock row until it commits (see :mod:`backend.store.postgres.cluster`). A
+  frozen owner that wakes up finds its token stale: it fires nothing, writes nothing, and
+  stands down (disarms the shard). Runs it started while it owned the shard go on being
+  recorded.
+
+PostgreSQL only; the engine falls back to ``single`` on SQLite, loudly.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Protocol
+
+from backend.errors import Unavailable
+from backend.model import Claim, ClaimResult, CoordinationMode, Outcome
+
+if TYPE_CHECKING:
+    from backend.scheduler.catchup import CatchUp
+    from backend.clock import Clock
+    from backend.runtime.loops import Loops
+    from backend.runtime.outages import OutageLog
+    from backend.scheduler.registry import InstanceRegistry
+    from backend.schedules import Schedule
+    from backend.locks.model import Lock
+    from backend.store.postgres.cluster import ClusterState
+    from backend.scheduler.timers import Timers
+
+__all__ = ["MEMBER_PREFIX", "SHARDS", "SHARD_PREFIX", "Cluster", "ClusterCoordinator", "ClusterStore", "shard_of", "spread"]
+
+log = logging.getLogger("schedtui.cluster")
+
+#: Shards the schedules are hashed onto: fixed, so every instance agrees on them.
+SHARDS = 64
+#: The lock names of ``cluster``: its shards, and one member lock per instance in it.
+CLUSTER_PREFIX = "cluster:"
+SHARD_PREFIX = "cluster:shard:"
+MEMBER_PREFIX = "cluster:member:"
+
+
+def shard_of(name: str) -> int:
+    """The shard of a schedule: a stable hash of its name."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big") % SHARDS
+
+
+def shard_lock(shard: int) -> str:
+    return f"{SHARD_PREFIX}{shard:02d}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _scores(member: str) -> tuple[int, ...]:
+    """``member``'s score for each shard (a member keeps its scores while it lives)."""
+    return tuple(
+        int.from_bytes(hashlib.blake2b(f"{member}\x00{shard}".encode(), digest_size=8).digest(), "big")
+        for shard in range(SHARDS)
+    )
+
+
+def spread(members: Iterable[str]) -> dict[int, str]:
+    """Shard -> the member that should own it: rendezvous hashing with bounded loads.
+
+    Every (member, shard) pair has a score; pairs are served from the highest down, a
+    shard going to the first member that still has room. Room is the even share: 64/N
+    rounded down, and rounded up for the first 64 mod N members to reach it. So:
+
+    * every shard has an owner (``{}`` without members), and each member owns 64/N
+      rounded down or up: the busiest member carries its fair share, not a hash's luck
+      (plain rendezvous gave 4 to 14 shards over 8 members);
+    * every member computes the same answer from the same members, in any order;
+    * a shard moves only when its owner leaves, a joiner outscores it, or the shares
+      change: a join or a leave moves the joiner's or leaver's share and a few shards
+      more (about 4 of 64 at 8 members, measured over random names).
+    """
+    names = sorted(set(members))
+    if not names:
+        return {}
+    floor, extra = divmod(SHARDS, len(names))
+    pairs = sorted(
+        ((score, member, shard) for member in names for shard, score in enumerate(_scores(member))), reverse=True
+    )
+    owner: dict[int, str] = {}
+    load = dict.fromkeys(names, 0)
+    rounded_up = 0  # members holding floor + 1: at most `extra` of them
+    for _, member, shard in pairs:
+        if shard in owner:
+            continue
+        held = load[member]
+        if held >= floor + 1 or (held == floor and rounded_up >= extra):
+            continue
+        owner[shard] = member
+        load[member] = held + 1
+        if held == floor:
+            rounded_up += 1
+        if len(owner) == SHARDS:
+            break
+    return owner
+
+
+class ClusterStore(Protocol):
+    """What ``cluster`` needs from a store (PostgreSQL's :class:`~backend.store.postgres.cluster.PostgresCluster`)."""
+
+    async def acquire_shards(
+        self, names: Sequence[str], holder: str, ttl: timedelta, now: datetime | None
+    ) -> dict[str, tuple[int, datetime]]: ...
+
+    async def release_shards(self, held: dict[str, int], now: datetime | None) -> None: ...
+
+    async def release_leftover_shards(self, prefix: str, holder: str, keep: Sequence[int], now: datetime | None) -> None: ...
+
+    async def cluster_state(self, prefix: str, now: datetime | None) -> ClusterState: ...
+
+    async def renew_and_read(
+        self, held: dict[str, int], ttl: timedelta, prefix: str, now: datetime | None
+    ) -> tuple[dict[str, datetime], ClusterState]: ...
+
+    async def cluster_claim(
+        self, claims: Sequence[Claim], fences: dict[str, tuple[str, int]], instance: str, now: datetime | None
+    ) -> tuple[ClaimResult, set[str]]: ...
+
+
+@dataclass
+class _Held:
+    token: int
+    renewed_at: datetime
+    """When this process asked for the lease or its last renewal (its own clock)."""
+    deadline: datetime
+    """Until when the lease is surely ours: ``renewed_at`` + the ttl."""
+
+
+class ClusterCoordinator:
+    """The :class:`~backend.scheduler.coordination.slots.Coordinator` of ``cluster``: a slot is won when its
+    schedule's shard is held here and the store confirms the token (see the module)."""
+
+    mode: CoordinationMode = "cluster"
+    outcome: Outcome = "cluster"
+    needs_claims = True
+
+    def __init__(self, store: ClusterStore) -> None:
+        self.store = store
+        self.cluster: Cluster | None = None
+        """Set by the engine once the cluster exists."""
+
+    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
+        cluster = self.cluster
+        assert cluster is not None, "the engine wires the cluster in"
+        fences = {name: fence for name in {c.name for c in claims} if (fence := cluster.fence_of(name)) is not None}
+        mine = [claim for claim in claims if claim.name in fences]
+        if not mine:
+            return ClaimResult(frozenset())
+        result, stale = await self.store.cluster_claim(mine, fences, instance, cluster.lock_now())
+        if stale:
+            cluster.stand_down(stale, "its token is no longer current (the shard was taken over or its lease expired)")
+        return result
+
+
+class Cluster:
+    """This instance's shards: taking, renewing and giving them back, and arming what they
+    hold. The engine runs it as a subsystem (its own loop, every ``poll``)."""
+
+    def __init__(
+        self,
+        *,
+        store: ClusterStore,
+        clock: Clock,
+        loops: Loops,
+        registry: InstanceRegistry,
+        outages: OutageLog,
+        instance: str,
+        schedules: Iterable[Schedule],
+        catch_up: CatchUp,
+        timers: Timers,
+        is_enabled: Callable[[str], bool],
+        lock_now: Callable[[], datetime | None],
+        ttl: timedelta = timedelta(seconds=10),
+        poll: timedelta = timedelta(seconds=1),
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.loops = loops
+        self.registry = registry
+        self.outages = outages
+        self.instance = instance
+        self.catch_up = catch_up
+        self.timers = timers
+        self.is_enabled = is_enabled
+        self.lock_now = lock_now
+        self.ttl = ttl
+        self.poll = poll
+        self.grace = ttl
+        """How long a shard may stay free before its would-be owner counts as gone."""
+        self.by_shard: dict[int, list[Schedule]] = {}
+        for schedule in schedules:
+            self.by_shard.setdefault(shard_of(schedule.name), []).append(schedule)
+        self.held: dict[int, _Held] = {}
+        self.member_lock = f"{MEMBER_PREFIX}{instance}"
+        self.member: _Held | None = None
+        """This instance's member lock, while it holds it (see the module)."""
+        self._waiting: dict[int, tuple[str, datetime]] = {}
+        """Free shards -> the member that should take them, and since when it should."""
+        self._suspects: dict[str, int | None] = {}
+        """Instances found dead-like (see :meth:`assignment`), with the token of the member
+        lock they held then: they are members again only once they join again (a new
+        token), as a process that was frozen or cut off past its lease does."""
+        self._first_round = True
+        self.last_state: ClusterState | None = None
+        """The last read of the shards and instances (for the views)."""
+
+    def put(self, schedule: Schedule) -> None:
+        """Hold ``schedule`` in its shard (a stored one created or changed at run time)."""
+        self.drop(schedule.name)
+        self.by_shard.setdefault(shard_of(schedule.name), []).append(schedule)
+
+    def drop(self, name: str) -> None:
+        members = self.by_shard.get(shard_of(name), [])
+        members[:] = [s for s in members if s.name != name]
+
+    # -- what the engine asks ------------------------------------------------------------
+    def owns(self, name: str) -> bool:
+        return shard_of(name) in self.held
+
+    def fence_of(self, name: str) -> tuple[str, int] | None:
+        held = self.held.get(shard_of(name))
+        return (shard_lock(shard_of(name)), held.token) if held is not None else None
+
+    async def owners(self) -> dict[str, str | None]:
+        """Schedule name -> the instance holding its shard now (``None``: nobody)."""
+        state = await self.store.cluster_state(CLUSTER_PREFIX, self.lock_now())
+        holders = {lock.name: lock.holder for lock in state.locks.values() if lock.state(state.now) == "held"}
+        return {
+            schedule.name: holders.get(shard_lock(shard))
+            for shard, schedules in self.by_shard.items()
+            for schedule in schedules
+        }
+
+    # -- the subsystem's hooks -------------------------------------------------------------
+    async def open(self) -> None:
+        """Nothing: the shards are the lock table's rows."""
+
+    def start(self) -> None:
+        self.loops.expect("cluster")
+        self.loops.spawn(self._loop(), "cluster")
+
+    async def maintain(self, now: datetime) -> None:
+        """Nothing here: the cluster keeps its own loop (a slow housekeeping round must not
+        delay renewals)."""
+
+    async def stop(self, grace: float) -> None:
+        """Give every shard back at once (its timers stopped already), and the member lock,
+        so that the others take over without waiting for the leases to run out."""
+        held = {shard_lock(shard): h.token for shard, h in self.held.items()}
+        if self.member is not None:
+            held[self.member_lock] = self.member.token
+        self.held.clear()
+        self.member = None
+        if held:
+            try:
+                await self.store.release_shards(held, self.lock_now())
+                log.info("cluster: gave back %d shard(s)", len(held))
+            except Unavailable as exc:
+                log.warning("cluster: could not give the shards back (%s); they expire within %s", exc, self.ttl)
+
+    @property
+    def idle(self) -> bool:
+        return True
+
+    def is_ours(self, id_: str) -> bool:
+        return False
+
+    # -- the loop ---------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        # Join, then one poll before the first take: instances starting together see each
+        # other first, instead of one taking every shard and handing most of them over a
+        # second later.
+        try:
+            await self._join()
+        except Unavailable as exc:
+            self.outages.trouble("cluster", "cluster: cannot join the members", exc)
+        await self.loops.park("cluster", self.clock.now() + self.poll)
+        while True:
+            try:
+                await self.round()
+            except Unavailable as exc:
+                self.outages.trouble("cluster", "cluster: cannot renew or balance the shards", exc)
+                self._expire(self.clock.now())
+            await self.loops.park("cluster", self.clock.now() + self.poll)
+
+    async def round(self) -> None:
+        """Renew what is due, read the shards and the members, give back and take."""
+        now = self.clock.now()
+        if not self.registry.fires:
+            # Waiting while another coordination mode fires (or an observer): hold nothing.
+            if self.held or self.member is not None:
+                log.warning("cluster: giving every shard back: this instance does not fire (%s)", self.registry.role)
+                await self.stop(0)
+            return
+        self._expire(now)
+        state = await self._renew_and_read(now)
+        self.last_state = state
+        if self._first_round:
+            # A previous process of this instance name died holding shards: free them now
+            # rather than wait for their leases (nobody else would take them sooner).
+            self._first_round = False
+            keep = [h.token for h in self.held.values()] + ([self.member.token] if self.member is not None else [])
+            mine = [lock for lock in state.locks.values() if lock.holder == self.instance]
+            if any(lock.token not in keep for lock in mine):
+                await self.store.release_leftover_shards(CLUSTER_PREFIX, self.instance, keep, self.lock_now())
+                state = await self.store.cluster_state(CLUSTER_PREFIX, self.lock_now())
+        if self.member is None:
+            await self._join()  # its member lock was lost (a long pause): a member again
+        desired = self.assignment(state, now)
+        give = [shard for shard in self.held if desired.get(shard) != self.instance]
+        if give:
+            handed = {shard_lock(shard): self.held[shard].token for shard in give}
+            self._drop(give, "rebalanced to another member")  # its timers stop before it is handed over
+            await self.store.release_shards(handed, self.lock_now())
+        take = [
+            shard
+            for shard, owner in desired.items()
+            if owner == self.instance and shard not in self.held and _free(state, shard)
+        ]
+        if take:
+            asked_at = self.clock.now()
+            got = await self.store.acquire_shards([shard_lock(s) for s in take], self.instance, self.ttl, self.lock_now())
+            for name, (token, _) in sorted(got.items()):
+                self._took(int(name[len(SHARD_PREFIX) :]), token, asked_at)
+
+    def assignment(self, state: ClusterState, now: datetime) -> dict[int, str]:
+        """Shard -> the member that should own it (see the module docstring)."""
+        beats = state.instances
+        tokens = members_of(state)
+        live = {self.instance} | {name for name in tokens if self.registry.gone(beats, name, now) is None}
+        for name, token in list(self._suspects.items()):
+            if name in tokens and tokens[name] != token:
+                del self._suspects[name]  # it joined again
+                log.info("cluster: instance %s is back", name)
+        for lock in shard_locks(state).values():
+            holder = lock.holder
+            if holder is not None and holder != self.instance and lock.state(state.now) == "expired":
+                self._suspect(holder, tokens.get(holder), "it stopped renewing its shards")
+        members = live - set(self._suspects)
+        while True:
+            desired = spread(members)  # this instance is always a member: every shard has an owner
+            # Slow: a member that should have taken a free shard for a whole lease and has
+            # not (counted from when it became that shard's owner-to-be, not from when the
+            # shard became free: counting a member out hands its shards to others, who
+            # must have their own lease to take them).
+            slow = {
+                owner
+                for shard, (owner, since) in self._waiting.items()
+                if desired.get(shard) == owner and owner != self.instance and now - since > self.grace
+            }
+            if not slow:
+                break
+            for owner in slow:
+                self._suspect(owner, tokens.get(owner), f"it did not take a free shard within {self.grace}")
+            members -= slow
+        for shard in range(SHARDS):
+            to = desired.get(shard)
+            if to is None or not _free(state, shard):
+                self._waiting.pop(shard, None)
+            elif shard not in self._waiting or self._waiting[shard][0] != to:
+                self._waiting[shard] = (to, now)
+        return desired
+
+    def _suspect(self, name: str, token: int | None, why: str) -> None:
+        if name not in self._suspects:
+            self._suspects[name] = token
+            log.warning("cluster: counting instance %s out until it joins again: %s", name, why)
+
+    # -- holding and letting go ----------------------------------------------------------------
+    def _took(self, shard: int, token: int, asked_at: datetime) -> None:
+        self.held[shard] = _Held(token, asked_at, asked_at + self.ttl)
+        schedules = self.by_shard.get(shard, [])
+        log.info("cluster: took shard %02d (token %d, %d schedule(s))", shard, token, len(schedules))
+        now = self.clock.now()
+        for schedule in schedules:
+            if self.is_enabled(schedule.name) and schedule.name not in self.timers.wheel:
+                # From its last recorded slot, as at boot: the hand-over window is fired late
+                # or recorded missed per its backfill policy.
+                self.catch_up.at_boot(schedule, now, reason=f"while its shard {shard:02d} changed hands")
+
+    def _drop(self, shards: Iterable[int], why: str) -> None:
+        for shard in list(shards):
+            if self.held.pop(shard, None) is None:
+                continue
+            for schedule in self.by_shard.get(shard, []):
+                self.timers.disarm(schedule.name)
+            log.info("cluster: let go of shard %02d: %s", shard, why)
+
+    def stand_down(self, locks: Iterable[str], why: str) -> None:
+        """The store refused this instance's token for these shard locks: stop firing them."""
+        shards = [int(name[len(SHARD_PREFIX) :]) for name in locks if name.startswith(SHARD_PREFIX)]
+        held = [shard for shard in shards if shard in self.held]
+        if held:
+            log.warning("cluster: fenced on %d shard(s), standing down: %s", len(held), why)
+            self._drop(held, why)
+
+    def _expire(self, now: datetime) -> None:
+        late = [shard for shard, held in self.held.items() if held.deadline <= now]
+        if late:
+            log.warning("cluster: %d shard lease(s) not renewed in time; standing down on them", len(late))
+            self._drop(late, "its lease could not be renewed in time")
+        if self.member is not None and self.member.deadline <= now:
+            self.member = None  # the others count it out: it joins again next round
+
+    async def _join(self) -> None:
+        """Take this instance's member lock: from now on the others hand it shards."""
+        asked_at = self.clock.now()
+        got = await self.store.acquire_shards([self.member_lock], self.instance, self.ttl, self.lock_now())
+        if self.member_lock in got:
+            token, _ = got[self.member_lock]
+            self.member = _Held(token, asked_at, asked_at + self.ttl)
+
+    async def _renew_and_read(self, now: datetime) -> ClusterState:
+        """Renew the leases (the shards' and the member lock) if a third of their ttl has
+        passed, and read the shards, the members and the instances: one transaction."""
+        leases = list(self.held.values()) + ([self.member] if self.member is not None else [])
+        due = bool(leases) and min(h.renewed_at for h in leases) + self.ttl / 3 <= now
+        held: dict[str, int] = {}
+        if due:
+            held = {shard_lock(shard): h.token for shard, h in self.held.items()}
+            if self.member is not None:
+                held[self.member_lock] = self.member.token
+        renewed, state = await self.store.renew_and_read(held, self.ttl, CLUSTER_PREFIX, self.lock_now())
+        if held:
+            self._renewed(now, held, renewed)
+        return state
+
+    def _renewed(self, asked_at: datetime, held: dict[str, int], renewed: dict[str, datetime]) -> None:
+        if self.member is not None and self.member_lock in held:
+            if self.member_lock in renewed:
+                self.member.renewed_at, self.member.deadline = asked_at, asked_at + self.ttl
+            else:
+                self.member = None  # taken over by a newer process of this name, or expired
+        lost = [name for name in held if name.startswith(SHARD_PREFIX) and name not in renewed]
+        if lost:
+            self.stand_down(lost, "its token is no longer current")
+        for name in renewed:
+            if not name.startswith(SHARD_PREFIX):
+                continue
+            current = self.held.get(int(name[len(SHARD_PREFIX) :]))
+            if current is not None:
+                current.renewed_at, current.deadline = asked_at, asked_at + self.ttl
+
+    def members(self) -> set[str]:
+        """From the last read: the instances holding a live member lock."""
+        return set(members_of(self.last_state)) if self.last_state is not None else set()
+
+    def owned_counts(self) -> dict[str, int]:
+        """From the last read: instance -> how many schedules its shards hold."""
+        state = self.last_state
+        if state is None:
+            return {}
+        counts: dict[str, int] = {}
+        for lock in shard_locks(state).values():
+            if lock.holder is not None and lock.state(state.now) == "held":
+                shard = int(lock.name[len(SHARD_PREFIX) :])
+                counts[lock.holder] = counts.get(lock.holder, 0) + len(self.by_shard.get(shard, []))
+        return counts
+
+
+def _free(state: ClusterState, shard: int) -> bool:
+    lock = state.locks.get(shard_lock(shard))
+    return lock is None or lock.state(state.now) != "held"
+
+
+def shard_locks(state: ClusterState) -> dict[str, Lock]:
+    """The shards' lock rows of a read of the cluster."""
+    return {name: lock for name, lock in state.locks.items() if name.startswith(SHARD_PREFIX)}
+
+
+def members_of(state: ClusterState) -> dict[str, int]:
+    """The instances holding a live member lock in a read of the cluster, with its token."""
+    return {
+        name[len(MEMBER_PREFIX) :]: lock.token
+        for name, lock in state.locks.items()
+        if name.startswith(MEMBER_PREFIX) and lock.holder == name[len(MEMBER_PREFIX) :] and lock.state(state.now) == "held"
+    }

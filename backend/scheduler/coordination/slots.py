@@ -1,0 +1,424 @@
+"""Who gets to fire a slot when several instances share a store, and what happens to the
+slots nobody could claim.
+
+:class:`Coordinator` is the gate between "a timer says slot X of schedule S is due" and
+"this instance runs the handler". ``single`` lets every firing through (one instance
+only: two ``single`` instances fire everything twice); ``advisoryLock`` lets exactly one
+instance win each slot through a claims table in PostgreSQL.
+
+:class:`SlotClaims` is the engine's side of it: it claims batches of due slots, fails
+closed when the store cannot be written (nothing fires), remembers the slots it could not
+claim, and claims and records them once the store is back (:meth:`SlotClaims.recover_lost`)
+or, at the latest, when the engine stops. Lost slots that the backfill policy fires run
+oldest first, one at a time, each once no run of the schedule is in flight anywhere
+(``skip`` does not skip them behind the live timer's run); ``queue`` takes them in slot
+order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Protocol, cast
+
+from backend.clock import Clock
+from backend.scheduler.coordination.cluster import ClusterCoordinator, ClusterStore
+from backend.errors import BadInput, Unavailable
+from backend.scheduler.launcher import Launcher
+from backend.runtime.liveness import WorkLease
+from backend.runtime.loops import Loops
+from backend.model import Claim, ClaimResult, CoordinationMode, Outcome, Trigger, slot_key
+from backend.runtime.outages import OutageLog
+from backend.schedules import Schedule
+
+if TYPE_CHECKING:
+    from backend.store import Store
+
+__all__ = ["ClaimCoordinator", "Coordinator", "SingleCoordinator", "SlotClaims", "make_coordinator", "warn_cluster_fallback"]
+
+log = logging.getLogger("schedtui.engine")
+
+
+class Coordinator(Protocol):
+    """Decides which due slots this instance fires.
+
+    Contract: ``claim`` takes claims whose keys are ``name@YYYY-MM-DDTHH:MM:SS`` (see
+    :func:`backend.model.slot_key`) and returns the keys this instance won. For a given
+    key, across every instance sharing the store, at most one call ever returns it (for as
+    long as the claim is retained, and, for claims carrying their slot, for as long as the
+    slot's run is in the ledger). The result also names the schedules of the batch that
+    another instance has a run of in flight, so overlap policies hold across instances.
+    When the claim cannot be written the coordinator raises
+    :class:`backend.errors.Unavailable` and the caller must not fire: fail closed.
+    """
+
+    mode: CoordinationMode
+    outcome: Outcome
+    """The coordination outcome recorded on runs this coordinator let through."""
+    needs_claims: bool
+    """False when every slot is won without asking anyone (``single``)."""
+
+    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult: ...
+
+
+class SingleCoordinator:
+    """No gate: this instance assumes it is the only one."""
+
+    mode: CoordinationMode = "single"
+    outcome: Outcome = "single"
+    needs_claims = False
+
+    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
+        return ClaimResult(frozenset(claim.key for claim in claims))
+
+
+class ClaimCoordinator:
+    """``advisoryLock``: one row per slot in the store's claims table; the insert that
+    creates the row wins. Nothing but the store is needed, and a crashed winner blocks
+    nothing, because the next slot is a new key."""
+
+    mode: CoordinationMode = "advisoryLock"
+    outcome: Outcome = "wonLock"
+    needs_claims = True
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
+        return await self.store.claim(claims, instance, now)
+
+
+def make_coordinator(coordination: CoordinationMode | Coordinator | None, store: Store) -> tuple[Coordinator, bool]:
+    """The coordinator for ``coordination`` (a mode, a coordinator given as is, or ``None``
+    for the store's default), and whether ``cluster`` fell back to ``single``."""
+    if coordination is not None and not isinstance(coordination, str):
+        return coordination, False
+    mode = coordination or store.default_coordination
+    if mode == "single":
+        return SingleCoordinator(), False
+    if mode == "advisoryLock":
+        return ClaimCoordinator(store), False
+    if mode == "cluster":
+        if store.kind != "postgresql":
+            return SingleCoordinator(), True
+        return ClusterCoordinator(cast(ClusterStore, store)), False
+    raise BadInput(f'coordination "{mode}" is not one of single, advisoryLock, cluster')
+
+
+def warn_cluster_fallback(store: Store) -> None:
+    log.warning(
+        "COORDINATION: cluster needs a PostgreSQL store; the store %s is %s, so this instance falls "
+        "back to single: it fires every schedule itself, and a second instance would fire them all again",
+        store.where,
+        store.kind,
+    )
+
+
+class SlotClaims:
+    """Claims due slots for this instance and accounts for the ones it could not claim.
+
+    Contract: :meth:`claim` returns only slots this instance won (each with the run id
+    its claim recorded); when the store cannot be written it returns nothing (fail closed)
+    and remembers the slots, at most ``catch_up_limit`` per schedule. :meth:`recover_lost`
+    claims them again once the store answers; the winner of each records it ``missed`` or
+    fires it per the schedule's backfill policy, so an outage leaves visible rows and never
+    a double firing.
+    """
+
+    def __init__(
+        self,
+        *,
+        coordinator: Coordinator,
+        store: Store,
+        clock: Clock,
+        loops: Loops,
+        launcher: Launcher,
+        outages: OutageLog,
+        schedules: dict[str, Schedule],
+        is_enabled: Callable[[str], bool],
+        instance: str,
+        new_id: Callable[[], str],
+        catch_up_limit: int,
+    ) -> None:
+        self.coordinator = coordinator
+        self.store = store
+        self.clock = clock
+        self.loops = loops
+        self.launcher = launcher
+        self.outages = outages
+        self.schedules = schedules
+        self.is_enabled = is_enabled
+        self.instance = instance
+        self.new_id = new_id
+        self.catch_up_limit = catch_up_limit
+        self._recheck = asyncio.Event()
+        """Set by each housekeeping round: lost slots waiting for a run on another instance
+        look at the ledger again."""
+        self.claimed: set[str] = set()
+        """Run ids this instance won a claim for whose run is not recorded finished yet."""
+        self.lost: dict[str, dict[datetime, str]] = defaultdict(dict)
+        """Slots that could not be claimed (store unreachable), with the run id proposed."""
+        self.recovering: set[str] = set()
+        """Schedules whose recovered slots are being fired."""
+        self.lease: WorkLease = WorkLease(timedelta(seconds=30), None)
+        """This instance's lease on its work: nothing is claimed while it has lapsed."""
+        self.fires: Callable[[], bool] = lambda: True
+        """Whether this instance fires now (not while it waits for another mode's fleet)."""
+
+    @property
+    def lost_count(self) -> int:
+        return sum(len(entries) for entries in self.lost.values())
+
+    def finished(self, run_id: str) -> None:
+        self.claimed.discard(run_id)
+
+    def horizon(self, schedule: Schedule, now: datetime) -> datetime:
+        """How far back a winner keeps its schedule's claims: long enough that a replica
+        running late still finds its slot taken (an hour; a minute for sub-minute crons)."""
+        return now - (timedelta(minutes=1) if schedule.cron.has_seconds else timedelta(hours=1))
+
+    async def claim(
+        self, slots: list[tuple[Schedule, datetime]], now: datetime, *, in_store: bool = False
+    ) -> tuple[list[tuple[Schedule, datetime, str]], dict[str, str]]:
+        """The slots this instance wins, each with the run id its claim recorded, and the
+        schedules of the batch with a run in flight on another instance (name -> run id).
+
+        Fails closed: if the claims cannot be written, nothing is won, and the slots are
+        remembered as lost; external fires are not remembered, their caller gets the
+        error and retries. ``in_store`` claims in the store whatever the coordination mode
+        (external fires dedupe retries so)."""
+        if not in_store and not self.fires():
+            return [], {}  # the fleet's own mode fires them (external fires dedupe in the store whatever the mode)
+        claims = self.make_claims(slots, now, in_store=in_store)
+        try:
+            self._check_lease()
+            result = await self._send(claims, now, in_store=in_store)
+        except Unavailable as exc:
+            self.outages.trouble("claim", f"not firing {len(slots)} slot(s): cannot claim them", exc)
+            if not in_store:
+                for (schedule, slot), claim in zip(slots, claims):
+                    self._remember_lost(schedule, slot, claim.run_id)
+            return [], {}
+        self.outages.back(self.lost_count)
+        won = result.won
+        owned = [(schedule, slot, claim.run_id) for (schedule, slot), claim in zip(slots, claims) if claim.key in won]
+        return owned, result.busy
+
+    def make_claims(
+        self,
+        slots: list[tuple[Schedule, datetime]],
+        now: datetime,
+        *,
+        in_store: bool = False,
+        run_ids: dict[tuple[str, datetime], str] | None = None,
+    ) -> list[Claim]:
+        """One claim per slot; ``run_ids`` reuses the ids of an earlier attempt, whose
+        reply may have been lost after it committed."""
+        trigger: Trigger = "external" if in_store else "self"
+        outcome: Outcome = "external" if in_store else self.coordinator.outcome
+        stamps: dict[datetime, str] = {}  # a batch shares a few slots: format each once
+
+        def key(name: str, slot: datetime) -> str:
+            stamp = stamps.get(slot)
+            if stamp is None:
+                stamp = stamps[slot] = slot_key("", slot)[1:]
+            return f"{name}@{stamp}"
+
+        return [
+            Claim(
+                key(schedule.name, slot),
+                schedule.name,
+                (run_ids or {}).get((schedule.name, slot)) or self.new_id(),
+                self.horizon(schedule, now),
+                scheduled_at=slot,
+                trigger=trigger,
+                outcome=outcome,
+            )
+            for schedule, slot in slots
+        ]
+
+    def _check_lease(self) -> None:
+        """Fail closed while this instance's lease has lapsed: what it claimed now, another
+        instance may take over before it could start it."""
+        if not self.lease.fresh():
+            raise Unavailable("this instance's lease on its work has lapsed (it could not renew its heartbeat in time)")
+
+    async def _send(self, claims: list[Claim], now: datetime, *, in_store: bool = False) -> ClaimResult:
+        """Claim (raising :class:`Unavailable`); remember the run ids won as pending."""
+        # Pending from before the claim is sent: a placeholder committed while its reply is
+        # still on the way is ours, not a dead instance's run for close_abandoned to close.
+        proposed = [claim.run_id for claim in claims]
+        self.claimed.update(proposed)
+        sending = asyncio.ensure_future(
+            self.store.claim(claims, self.instance, now) if in_store else self.coordinator.claim(claims, self.instance, now)
+        )
+        try:
+            result = await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            # Stopping with the claim on its way: it may commit all the same, and its rows
+            # would then stay "running" for good. Wait for its answer and record what it
+            # won as missed (the engine stopped before firing it).
+            self.claimed.difference_update(proposed)
+            with contextlib.suppress(Exception):
+                self._missed_on_stop(claims, await sending)
+            raise
+        except BaseException:
+            self.claimed.difference_update(proposed)  # the callers remember what may be ours
+            raise
+        self.claimed.difference_update(claim.run_id for claim in claims if claim.key not in result.won)
+        return result
+
+    def _missed_on_stop(self, claims: Sequence[Claim], result: ClaimResult) -> None:
+        for claim in claims:
+            schedule = self.schedules.get(claim.name)
+            if claim.key in result.won and schedule is not None and claim.scheduled_at is not None:
+                why = "not fired: the engine stopped while this slot was being claimed"
+                self.launcher.record_missed(schedule, claim.scheduled_at, claim.trigger, claim.outcome, why, claim.run_id)
+
+    def _remember_lost(self, schedule: Schedule, slot: datetime, run_id: str) -> None:
+        lost = self.lost[schedule.name]
+        run_id = lost.setdefault(slot, run_id)
+        # The claim may have committed with its reply lost: then its placeholder row is ours.
+        self.claimed.add(run_id)
+        if len(lost) > self.catch_up_limit:  # slots come in order: the first is the oldest
+            self.claimed.discard(lost.pop(next(iter(lost))))
+
+    async def recover_lost(self) -> None:
+        """Claim and record the slots that could not be claimed while the store was down.
+
+        Every instance that lost a slot tries to claim it now; one wins it (or nobody, if
+        another instance fired it in time), and the winner applies the schedule's backfill
+        policy to the lost slots it won: ``skip`` records them ``missed``, ``latest`` fires
+        the newest lost slot and records the others, ``all`` fires them in order (see
+        :meth:`_fire_in_order`). Called by every housekeeping round."""
+        self._recheck.set()
+        if not self.lost:
+            return
+        if not self.fires():
+            # Waiting for another mode's fleet, which fires these slots (or records them).
+            for entries in self.lost.values():
+                self.claimed.difference_update(entries.values())
+            self.lost.clear()
+            return
+        if not self.lease.fresh():
+            return  # claimed once the lease is renewed
+        lost, self.lost = self.lost, defaultdict(dict)
+        wanted: list[tuple[Schedule, datetime]] = []
+        ids: dict[tuple[str, datetime], str] = {}
+        for name, entries in lost.items():
+            schedule = self.schedules.get(name)
+            if schedule is None:
+                self.claimed.difference_update(entries.values())
+                continue
+            for slot, run_id in sorted(entries.items()):
+                wanted.append((schedule, slot))
+                ids[(name, slot)] = run_id
+        if not wanted:
+            return
+        now = self.clock.now()
+        claims = self.make_claims(wanted, now, run_ids=ids)
+        try:
+            result = await self._send(claims, now)
+        except Unavailable as exc:
+            for schedule, slot in wanted:
+                self._remember_lost(schedule, slot, ids[(schedule.name, slot)])
+            self.outages.trouble("claim", f"not firing {len(wanted)} slot(s): cannot claim them", exc)
+            return
+        self.outages.back(self.lost_count)
+        won: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
+        for (schedule, slot), claim in zip(wanted, claims):
+            if claim.key in result.won:
+                won[schedule.name].append((slot, claim.run_id))
+            else:
+                self.claimed.discard(claim.run_id)
+        outcome = self.coordinator.outcome
+        for name, mine in won.items():
+            schedule = self.schedules[name]
+            stopping = self.launcher.stopping  # a stop records them: nothing new fires
+            policy = schedule.backfill if self.is_enabled(name) and not stopping else "skip"
+            newest = max(lost[name])
+            if policy == "all":
+                to_fire = mine
+            elif policy == "latest":
+                to_fire = [(slot, run_id) for slot, run_id in mine if slot == newest]
+            else:
+                to_fire = []
+            firing = {slot for slot, _ in to_fire}
+            why = "not fired: the store was unreachable when it was due " + (
+                "(the engine stopped before it could fire it)" if stopping else f"(backfill={policy})"
+            )
+            for slot, run_id in mine:
+                if slot not in firing:
+                    self.launcher.record_missed(schedule, slot, "self", outcome, why, run_id)
+            if to_fire:
+                self.recovering.add(name)
+                self.loops.spawn(self._fire_in_order(schedule, to_fire, result.busy.get(name)), f"recover {name}")
+            log.info(
+                "%s: %d slot(s) lost while the store was unreachable: %d recorded missed, %d fired (backfill=%s)",
+                name,
+                len(mine),
+                len(mine) - len(to_fire),
+                len(to_fire),
+                policy,
+            )
+
+    async def _fire_in_order(self, schedule: Schedule, slots: list[tuple[datetime, str]], remote: str | None) -> None:
+        """Fire owned lost slots oldest first, one at a time. They were due when the store
+        was down, so a run in flight (the live timer's, here or on another instance) does
+        not make ``skip`` skip them: they wait for it. ``queue`` puts them in its queue, in
+        slot order, so ahead of the newer slots waiting there (``remote``: a run in flight
+        elsewhere, from the claim, holds the queue); ``parallel`` does not wait."""
+        name = schedule.name
+        launcher = self.launcher
+        outcome = self.coordinator.outcome
+        try:
+            if schedule.on_overlap == "queue":
+                launcher.enqueue(schedule, [(slot, "self", outcome, run_id) for slot, run_id in slots], remote)
+                return
+            for index, (slot, run_id) in enumerate(slots):
+                with launcher.missed_on_stop(schedule, slots[index:], outcome):
+                    if schedule.on_overlap == "skip":
+                        await self._until_idle(schedule, slot)
+                run = launcher.launch(schedule, slot, "self", outcome, run_id)
+                with launcher.missed_on_stop(schedule, slots[index + 1 :], outcome):
+                    await asyncio.shield(run.finished())
+        finally:
+            self.recovering.discard(name)
+            self.loops.poke()
+
+    async def _until_idle(self, schedule: Schedule, slot: datetime) -> None:
+        """Return once no run of the schedule is in flight here, nor on another instance:
+        started there, or claimed there for a slot newer than ``slot`` (about to start; an
+        older one waits for ours in turn, so two instances never wait for each other). The
+        ledger is looked at once, then at each housekeeping round while something is in
+        flight."""
+        name = schedule.name
+        launcher = self.launcher
+        while True:
+            while launcher.inflight[name]:
+                mine = [r.finished() for r in launcher.active.values() if r.schedule is schedule and not r.done]
+                await (asyncio.wait(mine) if mine else asyncio.sleep(0))  # sleep(0): not started yet
+            try:
+                running = await self.store.running_runs()
+            except Unavailable as exc:
+                self.outages.trouble("recover", f"{name}: lost slots wait for the store", exc)
+                running = None
+            if launcher.inflight[name]:
+                continue  # started here meanwhile
+            if running is not None and not any(
+                r.name == name and r.instance != self.instance and (r.fired_at is not None or r.scheduled_at > slot)
+                for r in running
+            ):
+                return
+            loop = f"recover {name}"
+            self.recovering.discard(name)  # parked on the clock: idle for quiesce()
+            try:
+                await self.loops.park(loop, None, self._recheck)
+            finally:
+                self.loops.forget(loop)
+                self.recovering.add(name)
+                self.loops.poke()  # woken (not idle) to wait for a run: idle again for quiesce()

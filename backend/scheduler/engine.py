@@ -1,0 +1,541 @@
+"""The scheduler engine: the facade that wires its parts and carries the operator actions.
+
+One :class:`Engine` drives a set of schedules against one store. Its parts, each a module
+with one job:
+
+* :mod:`~backend.scheduler.timers`: each self-triggered schedule's one armed slot, and the loop
+  that fires due slots in bursts;
+* :mod:`~backend.scheduler.launcher`: the overlap policy, runs in flight, and their ledger rows;
+* :mod:`~backend.runtime.runner`: calls handlers (async as tasks, sync on a bounded thread pool)
+  under a deadline, and decides how each call ended;
+* :mod:`~backend.scheduler.coordination.slots`: claims across instances and the slots lost to an outage;
+* :mod:`~backend.scheduler.catchup`: slots missed while no engine ran, or while it was behind;
+* :mod:`~backend.scheduler.backfills`: operator-requested range backfills;
+* :mod:`~backend.scheduler.registry`: heartbeats, the abandoned-work sweep and retention;
+* :mod:`~backend.runtime.liveness`: this instance's lease on its work, and what a lapse stops;
+* :mod:`~backend.scheduler.external`: fires requested by a platform scheduler;
+* :mod:`~backend.scheduler.parts`: builds the parts above and hands each what it needs of the others;
+* :mod:`~backend.scheduler.systems`: builds the job queue, durable executions, locks and shards
+  beside the schedules (each a :class:`~backend.runtime.subsystems.Subsystem`);
+* :mod:`~backend.scheduler.reads`: the schedule views, run pages and upcoming slots it answers with;
+* :mod:`~backend.scheduler.lifecycle`: the order in which the parts open, start, keep house and stop;
+* :mod:`~backend.scheduler.ledger` and :mod:`~backend.runtime.loops`: recording runs, and the background
+  tasks with the bookkeeping that lets :meth:`Engine.quiesce` say "nothing left to do".
+
+Time comes only from the injected :class:`~backend.clock.Clock`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, Literal, cast
+
+from backend.scheduler import lifecycle
+from backend.events.audit import AuditLog
+from backend.scheduler.backfills import Backfills
+from backend.scheduler.catalog import Catalog, CatalogStore, bind_target
+from backend.scheduler.catchup import CatchUp
+from backend.clock import Clock, SystemClock
+from backend.scheduler.coordination.cluster import Cluster
+from backend.scheduler.coordination.slots import Coordinator, SlotClaims, make_coordinator
+from backend.definitions import Definitions
+from backend.durable import Durable, DurableFunction
+from backend.errors import BadInput, NotFound, Refused, Unavailable
+from backend.events.bus import EventBus
+from backend.scheduler.external import ExternalFires
+from backend.ids import IdFactory
+from backend.jobs.definition import Queue
+from backend.jobs.system import Jobs
+from backend.scheduler.launcher import Launcher
+from backend.scheduler.ledger import RunLedger, RunListener
+from backend.locks import Locks
+from backend.runtime.liveness import WorkLease, boot_clock
+from backend.runtime.loops import Loops
+from backend.model import (
+    BackfillPlan,
+    BackfillProgress,
+    CoordinationMode,
+    ExternalFiring,
+    Run,
+    ScheduleState,
+    ScheduleView,
+    iso,
+)
+from backend.runtime.outages import OutageLog
+from backend.scheduler.parts import attach_schedule_parts
+from backend.scheduler.reads import ScheduleReads
+from backend.scheduler.registry import InstanceRegistry, default_instance_name
+from backend.events.relay import Relay
+from backend.runtime.runner import DEFAULT_MAX_THREADS, HandlerRunner
+from backend.schedules import Schedule
+from backend.scheduler.states import ScheduleStates
+from backend.store import Store, open_store
+from backend.runtime.subsystems import Shared, Subsystem
+from backend.scheduler.systems import attach_systems
+from backend.scheduler.timers import Timers
+
+__all__ = ["Engine", "ExternalFiring", "RunListener"]
+
+log = logging.getLogger("schedtui.engine")
+
+#: What the engine runs: schedules, and each subsystem's definitions.
+_DEFINITION_TYPES: tuple[type, ...] = (Schedule, Queue, DurableFunction)
+
+
+class Engine:
+    """Fires schedules, records every run, and carries out operator actions.
+
+    Use ``await engine.start()`` to arm timers (what ``schedtui serve`` does), or only
+    ``await engine.open()`` to act on the store without firing anything on the clock (what
+    the other CLI verbs do). ``await engine.stop()`` shuts down cleanly.
+    """
+
+    # Set by :func:`backend.scheduler.parts.attach_schedule_parts` while the engine is built.
+    launcher: Launcher
+    claims: SlotClaims
+    timers: Timers
+    catch_up: CatchUp
+    backfills: Backfills
+    registry: InstanceRegistry
+    # Set by :func:`backend.scheduler.systems.attach_systems` while the engine is built.
+    shared: Shared
+    """The engine's parts the systems beside the schedules use."""
+    durable: Durable
+    """Durable executions: starting them and operator actions; the executor once started."""
+    jobs: Jobs
+    """The job queue: sending and operator actions; workers once started."""
+    locks: Locks
+    """Leases on named locks, and locked schedule runs."""
+
+    def __init__(
+        self,
+        definitions: Iterable[Any] | Definitions,
+        store: Store | str | None = None,
+        *,
+        clock: Clock | None = None,
+        instance: str | None = None,
+        coordination: CoordinationMode | Coordinator | None = None,
+        default_trigger: Literal["self", "external"] = "self",
+        retention: timedelta | None = timedelta(days=30),
+        claims_ttl: timedelta | None = timedelta(hours=24),
+        catch_up_limit: int = 1000,
+        state_poll_interval: float = 1.0,
+        heartbeat_interval: float = 5.0,
+        abandon_after: float = 30.0,
+        shutdown_grace: float = 30.0,
+        external_tolerance: timedelta = timedelta(minutes=10),
+        external_early: timedelta = timedelta(seconds=5),
+        max_threads: int = DEFAULT_MAX_THREADS,
+        ids: Callable[[], str] | None = None,
+        lock_clock: Clock | None = None,
+        shard_ttl: float = 10.0,
+        actor: str | None = None,
+        lease_clock: Callable[[], float] | None | Literal["auto"] = "auto",
+        exit_when_lease_lapses: bool = True,
+    ) -> None:
+        items = list(definitions.items if isinstance(definitions, Definitions) else definitions)
+        self.schedules: dict[str, Schedule] = {}
+        for schedule in (item for item in items if isinstance(item, Schedule)):
+            if schedule.name in self.schedules:
+                raise BadInput(f'schedule name "{schedule.name}" is given twice')
+            self.schedules[schedule.name] = schedule
+        functions = [item for item in items if isinstance(item, DurableFunction)]
+        for name, schedule in list(self.schedules.items()):
+            if schedule.durable is not None and schedule.durable not in {f.name for f in functions}:
+                raise BadInput(f'schedule "{name}" targets durable function "{schedule.durable}", which is not defined')
+            self.schedules[name] = self.bind_target(schedule)
+        self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
+        self.clock: Clock = clock or SystemClock()
+        self.instance = instance or default_instance_name()
+        self.default_trigger = default_trigger
+        self.catch_up_limit = catch_up_limit
+        self.state_poll_interval = timedelta(seconds=state_poll_interval)
+        self.shutdown_grace = shutdown_grace
+        self.new_id = ids or IdFactory(self.clock.now)
+        self.states = ScheduleStates(self.store, self.schedules)
+        self._opened = False
+        self._started = False
+        self._stopping = False
+        self.cluster: Cluster | None = None
+        """This instance's shards, in ``cluster`` coordination."""
+
+        self.loops = Loops(self.clock)
+        self.ledger = RunLedger(self.store)
+        self.events = EventBus()
+        """Change signals (runs, schedules, …) for the event stream and the console."""
+        self.audit = AuditLog(store=self.store, clock=self.clock, new_id=self.new_id, events=self.events, actor=actor)
+        """The audit log of operator actions; ``actor`` names who acts when no token does."""
+        self.relay = Relay(store=self.store, ledger=self.ledger, events=self.events, loops=self.loops)
+        self.states.publish = lambda name: self.events.publish("schedules", name)
+        self.outages = OutageLog(self.clock)
+        if lease_clock == "auto":
+            # The lease runs on real time: on an injected clock (tests) it is not enforced
+            # unless the test injects a lease clock of its own. Nor on SQLite: its one firer
+            # holds the file's lock, which the others ask rather than its heartbeat's age
+            # (a full disk silences the heartbeat, and the work goes on).
+            shared = self.store.kind == "postgresql"
+            lease_clock = boot_clock if isinstance(self.clock, SystemClock) and shared else None
+        self.lease = WorkLease(timedelta(seconds=abandon_after), lease_clock)
+        """This instance's lease on its work (see :mod:`backend.runtime.liveness`)."""
+        self.exit_when_lease_lapses = exit_when_lease_lapses
+        """End the process when the lease lapses while sync handlers still run (a thread
+        cannot be stopped; the process ending stops it)."""
+        self.end_process: Callable[[int], None] = os._exit
+        """How the process ends itself then (a test replaces it)."""
+        self.runner = HandlerRunner(self.clock, self.loops, max_threads=max_threads, lease=self.lease)
+        coordinator, self._cluster_fallback = make_coordinator(coordination, self.store)
+        attach_schedule_parts(
+            self,
+            coordinator,
+            catch_up_limit=catch_up_limit,
+            heartbeat_interval=heartbeat_interval,
+            abandon_after=abandon_after,
+            retention=retention,
+            claims_ttl=claims_ttl,
+        )
+        self.subsystems: list[Subsystem] = [self.relay, self.audit]
+        """The systems beside the schedules (queue, durable, locks), in start order."""
+        attach_systems(
+            self,
+            functions,
+            [item for item in items if isinstance(item, Queue)],
+            abandon_after=abandon_after,
+            state_poll_interval=state_poll_interval,
+            heartbeat_interval=heartbeat_interval,
+            retention=retention,
+            lock_clock=lock_clock,
+            shard_ttl=shard_ttl,
+        )
+        # A folder's definitions are all there are: a start of any other function is refused.
+        self.durable.complete = isinstance(definitions, Definitions)
+        self.catalog = Catalog(self, cast(CatalogStore, self.store))
+        """The schedules created at run time (kept in the store)."""
+        self.reads = ScheduleReads(self)
+        """Schedule views, run pages, upcoming slots: what the read methods delegate to."""
+        unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
+        if unknown:
+            raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")
+        self.external = ExternalFires(
+            clock=self.clock,
+            store=self.store,
+            ledger=self.ledger,
+            launcher=self.launcher,
+            claims=self.claims,
+            tolerance=external_tolerance,
+            early=external_early,
+        )
+
+    def bind_target(self, schedule: Schedule) -> Schedule:
+        """A schedule defined with ``durable=F`` starts an execution of F per slot."""
+        return bind_target(self, schedule)
+
+    def add_schedule(self, schedule: Schedule) -> None:
+        """Run ``schedule`` (new, or replacing its namesake's definition); arming is the caller's."""
+        self.catalog.add_schedule(schedule)
+
+    def remove_schedule(self, name: str) -> None:
+        """Stop running a schedule: disarmed, its queued firings recorded missed, forgotten
+        (a run in flight finishes and is recorded)."""
+        self.catalog.remove_schedule(name)
+
+    @property
+    def started(self) -> bool:
+        return self._started and not self._stopping
+
+    @property
+    def coordinator(self) -> Coordinator:
+        return self.claims.coordinator
+
+    @coordinator.setter
+    def coordinator(self, coordinator: Coordinator) -> None:
+        self.claims.coordinator = coordinator
+
+    @property
+    def coordination(self) -> CoordinationMode:
+        return self.claims.coordinator.mode
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return self.ledger.stats
+
+    @property
+    def host(self) -> str:
+        return self.registry.host
+
+    # ------------------------------------------------------------------------------------
+    # lifecycle
+    # ------------------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Open the store, register this instance, close what dead processes left running."""
+        if self._opened:
+            return
+        await lifecycle.open_engine(self)
+
+    async def start(self) -> None:
+        """Open, catch up on missed slots, arm every enabled self-triggered schedule."""
+        if not self._started and self.coordination == "single":
+            # One firer per embedded store: refused (InUse) before anything is registered
+            # or fired, when another process already fires it.
+            await self.store.take_firing_lock(self.instance)
+        await self.open()
+        if self._started:
+            return
+        self._started = True
+        await lifecycle.join_fleet(self)
+        lifecycle.start_engine(self)
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop firing, let runs in flight finish (up to ``grace`` seconds), record the rest."""
+        if not self._opened or self._stopping:
+            return
+        self._stopping = True
+        self.launcher.stopping = True
+        grace = self.shutdown_grace if grace is None else grace
+        await lifecycle.stop_engine(self, grace)
+        self._opened = False
+
+    def interrupt(self) -> None:
+        """Stop waiting for the runs in flight: record them ``failed``/``interrupted`` and
+        cancel them (a sync handler's thread cannot be cancelled and is abandoned)."""
+        self.launcher.interrupt("interrupted while the engine was stopping")
+
+    async def __aenter__(self) -> Engine:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def armed(self) -> bool:
+        """True once every enabled self-triggered schedule is armed and none is catching up."""
+        return lifecycle.is_armed(self)
+
+    # ------------------------------------------------------------------------------------
+    # listeners, the ledger, quiescence
+    # ------------------------------------------------------------------------------------
+    def add_listener(self, listener: RunListener) -> None:
+        self.ledger.listeners.append(listener)
+
+    def remove_listener(self, listener: RunListener) -> None:
+        if listener in self.ledger.listeners:
+            self.ledger.listeners.remove(listener)
+
+    async def flush(self) -> None:
+        """Return once every run recorded so far is committed to the store."""
+        await self.ledger.flush()
+
+    async def quiesce(self, *, runs: bool = True) -> None:
+        """Wait until every due slot has fired and every run in flight has finished and is
+        committed. Meant for a :class:`~backend.clock.ManualClock`: after moving it, this
+        returns once the engine has done everything the new time calls for. With
+        ``runs=False`` it waits only for the engine's own loops (timers, watchdog,
+        housekeeping, catch-ups) to have handled the new time and the handlers they started
+        to have begun, not for handlers to finish."""
+        assert self._opened, "open() the engine first"
+
+        await self.loops.quiesce(lambda: lifecycle.is_settled(self) if runs else lifecycle.has_started(self), self.flush)
+
+    # ------------------------------------------------------------------------------------
+    # state
+    # ------------------------------------------------------------------------------------
+    def schedule(self, name: str) -> Schedule:
+        try:
+            return self.schedules[name]
+        except KeyError:
+            raise NotFound(f'no schedule named "{name}"') from None
+
+    def _trigger_of(self, schedule: Schedule) -> Literal["self", "external"]:
+        return schedule.effective_trigger(self.default_trigger)
+
+    def is_enabled(self, name: str) -> bool:
+        return self.states.is_enabled(name)
+
+    def next_fire_at(self, name: str) -> datetime | None:
+        return self.reads.next_fire(self.schedule(name), self.is_enabled(name))
+
+    def upcoming(self, name: str, count: int = 5) -> list[datetime]:
+        """The next ``count`` slots of a schedule, whatever its state (for previews)."""
+        return self.reads.upcoming(name, count)
+
+    async def refresh_states(self) -> None:
+        """Re-read enabled/disabled from the store and arm or disarm what changed."""
+        await self.states.refresh()
+
+    def _state_changed(self, schedule: Schedule, state: ScheduleState) -> None:
+        if self._trigger_of(schedule) != "self":
+            return
+        if state.enabled:
+            log.info("schedule %s enabled by %s", state.name, state.changed_by)
+            self.timers.arm(schedule, self.clock.now())
+        else:
+            log.info("schedule %s disabled by %s", state.name, state.changed_by)
+            self.timers.disabled(state.name)
+
+    async def list_schedules(self) -> list[ScheduleView]:
+        """Every schedule with its state, next slot, newest self/external run and newest
+        manual run (when that is its newest run)."""
+        return await self.reads.list_schedules()
+
+    async def get_schedule(self, name: str) -> ScheduleView:
+        return await self.reads.get_schedule(name)
+
+    async def list_runs(
+        self, name: str, *, limit: int = 50, before: str | None = None
+    ) -> tuple[list[Run], str | None]:
+        """A page of a schedule's runs, newest first, and the ``before`` of the next page
+        (``None`` on the last). ``before`` is the last id of the previous page."""
+        return await self.reads.list_runs(name, limit=limit, before=before)
+
+    async def get_run(self, run_id: str) -> Run:
+        return await self.reads.get_run(run_id)
+
+    # ------------------------------------------------------------------------------------
+    # housekeeping: state changes from other processes, heartbeats, abandoned runs, retention
+    # ------------------------------------------------------------------------------------
+    async def maintain(self) -> None:
+        """One round of housekeeping (normally every ``state_poll_interval``)."""
+        await lifecycle.maintain(self)
+
+    async def close_abandoned(self) -> list[Run]:
+        """Close runs (and backfills) left ``running`` by instances that are gone."""
+        return await self.registry.close_abandoned()
+
+    # ------------------------------------------------------------------------------------
+    # operator actions
+    # ------------------------------------------------------------------------------------
+    async def run_now(self, name: str, *, wait: bool = False) -> Run:
+        """Fire a schedule at once (trigger and outcome ``manual``), whatever its overlap
+        policy and enabled state. Returns the run once its row is committed, or, with
+        ``wait``, once it has finished."""
+        schedule = self.schedule(name)
+        health = self.store.health()
+        if not health.ok:
+            # Refused before firing: its answer could only be a 503 after the fact.
+            raise Unavailable(f'"{name}" not fired: the store cannot record runs now ({health.error})')
+        scheduled = self.launcher.launch(schedule, self.clock.now(), "manual", "manual")
+        await scheduled.started()
+        await self.audit.record("schedule.fire", name, {"run_id": scheduled.run.id})
+        run = await scheduled.finished() if wait else scheduled.run
+        await self.flush()
+        return run
+
+    async def wait_run(self, run_id: str) -> Run:
+        """Wait for a run this engine started to finish."""
+        active = self.launcher.active.get(run_id)
+        if active is None:
+            return await self.get_run(run_id)
+        return await asyncio.shield(active.finished())
+
+    async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None, by: str | None = None) -> ScheduleView:
+        """Enable or disable a schedule, persistently. A disabled schedule keeps its
+        definition, has no next slot and does not fire; enabling it arms its next future slot
+        (slots that passed while it was disabled are not caught up)."""
+        if name not in self.schedules:
+            await self.catalog.refresh()  # created a moment ago by another process?
+        self.schedule(name)
+        actor = by or self.audit.actor()
+        was = self.is_enabled(name)
+        await self.states.set(name, enabled, at=self.clock.now(), by=actor, note=note)
+        state = self.states.get(name)
+        await self.audit.record(
+            "schedule.enable" if enabled else "schedule.disable",
+            name,
+            {"note": state.note if state is not None else None, "was_enabled": was},
+            actor=actor,
+        )
+        return await self.get_schedule(name)
+
+    async def create_schedule(self, spec: Mapping[str, Any]) -> ScheduleView:
+        """Store a new schedule (see :meth:`backend.client.interface.Backend.create_schedule`);
+        armed here at once, on every instance sharing the store within 2 s."""
+        actor = self.audit.actor()
+        row = await self.catalog.create(spec, actor)
+        await self.audit.record("schedule.create", row.name, {"spec": row.spec()}, actor=actor)
+        return await self.get_schedule(row.name)
+
+    async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
+        """Change a stored schedule; a code schedule is refused (``defined_in_code``)."""
+        self.catalog.check_stored(name)
+        actor = self.audit.actor()
+        before, after = await self.catalog.update(name, changes, actor)
+        if "enabled" in changes and after.enabled != self.is_enabled(name):
+            await self.states.set(name, after.enabled, at=self.clock.now(), by=actor)
+        await self.audit.record("schedule.update", name, {"before": before.spec(), "after": after.spec()}, actor=actor)
+        return await self.get_schedule(name)
+
+    async def delete_schedule(self, name: str) -> None:
+        """Delete a stored schedule: it stops firing here at once, everywhere within 2 s."""
+        self.catalog.check_stored(name)
+        actor = self.audit.actor()
+        row = await self.catalog.delete(name)
+        await self.audit.record("schedule.delete", name, {"spec": row.spec()}, actor=actor)
+
+    async def fire_external(self, name: str, *, allow_self: bool = False) -> ExternalFiring:
+        """Fire the slot that is due now because an external scheduler says so (see
+        :mod:`backend.scheduler.external`). Schedules not marked ``trigger="external"`` are refused
+        unless ``allow_self``. The overlap policy applies as for timer firings."""
+        schedule = self.schedule(name)
+        if self._trigger_of(schedule) != "external" and not allow_self:
+            raise Refused(
+                f'"{name}" is fired by its own timer (trigger=self); an external fire would run it twice. '
+                "Mark it trigger=\"external\", or allow it explicitly.",
+                reason="not an external schedule",
+            )
+        return await self.external.fire(schedule)
+
+    def plan_backfill(
+        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+    ) -> BackfillPlan:
+        """What a backfill of the slots in ``(start, end]`` would do; fires nothing."""
+        return self.backfills.plan(self.schedule(name), start, end, confirm=confirm, limit=limit)
+
+    async def start_backfill(
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        confirm: bool = False,
+        limit: int | None = None,
+        skip_succeeded: bool = False,
+    ) -> BackfillProgress:
+        """Start firing the slots in ``(start, end]`` in order, in the background (with
+        ``skip_succeeded``, only those without a succeeded run); raises :class:`Refused`
+        when the plan is refused or one runs for this schedule anywhere."""
+        progress = await self.backfills.start(
+            self.schedule(name), start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
+        )
+        detail = {"backfill_id": progress.id, "from": iso(progress.start), "to": iso(progress.end), "count": progress.total}
+        if skip_succeeded:
+            detail["skip_succeeded"] = True
+        await self.audit.record("schedule.backfill", name, detail)
+        return progress
+
+    async def succeeded_slots(self, name: str, slots: list[datetime]) -> set[datetime]:
+        """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""
+        return await self.backfills.succeeded_slots(self.schedule(name), slots)
+
+    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
+        """Stop a running backfill of this engine before its next slot (the run in flight
+        finishes on its own); recorded ``cancelled`` with what it fired."""
+        running = backfill_id in self.backfills.jobs and self.backfills.jobs[backfill_id].progress.state == "running"
+        progress = await self.backfills.cancel(backfill_id)
+        if running and progress.state == "cancelled":
+            await self.audit.record(
+                "schedule.backfill_cancel",
+                progress.name,
+                {"backfill_id": progress.id, "fired": progress.fired, "failed": progress.failed, "remaining": progress.remaining},
+            )
+        return progress
+
+    async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
+        return await self.backfills.progress(backfill_id)
+
+    async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
+        return await self.backfills.wait(backfill_id)
+

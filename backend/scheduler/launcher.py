@@ -1,0 +1,529 @@
+"""Starting schedule runs: the overlap policy, runs in flight, and the ledger rows they make.
+
+A slot this instance owns is handed to :meth:`Launcher.fire`, which applies the schedule's
+``on_overlap`` policy against the runs in flight (here, and on other instances as the claim
+reported them): ``skip`` records a ``skipped`` run, ``queue`` parks the slot until the run
+in flight ends (slot order kept), ``parallel`` starts at once. :meth:`Launcher.launch`
+starts a run whatever the policy (Run now, backfills, catch-up). Each run is a
+:class:`ScheduleRun`, an invocation of the :class:`~backend.runtime.runner.HandlerRunner`, whose
+outcome closes the run exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from backend.clock import Clock
+from backend.ids import id_batches
+from backend.scheduler.ledger import RunLedger
+from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, Outcome, Run, RunContext, RunStatus, Trigger, iso
+from backend.runtime.runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
+from backend.runtime.runner import Outcome as CallOutcome
+from backend.schedules import Schedule
+from backend.store import MarksNow, Store
+
+if TYPE_CHECKING:
+    from backend.locks import Lease, Locks
+
+__all__ = ["Launcher", "ScheduleRun"]
+
+log = logging.getLogger("schedtui.engine")
+
+# slot, trigger, outcome, run id (None: a new run, its row written before it starts)
+_Queued = tuple[datetime, Trigger, Outcome, str | None]
+
+#: How long a run waits for its ``running`` row to be committed before its handler starts
+#: anyway (a store that is this slow is failing: its rows wait in the writer meanwhile).
+PLACE_WAIT_S = 2.0
+
+
+class ScheduleRun(Invocation):
+    """A run of a schedule: its ledger row, and futures for whoever waits on it.
+
+    Made once per firing, so it is lean: its ``running`` row (:attr:`run`) is built when
+    first asked for (a run placed before it starts) or when the handler begins, and its
+    label only when something logs it."""
+
+    __slots__ = ("_finished", "_run", "_started", "coordination", "launcher", "lease", "run_id", "schedule", "slot", "trigger")
+
+    def __init__(
+        self, launcher: Launcher, schedule: Schedule, run_id: str, slot: datetime, trigger: Trigger, outcome: Outcome
+    ) -> None:
+        name = schedule.name
+        # A run in a child process takes no thread here: it is awaited like async work.
+        super().__init__("", launcher.max_runtime[name], launcher.runs_async[name])
+        self.launcher = launcher
+        self.schedule = schedule
+        self.run_id = run_id
+        self.slot = slot
+        self.trigger = trigger
+        self.coordination = outcome
+        self._run: Run | None = None
+        self.lease: Lease | None = None
+        """The lease of the schedule's lock, while the run holds it."""
+        self._started: asyncio.Future[ScheduleRun] | None = None
+        self._finished: asyncio.Future[Run] | None = None
+
+    @property
+    def run(self) -> Run:
+        """The run's latest row: ``running`` (``fired_at`` set once its handler began),
+        then the finished one."""
+        run = self._run
+        if run is None:
+            run = self._run = Run(
+                self.run_id, self.schedule.name, self.slot, "running", self.trigger, self.coordination, self.launcher.instance
+            )
+        return run
+
+    @run.setter
+    def run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def label(self) -> str:
+        return f"run {self.run_id} of {self.schedule.name}"
+
+    @property
+    def thread_name(self) -> str:
+        return f"schedtui-run-{self.schedule.name}"
+
+    @property
+    def stopped_how(self) -> str:
+        return "handler's process was killed" if self.schedule.isolation == "process" else super().stopped_how
+
+    def process_spec(self, arg: RunContext) -> dict[str, Any] | None:
+        if self.schedule.isolation != "process":
+            return None
+        return {
+            "file": self.schedule.source_file,
+            "schedule": self.schedule.name,
+            "context": {
+                "name": arg.name,
+                "run_id": arg.run_id,
+                "scheduled_at": iso(arg.scheduled_at),
+                "fired_at": iso(arg.fired_at),
+                "trigger": arg.trigger,
+                "payload": arg.payload,
+                "deadline": iso(arg.deadline),
+            },
+        }
+
+    def begin(self, now: datetime) -> RunContext:
+        """The handler is about to be called: record the run as started."""
+        deadline = self.deadline = now + self.max_runtime
+        launcher, schedule = self.launcher, self.schedule
+        run = self._run = Run(
+            self.run_id, schedule.name, self.slot, "running", self.trigger, self.coordination, launcher.instance, now
+        )
+        launcher.ledger.record(run)
+        started = self._started
+        if started is not None and not started.done():
+            started.set_result(self)
+        lease = self.lease
+        fence = lease.token if lease is not None else None
+        if fence is None and self.coordination == "cluster" and launcher.shard_fence is not None:
+            fence = launcher.shard_fence(schedule.name)
+        # Positional, in field order: name, run_id, scheduled_at, fired_at, trigger,
+        # payload, deadline, jobs, lease, locks, fence.
+        return RunContext(
+            run.name, run.id, run.scheduled_at, now, run.trigger, schedule.payload, deadline,
+            launcher.jobs, lease, launcher.locks, fence,
+        )  # fmt: skip
+
+    def settled(self, outcome: CallOutcome) -> None:
+        self.launcher.close(self, outcome.status, outcome.at, outcome.error_tag, outcome.error_message, outcome.traceback)
+
+    def ended(self) -> None:
+        self.launcher.released(self)
+
+    def started(self) -> asyncio.Future[ScheduleRun]:
+        """Resolves once the run's ``running`` row is recorded (its handler starting)."""
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_future()
+            if self.run.fired_at is not None or self.done:
+                self._started.set_result(self)
+        return self._started
+
+    def finished(self) -> asyncio.Future[Run]:
+        """Resolves with the closed run."""
+        if self._finished is None:
+            self._finished = asyncio.get_running_loop().create_future()
+            if self.done:
+                self._finished.set_result(self.run)
+        return self._finished
+
+
+class Launcher:
+    """Applies overlap policies and starts, tracks and closes schedule runs.
+
+    Contract: every run started here is closed exactly once (``succeeded``, ``failed``);
+    under ``skip`` and ``queue`` no two runs of one schedule that this instance fired from
+    its timers overlap, and queued slots start in slot order; manual runs ignore the policy.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: Store,
+        ledger: RunLedger,
+        runner: HandlerRunner,
+        schedules: dict[str, Schedule],
+        instance: str,
+        new_id: Callable[[], str],
+        poke: Callable[[], None],
+    ) -> None:
+        self.clock = clock
+        self.store = store
+        self.ledger = ledger
+        self.runner = runner
+        self.schedules = schedules
+        self.instance = instance
+        self.new_id = new_id
+        self.new_ids = id_batches(new_id)
+        self.poke = poke
+        # Per-schedule constants the firing path would otherwise recompute for every run.
+        self.max_runtime: dict[str, timedelta] = {}
+        self.runs_async: dict[str, bool] = {}
+        for schedule in schedules.values():
+            self.defined(schedule)
+        self.inflight: dict[str, int] = defaultdict(int)
+        self.active: dict[str, ScheduleRun] = {}
+        self.waiting: dict[str, deque[_Queued]] = defaultdict(deque)
+        self.remote: dict[str, str] = {}
+        """Schedules whose queued slots wait for a run in flight on another instance."""
+        self.stopping = False
+        self.placed: set[str] = set()
+        """Run ids whose ``running`` row this instance wrote before starting them (see
+        :meth:`place`) and that are not recorded finished yet."""
+        self.jobs: Any = None
+        """What handlers get as ``ctx.jobs`` (the engine's job queue actions)."""
+        self.locks: Locks | None = None
+        """Takes the lock of a schedule defined with ``lock=`` before its runs start."""
+        self.shard_fence: Callable[[str], int | None] | None = None
+        """In ``cluster`` coordination: the token of the shard holding a schedule."""
+        self._batch: tuple[list[Run], asyncio.Future[None]] | None = None
+        self._slow_flush: asyncio.Future[None] | None = None
+        self._mark_now = store.mark_starting_now if isinstance(store, MarksNow) else None
+
+    def defined(self, schedule: Schedule) -> None:
+        """Take in a schedule's definition (new, or replacing its namesake's)."""
+        self.max_runtime[schedule.name] = timedelta(seconds=schedule.max_runtime)
+        self.runs_async[schedule.name] = schedule.is_async or schedule.isolation == "process"
+
+    @property
+    def idle(self) -> bool:
+        return not any(self.inflight.values())
+
+    # -- the overlap policy -------------------------------------------------------------
+    def fire(
+        self,
+        schedule: Schedule,
+        slot: datetime,
+        trigger: Trigger,
+        outcome: Outcome,
+        run_id: str,
+        *,
+        remote: str | None = None,
+    ) -> Run | None:
+        """A slot is due and this instance owns it: apply the overlap policy. ``remote`` is
+        a run of the schedule in flight on another instance (from the claim): it counts
+        like one of ours. Returns the ``skipped`` run, or ``None`` when the run was started
+        or queued (under ``run_id``)."""
+        name = schedule.name
+        queued = schedule.on_overlap == "queue" and (self.waiting[name] or name in self.remote)
+        if (self.inflight[name] or remote or queued) and trigger != "manual":
+            if schedule.on_overlap == "skip":
+                mine = next((a for a in self.active.values() if a.schedule is schedule), None)
+                busy = "" if mine is None else mine.run.id
+                if mine is not None and mine.done:
+                    busy += f" (recorded {mine.run.error_tag or mine.run.status}; its handler had not returned yet)"
+                if not busy and remote:
+                    busy = f"{remote} (on another instance)"
+                message = f"run {busy} was still in flight" if busy else "a run was still in flight"
+                return self.record_closed(schedule, slot, trigger, outcome, run_id, "skipped", "overlap", message)
+            if schedule.on_overlap == "queue":
+                self.waiting[name].append((slot, trigger, outcome, run_id))
+                if remote:
+                    self.remote[name] = remote  # released by release_remote_waits
+                return None
+        self.launch(schedule, slot, trigger, outcome, run_id)
+        return None
+
+    def enqueue(self, schedule: Schedule, entries: list[_Queued], remote: str | None = None) -> None:
+        """Queue slots of a ``queue`` schedule (a catch-up's, lost ones) among those waiting,
+        in slot order, and start the first if nothing holds the queue. ``remote``: a run in
+        flight on another instance (from the claim) holds it, as in :meth:`fire`."""
+        name = schedule.name
+        waiting = self.waiting[name]
+        merged = sorted([*waiting, *entries], key=lambda entry: entry[0])
+        waiting.clear()
+        waiting.extend(merged)
+        if remote is not None:
+            self.remote[name] = remote  # released by release_remote_waits
+        elif waiting and not self.inflight[name] and name not in self.remote and not self.stopping:
+            slot, trigger, outcome, run_id = waiting.popleft()
+            self.launch(schedule, slot, trigger, outcome, run_id)
+
+    def launch(
+        self,
+        schedule: Schedule,
+        slot: datetime,
+        trigger: Trigger,
+        outcome: Outcome,
+        run_id: str | None = None,
+    ) -> ScheduleRun:
+        """Start a run now, whatever the overlap policy. When every handler thread is busy
+        the run is recorded ``skipped`` (error tag ``threads_exhausted``) instead.
+
+        ``run_id`` is the id of a run whose ``running`` row is in the store already (a
+        claim's, or one written by :meth:`place`). Without it the run is new: its row is
+        written first (runs launched in the same loop iteration share one transaction),
+        and its handler starts once that row is committed, so a handler that kills its
+        process still leaves its run in the ledger, to be closed as abandoned."""
+        if run_id is None:
+            scheduled = ScheduleRun(self, schedule, self.new_id(), slot, trigger, outcome)
+            scheduled.gate = self._place_soon(scheduled.run)
+        else:
+            scheduled = ScheduleRun(self, schedule, run_id, slot, trigger, outcome)
+        self.inflight[schedule.name] += 1
+        self.active[scheduled.run_id] = scheduled
+        if schedule.lock is not None and self.locks is not None:
+            self.locks.guard(scheduled, lambda: self._start(scheduled))
+        else:
+            self._start(scheduled)
+        return scheduled
+
+    def _start(self, scheduled: ScheduleRun) -> None:
+        try:
+            self.runner.start(scheduled, scheduled.schedule.handler)
+        except RunnerSaturated as exc:
+            log.warning("%s not started: %s", scheduled.label, exc)
+            scheduled.settle(CallOutcome("skipped", self.clock.now(), TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
+
+    def place(self, runs: list[Run]) -> asyncio.Future[None]:
+        """Hand the ``running`` rows of runs about to start to the store now; the future
+        resolves once they are committed (after :data:`PLACE_WAIT_S` at most, and at once
+        while the store is that slow: their rows then wait in the writer)."""
+        self.placed.update(run.id for run in runs)
+        self.store.save_runs(runs)
+        return asyncio.ensure_future(self._committed())
+
+    async def mark_starting(self, slot: datetime) -> None:
+        """Commit the store's mark that this instance starts the runs due at ``slot`` (see
+        :meth:`Store.mark_starting`), waiting as :meth:`place` does (or not at all, when
+        the store can commit it at once)."""
+        if self._mark_now is not None and self._mark_now(self.instance, slot):
+            return
+        await self._committed(lambda: self.store.mark_starting(self.instance, slot))
+
+    async def _committed(self, write: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Wait for ``write`` (default: a flush of the rows handed in) to commit, at most
+        :data:`PLACE_WAIT_S`, and not at all while the store is failing or that slow."""
+        if not self.store.health().ok:
+            return  # the store says why, once; its rows wait in the writer
+        if self._slow_flush is not None:
+            if not self._slow_flush.done():
+                return
+            self._slow_flush = None
+        flush = asyncio.ensure_future(write() if write is not None else self.store.flush())
+        done, _ = await asyncio.wait({flush}, timeout=PLACE_WAIT_S)
+        if not done:
+            self._slow_flush = flush
+            flush.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, never raised
+            log.warning(
+                "the store did not commit within %gs: runs start without their row committed first "
+                "(their rows wait in the writer) until it does",
+                PLACE_WAIT_S,
+            )
+        elif flush.exception() is not None:
+            log.warning("could not commit the rows of runs about to start (%s); starting them anyway", flush.exception())
+
+    def _place_soon(self, run: Run) -> asyncio.Future[None]:
+        """Add ``run``'s row to the batch written at the end of this loop iteration."""
+        if self._batch is None:
+            self._batch = ([], asyncio.get_running_loop().create_future())
+            asyncio.ensure_future(self._place_batch())
+        rows, gate = self._batch
+        rows.append(run)
+        return gate
+
+    async def _place_batch(self) -> None:
+        await asyncio.sleep(0)  # let the rest of this iteration's launches join the batch
+        assert self._batch is not None
+        (rows, gate), self._batch = self._batch, None
+        try:
+            await self.place(rows)
+        finally:
+            gate.set_result(None)
+
+    def close(
+        self,
+        scheduled: ScheduleRun,
+        status: RunStatus,
+        at: datetime,
+        error_tag: str | None = None,
+        error_message: str | None = None,
+        traceback: str | None = None,
+    ) -> None:
+        """Record the end of a run (called once per run). Its place under the overlap
+        policy is freed by :meth:`released`, once its handler has really returned."""
+        run = scheduled.run = scheduled.run.finish(
+            status, at, error_tag=error_tag, error_message=error_message, traceback=traceback
+        )
+        if traceback is not None:
+            # The handler raised: say so where serve's operator looks (its log), whole. INFO:
+            # a handler failing is the ledger's news, not the engine's trouble.
+            log.info("%s failed: %s: %s\n%s", scheduled.label, error_tag, error_message, traceback.rstrip())
+        self.ledger.record(run)
+        started, finished = scheduled._started, scheduled._finished
+        if started is not None and not started.done():
+            started.set_result(scheduled)
+        if finished is not None and not finished.done():
+            finished.set_result(run)
+
+    def released(self, scheduled: ScheduleRun) -> None:
+        """A run's handler has really returned (a sync handler past its deadline returns
+        after its run was recorded ``timeout``): only now may the next run of its schedule
+        start under ``skip``/``queue``, and its lock go (called once per run)."""
+        self.active.pop(scheduled.run_id, None)
+        if scheduled.lease is not None and self.locks is not None:
+            self.locks.release_soon(scheduled.lease)
+        name = scheduled.schedule.name
+        inflight = self.inflight
+        inflight[name] -= 1
+        if not inflight[name] and self.waiting.get(name) and not self.stopping and name not in self.remote:
+            slot, trigger, outcome, run_id = self.waiting[name].popleft()
+            self.launch(scheduled.schedule, slot, trigger, outcome, run_id)
+        self.poke()
+
+    def record_closed(
+        self,
+        schedule: Schedule,
+        slot: datetime,
+        trigger: Trigger,
+        outcome: Outcome,
+        run_id: str | None,
+        status: RunStatus,
+        error_tag: str | None,
+        message: str,
+    ) -> Run:
+        """Record a slot that did not start (``skipped``) as one closed row."""
+        now = self.clock.now()
+        run = Run(
+            run_id or self.new_id(), schedule.name, slot, status, trigger, outcome, self.instance, now, now, error_tag, message
+        )
+        self.ledger.record(run)
+        return run
+
+    def record_missed(
+        self,
+        schedule: Schedule,
+        slot: datetime,
+        trigger: Trigger,
+        outcome: Outcome,
+        why: str,
+        run_id: str | None = None,
+    ) -> None:
+        self.ledger.record(
+            Run(
+                id=run_id or self.new_id(),
+                name=schedule.name,
+                scheduled_at=slot,
+                status="missed",
+                trigger=trigger,
+                coordination_outcome=outcome,
+                instance=self.instance,
+                error_message=why,
+            )
+        )
+
+    @contextlib.contextmanager
+    def missed_on_stop(
+        self, schedule: Schedule, slots: Sequence[tuple[datetime, str | None]], outcome: Outcome
+    ) -> Iterator[None]:
+        """Slots a task fires in order (a catch-up, lost slots), not started yet: if stop()
+        cancels the task, record them ``missed`` as it does the queued ones, so none is
+        left without a row, nor with its claim's placeholder row ``running``."""
+        try:
+            yield
+        except asyncio.CancelledError:
+            for slot, run_id in slots:
+                why = "the engine stopped before this catch-up firing started"
+                self.record_missed(schedule, slot, "self", outcome, why, run_id)
+            raise
+
+    # -- queues waiting on another instance ----------------------------------------------------
+    async def release_remote_waits(self) -> None:
+        """Start the queued slots that waited for a run on another instance, once no other
+        instance has a run of that schedule started, or placed for an earlier slot (so
+        queues spread over instances still run one at a time, in slot order)."""
+        if not self.remote:
+            return
+        running = await self.store.running_runs()
+        for name in list(self.remote):
+            waiting = self.waiting.get(name)
+            if not waiting:
+                del self.remote[name]
+                continue
+            head = waiting[0][0]
+            blocker = next(
+                (
+                    r.id
+                    for r in running
+                    if r.name == name
+                    and r.instance != self.instance
+                    and (r.fired_at is not None or r.scheduled_at < head)
+                ),
+                None,
+            )
+            if blocker is not None:
+                self.remote[name] = blocker
+                continue
+            del self.remote[name]
+            if not self.inflight[name] and not self.stopping:
+                slot, trigger, outcome, run_id = waiting.popleft()
+                self.launch(self.schedules[name], slot, trigger, outcome, run_id)
+
+    def queued_run(self, run_id: str) -> bool:
+        return any(entry[3] == run_id for queue in self.waiting.values() for entry in queue)
+
+    # -- stopping -----------------------------------------------------------------------
+    async def stop(self, grace: float) -> None:
+        """Let runs in flight finish for up to ``grace`` seconds; record the rest
+        ``interrupted`` and the queued slots ``missed``."""
+        self.stopping = True
+        running = self.runner.running_tasks()
+        if running:
+            log.info("waiting up to %.0fs for %d run(s) in flight", grace, len(running))
+            if grace > 0:
+                await asyncio.wait(running, timeout=grace)
+        self.interrupt("the engine stopped while this run was in flight")
+        for name, waiting in self.waiting.items():
+            schedule = self.schedules.get(name)
+            if schedule is None:  # deleted at run time: its queued slots were recorded then
+                waiting.clear()
+                continue
+            while waiting:
+                slot, trigger, outcome, run_id = waiting.popleft()
+                self.record_missed(
+                    schedule, slot, trigger, outcome, "the engine stopped before this queued firing started", run_id
+                )
+
+    def lease_lapsed(self, why: str) -> None:
+        """This instance's lease lapsed: stop every run in flight (``failed``/``lease_lost``);
+        runs not started yet never start (see :class:`~backend.runtime.runner.HandlerRunner`)."""
+        self.interrupt(f"stopped: this instance's lease on its work lapsed ({why})", TAG_LEASE_LOST)
+
+    def interrupt(self, message: str, tag: str = TAG_INTERRUPTED) -> None:
+        """Close every run in flight as ``failed``/``interrupted`` (or ``tag``) and cancel
+        it (a sync handler's thread runs on until it returns, holding its place)."""
+        now = self.clock.now()
+        for scheduled in list(self.active.values()):
+            self.runner.stop_call(scheduled, CallOutcome("failed", now, tag, message))

@@ -1,0 +1,271 @@
+"""The engine's lifecycle: the order in which its parts open, start, keep house and stop.
+
+:class:`~backend.scheduler.engine.Engine` keeps the guards (opened, started, stopping) and calls
+these; each takes the engine and touches only its parts. The contract: ``open_engine``
+registers this instance and closes what dead processes left running before any part
+opens; ``start_engine`` catches up, then arms, then starts the systems beside the
+schedules; ``stop_engine`` always closes the store, whatever a part raised while stopping
+(a store left open keeps its connection tasks alive, and the process would never exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import TYPE_CHECKING, Final
+
+from backend.scheduler.coordination.slots import warn_cluster_fallback
+from backend.errors import Unavailable
+
+if TYPE_CHECKING:
+    from backend.scheduler.engine import Engine
+
+__all__ = ["housekeeping", "is_armed", "is_settled", "maintain", "open_engine", "start_engine", "stop_engine"]
+
+log = logging.getLogger("schedtui.engine")
+
+#: While the other instances' changes are heard as they are made, the stored schedules and
+#: the enabled states are read every this many state-poll rounds (a lost signal's backstop).
+STATE_BACKSTOP = 10
+#: The exit code of a process that ends itself because its lease lapsed while sync handlers
+#: ran (EX_TEMPFAIL: a supervisor may start it again at once).
+EXIT_LEASE_LAPSED: Final = 75
+#: Seconds a lapse gives cancelled async handlers to return before ending the process.
+LINGER_GRACE_S: Final = 2.0
+
+
+async def open_engine(engine: Engine) -> None:
+    """Open the store, register this instance, close what dead processes left running."""
+    engine.loops.reset()
+    await engine.store.open()
+    engine._opened = True
+    now = engine.clock.now()
+    await engine.registry.beat(now, force=True)
+    await engine.catalog.load()
+    await engine.states.load()
+    await engine.registry.close_abandoned(at_open=True)
+    await engine.registry.prune(now)
+    engine.runner.open()
+    for subsystem in engine.subsystems:
+        await subsystem.open()
+
+
+async def join_fleet(engine: Engine) -> None:
+    """Become a member of the store's fleet: the heartbeat that records this instance as
+    firing (or waiting, while another coordination mode fires) renews its lease, before
+    anything is claimed or armed."""
+    engine.registry.member = True
+    engine.lease.enforced = True
+    await engine.registry.beat(engine.clock.now(), force=True)
+
+
+def role_changed(engine: Engine, was: str, now: str) -> None:
+    """A heartbeat recorded another role: a member that waits (another coordination mode
+    fires) holds no timer; one that fires again catches up from where the ledger left off,
+    as at boot (``cluster``'s shards follow the role on their own)."""
+    if engine.cluster is not None or not engine.registry.member:
+        return
+    if now == "waiting":
+        for name in [n for n in engine.schedules if n in engine.timers.wheel]:
+            engine.timers.disarm(name)
+    elif now == "firing" and was == "waiting":
+        at = engine.clock.now()
+        for schedule in engine.schedules.values():
+            name = schedule.name
+            if engine._trigger_of(schedule) == "self" and engine.is_enabled(name) and name not in engine.timers.wheel:
+                engine.catch_up.at_boot(schedule, at, reason="while instances of another coordination mode fired")
+
+
+def start_engine(engine: Engine) -> None:
+    """Catch up on missed slots, arm every enabled self-triggered schedule, start the rest."""
+    engine.states.on_change = engine._state_changed
+    log.info(
+        "starting %d schedule(s) (self=%d external=%d) coordination=%s instance=%s store=%s",
+        len(engine.schedules),
+        sum(1 for s in engine.schedules.values() if engine._trigger_of(s) == "self"),
+        sum(1 for s in engine.schedules.values() if engine._trigger_of(s) == "external"),
+        engine.coordination,
+        engine.instance,
+        engine.store.where,
+    )
+    engine.registry.log_claims_retention()
+    if engine._cluster_fallback:
+        warn_cluster_fallback(engine.store)  # said loudly at start
+    now = engine.clock.now()
+    for schedule in engine.schedules.values():
+        if engine.cluster is not None:
+            break  # each schedule is caught up when its shard is taken
+        if engine._trigger_of(schedule) == "self" and engine.is_enabled(schedule.name):
+            engine.catch_up.at_boot(schedule, now)
+    engine.timers.start()
+    for subsystem in engine.subsystems:
+        subsystem.start()
+    engine.lease.after_lapse = lambda why: end_if_threads_run(engine, why)
+    engine.loops.expect("lease")
+    engine.loops.spawn(renew_lease(engine), "lease")
+    engine.loops.spawn(engine.lease.watch(), "lease watch")
+    engine.loops.expect("maintenance")
+    engine.loops.spawn(housekeeping(engine), "maintenance")
+    if engine.relay.postgres is not None:
+        # Another instance's change to a stored schedule is heard at once by NOTIFY
+        # (the state poll would find it within its interval anyway).
+        engine.relay.postgres.on_remote = engine.catalog.heard
+        engine.relay.listen()
+        engine.loops.spawn(engine.catalog.follow_signals(), "catalog signals")
+
+
+async def renew_lease(engine: Engine) -> None:
+    """The lease loop: a heartbeat every ``heartbeat_interval`` (a slow housekeeping round
+    must not delay it), with the abandoned-work sweep that reads in the same transaction."""
+    registry = engine.registry
+    while True:
+        try:
+            await registry.beat_and_sweep(engine.clock.now())
+        except Unavailable as exc:
+            engine.outages.trouble("lease", "cannot renew this instance's lease (its heartbeat)", exc)
+        engine.lease.check()  # (the watcher does too, on real time)
+        await engine.loops.park("lease", engine.clock.now() + registry.heartbeat_interval)
+
+
+def end_if_threads_run(engine: Engine, why: str) -> None:
+    """After every system let go of its work: a handler still running that cannot be
+    stopped (a sync handler's thread) is stopped by ending the process, which the
+    instance taking the work over relies on. Async handlers were cancelled: those that
+    have not returned within :data:`LINGER_GRACE_S` (they ignore their cancellation) end
+    the process too."""
+    running = engine.runner.threads_running
+    if running:
+        _end_process(engine, f"{running} sync handler(s) still run and a thread cannot be stopped", why)
+        return
+    tasks = [i.task for i in engine.runner.lingering if i.is_async and i.task is not None and not i.task.done()]
+    if tasks:
+        engine.loops.expect("lapse")  # quiesce() waits for the verdict
+        engine.loops.spawn(_end_if_still_running(engine, tasks, why), "lapse")
+
+
+async def _end_if_still_running(engine: Engine, tasks: list[asyncio.Task[None]], why: str) -> None:
+    try:
+        await asyncio.wait(tasks, timeout=LINGER_GRACE_S)
+        stubborn = [task for task in tasks if not task.done()]
+        if stubborn:
+            _end_process(engine, f"{len(stubborn)} handler(s) ignored their cancellation and still run", why)
+    finally:
+        engine.loops.forget("lapse")
+        engine.loops.poke()
+
+
+def _end_process(engine: Engine, what: str, why: str) -> None:
+    if not engine.exit_when_lease_lapses:
+        log.error("%s after the lease lapsed (exit_when_lease_lapses=False: the process goes on)", what)
+        return
+    log.critical(
+        "ENDING THE PROCESS: %s, so this process ends (exit code %d) before another instance "
+        "takes their work over (the lease lapsed: %s)",
+        what, EXIT_LEASE_LAPSED, why,
+    )  # fmt: skip
+    for handler in logging.getLogger().handlers + log.handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: S112 - ending anyway
+            continue
+    sys.stderr.flush()
+    engine.end_process(EXIT_LEASE_LAPSED)
+
+
+async def stop_engine(engine: Engine, grace: float) -> None:
+    """Stop firing, let runs in flight finish (up to ``grace`` seconds), record the rest."""
+    # The watchdog and the lease go on while runs finish: a run past its deadline during
+    # the grace is a timeout (and a child process is killed), and the others must not take
+    # this instance's work over while it is still running it.
+    keep = {task for task in engine.loops.tasks if task.get_name() in _KEPT_WHILE_STOPPING}
+    await engine.loops.cancel_all(keep=keep)
+    parts = [engine.launcher.stop(grace), *(subsystem.stop(grace) for subsystem in engine.subsystems)]
+    # A part that fails to stop must not keep the store open: its connections' tasks would
+    # then outlive the loop, and the process would never exit.
+    for failed in await asyncio.gather(*parts, return_exceptions=True):
+        if isinstance(failed, BaseException):
+            log.error("stopping: %s", failed, exc_info=failed)
+    try:
+        await engine.claims.recover_lost()  # lost slots not claimed yet: recorded, a next start would not look
+    except Exception as exc:  # the store is closed below whatever happens here
+        log.error("stopping: could not record the lost slots: %s", exc, exc_info=exc)
+    await engine.loops.cancel_all()
+    engine.ledger.handoff()
+    lingering = len(engine.runner.lingering)
+    try:
+        await engine.store.flush()
+        if lingering:
+            # Registered still: its work is taken over once this process is gone (its pid on
+            # this host, its heartbeat's age elsewhere), not while its handlers run on.
+            log.warning("%d handler(s) still running: this instance stays registered until its process ends", lingering)
+        else:
+            await engine.registry.forget()
+    except Unavailable as exc:
+        log.warning("could not write the last runs: %s", exc)
+    await engine.store.close()
+
+
+_KEPT_WHILE_STOPPING = frozenset({"schedtui watchdog", "schedtui lease", "schedtui lease watch"})
+
+
+def is_armed(engine: Engine) -> bool:
+    """Every enabled self-triggered schedule (this instance's, in ``cluster``) is armed and
+    none is catching up."""
+    wanted = sum(
+        1
+        for s in engine.schedules.values()
+        if engine._trigger_of(s) == "self"
+        and engine.is_enabled(s.name)
+        and (engine.cluster is None or engine.cluster.owns(s.name))
+    )
+    return len(engine.timers.wheel) >= wanted and not engine.catch_up.busy
+
+
+def has_started(engine: Engine) -> bool:
+    """Every catch-up has handed its slots on, and every handler started has begun (what
+    ``quiesce(runs=False)`` waits for besides the loops)."""
+    return engine.catch_up.unhanded == 0 and engine.runner.unbegun == 0
+
+
+def is_settled(engine: Engine) -> bool:
+    """No run in flight, nothing catching up, recovering or backfilling, every system idle."""
+    return (
+        engine.launcher.idle
+        and not engine.catch_up.busy
+        and not engine.claims.recovering
+        and engine.backfills.idle
+        and all(subsystem.idle for subsystem in engine.subsystems)
+    )
+
+
+async def housekeeping(engine: Engine) -> None:
+    """The housekeeping loop: :func:`maintain` every ``state_poll_interval``."""
+    while True:
+        try:
+            await maintain(engine)
+        except Unavailable as exc:
+            engine.outages.trouble("maintain", "store unavailable for housekeeping", exc)
+        await engine.loops.park("maintenance", engine.clock.now() + engine.state_poll_interval)
+
+
+async def maintain(engine: Engine) -> None:
+    """One round: stored schedules and states from other processes, heartbeats and the
+    abandoned-work sweep, retention, lost slots, backfills, remote waits, each system."""
+    now = engine.clock.now()
+    last = engine.catalog.polled_at
+    if not engine.relay.hears_others or last is None or now - last >= STATE_BACKSTOP * engine.state_poll_interval:
+        # Every round, unless the other instances' changes are heard as they are made
+        # (PostgreSQL's NOTIFY): then a read every few rounds only covers a lost signal,
+        # and an idle fleet member costs the database almost nothing.
+        await engine.catalog.refresh()
+        await engine.refresh_states()
+        engine.catalog.polled_at = now
+    await engine.registry.beat_and_sweep(now)
+    await engine.registry.prune(now)
+    await engine.claims.recover_lost()
+    await engine.backfills.maintain()
+    await engine.launcher.release_remote_waits()
+    for subsystem in engine.subsystems:
+        await subsystem.maintain(now)
+    engine.outages.back(engine.claims.lost_count)

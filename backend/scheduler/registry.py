@@ -1,0 +1,357 @@
+"""The instance registry: who is alive, what the dead left running, and what has expired.
+
+Every process that opens a store registers itself (name, host, pid, and what it is to the
+fleet: a firing member or an observer, and its coordination mode); a member refreshes its
+heartbeat every few seconds, which renews its lease (:mod:`backend.runtime.liveness`).
+:meth:`InstanceRegistry.close_abandoned` closes what an instance that is gone left
+``running`` (runs as ``failed``/``abandoned``, backfills as ``abandoned``). Gone means:
+
+* its heartbeat is older than ``abandon_after`` (the take-over window), counted from when
+  this process could last write the store: a heartbeat that nobody could write during an
+  outage is no evidence of death;
+* or, sooner, its pid no longer runs (a zombie counts as ended), but only where a pid means
+  the same process: the same machine, boot and PID namespace (containers sharing a
+  hostname, or ``unshare --pid``, each have their own pids).
+
+The job queue and durable executions ask it the same question. It also runs the
+retention sweeps (old runs, old claims) at most once an hour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta, timezone
+from typing import TypeVar
+
+from backend.clock import Clock
+from backend.errors import Unavailable
+from backend.scheduler.ledger import RunLedger
+from backend.runtime.liveness import WorkLease
+from backend.model import TAG_ABANDONED, BackfillProgress, CoordinationMode, Role, Run
+from backend.store import KnowsFirer, Membership, Store, Unfinished
+
+T = TypeVar("T")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+__all__ = ["InstanceRegistry", "default_instance_name", "host_identity"]
+
+log = logging.getLogger("schedtui.engine")
+
+
+def default_instance_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def host_identity() -> str:
+    """Where this process's pid means something, as recorded with each heartbeat: the
+    hostname, the kernel's boot id and the PID namespace, where there are such. A dead pid
+    proves a run abandoned only to a process that sees the same pids: two machines that
+    share a hostname (cloned VMs, containers named alike) or two containers on one host
+    (host networking, ``unshare --pid``) must not judge each other's pids."""
+    parts = [socket.gethostname()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip()[:8])
+    except OSError:
+        return parts[0]
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        namespace = ""
+    if namespace:
+        parts.append(namespace.removeprefix("pid:[").removesuffix("]"))
+    return "#".join(parts)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process here. A zombie (ended, not yet reaped by its
+    parent) is not: its work stopped when it did."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True  # no procfs: the signal check is all there is
+    # "pid (comm) S ...": comm may hold spaces and parentheses, the state follows the last ")".
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+class InstanceRegistry:
+    """This instance's heartbeat, the abandoned-work sweep, and retention.
+
+    Contract: :meth:`gone` says why an instance is dead, or ``None`` while it may be
+    alive (this process's own name counts as dead: an earlier process that used it has
+    stopped). Work is closed as abandoned only when :meth:`gone` says so and
+    ``is_ours(id)`` is false, and only if it is still ``running`` in the store (a
+    conditional write), so two live instances never close the same run twice. Each
+    heartbeat that commits renews :attr:`lease`; :attr:`role` is what the last one recorded.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: Store,
+        ledger: RunLedger,
+        instance: str,
+        heartbeat_interval: timedelta,
+        abandon_after: timedelta,
+        retention: timedelta | None,
+        claims_ttl: timedelta | None,
+        is_ours: Callable[[str], bool],
+        due_at: Callable[[datetime], list[str]] = lambda slot: [],
+        new_id: Callable[[], str] = lambda: "",
+        lease: WorkLease | None = None,
+        coordination: CoordinationMode | None = None,
+    ) -> None:
+        self.clock = clock
+        self.store = store
+        self.ledger = ledger
+        self.instance = instance
+        self.host = host_identity()
+        self.pid = os.getpid()
+        self.abandon_after = abandon_after
+        self.lease = lease if lease is not None else WorkLease(abandon_after, None)
+        # Three renewals fit in the renewal bound, whatever the window.
+        self.heartbeat_interval = min(heartbeat_interval, timedelta(seconds=self.lease.bound / 3))
+        self.retention = retention
+        self.claims_ttl = claims_ttl
+        """Claims older than this are swept (hourly); ``None`` keeps them."""
+        self.is_ours = is_ours
+        self.due_at = due_at
+        """The self-triggered schedules due at a slot (for bursts a dead instance left)."""
+        self.new_id = new_id
+        self.coordination = coordination
+        self.member = False
+        """Whether this process arms timers or runs workers (set by the engine's start)."""
+        self.role: Role = "observer"
+        """What the last heartbeat recorded: ``firing``, ``waiting`` or ``observer``."""
+        self.on_role: Callable[[Role, Role], None] | None = None
+        """Told (was, now) when a heartbeat records another role for this instance."""
+        self.back_at: datetime | None = None
+        """When this process could write the store again after it could not: heartbeat
+        ages are counted from then at the earliest (nobody could beat meanwhile)."""
+        self._cut_off = False
+        self._beating = asyncio.Lock()
+        self._last_beat: datetime | None = None
+        self._last_prune: datetime | None = None
+
+    @property
+    def fires(self) -> bool:
+        """Whether this instance may claim and fire: a member that is not waiting."""
+        return self.role == "firing"
+
+    def _membership(self, now: datetime) -> Membership:
+        if not self.member:
+            return Membership("observer")
+        return Membership("firing", self.coordination, self._live_after(now))
+
+    async def _beating_round(self, now: datetime, beat: Callable[[], Awaitable[T]], force: bool) -> T | None:
+        """One heartbeat (unless one is not due, or under way): renews the lease when it
+        commits, notes when the store comes back after it could not be written."""
+        if not force and self._last_beat is not None and now - self._last_beat < self.heartbeat_interval:
+            return None
+        if self._beating.locked() and not force:
+            return None
+        async with self._beating:
+            sent = self.lease.sending()
+            try:
+                result = await beat()
+            except Unavailable:
+                self._cut_off = True
+                raise
+            if self._cut_off:
+                self._cut_off = False
+                self.back_at = now
+            self._last_beat = now
+            self.lease.renewed(sent)
+            return result
+
+    async def beat(self, now: datetime, *, force: bool = False) -> bool:
+        """Refresh the heartbeat if it is due (or ``force``); True if it was written."""
+
+        async def beat() -> Role:
+            role = await self.store.heartbeat(self.instance, self.host, self.pid, now, self._membership(now))
+            self._recorded(role)
+            return role
+
+        return await self._beating_round(now, beat, force) is not None
+
+    async def beat_and_sweep(self, now: datetime, *, force: bool = False) -> list[Run]:
+        """The periodic round: if the heartbeat is due, refresh it and, reading in the same
+        transaction what is left running, close what the dead left (one commit every
+        ``heartbeat_interval``, not two)."""
+
+        async def beat() -> Unfinished:
+            work = await self.store.heartbeat_and_unfinished(self.instance, self.host, self.pid, now, self._membership(now))
+            self._recorded(work.role)
+            return work
+
+        work = await self._beating_round(now, beat, force)
+        if work is None:
+            return []
+        return await self._close(work.runs, work.backfills, work.marks, work.instances, at_open=False)
+
+    def _recorded(self, role: Role) -> None:
+        if role != self.role and self.member:
+            if role == "waiting":
+                log.error(
+                    "COORDINATION: another instance of this store fires in another coordination mode; this "
+                    "instance (%s) fires nothing until no such instance is left (one fleet, one coordination: "
+                    "change the mode of every instance, or of none)",
+                    self.coordination,
+                )
+            elif self.role == "waiting":
+                log.warning("COORDINATION: no instance fires in another mode any more; this instance fires (%s)", self.coordination)
+        was, self.role = self.role, role
+        if was != role and self.on_role is not None:
+            self.on_role(was, role)
+
+    def _live_after(self, now: datetime) -> datetime:
+        """Instances whose heartbeat is newer than this may be alive. Just after this process
+        could write the store again, any of them may be: nobody could beat meanwhile."""
+        if self.back_at is not None and now - self.back_at <= self.abandon_after:
+            return _EPOCH
+        return now - self.abandon_after
+
+    async def forget(self) -> None:
+        await self.store.forget_instance(self.instance)
+
+    def log_claims_retention(self) -> None:
+        """Say at start how old claims are swept."""
+        if self.claims_ttl is not None:
+            log.info(
+                "claims retention: claims older than %gh are swept hourly (renamed and deleted schedules' too)",
+                self.claims_ttl.total_seconds() / 3600,
+            )
+        else:
+            log.info("claims retention: off (claims are only pruned by the schedules that win new ones)")
+
+    def gone(self, beats: dict[str, tuple[str, int, datetime]], instance: str, now: datetime) -> str | None:
+        if instance == self.instance:
+            return "an earlier process with this instance name stopped"
+        beat = beats.get(instance)
+        if beat is None:
+            return f"instance {instance} is no longer registered"
+        host, pid, at = beat
+        if host == self.host and not pid_alive(pid):
+            return f"instance {instance} (pid {pid}) is no longer running"
+        silent_since = at if self.back_at is None else max(at, self.back_at)
+        if now - silent_since > self.abandon_after and not self._holds_firing_lock(instance):
+            if silent_since == at:
+                return f"instance {instance} has not sent a heartbeat since {at.isoformat()}"
+            return (
+                f"instance {instance} has not sent a heartbeat since {at.isoformat()}, nor in the "
+                f"{self.abandon_after.total_seconds():g}s since the store was back at {silent_since.isoformat()}"
+            )
+        return None
+
+    def _holds_firing_lock(self, instance: str) -> bool:
+        """On a store with a firing lock (SQLite): its holder is alive, however old its
+        heartbeat (a full disk silences it; the kernel's lock does not lie)."""
+        store = self.store
+        return isinstance(store, KnowsFirer) and store.live_firer() == instance
+
+    async def close_abandoned(self, *, at_open: bool = False) -> list[Run]:
+        """Close runs (and backfills) left ``running`` by instances that are gone, and
+        record the runs of a burst a dead instance was starting when it died.
+
+        ``at_open``: this process has fired nothing yet, so a mark left under its own
+        instance name is a dead predecessor's (later, it is this process's own)."""
+        runs, backfills, marks = await self.store.unfinished_work()
+        return await self._close(runs, backfills, marks, None, at_open=at_open)
+
+    async def _close(
+        self,
+        runs: list[Run],
+        backfills: list[BackfillProgress],
+        marks: dict[str, datetime],
+        beats: dict[str, tuple[str, int, datetime]] | None,
+        *,
+        at_open: bool,
+    ) -> list[Run]:
+        now = self.clock.now()
+        if not at_open:
+            marks.pop(self.instance, None)
+        if not runs and not backfills and not marks:
+            return []
+        if beats is None:
+            beats = await self.store.instances()
+        closed = await self._close_bursts(marks, beats, now)
+        closing: list[Run] = []
+        for run in runs:
+            if self.is_ours(run.id):
+                continue
+            why = self.gone(beats, run.instance, now)
+            if why is not None:
+                closing.append(run.finish("failed", now, error_tag=TAG_ABANDONED, error_message=why))
+        if closing:
+            # Hand in our own finished versions first: a run of ours that finished while we
+            # looked then lands before this close, which finds it closed. All in one
+            # statement: a dead instance's burst, or a burst of ours read just as it
+            # finished, is one transaction, not one per run.
+            self.ledger.handoff()
+            written = await self.store.close_runs(closing)
+            for finished in closing:
+                if finished.id in written:
+                    log.warning("run %s of %s abandoned: %s", finished.id, finished.name, finished.error_message)
+                    closed.append(finished)
+                    self.ledger.stats["abandoned"] += 1
+                    self.ledger.tell(finished)
+        for progress in backfills:
+            if self.is_ours(progress.id):
+                continue
+            if self.gone(beats, progress.instance, now) is not None:
+                await self.store.update_backfill(dataclasses.replace(progress, state="abandoned", finished_at=now))
+        return closed
+
+    async def _close_bursts(
+        self, marks: dict[str, datetime], beats: dict[str, tuple[str, int, datetime]], now: datetime
+    ) -> list[Run]:
+        """A dead instance's last burst: the runs due then that never reached the ledger
+        (the process died before its group commit) are recorded failed/abandoned."""
+        closed: list[Run] = []
+        for instance, slot in marks.items():
+            why = self.gone(beats, instance, now)
+            if why is None:
+                continue
+            message = (
+                f"{why}, while the runs due at {slot.isoformat()} were starting: "
+                "neither this run's start nor its result was recorded"
+            )
+            rows = [
+                Run(self.new_id(), name, slot, "failed", "self", "single", instance, None, now, TAG_ABANDONED, message)
+                for name in self.due_at(slot)
+            ]
+            written = await self.store.close_unrecorded(instance, slot, rows)
+            for run in written:
+                log.warning("run %s of %s abandoned: %s", run.id, run.name, message)
+                self.ledger.stats["abandoned"] += 1
+                self.ledger.tell(run)
+            closed += written
+        return closed
+
+    async def prune(self, now: datetime) -> None:
+        """The retention sweeps, at most once an hour."""
+        if self._last_prune is not None and now - self._last_prune < timedelta(hours=1):
+            return
+        self._last_prune = now
+        if self.retention is not None:
+            removed = await self.store.prune_runs(now - self.retention)
+            if removed:
+                log.info("retention: removed %d run(s) older than %s", removed, self.retention)
+        if self.claims_ttl is not None:
+            swept = await self.store.prune_claims(None, now - self.claims_ttl)
+            if swept:
+                log.info("claims retention: swept %d claim(s) older than %s", swept, self.claims_ttl)

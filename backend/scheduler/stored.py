@@ -1,0 +1,219 @@
+"""Schedules created at run time: their stored row, and the checks a spec passes first.
+
+A stored schedule targets a queue or a durable function (never a handler: code cannot be
+stored). Its fields are checked by :func:`~backend.schedules.define_schedule` itself, so a
+stored schedule is refused for exactly what a code schedule would be, with the offending
+field named (:class:`~backend.errors.BadInput` ``field``). Keeping the rows in the store
+and arming them on every instance is :mod:`backend.scheduler.catalog`'s job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from backend.cron import Cron
+from backend.errors import BadInput, CronError, DefinitionError, Refused
+from backend.inputs import check_json, check_text
+from backend.model import BACKFILL_POLICIES, OVERLAP_POLICIES, BackfillPolicy, OverlapPolicy, ScheduleTarget, iso
+from backend.schedules import DEFAULT_MAX_RUNTIME, NAME_PATTERN, Schedule, define_schedule
+
+__all__ = [
+    "FIELDS",
+    "MAX_DESCRIPTION",
+    "MAX_PAYLOAD_BYTES",
+    "DefinedInCode",
+    "NameTaken",
+    "StoredSchedule",
+    "check_changes",
+    "check_spec",
+]
+
+#: The keys a spec may carry besides ``name`` (an update carries any of them).
+FIELDS = (
+    "cron",
+    "timezone",
+    "queue",
+    "durable",
+    "payload",
+    "description",
+    "enabled",
+    "on_overlap",
+    "backfill",
+    "max_runtime",
+)
+MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_DESCRIPTION = 1000
+
+
+class DefinedInCode(Refused):
+    """A schedule defined in code may be enabled and disabled, not edited or deleted."""
+
+    title = "Defined in code"
+    code = "defined_in_code"
+
+
+class NameTaken(Refused):
+    """A schedule of that name exists already (in code or in the store)."""
+
+    title = "Name taken"
+    code = "name_taken"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSchedule:
+    """One row of the stored schedules. ``version`` grows with every update of the row."""
+
+    name: str
+    cron: str
+    timezone: str
+    queue: str | None
+    durable: str | None
+    payload: Any
+    description: str | None
+    enabled: bool
+    on_overlap: OverlapPolicy
+    backfill: BackfillPolicy
+    max_runtime: float
+    created_at: datetime
+    created_by: str
+    updated_at: datetime
+    updated_by: str
+    version: int = 1
+
+    @property
+    def target(self) -> ScheduleTarget:
+        if self.queue is not None:
+            return ScheduleTarget("queue", self.queue)
+        return ScheduleTarget("durable", self.durable or "")
+
+    def spec(self) -> dict[str, Any]:
+        """The row's definition as a spec (for audit before/after)."""
+        return {"name": self.name, **{key: getattr(self, key) for key in FIELDS}}
+
+    def to_schedule(self) -> Schedule:
+        """The schedule the engine runs (raises :class:`BadInput` if the row is invalid)."""
+        return _define(self.spec())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.spec(),
+            "created_at": iso(self.created_at),
+            "created_by": self.created_by,
+            "updated_at": iso(self.updated_at),
+            "updated_by": self.updated_by,
+            "version": self.version,
+        }
+
+
+def check_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A complete spec for a new stored schedule, with defaults filled in; raises
+    :class:`BadInput` naming the first bad key and value."""
+    if not isinstance(spec, Mapping):
+        raise BadInput("a schedule spec must be an object", field="body")
+    _unknown_keys(spec, ("name", *FIELDS))
+    for key in ("name", "cron", "timezone"):
+        if spec.get(key) is None:
+            raise BadInput(f"{key} is required", field=key)
+    full: dict[str, Any] = {
+        "name": spec["name"],
+        "cron": spec["cron"],
+        "timezone": spec["timezone"],
+        "queue": spec.get("queue"),
+        "durable": spec.get("durable"),
+        "payload": spec.get("payload"),
+        "description": spec.get("description"),
+        "enabled": spec.get("enabled", True),
+        "on_overlap": spec.get("on_overlap", "skip"),
+        "backfill": spec.get("backfill", "skip"),
+        "max_runtime": spec.get("max_runtime", DEFAULT_MAX_RUNTIME),
+    }
+    _define(full)
+    return full
+
+
+def check_changes(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``current`` (a full spec) with ``changes`` applied, checked as a whole. Giving
+    ``queue`` drops ``durable`` and the other way round (a target is one of them)."""
+    if not isinstance(changes, Mapping):
+        raise BadInput("the changes must be an object", field="body")
+    if "name" in changes and changes["name"] != current["name"]:
+        raise BadInput(f"name {changes['name']!r} cannot be changed (delete and create instead)", field="name")
+    _unknown_keys(changes, ("name", *FIELDS))
+    full = dict(current)
+    if changes.get("queue") is not None and "durable" not in changes:
+        full["durable"] = None
+    if changes.get("durable") is not None and "queue" not in changes:
+        full["queue"] = None
+    for key in FIELDS:
+        if key in changes:
+            full[key] = changes[key]
+    for key, default in (("on_overlap", "skip"), ("backfill", "skip"), ("max_runtime", DEFAULT_MAX_RUNTIME), ("enabled", True)):
+        if full.get(key) is None:
+            full[key] = default
+    _define(full)
+    return full
+
+
+def _unknown_keys(spec: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    for key in spec:
+        if key not in allowed:
+            raise BadInput(f"unknown field {key!r} (known: {', '.join(allowed)})", field=str(key))
+
+
+def _define(spec: Mapping[str, Any]) -> Schedule:
+    """``define_schedule`` over a spec, its refusal turned into a BadInput naming the field."""
+    name = spec["name"]
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise BadInput(f"name {name!r} is not a schedule name (1-128 letters, digits, '_', '.', '-')", field="name")
+    for key in ("cron", "timezone"):
+        check_text(spec[key], key, one_line=True)
+    try:
+        Cron(spec["cron"], "UTC")
+    except CronError as exc:
+        raise BadInput(f"cron {spec['cron']!r}: {_plain(exc.message)}", field="cron") from None
+    try:
+        Cron(spec["cron"], spec["timezone"])
+    except CronError as exc:
+        raise BadInput(f"timezone {spec['timezone']!r}: {_plain(exc.message)}", field="timezone") from None
+    queue, durable = spec.get("queue"), spec.get("durable")
+    if (queue is None) == (durable is None):
+        raise BadInput(
+            "give exactly one target: queue or durable" + ("" if queue is None else f" (queue={queue!r}, durable={durable!r})"),
+            field="queue" if queue is None else "durable",
+        )
+    if spec["on_overlap"] not in OVERLAP_POLICIES:
+        raise BadInput(f"on_overlap {spec['on_overlap']!r} is not one of {', '.join(OVERLAP_POLICIES)}", field="on_overlap")
+    if spec["backfill"] not in BACKFILL_POLICIES:
+        raise BadInput(f"backfill {spec['backfill']!r} is not one of {', '.join(BACKFILL_POLICIES)}", field="backfill")
+    description = spec.get("description")
+    if description is not None:
+        check_text(description, "description", max_chars=MAX_DESCRIPTION)
+    check_json(spec.get("payload"), "payload", MAX_PAYLOAD_BYTES)
+    try:
+        return define_schedule(
+            name=name,
+            cron=spec["cron"],
+            timezone=spec["timezone"],
+            queue=queue,
+            durable=durable,
+            payload=spec.get("payload"),
+            description=description,
+            enabled=spec["enabled"],
+            on_overlap=spec["on_overlap"],
+            backfill=spec["backfill"],
+            max_runtime=spec["max_runtime"],
+            trigger="self",  # no platform scheduler knows a schedule created at run time
+        )
+    except DefinitionError as exc:
+        problem = _plain(exc.message)
+        field = next((key for key in FIELDS if problem.startswith(f"{key} ")), None)
+        raise BadInput(problem, field=field) from None
+
+
+def _plain(message: str) -> str:
+    """A definition error's message without its ``define_schedule('x'):`` label."""
+    head, sep, rest = message.partition("): ")
+    return rest if sep and head.startswith("define_schedule(") else message

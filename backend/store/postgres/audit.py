@@ -1,0 +1,73 @@
+"""The audit log's SQL for the PostgreSQL store (a mixin of :class:`~backend.store.postgres.store.PostgresStore`).
+
+One statement per call, on a pooled connection in autocommit mode; entries are read newest
+first by id (ids sort by time, hence ``COLLATE "C"``); retention deletes by id range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from backend.events.audit import AuditEntry, decode_detail, encode_detail
+from backend.ids import id_floor
+from backend.store.migrations import Component
+
+__all__ = ["PostgresAudit"]
+
+AUDIT_V1 = """
+    CREATE TABLE schedtui_audit (
+        id     text COLLATE "C" PRIMARY KEY,
+        at     timestamptz NOT NULL,
+        actor  text NOT NULL,
+        action text NOT NULL,
+        target text NOT NULL,
+        detail json
+    )
+"""
+AUDIT_COLUMNS = "id, at, actor, action, target, detail::text"
+APPEND_AUDIT = """
+    INSERT INTO schedtui_audit (id, at, actor, action, target, detail) VALUES (%s, %s, %s, %s, %s, %s::json)
+    ON CONFLICT (id) DO NOTHING
+"""
+LIST_AUDIT = f"SELECT {AUDIT_COLUMNS} FROM schedtui_audit ORDER BY id DESC LIMIT %s"
+LIST_AUDIT_BEFORE = f"SELECT {AUDIT_COLUMNS} FROM schedtui_audit WHERE id < %s ORDER BY id DESC LIMIT %s"
+PRUNE_AUDIT = "DELETE FROM schedtui_audit WHERE id < %s"
+
+
+def _entry(row: Sequence[Any]) -> AuditEntry:
+    return AuditEntry(row[0], row[1].astimezone(timezone.utc), row[2], row[3], row[4], decode_detail(row[5]))
+
+
+def _text(value: str) -> str:
+    """Text PostgreSQL accepts (no NUL, no lone surrogate)."""
+    if value.isascii() and "\x00" not in value:
+        return value
+    return value.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class PostgresAudit:
+    COMPONENT = Component("audit", (AUDIT_V1,))
+
+    if TYPE_CHECKING:
+
+        async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int: ...
+
+        async def _fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    async def append_audit(self, entry: AuditEntry) -> None:
+        detail = encode_detail(entry.detail)
+        await self._execute(
+            APPEND_AUDIT, (entry.id, entry.at, _text(entry.actor), entry.action, _text(entry.target), detail)
+        )
+
+    async def list_audit(self, *, limit: int, before: str | None = None) -> list[AuditEntry]:
+        if before:
+            rows = await self._fetchall(LIST_AUDIT_BEFORE, (before, limit))
+        else:
+            rows = await self._fetchall(LIST_AUDIT, (limit,))
+        return [_entry(row) for row in rows]
+
+    async def prune_audit(self, before: datetime) -> int:
+        return await self._execute(PRUNE_AUDIT, (id_floor(before),))

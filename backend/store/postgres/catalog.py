@@ -1,0 +1,168 @@
+"""The stored schedules' SQL for the PostgreSQL store (a mixin of :class:`~backend.store.postgres.store.PostgresStore`).
+
+As on SQLite, every change bumps the one-row catalog counter in its transaction; instances
+compare it on their state poll, and are woken sooner by the ``schedules`` change signal
+that the engine's relay NOTIFYs to them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from backend.safetext import escape_text, load_json
+from backend.scheduler.stored import StoredSchedule
+from backend.store.migrations import Component
+
+__all__ = ["PostgresCatalog"]
+
+T = TypeVar("T")
+
+CATALOG_V1 = """
+    CREATE TABLE schedtui_stored_schedules (
+        name        text PRIMARY KEY,
+        cron        text NOT NULL,
+        timezone    text NOT NULL,
+        queue       text,
+        durable     text,
+        payload     text NOT NULL,
+        description text,
+        enabled     boolean NOT NULL,
+        on_overlap  text NOT NULL,
+        backfill    text NOT NULL,
+        max_runtime double precision NOT NULL,
+        created_at  timestamptz NOT NULL,
+        created_by  text NOT NULL,
+        updated_at  timestamptz NOT NULL,
+        updated_by  text NOT NULL,
+        version     bigint NOT NULL
+    );
+    CREATE TABLE schedtui_schedule_catalog (id integer PRIMARY KEY CHECK (id = 1), version bigint NOT NULL);
+    INSERT INTO schedtui_schedule_catalog (id, version) VALUES (1, 0)
+"""
+COLUMNS = (
+    "name, cron, timezone, queue, durable, payload, description, enabled, on_overlap, backfill, "
+    "max_runtime, created_at, created_by, updated_at, updated_by, version"
+)
+CATALOG_VERSION = "SELECT version FROM schedtui_schedule_catalog WHERE id = 1"
+BUMP = "UPDATE schedtui_schedule_catalog SET version = version + 1 WHERE id = 1"
+LIST = f"SELECT {COLUMNS} FROM schedtui_stored_schedules ORDER BY name"
+INSERT = f"""
+    INSERT INTO schedtui_stored_schedules ({COLUMNS}) VALUES ({', '.join(['%s'] * 16)})
+    ON CONFLICT (name) DO NOTHING
+"""
+UPDATE = f"""
+    UPDATE schedtui_stored_schedules SET cron = %s, timezone = %s, queue = %s, durable = %s, payload = %s,
+        description = %s, enabled = %s, on_overlap = %s, backfill = %s, max_runtime = %s, updated_at = %s,
+        updated_by = %s, version = version + 1
+    WHERE name = %s AND version = %s
+    RETURNING {COLUMNS}
+"""
+DELETE = "DELETE FROM schedtui_stored_schedules WHERE name = %s"
+DELETE_STATE = "DELETE FROM schedtui_schedule_state WHERE name = %s"
+
+
+def _utc(dt: datetime) -> datetime:
+    return dt.astimezone(timezone.utc)
+
+
+def _row(row: tuple[Any, ...]) -> StoredSchedule:
+    return StoredSchedule(
+        name=row[0],
+        cron=row[1],
+        timezone=row[2],
+        queue=row[3],
+        durable=row[4],
+        payload=load_json(row[5]),  # as every stored text: escaped where it is not text
+        description=None if row[6] is None else escape_text(row[6]),
+        enabled=bool(row[7]),
+        on_overlap=row[8],
+        backfill=row[9],
+        max_runtime=float(row[10]),
+        created_at=_utc(row[11]),
+        created_by=row[12],
+        updated_at=_utc(row[13]),
+        updated_by=row[14],
+        version=int(row[15]),
+    )
+
+
+def _definition(s: StoredSchedule) -> tuple[Any, ...]:
+    return (s.cron, s.timezone, s.queue, s.durable, json.dumps(s.payload), s.description, s.enabled,
+            s.on_overlap, s.backfill, s.max_runtime)
+
+
+class PostgresCatalog:
+    """Stored schedules on PostgreSQL: see :class:`backend.scheduler.catalog.CatalogStore` for the contract."""
+
+    COMPONENT = Component("catalog", (CATALOG_V1,))
+
+    if TYPE_CHECKING:
+        commits: int
+
+        async def _with_conn(self, fn: Callable[[Any], Awaitable[T]], *, wait: float = ...) -> T: ...
+
+    async def catalog_version(self) -> int:
+        async def go(conn: Any) -> int:
+            row = await (await conn.execute(CATALOG_VERSION)).fetchone()
+            return int(row[0]) if row else 0
+
+        return await self._with_conn(go)
+
+    async def stored_schedules(self) -> tuple[int, list[StoredSchedule]]:
+        async def go(conn: Any) -> tuple[int, list[StoredSchedule]]:
+            # REPEATABLE READ: the version and the rows are of one instant.
+            async with conn.transaction():
+                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                version = await (await conn.execute(CATALOG_VERSION)).fetchone()
+                rows = await (await conn.execute(LIST)).fetchall()
+            return (int(version[0]) if version else 0), [_row(r) for r in rows]
+
+        return await self._with_conn(go)
+
+    async def _change(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        async def go(conn: Any) -> T:
+            async with conn.transaction():
+                return await fn(conn)
+
+        result = await self._with_conn(go)
+        self.commits += 1
+        return result
+
+    async def create_stored_schedule(self, schedule: StoredSchedule) -> bool:
+        s = schedule
+        params = (s.name, *_definition(s), s.created_at, s.created_by, s.updated_at, s.updated_by, s.version)
+
+        async def create(conn: Any) -> bool:
+            if (await conn.execute(INSERT, params)).rowcount != 1:
+                return False
+            await conn.execute(DELETE_STATE, (s.name,))  # a stale state of an older namesake
+            await conn.execute(BUMP)
+            return True
+
+        return await self._change(create)
+
+    async def update_stored_schedule(self, schedule: StoredSchedule, version: int) -> StoredSchedule | None:
+        s = schedule
+        params = (*_definition(s), s.updated_at, s.updated_by, s.name, version)
+
+        async def update(conn: Any) -> StoredSchedule | None:
+            row = await (await conn.execute(UPDATE, params)).fetchone()
+            if row is None:
+                return None
+            await conn.execute(BUMP)
+            return _row(row)
+
+        return await self._change(update)
+
+    async def delete_stored_schedule(self, name: str) -> bool:
+        async def delete(conn: Any) -> bool:
+            if (await conn.execute(DELETE, (name,))).rowcount != 1:
+                return False
+            await conn.execute(DELETE_STATE, (name,))
+            await conn.execute(BUMP)
+            return True
+
+        return await self._change(delete)

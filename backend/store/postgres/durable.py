@@ -1,0 +1,505 @@
+"""Durable executions in the PostgreSQL store: every SQL statement they need, and nothing else.
+
+A mixin of :class:`~backend.store.postgres.store.PostgresStore` (see
+:class:`backend.durable.store.DurableStore` for the contract). What the runner does on its
+hot path is one statement each, so one round trip and one commit:
+
+* a claim takes runnable executions with ``FOR UPDATE SKIP LOCKED`` (concurrent claimers
+  skip each other's rows instead of waiting), bumps each one's lease number, and returns
+  each with its step checkpoints and signals: the replay reads nothing else;
+* a step's checkpoint updates the execution under its lease (renewing it) and upserts the
+  step row and log lines in data-modifying CTEs that only act if that update matched;
+  the update returns whether a cancellation was asked for, so no extra read is needed.
+
+Signals live in the execution's row (a JSON object), so a signal and a runner suspending
+to wait for it update the same row: PostgreSQL orders the two, and whichever comes second
+sees the first (a wait is never left waiting for a signal that has arrived).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from backend.durable.model import TAG_CANCELLED, Execution, ExecutionLog, ExecutionStatus
+from backend.durable.store import (
+    EXECUTION_FIELDS,
+    STEP_FIELDS,
+    CancelOutcome,
+    Claimed,
+    ExecutionRow,
+    Finish,
+    NewExecution,
+    Progress,
+    Renewal,
+    StepRecord,
+    Suspend,
+    Write,
+    execution_from_row,
+    signals_from_json,
+    step_from_row,
+    step_view,
+)
+from backend.store.migrations import Component
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+T = TypeVar("T")
+
+__all__ = ["PostgresDurable"]
+
+# ---------------------------------------------------------------------------------------
+# SQL
+# ---------------------------------------------------------------------------------------
+COMPONENT = Component(
+    "durable",
+    (
+        """
+        CREATE TABLE schedtui_durable_executions (
+            id               text COLLATE "C" PRIMARY KEY,
+            function         text NOT NULL,
+            status           text NOT NULL,
+            input            text NOT NULL,
+            output           text,
+            error_tag        text,
+            error_message    text,
+            failed_step      text,
+            schedule         text,
+            scheduled_at     timestamptz,
+            created_at       timestamptz NOT NULL,
+            updated_at       timestamptz NOT NULL,
+            finished_at      timestamptz,
+            waiting_for      text,
+            wake_at          timestamptz,
+            awaits           text,
+            signals          jsonb NOT NULL DEFAULT '{}',
+            instance         text,
+            lease            bigint NOT NULL DEFAULT 0,
+            lease_until      timestamptz,
+            cancel_requested boolean NOT NULL DEFAULT false,
+            step             text
+        );
+        CREATE INDEX schedtui_durable_open ON schedtui_durable_executions (function, status)
+            WHERE status IN ('queued', 'running', 'waiting');
+        CREATE INDEX schedtui_durable_by_function ON schedtui_durable_executions (function, id);
+        CREATE INDEX schedtui_durable_by_status ON schedtui_durable_executions (status, id);
+        CREATE INDEX schedtui_durable_finished ON schedtui_durable_executions (finished_at)
+            WHERE finished_at IS NOT NULL;
+        CREATE TABLE schedtui_durable_steps (
+            execution_id  text COLLATE "C" NOT NULL,
+            seq           integer NOT NULL,
+            name          text NOT NULL,
+            kind          text NOT NULL,
+            status        text NOT NULL,
+            attempt       integer NOT NULL,
+            started_at    timestamptz,
+            finished_at   timestamptz,
+            wake_at       timestamptz,
+            output        text,
+            error_tag     text,
+            error_message text,
+            at_most_once  boolean NOT NULL DEFAULT false,
+            PRIMARY KEY (execution_id, seq)
+        );
+        CREATE TABLE schedtui_durable_logs (
+            id           bigserial PRIMARY KEY,
+            execution_id text COLLATE "C" NOT NULL,
+            at           timestamptz NOT NULL,
+            message      text NOT NULL
+        );
+        CREATE INDEX schedtui_durable_logs_by_execution ON schedtui_durable_logs (execution_id, id)
+        """,
+    ),
+)
+
+EXECUTIONS = "schedtui_durable_executions"
+EXECUTION_COLUMNS = ", ".join(EXECUTION_FIELDS)
+STEP_COLUMNS = ", ".join(STEP_FIELDS)
+
+INSERT = f"""
+    INSERT INTO {EXECUTIONS} (id, function, status, input, schedule, scheduled_at, created_at, updated_at)
+    VALUES (%s, %s, 'queued', %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING
+"""
+CLAIM = f"""
+    WITH picked AS (
+        SELECT id, status AS was, instance AS was_instance FROM {EXECUTIONS}
+        WHERE function = ANY (%(functions)s) AND status IN ('queued', 'running', 'waiting')
+            AND (status = 'queued' OR (status = 'waiting' AND wake_at <= %(now)s)
+                 OR (status = 'running' AND lease_until <= %(now)s))
+        ORDER BY id LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ),
+    claimed AS (
+        UPDATE {EXECUTIONS} e SET status = 'running', instance = %(instance)s, lease = e.lease + 1,
+            lease_until = %(until)s, waiting_for = NULL, wake_at = NULL, awaits = NULL, updated_at = %(now)s
+        FROM picked p WHERE e.id = p.id
+        RETURNING e.id, e.function, e.input, e.created_at, e.lease, e.cancel_requested, e.schedule,
+            e.scheduled_at, e.signals, p.was, p.was_instance
+    )
+    SELECT c.*, (
+        SELECT json_agg(json_build_array({", ".join(f"s.{f}" for f in STEP_FIELDS)}) ORDER BY s.seq)
+        FROM schedtui_durable_steps s WHERE s.execution_id = c.id
+    ) FROM claimed c ORDER BY c.id
+"""
+#: The lease condition every write of the runner carries.
+HELD = "id = %(id)s AND lease = %(lease)s AND status = 'running'"
+#: What a write does besides updating the execution ("e"), only if that update matched.
+_AND_STEPS_AND_LOGS = """,
+    s AS (
+        INSERT INTO schedtui_durable_steps (execution_id, {columns})
+        SELECT %(id)s, r.* FROM json_to_recordset(%(steps)s::json) AS r(
+            seq integer, name text, kind text, status text, attempt integer, started_at timestamptz,
+            finished_at timestamptz, wake_at timestamptz, output text, error_tag text, error_message text,
+            at_most_once boolean)
+        WHERE EXISTS (SELECT 1 FROM e)
+        ON CONFLICT (execution_id, seq) DO UPDATE SET name = excluded.name, kind = excluded.kind,
+            status = excluded.status, attempt = excluded.attempt, started_at = excluded.started_at,
+            finished_at = excluded.finished_at, wake_at = excluded.wake_at, output = excluded.output,
+            error_tag = excluded.error_tag, error_message = excluded.error_message,
+            at_most_once = excluded.at_most_once
+    ),
+    l AS (
+        INSERT INTO schedtui_durable_logs (execution_id, at, message)
+        SELECT %(id)s, %(now)s, m FROM json_array_elements_text(%(logs)s::json) AS m
+        WHERE EXISTS (SELECT 1 FROM e)
+    )
+    SELECT cancel_requested FROM e
+""".format(columns=STEP_COLUMNS)
+PROGRESS = f"""
+    WITH e AS (
+        UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
+        WHERE {HELD} RETURNING cancel_requested
+    )""" + _AND_STEPS_AND_LOGS
+#: Progress without steps or logs: only the update.
+PROGRESS_ONLY = f"""
+    UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
+    WHERE {HELD} RETURNING cancel_requested
+"""
+#: A signal received by the wait's deadline makes the wait due at once (the replay takes
+#: such a signal, and only such a one); so does a cancellation asked for meanwhile (the next
+#: claim finishes it).
+SUSPEND = f"""
+    WITH e AS (
+        UPDATE {EXECUTIONS} SET status = %(status)s, lease_until = NULL, step = coalesce(%(step)s, step),
+            updated_at = %(now)s, waiting_for = %(waiting_for)s, awaits = %(signal)s,
+            wake_at = CASE WHEN cancel_requested OR (
+                    %(signal)s::text IS NOT NULL
+                    AND (signals -> %(signal)s::text ->> 'at')::timestamptz <= %(wake)s::timestamptz)
+                THEN %(now)s ELSE %(wake)s END
+        WHERE {HELD} RETURNING cancel_requested
+    )""" + _AND_STEPS_AND_LOGS
+FINISH = f"""
+    WITH e AS (
+        UPDATE {EXECUTIONS} SET status = %(status)s, output = %(output)s, error_tag = %(error_tag)s,
+            error_message = %(error_message)s, failed_step = %(failed_step)s, finished_at = %(now)s,
+            updated_at = %(now)s, lease_until = NULL, waiting_for = NULL, wake_at = NULL, awaits = NULL,
+            cancel_requested = false, step = coalesce(%(step)s, step)
+        WHERE {HELD} RETURNING cancel_requested
+    )""" + _AND_STEPS_AND_LOGS
+RENEW = f"""
+    UPDATE {EXECUTIONS} e SET lease_until = %(until)s
+    FROM json_to_recordset(%(leases)s::json) AS l(id text, lease bigint)
+    WHERE e.id = l.id AND e.lease = l.lease AND e.status = 'running' AND e.instance = %(instance)s
+    RETURNING e.id, e.cancel_requested
+"""
+OWNERS = f"SELECT DISTINCT instance FROM {EXECUTIONS} WHERE status = 'running' AND lease_until > %s"
+EXPIRE = f"""
+    UPDATE {EXECUTIONS} SET lease_until = %s
+    WHERE status = 'running' AND instance = %s AND lease_until > %s
+        AND (%s::timestamptz IS NULL OR updated_at < %s::timestamptz)
+"""
+SIGNAL = f"""
+    WITH found AS (SELECT status FROM {EXECUTIONS} WHERE id = %(id)s),
+    taken AS (
+        UPDATE {EXECUTIONS}
+        SET signals = signals || jsonb_build_object(
+                %(name)s::text, jsonb_build_object('p', %(payload)s::jsonb, 'at', %(sent)s::text)),
+            wake_at = CASE WHEN status = 'waiting' AND awaits = %(name)s THEN %(now)s ELSE wake_at END
+        WHERE id = %(id)s AND status NOT IN ('succeeded', 'failed', 'cancelled') AND NOT signals ? %(name)s::text
+        RETURNING id
+    ),
+    logged AS (
+        INSERT INTO schedtui_durable_logs (execution_id, at, message)
+        SELECT id, %(now)s, 'signal ' || %(name)s || ' received' FROM taken
+    )
+    SELECT (SELECT status FROM found), EXISTS (SELECT 1 FROM taken)
+"""
+LOCK_STATE = f"SELECT status, lease_until, failed_step FROM {EXECUTIONS} WHERE id = %s FOR UPDATE"
+CANCEL_NOW = f"""
+    UPDATE {EXECUTIONS} SET status = 'cancelled', finished_at = %s, updated_at = %s, error_tag = '{TAG_CANCELLED}',
+        error_message = %s, cancel_requested = false, waiting_for = NULL, wake_at = NULL, awaits = NULL,
+        lease_until = NULL
+    WHERE id = %s
+"""
+CANCEL_ASK = f"UPDATE {EXECUTIONS} SET cancel_requested = true WHERE id = %s"
+REQUEUE = f"""
+    UPDATE {EXECUTIONS} SET status = 'queued', output = NULL, error_tag = NULL, error_message = NULL,
+        failed_step = NULL, finished_at = NULL, updated_at = %s, cancel_requested = false
+    WHERE id = %s
+"""
+# A retry forgets the failed step's checkpoint so that it runs again: never a succeeded one.
+FORGET_STEP = "DELETE FROM schedtui_durable_steps WHERE execution_id = %s AND name = %s AND status <> 'succeeded'"
+INSERT_LOG = "INSERT INTO schedtui_durable_logs (execution_id, at, message) VALUES (%s, %s, %s)"
+GET = f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} WHERE id = %s"
+STEPS_OF = f"SELECT {STEP_COLUMNS} FROM schedtui_durable_steps WHERE execution_id = %s ORDER BY seq"
+LOGS_OF = """
+    SELECT at, message FROM (
+        SELECT id, at, message FROM schedtui_durable_logs WHERE execution_id = %s ORDER BY id DESC LIMIT %s
+    ) l ORDER BY id
+"""
+STALE = f"""
+    SELECT function, count(*) FROM {EXECUTIONS}
+    WHERE status IN ('queued', 'running', 'waiting') AND (
+        (status = 'queued' AND updated_at < %(since)s) OR (status = 'waiting' AND wake_at < %(since)s)
+        OR (status = 'running' AND lease_until < %(since)s))
+    GROUP BY function ORDER BY function
+"""
+PRUNE = f"""
+    WITH gone AS (DELETE FROM {EXECUTIONS} WHERE finished_at < %(before)s RETURNING id),
+    steps AS (DELETE FROM schedtui_durable_steps WHERE execution_id IN (SELECT id FROM gone)),
+    logs AS (DELETE FROM schedtui_durable_logs WHERE execution_id IN (SELECT id FROM gone))
+    SELECT count(*) FROM gone
+"""
+
+#: The newest log lines an execution's detail shows.
+LOG_LINES = 500
+
+# ---------------------------------------------------------------------------------------
+
+
+def _list_sql(function: str | None, status: str | None, before: str | None) -> tuple[str, list[Any]]:
+    where, params = [], []
+    for column, value in (("function", function), ("status", status)):
+        if value is not None:
+            where.append(f"{column} = %s")
+            params.append(value)
+    if before is not None:
+        where.append("id < %s")
+        params.append(before)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    return f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} {clause} ORDER BY id DESC LIMIT %s", params
+
+
+def _utc(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, str):  # a time inside a JSON document
+        value = datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value.astimezone(timezone.utc)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _text(value: str | None) -> str | None:
+    """Text PostgreSQL accepts (no NUL, no lone surrogate), as the run ledger does."""
+    if value is None or value.isascii() and "\x00" not in value:
+        return value
+    return value.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _steps_json(steps: Sequence[StepRecord]) -> str:
+    return json.dumps(
+        [
+            {
+                "seq": s.seq,
+                "name": s.name,
+                "kind": s.kind,
+                "status": s.status,
+                "attempt": s.attempt,
+                "started_at": _iso(s.started_at),
+                "finished_at": _iso(s.finished_at),
+                "wake_at": _iso(s.wake_at),
+                "output": s.output,
+                "error_tag": _text(s.error_tag),
+                "error_message": _text(s.error_message),
+                "at_most_once": s.at_most_once,
+            }
+            for s in steps
+        ],
+        separators=(",", ":"),
+    )
+
+
+class PostgresDurable:
+    """The durable-execution tables and statements of the PostgreSQL store."""
+
+    COMPONENT = COMPONENT
+
+    if TYPE_CHECKING:  # provided by PostgresStore
+        commits: int
+
+        async def _with_conn(self, fn: Callable[[AsyncConnection[Any]], Awaitable[T]], *, wait: float = ...) -> T: ...
+
+        async def _fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]: ...
+
+        async def _fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None: ...
+
+        async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int: ...
+
+    async def _fetch_write(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
+        """One statement that writes (its own transaction, one commit); its rows."""
+
+        async def go(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            return await (await conn.execute(sql, params)).fetchall()
+
+        rows = await self._with_conn(go)
+        self.commits += 1
+        return rows
+
+    async def durable_insert(self, execution: NewExecution) -> bool:
+        params = (
+            execution.id,
+            execution.function,
+            _text(execution.input),
+            execution.schedule,
+            execution.scheduled_at,
+            execution.created_at,
+            execution.created_at,
+        )
+        return await self._execute(INSERT, params) == 1
+
+    async def durable_claim(
+        self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int
+    ) -> list[Claimed]:
+        params = {"functions": list(functions), "now": now, "until": lease_until, "limit": limit, "instance": instance}
+        claimed = []
+        for row in await self._fetch_write(CLAIM, params):
+            execution = ExecutionRow(
+                id=row[0],
+                function=row[1],
+                input=row[2],
+                created_at=_utc(row[3]),  # type: ignore[arg-type]
+                lease=int(row[4]),
+                cancel_requested=bool(row[5]),
+                schedule=row[6],
+                scheduled_at=_utc(row[7]),
+                was=row[9],
+                was_instance=row[10],
+            )
+            signals = signals_from_json(row[8] or {})
+            steps = [step_from_row(step, _utc) for step in row[11] or ()]
+            claimed.append(Claimed(execution, steps, signals))
+        return claimed
+
+    async def durable_write(self, write: Write) -> bool | None:
+        then = write.then
+        params: dict[str, Any] = {"id": write.id, "lease": write.lease, "now": write.now, "step": then.step}
+        if isinstance(then, Progress):
+            params["until"] = then.lease_until
+            sql = PROGRESS if write.steps or write.logs else PROGRESS_ONLY
+        elif isinstance(then, Suspend):
+            params.update(status=then.status, waiting_for=then.waiting_for, signal=then.signal, wake=then.wake_at)
+            sql = SUSPEND
+        else:
+            assert isinstance(then, Finish)
+            params.update(
+                status=then.status,
+                output=_text(then.output),
+                error_tag=_text(then.error_tag),
+                error_message=_text(then.error_message),
+                failed_step=then.failed_step,
+            )
+            sql = FINISH
+        if sql is not PROGRESS_ONLY:
+            params["steps"] = _steps_json(write.steps)
+            params["logs"] = json.dumps([_text(line) for line in write.logs])
+        rows = await self._fetch_write(sql, params)
+        return bool(rows[0][0]) if rows else None
+
+    async def durable_renew(self, instance: str, leases: Sequence[tuple[str, int]], lease_until: datetime) -> Renewal:
+        if not leases:
+            return Renewal()
+        payload = json.dumps([{"id": id_, "lease": lease} for id_, lease in leases])
+        rows = await self._fetch_write(RENEW, {"until": lease_until, "leases": payload, "instance": instance})
+        kept = {row[0] for row in rows}
+        return Renewal(lost={id_ for id_, _ in leases} - kept, cancel={row[0] for row in rows if row[1]})
+
+    async def durable_owners(self, now: datetime) -> set[str]:
+        return {row[0] for row in await self._fetchall(OWNERS, (now,))}
+
+    async def durable_expire(self, instance: str, now: datetime, claimed_before: datetime | None = None) -> int:
+        return await self._execute(EXPIRE, (now, instance, now, claimed_before, claimed_before))
+
+    async def durable_signal(self, id: str, name: str, payload: str, now: datetime) -> tuple[ExecutionStatus, bool] | None:
+        sent = now.astimezone(timezone.utc).isoformat(timespec="microseconds")
+        params = {"id": id, "name": name, "payload": _text(payload), "now": now, "sent": sent}
+        rows = await self._fetch_write(SIGNAL, params)
+        status, taken = rows[0]
+        if status is None:
+            return None
+        return status, not taken and status not in ("succeeded", "failed", "cancelled")
+
+    async def durable_cancel(self, id: str, now: datetime, note: str) -> tuple[ExecutionStatus, CancelOutcome | None] | None:
+        async def cancel(conn: AsyncConnection[Any]) -> tuple[ExecutionStatus, CancelOutcome | None] | None:
+            async with conn.transaction():
+                row = await (await conn.execute(LOCK_STATE, (id,))).fetchone()
+                if row is None:
+                    return None
+                status, lease_until, _ = row
+                if status in ("succeeded", "failed", "cancelled"):
+                    return status, None
+                if status == "running" and lease_until is not None and lease_until > now:
+                    await conn.execute(CANCEL_ASK, (id,))
+                    await conn.execute(INSERT_LOG, (id, now, f"{_text(note)}: asked to stop at its next step"))
+                    return status, "requested"
+                await conn.execute(CANCEL_NOW, (now, now, _text(note), id))
+                await conn.execute(INSERT_LOG, (id, now, _text(note)))
+                return status, "cancelled"
+
+        result = await self._with_conn(cancel)
+        self.commits += 1
+        return result
+
+    async def durable_retry(self, id: str, now: datetime, note: str) -> ExecutionStatus | None:
+        async def retry(conn: AsyncConnection[Any]) -> ExecutionStatus | None:
+            async with conn.transaction():
+                row = await (await conn.execute(LOCK_STATE, (id,))).fetchone()
+                if row is None:
+                    return None
+                status, _, failed_step = row
+                if status != "failed":
+                    return status  # type: ignore[no-any-return]
+                if failed_step is not None:
+                    await conn.execute(FORGET_STEP, (id, failed_step))
+                await conn.execute(REQUEUE, (now, id))
+                await conn.execute(INSERT_LOG, (id, now, _text(note)))
+                return "failed"
+
+        result = await self._with_conn(retry)
+        self.commits += 1
+        return result
+
+    async def durable_get(self, id: str) -> Execution | None:
+        async def get(conn: AsyncConnection[Any]) -> Execution | None:
+            row = await (await conn.execute(GET, (id,))).fetchone()
+            if row is None:
+                return None
+            steps = await (await conn.execute(STEPS_OF, (id,))).fetchall()
+            logs = await (await conn.execute(LOGS_OF, (id, LOG_LINES))).fetchall()
+            return replace(
+                execution_from_row(row, _utc),
+                steps=[step_view(step_from_row(s, _utc)) for s in steps],
+                logs=[ExecutionLog(_utc(at), message) for at, message in logs],  # type: ignore[arg-type]
+            )
+
+        return await self._with_conn(get)
+
+    async def durable_list(
+        self, *, function: str | None, status: str | None, limit: int, before: str | None
+    ) -> list[Execution]:
+        sql, params = _list_sql(function, status, before)
+        return [execution_from_row(row, _utc) for row in await self._fetchall(sql, (*params, limit))]
+
+    async def durable_stale(self, since: datetime, now: datetime) -> dict[str, int]:
+        return {row[0]: int(row[1]) for row in await self._fetchall(STALE, {"since": since})}
+
+    async def durable_prune(self, finished_before: datetime) -> int:
+        rows = await self._fetch_write(PRUNE, {"before": finished_before})
+        return int(rows[0][0]) if rows else 0

@@ -1,0 +1,574 @@
+"""The job queue's tables and SQL on PostgreSQL (a mixin of :class:`~backend.store.postgres.store.PostgresStore`).
+
+* **Claims**: one statement per worker cycle takes, for every queue asked for, the oldest
+  due jobs ``FOR UPDATE SKIP LOCKED`` (two workers never wait on each other's rows), as
+  many as there are free seats and the worker has room for. The cycle's finishes go first,
+  in the same transaction (pipelined: one round trip), so the seats they free are
+  claimable at once.
+* **The fleet-wide cap**: a running job holds a seat ``1..concurrency``; a unique index on
+  (queue, seat) over running jobs makes a second holder of a seat impossible whatever two
+  snapshots say (a COUNT in the claim would race). A claim skips seats another claim is
+  taking right now (``pg_try_advisory_xact_lock`` per seat), so claims never wait on each
+  other; one that loses a seat to a claim committed after its snapshot fails on the index
+  and is retried.
+* **Sends** are one pipelined round trip each. Far from the 10,000-job limit they share
+  a per-queue advisory lock and run side by side (their commits group); one that finds
+  the queue within 2,000 of the limit, or sends more than 100 jobs, takes the lock alone,
+  so near the limit the count is exact. Concurrent sends of one key meet on the unique
+  index: the loser sends again and finds the winner's job (a duplicate).
+* **Wake-ups**: after a send commits (never inside its transaction: a NOTIFY serialises
+  commits), the sender tells workers with ``pg_notify``, coalesced per queue; workers
+  listen on the process's one listening connection (:mod:`backend.store.postgres.events`)
+  and poll as a fallback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import AsyncConnection
+
+from backend.errors import NotFound, Unavailable
+from backend.jobs.definition import MAX_HELD
+from backend.jobs.model import Attempt, Job, JobStatus, NotDead, QueueFull, QueueView, Sent
+from backend.jobs.store import Cycle, Finish, NewJob, QueueSpec, RunningJob
+from backend.store.job_rows import (
+    CLAIMED_FIELDS,
+    JOB_FIELDS,
+    RUNNING_FIELDS,
+    attempt_from_row,
+    claimed_from_row,
+    job_from_row,
+    queue_full_message,
+    running_from_row,
+)
+from backend.store.migrations import Component
+from backend.store.postgres.events import JOBS_CHANNEL
+
+__all__ = ["PostgresJobs"]
+
+log = logging.getLogger("schedtui.store")
+T = TypeVar("T")
+
+# ---------------------------------------------------------------------------------------
+# SQL: everything the queue says to PostgreSQL is here.
+# ---------------------------------------------------------------------------------------
+SCHEMA_V1 = """
+    CREATE TABLE schedtui_queues (
+        name          text PRIMARY KEY,
+        concurrency   integer NOT NULL,
+        attempts      integer NOT NULL,
+        max_runtime_s double precision NOT NULL,
+        paused        boolean NOT NULL DEFAULT false,
+        changed_by    text,
+        changed_at    timestamptz,
+        defined_at    timestamptz NOT NULL
+    );
+    CREATE TABLE schedtui_jobs (
+        id            text COLLATE "C" PRIMARY KEY,
+        queue         text NOT NULL,
+        status        text NOT NULL,
+        payload       text NOT NULL,
+        key           text,
+        cron          text,
+        attempt       integer NOT NULL DEFAULT 0,
+        max_attempts  integer NOT NULL,
+        tries         integer NOT NULL DEFAULT 0,
+        run_after     timestamptz NOT NULL,
+        created_at    timestamptz NOT NULL,
+        started_at    timestamptz,
+        instance      text,
+        token         text,
+        seat          integer,
+        deleted       boolean NOT NULL DEFAULT false,
+        dead_at       timestamptz,
+        error_tag     text,
+        error_message text
+    );
+    CREATE UNIQUE INDEX schedtui_jobs_one_per_key ON schedtui_jobs (queue, key) WHERE key IS NOT NULL;
+    CREATE UNIQUE INDEX schedtui_jobs_one_per_seat ON schedtui_jobs (queue, seat) WHERE status = 'running';
+    CREATE INDEX schedtui_jobs_due ON schedtui_jobs (queue, run_after, id) WHERE status = 'queued';
+    CREATE INDEX schedtui_jobs_dead ON schedtui_jobs (queue, dead_at) WHERE status = 'dead';
+    CREATE TABLE schedtui_job_attempts (
+        job_id        text COLLATE "C" NOT NULL,
+        seq           integer NOT NULL,
+        queue         text NOT NULL,
+        attempt       integer NOT NULL,
+        started_at    timestamptz NOT NULL,
+        finished_at   timestamptz NOT NULL,
+        status        text NOT NULL,
+        error_tag     text,
+        error_message text,
+        instance      text NOT NULL,
+        PRIMARY KEY (job_id, seq)
+    );
+    CREATE INDEX schedtui_job_attempts_by_age ON schedtui_job_attempts (finished_at);
+"""
+
+#: The channel workers listen on; the payload is the queue's name.
+CHANNEL = JOBS_CHANNEL
+#: Advisory lock classes (two-key form: class, object), kept apart from the store's own.
+SEND_LOCK_CLASS = "hashtext('schedtui.jobs.send')"
+
+JOB_COLUMNS = ", ".join(JOB_FIELDS)
+DEFINE_QUEUES = """
+    INSERT INTO schedtui_queues (name, concurrency, attempts, max_runtime_s, defined_at)
+    SELECT q.name, q.concurrency, q.attempts, q.max_runtime_s, %(at)s
+    FROM json_to_recordset(%(queues)s::json) AS q(name text, concurrency int, attempts int, max_runtime_s float8)
+    ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, attempts = excluded.attempts,
+        max_runtime_s = excluded.max_runtime_s, defined_at = excluded.defined_at
+"""
+ADD_QUEUES = """
+    INSERT INTO schedtui_queues (name, concurrency, attempts, max_runtime_s, defined_at)
+    SELECT q.name, q.concurrency, q.attempts, q.max_runtime_s, %(at)s
+    FROM json_to_recordset(%(queues)s::json) AS q(name text, concurrency int, attempts int, max_runtime_s float8)
+    ON CONFLICT (name) DO NOTHING
+"""
+#: The first statement of a send. Far from the limit, sends share the queue's lock and go
+#: side by side; near it a send takes the lock alone (it waits for those sharing it to
+#: commit, and they for it), so the count behind the limit is exact where it matters.
+SEND_LOCK_SHARED = f"SELECT pg_advisory_xact_lock_shared({SEND_LOCK_CLASS}, hashtext(%s))"
+SEND_LOCK_ALONE = f"SELECT pg_advisory_xact_lock({SEND_LOCK_CLASS}, hashtext(%s))"
+#: The second (its snapshot sees every send committed before the lock): which jobs are
+#: new (not an id that exists, not a key held, not a key an earlier job of the batch
+#: takes); whether they fit under the limit; if they do, insert them. Answers per job, in
+#: order: its id (or the holder's), whether it is a duplicate; and with every row whether
+#: the queue exists, whether the batch fit, and the counts of the limit. One round trip
+#: with the lock, pipelined; nothing for the client to decide in between.
+SEND = """
+    WITH q AS (SELECT attempts FROM schedtui_queues WHERE name = %(queue)s),
+    w AS (
+        SELECT * FROM json_to_recordset(%(jobs)s::json) AS w(
+            n int, id text, payload text, key text, cron text, attempts int, run_after timestamptz)
+    ),
+    held AS (
+        SELECT count(*) AS n FROM schedtui_jobs
+        WHERE queue = %(queue)s AND status IN ('queued', 'dead') AND NOT deleted
+    ),
+    fresh AS (
+        SELECT w.* FROM w
+        WHERE NOT EXISTS (SELECT 1 FROM schedtui_jobs e WHERE e.id = w.id)
+            AND (w.key IS NULL OR (
+                NOT EXISTS (SELECT 1 FROM schedtui_jobs h WHERE h.queue = %(queue)s AND h.key = w.key)
+                AND w.n = (SELECT min(v.n) FROM w v WHERE v.key = w.key)))
+    ),
+    fits AS (
+        SELECT EXISTS (SELECT 1 FROM q) AND (SELECT n FROM held) + (SELECT count(*) FROM fresh) <= %(limit)s AS ok
+    ),
+    ins AS (
+        INSERT INTO schedtui_jobs (id, queue, status, payload, key, cron, max_attempts, run_after, created_at)
+        SELECT f.id, %(queue)s, 'queued', f.payload, f.key, f.cron, coalesce(f.attempts, (SELECT attempts FROM q)),
+            f.run_after, %(at)s
+        FROM fresh f WHERE (SELECT ok FROM fits)
+        ORDER BY f.n
+        ON CONFLICT DO NOTHING
+        RETURNING id
+    )
+    SELECT
+        coalesce(
+            (SELECT e.id FROM schedtui_jobs e WHERE e.id = w.id),
+            (SELECT f.id FROM fresh f WHERE f.id = w.id),
+            (SELECT f.id FROM fresh f WHERE f.key = w.key),
+            (SELECT h.id FROM schedtui_jobs h WHERE h.queue = %(queue)s AND h.key = w.key)),
+        w.key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM schedtui_jobs e WHERE e.id = w.id)
+            AND NOT EXISTS (SELECT 1 FROM fresh f WHERE f.id = w.id),
+        EXISTS (SELECT 1 FROM q), (SELECT ok FROM fits), (SELECT n FROM held), (SELECT count(*) FROM fresh),
+        (SELECT count(*) FROM ins)
+    FROM w
+    ORDER BY w.n
+"""
+#: A cycle's finishes, each applied only while its job is still running under its tries;
+#: answers the ids that applied. The attempt is recorded when it applied, or when the job
+#: is gone (a finish retried after a lost answer finds its own record: nothing changes).
+FINISH = """
+    WITH f AS (
+        SELECT * FROM json_to_recordset(%(finishes)s::json) AS f(
+            id text, queue text, tries int, kind text, attempt int, started_at timestamptz,
+            finished_at timestamptz, instance text, error_tag text, error_message text, retry_at timestamptz)
+    ),
+    target AS (
+        SELECT j.id, j.deleted FROM schedtui_jobs j JOIN f ON f.id = j.id
+        WHERE j.tries = f.tries AND j.status = 'running'
+        ORDER BY j.id
+        FOR UPDATE OF j
+    ),
+    removed AS (
+        DELETE FROM schedtui_jobs j USING target t, f
+        WHERE j.id = t.id AND f.id = t.id AND (f.kind = 'succeeded' OR t.deleted)
+    ),
+    changed AS (
+        UPDATE schedtui_jobs j SET
+            status = CASE WHEN f.kind = 'dead' THEN 'dead' ELSE 'queued' END,
+            seat = NULL,
+            token = NULL,
+            run_after = CASE WHEN f.kind = 'retry' THEN f.retry_at ELSE j.run_after END,
+            dead_at = CASE WHEN f.kind = 'dead' THEN f.finished_at END,
+            attempt = CASE WHEN f.kind = 'release' THEN j.attempt - 1 ELSE j.attempt END,
+            error_tag = CASE WHEN f.kind = 'release' THEN j.error_tag ELSE f.error_tag END,
+            error_message = CASE WHEN f.kind = 'release' THEN j.error_message ELSE f.error_message END
+        FROM target t, f
+        WHERE j.id = t.id AND f.id = t.id AND NOT (f.kind = 'succeeded' OR t.deleted)
+    ),
+    recorded AS (
+        INSERT INTO schedtui_job_attempts
+            (job_id, seq, queue, attempt, started_at, finished_at, status, error_tag, error_message, instance)
+        SELECT f.id, f.tries, f.queue, f.attempt, f.started_at, f.finished_at,
+            CASE WHEN f.kind = 'succeeded' THEN 'succeeded' ELSE 'failed' END, f.error_tag, f.error_message, f.instance
+        FROM f
+        WHERE f.kind <> 'release'
+            AND (f.id IN (SELECT id FROM target) OR NOT EXISTS (SELECT 1 FROM schedtui_jobs j WHERE j.id = f.id))
+        ON CONFLICT DO NOTHING
+    )
+    SELECT id FROM target
+"""
+#: The claim, for every queue asked for at once:
+#:
+#: * ``open``: the queues asked for that are not paused and hold no seat above their cap
+#:   (a lowered cap drains first);
+#: * ``seats``: per queue, up to ``n`` free seats, each one no other claim is taking now
+#:   (a transaction-scoped advisory try-lock per seat: evaluated lazily, in a per-instance
+#:   rotation of the seat numbers so that concurrent claimers start apart);
+#: * ``picked``: per queue, the oldest due jobs, as many as it got seats, ``FOR UPDATE SKIP
+#:   LOCKED``;
+#: * ``claimed``: each picked job running on its seat, its attempt and tries counted;
+#: * per queue asked for, the next due time among jobs not due yet (``next`` rows).
+CLAIM = f"""
+    WITH wanted AS (
+        SELECT w.queue, w.n FROM json_to_recordset(%(wanted)s::json) AS w(queue text, n int)
+    ),
+    open AS (
+        SELECT w.queue, w.n, q.concurrency FROM wanted w JOIN schedtui_queues q ON q.name = w.queue
+        WHERE NOT q.paused AND w.n > 0 AND NOT EXISTS (
+            SELECT 1 FROM schedtui_jobs r
+            WHERE r.queue = w.queue AND r.status = 'running' AND r.seat > q.concurrency)
+    ),
+    seats AS MATERIALIZED (
+        SELECT o.queue, s.seat, row_number() OVER (PARTITION BY o.queue ORDER BY s.ord) AS k
+        FROM open o CROSS JOIN LATERAL (
+            SELECT c.seat, c.ord FROM (
+                SELECT g.seat, mod(g.seat + %(spin)s, o.concurrency) AS ord
+                FROM generate_series(1, o.concurrency) AS g(seat)
+                WHERE NOT EXISTS (
+                    SELECT 1 FROM schedtui_jobs r
+                    WHERE r.queue = o.queue AND r.status = 'running' AND r.seat = g.seat)
+                ORDER BY 2 OFFSET 0
+            ) c
+            WHERE pg_try_advisory_xact_lock(hashtext('schedtui.jobs.seat:' || o.queue), c.seat)
+            LIMIT o.n
+        ) s
+    ),
+    picked AS (
+        SELECT p.id, p.queue, row_number() OVER (PARTITION BY p.queue ORDER BY p.run_after, p.id) AS k
+        FROM open o CROSS JOIN LATERAL (
+            SELECT j.id, j.queue, j.run_after FROM schedtui_jobs j
+            WHERE j.queue = o.queue AND j.status = 'queued' AND j.run_after <= %(now)s
+            ORDER BY j.run_after, j.id
+            LIMIT (SELECT count(*) FROM seats s WHERE s.queue = o.queue)
+            FOR UPDATE OF j SKIP LOCKED
+        ) p
+    ),
+    claimed AS (
+        UPDATE schedtui_jobs j SET status = 'running', seat = s.seat, attempt = j.attempt + 1, tries = j.tries + 1,
+            started_at = %(now)s, instance = %(instance)s, token = %(token)s
+        FROM picked p JOIN seats s ON s.queue = p.queue AND s.k = p.k
+        WHERE j.id = p.id AND j.status = 'queued'
+        RETURNING {", ".join(f"j.{c}" for c in CLAIMED_FIELDS)}
+    )
+    SELECT 'job', {", ".join(f"c.{c}" for c in CLAIMED_FIELDS)} FROM claimed c
+    UNION ALL
+    SELECT 'next', NULL, o.queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, (
+        SELECT min(j.run_after) FROM schedtui_jobs j
+        WHERE j.queue = o.queue AND j.status = 'queued' AND j.run_after > %(now)s)
+    FROM open o
+"""
+RUNNING = f"SELECT {', '.join(RUNNING_FIELDS)} FROM schedtui_jobs WHERE status = 'running'"
+CANCEL_BY_ID = "DELETE FROM schedtui_jobs WHERE queue = %s AND id = %s AND status = 'queued' AND NOT deleted"
+CANCEL_BY_KEY = "DELETE FROM schedtui_jobs WHERE queue = %s AND key = %s AND status = 'queued' AND NOT deleted"
+#: Delete in any state; a running job keeps its row (and seat) until its handler ends, but
+#: gives its key up and no longer shows. Answers whether there was one.
+DELETE_JOB = """
+    WITH target AS (
+        SELECT id, status FROM schedtui_jobs WHERE queue = %(queue)s AND id = %(id)s AND NOT deleted FOR UPDATE
+    ),
+    gone AS (DELETE FROM schedtui_jobs j USING target t WHERE j.id = t.id AND t.status <> 'running'),
+    hidden AS (
+        UPDATE schedtui_jobs j SET deleted = true, key = NULL FROM target t WHERE j.id = t.id AND t.status = 'running'
+    )
+    SELECT status FROM target
+"""
+RETRY_DEAD = f"""
+    WITH target AS (
+        SELECT id, status FROM schedtui_jobs WHERE queue = %(queue)s AND id = %(id)s AND NOT deleted FOR UPDATE
+    ),
+    retried AS (
+        UPDATE schedtui_jobs j SET status = 'queued', attempt = 0, run_after = %(at)s, dead_at = NULL,
+            error_tag = NULL, error_message = NULL
+        FROM target t WHERE j.id = t.id AND t.status = 'dead'
+        RETURNING {", ".join(f"j.{c}" for c in JOB_FIELDS)}
+    )
+    SELECT t.status, r.* FROM target t LEFT JOIN retried r ON true
+"""
+PAUSE = "UPDATE schedtui_queues SET paused = %s, changed_by = %s, changed_at = %s WHERE name = %s"
+QUEUE_VIEWS = """
+    SELECT q.name, q.concurrency, q.paused,
+        coalesce(c.queued, 0), coalesce(c.running, 0), coalesce(c.dead, 0),
+        (SELECT min(j.run_after) FROM schedtui_jobs j
+         WHERE j.queue = q.name AND j.status = 'queued' AND j.run_after <= %(now)s)
+    FROM schedtui_queues q
+    LEFT JOIN (
+        SELECT queue,
+            count(*) FILTER (WHERE status = 'queued' AND NOT deleted) AS queued,
+            count(*) FILTER (WHERE status = 'running') AS running,
+            count(*) FILTER (WHERE status = 'dead' AND NOT deleted) AS dead
+        FROM schedtui_jobs GROUP BY queue
+    ) c ON c.queue = q.name
+    ORDER BY q.name COLLATE "C"
+"""
+GET_JOB = f"SELECT {JOB_COLUMNS} FROM schedtui_jobs WHERE id = %s AND NOT deleted"
+ATTEMPTS = """
+    SELECT queue, attempt, started_at, finished_at, status, error_tag, error_message, instance
+    FROM schedtui_job_attempts WHERE job_id = %s ORDER BY seq
+"""
+PRUNE = """
+    WITH dead AS (
+        DELETE FROM schedtui_jobs WHERE status = 'dead'
+            AND ((cron IS NULL AND dead_at < %(dead)s) OR (cron IS NOT NULL AND dead_at < %(cron_dead)s))
+        RETURNING 1
+    ),
+    attempts AS (DELETE FROM schedtui_job_attempts WHERE finished_at < %(attempts)s RETURNING 1)
+    SELECT (SELECT count(*) FROM dead) + (SELECT count(*) FROM attempts)
+"""
+NOTIFY = f"SELECT pg_notify('{CHANNEL}', q) FROM unnest(%s::text[]) AS q"
+
+# ---------------------------------------------------------------------------------------
+
+#: How often a cycle is retried at once when it lost a seat to a concurrent claim.
+_SEAT_RETRIES = 5
+#: Sends of at most this many jobs share the queue's lock while the queue has this much
+#: room to spare; larger ones, and any near the limit, take it alone (see SEND_LOCK_SHARED).
+_SHARED_BATCH = 100
+_SHARED_ROOM = 2_000
+#: A send that met a concurrent send of one of its keys is made again, at most this often.
+_SEND_TRIES = 5
+
+
+def _utc(dt: datetime | None) -> datetime | None:
+    return None if dt is None else dt.astimezone(timezone.utc)
+
+
+def _iso(dt: datetime | None) -> str | None:
+    return None if dt is None else dt.isoformat()
+
+
+def _text(value: str | None) -> str | None:
+    """Text PostgreSQL accepts (no NUL, no lone surrogate), as the run ledger does it."""
+    if value is None or value.isascii() and "\x00" not in value:
+        return value
+    return value.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _finishes_json(finishes: Sequence[Finish]) -> str:
+    return json.dumps(
+        [
+            {
+                "id": f.id,
+                "queue": f.queue,
+                "tries": f.tries,
+                "kind": f.kind,
+                "attempt": f.attempt,
+                "started_at": _iso(f.started_at),
+                "finished_at": _iso(f.finished_at),
+                "instance": f.instance,
+                "error_tag": _text(f.error_tag),
+                "error_message": _text(f.error_message),
+                "retry_at": _iso(f.retry_at),
+            }
+            for f in sorted(finishes, key=lambda f: f.id)  # one lock order for every writer
+        ],
+        separators=(",", ":"),
+    )
+
+
+def _retryable(exc: psycopg.Error) -> bool:
+    """A claim that lost a seat to a claim committed after its snapshot, or (never expected)
+    a deadlock: the cycle is retried whole."""
+    return isinstance(exc, (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected))
+
+
+class PostgresJobs:
+    """The :class:`~backend.jobs.store.JobStore` of the PostgreSQL store."""
+
+    COMPONENT = Component("jobs", (SCHEMA_V1,))
+    job_notifications = True
+
+    _conninfo: str
+    _with_conn: Callable[..., Awaitable[Any]]
+    _fetchall: Callable[..., Awaitable[list[tuple[Any, ...]]]]
+    _fetchone: Callable[..., Awaitable[tuple[Any, ...] | None]]
+    _execute: Callable[..., Awaitable[int]]
+    commits: int
+
+    #: This process's rotation of seat numbers (see CLAIM).
+    _spin = random.randrange(1 << 16)
+
+    async def define_queues(self, queues: Sequence[QueueSpec], at: datetime, *, update: bool) -> None:
+        if not queues:
+            return
+        rows = json.dumps([
+            {"name": q.name, "concurrency": q.concurrency, "attempts": q.attempts, "max_runtime_s": q.max_runtime_s}
+            for q in queues
+        ])  # fmt: skip
+        await self._execute(DEFINE_QUEUES if update else ADD_QUEUES, {"queues": rows, "at": at})
+
+    async def send_jobs(self, queue: str, jobs: Sequence[NewJob], at: datetime) -> list[Sent]:
+        batch = json.dumps(
+            [
+                {"n": n, "id": j.id, "payload": j.payload, "key": j.key, "cron": j.cron, "attempts": j.attempts,
+                 "run_after": j.run_after.isoformat()}
+                for n, j in enumerate(jobs)
+            ],
+            separators=(",", ":"),
+        )  # fmt: skip
+
+        alone = len(jobs) > _SHARED_BATCH
+
+        async def send(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            # While sharing the lock, leave room for the others that share it now.
+            params = {"jobs": batch, "queue": queue, "at": at, "limit": MAX_HELD if alone else MAX_HELD - _SHARED_ROOM}
+            async with conn.pipeline():
+                async with conn.transaction():
+                    await conn.execute(SEND_LOCK_ALONE if alone else SEND_LOCK_SHARED, (queue,))
+                    cursor = await conn.execute(SEND, params)
+                return await cursor.fetchall()
+
+        for _ in range(_SEND_TRIES):
+            rows = await self._with_conn(send)
+            self.commits += 1
+            if not rows or not rows[0][2]:
+                raise NotFound(f'no queue named "{queue}"')
+            _, _, _, fits, held, adding, inserted = rows[0]
+            if not fits:
+                if not alone:
+                    alone = True  # near the limit: count again, alone
+                    continue
+                raise QueueFull(queue_full_message(queue, held, adding, MAX_HELD), count=held, reason="queue full")
+            if inserted == adding:
+                return [Sent(job_id, duplicate=bool(duplicate)) for job_id, duplicate, *_ in rows]
+            # A send beside this one took one of its keys first (or its ids: our own earlier
+            # attempt). Again: that job is visible now, and what was inserted is ours.
+        raise Unavailable(f'the send to "{queue}" kept meeting concurrent sends of its keys; send it again')
+
+    async def cycle_jobs(
+        self, finishes: Sequence[Finish], wanted: Mapping[str, int], instance: str, token: str, now: datetime
+    ) -> Cycle:
+        finish_params = {"finishes": _finishes_json(finishes)} if finishes else None
+        claim_params = (
+            {
+                "wanted": json.dumps([{"queue": q, "n": n} for q, n in wanted.items()]),
+                "now": now,
+                "instance": instance,
+                "token": token,
+                "spin": self._spin,
+            }
+            if wanted
+            else None
+        )
+
+        async def cycle(conn: AsyncConnection[Any]) -> tuple[set[str], list[tuple[Any, ...]]]:
+            # Pipelined: BEGIN, the finishes, the claim and COMMIT travel together.
+            async with conn.pipeline():
+                async with conn.transaction():
+                    done = await conn.execute(FINISH, finish_params) if finish_params else None
+                    taken = await conn.execute(CLAIM, claim_params) if claim_params else None
+                applied = {row[0] for row in await done.fetchall()} if done else set()
+                rows = await taken.fetchall() if taken else []
+            return applied, rows
+
+        for attempt in range(_SEAT_RETRIES + 1):
+            try:
+                applied, rows = await self._with_conn(cycle)
+                break
+            except psycopg.Error as exc:
+                if attempt == _SEAT_RETRIES or not _retryable(exc):
+                    raise
+        self.commits += 1
+        claimed = [claimed_from_row(row[1:], _utc) for row in rows if row[0] == "job"]
+        next_at = {row[2]: _utc(row[10]) for row in rows if row[0] == "next"}
+        return Cycle([f.id in applied for f in finishes], claimed, next_at)
+
+    async def finish_jobs(self, finishes: Sequence[Finish]) -> list[bool]:
+        if not finishes:
+            return []
+        rows = await self._fetchall(FINISH, {"finishes": _finishes_json(finishes)})
+        self.commits += 1
+        applied = {row[0] for row in rows}
+        return [f.id in applied for f in finishes]
+
+    async def running_jobs(self) -> list[RunningJob]:
+        return [running_from_row(row, _utc) for row in await self._fetchall(RUNNING)]
+
+    async def cancel_job(self, queue: str, *, id: str | None = None, key: str | None = None) -> bool:
+        sql, value = (CANCEL_BY_KEY, key) if id is None else (CANCEL_BY_ID, id)
+        return bool(await self._execute(sql, (queue, value)))
+
+    async def delete_job(self, queue: str, job_id: str) -> bool:
+        rows = await self._fetchall(DELETE_JOB, {"queue": queue, "id": job_id})
+        self.commits += 1
+        return bool(rows)
+
+    async def retry_job(self, queue: str, job_id: str, at: datetime) -> Job | None:
+        rows = await self._fetchall(RETRY_DEAD, {"queue": queue, "id": job_id, "at": at})
+        self.commits += 1
+        if not rows:
+            return None
+        status, *job = rows[0]
+        if status != "dead":
+            raise NotDead(
+                f'job {job_id} of "{queue}" is {status}, not dead: only a dead job can be retried', reason="not dead"
+            )
+        return job_from_row(job, _utc)
+
+    async def pause_queue(self, queue: str, paused: bool, by: str, at: datetime) -> bool:
+        return await self._execute(PAUSE, (paused, by, at, queue)) == 1
+
+    async def queue_views(self, now: datetime) -> list[QueueView]:
+        rows = await self._fetchall(QUEUE_VIEWS, {"now": now})
+        return [QueueView(r[0], r[1], bool(r[2]), r[3], r[4], r[5], _utc(r[6])) for r in rows]
+
+    async def list_jobs(
+        self, queue: str, *, status: JobStatus | None, limit: int, before: str | None
+    ) -> list[Job]:
+        sql = f"SELECT {JOB_COLUMNS} FROM schedtui_jobs WHERE queue = %s AND NOT deleted"
+        params: list[Any] = [queue]
+        if status is not None:
+            sql += " AND status = %s"
+            params.append(status)
+        if before is not None:
+            sql += " AND id < %s"
+            params.append(before)
+        sql += " ORDER BY id DESC LIMIT %s"
+        params.append(limit)
+        return [job_from_row(row, _utc) for row in await self._fetchall(sql, params)]
+
+    async def get_job(self, job_id: str) -> Job | None:
+        row = await self._fetchone(GET_JOB, (job_id,))
+        return job_from_row(row, _utc) if row else None
+
+    async def job_attempts(self, job_id: str) -> tuple[str | None, list[Attempt]]:
+        rows = await self._fetchall(ATTEMPTS, (job_id,))
+        return (rows[0][0] if rows else None), [attempt_from_row(row[1:], _utc) for row in rows]
+
+    async def prune_jobs(self, dead_before: datetime, cron_dead_before: datetime, attempts_before: datetime) -> int:
+        row = await self._fetchone(PRUNE, {"dead": dead_before, "cron_dead": cron_dead_before, "attempts": attempts_before})
+        self.commits += 1
+        return int(row[0]) if row else 0
+
+    async def notify_jobs(self, queues: Sequence[str]) -> None:
+        if queues:
+            await self._fetchall(NOTIFY, (list(queues),))

@@ -1,0 +1,196 @@
+"""The locks' SQL for the PostgreSQL store (a mixin of :class:`~backend.store.postgres.store.PostgresStore`).
+
+Acquire, renew and release are each one conditional statement, on the database's clock
+(``statement_timestamp()``) unless a test hands in an injected time. Tokens come from the
+sequence ``schedtui_lock_tokens``, drawn by the statement that takes the row: an
+``UPDATE`` draws it while holding the row's lock (a concurrent taker waits, re-checks the
+row and, having lost, draws nothing that counts), and the first ``INSERT`` of a name draws
+the first token it will ever have. Lock rows are never deleted, so a name's tokens only
+grow. A failed attempt on a held lock is a pure read: no row lock, no commit to flush.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from backend.locks.model import Lock, LockRelease, LocksSnapshot
+from backend.store.migrations import Component
+from backend.store.sqlite.locks import stale_reason
+
+__all__ = ["PostgresLocks"]
+
+T = TypeVar("T")
+
+LOCKS_V1 = """
+    CREATE SEQUENCE schedtui_lock_tokens;
+    CREATE TABLE schedtui_locks (
+        name        text PRIMARY KEY,
+        holder      text,
+        token       bigint NOT NULL,
+        acquired_at timestamptz NOT NULL,
+        renewed_at  timestamptz NOT NULL,
+        expires_at  timestamptz NOT NULL
+    );
+    CREATE TABLE schedtui_lock_fences (
+        resource  text PRIMARY KEY,
+        token     bigint NOT NULL,
+        fenced_at timestamptz NOT NULL
+    )
+"""
+LOCK_COLUMNS = "name, holder, token, acquired_at, renewed_at, expires_at"
+#: The lock clock: the injected time when one is given, else the database's.
+_NOW = "(SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now)"
+ACQUIRE = f"""
+    WITH t AS {_NOW},
+    taken AS (
+        UPDATE schedtui_locks l SET holder = %(holder)s, token = nextval('schedtui_lock_tokens'),
+            acquired_at = t.now, renewed_at = t.now, expires_at = t.now + %(ttl)s
+        FROM t WHERE l.name = %(name)s AND l.expires_at <= t.now
+        RETURNING l.token, l.acquired_at, l.expires_at
+    ),
+    added AS (
+        INSERT INTO schedtui_locks ({LOCK_COLUMNS})
+        SELECT %(name)s, %(holder)s, nextval('schedtui_lock_tokens'), t.now, t.now, t.now + %(ttl)s FROM t
+        WHERE NOT EXISTS (SELECT 1 FROM schedtui_locks WHERE name = %(name)s)
+        ON CONFLICT (name) DO NOTHING
+        RETURNING token, acquired_at, expires_at
+    )
+    SELECT * FROM taken UNION ALL SELECT * FROM added
+"""
+RENEW = f"""
+    UPDATE schedtui_locks l SET renewed_at = t.now, expires_at = t.now + %(ttl)s
+    FROM {_NOW} t
+    WHERE l.name = %(name)s AND l.token = %(token)s AND l.holder IS NOT NULL AND l.expires_at > t.now
+    RETURNING l.expires_at
+"""
+#: A holder's own release commits without waiting for the disk (``synchronous_commit``
+#: off for this one transaction): were it lost in a database crash, the lock would only
+#: stay taken until its lease expires, which is safe; and the next durable commit on the
+#: server flushes it anyway. Taking a lock, renewing it and a forced release stay durable.
+RELEASE = f"""
+    UPDATE schedtui_locks l SET holder = NULL, expires_at = least(l.expires_at, t.now)
+    FROM {_NOW} t, (SELECT set_config('synchronous_commit', 'off', true)) AS no_wait
+    WHERE l.name = %(name)s AND l.token = %(token)s AND l.holder IS NOT NULL
+"""
+LOCK_FOR_RELEASE = f"""
+    SELECT {LOCK_COLUMNS}, t.now FROM schedtui_locks, {_NOW} t WHERE name = %(name)s FOR UPDATE OF schedtui_locks
+"""
+FORCE_RELEASE = f"""
+    UPDATE schedtui_locks l SET holder = NULL, expires_at = least(l.expires_at, t.now)
+    FROM {_NOW} t WHERE l.name = %(name)s AND l.holder IS NOT NULL
+"""
+GET_LOCK = f"SELECT {LOCK_COLUMNS} FROM schedtui_locks WHERE name = %s"
+LIST_LOCKS = f"SELECT {LOCK_COLUMNS} FROM schedtui_locks ORDER BY name COLLATE \"C\""
+LOCK_CLOCK = f"SELECT now FROM {_NOW} t"
+#: In the caller's transaction: the lease must be the lock's current one, and no newer
+#: token may have been seen for the resource (an equal one is the same holder again). The
+#: fence row stays locked until the caller commits, so a newer holder's fence waits for
+#: it, and a fence waiting on a newer holder's row finds its token and refuses.
+FENCE = f"""
+    WITH t AS {_NOW}
+    INSERT INTO schedtui_lock_fences AS f (resource, token, fenced_at)
+    SELECT %(resource)s, %(token)s, t.now FROM t
+    WHERE EXISTS (
+        SELECT 1 FROM schedtui_locks l
+        WHERE l.name = %(name)s AND l.token = %(token)s AND l.holder IS NOT NULL AND l.expires_at > t.now
+    )
+    ON CONFLICT (resource) DO UPDATE SET token = excluded.token, fenced_at = excluded.fenced_at
+    WHERE f.token <= excluded.token
+    RETURNING f.token
+"""
+FENCE_WHY = """
+    SELECT (SELECT token FROM schedtui_lock_fences WHERE resource = %(resource)s),
+           (SELECT token FROM schedtui_locks WHERE name = %(name)s)
+"""
+
+
+def _utc(dt: datetime) -> datetime:
+    return dt.astimezone(timezone.utc)
+
+
+def _lock(row: Sequence[Any]) -> Lock:
+    return Lock(row[0], row[1], int(row[2]), _utc(row[3]), _utc(row[4]), _utc(row[5]))
+
+
+class PostgresLocks:
+    """Locks on PostgreSQL: see :class:`backend.locks.store.LockStore` for the contract."""
+
+    COMPONENT = Component("locks", (LOCKS_V1,))
+
+    if TYPE_CHECKING:
+        commits: int
+
+        async def _with_conn(self, fn: Callable[[Any], Awaitable[T]], *, wait: float = ...) -> T: ...
+
+        async def _fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    async def _one(self, sql: str, params: dict[str, Any], *, writes: bool = True) -> tuple[Any, ...] | None:
+        async def go(conn: Any) -> tuple[Any, ...] | None:
+            row: tuple[Any, ...] | None = await (await conn.execute(sql, params)).fetchone()
+            return row
+
+        row = await self._with_conn(go)
+        if writes:
+            self.commits += 1
+        return row
+
+    async def acquire_lock(self, name: str, holder: str, ttl: timedelta, now: datetime | None) -> Lock | None:
+        row = await self._one(ACQUIRE, {"name": name, "holder": holder, "ttl": ttl, "now": now})
+        if row is None:
+            return None
+        token, acquired_at, expires_at = row
+        return Lock(name, holder, int(token), _utc(acquired_at), _utc(acquired_at), _utc(expires_at))
+
+    async def renew_lock(self, name: str, token: int, ttl: timedelta, now: datetime | None) -> datetime | None:
+        row = await self._one(RENEW, {"name": name, "token": token, "ttl": ttl, "now": now})
+        return _utc(row[0]) if row else None
+
+    async def release_lock(self, name: str, token: int, now: datetime | None) -> bool:
+        async def go(conn: Any) -> bool:
+            return bool((await conn.execute(RELEASE, {"name": name, "token": token, "now": now})).rowcount == 1)
+
+        released = await self._with_conn(go)
+        self.commits += 1
+        return released
+
+    async def force_release_lock(self, name: str, now: datetime | None) -> LockRelease | None:
+        async def go(conn: Any) -> LockRelease | None:
+            async with conn.transaction():
+                row = await (await conn.execute(LOCK_FOR_RELEASE, {"name": name, "now": now})).fetchone()
+                if row is None:
+                    return None
+                await conn.execute(FORCE_RELEASE, {"name": name, "now": row[6]})
+                return LockRelease(_lock(row), _utc(row[6]))
+
+        lock = await self._with_conn(go)
+        self.commits += 1
+        return lock
+
+    async def get_lock(self, name: str) -> Lock | None:
+        rows = await self._fetchall(GET_LOCK, (name,))
+        return _lock(rows[0]) if rows else None
+
+    async def list_locks(self, now: datetime | None) -> LocksSnapshot:
+        async def go(conn: Any) -> LocksSnapshot:
+            async with conn.transaction():  # one snapshot: the rows and the clock together
+                rows = await (await conn.execute(LIST_LOCKS)).fetchall()
+                clock = await (await conn.execute(LOCK_CLOCK, {"now": now})).fetchone()
+            return LocksSnapshot(_utc(clock[0]), [_lock(row) for row in rows])
+
+        return await self._with_conn(go)
+
+    async def fence_on(self, conn: Any, resource: str, name: str, token: int, now: datetime | None) -> str | None:
+        params = {"resource": resource, "name": name, "token": token, "now": now}
+        if await (await conn.execute(FENCE, params)).fetchone() is not None:
+            return None
+        seen, current = await (await conn.execute(FENCE_WHY, params)).fetchone()
+        return stale_reason(token, seen, current)
+
+    def fence_on_sync(self, conn: Any, resource: str, name: str, token: int, now: datetime | None) -> str | None:
+        params = {"resource": resource, "name": name, "token": token, "now": now}
+        if conn.execute(FENCE, params).fetchone() is not None:
+            return None
+        seen, current = conn.execute(FENCE_WHY, params).fetchone()
+        return stale_reason(token, seen, current)

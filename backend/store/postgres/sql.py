@@ -1,0 +1,425 @@
+"""What the fleet store says to PostgreSQL about runs, states, instances, claims and
+backfills: its schema, every statement, and the conversions between rows and the model
+(the other systems' statements are in their own modules: ``postgres_jobs``, ...)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from backend.model import BackfillProgress, Claim, Run
+from backend.store.rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
+
+
+#: Advisory lock taken (transaction-scoped) around schema creation and migration, so N
+#: instances starting at once migrate one after the other. Two-key form: (class, object).
+LOCK_CLASS = 0x5C4ED  # "schedtui"
+LOCK_MIGRATE = 1
+#: Taken around a member's heartbeat: two members of different coordination modes that
+#: beat at once see each other, and the second waits (see HEARTBEAT).
+LOCK_FLEET = 2
+
+MIGRATE_LOCK = "SELECT pg_advisory_xact_lock(%s, %s)"
+CREATE_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schedtui_schema_version (version integer NOT NULL)"
+GET_VERSION = "SELECT version FROM schedtui_schema_version"
+INSERT_VERSION = "INSERT INTO schedtui_schema_version (version) VALUES (%s)"
+UPDATE_VERSION = "UPDATE schedtui_schema_version SET version = %s"
+
+#: Each entry moves the schema up one version; applied in order under MIGRATE_LOCK.
+#: Run ids sort by creation time as bytes, hence COLLATE "C" (whatever the database's locale).
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE schedtui_runs (
+        id            text COLLATE "C" PRIMARY KEY,
+        name          text NOT NULL,
+        scheduled_at  timestamptz NOT NULL,
+        fired_at      timestamptz,
+        finished_at   timestamptz,
+        status        text NOT NULL,
+        trigger       text NOT NULL,
+        outcome       text NOT NULL,
+        instance      text NOT NULL,
+        error_tag     text,
+        error_message text
+    );
+    CREATE INDEX schedtui_runs_by_name ON schedtui_runs (name, id);
+    CREATE INDEX schedtui_runs_by_slot ON schedtui_runs (name, scheduled_at) WHERE trigger <> 'manual';
+    CREATE INDEX schedtui_runs_running ON schedtui_runs (name) WHERE status = 'running';
+    CREATE TABLE schedtui_schedule_state (
+        name       text PRIMARY KEY,
+        enabled    boolean NOT NULL,
+        changed_by text NOT NULL,
+        changed_at timestamptz NOT NULL,
+        note       text
+    );
+    CREATE TABLE schedtui_instances (
+        instance     text PRIMARY KEY,
+        host         text NOT NULL,
+        pid          integer NOT NULL,
+        heartbeat_at timestamptz NOT NULL
+    );
+    CREATE TABLE schedtui_backfills (
+        id           text COLLATE "C" PRIMARY KEY,
+        name         text NOT NULL,
+        range_start  timestamptz NOT NULL,
+        range_end    timestamptz NOT NULL,
+        total        integer NOT NULL,
+        fired        integer NOT NULL,
+        failed       integer NOT NULL,
+        state        text NOT NULL,
+        instance     text NOT NULL,
+        started_at   timestamptz NOT NULL,
+        finished_at  timestamptz,
+        current_slot timestamptz
+    );
+    CREATE UNIQUE INDEX schedtui_backfills_one_running ON schedtui_backfills (name) WHERE state = 'running';
+    CREATE TABLE schedtui_claims (
+        key        text COLLATE "C" PRIMARY KEY,
+        name       text NOT NULL,
+        instance   text NOT NULL,
+        claimed_at timestamptz NOT NULL,
+        run_id     text NOT NULL
+    );
+    CREATE INDEX schedtui_claims_by_name ON schedtui_claims (name, claimed_at);
+    """,
+    """
+    ALTER TABLE schedtui_instances ADD COLUMN last_fired_at timestamptz;
+    """,
+    """
+    ALTER TABLE schedtui_instances ADD COLUMN starting_at timestamptz;
+    """,
+    # Runs are read in scheduled order (a backfill's old slots land among their peers).
+    """
+    DROP INDEX schedtui_runs_by_name;
+    CREATE INDEX schedtui_runs_by_name_slot ON schedtui_runs (name, scheduled_at, id);
+    """,
+    """
+    ALTER TABLE schedtui_runs ADD COLUMN traceback text;
+    """,
+    # What each instance is to the fleet (firing, waiting, observer) and its mode.
+    """
+    ALTER TABLE schedtui_instances ADD COLUMN role text;
+    ALTER TABLE schedtui_instances ADD COLUMN coordination text;
+    """,
+)
+
+RUN_COLUMNS = ", ".join(RUN_FIELDS)
+RUN_WRITE_COLUMNS = ", ".join(RUN_WRITE_FIELDS)
+_KEEP_CLOSED = ",\n        ".join(
+    f"{c} = CASE WHEN schedtui_runs.status = 'running' THEN excluded.{c} ELSE schedtui_runs.{c} END"
+    for c in RUN_WRITE_FIELDS[1:]
+    if c != "error_message"
+)
+#: What a finished run's row gains when another version of it arrives late (an instance
+#: frozen past the abandon window, whose run was closed meanwhile): one sentence appended
+#: to its error message. The row itself stays as it was closed.
+LATE_NOTE = """
+    'late result from instance ' || excluded.instance
+    || coalesce(' at ' || to_char(excluded.finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), '')
+    || ': ' || excluded.status
+    || coalesce(' [' || excluded.error_tag || ']', '')
+    || coalesce(' ' || left(excluded.error_message, 200), '')
+"""
+#: One statement for a whole group commit. The batch travels as one JSON document (one
+#: parameter: cheap to build in Python, where a parameter per column would be adapted
+#: element by element on the event loop). A row is replaced while it is ``running``; once
+#: closed it stays closed: a later, different outcome only adds LATE_NOTE (once), and a
+#: late ``running`` version or the same finished version again changes nothing.
+UPSERT_RUNS = f"""
+    INSERT INTO schedtui_runs ({RUN_WRITE_COLUMNS})
+    SELECT {RUN_WRITE_COLUMNS} FROM json_to_recordset(%s::json) AS r(
+        id text, name text, scheduled_at timestamptz, fired_at timestamptz, finished_at timestamptz,
+        status text, trigger text, outcome text, instance text, error_tag text, error_message text,
+        traceback text)
+    ON CONFLICT (id) DO UPDATE SET
+        {_KEEP_CLOSED},
+        error_message = CASE WHEN schedtui_runs.status = 'running' THEN excluded.error_message
+            ELSE coalesce(schedtui_runs.error_message || '; ', '') || {LATE_NOTE} END
+    WHERE schedtui_runs.status = 'running' OR (
+        excluded.status <> 'running'
+        AND NOT (excluded.status = schedtui_runs.status
+                 AND excluded.error_tag IS NOT DISTINCT FROM schedtui_runs.error_tag
+                 AND excluded.finished_at IS NOT DISTINCT FROM schedtui_runs.finished_at)
+        AND strpos(coalesce(schedtui_runs.error_message, ''), {LATE_NOTE}) = 0
+    )
+"""
+CLOSE_RUNS = """
+    UPDATE schedtui_runs r
+    SET status = c.status, finished_at = c.finished_at, error_tag = c.error_tag, error_message = c.error_message
+    FROM json_to_recordset(%s::json) AS c(id text, status text, finished_at timestamptz, error_tag text, error_message text)
+    WHERE r.id = c.id AND r.status = 'running'
+    RETURNING r.id
+"""
+GET_RUN = f"SELECT {RUN_WRITE_COLUMNS} FROM schedtui_runs WHERE id = %s"
+LIST_RUNS = (
+    f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = %s ORDER BY scheduled_at DESC, id DESC LIMIT %s"
+)
+#: Keyset on (scheduled_at, id) from the cursor run's pair; LATERAL, so that the row
+#: comparison is an index condition of the inner scan.
+LIST_RUNS_BEFORE = f"""
+    SELECT r.* FROM (SELECT scheduled_at, id FROM schedtui_runs WHERE id = %(before)s) AS c
+    CROSS JOIN LATERAL (
+        SELECT {RUN_COLUMNS} FROM schedtui_runs
+        WHERE name = %(name)s AND (scheduled_at, id) < (c.scheduled_at, c.id)
+        ORDER BY scheduled_at DESC, id DESC LIMIT %(limit)s
+    ) AS r
+"""
+#: The newest self/external slot's run per name, or with LATEST_RUNS the newest of any trigger.
+LAST_RUNS = f"""
+    SELECT r.* FROM unnest(%s::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = n.name AND trigger <> 'manual'
+        ORDER BY scheduled_at DESC, id DESC LIMIT 1
+    ) AS r
+"""
+LATEST_RUNS = f"""
+    SELECT r.* FROM unnest(%s::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE name = n.name ORDER BY scheduled_at DESC, id DESC LIMIT 1
+    ) AS r
+"""
+RUNS_BETWEEN = f"""
+    SELECT r.* FROM unnest(%(names)s::text[]) AS n(name)
+    CROSS JOIN LATERAL (
+        SELECT {RUN_COLUMNS} FROM schedtui_runs
+        WHERE name = n.name AND scheduled_at >= %(start)s AND scheduled_at < %(end)s
+        ORDER BY scheduled_at DESC, id DESC LIMIT %(limit)s
+    ) AS r
+"""
+# A correlated max() per name: one backward index probe each (schedtui_runs_by_name_slot).
+LAST_SLOTS = """
+    SELECT n.name, (SELECT max(r.scheduled_at) FROM schedtui_runs r WHERE r.name = n.name AND r.trigger <> 'manual')
+    FROM unnest(%s::text[]) AS n(name)
+"""
+RUNNING_RUNS = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE status = 'running'"
+PRUNE_RUNS = "DELETE FROM schedtui_runs WHERE id < %s AND status <> 'running'"
+GET_STATES = "SELECT name, enabled, changed_by, changed_at, note FROM schedtui_schedule_state"
+SET_STATE = """
+    INSERT INTO schedtui_schedule_state (name, enabled, changed_by, changed_at, note)
+    VALUES (%s, %s, %s, %s, %s)
+    ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, changed_by = excluded.changed_by,
+        changed_at = excluded.changed_at, note = excluded.note
+"""
+#: Register or refresh an instance, deciding its role in the same statement: a member that
+#: asks to fire waits instead while a live firing member of another mode beats (one fleet,
+#: one coordination). Members take FLEET_LOCK first, so two of different modes starting
+#: at once see each other. A NULL mode (an older version, a bare heartbeat) is not gated
+#: and does not gate.
+HEARTBEAT = """
+    INSERT INTO schedtui_instances (instance, host, pid, heartbeat_at, role, coordination)
+    VALUES (%(instance)s, %(host)s, %(pid)s, %(at)s,
+        CASE WHEN %(role)s::text = 'firing' AND EXISTS (
+            SELECT 1 FROM schedtui_instances o
+            WHERE o.instance <> %(instance)s AND o.role = 'firing'
+              AND o.coordination <> %(mode)s::text AND o.heartbeat_at > %(live_after)s::timestamptz)
+        THEN 'waiting' ELSE %(role)s::text END,
+        %(mode)s::text)
+    ON CONFLICT (instance) DO UPDATE SET host = excluded.host, pid = excluded.pid,
+        heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination
+    RETURNING role
+"""
+FLEET_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {LOCK_FLEET})"
+INSTANCES = "SELECT instance, host, pid, heartbeat_at FROM schedtui_instances"
+INSTANCE_LIST = (
+    "SELECT instance, host, pid, heartbeat_at, last_fired_at, role, coordination FROM schedtui_instances "
+    'ORDER BY instance COLLATE "C"'
+)
+#: Kept by the group commit, in its transaction: when this instance last started a run.
+NOTE_LAST_FIRED = """
+    UPDATE schedtui_instances SET last_fired_at = greatest(last_fired_at, %s) WHERE instance = %s
+"""
+FORGET_INSTANCE = "DELETE FROM schedtui_instances WHERE instance = %s"
+MARK_STARTING = "UPDATE schedtui_instances SET starting_at = %s WHERE instance = %s"
+STARTING_MARKS = "SELECT instance, starting_at FROM schedtui_instances WHERE starting_at IS NOT NULL"
+CLEAR_STARTING = "UPDATE schedtui_instances SET starting_at = NULL WHERE instance = %s AND starting_at = %s"
+SLOT_RECORDED = (
+    "SELECT 1 FROM schedtui_runs WHERE name = %s AND scheduled_at = %s AND trigger <> 'manual' LIMIT 1"
+)
+BACKFILL_COLUMNS = ", ".join(BACKFILL_FIELDS)
+INSERT_BACKFILL = (
+    f"INSERT INTO schedtui_backfills ({BACKFILL_COLUMNS}) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+UPDATE_BACKFILL = """
+    UPDATE schedtui_backfills SET fired = %s, failed = %s, state = %s, finished_at = %s, current_slot = %s
+    WHERE id = %s
+"""
+GET_BACKFILL = f"SELECT {BACKFILL_COLUMNS} FROM schedtui_backfills WHERE id = %s"
+RUNNING_BACKFILLS = f"SELECT {BACKFILL_COLUMNS} FROM schedtui_backfills WHERE state = 'running'"
+PRUNE_BACKFILLS = "DELETE FROM schedtui_backfills WHERE state <> 'running' AND started_at < %s"
+BACKFILL_PKEY = "schedtui_backfills_pkey"
+
+#: The whole claim of a batch, in one statement (one round trip, one transaction):
+#:
+#: * ``inserted``: the claims, in key order (so concurrent claimers wait on each other's
+#:   keys in one global order and cannot deadlock), skipping slots the ledger already holds
+#:   a claimed run of (its claim may be pruned by now), and keys someone else holds (the
+#:   primary key decides).
+#: * ``mine``: keys not inserted but claimed with the run id we propose, i.e. our own
+#:   earlier attempt whose reply was lost; they count as won.
+#: * ``placeholders``: each winner's run row, ``running`` without ``fired_at``, committed
+#:   with its claim, so the slot is visibly in flight before its handler starts.
+#: * ``doomed``/``pruned``: the winners' schedules' claims older than ``prune_before``. Rows
+#:   another claimer is deleting right now are skipped, never waited for.
+#:
+#: Lookups are written as correlated subqueries and LATERAL joins so that each is an
+#: index probe whatever the planner thinks of the tables' sizes: the cost of a claim grows
+#: with the batch, never with the ledger or the claims table.
+#: * the final SELECT: the keys won, and per schedule of the slots won one run in flight
+#:   on another instance (started, or placed for an earlier slot than ours), if any.
+CLAIM = """
+    WITH wanted AS (
+        SELECT * FROM json_to_recordset(%(claims)s::json) AS w(
+            key text, name text, run_id text, slot timestamptz, trigger text, outcome text,
+            prune_before timestamptz)
+    ),
+    inserted AS (
+        INSERT INTO schedtui_claims (key, name, instance, claimed_at, run_id)
+        SELECT w.key, w.name, %(instance)s, %(at)s, w.run_id FROM wanted w
+        WHERE (
+            SELECT 1 FROM schedtui_runs r
+            WHERE r.name = w.name AND r.scheduled_at = w.slot AND r.trigger <> 'manual'
+                AND r.outcome IN ('wonLock', 'external')
+            LIMIT 1
+        ) IS NULL
+        ORDER BY w.key
+        ON CONFLICT (key) DO NOTHING
+        RETURNING key
+    ),
+    mine AS (
+        SELECT w.key FROM wanted w
+        WHERE NOT EXISTS (SELECT 1 FROM inserted i WHERE i.key = w.key)
+            AND w.run_id = (SELECT c.run_id FROM schedtui_claims c WHERE c.key = w.key)
+    ),
+    placeholders AS (
+        INSERT INTO schedtui_runs (id, name, scheduled_at, status, trigger, outcome, instance)
+        SELECT w.run_id, w.name, w.slot, 'running', w.trigger, w.outcome, %(instance)s
+        FROM wanted w JOIN inserted i ON i.key = w.key
+        WHERE w.slot IS NOT NULL
+        ON CONFLICT (id) DO NOTHING
+    ),
+    doomed AS (
+        SELECT d.ctid FROM (
+            SELECT w.name, max(w.prune_before) AS before
+            FROM wanted w JOIN inserted i ON i.key = w.key
+            WHERE w.prune_before IS NOT NULL
+            GROUP BY w.name
+        ) h
+        CROSS JOIN LATERAL (
+            SELECT c.ctid FROM schedtui_claims c
+            WHERE c.name = h.name AND c.claimed_at < h.before
+            FOR UPDATE SKIP LOCKED
+        ) d
+    ),
+    pruned AS (
+        DELETE FROM schedtui_claims WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
+    )
+    SELECT 'won', key FROM inserted
+    UNION ALL
+    SELECT 'won', key FROM mine
+    UNION ALL
+    SELECT 'busy:' || f.name, b.id
+    FROM (
+        SELECT w.name, min(w.slot) AS first FROM wanted w
+        WHERE w.key IN (SELECT key FROM inserted UNION ALL SELECT key FROM mine)
+        GROUP BY w.name
+    ) f
+    CROSS JOIN LATERAL (
+        SELECT r.id FROM schedtui_runs r
+        WHERE r.name = f.name AND r.status = 'running' AND r.instance <> %(instance)s
+            AND (r.fired_at IS NOT NULL OR r.scheduled_at < f.first)
+        ORDER BY r.id LIMIT 1
+    ) b
+"""
+CLAIMED_RUN = "SELECT run_id FROM schedtui_claims WHERE key = %s"
+PRUNE_OWN_CLAIMS = "DELETE FROM schedtui_claims WHERE name = %s AND claimed_at < %s"
+#: Hourly, over a table the winners keep small: no index on claimed_at to maintain on
+#: every claim for it.
+SWEEP_CLAIMS = "DELETE FROM schedtui_claims WHERE claimed_at < %s"
+COUNT_CLAIMS = "SELECT count(*) FROM schedtui_claims"
+
+#: Per-connection settings: a statement that runs away (a lock never released, a server
+#: stuck) is stopped rather than left to hold a pool connection forever.
+CONFIGURE = "SET statement_timeout = '30s'; SET idle_in_transaction_session_timeout = '60s'"
+
+# ---------------------------------------------------------------------------------------
+
+def _utc(dt: datetime | None) -> datetime | None:
+    return None if dt is None else dt.astimezone(timezone.utc)
+
+
+def _run(row: Sequence[Any]) -> Run:
+    return run_from_row(row, _utc)
+
+
+def _backfill(row: Sequence[Any]) -> BackfillProgress:
+    return backfill_from_row(row, _utc)
+
+
+class _Iso:
+    """ISO 8601 text of datetimes for JSON payloads, memoised: a batch repeats a few slots."""
+
+    def __init__(self) -> None:
+        self.seen: dict[datetime, str] = {}
+
+    def __call__(self, dt: datetime | None) -> str | None:
+        if dt is None:
+            return None
+        text = self.seen.get(dt)
+        if text is None:
+            text = self.seen[dt] = dt.isoformat()
+        return text
+
+
+def _text(value: str | None) -> str | None:
+    """Text PostgreSQL accepts: no NUL character, no lone surrogate (a handler's message may
+    carry either)."""
+    if value is None or value.isascii() and "\x00" not in value:
+        return value
+    return value.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _runs_json(runs: Sequence[Run]) -> str:
+    """The batch as the JSON document UPSERT_RUNS reads."""
+    iso = _Iso()
+    return json.dumps(
+        [
+            {
+                "id": r.id,
+                "name": r.name,
+                "scheduled_at": iso(r.scheduled_at),
+                "fired_at": iso(r.fired_at),
+                "finished_at": iso(r.finished_at),
+                "status": r.status,
+                "trigger": r.trigger,
+                "outcome": r.coordination_outcome,
+                "instance": r.instance,
+                "traceback": _text(r.traceback),
+                "error_tag": _text(r.error_tag),
+                "error_message": _text(r.error_message),
+            }
+            for r in runs
+        ],
+        separators=(",", ":"),
+    )
+
+
+def _claims_json(claims: Sequence[Claim]) -> str:
+    iso = _Iso()
+    return json.dumps(
+        [
+            {
+                "key": c.key,
+                "name": c.name,
+                "run_id": c.run_id,
+                "slot": iso(c.scheduled_at),
+                "trigger": c.trigger,
+                "outcome": c.outcome,
+                "prune_before": iso(c.prune_before),
+            }
+            for c in claims
+        ],
+        separators=(",", ":"),
+    )

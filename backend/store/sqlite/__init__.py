@@ -1,0 +1,1 @@
+"""The SQLite store (embedded, one file): one module per system, the SQL in ``sql``."""

@@ -1,0 +1,161 @@
+"""The stored schedules' SQL for the SQLite store (a mixin of :class:`~backend.store.sqlite.store.SQLiteStore`).
+
+Every change bumps the one-row ``schedule_catalog`` counter in the same transaction, so an
+instance polling that counter (one tiny read) knows when to re-read the rows. Deleting a
+schedule deletes its enabled/disabled state too: a later schedule of the same name starts
+from its own definition.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from backend.safetext import escape_text, load_json
+from backend.scheduler.stored import StoredSchedule
+from backend.store.migrations import Component
+
+__all__ = ["SQLiteCatalog"]
+
+T = TypeVar("T")
+
+CATALOG_V1 = """
+    CREATE TABLE stored_schedules (
+        name        TEXT PRIMARY KEY,
+        cron        TEXT NOT NULL,
+        timezone    TEXT NOT NULL,
+        queue       TEXT,
+        durable     TEXT,
+        payload     TEXT NOT NULL,
+        description TEXT,
+        enabled     INTEGER NOT NULL,
+        on_overlap  TEXT NOT NULL,
+        backfill    TEXT NOT NULL,
+        max_runtime REAL NOT NULL,
+        created_at  INTEGER NOT NULL,
+        created_by  TEXT NOT NULL,
+        updated_at  INTEGER NOT NULL,
+        updated_by  TEXT NOT NULL,
+        version     INTEGER NOT NULL
+    );
+    CREATE TABLE schedule_catalog (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL);
+    INSERT INTO schedule_catalog (id, version) VALUES (1, 0)
+"""
+COLUMNS = (
+    "name, cron, timezone, queue, durable, payload, description, enabled, on_overlap, backfill, "
+    "max_runtime, created_at, created_by, updated_at, updated_by, version"
+)
+CATALOG_VERSION = "SELECT version FROM schedule_catalog WHERE id = 1"
+BUMP = "UPDATE schedule_catalog SET version = version + 1 WHERE id = 1"
+LIST = f"SELECT {COLUMNS} FROM stored_schedules ORDER BY name"
+GET = f"SELECT {COLUMNS} FROM stored_schedules WHERE name = ?"
+INSERT = f"INSERT INTO stored_schedules ({COLUMNS}) VALUES ({', '.join('?' * 16)}) ON CONFLICT (name) DO NOTHING"
+UPDATE = """
+    UPDATE stored_schedules SET cron = ?, timezone = ?, queue = ?, durable = ?, payload = ?, description = ?,
+        enabled = ?, on_overlap = ?, backfill = ?, max_runtime = ?, updated_at = ?, updated_by = ?,
+        version = version + 1
+    WHERE name = ? AND version = ?
+"""
+DELETE = "DELETE FROM stored_schedules WHERE name = ?"
+DELETE_STATE = "DELETE FROM schedule_state WHERE name = ?"
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _us(dt: datetime) -> int:
+    return (dt - _EPOCH) // _MICROSECOND
+
+
+def _row(row: tuple[Any, ...]) -> StoredSchedule:
+    return StoredSchedule(
+        name=row[0],
+        cron=row[1],
+        timezone=row[2],
+        queue=row[3],
+        durable=row[4],
+        payload=load_json(row[5]),  # as every stored text: escaped where it is not text
+        description=None if row[6] is None else escape_text(row[6]),
+        enabled=bool(row[7]),
+        on_overlap=row[8],
+        backfill=row[9],
+        max_runtime=float(row[10]),
+        created_at=_EPOCH + _MICROSECOND * row[11],
+        created_by=row[12],
+        updated_at=_EPOCH + _MICROSECOND * row[13],
+        updated_by=row[14],
+        version=int(row[15]),
+    )
+
+
+def _definition(s: StoredSchedule) -> tuple[Any, ...]:
+    return (s.cron, s.timezone, s.queue, s.durable, json.dumps(s.payload), s.description, int(s.enabled),
+            s.on_overlap, s.backfill, s.max_runtime)
+
+
+class SQLiteCatalog:
+    """Stored schedules on SQLite: see :class:`backend.scheduler.catalog.CatalogStore` for the contract."""
+
+    COMPONENT = Component("catalog", (CATALOG_V1,))
+
+    if TYPE_CHECKING:
+
+        async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+        async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+    async def catalog_version(self) -> int:
+        row = await self._read(lambda c: c.execute(CATALOG_VERSION).fetchone())
+        return int(row[0]) if row else 0
+
+    async def stored_schedules(self) -> tuple[int, list[StoredSchedule]]:
+        def read(c: sqlite3.Connection) -> tuple[int, list[StoredSchedule]]:
+            # One read transaction: the version matches the rows.
+            c.execute("BEGIN")
+            try:
+                version = c.execute(CATALOG_VERSION).fetchone()
+                rows = c.execute(LIST).fetchall()
+            finally:
+                c.execute("COMMIT")
+            return (int(version[0]) if version else 0), [_row(r) for r in rows]
+
+        return await self._read(read)
+
+    async def create_stored_schedule(self, schedule: StoredSchedule) -> bool:
+        s = schedule
+        params = (s.name, *_definition(s), _us(s.created_at), s.created_by, _us(s.updated_at), s.updated_by, s.version)
+
+        def create(c: sqlite3.Connection) -> bool:
+            if c.execute(INSERT, params).rowcount != 1:
+                return False
+            c.execute(DELETE_STATE, (s.name,))  # a stale state of an older namesake
+            c.execute(BUMP)
+            return True
+
+        return await self._write(create)
+
+    async def update_stored_schedule(self, schedule: StoredSchedule, version: int) -> StoredSchedule | None:
+        s = schedule
+        params = (*_definition(s), _us(s.updated_at), s.updated_by, s.name, version)
+
+        def update(c: sqlite3.Connection) -> StoredSchedule | None:
+            if c.execute(UPDATE, params).rowcount != 1:
+                return None
+            c.execute(BUMP)
+            row = c.execute(GET, (s.name,)).fetchone()
+            return _row(row) if row else None
+
+        return await self._write(update)
+
+    async def delete_stored_schedule(self, name: str) -> bool:
+        def delete(c: sqlite3.Connection) -> bool:
+            if c.execute(DELETE, (name,)).rowcount != 1:
+                return False
+            c.execute(DELETE_STATE, (name,))
+            c.execute(BUMP)
+            return True
+
+        return await self._write(delete)

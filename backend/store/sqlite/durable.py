@@ -1,0 +1,443 @@
+"""Durable executions in the SQLite store: every SQL statement they need, and nothing else.
+
+A mixin of :class:`~backend.store.sqlite.store.SQLiteStore` (see
+:class:`backend.durable.store.DurableStore` for the contract). Each method is one
+transaction on the store's one writer thread (reads on its reader), so the runner's
+conditional writes need no more than the plain statements below: SQLite runs one writer
+at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from backend.durable.model import TAG_CANCELLED, Execution, ExecutionLog, ExecutionStatus
+from backend.durable.store import (
+    EXECUTION_FIELDS,
+    STEP_FIELDS,
+    CancelOutcome,
+    Claimed,
+    ExecutionRow,
+    Finish,
+    NewExecution,
+    Progress,
+    Renewal,
+    StepRecord,
+    Suspend,
+    Write,
+    execution_from_row,
+    signals_from_json,
+    step_from_row,
+    step_view,
+)
+from backend.store.migrations import Component
+from backend.store.sqlite.sql import _dt, _us
+
+T = TypeVar("T")
+
+__all__ = ["SQLiteDurable"]
+
+# ---------------------------------------------------------------------------------------
+# SQL
+# ---------------------------------------------------------------------------------------
+COMPONENT = Component(
+    "durable",
+    (
+        """
+        CREATE TABLE durable_executions (
+            id               TEXT PRIMARY KEY,
+            function         TEXT NOT NULL,
+            status           TEXT NOT NULL,
+            input            TEXT NOT NULL,
+            output           TEXT,
+            error_tag        TEXT,
+            error_message    TEXT,
+            failed_step      TEXT,
+            schedule         TEXT,
+            scheduled_at     INTEGER,
+            created_at       INTEGER NOT NULL,
+            updated_at       INTEGER NOT NULL,
+            finished_at      INTEGER,
+            waiting_for      TEXT,
+            wake_at          INTEGER,
+            awaits           TEXT,
+            signals          TEXT NOT NULL DEFAULT '{}',
+            instance         TEXT,
+            lease            INTEGER NOT NULL DEFAULT 0,
+            lease_until      INTEGER,
+            cancel_requested INTEGER NOT NULL DEFAULT 0,
+            step             TEXT
+        ) WITHOUT ROWID;
+        CREATE INDEX durable_executions_open ON durable_executions (function, status)
+            WHERE status IN ('queued', 'running', 'waiting');
+        CREATE INDEX durable_executions_by_function ON durable_executions (function, id);
+        CREATE INDEX durable_executions_by_status ON durable_executions (status, id);
+        CREATE INDEX durable_executions_finished ON durable_executions (finished_at) WHERE finished_at IS NOT NULL;
+        CREATE TABLE durable_steps (
+            execution_id  TEXT NOT NULL,
+            seq           INTEGER NOT NULL,
+            name          TEXT NOT NULL,
+            kind          TEXT NOT NULL,
+            status        TEXT NOT NULL,
+            attempt       INTEGER NOT NULL,
+            started_at    INTEGER,
+            finished_at   INTEGER,
+            wake_at       INTEGER,
+            output        TEXT,
+            error_tag     TEXT,
+            error_message TEXT,
+            at_most_once  INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (execution_id, seq)
+        ) WITHOUT ROWID;
+        CREATE TABLE durable_logs (
+            id           INTEGER PRIMARY KEY AUTOINCREMENT,
+            execution_id TEXT NOT NULL,
+            at           INTEGER NOT NULL,
+            message      TEXT NOT NULL
+        );
+        CREATE INDEX durable_logs_by_execution ON durable_logs (execution_id, id)
+        """,
+    ),
+)
+
+EXECUTION_COLUMNS = ", ".join(EXECUTION_FIELDS)
+STEP_COLUMNS = ", ".join(STEP_FIELDS)
+INSERT = """
+    INSERT INTO durable_executions (id, function, status, input, schedule, scheduled_at, created_at, updated_at)
+    VALUES (?, ?, 'queued', ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING
+"""
+RUNNABLE = """
+    SELECT id, status, instance FROM durable_executions
+    WHERE function IN (SELECT value FROM json_each(?)) AND status IN ('queued', 'running', 'waiting')
+        AND (status = 'queued' OR (status = 'waiting' AND wake_at <= ?) OR (status = 'running' AND lease_until <= ?))
+    ORDER BY id LIMIT ?
+"""
+CLAIM = """
+    UPDATE durable_executions SET status = 'running', instance = ?, lease = lease + 1, lease_until = ?,
+        waiting_for = NULL, wake_at = NULL, awaits = NULL, updated_at = ?
+    WHERE id = ?
+    RETURNING id, function, input, created_at, lease, cancel_requested, schedule, scheduled_at, signals
+"""
+STEPS_OF = f"SELECT {STEP_COLUMNS} FROM durable_steps WHERE execution_id = ? ORDER BY seq"
+#: The lease condition every write of the runner carries.
+HELD = "id = ? AND lease = ? AND status = 'running'"
+PROGRESS = f"UPDATE durable_executions SET lease_until = ?, step = coalesce(?, step) WHERE {HELD} RETURNING cancel_requested"
+#: A signal received by the wait's deadline makes the wait due at once (the replay takes
+#: such a signal, and only such a one); so does a cancellation asked for meanwhile (the next
+#: claim finishes it). Signal times are ISO 8601 in UTC to the microsecond: they compare as text.
+SUSPEND = f"""
+    UPDATE durable_executions SET status = ?, lease_until = NULL, step = coalesce(?, step), updated_at = ?,
+        waiting_for = ?, awaits = ?,
+        wake_at = CASE WHEN cancel_requested OR (? IS NOT NULL AND json_extract(signals, '$."' || ? || '".at') <= ?)
+                       THEN ? ELSE ? END
+    WHERE {HELD} RETURNING cancel_requested
+"""
+FINISH = f"""
+    UPDATE durable_executions SET status = ?, output = ?, error_tag = ?, error_message = ?, failed_step = ?,
+        finished_at = ?, updated_at = ?, lease_until = NULL, waiting_for = NULL, wake_at = NULL, awaits = NULL,
+        cancel_requested = 0, step = coalesce(?, step)
+    WHERE {HELD} RETURNING cancel_requested
+"""
+UPSERT_STEP = f"""
+    INSERT INTO durable_steps (execution_id, {STEP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (execution_id, seq) DO UPDATE SET name = excluded.name, kind = excluded.kind,
+        status = excluded.status, attempt = excluded.attempt, started_at = excluded.started_at,
+        finished_at = excluded.finished_at, wake_at = excluded.wake_at, output = excluded.output,
+        error_tag = excluded.error_tag, error_message = excluded.error_message, at_most_once = excluded.at_most_once
+"""
+INSERT_LOG = "INSERT INTO durable_logs (execution_id, at, message) VALUES (?, ?, ?)"
+RENEW = f"""
+    UPDATE durable_executions SET lease_until = ? WHERE {HELD} AND instance = ? RETURNING id, cancel_requested
+"""
+OWNERS = "SELECT DISTINCT instance FROM durable_executions WHERE status = 'running' AND lease_until > ?"
+EXPIRE = """
+    UPDATE durable_executions SET lease_until = ?
+    WHERE status = 'running' AND instance = ? AND lease_until > ? AND (? IS NULL OR updated_at < ?)
+"""
+STATE = "SELECT status, awaits, signals, lease_until FROM durable_executions WHERE id = ?"
+SIGNAL = """
+    UPDATE durable_executions SET signals = json_set(signals, '$."' || ? || '"', json_object('p', json(?), 'at', ?)),
+        wake_at = CASE WHEN status = 'waiting' AND awaits = ? THEN ? ELSE wake_at END
+    WHERE id = ?
+"""
+CANCEL_NOW = f"""
+    UPDATE durable_executions SET status = 'cancelled', finished_at = ?, updated_at = ?, error_tag = '{TAG_CANCELLED}',
+        error_message = ?, cancel_requested = 0, waiting_for = NULL, wake_at = NULL, awaits = NULL, lease_until = NULL
+    WHERE id = ?
+"""
+CANCEL_ASK = "UPDATE durable_executions SET cancel_requested = 1 WHERE id = ?"
+FAILED_STEP = "SELECT status, failed_step FROM durable_executions WHERE id = ?"
+REQUEUE = """
+    UPDATE durable_executions SET status = 'queued', output = NULL, error_tag = NULL, error_message = NULL,
+        failed_step = NULL, finished_at = NULL, updated_at = ?, cancel_requested = 0
+    WHERE id = ?
+"""
+# A retry forgets the failed step's checkpoint so that it runs again: never a succeeded one.
+FORGET_STEP = "DELETE FROM durable_steps WHERE execution_id = ? AND name = ? AND status <> 'succeeded'"
+GET = f"SELECT {EXECUTION_COLUMNS} FROM durable_executions WHERE id = ?"
+LOGS_OF = """
+    SELECT at, message FROM (
+        SELECT id, at, message FROM durable_logs WHERE execution_id = ? ORDER BY id DESC LIMIT ?
+    ) ORDER BY id
+"""
+STALE = """
+    SELECT function, count(*) FROM durable_executions
+    WHERE status IN ('queued', 'running', 'waiting') AND (
+        (status = 'queued' AND updated_at < ?) OR (status = 'waiting' AND wake_at < ?)
+        OR (status = 'running' AND lease_until < ?))
+    GROUP BY function ORDER BY function
+"""
+PRUNE = [
+    "DELETE FROM durable_steps WHERE execution_id IN (SELECT id FROM durable_executions WHERE finished_at < ?)",
+    "DELETE FROM durable_logs WHERE execution_id IN (SELECT id FROM durable_executions WHERE finished_at < ?)",
+    "DELETE FROM durable_executions WHERE finished_at < ?",
+]
+
+#: The newest log lines an execution's detail shows.
+LOG_LINES = 500
+FINISHED_SQL = ("succeeded", "failed", "cancelled")
+
+# ---------------------------------------------------------------------------------------
+
+
+def _list_sql(function: str | None, status: str | None, before: str | None) -> tuple[str, list[Any]]:
+    where, params = [], []
+    for column, value in (("function", function), ("status", status)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    if before is not None:
+        where.append("id < ?")
+        params.append(before)
+    clause = f"WHERE {' AND '.join(where)}" if where else ""
+    return f"SELECT {EXECUTION_COLUMNS} FROM durable_executions {clause} ORDER BY id DESC LIMIT ?", params
+
+
+class SQLiteDurable:
+    """The durable-execution tables and statements of the SQLite store."""
+
+    COMPONENT = COMPONENT
+
+    if TYPE_CHECKING:  # provided by SQLiteStore
+
+        async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+        async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+    async def durable_insert(self, execution: NewExecution) -> bool:
+        params = (
+            execution.id,
+            execution.function,
+            execution.input,
+            execution.schedule,
+            _us(execution.scheduled_at),
+            _us(execution.created_at),
+            _us(execution.created_at),
+        )
+        return await self._write(lambda c: c.execute(INSERT, params).rowcount == 1)
+
+    async def durable_claim(
+        self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int
+    ) -> list[Claimed]:
+        names, at, until = json.dumps(list(functions)), _us(now), _us(lease_until)
+
+        def claim(c: sqlite3.Connection) -> list[Claimed]:
+            claimed = []
+            for id_, was, was_instance in c.execute(RUNNABLE, (names, at, at, limit)).fetchall():
+                row = c.execute(CLAIM, (instance, until, at, id_)).fetchone()
+                signals = signals_from_json(json.loads(row[8]))
+                steps = [step_from_row(r, _dt) for r in c.execute(STEPS_OF, (id_,)).fetchall()]
+                execution = ExecutionRow(
+                    id=row[0],
+                    function=row[1],
+                    input=row[2],
+                    created_at=_dt(row[3]),  # type: ignore[arg-type]
+                    lease=int(row[4]),
+                    cancel_requested=bool(row[5]),
+                    schedule=row[6],
+                    scheduled_at=_dt(row[7]),
+                    was=was,
+                    was_instance=was_instance,
+                )
+                claimed.append(Claimed(execution, steps, signals))
+            return claimed
+
+        return await self._write(claim)
+
+    async def durable_write(self, write: Write) -> bool | None:
+        now = _us(write.now)
+        then = write.then
+        held = (write.id, write.lease)
+        params: tuple[Any, ...]
+        if isinstance(then, Progress):
+            sql, params = PROGRESS, (_us(then.lease_until), then.step, *held)
+        elif isinstance(then, Suspend):
+            wake = _us(then.wake_at)
+            deadline = _iso(then.wake_at)
+            params = (then.status, then.step, now, then.waiting_for, then.signal, then.signal, then.signal, deadline, now, wake,
+                      *held)  # fmt: skip
+            sql = SUSPEND
+        else:
+            assert isinstance(then, Finish)
+            sql = FINISH
+            params = (
+                then.status, then.output, then.error_tag, then.error_message, then.failed_step, now, now, then.step, *held,
+            )  # fmt: skip
+        steps = [(write.id, *_step_params(step)) for step in write.steps]
+        logs = [(write.id, now, message) for message in write.logs]
+
+        def apply(c: sqlite3.Connection) -> bool | None:
+            row = c.execute(sql, params).fetchone()
+            if row is None:
+                return None
+            if steps:
+                c.executemany(UPSERT_STEP, steps)
+            if logs:
+                c.executemany(INSERT_LOG, logs)
+            return bool(row[0])
+
+        return await self._write(apply)
+
+    async def durable_renew(self, instance: str, leases: Sequence[tuple[str, int]], lease_until: datetime) -> Renewal:
+        until = _us(lease_until)
+
+        def renew(c: sqlite3.Connection) -> Renewal:
+            result = Renewal()
+            for id_, lease in leases:
+                row = c.execute(RENEW, (until, id_, lease, instance)).fetchone()
+                if row is None:
+                    result.lost.add(id_)
+                elif row[1]:
+                    result.cancel.add(id_)
+            return result
+
+        return await self._write(renew)
+
+    async def durable_owners(self, now: datetime) -> set[str]:
+        rows = await self._read(lambda c: c.execute(OWNERS, (_us(now),)).fetchall())
+        return {row[0] for row in rows}
+
+    async def durable_expire(self, instance: str, now: datetime, claimed_before: datetime | None = None) -> int:
+        before = _us(claimed_before)
+        params = (_us(now), instance, _us(now), before, before)
+        return await self._write(lambda c: int(c.execute(EXPIRE, params).rowcount))
+
+    async def durable_signal(self, id: str, name: str, payload: str, now: datetime) -> tuple[ExecutionStatus, bool] | None:
+        at = _us(now)
+
+        def signal(c: sqlite3.Connection) -> tuple[ExecutionStatus, bool] | None:
+            row = c.execute(STATE, (id,)).fetchone()
+            if row is None:
+                return None
+            status, _, signals, _ = row
+            if status in FINISHED_SQL:
+                return status, False
+            if name in json.loads(signals):
+                return status, True
+            c.execute(SIGNAL, (name, payload, _iso(now), name, at, id))
+            c.execute(INSERT_LOG, (id, at, f"signal {name} received"))
+            return status, False
+
+        return await self._write(signal)
+
+    async def durable_cancel(self, id: str, now: datetime, note: str) -> tuple[ExecutionStatus, CancelOutcome | None] | None:
+        at = _us(now)
+
+        def cancel(c: sqlite3.Connection) -> tuple[ExecutionStatus, CancelOutcome | None] | None:
+            row = c.execute(STATE, (id,)).fetchone()
+            if row is None:
+                return None
+            status, _, _, lease_until = row
+            if status in FINISHED_SQL:
+                return status, None
+            if status == "running" and lease_until is not None and lease_until > at:
+                c.execute(CANCEL_ASK, (id,))
+                c.execute(INSERT_LOG, (id, at, f"{note}: asked to stop at its next step"))
+                return status, "requested"
+            c.execute(CANCEL_NOW, (at, at, note, id))
+            c.execute(INSERT_LOG, (id, at, note))
+            return status, "cancelled"
+
+        return await self._write(cancel)
+
+    async def durable_retry(self, id: str, now: datetime, note: str) -> ExecutionStatus | None:
+        at = _us(now)
+
+        def retry(c: sqlite3.Connection) -> ExecutionStatus | None:
+            row = c.execute(FAILED_STEP, (id,)).fetchone()
+            if row is None:
+                return None
+            status, failed_step = row
+            if status != "failed":
+                return status  # type: ignore[no-any-return]
+            if failed_step is not None:
+                c.execute(FORGET_STEP, (id, failed_step))
+            c.execute(REQUEUE, (at, id))
+            c.execute(INSERT_LOG, (id, at, note))
+            return "failed"
+
+        return await self._write(retry)
+
+    async def durable_get(self, id: str) -> Execution | None:
+        def get(c: sqlite3.Connection) -> Execution | None:
+            row = c.execute(GET, (id,)).fetchone()
+            if row is None:
+                return None
+            steps = [step_view(step_from_row(r, _dt)) for r in c.execute(STEPS_OF, (id,)).fetchall()]
+            logs = [ExecutionLog(_dt(at), message) for at, message in c.execute(LOGS_OF, (id, LOG_LINES)).fetchall()]  # type: ignore[arg-type]
+            execution = execution_from_row(row, _dt)
+            return replace(execution, steps=steps, logs=logs)
+
+        return await self._read(get)
+
+    async def durable_list(
+        self, *, function: str | None, status: str | None, limit: int, before: str | None
+    ) -> list[Execution]:
+        sql, params = _list_sql(function, status, before)
+        rows = await self._read(lambda c: c.execute(sql, (*params, limit)).fetchall())
+        return [execution_from_row(row, _dt) for row in rows]
+
+    async def durable_stale(self, since: datetime, now: datetime) -> dict[str, int]:
+        at = _us(since)
+        rows = await self._read(lambda c: c.execute(STALE, (at, at, at)).fetchall())
+        return {row[0]: int(row[1]) for row in rows}
+
+    async def durable_prune(self, finished_before: datetime) -> int:
+        at = _us(finished_before)
+
+        def prune(c: sqlite3.Connection) -> int:
+            count = 0
+            for sql in PRUNE:
+                count = int(c.execute(sql, (at,)).rowcount)
+            return count
+
+        return await self._write(prune)
+
+
+def _step_params(step: StepRecord) -> tuple[Any, ...]:
+    return (
+        step.seq,
+        step.name,
+        step.kind,
+        step.status,
+        step.attempt,
+        _us(step.started_at),
+        _us(step.finished_at),
+        _us(step.wake_at),
+        step.output,
+        step.error_tag,
+        step.error_message,
+        int(step.at_most_once),
+    )
+
+
+def _iso(dt: datetime | None) -> str | None:
+    """A signal's time as its JSON keeps it: UTC, to the microsecond (so texts compare as times)."""
+    return None if dt is None else dt.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+

@@ -1,0 +1,889 @@
+"""The ``schedtui`` command: parses arguments and dispatches verbs; with no verb, the console.
+
+Exit codes: 0 success, 1 failure, 2 bad usage or input (one line on stderr naming the
+bad value), 3 a refused backfill (the count and the reason are printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from backend import (
+    BadInput,
+    DefinitionError,
+    Engine,
+    NotFound,
+    Refused,
+    SchedtuiError,
+    discover,
+    open_store,
+)
+from backend.definitions import Definitions, discover_definitions
+from backend.client.interface import Backend, EmbeddedBackend
+from backend.scheduler.manifests import PROVIDERS, render_manifests
+from backend.model import (
+    BACKFILL_MAX_LIMIT,
+    COORDINATION_MODES,
+    DEFAULT_DEFINITIONS_FOLDER,
+    DEFAULT_STORE_URL,
+    BackfillProgress,
+    Run,
+    ScheduleView,
+)
+from backend.events.audit import check_actor
+from backend.client.remote import RemoteBackend
+from backend.safetext import RedactingFormatter, redact_url, remember_secret
+from backend.api.server import serve
+from backend.timeparse import parse_when
+from backend.api.tokens import Tokens, parse_token
+
+from console import format as fmt
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
+
+DEMO_SCHEDULES = Path(__file__).parent / "demo_schedules"
+
+
+class UsageError(Exception):
+    """Bad usage caught by the argument parser."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but bad usage is one line on stderr and exit code 2, and options are
+    never abbreviated (``--to`` must not be read as the start of ``--token``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535)")
+    return value
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """An option that may stand before the verb as well as after it."""
+
+    flags: tuple[str, ...]
+    dest: str
+    help: str
+    metavar: str | None = None
+    flag: bool = False
+    repeat: bool = False
+
+
+# Any of these may come before the verb (`schedtui --read-only console`) or after it; one
+# given before a verb it does not apply to is refused, never silently dropped.
+SHARED = [
+    _Shared(("--schedules",), "schedules", "definitions folder, searched for *.cron.py, *.jobs.py and *.durable.py "
+            f"files (default ./{DEFAULT_DEFINITIONS_FOLDER}, or $SCHEDTUI_SCHEDULES)", "DIR"),
+    _Shared(("--store",), "store", f"sqlite:///PATH or postgresql://… (default {DEFAULT_STORE_URL}, or $SCHEDTUI_STORE); "
+            "a password in it is visible to other users in `ps`: prefer --store-file, or $PGPASSFILE", "URL"),
+    _Shared(("--store-file",), "store_file", "read the store URL from this file (its surrounding whitespace ignored)",
+            "PATH"),
+    _Shared(("--instance",), "instance", "name recorded on runs (default hostname:pid)", "NAME"),
+    _Shared(("--url",), "url", "act on a remote `schedtui serve` instead (or $SCHEDTUI_URL)", "URL"),
+    _Shared(("--token",), "token", "bearer token for --url (or $SCHEDTUI_TOKEN); visible to other users in `ps`: "
+            "prefer --token-file", "T", repeat=True),
+    _Shared(("--token-file",), "token_file", "read the token from this file (its surrounding whitespace ignored)",
+            "PATH"),
+    _Shared(("--as",), "actor", "who acts, in the audit log and on a disabled schedule (default: your OS user); "
+            "a server records the name of your token instead", "NAME"),
+    _Shared(("--read-only",), "read_only", "look, do not touch: actions are refused (by the backend too)", flag=True),
+    _Shared(("--fire",), "fire", "embedded console: also fire schedules on their timers (as `serve` does); without it "
+            "the console watches and acts, and `schedtui serve` does the firing", flag=True),
+]  # fmt: skip
+_SHARED_BY_DEST = {option.dest: option for option in SHARED}
+_DEFAULTS: dict[str, Callable[[], Any]] = {
+    "schedules": lambda: os.environ.get("SCHEDTUI_SCHEDULES") or DEFAULT_DEFINITIONS_FOLDER,
+    "store": lambda: os.environ.get("SCHEDTUI_STORE") or DEFAULT_STORE_URL,
+    "store_file": lambda: None,
+    "instance": lambda: None,
+    "url": lambda: os.environ.get("SCHEDTUI_URL") or None,
+    "token": lambda: None,  # resolved with its file and $SCHEDTUI_TOKEN by _resolve_token
+    "token_file": lambda: None,
+    "actor": lambda: None,  # the engine's default: the OS user
+    "read_only": lambda: False,
+    "fire": lambda: False,
+}
+_CONSOLE = [option.dest for option in SHARED]
+_VERB_OPTIONS = ["schedules", "store", "store_file", "instance", "url", "token", "token_file", "actor", "read_only"]
+
+
+def _add_shared(p: argparse.ArgumentParser, dests: Sequence[str], **helps: str) -> None:
+    for dest in dests:
+        option = _SHARED_BY_DEST[dest]
+        kwargs: dict[str, Any] = {"dest": dest, "help": helps.get(dest, option.help), "default": argparse.SUPPRESS}
+        if option.flag:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["metavar"] = option.metavar
+            if option.repeat:
+                kwargs["action"] = "append"
+        p.add_argument(*option.flags, **kwargs)
+
+
+SERVE_DESCRIPTION = (
+    "Run the engine: fire every schedule of the definitions folder on its timer, run the workers of its job "
+    "queues and, with --port, serve the HTTP API. serve refuses to start when any definitions file is bad (it names every one, exit code 2), and when "
+    "its port is taken (exit code 1), before anything fires."
+)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The parser, and each verb's own parser (to tell which shared options a verb takes)."""
+    parser = _Parser(prog="schedtui", description="Run and operate scheduled work.")
+    parser.add_argument("--version", action="version", version="schedtui 0.1.0")
+    _add_shared(parser, _CONSOLE)
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
+    by_verb: dict[str, argparse.ArgumentParser] = {}
+
+    def verb(name: str, help: str, shared: Sequence[str]) -> argparse.ArgumentParser:
+        sub = verbs.add_parser(name, help=help)
+        by_verb[name] = sub
+        _add_shared(sub, shared)
+        return sub
+
+    serve = verbs.add_parser(
+        "serve", help="run the engine: fire schedules on their timers, serve the API", description=SERVE_DESCRIPTION
+    )
+    by_verb["serve"] = serve
+    _add_shared(serve, ["schedules", "store", "store_file", "instance", "token", "token_file"],
+                token="operator token, NAME=SECRET (or a bare SECRET, named operator); several allowed; the name is "
+                "who acted, in the audit log (or $SCHEDTUI_TOKEN, one per line); visible to other users in `ps`: "
+                "prefer --token-file",
+                token_file="read operator tokens from this file, one per line")  # fmt: skip
+    serve.add_argument(
+        "--coordination", choices=["single", "advisoryLock", "cluster"],
+        help="how instances share the schedules (default: $SCHEDTUI_COORDINATION, else from the store: advisoryLock on "
+        "PostgreSQL, single on SQLite); cluster divides them among the live instances (PostgreSQL only)",
+    )
+    serve.add_argument("--retention-days", type=_positive_int, default=30, metavar="N", help="keep runs N days (30)")
+    serve.add_argument(
+        "--claims-ttl-hours", type=_positive_int, default=24, metavar="N",
+        help="sweep slot claims older than N hours (24); longer than any instance may lag behind",
+    )
+    serve.add_argument(
+        "--abandon-after", type=_positive_int, default=30, metavar="S",
+        help="take an instance's work over (close its runs as abandoned, retry its jobs) once it sent no heartbeat for "
+        "S seconds (30); an instance that cannot renew its own for two thirds of that stops its work",
+    )
+    # A test seam, not an operator option: pretend this machine's clock is off by MS.
+    serve.add_argument(
+        "--clock-offset-ms", type=int, metavar="MS", help=argparse.SUPPRESS,
+        default=os.environ.get("SCHEDTUI_CLOCK_OFFSET_MS") or None,  # argparse applies type=int to it
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="API address (127.0.0.1; others need a token)")
+    serve.add_argument("--port", type=_port, metavar="P", help="serve the HTTP API on this port (0: any free port)")
+    serve.add_argument(
+        "--read-token", metavar="T", default=argparse.SUPPRESS, action="append",
+        help="read-only token, NAME=SECRET (or a bare SECRET, named reader); several allowed (or "
+        "$SCHEDTUI_READ_TOKEN, one per line); visible to other users in `ps`: prefer --read-token-file",
+    )
+    serve.add_argument("--read-token-file", metavar="PATH", default=argparse.SUPPRESS,
+                       help="read read-only tokens from this file, one per line")  # fmt: skip
+    serve.add_argument(
+        "--allow-external-self", action="store_true",
+        help="let the external fire endpoint fire schedules that have their own timer too",
+    )
+
+    verb("console", "the operations console (also what `schedtui` alone starts)", _CONSOLE)
+
+    p = verb("demo", "the console on bundled demo schedules with a temporary store", [])
+    p.add_argument("--headless", action="store_true", help="no console: print every firing (Ctrl-C stops)")
+
+    p = verb("list", "list schedules", _VERB_OPTIONS)
+    p.add_argument("--json", action="store_true", help="a JSON array of schedules")
+
+    p = verb("runs", "show a schedule's runs, newest first", _VERB_OPTIONS)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="how many (20)")
+    p.add_argument("--before", metavar="RUN_ID", help="older than this run (the next page)")
+    p.add_argument("--json", action="store_true", help="a JSON array of runs")
+
+    p = verb("fire", "run a schedule now (in this process) and wait for it", _VERB_OPTIONS)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--json", action="store_true", help="print the run as JSON")
+
+    for name in ("enable", "disable"):
+        p = verb(name, f"{name} a schedule", _VERB_OPTIONS)
+        p.add_argument("name", metavar="NAME")
+        p.add_argument("--note", help="why (shown with the schedule)")
+        p.add_argument("--json", action="store_true", help="print the schedule as JSON")
+
+    p = verb("backfill", "fire the slots of a past range, in order", _VERB_OPTIONS)
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--from", dest="start", required=True, metavar="WHEN", help="ISO 8601, a date, now, or -2d/-6h")
+    p.add_argument("--to", dest="end", required=True, metavar="WHEN", help="ISO 8601, a date, now, or -2d/-6h")
+    p.add_argument("--yes", action="store_true", help="confirm a backfill of more than 25 slots")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help=f"most slots (1,000; at most {BACKFILL_MAX_LIMIT:,})")
+    p.add_argument("--json", action="store_true", help="print the plan and the result as JSON")
+
+    p = verb("manifest", "platform scheduler manifests for trigger=external schedules", ["schedules"])
+    p.add_argument("--provider", required=True, choices=PROVIDERS, help="where the clock lives")
+    p.add_argument("--base-url", required=True, metavar="URL", help="where the platform reaches `schedtui serve`")
+    p.add_argument("--out", metavar="DIR", help="write files here instead of printing them")
+
+    def group(
+        name: str,
+        help: str,
+        shared: Sequence[str] = (),
+        options: Callable[[argparse.ArgumentParser], None] | None = None,
+    ) -> Callable[[str, str, Sequence[str]], argparse.ArgumentParser]:
+        """A verb with sub-verbs (``schedtui jobs list``); returns the maker of its sub-verbs.
+        The group alone (``schedtui locks``) is a command too when its module handles it;
+        ``options`` adds the group's own options to it (``schedtui locks --json``)."""
+        sub = verb(name, help, shared)
+        if options is not None:
+            options(sub)
+        inner = sub.add_subparsers(dest="subverb", metavar="VERB", parser_class=_Parser)
+
+        def subverb(subname: str, help: str, shared: Sequence[str]) -> argparse.ArgumentParser:
+            p = inner.add_parser(subname, help=help)
+            by_verb[f"{name} {subname}"] = p
+            _add_shared(p, shared)
+            return p
+
+        return subverb
+
+    for module in verb_modules():
+        module.add_verbs(verb, group)
+    return parser, by_verb
+
+
+#: Modules adding verbs for one system each: ``add_verbs(verb, group)`` declares them and
+#: ``VERBS`` maps each command (``"jobs list"``) to its handler. Imported lazily, so that
+#: they may import this module's helpers.
+VERB_MODULES: list[str] = [
+    "console.cli.schedules", "console.cli.jobs", "console.cli.durable", "console.cli.locks", "console.cli.audit",
+]
+
+
+def verb_modules() -> list[Any]:
+    return [importlib.import_module(name) for name in VERB_MODULES]
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse, check shared options against the verb, fill defaults, resolve the tokens.
+    Raises :class:`UsageError` for bad usage (exit code 2)."""
+    parser, by_verb = build_parser()
+    args = parser.parse_args(_glue_offsets(argv))
+    if args.verb is None:
+        args.verb = "console"
+    args.command = f"{args.verb} {args.subverb}" if getattr(args, "subverb", None) else args.verb
+    if args.command not in _verbs():
+        raise UsageError(f"schedtui {args.verb}: say what to do (see `schedtui {args.verb} --help`)")
+    accepted = {action.dest for action in by_verb[args.command]._actions}
+    for option in SHARED:
+        if hasattr(args, option.dest) and option.dest not in accepted:
+            raise UsageError(f"schedtui: {option.flags[0]} does not apply to `schedtui {args.verb}`")
+    if "store" in accepted:
+        _resolve_store(args)
+    # Named on the command line or in the environment, rather than the default folder.
+    args.schedules_named = hasattr(args, "schedules") or bool(os.environ.get("SCHEDTUI_SCHEDULES"))
+    for dest in accepted & set(_DEFAULTS):
+        if not hasattr(args, dest):
+            setattr(args, dest, _DEFAULTS[dest]())
+    if args.verb == "serve":
+        args.token = _resolve_tokens(args, "token", "SCHEDTUI_TOKEN", several=True)
+        args.read_token = _resolve_tokens(args, "read_token", "SCHEDTUI_READ_TOKEN", several=True)
+        try:
+            Tokens.from_options(args.token, args.read_token)  # names and secrets distinct, names valid
+        except BadInput as exc:
+            raise UsageError(f"schedtui: {exc.message}") from None
+    elif "token" in accepted:
+        tokens = _resolve_tokens(args, "token", "SCHEDTUI_TOKEN", several=False)
+        try:
+            args.token = parse_token(tokens[0], "operate").secret if tokens else None  # NAME=SECRET sends SECRET
+        except BadInput as exc:
+            raise UsageError(f"schedtui: {exc.message}") from None
+    _resolve_actor(args)
+    return args
+
+
+def _resolve_tokens(args: argparse.Namespace, dest: str, env: str, *, several: bool) -> list[str]:
+    """Tokens from ``--X`` (repeatable; with a warning: ``ps`` shows it), ``--X-file`` or
+    ``$ENV``: for a server (``several``) one per line of the file or variable, for a client
+    the one token. Empty or blank tokens are refused: they would quietly mean "no token"."""
+    flag = "--" + dest.replace("_", "-")
+    given, path = getattr(args, dest, None), getattr(args, f"{dest}_file", None)
+    if given is not None and path is not None:
+        raise UsageError(f"schedtui: give {flag} or {flag}-file, not both")
+    if given is not None:
+        print(
+            f"schedtui: warning: {flag} on the command line can be read by every local user (ps); "
+            f"use {flag}-file PATH or ${env}",
+            file=sys.stderr,
+        )
+        texts, source = [str(t) for t in given], flag
+    elif path is not None:
+        try:
+            content = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise UsageError(f'schedtui: cannot read {flag}-file "{path}": {reason}') from None
+        texts, source = _token_lines(content), f'{flag}-file "{path}"'
+    else:
+        from_env = os.environ.get(env)
+        if not from_env:
+            return []
+        texts, source = _token_lines(from_env), f"${env}"
+    if len(texts) > 1 and not several:
+        raise UsageError(f"schedtui: {source} gives {len(texts)} tokens; a client sends one")
+    tokens = [text.strip() for text in texts]
+    if not tokens or not all(tokens):
+        raise UsageError(f"schedtui: the token from {source} is empty (or only whitespace)")
+    for token in tokens:
+        remember_secret(token)
+        try:
+            remember_secret(parse_token(token, "operate").secret)
+        except BadInput as exc:
+            raise UsageError(f"schedtui: {exc.message} (in {source})") from None
+    return tokens
+
+
+def _resolve_store(args: argparse.Namespace) -> None:
+    """The store URL from ``--store`` (warned about when it carries a password: ``ps``
+    shows it to every local user) or ``--store-file``; else the default fills it in."""
+    given, path = getattr(args, "store", None), getattr(args, "store_file", None)
+    if given is not None and path is not None:
+        raise UsageError("schedtui: give --store or --store-file, not both")
+    if given is not None:
+        if given.startswith(("postgresql:", "postgres:")) and redact_url(given) != given:  # (other schemes are refused)
+            print(
+                "schedtui: warning: the password in --store can be read by every local user (ps); use --store-file PATH "
+                "or $SCHEDTUI_STORE, or a URL without it and libpq's $PGPASSFILE (~/.pgpass) or $PGPASSWORD",
+                file=sys.stderr,
+            )
+    elif path is not None:
+        try:
+            url = Path(path).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise UsageError(f'schedtui: cannot read --store-file "{path}": {reason}') from None
+        if not url:
+            raise UsageError(f'schedtui: --store-file "{path}" holds no store URL')
+        args.store = url
+
+
+def _token_lines(text: str) -> list[str]:
+    """Tokens one per line, blank lines and ``#`` comments skipped."""
+    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")] or [""]
+
+
+def _resolve_actor(args: argparse.Namespace) -> None:
+    actor = getattr(args, "actor", None)
+    if actor is None:
+        return
+    if getattr(args, "url", None):
+        raise UsageError(
+            "schedtui: --as applies to a store acted on directly; a server records the name of your token "
+            "(see `schedtui serve --token NAME=SECRET`)"
+        )
+    try:
+        check_actor(actor, "--as")
+    except BadInput as exc:
+        raise UsageError(f"schedtui: {exc.message}") from None
+
+
+# -------------------------------------------------------------------------------------------
+# entry point
+# -------------------------------------------------------------------------------------------
+def _glue_offsets(argv: Sequence[str]) -> list[str]:
+    """``--from -3h``: argparse takes ``-3h`` for an option; hand it on as ``--from=-3h``."""
+    glued: list[str] = []
+    for arg in argv:
+        if glued and glued[-1] in ("--from", "--to") and re.match(r"-\d", arg):
+            glued[-1] = f"{glued[-1]}={arg}"
+        else:
+            glued.append(arg)
+    return glued
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    handler = _verbs()[args.command]
+    try:
+        return asyncio.run(handler(args))
+    except KeyboardInterrupt:
+        return 130
+    except (BadInput, NotFound, DefinitionError) as exc:
+        print(f"schedtui: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except Refused as exc:
+        print(f"schedtui: {exc.message}", file=sys.stderr)
+        return EXIT_REFUSED
+    except SchedtuiError as exc:
+        print(f"schedtui: {exc.message}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _engine(args: argparse.Namespace, *, create: bool = False, definitions_needed: bool = True, **kwargs: Any) -> Engine:
+    """The engine over ``--store``. Only ``serve`` creates a missing store (``create``); the
+    verbs that read or act, and the console, refuse it naming the path (exit 2). A verb
+    that uses no definition (``definitions_needed`` false: the job queue's, locks, audit)
+    does without the folder when none was named and the default one is absent; a folder
+    that was named must exist."""
+    definitions: Definitions | list[Any]
+    if not definitions_needed and not args.schedules_named and not Path(args.schedules).is_dir():
+        definitions = []
+    else:
+        definitions = discover_definitions(args.schedules)
+    if kwargs.get("coordination") is None:  # the app-wide setting, for serve and the verbs alike
+        kwargs["coordination"] = _coordination_setting()
+    kwargs.setdefault("actor", getattr(args, "actor", None))
+    return Engine(definitions, open_store(args.store, create=create), instance=args.instance, **kwargs)
+
+
+def _coordination_setting() -> str | None:
+    value = os.environ.get("SCHEDTUI_COORDINATION") or None
+    if value is not None and value not in COORDINATION_MODES:
+        raise BadInput(f'$SCHEDTUI_COORDINATION "{value}" is not one of {", ".join(COORDINATION_MODES)}')
+    return value
+
+
+async def _with_backend(
+    args: argparse.Namespace, body: Callable[[Backend], Coroutine[Any, Any, int]], *, definitions_needed: bool = True
+) -> int:
+    """Run ``body`` on the remote backend (``--url``) or an embedded one (see :func:`_engine`)."""
+    backend: Backend
+    if args.url:
+        backend = RemoteBackend(args.url, args.token, read_only=args.read_only)
+    else:
+        backend = EmbeddedBackend(_engine(args, definitions_needed=definitions_needed), read_only=args.read_only)
+    await backend.connect()
+    try:
+        return await body(backend)
+    finally:
+        await backend.close()
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+# -------------------------------------------------------------------------------------------
+# verbs
+# -------------------------------------------------------------------------------------------
+async def cmd_list(args: argparse.Namespace) -> int:
+    async def body(backend: Backend) -> int:
+        snapshot = await backend.list_schedules()
+        if args.json:
+            _print_json([s.to_json() for s in snapshot.schedules])
+            return EXIT_OK
+        print(schedules_table(snapshot.schedules, snapshot.now))
+        return EXIT_OK
+
+    return await _with_backend(args, body)
+
+
+def schedules_table(schedules: list[ScheduleView], now: datetime) -> str:
+    sharded = any(s.sharded for s in schedules)
+    rows = []
+    for s in schedules:
+        last = s.last_run
+        if not s.enabled:
+            state = "disabled" + (f" ({s.state_note.note})" if s.state_note and s.state_note.note else "")
+        else:
+            state = "enabled"
+        rows.append(
+            [
+                s.name,
+                s.cron,
+                s.timezone,
+                s.trigger,
+                state,
+                fmt.countdown(s.next_fire_at, now) if s.next_fire_at else "-",
+                f"{fmt.STATUS_GLYPHS[last.status]} {last.status} {fmt.ago(last.fired_at or last.scheduled_at, now)}"
+                if last
+                else "-",
+                *([s.owner or "-"] if sharded else []),
+            ]
+        )
+    owner = ["OWNER"] if sharded else []
+    return fmt.table(["NAME", "CRON", "TIMEZONE", "TRIGGER", "STATE", "NEXT FIRE", "LAST RUN", *owner], rows)
+
+
+def runs_table(runs: list[Run], zone: str) -> str:
+    rows = [
+        [
+            run.id,
+            fmt.local_time(run.scheduled_at, zone),
+            f"{fmt.STATUS_GLYPHS[run.status]} {run.status}",
+            run.trigger,
+            run.coordination_outcome,
+            run.instance,
+            fmt.duration(run.duration_ms),
+            " ".join(filter(None, [run.error_tag and f"[{run.error_tag}]", run.error_message])) or "",
+        ]
+        for run in runs
+    ]
+    return fmt.table(["ID", "SCHEDULED AT", "STATUS", "TRIGGER", "OUTCOME", "INSTANCE", "DURATION", "ERROR"], rows)
+
+
+async def cmd_runs(args: argparse.Namespace) -> int:
+    async def body(backend: Backend) -> int:
+        zone = await backend.schedule_zone(args.name)
+        page = await backend.list_runs(args.name, limit=args.limit, before=args.before)
+        if args.json:
+            _print_json([r.to_json() for r in page.runs])
+            return EXIT_OK
+        if not page.runs:
+            print(f"no runs of {args.name}" + (f" before {args.before}" if args.before else ""))
+            return EXIT_OK
+        print(runs_table(page.runs, zone))
+        if page.next_before:
+            print(f"\nolder: schedtui runs {args.name} --before {page.next_before}")
+        return EXIT_OK
+
+    return await _with_backend(args, body)
+
+
+async def cmd_fire(args: argparse.Namespace) -> int:
+    async def body(backend: Backend) -> int:
+        zone = await backend.schedule_zone(args.name)
+        run = await backend.run_now(args.name)
+        if not args.json:
+            print(f"fired {args.name}: run {run.id}", file=sys.stderr)
+        run = await backend.wait_run(run.id)
+        if args.json:
+            _print_json(run.to_json())
+        else:
+            print(runs_table([run], zone))
+        return EXIT_OK if run.status == "succeeded" else EXIT_FAILURE
+
+    return await _with_backend(args, body)
+
+
+async def cmd_enable(args: argparse.Namespace) -> int:
+    enabled = args.verb == "enable"
+
+    async def body(backend: Backend) -> int:
+        view = await backend.set_enabled(args.name, enabled, note=args.note)
+        if args.json:
+            _print_json(view.to_json())
+        else:
+            note = f" ({view.state_note.note})" if view.state_note and view.state_note.note else ""
+            nxt = f"; next fire {fmt.local_time(view.next_fire_at, view.timezone)}" if view.next_fire_at else ""
+            print(f"{view.name} {'enabled' if view.enabled else 'disabled'}{note}{nxt}")
+        return EXIT_OK
+
+    return await _with_backend(args, body)
+
+
+async def cmd_backfill(args: argparse.Namespace) -> int:
+    async def body(backend: Backend) -> int:
+        snapshot = await backend.list_schedules()
+        view = next((s for s in snapshot.schedules if s.name == args.name), None)
+        if view is None:
+            raise NotFound(f'no schedule named "{args.name}"')
+        start = parse_when(args.start, now=snapshot.now, zone=view.timezone, field="--from")
+        end = parse_when(args.end, now=snapshot.now, zone=view.timezone, field="--to")
+        plan = await backend.plan_backfill(args.name, start, end, confirm=args.yes, limit=args.limit)
+        if not plan.ok:
+            if args.json:
+                _print_json(plan.to_json())
+            print(
+                f"schedtui: backfill of {args.name} refused: {plan.count_text()} slot(s) in "
+                f"({fmt.local_time(plan.start, view.timezone)}, {fmt.local_time(plan.end, view.timezone)}]: "
+                f"{plan.refusal}"
+                + (" (re-run with --yes after reading the count)" if "need confirmation" in (plan.refusal or "") else ""),
+                file=sys.stderr,
+            )
+            return EXIT_REFUSED
+        progress = await backend.start_backfill(args.name, start, end, confirm=args.yes, limit=args.limit)
+        print(
+            f"backfilling {plan.count} slot(s) of {args.name}: "
+            f"{fmt.local_time(plan.first, view.timezone)} … {fmt.local_time(plan.last, view.timezone)}",
+            file=sys.stderr,
+        )
+        progress = await _follow_backfill(backend, progress)
+        if args.json:
+            _print_json(progress.to_json())
+        else:
+            print(
+                f"backfill {progress.id} {progress.state}: {progress.fired} fired, "
+                f"{progress.succeeded} succeeded, {progress.failed} failed, {progress.remaining} remaining"
+            )
+        return EXIT_OK if progress.state == "done" and not progress.failed else EXIT_FAILURE
+
+    return await _with_backend(args, body)
+
+
+async def _follow_backfill(backend: Backend, progress: BackfillProgress) -> BackfillProgress:
+    tty = sys.stderr.isatty()
+    shown = -1
+    while True:
+        if progress.fired != shown:
+            shown = progress.fired
+            _draw_progress(progress, tty)
+        if progress.state != "running":
+            if tty:
+                print(file=sys.stderr)
+            return progress
+        await asyncio.sleep(0.1)  # polling for display only
+        progress = await backend.backfill_progress(progress.id)
+
+
+def _draw_progress(progress: BackfillProgress, tty: bool) -> None:
+    width = 30
+    done = int(width * progress.fired / progress.total) if progress.total else width
+    bar = "#" * done + "." * (width - done)
+    text = (
+        f"[{bar}] {progress.fired}/{progress.total}  failed {progress.failed}  remaining {progress.remaining}"
+    )
+    if tty:
+        print(f"\r{text}", end="", file=sys.stderr, flush=True)
+    elif progress.fired == progress.total or progress.total < 10 or progress.fired % max(1, progress.total // 10) == 0:
+        print(text, file=sys.stderr)
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _configure_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RedactingFormatter(LOG_FORMAT))  # no store password, no token, ever
+    logging.basicConfig(level=os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper(), handlers=[handler])
+
+
+async def cmd_serve(args: argparse.Namespace) -> int:
+    _configure_logging()
+    from datetime import timedelta
+
+    from backend.clock import OffsetClock
+    engine = _engine(
+        args,
+        create=True,
+        coordination=args.coordination,
+        retention=timedelta(days=args.retention_days),
+        claims_ttl=timedelta(hours=args.claims_ttl_hours),
+        abandon_after=float(args.abandon_after),
+        heartbeat_interval=min(5.0, args.abandon_after / 3),
+        clock=OffsetClock(timedelta(milliseconds=args.clock_offset_ms)) if args.clock_offset_ms else None,
+    )
+    log = logging.getLogger("schedtui")
+    if args.clock_offset_ms:
+        log.warning(
+            "THE CLOCK IS SHIFTED by %+d ms (--clock-offset-ms or $SCHEDTUI_CLOCK_OFFSET_MS, a test setting): "
+            "every slot fires that much %s than the machine's clock says",
+            args.clock_offset_ms,
+            "earlier" if args.clock_offset_ms > 0 else "later",
+        )
+    if not engine.schedules and not engine.durable.functions:
+        log.warning("no schedules found under %s", args.schedules)
+    backend = EmbeddedBackend(engine, arm=True, allow_external_self=args.allow_external_self)
+    await serve(backend, host=args.host, port=args.port, token=args.token, read_token=args.read_token)
+    return EXIT_OK
+
+
+async def cmd_manifest(args: argparse.Namespace) -> int:
+    files = render_manifests(discover(args.schedules), args.provider, args.base_url)
+    if not files:
+        print(f"schedtui: no schedule under {args.schedules} has trigger=\"external\"; nothing to write", file=sys.stderr)
+        return EXIT_OK
+    if args.out:
+        out = Path(args.out)
+        for file in files:
+            target = out / file.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(file.content)
+            print(target)
+        return EXIT_OK
+    for index, file in enumerate(files):
+        if len(files) > 1:
+            print(f"{'' if index == 0 else chr(10)}# ---- {file.path} ----")
+        print(file.content, end="" if file.content.endswith("\n") else "\n")
+    return EXIT_OK
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    if args.headless:
+        return await _demo_headless()
+    if not _has_terminal():
+        return EXIT_USAGE
+    from console.app import SchedtuiApp
+    from console.demo import ExternalPlatform, demo_engine, run_now_at_start, seed_demo
+
+    _quiet_logging()
+    with tempfile.TemporaryDirectory(prefix="schedtui-demo-") as tmp:
+        folder = Path(tmp)
+        await seed_demo(folder)
+        backend = EmbeddedBackend(demo_engine(folder), arm=True, own_thread=True)
+        platform = ExternalPlatform(folder)
+        platform.start()
+        app = SchedtuiApp(backend, after_connect=run_now_at_start, keymap=_keymap(), freeze_heap=True)
+        try:
+            return await _run_console(app, backend)
+        finally:
+            platform.stop()
+
+
+async def _demo_headless() -> int:
+    _configure_logging()
+    with tempfile.TemporaryDirectory(prefix="schedtui-demo-") as tmp:
+        from console.demo import play_platform, prepare_demo
+
+        engine = await prepare_demo(Path(tmp))
+
+        def show(run: Run) -> None:
+            if run.status == "running":
+                return
+            zone = engine.schedules[run.name].timezone
+            print(
+                f"{fmt.local_time(run.scheduled_at, zone)}  {fmt.STATUS_GLYPHS[run.status]} {run.status:<9}  "
+                f"{run.name:<16} {run.trigger:<8} {run.coordination_outcome:<8} {fmt.duration(run.duration_ms):>7}"
+                + (f"  [{run.error_tag}] {run.error_message}" if run.error_tag else ""),
+                flush=True,
+            )
+
+        engine.add_listener(show)
+        engine.shutdown_grace = 2
+        print(f"schedtui demo: {len(engine.schedules)} schedules, store {engine.store.where}; Ctrl-C stops", flush=True)
+        platform = asyncio.ensure_future(play_platform(engine))
+        try:
+            await serve(EmbeddedBackend(engine, arm=True))  # no port: the engine alone, until Ctrl-C
+        finally:
+            platform.cancel()
+    return EXIT_OK
+
+
+# -------------------------------------------------------------------------------------------
+# the console
+# -------------------------------------------------------------------------------------------
+CONSOLE_GRACE = 5.0
+"""Seconds the embedded console's engine lets runs in flight finish after quitting."""
+
+
+def _has_terminal() -> bool:
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        return True
+    print(
+        "schedtui: the console needs a terminal (stdin and stdout are not a TTY); "
+        "for scripts use the verbs, see `schedtui --help`",
+        file=sys.stderr,
+    )
+    return False
+
+
+def _quiet_logging() -> None:
+    """Log lines would tear the console's screen: send them to $SCHEDTUI_LOG_FILE, or nowhere."""
+    path = os.environ.get("SCHEDTUI_LOG_FILE")
+    handler: logging.Handler = logging.FileHandler(path) if path else logging.NullHandler()
+    handler.setFormatter(RedactingFormatter(LOG_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper())
+
+
+def _keymap() -> dict[str, str]:
+    from console.app import parse_keymap
+
+    return parse_keymap(os.environ.get("SCHEDTUI_KEYMAP", ""))
+
+
+async def _run_console(app: Any, backend: Backend) -> int:
+    """Run the app; once the terminal is back, close the backend (an embedded engine lets
+    its runs in flight finish, up to a few seconds)."""
+    try:
+        await app.run_async()
+    finally:
+        if isinstance(backend, EmbeddedBackend):
+            print(f"schedtui: stopping the engine (runs in flight get up to {CONSOLE_GRACE:g}s)", file=sys.stderr)
+        try:
+            await asyncio.wait_for(backend.close(), CONSOLE_GRACE + 10)
+        except (SchedtuiError, asyncio.TimeoutError) as exc:
+            print(f"schedtui: {exc}", file=sys.stderr)
+    return EXIT_OK
+
+
+async def cmd_console(args: argparse.Namespace) -> int:
+    if not _has_terminal():
+        return EXIT_USAGE
+    from console.app import SchedtuiApp
+
+    backend: Backend
+    if args.url:
+        backend = RemoteBackend(args.url, args.token, read_only=args.read_only)
+        interval = 2.0
+    else:
+        engine = _engine(args, shutdown_grace=CONSOLE_GRACE)
+        if args.fire and engine.coordination == "single":
+            # One firer per embedded store: refused here, in one line, before the screen is drawn.
+            await engine.store.take_firing_lock(engine.instance)
+        # Without --fire the console only watches and acts: an operator's console must not
+        # start firing a second time what `schedtui serve` already fires on this store.
+        backend = EmbeddedBackend(engine, read_only=args.read_only, arm=args.fire, own_thread=True)
+        interval = 1.0
+    _quiet_logging()
+    app = SchedtuiApp(backend, read_only=args.read_only, refresh_interval=interval, keymap=_keymap(),
+                      freeze_heap=True)
+    return await _run_console(app, backend)
+
+
+VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
+    "serve": cmd_serve,
+    "console": cmd_console,
+    "demo": cmd_demo,
+    "list": cmd_list,
+    "runs": cmd_runs,
+    "fire": cmd_fire,
+    "enable": cmd_enable,
+    "disable": cmd_enable,
+    "backfill": cmd_backfill,
+    "manifest": cmd_manifest,
+}
+
+
+def _verbs() -> dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]]:
+    """Every command and its handler: this module's verbs and the verb modules'."""
+    verbs = dict(VERBS)
+    for module in verb_modules():
+        verbs.update(module.VERBS)
+    return verbs
+
+
+def run() -> None:
+    """The console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()
