@@ -7,7 +7,20 @@ The public API is re-exported here; the modules behind it are private unless doc
 from backend.client.connection import Client, SyncClient, connect, connect_sync
 from backend.clock import Clock, ManualClock, SystemClock
 from backend.cron import Cron
-from backend.scheduler.engine import Engine
+from backend.definitions import Definitions, discover, discover_definitions
+from backend.durable import (
+    DurableContext,
+    DurableFunction,
+    Execution,
+    ExecutionLog,
+    ExecutionsPage,
+    Retry,
+    Signalled,
+    Started,
+    StepFailed,
+    StepView,
+    define_durable,
+)
 from backend.errors import (
     BadInput,
     CronError,
@@ -23,6 +36,8 @@ from backend.errors import (
     Unauthorized,
     Unavailable,
 )
+from backend.jobs import Job, JobContext, JobDetail, Queue, QueueFull, QueueView, Sent, define_queue
+from backend.locks import Lease, LeaseLost, LockNotAcquired, LockResult, StaleLease
 from backend.model import (
     BackfillPlan,
     BackfillProgress,
@@ -32,22 +47,7 @@ from backend.model import (
     ScheduleView,
     StateNote,
 )
-from backend.definitions import Definitions, discover, discover_definitions
-from backend.durable import (
-    DurableContext,
-    DurableFunction,
-    Execution,
-    ExecutionLog,
-    ExecutionsPage,
-    Retry,
-    Signalled,
-    Started,
-    StepFailed,
-    StepView,
-    define_durable,
-)
-from backend.jobs import Job, JobContext, JobDetail, Queue, QueueFull, QueueView, Sent, define_queue
-from backend.locks import Lease, LeaseLost, LockNotAcquired, LockResult, StaleLease
+from backend.scheduler.engine import Engine
 from backend.schedules import Schedule, define_schedule
 from backend.store import open_store
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from backend.model import utc
@@ -47,7 +47,7 @@ class SystemClock:
         self.max_chunk = max_chunk
 
     def now(self) -> datetime:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
 
     async def sleep_until(self, deadline: datetime) -> None:
         while True:

@@ -70,7 +70,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from typing import Final, cast
 from zoneinfo import ZoneInfo
 
@@ -80,7 +80,7 @@ from backend.errors import CronError
 
 __all__ = ["Cron"]
 
-_UTC: Final = timezone.utc
+_UTC: Final = UTC
 _SECOND: Final = timedelta(seconds=1)
 
 # Field names used in error messages, in our (seconds-first) order of the six slots.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from backend.errors import BadInput, NotFound, TooLarge
@@ -38,8 +38,8 @@ NOTE_MAX_CHARS = 1000
 #: Instants an operator may name (backfill ranges): wide enough for any real ledger, and
 #: far enough from the calendar's ends that converting to any zone, or walking a cron
 #: expression for its slots, cannot overflow.
-EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
-LATEST = datetime(9000, 1, 1, tzinfo=timezone.utc)
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 # Run and backfill ids are ULIDs (backend.ids): 26 characters of Crockford base32.
 _ID = re.compile(r"[0-9A-HJKMNP-TV-Z]{26}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 if TYPE_CHECKING:
@@ -85,14 +85,14 @@ def utc(dt: datetime) -> datetime:
     """Return ``dt`` as an aware UTC datetime; naive input is a programming error."""
     if dt.tzinfo is None or dt.utcoffset() is None:
         raise ValueError(f"naive datetime {dt.isoformat()} (schedtui needs timezone-aware datetimes)")
-    return dt.astimezone(timezone.utc)
+    return dt.astimezone(UTC)
 
 
 def iso(dt: datetime | None) -> str | None:
     """ISO 8601 in UTC with a ``Z``; seconds precision unless there are fractions."""
     if dt is None:
         return None
-    dt = dt.astimezone(timezone.utc)
+    dt = dt.astimezone(UTC)
     text = dt.isoformat(timespec="milliseconds" if dt.microsecond else "seconds")
     return text.replace("+00:00", "Z")
 
@@ -104,7 +104,7 @@ def parse_iso(text: str) -> datetime:
 
 def slot_key(name: str, scheduled_at: datetime) -> str:
     """The claim key of one slot: ``name@YYYY-MM-DDTHH:MM:SS`` in UTC."""
-    return f"{name}@{scheduled_at.astimezone(timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')}"
+    return f"{name}@{scheduled_at.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%S')}"
 
 
 @dataclass(frozen=True, slots=True)

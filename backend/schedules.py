@@ -12,7 +12,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 from backend.cron import Cron
 from backend.errors import BadInput, CronError, DefinitionError
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_MAX_RUNTIME", "Handler", "QueueTarget", "Schedule", "define_schedule"]
 
-Handler = Callable[["RunContext"], Union[Awaitable[Any], Any]]
+Handler = Callable[["RunContext"], Awaitable[Any] | Any]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 #: The watchdog's default bound on one run, in seconds (30 minutes).

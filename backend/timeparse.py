@@ -7,7 +7,7 @@ sees slots in; the result is always an aware UTC datetime.
 from __future__ import annotations
 
 import re
-from datetime import datetime, time, timedelta, timezone
+from datetime import UTC, datetime, time, timedelta
 from zoneinfo import ZoneInfo
 
 from backend.errors import BadInput
@@ -38,11 +38,11 @@ def _parse(text: str, *, now: datetime, zone: ZoneInfo | str, field: str) -> dat
         raise BadInput(f"{field} is empty (use ISO 8601 such as 2026-08-10T00:00Z, or now, -6h, -2d)", field=field)
     lowered = raw.lower()
     if lowered == "now":
-        return now.astimezone(timezone.utc)
+        return now.astimezone(UTC)
     match = _RELATIVE.match(lowered.replace(" ", ""))
     if match:
         delta = timedelta(**{_UNITS[u]: int(n) for n, u in _PART.findall(match.group(2))})
-        return (now + delta if match.group(1) == "+" else now - delta).astimezone(timezone.utc)
+        return (now + delta if match.group(1) == "+" else now - delta).astimezone(UTC)
     try:
         value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
@@ -54,4 +54,4 @@ def _parse(text: str, *, now: datetime, zone: ZoneInfo | str, field: str) -> dat
         value = datetime.combine(value.date(), time(0), tz)
     if value.tzinfo is None:
         value = value.replace(tzinfo=tz)
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)

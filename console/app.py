@@ -48,12 +48,11 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import ContentSwitcher, Footer, Input, Static
 
+from backend.client.interface import SYSTEMS, Backend, ConnectionInfo
 from backend.clock import Clock, SystemClock
 from backend.errors import NotFound, SchedtuiError, Unauthorized, Unavailable
 from backend.events.bus import READY, RESYNC, STREAM, Signal
-from backend.client.interface import SYSTEMS, Backend, ConnectionInfo
 from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView
-
 from console import format as fmt
 from console.commands import ConsoleCommands
 from console.fleet import CronCache, Fleet, Overdue, fleet_of

@@ -28,9 +28,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from backend import Engine, Run, discover
+from backend.client.interface import Backend
 from backend.clock import Clock
 from backend.errors import SchedtuiError
-from backend.client.interface import Backend
 
 DEMO_SCHEDULES = Path(__file__).parent / "demo_schedules"
 EXTERNAL = "billing-webhook"

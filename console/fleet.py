@@ -9,8 +9,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from backend.cron import Cron
 from backend.client.interface import ConnectionInfo
+from backend.cron import Cron
 from backend.model import InstanceInfo, Run, ScheduleView
 
 __all__ = [

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import Literal
 from zoneinfo import ZoneInfo
 
 from backend.cron import Cron
 from backend.model import Run, ScheduleView
-
 from console.fleet import OVERDUE_AFTER
 
 __all__ = [
@@ -53,7 +52,7 @@ FUTURE_SHARE = 5
 SEVERITY = {"failed": 5, "missed": 4, "skipped": 3, "running": 2, "succeeded": 1}
 """Which status wins a shared cell: the worst."""
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
 
 Kind = Literal["single", "wonLock", "external", "runnow", "backfill"]
@@ -253,7 +252,7 @@ def ticks(window: Window, zone: str) -> list[tuple[int, str]]:
     for _ in range(window.cells + 2):
         # Wall-clock steps (a label stays on the hour across a DST change); a day step is
         # a calendar day.
-        instant = at.replace(tzinfo=None).replace(tzinfo=tz).astimezone(timezone.utc)
+        instant = at.replace(tzinfo=None).replace(tzinfo=tz).astimezone(UTC)
         i = window.index(instant)
         if i >= window.cells:
             break

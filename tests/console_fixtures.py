@@ -19,19 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from backend import Engine, ManualClock, Run, Schedule, define_schedule
-from backend.events.audit import AuditEntry, AuditPage
-from backend.events.bus import Signal
-from backend.clock import Clock
-from backend.errors import Unavailable
-from backend.ids import IdFactory
-from backend.store import open_store
 from backend.client.interface import (
     ConnectionInfo,
     EmbeddedBackend,
     RunsPage,
     SchedulesSnapshot,
 )
+from backend.clock import Clock
+from backend.errors import Unavailable
+from backend.events.audit import AuditEntry, AuditPage
+from backend.events.bus import Signal
+from backend.ids import IdFactory
 from backend.model import BackfillPlan, BackfillProgress, InstanceInfo, ScheduleView
+from backend.store import open_store
 
 START = "2026-03-02T07:59:00Z"
 """When the simulated minute starts (08:59 in Berlin; the daily digest is due at 09:00)."""

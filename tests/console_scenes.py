@@ -19,7 +19,6 @@ from textual.pilot import Pilot
 
 from backend import ManualClock
 from console.app import SchedtuiApp
-from tests.durable_scenes import add_durable_history
 from tests.console_fixtures import (
     FROZEN,
     WHERE,
@@ -30,6 +29,7 @@ from tests.console_fixtures import (
     build_ledger,
     console_backend,
 )
+from tests.durable_scenes import add_durable_history
 
 RunBefore = Callable[[Pilot[Any]], Awaitable[None]]
 SIZES = {"120x32": (120, 32), "80x24": (80, 24)}

@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +18,16 @@ import pytest
 
 from backend import BadInput, Engine, ManualClock, RunContext, Unavailable, define_schedule
 from backend.api.app import create_app
+from backend.api.tokens import ANONYMOUS, Tokens, parse_token
+from backend.client.interface import EmbeddedBackend
 from backend.events.audit import ACTIONS, AuditEntry, AuditLog, acting_as, os_user
 from backend.events.bus import EventBus
 from backend.ids import IdFactory
-from backend.client.interface import EmbeddedBackend
 from backend.store import Store, open_store
-from backend.api.tokens import ANONYMOUS, Tokens, parse_token
 from tests import pg
 from tests.servers import cli_env, start_server
 
-UTC = timezone.utc
+UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,12 +22,12 @@ from typing import Any
 import httpx
 import pytest
 
-from backend.events.audit import AuditEntry
 from backend.durable.store import NewExecution
+from backend.events.audit import AuditEntry
 from backend.ids import encode_id
 from backend.jobs.store import NewJob, QueueSpec
-from backend.store import open_store
 from backend.scheduler.stored import StoredSchedule
+from backend.store import open_store
 from tests.servers import Server, cli_env, poll, start_server, store_for
 
 OPERATE = "op-bad-text-token"

@@ -5,16 +5,16 @@ catalog version (what other instances poll), and a delete takes the schedule's s
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from backend.scheduler.catalog import CatalogStore
 from backend.model import ScheduleState
-from backend.store import Store
+from backend.scheduler.catalog import CatalogStore
 from backend.scheduler.stored import StoredSchedule
+from backend.store import Store
 from tests.test_store import new_store, store, store_kind  # noqa: F401 - fixtures
 
-T0 = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 
 
 def row(name: str = "reap", **changes: Any) -> StoredSchedule:

@@ -19,21 +19,21 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from backend import Engine, ManualClock, Run, define_schedule
-from backend.events.audit import os_user
 from backend.client.interface import EmbeddedBackend
+from backend.events.audit import os_user
 from backend.store.sqlite.store import SQLiteStore
 from tests.conftest import expect
 from tests.servers import poll
 
 REPO = Path(__file__).resolve().parents[1]
-UTC = timezone.utc
+UTC = UTC
 
 SCHEDULE_KEYS = {
     "name", "cron", "timezone", "trigger", "on_overlap", "backfill", "max_runtime_s", "description",
@@ -431,7 +431,7 @@ def test_backfill_relative_times(cli: Cli) -> None:
     slots = [at(slot) for _, slot, _ in cli.log("hourly")]
     assert len(slots) == 3
     assert all(s.minute == 0 and s.second == 0 for s in slots)
-    assert [b - a for a, b in zip(slots, slots[1:])] == [timedelta(hours=1)] * 2
+    assert [b - a for a, b in zip(slots, slots[1:], strict=False)] == [timedelta(hours=1)] * 2
     assert datetime.now(UTC) - timedelta(hours=1) < slots[-1] <= datetime.now(UTC)
 
     done = cli.ok("backfill", "hourly", "--from=-1d", "--to", "-20h")
@@ -454,7 +454,7 @@ def test_runs_table_json_limit_and_paging(cli: Cli) -> None:
     header, *rows = done.stdout.splitlines()
     assert columns(header) == ["ID", "SCHEDULED AT", "STATUS", "TRIGGER", "OUTCOME", "INSTANCE", "DURATION", "ERROR"]
     assert [columns(r)[:5] for r in rows] == [
-        [i, f"2026-01-01 0{h}:00:00 UTC", "✓ succeeded", "manual", "manual"] for i, h in zip(ids, range(5, 0, -1))
+        [i, f"2026-01-01 0{h}:00:00 UTC", "✓ succeeded", "manual", "manual"] for i, h in zip(ids, range(5, 0, -1), strict=False)
     ]
 
     seen: list[str] = []
@@ -735,7 +735,7 @@ def test_serve_fires_every_second_stops_when_disabled_and_on_sigint(cli: Cli, se
     assert len(slots) >= 2
     assert slots[-1] <= changed_at + timedelta(seconds=2), (changed_at, slots[-1])
     assert {(r["status"], r["trigger"], r["coordination_outcome"]) for r in runs} == {("succeeded", "self", "single")}
-    assert [b - a for a, b in zip(slots, slots[1:])] == [timedelta(seconds=1)] * (len(slots) - 1)
+    assert [b - a for a, b in zip(slots, slots[1:], strict=False)] == [timedelta(seconds=1)] * (len(slots) - 1)
     assert sorted(run_id for _, run_id in entries(cli, "ticker", "end")) == sorted(r["id"] for r in runs)
 
     assert server.stop(signal.SIGINT) == 0

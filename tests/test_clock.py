@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -15,7 +15,7 @@ from backend import BadInput, ManualClock, SystemClock
 from backend.ids import IdFactory, encode_id, id_floor
 from backend.timeparse import parse_when
 
-UTC = timezone.utc
+UTC = UTC
 
 
 class SteppedSystemClock(SystemClock):

@@ -20,7 +20,7 @@ import logging
 import statistics
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -33,7 +33,7 @@ from backend.scheduler.coordination.cluster import MEMBER_PREFIX, SHARDS, shard_
 from backend.schedules import Schedule
 from tests import pg
 
-UTC = timezone.utc
+UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 SHARD_TTL = 3.0
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 from collections import Counter
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -25,7 +25,7 @@ from tests.test_fleet import Fleet, assert_once_and_contiguous, by_name, fleets,
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
-UTC = timezone.utc
+UTC = UTC
 CLUSTER = ["--coordination", "cluster"]
 TICKS = 12
 

@@ -20,8 +20,8 @@ import pytest
 from textual.pilot import Pilot
 
 from backend import Engine, Forbidden, ManualClock, NotFound, Run, define_schedule
-from backend.events.audit import os_user
 from backend.client.interface import EmbeddedBackend
+from backend.events.audit import os_user
 from backend.model import parse_iso
 from backend.store import open_store
 from console.app import PAGE_SIZE, SchedtuiApp, parse_keymap, short_where
@@ -35,6 +35,7 @@ from console.widgets import (
     SchedulesTable,
     UpcomingLine,
 )
+
 OPERATOR_ZONE = "Europe/Berlin"
 """The operator's zone in these tests: times on screen are CET whatever the schedule's zone."""
 
@@ -382,7 +383,7 @@ async def test_older_runs_page_by_keyset(store_url: str) -> None:
     clock = ManualClock("2026-03-01T00:00:00Z")
     ids = seeded_ids(clock, 99)
     older = []
-    for n in range(120):
+    for _n in range(120):
         at = clock.now()
         older.append(Run(id=ids(), name="heartbeat", scheduled_at=at, status="succeeded", trigger="self",
                          coordination_outcome="wonLock", instance="web-1", fired_at=at, finished_at=at))

@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from backend import Engine, ManualClock
-from backend.events.audit import os_user
-from backend.errors import Unavailable
-from backend.events.bus import READY, Signal
 from backend.client.remote import RemoteBackend
+from backend.errors import Unavailable
+from backend.events.audit import os_user
+from backend.events.bus import READY, Signal
 from console.app import SchedtuiApp
 from console.views.audit import AuditTable, AuditView
 from console.widgets import ConsoleHeader, RunsTable

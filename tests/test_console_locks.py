@@ -3,7 +3,7 @@ and the header's owned counts in ``cluster`` coordination."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from backend.client.interface import ConnectionInfo
@@ -16,7 +16,7 @@ from console.widgets import ConsoleHeader
 from tests.console_fixtures import add_locks
 from tests.test_console import console, ledger, settle, store_url  # noqa: F401 - fixtures
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def cells(app: Any, name: str) -> list[str]:

@@ -11,9 +11,9 @@ import asyncio
 import gc
 import shutil
 import weakref
-from dataclasses import replace
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any

@@ -7,21 +7,21 @@ from __future__ import annotations
 import asyncio
 import textwrap
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from backend import BadInput, Engine, Forbidden, NotFound, Refused, discover
-from backend.events.audit import os_user
 from backend.client.interface import SYSTEMS, Backend, EmbeddedBackend
 from backend.client.remote import RemoteBackend
+from backend.events.audit import os_user
 from tests.servers import start_server
 
 #: The hour of the external schedule's daily slot: twelve hours from when the tests start, so
 #: its newest slot is never within the fire tolerance while they run (a fixed time made
 #: ``test_external_fires`` fail for ten minutes a month).
-EXT_HOUR = (datetime.now(timezone.utc).hour + 12) % 24
+EXT_HOUR = (datetime.now(UTC).hour + 12) % 24
 
 SCHEDULES = {
     "hourly.cron.py": """
@@ -105,7 +105,7 @@ async def read_only_backend(request: pytest.FixtureRequest, tmp_path: Path) -> A
 
 
 def now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 async def test_connect_describes_the_connection(backend: Backend) -> None:
@@ -131,7 +131,7 @@ async def test_list_schedules(backend: Backend) -> None:
 
 async def test_upcoming(backend: Backend) -> None:
     slots = await backend.upcoming("hourly", 5)
-    assert len(slots) == 5 and all(b - a == timedelta(hours=1) for a, b in zip(slots, slots[1:]))
+    assert len(slots) == 5 and all(b - a == timedelta(hours=1) for a, b in zip(slots, slots[1:], strict=False))
 
 
 async def test_run_now_and_wait(backend: Backend) -> None:
@@ -350,11 +350,11 @@ async def test_ids_and_notes_that_cannot_be_are_refused_alike(backend: Backend) 
 
 
 async def test_backfill_times_out_of_range_are_bad_input(backend: Backend) -> None:
-    ancient = datetime(1, 1, 2, tzinfo=timezone.utc)
+    ancient = datetime(1, 1, 2, tzinfo=UTC)
     with pytest.raises(BadInput, match="out of range"):
         await backend.plan_backfill("hourly", ancient, now() - timedelta(days=1))
     with pytest.raises(BadInput, match="out of range"):
-        await backend.start_backfill("hourly", now() - timedelta(days=1), datetime(9999, 12, 31, tzinfo=timezone.utc))
+        await backend.start_backfill("hourly", now() - timedelta(days=1), datetime(9999, 12, 31, tzinfo=UTC))
 
 
 async def test_read_only_may_not_fire_external(read_only_backend: Backend) -> None:

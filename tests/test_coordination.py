@@ -13,19 +13,19 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from backend import Engine, ManualClock, Run, RunContext, Unavailable, define_schedule
-from backend.scheduler.coordination.slots import ClaimCoordinator
 from backend.model import Claim, ClaimResult, slot_key
+from backend.scheduler.coordination.slots import ClaimCoordinator
 from backend.store import Store, open_store
 from tests.conftest import all_runs, expect
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def at(text: str) -> datetime:
@@ -268,7 +268,7 @@ async def test_no_claim_no_fire_and_the_lost_slots_are_recorded_once_back(
         # abandon_after: the clock jumps a minute at a time, and a closed run stays closed
         # (an instance whose heartbeat looks a minute old would see the other's run abandoned).
         make_engine([schedule(handler=handler_for(n))], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
-        for n, s in zip("ab", stores)
+        for n, s in zip("ab", stores, strict=False)
     )
     await a.start()
     await b.start()
@@ -415,7 +415,7 @@ async def test_lost_slots_wait_for_a_run_in_flight_on_another_instance(
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
         make_engine([schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
-        for n, s in zip("ab", stores)
+        for n, s in zip("ab", stores, strict=False)
     )
     a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])  # type: ignore[arg-type]
     await a.start()
@@ -464,7 +464,7 @@ async def test_lost_slots_waiting_on_another_instance_and_then_on_a_run_here_lea
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
         make_engine([schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
-        for n, s in zip("ab", stores)
+        for n, s in zip("ab", stores, strict=False)
     )
     a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])  # type: ignore[arg-type]
     await a.start()
@@ -547,7 +547,7 @@ async def test_lost_slots_wait_for_a_newer_slot_claimed_on_another_instance(
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
         make_engine([schedule(handler=handler_for(n), backfill="all")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
-        for n, s in zip("ab", stores)
+        for n, s in zip("ab", stores, strict=False)
     )
     a.coordinator, b.coordinator = Loser(stores[0]), HeldClaims(stores[1])  # type: ignore[arg-type]
     await a.start()

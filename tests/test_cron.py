@@ -19,7 +19,7 @@ transitions used below were looked up with zoneinfo once, not guessed:
 from __future__ import annotations
 
 import pickle
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from itertools import islice
 from zoneinfo import ZoneInfo
 
@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from backend.cron import Cron
 from backend.errors import CronError
 
-UTC = timezone.utc
+UTC = UTC
 YEAR = 2026
 
 
@@ -334,7 +334,7 @@ def test_dst_occurrences(zone: str, expr: str, start: str, end: str, expected: l
     assert back[len(want)] <= at(start)
     assert cron.next(at(start)) == want[0]
     assert cron.prev(want[0]) <= at(start)
-    for earlier, later in zip(want, want[1:]):
+    for earlier, later in zip(want, want[1:], strict=False):
         assert cron.next(earlier) == later
         assert cron.prev(later) == earlier
         assert cron.latest(later - timedelta(seconds=1)) == earlier
@@ -798,7 +798,7 @@ def test_queries_agree(expr: str, zone: str, t: datetime) -> None:
     # A short run forwards equals the same run backwards, strictly increasing.
     run = list(islice(cron.occurrences(earlier, after + timedelta(days=2)), 8))
     assert run[:2] == [latest, after]
-    assert all(x < y for x, y in zip(run, run[1:]))
+    assert all(x < y for x, y in zip(run, run[1:], strict=False))
     assert list(islice(cron.occurrences_back(run[-1]), len(run))) == run[::-1]
     for value in (after, latest, before):
         assert value.tzinfo is UTC and value.microsecond == 0

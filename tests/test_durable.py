@@ -321,7 +321,7 @@ async def test_a_retry_forgets_a_failed_checkpoint_never_a_succeeded_one(engines
     leases = {c.execution.id: c.execution.lease for c in await store.durable_claim("a", ["f"], now, now + timedelta(seconds=30), 10)}
     ok = StepRecord(1, "a", "step", "succeeded", 1, now, now, output="1")
     bad = StepRecord(2, "b", "step", "failed", 3, now, now, error_tag="ValueError", error_message="no")
-    for id_, failed_step in zip(ids, ["a", "b"]):
+    for id_, failed_step in zip(ids, ["a", "b"], strict=False):
         finish = Finish("failed", failed_step, error_tag="x", error_message="x", failed_step=failed_step)
         assert await store.durable_write(Write(id_, leases[id_], now, finish, [ok, bad])) is not None
         assert await store.durable_retry(id_, now, "retried by test") == "failed"

@@ -5,7 +5,6 @@ against a real ``schedtui serve``), the HTTP API's statuses and OpenAPI document
 from __future__ import annotations
 
 import asyncio
-
 import json
 import subprocess
 import sys
@@ -18,9 +17,9 @@ import httpx
 import pytest
 
 from backend import BadInput, Engine, Forbidden, NotFound, Refused, TooLarge, connect, connect_sync
-from backend.definitions import discover_definitions
 from backend.client.interface import Backend, EmbeddedBackend
 from backend.client.remote import RemoteBackend
+from backend.definitions import discover_definitions
 from tests.servers import Server, cli_env, poll, start_server
 
 DEFINITIONS = """
@@ -231,8 +230,9 @@ def test_cli_embedded_and_remote(tmp_path: Path, server: Server) -> None:
     write_definitions(tmp_path)
     store = ["--schedules", "defs", "--store", f"sqlite:///{tmp_path / 'state.db'}"]
     assert cli(tmp_path, "durable", "list", *store).returncode == 2  # no store yet: refused, not created
-    from backend.store import open_store
     import asyncio
+
+    from backend.store import open_store
 
     async def create() -> None:
         created = open_store(f"sqlite:///{tmp_path / 'state.db'}")

@@ -6,7 +6,7 @@ import asyncio
 import subprocess
 import sys
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -24,7 +24,7 @@ from backend.model import Run
 from backend.store import open_store
 from tests.conftest import all_runs, expect
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def at(text: str) -> datetime:
@@ -157,7 +157,7 @@ async def test_dst_fixed_time_fires_once_on_both_transition_days(make_engine) ->
     clock = ManualClock("2026-03-28T12:00:00Z")
     engine = make_engine([schedule(cron="30 2 * * *", timezone="Europe/Berlin")], clock=clock)
     await engine.start()
-    for day in range(2):
+    for _day in range(2):
         clock.advance(timedelta(days=1))
         await engine.quiesce()
     # 2026-03-29: 02:30 does not exist in Berlin; it fires once at 03:00 CEST (01:00 UTC).

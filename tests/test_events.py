@@ -22,12 +22,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend import Engine, ManualClock, RunContext, define_schedule
-from backend.events.bus import RESYNC, STREAM, EventBus, Signal, Subscription
-from backend.client.interface import EmbeddedBackend
-from backend.runtime.loops import Loops
-from backend.events.relay import NOTIFY_BURST, NOTIFY_RATE, PostgresRelay
-from backend.client.remote import RemoteBackend, SseParser
 from backend.api.server import serve
+from backend.client.interface import EmbeddedBackend
+from backend.client.remote import RemoteBackend, SseParser
+from backend.events.bus import RESYNC, STREAM, EventBus, Signal, Subscription
+from backend.events.relay import NOTIFY_BURST, NOTIFY_RATE, PostgresRelay
+from backend.runtime.loops import Loops
 from backend.store import open_store
 from backend.store.postgres.store import PostgresStore
 from tests import pg
@@ -163,8 +163,8 @@ def test_every_signal_reaches_the_reader_or_a_resync_does(ops: list[tuple[str, A
                 seqs = [int(s.id.rsplit("-", 1)[1]) for s in batch]
                 assert seqs == sorted(seqs) and len(set(pairs(batch))) == len(batch)
                 assert len(batch) <= limit
-                resync = [seq for s, seq in zip(batch, seqs) if s.topic == RESYNC]
-                got = {(s.topic, s.name): seq for s, seq in zip(batch, seqs)}
+                resync = [seq for s, seq in zip(batch, seqs, strict=False) if s.topic == RESYNC]
+                got = {(s.topic, s.name): seq for s, seq in zip(batch, seqs, strict=False)}
                 for seq, topic, name in owed:
                     assert got.get((topic, name), -1) >= seq or (resync and resync[0] >= seq)
                 owed = []

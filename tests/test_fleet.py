@@ -17,7 +17,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from tests.servers import poll
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
-UTC = timezone.utc
+UTC = UTC
 SECOND = timedelta(seconds=1)
 
 TICKS = """
@@ -193,7 +193,7 @@ def assert_once_and_contiguous(runs: list[Run], step: timedelta = SECOND) -> Non
     """One run per slot, and no slot missing between the first and the last."""
     slots = [r.scheduled_at for r in runs]
     assert len(slots) == len(set(slots)), f"{runs[0].name}: a slot ran twice: {sorted(s for s in slots if slots.count(s) > 1)[:5]}"
-    gaps = [(a, b) for a, b in zip(slots, slots[1:]) if b - a != step]
+    gaps = [(a, b) for a, b in zip(slots, slots[1:], strict=False) if b - a != step]
     assert not gaps, f"{runs[0].name}: slots missing between {gaps[:3]}"
 
 
@@ -382,7 +382,7 @@ def test_clocks_300_ms_ahead_and_behind_never_double_fire(fleets: Callable[..., 
     fleet.stop_all()
     fleet.assert_healthy_logs()
     runs = by_name(fleet.runs())
-    for name, mine in runs.items():
+    for _name, mine in runs.items():
         assert_once_and_contiguous(mine)
         assert {(r.status, r.coordination_outcome) for r in mine} == {("succeeded", "wonLock")}
     # The fast clock reaches each slot first, so it wins nearly all of them.

@@ -203,7 +203,7 @@ class ScheduleModel:
     def due_slots(self, now: datetime) -> list[datetime]:
         """Slots that came due while enabled, up to now."""
         slots: list[datetime] = []
-        for since, until in zip(self.enabled_since, self.enabled_until):
+        for since, until in zip(self.enabled_since, self.enabled_until, strict=False):
             slots.extend(self.schedule.cron.occurrences(since, until or now))
         return [s for s in slots if not any(a < s <= b for a, b in self.excused)]
 
@@ -335,7 +335,7 @@ class EngineMachine(RuleBasedStateMachine):
     )
     def set_up(self, mode: str, policies: list[tuple[str, str, Behaviour, float]]) -> None:
         self.mode = mode
-        for (name, cron), (overlap, backfill, behaviour, max_runtime) in zip(CRONS.items(), policies):
+        for (name, cron), (overlap, backfill, behaviour, max_runtime) in zip(CRONS.items(), policies, strict=False):
             schedule = define_schedule(
                 name=name,
                 cron=cron,

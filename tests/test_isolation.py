@@ -4,7 +4,6 @@ them, and nothing they do (hang, raise, exit) reaches the engine's process."""
 from __future__ import annotations
 
 import asyncio
-
 import os
 import textwrap
 from pathlib import Path

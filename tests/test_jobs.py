@@ -8,7 +8,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from backend.jobs.model import NotDead
 from tests.conftest import expect
 from tests.odd_exceptions import ODD_EXCEPTIONS, tag_of
 
-UTC = timezone.utc
+UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 
 

@@ -18,8 +18,8 @@ import pytest
 from backend import BadInput, Engine, Forbidden, NotFound, TooLarge, discover_definitions
 from backend.api.app import create_app
 from backend.client.interface import Backend, EmbeddedBackend
-from backend.jobs.model import NotDead, QueueFull
 from backend.client.remote import RemoteBackend
+from backend.jobs.model import NotDead, QueueFull
 from tests.servers import Server, cli_env, poll, start_server
 
 OPERATE, READ = "op-jobs-token", "read-jobs-token"

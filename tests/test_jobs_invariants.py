@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -45,7 +45,7 @@ from backend.jobs.model import Job, NotDead
 from backend.scheduler.registry import host_identity
 from tests import pg
 
-T0 = datetime(2026, 3, 2, 8, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 CAPS = {"q": 2, "r": 1, "s": 1}
 SYNC = {"s"}  # its handler runs on a thread
 MAX_RUNTIME = 60

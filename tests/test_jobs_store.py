@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import pytest
@@ -19,7 +19,7 @@ from backend.jobs.store import Claimed, Finish, JobStore, NewJob, QueueSpec
 from backend.store import Store
 from tests.test_store import new_store, store, store_kind  # noqa: F401 - the fixtures
 
-UTC = timezone.utc
+UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 
 
@@ -106,7 +106,7 @@ async def test_a_key_held_by_a_queued_running_or_dead_job_queues_nothing(store: 
     assert (await js.send_jobs("mail", [new(3, key="k")], T0))[0].id == first.id  # running
     await js.cycle_jobs([finish(c, "dead", T0, tag="Boom")], {}, "worker-a", ids(), T0)
     assert (await js.send_jobs("mail", [new(4, key="k")], T0))[0].id == first.id  # dead
-    assert len((await js.list_jobs("mail", status=None, limit=10, before=None))) == 1
+    assert len(await js.list_jobs("mail", status=None, limit=10, before=None)) == 1
     # Another queue's key space is its own.
     await define(store, "other")
     assert not (await js.send_jobs("other", [new(5, key="k")], T0))[0].duplicate

@@ -11,20 +11,20 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from backend import Engine, JobContext, ManualClock, RunContext, Unavailable, define_queue, define_schedule, open_store
-from backend.runtime.liveness import WorkLease
-from backend.model import TAG_LEASE_LOST
-from backend.scheduler.registry import InstanceRegistry, pid_alive
-from backend.runtime.runner import Invocation
-from console.fleet import fleet_of
 from backend.client.interface import ConnectionInfo
+from backend.model import TAG_LEASE_LOST
+from backend.runtime.liveness import WorkLease
+from backend.runtime.runner import Invocation
+from backend.scheduler.registry import InstanceRegistry, pid_alive
+from console.fleet import fleet_of
 
-UTC = timezone.utc
+UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 
 

@@ -119,7 +119,7 @@ def no_overlap(lines: list[Line], job: str, died: dict[int, float] | None = None
             end = ends.get((line.attempt, line.pid), (died or {}).get(line.pid, float("inf")))
             spans.append((line.at, end, line.pid))
     spans.sort()
-    for (_, end, pid), (start, _, other) in zip(spans, spans[1:]):
+    for (_, end, pid), (start, _, other) in zip(spans, spans[1:], strict=False):
         assert end < start, f"job {job}: the attempt on pid {pid} ran until {end}, past the start on pid {other} at {start}"
     return spans
 

@@ -221,5 +221,5 @@ def test_twenty_processes_racing_for_one_lock_hold_it_one_at_a_time_with_growing
     assert {occupancy for *_, occupancy in holds} == {1}, "two holders were inside at once"
     tokens = [token for token, *_ in holds]
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), "tokens must grow in the order of holding"
-    for (_, _, _, ended, _), (_, _, started, _, _) in zip(holds, holds[1:]):
+    for (_, _, _, ended, _), (_, _, started, _, _) in zip(holds, holds[1:], strict=False):
         assert ended < started, "a hold began before the previous one ended"

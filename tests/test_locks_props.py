@@ -22,7 +22,7 @@ import itertools
 import sqlite3
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from backend.locks import Lease, LockResult
 from backend.store import open_store
 from tests import pg
 
-UTC = timezone.utc
+UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 NAMES = ["a", "b"]
 RESOURCES = ["r1", "r2"]

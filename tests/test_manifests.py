@@ -7,7 +7,7 @@ import re
 import shlex
 import urllib.error
 import urllib.request
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -152,7 +152,7 @@ def platform_slots(provider: str, expr: str, start: date, days: int) -> set[date
         if d.month in months and d.day in doms and (d.weekday() + 1) % 7 in weekdays:
             for h in hours:
                 for mi in minutes:
-                    slots.add(datetime(d.year, d.month, d.day, h, mi, tzinfo=timezone.utc))
+                    slots.add(datetime(d.year, d.month, d.day, h, mi, tzinfo=UTC))
     return slots
 
 
@@ -194,7 +194,7 @@ def test_platform_crons_fire_exactly_when_schedtui_does(provider: str, expr: str
     got: set[datetime] = set()
     for cron in crons:
         got |= platform_slots(provider, cron, start, days)
-    begin = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    begin = datetime(2026, 1, 1, tzinfo=UTC)
     want = set(Cron(expr, "UTC").occurrences(begin - timedelta(seconds=1), begin + timedelta(days=days, seconds=-1)))
     assert want
     assert got == want

@@ -8,19 +8,19 @@ import dataclasses
 import os
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from backend import ManualClock, RunContext, define_schedule, open_store
-from backend.scheduler.ledger import RunLedger
-from backend.runtime.loops import Loops
 from backend.model import Run, ScheduleState
+from backend.runtime.loops import Loops
+from backend.scheduler.ledger import RunLedger
 from backend.scheduler.registry import InstanceRegistry, host_identity
 from backend.scheduler.states import ScheduleStates
 
-UTC = timezone.utc
+UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from tests.conftest import all_runs
 from tests.odd_exceptions import ODD_EXCEPTIONS, tag_of
 from tests.servers import REPO, cli_env
 
-UTC = timezone.utc
+UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 
 

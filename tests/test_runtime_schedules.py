@@ -4,7 +4,7 @@ by another engine sharing the store on its state poll."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -15,7 +15,7 @@ from backend.scheduler.stored import DefinedInCode, NameTaken
 from tests.conftest import all_runs
 from tests.test_engine import schedule
 
-UTC = timezone.utc
+UTC = UTC
 
 
 def at(text: str) -> datetime:
@@ -121,7 +121,7 @@ async def test_refusals_name_the_value(make_engine, clock: ManualClock) -> None:
         with pytest.raises(BadInput) as caught:
             await engine.create_schedule(bad)
         assert caught.value.field == field, (bad, caught.value)
-    assert "nowhere" in str((await _refusal(engine, spec(queue="nowhere"))))
+    assert "nowhere" in str(await _refusal(engine, spec(queue="nowhere")))
     with pytest.raises(NameTaken):
         await engine.create_schedule(spec(name="coded"))
     with pytest.raises(DefinedInCode):

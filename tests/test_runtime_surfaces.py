@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from backend import BadInput, Engine, NotFound
-from backend.definitions import discover_definitions
 from backend.client.interface import Backend, EmbeddedBackend
 from backend.client.remote import RemoteBackend
+from backend.definitions import discover_definitions
 from backend.scheduler.stored import DefinedInCode, NameTaken
 from tests.servers import Server, start_server
 from tests.test_cli import Cli, create_store, write_tree

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,9 @@ import pytest
 
 from backend import Engine, Run, define_schedule, open_store
 from backend.api.app import create_app
-from backend.ids import IdFactory
-from backend.client.interface import EmbeddedBackend
 from backend.api.server import serve
+from backend.client.interface import EmbeddedBackend
+from backend.ids import IdFactory
 from tests.servers import cli_env
 
 EVERY_MINUTE = """
@@ -41,7 +41,7 @@ async def _seed_and_count(url: str, seed: bool) -> int:
     await store.open()
     try:
         if seed:
-            at = datetime.now(timezone.utc).replace(second=0, microsecond=0) - timedelta(minutes=10)
+            at = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=10)
             run = Run(id=IdFactory(lambda: at)(), name="minutely", scheduled_at=at, status="succeeded", trigger="self",
                       coordination_outcome="single", instance="earlier", fired_at=at, finished_at=at)  # fmt: skip
             store.save_runs([run])

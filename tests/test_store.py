@@ -25,7 +25,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg
@@ -37,12 +37,12 @@ from backend import BackfillProgress, InUse, NotFound, Refused, Run, ScheduleSta
 from backend.ids import IdFactory, id_floor
 from backend.model import Claim, StoreHealth, slot_key
 from backend.store import Store, open_store
-from backend.store.sqlite.store import SQLiteStore
 from backend.store.sqlite.reserve import Reserve
 from backend.store.sqlite.sql import _run_params
+from backend.store.sqlite.store import SQLiteStore
 from tests import pg
 
-UTC = timezone.utc
+UTC = UTC
 REPO = Path(__file__).resolve().parents[1]
 
 StoreFactory = Callable[[Path], Store]
@@ -393,7 +393,7 @@ async def test_list_runs_pages_by_keyset_newest_first(store: Store) -> None:
     seen = [r.id for p in pages for r in p]
     assert seen == sorted((r.id for r in mine), reverse=True)
     assert len(set(seen)) == 250
-    assert all(a > b for a, b in zip(seen, seen[1:]))
+    assert all(a > b for a, b in zip(seen, seen[1:], strict=False))
     assert pages[0][0] == mine[-1] and pages[-1][-1] == mine[0]
 
     # A limit that does not divide the count: the last page is shorter.

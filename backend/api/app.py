@@ -48,7 +48,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
-from backend.events.audit import acting_as
+from backend.api.tokens import ApiToken, Tokens
+from backend.client.interface import RUNS_BETWEEN_MAX_PER_NAME, Backend
 from backend.errors import (
     BadInput,
     Forbidden,
@@ -59,12 +60,11 @@ from backend.errors import (
     Unauthorized,
     Unavailable,
 )
+from backend.events.audit import acting_as
 from backend.inputs import check_note, check_text
-from backend.client.interface import RUNS_BETWEEN_MAX_PER_NAME, Backend
 from backend.model import BACKFILL_MAX_LIMIT, iso, parse_iso
 from backend.safetext import escape_json, printable
 from backend.timeparse import parse_when
-from backend.api.tokens import ApiToken, Tokens
 
 __all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "JSONResponse", "create_app"]
 

@@ -23,8 +23,8 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from backend.errors import BadInput, ListenError, Unavailable
 from backend.client.interface import EmbeddedBackend
+from backend.errors import BadInput, ListenError, Unavailable
 from backend.store import until_lost
 
 __all__ = [

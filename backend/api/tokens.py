@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from backend.events.audit import check_actor
 from backend.errors import BadInput, Unauthorized
+from backend.events.audit import check_actor
 
 __all__ = ["ANONYMOUS", "ApiToken", "Tokens", "parse_token"]
 

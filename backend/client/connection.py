@@ -28,12 +28,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from backend.durable.actions import DurableActions
-from backend.scheduler.engine import Engine
-from backend.locks.sync import SyncLocks
-from backend.model import BackfillPlan, BackfillProgress, Run, ScheduleView
 from backend.definitions import Definitions as FolderDefinitions
 from backend.definitions import discover_definitions
+from backend.durable.actions import DurableActions
+from backend.locks.sync import SyncLocks
+from backend.model import BackfillPlan, BackfillProgress, Run, ScheduleView
+from backend.scheduler.engine import Engine
 from backend.store import open_store
 
 __all__ = ["Client", "ScheduleActions", "SyncClient", "connect", "connect_sync"]

@@ -16,10 +16,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
-from backend.events.audit import AuditPage
 from backend.durable.model import Execution, ExecutionsPage, Signalled, Started
-from backend.scheduler.engine import Engine
 from backend.errors import BadInput, Forbidden, Unavailable
+from backend.events.audit import AuditPage
 from backend.events.bus import READY, STREAM, Signal
 from backend.inputs import check_before, check_id, check_instant
 from backend.jobs.model import Job, JobDetail, JobsPage, QueueView, Sent
@@ -36,6 +35,7 @@ from backend.model import (
     iso,
     parse_iso,
 )
+from backend.scheduler.engine import Engine
 
 __all__ = [
     "SYSTEMS",

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import httpx
 
-from backend.events.audit import AuditPage
+from backend.client.interface import SYSTEMS, ConnectionInfo, RunsPage, SchedulesSnapshot, check_runs_between
 from backend.durable.model import Execution, ExecutionsPage, Signalled, Started
 from backend.durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES
 from backend.errors import (
@@ -29,9 +29,9 @@ from backend.errors import (
     Unauthorized,
     Unavailable,
 )
+from backend.events.audit import AuditPage
 from backend.events.bus import READY, RESYNC, STREAM, TOPICS, Signal
 from backend.inputs import check_before, check_id, check_instant, check_json, check_note
-from backend.client.interface import SYSTEMS, ConnectionInfo, RunsPage, SchedulesSnapshot, check_runs_between
 from backend.jobs.definition import check_cancel, check_queue_name, check_send
 from backend.jobs.model import Job, JobDetail, JobsPage, NotDead, QueueFull, QueueView, Sent
 from backend.locks import LockRelease, LocksSnapshot

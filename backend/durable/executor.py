@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import cast
 
-from backend.errors import Unavailable
-from backend.runtime.subsystems import Shared
 from backend.durable.definition import DurableFunction
 from backend.durable.run import ExecutionRun
 from backend.durable.store import Claimed, DurableStore
+from backend.errors import Unavailable
+from backend.runtime.subsystems import Shared
 
 __all__ = ["DurableExecutor"]
 

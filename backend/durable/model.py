@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
 from backend.ids import encode_id
@@ -67,7 +67,7 @@ def execution_id_for_slot(schedule: str, scheduled_at: datetime) -> str:
     """The id of the execution a schedule starts for one slot: the same on every instance,
     so the slot starts one execution however many instances try. It has the shape of any
     other id (it sorts by the slot's time)."""
-    slot = scheduled_at.astimezone(timezone.utc)
+    slot = scheduled_at.astimezone(UTC)
     digest = hashlib.sha256(f"{schedule}@{slot.isoformat()}".encode()).digest()
     ms = int(slot.timestamp() * 1000)
     return encode_id(ms, int.from_bytes(digest[:10], "big"))

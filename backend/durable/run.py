@@ -20,13 +20,13 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from backend.errors import Unavailable, describe_exception
-from backend.model import TAG_INTERRUPTED, TAG_TIMEOUT
-from backend.runtime.runner import Invocation, Outcome
 from backend.durable.definition import DurableFunction
 from backend.durable.errors import Cancelled, Fatal, LeaseLost, Released, StepFailed, Stop, Suspended
 from backend.durable.model import MAX_LIFETIME, TAG_CANCELLED, TAG_EXPIRED, TAG_NONDETERMINISTIC, decode
 from backend.durable.store import Claimed, DurableStore, Finish, Progress, StepRecord, Suspend, Write
+from backend.errors import Unavailable, describe_exception
+from backend.model import TAG_INTERRUPTED, TAG_TIMEOUT
+from backend.runtime.runner import Invocation, Outcome
 
 if TYPE_CHECKING:
     from backend.durable.context import DurableContext

@@ -14,17 +14,17 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
-from backend.errors import BadInput, NotFound, Refused
-from backend.inputs import check_before, check_id, check_json
-from backend.model import RunContext
-from backend.safetext import printable
-from backend.schedules import NAME_PATTERN
-from backend.runtime.subsystems import Shared
 from backend.durable.context import SIGNAL_NAME
 from backend.durable.definition import DurableFunction
 from backend.durable.executor import DurableExecutor
 from backend.durable.model import EXECUTION_STATUSES, Execution, Signalled, Started, execution_id_for_slot
 from backend.durable.store import DurableStore, NewExecution
+from backend.errors import BadInput, NotFound, Refused
+from backend.inputs import check_before, check_id, check_json
+from backend.model import RunContext
+from backend.runtime.subsystems import Shared
+from backend.safetext import printable
+from backend.schedules import NAME_PATTERN
 
 __all__ = ["MAX_INPUT_BYTES", "MAX_SIGNAL_BYTES", "Durable", "parse_json_option"]
 

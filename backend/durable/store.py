@@ -14,14 +14,14 @@ early, never let two owners write.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
-from backend.safetext import load_json
 from backend.durable.model import Execution, ExecutionStatus, StepKind, StepStatus, StepView
+from backend.safetext import load_json
 
 __all__ = [
     "EXECUTION_FIELDS",
@@ -292,7 +292,7 @@ def signals_from_json(stored: dict[str, Any]) -> dict[str, tuple[str, datetime]]
     """The signals an execution's row keeps (``{name: {"p": payload, "at": iso}}``)."""
     signals = {}
     for name, entry in stored.items():
-        at = datetime.fromisoformat(entry["at"]).astimezone(timezone.utc)
+        at = datetime.fromisoformat(entry["at"]).astimezone(UTC)
         signals[name] = (json.dumps(entry["p"], separators=(",", ":")), at)
     return signals
 

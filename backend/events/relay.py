@@ -42,9 +42,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from backend.errors import Unavailable
 from backend.events.bus import RESYNC, TOPICS, EventBus
-from backend.scheduler.ledger import RunLedger
-from backend.runtime.loops import Loops, stop_if_cancelled
 from backend.model import Run
+from backend.runtime.loops import Loops, stop_if_cancelled
+from backend.scheduler.ledger import RunLedger
 
 __all__ = [
     "ENGINE_TOPICS",

@@ -14,7 +14,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Final, Literal, Union
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from backend.definitions import register_definition_type
 from backend.errors import BadInput, DefinitionError
@@ -45,7 +45,7 @@ __all__ = [
     "define_queue",
 ]
 
-JobHandler = Callable[["JobContext"], Union[Awaitable[Any], Any]]
+JobHandler = Callable[["JobContext"], Awaitable[Any] | Any]
 
 #: The limits of a job (DESIGN.md part 2, "Job queue").
 MAX_PAYLOAD_BYTES: Final = 256 * 1024

@@ -16,8 +16,6 @@ from typing import Any, cast
 
 from backend.errors import BadInput, NotFound, Unavailable
 from backend.inputs import check_before, check_id
-from backend.model import TAG_ABANDONED
-from backend.runtime.subsystems import Shared
 from backend.jobs.actions import JobActions
 from backend.jobs.definition import (
     ATTEMPTS_KEEP,
@@ -33,6 +31,8 @@ from backend.jobs.definition import (
 from backend.jobs.model import JOB_STATUSES, Job, JobDetail, JobsPage, JobStatus, QueueView, Sent
 from backend.jobs.store import Finish, FinishKind, JobStore, NewJob, QueueSpec
 from backend.jobs.workers import Workers
+from backend.model import TAG_ABANDONED
+from backend.runtime.subsystems import Shared
 
 __all__ = ["Jobs"]
 
@@ -173,7 +173,7 @@ class Jobs:
             return 0
         applied = await self.store.finish_jobs(finishes)
         closed = 0
-        for finish, ok in zip(finishes, applied):
+        for finish, ok in zip(finishes, applied, strict=False):
             if ok:
                 closed += 1
                 log.warning(

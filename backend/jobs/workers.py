@@ -30,11 +30,11 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from backend.errors import Unavailable
-from backend.model import TAG_ABANDONED, TAG_INTERRUPTED, TAG_LEASE_LOST
-from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Invocation, Outcome, RunnerSaturated
 from backend.jobs.definition import Queue, backoff
 from backend.jobs.model import JobContext
 from backend.jobs.store import Claimed, Finish, FinishKind, QueueSpec
+from backend.model import TAG_ABANDONED, TAG_INTERRUPTED, TAG_LEASE_LOST
+from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Invocation, Outcome, RunnerSaturated
 
 if TYPE_CHECKING:
     from backend.jobs.system import Jobs
@@ -292,7 +292,7 @@ class Workers:
             self.wake.set()
             return
         self.cycles += 1
-        for (finish, run), applied in zip(batch, cycle.applied):
+        for (finish, run), applied in zip(batch, cycle.applied, strict=False):
             self._handed_in(run, finish, applied)
         got: Counter[str] = Counter()
         for claimed in cycle.claimed:
@@ -426,7 +426,7 @@ class Workers:
                 # retried) by the next instance to look, once this one is gone.
                 log.warning("could not hand in %d ended job attempt(s) while stopping: %s", len(batch), exc)
                 return
-            for index, ((finish, run), ok) in enumerate(zip(batch, applied)):
+            for index, ((finish, run), ok) in enumerate(zip(batch, applied, strict=False)):
                 self._handed_in(run, finish, ok or index < len(in_doubt))
 
     def describe(self) -> dict[str, Any]:

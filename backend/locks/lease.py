@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from backend.model import iso
 from backend.locks.model import Lock, StaleLease
+from backend.model import iso
 
 if TYPE_CHECKING:
     from backend.locks.service import Locks

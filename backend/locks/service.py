@@ -27,8 +27,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from backend.errors import NotFound, Unavailable
-from backend.model import TAG_UNAVAILABLE, iso
-from backend.runtime.runner import Outcome
 from backend.locks.lease import Lease, LockResult
 from backend.locks.model import (
     DEFAULT_TTL,
@@ -42,11 +40,13 @@ from backend.locks.model import (
     check_ttl,
 )
 from backend.locks.store import LockStore
+from backend.model import TAG_UNAVAILABLE, iso
+from backend.runtime.runner import Outcome
 
 if TYPE_CHECKING:
     from backend.clock import Clock
-    from backend.schedules import Schedule
     from backend.runtime.subsystems import Shared
+    from backend.schedules import Schedule
 
 __all__ = ["GuardedRun", "Locks"]
 

@@ -43,10 +43,10 @@ from typing import Any, Final, Literal
 
 from backend.clock import Clock
 from backend.errors import describe_exception
-from backend.runtime.isolated import IsolatedFailure, run_isolated
-from backend.runtime.loops import Loops
-from backend.runtime.liveness import WorkLease
 from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, TAG_TIMEOUT
+from backend.runtime.isolated import IsolatedFailure, run_isolated
+from backend.runtime.liveness import WorkLease
+from backend.runtime.loops import Loops
 
 __all__ = [
     "DEFAULT_MAX_THREADS",

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from backend.events.audit import AuditLog
 from backend.clock import Clock
+from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
 from backend.runtime.loops import Loops
 from backend.runtime.outages import OutageLog
-from backend.scheduler.registry import InstanceRegistry
 from backend.runtime.runner import HandlerRunner
+from backend.scheduler.registry import InstanceRegistry
 from backend.store import Store
 
 __all__ = ["Shared", "Subsystem"]

@@ -22,8 +22,6 @@ from typing import Literal
 
 from backend.clock import Clock
 from backend.errors import BadInput, NotFound, Refused, Unavailable
-from backend.scheduler.launcher import Launcher
-from backend.runtime.loops import Loops
 from backend.model import (
     BACKFILL_CONFIRM_ABOVE,
     BACKFILL_DEFAULT_LIMIT,
@@ -32,6 +30,8 @@ from backend.model import (
     BackfillProgress,
     utc,
 )
+from backend.runtime.loops import Loops
+from backend.scheduler.launcher import Launcher
 from backend.schedules import Schedule
 from backend.store import Store
 

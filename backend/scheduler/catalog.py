@@ -21,7 +21,6 @@ refuses edits of schedules defined in code (:meth:`Catalog.check_stored`), and b
 from __future__ import annotations
 
 import asyncio
-
 import logging
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -29,10 +28,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from backend.errors import BadInput, NotFound, Unavailable
 from backend.events.bus import RESYNC
-from backend.runtime.loops import stop_if_cancelled
 from backend.model import RunContext
-from backend.schedules import Schedule
+from backend.runtime.loops import stop_if_cancelled
 from backend.scheduler.stored import DefinedInCode, NameTaken, StoredSchedule, check_changes, check_spec
+from backend.schedules import Schedule
 
 if TYPE_CHECKING:
     from backend.scheduler.engine import Engine

@@ -27,16 +27,16 @@ from datetime import datetime, timedelta
 from itertools import islice
 
 from backend.clock import Clock
-from backend.scheduler.coordination.slots import SlotClaims
 from backend.errors import Unavailable
-from backend.scheduler.launcher import Launcher
-from backend.runtime.loops import Loops
 from backend.model import Trigger
+from backend.runtime.loops import Loops
 from backend.runtime.outages import OutageLog
-from backend.schedules import Schedule
+from backend.scheduler.coordination.slots import SlotClaims
+from backend.scheduler.launcher import Launcher
 from backend.scheduler.states import ScheduleStates
-from backend.store import Store
 from backend.scheduler.timers import Timers
+from backend.schedules import Schedule
+from backend.store import Store
 
 __all__ = ["CatchUp"]
 

@@ -14,11 +14,11 @@ from collections import defaultdict
 from datetime import timedelta
 
 from backend.clock import Clock
-from backend.scheduler.coordination.slots import SlotClaims
 from backend.errors import Refused, Unavailable
-from backend.scheduler.ledger import RunLedger
-from backend.scheduler.launcher import Launcher
 from backend.model import ExternalFiring, slot_key
+from backend.scheduler.coordination.slots import SlotClaims
+from backend.scheduler.launcher import Launcher
+from backend.scheduler.ledger import RunLedger
 from backend.schedules import Schedule
 from backend.store import Store
 

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from backend.clock import Clock
 from backend.ids import id_batches
-from backend.scheduler.ledger import RunLedger
 from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, Outcome, Run, RunContext, RunStatus, Trigger, iso
 from backend.runtime.runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
 from backend.runtime.runner import Outcome as CallOutcome
+from backend.scheduler.ledger import RunLedger
 from backend.schedules import Schedule
 from backend.store import MarksNow, Store
 

@@ -15,8 +15,8 @@ import logging
 import sys
 from typing import TYPE_CHECKING, Final
 
-from backend.scheduler.coordination.slots import warn_cluster_fallback
 from backend.errors import Unavailable
+from backend.scheduler.coordination.slots import warn_cluster_fallback
 
 if TYPE_CHECKING:
     from backend.scheduler.engine import Engine

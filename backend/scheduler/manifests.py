@@ -73,7 +73,7 @@ import re
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from typing import Any, Final, Literal
 from urllib.parse import quote
@@ -282,7 +282,7 @@ class _Plan:
     fires: tuple[_Fire, ...]
 
 
-_PROBE_START: Final = datetime(2001, 1, 1, tzinfo=timezone.utc)  # a Monday in a common year
+_PROBE_START: Final = datetime(2001, 1, 1, tzinfo=UTC)  # a Monday in a common year
 _LONGEST_MONTH: Final = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from backend.model import Run
 from backend.scheduler.backfills import Backfills
 from backend.scheduler.catchup import CatchUp
 from backend.scheduler.coordination.slots import Coordinator, SlotClaims
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.lifecycle import role_changed
-from backend.model import Run
 from backend.scheduler.registry import InstanceRegistry
 from backend.scheduler.timers import Timers
 

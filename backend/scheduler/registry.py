@@ -25,19 +25,19 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from backend.clock import Clock
 from backend.errors import Unavailable
-from backend.scheduler.ledger import RunLedger
-from backend.runtime.liveness import WorkLease
 from backend.model import TAG_ABANDONED, BackfillProgress, CoordinationMode, Role, Run
+from backend.runtime.liveness import WorkLease
+from backend.scheduler.ledger import RunLedger
 from backend.store import KnowsFirer, Membership, Store, Unfinished
 
 T = TypeVar("T")
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 __all__ = ["InstanceRegistry", "default_instance_name", "host_identity"]
 

@@ -18,12 +18,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, cast
 
 from backend.clock import Clock, ManualClock
-from backend.scheduler.coordination.cluster import Cluster, ClusterCoordinator, ClusterStore
 from backend.durable import Durable, DurableFunction
 from backend.jobs.definition import Queue
 from backend.jobs.system import Jobs
 from backend.locks import Locks
 from backend.runtime.subsystems import Shared
+from backend.scheduler.coordination.cluster import Cluster, ClusterCoordinator, ClusterStore
 
 if TYPE_CHECKING:
     from backend.scheduler.engine import Engine

@@ -20,11 +20,11 @@ from itertools import islice
 from typing import Any, Final
 
 from backend.clock import Clock
+from backend.model import Outcome
+from backend.runtime.loops import Loops
 from backend.scheduler.coordination.slots import SlotClaims
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.ledger import RunLedger
-from backend.runtime.loops import Loops
-from backend.model import Outcome
 from backend.schedules import Schedule
 
 __all__ = ["TimerWheel", "Timers"]

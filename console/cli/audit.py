@@ -7,9 +7,8 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from backend.events.audit import AuditEntry
 from backend.client.interface import Backend
-
+from backend.events.audit import AuditEntry
 from console import format as fmt
 
 

@@ -16,12 +16,11 @@ from datetime import datetime
 from typing import Any
 
 from backend import Refused
+from backend.client.interface import Backend
 from backend.durable.model import EXECUTION_STATUSES, Execution
 from backend.durable.service import parse_json_option
-from backend.client.interface import Backend
-
 from console import format as fmt
-from console.cli.main import EXIT_FAILURE, EXIT_OK, _positive_int, _print_json, _VERB_OPTIONS, _with_backend
+from console.cli.main import _VERB_OPTIONS, EXIT_FAILURE, EXIT_OK, _positive_int, _print_json, _with_backend
 
 EXECUTION_GLYPHS, STEP_GLYPHS = fmt.EXECUTION_GLYPHS, fmt.STEP_GLYPHS
 

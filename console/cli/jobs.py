@@ -21,11 +21,10 @@ from datetime import datetime
 from typing import Any
 
 from backend import BadInput, Refused
-from backend.inputs import is_id
 from backend.client.interface import Backend
+from backend.inputs import is_id
 from backend.jobs.model import JOB_STATUSES, Job, JobDetail, QueueView
 from backend.safetext import printable
-
 from console import format as fmt
 from console.cli.main import _VERB_OPTIONS, EXIT_FAILURE, EXIT_OK, _print_json, _with_backend
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from backend.client.interface import Backend
 from backend.locks import Lock, LocksSnapshot
-
 from console import format as fmt
 from console.cli.main import _VERB_OPTIONS, EXIT_OK, EXIT_USAGE, _print_json, _with_backend
 

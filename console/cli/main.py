@@ -31,9 +31,12 @@ from backend import (
     discover,
     open_store,
 )
-from backend.definitions import Definitions, discover_definitions
+from backend.api.server import serve
+from backend.api.tokens import Tokens, parse_token
 from backend.client.interface import Backend, EmbeddedBackend
-from backend.scheduler.manifests import PROVIDERS, render_manifests
+from backend.client.remote import RemoteBackend
+from backend.definitions import Definitions, discover_definitions
+from backend.events.audit import check_actor
 from backend.model import (
     BACKFILL_MAX_LIMIT,
     COORDINATION_MODES,
@@ -43,13 +46,9 @@ from backend.model import (
     Run,
     ScheduleView,
 )
-from backend.events.audit import check_actor
-from backend.client.remote import RemoteBackend
 from backend.safetext import RedactingFormatter, redact_url, remember_secret
-from backend.api.server import serve
+from backend.scheduler.manifests import PROVIDERS, render_manifests
 from backend.timeparse import parse_when
-from backend.api.tokens import Tokens, parse_token
-
 from console import format as fmt
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
@@ -829,7 +828,7 @@ async def _run_console(app: Any, backend: Backend) -> int:
             print(f"schedtui: stopping the engine (runs in flight get up to {CONSOLE_GRACE:g}s)", file=sys.stderr)
         try:
             await asyncio.wait_for(backend.close(), CONSOLE_GRACE + 10)
-        except (SchedtuiError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, SchedtuiError) as exc:
             print(f"schedtui: {exc}", file=sys.stderr)
     return EXIT_OK
 

@@ -21,7 +21,6 @@ from backend import BadInput
 from backend.client.interface import Backend
 from backend.model import BACKFILL_POLICIES, OVERLAP_POLICIES, ScheduleView
 from backend.safetext import printable
-
 from console.cli.main import _VERB_OPTIONS, EXIT_OK, _print_json, _with_backend
 
 __all__ = ["VERBS", "add_verbs", "spec_of"]

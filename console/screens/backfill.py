@@ -13,15 +13,15 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.css.query import NoMatches
 from textual.content import Content
+from textual.css.query import NoMatches
 from textual.markup import escape
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, ProgressBar, Static
 
-from backend.errors import BadInput, SchedtuiError, Unavailable
 from backend.client.interface import Backend
+from backend.errors import BadInput, SchedtuiError, Unavailable
 from backend.model import (
     BACKFILL_CONFIRM_ABOVE,
     BackfillPlan,
@@ -29,7 +29,6 @@ from backend.model import (
     ScheduleView,
 )
 from backend.timeparse import parse_when
-
 from console import format as fmt
 
 __all__ = ["BackfillScreen", "PlanState"]

@@ -12,10 +12,9 @@ from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from backend.errors import SchedtuiError
 from backend.client.interface import Backend
+from backend.errors import SchedtuiError
 from backend.model import Run
-
 from console import format as fmt
 from console.widgets.palette import OUTCOME_COLORS, STATUS_COLORS
 from console.widgets.runs import lag

@@ -16,7 +16,6 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Label, Static
 
 from backend.durable.model import Execution, StepView
-
 from console import format as fmt
 
 __all__ = ["CancelPrompt", "SignalPrompt", "StepsScreen", "step_rows"]

@@ -16,10 +16,9 @@ from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
-from backend.errors import SchedtuiError
 from backend.client.interface import Backend
+from backend.errors import SchedtuiError
 from backend.jobs.model import Job, JobDetail, Sent
-
 from console import format as fmt
 from console.widgets.jobs import JOB_STATUS_COLORS, job_when
 

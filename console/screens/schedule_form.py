@@ -25,11 +25,10 @@ from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
+from backend.client.interface import Backend
 from backend.cron import Cron
 from backend.errors import CronError, SchedtuiError
-from backend.client.interface import Backend
 from backend.model import ScheduleView
-
 from console import format as fmt
 
 __all__ = ["DEFINED_IN_CODE", "DeleteSchedule", "PREVIEW_COUNT", "ScheduleForm", "defined_in_code"]

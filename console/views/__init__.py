@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from console.views.audit import AuditView
 from console.views.base import UnavailableView, View
+from console.views.durable import DurableView
 from console.views.jobs import JobsView
 from console.views.locks import LocksView
-from console.views.durable import DurableView
 from console.views.schedules import SchedulesView
 from console.views.timeline import TimelineView
 

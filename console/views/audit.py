@@ -13,14 +13,13 @@ from textual.binding import Binding
 from textual.content import Content
 from textual.widgets import DataTable, Static
 
-from backend.events.audit import AuditEntry
 from backend.errors import SchedtuiError, Unavailable
-
+from backend.events.audit import AuditEntry
 from console import format as fmt
+from console.views.base import View
 from console.widgets.line import Line
 from console.widgets.palette import theme_color
 from console.widgets.schedules import FreshTable
-from console.views.base import View
 
 __all__ = ["AUDIT_PAGE", "AuditTable", "AuditView", "detail_text", "entry_matches"]
 

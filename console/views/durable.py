@@ -18,13 +18,12 @@ from textual.widgets import DataTable, Static
 
 from backend.durable.model import Execution
 from backend.errors import SchedtuiError, Unavailable
-
 from console import format as fmt
 from console.screens.durable import CancelPrompt, SignalPrompt, StepsScreen
+from console.views.base import View
 from console.widgets.line import Line
 from console.widgets.palette import theme_color
 from console.widgets.schedules import FreshTable
-from console.views.base import View
 
 __all__ = ["EXECUTIONS_PAGE", "DurableView", "ExecutionsTable", "execution_matches"]
 

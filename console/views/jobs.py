@@ -23,11 +23,10 @@ from textual.widgets import DataTable
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.jobs.model import Job, JobsPage, QueueView, Sent
-
 from console.screens.jobs import RETRY_CONFIRM_ABOVE, ConfirmPrompt, JobDetails, SendJobScreen
+from console.views.base import View
 from console.widgets.jobs import JobsTable, QueuesTable
 from console.widgets.line import Line
-from console.views.base import View
 
 __all__ = ["JOBS_PAGE", "JobsView", "STATUS_CYCLE"]
 

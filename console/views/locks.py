@@ -14,13 +14,12 @@ from textual.content import Content
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.locks import Lock, LocksSnapshot
-
 from console import format as fmt
 from console.screens.confirm import Confirm
+from console.views.base import View
 from console.widgets.line import Line
 from console.widgets.palette import theme_color
 from console.widgets.schedules import FreshTable
-from console.views.base import View
 
 __all__ = ["LocksTable", "LocksView"]
 
@@ -88,7 +87,7 @@ class LocksTable(FreshTable):
 
     def tick(self, now: datetime) -> None:
         for name, lock in self.locks.items():
-            for key, cell in zip(("state", "expires", "renewed"), self._timed(lock, now)):
+            for key, cell in zip(("state", "expires", "renewed"), self._timed(lock, now), strict=False):
                 if self.get_cell(name, key) != cell:
                     self.update_cell(name, key, cell)
 

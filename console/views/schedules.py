@@ -16,16 +16,15 @@ from textual.binding import Binding
 from textual.content import Content
 from textual.widgets import DataTable
 
-from backend.errors import SchedtuiError, Unavailable
 from backend.client.interface import RunsPage
+from backend.errors import SchedtuiError, Unavailable
 from backend.model import Run, ScheduleView
-
 from console import format as fmt
 from console.fleet import durations
 from console.screens.schedule_form import DEFINED_IN_CODE, DeleteSchedule, ScheduleForm, defined_in_code
-from console.widgets.line import Line
-from console.widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
 from console.views.base import View
+from console.widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
+from console.widgets.line import Line
 
 __all__ = ["PAGE_SIZE", "SchedulesView"]
 

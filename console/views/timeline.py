@@ -12,14 +12,13 @@ from textual.content import Content
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.model import Run
-
 from console import format as fmt
 from console.timeline import DEFAULT_ZOOM, ZOOMS, Window, kind_of, zoom_label
-from console.widgets.line import Line
+from console.views.base import View
 from console.widgets import TimelineGrid
+from console.widgets.line import Line
 from console.widgets.palette import KIND_MEANINGS
 from console.widgets.runs import run_duration
-from console.views.base import View
 
 __all__ = ["TimelineView"]
 

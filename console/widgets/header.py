@@ -11,7 +11,6 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from backend.client.interface import ConnectionInfo
-
 from console import format as fmt
 from console.fleet import Fleet
 

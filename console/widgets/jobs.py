@@ -15,7 +15,6 @@ from rich.text import Text
 from textual.binding import Binding, BindingType
 
 from backend.jobs.model import Job, QueueView
-
 from console import format as fmt
 from console.widgets.palette import FAILED_EMPHASIS, theme_color
 from console.widgets.schedules import FreshTable
@@ -124,7 +123,7 @@ class QueuesTable(FreshTable):
 
     def _update_row(self, name: str, cells: tuple[Text, ...]) -> None:
         old = self._shown[name]
-        for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, old):
+        for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, old, strict=False):
             if new_cell != old_cell:
                 self.update_cell(name, key, new_cell, update_width=width is None)
         self._shown[name] = cells
@@ -218,7 +217,7 @@ class JobsTable(FreshTable):
 
     def _update_row(self, job_id: str, cells: tuple[Text, ...]) -> None:
         old = self._shown[job_id]
-        for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, old):
+        for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, old, strict=False):
             if new_cell != old_cell:
                 self.update_cell(job_id, key, new_cell, update_width=width is None)
         self._shown[job_id] = cells

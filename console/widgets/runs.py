@@ -13,7 +13,6 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from backend.model import Run, ScheduleView
-
 from console import format as fmt
 from console.fleet import Durations
 from console.widgets.palette import outcome_text, status_cell, status_text, theme_color
@@ -249,8 +248,8 @@ class RunsTable(FreshTable):
         same_rows = [key for key, _ in shown] == [key for key, _ in self._shown]
         self.runs = list(runs)
         if same_rows:
-            for (key, cells), (_, old) in zip(shown, self._shown):
-                for (column, _), new_cell, old_cell in zip(self.COLUMNS, cells, old):
+            for (key, cells), (_, old) in zip(shown, self._shown, strict=False):
+                for (column, _), new_cell, old_cell in zip(self.COLUMNS, cells, old, strict=False):
                     if new_cell != old_cell:
                         self.update_cell(key, column, new_cell, update_width=True)
             self._shown = shown

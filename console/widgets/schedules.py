@@ -25,14 +25,13 @@ from rich.text import Text
 from textual import events, work
 from textual.binding import Binding
 from textual.cache import LRUCache
-from textual.widgets import DataTable
 from textual.geometry import Size
 from textual.render import measure
+from textual.widgets import DataTable
 from textual.widgets._data_table import default_cell_formatter
 from textual.widgets.data_table import ColumnKey, RowKey
 
 from backend.model import Run, ScheduleView
-
 from console import format as fmt
 from console.fleet import CronCache, Overdue
 from console.widgets.palette import OUTCOME_COLORS, status_style, theme_color
@@ -361,7 +360,7 @@ class SchedulesTable(FreshTable):
         thousand rows' copies were thousands more objects for the garbage collector)."""
         row = RowKey(view.name)
         kept: list[Text | str] = []
-        for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, self._shown[view.name]):
+        for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, self._shown[view.name], strict=False):
             if new_cell == old_cell:
                 kept.append(old_cell)
                 continue

@@ -20,7 +20,6 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from backend.model import Run, ScheduleView
-
 from console import format as fmt
 from console.fleet import CronCache
 from console.timeline import Cell, Window, kind_of, row_marks, ticks

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +147,7 @@ async def every_schedule_fires(store_url: str, names: list[str]) -> None:
     """From outside the console, as another instance would: a new run for every schedule."""
     store = open_store(store_url)
     await store.open()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     store.save_runs([
         Run(id=f"01ZZBENCH{n:017d}", name=name, scheduled_at=now, status="succeeded", trigger="self",
             coordination_outcome="single", instance="bench-other", fired_at=now, finished_at=now)

@@ -232,7 +232,7 @@ def figures(results: dict[str, Any], commits: int, base: int, steps: int, workfl
         "commits_per_step": round((commits - base) / (total_steps + steps), 3),
     }
     if "check_s" in results:
-        steps_db = [a + b for a, b in zip(results["check_s"], results["checkpoint_s"])]
+        steps_db = [a + b for a, b in zip(results["check_s"], results["checkpoint_s"], strict=False)]
         out["step_db_ms"] = stats.summary_ms(steps_db, ("p50", "p99", "max"))
     return out
 

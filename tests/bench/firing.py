@@ -39,7 +39,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from datetime import timezone
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -149,8 +149,8 @@ async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
 
     import backend
     from backend import Engine, define_schedule
-    from backend.clock import SystemClock
     from backend.api.server import freeze_startup_heap
+    from backend.clock import SystemClock
 
     observations: list[tuple[int, int, float]] = []
     note = observations.append
@@ -284,14 +284,14 @@ async def run_apscheduler3(n: int, seconds: int) -> dict[str, Any]:
         elif event.code == EVENT_JOB_ERROR:
             events["error"] += 1
 
-    scheduler = AsyncIOScheduler(timezone=timezone.utc)
+    scheduler = AsyncIOScheduler(timezone=UTC)
     scheduler.add_listener(
         listener, EVENT_JOB_EXECUTED | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES | EVENT_JOB_ERROR
     )
     for i in range(n):
         scheduler.add_job(
             job,
-            CronTrigger(second="*", timezone=timezone.utc),
+            CronTrigger(second="*", timezone=UTC),
             args=(i,),
             id=str(i),
             # None = no grace limit: a run is executed however late it is (3.11 accepts
@@ -322,7 +322,7 @@ async def run_apscheduler3(n: int, seconds: int) -> dict[str, Any]:
     unpaired = floor_disagrees = 0
     for i in range(n):
         unpaired += abs(len(starts[i]) - len(slots[i]))
-        for began, slot in zip(starts[i], slots[i]):
+        for began, slot in zip(starts[i], slots[i], strict=False):
             whole = round(slot)
             if math.floor(began) != whole:
                 floor_disagrees += 1  # floor(start) would have been the wrong slot

@@ -52,7 +52,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,7 @@ DEFAULT_MAX_AGE = timedelta(hours=24)
 PER_FILE = 100
 INSTANCE = "bench-ledger"
 
-_UTC = timezone.utc
+_UTC = UTC
 _EPOCH = datetime(1970, 1, 1, tzinfo=_UTC)
 _US = 1_000_000
 
@@ -392,7 +392,7 @@ def _write_db(path: Path, specs: list[ScheduleSpec], counts: list[int], built_at
     span_us = int(SPAN.total_seconds() * _US)
     floor_us = built_us - span_us
     events: list[tuple[int, int, int]] = []
-    for index, (spec, count) in enumerate(zip(specs, counts)):
+    for index, (spec, count) in enumerate(zip(specs, counts, strict=False)):
         newest = _us(Cron(spec.cron, spec.timezone).latest(built_at))
         if newest < floor_us + span_us // 2 and count > 1:
             newest = built_us - 60 * _US
@@ -456,7 +456,7 @@ def _write_db(path: Path, specs: list[ScheduleSpec], counts: list[int], built_at
     # Columns written after the generated ones (the traceback) are left empty.
     pad = (None,) * (sqlite_store.UPSERT_RUN.split("VALUES", 1)[1].split(")", 1)[0].count("?") - 11)
     while True:
-        chunk = [row + pad for _, row in zip(range(batch), it)]
+        chunk = [row + pad for _, row in zip(range(batch), it, strict=False)]
         if not chunk:
             break
         conn.execute("BEGIN")
@@ -516,7 +516,7 @@ def _build_into(target: Path, schedules: int, runs: int, seed: int) -> dict[str,
         "built_at": built_at.isoformat(),
         "build_s": time.perf_counter() - t0,
         "specs": [dataclasses.asdict(s) for s in specs],
-        "run_counts": dict(zip((s.name for s in specs), counts)),
+        "run_counts": dict(zip((s.name for s in specs), counts, strict=False)),
     }
     (target / "meta.json").write_text(json.dumps(meta))
     return meta

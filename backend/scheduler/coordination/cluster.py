@@ -47,15 +47,15 @@ from backend.errors import Unavailable
 from backend.model import Claim, ClaimResult, CoordinationMode, Outcome
 
 if TYPE_CHECKING:
-    from backend.scheduler.catchup import CatchUp
     from backend.clock import Clock
+    from backend.locks.model import Lock
     from backend.runtime.loops import Loops
     from backend.runtime.outages import OutageLog
+    from backend.scheduler.catchup import CatchUp
     from backend.scheduler.registry import InstanceRegistry
-    from backend.schedules import Schedule
-    from backend.locks.model import Lock
-    from backend.store.postgres.cluster import ClusterState
     from backend.scheduler.timers import Timers
+    from backend.schedules import Schedule
+    from backend.store.postgres.cluster import ClusterState
 
 __all__ = ["MEMBER_PREFIX", "SHARDS", "SHARD_PREFIX", "Cluster", "ClusterCoordinator", "ClusterStore", "shard_of", "spread"]
 

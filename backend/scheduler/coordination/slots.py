@@ -26,13 +26,13 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol, cast
 
 from backend.clock import Clock
-from backend.scheduler.coordination.cluster import ClusterCoordinator, ClusterStore
 from backend.errors import BadInput, Unavailable
-from backend.scheduler.launcher import Launcher
+from backend.model import Claim, ClaimResult, CoordinationMode, Outcome, Trigger, slot_key
 from backend.runtime.liveness import WorkLease
 from backend.runtime.loops import Loops
-from backend.model import Claim, ClaimResult, CoordinationMode, Outcome, Trigger, slot_key
 from backend.runtime.outages import OutageLog
+from backend.scheduler.coordination.cluster import ClusterCoordinator, ClusterStore
+from backend.scheduler.launcher import Launcher
 from backend.schedules import Schedule
 
 if TYPE_CHECKING:
@@ -200,12 +200,12 @@ class SlotClaims:
         except Unavailable as exc:
             self.outages.trouble("claim", f"not firing {len(slots)} slot(s): cannot claim them", exc)
             if not in_store:
-                for (schedule, slot), claim in zip(slots, claims):
+                for (schedule, slot), claim in zip(slots, claims, strict=False):
                     self._remember_lost(schedule, slot, claim.run_id)
             return [], {}
         self.outages.back(self.lost_count)
         won = result.won
-        owned = [(schedule, slot, claim.run_id) for (schedule, slot), claim in zip(slots, claims) if claim.key in won]
+        owned = [(schedule, slot, claim.run_id) for (schedule, slot), claim in zip(slots, claims, strict=False) if claim.key in won]
         return owned, result.busy
 
     def make_claims(
@@ -330,7 +330,7 @@ class SlotClaims:
             return
         self.outages.back(self.lost_count)
         won: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
-        for (schedule, slot), claim in zip(wanted, claims):
+        for (schedule, slot), claim in zip(wanted, claims, strict=False):
             if claim.key in result.won:
                 won[schedule.name].append((slot, claim.run_id))
             else:

@@ -7,7 +7,7 @@ first by id (ids sort by time, hence ``COLLATE "C"``); retention deletes by id r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from backend.events.audit import AuditEntry, decode_detail, encode_detail
@@ -37,7 +37,7 @@ PRUNE_AUDIT = "DELETE FROM schedtui_audit WHERE id < %s"
 
 
 def _entry(row: Sequence[Any]) -> AuditEntry:
-    return AuditEntry(row[0], row[1].astimezone(timezone.utc), row[2], row[3], row[4], decode_detail(row[5]))
+    return AuditEntry(row[0], row[1].astimezone(UTC), row[2], row[3], row[4], decode_detail(row[5]))
 
 
 def _text(value: str) -> str:

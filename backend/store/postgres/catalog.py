@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.safetext import escape_text, load_json
@@ -65,7 +65,7 @@ DELETE_STATE = "DELETE FROM schedtui_schedule_state WHERE name = %s"
 
 
 def _utc(dt: datetime) -> datetime:
-    return dt.astimezone(timezone.utc)
+    return dt.astimezone(UTC)
 
 
 def _row(row: tuple[Any, ...]) -> StoredSchedule:

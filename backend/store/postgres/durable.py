@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.durable.model import TAG_CANCELLED, Execution, ExecutionLog, ExecutionStatus
@@ -148,9 +148,9 @@ CLAIM = f"""
 #: The lease condition every write of the runner carries.
 HELD = "id = %(id)s AND lease = %(lease)s AND status = 'running'"
 #: What a write does besides updating the execution ("e"), only if that update matched.
-_AND_STEPS_AND_LOGS = """,
+_AND_STEPS_AND_LOGS = f""",
     s AS (
-        INSERT INTO schedtui_durable_steps (execution_id, {columns})
+        INSERT INTO schedtui_durable_steps (execution_id, {STEP_COLUMNS})
         SELECT %(id)s, r.* FROM json_to_recordset(%(steps)s::json) AS r(
             seq integer, name text, kind text, status text, attempt integer, started_at timestamptz,
             finished_at timestamptz, wake_at timestamptz, output text, error_tag text, error_message text,
@@ -168,7 +168,7 @@ _AND_STEPS_AND_LOGS = """,
         WHERE EXISTS (SELECT 1 FROM e)
     )
     SELECT cancel_requested FROM e
-""".format(columns=STEP_COLUMNS)
+"""
 PROGRESS = f"""
     WITH e AS (
         UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
@@ -290,7 +290,7 @@ def _utc(value: Any) -> datetime | None:
     if isinstance(value, str):  # a time inside a JSON document
         value = datetime.fromisoformat(value)
     assert isinstance(value, datetime)
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -428,7 +428,7 @@ class PostgresDurable:
         return await self._execute(EXPIRE, (now, instance, now, claimed_before, claimed_before))
 
     async def durable_signal(self, id: str, name: str, payload: str, now: datetime) -> tuple[ExecutionStatus, bool] | None:
-        sent = now.astimezone(timezone.utc).isoformat(timespec="microseconds")
+        sent = now.astimezone(UTC).isoformat(timespec="microseconds")
         params = {"id": id, "name": name, "payload": _text(payload), "now": now, "sent": sent}
         rows = await self._fetch_write(SIGNAL, params)
         status, taken = rows[0]

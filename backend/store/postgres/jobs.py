@@ -28,7 +28,7 @@ import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -359,7 +359,7 @@ _SEND_TRIES = 5
 
 
 def _utc(dt: datetime | None) -> datetime | None:
-    return None if dt is None else dt.astimezone(timezone.utc)
+    return None if dt is None else dt.astimezone(UTC)
 
 
 def _iso(dt: datetime | None) -> str | None:

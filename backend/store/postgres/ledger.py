@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
@@ -24,7 +24,6 @@ from backend.model import Run
 from backend.store import store_unavailable
 from backend.store.postgres.events import NOTIFY_CHOSEN, _one_line
 from backend.store.postgres.sql import NOTE_LAST_FIRED, UPSERT_RUNS, _runs_json
-
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -138,7 +137,7 @@ class PostgresLedgerWriter:
                     log.exception("could not write %d run(s) to the ledger", len(pending))
                     exc = store_unavailable(self.where, "{store} could not write runs", _one_line(exc), "see the log")
                 self._write_failures += 1
-                since = self._write_trouble[1] if self._write_trouble else datetime.now(timezone.utc)
+                since = self._write_trouble[1] if self._write_trouble else datetime.now(UTC)
                 # What /healthz shows: the words fit for anyone (no host, user or database).
                 self._write_trouble = (self._conn_trouble[0] if self._conn_trouble else exc.public, since)
                 self._settle(upto, exc)

@@ -12,7 +12,7 @@ grow. A failed attempt on a held lock is a pure read: no row lock, no commit to 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.locks.model import Lock, LockRelease, LocksSnapshot
@@ -107,7 +107,7 @@ FENCE_WHY = """
 
 
 def _utc(dt: datetime) -> datetime:
-    return dt.astimezone(timezone.utc)
+    return dt.astimezone(UTC)
 
 
 def _lock(row: Sequence[Any]) -> Lock:

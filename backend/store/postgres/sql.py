@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from backend.model import BackfillProgress, Claim, Run
 from backend.store.rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
-
 
 #: Advisory lock taken (transaction-scoped) around schema creation and migration, so N
 #: instances starting at once migrate one after the other. Two-key form: (class, object).
@@ -347,7 +346,7 @@ CONFIGURE = "SET statement_timeout = '30s'; SET idle_in_transaction_session_time
 # ---------------------------------------------------------------------------------------
 
 def _utc(dt: datetime | None) -> datetime | None:
-    return None if dt is None else dt.astimezone(timezone.utc)
+    return None if dt is None else dt.astimezone(UTC)
 
 
 def _run(row: Sequence[Any]) -> Run:

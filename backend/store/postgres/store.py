@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -49,11 +49,14 @@ from backend.model import (
 from backend.store import FIRING, Membership, Unfinished, redact_url, store_unavailable
 from backend.store.migrations import components_of, migrate_postgres
 from backend.store.postgres.audit import PostgresAudit
+from backend.store.postgres.catalog import PostgresCatalog
+from backend.store.postgres.cluster import PostgresCluster
 from backend.store.postgres.durable import PostgresDurable
 from backend.store.postgres.events import PostgresEvents, _Listener
-from backend.store.postgres.catalog import PostgresCatalog
 from backend.store.postgres.jobs import PostgresJobs
-from backend.store.postgres.cluster import PostgresCluster
+from backend.store.postgres.ledger import (
+    PostgresLedgerWriter,
+)
 from backend.store.postgres.locks import PostgresLocks
 from backend.store.postgres.sql import (
     BACKFILL_PKEY,
@@ -64,17 +67,17 @@ from backend.store.postgres.sql import (
     CONFIGURE,
     COUNT_CLAIMS,
     CREATE_VERSION_TABLE,
+    FLEET_LOCK,
     FORGET_INSTANCE,
     GET_BACKFILL,
     GET_RUN,
     GET_STATES,
     GET_VERSION,
-    FLEET_LOCK,
     HEARTBEAT,
     INSERT_BACKFILL,
     INSERT_VERSION,
-    INSTANCES,
     INSTANCE_LIST,
+    INSTANCES,
     LAST_RUNS,
     LAST_SLOTS,
     LATEST_RUNS,
@@ -103,9 +106,6 @@ from backend.store.postgres.sql import (
     _run,
     _runs_json,
     _utc,
-)
-from backend.store.postgres.ledger import (
-    PostgresLedgerWriter,
 )
 
 log = logging.getLogger("schedtui.store")
@@ -323,7 +323,7 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
     def _trouble(self, exc: BaseException) -> Unavailable:
         """Remember connection trouble for :meth:`health` (in the words ``/healthz`` may
         show); the error to raise."""
-        since = self._conn_trouble[1] if self._conn_trouble else datetime.now(timezone.utc)
+        since = self._conn_trouble[1] if self._conn_trouble else datetime.now(UTC)
         self._conn_trouble = (_public_reason(exc), since)
         return self._unavailable(exc)
 
@@ -428,7 +428,7 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
         if not wanted:
             return {}
         rows = await self._fetchall(LAST_SLOTS, (wanted,))
-        return {name: slot.astimezone(timezone.utc) for name, slot in rows if slot is not None}
+        return {name: slot.astimezone(UTC) for name, slot in rows if slot is not None}
 
     async def running_runs(self) -> list[Run]:
         return [_run(row) for row in await self._fetchall(RUNNING_RUNS)]
@@ -532,7 +532,7 @@ class PostgresStore(PostgresLedgerWriter, PostgresJobs, PostgresCatalog, Postgre
         runs = await (await conn.execute(RUNNING_RUNS)).fetchall()
         backfills = await (await conn.execute(RUNNING_BACKFILLS)).fetchall()
         marks = await (await conn.execute(STARTING_MARKS)).fetchall()
-        return [_run(r) for r in runs], [_backfill(r) for r in backfills], {r[0]: r[1].astimezone(timezone.utc) for r in marks}
+        return [_run(r) for r in runs], [_backfill(r) for r in backfills], {r[0]: r[1].astimezone(UTC) for r in marks}
 
     async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
         async def close(conn: AsyncConnection[Any]) -> list[Run]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.events.audit import AuditEntry, decode_detail, encode_detail
@@ -35,7 +35,7 @@ LIST_AUDIT = f"SELECT {AUDIT_COLUMNS} FROM audit ORDER BY id DESC LIMIT ?"
 LIST_AUDIT_BEFORE = f"SELECT {AUDIT_COLUMNS} FROM audit WHERE id < ? ORDER BY id DESC LIMIT ?"
 PRUNE_AUDIT = "DELETE FROM audit WHERE id < ?"
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.safetext import escape_text, load_json
@@ -62,7 +62,7 @@ UPDATE = """
 DELETE = "DELETE FROM stored_schedules WHERE name = ?"
 DELETE_STATE = "DELETE FROM schedule_state WHERE name = ?"
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 

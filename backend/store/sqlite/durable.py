@@ -13,7 +13,7 @@ import json
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.durable.model import TAG_CANCELLED, Execution, ExecutionLog, ExecutionStatus
@@ -438,6 +438,6 @@ def _step_params(step: StepRecord) -> tuple[Any, ...]:
 
 def _iso(dt: datetime | None) -> str | None:
     """A signal's time as its JSON keeps it: UTC, to the microsecond (so texts compare as times)."""
-    return None if dt is None else dt.astimezone(timezone.utc).isoformat(timespec="microseconds")
+    return None if dt is None else dt.astimezone(UTC).isoformat(timespec="microseconds")
 
 

@@ -253,7 +253,7 @@ class SQLiteJobs:
                 free = [] if taken and max(taken) > concurrency else [s for s in range(1, concurrency + 1) if s not in taken]
                 if free:
                     rows = c.execute(DUE, (queue, at, min(want, len(free)))).fetchall()
-                    for row, seat in zip(rows, free):
+                    for row, seat in zip(rows, free, strict=False):
                         c.execute(CLAIM, (seat, at, instance, token, row[0]))
                         created = _dt(row[7])
                         assert created is not None

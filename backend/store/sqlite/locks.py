@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.locks.model import Lock, LockRelease, LocksSnapshot
@@ -70,7 +70,7 @@ FENCE = """
 """
 FENCE_WHY = "SELECT (SELECT token FROM lock_fences WHERE resource = ?), (SELECT token FROM locks WHERE name = ?)"
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
@@ -87,7 +87,7 @@ def _lock(row: tuple[Any, ...]) -> Lock:
 
 
 def _now(now: datetime | None) -> datetime:
-    return now if now is not None else datetime.now(timezone.utc)
+    return now if now is not None else datetime.now(UTC)
 
 
 def stale_reason(token: int, seen: int | None, current: int | None) -> str:

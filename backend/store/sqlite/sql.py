@@ -3,12 +3,11 @@ conversions between rows and the model (times are integer microseconds since the
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from backend.model import BackfillProgress, Run
 from backend.store.rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
-
 
 #: Each entry moves the schema up one version; applied in order inside BEGIN IMMEDIATE.
 MIGRATIONS: tuple[str, ...] = (
@@ -211,7 +210,7 @@ COUNT_CLAIMS = "SELECT count(*) FROM claims"
 # ---------------------------------------------------------------------------------------
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 

@@ -25,7 +25,7 @@ import os
 import socket
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -46,12 +46,15 @@ from backend.model import (
 from backend.store import FIRING, Membership, Unfinished, store_unavailable
 from backend.store.migrations import components_of, migrate_sqlite
 from backend.store.sqlite.audit import SQLiteAudit
-from backend.store.sqlite.events import SQLiteEvents
 from backend.store.sqlite.catalog import SQLiteCatalog
+from backend.store.sqlite.durable import SQLiteDurable
+from backend.store.sqlite.events import SQLiteEvents
 from backend.store.sqlite.jobs import SQLiteJobs
 from backend.store.sqlite.locks import SQLiteLocks
-from backend.store.sqlite.durable import SQLiteDurable
+from backend.store.sqlite.reserve import Kept, Reserve
 from backend.store.sqlite.sql import (
+    _EPOCH,
+    _MICROSECOND,
     BUSY_ELSEWHERE,
     CLAIM,
     CLAIMED_RUN,
@@ -63,11 +66,10 @@ from backend.store.sqlite.sql import (
     GET_RUN,
     GET_STATES,
     HEARTBEAT,
-    OTHER_MODE_FIRING,
     INSERT_BACKFILL,
     INSERT_PLACEHOLDER,
-    INSTANCES,
     INSTANCE_LIST,
+    INSTANCES,
     LAST_RUNS,
     LAST_SLOT,
     LATEST_RUNS,
@@ -75,6 +77,7 @@ from backend.store.sqlite.sql import (
     LIST_RUNS_BEFORE,
     MARK_STARTING,
     MIGRATIONS,
+    OTHER_MODE_FIRING,
     PRUNE_BACKFILLS,
     PRUNE_OWN_CLAIMS,
     PRUNE_RUNS,
@@ -88,23 +91,20 @@ from backend.store.sqlite.sql import (
     SWEEP_CLAIMS,
     UPDATE_BACKFILL,
     UPSERT_RUN,
-    _EPOCH,
-    _MICROSECOND,
     _backfill,
     _dt,
     _run,
     _run_params,
     _us,
 )
-from backend.store.sqlite.reserve import Kept, Reserve
 from backend.store.sqlite.writer import (
-    _Flush,
-    _Peek,
     _STOP,
     _WAKE,
-    _Writer,
     _connect,
+    _Flush,
     _is_trouble,
+    _Peek,
+    _Writer,
 )
 
 log = logging.getLogger("schedtui.store")
@@ -361,7 +361,7 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
             "instance": instance,
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "since": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "since": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)

@@ -16,14 +16,13 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from backend.errors import Unavailable
 from backend.model import Run, StoreHealth
 from backend.store import store_unavailable
 from backend.store.sqlite.sql import MARK_STARTING, NOTE_LAST_FIRED, UPSERT_RUN, _run_params
-
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -400,7 +399,7 @@ class _Writer(threading.Thread):
         self.error = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         self.written_meanwhile += written
         if first:
-            self.since = datetime.now(timezone.utc)
+            self.since = datetime.now(UTC)
             self.failures = 0
         self.failures += 1
         self.next_try = now + min(_RETRY_MAX, _RETRY_MIN * 2 ** min(self.failures - 1, 8))
@@ -453,7 +452,7 @@ class _Writer(threading.Thread):
                 return
         self.lost = True
         self.error = "the store file was deleted or replaced while in use"
-        self.since = datetime.now(timezone.utc)
+        self.since = datetime.now(UTC)
         log.error(
             'the store file "%s" was deleted or replaced while in use: nothing written from now on would '
             "survive (%d run(s) not written); restore the file, or restart to create a new store",
