@@ -216,6 +216,36 @@ async def test_a_fleet_fires_each_slot_once_after_disable_and_enable_within_an_i
     assert await a.store.running_runs() == []
 
 
+async def test_an_enable_heard_late_by_the_instance_left_catches_up_the_slots_due_since_it(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Found by the state machine: b enables a schedule a had disabled, then stops before
+    its first slot; a hears of the enable only after a stall (the clock jumps), and armed
+    from then on, leaving the slots due since the enable without a row (a schedule that
+    never ran has no ledger to catch up from). a arms it from the enable: its timer is
+    found behind, and catches them up by the backfill policy. (On PostgreSQL a may hear of
+    it sooner, by a signal: the same rows.)"""
+    a, b = (
+        make_engine([schedule(backfill="all")], instance=n, coordination="advisoryLock", abandon_after=3600)
+        for n in "ab"
+    )
+    await a.start()
+    await b.start()
+    clock.advance(23)
+    await settle(clock, a, b)
+    await a.set_enabled("job", False)
+    await b.set_enabled("job", True)  # b arms 08:01, and stops before it
+    await b.stop(grace=0)
+    clock.advance(150)  # a's next state poll is at 08:02:53
+    await settle(clock, a)
+    runs = await all_runs(a, "job")
+    assert [(r.scheduled_at, r.status, r.instance) for r in runs] == [
+        (at("2026-03-02T08:01:00Z"), "succeeded", "a"),
+        (at("2026-03-02T08:02:00Z"), "succeeded", "a"),
+    ]
+    assert a.next_fire_at("job") == at("2026-03-02T08:03:00Z")
+
+
 # ---------------------------------------------------------------------------------------
 # fail closed
 # ---------------------------------------------------------------------------------------

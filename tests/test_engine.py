@@ -968,6 +968,29 @@ async def test_a_running_engine_notices_a_disable_from_another_process(make_engi
     assert await all_runs(engine, "job") == []
 
 
+async def test_an_enable_from_another_process_heard_after_a_slot_came_due_fires_it(make_engine, clock: ManualClock) -> None:
+    """Found by the state machine: a running engine armed an enable made elsewhere from the
+    moment it heard of it (its next state poll), so a slot due in between, while the
+    schedule was enabled, got no row at all. It is armed from the enable: the slot is
+    fired late, as a timer woken late fires it (``backfill`` is about slots behind)."""
+    engine = make_engine([schedule(backfill="skip")])
+    await engine.start()
+    other = make_engine([schedule(backfill="skip")], instance="cli")
+    await other.open()
+    await other.set_enabled("job", False)
+    clock.advance(1)  # the next state poll
+    await engine.quiesce()
+    assert not engine.is_enabled("job")
+    clock.set("2026-03-02T08:00:59.5Z")
+    await engine.quiesce()
+    await other.set_enabled("job", True)  # half a second before 08:01
+    clock.advance(1)  # heard at the next state poll, at 08:01:00.5
+    await engine.quiesce()
+    assert engine.is_enabled("job")
+    assert summary(await all_runs(engine, "job")) == [("08:01:00", "succeeded", "self")]
+    assert engine.next_fire_at("job") == at("2026-03-02T08:02:00Z")
+
+
 # ---------------------------------------------------------------------------------------
 # range backfill
 # ---------------------------------------------------------------------------------------

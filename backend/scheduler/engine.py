@@ -371,7 +371,13 @@ class Engine:
             return
         if state.enabled:
             log.info("schedule %s enabled by %s", state.name, state.changed_by)
-            self.timers.arm(schedule, self.clock.now())
+            # Armed from the enable, not from when it was heard: an enable made elsewhere is
+            # heard at the next state poll (later still after a stall), and a slot due in
+            # between was due while enabled. The timer then finds it late (fired) or several
+            # behind (caught up, as any timer behind); in a fleet, a slot another instance
+            # fired is claimed already. (Never from later than now: the enabler's clock may
+            # run ahead of this one.)
+            self.timers.arm(schedule, min(state.changed_at, self.clock.now()))
         else:
             log.info("schedule %s disabled by %s", state.name, state.changed_by)
             self.timers.disabled(state.name)
