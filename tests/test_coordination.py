@@ -225,7 +225,8 @@ class Outage:
     claim commit and then fail, as when a connection drops after the commit."""
 
     CALLS = {
-        "claim", "claimed_run", "get_states", "set_state", "heartbeat", "heartbeat_and_unfinished", "instances", "running_runs", "unfinished_work",
+        "claim", "claimed_run", "get_states", "set_state", "heartbeat", "heartbeat_and_unfinished", "instances", "running_runs",
+        "unfinished_work",
         "running_backfills", "last_slots", "last_runs", "list_runs", "get_run", "close_runs", "prune_runs",
         "prune_claims", "count_claims", "update_backfill",
     }  # fmt: skip
@@ -414,7 +415,9 @@ async def test_lost_slots_wait_for_a_run_in_flight_on_another_instance(
 
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
-        make_engine([schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
+        make_engine(
+            [schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600
+        )
         for n, s in zip("ab", stores, strict=False)
     )
     a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])  # type: ignore[arg-type]
@@ -463,7 +466,9 @@ async def test_lost_slots_waiting_on_another_instance_and_then_on_a_run_here_lea
 
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
-        make_engine([schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
+        make_engine(
+            [schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600
+        )
         for n, s in zip("ab", stores, strict=False)
     )
     a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])  # type: ignore[arg-type]
@@ -546,7 +551,9 @@ async def test_lost_slots_wait_for_a_newer_slot_claimed_on_another_instance(
 
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
-        make_engine([schedule(handler=handler_for(n), backfill="all")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
+        make_engine(
+            [schedule(handler=handler_for(n), backfill="all")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600
+        )
         for n, s in zip("ab", stores, strict=False)
     )
     a.coordinator, b.coordinator = Loser(stores[0]), HeldClaims(stores[1])  # type: ignore[arg-type]

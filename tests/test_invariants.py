@@ -536,7 +536,8 @@ class EngineMachine(RuleBasedStateMachine):
             if mode == "advisoryLock" or all(m != "single" for n, m in self.modes.items() if n != name):
                 self.modes[name] = mode
         change = f" as {self.modes[name]}" if name in self.modes else ""
-        self.log.append(f"{name}: restart after {down_for}s{change}" + (" (the disk full as it stops, room when it starts)" if full else ""))
+        disk = " (the disk full as it stops, room when it starts)" if full else ""
+        self.log.append(f"{name}: restart after {down_for}s{change}{disk}")
 
         async def go() -> None:
             await engine.stop(grace=0)

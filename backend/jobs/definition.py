@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from backend.definitions import register_definition_type
 from backend.errors import BadInput, DefinitionError
 from backend.inputs import check_json, check_text, is_id
+from backend.runtime.runner import is_async_callable
 from backend.safetext import printable
 from backend.schedules import NAME_PATTERN, handler_problem
 
@@ -91,9 +92,7 @@ class Queue:
 
     @property
     def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.handler) or inspect.iscoroutinefunction(
-            getattr(self.handler, "__call__", None)
-        )
+        return is_async_callable(self.handler)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, concurrency={self.concurrency})"

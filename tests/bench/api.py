@@ -137,7 +137,9 @@ async def _hammer(url: str, headers: dict[str, str], target: Target, clients: in
     return {"times": times, "errors": errors, "total": total}
 
 
-def concurrent(url: str, headers: dict[str, str], target: Target, clients: int, seconds: float, warmup_s: float, server_pid: int) -> dict[str, Any]:
+def concurrent(
+    url: str, headers: dict[str, str], target: Target, clients: int, seconds: float, warmup_s: float, server_pid: int
+) -> dict[str, Any]:
     import psutil
 
     server = psutil.Process(server_pid)
