@@ -11,7 +11,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from backend.cron import Cron
@@ -253,13 +253,3 @@ def _caller_location() -> str | None:
         return f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller else None
     finally:
         del frame
-
-
-def describe_next(schedule: Schedule, after: datetime, count: int = 5) -> list[datetime]:
-    """The next ``count`` slots after ``after`` (for previews)."""
-    slots: list[datetime] = []
-    at = after
-    for _ in range(count):
-        at = schedule.cron.next(at)
-        slots.append(at)
-    return slots

@@ -292,7 +292,6 @@ class HandlerRunner:
         """(deadline, key, invocation): the key breaks ties, so invocations are never compared."""
         self._seq = itertools.count()
         self._wake = asyncio.Event()
-        self.watchdog: asyncio.Task[Any] | None = None
         self.threads_running = 0
         """Sync handlers running on a thread right now (abandoned ones included)."""
 
@@ -304,7 +303,7 @@ class HandlerRunner:
     def open(self) -> None:
         self._wake = asyncio.Event()
         self.loops.expect("watchdog")  # busy until it first parks
-        self.watchdog = self.loops.spawn(self._watchdog(), "watchdog")
+        self.loops.spawn(self._watchdog(), "watchdog")
 
     # -- starting ---------------------------------------------------------------------
     @property
