@@ -181,8 +181,9 @@ async def test_run_now_on_one_instance_counts_as_in_flight_for_the_others(
 async def test_a_fleet_fires_each_slot_once_after_disable_and_enable_within_an_interval(
     make_engine: Callable[..., Engine], clock: ManualClock
 ) -> None:
-    """Issue 8, item 1, in a fleet: the re-enabled instance's timer held the armed slot
-    twice, its claim batch carried the slot's key twice, and both counted as won."""
+    """A regression, in a fleet: after a disable/enable between two slots the re-enabled
+    instance's timer held the armed slot twice, its claim batch carried the slot's key
+    twice, and both counted as won."""
     fired: list[tuple[str, datetime]] = []
 
     def handler_for(name: str) -> Any:
@@ -348,7 +349,7 @@ async def outage_until_just_before(clock: ManualClock, when: datetime, stores: l
 async def test_lost_slots_wait_for_the_run_in_flight_instead_of_being_skipped(
     make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
 ) -> None:
-    """Issue 8, item 3: the slots lost to an outage were handed to the overlap policy while
+    """A regression: the slots lost to an outage were handed to the overlap policy while
     the live timer's first run after the outage was in flight, so ``skip`` recorded them all
     skipped and none ran. They wait for it instead, then run one at a time, in order."""
     gate = Gate()

@@ -910,7 +910,7 @@ async def test_disable_persists_and_enable_skips_the_disabled_slots(make_engine,
 
 
 async def test_disable_then_enable_within_one_interval_keeps_one_firing_per_slot(make_engine, clock: ManualClock) -> None:
-    """Issue 8, item 1: each disable/enable cycle between two slots used to add a timer
+    """A regression: each disable/enable cycle between two slots used to add a timer
     entry for the armed slot, so every later slot fired once more per cycle, forever."""
     fired: list[datetime] = []
 

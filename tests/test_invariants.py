@@ -426,7 +426,8 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule(instance=instances, name=names, note=notes, then=then)
     def pause(self, instance: str, name: str, note: str | None, then: float) -> None:
-        """Disable, then enable at once: an operator's brief pause (issue 8, item 1)."""
+        """Disable, then enable at once: an operator's brief pause (it once added a timer
+        entry per pause, so later slots fired more than once)."""
         self.switch(instance, name, False, note)
         self.switch(instance, name, True, None)
         self.advance(then)

@@ -48,7 +48,7 @@ __all__ = [
 
 JobHandler = Callable[["JobContext"], Awaitable[Any] | Any]
 
-#: The limits of a job (DESIGN.md part 2, "Job queue").
+#: The limits of a job (the README's "Job queue" lists them as a sender meets them).
 MAX_PAYLOAD_BYTES: Final = 256 * 1024
 MAX_DELAY_S: Final = 30 * 86400
 MIN_ATTEMPTS: Final = 1
