@@ -28,10 +28,7 @@ Outcome = Literal["single", "wonLock", "cluster", "external", "manual"]
 OverlapPolicy = Literal["skip", "queue", "parallel"]
 BackfillPolicy = Literal["skip", "latest", "all"]
 
-RUN_STATUSES: Final = ("succeeded", "failed", "skipped", "missed", "running")
-TRIGGERS: Final = ("self", "external", "manual")
 COORDINATION_MODES: Final = ("single", "advisoryLock", "cluster")
-OUTCOMES: Final = ("single", "wonLock", "cluster", "external", "manual")
 OVERLAP_POLICIES: Final = ("skip", "queue", "parallel")
 BACKFILL_POLICIES: Final = ("skip", "latest", "all")
 
@@ -238,7 +235,6 @@ class Run:
 
 
 StoreState = Literal["ok", "failing", "lost"]
-STORE_STATES: Final = ("ok", "failing", "lost")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from backend.cron import Cron
@@ -25,6 +25,7 @@ from backend.model import (
     OverlapPolicy,
     Trigger,
 )
+from backend.runtime.runner import is_async_callable
 
 if TYPE_CHECKING:
     from backend.model import RunContext
@@ -76,17 +77,13 @@ class Schedule:
 
     @property
     def is_async(self) -> bool:
-        return _is_async_callable(self.handler)
+        return is_async_callable(self.handler)
 
     def effective_trigger(self, default: Literal["self", "external"] = "self") -> Literal["self", "external"]:
         return self.trigger or default
 
     def __repr__(self) -> str:
         return f"Schedule({self.name!r}, {self.cron.expr!r}, tz={self.timezone!r})"
-
-
-def _is_async_callable(obj: Any) -> bool:
-    return inspect.iscoroutinefunction(obj) or inspect.iscoroutinefunction(getattr(obj, "__call__", None))
 
 
 class QueueTarget:
@@ -116,7 +113,7 @@ def handler_problem(handler: Any) -> str | None:
         return f"handler {handler!r} is not callable"
     if inspect.isclass(handler):
         return f"handler {handler.__name__} is a class; pass a function (or an instance with __call__)"
-    for candidate in (handler, getattr(handler, "__call__", None)):
+    for candidate in (handler, handler.__call__):
         if inspect.isasyncgenfunction(candidate) or inspect.isgeneratorfunction(candidate):
             name = getattr(handler, "__name__", repr(handler))
             return f"handler {name} is a generator function: calling it would not run it; use def or async def without yield"
@@ -256,13 +253,3 @@ def _caller_location() -> str | None:
         return f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller else None
     finally:
         del frame
-
-
-def describe_next(schedule: Schedule, after: datetime, count: int = 5) -> list[datetime]:
-    """The next ``count`` slots after ``after`` (for previews)."""
-    slots: list[datetime] = []
-    at = after
-    for _ in range(count):
-        at = schedule.cron.next(at)
-        slots.append(at)
-    return slots

@@ -121,9 +121,6 @@ class Window:
     def cell_start(self, index: int) -> datetime:
         return self.start + self.cell * index
 
-    def shifted(self, cells: int) -> Window:
-        return Window(self.start + self.cell * cells, self.cell, self.cells)
-
 
 @dataclass
 class Cell:

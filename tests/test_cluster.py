@@ -292,7 +292,9 @@ async def test_a_crashed_owners_schedules_are_taken_over_within_a_lease_and_no_s
 
 
 @pg_only
-async def test_a_frozen_owner_that_wakes_up_is_fenced_and_stands_down(fleet: Callable[..., Fleet], caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_frozen_owner_that_wakes_up_is_fenced_and_stands_down(
+    fleet: Callable[..., Fleet], caplog: pytest.LogCaptureFixture
+) -> None:
     f = fleet(every_second(12, backfill="all"))
     for name in ("a", "b"):
         await f.start(name)

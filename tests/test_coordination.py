@@ -181,8 +181,9 @@ async def test_run_now_on_one_instance_counts_as_in_flight_for_the_others(
 async def test_a_fleet_fires_each_slot_once_after_disable_and_enable_within_an_interval(
     make_engine: Callable[..., Engine], clock: ManualClock
 ) -> None:
-    """Issue 8, item 1, in a fleet: the re-enabled instance's timer held the armed slot
-    twice, its claim batch carried the slot's key twice, and both counted as won."""
+    """A regression, in a fleet: after a disable/enable between two slots the re-enabled
+    instance's timer held the armed slot twice, its claim batch carried the slot's key
+    twice, and both counted as won."""
     fired: list[tuple[str, datetime]] = []
 
     def handler_for(name: str) -> Any:
@@ -255,7 +256,8 @@ class Outage:
     claim commit and then fail, as when a connection drops after the commit."""
 
     CALLS = {
-        "claim", "claimed_run", "get_states", "set_state", "heartbeat", "heartbeat_and_unfinished", "instances", "running_runs", "unfinished_work",
+        "claim", "claimed_run", "get_states", "set_state", "heartbeat", "heartbeat_and_unfinished", "instances", "running_runs",
+        "unfinished_work",
         "running_backfills", "last_slots", "last_runs", "list_runs", "get_run", "close_runs", "prune_runs",
         "prune_claims", "count_claims", "update_backfill",
     }  # fmt: skip
@@ -377,7 +379,7 @@ async def outage_until_just_before(clock: ManualClock, when: datetime, stores: l
 async def test_lost_slots_wait_for_the_run_in_flight_instead_of_being_skipped(
     make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
 ) -> None:
-    """Issue 8, item 3: the slots lost to an outage were handed to the overlap policy while
+    """A regression: the slots lost to an outage were handed to the overlap policy while
     the live timer's first run after the outage was in flight, so ``skip`` recorded them all
     skipped and none ran. They wait for it instead, then run one at a time, in order."""
     gate = Gate()
@@ -444,7 +446,9 @@ async def test_lost_slots_wait_for_a_run_in_flight_on_another_instance(
 
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
-        make_engine([schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
+        make_engine(
+            [schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600
+        )
         for n, s in zip("ab", stores, strict=False)
     )
     a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])  # type: ignore[arg-type]
@@ -493,7 +497,9 @@ async def test_lost_slots_waiting_on_another_instance_and_then_on_a_run_here_lea
 
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
-        make_engine([schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
+        make_engine(
+            [schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600
+        )
         for n, s in zip("ab", stores, strict=False)
     )
     a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])  # type: ignore[arg-type]
@@ -576,7 +582,9 @@ async def test_lost_slots_wait_for_a_newer_slot_claimed_on_another_instance(
 
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
-        make_engine([schedule(handler=handler_for(n), backfill="all")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
+        make_engine(
+            [schedule(handler=handler_for(n), backfill="all")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600
+        )
         for n, s in zip("ab", stores, strict=False)
     )
     a.coordinator, b.coordinator = Loser(stores[0]), HeldClaims(stores[1])  # type: ignore[arg-type]

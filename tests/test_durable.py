@@ -56,7 +56,7 @@ def test_the_durable_public_names_come_from_backend_too() -> None:
     for name in names:
         assert name in backend.__all__
         assert getattr(backend, name) is getattr(backend.durable, name)
-    from backend import Retry, define_durable  # as DESIGN.md and the README write it
+    from backend import Retry, define_durable  # as the README writes it
 
     assert (Retry, define_durable) == (backend.durable.Retry, backend.durable.define_durable)
 

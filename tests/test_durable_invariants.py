@@ -192,7 +192,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.live[name] = (engine, proxy)
 
     async def _settle(self) -> None:
-        for name, (engine, proxy) in list(self.live.items()):
+        for engine, proxy in list(self.live.values()):
             if proxy.frozen is None and not proxy.crashed:
                 await engine.quiesce()
         for name, (engine, proxy) in list(self.live.items()):

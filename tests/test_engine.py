@@ -305,7 +305,8 @@ async def test_a_sync_handler_past_its_deadline_is_a_timeout_and_keeps_its_place
     timed_out = expect(engine, lambda r: r.status == "failed")
     clock.advance(60)
     run = await timed_out
-    assert run.error_tag == "timeout" and "runs on until it returns (a thread cannot be stopped), holding its place" in (run.error_message or "")
+    assert run.error_tag == "timeout"
+    assert "runs on until it returns (a thread cannot be stopped), holding its place" in (run.error_message or "")
     # A thread cannot be killed: while it runs on, it is still in flight, so the next slot
     # is skipped (on_overlap="skip") rather than run beside it.
     clock.set("2026-03-02T10:00:00Z")
@@ -493,7 +494,8 @@ async def test_an_engine_behind_keeps_the_overlap_policy_for_the_slots_it_catche
     gate.release.set()
     await engine.quiesce()
     assert gate.most == 1
-    assert [(r.scheduled_at.strftime("%H:%M:%S"), r.status) for r in sorted(await all_runs(engine, "job"), key=lambda r: r.scheduled_at)] == expected
+    runs = sorted(await all_runs(engine, "job"), key=lambda r: r.scheduled_at)
+    assert [(r.scheduled_at.strftime("%H:%M:%S"), r.status) for r in runs] == expected
     assert [slot.strftime("%H:%M") for slot in gate.started] == [slot[:5] for slot, status in expected if status == "succeeded"]
 
 
@@ -664,7 +666,9 @@ async def test_a_queue_catch_up_keeps_slot_order_with_the_timers_slots(
 async def test_schedules_found_behind_together_claim_their_slots_together(make_engine, clock: ManualClock) -> None:
     # A stalled process finds its whole burst behind: one claim for all their slots, not
     # one per schedule (on PostgreSQL, a transaction each, when it can least afford them).
-    engine = make_engine([schedule(name=f"s{i:02d}", cron="*/10 * * * * *", backfill="skip") for i in range(20)], coordination="advisoryLock")
+    engine = make_engine(
+        [schedule(name=f"s{i:02d}", cron="*/10 * * * * *", backfill="skip") for i in range(20)], coordination="advisoryLock"
+    )
     await engine.start()
     await engine.quiesce()
     claims = count_claims(engine)
@@ -906,7 +910,7 @@ async def test_disable_persists_and_enable_skips_the_disabled_slots(make_engine,
 
 
 async def test_disable_then_enable_within_one_interval_keeps_one_firing_per_slot(make_engine, clock: ManualClock) -> None:
-    """Issue 8, item 1: each disable/enable cycle between two slots used to add a timer
+    """A regression: each disable/enable cycle between two slots used to add a timer
     entry for the armed slot, so every later slot fired once more per cycle, forever."""
     fired: list[datetime] = []
 
@@ -1117,7 +1121,9 @@ async def test_external_fire_runs_the_due_slot_once_per_slot(make_engine, clock:
     clock.set("2026-03-02T09:00:30Z")
     first = await engine.fire_external("job")
     assert first.created and first.run is not None
-    assert (first.run.scheduled_at, first.run.trigger, first.run.coordination_outcome) == (at("2026-03-02T09:00:00Z"), "external", "external")
+    assert (first.run.scheduled_at, first.run.trigger, first.run.coordination_outcome) == (
+        at("2026-03-02T09:00:00Z"), "external", "external"
+    )
     await engine.quiesce()
     clock.set("2026-03-02T09:25:00Z")  # a platform retry, past the tolerance: same run
     retry = await engine.fire_external("job")

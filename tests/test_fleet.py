@@ -123,7 +123,7 @@ class Fleet:
     def wait_ready(self, *instances: Instance) -> None:
         for instance in instances:
             poll(
-                lambda: "claims retention" in instance.log() or instance.proc.poll() is not None,
+                lambda instance=instance: "claims retention" in instance.log() or instance.proc.poll() is not None,
                 timeout=30,
                 what=f"{instance.name} to start",
             )
@@ -141,7 +141,7 @@ class Fleet:
         if interrupt:
             for instance in live:
                 poll(
-                    lambda: "run(s) in flight" in instance.log() or instance.proc.poll() is not None,
+                    lambda instance=instance: "run(s) in flight" in instance.log() or instance.proc.poll() is not None,
                     timeout=15,
                     what=f"{instance.name} to wait for its runs",
                 )

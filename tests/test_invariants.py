@@ -426,7 +426,8 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule(instance=instances, name=names, note=notes, then=then)
     def pause(self, instance: str, name: str, note: str | None, then: float) -> None:
-        """Disable, then enable at once: an operator's brief pause (issue 8, item 1)."""
+        """Disable, then enable at once: an operator's brief pause (it once added a timer
+        entry per pause, so later slots fired more than once)."""
         self.switch(instance, name, False, note)
         self.switch(instance, name, True, None)
         self.advance(then)
@@ -536,7 +537,8 @@ class EngineMachine(RuleBasedStateMachine):
             if mode == "advisoryLock" or all(m != "single" for n, m in self.modes.items() if n != name):
                 self.modes[name] = mode
         change = f" as {self.modes[name]}" if name in self.modes else ""
-        self.log.append(f"{name}: restart after {down_for}s{change}" + (" (the disk full as it stops, room when it starts)" if full else ""))
+        disk = " (the disk full as it stops, room when it starts)" if full else ""
+        self.log.append(f"{name}: restart after {down_for}s{change}{disk}")
 
         async def go() -> None:
             await engine.stop(grace=0)

@@ -71,7 +71,9 @@ async def test_the_watchdog_kills_a_hanging_handler_in_its_process(make_engine, 
     await engine.quiesce(runs=False)
     pid_file = tmp_path / "defs" / "hang.pid"
     # (on a thread: the loop must go on running, it is what starts the handler's process)
-    found = await asyncio.to_thread(poll, lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the handler's process to start")
+    found = await asyncio.to_thread(
+        poll, lambda: pid_file.exists() and pid_file.read_text(), timeout=30, what="the handler's process to start"
+    )
     pid = int(found)
     clock.advance(60)
     await engine.quiesce()

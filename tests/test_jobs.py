@@ -337,7 +337,9 @@ async def test_a_job_deleted_while_it_runs_finishes_and_holds_its_seat_not_its_k
 # ---------------------------------------------------------------------------------------
 # workers that die, or come back late
 # ---------------------------------------------------------------------------------------
-async def test_a_job_whose_instance_died_is_retried_within_the_abandon_window(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+async def test_a_job_whose_instance_died_is_retried_within_the_abandon_window(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
     handler = Handler()
     engine = make_engine([define_queue(name="mail", handler=handler, attempts=3)], abandon_after=30)
     await engine.open()
@@ -374,7 +376,9 @@ async def test_an_abandoned_last_attempt_makes_the_job_dead(make_engine: Callabl
     assert (job.status, job.error_tag) == ("dead", "abandoned")
 
 
-async def test_a_late_result_from_a_displaced_worker_is_discarded(make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_late_result_from_a_displaced_worker_is_discarded(
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
     gate = asyncio.Event()
     calls: list[int] = []
 
@@ -395,7 +399,8 @@ async def test_a_late_result_from_a_displaced_worker_is_discarded(make_engine: C
     (running,) = await store.running_jobs()
     from backend.jobs.store import Finish
 
-    await store.finish_jobs([Finish(sent.id, "mail", running.tries, "dead", 1, running.started_at, clock.now(), engine.instance, "abandoned", "gone")])
+    abandoned = Finish(sent.id, "mail", running.tries, "dead", 1, running.started_at, clock.now(), engine.instance, "abandoned", "gone")
+    await store.finish_jobs([abandoned])
     with caplog.at_level(logging.WARNING, "schedtui.jobs"):
         gate.set()
         await engine.quiesce()
@@ -405,7 +410,9 @@ async def test_a_late_result_from_a_displaced_worker_is_discarded(make_engine: C
     assert "late result of job" in caplog.text
 
 
-async def test_stopping_interrupts_a_job_and_it_is_retried_at_once(make_engine: Callable[..., Engine], clock: ManualClock, store_url: str) -> None:
+async def test_stopping_interrupts_a_job_and_it_is_retried_at_once(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
     started = asyncio.Event()
 
     async def forever(job: JobContext) -> None:
@@ -521,7 +528,9 @@ async def test_a_schedule_handler_sends_through_its_context(make_engine: Callabl
     async def nightly(ctx: RunContext) -> None:
         await ctx.jobs.send("mail", {"slot": ctx.scheduled_at.isoformat()})
 
-    engine = make_engine([define_queue(name="mail", handler=handler), define_schedule(name="n", cron="0 * * * *", timezone="UTC", handler=nightly)])
+    engine = make_engine(
+        [define_queue(name="mail", handler=handler), define_schedule(name="n", cron="0 * * * *", timezone="UTC", handler=nightly)]
+    )
     await engine.start()
     clock.advance(3600)
     await engine.quiesce()

@@ -259,7 +259,8 @@ async def test_a_full_queue_answers_409_queue_full(tmp_path: Path, monkeypatch: 
     app = create_app(backend, token=OPERATE)
     await backend.connect()
     try:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t", headers={"Authorization": f"Bearer {OPERATE}"}) as http:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", headers={"Authorization": f"Bearer {OPERATE}"}) as http:
             assert (await http.post("/inspect/queues/held/jobs", json={})).status_code == 201
             full = await http.post("/inspect/queues/held/jobs", json={})
             assert full.status_code == 409 and full.json()["error"]["code"] == "queue_full"

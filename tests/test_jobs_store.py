@@ -38,7 +38,9 @@ def jobs_of(store: Store) -> JobStore:
     return cast(JobStore, store)
 
 
-def new(payload: Any = None, *, at: datetime = T0, key: str | None = None, attempts: int | None = None, job_id: str | None = None) -> NewJob:
+def new(
+    payload: Any = None, *, at: datetime = T0, key: str | None = None, attempts: int | None = None, job_id: str | None = None
+) -> NewJob:
     return NewJob(job_id or ids(), json.dumps(payload), at, attempts, key)
 
 
@@ -89,7 +91,9 @@ async def test_a_send_stores_every_field_and_takes_the_queue_default_attempts(st
     assert [(s.id, s.duplicate) for s in sent] == [(a.id, False), (b.id, False)]
     job = await js.get_job(a.id)
     assert job is not None
-    assert (job.queue, job.status, job.payload, job.key, job.cron) == ("mail", "queued", {"order": 42, "é": [1.5, None]}, "receipt:42", None)
+    assert (job.queue, job.status, job.payload, job.key, job.cron) == (
+        "mail", "queued", {"order": 42, "é": [1.5, None]}, "receipt:42", None
+    )
     assert (job.attempt, job.max_attempts, job.run_after, job.created_at, job.started_at) == (0, 4, T0, T0, None)
     other = await js.get_job(b.id)
     assert other is not None and (other.max_attempts, other.run_after) == (9, T0 + timedelta(hours=1))
@@ -142,7 +146,8 @@ async def test_a_queue_holds_at_most_ten_thousand_queued_and_dead_jobs(store: St
     (c,) = await claim(js, 1)
     await js.cycle_jobs([finish(c, "dead", T0, tag="Boom")], {}, "worker-a", ids(), T0)  # dead jobs count too
     before = len(await js.list_jobs("mail", status=None, limit=1000, before=None))
-    with pytest.raises(QueueFull, match=r'queue "mail" is full: it holds 9,999 queued and dead jobs and the limit is 10,000; 2 more') as info:
+    full = r'queue "mail" is full: it holds 9,999 queued and dead jobs and the limit is 10,000; 2 more'
+    with pytest.raises(QueueFull, match=full) as info:
         await js.send_jobs("mail", [new("a"), new("b")], T0)  # all or nothing
     assert info.value.code == "queue_full" and info.value.count == 9_999
     assert len(await js.list_jobs("mail", status=None, limit=1000, before=None)) == before
@@ -162,7 +167,8 @@ async def test_a_queue_holds_at_most_ten_thousand_queued_and_dead_jobs(store: St
 # ---------------------------------------------------------------------------------------
 async def test_a_claim_takes_the_oldest_due_jobs_up_to_the_free_seats(store: Store) -> None:
     js = await define(store, concurrency=2)
-    late, old, newer, future = new("late", at=T0), new("old", at=T0 - timedelta(minutes=5)), new("newer", at=T0 - timedelta(minutes=1)), new("future", at=T0 + timedelta(seconds=90))
+    late, old = new("late", at=T0), new("old", at=T0 - timedelta(minutes=5))
+    newer, future = new("newer", at=T0 - timedelta(minutes=1)), new("future", at=T0 + timedelta(seconds=90))
     await js.send_jobs("mail", [late, old, newer, future], T0)
     cycle = await js.cycle_jobs([], {"mail": 5}, "worker-a", "tok-1", T0)
     assert [c.id for c in cycle.claimed] == [old.id, newer.id]  # two seats
@@ -191,7 +197,9 @@ async def test_a_failed_attempt_is_retried_then_dead_and_every_attempt_is_record
     await js.cycle_jobs([finish(c1, "retry", T0 + timedelta(seconds=1), retry_at=retry_at, tag="Timeout")], {}, "worker-a", ids(), T0)
     queued = await js.get_job(job.id)
     assert queued is not None
-    assert (queued.status, queued.attempt, queued.run_after, queued.error_tag, queued.error_message) == ("queued", 1, retry_at, "Timeout", "Timeout!")
+    assert (queued.status, queued.attempt, queued.run_after, queued.error_tag, queued.error_message) == (
+        "queued", 1, retry_at, "Timeout", "Timeout!"
+    )
     assert await claim(js, at=retry_at - timedelta(microseconds=1)) == []
     (c2,) = await claim(js, at=retry_at)
     assert (c2.attempt, c2.tries) == (2, 2)
@@ -213,7 +221,8 @@ async def test_a_late_result_of_a_displaced_attempt_changes_nothing(store: Store
     await js.send_jobs("mail", [job], T0)
     (c1,) = await claim(js, instance="frozen")
     # Another instance closes it as abandoned and retries it; someone claims it again.
-    abandoned = Finish(c1.id, "mail", c1.tries, "retry", 1, T0, T0 + timedelta(seconds=40), "frozen", "abandoned", "gone", T0 + timedelta(seconds=40))
+    later = T0 + timedelta(seconds=40)
+    abandoned = Finish(c1.id, "mail", c1.tries, "retry", 1, T0, later, "frozen", "abandoned", "gone", later)
     assert await js.finish_jobs([abandoned]) == [True]
     assert await js.finish_jobs([abandoned]) == [False]  # a second rescuer: nothing
     (c2,) = await claim(js, at=T0 + timedelta(seconds=41), instance="worker-b")

@@ -1,4 +1,4 @@
-"""The liveness model (issue "never twice at once"): leases a worker must hold, what a
+"""The liveness model (the README's "Never twice at once"): leases a worker must hold, what a
 lapse stops, handlers that outlive their deadline, PID namespaces, outages, one mode per
 fleet, and who counts as firing. On the manual clock, with an injected lease clock where
 a lapse is the point; the real-process versions are in ``test_liveness_fleet.py``."""

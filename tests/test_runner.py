@@ -176,7 +176,9 @@ async def test_a_deadline_earlier_than_those_watched_wakes_the_watchdog_and_a_la
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["async", "sync"])
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), ValueError("boom")])
-async def test_any_exception_fails_the_run_and_the_next_slot_still_fires(make_engine, clock: ManualClock, kind: str, exc: BaseException) -> None:
+async def test_any_exception_fails_the_run_and_the_next_slot_still_fires(
+    make_engine, clock: ManualClock, kind: str, exc: BaseException
+) -> None:
     calls: list[datetime] = []
 
     async def async_handler(ctx: RunContext) -> None:

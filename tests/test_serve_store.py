@@ -372,7 +372,8 @@ async def test_healthz_reports_the_store_and_each_instance_and_503_once_the_file
     clock.advance(60)
     await engine.quiesce()
     (fired,) = [r for r in await engine.store.list_runs("minutely", limit=5)]
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(EmbeddedBackend(engine), token="op")), base_url="http://t") as c:
+    transport = httpx.ASGITransport(app=create_app(EmbeddedBackend(engine), token="op"))
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
         clock.advance(2.5)
         (beat,) = await engine.store.fleet()
         ok = await c.get("/healthz")  # no token needed

@@ -1141,7 +1141,9 @@ WRITER_STEP = st.tuples(st.sampled_from(["new", "new", "finish", "again", "fill"
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(WRITER_STEP, min_size=3, max_size=30))
-def test_sqlite_whatever_the_disk_does_every_run_lands_as_its_latest_version(tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]]) -> None:
+def test_sqlite_whatever_the_disk_does_every_run_lands_as_its_latest_version(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]]
+) -> None:
     """The writer's invariants under random sequences: a flush that returns means everything
     handed in before it is in the ledger as its latest version; one that fails names the
     real cause; and once there is space again, every run handed in is there, nothing else."""

@@ -9,7 +9,6 @@ An entry already finished is answered from its checkpoint and never runs again.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import math
 import re
@@ -23,7 +22,7 @@ from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED, decode
 from backend.durable.run import TAG_NOT_JSON, encode
 from backend.durable.store import Progress, StepRecord
 from backend.model import TAG_INTERRUPTED
-from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Outcome, RunnerSaturated
+from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Outcome, RunnerSaturated, is_async_callable
 
 if TYPE_CHECKING:
     from backend.durable.run import ExecutionRun
@@ -34,10 +33,6 @@ __all__ = ["SIGNAL_NAME", "DurableContext"]
 SIGNAL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 #: Longest line ``ctx.log`` keeps.
 MAX_LOG_LINE = 2000
-
-
-def _is_async(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
 def _seconds(value: float | timedelta, what: str) -> timedelta:
@@ -154,7 +149,7 @@ class DurableContext:
         if at_most_once:
             mark = StepRecord(position, name, "step", "running", attempt, started, at_most_once=True)
             await run.write(Progress(name, started + run.executor.lease_ttl), [mark])
-        call = run.call_step(name, fn, args, _is_async(fn))
+        call = run.call_step(name, fn, args, is_async_callable(fn))
         try:
             run.executor.runner.start(call, lambda arguments: fn(*arguments))
         except RunnerSaturated as exc:

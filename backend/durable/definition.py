@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from backend.definitions import register_definition_type
 from backend.errors import DefinitionError
+from backend.runtime.runner import is_async_callable
 from backend.schedules import NAME_PATTERN, handler_problem
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def define_durable(
     problem = handler_problem(handler)
     if problem is not None:
         raise DefinitionError(f"{label}: {problem}")
-    if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(getattr(handler, "__call__", None))):
+    if not is_async_callable(handler):
         raise DefinitionError(
             f"{label}: handler {getattr(handler, '__name__', repr(handler))} must be an async def "
             "(its steps may be plain functions: they run on a thread)"

@@ -20,9 +20,9 @@ from the other processes sharing the store.
   (:meth:`PostgresRelay.announce_runs`), so a burst costs one commit, not two. A batch
   with too many names for one notification names its topics only. The store's one
   LISTEN connection (opened when the engine starts, or when the first reader subscribes;
-  the job workers' wake-ups share it) publishes what the others send. It reconnects by itself; while it is down the bus says so (``stream down``), and
-  once it is back the bus owes its readers a resync, since notifications sent meanwhile
-  are lost.
+  the job workers' wake-ups share it) publishes what the others send. It reconnects by
+  itself; while it is down the bus says so (``stream down``), and once it is back the bus
+  owes its readers a resync, since notifications sent meanwhile are lost.
 * SQLite (:class:`StoreWatch`): processes sharing a file cannot notify each other, but the
   file's change counter says when another process committed something; a reader is then
   told to refetch (a resync), at most every :data:`WATCH_EVERY` seconds.

@@ -1,5 +1,5 @@
 """The job queue: queues defined in code, jobs sent from anywhere, run by ``serve``'s workers
-with retries, dedupe keys, dead jobs and a fleet-wide concurrency cap (DESIGN.md part 2).
+with retries, dedupe keys, dead jobs and a fleet-wide concurrency cap (the README's "Job queue").
 
 * :mod:`~backend.jobs.definition`: :func:`define_queue` and the limits of a send;
 * :mod:`~backend.jobs.model`: the objects (job, attempt, queue, …) and the handler's context;

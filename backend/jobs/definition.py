@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from backend.definitions import register_definition_type
 from backend.errors import BadInput, DefinitionError
 from backend.inputs import check_json, check_text, is_id
+from backend.runtime.runner import is_async_callable
 from backend.safetext import printable
 from backend.schedules import NAME_PATTERN, handler_problem
 
@@ -47,7 +48,7 @@ __all__ = [
 
 JobHandler = Callable[["JobContext"], Awaitable[Any] | Any]
 
-#: The limits of a job (DESIGN.md part 2, "Job queue").
+#: The limits of a job (the README's "Job queue" lists them as a sender meets them).
 MAX_PAYLOAD_BYTES: Final = 256 * 1024
 MAX_DELAY_S: Final = 30 * 86400
 MIN_ATTEMPTS: Final = 1
@@ -91,9 +92,7 @@ class Queue:
 
     @property
     def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.handler) or inspect.iscoroutinefunction(
-            getattr(self.handler, "__call__", None)
-        )
+        return is_async_callable(self.handler)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r}, concurrency={self.concurrency})"

@@ -1,5 +1,5 @@
 """The job queue's objects, as the API, the CLI's ``--json`` and the backend interface share
-them (DESIGN.md part 2): a job, its attempts, a queue, a send's answer, a page of jobs.
+them: a job, its attempts, a queue, a send's answer, a page of jobs.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from backend.errors import Unavailable
 from backend.jobs.definition import Queue, backoff
@@ -157,7 +157,6 @@ class Workers:
         self.trouble_until: datetime | None = None
         self.stopping = False
         self.wake = asyncio.Event()
-        self.cycles = 0
         self.defined = False
 
     @property
@@ -291,7 +290,6 @@ class Workers:
             self.trouble_until = self.clock.now() + timedelta(seconds=RETRY_AFTER_TROUBLE)
             self.wake.set()
             return
-        self.cycles += 1
         for (finish, run), applied in zip(batch, cycle.applied, strict=False):
             self._handed_in(run, finish, applied)
         got: Counter[str] = Counter()
@@ -428,7 +426,3 @@ class Workers:
                 return
             for index, ((finish, run), ok) in enumerate(zip(batch, applied, strict=False)):
                 self._handed_in(run, finish, ok or index < len(in_doubt))
-
-    def describe(self) -> dict[str, Any]:
-        """For logs and tests: what is in flight."""
-        return {"running": len(self.running), "finishes": len(self.finishes), "cycles": self.cycles}

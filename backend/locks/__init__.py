@@ -1,4 +1,4 @@
-"""Project locks with fencing tokens (DESIGN.md part 2, "Locks").
+"""Project locks with fencing tokens (the README's "Locks").
 
 ``engine.locks`` / ``st.locks`` is a :class:`Locks`: :meth:`~Locks.with_lock` runs work
 holding a lock (or returns ``acquired=False`` at once), :meth:`~Locks.hold` is the same as

@@ -41,7 +41,7 @@ from backend.locks.model import (
 )
 from backend.locks.store import LockStore
 from backend.model import TAG_UNAVAILABLE, iso
-from backend.runtime.runner import Outcome
+from backend.runtime.runner import Outcome, is_async_callable
 
 if TYPE_CHECKING:
     from backend.clock import Clock
@@ -262,7 +262,7 @@ class Locks:
         value: Any = None
         error: BaseException | None = None
         try:
-            if inspect.iscoroutinefunction(work) or inspect.iscoroutinefunction(getattr(work, "__call__", None)):
+            if is_async_callable(work):
                 value, error = await self._run_async(lease, work)
             else:
                 try:

@@ -55,6 +55,7 @@ __all__ = [
     "Outcome",
     "RunnerSaturated",
     "TAG_THREADS_EXHAUSTED",
+    "is_async_callable",
 ]
 
 log = logging.getLogger("schedtui.engine")
@@ -69,6 +70,12 @@ MAX_TRACEBACK: Final = 8192
 _IDLE_THREAD_EXIT_S = 60.0
 #: A handler that returns this long after its call was settled is said to have run on.
 LINGER_NOTED_S = 1.0
+
+
+def is_async_callable(obj: Any) -> bool:
+    """Whether calling ``obj`` makes a coroutine: a coroutine function (partials of one
+    included), or a callable object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(obj) or (callable(obj) and inspect.iscoroutinefunction(obj.__call__))
 
 
 @dataclass(slots=True)
@@ -285,7 +292,6 @@ class HandlerRunner:
         """(deadline, key, invocation): the key breaks ties, so invocations are never compared."""
         self._seq = itertools.count()
         self._wake = asyncio.Event()
-        self.watchdog: asyncio.Task[Any] | None = None
         self.threads_running = 0
         """Sync handlers running on a thread right now (abandoned ones included)."""
 
@@ -297,7 +303,7 @@ class HandlerRunner:
     def open(self) -> None:
         self._wake = asyncio.Event()
         self.loops.expect("watchdog")  # busy until it first parks
-        self.watchdog = self.loops.spawn(self._watchdog(), "watchdog")
+        self.loops.spawn(self._watchdog(), "watchdog")
 
     # -- starting ---------------------------------------------------------------------
     @property

@@ -110,7 +110,9 @@ class Catalog:
         waiting = engine.launcher.waiting.pop(name, None)
         while waiting:
             slot, trigger, fired_as, run_id = waiting.popleft()
-            engine.launcher.record_missed(schedule, slot, trigger, fired_as, "the schedule was deleted before this queued firing started", run_id)
+            engine.launcher.record_missed(
+                schedule, slot, trigger, fired_as, "the schedule was deleted before this queued firing started", run_id
+            )
         engine.launcher.remote.pop(name, None)
         del engine.schedules[name]
         engine.states.forget(name)

@@ -34,27 +34,17 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
-from backend.scheduler import lifecycle
-from backend.events.audit import AuditLog
-from backend.scheduler.backfills import Backfills
-from backend.scheduler.catalog import Catalog, CatalogStore, bind_target
-from backend.scheduler.catchup import CatchUp
 from backend.clock import Clock, SystemClock
-from backend.scheduler.coordination.cluster import Cluster
-from backend.scheduler.coordination.slots import Coordinator, SlotClaims, make_coordinator
 from backend.definitions import Definitions
 from backend.durable import Durable, DurableFunction
 from backend.errors import BadInput, NotFound, Refused, Unavailable
+from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
-from backend.scheduler.external import ExternalFires
+from backend.events.relay import Relay
 from backend.ids import IdFactory
 from backend.jobs.definition import Queue
 from backend.jobs.system import Jobs
-from backend.scheduler.launcher import Launcher
-from backend.scheduler.ledger import RunLedger, RunListener
 from backend.locks import Locks
-from backend.runtime.liveness import WorkLease, boot_clock
-from backend.runtime.loops import Loops
 from backend.model import (
     BackfillPlan,
     BackfillProgress,
@@ -65,18 +55,28 @@ from backend.model import (
     ScheduleView,
     iso,
 )
+from backend.runtime.liveness import WorkLease, boot_clock
+from backend.runtime.loops import Loops
 from backend.runtime.outages import OutageLog
+from backend.runtime.runner import DEFAULT_MAX_THREADS, HandlerRunner
+from backend.runtime.subsystems import Shared, Subsystem
+from backend.scheduler import lifecycle
+from backend.scheduler.backfills import Backfills
+from backend.scheduler.catalog import Catalog, CatalogStore, bind_target
+from backend.scheduler.catchup import CatchUp
+from backend.scheduler.coordination.cluster import Cluster
+from backend.scheduler.coordination.slots import Coordinator, SlotClaims, make_coordinator
+from backend.scheduler.external import ExternalFires
+from backend.scheduler.launcher import Launcher
+from backend.scheduler.ledger import RunLedger, RunListener
 from backend.scheduler.parts import attach_schedule_parts
 from backend.scheduler.reads import ScheduleReads
 from backend.scheduler.registry import InstanceRegistry, default_instance_name
-from backend.events.relay import Relay
-from backend.runtime.runner import DEFAULT_MAX_THREADS, HandlerRunner
-from backend.schedules import Schedule
 from backend.scheduler.states import ScheduleStates
-from backend.store import Store, open_store
-from backend.runtime.subsystems import Shared, Subsystem
 from backend.scheduler.systems import attach_systems
 from backend.scheduler.timers import Timers
+from backend.schedules import Schedule
+from backend.store import Store, open_store
 
 __all__ = ["Engine", "ExternalFiring", "RunListener"]
 

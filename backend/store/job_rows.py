@@ -19,7 +19,7 @@ JOB_FIELDS = (
 CLAIMED_FIELDS = (
     "id", "queue", "payload", "key", "cron", "attempt", "max_attempts", "tries", "created_at", "started_at",
 )  # fmt: skip
-#: The columns of an attempt (after the job's queue).
+#: The columns of an attempt, in the order every store selects them (after the job's queue).
 ATTEMPT_FIELDS = ("attempt", "started_at", "finished_at", "status", "error_tag", "error_message", "instance")
 RUNNING_FIELDS = ("id", "queue", "instance", "token", "tries", "attempt", "max_attempts", "started_at", "seat")
 

@@ -91,11 +91,14 @@ class RunDetails(ModalScreen[None]):
                 f" [$text-muted]({escape(value.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3])}Z{escape(also)})[/]"
             )
 
+        status_style = f"b{' reverse' if run.status == 'failed' else ''} ${status_color}"
+        status_glyph = fmt.STATUS_GLYPHS.get(run.status, "?")
+        outcome_glyph = fmt.OUTCOME_GLYPHS.get(run.coordination_outcome, "?")
         lines = [
             f"[$text-muted]{'schedule':<13}[/] [b]{escape(run.name)}[/b]",
-            f"[$text-muted]{'status':<13}[/] [b{' reverse' if run.status == 'failed' else ''} ${status_color}]{fmt.STATUS_GLYPHS.get(run.status, '?')} {run.status}[/]",
+            f"[$text-muted]{'status':<13}[/] [{status_style}]{status_glyph} {run.status}[/]",
             f"[$text-muted]{'trigger':<13}[/] {run.trigger}",
-            f"[$text-muted]{'coordination':<13}[/] [${outcome_color}]{fmt.OUTCOME_GLYPHS.get(run.coordination_outcome, '?')} {run.coordination_outcome}[/]",
+            f"[$text-muted]{'coordination':<13}[/] [${outcome_color}]{outcome_glyph} {run.coordination_outcome}[/]",
             f"[$text-muted]{'instance':<13}[/] {escape(run.instance)}",
             when("scheduled at", run.scheduled_at),
             when("fired at", run.fired_at) + (f" [$text-muted]lag[/] {lag(run)}" if run.fired_at else ""),

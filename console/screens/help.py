@@ -94,7 +94,9 @@ class HelpScreen(ModalScreen[None]):
                 out.append(Content.assemble("  ", (f"{key:>9}", "bold $text-accent"), "  ", description))
             out.append(Content(""))
         if self.read_only_reason:
-            out.append(Content.assemble("  ", ("read-only", "bold $text-warning"), f" {self.read_only_reason}: r, e, b, n, E and D do nothing"))
+            out.append(
+                Content.assemble("  ", ("read-only", "bold $text-warning"), f" {self.read_only_reason}: r, e, b, n, E and D do nothing")
+            )
             out.append(Content(""))
         lines: list[str] = ["[b]Run status[/b] [$text-muted](tables, strip and timeline; a failure is also reversed)[/]"]
         for status, meaning in STATUS_MEANINGS.items():

@@ -122,7 +122,8 @@ class JobDetails(ModalScreen[None]):
                 payload = payload[:PAYLOAD_SHOWN] + f"\n… ({len(payload):,} characters; `schedtui jobs show {job.id} --json` has it all)"
             lines += ["", "[$text-muted]payload[/]", escape(payload)]
         attempts = detail.attempts if detail is not None else []
-        lines += ["", f"[$text-muted]attempts ({len(attempts)}, kept 7 days)[/]" if attempts else "[$text-muted]no attempt has ended yet[/]"]
+        heading = f"[$text-muted]attempts ({len(attempts)}, kept 7 days)[/]" if attempts else "[$text-muted]no attempt has ended yet[/]"
+        lines += ["", heading]
         for a in attempts:
             took = fmt.duration(round((a.finished_at - a.started_at).total_seconds() * 1000))
             mark = "[$text-success]✓[/]" if a.status == "succeeded" else "[b reverse $text-error]✗[/]"

@@ -203,7 +203,6 @@ class RunsTable(FreshTable):
         super().__init__(id=id, cursor_type="row", zebra_stripes=False)
         self.runs: list[Run] = []
         """The runs shown, newest first."""
-        self._key: tuple[object, ...] = ()
         self._shown: list[tuple[str, tuple[Text | str, ...]]] = []
         self._max_runtime_s = 1800.0
 

@@ -210,8 +210,6 @@ class SchedulesTable(FreshTable):
         ("tz", "TIMEZONE", None),
         ("trigger", "TRIGGER", 8),
     )
-    TICKING = ("state", "next", "last")
-    """The columns that change with time alone."""
 
     def __init__(self, crons: CronCache, overdue: Overdue, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=False)

@@ -1,5 +1,5 @@
 """HTTP inspect API benchmark: a real ``schedtui serve`` on a ledger of 1,000 schedules and
-1,000,000 runs (issue 4, section 6).
+1,000,000 runs (the README's "Benchmarks" reports its numbers).
 
 A benchmark, not a test (pytest does not collect it). Run it from the repository root::
 
@@ -137,7 +137,9 @@ async def _hammer(url: str, headers: dict[str, str], target: Target, clients: in
     return {"times": times, "errors": errors, "total": total}
 
 
-def concurrent(url: str, headers: dict[str, str], target: Target, clients: int, seconds: float, warmup_s: float, server_pid: int) -> dict[str, Any]:
+def concurrent(
+    url: str, headers: dict[str, str], target: Target, clients: int, seconds: float, warmup_s: float, server_pid: int
+) -> dict[str, Any]:
     import psutil
 
     server = psutil.Process(server_pid)

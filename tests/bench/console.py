@@ -114,9 +114,9 @@ async def keys_through(app: SchedtuiApp, pilot: Any, seconds: float) -> dict[str
             target = list(table.views)[table.cursor_row + 1]
             t0 = time.perf_counter()
             press(app, "down")
-            await wait_until(lambda: app.selected_name == target)
+            await wait_until(lambda target=target: app.selected_name == target)
             keys.append(time.perf_counter() - t0)
-            await wait_until(lambda: view._detail is not None and view._detail[0] == target
+            await wait_until(lambda target=target: view._detail is not None and view._detail[0] == target
                              and app.query_one(RunsTable).runs == view._detail[2].runs)
             shown.append(time.perf_counter() - t0)
             await asyncio.sleep(max(0.0, 0.15 - (time.perf_counter() - t0)))  # an operator's pace
@@ -185,7 +185,7 @@ async def bench(folder: Path, schedules: int, runs: int, presses: int) -> dict[s
                 known = {r.id for r in runs_table.runs}
                 t0 = time.perf_counter()
                 await pilot.press("r")
-                await wait_until(lambda: bool(runs_table.runs) and runs_table.runs[0].id not in known
+                await wait_until(lambda known=known: bool(runs_table.runs) and runs_table.runs[0].id not in known
                                  and runs_table.runs[0].trigger == "manual")
                 latencies.append((time.perf_counter() - t0) * 1000)
                 await app.workers.wait_for_complete()

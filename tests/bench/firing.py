@@ -106,7 +106,9 @@ def analyse(
         "last_of_second_lag_ms": summary_ms(lasts),
         # Second by second (window order): the p99 of N x D firings is often set by a few
         # bad seconds, and these show which (e.g. every 5th: heartbeats).
-        "per_second_p50_ms": [round(stats.percentile(sorted(per_slot[s]), 50) * 1000, 1) if per_slot[s] else None for s in range(start, end)],
+        "per_second_p50_ms": [
+            round(stats.percentile(sorted(per_slot[s]), 50) * 1000, 1) if per_slot[s] else None for s in range(start, end)
+        ],
         "per_second_max_ms": [round(max(per_slot[s]) * 1000, 1) if per_slot[s] else None for s in range(start, end)],
     }
 

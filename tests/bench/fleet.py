@@ -209,7 +209,8 @@ def run_fleet(
         procs.append((proc, log_path))
     try:
         for proc, log_path in procs:
-            wait_for(lambda: "claims retention" in log_path.read_text() or proc.poll() is not None, 60, "an instance to start")
+            wait_for(lambda proc=proc, log_path=log_path: "claims retention" in log_path.read_text() or proc.poll() is not None,
+                     60, "an instance to start")
             if proc.poll() is not None:
                 raise RuntimeError(f"an instance exited:\n{log_path.read_text()}")
         harness = 0  # the benchmark's own transactions on the fleet's database, left out
@@ -233,7 +234,7 @@ def run_fleet(
         for proc, _ in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
-        for proc, log_path in procs:
+        for proc, _ in procs:
             try:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
@@ -257,7 +258,9 @@ def run_fleet(
         ).fetchall()
         all_firings = conn.execute("SELECT count(*) FROM schedtui_runs WHERE fired_at IS NOT NULL").fetchone()
         claims = conn.execute("SELECT count(*) FROM schedtui_claims").fetchone()
-        done = conn.execute("SELECT count(DISTINCT job_id) FROM schedtui_job_attempts WHERE status = 'succeeded'").fetchone() if jobs else None
+        done = (
+            conn.execute("SELECT count(DISTINCT job_id) FROM schedtui_job_attempts WHERE status = 'succeeded'").fetchone() if jobs else None
+        )
         statuses: dict[str, int] = dict(conn.execute("SELECT status, count(*) FROM schedtui_runs GROUP BY status").fetchall())
     fired = [row for row in window if row[3] is not None]
     per_slot = Counter((row[0], row[1]) for row in fired)
@@ -508,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
 
         with psycopg.connect(server.dsn) as conn:
-            row = conn.execute("SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')").fetchone()
+            row = conn.execute(
+                "SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')"
+            ).fetchone()
         assert row is not None
         doc: dict[str, Any] = {
             "load": {

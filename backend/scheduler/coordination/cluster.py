@@ -477,17 +477,6 @@ class Cluster:
         """From the last read: the instances holding a live member lock."""
         return set(members_of(self.last_state)) if self.last_state is not None else set()
 
-    def owned_counts(self) -> dict[str, int]:
-        """From the last read: instance -> how many schedules its shards hold."""
-        state = self.last_state
-        if state is None:
-            return {}
-        counts: dict[str, int] = {}
-        for lock in shard_locks(state).values():
-            if lock.holder is not None and lock.state(state.now) == "held":
-                shard = int(lock.name[len(SHARD_PREFIX) :])
-                counts[lock.holder] = counts.get(lock.holder, 0) + len(self.by_shard.get(shard, []))
-        return counts
 
 
 def _free(state: ClusterState, shard: int) -> bool:

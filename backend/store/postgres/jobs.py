@@ -39,6 +39,7 @@ from backend.jobs.definition import MAX_HELD
 from backend.jobs.model import Attempt, Job, JobStatus, NotDead, QueueFull, QueueView, Sent
 from backend.jobs.store import Cycle, Finish, NewJob, QueueSpec, RunningJob
 from backend.store.job_rows import (
+    ATTEMPT_FIELDS,
     CLAIMED_FIELDS,
     JOB_FIELDS,
     RUNNING_FIELDS,
@@ -331,8 +332,8 @@ QUEUE_VIEWS = """
     ORDER BY q.name COLLATE "C"
 """
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM schedtui_jobs WHERE id = %s AND NOT deleted"
-ATTEMPTS = """
-    SELECT queue, attempt, started_at, finished_at, status, error_tag, error_message, instance
+ATTEMPTS = f"""
+    SELECT queue, {", ".join(ATTEMPT_FIELDS)}
     FROM schedtui_job_attempts WHERE job_id = %s ORDER BY seq
 """
 PRUNE = """

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -183,7 +184,7 @@ class PostgresLedgerWriter:
         not yet written still in ``pending``."""
         for run in list(pending.values()):
             try:
-                await self._with_conn(lambda conn: self._upsert(conn, [run]))
+                await self._with_conn(functools.partial(self._upsert, runs=[run]))
             except psycopg.Error as exc:
                 log.error("run %s of %s cannot be written to the ledger: %s", run.id, run.name, _one_line(exc))
             del pending[run.id]

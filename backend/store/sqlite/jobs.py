@@ -19,6 +19,7 @@ from backend.jobs.definition import MAX_HELD
 from backend.jobs.model import Attempt, Job, JobStatus, NotDead, QueueFull, QueueView, Sent
 from backend.jobs.store import Claimed, Cycle, Finish, NewJob, QueueSpec, RunningJob
 from backend.store.job_rows import (
+    ATTEMPT_FIELDS,
     JOB_FIELDS,
     RUNNING_FIELDS,
     attempt_from_row,
@@ -151,8 +152,8 @@ QUEUES = "SELECT name, concurrency, paused FROM queues ORDER BY name"
 COUNTS = "SELECT queue, status, count(*) FROM jobs WHERE deleted = 0 OR status = 'running' GROUP BY queue, status"
 OLDEST_DUE = "SELECT queue, min(run_after) FROM jobs WHERE status = 'queued' AND run_after <= ? GROUP BY queue"
 GET_JOB = f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ? AND deleted = 0"
-ATTEMPTS = """
-    SELECT queue, attempt, started_at, finished_at, status, error_tag, error_message, instance
+ATTEMPTS = f"""
+    SELECT queue, {", ".join(ATTEMPT_FIELDS)}
     FROM job_attempts WHERE job_id = ? ORDER BY seq
 """
 PRUNE_DEAD = """

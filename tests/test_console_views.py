@@ -1,8 +1,10 @@
-"""The console's second round (issue 13), item by item, under Pilot at a frozen time.
+"""The console's views under Pilot at a frozen time: the numbered views, the timeline, who
+fires, columns, backfill, the filter, paging and help, redrawing without re-measuring,
+failure without colour, and one zone for every time on screen.
 
-Each test names the item it proves. The fixture ledger (tests/console_fixtures.py) has, at
-the frozen instant, one firing instance (``web-2``, heartbeat a moment ago), the schedules'
-runs of one simulated minute and, for the timeline, an hour of history before it.
+The fixture ledger (tests/console_fixtures.py) has, at the frozen instant, one firing
+instance (``web-2``, heartbeat a moment ago), the schedules' runs of one simulated minute
+and, for the timeline, an hour of history before it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ ZONE = "Europe/Berlin"
 
 @pytest.fixture(scope="module")
 def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("console-round2")
+    folder = tmp_path_factory.mktemp("console-views")
     url = asyncio.run(build_ledger(folder))
     asyncio.run(add_timeline_history(url))
     return folder / "state.db"
@@ -245,9 +247,9 @@ async def test_timeline_reads_only_the_rows_on_screen(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------
-# item 1: nothing says "nothing is firing"
+# the header: who fires, and loudly when nothing does
 # ----------------------------------------------------------------------------------------
-async def test_1_the_header_shows_who_fires_and_says_loudly_when_nothing_does(store_url: str) -> None:
+async def test_the_header_shows_who_fires_and_says_loudly_when_nothing_does(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         header = app.query_one(ConsoleHeader)
         assert "▲ 1 firing web-2" in plain(header)
@@ -259,7 +261,7 @@ async def test_1_the_header_shows_who_fires_and_says_loudly_when_nothing_does(st
         assert "5 enabled schedules need an engine's timer" in plain(banner)
 
 
-async def test_1_a_schedule_whose_last_slot_has_no_run_is_overdue(store_url: str) -> None:
+async def test_a_schedule_whose_last_slot_has_no_run_is_overdue(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         assert cell(app, "heartbeat", "state") == "● on"
         await later(app, pilot, clock, 20)  # 08:00:10 and :20 have passed, but within 30 s
@@ -273,7 +275,7 @@ async def test_1_a_schedule_whose_last_slot_has_no_run_is_overdue(store_url: str
         assert "⚠ overdue no run for the slot of 03-02 09:00:10 CET" in detail
 
 
-def test_1_fleet_counts_only_engines_that_fire() -> None:
+def test_fleet_counts_only_engines_that_fire() -> None:
     now = parse_iso(FROZEN)
     beats = [InstanceInfo("console", "h", 1, now), InstanceInfo("web-1", "h", 2, now - timedelta(minutes=5)),
              InstanceInfo("web-2", "h", 3, now - timedelta(seconds=4))]
@@ -286,10 +288,10 @@ def test_1_fleet_counts_only_engines_that_fire() -> None:
 
 
 # ----------------------------------------------------------------------------------------
-# items 3 and 4: columns by priority, ages, elapsed time, durations
+# columns by priority, ages, elapsed time, durations
 # ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 32)])
-async def test_3_key_columns_stay_on_screen_and_hidden_ones_are_named(store_url: str, size: tuple[int, int]) -> None:
+async def test_key_columns_stay_on_screen_and_hidden_ones_are_named(store_url: str, size: tuple[int, int]) -> None:
     async with console(store_url, size=size) as (app, pilot, clock, notes):
         table = schedules(app)
         hidden = table.hidden_columns()
@@ -301,14 +303,14 @@ async def test_3_key_columns_stay_on_screen_and_hidden_ones_are_named(store_url:
         assert "error" not in runs.hidden_columns()
 
 
-async def test_3_the_disabled_note_is_shown_whole_with_who_and_when(store_url: str) -> None:
+async def test_the_disabled_note_is_shown_whole_with_who_and_when(store_url: str) -> None:
     async with console(store_url, size=(80, 24)) as (app, pilot, clock, notes):
         await select(pilot, "legacy-cleanup")
         detail = plain(app.query_one(DetailBar))
         assert "○ disabled by ops at 03-02 08:59:00 CET, 1m ago: paused during the session-store migration" in detail
 
 
-async def test_4_last_run_has_an_age_running_runs_their_elapsed_time_and_durations(store_url: str) -> None:
+async def test_last_run_has_an_age_running_runs_their_elapsed_time_and_durations(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         assert cell(app, "heartbeat", "last") == "✓ succeeded 5s ago 0ms ◆"
         clock.advance(60)
@@ -322,7 +324,7 @@ async def test_4_last_run_has_an_age_running_runs_their_elapsed_time_and_duratio
         assert "p50 306ms p95 35.0s (3 runs)" in plain(detail)
 
 
-def test_4_durations_are_nearest_rank_percentiles_of_finished_runs() -> None:
+def test_durations_are_nearest_rank_percentiles_of_finished_runs() -> None:
     at = parse_iso(FROZEN)
     runs = [Run(id=str(n), name="x", scheduled_at=at, status="succeeded", trigger="self",
                 coordination_outcome="single", instance="i", fired_at=at,
@@ -335,7 +337,7 @@ def test_4_durations_are_nearest_rank_percentiles_of_finished_runs() -> None:
 
 
 # ----------------------------------------------------------------------------------------
-# item 6: backfill
+# backfill
 # ----------------------------------------------------------------------------------------
 async def open_backfill(app: SchedtuiApp, pilot: Pilot[Any], name: str, start: str, end: str = "now") -> BackfillScreen:
     await select(pilot, name)
@@ -349,7 +351,7 @@ async def open_backfill(app: SchedtuiApp, pilot: Pilot[Any], name: str, start: s
     return screen
 
 
-async def test_6_the_plan_says_how_many_already_succeeded_and_can_skip_them(store_url: str) -> None:
+async def test_the_plan_says_how_many_already_succeeded_and_can_skip_them(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         screen = await open_backfill(app, pilot, "flaky-export", "2026-03-02T07:50:00Z", "2026-03-02T07:51:00Z")
         assert screen.plan is not None and (screen.plan.count, screen.plan.already_succeeded) == (6, 6)
@@ -367,7 +369,7 @@ async def test_6_the_plan_says_how_many_already_succeeded_and_can_skip_them(stor
         assert screen.progress is not None and screen.progress.total == 3 and screen.state == "done"
 
 
-async def test_6_the_range_shown_is_the_range_fired(store_url: str) -> None:
+async def test_the_range_shown_is_the_range_fired(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         screen = await open_backfill(app, pilot, "heartbeat", "-1m")
         assert screen.plan is not None
@@ -380,7 +382,7 @@ async def test_6_the_range_shown_is_the_range_fired(store_url: str) -> None:
         assert (screen.progress.start, screen.progress.end) == shown and screen.progress.total == 6
 
 
-async def test_6_a_wrong_typed_count_says_why(store_url: str) -> None:
+async def test_a_wrong_typed_count_says_why(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         screen = await open_backfill(app, pilot, "heartbeat", "-10m")
         assert screen.state == "confirm"
@@ -392,7 +394,7 @@ async def test_6_a_wrong_typed_count_says_why(store_url: str) -> None:
         assert screen.state == "confirm"
 
 
-async def test_6_a_running_backfill_can_be_stopped_and_q_asks_first(store_url: str) -> None:
+async def test_a_running_backfill_can_be_stopped_and_q_asks_first(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         # slow-reindex's handler waits 14 s on the (frozen) clock: the backfill stays running.
         screen = await open_backfill(app, pilot, "slow-reindex", "-1m")
@@ -415,7 +417,7 @@ async def test_6_a_running_backfill_can_be_stopped_and_q_asks_first(store_url: s
         assert notes.titled("Backfill cancelled") and not app.backfills
 
 
-async def test_6_a_backfill_is_still_followed_through_a_moment_without_the_store(store_url: str) -> None:
+async def test_a_backfill_is_still_followed_through_a_moment_without_the_store(store_url: str) -> None:
     # The follower used to give up at the first error: the app then kept the backfill as
     # running (q asked about it for ever) and never said how it ended.
     from backend.errors import Unavailable
@@ -446,7 +448,7 @@ async def test_6_a_backfill_is_still_followed_through_a_moment_without_the_store
         assert notes.titled("Backfill cancelled") and not app.backfills
 
 
-async def test_6_the_dialog_stop_button_cancels(store_url: str) -> None:
+async def test_the_dialog_stop_button_cancels(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         screen = await open_backfill(app, pilot, "slow-reindex", "-1m")
         screen.action_start()
@@ -462,9 +464,9 @@ async def test_6_the_dialog_stop_button_cancels(store_url: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------
-# item 7: the filter
+# the filter
 # ----------------------------------------------------------------------------------------
-async def test_7_the_filter_leaves_the_header_visible_and_filters_by_state(store_url: str) -> None:
+async def test_the_filter_leaves_the_header_visible_and_filters_by_state(store_url: str) -> None:
     async with console(store_url, size=(80, 24), read_only=True) as (app, pilot, clock, notes):
         await pilot.press("slash")
         await settle(pilot)
@@ -479,7 +481,7 @@ async def test_7_the_filter_leaves_the_header_visible_and_filters_by_state(store
         assert list(schedules(app).views) == ["legacy-cleanup"]
 
 
-async def test_7_clearing_the_filter_keeps_the_cursor(store_url: str) -> None:
+async def test_clearing_the_filter_keeps_the_cursor(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         await pilot.press("slash", *"reindex", "enter")
         await settle(pilot)
@@ -490,7 +492,7 @@ async def test_7_clearing_the_filter_keeps_the_cursor(store_url: str) -> None:
         assert schedules(app).cursor_row == 3
 
 
-async def test_7_overdue_filter(store_url: str) -> None:
+async def test_overdue_filter(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         await later(app, pilot, clock, 60)
         await pilot.press("slash", *"overdue")
@@ -499,9 +501,9 @@ async def test_7_overdue_filter(store_url: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------
-# item 8: paused countdowns, paging marker, Home/End, help
+# paused countdowns, paging marker, Home/End, help
 # ----------------------------------------------------------------------------------------
-async def test_8_paging_shows_no_markup_and_home_end_jump(store_url: str) -> None:
+async def test_paging_shows_no_markup_and_home_end_jump(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         detail = app.query_one(DetailBar)
         detail.page = "page 2 · [ newer"
@@ -516,7 +518,7 @@ async def test_8_paging_shows_no_markup_and_home_end_jump(store_url: str) -> Non
         assert runs.cursor_row == len(runs.runs) - 1
 
 
-async def test_8_help_lists_navigation_and_scrolls_at_80x24(store_url: str) -> None:
+async def test_help_lists_navigation_and_scrolls_at_80x24(store_url: str) -> None:
     async with console(store_url, size=(80, 24)) as (app, pilot, clock, notes):
         await pilot.press("question_mark")
         await settle(pilot)
@@ -535,9 +537,9 @@ async def test_8_help_lists_navigation_and_scrolls_at_80x24(store_url: str) -> N
 
 
 # ----------------------------------------------------------------------------------------
-# item 9: no column re-measuring on refresh
+# no column re-measuring on refresh
 # ----------------------------------------------------------------------------------------
-async def test_9_a_refresh_that_changes_every_last_run_remeasures_no_column(store_url: str) -> None:
+async def test_a_refresh_that_changes_every_last_run_remeasures_no_column(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         table = schedules(app)
         measured: list[Any] = []
@@ -576,7 +578,7 @@ def fired(views: list[ScheduleView], cron: str | None = None) -> list[ScheduleVi
     ]
 
 
-async def test_9_a_refresh_that_changes_every_schedule_redraws_the_rows_on_screen_at_once_the_rest_after(
+async def test_a_refresh_that_changes_every_schedule_redraws_the_rows_on_screen_at_once_the_rest_after(
     store_url: str,
 ) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
@@ -613,7 +615,7 @@ async def test_9_a_refresh_that_changes_every_schedule_redraws_the_rows_on_scree
         assert notes.seen == []
 
 
-async def test_9_rows_scrolled_on_screen_before_their_batch_are_redrawn_by_the_next_tick(store_url: str) -> None:
+async def test_rows_scrolled_on_screen_before_their_batch_are_redrawn_by_the_next_tick(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         table = schedules(app)
         many = with_bulk(app.views, 600)
@@ -633,7 +635,7 @@ async def test_9_rows_scrolled_on_screen_before_their_batch_are_redrawn_by_the_n
         assert all("*/7 * * * *" in line and "bulk-" in line for line in drawn)
 
 
-async def test_9_rows_shown_again_after_a_filter_are_measured_by_their_text_not_rendered(
+async def test_rows_shown_again_after_a_filter_are_measured_by_their_text_not_rendered(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Clearing a "/" filter at 1,000 schedules adds every row back: Textual rendered and
@@ -665,7 +667,7 @@ async def test_9_rows_shown_again_after_a_filter_are_measured_by_their_text_not_
         assert notes.seen == []
 
 
-async def test_9_a_cleared_filter_builds_the_cells_of_the_rows_on_screen_and_catches_the_rest_up(store_url: str) -> None:
+async def test_a_cleared_filter_builds_the_cells_of_the_rows_on_screen_and_catches_the_rest_up(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         table = schedules(app)
         many = with_bulk(app.views, 600)
@@ -693,7 +695,7 @@ async def test_9_a_cleared_filter_builds_the_cells_of_the_rows_on_screen_and_cat
         assert notes.seen == []
 
 
-async def test_9_the_console_freezes_the_heap_of_its_first_screen_only_when_asked(store_url: str) -> None:
+async def test_the_console_freezes_the_heap_of_its_first_screen_only_when_asked(store_url: str) -> None:
     frozen = gc.get_freeze_count()
     try:
         async with console(store_url) as (app, pilot, clock, notes):
@@ -704,7 +706,7 @@ async def test_9_the_console_freezes_the_heap_of_its_first_screen_only_when_aske
         gc.unfreeze()
 
 
-def test_9_a_cleared_table_cache_frees_its_entries_without_the_cycle_collector() -> None:
+def test_a_cleared_table_cache_frees_its_entries_without_the_cycle_collector() -> None:
     class Rendered:
         pass
 
@@ -723,7 +725,7 @@ def test_9_a_cleared_table_cache_frees_its_entries_without_the_cycle_collector()
         gc.enable()
 
 
-async def test_9_every_console_table_keeps_a_few_screens_rendered_in_ring_free_caches(store_url: str) -> None:
+async def test_every_console_table_keeps_a_few_screens_rendered_in_ring_free_caches(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         tables = list(app.query(FreshTable))
         assert len(tables) >= 2
@@ -734,9 +736,9 @@ async def test_9_every_console_table_keeps_a_few_screens_rendered_in_ring_free_c
 
 
 # ----------------------------------------------------------------------------------------
-# item 10: failure unmistakable without colour
+# failure unmistakable without colour
 # ----------------------------------------------------------------------------------------
-async def test_10_failure_is_bold_and_reversed_everywhere(store_url: str) -> None:
+async def test_failure_is_bold_and_reversed_everywhere(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         failed = status_style(app, "failed")
         assert failed.bold and failed.reverse and not status_style(app, "succeeded").reverse
@@ -753,9 +755,9 @@ async def test_10_failure_is_bold_and_reversed_everywhere(store_url: str) -> Non
 
 
 # ----------------------------------------------------------------------------------------
-# item 12: one zone for every time on screen
+# one zone for every time on screen
 # ----------------------------------------------------------------------------------------
-async def test_12_times_are_in_the_operators_zone_or_utc_whatever_the_schedule(store_url: str) -> None:
+async def test_times_are_in_the_operators_zone_or_utc_whatever_the_schedule(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         runs = app.query_one(RunsTable)
         assert runs.get_cell_at((0, 0)).plain == "03-02 09:00:04 CET"  # daily-digest, a Berlin schedule
@@ -797,7 +799,7 @@ def test_overdue_is_cached_until_it_can_change() -> None:
     assert overdue.since(view, at + timedelta(hours=3)) == at + timedelta(minutes=1)
 
 
-async def test_10_the_timeline_draws_under_no_color(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_the_timeline_draws_under_no_color(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_COLOR", "1")  # Textual's monochrome filter reads every segment's style
     async with console(store_url) as (app, pilot, clock, notes):
         assert app.no_color
