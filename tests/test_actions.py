@@ -4,6 +4,7 @@ the declarations, with no per-action code of their own."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime, timedelta
@@ -81,6 +82,32 @@ def test_no_backend_has_code_of_its_own_for_an_action() -> None:
     for implementation in (EmbeddedBackend, RemoteBackend):
         assert not set(vars(implementation)) & set(ACTIONS), implementation
         assert not set(vars(implementation)) & {"set_enabled", "set_queue_paused"}, implementation
+
+
+def test_the_api_and_client_packages_import_nothing_that_imports_them_back() -> None:
+    root = Path(__file__).resolve().parent.parent
+    imports: dict[str, set[str]] = {}
+    for package in ("backend/api", "backend/client"):
+        for path in (root / package).glob("*.py"):
+            module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                    node.body = []  # imports for the type checker alone do not count
+            found: set[str] = set()
+            for node in ast.walk(tree):  # imports inside functions count
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    found |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+                elif isinstance(node, ast.Import):
+                    found |= {alias.name for alias in node.names}
+            imports[module] = found
+    graph = {module: {m for m in found if m in imports and m != module} for module, found in imports.items()}
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        return any(m == target or (m not in seen and reaches(m, target, seen | {m})) for m in graph[start])
+
+    assert graph["backend.api.app"] >= {"backend.api.routes", "backend.api.events"}
+    assert [module for module in graph if reaches(module, module, {module})] == []
 
 
 def test_operate_actions_are_audited_under_a_known_name_and_reads_are_not() -> None:
