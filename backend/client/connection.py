@@ -13,8 +13,9 @@ no timers are armed and nothing fires on the clock::
 
 ``definitions`` is the folder of ``*.cron.py`` (and ``*.jobs.py``, ``*.durable.py``) files,
 or the definitions themselves; the schedule actions need it, since the store holds runs and
-states, not code (sending jobs does not: queues are recorded in the store). :func:`connect_sync` is the same for synchronous code (Django, Flask):
-its methods block and return the same values.
+states, not code (sending jobs does not: queues are recorded in the store).
+:func:`connect_sync` is the same for synchronous code (Django, Flask): its methods block
+and return the same values.
 """
 
 from __future__ import annotations
