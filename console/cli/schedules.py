@@ -22,8 +22,8 @@ from datetime import datetime
 from typing import Any
 
 from backend.client.actions import action_of
-from backend.client.interface import Backend, RunsPage, SchedulesSnapshot
-from backend.model import BackfillProgress, Run, ScheduleView
+from backend.client.interface import Backend
+from backend.model import BackfillProgress, Run, RunsPage, SchedulesSnapshot, ScheduleView
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
 from console.cli.main import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, _print_json
