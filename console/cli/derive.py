@@ -186,7 +186,7 @@ class Verb:
             target.add_argument(*argument.flags, **argument.kwargs)
         if self.prints_json:
             parser.add_argument("--json", action="store_true",
-                                help=self.json.describe() if self.json else "print the result as JSON (as the HTTP API has it)")
+                                help=self.json.describe() if self.json else "print the result as JSON")
         if self.confirms:
             assert declared.danger is not None  # confirms says so
             named = {a.param: a.kwargs.get("metavar", a.param.upper()) for a in self.arguments()}
@@ -234,7 +234,7 @@ def _arguments_of(verb: Verb, param: Param) -> list[Argument]:
         return _mapping_arguments(verb, param, schema)
     default = verb.defaults.get(param.name, param.default)
     positional = (param.required or param.name in verb.positional) and param.name not in verb.options
-    flag = "--" + verb.flags.get(param.name, verb.declared.http.wire_name(param.name)).replace("_", "-")
+    flag = _flag(verb, param)
     kind = _kind(param)
     kwargs: dict[str, Any] = {"dest": param.name, "help": _help(param, default)}
     convert: Callable[[Any], Any] | None = None
@@ -260,6 +260,12 @@ def _arguments_of(verb: Verb, param: Param) -> list[Argument]:
     if param.required:  # taken as an option (``options``): a required one
         kwargs["required"] = True
     return [Argument(param.name, None, param.name, (flag,), kwargs, convert)]
+
+
+def _flag(verb: Verb, param: Param) -> str:
+    """The option of a parameter: its name on the wire (``start`` is ``--from``), unless
+    the verb spells it otherwise."""
+    return "--" + verb.flags.get(param.name, verb.declared.http.wire_name(param.name)).replace("_", "-")
 
 
 def _mapping_arguments(verb: Verb, param: Param, schema: Mapping[str, Any]) -> list[Argument]:
@@ -412,8 +418,7 @@ async def _read_instants(call: Call, verb: Verb) -> None:
     call.zone = await call.backend.schedule_zone(call.arguments[when.zone_of])
     now = await call.backend.now()
     for param in typed:
-        flag = "--" + verb.flags.get(param.name, call.action.http.wire_name(param.name)).replace("_", "-")
-        call.arguments[param.name] = parse_when(call.arguments[param.name], now=now, zone=call.zone, field=flag)
+        call.arguments[param.name] = parse_when(call.arguments[param.name], now=now, zone=call.zone, field=_flag(verb, param))
 
 
 def refusal(verb: Verb, arguments: Mapping[str, Any]) -> str:
