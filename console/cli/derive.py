@@ -47,7 +47,7 @@ Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
 #: The systems whose actions read the definitions folder (a schedule's or a durable
 #: function's definition); the others do without it when none was named.
-USES_DEFINITIONS = ("schedules", "durable", "fleet")
+USES_DEFINITIONS = ("schedules", "durable")
 
 
 @dataclass

@@ -1,5 +1,10 @@
 """The ``schedtui`` command: parses arguments and dispatches verbs; with no verb, the console.
 
+This module holds the parser, the options every verb shares, and the verbs that are no
+operator action (``serve``, ``console``, ``demo``, ``manifest``). The verbs that are
+actions live in the verb modules (:data:`VERB_MODULES`), derived from the actions'
+declarations by :mod:`console.cli.derive`.
+
 Exit codes: 0 success, 1 failure, 2 bad usage or input (one line on stderr naming the
 bad value), 3 a refused backfill (the count and the reason are printed).
 """
