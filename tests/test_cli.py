@@ -487,7 +487,7 @@ def test_runs_table_json_limit_and_paging(cli: Cli) -> None:
         (["backfill", "nosuch", "--from", "-1h", "--to", "now"], 'no schedule named "nosuch"'),
         (["runs", "hourly", "--limit", "abc"], "'abc' is not a whole number"),
         (["runs", "hourly", "--limit", "0"], "0 must be at least 1"),
-        (["runs", "hourly", "--limit", "5000"], "limit 5000 is out of range"),
+        (["runs", "hourly", "--limit", "5000"], "--limit: 5000 is more than 1000"),
         (["list", "--bogus"], "--bogus"),
         (["list", "--schedules", "no-such-folder"], 'schedules folder "no-such-folder" does not exist'),
         (["backfill", "hourly", "--from", "yesterday", "--to", "now"], '--from "yesterday" is not a time'),

@@ -345,7 +345,7 @@ def test_every_job_verb_with_its_exit_code(where: list[str], tmp_path: Path) -> 
     assert "queued, attempt 0/4" in text.stdout and f"key        {key}" in text.stdout
 
     for args, code, message in (
-        (("jobs", "send", "held", "--payload", "{"), 2, "--payload \"{\" is not JSON"),
+        (("jobs", "send", "held", "--payload", "{"), 2, "--payload \"{\" is not valid JSON"),
         (("jobs", "send", "held", "--delay", "99999999"), 2, "delay 99,999,999s is out of range"),
         (("jobs", "send", "held", "--attempts", "0"), 2, "attempts 0 is out of range (1-20)"),
         (("jobs", "send", "held", "--key", "k" * 300), 2, "the limit is 256 bytes"),

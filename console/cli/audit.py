@@ -1,30 +1,16 @@
-"""``schedtui audit``: who did what, newest first (embedded or remote)."""
+"""``schedtui audit``: who did what, newest first (embedded or remote), derived from the
+action's declaration (:mod:`console.cli.derive`)."""
 
 from __future__ import annotations
 
-import argparse
 import json
-from collections.abc import Callable, Coroutine
 from typing import Any
 
-from backend.client.interface import Backend
-from backend.events.audit import AuditEntry
+from backend.events.audit import AuditEntry, AuditPage
 from console import format as fmt
+from console.cli.derive import Call, Verb, add_derived, handlers, items
 
-
-def add_verbs(verb: Callable[..., argparse.ArgumentParser], group: Callable[..., Any]) -> None:
-    from console.cli.main import _VERB_OPTIONS, _positive_int
-
-    def limit(text: str) -> int:
-        value = _positive_int(text)
-        if value > 1000:
-            raise argparse.ArgumentTypeError(f"{value} is more than 1000")
-        return value
-
-    p = verb("audit", "who did what: the operator actions, newest first", _VERB_OPTIONS)
-    p.add_argument("--limit", type=limit, default=20, metavar="N", help="how many (20; at most 1000)")
-    p.add_argument("--before", metavar="ID", help="older than this entry (the next page)")
-    p.add_argument("--json", action="store_true", help="a JSON array of entries")
+__all__ = ["DERIVED", "VERBS", "add_verbs", "audit_table", "detail_text"]
 
 
 def detail_text(entry: AuditEntry) -> str:
@@ -48,23 +34,24 @@ def audit_table(entries: list[AuditEntry]) -> str:
     return fmt.table(["AT", "ACTOR", "ACTION", "TARGET", "DETAIL"], rows)
 
 
-async def cmd_audit(args: argparse.Namespace) -> int:
-    from console.cli.main import EXIT_OK, _print_json, _with_backend
-
-    async def body(backend: Backend) -> int:
-        page = await backend.audit(limit=args.limit, before=args.before)
-        if args.json:
-            _print_json([e.to_json() for e in page.entries])
-            return EXIT_OK
-        if not page.entries:
-            print("no audit entries" + (f" before {args.before}" if args.before else ""))
-            return EXIT_OK
-        print(audit_table(page.entries))
-        if page.next_before:
-            print(f"\nolder: schedtui audit --before {page.next_before}")
-        return EXIT_OK
-
-    return await _with_backend(args, body, definitions_needed=False)
+def _show_audit(call: Call, page: AuditPage) -> None:
+    before = call.arguments["before"]
+    if not page.entries:
+        print("no audit entries" + (f" before {before}" if before else ""))
+        return
+    print(audit_table(page.entries))
+    if page.next_before:
+        print(f"\nolder: schedtui audit --before {page.next_before}")
 
 
-VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {"audit": cmd_audit}
+DERIVED = (
+    Verb(("audit",), "audit", help="who did what: the operator actions, newest first", defaults={"limit": 20},
+         json=items("entries"), show=_show_audit),
+)  # fmt: skip
+
+
+def add_verbs(verb: Any, group: Any) -> None:
+    add_derived(DERIVED, {}, verb, group)
+
+
+VERBS = handlers(DERIVED)

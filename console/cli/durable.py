@@ -1,72 +1,28 @@
 """``schedtui durable …``: list, show, start, signal, cancel and retry durable executions.
 
 Every verb works embedded (``--schedules/--store``: the store is opened, nothing runs
-here; a ``serve`` instance runs what is started) and remote (``--url/--token``). Exit
-codes: 0 done, 1 refused (a finished execution, one that has not failed), 2 bad input
-or an unknown execution or function (one line on stderr naming it).
+here; a ``serve`` instance runs what is started) and remote (``--url/--token``), and is
+derived from its action's declaration (:mod:`console.cli.derive`); what is here is how
+each one shows its result. Exit codes: 0 done, 1 refused (a finished execution, one that
+has not failed), 2 bad input or an unknown execution or function (one line on stderr
+naming it).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
-from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
-from backend import Refused
-from backend.client.interface import Backend
-from backend.durable.model import EXECUTION_STATUSES, Execution
-from backend.durable.service import parse_json_option
+from backend.durable.model import Execution, ExecutionsPage, Signalled, Started
 from console import format as fmt
-from console.cli.main import _VERB_OPTIONS, EXIT_FAILURE, EXIT_OK, _positive_int, _print_json, _with_backend
+from console.cli.derive import Call, Verb, add_derived, fields, handlers, items
+from console.cli.main import EXIT_FAILURE
+
+__all__ = ["DERIVED", "VERBS", "add_verbs", "execution_text", "executions_table"]
 
 EXECUTION_GLYPHS, STEP_GLYPHS = fmt.EXECUTION_GLYPHS, fmt.STEP_GLYPHS
-
-MakeSub = Callable[[str, str, Sequence[str]], argparse.ArgumentParser]
-
-
-def add_verbs(verb: Callable[..., argparse.ArgumentParser], group: Callable[..., MakeSub]) -> None:
-    sub = group("durable", "durable executions: list, show, start, signal, cancel, retry")
-    p = sub("list", "executions, newest first", _VERB_OPTIONS)
-    p.add_argument("function", metavar="FUNCTION", nargs="?", help="only this durable function's")
-    p.add_argument("--status", choices=EXECUTION_STATUSES, help="only executions in this status")
-    p.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="how many (20)")
-    p.add_argument("--before", metavar="ID", help="older than this execution (the next page)")
-    p.add_argument("--json", action="store_true", help="a JSON array of executions")
-    p = sub("show", "one execution: its steps (the timeline) and its log", _VERB_OPTIONS)
-    p.add_argument("id", metavar="ID")
-    p.add_argument("--json", action="store_true", help="the execution as JSON, with steps and logs")
-    p = sub("start", "start an execution (a `serve` instance that defines the function runs it)", _VERB_OPTIONS)
-    p.add_argument("function", metavar="FUNCTION")
-    p.add_argument("--input", metavar="JSON", help="the input, a JSON value (default null)")
-    p.add_argument("--json", action="store_true", help='print {"id"}')
-    p = sub("signal", "send a signal (an approval, say) to an execution", _VERB_OPTIONS)
-    p.add_argument("id", metavar="ID")
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("--payload", metavar="JSON", help="the signal's payload, a JSON value (default null)")
-    p.add_argument("--json", action="store_true", help='print {"execution_id", "name", "duplicate"}')
-    for name, help in (
-        ("cancel", "cancel an execution: waiting or queued at once, running at its next step"),
-        ("retry", "run a failed execution again from its failed step, with fresh attempts"),
-    ):
-        p = sub(name, help, _VERB_OPTIONS)
-        p.add_argument("id", metavar="ID")
-        p.add_argument("--json", action="store_true", help="print the execution as JSON")
-
-
-async def _act(args: argparse.Namespace, body: Callable[[Backend], Coroutine[Any, Any, int]]) -> int:
-    """Run ``body`` on the backend; a refusal is exit code 1 with one line."""
-
-    async def wrapped(backend: Backend) -> int:
-        try:
-            return await body(backend)
-        except Refused as exc:
-            print(f"schedtui: {exc.message}", file=sys.stderr)
-            return EXIT_FAILURE
-
-    return await _with_backend(args, wrapped)
 
 
 def executions_table(executions: list[Execution], now: datetime) -> str:
@@ -131,91 +87,68 @@ def execution_text(e: Execution, now: datetime) -> str:
     return "\n".join(lines)
 
 
-async def cmd_list(args: argparse.Namespace) -> int:
-    async def body(backend: Backend) -> int:
-        page = await backend.list_executions(args.function, status=args.status, limit=args.limit, before=args.before)
-        if args.json:
-            _print_json([e.to_json() for e in page.executions])
-            return EXIT_OK
-        if not page.executions:
-            print("no executions" + (f" of {args.function}" if args.function else ""))
-            return EXIT_OK
-        print(executions_table(page.executions, await backend.now()))
-        if page.next_before:
-            more = f" {args.function}" if args.function else ""
-            print(f"\nolder: schedtui durable list{more} --before {page.next_before}")
-        return EXIT_OK
-
-    return await _act(args, body)
+# -- how each verb shows its result ---------------------------------------------------------
+async def _show_executions(call: Call, page: ExecutionsPage) -> None:
+    function = call.arguments["function"]
+    if not page.executions:
+        print("no executions" + (f" of {function}" if function else ""))
+        return
+    print(executions_table(page.executions, await call.backend.now()))
+    if page.next_before:
+        more = f" {function}" if function else ""
+        print(f"\nolder: schedtui durable list{more} --before {page.next_before}")
 
 
-async def cmd_show(args: argparse.Namespace) -> int:
-    async def body(backend: Backend) -> int:
-        execution = await backend.get_execution(args.id)
-        if args.json:
-            _print_json(execution.to_json())
-        else:
-            print(execution_text(execution, await backend.now()))
-        return EXIT_OK
-
-    return await _act(args, body)
+async def _show_execution(call: Call, execution: Execution) -> None:
+    print(execution_text(execution, await call.backend.now()))
 
 
-async def cmd_start(args: argparse.Namespace) -> int:
-    value = parse_json_option(args.input, "--input")
-
-    async def body(backend: Backend) -> int:
-        started = await backend.start_execution(args.function, value)
-        if args.json:
-            _print_json({"id": started.id})
-        else:
-            print(f"started {args.function}: execution {started.id}")
-        return EXIT_OK
-
-    return await _act(args, body)
+def _show_started(call: Call, started: Started) -> None:
+    print(f"started {call.arguments['function']}: execution {started.id}")
 
 
-async def cmd_signal(args: argparse.Namespace) -> int:
-    value = parse_json_option(args.payload, "--payload")
-
-    async def body(backend: Backend) -> int:
-        sent = await backend.signal_execution(args.id, args.name, value)
-        if args.json:
-            _print_json(sent.to_json())
-        elif sent.duplicate:
-            print(f"execution {args.id} had signal {args.name} already; the first one is kept")
-        else:
-            print(f"signal {args.name} sent to execution {args.id}")
-        return EXIT_OK
-
-    return await _act(args, body)
+def _show_signalled(call: Call, sent: Signalled) -> None:
+    execution_id, name = call.arguments["execution_id"], call.arguments["name"]
+    if sent.duplicate:
+        print(f"execution {execution_id} had signal {name} already; the first one is kept")
+    else:
+        print(f"signal {name} sent to execution {execution_id}")
 
 
-def _done(verb: str) -> Callable[[argparse.Namespace], Coroutine[Any, Any, int]]:
-    async def cmd(args: argparse.Namespace) -> int:
-        async def body(backend: Backend) -> int:
-            if verb == "cancel":
-                execution = await backend.cancel_execution(args.id)
-            else:
-                execution = await backend.retry_execution(args.id)
-            if args.json:
-                _print_json(execution.to_json())
-            elif verb == "cancel" and execution.status == "running":
-                print(f"execution {execution.id} stops at its next step (cancellation asked)")
-            else:
-                print(f"execution {execution.id}: {execution.status}")
-            return EXIT_OK
-
-        return await _act(args, body)
-
-    return cmd
+def _show_ended(call: Call, execution: Execution) -> None:
+    if call.action.name == "cancel_execution" and execution.status == "running":
+        print(f"execution {execution.id} stops at its next step (cancellation asked)")
+    else:
+        print(f"execution {execution.id}: {execution.status}")
 
 
-VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
-    "durable list": cmd_list,
-    "durable show": cmd_show,
-    "durable start": cmd_start,
-    "durable signal": cmd_signal,
-    "durable cancel": _done("cancel"),
-    "durable retry": _done("retry"),
-}
+# A refusal (a finished execution, one that has not failed) is a failure: exit code 1.
+DurableVerb = partial(Verb, refused=EXIT_FAILURE)
+
+#: The verbs, in the order ``schedtui durable --help`` lists them.
+DERIVED = (
+    DurableVerb(("durable", "list"), "list_executions", help="executions, newest first", positional=("function",),
+                defaults={"limit": 20}, json=items("executions"), show=_show_executions),
+    DurableVerb(("durable", "show"), "get_execution", help="one execution: its steps (the timeline) and its log",
+                show=_show_execution),
+    DurableVerb(("durable", "start"), "start_execution",
+                help="start an execution (a `serve` instance that defines the function runs it)",
+                json=fields("id"), show=_show_started),
+    DurableVerb(("durable", "signal"), "signal_execution", help="send a signal (an approval, say) to an execution",
+                show=_show_signalled),
+    # Scripts cancel without --yes, as they always have (the console asks).
+    DurableVerb(("durable", "cancel"), "cancel_execution",
+                help="cancel an execution: waiting or queued at once, running at its next step", asks=False,
+                show=_show_ended),
+    DurableVerb(("durable", "retry"), "retry_execution",
+                help="run a failed execution again from its failed step, with fresh attempts", show=_show_ended),
+)  # fmt: skip
+
+GROUPS = {"durable": "durable executions: list, show, start, signal, cancel, retry"}
+
+
+def add_verbs(verb: Any, group: Any) -> None:
+    add_derived(DERIVED, GROUPS, verb, group)
+
+
+VERBS = handlers(DERIVED)

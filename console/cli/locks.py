@@ -2,37 +2,20 @@
 
     schedtui locks [--json]                  every lock: holder, token, state, expiry, last renewal
     schedtui locks release NAME --yes [--json]
+
+Both are derived from their actions' declarations (:mod:`console.cli.derive`): a release
+is dangerous, so it needs ``--yes``.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from collections.abc import Callable, Coroutine
 from typing import Any
 
-from backend.client.interface import Backend
-from backend.locks import Lock, LocksSnapshot
+from backend.locks import Lock, LockRelease, LocksSnapshot
 from console import format as fmt
-from console.cli.main import _VERB_OPTIONS, EXIT_OK, EXIT_USAGE, _print_json, _with_backend
+from console.cli.derive import Call, Verb, add_derived, handlers, items
 
-__all__ = ["VERBS", "add_verbs", "locks_table"]
-
-FORCE_WARNING = (
-    "releasing a lock by force lets the next holder in while the current one may still be working "
-    "(its fenced writes are refused from then on)"
-)
-
-
-def add_verbs(verb: Callable[..., argparse.ArgumentParser], group: Callable[..., Any]) -> None:
-    def own(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--json", action="store_true", help="a JSON array of locks")
-
-    sub = group("locks", "the project locks: who holds what, until when", _VERB_OPTIONS, own)
-    p = sub("release", "release a lock by force (the next holder gets a greater token)", _VERB_OPTIONS)
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("--yes", action="store_true", help="confirm: " + FORCE_WARNING)
-    p.add_argument("--json", action="store_true", help="print {released, lock, now}")
+__all__ = ["DERIVED", "VERBS", "add_verbs", "locks_table"]
 
 
 def locks_table(snapshot: LocksSnapshot) -> str:
@@ -53,41 +36,30 @@ def locks_table(snapshot: LocksSnapshot) -> str:
     return fmt.table(["NAME", "HOLDER", "TOKEN", "STATE", "EXPIRES", "LAST RENEWAL"], rows)
 
 
-async def cmd_locks(args: argparse.Namespace) -> int:
-    async def body(backend: Backend) -> int:
-        snapshot = await backend.list_locks()
-        if args.json:
-            _print_json([lock.to_json(snapshot.now) for lock in snapshot.locks])
-        elif not snapshot.locks:
-            print("no locks")
-        else:
-            print(locks_table(snapshot))
-        return EXIT_OK
-
-    return await _with_backend(args, body, definitions_needed=False)
+def _show_locks(call: Call, snapshot: LocksSnapshot) -> None:
+    print(locks_table(snapshot) if snapshot.locks else "no locks")
 
 
-async def cmd_release(args: argparse.Namespace) -> int:
-    if not args.yes:
-        print(f'schedtui: lock "{args.name}" not released: {FORCE_WARNING}; add --yes to confirm', file=sys.stderr)
-        return EXIT_USAGE
-
-    async def body(backend: Backend) -> int:
-        done = await backend.release_lock(args.name)
-        if args.json:
-            _print_json(done.to_json())
-        elif done.released:
-            lock = done.lock
-            print(f'lock "{lock.name}" released (was held by {lock.holder}, token {lock.token}); '
-                  "the next holder gets a greater token")
-        else:
-            print(f'lock "{args.name}" was not held; nothing to release')
-        return EXIT_OK
-
-    return await _with_backend(args, body, definitions_needed=False)
+def _show_released(call: Call, done: LockRelease) -> None:
+    if done.released:
+        lock = done.lock
+        print(f'lock "{lock.name}" released (was held by {lock.holder}, token {lock.token}); '
+              "the next holder gets a greater token")
+    else:
+        print(f'lock "{call.arguments["name"]}" was not held; nothing to release')
 
 
-VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
-    "locks": cmd_locks,
-    "locks release": cmd_release,
-}
+#: The verbs, in the order ``schedtui --help`` lists them.
+DERIVED = (
+    Verb(("locks",), "list_locks", help="the project locks: who holds what, until when", json=items("locks"),
+         show=_show_locks),
+    Verb(("locks", "release"), "release_lock", help="release a lock by force (the next holder gets a greater token)",
+         show=_show_released),
+)  # fmt: skip
+
+
+def add_verbs(verb: Any, group: Any) -> None:
+    add_derived(DERIVED, {}, verb, group)
+
+
+VERBS = handlers(DERIVED)

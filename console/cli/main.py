@@ -1,5 +1,10 @@
 """The ``schedtui`` command: parses arguments and dispatches verbs; with no verb, the console.
 
+This module holds the parser, the options every verb shares, and the verbs that are no
+operator action (``serve``, ``console``, ``demo``, ``manifest``). The verbs that are
+actions live in the verb modules (:data:`VERB_MODULES`), derived from the actions'
+declarations by :mod:`console.cli.derive`.
+
 Exit codes: 0 success, 1 failure, 2 bad usage or input (one line on stderr naming the
 bad value), 3 a refused backfill (the count and the reason are printed).
 """
@@ -17,7 +22,6 @@ import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -39,17 +43,13 @@ from backend.client.remote import RemoteBackend
 from backend.definitions import Definitions, discover_definitions
 from backend.events.audit import check_actor
 from backend.model import (
-    BACKFILL_MAX_LIMIT,
     COORDINATION_MODES,
     DEFAULT_DEFINITIONS_FOLDER,
     DEFAULT_STORE_URL,
-    BackfillProgress,
     Run,
-    ScheduleView,
 )
 from backend.safetext import RedactingFormatter, redact_url, remember_secret
 from backend.scheduler.manifests import PROVIDERS, render_manifests
-from backend.timeparse import parse_when
 from console import format as fmt
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
@@ -70,7 +70,19 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("the following arguments are required"):
+            message = f"say `{self._required()}` ({message})"
         raise UsageError(f"{self.prog}: {message}")
+
+    def _required(self) -> str:
+        """The command with its required arguments (``schedtui queues pause QUEUE``)."""
+        words = [self.prog]
+        for action in self._actions:
+            if action.option_strings and action.required:
+                words.append(f"{action.option_strings[0]} {action.metavar or action.dest.upper()}")
+            elif not action.option_strings and action.nargs is None:
+                words.append(str(action.metavar or action.dest.upper()))
+        return " ".join(words)
 
 
 def _positive_int(text: str) -> int:
@@ -225,38 +237,6 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p = verb("demo", "the console on bundled demo schedules with a temporary store", [])
     p.add_argument("--headless", action="store_true", help="no console: print every firing (Ctrl-C stops)")
 
-    p = verb("list", "list schedules", _VERB_OPTIONS)
-    p.add_argument("--json", action="store_true", help="a JSON array of schedules")
-
-    p = verb("runs", "show a schedule's runs, newest first", _VERB_OPTIONS)
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("--limit", type=_positive_int, default=20, metavar="N", help="how many (20)")
-    p.add_argument("--before", metavar="RUN_ID", help="older than this run (the next page)")
-    p.add_argument("--json", action="store_true", help="a JSON array of runs")
-
-    p = verb("fire", "run a schedule now (in this process) and wait for it", _VERB_OPTIONS)
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("--json", action="store_true", help="print the run as JSON")
-
-    for name in ("enable", "disable"):
-        p = verb(name, f"{name} a schedule", _VERB_OPTIONS)
-        p.add_argument("name", metavar="NAME")
-        p.add_argument("--note", help="why (shown with the schedule)")
-        p.add_argument("--json", action="store_true", help="print the schedule as JSON")
-
-    p = verb("backfill", "fire the slots of a past range, in order", _VERB_OPTIONS)
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("--from", dest="start", required=True, metavar="WHEN", help="ISO 8601, a date, now, or -2d/-6h")
-    p.add_argument("--to", dest="end", required=True, metavar="WHEN", help="ISO 8601, a date, now, or -2d/-6h")
-    p.add_argument("--yes", action="store_true", help="confirm a backfill of more than 25 slots")
-    p.add_argument("--limit", type=_positive_int, metavar="N", help=f"most slots (1,000; at most {BACKFILL_MAX_LIMIT:,})")
-    p.add_argument("--json", action="store_true", help="print the plan and the result as JSON")
-
-    p = verb("manifest", "platform scheduler manifests for trigger=external schedules", ["schedules"])
-    p.add_argument("--provider", required=True, choices=PROVIDERS, help="where the clock lives")
-    p.add_argument("--base-url", required=True, metavar="URL", help="where the platform reaches `schedtui serve`")
-    p.add_argument("--out", metavar="DIR", help="write files here instead of printing them")
-
     def group(
         name: str,
         help: str,
@@ -281,6 +261,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
     for module in verb_modules():
         module.add_verbs(verb, group)
+
+    p = verb("manifest", "platform scheduler manifests for trigger=external schedules", ["schedules"])
+    p.add_argument("--provider", required=True, choices=PROVIDERS, help="where the clock lives")
+    p.add_argument("--base-url", required=True, metavar="URL", help="where the platform reaches `schedtui serve`")
+    p.add_argument("--out", metavar="DIR", help="write files here instead of printing them")
     return parser, by_verb
 
 
@@ -499,182 +484,6 @@ def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False))
 
 
-# -------------------------------------------------------------------------------------------
-# verbs
-# -------------------------------------------------------------------------------------------
-async def cmd_list(args: argparse.Namespace) -> int:
-    async def body(backend: Backend) -> int:
-        snapshot = await backend.list_schedules()
-        if args.json:
-            _print_json([s.to_json() for s in snapshot.schedules])
-            return EXIT_OK
-        print(schedules_table(snapshot.schedules, snapshot.now))
-        return EXIT_OK
-
-    return await _with_backend(args, body)
-
-
-def schedules_table(schedules: list[ScheduleView], now: datetime) -> str:
-    sharded = any(s.sharded for s in schedules)
-    rows = []
-    for s in schedules:
-        last = s.last_run
-        if not s.enabled:
-            state = "disabled" + (f" ({s.state_note.note})" if s.state_note and s.state_note.note else "")
-        else:
-            state = "enabled"
-        rows.append(
-            [
-                s.name,
-                s.cron,
-                s.timezone,
-                s.trigger,
-                state,
-                fmt.countdown(s.next_fire_at, now) if s.next_fire_at else "-",
-                f"{fmt.STATUS_GLYPHS[last.status]} {last.status} {fmt.ago(last.fired_at or last.scheduled_at, now)}"
-                if last
-                else "-",
-                *([s.owner or "-"] if sharded else []),
-            ]
-        )
-    owner = ["OWNER"] if sharded else []
-    return fmt.table(["NAME", "CRON", "TIMEZONE", "TRIGGER", "STATE", "NEXT FIRE", "LAST RUN", *owner], rows)
-
-
-def runs_table(runs: list[Run], zone: str) -> str:
-    rows = [
-        [
-            run.id,
-            fmt.local_time(run.scheduled_at, zone),
-            f"{fmt.STATUS_GLYPHS[run.status]} {run.status}",
-            run.trigger,
-            run.coordination_outcome,
-            run.instance,
-            fmt.duration(run.duration_ms),
-            " ".join(filter(None, [run.error_tag and f"[{run.error_tag}]", run.error_message])) or "",
-        ]
-        for run in runs
-    ]
-    return fmt.table(["ID", "SCHEDULED AT", "STATUS", "TRIGGER", "OUTCOME", "INSTANCE", "DURATION", "ERROR"], rows)
-
-
-async def cmd_runs(args: argparse.Namespace) -> int:
-    async def body(backend: Backend) -> int:
-        zone = await backend.schedule_zone(args.name)
-        page = await backend.list_runs(args.name, limit=args.limit, before=args.before)
-        if args.json:
-            _print_json([r.to_json() for r in page.runs])
-            return EXIT_OK
-        if not page.runs:
-            print(f"no runs of {args.name}" + (f" before {args.before}" if args.before else ""))
-            return EXIT_OK
-        print(runs_table(page.runs, zone))
-        if page.next_before:
-            print(f"\nolder: schedtui runs {args.name} --before {page.next_before}")
-        return EXIT_OK
-
-    return await _with_backend(args, body)
-
-
-async def cmd_fire(args: argparse.Namespace) -> int:
-    async def body(backend: Backend) -> int:
-        zone = await backend.schedule_zone(args.name)
-        run = await backend.run_now(args.name)
-        if not args.json:
-            print(f"fired {args.name}: run {run.id}", file=sys.stderr)
-        run = await backend.wait_run(run.id)
-        if args.json:
-            _print_json(run.to_json())
-        else:
-            print(runs_table([run], zone))
-        return EXIT_OK if run.status == "succeeded" else EXIT_FAILURE
-
-    return await _with_backend(args, body)
-
-
-async def cmd_enable(args: argparse.Namespace) -> int:
-    enabled = args.verb == "enable"
-
-    async def body(backend: Backend) -> int:
-        view = await backend.set_enabled(args.name, enabled, note=args.note)
-        if args.json:
-            _print_json(view.to_json())
-        else:
-            note = f" ({view.state_note.note})" if view.state_note and view.state_note.note else ""
-            nxt = f"; next fire {fmt.local_time(view.next_fire_at, view.timezone)}" if view.next_fire_at else ""
-            print(f"{view.name} {'enabled' if view.enabled else 'disabled'}{note}{nxt}")
-        return EXIT_OK
-
-    return await _with_backend(args, body)
-
-
-async def cmd_backfill(args: argparse.Namespace) -> int:
-    async def body(backend: Backend) -> int:
-        snapshot = await backend.list_schedules()
-        view = next((s for s in snapshot.schedules if s.name == args.name), None)
-        if view is None:
-            raise NotFound(f'no schedule named "{args.name}"')
-        start = parse_when(args.start, now=snapshot.now, zone=view.timezone, field="--from")
-        end = parse_when(args.end, now=snapshot.now, zone=view.timezone, field="--to")
-        plan = await backend.plan_backfill(args.name, start, end, confirm=args.yes, limit=args.limit)
-        if not plan.ok:
-            if args.json:
-                _print_json(plan.to_json())
-            print(
-                f"schedtui: backfill of {args.name} refused: {plan.count_text()} slot(s) in "
-                f"({fmt.local_time(plan.start, view.timezone)}, {fmt.local_time(plan.end, view.timezone)}]: "
-                f"{plan.refusal}"
-                + (" (re-run with --yes after reading the count)" if "need confirmation" in (plan.refusal or "") else ""),
-                file=sys.stderr,
-            )
-            return EXIT_REFUSED
-        progress = await backend.start_backfill(args.name, start, end, confirm=args.yes, limit=args.limit)
-        print(
-            f"backfilling {plan.count} slot(s) of {args.name}: "
-            f"{fmt.local_time(plan.first, view.timezone)} … {fmt.local_time(plan.last, view.timezone)}",
-            file=sys.stderr,
-        )
-        progress = await _follow_backfill(backend, progress)
-        if args.json:
-            _print_json(progress.to_json())
-        else:
-            print(
-                f"backfill {progress.id} {progress.state}: {progress.fired} fired, "
-                f"{progress.succeeded} succeeded, {progress.failed} failed, {progress.remaining} remaining"
-            )
-        return EXIT_OK if progress.state == "done" and not progress.failed else EXIT_FAILURE
-
-    return await _with_backend(args, body)
-
-
-async def _follow_backfill(backend: Backend, progress: BackfillProgress) -> BackfillProgress:
-    tty = sys.stderr.isatty()
-    shown = -1
-    while True:
-        if progress.fired != shown:
-            shown = progress.fired
-            _draw_progress(progress, tty)
-        if progress.state != "running":
-            if tty:
-                print(file=sys.stderr)
-            return progress
-        await asyncio.sleep(0.1)  # polling for display only
-        progress = await backend.backfill_progress(progress.id)
-
-
-def _draw_progress(progress: BackfillProgress, tty: bool) -> None:
-    width = 30
-    done = int(width * progress.fired / progress.total) if progress.total else width
-    bar = "#" * done + "." * (width - done)
-    text = (
-        f"[{bar}] {progress.fired}/{progress.total}  failed {progress.failed}  remaining {progress.remaining}"
-    )
-    if tty:
-        print(f"\r{text}", end="", file=sys.stderr, flush=True)
-    elif progress.fired == progress.total or progress.total < 10 or progress.fired % max(1, progress.total // 10) == 0:
-        print(text, file=sys.stderr)
-
-
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -862,12 +671,6 @@ VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "serve": cmd_serve,
     "console": cmd_console,
     "demo": cmd_demo,
-    "list": cmd_list,
-    "runs": cmd_runs,
-    "fire": cmd_fire,
-    "enable": cmd_enable,
-    "disable": cmd_enable,
-    "backfill": cmd_backfill,
     "manifest": cmd_manifest,
 }
 

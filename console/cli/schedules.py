@@ -1,4 +1,5 @@
-"""``schedtui schedules``: schedules created at run time, kept in the store.
+"""The schedules' verbs: list, runs, fire, enable, disable, backfill, and the schedules
+created at run time::
 
     schedtui schedules create NAME --cron EXPR --timezone TZ (--queue Q | --durable F)
               [--payload JSON] [--description D] [--disabled] [--on-overlap P] [--backfill P]
@@ -6,75 +7,174 @@
     schedtui schedules update NAME [the same options; --enabled to enable again] [--json]
     schedtui schedules delete NAME
 
-Every instance sharing the store arms, re-arms or stops the schedule within 2 s. A bad value
-exits 2 naming it; a taken name or a schedule defined in code exits 3.
+Every verb is derived from its action's declaration (:mod:`console.cli.derive`); what is
+here is how each one shows its result. A stored schedule is armed, re-armed or stopped by
+every instance sharing the store within 2 s. A bad value exits 2 naming it; a taken name
+or a schedule defined in code exits 3; a refused backfill exits 3 with the count and the
+reason.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-from collections.abc import Callable, Coroutine
+import asyncio
+import sys
+from datetime import datetime
 from typing import Any
 
-from backend import BadInput
+from backend.client.actions import action_of
 from backend.client.interface import Backend
-from backend.model import BACKFILL_POLICIES, OVERLAP_POLICIES, ScheduleView
-from backend.safetext import printable
-from console.cli.main import _VERB_OPTIONS, EXIT_OK, _print_json, _with_backend
+from backend.model import BackfillProgress, Run, RunsPage, SchedulesSnapshot, ScheduleView
+from console import format as fmt
+from console.cli.derive import Call, Verb, add_derived, handlers, items
+from console.cli.main import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, _print_json
 
-__all__ = ["VERBS", "add_verbs", "spec_of"]
-
-
-def add_verbs(verb: Callable[..., argparse.ArgumentParser], group: Callable[..., Any]) -> None:
-    sub = group("schedules", "create, update and delete schedules kept in the store", _VERB_OPTIONS)
-    create = sub("create", "create a schedule in the store (a queue or durable function as target)", _VERB_OPTIONS)
-    update = sub("update", "change a schedule created at run time", _VERB_OPTIONS)
-    for p, new in ((create, True), (update, False)):
-        p.add_argument("name", metavar="NAME")
-        p.add_argument("--cron", metavar="EXPR", required=new, help="cron expression (5 or 6 fields)")
-        p.add_argument("--timezone", metavar="TZ", required=new, help="IANA zone the expression is read in")
-        target = p.add_mutually_exclusive_group(required=new)
-        target.add_argument("--queue", metavar="Q", help="send one job to this queue per slot")
-        target.add_argument("--durable", metavar="F", help="start one execution of this durable function per slot")
-        p.add_argument("--payload", metavar="JSON", help="the job's payload or the execution's input, JSON")
-        p.add_argument("--description", metavar="D")
-        state = p.add_mutually_exclusive_group()
-        state.add_argument("--disabled", action="store_true", help="created (or set) disabled")
-        if not new:
-            state.add_argument("--enabled", action="store_true", help="set enabled")
-        p.add_argument("--on-overlap", metavar="P", help=f"one of {', '.join(OVERLAP_POLICIES)} (default skip)")
-        p.add_argument("--backfill", metavar="P", help=f"one of {', '.join(BACKFILL_POLICIES)} (default skip)")
-        p.add_argument("--max-runtime", metavar="S", help="seconds a run may take (default 1800)")
-        p.add_argument("--json", action="store_true", help="print the schedule as JSON")
-    delete = sub("delete", "delete a schedule created at run time (its runs stay)", _VERB_OPTIONS)
-    delete.add_argument("name", metavar="NAME")
+__all__ = ["DERIVED", "VERBS", "add_verbs", "runs_table", "schedules_table"]
 
 
-def spec_of(args: argparse.Namespace) -> dict[str, Any]:
-    """The options given, as a spec (only those given: an update changes only them)."""
-    spec: dict[str, Any] = {}
-    for key in ("cron", "timezone", "queue", "durable", "description", "on_overlap", "backfill"):
-        value = getattr(args, key, None)
-        if value is not None:
-            spec[key] = value
-    if args.payload is not None:
-        try:
-            spec["payload"] = json.loads(args.payload)
-        except ValueError as exc:
-            raise BadInput(f'--payload "{printable(args.payload, 60)}" is not JSON ({exc})', field="payload") from None
-    if args.max_runtime is not None:
-        try:
-            spec["max_runtime"] = float(args.max_runtime)
-        except ValueError:
-            raise BadInput(f'--max-runtime "{printable(args.max_runtime, 30)}" is not a number of seconds', field="max_runtime") from None
-    if args.disabled:
-        spec["enabled"] = False
-    elif getattr(args, "enabled", False):
-        spec["enabled"] = True
-    return spec
+# -- tables ----------------------------------------------------------------------------------
+def schedules_table(schedules: list[ScheduleView], now: datetime) -> str:
+    sharded = any(s.sharded for s in schedules)
+    rows = []
+    for s in schedules:
+        last = s.last_run
+        if not s.enabled:
+            state = "disabled" + (f" ({s.state_note.note})" if s.state_note and s.state_note.note else "")
+        else:
+            state = "enabled"
+        rows.append(
+            [
+                s.name,
+                s.cron,
+                s.timezone,
+                s.trigger,
+                state,
+                fmt.countdown(s.next_fire_at, now) if s.next_fire_at else "-",
+                f"{fmt.STATUS_GLYPHS[last.status]} {last.status} {fmt.ago(last.fired_at or last.scheduled_at, now)}"
+                if last
+                else "-",
+                *([s.owner or "-"] if sharded else []),
+            ]
+        )
+    owner = ["OWNER"] if sharded else []
+    return fmt.table(["NAME", "CRON", "TIMEZONE", "TRIGGER", "STATE", "NEXT FIRE", "LAST RUN", *owner], rows)
 
 
+def runs_table(runs: list[Run], zone: str) -> str:
+    rows = [
+        [
+            run.id,
+            fmt.local_time(run.scheduled_at, zone),
+            f"{fmt.STATUS_GLYPHS[run.status]} {run.status}",
+            run.trigger,
+            run.coordination_outcome,
+            run.instance,
+            fmt.duration(run.duration_ms),
+            " ".join(filter(None, [run.error_tag and f"[{run.error_tag}]", run.error_message])) or "",
+        ]
+        for run in runs
+    ]
+    return fmt.table(["ID", "SCHEDULED AT", "STATUS", "TRIGGER", "OUTCOME", "INSTANCE", "DURATION", "ERROR"], rows)
+
+
+# -- list, runs, fire, enable, disable ---------------------------------------------------------
+def _show_schedules(call: Call, snapshot: SchedulesSnapshot) -> None:
+    print(schedules_table(snapshot.schedules, snapshot.now))
+
+
+async def _zone(call: Call) -> None:
+    """The schedule's zone, its times are shown in (``NotFound`` for an unknown name)."""
+    call.zone = await call.backend.schedule_zone(call.arguments["name"])
+
+
+def _show_runs(call: Call, page: RunsPage) -> None:
+    name, before = call.arguments["name"], call.arguments["before"]
+    if not page.runs:
+        print(f"no runs of {name}" + (f" before {before}" if before else ""))
+        return
+    print(runs_table(page.runs, call.zone))
+    if page.next_before:
+        print(f"\nolder: schedtui runs {name} --before {page.next_before}")
+
+
+async def _wait_run(call: Call, run: Run) -> Run:
+    if not call.args.json:
+        print(f"fired {call.arguments['name']}: run {run.id}", file=sys.stderr)
+    return await call.backend.wait_run(run.id)
+
+
+def _show_switched(call: Call, view: ScheduleView) -> None:
+    note = f" ({view.state_note.note})" if view.state_note and view.state_note.note else ""
+    nxt = f"; next fire {fmt.local_time(view.next_fire_at, view.timezone)}" if view.next_fire_at else ""
+    print(f"{view.name} {'enabled' if view.enabled else 'disabled'}{note}{nxt}")
+
+
+# -- backfill ---------------------------------------------------------------------------------
+async def _plan_backfill(call: Call) -> int | None:
+    """Plan first: a refused plan (too many slots, a bad range) prints the count and the
+    reason and exits 3, before anything fires."""
+    planned = {p.name: call.arguments[p.name] for p in action_of("plan_backfill").params}
+    plan = await call.backend.plan_backfill(**planned)
+    call.notes["plan"] = plan
+    if plan.ok:
+        return None
+    if call.args.json:
+        _print_json(plan.to_json())
+    name, zone = call.arguments["name"], call.zone
+    print(
+        f"schedtui: backfill of {name} refused: {plan.count_text()} slot(s) in "
+        f"({fmt.local_time(plan.start, zone)}, {fmt.local_time(plan.end, zone)}]: {plan.refusal}"
+        + (" (re-run with --yes after reading the count)" if "need confirmation" in (plan.refusal or "") else ""),
+        file=sys.stderr,
+    )
+    return EXIT_REFUSED
+
+
+async def _follow_backfill(call: Call, progress: BackfillProgress) -> BackfillProgress:
+    plan, zone = call.notes["plan"], call.zone
+    count = progress.total if call.arguments["skip_succeeded"] else plan.count
+    print(
+        f"backfilling {count} slot(s) of {call.arguments['name']}: "
+        f"{fmt.local_time(plan.first, zone)} … {fmt.local_time(plan.last, zone)}",
+        file=sys.stderr,
+    )
+    return await follow_progress(call.backend, progress)
+
+
+async def follow_progress(backend: Backend, progress: BackfillProgress) -> BackfillProgress:
+    """Draw a backfill's progress on stderr until it ends; its last progress."""
+    tty = sys.stderr.isatty()
+    shown = -1
+    while True:
+        if progress.fired != shown:
+            shown = progress.fired
+            _draw_progress(progress, tty)
+        if progress.state != "running":
+            if tty:
+                print(file=sys.stderr)
+            return progress
+        await asyncio.sleep(0.1)  # polling for display only
+        progress = await backend.backfill_progress(progress.id)
+
+
+def _draw_progress(progress: BackfillProgress, tty: bool) -> None:
+    width = 30
+    done = int(width * progress.fired / progress.total) if progress.total else width
+    bar = "#" * done + "." * (width - done)
+    text = f"[{bar}] {progress.fired}/{progress.total}  failed {progress.failed}  remaining {progress.remaining}"
+    if tty:
+        print(f"\r{text}", end="", file=sys.stderr, flush=True)
+    elif progress.fired == progress.total or progress.total < 10 or progress.fired % max(1, progress.total // 10) == 0:
+        print(text, file=sys.stderr)
+
+
+def _show_backfill(call: Call, progress: BackfillProgress) -> None:
+    print(
+        f"backfill {progress.id} {progress.state}: {progress.fired} fired, "
+        f"{progress.succeeded} succeeded, {progress.failed} failed, {progress.remaining} remaining"
+    )
+
+
+# -- schedules created at run time ----------------------------------------------------------
 def _said(view: ScheduleView, verb: str) -> str:
     target = f"{view.target.kind} {view.target.name}" if view.target else "?"
     state = "" if view.enabled else " (disabled)"
@@ -82,41 +182,38 @@ def _said(view: ScheduleView, verb: str) -> str:
     return f'schedule "{view.name}" {verb}: {view.cron} ({view.timezone}) -> {target}{state}{nxt}'
 
 
-async def cmd_create(args: argparse.Namespace) -> int:
-    spec = {"name": args.name, **spec_of(args)}
-
-    async def body(backend: Backend) -> int:
-        view = await backend.create_schedule(spec)
-        _print_json(view.to_json()) if args.json else print(_said(view, "created"))
-        return EXIT_OK
-
-    return await _with_backend(args, body)
+def _deleted(call: Call, result: Any) -> None:
+    print(f'schedule "{call.arguments["name"]}" deleted')
 
 
-async def cmd_update(args: argparse.Namespace) -> int:
-    changes = spec_of(args)
-    if not changes:
-        raise BadInput("nothing to change: give at least one option (--cron, --timezone, --queue, ...)")
+#: The verbs, in the order ``schedtui --help`` lists them.
+DERIVED = (
+    Verb(("list",), "list_schedules", help="list schedules", json=items("schedules"), show=_show_schedules),
+    Verb(("runs",), "list_runs", help="show a schedule's runs, newest first", defaults={"limit": 20},
+         json=items("runs"), prepare=_zone, show=_show_runs),
+    Verb(("fire",), "run_now", help="run a schedule now (in this process) and wait for it", prepare=_zone,
+         follow=_wait_run, show=lambda call, run: print(runs_table([run], call.zone)),
+         outcome=lambda run: EXIT_OK if run.status == "succeeded" else EXIT_FAILURE),
+    Verb(("enable",), "enable_schedule", help="enable a schedule", show=_show_switched),
+    Verb(("disable",), "disable_schedule", help="disable a schedule", show=_show_switched),
+    # Its --yes is the plan's confirmation (more than 25 slots), asked by the backend: a
+    # backfill of a few slots never needed it.
+    Verb(("backfill",), "start_backfill", help="fire the slots of a past range, in order", options=("start", "end"),
+         flags={"confirm": "yes"}, asks=False, prepare=_plan_backfill, follow=_follow_backfill, show=_show_backfill,
+         outcome=lambda p: EXIT_OK if p.state == "done" and not p.failed else EXIT_FAILURE),
+    Verb(("schedules", "create"), "create_schedule", positional=("name",), negations={"enabled": "--disabled"},
+         show=lambda call, view: print(_said(view, "created"))),
+    Verb(("schedules", "update"), "update_schedule", negations={"enabled": "--disabled"},
+         show=lambda call, view: print(_said(view, "updated"))),
+    # Scripts delete without --yes, as they always have (the console asks).
+    Verb(("schedules", "delete"), "delete_schedule", asks=False, show=_deleted),
+)  # fmt: skip
 
-    async def body(backend: Backend) -> int:
-        view = await backend.update_schedule(args.name, changes)
-        _print_json(view.to_json()) if args.json else print(_said(view, "updated"))
-        return EXIT_OK
-
-    return await _with_backend(args, body)
+GROUPS = {"schedules": "create, update and delete schedules kept in the store"}
 
 
-async def cmd_delete(args: argparse.Namespace) -> int:
-    async def body(backend: Backend) -> int:
-        await backend.delete_schedule(args.name)
-        print(f'schedule "{args.name}" deleted')
-        return EXIT_OK
-
-    return await _with_backend(args, body)
+def add_verbs(verb: Any, group: Any) -> None:
+    add_derived(DERIVED, GROUPS, verb, group)
 
 
-VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
-    "schedules create": cmd_create,
-    "schedules update": cmd_update,
-    "schedules delete": cmd_delete,
-}
+VERBS = handlers(DERIVED)
