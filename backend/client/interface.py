@@ -72,8 +72,8 @@ __all__ = [
 ]
 
 SYSTEMS = ("schedules", "jobs", "durable", "locks", "audit")
-"""The systems an engine of this version offers (part 2 adds ``jobs``, ``durable``,
-``locks``, ``audit``); a console shows a view only for a system its backend offers."""
+"""The systems an engine of this version offers (an older server offers only
+``schedules``); a console shows a view only for a system its backend offers."""
 
 
 @dataclass(frozen=True, slots=True)
