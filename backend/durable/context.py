@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.durable.definition import DEFAULT_RETRY, NO_RETRY, Retry
 from backend.durable.errors import StepFailed
-from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED, decode
-from backend.durable.run import TAG_NOT_JSON, encode
+from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED, TAG_NOT_JSON, decode, encode
 from backend.durable.store import Progress, StepRecord
 from backend.model import TAG_INTERRUPTED
 from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Outcome, RunnerSaturated
