@@ -237,6 +237,14 @@ def test_nothing_in_the_engine_imports_textual() -> None:
     assert not wrong, "\n".join(f"{imp.source} imports {imp.target} (line {imp.line})" for imp in wrong)
 
 
+def test_the_shared_data_knows_no_locks() -> None:
+    # backend/model.py is the plain data every layer shares; what a handler receives (its
+    # lock's lease, the engine's locks) is the schedules' (backend.schedules.RunContext).
+    graph = collect()
+    wrong = [imp for imp in graph.imports if imp.source == "backend.model" and imp.target.split(".")[:2] == ["backend", "locks"]]
+    assert not wrong, "\n".join(f"backend.model imports {', '.join(imp.names)} from {imp.target} (line {imp.line})" for imp in wrong)
+
+
 # ---------------------------------------------------------------------------------------
 # the checker itself, on a small made-up project
 # ---------------------------------------------------------------------------------------

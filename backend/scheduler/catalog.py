@@ -28,10 +28,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from backend.errors import BadInput, NotFound, Unavailable
 from backend.events.bus import RESYNC
-from backend.model import RunContext
 from backend.runtime.loops import stop_if_cancelled
 from backend.scheduler.stored import DefinedInCode, NameTaken, StoredSchedule, check_changes, check_spec
-from backend.schedules import Schedule
+from backend.schedules import RunContext, Schedule
 
 if TYPE_CHECKING:
     from backend.scheduler.engine import Engine
