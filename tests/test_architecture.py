@@ -11,6 +11,7 @@ re-export look like a cycle."""
 from __future__ import annotations
 
 import ast
+import functools
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,15 +216,21 @@ def describe(cycle: list[str], edges: dict[str, dict[str, list[Import]]]) -> str
 # ---------------------------------------------------------------------------------------
 # the project
 # ---------------------------------------------------------------------------------------
+@functools.cache
+def project() -> ImportGraph:
+    """The project's graph, read once for all the tests here."""
+    return collect()
+
+
 def test_no_import_cycle_at_run_time() -> None:
-    edges = collect().runtime_edges()
+    edges = project().runtime_edges()
     found = cycles(edges)
     report = "\n".join(describe(cycle, edges) for cycle in found)
     assert not found, f"{len(found)} import cycles at run time:\n{report}"
 
 
 def test_the_engine_never_imports_the_console() -> None:
-    graph = collect()
+    graph = project()
     wrong = [imp for imp in graph.imports if imp.source.startswith("backend") and imp.target.split(".")[0] == "console"]
     assert not wrong, "\n".join(f"{imp.source} imports {imp.target} (line {imp.line})" for imp in wrong)
 
@@ -231,16 +238,30 @@ def test_the_engine_never_imports_the_console() -> None:
 def test_nothing_in_the_engine_imports_textual() -> None:
     # The client interface (backend/client/interface.py) is what the console drives; neither it
     # nor anything it can reach in backend/ may need Textual, even for type checking.
-    graph = collect()
+    graph = project()
     assert "backend.client.interface" in graph.modules
     wrong = [imp for imp in graph.imports if imp.source.startswith("backend") and imp.target.split(".")[0] == "textual"]
     assert not wrong, "\n".join(f"{imp.source} imports {imp.target} (line {imp.line})" for imp in wrong)
 
 
+def test_the_engines_parts_are_not_handed_the_engine() -> None:
+    # Each part of backend/scheduler/ gets what it uses (arguments, or a bundle of parts);
+    # only the lifecycle, which orders the facade's own steps, names Engine, for its types.
+    graph = project()
+    wrong = [
+        imp
+        for imp in graph.imports
+        if imp.target == "backend.scheduler.engine"
+        and imp.source.startswith("backend.scheduler.")
+        and not (imp.source == "backend.scheduler.lifecycle" and imp.type_only)
+    ]
+    assert not wrong, "\n".join(f"{imp.source} imports {', '.join(imp.names)} from {imp.target} (line {imp.line})" for imp in wrong)
+
+
 def test_the_shared_data_knows_no_locks() -> None:
     # backend/model.py is the plain data every layer shares; what a handler receives (its
     # lock's lease, the engine's locks) is the schedules' (backend.schedules.RunContext).
-    graph = collect()
+    graph = project()
     wrong = [imp for imp in graph.imports if imp.source == "backend.model" and imp.target.split(".")[:2] == ["backend", "locks"]]
     assert not wrong, "\n".join(f"backend.model imports {', '.join(imp.names)} from {imp.target} (line {imp.line})" for imp in wrong)
 
