@@ -4,9 +4,8 @@ engine imports Textual (the client interface the console drives stays free of it
 
 An import counts wherever it runs: at module level and inside functions. Imports under
 ``if TYPE_CHECKING:`` never run and do not count for cycles. A package's ``__init__``
-importing its own submodules (re-exporting their names) is no edge: importing a submodule
-runs its package's ``__init__`` first whatever the graph says, so such edges would make every
-re-export look like a cycle."""
+importing its own submodules (re-exporting their names) is no edge: that is the package
+presenting its parts, not one part depending on another."""
 
 from __future__ import annotations
 
