@@ -42,13 +42,12 @@ from backend.model import (
     BackfillPlan,
     BackfillProgress,
     Run,
-    RunContext,
     ScheduleState,
     ScheduleView,
     StateNote,
 )
 from backend.scheduler.engine import Engine
-from backend.schedules import Schedule, define_schedule
+from backend.schedules import RunContext, Schedule, define_schedule
 from backend.store import open_store
 
 __all__ = [

@@ -11,6 +11,7 @@ with no NUL and no lone surrogate, within a size). Both run before anything is w
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from datetime import UTC, datetime
@@ -136,3 +137,9 @@ def check_instant(value: datetime, field: str, text: str | None = None) -> datet
 
 def out_of_range(field: str, text: str) -> BadInput:
     return BadInput(f'{field} "{printable(text, 60)}" is out of range ({EARLIEST.year} to {LATEST.year - 1})', field=field)
+
+
+def is_async_callable(obj: Any) -> bool:
+    """Whether calling ``obj`` makes a coroutine: a coroutine function (partials of one
+    included), or a callable object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(obj) or (callable(obj) and inspect.iscoroutinefunction(obj.__call__))

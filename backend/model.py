@@ -11,10 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
-
-if TYPE_CHECKING:
-    from backend.locks import Lease, Locks
+from typing import Any, Final, Literal, TypeVar
 
 RunStatus = Literal["succeeded", "failed", "skipped", "missed", "running"]
 Trigger = Literal["self", "external", "manual"]
@@ -701,31 +698,3 @@ class ExternalFiring:
             created=bool(data["created"]),
             queued=bool(data.get("queued", False)),
         )
-
-
-@quick_init
-@dataclass(frozen=True, slots=True)
-class RunContext:
-    """What a handler receives about the firing it is running for."""
-
-    name: str
-    run_id: str
-    scheduled_at: datetime
-    """The cron-derived slot this run is for (the same on every instance)."""
-    fired_at: datetime
-    """When the handler actually started; later than ``scheduled_at`` by the firing lag."""
-    trigger: Trigger
-    payload: Any
-    deadline: datetime
-    """When the watchdog gives up on this run (``fired_at`` + ``max_runtime``)."""
-    jobs: Any = field(default=None, repr=False, compare=False)
-    """The job queue's actions (``backend.jobs.actions.JobActions``): send jobs from the
-    handler with ``await ctx.jobs.send(...)`` (a sync handler: ``ctx.jobs.sync.send(...)``)."""
-    lease: Lease | None = None
-    """The lease of the schedule's ``lock``, for its fencing token (``None`` without one)."""
-    locks: Locks | None = None
-    """The engine's locks, for handlers that take locks of their own."""
-    fence: int | None = None
-    """A fencing token for this run's own writes, strictly greater than every earlier
-    one of the same lease: the schedule's ``lock`` token, or in ``cluster`` coordination
-    its shard's (``None`` otherwise: give the schedule a ``lock`` to fence its writes)."""

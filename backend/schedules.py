@@ -1,4 +1,5 @@
-"""Defining schedules (discovering them in files is :mod:`backend.definitions`'s job).
+"""Defining schedules (discovering them in files is :mod:`backend.definitions`'s job), and the
+:class:`RunContext` their handlers receive.
 
 A schedule is validated completely when it is defined, so a typo fails at import time
 with a message naming the schedule, the expression and the zone, rather than as a timer
@@ -11,12 +12,12 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from backend.cron import Cron
 from backend.errors import BadInput, CronError, DefinitionError
-from backend.inputs import check_json, check_text
+from backend.inputs import check_json, check_text, is_async_callable
 from backend.locks.model import check_lock_name, check_ttl
 from backend.model import (
     BACKFILL_POLICIES,
@@ -24,19 +25,47 @@ from backend.model import (
     BackfillPolicy,
     OverlapPolicy,
     Trigger,
+    quick_init,
 )
-from backend.runtime.runner import is_async_callable
 
 if TYPE_CHECKING:
-    from backend.model import RunContext
+    from backend.locks import Lease, Locks
 
-__all__ = ["DEFAULT_MAX_RUNTIME", "Handler", "QueueTarget", "Schedule", "define_schedule"]
+__all__ = ["DEFAULT_MAX_RUNTIME", "Handler", "QueueTarget", "RunContext", "Schedule", "define_schedule"]
 
 Handler = Callable[["RunContext"], Awaitable[Any] | Any]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 #: The watchdog's default bound on one run, in seconds (30 minutes).
 DEFAULT_MAX_RUNTIME = 1800.0
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
+class RunContext:
+    """What a handler receives about the firing it is running for."""
+
+    name: str
+    run_id: str
+    scheduled_at: datetime
+    """The cron-derived slot this run is for (the same on every instance)."""
+    fired_at: datetime
+    """When the handler actually started; later than ``scheduled_at`` by the firing lag."""
+    trigger: Trigger
+    payload: Any
+    deadline: datetime
+    """When the watchdog gives up on this run (``fired_at`` + ``max_runtime``)."""
+    jobs: Any = field(default=None, repr=False, compare=False)
+    """The job queue's actions (``backend.jobs.actions.JobActions``): send jobs from the
+    handler with ``await ctx.jobs.send(...)`` (a sync handler: ``ctx.jobs.sync.send(...)``)."""
+    lease: Lease | None = None
+    """The lease of the schedule's ``lock``, for its fencing token (``None`` without one)."""
+    locks: Locks | None = None
+    """The engine's locks, for handlers that take locks of their own."""
+    fence: int | None = None
+    """A fencing token for this run's own writes, strictly greater than every earlier
+    one of the same lease: the schedule's ``lock`` token, or in ``cluster`` coordination
+    its shard's (``None`` otherwise: give the schedule a ``lock`` to fence its writes)."""
 
 
 @dataclass(frozen=True, eq=False)

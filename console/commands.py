@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
@@ -20,11 +20,8 @@ class ConsoleCommands(Provider):
 
     @property
     def console(self) -> SchedtuiApp:
-        from console.app import SchedtuiApp
-
-        app = self.app
-        assert isinstance(app, SchedtuiApp)
-        return app
+        # Only the app imports its parts (a part importing the app would be an import cycle).
+        return cast("SchedtuiApp", self.app)
 
     def _commands(self) -> list[tuple[str, str, str]]:
         app = self.console

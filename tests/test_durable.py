@@ -661,7 +661,7 @@ async def test_a_schedule_starts_one_execution_per_slot_with_an_id_from_the_slot
 
 
 def _slot_context(name: str, slot: Any) -> Any:
-    from backend.model import RunContext
+    from backend.schedules import RunContext
 
     return RunContext(name=name, run_id="x", scheduled_at=slot, fired_at=slot, trigger="self", payload={"full": True},
                       deadline=slot)  # fmt: skip

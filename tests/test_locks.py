@@ -31,7 +31,7 @@ from backend import (
     define_schedule,
 )
 from backend.locks import Lease, LockStore
-from backend.model import RunContext
+from backend.schedules import RunContext
 from backend.store import Store, open_store
 from tests import pg
 from tests.conftest import all_runs

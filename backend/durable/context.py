@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from backend.durable.definition import DEFAULT_RETRY, NO_RETRY, Retry
 from backend.durable.errors import StepFailed
-from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED, decode
-from backend.durable.run import TAG_NOT_JSON, encode
+from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED, TAG_NOT_JSON, decode, encode
 from backend.durable.store import Progress, StepRecord
+from backend.inputs import is_async_callable
 from backend.model import TAG_INTERRUPTED
-from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Outcome, RunnerSaturated, is_async_callable
+from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Outcome, RunnerSaturated
 
 if TYPE_CHECKING:
     from backend.durable.run import ExecutionRun

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from backend.definitions import register_definition_type
 from backend.errors import DefinitionError
-from backend.runtime.runner import is_async_callable
+from backend.inputs import is_async_callable
 from backend.schedules import NAME_PATTERN, handler_problem
 
 if TYPE_CHECKING:

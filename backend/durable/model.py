@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
+from backend.errors import describe_exception
 from backend.ids import encode_id
 from backend.model import iso, parse_iso
 
@@ -27,6 +28,7 @@ __all__ = [
     "TAG_CANCELLED",
     "TAG_EXPIRED",
     "TAG_NONDETERMINISTIC",
+    "TAG_NOT_JSON",
     "Execution",
     "ExecutionLog",
     "ExecutionStatus",
@@ -36,6 +38,8 @@ __all__ = [
     "StepKind",
     "StepStatus",
     "StepView",
+    "decode",
+    "encode",
     "execution_id_for_slot",
 ]
 
@@ -61,6 +65,10 @@ TAG_NONDETERMINISTIC: Final = "nondeterministic"
 TAG_EXPIRED: Final = "expired"
 #: An operator cancelled it.
 TAG_CANCELLED: Final = "cancelled"
+#: An execution's or a step's output that is not JSON, or too large (see :func:`encode`).
+TAG_NOT_JSON: Final = "output_not_json"
+#: An execution's output, a step's output, must stay below this (encoded JSON).
+MAX_OUTPUT_BYTES: Final = 1024 * 1024
 
 
 def execution_id_for_slot(schedule: str, scheduled_at: datetime) -> str:
@@ -284,3 +292,14 @@ class Signalled:
 def decode(text: str | None) -> Any:
     """A stored JSON text as a value (``None`` for none)."""
     return None if text is None else json.loads(text)
+
+
+def encode(value: Any) -> tuple[str, str | None]:
+    """A value as the JSON text it is checkpointed as, or why it cannot be."""
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except BaseException as exc:  # noqa: BLE001 - the value's own methods run too (a dict subclass's items())
+        return "", f"is not JSON ({describe_exception(exc)[1]})"
+    if len(text.encode()) > MAX_OUTPUT_BYTES:
+        return "", f"is larger than {MAX_OUTPUT_BYTES} bytes as JSON"
+    return text, None

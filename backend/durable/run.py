@@ -14,7 +14,6 @@ the run writes the wait and stops, holding nothing; the next claim replays from 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
@@ -22,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from backend.durable.definition import DurableFunction
 from backend.durable.errors import Cancelled, Fatal, LeaseLost, Released, StepFailed, Stop, Suspended
-from backend.durable.model import MAX_LIFETIME, TAG_CANCELLED, TAG_EXPIRED, TAG_NONDETERMINISTIC, decode
+from backend.durable.model import MAX_LIFETIME, TAG_CANCELLED, TAG_EXPIRED, TAG_NONDETERMINISTIC, TAG_NOT_JSON, decode, encode
 from backend.durable.store import Claimed, DurableStore, Finish, Progress, StepRecord, Suspend, Write
-from backend.errors import Unavailable, describe_exception
+from backend.errors import Unavailable
 from backend.model import TAG_INTERRUPTED, TAG_TIMEOUT
 from backend.runtime.runner import Invocation, Outcome
 
@@ -35,10 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["ExecutionRun"]
 
 log = logging.getLogger("schedtui.durable")
-
-#: An execution's output, a step's output, must stay below this (encoded JSON).
-MAX_OUTPUT_BYTES = 1024 * 1024
-TAG_NOT_JSON = "output_not_json"
 
 
 class BodyCall(Invocation):
@@ -366,13 +361,3 @@ class ExecutionRun:
         self.call = call
         return call
 
-
-def encode(value: Any) -> tuple[str, str | None]:
-    """A value as the JSON text it is checkpointed as, or why it cannot be."""
-    try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except BaseException as exc:  # noqa: BLE001 - the value's own methods run too (a dict subclass's items())
-        return "", f"is not JSON ({describe_exception(exc)[1]})"
-    if len(text.encode()) > MAX_OUTPUT_BYTES:
-        return "", f"is larger than {MAX_OUTPUT_BYTES} bytes as JSON"
-    return text, None

@@ -21,10 +21,9 @@ from backend.durable.model import EXECUTION_STATUSES, Execution, ExecutionsPage,
 from backend.durable.store import DurableStore, NewExecution
 from backend.errors import BadInput, NotFound, Refused
 from backend.inputs import check_before, check_id, check_json
-from backend.model import RunContext
 from backend.runtime.subsystems import Shared
 from backend.safetext import printable
-from backend.schedules import NAME_PATTERN
+from backend.schedules import NAME_PATTERN, RunContext
 
 __all__ = ["MAX_INPUT_BYTES", "MAX_SIGNAL_BYTES", "Durable", "parse_json_option"]
 

@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from backend.definitions import register_definition_type
 from backend.errors import BadInput, DefinitionError
-from backend.inputs import check_json, check_text, is_id
-from backend.runtime.runner import is_async_callable
+from backend.inputs import check_json, check_text, is_async_callable, is_id
 from backend.safetext import printable
 from backend.schedules import NAME_PATTERN, handler_problem
 

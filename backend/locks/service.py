@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from backend.errors import NotFound, Unavailable
+from backend.inputs import is_async_callable
 from backend.locks.lease import Lease, LockResult
 from backend.locks.model import (
     DEFAULT_TTL,
@@ -41,7 +42,7 @@ from backend.locks.model import (
 )
 from backend.locks.store import LockStore
 from backend.model import TAG_UNAVAILABLE, iso
-from backend.runtime.runner import Outcome, is_async_callable
+from backend.runtime.runner import Outcome
 
 if TYPE_CHECKING:
     from backend.clock import Clock

@@ -88,7 +88,7 @@ async def run_isolated(spec: dict[str, Any]) -> Any:
 # the child
 # ---------------------------------------------------------------------------------------
 def _context(data: dict[str, Any]) -> Any:
-    from backend.model import RunContext
+    from backend.schedules import RunContext
 
     def when(key: str) -> datetime:
         return datetime.fromisoformat(str(data[key]).replace("Z", "+00:00"))

@@ -43,6 +43,7 @@ from typing import Any, Final, Literal
 
 from backend.clock import Clock
 from backend.errors import describe_exception
+from backend.inputs import is_async_callable
 from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, TAG_TIMEOUT
 from backend.runtime.isolated import IsolatedFailure, run_isolated
 from backend.runtime.liveness import WorkLease
@@ -70,12 +71,6 @@ MAX_TRACEBACK: Final = 8192
 _IDLE_THREAD_EXIT_S = 60.0
 #: A handler that returns this long after its call was settled is said to have run on.
 LINGER_NOTED_S = 1.0
-
-
-def is_async_callable(obj: Any) -> bool:
-    """Whether calling ``obj`` makes a coroutine: a coroutine function (partials of one
-    included), or a callable object whose ``__call__`` is one."""
-    return inspect.iscoroutinefunction(obj) or (callable(obj) and inspect.iscoroutinefunction(obj.__call__))
 
 
 @dataclass(slots=True)

@@ -22,19 +22,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from backend.clock import Clock
+from backend.durable import Durable
 from backend.errors import BadInput, NotFound, Unavailable
-from backend.events.bus import RESYNC
-from backend.model import RunContext
+from backend.events.bus import RESYNC, EventBus
+from backend.jobs.system import Jobs
 from backend.runtime.loops import stop_if_cancelled
+from backend.runtime.outages import OutageLog
+from backend.scheduler.catchup import CatchUp
+from backend.scheduler.coordination.cluster import Cluster
+from backend.scheduler.launcher import Launcher
+from backend.scheduler.states import ScheduleStates
 from backend.scheduler.stored import DefinedInCode, NameTaken, StoredSchedule, check_changes, check_spec
-from backend.schedules import Schedule
-
-if TYPE_CHECKING:
-    from backend.scheduler.engine import Engine
+from backend.scheduler.timers import Timers
+from backend.schedules import RunContext, Schedule
 
 __all__ = ["Catalog", "CatalogStore", "bind_target"]
 
@@ -63,11 +69,43 @@ class CatalogStore(Protocol):
 
 
 class Catalog:
-    """This engine's copy of the stored schedules (see the module docstring)."""
+    """This engine's copy of the stored schedules (see the module docstring).
 
-    def __init__(self, engine: Engine, store: CatalogStore) -> None:
-        self.engine = engine
+    It changes ``schedules`` (the engine's, shared by every part), arms and disarms through
+    ``timers``, tells ``launcher`` and ``cluster`` of each schedule it adds or removes, and
+    checks a change's target against ``durable`` and ``jobs``; ``started`` says whether the
+    engine fires (only then does it arm)."""
+
+    def __init__(
+        self,
+        *,
+        store: CatalogStore,
+        clock: Clock,
+        schedules: dict[str, Schedule],
+        states: ScheduleStates,
+        launcher: Launcher,
+        timers: Timers,
+        catch_up: CatchUp,
+        cluster: Cluster | None,
+        durable: Durable,
+        jobs: Jobs,
+        events: EventBus,
+        outages: OutageLog,
+        started: Callable[[], bool],
+    ) -> None:
         self.store = store
+        self.clock = clock
+        self.schedules = schedules
+        self.states = states
+        self.launcher = launcher
+        self.timers = timers
+        self.catch_up = catch_up
+        self.cluster = cluster
+        self.durable = durable
+        self.jobs = jobs
+        self.events = events
+        self.outages = outages
+        self.started = started
         self.rows: dict[str, StoredSchedule] = {}
         self.version: int | None = None
         self.polled_at: datetime | None = None
@@ -83,7 +121,7 @@ class Catalog:
 
     def check_stored(self, name: str) -> None:
         """Refuse a schedule defined in code (stored ones, and unknown names, pass)."""
-        if name in self.engine.schedules and not self.is_stored(name):
+        if name in self.schedules and not self.is_stored(name):
             raise DefinedInCode(
                 f'"{name}" is defined in code; it can be enabled or disabled, not edited or deleted here',
                 reason="defined in code",
@@ -92,32 +130,31 @@ class Catalog:
     # -- the engine's running set --------------------------------------------------------------
     def add_schedule(self, schedule: Schedule) -> None:
         """Run ``schedule`` (new, or replacing its namesake's definition); arming is the caller's."""
-        engine = self.engine
         name = schedule.name
-        engine.schedules[name] = schedule
-        engine.launcher.defined(schedule)
-        if engine.cluster is not None:
-            engine.cluster.put(schedule)
+        self.schedules[name] = schedule
+        self.launcher.defined(schedule)
+        if self.cluster is not None:
+            self.cluster.put(schedule)
 
     def remove_schedule(self, name: str) -> None:
         """Stop running a schedule: disarmed, its queued firings recorded missed, forgotten
         (a run in flight finishes and is recorded)."""
-        engine = self.engine
-        schedule = engine.schedules.get(name)
+        schedule = self.schedules.get(name)
         if schedule is None:
             return
-        engine.timers.disarm(name)
-        waiting = engine.launcher.waiting.pop(name, None)
+        self.timers.disarm(name)
+        launcher = self.launcher
+        waiting = launcher.waiting.pop(name, None)
         while waiting:
             slot, trigger, fired_as, run_id = waiting.popleft()
-            engine.launcher.record_missed(
+            launcher.record_missed(
                 schedule, slot, trigger, fired_as, "the schedule was deleted before this queued firing started", run_id
             )
-        engine.launcher.remote.pop(name, None)
-        del engine.schedules[name]
-        engine.states.forget(name)
-        if engine.cluster is not None:
-            engine.cluster.drop(name)
+        launcher.remote.pop(name, None)
+        del self.schedules[name]
+        self.states.forget(name)
+        if self.cluster is not None:
+            self.cluster.drop(name)
 
     # -- following the store -----------------------------------------------------------------
     async def load(self) -> None:
@@ -146,9 +183,9 @@ class Catalog:
             self._changed.clear()
             try:
                 await self.refresh()
-                await self.engine.refresh_states()
+                await self.states.refresh()
             except Unavailable as exc:
-                self.engine.outages.trouble("maintain", "store unavailable for the catalog", exc)
+                self.outages.trouble("maintain", "store unavailable for the catalog", exc)
 
     def _apply(self, version: int, rows: list[StoredSchedule]) -> None:
         if self.version is not None and version < self.version:
@@ -163,28 +200,27 @@ class Catalog:
                 self._put(row)
 
     def _put(self, row: StoredSchedule) -> None:
-        engine = self.engine
-        code = engine.schedules.get(row.name)
+        code = self.schedules.get(row.name)
         if code is not None and row.name not in self.rows:
             if row.name not in self.shadowed:
                 log.warning('stored schedule "%s" is ignored: a schedule defined in code has that name', row.name)
                 self.shadowed.add(row.name)
             return
         try:
-            schedule = bind_target(engine, row.to_schedule())
+            schedule = bind_target(row.to_schedule(), self.durable.start_for_slot)
         except BadInput as exc:
             log.warning('stored schedule "%s" is not valid here and is not run: %s', row.name, exc.message)
             return
         old_row = self.rows.get(row.name)
-        old = engine.schedules.get(row.name) if old_row is not None else None
+        old = self.schedules.get(row.name) if old_row is not None else None
         self.rows[row.name] = row
         self.add_schedule(schedule)
-        engine.events.publish("schedules", row.name)
-        if not engine.started or not engine.is_enabled(row.name) or engine.catch_up.busy & {row.name}:
+        self.events.publish("schedules", row.name)
+        if not self.started() or not self.states.is_enabled(row.name) or self.catch_up.busy & {row.name}:
             return
-        timers = engine.timers
+        timers = self.timers
         armed = timers.wheel.armed(row.name)
-        now = engine.clock.now()
+        now = self.clock.now()
         if old is None or armed is None:
             timers.arm(schedule, min(row.updated_at, now))
             return
@@ -205,17 +241,17 @@ class Catalog:
     def _remove(self, name: str) -> None:
         del self.rows[name]
         self.remove_schedule(name)
-        self.engine.events.publish("schedules", name)
+        self.events.publish("schedules", name)
 
     # -- the operator's changes ---------------------------------------------------------------
     async def create(self, spec: Any, actor: str) -> StoredSchedule:
         full = check_spec(spec)
         name = full["name"]
-        if name in self.engine.schedules and name not in self.rows:
+        if name in self.schedules and name not in self.rows:
             raise NameTaken(f'a schedule named "{name}" is defined in code', reason="name taken")
         await self._read_known_queues()
         self._check_target(full)
-        now = self.engine.clock.now()
+        now = self.clock.now()
         row = StoredSchedule(
             **full, created_at=now, created_by=actor, updated_at=now, updated_by=actor, version=1
         )
@@ -231,7 +267,7 @@ class Catalog:
         full = check_changes(before.spec(), changes)
         await self._read_known_queues()
         self._check_target(full)
-        now = self.engine.clock.now()
+        now = self.clock.now()
         wanted = replace(before, **{k: v for k, v in full.items() if k != "name"}, updated_at=now, updated_by=actor)
         after = await self.store.update_stored_schedule(wanted, before.version)
         if after is None:
@@ -261,25 +297,24 @@ class Catalog:
 
     def _check_target(self, spec: dict[str, Any]) -> None:
         queue, durable = spec.get("queue"), spec.get("durable")
-        engine = self.engine
-        if durable is not None and durable not in engine.durable.functions:
+        if durable is not None and durable not in self.durable.functions:
             raise BadInput(f'durable function "{durable}" is not defined here', field="durable")
-        if queue is not None and queue not in engine.jobs.queues and queue not in self.known_queues:
+        if queue is not None and queue not in self.jobs.queues and queue not in self.known_queues:
             raise BadInput(f'queue "{queue}" is not defined here nor recorded in the store', field="queue")
 
     async def _read_known_queues(self) -> None:
-        views = await self.engine.jobs.queue_views()
+        views = await self.jobs.queue_views()
         self.known_queues = {view.name for view in views}
 
 
-def bind_target(engine: Engine, schedule: Schedule) -> Schedule:
-    """A schedule defined with ``durable=F`` starts an execution of F (``engine.durable``)
-    per slot; any other schedule is returned as it is."""
+def bind_target(schedule: Schedule, start_for_slot: Callable[[str, RunContext], Awaitable[object]]) -> Schedule:
+    """A schedule defined with ``durable=F`` starts an execution of F per slot (by
+    ``start_for_slot(F, ctx)``); any other schedule is returned as it is."""
     target = schedule.durable
     if target is None:
         return schedule
 
     async def start(ctx: RunContext, target: str = target) -> None:
-        await engine.durable.start_for_slot(target, ctx)
+        await start_for_slot(target, ctx)
 
     return replace(schedule, handler=start)

@@ -17,10 +17,15 @@ with one job:
 * :mod:`~backend.scheduler.parts`: builds the parts above and hands each what it needs of the others;
 * :mod:`~backend.scheduler.systems`: builds the job queue, durable executions, locks and shards
   beside the schedules (each a :class:`~backend.runtime.subsystems.Subsystem`);
+* :mod:`~backend.scheduler.catalog`: the schedules created at run time, kept in the store;
 * :mod:`~backend.scheduler.reads`: the schedule views, run pages and upcoming slots it answers with;
 * :mod:`~backend.scheduler.lifecycle`: the order in which the parts open, start, keep house and stop;
 * :mod:`~backend.scheduler.ledger` and :mod:`~backend.runtime.loops`: recording runs, and the background
   tasks with the bookkeeping that lets :meth:`Engine.quiesce` say "nothing left to do".
+
+Each part is handed what it uses (constructor arguments, or the :class:`~backend.scheduler.parts.CoreParts`
+bundle the builders start from), never the engine; only :mod:`~backend.scheduler.lifecycle`
+takes the engine, whose order of events it is, through its public surface.
 
 Time comes only from the injected :class:`~backend.clock.Clock`.
 """
@@ -38,7 +43,7 @@ from typing import Any, Literal, cast
 from backend.clock import Clock, SystemClock
 from backend.definitions import Definitions
 from backend.durable import Durable, DurableFunction
-from backend.errors import BadInput, NotFound, Refused, Unavailable
+from backend.errors import BadInput, Refused, Unavailable
 from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
 from backend.events.relay import Relay
@@ -56,7 +61,6 @@ from backend.model import (
     Run,
     RunsPage,
     SchedulesSnapshot,
-    ScheduleState,
     ScheduleView,
     iso,
 )
@@ -74,11 +78,11 @@ from backend.scheduler.coordination.slots import Coordinator, SlotClaims, make_c
 from backend.scheduler.external import ExternalFires
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.ledger import RunLedger, RunListener
-from backend.scheduler.parts import attach_schedule_parts
-from backend.scheduler.reads import ScheduleReads
+from backend.scheduler.parts import CoreParts, build_schedule_parts
+from backend.scheduler.reads import ScheduleReads, find_schedule
 from backend.scheduler.registry import InstanceRegistry, default_instance_name
 from backend.scheduler.states import ScheduleStates
-from backend.scheduler.systems import attach_systems
+from backend.scheduler.systems import build_systems
 from backend.scheduler.timers import Timers
 from backend.schedules import Schedule
 from backend.store import Store, open_store
@@ -102,14 +106,14 @@ class Engine:
     the other CLI verbs do). ``await engine.stop()`` shuts down cleanly.
     """
 
-    # Set by :func:`backend.scheduler.parts.attach_schedule_parts` while the engine is built.
+    # Built by :func:`backend.scheduler.parts.build_schedule_parts`.
     launcher: Launcher
     claims: SlotClaims
     timers: Timers
     catch_up: CatchUp
     backfills: Backfills
     registry: InstanceRegistry
-    # Set by :func:`backend.scheduler.systems.attach_systems` while the engine is built.
+    # Built by :func:`backend.scheduler.systems.build_systems`.
     shared: Shared
     """The engine's parts the systems beside the schedules use."""
     durable: Durable
@@ -118,6 +122,8 @@ class Engine:
     """The job queue: sending and operator actions; workers once started."""
     locks: Locks
     """Leases on named locks, and locked schedule runs."""
+    cluster: Cluster | None
+    """This instance's shards, in ``cluster`` coordination."""
 
     def __init__(
         self,
@@ -171,8 +177,6 @@ class Engine:
         self._opened = False
         self._started = False
         self._stopping = False
-        self.cluster: Cluster | None = None
-        """This instance's shards, in ``cluster`` coordination."""
 
         self.loops = Loops(self.clock)
         self.ledger = RunLedger(self.store)
@@ -198,22 +202,48 @@ class Engine:
         self.end_process: Callable[[int], None] = os._exit
         """How the process ends itself then (a test replaces it)."""
         self.runner = HandlerRunner(self.clock, self.loops, max_threads=max_threads, lease=self.lease)
-        coordinator, self._cluster_fallback = make_coordinator(coordination, self.store)
-        attach_schedule_parts(
-            self,
+        coordinator, cluster_fallback = make_coordinator(coordination, self.store)
+        self.cluster_fallback = cluster_fallback
+        """True when ``cluster`` was asked for on a store that cannot shard (SQLite): the
+        engine runs ``single``, and says so loudly at start."""
+        self.subsystems: list[Subsystem] = [self.relay, self.audit]
+        """The systems beside the schedules (queue, durable, locks), in start order."""
+        core = CoreParts(
+            clock=self.clock,
+            store=self.store,
+            loops=self.loops,
+            ledger=self.ledger,
+            runner=self.runner,
+            outages=self.outages,
+            lease=self.lease,
+            states=self.states,
+            schedules=self.schedules,
+            instance=self.instance,
+            new_id=self.new_id,
+            default_trigger=default_trigger,
+            state_poll_interval=self.state_poll_interval,
+        )
+        parts = build_schedule_parts(
+            core,
             coordinator,
+            subsystems=self.subsystems,
             catch_up_limit=catch_up_limit,
             heartbeat_interval=heartbeat_interval,
             abandon_after=abandon_after,
             retention=retention,
             claims_ttl=claims_ttl,
         )
-        self.subsystems: list[Subsystem] = [self.relay, self.audit]
-        """The systems beside the schedules (queue, durable, locks), in start order."""
-        attach_systems(
-            self,
-            functions,
-            [item for item in items if isinstance(item, Queue)],
+        self.launcher, self.claims, self.timers = parts.launcher, parts.claims, parts.timers
+        self.catch_up, self.backfills, self.registry = parts.catch_up, parts.backfills, parts.registry
+        self.registry.on_role = lambda was, now: lifecycle.role_changed(self, was, now)
+        systems = build_systems(
+            core,
+            parts,
+            coordinator,
+            audit=self.audit,
+            events=self.events,
+            functions=functions,
+            queues=[item for item in items if isinstance(item, Queue)],
             abandon_after=abandon_after,
             state_poll_interval=state_poll_interval,
             heartbeat_interval=heartbeat_interval,
@@ -221,11 +251,39 @@ class Engine:
             lock_clock=lock_clock,
             shard_ttl=shard_ttl,
         )
+        self.shared, self.durable, self.jobs, self.locks = systems.shared, systems.durable, systems.jobs, systems.locks
+        self.cluster = systems.cluster
+        self.subsystems.extend(systems.in_start_order)
         # A folder's definitions are all there are: a start of any other function is refused.
         self.durable.complete = isinstance(definitions, Definitions)
-        self.catalog = Catalog(self, cast(CatalogStore, self.store))
+        self.catalog = Catalog(
+            store=cast(CatalogStore, self.store),
+            clock=self.clock,
+            schedules=self.schedules,
+            states=self.states,
+            launcher=self.launcher,
+            timers=self.timers,
+            catch_up=self.catch_up,
+            cluster=self.cluster,
+            durable=self.durable,
+            jobs=self.jobs,
+            events=self.events,
+            outages=self.outages,
+            started=lambda: self.started,
+        )
         """The schedules created at run time (kept in the store)."""
-        self.reads = ScheduleReads(self)
+        self.reads = ScheduleReads(
+            clock=self.clock,
+            store=self.store,
+            ledger=self.ledger,
+            schedules=self.schedules,
+            states=self.states,
+            catalog=self.catalog,
+            launcher=self.launcher,
+            timers=self.timers,
+            cluster=self.cluster,
+            default_trigger=default_trigger,
+        )
         """Schedule views, run pages, upcoming slots: what the read methods delegate to."""
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
@@ -242,7 +300,8 @@ class Engine:
 
     def bind_target(self, schedule: Schedule) -> Schedule:
         """A schedule defined with ``durable=F`` starts an execution of F per slot."""
-        return bind_target(self, schedule)
+        # Looked up at each slot: the code schedules are bound before ``durable`` is built.
+        return bind_target(schedule, lambda function, ctx: self.durable.start_for_slot(function, ctx))
 
     def add_schedule(self, schedule: Schedule) -> None:
         """Run ``schedule`` (new, or replacing its namesake's definition); arming is the caller's."""
@@ -284,6 +343,9 @@ class Engine:
         """Open the store, register this instance, close what dead processes left running."""
         if self._opened:
             return
+        self.loops.reset()
+        await self.store.open()
+        self._opened = True  # from here on, stop() closes the store
         await lifecycle.open_engine(self)
 
     async def start(self) -> None:
@@ -355,12 +417,10 @@ class Engine:
     # state
     # ------------------------------------------------------------------------------------
     def schedule(self, name: str) -> Schedule:
-        try:
-            return self.schedules[name]
-        except KeyError:
-            raise NotFound(f'no schedule named "{name}"') from None
+        return find_schedule(self.schedules, name)
 
-    def _trigger_of(self, schedule: Schedule) -> Literal["self", "external"]:
+    def trigger_of(self, schedule: Schedule) -> Literal["self", "external"]:
+        """How ``schedule`` is fired here: its own trigger, else the engine's default."""
         return schedule.effective_trigger(self.default_trigger)
 
     def is_enabled(self, name: str) -> bool:
@@ -376,22 +436,6 @@ class Engine:
     async def refresh_states(self) -> None:
         """Re-read enabled/disabled from the store and arm or disarm what changed."""
         await self.states.refresh()
-
-    def _state_changed(self, schedule: Schedule, state: ScheduleState) -> None:
-        if self._trigger_of(schedule) != "self":
-            return
-        if state.enabled:
-            log.info("schedule %s enabled by %s", state.name, state.changed_by)
-            # Armed from the enable, not from when it was heard: an enable made elsewhere is
-            # heard at the next state poll (later still after a stall), and a slot due in
-            # between was due while enabled. The timer then finds it late (fired) or several
-            # behind (caught up, as any timer behind); in a fleet, a slot another instance
-            # fired is claimed already. (Never from later than now: the enabler's clock may
-            # run ahead of this one.)
-            self.timers.arm(schedule, min(state.changed_at, self.clock.now()))
-        else:
-            log.info("schedule %s disabled by %s", state.name, state.changed_by)
-            self.timers.disabled(state.name)
 
     async def list_schedules(self) -> list[ScheduleView]:
         """Every schedule with its state, next slot, newest self/external run and newest
@@ -542,7 +586,7 @@ class Engine:
         schedule = self.schedule(name)
         if allow_self is None:
             allow_self = self.allow_external_self
-        if self._trigger_of(schedule) != "external" and not allow_self:
+        if self.trigger_of(schedule) != "external" and not allow_self:
             raise Refused(
                 f'"{name}" is fired by its own timer (trigger=self); an external fire would run it twice. '
                 "Mark it trigger=\"external\", or allow it explicitly.",

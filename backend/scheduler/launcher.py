@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from backend.clock import Clock
 from backend.ids import id_batches
-from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, Outcome, Run, RunContext, RunStatus, Trigger, iso
+from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, Outcome, Run, RunStatus, Trigger, iso
 from backend.runtime.runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
 from backend.runtime.runner import Outcome as CallOutcome
 from backend.scheduler.ledger import RunLedger
-from backend.schedules import Schedule
+from backend.schedules import RunContext, Schedule
 from backend.store import MarksNow, Store
 
 if TYPE_CHECKING:

@@ -1,9 +1,9 @@
 """The engine's lifecycle: the order in which its parts open, start, keep house and stop.
 
 :class:`~backend.scheduler.engine.Engine` keeps the guards (opened, started, stopping) and calls
-these; each takes the engine and touches only its parts. The contract: ``open_engine``
-registers this instance and closes what dead processes left running before any part
-opens; ``start_engine`` catches up, then arms, then starts the systems beside the
+these; each takes the engine and touches only its public parts. The contract: ``open_engine``
+(once the engine opened the store) registers this instance and closes what dead processes
+left running before any part opens; ``start_engine`` catches up, then arms, then starts the systems beside the
 schedules; ``stop_engine`` always closes the store, whatever a part raised while stopping
 (a store left open keeps its connection tasks alive, and the process would never exit).
 """
@@ -16,12 +16,25 @@ import sys
 from typing import TYPE_CHECKING, Final
 
 from backend.errors import Unavailable
+from backend.model import ScheduleState
 from backend.scheduler.coordination.slots import warn_cluster_fallback
+from backend.schedules import Schedule
 
 if TYPE_CHECKING:
     from backend.scheduler.engine import Engine
 
-__all__ = ["housekeeping", "is_armed", "is_settled", "maintain", "open_engine", "start_engine", "stop_engine"]
+__all__ = [
+    "housekeeping",
+    "is_armed",
+    "is_settled",
+    "join_fleet",
+    "maintain",
+    "open_engine",
+    "role_changed",
+    "start_engine",
+    "state_changed",
+    "stop_engine",
+]
 
 log = logging.getLogger("schedtui.engine")
 
@@ -36,10 +49,8 @@ LINGER_GRACE_S: Final = 2.0
 
 
 async def open_engine(engine: Engine) -> None:
-    """Open the store, register this instance, close what dead processes left running."""
-    engine.loops.reset()
-    await engine.store.open()
-    engine._opened = True
+    """Once the store is open: register this instance, close what dead processes left
+    running, open the parts."""
     now = engine.clock.now()
     await engine.registry.beat(now, force=True)
     await engine.catalog.load()
@@ -73,30 +84,49 @@ def role_changed(engine: Engine, was: str, now: str) -> None:
         at = engine.clock.now()
         for schedule in engine.schedules.values():
             name = schedule.name
-            if engine._trigger_of(schedule) == "self" and engine.is_enabled(name) and name not in engine.timers.wheel:
+            if engine.trigger_of(schedule) == "self" and engine.is_enabled(name) and name not in engine.timers.wheel:
                 engine.catch_up.at_boot(schedule, at, reason="while instances of another coordination mode fired")
+
+
+def state_changed(engine: Engine, schedule: Schedule, state: ScheduleState) -> None:
+    """A schedule was enabled or disabled (here or by another process): a self-triggered
+    one is armed from the enable, or disarmed."""
+    if engine.trigger_of(schedule) != "self":
+        return
+    if state.enabled:
+        log.info("schedule %s enabled by %s", state.name, state.changed_by)
+        # Armed from the enable, not from when it was heard: an enable made elsewhere is
+        # heard at the next state poll (later still after a stall), and a slot due in
+        # between was due while enabled. The timer then finds it late (fired) or several
+        # behind (caught up, as any timer behind); in a fleet, a slot another instance
+        # fired is claimed already. (Never from later than now: the enabler's clock may
+        # run ahead of this one.)
+        engine.timers.arm(schedule, min(state.changed_at, engine.clock.now()))
+    else:
+        log.info("schedule %s disabled by %s", state.name, state.changed_by)
+        engine.timers.disabled(state.name)
 
 
 def start_engine(engine: Engine) -> None:
     """Catch up on missed slots, arm every enabled self-triggered schedule, start the rest."""
-    engine.states.on_change = engine._state_changed
+    engine.states.on_change = lambda schedule, state: state_changed(engine, schedule, state)
     log.info(
         "starting %d schedule(s) (self=%d external=%d) coordination=%s instance=%s store=%s",
         len(engine.schedules),
-        sum(1 for s in engine.schedules.values() if engine._trigger_of(s) == "self"),
-        sum(1 for s in engine.schedules.values() if engine._trigger_of(s) == "external"),
+        sum(1 for s in engine.schedules.values() if engine.trigger_of(s) == "self"),
+        sum(1 for s in engine.schedules.values() if engine.trigger_of(s) == "external"),
         engine.coordination,
         engine.instance,
         engine.store.where,
     )
     engine.registry.log_claims_retention()
-    if engine._cluster_fallback:
+    if engine.cluster_fallback:
         warn_cluster_fallback(engine.store)  # said loudly at start
     now = engine.clock.now()
     for schedule in engine.schedules.values():
         if engine.cluster is not None:
             break  # each schedule is caught up when its shard is taken
-        if engine._trigger_of(schedule) == "self" and engine.is_enabled(schedule.name):
+        if engine.trigger_of(schedule) == "self" and engine.is_enabled(schedule.name):
             engine.catch_up.at_boot(schedule, now)
     engine.timers.start()
     for subsystem in engine.subsystems:
@@ -215,7 +245,7 @@ def is_armed(engine: Engine) -> bool:
     wanted = sum(
         1
         for s in engine.schedules.values()
-        if engine._trigger_of(s) == "self"
+        if engine.trigger_of(s) == "self"
         and engine.is_enabled(s.name)
         and (engine.cluster is None or engine.cluster.owns(s.name))
     )

@@ -11,49 +11,85 @@ a name nobody knows raises :class:`~backend.errors.NotFound`, a bad page size
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Literal
 
+from backend.clock import Clock
 from backend.errors import BadInput, NotFound
 from backend.model import Run, ScheduleTarget, ScheduleView
+from backend.scheduler.catalog import Catalog
+from backend.scheduler.coordination.cluster import Cluster
+from backend.scheduler.launcher import Launcher
+from backend.scheduler.ledger import RunLedger
+from backend.scheduler.states import ScheduleStates
+from backend.scheduler.timers import Timers
 from backend.schedules import Schedule
+from backend.store import Store
 
-if TYPE_CHECKING:
-    from backend.scheduler.engine import Engine
+__all__ = ["ScheduleReads", "find_schedule", "target_of"]
 
-__all__ = ["ScheduleReads", "target_of"]
+
+def find_schedule(schedules: Mapping[str, Schedule], name: str) -> Schedule:
+    """The schedule named ``name``; :class:`~backend.errors.NotFound` when none is."""
+    try:
+        return schedules[name]
+    except KeyError:
+        raise NotFound(f'no schedule named "{name}"') from None
 
 
 class ScheduleReads:
-    """The engine's read side (see the module docstring)."""
+    """The engine's read side (see the module docstring): ``schedules`` is the engine's,
+    ``catalog`` is re-read for names created elsewhere, ``ledger`` hands its pending rows
+    to ``store`` before a read, ``launcher`` knows the runs in flight and ``timers`` the
+    armed slots."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        store: Store,
+        ledger: RunLedger,
+        schedules: dict[str, Schedule],
+        states: ScheduleStates,
+        catalog: Catalog,
+        launcher: Launcher,
+        timers: Timers,
+        cluster: Cluster | None,
+        default_trigger: Literal["self", "external"],
+    ) -> None:
+        self.clock = clock
+        self.store = store
+        self.ledger = ledger
+        self.schedules = schedules
+        self.states = states
+        self.catalog = catalog
+        self.launcher = launcher
+        self.timers = timers
+        self.cluster = cluster
+        self.default_trigger: Literal["self", "external"] = default_trigger
 
     async def list_schedules(self) -> list[ScheduleView]:
-        engine = self.engine
-        engine.ledger.handoff()
-        await engine.catalog.refresh()
-        await engine.refresh_states()
-        return await self._views(list(engine.schedules))
+        self.ledger.handoff()
+        await self.catalog.refresh()
+        await self.states.refresh()
+        return await self._views(list(self.schedules))
 
     async def get_schedule(self, name: str) -> ScheduleView:
-        engine = self.engine
-        if name not in engine.schedules:
-            await engine.catalog.refresh()  # created a moment ago by another process?
-        engine.schedule(name)
+        if name not in self.schedules:
+            await self.catalog.refresh()  # created a moment ago by another process?
+        find_schedule(self.schedules, name)
         return (await self._views([name]))[0]
 
     async def _views(self, names: list[str]) -> list[ScheduleView]:
-        engine = self.engine
-        last = await engine.store.last_runs(names)
-        latest = await engine.store.last_runs(names, manual=True)
-        owners = await engine.cluster.owners() if engine.cluster is not None else None
+        last = await self.store.last_runs(names)
+        latest = await self.store.last_runs(names, manual=True)
+        owners = await self.cluster.owners() if self.cluster is not None else None
         views = []
         for name in names:
             newest = latest.get(name)
             manual = newest if newest is not None and newest.trigger == "manual" else None
-            views.append(self._view(engine.schedules[name], last.get(name), manual, owners))
+            views.append(self._view(self.schedules[name], last.get(name), manual, owners))
         return views
 
     def _view(
@@ -63,14 +99,13 @@ class ScheduleReads:
         latest_manual: Run | None = None,
         owners: dict[str, str | None] | None = None,
     ) -> ScheduleView:
-        engine = self.engine
-        state = engine.states.get(schedule.name)
+        state = self.states.get(schedule.name)
         enabled = state.enabled if state is not None else schedule.enabled
         return ScheduleView(
             name=schedule.name,
             cron=schedule.cron.expr,
             timezone=schedule.timezone,
-            trigger=schedule.effective_trigger(engine.default_trigger),
+            trigger=schedule.effective_trigger(self.default_trigger),
             on_overlap=schedule.on_overlap,
             backfill=schedule.backfill,
             max_runtime_s=schedule.max_runtime,
@@ -83,30 +118,28 @@ class ScheduleReads:
             latest_manual=latest_manual,
             owner=owners.get(schedule.name) if owners is not None else None,
             sharded=owners is not None,
-            source="store" if engine.catalog.is_stored(schedule.name) else "code",
+            source="store" if self.catalog.is_stored(schedule.name) else "code",
             target=target_of(schedule),
         )
 
     async def list_runs(
         self, name: str, *, limit: int = 50, before: str | None = None
     ) -> tuple[list[Run], str | None]:
-        engine = self.engine
-        engine.schedule(name)
+        find_schedule(self.schedules, name)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise BadInput(f"limit {limit!r} is out of range (1-1000)", field="limit")
-        engine.ledger.handoff()
-        runs = await engine.store.list_runs(name, limit=limit + 1, before=before)
+        self.ledger.handoff()
+        runs = await self.store.list_runs(name, limit=limit + 1, before=before)
         if len(runs) > limit:  # one more than asked for: there is an older page
             return runs[:limit], runs[limit - 1].id
         return runs, None
 
     async def get_run(self, run_id: str) -> Run:
-        engine = self.engine
-        active = engine.launcher.active.get(run_id)
+        active = self.launcher.active.get(run_id)
         if active is not None:
             return active.run
-        await engine.flush()  # a run that just finished may still be on its way to the store
-        run = await engine.store.get_run(run_id)
+        await self.ledger.flush()  # a run that just finished may still be on its way to the store
+        run = await self.store.get_run(run_id)
         if run is None:
             raise NotFound(f'no run with id "{run_id}"')
         return run
@@ -114,16 +147,14 @@ class ScheduleReads:
     def next_fire(self, schedule: Schedule, enabled: bool) -> datetime | None:
         """The slot a schedule fires next here: the armed one, else the next on its cron;
         none while it is disabled or fired by an external scheduler."""
-        engine = self.engine
-        if not enabled or schedule.effective_trigger(engine.default_trigger) == "external":
+        if not enabled or schedule.effective_trigger(self.default_trigger) == "external":
             return None
-        armed = engine.timers.next_slot(schedule.name)
-        return armed if armed is not None else schedule.cron.next(engine.clock.now())
+        armed = self.timers.next_slot(schedule.name)
+        return armed if armed is not None else schedule.cron.next(self.clock.now())
 
     def upcoming(self, name: str, count: int = 5) -> list[datetime]:
-        engine = self.engine
-        schedule = engine.schedule(name)
-        slots, at = [], engine.clock.now()
+        schedule = find_schedule(self.schedules, name)
+        slots, at = [], self.clock.now()
         for _ in range(count):
             at = schedule.cron.next(at)
             slots.append(at)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -38,11 +38,8 @@ class View(Vertical):
 
     @property
     def console(self) -> SchedtuiApp:
-        from console.app import SchedtuiApp
-
-        app = self.app
-        assert isinstance(app, SchedtuiApp)
-        return app
+        # Only the app imports its parts (a part importing the app would be an import cycle).
+        return cast("SchedtuiApp", self.app)
 
     def selected_schedule(self) -> str | None:
         """The schedule the schedule actions (``r``, ``e``, ``b``) apply to, if any."""

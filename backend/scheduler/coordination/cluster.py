@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
@@ -51,13 +51,22 @@ if TYPE_CHECKING:
     from backend.locks.model import Lock
     from backend.runtime.loops import Loops
     from backend.runtime.outages import OutageLog
-    from backend.scheduler.catchup import CatchUp
     from backend.scheduler.registry import InstanceRegistry
-    from backend.scheduler.timers import Timers
     from backend.schedules import Schedule
     from backend.store.postgres.cluster import ClusterState
 
-__all__ = ["MEMBER_PREFIX", "SHARDS", "SHARD_PREFIX", "Cluster", "ClusterCoordinator", "ClusterStore", "shard_of", "spread"]
+__all__ = [
+    "MEMBER_PREFIX",
+    "SHARDS",
+    "SHARD_PREFIX",
+    "CatchesUp",
+    "Cluster",
+    "ClusterCoordinator",
+    "ClusterStore",
+    "ShardTimers",
+    "shard_of",
+    "spread",
+]
 
 log = logging.getLogger("schedtui.cluster")
 
@@ -158,6 +167,24 @@ class _Held:
     """Until when the lease is surely ours: ``renewed_at`` + the ttl."""
 
 
+class ShardTimers(Protocol):
+    """What the shards need of the timers (:class:`~backend.scheduler.timers.Timers`; the timers
+    and catch-up import the slot claims, which import this module: protocols keep the
+    imports one way)."""
+
+    @property
+    def wheel(self) -> Container[str]:
+        """The names of the schedules armed."""
+
+    def disarm(self, name: str) -> None: ...
+
+
+class CatchesUp(Protocol):
+    """What the shards need of catch-up (:class:`~backend.scheduler.catchup.CatchUp`)."""
+
+    def at_boot(self, schedule: Schedule, now: datetime, *, reason: str | None = None) -> None: ...
+
+
 class ClusterCoordinator:
     """The :class:`~backend.scheduler.coordination.slots.Coordinator` of ``cluster``: a slot is won when its
     schedule's shard is held here and the store confirms the token (see the module)."""
@@ -198,8 +225,8 @@ class Cluster:
         outages: OutageLog,
         instance: str,
         schedules: Iterable[Schedule],
-        catch_up: CatchUp,
-        timers: Timers,
+        catch_up: CatchesUp,
+        timers: ShardTimers,
         is_enabled: Callable[[str], bool],
         lock_now: Callable[[], datetime | None],
         ttl: timedelta = timedelta(seconds=10),
