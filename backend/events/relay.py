@@ -38,13 +38,15 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from backend.errors import Unavailable
 from backend.events.bus import RESYNC, TOPICS, EventBus
 from backend.model import Run
 from backend.runtime.loops import Loops, stop_if_cancelled
-from backend.scheduler.ledger import RunLedger
+
+if TYPE_CHECKING:  # a type only: the scheduler builds this, not the other way round
+    from backend.scheduler.ledger import RunLedger
 
 __all__ = [
     "ENGINE_TOPICS",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from backend.clock import Clock
 from backend.events.audit import AuditLog
@@ -21,8 +21,10 @@ from backend.events.bus import EventBus
 from backend.runtime.loops import Loops
 from backend.runtime.outages import OutageLog
 from backend.runtime.runner import HandlerRunner
-from backend.scheduler.registry import InstanceRegistry
 from backend.store import Store
+
+if TYPE_CHECKING:  # a type only: the scheduler builds this, not the other way round
+    from backend.scheduler.registry import InstanceRegistry
 
 __all__ = ["Shared", "Subsystem"]
 
