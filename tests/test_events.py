@@ -380,7 +380,9 @@ async def test_while_signals_are_heard_the_state_poll_is_only_a_backstop(pg_url:
         for _ in range(20):
             clock.advance(1)
             await b.quiesce()
-        assert 1 <= len(reads) <= 2  # was 20
+        # Two backstop reads in twenty rounds (was 20), and on a loaded machine at most one
+        # more: a signal of a's opening heard late makes b read the states once on its own.
+        assert 1 <= len(reads) <= 3
         await a.set_enabled("job1", False)
         async with asyncio.timeout(10):
             while b.is_enabled("job1"):  # told by a's NOTIFY, with b's clock standing still
