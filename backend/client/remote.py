@@ -16,7 +16,8 @@ from urllib.parse import quote
 
 import httpx
 
-from backend.client.interface import SYSTEMS, ConnectionInfo, RunsPage, SchedulesSnapshot, check_runs_between
+from backend.client.actions import Action
+from backend.client.interface import SYSTEMS, Backend, ConnectionInfo, RunsPage, SchedulesSnapshot, check_runs_between
 from backend.durable.model import Execution, ExecutionsPage, Signalled, Started
 from backend.durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES
 from backend.errors import (
@@ -48,7 +49,7 @@ _READ_RETRIES = (0.2, 0.5, 1.0)
 EVENTS_SILENCE = 40.0
 
 
-class RemoteBackend:
+class RemoteBackend(Backend):
     """A :class:`~backend.client.interface.Backend` that talks to ``schedtui serve`` over HTTP.
 
     ``transport`` lets tests hand in an ``httpx.ASGITransport``; by default it is a real
@@ -143,6 +144,14 @@ class RemoteBackend:
     def _check_can_act(self, action: str) -> None:
         if self.read_only:
             raise Forbidden(f"read-only: {action} is not allowed")
+
+    async def _act(self, action: Action, arguments: dict[str, Any]) -> Any:
+        # The split actions go through the old two-way methods for now.
+        if action.name in ("enable_schedule", "disable_schedule"):
+            return await self.set_enabled(arguments["name"], action.name == "enable_schedule", note=arguments["note"])
+        if action.name in ("pause_queue", "resume_queue"):
+            return await self.set_queue_paused(arguments["queue"], action.name == "pause_queue")
+        raise NotImplementedError(action.name)
 
     # -- the interface ------------------------------------------------------------------
     async def connect(self) -> ConnectionInfo:
