@@ -152,7 +152,7 @@ class SchedtuiApp(App[None]):
         Key("q", "quit", "Quit", help="quit (asks while a backfill started here runs)"),
     )
     """The keys of every view; each view adds its own (:attr:`console.views.base.View.KEYS`)."""
-    BINDINGS: ClassVar[list[BindingType]] = list(bindings(KEYS))
+    BINDINGS: ClassVar[list[BindingType]] = bindings(KEYS)
 
     PALETTE_ACTIONS: ClassVar[list[tuple[str, str, str]]] = [
         ("run_now", "Run now: {name}", "fire it once, now, as a manual run (r)"),

@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from textual.actions import parse
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 import backend.client.interface  # noqa: F401 - declaring Backend declares the actions
 from backend.client.actions import Action, Danger, action_of
@@ -125,6 +125,6 @@ def action_key(
                key_display=key_display)  # fmt: skip
 
 
-def bindings(keys: Iterable[Key]) -> list[Binding]:
+def bindings(keys: Iterable[Key]) -> list[BindingType]:
     """The Textual bindings of ``keys``, for an owner's ``BINDINGS``."""
     return [key.binding() for key in keys]

@@ -72,6 +72,12 @@ class Confirm(ModalScreen[bool]):
         question, detail = danger.render(arguments)
         return cls(question, detail, facts=facts, action=action)
 
+    @property
+    def text(self) -> str:
+        """All it says, as plain text: the question, the facts, the detail."""
+        facts = [line.plain if isinstance(line, Content) else line for line in self.facts]
+        return "\n".join([self.question, *facts, self.detail])
+
     def compose(self) -> ComposeResult:
         with Vertical() as box:
             box.border_title = "Confirm"

@@ -10,7 +10,6 @@ says so instead of failing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from console.views.audit import AuditView
@@ -33,8 +32,8 @@ class ViewSpec:
     system: str
     """The backend system it needs (see ``ConnectionInfo.systems``)."""
     help: str
-    make: Callable[[], View] | None
-    """Builds the view; ``None`` while it is not written."""
+    make: type[View] | None
+    """The view's class (its ``KEYS`` are the view's keys); ``None`` while it is not written."""
 
 
 VIEWS: tuple[ViewSpec, ...] = (
