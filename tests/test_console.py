@@ -289,7 +289,8 @@ async def test_backfill_plans_as_you_type_then_runs_with_progress_and_a_summary(
         await settle(pilot)
         question = app.screen
         assert isinstance(question, Confirm) and question.action == "start_backfill"
-        assert question.question == 'Backfill "heartbeat"?' and "6 slots in (2026-03-02 07:59:05 UTC … 2026-03-02 08:00:05 UTC]" in question.text
+        assert question.question == 'Backfill "heartbeat"?'
+        assert "6 slots in (2026-03-02 07:59:05 UTC … 2026-03-02 08:00:05 UTC]" in question.text
         await pilot.press("y")
         await settle(pilot)
         assert screen.state == "done"
