@@ -498,6 +498,48 @@ BACKFILL_MAX_LIMIT: Final = 10_000
 
 
 @dataclass(frozen=True, slots=True)
+class SchedulesSnapshot:
+    """Every schedule at one instant (``now`` is the engine's clock at that instant)."""
+
+    coordination: CoordinationMode
+    instance: str
+    now: datetime
+    schedules: list[ScheduleView]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "coordination": self.coordination,
+            "instance": self.instance,
+            "now": iso(self.now),
+            "schedules": [s.to_json() for s in self.schedules],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SchedulesSnapshot:
+        return cls(
+            coordination=data["coordination"],
+            instance=data["instance"],
+            now=parse_iso(data["now"]),
+            schedules=[ScheduleView.from_json(s) for s in data["schedules"]],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunsPage:
+    """One page of a schedule's runs, newest first; ``next_before`` pages further back."""
+
+    runs: list[Run]
+    next_before: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runs": [r.to_json() for r in self.runs], "next_before": self.next_before}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunsPage:
+        return cls(runs=[Run.from_json(r) for r in data["runs"]], next_before=data.get("next_before"))
+
+
+@dataclass(frozen=True, slots=True)
 class BackfillPlan:
     """What a range backfill would do, computed without side effects.
 

@@ -19,7 +19,7 @@ import pytest
 from backend import BadInput, Engine, ManualClock, RunContext, Unavailable, define_schedule
 from backend.api.app import create_app
 from backend.api.tokens import ANONYMOUS, Tokens, parse_token
-from backend.client.interface import EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
 from backend.events.audit import ACTIONS, AuditEntry, AuditLog, acting_as, os_user
 from backend.events.bus import EventBus
 from backend.ids import IdFactory

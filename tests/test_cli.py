@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from backend import Engine, ManualClock, Run, define_schedule
-from backend.client.interface import EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
 from backend.events.audit import os_user
 from backend.store.sqlite.store import SQLiteStore
 from tests.conftest import expect

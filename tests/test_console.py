@@ -20,7 +20,7 @@ import pytest
 from textual.pilot import Pilot
 
 from backend import Engine, Forbidden, ManualClock, NotFound, Run, define_schedule
-from backend.client.interface import EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
 from backend.events.audit import os_user
 from backend.model import parse_iso
 from backend.store import open_store

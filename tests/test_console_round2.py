@@ -23,7 +23,8 @@ from rich.text import Text
 from textual.pilot import Pilot
 
 from backend import Engine, ManualClock, Run, define_schedule
-from backend.client.interface import ConnectionInfo, EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
+from backend.client.interface import ConnectionInfo
 from backend.model import InstanceInfo, ScheduleView, parse_iso
 from console.app import SchedtuiApp
 from console.fleet import CronCache, Overdue, durations, fleet_of

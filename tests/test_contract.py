@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from backend import BadInput, Engine, Forbidden, NotFound, Refused, discover
-from backend.client.interface import SYSTEMS, Backend, EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
+from backend.client.interface import SYSTEMS, Backend
 from backend.client.remote import RemoteBackend
 from backend.events.audit import os_user
 from tests.servers import start_server

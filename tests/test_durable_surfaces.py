@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from backend import BadInput, Engine, Forbidden, NotFound, Refused, TooLarge, connect, connect_sync
-from backend.client.interface import Backend, EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
+from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.definitions import discover_definitions
 from tests.servers import Server, cli_env, poll, start_server

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from backend import Engine, ManualClock, RunContext, define_schedule
 from backend.api.server import serve
-from backend.client.interface import EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
 from backend.client.remote import RemoteBackend, SseParser
 from backend.events.bus import RESYNC, STREAM, EventBus, Signal, Subscription
 from backend.events.relay import NOTIFY_BURST, NOTIFY_RATE, PostgresRelay

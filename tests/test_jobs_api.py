@@ -17,7 +17,8 @@ import pytest
 
 from backend import BadInput, Engine, Forbidden, NotFound, TooLarge, discover_definitions
 from backend.api.app import create_app
-from backend.client.interface import Backend, EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
+from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.jobs.model import NotDead, QueueFull
 from tests.servers import Server, cli_env, poll, start_server

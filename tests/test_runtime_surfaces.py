@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from backend import BadInput, Engine, NotFound
-from backend.client.interface import Backend, EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
+from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.definitions import discover_definitions
 from backend.scheduler.stored import DefinedInCode, NameTaken

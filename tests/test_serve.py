@@ -19,7 +19,7 @@ import pytest
 from backend import Engine, Run, define_schedule, open_store
 from backend.api.app import create_app
 from backend.api.server import serve
-from backend.client.interface import EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
 from backend.ids import IdFactory
 from tests.servers import cli_env
 

@@ -29,7 +29,7 @@ import pytest
 
 from backend import Engine, ManualClock, ScheduleState, Unavailable, define_schedule
 from backend.api.app import create_app
-from backend.client.interface import EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
 from backend.model import Health, iso
 from backend.store.sqlite.store import SQLiteStore
 from tests.conftest import expect

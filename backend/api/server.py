@@ -23,7 +23,7 @@ import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from backend.client.interface import EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
 from backend.errors import BadInput, ListenError, Unavailable
 from backend.store import until_lost
 

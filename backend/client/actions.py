@@ -336,6 +336,9 @@ class Action:
     (``locks.release``), called with the arguments by name."""
     check: Callable[..., object] | None = None
     """A check of the arguments together (called with them by name), after each one's."""
+    label: str = ""
+    """The action as an operator says it ("Run now", "disable", "a lock release"): what
+    a read-only backend says is not allowed."""
 
     def param(self, name: str) -> Param:
         for param in self.params:
@@ -366,6 +369,7 @@ def action(
     danger: Danger | None = None,
     impl: str | None = None,
     check: Callable[..., object] | None = None,
+    label: str | None = None,
 ) -> Callable[[F], F]:
     """Declare the decorated ``Backend`` method an operator action, and replace its body
     by ``await self._act(action, arguments)`` (the arguments by name, defaults applied).
@@ -401,6 +405,7 @@ def action(
             description=" ".join(description.split()),
             impl=impl or name,
             check=check,
+            label=label or name.replace("_", " "),
         )
         if name in ACTIONS:
             raise TypeError(f"the action {name} is declared twice")

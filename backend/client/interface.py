@@ -13,12 +13,10 @@ methods from its workers).
 from __future__ import annotations
 
 import abc
-import asyncio
-import threading
-from collections.abc import AsyncIterator, Coroutine, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from backend.client.actions import (
     ACTIONS,
@@ -39,10 +37,10 @@ from backend.client.actions import (
 )
 from backend.durable.model import EXECUTION_STATUSES, Execution, ExecutionsPage, Signalled, Started
 from backend.durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES
-from backend.errors import BadInput, Forbidden, Unavailable
+from backend.errors import BadInput
 from backend.events.audit import AuditPage
-from backend.events.bus import READY, STREAM, Signal
-from backend.inputs import NOTE_MAX_CHARS, check_before, check_id, check_instant, check_note
+from backend.events.bus import Signal
+from backend.inputs import NOTE_MAX_CHARS, check_note
 from backend.jobs.definition import MAX_PAYLOAD_BYTES, check_cancel, check_queue_name, check_send
 from backend.jobs.model import Job, JobDetail, JobsPage, QueueView, Sent
 from backend.locks import LockRelease, LocksSnapshot
@@ -56,11 +54,11 @@ from backend.model import (
     Health,
     InstanceInfo,
     Run,
+    RunsPage,
+    SchedulesSnapshot,
     ScheduleView,
     iso,
-    parse_iso,
 )
-from backend.scheduler.engine import Engine
 
 __all__ = [
     "ACTIONS",
@@ -68,16 +66,10 @@ __all__ = [
     "Action",
     "Backend",
     "ConnectionInfo",
-    "EmbeddedBackend",
     "RunsPage",
     "SchedulesSnapshot",
     "action_of",
 ]
-
-T = TypeVar("T")
-
-#: How long a health check waits for the instances table before answering without it (seconds).
-HEALTH_READ_TIMEOUT = 2.0
 
 SYSTEMS = ("schedules", "jobs", "durable", "locks", "audit")
 """The systems an engine of this version offers (part 2 adds ``jobs``, ``durable``,
@@ -116,48 +108,6 @@ class ConnectionInfo:
             "systems": list(self.systems),
             "actor": self.actor,
         }
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulesSnapshot:
-    """Every schedule at one instant (``now`` is the engine's clock at that instant)."""
-
-    coordination: CoordinationMode
-    instance: str
-    now: datetime
-    schedules: list[ScheduleView]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "coordination": self.coordination,
-            "instance": self.instance,
-            "now": iso(self.now),
-            "schedules": [s.to_json() for s in self.schedules],
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SchedulesSnapshot:
-        return cls(
-            coordination=data["coordination"],
-            instance=data["instance"],
-            now=parse_iso(data["now"]),
-            schedules=[ScheduleView.from_json(s) for s in data["schedules"]],
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class RunsPage:
-    """One page of a schedule's runs, newest first; ``next_before`` pages further back."""
-
-    runs: list[Run]
-    next_before: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"runs": [r.to_json() for r in self.runs], "next_before": self.next_before}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunsPage:
-        return cls(runs=[Run.from_json(r) for r in data["runs"]], next_before=data.get("next_before"))
 
 
 #: Bounds of :meth:`Backend.runs_between` (the console asks for what is on screen).
@@ -373,7 +323,7 @@ class Backend(abc.ABC):
     async def upcoming(self, name: ScheduleName, count: Annotated[int, Range(1, 100)] = 5) -> list[datetime]:
         """The next slots of a schedule by its cron (whether or not it is enabled)."""
 
-    @action(system="schedules", permission="operate", audit="schedule.fire",
+    @action(system="schedules", permission="operate", label="Run now", audit="schedule.fire",
             http=Http("POST", "/inspect/schedules/{name}/fire", status=202, envelope="run",
                       extra=lambda run, a: {"run_id": run.id}, ok="{run_id, run}", errors={404: "unknown schedule"}))
     async def run_now(self, name: ScheduleName) -> Run:
@@ -381,7 +331,7 @@ class Backend(abc.ABC):
 
         Starts exactly one run and returns it once it is recorded."""
 
-    @action(system="schedules", permission="operate", audit="schedule.fire",
+    @action(system="schedules", permission="operate", label="an external fire", audit="schedule.fire",
             http=Http("POST", "/schedule/{name}/fire", status=202, again=200, repeated=lambda firing: not firing.created,
                       fixed={"trigger": "external"}, ok="{run_id, created, queued, run}",
                       errors={404: "unknown schedule", 409: "not an external schedule, or no slot due"}))
@@ -393,7 +343,7 @@ class Backend(abc.ABC):
         (200, created false) instead of firing again (202). Refused for a schedule on its
         own timer (unless the serving engine allows it) or when no slot is due."""
 
-    @action(system="schedules", permission="operate", audit="schedule.enable", impl="enable",
+    @action(system="schedules", permission="operate", label="enable", audit="schedule.enable", impl="enable",
             http=Http("POST", "/inspect/schedules/{name}/enable", retry=True, ok="the schedule",
                       errors={404: "unknown schedule"}))
     async def enable_schedule(
@@ -403,7 +353,7 @@ class Backend(abc.ABC):
 
         Slots that passed while it was disabled are not caught up."""
 
-    @action(system="schedules", permission="operate", audit="schedule.disable", impl="disable",
+    @action(system="schedules", permission="operate", label="disable", audit="schedule.disable", impl="disable",
             http=Http("POST", "/inspect/schedules/{name}/disable", retry=True, ok="the schedule",
                       errors={404: "unknown schedule"}))
     async def disable_schedule(
@@ -413,7 +363,7 @@ class Backend(abc.ABC):
 
         It keeps its definition, has no next slot and does not fire until enabled."""
 
-    @action(system="schedules", permission="operate", audit="schedule.create",
+    @action(system="schedules", permission="operate", label="creating a schedule", audit="schedule.create",
             http=Http("POST", "/inspect/schedules", status=201, body="spec", ok="the schedule created",
                       errors={409: "name_taken: a schedule (in code or stored) has that name"}))
     async def create_schedule(self, spec: Annotated[Mapping[str, Any], Schema(SCHEDULE_SPEC)]) -> ScheduleView:
@@ -426,7 +376,7 @@ class Backend(abc.ABC):
         use is ``NameTaken`` (409 name_taken). The answer is the schedule, with source
         "store"."""
 
-    @action(system="schedules", permission="operate", audit="schedule.update",
+    @action(system="schedules", permission="operate", label="editing a schedule", audit="schedule.update",
             http=Http("PATCH", "/inspect/schedules/{name}", body="changes", retry=True, ok="the schedule as changed",
                       errors={409: "defined_in_code: schedules defined in code are only enabled or disabled"}))
     async def update_schedule(self, name: str, changes: Annotated[Mapping[str, Any], Schema(SCHEDULE_CHANGES)]) -> ScheduleView:
@@ -437,7 +387,7 @@ class Backend(abc.ABC):
         ``DefinedInCode`` (409 defined_in_code) for a schedule defined in code,
         ``NotFound`` for an unknown one."""
 
-    @action(system="schedules", permission="operate", audit="schedule.delete",
+    @action(system="schedules", permission="operate", label="deleting a schedule", audit="schedule.delete",
             danger=Danger('Delete schedule "{name}"?',
                           "It stops firing on every instance within 2 seconds and cannot be undone; its runs stay in the ledger."),
             http=Http("DELETE", "/inspect/schedules/{name}", extra=_deleted, ok="{deleted: true}",
@@ -465,7 +415,7 @@ class Backend(abc.ABC):
 
         The slots in (from, to]; already_succeeded counts those that have a succeeded run."""
 
-    @action(system="schedules", permission="operate", audit="schedule.backfill",
+    @action(system="schedules", permission="operate", label="backfill", audit="schedule.backfill",
             danger=Danger('Backfill "{name}"?',
                           "Every slot of the range fires now, one after another, as if it had been due; "
                           "their handlers run with those slots' times."),
@@ -492,7 +442,7 @@ class Backend(abc.ABC):
     async def backfill_progress(self, backfill_id: Annotated[str, Id("backfill")]) -> BackfillProgress:
         """Progress of a backfill (fired, failed, remaining, state)."""
 
-    @action(system="schedules", permission="operate", audit="schedule.backfill_cancel",
+    @action(system="schedules", permission="operate", label="cancelling a backfill", audit="schedule.backfill_cancel",
             http=Http("POST", "/inspect/backfills/{backfill_id}/cancel", retry=True,
                       ok="the backfill's progress, state cancelled (or as it had ended)",
                       errors={404: "unknown backfill", 409: "it runs on another instance"}))
@@ -511,7 +461,7 @@ class Backend(abc.ABC):
         is held, expired (its holder stopped renewing it) or free (released; holder null).
         now is the lock clock (the database's), to count expiries down against."""
 
-    @action(system="locks", permission="operate", audit="lock.release", impl="locks.release",
+    @action(system="locks", permission="operate", label="a lock release", audit="lock.release", impl="locks.release",
             danger=Danger('Release lock "{name}" by force?',
                           "The next holder gets it at once while the current one may still be working; "
                           "its renewals and fenced writes are refused from then on."),
@@ -546,13 +496,13 @@ class Backend(abc.ABC):
     async def get_execution(self, execution_id: Annotated[str, Id("execution")]) -> Execution:
         """One durable execution with its steps (the timeline) and its log."""
 
-    @action(system="durable", permission="operate", audit="durable.start", impl="durable.start_execution",
+    @action(system="durable", permission="operate", label="durable start", audit="durable.start", impl="durable.start_execution",
             http=Http("POST", "/inspect/durable/{function}/start", status=201, max_body=6 * MAX_INPUT_BYTES + 64 * 1024,
                       ok="{id, duplicate}", errors={404: "unknown durable function", 413: "input over 256 KiB as JSON"}))
     async def start_execution(self, function: str, input: Annotated[Any, Json(MAX_INPUT_BYTES)] = None) -> Started:
         """Start an execution of a durable function."""
 
-    @action(system="durable", permission="operate", audit="durable.signal", impl="durable.signal",
+    @action(system="durable", permission="operate", label="durable signal", audit="durable.signal", impl="durable.signal",
             http=Http("POST", "/inspect/durable/executions/{execution_id}/signal/{name}", retry=True,
                       max_body=6 * MAX_SIGNAL_BYTES + 64 * 1024, ok="{execution_id, name, duplicate}",
                       errors={404: "unknown execution", 409: "the execution has finished", 413: "payload over 64 KiB as JSON"}))
@@ -563,7 +513,7 @@ class Backend(abc.ABC):
 
         A signal is kept once per execution and name, so a repeat changes nothing."""
 
-    @action(system="durable", permission="operate", audit="durable.cancel", impl="durable.cancel",
+    @action(system="durable", permission="operate", label="durable cancel", audit="durable.cancel", impl="durable.cancel",
             danger=Danger("Cancel execution {execution_id}?",
                           "A queued or waiting execution is cancelled at once, a running one at its next step boundary; "
                           "it cannot be resumed."),
@@ -574,7 +524,7 @@ class Backend(abc.ABC):
 
         A queued or waiting execution is cancelled at once."""
 
-    @action(system="durable", permission="operate", audit="durable.retry", impl="durable.retry",
+    @action(system="durable", permission="operate", label="durable retry", audit="durable.retry", impl="durable.retry",
             http=Http("POST", "/inspect/durable/executions/{execution_id}/retry", ok="the execution",
                       errors={404: "unknown execution", 409: "the execution has not failed"}))
     async def retry_execution(self, execution_id: Annotated[str, Id("execution")]) -> Execution:
@@ -598,12 +548,12 @@ class Backend(abc.ABC):
     async def list_queues(self) -> list[QueueView]:
         """Every queue with its counts (queued, running, dead) and whether it is paused."""
 
-    @action(system="jobs", permission="operate", audit="queue.pause", impl="jobs.pause",
+    @action(system="jobs", permission="operate", label="pause", audit="queue.pause", impl="jobs.pause",
             http=Http("POST", "/inspect/queues/{queue}/pause", retry=True, ok="the queue", errors={404: "unknown queue"}))
     async def pause_queue(self, queue: QueueName) -> QueueView:
         """Pause a queue - its jobs wait (sends are still taken); running ones finish."""
 
-    @action(system="jobs", permission="operate", audit="queue.resume", impl="jobs.resume",
+    @action(system="jobs", permission="operate", label="resume", audit="queue.resume", impl="jobs.resume",
             http=Http("POST", "/inspect/queues/{queue}/resume", retry=True, ok="the queue", errors={404: "unknown queue"}))
     async def resume_queue(self, queue: QueueName) -> QueueView:
         """Resume a paused queue."""
@@ -620,7 +570,7 @@ class Backend(abc.ABC):
     ) -> JobsPage:
         """A page of a queue's jobs, newest first (keyset paging)."""
 
-    @action(system="jobs", permission="operate", audit="job.send", impl="jobs.send_by_operator", check=_check_send,
+    @action(system="jobs", permission="operate", label="sending a job", audit="job.send", impl="jobs.send_by_operator", check=_check_send,
             http=Http("POST", "/inspect/queues/{queue}/jobs", status=201, again=200, repeated=lambda sent: sent.duplicate,
                       max_body=6 * MAX_PAYLOAD_BYTES + 64 * 1024,
                       ok="queued: {id, duplicate: false}; a job with this key exists: {id, duplicate: true}, nothing queued",
@@ -646,7 +596,7 @@ class Backend(abc.ABC):
     async def get_job(self, job_id: Annotated[str, Id("job")]) -> JobDetail:
         """A job (while it exists) and its attempts; once gone, its attempts (job fields null)."""
 
-    @action(system="jobs", permission="operate", audit="job.cancel", impl="jobs.cancel", check=_check_cancel,
+    @action(system="jobs", permission="operate", label="cancel", audit="job.cancel", impl="jobs.cancel", check=_check_cancel,
             http=Http("POST", "/inspect/queues/{queue}/cancel", envelope="cancelled",
                       ok="{cancelled}: true if it was queued and is gone", errors={404: "unknown queue"}))
     async def cancel_job(
@@ -662,313 +612,16 @@ class Backend(abc.ABC):
         like an id (even another job's) cancels the job with that key. True if it was
         queued and is gone."""
 
-    @action(system="jobs", permission="operate", audit="job.retry", impl="jobs.retry",
+    @action(system="jobs", permission="operate", label="retry", audit="job.retry", impl="jobs.retry",
             http=Http("POST", "/inspect/queues/{queue}/jobs/{job_id}/retry", ok="the job",
                       errors={404: "unknown queue or job", 409: "the job is not dead"}))
     async def retry_job(self, queue: QueueName, job_id: Annotated[str, Id("job")]) -> Job:
         """Put a dead job back in its queue, with fresh attempts (``Refused`` if it is not dead)."""
 
-    @action(system="jobs", permission="operate", audit="job.delete", impl="jobs.delete",
+    @action(system="jobs", permission="operate", label="delete", audit="job.delete", impl="jobs.delete",
             danger=Danger("Delete job {job_id} of {queue}?",
                           "It is gone from the queue whatever its state; a running one finishes, and its result is not kept."),
             http=Http("DELETE", "/inspect/queues/{queue}/jobs/{job_id}", extra=_deleted, ok="{deleted: true}",
                       errors={404: "unknown queue or job"}))
     async def delete_job(self, queue: QueueName, job_id: Annotated[str, Id("job")]) -> None:
         """Delete a job in any state (a running one finishes; its result is not kept)."""
-
-
-@dataclass
-class _EngineThread:
-    """An event loop on its own thread, so handlers never share the caller's loop."""
-
-    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
-    thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.thread = threading.Thread(target=self.loop.run_forever, name="schedtui-engine", daemon=True)
-        self.thread.start()
-
-    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        if self.thread is not None:
-            self.thread.join(timeout=10)
-        self.loop.close()
-
-
-class EmbeddedBackend(Backend):
-    """The interface over an engine in this process.
-
-    ``arm=True`` starts the engine's timers (the console and ``serve``); otherwise the
-    engine is only opened, to read and act (the one-shot CLI verbs). ``own_thread=True``
-    runs the engine on a loop of its own thread, so that neither handlers nor the ledger
-    ever hold up the caller's loop (the console's UI).
-    """
-
-    def __init__(
-        self,
-        engine: Engine,
-        *,
-        read_only: bool = False,
-        arm: bool = False,
-        own_thread: bool = False,
-        allow_external_self: bool = False,
-    ) -> None:
-        self.engine = engine
-        self.read_only = read_only
-        self.arm = arm
-        self.allow_external_self = allow_external_self
-        """Let :meth:`fire_external` fire schedules that have their own timer too."""
-        self._thread = _EngineThread() if own_thread else None
-
-    async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._thread is None:
-            return await coro
-        return await self._thread.call(coro)
-
-    def _check_can_act(self, action: str) -> None:
-        if self.read_only:
-            raise Forbidden(f"read-only: {action} is not allowed")
-
-    async def _act(self, action: Action, arguments: dict[str, Any]) -> Any:
-        # The split actions go through the old two-way methods for now.
-        if action.name in ("enable_schedule", "disable_schedule"):
-            return await self.set_enabled(arguments["name"], action.name == "enable_schedule", note=arguments["note"])
-        if action.name in ("pause_queue", "resume_queue"):
-            return await self.set_queue_paused(arguments["queue"], action.name == "pause_queue")
-        raise NotImplementedError(action.name)
-
-    def info(self) -> ConnectionInfo:
-        return ConnectionInfo(
-            kind="embedded",
-            where=self.engine.store.where,
-            coordination=self.engine.coordination,
-            instance=self.engine.instance,
-            read_only=self.read_only,
-            store_kind=self.engine.store.kind,
-            fires=self.arm,
-            actor=self.engine.audit.default_actor,
-        )
-
-    async def connect(self) -> ConnectionInfo:
-        if self._thread is not None and self._thread.thread is None:
-            self._thread.start()
-        await self._call(self.engine.start() if self.arm else self.engine.open())
-        return self.info()
-
-    async def close(self, grace: float | None = None) -> None:
-        """Stop the engine: runs in flight may finish for ``grace`` seconds (its default)."""
-        await self._call(self.engine.stop(grace))
-        if self._thread is not None:
-            self._thread.stop()
-
-    def interrupt(self) -> None:
-        """Stop waiting for runs in flight during :meth:`close` (a second Ctrl-C)."""
-        if self._thread is None:
-            self.engine.interrupt()
-        else:
-            self._thread.loop.call_soon_threadsafe(self.engine.interrupt)
-
-    async def health(self) -> Health:
-        """The store's own account of its writes (no I/O) and the instances table (one
-        read, bounded by :data:`HEALTH_READ_TIMEOUT`; ``None`` when it cannot be read)."""
-
-        async def health() -> Health:
-            engine = self.engine
-            instances: list[InstanceInfo] | None
-            try:
-                instances = await asyncio.wait_for(engine.store.fleet(), HEALTH_READ_TIMEOUT)
-            except (Unavailable, TimeoutError):
-                instances = None
-            # After the read: it may just have found the store down.
-            return Health(
-                engine.instance, engine.coordination, engine.store.kind, engine.store.health(), instances, engine.clock.now()
-            )
-
-        return await self._call(health())
-
-    async def now(self) -> datetime:
-        return self.engine.clock.now()
-
-    async def schedule_zone(self, name: str) -> str:
-        return self.engine.schedule(name).timezone
-
-    async def list_schedules(self) -> SchedulesSnapshot:
-        async def snapshot() -> SchedulesSnapshot:
-            views = await self.engine.list_schedules()
-            return SchedulesSnapshot(self.engine.coordination, self.engine.instance, self.engine.clock.now(), views)
-
-        return await self._call(snapshot())
-
-    async def list_runs(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
-        before = check_before(before)
-        runs, next_before = await self._call(self.engine.list_runs(name, limit=limit, before=before))
-        return RunsPage(runs, next_before)
-
-    async def get_run(self, run_id: str) -> Run:
-        return await self._call(self.engine.get_run(check_id(run_id, "run")))
-
-    async def runs_between(
-        self, names: list[str], start: datetime, end: datetime, *, limit_per_name: int = 200
-    ) -> dict[str, list[Run]]:
-        for name in names:
-            self.engine.schedule(name)
-        check_runs_between(names, start, end, limit_per_name)
-        store = self.engine.store
-        return await self._call(store.runs_between(names, start, end, limit_per_name=limit_per_name))
-
-    async def instances(self) -> list[InstanceInfo]:
-        return await self._call(self.engine.store.fleet())
-
-    async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
-        return self.engine.upcoming(name, count)
-
-    async def run_now(self, name: str) -> Run:
-        self._check_can_act("Run now")
-        return await self._call(self.engine.run_now(name))
-
-    async def fire_external(self, name: str) -> ExternalFiring:
-        self._check_can_act("an external fire")
-        return await self._call(self.engine.fire_external(name, allow_self=self.allow_external_self))
-
-    async def wait_run(self, run_id: str) -> Run:
-        return await self._call(self.engine.wait_run(check_id(run_id, "run")))
-
-    async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None) -> ScheduleView:
-        self._check_can_act("enable" if enabled else "disable")
-        return await self._call(self.engine.set_enabled(name, enabled, note=note))
-
-    async def create_schedule(self, spec: Mapping[str, Any]) -> ScheduleView:
-        self._check_can_act("creating a schedule")
-        return await self._call(self.engine.create_schedule(spec))
-
-    async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
-        self._check_can_act("editing a schedule")
-        return await self._call(self.engine.update_schedule(name, changes))
-
-    async def delete_schedule(self, name: str) -> None:
-        self._check_can_act("deleting a schedule")
-        await self._call(self.engine.delete_schedule(name))
-
-    async def plan_backfill(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
-    ) -> BackfillPlan:
-        start, end = check_instant(start, "from"), check_instant(end, "to")
-        plan = self.engine.plan_backfill(name, start, end, confirm=confirm, limit=limit)
-        if plan.count == 0 or plan.reason not in (None, "needs confirmation"):
-            return plan
-        slots = list(self.engine.schedule(name).cron.occurrences(plan.start, plan.end))
-        done = await self._call(self.engine.succeeded_slots(name, slots))
-        return replace(plan, already_succeeded=len(done))
-
-    async def start_backfill(
-        self,
-        name: str,
-        start: datetime,
-        end: datetime,
-        *,
-        confirm: bool = False,
-        limit: int | None = None,
-        skip_succeeded: bool = False,
-    ) -> BackfillProgress:
-        self._check_can_act("backfill")
-        start, end = check_instant(start, "from"), check_instant(end, "to")
-        return await self._call(
-            self.engine.start_backfill(name, start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded)
-        )
-
-    async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
-        return await self._call(self.engine.backfill_progress(check_id(backfill_id, "backfill")))
-
-    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
-        self._check_can_act("cancelling a backfill")
-        return await self._call(self.engine.cancel_backfill(check_id(backfill_id, "backfill")))
-
-    async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
-        return await self._call(self.engine.wait_backfill(check_id(backfill_id, "backfill")))
-
-    async def list_locks(self) -> LocksSnapshot:
-        return await self._call(self.engine.locks.list())
-
-    async def release_lock(self, name: str) -> LockRelease:
-        self._check_can_act("a lock release")
-        return await self._call(self.engine.locks.release(name))
-    # -- durable executions ----------------------------------------------------------------
-    async def list_executions(
-        self, function: str | None = None, *, status: str | None = None, limit: int = 50, before: str | None = None
-    ) -> ExecutionsPage:
-        rows, next_before = await self._call(self.engine.durable.list(function, status=status, limit=limit, before=before))
-        return ExecutionsPage(rows, next_before)
-
-    async def get_execution(self, execution_id: str) -> Execution:
-        return await self._call(self.engine.durable.get(execution_id))
-
-    async def start_execution(self, function: str, input: Any = None) -> Started:
-        self._check_can_act("durable start")
-        return await self._call(self.engine.durable.start_execution(function, input))
-
-    async def signal_execution(self, execution_id: str, name: str, payload: Any = None) -> Signalled:
-        self._check_can_act("durable signal")
-        return await self._call(self.engine.durable.signal(execution_id, name, payload))
-
-    async def cancel_execution(self, execution_id: str) -> Execution:
-        self._check_can_act("durable cancel")
-        return await self._call(self.engine.durable.cancel(execution_id))
-
-    async def retry_execution(self, execution_id: str) -> Execution:
-        self._check_can_act("durable retry")
-        return await self._call(self.engine.durable.retry(execution_id))
-
-    async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
-        return await self._call(self.engine.audit.list(limit=limit, before=before))
-
-    async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
-        bus = self.engine.events
-        subscription = bus.subscribe(since=since)  # read on the caller's loop, whatever the engine's
-        try:
-            ready = [Signal(since or subscription.start_id, READY, self.engine.relay.stream_kind)]
-            if not bus.live:
-                ready.append(Signal(subscription.start_id, STREAM, "down"))
-            yield ready
-            while not subscription.closed:
-                yield await subscription.get(idle)
-        finally:
-            subscription.close()
-    # -- the job queue --------------------------------------------------------------------
-    async def list_queues(self) -> list[QueueView]:
-        return await self._call(self.engine.jobs.queue_views())
-
-    async def set_queue_paused(self, queue: str, paused: bool) -> QueueView:
-        self._check_can_act("pause" if paused else "resume")
-        return await self._call(self.engine.jobs.set_paused(queue, paused))
-
-    async def list_jobs(
-        self, queue: str, *, status: str | None = None, limit: int = 50, before: str | None = None
-    ) -> JobsPage:
-        return await self._call(self.engine.jobs.list_jobs(queue, status=status, limit=limit, before=before))
-
-    async def send_job(
-        self, queue: str, payload: Any = None, *, delay: float = 0, attempts: int | None = None, key: str | None = None
-    ) -> Sent:
-        self._check_can_act("sending a job")
-        sent = await self._call(self.engine.jobs.send(queue, payload, delay=delay, attempts=attempts, key=key))
-        # An operator's send (console, CLI, API) is audited; the application's are not.
-        await self._call(self.engine.audit.record("job.send", sent.id, {"queue": queue, "key": key, "duplicate": sent.duplicate}))
-        return sent
-
-    async def get_job(self, job_id: str) -> JobDetail:
-        return await self._call(self.engine.jobs.get_job(job_id))
-
-    async def cancel_job(self, queue: str, id: str | None = None, *, key: str | None = None) -> bool:
-        self._check_can_act("cancel")
-        return await self._call(self.engine.jobs.cancel(queue, id, key=key))
-
-    async def retry_job(self, queue: str, job_id: str) -> Job:
-        self._check_can_act("retry")
-        return await self._call(self.engine.jobs.retry(queue, job_id))
-
-    async def delete_job(self, queue: str, job_id: str) -> None:
-        self._check_can_act("delete")
-        await self._call(self.engine.jobs.delete(queue, job_id))

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+import re
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-from backend.client.actions import Action
-from backend.client.interface import SYSTEMS, Backend, ConnectionInfo, RunsPage, SchedulesSnapshot, check_runs_between
-from backend.durable.model import Execution, ExecutionsPage, Signalled, Started
-from backend.durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES
+from backend.client.actions import Action, check_arguments, decode, encode
+from backend.client.interface import SYSTEMS, Backend, ConnectionInfo
 from backend.errors import (
     BadInput,
     Forbidden,
@@ -30,14 +29,9 @@ from backend.errors import (
     Unauthorized,
     Unavailable,
 )
-from backend.events.audit import AuditPage
 from backend.events.bus import READY, RESYNC, STREAM, TOPICS, Signal
-from backend.inputs import check_before, check_id, check_instant, check_json, check_note
-from backend.jobs.definition import check_cancel, check_queue_name, check_send
-from backend.jobs.model import Job, JobDetail, JobsPage, NotDead, QueueFull, QueueView, Sent
-from backend.locks import LockRelease, LocksSnapshot
-from backend.locks.model import check_lock_name
-from backend.model import BackfillPlan, BackfillProgress, ExternalFiring, Health, InstanceInfo, Run, ScheduleView, iso, parse_iso
+from backend.jobs.model import NotDead, QueueFull
+from backend.model import BackfillProgress, Health, Run, parse_iso
 from backend.safetext import redact_url, remember_url_secrets
 from backend.scheduler.stored import DefinedInCode, NameTaken
 
@@ -138,20 +132,37 @@ class RemoteBackend(Backend):
     async def _get(self, path: str, **params: Any) -> Any:
         return await self._request("GET", path, retry=True, params={k: v for k, v in params.items() if v is not None})
 
-    async def _post(self, path: str, body: dict[str, Any] | None = None, *, retry: bool = False) -> Any:
-        return await self._request("POST", path, retry=retry, json=body or {})
-
-    def _check_can_act(self, action: str) -> None:
-        if self.read_only:
-            raise Forbidden(f"read-only: {action} is not allowed")
-
     async def _act(self, action: Action, arguments: dict[str, Any]) -> Any:
-        # The split actions go through the old two-way methods for now.
-        if action.name in ("enable_schedule", "disable_schedule"):
-            return await self.set_enabled(arguments["name"], action.name == "enable_schedule", note=arguments["note"])
-        if action.name in ("pause_queue", "resume_queue"):
-            return await self.set_queue_paused(arguments["queue"], action.name == "pause_queue")
-        raise NotImplementedError(action.name)
+        """Refuse an ``operate`` action when read-only, check the arguments as the server
+        would (no request that cannot succeed), send the request the declaration describes
+        and decode its answer from the result's annotation."""
+        if action.permission == "operate" and self.read_only:
+            raise Forbidden(f"read-only: {action.label} is not allowed")
+        checked = check_arguments(action, arguments)
+        http = action.http
+        by_wire = {http.wire_name(p.name): checked[p.name] for p in action.params}
+        path = re.sub(r"\{(\w+)(?::\w+)?\}", lambda match: _seg(str(by_wire[match.group(1)])), http.path)
+        query: list[tuple[str, Any]] = list(http.fixed.items())
+        body: dict[str, Any] = {}
+        for param in action.params:
+            value, wire = checked[param.name], http.wire_name(param.name)
+            where = http.where(param.name)
+            if where == "path":
+                continue
+            if http.body == param.name:
+                body = dict(value)
+            elif where == "query":
+                values = value if isinstance(value, list) else [] if value is None else [value]
+                query += [(wire, encode(v)) for v in values]
+            else:
+                body[wire] = encode(value)
+        sends_body = http.method in ("POST", "PATCH")
+        data = await self._request(
+            http.method, path, retry=http.retried, params=query, **({"json": body} if sends_body else {})
+        )
+        if http.envelope is not None:
+            data = data[http.envelope]
+        return decode(action.result, data)
 
     # -- the interface ------------------------------------------------------------------
     async def connect(self) -> ConnectionInfo:
@@ -200,43 +211,6 @@ class RemoteBackend(Backend):
                 return view.timezone
         raise NotFound(f'no schedule named "{name}"')
 
-    async def list_schedules(self) -> SchedulesSnapshot:
-        return SchedulesSnapshot.from_json(await self._get("/inspect/schedules"))
-
-    async def list_runs(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
-        before = check_before(before)  # the same checks as the server's: no request that cannot succeed
-        return RunsPage.from_json(await self._get("/inspect/schedules/runs", name=name, limit=limit, before=before))
-
-    async def get_run(self, run_id: str) -> Run:
-        return Run.from_json(await self._get(f"/inspect/runs/{check_id(run_id, 'run')}"))
-
-    async def runs_between(
-        self, names: list[str], start: datetime, end: datetime, *, limit_per_name: int = 200
-    ) -> dict[str, list[Run]]:
-        check_runs_between(names, start, end, limit_per_name)
-        params = [("name", n) for n in names] + [("from", iso(start)), ("to", iso(end)), ("limit_per_name", limit_per_name)]
-        data = await self._request("GET", "/inspect/runs", retry=True, params=params)
-        return {name: [Run.from_json(r) for r in runs] for name, runs in data["runs"].items()}
-
-    async def instances(self) -> list[InstanceInfo]:
-        data = await self._get("/inspect/instances")
-        return [InstanceInfo.from_json(i) for i in data["instances"]]
-
-    async def upcoming(self, name: str, count: int = 5) -> list[datetime]:
-        data = await self._get(f"/inspect/schedules/{_seg(name)}/upcoming", count=count)
-        return [parse_iso(s) for s in data["slots"]]
-
-    async def run_now(self, name: str) -> Run:
-        self._check_can_act("Run now")
-        data = await self._post(f"/inspect/schedules/{_seg(name)}/fire")
-        return Run.from_json(data["run"])
-
-    async def fire_external(self, name: str) -> ExternalFiring:
-        self._check_can_act("an external fire")
-        # Not retried here: a repeat is safe within the slot, but by then it may be the next slot's.
-        data = await self._post(f"/schedule/{_seg(name)}/fire?trigger=external")
-        return ExternalFiring.from_json(data)
-
     async def wait_run(self, run_id: str) -> Run:
         delay = 0.05
         while True:
@@ -246,84 +220,12 @@ class RemoteBackend(Backend):
             await asyncio.sleep(delay)  # polling a remote server: nothing to wait on
             delay = min(delay * 2, 1.0)
 
-    async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None) -> ScheduleView:
-        self._check_can_act("enable" if enabled else "disable")
-        note = check_note(note)
-        action = "enable" if enabled else "disable"
-        # Setting a state is idempotent, so a retry after a lost answer is safe.
-        data = await self._post(f"/inspect/schedules/{_seg(name)}/{action}", {"note": note}, retry=True)
-        return ScheduleView.from_json(data)
-
-    async def create_schedule(self, spec: Mapping[str, Any]) -> ScheduleView:
-        self._check_can_act("creating a schedule")
-        # Not retried: a repeat after a lost answer would be refused as a taken name.
-        return ScheduleView.from_json(await self._post("/inspect/schedules", dict(spec)))
-
-    async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
-        self._check_can_act("editing a schedule")
-        # Setting the same fields again is idempotent: a retry after a lost answer is safe.
-        data = await self._request("PATCH", f"/inspect/schedules/{_seg(name)}", retry=True, json=dict(changes))
-        return ScheduleView.from_json(data)
-
-    async def delete_schedule(self, name: str) -> None:
-        self._check_can_act("deleting a schedule")
-        await self._request("DELETE", f"/inspect/schedules/{_seg(name)}", retry=False)
-
-    def _backfill_body(
-        self, start: datetime, end: datetime, confirm: bool, limit: int | None
-    ) -> dict[str, Any]:
-        start, end = check_instant(start, "from"), check_instant(end, "to")
-        return {"from": iso(start), "to": iso(end), "confirm": confirm, "limit": limit}
-
-    async def plan_backfill(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
-    ) -> BackfillPlan:
-        body = self._backfill_body(start, end, confirm, limit)
-        data = await self._post(f"/inspect/schedules/{_seg(name)}/backfill/plan", body, retry=True)
-        return BackfillPlan.from_json(data)
-
-    async def start_backfill(
-        self,
-        name: str,
-        start: datetime,
-        end: datetime,
-        *,
-        confirm: bool = False,
-        limit: int | None = None,
-        skip_succeeded: bool = False,
-    ) -> BackfillProgress:
-        self._check_can_act("backfill")
-        body = {**self._backfill_body(start, end, confirm, limit), "skip_succeeded": skip_succeeded}
-        data = await self._post(f"/inspect/schedules/{_seg(name)}/backfill", body)
-        return BackfillProgress.from_json(data["progress"])
-
-    async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
-        return BackfillProgress.from_json(await self._get(f"/inspect/backfills/{check_id(backfill_id, 'backfill')}"))
-
-    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
-        self._check_can_act("cancelling a backfill")
-        # Cancelling is idempotent: a retry after a lost answer is safe.
-        return BackfillProgress.from_json(await self._post(f"/inspect/backfills/{_seg(backfill_id)}/cancel", retry=True))
-
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         delay = 0.05
         while (progress := await self.backfill_progress(backfill_id)).state == "running":
             await asyncio.sleep(delay)  # polling a remote server: nothing to wait on
             delay = min(delay * 2, 1.0)
         return progress
-
-    async def list_locks(self) -> LocksSnapshot:
-        return LocksSnapshot.from_json(await self._get("/inspect/locks"))
-
-    async def release_lock(self, name: str) -> LockRelease:
-        self._check_can_act("a lock release")
-        # Not retried: a repeat after a lost answer would free the next holder's lock.
-        data = await self._post(f"/inspect/locks/{_seg(check_lock_name(name))}/release")
-        return LockRelease.from_json(data)
-
-    async def audit(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
-        before = check_before(before, "entry")
-        return AuditPage.from_json(await self._get("/inspect/audit", limit=limit, before=before))
 
     async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
         headers = {"Last-Event-ID": since} if since else {}
@@ -344,88 +246,7 @@ class RemoteBackend(Backend):
             raise Unavailable(f"the event stream of {self.where} broke: {_reason(exc)}") from None
         raise Unavailable(f"{self.where} ended the event stream")
 
-    # -- durable executions ----------------------------------------------------------------
-    async def list_executions(
-        self, function: str | None = None, *, status: str | None = None, limit: int = 50, before: str | None = None
-    ) -> ExecutionsPage:
-        before = check_before(before)
-        data = await self._get("/inspect/durable/executions", function=function, status=status, limit=limit, before=before)
-        return ExecutionsPage.from_json(data)
 
-    async def get_execution(self, execution_id: str) -> Execution:
-        return Execution.from_json(await self._get(f"/inspect/durable/executions/{check_id(execution_id, 'execution')}"))
-
-    async def start_execution(self, function: str, input: Any = None) -> Started:
-        self._check_can_act("durable start")
-        check_json(input, "input", MAX_INPUT_BYTES)  # the server's checks: no request that cannot succeed
-        # Not retried: a start whose answer was lost may have queued an execution.
-        data = await self._post(f"/inspect/durable/{_seg(function)}/start", {"input": input})
-        return Started(data["id"], bool(data.get("duplicate", False)))
-
-    async def signal_execution(self, execution_id: str, name: str, payload: Any = None) -> Signalled:
-        self._check_can_act("durable signal")
-        check_json(payload, "payload", MAX_SIGNAL_BYTES)
-        path = f"/inspect/durable/executions/{check_id(execution_id, 'execution')}/signal/{_seg(name)}"
-        # A signal is kept once per execution and name: a retry after a lost answer is safe.
-        return Signalled.from_json(await self._post(path, {"payload": payload}, retry=True))
-
-    async def cancel_execution(self, execution_id: str) -> Execution:
-        self._check_can_act("durable cancel")
-        data = await self._post(f"/inspect/durable/executions/{check_id(execution_id, 'execution')}/cancel")
-        return Execution.from_json(data)
-
-    async def retry_execution(self, execution_id: str) -> Execution:
-        self._check_can_act("durable retry")
-        data = await self._post(f"/inspect/durable/executions/{check_id(execution_id, 'execution')}/retry")
-        return Execution.from_json(data)
-
-
-    # -- the job queue --------------------------------------------------------------------
-    async def list_queues(self) -> list[QueueView]:
-        return [QueueView.from_json(q) for q in (await self._get("/inspect/queues"))["queues"]]
-
-    async def set_queue_paused(self, queue: str, paused: bool) -> QueueView:
-        self._check_can_act("pause" if paused else "resume")
-        action = "pause" if paused else "resume"
-        # Idempotent: a retry after a lost answer is safe.
-        data = await self._post(f"/inspect/queues/{_seg(check_queue_name(queue))}/{action}", retry=True)
-        return QueueView.from_json(data)
-
-    async def list_jobs(
-        self, queue: str, *, status: str | None = None, limit: int = 50, before: str | None = None
-    ) -> JobsPage:
-        before = check_before(before)
-        path = f"/inspect/queues/{_seg(check_queue_name(queue))}/jobs"
-        return JobsPage.from_json(await self._get(path, status=status, limit=limit, before=before))
-
-    async def send_job(
-        self, queue: str, payload: Any = None, *, delay: float = 0, attempts: int | None = None, key: str | None = None
-    ) -> Sent:
-        self._check_can_act("sending a job")
-        check_send(payload, delay, attempts, key)  # the server's checks: no request that cannot succeed
-        body = {"payload": payload, "delay": delay, "attempts": attempts, "key": key}
-        # Never retried: a send whose answer was lost may have queued the job.
-        data = await self._request("POST", f"/inspect/queues/{_seg(check_queue_name(queue))}/jobs", retry=False, json=body)
-        return Sent.from_json(data)
-
-    async def get_job(self, job_id: str) -> JobDetail:
-        return JobDetail.from_json(await self._get(f"/inspect/jobs/{check_id(job_id, 'job')}"))
-
-    async def cancel_job(self, queue: str, id: str | None = None, *, key: str | None = None) -> bool:
-        self._check_can_act("cancel")
-        by, value = check_cancel(id, key)
-        data = await self._post(f"/inspect/queues/{_seg(check_queue_name(queue))}/cancel", {by: value})
-        return bool(data["cancelled"])
-
-    async def retry_job(self, queue: str, job_id: str) -> Job:
-        self._check_can_act("retry")
-        data = await self._post(f"/inspect/queues/{_seg(check_queue_name(queue))}/jobs/{check_id(job_id, 'job')}/retry")
-        return Job.from_json(data)
-
-    async def delete_job(self, queue: str, job_id: str) -> None:
-        self._check_can_act("delete")
-        path = f"/inspect/queues/{_seg(check_queue_name(queue))}/jobs/{check_id(job_id, 'job')}"
-        await self._request("DELETE", path, retry=False)
 
 class SseParser:
     """Server-Sent Events text in, signals out: :meth:`feed` returns the signals of the

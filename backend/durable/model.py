@@ -259,6 +259,10 @@ class Started:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "duplicate": self.duplicate}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Started:
+        return cls(data["id"], bool(data.get("duplicate", False)))
+
 
 @dataclass(frozen=True, slots=True)
 class Signalled:

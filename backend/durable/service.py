@@ -17,7 +17,7 @@ from typing import Any, Final, cast
 from backend.durable.context import SIGNAL_NAME
 from backend.durable.definition import DurableFunction
 from backend.durable.executor import DurableExecutor
-from backend.durable.model import EXECUTION_STATUSES, Execution, Signalled, Started, execution_id_for_slot
+from backend.durable.model import EXECUTION_STATUSES, Execution, ExecutionsPage, Signalled, Started, execution_id_for_slot
 from backend.durable.store import DurableStore, NewExecution
 from backend.errors import BadInput, NotFound, Refused
 from backend.inputs import check_before, check_id, check_json
@@ -222,6 +222,13 @@ class Durable:
         if len(rows) > limit:
             return rows[:limit], rows[limit - 1].id
         return rows, None
+
+    async def page(
+        self, function: str | None = None, *, status: str | None = None, limit: int = 50, before: str | None = None
+    ) -> ExecutionsPage:
+        """:meth:`list` as a page."""
+        rows, next_before = await self.list(function, status=status, limit=limit, before=before)
+        return ExecutionsPage(rows, next_before)
 
     # -- schedules that start executions ------------------------------------------------
     async def start_for_slot(self, function: str, ctx: RunContext) -> Started:

@@ -267,6 +267,23 @@ class Jobs:
             self.shared.events.publish("jobs", queue)
         return await self.queue_view(queue)
 
+    async def pause(self, queue: str) -> QueueView:
+        """Pause a queue (an operator's action): its jobs wait; running ones finish."""
+        return await self.set_paused(queue, True)
+
+    async def resume(self, queue: str) -> QueueView:
+        """Resume a paused queue (an operator's action)."""
+        return await self.set_paused(queue, False)
+
+    async def send_by_operator(
+        self, queue: str, payload: Any = None, *, delay: float = 0, attempts: int | None = None, key: str | None = None
+    ) -> Sent:
+        """:meth:`send` for an operator (console, CLI, API): recorded in the audit log, as
+        the application's own sends are not."""
+        sent = await self.send(queue, payload, delay=delay, attempts=attempts, key=key)
+        await self.shared.audit.record("job.send", sent.id, {"queue": queue, "key": key, "duplicate": sent.duplicate})
+        return sent
+
     async def list_jobs(
         self, queue: str, *, status: str | None = None, limit: int = 50, before: str | None = None
     ) -> JobsPage:

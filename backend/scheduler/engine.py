@@ -28,59 +28,67 @@ Time comes only from the injected :class:`~backend.clock.Clock`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
-from backend.scheduler import lifecycle
-from backend.events.audit import AuditLog
-from backend.scheduler.backfills import Backfills
-from backend.scheduler.catalog import Catalog, CatalogStore, bind_target
-from backend.scheduler.catchup import CatchUp
 from backend.clock import Clock, SystemClock
-from backend.scheduler.coordination.cluster import Cluster
-from backend.scheduler.coordination.slots import Coordinator, SlotClaims, make_coordinator
 from backend.definitions import Definitions
 from backend.durable import Durable, DurableFunction
 from backend.errors import BadInput, NotFound, Refused, Unavailable
+from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
-from backend.scheduler.external import ExternalFires
+from backend.events.relay import Relay
 from backend.ids import IdFactory
 from backend.jobs.definition import Queue
 from backend.jobs.system import Jobs
-from backend.scheduler.launcher import Launcher
-from backend.scheduler.ledger import RunLedger, RunListener
 from backend.locks import Locks
-from backend.runtime.liveness import WorkLease, boot_clock
-from backend.runtime.loops import Loops
 from backend.model import (
     BackfillPlan,
     BackfillProgress,
     CoordinationMode,
     ExternalFiring,
+    Health,
+    InstanceInfo,
     Run,
+    RunsPage,
+    SchedulesSnapshot,
     ScheduleState,
     ScheduleView,
     iso,
 )
+from backend.runtime.liveness import WorkLease, boot_clock
+from backend.runtime.loops import Loops
 from backend.runtime.outages import OutageLog
+from backend.runtime.runner import DEFAULT_MAX_THREADS, HandlerRunner
+from backend.runtime.subsystems import Shared, Subsystem
+from backend.scheduler import lifecycle
+from backend.scheduler.backfills import Backfills
+from backend.scheduler.catalog import Catalog, CatalogStore, bind_target
+from backend.scheduler.catchup import CatchUp
+from backend.scheduler.coordination.cluster import Cluster
+from backend.scheduler.coordination.slots import Coordinator, SlotClaims, make_coordinator
+from backend.scheduler.external import ExternalFires
+from backend.scheduler.launcher import Launcher
+from backend.scheduler.ledger import RunLedger, RunListener
 from backend.scheduler.parts import attach_schedule_parts
 from backend.scheduler.reads import ScheduleReads
 from backend.scheduler.registry import InstanceRegistry, default_instance_name
-from backend.events.relay import Relay
-from backend.runtime.runner import DEFAULT_MAX_THREADS, HandlerRunner
-from backend.schedules import Schedule
 from backend.scheduler.states import ScheduleStates
-from backend.store import Store, open_store
-from backend.runtime.subsystems import Shared, Subsystem
 from backend.scheduler.systems import attach_systems
 from backend.scheduler.timers import Timers
+from backend.schedules import Schedule
+from backend.store import Store, open_store
 
 __all__ = ["Engine", "ExternalFiring", "RunListener"]
 
 log = logging.getLogger("schedtui.engine")
+
+#: How long a health check waits for the instances table before answering without it (seconds).
+HEALTH_READ_TIMEOUT = 2.0
 
 #: What the engine runs: schedules, and each subsystem's definitions.
 _DEFINITION_TYPES: tuple[type, ...] = (Schedule, Queue, DurableFunction)
@@ -152,6 +160,9 @@ class Engine:
         self.clock: Clock = clock or SystemClock()
         self.instance = instance or default_instance_name()
         self.default_trigger = default_trigger
+        self.allow_external_self = False
+        """Whether :meth:`fire_external` fires schedules on their own timer too (``serve
+        --allow-external-self``)."""
         self.catch_up_limit = catch_up_limit
         self.state_poll_interval = timedelta(seconds=state_poll_interval)
         self.shutdown_grace = shutdown_grace
@@ -394,6 +405,40 @@ class Engine:
     async def get_run(self, run_id: str) -> Run:
         return await self.reads.get_run(run_id)
 
+    async def schedules_snapshot(self) -> SchedulesSnapshot:
+        """Every schedule (:meth:`list_schedules`) with the clock's now and who reads them."""
+        views = await self.list_schedules()
+        return SchedulesSnapshot(self.coordination, self.instance, self.clock.now(), views)
+
+    async def runs_page(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
+        """:meth:`list_runs` as a page."""
+        runs, next_before = await self.list_runs(name, limit=limit, before=before)
+        return RunsPage(runs, next_before)
+
+    async def runs_between(
+        self, names: list[str], start: datetime, end: datetime, *, limit_per_name: int = 200
+    ) -> dict[str, list[Run]]:
+        """Per schedule of ``names`` (each must exist), its runs scheduled in ``[start,
+        end)``, newest first, at most ``limit_per_name``; schedules without any left out."""
+        for name in names:
+            self.schedule(name)
+        return await self.store.runs_between(names, start, end, limit_per_name=limit_per_name)
+
+    async def instances(self) -> list[InstanceInfo]:
+        """The engine instances registered in the store, with their heartbeats."""
+        return await self.store.fleet()
+
+    async def health(self) -> Health:
+        """The store's own account of its writes (no I/O) and the instances table (one
+        read, bounded by :data:`HEALTH_READ_TIMEOUT`; ``None`` when it cannot be read)."""
+        instances: list[InstanceInfo] | None
+        try:
+            instances = await asyncio.wait_for(self.store.fleet(), HEALTH_READ_TIMEOUT)
+        except (Unavailable, TimeoutError):
+            instances = None
+        # After the read: it may just have found the store down.
+        return Health(self.instance, self.coordination, self.store.kind, self.store.health(), instances, self.clock.now())
+
     # ------------------------------------------------------------------------------------
     # housekeeping: state changes from other processes, heartbeats, abandoned runs, retention
     # ------------------------------------------------------------------------------------
@@ -450,6 +495,14 @@ class Engine:
         )
         return await self.get_schedule(name)
 
+    async def enable(self, name: str, *, note: str | None = None) -> ScheduleView:
+        """:meth:`set_enabled` to enabled (an operator's action)."""
+        return await self.set_enabled(name, True, note=note)
+
+    async def disable(self, name: str, *, note: str | None = None) -> ScheduleView:
+        """:meth:`set_enabled` to disabled (an operator's action)."""
+        return await self.set_enabled(name, False, note=note)
+
     async def create_schedule(self, spec: Mapping[str, Any]) -> ScheduleView:
         """Store a new schedule (see :meth:`backend.client.interface.Backend.create_schedule`);
         armed here at once, on every instance sharing the store within 2 s."""
@@ -475,11 +528,14 @@ class Engine:
         row = await self.catalog.delete(name)
         await self.audit.record("schedule.delete", name, {"spec": row.spec()}, actor=actor)
 
-    async def fire_external(self, name: str, *, allow_self: bool = False) -> ExternalFiring:
+    async def fire_external(self, name: str, *, allow_self: bool | None = None) -> ExternalFiring:
         """Fire the slot that is due now because an external scheduler says so (see
         :mod:`backend.scheduler.external`). Schedules not marked ``trigger="external"`` are refused
-        unless ``allow_self``. The overlap policy applies as for timer firings."""
+        unless ``allow_self`` (by default :attr:`allow_external_self`). The overlap policy
+        applies as for timer firings."""
         schedule = self.schedule(name)
+        if allow_self is None:
+            allow_self = self.allow_external_self
         if self._trigger_of(schedule) != "external" and not allow_self:
             raise Refused(
                 f'"{name}" is fired by its own timer (trigger=self); an external fire would run it twice. '
@@ -515,6 +571,18 @@ class Engine:
             detail["skip_succeeded"] = True
         await self.audit.record("schedule.backfill", name, detail)
         return progress
+
+    async def backfill_plan(
+        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+    ) -> BackfillPlan:
+        """:meth:`plan_backfill`, with how many of its slots already have a succeeded run
+        (``already_succeeded``) when it may start or needs confirmation."""
+        plan = self.plan_backfill(name, start, end, confirm=confirm, limit=limit)
+        if plan.count == 0 or plan.reason not in (None, "needs confirmation"):
+            return plan
+        slots = list(self.schedule(name).cron.occurrences(plan.start, plan.end))
+        done = await self.succeeded_slots(name, slots)
+        return dataclasses.replace(plan, already_succeeded=len(done))
 
     async def succeeded_slots(self, name: str, slots: list[datetime]) -> set[datetime]:
         """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""

@@ -33,7 +33,8 @@ from backend import (
 )
 from backend.api.server import serve
 from backend.api.tokens import Tokens, parse_token
-from backend.client.interface import Backend, EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
+from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.definitions import Definitions, discover_definitions
 from backend.events.audit import check_actor

@@ -47,7 +47,7 @@ from textual import events
 from textual.widgets import Input
 
 from backend import Engine, Run, discover, open_store
-from backend.client.interface import EmbeddedBackend
+from backend.client.embedded import EmbeddedBackend
 from console.app import SchedtuiApp
 from console.views.schedules import SchedulesView
 from console.widgets import RunsTable, SchedulesTable, UpcomingLine

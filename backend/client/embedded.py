@@ -1,0 +1,158 @@
+"""The backend interface over an engine in this process.
+
+Every operator action goes through :meth:`EmbeddedBackend._act`: refused when read-only
+(``operate`` actions), its arguments checked from the declaration, then the engine's
+implementation that the declaration names (:attr:`~backend.client.actions.Action.impl`)
+called with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+from backend.client.actions import Action, check_arguments
+from backend.client.interface import Backend, ConnectionInfo
+from backend.errors import Forbidden
+from backend.events.bus import READY, STREAM, Signal
+from backend.inputs import check_id
+from backend.model import BackfillProgress, Health, Run
+from backend.scheduler.engine import Engine
+
+__all__ = ["EmbeddedBackend"]
+
+T = TypeVar("T")
+
+
+@dataclass
+class _EngineThread:
+    """An event loop on its own thread, so handlers never share the caller's loop."""
+
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.new_event_loop)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self.loop.run_forever, name="schedtui-engine", daemon=True)
+        self.thread.start()
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        self.loop.close()
+
+
+class EmbeddedBackend(Backend):
+    """The interface over an engine in this process.
+
+    ``arm=True`` starts the engine's timers (the console and ``serve``); otherwise the
+    engine is only opened, to read and act (the one-shot CLI verbs). ``own_thread=True``
+    runs the engine on a loop of its own thread, so that neither handlers nor the ledger
+    ever hold up the caller's loop (the console's UI). ``allow_external_self`` lets
+    :meth:`fire_external` fire schedules that have their own timer too.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        read_only: bool = False,
+        arm: bool = False,
+        own_thread: bool = False,
+        allow_external_self: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.read_only = read_only
+        self.arm = arm
+        if allow_external_self:
+            engine.allow_external_self = True
+        self._thread = _EngineThread() if own_thread else None
+
+    async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._thread is None:
+            return await coro
+        return await self._thread.call(coro)
+
+    async def _act(self, action: Action, arguments: dict[str, Any]) -> Any:
+        """Refuse an ``operate`` action when read-only, check the arguments, then call the
+        implementation on the engine (positional parameters by position, keyword-only ones
+        by name, as the declaration has them)."""
+        if action.permission == "operate" and self.read_only:
+            raise Forbidden(f"read-only: {action.label} is not allowed")
+        checked = check_arguments(action, arguments)
+        target: Any = self.engine
+        for part in action.impl.split("."):
+            target = getattr(target, part)
+        args = [checked[p.name] for p in action.params if not p.keyword]
+        kwargs = {p.name: checked[p.name] for p in action.params if p.keyword}
+        result = target(*args, **kwargs)
+        if inspect.iscoroutine(result):
+            return await self._call(result)
+        return result
+
+    def info(self) -> ConnectionInfo:
+        return ConnectionInfo(
+            kind="embedded",
+            where=self.engine.store.where,
+            coordination=self.engine.coordination,
+            instance=self.engine.instance,
+            read_only=self.read_only,
+            store_kind=self.engine.store.kind,
+            fires=self.arm,
+            actor=self.engine.audit.default_actor,
+        )
+
+    async def connect(self) -> ConnectionInfo:
+        if self._thread is not None and self._thread.thread is None:
+            self._thread.start()
+        await self._call(self.engine.start() if self.arm else self.engine.open())
+        return self.info()
+
+    async def close(self, grace: float | None = None) -> None:
+        """Stop the engine: runs in flight may finish for ``grace`` seconds (its default)."""
+        await self._call(self.engine.stop(grace))
+        if self._thread is not None:
+            self._thread.stop()
+
+    def interrupt(self) -> None:
+        """Stop waiting for runs in flight during :meth:`close` (a second Ctrl-C)."""
+        if self._thread is None:
+            self.engine.interrupt()
+        else:
+            self._thread.loop.call_soon_threadsafe(self.engine.interrupt)
+
+    async def health(self) -> Health:
+        return await self._call(self.engine.health())
+
+    async def now(self) -> datetime:
+        return self.engine.clock.now()
+
+    async def schedule_zone(self, name: str) -> str:
+        return self.engine.schedule(name).timezone
+
+    async def wait_run(self, run_id: str) -> Run:
+        return await self._call(self.engine.wait_run(check_id(run_id, "run")))
+
+    async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
+        return await self._call(self.engine.wait_backfill(check_id(backfill_id, "backfill")))
+
+    async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
+        bus = self.engine.events
+        subscription = bus.subscribe(since=since)  # read on the caller's loop, whatever the engine's
+        try:
+            ready = [Signal(since or subscription.start_id, READY, self.engine.relay.stream_kind)]
+            if not bus.live:
+                ready.append(Signal(subscription.start_id, STREAM, "down"))
+            yield ready
+            while not subscription.closed:
+                yield await subscription.get(idle)
+        finally:
+            subscription.close()
