@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from backend import Engine, ManualClock, Run, Schedule, define_schedule
+from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import (
     ConnectionInfo,
-    EmbeddedBackend,
     RunsPage,
     SchedulesSnapshot,
 )
