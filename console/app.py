@@ -668,7 +668,7 @@ class SchedtuiApp(App[None]):
         self.query_one(ConsoleHeader).read_only = self.read_only
         mode = self.query_one("#mode", Static)
         refused = " ".join(self.key_display(key, alone=True) for key in self.keys_on_screen() if key.operates)
-        mode.update(f" READ-ONLY: {refused} do nothing " if refused else " READ-ONLY ")
+        mode.update(f" READ-ONLY: {refused} disabled " if refused else " READ-ONLY ")
         mode.display = self.read_only
         self.refresh_bindings()  # the footer dims the keys that act, or brings them back
 
@@ -705,6 +705,12 @@ class SchedtuiApp(App[None]):
         keys = self._keymap.get(key.binding_id, "") or key.key
         first = keys.split(",")[0].strip()
         return self.get_key_display(Binding(first, key.method, key.label, key_display=None if alone else key.key_display))
+
+    def get_key_display(self, binding: Binding) -> str:
+        """As Textual shows keys, but ``enter`` spelled out (the screens' hints say "enter")."""
+        if binding.key == "enter" and not binding.key_display:
+            return "enter"
+        return super().get_key_display(binding)
 
     def refusal(self, name: str) -> tuple[Key, str] | None:
         """The key that runs the action ``name`` and why it may not now (its actions change

@@ -270,7 +270,7 @@ async def test_help_lists_the_jobs_keys(store_url: str) -> None:
     async with jobs_view(store_url) as (app, pilot, clock, notes, view):
         sections = dict(app.help_keys())
         keys = [key for key, _ in sections["3 Jobs"]]
-        assert keys[:5] == ["f", "R", "x", "P", "n"] and "⏎" in keys  # enter, as the footer shows it
+        assert keys[:5] == ["f", "R", "x", "P", "n"] and "enter" in keys
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 32)])

@@ -154,7 +154,7 @@ async def test_read_only_says_which_keys_of_the_view_do_nothing(store_url: str) 
             view = await show(pilot, app, spec.id)
             refused = [app.key_display(key, alone=True) for key in (*view.KEYS, *app.KEYS) if key.operates]
             mode = str(app.query_one("#mode").render())
-            assert mode == (f" READ-ONLY: {' '.join(refused)} do nothing " if refused else " READ-ONLY "), spec.id
+            assert mode == (f" READ-ONLY: {' '.join(refused)} disabled " if refused else " READ-ONLY "), spec.id
         await pilot.press("question_mark")
         await settle(pilot)
         help_text = str(app.screen.query_one("#help-body").render())
