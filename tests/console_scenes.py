@@ -180,6 +180,7 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "durable-failed-only": ({}, _keys("4", "down", "down", "down", "down", "down", "down", "down", "enter", "f")),
     "durable-signal": ({}, _keys("4", "down", "down", "down", "down", "down", "down", "a", "o", "k")),
     "locks": ({}, _keys("5")),
+    "confirm": ({}, _keys("5", "x")),
     "audit": ({}, _keys("6")),
     "audit-filter": ({}, _keys("6", "slash", "c", "a", "r", "o", "l", "enter", "down")),
     "schedule-create": ({}, _new_schedule("*/15 * * * *")),

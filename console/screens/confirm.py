@@ -39,6 +39,9 @@ class Confirm(ModalScreen[bool]):
         background: $surface;
         padding: 0 1;
     }
+    Confirm Label {
+        width: 1fr;
+    }
     Confirm #confirm-question {
         text-style: bold;
     }
