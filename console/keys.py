@@ -15,8 +15,9 @@ else follows from the declarations:
   asks first, with :class:`~console.screens.confirm.Confirm`, in the declaration's words;
 * the help screen (``?``) and the read-only notes list the keys from the same declarations.
 
-A key that calls no backend action at all (``z``, the timeline's zoom) is declared the
-same way, with no actions: it is never refused.
+A key that calls no backend action (``z``, ``?``) is declared the same way, with no
+actions, and one that only reads names its ``read`` action (``]``: ``list_runs``): neither is
+ever refused.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from textual.actions import parse
 from textual.binding import Binding, BindingType
 
 import backend.client.interface  # noqa: F401 - declaring Backend declares the actions
-from backend.client.actions import Action, Danger, action_of
+from backend.client.actions import Action, action_of
 
 __all__ = ["Key", "action_key", "bindings", "method_name"]
 
@@ -101,13 +102,6 @@ class Key:
             return self.help
         summary = self.declared[0].summary if self.actions else self.what
         return summary + (" (asks first)" if self.dangerous else "")
-
-    def danger_of(self, action: str) -> Danger:
-        """The declared danger of one of its actions (a key asks only for those)."""
-        danger = action_of(action).danger
-        if action not in self.actions or danger is None:
-            raise KeyError(f"{self.what}: {action} is not one of its dangerous actions")
-        return danger
 
     def binding(self) -> Binding:
         return Binding(self.key, self.method, self.label, show=self.show, key_display=self.key_display,

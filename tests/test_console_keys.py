@@ -358,3 +358,17 @@ async def test_a_dangerous_key_asks_and_only_y_does_it(store_url: str, key: Key,
         await pilot.press("y")
         await settle(pilot)
         assert await done(), f"y did not {action}"
+
+
+def test_the_readme_lists_every_key_with_its_action_and_binding_id() -> None:
+    """The README's table of keys is written by hand: it must name every declared key by
+    its binding id, on a line that names its actions."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| `") and line.count("|") == 6]
+    for key in SchedtuiApp.every_key().values():
+        if key.name == "show_view":
+            continue
+        row = next((line for line in rows if f"`{key.binding_id}`" in line.rsplit("|", 2)[1]), None)
+        assert row is not None, f"the README's keys do not list {key.binding_id}"
+        for action in key.actions:
+            assert f"`{action}`" in row, f"the README's row for {key.binding_id} does not name {action}"
