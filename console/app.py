@@ -155,17 +155,18 @@ class SchedtuiApp(App[None]):
     BINDINGS: ClassVar[list[BindingType]] = bindings(KEYS)
 
     PALETTE_ACTIONS: ClassVar[list[tuple[str, str, str]]] = [
-        ("run_now", "Run now: {name}", "fire it once, now, as a manual run (r)"),
-        ("toggle_enabled", "Enable/disable: {name}", "toggle; disabling asks for an optional note (e)"),
-        ("backfill", "Backfill: {name}", "fire the slots of a past range (b)"),
-        ("run_details", "Run details", "every field of the selected run (enter)"),
-        ("filter", "Filter schedules", "by name, cron, zone, description, or a state: failed, overdue, disabled… (/)"),
-        ("toggle_zone", "Show times in UTC / in my zone", "the zone every time on screen is shown in (z)"),
-        ("toggle_pause", "Pause or resume auto-refresh", "countdowns keep ticking (p)"),
-        ("refresh", "Refresh now", "read everything again (ctrl+r)"),
-        ("help", "Help: keys and legend", "statuses, outcomes and timeline marks explained (?)"),
+        ("run_now", "Run now: {name}", "fire it once, now, as a manual run"),
+        ("toggle_enabled", "Enable/disable: {name}", "toggle; disabling asks for an optional note"),
+        ("backfill", "Backfill: {name}", "fire the slots of a past range"),
+        ("run_details", "Run details", "every field of the selected run"),
+        ("filter", "Filter schedules", "by name, cron, zone, description, or a state: failed, overdue, disabled…"),
+        ("toggle_zone", "Show times in UTC / in my zone", "the zone every time on screen is shown in"),
+        ("toggle_pause", "Pause or resume auto-refresh", "countdowns keep ticking"),
+        ("refresh", "Refresh now", "read everything again"),
+        ("help", "Help: keys and legend", "statuses, outcomes and timeline marks explained"),
     ]
-    """(action, title, help) offered by name in the command palette (the views are added)."""
+    """(action, title, help) offered by name in the command palette (the views are added; the
+    key that runs the action, as bound now, follows the help: :meth:`palette_key`)."""
 
     class Refreshed(Message):
         """Posted after every successful refresh (tests and the benchmark wait on it)."""
@@ -711,6 +712,11 @@ class SchedtuiApp(App[None]):
         if binding.key == "enter" and not binding.key_display:
             return "enter"
         return super().get_key_display(binding)
+
+    def palette_key(self, name: str) -> str:
+        """`` (r)``: the key that runs the action ``name``, as bound now; ``""`` if none does."""
+        key = _EVERY_KEY.get(name)
+        return f" ({self.key_display(key, alone=True)})" if key is not None else ""
 
     def refusal(self, name: str) -> tuple[Key, str] | None:
         """The key that runs the action ``name`` and why it may not now (its actions change

@@ -189,7 +189,7 @@ class AuditView(View):
         title = f"AUDIT {len(shown)}"
         if needle:
             title += f" of {len(self.entries)} · filter “{needle}” (esc clears)"
-        title += " · newest first · " + ("] older" if self.next_before else "all read")
+        title += " · newest first · " + (f"{self.shown_key('older_entries')} older" if self.next_before else "all read")
         self.query_one("#audit-title", Line).update(Content(title))
 
     def _show_entry(self) -> None:

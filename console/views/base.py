@@ -75,6 +75,13 @@ class View(Vertical):
         disabled while the console is read-only."""
         return self.console.check_action(action, parameters)
 
+    def shown_key(self, binding_id: str) -> str:
+        """The key of this view (or of the app) bound as ``binding_id``, as the operator
+        presses it now: for the hints a view writes (``x releases the selected lock``)."""
+        console = self.console
+        key = next(key for key in (*self.KEYS, *console.KEYS) if key.binding_id == binding_id)
+        return console.key_display(key, alone=True)
+
     def selected_schedule(self) -> str | None:
         """The schedule the schedule actions (``r``, ``e``, ``b``) apply to, if any."""
         return None

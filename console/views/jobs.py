@@ -146,14 +146,15 @@ class JobsView(View):
             self.query_one("#jobs-title", Line).update(Content("JOBS"))
             return
         which = self.status or "all"
-        title = f"JOBS of {queue} · {which} (f) · {len(jobs)} shown"
+        key = self.shown_key
+        title = f"JOBS of {queue} · {which} ({key('jobs_status')}) · {len(jobs)} shown"
         if len(self._pages) > 1:
-            title += f" · page {len(self._pages)} ([ newer)"
+            title += f" · page {len(self._pages)} ({key('newer_jobs')} newer)"
         if self.page is not None and self.page.next_before is not None:
-            title += " · ] older"
+            title += f" · {key('older_jobs')} older"
         view = next((q for q in self.queues if q.name == queue), None)
         if view is not None and view.paused:
-            title += " · ‖ paused (P resumes)"
+            title += f" · ‖ paused ({key('toggle_queue_paused')} resumes)"
         self.query_one("#jobs-title", Line).update(Content(title))
 
     def tick(self, now: datetime) -> None:
@@ -322,7 +323,8 @@ class JobsView(View):
         self.queues = [view if q.name == queue else q for q in self.queues]
         self.show()
         if view.paused:
-            self.notify(f"{queue} paused: its jobs wait (running ones finish); P resumes", title="Paused queue")
+            self.notify(f"{queue} paused: its jobs wait (running ones finish); {self.shown_key('toggle_queue_paused')} resumes",
+                        title="Paused queue")  # fmt: skip
         else:
             self.notify(f"{queue} resumed", title="Resumed queue")
         self.console.request_refresh()

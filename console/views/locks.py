@@ -142,8 +142,7 @@ class LocksView(View):
         self.query_one("#locks-hint", Line).update(
             Content.from_markup("[$text-muted]no lock has been taken in this store yet[/]")
             if not snapshot.locks
-            else Content.styled(f"{self.console.key_display(self.KEYS[0], alone=True)} releases the selected lock by force",
-                                "$text-muted")
+            else Content.styled(f"{self.shown_key('release_lock')} releases the selected lock by force", "$text-muted")
         )
 
     def tick(self, now: datetime) -> None:

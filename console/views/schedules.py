@@ -177,7 +177,7 @@ class SchedulesView(View):
             line.note = ""
         detail.durations = durations(recent.runs)
         detail.overdue_since = console.overdue.since(view, console.data_now()) if view is not None else None
-        detail.page = "" if len(self._pages) == 1 else f"page {len(self._pages)} · [ newer"
+        detail.page = "" if len(self._pages) == 1 else f"page {len(self._pages)} · {self.shown_key('newer_runs')} newer"
 
     def tick(self, now: datetime) -> None:
         self.table.tick(now, self.console.data_now())

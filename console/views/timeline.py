@@ -179,7 +179,9 @@ class TimelineView(View):
         zone = console.display_zone
         head: list[str | tuple[str, str]] = [(view.name, "bold"), ("  ", "")]
         if cell is None or index is None:
-            hint = "←/→ a run · enter its details · h/l pan · +/- zoom · ? legend"
+            key = self.shown_key
+            hint = (f"←/→ a run · {key('run_details')} its details · {key('timeline_earlier')}/{key('timeline_later')} pan · "
+                    f"{key('timeline_zoom_in')}/{key('timeline_zoom_out')} zoom · {key('help')} legend")
             info.update(Content.assemble(*head, (hint, "$text-muted")))
             return
         assert self.grid.window is not None
