@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from backend.api.app import Api, error_response
+from backend.api.base import Api, error_response
 from backend.errors import Unavailable
 from backend.events.bus import READY, Signal
 

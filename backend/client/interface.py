@@ -331,7 +331,7 @@ class Backend(abc.ABC):
 
         Starts exactly one run and returns it once it is recorded."""
 
-    @action(system="schedules", permission="operate", label="an external fire", audit="schedule.fire",
+    @action(system="schedules", permission="operate", label="an external fire",
             http=Http("POST", "/schedule/{name}/fire", status=202, again=200, repeated=lambda firing: not firing.created,
                       fixed={"trigger": "external"}, ok="{run_id, created, queued, run}",
                       errors={404: "unknown schedule", 409: "not an external schedule, or no slot due"}))

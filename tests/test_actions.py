@@ -1,0 +1,234 @@
+"""The one action model: every operator action is a declared ``Backend`` method, and the
+embedded backend, the remote backend and the HTTP API (routes and OpenAPI) are derived from
+the declarations, with no per-action code of their own."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, get_origin
+
+import httpx
+import pytest
+
+from backend import Engine, define_durable, define_queue, define_schedule
+from backend.api.app import create_app
+from backend.client.actions import ACTIONS, REQUIRED, Action, Danger, Id, Param, action_of
+from backend.client.embedded import EmbeddedBackend
+from backend.client.interface import Backend
+from backend.client.remote import RemoteBackend
+from backend.errors import Forbidden, SchedtuiError
+from backend.events.audit import ACTIONS as AUDIT_ACTIONS
+
+TOKEN = "actions-operator-token"
+SOME_ID = "01JD3Z6Q0V9W4C7PAXH3KJ1M2B"
+#: The members of Backend that are no operator action: plumbing, clocks, waits, the
+#: change stream, and the two conveniences over a pair of actions.
+NOT_ACTIONS = {
+    "connect", "close", "info", "health", "now", "schedule_zone", "wait_run", "wait_backfill", "changes",
+    "set_enabled", "set_queue_paused",
+}  # fmt: skip
+
+
+async def work(ctx: Any) -> None:
+    pass
+
+
+async def deliver(job: Any) -> None:
+    pass
+
+
+async def flow(ctx: Any, input: Any) -> Any:
+    return await ctx.wait_for("go", timeout=3600)
+
+
+def definitions() -> list[Any]:
+    return [
+        define_schedule(name="hourly", cron="0 * * * *", timezone="Europe/Berlin", handler=work),
+        define_queue(name="mail", handler=deliver, concurrency=1),
+        define_durable(name="flow", handler=flow),
+    ]
+
+
+@pytest.fixture
+async def embedded(tmp_path: Path) -> AsyncIterator[EmbeddedBackend]:
+    backend = EmbeddedBackend(Engine(definitions(), f"sqlite:///{tmp_path / 'state.db'}"))
+    await backend.connect()
+    yield backend
+    await backend.close()
+
+
+def remote_over(backend: Backend, *, read_only: bool = False) -> RemoteBackend:
+    """A remote backend whose server is the API over ``backend``, in this process."""
+    transport = httpx.ASGITransport(app=create_app(backend, token=TOKEN))
+    return RemoteBackend("http://schedtui.test", TOKEN, read_only=read_only, transport=transport)
+
+
+def test_every_backend_action_is_declared_and_every_declaration_is_one() -> None:
+    members = {name for name, value in vars(Backend).items() if inspect.isfunction(value) and not name.startswith("_")}
+    declared = {name for name in members if hasattr(vars(Backend)[name], "action")}
+    assert declared == set(ACTIONS)
+    assert members - declared == NOT_ACTIONS
+    for name, action in ACTIONS.items():
+        assert vars(Backend)[name].action is action is action_of(name)
+        assert action.summary and action.permission in ("read", "operate")
+        assert action.system in ("schedules", "jobs", "durable", "locks", "audit", "fleet")
+
+
+def test_no_backend_has_code_of_its_own_for_an_action() -> None:
+    for implementation in (EmbeddedBackend, RemoteBackend):
+        assert not set(vars(implementation)) & set(ACTIONS), implementation
+        assert not set(vars(implementation)) & {"set_enabled", "set_queue_paused"}, implementation
+
+
+def test_the_api_and_client_packages_import_nothing_that_imports_them_back() -> None:
+    root = Path(__file__).resolve().parent.parent
+    imports: dict[str, set[str]] = {}
+    for package in ("backend/api", "backend/client"):
+        for path in (root / package).glob("*.py"):
+            module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                    node.body = []  # imports for the type checker alone do not count
+            found: set[str] = set()
+            for node in ast.walk(tree):  # imports inside functions count
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    found |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+                elif isinstance(node, ast.Import):
+                    found |= {alias.name for alias in node.names}
+            imports[module] = found
+    graph = {module: {m for m in found if m in imports and m != module} for module, found in imports.items()}
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        return any(m == target or (m not in seen and reaches(m, target, seen | {m})) for m in graph[start])
+
+    assert graph["backend.api.app"] >= {"backend.api.routes", "backend.api.events"}
+    assert [module for module in graph if reaches(module, module, {module})] == []
+
+
+def test_operate_actions_are_audited_under_a_known_name_and_reads_are_not() -> None:
+    for action in ACTIONS.values():
+        if action.name == "fire_external":
+            assert action.audit is None  # a platform scheduler's call: its run says trigger external
+        elif action.permission == "operate":
+            assert action.audit in AUDIT_ACTIONS, action.name
+        else:
+            assert action.audit is None and action.danger is None, action.name
+
+
+def test_a_danger_fills_its_placeholders_and_leaves_unknown_ones() -> None:
+    danger = Danger('Release lock "{name}" by force?', "{holder} may still be working on {name}.")
+    assert danger.render({"name": "billing/{x}"}) == (
+        'Release lock "billing/{x}" by force?',
+        "{holder} may still be working on billing/{x}.",
+    )
+    question, _ = action_of("release_lock").danger.render({"name": "nightly"})  # type: ignore[union-attr]
+    assert question == 'Release lock "nightly" by force?'
+    dangerous = {name for name, action in ACTIONS.items() if action.danger is not None}
+    assert dangerous == {"delete_schedule", "start_backfill", "release_lock", "cancel_execution", "delete_job"}
+
+
+async def test_every_action_has_a_route_and_an_openapi_entry(embedded: EmbeddedBackend) -> None:
+    app = create_app(embedded, token=TOKEN)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://schedtui.test") as http:
+        paths = (await http.get("/openapi.json")).json()["paths"]
+    for action in ACTIONS.values():
+        path = action.http.path.replace(":path}", "}")
+        entry = paths[path][action.http.method.lower()]
+        assert entry["operationId"] == action.name
+        assert entry["summary"] == action.summary
+        assert str(action.http.status) in entry["responses"]
+        documented = {p["name"] for p in entry.get("parameters", [])}
+        body = entry.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+        for param in action.params:
+            wire = action.http.wire_name(param.name)
+            assert wire in documented or wire in body.get("properties", {}) or action.http.body == param.name, (action.name, wire)
+        if action.permission == "operate":
+            assert "403" in entry["responses"], action.name
+
+
+def arguments_for(action: Action) -> dict[str, Any]:
+    """Arguments of the declared types for ``action``: enough to get past the permission."""
+    now = datetime.now(UTC)
+
+    def value(param: Param) -> Any:
+        if param.default is not REQUIRED:
+            return param.default
+        if any(isinstance(limit, Id) for limit in param.limits):
+            return SOME_ID
+        base = param.base
+        if base is datetime:
+            return now - timedelta(hours=1 if param.name == "end" else 3)
+        if get_origin(base) is list:
+            return ["hourly"]
+        if base is Mapping or get_origin(base) is Mapping:
+            return {}
+        return {"queue": "mail", "function": "flow", "name": "hourly"}.get(param.name, "x")
+
+    return {param.name: value(param) for param in action.params}
+
+
+@pytest.mark.parametrize("kind", ["embedded", "remote"])
+async def test_read_only_refuses_exactly_the_operate_actions(tmp_path: Path, kind: str) -> None:
+    inner = EmbeddedBackend(Engine(definitions(), f"sqlite:///{tmp_path / 'state.db'}"), read_only=kind == "embedded")
+    await inner.connect()
+    backend: Backend = inner if kind == "embedded" else remote_over(inner, read_only=True)
+    try:
+        await backend.connect()
+        for action in ACTIONS.values():
+            call = getattr(backend, action.name)(**arguments_for(action))
+            if action.permission == "operate":
+                with pytest.raises(Forbidden, match=f"read-only: {action.label} is not allowed"):
+                    await call
+            else:
+                try:
+                    await call
+                except Forbidden:
+                    pytest.fail(f"{action.name} is a read, refused when read-only")
+                except SchedtuiError:
+                    pass  # an id that names nothing, say: refused for what it is, not for the permission
+        assert (await inner.audit()).entries == []
+    finally:
+        if backend is not inner:
+            await backend.close()
+        await inner.close()
+
+
+@pytest.mark.parametrize("kind", ["embedded", "remote"])
+async def test_each_action_records_the_audit_name_it_declares(embedded: EmbeddedBackend, kind: str) -> None:
+    backend: Backend = embedded if kind == "embedded" else remote_over(embedded)
+    await backend.connect()
+    done: list[str] = []
+
+    async def act(name: str, *args: Any, **kwargs: Any) -> Any:
+        result = await getattr(backend, name)(*args, **kwargs)
+        [newest, *_] = (await embedded.audit(limit=1)).entries
+        assert newest.action == action_of(name).audit, name
+        done.append(name)
+        return result
+
+    await act("run_now", "hourly")
+    await act("disable_schedule", "hourly", note="maintenance")
+    await act("enable_schedule", "hourly")
+    await act("create_schedule", {"name": "made", "cron": "0 * * * *", "timezone": "UTC", "queue": "mail"})
+    await act("update_schedule", "made", {"cron": "30 * * * *"})
+    await act("delete_schedule", "made")
+    now = await backend.now()
+    await act("start_backfill", "hourly", now - timedelta(hours=3), now - timedelta(minutes=1))
+    await act("pause_queue", "mail")
+    await act("resume_queue", "mail")
+    sent = await act("send_job", "mail", {"to": "a"}, delay=3600, key="k1")
+    await act("cancel_job", "mail", key="k1")
+    sent = await act("send_job", "mail", {"to": "b"}, delay=3600)
+    await act("delete_job", "mail", sent.id)
+    started = await act("start_execution", "flow", {"n": 1})
+    await act("signal_execution", started.id, "go", {"ok": True})
+    started = await act("start_execution", "flow", {"n": 2})
+    await act("cancel_execution", started.id)
+    assert len(done) == 17
+    if backend is not embedded:
+        await backend.close()
