@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from textual import on, work
-from textual.actions import ActionParseResult
+from textual.actions import ActionParseResult, parse
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
@@ -58,7 +58,7 @@ from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView
 from console import format as fmt
 from console.commands import ConsoleCommands
 from console.fleet import CronCache, Fleet, Overdue, fleet_of
-from console.keys import Key, bindings, method_name
+from console.keys import Key, bindings
 from console.screens.backfill import BackfillScreen
 from console.screens.details import RunDetails
 from console.screens.help import HelpScreen
@@ -735,10 +735,11 @@ class SchedtuiApp(App[None]):
         self, action: str | ActionParseResult, default_namespace: DOMNode | None = None,
         namespaces: Mapping[str, DOMNode] | None = None,
     ) -> bool:
-        """Every key and every command of the palette comes here: one refused while
-        read-only says why, and does nothing."""
-        name = method_name(action) if isinstance(action, str) else action[1]
-        refused = self.refusal(name)
+        """Every key and every command of the palette comes here: a key of the app's or of a
+        view's that is refused while read-only says why, and does nothing."""
+        namespace, name, _ = parse(action) if isinstance(action, str) else action
+        target = self if namespace == "app" or default_namespace is None else default_namespace
+        refused = self.refusal(name) if target is self or isinstance(target, View) else None
         if refused is not None:
             key, why = refused
             self.notify(f"{key.what} does nothing here: {why}.", title="Read-only", severity="warning")
