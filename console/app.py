@@ -33,17 +33,19 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import ClassVar
 
 from textual import on, work
+from textual.actions import ActionParseResult, parse
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
+from textual.dom import DOMNode
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import ContentSwitcher, Footer, Input, Static
@@ -56,6 +58,7 @@ from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView
 from console import format as fmt
 from console.commands import ConsoleCommands
 from console.fleet import CronCache, Fleet, Overdue, fleet_of
+from console.keys import Key, bindings
 from console.screens.backfill import BackfillScreen
 from console.screens.details import RunDetails
 from console.screens.help import HelpScreen
@@ -123,17 +126,13 @@ def parse_keymap(text: str) -> dict[str, str]:
     return keymap
 
 
-def _view_bindings() -> list[BindingType]:
+def _view_keys() -> tuple[Key, ...]:
     """``1``…``6``; the footer shows them as one entry, ``1-6 Views``."""
-    bindings: list[BindingType] = []
-    for i, spec in enumerate(VIEWS):
-        bindings.append(
-            Binding(
-                spec.key, f"show_view('{spec.id}')", "Views" if i == 0 else spec.title, id=f"view_{spec.id}",
-                show=i == 0, key_display=f"1-{len(VIEWS)}" if i == 0 else None,
-            )
-        )
-    return bindings
+    return tuple(
+        Key(spec.key, f"show_view('{spec.id}')", "Views" if i == 0 else spec.title, id=f"view_{spec.id}", title=spec.title,
+            help=f"{spec.title}: {spec.help}", show=i == 0, key_display=f"1-{len(VIEWS)}" if i == 0 else None)
+        for i, spec in enumerate(VIEWS)
+    )  # fmt: skip
 
 
 class SchedtuiApp(App[None]):
@@ -143,36 +142,31 @@ class SchedtuiApp(App[None]):
     TITLE = "schedtui"
     COMMANDS = App.COMMANDS | {ConsoleCommands}
 
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("r", "run_now", "Run now", id="run_now", tooltip="Run now: fire the selected schedule once (manual)"),
-        Binding("e", "toggle_enabled", "On/off", id="toggle_enabled",
-                tooltip="enable / disable the selected schedule (disabling asks for a note)"),
-        Binding("b", "backfill", "Backfill", id="backfill", tooltip="backfill a past range of the selected schedule"),
-        Binding("enter", "run_details", "Details", id="run_details", show=False,
-                tooltip="the details of the run under the cursor"),
-        Binding("slash", "filter", "Filter", id="filter",
-                tooltip="filter the schedules: a text, or failed, overdue, disabled, running…"),
-        *_view_bindings(),
-        Binding("z", "toggle_zone", "Zone", id="toggle_zone", tooltip="times in UTC / in your zone"),
-        Binding("p", "toggle_pause", "Pause", id="toggle_pause", tooltip="pause auto-refresh (countdowns keep ticking)"),
-        Binding("ctrl+r", "refresh", "Refresh", id="refresh", tooltip="refresh now (and retry a lost connection)"),
-        Binding("escape", "clear_filter", "Clear filter", id="clear_filter", show=False),
-        Binding("question_mark", "help", "Help", id="help", tooltip="this help"),
-        Binding("q", "quit", "Quit", id="quit", tooltip="quit (asks while a backfill started here runs)"),
-    ]
+    KEYS: ClassVar[tuple[Key, ...]] = (
+        *_view_keys(),
+        Key("z", "toggle_zone", "Zone", help="times in UTC / in your zone"),
+        Key("p", "toggle_pause", "Pause", help="pause auto-refresh (countdowns keep ticking)"),
+        Key("ctrl+r", "refresh", "Refresh", help="refresh now (and retry a lost connection)"),
+        Key("escape", "clear_filter", "Clear filter", show=False, help="clear the filter"),
+        Key("question_mark", "help", "Help", help="this help"),
+        Key("q", "quit", "Quit", help="quit (asks while a backfill started here runs)"),
+    )
+    """The keys of every view; each view adds its own (:attr:`console.views.base.View.KEYS`)."""
+    BINDINGS: ClassVar[list[BindingType]] = bindings(KEYS)
 
     PALETTE_ACTIONS: ClassVar[list[tuple[str, str, str]]] = [
-        ("run_now", "Run now: {name}", "fire it once, now, as a manual run (r)"),
-        ("toggle_enabled", "Enable/disable: {name}", "toggle; disabling asks for an optional note (e)"),
-        ("backfill", "Backfill: {name}", "fire the slots of a past range (b)"),
-        ("run_details", "Run details", "every field of the selected run (enter)"),
-        ("filter", "Filter schedules", "by name, cron, zone, description, or a state: failed, overdue, disabled… (/)"),
-        ("toggle_zone", "Show times in UTC / in my zone", "the zone every time on screen is shown in (z)"),
-        ("toggle_pause", "Pause or resume auto-refresh", "countdowns keep ticking (p)"),
-        ("refresh", "Refresh now", "read everything again (ctrl+r)"),
-        ("help", "Help: keys and legend", "statuses, outcomes and timeline marks explained (?)"),
+        ("run_now", "Run now: {name}", "fire it once, now, as a manual run"),
+        ("toggle_enabled", "Enable/disable: {name}", "toggle; disabling asks for an optional note"),
+        ("backfill", "Backfill: {name}", "fire the slots of a past range"),
+        ("run_details", "Run details", "every field of the selected run"),
+        ("filter", "Filter schedules", "by name, cron, zone, description, or a state: failed, overdue, disabled…"),
+        ("toggle_zone", "Show times in UTC / in my zone", "the zone every time on screen is shown in"),
+        ("toggle_pause", "Pause or resume auto-refresh", "countdowns keep ticking"),
+        ("refresh", "Refresh now", "read everything again"),
+        ("help", "Help: keys and legend", "statuses, outcomes and timeline marks explained"),
     ]
-    """(action, title, help) offered by name in the command palette (the views are added)."""
+    """(action, title, help) offered by name in the command palette (the views are added; the
+    key that runs the action, as bound now, follows the help: :meth:`palette_key`)."""
 
     class Refreshed(Message):
         """Posted after every successful refresh (tests and the benchmark wait on it)."""
@@ -661,6 +655,9 @@ class SchedtuiApp(App[None]):
     def watch_read_only(self) -> None:
         self._update_read_only()
 
+    def watch_active_view_id(self) -> None:
+        self._update_read_only()  # the keys that do nothing are the view's
+
     def watch_paused(self, paused: bool) -> None:
         self.query_one(ConsoleHeader).paused = paused
 
@@ -671,12 +668,11 @@ class SchedtuiApp(App[None]):
     def _update_read_only(self) -> None:
         self.query_one(ConsoleHeader).read_only = self.read_only
         mode = self.query_one("#mode", Static)
-        mode.update(" READ-ONLY: r e b n E D disabled " if self.read_only else "")
+        refused = " ".join(self.key_display(key, alone=True) for key in self.keys_on_screen() if key.operates)
+        mode.update(f" READ-ONLY: {refused} disabled " if refused else " READ-ONLY ")
         mode.display = self.read_only
+        self.refresh_bindings()  # the footer dims the keys that act, or brings them back
 
-    # ------------------------------------------------------------------------------------
-    # actions
-    # ------------------------------------------------------------------------------------
     def _read_only_reason(self) -> str | None:
         if not self.read_only:
             return None
@@ -686,19 +682,81 @@ class SchedtuiApp(App[None]):
             return "the token may only read"
         return "the backend is read-only"
 
-    def may_act(self, action: str, *, acting: bool = True) -> bool:
-        """Whether ``action`` may go ahead (writable, connected); otherwise say why not."""
-        if acting and self.read_only:
-            self.notify(f"{action} does nothing here: {self._read_only_reason()}.", title="Read-only", severity="warning")
-            return False
+    # ------------------------------------------------------------------------------------
+    # keys
+    # ------------------------------------------------------------------------------------
+    @classmethod
+    def every_key(cls) -> dict[str, Key]:
+        """Every key of the console (the app's and every view's) by the name of the Textual
+        action it runs, the name :meth:`check_action` and :meth:`run_action` are given."""
+        found: dict[str, Key] = {}
+        for key in (*cls.KEYS, *(key for spec in VIEWS if spec.make is not None for key in spec.make.KEYS)):
+            same = found.setdefault(key.name, key)
+            if same.actions != key.actions:
+                raise TypeError(f"the keys {same.key} and {key.key} run {key.name} but perform different actions")
+        return found
+
+    def keys_on_screen(self) -> list[Key]:
+        """The keys the view on screen handles: its own, then the app's."""
+        return [*self.active_view.KEYS, *self.KEYS]
+
+    def key_display(self, key: Key, *, alone: bool = False) -> str:
+        """The key as the operator presses it now (a keymap may have moved it); ``alone``:
+        itself, not the footer's summary of several (``1`` rather than ``1-6``)."""
+        keys = self._keymap.get(key.binding_id, "") or key.key
+        first = keys.split(",")[0].strip()
+        return self.get_key_display(Binding(first, key.method, key.label, key_display=None if alone else key.key_display))
+
+    def get_key_display(self, binding: Binding) -> str:
+        """As Textual shows keys, but ``enter`` spelled out (the screens' hints say "enter")."""
+        if binding.key == "enter" and not binding.key_display:
+            return "enter"
+        return super().get_key_display(binding)
+
+    def palette_key(self, name: str) -> str:
+        """`` (r)``: the key that runs the action ``name``, as bound now; ``""`` if none does."""
+        key = _EVERY_KEY.get(name)
+        return f" ({self.key_display(key, alone=True)})" if key is not None else ""
+
+    def refusal(self, name: str) -> tuple[Key, str] | None:
+        """The key that runs the action ``name`` and why it may not now (its actions change
+        something, and the console is read-only); ``None`` when it may."""
+        key = _EVERY_KEY.get(name)
+        if key is None or not key.operates or not self.read_only:
+            return None
+        return key, self._read_only_reason() or "the console is read-only"
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A key that acts is disabled (dimmed in the footer) while read-only; the views ask
+        the same (:meth:`console.views.base.View.check_action`)."""
+        return None if self.refusal(action) is not None else True
+
+    async def run_action(
+        self, action: str | ActionParseResult, default_namespace: DOMNode | None = None,
+        namespaces: Mapping[str, DOMNode] | None = None,
+    ) -> bool:
+        """Every key and every command of the palette comes here: a key of the app's or of a
+        view's that is refused while read-only says why, and does nothing."""
+        namespace, name, _ = parse(action) if isinstance(action, str) else action
+        target = self if namespace == "app" or default_namespace is None else default_namespace
+        refused = self.refusal(name) if target is self or isinstance(target, View) else None
+        if refused is not None:
+            key, why = refused
+            self.notify(f"{key.what} does nothing here: {why}.", title="Read-only", severity="warning")
+            return True
+        return await super().run_action(action, default_namespace, namespaces)  # fmt: skip
+
+    def may_act(self, action: str) -> bool:
+        """Whether ``action`` may go ahead (connected); otherwise say why not. (Read-only is
+        decided before: :meth:`run_action`.)"""
         if self.info is None:
             self.notify(f"{action}: not connected yet.", title="Not connected", severity="warning")
             return False
         return True
 
-    def _target(self, action: str, *, acting: bool = True) -> ScheduleView | None:
+    def _target(self, action: str) -> ScheduleView | None:
         """The selected schedule, if ``action`` may go ahead; otherwise say why not."""
-        if not self.may_act(action, acting=acting):
+        if not self.may_act(action):
             return None
         view = self.view_of(self.selected_name)
         if view is None:
@@ -891,39 +949,42 @@ class SchedtuiApp(App[None]):
 
     def action_help(self) -> None:
         """``?``: keys and the legend."""
-        self.push_screen(HelpScreen(self.help_keys(), self._read_only_reason()))
+        self.push_screen(HelpScreen(self.help_keys(), self.read_only_note()))
+
+    def help_line(self, key: Key) -> tuple[str, str]:
+        """A key as the help screen lists it: as bound now, and what it does (whether it
+        asks first, and whether read-only refuses it, follow from its actions)."""
+        text = key.description + (" (asks first)" if key.dangerous else "")
+        if self.refusal(key.name) is not None:
+            text += " · read-only: does nothing"
+        return self.key_display(key, alone=True), text
 
     def help_keys(self) -> list[tuple[str, list[tuple[str, str]]]]:
-        """Every key, as bound now (a keymap may have moved one), in sections."""
-        def bound(binding: Binding) -> str:
-            for active in self.screen.active_bindings.values():
-                if active.binding.id is not None and active.binding.id == binding.id:
-                    return self.get_key_display(active.binding)
-            keys = self._keymap_keys(binding)
-            return keys or self.get_key_display(binding)
-
-        app_keys: list[tuple[str, str]] = []
-        for binding in self.BINDINGS:
-            assert isinstance(binding, Binding)
-            if binding.action == "clear_filter" or (binding.id or "").startswith("view_"):
-                continue
-            app_keys.append((bound(binding), binding.tooltip or binding.description))
-        app_keys.append(("esc", "clear the filter"))
-        app_keys.append(("ctrl+p", "command palette: every action by name, go to a schedule or a view"))
-        views = [(self._keymap_keys(b) or b.key, f"{spec.title}: {spec.help}" + ("" if spec.make else " (not yet)"))
-                 for spec in VIEWS for b in self.BINDINGS if isinstance(b, Binding) and b.id == f"view_{spec.id}"]
-        sections = [("Everywhere", app_keys), ("Views", views)]
+        """Every key, from the same declarations as the bindings, as bound now (a keymap may
+        have moved one), in sections: everywhere, the views, then each view's own keys and
+        the keys its widgets handle (:data:`NAVIGATION`)."""
+        views = {key.binding_id: key for key in self.KEYS if key.name == "show_view"}
+        everywhere = [self.help_line(key) for key in self.KEYS if key.name != "show_view"]
+        palette = Binding(self.COMMAND_PALETTE_BINDING, "command_palette", "Commands")
+        everywhere.append((self.get_key_display(palette), "command palette: every action by name, go to a schedule or a view"))
+        listed = [(self.key_display(key, alone=True), key.description + ("" if spec.make else " (not yet)"))
+                  for spec in VIEWS if (key := views.get(f"view_{spec.id}")) is not None]  # fmt: skip
+        sections = [("Everywhere", everywhere), ("Views", listed)]
         for spec in VIEWS:
             if spec.make is None:
                 continue
-            view = self.view_widget(spec.id)
-            keys = [(bound(b), b.tooltip or b.description) for b in view.BINDINGS if isinstance(b, Binding)]
-            sections.append((f"{spec.key} {spec.title}", [*keys, *VIEW_NAVIGATION.get(spec.id, [])]))
+            moves = [(" ".join(self.get_key_display(Binding(k, "")) for k in keys), what)
+                     for keys, what in NAVIGATION.get(spec.id, ())]  # fmt: skip
+            sections.append((f"{spec.key} {spec.title}", [*(self.help_line(key) for key in spec.make.KEYS), *moves]))
         return sections
 
-    def _keymap_keys(self, binding: Binding) -> str:
-        keys = self._keymap.get(binding.id or "", "")
-        return keys.split(",")[0] if keys else ""
+    def read_only_note(self) -> str | None:
+        """Why the console is read-only, and the keys that therefore do nothing."""
+        why = self._read_only_reason()
+        if why is None:
+            return None
+        refused = sorted({self.key_display(key, alone=True) for key in _EVERY_KEY.values() if key.operates})
+        return f"{why}: {' '.join(refused)} do nothing"
 
     def action_select(self, name: str) -> None:
         """Move the cursor to a schedule (the palette's "Go to schedule")."""
@@ -937,27 +998,34 @@ class SchedtuiApp(App[None]):
         view.focus_main()
 
 
-VIEW_NAVIGATION: dict[str, list[tuple[str, str]]] = {
-    "schedules": [
-        ("↑ ↓", "move in the table (pgup/pgdn a page)"),
-        ("home end", "first / last row"),
-        ("← →", "scroll the table sideways (hidden columns)"),
-        ("tab", "switch between the schedules and the runs"),
-        ("enter", "the selected run's details"),
-    ],
-    "jobs": [
-        ("↑ ↓", "move in the table"),
-        ("tab", "switch between the queues and their jobs"),
-        ("enter", "a queue: its jobs; a job: its details (payload, attempts, next try)"),
-        ("] [", "older / newer jobs (by keyset)"),
-    ],
-    "locks": [
-        ("↑ ↓", "move in the table (pgup/pgdn a page)"),
-    ],
-    "timeline": [
-        ("↑ ↓", "another schedule (pgup/pgdn a page, home/end first/last)"),
-        ("← →", "the previous / next run of the row"),
-        ("enter", "the run under the cursor (the worst, where several share a cell)"),
-    ],
+NAVIGATION: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
+    "schedules": (
+        (("up", "down"), "move in the table (pgup/pgdn a page)"),
+        (("home", "end"), "first / last row"),
+        (("left", "right"), "scroll the table sideways (hidden columns)"),
+        (("tab",), "switch between the schedules and the runs"),
+    ),
+    "timeline": (
+        (("up", "down"), "another schedule (pgup/pgdn a page, home/end first/last)"),
+        (("left", "right"), "the previous / next run of the row"),
+    ),
+    "jobs": (
+        (("up", "down"), "move in the table"),
+        (("tab",), "switch between the queues and their jobs"),
+    ),
+    "durable": (
+        (("up", "down"), "move in the table"),
+    ),
+    "locks": (
+        (("up", "down"), "move in the table (pgup/pgdn a page)"),
+    ),
+    "audit": (
+        (("up", "down"), "move in the table"),
+    ),
 }
-"""Navigation keys the widgets themselves handle, for the help screen."""
+"""Keys the views' widgets handle themselves (a table's cursor, tab between tables), for the
+help screen; a test holds each to a binding of a widget in its view."""
+
+
+_EVERY_KEY = SchedtuiApp.every_key()
+"""Every key by the name of the action it runs (they are declared when the classes are)."""

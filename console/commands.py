@@ -31,7 +31,7 @@ class ConsoleCommands(Provider):
         commands = [
             (f"View {spec.key}: {spec.title}", f"show_view('{spec.id}')", f"{spec.help} ({spec.key})") for spec in VIEWS
         ]
-        commands += [(title.format(name=target), action, help_) for action, title, help_ in app.PALETTE_ACTIONS]
+        commands += [(title.format(name=target), action, help_ + app.palette_key(action)) for action, title, help_ in app.PALETTE_ACTIONS]
         for name in app.schedule_names:
             commands.append((f"Go to schedule {name}", f"select('{name}')", "select it in the table"))
         return commands

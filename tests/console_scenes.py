@@ -19,6 +19,7 @@ from textual.pilot import Pilot
 
 from backend import ManualClock
 from console.app import SchedtuiApp
+from console.widgets.schedules import FreshTable
 from tests.console_fixtures import (
     FROZEN,
     WHERE,
@@ -58,14 +59,17 @@ def copy_ledger(ledger: Path) -> str:
 
 async def settle(pilot: Pilot[Any]) -> None:
     """Until the app has been quiet twice in a row: no worker running, no refresh under
-    way (a loaded machine may start one a moment after the workers were waited for)."""
+    way (a loaded machine may start one a moment after the workers were waited for), no
+    table with rows still to measure (a picture taken before would show narrow columns)."""
     quiet = 0
     for _ in range(50):
         await pilot.pause()
         await pilot.app.workers.wait_for_complete()
         await pilot.pause()
-        busy = getattr(pilot.app, "_refreshing", False) or any(
-            worker.state.name in ("PENDING", "RUNNING") for worker in pilot.app.workers
+        busy = (
+            getattr(pilot.app, "_refreshing", False)
+            or any(worker.state.name in ("PENDING", "RUNNING") for worker in pilot.app.workers)
+            or any(table.measuring for screen in pilot.app.screen_stack for table in screen.query(FreshTable))
         )
         quiet = 0 if busy else quiet + 1
         if quiet >= 2:
@@ -180,6 +184,7 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "durable-failed-only": ({}, _keys("4", "down", "down", "down", "down", "down", "down", "down", "enter", "f")),
     "durable-signal": ({}, _keys("4", "down", "down", "down", "down", "down", "down", "a", "o", "k")),
     "locks": ({}, _keys("5")),
+    "confirm": ({}, _keys("5", "x")),
     "audit": ({}, _keys("6")),
     "audit-filter": ({}, _keys("6", "slash", "c", "a", "r", "o", "l", "enter", "down")),
     "schedule-create": ({}, _new_schedule("*/15 * * * *")),

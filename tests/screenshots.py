@@ -32,6 +32,7 @@ PICTURES = [
     ("jobs", "120x32"),
     ("job-details", "120x32"),
     ("locks", "120x32"),
+    ("confirm", "120x32"),
     ("help", "120x32"),
     ("audit", "120x32"),
     ("durable", "120x32"),

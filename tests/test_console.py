@@ -26,7 +26,7 @@ from backend.model import parse_iso
 from backend.store import open_store
 from console.app import PAGE_SIZE, SchedtuiApp, parse_keymap, short_where
 from console.commands import ConsoleCommands
-from console.screens import BackfillScreen, HelpScreen, NotePrompt, RunDetails
+from console.screens import BackfillScreen, Confirm, HelpScreen, NotePrompt, RunDetails
 from console.widgets import (
     ConsoleHeader,
     DetailBar,
@@ -286,6 +286,12 @@ async def test_backfill_plans_as_you_type_then_runs_with_progress_and_a_summary(
         await pilot.press("tab")  # Cancel -> Backfill
         assert screen.focused is not None and screen.focused.id == "start"
         await pilot.press("enter")
+        await settle(pilot)
+        question = app.screen
+        assert isinstance(question, Confirm) and question.action == "start_backfill"
+        assert question.question == 'Backfill "heartbeat"?'
+        assert "6 slots in (2026-03-02 07:59:05 UTC … 2026-03-02 08:00:05 UTC]" in question.text
+        await pilot.press("y")
         await settle(pilot)
         assert screen.state == "done"
         assert screen.progress is not None and screen.progress.fired == 6 and screen.progress.remaining == 0

@@ -14,7 +14,8 @@ import pytest
 from textual.widgets import DataTable, Input, Label
 
 from console.app import SchedtuiApp
-from console.screens.durable import CancelPrompt, SignalPrompt, StepsScreen
+from console.screens.confirm import Confirm
+from console.screens.durable import SignalPrompt, StepsScreen
 from console.views.durable import DurableView, ExecutionsTable
 from tests.console_fixtures import add_timeline_history, build_ledger
 from tests.durable_scenes import add_durable_history
@@ -147,16 +148,17 @@ async def test_c_cancels_after_a_confirmation_and_r_retries_a_failed_one(store_u
         assert sleeping is not None
         await pilot.press("c")
         await settle(pilot)
-        assert isinstance(app.screen, CancelPrompt)
+        question = app.screen
+        assert isinstance(question, Confirm) and question.question == f"Cancel execution {sleeping.id}?"
         await pilot.press("escape")  # kept
         await settle(pilot)
         assert (await app.backend.get_execution(sleeping.id)).status == "waiting"
         await pilot.press("c")
         await settle(pilot)
-        assert isinstance(app.screen, CancelPrompt)
+        assert isinstance(app.screen, Confirm)
         await pilot.press("enter")  # kept too: only an explicit y cancels
         await settle(pilot)
-        assert not isinstance(app.screen, CancelPrompt)
+        assert not isinstance(app.screen, Confirm)
         assert (await app.backend.get_execution(sleeping.id)).status == "waiting"
         assert not notes.titled("Cancelled")
         await pilot.press("c")
@@ -187,7 +189,7 @@ async def test_a_read_only_console_does_not_act(store_url: str) -> None:
         for key in ("a", "c", "R"):
             await pilot.press(key)
             await settle(pilot)
-        assert len(notes.titled("Read-only")) == 3 and not isinstance(app.screen, (SignalPrompt, CancelPrompt))
+        assert len(notes.titled("Read-only")) == 3 and not isinstance(app.screen, (SignalPrompt, Confirm))
 
 
 async def test_the_filter_narrows_the_executions(store_url: str) -> None:

@@ -20,7 +20,8 @@ from backend import ManualClock
 from backend.jobs.store import Finish, JobStore, NewJob
 from backend.store import open_store
 from console.app import SchedtuiApp
-from console.screens.jobs import ConfirmPrompt, JobDetails, SendJobScreen
+from console.screens.confirm import Confirm
+from console.screens.jobs import JobDetails, SendJobScreen, TypedCount
 from console.views.jobs import JobsView
 from console.widgets.jobs import JobsTable, QueuesTable
 from tests.console_fixtures import FROZEN, WHERE, console_backend
@@ -168,11 +169,11 @@ async def test_R_with_the_dead_filter_retries_every_dead_job_shown_typing_their_
         await pilot.press("R")
         await settle(pilot)
         prompt = app.screen
-        assert isinstance(prompt, ConfirmPrompt) and prompt.count == 28
+        assert isinstance(prompt, TypedCount) and prompt.count == 28
         await pilot.press("2", "7", "enter")
         await settle(pilot)
         assert notes.seen[-1] == ("Not confirmed", "You typed 27; type 28 to confirm.")
-        assert isinstance(app.screen, ConfirmPrompt)
+        assert isinstance(app.screen, TypedCount)
         prompt.query_one("#typed").value = ""  # type: ignore[attr-defined]
         await pilot.press("2", "8", "enter")
         await settle(pilot)
@@ -189,7 +190,8 @@ async def test_x_deletes_after_asking_and_esc_keeps_the_job(store_url: str) -> N
         assert job is not None
         await pilot.press("x")
         await settle(pilot)
-        assert isinstance(app.screen, ConfirmPrompt)
+        question = app.screen
+        assert isinstance(question, Confirm) and question.question == f"Delete job {job.id} of mailer?"
         await pilot.press("escape")
         await settle(pilot)
         assert (await app.backend.get_job(job.id)).job is not None
@@ -260,7 +262,7 @@ async def test_read_only_refuses_every_job_action_saying_why(store_url: str) -> 
             await pilot.press(key)
             await settle(pilot)
             assert notes.seen[-1][0] == "Read-only" and "the console was started with --read-only" in notes.seen[-1][1]
-        assert not isinstance(app.screen, (ConfirmPrompt, SendJobScreen))
+        assert not isinstance(app.screen, (Confirm, TypedCount, SendJobScreen))
         assert json.dumps([q.paused for q in await app.backend.list_queues()]) == "[false, true, false]"
 
 

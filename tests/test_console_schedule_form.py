@@ -20,7 +20,8 @@ from textual.widgets import Input, Select
 from backend import ManualClock
 from backend.client.remote import RemoteBackend
 from console.app import SchedtuiApp
-from console.screens.schedule_form import DeleteSchedule, ScheduleForm
+from console.screens.confirm import Confirm
+from console.screens.schedule_form import ScheduleForm
 from console.widgets import DetailBar, SchedulesTable
 from tests.console_fixtures import FROZEN, WHERE, console_backend
 from tests.console_scenes import make_ledger
@@ -237,19 +238,21 @@ async def test_edit_prefills_the_stored_schedule_and_sends_only_what_changed(sto
         assert fresh[0].cron == "0 */2 * * *"
 
 
-async def test_delete_needs_the_exact_name_typed(store_url: str) -> None:
+async def test_delete_asks_first_and_only_y_deletes(store_url: str) -> None:
     async with schedules_view(store_url) as (app, pilot, notes, backend):
         await stored(app, pilot)
-        await pilot.press("D")
+        for no in ("enter", "n", "escape"):
+            await pilot.press("D")
+            await settle(pilot)
+            question = app.screen
+            assert isinstance(question, Confirm) and question.question == 'Delete schedule "reap-sessions"?'
+            assert "It starts queue mailer on every slot." in question.text and "its runs stay in the ledger" in question.text
+            await pilot.press(no)
+            await settle(pilot)
+            assert not isinstance(app.screen, Confirm) and backend.calls == []
+        await pilot.press("D", "y")
         await settle(pilot)
-        assert isinstance(app.screen, DeleteSchedule)
-        await pilot.press(*"reap-session", "enter")
-        await settle(pilot)
-        assert isinstance(app.screen, DeleteSchedule) and backend.calls == []
-        assert notes.titled("Not deleted") == ["You typed 'reap-session'; type 'reap-sessions' exactly to delete it."]
-        await pilot.press("s", "enter")
-        await settle(pilot)
-        assert not isinstance(app.screen, DeleteSchedule)
+        assert not isinstance(app.screen, Confirm)
         assert backend.calls == [("delete", "reap-sessions")]
         assert app.view_of("reap-sessions") is None
         assert "reap-sessions" not in app.query_one(SchedulesTable).views
@@ -269,7 +272,7 @@ async def test_schedules_in_code_can_only_be_enabled_or_disabled(store_url: str)
         for key in ("E", "D"):
             await pilot.press(key)
             await settle(pilot)
-            assert not isinstance(app.screen, (ScheduleForm, DeleteSchedule))
+            assert not isinstance(app.screen, (ScheduleForm, Confirm))
         said = ("heartbeat is defined in code: it can only be enabled or disabled here (e); "
                 "edit or delete it in its code.")
         assert notes.titled("Defined in code") == [said, said]
@@ -281,7 +284,7 @@ async def test_read_only_refuses_create_edit_and_delete(store_url: str) -> None:
         for key in ("n", "E", "D"):
             await pilot.press(key)
             await settle(pilot)
-            assert not isinstance(app.screen, (ScheduleForm, DeleteSchedule))
+            assert not isinstance(app.screen, (ScheduleForm, Confirm))
         assert notes.titled("Read-only") == [
             f"{what} does nothing here: the console was started with --read-only."
             for what in ("Create schedule", "Edit schedule", "Delete schedule")
@@ -323,7 +326,7 @@ async def test_create_edit_and_delete_against_a_real_server(rt_server: Server) -
             assert listed["reap-sessions"].payload == {"older_than": "7d"}
             await pilot.press("D")
             await settle(pilot)
-            await pilot.press(*"reap-sessions", "enter")
+            await pilot.press("y")
             await settle(pilot)
             assert "reap-sessions" not in {v.name for v in (await backend.list_schedules()).schedules}
             assert notes.titled("Deleted") == ["reap-sessions deleted; its runs stay in the ledger"]

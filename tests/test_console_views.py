@@ -30,7 +30,7 @@ from backend.client.interface import ConnectionInfo
 from backend.model import InstanceInfo, ScheduleView, parse_iso
 from console.app import SchedtuiApp
 from console.fleet import CronCache, Overdue, durations, fleet_of
-from console.screens import BackfillScreen, HelpScreen, QuitPrompt, RunDetails
+from console.screens import BackfillScreen, Confirm, HelpScreen, QuitPrompt, RunDetails
 from console.widgets import (
     ConsoleHeader,
     DetailBar,
@@ -352,6 +352,15 @@ async def open_backfill(app: SchedtuiApp, pilot: Pilot[Any], name: str, start: s
     return screen
 
 
+async def start(pilot: Pilot[Any], screen: BackfillScreen) -> None:
+    """Backfill, and yes to the question it asks (the console's one confirmation)."""
+    screen.action_start()
+    await pilot.pause()
+    assert isinstance(pilot.app.screen, Confirm) and pilot.app.screen.action == "start_backfill"
+    await pilot.press("y")
+    await pilot.pause()
+
+
 async def test_the_plan_says_how_many_already_succeeded_and_can_skip_them(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         screen = await open_backfill(app, pilot, "flaky-export", "2026-03-02T07:50:00Z", "2026-03-02T07:51:00Z")
@@ -367,6 +376,10 @@ async def test_the_plan_says_how_many_already_succeeded_and_can_skip_them(store_
         assert screen.plan is not None and screen.plan.already_succeeded == 3 and screen.to_fire == 3
         await pilot.press("tab", "tab", "enter")  # skip box -> Backfill
         await settle(pilot)
+        question = app.screen
+        assert isinstance(question, Confirm) and "3 slots in" in question.text and "already succeeded skipped" in question.text
+        await pilot.press("y")
+        await settle(pilot)
         assert screen.progress is not None and screen.progress.total == 3 and screen.state == "done"
 
 
@@ -377,7 +390,7 @@ async def test_the_range_shown_is_the_range_fired(store_url: str) -> None:
         shown = (screen.plan.start, screen.plan.end)
         assert "as read now" in plain(screen.query_one("#plan"))
         clock.advance(40)  # the operator reads the plan for 40 s; "now" moves, the plan must not
-        screen.action_start()
+        await start(pilot, screen)
         await settle(pilot)
         assert screen.progress is not None
         assert (screen.progress.start, screen.progress.end) == shown and screen.progress.total == 6
@@ -399,8 +412,7 @@ async def test_a_running_backfill_can_be_stopped_and_q_asks_first(store_url: str
     async with console(store_url) as (app, pilot, clock, notes):
         # slow-reindex's handler waits 14 s on the (frozen) clock: the backfill stays running.
         screen = await open_backfill(app, pilot, "slow-reindex", "-1m")
-        screen.action_start()
-        await pilot.pause()
+        await start(pilot, screen)
         assert screen.state == "running" and app.backfills
         await pilot.press("escape")  # close the dialog; the backfill goes on
         await pilot.pause()
@@ -425,8 +437,7 @@ async def test_a_backfill_is_still_followed_through_a_moment_without_the_store(s
 
     async with console(store_url) as (app, pilot, clock, notes):
         screen = await open_backfill(app, pilot, "slow-reindex", "-1m")
-        screen.action_start()
-        await pilot.pause()
+        await start(pilot, screen)
         await pilot.press("escape")  # the dialog closed; the backfill goes on
         await pilot.pause()
         backend = app.backend
@@ -452,8 +463,7 @@ async def test_a_backfill_is_still_followed_through_a_moment_without_the_store(s
 async def test_the_dialog_stop_button_cancels(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         screen = await open_backfill(app, pilot, "slow-reindex", "-1m")
-        screen.action_start()
-        await pilot.pause()
+        await start(pilot, screen)
         assert screen.state == "running"
         screen.action_stop()
         await pilot.pause()

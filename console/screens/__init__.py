@@ -1,9 +1,10 @@
-"""The console's modal screens: backfill, disable note, run details, help, quit."""
+"""The console's modal screens: backfill, the one confirmation, disable note, run details, help, quit."""
 
 from console.screens.backfill import BackfillScreen
+from console.screens.confirm import Confirm
 from console.screens.details import RunDetails
 from console.screens.help import HelpScreen
 from console.screens.prompt import NotePrompt
 from console.screens.quit import QuitPrompt
 
-__all__ = ["BackfillScreen", "HelpScreen", "NotePrompt", "QuitPrompt", "RunDetails"]
+__all__ = ["BackfillScreen", "Confirm", "HelpScreen", "NotePrompt", "QuitPrompt", "RunDetails"]

@@ -30,6 +30,7 @@ from backend.model import (
 )
 from backend.timeparse import parse_when
 from console import format as fmt
+from console.screens.confirm import Confirm
 
 __all__ = ["BackfillScreen", "PlanState"]
 
@@ -45,7 +46,8 @@ class BackfillScreen(ModalScreen[None]):
     already succeeded (a checkbox skips them), and, where it would be refused, why. The
     plan's range is absolute: ``now`` and ``-1h`` are read once, when the plan is shown, and
     the backfill fires exactly that range. Above 25 slots the count must be typed to
-    confirm (a wrong count says why). Cancel has the focus; Esc cancels. Once started, a
+    confirm (a wrong count says why); then Backfill asks the console's one question (``y``
+    starts it). Cancel has the focus; Esc cancels. Once started, a
     progress bar with a Stop button until done, then a summary."""
 
     DEFAULT_CSS = """
@@ -347,14 +349,27 @@ class BackfillScreen(ModalScreen[None]):
     # -- running ------------------------------------------------------------------------
     @on(Button.Pressed, "#start")
     def action_start(self) -> None:
+        """Backfill the plan shown, once confirmed (the console's one confirmation, in the
+        words ``start_backfill`` declares, with the plan's count and range)."""
         if self.query_one("#start", Button).disabled or self.state not in ("ok", "confirm") or self.plan is None:
             return
-        plan = self.plan
+        plan, skip, count, zone = self.plan, self.skipping, self.to_fire, self.view.timezone
+        facts = [f"{count:,} slot{'s' if count != 1 else ''} in ({fmt.local_time(plan.start, zone)} … "
+                 f"{fmt.local_time(plan.end, zone)}]" + ("; those that already succeeded skipped" if skip else "") + "."]
+
+        def answer(yes: bool | None) -> None:
+            if yes and self.plan is plan and self.state in ("ok", "confirm"):
+                self._go(plan, skip)
+
+        question = Confirm.of("start_backfill", {"name": self.view.name, "start": plan.start, "end": plan.end}, facts=facts)
+        self.app.push_screen(question, answer)
+
+    def _go(self, plan: BackfillPlan, skip: bool) -> None:
         self.state = "running"
         self._counts("starting…")
         self.query_one("#cancel", Button).focus()
         # The range shown, not the fields read again: "now" must not move under the operator.
-        self._start(plan.start, plan.end, self.skipping)
+        self._start(plan.start, plan.end, skip)
 
     @work(exclusive=True, group="backfill", exit_on_error=False)
     async def _start(self, start: datetime, end: datetime, skip: bool = False) -> None:

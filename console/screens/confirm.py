@@ -1,6 +1,14 @@
-"""A yes/no question before an action that cannot be undone (``x`` on a lock)."""
+"""The one confirmation of the console, before every dangerous action.
+
+Its question and its detail are the action's declaration's
+(:attr:`backend.client.actions.Action.danger`, rendered with the arguments), so the console
+asks what the CLI asks. One convention for every question: ``y`` does it; ``n`` and
+``esc`` leave it; ``enter`` leaves it too (a stray enter never does anything dangerous).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -9,24 +17,33 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Label
 
+from backend.client.actions import action_of
+
 __all__ = ["Confirm"]
 
 
 class Confirm(ModalScreen[bool]):
-    """Dismisses with ``True`` on ``y`` only; ``n``, ``esc`` and ``enter`` say no (the
-    harmless answer is the easy one)."""
+    """Dismisses with ``True`` on ``y`` only; ``n``, ``esc`` and ``enter`` dismiss with
+    ``False``. ``facts`` are lines on the target as the console sees it now (who holds the
+    lock, the job's status), shown between the question and the detail."""
 
     DEFAULT_CSS = """
     Confirm {
         align: center middle;
     }
     Confirm > Vertical {
-        width: 72;
+        width: 76;
         max-width: 100%;
         height: auto;
-        border: round $warning;
+        border: round $error;
         background: $surface;
         padding: 0 1;
+    }
+    Confirm Label {
+        width: 1fr;
+    }
+    Confirm #confirm-question {
+        text-style: bold;
     }
     Confirm .hint {
         color: $text-muted;
@@ -39,18 +56,39 @@ class Confirm(ModalScreen[bool]):
         Binding("n,escape,enter", "answer(False)", "No", id="confirm_no"),
     ]
 
-    def __init__(self, title: str, lines: list[Content | str], yes: str) -> None:
+    HINT = "y: yes, do it · n, esc or enter: no, leave it"
+
+    def __init__(self, question: str, detail: str, *, facts: Sequence[Content | str] = (), action: str | None = None) -> None:
         super().__init__()
-        self.title_text = title
-        self.lines = lines
-        self.yes = yes
+        self.question = question
+        self.detail = detail
+        self.facts = list(facts)
+        self.action = action
+        """The declared action it asks for (``None``: a question of the console's own)."""
+
+    @classmethod
+    def of(cls, action: str, arguments: Mapping[str, object], *, facts: Sequence[Content | str] = ()) -> Confirm:
+        """The question the declaration of ``action`` asks, filled in with ``arguments``."""
+        danger = action_of(action).danger
+        if danger is None:
+            raise ValueError(f"{action} is not declared dangerous: it does not ask")
+        question, detail = danger.render(arguments)
+        return cls(question, detail, facts=facts, action=action)
+
+    @property
+    def text(self) -> str:
+        """All it says, as plain text: the question, the facts, the detail."""
+        facts = [line.plain if isinstance(line, Content) else line for line in self.facts]
+        return "\n".join([self.question, *facts, self.detail])
 
     def compose(self) -> ComposeResult:
         with Vertical() as box:
-            box.border_title = self.title_text
-            for line in self.lines:
-                yield Label(line)
-            yield Label(f"y {self.yes} · n or esc: leave it", classes="hint")
+            box.border_title = "Confirm"
+            yield Label(Content(self.question), id="confirm-question")
+            for line in self.facts:
+                yield Label(line if isinstance(line, Content) else Content(line))
+            yield Label(Content(self.detail), id="confirm-detail")
+            yield Label(self.HINT, classes="hint")
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)

@@ -1,5 +1,5 @@
-"""The Durable view's dialogs: an execution's step timeline, the signal's payload, and
-the confirmation of a cancel."""
+"""The Durable view's dialogs: an execution's step timeline and the signal's payload (a
+cancel asks with the console's one confirmation, :mod:`console.screens.confirm`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Input, Label, Static
 from backend.durable.model import Execution, StepView
 from console import format as fmt
 
-__all__ = ["CancelPrompt", "SignalPrompt", "StepsScreen", "step_rows"]
+__all__ = ["SignalPrompt", "StepsScreen", "step_rows"]
 
 
 def step_rows(execution: Execution, zone: str, *, failed_only: bool) -> list[tuple[str, ...]]:
@@ -197,49 +197,3 @@ class SignalPrompt(ModalScreen["tuple[Any] | None"]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
-
-
-class CancelPrompt(ModalScreen[bool]):
-    """``c``: cancel this execution? Only ``y`` cancels it; ``n``, esc and enter keep it
-    (as every dangerous question in the console: a stray enter changes nothing)."""
-
-    DEFAULT_CSS = """
-    CancelPrompt {
-        align: center middle;
-    }
-    CancelPrompt > Vertical {
-        width: 72;
-        max-width: 100%;
-        height: auto;
-        border: round $error;
-        background: $surface;
-        padding: 0 1;
-    }
-    CancelPrompt .hint {
-        color: $text-muted;
-        margin-top: 1;
-    }
-    """
-
-    BINDINGS = [
-        Binding("y", "choose(True)", "Cancel it", id="cancel_confirm"),
-        Binding("escape,n,enter", "choose(False)", "Keep it", id="cancel_keep"),
-    ]
-
-    def __init__(self, execution: Execution) -> None:
-        super().__init__()
-        self.execution = execution
-
-    def compose(self) -> ComposeResult:
-        e = self.execution
-        with Vertical() as box:
-            box.border_title = "Cancel?"
-            yield Label(Content.assemble(("Cancel ", "bold"), f"execution {e.id} of {e.function} ({e.status})?"))
-            if e.status == "running":
-                yield Label("It stops at its next step boundary; async work in flight is cancelled.")
-            else:
-                yield Label("It is cancelled at once.")
-            yield Label("y cancels it · n, esc or enter keeps it", classes="hint")
-
-    def action_choose(self, choice: bool) -> None:
-        self.dismiss(choice)

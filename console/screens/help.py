@@ -52,11 +52,12 @@ class HelpScreen(ModalScreen[None]):
         Binding("end", "scroll('end')", "Bottom", show=False),
     ]
 
-    def __init__(self, sections: KeySections, read_only_reason: str | None = None) -> None:
+    def __init__(self, sections: KeySections, read_only_note: str | None = None) -> None:
         super().__init__()
         self.sections = sections
         """(title, [(key as displayed, what it does)])."""
-        self.read_only_reason = read_only_reason
+        self.read_only_note = read_only_note
+        """Why the console is read-only and which keys therefore do nothing (``None``: it is not)."""
 
     @property
     def keys(self) -> list[tuple[str, str]]:
@@ -93,10 +94,8 @@ class HelpScreen(ModalScreen[None]):
             for key, description in items:
                 out.append(Content.assemble("  ", (f"{key:>9}", "bold $text-accent"), "  ", description))
             out.append(Content(""))
-        if self.read_only_reason:
-            out.append(
-                Content.assemble("  ", ("read-only", "bold $text-warning"), f" {self.read_only_reason}: r, e, b, n, E and D do nothing")
-            )
+        if self.read_only_note:
+            out.append(Content.assemble("  ", ("read-only", "bold $text-warning"), f" {self.read_only_note}"))
             out.append(Content(""))
         lines: list[str] = ["[b]Run status[/b] [$text-muted](tables, strip and timeline; a failure is also reversed)[/]"]
         for status, meaning in STATUS_MEANINGS.items():

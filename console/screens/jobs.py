@@ -1,5 +1,6 @@
-"""The jobs view's dialogs: a job's details, sending a job, and the confirmations of a
-delete and of retrying many dead jobs at once (a typed count above 25, as backfills ask)."""
+"""The jobs view's dialogs: a job's details, sending a job, and the typed count before
+retrying many dead jobs at once (above 25, as backfills ask; a delete asks with the one
+:class:`~console.screens.confirm.Confirm`)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from backend.jobs.model import Job, JobDetail, Sent
 from console import format as fmt
 from console.widgets.jobs import JOB_STATUS_COLORS, job_when
 
-__all__ = ["ConfirmPrompt", "JobDetails", "RETRY_CONFIRM_ABOVE", "SendJobScreen"]
+__all__ = ["JobDetails", "RETRY_CONFIRM_ABOVE", "SendJobScreen", "TypedCount"]
 
 RETRY_CONFIRM_ABOVE = 25
 """Retrying more dead jobs than this at once asks for their count, typed."""
@@ -138,16 +139,16 @@ class JobDetails(ModalScreen[None]):
         self.dismiss(None)
 
 
-class ConfirmPrompt(ModalScreen[bool]):
-    """Asks before a destructive action. With ``count`` (more than
-    :data:`RETRY_CONFIRM_ABOVE` jobs), the count must be typed; otherwise Enter (or ``y``)
-    goes ahead. Esc (or ``n``) cancels."""
+class TypedCount(ModalScreen[bool]):
+    """Before acting on more than :data:`RETRY_CONFIRM_ABOVE` jobs at once: the count must be
+    typed, then enter (a wrong count says why and keeps asking), as a backfill of many slots
+    asks. Esc cancels. Dismisses with whether the count was typed."""
 
     DEFAULT_CSS = """
-    ConfirmPrompt {
+    TypedCount {
         align: center middle;
     }
-    ConfirmPrompt > Vertical {
+    TypedCount > Vertical {
         width: 64;
         max-width: 100%;
         height: auto;
@@ -155,53 +156,42 @@ class ConfirmPrompt(ModalScreen[bool]):
         background: $surface;
         padding: 0 1;
     }
-    ConfirmPrompt .hint {
+    TypedCount .hint {
         color: $text-muted;
     }
-    ConfirmPrompt Input {
+    TypedCount Input {
         border: none;
         height: 1;
         padding: 0 1;
         background: $boost;
     }
-    ConfirmPrompt #why {
+    TypedCount #why {
         color: $text-warning;
         height: auto;
     }
     """
 
-    BINDINGS = [
-        Binding("escape,n", "cancel", "Cancel", id="cancel_confirm"),
-        Binding("enter,y", "confirm", "Confirm", id="confirm_action", show=False),
-    ]
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="cancel_typed_count")]
 
-    def __init__(self, title: str, question: str, *, count: int | None = None) -> None:
+    def __init__(self, question: str, detail: str, count: int) -> None:
         super().__init__()
-        self.title_text = title
         self.question = question
+        self.detail = detail
         self.count = count
 
     def compose(self) -> ComposeResult:
         with Vertical() as box:
-            box.border_title = self.title_text
-            yield Label(self.question)
-            if self.count is not None:
-                yield Input(placeholder=f"type {self.count} to confirm", id="typed", restrict=r"[0-9,]*")
-                yield Static("", id="why")
-                yield Label(f"type {self.count}, then enter · esc cancels", classes="hint")
-            else:
-                yield Label("enter or y confirms · esc or n cancels", classes="hint")
+            box.border_title = "Confirm"
+            yield Label(Content(self.question), id="typed-question")
+            yield Label(Content(self.detail))
+            yield Input(placeholder=f"type {self.count} to confirm", id="typed", restrict=r"[0-9,]*")
+            yield Static("", id="why")
+            yield Label(f"type {self.count}, then enter · esc cancels", classes="hint")
 
     @on(Input.Submitted, "#typed")
     def _typed(self, event: Input.Submitted) -> None:
         event.stop()
-        self.action_confirm()
-
-    def action_confirm(self) -> None:
-        if self.count is None:
-            self.dismiss(True)
-            return
-        typed = self.query_one("#typed", Input).value.replace(",", "").strip()
+        typed = event.value.replace(",", "").strip()
         if typed == str(self.count):
             self.dismiss(True)
             return
@@ -272,7 +262,7 @@ class SendJobScreen(ModalScreen[Sent | None]):
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel", id="cancel_send"),
-        Binding("ctrl+s", "send", "Send", id="send_job"),
+        Binding("ctrl+s", "send", "Send", id="send_job_now"),
     ]
 
     def __init__(self, backend: Backend, queue: str) -> None:

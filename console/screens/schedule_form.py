@@ -1,5 +1,5 @@
-"""``n`` / ``E`` / ``D`` on the schedules view: create a schedule at run time, edit a stored
-one, delete a stored one (its name typed to confirm).
+"""``n`` / ``E`` on the schedules view: create a schedule at run time, edit a stored one
+(``D`` deletes one after the console's one confirmation, :mod:`console.screens.confirm`).
 
 The form previews the next five fires as the operator types, computed here with
 :class:`backend.cron.Cron` (pure: nothing is asked of the backend until the form is
@@ -31,7 +31,7 @@ from backend.errors import CronError, SchedtuiError
 from backend.model import ScheduleView
 from console import format as fmt
 
-__all__ = ["DEFINED_IN_CODE", "DeleteSchedule", "PREVIEW_COUNT", "ScheduleForm", "defined_in_code"]
+__all__ = ["DEFINED_IN_CODE", "PREVIEW_COUNT", "ScheduleForm", "defined_in_code"]
 
 PREVIEW_COUNT = 5
 """Fire times the form previews."""
@@ -371,72 +371,3 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
-
-
-class DeleteSchedule(ModalScreen[bool]):
-    """Deleting a stored schedule: its name must be typed, exactly. Esc cancels."""
-
-    DEFAULT_CSS = """
-    DeleteSchedule {
-        align: center middle;
-    }
-    DeleteSchedule > Vertical {
-        width: 72;
-        max-width: 100%;
-        height: auto;
-        border: round $error;
-        background: $surface;
-        padding: 0 1;
-    }
-    DeleteSchedule Label {
-        width: 1fr;
-    }
-    DeleteSchedule .hint {
-        color: $text-muted;
-    }
-    DeleteSchedule Input, DeleteSchedule Input:focus {
-        border: none;
-        height: 1;
-        padding: 0 1;
-        margin-top: 1;
-        background: $boost;
-    }
-    DeleteSchedule #why {
-        color: $text-warning;
-        height: auto;
-    }
-    """
-
-    BINDINGS = [Binding("escape", "cancel", "Cancel", id="cancel_delete_schedule")]
-
-    def __init__(self, view: ScheduleView) -> None:
-        super().__init__()
-        self.view = view
-
-    def compose(self) -> ComposeResult:
-        view = self.view
-        target = f" (→ {view.target.kind} {view.target.name})" if view.target is not None else ""
-        with Vertical() as box:
-            box.border_title = f"Delete {view.name}"
-            yield Label(Content.assemble(
-                "Delete the stored schedule ", (view.name, "bold"), target,
-                "? Every instance stops firing it within seconds; its runs stay in the ledger.",
-            ))
-            yield Input(placeholder=f"type {view.name} to confirm", id="typed")
-            yield Static("", id="why")
-            yield Label("type its name, then enter · esc cancels", classes="hint")
-
-    @on(Input.Submitted, "#typed")
-    def _typed(self, event: Input.Submitted) -> None:
-        event.stop()
-        typed = event.value
-        if typed == self.view.name:
-            self.dismiss(True)
-            return
-        why = (f"You typed {typed!r}; type {self.view.name!r} exactly to delete it."
-               if typed else f"Type {self.view.name!r} to delete it.")
-        self.query_one("#why", Static).update(Content(why))
-        self.notify(why, title="Not deleted", severity="warning", markup=False)
-
-    def action_cancel(self) -> None:
-        self.dismiss(False)

@@ -10,7 +10,6 @@ says so instead of failing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from console.views.audit import AuditView
@@ -33,18 +32,17 @@ class ViewSpec:
     system: str
     """The backend system it needs (see ``ConnectionInfo.systems``)."""
     help: str
-    make: Callable[[], View] | None
-    """Builds the view; ``None`` while it is not written."""
+    make: type[View] | None
+    """The view's class (its ``KEYS`` are the view's keys); ``None`` while it is not written."""
 
 
 VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("schedules", "1", "Schedules", "schedules", "every schedule; the selected one's runs", SchedulesView),
     ViewSpec("timeline", "2", "Timeline", "schedules", "every schedule's runs on a time axis", TimelineView),
     ViewSpec("jobs", "3", "Jobs", "jobs", "job queues: queued, running and dead jobs", JobsView),
-    ViewSpec("durable", "4", "Durable", "durable",
-             "durable executions: enter steps (f failed only), a signal, c cancel, R retry", DurableView),
+    ViewSpec("durable", "4", "Durable", "durable", "durable executions: their steps, signals, cancels and retries", DurableView),
     ViewSpec("locks", "5", "Locks", "locks", "project locks: holders, fencing tokens, expiries", LocksView),
-    ViewSpec("audit", "6", "Audit", "audit", "who did what, and when; / filters, ] reads older", AuditView),
+    ViewSpec("audit", "6", "Audit", "audit", "who did what, and when", AuditView),
 )
 
 

@@ -9,14 +9,14 @@ from rich.style import Style
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.content import Content
 from textual.widgets import DataTable, Static
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.events.audit import AuditEntry
 from console import format as fmt
-from console.views.base import View
+from console.keys import Key, bindings
+from console.views.base import View, details_key, filter_key
 from console.widgets.line import Line
 from console.widgets.palette import theme_color
 from console.widgets.schedules import FreshTable
@@ -124,10 +124,12 @@ class AuditView(View):
     view_id = "audit"
     topics: ClassVar[tuple[str, ...]] = ("audit",)
 
-    BINDINGS = [
-        Binding("right_square_bracket", "older_entries", "Older", id="older_entries", show=False,
-                tooltip="read older entries (by keyset)"),
-    ]  # fmt: skip
+    KEYS = (
+        Key("right_square_bracket", "older_entries", "Older", ("audit",), show=False, help="read older entries (by keyset)"),
+        filter_key("the entries by actor, action, target or detail"),
+        details_key("every field of the entry under the cursor"),
+    )
+    BINDINGS = bindings(KEYS)
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id or self.view_id)
@@ -187,7 +189,7 @@ class AuditView(View):
         title = f"AUDIT {len(shown)}"
         if needle:
             title += f" of {len(self.entries)} · filter “{needle}” (esc clears)"
-        title += " · newest first · " + ("] older" if self.next_before else "all read")
+        title += " · newest first · " + (f"{self.shown_key('older_entries')} older" if self.next_before else "all read")
         self.query_one("#audit-title", Line).update(Content(title))
 
     def _show_entry(self) -> None:

@@ -6,14 +6,36 @@ from datetime import datetime
 from typing import TYPE_CHECKING, ClassVar, cast
 
 from textual.app import ComposeResult
+from textual.binding import BindingType
 from textual.containers import Vertical
 from textual.content import Content
 from textual.widgets import Static
 
+from console.keys import Key, action_key
+
 if TYPE_CHECKING:
     from console.app import SchedtuiApp
 
-__all__ = ["UnavailableView", "View"]
+__all__ = ["SCHEDULE_KEYS", "UnavailableView", "View", "details_key", "filter_key"]
+
+SCHEDULE_KEYS: tuple[Key, ...] = (
+    action_key("run_now", "r", "Run now", method="app.run_now", help="Run now: fire the selected schedule once (manual)"),
+    Key("e", "app.toggle_enabled", "On/off", ("enable_schedule", "disable_schedule"), title="Enable/disable",
+        help="enable / disable the selected schedule (disabling asks for a note)"),
+    Key("b", "app.backfill", "Backfill", ("plan_backfill", "start_backfill"),
+        help="backfill a past range of the selected schedule"),
+)
+"""The keys of a view with a selected schedule (the schedules and the timeline)."""
+
+
+def filter_key(what: str) -> Key:
+    """``/``: the filter (it applies to ``what``; esc clears it)."""
+    return Key("slash", "app.filter", "Filter", help=f"filter {what}")
+
+
+def details_key(what: str, *, label: str = "Details") -> Key:
+    """``enter``: the details of what is under the cursor (``what``)."""
+    return Key("enter", "app.run_details", label, show=False, help=what)
 
 
 class View(Vertical):
@@ -32,6 +54,10 @@ class View(Vertical):
     """
 
     view_id: ClassVar[str] = ""
+    KEYS: ClassVar[tuple[Key, ...]] = ()
+    """The keys this view handles (the footer offers them while it is on screen); a
+    subclass sets ``BINDINGS = bindings(KEYS)`` beside them."""
+    BINDINGS: ClassVar[list[BindingType]] = []
     topics: ClassVar[tuple[str, ...]] = ()
     """Change signals (besides ``runs`` and ``schedules``, which every view follows) that
     make the app refresh while this view is on screen (see :mod:`backend.events.bus`)."""
@@ -40,6 +66,18 @@ class View(Vertical):
     def console(self) -> SchedtuiApp:
         # Only the app imports its parts (a part importing the app would be an import cycle).
         return cast("SchedtuiApp", self.app)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """As the app's (:meth:`console.app.SchedtuiApp.check_action`): a key that acts is
+        disabled while the console is read-only."""
+        return self.console.check_action(action, parameters)
+
+    def shown_key(self, binding_id: str) -> str:
+        """The key of this view (or of the app) bound as ``binding_id``, as the operator
+        presses it now: for the hints a view writes (``x releases the selected lock``)."""
+        console = self.console
+        key = next(key for key in (*self.KEYS, *console.KEYS) if key.binding_id == binding_id)
+        return console.key_display(key, alone=True)
 
     def selected_schedule(self) -> str | None:
         """The schedule the schedule actions (``r``, ``e``, ``b``) apply to, if any."""

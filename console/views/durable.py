@@ -12,15 +12,16 @@ from rich.style import Style
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.content import Content
 from textual.widgets import DataTable, Static
 
 from backend.durable.model import Execution
 from backend.errors import SchedtuiError, Unavailable
 from console import format as fmt
-from console.screens.durable import CancelPrompt, SignalPrompt, StepsScreen
-from console.views.base import View
+from console.keys import action_key, bindings
+from console.screens.confirm import Confirm
+from console.screens.durable import SignalPrompt, StepsScreen
+from console.views.base import View, details_key, filter_key
 from console.widgets.line import Line
 from console.widgets.palette import theme_color
 from console.widgets.schedules import FreshTable
@@ -127,11 +128,14 @@ class DurableView(View):
     view_id = "durable"
     topics: ClassVar[tuple[str, ...]] = ("durable",)
 
-    BINDINGS = [
-        Binding("a", "signal", "Signal", id="durable_signal", tooltip="send the signal the execution waits for"),
-        Binding("c", "cancel", "Cancel", id="durable_cancel", tooltip="cancel the execution (asks first)"),
-        Binding("R", "retry", "Retry", id="durable_retry", tooltip="retry a failed execution from its failed step"),
-    ]
+    KEYS = (
+        details_key("the step timeline of the execution under the cursor (f there: failed only)", label="Steps"),
+        action_key("signal_execution", "a", "Signal", help="send the signal the execution waits for (a payload prompt)"),
+        action_key("cancel_execution", "c", "Cancel", help="cancel the execution under the cursor"),
+        action_key("retry_execution", "R", "Retry", help="retry a failed execution from its failed step"),
+        filter_key("the executions by id, function, status, step, wait or error"),
+    )
+    BINDINGS = bindings(KEYS)
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id or self.view_id)
@@ -165,7 +169,8 @@ class DurableView(View):
         title += "".join(f" · {n} {status}" for status, n in counts.items() if n)
         if needle:
             title += f" · filter “{needle}” (esc clears)"
-        title += " · enter steps · a signal · c cancel · R retry"
+        title += " · " + " · ".join(f"{console.key_display(key, alone=True)} {key.label.lower()}" for key in self.KEYS
+                                    if key.name != "filter")  # fmt: skip
         self.query_one("#durable-title", Line).update(Content(title))
 
     def tick(self, now: datetime) -> None:
@@ -221,18 +226,13 @@ class DurableView(View):
 
     # -- actions -------------------------------------------------------------------------
     def _target(self, action: str) -> Execution | None:
-        """The execution under the cursor, if ``action`` may go ahead; else say why not."""
-        console = self.console
-        if console.read_only:
-            self.notify(f"{action} does nothing here: {console._read_only_reason()}.", title="Read-only",
-                        severity="warning")  # fmt: skip
-            return None
+        """The execution under the cursor; ``None``, saying so, when there is none."""
         execution = self.table.selected_execution
         if execution is None:
             self.notify(f"{action}: no execution selected.", severity="warning")
         return execution
 
-    def action_signal(self) -> None:
+    def action_signal_execution(self) -> None:
         """``a``: send the signal the selected execution waits for, with a payload."""
         execution = self._target("Signal")
         if execution is None:
@@ -262,7 +262,7 @@ class DurableView(View):
         self.notify(f"{name} sent to {execution_id[-6:]}{note}", title="Signal sent", markup=False)
         self.console.request_refresh()
 
-    def action_cancel(self) -> None:
+    def action_cancel_execution(self) -> None:
         """``c``: cancel the selected execution, once confirmed."""
         execution = self._target("Cancel")
         if execution is None:
@@ -276,7 +276,8 @@ class DurableView(View):
             if yes:
                 self._cancel(execution.id)
 
-        self.app.push_screen(CancelPrompt(execution), confirmed)
+        facts = [f"{execution.function}, {execution.status}" + (f", at step {execution.current_step}" if execution.current_step else "")]
+        self.app.push_screen(Confirm.of("cancel_execution", {"execution_id": execution.id}, facts=facts), confirmed)
 
     @work(group="durable-action", exit_on_error=False)
     async def _cancel(self, execution_id: str) -> None:
@@ -289,7 +290,7 @@ class DurableView(View):
         self.notify(f"{execution.function} {execution_id[-6:]}: {what}", title="Cancelled", markup=False)
         self.console.request_refresh()
 
-    def action_retry(self) -> None:
+    def action_retry_execution(self) -> None:
         """``R``: retry the selected execution from its failed step."""
         execution = self._target("Retry")
         if execution is None:

@@ -17,14 +17,15 @@ from typing import ClassVar, Final
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.content import Content
 from textual.widgets import DataTable
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.jobs.model import Job, JobsPage, QueueView, Sent
-from console.screens.jobs import RETRY_CONFIRM_ABOVE, ConfirmPrompt, JobDetails, SendJobScreen
-from console.views.base import View
+from console.keys import Key, action_key, bindings
+from console.screens.confirm import Confirm
+from console.screens.jobs import RETRY_CONFIRM_ABOVE, JobDetails, SendJobScreen, TypedCount
+from console.views.base import View, details_key
 from console.widgets.jobs import JobsTable, QueuesTable
 from console.widgets.line import Line
 
@@ -42,19 +43,21 @@ class JobsView(View):
     view_id = "jobs"
     topics: ClassVar[tuple[str, ...]] = ("jobs",)
 
-    BINDINGS = [
-        Binding("f", "cycle_status", "Status", id="jobs_status",
-                tooltip="show every job, or only the queued, running or dead ones"),
-        Binding("R", "retry", "Retry", id="jobs_retry",
-                tooltip="retry the selected dead job (with the dead filter: every dead job shown)"),
-        Binding("x", "delete", "Delete", id="jobs_delete", tooltip="delete the selected job (asks first)"),
-        Binding("P", "pause_queue", "Pause queue", id="jobs_pause", tooltip="pause or resume the selected queue"),
-        Binding("n", "send", "Send", id="jobs_send", tooltip="send a job to the selected queue (a payload editor)"),
-        Binding("right_square_bracket", "older_jobs", "Older jobs", id="older_jobs", show=False,
-                tooltip="older jobs (the next page, by keyset)"),
-        Binding("left_square_bracket", "newer_jobs", "Newer jobs", id="newer_jobs", show=False,
-                tooltip="newer jobs (back towards the newest page)"),
-    ]
+    KEYS = (
+        Key("f", "cycle_status", "Status", ("list_jobs",), id="jobs_status",
+            help="show every job, or only the queued, running or dead ones"),
+        action_key("retry_job", "R", "Retry", help="retry the selected dead job (with the dead filter: every dead job shown)"),
+        action_key("delete_job", "x", "Delete", help="delete the selected job"),
+        Key("P", "toggle_queue_paused", "Pause queue", ("pause_queue", "resume_queue"), title="Pause/resume",
+            help="pause or resume the selected queue"),
+        action_key("send_job", "n", "Send", help="send a job to the selected queue (a payload editor)"),
+        Key("right_square_bracket", "older_jobs", "Older jobs", ("list_jobs",), show=False,
+            help="older jobs (the next page, by keyset)"),
+        Key("left_square_bracket", "newer_jobs", "Newer jobs", ("list_jobs",), show=False,
+            help="newer jobs (back towards the newest page)"),
+        details_key("a queue: its jobs; a job: its details (payload, attempts, next try)"),
+    )  # fmt: skip
+    BINDINGS = bindings(KEYS)
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id or self.view_id)
@@ -143,14 +146,15 @@ class JobsView(View):
             self.query_one("#jobs-title", Line).update(Content("JOBS"))
             return
         which = self.status or "all"
-        title = f"JOBS of {queue} · {which} (f) · {len(jobs)} shown"
+        key = self.shown_key
+        title = f"JOBS of {queue} · {which} ({key('jobs_status')}) · {len(jobs)} shown"
         if len(self._pages) > 1:
-            title += f" · page {len(self._pages)} ([ newer)"
+            title += f" · page {len(self._pages)} ({key('newer_jobs')} newer)"
         if self.page is not None and self.page.next_before is not None:
-            title += " · ] older"
+            title += f" · {key('older_jobs')} older"
         view = next((q for q in self.queues if q.name == queue), None)
         if view is not None and view.paused:
-            title += " · ‖ paused (P resumes)"
+            title += f" · ‖ paused ({key('toggle_queue_paused')} resumes)"
         self.query_one("#jobs-title", Line).update(Content(title))
 
     def tick(self, now: datetime) -> None:
@@ -218,14 +222,7 @@ class JobsView(View):
 
     # -- acting -------------------------------------------------------------------------
     def _may_act(self, action: str) -> str | None:
-        """The selected queue, if ``action`` may go ahead; otherwise say why not."""
-        console = self.console
-        if console.read_only:
-            why = "the console was started with --read-only" if console.read_only_flag else "the token may only read"
-            if console.info is not None and console.info.kind == "embedded" and not console.read_only_flag:
-                why = "the backend is read-only"
-            self.notify(f"{action} does nothing here: {why}.", title="Read-only", severity="warning")
-            return None
+        """The selected queue; ``None``, saying so, when there is none."""
         if self.selected_queue is None:
             self.notify(f"{action}: no queue selected.", severity="warning")
         return self.selected_queue
@@ -240,7 +237,7 @@ class JobsView(View):
             return None
         return queue, job
 
-    def action_retry(self) -> None:
+    def action_retry_job(self) -> None:
         """``R``: retry the selected dead job; with the dead filter, every dead job shown."""
         if self.status == "dead" and self.focused_table() is not self.queues_table:
             queue = self._may_act("Retry")
@@ -250,17 +247,16 @@ class JobsView(View):
             if not dead:
                 self.notify("No dead job shown.", severity="information")
                 return
-            count = len(dead) if len(dead) > RETRY_CONFIRM_ABOVE else None
-
             def answer(go: bool | None) -> None:
                 if go:
                     self._retry(queue, [j.id for j in dead])
 
-            self.app.push_screen(
-                ConfirmPrompt(f"Retry {len(dead)} dead jobs", f"Put the {len(dead)} dead jobs shown of {queue} back "
-                              "in the queue, each with fresh attempts?", count=count),
-                answer,
-            )
+            question = f"Retry the {len(dead)} dead jobs shown of {queue}?"
+            detail = "Each goes back in the queue with fresh attempts."
+            if len(dead) > RETRY_CONFIRM_ABOVE:  # as a backfill: the count typed, not a key pressed
+                self.app.push_screen(TypedCount(question, detail, len(dead)), answer)
+            else:
+                self.app.push_screen(Confirm(question, detail), answer)
             return
         target = self._job_for("Retry")
         if target is None:
@@ -286,19 +282,18 @@ class JobsView(View):
             self.notify(f"{queue}: {what} queued again with fresh attempts", title="Retried")
         self.console.request_refresh()
 
-    def action_delete(self) -> None:
+    def action_delete_job(self) -> None:
         """``x``: delete the selected job, after asking."""
         target = self._job_for("Delete")
         if target is None:
             return
         queue, job = target
-        running = " It is running: it finishes, and its result is not kept." if job.status == "running" else ""
-
         def answer(go: bool | None) -> None:
             if go:
                 self._delete(queue, job)
 
-        self.app.push_screen(ConfirmPrompt("Delete a job", f"Delete job {job.id} ({job.status}) of {queue}?{running}"), answer)
+        facts = [f"It is {job.status}, try {job.attempt}/{job.max_attempts}" + (f", key {job.key}" if job.key else "") + "."]
+        self.app.push_screen(Confirm.of("delete_job", {"queue": queue, "job_id": job.id}, facts=facts), answer)
 
     @work(group="jobs-action", exit_on_error=False)
     async def _delete(self, queue: str, job: Job) -> None:
@@ -310,7 +305,7 @@ class JobsView(View):
         self.notify(f"{queue}: job {job.id} deleted", title="Deleted")
         self.console.request_refresh()
 
-    def action_pause_queue(self) -> None:
+    def action_toggle_queue_paused(self) -> None:
         """``P``: pause or resume the selected queue."""
         queue = self._may_act("Pause/resume")
         if queue is None:
@@ -328,12 +323,13 @@ class JobsView(View):
         self.queues = [view if q.name == queue else q for q in self.queues]
         self.show()
         if view.paused:
-            self.notify(f"{queue} paused: its jobs wait (running ones finish); P resumes", title="Paused queue")
+            self.notify(f"{queue} paused: its jobs wait (running ones finish); {self.shown_key('toggle_queue_paused')} resumes",
+                        title="Paused queue")  # fmt: skip
         else:
             self.notify(f"{queue} resumed", title="Resumed queue")
         self.console.request_refresh()
 
-    def action_send(self) -> None:
+    def action_send_job(self) -> None:
         """``n``: send a job to the selected queue (a payload editor)."""
         queue = self._may_act("Send")
         if queue is None:

@@ -9,12 +9,12 @@ from typing import ClassVar
 from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.content import Content
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.locks import Lock, LocksSnapshot
 from console import format as fmt
+from console.keys import action_key, bindings
 from console.screens.confirm import Confirm
 from console.views.base import View
 from console.widgets.line import Line
@@ -98,10 +98,11 @@ class LocksView(View):
     view_id = "locks"
     topics: ClassVar[tuple[str, ...]] = ("locks",)
 
-    BINDINGS = [
-        Binding("x", "release_lock", "Release", id="release_lock",
-                tooltip="release the selected lock by force (asks first; the next holder gets a greater token)"),
-    ]  # fmt: skip
+    KEYS = (
+        action_key("release_lock", "x", "Release",
+                   help="release the selected lock by force (the next holder gets a greater token)"),
+    )  # fmt: skip
+    BINDINGS = bindings(KEYS)
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id or self.view_id)
@@ -141,7 +142,7 @@ class LocksView(View):
         self.query_one("#locks-hint", Line).update(
             Content.from_markup("[$text-muted]no lock has been taken in this store yet[/]")
             if not snapshot.locks
-            else Content.from_markup("[$text-muted]x releases the selected lock by force[/]")
+            else Content.styled(f"{self.shown_key('release_lock')} releases the selected lock by force", "$text-muted")
         )
 
     def tick(self, now: datetime) -> None:
@@ -149,11 +150,8 @@ class LocksView(View):
             self.table.tick(self.lock_now(now))
 
     def action_release_lock(self) -> None:
+        """``x``: release the selected lock by force, once confirmed."""
         console = self.console
-        if console.read_only:
-            console.notify(f"Release does nothing here: {console._read_only_reason()}.", title="Read-only",
-                           severity="warning")  # fmt: skip
-            return
         lock = self.table.selected
         if lock is None:
             console.notify("Release: no lock selected.", severity="warning")
@@ -167,17 +165,13 @@ class LocksView(View):
             f"its lease runs {fmt.countdown(lock.expires_at, now)}" if state == "held"
             else f"its lease expired {fmt.ago(lock.expires_at, now)}"
         )  # fmt: skip
-        lines: list[Content | str] = [
-            Content.assemble(("Lock ", ""), (lock.name, "bold"), f" is held by {lock.holder} (token {lock.token}); {until}."),
-            "Released by force, its holder's renewals and fenced writes are refused from now on, "
-            "and the next holder gets a greater token. Its holder may still be working.",
-        ]
+        held = f"Held by {lock.holder} (token {lock.token}); {until}."
 
         def answer(yes: bool | None) -> None:
             if yes:
                 self._release(lock.name)
 
-        console.push_screen(Confirm("Release this lock?", lines, "releases it"), answer)
+        console.push_screen(Confirm.of("release_lock", {"name": lock.name}, facts=[held]), answer)
 
     @work(group="action", exit_on_error=False)
     async def _release(self, name: str) -> None:

@@ -1,9 +1,10 @@
 """View 1: every schedule, and the selected one's settings, recent runs, next fires and runs.
 
 ``n`` creates a schedule at run time (a form previewing its next fires), ``E`` edits a
-stored one, ``D`` deletes a stored one (its name typed to confirm). Schedules written in
-code can only be enabled or disabled (``e``): ``E`` and ``D`` say so. Acting is refused,
-saying why, when the console is read-only."""
+stored one, ``D`` deletes a stored one (after :class:`~console.screens.confirm.Confirm`).
+Schedules written in code can only be enabled or disabled (``e``): ``E`` and ``D`` say so.
+While the console is read-only, the keys that act say why they do nothing (see
+:mod:`console.keys`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from datetime import datetime
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.content import Content
 from textual.widgets import DataTable
 
@@ -21,8 +21,10 @@ from backend.errors import SchedtuiError, Unavailable
 from backend.model import Run, ScheduleView
 from console import format as fmt
 from console.fleet import durations
-from console.screens.schedule_form import DEFINED_IN_CODE, DeleteSchedule, ScheduleForm, defined_in_code
-from console.views.base import View
+from console.keys import Key, action_key, bindings
+from console.screens.confirm import Confirm
+from console.screens.schedule_form import DEFINED_IN_CODE, ScheduleForm, defined_in_code
+from console.views.base import SCHEDULE_KEYS, View, details_key, filter_key
 from console.widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
 from console.widgets.line import Line
 
@@ -38,18 +40,22 @@ class SchedulesView(View):
 
     view_id = "schedules"
 
-    BINDINGS = [
-        Binding("n", "create_schedule", "New", id="schedule_create",
-                tooltip="create a schedule at run time (its next fires previewed as you type)"),
-        Binding("E", "edit_schedule", "Edit", id="schedule_edit", show=False,
-                tooltip="edit the selected stored schedule (one in code: e only)"),
-        Binding("D", "delete_schedule", "Delete", id="schedule_delete", show=False,
-                tooltip="delete the selected stored schedule (its name typed to confirm)"),
-        Binding("right_square_bracket", "older_runs", "Older runs", id="older_runs", show=False,
-                tooltip="older runs (the next page, by keyset)"),
-        Binding("left_square_bracket", "newer_runs", "Newer runs", id="newer_runs", show=False,
-                tooltip="newer runs (back towards the newest page)"),
-    ]
+    KEYS = (
+        action_key("create_schedule", "n", "New", title="Create schedule",
+                   help="create a schedule at run time (its next fires previewed as you type)"),
+        *SCHEDULE_KEYS,
+        filter_key("the schedules: a text, or failed, overdue, disabled, running…"),
+        action_key("update_schedule", "E", "Edit", title="Edit schedule", show=False,
+                   help="edit the selected stored schedule (one in code: e only)"),
+        action_key("delete_schedule", "D", "Delete", title="Delete schedule", show=False,
+                   help="delete the selected stored schedule"),
+        Key("right_square_bracket", "older_runs", "Older runs", ("list_runs",), show=False,
+            help="older runs (the next page, by keyset)"),
+        Key("left_square_bracket", "newer_runs", "Newer runs", ("list_runs",), show=False,
+            help="newer runs (back towards the newest page)"),
+        details_key("the selected run's details"),
+    )  # fmt: skip
+    BINDINGS = bindings(KEYS)
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id or self.view_id)
@@ -171,7 +177,7 @@ class SchedulesView(View):
             line.note = ""
         detail.durations = durations(recent.runs)
         detail.overdue_since = console.overdue.since(view, console.data_now()) if view is not None else None
-        detail.page = "" if len(self._pages) == 1 else f"page {len(self._pages)} · [ newer"
+        detail.page = "" if len(self._pages) == 1 else f"page {len(self._pages)} · {self.shown_key('newer_runs')} newer"
 
     def tick(self, now: datetime) -> None:
         self.table.tick(now, self.console.data_now())
@@ -266,7 +272,7 @@ class SchedulesView(View):
         if self.console.may_act("Create schedule"):
             self.open_form(None)
 
-    def action_edit_schedule(self) -> None:
+    def action_update_schedule(self) -> None:
         """``E``: the form, filled in from the selected stored schedule."""
         view = self._stored("Edit schedule")
         if view is not None:
@@ -322,7 +328,7 @@ class SchedulesView(View):
         console.request_refresh()
 
     def action_delete_schedule(self) -> None:
-        """``D``: delete the selected stored schedule, once its name is typed."""
+        """``D``: delete the selected stored schedule, once confirmed."""
         view = self._stored("Delete schedule")
         if view is None:
             return
@@ -331,7 +337,8 @@ class SchedulesView(View):
             if go:
                 self._delete(view.name)
 
-        self.app.push_screen(DeleteSchedule(view), answer)
+        facts = [f"It starts {view.target.kind} {view.target.name} on every slot."] if view.target is not None else []
+        self.app.push_screen(Confirm.of("delete_schedule", {"name": view.name}, facts=facts), answer)
 
     @work(group="schedule-delete", exit_on_error=False)
     async def _delete(self, name: str) -> None:

@@ -7,14 +7,14 @@ from datetime import datetime
 
 from textual import on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.content import Content
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.model import Run
 from console import format as fmt
+from console.keys import Key, bindings
 from console.timeline import DEFAULT_ZOOM, ZOOMS, Window, kind_of, zoom_label
-from console.views.base import View
+from console.views.base import SCHEDULE_KEYS, View, details_key, filter_key
 from console.widgets import TimelineGrid
 from console.widgets.line import Line
 from console.widgets.palette import KIND_MEANINGS
@@ -30,16 +30,19 @@ class TimelineView(View):
 
     view_id = "timeline"
 
-    BINDINGS = [
-        Binding("h", "pan(-1)", "Earlier", id="timeline_earlier", tooltip="pan a quarter of the window earlier"),
-        Binding("l", "pan(1)", "Later", id="timeline_later", tooltip="pan a quarter of the window later"),
-        Binding("plus,equals_sign", "zoom(-1)", "Zoom in", id="timeline_zoom_in", key_display="+",
-                tooltip="zoom in (down to 15 minutes)"),
-        Binding("minus", "zoom(1)", "Zoom out", id="timeline_zoom_out", key_display="-",
-                tooltip="zoom out (up to 7 days)"),
-        Binding("0", "follow_now", "Back to now", id="timeline_now", show=False,
-                tooltip="back to following now"),
-    ]
+    KEYS = (
+        Key("h", "pan(-1)", "Earlier", ("runs_between",), id="timeline_earlier", help="pan a quarter of the window earlier"),
+        Key("l", "pan(1)", "Later", ("runs_between",), id="timeline_later", help="pan a quarter of the window later"),
+        Key("plus,equals_sign", "zoom(-1)", "Zoom in", ("runs_between",), id="timeline_zoom_in", key_display="+",
+            help="zoom in (down to 15 minutes)"),
+        Key("minus", "zoom(1)", "Zoom out", ("runs_between",), id="timeline_zoom_out", key_display="-",
+            help="zoom out (up to 7 days)"),
+        Key("0", "follow_now", "Back to now", ("runs_between",), id="timeline_now", show=False, help="back to following now"),
+        *SCHEDULE_KEYS,
+        filter_key("the rows: a text, or failed, overdue, disabled, running…"),
+        details_key("the run under the cursor (the worst, where several share a cell)"),
+    )  # fmt: skip
+    BINDINGS = bindings(KEYS)
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id or self.view_id)
@@ -176,7 +179,9 @@ class TimelineView(View):
         zone = console.display_zone
         head: list[str | tuple[str, str]] = [(view.name, "bold"), ("  ", "")]
         if cell is None or index is None:
-            hint = "←/→ a run · enter its details · h/l pan · +/- zoom · ? legend"
+            key = self.shown_key
+            hint = (f"←/→ a run · {key('run_details')} its details · {key('timeline_earlier')}/{key('timeline_later')} pan · "
+                    f"{key('timeline_zoom_in')}/{key('timeline_zoom_out')} zoom · {key('help')} legend")
             info.update(Content.assemble(*head, (hint, "$text-muted")))
             return
         assert self.grid.window is not None

@@ -167,6 +167,11 @@ class FreshTable(DataTable[Text | str]):
         width = sum(column.get_render_width(self) for column in self.columns.values()) + self._row_label_column_width
         self.virtual_size = Size(width, self._total_row_height + (self.header_height if self.show_header else 0))
 
+    @property
+    def measuring(self) -> bool:
+        """New rows wait to be measured (at the next idle): their columns may still widen."""
+        return bool(self._require_update_dimensions)
+
     async def _on_idle(self, event: events.Idle) -> None:
         measuring = self._require_update_dimensions
         await super()._on_idle(event)
