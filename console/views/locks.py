@@ -82,6 +82,7 @@ class LocksTable(FreshTable):
             state, expires, renewed = self._timed(lock, now)
             self.add_row(Text(_cut(lock.name, 24), style="bold"), Text(_cut(lock.holder or "-", 22)),
                          Text(str(lock.token)), state, expires, renewed, key=lock.name)  # fmt: skip
+        self.measure_now()
         if selected is not None and selected.name in self.locks:
             self.move_cursor(row=self.get_row_index(selected.name), animate=False, scroll=True)
 

@@ -115,6 +115,7 @@ class QueuesTable(FreshTable):
                 cells = self._cells(queue, now)
                 self._shown[queue.name] = cells
                 self.add_row(*cells, key=queue.name)
+            self.measure_now()
             if selected in self._shown:
                 self.move_cursor(row=self.get_row_index(selected), animate=False, scroll=True)
             return
@@ -209,6 +210,7 @@ class JobsTable(FreshTable):
                 cells = self._cells(job, now)
                 self._shown[job.id] = cells
                 self.add_row(*cells, key=job.id)
+            self.measure_now()
             if selected is not None and selected.id in self._shown:
                 self.move_cursor(row=self.get_row_index(selected.id), animate=False, scroll=True)
             return

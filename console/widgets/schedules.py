@@ -169,8 +169,22 @@ class FreshTable(DataTable[Text | str]):
 
     @property
     def measuring(self) -> bool:
-        """New rows wait to be measured (at the next idle): their columns may still widen."""
-        return bool(self._require_update_dimensions)
+        """New rows or changed cells wait to be measured (at the next idle): their columns
+        may still widen."""
+        return bool(self._require_update_dimensions or self._updated_cells)
+
+    def measure_now(self) -> None:
+        """Measure the rows just added before anything draws them. Textual measures at its
+        next idle, and a frame drawn before then (on a loaded machine, a screenshot too)
+        shows them cut to the widths of before: after :meth:`clear`, the headers' widths."""
+        if not self._require_update_dimensions:
+            return
+        self._require_update_dimensions = False
+        rows = self._new_rows.copy()
+        self._new_rows.clear()
+        self._update_dimensions(rows)
+        self._line_cache.clear()
+        self.refresh()
 
     async def _on_idle(self, event: events.Idle) -> None:
         measuring = self._require_update_dimensions
@@ -185,6 +199,7 @@ class FreshTable(DataTable[Text | str]):
         self.clear()
         for key, cells in shown:
             self.add_row(*cells, key=key)
+        self.measure_now()
         if keep is not None and any(key == keep for key, _ in shown):
             self.move_cursor(row=self.get_row_index(keep), animate=False)
 
@@ -321,6 +336,7 @@ class SchedulesTable(FreshTable):
                     self._stale[view.name] = None
                 self._shown[view.name] = cells
                 self.add_row(*cells, key=view.name)
+            self.measure_now()
             if selected in self._shown:
                 self.move_cursor(row=self.get_row_index(selected), animate=False, scroll=True)
             if self._stale:
