@@ -180,11 +180,14 @@ async def serve(
     sock: socket.socket | None = None
     if port is not None:
         from backend.api.app import BODY_TIMEOUT, create_app
+        from backend.observability.metrics import EngineMetrics
 
-        # Both before the engine starts: bad tokens and a taken port fire nothing.
+        # Both before the engine starts: bad tokens and a taken port fire nothing, and the
+        # metrics count every run.
         app = create_app(
-            backend, token=token, read_token=read_token, body_timeout=body_timeout or BODY_TIMEOUT
-        )
+            backend, token=token, read_token=read_token, body_timeout=body_timeout or BODY_TIMEOUT,
+            metrics=EngineMetrics(backend.engine),
+        )  # fmt: skip
         sock = listen_on(host, port)
     try:
         await _serve(backend, app, sock, host, stop or asyncio.Event(), head_timeout, max_connections, on_ready,
