@@ -120,13 +120,15 @@ class EngineMetrics:
             self.engine.jobs.meters.remove(self.tallies.job_finished)
 
     async def refresh(self) -> None:
-        """Read the fleet's state if its window has passed (what every scrape does first)."""
+        """Read the fleet's state if its window has passed, and take this instance's counts
+        (on the loop that counts them: a renderer on another thread reads the copy). What
+        every scrape does first."""
         await self.fleet.current()
+        self.tallies.freeze()
 
     async def render(self) -> bytes:
         """One scrape, in the Prometheus text format (:data:`CONTENT_TYPE`)."""
-        await self.fleet.current()
-        self.tallies.freeze()  # here, on the loop that counts: the thread renders the copy
+        await self.refresh()
         return b"".join([await part.text() for part in self._parts])
 
 
@@ -240,13 +242,27 @@ class Tallies(Collector):
         )
 
 
+@dataclass(frozen=True)
+class _FleetRows:
+    """The fleet's families as plain values, made on the engine's loop when a read ends
+    (the only place its schedules may be read); ``None`` where the store could not say."""
+
+    next_fire: list[tuple[str, float]]
+    last_success: list[tuple[str, float]] | None = None
+    enabled: list[tuple[str, float]] | None = None
+    jobs: list[tuple[str, str, int]] | None = None
+    durable: list[tuple[str, str, int]] | None = None
+    locks_held: int | None = None
+    instances: list[tuple[str, int]] | None = None
+
+
 class FleetGauges(Collector):
     """The families read from the store (and the next fire times), from the newest snapshot.
 
     Contract: :meth:`current` reads the store at most once per ``cache_for`` seconds of
     ``clock`` (a read under way is shared, not repeated) and waits for it at most ``wait``
-    seconds; the families are built when a read ends, so :meth:`collect` does no I/O and
-    may run on any thread."""
+    seconds; what the families show is taken when a read ends, so :meth:`collect` does no
+    I/O, reads nothing of the engine's and may run on any thread."""
 
     def __init__(self, engine: Engine, *, cache_for: float, clock: Clock, wait: float) -> None:
         self.engine = engine
@@ -260,9 +276,9 @@ class FleetGauges(Collector):
         self.reads = 0
         """Snapshots asked of the store so far."""
         self.built = 0
-        """Times the families were built (once per read)."""
+        """Times the families' values were taken (once per read)."""
         self._reading: asyncio.Future[None] | None = None
-        self._families: list[Metric] = []
+        self._rows = _FleetRows([])
         self._next_fire: dict[str, tuple[Cron, datetime]] = {}
 
     def stale(self, now: datetime) -> bool:
@@ -297,14 +313,56 @@ class FleetGauges(Collector):
         except Exception:
             self.snapshot = None
             log.exception("metrics: reading the fleet's state failed")
-        self._families = self._build(self.snapshot)
+        self._rows = self._take(self.snapshot)
         self.built += 1
+
+    def _take(self, snapshot: FleetSnapshot | None) -> _FleetRows:
+        stored = {facts.name: facts.enabled for facts in snapshot.schedules} if snapshot is not None else {}
+        next_fire = [(name, _seconds(at)) for name, at in self._next_fires(stored)]
+        if snapshot is None:
+            return _FleetRows(next_fire)
+        engine = self.engine
+        enabled = []
+        for facts in snapshot.schedules:
+            on = facts.enabled
+            if on is None:  # never changed by an operator: its definition holds
+                schedule = engine.schedules.get(facts.name)
+                on = schedule.enabled if schedule is not None else True
+            enabled.append((facts.name, 1.0 if on else 0.0))
+        durable = dict.fromkeys(((f, s) for f in engine.durable.functions for s in EXECUTION_STATUSES), 0)
+        durable.update(snapshot.durable)
+        return _FleetRows(
+            next_fire,
+            [(facts.name, _seconds(facts.last_success)) for facts in snapshot.schedules if facts.last_success is not None],
+            enabled,
+            [(queue, state, n) for (queue, state), n in sorted(snapshot.jobs.items()) if state in JOB_STATES],
+            [(function, status, n) for (function, status), n in sorted(durable.items())],
+            snapshot.locks_held,
+            [(role, snapshot.instances.get(role, 0)) for role in MEMBER_ROLES],
+        )
 
     def describe(self) -> Iterable[Metric]:
         return self._empty()
 
     def collect(self) -> Iterable[Metric]:
-        return list(self._families)
+        rows = self._rows
+        next_fire, last_success, enabled, jobs, durable, locks, instances = gauges = self._empty()
+        for name, seconds in rows.next_fire:
+            next_fire.add_metric([name], seconds)
+        if rows.last_success is None or rows.enabled is None or rows.jobs is None or rows.durable is None:
+            return [next_fire]
+        for name, seconds in rows.last_success:
+            last_success.add_metric([name], seconds)
+        for name, on in rows.enabled:
+            enabled.add_metric([name], on)
+        for queue, state, n in rows.jobs:
+            jobs.add_metric([queue, state], n)
+        for function, status, n in rows.durable:
+            durable.add_metric([function, status], n)
+        locks.add_metric([], rows.locks_held or 0)
+        for role, n in rows.instances or ():
+            instances.add_metric([role], n)
+        return [*gauges]
 
     # -- the families ----------------------------------------------------------------------
     @staticmethod
@@ -337,35 +395,6 @@ class FleetGauges(Collector):
                 labels=["role"],
             ),
         ]
-
-    def _build(self, snapshot: FleetSnapshot | None) -> list[Metric]:
-        gauges = self._empty()
-        next_fire, last_success, enabled, jobs, durable, locks, instances = gauges
-        stored = {facts.name: facts.enabled for facts in snapshot.schedules} if snapshot is not None else {}
-        for name, at in self._next_fires(stored):
-            next_fire.add_metric([name], _seconds(at))
-        if snapshot is None:
-            return [next_fire]
-        engine = self.engine
-        for facts in snapshot.schedules:
-            if facts.last_success is not None:
-                last_success.add_metric([facts.name], _seconds(facts.last_success))
-            on = facts.enabled
-            if on is None:  # never changed by an operator: its definition holds
-                schedule = engine.schedules.get(facts.name)
-                on = schedule.enabled if schedule is not None else True
-            enabled.add_metric([facts.name], 1.0 if on else 0.0)
-        for (queue, state), n in sorted(snapshot.jobs.items()):
-            if state in JOB_STATES:
-                jobs.add_metric([queue, state], n)
-        counts = dict.fromkeys(((f, s) for f in engine.durable.functions for s in EXECUTION_STATUSES), 0)
-        counts.update(snapshot.durable)
-        for (function, status), n in sorted(counts.items()):
-            durable.add_metric([function, status], n)
-        locks.add_metric([], snapshot.locks_held)
-        for role in MEMBER_ROLES:
-            instances.add_metric([role], snapshot.instances.get(role, 0))
-        return [*gauges]
 
     def _next_fires(self, stored: dict[str, bool | None]) -> Iterator[tuple[str, datetime]]:
         """Each enabled self-triggered schedule's next slot: the armed one, else the next on
