@@ -22,6 +22,7 @@ from backend.api.server import serve
 from backend.client.embedded import EmbeddedBackend
 from backend.model import Run
 from backend.observability.metrics import DURATION_BUCKETS, EngineMetrics
+from backend.store import Membership
 from tests.conftest import expect
 
 OPERATE, READ = "op-secret", "read-secret"
@@ -284,11 +285,15 @@ async def test_only_firing_members_with_a_fresh_heartbeat_count(
     assert value(samples, "schedtui_instances", role="waiting") == 0.0
 
     await member.stop()  # a clean stop forgets the member
-    clock.advance(MINUTE)
-    await server.engine.quiesce()
+    now = clock.now()
+    store = server.engine.store
+    await store.heartbeat("gone", "elsewhere", 1, now - timedelta(seconds=31), Membership("firing", "advisoryLock"))
+    await store.heartbeat("late", "elsewhere", 2, now - timedelta(seconds=29), Membership("waiting", "single"))
+    await store.heartbeat("old-version", "elsewhere", 3, now, Membership(None))  # type: ignore[arg-type]
     server.cache_clock.advance(5)
     _, samples = await server.samples()
-    assert value(samples, "schedtui_instances", role="firing") == 1.0
+    assert value(samples, "schedtui_instances", role="firing") == 2.0  # this one, and a row that says no role
+    assert value(samples, "schedtui_instances", role="waiting") == 1.0  # its heartbeat is within the window
 
 
 # ---------------------------------------------------------------------------------------
