@@ -9,6 +9,7 @@ Besides them::
     GET  /healthz              health, without a token
     GET  /inspect/info         what this server is, and what the caller's token may do
     GET  /inspect/events       live change signals (backend.api.events)
+    GET  /metrics              the engine's metrics for Prometheus (backend.api.metrics)
     GET  /openapi.json         the document of every route
 
 Every error is ``{"error": {"code", "message"}}`` with its status (401, 403, 404, 405, 408,
@@ -33,6 +34,7 @@ from starlette.schemas import SchemaGenerator
 
 from backend.api.base import BODY_TIMEOUT, MAX_BODY_BYTES, Access, Api, JSONResponse, error_response
 from backend.api.events import event_routes
+from backend.api.metrics import Exposition, metrics_routes
 from backend.api.routes import action_routes
 from backend.api.routes import operation as action_operation
 from backend.api.tokens import Tokens
@@ -50,13 +52,16 @@ def create_app(
     read_token: str | Sequence[str] | None = None,
     manage_backend: bool = False,
     body_timeout: float = BODY_TIMEOUT,
+    metrics: Exposition | None = None,
 ) -> Starlette:
     """The ASGI app over ``backend``. ``token``/``read_token``: one or several, each
     ``NAME=SECRET`` or a bare secret (see :mod:`backend.api.tokens`). With ``manage_backend``
     the app's lifespan connects and closes it (for an embedded backend: starts and stops
-    its engine)."""
+    its engine). ``metrics``: what ``GET /metrics`` answers with (no such route without)."""
     api = Api(backend, Tokens.from_options(token, read_token), body_timeout)
     routes = [*service_routes(api), *action_routes(api), *event_routes(api)]
+    if metrics is not None:
+        routes += metrics_routes(api, metrics)
     schemas = SchemaGenerator(
         {
             "openapi": "3.0.3",

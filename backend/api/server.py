@@ -21,11 +21,14 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from backend.client.embedded import EmbeddedBackend
 from backend.errors import BadInput, ListenError, Unavailable
 from backend.store import until_lost
+
+if TYPE_CHECKING:  # imported when serving: prometheus_client takes a while to load
+    from backend.observability.metrics import EngineMetrics
 
 __all__ = [
     "HEAD_TIMEOUT",
@@ -166,10 +169,12 @@ async def serve(
     body_timeout: float | None = None,
     max_connections: int = MAX_CONNECTIONS,
     on_ready: Callable[[str], None] | None = None,
+    metrics: EngineMetrics | None = None,
 ) -> None:
     """Start the backend's engine (firing on its timers) and run until ``stop`` is set or
     the process is signalled. ``port=None``: no HTTP API. ``on_ready`` gets the API's URL
-    once it accepts requests."""
+    once it accepts requests. ``metrics``: what ``GET /metrics`` answers (by default the
+    engine's, made here)."""
     if port is not None and not (token or read_token) and not is_loopback(host):
         raise BadInput(
             f"refusing to listen on {host} without a token: anyone who can reach it could run your "
@@ -180,11 +185,14 @@ async def serve(
     sock: socket.socket | None = None
     if port is not None:
         from backend.api.app import BODY_TIMEOUT, create_app
+        from backend.observability.metrics import EngineMetrics
 
-        # Both before the engine starts: bad tokens and a taken port fire nothing.
+        # Both before the engine starts: bad tokens and a taken port fire nothing, and the
+        # metrics count every run.
         app = create_app(
-            backend, token=token, read_token=read_token, body_timeout=body_timeout or BODY_TIMEOUT
-        )
+            backend, token=token, read_token=read_token, body_timeout=body_timeout or BODY_TIMEOUT,
+            metrics=metrics or EngineMetrics(backend.engine),
+        )  # fmt: skip
         sock = listen_on(host, port)
     try:
         await _serve(backend, app, sock, host, stop or asyncio.Event(), head_timeout, max_connections, on_ready,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -94,6 +94,9 @@ class Jobs:
         """Set once started: only ``serve`` (and a console with ``--fire``) runs jobs."""
         self.loop: asyncio.AbstractEventLoop | None = None
         self.last_prune: datetime | None = None
+        self.meters: list[Callable[[Finish], None]] = []
+        """Told every attempt this process ran and the store took the end of (succeeded,
+        retry or dead), once (the metrics); a failing one is logged."""
 
     # -- the subsystem ---------------------------------------------------------------------
     async def open(self) -> None:

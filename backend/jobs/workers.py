@@ -363,6 +363,12 @@ class Workers:
 
     def _handed_in(self, run: JobRun, finish: Finish, applied: bool) -> None:
         self.running.pop(run.claimed.id, None)
+        if applied and finish.kind != "release":  # a release never started: no attempt used
+            for meter in self.jobs.meters:
+                try:
+                    meter(finish)
+                except Exception:
+                    log.exception("a job meter failed")
         if not applied:
             log.warning(
                 "late result of job %s (%s, attempt %d) discarded: the job went on without it "

@@ -43,6 +43,9 @@ class RunLedger:
         self._held = False
         self.on_finished: Callable[[Run], None] | None = None
         """Called for every run recorded in a final status (the claims' bookkeeping)."""
+        self.meters: list[RunListener] = []
+        """Told every run this engine records in a final status, once (the metrics); a
+        failing one is logged, as a listener is."""
         self.on_handoff: list[Callable[[], None]] = []
         """Called after each hand-off of rows to the store (the change signals wait for it)."""
 
@@ -53,8 +56,14 @@ class RunLedger:
 
     def record(self, run: Run) -> None:
         status = run.status
-        if status != "running" and self.on_finished is not None:
-            self.on_finished(run)
+        if status != "running":
+            if self.on_finished is not None:
+                self.on_finished(run)
+            for meter in self.meters:
+                try:
+                    meter(run)
+                except Exception:
+                    log.exception("a run meter failed")
         self._buffer.append(run)
         if not self._pending and not self._held:
             self._pending = True

@@ -62,7 +62,7 @@ if __package__ in (None, ""):  # run as a script: make backend/ importable
 
 from backend.cron import Cron  # noqa: E402
 from backend.ids import IdFactory  # noqa: E402
-from backend.store import sqlite as sqlite_store  # noqa: E402
+from backend.store.sqlite import sql as sqlite_store  # noqa: E402
 
 __all__ = ["BigLedger", "ScheduleSpec", "build_ledger", "cache_dir"]
 

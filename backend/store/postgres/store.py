@@ -58,6 +58,7 @@ from backend.store.postgres.ledger import (
     PostgresLedgerWriter,
 )
 from backend.store.postgres.locks import PostgresLocks
+from backend.store.postgres.metrics import PostgresMetrics
 from backend.store.postgres.sql import (
     BACKFILL_PKEY,
     CLAIM,
@@ -172,7 +173,8 @@ def _connection_lost(exc: psycopg.Error) -> bool:
 
 
 class PostgresStore(
-    PostgresLedgerWriter, PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLocks, PostgresCluster, PostgresAudit, PostgresEvents
+    PostgresLedgerWriter, PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLocks, PostgresCluster, PostgresAudit, PostgresEvents,
+    PostgresMetrics,
 ):
     """The fleet store. ``PostgresStore("postgresql://user:pass@host:5432/db")``.
 

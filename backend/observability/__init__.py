@@ -1,0 +1,1 @@
+"""Observability: what an engine tells the tools operators already run (metrics, logs)."""

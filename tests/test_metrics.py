@@ -1,0 +1,531 @@
+"""``GET /metrics`` (issue 23, metrics): every family and label set after real runs, jobs,
+durable executions, locks and instances, read with prometheus_client's own parser through
+a real HTTP server; the read token; the fleet snapshot's cache and its bounded cost in
+statements. On SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from backend import Engine, JobContext, ManualClock, RunContext, define_durable, define_queue, define_schedule
+from backend.api.server import serve
+from backend.client.embedded import EmbeddedBackend
+from backend.model import Run
+from backend.observability.metrics import DURATION_BUCKETS, EngineMetrics
+from backend.store import Membership
+from tests.conftest import expect
+
+OPERATE, READ = "op-secret", "read-secret"
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+MINUTE = 60.0
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Overrides conftest's: every engine of a test shares this store."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse(text: str) -> tuple[dict[str, str], Samples]:
+    """The families (name -> type) and every sample ``(name, labels) -> value``, as
+    prometheus_client's parser reads the exposition."""
+    types: dict[str, str] = {}
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        types[family.name] = family.type
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return types, samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def series(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    return {labels: v for (n, labels), v in samples.items() if n == name}
+
+
+def at(dt: datetime) -> float:
+    return dt.timestamp()
+
+
+class Gate:
+    """A job handler that holds its job running until released."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, job: JobContext) -> None:
+        if job.payload == "hold":
+            self.entered.set()
+            await self.release.wait()
+        elif job.payload in ("bad", "flaky"):
+            raise RuntimeError(f"{job.payload} job")
+
+
+async def ok(ctx: RunContext) -> None:
+    pass
+
+
+async def bad(ctx: RunContext) -> None:
+    raise RuntimeError("boom")
+
+
+async def flow(ctx: Any, input: Any) -> Any:
+    if input == "nap":
+        await ctx.sleep("nap", 3600)
+    return input
+
+
+@dataclass
+class Served:
+    url: str
+    engine: Engine
+    metrics: EngineMetrics
+    cache_clock: ManualClock
+
+    async def scrape(self, token: str | None = READ) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+            return await http.get("/metrics", headers=headers)
+
+    async def samples(self) -> tuple[dict[str, str], Samples]:
+        response = await self.scrape()
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+        return parse(response.text)
+
+
+@pytest.fixture
+async def served(make_engine: Callable[..., Engine]) -> AsyncIterator[Callable[..., Any]]:
+    """``await served(definitions)``: an engine on the test clock behind a real ``serve``
+    (uvicorn on loopback, operator and read tokens), its metrics on a cache clock of their own."""
+    stops: list[tuple[asyncio.Event, asyncio.Task[None]]] = []
+
+    async def start(definitions: list[Any], **kwargs: Any) -> Served:
+        engine = make_engine(definitions, **kwargs)
+        cache_clock = ManualClock(T0)
+        metrics = EngineMetrics(engine, clock=cache_clock)
+        ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(
+            serve(EmbeddedBackend(engine), port=0, token=OPERATE, read_token=READ, stop=stop, on_ready=ready.set_result,
+                  metrics=metrics)  # fmt: skip
+        )
+        stops.append((stop, task))
+        url = await asyncio.wait_for(ready, 30)
+        return Served(url, engine, metrics, cache_clock)
+
+    yield start
+    for stop, task in stops:
+        stop.set()
+        await task
+
+
+# ---------------------------------------------------------------------------------------
+# the families
+# ---------------------------------------------------------------------------------------
+async def test_every_family_and_label_set_after_real_work(served: Callable[..., Any], clock: ManualClock) -> None:
+    gate = Gate()
+    server: Served = await served(
+        [
+            define_schedule(name="good", cron="* * * * *", timezone="UTC", handler=ok),
+            define_schedule(name="broken", cron="* * * * *", timezone="UTC", handler=bad),
+            define_schedule(name="yearly", cron="0 9 1 1 *", timezone="Europe/Berlin", handler=ok),
+            define_schedule(name="paused", cron="* * * * *", timezone="UTC", handler=ok, enabled=False),
+            define_schedule(name="platform", cron="0 * * * *", timezone="UTC", handler=ok, trigger="external"),
+            define_queue(name="mail", handler=gate, attempts=1),
+            define_queue(name="retrying", handler=gate, attempts=3),
+            define_queue(name="idle", handler=gate),
+            define_durable(name="flow", handler=flow),
+            define_durable(name="unused", handler=flow),
+        ]
+    )
+    engine = server.engine
+    clock.advance(MINUTE)  # 08:01: good and broken fire on their own
+    await engine.quiesce()
+    manual = await engine.run_now("good", wait=True)
+    assert manual.status == "succeeded"
+    await engine.disable("broken", note="flapping")
+    await engine.jobs.send("mail", "ok")
+    await engine.jobs.send("mail", "bad")  # its one attempt fails: dead
+    await engine.jobs.send("retrying", "flaky")  # fails, retried in 10 s: queued
+    await engine.jobs.send("mail", "later", delay=3600)  # queued
+    await engine.durable.start_execution("flow", "done")
+    await engine.durable.start_execution("flow", "nap")  # waiting for an hour
+    await engine.quiesce()
+    await engine.jobs.send("mail", "hold")
+    await asyncio.wait_for(gate.entered.wait(), 10)  # running
+    lease = await engine.locks.acquire("nightly", ttl=30)
+    assert lease is not None
+
+    types, samples = await server.samples()
+    assert {name: kind for name, kind in types.items() if name.startswith("schedtui_")} == {
+        "schedtui_runs": "counter",
+        "schedtui_run_duration_seconds": "histogram",
+        "schedtui_jobs_finished": "counter",
+        "schedtui_schedule_last_success_timestamp_seconds": "gauge",
+        "schedtui_schedule_next_fire_timestamp_seconds": "gauge",
+        "schedtui_schedule_enabled": "gauge",
+        "schedtui_jobs": "gauge",
+        "schedtui_durable_executions": "gauge",
+        "schedtui_locks_held": "gauge",
+        "schedtui_instances": "gauge",
+    }
+    # The process and Python collectors, on this engine's registry.
+    assert {"process_cpu_seconds", "process_resident_memory_bytes", "python_info", "python_gc_objects_collected"} <= set(types)
+
+    outcome = "single" if engine.coordination == "single" else "wonLock"
+    assert series(samples, "schedtui_runs_total") == {
+        frozenset({"schedule": "good", "status": "succeeded", "outcome": outcome, "trigger": "self"}.items()): 1.0,
+        frozenset({"schedule": "good", "status": "succeeded", "outcome": "manual", "trigger": "manual"}.items()): 1.0,
+        frozenset({"schedule": "broken", "status": "failed", "outcome": outcome, "trigger": "self"}.items()): 1.0,
+    }
+    assert value(samples, "schedtui_run_duration_seconds_count", schedule="good") == 2.0
+    assert value(samples, "schedtui_run_duration_seconds_count", schedule="broken") == 1.0
+    assert value(samples, "schedtui_run_duration_seconds_sum", schedule="good") == 0.0  # the manual clock stood still
+    buckets = {dict(labels)["le"] for labels in series(samples, "schedtui_run_duration_seconds_bucket")}
+    assert buckets == {str(float(b)) for b in DURATION_BUCKETS} | {"+Inf"}
+
+    # From the store: the fleet's view.
+    last = value(samples, "schedtui_schedule_last_success_timestamp_seconds", schedule="good")
+    assert last == at(manual.finished_at)  # type: ignore[arg-type]
+    assert set(series(samples, "schedtui_schedule_last_success_timestamp_seconds")) == {frozenset({("schedule", "good")})}
+    assert {dict(k)["schedule"]: v for k, v in series(samples, "schedtui_schedule_enabled").items()} == {
+        "good": 1.0, "broken": 0.0, "yearly": 1.0, "paused": 0.0, "platform": 1.0,
+    }  # fmt: skip
+    # From the cron definitions: only what fires here on its own and is enabled.
+    assert {dict(k)["schedule"]: v for k, v in series(samples, "schedtui_schedule_next_fire_timestamp_seconds").items()} == {
+        "good": at(T0 + timedelta(minutes=2)),
+        "yearly": at(datetime(2027, 1, 1, 8, 0, tzinfo=UTC)),  # 09:00 in Berlin
+    }
+    assert {tuple(sorted(dict(k).items())): v for k, v in series(samples, "schedtui_jobs").items()} == {
+        (("queue", "mail"), ("state", "queued")): 1.0,
+        (("queue", "mail"), ("state", "running")): 1.0,
+        (("queue", "mail"), ("state", "dead")): 1.0,
+        (("queue", "retrying"), ("state", "queued")): 1.0,
+        (("queue", "retrying"), ("state", "running")): 0.0,
+        (("queue", "retrying"), ("state", "dead")): 0.0,
+        (("queue", "idle"), ("state", "queued")): 0.0,
+        (("queue", "idle"), ("state", "running")): 0.0,
+        (("queue", "idle"), ("state", "dead")): 0.0,
+    }
+    assert {tuple(sorted(dict(k).items())): v for k, v in series(samples, "schedtui_jobs_finished_total").items()} == {
+        (("outcome", "succeeded"), ("queue", "mail")): 1.0,
+        (("outcome", "dead"), ("queue", "mail")): 1.0,
+        (("outcome", "retried"), ("queue", "retrying")): 1.0,
+    }
+    durable = {(dict(k)["function"], dict(k)["status"]): v for k, v in series(samples, "schedtui_durable_executions").items()}
+    assert durable[("flow", "succeeded")] == 1.0 and durable[("flow", "waiting")] == 1.0
+    assert durable[("unused", "failed")] == 0.0  # every status of every function defined here
+    assert sum(durable.values()) == 2.0 and len(durable) == 12
+    assert value(samples, "schedtui_locks_held") == 1.0
+    assert series(samples, "schedtui_instances") == {frozenset({("role", "firing")}): 1.0, frozenset({("role", "waiting")}): 0.0}
+
+    gate.release.set()
+    await engine.locks.release_lease(lease)
+    await engine.quiesce()
+
+
+async def test_a_schedule_that_never_succeeded_has_no_last_success_and_skips_and_misses_are_counted(
+    served: Callable[..., Any], clock: ManualClock
+) -> None:
+    release = asyncio.Event()
+
+    async def slow(ctx: RunContext) -> None:
+        await release.wait()
+
+    server: Served = await served([define_schedule(name="slow", cron="* * * * *", timezone="UTC", handler=slow)])
+    engine = server.engine
+    first = expect(engine, lambda run: run.status == "running")
+    clock.advance(MINUTE)
+    await first
+    skipped = expect(engine, lambda run: run.status == "skipped")
+    clock.advance(MINUTE)  # the 08:02 slot finds 08:01 running: skipped (on_overlap="skip")
+    await skipped
+    _, samples = await server.samples()
+    outcome = "single" if engine.coordination == "single" else "wonLock"
+    assert series(samples, "schedtui_runs_total") == {
+        frozenset({"schedule": "slow", "status": "skipped", "outcome": outcome, "trigger": "self"}.items()): 1.0,
+    }
+    assert series(samples, "schedtui_run_duration_seconds_count") == {}  # nothing ran to an end
+    assert series(samples, "schedtui_schedule_last_success_timestamp_seconds") == {}
+    release.set()
+    await engine.quiesce()
+
+
+async def test_only_firing_members_with_a_fresh_heartbeat_count(
+    served: Callable[..., Any], make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    server: Served = await served([define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=ok)],
+                                  coordination="advisoryLock")  # fmt: skip
+    observer = make_engine([], instance="console")  # a console or a CLI verb: opens, fires nothing
+    await observer.open()
+    member = make_engine([], instance="second", coordination="advisoryLock")
+    await member.start()
+    _, samples = await server.samples()
+    assert value(samples, "schedtui_instances", role="firing") == 2.0
+    assert value(samples, "schedtui_instances", role="waiting") == 0.0
+
+    await member.stop()  # a clean stop forgets the member
+    now = clock.now()
+    store = server.engine.store
+    await store.heartbeat("gone", "elsewhere", 1, now - timedelta(seconds=31), Membership("firing", "advisoryLock"))
+    await store.heartbeat("late", "elsewhere", 2, now - timedelta(seconds=29), Membership("waiting", "single"))
+    await store.heartbeat("old-version", "elsewhere", 3, now, Membership(None))  # type: ignore[arg-type]
+    server.cache_clock.advance(5)
+    _, samples = await server.samples()
+    assert value(samples, "schedtui_instances", role="firing") == 2.0  # this one, and a row that says no role
+    assert value(samples, "schedtui_instances", role="waiting") == 1.0  # its heartbeat is within the window
+
+
+# ---------------------------------------------------------------------------------------
+# the token
+# ---------------------------------------------------------------------------------------
+async def test_the_read_token_is_needed_and_enough(served: Callable[..., Any]) -> None:
+    server: Served = await served([define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=ok)])
+    missing = await server.scrape(None)
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert missing.json()["error"]["code"] == "unauthorized"
+    assert (await server.scrape("wrong")).status_code == 401
+    assert (await server.scrape(READ)).status_code == 200
+    assert (await server.scrape(OPERATE)).status_code == 200
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        doc = (await http.get("/openapi.json")).json()
+    operation = doc["paths"]["/metrics"]["get"]
+    assert "text/plain" in operation["responses"]["200"]["content"] and "401" in operation["responses"]
+
+
+# ---------------------------------------------------------------------------------------
+# the cache and the cost of a snapshot
+# ---------------------------------------------------------------------------------------
+class Statements:
+    """Counts the SQL statements the store executes for the metrics' snapshots: those of
+    the reads (through both stores' read plumbing) that a snapshot's task asks for, not
+    those of the engine's own tasks meanwhile."""
+
+    def __init__(self, store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        counter = self
+        snapshotting: contextvars.ContextVar[bool] = contextvars.ContextVar("snapshotting", default=False)
+
+        class Counting:
+            def __init__(self, conn: Any, counted: bool) -> None:
+                self._conn = conn
+                self._counted = counted
+
+            def execute(self, *args: Any, **kwargs: Any) -> Any:
+                counter.count += self._counted
+                return self._conn.execute(*args, **kwargs)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._conn, name)
+
+        if store.kind == "sqlite":
+            read = store._read
+
+            def counted_read(fn: Any) -> Any:
+                counted = snapshotting.get()  # asked on the loop, run on the reader's thread
+                return read(lambda conn: fn(Counting(conn, counted)))
+
+            monkeypatch.setattr(store, "_read", counted_read)
+        else:
+            with_conn = store._with_conn
+
+            async def counted_conn(fn: Any, **kwargs: Any) -> Any:
+                counted = snapshotting.get()
+
+                async def go(conn: Any) -> Any:
+                    return await fn(Counting(conn, counted))
+
+                return await with_conn(go, **kwargs)
+
+            monkeypatch.setattr(store, "_with_conn", counted_conn)
+        snapshot = store.fleet_snapshot
+
+        async def marked(*args: Any, **kwargs: Any) -> Any:
+            snapshotting.set(True)  # in the snapshot's own task only
+            return await snapshot(*args, **kwargs)
+
+        monkeypatch.setattr(store, "fleet_snapshot", marked)
+
+    def take(self) -> int:
+        count, self.count = self.count, 0
+        return count
+
+
+async def test_a_scrape_within_the_window_reads_nothing_and_the_next_window_reads_again(
+    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine([define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=ok)])
+    cache_clock = ManualClock(T0)
+    metrics = EngineMetrics(engine, clock=cache_clock)  # the default window: 5 s
+    await engine.start()
+    statements = Statements(engine.store, monkeypatch)
+
+    _, first = parse((await metrics.render()).decode())
+    assert statements.take() == 5 and metrics.fleet.reads == 1
+    assert value(first, "schedtui_schedule_enabled", schedule="s") == 1.0
+    await engine.disable("s")
+    clock.advance(MINUTE)  # a run would count at once (it is this instance's), but s is disabled
+    await engine.quiesce()
+    statements.take()
+    cache_clock.advance(4.999)
+    _, second = parse((await metrics.render()).decode())
+    assert statements.take() == 0 and metrics.fleet.reads == 1
+    assert value(second, "schedtui_schedule_enabled", schedule="s") == 1.0  # the snapshot of the window
+    cache_clock.advance(0.001)
+    _, third = parse((await metrics.render()).decode())
+    assert statements.take() == 5 and metrics.fleet.reads == 2
+    assert value(third, "schedtui_schedule_enabled", schedule="s") == 0.0
+
+
+class WallClock:
+    """A clock set by hand, backwards too (as NTP may step a wall clock)."""
+
+    def __init__(self, now: datetime) -> None:
+        self.at = now
+
+    def now(self) -> datetime:
+        return self.at
+
+    async def sleep_until(self, deadline: datetime) -> None:
+        raise AssertionError("the metrics never sleep")
+
+
+async def test_a_clock_stepped_back_reads_again(make_engine: Callable[..., Engine]) -> None:
+    engine = make_engine([define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=ok)])
+    wall = WallClock(T0)
+    metrics = EngineMetrics(engine, clock=wall)
+    await engine.start()
+    await metrics.render()
+    wall.at = T0 - timedelta(seconds=1)  # the snapshot's age is unknown now
+    await metrics.render()
+    assert metrics.fleet.reads == 2
+    await metrics.render()
+    assert metrics.fleet.reads == 2
+
+
+async def test_concurrent_scrapes_share_one_read(make_engine: Callable[..., Engine]) -> None:
+    engine = make_engine([define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=ok)])
+    metrics = EngineMetrics(engine, clock=ManualClock(T0))
+    await engine.start()
+    bodies = await asyncio.gather(*(metrics.render() for _ in range(5)))
+    assert metrics.fleet.reads == 1
+    assert all(b'schedtui_schedule_enabled{schedule="s"} 1.0' in body for body in bodies)
+
+
+async def test_the_run_counts_show_at_once_between_snapshots(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    engine = make_engine([define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=ok)])
+    metrics = EngineMetrics(engine, clock=ManualClock(T0))
+    await engine.start()
+    _, before = parse((await metrics.render()).decode())
+    assert series(before, "schedtui_runs_total") == {}
+    clock.advance(MINUTE)
+    await engine.quiesce()
+    _, after = parse((await metrics.render()).decode())
+    assert sum(series(after, "schedtui_runs_total").values()) == 1.0 and metrics.fleet.reads == 1
+
+
+@pytest.mark.parametrize("count", [10, 300])
+async def test_a_snapshot_costs_the_same_statements_whatever_the_number_of_schedules(
+    count: int, make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schedules = [define_schedule(name=f"s{n:03}", cron="* * * * *", timezone="UTC", handler=ok) for n in range(count)]
+    engine = make_engine([*schedules, define_queue(name="q", handler=Gate()), define_durable(name="f", handler=flow)])
+    metrics = EngineMetrics(engine, clock=ManualClock(T0))
+    await engine.start()
+    clock.advance(MINUTE)  # every schedule has a success to look up
+    await engine.quiesce()
+    await engine.disable("s000")
+    statements = Statements(engine.store, monkeypatch)
+    _, samples = parse((await metrics.render()).decode())
+    assert statements.take() == 5
+    assert len(series(samples, "schedtui_schedule_last_success_timestamp_seconds")) == count
+    assert sum(series(samples, "schedtui_schedule_enabled").values()) == count - 1
+    assert len(series(samples, "schedtui_schedule_next_fire_timestamp_seconds")) == count - 1
+
+
+async def test_a_store_that_cannot_be_read_leaves_the_fleet_out_until_it_can(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from backend import Unavailable
+
+    engine = make_engine([define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=ok)])
+    cache_clock = ManualClock(T0)
+    metrics = EngineMetrics(engine, clock=cache_clock)
+    await engine.start()
+    healthy = engine.store.fleet_snapshot  # type: ignore[attr-defined]
+
+    async def down(*args: Any, **kwargs: Any) -> Any:
+        raise Unavailable("the store is down (test)")
+
+    monkeypatch.setattr(engine.store, "fleet_snapshot", down)
+    types, samples = parse((await metrics.render()).decode())
+    assert "schedtui_schedule_enabled" not in types and "schedtui_instances" not in types
+    assert value(samples, "schedtui_schedule_next_fire_timestamp_seconds", schedule="s") == at(datetime(2027, 1, 1, tzinfo=UTC))
+    assert "the fleet's state is left out for 5s: the store is down (test)" in caplog.text
+    monkeypatch.setattr(engine.store, "fleet_snapshot", healthy)
+    await metrics.render()
+    assert metrics.fleet.reads == 1  # not before the window has passed
+    cache_clock.advance(5)
+    _, samples = parse((await metrics.render()).decode())
+    assert value(samples, "schedtui_schedule_enabled", schedule="s") == 1.0
+
+
+async def test_several_engines_in_one_process_count_apart(make_engine: Callable[..., Engine], tmp_path: Path) -> None:
+    first = make_engine([define_schedule(name="a", cron="0 0 1 1 *", timezone="UTC", handler=ok)])
+    second = make_engine([define_schedule(name="b", cron="0 0 1 1 *", timezone="UTC", handler=ok)],
+                         store=f"sqlite:///{tmp_path / 'other.db'}")  # fmt: skip
+    one, two = EngineMetrics(first), EngineMetrics(second)
+    await first.start()
+    await second.start()
+    run = await first.run_now("a", wait=True)
+    assert run.status == "succeeded"
+    _, a = parse((await one.render()).decode())
+    _, b = parse((await two.render()).decode())
+    assert sum(series(a, "schedtui_runs_total").values()) == 1.0
+    assert series(b, "schedtui_runs_total") == {}
+    assert one.registry is not two.registry
+
+
+def test_a_failing_meter_is_logged_and_never_stops_a_recording(caplog: pytest.LogCaptureFixture) -> None:
+    from backend.scheduler.ledger import RunLedger
+
+    saved: list[list[Run]] = []
+
+    class Store:
+        def save_runs(self, runs: list[Run]) -> None:
+            saved.append(list(runs))
+
+    ledger = RunLedger(Store())  # type: ignore[arg-type]
+    told: list[str] = []
+    ledger.meters.append(lambda run: 1 / 0)  # type: ignore[func-returns-value]
+    ledger.meters.append(lambda run: told.append(run.id))
+
+    async def record() -> None:
+        ledger.record(Run("r1", "s", T0, "succeeded", "self", "single", "i", T0, T0))
+        ledger.record(Run("r2", "s", T0, "running", "self", "single", "i", T0))
+        ledger.handoff()
+
+    asyncio.run(record())
+    assert told == ["r1"]  # final statuses only
+    assert [run.id for batch in saved for run in batch] == ["r1", "r2"]
+    assert "a run meter failed" in caplog.text
