@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
+from backend.alerts.system import Alerts
 from backend.clock import Clock, SystemClock
 from backend.definitions import Definitions
 from backend.durable import Durable, DurableFunction
@@ -184,6 +185,8 @@ class Engine:
         """Change signals (runs, schedules, …) for the event stream and the console."""
         self.audit = AuditLog(store=self.store, clock=self.clock, new_id=self.new_id, events=self.events, actor=actor)
         """The audit log of operator actions; ``actor`` names who acts when no token does."""
+        self.alerts = Alerts(store=self.store, clock=self.clock)
+        """The alerts kept in the store (read by every engine; see :mod:`backend.alerts`)."""
         self.relay = Relay(store=self.store, ledger=self.ledger, events=self.events, loops=self.loops)
         self.states.publish = lambda name: self.events.publish("schedules", name)
         self.outages = OutageLog(self.clock)
