@@ -212,7 +212,7 @@ class Notifier:
             )
             error = None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
         except httpx.HTTPError as exc:
-            error = _error(exc)
+            error = _error(exc).replace(sink.url, sink.shown)  # the URL's path is its secret
         now = self.clock.now()
         retry_at = None
         if error is not None and delivery.attempts < self.settings.attempts:
