@@ -248,6 +248,12 @@ async def test_a_transition_is_written_once_with_an_outbox_row_per_known_sink(st
     assert won == ["failing:job"] and lost == []
     (stored,) = await alerts.list_alerts()
     assert (stored.state, stored.transition, stored.since) == ("firing", first, T0)
+    # Ten more that all believed it resolved, each with newer facts, racing: none wins.
+    racing = [
+        alerts.write_transitions([transition("failing:job", "firing", T0 + timedelta(seconds=i), ids())], sinks_after=T0)
+        for i in range(1, 11)
+    ]
+    assert await asyncio.gather(*racing) == [[]] * 10
     claimed = await alerts.claim_deliveries(["sink-a", "sink-b", "sink-old"], "i1", T0, T0 + timedelta(minutes=1), 10)
     assert sorted((d.transition, d.sink) for d in claimed) == [(first, "sink-a"), (first, "sink-b")]
     # A round that read its facts before the last change does not undo it.

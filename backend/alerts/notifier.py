@@ -208,6 +208,8 @@ class Notifier:
                     "content-type": "application/json",
                     "idempotency-key": delivery.transition,
                     "user-agent": "schedtui-alerts",
+                    # Who sends it (the body names who saw the transition); a header is ASCII.
+                    "schedtui-instance": self.instance.encode("ascii", "backslashreplace").decode("ascii"),
                 },
             )
             error = None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
