@@ -39,7 +39,7 @@ from backend.jobs.definition import Queue
 from backend.model import InstanceInfo, ScheduleState, iso
 from backend.schedules import Schedule
 
-__all__ = ["MAX_STUCK", "Evaluator", "Round", "notification"]
+__all__ = ["MAX_STUCK", "Evaluator", "Proposal", "Round", "notification"]
 
 log = logging.getLogger("schedtui.alerts")
 
@@ -48,6 +48,16 @@ MAX_STUCK: Final = 200
 #: The default queue and function policies, for those defined by other instances only.
 DEFAULT_QUEUE: Final = QueueAlerting()
 DEFAULT_DURABLE: Final = DurableAlerting()
+
+
+@dataclass
+class Proposal:
+    """What one round's reads call for, before anything is written."""
+
+    at: datetime
+    findings: dict[str, Finding]
+    transitions: list[Transition] = field(default_factory=list)
+    summaries: list[Alert] = field(default_factory=list)
 
 
 @dataclass
@@ -181,25 +191,23 @@ class Evaluator:
         return findings, judge
 
     # -- findings -> transitions -------------------------------------------------------------
-    async def evaluate(self, now: datetime, *, sinks_after: datetime) -> Round:
-        """One round (see the module docstring): the transitions proposed and those won."""
-        done = Round(now)
+    async def propose(self, now: datetime) -> Proposal:
+        """Read the firing alerts and the facts: the transitions and summaries they call for."""
         firing = {a.key: a for a in await self.store.list_alerts()}
-        done.findings, judge = await self.find(now)
-        proposed: list[Transition] = []
-        summaries: list[Alert] = []
-        for key, finding in done.findings.items():
+        findings, judge = await self.find(now)
+        proposal = Proposal(now, findings)
+        for key, finding in findings.items():
             stored = firing.get(key)
             if stored is None:
                 alert = finding.alert(state="firing", at=now, transition=self.new_id())
-                proposed.append(Transition(alert, json.dumps(notification(alert, self.instance))))
+                proposal.transitions.append(Transition(alert, json.dumps(notification(alert, self.instance))))
             elif stored.summary != finding.summary:
-                summaries.append(Alert(
+                proposal.summaries.append(Alert(
                     key, stored.condition, stored.subject_kind, stored.subject, "firing", stored.since,
                     finding.summary, now, stored.transition,
                 ))  # fmt: skip
         for key, stored in firing.items():
-            if key in done.findings:
+            if key in findings:
                 continue
             verdict = judge(stored)
             if verdict is False:
@@ -208,13 +216,21 @@ class Evaluator:
             alert = Alert(key, stored.condition, stored.subject_kind, stored.subject, "resolved", now, summary, now,
                           self.new_id())  # fmt: skip
             body = notification(alert, self.instance, was_since=stored.since)
-            proposed.append(Transition(alert, json.dumps(body)))
-        done.transitions = [t.alert for t in proposed]
-        if proposed:
-            won = set(await self.store.write_transitions(proposed, sinks_after=sinks_after))
-            done.won = [t.alert for t in proposed if t.alert.key in won]
+            proposal.transitions.append(Transition(alert, json.dumps(body)))
+        return proposal
+
+    async def commit(self, proposal: Proposal, *, sinks_after: datetime) -> Round:
+        """Write a proposal's transitions and summaries (those the store still takes)."""
+        done = Round(proposal.at, proposal.findings, [t.alert for t in proposal.transitions])
+        if proposal.transitions:
+            won = set(await self.store.write_transitions(proposal.transitions, sinks_after=sinks_after))
+            done.won = [t.alert for t in proposal.transitions if t.alert.key in won]
             for alert in done.won:
                 log.warning("alert %s %s: %s", alert.key, alert.state.upper(), alert.summary)
-        if summaries:
-            done.summaries = await self.store.update_summaries(summaries)
+        if proposal.summaries:
+            done.summaries = await self.store.update_summaries(proposal.summaries)
         return done
+
+    async def evaluate(self, now: datetime, *, sinks_after: datetime) -> Round:
+        """One round (see the module docstring): the transitions proposed and those won."""
+        return await self.commit(await self.propose(now), sinks_after=sinks_after)

@@ -200,6 +200,10 @@ class Notifier:
         sink = self.sinks[delivery.sink]
         if self.before_post is not None:
             await self.before_post(delivery)
+        if self.clock.now() >= delivery.until:
+            # Stalled past the lease since the claim: another instance may be sending it.
+            log.warning("alert %s to %s: not sent, its claim ran out first", delivery.alert_key, sink.shown)
+            return
         try:
             answer = await self.client().post(
                 sink.url,

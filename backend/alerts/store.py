@@ -56,6 +56,8 @@ class Delivery:
     """The claim's number: only its claimer can record the outcome (a claim taken over
     after its lease ran out has a greater one)."""
     created_at: datetime
+    until: datetime
+    """When the claim's lease runs out: another instance may take it from then on."""
 
 
 @dataclass(frozen=True, slots=True)

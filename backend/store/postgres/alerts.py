@@ -253,7 +253,7 @@ class PostgresAlerts:
             return []
         params = {"now": now, "sinks": list(sinks), "limit": limit, "instance": instance, "until": until}
         rows = await self._fetchall(CLAIM, params)
-        return [Delivery(r[0], r[1], r[2], r[3], int(r[4]), int(r[5]), r[6].astimezone(UTC)) for r in rows]
+        return [Delivery(r[0], r[1], r[2], r[3], int(r[4]), int(r[5]), r[6].astimezone(UTC), until) for r in rows]
 
     async def finish_delivery(
         self, delivery: Delivery, at: datetime, *, retry_at: datetime | None, error: str | None

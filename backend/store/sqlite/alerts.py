@@ -225,7 +225,7 @@ class SQLiteAlerts:
             return []
         params = (instance, _us(until), _us(now), _us(now), json.dumps(list(sinks)), limit)
         rows = await self._write(lambda c: c.execute(CLAIM, params).fetchall())
-        return [Delivery(r[0], r[1], r[2], r[3], int(r[4]), int(r[5]), _dt(r[6])) for r in rows]
+        return [Delivery(r[0], r[1], r[2], r[3], int(r[4]), int(r[5]), _dt(r[6]), until) for r in rows]
 
     async def finish_delivery(
         self, delivery: Delivery, at: datetime, *, retry_at: datetime | None, error: str | None
