@@ -773,3 +773,28 @@ def test_schedtui_alert_rules_prints_the_file(tmp_path: Path, capsys: pytest.Cap
     assert any(r["labels"].get("schedule") == "hourly" for r in document["groups"][0]["rules"])
     assert main(["alert-rules", "--provider", "nagios", "--schedules", str(tmp_path)]) == 2
     assert "invalid choice: 'nagios'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------
+# a stored schedule's alert option
+# ---------------------------------------------------------------------------------------
+async def test_a_stored_schedule_carries_its_alert_option(make_engine: Callable[..., Engine], tmp_path: Path) -> None:
+    queue = define_queue(name="mail", handler=noop)
+    engine = make_engine([queue])
+    await engine.open()
+    spec = {"name": "digest", "cron": "0 9 * * *", "timezone": "UTC", "queue": "mail", "alert": {"failing": 2, "late": False}}
+    await engine.create_schedule(spec)
+    assert engine.schedules["digest"].alert == ScheduleAlerting(failing=2, late=False)
+    await engine.update_schedule("digest", {"alert": False})
+    assert not engine.schedules["digest"].alert.failing
+    with pytest.raises(BadInput) as caught:
+        await engine.update_schedule("digest", {"alert": {"failing": "often"}})
+    assert caught.value.field == "alert"
+    assert caught.value.message == "alert failing 'often' must be a whole number from 1 to 100 (or False: off)"
+    # Another engine on the same store reads it back.
+    other = make_engine([queue])
+    await other.open()
+    assert not other.schedules["digest"].alert.failing and not other.schedules["digest"].alert.late
+    await engine.update_schedule("digest", {"alert": None})
+    await other.catalog.refresh()
+    assert other.schedules["digest"].alert == ScheduleAlerting()

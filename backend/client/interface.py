@@ -147,6 +147,8 @@ SCHEDULE_CHANGES: dict[str, Any] = {
         "on_overlap": {"type": "string", "enum": ["skip", "queue", "parallel"]},
         "backfill": {"type": "string", "enum": ["skip", "latest", "all"]},
         "max_runtime": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
+        "alert": {"description": "false (no alerts), or {failing: N, late: SECONDS, disabled: SECONDS}, "
+                  "each false to turn it off (see the README's Alerts)", "nullable": True},
     },
 }
 SCHEDULE_SPEC: dict[str, Any] = {
