@@ -158,8 +158,6 @@ class Notifier:
         """Set when this instance wrote a transition: deliver now, not at the next poll."""
         self._registered: datetime | None = None
         self._client: httpx.AsyncClient | None = None
-        self.before_post: Any = None
-        """A test seam: awaited with each claimed delivery just before its POST."""
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -198,8 +196,6 @@ class Notifier:
     async def deliver(self, delivery: Delivery) -> None:
         """POST one claimed row and record what came of it."""
         sink = self.sinks[delivery.sink]
-        if self.before_post is not None:
-            await self.before_post(delivery)
         if self.clock.now() >= delivery.until:
             # Stalled past the lease since the claim: another instance may be sending it.
             log.warning("alert %s to %s: not sent, its claim ran out first", delivery.alert_key, sink.shown)

@@ -181,7 +181,8 @@ def _add_shared(p: argparse.ArgumentParser, dests: Sequence[str], **helps: str) 
 
 SERVE_DESCRIPTION = (
     "Run the engine: fire every schedule of the definitions folder on its timer, run the workers of its job "
-    "queues and, with --port, serve the HTTP API. serve refuses to start when any definitions file is bad "
+    "queues, evaluate the alert conditions (notifying the --notify webhooks of each transition) and, with --port, "
+    "serve the HTTP API. serve refuses to start when any definitions file is bad "
     "(it names every one, exit code 2), and when its port is taken (exit code 1), before anything fires."
 )
 
