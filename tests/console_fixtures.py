@@ -405,6 +405,10 @@ class FlakyBackend:
         result: AuditPage = await self.inner.audit(limit=limit, before=before)
         return result
 
+    async def alerts(self, *, resolved: bool = False) -> Any:
+        self._check()
+        return await self.inner.alerts(resolved=resolved)
+
     async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
         """The inner backend's stream, ended (as a broken connection ends it) once ``down``."""
         self._check()

@@ -197,13 +197,37 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "nothing-fires": ({}, _nothing_fires),
     "no-color": ({"no_color": True}, _keys()),
     "help": ({}, _keys("question_mark")),
+    "alerting": ({"alerts": True}, _keys()),
 }
 """name -> (options, what to do before the picture)."""
+
+
+async def add_alerts(url: str) -> None:
+    """Two alerts firing (as an evaluating ``serve`` would have written them)."""
+    from datetime import datetime, timedelta
+
+    from backend.alerts.model import Alert
+    from backend.alerts.store import Transition
+    from backend.store import open_store
+
+    store: Any = open_store(url)
+    await store.open()
+    at = datetime.fromisoformat(FROZEN.replace("Z", "+00:00"))
+    firing = [
+        Alert("failing:flaky-export", "failing", "schedule", "flaky-export", "firing", at - timedelta(minutes=3),
+              "the newest run failed (slot 2026-03-02T07:59:50Z): [ExportError] upstream 503", at, "01KJPS22WGWA546BHC0B9HDTB1"),
+        Alert("dead_jobs:mailer", "dead_jobs", "queue", "mailer", "firing", at - timedelta(minutes=1),
+              "1 job died within 1h, the newest at 2026-03-02T07:59:04Z; 1 dead in all", at, "01KJPS22WGWA546BHC0B9HDTB2"),
+    ]  # fmt: skip
+    await store.write_transitions([Transition(alert, "{}") for alert in firing], sinks_after=at)
+    await store.close()
 
 
 def scene_app(ledger: Path, name: str) -> tuple[SchedtuiApp, RunBefore]:
     options, run_before = SCENES[name]
     url = copy_ledger(ledger)
+    if options.get("alerts"):
+        asyncio.run(add_alerts(url))
     clock = ManualClock(FROZEN)
     read_only = bool(options.get("read_only"))
     backend: Any = console_backend(url, clock, read_only=read_only)

@@ -37,6 +37,7 @@ PICTURES = [
     ("audit", "120x32"),
     ("durable", "120x32"),
     ("durable-steps", "120x32"),
+    ("alerting", "80x24"),
 ]
 
 

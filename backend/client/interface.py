@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+from backend.alerts.model import AlertsPage
 from backend.client.actions import (
     ACTIONS,
     Action,
@@ -71,7 +72,7 @@ __all__ = [
     "action_of",
 ]
 
-SYSTEMS = ("schedules", "jobs", "durable", "locks", "audit")
+SYSTEMS = ("schedules", "jobs", "durable", "locks", "audit", "alerts")
 """The systems an engine of this version offers (an older server offers only
 ``schedules``); a console shows a view only for a system its backend offers."""
 
@@ -146,6 +147,8 @@ SCHEDULE_CHANGES: dict[str, Any] = {
         "on_overlap": {"type": "string", "enum": ["skip", "queue", "parallel"]},
         "backfill": {"type": "string", "enum": ["skip", "latest", "all"]},
         "max_runtime": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
+        "alert": {"description": "false (no alerts), or {failing: N, late: SECONDS, disabled: SECONDS}, "
+                  "each false to turn it off (see the README's Alerts)", "nullable": True},
     },
 }
 SCHEDULE_SPEC: dict[str, Any] = {
@@ -540,6 +543,17 @@ class Backend(abc.ABC):
         queue, durable executions, locks and stored schedules): {id, at, actor, action,
         target, detail}. actor is the name of the token the action came with, or the OS
         user (or --as) of a CLI or console acting on the store directly. Kept 90 days."""
+
+    # -- alerts ------------------------------------------------------------------------------
+    @action(system="alerts", permission="read", impl="alerts.page",
+            http=Http("GET", "/inspect/alerts", ok="{alerts: [alert], firing}"))
+    async def alerts(self, *, resolved: Annotated[bool, Help("also the alerts resolved in the last 24 hours")] = False) -> AlertsPage:
+        """What is alerting now: firing alerts first, newest first.
+
+        alerts is [{key, condition, subject_kind, subject, state, since, summary, updated_at,
+        transition}]: condition is failing, late, not_firing, dead_jobs or stuck; subject the
+        schedule, queue, execution id or fleet; since when it took its state; firing counts
+        the firing ones. With resolved, the alerts resolved in the last 24 hours follow."""
 
     # -- the job queue ---------------------------------------------------------------------
     @action(system="jobs", permission="read", impl="jobs.queue_views",

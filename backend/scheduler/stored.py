@@ -43,9 +43,11 @@ FIELDS = (
     "on_overlap",
     "backfill",
     "max_runtime",
+    "alert",
 )
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_DESCRIPTION = 1000
+MAX_ALERT_BYTES = 1024
 
 
 class DefinedInCode(Refused):
@@ -82,6 +84,8 @@ class StoredSchedule:
     updated_at: datetime
     updated_by: str
     version: int = 1
+    alert: Any = None
+    """Its ``alert=`` option as JSON (``None``: the defaults; see :mod:`backend.alerts.policy`)."""
 
     @property
     def target(self) -> ScheduleTarget:
@@ -129,6 +133,7 @@ def check_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
         "on_overlap": spec.get("on_overlap", "skip"),
         "backfill": spec.get("backfill", "skip"),
         "max_runtime": spec.get("max_runtime", DEFAULT_MAX_RUNTIME),
+        "alert": spec.get("alert"),
     }
     _define(full)
     return full
@@ -192,6 +197,7 @@ def _define(spec: Mapping[str, Any]) -> Schedule:
     if description is not None:
         check_text(description, "description", max_chars=MAX_DESCRIPTION)
     check_json(spec.get("payload"), "payload", MAX_PAYLOAD_BYTES)
+    check_json(spec.get("alert"), "alert", MAX_ALERT_BYTES)  # kept as JSON
     try:
         return define_schedule(
             name=name,
@@ -206,6 +212,7 @@ def _define(spec: Mapping[str, Any]) -> Schedule:
             backfill=spec["backfill"],
             max_runtime=spec["max_runtime"],
             trigger="self",  # no platform scheduler knows a schedule created at run time
+            alert=spec.get("alert"),
         )
     except DefinitionError as exc:
         problem = _plain(exc.message)

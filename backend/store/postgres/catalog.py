@@ -42,20 +42,22 @@ CATALOG_V1 = """
     CREATE TABLE schedtui_schedule_catalog (id integer PRIMARY KEY CHECK (id = 1), version bigint NOT NULL);
     INSERT INTO schedtui_schedule_catalog (id, version) VALUES (1, 0)
 """
+#: A stored schedule's alert= option (JSON; NULL: the defaults).
+CATALOG_V2 = "ALTER TABLE schedtui_stored_schedules ADD COLUMN alert text"
 COLUMNS = (
     "name, cron, timezone, queue, durable, payload, description, enabled, on_overlap, backfill, "
-    "max_runtime, created_at, created_by, updated_at, updated_by, version"
+    "max_runtime, alert, created_at, created_by, updated_at, updated_by, version"
 )
 CATALOG_VERSION = "SELECT version FROM schedtui_schedule_catalog WHERE id = 1"
 BUMP = "UPDATE schedtui_schedule_catalog SET version = version + 1 WHERE id = 1"
 LIST = f"SELECT {COLUMNS} FROM schedtui_stored_schedules ORDER BY name"
 INSERT = f"""
-    INSERT INTO schedtui_stored_schedules ({COLUMNS}) VALUES ({', '.join(['%s'] * 16)})
+    INSERT INTO schedtui_stored_schedules ({COLUMNS}) VALUES ({', '.join(['%s'] * 17)})
     ON CONFLICT (name) DO NOTHING
 """
 UPDATE = f"""
     UPDATE schedtui_stored_schedules SET cron = %s, timezone = %s, queue = %s, durable = %s, payload = %s,
-        description = %s, enabled = %s, on_overlap = %s, backfill = %s, max_runtime = %s, updated_at = %s,
+        description = %s, enabled = %s, on_overlap = %s, backfill = %s, max_runtime = %s, alert = %s, updated_at = %s,
         updated_by = %s, version = version + 1
     WHERE name = %s AND version = %s
     RETURNING {COLUMNS}
@@ -81,23 +83,24 @@ def _row(row: tuple[Any, ...]) -> StoredSchedule:
         on_overlap=row[8],
         backfill=row[9],
         max_runtime=float(row[10]),
-        created_at=_utc(row[11]),
-        created_by=row[12],
-        updated_at=_utc(row[13]),
-        updated_by=row[14],
-        version=int(row[15]),
+        alert=None if row[11] is None else json.loads(row[11]),
+        created_at=_utc(row[12]),
+        created_by=row[13],
+        updated_at=_utc(row[14]),
+        updated_by=row[15],
+        version=int(row[16]),
     )
 
 
 def _definition(s: StoredSchedule) -> tuple[Any, ...]:
     return (s.cron, s.timezone, s.queue, s.durable, json.dumps(s.payload), s.description, s.enabled,
-            s.on_overlap, s.backfill, s.max_runtime)
+            s.on_overlap, s.backfill, s.max_runtime, None if s.alert is None else json.dumps(s.alert))
 
 
 class PostgresCatalog:
     """Stored schedules on PostgreSQL: see :class:`backend.scheduler.catalog.CatalogStore` for the contract."""
 
-    COMPONENT = Component("catalog", (CATALOG_V1,))
+    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2))
 
     if TYPE_CHECKING:
         commits: int

@@ -44,18 +44,20 @@ CATALOG_V1 = """
     CREATE TABLE schedule_catalog (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL);
     INSERT INTO schedule_catalog (id, version) VALUES (1, 0)
 """
+#: A stored schedule's alert= option (JSON; NULL: the defaults).
+CATALOG_V2 = "ALTER TABLE stored_schedules ADD COLUMN alert TEXT"
 COLUMNS = (
     "name, cron, timezone, queue, durable, payload, description, enabled, on_overlap, backfill, "
-    "max_runtime, created_at, created_by, updated_at, updated_by, version"
+    "max_runtime, alert, created_at, created_by, updated_at, updated_by, version"
 )
 CATALOG_VERSION = "SELECT version FROM schedule_catalog WHERE id = 1"
 BUMP = "UPDATE schedule_catalog SET version = version + 1 WHERE id = 1"
 LIST = f"SELECT {COLUMNS} FROM stored_schedules ORDER BY name"
 GET = f"SELECT {COLUMNS} FROM stored_schedules WHERE name = ?"
-INSERT = f"INSERT INTO stored_schedules ({COLUMNS}) VALUES ({', '.join('?' * 16)}) ON CONFLICT (name) DO NOTHING"
+INSERT = f"INSERT INTO stored_schedules ({COLUMNS}) VALUES ({', '.join('?' * 17)}) ON CONFLICT (name) DO NOTHING"
 UPDATE = """
     UPDATE stored_schedules SET cron = ?, timezone = ?, queue = ?, durable = ?, payload = ?, description = ?,
-        enabled = ?, on_overlap = ?, backfill = ?, max_runtime = ?, updated_at = ?, updated_by = ?,
+        enabled = ?, on_overlap = ?, backfill = ?, max_runtime = ?, alert = ?, updated_at = ?, updated_by = ?,
         version = version + 1
     WHERE name = ? AND version = ?
 """
@@ -83,23 +85,24 @@ def _row(row: tuple[Any, ...]) -> StoredSchedule:
         on_overlap=row[8],
         backfill=row[9],
         max_runtime=float(row[10]),
-        created_at=_EPOCH + _MICROSECOND * row[11],
-        created_by=row[12],
-        updated_at=_EPOCH + _MICROSECOND * row[13],
-        updated_by=row[14],
-        version=int(row[15]),
+        alert=None if row[11] is None else json.loads(row[11]),
+        created_at=_EPOCH + _MICROSECOND * row[12],
+        created_by=row[13],
+        updated_at=_EPOCH + _MICROSECOND * row[14],
+        updated_by=row[15],
+        version=int(row[16]),
     )
 
 
 def _definition(s: StoredSchedule) -> tuple[Any, ...]:
     return (s.cron, s.timezone, s.queue, s.durable, json.dumps(s.payload), s.description, int(s.enabled),
-            s.on_overlap, s.backfill, s.max_runtime)
+            s.on_overlap, s.backfill, s.max_runtime, None if s.alert is None else json.dumps(s.alert))
 
 
 class SQLiteCatalog:
     """Stored schedules on SQLite: see :class:`backend.scheduler.catalog.CatalogStore` for the contract."""
 
-    COMPONENT = Component("catalog", (CATALOG_V1,))
+    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2))
 
     if TYPE_CHECKING:
 

@@ -1,0 +1,259 @@
+"""Alerts' invariants under random sequences (Hypothesis, stateful), on the injected clock.
+
+Three instances share one SQLite store: each has its evaluator and its notifier (as
+``serve`` has), all delivering to one webhook (a mock transport). The machine records runs
+of two schedules (succeeded or failed), moves the clock, lets any instance evaluate (also
+one whose round reads, then writes later: a slow instance), deliver, claim and POST later
+(stalled, perhaps past the claims' lease), or die between its claim and its POST, and makes
+the webhook fail its next requests. After every step:
+
+* the transitions written alternate per alert, firing first;
+* no transition is accepted by the webhook twice, and every accepted one was written;
+* the store's state of each alert is its last transition's.
+
+And at the end, once the clock has passed every lease and backoff and the instances have
+delivered what is due: every transition was accepted exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from backend import ManualClock, define_schedule
+from backend.alerts.evaluator import Evaluator, Proposal
+from backend.alerts.model import Alert
+from backend.alerts.notifier import AlertSettings, Notifier, parse_sinks
+from backend.alerts.store import Delivery
+from backend.events.audit import AuditLog
+from backend.events.bus import EventBus
+from backend.ids import IdFactory
+from backend.model import InstanceInfo, Run
+from backend.runtime.loops import Loops
+from backend.store import open_store
+
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+HOOK = "https://hooks.example.test/services/secret"
+INSTANCES = ("i0", "i1", "i2")
+SETTINGS = AlertSettings(sinks=(HOOK,), lease=60, timeout=10, backoff=5, backoff_max=40, attempts=100)
+PROFILE = settings(max_examples=100, stateful_step_count=50, deadline=None, database=None,
+                   suppress_health_check=list(HealthCheck))  # fmt: skip
+
+
+async def _noop(ctx: Any) -> None:
+    pass
+
+
+SCHEDULES = {name: define_schedule(name=name, cron="* * * * *", timezone="UTC", handler=_noop, alert={"late": False})
+             for name in ("a",)}  # fmt: skip
+
+
+class Webhook:
+    def __init__(self) -> None:
+        self.failures = 0
+        self.accepted: list[str] = []
+        """The transition ids accepted (answered 2xx), in order."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.failures:
+            self.failures -= 1
+            return httpx.Response(500)
+        body = json.loads(request.content)
+        assert request.headers["idempotency-key"] == body["transition"]
+        self.accepted.append(body["transition"])
+        return httpx.Response(204)
+
+
+class AlertsMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.tmp = tempfile.TemporaryDirectory(prefix="alerts-props-")
+        self.store: Any = open_store(f"sqlite:///{Path(self.tmp.name) / 'state.db'}")
+        self.run(self.store.open())
+        self.clock = ManualClock(T0)
+        self.ids = IdFactory(self.clock.now)
+        self.webhook = Webhook()
+        self.slots = {name: T0 for name in SCHEDULES}
+        self.written: list[Alert] = []
+        """Every transition written, by any instance."""
+        self.in_flight: dict[str, list[Delivery]] = {}
+        self.pending: dict[str, Proposal] = {}
+        """Rounds that read their facts and have not written yet (a slow instance)."""
+        events = EventBus()
+        self.evaluators: dict[str, Evaluator] = {}
+        self.notifiers: dict[str, Notifier] = {}
+        for name in INSTANCES:
+            self.evaluators[name] = Evaluator(
+                store=self.store, instance=name, new_id=self.ids, schedules=SCHEDULES, queues={}, functions={},
+                state_of=lambda n: None, is_enabled=lambda n: True, fleet=self.fleet, fresh=timedelta(seconds=30),
+            )  # fmt: skip
+            audit = AuditLog(store=self.store, clock=self.clock, new_id=self.ids, events=events, actor="props")
+            self.notifiers[name] = Notifier(
+                store=self.store, clock=self.clock, loops=Loops(self.clock), instance=name, sinks=parse_sinks([HOOK]),
+                settings=SETTINGS, audit=audit, transport=httpx.MockTransport(self.webhook),
+            )  # fmt: skip
+            self.run(self.notifiers[name].register(self.clock.now()))
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    async def fleet(self) -> list[InstanceInfo]:
+        return [InstanceInfo(name, "h", 1, self.clock.now(), role="firing") for name in INSTANCES]
+
+    def teardown(self) -> None:
+        try:
+            for notifier in self.notifiers.values():
+                self.run(notifier.close())
+            self.run(self.store.close())
+        finally:
+            self.loop.close()
+            self.tmp.cleanup()
+
+    # -- facts and time ----------------------------------------------------------------------
+    @initialize(ok=st.booleans())
+    def the_first_run_ends(self, ok: bool) -> None:
+        """Every sequence starts from a run (a failed one calls for a transition at once)."""
+        self.a_run_ends("a", ok)
+
+    @rule(name=st.sampled_from(sorted(SCHEDULES)), ok=st.booleans())
+    def a_run_ends(self, name: str, ok: bool) -> None:
+        slot = self.slots[name] = max(self.slots[name] + timedelta(minutes=1), self.clock.now().replace(second=0))
+        run = Run(self.ids(), name, slot, "succeeded" if ok else "failed", "self", "single", "i0", slot, self.clock.now(),
+                  None if ok else "ValueError", None if ok else "boom")  # fmt: skip
+        self.store.save_runs([run])
+        self.run(self.store.flush())
+
+    @rule(seconds=st.sampled_from([1, 5, 15, 40, 61, 300]))
+    def time_passes(self, seconds: int) -> None:
+        self.clock.advance(seconds)
+
+    # -- instances -----------------------------------------------------------------------------
+    @rule(instance=st.sampled_from(INSTANCES))
+    def evaluate(self, instance: str) -> None:
+        done = self.run(self.evaluators[instance].evaluate(self.clock.now(), sinks_after=T0))
+        self.written.extend(done.won)
+
+    @rule(instance=st.sampled_from(INSTANCES))
+    def a_round_reads(self, instance: str) -> None:
+        """A round reads, and its writes wait (others may evaluate, time may pass)."""
+        self.pending[instance] = self.run(self.evaluators[instance].propose(self.clock.now()))
+
+    @rule(first=st.sampled_from(INSTANCES), second=st.sampled_from(INSTANCES), gap=st.sampled_from([0, 1, 5]),
+          second_writes_first=st.booleans())  # fmt: skip
+    def two_rounds_overlap(self, first: str, second: str, gap: int, second_writes_first: bool) -> None:
+        """Two instances' rounds overlap: both read before either writes (``gap`` seconds apart)."""
+        one = self.run(self.evaluators[first].propose(self.clock.now()))
+        self.clock.advance(gap)
+        two = self.run(self.evaluators[second].propose(self.clock.now()))
+        order = [(second, two), (first, one)] if second_writes_first else [(first, one), (second, two)]
+        for instance, proposal in order:
+            self.written.extend(self.run(self.evaluators[instance].commit(proposal, sinks_after=T0)).won)
+
+    @precondition(lambda self: bool(self.pending))
+    @rule(data=st.data())
+    def a_round_writes(self, data: st.DataObject) -> None:
+        instance = data.draw(st.sampled_from(sorted(self.pending)))
+        done = self.run(self.evaluators[instance].commit(self.pending.pop(instance), sinks_after=T0))
+        self.written.extend(done.won)
+
+    def undelivered(self) -> bool:
+        return len(self.webhook.accepted) < len(self.written)
+
+    @precondition(undelivered)
+    @rule(instance=st.sampled_from(INSTANCES))
+    def deliver(self, instance: str) -> None:
+        self.run(self.notifiers[instance].deliver_due())
+
+    @precondition(undelivered)
+    @rule(instance=st.sampled_from(INSTANCES))
+    def claims(self, instance: str) -> None:
+        """An instance claims what is due, and has not POSTed yet."""
+        now = self.clock.now()
+        claimed = self.run(self.store.claim_deliveries(list(self.notifiers[instance].sinks), instance, now,
+                                                       now + timedelta(seconds=SETTINGS.lease), 5))  # fmt: skip
+        self.in_flight.setdefault(instance, []).extend(claimed)
+
+    def claiming(self, data: st.DataObject) -> str:
+        return data.draw(st.sampled_from(sorted(name for name, claimed in self.in_flight.items() if claimed)))
+
+    @precondition(lambda self: any(self.in_flight.values()))
+    @rule(data=st.data())
+    def posts(self, data: st.DataObject) -> None:
+        """An instance POSTs what it claimed (unless it stalled past the claims' lease)."""
+        instance = self.claiming(data)
+        for delivery in self.in_flight.pop(instance, []):
+            self.run(self.notifiers[instance].deliver(delivery))
+
+    @precondition(lambda self: any(self.in_flight.values()))
+    @rule(data=st.data())
+    def dies(self, data: st.DataObject) -> None:
+        """An instance dies between its claims and its POSTs."""
+        self.in_flight.pop(self.claiming(data), None)
+
+    @precondition(undelivered)
+    @rule(count=st.integers(1, 3))
+    def the_webhook_fails(self, count: int) -> None:
+        self.webhook.failures = count
+
+    # -- invariants -------------------------------------------------------------------------------
+    @invariant()
+    def transitions_alternate_firing_first(self) -> None:
+        by_key: dict[str, list[str]] = {}
+        for alert in sorted(self.written, key=lambda a: a.transition):
+            by_key.setdefault(alert.key, []).append(alert.state)
+        for key, states in by_key.items():
+            assert states == ["firing", "resolved"] * (len(states) // 2) + ["firing"] * (len(states) % 2), (key, states)
+
+    @invariant()
+    def nothing_is_accepted_twice_or_unwritten(self) -> None:
+        counts = Counter(self.webhook.accepted)
+        assert all(n == 1 for n in counts.values()), counts
+        assert set(counts) <= {a.transition for a in self.written}
+
+    @invariant()
+    def the_store_holds_the_last_transition(self) -> None:
+        stored = {a.key: a for a in self.run(self.store.list_alerts(resolved_after=T0 - timedelta(days=1)))}
+        last: dict[str, Alert] = {}
+        for alert in sorted(self.written, key=lambda a: a.transition):
+            last[alert.key] = alert
+        assert {k: (a.state, a.transition) for k, a in stored.items()} == {
+            k: (a.state, a.transition) for k, a in last.items()
+        }
+
+    def check_all_delivered(self) -> None:
+        """Past every lease and backoff, with a healthy webhook: each transition once."""
+        self.webhook.failures = 0
+        for _ in range(3):
+            self.clock.advance(SETTINGS.lease + SETTINGS.backoff_max)
+            for notifier in self.notifiers.values():
+                self.run(notifier.deliver_due())
+        assert sorted(self.webhook.accepted) == sorted(a.transition for a in self.written)
+
+
+def test_each_transition_is_notified_exactly_once() -> None:
+    class Checked(AlertsMachine):
+        def teardown(self) -> None:
+            try:
+                self.check_all_delivered()
+            finally:
+                super().teardown()
+
+    run_state_machine_as_test(Checked, settings=PROFILE)
