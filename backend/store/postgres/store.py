@@ -48,6 +48,7 @@ from backend.model import (
 )
 from backend.store import FIRING, Membership, Unfinished, redact_url, store_unavailable
 from backend.store.migrations import components_of, migrate_postgres
+from backend.store.postgres.activity import PostgresActivity
 from backend.store.postgres.audit import PostgresAudit
 from backend.store.postgres.catalog import PostgresCatalog
 from backend.store.postgres.cluster import PostgresCluster
@@ -172,7 +173,8 @@ def _connection_lost(exc: psycopg.Error) -> bool:
 
 
 class PostgresStore(
-    PostgresLedgerWriter, PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLocks, PostgresCluster, PostgresAudit, PostgresEvents
+    PostgresLedgerWriter, PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLocks, PostgresCluster, PostgresAudit, PostgresEvents,
+    PostgresActivity,
 ):
     """The fleet store. ``PostgresStore("postgresql://user:pass@host:5432/db")``.
 
