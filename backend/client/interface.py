@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from backend.activity import Activity
+from backend.alerts.model import AlertsPage
 from backend.client.actions import (
     ACTIONS,
     Action,
@@ -72,10 +73,10 @@ __all__ = [
     "action_of",
 ]
 
-SYSTEMS = ("schedules", "jobs", "durable", "locks", "audit", "health")
+SYSTEMS = ("schedules", "jobs", "durable", "locks", "audit", "alerts", "health")
 """The systems an engine of this version offers (an older server offers only
-``schedules``; ``health``, the activity read, came after ``audit``); a console shows a
-view only for a system its backend offers."""
+``schedules``; ``alerts`` and ``health``, the activity read, came after ``audit``); a
+console shows a view only for a system its backend offers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -543,6 +544,17 @@ class Backend(abc.ABC):
         queue, durable executions, locks and stored schedules): {id, at, actor, action,
         target, detail}. actor is the name of the token the action came with, or the OS
         user (or --as) of a CLI or console acting on the store directly. Kept 90 days."""
+
+    # -- alerts ------------------------------------------------------------------------------
+    @action(system="alerts", permission="read", impl="alerts.page",
+            http=Http("GET", "/inspect/alerts", ok="{alerts: [alert], firing}"))
+    async def alerts(self, *, resolved: Annotated[bool, Help("also the alerts resolved in the last 24 hours")] = False) -> AlertsPage:
+        """What is alerting now: firing alerts first, newest first.
+
+        alerts is [{key, condition, subject_kind, subject, state, since, summary, updated_at,
+        transition}]: condition is failing, late, not_firing, dead_jobs or stuck; subject the
+        schedule, queue, execution id or fleet; since when it took its state; firing counts
+        the firing ones. With resolved, the alerts resolved in the last 24 hours follow."""
 
     # -- health ----------------------------------------------------------------------------
     @action(system="health", permission="read", impl="activity.read",

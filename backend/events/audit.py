@@ -80,6 +80,9 @@ ACTIONS: frozenset[str] = frozenset(
         "durable.retry",
         # locks
         "lock.release",
+        # alerts: a notification delivered to a sink, or given up on (the system's, not an operator's)
+        "alert.notified",
+        "alert.notify_failed",
     }
 )
 

@@ -42,6 +42,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
 from backend.activity import ActivityReads, ActivityStore
+from backend.alerts.system import Alerts
 from backend.clock import Clock, SystemClock
 from backend.definitions import Definitions
 from backend.durable import Durable, DurableFunction
@@ -186,6 +187,8 @@ class Engine:
         """Change signals (runs, schedules, …) for the event stream and the console."""
         self.audit = AuditLog(store=self.store, clock=self.clock, new_id=self.new_id, events=self.events, actor=actor)
         """The audit log of operator actions; ``actor`` names who acts when no token does."""
+        self.alerts = Alerts(store=self.store, clock=self.clock)
+        """The alerts kept in the store (read by every engine; see :mod:`backend.alerts`)."""
         self.relay = Relay(store=self.store, ledger=self.ledger, events=self.events, loops=self.loops)
         self.states.publish = lambda name: self.events.publish("schedules", name)
         self.outages = OutageLog(self.clock)

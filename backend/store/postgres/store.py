@@ -49,6 +49,7 @@ from backend.model import (
 from backend.store import FIRING, Membership, Unfinished, redact_url, store_unavailable
 from backend.store.migrations import components_of, migrate_postgres
 from backend.store.postgres.activity import PostgresActivity
+from backend.store.postgres.alerts import PostgresAlerts
 from backend.store.postgres.audit import PostgresAudit
 from backend.store.postgres.catalog import PostgresCatalog
 from backend.store.postgres.cluster import PostgresCluster
@@ -173,8 +174,8 @@ def _connection_lost(exc: psycopg.Error) -> bool:
 
 
 class PostgresStore(
-    PostgresLedgerWriter, PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLocks, PostgresCluster, PostgresAudit, PostgresEvents,
-    PostgresActivity,
+    PostgresLedgerWriter, PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLocks, PostgresCluster, PostgresAudit,
+    PostgresAlerts, PostgresEvents, PostgresActivity,
 ):
     """The fleet store. ``PostgresStore("postgresql://user:pass@host:5432/db")``.
 

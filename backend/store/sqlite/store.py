@@ -46,6 +46,7 @@ from backend.model import (
 from backend.store import FIRING, Membership, Unfinished, store_unavailable
 from backend.store.migrations import components_of, migrate_sqlite
 from backend.store.sqlite.activity import SQLiteActivity
+from backend.store.sqlite.alerts import SQLiteAlerts
 from backend.store.sqlite.audit import SQLiteAudit
 from backend.store.sqlite.catalog import SQLiteCatalog
 from backend.store.sqlite.durable import SQLiteDurable
@@ -112,7 +113,7 @@ log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
 
 class SQLiteStore(
-    SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteEvents, SQLiteActivity
+    SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteAlerts, SQLiteEvents, SQLiteActivity
 ):
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
