@@ -37,6 +37,8 @@ PICTURES = [
     ("audit", "120x32"),
     ("durable", "120x32"),
     ("durable-steps", "120x32"),
+    ("health", "120x32"),
+    ("health-no-color", "80x24"),
 ]
 
 

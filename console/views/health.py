@@ -1,5 +1,6 @@
-"""View 7: health. What is alerting now, then per schedule and per queue the last hour by
-the minute (:meth:`~backend.client.interface.Backend.activity`).
+"""View 7: health. What is alerting now (:meth:`~backend.client.interface.Backend.alerts`:
+condition, subject, since when, why), then per schedule and per queue the last hour by the
+minute (:meth:`~backend.client.interface.Backend.activity`).
 
 A schedule's row: its runs a minute and its failures a minute as sparklines, each with its
 total for the hour beside it, and how late it is now (see
@@ -14,26 +15,49 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import ClassVar, Final
+from zoneinfo import ZoneInfo
 
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 
 from backend.activity import Activity, QueueActivity, ScheduleActivity
+from backend.alerts.model import Alert, AlertsPage
 from console import format as fmt
 from console.views.base import View
 from console.widgets.health import HealthRow
 from console.widgets.line import Line
 
-__all__ = ["MAX_ROWS", "HealthView", "dead_text", "late_text"]
+__all__ = ["MAX_ALERTS", "MAX_ROWS", "HealthView", "alert_text", "dead_text", "late_text"]
 
 MAX_ROWS: Final = 200
 """Rows drawn per section at most (the most troubled first); the rest are counted."""
+LATE: Final = timedelta(minutes=1)
+"""From how late on a schedule is marked late (``⚠``) and counted in the title; below it,
+the lateness of a slot whose run is still in flight, or has just failed, is shown plainly."""
+MAX_ALERTS: Final = 5
+"""Alerts listed at most (the newest first); the rest are counted."""
+
+
+def alert_text(alert: Alert, now: datetime, zone: str) -> Content:
+    """One firing alert on one line: ``▲ failing   flaky-export   since 07:20, 40m  why``
+    (the time in ``zone``, with the date when it is not today's)."""
+    since = alert.since.astimezone(ZoneInfo(zone))
+    today = now.astimezone(ZoneInfo(zone)).date() == since.date()
+    when = since.strftime("%H:%M" if today else "%m-%d %H:%M")
+    subject = alert.subject if len(alert.subject) <= 16 else alert.subject[:15] + "…"
+    return Content.assemble(
+        ("▲ ", "bold $text-error"),
+        (f"{alert.condition:<11}", "bold"),
+        (f"{subject:<17}", ""),
+        (f"since {when}, {fmt.age(alert.since, now)}  ", "$text-muted"),
+        " ".join(alert.summary.split()),
+    )
 
 
 def late_text(schedule: ScheduleActivity, now: datetime) -> Content:
-    """A schedule's last column: ``⚠ 1h 2m`` late, ``on time``, ``off`` (disabled) or
-    ``no runs``."""
+    """A schedule's last column: ``⚠ 1h 2m`` late (``12s`` below :data:`LATE`), ``on time``,
+    ``off`` (disabled) or ``no runs``."""
     if not schedule.enabled:
         return Content.styled("off", "$text-muted")
     lateness = schedule.lateness(now)
@@ -41,6 +65,8 @@ def late_text(schedule: ScheduleActivity, now: datetime) -> Content:
         if schedule.late_since is None and schedule.last_success_at is None:
             return Content.styled("no runs", "$text-muted")
         return Content.styled("on time", "$text-muted")
+    if lateness < LATE:
+        return Content(fmt.compact_delta(lateness))  # a slot not done yet, or a run in flight
     return Content.styled(f"⚠ {fmt.compact_delta(lateness)}", "bold $text-warning")
 
 
@@ -62,12 +88,18 @@ class HealthView(View):
     """See the module."""
 
     view_id = "health"
-    topics: ClassVar[tuple[str, ...]] = ("jobs",)
+    topics: ClassVar[tuple[str, ...]] = ("jobs", "alerts")
 
     DEFAULT_CSS = """
     HealthView #health-rows {
         height: 1fr;
         scrollbar-size-vertical: 1;
+    }
+    HealthView #alerts, HealthView #schedule-rows, HealthView #queue-rows {
+        height: auto;
+    }
+    HealthView .alert {
+        padding: 0 1;
     }
     HealthView .more {
         padding: 0 1;
@@ -78,11 +110,18 @@ class HealthView(View):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id or self.view_id)
         self.activity: Activity | None = None
+        self.alerts: AlertsPage | None = None
+        """The firing alerts; ``None`` when the backend keeps none (an older server)."""
         self._read_at: datetime | None = None
         self._shown: list[ScheduleActivity] = []
         """The schedules in the order of their rows."""
 
     def compose(self) -> ComposeResult:
+        yield Line("ALERTS", id="alerts-title", classes="section")
+        with Vertical(id="alerts"):
+            for _ in range(MAX_ALERTS):
+                yield Line(classes="alert")
+            yield Line("", id="alerts-more", classes="more")
         with VerticalScroll(id="health-rows"):
             yield Line("SCHEDULES", id="schedules-title", classes="section")
             yield HealthRow(header=True, id="schedules-header")
@@ -96,8 +135,8 @@ class HealthView(View):
     def on_mount(self) -> None:
         self.query_one("#schedules-header", HealthRow).show("NAME", "RUNS/MIN", "RUNS", "FAILURES/MIN", "FAILS", "LATE")
         self.query_one("#queues-header", HealthRow).show("QUEUE", "ATTEMPTS/MIN", "ENDED", "FAILED/MIN", "FAILED", "DEAD +/NOW")
-        for more in self.query(".more"):
-            more.display = False
+        for line in self.query(".more, .alert"):
+            line.display = False
 
     def focus_main(self) -> None:
         self.query_one("#health-rows", VerticalScroll).focus()
@@ -110,8 +149,11 @@ class HealthView(View):
 
     # -- data ---------------------------------------------------------------------------
     async def load(self) -> None:
-        self.activity = await self.console.backend.activity()
-        self._read_at = self.console.clock.now()
+        console = self.console
+        offered = console.info is not None and "alerts" in console.info.systems
+        self.alerts = await console.backend.alerts() if offered else None
+        self.activity = await console.backend.activity()
+        self._read_at = console.clock.now()
 
     # -- drawing ------------------------------------------------------------------------
     def show(self) -> None:
@@ -119,9 +161,10 @@ class HealthView(View):
         if activity is None:
             return
         now = self.backend_now(self.console.clock.now())
+        self._show_alerts(now)
         minutes = activity.minutes
         schedules = self._in_trouble_first(activity.schedules, now)
-        late = sum(1 for s in activity.schedules if s.enabled and (s.lateness(now) or timedelta(0)) >= timedelta(minutes=1))
+        late = sum(1 for s in activity.schedules if s.enabled and (s.lateness(now) or timedelta(0)) >= LATE)
         failing = sum(1 for s in activity.schedules if s.total_failures)
         title = f"SCHEDULES {len(schedules)} · last {minutes} min"
         if failing:
@@ -147,6 +190,24 @@ class HealthView(View):
             row.show(Content.styled(queue.name, "bold"), queue.finished, _total(queue.total_finished), queue.failed,
                      _total(queue.total_failed, bad=True), dead_text(queue))  # fmt: skip
         self._shown = schedules
+
+    def _show_alerts(self, now: datetime) -> None:
+        title = self.query_one("#alerts-title", Line)
+        lines = list(self.query_one("#alerts", Vertical).query_children(".alert").results(Line))
+        firing = [a for a in self.alerts.alerts if a.state == "firing"] if self.alerts is not None else []
+        if self.alerts is None:
+            title.update("ALERTS · this server keeps none (an older schedtui)")
+        elif not firing:
+            title.update("ALERTS · nothing is firing")
+        else:
+            title.update(Content.assemble("ALERTS · ", (f"{len(firing)} firing", "$text-error")))
+        for line, alert in zip(lines, [*firing, *[None] * len(lines)], strict=False):
+            line.display = alert is not None
+            if alert is not None:
+                line.update(alert_text(alert, now, self.console.display_zone))
+        more = self.query_one("#alerts-more", Line)
+        more.display = len(firing) > len(lines)
+        more.update(f"… and {len(firing) - len(lines)} more (schedtui alerts lists them all)")
 
     def _rows(self, where: str, more: str, count: int, what: str) -> list[HealthRow]:
         """The rows of a section, as many as there is data for (up to :data:`MAX_ROWS`):
@@ -177,10 +238,11 @@ class HealthView(View):
         return sorted(schedules, key=trouble)
 
     def tick(self, now: datetime) -> None:
-        """The lateness counts on between reads."""
+        """The lateness and the alerts' ages count on between reads."""
         if self.activity is None:
             return
         backend_now = self.backend_now(now)
+        self._show_alerts(backend_now)
         rows = self.query_one("#schedule-rows", Vertical).query_children(HealthRow)
         for row, schedule in zip(rows, self._shown, strict=False):
             row.last.update(late_text(schedule, backend_now))

@@ -73,7 +73,7 @@ class HealthRow(Horizontal):
         padding: 0 1;
     }
     HealthRow > .name { width: 17; }
-    HealthRow > .total { width: 6; text-align: right; padding-right: 1; }
+    HealthRow > .total { width: 7; text-align: right; padding-right: 1; }
     HealthRow > .last { width: 10; }
     HealthRow > .title { width: 1fr; }
     HealthRow > Spark.first { color: $text-success; }
