@@ -109,11 +109,13 @@ class ActivityReads:
 def _by_subject(counts: list[MinuteCounts], minutes: int) -> dict[str, tuple[list[int], list[int], list[int]]]:
     """The store's rows as three series per subject (total, failed, dead), a count a minute."""
     series: dict[str, tuple[list[int], list[int], list[int]]] = {}
-    for row in counts:
-        if not 0 <= row.minute < minutes:
+    for subject, minute, total, failed, dead in counts:
+        if not 0 <= minute < minutes:
             continue  # never, from the stores' statements; a bad row must not misplace a count
-        total, failed, dead = series.setdefault(row.subject, ([0] * minutes, [0] * minutes, [0] * minutes))
-        total[row.minute] += row.total
-        failed[row.minute] += row.failed
-        dead[row.minute] += row.dead
+        found = series.get(subject)
+        if found is None:
+            found = series[subject] = ([0] * minutes, [0] * minutes, [0] * minutes)
+        found[0][minute] += total
+        found[1][minute] += failed
+        found[2][minute] += dead
     return series

@@ -14,17 +14,13 @@ from typing import NamedTuple, Protocol
 __all__ = ["ActivityStore", "MinuteCounts", "RunMarks"]
 
 
-class MinuteCounts(NamedTuple):
-    """What happened to one subject (a schedule, a queue) in one minute of a window."""
-
-    subject: str
-    minute: int
-    """Whole minutes since the window's start (0: its first minute)."""
-    total: int
-    """Runs that ended (succeeded or failed); for a queue, attempts that ended."""
-    failed: int
-    dead: int = 0
-    """A queue's jobs that died in that minute and are dead still."""
+MinuteCounts = tuple[str, int, int, int, int]
+"""What happened to one subject (a schedule, a queue) in one minute of a window:
+``(subject, minute, total, failed, dead)``. ``minute`` counts whole minutes since the
+window's start (0: its first minute); ``total`` the runs that ended (succeeded or failed),
+for a queue the attempts that ended; ``failed`` those that failed; ``dead`` a queue's jobs
+that died in that minute and are dead still (0 for a schedule). Plain tuples, as the
+database hands them over: a window of 1,000 busy schedules is 60,000 of them."""
 
 
 class RunMarks(NamedTuple):

@@ -19,13 +19,13 @@ from backend.store.migrations import Component
 __all__ = ["PostgresActivity"]
 
 ACTIVITY_V1 = """
-    CREATE INDEX IF NOT EXISTS schedtui_runs_by_finish ON schedtui_runs (finished_at);
+    CREATE INDEX IF NOT EXISTS schedtui_runs_by_finish ON schedtui_runs (finished_at, name, status);
     CREATE INDEX IF NOT EXISTS schedtui_runs_succeeded ON schedtui_runs (name, scheduled_at) WHERE status = 'succeeded'
 """
 _MINUTE = "floor(extract(epoch FROM {column} - %(start)s) / 60)::int"
 RUN_COUNTS = f"""
     SELECT name, {_MINUTE.format(column="finished_at")} AS minute, count(*)::int,
-        (count(*) FILTER (WHERE status = 'failed'))::int
+        (count(*) FILTER (WHERE status = 'failed'))::int, 0
     FROM schedtui_runs
     WHERE finished_at >= %(start)s AND finished_at < %(end)s AND status IN ('succeeded', 'failed')
     GROUP BY 1, 2
@@ -65,8 +65,8 @@ class PostgresActivity:
         async def _fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]: ...
 
     async def run_counts(self, start: datetime, end: datetime) -> list[MinuteCounts]:
-        rows = await self._fetchall(RUN_COUNTS, {"start": start, "end": end})
-        return [MinuteCounts(name, minute, total, failed) for name, minute, total, failed in rows]
+        rows: list[Any] = await self._fetchall(RUN_COUNTS, {"start": start, "end": end})
+        return rows
 
     async def run_marks(self, names: Sequence[str]) -> dict[str, RunMarks]:
         if not names:
@@ -75,5 +75,5 @@ class PostgresActivity:
         return {name: RunMarks(_utc(success), _utc(first)) for name, success, first in rows if first is not None}
 
     async def queue_counts(self, start: datetime, end: datetime) -> list[MinuteCounts]:
-        rows = await self._fetchall(QUEUE_COUNTS, {"start": start, "end": end})
-        return [MinuteCounts(queue, minute, total, failed, dead) for queue, minute, total, failed, dead in rows]
+        rows: list[Any] = await self._fetchall(QUEUE_COUNTS, {"start": start, "end": end})
+        return rows

@@ -24,11 +24,11 @@ __all__ = ["SQLiteActivity"]
 T = TypeVar("T")
 
 ACTIVITY_V1 = """
-    CREATE INDEX IF NOT EXISTS runs_by_finish ON runs (finished_at);
+    CREATE INDEX IF NOT EXISTS runs_by_finish ON runs (finished_at, name, status);
     CREATE INDEX IF NOT EXISTS runs_succeeded ON runs (name, scheduled_at) WHERE status = 'succeeded'
 """
 RUN_COUNTS = """
-    SELECT name, (finished_at - ?1) / 60000000 AS minute, count(*), sum(status = 'failed')
+    SELECT name, (finished_at - ?1) / 60000000 AS minute, count(*), sum(status = 'failed'), 0
     FROM runs
     WHERE finished_at >= ?1 AND finished_at < ?2 AND status IN ('succeeded', 'failed')
     GROUP BY name, minute
@@ -64,8 +64,8 @@ class SQLiteActivity:
 
     async def run_counts(self, start: datetime, end: datetime) -> list[MinuteCounts]:
         params = (_us(start), _us(end))
-        rows = await self._read(lambda c: c.execute(RUN_COUNTS, params).fetchall())
-        return [MinuteCounts(name, minute, total, failed) for name, minute, total, failed in rows]
+        rows: list[MinuteCounts] = await self._read(lambda c: c.execute(RUN_COUNTS, params).fetchall())
+        return rows
 
     async def run_marks(self, names: Sequence[str]) -> dict[str, RunMarks]:
         if not names:
@@ -76,5 +76,5 @@ class SQLiteActivity:
 
     async def queue_counts(self, start: datetime, end: datetime) -> list[MinuteCounts]:
         params = (_us(start), _us(end))
-        rows = await self._read(lambda c: c.execute(QUEUE_COUNTS, params).fetchall())
-        return [MinuteCounts(queue, minute, total, failed, dead) for queue, minute, total, failed, dead in rows]
+        rows: list[MinuteCounts] = await self._read(lambda c: c.execute(QUEUE_COUNTS, params).fetchall())
+        return rows
