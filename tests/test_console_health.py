@@ -143,3 +143,21 @@ async def test_health_without_alerts_says_the_server_keeps_none(store_url: str) 
         assert app.active_view_id == "health"
         assert app.query_one("#alerts-title", Line).content.plain == "ALERTS · this server keeps none (an older schedtui)"
         assert alert_lines(app) == [] and notes.seen == []
+
+
+async def test_rows_are_kept_between_refreshes_and_capped(store_url: str, monkeypatch: Any) -> None:  # noqa: F811
+    from console.views import health
+
+    monkeypatch.setattr(health, "MAX_ROWS", 3)
+    await filled(store_url)
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("7")
+        await settle(pilot)
+        drawn = list(app.query_one("#schedule-rows").query_children(HealthRow))
+        assert [row.name_cell.content.plain for row in drawn] == ["flaky-export", "stuck-import", "daily-digest"]
+        more = app.query_one("#schedules-more", Line)
+        assert more.display and more.content.plain == "… and 4 more schedules, none with more failures or later than these"
+        assert not app.query_one("#queues-more", Line).display  # three queues: all drawn
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert list(app.query_one("#schedule-rows").query_children(HealthRow)) == drawn  # redrawn, not made again

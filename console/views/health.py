@@ -30,8 +30,9 @@ from console.widgets.line import Line
 
 __all__ = ["MAX_ALERTS", "MAX_ROWS", "HealthView", "alert_text", "dead_text", "late_text"]
 
-MAX_ROWS: Final = 200
-"""Rows drawn per section at most (the most troubled first); the rest are counted."""
+MAX_ROWS: Final = 60
+"""Rows drawn per section at most (the most troubled first); the rest are counted. Each row
+is a handful of widgets: at 1,000 schedules, drawing every one would take seconds."""
 LATE: Final = timedelta(minutes=1)
 """From how late on a schedule is marked late (``⚠``) and counted in the title; below it,
 the lateness of a slot whose run is still in flight, or has just failed, is shown plainly."""
@@ -172,7 +173,8 @@ class HealthView(View):
         if late:
             title += f" · {late} late"
         self.query_one("#schedules-title", Line).update(title)
-        rows = self._rows("#schedule-rows", "#schedules-more", len(schedules), "schedules")
+        rows = self._rows("#schedule-rows", "#schedules-more", len(schedules),
+                          "schedules, none with more failures or later than these")
         for row, schedule in zip(rows, schedules, strict=False):
             row.show(Content.styled(schedule.name, "bold"), schedule.runs, _total(schedule.total_runs), schedule.failures,
                      _total(schedule.total_failures, bad=True), late_text(schedule, now))  # fmt: skip
@@ -185,7 +187,7 @@ class HealthView(View):
             title += " · none yet"
         self.query_one("#queues-title", Line).update(title)
         self.query_one("#queues-header", HealthRow).display = bool(queues)
-        rows = self._rows("#queue-rows", "#queues-more", len(queues), "queues")
+        rows = self._rows("#queue-rows", "#queues-more", len(queues), "queues, none with more dead or failed jobs")
         for row, queue in zip(rows, queues, strict=False):
             row.show(Content.styled(queue.name, "bold"), queue.finished, _total(queue.total_finished), queue.failed,
                      _total(queue.total_failed, bad=True), dead_text(queue))  # fmt: skip
@@ -226,7 +228,7 @@ class HealthView(View):
         line = self.query_one(more, Line)
         line.display = count > wanted
         if count > wanted:
-            line.update(f"… and {count - wanted} more {what}, quieter than these")
+            line.update(f"… and {count - wanted} more {what}")
         return rows
 
     @staticmethod
