@@ -19,8 +19,8 @@ from backend.store.migrations import Component
 __all__ = ["PostgresActivity"]
 
 ACTIVITY_V1 = """
-    CREATE INDEX IF NOT EXISTS schedtui_runs_by_finish ON schedtui_runs (finished_at, name, status);
-    CREATE INDEX IF NOT EXISTS schedtui_runs_succeeded ON schedtui_runs (name, scheduled_at) WHERE status = 'succeeded'
+    CREATE INDEX schedtui_runs_by_finish ON schedtui_runs (finished_at, name, status);
+    CREATE INDEX schedtui_runs_succeeded_by_slot ON schedtui_runs (name, scheduled_at) WHERE status = 'succeeded'
 """
 _MINUTE = "floor(extract(epoch FROM {column} - %(start)s) / 60)::int"
 RUN_COUNTS = f"""

@@ -24,8 +24,8 @@ __all__ = ["SQLiteActivity"]
 T = TypeVar("T")
 
 ACTIVITY_V1 = """
-    CREATE INDEX IF NOT EXISTS runs_by_finish ON runs (finished_at, name, status);
-    CREATE INDEX IF NOT EXISTS runs_succeeded ON runs (name, scheduled_at) WHERE status = 'succeeded'
+    CREATE INDEX runs_by_finish ON runs (finished_at, name, status);
+    CREATE INDEX runs_succeeded_by_slot ON runs (name, scheduled_at) WHERE status = 'succeeded'
 """
 RUN_COUNTS = """
     SELECT name, (finished_at - ?1) / 60000000 AS minute, count(*), sum(status = 'failed'), 0
