@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from backend.alerts.policy import ScheduleAlerting, schedule_alerting
 from backend.cron import Cron
 from backend.errors import BadInput, CronError, DefinitionError
 from backend.inputs import check_json, check_text, is_async_callable
@@ -95,6 +96,8 @@ class Schedule:
     """Where it was defined, as ``path:line``."""
     isolation: Literal["process"] | None = None
     """``"process"``: each run in a child process of its own, which the watchdog can kill."""
+    alert: ScheduleAlerting = field(default_factory=ScheduleAlerting, compare=False)
+    """Its alerts (``failing``, ``late``): see :mod:`backend.alerts.policy`."""
 
     @property
     def source_file(self) -> str | None:
@@ -167,6 +170,7 @@ def define_schedule(
     isolation: Literal["process"] | None = None,
     queue: str | None = None,
     durable: str | None = None,
+    alert: Any = None,
 ) -> Schedule:
     """Define a named cron schedule; raises :class:`DefinitionError` on anything invalid.
 
@@ -174,7 +178,9 @@ def define_schedule(
     ``isolation="process"`` runs each run of it in a child process (see
     :mod:`backend.runtime.isolated`): for handlers that may hang, burn CPU or block the event loop,
     which the watchdog can then really stop. With ``durable="F"`` instead of a handler, each
-    slot starts one execution of the durable function F (its ``payload`` is the input)."""
+    slot starts one execution of the durable function F (its ``payload`` is the input).
+    ``alert`` overrides its alerts' defaults, or (``False``) turns them off: see
+    :mod:`backend.alerts.policy`."""
     label = f"define_schedule({name!r})" if isinstance(name, str) else "define_schedule()"
 
     def bad(problem: str) -> DefinitionError:
@@ -237,6 +243,10 @@ def define_schedule(
         check_json(payload, "payload")
     except BadInput as exc:
         raise bad(exc.message) from None
+    try:
+        alerting = schedule_alerting(alert)
+    except BadInput as exc:
+        raise bad(exc.message) from None
     if isolation not in (None, "process"):
         raise bad(f"isolation {isolation!r} is not one of process (or None: in this process)")
     if isolation is not None and durable is not None:
@@ -266,6 +276,7 @@ def define_schedule(
         isolation=isolation,
         queue=queue,
         durable=durable,
+        alert=alerting,
     )
 
 

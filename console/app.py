@@ -224,6 +224,8 @@ class SchedtuiApp(App[None]):
         self.instances: list[InstanceInfo] | None = None
         """The registered engines, as of the last read (``None``: the backend cannot say)."""
         self.fleet: Fleet | None = None
+        self.alerting: int | None = None
+        """How many alerts fire, as of the last read (``None``: the backend cannot say)."""
         self.crons = CronCache()
         self.overdue = Overdue(self.crons)
         self.backfills: dict[str, BackfillProgress] = {}
@@ -460,13 +462,36 @@ class SchedtuiApp(App[None]):
             self.instances = None
         self._instances_at = now
         self._instances_now = self.backend_now()
+        await self._read_alerts()
+
+    async def _read_alerts(self) -> None:
+        """How many alerts fire now, for the header (read with the heartbeats, and when a
+        change signal says an alert changed)."""
+        if self.info is None or "alerts" not in self.info.systems:
+            self.alerting = None
+            return
+        try:
+            self.alerting = (await self.backend.alerts()).firing
+        except NotFound:  # a server older than this console
+            self.alerting = None
+
+    @work(group="alerts", exclusive=True, exit_on_error=False)
+    async def refresh_alerts(self) -> None:
+        """Read the alert count alone (an alert changed)."""
+        try:
+            await self._read_alerts()
+        except SchedtuiError:
+            return  # the next full refresh reports it
+        self.query_one(ConsoleHeader).alerting = self.alerting
 
     def _update_fleet(self) -> None:
         """Who fires, as of when the heartbeats were read (not later: an engine that beat
         then is not accused of silence because the console has not looked since)."""
         if self.info is not None and self.instances is not None:
             self.fleet = fleet_of(self.instances, self._instances_now or self.data_now(), self.info, self.views)
-        self.query_one(ConsoleHeader).fleet = self.fleet
+        header = self.query_one(ConsoleHeader)
+        header.fleet = self.fleet
+        header.alerting = self.alerting
         self.query_one(FleetBanner).fleet = self.fleet
 
     @work(group="instances", exclusive=True, exit_on_error=False)
@@ -504,10 +529,11 @@ class SchedtuiApp(App[None]):
 
     def on_signals(self, batch: list[Signal]) -> None:
         """Act on a batch of change signals: read again what they name, if it is on screen."""
-        refresh = False
+        refresh = alerts = False
         feed: bool | None = None
         topics = ("runs", "schedules", *self.active_view.topics)
         for signal in batch:
+            alerts = alerts or signal.topic == "alerts"
             if signal.id:
                 self.event_id = signal.id
             if signal.topic == READY:
@@ -521,6 +547,8 @@ class SchedtuiApp(App[None]):
             self._set_feed(feed)
         if refresh and not self.paused and self.info is not None:
             self.request_refresh()
+        if alerts and not self.paused and self.info is not None:
+            self.refresh_alerts()
 
     def _set_feed(self, events: bool) -> None:
         if events == self.events_live:

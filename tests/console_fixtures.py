@@ -436,6 +436,14 @@ class FlakyBackend:
         result: AuditPage = await self.inner.audit(limit=limit, before=before)
         return result
 
+    async def alerts(self, *, resolved: bool = False) -> Any:
+        self._check()
+        return await self.inner.alerts(resolved=resolved)
+
+    async def activity(self, *, minutes: int = 60) -> Any:
+        self._check()
+        return await self.inner.activity(minutes=minutes)
+
     async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
         """The inner backend's stream, ended (as a broken connection ends it) once ``down``."""
         self._check()

@@ -14,7 +14,7 @@ evaluation round costs a fixed number of statements.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -155,8 +155,9 @@ class AlertStore(Protocol):
     async def last_successes(self, names: Sequence[str]) -> dict[str, Success]:
         """Per named schedule, its newest succeeded slot run (names without one left out)."""
 
-    async def dead_jobs(self, since: datetime) -> dict[str, DeadJobs]:
-        """Per queue holding dead jobs, how many died since ``since`` and in all."""
+    async def dead_jobs(self, since: Mapping[str, datetime], default: datetime) -> dict[str, DeadJobs]:
+        """Per queue holding dead jobs, how many died since its window's start (``since``
+        by queue, else ``default``) and how many in all."""
 
     async def stuck_candidates(self, older_than: datetime, limit: int) -> list[StuckCandidate]:
         """Unfinished executions whose reference time is before ``older_than``, oldest

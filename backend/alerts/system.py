@@ -2,33 +2,75 @@
 
 Every engine reads alerts (:meth:`Alerts.page`: what ``schedtui alerts``, ``GET
 /inspect/alerts`` and the console's header show). An engine given :class:`AlertSettings`
-(``schedtui serve``) also evaluates the conditions on its clock and delivers the
-notifications of the transitions: see :mod:`backend.alerts.evaluator` and
-:mod:`backend.alerts.notifier`.
+(``schedtui serve``) also evaluates the conditions on its clock every ``interval`` seconds
+and delivers the notifications of the fleet's transitions to its sinks: see
+:mod:`backend.alerts.evaluator` and :mod:`backend.alerts.notifier`. Its housekeeping drops
+resolved alerts and finished deliveries after :data:`KEEP`.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Final
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, Final
 
+import httpx
+
+from backend.alerts.evaluator import Evaluator, Round
 from backend.alerts.model import AlertsPage, ordered
+from backend.alerts.notifier import AlertSettings, Notifier, parse_sinks
 from backend.alerts.store import AlertStore
 from backend.clock import Clock
+from backend.durable.definition import DurableFunction
 from backend.errors import Unavailable
+from backend.events.audit import AuditLog
+from backend.events.bus import EventBus
+from backend.jobs.definition import Queue
+from backend.model import ScheduleState
+from backend.runtime.loops import Loops
+from backend.schedules import Schedule
 
-__all__ = ["RESOLVED_SHOWN", "Alerts"]
+__all__ = ["KEEP", "RESOLVED_SHOWN", "AlertSettings", "Alerts"]
+
+log = logging.getLogger("schedtui.alerts")
 
 #: How long a resolved alert is listed with ``resolved=True``.
 RESOLVED_SHOWN: Final = timedelta(hours=24)
+#: How long resolved alerts and finished deliveries are kept.
+KEEP: Final = timedelta(days=7)
 
 
 class Alerts:
-    """The alerts of one engine's store."""
+    """The alerts of one engine's store; with ``settings``, their evaluation and delivery."""
 
-    def __init__(self, *, store: object, clock: Clock) -> None:
+    def __init__(
+        self,
+        *,
+        store: object,
+        clock: Clock,
+        loops: Loops,
+        events: EventBus,
+        audit: AuditLog,
+        instance: str,
+        new_id: Callable[[], str],
+        settings: AlertSettings | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.store = store
         self.clock = clock
+        self.loops = loops
+        self.events = events
+        self.audit = audit
+        self.instance = instance
+        self.new_id = new_id
+        self.settings = settings
+        self.transport = transport
+        self.evaluator: Evaluator | None = None
+        self.notifier: Notifier | None = None
+        self.last_round: Round | None = None
+        self._last_prune: datetime | None = None
 
     def _store(self) -> AlertStore:
         if not isinstance(self.store, AlertStore):
@@ -40,3 +82,86 @@ class Alerts:
         :data:`RESOLVED_SHOWN`), firing ones first, newest first."""
         after = self.clock.now() - RESOLVED_SHOWN if resolved else None
         return ordered(await self._store().list_alerts(resolved_after=after))
+
+    # -- evaluation and delivery (serve) ------------------------------------------------------
+    def watch(
+        self,
+        *,
+        schedules: Mapping[str, Schedule],
+        queues: Mapping[str, Queue],
+        functions: Mapping[str, DurableFunction],
+        state_of: Callable[[str], ScheduleState | None],
+        is_enabled: Callable[[str], bool],
+        fleet: Callable[[], Any],
+        fresh: timedelta,
+    ) -> None:
+        """Hand the evaluator what it reads of the engine (before :meth:`start`)."""
+        if self.settings is None:
+            return
+        store = self._store()
+        self.evaluator = Evaluator(
+            store=store, instance=self.instance, new_id=self.new_id, schedules=schedules, queues=queues,
+            functions=functions, state_of=state_of, is_enabled=is_enabled, fleet=fleet, fresh=fresh,
+        )  # fmt: skip
+        self.notifier = Notifier(
+            store=store, clock=self.clock, loops=self.loops, instance=self.instance,
+            sinks=parse_sinks(self.settings.sinks), settings=self.settings, audit=self.audit, transport=self.transport,
+        )  # fmt: skip
+
+    async def evaluate(self) -> Round:
+        """One evaluation round now: the transitions it wrote wake the delivery."""
+        assert self.evaluator is not None and self.settings is not None, "evaluation needs settings"
+        now = self.clock.now()
+        done = await self.evaluator.evaluate(now, sinks_after=now - timedelta(seconds=self.settings.sink_ttl))
+        self.last_round = done
+        for alert in done.won:
+            self.events.publish("alerts", alert.key)
+        if done.summaries and not done.won:
+            self.events.publish("alerts", None)
+        if done.won and self.notifier is not None:
+            self.notifier.wake.set()
+        return done
+
+    async def _evaluating(self) -> None:
+        assert self.settings is not None
+        every = timedelta(seconds=self.settings.interval)
+        while True:
+            try:
+                await self.evaluate()
+            except Unavailable as exc:
+                log.warning("alerts: evaluation skipped: %s", exc)
+            await self.loops.park("alert evaluation", self.clock.now() + every)
+
+    # -- the subsystem ---------------------------------------------------------------------------
+    async def open(self) -> None:
+        pass
+
+    def start(self) -> None:
+        if self.evaluator is None or self.notifier is None:
+            return
+        self.loops.expect("alert evaluation")
+        self.loops.spawn(self._evaluating(), "alert evaluation")
+        self.loops.expect("alert delivery")
+        self.loops.spawn(self.notifier.run(), "alert delivery")
+
+    async def maintain(self, now: datetime) -> None:
+        if self.evaluator is None:
+            return
+        if self._last_prune is not None and now - self._last_prune < timedelta(hours=1):
+            return
+        self._last_prune = now
+        with contextlib.suppress(Unavailable):
+            removed = await self._store().prune_alerts(now - KEEP)
+            if removed:
+                log.info("alerts retention: removed %d row(s) older than %s", removed, KEEP)
+
+    async def stop(self, grace: float) -> None:
+        if self.notifier is not None:
+            await self.notifier.close()
+
+    @property
+    def idle(self) -> bool:
+        return True
+
+    def is_ours(self, id_: str) -> bool:
+        return False

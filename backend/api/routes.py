@@ -128,6 +128,12 @@ def _query_value(request: Request, param: Param, wire: str) -> Any:
             return parse_iso(check_text(raw, wire, one_line=True))
         except (ValueError, OverflowError):
             raise BadInput(f'{wire} "{printable(raw, 60)}" is not an ISO 8601 instant with an offset', field=wire) from None
+    if base is bool:
+        if raw is None:
+            return param.default
+        if raw not in ("true", "false"):
+            raise BadInput(f'{wire} "{printable(raw, 60)}" must be true or false', field=wire)
+        return raw == "true"
     if base is int:
         if raw is None:
             return param.default

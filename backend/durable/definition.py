@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
+from backend.alerts.policy import DurableAlerting, durable_alerting
 from backend.definitions import register_definition_type
-from backend.errors import DefinitionError
+from backend.errors import BadInput, DefinitionError
 from backend.inputs import is_async_callable
 from backend.schedules import NAME_PATTERN, handler_problem
 
@@ -85,6 +86,8 @@ class DurableFunction:
     description: str | None = None
     source: str | None = field(default=None, compare=False)
     """Where it was defined, as ``path:line``."""
+    alert: DurableAlerting = field(default_factory=DurableAlerting, compare=False)
+    """Its ``stuck`` alert: see :mod:`backend.alerts.policy`."""
 
     def __repr__(self) -> str:
         return f"DurableFunction({self.name!r})"
@@ -96,12 +99,14 @@ def define_durable(
     handler: DurableHandler,
     step_timeout: float | timedelta = DEFAULT_STEP_TIMEOUT,
     description: str | None = None,
+    alert: Any = None,
 ) -> DurableFunction:
     """Define a durable function; raises :class:`DefinitionError` on anything invalid.
 
     ``handler`` is ``async def handler(ctx, input)``; ``step_timeout`` bounds each attempt
     of each of its steps (seconds; a longer one is a failed attempt with error tag
-    ``timeout``)."""
+    ``timeout``); ``alert`` overrides its ``stuck`` alert's default, or (``False``) turns it
+    off (see :mod:`backend.alerts.policy`)."""
     label = f"define_durable({name!r})" if isinstance(name, str) else "define_durable()"
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise DefinitionError(f"{label}: invalid name {name!r} (1-128 characters of letters, digits, '_', '.', '-')")
@@ -121,7 +126,13 @@ def define_durable(
         raise DefinitionError(f"{label}: step_timeout must be more than 0 seconds")
     if description is not None and not isinstance(description, str):
         raise DefinitionError(f"{label}: description {description!r} is not a string")
-    return DurableFunction(name=name, handler=handler, step_timeout=timeout, description=description, source=_caller())
+    try:
+        alerting = durable_alerting(alert)
+    except BadInput as exc:
+        raise DefinitionError(f"{label}: {exc.message}") from None
+    return DurableFunction(
+        name=name, handler=handler, step_timeout=timeout, description=description, source=_caller(), alert=alerting
+    )
 
 
 def _caller() -> str | None:

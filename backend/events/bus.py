@@ -34,7 +34,7 @@ from typing import Any
 __all__ = ["READY", "RESYNC", "STREAM", "TOPICS", "EventBus", "Signal", "Subscription"]
 
 #: What a signal can be about.
-TOPICS: tuple[str, ...] = ("runs", "schedules", "jobs", "durable", "locks", "audit")
+TOPICS: tuple[str, ...] = ("runs", "schedules", "jobs", "durable", "locks", "audit", "alerts")
 #: Refetch everything: signals were lost (a slow reader, a reconnect, another epoch).
 RESYNC = "resync"
 #: Whether signals from other instances arrive: name ``up`` or ``down``. While down, a

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from backend.alerts.policy import QueueAlerting, queue_alerting
 from backend.definitions import register_definition_type
 from backend.errors import BadInput, DefinitionError
 from backend.inputs import check_json, check_text, is_async_callable, is_id
@@ -88,6 +89,8 @@ class Queue:
     description: str | None = None
     source: str | None = field(default=None, compare=False)
     """Where it was defined, as ``path:line``."""
+    alert: QueueAlerting = field(default_factory=QueueAlerting, compare=False)
+    """Its ``dead_jobs`` alert: see :mod:`backend.alerts.policy`."""
 
     @property
     def is_async(self) -> bool:
@@ -112,8 +115,12 @@ def define_queue(
     attempts: int = DEFAULT_ATTEMPTS,
     max_runtime: float | timedelta = DEFAULT_MAX_RUNTIME,
     description: str | None = None,
+    alert: Any = None,
 ) -> Queue:
-    """Define a named job queue; raises :class:`DefinitionError` on anything invalid."""
+    """Define a named job queue; raises :class:`DefinitionError` on anything invalid.
+
+    ``alert`` overrides its ``dead_jobs`` alert's defaults, or (``False``) turns it off
+    (see :mod:`backend.alerts.policy`)."""
     label = f"define_queue({name!r})" if isinstance(name, str) else "define_queue()"
 
     def bad(problem: str) -> DefinitionError:
@@ -134,6 +141,10 @@ def define_queue(
         raise bad(f"max_runtime {max_runtime!r} must be a positive number of seconds")
     if description is not None and not isinstance(description, str):
         raise bad(f"description {description!r} is not a string")
+    try:
+        alerting = queue_alerting(alert)
+    except BadInput as exc:
+        raise bad(exc.message) from None
     return Queue(
         name=name,
         handler=handler,
@@ -142,6 +153,7 @@ def define_queue(
         max_runtime=float(max_runtime),
         description=description,
         source=_caller_location(),
+        alert=alerting,
     )
 
 

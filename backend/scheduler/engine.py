@@ -41,8 +41,10 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
+import httpx
+
 from backend.activity import ActivityReads, ActivityStore
-from backend.alerts.system import Alerts
+from backend.alerts.system import Alerts, AlertSettings
 from backend.clock import Clock, SystemClock
 from backend.definitions import Definitions
 from backend.durable import Durable, DurableFunction
@@ -153,6 +155,8 @@ class Engine:
         actor: str | None = None,
         lease_clock: Callable[[], float] | None | Literal["auto"] = "auto",
         exit_when_lease_lapses: bool = True,
+        alerting: AlertSettings | None = None,
+        alert_transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         items = list(definitions.items if isinstance(definitions, Definitions) else definitions)
         self.schedules: dict[str, Schedule] = {}
@@ -187,8 +191,12 @@ class Engine:
         """Change signals (runs, schedules, …) for the event stream and the console."""
         self.audit = AuditLog(store=self.store, clock=self.clock, new_id=self.new_id, events=self.events, actor=actor)
         """The audit log of operator actions; ``actor`` names who acts when no token does."""
-        self.alerts = Alerts(store=self.store, clock=self.clock)
-        """The alerts kept in the store (read by every engine; see :mod:`backend.alerts`)."""
+        self.alerts = Alerts(
+            store=self.store, clock=self.clock, loops=self.loops, events=self.events, audit=self.audit,
+            instance=self.instance, new_id=self.new_id, settings=alerting, transport=alert_transport,
+        )  # fmt: skip
+        """The alerts kept in the store: read by every engine; evaluated and delivered by one
+        given ``alerting`` settings (``serve``; see :mod:`backend.alerts`)."""
         self.relay = Relay(store=self.store, ledger=self.ledger, events=self.events, loops=self.loops)
         self.states.publish = lambda name: self.events.publish("schedules", name)
         self.outages = OutageLog(self.clock)
@@ -259,6 +267,12 @@ class Engine:
         self.shared, self.durable, self.jobs, self.locks = systems.shared, systems.durable, systems.jobs, systems.locks
         self.cluster = systems.cluster
         self.subsystems.extend(systems.in_start_order)
+        self.alerts.watch(
+            schedules=self.schedules, queues=self.jobs.queues, functions=self.durable.functions,
+            state_of=self.states.get, is_enabled=self.states.is_enabled, fleet=self.store.fleet,
+            fresh=timedelta(seconds=abandon_after),
+        )  # fmt: skip
+        self.subsystems.append(self.alerts)
         # A folder's definitions are all there are: a start of any other function is refused.
         self.durable.complete = isinstance(definitions, Definitions)
         self.catalog = Catalog(

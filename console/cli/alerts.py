@@ -1,14 +1,23 @@
 """``schedtui alerts``: what is alerting now (embedded or remote), derived from the action's
-declaration (:mod:`console.cli.derive`).
+declaration (:mod:`console.cli.derive`); and ``schedtui alert-rules``, the same conditions as
+a Prometheus rule file.
 
     schedtui alerts [--resolved] [--json]
+    schedtui alert-rules --provider prometheus [--schedules DIR] [--out FILE]
 """
 
 from __future__ import annotations
 
+import argparse
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from backend.alerts.model import AlertsPage
+from backend.alerts.rules import PROVIDERS, render_rules
+from backend.definitions import discover_definitions
+from backend.durable import DurableFunction
+from backend.jobs import Queue
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers
 
@@ -40,6 +49,23 @@ DERIVED = (
 
 def add_verbs(verb: Any, group: Any) -> None:
     add_derived(DERIVED, {}, verb, group)
+    p = verb("alert-rules", "the alert conditions as a Prometheus rule file (for Alertmanager)", ["schedules"])
+    p.add_argument("--provider", required=True, choices=PROVIDERS, help="the rule file's format")
+    p.add_argument("--out", metavar="FILE", help="write the file here instead of printing it")
 
 
-VERBS = handlers(DERIVED)
+async def cmd_alert_rules(args: argparse.Namespace) -> int:
+    definitions = discover_definitions(args.schedules)
+    text = render_rules(
+        args.provider, definitions.schedules, definitions.of(Queue), definitions.of(DurableFunction),
+        datetime.now(UTC), source=str(args.schedules),
+    )  # fmt: skip
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(args.out)
+    else:
+        print(text, end="")
+    return 0
+
+
+VERBS = {**handlers(DERIVED), "alert-rules": cmd_alert_rules}

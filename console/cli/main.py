@@ -35,6 +35,7 @@ from backend import (
     discover,
     open_store,
 )
+from backend.alerts.notifier import AlertSettings, parse_sinks
 from backend.api.server import serve
 from backend.api.tokens import Tokens, parse_token
 from backend.client.embedded import EmbeddedBackend
@@ -92,6 +93,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < 10**7:
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
     return value
 
 
@@ -231,6 +242,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "--allow-external-self", action="store_true",
         help="let the external fire endpoint fire schedules that have their own timer too",
     )
+    serve.add_argument(
+        "--notify", metavar="URL", action="append", default=[],
+        help="POST every alert transition to this webhook (JSON with a `text` a Slack or Mattermost incoming webhook "
+        "shows); several allowed; visible to other users in `ps`: prefer --notify-file",
+    )
+    serve.add_argument("--notify-file", metavar="PATH", help="webhook URLs to notify, one per line (# comments)")
+    serve.add_argument("--alert-interval", type=_seconds, default=15.0, metavar="S",
+                       help="evaluate the alert conditions every S seconds (15)")  # fmt: skip
+    serve.add_argument("--notify-timeout", type=_seconds, default=10.0, metavar="S",
+                       help="give a webhook S seconds to answer (10); then it is tried again later")  # fmt: skip
+    # Test seams, not operator options: a delivery's claim lease, the first retry's wait, the outbox poll.
+    serve.add_argument("--notify-lease", type=_seconds, default=60.0, help=argparse.SUPPRESS)
+    serve.add_argument("--notify-backoff", type=_seconds, default=5.0, help=argparse.SUPPRESS)
+    serve.add_argument("--notify-poll", type=_seconds, default=5.0, help=argparse.SUPPRESS)
 
     verb("console", "the operations console (also what `schedtui` alone starts)", _CONSOLE)
 
@@ -310,6 +335,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             Tokens.from_options(args.token, args.read_token)  # names and secrets distinct, names valid
         except BadInput as exc:
             raise UsageError(f"schedtui: {exc.message}") from None
+        args.alerting = _alert_settings(args)
     elif "token" in accepted:
         tokens = _resolve_tokens(args, "token", "SCHEDTUI_TOKEN", several=False)
         try:
@@ -359,6 +385,30 @@ def _resolve_tokens(args: argparse.Namespace, dest: str, env: str, *, several: b
         except BadInput as exc:
             raise UsageError(f"schedtui: {exc.message} (in {source})") from None
     return tokens
+
+
+def _alert_settings(args: argparse.Namespace) -> AlertSettings:
+    """``serve``'s alert options, checked: every sink URL (``--notify``, ``--notify-file``)
+    and the timings; a bad one is a usage error naming it."""
+    urls = list(args.notify)
+    if args.notify:
+        print("schedtui: warning: --notify on the command line can be read by every local user (ps), and a "
+              "webhook URL holds its secret; use --notify-file PATH", file=sys.stderr)  # fmt: skip
+    if args.notify_file is not None:
+        try:
+            content = Path(args.notify_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise UsageError(f'schedtui: cannot read --notify-file "{args.notify_file}": {reason}') from None
+        urls += [line.strip() for line in content.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    try:
+        parse_sinks(urls)
+        return AlertSettings(
+            sinks=tuple(urls), interval=args.alert_interval, timeout=args.notify_timeout, lease=args.notify_lease,
+            backoff=args.notify_backoff, poll=args.notify_poll,
+        )  # fmt: skip
+    except BadInput as exc:
+        raise UsageError(f"schedtui: {exc.message}") from None
 
 
 def _resolve_store(args: argparse.Namespace) -> None:
@@ -508,6 +558,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         abandon_after=float(args.abandon_after),
         heartbeat_interval=min(5.0, args.abandon_after / 3),
         clock=OffsetClock(timedelta(milliseconds=args.clock_offset_ms)) if args.clock_offset_ms else None,
+        alerting=args.alerting,
     )
     log = logging.getLogger("schedtui")
     if args.clock_offset_ms:

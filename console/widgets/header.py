@@ -22,7 +22,7 @@ Feed = Literal["events", "polling"]
 
 class ConsoleHeader(Widget):
     """Backend kind and where, coordination, instance, connection state with the age of the
-    last good refresh, and a read-only badge. Everything is drawn from the reactives below;
+    last good refresh, how many alerts fire, and a read-only badge. Everything is drawn from the reactives below;
     ages are computed from ``now`` (the injected clock), never from the wall clock."""
 
     DEFAULT_CSS = """
@@ -53,12 +53,16 @@ class ConsoleHeader(Widget):
     """Who fires, from the heartbeats (``None`` until read, or when the backend cannot say)."""
     feed: reactive[Feed] = reactive("polling")
     """How the data stays fresh: change signals (``events``), or reading it again and again."""
+    alerting: reactive[int | None] = reactive(None)
+    """How many alerts fire now (``None``: not known; nothing is shown for 0)."""
 
     def render(self) -> Content:
         # Most telling first: what is true now, then what it is connected to (cut at 80 columns).
         parts: list[str] = ["[b]schedtui[/b]", self._connection()]
         if self.read_only:
             parts.append("[b reverse $text-warning] READ-ONLY [/]")
+        if self.alerting:
+            parts.append(f"[b reverse $text-error] ▲ {self.alerting} alerting [/]")
         if self.fleet is not None:
             parts.append(self._fleet(self.fleet))
         info = self.info

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -172,7 +172,9 @@ LAST_SUCCESSES = """
     ) AS r
 """
 DEAD_JOBS = """
-    SELECT queue, count(*) FILTER (WHERE dead_at >= %s), count(*), max(dead_at) FROM schedtui_jobs
+    SELECT queue, count(*) FILTER (WHERE dead_at >= coalesce((%(since)s::jsonb ->> queue)::timestamptz, %(default)s)),
+        count(*), max(dead_at)
+    FROM schedtui_jobs
     WHERE status = 'dead' AND NOT deleted GROUP BY queue
 """
 STUCK = """
@@ -287,8 +289,9 @@ class PostgresAlerts:
         rows = await self._fetchall(LAST_SUCCESSES, (list(names),))
         return {r[0]: Success(r[1].astimezone(UTC), (r[2] or r[1]).astimezone(UTC)) for r in rows}
 
-    async def dead_jobs(self, since: datetime) -> dict[str, DeadJobs]:
-        rows = await self._fetchall(DEAD_JOBS, (since,))
+    async def dead_jobs(self, since: Mapping[str, datetime], default: datetime) -> dict[str, DeadJobs]:
+        windows = json.dumps({queue: at.isoformat() for queue, at in since.items()})
+        rows = await self._fetchall(DEAD_JOBS, {"since": windows, "default": default})
         return {r[0]: DeadJobs(int(r[1]), int(r[2]), _utc(r[3])) for r in rows}
 
     async def stuck_candidates(self, older_than: datetime, limit: int) -> list[StuckCandidate]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -136,7 +136,8 @@ LAST_SUCCESSES = """
     )
 """
 DEAD_JOBS = """
-    SELECT queue, sum(dead_at >= ?), count(*), max(dead_at) FROM jobs
+    SELECT queue, sum(dead_at >= coalesce((SELECT value FROM json_each(?) WHERE key = queue), ?)), count(*), max(dead_at)
+    FROM jobs
     WHERE status = 'dead' AND deleted = 0 GROUP BY queue
 """
 STUCK = """
@@ -275,8 +276,9 @@ class SQLiteAlerts:
         rows = await self._read(lambda c: c.execute(LAST_SUCCESSES, (listed,)).fetchall())
         return {r[0]: Success(_dt(r[1]), _dt(r[2] if r[2] is not None else r[1])) for r in rows}
 
-    async def dead_jobs(self, since: datetime) -> dict[str, DeadJobs]:
-        rows = await self._read(lambda c: c.execute(DEAD_JOBS, (_us(since),)).fetchall())
+    async def dead_jobs(self, since: Mapping[str, datetime], default: datetime) -> dict[str, DeadJobs]:
+        params = (json.dumps({queue: _us(at) for queue, at in since.items()}), _us(default))
+        rows = await self._read(lambda c: c.execute(DEAD_JOBS, params).fetchall())
         return {r[0]: DeadJobs(int(r[1] or 0), int(r[2]), _dt(r[3]) if r[3] is not None else None) for r in rows}
 
     async def stuck_candidates(self, older_than: datetime, limit: int) -> list[StuckCandidate]:

@@ -1,0 +1,251 @@
+"""The built-in conditions: pure functions of facts read from the store and the clock's now.
+
+Each returns a :class:`Finding` when its condition holds about its subject, else ``None``.
+A finding's summary names absolute times only (never "5 minutes ago"), so that it stays
+the same from one evaluation to the next while nothing changes, and the stored alert is not
+rewritten every round.
+
+* ``failing``: the newest N slot runs of a schedule (trigger self or external; a Run now or
+  a backfill does not count) all failed.
+* ``late``: a dead man's switch. Take the newest slot whose grace has passed; the schedule
+  is late if no slot run has succeeded since that slot (finished at or after it), counting
+  from when the fleet first saw the schedule or it was last enabled. It catches a schedule
+  that never runs (its timer, its instance or its platform scheduler is gone), one stuck
+  behind ``queue`` overlap or skipping every slot behind a run that never ends, and one
+  whose runs all fail. A schedule disabled at run time is late once it has stayed
+  disabled longer than its ``disabled`` setting (a day by default): an operator who pauses
+  it for an incident is not paged, one who forgot to enable it again is, the next day. A
+  schedule defined ``enabled=False`` and never enabled is never late.
+* ``not_firing``: no firing member of the fleet has a fresh heartbeat.
+* ``dead_jobs``: N or more of a queue's jobs died within its window.
+* ``stuck``: a durable execution queued or running without progress, or waiting past its
+  wake time, for longer than its function's ``stuck`` setting.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+from backend.alerts.model import FLEET, SUBJECT_OF, Alert, Condition, alert_key
+from backend.alerts.policy import LATE_MARGIN, DurableAlerting, QueueAlerting, ScheduleAlerting
+from backend.alerts.store import DeadJobs, SlotRun, StuckCandidate, Success
+from backend.cron import Cron
+from backend.model import InstanceInfo, ScheduleState, iso
+
+__all__ = [
+    "Finding",
+    "dead_jobs",
+    "failing",
+    "late",
+    "late_grace",
+    "not_firing",
+    "resolved_summary",
+    "stuck",
+    "stuck_after",
+]
+
+#: How far back ``late`` looks for the newest slot whose grace has passed (slots).
+MAX_SLOTS_BACK: Final = 1000
+#: The longest summary kept (an error message may be long).
+SUMMARY_MAX: Final = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A condition that holds about a subject, and why."""
+
+    condition: Condition
+    subject: str
+    summary: str
+
+    @property
+    def key(self) -> str:
+        return alert_key(self.condition, self.subject)
+
+    def alert(self, *, state: str, at: datetime, transition: str) -> Alert:
+        """The alert this finding makes, taking ``state`` at ``at``."""
+        return Alert(
+            key=self.key,
+            condition=self.condition,
+            subject_kind=SUBJECT_OF[self.condition],
+            subject=self.subject,
+            state="firing" if state == "firing" else "resolved",
+            since=at,
+            summary=self.summary,
+            updated_at=at,
+            transition=transition,
+        )
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= SUMMARY_MAX else text[: SUMMARY_MAX - 1] + "…"
+
+
+def _seconds(seconds: float) -> str:
+    """``90s``, ``15m``, ``2h``, ``1d``: a setting as it was most likely written."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _why(run: SlotRun) -> str:
+    if run.error_tag and run.error_message:
+        return f"[{run.error_tag}] {run.error_message}"
+    return run.error_message or (f"[{run.error_tag}]" if run.error_tag else "no error message")
+
+
+# -- failing -----------------------------------------------------------------------------------
+def failing(name: str, policy: ScheduleAlerting, runs: Sequence[SlotRun]) -> Finding | None:
+    """``runs``: the schedule's newest finished slot runs, newest first."""
+    n = policy.failing
+    if n < 1 or len(runs) < n or any(run.status != "failed" for run in runs[:n]):
+        return None
+    newest = runs[0]
+    what = "the newest run" if n == 1 else f"the {n} newest runs"
+    return Finding("failing", name, _short(f"{what} failed (slot {iso(newest.scheduled_at)}): {_why(newest)}"))
+
+
+# -- late --------------------------------------------------------------------------------------
+def late_grace(cron: Cron, max_runtime: float, policy: ScheduleAlerting, slot: datetime) -> timedelta:
+    """How long after ``slot`` a success may come: the setting, else the run's bound (at
+    most the time since the slot before) and a margin."""
+    if policy.grace is not None:
+        return timedelta(seconds=policy.grace)
+    try:
+        gap = (slot - cron.prev(slot)).total_seconds()
+    except ValueError:  # no slot before (year 1): the bound alone
+        gap = max_runtime
+    return timedelta(seconds=min(max_runtime, gap) + LATE_MARGIN)
+
+
+def overdue_slot(cron: Cron, max_runtime: float, policy: ScheduleAlerting, now: datetime) -> tuple[datetime, timedelta] | None:
+    """The newest slot whose grace has passed at ``now``, and that grace."""
+    if policy.grace is not None:
+        grace = timedelta(seconds=policy.grace)
+        try:
+            return cron.latest(now - grace), grace
+        except ValueError:
+            return None
+    for slot in itertools.islice(cron.occurrences_back(now), MAX_SLOTS_BACK):
+        grace = late_grace(cron, max_runtime, policy, slot)
+        if slot + grace <= now:
+            return slot, grace
+    return None
+
+
+def late(
+    name: str,
+    cron: Cron,
+    max_runtime: float,
+    policy: ScheduleAlerting,
+    now: datetime,
+    *,
+    enabled: bool,
+    state: ScheduleState | None,
+    baseline: datetime,
+    success: Success | None,
+) -> Finding | None:
+    """``state``: its run-time state (``None``: never changed by an operator);
+    ``baseline``: when the fleet first saw it; ``success``: its newest succeeded slot run."""
+    if not policy.late:
+        return None
+    if not enabled:
+        if state is None or state.enabled or policy.disabled_after is None:
+            return None  # disabled in its definition, never enabled: not meant to run
+        if now - state.changed_at < timedelta(seconds=policy.disabled_after):
+            return None
+        note = f' ("{_short(state.note)}")' if state.note else ""
+        return Finding(
+            "late", name,
+            _short(f"disabled by {state.changed_by} since {iso(state.changed_at)}{note}: no slot runs "
+                   f"(late after {_seconds(policy.disabled_after)} disabled)"),
+        )  # fmt: skip
+    start = baseline
+    if state is not None and state.enabled:
+        start = max(start, state.changed_at)  # slots while it was disabled do not count
+    found = overdue_slot(cron, max_runtime, policy, now)
+    if found is None:
+        return None
+    slot, grace = found
+    if slot < start or (success is not None and success.finished_at >= slot):
+        return None
+    last = f"last success: slot {iso(success.scheduled_at)}" if success is not None else "no slot run has succeeded yet"
+    return Finding(
+        "late", name,
+        f"no successful run since the slot of {iso(slot)} (grace {_seconds(grace.total_seconds())}); {last}",
+    )  # fmt: skip
+
+
+# -- not_firing ----------------------------------------------------------------------------------
+def not_firing(instances: Sequence[InstanceInfo], now: datetime, fresh: timedelta) -> Finding | None:
+    """No instance that fires has beaten within ``fresh`` of ``now``."""
+    members = [i for i in instances if i.fires]
+    if any(now - i.heartbeat_at <= fresh for i in members):
+        return None
+    if not members:
+        summary = "no instance of the fleet fires (none registered as firing)"
+    else:
+        newest = max(members, key=lambda i: i.heartbeat_at)
+        summary = (
+            f"no firing instance has a heartbeat within {_seconds(fresh.total_seconds())}; "
+            f"the newest is {newest.name}'s, at {iso(newest.heartbeat_at)}"
+        )
+    return Finding("not_firing", FLEET, _short(summary))
+
+
+# -- dead_jobs -----------------------------------------------------------------------------------
+def dead_jobs(queue: str, policy: QueueAlerting, facts: DeadJobs) -> Finding | None:
+    """``facts.recent``: how many died within the policy's window."""
+    if policy.dead_jobs < 1 or facts.recent < policy.dead_jobs:
+        return None
+    jobs = "1 job" if facts.recent == 1 else f"{facts.recent} jobs"
+    newest = f", the newest at {iso(facts.newest)}" if facts.newest is not None else ""
+    return Finding(
+        "dead_jobs", queue,
+        f"{jobs} died within {_seconds(policy.window)}{newest}; {facts.total} dead in all",
+    )  # fmt: skip
+
+
+# -- stuck ---------------------------------------------------------------------------------------
+def stuck_after(policy: DurableAlerting, step_timeout: float) -> float | None:
+    """Seconds past its expectation an execution of the function may be (``None``: off)."""
+    if not policy.stuck:
+        return None
+    return policy.after if policy.after is not None else 2 * step_timeout
+
+
+def stuck(candidate: StuckCandidate, after: float | None, now: datetime) -> Finding | None:
+    if after is None or now - candidate.reference < timedelta(seconds=after):
+        return None
+    at = iso(candidate.reference)
+    if candidate.status == "waiting":
+        why = f"waiting past its wake time {at}"
+    elif candidate.status == "queued":
+        why = f"queued since {at}, not started"
+    else:
+        why = f"running without progress since {at}"
+    return Finding(
+        "stuck", candidate.id,
+        f"execution of {candidate.function} {why} (stuck after {_seconds(after)})",
+    )  # fmt: skip
+
+
+# -- resolutions -------------------------------------------------------------------------------
+def resolved_summary(alert: Alert, *, gone: bool) -> str:
+    """Why a firing alert resolves: its condition no longer holds, or (``gone``) its
+    subject is no longer defined."""
+    if gone:
+        return f"{alert.subject_kind} {alert.subject} is no longer defined"
+    return {
+        "failing": "the newest run did not fail",
+        "late": "a slot run succeeded since (or the schedule is no longer expected to run)",
+        "not_firing": "a firing instance beats again",
+        "dead_jobs": "no more dead jobs within the window than the alert allows",
+        "stuck": "the execution moved on (or finished)",
+    }.get(alert.condition, "the condition no longer holds")

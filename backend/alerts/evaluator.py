@@ -1,0 +1,220 @@
+"""Evaluating the conditions, and writing the transitions they make.
+
+One round (every ``interval`` seconds on the injected clock, in every instance that runs
+``serve``) reads the facts in a fixed number of statements whatever the number of
+schedules, queues and executions (the firing alerts, the newest slot runs, the newest
+successes, the dead jobs, the stuck candidates, the fleet), applies the conditions of
+:mod:`backend.alerts.conditions`, and compares what holds with the firing alerts:
+
+* a condition that holds about a subject whose alert is not firing: a ``firing``
+  transition;
+* a firing alert whose condition no longer holds (or whose subject is gone): a ``resolved``
+  transition;
+* a firing alert whose summary changed (more dead jobs): its summary, with no transition.
+
+Transitions are written together (:meth:`AlertStore.write_transitions`): each one only if
+the stored alert still has the other state and was changed before this round read its
+facts. Several instances evaluate the same facts; for each transition exactly one of them
+wins, and only the winner's transition has outbox rows, so the fleet sends one
+notification per transition. A round that read older facts than the last transition (a
+slow instance) does not undo it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from backend.alerts import conditions
+from backend.alerts.conditions import Finding
+from backend.alerts.model import Alert
+from backend.alerts.policy import DurableAlerting, QueueAlerting
+from backend.alerts.store import AlertStore, Transition
+from backend.durable.definition import DEFAULT_STEP_TIMEOUT, DurableFunction
+from backend.jobs.definition import Queue
+from backend.model import InstanceInfo, ScheduleState, iso
+from backend.schedules import Schedule
+
+__all__ = ["MAX_STUCK", "Evaluator", "Round", "notification"]
+
+log = logging.getLogger("schedtui.alerts")
+
+#: The most stuck executions one round reads (the oldest); past it, none is resolved.
+MAX_STUCK: Final = 200
+#: The default queue and function policies, for those defined by other instances only.
+DEFAULT_QUEUE: Final = QueueAlerting()
+DEFAULT_DURABLE: Final = DurableAlerting()
+
+
+@dataclass
+class Round:
+    """What one evaluation found and did."""
+
+    at: datetime
+    findings: dict[str, Finding] = field(default_factory=dict)
+    transitions: list[Alert] = field(default_factory=list)
+    """The transitions this round proposed."""
+    won: list[Alert] = field(default_factory=list)
+    """Those this instance wrote (another instance may have written the others)."""
+    summaries: int = 0
+
+
+def notification(alert: Alert, instance: str, *, was_since: datetime | None = None) -> dict[str, Any]:
+    """The JSON body every sink gets for a transition. ``text`` is what a Slack or
+    Mattermost incoming webhook shows as it is (one line, no colour needed)."""
+    what = f"{alert.subject_kind} {alert.subject}" if alert.subject_kind != "fleet" else "the fleet"
+    if alert.state == "firing":
+        text = f"▲ FIRING {alert.condition}: {what}: {alert.summary} (since {iso(alert.since)}, seen by {instance})"
+    else:
+        fired = f", firing since {iso(was_since)}" if was_since is not None else ""
+        text = f"✓ RESOLVED {alert.condition}: {what}: {alert.summary} (at {iso(alert.since)}{fired}, seen by {instance})"
+    return {
+        "alert": alert.condition,
+        "state": alert.state,
+        "subject_kind": alert.subject_kind,
+        "subject": alert.subject,
+        "summary": alert.summary,
+        "since": iso(alert.since),
+        "instance": instance,
+        "key": alert.key,
+        "transition": alert.transition,
+        "text": text,
+    }
+
+
+class Evaluator:
+    """Evaluates every condition about what this engine knows (see the module docstring).
+
+    ``schedules``, ``queues`` and ``functions`` are the engine's own (read at each round:
+    stored schedules come and go); ``states`` gives a schedule's run-time state and whether
+    it is enabled; ``fleet`` reads the instances; ``fresh`` is how old a firing member's
+    heartbeat may be (the take-over window)."""
+
+    def __init__(
+        self,
+        *,
+        store: AlertStore,
+        instance: str,
+        new_id: Callable[[], str],
+        schedules: Mapping[str, Schedule],
+        queues: Mapping[str, Queue],
+        functions: Mapping[str, DurableFunction],
+        state_of: Callable[[str], ScheduleState | None],
+        is_enabled: Callable[[str], bool],
+        fleet: Callable[[], Any],
+        fresh: timedelta,
+    ) -> None:
+        self.store = store
+        self.instance = instance
+        self.new_id = new_id
+        self.schedules = schedules
+        self.queues = queues
+        self.functions = functions
+        self.state_of = state_of
+        self.is_enabled = is_enabled
+        self.fleet = fleet
+        self.fresh = fresh
+        self._baselines: dict[str, datetime] = {}
+
+    # -- facts -> findings -----------------------------------------------------------------------
+    async def find(self, now: datetime) -> tuple[dict[str, Finding], Callable[[Alert], bool | None]]:
+        """What holds now, and a judge of a firing alert that no finding holds about:
+        ``True`` resolve it (its condition was looked at and no longer holds), ``None``
+        resolve it as gone (its subject is no longer defined), ``False`` leave it (this
+        round could not tell)."""
+        findings: dict[str, Finding] = {}
+
+        def add(finding: Finding | None) -> None:
+            if finding is not None:
+                findings[finding.key] = finding
+
+        schedules = dict(self.schedules)
+        watched = [s for s in schedules.values() if s.alert.failing or s.alert.late]
+        names = [s.name for s in watched]
+        newest = max((s.alert.failing for s in watched), default=0)
+        if names:
+            unseen = [name for name in names if name not in self._baselines]
+            if unseen:
+                self._baselines.update(await self.store.alert_baselines(unseen, now))
+            runs = await self.store.slot_runs(names, newest) if newest else {}
+            successes = await self.store.last_successes(names)
+            for schedule in watched:
+                name = schedule.name
+                add(conditions.failing(name, schedule.alert, runs.get(name, [])))
+                add(conditions.late(
+                    name, schedule.cron, schedule.max_runtime, schedule.alert, now,
+                    enabled=self.is_enabled(name), state=self.state_of(name),
+                    baseline=self._baselines.get(name, now), success=successes.get(name),
+                ))  # fmt: skip
+
+        instances: list[InstanceInfo] = await self.fleet()
+        add(conditions.not_firing(instances, now, self.fresh))
+
+        queues = dict(self.queues)
+        windows = {name: now - timedelta(seconds=q.alert.window) for name, q in queues.items()}
+        dead = await self.store.dead_jobs(windows, now - timedelta(seconds=DEFAULT_QUEUE.window))
+        for name, facts in dead.items():
+            add(conditions.dead_jobs(name, queues[name].alert if name in queues else DEFAULT_QUEUE, facts))
+
+        functions = dict(self.functions)
+        limits = {name: conditions.stuck_after(f.alert, f.step_timeout) for name, f in functions.items()}
+        default_limit = conditions.stuck_after(DEFAULT_DURABLE, DEFAULT_STEP_TIMEOUT)
+        shortest = min((v for v in [*limits.values(), default_limit] if v is not None), default=None)
+        truncated = False
+        if shortest is not None:
+            candidates = await self.store.stuck_candidates(now - timedelta(seconds=shortest), MAX_STUCK)
+            truncated = len(candidates) >= MAX_STUCK
+            for candidate in candidates:
+                add(conditions.stuck(candidate, limits.get(candidate.function, default_limit), now))
+
+        def judge(alert: Alert) -> bool | None:
+            if alert.subject_kind == "schedule":
+                return True if alert.subject in schedules else None
+            if alert.condition == "stuck":
+                return not truncated
+            return True
+
+        return findings, judge
+
+    # -- findings -> transitions -------------------------------------------------------------
+    async def evaluate(self, now: datetime, *, sinks_after: datetime) -> Round:
+        """One round (see the module docstring): the transitions proposed and those won."""
+        done = Round(now)
+        firing = {a.key: a for a in await self.store.list_alerts()}
+        done.findings, judge = await self.find(now)
+        proposed: list[Transition] = []
+        summaries: list[Alert] = []
+        for key, finding in done.findings.items():
+            stored = firing.get(key)
+            if stored is None:
+                alert = finding.alert(state="firing", at=now, transition=self.new_id())
+                proposed.append(Transition(alert, json.dumps(notification(alert, self.instance))))
+            elif stored.summary != finding.summary:
+                summaries.append(Alert(
+                    key, stored.condition, stored.subject_kind, stored.subject, "firing", stored.since,
+                    finding.summary, now, stored.transition,
+                ))  # fmt: skip
+        for key, stored in firing.items():
+            if key in done.findings:
+                continue
+            verdict = judge(stored)
+            if verdict is False:
+                continue
+            summary = conditions.resolved_summary(stored, gone=verdict is None)
+            alert = Alert(key, stored.condition, stored.subject_kind, stored.subject, "resolved", now, summary, now,
+                          self.new_id())  # fmt: skip
+            body = notification(alert, self.instance, was_since=stored.since)
+            proposed.append(Transition(alert, json.dumps(body)))
+        done.transitions = [t.alert for t in proposed]
+        if proposed:
+            won = set(await self.store.write_transitions(proposed, sinks_after=sinks_after))
+            done.won = [t.alert for t in proposed if t.alert.key in won]
+            for alert in done.won:
+                log.warning("alert %s %s: %s", alert.key, alert.state.upper(), alert.summary)
+        if summaries:
+            done.summaries = await self.store.update_summaries(summaries)
+        return done

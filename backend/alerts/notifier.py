@@ -1,0 +1,251 @@
+"""Delivering notifications: the sinks (webhook URLs), and the outbox worker.
+
+A transition's outbox rows (one per sink the fleet knows) are written with it. Any
+instance that has the sink configured claims a due row through the store with a lease
+(:meth:`AlertStore.claim_deliveries`), POSTs the transition's JSON body to the sink with
+``Idempotency-Key: <transition id>``, and records the outcome under its claim:
+
+* a 2xx answer: delivered (audit ``alert.notified``);
+* anything else, or no answer within the timeout (shorter than the lease): due again after
+  a backoff that doubles; after the last attempt, given up (audit ``alert.notify_failed``).
+
+Exactly one delivery per transition and sink, except when an instance dies (or stalls past
+its lease) after the sink accepted the POST and before the outcome was recorded: once the
+lease runs out another instance sends it again, with the same body and Idempotency-Key, so
+a receiver that keeps the keys it has seen can drop it.
+
+A sink is known to the store by a hash of its URL (its ``id``) and a form fit to show
+(scheme, host and port: webhook URLs carry their secret in the path); the URL itself is
+never written anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import httpx
+
+from backend.alerts.store import AlertStore, Delivery
+from backend.clock import Clock
+from backend.errors import BadInput, Unavailable
+from backend.events.audit import AuditLog
+from backend.runtime.loops import Loops
+
+__all__ = ["AlertSettings", "Notifier", "Sink", "parse_sinks", "sink_of"]
+
+log = logging.getLogger("schedtui.alerts")
+
+#: How many outbox rows one claim takes.
+CLAIM_BATCH: Final = 20
+#: How often an instance says again which sinks it delivers to (they are kept a day).
+REGISTER_EVERY: Final = timedelta(minutes=10)
+#: The longest error text kept with an outbox row or an audit entry.
+ERROR_MAX: Final = 300
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    """How an engine evaluates and delivers alerts (``serve``'s options).
+
+    ``interval``: seconds between evaluation rounds; ``lease``: how long a claimed
+    delivery is this instance's (another instance may send it once it runs out);
+    ``timeout``: the POST's bound (shorter than the lease); ``backoff``: the wait after a
+    failed attempt, doubling up to ``backoff_max``; ``attempts``: how many before giving
+    up; ``poll``: how often the outbox is looked at for others' transitions and retries;
+    ``sink_ttl``: how long a sink no instance names any more is still sent to."""
+
+    sinks: tuple[str, ...] = ()
+    interval: float = 15.0
+    lease: float = 60.0
+    timeout: float = 10.0
+    backoff: float = 5.0
+    backoff_max: float = 300.0
+    attempts: int = 10
+    poll: float = 5.0
+    sink_ttl: float = 86_400.0
+
+    def __post_init__(self) -> None:
+        for name in ("interval", "lease", "timeout", "backoff", "backoff_max", "poll", "sink_ttl"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 10**7:
+                raise BadInput(f"alert {name} {value!r} must be a positive number of seconds", field=name)
+        if self.timeout >= self.lease:
+            raise BadInput(
+                f"the notification timeout ({self.timeout:g}s) must be shorter than the claim lease ({self.lease:g}s): "
+                "a POST still waiting when the lease runs out would be sent twice",
+                field="timeout",
+            )
+        if isinstance(self.attempts, bool) or not 1 <= self.attempts <= 100:
+            raise BadInput(f"alert attempts {self.attempts!r} must be from 1 to 100", field="attempts")
+
+    def retry_delay(self, attempts: int) -> timedelta:
+        """The wait after failed attempt number ``attempts`` (1-based)."""
+        return timedelta(seconds=min(self.backoff * 2 ** min(attempts - 1, 30), self.backoff_max))
+
+
+@dataclass(frozen=True)
+class Sink:
+    """A webhook: its URL (kept in memory only), its id and its shown form."""
+
+    url: str
+    id: str
+    shown: str
+
+
+def sink_of(url: str) -> Sink:
+    """A sink from its URL; :class:`BadInput` naming it (without its path) if it is none."""
+    text = url.strip()
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        shown = f"{parts.scheme}://{parts.hostname}" if parts.scheme and parts.hostname else repr(text[:40])
+        raise BadInput(f"notify URL {shown} is not an http:// or https:// URL with a host", field="notify")
+    try:
+        port = parts.port
+    except ValueError:
+        raise BadInput(f"notify URL {parts.scheme}://{parts.hostname} has a bad port", field="notify") from None
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    where = f"{parts.scheme}://{parts.hostname}{f':{port}' if port else ''}"
+    return Sink(text, digest, f"{where}/… #{digest[:6]}" if parts.path.strip("/") or parts.query else f"{where} #{digest[:6]}")
+
+
+def parse_sinks(urls: Sequence[str]) -> tuple[Sink, ...]:
+    """Sinks from URLs (``--notify`` and the lines of ``--notify-file``), each once."""
+    sinks: dict[str, Sink] = {}
+    for url in urls:
+        sink = sink_of(url)
+        sinks.setdefault(sink.id, sink)
+    return tuple(sinks.values())
+
+
+def _error(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return text[:ERROR_MAX]
+
+
+class Notifier:
+    """Delivers the outbox rows of this instance's sinks (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: AlertStore,
+        clock: Clock,
+        loops: Loops,
+        instance: str,
+        sinks: Sequence[Sink],
+        settings: AlertSettings,
+        audit: AuditLog,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.loops = loops
+        self.instance = instance
+        self.sinks = {sink.id: sink for sink in sinks}
+        self.settings = settings
+        self.audit = audit
+        self.transport = transport
+        """A test's transport (``None``: the network)."""
+        self.wake = asyncio.Event()
+        """Set when this instance wrote a transition: deliver now, not at the next poll."""
+        self._registered: datetime | None = None
+        self._client: httpx.AsyncClient | None = None
+        self.before_post: Any = None
+        """A test seam: awaited with each claimed delivery just before its POST."""
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.settings.timeout), transport=self.transport, follow_redirects=False
+            )
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.aclose()
+            self._client = None
+
+    async def register(self, now: datetime) -> None:
+        """Tell the store which sinks this instance delivers to (every :data:`REGISTER_EVERY`)."""
+        if self._registered is not None and now - self._registered < REGISTER_EVERY:
+            return
+        await self.store.register_sinks([(sink.id, sink.shown) for sink in self.sinks.values()], now)
+        self._registered = now
+
+    async def deliver_due(self) -> int:
+        """Claim and deliver every due row of this instance's sinks; how many were handled."""
+        if not self.sinks:
+            return 0
+        handled = 0
+        while True:
+            now = self.clock.now()
+            until = now + timedelta(seconds=self.settings.lease)
+            claimed = await self.store.claim_deliveries(list(self.sinks), self.instance, now, until, CLAIM_BATCH)
+            if not claimed:
+                return handled
+            await asyncio.gather(*(self.deliver(delivery) for delivery in claimed))
+            handled += len(claimed)
+
+    async def deliver(self, delivery: Delivery) -> None:
+        """POST one claimed row and record what came of it."""
+        sink = self.sinks[delivery.sink]
+        if self.before_post is not None:
+            await self.before_post(delivery)
+        try:
+            answer = await self.client().post(
+                sink.url,
+                content=delivery.payload.encode("utf-8"),
+                headers={
+                    "content-type": "application/json",
+                    "idempotency-key": delivery.transition,
+                    "user-agent": "schedtui-alerts",
+                },
+            )
+            error = None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
+        except httpx.HTTPError as exc:
+            error = _error(exc).replace(sink.url, sink.shown)  # the URL's path is its secret
+        now = self.clock.now()
+        retry_at = None
+        if error is not None and delivery.attempts < self.settings.attempts:
+            retry_at = now + self.settings.retry_delay(delivery.attempts)
+        recorded = await self.store.finish_delivery(delivery, now, retry_at=retry_at, error=error)
+        detail: dict[str, Any] = {
+            "transition": delivery.transition, "sink": sink.shown, "attempt": delivery.attempts, "error": error,
+        }  # fmt: skip
+        if not recorded:
+            # The lease ran out first: another instance has it, and may send it again.
+            log.warning("alert %s to %s: the claim ran out before its outcome (%s) was recorded; "
+                        "another instance may send it again", delivery.alert_key, sink.shown, error or "delivered")  # fmt: skip
+            return
+        if error is None:
+            log.info("alert %s delivered to %s (attempt %d)", delivery.alert_key, sink.shown, delivery.attempts)
+            await self.audit.record("alert.notified", delivery.alert_key, detail, actor=self.instance)
+        elif retry_at is not None:
+            log.warning("alert %s to %s failed (attempt %d of %d: %s); again at %s", delivery.alert_key, sink.shown,
+                        delivery.attempts, self.settings.attempts, error, retry_at.isoformat())  # fmt: skip
+        else:
+            log.error("alert %s to %s: giving up after %d attempts (%s)", delivery.alert_key, sink.shown,
+                      delivery.attempts, error)  # fmt: skip
+            await self.audit.record("alert.notify_failed", delivery.alert_key, detail, actor=self.instance)
+
+    async def run(self) -> None:
+        """The delivery loop: deliver what is due, then wait for a transition of this
+        instance or the next poll."""
+        name = "alert delivery"
+        while True:
+            try:
+                await self.register(self.clock.now())
+                await self.deliver_due()
+            except Unavailable as exc:
+                log.warning("alerts: cannot deliver now: %s", exc)
+            poll = self.clock.now() + timedelta(seconds=self.settings.poll)
+            await self.loops.park(name, poll, self.wake)

@@ -1,0 +1,769 @@
+"""Alerts on the injected clock: the ``alert=`` option, each condition, the store's part
+(both kinds), an engine evaluating and delivering to a webhook (a mock transport), the
+read action over the API, the remote client and the CLI, the console's header, the
+serve options and the Prometheus rule export."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from backend import DefinitionError, Engine, ManualClock, RunContext, define_durable, define_queue, define_schedule
+from backend.alerts import conditions
+from backend.alerts.evaluator import Evaluator
+from backend.alerts.model import Alert, AlertsPage, ordered
+from backend.alerts.notifier import AlertSettings, parse_sinks, sink_of
+from backend.alerts.policy import DurableAlerting, QueueAlerting, ScheduleAlerting
+from backend.alerts.rules import prometheus_rules, render_rules
+from backend.alerts.store import AlertStore, DeadJobs, SlotRun, StuckCandidate, Success, Transition
+from backend.api.app import create_app
+from backend.client.embedded import EmbeddedBackend
+from backend.client.remote import RemoteBackend
+from backend.cron import Cron
+from backend.errors import BadInput
+from backend.ids import IdFactory
+from backend.model import InstanceInfo, ScheduleState
+from backend.store import Store, open_store
+from console.cli.main import main
+from tests import pg
+
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+HOOK = "https://hooks.example.test/services/T000/B000/secret-part"
+TOKEN = "alerts-test-token"
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+
+
+async def noop(ctx: RunContext) -> None:
+    pass
+
+
+# ---------------------------------------------------------------------------------------
+# the alert= option
+# ---------------------------------------------------------------------------------------
+def test_alert_option_defaults_overrides_and_off() -> None:
+    plain = define_schedule(name="a", cron="* * * * *", timezone="UTC", handler=noop)
+    assert plain.alert == ScheduleAlerting(failing=1, late=True, grace=None, disabled_after=86400.0)
+    tuned = define_schedule(name="b", cron="* * * * *", timezone="UTC", handler=noop,
+                            alert={"failing": 3, "late": timedelta(minutes=10), "disabled": False})  # fmt: skip
+    assert tuned.alert == ScheduleAlerting(failing=3, late=True, grace=600.0, disabled_after=None)
+    off = define_schedule(name="c", cron="* * * * *", timezone="UTC", handler=noop, alert=False)
+    assert not off.alert.failing and not off.alert.late
+    assert define_queue(name="q", handler=noop, alert={"dead_jobs": 5, "window": 60}).alert == QueueAlerting(5, 60.0)
+    assert define_queue(name="q", handler=noop, alert=False).alert.dead_jobs == 0
+
+    async def flow(ctx: Any, input: Any) -> None:
+        pass
+
+    assert define_durable(name="f", handler=flow, alert={"stuck": 90}).alert == DurableAlerting(True, 90.0)
+    assert define_durable(name="f", handler=flow, alert={"stuck": 1}).alert.after == 1.0  # 1 is seconds, not True
+    assert not define_durable(name="f", handler=flow, alert=False).alert.stuck
+
+
+@pytest.mark.parametrize(
+    ("alert", "message"),
+    [
+        ({"failing": 0}, "alert failing 0 must be a whole number from 1 to 100"),
+        ({"late": -5}, "alert late -5 must be a positive number of seconds"),
+        ({"lateness": 5}, "alert has no option 'lateness' (known: failing, late, disabled)"),
+        ("loud", "alert 'loud' must be False, True or a mapping"),
+    ],
+)
+def test_a_bad_alert_option_is_refused_naming_the_schedule_and_the_value(alert: Any, message: str) -> None:
+    with pytest.raises(DefinitionError) as caught:
+        define_schedule(name="nightly", cron="0 3 * * *", timezone="UTC", handler=noop, alert=alert)
+    assert caught.value.message.startswith("define_schedule('nightly'): ")
+    assert message in caught.value.message
+
+
+def test_a_bad_queue_or_durable_alert_option_is_refused() -> None:
+    with pytest.raises(DefinitionError, match=r"define_queue\('mail'\): alert dead_jobs 'many'"):
+        define_queue(name="mail", handler=noop, alert={"dead_jobs": "many"})
+
+    async def flow(ctx: Any, input: Any) -> None:
+        pass
+
+    with pytest.raises(DefinitionError, match=r"define_durable\('f'\): alert stuck 0 must be a positive"):
+        define_durable(name="f", handler=flow, alert={"stuck": 0})
+
+
+# ---------------------------------------------------------------------------------------
+# the conditions, as pure functions
+# ---------------------------------------------------------------------------------------
+def run(status: str, slot: str, tag: str | None = None, message: str | None = None) -> SlotRun:
+    return SlotRun(status, at(slot), at(slot) + timedelta(seconds=1), tag, message)
+
+
+def test_failing_needs_the_newest_n_slot_runs_all_failed() -> None:
+    once = ScheduleAlerting()
+    failed = run("failed", "2026-03-02T08:00:00Z", "ValueError", "boom")
+    found = conditions.failing("job", once, [failed, run("succeeded", "2026-03-02T07:59:00Z")])
+    assert found is not None and found.key == "failing:job"
+    assert found.summary == "the newest run failed (slot 2026-03-02T08:00:00Z): [ValueError] boom"
+    assert conditions.failing("job", once, [run("succeeded", "2026-03-02T08:00:00Z"), failed]) is None
+    thrice = ScheduleAlerting(failing=3)
+    two = [failed, run("failed", "2026-03-02T07:59:00Z")]
+    assert conditions.failing("job", thrice, two) is None  # not enough runs yet
+    assert conditions.failing("job", thrice, [*two, run("succeeded", "2026-03-02T07:58:00Z")]) is None
+    found = conditions.failing("job", thrice, [*two, run("failed", "2026-03-02T07:58:00Z")])
+    assert found is not None and found.summary.startswith("the 3 newest runs failed")
+    assert conditions.failing("job", ScheduleAlerting(failing=0), [failed]) is None
+
+
+HOURLY = Cron("0 * * * *", "UTC")
+
+
+def late(now: str, *, success: str | None = None, enabled: bool = True, state: ScheduleState | None = None,
+         baseline: str = "2026-03-01T00:00:00Z", policy: ScheduleAlerting | None = None,
+         max_runtime: float = 1800) -> conditions.Finding | None:  # fmt: skip
+    found = None if success is None else Success(at(success), at(success) + timedelta(seconds=30))
+    return conditions.late(
+        "hourly", HOURLY, max_runtime, policy or ScheduleAlerting(), at(now),
+        enabled=enabled, state=state, baseline=at(baseline), success=found,
+    )  # fmt: skip
+
+
+def test_late_is_a_dead_mans_switch_with_a_grace_after_each_slot() -> None:
+    # The default grace: the run's bound (30 min, under the hour between slots) and 5 min.
+    assert conditions.late_grace(HOURLY, 1800, ScheduleAlerting(), at("2026-03-02T08:00:00Z")) == timedelta(minutes=35)
+    assert late("2026-03-02T08:34:59Z", success="2026-03-02T07:00:00Z") is None  # 08:00's grace runs on
+    found = late("2026-03-02T08:35:00Z", success="2026-03-02T07:00:00Z")
+    assert found is not None and found.summary == (
+        "no successful run since the slot of 2026-03-02T08:00:00Z (grace 35m); last success: slot 2026-03-02T07:00:00Z"
+    )
+    assert late("2026-03-02T08:35:00Z", success="2026-03-02T08:00:00Z") is None
+    never = late("2026-03-02T08:35:00Z")
+    assert never is not None and never.summary.endswith("no slot run has succeeded yet")
+    # Slots before the fleet first saw the schedule (or before its last enable) do not count.
+    assert late("2026-03-02T08:35:00Z", baseline="2026-03-02T08:10:00Z") is None
+    enabled_late = ScheduleState("hourly", True, "ops", at("2026-03-02T08:10:00Z"))
+    assert late("2026-03-02T08:35:00Z", state=enabled_late) is None
+    assert late("2026-03-02T09:35:00Z", state=enabled_late) is not None
+    # A grace given by the definition; a minute schedule's default is a minute and 5.
+    assert late("2026-03-02T08:10:00Z", success="2026-03-02T07:00:00Z", policy=ScheduleAlerting(grace=600)) is not None
+    assert conditions.late_grace(Cron("* * * * *", "UTC"), 1800, ScheduleAlerting(), T0) == timedelta(minutes=6)
+    assert late("2026-03-02T10:00:00Z", policy=ScheduleAlerting(late=False)) is None
+
+
+def test_a_schedule_disabled_at_run_time_is_late_only_once_it_stayed_disabled_a_day() -> None:
+    state = ScheduleState("hourly", False, "alice", at("2026-03-02T08:00:00Z"), "incident 42")
+    assert late("2026-03-02T20:00:00Z", enabled=False, state=state) is None
+    found = late("2026-03-03T08:00:00Z", enabled=False, state=state)
+    assert found is not None and found.summary == (
+        'disabled by alice since 2026-03-02T08:00:00Z ("incident 42"): no slot runs (late after 1d disabled)'
+    )
+    assert late("2026-03-09T08:00:00Z", enabled=False, state=state, policy=ScheduleAlerting(disabled_after=None)) is None
+    # Defined enabled=False and never enabled: it is not meant to run.
+    assert late("2026-03-09T08:00:00Z", enabled=False, state=None) is None
+
+
+def instance(name: str, beat: str, role: str = "firing") -> InstanceInfo:
+    return InstanceInfo(name, "host", 1, at(beat), role=role)  # type: ignore[arg-type]
+
+
+def test_not_firing_when_no_firing_member_has_a_fresh_heartbeat() -> None:
+    fresh = timedelta(seconds=30)
+    now = at("2026-03-02T08:01:00Z")
+    assert conditions.not_firing([instance("a", "2026-03-02T08:00:45Z")], now, fresh) is None
+    stale = conditions.not_firing(
+        [instance("a", "2026-03-02T08:00:10Z"), instance("b", "2026-03-02T08:00:59Z", "waiting")], now, fresh
+    )
+    assert stale is not None and stale.key == "not_firing:fleet"
+    assert stale.summary == "no firing instance has a heartbeat within 30s; the newest is a's, at 2026-03-02T08:00:10Z"
+    only_waiting = conditions.not_firing([instance("b", "2026-03-02T08:00:59Z", "observer")], now, fresh)
+    assert only_waiting is not None and "none registered as firing" in only_waiting.summary
+
+
+def test_dead_jobs_and_stuck_hold_past_their_thresholds() -> None:
+    assert conditions.dead_jobs("mail", QueueAlerting(), DeadJobs(0, 4, at("2026-03-01T00:00:00Z"))) is None
+    found = conditions.dead_jobs("mail", QueueAlerting(), DeadJobs(2, 5, at("2026-03-02T07:59:00Z")))
+    assert found is not None and found.summary == (
+        "2 jobs died within 1h, the newest at 2026-03-02T07:59:00Z; 5 dead in all"
+    )
+    assert conditions.dead_jobs("mail", QueueAlerting(dead_jobs=3), DeadJobs(2, 5, None)) is None
+    now = at("2026-03-02T09:00:00Z")
+    after = conditions.stuck_after(DurableAlerting(), 900)
+    assert after == 1800
+    waiting = StuckCandidate("01JD3Z6Q0V9W4C7PAXH3KJ1M2B", "flow", "waiting", at("2026-03-02T08:29:00Z"))
+    found = conditions.stuck(waiting, after, now)
+    assert found is not None and found.subject == waiting.id
+    assert found.summary == "execution of flow waiting past its wake time 2026-03-02T08:29:00Z (stuck after 30m)"
+    assert conditions.stuck(waiting, after, at("2026-03-02T08:58:00Z")) is None
+    assert conditions.stuck(waiting, None, now) is None
+
+
+def test_a_page_lists_firing_alerts_first_newest_first() -> None:
+    def alert(key: str, state: str, since: str) -> Alert:
+        return Alert(key, "failing", "schedule", key, state, at(since), "", at(since))  # type: ignore[arg-type]
+
+    page = ordered([alert("a", "resolved", "2026-03-02T09:00:00Z"), alert("b", "firing", "2026-03-02T07:00:00Z"),
+                    alert("c", "firing", "2026-03-02T08:00:00Z")])  # fmt: skip
+    assert [a.key for a in page.alerts] == ["c", "b", "a"] and page.firing == 2
+    assert AlertsPage.from_json(json.loads(json.dumps(page.to_json()))) == page
+
+
+# ---------------------------------------------------------------------------------------
+# the store's part, both kinds
+# ---------------------------------------------------------------------------------------
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    if request.param == "postgres":
+        request.getfixturevalue("pg_server")
+        url = pg.database_for(tmp_path)
+    else:
+        url = f"sqlite:///{tmp_path / 'state.db'}"
+    s = open_store(url)
+    await s.open()
+    yield s
+    await s.close()
+
+
+def transition(key: str, state: str, when: datetime, tid: str) -> Transition:
+    condition, subject = key.split(":")
+    alert = Alert(key, condition, "schedule", subject, state, when, f"{state} at {when:%H:%M}", when, tid)  # type: ignore[arg-type]
+    return Transition(alert, json.dumps({"transition": tid, "state": state}))
+
+
+async def test_a_transition_is_written_once_with_an_outbox_row_per_known_sink(store: Store) -> None:
+    alerts: Any = store
+    assert isinstance(store, AlertStore)
+    ids = IdFactory(lambda: T0)
+    await alerts.register_sinks([("sink-a", "https://a/…"), ("sink-b", "https://b/…")], T0)
+    await alerts.register_sinks([("sink-old", "https://old/…")], T0 - timedelta(days=2))
+    first, second = ids(), ids()
+    # Two instances propose the same transition at once: one wins, and only its rows exist.
+    won = await alerts.write_transitions([transition("failing:job", "firing", T0, first)], sinks_after=T0 - timedelta(days=1))
+    lost = await alerts.write_transitions([transition("failing:job", "firing", T0, second)], sinks_after=T0 - timedelta(days=1))
+    assert won == ["failing:job"] and lost == []
+    (stored,) = await alerts.list_alerts()
+    assert (stored.state, stored.transition, stored.since) == ("firing", first, T0)
+    claimed = await alerts.claim_deliveries(["sink-a", "sink-b", "sink-old"], "i1", T0, T0 + timedelta(minutes=1), 10)
+    assert sorted((d.transition, d.sink) for d in claimed) == [(first, "sink-a"), (first, "sink-b")]
+    # A round that read its facts before the last change does not undo it.
+    stale = await alerts.write_transitions([transition("failing:job", "resolved", T0, ids())], sinks_after=T0)
+    assert stale == []
+    later = T0 + timedelta(seconds=15)
+    assert await alerts.write_transitions([transition("failing:job", "resolved", later, ids())], sinks_after=T0) == ["failing:job"]
+    assert await alerts.list_alerts() == []
+    (resolved,) = await alerts.list_alerts(resolved_after=T0)
+    assert resolved.state == "resolved" and resolved.since == later
+    # Summaries change without a transition, only under the same transition.
+    again = T0 + timedelta(seconds=30)
+    await alerts.write_transitions([transition("failing:job", "firing", again, third := ids())], sinks_after=T0)
+    (firing,) = await alerts.list_alerts()
+    newer = Alert(firing.key, firing.condition, firing.subject_kind, firing.subject, "firing", firing.since,
+                  "3 runs failed", again + timedelta(seconds=1), third)  # fmt: skip
+    assert await alerts.update_summaries([newer]) == 1
+    assert (await alerts.list_alerts())[0].summary == "3 runs failed"
+
+
+async def test_a_claim_is_exclusive_until_its_lease_runs_out(store: Store) -> None:
+    alerts: Any = store
+    await alerts.register_sinks([("sink-a", "https://a/…")], T0)
+    tid = IdFactory(lambda: T0)()
+    await alerts.write_transitions([transition("late:job", "firing", T0, tid)], sinks_after=T0)
+    lease = timedelta(seconds=60)
+    (mine,) = await alerts.claim_deliveries(["sink-a"], "i1", T0, T0 + lease, 10)
+    assert (mine.attempts, mine.payload) == (1, json.dumps({"transition": tid, "state": "firing"}))
+    assert await alerts.claim_deliveries(["sink-a"], "i2", T0 + timedelta(seconds=59), T0 + 2 * lease, 10) == []
+    # i1 died: after the lease another instance takes it, with a greater claim number.
+    (theirs,) = await alerts.claim_deliveries(["sink-a"], "i2", T0 + lease, T0 + 2 * lease, 10)
+    assert theirs.token > mine.token and theirs.attempts == 2
+    assert not await alerts.finish_delivery(mine, T0 + lease, retry_at=None, error=None)  # i1's record is refused
+    retry = T0 + lease + timedelta(seconds=5)
+    assert await alerts.finish_delivery(theirs, T0 + lease, retry_at=retry, error="HTTP 500")
+    assert await alerts.claim_deliveries(["sink-a"], "i2", retry - timedelta(seconds=1), retry + lease, 10) == []
+    (third,) = await alerts.claim_deliveries(["sink-a"], "i3", retry, retry + lease, 10)
+    assert await alerts.finish_delivery(third, retry, retry_at=None, error=None)
+    assert await alerts.claim_deliveries(["sink-a"], "i3", retry + 2 * lease, retry + 3 * lease, 10) == []
+
+
+# ---------------------------------------------------------------------------------------
+# an engine evaluating and delivering (a mock webhook)
+# ---------------------------------------------------------------------------------------
+class Receiver:
+    """A webhook: records each request; ``answers`` are the statuses of the next ones."""
+
+    def __init__(self) -> None:
+        self.requests: list[httpx.Request] = []
+        self.answers: list[int] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return httpx.Response(self.answers.pop(0) if self.answers else 200)
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(r.content) for r in self.requests]
+
+    def delivered(self) -> list[tuple[str, str]]:
+        return [(b["key"], b["state"]) for b in self.bodies]
+
+
+@pytest.fixture
+def receiver() -> Receiver:
+    return Receiver()
+
+
+@pytest.fixture
+def alerting_engine(make_engine: Callable[..., Engine], receiver: Receiver) -> Callable[..., Engine]:
+    def make(definitions: list[Any], **settings: Any) -> Engine:
+        settings.setdefault("sinks", (HOOK,))
+        settings.setdefault("poll", 1.0)
+        return make_engine(definitions, alerting=AlertSettings(**settings), alert_transport=httpx.MockTransport(receiver))
+
+    return make
+
+
+async def step(engine: Engine, clock: ManualClock, seconds: float, times: int = 1) -> None:
+    for _ in range(times):
+        clock.advance(seconds)
+        await engine.quiesce()
+
+
+async def test_a_failing_schedule_fires_once_and_resolves_once(
+    alerting_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver
+) -> None:
+    failing = {"now": True}
+
+    async def handler(ctx: RunContext) -> None:
+        if failing["now"]:
+            raise ValueError("the export is broken")
+
+    engine = alerting_engine([define_schedule(name="export", cron="* * * * *", timezone="UTC", handler=handler)])
+    await engine.start()
+    await step(engine, clock, 30, times=8)  # four failed runs
+    assert receiver.delivered() == [("failing:export", "firing")]
+    page = await engine.alerts.page()
+    (alert,) = page.alerts
+    assert page.firing == 1 and alert.summary.endswith("[ValueError] the export is broken")
+    assert re.match(r"the newest run failed \(slot 2026-03-02T08:0[34]:00Z\)", alert.summary)  # kept up to date
+    body = receiver.bodies[0]
+    assert set(body) == {"alert", "state", "subject_kind", "subject", "summary", "since", "instance", "key",
+                         "transition", "text"}  # fmt: skip
+    assert (body["alert"], body["subject_kind"], body["subject"], body["instance"]) == ("failing", "schedule", "export", "test-0")
+    assert body["since"] in ("2026-03-02T08:01:00Z", "2026-03-02T08:01:30Z") and body["transition"] == alert.transition
+    assert body["text"].startswith("▲ FIRING failing: schedule export: the newest run failed")
+    request = receiver.requests[0]
+    assert request.headers["idempotency-key"] == alert.transition
+    assert request.headers["content-type"] == "application/json" and str(request.url) == HOOK
+    failing["now"] = False
+    await step(engine, clock, 30, times=4)
+    assert receiver.delivered() == [("failing:export", "firing"), ("failing:export", "resolved")]
+    assert receiver.bodies[1]["text"].startswith("✓ RESOLVED failing: schedule export: the newest run did not fail")
+    assert (await engine.alerts.page()).alerts == ()
+    (resolved,) = (await engine.alerts.page(resolved=True)).alerts
+    assert resolved.state == "resolved" and resolved.transition == receiver.bodies[1]["transition"]
+    audit = (await engine.audit.list()).entries
+    assert [(e.action, e.target, e.actor) for e in audit] == [("alert.notified", "failing:export", "test-0")] * 2
+    assert audit[0].detail is not None and audit[0].detail["sink"] == "https://hooks.example.test/… #" + sink_of(HOOK).id[:6]
+    assert "secret" not in json.dumps([e.to_json() for e in audit])
+
+
+async def fails(ctx: RunContext) -> None:
+    raise RuntimeError("no")
+
+
+async def fail_at_nine(engine: Engine, clock: ManualClock) -> None:
+    """The hourly schedule fails at 09:00, and the round at 09:00:05 sees it (rounds come
+    every 15 s from the last, here 08:59:50)."""
+    await engine.start()
+    clock.set("2026-03-02T08:59:50Z")
+    await engine.quiesce()
+    clock.set("2026-03-02T09:00:00Z")
+    await engine.quiesce()
+    clock.set("2026-03-02T09:00:05Z")
+    await engine.quiesce()
+
+
+async def test_a_sink_that_fails_is_retried_with_backoff(
+    alerting_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver
+) -> None:
+    engine = alerting_engine([define_schedule(name="job", cron="0 * * * *", timezone="UTC", handler=fails)], backoff=10)
+    receiver.answers = [500, 500]
+    await fail_at_nine(engine, clock)
+    assert len(receiver.requests) == 1  # 500: again in 10 s
+    await step(engine, clock, 9)
+    assert len(receiver.requests) == 1
+    await step(engine, clock, 1)
+    assert len(receiver.requests) == 2  # 500 again: the next wait is 20 s
+    await step(engine, clock, 19)
+    assert len(receiver.requests) == 2
+    await step(engine, clock, 1)
+    assert len(receiver.requests) == 3  # accepted
+    await step(engine, clock, 60, times=3)
+    assert len(receiver.requests) == 3 and receiver.delivered() == [("failing:job", "firing")] * 3
+    assert len({r.headers["idempotency-key"] for r in receiver.requests}) == 1  # one transition, resent as such
+    audit = (await engine.audit.list()).entries
+    assert [(e.action, e.detail["attempt"] if e.detail else None) for e in audit] == [("alert.notified", 3)]
+
+
+async def test_a_sink_that_never_accepts_is_given_up_on_and_recorded(
+    alerting_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver
+) -> None:
+    engine = alerting_engine([define_schedule(name="job", cron="0 * * * *", timezone="UTC", handler=fails)],
+                             backoff=10, attempts=3)  # fmt: skip
+    receiver.answers = [503] * 10
+    await fail_at_nine(engine, clock)
+    await step(engine, clock, 10)
+    await step(engine, clock, 20)
+    assert len(receiver.requests) == 3
+    await step(engine, clock, 600, times=2)
+    assert len(receiver.requests) == 3
+    (gave_up,) = (await engine.audit.list()).entries
+    assert (gave_up.action, gave_up.target) == ("alert.notify_failed", "failing:job")
+    assert gave_up.detail is not None and (gave_up.detail["attempt"], gave_up.detail["error"]) == (3, "HTTP 503")
+
+
+async def test_late_catches_a_schedule_that_never_runs(
+    alerting_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver
+) -> None:
+    # External: fired by a platform scheduler that has stopped calling.
+    schedule = define_schedule(name="nightly", cron="0 3 * * *", timezone="UTC", handler=noop, trigger="external",
+                               alert={"late": 600})  # fmt: skip
+    engine = alerting_engine([schedule])
+    await engine.start()
+    await engine.quiesce()
+    clock.set("2026-03-03T03:09:59Z")
+    await engine.quiesce()
+    assert receiver.delivered() == []
+    clock.set("2026-03-03T03:10:15Z")
+    await engine.quiesce()
+    assert receiver.delivered() == [("late:nightly", "firing")]
+    assert receiver.bodies[0]["summary"] == (
+        "no successful run since the slot of 2026-03-03T03:00:00Z (grace 10m); no slot run has succeeded yet"
+    )
+    # The platform fires the next slot: it succeeds, and the alert resolves.
+    clock.set("2026-03-04T03:00:01Z")
+    await engine.fire_external("nightly")
+    await engine.quiesce()
+    clock.advance(15)
+    await engine.quiesce()
+    assert receiver.delivered() == [("late:nightly", "firing"), ("late:nightly", "resolved")]
+
+
+async def test_dead_jobs_and_stuck_executions_alert(
+    alerting_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver
+) -> None:
+    async def broken(job: Any) -> None:
+        raise RuntimeError("smtp down")
+
+    queue = define_queue(name="mail", handler=broken, attempts=1)
+    engine = alerting_engine([queue])
+    await engine.start()
+    sent = await engine.jobs.send("mail", {"to": "x"})
+    await engine.quiesce()
+    clock.advance(15)
+    await engine.quiesce()
+    assert receiver.delivered() == [("dead_jobs:mail", "firing")]
+    assert receiver.bodies[0]["summary"].startswith("1 job died within 1h, the newest at ")
+    await engine.jobs.delete("mail", sent.id)
+    clock.advance(15)
+    await engine.quiesce()
+    assert receiver.delivered()[-1] == ("dead_jobs:mail", "resolved")
+
+
+async def test_an_execution_no_instance_runs_is_stuck(
+    alerting_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver
+) -> None:
+    engine = alerting_engine([])  # defines no durable function: nothing here runs "elsewhere"
+    await engine.start()
+    started = await engine.durable.start_execution("elsewhere", {"n": 1})
+    await step(engine, clock, 60 * 29)
+    assert receiver.delivered() == []
+    await step(engine, clock, 61)
+    assert receiver.delivered() == [(f"stuck:{started.id}", "firing")]
+    assert receiver.bodies[0]["summary"].startswith("execution of elsewhere queued since 2026-03-02T08:00:00Z, not started")
+    await engine.durable.cancel(started.id)
+    await step(engine, clock, 15)
+    assert receiver.delivered()[-1] == (f"stuck:{started.id}", "resolved")
+
+
+# ---------------------------------------------------------------------------------------
+# the evaluator: several instances, gone subjects, a bounded number of statements
+# ---------------------------------------------------------------------------------------
+class Counting:
+    """A store whose statements are counted (each read or write of the SQLite store)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.count = 0
+        read, write = store._read, store._write
+
+        async def counted_read(fn: Any) -> Any:
+            self.count += 1
+            return await read(fn)
+
+        async def counted_write(fn: Any) -> Any:
+            self.count += 1
+            return await write(fn)
+
+        store._read, store._write = counted_read, counted_write
+
+
+def evaluator(store: Any, schedules: list[Any], *, instance: str = "a", fleet: list[InstanceInfo] | None = None,
+              clock: ManualClock) -> Evaluator:  # fmt: skip
+    async def read_fleet() -> list[InstanceInfo]:
+        return fleet if fleet is not None else [InstanceInfo(instance, "h", 1, clock.now(), role="firing")]
+
+    return Evaluator(
+        store=store, instance=instance, new_id=IdFactory(clock.now), schedules={s.name: s for s in schedules},
+        queues={}, functions={}, state_of=lambda name: None, is_enabled=lambda name: True, fleet=read_fleet,
+        fresh=timedelta(seconds=30),
+    )  # fmt: skip
+
+
+async def test_a_round_costs_the_same_statements_for_one_schedule_or_two_hundred(tmp_path: Path, clock: ManualClock) -> None:
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    await store.open()
+    try:
+        counts = []
+        for n in (1, 200):
+            schedules = [define_schedule(name=f"s{n}-{i}", cron="* * * * *", timezone="UTC", handler=noop) for i in range(n)]
+            ev = evaluator(store, schedules, clock=clock)
+            await ev.evaluate(clock.now(), sinks_after=T0)  # the first round records when each was first seen
+            counting = Counting(store)
+            await ev.evaluate(clock.now(), sinks_after=T0)
+            counts.append(counting.count)
+        assert counts[0] == counts[1] <= 6
+    finally:
+        await store.close()
+
+
+async def test_instances_evaluating_the_same_facts_make_one_transition(tmp_path: Path, clock: ManualClock) -> None:
+    store: Any = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    await store.open()
+    try:
+        await store.register_sinks([("sink", "https://h/…")], T0)
+        stale = [InstanceInfo("gone", "h", 1, T0 - timedelta(minutes=5), role="firing")]
+        a = evaluator(store, [], instance="a", fleet=stale, clock=clock)
+        b = evaluator(store, [], instance="b", fleet=stale, clock=clock)
+        first = await a.evaluate(clock.now(), sinks_after=T0)
+        second = await b.evaluate(clock.now(), sinks_after=T0)
+        assert [x.key for x in first.won] == ["not_firing:fleet"] and second.transitions == [] and second.won == []
+        # Both read the same facts and propose at once: one wins.
+        clock.advance(15)
+        live = [InstanceInfo("back", "h", 1, clock.now(), role="firing")]
+        a.fleet = b.fleet = lambda: _value(live)
+        proposals = [await e.evaluate(clock.now(), sinks_after=T0) for e in (a, b)]
+        assert [len(p.won) for p in proposals] == [1, 0]
+        claimed = await store.claim_deliveries(["sink"], "a", clock.now(), clock.now() + timedelta(minutes=1), 10)
+        assert sorted(json.loads(d.payload)["state"] for d in claimed) == ["firing", "resolved"]
+    finally:
+        await store.close()
+
+
+async def _value(value: Any) -> Any:
+    return value
+
+
+async def test_an_alert_about_a_schedule_no_longer_defined_resolves(tmp_path: Path, clock: ManualClock) -> None:
+    store: Any = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    await store.open()
+    try:
+        await store.write_transitions([transition("failing:old", "firing", T0 - timedelta(hours=1), "01KJPS22WGWA546BHC0B9HDTBJ")],
+                                      sinks_after=T0)  # fmt: skip
+        done = await evaluator(store, [], clock=clock).evaluate(clock.now(), sinks_after=T0)
+        (gone,) = done.won
+        assert (gone.key, gone.state, gone.summary) == ("failing:old", "resolved", "schedule old is no longer defined")
+    finally:
+        await store.close()
+
+
+# ---------------------------------------------------------------------------------------
+# the read action: API, remote client, CLI, console header
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+async def firing_store(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    store: Any = open_store(url)
+    await store.open()
+    await store.write_transitions([
+        transition("failing:export", "firing", T0, "01KJPS22WGWA546BHC0B9HDTBJ"),
+        transition("late:nightly", "firing", T0 + timedelta(minutes=1), "01KJPS22WGWA546BHC0B9HDTBK"),
+    ], sinks_after=T0)  # fmt: skip
+    await store.write_transitions([transition("late:nightly", "resolved", T0 + timedelta(minutes=2), "01KJPS22WGWA546BHC0B9HDTBM")],
+                                  sinks_after=T0)  # fmt: skip
+    await store.close()
+    return url
+
+
+async def test_alerts_over_the_api_and_the_remote_client(firing_store: str) -> None:
+    clock = ManualClock(T0 + timedelta(minutes=5))
+    backend = EmbeddedBackend(Engine([], firing_store, clock=clock))
+    await backend.connect()
+    try:
+        transport = httpx.ASGITransport(app=create_app(backend, token=TOKEN))
+        async with httpx.AsyncClient(transport=transport, base_url="http://schedtui.test") as client:
+            headers = {"authorization": f"Bearer {TOKEN}"}
+            answer = (await client.get("/inspect/alerts", headers=headers)).json()
+            assert answer["firing"] == 1 and [a["key"] for a in answer["alerts"]] == ["failing:export"]
+            assert answer["alerts"][0] == {
+                "key": "failing:export", "condition": "failing", "subject_kind": "schedule", "subject": "export",
+                "state": "firing", "since": "2026-03-02T08:00:00Z", "summary": "firing at 08:00",
+                "updated_at": "2026-03-02T08:00:00Z", "transition": "01KJPS22WGWA546BHC0B9HDTBJ",
+            }  # fmt: skip
+            both = (await client.get("/inspect/alerts?resolved=true", headers=headers)).json()
+            assert [(a["key"], a["state"]) for a in both["alerts"]] == [("failing:export", "firing"), ("late:nightly", "resolved")]
+            bad = await client.get("/inspect/alerts?resolved=maybe", headers=headers)
+            assert bad.status_code == 422 and bad.json()["error"]["message"] == 'resolved "maybe" must be true or false'
+            none = (await client.get("/inspect/alerts?resolved=false", headers=headers)).json()
+            assert none == answer
+            assert (await client.get("/inspect/alerts")).status_code == 401
+        remote = RemoteBackend("http://schedtui.test", TOKEN, transport=transport)
+        await remote.connect()
+        assert "alerts" in remote.info().systems
+        page = await remote.alerts(resolved=True)
+        assert page == await backend.alerts(resolved=True) and page.firing == 1
+        await remote.close()
+    finally:
+        await backend.close()
+
+
+async def test_schedtui_alerts_prints_a_table_or_json(
+    firing_store: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    store: Any = open_store(firing_store)
+    await store.open()
+    now = datetime.now(UTC)  # the CLI's engine reads the real clock: "the last 24 hours" are today's
+    await store.write_transitions([transition("late:daily", "firing", now - timedelta(minutes=2), "01KJPS22WGWA546BHC0B9HDTBR")],
+                                  sinks_after=now)  # fmt: skip
+    await store.write_transitions([transition("late:daily", "resolved", now - timedelta(minutes=1), "01KJPS22WGWA546BHC0B9HDTBS")],
+                                  sinks_after=now)  # fmt: skip
+    await store.close()
+    empty = tmp_path / "defs"
+    empty.mkdir()
+    await asyncio.to_thread(run_cli, firing_store, empty, capsys)
+
+
+def run_cli(firing_store: str, empty: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["alerts", "--store", firing_store, "--schedules", str(empty), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["firing"] == 1 and printed["alerts"][0]["key"] == "failing:export"
+    assert main(["alerts", "--store", firing_store, "--schedules", str(empty), "--resolved"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"▲ firing\s+failing\s+schedule export\s+2026-03-02 08:00:00 UTC\s+firing at 08:00", out)
+    assert re.search(r"✓ resolved\s+late\s+schedule daily", out) and out.rstrip().endswith("1 firing")
+
+
+def test_serve_refuses_a_bad_notify_option_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = f"sqlite:///{tmp_path / 'x.db'}"
+    assert main(["serve", "--store", store, "--notify", "ftp://hooks.example/abc"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "schedtui: notify URL ftp://hooks.example is not an http:// or https:// URL with a host"
+    )
+    assert main(["serve", "--store", store, "--notify-file", str(tmp_path / "missing")]) == 2
+    assert "cannot read --notify-file" in capsys.readouterr().err
+    assert main(["serve", "--store", store, "--notify-timeout", "90"]) == 2
+    assert "must be shorter than the claim lease (60s)" in capsys.readouterr().err
+    assert main(["serve", "--store", store, "--alert-interval", "0"]) == 2
+    assert "--alert-interval: 0 must be a positive number of seconds" in capsys.readouterr().err
+
+
+def test_sinks_are_known_by_a_hash_and_shown_without_their_secret() -> None:
+    sink = sink_of(HOOK)
+    assert sink.url == HOOK and len(sink.id) == 16 and sink.shown == f"https://hooks.example.test/… #{sink.id[:6]}"
+    assert sink_of("http://127.0.0.1:9000").shown.startswith("http://127.0.0.1:9000 #")
+    assert len(parse_sinks([HOOK, HOOK + " ", "http://other.test/x"])) == 2
+    with pytest.raises(BadInput, match="notify URL 'not a url' is not"):
+        sink_of("not a url")
+
+
+async def test_the_console_header_counts_the_firing_alerts(firing_store: str) -> None:
+    from console.app import SchedtuiApp
+    from console.widgets import ConsoleHeader
+
+    clock = ManualClock(T0 + timedelta(minutes=5))
+    backend = EmbeddedBackend(Engine([define_schedule(name="export", cron="* * * * *", timezone="UTC", handler=noop)],
+                                     firing_store, clock=clock))  # fmt: skip
+    app = SchedtuiApp(backend, clock, operator_zone="UTC")
+    try:
+        async with app.run_test(size=(120, 30)) as pilot:
+            await pilot.app.workers.wait_for_complete()
+            await pilot.pause()
+            header = app.query_one(ConsoleHeader)
+            assert header.alerting == 1 and "▲ 1 alerting" in header.render().plain
+            # Another instance resolves it: the alerts signal reads the count again.
+            store: Any = backend.engine.store
+            await store.write_transitions([transition("failing:export", "resolved", clock.now(), "01KJPS22WGWA546BHC0B9HDTBQ")],
+                                          sinks_after=T0)  # fmt: skip
+            backend.engine.events.publish("alerts", "failing:export")
+            await pilot.pause()
+            await pilot.app.workers.wait_for_complete()
+            await pilot.pause()
+            assert header.alerting == 0 and "alerting" not in header.render().plain
+    finally:
+        await backend.close()
+
+
+# ---------------------------------------------------------------------------------------
+# the Prometheus rule export
+# ---------------------------------------------------------------------------------------
+FAMILIES = {
+    "schedtui_runs_total", "schedtui_schedule_last_success_timestamp_seconds", "schedtui_schedule_next_fire_timestamp_seconds",
+    "schedtui_schedule_enabled", "schedtui_jobs", "schedtui_durable_executions", "schedtui_instances",
+}  # fmt: skip
+
+
+def test_the_prometheus_rules_cover_every_condition_with_the_overrides() -> None:
+    async def flow(ctx: Any, input: Any) -> None:
+        pass
+
+    schedules = [
+        define_schedule(name="nightly.report", cron="0 3 * * *", timezone="Europe/Berlin", handler=noop,
+                        alert={"failing": 2, "late": 3600, "disabled": False}),
+        define_schedule(name="quiet", cron="* * * * *", timezone="UTC", handler=noop, alert=False),
+    ]  # fmt: skip
+    queues = [define_queue(name="mail", handler=noop, alert={"dead_jobs": 3, "window": 7200})]
+    functions = [define_durable(name="flow", handler=flow, alert={"stuck": 600})]
+    text = render_rules("prometheus", schedules, queues, functions, T0, source="schedules")
+    assert text.startswith("# schedtui's alert conditions as Prometheus alerting rules, from the definitions in schedules.")
+    document = yaml.safe_load(text)
+    assert document == prometheus_rules(schedules, queues, functions, T0)
+    (group,) = document["groups"]
+    rules = group["rules"]
+    assert {r["alert"] for r in rules} == {"SchedtuiFailing", "SchedtuiLate", "SchedtuiNotFiring", "SchedtuiDeadJobs", "SchedtuiStuck"}
+    for rule in rules:
+        assert set(rule) == {"alert", "expr", "for", "labels", "annotations"} and rule["for"] == "1m"
+        assert set(re.findall(r"\bschedtui_[a-z_]+", rule["expr"])) <= FAMILIES, rule["expr"]
+        assert rule["expr"].count("(") == rule["expr"].count(")")
+    def subject(rule: dict[str, Any]) -> str | None:
+        labels = rule["labels"]
+        return labels.get("schedule") or labels.get("queue") or labels.get("function")
+
+    mine = {(r["alert"], subject(r)): r for r in rules if subject(r) and r["labels"].get("reason") != "disabled"}
+    assert ">= 2 unless" in mine[("SchedtuiFailing", "nightly.report")]["expr"]
+    assert "[2d]" in mine[("SchedtuiFailing", "nightly.report")]["expr"]  # two daily periods
+    assert "> 90000 or" in mine[("SchedtuiLate", "nightly.report")]["expr"]  # a day and the hour's grace
+    assert not any(r["labels"].get("schedule") == "quiet" for r in rules)  # alert=False: no rule
+    assert not any(r["labels"].get("reason") == "disabled" and r["labels"].get("schedule") == "nightly.report" for r in rules)
+    assert ">= 3" in mine[("SchedtuiDeadJobs", "mail")]["expr"] and "[2h]" in mine[("SchedtuiDeadJobs", "mail")]["expr"]
+    assert "[10m]" in mine[("SchedtuiStuck", "flow")]["expr"]
+    catch_all = [r for r in rules if r["alert"] == "SchedtuiFailing" and "schedule" not in r["labels"]]
+    assert len(catch_all) == 1 and 'schedule!~"nightly\\\\.report|quiet"' in catch_all[0]["expr"]
+    not_firing = next(r for r in rules if r["alert"] == "SchedtuiNotFiring")
+    assert 'absent(schedtui_instances{role="firing"})' in not_firing["expr"]
+
+
+def test_schedtui_alert_rules_prints_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a.cron.py").write_text(
+        "from backend import define_schedule\n"
+        "async def h(ctx): pass\n"
+        "hourly = define_schedule(name='hourly', cron='0 * * * *', timezone='UTC', handler=h)\n"
+    )
+    assert main(["alert-rules", "--provider", "prometheus", "--schedules", str(tmp_path)]) == 0
+    document = yaml.safe_load(capsys.readouterr().out)
+    assert any(r["labels"].get("schedule") == "hourly" for r in document["groups"][0]["rules"])
+    assert main(["alert-rules", "--provider", "nagios", "--schedules", str(tmp_path)]) == 2
+    assert "invalid choice: 'nagios'" in capsys.readouterr().err
