@@ -3,9 +3,9 @@
 The app knows nothing but the shared backend interface (embedded engine or remote server)
 and an injected :class:`~backend.clock.Clock`:
 
-* numbered views (:mod:`console.views`): ``1`` schedules, ``2`` timeline, ``3``-``6`` the
-  jobs, durable, locks and audit views as their systems arrive; each view keeps its
-  selection while another is on screen;
+* numbered views (:mod:`console.views`): ``1`` schedules, ``2`` timeline, ``3``-``7`` the
+  jobs, durable, locks, audit and health views when the backend offers their systems; each
+  view keeps its selection while another is on screen;
 * every backend call runs in a Textual worker, never in a message handler, so the UI keeps
   drawing while a call is in flight (the embedded backend runs its engine on a thread of its
   own, so a handler burning CPU cannot hold up the countdowns either);
@@ -127,7 +127,7 @@ def parse_keymap(text: str) -> dict[str, str]:
 
 
 def _view_keys() -> tuple[Key, ...]:
-    """``1``…``6``; the footer shows them as one entry, ``1-6 Views``."""
+    """``1``…``7``; the footer shows them as one entry, ``1-7 Views``."""
     return tuple(
         Key(spec.key, f"show_view('{spec.id}')", "Views" if i == 0 else spec.title, id=f"view_{spec.id}", title=spec.title,
             help=f"{spec.title}: {spec.help}", show=i == 0, key_display=f"1-{len(VIEWS)}" if i == 0 else None)
@@ -730,7 +730,7 @@ class SchedtuiApp(App[None]):
 
     def key_display(self, key: Key, *, alone: bool = False) -> str:
         """The key as the operator presses it now (a keymap may have moved it); ``alone``:
-        itself, not the footer's summary of several (``1`` rather than ``1-6``)."""
+        itself, not the footer's summary of several (``1`` rather than ``1-7``)."""
         keys = self._keymap.get(key.binding_id, "") or key.key
         first = keys.split(",")[0].strip()
         return self.get_key_display(Binding(first, key.method, key.label, key_display=None if alone else key.key_display))
@@ -792,7 +792,7 @@ class SchedtuiApp(App[None]):
         return view
 
     def action_show_view(self, view_id: str) -> None:
-        """``1``…``6``: show a view (it comes back as it was left)."""
+        """``1``…``7``: show a view (it comes back as it was left)."""
         spec = view_spec(view_id)
         systems = self.info.systems if self.info is not None else SYSTEMS
         if spec.make is not None and spec.system not in systems:
@@ -1049,6 +1049,9 @@ NAVIGATION: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
     ),
     "audit": (
         (("up", "down"), "move in the table"),
+    ),
+    "health": (
+        (("up", "down"), "scroll the rows (pgup/pgdn a page, home/end top/bottom)"),
     ),
 }
 """Keys the views' widgets handle themselves (a table's cursor, tab between tables), for the

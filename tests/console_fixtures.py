@@ -286,6 +286,37 @@ async def add_jobs(url: str) -> None:
     await store.close()
 
 
+FIRING_ALERTS = (
+    ("failing", "schedule", "flaky-export", "2026-03-02T07:59:40Z",
+     "newest run failed: TimeoutError: export API answered 504 after 30s"),
+    ("dead_jobs", "queue", "mailer", "2026-03-02T07:50:30Z", "2 jobs died in the last 15 minutes (2 dead in all)"),
+    ("late", "schedule", "stuck-import", "2026-03-02T07:59:25Z",
+     "no success for 45s (grace 5s): its runs time out"),
+)
+"""(condition, subject kind, subject, since, summary) of the alerts firing at the frozen instant."""
+
+
+async def add_alerts(url: str) -> None:
+    """The alerts of :data:`FIRING_ALERTS`, firing, as an evaluating ``serve`` would have
+    written them (no sink: nothing to deliver), and one resolved since."""
+    from backend.alerts.model import Alert, alert_key
+    from backend.alerts.store import AlertStore, Transition
+
+    store: Any = open_store(url)
+    await store.open()
+    alerts: AlertStore = store
+    rows = [(c, kind, subject, since, summary, "firing") for c, kind, subject, since, summary in FIRING_ALERTS]
+    rows.append(("failing", "schedule", "daily-digest", "2026-03-02T07:59:02Z", "newest run succeeded", "resolved"))
+    transitions = []
+    for n, (condition, kind, subject, since, summary, state) in enumerate(rows):
+        at = datetime.fromisoformat(since.replace("Z", "+00:00"))
+        alert = Alert(alert_key(condition, subject), condition, kind, subject, state, at, summary, at,  # type: ignore[arg-type]
+                      f"01KJPA0000000000000000000{n}")
+        transitions.append(Transition(alert, "{}"))
+    await alerts.write_transitions(transitions, sinks_after=datetime.fromisoformat(FROZEN.replace("Z", "+00:00")))
+    await store.close()
+
+
 def console_engine(url: str, clock: ManualClock | None = None) -> Engine:
     """An engine over the fixture's store at the frozen instant (instance ``console``)."""
     clock = clock or ManualClock(FROZEN)
@@ -408,6 +439,10 @@ class FlakyBackend:
     async def alerts(self, *, resolved: bool = False) -> Any:
         self._check()
         return await self.inner.alerts(resolved=resolved)
+
+    async def activity(self, *, minutes: int = 60) -> Any:
+        self._check()
+        return await self.inner.activity(minutes=minutes)
 
     async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
         """The inner backend's stream, ended (as a broken connection ends it) once ``down``."""

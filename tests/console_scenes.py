@@ -24,6 +24,7 @@ from tests.console_fixtures import (
     FROZEN,
     WHERE,
     FlakyBackend,
+    add_alerts,
     add_jobs,
     add_locks,
     add_timeline_history,
@@ -47,6 +48,7 @@ def make_ledger(folder: Path) -> Path:
     asyncio.run(add_jobs(url))
     asyncio.run(add_locks(url))
     asyncio.run(add_durable_history(url))
+    asyncio.run(add_alerts(url))
     return folder
 
 
@@ -187,6 +189,8 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "confirm": ({}, _keys("5", "x")),
     "audit": ({}, _keys("6")),
     "audit-filter": ({}, _keys("6", "slash", "c", "a", "r", "o", "l", "enter", "down")),
+    "health": ({}, _keys("7")),
+    "health-no-color": ({"no_color": True}, _keys("7")),
     "schedule-create": ({}, _new_schedule("*/15 * * * *")),
     "schedule-create-error": ({}, _new_schedule("0 25 * * *")),
     "backfill-ok": ({}, _backfill("-1m")),

@@ -38,6 +38,8 @@ PICTURES = [
     ("durable", "120x32"),
     ("durable-steps", "120x32"),
     ("alerting", "80x24"),
+    ("health", "120x32"),
+    ("health-no-color", "80x24"),
 ]
 
 

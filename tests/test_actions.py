@@ -75,7 +75,7 @@ def test_every_backend_action_is_declared_and_every_declaration_is_one() -> None
     for name, action in ACTIONS.items():
         assert vars(Backend)[name].action is action is action_of(name)
         assert action.summary and action.permission in ("read", "operate")
-        assert action.system in ("schedules", "jobs", "durable", "locks", "audit", "alerts", "fleet")
+        assert action.system in ("schedules", "jobs", "durable", "locks", "audit", "alerts", "fleet", "health")
 
 
 def test_no_backend_has_code_of_its_own_for_an_action() -> None:

@@ -114,7 +114,7 @@ async def test_number_keys_switch_views_and_each_keeps_its_selection(store_url: 
         assert app.selected_name == "flaky-export"
 
 
-@pytest.mark.parametrize(("key", "system"), [("3", "jobs"), ("4", "durable"), ("5", "locks"), ("6", "audit")])
+@pytest.mark.parametrize(("key", "system"), [("3", "jobs"), ("4", "durable"), ("5", "locks"), ("6", "audit"), ("7", "health")])
 async def test_a_view_whose_system_the_backend_does_not_offer_says_so(store_url: str, key: str, system: str) -> None:
     import dataclasses
 
@@ -132,7 +132,7 @@ async def test_views_are_in_the_footer_the_palette_and_help(store_url: str) -> N
 
     async with console(store_url) as (app, pilot, clock, notes):
         footer_keys = {b.binding.key_display or b.binding.key for b in app.screen.active_bindings.values() if b.binding.show}
-        assert "1-6" in footer_keys
+        assert "1-7" in footer_keys
         provider = ConsoleCommands(app.screen)
         hits = [hit async for hit in provider.search("view 2")]
         assert hits and str(hits[0].text) == "View 2: Timeline"
@@ -140,7 +140,7 @@ async def test_views_are_in_the_footer_the_palette_and_help(store_url: str) -> N
         await settle(pilot)
         assert app.active_view_id == "timeline"
         sections = dict(app.help_keys())
-        assert [key for key, _ in sections["Views"]] == ["1", "2", "3", "4", "5", "6"]
+        assert [key for key, _ in sections["Views"]] == ["1", "2", "3", "4", "5", "6", "7"]
         assert any("zoom" in description for _, description in sections["2 Timeline"])
 
 

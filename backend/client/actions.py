@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 Permission = Literal["read", "operate"]
-System = Literal["schedules", "jobs", "durable", "locks", "audit", "alerts", "fleet"]
+System = Literal["schedules", "jobs", "durable", "locks", "audit", "alerts", "fleet", "health"]
 
 
 class _Required:

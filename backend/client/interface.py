@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
+from backend.activity import Activity
 from backend.alerts.model import AlertsPage
 from backend.client.actions import (
     ACTIONS,
@@ -72,9 +73,10 @@ __all__ = [
     "action_of",
 ]
 
-SYSTEMS = ("schedules", "jobs", "durable", "locks", "audit", "alerts")
+SYSTEMS = ("schedules", "jobs", "durable", "locks", "audit", "alerts", "health")
 """The systems an engine of this version offers (an older server offers only
-``schedules``); a console shows a view only for a system its backend offers."""
+``schedules``; ``alerts`` and ``health``, the activity read, came after ``audit``); a
+console shows a view only for a system its backend offers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +94,8 @@ class ConnectionInfo:
     """Whether this engine fires schedules on its timers (a remote ``serve`` does; an
     embedded console only when asked to, otherwise it observes and acts)."""
     systems: tuple[str, ...] = SYSTEMS
-    """What the backend offers (``schedules``; later ``jobs``, ``durable``, ``locks``, ``audit``)."""
+    """What the backend offers (``schedules``; later ``jobs``, ``durable``, ``locks``, ``audit``,
+    ``health``)."""
     actor: str = ""
     """Who the actions are recorded as: the OS user or ``--as`` (embedded), the token's
     name (remote)."""
@@ -554,6 +557,23 @@ class Backend(abc.ABC):
         transition}]: condition is failing, late, not_firing, dead_jobs or stuck; subject the
         schedule, queue, execution id or fleet; since when it took its state; firing counts
         the firing ones. With resolved, the alerts resolved in the last 24 hours follow."""
+
+    # -- health ----------------------------------------------------------------------------
+    @action(system="health", permission="read", impl="activity.read",
+            http=Http("GET", "/inspect/activity",
+                      ok="{now, from, minutes, schedules: [{name, enabled, runs, failures, last_success_at, late_since, "
+                         "late_s}], queues: [{name, finished, failed, dead, dead_now}]}"))
+    async def activity(
+        self, *, minutes: Annotated[int, Range(5, 180), Help("the window: this many whole minutes, up to now")] = 60
+    ) -> Activity:
+        """Runs and failures per schedule and jobs per queue, by the minute; lateness now.
+
+        The window is whole minutes of UTC, the last one the current minute; every series
+        holds a count per minute, oldest first. runs: runs that ended then (succeeded or
+        failed), failures: those that failed. late_since: the first slot after the
+        schedule's newest succeeded run, once it has come (null: on time, or no run yet);
+        late_s: how long ago. finished and failed: job attempts that ended; dead: jobs that
+        died then and are dead still; dead_now: the queue's dead jobs now."""
 
     # -- the job queue ---------------------------------------------------------------------
     @action(system="jobs", permission="read", impl="jobs.queue_views",

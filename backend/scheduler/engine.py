@@ -19,6 +19,7 @@ with one job:
   beside the schedules (each a :class:`~backend.runtime.subsystems.Subsystem`);
 * :mod:`~backend.scheduler.catalog`: the schedules created at run time, kept in the store;
 * :mod:`~backend.scheduler.reads`: the schedule views, run pages and upcoming slots it answers with;
+* :mod:`~backend.activity`: the recent activity per schedule and queue, and each schedule's lateness;
 * :mod:`~backend.scheduler.lifecycle`: the order in which the parts open, start, keep house and stop;
 * :mod:`~backend.scheduler.ledger` and :mod:`~backend.runtime.loops`: recording runs, and the background
   tasks with the bookkeeping that lets :meth:`Engine.quiesce` say "nothing left to do".
@@ -42,6 +43,7 @@ from typing import Any, Literal, cast
 
 import httpx
 
+from backend.activity import ActivityReads, ActivityStore
 from backend.alerts.system import Alerts, AlertSettings
 from backend.clock import Clock, SystemClock
 from backend.definitions import Definitions
@@ -302,6 +304,15 @@ class Engine:
             default_trigger=default_trigger,
         )
         """Schedule views, run pages, upcoming slots: what the read methods delegate to."""
+        self.activity = ActivityReads(
+            clock=self.clock,
+            store=cast(ActivityStore, self.store),
+            schedules=self.schedules,
+            is_enabled=self.is_enabled,
+            queues=self.jobs.queue_views,
+            handoff=self.ledger.handoff,
+        )
+        """Recent runs, failures and lateness per schedule, and jobs per queue, by the minute."""
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
             raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")

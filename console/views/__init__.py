@@ -1,7 +1,7 @@
 """The numbered views and their registry.
 
 A view is one module here with one :class:`~console.views.base.View` subclass. To add one
-(the jobs, durable, locks and audit views come with their systems), write its module and
+(the jobs, durable, locks, audit and health views came with their systems), write its module and
 fill in ``make`` in its :data:`VIEWS` entry; the keys, the footer, ``?``, the command
 palette and the tab line follow from the registry. A view whose system the backend does
 not offer (:attr:`backend.client.interface.ConnectionInfo.systems`), or that is not written yet,
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from console.views.audit import AuditView
 from console.views.base import UnavailableView, View
 from console.views.durable import DurableView
+from console.views.health import HealthView
 from console.views.jobs import JobsView
 from console.views.locks import LocksView
 from console.views.schedules import SchedulesView
@@ -43,6 +44,7 @@ VIEWS: tuple[ViewSpec, ...] = (
     ViewSpec("durable", "4", "Durable", "durable", "durable executions: their steps, signals, cancels and retries", DurableView),
     ViewSpec("locks", "5", "Locks", "locks", "project locks: holders, fencing tokens, expiries", LocksView),
     ViewSpec("audit", "6", "Audit", "audit", "who did what, and when", AuditView),
+    ViewSpec("health", "7", "Health", "health", "what is alerting, and the last hour by the minute", HealthView),
 )
 
 

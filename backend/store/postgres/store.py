@@ -48,6 +48,7 @@ from backend.model import (
 )
 from backend.store import FIRING, Membership, Unfinished, redact_url, store_unavailable
 from backend.store.migrations import components_of, migrate_postgres
+from backend.store.postgres.activity import PostgresActivity
 from backend.store.postgres.alerts import PostgresAlerts
 from backend.store.postgres.audit import PostgresAudit
 from backend.store.postgres.catalog import PostgresCatalog
@@ -175,7 +176,7 @@ def _connection_lost(exc: psycopg.Error) -> bool:
 
 class PostgresStore(
     PostgresLedgerWriter, PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLocks, PostgresCluster, PostgresAudit,
-    PostgresAlerts, PostgresEvents, PostgresMetrics,
+    PostgresAlerts, PostgresEvents, PostgresMetrics, PostgresActivity,
 ):
     """The fleet store. ``PostgresStore("postgresql://user:pass@host:5432/db")``.
 

@@ -45,6 +45,7 @@ from backend.model import (
 )
 from backend.store import FIRING, Membership, Unfinished, store_unavailable
 from backend.store.migrations import components_of, migrate_sqlite
+from backend.store.sqlite.activity import SQLiteActivity
 from backend.store.sqlite.alerts import SQLiteAlerts
 from backend.store.sqlite.audit import SQLiteAudit
 from backend.store.sqlite.catalog import SQLiteCatalog
@@ -112,7 +113,9 @@ from backend.store.sqlite.writer import (
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
 
-class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteAlerts, SQLiteEvents, SQLiteMetrics):
+class SQLiteStore(
+    SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteAlerts, SQLiteEvents, SQLiteMetrics, SQLiteActivity
+):
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
     ``create=False`` refuses a file that does not exist (:class:`NotFound`, naming it) instead

@@ -1,0 +1,250 @@
+"""View 7: health. What is alerting now (:meth:`~backend.client.interface.Backend.alerts`:
+condition, subject, since when, why), then per schedule and per queue the last hour by the
+minute (:meth:`~backend.client.interface.Backend.activity`).
+
+A schedule's row: its runs a minute and its failures a minute as sparklines, each with its
+total for the hour beside it, and how late it is now (see
+:class:`~backend.activity.ScheduleActivity`). A queue's row: attempts that ended and those
+that failed a minute, and its dead jobs (gained in the hour → held now). The rows in trouble
+come first: the most failures, then the latest (by the minute, so that rows do not trade
+places every second), then the backend's order. Every figure is written out beside its
+sparkline, so the view reads the same without colour.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import ClassVar, Final
+from zoneinfo import ZoneInfo
+
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+
+from backend.activity import Activity, QueueActivity, ScheduleActivity
+from backend.alerts.model import Alert, AlertsPage
+from console import format as fmt
+from console.views.base import View
+from console.widgets.health import HealthRow
+from console.widgets.line import Line
+
+__all__ = ["MAX_ALERTS", "MAX_ROWS", "HealthView", "alert_text", "dead_text", "late_text"]
+
+MAX_ROWS: Final = 60
+"""Rows drawn per section at most (the most troubled first); the rest are counted. Each row
+is a handful of widgets: at 1,000 schedules, drawing every one would take seconds."""
+LATE: Final = timedelta(minutes=1)
+"""From how late on a schedule is marked late (``⚠``) and counted in the title; below it,
+the lateness of a slot whose run is still in flight, or has just failed, is shown plainly."""
+MAX_ALERTS: Final = 5
+"""Alerts listed at most (the newest first); the rest are counted."""
+
+
+def alert_text(alert: Alert, now: datetime, zone: str) -> Content:
+    """One firing alert on one line: ``▲ failing   flaky-export   since 07:20, 40m  why``
+    (the time in ``zone``, with the date when it is not today's)."""
+    since = alert.since.astimezone(ZoneInfo(zone))
+    today = now.astimezone(ZoneInfo(zone)).date() == since.date()
+    when = since.strftime("%H:%M" if today else "%m-%d %H:%M")
+    subject = alert.subject if len(alert.subject) <= 16 else alert.subject[:15] + "…"
+    return Content.assemble(
+        ("▲ ", "bold $text-error"),
+        (f"{alert.condition:<11}", "bold"),
+        (f"{subject:<17}", ""),
+        (f"since {when}, {fmt.age(alert.since, now)}  ", "$text-muted"),
+        " ".join(alert.summary.split()),
+    )
+
+
+def late_text(schedule: ScheduleActivity, now: datetime) -> Content:
+    """A schedule's last column: ``⚠ 1h 2m`` late (``12s`` below :data:`LATE`), ``on time``,
+    ``off`` (disabled) or ``no runs``."""
+    if not schedule.enabled:
+        return Content.styled("off", "$text-muted")
+    lateness = schedule.lateness(now)
+    if lateness is None or lateness < timedelta(seconds=1):
+        if schedule.late_since is None and schedule.last_success_at is None:
+            return Content.styled("no runs", "$text-muted")
+        return Content.styled("on time", "$text-muted")
+    if lateness < LATE:
+        return Content(fmt.compact_delta(lateness))  # a slot not done yet, or a run in flight
+    return Content.styled(f"⚠ {fmt.compact_delta(lateness)}", "bold $text-warning")
+
+
+def dead_text(queue: QueueActivity) -> Content:
+    """A queue's last column: the dead jobs gained in the window and held now (``+2 → 5``)."""
+    if not queue.dead_growth and not queue.dead_now:
+        return Content.styled("0", "$text-muted")
+    text = f"+{queue.dead_growth} → {queue.dead_now}"
+    return Content.styled(text, "bold $text-error") if queue.dead_growth else Content(text)
+
+
+def _total(count: int, *, bad: bool = False) -> Content:
+    if bad and count:
+        return Content.styled(str(count), "bold $text-error")
+    return Content.styled(str(count), "$text-muted") if not count else Content(str(count))
+
+
+class HealthView(View):
+    """See the module."""
+
+    view_id = "health"
+    topics: ClassVar[tuple[str, ...]] = ("jobs", "alerts")
+
+    DEFAULT_CSS = """
+    HealthView #health-rows {
+        height: 1fr;
+        scrollbar-size-vertical: 1;
+    }
+    HealthView #alerts, HealthView #schedule-rows, HealthView #queue-rows {
+        height: auto;
+    }
+    HealthView .alert {
+        padding: 0 1;
+    }
+    HealthView .more {
+        padding: 0 1;
+        color: $text-muted;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id or self.view_id)
+        self.activity: Activity | None = None
+        self.alerts: AlertsPage | None = None
+        """The firing alerts; ``None`` when the backend keeps none (an older server)."""
+        self._read_at: datetime | None = None
+        self._shown: list[ScheduleActivity] = []
+        """The schedules in the order of their rows."""
+
+    def compose(self) -> ComposeResult:
+        yield Line("ALERTS", id="alerts-title", classes="section")
+        with Vertical(id="alerts"):
+            for _ in range(MAX_ALERTS):
+                yield Line(classes="alert")
+            yield Line("", id="alerts-more", classes="more")
+        with VerticalScroll(id="health-rows"):
+            yield Line("SCHEDULES", id="schedules-title", classes="section")
+            yield HealthRow(header=True, id="schedules-header")
+            yield Vertical(id="schedule-rows")
+            yield Line("", id="schedules-more", classes="more")
+            yield Line("QUEUES", id="queues-title", classes="section")
+            yield HealthRow(header=True, id="queues-header")
+            yield Vertical(id="queue-rows")
+            yield Line("", id="queues-more", classes="more")
+
+    def on_mount(self) -> None:
+        self.query_one("#schedules-header", HealthRow).show("NAME", "RUNS/MIN", "RUNS", "FAILURES/MIN", "FAILS", "LATE")
+        self.query_one("#queues-header", HealthRow).show("QUEUE", "ATTEMPTS/MIN", "ENDED", "FAILED/MIN", "FAILED", "DEAD +/NOW")
+        for line in self.query(".more, .alert"):
+            line.display = False
+
+    def focus_main(self) -> None:
+        self.query_one("#health-rows", VerticalScroll).focus()
+
+    def backend_now(self, now: datetime) -> datetime:
+        """The engine's clock now: its time at the last read plus what has passed since."""
+        if self.activity is None or self._read_at is None:
+            return now
+        return self.activity.now + (now - self._read_at)
+
+    # -- data ---------------------------------------------------------------------------
+    async def load(self) -> None:
+        console = self.console
+        offered = console.info is not None and "alerts" in console.info.systems
+        self.alerts = await console.backend.alerts() if offered else None
+        self.activity = await console.backend.activity()
+        self._read_at = console.clock.now()
+
+    # -- drawing ------------------------------------------------------------------------
+    def show(self) -> None:
+        activity = self.activity
+        if activity is None:
+            return
+        now = self.backend_now(self.console.clock.now())
+        self._show_alerts(now)
+        minutes = activity.minutes
+        schedules = self._in_trouble_first(activity.schedules, now)
+        late = sum(1 for s in activity.schedules if s.enabled and (s.lateness(now) or timedelta(0)) >= LATE)
+        failing = sum(1 for s in activity.schedules if s.total_failures)
+        title = f"SCHEDULES {len(schedules)} · last {minutes} min"
+        if failing:
+            title += f" · {failing} failing"
+        if late:
+            title += f" · {late} late"
+        self.query_one("#schedules-title", Line).update(title)
+        rows = self._rows("#schedule-rows", "#schedules-more", len(schedules),
+                          "schedules, none with more failures or later than these")
+        for row, schedule in zip(rows, schedules, strict=False):
+            row.show(Content.styled(schedule.name, "bold"), schedule.runs, _total(schedule.total_runs), schedule.failures,
+                     _total(schedule.total_failures, bad=True), late_text(schedule, now))  # fmt: skip
+        queues = sorted(activity.queues, key=lambda q: (-q.dead_growth, -q.total_failed))
+        title = f"QUEUES {len(queues)} · last {minutes} min"
+        gained = sum(q.dead_growth for q in queues)
+        if gained:
+            title += f" · {gained} jobs died"
+        if not queues:
+            title += " · none yet"
+        self.query_one("#queues-title", Line).update(title)
+        self.query_one("#queues-header", HealthRow).display = bool(queues)
+        rows = self._rows("#queue-rows", "#queues-more", len(queues), "queues, none with more dead or failed jobs")
+        for row, queue in zip(rows, queues, strict=False):
+            row.show(Content.styled(queue.name, "bold"), queue.finished, _total(queue.total_finished), queue.failed,
+                     _total(queue.total_failed, bad=True), dead_text(queue))  # fmt: skip
+        self._shown = schedules
+
+    def _show_alerts(self, now: datetime) -> None:
+        title = self.query_one("#alerts-title", Line)
+        lines = list(self.query_one("#alerts", Vertical).query_children(".alert").results(Line))
+        firing = [a for a in self.alerts.alerts if a.state == "firing"] if self.alerts is not None else []
+        if self.alerts is None:
+            title.update("ALERTS · this server keeps none (an older schedtui)")
+        elif not firing:
+            title.update("ALERTS · nothing is firing")
+        else:
+            title.update(Content.assemble("ALERTS · ", (f"{len(firing)} firing", "$text-error")))
+        for line, alert in zip(lines, [*firing, *[None] * len(lines)], strict=False):
+            line.display = alert is not None
+            if alert is not None:
+                line.update(alert_text(alert, now, self.console.display_zone))
+        more = self.query_one("#alerts-more", Line)
+        more.display = len(firing) > len(lines)
+        more.update(f"… and {len(firing) - len(lines)} more (schedtui alerts lists them all)")
+
+    def _rows(self, where: str, more: str, count: int, what: str) -> list[HealthRow]:
+        """The rows of a section, as many as there is data for (up to :data:`MAX_ROWS`):
+        kept from one refresh to the next, added or removed at the end."""
+        container = self.query_one(where, Vertical)
+        rows = list(container.query_children(HealthRow))
+        wanted = min(count, MAX_ROWS)
+        if len(rows) > wanted:
+            for row in rows[wanted:]:
+                row.remove()
+            rows = rows[:wanted]
+        elif len(rows) < wanted:
+            added = [HealthRow() for _ in range(wanted - len(rows))]
+            container.mount_all(added)
+            rows += added
+        line = self.query_one(more, Line)
+        line.display = count > wanted
+        if count > wanted:
+            line.update(f"… and {count - wanted} more {what}")
+        return rows
+
+    @staticmethod
+    def _in_trouble_first(schedules: list[ScheduleActivity], now: datetime) -> list[ScheduleActivity]:
+        def trouble(schedule: ScheduleActivity) -> tuple[int, int]:
+            lateness = schedule.lateness(now) if schedule.enabled else None
+            return -schedule.total_failures, -int(lateness.total_seconds() // 60) if lateness else 0
+
+        return sorted(schedules, key=trouble)
+
+    def tick(self, now: datetime) -> None:
+        """The lateness and the alerts' ages count on between reads."""
+        if self.activity is None:
+            return
+        backend_now = self.backend_now(now)
+        self._show_alerts(backend_now)
+        rows = self.query_one("#schedule-rows", Vertical).query_children(HealthRow)
+        for row, schedule in zip(rows, self._shown, strict=False):
+            row.last.update(late_text(schedule, backend_now))

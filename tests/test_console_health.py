@@ -1,0 +1,163 @@
+"""The console's Health view (key 7) under Pilot, on the fixture ledger at the frozen time:
+the alerts firing, a row of sparklines per schedule and per queue with their totals and the
+lateness, embedded and over the API, and a server that does not offer it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import httpx
+
+from backend.api.app import create_app
+from backend.client.interface import ConnectionInfo
+from backend.client.remote import RemoteBackend
+from console.views.health import HealthView
+from console.widgets.health import HealthRow, Spark, levels
+from console.widgets.line import Line
+from tests.console_fixtures import FIRING_ALERTS, add_alerts, add_jobs, add_timeline_history, console_backend
+from tests.test_console import console, ledger, settle, store_url  # noqa: F401 - fixtures
+
+TOKEN = "health-token"
+
+
+def alert_lines(app: Any) -> list[str]:
+    return [line.content.plain for line in app.query(".alert").results(Line) if line.display]
+
+
+def rows(app: Any, where: str) -> dict[str, tuple[list[int], str, list[int], str, str]]:
+    """name -> (first series, its total, second series, its total, last column)."""
+    found = {}
+    for row in app.query_one(where).query_children(HealthRow):
+        first, second = row.first, row.second
+        assert isinstance(first, Spark) and isinstance(second, Spark)
+        found[row.name_cell.content.plain] = (
+            list(first.data or []), row.first_total.content.plain, list(second.data or []),
+            row.second_total.content.plain, row.last.content.plain,
+        )  # fmt: skip
+    return found
+
+
+async def filled(url: str) -> None:
+    await add_timeline_history(url)
+    await add_jobs(url)
+    await add_alerts(url)
+
+
+async def test_seven_shows_what_is_alerting_and_a_row_of_sparklines_per_schedule_and_queue(store_url: str) -> None:  # noqa: F811
+    await filled(store_url)
+    async with console(store_url, size=(120, 40)) as (app, pilot, clock, notes):
+        await pilot.press("7")
+        await settle(pilot)
+        assert app.active_view_id == "health" and isinstance(app.active_view, HealthView)
+        assert app.query_one("#alerts-title", Line).content.plain == "ALERTS · 3 firing"
+        shown = alert_lines(app)
+        assert len(shown) == len(FIRING_ALERTS) == 3  # the resolved one is not listed
+        failing = next(line for line in shown if "flaky-export" in line)
+        assert failing.startswith("▲ failing    flaky-export")
+        assert "since 08:59, 25s" in failing  # 07:59:40 UTC, in the operator's zone (CET)
+        assert failing.endswith("newest run failed: TimeoutError: export API answered 504 after 30s")
+        schedules = rows(app, "#schedule-rows")
+        assert list(schedules)[:2] == ["flaky-export", "stuck-import"]  # the most failures first
+        runs, total, failures, failed, late = schedules["flaky-export"]
+        assert len(runs) == len(failures) == 60
+        assert (int(total), int(failed)) == (sum(runs), sum(failures)) and sum(failures) > 0
+        # The window's first minute is 07:01; 07:20-07:25 the export API failed every 20 s.
+        assert failures[18:25] == [0, 3, 3, 3, 3, 3, 0]
+        assert schedules["legacy-cleanup"][4] == "off"
+        assert schedules["stuck-import"][4] == "⚠ 1m 5s"
+        queues = rows(app, "#queue-rows")
+        assert list(queues) == ["mailer", "thumbnails", "webhooks"]
+        ended, ended_total, failed_jobs, failed_total, dead = queues["mailer"]
+        # 2 jobs failed 3 attempts each at 07:50 (and died), one failed once at 07:59 (to retry)
+        assert [(i, n) for i, n in enumerate(ended) if n] == [(49, 6), (58, 1)] and failed_jobs == ended
+        assert (ended_total, failed_total, dead) == ("7", "7", "+2 → 2")
+        assert queues["webhooks"] == ([0] * 60, "0", [0] * 60, "0", "0")
+        clock.advance(60)
+        app.tick()  # the lateness and the alerts' ages count on between reads
+        assert rows(app, "#schedule-rows")["stuck-import"][4] == "⚠ 2m 5s"
+        assert "since 08:59, 1m  newest run failed" in next(line for line in alert_lines(app) if "flaky-export" in line)
+        assert notes.seen == []
+
+
+def test_sparkline_levels_start_from_zero() -> None:
+    assert levels([3, 3, 3, 3], 4) == [7, 7, 7, 7]  # steady: full bars, not the bottom line
+    assert levels([0, 1, 0, 8], 4) == [0, 2, 0, 7]  # one failure stands out from none
+    assert levels([0, 0, 0], 3) == [0, 0, 0]
+    assert levels([1, 0, 0, 0, 0, 2], 3) == [4, 0, 7]  # a cell shows its busiest minute
+    assert levels([5], 3) == [7, 7, 7] and levels([], 2) == [0, 0] and levels([1], 0) == []
+
+
+async def test_a_remote_console_gets_the_view_over_the_api(store_url: str) -> None:  # noqa: F811
+    await filled(store_url)
+    async with console(store_url, size=(120, 40)) as (app, pilot, clock, notes):
+        await pilot.press("7")
+        await settle(pilot)
+        embedded = rows(app, "#schedule-rows"), rows(app, "#queue-rows"), alert_lines(app)
+    server = console_backend(store_url)
+    await server.connect()
+    remote = RemoteBackend("http://schedtui.test", TOKEN, transport=httpx.ASGITransport(app=create_app(server, token=TOKEN)))
+    try:
+        async with console(store_url, backend=remote, size=(120, 40), live_events=False) as (app, pilot, clock, notes):
+            await pilot.press("7")
+            await settle(pilot)
+            assert app.info is not None and app.info.kind == "remote" and app.active_view_id == "health"
+            assert (rows(app, "#schedule-rows"), rows(app, "#queue-rows"), alert_lines(app)) == embedded
+            assert notes.seen == []
+    finally:
+        await server.close()
+
+
+class OlderServer:
+    """A backend that offers only ``systems`` (a server of an older version)."""
+
+    def __init__(self, inner: Any, systems: tuple[str, ...]) -> None:
+        self.inner = inner
+        self.systems = systems
+        self.read_only = inner.read_only
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def connect(self) -> ConnectionInfo:
+        info: ConnectionInfo = await self.inner.connect()
+        return dataclasses.replace(info, systems=self.systems)
+
+
+async def test_a_server_without_the_health_system_is_not_asked(store_url: str) -> None:  # noqa: F811
+    older = OlderServer(console_backend(store_url), ("schedules", "jobs", "durable", "locks", "audit"))
+    async with console(store_url, backend=older) as (app, pilot, clock, notes):
+        await pilot.press("7")
+        await settle(pilot)
+        assert app.active_view_id == "schedules"
+        assert notes.titled("Not available") == ["Health: this backend does not offer health."]
+        assert ("health", "7", "Health", False) in app.query_one("#tabs").tabs  # type: ignore[attr-defined]
+
+
+async def test_health_without_alerts_says_the_server_keeps_none(store_url: str) -> None:  # noqa: F811
+    await add_alerts(store_url)
+    older = OlderServer(console_backend(store_url), ("schedules", "jobs", "durable", "locks", "audit", "health"))
+    async with console(store_url, backend=older) as (app, pilot, clock, notes):
+        await pilot.press("7")
+        await settle(pilot)
+        assert app.active_view_id == "health"
+        assert app.query_one("#alerts-title", Line).content.plain == "ALERTS · this server keeps none (an older schedtui)"
+        assert alert_lines(app) == [] and notes.seen == []
+
+
+async def test_rows_are_kept_between_refreshes_and_capped(store_url: str, monkeypatch: Any) -> None:  # noqa: F811
+    from console.views import health
+
+    monkeypatch.setattr(health, "MAX_ROWS", 3)
+    await filled(store_url)
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("7")
+        await settle(pilot)
+        drawn = list(app.query_one("#schedule-rows").query_children(HealthRow))
+        assert [row.name_cell.content.plain for row in drawn] == ["flaky-export", "stuck-import", "daily-digest"]
+        more = app.query_one("#schedules-more", Line)
+        assert more.display and more.content.plain == "… and 4 more schedules, none with more failures or later than these"
+        assert not app.query_one("#queues-more", Line).display  # three queues: all drawn
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert list(app.query_one("#schedule-rows").query_children(HealthRow)) == drawn  # redrawn, not made again
