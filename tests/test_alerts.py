@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backend import DefinitionError, Engine, ManualClock, RunContext, define_durable, define_queue, define_schedule
 from backend.alerts import conditions
@@ -798,3 +800,27 @@ async def test_a_stored_schedule_carries_its_alert_option(make_engine: Callable[
     await engine.update_schedule("digest", {"alert": None})
     await other.catalog.refresh()
     assert other.schedules["digest"].alert == ScheduleAlerting()
+
+
+# ---------------------------------------------------------------------------------------
+# the overdue slot, kept until it may change
+# ---------------------------------------------------------------------------------------
+@given(
+    expr=st.sampled_from(["* * * * *", "0 * * * *", "0,1 0 * * *", "*/10 9-17 * * 1-5", "30 2 * * *", "0 0 1 * *"]),
+    zone=st.sampled_from(["UTC", "Europe/Berlin", "America/New_York"]),
+    grace=st.sampled_from([None, 60.0, 7200.0]),
+    max_runtime=st.sampled_from([30.0, 1800.0, 86400.0]),
+    start=st.integers(0, 400 * 86400),
+    later=st.floats(0, 1),
+)
+@settings(max_examples=200, deadline=None)
+def test_the_overdue_slot_stays_the_same_until_its_until(
+    expr: str, zone: str, grace: float | None, max_runtime: float, start: int, later: float
+) -> None:
+    cron, policy = Cron(expr, zone), ScheduleAlerting(grace=grace)
+    now = T0 + timedelta(seconds=start)
+    found = conditions.overdue_slot(cron, max_runtime, policy, now)
+    assert found is not None and found.slot + found.grace <= now < found.until
+    then = now + (found.until - now) * later
+    if then < found.until:
+        assert conditions.overdue_slot(cron, max_runtime, policy, then) == conditions.Overdue(found.slot, found.grace, found.until)
