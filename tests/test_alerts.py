@@ -297,6 +297,24 @@ async def test_a_claim_is_exclusive_until_its_lease_runs_out(store: Store) -> No
     assert await alerts.claim_deliveries(["sink-a"], "i3", retry + 2 * lease, retry + 3 * lease, 10) == []
 
 
+async def test_retention_drops_old_resolved_alerts_and_finished_deliveries(store: Store) -> None:
+    alerts: Any = store
+    ids = IdFactory(lambda: T0)
+    await alerts.register_sinks([("known", "https://k/…"), ("orphan", "https://o/…")], T0)
+    old, kept = ids(), ids()
+    await alerts.write_transitions([transition("failing:old", "firing", T0, old)], sinks_after=T0)
+    await alerts.write_transitions([transition("failing:old", "resolved", T0 + timedelta(seconds=1), ids())], sinks_after=T0)
+    await alerts.write_transitions([transition("late:kept", "firing", T0, kept)], sinks_after=T0)
+    for delivery in await alerts.claim_deliveries(["known"], "i1", T0, T0 + timedelta(minutes=1), 10):
+        assert await alerts.finish_delivery(delivery, T0, retry_at=None, error=None)
+    # Eight days on: the resolved alert and the delivered rows go; rows for a sink no
+    # instance delivers to are given up first; the firing alert stays.
+    later = T0 + timedelta(days=8)
+    assert await alerts.prune_alerts(later - timedelta(days=7)) > 0
+    assert [a.key for a in await alerts.list_alerts(resolved_after=T0 - timedelta(days=1))] == ["late:kept"]
+    assert await alerts.claim_deliveries(["known", "orphan"], "i1", later, later + timedelta(minutes=1), 10) == []
+
+
 # ---------------------------------------------------------------------------------------
 # an engine evaluating and delivering (a mock webhook)
 # ---------------------------------------------------------------------------------------
