@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backend import DefinitionError, Engine, ManualClock, RunContext, define_durable, define_queue, define_schedule
 from backend.alerts import conditions
@@ -293,6 +295,24 @@ async def test_a_claim_is_exclusive_until_its_lease_runs_out(store: Store) -> No
     (third,) = await alerts.claim_deliveries(["sink-a"], "i3", retry, retry + lease, 10)
     assert await alerts.finish_delivery(third, retry, retry_at=None, error=None)
     assert await alerts.claim_deliveries(["sink-a"], "i3", retry + 2 * lease, retry + 3 * lease, 10) == []
+
+
+async def test_retention_drops_old_resolved_alerts_and_finished_deliveries(store: Store) -> None:
+    alerts: Any = store
+    ids = IdFactory(lambda: T0)
+    await alerts.register_sinks([("known", "https://k/…"), ("orphan", "https://o/…")], T0)
+    old, kept = ids(), ids()
+    await alerts.write_transitions([transition("failing:old", "firing", T0, old)], sinks_after=T0)
+    await alerts.write_transitions([transition("failing:old", "resolved", T0 + timedelta(seconds=1), ids())], sinks_after=T0)
+    await alerts.write_transitions([transition("late:kept", "firing", T0, kept)], sinks_after=T0)
+    for delivery in await alerts.claim_deliveries(["known"], "i1", T0, T0 + timedelta(minutes=1), 10):
+        assert await alerts.finish_delivery(delivery, T0, retry_at=None, error=None)
+    # Eight days on: the resolved alert and the delivered rows go; rows for a sink no
+    # instance delivers to are given up first; the firing alert stays.
+    later = T0 + timedelta(days=8)
+    assert await alerts.prune_alerts(later - timedelta(days=7)) > 0
+    assert [a.key for a in await alerts.list_alerts(resolved_after=T0 - timedelta(days=1))] == ["late:kept"]
+    assert await alerts.claim_deliveries(["known", "orphan"], "i1", later, later + timedelta(minutes=1), 10) == []
 
 
 # ---------------------------------------------------------------------------------------
@@ -798,3 +818,27 @@ async def test_a_stored_schedule_carries_its_alert_option(make_engine: Callable[
     await engine.update_schedule("digest", {"alert": None})
     await other.catalog.refresh()
     assert other.schedules["digest"].alert == ScheduleAlerting()
+
+
+# ---------------------------------------------------------------------------------------
+# the overdue slot, kept until it may change
+# ---------------------------------------------------------------------------------------
+@given(
+    expr=st.sampled_from(["* * * * *", "0 * * * *", "0,1 0 * * *", "*/10 9-17 * * 1-5", "30 2 * * *", "0 0 1 * *"]),
+    zone=st.sampled_from(["UTC", "Europe/Berlin", "America/New_York"]),
+    grace=st.sampled_from([None, 60.0, 7200.0]),
+    max_runtime=st.sampled_from([30.0, 1800.0, 86400.0]),
+    start=st.integers(0, 400 * 86400),
+    later=st.floats(0, 1),
+)
+@settings(max_examples=200, deadline=None)
+def test_the_overdue_slot_stays_the_same_until_its_until(
+    expr: str, zone: str, grace: float | None, max_runtime: float, start: int, later: float
+) -> None:
+    cron, policy = Cron(expr, zone), ScheduleAlerting(grace=grace)
+    now = T0 + timedelta(seconds=start)
+    found = conditions.overdue_slot(cron, max_runtime, policy, now)
+    assert found is not None and found.slot + found.grace <= now < found.until
+    then = now + (found.until - now) * later
+    if then < found.until:
+        assert conditions.overdue_slot(cron, max_runtime, policy, then) == conditions.Overdue(found.slot, found.grace, found.until)

@@ -529,3 +529,32 @@ def test_a_failing_meter_is_logged_and_never_stops_a_recording(caplog: pytest.Lo
     assert told == ["r1"]  # final statuses only
     assert [run.id for batch in saved for run in batch] == ["r1", "r2"]
     assert "a run meter failed" in caplog.text
+
+
+def test_a_histogram_is_made_again_only_for_the_schedules_whose_durations_changed() -> None:
+    from backend.observability.metrics import Tallies
+
+    def took(name: str, seconds: float, status: str = "succeeded") -> Run:
+        return Run(f"{name}-{seconds}", name, T0, status, "self", "single", "i", T0, T0 + timedelta(seconds=seconds))  # type: ignore[arg-type]
+
+    def histogram(tallies: Tallies) -> dict[tuple[str, str], Any]:
+        family = list(tallies.collect())[1]
+        return {(s.labels["schedule"], s.name.rsplit("_", 1)[1] + s.labels.get("le", "")): s for s in family.samples}
+
+    tallies = Tallies()
+    tallies.run_finished(took("a", 0.3))
+    tallies.run_finished(took("b", 42.0, "failed"))
+    tallies.freeze()
+    first = histogram(tallies)
+    assert (first[("a", "bucket0.1")].value, first[("a", "bucket0.5")].value, first[("a", "count")].value) == (0.0, 1.0, 1.0)
+    assert (first[("b", "bucket15.0")].value, first[("b", "bucket60.0")].value, first[("b", "sum")].value) == (0.0, 1.0, 42.0)
+    tallies.run_finished(took("a", 2000.0))
+    tallies.run_finished(took("b", 1.0, "skipped"))  # counted, but not timed: b's samples stay as they were
+    tallies.freeze()
+    second = histogram(tallies)
+    assert (second[("a", "bucket1800.0")].value, second[("a", "bucket3600.0")].value, second[("a", "count")].value) == (1.0, 2.0, 2.0)
+    assert second[("a", "sum")].value == 2000.3
+    assert all(second[key] is first[key] for key in first if key[0] == "b")
+    assert all(second[key] is not first[key] for key in first if key[0] == "a")
+    counts = {tuple(s.labels.values()): s.value for s in list(tallies.collect())[0].samples}
+    assert counts[("b", "skipped", "single", "self")] == 1.0 and counts[("a", "succeeded", "single", "self")] == 2.0

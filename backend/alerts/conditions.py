@@ -38,11 +38,13 @@ from backend.model import InstanceInfo, ScheduleState, iso
 
 __all__ = [
     "Finding",
+    "Overdue",
     "dead_jobs",
     "failing",
     "late",
     "late_grace",
     "not_firing",
+    "overdue_slot",
     "resolved_summary",
     "stuck",
     "stuck_after",
@@ -112,30 +114,51 @@ def failing(name: str, policy: ScheduleAlerting, runs: Sequence[SlotRun]) -> Fin
 
 
 # -- late --------------------------------------------------------------------------------------
-def late_grace(cron: Cron, max_runtime: float, policy: ScheduleAlerting, slot: datetime) -> timedelta:
+def late_grace(
+    cron: Cron, max_runtime: float, policy: ScheduleAlerting, slot: datetime, before: datetime | None = None
+) -> timedelta:
     """How long after ``slot`` a success may come: the setting, else the run's bound (at
-    most the time since the slot before) and a margin."""
+    most the time since the slot before, ``before`` when the caller knows it) and a margin."""
     if policy.grace is not None:
         return timedelta(seconds=policy.grace)
     try:
-        gap = (slot - cron.prev(slot)).total_seconds()
+        gap = (slot - (before if before is not None else cron.prev(slot))).total_seconds()
     except ValueError:  # no slot before (year 1): the bound alone
         gap = max_runtime
     return timedelta(seconds=min(max_runtime, gap) + LATE_MARGIN)
 
 
-def overdue_slot(cron: Cron, max_runtime: float, policy: ScheduleAlerting, now: datetime) -> tuple[datetime, timedelta] | None:
-    """The newest slot whose grace has passed at ``now``, and that grace."""
-    if policy.grace is not None:
-        grace = timedelta(seconds=policy.grace)
-        try:
-            return cron.latest(now - grace), grace
-        except ValueError:
-            return None
-    for slot in itertools.islice(cron.occurrences_back(now), MAX_SLOTS_BACK):
-        grace = late_grace(cron, max_runtime, policy, slot)
-        if slot + grace <= now:
-            return slot, grace
+@dataclass(frozen=True, slots=True)
+class Overdue:
+    """The newest slot whose grace has passed, that grace, and until when it surely stays
+    the newest: a caller may keep it until then."""
+
+    slot: datetime
+    grace: timedelta
+    until: datetime
+
+
+def overdue_slot(cron: Cron, max_runtime: float, policy: ScheduleAlerting, now: datetime) -> Overdue | None:
+    """The newest slot whose grace has passed at ``now`` (see :class:`Overdue`)."""
+    try:
+        if policy.grace is not None:
+            grace = timedelta(seconds=policy.grace)
+            slot = cron.latest(now - grace)
+            return Overdue(slot, grace, cron.next(slot) + grace)
+        later: datetime | None = None
+        for slot, before in itertools.pairwise(itertools.islice(cron.occurrences_back(now), MAX_SLOTS_BACK + 1)):
+            grace = late_grace(cron, max_runtime, policy, slot, before)
+            if slot + grace <= now:
+                # The next slot is overdue at its own grace's end, and none after it before
+                # that one's slot and the margin (every grace is at least the margin): a
+                # safe bound, however irregular the cron.
+                after = later or cron.next(slot)
+                until = min(after + late_grace(cron, max_runtime, policy, after, slot),
+                            cron.next(after) + timedelta(seconds=LATE_MARGIN))  # fmt: skip
+                return Overdue(slot, grace, until)
+            later = slot
+    except ValueError:  # no slot within years 1 to 9999
+        return None
     return None
 
 
@@ -150,9 +173,11 @@ def late(
     state: ScheduleState | None,
     baseline: datetime,
     success: Success | None,
+    overdue: Overdue | None = None,
 ) -> Finding | None:
     """``state``: its run-time state (``None``: never changed by an operator);
-    ``baseline``: when the fleet first saw it; ``success``: its newest succeeded slot run."""
+    ``baseline``: when the fleet first saw it; ``success``: its newest succeeded slot run;
+    ``overdue``: :func:`overdue_slot` at ``now``, if the caller kept it (else worked out)."""
     if not policy.late:
         return None
     if not enabled:
@@ -169,10 +194,10 @@ def late(
     start = baseline
     if state is not None and state.enabled:
         start = max(start, state.changed_at)  # slots while it was disabled do not count
-    found = overdue_slot(cron, max_runtime, policy, now)
+    found = overdue if overdue is not None else overdue_slot(cron, max_runtime, policy, now)
     if found is None:
         return None
-    slot, grace = found
+    slot, grace = found.slot, found.grace
     if slot < start or (success is not None and success.finished_at >= slot):
         return None
     last = f"last success: slot {iso(success.scheduled_at)}" if success is not None else "no slot run has succeeded yet"

@@ -129,6 +129,21 @@ class Evaluator:
         self.fleet = fleet
         self.fresh = fresh
         self._baselines: dict[str, datetime] = {}
+        self._overdue: dict[str, tuple[tuple[Any, ...], datetime, conditions.Overdue | None]] = {}
+        """Per schedule, its overdue slot as of when (kept until it may change: the cron
+        walk is most of a round's own work)."""
+
+    def overdue(self, schedule: Schedule, now: datetime) -> conditions.Overdue | None:
+        """:func:`conditions.overdue_slot`, kept while it holds (the definition unchanged,
+        the clock between when it was worked out and its ``until``)."""
+        key = (schedule.cron, schedule.max_runtime, schedule.alert)
+        kept = self._overdue.get(schedule.name)
+        if kept is not None and kept[0] == key and kept[1] <= now and (kept[2] is None or now < kept[2].until):
+            return kept[2]
+        found = conditions.overdue_slot(schedule.cron, schedule.max_runtime, schedule.alert, now)
+        if found is not None:
+            self._overdue[schedule.name] = (key, now, found)
+        return found
 
     # -- facts -> findings -----------------------------------------------------------------------
     async def find(self, now: datetime) -> tuple[dict[str, Finding], Callable[[Alert], bool | None]]:
@@ -159,6 +174,7 @@ class Evaluator:
                     name, schedule.cron, schedule.max_runtime, schedule.alert, now,
                     enabled=self.is_enabled(name), state=self.state_of(name),
                     baseline=self._baselines.get(name, now), success=successes.get(name),
+                    overdue=self.overdue(schedule, now) if schedule.alert.late else None,
                 ))  # fmt: skip
 
         instances: list[InstanceInfo] = await self.fleet()

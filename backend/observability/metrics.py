@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from backend.clock import Clock
@@ -155,6 +156,11 @@ class _Part(Collector):
         return body
 
 
+_Timed = tuple[tuple[int, ...], float]
+"""A schedule's frozen durations: observations per bucket, and their sum."""
+_Frozen = tuple[dict[tuple[str, str, str, str], int], dict[str, _Timed], dict[tuple[str, str], int]]
+
+
 @dataclass
 class _Durations:
     counts: list[int]
@@ -164,7 +170,10 @@ class _Durations:
 
 class Tallies(Collector):
     """This instance's counts, kept as plain numbers by the engine's loop (told once per
-    finished run or job attempt) and handed to a renderer as a copy (:meth:`freeze`)."""
+    finished run or job attempt) and handed to a renderer as a copy (:meth:`freeze`).
+
+    A schedule's histogram is a dozen series: their samples are made again only for the
+    schedules whose durations changed since the last render."""
 
     def __init__(self) -> None:
         self.runs: dict[tuple[str, str, str, str], int] = {}
@@ -172,9 +181,12 @@ class Tallies(Collector):
         self.jobs: dict[tuple[str, str], int] = {}
         self.changes = 0
         """How many times a count changed: a renderer's cue."""
-        self._frozen: tuple[dict[tuple[str, str, str, str], int], dict[str, tuple[list[int], float]], dict[tuple[str, str], int]]
-        self._frozen_at = -1
-        self.freeze()
+        self._timed: set[str] = set()
+        """Schedules whose durations changed since the last freeze."""
+        self._frozen: _Frozen = ({}, {}, {})
+        self._frozen_at = 0
+        self._samples: dict[str, tuple[_Timed, list[Sample]]] = {}
+        """Per schedule, the histogram samples made from its frozen durations."""
 
     def run_finished(self, run: Run) -> None:
         key = (run.name, run.status, run.coordination_outcome, run.trigger)
@@ -186,6 +198,7 @@ class Tallies(Collector):
                 durations = self.durations[run.name] = _Durations([0] * len(_LE))
             durations.counts[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
             durations.total += seconds
+            self._timed.add(run.name)
         self.changes += 1
 
     def job_finished(self, finish: Finish) -> None:
@@ -199,7 +212,11 @@ class Tallies(Collector):
         """Copy the counts for :meth:`collect` (a renderer on another thread reads only that)."""
         if self._frozen_at == self.changes:
             return
-        durations = {name: (list(d.counts), d.total) for name, d in self.durations.items()}
+        durations = dict(self._frozen[1])
+        for name in self._timed:
+            timed = self.durations[name]
+            durations[name] = (tuple(timed.counts), timed.total)
+        self._timed.clear()
         self._frozen = (dict(self.runs), durations, dict(self.jobs))
         self._frozen_at = self.changes
 
@@ -208,17 +225,24 @@ class Tallies(Collector):
 
     def collect(self) -> Iterable[Metric]:
         runs, durations, jobs = self._frozen
-        families = self._families()
+        counts, histogram, jobs_finished = families = self._families()
         for key, n in sorted(runs.items()):
-            families[0].add_metric(key, n)
-        for name, (counts, total) in sorted(durations.items()):
-            cumulative, buckets = 0, []
-            for le, n in zip(_LE, counts, strict=True):
-                cumulative += n
-                buckets.append((le, float(cumulative)))
-            families[1].add_metric([name], buckets, total)
+            counts.add_metric(key, n)
+        made = self._samples
+        for name in sorted(durations):
+            timed = durations[name]
+            kept = made.get(name)
+            if kept is None or kept[0] is not timed:
+                one = self._families()[1]
+                cumulative, buckets = 0, []
+                for le, n in zip(_LE, timed[0], strict=True):
+                    cumulative += n
+                    buckets.append((le, float(cumulative)))
+                one.add_metric([name], buckets, timed[1])
+                kept = made[name] = (timed, one.samples)
+            histogram.samples.extend(kept[1])
         for key2, n in sorted(jobs.items()):
-            families[2].add_metric(key2, n)
+            jobs_finished.add_metric(key2, n)
         return families
 
     @staticmethod

@@ -72,6 +72,16 @@ READ_TOKEN = "bench-read-token"
 LAG_EVERY = 0.010
 
 
+def cpu_probe_ms() -> float:
+    """A fixed piece of pure Python (a million additions), timed: how fast this machine runs
+    Python now (a shared machine's load changes it several times over), to compare runs by."""
+    started = time.perf_counter()
+    total = 0
+    for n in range(1_000_000):
+        total += n
+    return round((time.perf_counter() - started) * 1000, 1)
+
+
 def log(message: str) -> None:
     print(f"[bench-scrape {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -128,6 +138,7 @@ async def timed(scrape: Callable[[], Awaitable[httpx.Response]], before: Callabl
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    probe_before = cpu_probe_ms()
     with tempfile.TemporaryDirectory(prefix="schedtui-bench-scrape-") as tmp:
         log(f"ledger: {args.schedules} schedules, {args.runs} runs")
         ledger = build_ledger(Path(tmp), args.schedules, args.runs, cache=not args.no_cache)
@@ -257,6 +268,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "sqlite": sqlite3.sqlite_version,
             "cpus": os.cpu_count(),
             "load_average": [round(x, 2) for x in load],
+            "cpu_probe_ms": {"before": probe_before, "after": cpu_probe_ms()},
             "platform": platform.platform(),
         },
     }
