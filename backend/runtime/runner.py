@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import heapq
 import inspect
 import itertools
@@ -39,15 +40,20 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from backend.clock import Clock
 from backend.errors import describe_exception
 from backend.inputs import is_async_callable
 from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, TAG_TIMEOUT
+from backend.observability.capture import CURRENT, Capture
+from backend.observability.logs import LogTarget
 from backend.runtime.isolated import IsolatedFailure, run_isolated
 from backend.runtime.liveness import WorkLease
 from backend.runtime.loops import Loops
+
+if TYPE_CHECKING:
+    from backend.observability.runlogs import RunLogs
 
 __all__ = [
     "DEFAULT_MAX_THREADS",
@@ -100,9 +106,12 @@ class Invocation:
     """
 
     __slots__ = (
-        "_label", "deadline", "epoch", "gate", "given_up_at", "has_ended", "is_async", "max_runtime", "outcome", "task",
-        "thread",
+        "_label", "capture", "deadline", "epoch", "gate", "given_up_at", "has_ended", "is_async", "max_runtime", "outcome",
+        "task", "thread",
     )  # fmt: skip
+
+    captured: ClassVar[bool] = False
+    """Whether what the handler logs and prints is kept as its log (:meth:`log_target`)."""
 
     def __init__(self, label: str, max_runtime: timedelta, is_async: bool) -> None:
         self._label = label
@@ -122,6 +131,8 @@ class Invocation:
         """True once the handler has really ended (see :meth:`ended`)."""
         self.given_up_at: datetime | None = None
         """When the watchdog, a stop or a lapse settled the call while its handler ran."""
+        self.capture: Capture | None = None
+        """What the handler logs and prints, while it runs (see :mod:`backend.observability.capture`)."""
 
     @property
     def label(self) -> str:
@@ -145,6 +156,10 @@ class Invocation:
     @property
     def max_runtime_s(self) -> float:
         return self.max_runtime.total_seconds()
+
+    def log_target(self) -> LogTarget | None:
+        """What the handler's log is kept as (asked at its first line; override with :attr:`captured`)."""
+        return None
 
     def process_spec(self, arg: Any) -> dict[str, Any] | None:
         """What a child process needs to make this call (see :mod:`backend.runtime.isolated`), or
@@ -232,7 +247,10 @@ class _ThreadPool:
                 self.threads += 1
         self._work.put(fn)
         if spawn:
-            threading.Thread(target=self._worker, name="schedtui-handler", daemon=True).start()
+            thread = threading.Thread(target=self._worker, name="schedtui-handler", daemon=True)
+            # Started in an empty context: a pool thread carries no run's log capture (each
+            # call sets its own, on the thread).
+            contextvars.Context().run(thread.start)
 
     def _worker(self) -> None:
         while True:
@@ -289,6 +307,8 @@ class HandlerRunner:
         self._wake = asyncio.Event()
         self.threads_running = 0
         """Sync handlers running on a thread right now (abandoned ones included)."""
+        self.logs: RunLogs | None = None
+        """Keeps what handlers log and print (per-run logs), unless capturing is off."""
 
     @property
     def abandoned(self) -> int:
@@ -368,10 +388,17 @@ class HandlerRunner:
             assert deadline is not None, "Invocation.begin() sets the deadline"
             self._watch(key, invocation, deadline)
             spec = invocation.process_spec(arg)
-            if spec is not None:
-                value = await run_isolated(spec)
-            elif invocation.is_async:
-                value = await fn(arg)
+            logs = self.logs
+            if logs is not None and invocation.captured:
+                invocation.capture = logs.capture(invocation)
+            if spec is not None or invocation.is_async:
+                # On this task: its child tasks copy the capture with the rest of its context.
+                token = CURRENT.set(invocation.capture) if logs is not None else None
+                try:
+                    value = await (run_isolated(spec) if spec is not None else fn(arg))
+                finally:
+                    if token is not None:
+                        CURRENT.reset(token)
             else:
                 value = await self._on_thread(invocation, fn, arg)
                 if inspect.isawaitable(value):  # lambda ctx: send(ctx): the work is the awaitable
@@ -380,6 +407,9 @@ class HandlerRunner:
             invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
         except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the run, not the process
             tag, message, trace = _describe(exc)
+            if invocation.capture is not None and trace:
+                # Its log ends as the process's stderr would: with the traceback (kept in the run too).
+                invocation.capture.write(trace if trace.endswith("\n") else trace + "\n")
             invocation.settle(Outcome("failed", self.clock.now(), tag, message, trace))
         else:
             now = self.clock.now()
@@ -414,6 +444,8 @@ class HandlerRunner:
             invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
         invocation.has_ended = True
         self.lingering.discard(invocation)
+        if invocation.capture is not None and self.logs is not None:
+            self.logs.ended(invocation.capture)
         ran_on = invocation.ran_on(self.clock.now())
         if ran_on is not None:
             log.warning("%s returned %.1fs after it was given up on: what it held is free now", invocation.label, ran_on)
@@ -446,12 +478,19 @@ class HandlerRunner:
             if task is None or task.done():  # else its task settles it first, then ends it
                 self._end(invocation)
 
+        captured, capturing = invocation.capture, self.logs is not None
+
         def target() -> None:
             threading.current_thread().name = invocation.thread_name
+            # On this thread: the threads the handler starts copy it (see backend.observability.capture).
+            token = CURRENT.set(captured) if capturing else None
             try:
                 result, error = fn(arg), None
             except BaseException as exc:  # noqa: B036 - handed to the loop, recorded there
                 result, error = None, exc
+            finally:
+                if token is not None:
+                    CURRENT.reset(token)
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
                 loop.call_soon_threadsafe(returned, result, error)
 

@@ -51,6 +51,7 @@ from backend.store.sqlite.durable import SQLiteDurable
 from backend.store.sqlite.events import SQLiteEvents
 from backend.store.sqlite.jobs import SQLiteJobs
 from backend.store.sqlite.locks import SQLiteLocks
+from backend.store.sqlite.logs import PRUNE_RUN_LOGS, SQLiteLogs
 from backend.store.sqlite.reserve import Kept, Reserve
 from backend.store.sqlite.sql import (
     _EPOCH,
@@ -110,7 +111,7 @@ from backend.store.sqlite.writer import (
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
 
-class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteEvents):
+class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteEvents, SQLiteLogs):
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
     ``create=False`` refuses a file that does not exist (:class:`NotFound`, naming it) instead
@@ -553,7 +554,9 @@ class SQLiteStore(SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteA
 
         def prune(c: sqlite3.Connection) -> int:
             c.execute(PRUNE_BACKFILLS, (us,))
-            return int(c.execute(PRUNE_RUNS, (floor,)).rowcount)
+            removed = int(c.execute(PRUNE_RUNS, (floor,)).rowcount)
+            c.execute(PRUNE_RUN_LOGS, (floor,))  # their logs
+            return removed
 
         return await self._write(prune)
 

@@ -1,0 +1,1 @@
+"""What schedtui tells an operator about itself: metrics and per-run logs."""
