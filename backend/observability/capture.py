@@ -70,6 +70,7 @@ __all__ = [
     "installed",
     "log_formatter",
     "uninstall",
+    "reinstate",
 ]
 
 #: The most a call's log keeps (bytes of UTF-8): its first :data:`HEAD_BYTES` and its last
@@ -349,6 +350,22 @@ def installed() -> bool:
     return _installs > 0
 
 
+def reinstate() -> None:
+    """Put the root handler back if something removed it, and the proxies in front of
+    ``sys.stdout`` and ``sys.stderr`` where something replaced them since :func:`install`
+    (a test runner between its phases, a terminal UI while it runs, a program setting its
+    root logger's handlers): called as each handler starts, so captures survive them."""
+    if not _installs:
+        return
+    root = logging.root
+    if HANDLER not in root.handlers:
+        root.addHandler(HANDLER)
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and type(stream) is not CapturingStream:
+            setattr(sys, name, CapturingStream(stream))
+
+
 def install() -> None:
     """Install the root handler, the two stream proxies and the thread hooks, once per
     process however many callers install them (each :func:`uninstall` undoes one)."""
@@ -357,13 +374,7 @@ def install() -> None:
         _installs += 1
         if _installs > 1:
             return
-        root = logging.getLogger()
-        if HANDLER not in root.handlers:
-            root.addHandler(HANDLER)
-        for name in ("stdout", "stderr"):
-            stream = getattr(sys, name)
-            if stream is not None and not isinstance(stream, CapturingStream):
-                setattr(sys, name, CapturingStream(stream))
+        reinstate()
         threading.Thread.start = _start  # type: ignore[method-assign]
         concurrent.futures.ThreadPoolExecutor.submit = _submit_in_context  # type: ignore[method-assign,assignment]
         logging.basicConfig = _basic_config_around

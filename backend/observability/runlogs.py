@@ -30,6 +30,7 @@ from backend.observability import capture
 from backend.observability.capture import Capture, LogBuffer, Snapshot
 from backend.observability.logs import LogKind, LogStore, LogTarget, RunLog, StoredLog, compose
 from backend.runtime.loops import Loops
+from backend.safetext import escape_text
 
 if TYPE_CHECKING:
     from backend.durable.model import Execution
@@ -135,6 +136,7 @@ class RunLogs:
     # -- capturing (the runner) -----------------------------------------------------------
     def capture(self, subject: Any) -> Capture:
         """The capture of one handler call (``subject`` has ``log_target()``)."""
+        capture.reinstate()
         return Capture(self._register, subject)
 
     def _register(self, subject: _Subject) -> LogBuffer:
@@ -269,7 +271,9 @@ class RunLogs:
     ) -> RunLog:  # fmt: skip
         if stored is None:
             return RunLog(kind, id, status, running, "", 0, attempt=attempt, name=name)
-        text = compose(stored.head, stored.tail, stored.size, stored.omitted_bytes, stored.omitted_lines, after)
+        # Escaped on the way out, as every read of stored text is (an escape sequence a
+        # handler printed must not reach an operator's terminal).
+        text = escape_text(compose(stored.head, stored.tail, stored.size, stored.omitted_bytes, stored.omitted_lines, after))
         return RunLog(kind, id, status, running, text, stored.size, stored.omitted_bytes, stored.omitted_lines, attempt, name)
 
     async def run_log(self, run_id: str, *, after: int = 0) -> RunLog:
@@ -318,7 +322,7 @@ class RunLogs:
         lines = execution.logs or []
         text = "".join(f"{_stamp(line.at)}  {line.message}\n" for line in lines)
         size = len(text.encode())
-        shown = text.encode()[after:].decode("utf-8", "replace") if after else text
+        shown = escape_text(text.encode()[after:].decode("utf-8", "replace") if after else text)
         return RunLog("durable", execution_id, execution.status, not execution.done, shown, size,
                       name=execution.function)  # fmt: skip
 
