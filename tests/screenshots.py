@@ -37,6 +37,7 @@ PICTURES = [
     ("audit", "120x32"),
     ("durable", "120x32"),
     ("durable-steps", "120x32"),
+    ("run-log", "80x24"),
 ]
 
 
