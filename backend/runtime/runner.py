@@ -24,6 +24,11 @@ was killed). Subclasses receive the outcome in :meth:`Invocation.settled` and th
 :meth:`Invocation.ended`; whatever a call holds (a queue's seat, a schedule's place under
 its overlap policy, a durable step's turn) it holds until it has ended, so that no retry
 or next run starts beside a handler that is still running.
+
+While a handler runs, what it logs and prints is its call's (schedule runs and job
+attempts: :attr:`Invocation.captured`): the call's capture is the context's
+:data:`~backend.observability.capture.CURRENT`, set on its task (an async handler, a child
+process's) or on its pool thread (a sync handler), and closed when the call has ended.
 """
 
 from __future__ import annotations

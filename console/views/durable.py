@@ -136,7 +136,7 @@ class DurableView(View):
         action_key("cancel_execution", "c", "Cancel", help="cancel the execution under the cursor"),
         action_key("retry_execution", "R", "Retry", help="retry a failed execution from its failed step"),
         action_key("execution_log", "l", "Log", title="Execution log",
-                   help="the log of the execution under the cursor, followed while it runs"),
+                   help="the log of the execution under the cursor"),
         filter_key("the executions by id, function, status, step, wait or error"),
     )
     BINDINGS = bindings(KEYS)

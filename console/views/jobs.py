@@ -59,7 +59,7 @@ class JobsView(View):
             help="newer jobs (back towards the newest page)"),
         details_key("a queue: its jobs; a job: its details (payload, attempts, next try)"),
         action_key("job_log", "l", "Log", title="Job log",
-                   help="the log of the selected job's newest attempt, followed while it runs"),
+                   help="the log of the selected job's newest attempt"),
     )  # fmt: skip
     BINDINGS = bindings(KEYS)
 

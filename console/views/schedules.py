@@ -60,7 +60,7 @@ class SchedulesView(View):
             help="newer runs (back towards the newest page)"),
         details_key("the selected run's details"),
         action_key("run_log", "l", "Log", title="Run log",
-                   help="the log of the run under the cursor (on a schedule: its newest run), followed while it runs"),
+                   help="the log of the run under the cursor (on a schedule: its newest run)"),
     )  # fmt: skip
     BINDINGS = bindings(KEYS)
 
