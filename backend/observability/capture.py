@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
+from backend.observability.logs import LogTarget
 from backend.safetext import RedactingFormatter
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "log_formatter",
     "uninstall",
     "reinstate",
+    "reinstate_if_moved",
 ]
 
 #: The most a call's log keeps (bytes of UTF-8): its first :data:`HEAD_BYTES` and its last
@@ -195,16 +197,21 @@ _creating = threading.Lock()
 
 
 class Capture:
-    """What one handler call writes. Its :class:`LogBuffer` is made at the first write
-    (``opener(subject)``, which also registers it to be flushed): most handlers write
-    nothing, and those cost no buffer and no store write."""
+    """What one handler call writes: the base of the runner's invocations (one object per
+    call, on the firing path: no second one for its capture). Its :class:`LogBuffer` is made
+    at the first write, by ``opener(self)`` (which also registers it to be written): most
+    handlers write nothing, and those cost no buffer and no store write. A call whose
+    output is not kept has no ``opener`` and is never made :data:`CURRENT`."""
 
-    __slots__ = ("buffer", "opener", "subject")
+    __slots__ = ("buffer", "opener")
 
-    def __init__(self, opener: Callable[[Any], LogBuffer], subject: Any) -> None:
-        self.opener = opener
-        self.subject = subject
+    def __init__(self) -> None:
         self.buffer: LogBuffer | None = None
+        self.opener: Callable[[Capture], LogBuffer] | None = None
+
+    def log_target(self) -> LogTarget | None:
+        """What the output is kept as (asked at the first write)."""
+        return None
 
     def write(self, text: str) -> None:
         buffer = self.buffer
@@ -212,7 +219,10 @@ class Capture:
             with _creating:  # two threads of one handler may write their first line at once
                 buffer = self.buffer
                 if buffer is None:
-                    buffer = self.buffer = self.opener(self.subject)
+                    opener = self.opener
+                    if opener is None:
+                        return
+                    buffer = self.buffer = opener(self)
         buffer.write(text)
 
 
@@ -348,6 +358,17 @@ def _basic_config_around(**kwargs: Any) -> None:
 
 def installed() -> bool:
     return _installs > 0
+
+
+def reinstate_if_moved() -> None:
+    """:func:`reinstate`, when something moved what it puts back (a few attribute reads
+    otherwise: this runs as each handler starts)."""
+    if (
+        sys.stdout.__class__ is not CapturingStream
+        or sys.stderr.__class__ is not CapturingStream
+        or HANDLER not in logging.root.handlers
+    ):
+        reinstate()
 
 
 def reinstate() -> None:

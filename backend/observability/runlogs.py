@@ -1,8 +1,8 @@
 """Per-run logs: keeping what this process's handlers say, and reading anyone's.
 
-The runner gives each schedule run and each job attempt a
-:class:`~backend.observability.capture.Capture` (:meth:`RunLogs.capture`); a capture's
-buffer is registered here at its first write. One loop, off the firing path, writes the
+Each schedule run and each job attempt is a
+:class:`~backend.observability.capture.Capture` (the runner's invocation is one), whose
+buffer is made and registered here at its first write (:meth:`RunLogs.register`). One loop, off the firing path, writes the
 buffers that changed every :data:`FLUSH_INTERVAL_S` (a follower sees a long run's progress)
 and, soon after a handler has returned, its final version, all in one batch (one store
 transaction for however many runs). A run that writes nothing costs no row and no write.
@@ -22,7 +22,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Final
 
 from backend.clock import Clock
 from backend.errors import NotFound, Unavailable
@@ -50,12 +50,6 @@ FINAL_BATCH_S: Final = 0.1
 SETTLE_S: Final = 5.0
 #: Ended logs kept in memory while the store cannot take them; beyond, the oldest go.
 MAX_PENDING: Final = 1000
-
-
-class _Subject(Protocol):
-    """What a capture is for (the runner's invocation): its log's target, asked at the first write."""
-
-    def log_target(self) -> LogTarget | None: ...
 
 
 class RunLogs:
@@ -134,15 +128,10 @@ class RunLogs:
             self._installed = False
 
     # -- capturing (the runner) -----------------------------------------------------------
-    def capture(self, subject: Any) -> Capture:
-        """The capture of one handler call (``subject`` has ``log_target()``)."""
-        capture.reinstate()
-        return Capture(self._register, subject)
-
-    def _register(self, subject: _Subject) -> LogBuffer:
+    def register(self, captured: Capture) -> LogBuffer:
         """A capture's first write (on any thread): its buffer, registered to be written."""
         buffer = LogBuffer()
-        target = subject.log_target()
+        target = captured.log_target()
         if target is None:
             buffer.close()  # nothing to keep it as: writes go nowhere
             return buffer

@@ -51,8 +51,7 @@ from backend.clock import Clock
 from backend.errors import describe_exception
 from backend.inputs import is_async_callable
 from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, TAG_TIMEOUT
-from backend.observability.capture import CURRENT, Capture
-from backend.observability.logs import LogTarget
+from backend.observability.capture import CURRENT, Capture, reinstate_if_moved
 from backend.runtime.isolated import IsolatedFailure, run_isolated
 from backend.runtime.liveness import WorkLease
 from backend.runtime.loops import Loops
@@ -102,7 +101,7 @@ class RunnerSaturated(Exception):
     """Every handler thread is busy: the call was not started (internal; callers record it)."""
 
 
-class Invocation:
+class Invocation(Capture):
     """One handler call: what it calls, its deadline, and how it ended.
 
     Subclass it and override :meth:`settled` to act on the outcome; it is called exactly
@@ -111,14 +110,17 @@ class Invocation:
     """
 
     __slots__ = (
-        "_label", "capture", "deadline", "epoch", "gate", "given_up_at", "has_ended", "is_async", "max_runtime", "outcome",
-        "task", "thread",
+        "_label", "deadline", "epoch", "gate", "given_up_at", "has_ended", "is_async", "max_runtime", "outcome", "task",
+        "thread",
     )  # fmt: skip
 
     captured: ClassVar[bool] = False
-    """Whether what the handler logs and prints is kept as its log (:meth:`log_target`)."""
+    """Whether what the handler logs and prints is kept as its log (:meth:`~Capture.log_target`):
+    the call is its own capture (see :class:`~backend.observability.capture.Capture`)."""
 
     def __init__(self, label: str, max_runtime: timedelta, is_async: bool) -> None:
+        self.buffer = None
+        self.opener = None
         self._label = label
         self.max_runtime = max_runtime
         self.deadline: datetime | None = None
@@ -136,8 +138,6 @@ class Invocation:
         """True once the handler has really ended (see :meth:`ended`)."""
         self.given_up_at: datetime | None = None
         """When the watchdog, a stop or a lapse settled the call while its handler ran."""
-        self.capture: Capture | None = None
-        """What the handler logs and prints, while it runs (see :mod:`backend.observability.capture`)."""
 
     @property
     def label(self) -> str:
@@ -161,10 +161,6 @@ class Invocation:
     @property
     def max_runtime_s(self) -> float:
         return self.max_runtime.total_seconds()
-
-    def log_target(self) -> LogTarget | None:
-        """What the handler's log is kept as (asked at its first line; override with :attr:`captured`)."""
-        return None
 
     def process_spec(self, arg: Any) -> dict[str, Any] | None:
         """What a child process needs to make this call (see :mod:`backend.runtime.isolated`), or
@@ -394,27 +390,31 @@ class HandlerRunner:
             self._watch(key, invocation, deadline)
             spec = invocation.process_spec(arg)
             logs = self.logs
-            if logs is not None and invocation.captured:
-                invocation.capture = logs.capture(invocation)
+            captured: Capture | None = None
+            if logs is not None:
+                reinstate_if_moved()
+                if invocation.captured:
+                    invocation.opener = logs.register
+                    captured = invocation
             if spec is not None or invocation.is_async:
                 # On this task: its child tasks copy the capture with the rest of its context.
-                token = CURRENT.set(invocation.capture) if logs is not None else None
+                token = CURRENT.set(captured) if logs is not None else None
                 try:
                     value = await (run_isolated(spec) if spec is not None else fn(arg))
                 finally:
                     if token is not None:
                         CURRENT.reset(token)
             else:
-                value = await self._on_thread(invocation, fn, arg)
+                value = await self._on_thread(invocation, fn, arg, captured)
                 if inspect.isawaitable(value):  # lambda ctx: send(ctx): the work is the awaitable
                     value = await value
         except asyncio.CancelledError:
             invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
         except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the run, not the process
             tag, message, trace = _describe(exc)
-            if invocation.capture is not None and trace:
+            if invocation.opener is not None and trace:
                 # Its log ends as the process's stderr would: with the traceback (kept in the run too).
-                invocation.capture.write(trace if trace.endswith("\n") else trace + "\n")
+                invocation.write(trace if trace.endswith("\n") else trace + "\n")
             invocation.settle(Outcome("failed", self.clock.now(), tag, message, trace))
         else:
             now = self.clock.now()
@@ -449,8 +449,8 @@ class HandlerRunner:
             invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
         invocation.has_ended = True
         self.lingering.discard(invocation)
-        if invocation.capture is not None and self.logs is not None:
-            self.logs.ended(invocation.capture)
+        if invocation.buffer is not None and self.logs is not None:
+            self.logs.ended(invocation)
         ran_on = invocation.ran_on(self.clock.now())
         if ran_on is not None:
             log.warning("%s returned %.1fs after it was given up on: what it held is free now", invocation.label, ran_on)
@@ -463,7 +463,9 @@ class HandlerRunner:
             invocation.given_up_at = invocation.outcome.at
             self.lingering.add(invocation)
 
-    def _on_thread(self, invocation: Invocation, fn: Callable[[Any], Any], arg: Any) -> asyncio.Future[Any]:
+    def _on_thread(
+        self, invocation: Invocation, fn: Callable[[Any], Any], arg: Any, captured: Capture | None = None
+    ) -> asyncio.Future[Any]:
         """Run a sync handler on a pool thread (reserved by :meth:`start`). The returned
         future (also :attr:`Invocation.thread`) resolves when the thread returns, whether
         or not anyone still waits for it; the call ends then."""
@@ -483,7 +485,7 @@ class HandlerRunner:
             if task is None or task.done():  # else its task settles it first, then ends it
                 self._end(invocation)
 
-        captured, capturing = invocation.capture, self.logs is not None
+        capturing = self.logs is not None
 
         def target() -> None:
             threading.current_thread().name = invocation.thread_name
