@@ -58,7 +58,7 @@ class RunLogs:
     Contract: every buffer registered is written at least once after its handler returned
     (final), unless the store stays unavailable past :data:`MAX_PENDING` more ends or the
     process ends; writes of one buffer land in order; nothing here runs on the firing path
-    but :meth:`capture` (one small object per call)."""
+    (a call's first write registers its buffer, on the handler's own time)."""
 
     def __init__(
         self,
@@ -110,6 +110,7 @@ class RunLogs:
         """The engine stops: write what is left (a handler still running is written as it
         is, final: this process writes nothing more), and stop capturing."""
         task, self._task = self._task, None
+        self._loop = None  # a handler thread still writing starts no loop any more
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
