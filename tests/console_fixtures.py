@@ -109,6 +109,7 @@ async def build_ledger(folder: Path) -> str:
     engine = Engine(
         console_schedules(clock), url, clock=clock, instance="web-1", coordination="advisoryLock",
         ids=seeded_ids(clock, 7), shutdown_grace=0, actor="alice",
+        capture_logs=False,  # the fixture's logs are written by tests/log_scenes.py, with fixed times and paths
     )
     await engine.open()
     # History from before this deployment became a fleet: one instance, coordination single.

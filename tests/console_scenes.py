@@ -32,6 +32,7 @@ from tests.console_fixtures import (
     console_backend,
 )
 from tests.durable_scenes import add_durable_history
+from tests.log_scenes import add_run_logs
 
 RunBefore = Callable[[Pilot[Any]], Awaitable[None]]
 SIZES = {"120x32": (120, 32), "80x24": (80, 24)}
@@ -49,6 +50,7 @@ def make_ledger(folder: Path) -> Path:
     asyncio.run(add_locks(url))
     asyncio.run(add_durable_history(url))
     asyncio.run(add_alerts(url))
+    asyncio.run(add_run_logs(url))
     return folder
 
 
@@ -155,6 +157,17 @@ async def _nothing_fires(pilot: Pilot[Any]) -> None:
     await settle(pilot)
 
 
+async def _run_log(pilot: Pilot[Any]) -> None:
+    """``l`` on flaky-export's row: the log of its newest run (failed, more than a run keeps)."""
+    await settle(pilot)
+    app = pilot.app
+    assert isinstance(app, SchedtuiApp)
+    app.action_select("flaky-export")
+    await settle(pilot)
+    await pilot.press("l")
+    await settle(pilot)
+
+
 async def _timeline(pilot: Pilot[Any]) -> None:
     """The timeline at one hour, the cursor on a failed cell of flaky-export."""
     await settle(pilot)
@@ -202,6 +215,8 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "no-color": ({"no_color": True}, _keys()),
     "help": ({}, _keys("question_mark")),
     "alerting": ({"alerts": True}, _keys()),
+    "run-log": ({}, _run_log),
+    "run-log-no-color": ({"no_color": True}, _run_log),
 }
 """name -> (options, what to do before the picture)."""
 

@@ -40,6 +40,7 @@ PICTURES = [
     ("alerting", "80x24"),
     ("health", "120x32"),
     ("health-no-color", "80x24"),
+    ("run-log", "80x24"),
 ]
 
 

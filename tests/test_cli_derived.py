@@ -53,7 +53,8 @@ def test_every_verb_but_serve_console_demo_and_the_file_generators_is_a_derived_
 def test_a_derived_verb_has_no_hand_written_argument(command: str) -> None:
     verb = DERIVED[command]
     derived = {argument.dest for argument in verb.arguments()}
-    allowed = derived | {option.dest for option in SHARED} | {"help", "json", "yes", "subverb"}
+    switches = {name.replace("-", "_") for name in verb.switches}  # the command line's own flags (--follow)
+    allowed = derived | {option.dest for option in SHARED} | {"help", "json", "yes", "subverb"} | switches
     parser = parsers()[command]
     dests = {action.dest for action in parser._actions}
     assert dests <= allowed, f"`schedtui {command}` has arguments of its own: {dests - allowed}"

@@ -61,6 +61,7 @@ from backend.model import (
     ScheduleView,
     iso,
 )
+from backend.observability.logs import RunLog
 
 __all__ = [
     "ACTIONS",
@@ -168,6 +169,20 @@ LockName = Annotated[
     str, Check(check_lock_name, {"pattern": "^[A-Za-z0-9_.:/@-]{1,200}$"}), Help('the lock\'s name (it may hold "/")')
 ]
 PageSize = Annotated[int, Range(1, 1000), Help("how many, at most")]
+
+
+def _check_offset(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        raise BadInput(f"after {value} is no byte offset (0 or more: the size of an earlier answer)", field="after")
+    return value
+
+
+LogOffset = Annotated[
+    int, Check(_check_offset, {"minimum": 0}),
+    Help("bytes of the log already read (the size of an earlier answer): only what came since"),
+]
+#: What a log action answers (the OpenAPI response's description).
+LOG_ANSWER = "{kind, id, name, attempt, status, running, text, size, omitted_bytes, omitted_lines}"
 
 
 def _deleted(result: None, arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -322,6 +337,16 @@ class Backend(abc.ABC):
             http=Http("GET", "/inspect/runs/{run_id}", ok="the run", errors={404: "unknown run"}))
     async def get_run(self, run_id: Annotated[str, Id("run")]) -> Run:
         """One run."""
+
+    @action(system="schedules", permission="read", impl="run_logs.run_log",
+            http=Http("GET", "/inspect/runs/{run_id}/log", ok=LOG_ANSWER, errors={404: "unknown run"}))
+    async def run_log(self, run_id: Annotated[str, Id("run")], *, after: LogOffset = 0) -> RunLog:
+        """What a run's handler logged and printed (its first and last 32 KiB).
+
+        text is the log past its first ``after`` bytes (all of it by default), with one line
+        saying how much was left out between the head and the tail; size is the ``after`` of
+        the next read; running is true while more may come (a follower reads again until it
+        is false)."""
 
     @action(system="schedules", permission="read",
             http=Http("GET", "/inspect/schedules/{name}/upcoming", envelope="slots", ok="{slots: [iso8601]}",
@@ -502,6 +527,14 @@ class Backend(abc.ABC):
     async def get_execution(self, execution_id: Annotated[str, Id("execution")]) -> Execution:
         """One durable execution with its steps (the timeline) and its log."""
 
+    @action(system="durable", permission="read", impl="run_logs.execution_log",
+            http=Http("GET", "/inspect/durable/executions/{execution_id}/log", ok=LOG_ANSWER,
+                      errors={404: "unknown execution"}))
+    async def execution_log(self, execution_id: Annotated[str, Id("execution")], *, after: LogOffset = 0) -> RunLog:
+        """A durable execution's log: what its steps and its code noted (the newest 500 lines).
+
+        The same answer as a run's log; running is true until the execution has finished."""
+
     @action(system="durable", permission="operate", label="durable start", audit="durable.start", impl="durable.start_execution",
             http=Http("POST", "/inspect/durable/{function}/start", status=201, max_body=6 * MAX_INPUT_BYTES + 64 * 1024,
                       ok="{id, duplicate}", errors={404: "unknown durable function", 413: "input over 256 KiB as JSON"}))
@@ -629,6 +662,19 @@ class Backend(abc.ABC):
                       ok="the job with attempts: [{attempt, started_at, finished_at, status, error_tag, error_message, instance}]"))
     async def get_job(self, job_id: Annotated[str, Id("job")]) -> JobDetail:
         """A job (while it exists) and its attempts; once gone, its attempts (job fields null)."""
+
+    @action(system="jobs", permission="read", impl="run_logs.job_log",
+            http=Http("GET", "/inspect/jobs/{job_id}/log", ok=LOG_ANSWER, errors={404: "unknown job, or no such attempt"}))
+    async def job_log(
+        self,
+        job_id: Annotated[str, Id("job")],
+        *,
+        attempt: Annotated[int | None, Range(1, 1000), Help("the attempt (default: the newest)")] = None,
+        after: LogOffset = 0,
+    ) -> RunLog:
+        """What a job attempt's handler logged and printed (its first and last 32 KiB).
+
+        The newest attempt's, or attempt ``attempt``'s; the same answer as a run's log."""
 
     @action(system="jobs", permission="operate", label="cancel", audit="job.cancel", impl="jobs.cancel", check=_check_cancel,
             http=Http("POST", "/inspect/queues/{queue}/cancel", envelope="cancelled",

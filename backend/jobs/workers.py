@@ -34,6 +34,7 @@ from backend.jobs.definition import Queue, backoff
 from backend.jobs.model import JobContext
 from backend.jobs.store import Claimed, Finish, FinishKind, QueueSpec
 from backend.model import TAG_ABANDONED, TAG_INTERRUPTED, TAG_LEASE_LOST
+from backend.observability.logs import LogTarget
 from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Invocation, Outcome, RunnerSaturated
 
 if TYPE_CHECKING:
@@ -64,6 +65,12 @@ class JobRun(Invocation):
         self.queue = queue
         self.claimed = claimed
         self.context: JobContext | None = None
+
+    captured = True
+
+    def log_target(self) -> LogTarget:
+        c = self.claimed
+        return LogTarget("job", c.id, c.tries, c.attempt)
 
     @property
     def thread_name(self) -> str:

@@ -1,1 +1,1 @@
-"""Observability: what an engine tells the tools operators already run (metrics, logs)."""
+"""What schedtui tells an operator about itself: metrics, for the tools operators already run, and per-run logs."""

@@ -10,20 +10,28 @@ killed. It costs a Python start (tens of milliseconds) per run, so it suits work
 for seconds or more.
 
 ``python -m backend.runtime.isolated`` is the child: it reads ``{file, schedule, context}`` on stdin.
+The handler's prints and its log records (the child logs at ``$SCHEDTUI_LOG_LEVEL``, INFO by
+default) go to the child's stderr, which the engine reads as it comes, into the run's log
+(see :mod:`backend.observability.capture`); its last part also says why a child that died
+without a result did.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import inspect
 import json
+import logging
 import os
 import signal
 import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from backend.observability.capture import CURRENT, log_formatter
 
 __all__ = ["IsolatedFailure", "run_isolated"]
 
@@ -61,8 +69,30 @@ async def run_isolated(spec: dict[str, Any]) -> Any:
         env=env,
         start_new_session=True,  # its own process group: killed with everything it started
     )
+    capture = CURRENT.get()
+    err_tail = ""
+
+    async def read_stderr() -> None:
+        nonlocal err_tail
+        assert process.stderr is not None
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        while chunk := await process.stderr.read(65536):
+            text = decoder.decode(chunk)
+            if capture is not None:
+                capture.write(text)
+            err_tail = (err_tail + text)[-_STDERR_TAIL:]
+
+    async def talk() -> bytes:
+        assert process.stdin is not None and process.stdout is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a child that died at once
+            process.stdin.write(json.dumps(spec).encode())
+            await process.stdin.drain()
+            process.stdin.close()
+        return await process.stdout.read()
+
     try:
-        out, err = await process.communicate(json.dumps(spec).encode())
+        out, _ = await asyncio.gather(talk(), read_stderr())
+        await process.wait()
     except asyncio.CancelledError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
@@ -80,7 +110,7 @@ async def run_isolated(spec: dict[str, Any]) -> Any:
         raise IsolatedFailure(str(report["tag"]), str(report["message"]), report.get("traceback"))
     code = process.returncode
     how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"code {code}"
-    tail = err.decode(errors="replace")[-_STDERR_TAIL:].strip()
+    tail = err_tail.strip()
     raise IsolatedFailure("process_exit", f"the handler's process exited with {how} without a result", tail or None)
 
 
@@ -108,6 +138,7 @@ def _child() -> int:
     # The handler's own prints must not mix with the report: they go to stderr.
     report_to = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
+    _log_to_stderr()
     try:
         from backend.definitions import load_file
         from backend.schedules import Schedule
@@ -133,6 +164,18 @@ def _child() -> int:
     report_to.write(json.dumps(report) + "\n")
     report_to.flush()
     return 0
+
+
+def _log_to_stderr() -> None:
+    """The handler's log records go to stderr (the run's log), formatted as the engine's capture does."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(log_formatter())
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        root.setLevel(os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper())
+    except ValueError:
+        root.setLevel(logging.INFO)
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -24,12 +24,18 @@ was killed). Subclasses receive the outcome in :meth:`Invocation.settled` and th
 :meth:`Invocation.ended`; whatever a call holds (a queue's seat, a schedule's place under
 its overlap policy, a durable step's turn) it holds until it has ended, so that no retry
 or next run starts beside a handler that is still running.
+
+While a handler runs, what it logs and prints is its call's (schedule runs and job
+attempts: :attr:`Invocation.captured`): the call's capture is the context's
+:data:`~backend.observability.capture.CURRENT`, set on its task (an async handler, a child
+process's) or on its pool thread (a sync handler), and closed when the call has ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import heapq
 import inspect
 import itertools
@@ -39,15 +45,19 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from backend.clock import Clock
 from backend.errors import describe_exception
 from backend.inputs import is_async_callable
 from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, TAG_TIMEOUT
+from backend.observability.capture import CURRENT, Capture, reinstate_if_moved
 from backend.runtime.isolated import IsolatedFailure, run_isolated
 from backend.runtime.liveness import WorkLease
 from backend.runtime.loops import Loops
+
+if TYPE_CHECKING:
+    from backend.observability.runlogs import RunLogs
 
 __all__ = [
     "DEFAULT_MAX_THREADS",
@@ -91,7 +101,7 @@ class RunnerSaturated(Exception):
     """Every handler thread is busy: the call was not started (internal; callers record it)."""
 
 
-class Invocation:
+class Invocation(Capture):
     """One handler call: what it calls, its deadline, and how it ended.
 
     Subclass it and override :meth:`settled` to act on the outcome; it is called exactly
@@ -104,7 +114,13 @@ class Invocation:
         "thread",
     )  # fmt: skip
 
+    captured: ClassVar[bool] = False
+    """Whether what the handler logs and prints is kept as its log (:meth:`~Capture.log_target`):
+    the call is its own capture (see :class:`~backend.observability.capture.Capture`)."""
+
     def __init__(self, label: str, max_runtime: timedelta, is_async: bool) -> None:
+        self.buffer = None
+        self.opener = None
         self._label = label
         self.max_runtime = max_runtime
         self.deadline: datetime | None = None
@@ -232,7 +248,10 @@ class _ThreadPool:
                 self.threads += 1
         self._work.put(fn)
         if spawn:
-            threading.Thread(target=self._worker, name="schedtui-handler", daemon=True).start()
+            thread = threading.Thread(target=self._worker, name="schedtui-handler", daemon=True)
+            # Started in an empty context: a pool thread carries no run's log capture (each
+            # call sets its own, on the thread).
+            contextvars.Context().run(thread.start)
 
     def _worker(self) -> None:
         while True:
@@ -289,6 +308,8 @@ class HandlerRunner:
         self._wake = asyncio.Event()
         self.threads_running = 0
         """Sync handlers running on a thread right now (abandoned ones included)."""
+        self.logs: RunLogs | None = None
+        """Keeps what handlers log and print (per-run logs), unless capturing is off."""
 
     @property
     def abandoned(self) -> int:
@@ -368,18 +389,32 @@ class HandlerRunner:
             assert deadline is not None, "Invocation.begin() sets the deadline"
             self._watch(key, invocation, deadline)
             spec = invocation.process_spec(arg)
-            if spec is not None:
-                value = await run_isolated(spec)
-            elif invocation.is_async:
-                value = await fn(arg)
+            logs = self.logs
+            captured: Capture | None = None
+            if logs is not None:
+                reinstate_if_moved()
+                if invocation.captured:
+                    invocation.opener = logs.register
+                    captured = invocation
+            if spec is not None or invocation.is_async:
+                # On this task: its child tasks copy the capture with the rest of its context.
+                token = CURRENT.set(captured) if logs is not None else None
+                try:
+                    value = await (run_isolated(spec) if spec is not None else fn(arg))
+                finally:
+                    if token is not None:
+                        CURRENT.reset(token)
             else:
-                value = await self._on_thread(invocation, fn, arg)
+                value = await self._on_thread(invocation, fn, arg, captured)
                 if inspect.isawaitable(value):  # lambda ctx: send(ctx): the work is the awaitable
                     value = await value
         except asyncio.CancelledError:
             invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
         except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the run, not the process
             tag, message, trace = _describe(exc)
+            if invocation.opener is not None and trace:
+                # Its log ends as the process's stderr would: with the traceback (kept in the run too).
+                invocation.write(trace if trace.endswith("\n") else trace + "\n")
             invocation.settle(Outcome("failed", self.clock.now(), tag, message, trace))
         else:
             now = self.clock.now()
@@ -414,6 +449,8 @@ class HandlerRunner:
             invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
         invocation.has_ended = True
         self.lingering.discard(invocation)
+        if invocation.buffer is not None and self.logs is not None:
+            self.logs.ended(invocation)
         ran_on = invocation.ran_on(self.clock.now())
         if ran_on is not None:
             log.warning("%s returned %.1fs after it was given up on: what it held is free now", invocation.label, ran_on)
@@ -426,7 +463,9 @@ class HandlerRunner:
             invocation.given_up_at = invocation.outcome.at
             self.lingering.add(invocation)
 
-    def _on_thread(self, invocation: Invocation, fn: Callable[[Any], Any], arg: Any) -> asyncio.Future[Any]:
+    def _on_thread(
+        self, invocation: Invocation, fn: Callable[[Any], Any], arg: Any, captured: Capture | None = None
+    ) -> asyncio.Future[Any]:
         """Run a sync handler on a pool thread (reserved by :meth:`start`). The returned
         future (also :attr:`Invocation.thread`) resolves when the thread returns, whether
         or not anyone still waits for it; the call ends then."""
@@ -446,12 +485,19 @@ class HandlerRunner:
             if task is None or task.done():  # else its task settles it first, then ends it
                 self._end(invocation)
 
+        capturing = self.logs is not None
+
         def target() -> None:
             threading.current_thread().name = invocation.thread_name
+            # On this thread: the threads the handler starts copy it (see backend.observability.capture).
+            token = CURRENT.set(captured) if capturing else None
             try:
                 result, error = fn(arg), None
             except BaseException as exc:  # noqa: B036 - handed to the loop, recorded there
                 result, error = None, exc
+            finally:
+                if token is not None:
+                    CURRENT.reset(token)
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
                 loop.call_soon_threadsafe(returned, result, error)
 

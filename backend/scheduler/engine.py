@@ -69,6 +69,8 @@ from backend.model import (
     ScheduleView,
     iso,
 )
+from backend.observability.logs import LogStore
+from backend.observability.runlogs import RunLogs
 from backend.runtime.liveness import WorkLease, boot_clock
 from backend.runtime.loops import Loops
 from backend.runtime.outages import OutageLog
@@ -157,6 +159,7 @@ class Engine:
         exit_when_lease_lapses: bool = True,
         alerting: AlertSettings | None = None,
         alert_transport: httpx.AsyncBaseTransport | None = None,
+        capture_logs: bool = True,
     ) -> None:
         items = list(definitions.items if isinstance(definitions, Definitions) else definitions)
         self.schedules: dict[str, Schedule] = {}
@@ -313,6 +316,18 @@ class Engine:
             handoff=self.ledger.handoff,
         )
         """Recent runs, failures and lateness per schedule, and jobs per queue, by the minute."""
+        self.run_logs = RunLogs(
+            store=cast(LogStore, self.store),
+            clock=self.clock,
+            loops=self.loops,
+            get_run=self.get_run,
+            get_job=self.jobs.get_job,
+            get_execution=self.durable.get,
+            enabled=capture_logs,
+        )
+        """Per-run logs: what handlers log and print, kept per run and job attempt, and read."""
+        if capture_logs:
+            self.runner.logs = self.run_logs
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
             raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")
@@ -374,6 +389,7 @@ class Engine:
         self.loops.reset()
         await self.store.open()
         self._opened = True  # from here on, stop() closes the store
+        self.run_logs.open()
         await lifecycle.open_engine(self)
 
     async def start(self) -> None:
@@ -439,7 +455,11 @@ class Engine:
         to have begun, not for handlers to finish."""
         assert self._opened, "open() the engine first"
 
-        await self.loops.quiesce(lambda: lifecycle.is_settled(self) if runs else lifecycle.has_started(self), self.flush)
+        async def flush() -> None:
+            await self.flush()
+            await self.run_logs.flush()
+
+        await self.loops.quiesce(lambda: lifecycle.is_settled(self) if runs else lifecycle.has_started(self), flush)
 
     # ------------------------------------------------------------------------------------
     # state

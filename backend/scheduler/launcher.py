@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from backend.clock import Clock
 from backend.ids import id_batches
 from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, Outcome, Run, RunStatus, Trigger, iso
+from backend.observability.logs import LogTarget
 from backend.runtime.runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
 from backend.runtime.runner import Outcome as CallOutcome
 from backend.scheduler.ledger import RunLedger
@@ -69,6 +70,11 @@ class ScheduleRun(Invocation):
         """The lease of the schedule's lock, while the run holds it."""
         self._started: asyncio.Future[ScheduleRun] | None = None
         self._finished: asyncio.Future[Run] | None = None
+
+    captured = True
+
+    def log_target(self) -> LogTarget:
+        return LogTarget("run", self.run_id)
 
     @property
     def run(self) -> Run:

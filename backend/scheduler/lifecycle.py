@@ -221,6 +221,7 @@ async def stop_engine(engine: Engine, grace: float) -> None:
     except Exception as exc:  # the store is closed below whatever happens here
         log.error("stopping: could not record the lost slots: %s", exc, exc_info=exc)
     await engine.loops.cancel_all()
+    await engine.run_logs.close()
     engine.ledger.handoff()
     lingering = len(engine.runner.lingering)
     try:
@@ -236,7 +237,8 @@ async def stop_engine(engine: Engine, grace: float) -> None:
     await engine.store.close()
 
 
-_KEPT_WHILE_STOPPING = frozenset({"schedtui watchdog", "schedtui lease", "schedtui lease watch"})
+# (The run logs' loop writes the logs of the runs finishing meanwhile, for their followers.)
+_KEPT_WHILE_STOPPING = frozenset({"schedtui watchdog", "schedtui lease", "schedtui lease watch", "schedtui run logs"})
 
 
 def is_armed(engine: Engine) -> bool:

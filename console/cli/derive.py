@@ -112,7 +112,9 @@ class Verb:
     parameter), ``positional`` (optional parameters taken positionally), ``options``
     (required parameters taken as required options), ``flags`` (a parameter's option
     spelled otherwise: ``confirm`` is ``--yes``), ``negations`` (the option that sets a
-    boolean key of a mapping false: ``--disabled``), ``metavars``. ``asks`` says whether a
+    boolean key of a mapping false: ``--disabled``), ``metavars``, ``switches`` (flags of the
+    command line's own, which no parameter says: ``--follow``; the hooks read them from
+    ``call.args``). ``asks`` says whether a
     dangerous action needs ``--yes`` (default: whether it is dangerous). ``refused`` is the
     exit code of a refusal (``Refused``).
 
@@ -133,6 +135,7 @@ class Verb:
     flags: Mapping[str, str] = field(default_factory=dict)
     negations: Mapping[str, str] = field(default_factory=dict)
     metavars: Mapping[str, str] = field(default_factory=dict)
+    switches: Mapping[str, str] = field(default_factory=dict)
     asks: bool | None = None
     refused: int = EXIT_REFUSED
     adapt: Callable[[dict[str, Any]], dict[str, Any]] | None = None
@@ -184,6 +187,8 @@ class Verb:
                     exclusive[argument.exclusive] = parser.add_mutually_exclusive_group()
                 target = exclusive[argument.exclusive]
             target.add_argument(*argument.flags, **argument.kwargs)
+        for name, help_text in self.switches.items():
+            parser.add_argument(f"--{name}", dest=name.replace("-", "_"), action="store_true", help=help_text)
         if self.prints_json:
             parser.add_argument("--json", action="store_true",
                                 help=self.json.describe() if self.json else "print the result as JSON")

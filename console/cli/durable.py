@@ -1,4 +1,4 @@
-"""``schedtui durable …``: list, show, start, signal, cancel and retry durable executions.
+"""``schedtui durable …``: list, show, logs, start, signal, cancel and retry durable executions.
 
 Every verb works embedded (``--schedules/--store``: the store is opened, nothing runs
 here; a ``serve`` instance runs what is started) and remote (``--url/--token``), and is
@@ -18,6 +18,7 @@ from typing import Any
 from backend.durable.model import Execution, ExecutionsPage, Signalled, Started
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, fields, handlers, items
+from console.cli.logs import FOLLOW, follow_log, no_json_follow, show_log
 from console.cli.main import EXIT_FAILURE
 
 __all__ = ["DERIVED", "VERBS", "add_verbs", "execution_text", "executions_table"]
@@ -131,6 +132,8 @@ DERIVED = (
                 defaults={"limit": 20}, json=items("executions"), show=_show_executions),
     DurableVerb(("durable", "show"), "get_execution", help="one execution: its steps (the timeline) and its log",
                 show=_show_execution),
+    DurableVerb(("durable", "logs"), "execution_log", help="an execution's log (--follow: as it comes)",
+                switches=FOLLOW, prepare=no_json_follow, follow=follow_log, show=show_log),
     DurableVerb(("durable", "start"), "start_execution",
                 help="start an execution (a `serve` instance that defines the function runs it)",
                 json=fields("id"), show=_show_started),
@@ -144,7 +147,7 @@ DERIVED = (
                 help="run a failed execution again from its failed step, with fresh attempts", show=_show_ended),
 )  # fmt: skip
 
-GROUPS = {"durable": "durable executions: list, show, start, signal, cancel, retry"}
+GROUPS = {"durable": "durable executions: list, show, logs, start, signal, cancel, retry"}
 
 
 def add_verbs(verb: Any, group: Any) -> None:

@@ -4,6 +4,7 @@
     schedtui jobs list QUEUE [--status S] [--limit N] [--before ID] [--json]
     schedtui jobs send QUEUE [--payload JSON] [--delay S] [--attempts N] [--key K] [--json]
     schedtui jobs show ID [--json]
+    schedtui jobs logs ID [--attempt N] [--follow | --json]
     schedtui jobs cancel QUEUE (ID_OR_KEY | --key KEY)   exit 0 if it was queued and is gone, 1 if not
     schedtui jobs retry QUEUE ID [--json]         schedtui jobs delete QUEUE ID
 
@@ -27,6 +28,7 @@ from backend.jobs.model import Job, JobDetail, JobsPage, QueueView, Sent
 from backend.safetext import printable
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
+from console.cli.logs import FOLLOW, follow_log, no_json_follow, show_log
 from console.cli.main import EXIT_FAILURE, EXIT_OK
 
 __all__ = ["DERIVED", "VERBS", "add_verbs", "detail_text", "jobs_table", "queues_table"]
@@ -190,6 +192,8 @@ DERIVED = (
     JobVerb(("jobs", "list"), "list_jobs", help="a queue's jobs, newest first", json=items("jobs"), show=_show_jobs),
     JobVerb(("jobs", "send"), "send_job", help="queue a job", show=_show_sent),
     JobVerb(("jobs", "show"), "get_job", help="a job (while it exists) and its attempts", show=_show_detail),
+    JobVerb(("jobs", "logs"), "job_log", help="what a job attempt's handler logged and printed (--follow: as it comes)",
+            switches=FOLLOW, prepare=no_json_follow, follow=follow_log, show=show_log),
     JobVerb(("jobs", "cancel"), "cancel_job", help="delete a queued job by id or key (exit 1 if none was queued)",
             positional=("id",), metavars={"id": "ID_OR_KEY"}, adapt=_id_or_key, show=_show_cancelled,
             outcome=lambda cancelled: EXIT_OK if cancelled else EXIT_FAILURE),
@@ -198,7 +202,7 @@ DERIVED = (
     JobVerb(("jobs", "delete"), "delete_job", help="delete a job in any state", asks=False, show=_show_deleted),
 )  # fmt: skip
 
-GROUPS = {"jobs": "list, send, show, cancel, retry and delete jobs"}
+GROUPS = {"jobs": "list, send, show, read the logs of, cancel, retry and delete jobs"}
 
 
 def add_verbs(verb: Any, group: Any) -> None:

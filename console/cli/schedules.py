@@ -1,5 +1,5 @@
-"""The schedules' verbs: list, runs, fire, enable, disable, backfill, and the schedules
-created at run time::
+"""The schedules' verbs: list, runs, logs (a run's), fire, enable, disable, backfill, and
+the schedules created at run time::
 
     schedtui schedules create NAME --cron EXPR --timezone TZ (--queue Q | --durable F)
               [--payload JSON] [--description D] [--disabled] [--on-overlap P] [--backfill P]
@@ -26,6 +26,7 @@ from backend.client.interface import Backend
 from backend.model import BackfillProgress, Run, RunsPage, SchedulesSnapshot, ScheduleView
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
+from console.cli.logs import FOLLOW, follow_log, no_json_follow, show_log
 from console.cli.main import EXIT_FAILURE, EXIT_OK, EXIT_REFUSED, _print_json
 
 __all__ = ["DERIVED", "VERBS", "add_verbs", "runs_table", "schedules_table"]
@@ -191,6 +192,8 @@ DERIVED = (
     Verb(("list",), "list_schedules", help="list schedules", json=items("schedules"), show=_show_schedules),
     Verb(("runs",), "list_runs", help="show a schedule's runs, newest first", defaults={"limit": 20},
          json=items("runs"), prepare=_zone, show=_show_runs),
+    Verb(("logs",), "run_log", help="what a run's handler logged and printed (--follow: as it comes)",
+         switches=FOLLOW, prepare=no_json_follow, follow=follow_log, show=show_log),
     Verb(("fire",), "run_now", help="run a schedule now (in this process) and wait for it", prepare=_zone,
          follow=_wait_run, show=lambda call, run: print(runs_table([run], call.zone)),
          outcome=lambda run: EXIT_OK if run.status == "succeeded" else EXIT_FAILURE),

@@ -17,10 +17,12 @@ from textual.widgets import DataTable, Static
 
 from backend.durable.model import Execution
 from backend.errors import SchedtuiError, Unavailable
+from backend.observability.logs import RunLog
 from console import format as fmt
 from console.keys import action_key, bindings
 from console.screens.confirm import Confirm
 from console.screens.durable import SignalPrompt, StepsScreen
+from console.screens.log import LogScreen
 from console.views.base import View, details_key, filter_key
 from console.widgets.line import Line
 from console.widgets.palette import theme_color
@@ -133,6 +135,8 @@ class DurableView(View):
         action_key("signal_execution", "a", "Signal", help="send the signal the execution waits for (a payload prompt)"),
         action_key("cancel_execution", "c", "Cancel", help="cancel the execution under the cursor"),
         action_key("retry_execution", "R", "Retry", help="retry a failed execution from its failed step"),
+        action_key("execution_log", "l", "Log", title="Execution log",
+                   help="the log of the execution under the cursor"),
         filter_key("the executions by id, function, status, step, wait or error"),
     )
     BINDINGS = bindings(KEYS)
@@ -223,6 +227,18 @@ class DurableView(View):
             self.console.report(exc)
             return
         self.app.push_screen(StepsScreen(execution, self.console.display_zone, self.console.clock.now()))
+
+    def action_execution_log(self) -> None:
+        """``l``: the log of the execution under the cursor."""
+        execution = self._target("Log")
+        if execution is None:
+            return
+        backend, execution_id = self.console.backend, execution.id
+
+        async def read(after: int) -> RunLog:
+            return await backend.execution_log(execution_id, after=after)
+
+        self.app.push_screen(LogScreen(read, f"Log of {execution.function} · execution {execution_id}"))
 
     # -- actions -------------------------------------------------------------------------
     def _target(self, action: str) -> Execution | None:

@@ -22,9 +22,11 @@ from textual.widgets import DataTable
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.jobs.model import Job, JobsPage, QueueView, Sent
+from backend.observability.logs import RunLog
 from console.keys import Key, action_key, bindings
 from console.screens.confirm import Confirm
 from console.screens.jobs import RETRY_CONFIRM_ABOVE, JobDetails, SendJobScreen, TypedCount
+from console.screens.log import LogScreen
 from console.views.base import View, details_key
 from console.widgets.jobs import JobsTable, QueuesTable
 from console.widgets.line import Line
@@ -56,6 +58,8 @@ class JobsView(View):
         Key("left_square_bracket", "newer_jobs", "Newer jobs", ("list_jobs",), show=False,
             help="newer jobs (back towards the newest page)"),
         details_key("a queue: its jobs; a job: its details (payload, attempts, next try)"),
+        action_key("job_log", "l", "Log", title="Job log",
+                   help="the log of the selected job's newest attempt"),
     )  # fmt: skip
     BINDINGS = bindings(KEYS)
 
@@ -236,6 +240,22 @@ class JobsView(View):
             self.notify(f"{action}: no job selected (Enter on a queue goes to its jobs).", severity="warning")
             return None
         return queue, job
+
+    def action_job_log(self) -> None:
+        """``l``: the log of the selected job's newest attempt."""
+        selected = self._job_for("Log")
+        if selected is None:
+            return
+        queue, job = selected
+        backend, job_id = self.console.backend, job.id
+        attempt: list[int | None] = [None]  # the attempt first read is the one followed
+
+        async def read(after: int) -> RunLog:
+            answer = await backend.job_log(job_id, attempt=attempt[0], after=after)
+            attempt[0] = answer.attempt
+            return answer
+
+        self.app.push_screen(LogScreen(read, f"Log of job {job_id} · {queue}"))
 
     def action_retry_job(self) -> None:
         """``R``: retry the selected dead job; with the dead filter, every dead job shown."""

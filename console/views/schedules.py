@@ -1,5 +1,8 @@
 """View 1: every schedule, and the selected one's settings, recent runs, next fires and runs.
 
+``l`` shows a run's log: the run under the cursor of the runs table when it has the focus,
+else the selected schedule's newest run.
+
 ``n`` creates a schedule at run time (a form previewing its next fires), ``E`` edits a
 stored one, ``D`` deletes a stored one (after :class:`~console.screens.confirm.Confirm`).
 Schedules written in code can only be enabled or disabled (``e``): ``E`` and ``D`` say so.
@@ -19,10 +22,12 @@ from textual.widgets import DataTable
 from backend.client.interface import RunsPage
 from backend.errors import SchedtuiError, Unavailable
 from backend.model import Run, ScheduleView
+from backend.observability.logs import RunLog
 from console import format as fmt
 from console.fleet import durations
 from console.keys import Key, action_key, bindings
 from console.screens.confirm import Confirm
+from console.screens.log import LogScreen
 from console.screens.schedule_form import DEFINED_IN_CODE, ScheduleForm, defined_in_code
 from console.views.base import SCHEDULE_KEYS, View, details_key, filter_key
 from console.widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
@@ -54,6 +59,8 @@ class SchedulesView(View):
         Key("left_square_bracket", "newer_runs", "Newer runs", ("list_runs",), show=False,
             help="newer runs (back towards the newest page)"),
         details_key("the selected run's details"),
+        action_key("run_log", "l", "Log", title="Run log",
+                   help="the log of the run under the cursor (on a schedule: its newest run)"),
     )  # fmt: skip
     BINDINGS = bindings(KEYS)
 
@@ -230,6 +237,21 @@ class SchedulesView(View):
             self.notify("No run selected (this schedule has no runs yet).", severity="warning")
             return
         self.console.show_run(run)
+
+    def action_run_log(self) -> None:
+        """``l``: the log of the run under the cursor of the runs (else the schedule's newest run)."""
+        runs = self.query_one(RunsTable)
+        run = runs.selected_run if runs.has_focus else (self.recent[0] if self.recent else None)
+        if run is None:
+            self.notify("No run to show the log of (this schedule has no runs yet).", severity="warning")
+            return
+        backend, run_id = self.console.backend, run.id
+
+        async def read(after: int) -> RunLog:
+            return await backend.run_log(run_id, after=after)
+
+        when = fmt.local_time(run.scheduled_at, self.console.display_zone)
+        self.app.push_screen(LogScreen(read, f"Log of {run.name} · run {run_id} · {when}"))
 
     def action_older_runs(self) -> None:
         """``]``: the next page of runs, further back (by keyset)."""

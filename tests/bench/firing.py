@@ -6,6 +6,8 @@ A benchmark, not a test (pytest does not collect it). Run it from the repository
     python -m tests.bench.firing --schedules 300 --seconds 20
     python -m tests.bench.firing --contender schedtui  # one contender only
     python -m tests.bench.firing --sweep               # N = 100, 300, 1000 (10 s each)
+    python -m tests.bench.firing --contender schedtui --capture off     # per-run logs off (on by default)
+    python -m tests.bench.firing --contender schedtui --handler-lines 2 # each handler logs 2 lines
     python tests/bench/firing.py ...                   # works too
 
 The load: N schedules with the cron ``* * * * * *`` (six fields, leading seconds: every
@@ -22,6 +24,11 @@ armed (plus half a second, see MID_S), the window opens at the next whole second
 covers the slots S, S+1, ..., S+D-1. ``expected`` is N x D; ``missed`` is every (schedule, slot) of the window that no
 handler saw. schedtui runs on the real :class:`~backend.clock.SystemClock` against a fresh
 SQLite store in a temporary folder, and its ledger is read back after a clean stop.
+
+Per-run logs (the capture of what handlers log and print) are on, as in ``serve``;
+``--capture off`` measures the engine without them. ``--handler-lines N`` makes each
+handler log N INFO lines (after noting its start) to a logger no handler prints: with the
+capture on they go to the run's log, so its writes are measured too.
 """
 
 from __future__ import annotations
@@ -146,7 +153,8 @@ async def sleep_until(epoch: float) -> None:
 # ---------------------------------------------------------------------------------------
 # schedtui
 # ---------------------------------------------------------------------------------------
-async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
+async def run_schedtui(n: int, seconds: int, *, capture: bool = True, lines: int = 0) -> dict[str, Any]:
+    import logging
     import sqlite3
 
     import backend
@@ -159,9 +167,14 @@ async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
     now = time.time
     index_of: dict[str, int] = {}
 
+    said = logging.getLogger("bench.handler")
+    said.setLevel(logging.INFO)  # reaches the root's handlers; the capture's takes it, the others drop it
+
     async def handler(ctx: Any) -> None:
         began = now()
         note((index_of[ctx.name], int(ctx.scheduled_at.timestamp()), began))
+        for line in range(lines):
+            said.info("%s: line %d of slot %s", ctx.name, line, ctx.scheduled_at)
 
     schedules = []
     for i in range(n):
@@ -177,6 +190,7 @@ async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
             clock=SystemClock(),
             instance="bench",
             shutdown_grace=5,
+            **({} if capture else {"capture_logs": False}),  # (older engines have no such option)
         )
         t0 = time.time()
         await engine.start()
@@ -241,6 +255,9 @@ async def run_schedtui(n: int, seconds: int) -> dict[str, Any]:
                 name: round(spent - threads_before.get(name, 0.0), 3) for name, spent in threads_after.items()
             },
             "engine_stats": stats_before_stop,
+            "capture": capture,
+            "handler_lines": lines,
+            "run_log_writes": getattr(getattr(engine, "run_logs", None), "writes", None),
             "code": str(Path(backend.__file__).resolve().parent),
         }
     )
@@ -359,16 +376,19 @@ async def run_apscheduler3(n: int, seconds: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------
 # driver
 # ---------------------------------------------------------------------------------------
-def child(contender: str, n: int, seconds: int) -> dict[str, Any]:
+def child(contender: str, n: int, seconds: int, *, capture: bool = True, lines: int = 0) -> dict[str, Any]:
     import logging
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    runner = run_schedtui if contender == "schedtui" else run_apscheduler3
-    result = asyncio.run(runner(n, seconds))
+    logging.getLogger().handlers[0].setLevel(logging.WARNING)  # the handlers' INFO lines are not printed
+    if contender == "schedtui":
+        result = asyncio.run(run_schedtui(n, seconds, capture=capture, lines=lines))
+    else:
+        result = asyncio.run(run_apscheduler3(n, seconds))
     return {"contender": contender, "pid": os.getpid(), **result}
 
 
-def spawn(contender: str, n: int, seconds: int) -> dict[str, Any]:
+def spawn(contender: str, n: int, seconds: int, *, capture: bool = True, lines: int = 0) -> dict[str, Any]:
     """Run one contender in a fresh interpreter and return its JSON."""
     try:
         import psutil
@@ -381,6 +401,8 @@ def spawn(contender: str, n: int, seconds: int) -> dict[str, Any]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "tests.bench.firing", "--child", contender]
     command += ["--schedules", str(n), "--seconds", str(seconds)]
+    if contender == "schedtui" and (not capture or lines):
+        command += ["--capture", "on" if capture else "off", "--handler-lines", str(lines)]
     log(f"running {contender}: {n} schedules for {seconds}s")
     done = subprocess.run(
         command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, text=True, timeout=seconds + 300
@@ -405,8 +427,8 @@ def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
         return None
 
 
-def compare(contenders: list[str], n: int, seconds: int) -> dict[str, Any]:
-    results = {name: spawn(name, n, seconds) for name in contenders}
+def compare(contenders: list[str], n: int, seconds: int, *, capture: bool = True, lines: int = 0) -> dict[str, Any]:
+    results = {name: spawn(name, n, seconds, capture=capture, lines=lines) for name in contenders}
     doc: dict[str, Any] = {"load": {"schedules": n, "seconds": seconds, "cron": CRON}, **results}
     doc["ratio_p99"] = _ratio(results.get("schedtui"), results.get("apscheduler3"))
     doc["machine"] = {
@@ -423,20 +445,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=None, help="measured whole seconds (default 30; 10 with --sweep)")
     parser.add_argument("--contender", choices=(*CONTENDERS, "both"), default="both")
     parser.add_argument("--sweep", action="store_true", help=f"N = {', '.join(map(str, SWEEP))}; prints a list")
+    parser.add_argument("--capture", choices=("on", "off"), default="on", help="schedtui's per-run logs (default on)")
+    parser.add_argument("--handler-lines", type=int, default=0, metavar="N", help="INFO lines each handler logs (default 0)")
     parser.add_argument("--child", choices=CONTENDERS, help=argparse.SUPPRESS)  # internal
     args = parser.parse_args(argv)
     if args.schedules < 1 or (args.seconds is not None and args.seconds < 1):
         parser.error("--schedules and --seconds must be positive")
 
     if args.child:
-        print(json.dumps(child(args.child, args.schedules, args.seconds or 30)), flush=True)
+        result = child(args.child, args.schedules, args.seconds or 30, capture=args.capture == "on", lines=args.handler_lines)
+        print(json.dumps(result), flush=True)
         return 0
     contenders = list(CONTENDERS) if args.contender == "both" else [args.contender]
     if args.sweep:
         seconds = args.seconds or 10
-        out: Any = [compare(contenders, n, seconds) for n in SWEEP]
+        out: Any = [compare(contenders, n, seconds, capture=args.capture == "on", lines=args.handler_lines) for n in SWEEP]
     else:
-        out = compare(contenders, args.schedules, args.seconds or 30)
+        out = compare(contenders, args.schedules, args.seconds or 30, capture=args.capture == "on", lines=args.handler_lines)
     print(json.dumps(out, indent=2))
     return 0
 

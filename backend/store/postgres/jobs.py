@@ -51,6 +51,7 @@ from backend.store.job_rows import (
 )
 from backend.store.migrations import Component
 from backend.store.postgres.events import JOBS_CHANNEL
+from backend.store.postgres.logs import PRUNE_JOB_LOGS_CTE
 
 __all__ = ["PostgresJobs"]
 
@@ -336,13 +337,14 @@ ATTEMPTS = f"""
     SELECT queue, {", ".join(ATTEMPT_FIELDS)}
     FROM schedtui_job_attempts WHERE job_id = %s ORDER BY seq
 """
-PRUNE = """
+PRUNE = f"""
     WITH dead AS (
         DELETE FROM schedtui_jobs WHERE status = 'dead'
             AND ((cron IS NULL AND dead_at < %(dead)s) OR (cron IS NOT NULL AND dead_at < %(cron_dead)s))
         RETURNING 1
     ),
-    attempts AS (DELETE FROM schedtui_job_attempts WHERE finished_at < %(attempts)s RETURNING 1)
+    attempts AS (DELETE FROM schedtui_job_attempts WHERE finished_at < %(attempts)s RETURNING 1),
+    {PRUNE_JOB_LOGS_CTE}
     SELECT (SELECT count(*) FROM dead) + (SELECT count(*) FROM attempts)
 """
 NOTIFY = f"SELECT pg_notify('{CHANNEL}', q) FROM unnest(%s::text[]) AS q"

@@ -60,6 +60,7 @@ from backend.store.postgres.ledger import (
     PostgresLedgerWriter,
 )
 from backend.store.postgres.locks import PostgresLocks
+from backend.store.postgres.logs import PRUNE_RUN_LOGS, PostgresLogs
 from backend.store.postgres.metrics import PostgresMetrics
 from backend.store.postgres.sql import (
     BACKFILL_PKEY,
@@ -176,7 +177,7 @@ def _connection_lost(exc: psycopg.Error) -> bool:
 
 class PostgresStore(
     PostgresLedgerWriter, PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLocks, PostgresCluster, PostgresAudit,
-    PostgresAlerts, PostgresEvents, PostgresMetrics, PostgresActivity,
+    PostgresAlerts, PostgresEvents, PostgresMetrics, PostgresActivity, PostgresLogs,
 ):
     """The fleet store. ``PostgresStore("postgresql://user:pass@host:5432/db")``.
 
@@ -454,7 +455,9 @@ class PostgresStore(
         async def prune(conn: AsyncConnection[Any]) -> int:
             async with conn.transaction():
                 await conn.execute(PRUNE_BACKFILLS, (created_before,))
-                return (await conn.execute(PRUNE_RUNS, (floor,))).rowcount
+                removed = (await conn.execute(PRUNE_RUNS, (floor,))).rowcount
+                await conn.execute(PRUNE_RUN_LOGS, (floor,))  # their logs
+                return removed
 
         removed = await self._with_conn(prune)
         self.commits += 1

@@ -28,6 +28,7 @@ from backend.store.job_rows import (
     running_from_row,
 )
 from backend.store.migrations import Component
+from backend.store.sqlite.logs import PRUNE_JOB_LOGS
 from backend.store.sqlite.sql import _dt, _us
 
 __all__ = ["SQLiteJobs"]
@@ -360,6 +361,7 @@ class SQLiteJobs:
     async def prune_jobs(self, dead_before: datetime, cron_dead_before: datetime, attempts_before: datetime) -> int:
         def prune(c: sqlite3.Connection) -> int:
             jobs = c.execute(PRUNE_DEAD, (_us(dead_before), _us(cron_dead_before))).rowcount
+            c.execute(PRUNE_JOB_LOGS, (_us(attempts_before),))  # the attempts' logs, with them
             return int(jobs + c.execute(PRUNE_ATTEMPTS, (_us(attempts_before),)).rowcount)
 
         result: int = await self._write(prune)

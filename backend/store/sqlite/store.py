@@ -53,6 +53,7 @@ from backend.store.sqlite.durable import SQLiteDurable
 from backend.store.sqlite.events import SQLiteEvents
 from backend.store.sqlite.jobs import SQLiteJobs
 from backend.store.sqlite.locks import SQLiteLocks
+from backend.store.sqlite.logs import PRUNE_RUN_LOGS, SQLiteLogs
 from backend.store.sqlite.metrics import SQLiteMetrics
 from backend.store.sqlite.reserve import Kept, Reserve
 from backend.store.sqlite.sql import (
@@ -114,7 +115,8 @@ log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
 
 class SQLiteStore(
-    SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteAlerts, SQLiteEvents, SQLiteMetrics, SQLiteActivity
+    SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteAlerts, SQLiteEvents, SQLiteMetrics, SQLiteActivity,
+    SQLiteLogs,
 ):
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
@@ -558,7 +560,9 @@ class SQLiteStore(
 
         def prune(c: sqlite3.Connection) -> int:
             c.execute(PRUNE_BACKFILLS, (us,))
-            return int(c.execute(PRUNE_RUNS, (floor,)).rowcount)
+            removed = int(c.execute(PRUNE_RUNS, (floor,)).rowcount)
+            c.execute(PRUNE_RUN_LOGS, (floor,))  # their logs
+            return removed
 
         return await self._write(prune)
 

@@ -1,0 +1,421 @@
+"""Capturing what a handler says, per call: its ``logging`` records and its stdout/stderr.
+
+Many handlers of many schedules run at once in one process, on tasks and threads, so a
+global redirect would mix them. Instead the call being run is a context variable,
+:data:`CURRENT`, holding its :class:`Capture`; the runner sets it around each handler (an
+async one on its task, a sync one on its thread). Two pieces, each installed once per
+process (:func:`install`, counted, so that every engine may install and remove it), write
+into whatever capture the writing code's context holds, and do nothing else when it holds
+none:
+
+* :class:`CaptureHandler`, one handler on the root logger: a record that reaches the root's
+  handlers (it passed its logger's level and propagates) is also written to the capture,
+  one formatted line. The record still reaches the process's own handlers: the capture is
+  a copy, so what ``serve`` logs today (its journal, a log shipper) keeps every line, also
+  those past a run's 64 KiB.
+* :class:`CapturingStream`, one proxy in front of ``sys.stdout`` and one of ``sys.stderr``:
+  a write is copied to the capture and passed on to the real stream, as before (``serve``'s
+  handlers' prints reach its output today; an operator grepping it keeps them). Writes to
+  the file descriptors themselves (``os.write``, a child process) bypass it, and so does a
+  ``logging.StreamHandler``'s write of a record (the record is captured once, as a record).
+
+The root handler changes nothing else of the process's logging: a record that only it
+takes still goes to Python's last resort (stderr), and ``logging.basicConfig`` works as
+if it were not there (while installed, it is wrapped to step around it).
+
+Where the context goes:
+
+* child tasks (``asyncio.create_task``, ``gather``) copy their creator's context: they are
+  captured with it;
+* Python 3.11 threads start with an empty context. :func:`install` wraps
+  ``threading.Thread.start`` so that a thread *started while a capture is active* runs in
+  a copy of its starter's context (and so is captured with it); threads started anywhere
+  else are untouched. A ``concurrent.futures`` pool's worker thread is left out (it serves
+  whoever submits next); instead ``ThreadPoolExecutor.submit`` called while a capture is
+  active runs that one work item in a copy of the submitter's context (this also covers
+  ``loop.run_in_executor``).
+
+A capture keeps at most :data:`LIMIT` bytes (UTF-8): the first half and the last half,
+the middle counted (bytes and lines) but dropped, so memory stays bounded however much a
+handler writes (:class:`LogBuffer`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import concurrent.futures.thread
+import contextvars
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final, TextIO
+
+from backend.observability.logs import LogTarget
+from backend.safetext import RedactingFormatter
+
+__all__ = [
+    "CURRENT",
+    "HEAD_BYTES",
+    "LIMIT",
+    "TAIL_BYTES",
+    "Capture",
+    "CaptureHandler",
+    "CapturingStream",
+    "LogBuffer",
+    "Snapshot",
+    "install",
+    "installed",
+    "log_formatter",
+    "uninstall",
+    "reinstate",
+    "reinstate_if_moved",
+]
+
+#: The most a call's log keeps (bytes of UTF-8): its first :data:`HEAD_BYTES` and its last
+#: :data:`TAIL_BYTES`.
+LIMIT: Final = 64 * 1024
+HEAD_BYTES: Final = LIMIT // 2
+TAIL_BYTES: Final = LIMIT - HEAD_BYTES
+
+#: The format of a captured log record (times in UTC).
+LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A buffer's content at one moment: ``head`` and ``tail`` are whole characters, and
+    ``size`` counts every byte written, those left out between them included."""
+
+    head: str
+    tail: str
+    size: int
+    omitted_bytes: int
+    omitted_lines: int
+    final: bool
+    version: int
+
+
+def _is_continuation(byte: int) -> bool:
+    return byte & 0xC0 == 0x80
+
+
+class LogBuffer:
+    """A call's output, bounded: the first ``head`` bytes, the last ``tail`` bytes (a ring
+    of chunks) and what fell between them, counted. Thread-safe: a sync handler's threads
+    write while the engine's loop takes snapshots.
+
+    Contract: whatever is written, it holds at most ``head + tail`` bytes plus the newest
+    write's slice; ``size`` counts every byte written; head and tail are cut at character
+    boundaries; a closed buffer takes no more writes."""
+
+    __slots__ = ("_head", "_head_room", "_lock", "_omitted", "_omitted_lines", "_tail", "_tail_size", "_tail_room",
+                 "closed", "size", "version")  # fmt: skip
+
+    def __init__(self, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> None:
+        self._lock = threading.Lock()
+        self._head: list[bytes] = []
+        self._head_room = head
+        self._tail: deque[bytes] = deque()
+        self._tail_size = 0
+        self._tail_room = tail
+        self._omitted = 0
+        self._omitted_lines = 0
+        self.size = 0
+        """Bytes written in all."""
+        self.version = 0
+        """Bumped by every write (the flusher writes a buffer again only when it changed)."""
+        self.closed = False
+
+    def write(self, text: str) -> None:
+        if not text:
+            return
+        if "\x00" in text:  # no store can keep a NUL in text
+            text = text.replace("\x00", "\\x00")
+        data = text.encode("utf-8", "backslashreplace")  # (lone surrogates, as \udcff)
+        with self._lock:
+            if self.closed:
+                return
+            self.size += len(data)
+            self.version += 1
+            room = self._head_room
+            if room:
+                if len(data) <= room:
+                    self._head.append(data)
+                    self._head_room = room - len(data)
+                    return
+                cut = room
+                while cut and _is_continuation(data[cut]):
+                    cut -= 1
+                self._head.append(data[:cut])
+                self._head_room = 0
+                data = data[cut:]
+            self._tail.append(data)
+            self._tail_size += len(data)
+            self._trim()
+
+    def _trim(self) -> None:
+        """Drop the oldest bytes of the tail beyond its room (counted, never kept)."""
+        excess = self._tail_size - self._tail_room
+        tail = self._tail
+        while excess > 0:
+            first = tail[0]
+            if len(first) <= excess:
+                tail.popleft()
+                cut = len(first)
+            else:
+                cut = excess
+                while cut < len(first) and _is_continuation(first[cut]):
+                    cut += 1  # never start the tail inside a character
+                tail[0] = first[cut:]
+            self._omitted += cut
+            self._omitted_lines += first.count(b"\n", 0, cut)
+            self._tail_size -= cut
+            excess -= cut
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            if len(self._head) > 1:
+                self._head = [b"".join(self._head)]
+            head = self._head[0] if self._head else b""
+            tail = b"".join(self._tail)
+            return Snapshot(
+                head.decode("utf-8", "replace"), tail.decode("utf-8", "replace"), self.size, self._omitted,
+                self._omitted_lines, self.closed, self.version,
+            )  # fmt: skip
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self.version += 1
+
+
+_creating = threading.Lock()
+
+
+class Capture:
+    """What one handler call writes: the base of the runner's invocations (one object per
+    call, on the firing path: no second one for its capture). Its :class:`LogBuffer` is made
+    at the first write, by ``opener(self)`` (which also registers it to be written): most
+    handlers write nothing, and those cost no buffer and no store write. A call whose
+    output is not kept has no ``opener`` and is never made :data:`CURRENT`."""
+
+    __slots__ = ("buffer", "opener")
+
+    def __init__(self) -> None:
+        self.buffer: LogBuffer | None = None
+        self.opener: Callable[[Capture], LogBuffer] | None = None
+
+    def log_target(self) -> LogTarget | None:
+        """What the output is kept as (asked at the first write)."""
+        return None
+
+    def write(self, text: str) -> None:
+        buffer = self.buffer
+        if buffer is None:
+            with _creating:  # two threads of one handler may write their first line at once
+                buffer = self.buffer
+                if buffer is None:
+                    opener = self.opener
+                    if opener is None:
+                        return
+                    buffer = self.buffer = opener(self)
+        buffer.write(text)
+
+
+CURRENT: contextvars.ContextVar[Capture | None] = contextvars.ContextVar("schedtui_capture", default=None)
+"""The capture of the handler call whose code is running, if any."""
+
+
+class _Formatter(RedactingFormatter):
+    converter = staticmethod(time.gmtime)
+    default_time_format = "%Y-%m-%dT%H:%M:%S"
+    default_msec_format = "%s.%03dZ"
+
+
+def log_formatter() -> logging.Formatter:
+    """How a captured record is written: ``2026-11-30T15:38:44.123Z WARNING name: message``
+    (secrets redacted, as in the engine's own log)."""
+    return _Formatter(LOG_FORMAT)
+
+
+class CaptureHandler(logging.Handler):
+    """The one root handler: a record logged while a capture is active is written to it
+    (see the module). Costs one context-variable read per record otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.setFormatter(log_formatter())
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        # Overridden: without a capture, take no lock and format nothing.
+        capture = CURRENT.get()
+        if capture is not None:
+            try:
+                capture.write(self.format(record) + "\n")
+            except Exception:
+                self.handleError(record)
+        if _only_handler(record):
+            # Python sends a record no handler took to its last resort (stderr, WARNING and
+            # up); this handler must not take that away from a process that configured none.
+            last = logging.lastResort
+            if last is not None and record.levelno >= last.level:
+                last.handle(record)
+        return capture is not None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.handle(record)
+
+
+def _only_handler(record: logging.LogRecord) -> bool:
+    """Whether this module's handler is the only one the record reaches."""
+    root = logging.root
+    if len(root.handlers) != 1:
+        return False
+    logger = logging.Logger.manager.loggerDict.get(record.name)
+    while isinstance(logger, logging.Logger) and logger is not root:
+        if logger.handlers:
+            return False
+        if not logger.propagate:
+            return False
+        logger = logger.parent
+    return True
+
+
+#: A stream handler's write of a record: captured already, as the record.
+_STREAM_EMIT = logging.StreamHandler.emit.__code__
+
+
+class CapturingStream:
+    """``sys.stdout`` or ``sys.stderr`` as a handler sees it: each write is copied to the
+    capture of the writing code's context, if any, and passed on to the stream it wraps;
+    everything else is the wrapped stream's."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.wrapped = stream
+
+    def write(self, text: str) -> int:
+        capture = CURRENT.get()
+        if capture is not None and isinstance(text, str) and sys._getframe(1).f_code is not _STREAM_EMIT:
+            try:
+                capture.write(text)
+            except Exception:  # noqa: S110 - a capture must never break a print
+                pass
+        return self.wrapped.write(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+
+HANDLER: Final = CaptureHandler()
+_EXECUTOR_WORKER = getattr(concurrent.futures.thread, "_worker", None)
+_install_lock = threading.Lock()
+_installs = 0
+_thread_start = threading.Thread.start
+_submit = concurrent.futures.ThreadPoolExecutor.submit
+_basic_config = logging.basicConfig
+
+
+def _start(self: threading.Thread) -> None:
+    """``Thread.start``, carrying an active capture into the thread (see the module)."""
+    if CURRENT.get() is not None and getattr(self, "_target", None) is not _EXECUTOR_WORKER:
+        context = contextvars.copy_context()
+        run = self.run
+        self.run = lambda: context.run(run)  # type: ignore[method-assign]
+    _thread_start(self)
+
+
+def _submit_in_context(
+    self: concurrent.futures.ThreadPoolExecutor, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+) -> concurrent.futures.Future[Any]:
+    """``ThreadPoolExecutor.submit``: a work item submitted while a capture is active runs
+    in a copy of its submitter's context."""
+    if CURRENT.get() is not None:
+        return _submit(self, contextvars.copy_context().run, fn, *args, **kwargs)
+    return _submit(self, fn, *args, **kwargs)
+
+
+def _basic_config_around(**kwargs: Any) -> None:
+    """``logging.basicConfig``, as if this module's root handler were not there (it checks
+    that the root has no handler; ``force=True`` removes them all)."""
+    root = logging.getLogger()
+    ours = HANDLER in root.handlers
+    if ours:
+        root.removeHandler(HANDLER)
+    try:
+        _basic_config(**kwargs)
+    finally:
+        if ours and HANDLER not in root.handlers:
+            root.addHandler(HANDLER)
+
+
+def installed() -> bool:
+    return _installs > 0
+
+
+def reinstate_if_moved() -> None:
+    """:func:`reinstate`, when something moved what it puts back (a few attribute reads
+    otherwise: this runs as each handler starts)."""
+    if (
+        sys.stdout.__class__ is not CapturingStream
+        or sys.stderr.__class__ is not CapturingStream
+        or HANDLER not in logging.root.handlers
+    ):
+        reinstate()
+
+
+def reinstate() -> None:
+    """Put the root handler back if something removed it, and the proxies in front of
+    ``sys.stdout`` and ``sys.stderr`` where something replaced them since :func:`install`
+    (a test runner between its phases, a terminal UI while it runs, a program setting its
+    root logger's handlers): called as each handler starts, so captures survive them."""
+    if not _installs:
+        return
+    root = logging.root
+    if HANDLER not in root.handlers:
+        root.addHandler(HANDLER)
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and type(stream) is not CapturingStream:
+            setattr(sys, name, CapturingStream(stream))
+
+
+def install() -> None:
+    """Install the root handler, the two stream proxies and the thread hooks, once per
+    process however many callers install them (each :func:`uninstall` undoes one)."""
+    global _installs
+    with _install_lock:
+        _installs += 1
+        if _installs > 1:
+            return
+        reinstate()
+        threading.Thread.start = _start  # type: ignore[method-assign]
+        concurrent.futures.ThreadPoolExecutor.submit = _submit_in_context  # type: ignore[method-assign,assignment]
+        logging.basicConfig = _basic_config_around
+
+
+def uninstall() -> None:
+    """Undo one :func:`install`; the last one removes everything (a stream that someone
+    replaced since is left as it is)."""
+    global _installs
+    with _install_lock:
+        if _installs == 0:
+            return
+        _installs -= 1
+        if _installs:
+            return
+        logging.getLogger().removeHandler(HANDLER)
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if isinstance(stream, CapturingStream):
+                setattr(sys, name, stream.wrapped)
+        threading.Thread.start = _thread_start  # type: ignore[method-assign]
+        concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign]
+        logging.basicConfig = _basic_config

@@ -1,0 +1,328 @@
+"""Per-run logs: keeping what this process's handlers say, and reading anyone's.
+
+Each schedule run and each job attempt is a
+:class:`~backend.observability.capture.Capture` (the runner's invocation is one), whose
+buffer is made and registered here at its first write (:meth:`RunLogs.register`). One loop, off the firing path, writes the
+buffers that changed every :data:`FLUSH_INTERVAL_S` (a follower sees a long run's progress)
+and, soon after a handler has returned, its final version, all in one batch (one store
+transaction for however many runs). A run that writes nothing costs no row and no write.
+
+The reads answer the ``run_log``, ``job_log`` and ``execution_log`` actions. A log this
+process still holds is read from memory (fresher than the store); ``running`` stays true
+while the run is in flight or its final lines may still be on their way (a row not yet
+final, written less than :data:`SETTLE_S` ago: a process that died leaves its last row
+unfinished, and its readers must not wait for ever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Final
+
+from backend.clock import Clock
+from backend.errors import NotFound, Unavailable
+from backend.observability import capture
+from backend.observability.capture import Capture, LogBuffer, Snapshot
+from backend.observability.logs import LogKind, LogStore, LogTarget, RunLog, StoredLog, compose
+from backend.runtime.loops import Loops
+from backend.safetext import escape_text
+
+if TYPE_CHECKING:
+    from backend.durable.model import Execution
+    from backend.jobs.model import JobDetail
+    from backend.model import Run
+
+__all__ = ["FLUSH_INTERVAL_S", "RunLogs", "SETTLE_S"]
+
+log = logging.getLogger("schedtui.engine")
+
+#: How often the logs of handlers still running are written (seconds).
+FLUSH_INTERVAL_S: Final = 1.0
+#: How long after a handler returned its final lines are waited for at most (seconds): a
+#: batch of ends is written together, once this much has passed since the last write.
+FINAL_BATCH_S: Final = 0.1
+#: A log row not final and older than this is as final as it will get (its process died).
+SETTLE_S: Final = 5.0
+#: Ended logs kept in memory while the store cannot take them; beyond, the oldest go.
+MAX_PENDING: Final = 1000
+
+
+class RunLogs:
+    """See the module.
+
+    Contract: every buffer registered is written at least once after its handler returned
+    (final), unless the store stays unavailable past :data:`MAX_PENDING` more ends or the
+    process ends; writes of one buffer land in order; nothing here runs on the firing path
+    (a call's first write registers its buffer, on the handler's own time)."""
+
+    def __init__(
+        self,
+        *,
+        store: LogStore,
+        clock: Clock,
+        loops: Loops,
+        get_run: Callable[[str], Awaitable[Run]],
+        get_job: Callable[[str], Awaitable[JobDetail]],
+        get_execution: Callable[[str], Awaitable[Execution]],
+        enabled: bool = True,
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.loops = loops
+        self.enabled = enabled
+        """Whether handlers' output is captured at all (``Engine(capture_logs=…)``)."""
+        self._get_run = get_run
+        self._get_job = get_job
+        self._get_execution = get_execution
+        self._lock = threading.Lock()  # buffers are registered from handler threads
+        self._open: dict[LogBuffer, LogTarget] = {}
+        self._ended: dict[LogBuffer, LogTarget] = {}
+        """Buffers whose handler returned, not yet written final."""
+        self._written: dict[LogBuffer, int] = {}
+        """The version of each open buffer last written."""
+        self._by_target: dict[LogTarget, LogBuffer] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._flushing = asyncio.Lock()
+        self._installed = False
+        self._failing = False
+        self._idle = False
+        self.writes = 0
+        """Store writes made (each a batch)."""
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def open(self) -> None:
+        """The engine opened (on its loop): capture from now on."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._flushing = asyncio.Lock()
+        if self.enabled and not self._installed:
+            capture.install()
+            self._installed = True
+
+    async def close(self) -> None:
+        """The engine stops: write what is left (a handler still running is written as it
+        is, final: this process writes nothing more), and stop capturing."""
+        task, self._task = self._task, None
+        self._loop = None  # a handler thread still writing starts no loop any more
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        with self._lock:
+            for buffer, target in self._open.items():
+                self._ended[buffer] = target
+            self._open.clear()
+        for buffer in list(self._ended):
+            buffer.close()
+        try:
+            await self.flush()
+        except Unavailable as exc:
+            log.warning("could not write the logs of %d run(s) or job attempt(s): %s", len(self._ended), exc)
+        if self._installed:
+            capture.uninstall()
+            self._installed = False
+
+    # -- capturing (the runner) -----------------------------------------------------------
+    def register(self, captured: Capture) -> LogBuffer:
+        """A capture's first write (on any thread): its buffer, registered to be written."""
+        buffer = LogBuffer()
+        target = captured.log_target()
+        if target is None:
+            buffer.close()  # nothing to keep it as: writes go nowhere
+            return buffer
+        with self._lock:
+            self._open[buffer] = target
+            self._by_target[target] = buffer
+        loop = self._loop
+        if loop is not None and (self._task is None or self._idle):
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the engine stopped
+                loop.call_soon_threadsafe(self._nudge)
+        return buffer
+
+    def ended(self, captured: Capture) -> None:
+        """The handler of ``captured`` has returned (on the engine's loop): its log is final."""
+        buffer = captured.buffer
+        if buffer is None:
+            return
+        buffer.close()
+        with self._lock:
+            target = self._open.pop(buffer, None)
+            if target is None:
+                return
+            self._ended[buffer] = target
+        self._wake.set()
+
+    def _nudge(self) -> None:
+        """On the loop: start the writing loop, or wake it from its idle park."""
+        if self._loop is None:
+            return
+        if self._task is None:
+            self._task = self.loops.spawn(self._keep(), "run logs")
+        elif self._idle:
+            self._wake.set()
+
+    async def _keep(self) -> None:
+        """The loop: idle while no log is open; else the logs that changed are written every
+        :data:`FLUSH_INTERVAL_S`, and soon after a handler returns (see :meth:`flush`)."""
+        interval, batch = timedelta(seconds=FLUSH_INTERVAL_S), timedelta(seconds=FINAL_BATCH_S)
+        while True:
+            with self._lock:
+                busy, ended = bool(self._open or self._ended), bool(self._ended)
+            if not busy:
+                self._idle = True
+                try:
+                    await self.loops.park("run logs", None, self._wake)
+                finally:
+                    self._idle = False
+                continue
+            if not ended or self._failing:
+                await self.loops.park("run logs", self.clock.now() + interval, self._wake)  # an end wakes it
+                with self._lock:
+                    ended = bool(self._ended)
+            if ended and not self._failing:
+                # Let the ends of the same moment (a burst's) join one batch.
+                await self.loops.park("run logs", self.clock.now() + batch)
+            try:
+                await self.flush()
+                if self._failing:
+                    self._failing = False
+                    log.info("run logs: the store takes them again")
+            except Unavailable as exc:
+                if not self._failing:
+                    self._failing = True
+                    log.warning("run logs: cannot write them now (%s); kept in memory and retried", exc)
+                self._drop_excess()
+
+    def _drop_excess(self) -> None:
+        with self._lock:
+            excess = len(self._ended) - MAX_PENDING
+            if excess <= 0:
+                return
+            dropped = list(self._ended)[:excess]
+            for buffer in dropped:
+                self._forget(buffer, self._ended.pop(buffer))
+        log.error("run logs: dropped the logs of %d ended run(s) the store could not take", excess)
+
+    def _forget(self, buffer: LogBuffer, target: LogTarget) -> None:
+        self._written.pop(buffer, None)
+        if self._by_target.get(target) is buffer:
+            del self._by_target[target]
+
+    # -- writing ----------------------------------------------------------------------------
+    async def flush(self) -> None:
+        """Write every log that changed since it was last written (one batch); raises
+        :class:`Unavailable` (the logs are kept, to be written again)."""
+        async with self._flushing:
+            with self._lock:
+                due = [(b, t) for b, t in self._open.items() if b.version != self._written.get(b)]
+                due += list(self._ended.items())
+            if not due:
+                return
+            now = self.clock.now()
+            rows: list[StoredLog] = []
+            done: list[tuple[LogBuffer, LogTarget, Snapshot]] = []
+            for buffer, target in due:
+                shot = buffer.snapshot()
+                done.append((buffer, target, shot))
+                rows.append(_row(target, shot, now))
+            await self.store.save_logs(rows)
+            self.writes += 1
+            with self._lock:
+                for buffer, target, shot in done:
+                    if shot.final:
+                        self._ended.pop(buffer, None)
+                        self._forget(buffer, target)
+                    else:
+                        self._written[buffer] = shot.version
+
+    # -- reading ------------------------------------------------------------------------------
+    def _local(self, target: LogTarget) -> StoredLog | None:
+        """The log of ``target`` as this process holds it, if it does (not yet all written)."""
+        with self._lock:
+            buffer = self._by_target.get(target)
+        if buffer is None:
+            return None
+        shot = buffer.snapshot()
+        # Not final to a reader until written: a reader elsewhere could not see it yet.
+        return _row(target, shot, self.clock.now(), final=False)
+
+    def _settling(self, stored: StoredLog | None) -> bool:
+        return stored is not None and not stored.final and (self.clock.now() - stored.updated_at).total_seconds() < SETTLE_S
+
+    def _answer(
+        self, kind: LogKind, id: str, name: str, status: str, running: bool, stored: StoredLog | None, after: int,
+        attempt: int | None = None,
+    ) -> RunLog:  # fmt: skip
+        if stored is None:
+            return RunLog(kind, id, status, running, "", 0, attempt=attempt, name=name)
+        # Escaped on the way out, as every read of stored text is (an escape sequence a
+        # handler printed must not reach an operator's terminal).
+        text = escape_text(compose(stored.head, stored.tail, stored.size, stored.omitted_bytes, stored.omitted_lines, after))
+        return RunLog(kind, id, status, running, text, stored.size, stored.omitted_bytes, stored.omitted_lines, attempt, name)
+
+    async def run_log(self, run_id: str, *, after: int = 0) -> RunLog:
+        """What a run's handler logged and printed (see the module)."""
+        run = await self._get_run(run_id)
+        target = LogTarget("run", run_id)
+        stored = self._local(target) or await self.store.get_run_log(run_id)
+        running = run.status == "running" or self._settling(stored)
+        return self._answer("run", run_id, run.name, run.status, running, stored, after)
+
+    async def job_log(self, job_id: str, attempt: int | None = None, *, after: int = 0) -> RunLog:
+        """What a job attempt's handler logged and printed: the newest attempt's, or
+        attempt ``attempt``'s (of the newest claim with that number)."""
+        detail = await self._get_job(job_id)
+        job = detail.job
+        stored = await self.store.get_job_log(job_id, attempt)
+        number = attempt
+        if number is None:
+            if stored is not None:
+                number = stored.target.attempt
+            elif job is not None and job.status == "running":
+                number = job.attempt
+            elif detail.attempts:
+                number = detail.attempts[-1].attempt
+        if number is None:  # queued, never tried yet
+            return RunLog("job", job_id, job.status if job is not None else "unknown", False, "", 0, name=detail.queue)
+        if stored is not None:
+            stored = self._local(stored.target) or stored
+        running_now = job is not None and job.status == "running" and job.attempt == number
+        finished = [a for a in detail.attempts if a.attempt == number]
+        status: str
+        if running_now:
+            status = "running"
+        elif finished:
+            status = finished[-1].status
+        elif stored is not None:
+            status = job.status if job is not None else "unknown"
+        else:
+            raise NotFound(f"job {job_id} has no attempt {number}")
+        running = running_now or self._settling(stored)
+        return self._answer("job", job_id, detail.queue, status, running, stored, after, number)
+
+    async def execution_log(self, execution_id: str, *, after: int = 0) -> RunLog:
+        """A durable execution's log (the newest 500 lines, as ``durable show`` gives them)."""
+        execution = await self._get_execution(execution_id)
+        lines = execution.logs or []
+        text = "".join(f"{_stamp(line.at)}  {line.message}\n" for line in lines)
+        size = len(text.encode())
+        shown = escape_text(text.encode()[after:].decode("utf-8", "replace") if after else text)
+        return RunLog("durable", execution_id, execution.status, not execution.done, shown, size,
+                      name=execution.function)  # fmt: skip
+
+
+def _stamp(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{at.microsecond // 1000:03d}Z"
+
+
+def _row(target: LogTarget, shot: Snapshot, now: datetime, *, final: bool | None = None) -> StoredLog:
+    return StoredLog(
+        target, shot.head, shot.tail, shot.size, shot.omitted_bytes, shot.omitted_lines,
+        shot.final if final is None else final, now,
+    )  # fmt: skip

@@ -1,0 +1,471 @@
+"""Per-run logs: what a handler logs and prints is kept for its run (or job attempt) only,
+bounded to its head and tail, stored with the run, pruned with it, and read through the
+declared actions (embedded, over HTTP, remote).
+
+Handlers here write markers naming their own run; a log holding another run's marker
+would be a capture that mixed runs."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import re
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backend import Engine, ManualClock, define_durable, define_queue, define_schedule, discover
+from backend.api.app import create_app
+from backend.client.embedded import EmbeddedBackend
+from backend.client.remote import RemoteBackend
+from backend.errors import BadInput, NotFound
+from backend.observability import capture
+from backend.observability.capture import HEAD_BYTES, TAIL_BYTES, LogBuffer
+from backend.observability.logs import LogTarget, StoredLog, compose
+from backend.store import open_store
+from tests import pg
+
+log = logging.getLogger("tests.run_logs")
+log.setLevel(logging.INFO)
+
+TOKEN = "run-logs-token"
+NOT_AN_ID = "01JD3Z6Q0V9W4C7PAXH3KJ1M2B"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgres":
+        request.getfixturevalue("pg_server")
+        return pg.database_for(tmp_path)
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+@pytest.fixture
+async def engines(clock: ManualClock, url: str) -> AsyncIterator[Callable[..., Engine]]:
+    made: list[Engine] = []
+
+    def make(definitions: list[Any], **kwargs: Any) -> Engine:
+        kwargs.setdefault("clock", clock)
+        kwargs.setdefault("instance", f"logs-{len(made)}")
+        kwargs.setdefault("shutdown_grace", 0)
+        engine = Engine(definitions, url, **kwargs)
+        made.append(engine)
+        return engine
+
+    yield make
+    for engine in made:
+        await engine.stop(grace=0)
+
+
+def markers(text: str) -> set[str]:
+    return set(re.findall(r"<<([^>]+)>>", text))
+
+
+# ---------------------------------------------------------------------------------------
+# the buffer: bounded, head and tail, whole characters
+# ---------------------------------------------------------------------------------------
+def test_a_megabyte_streamed_keeps_its_head_and_tail_and_never_more() -> None:
+    buffer = LogBuffer()
+    lines = [f"line {n:06d} {'x' * 50}\n" for n in range(16_500)]  # ~1 MiB
+    for line in lines:
+        buffer.write(line)
+        assert sum(len(chunk) for chunk in buffer._head) <= HEAD_BYTES
+        assert buffer._tail_size <= TAIL_BYTES
+    shot = buffer.snapshot()
+    total = sum(len(line) for line in lines)
+    assert total > 1_000_000 and shot.size == total
+    assert shot.head.startswith(lines[0]) and shot.tail.endswith(lines[-1])
+    assert len(shot.head.encode()) + shot.omitted_bytes + len(shot.tail.encode()) == total
+    assert shot.omitted_lines == len(lines) - shot.head.count("\n") - shot.tail.count("\n")
+    text = compose(shot.head, shot.tail, shot.size, shot.omitted_bytes, shot.omitted_lines)
+    marker = f"[… {shot.omitted_bytes:,} bytes ({shot.omitted_lines:,} lines) left out"
+    assert text.count(marker) == 1
+    assert len(text.encode()) < HEAD_BYTES + TAIL_BYTES + 200
+
+
+def test_one_huge_write_is_cut_at_character_boundaries() -> None:
+    buffer = LogBuffer(head=10, tail=10)
+    buffer.write("é" * 1000)  # two bytes each: the cuts must not split one
+    shot = buffer.snapshot()
+    assert shot.head == "é" * 5 and shot.tail == "é" * 5
+    assert shot.size == 2000 and shot.omitted_bytes == 1980
+    buffer.write("ab€")  # three bytes: the tail's room shifts by one character at a time
+    shot = buffer.snapshot()
+    assert "\ufffd" not in shot.tail and shot.tail.endswith("ab€")
+    assert len(shot.head.encode()) + shot.omitted_bytes + len(shot.tail.encode()) == shot.size
+
+
+def test_what_a_store_cannot_keep_is_escaped_and_a_closed_buffer_takes_nothing() -> None:
+    buffer = LogBuffer()
+    buffer.write("nul \x00 and lone \udcff\n")
+    buffer.close()
+    buffer.write("after the end\n")
+    shot = buffer.snapshot()
+    assert shot.head == "nul \\x00 and lone \\udcff\n" and shot.final
+
+
+def test_following_by_offsets_prints_each_byte_once_and_says_what_was_left_out() -> None:
+    buffer = LogBuffer(head=64, tail=64)
+    printed, after = "", 0
+
+    def read() -> None:
+        nonlocal printed, after
+        shot = buffer.snapshot()
+        printed += compose(shot.head, shot.tail, shot.size, shot.omitted_bytes, shot.omitted_lines, after)
+        after = shot.size
+
+    for n in range(12):  # read after every line: every byte once, in order
+        buffer.write(f"line {n:02d}\n")
+        read()
+    assert printed == "".join(f"line {n:02d}\n" for n in range(12))
+    for n in range(12, 40):  # the tail moves on past what was read
+        buffer.write(f"line {n:02d}\n")
+    read()
+    gap = 8 * 40 - 64 - 8 * 12  # written, less the tail, less what was read before
+    assert printed.endswith(f"line 11\n[… {gap} bytes left out: a log keeps its first and last 32 KiB …]\n"
+                            + "".join(f"line {n:02d}\n" for n in range(32, 40)))
+    read()
+    assert printed.endswith("line 39\n")  # nothing new: nothing more
+
+
+# ---------------------------------------------------------------------------------------
+# capture: per run, from threads, child tasks and pools, many at once
+# ---------------------------------------------------------------------------------------
+ASYNC, SYNC = 12, 12
+
+
+def concurrent_definitions(barrier: threading.Barrier) -> list[Any]:
+    async def async_handler(ctx: Any) -> None:
+        me = ctx.name
+
+        async def child() -> None:
+            for _n in range(3):
+                print(f"<<{me}:child>>")
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(child())
+        for _n in range(5):
+            print(f"<<{me}:print>>")
+            log.info("<<%s:log>>", me)
+            await asyncio.sleep(0)
+        thread = threading.Thread(target=lambda: print(f"<<{me}:thread>>", file=sys.stderr))
+        thread.start()
+        await asyncio.to_thread(thread.join)
+        await asyncio.get_running_loop().run_in_executor(None, lambda: log.warning("<<%s:pool>>", me))
+        await task
+
+    def sync_handler(ctx: Any) -> None:
+        me = ctx.name
+        barrier.wait(timeout=30)  # every sync handler runs at once
+        for _n in range(5):
+            print(f"<<{me}:print>>")
+            log.info("<<%s:log>>", me)
+        thread = threading.Thread(target=lambda: log.warning("<<%s:thread>>", me))
+        thread.start()
+        thread.join()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            pool.submit(print, f"<<{me}:pool>>").result()
+        barrier.wait(timeout=30)
+
+    return [
+        *(define_schedule(name=f"a{n:02d}", cron="* * * * *", timezone="UTC", handler=async_handler) for n in range(ASYNC)),
+        *(define_schedule(name=f"s{n:02d}", cron="* * * * *", timezone="UTC", handler=sync_handler) for n in range(SYNC)),
+    ]
+
+
+async def test_logs_of_concurrent_runs_are_never_mixed(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    engine = engines(concurrent_definitions(threading.Barrier(SYNC)))
+    await engine.start()
+    clock.advance(60)  # every schedule's slot at once: async on the loop, sync on 12 threads
+    await engine.quiesce()
+    runs = {name: (await engine.list_runs(name, limit=1))[0][0] for name in engine.schedules}
+    for name, run in runs.items():
+        assert run.status == "succeeded", (name, run.error_message)
+        answer = await engine.run_logs.run_log(run.id)
+        seen = markers(answer.text)
+        kinds = {"print", "log", "child", "thread", "pool"} if name.startswith("a") else {"print", "log", "thread", "pool"}
+        assert seen == {f"{name}:{kind}" for kind in kinds}, (name, answer.text)
+        assert not answer.running and answer.status == "succeeded"
+        assert answer.text.count(f"<<{name}:print>>") == 5
+
+
+async def test_a_log_record_reaches_the_process_handlers_too_and_a_print_its_stream(
+    engines: Callable[..., Engine], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def handler(ctx: Any) -> None:
+        print("<<printed>>")
+        log.warning("<<logged>>")
+
+    engine = engines([define_schedule(name="both", cron="0 * * * *", timezone="UTC", handler=handler)])
+    await engine.open()
+    run = await engine.run_now("both", wait=True)
+    await engine.run_logs.flush()
+    text = (await engine.run_logs.run_log(run.id)).text
+    assert markers(text) == {"printed", "logged"}
+    assert "<<printed>>" in capsys.readouterr().out  # a copy: the stream still gets it
+    assert any("<<logged>>" in record.getMessage() for record in caplog.records)
+
+
+async def test_outside_a_run_nothing_is_captured_and_the_last_resort_still_speaks(
+    engines: Callable[..., Engine], capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = engines([define_schedule(name="quiet", cron="0 * * * *", timezone="UTC", handler=lambda ctx: None)])
+    await engine.open()
+    assert capture.installed() and capture.CURRENT.get() is None
+    root = logging.getLogger()
+    others, root.handlers[:] = list(root.handlers), [capture.HANDLER]
+    try:
+        logging.getLogger("tests.nobody").warning("no handler but the capture's")
+    finally:
+        root.handlers[:] = others
+    assert "no handler but the capture's" in capsys.readouterr().err
+    run = await engine.run_now("quiet", wait=True)
+    await engine.run_logs.flush()
+    assert (await engine.run_logs.run_log(run.id)).size == 0
+    assert engine.run_logs.writes == 0  # a run that says nothing costs no write
+
+
+async def test_a_failing_handler_ends_its_log_with_its_traceback(engines: Callable[..., Engine]) -> None:
+    def handler(ctx: Any) -> None:
+        print("about to fail")
+        raise RuntimeError("<<the reason>>")
+
+    engine = engines([define_schedule(name="fails", cron="0 * * * *", timezone="UTC", handler=handler)])
+    await engine.open()
+    run = await engine.run_now("fails", wait=True)
+    await engine.run_logs.flush()
+    text = (await engine.run_logs.run_log(run.id)).text
+    assert text.startswith("about to fail\n")
+    assert "Traceback (most recent call last)" in text and text.endswith("RuntimeError: <<the reason>>\n")
+    assert run.traceback is not None and "RuntimeError" in run.traceback  # kept in the run as before
+
+
+async def test_a_megabyte_of_output_is_kept_bounded(engines: Callable[..., Engine]) -> None:
+    def handler(ctx: Any) -> None:
+        for n in range(16_000):
+            print(f"row {n:05d} " + "y" * 56)
+
+    engine = engines([define_schedule(name="loud", cron="0 * * * *", timezone="UTC", handler=handler)])
+    await engine.open()
+    run = await engine.run_now("loud", wait=True)
+    await engine.run_logs.flush()
+    stored = await engine.store.get_run_log(run.id)  # type: ignore[attr-defined]
+    assert stored.final and stored.size == 16_000 * 67
+    assert len(stored.head.encode()) <= HEAD_BYTES and len(stored.tail.encode()) <= TAIL_BYTES
+    answer = await engine.run_logs.run_log(run.id)
+    assert answer.text.startswith("row 00000 ") and answer.text.endswith("row 15999 " + "y" * 56 + "\n")
+    assert answer.omitted_bytes == stored.size - len(stored.head.encode()) - len(stored.tail.encode()) > 900_000
+    assert f"[… {answer.omitted_bytes:,} bytes ({answer.omitted_lines:,} lines) left out" in answer.text
+
+
+async def test_a_running_runs_log_is_written_while_it_runs_then_final(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    go_on = asyncio.Event()
+
+    async def handler(ctx: Any) -> None:
+        print("first half")
+        await go_on.wait()
+        print("second half")
+
+    engine = engines([define_schedule(name="long", cron="0 * * * *", timezone="UTC", handler=handler)])
+    await engine.open()
+    run = await engine.run_now("long")
+    await engine.quiesce(runs=False)
+    clock.advance(1)  # the flush interval
+    await engine.quiesce(runs=False)
+    stored = await engine.store.get_run_log(run.id)  # type: ignore[attr-defined]
+    assert stored is not None and stored.head == "first half\n" and not stored.final
+    first = await engine.run_logs.run_log(run.id)
+    assert first.running and first.text == "first half\n"
+    go_on.set()
+    await engine.quiesce()
+    rest = await engine.run_logs.run_log(run.id, after=first.size)
+    assert rest.text == "second half\n" and not rest.running and rest.size == first.size + len("second half\n")
+    assert (await engine.store.get_run_log(run.id)).final  # type: ignore[attr-defined]
+
+
+async def test_a_sync_handler_past_its_deadline_is_captured_until_it_returns(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    release = threading.Event()
+
+    def handler(ctx: Any) -> None:
+        print("before the deadline")
+        release.wait(30)
+        print("after it")
+
+    engine = engines([define_schedule(name="late", cron="0 * * * *", timezone="UTC", handler=handler, max_runtime=5)])
+    await engine.open()
+    run = await engine.run_now("late")
+    await engine.quiesce(runs=False)
+    clock.advance(6)
+    timed_out = await engine.wait_run(run.id)
+    assert timed_out.error_tag == "timeout"
+    assert (await engine.run_logs.run_log(run.id)).running  # its thread still writes
+    release.set()
+    await engine.quiesce()
+    answer = await engine.run_logs.run_log(run.id)
+    assert answer.text == "before the deadline\nafter it\n" and not answer.running
+
+
+async def test_an_isolated_handler_is_captured_from_its_process(engines: Callable[..., Engine], tmp_path: Path) -> None:
+    source = tmp_path / "iso.cron.py"
+    source.write_text(
+        "import logging, sys\n"
+        "from backend import define_schedule\n"
+        "def handler(ctx):\n"
+        "    print('<<printed in the child>>')\n"
+        "    logging.getLogger('child').info('<<logged in the child>>')\n"
+        "    print('<<to stderr>>', file=sys.stderr)\n"
+        "iso = define_schedule(name='iso', cron='0 * * * *', timezone='UTC', handler=handler, isolation='process')\n"
+    )
+    engine = engines(discover(tmp_path))
+    await engine.open()
+    run = await engine.run_now("iso", wait=True)
+    assert run.status == "succeeded", run.error_message
+    await engine.run_logs.flush()
+    text = (await engine.run_logs.run_log(run.id)).text
+    assert markers(text) == {"printed in the child", "logged in the child", "to stderr"}
+    assert re.search(r"Z INFO child: <<logged in the child>>", text)
+
+
+async def test_job_attempts_have_a_log_each(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    async def deliver(job: Any) -> None:
+        print(f"<<attempt {job.attempt}>>")
+        if job.attempt == 1:
+            raise ConnectionError("smtp down")
+
+    engine = engines([define_queue(name="mail", handler=deliver, attempts=3)])
+    await engine.start()
+    sent = await engine.jobs.send("mail", {"to": "ops"})
+    await engine.quiesce()
+    clock.advance(11)  # the retry's backoff
+    await engine.quiesce()
+    newest = await engine.run_logs.job_log(sent.id)
+    assert (newest.attempt, newest.status, newest.text, newest.name) == (2, "succeeded", "<<attempt 2>>\n", "mail")
+    first = await engine.run_logs.job_log(sent.id, 1)
+    assert first.status == "failed" and first.text.startswith("<<attempt 1>>\n") and "ConnectionError: smtp down" in first.text
+    with pytest.raises(NotFound, match="has no attempt 3"):
+        await engine.run_logs.job_log(sent.id, 3)
+    with pytest.raises(NotFound):
+        await engine.run_logs.job_log(NOT_AN_ID)
+
+
+async def test_logs_are_pruned_with_their_runs_and_job_attempts(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    hold = asyncio.Event()
+
+    async def handler(ctx: Any) -> None:
+        print(f"<<{ctx.name}>>")
+        if ctx.name == "held":
+            await hold.wait()
+
+    async def deliver(job: Any) -> None:
+        print("<<job>>")
+
+    engine = engines([
+        define_schedule(name="done", cron="0 * * * *", timezone="UTC", handler=handler),
+        define_schedule(name="held", cron="0 * * * *", timezone="UTC", handler=handler),
+        define_queue(name="mail", handler=deliver),
+    ])  # fmt: skip
+    await engine.start()
+    done = await engine.run_now("done", wait=True)
+    sent = await engine.jobs.send("mail", None)
+    await engine.quiesce()
+    held = await engine.run_now("held")
+    await engine.quiesce(runs=False)
+    clock.advance(2)
+    await engine.quiesce(runs=False)
+    store: Any = engine.store
+    assert await store.get_run_log(done.id) and await store.get_run_log(held.id) and await store.get_job_log(sent.id)
+    later = clock.now() + timedelta(days=1)
+    await store.prune_runs(later)
+    assert await store.get_run_log(done.id) is None
+    assert await store.get_run_log(held.id) is not None  # still running: kept, as its run is
+    await store.prune_jobs(later, later, later)
+    assert await store.get_job_log(sent.id) is None
+    hold.set()
+
+
+async def test_a_final_log_is_never_replaced(url: str, clock: ManualClock) -> None:
+    store: Any = open_store(url)
+    await store.open()
+    try:
+        target = LogTarget("run", NOT_AN_ID)
+        at = clock.now()
+        await store.save_logs([StoredLog(target, "a\n", "", 2, 0, 0, False, at)])
+        await store.save_logs([StoredLog(target, "a\nb\n", "", 4, 0, 0, True, at)])
+        await store.save_logs([StoredLog(target, "a\n", "", 2, 0, 0, False, at)])  # a late, older write
+        stored = await store.get_run_log(NOT_AN_ID)
+        assert (stored.head, stored.final) == ("a\nb\n", True)
+        await store.save_logs([StoredLog(LogTarget("job", NOT_AN_ID, 1, 1), "one\n", "", 4, 0, 0, True, at),
+                               StoredLog(LogTarget("job", NOT_AN_ID, 2, 1), "again\n", "", 6, 0, 0, True, at),
+                               StoredLog(LogTarget("job", NOT_AN_ID, 3, 2), "two\n", "", 4, 0, 0, False, at)])
+        assert (await store.get_job_log(NOT_AN_ID)).head == "two\n"
+        assert (await store.get_job_log(NOT_AN_ID, 1)).head == "again\n"  # the newest claim with that number
+    finally:
+        await store.close()
+
+
+# ---------------------------------------------------------------------------------------
+# reading: the actions, over HTTP, remote
+# ---------------------------------------------------------------------------------------
+async def test_the_log_actions_over_http_and_the_remote_backend(engines: Callable[..., Engine]) -> None:
+    async def handler(ctx: Any) -> None:
+        print("one\x1b[31m red\x1b[0m")
+        print("two")
+
+    async def deliver(job: Any) -> None:
+        print("<<job line>>")
+
+    async def flow(ctx: Any, input: Any) -> Any:
+        ctx.log("<<noted>>")
+        return await ctx.step("s", lambda: 1)
+
+    engine = engines([
+        define_schedule(name="talks", cron="0 * * * *", timezone="UTC", handler=handler),
+        define_queue(name="mail", handler=deliver),
+        define_durable(name="flow", handler=flow),
+    ])  # fmt: skip
+    await engine.start()
+    run = await engine.run_now("talks", wait=True)
+    sent = await engine.jobs.send("mail", None)
+    started = await engine.durable.start_execution("flow", None)
+    await engine.quiesce()
+    embedded = EmbeddedBackend(engine)
+    app = create_app(embedded, token=TOKEN)
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t", headers=headers) as http:
+        body = (await http.get(f"/inspect/runs/{run.id}/log")).json()
+        assert body["text"] == "one\\x1b[31m red\\x1b[0m\ntwo\n"  # an escape sequence never reaches a terminal
+        assert body["size"] == len("one\x1b[31m red\x1b[0m\ntwo\n") and body["running"] is False
+        assert (body["kind"], body["id"], body["name"], body["status"]) == ("run", run.id, "talks", "succeeded")
+        rest = (await http.get(f"/inspect/runs/{run.id}/log", params={"after": body["size"] - 4})).json()
+        assert rest["text"] == "two\n"
+        for path in (f"/inspect/runs/{NOT_AN_ID}/log", "/inspect/runs/not-an-id/log", f"/inspect/jobs/{NOT_AN_ID}/log",
+                     f"/inspect/durable/executions/{NOT_AN_ID}/log"):  # fmt: skip
+            answer = await http.get(path)
+            assert answer.status_code == 404 and answer.json()["error"]["code"] == "not_found", path
+        bad = await http.get(f"/inspect/runs/{run.id}/log", params={"after": "-3"})
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "after"
+        job = (await http.get(f"/inspect/jobs/{sent.id}/log", params={"attempt": 1})).json()
+        assert job["text"] == "<<job line>>\n" and job["attempt"] == 1
+        execution = (await http.get(f"/inspect/durable/executions/{started.id}/log")).json()
+        assert "<<noted>>" in execution["text"] and execution["running"] is False
+    remote = RemoteBackend("http://t", TOKEN, transport=httpx.ASGITransport(app=app))
+    await remote.connect()
+    try:
+        assert await remote.run_log(run.id) == await embedded.run_log(run.id)
+        assert await remote.job_log(sent.id) == await embedded.job_log(sent.id)
+        assert (await remote.execution_log(started.id)).text == (await embedded.execution_log(started.id)).text
+        with pytest.raises(NotFound):
+            await remote.run_log(NOT_AN_ID)
+        with pytest.raises(BadInput):
+            await remote.job_log(sent.id, attempt=0)
+    finally:
+        await remote.close()
