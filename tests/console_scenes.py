@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from backend import ManualClock
 from console.app import SchedtuiApp
@@ -67,6 +68,9 @@ async def settle(pilot: Pilot[Any]) -> None:
     table with rows still to measure (a picture taken before would show narrow columns)."""
     quiet = 0
     for _ in range(50):
+        for screen in pilot.app.screen_stack:  # a blinking cursor's phase would be in the picture
+            for field in screen.query(Input):
+                field.cursor_blink = False
         await pilot.pause()
         await pilot.app.workers.wait_for_complete()
         await pilot.pause()

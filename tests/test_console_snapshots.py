@@ -45,6 +45,9 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_ledger(tmp_path_factory.mktemp("snapshot-ledger"))
 
 
+# A loaded machine can catch a frame mid-update (an input's line drawn before its width, a
+# blink): a picture that differs is taken once more, from a fresh app. A real change differs twice.
+@pytest.mark.flaky(reruns=1)
 @pytest.mark.parametrize("size", list(SIZES))
 @pytest.mark.parametrize("scene", list(SCENES))
 def test_console_snapshot(snap_compare: Any, ledger: Path, scene: str, size: str, request: pytest.FixtureRequest) -> None:

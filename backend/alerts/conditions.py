@@ -155,7 +155,9 @@ def overdue_slot(cron: Cron, max_runtime: float, policy: ScheduleAlerting, now: 
                 after = later or cron.next(slot)
                 until = min(after + late_grace(cron, max_runtime, policy, after, slot),
                             cron.next(after) + timedelta(seconds=LATE_MARGIN))  # fmt: skip
-                return Overdue(slot, grace, until)
+                # Nothing newer is overdue at ``now`` (checked above): the answer holds at
+                # ``now`` itself even where the bound falls on it.
+                return Overdue(slot, grace, max(until, now + timedelta(microseconds=1)))
             later = slot
     except ValueError:  # no slot within years 1 to 9999
         return None
