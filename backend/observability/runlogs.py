@@ -93,6 +93,7 @@ class RunLogs:
         self._installed = False
         self._failing = False
         self._idle = False
+        self._nudged = False
         self.writes = 0
         """Store writes made (each a batch)."""
 
@@ -139,8 +140,11 @@ class RunLogs:
         with self._lock:
             self._open[buffer] = target
             self._by_target[target] = buffer
+            nudge = not self._nudged and (self._task is None or self._idle)
+            if nudge:
+                self._nudged = True  # one nudge for a burst of first writes, not one each
         loop = self._loop
-        if loop is not None and (self._task is None or self._idle):
+        if nudge and loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is gone: the engine stopped
                 loop.call_soon_threadsafe(self._nudge)
         return buffer
@@ -160,6 +164,8 @@ class RunLogs:
 
     def _nudge(self) -> None:
         """On the loop: start the writing loop, or wake it from its idle park."""
+        with self._lock:
+            self._nudged = False
         if self._loop is None:
             return
         if self._task is None:
