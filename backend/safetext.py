@@ -87,8 +87,12 @@ def redact(text: str) -> str:
     if pattern is not None:
         text = pattern.sub(MASK, text)
     # A URL quoted in an error text (libpq quotes a whole URL it cannot parse) loses its
-    # password by structure, even one this process was never told about.
-    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group()), text)
+    # password by structure, even one this process was never told about. (Each pattern is
+    # tried only on a text that holds what it needs: most log lines hold neither.)
+    if "://" in text:
+        text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group()), text)
+    if "=" not in text:
+        return text
     return _KEYWORD_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, NamedTuple, Protocol
 
 __all__ = ["LogKind", "LogStore", "LogTarget", "RunLog", "StoredLog", "compose", "marker"]
 
@@ -27,10 +27,10 @@ LogKind = Literal["run", "job", "durable"]
 KEPT: Final = "a log keeps its first and last 32 KiB"
 
 
-@dataclass(frozen=True, slots=True)
-class LogTarget:
+class LogTarget(NamedTuple):
     """Whose log: a run (``id`` is its id), or a job's attempt (``id`` is the job's, ``seq``
-    its claim number, ``attempt`` the attempt number operators see)."""
+    its claim number, ``attempt`` the attempt number operators see). (Tuples: one is made
+    and hashed per call that writes, on the handler's time.)"""
 
     kind: Literal["run", "job"]
     id: str
@@ -38,9 +38,8 @@ class LogTarget:
     attempt: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class StoredLog:
-    """One log as a store keeps it."""
+class StoredLog(NamedTuple):
+    """One log as a store keeps it (a row: a batch makes one per log written)."""
 
     target: LogTarget
     head: str

@@ -93,6 +93,11 @@ class RunLogs:
         self._installed = False
         self._failing = False
         self._idle = False
+        self._nudged = False
+        self._quiet = asyncio.Event()
+        self.busy: Callable[[], bool] | None = None
+        """Whether a burst of runs is being started now: the log keeper writes after it
+        (call :meth:`quiet_again` when it ends), never between its handlers' starts."""
         self.writes = 0
         """Store writes made (each a batch)."""
 
@@ -101,6 +106,7 @@ class RunLogs:
         """The engine opened (on its loop): capture from now on."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        self._quiet = asyncio.Event()
         self._flushing = asyncio.Lock()
         if self.enabled and not self._installed:
             capture.install()
@@ -139,8 +145,11 @@ class RunLogs:
         with self._lock:
             self._open[buffer] = target
             self._by_target[target] = buffer
+            nudge = not self._nudged and (self._task is None or self._idle)
+            if nudge:
+                self._nudged = True  # one nudge for a burst of first writes, not one each
         loop = self._loop
-        if loop is not None and (self._task is None or self._idle):
+        if nudge and loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is gone: the engine stopped
                 loop.call_soon_threadsafe(self._nudge)
         return buffer
@@ -158,8 +167,14 @@ class RunLogs:
             self._ended[buffer] = target
         self._wake.set()
 
+    def quiet_again(self) -> None:
+        """A burst of runs has been started (on the engine's loop)."""
+        self._quiet.set()
+
     def _nudge(self) -> None:
         """On the loop: start the writing loop, or wake it from its idle park."""
+        with self._lock:
+            self._nudged = False
         if self._loop is None:
             return
         if self._task is None:
@@ -188,6 +203,12 @@ class RunLogs:
             if ended and not self._failing:
                 # Let the ends of the same moment (a burst's) join one batch.
                 await self.loops.park("run logs", self.clock.now() + batch)
+            starting = self.busy
+            if starting is not None and starting():
+                # A burst is starting its handlers: taking the buffers and handing a batch to
+                # the store's writer now would delay the later ones. Right after it, then.
+                self._quiet.clear()
+                await self.loops.park("run logs", self.clock.now() + interval, self._quiet)
             try:
                 await self.flush()
                 if self._failing:

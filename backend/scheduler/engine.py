@@ -328,6 +328,8 @@ class Engine:
         """Per-run logs: what handlers log and print, kept per run and job attempt, and read."""
         if capture_logs:
             self.runner.logs = self.run_logs
+            self.run_logs.busy = lambda: self.ledger.holding
+            self.ledger.on_handoff.append(self.run_logs.quiet_again)
         unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
         if unknown:
             raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")

@@ -50,6 +50,11 @@ class RunLedger:
         """Called after each hand-off of rows to the store (the change signals wait for it)."""
 
     @property
+    def holding(self) -> bool:
+        """Whether a burst is being started (see :meth:`hold`): other writers wait for its end."""
+        return self._held
+
+    @property
     def buffered(self) -> bool:
         """Whether recorded runs wait in the buffer, not yet handed to the store."""
         return bool(self._buffer)
