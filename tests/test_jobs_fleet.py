@@ -198,7 +198,14 @@ def test_a_sigkilled_workers_job_is_retried_once_elsewhere(fleet: Callable[..., 
     assert (done.job, done.attempt, done.pid) == (job, 2, survivor)
     starts = [line for line in f.lines() if line.what == "start"]
     assert [(line.attempt, line.pid) for line in starts] == [(1, first.pid), (2, survivor)]  # once, elsewhere
-    attempts = f.sql("SELECT attempt, status, error_tag FROM schedtui_job_attempts WHERE job_id = %s ORDER BY seq", (job,))
+    # The handler's "end" line comes before the worker records the attempt's end: wait for the record.
+    query = "SELECT attempt, status, error_tag FROM schedtui_job_attempts WHERE job_id = %s ORDER BY seq"
+
+    def recorded() -> list[tuple[Any, ...]] | None:
+        rows = f.sql(query, (job,))
+        return rows if len(rows) == 2 and rows[1][1] != "running" else None
+
+    attempts = poll(recorded, timeout=30, what="the retry's end to be recorded")
     assert attempts == [(1, "failed", "abandoned"), (2, "succeeded", None)]
     assert done.at - first.at < 60
     assert servers[survivor].stop() == 0
@@ -246,4 +253,3 @@ def test_fifty_concurrent_sends_of_one_key_over_http_give_one_job(fleet: Callabl
     for server in servers:
         assert server.stop() == 0
     f.assert_healthy_logs()
-
