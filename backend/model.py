@@ -652,8 +652,10 @@ class BackfillPlan:
 def _span(seconds: float) -> str:
     """``45s``, ``12m``, ``3h 5m``, ``2d 4h``: an estimate, to the unit below its largest."""
     s = round(seconds)
+    if seconds < 1:
+        return "under 1s"
     if s < 60:
-        return f"{max(s, 1) if seconds > 0 else 0}s"
+        return f"{s}s"
     if s < 3600:
         return f"{s // 60}m" + (f" {s % 60}s" if s % 60 else "")
     if s < 86400:

@@ -60,6 +60,7 @@ from console.commands import ConsoleCommands
 from console.fleet import CronCache, Fleet, Overdue, fleet_of
 from console.keys import Key, bindings
 from console.screens.backfill import BackfillScreen
+from console.screens.confirm import Confirm
 from console.screens.details import RunDetails
 from console.screens.help import HelpScreen
 from console.screens.prompt import NotePrompt
@@ -157,7 +158,8 @@ class SchedtuiApp(App[None]):
     PALETTE_ACTIONS: ClassVar[list[tuple[str, str, str]]] = [
         ("run_now", "Run now: {name}", "fire it once, now, as a manual run"),
         ("toggle_enabled", "Enable/disable: {name}", "toggle; disabling asks for an optional note"),
-        ("backfill", "Backfill: {name}", "fire the slots of a past range"),
+        ("backfill", "Backfill: {name}", "fire the slots of a past range (or see the one running)"),
+        ("stop_backfill", "Stop backfill: {name}", "stop the backfill running for it, wherever it runs (asks)"),
         ("run_details", "Run details", "every field of the selected run"),
         ("filter", "Filter schedules", "by name, cron, zone, description, or a state: failed, overdue, disabled…"),
         ("toggle_zone", "Show times in UTC / in my zone", "the zone every time on screen is shown in"),
@@ -857,9 +859,27 @@ class SchedtuiApp(App[None]):
         self.request_refresh()
 
     def action_backfill(self) -> None:
-        """``b``: the backfill dialog for the selected schedule."""
+        """``b``: the backfill dialog for the selected schedule; while a backfill of it runs
+        (started here or anywhere), that one's progress, where ``s`` stops it."""
         view = self._target("Backfill")
-        if view is None:
+        if view is not None:
+            self._open_backfill(view)
+
+    async def _running_backfill(self, name: str) -> BackfillProgress | None:
+        """The backfill running for schedule ``name`` on any instance, if any."""
+        started_here = [p for p in self.backfills.values() if p.name == name and p.state == "running"]
+        try:
+            running = await self.backend.running_backfills(name)
+        except NotFound:  # a server older than this console: it cannot say
+            return started_here[0] if started_here else None
+        return running[0] if running else None
+
+    @work(group="backfill-open", exclusive=True, exit_on_error=False)
+    async def _open_backfill(self, view: ScheduleView) -> None:
+        try:
+            running = await self._running_backfill(view.name)
+        except SchedtuiError as exc:
+            self.report(exc)
             return
 
         def started(progress: BackfillProgress) -> None:
@@ -876,8 +896,52 @@ class SchedtuiApp(App[None]):
             self.request_refresh()
 
         self.push_screen(
-            BackfillScreen(self.backend, view, self.backend_now, on_started=started, on_finished=finished)
+            BackfillScreen(self.backend, view, self.backend_now, on_started=started, on_finished=finished, running=running)
         )
+
+    def action_stop_backfill(self) -> None:
+        """The palette's "Stop backfill": stop the backfill running for the selected
+        schedule, wherever it runs, once the operator says yes (``cancel_backfill``'s question)."""
+        view = self._target("Stop backfill")
+        if view is None:
+            return
+        if self.read_only:
+            self.notify(f"Stop backfill does nothing here: {self._read_only_reason()}.", title="Read-only",
+                        severity="warning")  # fmt: skip
+            return
+        self._stop_backfill(view)
+
+    @work(group="backfill-open", exclusive=True, exit_on_error=False)
+    async def _stop_backfill(self, view: ScheduleView) -> None:
+        try:
+            progress = await self._running_backfill(view.name)
+        except SchedtuiError as exc:
+            self.report(exc)
+            return
+        if progress is None:
+            self.notify(f"No backfill of {view.name} is running.", title="Stop backfill", severity="warning")
+            return
+        zone = view.timezone
+        facts = [f"{progress.name}: {progress.fired} of {progress.total} fired, {progress.failed} failed, "
+                 f"{progress.remaining} to go, in ({fmt.local_time(progress.start, zone)} … "
+                 f"{fmt.local_time(progress.end, zone)}], on {progress.instance}."]  # fmt: skip
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self._cancel_backfill(progress.id)
+
+        self.push_screen(Confirm.of("cancel_backfill", {"backfill_id": progress.id}, facts=facts), answer)
+
+    @work(group="action", exit_on_error=False)
+    async def _cancel_backfill(self, backfill_id: str) -> None:
+        try:
+            progress = await self.backend.cancel_backfill(backfill_id)
+        except SchedtuiError as exc:
+            self.report(exc)
+            return
+        self.notify(f"{progress.name}: {progress.fired} fired, {progress.failed} failed, {progress.remaining} not fired "
+                    f"({progress.state}; a run in flight finishes on its own)", title="Backfill stopped")  # fmt: skip
+        self.request_refresh()
 
     def action_run_details(self) -> None:
         """``enter``: the details of what is under the cursor of the view on screen."""
