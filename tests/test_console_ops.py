@@ -8,20 +8,23 @@ against a real ``schedtui serve`` on a loopback port.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from backend import ManualClock
 from backend.client.remote import RemoteBackend
 from backend.store import open_store
 from console.app import SchedtuiApp
 from console.commands import ConsoleCommands
 from console.screens import BackfillScreen, Confirm, QuitPrompt
+from console.widgets import ConsoleHeader
 from tests.servers import Server, start_server
 from tests.test_console import Notes, console, ledger, select, settle, store_url  # noqa: F401 - fixtures
-from tests.test_console_events import until
+from tests.test_console_events import header_text, until
 from tests.test_contract import OPERATE, write_schedules
 
 
@@ -193,3 +196,122 @@ async def test_stopping_a_backfill_and_quitting_records_how_it_really_ended(stor
                                      "succeeded": 0, "failed": 1, "not_fired": 5, "failed_by": {"interrupted": 1}}  # fmt: skip
     finally:
         await store.close()
+
+
+# ---------------------------------------------------------------------------------------
+# item 3: a token the server refuses, or wants
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("token", "says"), [("not-the-token", "✗ token refused"), (None, "✗ no token sent")])
+async def test_a_refused_or_missing_token_is_said_in_the_header_with_how_to_give_one(
+    server: Server, token: str | None, says: str
+) -> None:
+    backend = RemoteBackend(server.url, token)
+    app = SchedtuiApp(backend, ManualClock("2026-03-02T08:00:00Z"))
+    notes = Notes(app)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            header = app.query_one(ConsoleHeader)
+            text = header_text(app)
+            assert header.state == "refused" and says in text, text
+            assert "restart with --token-file PATH or $SCHEDTUI_TOKEN" in text  # whole, at 80 columns
+            assert "not connected" not in text
+            everything = text + " ".join(message for _, message in notes.seen)
+            assert "Authorization" not in everything and "Bearer" not in everything
+            app.clock.advance(120)  # type: ignore[attr-defined]
+            app.tick()
+            await settle(pilot)
+            assert says in header_text(app)  # it stays (not a toast), and nothing retries it
+            assert app._retry_at is None  # noqa: SLF001
+    finally:
+        await backend.close()
+
+
+def test_the_header_names_the_ways_the_console_takes_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from console.cli.main import parse_args
+
+    (tmp_path / "token").write_text("from-the-file\n")
+    args = parse_args(["console", "--url", "http://127.0.0.1:1", "--token-file", str(tmp_path / "token")])
+    assert args.token == "from-the-file"
+    monkeypatch.setenv("SCHEDTUI_TOKEN", "from-the-environment")
+    assert parse_args(["console", "--url", "http://127.0.0.1:1"]).token == "from-the-environment"
+
+
+# ---------------------------------------------------------------------------------------
+# item 6: a server that dies and comes back
+# ---------------------------------------------------------------------------------------
+async def test_a_dropped_stream_turns_the_header_at_once_and_a_restarted_server_is_found_within_5s(
+    tmp_path: Path,
+) -> None:
+    write_schedules(tmp_path)
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    server = start_server(tmp_path, "--schedules", "schedules", "--store", store, "--token", OPERATE)
+    port = server.url.rsplit(":", 1)[1]
+    clock = ManualClock("2026-03-02T08:00:00Z")  # every deadline (polls, retries) waits for the test
+    backend = RemoteBackend(server.url, OPERATE)
+    app = SchedtuiApp(backend, clock, refresh_interval=2)
+    try:
+        async with app.run_test(size=(120, 32)) as pilot:
+            await until(pilot, lambda: app.events_live)
+            header = app.query_one(ConsoleHeader)
+            assert "● live (events)" in header_text(app)
+            await asyncio.to_thread(server.stop)
+            # The stream's end is the news: not a poll on the clock (which does not move).
+            await until(pilot, lambda: header.state in ("dropped", "lost"))
+            assert "● live" not in header_text(app)
+            if header.state == "dropped":  # the server, asked at once, answered while it stopped
+                assert "◌ event stream dropped" in header_text(app)
+                clock.advance(2)  # the next poll finds it gone
+                app.tick()
+            await until(pilot, lambda: header.state == "lost")
+            delays = [header.retry_at - clock.now()]  # type: ignore[operator]
+            for _ in range(4):  # each retry due on the clock fails; the wait stops growing at 5 s
+                clock.set(header.retry_at)  # type: ignore[arg-type]
+                failures = app._failures  # noqa: SLF001
+                app.tick()
+                await until(pilot, lambda f=failures: app._failures > f)  # type: ignore[misc]  # noqa: SLF001
+                delays.append(header.retry_at - clock.now())  # type: ignore[operator]
+            assert [d.total_seconds() for d in delays] == [1, 2, 5, 5, 5]
+            server = start_server(tmp_path, "--schedules", "schedules", "--store", store, "--token", OPERATE,
+                                  "--port", port)  # fmt: skip
+            clock.set(header.retry_at)  # type: ignore[arg-type]  # at most 5 s after it came back
+            app.tick()
+            await until(pilot, lambda: header.state == "live")
+            await until(pilot, lambda: app.events_live)  # its stream too, at once: the clock has not moved
+            assert "● live (events)" in header_text(app)
+    finally:
+        await backend.close()
+        server.stop()
+
+
+async def test_polls_the_server_does_not_answer_stop_the_header_saying_live(store_url: str) -> None:
+    from tests.console_fixtures import console_backend
+
+    clock = ManualClock("2026-03-02T08:00:05Z")
+    backend = console_backend(store_url, clock)
+    answer = asyncio.Event()
+    answer.set()
+    listing = backend.list_schedules
+
+    async def slow() -> Any:
+        await answer.wait()  # a server that died without a word: the request hangs
+        return await listing()
+
+    backend.list_schedules = slow  # type: ignore[method-assign]
+    async with console(store_url, backend=backend, clock=clock, live_events=False) as (app, pilot, _, notes):
+        assert "● live (polling)" in header_text(app)
+        answer.clear()
+        clock.advance(1)
+        app.tick()  # a poll is due: it hangs
+        await pilot.pause()
+        clock.advance(5)
+        app.tick()
+        await pilot.pause()
+        assert "● live (polling)" in header_text(app)  # 6 s: within the refresh interval and 5 s
+        clock.advance(2)
+        app.tick()
+        await pilot.pause()
+        assert "● live" not in header_text(app) and "◌ waiting for the server" in header_text(app)
+        answer.set()
+        await settle(pilot)
+        assert "● live (polling)" in header_text(app)
