@@ -586,17 +586,18 @@ class BackfillPlan:
             return None
         if n is None or self.duration_seconds is None:
             consequence = {"skip": "skipped", "queue": "fired late", "parallel": "fired beside it"}[policy]
-            return (f"how long it runs is unknown (no run of it has finished yet): each live slot due "
+            return (f"how long it runs is unknown (no recent run of it to time): each live slot due "
                     f"while it runs is {consequence} (on_overlap {policy})")  # fmt: skip
-        took = f"about {_span(self.duration_seconds)} ({_span(self.run_seconds or 0)} a run)"
+        about = "under 1s" if self.duration_seconds < 1 else f"about {_span(self.duration_seconds)}"
+        took = f"{about}, {_span(self.run_seconds or 0)} a run"
         slots = f"{n:,} live slot{'s' if n != 1 else ''}"
         if n == 0:
-            return f"no live slot is due while it runs: {took}"
+            return f"no live slot is due while it runs ({took})"
         if policy == "skip":
-            return f"may skip up to {slots} (on_overlap skip): due while it runs, {took}"
+            return f"may skip up to {slots} (on_overlap skip): due while it runs ({took})"
         if policy == "queue":
-            return f"may delay up to {slots} (on_overlap queue: fired late, not skipped): it runs {took}"
-        return f"{slots} due while it runs fire beside it (on_overlap parallel): it runs {took}"
+            return f"may delay up to {slots} (on_overlap queue: fired late, not skipped): due while it runs ({took})"
+        return f"{slots} due while it runs fire beside it (on_overlap parallel; {took})"
 
     @property
     def needs_confirmation(self) -> bool:

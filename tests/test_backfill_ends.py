@@ -220,9 +220,9 @@ async def history(engine: Engine, clock: ManualClock, seconds: list[float]) -> N
 @pytest.mark.parametrize(
     ("policy", "says"),
     [
-        ("skip", "may skip up to 16 live slots (on_overlap skip): due while it runs, about 16m 40s (1m 40s a run)"),
-        ("queue", "may delay up to 16 live slots (on_overlap queue: fired late, not skipped): it runs about 16m 40s"),
-        ("parallel", "16 live slots due while it runs fire beside it (on_overlap parallel)"),
+        ("skip", "may skip up to 16 live slots (on_overlap skip): due while it runs (about 16m 40s, 1m 40s a run)"),
+        ("queue", "may delay up to 16 live slots (on_overlap queue: fired late, not skipped): due while it runs (about 16m 40s"),
+        ("parallel", "16 live slots due while it runs fire beside it (on_overlap parallel; about 16m 40s, 1m 40s a run)"),
     ],
 )
 async def test_the_plan_says_how_many_live_slots_it_may_displace(

@@ -165,7 +165,7 @@ async def test_the_plan_warns_of_the_live_slots_it_may_skip(store_url: str) -> N
         await settle(pilot)
         assert screen.plan is not None and screen.plan.run_seconds == 15 and screen.plan.live_slots == 9
         text = plain(screen.query_one("#plan"))
-        assert "! may skip up to 9 live slots (on_overlap skip): due while it runs, about 1m 30s (15s a run)" in text
+        assert "! may skip up to 9 live slots (on_overlap skip): due while it runs (about 1m 30s, 15s a run)" in text
         screen.action_start()
         await pilot.pause()
         question = app.screen

@@ -183,7 +183,7 @@ class BackfillScreen(ModalScreen[None]):
         self._polling = False
 
     def compose(self) -> ComposeResult:
-        with Vertical() as box:
+        with Vertical(id="dialog") as box:
             box.border_title = f"Backfill {self.view.name}"
             box.border_subtitle = "tab moves · esc cancels"
             yield Label(
@@ -365,6 +365,9 @@ class BackfillScreen(ModalScreen[None]):
         self.set_class(state == "confirm", "-confirm")
         self.set_class(state == "running", "-running")
         self.set_class(state == "done", "-done")
+        with contextlib.suppress(NoMatches):  # (set before the dialog is composed)
+            box = self.query_one("#dialog", Vertical)
+            box.border_subtitle = {"running": "s stops · esc closes", "done": "esc closes"}.get(state, "tab moves · esc cancels")
         self._update_start()
 
     def _update_start(self) -> None:
