@@ -150,6 +150,12 @@ class Unauthorized(SchedtuiError, PermissionError):
     title = "Unauthorized"
     code = "unauthorized"
 
+    def __init__(self, message: str, *, token_sent: bool | None = None) -> None:
+        super().__init__(message)
+        self.token_sent = token_sent
+        """Whether the client sent a token (``None``: not known here): a missing token and a
+        refused one are told apart, and told how to give one, by the client's surface."""
+
 
 class Forbidden(SchedtuiError, PermissionError):
     """The caller may read but not act (read token or read-only mode)."""

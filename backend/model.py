@@ -488,6 +488,8 @@ BACKFILL_CONFIRM_ABOVE: Final = 25
 BACKFILL_DEFAULT_LIMIT: Final = 1_000
 #: The limit can be raised up to here and no further.
 BACKFILL_MAX_LIMIT: Final = 10_000
+#: How many of a schedule's newest runs a backfill plan times one run by (their median).
+BACKFILL_ESTIMATE_RUNS: Final = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -557,10 +559,45 @@ class BackfillPlan:
     already_succeeded: int = 0
     """How many of the slots already have a succeeded run (any trigger): they would run
     again, unless the backfill is started with ``skip_succeeded``."""
+    on_overlap: OverlapPolicy | None = None
+    """The schedule's overlap policy: what its live slots due while a backfill run is in
+    flight get (``skip``: recorded skipped; ``queue``: fired late; ``parallel``: fired
+    beside it). ``None`` on a plan that may not start (and from older servers)."""
+    run_seconds: float | None = None
+    """How long one run takes, estimated: the median duration of the schedule's newest
+    runs that ran (up to :data:`BACKFILL_ESTIMATE_RUNS`); ``None`` when none has."""
+    duration_seconds: float | None = None
+    """How long the backfill runs, estimated: ``count`` runs one after the other, each
+    ``run_seconds`` long (so at most this long when slots that succeeded are skipped)."""
+    live_slots: int | None = None
+    """The schedule's live slots due while it runs, estimated: its cron's slots in the
+    ``duration_seconds`` from now, counted up to :data:`BACKFILL_MAX_LIMIT` (none while it
+    is disabled). ``None`` when the duration is unknown."""
 
     @property
     def ok(self) -> bool:
         return self.refusal is None
+
+    def live_effect(self) -> str | None:
+        """What the backfill may do to the schedule's live slots, in a sentence; ``None``
+        for a plan that may not start."""
+        policy, n = self.on_overlap, self.live_slots
+        if policy is None:
+            return None
+        if n is None or self.duration_seconds is None:
+            consequence = {"skip": "skipped", "queue": "fired late", "parallel": "fired beside it"}[policy]
+            return (f"how long it runs is unknown (no recent run of it to time): each live slot due "
+                    f"while it runs is {consequence} (on_overlap {policy})")  # fmt: skip
+        about = "under 1s" if self.duration_seconds < 1 else f"about {_span(self.duration_seconds)}"
+        took = f"{about}, {_span(self.run_seconds or 0)} a run"
+        slots = f"{n:,} live slot{'s' if n != 1 else ''}"
+        if n == 0:
+            return f"no live slot is due while it runs ({took})"
+        if policy == "skip":
+            return f"may skip up to {slots} (on_overlap skip): due while it runs ({took})"
+        if policy == "queue":
+            return f"may delay up to {slots} (on_overlap queue: fired late, not skipped): due while it runs ({took})"
+        return f"{slots} due while it runs fire beside it (on_overlap parallel; {took})"
 
     @property
     def needs_confirmation(self) -> bool:
@@ -585,6 +622,10 @@ class BackfillPlan:
             "refusal": self.refusal,
             "reason": self.reason,
             "already_succeeded": self.already_succeeded,
+            "on_overlap": self.on_overlap,
+            "run_seconds": self.run_seconds,
+            "duration_seconds": self.duration_seconds,
+            "live_slots": self.live_slots,
         }
 
     @classmethod
@@ -602,7 +643,25 @@ class BackfillPlan:
             refusal=data.get("refusal"),
             reason=data.get("reason"),
             already_succeeded=data.get("already_succeeded", 0),
+            on_overlap=data.get("on_overlap"),
+            run_seconds=data.get("run_seconds"),
+            duration_seconds=data.get("duration_seconds"),
+            live_slots=data.get("live_slots"),
         )
+
+
+def _span(seconds: float) -> str:
+    """``45s``, ``12m``, ``3h 5m``, ``2d 4h``: an estimate, to the unit below its largest."""
+    s = round(seconds)
+    if seconds < 1:
+        return "under 1s"
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m" + (f" {s % 60}s" if s % 60 else "")
+    if s < 86400:
+        return f"{s // 3600}h" + (f" {s % 3600 // 60}m" if s % 3600 >= 60 else "")
+    return f"{s // 86400}d" + (f" {s % 86400 // 3600}h" if s % 86400 >= 3600 else "")
 
 
 BackfillState = Literal["running", "done", "cancelled", "abandoned"]

@@ -14,14 +14,16 @@ and an injected :class:`~backend.clock.Clock`:
   that freezes a :class:`~backend.clock.ManualClock` gets a frozen, repeatable screen;
 * every :class:`~backend.errors.SchedtuiError` becomes a notification with its title and
   message; a lost connection is shown in the header, the data is marked stale, and the app
-  reconnects with backoff by itself;
+  reconnects with backoff by itself (at most 5 s apart); a token the server refuses (or
+  one it wants and did not get) stays in the header, with how to give one;
 * the data stays fresh by change signals (:meth:`~backend.client.interface.Backend.changes`: the
   server's event stream, or the embedded engine's bus): a signal that names what is on
   screen makes the app read it again, and nothing is read while nothing changes (the
   heartbeats excepted, every :data:`INSTANCES_LIVE_EVERY`, and everything every
   :data:`KEEP_FRESH`). While the stream is down the app polls every ``refresh_interval``
   and tries the stream again with backoff; the header says which (``● live (events)`` or
-  ``(polling)``).
+  ``(polling)``). A stream that breaks is news at once: the header stops saying live and
+  the server is asked at once; a reconnect opens the stream again at once.
 
 The caller owns the backend's lifetime: it hands in a backend that is not yet connected, the
 app connects it, and the caller closes it after the app has exited (or passes
@@ -52,7 +54,7 @@ from textual.widgets import ContentSwitcher, Footer, Input, Static
 
 from backend.client.interface import SYSTEMS, Backend, ConnectionInfo
 from backend.clock import Clock, SystemClock
-from backend.errors import NotFound, SchedtuiError, Unauthorized, Unavailable
+from backend.errors import Forbidden, NotFound, SchedtuiError, Unauthorized, Unavailable
 from backend.events.bus import READY, RESYNC, STREAM, Signal
 from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView
 from console import format as fmt
@@ -60,6 +62,7 @@ from console.commands import ConsoleCommands
 from console.fleet import CronCache, Fleet, Overdue, fleet_of
 from console.keys import Key, bindings
 from console.screens.backfill import BackfillScreen
+from console.screens.confirm import Confirm
 from console.screens.details import RunDetails
 from console.screens.help import HelpScreen
 from console.screens.prompt import NotePrompt
@@ -71,8 +74,13 @@ from console.widgets.tabs import ViewTabs
 
 __all__ = ["PAGE_SIZE", "STATUS_FILTERS", "SchedtuiApp", "freeze_heap", "parse_keymap", "short_where"]
 
-BACKOFF_SECONDS = (1, 2, 4, 8, 15, 30)
-"""Delays between reconnect attempts; the last one repeats."""
+BACKOFF_SECONDS = (1, 2, 5)
+"""Delays between reconnect attempts (and event stream attempts); the last one repeats. A
+server back after a restart is found within 5 s (it took up to 30)."""
+
+LATE_AFTER = timedelta(seconds=5)
+"""While polling, a last good refresh older than the refresh interval and this much more
+says the server does not answer (the header stops saying live)."""
 
 INSTANCES_EVERY = timedelta(seconds=5)
 """How often the heartbeats are read while polling (they change every 5 s at most)."""
@@ -157,7 +165,8 @@ class SchedtuiApp(App[None]):
     PALETTE_ACTIONS: ClassVar[list[tuple[str, str, str]]] = [
         ("run_now", "Run now: {name}", "fire it once, now, as a manual run"),
         ("toggle_enabled", "Enable/disable: {name}", "toggle; disabling asks for an optional note"),
-        ("backfill", "Backfill: {name}", "fire the slots of a past range"),
+        ("backfill", "Backfill: {name}", "fire the slots of a past range (or see the one running)"),
+        ("stop_backfill", "Stop backfill: {name}", "stop the backfill running for it, wherever it runs (asks)"),
         ("run_details", "Run details", "every field of the selected run"),
         ("filter", "Filter schedules", "by name, cron, zone, description, or a state: failed, overdue, disabled…"),
         ("toggle_zone", "Show times in UTC / in my zone", "the zone every time on screen is shown in"),
@@ -282,6 +291,7 @@ class SchedtuiApp(App[None]):
     def on_mount(self) -> None:
         header = self.query_one(ConsoleHeader)
         header.now = self.clock.now()
+        header.late_after = self.refresh_interval + LATE_AFTER
         self.query_one("#filter", Input).display = False
         self._update_tabs()
         self.active_view.focus_main()
@@ -416,8 +426,8 @@ class SchedtuiApp(App[None]):
         except Unavailable as exc:
             self.connection_lost(exc)
             return
-        except Unauthorized as exc:
-            self._give_up(exc)
+        except (Unauthorized, Forbidden) as exc:  # a read refused: the token is wrong or missing
+            self._token_refused(exc)
             return
         except SchedtuiError as exc:
             if self.info is None:
@@ -439,7 +449,8 @@ class SchedtuiApp(App[None]):
         self._failures = 0
         self._next_refresh = now + (KEEP_FRESH if self.events_live else self.refresh_interval)
         header = self.query_one(ConsoleHeader)
-        header.state = "live"
+        if header.state != "dropped" or self.events_live:  # dropped: until the stream is back
+            header.state = "live"
         header.last_ok = now
         header.retry_at = None
         header.now = now
@@ -554,19 +565,34 @@ class SchedtuiApp(App[None]):
         if events == self.events_live:
             return
         self.events_live = events
-        self.query_one(ConsoleHeader).feed = "events" if events else "polling"
+        header = self.query_one(ConsoleHeader)
+        header.feed = "events" if events else "polling"
+        if events and header.state == "dropped":
+            header.state = "live"
         now = self.clock.now()
         if self._next_refresh is not None:
             self._next_refresh = now + (KEEP_FRESH if events else self.refresh_interval)
 
     def _events_down(self, why: str) -> None:
-        """The stream ended: poll until it is back (tried again with backoff)."""
+        """The stream ended: poll until it is back (tried again with backoff). A stream that
+        was flowing broke: that is news at once. The header says so (not live, until the
+        stream is back or the connection is lost), the server is asked at once whether it
+        is still there, and the stream is tried again at once."""
         try:
+            header = self.query_one(ConsoleHeader)
+            flowing = self.events_live
             self._set_feed(False)
         except NoMatches:  # the app is shutting down
             return
-        delay = BACKOFF_SECONDS[min(self._events_failures, len(BACKOFF_SECONDS) - 1)]
-        self._events_failures += 1
+        if flowing:
+            self._events_failures = 0
+            delay = 0
+            if header.state == "live":
+                header.state = "dropped"
+                self.request_refresh()
+        else:
+            delay = BACKOFF_SECONDS[min(self._events_failures, len(BACKOFF_SECONDS) - 1)]
+            self._events_failures += 1
         self._events_retry_at = self.clock.now() + timedelta(seconds=delay)
         self.log.info(f"event stream down ({why}); polling, trying it again in {delay}s")
 
@@ -600,6 +626,22 @@ class SchedtuiApp(App[None]):
             self._lost_reported = True
             self.notify(f"{exc.message}. Retrying by itself; the data on screen is stale.", title=exc.title,
                         severity="error", markup=False)
+
+    def _token_refused(self, exc: SchedtuiError) -> None:
+        """The server refused the token, or wanted one: no retry helps (ctrl+r tries once
+        more). The header says so until a refresh succeeds, with how to give one."""
+        self._retry_at = None
+        self._next_refresh = None
+        header = self.query_one(ConsoleHeader)
+        sent = exc.token_sent if isinstance(exc, Unauthorized) and exc.token_sent is not None else True
+        header.token_sent = sent
+        header.state = "refused"
+        if self.info is not None:
+            self.query_one("#main").add_class("-stale")
+        what = "refused the token" if sent else "wants a token and none was given"
+        self.notify(f"The server {what}. Restart the console with --token-file PATH (or $SCHEDTUI_TOKEN) "
+                    "holding a token it accepts.", title="Token refused" if sent else "No token",
+                    severity="error", markup=False, timeout=15)  # fmt: skip
 
     def _give_up(self, exc: SchedtuiError) -> None:
         """A connect that cannot succeed by retrying (a wrong token): say so and wait for ctrl+r."""
@@ -885,9 +927,27 @@ class SchedtuiApp(App[None]):
         self.request_refresh()
 
     def action_backfill(self) -> None:
-        """``b``: the backfill dialog for the selected schedule."""
+        """``b``: the backfill dialog for the selected schedule; while a backfill of it runs
+        (started here or anywhere), that one's progress, where ``s`` stops it."""
         view = self._target("Backfill")
-        if view is None:
+        if view is not None:
+            self._open_backfill(view)
+
+    async def _running_backfill(self, name: str) -> BackfillProgress | None:
+        """The backfill running for schedule ``name`` on any instance, if any."""
+        started_here = [p for p in self.backfills.values() if p.name == name and p.state == "running"]
+        try:
+            running = await self.backend.running_backfills(name)
+        except NotFound:  # a server older than this console: it cannot say
+            return started_here[0] if started_here else None
+        return running[0] if running else None
+
+    @work(group="backfill-open", exclusive=True, exit_on_error=False)
+    async def _open_backfill(self, view: ScheduleView) -> None:
+        try:
+            running = await self._running_backfill(view.name)
+        except SchedtuiError as exc:
+            self.report(exc)
             return
 
         def started(progress: BackfillProgress) -> None:
@@ -904,8 +964,52 @@ class SchedtuiApp(App[None]):
             self.request_refresh()
 
         self.push_screen(
-            BackfillScreen(self.backend, view, self.backend_now, on_started=started, on_finished=finished)
+            BackfillScreen(self.backend, view, self.backend_now, on_started=started, on_finished=finished, running=running)
         )
+
+    def action_stop_backfill(self) -> None:
+        """The palette's "Stop backfill": stop the backfill running for the selected
+        schedule, wherever it runs, once the operator says yes (``cancel_backfill``'s question)."""
+        view = self._target("Stop backfill")
+        if view is None:
+            return
+        if self.read_only:
+            self.notify(f"Stop backfill does nothing here: {self._read_only_reason()}.", title="Read-only",
+                        severity="warning")  # fmt: skip
+            return
+        self._stop_backfill(view)
+
+    @work(group="backfill-open", exclusive=True, exit_on_error=False)
+    async def _stop_backfill(self, view: ScheduleView) -> None:
+        try:
+            progress = await self._running_backfill(view.name)
+        except SchedtuiError as exc:
+            self.report(exc)
+            return
+        if progress is None:
+            self.notify(f"No backfill of {view.name} is running.", title="Stop backfill", severity="warning")
+            return
+        zone = view.timezone
+        facts = [f"{progress.name}: {progress.fired} of {progress.total} fired, {progress.failed} failed, "
+                 f"{progress.remaining} to go, in ({fmt.local_time(progress.start, zone)} … "
+                 f"{fmt.local_time(progress.end, zone)}], on {progress.instance}."]  # fmt: skip
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self._cancel_backfill(progress.id)
+
+        self.push_screen(Confirm.of("cancel_backfill", {"backfill_id": progress.id}, facts=facts), answer)
+
+    @work(group="action", exit_on_error=False)
+    async def _cancel_backfill(self, backfill_id: str) -> None:
+        try:
+            progress = await self.backend.cancel_backfill(backfill_id)
+        except SchedtuiError as exc:
+            self.report(exc)
+            return
+        self.notify(f"{progress.name}: {progress.fired} fired, {progress.failed} failed, {progress.remaining} not fired "
+                    f"({progress.state}; a run in flight finishes on its own)", title="Backfill stopped")  # fmt: skip
+        self.request_refresh()
 
     def action_run_details(self) -> None:
         """``enter``: the details of what is under the cursor of the view on screen."""

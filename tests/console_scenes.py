@@ -12,13 +12,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from backend import ManualClock
+from backend import ManualClock, Unauthorized
 from console.app import SchedtuiApp
 from console.widgets.schedules import FreshTable
 from tests.console_fixtures import (
@@ -94,12 +95,12 @@ def _keys(*keys: str) -> RunBefore:
     return run_before
 
 
-def _backfill(start: str, end: str = "now", confirm: str = "", skip: bool = False) -> RunBefore:
+def _backfill(start: str, end: str = "now", confirm: str = "", skip: bool = False, name: str = "flaky-export") -> RunBefore:
     async def run_before(pilot: Pilot[Any]) -> None:
         await settle(pilot)
         app = pilot.app
         assert isinstance(app, SchedtuiApp)
-        app.action_select("flaky-export")
+        app.action_select(name)
         await settle(pilot)
         await pilot.press("b")
         await settle(pilot)
@@ -145,6 +146,26 @@ async def _disconnected(pilot: Pilot[Any]) -> None:
     assert isinstance(backend, FlakyBackend)
     backend.down = True
     await pilot.press("ctrl+r")
+    await settle(pilot)
+
+
+class _Refusing(FlakyBackend):
+    """A server that refuses the console's token: every call is a 401."""
+
+    def _check(self) -> None:
+        raise Unauthorized(f"{self.URL} refused the token given", token_sent=True)
+
+
+async def _backfill_running(pilot: Pilot[Any]) -> None:
+    """``b`` on a schedule whose backfill (started elsewhere) runs: its progress, and its stop."""
+    await settle(pilot)
+    app = pilot.app
+    assert isinstance(app, SchedtuiApp)
+    now = app.clock.now()  # slow-reindex's runs wait on the frozen clock: it stays running
+    await app.backend.start_backfill("slow-reindex", now - timedelta(minutes=1), now)
+    app.action_select("slow-reindex")
+    await settle(pilot)
+    await pilot.press("b")
     await settle(pilot)
 
 
@@ -213,6 +234,9 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "backfill-ok": ({}, _backfill("-1m")),
     "backfill-confirm": ({}, _backfill("2026-03-02T07:50:00Z", "2026-03-02T07:55:00Z", confirm="29")),
     "backfill-refused": ({}, _backfill("-1h", "+1h")),
+    "backfill-live-slots": ({}, _backfill("-1m", name="slow-reindex")),
+    "backfill-running": ({}, _backfill_running),
+    "token-refused": ({"refused": True}, _keys()),
     "read-only": ({"read_only": True}, _keys()),
     "disconnected": ({"flaky": True}, _disconnected),
     "nothing-fires": ({}, _nothing_fires),
@@ -257,6 +281,9 @@ def scene_app(ledger: Path, name: str) -> tuple[SchedtuiApp, RunBefore]:
     where = WHERE
     if options.get("flaky"):
         backend = FlakyBackend(backend)
+        where = FlakyBackend.URL
+    if options.get("refused"):
+        backend = _Refusing(backend)
         where = FlakyBackend.URL
     if options.get("no_color"):
         os.environ["NO_COLOR"] = "1"  # Textual reads it when the app is made

@@ -129,7 +129,8 @@ def test_a_danger_fills_its_placeholders_and_leaves_unknown_ones() -> None:
     question, _ = action_of("release_lock").danger.render({"name": "nightly"})  # type: ignore[union-attr]
     assert question == 'Release lock "nightly" by force?'
     dangerous = {name for name, action in ACTIONS.items() if action.danger is not None}
-    assert dangerous == {"delete_schedule", "start_backfill", "release_lock", "cancel_execution", "delete_job"}
+    assert dangerous == {"delete_schedule", "start_backfill", "cancel_backfill", "release_lock", "cancel_execution",
+                         "delete_job"}  # fmt: skip
 
 
 async def test_every_action_has_a_route_and_an_openapi_entry(embedded: EmbeddedBackend) -> None:
@@ -218,7 +219,12 @@ async def test_each_action_records_the_audit_name_it_declares(embedded: Embedded
     await act("update_schedule", "made", {"cron": "30 * * * *"})
     await act("delete_schedule", "made")
     now = await backend.now()
-    await act("start_backfill", "hourly", now - timedelta(hours=3), now - timedelta(minutes=1))
+    # A backfill's end is recorded by itself, once its runs have ended: after its start.
+    progress = await backend.start_backfill("hourly", now - timedelta(hours=3), now - timedelta(minutes=1))
+    await backend.wait_backfill(progress.id)
+    [end, start, *_] = (await embedded.audit(limit=2)).entries
+    assert (start.action, end.action) == (action_of("start_backfill").audit, "schedule.backfill_end")
+    done.append("start_backfill")
     await act("pause_queue", "mail")
     await act("resume_queue", "mail")
     sent = await act("send_job", "mail", {"to": "a"}, delay=3600, key="k1")

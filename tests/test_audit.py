@@ -119,8 +119,11 @@ async def test_every_schedule_action_is_recorded_with_its_actor(make_engine: Any
         ("ops-bob", "schedule.disable", "hourly"),
         ("alice", "schedule.enable", "hourly"),
         ("alice", "schedule.backfill", "hourly"),
+        ("alice", "schedule.backfill_end", "hourly"),
     ]
-    fire, disable, enable, backfill = reversed(page.entries)
+    fire, disable, enable, backfill, end = reversed(page.entries)
+    assert end.detail == {"backfill_id": progress.id, "state": "done", "total": 2, "fired": 2, "succeeded": 2,
+                          "failed": 0, "not_fired": 0}  # fmt: skip
     assert fire.detail == {"run_id": run.id}
     assert disable.detail == {"note": "vendor outage", "was_enabled": True}
     assert enable.detail == {"note": None, "was_enabled": False}
@@ -173,11 +176,16 @@ async def test_cancelling_a_backfill_is_recorded_once(make_engine: Any) -> None:
         assert cancelled.state == "cancelled"
         await engine.cancel_backfill(progress.id)  # already over: nothing to record
     gate.set()
+    await engine.backfills.ended(progress.id)
     entries = (await engine.audit.list()).entries
     assert [(e.actor, e.action, e.target) for e in entries] == [
-        ("carol", "schedule.backfill_cancel", "slow"), (os_user(), "schedule.backfill", "slow"),
+        (os_user(), "schedule.backfill_end", "slow"),  # the starter's backfill ended
+        ("carol", "schedule.backfill_cancel", "slow"),
+        (os_user(), "schedule.backfill", "slow"),
     ]  # fmt: skip
-    assert entries[0].detail == {"backfill_id": progress.id, "fired": 0, "failed": 0, "remaining": 2}
+    assert entries[1].detail == {"backfill_id": progress.id, "finished": 0, "in_flight": None, "not_fired": 2}
+    assert entries[0].detail == {"backfill_id": progress.id, "state": "cancelled", "total": 2, "fired": 0,
+                                 "succeeded": 0, "failed": 0, "not_fired": 2}  # fmt: skip
 
 
 async def test_the_default_actor_is_the_os_user_and_external_fires_are_not_operator_actions(

@@ -343,8 +343,10 @@ def test_backfill_fires_each_slot_in_order_with_progress_and_a_summary(cli: Cli)
     done = cli.ok("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-01T05:00Z")
     lines = done.stderr.splitlines()
     assert lines[0] == "backfilling 5 slot(s) of hourly: 2026-01-01 01:00:00 UTC … 2026-01-01 05:00:00 UTC"
+    assert lines[1] == ("live slots: how long it runs is unknown (no recent run of it to time): each live slot "
+                        "due while it runs is skipped (on_overlap skip)")  # fmt: skip
     assert lines[-1] == "[" + "#" * 30 + "] 5/5  failed 0  remaining 0"
-    assert all(re.fullmatch(r"\[#*\.*\] \d/5  failed 0  remaining \d", line) for line in lines[1:])
+    assert all(re.fullmatch(r"\[#*\.*\] \d/5  failed 0  remaining \d", line) for line in lines[2:])
     assert re.fullmatch(r"backfill \w{26} done: 5 fired, 5 succeeded, 0 failed, 0 remaining\n", done.stdout)
     slots = [f"2026-01-01T0{h}:00:00+00:00" for h in range(1, 6)]
     assert [(trigger, slot) for trigger, slot, _ in cli.log("hourly")] == [("manual", s) for s in slots]
@@ -373,7 +375,9 @@ def test_backfill_over_25_slots_needs_yes(cli: Cli) -> None:
     assert done.stdout == ""
     assert done.stderr.splitlines() == [
         "schedtui: backfill of hourly refused: 48 slot(s) in (2026-01-01 00:00:00 UTC, 2026-01-03 00:00:00 UTC]: "
-        "48 slots need confirmation (more than 25) (re-run with --yes after reading the count)"
+        "48 slots need confirmation (more than 25) (re-run with --yes after reading the count)",
+        "schedtui: live slots: how long it runs is unknown (no recent run of it to time): each live slot due "
+        "while it runs is skipped (on_overlap skip)",
     ]
     assert cli.log("hourly") == []
     assert cli.runs("hourly") == []
@@ -381,6 +385,10 @@ def test_backfill_over_25_slots_needs_yes(cli: Cli) -> None:
     done = cli.ok("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-02T06:00Z", "--yes")
     assert "done: 30 fired, 30 succeeded, 0 failed, 0 remaining" in done.stdout
     assert len(cli.log("hourly")) == 30
+    # Its runs are timed now: the plan counts the live slots it may skip (an hourly
+    # schedule's runs of milliseconds: none).
+    again = cli("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-03T00:00Z")
+    assert again.stderr.splitlines()[1].startswith("schedtui: live slots: no live slot is due while it runs (")
 
 
 def test_backfill_over_the_limit_is_refused(cli: Cli) -> None:

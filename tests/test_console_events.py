@@ -157,11 +157,14 @@ async def test_it_polls_only_while_the_stream_is_down_and_says_so(store_url: str
         backend.up = False
         backend.broken.set()
         await until(pilot, lambda: not app.events_live)
-        assert "● live (polling)" in header_text(app)
+        await settle(pilot)
+        # A stream that broke is news at once: not live, and the store is read at once.
+        assert "◌ event stream dropped (polling)" in header_text(app) and "● live" not in header_text(app)
+        assert reads.count == before + 1
         clock.advance(1)
         app.tick()
         await settle(pilot)
-        assert reads.count > before
+        assert reads.count > before + 1 and "◌ event stream dropped (polling)" in header_text(app)
 
 
 # ---------------------------------------------------------------------------------------

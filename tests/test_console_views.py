@@ -465,7 +465,15 @@ async def test_the_dialog_stop_button_cancels(store_url: str) -> None:
         screen = await open_backfill(app, pilot, "slow-reindex", "-1m")
         await start(pilot, screen)
         assert screen.state == "running"
+        screen.action_stop()  # asks first: no leaves it running
+        await pilot.pause()
+        assert isinstance(app.screen, Confirm) and app.screen.action == "cancel_backfill"
+        await pilot.press("n")
+        await pilot.pause()
+        assert app.screen is screen and screen.state == "running"
         screen.action_stop()
+        await pilot.pause()
+        await pilot.press("y")
         await pilot.pause()
         await pilot.pause()
         assert screen.progress is not None and screen.progress.state == "cancelled"

@@ -473,7 +473,22 @@ class Backend(abc.ABC):
     async def backfill_progress(self, backfill_id: Annotated[str, Id("backfill")]) -> BackfillProgress:
         """Progress of a backfill (fired, failed, remaining, state)."""
 
+    @action(system="schedules", permission="read",
+            http=Http("GET", "/inspect/backfills", envelope="backfills", ok="{backfills: [backfill progress]}",
+                      errors={404: "unknown schedule"}))
+    async def running_backfills(
+        self, name: Annotated[str | None, Help("only this schedule's (at most one runs per schedule)")] = None
+    ) -> list[BackfillProgress]:
+        """The backfills running now, on any instance, oldest first.
+
+        With name, the one of that schedule (an empty list when none runs); ``NotFound``
+        for an unknown schedule. What a console reopens, and stops, after its dialog was
+        closed."""
+
     @action(system="schedules", permission="operate", label="cancelling a backfill", audit="schedule.backfill_cancel",
+            danger=Danger("Stop backfill {backfill_id}?",
+                          "No further slot of it fires; the run in flight finishes on its own. "
+                          "The slots not fired stay unfired (backfill them again to fire them)."),
             http=Http("POST", "/inspect/backfills/{backfill_id}/cancel", retry=True,
                       ok="the backfill's progress, state cancelled (or as it had ended)",
                       errors={404: "unknown backfill", 409: "it runs on another instance"}))
@@ -481,7 +496,8 @@ class Backend(abc.ABC):
         """Stop a running backfill before its next slot (the run in flight finishes).
 
         Its progress, cancelled (or as it ended, if it had); ``Refused`` when another
-        instance runs it."""
+        instance runs it. Its end is recorded in the audit log once the run in flight has
+        ended too."""
 
     # -- locks ------------------------------------------------------------------------------
     @action(system="locks", permission="read", impl="locks.list", http=Http("GET", "/inspect/locks", ok="{now, locks: [lock]}"))

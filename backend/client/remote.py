@@ -67,6 +67,7 @@ class RemoteBackend(Backend):
         """The URL fit to show: without the password of a ``user:pass@`` part."""
         self.read_only = read_only
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.token_sent = bool(token)
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
         self._timeout = timeout
         self._info: ConnectionInfo | None = None
@@ -106,7 +107,10 @@ class RemoteBackend(Backend):
         message = (error or {}).get("message") or f"{self.where} answered {response.status_code}"
         status = response.status_code
         if status == 401:
-            raise Unauthorized(message)
+            # In the client's words: the server's advice ("send Authorization: Bearer") is for
+            # whoever writes HTTP requests, not for this client's user.
+            said = f"{self.where} refused the token given" if self.token_sent else f"{self.where} wants a token; none was given"
+            raise Unauthorized(said, token_sent=self.token_sent)
         if status == 403:
             raise Forbidden(message)
         if status == 404:

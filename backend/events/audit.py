@@ -63,6 +63,7 @@ ACTIONS: frozenset[str] = frozenset(
         "schedule.disable",
         "schedule.backfill",
         "schedule.backfill_cancel",
+        "schedule.backfill_end",
         "schedule.create",
         "schedule.update",
         "schedule.delete",

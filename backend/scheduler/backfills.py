@@ -2,10 +2,19 @@
 
 :func:`plan_backfill` says what a backfill of ``(start, end]`` would do without doing it:
 how many slots, the first and last, or why it is refused (reversed, empty, reaching into
-the future, no slots, over the limit, or needing confirmation above 25 slots).
+the future, no slots, over the limit, or needing confirmation above 25 slots);
+:func:`live_estimate` adds what it may do to the schedule's live slots meanwhile.
 :class:`Backfills` runs accepted ones in the background, one slot after the other (a
 failed slot is recorded and the next still fires), at most one per schedule across every
 process sharing the store, with progress readable from anywhere.
+
+The audit log gets three kinds of entries for a backfill: ``schedule.backfill`` when it
+starts (by who started it), ``schedule.backfill_cancel`` when an operator stops it (by
+them: what had finished, the run in flight, what will not fire), and
+``schedule.backfill_end`` once it has ended, every way it can: ``done``, ``cancelled``
+(once the run in flight has ended too), ``abandoned`` (its process stopped, or died and
+another instance closed it). The end's counts are read from the ledger then, so a run
+interrupted by a stop is counted as the failure it is.
 """
 
 from __future__ import annotations
@@ -14,28 +23,34 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import statistics
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import islice
-from typing import Literal
+from typing import Any
 
 from backend.clock import Clock
 from backend.errors import BadInput, NotFound, Refused, Unavailable
+from backend.events.audit import AuditLog
 from backend.model import (
     BACKFILL_CONFIRM_ABOVE,
     BACKFILL_DEFAULT_LIMIT,
+    BACKFILL_ESTIMATE_RUNS,
     BACKFILL_MAX_LIMIT,
     BackfillPlan,
     BackfillProgress,
+    Run,
+    iso,
     utc,
 )
 from backend.runtime.loops import Loops
-from backend.scheduler.launcher import Launcher
+from backend.scheduler.launcher import Launcher, ScheduleRun
 from backend.schedules import Schedule
 from backend.store import Store
 
-__all__ = ["Backfills", "plan_backfill"]
+__all__ = ["Backfills", "live_estimate", "plan_backfill"]
 
 log = logging.getLogger("schedtui.engine")
 
@@ -93,12 +108,43 @@ def plan_backfill(
     )
 
 
+async def live_estimate(store: Store, schedule: Schedule, count: int, now: datetime, *, enabled: bool) -> dict[str, Any]:
+    """The plan's estimate of what ``count`` backfill runs starting ``now`` do to the
+    schedule's live slots (the fields of :class:`BackfillPlan` it fills): one run takes the
+    median duration of the schedule's newest runs that ran; the runs go one after the
+    other, so the backfill takes ``count`` times that; the live slots are the cron's slots
+    in that span from now (none while the schedule is disabled). Each of them finds a
+    backfill run in flight, and the overlap policy decides its fate."""
+    recent = await store.list_runs(schedule.name, limit=BACKFILL_ESTIMATE_RUNS)
+    durations = [run.duration_ms for run in recent if run.duration_ms is not None and run.status in ("succeeded", "failed")]
+    estimate: dict[str, Any] = {"on_overlap": schedule.on_overlap}
+    if not durations:
+        return estimate
+    run_seconds = statistics.median(durations) / 1000
+    duration = count * run_seconds
+    live = 0
+    if enabled:
+        slots = schedule.cron.occurrences(now, now + timedelta(seconds=duration))
+        live = sum(1 for _ in islice(slots, BACKFILL_MAX_LIMIT))
+    return {**estimate, "run_seconds": run_seconds, "duration_seconds": duration, "live_slots": live}
+
+
 @dataclass
 class _Job:
     progress: BackfillProgress
+    actor: str
+    """Who started it: its end is recorded as theirs."""
     task: asyncio.Task[None] | None = None
+    runs: list[ScheduleRun] = field(default_factory=list)
+    """The runs it started, in order."""
     cancelled: bool = False
+    cancelled_by: str = ""
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once no slot fires any more (its state is no longer ``running``)."""
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once it has ended: every run it started has ended, and its end is recorded."""
+    ending: bool = False
+    """Every slot has fired or will not: nothing left to stop."""
     unsaved: bool = False
     """Its end is not in the store yet (it was unreachable): until then the store says
     ``running``, which refuses other backfills of the schedule."""
@@ -114,6 +160,7 @@ class Backfills:
         store: Store,
         loops: Loops,
         launcher: Launcher,
+        audit: AuditLog,
         instance: str,
         new_id: Callable[[], str],
     ) -> None:
@@ -121,6 +168,7 @@ class Backfills:
         self.store = store
         self.loops = loops
         self.launcher = launcher
+        self.audit = audit
         self.instance = instance
         self.new_id = new_id
         self.jobs: dict[str, _Job] = {}
@@ -145,7 +193,8 @@ class Backfills:
         skip_succeeded: bool = False,
     ) -> BackfillProgress:
         """Start firing the slots in ``(start, end]`` in order, in the background; with
-        ``skip_succeeded``, only those without a succeeded run.
+        ``skip_succeeded``, only those without a succeeded run. Recorded in the audit log
+        (``schedule.backfill``) before its first slot fires.
 
         Raises :class:`Refused` (with the count and reason) when the plan is refused or a
         backfill of this schedule is already running anywhere."""
@@ -179,8 +228,13 @@ class Backfills:
             started_at=self.clock.now(),
         )
         await self.store.start_backfill(progress)
-        job = _Job(progress)
+        job = _Job(progress, self.audit.actor())
         self.jobs[progress.id] = job
+        detail: dict[str, Any] = {"backfill_id": progress.id, "from": iso(progress.start), "to": iso(progress.end),
+                                  "count": progress.total}  # fmt: skip
+        if skip_succeeded:
+            detail["skip_succeeded"] = True
+        await self.audit.record("schedule.backfill", schedule.name, detail, actor=job.actor)
         job.task = self.loops.spawn(self._run(schedule, job, slots), f"backfill {schedule.name}")
         return progress
 
@@ -189,6 +243,7 @@ class Backfills:
             for slot in slots:
                 job.progress = dataclasses.replace(job.progress, current=slot)
                 scheduled = self.launcher.launch(schedule, slot, "manual", "manual")
+                job.runs.append(scheduled)
                 run = await asyncio.shield(scheduled.finished())
                 job.progress = dataclasses.replace(
                     job.progress,
@@ -199,27 +254,105 @@ class Backfills:
                 # gets it with the next update. The backfill goes on either way.
                 with contextlib.suppress(Unavailable):
                     await self.store.update_backfill(job.progress)
-            job.progress = dataclasses.replace(job.progress, state="done", finished_at=self.clock.now(), current=None)
         except asyncio.CancelledError:
-            state: Literal["cancelled", "abandoned"] = "cancelled" if job.cancelled else "abandoned"
-            job.progress = dataclasses.replace(job.progress, state=state, finished_at=self.clock.now())
-            if not job.cancelled:
+            if not job.cancelled:  # the engine stops: stop() records the end once it closed the run in flight
+                job.progress = dataclasses.replace(job.progress, state="abandoned", finished_at=self.clock.now())
+                job.stopped.set()
+                await self._save(job)
                 raise
-        finally:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the operator's stop, handled: a later one (the engine's) is news
+            await self._stopped(job)
+            # The operator's stop spares the run in flight: the backfill ends when it does.
             try:
-                await self.store.update_backfill(job.progress)
-            except Unavailable:
-                job.unsaved = True  # written by maintain() once the store is back
-            job.finished.set()
-            log.info(
-                "backfill %s of %s %s: %d fired, %d failed, %d remaining",
-                job.progress.id,
-                schedule.name,
-                job.progress.state,
-                job.progress.fired,
-                job.progress.failed,
-                job.progress.remaining,
+                await asyncio.shield(asyncio.gather(*(run.finished() for run in job.runs)))
+            except asyncio.CancelledError:
+                return  # the engine stops first: stop() records the end once it closed the run
+            await self._end(job)
+        else:
+            # Done only with its end: whoever reads "done" reads the ledger's counts.
+            await self._end(job, done=True)
+
+    async def _stopped(self, job: _Job) -> None:
+        """An operator stopped it: recorded ``cancelled`` in the store and the audit log."""
+        in_flight = next((run for run in job.runs if not run.done), None)
+        job.progress = dataclasses.replace(job.progress, state="cancelled", finished_at=self.clock.now())
+        await self.audit.record(
+            "schedule.backfill_cancel",
+            job.progress.name,
+            {
+                "backfill_id": job.progress.id,
+                "finished": job.progress.fired,
+                "in_flight": in_flight.run_id if in_flight is not None else None,
+                "not_fired": job.progress.remaining - (in_flight is not None),
+            },
+            actor=job.cancelled_by,
+        )
+        job.stopped.set()
+        await self._save(job)
+
+    async def _save(self, job: _Job) -> None:
+        try:
+            await self.store.update_backfill(job.progress)
+        except Unavailable:
+            job.unsaved = True  # written by maintain() once the store is back
+
+    async def _end(self, job: _Job, *, done: bool = False) -> None:
+        """Every run it started has ended: its counts as the ledger has them (and ``done``,
+        when every slot fired), saved, and its end recorded (``schedule.backfill_end``, as
+        the starter's)."""
+        if job.finished.is_set():
+            return
+        job.ending = True
+        runs = await self._ledger_runs(job)
+        progress = dataclasses.replace(job.progress, fired=len(runs), failed=sum(run.status == "failed" for run in runs))
+        if done:
+            progress = dataclasses.replace(progress, state="done", finished_at=self.clock.now(), current=None)
+        job.progress = progress
+        job.stopped.set()
+        await self._save(job)
+        await self.audit.record("schedule.backfill_end", job.progress.name, end_detail(job.progress, runs), actor=job.actor)
+        job.finished.set()
+        progress = job.progress
+        log.info(
+            "backfill %s of %s %s: %d fired, %d failed, %d not fired",
+            progress.id, progress.name, progress.state, progress.fired, progress.failed, progress.remaining,
+        )  # fmt: skip
+
+    async def _ledger_runs(self, job: _Job) -> list[Run]:
+        """The rows of the runs it started, as the ledger has them now (what this process
+        recorded, for any the store cannot say)."""
+        mine = [scheduled.run for scheduled in job.runs]
+        if not mine:
+            return []
+        progress = job.progress
+        try:
+            await self.launcher.ledger.flush()
+            found = await self.store.runs_between(
+                [progress.name], progress.start, progress.end + timedelta(seconds=1), limit_per_name=4 * len(mine) + 100
             )
+            stored = {run.id: run for run in found.get(progress.name, [])}
+            for run in mine:
+                if run.id not in stored and (row := await self.store.get_run(run.id)) is not None:
+                    stored[run.id] = row
+        except Unavailable as exc:
+            log.warning("backfill %s: its runs as this process recorded them (the ledger cannot be read: %s)",
+                        progress.id, exc)  # fmt: skip
+            return mine
+        return [stored.get(run.id, run) for run in mine]
+
+    async def stop(self) -> None:
+        """Once the engine has closed every run in flight (interrupted): the end of each
+        backfill that has not recorded one (those the stop abandoned, and those cancelled
+        whose run in flight the stop interrupted)."""
+        for job in list(self.jobs.values()):
+            if job.finished.is_set():
+                continue
+            done = job.progress.state == "running" and job.ending  # stopped while it recorded its end
+            if job.progress.state == "running" and not done:  # stopped before its first slot
+                job.progress = dataclasses.replace(job.progress, state="abandoned", finished_at=self.clock.now())
+            await self._end(job, done=done)
 
     async def maintain(self) -> None:
         """Write the ends of backfills the store could not take when they ended."""
@@ -227,6 +360,30 @@ class Backfills:
             if job.unsaved:
                 await self.store.update_backfill(job.progress)
                 job.unsaved = False
+
+    async def abandoned(self, progress: BackfillProgress, now: datetime) -> None:
+        """A backfill left ``running`` by an instance that is gone (the registry's sweep):
+        closed ``abandoned`` with its counts read from the ledger, and its end recorded by
+        the one instance whose close took. Its runs are those of its instance, manual, in
+        its range, made after it (ids sort by time)."""
+        found = await self.store.runs_between(
+            [progress.name], progress.start, progress.end + timedelta(seconds=1), limit_per_name=4 * progress.total + 100
+        )
+        runs = sorted(
+            (
+                run
+                for run in found.get(progress.name, [])
+                if run.instance == progress.instance and run.trigger == "manual"
+                and run.coordination_outcome == "manual" and run.id > progress.id
+            ),
+            key=lambda run: run.id,
+        )  # fmt: skip
+        ended = dataclasses.replace(
+            progress, state="abandoned", finished_at=now, fired=len(runs), failed=sum(r.status == "failed" for r in runs)
+        )
+        if await self.store.end_backfill(ended):
+            detail = {**end_detail(ended, runs), "closed_by": self.instance}
+            await self.audit.record("schedule.backfill_end", progress.name, detail)
 
     async def succeeded_slots(self, schedule: Schedule, slots: list[datetime]) -> set[datetime]:
         """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""
@@ -240,7 +397,8 @@ class Backfills:
 
     async def cancel(self, backfill_id: str) -> BackfillProgress:
         """Stop a running backfill of this process before its next slot (the run in flight
-        finishes on its own); recorded ``cancelled`` with what it fired."""
+        finishes on its own; the backfill's end is recorded once it has); recorded
+        ``cancelled``, by whoever stops it. One that has ended already is left as it is."""
         job = self.jobs.get(backfill_id)
         if job is None:
             progress = await self.progress(backfill_id)
@@ -249,15 +407,33 @@ class Backfills:
             raise Refused(
                 f"backfill {backfill_id} runs on instance {progress.instance}; cancel it there", reason="runs elsewhere"
             )
-        if job.task is not None and not job.task.done():
-            job.cancelled = True
-            job.task.cancel()
-            await asyncio.gather(job.task, return_exceptions=True)
-        if job.progress.state == "running":  # cancelled before its first slot
-            job.progress = dataclasses.replace(job.progress, state="cancelled", finished_at=self.clock.now())
-            await self.store.update_backfill(job.progress)
-            job.finished.set()
+        if job.progress.state != "running" or job.cancelled or job.ending:
+            await job.stopped.wait()
+            return job.progress
+        job.cancelled, job.cancelled_by = True, self.audit.actor()
+        task = job.task
+        if task is not None and not task.done():
+            task.cancel()
+            stopped = asyncio.ensure_future(job.stopped.wait())
+            try:
+                await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+        if not job.stopped.is_set():  # cancelled before its first slot: its task never ran
+            await self._stopped(job)
+            await self._end(job)
         return job.progress
+
+    def running(self, name: str | None, stored: list[BackfillProgress]) -> list[BackfillProgress]:
+        """The backfills running now (of schedule ``name``), oldest first: ``stored``, the
+        store's, with this process's own as it has them (fresher than their rows)."""
+        found = {progress.id: progress for progress in stored}
+        for job in self.jobs.values():
+            if job.progress.state == "running":
+                found[job.progress.id] = job.progress
+            else:
+                found.pop(job.progress.id, None)  # ended, its row not written yet
+        return sorted((p for p in found.values() if name is None or p.name == name), key=lambda p: p.started_at)
 
     async def progress(self, backfill_id: str) -> BackfillProgress:
         job = self.jobs.get(backfill_id)
@@ -269,8 +445,43 @@ class Backfills:
         return progress
 
     async def wait(self, backfill_id: str) -> BackfillProgress:
+        """Its progress once no slot fires any more (not ``running``): once done, with its
+        end recorded; once cancelled, at once (its run in flight may still run: see
+        :meth:`ended`)."""
+        job = self.jobs.get(backfill_id)
+        if job is None:
+            return await self.progress(backfill_id)
+        await job.stopped.wait()
+        if job.progress.state == "done":
+            await job.finished.wait()  # (recorded by then: it is saved first)
+        return job.progress
+
+    async def ended(self, backfill_id: str) -> BackfillProgress:
+        """Its progress once it has ended (every run it started too), its end recorded."""
         job = self.jobs.get(backfill_id)
         if job is None:
             return await self.progress(backfill_id)
         await job.finished.wait()
         return job.progress
+
+
+def end_detail(progress: BackfillProgress, runs: list[Run]) -> dict[str, Any]:
+    """What a ``schedule.backfill_end`` entry says: how it ended, and its runs by status
+    (the failed ones by error tag: ``interrupted``, ``timeout``, an exception's class)."""
+    statuses = Counter(run.status for run in runs)
+    detail: dict[str, Any] = {
+        "backfill_id": progress.id,
+        "state": progress.state,
+        "total": progress.total,
+        "fired": len(runs),
+        "succeeded": statuses["succeeded"],
+        "failed": statuses["failed"],
+        "not_fired": progress.total - len(runs),
+    }
+    for status in ("skipped", "running"):
+        if statuses[status]:
+            detail[status] = statuses[status]
+    tags = Counter(run.error_tag or "error" for run in runs if run.status == "failed")
+    if tags:
+        detail["failed_by"] = dict(sorted(tags.items()))
+    return detail

@@ -67,7 +67,6 @@ from backend.model import (
     RunsPage,
     SchedulesSnapshot,
     ScheduleView,
-    iso,
 )
 from backend.observability.logs import LogStore
 from backend.observability.runlogs import RunLogs
@@ -77,7 +76,7 @@ from backend.runtime.outages import OutageLog
 from backend.runtime.runner import DEFAULT_MAX_THREADS, HandlerRunner
 from backend.runtime.subsystems import Shared, Subsystem
 from backend.scheduler import lifecycle
-from backend.scheduler.backfills import Backfills
+from backend.scheduler.backfills import Backfills, live_estimate
 from backend.scheduler.catalog import Catalog, CatalogStore, bind_target
 from backend.scheduler.catchup import CatchUp
 from backend.scheduler.coordination.cluster import Cluster
@@ -243,6 +242,7 @@ class Engine:
             core,
             coordinator,
             subsystems=self.subsystems,
+            audit=self.audit,
             catch_up_limit=catch_up_limit,
             heartbeat_interval=heartbeat_interval,
             abandon_after=abandon_after,
@@ -663,26 +663,25 @@ class Engine:
         """Start firing the slots in ``(start, end]`` in order, in the background (with
         ``skip_succeeded``, only those without a succeeded run); raises :class:`Refused`
         when the plan is refused or one runs for this schedule anywhere."""
-        progress = await self.backfills.start(
+        return await self.backfills.start(
             self.schedule(name), start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
         )
-        detail = {"backfill_id": progress.id, "from": iso(progress.start), "to": iso(progress.end), "count": progress.total}
-        if skip_succeeded:
-            detail["skip_succeeded"] = True
-        await self.audit.record("schedule.backfill", name, detail)
-        return progress
 
     async def backfill_plan(
         self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
     ) -> BackfillPlan:
         """:meth:`plan_backfill`, with how many of its slots already have a succeeded run
-        (``already_succeeded``) when it may start or needs confirmation."""
+        (``already_succeeded``) and what it may do to the schedule's live slots (see
+        :func:`~backend.scheduler.backfills.live_estimate`) when it may start or needs
+        confirmation."""
         plan = self.plan_backfill(name, start, end, confirm=confirm, limit=limit)
         if plan.count == 0 or plan.reason not in (None, "needs confirmation"):
             return plan
-        slots = list(self.schedule(name).cron.occurrences(plan.start, plan.end))
+        schedule = self.schedule(name)
+        slots = list(schedule.cron.occurrences(plan.start, plan.end))
         done = await self.succeeded_slots(name, slots)
-        return dataclasses.replace(plan, already_succeeded=len(done))
+        live = await live_estimate(self.store, schedule, plan.count, self.clock.now(), enabled=self.is_enabled(name))
+        return dataclasses.replace(plan, already_succeeded=len(done), **live)
 
     async def succeeded_slots(self, name: str, slots: list[datetime]) -> set[datetime]:
         """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""
@@ -690,16 +689,14 @@ class Engine:
 
     async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
         """Stop a running backfill of this engine before its next slot (the run in flight
-        finishes on its own); recorded ``cancelled`` with what it fired."""
-        running = backfill_id in self.backfills.jobs and self.backfills.jobs[backfill_id].progress.state == "running"
-        progress = await self.backfills.cancel(backfill_id)
-        if running and progress.state == "cancelled":
-            await self.audit.record(
-                "schedule.backfill_cancel",
-                progress.name,
-                {"backfill_id": progress.id, "fired": progress.fired, "failed": progress.failed, "remaining": progress.remaining},
-            )
-        return progress
+        finishes on its own); recorded ``cancelled``, and its end once that run has ended."""
+        return await self.backfills.cancel(backfill_id)
+
+    async def running_backfills(self, name: str | None = None) -> list[BackfillProgress]:
+        """The backfills running now on any instance (of schedule ``name``), oldest first."""
+        if name is not None:
+            self.schedule(name)  # NotFound for an unknown one
+        return self.backfills.running(name, await self.store.running_backfills())
 
     async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
         return await self.backfills.progress(backfill_id)

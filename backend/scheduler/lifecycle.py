@@ -217,6 +217,12 @@ async def stop_engine(engine: Engine, grace: float) -> None:
         if isinstance(failed, BaseException):
             log.error("stopping: %s", failed, exc_info=failed)
     try:
+        # Its runs in flight are closed now (interrupted): each backfill's end, as it was.
+        await engine.backfills.stop()
+        await engine.audit.stop(0)  # (the audit log stopped beside the others: write what came since)
+    except Exception as exc:  # the store is closed below whatever happens here
+        log.error("stopping: could not record the backfills' ends: %s", exc, exc_info=exc)
+    try:
         await engine.claims.recover_lost()  # lost slots not claimed yet: recorded, a next start would not look
     except Exception as exc:  # the store is closed below whatever happens here
         log.error("stopping: could not record the lost slots: %s", exc, exc_info=exc)

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from backend.clock import Clock
+from backend.events.audit import AuditLog
 from backend.model import Run
 from backend.runtime.liveness import WorkLease
 from backend.runtime.loops import Loops
@@ -81,6 +82,7 @@ def build_schedule_parts(
     coordinator: Coordinator,
     *,
     subsystems: Sequence[Subsystem],
+    audit: AuditLog,
     catch_up_limit: int,
     heartbeat_interval: float,
     abandon_after: float,
@@ -147,6 +149,7 @@ def build_schedule_parts(
         store=core.store,
         loops=core.loops,
         launcher=launcher,
+        audit=audit,
         instance=core.instance,
         new_id=core.new_id,
     )
@@ -185,6 +188,7 @@ def build_schedule_parts(
         lease=core.lease,
         coordination=coordinator.mode,
     )
+    registry.on_abandoned_backfill = backfills.abandoned
     claims.lease = core.lease
     core.lease.on_lapse.append(launcher.lease_lapsed)
     claims.fires = lambda: registry.fires

@@ -139,6 +139,9 @@ class InstanceRegistry:
         """What the last heartbeat recorded: ``firing``, ``waiting`` or ``observer``."""
         self.on_role: Callable[[Role, Role], None] | None = None
         """Told (was, now) when a heartbeat records another role for this instance."""
+        self.on_abandoned_backfill: Callable[[BackfillProgress, datetime], Awaitable[None]] | None = None
+        """Closes a backfill a gone instance left ``running`` (the backfills' own, which
+        count its runs and record its end); without it, it is only marked abandoned."""
         self.back_at: datetime | None = None
         """When this process could write the store again after it could not: heartbeat
         ages are counted from then at the earliest (nobody could beat meanwhile)."""
@@ -313,7 +316,10 @@ class InstanceRegistry:
             if self.is_ours(progress.id):
                 continue
             if self.gone(beats, progress.instance, now) is not None:
-                await self.store.update_backfill(dataclasses.replace(progress, state="abandoned", finished_at=now))
+                if self.on_abandoned_backfill is not None:
+                    await self.on_abandoned_backfill(progress, now)
+                else:
+                    await self.store.update_backfill(dataclasses.replace(progress, state="abandoned", finished_at=now))
         return closed
 
     async def _close_bursts(

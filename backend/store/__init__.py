@@ -272,6 +272,10 @@ class Store(Protocol):
 
     async def update_backfill(self, progress: BackfillProgress) -> None: ...
 
+    async def end_backfill(self, progress: BackfillProgress) -> bool:
+        """:meth:`update_backfill`, only if it is still ``running``; whether it was (of the
+        instances that close a dead instance's backfill at once, exactly one gets true)."""
+
     async def get_backfill(self, backfill_id: str) -> BackfillProgress | None: ...
 
     async def running_backfills(self) -> list[BackfillProgress]: ...

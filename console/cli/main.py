@@ -32,6 +32,7 @@ from backend import (
     NotFound,
     Refused,
     SchedtuiError,
+    Unauthorized,
     discover,
     open_store,
 )
@@ -487,6 +488,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Refused as exc:
         print(f"schedtui: {exc.message}", file=sys.stderr)
         return EXIT_REFUSED
+    except Unauthorized as exc:
+        print(f"schedtui: {exc.message}: give the token with --token-file PATH or $SCHEDTUI_TOKEN", file=sys.stderr)
+        return EXIT_FAILURE
     except SchedtuiError as exc:
         print(f"schedtui: {exc.message}", file=sys.stderr)
         return EXIT_FAILURE

@@ -127,6 +127,8 @@ async def _plan_backfill(call: Call) -> int | None:
         + (" (re-run with --yes after reading the count)" if "need confirmation" in (plan.refusal or "") else ""),
         file=sys.stderr,
     )
+    if plan.reason == "needs confirmation" and plan.live_effect():
+        print(f"schedtui: live slots: {plan.live_effect()}", file=sys.stderr)
     return EXIT_REFUSED
 
 
@@ -138,6 +140,8 @@ async def _follow_backfill(call: Call, progress: BackfillProgress) -> BackfillPr
         f"{fmt.local_time(plan.first, zone)} … {fmt.local_time(plan.last, zone)}",
         file=sys.stderr,
     )
+    if plan.live_effect():
+        print(f"live slots: {plan.live_effect()}", file=sys.stderr)
     return await follow_progress(call.backend, progress)
 
 

@@ -1,5 +1,7 @@
 """``b``: the range backfill dialog: a live plan (frozen to absolute times once shown), the
-slots that already succeeded (skippable), a typed confirmation, progress, and a stop."""
+slots that already succeeded (skippable), what it may do to the live slots, a typed
+confirmation, progress, and a stop that asks. On a schedule whose backfill runs (started
+here or anywhere else), ``b`` reopens that backfill's progress instead."""
 
 from __future__ import annotations
 
@@ -47,8 +49,10 @@ class BackfillScreen(ModalScreen[None]):
     plan's range is absolute: ``now`` and ``-1h`` are read once, when the plan is shown, and
     the backfill fires exactly that range. Above 25 slots the count must be typed to
     confirm (a wrong count says why); then Backfill asks the console's one question (``y``
-    starts it). Cancel has the focus; Esc cancels. Once started, a
-    progress bar with a Stop button until done, then a summary."""
+    starts it). Cancel has the focus; Esc cancels. Once started, a progress bar with a
+    Stop button (``s``; it asks, in the words ``cancel_backfill`` declares) until done,
+    then a summary. Given ``running``, a backfill of the schedule that already runs, it
+    shows that one's progress (and its stop) instead of a plan."""
 
     DEFAULT_CSS = """
     BackfillScreen {
@@ -139,7 +143,10 @@ class BackfillScreen(ModalScreen[None]):
     }
     """
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel", id="cancel_backfill")]
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel", id="close_backfill"),
+        Binding("s", "stop", "Stop backfill", id="cancel_backfill"),
+    ]
     AUTO_FOCUS = "#cancel"
 
     state: reactive[PlanState] = reactive("planning")
@@ -155,6 +162,7 @@ class BackfillScreen(ModalScreen[None]):
         end: str = "now",
         on_started: Callable[[BackfillProgress], None] | None = None,
         on_finished: Callable[[BackfillProgress], None] | None = None,
+        running: BackfillProgress | None = None,
     ) -> None:
         super().__init__()
         self.backend = backend
@@ -170,9 +178,12 @@ class BackfillScreen(ModalScreen[None]):
         self.on_started = on_started
         """Called with the progress when it starts and at every poll while it runs."""
         self.on_finished = on_finished
+        self.running = running
+        """A backfill of the schedule that was running when the dialog opened: shown, not planned."""
+        self._polling = False
 
     def compose(self) -> ComposeResult:
-        with Vertical() as box:
+        with Vertical(id="dialog") as box:
             box.border_title = f"Backfill {self.view.name}"
             box.border_subtitle = "tab moves · esc cancels"
             yield Label(
@@ -201,7 +212,18 @@ class BackfillScreen(ModalScreen[None]):
                 yield Button("Backfill", id="start", variant="warning", disabled=True, compact=True)
 
     def on_mount(self) -> None:
-        self.replan()
+        if self.running is None:
+            self.replan()
+            return
+        self.state = "running"
+        self._show_progress(self.running)
+        # Read again while it runs, for display (a timer: nothing here waits for its end).
+        self.set_interval(POLL_SECONDS, self._tick, name="backfill progress")
+
+    def _tick(self) -> None:
+        if not self._polling:  # one read at a time: a slow server is not asked twice
+            self._polling = True
+            self._poll()
 
     # -- planning -----------------------------------------------------------------------
     @on(Input.Changed, "#from, #to")
@@ -298,7 +320,7 @@ class BackfillScreen(ModalScreen[None]):
         # The range is read once, here: Backfill fires exactly this, however long the dialog stays open.
         frozen = (f"\n  [$text-muted]range ({fmt.local_time(plan.start, zone)} … {fmt.local_time(plan.end, zone)}]"
                   " as read now; edit a field to read it again[/]")
-        done = ""
+        done, live = "", self._live(plan)
         self.set_class(plan.already_succeeded > 0 and plan.refusal is None, "-succeeded")
         if plan.already_succeeded and plan.refusal is None:
             if self.skipping:
@@ -316,15 +338,25 @@ class BackfillScreen(ModalScreen[None]):
             self._show_plan(
                 Content.from_markup(
                     f"[b $text-warning]![/] {slots} — more than {BACKFILL_CONFIRM_ABOVE}: "
-                    f"type [b]{count}[/b] below to confirm{span}{done}{frozen}"
+                    f"type [b]{count}[/b] below to confirm{span}{done}{live}{frozen}"
                 )
             )
             self.state = "confirm"
         else:
-            self._show_plan(Content.from_markup(f"[b $text-success]✓[/] {slots} would fire{span}{done}{frozen}"))
+            self._show_plan(Content.from_markup(f"[b $text-success]✓[/] {slots} would fire{span}{done}{live}{frozen}"))
             self.state = "ok"
         self._update_start()
         self._confirm_hint(submitted=False)
+
+    @staticmethod
+    def _live(plan: BackfillPlan) -> str:
+        """What it may do to the schedule's live slots (the plan's estimate), in warning
+        colours when it may skip some."""
+        effect = plan.live_effect()
+        if effect is None:
+            return ""
+        skips = plan.on_overlap == "skip" and plan.live_slots != 0
+        return f"\n  [b $text-warning]! {escape(effect)}[/]" if skips else f"\n  [$text-muted]{escape(effect)}[/]"
 
     def _show_plan(self, content: Content) -> None:
         self.query_one("#plan", Static).update(content)
@@ -333,6 +365,9 @@ class BackfillScreen(ModalScreen[None]):
         self.set_class(state == "confirm", "-confirm")
         self.set_class(state == "running", "-running")
         self.set_class(state == "done", "-done")
+        with contextlib.suppress(NoMatches):  # (set before the dialog is composed)
+            box = self.query_one("#dialog", Vertical)
+            box.border_subtitle = {"running": "s stops · esc closes", "done": "esc closes"}.get(state, "tab moves · esc cancels")
         self._update_start()
 
     def _update_start(self) -> None:
@@ -356,6 +391,8 @@ class BackfillScreen(ModalScreen[None]):
         plan, skip, count, zone = self.plan, self.skipping, self.to_fire, self.view.timezone
         facts = [f"{count:,} slot{'s' if count != 1 else ''} in ({fmt.local_time(plan.start, zone)} … "
                  f"{fmt.local_time(plan.end, zone)}]" + ("; those that already succeeded skipped" if skip else "") + "."]
+        if plan.live_effect():
+            facts.append(f"Live slots: {plan.live_effect()}.")
 
         def answer(yes: bool | None) -> None:
             if yes and self.plan is plan and self.state in ("ok", "confirm"):
@@ -386,13 +423,38 @@ class BackfillScreen(ModalScreen[None]):
         # The follow-up runs on the app, so it outlives this dialog if the operator closes it.
         self.app.run_worker(self._follow(progress), group="backfill-follow", exit_on_error=False)
 
+    @work(group="backfill-poll", exit_on_error=False)
+    async def _poll(self) -> None:
+        try:
+            if self.state != "running" or self.progress is None:
+                return
+            progress = await self.backend.backfill_progress(self.progress.id)
+        except SchedtuiError:
+            return  # still shown as it was; the next tick reads it again
+        finally:
+            self._polling = False
+        if self.is_attached and self.state == "running":
+            with contextlib.suppress(NoMatches):  # closing while it is drawn
+                self._show_progress(progress)
+
     @on(Button.Pressed, "#stop")
     def action_stop(self) -> None:
-        """Stop the running backfill before its next slot (recorded ``cancelled``)."""
-        if self.state != "running" or self.progress is None:
+        """``s``: stop the running backfill before its next slot, once the operator says
+        yes (recorded ``cancelled``; the run in flight finishes on its own)."""
+        progress = self.progress
+        if self.state != "running" or progress is None:
             return
-        self.query_one("#stop", Button).disabled = True
-        self._stop(self.progress.id)
+        zone = self.view.timezone
+        facts = [f"{progress.name}: {progress.fired} of {progress.total} fired, {progress.failed} failed, "
+                 f"{progress.remaining} to go, in ({fmt.local_time(progress.start, zone)} … "
+                 f"{fmt.local_time(progress.end, zone)}]."]  # fmt: skip
+
+        def answer(yes: bool | None) -> None:
+            if yes and self.state == "running" and self.progress is not None and self.progress.id == progress.id:
+                self.query_one("#stop", Button).disabled = True
+                self._stop(progress.id)
+
+        self.app.push_screen(Confirm.of("cancel_backfill", {"backfill_id": progress.id}, facts=facts), answer)
 
     @work(exclusive=True, group="backfill-stop", exit_on_error=False)
     async def _stop(self, backfill_id: str) -> None:
@@ -452,6 +514,11 @@ class BackfillScreen(ModalScreen[None]):
                 stopped += " (a run in flight finishes on its own)"
             counts = f"Backfill {verdict}: {counts}{stopped}\n[$text-muted]esc or enter closes[/]"
             self.state = "done"
+        else:
+            zone = self.view.timezone
+            counts += (f"\n[$text-muted]in ({fmt.local_time(progress.start, zone)} … {fmt.local_time(progress.end, zone)}]"
+                       f" on {escape(progress.instance)}[/]"
+                       "\n[$text-muted]s stops it (asks) · esc closes this; it goes on[/]")  # fmt: skip
         self._counts(counts)
 
     def _counts(self, markup: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from textual.content import Content
@@ -16,7 +16,7 @@ from console.fleet import Fleet
 
 __all__ = ["ConnectionState", "ConsoleHeader", "Feed", "FleetBanner"]
 
-ConnectionState = Literal["connecting", "live", "lost", "error"]
+ConnectionState = Literal["connecting", "live", "dropped", "lost", "error", "refused"]
 Feed = Literal["events", "polling"]
 
 
@@ -38,7 +38,11 @@ class ConsoleHeader(Widget):
     where: reactive[str] = reactive("")
     """Where the store or server is, as shown (short; see :func:`console.app.short_where`)."""
     state: reactive[ConnectionState] = reactive("connecting")
-    """Connection state: connecting, live, lost (retrying by itself), error (gave up)."""
+    """Connection state: connecting, live, dropped (the event stream broke: polling, and
+    not live until it is back), lost (retrying by itself), error (gave up), refused (the
+    server refused the token, or wants one: no retry can help)."""
+    token_sent: reactive[bool] = reactive(True)
+    """While refused: whether a token was sent (refused) or none was (missing)."""
     paused: reactive[bool] = reactive(False)
     """Auto-refresh paused by the operator."""
     read_only: reactive[bool] = reactive(False)
@@ -55,6 +59,9 @@ class ConsoleHeader(Widget):
     """How the data stays fresh: change signals (``events``), or reading it again and again."""
     alerting: reactive[int | None] = reactive(None)
     """How many alerts fire now (``None``: not known; nothing is shown for 0)."""
+    late_after: reactive[timedelta | None] = reactive(None)
+    """While polling: a last good refresh older than this is not live (its polls go
+    unanswered, as when the server died and no connection error came yet)."""
 
     def render(self) -> Content:
         # Most telling first: what is true now, then what it is connected to (cut at 80 columns).
@@ -106,10 +113,19 @@ class ConsoleHeader(Widget):
             return f"[b $text-error]✗ connection lost[/]{stale}{retry}"
         if self.state == "error":
             return "[b $text-error]✗ not connected[/] [$text-muted](ctrl+r retries)[/]"
+        if self.state == "refused":
+            # How this console is given a token (console/cli/main.py); fits 80 columns.
+            what = "token refused" if self.token_sent else "no token sent"
+            return f"[b reverse $text-error] ✗ {what} [/] restart with --token-file PATH or $SCHEDTUI_TOKEN"
+        if self.state == "dropped":
+            return f"[b $text-warning]◌ event stream dropped[/] [$text-muted](polling) {age or 'checking the server…'}[/]"
         if self.paused:
             return f"[b $text-warning]⏸ paused[/] [$text-muted]data {age}[/]"
         if self.feed == "events":
             return "[$text-success]● live[/] [$text-muted](events)[/]"  # signals keep it current: no age
+        if self.late_after is not None and self.last_ok is not None and self.now is not None:
+            if self.now - self.last_ok > self.late_after:  # polls go unanswered: not live, whatever it was
+                return f"[b $text-warning]◌ waiting for the server[/] [$text-muted](polling) last answer {age}[/]"
         return f"[$text-success]● live[/] [$text-muted](polling) {age}[/]"
 
 

@@ -245,6 +245,8 @@ UPDATE_BACKFILL = """
     UPDATE schedtui_backfills SET fired = %s, failed = %s, state = %s, finished_at = %s, current_slot = %s
     WHERE id = %s
 """
+# Only while it runs: of the instances closing a dead one's backfill, one wins.
+END_BACKFILL = UPDATE_BACKFILL.rstrip() + " AND state = 'running'"
 GET_BACKFILL = f"SELECT {BACKFILL_COLUMNS} FROM schedtui_backfills WHERE id = %s"
 RUNNING_BACKFILLS = f"SELECT {BACKFILL_COLUMNS} FROM schedtui_backfills WHERE state = 'running'"
 PRUNE_BACKFILLS = "DELETE FROM schedtui_backfills WHERE state <> 'running' AND started_at < %s"

@@ -71,6 +71,7 @@ from backend.store.postgres.sql import (
     CONFIGURE,
     COUNT_CLAIMS,
     CREATE_VERSION_TABLE,
+    END_BACKFILL,
     FLEET_LOCK,
     FORGET_INSTANCE,
     GET_BACKFILL,
@@ -624,6 +625,17 @@ class PostgresStore(
             progress.id,
         )
         await self._execute(UPDATE_BACKFILL, params)
+
+    async def end_backfill(self, progress: BackfillProgress) -> bool:
+        params = (
+            progress.fired,
+            progress.failed,
+            progress.state,
+            progress.finished_at,
+            progress.current,
+            progress.id,
+        )
+        return bool(await self._execute(END_BACKFILL, params))
 
     async def get_backfill(self, backfill_id: str) -> BackfillProgress | None:
         row = await self._fetchone(GET_BACKFILL, (backfill_id,))

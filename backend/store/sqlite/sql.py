@@ -185,6 +185,8 @@ UPDATE_BACKFILL = """
     UPDATE backfills SET fired = ?, failed = ?, state = ?, finished_at = ?, current_slot = ?
     WHERE id = ?
 """
+# Only while it runs: of the instances closing a dead one's backfill, one wins.
+END_BACKFILL = UPDATE_BACKFILL.rstrip() + " AND state = 'running'"
 GET_BACKFILL = f"SELECT {BACKFILL_COLUMNS} FROM backfills WHERE id = ?"
 RUNNING_BACKFILLS = f"SELECT {BACKFILL_COLUMNS} FROM backfills WHERE state = 'running'"
 PRUNE_BACKFILLS = "DELETE FROM backfills WHERE state <> 'running' AND started_at < ?"

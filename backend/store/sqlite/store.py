@@ -65,6 +65,7 @@ from backend.store.sqlite.sql import (
     CLEAR_STARTING,
     CLOSE_RUN,
     COUNT_CLAIMS,
+    END_BACKFILL,
     FORGET_INSTANCE,
     GET_BACKFILL,
     GET_RUN,
@@ -752,6 +753,17 @@ class SQLiteStore(
             progress.id,
         )
         await self._write(lambda c: c.execute(UPDATE_BACKFILL, params))
+
+    async def end_backfill(self, progress: BackfillProgress) -> bool:
+        params = (
+            progress.fired,
+            progress.failed,
+            progress.state,
+            _us(progress.finished_at),
+            _us(progress.current),
+            progress.id,
+        )
+        return bool(await self._write(lambda c: c.execute(END_BACKFILL, params).rowcount))
 
     async def get_backfill(self, backfill_id: str) -> BackfillProgress | None:
         row = await self._read(lambda c: c.execute(GET_BACKFILL, (backfill_id,)).fetchone())

@@ -1,0 +1,317 @@
+"""What an operator on call trips over (issue 24): a backfill that must be stopped after
+its dialog closed, what a backfill does to the live slots and how it ended, a token the
+server refuses, and a server that dies and comes back.
+
+Embedded consoles on the frozen fixture ledger (tests/test_console.py), and remote ones
+against a real ``schedtui serve`` on a loopback port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backend import ManualClock
+from backend.client.remote import RemoteBackend
+from backend.store import open_store
+from console.app import SchedtuiApp
+from console.commands import ConsoleCommands
+from console.screens import BackfillScreen, Confirm, QuitPrompt
+from console.widgets import ConsoleHeader
+from tests.servers import Server, start_server
+from tests.test_console import Notes, console, ledger, select, settle, store_url  # noqa: F401 - fixtures
+from tests.test_console_events import header_text, until
+from tests.test_contract import OPERATE, write_schedules
+
+
+def plain(widget: Any) -> str:
+    return str(widget.render().plain)
+
+
+async def start_backfill(pilot: Any, name: str, start: str) -> BackfillScreen:
+    """``b`` on ``name``, the range typed, Backfill, yes: the dialog of a running backfill
+    (slow-reindex's runs wait 14 s on the frozen clock, so it stays running)."""
+    await select(pilot, name)
+    await pilot.press("b")
+    await settle(pilot)
+    screen = pilot.app.screen
+    assert isinstance(screen, BackfillScreen)
+    screen.query_one("#from").value = start  # type: ignore[attr-defined]
+    await settle(pilot)
+    screen.action_start()
+    await pilot.pause()
+    assert isinstance(pilot.app.screen, Confirm)
+    await pilot.press("y")
+    await pilot.pause()
+    assert screen.state == "running"
+    return screen
+
+
+# ---------------------------------------------------------------------------------------
+# item 2: a running backfill can be reopened and stopped
+# ---------------------------------------------------------------------------------------
+async def test_b_reopens_a_running_backfill_and_s_stops_it_after_asking(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        first = await start_backfill(pilot, "slow-reindex", "-1m")
+        assert first.progress is not None
+        await pilot.press("escape")  # the dialog closes; the backfill goes on
+        await pilot.pause()
+        await pilot.press("b")  # it used to open a fresh plan, refused as "already running"
+        # (not settle(): the app follows the backfill it started until it ends)
+        await until(pilot, lambda: isinstance(app.screen, BackfillScreen) and app.screen is not first)
+        screen = app.screen
+        assert isinstance(screen, BackfillScreen) and screen is not first
+        assert screen.state == "running" and screen.progress is not None and screen.progress.id == first.progress.id
+        assert screen.query_one("#stop").region.area and not screen.query_one("#from").region.area  # no plan
+        counts = plain(screen.query_one("#counts"))
+        assert "fired 0/6" in counts and "s stops it (asks)" in counts
+        await pilot.press("s")
+        await pilot.pause()
+        question = app.screen
+        assert isinstance(question, Confirm) and question.action == "cancel_backfill"
+        assert question.question == f"Stop backfill {first.progress.id}?"
+        assert "the run in flight finishes on its own" in question.text and "slow-reindex: 0 of 6 fired" in question.text
+        await pilot.press("y")
+        await pilot.pause()
+        await pilot.pause()
+        assert screen.progress.state == "cancelled" and "cancelled" in plain(screen.query_one("#counts"))
+        entries = (await app.backend.audit(limit=5)).entries
+        assert entries[0].action == "schedule.backfill_cancel"
+        clock.advance(30)  # the run in flight finishes; the backfill has ended
+        await settle(pilot)
+
+
+async def test_the_palette_stops_the_backfill_of_the_selected_schedule(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await select(pilot, "heartbeat")
+        provider = ConsoleCommands(app.screen)
+        [nothing] = [hit async for hit in provider.search("stop backfill")]
+        assert str(nothing.text) == "Stop backfill: heartbeat"
+        await nothing.command()  # type: ignore[misc]
+        await settle(pilot)
+        assert notes.titled("Stop backfill") == ["No backfill of heartbeat is running."]
+
+        await start_backfill(pilot, "slow-reindex", "-1m")
+        await pilot.press("escape")
+        await pilot.pause()
+        [hit] = [hit async for hit in ConsoleCommands(app.screen).search("stop backfill")]
+        assert str(hit.text) == "Stop backfill: slow-reindex"
+        await hit.command()  # type: ignore[misc]
+        await pilot.pause()
+        await pilot.pause()
+        assert isinstance(app.screen, Confirm) and app.screen.action == "cancel_backfill"
+        await pilot.press("y")
+        await pilot.pause()
+        await pilot.pause()
+        [stopped] = notes.titled("Backfill stopped")
+        assert stopped.startswith("slow-reindex: 0 fired, 0 failed, 6 not fired (cancelled")
+        assert await app.backend.running_backfills("slow-reindex") == []
+        clock.advance(30)
+        await settle(pilot)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Any:
+    write_schedules(tmp_path)
+    srv = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{tmp_path / 'state.db'}",
+                       "--token", OPERATE)  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+async def test_a_remote_console_reopens_and_stops_a_backfill_another_client_started(server: Server) -> None:
+    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {OPERATE}"}) as other:
+        started = await other.post("/inspect/schedules/slow/backfill",
+                                   json={"from": "-30d", "to": "-1d", "confirm": True})  # 696 slots of 0.3 s each
+        assert started.status_code == 202, started.text
+        backfill_id = started.json()["id"]
+    backend = RemoteBackend(server.url, OPERATE)
+    app = SchedtuiApp(backend, refresh_interval=3600)
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot)
+            await select(pilot, "slow")
+            await pilot.press("p")  # auto-refresh paused: the backfill's runs would keep it busy
+            await pilot.press("b")
+            await until(pilot, lambda: isinstance(app.screen, BackfillScreen))
+            screen = app.screen
+            assert isinstance(screen, BackfillScreen) and screen.state == "running"
+            assert screen.progress is not None and screen.progress.id == backfill_id
+            await pilot.press("s")
+            await pilot.pause()
+            assert isinstance(app.screen, Confirm)
+            await pilot.press("y")
+            await until(pilot, lambda: screen.progress is not None and screen.progress.state == "cancelled")
+            assert await backend.running_backfills("slow") == []
+    finally:
+        await backend.close()
+
+
+# ---------------------------------------------------------------------------------------
+# items 7 and 8: what a backfill does to the live slots, and how it ended
+# ---------------------------------------------------------------------------------------
+async def test_the_plan_warns_of_the_live_slots_it_may_skip(store_url: str) -> None:
+    async with console(store_url) as (app, pilot, clock, notes):
+        await select(pilot, "slow-reindex")  # on_overlap skip; its runs took 15 s (14, seen in steps of 5)
+        await pilot.press("b")
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, BackfillScreen)
+        screen.query_one("#from").value = "-1m"  # type: ignore[attr-defined]
+        await settle(pilot)
+        assert screen.plan is not None and screen.plan.run_seconds == 15 and screen.plan.live_slots == 9
+        text = plain(screen.query_one("#plan"))
+        assert "! may skip up to 9 live slots (on_overlap skip): due while it runs (about 1m 30s, 15s a run)" in text
+        screen.action_start()
+        await pilot.pause()
+        question = app.screen
+        assert isinstance(question, Confirm) and "Live slots: may skip up to 9 live slots" in question.text
+
+
+async def test_stopping_a_backfill_and_quitting_records_how_it_really_ended(store_url: str) -> None:
+    """q, then c (stop it and quit): the end in the audit log counts the run the quit
+    interrupted, as the ledger does."""
+    async with console(store_url) as (app, pilot, clock, notes):
+        screen = await start_backfill(pilot, "slow-reindex", "-1m")
+        assert screen.progress is not None
+        backfill_id = screen.progress.id
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, QuitPrompt)
+        await pilot.press("c")
+        await pilot.pause()
+        await pilot.pause()
+    store: Any = open_store(store_url)
+    await store.open()
+    try:
+        entries = [e for e in await store.list_audit(limit=10) if e.detail and e.detail.get("backfill_id") == backfill_id]
+        assert [e.action for e in entries] == ["schedule.backfill_end", "schedule.backfill_cancel", "schedule.backfill"]
+        assert entries[0].detail == {"backfill_id": backfill_id, "state": "cancelled", "total": 6, "fired": 1,
+                                     "succeeded": 0, "failed": 1, "not_fired": 5, "failed_by": {"interrupted": 1}}  # fmt: skip
+    finally:
+        await store.close()
+
+
+# ---------------------------------------------------------------------------------------
+# item 3: a token the server refuses, or wants
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("token", "says"), [("not-the-token", "✗ token refused"), (None, "✗ no token sent")])
+async def test_a_refused_or_missing_token_is_said_in_the_header_with_how_to_give_one(
+    server: Server, token: str | None, says: str
+) -> None:
+    backend = RemoteBackend(server.url, token)
+    app = SchedtuiApp(backend, ManualClock("2026-03-02T08:00:00Z"))
+    notes = Notes(app)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            header = app.query_one(ConsoleHeader)
+            text = header_text(app)
+            assert header.state == "refused" and says in text, text
+            assert "restart with --token-file PATH or $SCHEDTUI_TOKEN" in text  # whole, at 80 columns
+            assert "not connected" not in text
+            everything = text + " ".join(message for _, message in notes.seen)
+            assert "Authorization" not in everything and "Bearer" not in everything
+            app.clock.advance(120)  # type: ignore[attr-defined]
+            app.tick()
+            await settle(pilot)
+            assert says in header_text(app)  # it stays (not a toast), and nothing retries it
+            assert app._retry_at is None  # noqa: SLF001
+    finally:
+        await backend.close()
+
+
+def test_the_header_names_the_ways_the_console_takes_a_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from console.cli.main import parse_args
+
+    (tmp_path / "token").write_text("from-the-file\n")
+    args = parse_args(["console", "--url", "http://127.0.0.1:1", "--token-file", str(tmp_path / "token")])
+    assert args.token == "from-the-file"
+    monkeypatch.setenv("SCHEDTUI_TOKEN", "from-the-environment")
+    assert parse_args(["console", "--url", "http://127.0.0.1:1"]).token == "from-the-environment"
+
+
+# ---------------------------------------------------------------------------------------
+# item 6: a server that dies and comes back
+# ---------------------------------------------------------------------------------------
+async def test_a_dropped_stream_turns_the_header_at_once_and_a_restarted_server_is_found_within_5s(
+    tmp_path: Path,
+) -> None:
+    write_schedules(tmp_path)
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    server = start_server(tmp_path, "--schedules", "schedules", "--store", store, "--token", OPERATE)
+    port = server.url.rsplit(":", 1)[1]
+    clock = ManualClock("2026-03-02T08:00:00Z")  # every deadline (polls, retries) waits for the test
+    backend = RemoteBackend(server.url, OPERATE)
+    app = SchedtuiApp(backend, clock, refresh_interval=2)
+    try:
+        async with app.run_test(size=(120, 32)) as pilot:
+            await until(pilot, lambda: app.events_live)
+            header = app.query_one(ConsoleHeader)
+            assert "● live (events)" in header_text(app)
+            await asyncio.to_thread(server.stop)
+            # The stream's end is the news: not a poll on the clock (which does not move).
+            await until(pilot, lambda: header.state in ("dropped", "lost"))
+            assert "● live" not in header_text(app)
+            if header.state == "dropped":  # the server, asked at once, answered while it stopped
+                assert "◌ event stream dropped" in header_text(app)
+                clock.advance(2)  # the next poll finds it gone
+                app.tick()
+            await until(pilot, lambda: header.state == "lost")
+            delays = [header.retry_at - clock.now()]  # type: ignore[operator]
+            for _ in range(4):  # each retry due on the clock fails; the wait stops growing at 5 s
+                clock.set(header.retry_at)  # type: ignore[arg-type]
+                failures = app._failures  # noqa: SLF001
+                app.tick()
+                await until(pilot, lambda f=failures: app._failures > f)  # type: ignore[misc]  # noqa: SLF001
+                delays.append(header.retry_at - clock.now())  # type: ignore[operator]
+            assert [d.total_seconds() for d in delays] == [1, 2, 5, 5, 5]
+            server = start_server(tmp_path, "--schedules", "schedules", "--store", store, "--token", OPERATE,
+                                  "--port", port)  # fmt: skip
+            clock.set(header.retry_at)  # type: ignore[arg-type]  # at most 5 s after it came back
+            app.tick()
+            await until(pilot, lambda: header.state == "live")
+            await until(pilot, lambda: app.events_live)  # its stream too, at once: the clock has not moved
+            assert "● live (events)" in header_text(app)
+    finally:
+        await backend.close()
+        server.stop()
+
+
+async def test_polls_the_server_does_not_answer_stop_the_header_saying_live(store_url: str) -> None:
+    from tests.console_fixtures import console_backend
+
+    clock = ManualClock("2026-03-02T08:00:05Z")
+    backend = console_backend(store_url, clock)
+    answer = asyncio.Event()
+    answer.set()
+    listing = backend.list_schedules
+
+    async def slow() -> Any:
+        await answer.wait()  # a server that died without a word: the request hangs
+        return await listing()
+
+    backend.list_schedules = slow  # type: ignore[method-assign]
+    async with console(store_url, backend=backend, clock=clock, live_events=False) as (app, pilot, _, notes):
+        assert "● live (polling)" in header_text(app)
+        answer.clear()
+        clock.advance(1)
+        app.tick()  # a poll is due: it hangs
+        await pilot.pause()
+        clock.advance(5)
+        app.tick()
+        await pilot.pause()
+        assert "● live (polling)" in header_text(app)  # 6 s: within the refresh interval and 5 s
+        clock.advance(2)
+        app.tick()
+        await pilot.pause()
+        assert "● live" not in header_text(app) and "◌ waiting for the server" in header_text(app)
+        answer.set()
+        await settle(pilot)
+        assert "● live (polling)" in header_text(app)
