@@ -126,7 +126,7 @@ class StepsScreen(ModalScreen[None]):
         rows = step_rows(self.execution, self.zone, failed_only=self.failed_only)
         for row in rows:
             status = row[3]
-            style = "bold red" if "failed" in status else "yellow" if "waiting" in status else ""
+            style = "bold red" if "failed" in status else "yellow" if "waiting" in status else "dim" if "cancelled" in status else ""
             table.add_row(*row[:3], Text(status, style=style), *row[4:])
         hint = "f all steps" if self.failed_only else "f failed only"
         shown = f"{len(rows)} of {len(self.execution.steps or [])} steps · " if self.failed_only else ""
