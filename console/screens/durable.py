@@ -179,7 +179,7 @@ class SignalPrompt(ModalScreen["tuple[Any] | None"]):
             yield Label(f"Execution {self.execution.id} waits for the signal {self.signal}.")
             yield Label("Payload, as JSON (empty: null):")
             yield Input(placeholder='e.g. {"approved": true, "by": "ops"}', id="payload")
-            yield Label("", id="signal-error")
+            yield Static("", id="signal-error", markup=False)  # wraps: a Label cut the JSON error
             yield Label("enter sends · esc cancels", classes="hint")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -191,7 +191,7 @@ class SignalPrompt(ModalScreen["tuple[Any] | None"]):
         try:
             value = json.loads(text)
         except ValueError as exc:
-            self.query_one("#signal-error", Label).update(f"not JSON: {exc}")
+            self.query_one("#signal-error", Static).update(f"not JSON: {exc}")
             return
         self.dismiss((value,))
 

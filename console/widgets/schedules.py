@@ -193,6 +193,17 @@ class FreshTable(DataTable[Text | str]):
             self._line_cache.clear()
             self.refresh()
 
+    def hidden_columns(self) -> list[str]:
+        """The labels of the columns that do not fit the table's width, whole (from the
+        right): the title says they are off-screen (← → scroll to them)."""
+        room = self.scrollable_content_region.width
+        used, hidden = 0, []
+        for column in self.ordered_columns:
+            used += column.get_render_width(self)
+            if used > room:
+                hidden.append(str(column.label).lower())
+        return hidden
+
     def replace_rows(self, shown: Sequence[tuple[str, Sequence[Text | str]]], keep: str | None) -> None:
         """Redraw with ``shown`` (each row's key and cells), the cursor back on the row
         keyed ``keep`` if it is still there."""
@@ -259,16 +270,6 @@ class SchedulesTable(FreshTable):
             return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
         except Exception:
             return None
-
-    def hidden_columns(self) -> list[str]:
-        """The labels of the columns that do not fit the table's width (from the right)."""
-        room = self.scrollable_content_region.width
-        used, hidden = 0, []
-        for column in self.ordered_columns:
-            used += column.get_render_width(self)
-            if used > room:
-                hidden.append(str(column.label).lower())
-        return hidden
 
     # -- cells --------------------------------------------------------------------------
     def _state(self, view: ScheduleView, data_now: datetime) -> Text:
