@@ -18,12 +18,12 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from itertools import islice
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from rich.style import Style
 from rich.text import Text
 from textual import events, work
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.render import measure
@@ -129,6 +129,16 @@ class FreshTable(DataTable[Text | str]):
     Textual's 1,000 rows and 10,000 cells: every entry is keyed by the table's update count,
     which the countdowns move every second, so older ones are never read again; they only
     kept the garbage collector busy. And they are cleared without cycles (:class:`RingFreeCache`)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        # k9s's and htop's habits, beside the arrows (a subclass's bindings add to these)
+        Binding("j", "cursor_down", "Down", show=False),
+        Binding("k", "cursor_up", "Up", show=False),
+        Binding("g", "scroll_top", "First", show=False),
+        Binding("G", "scroll_bottom", "Last", show=False),
+        Binding("home", "scroll_top", "First", show=False),
+        Binding("end", "scroll_bottom", "Last", show=False),
+    ]
 
     CACHED_LINES = 200
     """Rows and lines kept rendered (a tall terminal shows ~100)."""

@@ -60,6 +60,10 @@ class TimelineGrid(ScrollView, can_focus=True):
         Binding("pagedown", "row(10)", "Page down", show=False),
         Binding("home", "row(-1000000)", "First", show=False),
         Binding("end", "row(1000000)", "Last", show=False),
+        Binding("j", "row(1)", "Down", show=False),
+        Binding("k", "row(-1)", "Up", show=False),
+        Binding("g", "row(-1000000)", "First", show=False),
+        Binding("G", "row(1000000)", "Last", show=False),
         Binding("left", "step(-1)", "Previous run", show=False, id="timeline_previous_run"),
         Binding("right", "step(1)", "Next run", show=False, id="timeline_next_run"),
     ]
