@@ -120,6 +120,12 @@ async def test_the_footer_always_shows_help_and_quit_and_only_what_the_view_hand
                         assert f" {item} " not in footer, f"{spec.id}'s footer offers {other.id}'s {item}"
                     if key.show and read_only and key.operates:
                         assert f" {item} " not in footer, f"{spec.id}'s footer offers {item}, refused while read-only"
+            if read_only:  # nor do the views' own hints and titles offer a key refused now
+                screen = "\n".join(rows(app)[:-1])
+                for key in view.KEYS:
+                    shown_key = app.key_display(key, alone=True)
+                    assert not key.operates or f"{shown_key} {key.label.lower()}" not in screen, (spec.id, key.what)
+                assert "releases the selected lock" not in screen
             shown = [key for key in view.KEYS if key.show and not (read_only and key.operates)]
             if shown:  # the view's own keys come first: its first one is always there
                 assert f" {app.key_display(shown[0], alone=True)} {shown[0].label} " in footer, (spec.id, footer)
@@ -312,13 +318,16 @@ async def test_enter_on_an_audit_entry_opens_it_whole_until_esc(store_url: str) 
         assert not isinstance(app.screen, AuditDetails) and app.active_view_id == "audit"
 
 
-async def test_the_header_keeps_the_instance_at_120_columns(store_url: str) -> None:
-    where = "/var/lib/schedtui/production/eu-west-1/replicas/primary/state.db"
-    async with console(store_url, where=where) as (app, pilot, notes):
+@pytest.mark.parametrize("read_only", [False, True], ids=["operate", "read-only"])
+@pytest.mark.parametrize("where", [WHERE, "/var/lib/schedtui/production/eu-west-1/replicas/primary/state.db"])
+async def test_the_header_keeps_the_instance_at_120_columns(store_url: str, where: str, read_only: bool) -> None:
+    async with console(store_url, where=where, read_only=read_only) as (app, pilot, notes):
         assert app.info is not None
         header = rows(app)[0]
-        assert header.rstrip().endswith(f"instance {app.info.instance}"), header
-        assert "…" in header and header.count("state.db") == 1, header  # the path gave way, its end kept
+        assert header.rstrip().endswith(f" {app.info.instance}"), header
+        assert ("READ-ONLY" in header) is read_only and "timers off" in header and app.info.coordination in header
+        assert header.count("state.db") == 1, header  # the path may give way: its end is kept
+        assert ("…" in header) is (where != WHERE), header
 
 
 async def test_the_signal_prompts_json_error_is_shown_whole(store_url: str) -> None:

@@ -52,7 +52,11 @@ class CommandLine(Input):
     """The one-line input ``:`` opens (see the module docstring). It posts :class:`Run`
     with the command's action, or :class:`Refused` with why; either way it closes."""
 
-    BINDINGS = [Binding("escape", "close", "Close", show=False)]
+    BINDINGS = [
+        # in the footer while it is open (the keys that work everywhere are typed into it)
+        Binding("enter", "submit", "Run", key_display="enter"),
+        Binding("escape", "close", "Close", key_display="esc"),
+    ]
 
     class Run(Message):
         def __init__(self, action: str) -> None:

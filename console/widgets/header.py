@@ -57,7 +57,8 @@ class ConsoleHeader(Widget):
     def render(self) -> Content:
         # What gives way when it does not fit, so that the instance at the end stays in
         # sight: the location first, down to its last part (the file, the host and port),
-        # then the names of the firing engines (their count stays).
+        # then the names of the firing engines (their count stays), then the words
+        # "embedded" (a path says it) and "instance".
         width = self.size.width
         where = self.where or (self.info.where if self.info is not None else "")
         content = self._content(where)
@@ -68,26 +69,32 @@ class ConsoleHeader(Widget):
             if keep < len(where):
                 where = "…" + where[-keep:]
                 content = self._content(where)
-        if content.cell_length > width:
-            content = self._content(where, names=False)
+        for gives_way in range(1, 4):
+            if content.cell_length <= width:
+                break
+            content = self._content(where, gives_way=gives_way)
         return content
 
-    def _content(self, where: str, *, names: bool = True) -> Content:
+    def _content(self, where: str, *, gives_way: int = 0) -> Content:
+        """The header with ``where`` as the location; ``gives_way`` (0-3): how many of the
+        names of the firing engines, the word "embedded" and the word "instance" are left out."""
         # Most telling first: what is true now, then what it is connected to (cut at 80 columns).
         parts: list[str] = ["[b]schedtui[/b]", self._connection()]
         if self.read_only:
             parts.append("[b reverse $text-warning] READ-ONLY [/]")
         if self.fleet is not None:
-            parts.append(self._fleet(self.fleet, names=names))
+            parts.append(self._fleet(self.fleet, names=gives_way < 1))
         info = self.info
         if info is not None:
             kind = f"{info.kind} {info.store_kind}".strip() if info.kind == "embedded" else "remote"
-            parts.append(f"{escape(kind)} [b]{escape(where or info.where)}[/b]")
+            if gives_way >= 2 and info.kind == "embedded":
+                kind = info.store_kind
+            parts.append(f"{escape(kind)} [b]{escape(where or info.where)}[/b]".strip())
             if not info.fires:
                 # An embedded console that does not run timers: `serve` (or nothing) fires.
                 parts.append("[$text-muted]timers off[/]")
             parts.append(escape(info.coordination))
-            parts.append(f"[$text-muted]instance[/] {escape(info.instance)}")
+            parts.append(("" if gives_way >= 3 else "[$text-muted]instance[/] ") + escape(info.instance))
         elif where:
             parts.append(escape(where))
         return Content.from_markup(" [$text-muted]│[/] ".join(parts))
