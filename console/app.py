@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from textual import on, work
-from textual.actions import ActionParseResult, parse
+from textual.actions import ActionParseResult, SkipAction, parse
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
@@ -50,13 +50,13 @@ from textual.css.query import NoMatches
 from textual.dom import DOMNode
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widgets import ContentSwitcher, Footer, Input, Static
+from textual.widgets import ContentSwitcher, Input, Static, TextArea
 
 from backend.client.interface import SYSTEMS, Backend, ConnectionInfo
 from backend.clock import Clock, SystemClock
 from backend.errors import Forbidden, NotFound, SchedtuiError, Unauthorized, Unavailable
 from backend.events.bus import READY, RESYNC, STREAM, Signal
-from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView
+from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView, StateNote
 from console import format as fmt
 from console.commands import ConsoleCommands
 from console.fleet import CronCache, Fleet, Overdue, fleet_of
@@ -68,8 +68,10 @@ from console.screens.help import HelpScreen
 from console.screens.prompt import NotePrompt
 from console.screens.quit import QuitPrompt
 from console.views import VIEWS, UnavailableView, View, view_spec
-from console.views.schedules import PAGE_SIZE, SchedulesView
+from console.views.schedules import PAGE_SIZE, SchedulesView, last_status_is
 from console.widgets import ConsoleHeader, FleetBanner
+from console.widgets.command_line import CommandLine, commands_of
+from console.widgets.footer import KeyFooter
 from console.widgets.tabs import ViewTabs
 
 __all__ = ["PAGE_SIZE", "STATUS_FILTERS", "SchedtuiApp", "freeze_heap", "parse_keymap", "short_where"]
@@ -158,6 +160,9 @@ class SchedtuiApp(App[None]):
         Key("escape", "clear_filter", "Clear filter", show=False, help="clear the filter"),
         Key("question_mark", "help", "Help", help="this help"),
         Key("q", "quit", "Quit", help="quit (asks while a backfill started here runs)"),
+        Key("ctrl+c", "quit", "Quit", id="quit_ctrl_c", show=False, help="quit, as q does"),
+        Key("colon", "command_line", "Command", show=False, priority=True,
+            help="command line: :jobs, :locks … (a view by name), :help, :q"),
     )
     """The keys of every view; each view adds its own (:attr:`console.views.base.View.KEYS`)."""
     BINDINGS: ClassVar[list[BindingType]] = bindings(KEYS)
@@ -274,6 +279,7 @@ class SchedtuiApp(App[None]):
         yield FleetBanner(id="fleet-banner")
         yield ViewTabs(id="tabs")
         yield Input(placeholder="filter by name, cron, zone, description, or failed / overdue / disabled …", id="filter")
+        yield CommandLine(commands_of((spec.id, spec.key) for spec in VIEWS), id="command")
         with ContentSwitcher(initial="schedules", id="main"):
             for spec in VIEWS:
                 if spec.make is not None:
@@ -286,13 +292,14 @@ class SchedtuiApp(App[None]):
                     )
         with Horizontal(id="footer-bar"):
             yield Static("", id="mode")
-            yield Footer(id="footer", compact=True, show_command_palette=False)
+            yield KeyFooter(id="footer")
 
     def on_mount(self) -> None:
         header = self.query_one(ConsoleHeader)
         header.now = self.clock.now()
         header.late_after = self.refresh_interval + LATE_AFTER
         self.query_one("#filter", Input).display = False
+        self.query_one(CommandLine).display = False
         self._update_tabs()
         self.active_view.focus_main()
         self._update_read_only()
@@ -673,9 +680,7 @@ class SchedtuiApp(App[None]):
 
         def state_matches(view: ScheduleView) -> bool:
             if needle in ("failed", "succeeded", "skipped", "missed", "running"):
-                return view.last_run is not None and view.last_run.status == needle or (
-                    view.latest_manual is not None and view.latest_manual.status == needle
-                )
+                return last_status_is(view, needle)
             if needle == "overdue":
                 return self.overdue.since(view, now) is not None
             if needle in ("disabled", "off"):
@@ -726,7 +731,7 @@ class SchedtuiApp(App[None]):
         self._update_read_only()
 
     def watch_active_view_id(self) -> None:
-        self._update_read_only()  # the keys that do nothing are the view's
+        self._update_read_only()
 
     def watch_paused(self, paused: bool) -> None:
         self.query_one(ConsoleHeader).paused = paused
@@ -738,10 +743,9 @@ class SchedtuiApp(App[None]):
     def _update_read_only(self) -> None:
         self.query_one(ConsoleHeader).read_only = self.read_only
         mode = self.query_one("#mode", Static)
-        refused = " ".join(self.key_display(key, alone=True) for key in self.keys_on_screen() if key.operates)
-        mode.update(f" READ-ONLY: {refused} disabled " if refused else " READ-ONLY ")
+        mode.update(" READ-ONLY ")  # the footer leaves out the keys it refuses; ? lists them
         mode.display = self.read_only
-        self.refresh_bindings()  # the footer dims the keys that act, or brings them back
+        self.refresh_bindings()  # the footer leaves out the keys that act, or brings them back
 
     def _read_only_reason(self) -> str | None:
         if not self.read_only:
@@ -765,10 +769,6 @@ class SchedtuiApp(App[None]):
             if same.actions != key.actions:
                 raise TypeError(f"the keys {same.key} and {key.key} run {key.name} but perform different actions")
         return found
-
-    def keys_on_screen(self) -> list[Key]:
-        """The keys the view on screen handles: its own, then the app's."""
-        return [*self.active_view.KEYS, *self.KEYS]
 
     def key_display(self, key: Key, *, alone: bool = False) -> str:
         """The key as the operator presses it now (a keymap may have moved it); ``alone``:
@@ -797,7 +797,7 @@ class SchedtuiApp(App[None]):
         return key, self._read_only_reason() or "the console is read-only"
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """A key that acts is disabled (dimmed in the footer) while read-only; the views ask
+        """A key that acts is disabled (left out of the footer) while read-only; the views ask
         the same (:meth:`console.views.base.View.check_action`)."""
         return None if self.refusal(action) is not None else True
 
@@ -901,7 +901,7 @@ class SchedtuiApp(App[None]):
         if view is None:
             return
         if not view.enabled:
-            self._set_enabled(view.name, True, None)
+            self._set_enabled(view.name, True, None, clears=view.state_note)
             return
 
         def disable(note: str | None) -> None:
@@ -911,7 +911,7 @@ class SchedtuiApp(App[None]):
         self.push_screen(NotePrompt(view.name), disable)
 
     @work(group="action", exit_on_error=False)
-    async def _set_enabled(self, name: str, enabled: bool, note: str | None) -> None:
+    async def _set_enabled(self, name: str, enabled: bool, note: str | None, *, clears: StateNote | None = None) -> None:
         try:
             view = await self.backend.set_enabled(name, enabled, note=note)
         except SchedtuiError as exc:
@@ -919,7 +919,10 @@ class SchedtuiApp(App[None]):
             return
         if view.enabled:
             nxt = f"; next fire {fmt.countdown(view.next_fire_at, self.clock.now())}" if view.next_fire_at else ""
-            self.notify(f"{name} enabled{nxt}", title="Enabled")
+            cleared = ""
+            if clears is not None and clears.note:  # the note said why it was off: say it is gone
+                cleared = f"; note cleared: “{clears.note}” ({clears.by}, {fmt.ago(clears.at, self.clock.now())})"
+            self.notify(f"{name} enabled{cleared}{nxt}", title="Enabled", markup=False)
         else:
             self.notify(f"{name} disabled" + (f": {note}" if note else ""), title="Disabled", markup=False)
         self.views = [view if v.name == name else v for v in self.views]
@@ -1033,6 +1036,22 @@ class SchedtuiApp(App[None]):
             field.display = False
             self.active_view.focus_main()
 
+    def action_command_line(self) -> None:
+        """``:``: the command line (:mod:`console.widgets.command_line`). A priority key,
+        so that ``:jobs`` typed at once lands in the line; in a text field or a dialog the
+        ``:`` is theirs."""
+        if len(self.screen_stack) > 1 or isinstance(self.focused, (Input, TextArea)):
+            raise SkipAction()
+        self.query_one(CommandLine).open()
+
+    @on(CommandLine.Run)
+    async def _command_run(self, event: CommandLine.Run) -> None:
+        await self.run_action(event.action)
+
+    @on(CommandLine.Refused)
+    def _command_refused(self, event: CommandLine.Refused) -> None:
+        self.notify(event.why, title="Command", severity="warning", markup=False)
+
     def action_toggle_pause(self) -> None:
         """``p``: pause or resume auto-refresh."""
         self.paused = not self.paused
@@ -1132,27 +1151,32 @@ class SchedtuiApp(App[None]):
 
 NAVIGATION: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
     "schedules": (
-        (("up", "down"), "move in the table (pgup/pgdn a page)"),
-        (("home", "end"), "first / last row"),
+        (("up", "down", "k", "j"), "move in the table (pgup/pgdn a page)"),
+        (("home", "end", "g", "G"), "first / last row"),
         (("left", "right"), "scroll the table sideways (hidden columns)"),
         (("tab",), "switch between the schedules and the runs"),
     ),
     "timeline": (
-        (("up", "down"), "another schedule (pgup/pgdn a page, home/end first/last)"),
+        (("up", "down", "k", "j"), "another schedule (pgup/pgdn a page)"),
+        (("home", "end", "g", "G"), "the first / last schedule"),
         (("left", "right"), "the previous / next run of the row"),
     ),
     "jobs": (
-        (("up", "down"), "move in the table"),
+        (("up", "down", "k", "j"), "move in the table"),
+        (("home", "end", "g", "G"), "first / last row"),
         (("tab",), "switch between the queues and their jobs"),
     ),
     "durable": (
-        (("up", "down"), "move in the table"),
+        (("up", "down", "k", "j"), "move in the table"),
+        (("home", "end", "g", "G"), "first / last row"),
     ),
     "locks": (
-        (("up", "down"), "move in the table (pgup/pgdn a page)"),
+        (("up", "down", "k", "j"), "move in the table (pgup/pgdn a page)"),
+        (("home", "end", "g", "G"), "first / last row"),
     ),
     "audit": (
-        (("up", "down"), "move in the table"),
+        (("up", "down", "k", "j"), "move in the table"),
+        (("home", "end", "g", "G"), "first / last row"),
     ),
     "health": (
         (("up", "down"), "scroll the rows (pgup/pgdn a page, home/end top/bottom)"),

@@ -34,7 +34,7 @@ EXECUTION_GLYPHS = {
     "failed": "✗",
     "cancelled": "⊘",
 }
-STEP_GLYPHS = {"running": "▶", "waiting": "◷", "succeeded": "✓", "failed": "✗"}
+STEP_GLYPHS = {"running": "▶", "waiting": "◷", "succeeded": "✓", "failed": "✗", "cancelled": "⊘"}
 
 
 def operator_zone() -> str:

@@ -9,7 +9,7 @@ else follows from the declarations:
 
 * bindings: an owner's ``BINDINGS`` are :func:`bindings` of its ``KEYS`` (a view's keys live
   on the view, so the footer offers them only while that view is on screen);
-* read-only: a key whose action is an ``operate`` one is disabled (dimmed in the footer),
+* read-only: a key whose action is an ``operate`` one is disabled (left out of the footer),
   and pressing it says why (:meth:`console.app.SchedtuiApp.run_action`); read keys stay;
 * confirmation: a key whose action declares a :class:`~backend.client.actions.Danger`
   asks first, with :class:`~console.screens.confirm.Confirm`, in the declaration's words;
@@ -62,6 +62,9 @@ class Key:
     show: bool = True
     """Shown in the footer (``?`` lists every key either way)."""
     key_display: str | None = None
+    priority: bool = False
+    """Handled before the focused widget sees the key (its action raises ``SkipAction`` to
+    hand it on), so that keys typed right after it go where it sent the focus."""
 
     def __post_init__(self) -> None:
         for name in self.actions:
@@ -105,7 +108,7 @@ class Key:
 
     def binding(self) -> Binding:
         return Binding(self.key, self.method, self.label, show=self.show, key_display=self.key_display,
-                       id=self.binding_id, tooltip=self.description)  # fmt: skip
+                       id=self.binding_id, tooltip=self.description, priority=self.priority)  # fmt: skip
 
 
 def action_key(

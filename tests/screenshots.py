@@ -38,6 +38,8 @@ PICTURES = [
     ("confirm", "120x32"),
     ("help", "120x32"),
     ("audit", "120x32"),
+    ("audit-entry", "120x32"),
+    ("locks", "80x24"),
     ("durable", "120x32"),
     ("durable-steps", "120x32"),
     ("alerting", "80x24"),

@@ -506,6 +506,8 @@ def test_runs_table_json_limit_and_paging(cli: Cli) -> None:
         (["runs", "hourly", "--before", "zz"], 'before "zz" is not a run id'),
         (["--fire", "list"], "--fire does not apply to `schedtui list`"),
         (["--read-only", "serve"], "--read-only does not apply to `schedtui serve`"),
+        (["list", "--url", "http://127.0.0.1:9"], "--store and --url name two backends; give one"),
+        (["console", "--url", "http://127.0.0.1:9"], "--store and --url name two backends; give one"),
     ],
 )
 def test_bad_usage(cli: Cli, args: list[str], named: str) -> None:
@@ -548,6 +550,18 @@ def test_read_only_before_or_after_the_verb_is_never_dropped(cli: Cli) -> None:
         assert done.returncode == 1, (args, done.stderr)
         assert done.stderr.splitlines()[-1] == f"schedtui: read-only: {action} is not allowed"
     assert cli.log("hourly") == [] and cli.schedules()["hourly"]["enabled"]
+
+
+def test_a_store_beside_a_url_from_the_environment_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from console.cli.main import UsageError, parse_args
+
+    monkeypatch.setenv("SCHEDTUI_URL", "http://sched:8080")
+    (tmp_path / "store.url").write_text("sqlite:///elsewhere.db\n")
+    with pytest.raises(UsageError, match=r"--store-file and \$SCHEDTUI_URL name two backends; give one"):
+        parse_args(["console", "--store-file", str(tmp_path / "store.url")])
+    assert parse_args(["console"]).url == "http://sched:8080"  # the URL alone: as ever
+    monkeypatch.setenv("SCHEDTUI_STORE", "sqlite:///from-the-environment.db")
+    assert parse_args(["list"]).url == "http://sched:8080"  # a store from the environment: a default, not a choice
 
 
 def test_console_options_before_the_verb_reach_the_console() -> None:

@@ -235,12 +235,12 @@ async def test_e_disables_with_a_note_then_enables(store_url: str) -> None:
         assert f"○ disabled by {os_user()} at 03-02 09:00:05 CET, 0s ago: vendor outage" in detail
         assert cell(app, "heartbeat", "next") == "disabled"
         assert notes.titled("Disabled") == ["heartbeat disabled: vendor outage"]
-        await pilot.press("e")  # enabling asks nothing
+        await pilot.press("e")  # enabling asks nothing, and says which note it clears
         await settle(pilot)
         view = app.view_of("heartbeat")
         assert view is not None and view.enabled
         assert cell(app, "heartbeat", "next") == "in 5s"
-        assert notes.titled("Enabled") == ["heartbeat enabled; next fire in 5s"]
+        assert notes.titled("Enabled") == [f"heartbeat enabled; note cleared: “vendor outage” ({os_user()}, 0s ago); next fire in 5s"]
 
 
 async def test_disabling_enter_skips_the_note_and_esc_cancels(store_url: str) -> None:

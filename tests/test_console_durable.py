@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import DataTable, Input, Label
+from textual.widgets import DataTable, Input, Label, Static
 
 from console.app import SchedtuiApp
 from console.screens.confirm import Confirm
@@ -129,7 +129,7 @@ async def test_a_sends_the_awaited_signal_with_a_payload_and_refuses_bad_json(st
         await settle(pilot)
         assert isinstance(app.screen, SignalPrompt)  # bad JSON: it stays, with what was typed
         assert app.screen.query_one(Input).value == "{ok"
-        assert "not JSON" in str(app.screen.query_one("#signal-error", Label).render())
+        assert "not JSON" in str(app.screen.query_one("#signal-error", Static).render())
         app.screen.query_one(Input).value = '{"by": "ops"}'
         await pilot.press("enter")
         await settle(pilot)

@@ -23,6 +23,7 @@ from backend.errors import Unavailable
 from backend.events.audit import os_user
 from backend.events.bus import READY, Signal
 from console.app import SchedtuiApp
+from console.screens import AuditDetails
 from console.views.audit import AuditTable, AuditView
 from console.widgets import ConsoleHeader, RunsTable
 from tests.console_fixtures import console_engine
@@ -231,9 +232,13 @@ async def test_the_audit_view_lists_who_did_what_newest_first_and_filters(store_
         assert "AUDIT 1 of 3 · filter “alice”" in app.query_one("#audit-title").render().plain  # type: ignore[attr-defined]
         await pilot.press("enter")  # the entry whole
         await settle(pilot)
-        (message,) = [m for t, m in notes.seen if t.startswith("Audit entry")]
-        assert "alice · schedule.fire · daily-digest" in message and "run_id:" in message
-        await pilot.press("escape")
+        assert isinstance(app.screen, AuditDetails)
+        body = str(app.screen.query_one("#audit-body").render())
+        assert "alice" in body and "schedule.fire" in body and "daily-digest" in body and "run_id" in body
+        await pilot.press("escape")  # closes the entry
+        await settle(pilot)
+        assert not isinstance(app.screen, AuditDetails) and len(audit_rows(app)) == 1
+        await pilot.press("escape")  # clears the filter
         await settle(pilot)
         assert len(audit_rows(app)) == 3
 

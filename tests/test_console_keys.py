@@ -4,7 +4,7 @@ declared actions), checked by iterating the declarations, never a list of keys w
 * read-only: every key whose action is an ``operate`` one is refused, saying why, and does
   nothing; every other key runs;
 * the footer of each view offers exactly the keys that view (or the app) handles, each with
-  an action method that ``check_action`` allows;
+  an action method that ``check_action`` allows, and none it refuses now;
 * every dangerous action's key asks with the one :class:`~console.screens.confirm.Confirm`,
   in the declaration's words: ``enter``, ``n`` and ``esc`` leave it undone, ``y`` does it.
 
@@ -23,8 +23,7 @@ import pytest
 from textual.actions import parse
 from textual.dom import DOMNode
 from textual.pilot import Pilot
-from textual.widgets import Button, Footer, Input
-from textual.widgets._footer import FooterKey
+from textual.widgets import Button, Input
 
 from backend import ManualClock, NotFound
 from backend.client.actions import action_of
@@ -34,6 +33,7 @@ from console.screens import BackfillScreen, Confirm
 from console.views import VIEWS, View
 from console.views.durable import ExecutionsTable
 from console.views.jobs import JobsView
+from console.widgets.footer import KeyFooter
 from console.widgets.jobs import JobsTable
 from tests.console_fixtures import FROZEN, WHERE, console_backend
 from tests.console_scenes import OPERATOR_ZONE, make_ledger
@@ -136,7 +136,7 @@ async def test_read_only_refuses_every_key_that_acts_and_runs_every_other(store_
                     operate_seen.add(key.name)
                     assert calls.made == [], f"{spec.id}: {key.what} ran while read-only"
                     assert said == [("Read-only", f"{key.what} does nothing here: the console was started with --read-only.")]
-                    assert active.enabled is False  # dimmed in the footer
+                    assert active.enabled is False  # left out of the footer
                 else:
                     assert calls.made == [key.name], f"{spec.id}: {key.what} did not run"
                     assert all(title != "Read-only" for title, _ in said)
@@ -148,13 +148,15 @@ async def test_read_only_refuses_every_key_that_acts_and_runs_every_other(store_
     assert {"release_lock", "delete_job", "run_now", "cancel_execution"} <= operate_seen  # it is not vacuous
 
 
-async def test_read_only_says_which_keys_of_the_view_do_nothing(store_url: str) -> None:
+async def test_read_only_says_so_and_the_footer_offers_no_key_it_refuses(store_url: str) -> None:
     async with console(store_url, read_only=True) as (app, pilot, notes):
         for spec in WRITTEN:
             view = await show(pilot, app, spec.id)
-            refused = [app.key_display(key, alone=True) for key in (*view.KEYS, *app.KEYS) if key.operates]
-            mode = str(app.query_one("#mode").render())
-            assert mode == (f" READ-ONLY: {' '.join(refused)} disabled " if refused else " READ-ONLY "), spec.id
+            refused = {key.binding_id for key in (*view.KEYS, *app.KEYS) if key.operates}
+            assert str(app.query_one("#mode").render()) == " READ-ONLY ", spec.id
+            local, everywhere, pinned = app.query_one(KeyFooter).offered()
+            offered = {app.screen.active_bindings[key].binding.id for key, _, _ in (*local, *everywhere, *pinned)}
+            assert offered and not offered & refused, spec.id
         await pilot.press("question_mark")
         await settle(pilot)
         help_text = str(app.screen.query_one("#help-body").render())
@@ -184,11 +186,10 @@ async def test_each_views_footer_shows_only_the_keys_it_handles(store_url: str, 
                 assert callable(getattr(node, f"action_{name}", None)), f"{spec.id}: {key.what} has no action_{name}"
                 allowed = node.check_action(name, parameters)
                 assert allowed is (None if read_only and key.operates else True), (spec.id, key.what)
-            footer = {app.screen.active_bindings[item.key].binding.id: item for item in app.query_one(Footer).query(FooterKey)}
-            assert set(footer) == set(declared), spec.id  # what the footer draws
-            for binding_id, item in footer.items():
-                key = declared[binding_id]
-                assert item.has_class("-disabled") is (read_only and key.operates), (spec.id, key.what)
+            local, everywhere, pinned = app.query_one(KeyFooter).offered()
+            footer = {app.screen.active_bindings[key].binding.id for key, _, _ in (*local, *everywhere, *pinned)}
+            # what the footer may draw: every key of the view and the app but those refused now
+            assert footer == {i for i, key in declared.items() if not (read_only and key.operates)}, spec.id
             # a view's keys are offered on that view only
             others = {k.binding_id for other in WRITTEN if other.id != spec.id and other.make is not None
                       for k in other.make.KEYS if k.show} - set(declared)  # fmt: skip

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
@@ -37,6 +37,7 @@ __all__ = [
     "Started",
     "StepKind",
     "StepStatus",
+    "StepViewStatus",
     "StepView",
     "decode",
     "encode",
@@ -53,6 +54,9 @@ StepStatus = Literal["running", "waiting", "succeeded", "failed"]
 """``running``: an at-most-once step checkpointed before it ran (never seen finished);
 ``waiting``: a sleep or signal wait not over yet, or a failed attempt waiting for its retry."""
 STEP_STATUSES: Final = ("running", "waiting", "succeeded", "failed")
+StepViewStatus = Literal["running", "waiting", "succeeded", "failed", "cancelled"]
+"""A step as shown: as stored, or ``cancelled``: it was still waiting or running when its
+execution was cancelled, and will never go on (:meth:`Execution.as_ended`)."""
 
 #: How long one execution may last, from its creation: sleeps, waits and retries included.
 MAX_LIFETIME: Final = timedelta(days=366)
@@ -94,7 +98,7 @@ class StepView:
     """Its position: the order in which the code reached it, from 1."""
     name: str
     kind: StepKind
-    status: StepStatus
+    status: StepViewStatus
     attempt: int
     """Attempts made (a sleep or a wait has one)."""
     started_at: datetime | None
@@ -190,6 +194,19 @@ class Execution:
     @property
     def done(self) -> bool:
         return self.status in FINISHED
+
+    def as_ended(self) -> Execution:
+        """The execution with its timeline as it ended: a cancelled execution's steps that
+        were still waiting (a sleep, a signal, a retry) or running are ``cancelled`` at the
+        cancel, with no wake-up time (the store keeps them as they were)."""
+        if self.status != "cancelled" or not self.steps:
+            return self
+        steps = [
+            step if step.status not in ("waiting", "running")
+            else replace(step, status="cancelled", wake_at=None, finished_at=step.finished_at or self.finished_at)
+            for step in self.steps
+        ]  # fmt: skip
+        return replace(self, steps=steps)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {

@@ -199,7 +199,7 @@ class Durable:
         execution = await self.store.durable_get(id)
         if execution is None:
             raise NotFound(f'no execution with id "{id}"')
-        return execution
+        return execution.as_ended()
 
     async def list(
         self,

@@ -323,6 +323,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for option in SHARED:
         if hasattr(args, option.dest) and option.dest not in accepted:
             raise UsageError(f"schedtui: {option.flags[0]} does not apply to `schedtui {args.verb}`")
+    store_given = next((flag for flag, dest in (("--store", "store"), ("--store-file", "store_file")) if hasattr(args, dest)), None)
+    url_given = "--url" if hasattr(args, "url") else "$SCHEDTUI_URL"
     if "store" in accepted:
         _resolve_store(args)
     # Named on the command line or in the environment, rather than the default folder.
@@ -330,6 +332,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for dest in accepted & set(_DEFAULTS):
         if not hasattr(args, dest):
             setattr(args, dest, _DEFAULTS[dest]())
+    if store_given is not None and getattr(args, "url", None):
+        # One would be ignored: say so rather than act on the other.
+        raise UsageError(f"schedtui: {store_given} and {url_given} name two backends; give one "
+                         f"({store_given} acts on the store itself, {url_given} through a server)")
     if args.verb == "serve":
         args.token = _resolve_tokens(args, "token", "SCHEDTUI_TOKEN", several=True)
         args.read_token = _resolve_tokens(args, "read_token", "SCHEDTUI_READ_TOKEN", several=True)

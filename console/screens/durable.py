@@ -126,7 +126,7 @@ class StepsScreen(ModalScreen[None]):
         rows = step_rows(self.execution, self.zone, failed_only=self.failed_only)
         for row in rows:
             status = row[3]
-            style = "bold red" if "failed" in status else "yellow" if "waiting" in status else ""
+            style = "bold red" if "failed" in status else "yellow" if "waiting" in status else "dim" if "cancelled" in status else ""
             table.add_row(*row[:3], Text(status, style=style), *row[4:])
         hint = "f all steps" if self.failed_only else "f failed only"
         shown = f"{len(rows)} of {len(self.execution.steps or [])} steps · " if self.failed_only else ""
@@ -179,7 +179,7 @@ class SignalPrompt(ModalScreen["tuple[Any] | None"]):
             yield Label(f"Execution {self.execution.id} waits for the signal {self.signal}.")
             yield Label("Payload, as JSON (empty: null):")
             yield Input(placeholder='e.g. {"approved": true, "by": "ops"}', id="payload")
-            yield Label("", id="signal-error")
+            yield Static("", id="signal-error", markup=False)  # wraps: a Label cut the JSON error
             yield Label("enter sends · esc cancels", classes="hint")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -191,7 +191,7 @@ class SignalPrompt(ModalScreen["tuple[Any] | None"]):
         try:
             value = json.loads(text)
         except ValueError as exc:
-            self.query_one("#signal-error", Label).update(f"not JSON: {exc}")
+            self.query_one("#signal-error", Static).update(f"not JSON: {exc}")
             return
         self.dismiss((value,))
 

@@ -16,6 +16,7 @@ from backend.errors import SchedtuiError, Unavailable
 from backend.events.audit import AuditEntry
 from console import format as fmt
 from console.keys import Key, bindings
+from console.screens.audit import AuditDetails
 from console.views.base import View, details_key, filter_key
 from console.widgets.line import Line
 from console.widgets.palette import theme_color
@@ -110,7 +111,7 @@ class AuditView(View):
     """Every operator action, newest first (the newest :data:`AUDIT_PAGE` on each refresh;
     ``]`` reads older ones). The filter (``/``) narrows it by actor, action, target or
     detail; the entry under the cursor is shown whole under the table, and ``enter``
-    shows it with every field."""
+    opens it with every field (:class:`~console.screens.audit.AuditDetails`)."""
 
     DEFAULT_CSS = """
     AuditView #audit-entry {
@@ -212,10 +213,7 @@ class AuditView(View):
         if entry is None:
             self.notify("No entry selected.", severity="warning")
             return
-        lines = [f"{fmt.short_time(entry.at, self.console.display_zone)} · {entry.actor} · {entry.action} "
-                 f"· {entry.target}", *(f"{k}: {json.dumps(v, ensure_ascii=False)}"
-                                         for k, v in (entry.detail or {}).items())]  # fmt: skip
-        self.notify("\n".join(lines), title=f"Audit entry {entry.id}", markup=False, timeout=15)
+        self.app.push_screen(AuditDetails(entry, self.console.display_zone))
 
     def on_resize(self) -> None:
         if self.entries:

@@ -174,7 +174,7 @@ class DurableView(View):
         if needle:
             title += f" · filter “{needle}” (esc clears)"
         title += " · " + " · ".join(f"{console.key_display(key, alone=True)} {key.label.lower()}" for key in self.KEYS
-                                    if key.name != "filter")  # fmt: skip
+                                    if key.name != "filter" and console.refusal(key.name) is None)  # fmt: skip
         self.query_one("#durable-title", Line).update(Content(title))
 
     def tick(self, now: datetime) -> None:

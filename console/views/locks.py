@@ -139,12 +139,26 @@ class LocksView(View):
         now = self.lock_now(self.console.clock.now())
         self.table.show(snapshot, now)
         held = sum(1 for lock in snapshot.locks if lock.state(now) == "held")
-        self.query_one("#locks-title", Line).update(f"LOCKS  {len(snapshot.locks)} · {held} held")
-        self.query_one("#locks-hint", Line).update(
-            Content.from_markup("[$text-muted]no lock has been taken in this store yet[/]")
-            if not snapshot.locks
-            else Content.styled(f"{self.shown_key('release_lock')} releases the selected lock by force", "$text-muted")
-        )
+        self._title(len(snapshot.locks), held)
+        self.call_after_refresh(self._title, len(snapshot.locks), held)  # hidden columns: once laid out
+        if not snapshot.locks:
+            hint = "no lock has been taken in this store yet"
+        elif self.console.refusal("release_lock") is not None:
+            hint = "read-only: the locks are shown; none is released from here"  # the hint offers no key it refuses
+        else:
+            hint = f"{self.shown_key('release_lock')} releases the selected lock by force"
+        self.query_one("#locks-hint", Line).update(Content.styled(hint, "$text-muted"))
+
+    def _title(self, count: int, held: int) -> None:
+        title = f"LOCKS  {count} · {held} held"
+        hidden = self.table.hidden_columns()
+        if hidden:
+            title += f" · → {', '.join(hidden)} off-screen (wider terminal, or ← →)"
+        self.query_one("#locks-title", Line).update(title)
+
+    def on_resize(self) -> None:
+        if self.snapshot is not None:
+            self.show()
 
     def tick(self, now: datetime) -> None:
         if self.snapshot is not None:

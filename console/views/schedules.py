@@ -33,10 +33,18 @@ from console.views.base import SCHEDULE_KEYS, View, details_key, filter_key
 from console.widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
 from console.widgets.line import Line
 
-__all__ = ["PAGE_SIZE", "SchedulesView"]
+__all__ = ["PAGE_SIZE", "SchedulesView", "last_status_is"]
 
 PAGE_SIZE = 50
 """Runs per page (the recent strip and the typical durations use the newest page)."""
+
+
+def last_status_is(view: ScheduleView, status: str) -> bool:
+    """Whether its last run, or its newest manual run, is in ``status`` (``failed``: the
+    schedule is failing; the ``/failed`` filter and the title's count agree)."""
+    return (view.last_run is not None and view.last_run.status == status) or (
+        view.latest_manual is not None and view.latest_manual.status == status
+    )
 
 
 class SchedulesView(View):
@@ -139,8 +147,9 @@ class SchedulesView(View):
         table = self.table
         visible = console.visible_views()
         table.show(visible, console.clock.now(), console.data_now())
-        self._title(len(visible))
-        self.call_after_refresh(self._title, len(visible))  # hidden columns: once laid out
+        failing = sum(1 for view in visible if last_status_is(view, "failed"))
+        self._title(len(visible), failing)
+        self.call_after_refresh(self._title, len(visible), failing)  # hidden columns: once laid out
         self._select(table.selected_name)
         view = console.view_of(self.selected_name)
         detail = self.query_one(DetailBar)
@@ -148,15 +157,17 @@ class SchedulesView(View):
             detail.view = view
         self._show_detail()
 
-    def _title(self, shown: int) -> None:
+    def _title(self, shown: int, failing: int) -> None:
         console = self.console
-        title = f"SCHEDULES {shown}"
+        title = Content(f"SCHEDULES {shown}")
         if console.filter_text:
             title += f" of {len(console.views)} · filter “{console.filter_text}” (esc clears)"
+        if failing:
+            title += Content.assemble(" · ", (f"✗ {failing} failing", "$text-error"))
         hidden = self.table.hidden_columns()
         if hidden:
             title += f" · → {', '.join(hidden)} off-screen (wider terminal, or ← →)"
-        self.query_one("#schedules-title", Line).update(Content(title))
+        self.query_one("#schedules-title", Line).update(title)
 
     def _show_detail(self) -> None:
         console = self.console
@@ -271,7 +282,8 @@ class SchedulesView(View):
 
     def on_resize(self) -> None:
         if self.console.views:
-            self._title(len(self.table.views))
+            views = self.table.views.values()
+            self._title(len(views), sum(1 for view in views if last_status_is(view, "failed")))
 
     # -- creating, editing, deleting ----------------------------------------------------
     def _stored(self, action: str) -> ScheduleView | None:

@@ -64,6 +64,29 @@ class ConsoleHeader(Widget):
     unanswered, as when the server died and no connection error came yet)."""
 
     def render(self) -> Content:
+        # What gives way when it does not fit, so that the instance at the end stays in
+        # sight: the location first, down to its last part (the file, the host and port),
+        # then the names of the firing engines (their count stays), then the words
+        # "embedded" (a path says it) and "instance".
+        width = self.size.width
+        where = self.where or (self.info.where if self.info is not None else "")
+        content = self._content(where)
+        over = content.cell_length - width
+        if over > 0:
+            least = len(where.rstrip("/").rsplit("/", 1)[-1]) + 1
+            keep = max(least, len(where) - over - 1)
+            if keep < len(where):
+                where = "…" + where[-keep:]
+                content = self._content(where)
+        for gives_way in range(1, 4):
+            if content.cell_length <= width:
+                break
+            content = self._content(where, gives_way=gives_way)
+        return content
+
+    def _content(self, where: str, *, gives_way: int = 0) -> Content:
+        """The header with ``where`` as the location; ``gives_way`` (0-3): how many of the
+        names of the firing engines, the word "embedded" and the word "instance" are left out."""
         # Most telling first: what is true now, then what it is connected to (cut at 80 columns).
         parts: list[str] = ["[b]schedtui[/b]", self._connection()]
         if self.read_only:
@@ -71,33 +94,36 @@ class ConsoleHeader(Widget):
         if self.alerting:
             parts.append(f"[b reverse $text-error] ▲ {self.alerting} alerting [/]")
         if self.fleet is not None:
-            parts.append(self._fleet(self.fleet))
+            parts.append(self._fleet(self.fleet, names=gives_way < 1))
         info = self.info
         if info is not None:
             kind = f"{info.kind} {info.store_kind}".strip() if info.kind == "embedded" else "remote"
-            parts.append(f"{escape(kind)} [b]{escape(self.where or info.where)}[/b]")
+            if gives_way >= 2 and info.kind == "embedded":
+                kind = info.store_kind
+            parts.append(f"{escape(kind)} [b]{escape(where or info.where)}[/b]".strip())
             if not info.fires:
                 # An embedded console that does not run timers: `serve` (or nothing) fires.
                 parts.append("[$text-muted]timers off[/]")
             parts.append(escape(info.coordination))
-            parts.append(f"[$text-muted]instance[/] {escape(info.instance)}")
-        elif self.where:
-            parts.append(escape(self.where))
+            parts.append(("" if gives_way >= 3 else "[$text-muted]instance[/] ") + escape(info.instance))
+        elif where:
+            parts.append(escape(where))
         return Content.from_markup(" [$text-muted]│[/] ".join(parts))
 
     @staticmethod
-    def _fleet(fleet: Fleet) -> str:
+    def _fleet(fleet: Fleet, *, names: bool = True) -> str:
         if fleet.silent:
             return "[b reverse $text-error] ✗ NOTHING FIRES [/]"
         if not fleet.firing:
             return "[$text-muted]no engine firing[/]"
         owned = fleet.owned
         if owned is not None:  # cluster: who owns how many schedules
-            names = ", ".join(f"{i.name} ◈{owned.get(i.name, 0)}" for i in fleet.firing[:3])
-            names += " …" if len(fleet.firing) > 3 else ""
+            shown = ", ".join(f"{i.name} ◈{owned.get(i.name, 0)}" for i in fleet.firing[:3])
+            shown += " …" if len(fleet.firing) > 3 else ""
         else:
-            names = ", ".join(i.name for i in fleet.firing[:2]) + (" …" if len(fleet.firing) > 2 else "")
-        return f"[$text-success]▲ {len(fleet.firing)} firing[/] [$text-muted]{escape(names)}[/]"
+            shown = ", ".join(i.name for i in fleet.firing[:2]) + (" …" if len(fleet.firing) > 2 else "")
+        count = f"[$text-success]▲ {len(fleet.firing)} firing[/]"
+        return f"{count} [$text-muted]{escape(shown)}[/]" if names else count
 
     def _connection(self) -> str:
         age = ""

@@ -18,12 +18,12 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from itertools import islice
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from rich.style import Style
 from rich.text import Text
 from textual import events, work
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.render import measure
@@ -130,6 +130,16 @@ class FreshTable(DataTable[Text | str]):
     which the countdowns move every second, so older ones are never read again; they only
     kept the garbage collector busy. And they are cleared without cycles (:class:`RingFreeCache`)."""
 
+    BINDINGS: ClassVar[list[BindingType]] = [
+        # k9s's and htop's habits, beside the arrows (a subclass's bindings add to these)
+        Binding("j", "cursor_down", "Down", show=False),
+        Binding("k", "cursor_up", "Up", show=False),
+        Binding("g", "scroll_top", "First", show=False),
+        Binding("G", "scroll_bottom", "Last", show=False),
+        Binding("home", "scroll_top", "First", show=False),
+        Binding("end", "scroll_bottom", "Last", show=False),
+    ]
+
     CACHED_LINES = 200
     """Rows and lines kept rendered (a tall terminal shows ~100)."""
     CACHED_CELLS = 1000
@@ -192,6 +202,17 @@ class FreshTable(DataTable[Text | str]):
         if measuring:
             self._line_cache.clear()
             self.refresh()
+
+    def hidden_columns(self) -> list[str]:
+        """The labels of the columns that do not fit the table's width, whole (from the
+        right): the title says they are off-screen (← → scroll to them)."""
+        room = self.scrollable_content_region.width
+        used, hidden = 0, []
+        for column in self.ordered_columns:
+            used += column.get_render_width(self)
+            if used > room:
+                hidden.append(str(column.label).lower())
+        return hidden
 
     def replace_rows(self, shown: Sequence[tuple[str, Sequence[Text | str]]], keep: str | None) -> None:
         """Redraw with ``shown`` (each row's key and cells), the cursor back on the row
@@ -259,16 +280,6 @@ class SchedulesTable(FreshTable):
             return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
         except Exception:
             return None
-
-    def hidden_columns(self) -> list[str]:
-        """The labels of the columns that do not fit the table's width (from the right)."""
-        room = self.scrollable_content_region.width
-        used, hidden = 0, []
-        for column in self.ordered_columns:
-            used += column.get_render_width(self)
-            if used > room:
-                hidden.append(str(column.label).lower())
-        return hidden
 
     # -- cells --------------------------------------------------------------------------
     def _state(self, view: ScheduleView, data_now: datetime) -> Text:

@@ -60,6 +60,10 @@ class TimelineGrid(ScrollView, can_focus=True):
         Binding("pagedown", "row(10)", "Page down", show=False),
         Binding("home", "row(-1000000)", "First", show=False),
         Binding("end", "row(1000000)", "Last", show=False),
+        Binding("j", "row(1)", "Down", show=False),
+        Binding("k", "row(-1)", "Up", show=False),
+        Binding("g", "row(-1000000)", "First", show=False),
+        Binding("G", "row(1000000)", "Last", show=False),
         Binding("left", "step(-1)", "Previous run", show=False, id="timeline_previous_run"),
         Binding("right", "step(1)", "Next run", show=False, id="timeline_next_run"),
     ]
@@ -286,16 +290,19 @@ class TimelineGrid(ScrollView, can_focus=True):
             self._axis_cache = (key, ticks(window, self.zone))
         chars = [" "] * window.cells
         for i, text in self._axis_cache[1]:
-            if i <= now_i < i + len(text) + 1:
-                continue  # "now" wins its column; a label it would cut is left out
-            for k, ch in enumerate(text):
-                if i + k < window.cells:
-                    chars[i + k] = ch
+            if i + len(text) <= window.cells:  # a label cut at the right edge would misread
+                chars[i : i + len(text)] = text
+        muted = self._style(("axis", "text-muted"))
         segments = [Segment(label.rjust(name_w - 1)[: name_w - 1] + " ", self._style(("axis", "text-muted", "bold")))]
-        segments.append(Segment("".join(chars[: max(0, now_i)]), self._style(("axis", "text-muted"))))
-        if 0 <= now_i < window.cells:
-            segments.append(Segment("▼", self._style(("axis", "text-accent", "bold"))))
-            segments.append(Segment("".join(chars[now_i + 1 :]), self._style(("axis", "text-muted"))))
+        if not 0 <= now_i < window.cells:
+            segments.append(Segment("".join(chars), muted))
+        else:
+            # "now" is ▼ in its column; on a label, that character of the label reversed
+            # (a ▼ there hid the label, or the label was left out)
+            on_label = chars[now_i] != " "
+            now = (chars[now_i], self._style(("axis", "text-accent", "bold", "reverse"))) if on_label else (
+                "▼", self._style(("axis", "text-accent", "bold")))  # fmt: skip
+            segments += [Segment("".join(chars[:now_i]), muted), Segment(*now), Segment("".join(chars[now_i + 1 :]), muted)]
         return Strip(segments).adjust_cell_length(width, _PLAIN)
 
     def _row(self, view: ScheduleView, is_cursor: bool, width: int) -> Strip:
