@@ -39,7 +39,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import ClassVar
 
-from textual import on, work
+from textual import events, on, work
 from textual.actions import ActionParseResult, parse
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
@@ -58,6 +58,7 @@ from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView
 from console import format as fmt
 from console.commands import ConsoleCommands
 from console.fleet import CronCache, Fleet, Overdue, fleet_of
+from console.keygate import KeyGate
 from console.keys import Key, bindings
 from console.screens.backfill import BackfillScreen
 from console.screens.details import RunDetails
@@ -254,6 +255,8 @@ class SchedtuiApp(App[None]):
             self.animation_level = "none"  # over SSH and in tmux: no animations unless asked
         if keymap:
             self.set_keymap(keymap)
+        self.keys = KeyGate(self, super().on_event)
+        """Routes each key once the one before has done what it does (:mod:`console.keygate`)."""
 
     # ------------------------------------------------------------------------------------
     # layout
@@ -287,7 +290,14 @@ class SchedtuiApp(App[None]):
         self.set_interval(0.5, self.tick, name="tick")
         self.refresh_data()
 
+    async def on_event(self, event: events.Event) -> None:
+        if self.keys.takes(event):
+            await self.keys.arrive(event)
+            return
+        await super().on_event(event)
+
     async def on_unmount(self) -> None:
+        await self.keys.close()
         if self._events_task is not None:
             self._events_task.cancel()
             await asyncio.gather(self._events_task, return_exceptions=True)
