@@ -46,6 +46,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
 from textual.dom import DOMNode
+from textual.driver import Driver
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import ContentSwitcher, Footer, Input, Static
@@ -57,6 +58,7 @@ from backend.events.bus import READY, RESYNC, STREAM, Signal
 from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView
 from console import format as fmt
 from console.commands import ConsoleCommands
+from console.driver import batched
 from console.fleet import CronCache, Fleet, Overdue, fleet_of
 from console.keygate import KeyGate
 from console.keys import Key, bindings
@@ -290,9 +292,12 @@ class SchedtuiApp(App[None]):
         self.set_interval(0.5, self.tick, name="tick")
         self.refresh_data()
 
+    def get_driver_class(self) -> type[Driver]:
+        return batched(super().get_driver_class())  # a paste of many keys wakes the loop once (console.driver)
+
     async def on_event(self, event: events.Event) -> None:
         if self.keys.takes(event):
-            await self.keys.arrive(event)
+            self.keys.arrive(event)
             return
         await super().on_event(event)
 

@@ -13,7 +13,9 @@ screen until the app has done all that key does: every message queue of the app 
 screen on top has run dry (a screen it opened has mounted and focused its first field, a
 field's ``Submitted`` has been handled). A printable character typed into a text field
 moves nothing (the field takes it), so it passes straight through: typing costs nothing.
-Nothing here waits on a clock.
+Characters typed in a row into a field that takes a burst (a payload: a paste without
+bracketed paste is one key per character) reach it as one paste. Nothing here waits on a
+clock.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from textual import events
 from textual.app import App
 from textual.message_pump import MessagePump
 from textual.widgets import Input, TextArea
+
+from console.widgets.bounded import BoundedInput
 
 __all__ = ["MAX_ROUNDS", "KeyGate", "quiet"]
 
@@ -82,6 +86,7 @@ class KeyGate:
         """Keys read but not routed yet, oldest first."""
         self.settling: asyncio.Task[int] | None = None
         """Waiting for the app to finish with the last key routed (``None``: open)."""
+        self._called = False
         self._done = asyncio.Event()
         self._done.set()
 
@@ -90,10 +95,13 @@ class KeyGate:
         """A key or a paste read from the terminal (not one already routed)."""
         return isinstance(event, (events.Key, events.Paste)) and not event.is_forwarded
 
-    async def arrive(self, event: Typed) -> None:
+    def arrive(self, event: Typed) -> None:
         self.held.append(event)
         self._done.clear()
-        await self._drain()
+        if self.settling is None and not self._called:
+            # Routed once the app has read the keys already waiting for it: a burst of
+            # text for a field that takes one goes in as one edit (:meth:`_next`).
+            self._called = self.app.call_later(self._drain)
 
     async def done(self) -> None:
         """Until every key read so far has been routed and the app has finished with it
@@ -107,9 +115,26 @@ class KeyGate:
             return False
         return isinstance(event, events.Paste) or event.is_printable
 
+    def _next(self) -> Typed:
+        """The next key to route; characters typed in a row into a field that takes a burst
+        (:class:`~console.widgets.bounded.BoundedInput`) as one paste of them all."""
+        event = self.held.popleft()
+        if not (isinstance(event, events.Key) and event.is_printable and isinstance(self.app.focused, BoundedInput)):
+            return event
+        text = [event.character or ""]
+        while self.held and isinstance(key := self.held[0], events.Key) and key.is_printable:
+            self.held.popleft()
+            text.append(key.character or "")
+        if len(text) == 1:
+            return event
+        burst = events.Paste("".join(text))
+        burst.set_sender(self.app)
+        return burst
+
     async def _drain(self) -> None:
+        self._called = False
         while self.held and self.settling is None:
-            event = self.held.popleft()
+            event = self._next()
             passes = self.passes(event)
             await self.route(event)
             if not passes:

@@ -30,7 +30,9 @@ from backend.client.interface import Backend
 from backend.cron import Cron
 from backend.errors import CronError, SchedtuiError
 from backend.model import ScheduleView
+from backend.scheduler.stored import MAX_PAYLOAD_BYTES
 from console import format as fmt
+from console.widgets.bounded import BoundedInput
 
 __all__ = ["DEFINED_IN_CODE", "PREVIEW_COUNT", "SHOWN_PAYLOAD", "ScheduleForm", "defined_in_code", "stored_fields"]
 
@@ -206,7 +208,8 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
             with Horizontal(classes="field"):
                 yield Label("Payload")
                 payload = "" if view is None or view.payload is None else json.dumps(view.payload, ensure_ascii=False)
-                yield Input(payload, placeholder="JSON, sent with every fire (blank: none)", id="payload")
+                yield BoundedInput(payload, limit=MAX_PAYLOAD_BYTES, what="A schedule's payload",
+                                   placeholder="JSON, sent with every fire (blank: none)", id="payload")
             with Horizontal(classes="field"):
                 yield Label("Description")
                 description = (view.description or "") if view is not None else ""
