@@ -48,7 +48,7 @@ class Question(ModalScreen[Answer]):
     Question Label {
         width: 1fr;
     }
-    Question #question {
+    Question #confirm-question {
         text-style: bold;
     }
     Question .hint {
@@ -76,10 +76,10 @@ class Question(ModalScreen[Answer]):
     def compose(self) -> ComposeResult:
         with Vertical() as box:
             box.border_title = self.TITLE
-            yield Label(Content(self.question), id="question")
+            yield Label(Content(self.question), id="confirm-question")
             for line in self.facts:
                 yield Label(line if isinstance(line, Content) else Content(line))
-            yield Label(Content(self.detail), id="detail")
+            yield Label(Content(self.detail), id="confirm-detail")
             yield Label(Content(self.HINT), classes="hint")
 
 
