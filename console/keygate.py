@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeGuard
 
 from textual import events
-from textual.app import App
+from textual.app import App, ScreenStackError
 from textual.message_pump import MessagePump
 from textual.widgets import Input, TextArea
 
@@ -143,10 +143,15 @@ class KeyGate:
             self._done.set()
 
     async def _settle(self) -> int:
-        rounds = await quiet(self.app)
-        if not self.app.call_later(self._reopen):
-            self.settling = None
-        return rounds
+        try:
+            return await quiet(self.app)
+        except ScreenStackError:
+            return 0  # the app is leaving: no screen left to settle
+        finally:
+            if not self.app.call_later(self._reopen):
+                self.settling = None  # the app is leaving: nothing more will be routed
+                self.held.clear()
+                self._done.set()
 
     async def _reopen(self) -> None:
         self.settling = None
