@@ -257,7 +257,7 @@ class SchedtuiApp(App[None]):
             self.animation_level = "none"  # over SSH and in tmux: no animations unless asked
         if keymap:
             self.set_keymap(keymap)
-        self.keys = KeyGate(self, super().on_event)
+        self.key_gate = KeyGate(self, super().on_event)
         """Routes each key once the one before has done what it does (:mod:`console.keygate`)."""
 
     # ------------------------------------------------------------------------------------
@@ -296,13 +296,13 @@ class SchedtuiApp(App[None]):
         return batched(super().get_driver_class())  # a paste of many keys wakes the loop once (console.driver)
 
     async def on_event(self, event: events.Event) -> None:
-        if self.keys.takes(event):
-            self.keys.arrive(event)
+        if self.key_gate.takes(event):
+            self.key_gate.arrive(event)
             return
         await super().on_event(event)
 
     async def on_unmount(self) -> None:
-        await self.keys.close()
+        await self.key_gate.close()
         if self._events_task is not None:
             self._events_task.cancel()
             await asyncio.gather(self._events_task, return_exceptions=True)

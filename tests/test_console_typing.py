@@ -65,7 +65,7 @@ async def typed(pilot: Pilot[Any]) -> None:
     app = pilot.app
     assert isinstance(app, SchedtuiApp)
     await pilot.pause()  # the app has read them all
-    await app.keys.done()
+    await app.key_gate.done()
     await settle(pilot)
 
 
