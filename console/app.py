@@ -41,13 +41,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import ClassVar
 
-from textual import on, work
+from textual import events, on, work
 from textual.actions import ActionParseResult, SkipAction, parse
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
 from textual.dom import DOMNode
+from textual.driver import Driver
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import ContentSwitcher, Input, Static, TextArea
@@ -59,7 +60,9 @@ from backend.events.bus import READY, RESYNC, STREAM, Signal
 from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView, StateNote
 from console import format as fmt
 from console.commands import ConsoleCommands
+from console.driver import batched
 from console.fleet import CronCache, Fleet, Overdue, fleet_of
+from console.keygate import KeyGate
 from console.keys import Key, bindings
 from console.screens.backfill import BackfillScreen
 from console.screens.confirm import Confirm
@@ -270,6 +273,8 @@ class SchedtuiApp(App[None]):
             self.animation_level = "none"  # over SSH and in tmux: no animations unless asked
         if keymap:
             self.set_keymap(keymap)
+        self.key_gate = KeyGate(self, super().on_event)
+        """Routes each key once the one before has done what it does (:mod:`console.keygate`)."""
 
     # ------------------------------------------------------------------------------------
     # layout
@@ -306,7 +311,17 @@ class SchedtuiApp(App[None]):
         self.set_interval(0.5, self.tick, name="tick")
         self.refresh_data()
 
+    def get_driver_class(self) -> type[Driver]:
+        return batched(super().get_driver_class())  # a paste of many keys wakes the loop once (console.driver)
+
+    async def on_event(self, event: events.Event) -> None:
+        if self.key_gate.takes(event):
+            self.key_gate.arrive(event)
+            return
+        await super().on_event(event)
+
     async def on_unmount(self) -> None:
+        await self.key_gate.close()
         if self._events_task is not None:
             self._events_task.cancel()
             await asyncio.gather(self._events_task, return_exceptions=True)

@@ -20,6 +20,7 @@ from textual.pilot import Pilot
 from textual.widgets import Input
 
 from backend import ManualClock, Unauthorized
+from backend.model import BackfillProgress
 from console.app import SchedtuiApp
 from console.widgets.schedules import FreshTable
 from tests.console_fixtures import (
@@ -138,6 +139,31 @@ def _new_schedule(cron: str, zone: str = "Europe/Berlin", payload: str = '{"olde
     return run_before
 
 
+def _created() -> RunBefore:
+    """The form filled in as for ``schedule-create``, then ``ctrl+s``: the notification says
+    what was stored, field by field."""
+    fill = _new_schedule("*/15 * * * *")
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await fill(pilot)
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+
+    return run_before
+
+
+async def _quit_during_backfill(pilot: Pilot[Any]) -> None:
+    """``q`` while a backfill started here runs (embedded: quitting would abandon it)."""
+    await settle(pilot)
+    app = pilot.app
+    assert isinstance(app, SchedtuiApp)
+    at = app.clock.now()
+    app.backfills["b1"] = BackfillProgress(id="b1", name="flaky-export", start=at, end=at, total=30, fired=12,
+                                           failed=3, state="running", instance="console", started_at=at)
+    await pilot.press("q")
+    await settle(pilot)
+
+
 async def _disconnected(pilot: Pilot[Any]) -> None:
     await settle(pilot)
     app = pilot.app
@@ -235,6 +261,8 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "read-only-locks": ({"read_only": True}, _keys("5")),
     "schedule-create": ({}, _new_schedule("*/15 * * * *")),
     "schedule-create-error": ({}, _new_schedule("0 25 * * *")),
+    "schedule-created": ({}, _created()),
+    "quit-backfill": ({}, _quit_during_backfill),
     "backfill-ok": ({}, _backfill("-1m")),
     "backfill-confirm": ({}, _backfill("2026-03-02T07:50:00Z", "2026-03-02T07:55:00Z", confirm="29")),
     "backfill-refused": ({}, _backfill("-1h", "+1h")),

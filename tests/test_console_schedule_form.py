@@ -19,9 +19,10 @@ from textual.widgets import Input, Select
 
 from backend import ManualClock
 from backend.client.remote import RemoteBackend
+from backend.model import ScheduleView
 from console.app import SchedtuiApp
 from console.screens.confirm import Confirm
-from console.screens.schedule_form import ScheduleForm
+from console.screens.schedule_form import SHOWN_PAYLOAD, ScheduleForm, stored_fields
 from console.widgets import DetailBar, SchedulesTable
 from tests.console_fixtures import FROZEN, WHERE, console_backend
 from tests.console_scenes import make_ledger
@@ -140,7 +141,9 @@ async def test_create_through_the_form_previews_fires_and_lists_it_as_stored(sto
             "name": "reap-sessions", "cron": "*/15 * * * *", "timezone": "Europe/Berlin", "queue": "mailer",
             "payload": {"older_than": "7d"}, "description": None, "enabled": True,
         })]
-        assert notes.titled("Created") == ["reap-sessions → queue mailer; next fire in 14m 55s"]
+        assert notes.titled("Created") == ["reap-sessions → queue mailer; next fire in 14m 55s\n"
+                                           "cron */15 * * * * in Europe/Berlin · enabled\n"
+                                           'payload {"older_than": "7d"}\nno description']
         view = app.view_of("reap-sessions")
         assert view is not None and view.source == "store" and view.payload == {"older_than": "7d"}
         assert name_cell(app, "reap-sessions") == "reap-sessions ⊕"
@@ -233,7 +236,8 @@ async def test_edit_prefills_the_stored_schedule_and_sends_only_what_changed(sto
         assert backend.calls[-1] == ("update", ("reap-sessions", {"cron": "0 */2 * * *"}))
         view = app.view_of("reap-sessions")
         assert view is not None and view.cron == "0 */2 * * *" and view.source == "store"
-        assert notes.titled("Saved") == ["reap-sessions → queue mailer; next fire in 1h 59m"]
+        assert notes.titled("Saved") == ["reap-sessions → queue mailer; next fire in 1h 59m\n"
+                                         "cron 0 */2 * * * in UTC · enabled\npayload none\ndescription Prunes sessions"]
         fresh = [v for v in (await backend.list_schedules()).schedules if v.name == "reap-sessions"]
         assert fresh[0].cron == "0 */2 * * *"
 
@@ -334,3 +338,14 @@ async def test_create_edit_and_delete_against_a_real_server(rt_server: Server) -
             assert actions == ["schedule.delete", "schedule.update", "schedule.create"]
     finally:
         await backend.close()
+
+
+def test_what_was_stored_is_said_field_by_field_and_a_long_payload_by_its_size() -> None:
+    view = ScheduleView(name="bulk", cron="0 3 * * *", timezone="UTC", trigger="self", on_overlap="skip",
+                        backfill="skip", max_runtime_s=60.0, description=None, payload={"ids": list(range(100))},
+                        enabled=False, state_note=None, next_fire_at=None, last_run=None)
+    lines = stored_fields(view).splitlines()
+    assert lines[0] == "cron 0 3 * * * in UTC · disabled"
+    assert lines[1].startswith('payload {"ids": [0, 1, 2') and lines[1].endswith("… (399 bytes in all)")
+    assert len(lines[1]) < SHOWN_PAYLOAD + 40
+    assert lines[2] == "no description"

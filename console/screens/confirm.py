@@ -1,14 +1,17 @@
-"""The one confirmation of the console, before every dangerous action.
+"""The console's questions: the one confirmation before every dangerous action, and the
+question ``q`` asks while a backfill started here runs (:mod:`console.screens.quit`).
 
-Its question and its detail are the action's declaration's
+A confirmation's question and detail are the action's declaration's
 (:attr:`backend.client.actions.Action.danger`, rendered with the arguments), so the console
 asks what the CLI asks. One convention for every question: ``y`` does it; ``n`` and
 ``esc`` leave it; ``enter`` leaves it too (a stray enter never does anything dangerous).
+Every line is wrapped to the dialog's width: nothing of a warning is ever cut.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import ClassVar, TypeVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -19,35 +22,74 @@ from textual.widgets import Label
 
 from backend.client.actions import action_of
 
-__all__ = ["Confirm"]
+__all__ = ["Confirm", "Question"]
+
+Answer = TypeVar("Answer")
 
 
-class Confirm(ModalScreen[bool]):
-    """Dismisses with ``True`` on ``y`` only; ``n``, ``esc`` and ``enter`` dismiss with
-    ``False``. ``facts`` are lines on the target as the console sees it now (who holds the
-    lock, the job's status), shown between the question and the detail."""
+class Question(ModalScreen[Answer]):
+    """A question in bold, ``facts`` (lines on the target as the console sees it now: who
+    holds the lock, the job's status), a ``detail`` (what doing it does) and the keys
+    (:attr:`HINT`), each wrapped to the dialog's width."""
 
     DEFAULT_CSS = """
-    Confirm {
+    Question {
         align: center middle;
     }
-    Confirm > Vertical {
+    Question > Vertical {
         width: 76;
         max-width: 100%;
         height: auto;
-        border: round $error;
+        max-height: 100%;
+        overflow-y: auto;
         background: $surface;
         padding: 0 1;
     }
-    Confirm Label {
+    Question Label {
         width: 1fr;
     }
-    Confirm #confirm-question {
+    Question #confirm-question {
         text-style: bold;
     }
-    Confirm .hint {
+    Question .hint {
         color: $text-muted;
         margin-top: 1;
+    }
+    """
+
+    HINT: ClassVar[str] = ""
+    """The keys, as the dialog's last line says them."""
+    TITLE: ClassVar[str] = "Confirm"
+
+    def __init__(self, question: str, detail: str, *, facts: Sequence[Content | str] = ()) -> None:
+        super().__init__()
+        self.question = question
+        self.detail = detail
+        self.facts = list(facts)
+
+    @property
+    def text(self) -> str:
+        """All it says, as plain text: the question, the facts, the detail."""
+        facts = [line.plain if isinstance(line, Content) else line for line in self.facts]
+        return "\n".join([self.question, *facts, self.detail])
+
+    def compose(self) -> ComposeResult:
+        with Vertical() as box:
+            box.border_title = self.TITLE
+            yield Label(Content(self.question), id="confirm-question")
+            for line in self.facts:
+                yield Label(line if isinstance(line, Content) else Content(line))
+            yield Label(Content(self.detail), id="confirm-detail")
+            yield Label(Content(self.HINT), classes="hint")
+
+
+class Confirm(Question[bool]):
+    """Dismisses with ``True`` on ``y`` only; ``n``, ``esc`` and ``enter`` dismiss with
+    ``False``."""
+
+    DEFAULT_CSS = """
+    Confirm > Vertical {
+        border: round $error;
     }
     """
 
@@ -59,10 +101,7 @@ class Confirm(ModalScreen[bool]):
     HINT = "y: yes, do it · n, esc or enter: no, leave it"
 
     def __init__(self, question: str, detail: str, *, facts: Sequence[Content | str] = (), action: str | None = None) -> None:
-        super().__init__()
-        self.question = question
-        self.detail = detail
-        self.facts = list(facts)
+        super().__init__(question, detail, facts=facts)
         self.action = action
         """The declared action it asks for (``None``: a question of the console's own)."""
 
@@ -74,21 +113,6 @@ class Confirm(ModalScreen[bool]):
             raise ValueError(f"{action} is not declared dangerous: it does not ask")
         question, detail = danger.render(arguments)
         return cls(question, detail, facts=facts, action=action)
-
-    @property
-    def text(self) -> str:
-        """All it says, as plain text: the question, the facts, the detail."""
-        facts = [line.plain if isinstance(line, Content) else line for line in self.facts]
-        return "\n".join([self.question, *facts, self.detail])
-
-    def compose(self) -> ComposeResult:
-        with Vertical() as box:
-            box.border_title = "Confirm"
-            yield Label(Content(self.question), id="confirm-question")
-            for line in self.facts:
-                yield Label(line if isinstance(line, Content) else Content(line))
-            yield Label(Content(self.detail), id="confirm-detail")
-            yield Label(self.HINT, classes="hint")
 
     def action_answer(self, yes: bool) -> None:
         self.dismiss(yes)

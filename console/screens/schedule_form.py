@@ -11,8 +11,9 @@ form stays as typed.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from functools import cache
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, available_timezones
 
@@ -29,12 +30,17 @@ from backend.client.interface import Backend
 from backend.cron import Cron
 from backend.errors import CronError, SchedtuiError
 from backend.model import ScheduleView
+from backend.scheduler.stored import MAX_PAYLOAD_BYTES
 from console import format as fmt
+from console.widgets.bounded import BoundedInput
 
-__all__ = ["DEFINED_IN_CODE", "PREVIEW_COUNT", "ScheduleForm", "defined_in_code"]
+__all__ = ["DEFINED_IN_CODE", "PREVIEW_COUNT", "SHOWN_PAYLOAD", "ScheduleForm", "defined_in_code", "stored_fields"]
 
 PREVIEW_COUNT = 5
 """Fire times the form previews."""
+
+SHOWN_PAYLOAD = 120
+"""Characters of a stored payload :func:`stored_fields` shows (then its size)."""
 
 TargetKind = Literal["queue", "durable"]
 
@@ -48,6 +54,23 @@ DEFINED_IN_CODE = "Defined in code"
 """The notification's title for :func:`defined_in_code`."""
 
 
+def stored_fields(view: ScheduleView) -> str:
+    """The fields of a schedule as the backend stored them, one per line (said after the
+    form saves, so that what was typed can be checked against what was kept)."""
+    if view.payload is None:
+        payload = "none"
+    else:
+        text = json.dumps(view.payload, ensure_ascii=False)
+        payload = text if len(text) <= SHOWN_PAYLOAD else (
+            f"{text[:SHOWN_PAYLOAD]}… ({len(text.encode()):,} bytes in all)")
+    return "\n".join([
+        f"cron {view.cron} in {view.timezone} · {'enabled' if view.enabled else 'disabled'}",
+        f"payload {payload}",
+        f"description {view.description}" if view.description else "no description",
+    ])
+
+
+@cache
 def _zones() -> list[str]:
     return sorted(available_timezones())
 
@@ -131,8 +154,8 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
         backend: Backend,
         now: Callable[[], datetime],
         *,
-        queues: list[str],
-        functions: list[str],
+        queues: Sequence[str] = (),
+        functions: Sequence[str] = (),
         editing: ScheduleView | None = None,
         zone: str = "UTC",
     ) -> None:
@@ -140,9 +163,9 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
         self.backend = backend
         self.now = now
         """The backend's idea of now (the preview counts down from it)."""
-        self.queues = queues
-        """The queues the backend knows (offered as targets)."""
-        self.functions = functions
+        self.queues = list(queues)
+        """The queues the backend knows (offered as targets; see :meth:`offer`)."""
+        self.functions = list(functions)
         """The durable functions seen in the backend's executions (offered as targets)."""
         self.editing = editing
         """The stored schedule being edited (``None``: creating one)."""
@@ -185,7 +208,8 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
             with Horizontal(classes="field"):
                 yield Label("Payload")
                 payload = "" if view is None or view.payload is None else json.dumps(view.payload, ensure_ascii=False)
-                yield Input(payload, placeholder="JSON, sent with every fire (blank: none)", id="payload")
+                yield BoundedInput(payload, limit=MAX_PAYLOAD_BYTES, what="A schedule's payload",
+                                   placeholder="JSON, sent with every fire (blank: none)", id="payload")
             with Horizontal(classes="field"):
                 yield Label("Description")
                 description = (view.description or "") if view is not None else ""
@@ -212,12 +236,29 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
             return "a queue defined in code" if kind == "queue" else "a durable function defined in code"
         return "one of: " + ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
 
+    def offer(self, queues: Sequence[str], functions: Sequence[str]) -> None:
+        """The targets the backend knows, read once the form was on screen (it opens at once,
+        so that nothing typed meanwhile goes elsewhere). Fills in the target only while the
+        operator has not been at it: the field is empty and does not have the focus."""
+        self.queues, self.functions = list(queues), list(functions)
+        field = self.query_one("#target", Input)
+        untouched = self.editing is None and not field.value and not field.has_focus
+        kind = self.query_one("#kind", Select)
+        if untouched and not self.queues and self.functions and kind.value == "queue" and not kind.has_focus:
+            kind.value = "durable"
+        self._offer_names(str(kind.value), fill=untouched)
+
+    def _offer_names(self, kind: str, *, fill: bool = False) -> None:
+        field = self.query_one("#target", Input)
+        known = self._names(kind)
+        field.placeholder = self._names_hint(kind)
+        field.suggester = SuggestFromList(known, case_sensitive=True)
+        if fill and len(known) == 1:
+            field.value = known[0]
+
     @on(Select.Changed, "#kind")
     def _kind_changed(self, event: Select.Changed) -> None:
-        field = self.query_one("#target", Input)
-        kind = str(event.value)
-        field.placeholder = self._names_hint(kind)
-        field.suggester = SuggestFromList(self._names(kind), case_sensitive=True)
+        self._offer_names(str(event.value))
 
     # -- the preview ------------------------------------------------------------------------
     @on(Input.Changed, "#cron, #zone, #payload")

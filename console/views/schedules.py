@@ -28,7 +28,7 @@ from console.fleet import durations
 from console.keys import Key, action_key, bindings
 from console.screens.confirm import Confirm
 from console.screens.log import LogScreen
-from console.screens.schedule_form import DEFINED_IN_CODE, ScheduleForm, defined_in_code
+from console.screens.schedule_form import DEFINED_IN_CODE, ScheduleForm, defined_in_code, stored_fields
 from console.views.base import SCHEDULE_KEYS, View, details_key, filter_key
 from console.widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
 from console.widgets.line import Line
@@ -312,10 +312,22 @@ class SchedulesView(View):
         if view is not None:
             self.open_form(view)
 
+    def open_form(self, editing: ScheduleView | None) -> None:
+        """Show the form at once (what is typed next goes into it), then offer it the targets
+        the backend knows: the queues, and the durable functions that have run."""
+        console = self.console
+        zone = editing.timezone if editing is not None else "UTC"
+
+        def saved(view: ScheduleView | None) -> None:
+            if view is not None:
+                self._saved(view, created=editing is None)
+
+        form = ScheduleForm(console.backend, console.backend_now, editing=editing, zone=zone)
+        self.app.push_screen(form, saved)
+        self._offer_targets(form)
+
     @work(exclusive=True, group="schedule-form-open", exit_on_error=False)
-    async def open_form(self, editing: ScheduleView | None) -> None:
-        """Read the targets on offer (the queues, and the durable functions that have run),
-        then show the form."""
+    async def _offer_targets(self, form: ScheduleForm) -> None:
         console = self.console
         backend = console.backend
         systems = console.info.systems if console.info is not None else ()
@@ -329,19 +341,10 @@ class SchedulesView(View):
                 functions = sorted({e.function for e in page.executions})
         except Unavailable as exc:
             console.connection_lost(exc)
-            return
         except SchedtuiError as exc:
-            console.report(exc)  # the form still opens: a target can be typed
-        zone = editing.timezone if editing is not None else "UTC"
-
-        def saved(view: ScheduleView | None) -> None:
-            if view is not None:
-                self._saved(view, created=editing is None)
-
-        self.app.push_screen(
-            ScheduleForm(backend, console.backend_now, queues=queues, functions=functions, editing=editing, zone=zone),
-            saved,
-        )
+            console.report(exc)  # the form stays: a target can be typed
+        if form.is_attached:
+            form.offer(queues, functions)
 
     def _saved(self, view: ScheduleView, *, created: bool) -> None:
         console = self.console
@@ -352,7 +355,9 @@ class SchedulesView(View):
             when = f"; next fire {fmt.countdown(view.next_fire_at, console.clock.now())}"
         else:
             when = ""
-        self.notify(f"{view.name}{target}{when}", title="Created" if created else "Saved", markup=False)
+        # What the backend stored, field by field: a field that went missing shows here.
+        self.notify(f"{view.name}{target}{when}\n{stored_fields(view)}", title="Created" if created else "Saved",
+                    markup=False)
         if created:
             console.views = [*[v for v in console.views if v.name != view.name], view]
         else:
