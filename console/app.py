@@ -1194,7 +1194,8 @@ NAVIGATION: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
         (("home", "end", "g", "G"), "first / last row"),
     ),
     "health": (
-        (("up", "down"), "scroll the rows (pgup/pgdn a page, home/end top/bottom)"),
+        (("up", "down", "k", "j"), "scroll the rows (pgup/pgdn a page)"),
+        (("home", "end", "g", "G"), "top / bottom"),
     ),
 }
 """Keys the views' widgets handle themselves (a table's cursor, tab between tables), for the

@@ -36,6 +36,7 @@ from console.timeline import ticks
 from console.views import VIEWS, View
 from console.views.audit import AuditView, detail_text
 from console.views.durable import DurableView
+from console.views.health import HealthRows
 from console.widgets import TimelineGrid
 from console.widgets.command_line import CommandLine, commands_of, resolve
 from console.widgets.line import Line
@@ -139,6 +140,17 @@ async def test_j_k_g_and_shift_g_move_in_every_views_table(store_url: str) -> No
         for spec in WRITTEN:
             await show(pilot, app, spec.id)
             main = app.focused
+            if isinstance(main, HealthRows):  # rows to read, not to pick: the keys scroll them
+                size = app.size
+                await pilot.resize_terminal(80, 14)  # fewer lines than rows, so that there is something to scroll
+                await settle(pilot)
+                assert main.max_scroll_y >= 2, spec.id
+                for key, at in (("G", main.max_scroll_y), ("g", 0), ("j", 1), ("j", 2), ("k", 1), ("g", 0)):
+                    await pilot.press(key)
+                    await pilot.pause()
+                    assert main.scroll_y == at, (spec.id, key)
+                await pilot.resize_terminal(size.width, size.height)
+                continue
             assert isinstance(main, (TimelineGrid, DataTable)), spec.id
             count = len(main.rows) if isinstance(main, TimelineGrid) else main.row_count
             assert count >= 3, spec.id

@@ -18,6 +18,7 @@ from typing import ClassVar, Final
 from zoneinfo import ZoneInfo
 
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 
@@ -85,6 +86,17 @@ def _total(count: int, *, bad: bool = False) -> Content:
     return Content.styled(str(count), "$text-muted") if not count else Content(str(count))
 
 
+
+class HealthRows(VerticalScroll):
+    """The rows of the Health view, scrolled with the keys every table moves with."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("j", "scroll_down", "Down", show=False),
+        Binding("k", "scroll_up", "Up", show=False),
+        Binding("g", "scroll_home", "Top", show=False),
+        Binding("G", "scroll_end", "Bottom", show=False),
+    ]
+
 class HealthView(View):
     """See the module."""
 
@@ -123,7 +135,7 @@ class HealthView(View):
             for _ in range(MAX_ALERTS):
                 yield Line(classes="alert")
             yield Line("", id="alerts-more", classes="more")
-        with VerticalScroll(id="health-rows"):
+        with HealthRows(id="health-rows"):
             yield Line("SCHEDULES", id="schedules-title", classes="section")
             yield HealthRow(header=True, id="schedules-header")
             yield Vertical(id="schedule-rows")
@@ -140,7 +152,7 @@ class HealthView(View):
             line.display = False
 
     def focus_main(self) -> None:
-        self.query_one("#health-rows", VerticalScroll).focus()
+        self.query_one("#health-rows", HealthRows).focus()
 
     def backend_now(self, now: datetime) -> datetime:
         """The engine's clock now: its time at the last read plus what has passed since."""
