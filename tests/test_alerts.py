@@ -725,7 +725,7 @@ async def test_the_console_header_counts_the_firing_alerts(firing_store: str) ->
             await pilot.app.workers.wait_for_complete()
             await pilot.pause()
             header = app.query_one(ConsoleHeader)
-            assert header.alerting == 1 and "▲ 1 alerting" in header.render().plain
+            assert header.alerting == 1 and "⚑ 1 alerting" in header.render().plain
             # Another instance resolves it: the alerts signal reads the count again.
             store: Any = backend.engine.store
             await store.write_transitions([transition("failing:export", "resolved", clock.now(), "01KJPS22WGWA546BHC0B9HDTBQ")],

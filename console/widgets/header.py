@@ -67,7 +67,7 @@ class ConsoleHeader(Widget):
         # What gives way when it does not fit, so that the instance at the end stays in
         # sight: the location first, down to its last part (the file, the host and port),
         # then the names of the firing engines (their count stays), then the words
-        # "embedded" (a path says it) and "instance".
+        # "embedded" (a path says it), "instance" and "alerting" (the flag and count stay).
         width = self.size.width
         where = self.where or (self.info.where if self.info is not None else "")
         content = self._content(where)
@@ -78,21 +78,22 @@ class ConsoleHeader(Widget):
             if keep < len(where):
                 where = "…" + where[-keep:]
                 content = self._content(where)
-        for gives_way in range(1, 4):
+        for gives_way in range(1, 5):
             if content.cell_length <= width:
                 break
             content = self._content(where, gives_way=gives_way)
         return content
 
     def _content(self, where: str, *, gives_way: int = 0) -> Content:
-        """The header with ``where`` as the location; ``gives_way`` (0-3): how many of the
-        names of the firing engines, the word "embedded" and the word "instance" are left out."""
+        """The header with ``where`` as the location; ``gives_way`` (0-4): how many of the
+        names of the firing engines, the words "embedded", "instance" and "alerting" are left out."""
         # Most telling first: what is true now, then what it is connected to (cut at 80 columns).
         parts: list[str] = ["[b]schedtui[/b]", self._connection()]
         if self.read_only:
             parts.append("[b reverse $text-warning] READ-ONLY [/]")
-        if self.alerting:
-            parts.append(f"[b reverse $text-error] ▲ {self.alerting} alerting [/]")
+        if self.alerting:  # a flag, not the fleet's ▲: the two counts sit side by side
+            word = "" if gives_way >= 4 else " alerting"
+            parts.append(f"[b reverse $text-error] ⚑ {self.alerting}{word} [/]")
         if self.fleet is not None:
             parts.append(self._fleet(self.fleet, names=gives_way < 1))
         info = self.info
