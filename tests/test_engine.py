@@ -244,6 +244,41 @@ async def test_overlap_queue_runs_in_order_never_concurrently(make_engine, clock
     assert [r.status for r in await all_runs(engine, "job")] == ["succeeded"] * 3
 
 
+async def test_overlap_queue_a_slot_seen_late_waits_behind_a_run_now_started_meanwhile(make_engine, clock: ManualClock) -> None:
+    """The clock jumps over two slots: the older fires late, the newer is queued behind it.
+    A Run now started meanwhile is a run in flight too, so when the older run ends the
+    queued slot waits for it, then starts: never beside it, never lost. (The invariants
+    machine once took this wait for a slot left without a row: it dated the slot by its
+    cron time, not by when the clock reached it.)"""
+
+    async def slow(ctx: RunContext) -> None:
+        await clock.sleep_until(ctx.fired_at + timedelta(seconds=200))
+
+    engine = make_engine([schedule(handler=slow, on_overlap="queue", backfill="all", max_runtime=600)])
+    await engine.start()
+    await engine.quiesce(runs=False)
+    clock.advance(150)  # 08:02:30: 08:01 and 08:02 are due at once
+    await engine.quiesce(runs=False)
+    clock.advance(60)  # 08:03:30
+    await engine.quiesce(runs=False)
+    manual = await engine.run_now("job")  # its handler returns at 08:06:50
+    older_ends = expect(engine, lambda r: r.trigger == "self" and r.status == "succeeded")
+    clock.advance(150)  # 08:06:00: 08:01's handler returned at 08:05:50
+    await older_ends
+    await engine.quiesce(runs=False)
+    assert summary(await all_runs(engine, "job")) == [("08:01:00", "succeeded", "self"), ("08:03:30", "running", "manual")]
+    queued_starts = expect(engine, lambda r: r.scheduled_at == at("2026-03-02T08:02:00Z"))
+    clock.advance(60)  # 08:07:00: the Run now has ended; the queued slot starts
+    queued = await queued_starts
+    assert (await engine.wait_run(manual.id)).finished_at == at("2026-03-02T08:07:00Z")
+    assert (queued.status, queued.trigger, queued.fired_at) == ("running", "self", at("2026-03-02T08:07:00Z"))
+    assert summary(await all_runs(engine, "job")) == [  # by id: the queued slot's was made with the older one's
+        ("08:01:00", "succeeded", "self"),
+        ("08:02:00", "running", "self"),
+        ("08:03:30", "succeeded", "manual"),
+    ]
+
+
 async def test_overlap_parallel_starts_at_once(make_engine, clock: ManualClock) -> None:
     gate = Gate()
     engine = make_engine([schedule(handler=gate, on_overlap="parallel")])

@@ -170,7 +170,8 @@ class Launcher:
 
     Contract: every run started here is closed exactly once (``succeeded``, ``failed``);
     under ``skip`` and ``queue`` no two runs of one schedule that this instance fired from
-    its timers overlap, and queued slots start in slot order; manual runs ignore the policy.
+    its timers overlap, and queued slots start in slot order; manual runs ignore the policy
+    (they start at once) but count as in flight for the timers' slots, which wait for them.
     """
 
     def __init__(
