@@ -378,6 +378,7 @@ class FleetGauges(Collector):
         now = self.scraped_at = self.clock.now()
         if self._task is None or self._task.done():
             self._first = True
+            self._wake, self._built = asyncio.Event(), None  # of this event loop (an engine may be opened on another)
             self._task = self.engine.loops.spawn(self._refresh(), "metrics refresh")
         elif self.stale(now) and not self._reading:
             self._wake.set()  # the clock went back: the read's age is unknown
