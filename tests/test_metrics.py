@@ -437,6 +437,31 @@ async def test_the_fleet_is_read_in_the_background_on_the_clock_and_a_scrape_nev
     assert value(after, "schedtui_schedule_enabled", schedule="s") == 0.0 and metrics.fleet.reads == 3
 
 
+async def test_the_first_scrape_waits_for_the_first_read_at_most_wait_seconds(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = make_engine([define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=ok)])
+    metrics = EngineMetrics(engine, clock=ManualClock(T0), wait=0.01)  # the bound under test, in real time
+    await engine.start()
+    healthy = engine.store.fleet_snapshot  # type: ignore[attr-defined]
+    release = asyncio.Event()
+
+    async def hung(*args: Any, **kwargs: Any) -> Any:
+        await release.wait()
+        return await healthy(*args, **kwargs)
+
+    monkeypatch.setattr(engine.store, "fleet_snapshot", hung)
+    types, samples = parse((await metrics.render()).decode())
+    assert "schedtui_schedule_enabled" not in types  # not read yet: left out, never made up
+    assert value(samples, "schedtui_schedule_next_fire_timestamp_seconds", schedule="s") is None  # nothing taken yet
+    assert "the store has not answered within 0.01s" in caplog.text
+    read = metrics.fleet.next_read()
+    release.set()
+    await asyncio.wait_for(read, 10)
+    _, samples = parse((await metrics.render()).decode())
+    assert value(samples, "schedtui_schedule_enabled", schedule="s") == 1.0 and metrics.fleet.reads == 1
+
+
 async def test_nobody_scraping_stops_the_reads_and_the_next_scrape_waits_for_a_new_one(
     make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
