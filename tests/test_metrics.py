@@ -704,6 +704,14 @@ def test_only_the_schedules_that_finished_a_run_are_rendered_again_and_the_text_
     assert rendered == [5, 4, 1]
     assert value(parse(text)[1], "schedtui_jobs_finished_total", queue="q", outcome="dead") == 1.0
 
+    tallies.run_finished(took("0-new", 1.0))  # a schedule new here takes its place in the order
+    tallies.run_finished(took("b", 7.0))
+    text, rendered = scrape()
+    assert rendered == [5 + 2, 4 + 2, 1]
+    for family in text_string_to_metric_families(text):
+        shown = [s.labels["schedule"] for s in family.samples if "schedule" in s.labels]
+        assert shown == sorted(shown) and set(shown) == ({"0-new", "a", "b", "c"} if shown else set())
+
 
 def test_a_family_text_drops_the_groups_gone_and_keeps_the_order_given() -> None:
     from prometheus_client import generate_latest
