@@ -482,6 +482,19 @@ async def test_nobody_scraping_stops_the_reads_and_the_next_scrape_waits_for_a_n
     assert metrics.fleet.reads == 14 and value(samples, "schedtui_schedule_enabled", schedule="s") == 0.0
 
 
+async def test_closed_metrics_count_and_read_no_more(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    engine = make_engine([define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=ok)])
+    cache_clock = ManualClock(T0)
+    metrics = EngineMetrics(engine, clock=cache_clock)
+    await engine.start()
+    await metrics.render()
+    metrics.close()
+    clock.advance(MINUTE)
+    await engine.quiesce()
+    cache_clock.advance(60)
+    assert metrics.fleet.reads == 1 and cache_clock.sleepers == 0 and metrics.tallies.changes == 0
+
+
 async def test_a_removed_schedule_s_fleet_series_go_and_a_changed_one_is_rendered_again(
     make_engine: Callable[..., Engine], clock: ManualClock
 ) -> None:

@@ -133,7 +133,8 @@ class EngineMetrics:
         engine.jobs.meters.append(self.tallies.job_finished)
 
     def close(self) -> None:
-        """Stop counting (the engine keeps running)."""
+        """Stop counting and reading the fleet's state (the engine keeps running)."""
+        self.fleet.stop()
         if self.tallies.run_finished in self.engine.ledger.meters:
             self.engine.ledger.meters.remove(self.tallies.run_finished)
         if self.tallies.job_finished in self.engine.jobs.meters:
@@ -153,11 +154,11 @@ class EngineMetrics:
         async with self._rendering:  # one renderer at a time updates the kept texts
             kept, counts = self._counts, tallies.frozen
             if kept is None or kept[0] != counts.version:
-                if kept is not None and len(tallies.pending) <= INLINE_SCHEDULES:
+                pending, tallies.pending = tallies.pending, set()  # taken before a freeze meanwhile adds to it
+                if kept is not None and len(pending) <= INLINE_SCHEDULES:
                     text = tallies.text(counts)
                 else:
                     text = await asyncio.to_thread(tallies.text, counts)
-                tallies.pending.clear()
                 kept = self._counts = (counts.version, text)
         # A few dozen series read from /proc: a fraction of a millisecond, not worth a thread.
         return b"".join([kept[1], self.fleet.text, generate_latest(self.process)])
@@ -425,6 +426,11 @@ class FleetGauges(Collector):
         built = self.next_read()
         self._wake.set()
         await built
+
+    def stop(self) -> None:
+        """Stop the background reads (a scrape starts them again)."""
+        if self._task is not None:
+            self._task.cancel()
 
     def next_read(self) -> asyncio.Future[None]:
         """Done once the next read's families are rendered (a failed read's too)."""
