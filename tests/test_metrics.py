@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backend import Engine, JobContext, ManualClock, RunContext, define_durable, define_queue, define_schedule
 from backend.api.server import serve
 from backend.client.embedded import EmbeddedBackend
+from backend.jobs.store import Finish
 from backend.model import Run
 from backend.observability.metrics import DURATION_BUCKETS, EngineMetrics
 from backend.store import Membership
@@ -188,6 +189,7 @@ async def test_every_family_and_label_set_after_real_work(served: Callable[..., 
         "schedtui_durable_executions": "gauge",
         "schedtui_locks_held": "gauge",
         "schedtui_instances": "gauge",
+        "schedtui_fleet_snapshot_timestamp_seconds": "gauge",
     }
     # The process and Python collectors, on this engine's registry.
     assert {"process_cpu_seconds", "process_resident_memory_bytes", "python_info", "python_gc_objects_collected"} <= set(types)
@@ -238,6 +240,7 @@ async def test_every_family_and_label_set_after_real_work(served: Callable[..., 
     assert sum(durable.values()) == 2.0 and len(durable) == 12
     assert value(samples, "schedtui_locks_held") == 1.0
     assert series(samples, "schedtui_instances") == {frozenset({("role", "firing")}): 1.0, frozenset({("role", "waiting")}): 0.0}
+    assert value(samples, "schedtui_fleet_snapshot_timestamp_seconds") == at(clock.now())  # read at this scrape, the first
 
     gate.release.set()
     await engine.locks.release_lease(lease)
@@ -291,6 +294,7 @@ async def test_only_firing_members_with_a_fresh_heartbeat_count(
     await store.heartbeat("late", "elsewhere", 2, now - timedelta(seconds=29), Membership("waiting", "single"))
     await store.heartbeat("old-version", "elsewhere", 3, now, Membership(None))  # type: ignore[arg-type]
     server.cache_clock.advance(5)
+    await server.metrics.fleet.settled()
     _, samples = await server.samples()
     assert value(samples, "schedtui_instances", role="firing") == 2.0  # this one, and a row that says no role
     assert value(samples, "schedtui_instances", role="waiting") == 1.0  # its heartbeat is within the window
@@ -391,10 +395,143 @@ async def test_a_scrape_within_the_window_reads_nothing_and_the_next_window_read
     _, second = parse((await metrics.render()).decode())
     assert statements.take() == 0 and metrics.fleet.reads == 1
     assert value(second, "schedtui_schedule_enabled", schedule="s") == 1.0  # the snapshot of the window
-    cache_clock.advance(0.001)
+    cache_clock.advance(0.001)  # the next read, in the background
+    await asyncio.wait_for(metrics.fleet.next_read(), 10)
     _, third = parse((await metrics.render()).decode())
     assert statements.take() == 5 and metrics.fleet.reads == 2
     assert value(third, "schedtui_schedule_enabled", schedule="s") == 0.0
+
+
+async def test_the_fleet_is_read_in_the_background_on_the_clock_and_a_scrape_never_waits_for_it(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine([define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=ok)])
+    cache_clock = ManualClock(T0)
+    metrics = EngineMetrics(engine, clock=cache_clock)
+    await engine.start()
+    await metrics.render()  # the first scrape waits for the first read
+    assert metrics.fleet.reads == 1
+    cache_clock.advance(5)  # no scrape: the clock alone brings the next read
+    await asyncio.wait_for(metrics.fleet.next_read(), 10)
+    assert metrics.fleet.reads == 2
+
+    healthy = engine.store.fleet_snapshot  # type: ignore[attr-defined]
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return await healthy(*args, **kwargs)
+
+    monkeypatch.setattr(engine.store, "fleet_snapshot", slow)
+    await engine.disable("s")
+    cache_clock.advance(5)
+    await asyncio.wait_for(entered.wait(), 10)  # the read is under way, and held
+    _, held = parse((await metrics.render()).decode())  # answered from the snapshot before
+    assert value(held, "schedtui_schedule_enabled", schedule="s") == 1.0
+    assert value(held, "schedtui_fleet_snapshot_timestamp_seconds") == at(engine.clock.now())
+    read = metrics.fleet.next_read()
+    release.set()
+    await asyncio.wait_for(read, 10)
+    _, after = parse((await metrics.render()).decode())
+    assert value(after, "schedtui_schedule_enabled", schedule="s") == 0.0 and metrics.fleet.reads == 3
+
+
+async def test_the_first_scrape_waits_for_the_first_read_at_most_wait_seconds(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = make_engine([define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=ok)])
+    metrics = EngineMetrics(engine, clock=ManualClock(T0), wait=0.01)  # the bound under test, in real time
+    await engine.start()
+    healthy = engine.store.fleet_snapshot  # type: ignore[attr-defined]
+    release = asyncio.Event()
+
+    async def hung(*args: Any, **kwargs: Any) -> Any:
+        await release.wait()
+        return await healthy(*args, **kwargs)
+
+    monkeypatch.setattr(engine.store, "fleet_snapshot", hung)
+    types, samples = parse((await metrics.render()).decode())
+    assert "schedtui_schedule_enabled" not in types  # not read yet: left out, never made up
+    assert value(samples, "schedtui_schedule_next_fire_timestamp_seconds", schedule="s") is None  # nothing taken yet
+    assert "the store has not answered within 0.01s" in caplog.text
+    read = metrics.fleet.next_read()
+    release.set()
+    await asyncio.wait_for(read, 10)
+    _, samples = parse((await metrics.render()).decode())
+    assert value(samples, "schedtui_schedule_enabled", schedule="s") == 1.0 and metrics.fleet.reads == 1
+
+
+async def test_nobody_scraping_stops_the_reads_and_the_next_scrape_waits_for_a_new_one(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine([define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=ok)])
+    cache_clock = ManualClock(T0)
+    metrics = EngineMetrics(engine, clock=cache_clock, idle_after=60)
+    await engine.start()
+    await metrics.render()
+    for _ in range(12):  # a minute of reads every 5 s, nobody scraping
+        cache_clock.advance(5)
+        await asyncio.wait_for(metrics.fleet.next_read(), 10)
+    assert metrics.fleet.reads == 13
+    cache_clock.advance(3600)  # the reads have stopped: nothing due
+    await metrics.fleet.settled()
+    assert metrics.fleet.reads == 13 and cache_clock.sleepers == 0
+    await engine.disable("s")
+    _, samples = parse((await metrics.render()).decode())  # an hour-old snapshot is not shown: read again
+    assert metrics.fleet.reads == 14 and value(samples, "schedtui_schedule_enabled", schedule="s") == 0.0
+
+
+async def test_closed_metrics_count_and_read_no_more(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    engine = make_engine([define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=ok)])
+    cache_clock = ManualClock(T0)
+    metrics = EngineMetrics(engine, clock=cache_clock)
+    await engine.start()
+    await metrics.render()
+    metrics.close()
+    clock.advance(MINUTE)
+    await engine.quiesce()
+    cache_clock.advance(60)
+    assert metrics.fleet.reads == 1 and cache_clock.sleepers == 0 and metrics.tallies.changes == 0
+
+
+async def test_a_removed_schedule_s_fleet_series_go_and_a_changed_one_is_rendered_again(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    engine = make_engine([define_schedule(name=name, cron="* * * * *", timezone="UTC", handler=ok) for name in ("a", "b", "c")])
+    cache_clock = ManualClock(T0)
+    metrics = EngineMetrics(engine, clock=cache_clock)
+    await engine.start()
+    clock.advance(MINUTE)  # all three succeed once
+    await engine.quiesce()
+    _, first = parse((await metrics.render()).decode())
+    assert len(series(first, "schedtui_schedule_last_success_timestamp_seconds")) == 3
+    last_success = metrics.fleet.texts[1]
+    rendered = last_success.rendered
+
+    clock.advance(1)
+    await engine.run_now("a", wait=True)  # a's last success moves on; b's stays
+    engine.remove_schedule("c")
+    cache_clock.advance(5)
+    await metrics.fleet.settled()
+    _, second = parse((await metrics.render()).decode())
+    assert last_success.rendered == rendered + 1  # a's line alone
+    assert {dict(k)["schedule"] for k in series(second, "schedtui_schedule_last_success_timestamp_seconds")} == {"a", "b"}
+    assert {dict(k)["schedule"] for k in series(second, "schedtui_schedule_enabled")} == {"a", "b"}
+    assert {dict(k)["schedule"] for k in series(second, "schedtui_schedule_next_fire_timestamp_seconds")} == {"a", "b"}
+    # This instance's counts stay (a counter does not go back): c ran here once.
+    assert sum(v for k, v in series(second, "schedtui_runs_total").items() if ("schedule", "c") in k) == 1.0
+    assert (await metrics.render()).split(b"# HELP process_")[0] == generate_latest_text(metrics)
+
+
+def generate_latest_text(metrics: EngineMetrics) -> bytes:
+    """The registry's families of schedtui rendered at once by prometheus_client (what the
+    kept texts must add up to)."""
+    from prometheus_client import generate_latest
+
+    from backend.observability.exposition import Families
+
+    return generate_latest(Families([*metrics.tallies.collect(), *metrics.fleet.collect()]))
 
 
 class WallClock:
@@ -407,7 +544,7 @@ class WallClock:
         return self.at
 
     async def sleep_until(self, deadline: datetime) -> None:
-        raise AssertionError("the metrics never sleep")
+        await asyncio.Event().wait()  # never on its own: only a scrape's word wakes the reads
 
 
 async def test_a_clock_stepped_back_reads_again(make_engine: Callable[..., Engine]) -> None:
@@ -417,9 +554,12 @@ async def test_a_clock_stepped_back_reads_again(make_engine: Callable[..., Engin
     await engine.start()
     await metrics.render()
     wall.at = T0 - timedelta(seconds=1)  # the snapshot's age is unknown now
+    read = metrics.fleet.next_read()
     await metrics.render()
+    await asyncio.wait_for(read, 10)
     assert metrics.fleet.reads == 2
     await metrics.render()
+    await metrics.fleet.settled()
     assert metrics.fleet.reads == 2
 
 
@@ -486,6 +626,7 @@ async def test_a_store_that_cannot_be_read_leaves_the_fleet_out_until_it_can(
     await metrics.render()
     assert metrics.fleet.reads == 1  # not before the window has passed
     cache_clock.advance(5)
+    await metrics.fleet.settled()
     _, samples = parse((await metrics.render()).decode())
     assert value(samples, "schedtui_schedule_enabled", schedule="s") == 1.0
 
@@ -531,30 +672,77 @@ def test_a_failing_meter_is_logged_and_never_stops_a_recording(caplog: pytest.Lo
     assert "a run meter failed" in caplog.text
 
 
-def test_a_histogram_is_made_again_only_for_the_schedules_whose_durations_changed() -> None:
+def took(name: str, seconds: float, status: str = "succeeded") -> Run:
+    return Run(f"{name}-{seconds}-{status}", name, T0, status, "self", "single", "i", T0, T0 + timedelta(seconds=seconds))  # type: ignore[arg-type]
+
+
+def test_only_the_schedules_that_finished_a_run_are_rendered_again_and_the_text_is_prometheus_clients() -> None:
+    from prometheus_client import generate_latest
+
     from backend.observability.metrics import Tallies
 
-    def took(name: str, seconds: float, status: str = "succeeded") -> Run:
-        return Run(f"{name}-{seconds}", name, T0, status, "self", "single", "i", T0, T0 + timedelta(seconds=seconds))  # type: ignore[arg-type]
-
-    def histogram(tallies: Tallies) -> dict[tuple[str, str], Any]:
-        family = list(tallies.collect())[1]
-        return {(s.labels["schedule"], s.name.rsplit("_", 1)[1] + s.labels.get("le", "")): s for s in family.samples}
-
     tallies = Tallies()
+
+    def scrape() -> tuple[str, list[int]]:
+        tallies.freeze()
+        text = tallies.text(tallies.frozen).decode()
+        whole = generate_latest(tallies).decode()  # the families as one, rendered at once
+        assert text == whole
+        return text, [family.rendered for family in tallies.texts]
+
     tallies.run_finished(took("a", 0.3))
     tallies.run_finished(took("b", 42.0, "failed"))
-    tallies.freeze()
-    first = histogram(tallies)
-    assert (first[("a", "bucket0.1")].value, first[("a", "bucket0.5")].value, first[("a", "count")].value) == (0.0, 1.0, 1.0)
-    assert (first[("b", "bucket15.0")].value, first[("b", "bucket60.0")].value, first[("b", "sum")].value) == (0.0, 1.0, 42.0)
+    tallies.run_finished(took("c", 1.0))
+    text, rendered = scrape()
+    assert rendered == [3, 3, 0]  # each schedule's counts and histogram, once
+    _, first = parse(text)
+    assert (value(first, "schedtui_run_duration_seconds_bucket", schedule="a", le="0.1"),
+            value(first, "schedtui_run_duration_seconds_bucket", schedule="a", le="0.5")) == (0.0, 1.0)  # fmt: skip
+    assert value(first, "schedtui_run_duration_seconds_sum", schedule="b") == 42.0
+
     tallies.run_finished(took("a", 2000.0))
-    tallies.run_finished(took("b", 1.0, "skipped"))  # counted, but not timed: b's samples stay as they were
-    tallies.freeze()
-    second = histogram(tallies)
-    assert (second[("a", "bucket1800.0")].value, second[("a", "bucket3600.0")].value, second[("a", "count")].value) == (1.0, 2.0, 2.0)
-    assert second[("a", "sum")].value == 2000.3
-    assert all(second[key] is first[key] for key in first if key[0] == "b")
-    assert all(second[key] is not first[key] for key in first if key[0] == "a")
-    counts = {tuple(s.labels.values()): s.value for s in list(tallies.collect())[0].samples}
-    assert counts[("b", "skipped", "single", "self")] == 1.0 and counts[("a", "succeeded", "single", "self")] == 2.0
+    tallies.run_finished(took("b", 1.0, "skipped"))  # counted, not timed: b's histogram stays as it was
+    text, rendered = scrape()
+    assert rendered == [3 + 2, 3 + 1, 0]
+    _, second = parse(text)
+    assert value(second, "schedtui_run_duration_seconds_bucket", schedule="a", le="1800.0") == 1.0
+    assert value(second, "schedtui_run_duration_seconds_bucket", schedule="a", le="3600.0") == 2.0
+    assert value(second, "schedtui_run_duration_seconds_sum", schedule="a") == 2000.3
+    assert value(second, "schedtui_runs_total", schedule="b", status="skipped", outcome="single", trigger="self") == 1.0
+    assert value(second, "schedtui_runs_total", schedule="a", status="succeeded", outcome="single", trigger="self") == 2.0
+
+    assert scrape()[1] == [5, 4, 0]  # nothing finished since: nothing rendered
+    tallies.job_finished(Finish("j1", "q", 1, "dead", 1, T0, T0, "i"))
+    text, rendered = scrape()
+    assert rendered == [5, 4, 1]
+    assert value(parse(text)[1], "schedtui_jobs_finished_total", queue="q", outcome="dead") == 1.0
+
+    tallies.run_finished(took("0-new", 1.0))  # a schedule new here takes its place in the order
+    tallies.run_finished(took("b", 7.0))
+    text, rendered = scrape()
+    assert rendered == [5 + 2, 4 + 2, 1]
+    for family in text_string_to_metric_families(text):
+        shown = [s.labels["schedule"] for s in family.samples if "schedule" in s.labels]
+        assert shown == sorted(shown) and set(shown) == ({"0-new", "a", "b", "c"} if shown else set())
+
+
+def test_a_family_text_drops_the_groups_gone_and_keeps_the_order_given() -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from backend.observability.exposition import Families, FamilyText
+
+    def make() -> GaugeMetricFamily:
+        return GaugeMetricFamily("g", 'with "quotes", a \\ and\na newline', labels=["k"])
+
+    def add(family: GaugeMetricFamily, key: str, v: float) -> None:
+        family.add_metric([key], v)
+
+    text = FamilyText(make, add)
+    odd = 'line\nbreak "quoted" \\ back\rcr'  # label values prometheus_client must escape
+    groups = [("b", 1.0), (odd, 2.0), ("a", 3.0)]
+    assert text.update(groups) == generate_latest(Families([text.family(groups)]))
+    groups = [("a", 3.0), (odd, 5.0)]  # b gone, the order changed, one value changed
+    assert text.update(groups) == generate_latest(Families([text.family(groups)]))
+    assert text.rendered == 4
+    assert text.update([]) == text.header

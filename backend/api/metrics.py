@@ -37,7 +37,8 @@ def metrics_routes(api: Api, exposition: Exposition) -> list[Route]:
           The families schedtui_runs_total, schedtui_run_duration_seconds,
           schedtui_jobs_finished_total (this instance's), schedtui_schedule_last_success_timestamp_seconds,
           schedtui_schedule_enabled, schedtui_jobs, schedtui_durable_executions, schedtui_locks_held,
-          schedtui_instances (the fleet's, from the store, cached for 5 s),
+          schedtui_instances, schedtui_fleet_snapshot_timestamp_seconds (the fleet's, from the store,
+          read in the background every 5 s while scrapes come),
           schedtui_schedule_next_fire_timestamp_seconds, and the process and Python collectors.
         responses:
           200:

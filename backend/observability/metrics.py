@@ -13,18 +13,20 @@ one process). What it reports:
   cron definitions this instance knows (:class:`FleetGauges`);
 * the process, platform and garbage-collector collectors of ``prometheus_client``.
 
-A scrape never blocks firing. The fleet's state comes from one
+A scrape never waits for the store. The fleet's state comes from one
 :class:`~backend.observability.fleet.FleetSnapshot` (a fixed number of statements, whatever
-the number of schedules), read at most once per ``cache_for`` seconds of the injected clock
-and awaited, never waited for on the event loop's thread; the scrapes in between answer
-from it. A snapshot that cannot be read leaves the fleet's families out until the next
-one (rather than repeating old values as if current).
+the number of schedules), read in the background every ``cache_for`` seconds of the
+injected clock while scrapes keep coming (within ``idle_after``); a scrape answers from the
+newest one, and only the first scrape (or the first after a pause) waits for a read, at
+most ``wait`` seconds. A snapshot that cannot be read leaves the fleet's families out until
+the next one (rather than repeating old values as if current).
 
-Formatting costs prometheus_client some microseconds a series, which at a thousand
-schedules is most of a scrape. So the exposition is rendered in three parts, each by
-``generate_latest`` off the event loop's thread and each holding whole families: this
-instance's counts (rendered again only when something finished since), the fleet's
-(rendered once per snapshot), and the process's (every scrape).
+Formatting costs prometheus_client some microseconds a series, and a thousand schedules
+make thousands. So each family's text is kept per group of series (a schedule's, a
+queue's) and ``generate_latest`` renders again, off the event loop's thread, only the
+groups whose values changed (:class:`~backend.observability.exposition.FamilyText`): the
+fleet's when a snapshot is read (in the background), this instance's counts at a scrape
+that follows finished runs (the schedules that finished one), the process's at every scrape.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import asyncio
 import bisect
 import logging
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, cast
 
@@ -41,7 +43,6 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from backend.clock import Clock
@@ -50,20 +51,39 @@ from backend.durable.model import EXECUTION_STATUSES
 from backend.errors import Unavailable
 from backend.jobs.store import Finish
 from backend.model import Run
+from backend.observability.exposition import FamilyText
 from backend.observability.fleet import JOB_STATES, MEMBER_ROLES, FleetSnapshot, FleetStore
 
 if TYPE_CHECKING:
     from backend.scheduler.engine import Engine
 
-__all__ = ["CONTENT_TYPE", "DEFAULT_CACHE_FOR", "DURATION_BUCKETS", "REFRESH_WAIT", "EngineMetrics", "FleetGauges", "Tallies"]
+__all__ = [
+    "CONTENT_TYPE",
+    "DEFAULT_CACHE_FOR",
+    "DURATION_BUCKETS",
+    "IDLE_AFTER",
+    "INLINE_SCHEDULES",
+    "REFRESH_WAIT",
+    "EngineMetrics",
+    "FleetGauges",
+    "Tallies",
+]
 
 log = logging.getLogger("schedtui.metrics")
 
-#: Seconds a fleet snapshot answers scrapes for.
+#: Seconds between two reads of the fleet's state (while scrapes come).
 DEFAULT_CACHE_FOR = 5.0
-#: Seconds a scrape waits for a snapshot being read before it answers from the one before
-#: (well inside Prometheus's default scrape timeout of 10 s); the read goes on for the next.
+#: Seconds the first scrape (or the first after a pause) waits for a snapshot being read
+#: before it answers without it, or with the one before (well inside Prometheus's default
+#: scrape timeout of 10 s); the read goes on for the next.
 REFRESH_WAIT = 3.0
+#: Seconds without a scrape after which the fleet's state is no longer read in the
+#: background (longer than any usual scrape interval: Prometheus's default is 1 min).
+IDLE_AFTER = 300.0
+#: A scrape renders the counts of up to this many schedules that finished a run since the
+#: last one on the event loop (about a millisecond): on a loaded machine, handing them to a
+#: thread and waiting for it costs several times that in latency.
+INLINE_SCHEDULES = 8
 #: Run durations span milliseconds to hours (a handler's ``max_runtime`` defaults to 30 min).
 #: Ten buckets: each one is a series per schedule.
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0)
@@ -96,69 +116,79 @@ class EngineMetrics:
         cache_for: float = DEFAULT_CACHE_FOR,
         clock: Clock | None = None,
         wait: float = REFRESH_WAIT,
+        idle_after: float = IDLE_AFTER,
     ) -> None:
         self.engine = engine
         self.registry = CollectorRegistry()
         self.tallies = Tallies()
-        self.fleet = FleetGauges(engine, cache_for=cache_for, clock=clock or engine.clock, wait=wait)
-        process = [ProcessCollector(registry=self.registry), PlatformCollector(registry=self.registry),
-                   GCCollector(registry=self.registry)]  # fmt: skip
+        self.fleet = FleetGauges(engine, cache_for=cache_for, clock=clock or engine.clock, wait=wait, idle_after=idle_after)
+        self.process = _Process([ProcessCollector(registry=self.registry), PlatformCollector(registry=self.registry),
+                                 GCCollector(registry=self.registry)])  # fmt: skip
+        """The process, platform and garbage-collector collectors (rendered at every scrape)."""
         self.registry.register(self.tallies)
         self.registry.register(self.fleet)
-        self._parts = (
-            _Part([self.tallies], lambda: self.tallies.changes),
-            _Part([self.fleet], lambda: self.fleet.built),
-            _Part(process, None),
-        )
+        self._counts: tuple[int, bytes] | None = None
+        self._rendering = asyncio.Lock()
         engine.ledger.meters.append(self.tallies.run_finished)
         engine.jobs.meters.append(self.tallies.job_finished)
 
     def close(self) -> None:
-        """Stop counting (the engine keeps running)."""
+        """Stop counting and reading the fleet's state (the engine keeps running)."""
+        self.fleet.stop()
         if self.tallies.run_finished in self.engine.ledger.meters:
             self.engine.ledger.meters.remove(self.tallies.run_finished)
         if self.tallies.job_finished in self.engine.jobs.meters:
             self.engine.jobs.meters.remove(self.tallies.job_finished)
 
     async def refresh(self) -> None:
-        """Read the fleet's state if its window has passed, and take this instance's counts
-        (on the loop that counts them: a renderer on another thread reads the copy). What
-        every scrape does first."""
+        """Keep the fleet's state read in the background (waiting for the first snapshot
+        only), and take this instance's counts (on the loop that counts them: a renderer on
+        another thread reads the copy). What every scrape does first."""
         await self.fleet.current()
         self.tallies.freeze()
 
     async def render(self) -> bytes:
         """One scrape, in the Prometheus text format (:data:`CONTENT_TYPE`)."""
         await self.refresh()
-        return b"".join([await part.text() for part in self._parts])
+        tallies = self.tallies
+        async with self._rendering:  # one renderer at a time updates the kept texts
+            kept, counts = self._counts, tallies.frozen
+            if kept is None or kept[0] != counts.version:
+                pending, tallies.pending = tallies.pending, set()  # taken before a freeze meanwhile adds to it
+                if kept is not None and len(pending) <= INLINE_SCHEDULES:
+                    text = tallies.text(counts)
+                else:
+                    text = await asyncio.to_thread(tallies.text, counts)
+                kept = self._counts = (counts.version, text)
+        # A few dozen series read from /proc: a fraction of a millisecond, not worth a thread.
+        return b"".join([kept[1], self.fleet.text, generate_latest(self.process)])
 
 
-class _Part(Collector):
-    """Whole families rendered together, and kept until ``version()`` changes (``None``:
-    rendered at every scrape)."""
-
-    def __init__(self, collectors: list[Collector], version: Callable[[], int] | None) -> None:
+class _Process(Collector):
+    def __init__(self, collectors: list[Collector]) -> None:
         self.collectors = collectors
-        self.version = version
-        self.rendered: tuple[int, bytes] | None = None
 
     def collect(self) -> Iterator[Metric]:
         for collector in self.collectors:
             yield from collector.collect()
 
-    async def text(self) -> bytes:
-        version = self.version() if self.version is not None else None
-        if version is not None and self.rendered is not None and self.rendered[0] == version:
-            return self.rendered[1]
-        body = await asyncio.to_thread(generate_latest, self)
-        if version is not None:
-            self.rendered = (version, body)
-        return body
 
-
+# -- this instance's counts --------------------------------------------------------------
+_Outcomes = tuple[tuple[tuple[str, str, str], int], ...]
+"""A schedule's run counts: ``((status, outcome, trigger), n)``, sorted."""
 _Timed = tuple[tuple[int, ...], float]
-"""A schedule's frozen durations: observations per bucket, and their sum."""
-_Frozen = tuple[dict[tuple[str, str, str, str], int], dict[str, _Timed], dict[tuple[str, str], int]]
+"""A schedule's durations: observations per bucket (not cumulative), and their sum."""
+
+
+@dataclass(frozen=True)
+class _Counts:
+    """This instance's counts as a renderer reads them (a copy, never changed)."""
+
+    runs: dict[str, _Outcomes] = field(default_factory=dict)
+    """In the schedules' order, as :attr:`durations`."""
+    durations: dict[str, _Timed] = field(default_factory=dict)
+    jobs: tuple[tuple[tuple[str, str], int], ...] = ()
+    version: int = 0
 
 
 @dataclass
@@ -168,29 +198,55 @@ class _Durations:
     total: float = 0.0
 
 
+def _add_runs(family: CounterMetricFamily, name: str, outcomes: _Outcomes) -> None:
+    for (status, outcome, trigger), n in outcomes:
+        family.add_metric([name, status, outcome, trigger], n)
+
+
+def _add_durations(family: HistogramMetricFamily, name: str, timed: _Timed) -> None:
+    cumulative, buckets = 0, []
+    for le, n in zip(_LE, timed[0], strict=True):
+        cumulative += n
+        buckets.append((le, float(cumulative)))
+    family.add_metric([name], buckets, timed[1])
+
+
+def _add_jobs(family: CounterMetricFamily, key: tuple[str, str], n: int) -> None:
+    family.add_metric(list(key), n)
+
+
 class Tallies(Collector):
     """This instance's counts, kept as plain numbers by the engine's loop (told once per
     finished run or job attempt) and handed to a renderer as a copy (:meth:`freeze`).
 
-    A schedule's histogram is a dozen series: their samples are made again only for the
-    schedules whose durations changed since the last render."""
+    A schedule's counts and histogram are a dozen series or more: :meth:`text` renders
+    again only those of the schedules that finished a run since the last render."""
 
     def __init__(self) -> None:
-        self.runs: dict[tuple[str, str, str, str], int] = {}
+        self.runs: dict[str, dict[tuple[str, str, str], int]] = {}
+        """Per schedule: ``(status, outcome, trigger)`` -> runs."""
         self.durations: dict[str, _Durations] = {}
         self.jobs: dict[tuple[str, str], int] = {}
         self.changes = 0
         """How many times a count changed: a renderer's cue."""
-        self._timed: set[str] = set()
-        """Schedules whose durations changed since the last freeze."""
-        self._frozen: _Frozen = ({}, {}, {})
-        self._frozen_at = 0
-        self._samples: dict[str, tuple[_Timed, list[Sample]]] = {}
-        """Per schedule, the histogram samples made from its frozen durations."""
+        self.frozen = _Counts()
+        """The counts as of the last :meth:`freeze`."""
+        self._changed: set[str] = set()
+        """Schedules whose counts changed since the last freeze."""
+        self.pending: set[str] = set()
+        """Schedules whose frozen counts changed since a renderer last cleared this."""
+        self.texts = (
+            FamilyText(self._runs_family, _add_runs),
+            FamilyText(self._durations_family, _add_durations),
+            FamilyText(self._jobs_family, _add_jobs),
+        )
 
     def run_finished(self, run: Run) -> None:
-        key = (run.name, run.status, run.coordination_outcome, run.trigger)
-        self.runs[key] = self.runs.get(key, 0) + 1
+        counts = self.runs.get(run.name)
+        if counts is None:
+            counts = self.runs[run.name] = {}
+        key = (run.status, run.coordination_outcome, run.trigger)
+        counts[key] = counts.get(key, 0) + 1
         if run.status in ("succeeded", "failed") and run.fired_at is not None and run.finished_at is not None:
             seconds = max(0.0, (run.finished_at - run.fired_at).total_seconds())
             durations = self.durations.get(run.name)
@@ -198,7 +254,7 @@ class Tallies(Collector):
                 durations = self.durations[run.name] = _Durations([0] * len(_LE))
             durations.counts[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
             durations.total += seconds
-            self._timed.add(run.name)
+        self._changed.add(run.name)
         self.changes += 1
 
     def job_finished(self, finish: Finish) -> None:
@@ -209,144 +265,235 @@ class Tallies(Collector):
             self.changes += 1
 
     def freeze(self) -> None:
-        """Copy the counts for :meth:`collect` (a renderer on another thread reads only that)."""
-        if self._frozen_at == self.changes:
+        """Copy the counts into :attr:`frozen` (a renderer on another thread reads only
+        that); only the schedules that changed are copied again."""
+        frozen = self.frozen
+        if frozen.version == self.changes:
             return
-        durations = dict(self._frozen[1])
-        for name in self._timed:
-            timed = self.durations[name]
-            durations[name] = (tuple(timed.counts), timed.total)
-        self._timed.clear()
-        self._frozen = (dict(self.runs), durations, dict(self.jobs))
-        self._frozen_at = self.changes
+        runs, durations = frozen.runs, frozen.durations
+        if self._changed:
+            runs, durations = dict(runs), dict(durations)
+            for name in self._changed:
+                runs[name] = tuple(sorted(self.runs[name].items()))
+                timed = self.durations.get(name)
+                if timed is not None:
+                    durations[name] = (tuple(timed.counts), timed.total)
+            # Kept in the schedules' order (as shown): sorted again only when one is new.
+            if len(runs) != len(frozen.runs):
+                runs = dict(sorted(runs.items()))
+            if len(durations) != len(frozen.durations):
+                durations = dict(sorted(durations.items()))
+            self.pending |= self._changed
+            self._changed.clear()
+        self.frozen = _Counts(runs, durations, tuple(sorted(self.jobs.items())), self.changes)
+
+    def text(self, counts: _Counts) -> bytes:
+        """The three families' text for ``counts`` (one caller at a time)."""
+        runs, durations, jobs = self.texts
+        return b"".join([runs.update(list(counts.runs.items())), durations.update(list(counts.durations.items())),
+                         jobs.update(counts.jobs)])  # fmt: skip
 
     def describe(self) -> Iterable[Metric]:
-        return self._families()
+        return [self._runs_family(), self._durations_family(), self._jobs_family()]
 
     def collect(self) -> Iterable[Metric]:
-        runs, durations, jobs = self._frozen
-        counts, histogram, jobs_finished = families = self._families()
-        for key, n in sorted(runs.items()):
-            counts.add_metric(key, n)
-        made = self._samples
-        for name in sorted(durations):
-            timed = durations[name]
-            kept = made.get(name)
-            if kept is None or kept[0] is not timed:
-                one = self._families()[1]
-                cumulative, buckets = 0, []
-                for le, n in zip(_LE, timed[0], strict=True):
-                    cumulative += n
-                    buckets.append((le, float(cumulative)))
-                one.add_metric([name], buckets, timed[1])
-                kept = made[name] = (timed, one.samples)
-            histogram.samples.extend(kept[1])
-        for key2, n in sorted(jobs.items()):
-            jobs_finished.add_metric(key2, n)
-        return families
+        counts = self.frozen
+        runs, durations, jobs = self.texts
+        return [runs.family(counts.runs.items()), durations.family(counts.durations.items()), jobs.family(counts.jobs)]
 
     @staticmethod
-    def _families() -> tuple[CounterMetricFamily, HistogramMetricFamily, CounterMetricFamily]:
-        return (
-            CounterMetricFamily(
-                "schedtui_runs",
-                "Runs this instance finished (skipped and missed included), by schedule, status, coordination outcome and trigger.",
-                labels=["schedule", "status", "outcome", "trigger"],
-            ),
-            HistogramMetricFamily(
-                "schedtui_run_duration_seconds",
-                "How long this instance's succeeded and failed runs took, from firing to their end.",
-                labels=["schedule"],
-            ),
-            CounterMetricFamily(
-                "schedtui_jobs_finished",
-                "Job attempts this instance ran to an end the store took: succeeded, retried (failed, attempts left) or dead.",
-                labels=["queue", "outcome"],
-            ),
+    def _runs_family() -> CounterMetricFamily:
+        return CounterMetricFamily(
+            "schedtui_runs",
+            "Runs this instance finished (skipped and missed included), by schedule, status, coordination outcome and trigger.",
+            labels=["schedule", "status", "outcome", "trigger"],
         )
+
+    @staticmethod
+    def _durations_family() -> HistogramMetricFamily:
+        return HistogramMetricFamily(
+            "schedtui_run_duration_seconds",
+            "How long this instance's succeeded and failed runs took, from firing to their end.",
+            labels=["schedule"],
+        )
+
+    @staticmethod
+    def _jobs_family() -> CounterMetricFamily:
+        return CounterMetricFamily(
+            "schedtui_jobs_finished",
+            "Job attempts this instance ran to an end the store took: succeeded, retried (failed, attempts left) or dead.",
+            labels=["queue", "outcome"],
+        )
+
+
+# -- the fleet's state -------------------------------------------------------------------
+_Key = str | tuple[str, ...]
+"""A gauge's labels: its one label's value, or all of them (``()``: none)."""
+_Gauges = list[tuple[_Key, float]]
+
+
+def _add_gauge(family: GaugeMetricFamily, key: _Key, value: float) -> None:
+    family.add_metric([key] if isinstance(key, str) else list(key), value)
 
 
 @dataclass(frozen=True)
 class _FleetRows:
     """The fleet's families as plain values, made on the engine's loop when a read ends
-    (the only place its schedules may be read); ``None`` where the store could not say."""
+    (the only place its schedules may be read); ``None`` where the store could not say.
+    In the order of :meth:`FleetGauges._families`."""
 
-    next_fire: list[tuple[str, float]]
-    last_success: list[tuple[str, float]] | None = None
-    enabled: list[tuple[str, float]] | None = None
-    jobs: list[tuple[str, str, int]] | None = None
-    durable: list[tuple[str, str, int]] | None = None
-    locks_held: int | None = None
-    instances: list[tuple[str, int]] | None = None
+    next_fire: _Gauges
+    read: list[_Gauges] | None = None
+    """The store's families (last success, enabled, jobs, durable executions, locks held,
+    instances, the snapshot's time)."""
 
 
 class FleetGauges(Collector):
     """The families read from the store (and the next fire times), from the newest snapshot.
 
-    Contract: :meth:`current` reads the store at most once per ``cache_for`` seconds of
-    ``clock`` (a read under way is shared, not repeated) and waits for it at most ``wait``
-    seconds; what the families show is taken when a read ends, so :meth:`collect` does no
-    I/O, reads nothing of the engine's and may run on any thread."""
+    Contract: once :meth:`current` was first called, the store is read in a task of the
+    engine's every ``cache_for`` seconds of ``clock`` (and at once when ``clock`` went back
+    before the last read) for as long as :meth:`current` was called within ``idle_after``;
+    each read's families are taken on the loop and rendered off it into :attr:`text`.
+    :meth:`current` waits (at most ``wait`` seconds) only while the task has not finished
+    its first read. :meth:`collect` does no I/O, reads nothing of the engine's and may run
+    on any thread."""
 
-    def __init__(self, engine: Engine, *, cache_for: float, clock: Clock, wait: float) -> None:
+    def __init__(self, engine: Engine, *, cache_for: float, clock: Clock, wait: float, idle_after: float = IDLE_AFTER) -> None:
         self.engine = engine
         self.cache_for = timedelta(seconds=cache_for)
         self.clock = clock
         self.wait = wait
+        self.idle_after = timedelta(seconds=idle_after)
         self.snapshot: FleetSnapshot | None = None
         """The newest snapshot, or ``None`` while the last read failed (or none was made)."""
         self.read_at: datetime | None = None
         """When the newest read was started, on ``clock`` (failed ones too)."""
+        self.scraped_at: datetime | None = None
+        """When :meth:`current` was last called, on ``clock``."""
         self.reads = 0
         """Snapshots asked of the store so far."""
         self.built = 0
-        """Times the families' values were taken (once per read)."""
-        self._reading: asyncio.Future[None] | None = None
+        """Reads whose families were rendered."""
+        self.texts = [FamilyText(make, _add_gauge) for make in self._families()]
         self._rows = _FleetRows([])
+        self.text = self._render(self._rows)
+        """The families of the newest read, as a scrape shows them."""
         self._next_fire: dict[str, tuple[Cron, datetime]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._first = False
+        """The task has not finished its first read yet."""
+        self._reading = False
+        self._wake = asyncio.Event()
+        self._built: asyncio.Future[None] | None = None
 
     def stale(self, now: datetime) -> bool:
         read_at = self.read_at
         return read_at is None or not timedelta(0) <= now - read_at < self.cache_for
 
     async def current(self) -> None:
-        """Read the store again if the window has passed, waiting for it at most ``wait``
-        seconds (past that, this scrape answers from the snapshot before)."""
-        if self.stale(self.clock.now()) and (self._reading is None or self._reading.done()):
-            self.read_at = self.clock.now()
-            self._reading = asyncio.ensure_future(self._read())
-        if self._reading is not None and not self._reading.done():
+        """What a scrape does first: keep the reads going (started again after a pause:
+        then this scrape waits for the first, at most ``wait`` seconds)."""
+        now = self.scraped_at = self.clock.now()
+        if self._task is None or self._task.done():
+            self._first = True
+            self._wake, self._built = asyncio.Event(), None  # of this event loop (an engine may be opened on another)
+            self._task = self.engine.loops.spawn(self._refresh(), "metrics refresh")
+        elif self.stale(now) and not self._reading:
+            self._wake.set()  # the clock went back: the read's age is unknown
+        if self._first:
             try:
-                await asyncio.wait_for(asyncio.shield(self._reading), self.wait)
+                await asyncio.wait_for(self.next_read(), self.wait)
             except TimeoutError:
                 log.warning("metrics: the store has not answered within %gs; this scrape has the fleet's state before", self.wait)
+
+    async def settled(self) -> None:
+        """Return once the families show a read made within the current window of ``clock``
+        (for tests and benchmarks; at once when no scrape keeps the reads going)."""
+        while self._task is not None and not self._task.done() and (self._reading or self.stale(self.clock.now())):
+            if not self._reading:
+                self._wake.set()
+            await self.next_read()
+
+    async def renew(self) -> None:
+        """Read the store now, whatever the window, and return once its families are
+        rendered (for benchmarks)."""
+        if self._task is None or self._task.done():
+            await self.current()
+            return
+        while self._reading:
+            await self.next_read()
+        built = self.next_read()
+        self._wake.set()
+        await built
+
+    def stop(self) -> None:
+        """Stop the background reads (a scrape starts them again)."""
+        if self._task is not None:
+            self._task.cancel()
+
+    def next_read(self) -> asyncio.Future[None]:
+        """Done once the next read's families are rendered (a failed read's too)."""
+        if self._built is None or self._built.done():
+            self._built = asyncio.get_running_loop().create_future()
+        return asyncio.shield(self._built)
+
+    async def _refresh(self) -> None:
+        while True:
+            await self._read()
+            if self.scraped_at is None or self.clock.now() - self.scraped_at >= self.idle_after:
+                return  # nobody scrapes: stop reading (the next scrape starts again)
+            self._wake.clear()
+            sleep = asyncio.ensure_future(self.clock.sleep_until(cast(datetime, self.read_at) + self.cache_for))
+            woken = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait([sleep, woken], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleep.cancel()
+                woken.cancel()
 
     async def _read(self) -> None:
         engine = self.engine
         now = engine.clock.now()
+        self.read_at = self.clock.now()
         self.reads += 1
+        self._reading = True
         try:
-            self.snapshot = await cast(FleetStore, engine.store).fleet_snapshot(
-                list(engine.schedules),
-                live_after=now - engine.registry.abandon_after,
-                lock_now=engine.locks.lock_now(),
-            )
-        except Unavailable as exc:
-            self.snapshot = None
-            log.warning("metrics: the fleet's state is left out for %gs: %s", self.cache_for.total_seconds(), exc)
-        except Exception:
-            self.snapshot = None
-            log.exception("metrics: reading the fleet's state failed")
-        self._rows = self._take(self.snapshot)
-        self.built += 1
+            try:
+                self.snapshot = await cast(FleetStore, engine.store).fleet_snapshot(
+                    list(engine.schedules),
+                    live_after=now - engine.registry.abandon_after,
+                    lock_now=engine.locks.lock_now(),
+                )
+            except Unavailable as exc:
+                self.snapshot = None
+                log.warning("metrics: the fleet's state is left out for %gs: %s", self.cache_for.total_seconds(), exc)
+            except Exception:
+                self.snapshot = None
+                log.exception("metrics: reading the fleet's state failed")
+            rows = self._take(self.snapshot, now)
+            self.text = await asyncio.to_thread(self._render, rows)
+            self._rows = rows
+            self.built += 1
+        finally:
+            self._reading = self._first = False
+            if self._built is not None and not self._built.done():
+                self._built.set_result(None)
 
-    def _take(self, snapshot: FleetSnapshot | None) -> _FleetRows:
+    def _render(self, rows: _FleetRows) -> bytes:
+        texts = self.texts
+        parts = [texts[0].update(rows.next_fire)]
+        if rows.read is not None:
+            parts += [text.update(groups) for text, groups in zip(texts[1:], rows.read, strict=True)]
+        return b"".join(parts)
+
+    def _take(self, snapshot: FleetSnapshot | None, now: datetime) -> _FleetRows:
         stored = {facts.name: facts.enabled for facts in snapshot.schedules} if snapshot is not None else {}
-        next_fire = [(name, _seconds(at)) for name, at in self._next_fires(stored)]
+        next_fire: _Gauges = [(name, _seconds(at)) for name, at in self._next_fires(stored)]
         if snapshot is None:
             return _FleetRows(next_fire)
         engine = self.engine
-        enabled = []
+        enabled: _Gauges = []
         for facts in snapshot.schedules:
             on = facts.enabled
             if on is None:  # never changed by an operator: its definition holds
@@ -357,66 +504,57 @@ class FleetGauges(Collector):
         durable.update(snapshot.durable)
         return _FleetRows(
             next_fire,
-            [(facts.name, _seconds(facts.last_success)) for facts in snapshot.schedules if facts.last_success is not None],
-            enabled,
-            [(queue, state, n) for (queue, state), n in sorted(snapshot.jobs.items()) if state in JOB_STATES],
-            [(function, status, n) for (function, status), n in sorted(durable.items())],
-            snapshot.locks_held,
-            [(role, snapshot.instances.get(role, 0)) for role in MEMBER_ROLES],
+            [
+                [(facts.name, _seconds(facts.last_success)) for facts in snapshot.schedules if facts.last_success is not None],
+                enabled,
+                [(key, float(n)) for key, n in sorted(snapshot.jobs.items()) if key[1] in JOB_STATES],
+                [(key, float(n)) for key, n in sorted(durable.items())],
+                [((), float(snapshot.locks_held))],
+                [(role, float(snapshot.instances.get(role, 0))) for role in MEMBER_ROLES],
+                [((), _seconds(now))],
+            ],
         )
 
     def describe(self) -> Iterable[Metric]:
-        return self._empty()
+        return [make() for make in self._families()]
 
     def collect(self) -> Iterable[Metric]:
-        rows = self._rows
-        next_fire, last_success, enabled, jobs, durable, locks, instances = gauges = self._empty()
-        for name, seconds in rows.next_fire:
-            next_fire.add_metric([name], seconds)
-        if rows.last_success is None or rows.enabled is None or rows.jobs is None or rows.durable is None:
-            return [next_fire]
-        for name, seconds in rows.last_success:
-            last_success.add_metric([name], seconds)
-        for name, on in rows.enabled:
-            enabled.add_metric([name], on)
-        for queue, state, n in rows.jobs:
-            jobs.add_metric([queue, state], n)
-        for function, status, n in rows.durable:
-            durable.add_metric([function, status], n)
-        locks.add_metric([], rows.locks_held or 0)
-        for role, n in rows.instances or ():
-            instances.add_metric([role], n)
-        return [*gauges]
+        rows, texts = self._rows, self.texts
+        families = [texts[0].family(rows.next_fire)]
+        if rows.read is not None:
+            families += [text.family(groups) for text, groups in zip(texts[1:], rows.read, strict=True)]
+        return families
 
     # -- the families ----------------------------------------------------------------------
     @staticmethod
-    def _empty() -> list[GaugeMetricFamily]:
+    def _families() -> list[Callable[[], GaugeMetricFamily]]:
+        def gauge(name: str, documentation: str, *labels: str) -> Callable[[], GaugeMetricFamily]:
+            return lambda: GaugeMetricFamily(name, documentation, labels=list(labels))
+
         return [
-            GaugeMetricFamily(
+            gauge(
                 "schedtui_schedule_next_fire_timestamp_seconds",
                 "When a schedule fires next on its cron (Unix time): the enabled self-triggered schedules this instance knows.",
-                labels=["schedule"],
+                "schedule",
             ),
-            GaugeMetricFamily(
+            gauge(
                 "schedtui_schedule_last_success_timestamp_seconds",
                 "When a schedule's newest succeeded run finished (Unix time), from the store; absent until one has.",
-                labels=["schedule"],
+                "schedule",
             ),
-            GaugeMetricFamily(
-                "schedtui_schedule_enabled", "Whether a schedule is enabled (1) or disabled (0), from the store.", labels=["schedule"]
-            ),
-            GaugeMetricFamily(
-                "schedtui_jobs", "Jobs in the store by queue and state (queued, running, dead).", labels=["queue", "state"]
-            ),
-            GaugeMetricFamily(
-                "schedtui_durable_executions", "Durable executions kept in the store by function and status.", labels=["function", "status"]
-            ),
-            GaugeMetricFamily("schedtui_locks_held", "Locks held now (a holder whose lease has not expired)."),
-            GaugeMetricFamily(
+            gauge("schedtui_schedule_enabled", "Whether a schedule is enabled (1) or disabled (0), from the store.", "schedule"),
+            gauge("schedtui_jobs", "Jobs in the store by queue and state (queued, running, dead).", "queue", "state"),
+            gauge("schedtui_durable_executions", "Durable executions kept in the store by function and status.", "function", "status"),
+            gauge("schedtui_locks_held", "Locks held now (a holder whose lease has not expired)."),
+            gauge(
                 "schedtui_instances",
                 "Members with a fresh heartbeat, by role: firing, or waiting (another coordination mode fires). "
                 "Consoles and CLI verbs never count.",
-                labels=["role"],
+                "role",
+            ),
+            gauge(
+                "schedtui_fleet_snapshot_timestamp_seconds",
+                "When the store's families shown here were read (Unix time): they are refreshed every few seconds.",
             ),
         ]
 

@@ -16,21 +16,26 @@ What it does:
 2. serves the API with ``backend.api.server.serve`` in this process (uvicorn on loopback,
    a read token) and scrapes it with one keep-alive client on the same event loop, so a
    scrape's time includes reading and parsing its body;
-3. times ``--scrapes`` (50) scrapes in each case, after a warm-up that is not counted:
+3. times ``--scrapes`` (50) scrapes in each case, after a warm-up that is not counted (the
+   fleet's state is read in the background every 5 s meanwhile, as when serving):
 
    * ``fresh``: this instance has finished no run yet (the counts are empty, as after a
      restart): the families are the fleet's (three series a schedule);
    * ``busy``: every schedule has finished runs here (a run count and a duration
      histogram per schedule: about seventeen series a schedule in all);
 
-   each ``cold`` (the fleet's snapshot read again: the store's five statements, then the
-   fleet's families rendered: what every scrape of a Prometheus scraping less often than
-   the 5 s window gets) and ``warm`` (within the window); ``busy`` also ``changed`` (a
-   run finished since the last scrape, so this instance's counts are rendered again: what
-   a busy instance's scrapes get) and ``cold_changed`` (both);
-4. the server's side alone: ``--scrapes`` renders of the ``busy`` ``cold_changed`` case
-   without HTTP, while a task measures how late the event loop wakes it (every 10 ms):
-   the lag a scrape can add to firing, against the same measure while idle.
+   each ``cached`` (nothing new since the last scrape) and ``new_snapshot`` (the fleet's
+   state read again just before: ``FleetGauges.renew``, not timed, its time is
+   ``background_refresh_ms``); ``busy`` also ``changed`` (a run finished since the last
+   scrape), ``new_snapshot_changed`` (both) and ``new_snapshot_quarter_changed`` (a new
+   snapshot, and a quarter of the schedules finished a run since: 1,000 schedules firing
+   every minute, scraped every 15 s);
+4. the server's side alone: ``--scrapes`` renders of the last case without HTTP, while a
+   task measures how late the event loop wakes it (every 10 ms): the lag a scrape and the
+   background reads can add to firing, against the same measure while idle.
+
+``--store postgres`` copies the ledger into a throwaway PostgreSQL database (``tests/pg.py``:
+``$SCHEDTUI_TEST_DSN``, else a cluster of the machine's binaries) and serves from it.
 
 Latencies are in milliseconds, nearest-rank percentiles. ``targets`` says whether each
 case's p99 is under 50 ms (issue 23: "a scrape at 1,000 schedules under 50 ms").
@@ -120,11 +125,12 @@ class LagProbe:
         return {"n": len(self.lags), **stats.summary_ms(self.lags, ("p50", "p99", "max"))}
 
 
-async def timed(scrape: Callable[[], Awaitable[httpx.Response]], before: Callable[[], None], count: int, warmup: int) -> dict[str, Any]:
+async def timed(scrape: Callable[[], Awaitable[httpx.Response]], before: Callable[[], Awaitable[None]], count: int,
+                warmup: int) -> dict[str, Any]:  # fmt: skip
     samples: list[float] = []
     size = lines = 0
     for index in range(warmup + count):
-        before()
+        await before()
         started = time.perf_counter()
         response = await scrape()
         elapsed = time.perf_counter() - started
@@ -137,15 +143,53 @@ async def timed(scrape: Callable[[], Awaitable[httpx.Response]], before: Callabl
             "bytes": size, "lines": lines}  # fmt: skip
 
 
+async def copy_to_postgres(ledger_db: Path) -> tuple[str, Any]:
+    """A throwaway PostgreSQL database (tests/pg.py) holding the ledger's runs and schedule
+    states, migrated by the store itself; the runs copied with COPY."""
+    import psycopg
+
+    from backend import connect
+    from tests.pg import provide
+
+    server = provide()
+    url = server.create_database(prefix="scrape")
+    async with connect(url, create=True):
+        pass
+    source = sqlite3.connect(ledger_db)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+
+    def at(us: int | None) -> datetime | None:
+        return None if us is None else epoch + timedelta(microseconds=us)
+
+    columns = "id, name, scheduled_at, fired_at, finished_at, status, trigger, outcome, instance, error_tag, error_message"
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        async with conn.cursor() as cur, cur.copy(f"COPY schedtui_runs ({columns}) FROM STDIN") as copy:
+            for row in source.execute(f"SELECT {columns} FROM runs"):
+                await copy.write_row((row[0], row[1], at(row[2]), at(row[3]), at(row[4]), *row[5:]))
+        for name, enabled, changed_by, changed_at, note in source.execute(
+            "SELECT name, enabled, changed_by, changed_at, note FROM schedule_state"
+        ):
+            await conn.execute("INSERT INTO schedtui_schedule_state VALUES (%s, %s, %s, %s, %s)",
+                               (name, bool(enabled), changed_by, at(changed_at), note))  # fmt: skip
+        await conn.execute("ANALYZE")
+        await conn.commit()
+    source.close()
+    return url, server
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     probe_before = cpu_probe_ms()
     with tempfile.TemporaryDirectory(prefix="schedtui-bench-scrape-") as tmp:
         log(f"ledger: {args.schedules} schedules, {args.runs} runs")
         ledger = build_ledger(Path(tmp), args.schedules, args.runs, cache=not args.no_cache)
+        store_url = ledger.store_url
+        if args.store == "postgres":
+            log("copying the ledger into PostgreSQL")
+            store_url, _ = await copy_to_postgres(ledger.db_path)
         queues = [define_queue(name=f"queue-{n}", handler=noop_job) for n in range(args.queues)]
         definitions = [*discover_definitions(ledger.schedules_dir).items, *queues,
                        define_durable(name="nightly-flow", handler=noop_flow)]  # fmt: skip
-        engine = Engine(definitions, ledger.store_url, shutdown_grace=0)
+        engine = Engine(definitions, store_url, shutdown_grace=0)
         metrics = EngineMetrics(engine)
         ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         stop = asyncio.Event()
@@ -178,25 +222,37 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 async def scrape() -> httpx.Response:
                     return await client.get("/metrics")
 
-                def cold() -> None:
-                    metrics.fleet.read_at = None
+                refresh_s: list[float] = []
 
-                def warm() -> None:
+                async def fresh() -> None:
+                    t = time.perf_counter()
+                    await metrics.fleet.renew()
+                    refresh_s.append(time.perf_counter() - t)
+
+                async def cached() -> None:
                     pass
 
                 names = list(engine.schedules)
                 finished = [0]
 
-                def one_finished() -> None:
-                    finished[0] += 1
-                    now = datetime.now(UTC)
-                    name = names[finished[0] % len(names)]
-                    metrics.tallies.run_finished(Run(f"bench-{finished[0]}", name, now, "succeeded", "self", "single",
-                                                     engine.instance, now - timedelta(seconds=3), now))  # fmt: skip
+                def finish(count: int) -> None:
+                    for _ in range(count):
+                        finished[0] += 1
+                        now = datetime.now(UTC)
+                        name = names[finished[0] % len(names)]
+                        metrics.tallies.run_finished(Run(f"bench-{finished[0]}", name, now, "succeeded", "self", "single",
+                                                         engine.instance, now - timedelta(seconds=3), now))  # fmt: skip
 
-                def cold_changed() -> None:
-                    cold()
-                    one_finished()
+                async def one_finished() -> None:
+                    finish(1)
+
+                async def fresh_one_finished() -> None:
+                    await fresh()
+                    finish(1)
+
+                async def fresh_many_finished() -> None:
+                    await fresh()
+                    finish(len(names) // 4)
 
                 probe = LagProbe()
                 probe.start()
@@ -204,10 +260,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 idle_lag = await probe.stop()
 
                 cases: dict[str, Any] = {}
-                log(f"fresh: {args.scrapes} scrapes cold, then warm")
+                log(f"fresh: {args.scrapes} scrapes cached, then with a new snapshot")
+                await scrape()  # the first: waits for the first snapshot
                 cases["fresh"] = {
-                    "cold": await timed(scrape, cold, args.scrapes, 3),
-                    "warm": await timed(scrape, warm, args.scrapes, 3),
+                    "cached": await timed(scrape, cached, args.scrapes, 3),
+                    "new_snapshot": await timed(scrape, fresh, args.scrapes, 3),
                 }
                 # Every schedule has run here, some more than once, with durations across the buckets.
                 now = datetime.now(UTC)
@@ -217,27 +274,32 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         status = ("succeeded", "failed")[repeat % 2]
                         run = Run(f"seed-{index}-{repeat}", name, now, status, "self", "single", engine.instance, now - took, now)
                         metrics.tallies.run_finished(run)
-                log(f"busy: {args.scrapes} scrapes cold, warm, changed, cold and changed")
+                log(f"busy: {args.scrapes} scrapes cached, with a run finished since, with a new snapshot too, "
+                    "with a new snapshot and a quarter of the schedules finished a run since")  # fmt: skip
                 cases["busy"] = {
-                    "cold": await timed(scrape, cold, args.scrapes, 3),
-                    "warm": await timed(scrape, warm, args.scrapes, 3),
+                    "cached": await timed(scrape, cached, args.scrapes, 3),
                     "changed": await timed(scrape, one_finished, args.scrapes, 3),
-                    "cold_changed": await timed(scrape, cold_changed, args.scrapes, 3),
+                    "new_snapshot_changed": await timed(scrape, fresh_one_finished, args.scrapes, 3),
+                    "new_snapshot_quarter_changed": await timed(scrape, fresh_many_finished, args.scrapes, 3),
                 }
             # The server's side alone (no HTTP, no client on the loop): the time a scrape
-            # costs the server, and how late the loop wakes a task meanwhile.
-            log(f"server side: {args.scrapes} renders, busy, cold and changed")
+            # costs the server, and how late the loop wakes a task meanwhile (background
+            # reads of the store included).
+            log(f"server side: {args.scrapes} renders after a new snapshot and a quarter of the schedules finished a run")
             render_s: list[float] = []
+            refresh_s.clear()
             probe.start()
             for _ in range(args.scrapes):
-                cold_changed()
+                await fresh_many_finished()
                 t = time.perf_counter()
                 await metrics.render()
                 render_s.append(time.perf_counter() - t)
                 await asyncio.sleep(0.05)  # the probe ticks between renders too
             render_lag = await probe.stop()
-            server_side = {"render_busy_cold_changed_ms": {"n": len(render_s), **stats.summary_ms(render_s, ("p50", "p99", "max"))},
-                           "loop_lag_ms": {"idle": idle_lag, "while_rendering": render_lag}}  # fmt: skip
+            quantiles = ("p50", "p99", "max")
+            server_side = {"render_new_snapshot_quarter_changed_ms": {"n": len(render_s), **stats.summary_ms(render_s, quantiles)},
+                           "background_refresh_ms": {"n": len(refresh_s), **stats.summary_ms(refresh_s, quantiles)},
+                           "loop_lag_ms": {"idle": idle_lag, "while_refreshing_and_rendering": render_lag}}  # fmt: skip
             ledger_summary = ledger.summary()
         finally:
             stop.set()
@@ -255,6 +317,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     load = os.getloadavg()
     return {
         "benchmark": "scrape",
+        "store": args.store,
         "load": {"schedules": args.schedules, "runs": args.runs, "queues": args.queues, "jobs": args.jobs,
                  "executions": args.executions, "scrapes": args.scrapes},  # fmt: skip
         "ledger": ledger_summary,
@@ -283,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executions", type=int, default=100, help="durable executions (waiting)")
     parser.add_argument("--scrapes", type=int, default=50, help="timed scrapes per case")
     parser.add_argument("--no-cache", action="store_true", help="build the ledger afresh")
+    parser.add_argument("--store", choices=("sqlite", "postgres"), default="sqlite",
+                        help="postgres: the ledger copied into a throwaway PostgreSQL database (tests/pg.py)")  # fmt: skip
     args = parser.parse_args(argv)
     with contextlib.redirect_stdout(sys.stderr):  # serve says where it listens: stdout is the JSON's
         result = asyncio.run(run(args))
