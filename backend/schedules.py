@@ -32,11 +32,13 @@ from backend.model import (
 if TYPE_CHECKING:
     from backend.locks import Lease, Locks
 
-__all__ = ["DEFAULT_MAX_RUNTIME", "Handler", "QueueTarget", "RunContext", "Schedule", "define_schedule"]
+__all__ = ["DEFAULT_MAX_RUNTIME", "MAX_NAME_CHARS", "Handler", "QueueTarget", "RunContext", "Schedule", "define_schedule"]
 
 Handler = Callable[["RunContext"], Awaitable[Any] | Any]
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+#: The longest name of a schedule, queue or durable function.
+MAX_NAME_CHARS = 128
+NAME_PATTERN = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_NAME_CHARS}}}")
 #: The watchdog's default bound on one run, in seconds (30 minutes).
 DEFAULT_MAX_RUNTIME = 1800.0
 

@@ -73,6 +73,7 @@ from console.screens.quit import QuitPrompt
 from console.views import VIEWS, UnavailableView, View, view_spec
 from console.views.schedules import PAGE_SIZE, SchedulesView, last_status_is
 from console.widgets import ConsoleHeader, FleetBanner
+from console.widgets.bounded import LINE_CHARS, BoundedInput
 from console.widgets.command_line import CommandLine, commands_of
 from console.widgets.footer import KeyFooter
 from console.widgets.tabs import ViewTabs
@@ -283,7 +284,8 @@ class SchedtuiApp(App[None]):
         yield ConsoleHeader(id="header")
         yield FleetBanner(id="fleet-banner")
         yield ViewTabs(id="tabs")
-        yield Input(placeholder="filter by name, cron, zone, description, or failed / overdue / disabled …", id="filter")
+        yield BoundedInput(placeholder="filter by name, cron, zone, description, or failed / overdue / disabled …", id="filter",
+                           limit=LINE_CHARS, unit="characters", what="The filter")
         yield CommandLine(commands_of((spec.id, spec.key) for spec in VIEWS), id="command")
         with ContentSwitcher(initial="schedules", id="main"):
             for spec in VIEWS:

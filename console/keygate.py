@@ -30,7 +30,7 @@ from textual.app import App, ScreenStackError
 from textual.message_pump import MessagePump
 from textual.widgets import Input, TextArea
 
-from console.widgets.bounded import BoundedInput
+from console.widgets.bounded import Bounded
 
 __all__ = ["MAX_ROUNDS", "KeyGate", "quiet"]
 
@@ -117,14 +117,19 @@ class KeyGate:
 
     def _next(self) -> Typed:
         """The next key to route; characters typed in a row into a field that takes a burst
-        (:class:`~console.widgets.bounded.BoundedInput`) as one paste of them all."""
+        (:class:`~console.widgets.bounded.Bounded`: keys it takes as text) as one paste of
+        them all."""
         event = self.held.popleft()
-        if not (isinstance(event, events.Key) and event.is_printable and isinstance(self.app.focused, BoundedInput)):
+        field = self.app.focused
+        if not (isinstance(event, events.Key) and isinstance(field, Bounded)):
             return event
-        text = [event.character or ""]
-        while self.held and isinstance(key := self.held[0], events.Key) and key.is_printable:
+        first = field.burst(event)
+        if first is None:
+            return event
+        text = [first]
+        while self.held and isinstance(key := self.held[0], events.Key) and (more := field.burst(key)) is not None:
             self.held.popleft()
-            text.append(key.character or "")
+            text.append(more)
         if len(text) == 1:
             return event
         burst = events.Paste("".join(text))

@@ -29,7 +29,7 @@ from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import ConnectionInfo
 from backend.model import InstanceInfo, ScheduleView, parse_iso
 from console.app import SchedtuiApp
-from console.fleet import CronCache, Overdue, durations, fleet_of
+from console.fleet import CronCache, Durations, Overdue, durations, fleet_of
 from console.screens import BackfillScreen, Confirm, HelpScreen, QuitPrompt, RunDetails
 from console.widgets import (
     ConsoleHeader,
@@ -323,6 +323,9 @@ async def test_last_run_has_an_age_running_runs_their_elapsed_time_and_durations
         detail = app.query_one(DetailBar)
         assert detail.durations is not None and detail.durations.count == 3
         assert "p50 306ms p95 35.0s (3 runs)" in plain(detail)
+        detail.durations = Durations(306, 306, 1)
+        await settle(pilot)
+        assert "p50 306ms p95 306ms (1 run)" in plain(detail)  # not "1 runs"
 
 
 def test_durations_are_nearest_rank_percentiles_of_finished_runs() -> None:

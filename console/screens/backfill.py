@@ -33,6 +33,7 @@ from backend.model import (
 from backend.timeparse import parse_when
 from console import format as fmt
 from console.screens.confirm import Confirm
+from console.widgets.bounded import LINE_CHARS, NUMBER_CHARS, BoundedInput
 
 __all__ = ["BackfillScreen", "PlanState"]
 
@@ -193,15 +194,16 @@ class BackfillScreen(ModalScreen[None]):
             )
             with Horizontal(classes="field form"):
                 yield Label("From")
-                yield Input(self.initial[0], id="from")
+                yield BoundedInput(self.initial[0], id="from", limit=LINE_CHARS, unit="characters", what="From")
             with Horizontal(classes="field form"):
                 yield Label("To")
-                yield Input(self.initial[1], id="to")
+                yield BoundedInput(self.initial[1], id="to", limit=LINE_CHARS, unit="characters", what="To")
             yield Static(id="plan", classes="form")
             yield Checkbox("Skip the slots that already succeeded", id="skip", classes="form", compact=True)
             with Horizontal(classes="field form", id="confirm-row"):
                 yield Label("Confirm")
-                yield Input(placeholder="type the slot count", id="confirm", restrict=r"[0-9,]*")
+                yield BoundedInput(placeholder="type the slot count", id="confirm", restrict=r"[0-9,]*",
+                                   limit=NUMBER_CHARS, unit="characters", what="The count")
             yield Static("", id="confirm-hint", classes="form")
             with Vertical(id="progress-box"):
                 yield ProgressBar(total=1, show_eta=False, id="bar")

@@ -16,7 +16,9 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Label, Static
 
 from backend.durable.model import Execution, StepView
+from backend.durable.service import MAX_SIGNAL_BYTES
 from console import format as fmt
+from console.widgets.bounded import BoundedInput
 
 __all__ = ["SignalPrompt", "StepsScreen", "step_rows"]
 
@@ -178,7 +180,8 @@ class SignalPrompt(ModalScreen["tuple[Any] | None"]):
             box.border_title = f"Send {self.signal} to {self.execution.function}"
             yield Label(f"Execution {self.execution.id} waits for the signal {self.signal}.")
             yield Label("Payload, as JSON (empty: null):")
-            yield Input(placeholder='e.g. {"approved": true, "by": "ops"}', id="payload")
+            yield BoundedInput(placeholder='e.g. {"approved": true, "by": "ops"}', id="payload", limit=MAX_SIGNAL_BYTES,
+                               what="A signal's payload")
             yield Static("", id="signal-error", markup=False)  # wraps: a Label cut the JSON error
             yield Label("enter sends · esc cancels", classes="hint")
 

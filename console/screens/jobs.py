@@ -19,8 +19,10 @@ from textual.widgets import Button, Input, Label, Static, TextArea
 
 from backend.client.interface import Backend
 from backend.errors import SchedtuiError
+from backend.jobs.definition import MAX_KEY_BYTES, MAX_PAYLOAD_BYTES
 from backend.jobs.model import Job, JobDetail, Sent
 from console import format as fmt
+from console.widgets.bounded import NUMBER_CHARS, BoundedInput, BoundedTextArea
 from console.widgets.jobs import JOB_STATUS_COLORS, job_when
 
 __all__ = ["JobDetails", "RETRY_CONFIRM_ABOVE", "SendJobScreen", "TypedCount"]
@@ -184,7 +186,8 @@ class TypedCount(ModalScreen[bool]):
             box.border_title = "Confirm"
             yield Label(Content(self.question), id="typed-question")
             yield Label(Content(self.detail))
-            yield Input(placeholder=f"type {self.count} to confirm", id="typed", restrict=r"[0-9,]*")
+            yield BoundedInput(placeholder=f"type {self.count} to confirm", id="typed", restrict=r"[0-9,]*",
+                               limit=NUMBER_CHARS, unit="characters", what="The count")
             yield Static("", id="why")
             yield Label(f"type {self.count}, then enter · esc cancels", classes="hint")
 
@@ -274,17 +277,21 @@ class SendJobScreen(ModalScreen[Sent | None]):
         with Vertical() as box:
             box.border_title = f"Send a job to {self.queue}"
             box.border_subtitle = "ctrl+s sends · tab moves · esc cancels"
-            yield Label("Payload (JSON, up to 256 KiB)", classes="hint")
-            yield TextArea("{}", id="payload", language=None, soft_wrap=True, show_line_numbers=False)
+            yield Label(f"Payload (JSON, up to {MAX_PAYLOAD_BYTES // 1024} KiB)", classes="hint")
+            yield BoundedTextArea("{}", limit=MAX_PAYLOAD_BYTES, what="A job's payload", id="payload", language=None,
+                                  soft_wrap=True, show_line_numbers=False)
             with Horizontal(classes="field"):
                 yield Label("Delay")
-                yield Input(placeholder="seconds (0 to 30 days)", id="delay", restrict=r"[0-9.]*")
+                yield BoundedInput(placeholder="seconds (0 to 30 days)", id="delay", restrict=r"[0-9.]*",
+                                   limit=NUMBER_CHARS, unit="characters", what="The delay")
             with Horizontal(classes="field"):
                 yield Label("Attempts")
-                yield Input(placeholder="1-20 (blank: the queue's)", id="attempts", restrict=r"[0-9]*")
+                yield BoundedInput(placeholder="1-20 (blank: the queue's)", id="attempts", restrict=r"[0-9]*",
+                                   limit=NUMBER_CHARS, unit="characters", what="Attempts")
             with Horizontal(classes="field"):
                 yield Label("Key")
-                yield Input(placeholder="optional: one job per key while queued, running or dead", id="key")
+                yield BoundedInput(placeholder="optional: one job per key while queued, running or dead", id="key",
+                                   limit=MAX_KEY_BYTES, what="A job's key")
             yield Static("", id="problem")
             with Horizontal(id="buttons"):
                 yield Button("Cancel", id="cancel", compact=True)

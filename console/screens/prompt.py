@@ -8,6 +8,9 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
+from backend.inputs import NOTE_MAX_CHARS
+from console.widgets.bounded import BoundedInput
+
 __all__ = ["NotePrompt"]
 
 
@@ -43,7 +46,8 @@ class NotePrompt(ModalScreen[str | None]):
         with Vertical() as box:
             box.border_title = f"Disable {self.schedule_name}"
             yield Label("Why? (optional; shown with the schedule)")
-            yield Input(placeholder="e.g. vendor outage, INC-412", id="note", max_length=1000)
+            yield BoundedInput(placeholder="e.g. vendor outage, INC-412", id="note", limit=NOTE_MAX_CHARS, unit="characters",
+                               what="A note")
             yield Label("enter disables · esc cancels", classes="hint")
 
     def on_input_submitted(self, event: Input.Submitted) -> None:

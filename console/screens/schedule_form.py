@@ -30,9 +30,10 @@ from backend.client.interface import Backend
 from backend.cron import Cron
 from backend.errors import CronError, SchedtuiError
 from backend.model import ScheduleView
-from backend.scheduler.stored import MAX_PAYLOAD_BYTES
+from backend.scheduler.stored import MAX_DESCRIPTION, MAX_PAYLOAD_BYTES
+from backend.schedules import MAX_NAME_CHARS
 from console import format as fmt
-from console.widgets.bounded import BoundedInput
+from console.widgets.bounded import LINE_CHARS, BoundedInput
 
 __all__ = ["DEFINED_IN_CODE", "PREVIEW_COUNT", "SHOWN_PAYLOAD", "ScheduleForm", "defined_in_code", "stored_fields"]
 
@@ -186,25 +187,27 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
                 "ctrl+s creates · tab moves · esc cancels")
             with Horizontal(classes="field"):
                 yield Label("Name")
-                yield Input(view.name if view is not None else "", placeholder="e.g. reap-sessions", id="name",
-                            disabled=view is not None)
+                yield BoundedInput(view.name if view is not None else "", placeholder="e.g. reap-sessions", id="name",
+                                   disabled=view is not None, limit=MAX_NAME_CHARS, unit="characters", what="A name")
             with Horizontal(classes="field"):
                 yield Label("Cron")
-                yield Input(view.cron if view is not None else "", placeholder="*/15 * * * *  (a 6th field first: seconds)",
-                            id="cron")
+                yield BoundedInput(view.cron if view is not None else "", placeholder="*/15 * * * *  (a 6th field first: seconds)",
+                                   id="cron", limit=LINE_CHARS, unit="characters", what="A cron expression")
             with Horizontal(classes="field"):
                 yield Label("Zone")
-                yield Input(self.zone, placeholder="an IANA zone: UTC, Europe/Berlin…", id="zone",
-                            suggester=SuggestFromList(_zones(), case_sensitive=False))
+                yield BoundedInput(self.zone, placeholder="an IANA zone: UTC, Europe/Berlin…", id="zone",
+                                   suggester=SuggestFromList(_zones(), case_sensitive=False), limit=LINE_CHARS,
+                                   unit="characters", what="A zone")
             with Horizontal(classes="field"):
                 yield Label("Target")
                 yield Select([("queue", "queue"), ("durable", "durable")], value=kind, allow_blank=False,
                              id="kind", compact=True)
                 known = self._names(kind)
                 typed = target.name if target is not None and target.kind != "handler" else ""
-                yield Input(typed or (known[0] if view is None and len(known) == 1 else ""),
-                            placeholder=self._names_hint(kind), id="target",
-                            suggester=SuggestFromList(self._names(kind), case_sensitive=True))
+                yield BoundedInput(typed or (known[0] if view is None and len(known) == 1 else ""),
+                                   limit=MAX_NAME_CHARS, unit="characters", what="A target's name",
+                                   placeholder=self._names_hint(kind), id="target",
+                                   suggester=SuggestFromList(self._names(kind), case_sensitive=True))
             with Horizontal(classes="field"):
                 yield Label("Payload")
                 payload = "" if view is None or view.payload is None else json.dumps(view.payload, ensure_ascii=False)
@@ -213,7 +216,8 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
             with Horizontal(classes="field"):
                 yield Label("Description")
                 description = (view.description or "") if view is not None else ""
-                yield Input(description, placeholder="optional", id="description")
+                yield BoundedInput(description, placeholder="optional", id="description", limit=MAX_DESCRIPTION,
+                                   unit="characters", what="A description")
             yield Checkbox("Enabled (fires on its schedule)", view.enabled if view is not None else True, id="enabled",
                            compact=True)
             yield Static(id="preview")

@@ -16,6 +16,8 @@ from textual.suggester import SuggestFromList
 from textual.widget import Widget
 from textual.widgets import Input
 
+from console.widgets.bounded import LINE_CHARS, BoundedInput
+
 __all__ = ["CommandLine", "commands_of", "resolve"]
 
 
@@ -48,7 +50,7 @@ def resolve(text: str, commands: dict[str, str]) -> tuple[str | None, str]:
     return None, f"no command “:{word}”; try {', '.join(f':{name}' for name in views)}, :help or :q"
 
 
-class CommandLine(Input):
+class CommandLine(BoundedInput):
     """The one-line input ``:`` opens (see the module docstring). It posts :class:`Run`
     with the command's action, or :class:`Refused` with why; either way it closes."""
 
@@ -72,7 +74,8 @@ class CommandLine(Input):
         names = [name for name in commands if not name.isdigit()]
         shown = "  ".join(f":{name}" for name in names if name != "quit")
         super().__init__(placeholder=f"{shown}   (enter runs, esc closes)", id=id,
-                         suggester=SuggestFromList(names, case_sensitive=False))
+                         suggester=SuggestFromList(names, case_sensitive=False), limit=LINE_CHARS, unit="characters",
+                         what="A command")
         self.commands = commands
         self._back: Widget | None = None
 

@@ -81,7 +81,7 @@ class DetailBar(Widget):
         if self.durations is not None:
             d = self.durations
             parts += [sep, ("p50 ", "$text-muted"), fmt.duration(d.p50_ms), (" p95 ", "$text-muted"),
-                      fmt.duration(d.p95_ms), (f" ({d.count} runs)", "$text-muted")]
+                      fmt.duration(d.p95_ms), (f" ({d.count} run{'s' if d.count != 1 else ''})", "$text-muted")]
         if self.page:
             parts += [sep, (self.page, "bold $text-accent")]
         lines = [Content.assemble(*parts)]
