@@ -507,6 +507,7 @@ class HandlerRunner:
 
     # -- the watchdog -------------------------------------------------------------------
     async def _watchdog(self) -> None:
+        dropped: datetime | None = None
         while True:
             now = self.clock.now()
             while self._deadlines and self._deadlines[0][0] <= now:
@@ -521,8 +522,16 @@ class HandlerRunner:
                 invocation.cancel()
                 self._linger(invocation)
             while self._deadlines and self._deadlines[0][2].done:
-                heapq.heappop(self._deadlines)  # finished in time: drop lazily
-            await self.loops.park("watchdog", self._deadlines[0][0] if self._deadlines else None, self._wake)
+                dropped = heapq.heappop(self._deadlines)[0]  # finished in time: drop lazily
+            until = self._deadlines[0][0] if self._deadlines else None
+            # Park no later than the last deadline dropped: the next call (calls one after
+            # another, a durable function's steps, mostly due no earlier) then need not wake
+            # this loop (see _watch); waking at that deadline is harmless.
+            if dropped is not None and dropped <= now:
+                dropped = None
+            if dropped is not None and (until is None or dropped < until):
+                until = dropped
+            await self.loops.park("watchdog", until, self._wake)
 
     # -- stopping -----------------------------------------------------------------------
     def running_tasks(self) -> list[asyncio.Task[None]]:
