@@ -10,6 +10,8 @@ hot path is one statement each, so one round trip and one commit:
 * a step's checkpoint updates the execution under its lease (renewing it) and upserts the
   step row and log lines in data-modifying CTEs that only act if that update matched;
   the update returns whether a cancellation was asked for, so no extra read is needed.
+  A finished step with nothing else to write (nearly every one) takes the lean form: the
+  step row inserted from the update's result, positional parameters, no JSON.
 
 Signals live in the execution's row (a JSON object), so a signal and a runner suspending
 to wait for it update the same row: PostgreSQL orders the two, and whichever comes second
