@@ -150,6 +150,48 @@ async def test_a_succeeding_call_hands_back_its_value() -> None:
     await loops.cancel_all()
 
 
+async def test_a_call_run_here_ends_alone_when_it_is_cancelled_and_lets_its_callers_cancellation_through() -> None:
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    runner = HandlerRunner(clock, loops)
+    runner.open()
+    entered = asyncio.Event()
+
+    async def forever(arg: str) -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    async def caller(call: Call) -> str:
+        await runner.run_here(call, forever)
+        return "went on"
+
+    aimed = Call()  # cancelled through the call (an operator's cancel, the watchdog): the caller goes on
+    task = asyncio.ensure_future(caller(aimed))
+    await entered.wait()
+    aimed.cancel()
+    assert await asyncio.wait_for(task, 5) == "went on"
+    assert [(o.status, o.error_tag) for o in aimed.outcomes] == [("failed", "interrupted")] and aimed.has_ended
+
+    entered.clear()
+    outer = Call()  # the caller itself cancelled: the call is settled, and the caller stops too
+    task = asyncio.ensure_future(caller(outer))
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    assert [(o.status, o.error_tag) for o in outer.outcomes] == [("failed", "interrupted")] and outer.has_ended
+
+    entered.clear()
+    timed = Call(max_runtime=5)  # past its deadline: the watchdog ends the call, the caller goes on
+    task = asyncio.ensure_future(caller(timed))
+    await entered.wait()
+    clock.advance(5)
+    assert await asyncio.wait_for(task, 5) == "went on"
+    assert [(o.status, o.error_tag) for o in timed.outcomes] == [("failed", "timeout")]
+    assert not runner.in_flight
+    await loops.cancel_all()
+
+
 async def test_a_deadline_earlier_than_those_watched_wakes_the_watchdog_and_a_later_one_waits() -> None:
     clock = ManualClock(T0)
     loops = Loops(clock)

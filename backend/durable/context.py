@@ -149,12 +149,16 @@ class DurableContext:
         if at_most_once:
             mark = StepRecord(position, name, "step", "running", attempt, started, at_most_once=True)
             await run.write(Progress(name, started + run.executor.lease_ttl), [mark])
-        call = run.call_step(name, fn, args, is_async_callable(fn))
+        is_async = is_async_callable(fn)
+        call = run.call_step(name, fn, args, is_async)
         try:
-            run.executor.runner.start(call, lambda arguments: fn(*arguments))
-        except RunnerSaturated as exc:
-            call.settle(Outcome("failed", run.now, TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
-        try:
+            if is_async:  # on the code's own task: the code awaits it at once anyway
+                await run.executor.runner.run_here(call, lambda arguments: fn(*arguments))
+            else:
+                try:
+                    run.executor.runner.start(call, lambda arguments: fn(*arguments))
+                except RunnerSaturated as exc:
+                    call.settle(Outcome("failed", run.now, TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
             outcome = await call.finished
         except asyncio.CancelledError:
             call.cancel()  # the code is cancelled: so is the step it waits for

@@ -75,6 +75,9 @@ class DurableExecutor:
         self.stopping = False
         self._drives: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
+        self._short = False
+        """Whether the last round left runnable work unclaimed for want of room: a run that
+        ends then claims again at once (otherwise the next poll, or a poke, does)."""
         self._renew_at: datetime | None = None
         self._owners_checked: datetime | None = None
         self._pruned: datetime | None = None
@@ -125,12 +128,16 @@ class DurableExecutor:
         if self.running and (self._renew_at is None or now >= self._renew_at):
             await self.renew(now)
         free = self.concurrency - len(self.running)
-        if free <= 0 or self.stopping or not self.shared.registry.lease.fresh():
+        if free <= 0:
+            self._short = True
+            return False
+        if self.stopping or not self.shared.registry.lease.fresh():
             return False  # (woken when the lease is renewed)
         limit = min(free, CLAIM_BATCH)
         claimed = await self.store.durable_claim(self.instance, list(self.functions), now, now + self.lease_ttl, limit)
         for one in claimed:
             self._launch(one)
+        self._short = len(claimed) == free
         return len(claimed) == limit
 
     def _launch(self, claimed: Claimed) -> None:
@@ -168,8 +175,8 @@ class DurableExecutor:
                 del self.running[run.id]
             if not self.running:
                 self._renew_at = None
-            if not self.stopping:
-                self._wake.set()  # a place is free: claim again
+            if self._short and not self.stopping:
+                self._wake.set()  # a place is free for work left unclaimed: claim again
 
     async def renew(self, now: datetime) -> None:
         """Extend every lease held here; stop the runs whose lease is gone, and tell the

@@ -61,13 +61,18 @@ class BodyCall(Invocation):
 class StepCall(Invocation):
     """One attempt of one step."""
 
-    __slots__ = ("args", "finished", "step")
+    __slots__ = ("args", "execution", "finished", "step")
 
     def __init__(self, run: ExecutionRun, step: str, args: tuple[Any, ...], is_async: bool) -> None:
-        super().__init__(f'step "{step}" of execution {run.id}', timedelta(seconds=run.function.step_timeout), is_async)
+        super().__init__("", run.step_timeout, is_async)
+        self.execution = run.id
         self.step = step
         self.args = args
         self.finished: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+    @property
+    def label(self) -> str:
+        return f'step "{self.step}" of execution {self.execution}'  # made only when logged
 
     @property
     def thread_name(self) -> str:
@@ -100,6 +105,7 @@ class ExecutionRun:
         self.row = row
         self.function = function
         self.deadline = row.created_at + MAX_LIFETIME
+        self.step_timeout = timedelta(seconds=function.step_timeout)
         self.recorded: dict[int, StepRecord] = {step.seq: step for step in claimed.steps}
         self.positions: dict[str, int] = {step.name: step.seq for step in claimed.steps}
         self.signals = claimed.signals

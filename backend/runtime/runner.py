@@ -110,8 +110,8 @@ class Invocation(Capture):
     """
 
     __slots__ = (
-        "_label", "deadline", "epoch", "gate", "given_up_at", "has_ended", "is_async", "max_runtime", "outcome", "task",
-        "thread",
+        "_label", "cancels", "deadline", "epoch", "gate", "given_up_at", "has_ended", "is_async", "max_runtime", "outcome",
+        "task", "thread",
     )  # fmt: skip
 
     captured: ClassVar[bool] = False
@@ -138,6 +138,8 @@ class Invocation(Capture):
         """True once the handler has really ended (see :meth:`ended`)."""
         self.given_up_at: datetime | None = None
         """When the watchdog, a stop or a lapse settled the call while its handler ran."""
+        self.cancels = 0
+        """How many times :meth:`cancel` cancelled its task (see :meth:`HandlerRunner.run_here`)."""
 
     @property
     def label(self) -> str:
@@ -209,6 +211,7 @@ class Invocation(Capture):
 
     def cancel(self) -> None:
         if self.task is not None:
+            self.cancels += 1
             self.task.cancel()
 
 
@@ -356,6 +359,69 @@ class HandlerRunner:
             # else: its thread still runs; it ends the call when it returns
 
         task.add_done_callback(task_done)
+
+    async def run_here(self, invocation: Invocation, fn: Callable[[Any], Any]) -> None:
+        """Call an async ``fn(invocation.begin(now))`` on the calling task, under the same
+        rules as :meth:`start` (deadline, lease epoch, exactly one outcome, then its end),
+        without a task of its own: for calls their caller awaits at once (a durable
+        function's steps), where a task would cost a loop round trip each.
+
+        Cancelling the invocation cancels the calling task; such a cancellation (the
+        invocation's :meth:`~Invocation.cancel`, counted in ``cancels``) ends the call
+        only, any other one goes on up to the caller once the call is settled."""
+        task = asyncio.current_task()
+        assert task is not None and invocation.is_async
+        if self.lease is not None:
+            invocation.epoch = self.lease.epoch
+        key = next(self._seq)
+        self.in_flight[key] = invocation
+        invocation.task = task
+        try:
+            if self.lease is not None and not self.lease.holds(invocation.epoch):
+                invocation.settle(
+                    Outcome(
+                        "failed", self.clock.now(), TAG_LEASE_LOST,
+                        "not started: this instance's lease on its work lapsed after it was claimed",
+                    )
+                )  # fmt: skip
+                return
+            arg = invocation.begin(self.clock.now())
+            deadline = invocation.deadline
+            assert deadline is not None, "Invocation.begin() sets the deadline"
+            self._watch(key, invocation, deadline)
+            token = CURRENT.set(None) if self.logs is not None else None
+            try:
+                value = await fn(arg)
+            finally:
+                if token is not None:
+                    CURRENT.reset(token)
+        except asyncio.CancelledError:
+            invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
+        except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the call, not the process
+            tag, message, trace = _describe(exc)
+            invocation.settle(Outcome("failed", self.clock.now(), tag, message, trace))
+        else:
+            now = self.clock.now()
+            if now > deadline and not invocation.done:
+                ran = (now - deadline).total_seconds() + invocation.max_runtime_s
+                invocation.settle(
+                    Outcome(
+                        "failed", now, TAG_TIMEOUT,
+                        f"exceeded max_runtime of {invocation.max_runtime_s:g}s: finished after {ran:.1f}s, "
+                        "blocking the event loop (the watchdog could not interrupt it)",
+                    )
+                )  # fmt: skip
+            else:
+                invocation.settle(Outcome("succeeded", now, None, None, None, value))
+        finally:
+            self.in_flight.pop(key, None)
+            invocation.task = None
+            # Take back the cancellations aimed at this call; any left came from elsewhere.
+            for _ in range(min(invocation.cancels, task.cancelling())):
+                task.uncancel()
+            self._end(invocation)
+        if task.cancelling() > 0:
+            raise asyncio.CancelledError
 
     def _watch(self, key: int, invocation: Invocation, deadline: datetime) -> None:
         deadlines = self._deadlines
@@ -507,6 +573,7 @@ class HandlerRunner:
 
     # -- the watchdog -------------------------------------------------------------------
     async def _watchdog(self) -> None:
+        dropped: datetime | None = None
         while True:
             now = self.clock.now()
             while self._deadlines and self._deadlines[0][0] <= now:
@@ -521,8 +588,16 @@ class HandlerRunner:
                 invocation.cancel()
                 self._linger(invocation)
             while self._deadlines and self._deadlines[0][2].done:
-                heapq.heappop(self._deadlines)  # finished in time: drop lazily
-            await self.loops.park("watchdog", self._deadlines[0][0] if self._deadlines else None, self._wake)
+                dropped = heapq.heappop(self._deadlines)[0]  # finished in time: drop lazily
+            until = self._deadlines[0][0] if self._deadlines else None
+            # Park no later than the last deadline dropped: the next call (calls one after
+            # another, a durable function's steps, mostly due no earlier) then need not wake
+            # this loop (see _watch); waking at that deadline is harmless.
+            if dropped is not None and dropped <= now:
+                dropped = None
+            if dropped is not None and (until is None or dropped < until):
+                until = dropped
+            await self.loops.park("watchdog", until, self._wake)
 
     # -- stopping -----------------------------------------------------------------------
     def running_tasks(self) -> list[asyncio.Task[None]]:

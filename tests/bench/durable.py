@@ -10,8 +10,8 @@ The workload: a workflow of ``--steps`` no-op steps (each returns its index), ru
 process of its own against a fresh database of one PostgreSQL cluster (fsync on), one at
 a time. Measured:
 
-* ``steps_per_s``: steps of the measured workflows over the wall time from the first
-  start to the last end (each system's own process clock). The systems run ``--rounds``
+* ``steps_per_s``: steps of the measured workflows over their wall time, each from its
+  start to its end (each system's own process clock). The systems run ``--rounds``
   times, alternating, each round on a fresh database; each system's median round is
   shown (with every round's figure): the machine may be busy with other work;
 * ``checkpoint_ms``: the time of one step's checkpoint, the write that makes its outcome
@@ -22,7 +22,16 @@ a time. Measured:
   (every transaction, read-only ones included) over the measured workflows, less a run
   of the same process with no workflow (start-up, schema, background work), divided by
   the steps (the warm-up's included). Counters are read after each process has exited
-  (backends flush them then).
+  (backends flush them then);
+* ``ceiling``: the sequential commit rate of the same server at the same moments: one
+  connection (psycopg, autocommit) committing a one-row ``INSERT`` after another, into a
+  database of its own, as many commits as a workflow has steps before each measured
+  workflow, in the system's own process (between workflows, never during one). A
+  checkpointed step cannot cost less than one such commit, so ``ceiling_ratio``, the
+  system's steps/s over those commits/s, is the figure to quote: how close a system
+  comes to that floor. It holds on a machine whose disk and CPUs other work shares, where
+  the absolute rates swing several-fold within a minute. Each system's median ratio over
+  the rounds is shown, with every round's.
 
 DBOS is installed by this script with pip into a temporary virtual environment it
 creates and removes (never into the project's environment). ``resume`` measures, on real
@@ -37,6 +46,7 @@ machine's binaries (see tests/pg.py). JSON on stdout, progress on stderr.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -64,9 +74,40 @@ def log(message: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# the ceiling: sequential commits on one connection (DBOS's worker gets this class's source)
+# ---------------------------------------------------------------------------------------
+class Ceiling:
+    """One connection committing a one-row INSERT after another, timed in batches."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute("CREATE TABLE IF NOT EXISTS bench_ceiling (n bigint PRIMARY KEY, at timestamptz NOT NULL)")
+        self.conn.execute("TRUNCATE bench_ceiling")
+        self.n = self.commits = 0
+        self.seconds = 0.0
+        self.batch(20)  # warm-up: psycopg prepares the statement after a few executions
+        self.commits = 0
+        self.seconds = 0.0
+
+    def batch(self, count: int) -> None:
+        began = time.perf_counter()
+        for _ in range(count):
+            self.n += 1
+            self.conn.execute("INSERT INTO bench_ceiling (n, at) VALUES (%s, now())", (self.n,))
+        self.seconds += time.perf_counter() - began
+        self.commits += count
+
+    def close(self) -> dict[str, float]:
+        self.conn.close()
+        return {"ceiling_commits": self.commits, "ceiling_s": self.seconds}
+
+
+# ---------------------------------------------------------------------------------------
 # the schedtui worker (run in a process of its own)
 # ---------------------------------------------------------------------------------------
-def schedtui_worker(url: str, steps: int, workflows: int) -> dict[str, Any]:
+def schedtui_worker(url: str, steps: int, workflows: int, ceiling_url: str) -> dict[str, Any]:
     import asyncio
 
     from backend import Engine
@@ -111,11 +152,13 @@ def schedtui_worker(url: str, steps: int, workflows: int) -> dict[str, Any]:
         if workflows:
             await one()  # warm-up
         checkpoints.clear()
-        began = time.perf_counter()
-        durations = [await one() for _ in range(workflows)]
-        elapsed = time.perf_counter() - began
+        ceiling = Ceiling(ceiling_url)
+        durations = []
+        for _ in range(workflows):
+            ceiling.batch(steps)  # blocks the loop: nothing of the engine's runs meanwhile
+            durations.append(await one())
         await engine.stop()
-        return {"elapsed_s": elapsed, "workflow_s": durations, "checkpoint_s": checkpoints}
+        return {"elapsed_s": sum(durations), "workflow_s": durations, "checkpoint_s": checkpoints, **ceiling.close()}
 
     return asyncio.run(run())
 
@@ -124,11 +167,15 @@ def schedtui_worker(url: str, steps: int, workflows: int) -> dict[str, Any]:
 # the DBOS worker (run with the temporary venv's Python; this file is read as a script)
 # ---------------------------------------------------------------------------------------
 DBOS_WORKER = """
+from __future__ import annotations
 import json, sys, time
 from dbos import DBOS, DBOSConfig
 from dbos._sys_db import SystemDatabase
 
-url, steps, workflows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+url, steps, workflows, ceiling_url = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+
+# CEILING
+
 timings = {"record": [], "check": []}
 
 def timed(name, key):
@@ -161,16 +208,16 @@ if workflows:
     bench()  # warm-up
 for values in timings.values():
     values.clear()
-began = time.perf_counter()
+ceiling = Ceiling(ceiling_url)
 durations = []
 for _ in range(workflows):
+    ceiling.batch(steps)
     t = time.perf_counter()
     bench()
     durations.append(time.perf_counter() - t)
-elapsed = time.perf_counter() - began
 DBOS.destroy()
-print(json.dumps({"elapsed_s": elapsed, "workflow_s": durations, "checkpoint_s": timings["record"],
-                  "check_s": timings["check"]}))
+print(json.dumps({"elapsed_s": sum(durations), "workflow_s": durations, "checkpoint_s": timings["record"],
+                  "check_s": timings["check"], **ceiling.close()}))
 """
 
 
@@ -216,15 +263,19 @@ def run_counted(server: Any, name: str, command: list[str], steps: int, workflow
     url = server.create_database(f"bench_{name}")
     database = url.rsplit("/", 1)[1].split("?")[0]
     before = xact_commit(server.dsn, database)
-    results = run_worker([*command, url, str(steps), str(workflows)])
+    ceiling_url = server.create_database("bench_ceiling")  # its commits are not the system's
+    results = run_worker([*command, url, str(steps), str(workflows), ceiling_url])
     time.sleep(1.0)  # the stats collector: backends report their counters as they exit
     return results, xact_commit(server.dsn, database) - before
 
 
 def figures(results: dict[str, Any], commits: int, base: int, steps: int, workflows: int) -> dict[str, Any]:
     total_steps = steps * workflows
+    ceiling = results["ceiling_commits"] / results["ceiling_s"] if results.get("ceiling_s") else None
     out: dict[str, Any] = {
         "steps_per_s": round(total_steps / results["elapsed_s"]),
+        "ceiling_commits_per_s": round(ceiling) if ceiling else None,
+        "ceiling_ratio": round(total_steps / results["elapsed_s"] / ceiling, 3) if ceiling else None,
         "workflow_ms": stats.summary_ms(results["workflow_s"], ("p50", "p99", "max")),
         "checkpoint_ms": stats.summary_ms(results["checkpoint_s"], ("p50", "p99", "max")),
         "checkpoints": len(results["checkpoint_s"]),
@@ -238,10 +289,16 @@ def figures(results: dict[str, Any], commits: int, base: int, steps: int, workfl
 
 
 def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round with the median steps/s, with every round's steps/s beside it."""
+    """The round with the median steps/s, with every round's steps/s beside it; first, the
+    median ratio to the ceiling over the rounds (whichever round it came from)."""
     ordered = sorted(rounds, key=lambda r: r["steps_per_s"])
-    chosen = dict(ordered[len(ordered) // 2])
+    ratios = [r["ceiling_ratio"] for r in rounds]
+    median = ordered[len(ordered) // 2]
+    chosen = {"ceiling_ratio": sorted(ratios)[len(ratios) // 2]}
+    chosen.update((key, value) for key, value in median.items() if key != "ceiling_ratio")
+    chosen["rounds_ceiling_ratio"] = ratios
     chosen["rounds_steps_per_s"] = [r["steps_per_s"] for r in rounds]
+    chosen["rounds_ceiling_commits_per_s"] = [r["ceiling_commits_per_s"] for r in rounds]
     return chosen
 
 
@@ -341,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
     if args.worker == "schedtui":
-        url, steps, workflows = rest
-        print(json.dumps(schedtui_worker(url, int(steps), int(workflows))))
+        url, steps, workflows, ceiling_url = rest
+        print(json.dumps(schedtui_worker(url, int(steps), int(workflows), ceiling_url)))
         return 0
 
     from tests import pg
@@ -362,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_dbos:
             python = install_dbos(folder)
             script = folder / "dbos_worker.py"
-            script.write_text(DBOS_WORKER)
+            script.write_text(DBOS_WORKER.replace("# CEILING\n", inspect.getsource(Ceiling)))
             systems["dbos"] = [str(python), str(script)]
         bases = {name: baseline(server, name, command, args.steps) for name, command in systems.items()}
         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
@@ -371,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"round {number}/{args.rounds}: {name}, {args.workflows} workflows of {args.steps} steps")
                 results, commits = run_counted(server, name, command, args.steps, args.workflows)
                 rounds[name].append(figures(results, commits, bases[name], args.steps, args.workflows))
-                log(f"  {rounds[name][-1]['steps_per_s']} steps/s")
+                figure = rounds[name][-1]
+                log(f"  {figure['steps_per_s']} steps/s; ceiling {figure['ceiling_commits_per_s']} commits/s; "
+                    f"ratio {figure['ceiling_ratio']}")  # fmt: skip
         result["schedtui"] = median_round(rounds["schedtui"])
         if "dbos" in rounds:
             result["dbos"] = {"version": DBOS_VERSION, **median_round(rounds["dbos"])}

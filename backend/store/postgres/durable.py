@@ -10,6 +10,8 @@ hot path is one statement each, so one round trip and one commit:
 * a step's checkpoint updates the execution under its lease (renewing it) and upserts the
   step row and log lines in data-modifying CTEs that only act if that update matched;
   the update returns whether a cancellation was asked for, so no extra read is needed.
+  A finished step with nothing else to write (nearly every one) takes the lean form: the
+  step row inserted from the update's result, positional parameters, no JSON.
 
 Signals live in the execution's row (a JSON object), so a signal and a runner suspending
 to wait for it update the same row: PostgreSQL orders the two, and whichever comes second
@@ -174,6 +176,24 @@ PROGRESS = f"""
         UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
         WHERE {HELD} RETURNING cancel_requested
     )""" + _AND_STEPS_AND_LOGS
+#: The hot path, a finished step and nothing else: the update under the lease and the step's
+#: upsert, which inserts from the update's row (so nothing when the lease is not held). One
+#: statement with plain positional parameters: no JSON to build or unpack, no log CTE.
+CHECKPOINT = f"""
+    WITH e AS (
+        UPDATE {EXECUTIONS} SET lease_until = %s, step = %s
+        WHERE id = %s AND lease = %s AND status = 'running' RETURNING id, cancel_requested
+    )
+    INSERT INTO schedtui_durable_steps (execution_id, {STEP_COLUMNS})
+    SELECT e.id, %s::integer, %s::text, %s::text, %s::text, %s::integer, %s::timestamptz, %s::timestamptz,
+        %s::timestamptz, %s::text, %s::text, %s::text, %s::boolean FROM e
+    ON CONFLICT (execution_id, seq) DO UPDATE SET name = excluded.name, kind = excluded.kind,
+        status = excluded.status, attempt = excluded.attempt, started_at = excluded.started_at,
+        finished_at = excluded.finished_at, wake_at = excluded.wake_at, output = excluded.output,
+        error_tag = excluded.error_tag, error_message = excluded.error_message,
+        at_most_once = excluded.at_most_once
+    RETURNING (SELECT cancel_requested FROM e)
+"""
 #: Progress without steps or logs: only the update.
 PROGRESS_ONLY = f"""
     UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
@@ -390,6 +410,8 @@ class PostgresDurable:
 
     async def durable_write(self, write: Write) -> bool | None:
         then = write.then
+        if type(then) is Progress and len(write.steps) == 1 and not write.logs and then.step is not None:
+            return await self._checkpoint(write, then, write.steps[0])
         params: dict[str, Any] = {"id": write.id, "lease": write.lease, "now": write.now, "step": then.step}
         if isinstance(then, Progress):
             params["until"] = then.lease_until
@@ -411,6 +433,15 @@ class PostgresDurable:
             params["steps"] = _steps_json(write.steps)
             params["logs"] = json.dumps([_text(line) for line in write.logs])
         rows = await self._fetch_write(sql, params)
+        return bool(rows[0][0]) if rows else None
+
+    async def _checkpoint(self, write: Write, then: Progress, s: StepRecord) -> bool | None:
+        params = (
+            then.lease_until, then.step, write.id, write.lease,
+            s.seq, s.name, s.kind, s.status, s.attempt, s.started_at, s.finished_at, s.wake_at, _text(s.output),
+            _text(s.error_tag), _text(s.error_message), s.at_most_once,
+        )  # fmt: skip
+        rows = await self._fetch_write(CHECKPOINT, params)
         return bool(rows[0][0]) if rows else None
 
     async def durable_renew(self, instance: str, leases: Sequence[tuple[str, int]], lease_until: datetime) -> Renewal:
