@@ -444,11 +444,11 @@ class PostgresJobs:
         async def send(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             # While sharing the lock, leave room for the others that share it now.
             params = {"jobs": batch, "queue": queue, "at": at, "limit": MAX_HELD if alone else MAX_HELD - _SHARED_ROOM}
+            # One round trip: the lock and the send are one implicit transaction (see cycle_jobs).
             async with conn.pipeline():
-                async with conn.transaction():
-                    await conn.execute(SEND_LOCK_ALONE if alone else SEND_LOCK_SHARED, (queue,))
-                    cursor = await conn.execute(SEND, params)
-                return await cursor.fetchall()
+                await conn.execute(SEND_LOCK_ALONE if alone else SEND_LOCK_SHARED, (queue,))
+                cursor = await conn.execute(SEND, params)
+            return await cursor.fetchall()
 
         for _ in range(_SEND_TRIES):
             rows = await self._with_conn(send)
@@ -484,13 +484,14 @@ class PostgresJobs:
         )
 
         async def cycle(conn: AsyncConnection[Any]) -> tuple[set[str], list[tuple[Any, ...]]]:
-            # Pipelined: BEGIN, the finishes, the claim and COMMIT travel together.
+            # Pipelined, one round trip: the statements before the pipeline's one Sync are
+            # one (implicit) transaction, committed at the Sync or rolled back whole on an
+            # error. (A `transaction()` block here would cost a Sync of its own first.)
             async with conn.pipeline():
-                async with conn.transaction():
-                    done = await conn.execute(FINISH, finish_params) if finish_params else None
-                    taken = await conn.execute(CLAIM, claim_params) if claim_params else None
-                applied = {row[0] for row in await done.fetchall()} if done else set()
-                rows = await taken.fetchall() if taken else []
+                done = await conn.execute(FINISH, finish_params) if finish_params else None
+                taken = await conn.execute(CLAIM, claim_params) if claim_params else None
+            applied = {row[0] for row in await done.fetchall()} if done else set()
+            rows = await taken.fetchall() if taken else []
             return applied, rows
 
         for attempt in range(_SEAT_RETRIES + 1):
