@@ -442,6 +442,7 @@ class Workers:
             c = waiting.popleft()
             finish = Finish(c.id, c.queue, c.tries, "release", c.attempt, c.started_at, now, self.instance)
             self.finishes.append((finish, JobRun(self, self.queues[name], c)))
+        self.due.add(name)  # they are due again: claim them (with seats) in the next cycle
         self.wake.set()
 
     def _hand_seat(self, ended: Claimed, now: datetime) -> None:

@@ -6,8 +6,9 @@ A benchmark, not a test (pytest does not collect it). Run it from the repository
     python -m tests.bench.queue                      # everything (installs the peers first)
     python -m tests.bench.queue --no-peers           # schedtui only
     python -m tests.bench.queue --jobs 5000 --seconds 5
+    python -m tests.bench.queue --no-peers --parts drain --statements   # statements per job
 
-Three measures, each system in its own database of one server, each worker in a process
+The measures, each system in its own database of one server, each worker in a process
 of its own (a no-op async handler):
 
 * ``drain``: N jobs (20,000) are queued first, then one worker process with a
@@ -15,11 +16,24 @@ of its own (a no-op async handler):
   handler's start to the last one's, read in the handlers. A schedtui queue holds at
   most 10,000 queued jobs, so schedtui's N are spread over two queues of concurrency 8
   (16 at once, as for the others, which use one entrypoint or task of concurrency 16).
-* ``latency``: a separate sender process queues R jobs a second (300) for S seconds (20),
+  The ``ceiling``, measured just before and just after schedtui's drain (their mean): the
+  database's own limit for a queue, a bare table of N rows drained by 16 async claimers
+  (psycopg, as schedtui) in batches of 16, each claiming with ``UPDATE … RETURNING`` over
+  ``FOR UPDATE SKIP LOCKED`` and finishing with one ``DELETE``, no bookkeeping at all.
+  ``ratio_to_ceiling`` (schedtui's drain over the ceiling) is the figure to quote: the
+  machine may be shared, and both move with its load. With ``--statements`` (the server
+  loads ``pg_stat_statements``), the drain's statements, rows and execution time per job.
+* ``fairness`` (schedtui only): one worker drains 100 queues of 100 jobs each (every queue
+  of concurrency 16), and one queue of 10,000; ``many_vs_one`` is the ratio of their rates,
+  and per queue of the hundred, when its first job started (``latest_first_start_s``: the
+  longest any queue waited for its first job) and when its last one ended (fastest and
+  slowest queue), in seconds after the drain's first start.
+* ``latency``: a separate sender process queues R jobs a second (1,000) for S seconds (20),
   each on its own schedule (an open loop: a slow send does not slow the next), stamping
   the time just before it calls the send; the worker (concurrency 16, started and idle
   before the first send) reads the time at the handler's start. ``p50_ms``/``p99_ms``
-  of the difference: enqueue-to-start, as an application sees it.
+  of the difference: enqueue-to-start, as an application sees it. Sends that fail (say, no
+  pooled connection within 3 s: the sender fell behind) are counted in ``failed_sends``.
 * ``sigkill`` (schedtui only): 4,000 jobs of 2 ms each on two worker processes; the one
   running them is SIGKILLed a quarter of the way through. ``lost``: jobs with no succeeded
   attempt in the store at the end; ``run_twice``: jobs two of whose attempts ran at the
@@ -99,6 +113,16 @@ class Tally:
             self.last = time.time()
             self.done.set()
 
+async def until_done_or_told():
+    # Every job ran, or the sender is done (some of its sends failed) and nothing started for 2 s.
+    stop, seen, quiet = os.environ.get("BENCH_STOP_FILE"), -1, 0.0
+    while not tally.done.is_set():
+        await asyncio.sleep(0.2)
+        quiet = quiet + 0.2 if tally.count == seen else 0.0
+        seen = tally.count
+        if stop and os.path.exists(stop) and quiet >= 2:
+            break
+
 async def paced(total, rate, send):
     # An open loop: each send at its own time, whatever the previous one costs.
     start = time.time() + 0.5
@@ -137,14 +161,25 @@ async def main():
         engine = Engine(QUEUES, url, instance="bench-latency")
         await engine.start()
         report(ready=True)
-        await tally.done.wait()
+        await until_done_or_told()
         await engine.stop(grace=5)
         report(count=tally.count, delays=tally.delays)
     elif mode == "latency-sender":
         n, rate = args
+        failed = 0
+
+        async def send(i):
+            nonlocal failed
+            try:
+                await st.jobs.send("latency", {"t": time.time()})
+            except Exception as exc:  # a send that could not get through: counted, not fatal
+                failed += 1
+                if failed == 1:
+                    print(f"a send failed: {exc}", file=sys.stderr)
+
         async with connect(url, definitions=QUEUES) as st:
-            await paced(n, rate, lambda i: st.jobs.send("latency", {"t": time.time()}))
-        report(sent=n)
+            await paced(n, rate, send)
+        report(sent=n - failed, failed=failed)
     elif mode == "kill-enqueue":
         n, = args
         async with connect(url, definitions=QUEUES) as st:
@@ -475,15 +510,19 @@ def latency(runner: Runner, server: pg.PgServer, system: str, rate: int, seconds
         runner.run(system, "enqueue", url, 0)  # installs the schema
     else:
         runner.run(system, "enqueue", url, 0, BENCH_CONCURRENCY=str(concurrency))
-    worker = runner.popen(system, "latency-worker", url, total, concurrency, BENCH_CONCURRENCY=str(concurrency))
+    stop = runner.workdir / f"latency-{system}.sent"
+    env = {"BENCH_CONCURRENCY": str(concurrency), "BENCH_STOP_FILE": str(stop)}
+    worker = runner.popen(system, "latency-worker", url, total, concurrency, **env)
     runner.ready(worker, f"{system}'s worker")
     log(f"{system}: {rate} jobs/s for {seconds}s, enqueue to start")
-    runner.run(system, "latency-sender", url, total, rate, BENCH_CONCURRENCY=str(concurrency))
+    sent = runner.run(system, "latency-sender", url, total, rate, **env)
+    stop.touch()
     out, err = worker.communicate(timeout=120)
     result = last_json(out, err, f"{system} latency worker", worker.returncode)
     delays = result["delays"]
     summary = stats.summary_ms(delays, keys=("p50", "p99", "max"), digits=1)
-    return {"jobs": len(delays), "rate_per_s": rate, "p50_ms": summary["p50"], "p99_ms": summary["p99"], "max_ms": summary["max"]}
+    out_ = {"jobs": len(delays), "rate_per_s": rate, "p50_ms": summary["p50"], "p99_ms": summary["p99"], "max_ms": summary["max"]}
+    return out_ | ({"failed_sends": sent["failed"]} if sent.get("failed") else {})
 
 
 def sigkill(runner: Runner, server: pg.PgServer, jobs: int, concurrency: int) -> dict[str, Any]:

@@ -280,12 +280,12 @@ CLAIM = f"""
         SELECT p.id, s.seat FROM picked p LEFT JOIN seats s ON s.queue = p.queue AND s.k = p.k
     ),
     claimed AS (
-        -- By primary key (the picked rows are locked, and queued): a join here would be planned
+        -- By primary key (the picked rows are locked, and queued): a plain join here is planned
         -- as a scan of every queued job, the planner not knowing how few were picked.
-        UPDATE schedtui_jobs j SET status = 'running', attempt = j.attempt + 1, tries = j.tries + 1,
-            seat = (SELECT a.seat FROM assigned a WHERE a.id = j.id),
+        UPDATE schedtui_jobs j SET status = 'running', seat = a.seat, attempt = j.attempt + 1, tries = j.tries + 1,
             started_at = %(now)s, instance = %(instance)s, token = %(token)s
-        WHERE j.id = ANY(ARRAY(SELECT a.id FROM assigned a))
+        FROM assigned a
+        WHERE j.id = a.id AND j.id = ANY(ARRAY(SELECT a.id FROM assigned a))
         RETURNING {", ".join(f"j.{c}" for c in CLAIMED_FIELDS)}, j.seat
     )
     SELECT 'job', {", ".join(f"c.{c}" for c in CLAIMED_FIELDS)}, c.seat FROM claimed c
