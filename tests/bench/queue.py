@@ -549,9 +549,10 @@ def sigkill(runner: Runner, server: pg.PgServer, jobs: int, concurrency: int) ->
     deadline = time.monotonic() + 120
     while sum(1 for e in events() if e[0] == "e") < jobs // 4 and time.monotonic() < deadline:
         time.sleep(0.01)  # watching a real process's progress
-    # The worker with jobs in hand (the first to claim keeps the seats it frees).
-    busiest = Counter(pid for kind, _, pid, _ in events() if kind == "e").most_common(1)
-    victim = next((w for w in workers if busiest and w.pid == busiest[0][0]), workers[0])
+    # The worker with jobs in hand: the one that started a job last (one worker may take a
+    # backlog alone while the other waits for its next poll: it claims ahead).
+    latest = max((e for e in events() if e[0] == "s"), key=lambda e: e[3], default=None)
+    victim = next((w for w in workers if latest and w.pid == latest[2]), workers[0])
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     killed_at = time.time()
