@@ -5,6 +5,10 @@
   many as there are free seats and the worker has room for. The cycle's finishes go first,
   in the same transaction (pipelined: one round trip), so the seats they free are
   claimable at once.
+* **Claims ahead and handovers**: a cycle may also claim jobs without a seat (``running``,
+  ``seat`` NULL) for a worker to start on the seat of an attempt of its own that ends; the
+  next cycle writes the handover (HANDOVER) after that attempt's finish, in the same
+  transaction, so the seat is never free in between (see :mod:`backend.jobs.workers`).
 * **The fleet-wide cap**: a running job holds a seat ``1..concurrency``; a unique index on
   (queue, seat) over running jobs makes a second holder of a seat impossible whatever two
   snapshots say (a COUNT in the claim would race). A claim skips seats another claim is
