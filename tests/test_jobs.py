@@ -241,6 +241,52 @@ async def test_the_concurrency_cap_holds_and_a_finished_job_makes_room(make_engi
     assert most == 2 and not running
 
 
+async def test_short_jobs_claimed_ahead_keep_the_cap_across_workers_and_run_once(
+    pg_url: str, make_engine: Callable[..., Engine]
+) -> None:
+    running: set[str] = set()
+    ran: list[str] = []
+    most = 0
+
+    async def work(job: JobContext) -> None:
+        nonlocal most
+        running.add(job.id)
+        most = max(most, len(running))
+        ran.append(job.id)
+        await asyncio.sleep(0)  # ends within a cycle: worth claiming ahead for
+        running.discard(job.id)
+
+    engines = [make_engine([define_queue(name="mail", handler=work, concurrency=2)], store=pg_url) for _ in range(2)]
+    ahead: list[int] = []
+    for engine in engines:
+        await engine.open()
+        inner = engine.jobs.store.cycle_jobs
+
+        async def spy(*args: Any, inner: Any = inner, **kwargs: Any) -> Any:
+            cycle = await inner(*args, **kwargs)
+            ahead.append(sum(1 for c in cycle.claimed if c.seat is None))
+            return cycle
+
+        engine.jobs.store.cycle_jobs = spy  # type: ignore[method-assign]
+    sent = await engines[0].jobs.send_many("mail", [{"payload": i} for i in range(120)])
+    for engine in engines:
+        await engine.start()
+    while len(ran) < 120:
+        for engine in engines:
+            await engine.quiesce(runs=False)
+        await asyncio.sleep(0)
+    for engine in engines:
+        await engine.quiesce()
+    assert sum(ahead) > 0, "nothing was claimed ahead"
+    assert most <= 2
+    assert sorted(ran) == sorted(s.id for s in sent)  # each once
+    views = await engines[0].jobs.queue_views()
+    assert (views[0].queued, views[0].running) == (0, 0)
+    for s_ in sent[:10]:
+        attempts = (await engines[0].jobs.get_job(s_.id)).attempts
+        assert [a.status for a in attempts] == ["succeeded"]
+
+
 async def test_a_sync_handler_runs_on_a_thread_and_sends_with_the_blocking_twin(make_engine: Callable[..., Engine]) -> None:
     threads: list[str] = []
 

@@ -15,7 +15,7 @@ from backend import NotFound
 from backend.ids import IdFactory
 from backend.jobs.definition import MAX_HELD
 from backend.jobs.model import NotDead, QueueFull
-from backend.jobs.store import Claimed, Finish, JobStore, NewJob, QueueSpec
+from backend.jobs.store import Claimed, Finish, Handover, JobStore, NewJob, QueueSpec
 from backend.store import Store
 from tests.test_store import new_store, store, store_kind  # noqa: F401 - the fixtures
 
@@ -186,6 +186,37 @@ async def test_a_claim_takes_the_oldest_due_jobs_up_to_the_free_seats(store: Sto
     assert await claim(js, at=T0 + timedelta(seconds=89)) == []
     view = (await js.queue_views(T0))[0]
     assert (view.queued, view.running, view.dead) == (1, 2, 0)
+
+
+async def test_jobs_claimed_ahead_hold_no_seat_until_a_handover_after_the_finish_that_frees_one(store: Store) -> None:
+    js = await define(store, concurrency=1)
+    if not js.job_reservations:
+        pytest.skip("this store claims nothing ahead")
+    jobs = [new(n, at=T0 - timedelta(seconds=4 - n)) for n in range(4)]
+    await js.send_jobs("mail", jobs, T0)
+    cycle = await js.cycle_jobs([], {"mail": 1}, "worker-a", "tok-1", T0, ahead={"mail": 2})
+    assert {c.id for c in cycle.claimed} == {j.id for j in jobs[:3]}  # the oldest three
+    (first,) = [c for c in cycle.claimed if c.seat is not None]
+    a, b = sorted((c for c in cycle.claimed if c.seat is None), key=lambda c: c.id)
+    assert first.seat == 1
+    assert (a.attempt, a.tries) == (1, 1)  # claimed: its own fencing token from now on
+    view = (await js.queue_views(T0))[0]
+    assert (view.queued, view.running) == (3, 1)  # ahead of a seat, a job shows as queued
+    # A handover onto a seat another running job holds is refused (its finish did not apply).
+    cycle = await js.cycle_jobs([], {}, "worker-a", "tok-2", T0, handovers=[Handover(a.id, a.tries, 1)])
+    assert cycle.handed == [False]
+    # The finish frees the seat, then the handover takes it, in one transaction.
+    cycle = await js.cycle_jobs([finish(first, "succeeded", T0)], {}, "worker-a", "tok-3", T0, handovers=[Handover(a.id, a.tries, 1)])
+    assert (cycle.applied, cycle.handed) == ([True], [True])
+    running = {r.id: r for r in await js.running_jobs()}
+    assert (running[a.id].seat, running[b.id].seat) == (1, None)
+    assert await claim(js) == []  # the seat is a's: nothing is claimed beside it
+    # Claimed ahead and never started: it goes back untouched, no attempt used.
+    cycle = await js.cycle_jobs([finish(b, "release", T0)], {}, "worker-a", "tok-4", T0)
+    assert cycle.applied == [True]
+    back = await js.get_job(b.id)
+    assert back is not None and (back.status, back.attempt) == ("queued", 0)
+    assert (await js.job_attempts(b.id))[1] == []
 
 
 async def test_a_failed_attempt_is_retried_then_dead_and_every_attempt_is_recorded(store: Store) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "Cycle",
     "Finish",
     "FinishKind",
+    "Handover",
     "JobStore",
     "NewJob",
     "QueueSpec",
@@ -88,6 +89,21 @@ class Claimed:
     """Claims of this job ever: the fencing token of this attempt."""
     created_at: datetime
     started_at: datetime
+    seat: int | None = None
+    """The seat it holds; ``None``: claimed ahead, it waits for a seat this worker holds
+    (see :class:`Handover`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """A job claimed ahead (no seat) that started on a seat its worker holds: the seat of
+    an attempt that just ended, whose finish goes first in the same cycle. Applied only while
+    the job is running under ``tries`` without a seat, and the seat is free once that
+    finish applied."""
+
+    id: str
+    tries: int
+    seat: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +140,8 @@ class RunningJob:
     attempt: int
     max_attempts: int
     started_at: datetime
-    seat: int
+    seat: int | None
+    """``None``: claimed ahead, not started (or started and not handed its seat yet)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +152,8 @@ class Cycle:
     applied: list[bool]
     claimed: list[Claimed]
     next_at: dict[str, datetime | None] = field(default_factory=dict)
+    handed: list[bool] = field(default_factory=list)
+    """Per handover (by index), whether it applied."""
 
 
 class JobStore(Protocol):
@@ -143,6 +162,8 @@ class JobStore(Protocol):
 
     job_notifications: bool
     """Whether :meth:`notify_jobs` reaches other processes (else workers only poll)."""
+    job_reservations: bool
+    """Whether :meth:`cycle_jobs` claims ahead (``ahead``) and takes handovers."""
 
     async def define_queues(self, queues: Sequence[QueueSpec], at: datetime, *, update: bool) -> None:
         """Record the queues (``update``: overwrite their settings; else only add missing
@@ -164,11 +185,16 @@ class JobStore(Protocol):
         instance: str,
         token: str,
         now: datetime,
+        *,
+        ahead: Mapping[str, int] | None = None,
+        handovers: Sequence[Handover] = (),
     ) -> Cycle:
         """One worker cycle, one transaction: apply ``finishes`` (conditionally, see
-        :class:`Finish`), then claim up to ``wanted[q]`` due jobs of each queue ``q`` that is
-        not paused, oldest due first, each with a free seat, as ``instance`` under
-        ``token``. PostgreSQL: one claim statement with ``FOR UPDATE SKIP LOCKED``."""
+        :class:`Finish`), then ``handovers`` (see :class:`Handover`), then claim up to
+        ``wanted[q]`` due jobs of each queue ``q`` that is not paused, oldest due first,
+        each with a free seat, and up to ``ahead[q]`` more without a seat (where
+        :attr:`job_reservations`), as ``instance`` under ``token``. PostgreSQL: one claim
+        statement with ``FOR UPDATE SKIP LOCKED``."""
 
     async def finish_jobs(self, finishes: Sequence[Finish]) -> list[bool]:
         """Apply finishes alone (the abandoned sweep, shutdown); which applied."""

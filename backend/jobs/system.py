@@ -159,7 +159,7 @@ class Jobs:
         finishes = []
         for job in running:
             if job.instance == self.shared.instance:
-                if job.id in workers.running or job.token in workers.inflight:
+                if workers.holds(job.id, job.token):
                     continue
                 why = "claimed by this instance in a claim whose answer was lost, or by an earlier process of that name"
             else:

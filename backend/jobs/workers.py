@@ -12,6 +12,19 @@ or a notification from another, jobs left over by the last claim, the next known
 time, or the fallback poll. It parks on the injected clock otherwise, so
 :meth:`~backend.scheduler.engine.Engine.quiesce` sees it idle.
 
+**Claiming ahead.** A seat changes hands in the cycle that hands in the attempt that held
+it, so a queue whose handlers are shorter than a cycle would run at one cycle per seat
+and job. For such a queue (async, with a backlog, and a concurrency's worth of attempts
+ended since its last claim), a cycle also claims up to :data:`AHEAD_ROUNDS` times the
+concurrency without a seat: each waits here, and starts at once on the seat of an attempt
+of its queue that ends, the *handover* going to the store in the next cycle after that
+attempt's finish (:class:`~backend.jobs.store.Handover`). Every running handler is on a
+seat its worker holds in the store, so the cap holds fleet-wide; a job claimed ahead is
+``running`` under its own fencing token from its claim. Cycles go one at a time while a
+handover is pending or on its way (a finish must reach the store before the handover of
+its seat). Jobs claimed ahead go back (``release``: no attempt used) when their queue has
+nothing left running to hand them a seat, when the lease lapses, and at a stop.
+
 Each claimed job runs as a :class:`JobRun`, an :class:`~backend.runtime.runner.Invocation`: the
 runner calls the handler under the queue's ``max_runtime``, and its outcome decides the
 attempt's end: ``succeeded``; a retry after ``min(10 * 2**(attempt-1), 3600)`` seconds;
@@ -24,15 +37,16 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from backend.errors import Unavailable
 from backend.jobs.definition import Queue, backoff
 from backend.jobs.model import JobContext
-from backend.jobs.store import Claimed, Finish, FinishKind, QueueSpec
+from backend.jobs.store import Claimed, Finish, FinishKind, Handover, QueueSpec
 from backend.model import TAG_ABANDONED, TAG_INTERRUPTED, TAG_LEASE_LOST
 from backend.observability.logs import LogTarget
 from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Invocation, Outcome, RunnerSaturated
@@ -48,6 +62,8 @@ log = logging.getLogger("schedtui.jobs")
 RETRY_AFTER_TROUBLE = 1.0
 #: How long a stop waits for cancelled async handlers to return (seconds).
 STOP_WAIT = 1.0
+#: Per queue, jobs claimed ahead at most, in multiples of its concurrency (see the module).
+AHEAD_ROUNDS = 4
 
 
 class JobRun(Invocation):
@@ -56,17 +72,18 @@ class JobRun(Invocation):
     __slots__ = ("claimed", "context", "queue", "workers")
 
     def __init__(self, workers: Workers, queue: Queue, claimed: Claimed) -> None:
-        super().__init__(
-            f"job {claimed.id} of {queue.name} (attempt {claimed.attempt}/{claimed.max_attempts})",
-            timedelta(seconds=queue.max_runtime),
-            queue.is_async,
-        )
+        super().__init__("", timedelta(seconds=queue.max_runtime), queue.is_async)
         self.workers = workers
         self.queue = queue
         self.claimed = claimed
         self.context: JobContext | None = None
 
     captured = True
+
+    @property
+    def label(self) -> str:
+        c = self.claimed  # (worked out when a message needs it: most attempts never do)
+        return f"job {c.id} of {self.queue.name} (attempt {c.attempt}/{c.max_attempts})"
 
     def log_target(self) -> LogTarget:
         c = self.claimed
@@ -155,6 +172,23 @@ class Workers:
         attempts (so that a send arriving meanwhile is claimed at once). Two that claim
         would race each other for the same seats and rows: measured with
         tests/bench/queue.py, that drains at half the rate of one."""
+        self.waiting: dict[str, deque[Claimed]] = {name: deque() for name in self.queues}
+        """Per queue, jobs claimed ahead (no seat yet), oldest first."""
+        self.ahead_ids: set[str] = set()
+        """Jobs claimed ahead that are not running: waiting, or going back (released)."""
+        self.seat_of: dict[str, int] = {}
+        """The seat each running attempt here holds in the store (its own, or handed over)."""
+        self.handovers: list[tuple[Handover, JobRun]] = []
+        """Handovers not yet in a cycle (each after the finish that frees its seat)."""
+        self.inflight_handovers: dict[str, list[tuple[Handover, JobRun]]] = {}
+        """The handovers the cycles on their way carry (by their token)."""
+        self.ahead_asked: Counter[str] = Counter()
+        """Per queue, jobs asked for ahead by the cycle on its way."""
+        self.ended_since: Counter[str] = Counter()
+        """Per queue, attempts ended since its last claim was sent."""
+        self.fast: set[str] = set()
+        """Queues whose last claim saw a concurrency's worth of attempts end since the one
+        before: their handlers are shorter than a cycle, worth claiming ahead for."""
         self.due: set[str] = set(self.queues)
         """Queues with a reason to claim now (a send, a notification, a retry due)."""
         self.backlog: set[str] = set()
@@ -197,7 +231,12 @@ class Workers:
 
     @property
     def idle(self) -> bool:
-        return not self.running and not self.finishes and not self.inflight
+        return not self.running and not self.finishes and not self.inflight and not self.ahead_ids
+
+    def holds(self, job_id: str, token: str | None) -> bool:
+        """Whether a ``running`` job of this instance is in hand here (running, ending,
+        claimed ahead, or claimed by a cycle on its way)."""
+        return job_id in self.running or job_id in self.ahead_ids or token in self.inflight
 
     def room(self, queue: Queue) -> int:
         free = queue.concurrency - self.active[queue.name] - self.asked[queue.name]
@@ -205,13 +244,22 @@ class Workers:
             free = min(free, self.runner.pool.max_threads - self.runner.pool.busy - sum(self.asked.values()))
         return free
 
-    def _wanted(self, now: datetime) -> dict[str, int]:
+    def ahead(self, queue: Queue) -> int:
+        """How many more jobs of ``queue`` to claim ahead (see the module)."""
+        name = queue.name
+        if not queue.is_async or name not in self.fast or name not in self.backlog or not self.store.job_reservations:
+            return 0
+        return AHEAD_ROUNDS * queue.concurrency - len(self.waiting[name]) - self.ahead_asked[name]
+
+    def _wanted(self, now: datetime) -> tuple[dict[str, int], dict[str, int]]:
         if self.stopping or not self.lease.fresh():
-            return {}  # (woken when the lease is renewed)
-        wanted = {}
+            return {}, {}  # (woken when the lease is renewed)
+        wanted: dict[str, int] = {}
+        ahead: dict[str, int] = {}
         for name, queue in self.queues.items():
             room = self.room(queue)
-            if room <= 0:
+            more = self.ahead(queue)
+            if room <= 0 and more <= 0:
                 continue
             polled = self.polled_at.get(name)
             upcoming = self.next_at.get(name)
@@ -222,8 +270,11 @@ class Workers:
                 or polled + self.poll_interval <= now
                 or (upcoming is not None and upcoming <= now)
             ):
-                wanted[name] = room
-        return wanted
+                if room > 0:
+                    wanted[name] = room
+                if more > 0:
+                    ahead[name] = more
+        return wanted, ahead
 
     def _park_until(self, now: datetime) -> datetime | None:
         if self.trouble_until is not None:
@@ -260,74 +311,155 @@ class Workers:
             now = self.clock.now()
             if self.trouble_until is not None and now >= self.trouble_until:
                 self.trouble_until = None
-            if self.trouble_until is None:
-                wanted = self._wanted(now) if self.claiming is None else {}
+            # One cycle at a time while handovers are pending or on their way: a later
+            # cycle must not overtake the finish that frees a handed-over seat.
+            serial = bool(self.handovers) or any(self.inflight_handovers.values())
+            if self.trouble_until is None and not (serial and self.inflight):
+                wanted, ahead = self._wanted(now) if self.claiming is None else ({}, {})
                 finishing = len(self.inflight) - (self.claiming is not None)  # cycles that only hand in
-                if wanted or (self.finishes and not finishing):
+                if wanted or ahead or ((self.finishes or self.handovers) and not finishing):
                     batch, self.finishes = self.finishes, []
-                    self._send_cycle(batch, wanted, now)
+                    # A job that ended before its handover was written needs none: its
+                    # finish goes in the same cycle, after the one that freed its seat.
+                    ending = {f.id for f, _ in batch}
+                    handovers = [item for item in self.handovers if item[0].id not in ending]
+                    self.handovers = []
+                    self._send_cycle(batch, handovers, wanted, ahead, now)
                     continue
             await self.loops.park("jobs", self._park_until(now), self.wake)
 
-    def _send_cycle(self, batch: list[tuple[Finish, JobRun]], wanted: dict[str, int], now: datetime) -> None:
+    def _send_cycle(
+        self,
+        batch: list[tuple[Finish, JobRun]],
+        handovers: list[tuple[Handover, JobRun]],
+        wanted: dict[str, int],
+        ahead: dict[str, int],
+        now: datetime,
+    ) -> None:
         token = self.new_id()
         self.inflight[token] = batch
-        if wanted:
+        self.inflight_handovers[token] = handovers
+        if wanted or ahead:
             self.claiming = token
         self.asked.update(wanted)
-        for name in wanted:
+        self.ahead_asked.update(ahead)
+        for name in {**wanted, **ahead}:
             self.polled_at[name] = now
-            if self.room(self.queues[name]) <= 0:
+            queue = self.queues[name]
+            if self.ended_since[name] >= queue.concurrency:
+                self.fast.add(name)
+            else:
+                self.fast.discard(name)
+            self.ended_since[name] = 0
+            if self.room(queue) <= 0:
                 self.due.discard(name)  # all its room is asked for; a later reason sets it again
-        self.loops.spawn(self._cycle(token, batch, wanted, now), "jobs cycle")
+        self.loops.spawn(self._cycle(token, batch, handovers, wanted, ahead, now), "jobs cycle")
 
-    async def _cycle(self, token: str, batch: list[tuple[Finish, JobRun]], wanted: dict[str, int], now: datetime) -> None:
+    async def _cycle(
+        self,
+        token: str,
+        batch: list[tuple[Finish, JobRun]],
+        handovers: list[tuple[Handover, JobRun]],
+        wanted: dict[str, int],
+        ahead: dict[str, int],
+        now: datetime,
+    ) -> None:
         try:
-            cycle = await self.store.cycle_jobs([f for f, _ in batch], wanted, self.instance, token, now)
+            cycle = await self.store.cycle_jobs(
+                [f for f, _ in batch], wanted, self.instance, token, now,
+                ahead=ahead or None, handovers=[h for h, _ in handovers],
+            )  # fmt: skip
         except Exception as exc:
             if not isinstance(exc, Unavailable):
                 log.exception("a job cycle failed")
             self.outages.trouble("jobs", "store unavailable to the job workers", exc)
             self.finishes[:0] = batch  # handed in again with the next cycle
+            self.handovers[:0] = handovers
             self.asked.subtract(wanted)
+            self.ahead_asked.subtract(ahead)
             del self.inflight[token]
+            self.inflight_handovers.pop(token, None)
             if self.claiming == token:
                 self.claiming = None
             self.due.update(wanted)
+            self.due.update(ahead)
             self.trouble_until = self.clock.now() + timedelta(seconds=RETRY_AFTER_TROUBLE)
             self.wake.set()
             return
         for (finish, run), applied in zip(batch, cycle.applied, strict=False):
             self._handed_in(run, finish, applied)
+        for (handover, run), moved in zip(handovers, cycle.handed, strict=False):
+            if not moved and not run.done:
+                # The attempt whose seat it took was closed elsewhere: the seat is not ours.
+                message = f"stopped: seat {handover.seat} it started on was taken over (this instance's lease lapsed)"
+                self.runner.stop_call(run, Outcome("failed", self.clock.now(), TAG_LEASE_LOST, message))
         got: Counter[str] = Counter()
         for claimed in cycle.claimed:
             got[claimed.queue] += 1
-            self._run(claimed)
+            if claimed.seat is None:
+                self.waiting[claimed.queue].append(claimed)
+                self.ahead_ids.add(claimed.id)
+            else:
+                self._run(claimed)
         for name in sorted({f.queue for f, _ in batch} | set(got)):
             self.jobs.shared.events.publish("jobs", name)  # a job started or ended there
         self.asked.subtract(wanted)
-        for name, asked in wanted.items():
+        self.ahead_asked.subtract(ahead)
+        for name in {**wanted, **ahead}:
             self.next_at[name] = cycle.next_at.get(name)
-            if got[name] >= asked:
+            if got[name] >= wanted.get(name, 0) + ahead.get(name, 0):
                 self.backlog.add(name)
             else:
                 self.backlog.discard(name)
+            if self.waiting[name] and not self.active[name]:
+                self._release_waiting(name)  # nothing of its queue runs here to hand it a seat
         del self.inflight[token]  # after its jobs are in `running`: the sweep sees one or the other
+        self.inflight_handovers.pop(token, None)
         if self.claiming == token:
             self.claiming = None
         self.wake.set()
         self.loops.poke()
 
     # -- running -------------------------------------------------------------------------
-    def _run(self, claimed: Claimed) -> None:
+    def _run(self, claimed: Claimed) -> JobRun:
         queue = self.queues[claimed.queue]
         run = JobRun(self, queue, claimed)
         self.running[claimed.id] = run
         self.active[queue.name] += 1
+        if claimed.seat is not None:
+            self.seat_of[claimed.id] = claimed.seat
         try:
             self.runner.start(run, queue.handler)
         except RunnerSaturated as exc:
             run.settle(Outcome("skipped", self.clock.now(), TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
+        return run
+
+    def _release_waiting(self, name: str) -> None:
+        """Jobs of ``name`` claimed ahead go back untouched (no attempt used)."""
+        now = self.clock.now()
+        waiting = self.waiting[name]
+        while waiting:
+            c = waiting.popleft()
+            finish = Finish(c.id, c.queue, c.tries, "release", c.attempt, c.started_at, now, self.instance)
+            self.finishes.append((finish, JobRun(self, self.queues[name], c)))
+        self.due.add(name)  # they are due again: claim them (with seats) in the next cycle
+        self.wake.set()
+
+    def _hand_seat(self, ended: Claimed, now: datetime) -> None:
+        """An attempt ended: its seat goes to the next job of its queue claimed ahead (if
+        any, and while this instance may start handlers)."""
+        seat = self.seat_of.pop(ended.id, None)
+        waiting = self.waiting[ended.queue]
+        if not waiting:
+            return
+        if seat is not None and not self.stopping and self.lease.fresh():
+            nxt = waiting.popleft()
+            self.ahead_ids.discard(nxt.id)
+            nxt = replace(nxt, started_at=now, seat=seat)
+            run = self._run(nxt)
+            self.handovers.append((Handover(nxt.id, nxt.tries, seat), run))
+        elif not self.active[ended.queue]:
+            self._release_waiting(ended.queue)
 
     def ended(self, run: JobRun, outcome: Outcome) -> None:
         """An attempt's handler ended (on the engine's loop, once per attempt)."""
@@ -359,6 +491,8 @@ class Workers:
             retry_at=retry_at,
         )
         self.finishes.append((finish, run))
+        self.ended_since[c.queue] += 1
+        self._hand_seat(c, now)  # after the finish: it goes first, freeing the seat
         if kind == "retry" and retry_at is not None:
             upcoming = self.next_at.get(c.queue)
             if upcoming is None or retry_at < upcoming:
@@ -369,7 +503,9 @@ class Workers:
         self.loops.poke()
 
     def _handed_in(self, run: JobRun, finish: Finish, applied: bool) -> None:
-        self.running.pop(run.claimed.id, None)
+        if self.running.get(finish.id) is run:
+            del self.running[finish.id]
+        self.ahead_ids.discard(finish.id)
         if applied and finish.kind != "release":  # a release never started: no attempt used
             for meter in self.jobs.meters:
                 try:
@@ -388,6 +524,8 @@ class Workers:
         retried at once: by whoever holds a lease, once the store has the attempt's end or
         the take-over closes it); claimed attempts not started yet never start."""
         now = self.clock.now()
+        for name in self.waiting:
+            self._release_waiting(name)  # never started: they go back untouched
         for run in list(self.running.values()):
             message = f"stopped: this instance's lease on its work lapsed ({why})"
             self.runner.stop_call(run, Outcome("failed", now, TAG_LEASE_LOST, message))
@@ -424,14 +562,24 @@ class Workers:
             )  # fmt: skip
         # What cycles cut short by the stop carried, and what ended since (in doubt: every
         # finish is conditional, so one applied already changes nothing the second time).
+        for name in self.waiting:
+            self._release_waiting(name)
         in_doubt = [item for carried in self.inflight.values() for item in carried]
         batch = in_doubt + self.finishes
+        handovers = [h for carried in self.inflight_handovers.values() for h, _ in carried] + [h for h, _ in self.handovers]
         self.inflight.clear()
+        self.inflight_handovers.clear()
+        self.handovers = []
         self.claiming = None
         self.finishes = []
         if batch:
             try:
-                applied = await self.store.finish_jobs([f for f, _ in batch])
+                if handovers:  # (a handler that ignored its cancellation keeps its seat)
+                    applied = (await self.store.cycle_jobs(
+                        [f for f, _ in batch], {}, self.instance, self.new_id(), now, handovers=handovers
+                    )).applied  # fmt: skip
+                else:
+                    applied = await self.store.finish_jobs([f for f, _ in batch])
             except Unavailable as exc:
                 # Still `running` in the store under this instance: closed as abandoned (and
                 # retried) by the next instance to look, once this one is gone.

@@ -45,10 +45,10 @@ def job_from_row(row: Sequence[Any], when: ToTime) -> Job:
     )
 
 
-def claimed_from_row(row: Sequence[Any], when: ToTime) -> Claimed:
+def claimed_from_row(row: Sequence[Any], when: ToTime, seat: int | None = None) -> Claimed:
     created_at, started_at = when(row[8]), when(row[9])
     assert created_at is not None and started_at is not None
-    return Claimed(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], created_at, started_at)
+    return Claimed(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], created_at, started_at, seat)
 
 
 def attempt_from_row(row: Sequence[Any], when: ToTime) -> Attempt:

@@ -6,8 +6,9 @@ A benchmark, not a test (pytest does not collect it). Run it from the repository
     python -m tests.bench.queue                      # everything (installs the peers first)
     python -m tests.bench.queue --no-peers           # schedtui only
     python -m tests.bench.queue --jobs 5000 --seconds 5
+    python -m tests.bench.queue --no-peers --parts drain --statements   # statements per job
 
-Three measures, each system in its own database of one server, each worker in a process
+The measures, each system in its own database of one server, each worker in a process
 of its own (a no-op async handler):
 
 * ``drain``: N jobs (20,000) are queued first, then one worker process with a
@@ -15,11 +16,24 @@ of its own (a no-op async handler):
   handler's start to the last one's, read in the handlers. A schedtui queue holds at
   most 10,000 queued jobs, so schedtui's N are spread over two queues of concurrency 8
   (16 at once, as for the others, which use one entrypoint or task of concurrency 16).
-* ``latency``: a separate sender process queues R jobs a second (300) for S seconds (20),
+  The ``ceiling``, measured just before and just after schedtui's drain (their mean): the
+  database's own limit for a queue, a bare table of N rows drained by 16 async claimers
+  (psycopg, as schedtui) in batches of 16, each claiming with ``UPDATE … RETURNING`` over
+  ``FOR UPDATE SKIP LOCKED`` and finishing with one ``DELETE``, no bookkeeping at all.
+  ``ratio_to_ceiling`` (schedtui's drain over the ceiling) is the figure to quote: the
+  machine may be shared, and both move with its load. With ``--statements`` (the server
+  loads ``pg_stat_statements``), the drain's statements, rows and execution time per job.
+* ``fairness`` (schedtui only): one worker drains 100 queues of 100 jobs each (every queue
+  of concurrency 16), and one queue of 10,000; ``many_vs_one`` is the ratio of their rates,
+  and per queue of the hundred, when its first job started (``latest_first_start_s``: the
+  longest any queue waited for its first job) and when its last one ended (fastest and
+  slowest queue), in seconds after the drain's first start.
+* ``latency``: a separate sender process queues R jobs a second (1,000) for S seconds (20),
   each on its own schedule (an open loop: a slow send does not slow the next), stamping
   the time just before it calls the send; the worker (concurrency 16, started and idle
   before the first send) reads the time at the handler's start. ``p50_ms``/``p99_ms``
-  of the difference: enqueue-to-start, as an application sees it.
+  of the difference: enqueue-to-start, as an application sees it. Sends that fail (say, no
+  pooled connection within 3 s: the sender fell behind) are counted in ``failed_sends``.
 * ``sigkill`` (schedtui only): 4,000 jobs of 2 ms each on two worker processes; the one
   running them is SIGKILLed a quarter of the way through. ``lost``: jobs with no succeeded
   attempt in the store at the end; ``run_twice``: jobs two of whose attempts ran at the
@@ -83,6 +97,7 @@ class Tally:
     def __init__(self, expected):
         self.expected, self.count, self.first, self.last = expected, 0, None, None
         self.delays = []
+        self.queues = {}
         self.done = asyncio.Event()
 
     def start(self, sent_at=None):
@@ -97,6 +112,16 @@ class Tally:
         if self.count >= self.expected:
             self.last = time.time()
             self.done.set()
+
+async def until_done_or_told():
+    # Every job ran, or the sender is done (some of its sends failed) and nothing started for 2 s.
+    stop, seen, quiet = os.environ.get("BENCH_STOP_FILE"), -1, 0.0
+    while not tally.done.is_set():
+        await asyncio.sleep(0.2)
+        quiet = quiet + 0.2 if tally.count == seen else 0.0
+        seen = tally.count
+        if stop and os.path.exists(stop) and quiet >= 2:
+            break
 
 async def paced(total, rate, send):
     # An open loop: each send at its own time, whatever the previous one costs.
@@ -136,14 +161,25 @@ async def main():
         engine = Engine(QUEUES, url, instance="bench-latency")
         await engine.start()
         report(ready=True)
-        await tally.done.wait()
+        await until_done_or_told()
         await engine.stop(grace=5)
         report(count=tally.count, delays=tally.delays)
     elif mode == "latency-sender":
         n, rate = args
+        failed = 0
+
+        async def send(i):
+            nonlocal failed
+            try:
+                await st.jobs.send("latency", {"t": time.time()})
+            except Exception as exc:  # a send that could not get through: counted, not fatal
+                failed += 1
+                if failed == 1:
+                    print(f"a send failed: {exc}", file=sys.stderr)
+
         async with connect(url, definitions=QUEUES) as st:
-            await paced(n, rate, lambda i: st.jobs.send("latency", {"t": time.time()}))
-        report(sent=n)
+            await paced(n, rate, send)
+        report(sent=n - failed, failed=failed)
     elif mode == "kill-enqueue":
         n, = args
         async with connect(url, definitions=QUEUES) as st:
@@ -151,6 +187,21 @@ async def main():
             for at in range(0, n, 1000):
                 ids += [s.id for s in await st.jobs.send_many("kill", [{"payload": {}}] * min(1000, n - at))]
         report(ids=ids)
+    elif mode == "fair-enqueue":  # per queue of FAIR_QUEUES, n jobs
+        n, = args
+        async with connect(url, definitions=QUEUES) as st:
+            for q in FAIR:
+                for at in range(0, n, 1000):
+                    await st.jobs.send_many(q.name, [{"payload": {}}] * min(1000, n - at))
+        report(enqueued=n * len(FAIR))
+    elif mode == "fair-drain":
+        n, = args
+        tally.expected = n
+        engine = Engine(QUEUES, url, instance="bench-fair")
+        await engine.start()
+        await tally.done.wait()
+        await engine.stop(grace=5)
+        report(count=tally.count, first=tally.first, last=tally.last, queues=tally.queues)
     elif mode == "kill-worker":
         engine = Engine(QUEUES, url, instance=f"bench-kill-{os.getpid()}")
         await engine.start()
@@ -161,6 +212,14 @@ tally = Tally(0)
 
 async def noop(job):
     tally.start(job.payload.get("t") if isinstance(job.payload, dict) else None)
+    tally.end()
+
+async def fair(job):
+    # Per queue: its first handler's start and its last one's end.
+    now = time.time()
+    seen = tally.queues.setdefault(job.queue, [now, now, 0])
+    seen[1], seen[2] = now, seen[2] + 1
+    tally.start()
     tally.end()
 
 DONE = open(os.environ["BENCH_DONE_FILE"], "a", buffering=1) if os.environ.get("BENCH_DONE_FILE") else None
@@ -177,6 +236,8 @@ QUEUES = [
     define_queue(name="latency", handler=noop, concurrency=conc),
     define_queue(name="kill", handler=work_2ms, concurrency=conc),
 ]
+FAIR = [define_queue(name=f"fair{i:03d}", handler=fair, concurrency=conc) for i in range(int(os.environ.get("BENCH_FAIR_QUEUES", "0")))]
+QUEUES += FAIR
 asyncio.run(main())
 """
 
@@ -274,7 +335,50 @@ tally = Tally(0)
 asyncio.run(main())
 """
 
-PROGRAMS = {"schedtui": SCHEDTUI, "pgqueuer": PGQUEUER, "procrastinate": PROCRASTINATE}
+CEILING = COMMON + """
+# The database's ceiling for a queue: a bare table drained by claimers that each claim a
+# batch (UPDATE ... RETURNING over FOR UPDATE SKIP LOCKED) and delete it: no seats, no
+# history, no handler, no bookkeeping. Same driver as schedtui (psycopg, async).
+import psycopg
+
+async def main():
+    n, conc = args
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("DROP TABLE IF EXISTS bare_jobs")
+        await conn.execute(
+            "CREATE TABLE bare_jobs (id bigserial PRIMARY KEY, status text NOT NULL, payload text NOT NULL)")
+        await conn.execute("CREATE INDEX bare_jobs_queued ON bare_jobs (id) WHERE status = 'queued'")
+        await conn.execute("INSERT INTO bare_jobs (status, payload) SELECT 'queued', '{}' FROM generate_series(1, %s)", (n,))
+        await conn.execute("VACUUM ANALYZE bare_jobs")
+    conns = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(conc)]
+    done = 0
+    first = last = None
+
+    async def claimer(conn):
+        nonlocal done, first, last
+        while True:
+            cur = await conn.execute(
+                "UPDATE bare_jobs SET status = 'running' WHERE id IN ("
+                " SELECT id FROM bare_jobs WHERE status = 'queued' ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
+                " RETURNING id", (conc,))
+            ids = [row[0] for row in await cur.fetchall()]
+            if not ids:
+                return
+            if first is None:
+                first = time.time()
+            await conn.execute("DELETE FROM bare_jobs WHERE id = ANY(%s)", (ids,))
+            done += len(ids)
+            last = time.time()
+
+    await asyncio.gather(*(claimer(c) for c in conns))
+    for c in conns:
+        await c.close()
+    report(count=done, first=first, last=last)
+
+asyncio.run(main())
+"""
+
+PROGRAMS = {"ceiling": CEILING, "schedtui": SCHEDTUI, "pgqueuer": PGQUEUER, "procrastinate": PROCRASTINATE}
 
 
 class Runner:
@@ -289,7 +393,7 @@ class Runner:
         env["SCHEDTUI_REPO"] = str(REPO_ROOT)
         env["SCHEDTUI_LOG_LEVEL"] = "WARNING"
         env["PYTHONUNBUFFERED"] = "1"
-        if system != "schedtui":
+        if system not in ("schedtui", "ceiling"):
             assert self.peers is not None
             env["PYTHONPATH"] = str(self.peers)
         env.update(extra)
@@ -335,10 +439,68 @@ def drain(runner: Runner, server: pg.PgServer, system: str, jobs: int, concurren
     url = database(server, f"drain_{system}")
     log(f"{system}: queueing {jobs:,} jobs")
     runner.run(system, "enqueue", url, jobs, BENCH_CONCURRENCY=str(concurrency))
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'").fetchone():
+            conn.execute("SELECT pg_stat_statements_reset()")
     log(f"{system}: draining them with one worker, concurrency {concurrency}")
     result = runner.run(system, "drain", url, jobs, concurrency, BENCH_CONCURRENCY=str(concurrency))
     seconds = result["last"] - result["first"]
+    out = {"jobs": result["count"], "seconds": round(seconds, 3), "jobs_per_s": round(result["count"] / seconds)}
+    said = statements(server, url, jobs)
+    return out if said is None else out | {"statements": said}
+
+
+def ceiling(runner: Runner, server: pg.PgServer, jobs: int, concurrency: int) -> dict[str, Any]:
+    url = database(server, "ceiling")
+    log(f"ceiling: a bare table of {jobs:,} jobs, {concurrency} claimers in batches of {concurrency}")
+    result = runner.run("ceiling", "drain", url, jobs, concurrency)
+    seconds = result["last"] - result["first"]
     return {"jobs": result["count"], "seconds": round(seconds, 3), "jobs_per_s": round(result["count"] / seconds)}
+
+
+def fairness(runner: Runner, server: pg.PgServer, queues: int, per_queue: int, concurrency: int) -> dict[str, Any]:
+    """One worker drains ``queues`` queues of ``per_queue`` jobs each (every queue of the
+    same concurrency), and then one queue of all those jobs; per queue, when its first job
+    started and its last one ended (seconds after the drain's first start)."""
+    out: dict[str, Any] = {}
+    for name, count, each in (("one_queue", 1, queues * per_queue), ("many_queues", queues, per_queue)):
+        url = database(server, f"fair_{count}")
+        env = {"BENCH_CONCURRENCY": str(concurrency), "BENCH_FAIR_QUEUES": str(count)}
+        log(f"fairness: {count} queue(s) of {each:,} jobs")
+        runner.run("schedtui", "fair-enqueue", url, each, **env)
+        result = runner.run("schedtui", "fair-drain", url, count * each, **env)
+        seconds = result["last"] - result["first"]
+        out[name] = {"queues": count, "jobs": result["count"], "seconds": round(seconds, 3),
+                     "jobs_per_s": round(result["count"] / seconds)}  # fmt: skip
+        if count > 1:
+            spans = [(first - result["first"], last - result["first"]) for first, last, _ in result["queues"].values()]
+            out[name] |= {
+                "latest_first_start_s": round(max(s for s, _ in spans), 3),
+                "fastest_queue_done_s": round(min(e for _, e in spans), 3),
+                "slowest_queue_done_s": round(max(e for _, e in spans), 3),
+            }
+    out["many_vs_one"] = round(out["many_queues"]["jobs_per_s"] / out["one_queue"]["jobs_per_s"], 2)
+    return out
+
+
+def statements(server: pg.PgServer, url: str, jobs: int) -> dict[str, Any] | None:
+    """What the drain's database said, per job (when ``pg_stat_statements`` is loaded)."""
+    dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(server.dsn) as conn:
+        if not conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'").fetchone():
+            return None
+        rows = conn.execute(
+            "SELECT s.calls, s.rows, s.total_exec_time, left(regexp_replace(s.query, '\\s+', ' ', 'g'), 60) "
+            "FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s "
+            "ORDER BY s.total_exec_time DESC",
+            (dbname,),
+        ).fetchall()
+    return {
+        "statements_per_job": round(sum(r[0] for r in rows) / jobs, 3),
+        "rows_per_job": round(sum(r[1] for r in rows) / jobs, 3),
+        "exec_ms_per_job": round(sum(r[2] for r in rows) / jobs, 4),
+        "top": [{"calls": r[0], "rows": r[1], "ms": round(r[2], 1), "sql": r[3]} for r in rows[:6]],
+    }
 
 
 def latency(runner: Runner, server: pg.PgServer, system: str, rate: int, seconds: int, concurrency: int) -> dict[str, Any]:
@@ -348,15 +510,19 @@ def latency(runner: Runner, server: pg.PgServer, system: str, rate: int, seconds
         runner.run(system, "enqueue", url, 0)  # installs the schema
     else:
         runner.run(system, "enqueue", url, 0, BENCH_CONCURRENCY=str(concurrency))
-    worker = runner.popen(system, "latency-worker", url, total, concurrency, BENCH_CONCURRENCY=str(concurrency))
+    stop = runner.workdir / f"latency-{system}.sent"
+    env = {"BENCH_CONCURRENCY": str(concurrency), "BENCH_STOP_FILE": str(stop)}
+    worker = runner.popen(system, "latency-worker", url, total, concurrency, **env)
     runner.ready(worker, f"{system}'s worker")
     log(f"{system}: {rate} jobs/s for {seconds}s, enqueue to start")
-    runner.run(system, "latency-sender", url, total, rate, BENCH_CONCURRENCY=str(concurrency))
+    sent = runner.run(system, "latency-sender", url, total, rate, **env)
+    stop.touch()
     out, err = worker.communicate(timeout=120)
     result = last_json(out, err, f"{system} latency worker", worker.returncode)
     delays = result["delays"]
     summary = stats.summary_ms(delays, keys=("p50", "p99", "max"), digits=1)
-    return {"jobs": len(delays), "rate_per_s": rate, "p50_ms": summary["p50"], "p99_ms": summary["p99"], "max_ms": summary["max"]}
+    out_ = {"jobs": len(delays), "rate_per_s": rate, "p50_ms": summary["p50"], "p99_ms": summary["p99"], "max_ms": summary["max"]}
+    return out_ | ({"failed_sends": sent["failed"]} if sent.get("failed") else {})
 
 
 def sigkill(runner: Runner, server: pg.PgServer, jobs: int, concurrency: int) -> dict[str, Any]:
@@ -383,9 +549,10 @@ def sigkill(runner: Runner, server: pg.PgServer, jobs: int, concurrency: int) ->
     deadline = time.monotonic() + 120
     while sum(1 for e in events() if e[0] == "e") < jobs // 4 and time.monotonic() < deadline:
         time.sleep(0.01)  # watching a real process's progress
-    # The worker with jobs in hand (the first to claim keeps the seats it frees).
-    busiest = Counter(pid for kind, _, pid, _ in events() if kind == "e").most_common(1)
-    victim = next((w for w in workers if busiest and w.pid == busiest[0][0]), workers[0])
+    # The worker with jobs in hand: the one that started a job last (one worker may take a
+    # backlog alone while the other waits for its next poll: it claims ahead).
+    latest = max((e for e in events() if e[0] == "s"), key=lambda e: e[3], default=None)
+    victim = next((w for w in workers if latest and w.pid == latest[2]), workers[0])
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     killed_at = time.time()
@@ -445,16 +612,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs drained (20,000)")
     parser.add_argument("--concurrency", type=int, default=16, help="worker concurrency (16)")
-    parser.add_argument("--rate", type=int, default=300, help="jobs sent per second for the latency (300)")
+    parser.add_argument("--rate", type=int, default=1000, help="jobs sent per second for the latency (1,000)")
     parser.add_argument("--seconds", type=int, default=20, help="seconds of sending for the latency (20)")
     parser.add_argument("--kill-jobs", type=int, default=4_000, help="jobs of the SIGKILL run (4,000)")
+    parser.add_argument("--fair-queues", type=int, default=100, help="queues of the fairness run (100)")
+    parser.add_argument("--fair-jobs", type=int, default=100, help="jobs per queue of the fairness run (100)")
+    parser.add_argument("--statements", action="store_true", help="load pg_stat_statements: statements per job")
     parser.add_argument("--no-peers", action="store_true", help="schedtui only")
-    parser.add_argument("--parts", default="drain,latency,sigkill", help="which measures (drain,latency,sigkill)")
+    parser.add_argument(
+        "--parts", default="drain,fairness,latency,sigkill", help="which measures (drain,fairness,latency,sigkill)"
+    )
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="schedtui-bench-queue-"))
     dsn = os.environ.get("SCHEDTUI_BENCH_DSN")
-    server = pg.PgServer(dsn=dsn) if dsn else pg.start_cluster(durable=True)
+    settings = ["shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_utility=off"]
+    server = pg.PgServer(dsn=dsn) if dsn else pg.start_cluster(durable=True, settings=settings if args.statements else ())
     systems = ["schedtui"] if args.no_peers else ["schedtui", "pgqueuer", "procrastinate"]
     try:
         peers = None
@@ -462,9 +635,11 @@ def main() -> None:
             peers = workdir / "peers"
             install_peers(peers)
         runner = Runner(peers, workdir)
-        with psycopg.connect(server.dsn) as conn:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
             version = conn.execute("SHOW server_version").fetchone()
             fsync = conn.execute("SHOW fsync").fetchone()
+            if args.statements:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         results: dict[str, Any] = {
             "benchmark": "queue",
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)},
@@ -473,9 +648,23 @@ def main() -> None:
             "latency": {},
         }
         parts = set(args.parts.split(","))
-        for system in systems if "drain" in parts else ():
-            results["drain"][system] = drain(runner, server, system, args.jobs, args.concurrency)
-            log(f"{system}: drain {results['drain'][system]}")
+        if "drain" in parts:
+            # The ceiling just before and just after schedtui's drain: the machine is shared.
+            before = ceiling(runner, server, args.jobs, args.concurrency)
+            for system in systems:
+                results["drain"][system] = drain(runner, server, system, args.jobs, args.concurrency)
+                log(f"{system}: drain {results['drain'][system]}")
+                if system == "schedtui":
+                    after = ceiling(runner, server, args.jobs, args.concurrency)
+                    rates = [before["jobs_per_s"], after["jobs_per_s"]]
+                    results["drain"]["ceiling"] = {"jobs": args.jobs, "jobs_per_s": round(sum(rates) / 2), "runs": rates}
+                    log(f"ceiling: {results['drain']['ceiling']}")
+            results["ratio_to_ceiling"] = round(
+                results["drain"]["schedtui"]["jobs_per_s"] / results["drain"]["ceiling"]["jobs_per_s"], 3
+            )
+        if "fairness" in parts:
+            results["fairness"] = fairness(runner, server, args.fair_queues, args.fair_jobs, args.concurrency)
+            log(f"fairness: {results['fairness']}")
         for system in systems if "latency" in parts else ():
             results["latency"][system] = latency(runner, server, system, args.rate, args.seconds, args.concurrency)
             log(f"{system}: latency {results['latency'][system]}")

@@ -5,6 +5,10 @@
   many as there are free seats and the worker has room for. The cycle's finishes go first,
   in the same transaction (pipelined: one round trip), so the seats they free are
   claimable at once.
+* **Claims ahead and handovers**: a cycle may also claim jobs without a seat (``running``,
+  ``seat`` NULL) for a worker to start on the seat of an attempt of its own that ends; the
+  next cycle writes the handover (HANDOVER) after that attempt's finish, in the same
+  transaction, so the seat is never free in between (see :mod:`backend.jobs.workers`).
 * **The fleet-wide cap**: a running job holds a seat ``1..concurrency``; a unique index on
   (queue, seat) over running jobs makes a second holder of a seat impossible whatever two
   snapshots say (a COUNT in the claim would race). A claim skips seats another claim is
@@ -37,7 +41,7 @@ from psycopg import AsyncConnection
 from backend.errors import NotFound, Unavailable
 from backend.jobs.definition import MAX_HELD
 from backend.jobs.model import Attempt, Job, JobStatus, NotDead, QueueFull, QueueView, Sent
-from backend.jobs.store import Cycle, Finish, NewJob, QueueSpec, RunningJob
+from backend.jobs.store import Cycle, Finish, Handover, NewJob, QueueSpec, RunningJob
 from backend.store.job_rows import (
     ATTEMPT_FIELDS,
     CLAIMED_FIELDS,
@@ -236,17 +240,18 @@ FINISH = """
 #: * ``seats``: per queue, up to ``n`` free seats, each one no other claim is taking now
 #:   (a transaction-scoped advisory try-lock per seat: evaluated lazily, in a per-instance
 #:   rotation of the seat numbers so that concurrent claimers start apart);
-#: * ``picked``: per queue, the oldest due jobs, as many as it got seats, ``FOR UPDATE SKIP
-#:   LOCKED``;
-#: * ``claimed``: each picked job running on its seat, its attempt and tries counted;
+#: * ``picked``: per queue, the oldest due jobs, as many as it got seats and ``r`` more (claimed
+#:   ahead), ``FOR UPDATE SKIP LOCKED``;
+#: * ``claimed``: each picked job running on its seat (one claimed ahead: with none yet, see
+#:   HANDOVER), its attempt and tries counted;
 #: * per queue asked for, the next due time among jobs not due yet (``next`` rows).
 CLAIM = f"""
     WITH wanted AS (
-        SELECT w.queue, w.n FROM json_to_recordset(%(wanted)s::json) AS w(queue text, n int)
+        SELECT w.queue, w.n, coalesce(w.r, 0) AS r FROM json_to_recordset(%(wanted)s::json) AS w(queue text, n int, r int)
     ),
     open AS (
-        SELECT w.queue, w.n, q.concurrency FROM wanted w JOIN schedtui_queues q ON q.name = w.queue
-        WHERE NOT q.paused AND w.n > 0 AND NOT EXISTS (
+        SELECT w.queue, w.n, w.r, q.concurrency FROM wanted w JOIN schedtui_queues q ON q.name = w.queue
+        WHERE NOT q.paused AND (w.n > 0 OR w.r > 0) AND NOT EXISTS (
             SELECT 1 FROM schedtui_jobs r
             WHERE r.queue = w.queue AND r.status = 'running' AND r.seat > q.concurrency)
     ),
@@ -271,23 +276,41 @@ CLAIM = f"""
             SELECT j.id, j.queue, j.run_after FROM schedtui_jobs j
             WHERE j.queue = o.queue AND j.status = 'queued' AND j.run_after <= %(now)s
             ORDER BY j.run_after, j.id
-            LIMIT (SELECT count(*) FROM seats s WHERE s.queue = o.queue)
+            LIMIT (SELECT count(*) FROM seats s WHERE s.queue = o.queue) + o.r
             FOR UPDATE OF j SKIP LOCKED
         ) p
     ),
+    assigned AS MATERIALIZED (
+        SELECT p.id, s.seat FROM picked p LEFT JOIN seats s ON s.queue = p.queue AND s.k = p.k
+    ),
     claimed AS (
-        UPDATE schedtui_jobs j SET status = 'running', seat = s.seat, attempt = j.attempt + 1, tries = j.tries + 1,
+        -- By primary key (the picked rows are locked, and queued): a plain join here is planned
+        -- as a scan of every queued job, the planner not knowing how few were picked.
+        UPDATE schedtui_jobs j SET status = 'running', seat = a.seat, attempt = j.attempt + 1, tries = j.tries + 1,
             started_at = %(now)s, instance = %(instance)s, token = %(token)s
-        FROM picked p JOIN seats s ON s.queue = p.queue AND s.k = p.k
-        WHERE j.id = p.id AND j.status = 'queued'
-        RETURNING {", ".join(f"j.{c}" for c in CLAIMED_FIELDS)}
+        FROM assigned a
+        WHERE j.id = a.id AND j.id = ANY(ARRAY(SELECT a.id FROM assigned a))
+        RETURNING {", ".join(f"j.{c}" for c in CLAIMED_FIELDS)}, j.seat
     )
-    SELECT 'job', {", ".join(f"c.{c}" for c in CLAIMED_FIELDS)} FROM claimed c
+    SELECT 'job', {", ".join(f"c.{c}" for c in CLAIMED_FIELDS)}, c.seat FROM claimed c
     UNION ALL
     SELECT 'next', NULL, o.queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, (
         SELECT min(j.run_after) FROM schedtui_jobs j
-        WHERE j.queue = o.queue AND j.status = 'queued' AND j.run_after > %(now)s)
+        WHERE j.queue = o.queue AND j.status = 'queued' AND j.run_after > %(now)s), NULL
     FROM open o
+"""
+#: Jobs claimed ahead that started on a seat their worker holds: the seat of an attempt
+#: that ended, whose finish (the cycle's FINISH, just before) freed it in this transaction,
+#: so no other claim can have seen it free. Applied only while the job is still running
+#: under its tries without a seat and nothing else holds the seat (the ended attempt's finish
+#: applied); answers the ids that applied.
+HANDOVER = """
+    UPDATE schedtui_jobs j SET seat = h.seat
+    FROM json_to_recordset(%(handovers)s::json) AS h(id text, tries int, seat int)
+    WHERE j.id = h.id AND j.tries = h.tries AND j.status = 'running' AND j.seat IS NULL
+        AND NOT EXISTS (
+            SELECT 1 FROM schedtui_jobs r WHERE r.queue = j.queue AND r.status = 'running' AND r.seat = h.seat)
+    RETURNING j.id
 """
 RUNNING = f"SELECT {', '.join(RUNNING_FIELDS)} FROM schedtui_jobs WHERE status = 'running'"
 CANCEL_BY_ID = "DELETE FROM schedtui_jobs WHERE queue = %s AND id = %s AND status = 'queued' AND NOT deleted"
@@ -325,8 +348,8 @@ QUEUE_VIEWS = """
     FROM schedtui_queues q
     LEFT JOIN (
         SELECT queue,
-            count(*) FILTER (WHERE status = 'queued' AND NOT deleted) AS queued,
-            count(*) FILTER (WHERE status = 'running') AS running,
+            count(*) FILTER (WHERE (status = 'queued' OR status = 'running' AND seat IS NULL) AND NOT deleted) AS queued,
+            count(*) FILTER (WHERE status = 'running' AND seat IS NOT NULL) AS running,
             count(*) FILTER (WHERE status = 'dead' AND NOT deleted) AS dead
         FROM schedtui_jobs GROUP BY queue
     ) c ON c.queue = q.name
@@ -409,6 +432,7 @@ class PostgresJobs:
 
     COMPONENT = Component("jobs", (SCHEMA_V1,))
     job_notifications = True
+    job_reservations = True
 
     _conninfo: str
     _with_conn: Callable[..., Awaitable[Any]]
@@ -444,11 +468,11 @@ class PostgresJobs:
         async def send(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             # While sharing the lock, leave room for the others that share it now.
             params = {"jobs": batch, "queue": queue, "at": at, "limit": MAX_HELD if alone else MAX_HELD - _SHARED_ROOM}
+            # One round trip: the lock and the send are one implicit transaction (see cycle_jobs).
             async with conn.pipeline():
-                async with conn.transaction():
-                    await conn.execute(SEND_LOCK_ALONE if alone else SEND_LOCK_SHARED, (queue,))
-                    cursor = await conn.execute(SEND, params)
-                return await cursor.fetchall()
+                await conn.execute(SEND_LOCK_ALONE if alone else SEND_LOCK_SHARED, (queue,))
+                cursor = await conn.execute(SEND, params)
+            return await cursor.fetchall()
 
         for _ in range(_SEND_TRIES):
             rows = await self._with_conn(send)
@@ -468,42 +492,59 @@ class PostgresJobs:
         raise Unavailable(f'the send to "{queue}" kept meeting concurrent sends of its keys; send it again')
 
     async def cycle_jobs(
-        self, finishes: Sequence[Finish], wanted: Mapping[str, int], instance: str, token: str, now: datetime
+        self,
+        finishes: Sequence[Finish],
+        wanted: Mapping[str, int],
+        instance: str,
+        token: str,
+        now: datetime,
+        *,
+        ahead: Mapping[str, int] | None = None,
+        handovers: Sequence[Handover] = (),
     ) -> Cycle:
         finish_params = {"finishes": _finishes_json(finishes)} if finishes else None
+        hand_params = (
+            {"handovers": json.dumps([{"id": h.id, "tries": h.tries, "seat": h.seat} for h in handovers])}
+            if handovers
+            else None
+        )
+        ahead = ahead or {}
+        asked = [{"queue": q, "n": wanted.get(q, 0), "r": ahead.get(q, 0)} for q in {**wanted, **ahead}]
         claim_params = (
-            {
-                "wanted": json.dumps([{"queue": q, "n": n} for q, n in wanted.items()]),
-                "now": now,
-                "instance": instance,
-                "token": token,
-                "spin": self._spin,
-            }
-            if wanted
+            {"wanted": json.dumps(asked), "now": now, "instance": instance, "token": token, "spin": self._spin}
+            if asked
             else None
         )
 
-        async def cycle(conn: AsyncConnection[Any]) -> tuple[set[str], list[tuple[Any, ...]]]:
-            # Pipelined: BEGIN, the finishes, the claim and COMMIT travel together.
+        async def cycle(conn: AsyncConnection[Any]) -> tuple[set[str], set[str], list[tuple[Any, ...]]]:
+            # Pipelined, one round trip: the statements before the pipeline's one Sync are
+            # one (implicit) transaction, committed at the Sync or rolled back whole on an
+            # error. (A `transaction()` block here would cost a Sync of its own first.)
             async with conn.pipeline():
-                async with conn.transaction():
-                    done = await conn.execute(FINISH, finish_params) if finish_params else None
-                    taken = await conn.execute(CLAIM, claim_params) if claim_params else None
-                applied = {row[0] for row in await done.fetchall()} if done else set()
-                rows = await taken.fetchall() if taken else []
-            return applied, rows
+                done = await conn.execute(FINISH, finish_params) if finish_params else None
+                handed = await conn.execute(HANDOVER, hand_params) if hand_params else None
+                taken = await conn.execute(CLAIM, claim_params) if claim_params else None
+            applied = {row[0] for row in await done.fetchall()} if done else set()
+            moved = {row[0] for row in await handed.fetchall()} if handed else set()
+            rows = await taken.fetchall() if taken else []
+            return applied, moved, rows
 
         for attempt in range(_SEAT_RETRIES + 1):
             try:
-                applied, rows = await self._with_conn(cycle)
+                applied, moved, rows = await self._with_conn(cycle)
                 break
             except psycopg.Error as exc:
                 if attempt == _SEAT_RETRIES or not _retryable(exc):
                     raise
         self.commits += 1
-        claimed = [claimed_from_row(row[1:], _utc) for row in rows if row[0] == "job"]
-        next_at = {row[2]: _utc(row[10]) for row in rows if row[0] == "next"}
-        return Cycle([f.id in applied for f in finishes], claimed, next_at)
+        claimed = []
+        next_at = {}
+        for row in rows:
+            if row[0] == "job":
+                claimed.append(claimed_from_row(row[1:11], _utc, row[11]))
+            else:
+                next_at[row[2]] = _utc(row[10])
+        return Cycle([f.id in applied for f in finishes], claimed, next_at, [h.id in moved for h in handovers])
 
     async def finish_jobs(self, finishes: Sequence[Finish]) -> list[bool]:
         if not finishes:

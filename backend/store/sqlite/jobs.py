@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from backend.errors import NotFound
 from backend.jobs.definition import MAX_HELD
 from backend.jobs.model import Attempt, Job, JobStatus, NotDead, QueueFull, QueueView, Sent
-from backend.jobs.store import Claimed, Cycle, Finish, NewJob, QueueSpec, RunningJob
+from backend.jobs.store import Claimed, Cycle, Finish, Handover, NewJob, QueueSpec, RunningJob
 from backend.store.job_rows import (
     ATTEMPT_FIELDS,
     JOB_FIELDS,
@@ -194,6 +194,7 @@ class SQLiteJobs:
 
     COMPONENT = Component("jobs", (SCHEMA_V1,))
     job_notifications = False
+    job_reservations = False
 
     _write: Callable[..., Any]
     _read: Callable[..., Any]
@@ -236,8 +237,18 @@ class SQLiteJobs:
         return result
 
     async def cycle_jobs(
-        self, finishes: Sequence[Finish], wanted: Mapping[str, int], instance: str, token: str, now: datetime
+        self,
+        finishes: Sequence[Finish],
+        wanted: Mapping[str, int],
+        instance: str,
+        token: str,
+        now: datetime,
+        *,
+        ahead: Mapping[str, int] | None = None,
+        handovers: Sequence[Handover] = (),
     ) -> Cycle:
+        # Claims nothing ahead (job_reservations is False): the one writer's cycle is cheap.
+        assert not handovers, "SQLite takes no handovers"
         at = _us(now)
 
         def cycle(c: sqlite3.Connection) -> Cycle:
@@ -259,7 +270,7 @@ class SQLiteJobs:
                         c.execute(CLAIM, (seat, at, instance, token, row[0]))
                         created = _dt(row[7])
                         assert created is not None
-                        claimed.append(Claimed(row[0], queue, row[1], row[2], row[3], row[4] + 1, row[5], row[6] + 1, created, now))
+                        claimed.append(Claimed(row[0], queue, row[1], row[2], row[3], row[4] + 1, row[5], row[6] + 1, created, now, seat))
                 next_at[queue] = _dt(c.execute(NEXT_DUE, (queue, at)).fetchone()[0])
             return Cycle(applied, claimed, next_at)
 
