@@ -230,20 +230,19 @@ class FreshTable(DataTable[Text | str]):
             self._line_cache.clear()
             self.refresh()
 
-    def forget_rendered(self, rows: set[RowKey]) -> None:
-        """Drop what is rendered of ``rows``, whose cells were changed in place: the cells,
-        the rows and the lines drawn from them. (Counting an update instead, as Textual
-        does, drops the rendering of every row, and the rows on screen are drawn again
-        cell by cell.)"""
+    def forget_rendered(self, cells: dict[RowKey, set[ColumnKey]]) -> None:
+        """Drop what is rendered of these cells (row -> columns), changed in place, and of
+        their rows and the lines drawn from them. (Counting an update instead, as Textual
+        does, drops the rendering of every cell: all the cells on screen were drawn again,
+        through Rich, for a countdown changed in each row.)"""
+        rows = set(cells)
         indices: set[object] = {self._row_locations.get(row) for row in rows}
-        caches: tuple[tuple[LRUCache[Any, Any], int, set[Any]], ...] = (
-            (self._cell_render_cache, 0, rows),  # (row key, column key, …)
-            (self._row_render_cache, 0, rows),  # (row key, line, …)
-            (self._row_renderable_cache, 1, indices),  # (update count, row index)
-        )
-        for cache, at, among in caches:
-            for key in [key for key in cache.keys() if key[at] in among]:
-                cache.discard(key)
+        for cell in [key for key in self._cell_render_cache.keys() if key[1] in cells.get(key[0], ())]:
+            self._cell_render_cache.discard(cell)  # (row key, column key, …)
+        for lines in [key for key in self._row_render_cache.keys() if key[0] in rows]:
+            self._row_render_cache.discard(lines)  # (row key, line, …)
+        for renderables in [key for key in self._row_renderable_cache.keys() if key[1] in indices]:
+            self._row_renderable_cache.discard(renderables)  # (update count, row index)
         self._line_cache.clear()  # keyed by screen line: cheap to draw again from the rows
 
     def hidden_columns(self) -> list[str]:
@@ -335,8 +334,9 @@ class SchedulesTable(FreshTable):
         table order."""
         self._now: datetime | None = None
         self._data_now: datetime | None = None
-        self._changed_off_screen: set[RowKey] = set()
-        """Rows whose cells :meth:`_catch_up` changed in place, their rendering to drop."""
+        self._changed: dict[RowKey, set[ColumnKey]] = {}
+        """Cells changed in place, their rendering to drop (:meth:`_drop_changed`)."""
+        self._repaint = False
 
     def on_mount(self) -> None:
         for key, label, width in self.COLUMNS:
@@ -444,9 +444,16 @@ class SchedulesTable(FreshTable):
                 del self._stale[name]
                 view = self.views[name]
                 self._update_row(view, self._cells(view, self._now, self._data_now), on_screen=on_screen)
-        if self._changed_off_screen:
-            self.forget_rendered(self._changed_off_screen)
-            self._changed_off_screen = set()
+        self._drop_changed()
+
+    def _drop_changed(self) -> None:
+        """Drop the rendering of the cells changed in place; repaint if one is on screen."""
+        if self._changed:
+            self.forget_rendered(self._changed)
+            self._changed = {}
+        if self._repaint:
+            self._repaint = False
+            self.refresh()
 
     @work(group="catch-up", exclusive=True, exit_on_error=False)
     async def _catch_up_off_screen(self) -> None:
@@ -461,25 +468,25 @@ class SchedulesTable(FreshTable):
         ``update_cell``, which repaints the whole table on screen each time (a repaint of
         10-20 ms per batch of rows caught up), and without counting an update, which drops
         the rendering of every row (the rows on screen were all drawn again, cell by cell,
-        after each batch): only its own rendering is dropped (:meth:`forget_rendered`). An
-        equal cell is kept, not its copy (a thousand rows' copies were thousands more
-        objects for the garbage collector)."""
+        after each batch): only its own rendering is dropped (:meth:`forget_rendered`). On
+        screen too, a cell of a column of set width is changed in place, and only its
+        rendering dropped (the others on screen stay drawn). An equal cell is kept, not its
+        copy (a thousand rows' copies were thousands more objects for the garbage collector)."""
         row = RowKey(view.name)
         kept: list[Text | str] = []
-        changed = False
         for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, self._shown[view.name], strict=False):
             if new_cell == old_cell:
                 kept.append(old_cell)
                 continue
             kept.append(new_cell)
-            if on_screen or width is None:  # a column sized to its cells: measured again
-                self.update_cell(row, key, new_cell, update_width=width is None)
+            if width is None:  # a column sized to its cells: measured again
+                self.update_cell(row, key, new_cell, update_width=True)
             else:
-                self._data[row][ColumnKey(key)] = new_cell
-                changed = True
+                column = ColumnKey(key)
+                self._data[row][column] = new_cell
+                self._changed.setdefault(row, set()).add(column)
+                self._repaint = self._repaint or on_screen
         self._shown[view.name] = tuple(kept)
-        if changed:
-            self._changed_off_screen.add(row)
 
     def tick(self, now: datetime, data_now: datetime | None = None) -> None:
         """Recompute the time-dependent cells of the rows on screen (others follow when
@@ -499,3 +506,4 @@ class SchedulesTable(FreshTable):
             cells = self._shown[name]
             if fresh != cells[1:4]:
                 self._update_row(view, (cells[0], *fresh, *cells[4:]))
+        self._drop_changed()
