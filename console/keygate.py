@@ -41,6 +41,13 @@ that posts to itself for ever, such as an animation, would otherwise hold the ke
 Typed = events.Key | events.Paste
 
 
+def _busy(pump: MessagePump) -> bool:
+    """Whether ``pump`` has a message queued or in hand: its queue counts each message
+    until handled. (An idle pump is drained already: sending each of a screen's hundreds of
+    widgets a callback, every round, to learn that took more of the loop than the keys.)"""
+    return bool(getattr(pump._message_queue, "_unfinished_tasks", 1))
+
+
 def _drained(pump: MessagePump) -> asyncio.Future[None]:
     """Done once ``pump`` has handled every message queued on it now."""
     done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -62,7 +69,9 @@ async def quiet(app: App[Any]) -> int:
     for rounds in range(1, MAX_ROUNDS + 1):
         screen = app.screen
         pumps: list[MessagePump] = [app, *screen.walk_children(with_self=True)]
-        await asyncio.gather(*(_drained(pump) for pump in pumps))
+        # The app's queue always (a round trip: what a worker or the driver posts meanwhile
+        # lands), the widgets' while they have work.
+        await asyncio.gather(*(_drained(pump) for pump in pumps if pump is app or _busy(pump)))
         if app.screen is not screen:
             continue
         now = [app, *screen.walk_children(with_self=True)]

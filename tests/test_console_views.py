@@ -831,3 +831,45 @@ async def test_the_timeline_draws_under_no_color(store_url: str, monkeypatch: py
         assert grid.rows and "CET" in grid.render_line(0).text
         svg = app.export_screenshot()  # the whole screen, through the filter
         assert "flaky-export" in svg
+
+
+async def test_rows_caught_up_off_screen_leave_the_rows_on_screen_rendered(store_url: str) -> None:
+    # After a minute boundary, hundreds of rows off screen take their new cells in batches.
+    # Each batch used to count an update, which dropped the rendering of every row: the
+    # rows on screen were drawn again, cell by cell, in the next frame (and the next).
+    async with console(store_url) as (app, pilot, clock, notes):
+        table = schedules(app)
+        many = with_bulk(app.views, 600)
+        table.show(many, clock.now(), clock.now())
+        await settle(pilot)
+        rendered = len(table._cell_render_cache.keys())
+        assert rendered > 0
+        drawn = table._update_count
+        table.show(fired(many), clock.now(), clock.now())  # every schedule got a new last run
+        await settle(pilot)
+        assert not table._stale
+        assert " missed " in cell(app, "bulk-0599", "last")  # far below: caught up
+        # On screen: its cells redrawn through update_cell (an update each); off screen: none.
+        assert table._update_count - drawn <= 3 * (table.size.height + 2)
+        assert len(table._cell_render_cache.keys()) >= rendered // 2  # the screen's cells still there
+        assert notes.seen == []
+
+
+async def test_the_timeline_judges_overdue_only_the_rows_it_draws(store_url: str) -> None:
+    # Switching to the timeline right after a minute boundary judged every schedule at once
+    # (a cron walk each for a thousand); now only the rows drawn are asked about.
+    async with console(store_url) as (app, pilot, clock, notes):  # (the backend knows no bulk-*: its notes)
+        app.views = with_bulk(app.views, 600)
+        asked: list[str] = []
+        since = app.overdue.since
+
+        def counting(view: ScheduleView, now: datetime) -> datetime | None:
+            asked.append(view.name)
+            return since(view, now)
+
+        app.overdue.since = counting  # type: ignore[method-assign]
+        await pilot.press("2")
+        await settle(pilot)
+        grid = app.query_one(TimelineGrid)
+        assert grid.rows
+        assert 0 < len(set(asked)) <= 3 * grid.size.height  # not 610 (the switch drew them all)

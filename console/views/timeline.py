@@ -10,8 +10,9 @@ from textual.app import ComposeResult
 from textual.content import Content
 
 from backend.errors import SchedtuiError, Unavailable
-from backend.model import Run
+from backend.model import Run, ScheduleView
 from console import format as fmt
+from console.fleet import Overdue
 from console.keys import Key, bindings
 from console.timeline import DEFAULT_ZOOM, ZOOMS, Window, kind_of, zoom_label
 from console.views.base import SCHEDULE_KEYS, View, details_key, filter_key
@@ -20,7 +21,28 @@ from console.widgets.line import Line
 from console.widgets.palette import KIND_MEANINGS
 from console.widgets.runs import run_duration
 
-__all__ = ["TimelineView"]
+__all__ = ["OverdueNames", "TimelineView"]
+
+
+class OverdueNames:
+    """The names of the schedules overdue at ``now``, judged when a row is drawn: only the
+    rows on screen are asked about. (Judged all at once on every show, right after a minute
+    boundary that was a cron walk for each of a thousand schedules when the view was
+    switched to.)"""
+
+    def __init__(self, rows: list[ScheduleView], overdue: Overdue, now: datetime) -> None:
+        self._rows = {view.name: view for view in rows}
+        self._overdue = overdue
+        self._now = now
+        self._known: dict[str, bool] = {}
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str) or name not in self._rows:
+            return False
+        known = self._known.get(name)
+        if known is None:
+            known = self._known[name] = self._overdue.since(self._rows[name], self._now) is not None
+        return known
 
 
 class TimelineView(View):
@@ -137,7 +159,7 @@ class TimelineView(View):
         now = console.clock.now()
         window = self.window(now)
         rows = console.visible_views()
-        overdue = {v.name for v in rows if console.overdue.since(v, console.data_now()) is not None}
+        overdue = OverdueNames(rows, console.overdue, console.data_now())
         self.grid.show(rows, self.runs, window, now, console.display_zone, limit=self.limit_per_name, overdue=overdue)
         self._title(window, len(rows))
         if self._stale(window):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from itertools import islice
+from itertools import islice, zip_longest
 from typing import Any, ClassVar, TypeVar
 
 from rich.style import Style
@@ -28,8 +28,8 @@ from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.render import measure
 from textual.widgets import DataTable
-from textual.widgets._data_table import default_cell_formatter
-from textual.widgets.data_table import ColumnKey, RowKey
+from textual.widgets._data_table import Row, default_cell_formatter
+from textual.widgets.data_table import ColumnKey, DuplicateKey, RowKey
 
 from backend.model import Run, ScheduleView
 from console import format as fmt
@@ -146,11 +146,38 @@ class FreshTable(DataTable[Text | str]):
     """Cells kept rendered (~100 rows of up to 10 columns)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # (before Textual's init, which lists the rows: the row locations they were listed
+        # from, a new object after clear, sort or remove_row; the row count)
+        self._rows_kept: tuple[object, int, list[Row]] = (None, 0, [])
+        self._offsets_kept: list[tuple[RowKey, int]] = []
         super().__init__(*args, **kwargs)
         self._row_render_cache = RingFreeCache(self.CACHED_LINES)
         self._cell_render_cache = RingFreeCache(self.CACHED_CELLS)
         self._row_renderable_cache = RingFreeCache(self.CACHED_LINES)
         self._line_cache = RingFreeCache(self.CACHED_LINES)
+
+    @property
+    def ordered_rows(self) -> list[Row]:
+        """As Textual's, but kept while the rows stay the same rows in the same order:
+        Textual's is keyed by the update count, so every cell changed (the countdowns, every
+        second) made the next frame list a thousand rows again, and their line offsets."""
+        locations = self._row_locations
+        kept_for, count, rows = self._rows_kept
+        if kept_for is locations and count == len(self.rows):
+            return rows
+        rows = super().ordered_rows
+        if all(row.height == 1 and not row.auto_height for row in rows):  # else heights may change
+            self._rows_kept = (locations, len(self.rows), rows)
+            self._offsets_kept = [(row.key, 0) for row in rows]
+        return rows
+
+    @property
+    def _y_offsets(self) -> list[tuple[RowKey, int]]:
+        rows = self.ordered_rows  # (a row a line when kept)
+        if self._rows_kept[2] is rows:
+            return self._offsets_kept
+        offsets: list[tuple[RowKey, int]] = super()._y_offsets
+        return offsets
 
     def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
         """Column widths for new rows. Textual renders and measures every cell through the
@@ -203,6 +230,21 @@ class FreshTable(DataTable[Text | str]):
             self._line_cache.clear()
             self.refresh()
 
+    def forget_rendered(self, cells: dict[RowKey, set[ColumnKey]]) -> None:
+        """Drop what is rendered of these cells (row -> columns), changed in place, and of
+        their rows and the lines drawn from them. (Counting an update instead, as Textual
+        does, drops the rendering of every cell: all the cells on screen were drawn again,
+        through Rich, for a countdown changed in each row.)"""
+        rows = set(cells)
+        indices: set[object] = {self._row_locations.get(row) for row in rows}
+        for cell in [key for key in self._cell_render_cache.keys() if key[1] in cells.get(key[0], ())]:
+            self._cell_render_cache.discard(cell)  # (row key, column key, …)
+        for lines in [key for key in self._row_render_cache.keys() if key[0] in rows]:
+            self._row_render_cache.discard(lines)  # (row key, line, …)
+        for renderables in [key for key in self._row_renderable_cache.keys() if key[1] in indices]:
+            self._row_renderable_cache.discard(renderables)  # (update count, row index)
+        self._line_cache.clear()  # keyed by screen line: cheap to draw again from the rows
+
     def hidden_columns(self) -> list[str]:
         """The labels of the columns that do not fit the table's width, whole (from the
         right): the title says they are off-screen (← → scroll to them)."""
@@ -214,12 +256,38 @@ class FreshTable(DataTable[Text | str]):
                 hidden.append(str(column.label).lower())
         return hidden
 
+    def add_plain_rows(self, rows: Iterable[tuple[str, Sequence[Text | str]]]) -> None:
+        """``add_row`` for many rows (each its key and cells; one line high, unlabelled) at
+        once. Textual's sets the cursor again, counts an update and asks for an idle for
+        every row: the thousand rows put back when a filter is cleared paid that a thousand
+        times, more than everything else that key does."""
+        columns = [column.key for column in self.ordered_columns]
+        before = index = self.row_count
+        for key, cells in rows:
+            row_key = RowKey(key)
+            if row_key in self._row_locations:
+                raise DuplicateKey(f"The row key {row_key!r} already exists.")
+            if len(cells) > len(columns):
+                raise ValueError("More values provided than there are columns.")
+            self._row_locations[row_key] = index
+            self._data[row_key] = dict(zip_longest(columns, cells))
+            self.rows[row_key] = Row(row_key, 1)
+            self._new_rows.add(row_key)
+            index += 1
+        if index == before:
+            return
+        self._require_update_dimensions = True
+        self.cursor_coordinate = self.cursor_coordinate
+        if before == 0 and self.columns and self.show_cursor and self.cursor_type != "none":
+            self._highlight_cursor()  # as add_row: a cell to highlight where there was none
+        self._update_count += 1
+        self.check_idle()
+
     def replace_rows(self, shown: Sequence[tuple[str, Sequence[Text | str]]], keep: str | None) -> None:
         """Redraw with ``shown`` (each row's key and cells), the cursor back on the row
         keyed ``keep`` if it is still there."""
         self.clear()
-        for key, cells in shown:
-            self.add_row(*cells, key=key)
+        self.add_plain_rows(shown)
         self.measure_now()
         if keep is not None and any(key == keep for key, _ in shown):
             self.move_cursor(row=self.get_row_index(keep), animate=False)
@@ -266,6 +334,9 @@ class SchedulesTable(FreshTable):
         table order."""
         self._now: datetime | None = None
         self._data_now: datetime | None = None
+        self._changed: dict[RowKey, set[ColumnKey]] = {}
+        """Cells changed in place, their rendering to drop (:meth:`_drop_changed`)."""
+        self._repaint = False
 
     def on_mount(self) -> None:
         for key, label, width in self.COLUMNS:
@@ -346,7 +417,7 @@ class SchedulesTable(FreshTable):
                 else:
                     self._stale[view.name] = None
                 self._shown[view.name] = cells
-                self.add_row(*cells, key=view.name)
+            self.add_plain_rows(self._shown.items())
             self.measure_now()
             if selected in self._shown:
                 self.move_cursor(row=self.get_row_index(selected), animate=False, scroll=True)
@@ -373,6 +444,16 @@ class SchedulesTable(FreshTable):
                 del self._stale[name]
                 view = self.views[name]
                 self._update_row(view, self._cells(view, self._now, self._data_now), on_screen=on_screen)
+        self._drop_changed()
+
+    def _drop_changed(self) -> None:
+        """Drop the rendering of the cells changed in place; repaint if one is on screen."""
+        if self._changed:
+            self.forget_rendered(self._changed)
+            self._changed = {}
+        if self._repaint:
+            self._repaint = False
+            self.refresh()
 
     @work(group="catch-up", exclusive=True, exit_on_error=False)
     async def _catch_up_off_screen(self) -> None:
@@ -385,9 +466,12 @@ class SchedulesTable(FreshTable):
     def _update_row(self, view: ScheduleView, cells: tuple[Text | str, ...], *, on_screen: bool = True) -> None:
         """Put the cells that changed in the row. A row off screen takes them without
         ``update_cell``, which repaints the whole table on screen each time (a repaint of
-        10-20 ms per batch of rows caught up); its rendering is dropped all the same, as
-        every one is keyed by the update count. An equal cell is kept, not its copy (a
-        thousand rows' copies were thousands more objects for the garbage collector)."""
+        10-20 ms per batch of rows caught up), and without counting an update, which drops
+        the rendering of every row (the rows on screen were all drawn again, cell by cell,
+        after each batch): only its own rendering is dropped (:meth:`forget_rendered`). On
+        screen too, a cell of a column of set width is changed in place, and only its
+        rendering dropped (the others on screen stay drawn). An equal cell is kept, not its
+        copy (a thousand rows' copies were thousands more objects for the garbage collector)."""
         row = RowKey(view.name)
         kept: list[Text | str] = []
         for (key, _, width), new_cell, old_cell in zip(self.COLUMNS, cells, self._shown[view.name], strict=False):
@@ -395,11 +479,13 @@ class SchedulesTable(FreshTable):
                 kept.append(old_cell)
                 continue
             kept.append(new_cell)
-            if on_screen or width is None:  # a column sized to its cells: measured again
-                self.update_cell(row, key, new_cell, update_width=width is None)
+            if width is None:  # a column sized to its cells: measured again
+                self.update_cell(row, key, new_cell, update_width=True)
             else:
-                self._data[row][ColumnKey(key)] = new_cell
-                self._update_count += 1
+                column = ColumnKey(key)
+                self._data[row][column] = new_cell
+                self._changed.setdefault(row, set()).add(column)
+                self._repaint = self._repaint or on_screen
         self._shown[view.name] = tuple(kept)
 
     def tick(self, now: datetime, data_now: datetime | None = None) -> None:
@@ -420,3 +506,4 @@ class SchedulesTable(FreshTable):
             cells = self._shown[name]
             if fresh != cells[1:4]:
                 self._update_row(view, (cells[0], *fresh, *cells[4:]))
+        self._drop_changed()

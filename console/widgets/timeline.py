@@ -7,6 +7,7 @@ cost. The first line is the time axis and stays put while the rows scroll under 
 
 from __future__ import annotations
 
+from collections.abc import Container
 from datetime import datetime
 
 from rich.segment import Segment
@@ -83,18 +84,24 @@ class TimelineGrid(ScrollView, can_focus=True):
         self.window: Window | None = None
         self.now: datetime | None = None
         self.zone = "UTC"
-        self.overdue: set[str] = set()
+        self.overdue: Container[str] = frozenset()
         self.cursor_row = 0
         self.cursor_cell: int | None = None
         self._marks: dict[str, tuple[tuple[object, ...], dict[int, Cell], int | None]] = {}
         self._styles: dict[tuple[object, ...], Style] = {}
         self._axis_cache: tuple[object, list[tuple[int, str]]] = (None, [])
+        self._name_width: tuple[list[ScheduleView] | None, int] = (None, 0)
 
     # -- data ---------------------------------------------------------------------------
     @property
     def name_width(self) -> int:
-        longest = max((len(v.name) for v in self.rows), default=8)
-        return min(NAME_MAX, max(8, longest)) + 2  # a state glyph and a space
+        # Once per list of rows, not for every line drawn (a thousand names each time).
+        rows, width = self._name_width
+        if rows is not self.rows:
+            longest = max((len(v.name) for v in self.rows), default=8)
+            width = min(NAME_MAX, max(8, longest)) + 2  # a state glyph and a space
+            self._name_width = (self.rows, width)
+        return width
 
     @property
     def cells(self) -> int:
@@ -110,7 +117,7 @@ class TimelineGrid(ScrollView, can_focus=True):
         zone: str,
         *,
         limit: int,
-        overdue: set[str],
+        overdue: Container[str],
     ) -> None:
         """Draw these; the cursor stays on its schedule (and its cell's instant)."""
         selected = self.selected_name
