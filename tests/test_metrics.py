@@ -437,6 +437,29 @@ async def test_the_fleet_is_read_in_the_background_on_the_clock_and_a_scrape_nev
     assert value(after, "schedtui_schedule_enabled", schedule="s") == 0.0 and metrics.fleet.reads == 3
 
 
+async def test_counts_are_rendered_between_scrapes_so_a_scrape_has_only_the_last_second_left(
+    make_engine: Callable[..., Engine],
+) -> None:
+    engine = make_engine([define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=ok)])
+    cache_clock = ManualClock(T0)
+    metrics = EngineMetrics(engine, clock=cache_clock)
+    await engine.start()
+    await metrics.render()  # a scrape starts the renders between scrapes
+    tallies = metrics.tallies
+    for n in range(40):  # more than a scrape renders on the loop
+        tallies.run_finished(took(f"s{n:02}", 0.3))
+    rendered = metrics.next_render()
+    cache_clock.advance(1)
+    await asyncio.wait_for(rendered, 10)
+    assert not tallies.pending and [family.rendered for family in tallies.texts][:2] == [40, 40]
+    tallies.run_finished(took("s00", 2.0))  # one more since: the scrape renders it alone
+    _, families = parse((await metrics.render()).decode())
+    assert [family.rendered for family in tallies.texts][:2] == [41, 41]
+    assert value(families, "schedtui_runs_total", schedule="s00", status="succeeded", outcome="single", trigger="self") == 2.0
+    assert value(families, "schedtui_runs_total", schedule="s39", status="succeeded", outcome="single", trigger="self") == 1.0
+    metrics.close()
+
+
 async def test_the_first_scrape_waits_for_the_first_read_at_most_wait_seconds(
     make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -64,6 +64,7 @@ __all__ = [
     "IDLE_AFTER",
     "INLINE_SCHEDULES",
     "REFRESH_WAIT",
+    "RENDER_EVERY",
     "EngineMetrics",
     "FleetGauges",
     "Tallies",
@@ -84,6 +85,9 @@ IDLE_AFTER = 300.0
 #: last one on the event loop (about a millisecond): on a loaded machine, handing them to a
 #: thread and waiting for it costs several times that in latency.
 INLINE_SCHEDULES = 8
+#: Seconds between two renders of this instance's counts between scrapes (of the schedules
+#: that finished a run since the one before), so that a scrape has only the last ones left.
+RENDER_EVERY = timedelta(seconds=1)
 #: Run durations span milliseconds to hours (a handler's ``max_runtime`` defaults to 30 min).
 #: Ten buckets: each one is a series per schedule.
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0)
@@ -129,12 +133,16 @@ class EngineMetrics:
         self.registry.register(self.fleet)
         self._counts: tuple[int, bytes] | None = None
         self._rendering = asyncio.Lock()
+        self._between: asyncio.Task[None] | None = None
+        self._rendered: asyncio.Future[None] | None = None
         engine.ledger.meters.append(self.tallies.run_finished)
         engine.jobs.meters.append(self.tallies.job_finished)
 
     def close(self) -> None:
         """Stop counting and reading the fleet's state (the engine keeps running)."""
         self.fleet.stop()
+        if self._between is not None:
+            self._between.cancel()
         if self.tallies.run_finished in self.engine.ledger.meters:
             self.engine.ledger.meters.remove(self.tallies.run_finished)
         if self.tallies.job_finished in self.engine.jobs.meters:
@@ -150,6 +158,14 @@ class EngineMetrics:
     async def render(self) -> bytes:
         """One scrape, in the Prometheus text format (:data:`CONTENT_TYPE`)."""
         await self.refresh()
+        if self._between is None or self._between.done():
+            self._between = self.engine.loops.spawn(self._render_between_scrapes(), "metrics counts")
+        counts = await self._counts_text()
+        # A few dozen series read from /proc: a fraction of a millisecond, not worth a thread.
+        return b"".join([counts, self.fleet.text, generate_latest(self.process)])
+
+    async def _counts_text(self) -> bytes:
+        """This instance's counts as of the last freeze, rendered again where they changed."""
         tallies = self.tallies
         async with self._rendering:  # one renderer at a time updates the kept texts
             kept, counts = self._counts, tallies.frozen
@@ -160,8 +176,28 @@ class EngineMetrics:
                 else:
                     text = await asyncio.to_thread(tallies.text, counts)
                 kept = self._counts = (counts.version, text)
-        # A few dozen series read from /proc: a fraction of a millisecond, not worth a thread.
-        return b"".join([kept[1], self.fleet.text, generate_latest(self.process)])
+        return kept[1]
+
+    async def _render_between_scrapes(self) -> None:
+        # Runs finish all the time; rendering the schedules that finished one every second
+        # (off the loop when many did) leaves a scrape only those of the last second to do.
+        fleet, clock = self.fleet, self.fleet.clock
+        while True:
+            await clock.sleep_until(clock.now() + RENDER_EVERY)
+            scraped = fleet.scraped_at
+            if scraped is None or clock.now() - scraped >= fleet.idle_after:
+                return  # nobody scrapes: the next scrape starts this again
+            if self._counts is None or self._counts[0] != self.tallies.changes:
+                self.tallies.freeze()
+                await self._counts_text()
+                if self._rendered is not None and not self._rendered.done():
+                    self._rendered.set_result(None)
+
+    def next_render(self) -> asyncio.Future[None]:
+        """Done once the counts are next rendered between scrapes (for tests)."""
+        if self._rendered is None or self._rendered.done():
+            self._rendered = asyncio.get_running_loop().create_future()
+        return asyncio.shield(self._rendered)
 
 
 class _Process(Collector):

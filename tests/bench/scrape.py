@@ -29,7 +29,8 @@ What it does:
    ``background_refresh_ms``); ``busy`` also ``changed`` (a run finished since the last
    scrape), ``new_snapshot_changed`` (both) and ``new_snapshot_quarter_changed`` (a new
    snapshot, and a quarter of the schedules finished a run since: 1,000 schedules firing
-   every minute, scraped every 15 s);
+   every minute, scraped every 15 s), the last both right before the scrape and a second
+   or more before it (``…_a_second_ago``: rendered between scrapes by then);
 4. the server's side alone: ``--scrapes`` renders of the last case without HTTP, while a
    task measures how late the event loop wakes it (every 10 ms): the lag a scrape and the
    background reads can add to firing, against the same measure while idle.
@@ -254,6 +255,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     await fresh()
                     finish(len(names) // 4)
 
+                async def fresh_many_finished_a_second_ago() -> None:
+                    # The same quarter, done a second or more before the scrape: rendered
+                    # between scrapes by then, as when a burst of runs ends mid-interval.
+                    await fresh()
+                    rendered = metrics.next_render()
+                    finish(len(names) // 4)
+                    await rendered
+
                 probe = LagProbe()
                 probe.start()
                 await asyncio.sleep(1.0)
@@ -281,6 +290,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     "changed": await timed(scrape, one_finished, args.scrapes, 3),
                     "new_snapshot_changed": await timed(scrape, fresh_one_finished, args.scrapes, 3),
                     "new_snapshot_quarter_changed": await timed(scrape, fresh_many_finished, args.scrapes, 3),
+                    "new_snapshot_quarter_changed_a_second_ago": await timed(
+                        scrape, fresh_many_finished_a_second_ago, args.scrapes, 3
+                    ),
                 }
             # The server's side alone (no HTTP, no client on the loop): the time a scrape
             # costs the server, and how late the loop wakes a task meanwhile (background
