@@ -25,7 +25,7 @@ from backend import Engine, ManualClock, define_durable, define_queue, define_sc
 from backend.api.app import create_app
 from backend.client.embedded import EmbeddedBackend
 from backend.client.remote import RemoteBackend
-from backend.errors import BadInput, NotFound
+from backend.errors import BadInput, NotFound, Unavailable
 from backend.observability import capture
 from backend.observability.capture import HEAD_BYTES, TAIL_BYTES, LogBuffer
 from backend.observability.logs import LogTarget, StoredLog, compose
@@ -245,6 +245,27 @@ async def test_a_failing_handler_ends_its_log_with_its_traceback(engines: Callab
     assert text.startswith("about to fail\n")
     assert "Traceback (most recent call last)" in text and text.endswith("RuntimeError: <<the reason>>\n")
     assert run.traceback is not None and "RuntimeError" in run.traceback  # kept in the run as before
+
+
+async def test_quiesce_keeps_the_logs_a_store_cut_off_cannot_take_and_writes_them_after(
+    engines: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def handler(ctx: Any) -> None:
+        print("said while the store is away")
+
+    engine = engines([define_schedule(name="talks", cron="0 * * * *", timezone="UTC", handler=handler)])
+    await engine.open()
+    healthy = engine.store.save_logs  # type: ignore[attr-defined]
+
+    async def cut(*args: Any, **kwargs: Any) -> Any:
+        raise Unavailable("cut off")
+
+    monkeypatch.setattr(engine.store, "save_logs", cut)
+    run = await engine.run_now("talks", wait=True)
+    await engine.quiesce(runs=False)  # the logs wait: quiescing is not failing
+    monkeypatch.setattr(engine.store, "save_logs", healthy)
+    await engine.run_logs.flush()
+    assert (await engine.run_logs.run_log(run.id)).text == "said while the store is away\n"
 
 
 async def test_a_megabyte_of_output_is_kept_bounded(engines: Callable[..., Engine]) -> None:

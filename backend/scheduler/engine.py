@@ -459,7 +459,10 @@ class Engine:
 
         async def flush() -> None:
             await self.flush()
-            await self.run_logs.flush()
+            try:
+                await self.run_logs.flush()
+            except Unavailable:
+                pass  # the logs are kept and written by their own loop once the store answers
 
         await self.loops.quiesce(lambda: lifecycle.is_settled(self) if runs else lifecycle.has_started(self), flush)
 
