@@ -522,6 +522,37 @@ async def test_an_execution_no_instance_runs_is_stuck(
     assert stuck()[-1] == (f"stuck:{started.id}", "resolved")
 
 
+async def test_an_instance_back_from_a_suspend_does_not_page_its_own_silence(
+    alerting_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver
+) -> None:
+    # The only firing instance is suspended for a day (a laptop lid, a paused VM, SIGSTOP).
+    # On resume its evaluation may run before its heartbeat loop: the stale beat it reads
+    # is its own, and the fleet fires again the moment it beats.
+    engine = alerting_engine([])
+    await engine.start()
+    await engine.quiesce()
+    # The heartbeat loop is held back after the resume (it has not had its turn yet).
+    resumed = asyncio.Event()
+    beat_and_sweep = engine.registry.beat_and_sweep
+
+    async def held_back(now: datetime, *, force: bool = False) -> list[Any]:
+        await resumed.wait()
+        return await beat_and_sweep(now, force=force)
+
+    engine.registry.beat_and_sweep = held_back  # type: ignore[method-assign]
+    clock.advance(86_400)
+    done = await engine.alerts.evaluate()
+    assert done.won == [] and "not_firing:fleet" not in done.findings
+    resumed.set()
+    await engine.quiesce()
+    assert receiver.delivered() == []
+    # A fleet that really is silent still pages: an instance that no longer fires.
+    engine.registry.member = False
+    clock.advance(60)
+    done = await engine.alerts.evaluate()
+    assert [a.key for a in done.won] == ["not_firing:fleet"]
+
+
 # ---------------------------------------------------------------------------------------
 # the evaluator: several instances, gone subjects, a bounded number of statements
 # ---------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -102,7 +102,8 @@ class Evaluator:
     ``schedules``, ``queues`` and ``functions`` are the engine's own (read at each round:
     stored schedules come and go); ``states`` gives a schedule's run-time state and whether
     it is enabled; ``fleet`` reads the instances; ``fresh`` is how old a firing member's
-    heartbeat may be (the take-over window)."""
+    heartbeat may be (the take-over window); ``beat``, when given, writes this instance's own
+    heartbeat if it is due and says whether it did."""
 
     def __init__(
         self,
@@ -117,6 +118,7 @@ class Evaluator:
         is_enabled: Callable[[str], bool],
         fleet: Callable[[], Any],
         fresh: timedelta,
+        beat: Callable[[datetime], Awaitable[bool]] | None = None,
     ) -> None:
         self.store = store
         self.instance = instance
@@ -128,6 +130,7 @@ class Evaluator:
         self.is_enabled = is_enabled
         self.fleet = fleet
         self.fresh = fresh
+        self.beat = beat
         self._baselines: dict[str, datetime] = {}
         self._overdue: dict[str, tuple[tuple[Any, ...], datetime, conditions.Overdue | None]] = {}
         """Per schedule, its overdue slot as of when (kept until it may change: the cron
@@ -178,7 +181,12 @@ class Evaluator:
                 ))  # fmt: skip
 
         instances: list[InstanceInfo] = await self.fleet()
-        add(conditions.not_firing(instances, now, self.fresh))
+        silent = conditions.not_firing(instances, now, self.fresh)
+        if silent is not None and self.beat is not None and await self.beat(now):
+            # This instance's own heartbeat was overdue: it was suspended, or its clock
+            # jumped. What it read is its own silence, not the fleet's: look again.
+            silent = conditions.not_firing(await self.fleet(), now, self.fresh)
+        add(silent)
 
         queues = dict(self.queues)
         windows = {name: now - timedelta(seconds=q.alert.window) for name, q in queues.items()}

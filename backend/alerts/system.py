@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -94,14 +94,16 @@ class Alerts:
         is_enabled: Callable[[str], bool],
         fleet: Callable[[], Any],
         fresh: timedelta,
+        beat: Callable[[datetime], Awaitable[bool]] | None = None,
     ) -> None:
-        """Hand the evaluator what it reads of the engine (before :meth:`start`)."""
+        """Hand the evaluator what it reads of the engine (before :meth:`start`); ``beat``
+        writes this instance's heartbeat when it is due (see :class:`Evaluator`)."""
         if self.settings is None:
             return
         store = self._store()
         self.evaluator = Evaluator(
             store=store, instance=self.instance, new_id=self.new_id, schedules=schedules, queues=queues,
-            functions=functions, state_of=state_of, is_enabled=is_enabled, fleet=fleet, fresh=fresh,
+            functions=functions, state_of=state_of, is_enabled=is_enabled, fleet=fleet, fresh=fresh, beat=beat,
         )  # fmt: skip
         self.notifier = Notifier(
             store=store, clock=self.clock, loops=self.loops, instance=self.instance,

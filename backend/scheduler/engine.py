@@ -273,7 +273,7 @@ class Engine:
         self.alerts.watch(
             schedules=self.schedules, queues=self.jobs.queues, functions=self.durable.functions,
             state_of=self.states.get, is_enabled=self.states.is_enabled, fleet=self.store.fleet,
-            fresh=timedelta(seconds=abandon_after),
+            fresh=timedelta(seconds=abandon_after), beat=self.registry.beat_when_due,
         )  # fmt: skip
         self.subsystems.append(self.alerts)
         # A folder's definitions are all there are: a start of any other function is refused.

@@ -191,6 +191,17 @@ class InstanceRegistry:
 
         return await self._beating_round(now, beat, force) is not None
 
+    async def beat_when_due(self, now: datetime) -> bool:
+        """See that the heartbeat is no older than its interval at ``now``: write it if
+        due, or wait for the one under way. True if one was written meanwhile."""
+        before = self._last_beat
+        if self._beating.locked():
+            async with self._beating:
+                pass
+        else:
+            await self.beat(now)
+        return self._last_beat != before
+
     async def beat_and_sweep(self, now: datetime, *, force: bool = False) -> list[Run]:
         """The periodic round: if the heartbeat is due, refresh it and, reading in the same
         transaction what is left running, close what the dead left (one commit every
