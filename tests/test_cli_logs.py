@@ -4,6 +4,7 @@ JOB_ID`` (``--attempt N``) and ``schedtui durable logs ID``, in real processes."
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,7 +54,9 @@ def cli(tmp_path: Path) -> Cli:
 
 def test_logs_prints_what_the_run_wrote(cli: Cli) -> None:
     fired = cli.ok("fire", "talk")
-    run_id = fired.stderr.split("run ")[-1].strip()
+    # The handler's warning reaches stderr too (no logging configured: Python's last
+    # resort), before or after the line naming the run, as the threads go.
+    (run_id,) = re.findall(r"\brun ([0-9A-Z]{26})$", fired.stderr, re.MULTILINE)
     shown = cli.ok("logs", run_id)
     lines = shown.stdout.splitlines()
     assert lines[0] == "hello from talk"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
 from backend import Engine, JobContext, ManualClock, RunContext, Unavailable, define_queue, define_schedule, open_store
@@ -434,6 +435,44 @@ async def test_an_outage_is_no_evidence_of_death(clock: ManualClock, store_url: 
         clock.advance(1)
         assert "since the store was back" in (registry.gone(beats, "other", clock.now()) or "")
     finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+async def test_a_fleet_session_stuck_mid_statement_on_a_silent_client_is_ended_by_a_members_beat(
+    pg_url: str, clock: ManualClock
+) -> None:
+    store: Any = open_store(pg_url)
+    await store.open()
+    stuck = await psycopg.AsyncConnection.connect(pg_url, application_name="schedtui", autocommit=True)
+    try:
+        await store.heartbeat("other", "h", 1, clock.now())
+        # A client of the fleet sends a statement but not the message that ends it (the
+        # extended protocol's Sync): a partition, or a process frozen mid-write. The server
+        # has run it and waits, holding its row lock, with no timeout of its own.
+        raw = stuck.pgconn
+        raw.enter_pipeline_mode()
+        raw.send_query_params(b"UPDATE schedtui_instances SET pid = 2 WHERE instance = 'other'", None)
+        raw.flush()
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND state = 'active' AND wait_event = 'ClientRead'"
+        )
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as probe:
+            while (await (await probe.execute(waiting, (raw.backend_pid,))).fetchone()) != (1,):
+                await asyncio.sleep(0.01)  # the server is to read it: there is nothing to await
+            await probe.execute("SET lock_timeout = '200ms'")
+            blocked = "UPDATE schedtui_instances SET pid = 3 WHERE instance = 'other'"
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                await probe.execute(blocked)
+            # A beat ends only sessions stuck for longer than the take-over window.
+            work = await store.heartbeat_and_unfinished("me", "h", 1, clock.now(), stuck_after=timedelta(hours=1))
+            assert work.ended_sessions == 0
+            work = await store.heartbeat_and_unfinished("me", "h", 1, clock.now(), stuck_after=timedelta(0))
+            assert work.ended_sessions == 1
+            await probe.execute(blocked)  # the lock is free: its transaction rolled back
+            assert (await (await probe.execute("SELECT pid FROM schedtui_instances WHERE instance = 'other'")).fetchone()) == (3,)
+    finally:
+        await stuck.close()
         await store.close()
 
 

@@ -68,6 +68,7 @@ JOBS = """
     work = define_queue(name="work", handler=waits, concurrency=8, attempts=3)
     threads = define_queue(name="threads", handler=blocks, concurrency=8, attempts=3)
     capped = define_queue(name="capped", handler=blocks, concurrency=1, attempts=3, max_runtime=1)
+    brief = define_queue(name="brief", handler=waits, concurrency=2, attempts=3)
 """
 
 
@@ -132,6 +133,44 @@ def relay_to(url: str) -> FreezableRelay:
 # ---------------------------------------------------------------------------------------
 # a partition of one worker
 # ---------------------------------------------------------------------------------------
+def test_jobs_a_cut_off_worker_claimed_ahead_run_elsewhere_once_and_never_beside_it(workers: Workers) -> None:
+    # Short jobs on a queue of two seats: the worker claims ahead (jobs running under its
+    # token with no seat yet, waiting for one of its seats to free). It is cut off while it
+    # holds some: it may start them only on its own seats within its lease, never after.
+    with relay_to(workers.url) as relay:
+        a = workers.start("a", via(workers.url, relay.port))
+        jobs = workers.send("brief", [{"sleep": 0.02}] * 600)
+        held = "SELECT id FROM schedtui_jobs WHERE queue = 'brief' AND status = 'running' AND instance = 'a' AND seat IS NULL"
+        poll(lambda: workers.sql(held), timeout=60, every=0.01, what="a to claim jobs ahead")
+        # Freeze while a holds some in the store (a moment later they may have had a seat).
+        for _ in range(100):
+            relay.freeze()
+            frozen_at = time.time()
+            ahead = {job for (job,) in workers.sql(held)}
+            if ahead:
+                break
+            relay.thaw()
+        assert ahead, "a held no job ahead at any freeze"
+        workers.start("b")
+        # A cycle of a's caught mid-statement holds its row locks on the server, which waits
+        # for the rest of it with no timeout: b's beat ends that session, or b waits for ever.
+        poll(lambda: set(jobs) <= workers.ended(), timeout=90, what="every job to end")
+        lines = [line for line in workers.lines() if line.job in set(jobs)]
+        late = [line for line in lines if line.pid == a.process.pid and line.what == "start" and line.at > frozen_at + 4]
+        assert late == [], "a started a job past its lease's renewal bound"
+        for job in jobs:
+            no_overlap(lines, job)
+        # The cap holds across both workers: never more than two handlers of the queue at once.
+        running = most = 0
+        for line in sorted(lines, key=lambda line: (line.at, line.what == "start")):
+            running += 1 if line.what == "start" else -1
+            most = max(most, running)
+        assert most <= 2, f"{most} handlers of a queue of two seats ran at once"
+        assert "LEASE LAPSED" in a.log_text()
+    # Every job ran to its end (one whose end a could not hand in ran again, after).
+    assert ahead and ahead <= workers.ended()
+
+
 def test_a_worker_cut_off_from_the_store_stops_its_handlers_before_another_takes_them_over(workers: Workers) -> None:
     with relay_to(workers.url) as relay:
         a = workers.start("a", via(workers.url, relay.port))

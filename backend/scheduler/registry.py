@@ -208,8 +208,16 @@ class InstanceRegistry:
         ``heartbeat_interval``, not two)."""
 
         async def beat() -> Unfinished:
-            work = await self.store.heartbeat_and_unfinished(self.instance, self.host, self.pid, now, self._membership(now))
+            work = await self.store.heartbeat_and_unfinished(
+                self.instance, self.host, self.pid, now, self._membership(now), stuck_after=self.abandon_after
+            )
             self._recorded(work.role)
+            if work.ended_sessions:
+                log.warning(
+                    "ended %d database session(s) of this fleet stuck mid-transaction on a silent client for over %s "
+                    "(a partition or a frozen process: their locks held the fleet's work)",
+                    work.ended_sessions, self.abandon_after,
+                )  # fmt: skip
             return work
 
         work = await self._beating_round(now, beat, force)

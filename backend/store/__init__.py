@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -49,6 +49,8 @@ class Unfinished(NamedTuple):
     """Every registered instance (:meth:`Store.instances`)."""
     role: Role = "firing"
     """The role the heartbeat recorded for the caller (see :meth:`Store.heartbeat`)."""
+    ended_sessions: int = 0
+    """The fleet's database sessions stuck on a silent client that this round ended."""
 
 
 class Membership(NamedTuple):
@@ -227,10 +229,15 @@ class Store(Protocol):
         pid: int,
         at: datetime,
         membership: Membership = FIRING,
+        *,
+        stuck_after: timedelta | None = None,
     ) -> Unfinished:
         """:meth:`heartbeat`, then what :meth:`unfinished_work` and :meth:`instances` read:
         a member's periodic round. PostgreSQL does it in one transaction (one commit every
-        few seconds per member, not two); SQLite writes the heartbeat, then reads."""
+        few seconds per member, not two); SQLite writes the heartbeat, then reads.
+        ``stuck_after``: PostgreSQL also ends the fleet's sessions that have waited longer
+        than this on a silent client inside a transaction (their locks would hold the
+        fleet's work for as long as TCP takes to give up); SQLite has no such sessions."""
 
     async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
         """In one transaction: if ``instance``'s mark is still ``slot``, clear it and write

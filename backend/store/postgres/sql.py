@@ -345,6 +345,21 @@ COUNT_CLAIMS = "SELECT count(*) FROM schedtui_claims"
 #: stuck) is stopped rather than left to hold a pool connection forever.
 CONFIGURE = "SET statement_timeout = '30s'; SET idle_in_transaction_session_timeout = '60s'"
 
+#: The fleet's sessions stuck on a silent client inside a transaction for longer than the
+#: take-over window: a statement whose client went quiet before its last message (a
+#: partition, a frozen process) is ``active`` and waits for it with no timeout at all, its
+#: row locks held until TCP gives up (hours), and the rest of the fleet waits behind them.
+#: Each member's heartbeat ends such sessions: their transactions roll back, their clients
+#: reconnect. (``idle in transaction`` is also ended by its 60 s timeout above.) Only this
+#: role's sessions: a role may always end its own.
+END_STUCK_SESSIONS = """
+    SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+    WHERE datname = current_database() AND usename = current_user AND pid <> pg_backend_pid()
+      AND application_name LIKE 'schedtui%%' AND xact_start IS NOT NULL
+      AND ((state = 'active' AND wait_event = 'ClientRead') OR state LIKE 'idle in transaction%%')
+      AND state_change < now() - make_interval(secs => %s)
+"""
+
 # ---------------------------------------------------------------------------------------
 
 def _utc(dt: datetime | None) -> datetime | None:

@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
@@ -72,6 +72,7 @@ from backend.store.postgres.sql import (
     COUNT_CLAIMS,
     CREATE_VERSION_TABLE,
     END_BACKFILL,
+    END_STUCK_SESSIONS,
     FLEET_LOCK,
     FORGET_INSTANCE,
     GET_BACKFILL,
@@ -525,17 +526,28 @@ class PostgresStore(
         pid: int,
         at: datetime,
         membership: Membership = FIRING,
+        *,
+        stuck_after: timedelta | None = None,
     ) -> Unfinished:
         async def beat(conn: AsyncConnection[Any]) -> Unfinished:
+            ended = 0
+            if stuck_after is not None:
+                ended = await self._end_stuck_sessions(conn, stuck_after)
             async with conn.transaction():  # a member's round: one commit, not two
                 recorded = await _beat(conn, instance, host, pid, at, membership)
                 # The runs before the instances: a run committed after its instance renewed
                 # is then never read beside that instance's older heartbeat.
                 runs, backfills, marks = await self._read_unfinished(conn)
                 beats = await (await conn.execute(INSTANCES)).fetchall()
-            return Unfinished(runs, backfills, marks, {r[0]: (r[1], r[2], _utc(r[3])) for r in beats}, recorded)  # type: ignore[misc]
+            instances = {r[0]: (r[1], r[2], _utc(r[3])) for r in beats}
+            return Unfinished(runs, backfills, marks, instances, recorded, ended)  # type: ignore[arg-type]
 
         return await self._with_conn(beat)
+
+    @staticmethod
+    async def _end_stuck_sessions(conn: AsyncConnection[Any], after: timedelta) -> int:
+        row = await (await conn.execute(END_STUCK_SESSIONS, (after.total_seconds(),))).fetchone()
+        return int(row[0]) if row is not None else 0
 
     @staticmethod
     async def _read_unfinished(conn: AsyncConnection[Any]) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:

@@ -25,7 +25,7 @@ import os
 import socket
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -647,6 +647,8 @@ class SQLiteStore(
         pid: int,
         at: datetime,
         membership: Membership = FIRING,
+        *,
+        stuck_after: timedelta | None = None,
     ) -> Unfinished:
         # One process's file: no commit to save by folding the reads into the write.
         recorded = await self.heartbeat(instance, host, pid, at, membership)
