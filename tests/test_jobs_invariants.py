@@ -25,6 +25,7 @@ every step (and at the start of every handler call) the invariants of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import shutil
 import subprocess
@@ -172,16 +173,23 @@ class QueueMachine(RuleBasedStateMachine):
                 if not (live.ok and live.ok[0]):
                     raise RuntimeError("failed on purpose")
             finally:
-                asyncio.run_coroutine_threadsafe(self._end(job.id, live), self.loop).result(30)
+                ended = threading.Event()
+
+                def end() -> None:
+                    if self.live.get(job.id) is live:
+                        del self.live[job.id]
+                    ended.set()
+
+                # A plain callback, not a coroutine: one never awaited (its loop closed at the
+                # machine's teardown) is finalized by whatever runs the garbage collector.
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to tell
+                    self.loop.call_soon_threadsafe(end)
+                    ended.wait(30)
 
         return handle
 
     async def _begin(self, job: JobContext, instance: str) -> Live:
         return self.check_start(job, instance)
-
-    async def _end(self, job_id: str, live: Live) -> None:
-        if self.live.get(job_id) is live:
-            del self.live[job_id]
 
     async def start_engine(self) -> None:
         self.serial += 1
@@ -263,6 +271,11 @@ class QueueMachine(RuleBasedStateMachine):
         try:
             for engine in self.engines.values():
                 self.loop.run_until_complete(engine.stop(grace=0))
+            # The calls that wait for their threads to return (a thread cannot be stopped):
+            # they end now that every handler was told to, and none is left pending.
+            pending = asyncio.all_tasks(self.loop)
+            if pending:
+                self.loop.run_until_complete(asyncio.wait(pending, timeout=30))
         finally:
             self.loop.close()
             shutil.rmtree(self.folder, ignore_errors=True)
