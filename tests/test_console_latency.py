@@ -1,0 +1,40 @@
+"""What keeps every key under 100 ms at 1,000 schedules (issue 24 item 15, measured by
+``python -m tests.bench.console --part boundary``): each test checks one thing a key no
+longer waits for, and fails without it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from textual.message_pump import MessagePump
+
+from console.keygate import _busy, quiet
+from tests.test_console import cell, console, ledger, schedules, settle, store_url  # noqa: F401 - fixtures
+
+
+async def test_the_key_gate_asks_only_busy_widgets_whether_they_are_done(
+    store_url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    # After each key that may move the focus, the gate waits for every message queue to
+    # run dry. Asking each of the screen's widgets (a callback each, every round) took half
+    # the time to show the "/" filter at 1,000 schedules; an idle one has nothing to finish.
+    async with console(store_url) as (app, pilot, clock, notes):
+        table = schedules(app)
+        assert not _busy(table)
+        table.call_later(lambda: None)
+        assert _busy(table)  # a message waits in its queue
+        await pilot.pause()
+        assert not _busy(table)
+        asked: list[MessagePump] = []
+        call_later = MessagePump.call_later
+
+        def counting(self: MessagePump, *args: Any, **kwargs: Any) -> bool:
+            asked.append(self)
+            return call_later(self, *args, **kwargs)
+
+        monkeypatch.setattr(MessagePump, "call_later", counting)
+        pumps = [app, *app.screen.walk_children(with_self=True)]
+        assert len(pumps) > 50
+        rounds = await quiet(app)
+        assert len(asked) <= rounds * 5  # the app, and the few widgets with work in hand
