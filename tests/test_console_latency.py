@@ -7,9 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from textual.css.stylesheet import Stylesheet
+from textual.dom import DOMNode
 from textual.message_pump import MessagePump
 
 from console.keygate import _busy, quiet
+from console.views.health import HealthRows
+from console.widgets.health import HealthRow
 from tests.test_console import cell, console, ledger, schedules, settle, store_url  # noqa: F401 - fixtures
 
 
@@ -38,3 +42,29 @@ async def test_the_key_gate_asks_only_busy_widgets_whether_they_are_done(
         assert len(pumps) > 50
         rounds = await quiet(app)
         assert len(asked) <= rounds * 5  # the app, and the few widgets with work in hand
+
+
+async def test_leaving_the_health_view_restyles_its_rows_container_not_every_row(
+    store_url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    # The health view's rows are some 800 widgets at 1,000 schedules; Textual restyles a
+    # widget and everything under it when its focus changes: ~100 ms on leaving the view.
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("7")
+        await settle(pilot)
+        rows = app.query_one(HealthRows)
+        assert rows.has_focus and list(rows.query(HealthRow))
+        restyled: list[DOMNode] = []
+        update_nodes = Stylesheet.update_nodes
+
+        def counting(self: Stylesheet, nodes: Any, animate: bool = False) -> None:
+            nodes = list(nodes)
+            restyled.extend(nodes)
+            update_nodes(self, nodes, animate=animate)
+
+        monkeypatch.setattr(Stylesheet, "update_nodes", counting)
+        await pilot.press("1")
+        await settle(pilot)
+        assert not rows.has_focus and rows in restyled  # it lost its focus, and looks it
+        assert not any(isinstance(node, HealthRow) or rows in node.ancestors for node in restyled)
+        assert notes.seen == []
