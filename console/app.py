@@ -865,7 +865,10 @@ class SchedtuiApp(App[None]):
         view.focus_main()
         if self.views:
             view.show()
-        self.request_refresh()
+        # Read afresh once the view is on screen: the backend's reads (an embedded engine's
+        # on a thread of its own) held the interpreter lock half the time the first frame
+        # was being drawn, and the view shows what it had meanwhile.
+        self.call_after_refresh(self.request_refresh)
 
     def action_toggle_zone(self) -> None:
         """``z``: times in UTC, or in the operator's zone."""

@@ -13,8 +13,11 @@ from textual.message_pump import MessagePump
 
 from console.keygate import _busy, quiet
 from console.views.health import HealthRows
+from console.views.schedules import SchedulesView
+from console.views.timeline import TimelineView
 from console.widgets.health import HealthRow
 from tests.test_console import cell, console, ledger, schedules, settle, store_url  # noqa: F401 - fixtures
+from tests.test_console_views import fired, with_bulk
 
 
 async def test_the_key_gate_asks_only_busy_widgets_whether_they_are_done(
@@ -67,4 +70,45 @@ async def test_leaving_the_health_view_restyles_its_rows_container_not_every_row
         await settle(pilot)
         assert not rows.has_focus and rows in restyled  # it lost its focus, and looks it
         assert not any(isinstance(node, HealthRow) or rows in node.ancestors for node in restyled)
+        assert notes.seen == []
+
+
+async def test_a_view_switched_to_is_read_again_once_it_is_on_screen(store_url: str) -> None:  # noqa: F811
+    # The read that follows a view switch ran beside the first frame of the view: an
+    # embedded engine answers on a thread of its own, which held the interpreter lock for
+    # half of the time that frame took to draw.
+    async with console(store_url) as (app, pilot, clock, notes):
+        timeline = app.query_one(TimelineView)
+        on_screen: list[bool] = []
+        refresh_data = app.refresh_data
+
+        def recording() -> Any:
+            on_screen.append(timeline.is_on_screen)
+            return refresh_data()
+
+        app.refresh_data = recording  # type: ignore[method-assign]
+        await pilot.press("2")
+        await settle(pilot)
+        assert on_screen == [True]
+        assert notes.seen == []
+
+
+async def test_a_hidden_schedules_table_catches_up_once_shown_again(store_url: str) -> None:  # noqa: F811
+    # After a minute boundary the rows off screen take their new cells in batches. While
+    # another view is on screen those batches only slowed its keys.
+    async with console(store_url) as (app, pilot, clock, notes):
+        table = schedules(app)
+        view = app.query_one(SchedulesView)
+        many = with_bulk(app.views, 600)
+        table.show(many, clock.now(), clock.now())
+        await settle(pilot)
+        changed = fired(many)
+        table.show(changed, clock.now(), clock.now())  # the rows on screen at once, the rest in batches
+        view.display = False  # another view switched to (as the view switcher does)
+        await settle(pilot)
+        assert " missed " not in cell(app, "bulk-0599", "last") and "bulk-0599" in table._stale
+        view.display = True
+        table.show(changed, clock.now(), clock.now())  # as the view does when shown again
+        await settle(pilot)
+        assert not table._stale and " missed " in cell(app, "bulk-0599", "last")
         assert notes.seen == []

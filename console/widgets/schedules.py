@@ -431,6 +431,11 @@ class SchedulesTable(FreshTable):
         if self._stale:
             self._catch_up_off_screen()
 
+    @property
+    def shown(self) -> bool:
+        """Displayed, and so are the view and everything that holds it."""
+        return all(node.display for node in self.ancestors_with_self)
+
     def _on_screen(self) -> list[str]:
         """The names of the rows on screen (and one either side)."""
         first = max(0, int(self.scroll_y) - 1)
@@ -457,9 +462,13 @@ class SchedulesTable(FreshTable):
 
     @work(group="catch-up", exclusive=True, exit_on_error=False)
     async def _catch_up_off_screen(self) -> None:
-        """The stale rows, a batch at a time (what scrolled on screen meanwhile first)."""
+        """The stale rows, a batch at a time (what scrolled on screen meanwhile first).
+        Not while the table is hidden (another view on screen): those batches only slowed
+        that view's keys, and :meth:`show` starts again when the view is back."""
         while self._stale:
             await asyncio.sleep(BATCH_PAUSE)
+            if not self.shown:
+                return
             self._catch_up(self._on_screen())
             self._catch_up(list(islice(self._stale, ROWS_PER_BATCH)), on_screen=False)
 
