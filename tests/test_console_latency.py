@@ -4,13 +4,17 @@ longer waits for, and fails without it."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
+from rich.segment import Segment
 from textual.css.stylesheet import Stylesheet
 from textual.dom import DOMNode
 from textual.message_pump import MessagePump
+from textual.strip import Strip
 
+from console.heap import Collector, lines_without_cycles
 from console.keygate import _busy, quiet
 from console.views.health import HealthRows
 from console.views.schedules import SchedulesView
@@ -112,3 +116,67 @@ async def test_a_hidden_schedules_table_catches_up_once_shown_again(store_url: s
         await settle(pilot)
         assert not table._stale and " missed " in cell(app, "bulk-0599", "last")
         assert notes.seen == []
+
+
+def in_a_cycle(start: object) -> bool:
+    """Whether ``start`` can reach itself through references (only the collector frees it)."""
+    seen: set[int] = set()
+    todo = list(gc.get_referents(start))
+    while todo:
+        item = todo.pop()
+        if item is start:
+            return True
+        if id(item) not in seen and gc.is_tracked(item):
+            seen.add(id(item))
+            todo.extend(gc.get_referents(item))
+    return False
+
+
+def test_lines_drawn_are_freed_without_the_cycle_collector() -> None:
+    # A line cut into one piece (the compositor's cuts at its own width) or cropped to its
+    # own length kept itself in its own caches: every line drawn was a cycle of it and its
+    # eight caches, most of the garbage a full collection had to find.
+    lines_without_cycles()
+    line = Strip([Segment("every"), Segment(" schedule")])
+    assert line.divide([line.cell_length]) == [line]
+    assert line.crop_extend(0, line.cell_length, None) is line
+    assert line.crop_extend(0, 5, None).text == "every"
+    assert line.divide([5, line.cell_length])[0].text == "every"
+    assert not in_a_cycle(line)
+
+
+class Ticks:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_full_collections_wait_for_the_keys_to_be_quiet_but_not_for_ever() -> None:
+    ticks = Ticks()
+    collector = Collector(quiet=1.0, every=20.0, latest=120.0, monotonic=ticks)
+    before = gc.get_threshold()
+    collector.start()
+    try:
+        assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 1_000_000  # Python's own: off
+        ticks.now += 19.0
+        assert not collector.tick()  # not yet: one every 20 s at most
+        ticks.now += 1.5
+        collector.busy()  # a key
+        ticks.now += 0.5
+        assert not collector.tick()  # keys are coming
+        ticks.now += 0.6
+        assert collector.tick() and collector.collections == 1  # quiet for a second
+        assert not collector.tick()
+        collected_at = ticks.now
+        for _ in range(300):  # keys every half second, for longer than two minutes
+            ticks.now += 0.5
+            collector.busy()
+            if collector.tick():
+                break
+        assert collector.collections == 2 and 120.0 <= ticks.now - collected_at <= 120.5
+    finally:
+        collector.stop()
+    assert gc.get_threshold() == before
+    assert not collector.tick()  # stopped: Python's own again

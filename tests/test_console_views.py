@@ -722,8 +722,12 @@ async def test_the_console_freezes_the_heap_of_its_first_screen_only_when_asked(
     try:
         async with console(store_url) as (app, pilot, clock, notes):
             assert gc.get_freeze_count() == frozen  # tests run many apps in one process
+            assert not app.collector.started
+        thresholds = gc.get_threshold()
         async with console(store_url, freeze_heap=True) as (app, pilot, clock, notes):
             assert gc.get_freeze_count() > frozen + 10_000
+            assert app.collector.started and gc.get_threshold()[2] > thresholds[2]  # full collections paced
+        assert gc.get_threshold() == thresholds
     finally:
         gc.unfreeze()
 
@@ -752,7 +756,8 @@ async def test_every_console_table_keeps_a_few_screens_rendered_in_ring_free_cac
         tables = list(app.query(FreshTable))
         assert len(tables) >= 2
         for table in tables:
-            caches = (table._row_render_cache, table._cell_render_cache, table._row_renderable_cache, table._line_cache)
+            caches = (table._row_render_cache, table._cell_render_cache, table._row_renderable_cache, table._line_cache,
+                      table._offset_cache, table._ordered_row_cache)  # (those two: every row, cleared with the rows)
             assert all(isinstance(cache, RingFreeCache) for cache in caches)
             assert table._cell_render_cache.maxsize == FreshTable.CACHED_CELLS <= 1000
 

@@ -155,6 +155,9 @@ class FreshTable(DataTable[Text | str]):
         self._cell_render_cache = RingFreeCache(self.CACHED_CELLS)
         self._row_renderable_cache = RingFreeCache(self.CACHED_LINES)
         self._line_cache = RingFreeCache(self.CACHED_LINES)
+        # (one entry each, but Textual's ring of one is a cycle too: the list of every row)
+        self._offset_cache = RingFreeCache(1)
+        self._ordered_row_cache = RingFreeCache(1)
 
     @property
     def ordered_rows(self) -> list[Row]:
