@@ -12,6 +12,7 @@ from rich.segment import Segment
 from textual.css.stylesheet import Stylesheet
 from textual.dom import DOMNode
 from textual.message_pump import MessagePump
+from textual.renderables.styled import Styled
 from textual.strip import Strip
 
 from console.heap import Collector, lines_without_cycles
@@ -19,6 +20,7 @@ from console.keygate import _busy, quiet
 from console.views.health import HealthRows
 from console.views.schedules import SchedulesView
 from console.views.timeline import TimelineView
+from console.widgets import RunsTable
 from console.widgets.health import HealthRow
 from tests.test_console import cell, console, ledger, schedules, settle, store_url  # noqa: F401 - fixtures
 from tests.test_console_views import fired, with_bulk
@@ -115,6 +117,33 @@ async def test_a_hidden_schedules_table_catches_up_once_shown_again(store_url: s
         table.show(changed, clock.now(), clock.now())  # as the view does when shown again
         await settle(pilot)
         assert not table._stale and " missed " in cell(app, "bulk-0599", "last")
+        assert notes.seen == []
+
+
+async def test_a_table_shown_again_draws_no_cell_it_drew_before(
+    store_url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    # Textual drops every cell a table rendered when the table takes or loses the focus
+    # (a view switched away from and back): each cell on screen went through Rich again.
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("2")
+        await settle(pilot)
+        drawn: list[object] = []
+        render_lines = app.console.render_lines
+
+        def counting(renderable: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(renderable, Styled):  # a table's cell
+                drawn.append(renderable)
+            return render_lines(renderable, *args, **kwargs)
+
+        monkeypatch.setattr(app.console, "render_lines", counting)
+        await pilot.press("1")
+        await settle(pilot)
+        assert schedules(app).has_focus and app.query_one(RunsTable).row_count
+        assert drawn == []  # the same data: every cell as drawn before
+        schedules(app).action_cursor_down()
+        await settle(pilot)
+        assert drawn  # (the cursor's row: drawn with the cursor's style)
         assert notes.seen == []
 
 

@@ -757,7 +757,7 @@ async def test_every_console_table_keeps_a_few_screens_rendered_in_ring_free_cac
         assert len(tables) >= 2
         for table in tables:
             caches = (table._row_render_cache, table._cell_render_cache, table._row_renderable_cache, table._line_cache,
-                      table._offset_cache, table._ordered_row_cache)  # (those two: every row, cleared with the rows)
+                      table._cells_drawn, table._offset_cache, table._ordered_row_cache)  # (those two: every row, cleared with the rows)
             assert all(isinstance(cache, RingFreeCache) for cache in caches)
             assert table._cell_render_cache.maxsize == FreshTable.CACHED_CELLS <= 1000
 
@@ -847,7 +847,7 @@ async def test_rows_caught_up_off_screen_leave_the_rows_on_screen_rendered(store
         many = with_bulk(app.views, 600)
         table.show(many, clock.now(), clock.now())
         await settle(pilot)
-        rendered = len(table._cell_render_cache.keys())
+        rendered = len(table._cells_drawn.keys())
         assert rendered > 0
         drawn = table._update_count
         table.show(fired(many), clock.now(), clock.now())  # every schedule got a new last run
@@ -856,7 +856,7 @@ async def test_rows_caught_up_off_screen_leave_the_rows_on_screen_rendered(store
         assert " missed " in cell(app, "bulk-0599", "last")  # far below: caught up
         # On screen: its cells redrawn through update_cell (an update each); off screen: none.
         assert table._update_count - drawn <= 3 * (table.size.height + 2)
-        assert len(table._cell_render_cache.keys()) >= rendered // 2  # the screen's cells still there
+        assert len(table._cells_drawn.keys()) >= rendered // 2  # the screen's cells still there
         assert notes.seen == []
 
 

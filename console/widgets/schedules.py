@@ -20,15 +20,20 @@ from datetime import datetime, timedelta
 from itertools import islice, zip_longest
 from typing import Any, ClassVar, TypeVar
 
+from rich.console import RenderableType
+from rich.padding import Padding
 from rich.style import Style
 from rich.text import Text
 from textual import events, work
+from textual._types import SegmentLines
 from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.render import measure
+from textual.renderables.styled import Styled
+from textual.widget import Widget
 from textual.widgets import DataTable
-from textual.widgets._data_table import Row, default_cell_formatter
+from textual.widgets._data_table import _EMPTY_TEXT, Row, default_cell_formatter
 from textual.widgets.data_table import ColumnKey, DuplicateKey, RowKey
 
 from backend.model import Run, ScheduleView
@@ -155,6 +160,10 @@ class FreshTable(DataTable[Text | str]):
         self._cell_render_cache = RingFreeCache(self.CACHED_CELLS)
         self._row_renderable_cache = RingFreeCache(self.CACHED_LINES)
         self._line_cache = RingFreeCache(self.CACHED_LINES)
+        self._cells_drawn: RingFreeCache[tuple[object, ...], tuple[object, SegmentLines]] = RingFreeCache(
+            self.CACHED_CELLS
+        )
+        """The cells rendered (:meth:`_render_cell`), with what each showed."""
         # (one entry each, but Textual's ring of one is a cycle too: the list of every row)
         self._offset_cache = RingFreeCache(1)
         self._ordered_row_cache = RingFreeCache(1)
@@ -240,13 +249,83 @@ class FreshTable(DataTable[Text | str]):
         through Rich, for a countdown changed in each row.)"""
         rows = set(cells)
         indices: set[object] = {self._row_locations.get(row) for row in rows}
-        for cell in [key for key in self._cell_render_cache.keys() if key[1] in cells.get(key[0], ())]:
-            self._cell_render_cache.discard(cell)  # (row key, column key, …)
+        changed = {(row, column) for row, columns in cells.items() for column in columns}
+        for cell in [key for key in self._cells_drawn.keys() if key[:2] in changed]:
+            self._cells_drawn.discard(cell)  # (row key, column key, …)
+        for textual_cell in [key for key in self._cell_render_cache.keys() if key[:2] in changed]:
+            self._cell_render_cache.discard(textual_cell)
         for lines in [key for key in self._row_render_cache.keys() if key[0] in rows]:
             self._row_render_cache.discard(lines)  # (row key, line, …)
         for renderables in [key for key in self._row_renderable_cache.keys() if key[1] in indices]:
             self._row_renderable_cache.discard(renderables)  # (update count, row index)
         self._line_cache.clear()  # keyed by screen line: cheap to draw again from the rows
+
+    def _render_cell(
+        self, row_index: int, column_index: int, base_style: Style, width: int, cursor: bool = False, hover: bool = False
+    ) -> SegmentLines:
+        """A cell's lines, kept while the cell, its place, width and the styles it is drawn
+        with stay the same. Textual keys them by the table's update count and focus as well,
+        and drops them all on any style change (focus taken or lost, the view shown again):
+        every cell on screen was drawn again through Rich, ~100 µs each, and a view switched
+        back to redrew its whole table."""
+        header = row_index == -1
+        if column_index == -1 or (not header and (row_index < self.fixed_rows or column_index < self.fixed_columns)):
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)  # (unused here)
+        column_key = self._column_locations.get_key(column_index)
+        row_key = self._header_row_key if header else self._row_locations.get_key(row_index)
+        if column_key is None or row_key is None:
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        column = self.columns[column_key]
+        datum: object
+        if header:
+            datum, height = column.label, self.header_height
+        else:
+            row = self.rows[row_key]
+            if row.auto_height:
+                return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+            datum, height = self._data[row_key].get(column.key), row.height
+        component_style, post_style = self._get_styles_to_render_cell(
+            header, False, False, hover, cursor, self.show_cursor, self._show_hover_cursor,
+            self.cursor_foreground_priority == "css", self.cursor_background_priority == "css",
+        )  # fmt: skip
+        content = datum if datum is None or isinstance(datum, str) else id(datum)  # (a Text is replaced, not changed)
+        key = (row_key, column.key, row_index, column_index, content, width, height, self.cell_padding, base_style,
+               component_style, post_style)  # fmt: skip
+        kept = self._cells_drawn.get(key)
+        if kept is not None and (kept[0] is datum or content is datum):
+            return kept[1]
+        if datum is None:
+            renderable: RenderableType = _EMPTY_TEXT
+        elif header:
+            renderable = column.label
+        else:
+            renderable = default_cell_formatter(datum, wrap=height != 1, height=height) or _EMPTY_TEXT
+        options = self.app.console_options.update_dimensions(width, height)
+        if height == 1:
+            options = options.update(no_wrap=True)
+        styled = Styled(
+            Padding(renderable, (0, self.cell_padding)),
+            pre_style=base_style + Style.from_meta({"row": row_index, "column": column_index}) + component_style,
+            post_style=post_style,
+        )
+        lines = self.app.console.render_lines(styled, options)
+        self._cells_drawn[key] = (datum, lines)
+        return lines
+
+    def _clear_caches(self) -> None:
+        super()._clear_caches()
+        self._cells_drawn.clear()
+
+    def notify_style_update(self) -> None:
+        """As Textual's, but the cells rendered stay (:meth:`_render_cell`: each is kept with
+        the styles it was drawn with)."""
+        Widget.notify_style_update(self)
+        self._row_render_cache.clear()
+        self._row_renderable_cache.clear()
+        self._line_cache.clear()
+        self._styles_cache.clear()
+        self._get_styles_to_render_cell.cache_clear()
+        self.refresh()
 
     def hidden_columns(self) -> list[str]:
         """The labels of the columns that do not fit the table's width, whole (from the
