@@ -79,6 +79,18 @@ async def test_leaving_the_health_view_restyles_its_rows_container_not_every_row
         assert notes.seen == []
 
 
+async def test_a_health_row_is_one_widget(store_url: str) -> None:  # noqa: F811
+    # Seven widgets a row made the view's 120 rows some 800 widgets at 1,000 schedules:
+    # laid out and drawn each time the view was shown again (100-200 ms).
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("7")
+        await settle(pilot)
+        container = app.query_one("#schedule-rows")
+        rows = list(container.query_children(HealthRow))
+        assert len(rows) == len(app.views) and list(container.walk_children()) == rows
+        assert notes.seen == []
+
+
 async def test_a_view_switched_to_is_read_again_once_it_is_on_screen(store_url: str) -> None:  # noqa: F811
     # The read that follows a view switch ran beside the first frame of the view: an
     # embedded engine answers on a thread of its own, which held the interpreter lock for

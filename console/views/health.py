@@ -266,4 +266,4 @@ class HealthView(View):
         self._show_alerts(backend_now)
         rows = self.query_one("#schedule-rows", Vertical).query_children(HealthRow)
         for row, schedule in zip(rows, self._shown, strict=False):
-            row.last.update(late_text(schedule, backend_now))
+            row.show_last(late_text(schedule, backend_now))
