@@ -22,6 +22,7 @@ from typing import Any, ClassVar, TypeVar
 
 from rich.console import RenderableType
 from rich.padding import Padding
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual import events, work
@@ -106,6 +107,9 @@ def last_run_text(view: ScheduleView, now: datetime, app: object) -> Text:
     text.truncate(LAST_WIDTH, overflow="ellipsis")
     return text
 
+
+_LINE_BREAK = Text("\n")
+"""What Rich joins a text's wrapped lines with."""
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -300,17 +304,37 @@ class FreshTable(DataTable[Text | str]):
             renderable = column.label
         else:
             renderable = default_cell_formatter(datum, wrap=height != 1, height=height) or _EMPTY_TEXT
-        options = self.app.console_options.update_dimensions(width, height)
-        if height == 1:
-            options = options.update(no_wrap=True)
-        styled = Styled(
-            Padding(renderable, (0, self.cell_padding)),
-            pre_style=base_style + Style.from_meta({"row": row_index, "column": column_index}) + component_style,
-            post_style=post_style,
-        )
-        lines = self.app.console.render_lines(styled, options)
+        pre_style = base_style + Style.from_meta({"row": row_index, "column": column_index}) + component_style
+        lines = self._one_line(renderable, width, pre_style, post_style) if height == 1 else None
+        if lines is None:
+            options = self.app.console_options.update_dimensions(width, height)
+            if height == 1:
+                options = options.update(no_wrap=True)
+            styled = Styled(Padding(renderable, (0, self.cell_padding)), pre_style=pre_style, post_style=post_style)
+            lines = self.app.console.render_lines(styled, options)
         self._cells_drawn[key] = (datum, lines)
         return lines
+
+    def _one_line(self, cell: object, width: int, pre_style: Style, post_style: Style) -> SegmentLines | None:
+        """A one-line text that fits its column, drawn as Rich draws it (padded, its style
+        under its spans, then ``pre_style`` and ``post_style`` over it all) without Rich's
+        wrapping, measuring and padding machinery, a fifth of the time. ``None`` for any
+        other cell (Rich draws it)."""
+        if not isinstance(cell, Text) or cell.justify not in (None, "default"):
+            return None
+        pad = self.cell_padding
+        room = width - 2 * pad
+        plain = cell.plain
+        if room <= 0 or not plain or "\n" in plain or "\t" in plain or cell.cell_len > room:
+            return None
+        null = Style.null()
+        segments: list[Segment] = [Segment(" " * pad, null)] if pad else []
+        segments.extend(_LINE_BREAK.join([cell]).render(self.app.console))  # (as a wrapped line is joined)
+        if cell.cell_len < room:
+            segments.append(Segment(" " * (room - cell.cell_len), null))
+        if pad:
+            segments.append(Segment(" " * pad, null))
+        return [list(Segment.apply_style(segments, pre_style, post_style))]
 
     def _clear_caches(self) -> None:
         super()._clear_caches()
