@@ -18,6 +18,8 @@ from textual.geometry import Region
 from textual.message_pump import MessagePump
 from textual.renderables.styled import Styled
 from textual.strip import Strip
+from textual.style import Style as TextualStyle
+from textual.widget import Widget
 
 from console.heap import Collector, lines_without_cycles
 from console.keygate import _busy, quiet
@@ -196,6 +198,33 @@ async def test_a_tables_text_cells_are_drawn_as_rich_draws_them_without_rich(
         lines = table.render_lines(Region(0, 0, table.size.width, table.size.height))
         assert len(lines) == table.size.height and "daily-digest" in "".join(line.text for line in lines)
         assert through_rich == []
+        assert notes.seen == []
+
+
+async def test_a_health_row_is_drawn_as_textual_draws_its_content_with_its_styles_kept(
+    store_url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    # A style made afresh for each of a row's ~40 pieces (a sparkline's cells) took most of
+    # the time to draw the view after a refresh.
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("7")
+        await settle(pilot)
+        rows = list(app.query(HealthRow))
+        assert len(rows) > 5
+        for row in rows:
+            assert list(row.render_line(0)) == list(Widget.render_line(row, 0))  # Textual's, from render()
+        made: list[object] = []
+        with_offset = TextualStyle.rich_style_with_offset
+
+        def counting(style: TextualStyle, x: int, y: int) -> Any:
+            made.append(style)
+            return with_offset(style, x, y)
+
+        monkeypatch.setattr(TextualStyle, "rich_style_with_offset", counting)
+        for row in rows:
+            row.refresh()  # (as new data does)
+            row.render_line(0)
+        assert made == []
         assert notes.seen == []
 
 
