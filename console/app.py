@@ -1055,6 +1055,9 @@ class SchedtuiApp(App[None]):
         if field.display or self.filter_text:
             field.value = ""
             field.display = False
+            # Every row back now, not once the field says it changed: in the frame that
+            # hides the field, not in a second one.
+            self.filter_text = ""
             self.active_view.focus_main()
 
     def action_command_line(self) -> None:

@@ -228,6 +228,48 @@ async def test_a_health_row_is_drawn_as_textual_draws_its_content_with_its_style
         assert notes.seen == []
 
 
+async def test_rows_shown_again_with_the_cells_they_were_measured_with_are_not_measured_again(
+    store_url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    # A column never narrows: a thousand rows back after a filter, with the cells they had,
+    # were measured again (7,000 cells), most of the time the key took before its frame.
+    async with console(store_url) as (app, pilot, clock, notes):
+        table = schedules(app)
+        many = with_bulk(app.views, 600)
+        table.show(many, clock.now(), clock.now())
+        await settle(pilot)
+        widths = {key: column.get_render_width(table) for key, column in table.columns.items()}
+        table.show(many[:3], clock.now(), clock.now())  # filtered
+        await settle(pilot)
+        measured: list[Text] = []
+        cell_len = Text.cell_len
+
+        def counting(text: Text) -> int:
+            measured.append(text)
+            return cell_len.fget(text)  # type: ignore[attr-defined, no-any-return]
+
+        monkeypatch.setattr(Text, "cell_len", property(counting))
+        table.show(many, clock.now(), clock.now())  # the filter cleared
+        await settle(pilot)
+        monkeypatch.undo()
+        assert len(measured) < 300  # the rows whose cells were made again (on screen), not 600 x 7
+        assert {key: column.get_render_width(table) for key, column in table.columns.items()} == widths
+        assert notes.seen == []
+
+
+async def test_esc_brings_every_row_back_with_the_filter_it_hides(store_url: str) -> None:  # noqa: F811
+    # (the rows came back once the field said it was empty: a frame later, drawn again)
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("slash", *"stuck", "enter")
+        await settle(pilot)
+        table = schedules(app)
+        assert table.row_count == 1 and app.filter_text == "stuck"
+        app.action_clear_filter()
+        assert table.row_count == len(app.views) and not app.query_one("#filter").display
+        await settle(pilot)
+        assert table.row_count == len(app.views) and app.filter_text == "" and notes.seen == []
+
+
 def in_a_cycle(start: object) -> bool:
     """Whether ``start`` can reach itself through references (only the collector frees it)."""
     seen: set[int] = set()

@@ -683,6 +683,8 @@ async def test_rows_shown_again_after_a_filter_are_measured_by_their_text_not_re
         assert len(rendered) < 50  # was 600 rows x 7 columns
         monkeypatch.undo()
         for column in table.columns.values():  # as Textual would have measured them
+            if not column.auto_width:
+                continue  # (its width is set: what its cells measure draws nothing differently)
             cells = [data_table.default_cell_formatter(value) for value in table.get_column(column.key)]
             assert column.content_width == max(measure(app.console, c, 1) for c in cells), column.label
         assert table.virtual_size.height == len(many) + 1  # the rows and the header

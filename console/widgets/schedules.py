@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from itertools import islice, zip_longest
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from rich.console import RenderableType
 from rich.padding import Padding
@@ -169,6 +169,8 @@ class FreshTable(DataTable[Text | str]):
         )
         """The cells rendered (:meth:`_render_cell`), with what each showed."""
         # (one entry each, but Textual's ring of one is a cycle too: the list of every row)
+        self._measured: dict[RowKey, tuple[object, ...]] = {}
+        """The cells of each row (in the columns sized to their cells) as last measured."""
         self._offset_cache = RingFreeCache(1)
         self._ordered_row_cache = RingFreeCache(1)
 
@@ -206,19 +208,36 @@ class FreshTable(DataTable[Text | str]):
             if row is not None and (row.auto_height or row.height != 1 or row.label is not None):
                 super()._update_dimensions(keys)  # Textual's way, for the rows that need it
                 return
-        columns = self.ordered_columns
+        # Only the columns sized to their cells, and only cells not measured before: a
+        # column never narrows (as Textual's), so rows shown again with the cells they had
+        # when measured (a filter cleared) change nothing.
+        columns = [column for column in self.ordered_columns if column.auto_width]
+        measured = self._measured
         for key in keys:
             values = self._data.get(key)
             if values is None or key not in self._row_locations:
                 continue  # removed before the idle came
-            for column in columns:
-                value = values.get(column.key)
+            cells = tuple(values.get(column.key) for column in columns)
+            before = measured.get(key)
+            if before is not None and all(a is b for a, b in zip(before, cells, strict=True)):
+                continue
+            measured[key] = cells
+            for column, value in zip(columns, cells, strict=True):
                 text = value if isinstance(value, Text) else default_cell_formatter(value)
                 width = text.cell_len if isinstance(text, Text) else measure(self.app.console, text, 1)
                 if width > column.content_width:
                     column.content_width = width
         width = sum(column.get_render_width(self) for column in self.columns.values()) + self._row_label_column_width
         self.virtual_size = Size(width, self._total_row_height + (self.header_height if self.show_header else 0))
+
+    def add_column(self, *args: Any, **kwargs: Any) -> ColumnKey:
+        self._measured.clear()  # (every row measured again, for it too)
+        return super().add_column(*args, **kwargs)
+
+    def clear(self, columns: bool = False) -> Self:
+        if columns:
+            self._measured.clear()
+        return super().clear(columns)
 
     @property
     def measuring(self) -> bool:
