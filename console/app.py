@@ -33,7 +33,6 @@ app connects it, and the caller closes it after the app has exited (or passes
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
@@ -62,6 +61,7 @@ from console import format as fmt
 from console.commands import ConsoleCommands
 from console.driver import batched
 from console.fleet import CronCache, Fleet, Overdue, fleet_of
+from console.heap import Collector, freeze_heap, lines_without_cycles
 from console.keygate import KeyGate
 from console.keys import Key, bindings
 from console.screens.backfill import BackfillScreen
@@ -118,15 +118,6 @@ def short_where(info: ConnectionInfo) -> str:
         except ValueError:
             continue
     return info.where
-
-
-def freeze_heap() -> None:
-    """What lives once the first screen is drawn (modules, widgets, the schedules' rows) lives
-    as long as the console: move it out of the garbage collector's sight, so that a full
-    collection scans only what came after. At 1,000 schedules a full pass over it took
-    110-370 ms, and a key pressed then waited for it."""
-    gc.collect()
-    gc.freeze()
 
 
 def parse_keymap(text: str) -> dict[str, str]:
@@ -268,8 +259,11 @@ class SchedtuiApp(App[None]):
         self._events_failures = 0
         self._instances_now: datetime | None = None
         self._freeze_heap = freeze_heap
-        """Freeze the heap once the first screen is drawn (:func:`freeze_heap`): for the
-        console's own process (``schedtui console``), not for tests that run many apps in one."""
+        """Freeze the heap once the first screen is drawn (:func:`freeze_heap`) and pace the
+        full collections from then on (:attr:`collector`): for the console's own process
+        (``schedtui console``), not for tests that run many apps in one."""
+        self.collector = Collector()
+        lines_without_cycles()
         if "TEXTUAL_ANIMATIONS" not in os.environ:
             self.animation_level = "none"  # over SSH and in tmux: no animations unless asked
         if keymap:
@@ -318,11 +312,13 @@ class SchedtuiApp(App[None]):
 
     async def on_event(self, event: events.Event) -> None:
         if self.key_gate.takes(event):
+            self.collector.busy()
             self.key_gate.arrive(event)
             return
         await super().on_event(event)
 
     async def on_unmount(self) -> None:
+        self.collector.stop()
         await self.key_gate.close()
         if self._events_task is not None:
             self._events_task.cancel()
@@ -372,6 +368,7 @@ class SchedtuiApp(App[None]):
         header.now = now
         self.query_one(FleetBanner).now = now
         view.tick(now)
+        self.collector.tick()
         if (
             self._events_retry_at is not None
             and now >= self._events_retry_at
@@ -484,8 +481,12 @@ class SchedtuiApp(App[None]):
             view.show()
         if self._freeze_heap:
             self._freeze_heap = False
-            self.call_after_refresh(freeze_heap)
+            self.call_after_refresh(self._freeze)
         self.post_message(self.Refreshed())
+
+    def _freeze(self) -> None:
+        freeze_heap()
+        self.collector.start()
 
     async def _read_instances(self, *, force: bool = False) -> None:
         now = self.clock.now()
@@ -865,7 +866,10 @@ class SchedtuiApp(App[None]):
         view.focus_main()
         if self.views:
             view.show()
-        self.request_refresh()
+        # Read afresh once the view is on screen: the backend's reads (an embedded engine's
+        # on a thread of its own) held the interpreter lock half the time the first frame
+        # was being drawn, and the view shows what it had meanwhile.
+        self.call_after_refresh(self.request_refresh)
 
     def action_toggle_zone(self) -> None:
         """``z``: times in UTC, or in the operator's zone."""
@@ -1051,6 +1055,9 @@ class SchedtuiApp(App[None]):
         if field.display or self.filter_text:
             field.value = ""
             field.display = False
+            # Every row back now, not once the field says it changed: in the frame that
+            # hides the field, not in a second one.
+            self.filter_text = ""
             self.active_view.focus_main()
 
     def action_command_line(self) -> None:

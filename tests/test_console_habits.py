@@ -160,6 +160,18 @@ async def test_j_k_g_and_shift_g_move_in_every_views_table(store_url: str) -> No
                 assert main.cursor_row == row, (spec.id, key)
 
 
+async def test_moving_in_an_empty_table_does_nothing(store_url: str) -> None:
+    # (up, k and G on a table that a filter emptied: the highlight of no row crashed the console)
+    async with console(store_url) as (app, pilot, notes):
+        await type_at_once(pilot, "slash", *"no such schedule", "enter")
+        table = app.query_one("SchedulesTable", DataTable)
+        assert table.row_count == 0 and app.focused is table
+        for key in ("up", "k", "G", "down", "j", "g", "end", "home"):
+            await pilot.press(key)
+            await settle(pilot)
+        assert app.is_running and app.selected_name is None and notes.seen == []
+
+
 async def test_the_command_line_switches_views_by_name_even_typed_at_once(store_url: str) -> None:
     async with console(store_url) as (app, pilot, notes):
         await type_at_once(pilot, "colon", *"locks", "enter")

@@ -13,7 +13,7 @@ from backend.api.app import create_app
 from backend.client.interface import ConnectionInfo
 from backend.client.remote import RemoteBackend
 from console.views.health import HealthView
-from console.widgets.health import HealthRow, Spark, levels
+from console.widgets.health import HealthRow, levels
 from console.widgets.line import Line
 from tests.console_fixtures import FIRING_ALERTS, add_alerts, add_jobs, add_timeline_history, console_backend
 from tests.test_console import console, ledger, settle, store_url  # noqa: F401 - fixtures
@@ -29,12 +29,9 @@ def rows(app: Any, where: str) -> dict[str, tuple[list[int], str, list[int], str
     """name -> (first series, its total, second series, its total, last column)."""
     found = {}
     for row in app.query_one(where).query_children(HealthRow):
-        first, second = row.first, row.second
-        assert isinstance(first, Spark) and isinstance(second, Spark)
-        found[row.name_cell.content.plain] = (
-            list(first.data or []), row.first_total.content.plain, list(second.data or []),
-            row.second_total.content.plain, row.last.content.plain,
-        )  # fmt: skip
+        name, first, first_total, second, second_total, last = row.cells
+        assert isinstance(first, list) and isinstance(second, list)
+        found[name.plain] = (first, first_total.plain, second, second_total.plain, last.plain)
     return found
 
 
@@ -154,7 +151,7 @@ async def test_rows_are_kept_between_refreshes_and_capped(store_url: str, monkey
         await pilot.press("7")
         await settle(pilot)
         drawn = list(app.query_one("#schedule-rows").query_children(HealthRow))
-        assert [row.name_cell.content.plain for row in drawn] == ["flaky-export", "stuck-import", "daily-digest"]
+        assert [row.cells[0].plain for row in drawn] == ["flaky-export", "stuck-import", "daily-digest"]
         more = app.query_one("#schedules-more", Line)
         assert more.display and more.content.plain == "… and 4 more schedules, none with more failures or later than these"
         assert not app.query_one("#queues-more", Line).display  # three queues: all drawn

@@ -168,7 +168,7 @@ class JobsView(View):
     # -- selection ------------------------------------------------------------------------
     @on(DataTable.RowHighlighted, "#queues")
     def _queue_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        name = event.row_key.value
+        name = getattr(event.row_key, "value", None)  # (no row: a key moved in an empty table)
         if name is None or name == self.selected_queue:
             return
         self.selected_queue = name

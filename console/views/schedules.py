@@ -235,7 +235,7 @@ class SchedulesView(View):
 
     @on(DataTable.RowHighlighted, "#schedules")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
-        self._select(event.row_key.value)
+        self._select(getattr(event.row_key, "value", None))  # (no row: a key moved in an empty table)
 
     @on(DataTable.RowSelected)
     def _row_selected(self, event: DataTable.RowSelected) -> None:

@@ -352,7 +352,8 @@ async def keys_at_boundary(folder: Path, count: int, rounds: int) -> dict[str, A
 
     async def quiet() -> None:
         jump(False)
-        await wait_until(lambda: not app.query_one(SchedulesTable)._stale)
+        table = app.query_one(SchedulesTable)
+        await wait_until(lambda: not table._stale or not table.shown)  # (hidden: it waits to be shown)
         await asyncio.sleep(0.3)  # an operator's pace; the boundary's work long done
 
     async def moment(case: str) -> None:
