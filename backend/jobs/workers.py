@@ -39,7 +39,6 @@ import json
 import logging
 from collections import Counter, deque
 from collections.abc import Iterable
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -69,13 +68,15 @@ AHEAD_ROUNDS = 4
 class JobRun(Invocation):
     """One attempt of one job in this process."""
 
-    __slots__ = ("claimed", "context", "queue", "workers")
+    __slots__ = ("claimed", "context", "queue", "started_at", "workers")
 
-    def __init__(self, workers: Workers, queue: Queue, claimed: Claimed) -> None:
-        super().__init__("", timedelta(seconds=queue.max_runtime), queue.is_async)
+    def __init__(self, workers: Workers, queue: Queue, claimed: Claimed, started_at: datetime | None = None) -> None:
+        super().__init__("", workers.runtimes[queue.name], queue.name in workers.async_queues)
         self.workers = workers
         self.queue = queue
         self.claimed = claimed
+        self.started_at = claimed.started_at if started_at is None else started_at
+        """When the attempt started: its claim, or (claimed ahead) when it was handed a seat."""
         self.context: JobContext | None = None
 
     captured = True
@@ -155,6 +156,10 @@ class Workers:
         self.store = jobs.store
         self.lease = shared.registry.lease
         self.queues = {q.name: q for q in queues}
+        self.runtimes = {q.name: timedelta(seconds=q.max_runtime) for q in self.queues.values()}
+        self.async_queues = {q.name for q in self.queues.values() if q.is_async}
+        """Queues of async handlers: each claimed job with a seat starts a lane that runs the
+        jobs handed its seat after it (see :meth:`~backend.runtime.runner.HandlerRunner.start_lane`)."""
         self.poll_interval = timedelta(seconds=poll_interval)
         self.running: dict[str, JobRun] = {}
         """Claimed here and not yet handed to the store as ended."""
@@ -240,14 +245,14 @@ class Workers:
 
     def room(self, queue: Queue) -> int:
         free = queue.concurrency - self.active[queue.name] - self.asked[queue.name]
-        if not queue.is_async:
+        if queue.name not in self.async_queues:
             free = min(free, self.runner.pool.max_threads - self.runner.pool.busy - sum(self.asked.values()))
         return free
 
     def ahead(self, queue: Queue) -> int:
         """How many more jobs of ``queue`` to claim ahead (see the module)."""
         name = queue.name
-        if not queue.is_async or name not in self.fast or name not in self.backlog or not self.store.job_reservations:
+        if name not in self.async_queues or name not in self.fast or name not in self.backlog or not self.store.job_reservations:
             return 0
         return AHEAD_ROUNDS * queue.concurrency - len(self.waiting[name]) - self.ahead_asked[name]
 
@@ -422,17 +427,40 @@ class Workers:
 
     # -- running -------------------------------------------------------------------------
     def _run(self, claimed: Claimed) -> JobRun:
-        queue = self.queues[claimed.queue]
-        run = JobRun(self, queue, claimed)
+        """Start a job claimed with a seat: an async one on a lane of its own (which runs
+        the jobs handed its seat after it), a sync one on a thread."""
+        run = self._take(claimed, claimed.seat, claimed.started_at)
+        if run.is_async:
+            self.runner.start_lane(run, run.queue.handler, self._successor, self._lane_lost)
+        else:
+            self._start_thread(run)
+        return run
+
+    def _take(self, claimed: Claimed, seat: int | None, started_at: datetime) -> JobRun:
+        """A job of ours about to start (on ``seat``)."""
+        run = JobRun(self, self.queues[claimed.queue], claimed, started_at)
         self.running[claimed.id] = run
-        self.active[queue.name] += 1
-        if claimed.seat is not None:
-            self.seat_of[claimed.id] = claimed.seat
+        self.active[claimed.queue] += 1
+        if seat is not None:
+            self.seat_of[claimed.id] = seat
+        return run
+
+    def _start_thread(self, run: JobRun) -> None:
         try:
-            self.runner.start(run, queue.handler)
+            self.runner.start(run, run.queue.handler)
         except RunnerSaturated as exc:
             run.settle(Outcome("skipped", self.clock.now(), TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
-        return run
+
+    def _successor(self, ended: Invocation) -> JobRun | None:
+        """A lane's job ended: the next job of its queue claimed ahead, handed its seat (or
+        ``None``: the lane ends)."""
+        assert isinstance(ended, JobRun)
+        return self._hand_seat(ended, self.clock.now())
+
+    def _lane_lost(self, held: Invocation) -> None:
+        """A lane was cancelled from elsewhere: its seat is handed to nobody."""
+        assert isinstance(held, JobRun)
+        self._hand_seat(held, self.clock.now(), hand=False)
 
     def _release_waiting(self, name: str) -> None:
         """Jobs of ``name`` claimed ahead go back untouched (no attempt used)."""
@@ -445,21 +473,26 @@ class Workers:
         self.due.add(name)  # they are due again: claim them (with seats) in the next cycle
         self.wake.set()
 
-    def _hand_seat(self, ended: Claimed, now: datetime) -> None:
+    def _hand_seat(self, ended: JobRun, now: datetime, *, hand: bool = True) -> JobRun | None:
         """An attempt ended: its seat goes to the next job of its queue claimed ahead (if
-        any, and while this instance may start handlers)."""
-        seat = self.seat_of.pop(ended.id, None)
-        waiting = self.waiting[ended.queue]
+        any, and while this instance may start handlers). That job's run, started here if
+        its handler is sync; an async one is the ended one's lane's to run."""
+        seat = self.seat_of.pop(ended.claimed.id, None)
+        name = ended.queue.name
+        waiting = self.waiting[name]
         if not waiting:
-            return
-        if seat is not None and not self.stopping and self.lease.fresh():
+            return None
+        if hand and seat is not None and not self.stopping and self.lease.fresh():
             nxt = waiting.popleft()
             self.ahead_ids.discard(nxt.id)
-            nxt = replace(nxt, started_at=now, seat=seat)
-            run = self._run(nxt)
+            run = self._take(nxt, seat, now)
             self.handovers.append((Handover(nxt.id, nxt.tries, seat), run))
-        elif not self.active[ended.queue]:
-            self._release_waiting(ended.queue)
+            if not run.is_async:
+                self._start_thread(run)
+            return run
+        if not self.active[name]:
+            self._release_waiting(name)
+        return None
 
     def ended(self, run: JobRun, outcome: Outcome) -> None:
         """An attempt's handler ended (on the engine's loop, once per attempt)."""
@@ -478,21 +511,14 @@ class Workers:
         if kind == "dead":
             log.warning("job %s of %s is dead after %d attempt(s): %s", c.id, c.queue, c.attempt, outcome.error_message)
         finish = Finish(
-            id=c.id,
-            queue=c.queue,
-            tries=c.tries,
-            kind=kind,
-            attempt=c.attempt,
-            started_at=c.started_at,
-            finished_at=outcome.at,
-            instance=self.instance,
-            error_tag=outcome.error_tag,
-            error_message=outcome.error_message,
-            retry_at=retry_at,
-        )
+            c.id, c.queue, c.tries, kind, c.attempt, run.started_at, outcome.at, self.instance,
+            outcome.error_tag, outcome.error_message, retry_at,
+        )  # fmt: skip
         self.finishes.append((finish, run))
         self.ended_since[c.queue] += 1
-        self._hand_seat(c, now)  # after the finish: it goes first, freeing the seat
+        if not run.is_async:
+            self._hand_seat(run, now)  # after the finish: it goes first, freeing the seat
+        # (an async one's lane hands its seat on: see _successor)
         if kind == "retry" and retry_at is not None:
             upcoming = self.next_at.get(c.queue)
             if upcoming is None or retry_at < upcoming:
