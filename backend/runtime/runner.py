@@ -100,34 +100,36 @@ class Outcome:
 
 
 class _InContext:
-    """Awaits an awaitable with each of its steps run in ``context``: a call of a lane (see
-    :meth:`HandlerRunner.start_lane`) in its own context, on the lane's task."""
+    """The rest of a call of a lane (see :meth:`HandlerRunner.start_lane`) that waited at its
+    first step (which yielded ``first``): awaited on the lane's task with each of its steps
+    run in ``context``, the call's own."""
 
-    __slots__ = ("context", "steps")
+    __slots__ = ("context", "first", "steps")
 
-    def __init__(self, awaitable: Any, context: contextvars.Context) -> None:
-        self.steps = awaitable.__await__()
+    def __init__(self, steps: Any, context: contextvars.Context, first: Any) -> None:
+        self.steps = steps
         self.context = context
+        self.first = first
 
     def __await__(self) -> Any:
         steps, run = self.steps, self.context.run
-        value: Any = None
-        error: BaseException | None = None
+        out = self.first
         while True:
-            try:
-                if error is None:
-                    out = run(steps.send, value)
-                else:
-                    out, error = run(steps.throw, error), None
-            except StopIteration as stop:
-                return stop.value
             try:
                 value = yield out
             except GeneratorExit:
                 steps.close()
                 raise
             except BaseException as exc:  # noqa: B036 - thrown in by the task (a cancellation): passed on
-                value, error = None, exc
+                try:
+                    out = run(steps.throw, exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    out = run(steps.send, value)
+                except StopIteration as stop:
+                    return stop.value
 
 
 class RunnerSaturated(Exception):
@@ -500,9 +502,10 @@ class HandlerRunner:
     ) -> None:
         invocation = holder[0]
         task = invocation.task if invocation is not None else None
+        assert task is not None
         ran = 0
         while invocation is not None:
-            await self._inline(invocation, fn)
+            await self._inline(invocation, fn, task)
             invocation = holder[0] = successor(invocation)
             if invocation is None:
                 return
@@ -513,11 +516,9 @@ class HandlerRunner:
             if ran % LANE_YIELD == 0:
                 await asyncio.sleep(0)  # a run of calls that never wait: let the loop run
 
-    async def _inline(self, invocation: Invocation, fn: Callable[[Any], Any]) -> None:
-        """One call of a lane, on the lane's task (see :meth:`start_lane`): as :meth:`_call`,
-        and ended here."""
-        task = asyncio.current_task()
-        assert task is not None
+    async def _inline(self, invocation: Invocation, fn: Callable[[Any], Any], task: asyncio.Task[None]) -> None:
+        """One call of a lane, on the lane's ``task`` (see :meth:`start_lane`): as
+        :meth:`_call`, and ended here."""
         if invocation.done:  # settled before the lane reached it: it never begins
             invocation.task = None
             self._end(invocation)
@@ -549,7 +550,13 @@ class HandlerRunner:
                     invocation.opener = logs.register
                     captured = invocation
                 context.run(CURRENT.set, captured)
-            value = await _InContext(context.run(fn, arg), context)
+            steps = context.run(fn, arg).__await__()
+            try:
+                first = context.run(steps.send, None)
+            except StopIteration as stop:  # done without waiting (most short handlers)
+                value = stop.value
+            else:
+                value = await _InContext(steps, context, first)
         except asyncio.CancelledError:
             invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
         except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the call, not the process
