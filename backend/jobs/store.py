@@ -167,6 +167,9 @@ class JobStore(Protocol):
     """Whether :meth:`notify_jobs` reaches other processes (else workers only poll)."""
     job_reservations: bool
     """Whether :meth:`cycle_jobs` claims ahead (``ahead``) and takes handovers."""
+    job_streams: int
+    """How many cycles of disjoint queues a worker may have on their way at once to good
+    effect (each on a connection of its own; one where writes are serial anyway)."""
 
     async def define_queues(self, queues: Sequence[QueueSpec], at: datetime, *, update: bool) -> None:
         """Record the queues (``update``: overwrite their settings; else only add missing

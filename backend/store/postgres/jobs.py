@@ -481,6 +481,8 @@ class PostgresJobs:
     COMPONENT = Component("jobs", (SCHEMA_V1,))
     job_notifications = True
     job_reservations = True
+    #: Two: the worker's Python and the server each have a core's work while the other waits.
+    job_streams = 2
 
     _conninfo: str
     _with_conn: Callable[..., Awaitable[Any]]
