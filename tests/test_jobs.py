@@ -287,6 +287,63 @@ async def test_short_jobs_claimed_ahead_keep_the_cap_across_workers_and_run_once
         assert [a.status for a in attempts] == ["succeeded"]
 
 
+async def test_queues_on_two_streams_are_claimed_side_by_side(pg_url: str, make_engine: Callable[..., Engine]) -> None:
+    """A stream's cycle on its way holds back neither the other stream's claims nor the
+    jobs they bring; each queue keeps its cap, and every job runs once."""
+    running: dict[str, set[str]] = {"a": set(), "b": set()}
+    ran: list[str] = []
+    most = 0
+
+    async def work(job: JobContext) -> None:
+        nonlocal most
+        running[job.queue].add(job.id)
+        most = max(most, *map(len, running.values()))
+        ran.append(job.id)
+        await asyncio.sleep(0)
+        running[job.queue].discard(job.id)
+
+    engine = make_engine([define_queue(name=q, handler=work, concurrency=2) for q in ("a", "b")], store=pg_url)
+    await engine.open()
+    workers_store = engine.jobs.store
+    inner = workers_store.cycle_jobs
+    held = asyncio.Event()
+    stuck = asyncio.Event()
+    on_their_way = most_at_once = 0
+
+    async def spy(finishes: Any, wanted: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal on_their_way, most_at_once
+        on_their_way += 1
+        most_at_once = max(most_at_once, on_their_way)
+        try:
+            if "a" in wanted and not held.is_set():
+                stuck.set()
+                await held.wait()  # queue a's first claim is slow to come back
+            return await inner(finishes, wanted, *args, **kwargs)
+        finally:
+            on_their_way -= 1
+
+    workers_store.cycle_jobs = spy  # type: ignore[method-assign]
+    sent = await engine.jobs.send_many("a", [{"payload": i} for i in range(20)])
+    sent += await engine.jobs.send_many("b", [{"payload": i} for i in range(20)])
+    await engine.start()
+    await asyncio.wait_for(stuck.wait(), 10)
+    b_ids = {s.id for s in sent[20:]}
+
+    async def until(done: Callable[[], bool]) -> None:
+        while not done():
+            await engine.quiesce(runs=False)
+            await asyncio.sleep(0)
+
+    # b's jobs run while a's claim is on its way (the timeout only bounds a broken test)
+    await asyncio.wait_for(until(lambda: b_ids <= set(ran)), 10)
+    assert not set(ran) - b_ids and most_at_once >= 2
+    held.set()
+    await asyncio.wait_for(until(lambda: len(ran) == 40), 10)
+    await engine.quiesce()
+    assert sorted(ran) == sorted(s.id for s in sent) and most <= 2
+    assert [(v.queued, v.running) for v in await engine.jobs.queue_views()] == [(0, 0), (0, 0)]
+
+
 async def test_a_sync_handler_runs_on_a_thread_and_sends_with_the_blocking_twin(make_engine: Callable[..., Engine]) -> None:
     threads: list[str] = []
 
