@@ -30,7 +30,7 @@ from backend import (
     define_schedule,
 )
 from backend.jobs.definition import backoff, check_send
-from backend.jobs.model import NotDead
+from backend.jobs.model import NotDead, job_context
 from tests.conftest import expect
 from tests.odd_exceptions import ODD_EXCEPTIONS, tag_of
 
@@ -141,6 +141,15 @@ async def test_a_handler_gets_its_job_and_a_success_leaves_only_its_attempt(make
     found = await detail(engine, sent.id)
     assert found.job is None and [(a.attempt, a.status) for a in found.attempts] == [(1, "succeeded")]
     assert found.to_json()["status"] is None and found.to_json()["attempts"][0]["status"] == "succeeded"
+
+
+def test_the_context_made_on_the_hot_path_is_the_dataclass_itself() -> None:
+    values = ("01JD3Z6Q0V9W4C7PAXH3KJ1M2B", "mail", {"to": "a"}, 2, 3, "k", "digest", T0, T0 - timedelta(seconds=5), None, 7)
+    made, plain = job_context(*values), JobContext(*values)  # type: ignore[arg-type]
+    assert made == plain and repr(made) == repr(plain)
+    assert [getattr(made, name) for name in JobContext.__slots__] == list(values)
+    with pytest.raises(AttributeError):
+        made.payload = None  # type: ignore[misc]  # frozen all the same
 
 
 async def test_a_failing_job_is_retried_on_the_exact_backoff_then_dead(make_engine: Callable[..., Engine], clock: ManualClock) -> None:

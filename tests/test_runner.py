@@ -24,7 +24,7 @@ import pytest
 from backend import DefinitionError, ManualClock, RunContext, define_schedule, open_store
 from backend.errors import describe_exception
 from backend.runtime.loops import Loops
-from backend.runtime.runner import HandlerRunner, Invocation, Outcome
+from backend.runtime.runner import COMPACT_DEADLINES, HandlerRunner, Invocation, Outcome
 from backend.scheduler.timers import TimerWheel
 from tests.conftest import all_runs
 from tests.odd_exceptions import ODD_EXCEPTIONS, tag_of
@@ -232,6 +232,25 @@ async def test_a_lane_runs_its_calls_one_after_another_on_one_task_each_in_its_o
     assert [[(o.status, o.value) for o in c.outcomes] for c in calls] == [[("succeeded", f"call {n}")] for n in range(1, 6)]
     assert lane.asked == calls and lane.lost == [] and seen.get() == "nothing"
     assert not runner.in_flight
+    await loops.cancel_all()
+
+
+async def test_calls_that_ended_in_time_are_not_kept_watched() -> None:
+    """A long run of short calls (a queue's backlog) keeps the watched deadlines, and the
+    calls they hold, to about those in flight: not every call until the first deadline."""
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    runner = HandlerRunner(clock, loops)
+    runner.open()
+
+    async def short(arg: str) -> None:
+        pass
+
+    calls = [Call(max_runtime=900) for _ in range(3 * COMPACT_DEADLINES)]
+    Lane(runner, calls, short)
+    await asyncio.wait_for(loops.quiesce(lambda: calls[-1].has_ended, nothing), 5)
+    assert all(c.outcomes[0].status == "succeeded" for c in calls)
+    assert len(runner._deadlines) <= COMPACT_DEADLINES + 1
     await loops.cancel_all()
 
 

@@ -55,9 +55,10 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from backend.clock import Clock
 from backend.errors import Unavailable
 from backend.jobs.definition import Queue, backoff
-from backend.jobs.model import JobContext
+from backend.jobs.model import JobContext, job_context
 from backend.jobs.store import Claimed, Finish, FinishKind, Handover, QueueSpec
 from backend.model import TAG_ABANDONED, TAG_INTERRUPTED, TAG_LEASE_LOST
 from backend.observability.logs import LogTarget
@@ -130,19 +131,10 @@ class JobRun(Invocation):
     def begin(self, now: datetime) -> JobContext:
         deadline = self.deadline = now + self.max_runtime
         c = self.claimed
-        self.context = JobContext(
-            id=c.id,
-            queue=c.queue,
-            payload=json.loads(c.payload),
-            attempt=c.attempt,
-            max_attempts=c.max_attempts,
-            key=c.key,
-            cron=c.cron,
-            deadline=deadline,
-            created_at=c.created_at,
-            jobs=self.workers.jobs.actions,
-            fence=c.tries,
-        )
+        self.context = job_context(
+            c.id, c.queue, json.loads(c.payload), c.attempt, c.max_attempts, c.key, c.cron, deadline, c.created_at,
+            self.workers.jobs.actions, c.tries,
+        )  # fmt: skip
         return self.context
 
     def ended(self) -> None:
@@ -151,6 +143,11 @@ class JobRun(Invocation):
         # attempt handed in and a retry can start.
         assert self.outcome is not None
         self.workers.ended(self, self.outcome)
+
+
+def _ended_at(run: JobRun, outcome: Outcome, clock: Clock) -> datetime:
+    """When ``run``'s handler ended: when it was settled, unless it ran on after that."""
+    return outcome.at if run.given_up_at is None else clock.now()
 
 
 def decide(claimed: Claimed, outcome: Outcome, *, stopping: bool = False) -> tuple[FinishKind, datetime | None]:
@@ -516,8 +513,8 @@ class Workers:
     def _successor(self, ended: Invocation) -> JobRun | None:
         """A lane's job ended: the next job of its queue claimed ahead, handed its seat (or
         ``None``: the lane ends)."""
-        assert isinstance(ended, JobRun)
-        return self._hand_seat(ended, self.clock.now())
+        assert isinstance(ended, JobRun) and ended.outcome is not None
+        return self._hand_seat(ended, _ended_at(ended, ended.outcome, self.clock))
 
     def _lane_lost(self, held: Invocation) -> None:
         """A lane was cancelled from elsewhere: its seat is handed to nobody."""
@@ -560,7 +557,7 @@ class Workers:
         """An attempt's handler ended (on the engine's loop, once per attempt)."""
         self.active[run.queue.name] -= 1
         c = run.claimed
-        now = self.clock.now()
+        now = _ended_at(run, outcome, self.clock)
         held = run.ran_on(now)
         if held is not None and outcome.status == "failed":
             # Settled (timed out, interrupted) while its handler ran on: the attempt ends now.

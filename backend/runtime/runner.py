@@ -83,6 +83,8 @@ _IDLE_THREAD_EXIT_S = 60.0
 LINGER_NOTED_S = 1.0
 #: A lane lets the event loop run after this many calls in a row (see HandlerRunner.start_lane).
 LANE_YIELD = 16
+#: The watched deadlines are compacted past this many entries (see HandlerRunner._watch).
+COMPACT_DEADLINES = 1024
 
 
 @dataclass(slots=True)
@@ -594,6 +596,13 @@ class HandlerRunner:
 
     def _watch(self, key: int, invocation: Invocation, deadline: datetime) -> None:
         deadlines = self._deadlines
+        if len(deadlines) > COMPACT_DEADLINES and len(deadlines) > 2 * len(self.in_flight):
+            # Calls that ended in time are dropped lazily, by the watchdog as it wakes; a
+            # stream of short calls (a queue's backlog) would keep every one of them here
+            # until the first deadline (and its invocation with it): drop them now, once
+            # they are most of the heap (a linear pass, paid for by as many pushes).
+            deadlines[:] = [entry for entry in deadlines if not entry[2].done]
+            heapq.heapify(deadlines)
         # The watchdog parks until the earliest deadline at most: one no earlier than the
         # earliest now cannot need it woken (a burst's runs mostly share their deadline).
         if (not deadlines or deadline < deadlines[0][0]) and self.loops.needs_wake("watchdog", deadline):

@@ -410,7 +410,8 @@ _SEND_TRIES = 5
 
 
 def _utc(dt: datetime | None) -> datetime | None:
-    return None if dt is None else dt.astimezone(UTC)
+    # (The pool's sessions are in UTC: their times come back in it, as they are wanted.)
+    return dt if dt is None or dt.tzinfo is UTC else dt.astimezone(UTC)
 
 
 def _iso(dt: datetime | None) -> str | None:
