@@ -695,7 +695,7 @@ class HandlerRunner:
         self.lingering.discard(invocation)
         if invocation.buffer is not None and self.logs is not None:
             self.logs.ended(invocation)
-        ran_on = invocation.ran_on(self.clock.now())
+        ran_on = invocation.ran_on(self.clock.now()) if invocation.given_up_at is not None else None
         if ran_on is not None:
             log.warning("%s returned %.1fs after it was given up on: what it held is free now", invocation.label, ran_on)
         invocation.ended()
