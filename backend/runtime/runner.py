@@ -476,9 +476,9 @@ class HandlerRunner:
         epoch, exactly one outcome then its end, its own context (what its handler sets in
         context variables stays its own) and its capture. :meth:`Invocation.cancel` cancels
         the call in hand only. A cancellation of the lane's task from elsewhere ends the call
-        in hand (``interrupted``) and the lane, and ``lost(call)`` is told. The lane lets the loop run after every
-        :data:`LANE_YIELD` calls (calls that never wait would hold it otherwise). For calls
-        made in this process (no :meth:`Invocation.process_spec`)."""
+        in hand (``interrupted``) and the lane, and ``lost(call)`` is told. The lane lets the
+        loop run after every :data:`LANE_YIELD` calls (calls that never wait would hold it
+        otherwise). For calls made in this process (no :meth:`Invocation.process_spec`)."""
         assert invocation.is_async, "a lane runs async handlers in this process"
         if self.lease is not None:
             invocation.epoch = self.lease.epoch

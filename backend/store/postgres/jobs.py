@@ -605,7 +605,16 @@ class PostgresJobs:
                 done = [await conn.execute(sql, params) for sql, params in finishing]
             return {row[0] for cursor in done for row in await cursor.fetchall()}
 
-        applied = await self._with_conn(finish)
+        for attempt in range(_SEAT_RETRIES + 1):
+            try:
+                applied = await self._with_conn(finish)
+                break
+            except psycopg.errors.DeadlockDetected:
+                # Its two statements lock apart (those that succeeded, then the others):
+                # against a cycle of this instance closing some of the same jobs, one of the
+                # two may be chosen to fail. Nothing was written: again.
+                if attempt == _SEAT_RETRIES:
+                    raise
         self.commits += 1
         return [f.id in applied for f in finishes]
 
