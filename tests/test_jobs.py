@@ -30,7 +30,7 @@ from backend import (
     define_schedule,
 )
 from backend.jobs.definition import backoff, check_send
-from backend.jobs.model import NotDead
+from backend.jobs.model import NotDead, job_context
 from tests.conftest import expect
 from tests.odd_exceptions import ODD_EXCEPTIONS, tag_of
 
@@ -141,6 +141,15 @@ async def test_a_handler_gets_its_job_and_a_success_leaves_only_its_attempt(make
     found = await detail(engine, sent.id)
     assert found.job is None and [(a.attempt, a.status) for a in found.attempts] == [(1, "succeeded")]
     assert found.to_json()["status"] is None and found.to_json()["attempts"][0]["status"] == "succeeded"
+
+
+def test_the_context_made_on_the_hot_path_is_the_dataclass_itself() -> None:
+    values = ("01JD3Z6Q0V9W4C7PAXH3KJ1M2B", "mail", {"to": "a"}, 2, 3, "k", "digest", T0, T0 - timedelta(seconds=5), None, 7)
+    made, plain = job_context(*values), JobContext(*values)  # type: ignore[arg-type]
+    assert made == plain and repr(made) == repr(plain)
+    assert [getattr(made, name) for name in JobContext.__slots__] == list(values)
+    with pytest.raises(AttributeError):
+        made.payload = None  # type: ignore[misc]  # frozen all the same
 
 
 async def test_a_failing_job_is_retried_on_the_exact_backoff_then_dead(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
@@ -285,6 +294,63 @@ async def test_short_jobs_claimed_ahead_keep_the_cap_across_workers_and_run_once
     for s_ in sent[:10]:
         attempts = (await engines[0].jobs.get_job(s_.id)).attempts
         assert [a.status for a in attempts] == ["succeeded"]
+
+
+async def test_queues_on_two_streams_are_claimed_side_by_side(pg_url: str, make_engine: Callable[..., Engine]) -> None:
+    """A stream's cycle on its way holds back neither the other stream's claims nor the
+    jobs they bring; each queue keeps its cap, and every job runs once."""
+    running: dict[str, set[str]] = {"a": set(), "b": set()}
+    ran: list[str] = []
+    most = 0
+
+    async def work(job: JobContext) -> None:
+        nonlocal most
+        running[job.queue].add(job.id)
+        most = max(most, *map(len, running.values()))
+        ran.append(job.id)
+        await asyncio.sleep(0)
+        running[job.queue].discard(job.id)
+
+    engine = make_engine([define_queue(name=q, handler=work, concurrency=2) for q in ("a", "b")], store=pg_url)
+    await engine.open()
+    workers_store = engine.jobs.store
+    inner = workers_store.cycle_jobs
+    held = asyncio.Event()
+    stuck = asyncio.Event()
+    on_their_way = most_at_once = 0
+
+    async def spy(finishes: Any, wanted: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal on_their_way, most_at_once
+        on_their_way += 1
+        most_at_once = max(most_at_once, on_their_way)
+        try:
+            if "a" in wanted and not held.is_set():
+                stuck.set()
+                await held.wait()  # queue a's first claim is slow to come back
+            return await inner(finishes, wanted, *args, **kwargs)
+        finally:
+            on_their_way -= 1
+
+    workers_store.cycle_jobs = spy  # type: ignore[method-assign]
+    sent = await engine.jobs.send_many("a", [{"payload": i} for i in range(20)])
+    sent += await engine.jobs.send_many("b", [{"payload": i} for i in range(20)])
+    await engine.start()
+    await asyncio.wait_for(stuck.wait(), 10)
+    b_ids = {s.id for s in sent[20:]}
+
+    async def until(done: Callable[[], bool]) -> None:
+        while not done():
+            await engine.quiesce(runs=False)
+            await asyncio.sleep(0)
+
+    # b's jobs run while a's claim is on its way (the timeout only bounds a broken test)
+    await asyncio.wait_for(until(lambda: b_ids <= set(ran)), 10)
+    assert not set(ran) - b_ids and most_at_once >= 2
+    held.set()
+    await asyncio.wait_for(until(lambda: len(ran) == 40), 10)
+    await engine.quiesce()
+    assert sorted(ran) == sorted(s.id for s in sent) and most <= 2
+    assert [(v.queued, v.running) for v in await engine.jobs.queue_views()] == [(0, 0), (0, 0)]
 
 
 async def test_a_sync_handler_runs_on_a_thread_and_sends_with_the_blocking_twin(make_engine: Callable[..., Engine]) -> None:

@@ -9,6 +9,7 @@ timeout; and every run's row is committed before its handler starts.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import pytest
 from backend import DefinitionError, ManualClock, RunContext, define_schedule, open_store
 from backend.errors import describe_exception
 from backend.runtime.loops import Loops
-from backend.runtime.runner import HandlerRunner, Invocation, Outcome
+from backend.runtime.runner import COMPACT_DEADLINES, HandlerRunner, Invocation, Outcome
 from backend.scheduler.timers import TimerWheel
 from tests.conftest import all_runs
 from tests.odd_exceptions import ODD_EXCEPTIONS, tag_of
@@ -189,6 +190,154 @@ async def test_a_call_run_here_ends_alone_when_it_is_cancelled_and_lets_its_call
     assert await asyncio.wait_for(task, 5) == "went on"
     assert [(o.status, o.error_tag) for o in timed.outcomes] == [("failed", "timeout")]
     assert not runner.in_flight
+    await loops.cancel_all()
+
+
+class Lane:
+    """A lane's calls, handed on one after another; what the runner told it."""
+
+    def __init__(self, runner: HandlerRunner, calls: list[Call], fn: Any) -> None:
+        self.calls = list(calls)
+        self.asked: list[Call] = []
+        self.lost: list[Invocation] = []
+        runner.start_lane(self.calls.pop(0), fn, self.successor, self.lost.append)
+
+    def successor(self, ended: Invocation) -> Invocation | None:
+        assert isinstance(ended, Call) and ended.has_ended and ended.done
+        self.asked.append(ended)
+        return self.calls.pop(0) if self.calls else None
+
+
+async def test_a_lane_runs_its_calls_one_after_another_on_one_task_each_in_its_own_context() -> None:
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    runner = HandlerRunner(clock, loops)
+    runner.open()
+    seen = contextvars.ContextVar("seen", default="nothing")
+    tasks: list[asyncio.Task[Any] | None] = []
+    values: list[str] = []
+
+    async def handler(arg: str) -> str:
+        values.append(seen.get())  # never what an earlier call of the lane set
+        seen.set(f"call {len(values)}")
+        tasks.append(asyncio.current_task())
+        if len(values) % 2:
+            await asyncio.sleep(0)  # one that waits, one that does not
+        return seen.get()
+
+    calls = [Call() for _ in range(5)]
+    lane = Lane(runner, calls, handler)
+    await asyncio.wait_for(loops.quiesce(lambda: all(c.has_ended for c in calls), nothing), 5)
+    assert values == ["nothing"] * 5 and len(set(map(id, tasks))) == 1
+    assert [[(o.status, o.value) for o in c.outcomes] for c in calls] == [[("succeeded", f"call {n}")] for n in range(1, 6)]
+    assert lane.asked == calls and lane.lost == [] and seen.get() == "nothing"
+    assert not runner.in_flight
+    await loops.cancel_all()
+
+
+async def test_calls_that_ended_in_time_are_not_kept_watched() -> None:
+    """A long run of short calls (a queue's backlog) keeps the watched deadlines, and the
+    calls they hold, to about those in flight: not every call until the first deadline."""
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    runner = HandlerRunner(clock, loops)
+    runner.open()
+
+    async def short(arg: str) -> None:
+        pass
+
+    calls = [Call(max_runtime=900) for _ in range(3 * COMPACT_DEADLINES)]
+    Lane(runner, calls, short)
+    await asyncio.wait_for(loops.quiesce(lambda: calls[-1].has_ended, nothing), 5)
+    assert all(c.outcomes[0].status == "succeeded" for c in calls)
+    assert len(runner._deadlines) <= COMPACT_DEADLINES + 1
+    await loops.cancel_all()
+
+
+@pytest.mark.parametrize("how", ["cancelled", "timed out"])
+async def test_a_lane_call_cancelled_or_timed_out_ends_alone_and_the_lane_goes_on(how: str) -> None:
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    runner = HandlerRunner(clock, loops)
+    runner.open()
+    entered, waiting, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def handler(arg: str) -> str:
+        if not entered.is_set():
+            entered.set()
+            await asyncio.Event().wait()
+        waiting.set()
+        await release.wait()
+        return "next"
+
+    stuck, after = Call(max_runtime=5), Call(max_runtime=60)
+    lane = Lane(runner, [stuck, after], handler)
+    await asyncio.wait_for(entered.wait(), 5)
+    await asyncio.wait_for(loops.quiesce(lambda: stuck.deadline is not None, nothing), 5)
+    if how == "cancelled":
+        runner.stop_call(stuck, Outcome("failed", clock.now(), "interrupted", "stopped"))
+    else:
+        clock.advance(5)
+    await asyncio.wait_for(waiting.wait(), 5)
+    tag = "interrupted" if how == "cancelled" else "timeout"
+    assert [(o.status, o.error_tag) for o in stuck.outcomes] == [("failed", tag)] and stuck.has_ended
+    runner.stop_call(stuck, Outcome("failed", clock.now(), "interrupted", "again"))  # ended: reaches nothing now
+    release.set()
+    await asyncio.wait_for(loops.quiesce(lambda: after.has_ended, nothing), 5)
+    assert [(o.status, o.value) for o in after.outcomes] == [("succeeded", "next")]
+    assert lane.asked == [stuck, after] and lane.lost == []
+    await loops.cancel_all()
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), ValueError("boom")])
+@pytest.mark.parametrize("wait", [False, True])
+async def test_whatever_a_lane_call_raises_fails_that_call_only(exc: BaseException, wait: bool) -> None:
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    runner = HandlerRunner(clock, loops)
+    runner.open()
+    ran = 0
+
+    async def handler(arg: str) -> str:
+        nonlocal ran
+        ran += 1
+        if wait:
+            await asyncio.sleep(0)
+        if ran == 1:
+            raise exc
+        return "fine"
+
+    first, second = Call(), Call()
+    Lane(runner, [first, second], handler)
+    await asyncio.wait_for(loops.quiesce(lambda: second.has_ended, nothing), 5)
+    assert [(o.status, o.error_tag) for o in first.outcomes] == [("failed", type(exc).__name__)]
+    assert [(o.status, o.value) for o in second.outcomes] == [("succeeded", "fine")]
+    await loops.cancel_all()
+
+
+@pytest.mark.parametrize("when", ["in a call", "before it began"])
+async def test_a_lane_cancelled_from_elsewhere_ends_its_call_and_says_so(when: str) -> None:
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    runner = HandlerRunner(clock, loops)
+    runner.open()
+    entered = asyncio.Event()
+
+    async def forever(arg: str) -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    held, never = Call(), Call()
+    lane = Lane(runner, [held, never], forever)
+    task = held.task
+    assert task is not None
+    if when == "in a call":
+        await asyncio.wait_for(entered.wait(), 5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert [(o.status, o.error_tag) for o in held.outcomes] == [("failed", "interrupted")] and held.has_ended
+    assert lane.lost == [held] and lane.asked == [] and never.outcomes == []
+    assert entered.is_set() == (when == "in a call") and not runner.in_flight
     await loops.cancel_all()
 
 

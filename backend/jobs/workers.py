@@ -1,11 +1,17 @@
 """Claiming jobs and running them through the shared handler runner (``serve`` only).
 
 One loop, the *dispatcher*, does all of this process's talking to the store for the
-queue, one cycle at a time: each cycle hands in the attempts that ended since the last
-one and claims, for every queue with room, as many due jobs as it has room for, in one
+queue, in cycles: each cycle hands in the attempts that ended since the last one and
+claims, for every queue with room, as many due jobs as it has room for, in one
 transaction (see :meth:`~backend.jobs.store.JobStore.cycle_jobs`). Attempts that end
 while a cycle is on its way wait for the next: a burst of short jobs costs a cycle per
 batch, not a transaction per job.
+
+**Streams.** The queues are dealt round to :attr:`~backend.jobs.store.JobStore.job_streams`
+streams (two on PostgreSQL, one on SQLite), each with its own cycles: while one stream's
+cycle is in the database, this process runs the jobs another's brought back. Within a
+stream one cycle claims at a time (two claiming the same queues would race for the same
+seats and rows), and while it does one more may hand in ended attempts.
 
 The dispatcher claims for a queue when it has room and reason to: a send in this process
 or a notification from another, jobs left over by the last claim, the next known due
@@ -16,14 +22,21 @@ time, or the fallback poll. It parks on the injected clock otherwise, so
 it, so a queue whose handlers are shorter than a cycle would run at one cycle per seat
 and job. For such a queue (async, with a backlog, and a concurrency's worth of attempts
 ended since its last claim), a cycle also claims up to :data:`AHEAD_ROUNDS` times the
-concurrency without a seat: each waits here, and starts at once on the seat of an attempt
-of its queue that ends, the *handover* going to the store in the next cycle after that
-attempt's finish (:class:`~backend.jobs.store.Handover`). Every running handler is on a
-seat its worker holds in the store, so the cap holds fleet-wide; a job claimed ahead is
-``running`` under its own fencing token from its claim. Cycles go one at a time while a
-handover is pending or on its way (a finish must reach the store before the handover of
-its seat). Jobs claimed ahead go back (``release``: no attempt used) when their queue has
-nothing left running to hand them a seat, when the lease lapses, and at a stop.
+concurrency (at most :data:`AHEAD_MAX`) without a seat: each waits here, and starts at
+once on the seat of an attempt of its queue that ends, the *handover* going to the store
+in the next cycle after that attempt's finish (:class:`~backend.jobs.store.Handover`);
+one that ends before that needs no handover (its finish follows the one that freed its
+seat). Every running handler is on a seat its worker holds in the store, so the cap holds
+fleet-wide; a job claimed ahead is ``running`` under its own fencing token from its
+claim. A stream's cycles go one at a time while a handover of its queues is pending or on
+its way (a finish must reach the store before the handover of its seat). Jobs claimed
+ahead go back (``release``: no attempt used) when their queue has nothing left running to
+hand them a seat, when the lease lapses, and at a stop.
+
+**Lanes.** An async job claimed with a seat starts a *lane*, one task that runs it and
+then each job handed its seat, one after another
+(:meth:`~backend.runtime.runner.HandlerRunner.start_lane`): a burst of short handlers
+costs a task per seat, not per job. A sync job runs on a thread of its own.
 
 Each claimed job runs as a :class:`JobRun`, an :class:`~backend.runtime.runner.Invocation`: the
 runner calls the handler under the queue's ``max_runtime``, and its outcome decides the
@@ -39,13 +52,13 @@ import json
 import logging
 from collections import Counter, deque
 from collections.abc import Iterable
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from backend.clock import Clock
 from backend.errors import Unavailable
 from backend.jobs.definition import Queue, backoff
-from backend.jobs.model import JobContext
+from backend.jobs.model import JobContext, job_context
 from backend.jobs.store import Claimed, Finish, FinishKind, Handover, QueueSpec
 from backend.model import TAG_ABANDONED, TAG_INTERRUPTED, TAG_LEASE_LOST
 from backend.observability.logs import LogTarget
@@ -62,20 +75,42 @@ log = logging.getLogger("schedtui.jobs")
 RETRY_AFTER_TROUBLE = 1.0
 #: How long a stop waits for cancelled async handlers to return (seconds).
 STOP_WAIT = 1.0
-#: Per queue, jobs claimed ahead at most, in multiples of its concurrency (see the module).
-AHEAD_ROUNDS = 4
+#: Per queue, jobs claimed ahead at most, in multiples of its concurrency (see the module)...
+AHEAD_ROUNDS = 16
+#: ... and in all. A cycle's own costs (its statements, commit and round trip, and this
+#: process's part) are large beside a short job's: with tests/bench/queue.py's no-op jobs,
+#: 4 rounds drained at 0.7 times the rate of 16.
+AHEAD_MAX = 256
+
+
+class _Stream:
+    """Some of the queues, with their own cycles (see the module): at most one of its
+    cycles claims at a time, and while it does at most one more, that only hands in."""
+
+    __slots__ = ("claiming", "names", "tokens")
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+        self.claiming: str | None = None
+        """The token of its cycle on its way that claims, if one does. Two that claim the
+        same queues would race each other for the same seats and rows: measured with
+        tests/bench/queue.py, that drains at half the rate of one."""
+        self.tokens: set[str] = set()
+        """Its cycles on their way."""
 
 
 class JobRun(Invocation):
     """One attempt of one job in this process."""
 
-    __slots__ = ("claimed", "context", "queue", "workers")
+    __slots__ = ("claimed", "context", "queue", "started_at", "workers")
 
-    def __init__(self, workers: Workers, queue: Queue, claimed: Claimed) -> None:
-        super().__init__("", timedelta(seconds=queue.max_runtime), queue.is_async)
+    def __init__(self, workers: Workers, queue: Queue, claimed: Claimed, started_at: datetime | None = None) -> None:
+        super().__init__("", workers.runtimes[queue.name], queue.name in workers.async_queues)
         self.workers = workers
         self.queue = queue
         self.claimed = claimed
+        self.started_at = claimed.started_at if started_at is None else started_at
+        """When the attempt started: its claim, or (claimed ahead) when it was handed a seat."""
         self.context: JobContext | None = None
 
     captured = True
@@ -96,19 +131,10 @@ class JobRun(Invocation):
     def begin(self, now: datetime) -> JobContext:
         deadline = self.deadline = now + self.max_runtime
         c = self.claimed
-        self.context = JobContext(
-            id=c.id,
-            queue=c.queue,
-            payload=json.loads(c.payload),
-            attempt=c.attempt,
-            max_attempts=c.max_attempts,
-            key=c.key,
-            cron=c.cron,
-            deadline=deadline,
-            created_at=c.created_at,
-            jobs=self.workers.jobs.actions,
-            fence=c.tries,
-        )
+        self.context = job_context(
+            c.id, c.queue, json.loads(c.payload), c.attempt, c.max_attempts, c.key, c.cron, deadline, c.created_at,
+            self.workers.jobs.actions, c.tries,
+        )  # fmt: skip
         return self.context
 
     def ended(self) -> None:
@@ -117,6 +143,11 @@ class JobRun(Invocation):
         # attempt handed in and a retry can start.
         assert self.outcome is not None
         self.workers.ended(self, self.outcome)
+
+
+def _ended_at(run: JobRun, outcome: Outcome, clock: Clock) -> datetime:
+    """When ``run``'s handler ended: when it was settled, unless it ran on after that."""
+    return outcome.at if run.given_up_at is None else clock.now()
 
 
 def decide(claimed: Claimed, outcome: Outcome, *, stopping: bool = False) -> tuple[FinishKind, datetime | None]:
@@ -155,6 +186,10 @@ class Workers:
         self.store = jobs.store
         self.lease = shared.registry.lease
         self.queues = {q.name: q for q in queues}
+        self.runtimes = {q.name: timedelta(seconds=q.max_runtime) for q in self.queues.values()}
+        self.async_queues = {q.name for q in self.queues.values() if q.is_async}
+        """Queues of async handlers: each claimed job with a seat starts a lane that runs the
+        jobs handed its seat after it (see :meth:`~backend.runtime.runner.HandlerRunner.start_lane`)."""
         self.poll_interval = timedelta(seconds=poll_interval)
         self.running: dict[str, JobRun] = {}
         """Claimed here and not yet handed to the store as ended."""
@@ -166,12 +201,11 @@ class Workers:
         """Ended attempts not yet in a cycle."""
         self.inflight: dict[str, list[tuple[Finish, JobRun]]] = {}
         """The cycles on their way (by their claim token), with the ended attempts they carry."""
-        self.claiming: str | None = None
-        """The token of the cycle on its way that claims, if one does. At most two cycles
-        are on their way at once: one that claims, and one that only hands in ended
-        attempts (so that a send arriving meanwhile is claimed at once). Two that claim
-        would race each other for the same seats and rows: measured with
-        tests/bench/queue.py, that drains at half the rate of one."""
+        names = sorted(self.queues)
+        count = max(1, min(len(names), self.store.job_streams))
+        self.streams = [_Stream(frozenset(names[i::count])) for i in range(count)]
+        """The queues, dealt round in their names' order to the streams (see the module)."""
+        self.stream_of = {name: stream for stream in self.streams for name in stream.names}
         self.waiting: dict[str, deque[Claimed]] = {name: deque() for name in self.queues}
         """Per queue, jobs claimed ahead (no seat yet), oldest first."""
         self.ahead_ids: set[str] = set()
@@ -240,23 +274,24 @@ class Workers:
 
     def room(self, queue: Queue) -> int:
         free = queue.concurrency - self.active[queue.name] - self.asked[queue.name]
-        if not queue.is_async:
+        if queue.name not in self.async_queues:
             free = min(free, self.runner.pool.max_threads - self.runner.pool.busy - sum(self.asked.values()))
         return free
 
     def ahead(self, queue: Queue) -> int:
         """How many more jobs of ``queue`` to claim ahead (see the module)."""
         name = queue.name
-        if not queue.is_async or name not in self.fast or name not in self.backlog or not self.store.job_reservations:
+        if name not in self.async_queues or name not in self.fast or name not in self.backlog or not self.store.job_reservations:
             return 0
-        return AHEAD_ROUNDS * queue.concurrency - len(self.waiting[name]) - self.ahead_asked[name]
+        return min(AHEAD_ROUNDS * queue.concurrency, AHEAD_MAX) - len(self.waiting[name]) - self.ahead_asked[name]
 
-    def _wanted(self, now: datetime) -> tuple[dict[str, int], dict[str, int]]:
+    def _wanted(self, now: datetime, stream: _Stream) -> tuple[dict[str, int], dict[str, int]]:
         if self.stopping or not self.lease.fresh():
             return {}, {}  # (woken when the lease is renewed)
         wanted: dict[str, int] = {}
         ahead: dict[str, int] = {}
-        for name, queue in self.queues.items():
+        for name in stream.names:
+            queue = self.queues[name]
             room = self.room(queue)
             more = self.ahead(queue)
             if room <= 0 and more <= 0:
@@ -279,14 +314,12 @@ class Workers:
     def _park_until(self, now: datetime) -> datetime | None:
         if self.trouble_until is not None:
             return self.trouble_until
-        if self.claiming is not None:
-            return None  # woken when it comes back
         if not self.lease.fresh():
             return None  # woken when the lease is renewed
         times = []
         for name, queue in self.queues.items():
-            if self.room(queue) <= 0:
-                continue  # woken by its attempts ending
+            if self.room(queue) <= 0 or self.stream_of[name].claiming is not None:
+                continue  # woken by its attempts ending, or by the claim on its way coming back
             polled = self.polled_at.get(name)
             times.append(polled + self.poll_interval if polled is not None else now)
             upcoming = self.next_at.get(name)
@@ -311,25 +344,52 @@ class Workers:
             now = self.clock.now()
             if self.trouble_until is not None and now >= self.trouble_until:
                 self.trouble_until = None
-            # One cycle at a time while handovers are pending or on their way: a later
-            # cycle must not overtake the finish that frees a handed-over seat.
-            serial = bool(self.handovers) or any(self.inflight_handovers.values())
-            if self.trouble_until is None and not (serial and self.inflight):
-                wanted, ahead = self._wanted(now) if self.claiming is None else ({}, {})
-                finishing = len(self.inflight) - (self.claiming is not None)  # cycles that only hand in
-                if wanted or ahead or ((self.finishes or self.handovers) and not finishing):
-                    batch, self.finishes = self.finishes, []
-                    # A job that ended before its handover was written needs none: its
-                    # finish goes in the same cycle, after the one that freed its seat.
-                    ending = {f.id for f, _ in batch}
-                    handovers = [item for item in self.handovers if item[0].id not in ending]
-                    self.handovers = []
-                    self._send_cycle(batch, handovers, wanted, ahead, now)
-                    continue
-            await self.loops.park("jobs", self._park_until(now), self.wake)
+            sent = False
+            if self.trouble_until is None:
+                for stream in self.streams:
+                    sent = self._maybe_send(stream, now) or sent
+            if not sent:
+                await self.loops.park("jobs", self._park_until(now), self.wake)
+
+    def _maybe_send(self, stream: _Stream, now: datetime) -> bool:
+        """Send a cycle for ``stream`` if it has reason to: claims to make, or ended
+        attempts to hand in with no cycle of its that only hands in on its way."""
+        names = stream.names
+        mine = len(self.streams) == 1
+        # One cycle at a time while handovers are pending or on their way: a later cycle
+        # must not overtake the finish that frees a handed-over seat.
+        serial = any(mine or run.queue.name in names for _, run in self.handovers) or any(
+            self.inflight_handovers.get(token) for token in stream.tokens
+        )
+        if serial and stream.tokens:
+            return False
+        wanted, ahead = self._wanted(now, stream) if stream.claiming is None else ({}, {})
+        finishing = len(stream.tokens) - (stream.claiming is not None)  # cycles that only hand in
+        if not (wanted or ahead) and finishing:
+            return False
+        if mine:
+            batch, self.finishes = self.finishes, []
+            handing, self.handovers = self.handovers, []
+        else:
+            batch = [item for item in self.finishes if item[0].queue in names]
+            handing = [item for item in self.handovers if item[1].queue.name in names]
+            if batch:
+                self.finishes = [item for item in self.finishes if item[0].queue not in names]
+            if handing:
+                self.handovers = [item for item in self.handovers if item[1].queue.name not in names]
+        if not (wanted or ahead or batch or handing):
+            return False
+        # A job that ended before its handover was written needs none: its finish goes in
+        # the same cycle, after the one that freed its seat.
+        if handing and batch:
+            ending = {f.id for f, _ in batch}
+            handing = [item for item in handing if item[0].id not in ending]
+        self._send_cycle(stream, batch, handing, wanted, ahead, now)
+        return True
 
     def _send_cycle(
         self,
+        stream: _Stream,
         batch: list[tuple[Finish, JobRun]],
         handovers: list[tuple[Handover, JobRun]],
         wanted: dict[str, int],
@@ -339,8 +399,9 @@ class Workers:
         token = self.new_id()
         self.inflight[token] = batch
         self.inflight_handovers[token] = handovers
+        stream.tokens.add(token)
         if wanted or ahead:
-            self.claiming = token
+            stream.claiming = token
         self.asked.update(wanted)
         self.ahead_asked.update(ahead)
         for name in {**wanted, **ahead}:
@@ -353,10 +414,11 @@ class Workers:
             self.ended_since[name] = 0
             if self.room(queue) <= 0:
                 self.due.discard(name)  # all its room is asked for; a later reason sets it again
-        self.loops.spawn(self._cycle(token, batch, handovers, wanted, ahead, now), "jobs cycle")
+        self.loops.spawn(self._cycle(stream, token, batch, handovers, wanted, ahead, now), "jobs cycle")
 
     async def _cycle(
         self,
+        stream: _Stream,
         token: str,
         batch: list[tuple[Finish, JobRun]],
         handovers: list[tuple[Handover, JobRun]],
@@ -377,10 +439,11 @@ class Workers:
             self.handovers[:0] = handovers
             self.asked.subtract(wanted)
             self.ahead_asked.subtract(ahead)
-            del self.inflight[token]
+            self.inflight.pop(token, None)
             self.inflight_handovers.pop(token, None)
-            if self.claiming == token:
-                self.claiming = None
+            stream.tokens.discard(token)
+            if stream.claiming == token:
+                stream.claiming = None
             self.due.update(wanted)
             self.due.update(ahead)
             self.trouble_until = self.clock.now() + timedelta(seconds=RETRY_AFTER_TROUBLE)
@@ -413,26 +476,50 @@ class Workers:
                 self.backlog.discard(name)
             if self.waiting[name] and not self.active[name]:
                 self._release_waiting(name)  # nothing of its queue runs here to hand it a seat
-        del self.inflight[token]  # after its jobs are in `running`: the sweep sees one or the other
+        self.inflight.pop(token, None)  # after its jobs are in `running`: the sweep sees one or the other
         self.inflight_handovers.pop(token, None)
-        if self.claiming == token:
-            self.claiming = None
+        stream.tokens.discard(token)
+        if stream.claiming == token:
+            stream.claiming = None
         self.wake.set()
         self.loops.poke()
 
     # -- running -------------------------------------------------------------------------
     def _run(self, claimed: Claimed) -> JobRun:
-        queue = self.queues[claimed.queue]
-        run = JobRun(self, queue, claimed)
+        """Start a job claimed with a seat: an async one on a lane of its own (which runs
+        the jobs handed its seat after it), a sync one on a thread."""
+        run = self._take(claimed, claimed.seat, claimed.started_at)
+        if run.is_async:
+            self.runner.start_lane(run, run.queue.handler, self._successor, self._lane_lost)
+        else:
+            self._start_thread(run)
+        return run
+
+    def _take(self, claimed: Claimed, seat: int | None, started_at: datetime) -> JobRun:
+        """A job of ours about to start (on ``seat``)."""
+        run = JobRun(self, self.queues[claimed.queue], claimed, started_at)
         self.running[claimed.id] = run
-        self.active[queue.name] += 1
-        if claimed.seat is not None:
-            self.seat_of[claimed.id] = claimed.seat
+        self.active[claimed.queue] += 1
+        if seat is not None:
+            self.seat_of[claimed.id] = seat
+        return run
+
+    def _start_thread(self, run: JobRun) -> None:
         try:
-            self.runner.start(run, queue.handler)
+            self.runner.start(run, run.queue.handler)
         except RunnerSaturated as exc:
             run.settle(Outcome("skipped", self.clock.now(), TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
-        return run
+
+    def _successor(self, ended: Invocation) -> JobRun | None:
+        """A lane's job ended: the next job of its queue claimed ahead, handed its seat (or
+        ``None``: the lane ends)."""
+        assert isinstance(ended, JobRun) and ended.outcome is not None
+        return self._hand_seat(ended, _ended_at(ended, ended.outcome, self.clock))
+
+    def _lane_lost(self, held: Invocation) -> None:
+        """A lane was cancelled from elsewhere: its seat is handed to nobody."""
+        assert isinstance(held, JobRun)
+        self._hand_seat(held, self.clock.now(), hand=False)
 
     def _release_waiting(self, name: str) -> None:
         """Jobs of ``name`` claimed ahead go back untouched (no attempt used)."""
@@ -445,27 +532,32 @@ class Workers:
         self.due.add(name)  # they are due again: claim them (with seats) in the next cycle
         self.wake.set()
 
-    def _hand_seat(self, ended: Claimed, now: datetime) -> None:
+    def _hand_seat(self, ended: JobRun, now: datetime, *, hand: bool = True) -> JobRun | None:
         """An attempt ended: its seat goes to the next job of its queue claimed ahead (if
-        any, and while this instance may start handlers)."""
-        seat = self.seat_of.pop(ended.id, None)
-        waiting = self.waiting[ended.queue]
+        any, and while this instance may start handlers). That job's run, started here if
+        its handler is sync; an async one is the ended one's lane's to run."""
+        seat = self.seat_of.pop(ended.claimed.id, None)
+        name = ended.queue.name
+        waiting = self.waiting[name]
         if not waiting:
-            return
-        if seat is not None and not self.stopping and self.lease.fresh():
+            return None
+        if hand and seat is not None and not self.stopping and self.lease.fresh():
             nxt = waiting.popleft()
             self.ahead_ids.discard(nxt.id)
-            nxt = replace(nxt, started_at=now, seat=seat)
-            run = self._run(nxt)
+            run = self._take(nxt, seat, now)
             self.handovers.append((Handover(nxt.id, nxt.tries, seat), run))
-        elif not self.active[ended.queue]:
-            self._release_waiting(ended.queue)
+            if not run.is_async:
+                self._start_thread(run)
+            return run
+        if not self.active[name]:
+            self._release_waiting(name)
+        return None
 
     def ended(self, run: JobRun, outcome: Outcome) -> None:
         """An attempt's handler ended (on the engine's loop, once per attempt)."""
         self.active[run.queue.name] -= 1
         c = run.claimed
-        now = self.clock.now()
+        now = _ended_at(run, outcome, self.clock)
         held = run.ran_on(now)
         if held is not None and outcome.status == "failed":
             # Settled (timed out, interrupted) while its handler ran on: the attempt ends now.
@@ -478,21 +570,14 @@ class Workers:
         if kind == "dead":
             log.warning("job %s of %s is dead after %d attempt(s): %s", c.id, c.queue, c.attempt, outcome.error_message)
         finish = Finish(
-            id=c.id,
-            queue=c.queue,
-            tries=c.tries,
-            kind=kind,
-            attempt=c.attempt,
-            started_at=c.started_at,
-            finished_at=outcome.at,
-            instance=self.instance,
-            error_tag=outcome.error_tag,
-            error_message=outcome.error_message,
-            retry_at=retry_at,
-        )
+            c.id, c.queue, c.tries, kind, c.attempt, run.started_at, outcome.at, self.instance,
+            outcome.error_tag, outcome.error_message, retry_at,
+        )  # fmt: skip
         self.finishes.append((finish, run))
         self.ended_since[c.queue] += 1
-        self._hand_seat(c, now)  # after the finish: it goes first, freeing the seat
+        if not run.is_async:
+            self._hand_seat(run, now)  # after the finish: it goes first, freeing the seat
+        # (an async one's lane hands its seat on: see _successor)
         if kind == "retry" and retry_at is not None:
             upcoming = self.next_at.get(c.queue)
             if upcoming is None or retry_at < upcoming:
@@ -570,7 +655,9 @@ class Workers:
         self.inflight.clear()
         self.inflight_handovers.clear()
         self.handovers = []
-        self.claiming = None
+        for stream in self.streams:
+            stream.tokens.clear()
+            stream.claiming = None
         self.finishes = []
         if batch:
             try:

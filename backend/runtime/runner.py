@@ -81,6 +81,10 @@ MAX_TRACEBACK: Final = 8192
 _IDLE_THREAD_EXIT_S = 60.0
 #: A handler that returns this long after its call was settled is said to have run on.
 LINGER_NOTED_S = 1.0
+#: A lane lets the event loop run after this many calls in a row (see HandlerRunner.start_lane).
+LANE_YIELD = 16
+#: The watched deadlines are compacted past this many entries (see HandlerRunner._watch).
+COMPACT_DEADLINES = 1024
 
 
 @dataclass(slots=True)
@@ -95,6 +99,39 @@ class Outcome:
     traceback: str | None = None
     value: Any = None
     """What the handler returned (``None`` unless it succeeded)."""
+
+
+class _InContext:
+    """The rest of a call of a lane (see :meth:`HandlerRunner.start_lane`) that waited at its
+    first step (which yielded ``first``): awaited on the lane's task with each of its steps
+    run in ``context``, the call's own."""
+
+    __slots__ = ("context", "first", "steps")
+
+    def __init__(self, steps: Any, context: contextvars.Context, first: Any) -> None:
+        self.steps = steps
+        self.context = context
+        self.first = first
+
+    def __await__(self) -> Any:
+        steps, run = self.steps, self.context.run
+        out = self.first
+        while True:
+            try:
+                value = yield out
+            except GeneratorExit:
+                steps.close()
+                raise
+            except BaseException as exc:  # noqa: B036 - thrown in by the task (a cancellation): passed on
+                try:
+                    out = run(steps.throw, exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    out = run(steps.send, value)
+                except StopIteration as stop:
+                    return stop.value
 
 
 class RunnerSaturated(Exception):
@@ -423,8 +460,149 @@ class HandlerRunner:
         if task.cancelling() > 0:
             raise asyncio.CancelledError
 
+    def start_lane(
+        self,
+        invocation: Invocation,
+        fn: Callable[[Any], Any],
+        successor: Callable[[Invocation], Invocation | None],
+        lost: Callable[[Invocation], None],
+    ) -> None:
+        """Call an async ``fn(invocation.begin(now))`` as :meth:`start` does, then, on the same
+        task, each call ``successor`` hands on as the previous one ends (``None``: the lane
+        ends): a *lane*, one task for a run of short calls (a queue's jobs on one seat) where a
+        task each would cost more than most of their handlers.
+
+        Each call runs under the same rules as on a task of its own: its deadline, its lease
+        epoch, exactly one outcome then its end, its own context (what its handler sets in
+        context variables stays its own) and its capture. :meth:`Invocation.cancel` cancels
+        the call in hand only. A cancellation of the lane's task from elsewhere ends the call
+        in hand (``interrupted``) and the lane, and ``lost(call)`` is told. The lane lets the
+        loop run after every :data:`LANE_YIELD` calls (calls that never wait would hold it
+        otherwise). For calls made in this process (no :meth:`Invocation.process_spec`)."""
+        assert invocation.is_async, "a lane runs async handlers in this process"
+        if self.lease is not None:
+            invocation.epoch = self.lease.epoch
+        holder: list[Invocation | None] = [invocation]
+        invocation.task = task = asyncio.get_running_loop().create_task(self._lane(holder, fn, successor))
+
+        def lane_done(_: asyncio.Task[None]) -> None:
+            held = holder[0]
+            if held is None:
+                return  # the lane ran out of calls
+            if not held.has_ended:  # (cancelled before it reached the call)
+                held.task = None
+                self._end(held)
+            lost(held)
+
+        task.add_done_callback(lane_done)
+
+    async def _lane(
+        self,
+        holder: list[Invocation | None],
+        fn: Callable[[Any], Any],
+        successor: Callable[[Invocation], Invocation | None],
+    ) -> None:
+        invocation = holder[0]
+        task = invocation.task if invocation is not None else None
+        assert task is not None
+        ran = 0
+        while invocation is not None:
+            await self._inline(invocation, fn, task)
+            invocation = holder[0] = successor(invocation)
+            if invocation is None:
+                return
+            invocation.task = task
+            if self.lease is not None:
+                invocation.epoch = self.lease.epoch
+            ran += 1
+            if ran % LANE_YIELD == 0:
+                await asyncio.sleep(0)  # a run of calls that never wait: let the loop run
+
+    async def _inline(self, invocation: Invocation, fn: Callable[[Any], Any], task: asyncio.Task[None]) -> None:
+        """One call of a lane, on the lane's ``task`` (see :meth:`start_lane`): as
+        :meth:`_call`, and ended here."""
+        if invocation.done:  # settled before the lane reached it: it never begins
+            invocation.task = None
+            self._end(invocation)
+            return
+        key = next(self._seq)
+        self.in_flight[key] = invocation
+        try:
+            lease = self.lease
+            if lease is not None and not lease.holds(invocation.epoch):
+                invocation.settle(
+                    Outcome(
+                        "failed", self.clock.now(), TAG_LEASE_LOST,
+                        "not started: this instance's lease on its work lapsed after it was claimed",
+                    )
+                )  # fmt: skip
+                return
+            arg = invocation.begin(self.clock.now())
+            deadline = invocation.deadline
+            assert deadline is not None, "Invocation.begin() sets the deadline"
+            self._watch(key, invocation, deadline)
+            # Its own context, as a task of its own would have: what the handler sets in
+            # context variables stays its own (its child tasks copy it).
+            context = contextvars.copy_context()
+            logs = self.logs
+            if logs is not None:
+                reinstate_if_moved()
+                captured: Capture | None = None
+                if invocation.captured:
+                    invocation.opener = logs.register
+                    captured = invocation
+                context.run(CURRENT.set, captured)
+            steps = context.run(fn, arg).__await__()
+            try:
+                first = context.run(steps.send, None)
+            except StopIteration as stop:  # done without waiting (most short handlers)
+                value = stop.value
+            else:
+                value = await _InContext(steps, context, first)
+        except asyncio.CancelledError:
+            invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
+        except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the call, not the process
+            tag, message, trace = _describe(exc)
+            if invocation.opener is not None and trace:
+                invocation.write(trace if trace.endswith("\n") else trace + "\n")
+            invocation.settle(Outcome("failed", self.clock.now(), tag, message, trace))
+        else:
+            now = self.clock.now()
+            if now > deadline and not invocation.done:
+                ran = (now - deadline).total_seconds() + invocation.max_runtime_s
+                log.warning(
+                    "%s blocked the event loop until %.1fs after its start (max_runtime %gs): "
+                    "an async handler doing blocking work stalls every schedule; make it a plain def",
+                    invocation.label, ran, invocation.max_runtime_s,
+                )  # fmt: skip
+                invocation.settle(
+                    Outcome(
+                        "failed", now, TAG_TIMEOUT,
+                        f"exceeded max_runtime of {invocation.max_runtime_s:g}s: finished after {ran:.1f}s, "
+                        "blocking the event loop (the watchdog could not interrupt it)",
+                    )
+                )  # fmt: skip
+            else:
+                invocation.settle(Outcome("succeeded", now, None, None, None, value))
+        finally:
+            self.in_flight.pop(key, None)
+            invocation.task = None  # a later cancel() of this call must not reach the lane's next one
+            # Take back the cancellations aimed at this call; any left came from elsewhere.
+            for _ in range(min(invocation.cancels, task.cancelling())):
+                task.uncancel()
+            self._end(invocation)
+        if task.cancelling() > 0:
+            raise asyncio.CancelledError
+
     def _watch(self, key: int, invocation: Invocation, deadline: datetime) -> None:
         deadlines = self._deadlines
+        if len(deadlines) > COMPACT_DEADLINES and len(deadlines) > 2 * len(self.in_flight):
+            # Calls that ended in time are dropped lazily, by the watchdog as it wakes; a
+            # stream of short calls (a queue's backlog) would keep every one of them here
+            # until the first deadline (and its invocation with it): drop them now, once
+            # they are most of the heap (a linear pass, paid for by as many pushes).
+            deadlines[:] = [entry for entry in deadlines if not entry[2].done]
+            heapq.heapify(deadlines)
         # The watchdog parks until the earliest deadline at most: one no earlier than the
         # earliest now cannot need it woken (a burst's runs mostly share their deadline).
         if (not deadlines or deadline < deadlines[0][0]) and self.loops.needs_wake("watchdog", deadline):
@@ -517,7 +695,7 @@ class HandlerRunner:
         self.lingering.discard(invocation)
         if invocation.buffer is not None and self.logs is not None:
             self.logs.ended(invocation)
-        ran_on = invocation.ran_on(self.clock.now())
+        ran_on = invocation.ran_on(self.clock.now()) if invocation.given_up_at is not None else None
         if ran_on is not None:
             log.warning("%s returned %.1fs after it was given up on: what it held is free now", invocation.label, ran_on)
         invocation.ended()

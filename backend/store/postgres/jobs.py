@@ -233,6 +233,31 @@ FINISH = """
     )
     SELECT id FROM target
 """
+#: The common finish, attempts that succeeded (binary arrays, one element per finish): the
+#: job is deleted while it is still running under its tries (whether or not it was deleted
+#: while it ran); answers the ids that applied. No row lock is taken before the DELETE (it
+#: takes its own; a concurrent change of the row is seen by its recheck). The attempt is
+#: recorded as in FINISH.
+FINISH_SUCCEEDED = """
+    WITH f AS (
+        SELECT * FROM unnest(
+            %b::text[], %b::int[], %b::text[], %b::int[], %b::timestamptz[], %b::timestamptz[], %b::text[]
+        ) AS f(id, tries, queue, attempt, started_at, finished_at, instance)
+    ),
+    removed AS (
+        DELETE FROM schedtui_jobs j USING f
+        WHERE j.id = f.id AND j.tries = f.tries AND j.status = 'running'
+        RETURNING j.id
+    ),
+    recorded AS (
+        INSERT INTO schedtui_job_attempts (job_id, seq, queue, attempt, started_at, finished_at, status, instance)
+        SELECT f.id, f.tries, f.queue, f.attempt, f.started_at, f.finished_at, 'succeeded', f.instance
+        FROM f
+        WHERE f.id IN (SELECT id FROM removed) OR NOT EXISTS (SELECT 1 FROM schedtui_jobs j WHERE j.id = f.id)
+        ON CONFLICT DO NOTHING
+    )
+    SELECT id FROM removed
+"""
 #: The claim, for every queue asked for at once:
 #:
 #: * ``open``: the queues asked for that are not paused and hold no seat above their cap
@@ -306,7 +331,7 @@ CLAIM = f"""
 #: applied); answers the ids that applied.
 HANDOVER = """
     UPDATE schedtui_jobs j SET seat = h.seat
-    FROM json_to_recordset(%(handovers)s::json) AS h(id text, tries int, seat int)
+    FROM unnest(%b::text[], %b::int[], %b::int[]) AS h(id, tries, seat)
     WHERE j.id = h.id AND j.tries = h.tries AND j.status = 'running' AND j.seat IS NULL
         AND NOT EXISTS (
             SELECT 1 FROM schedtui_jobs r WHERE r.queue = j.queue AND r.status = 'running' AND r.seat = h.seat)
@@ -385,7 +410,8 @@ _SEND_TRIES = 5
 
 
 def _utc(dt: datetime | None) -> datetime | None:
-    return None if dt is None else dt.astimezone(UTC)
+    # (The pool's sessions are in UTC: their times come back in it, as they are wanted.)
+    return dt if dt is None or dt.tzinfo is UTC else dt.astimezone(UTC)
 
 
 def _iso(dt: datetime | None) -> str | None:
@@ -421,6 +447,29 @@ def _finishes_json(finishes: Sequence[Finish]) -> str:
     )
 
 
+def _finish_statements(finishes: Sequence[Finish]) -> list[tuple[str, Any]]:
+    """The statements that apply ``finishes``: the attempts that succeeded (most of them) in
+    FINISH_SUCCEEDED, the others in FINISH."""
+    succeeded = [f for f in finishes if f.kind == "succeeded"]
+    others = [f for f in finishes if f.kind != "succeeded"] if len(succeeded) < len(finishes) else []
+    statements: list[tuple[str, Any]] = []
+    if succeeded:
+        succeeded.sort(key=_by_id)  # one lock order for every writer
+        columns = (
+            [f.id for f in succeeded], [f.tries for f in succeeded], [f.queue for f in succeeded],
+            [f.attempt for f in succeeded], [f.started_at for f in succeeded], [f.finished_at for f in succeeded],
+            [f.instance for f in succeeded],
+        )  # fmt: skip
+        statements.append((FINISH_SUCCEEDED, columns))
+    if others:
+        statements.append((FINISH, {"finishes": _finishes_json(others)}))
+    return statements
+
+
+def _by_id(f: Finish) -> str:
+    return f.id
+
+
 def _retryable(exc: psycopg.Error) -> bool:
     """A claim that lost a seat to a claim committed after its snapshot, or (never expected)
     a deadlock: the cycle is retried whole."""
@@ -433,6 +482,8 @@ class PostgresJobs:
     COMPONENT = Component("jobs", (SCHEMA_V1,))
     job_notifications = True
     job_reservations = True
+    #: Two: the worker's Python and the server each have a core's work while the other waits.
+    job_streams = 2
 
     _conninfo: str
     _with_conn: Callable[..., Awaitable[Any]]
@@ -502,11 +553,9 @@ class PostgresJobs:
         ahead: Mapping[str, int] | None = None,
         handovers: Sequence[Handover] = (),
     ) -> Cycle:
-        finish_params = {"finishes": _finishes_json(finishes)} if finishes else None
+        finishing = _finish_statements(finishes)
         hand_params = (
-            {"handovers": json.dumps([{"id": h.id, "tries": h.tries, "seat": h.seat} for h in handovers])}
-            if handovers
-            else None
+            ([h.id for h in handovers], [h.tries for h in handovers], [h.seat for h in handovers]) if handovers else None
         )
         ahead = ahead or {}
         asked = [{"queue": q, "n": wanted.get(q, 0), "r": ahead.get(q, 0)} for q in {**wanted, **ahead}]
@@ -521,10 +570,10 @@ class PostgresJobs:
             # one (implicit) transaction, committed at the Sync or rolled back whole on an
             # error. (A `transaction()` block here would cost a Sync of its own first.)
             async with conn.pipeline():
-                done = await conn.execute(FINISH, finish_params) if finish_params else None
+                done = [await conn.execute(sql, params) for sql, params in finishing]
                 handed = await conn.execute(HANDOVER, hand_params) if hand_params else None
                 taken = await conn.execute(CLAIM, claim_params) if claim_params else None
-            applied = {row[0] for row in await done.fetchall()} if done else set()
+            applied = {row[0] for cursor in done for row in await cursor.fetchall()}
             moved = {row[0] for row in await handed.fetchall()} if handed else set()
             rows = await taken.fetchall() if taken else []
             return applied, moved, rows
@@ -549,9 +598,24 @@ class PostgresJobs:
     async def finish_jobs(self, finishes: Sequence[Finish]) -> list[bool]:
         if not finishes:
             return []
-        rows = await self._fetchall(FINISH, {"finishes": _finishes_json(finishes)})
+        finishing = _finish_statements(finishes)
+
+        async def finish(conn: AsyncConnection[Any]) -> set[str]:
+            async with conn.pipeline():  # one round trip, one implicit transaction (see cycle_jobs)
+                done = [await conn.execute(sql, params) for sql, params in finishing]
+            return {row[0] for cursor in done for row in await cursor.fetchall()}
+
+        for attempt in range(_SEAT_RETRIES + 1):
+            try:
+                applied = await self._with_conn(finish)
+                break
+            except psycopg.errors.DeadlockDetected:
+                # Its two statements lock apart (those that succeeded, then the others):
+                # against a cycle of this instance closing some of the same jobs, one of the
+                # two may be chosen to fail. Nothing was written: again.
+                if attempt == _SEAT_RETRIES:
+                    raise
         self.commits += 1
-        applied = {row[0] for row in rows}
         return [f.id in applied for f in finishes]
 
     async def running_jobs(self) -> list[RunningJob]:

@@ -342,8 +342,9 @@ SWEEP_CLAIMS = "DELETE FROM schedtui_claims WHERE claimed_at < %s"
 COUNT_CLAIMS = "SELECT count(*) FROM schedtui_claims"
 
 #: Per-connection settings: a statement that runs away (a lock never released, a server
-#: stuck) is stopped rather than left to hold a pool connection forever.
-CONFIGURE = "SET statement_timeout = '30s'; SET idle_in_transaction_session_timeout = '60s'"
+#: stuck) is stopped rather than left to hold a pool connection forever; times come back
+#: in UTC (as the store hands them out: nothing to convert).
+CONFIGURE = "SET statement_timeout = '30s'; SET idle_in_transaction_session_timeout = '60s'; SET TimeZone = 'UTC'"
 
 #: The fleet's sessions stuck on a silent client inside a transaction for longer than the
 #: take-over window: a statement whose client went quiet before its last message (a

@@ -195,6 +195,7 @@ class SQLiteJobs:
     COMPONENT = Component("jobs", (SCHEMA_V1,))
     job_notifications = False
     job_reservations = False
+    job_streams = 1  # one writer thread: a second cycle would wait for the first
 
     _write: Callable[..., Any]
     _read: Callable[..., Any]
