@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from backend.durable.model import Execution, ExecutionStatus, StepKind, StepStatus, StepView
+from backend.events.audit import AuditEntry
 from backend.safetext import load_json
 
 __all__ = [
@@ -174,8 +175,13 @@ class DurableStore(Protocol):
     * Times go in and come out aware UTC.
     """
 
-    async def durable_insert(self, execution: NewExecution) -> bool:
-        """Insert a ``queued`` execution unless its id exists; True if inserted."""
+    async def durable_insert(
+        self, execution: NewExecution, *, claim: tuple[str, datetime] | None = None, audit: AuditEntry | None = None
+    ) -> bool:
+        """Insert a ``queued`` execution unless its id exists; True if inserted. With
+        ``claim`` (an instance, a lease end) it is inserted claimed, as a claim would leave
+        it: ``running`` on that instance under lease 1 until then. ``audit``: the entry
+        that records the start, written in the same transaction if the execution is."""
 
     async def durable_claim(
         self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int

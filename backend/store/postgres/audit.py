@@ -14,7 +14,7 @@ from backend.events.audit import AuditEntry, decode_detail, encode_detail
 from backend.ids import id_floor
 from backend.store.migrations import Component
 
-__all__ = ["PostgresAudit"]
+__all__ = ["APPEND_AUDIT_FROM", "PostgresAudit", "audit_params"]
 
 AUDIT_V1 = """
     CREATE TABLE schedtui_audit (
@@ -31,6 +31,13 @@ APPEND_AUDIT = """
     INSERT INTO schedtui_audit (id, at, actor, action, target, detail) VALUES (%s, %s, %s, %s, %s, %s::json)
     ON CONFLICT (id) DO NOTHING
 """
+#: The entry of an action written by the action's own statement (a CTE of it): one row per
+#: row of ``{source}`` (the action's, when it took effect), named parameters ``audit_*``.
+APPEND_AUDIT_FROM = """
+    INSERT INTO schedtui_audit (id, at, actor, action, target, detail)
+    SELECT %(audit_id)s, %(audit_at)s, %(audit_actor)s, %(audit_action)s, %(audit_target)s, %(audit_detail)s::json
+    FROM {source} ON CONFLICT (id) DO NOTHING
+"""
 LIST_AUDIT = f"SELECT {AUDIT_COLUMNS} FROM schedtui_audit ORDER BY id DESC LIMIT %s"
 LIST_AUDIT_BEFORE = f"SELECT {AUDIT_COLUMNS} FROM schedtui_audit WHERE id < %s ORDER BY id DESC LIMIT %s"
 PRUNE_AUDIT = "DELETE FROM schedtui_audit WHERE id < %s"
@@ -38,6 +45,14 @@ PRUNE_AUDIT = "DELETE FROM schedtui_audit WHERE id < %s"
 
 def _entry(row: Sequence[Any]) -> AuditEntry:
     return AuditEntry(row[0], row[1].astimezone(UTC), row[2], row[3], row[4], decode_detail(row[5]))
+
+
+def audit_params(entry: AuditEntry) -> dict[str, Any]:
+    """The parameters of :data:`APPEND_AUDIT_FROM`."""
+    return {
+        "audit_id": entry.id, "audit_at": entry.at, "audit_actor": _text(entry.actor), "audit_action": entry.action,
+        "audit_target": _text(entry.target), "audit_detail": encode_detail(entry.detail),
+    }  # fmt: skip
 
 
 def _text(value: str) -> str:

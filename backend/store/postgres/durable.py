@@ -46,10 +46,13 @@ from backend.durable.store import (
     step_view,
 )
 from backend.store.migrations import Component
+from backend.store.postgres.audit import APPEND_AUDIT_FROM, audit_params
 from backend.store.postgres.lane import Lane, LaneFailed
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
+
+    from backend.events.audit import AuditEntry
 
 T = TypeVar("T")
 
@@ -123,9 +126,20 @@ EXECUTIONS = "schedtui_durable_executions"
 EXECUTION_COLUMNS = ", ".join(EXECUTION_FIELDS)
 STEP_COLUMNS = ", ".join(STEP_FIELDS)
 
+#: A new execution: ``queued``, or claimed by the instance that starts it (``running``,
+#: lease 1: what a claim would have made of it).
 INSERT = f"""
-    INSERT INTO {EXECUTIONS} (id, function, status, input, schedule, scheduled_at, created_at, updated_at)
-    VALUES (%s, %s, 'queued', %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING
+    INSERT INTO {EXECUTIONS} (id, function, status, input, schedule, scheduled_at, created_at, updated_at, instance,
+        lease, lease_until)
+    VALUES (%(id)s, %(function)s, %(status)s, %(input)s, %(schedule)s, %(scheduled_at)s, %(created)s, %(created)s,
+        %(instance)s, %(lease)s, %(until)s)
+    ON CONFLICT (id) DO NOTHING
+"""
+#: The same with the audit entry of the start, written only if the execution was.
+INSERT_AUDITED = f"""
+    WITH x AS ({INSERT} RETURNING id),
+    a AS ({APPEND_AUDIT_FROM.format(source="x")})
+    SELECT count(*) FROM x
 """
 CLAIM = f"""
     WITH picked AS (
@@ -378,7 +392,7 @@ class PostgresDurable:
 
         async def _fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None: ...
 
-        async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int: ...
+        async def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int: ...
 
     def _checkpoint_lane(self) -> Lane:
         """The connection kept for checkpoints (made when the store opens, connected when
@@ -395,17 +409,20 @@ class PostgresDurable:
         self.commits += 1
         return rows
 
-    async def durable_insert(self, execution: NewExecution) -> bool:
-        params = (
-            execution.id,
-            execution.function,
-            _text(execution.input),
-            execution.schedule,
-            execution.scheduled_at,
-            execution.created_at,
-            execution.created_at,
-        )
-        return await self._execute(INSERT, params) == 1
+    async def durable_insert(
+        self, execution: NewExecution, *, claim: tuple[str, datetime] | None = None, audit: AuditEntry | None = None
+    ) -> bool:
+        instance, until = claim if claim is not None else (None, None)
+        params: dict[str, Any] = {
+            "id": execution.id, "function": execution.function, "input": _text(execution.input),
+            "schedule": execution.schedule, "scheduled_at": execution.scheduled_at, "created": execution.created_at,
+            "status": "queued" if claim is None else "running", "instance": instance, "lease": 0 if claim is None else 1,
+            "until": until,
+        }  # fmt: skip
+        if audit is None:
+            return await self._execute(INSERT, params) == 1
+        rows = await self._fetch_write(INSERT_AUDITED, params | audit_params(audit))
+        return bool(rows[0][0])
 
     async def durable_claim(
         self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int

@@ -397,7 +397,7 @@ class PostgresStore(
 
         return await self._with_conn(go)
 
-    async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+    async def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
         """One write statement (its own transaction); returns the affected row count."""
 
         async def go(conn: AsyncConnection[Any]) -> int:
