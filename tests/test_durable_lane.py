@@ -72,6 +72,8 @@ async def test_a_checkpoint_on_the_lane_is_refused_once_the_lease_has_moved(stor
     assert lane.calls == 2 and await steps_of(store) == ["one"]  # nothing of it landed
     assert await store.durable_write(checkpoint(second, 2, "two", later)) is False
     assert lane.calls == 3 and await steps_of(store) == ["one", "two"]
+    # the execution's row is not written by a checkpoint: the step it is at is its newest one's
+    assert (await store.durable_get(ID)).current_step == "two"  # type: ignore[union-attr]
     # an operator's cancellation comes back with the next checkpoint
     assert await store.durable_cancel(ID, later, "cancelled by ops") == ("running", "requested")
     assert await store.durable_write(checkpoint(second, 3, "three", later)) is True

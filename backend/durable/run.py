@@ -61,14 +61,17 @@ class BodyCall(Invocation):
 class StepCall(Invocation):
     """One attempt of one step."""
 
-    __slots__ = ("args", "execution", "finished", "step")
+    __slots__ = ("args", "execution", "finished", "started", "step")
 
     def __init__(self, run: ExecutionRun, step: str, args: tuple[Any, ...], is_async: bool) -> None:
         super().__init__("", run.step_timeout, is_async)
         self.execution = run.id
         self.step = step
         self.args = args
-        self.finished: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self.started: datetime | None = None
+        # An async step runs on the code's own task (HandlerRunner.run_here): its outcome is
+        # there when that returns. A step on a thread is awaited through this.
+        self.finished: asyncio.Future[Outcome] | None = None if is_async else asyncio.get_running_loop().create_future()
 
     @property
     def label(self) -> str:
@@ -79,14 +82,15 @@ class StepCall(Invocation):
         return f"schedtui-step-{self.step}"
 
     def begin(self, now: datetime) -> tuple[Any, ...]:
-        super().begin(now)
+        self.deadline = now + self.max_runtime
+        self.started = now
         return self.args
 
     def ended(self) -> None:
         # A step on a thread past its deadline still runs: its retry (or the next step)
         # waits until it has returned, so no two attempts of a step ever run at once.
         assert self.outcome is not None
-        if not self.finished.done():
+        if self.finished is not None and not self.finished.done():
             self.finished.set_result(self.outcome)
 
 
@@ -317,18 +321,24 @@ class ExecutionRun:
             )
 
     # -- writing ----------------------------------------------------------------------
-    async def write(self, then: Progress | Suspend | Finish, steps: Sequence[StepRecord] = ()) -> None:
+    async def write(
+        self, then: Progress | Suspend | Finish, steps: Sequence[StepRecord] = (), now: datetime | None = None
+    ) -> None:
         """One transaction under this run's lease, with whatever checkpoints and log lines
         wait to go. Raises :class:`LeaseLost` (and stops the run) when the store refuses
         it or cannot be reached."""
         pending = [*self.pending, *steps] if self.pending else steps
-        logs, self.logs = self.logs, []
-        write = Write(self.id, self.lease, self.now, then, pending, logs)
+        logs: Sequence[str] = self.logs
+        if logs:
+            self.logs = []
+        else:
+            logs = ()
+        write = Write(self.id, self.lease, now or self.clock.now(), then, pending, logs)
         self.in_store = True
         try:
             cancel = await self.store.durable_write(write)
         except Unavailable as exc:
-            self.logs = logs + self.logs
+            self.logs = [*logs, *self.logs]
             self.lose(f"the store cannot be reached to checkpoint ({exc})")
             raise LeaseLost(str(exc)) from None
         finally:
@@ -337,15 +347,16 @@ class ExecutionRun:
             self.lose("its lease was taken over by another claim")
             assert isinstance(self.ending, LeaseLost)
             raise self.ending
-        self.pending = []
+        if self.pending:
+            self.pending = []
         if cancel:
             self.cancel_requested = True
         if not isinstance(then, Progress):  # it waits or ended: what operators watch
             self.executor.shared.events.publish("durable", self.id)
 
-    async def checkpoint(self, record: StepRecord) -> None:
-        """A step finished: its outcome, one commit (the lease is renewed with it)."""
-        await self.write(Progress(record.name, self.now + self.executor.lease_ttl), [record])
+    async def checkpoint(self, record: StepRecord, now: datetime) -> None:
+        """A step finished (``now``): its outcome, one commit (the lease is renewed with it)."""
+        await self.write(Progress(record.name, now + self.executor.lease_ttl), (record,), now)
 
     async def suspend(
         self,

@@ -45,7 +45,10 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+# The three classes a step's checkpoint makes (a record, its progress, the write) are not
+# frozen: one of each is made per step, a frozen dataclass costs several times as much to
+# construct, and nothing changes one once made.
+@dataclass(slots=True)
 class StepRecord:
     """A step's checkpoint: its outcome (``output`` as JSON text) or its error."""
 
@@ -102,9 +105,11 @@ class Claimed:
     """Signals received so far: name -> (payload as JSON text, when it was sent)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Progress:
-    """The execution goes on: renew its lease, note the step it is at."""
+    """The execution goes on: renew its lease, note the step it is at. (A store may leave
+    both to the executor's renewals and to the checkpoints when the write is one finished
+    step and nothing else: PostgreSQL's lean checkpoint does.)"""
 
     step: str | None
     lease_until: datetime
@@ -135,7 +140,7 @@ class Finish:
     """The step whose failure failed the execution (``retry`` starts over from it)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Write:
     """One transaction of the runner: step checkpoints, log lines and what becomes of the
     execution, applied only under the lease it was claimed with."""

@@ -81,6 +81,9 @@ MAX_TRACEBACK: Final = 8192
 _IDLE_THREAD_EXIT_S = 60.0
 #: A handler that returns this long after its call was settled is said to have run on.
 LINGER_NOTED_S = 1.0
+#: The watchdog's heap of deadlines is rid of ended calls once it holds this many entries,
+#: and then twice as many as are left (see HandlerRunner._watch).
+COMPACT_AT = 64
 
 
 @dataclass(slots=True)
@@ -307,6 +310,8 @@ class HandlerRunner:
         """Settled calls whose handler still runs (sync handlers past their deadline)."""
         self._deadlines: list[tuple[datetime, int, Invocation]] = []
         """(deadline, key, invocation): the key breaks ties, so invocations are never compared."""
+        self._compact_at = COMPACT_AT
+        """The heap's size at which the ended calls are dropped from it (see :meth:`_watch`)."""
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self.threads_running = 0
@@ -430,6 +435,14 @@ class HandlerRunner:
         if (not deadlines or deadline < deadlines[0][0]) and self.loops.needs_wake("watchdog", deadline):
             self._wake.set()
         heapq.heappush(deadlines, (deadline, key, invocation))
+        if len(deadlines) > self._compact_at:
+            # Calls that ended in time leave the heap when the watchdog wakes, and calls one
+            # after another (a durable function's steps) do not wake it: without this the
+            # heap would keep every call of the last max_runtime (a step's 15 minutes).
+            live = [entry for entry in deadlines if not entry[2].done]
+            heapq.heapify(live)
+            self._deadlines = live
+            self._compact_at = max(COMPACT_AT, 2 * len(live))
 
     async def _call(self, key: int, invocation: Invocation, fn: Callable[[Any], Any]) -> None:
         try:
@@ -517,7 +530,7 @@ class HandlerRunner:
         self.lingering.discard(invocation)
         if invocation.buffer is not None and self.logs is not None:
             self.logs.ended(invocation)
-        ran_on = invocation.ran_on(self.clock.now())
+        ran_on = None if invocation.given_up_at is None else invocation.ran_on(self.clock.now())
         if ran_on is not None:
             log.warning("%s returned %.1fs after it was given up on: what it held is free now", invocation.label, ran_on)
         invocation.ended()

@@ -7,11 +7,13 @@ hot path is one statement each, so one round trip and one commit:
 * a claim takes runnable executions with ``FOR UPDATE SKIP LOCKED`` (concurrent claimers
   skip each other's rows instead of waiting), bumps each one's lease number, and returns
   each with its step checkpoints and signals: the replay reads nothing else;
-* a step's checkpoint updates the execution under its lease (renewing it) and upserts the
-  step row and log lines in data-modifying CTEs that only act if that update matched;
-  the update returns whether a cancellation was asked for, so no extra read is needed.
-  A finished step with nothing else to write (nearly every one) takes the lean form: the
-  step row inserted from the update's result, positional parameters, no JSON.
+* a write updates the execution under its lease and upserts the step rows and log lines
+  in data-modifying CTEs that only act if that update matched; the update returns whether
+  a cancellation was asked for, so no extra read is needed. A finished step with nothing
+  else to write (nearly every one) takes the lean form, on a connection of its own when
+  that is free (:mod:`.lane`): the step row inserted from the execution's row read and
+  locked under its lease (not updated: no new version of the row per step), positional
+  parameters, no JSON.
 
 Signals live in the execution's row (a JSON object), so a signal and a runner suspending
 to wait for it update the same row: PostgreSQL orders the two, and whichever comes second
@@ -123,7 +125,12 @@ COMPONENT = Component(
 )
 
 EXECUTIONS = "schedtui_durable_executions"
-EXECUTION_COLUMNS = ", ".join(EXECUTION_FIELDS)
+#: A step's checkpoint leaves the execution's row as it is (see CHECKPOINT): the step a
+#: running execution is at is its newest checkpoint's (the one a write set otherwise).
+CURRENT_STEP = """CASE WHEN x.status = 'running' THEN coalesce((
+    SELECT s.name FROM schedtui_durable_steps s WHERE s.execution_id = x.id ORDER BY s.seq DESC LIMIT 1), x.step)
+    ELSE x.step END"""
+EXECUTION_COLUMNS = ", ".join(CURRENT_STEP if f == "step" else f"x.{f}" for f in EXECUTION_FIELDS)
 STEP_COLUMNS = ", ".join(STEP_FIELDS)
 
 #: A new execution: ``queued``, or claimed by the instance that starts it (``running``,
@@ -191,13 +198,15 @@ PROGRESS = f"""
         UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
         WHERE {HELD} RETURNING cancel_requested
     )""" + _AND_STEPS_AND_LOGS
-#: The hot path, a finished step and nothing else: the update under the lease and the step's
-#: upsert, which inserts from the update's row (so nothing when the lease is not held). One
-#: statement with plain positional parameters: no JSON to build or unpack, no log CTE.
+#: The hot path, a finished step and nothing else: the step's upsert, inserted from the
+#: execution's row read under its lease (so nothing when the lease is not held). The row is
+#: locked (FOR SHARE: every other write of it waits, a claim skips it), not updated: no new
+#: version of it per step. Its lease is renewed by the executor's own renewals, and the step
+#: it is at is read from its newest checkpoint (CURRENT_STEP). One statement with plain
+#: positional parameters: no JSON to build or unpack, no log CTE.
 CHECKPOINT = f"""
     WITH e AS (
-        UPDATE {EXECUTIONS} SET lease_until = %s, step = %s
-        WHERE id = %s AND lease = %s AND status = 'running' RETURNING id, cancel_requested
+        SELECT id, cancel_requested FROM {EXECUTIONS} WHERE id = %s AND lease = %s AND status = 'running' FOR SHARE
     )
     INSERT INTO schedtui_durable_steps (execution_id, {STEP_COLUMNS})
     SELECT e.id, %s::integer, %s::text, %s::text, %s::text, %s::integer, %s::timestamptz, %s::timestamptz,
@@ -279,7 +288,7 @@ REQUEUE = f"""
 # A retry forgets the failed step's checkpoint so that it runs again: never a succeeded one.
 FORGET_STEP = "DELETE FROM schedtui_durable_steps WHERE execution_id = %s AND name = %s AND status <> 'succeeded'"
 INSERT_LOG = "INSERT INTO schedtui_durable_logs (execution_id, at, message) VALUES (%s, %s, %s)"
-GET = f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} WHERE id = %s"
+GET = f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} x WHERE id = %s"
 STEPS_OF = f"SELECT {STEP_COLUMNS} FROM schedtui_durable_steps WHERE execution_id = %s ORDER BY seq"
 LOGS_OF = """
     SELECT at, message FROM (
@@ -316,7 +325,7 @@ def _list_sql(function: str | None, status: str | None, before: str | None) -> t
         where.append("id < %s")
         params.append(before)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    return f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} {clause} ORDER BY id DESC LIMIT %s", params
+    return f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} x {clause} ORDER BY id DESC LIMIT %s", params
 
 
 def _utc(value: Any) -> datetime | None:
@@ -450,7 +459,7 @@ class PostgresDurable:
     async def durable_write(self, write: Write) -> bool | None:
         then = write.then
         if type(then) is Progress and len(write.steps) == 1 and not write.logs and then.step is not None:
-            return await self._checkpoint(write, then, write.steps[0])
+            return await self._checkpoint(write, write.steps[0])
         params: dict[str, Any] = {"id": write.id, "lease": write.lease, "now": write.now, "step": then.step}
         if isinstance(then, Progress):
             params["until"] = then.lease_until
@@ -474,17 +483,17 @@ class PostgresDurable:
         rows = await self._fetch_write(sql, params)
         return bool(rows[0][0]) if rows else None
 
-    async def _checkpoint(self, write: Write, then: Progress, s: StepRecord) -> bool | None:
+    async def _checkpoint(self, write: Write, s: StepRecord) -> bool | None:
         lane = self._checkpoints
         if lane is not None and lane.available():
             # Its own connection, the statement prepared on it, the parameters as text:
             # about half the client's CPU of the same statement through the pool.
             try:
                 result = await lane.call((
-                    then.lease_until.isoformat().encode(), _utf8(then.step), write.id.encode(), b"%d" % write.lease,
-                    b"%d" % s.seq, s.name.encode(), s.kind.encode(), s.status.encode(), b"%d" % s.attempt,
-                    _when(s.started_at), _when(s.finished_at), _when(s.wake_at), _utf8(_text(s.output)),
-                    _utf8(_text(s.error_tag)), _utf8(_text(s.error_message)), b"t" if s.at_most_once else b"f",
+                    write.id.encode(), b"%d" % write.lease, b"%d" % s.seq, s.name.encode(), s.kind.encode(),
+                    s.status.encode(), b"%d" % s.attempt, _when(s.started_at), _when(s.finished_at), _when(s.wake_at),
+                    _utf8(_text(s.output)), _utf8(_text(s.error_tag)), _utf8(_text(s.error_message)),
+                    b"t" if s.at_most_once else b"f",
                 ))  # fmt: skip
             except LaneFailed:
                 pass  # unknown whether it took effect: the same fenced upsert again, on the pool
@@ -494,8 +503,7 @@ class PostgresDurable:
                 self._store_answered()
                 return None if result.ntuples == 0 else result.get_value(0, 0) == b"t"
         params = (
-            then.lease_until, then.step, write.id, write.lease,
-            s.seq, s.name, s.kind, s.status, s.attempt, s.started_at, s.finished_at, s.wake_at, _text(s.output),
+            write.id, write.lease, s.seq, s.name, s.kind, s.status, s.attempt, s.started_at, s.finished_at, s.wake_at, _text(s.output),
             _text(s.error_tag), _text(s.error_message), s.at_most_once,
         )  # fmt: skip
         rows = await self._fetch_write(CHECKPOINT, params)
