@@ -174,17 +174,18 @@ class DurableExecutor:
 
     def launch_new(self, new: NewExecution) -> None:
         """Run an execution inserted claimed by this instance (see :meth:`reserve`), as a
-        claim of it would have: lease 1, no steps, no signals."""
+        claim of it would have: lease 1, no steps, no signals; the insert wrote the first
+        line of its log (:func:`~.run.started_on`)."""
         self.unreserve()
         row = ExecutionRow(new.id, new.function, new.input, new.created_at, 1, False, new.schedule, new.scheduled_at,
                            "queued", None)  # fmt: skip
-        run = self._launch(Claimed(row, [], {}))
+        run = self._launch(Claimed(row, [], {}), start_logged=True)
         if self.stopping:  # (stop() began while it was inserted): it goes back to the queue at its first step
             run.stopping = True
 
-    def _launch(self, claimed: Claimed) -> ExecutionRun:
+    def _launch(self, claimed: Claimed, *, start_logged: bool = False) -> ExecutionRun:
         execution = claimed.execution
-        run = ExecutionRun(self, claimed, self.functions[execution.function])
+        run = ExecutionRun(self, claimed, self.functions[execution.function], start_logged=start_logged)
         if execution.was == "running":
             log.warning(
                 "execution %s of %s taken over from %s (its lease had expired)",

@@ -31,9 +31,14 @@ if TYPE_CHECKING:
     from backend.durable.context import DurableContext
     from backend.durable.executor import DurableExecutor
 
-__all__ = ["ExecutionRun"]
+__all__ = ["ExecutionRun", "started_on"]
 
 log = logging.getLogger("schedtui.durable")
+
+
+def started_on(instance: str) -> str:
+    """The first line of an execution's log."""
+    return f"started on {instance}"
 
 
 class BodyCall(Invocation):
@@ -97,7 +102,9 @@ class StepCall(Invocation):
 class ExecutionRun:
     """Replay state and writes of one claimed execution (see the module docstring)."""
 
-    def __init__(self, executor: DurableExecutor, claimed: Claimed, function: DurableFunction) -> None:
+    def __init__(
+        self, executor: DurableExecutor, claimed: Claimed, function: DurableFunction, *, start_logged: bool = False
+    ) -> None:
         from backend.durable.context import DurableContext
 
         row = claimed.execution
@@ -138,8 +145,8 @@ class ExecutionRun:
             )
         elif row.was_instance is not None and row.was_instance != executor.instance:
             self.logs.append(f"resumed on {executor.instance} (lease {row.lease})")
-        elif row.lease == 1:
-            self.logs.append(f"started on {executor.instance}")
+        elif row.lease == 1 and not start_logged:
+            self.logs.append(started_on(executor.instance))
 
     @property
     def now(self) -> datetime:

@@ -18,6 +18,7 @@ from backend.durable.context import SIGNAL_NAME
 from backend.durable.definition import DurableFunction
 from backend.durable.executor import DurableExecutor
 from backend.durable.model import EXECUTION_STATUSES, Execution, ExecutionsPage, Signalled, Started, execution_id_for_slot
+from backend.durable.run import started_on
 from backend.durable.store import DurableStore, NewExecution
 from backend.errors import BadInput, NotFound, Refused
 from backend.inputs import check_before, check_id, check_json
@@ -134,8 +135,9 @@ class Durable:
         audit = None if schedule is not None else self.shared.audit.entry("durable.start", execution_id, {"function": name})
         lease_until = self.executor.reserve(name, now)  # run here at once, if this instance may
         claim = None if lease_until is None else (self.shared.instance, lease_until)
+        log = None if claim is None else started_on(self.shared.instance)
         try:
-            created = await self.store.durable_insert(new, claim=claim, audit=audit)
+            created = await self.store.durable_insert(new, claim=claim, audit=audit, log=log)
         except BaseException:
             if claim is not None:
                 self.executor.unreserve()

@@ -181,12 +181,18 @@ class DurableStore(Protocol):
     """
 
     async def durable_insert(
-        self, execution: NewExecution, *, claim: tuple[str, datetime] | None = None, audit: AuditEntry | None = None
+        self,
+        execution: NewExecution,
+        *,
+        claim: tuple[str, datetime] | None = None,
+        audit: AuditEntry | None = None,
+        log: str | None = None,
     ) -> bool:
         """Insert a ``queued`` execution unless its id exists; True if inserted. With
         ``claim`` (an instance, a lease end) it is inserted claimed, as a claim would leave
         it: ``running`` on that instance under lease 1 until then. ``audit``: the entry
-        that records the start, written in the same transaction if the execution is."""
+        that records the start, and ``log``: a first line of its log, each written in the
+        same transaction if the execution is."""
 
     async def durable_claim(
         self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int

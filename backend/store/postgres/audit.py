@@ -32,11 +32,14 @@ APPEND_AUDIT = """
     ON CONFLICT (id) DO NOTHING
 """
 #: The entry of an action written by the action's own statement (a CTE of it): one row per
-#: row of ``{source}`` (the action's, when it took effect), named parameters ``audit_*``.
+#: row of ``{source}`` (the action's, when it took effect), from six positional parameters
+#: (:func:`audit_params`); none when there is no entry (its id NULL).
 APPEND_AUDIT_FROM = """
     INSERT INTO schedtui_audit (id, at, actor, action, target, detail)
-    SELECT %(audit_id)s, %(audit_at)s, %(audit_actor)s, %(audit_action)s, %(audit_target)s, %(audit_detail)s::json
-    FROM {source} ON CONFLICT (id) DO NOTHING
+    SELECT v.id, v.at, v.actor, v.action, v.target, v.detail
+    FROM {source}, (VALUES (%s::text, %s::timestamptz, %s::text, %s::text, %s::text, %s::json))
+        AS v(id, at, actor, action, target, detail)
+    WHERE v.id IS NOT NULL ON CONFLICT (id) DO NOTHING
 """
 LIST_AUDIT = f"SELECT {AUDIT_COLUMNS} FROM schedtui_audit ORDER BY id DESC LIMIT %s"
 LIST_AUDIT_BEFORE = f"SELECT {AUDIT_COLUMNS} FROM schedtui_audit WHERE id < %s ORDER BY id DESC LIMIT %s"
@@ -47,12 +50,11 @@ def _entry(row: Sequence[Any]) -> AuditEntry:
     return AuditEntry(row[0], row[1].astimezone(UTC), row[2], row[3], row[4], decode_detail(row[5]))
 
 
-def audit_params(entry: AuditEntry) -> dict[str, Any]:
-    """The parameters of :data:`APPEND_AUDIT_FROM`."""
-    return {
-        "audit_id": entry.id, "audit_at": entry.at, "audit_actor": _text(entry.actor), "audit_action": entry.action,
-        "audit_target": _text(entry.target), "audit_detail": encode_detail(entry.detail),
-    }  # fmt: skip
+def audit_params(entry: AuditEntry | None) -> tuple[Any, ...]:
+    """The parameters of :data:`APPEND_AUDIT_FROM` (``None``: no entry)."""
+    if entry is None:
+        return (None,) * 6
+    return entry.id, entry.at, _text(entry.actor), entry.action, _text(entry.target), encode_detail(entry.detail)
 
 
 def _text(value: str) -> str:

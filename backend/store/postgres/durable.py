@@ -53,6 +53,7 @@ from backend.store.postgres.lane import Lane, LaneFailed
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
+    from psycopg.pq.abc import PGresult
 
     from backend.events.audit import AuditEntry
 
@@ -134,18 +135,25 @@ EXECUTION_COLUMNS = ", ".join(CURRENT_STEP if f == "step" else f"x.{f}" for f in
 STEP_COLUMNS = ", ".join(STEP_FIELDS)
 
 #: A new execution: ``queued``, or claimed by the instance that starts it (``running``,
-#: lease 1: what a claim would have made of it).
+#: lease 1: what a claim would have made of it); with the audit entry of the start and a
+#: line of its log, each if there is one, only if the execution was inserted. Positional
+#: parameters: it also goes through the checkpoints' connection (:mod:`.lane`).
 INSERT = f"""
-    INSERT INTO {EXECUTIONS} (id, function, status, input, schedule, scheduled_at, created_at, updated_at, instance,
-        lease, lease_until)
-    VALUES (%(id)s, %(function)s, %(status)s, %(input)s, %(schedule)s, %(scheduled_at)s, %(created)s, %(created)s,
-        %(instance)s, %(lease)s, %(until)s)
-    ON CONFLICT (id) DO NOTHING
-"""
-#: The same with the audit entry of the start, written only if the execution was.
-INSERT_AUDITED = f"""
-    WITH x AS ({INSERT} RETURNING id),
-    a AS ({APPEND_AUDIT_FROM.format(source="x")})
+    WITH x AS (
+        INSERT INTO {EXECUTIONS} (id, function, status, input, schedule, scheduled_at, created_at, updated_at,
+            instance, lease, lease_until)
+        SELECT v.id, v.function, v.status, v.input, v.schedule, v.scheduled_at, v.created, v.created, v.instance,
+            v.lease, v.until
+        FROM (VALUES (%s::text, %s::text, %s::text, %s::text, %s::text, %s::timestamptz, %s::timestamptz, %s::text,
+            %s::bigint, %s::timestamptz)) AS v(id, function, status, input, schedule, scheduled_at, created, instance,
+            lease, until)
+        ON CONFLICT (id) DO NOTHING RETURNING id, created_at
+    ),
+    a AS ({APPEND_AUDIT_FROM.format(source="x")}),
+    l AS (
+        INSERT INTO schedtui_durable_logs (execution_id, at, message)
+        SELECT x.id, x.created_at, m.message FROM x, (VALUES (%s::text)) AS m(message) WHERE m.message IS NOT NULL
+    )
     SELECT count(*) FROM x
 """
 CLAIM = f"""
@@ -218,6 +226,9 @@ CHECKPOINT = f"""
         at_most_once = excluded.at_most_once
     RETURNING (SELECT cancel_requested FROM e)
 """
+#: The same for a step's first attempt, which has no row yet: a plain insert (a row there
+#: after all fails it, and the upsert runs on the pool instead).
+CHECKPOINT_NEW = CHECKPOINT[: CHECKPOINT.index("ON CONFLICT")] + "RETURNING (SELECT cancel_requested FROM e)\n"
 #: Progress without steps or logs: only the update.
 PROGRESS_ONLY = f"""
     UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
@@ -236,6 +247,22 @@ SUSPEND = f"""
                 THEN %(now)s ELSE %(wake)s END
         WHERE {HELD} RETURNING cancel_requested
     )""" + _AND_STEPS_AND_LOGS
+#: An execution's end with nothing to write but one line of its log (nearly every end):
+#: positional parameters, no JSON; it also goes through the checkpoints' connection.
+FINISH_LEAN = f"""
+    WITH e AS (
+        UPDATE {EXECUTIONS} x SET status = %s, output = %s, error_tag = %s, error_message = %s, failed_step = %s,
+            step = coalesce(%s, x.step), finished_at = t.now, updated_at = t.now, lease_until = NULL,
+            waiting_for = NULL, wake_at = NULL, awaits = NULL, cancel_requested = false
+        FROM (VALUES (%s::timestamptz)) AS t(now)
+        WHERE x.id = %s AND x.lease = %s AND x.status = 'running' RETURNING x.id, x.cancel_requested, t.now
+    ),
+    l AS (
+        INSERT INTO schedtui_durable_logs (execution_id, at, message)
+        SELECT e.id, e.now, m.message FROM e, (VALUES (%s::text)) AS m(message)
+    )
+    SELECT cancel_requested FROM e
+"""
 FINISH = f"""
     WITH e AS (
         UPDATE {EXECUTIONS} SET status = %(status)s, output = %(output)s, error_tag = %(error_tag)s,
@@ -356,6 +383,20 @@ def _when(value: datetime | None) -> bytes | None:
     return None if value is None else value.isoformat().encode()
 
 
+def _lane_text(value: Any) -> bytes | None:
+    """A parameter as the lane sends it: PostgreSQL's text for it."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
+    if isinstance(value, int):
+        return b"%d" % value
+    assert isinstance(value, datetime), value
+    return value.isoformat().encode()
+
+
 def _steps_json(steps: Sequence[StepRecord]) -> str:
     return json.dumps(
         [
@@ -406,7 +447,26 @@ class PostgresDurable:
     def _checkpoint_lane(self) -> Lane:
         """The connection kept for checkpoints (made when the store opens, connected when
         first used)."""
-        return Lane(self._conninfo, "schedtui_checkpoint", CHECKPOINT, self._configure)
+        statements = {"checkpoint": CHECKPOINT, "step": CHECKPOINT_NEW, "start": INSERT, "finish": FINISH_LEAN}
+        return Lane(self._conninfo, "schedtui_durable", statements, self._configure)
+
+    async def _on_lane(self, key: str, params: Sequence[Any]) -> PGresult | None:
+        """Run a statement of the lane on it when it is free (``None`` otherwise, or when it
+        failed: the caller runs the same statement on the pool)."""
+        lane = self._checkpoints
+        if lane is None or not lane.available():
+            return None
+        try:
+            result = await lane.call(key, [_lane_text(value) for value in params])
+        except LaneFailed:
+            return None  # unknown whether it took effect: every lane statement may run again
+        self._lane_answered()
+        return result
+
+    def _lane_answered(self) -> None:
+        self.commits += 1
+        self._conn_trouble = None
+        self._store_answered()
 
     async def _fetch_write(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
         """One statement that writes (its own transaction, one commit); its rows."""
@@ -419,18 +479,23 @@ class PostgresDurable:
         return rows
 
     async def durable_insert(
-        self, execution: NewExecution, *, claim: tuple[str, datetime] | None = None, audit: AuditEntry | None = None
+        self,
+        execution: NewExecution,
+        *,
+        claim: tuple[str, datetime] | None = None,
+        audit: AuditEntry | None = None,
+        log: str | None = None,
     ) -> bool:
         instance, until = claim if claim is not None else (None, None)
-        params: dict[str, Any] = {
-            "id": execution.id, "function": execution.function, "input": _text(execution.input),
-            "schedule": execution.schedule, "scheduled_at": execution.scheduled_at, "created": execution.created_at,
-            "status": "queued" if claim is None else "running", "instance": instance, "lease": 0 if claim is None else 1,
-            "until": until,
-        }  # fmt: skip
-        if audit is None:
-            return await self._execute(INSERT, params) == 1
-        rows = await self._fetch_write(INSERT_AUDITED, params | audit_params(audit))
+        params = (
+            execution.id, execution.function, "queued" if claim is None else "running", _text(execution.input),
+            execution.schedule, execution.scheduled_at, execution.created_at, instance, 0 if claim is None else 1, until,
+            *audit_params(audit), _text(log),
+        )  # fmt: skip
+        result = await self._on_lane("start", params)
+        if result is not None:
+            return result.get_value(0, 0) == b"1"
+        rows = await self._fetch_write(INSERT, params)
         return bool(rows[0][0])
 
     async def durable_claim(
@@ -469,6 +534,8 @@ class PostgresDurable:
             sql = SUSPEND
         else:
             assert isinstance(then, Finish)
+            if not write.steps and len(write.logs) == 1:
+                return await self._finish(write, then)
             params.update(
                 status=then.status,
                 output=_text(then.output),
@@ -487,26 +554,36 @@ class PostgresDurable:
         lane = self._checkpoints
         if lane is not None and lane.available():
             # Its own connection, the statement prepared on it, the parameters as text:
-            # about half the client's CPU of the same statement through the pool.
+            # about half the client's CPU of the same statement through the pool. A first
+            # attempt has no row yet: a plain insert.
             try:
-                result = await lane.call((
+                result = await lane.call("step" if s.attempt == 1 and not s.at_most_once else "checkpoint", (
                     write.id.encode(), b"%d" % write.lease, b"%d" % s.seq, s.name.encode(), s.kind.encode(),
                     s.status.encode(), b"%d" % s.attempt, _when(s.started_at), _when(s.finished_at), _when(s.wake_at),
                     _utf8(_text(s.output)), _utf8(_text(s.error_tag)), _utf8(_text(s.error_message)),
                     b"t" if s.at_most_once else b"f",
                 ))  # fmt: skip
             except LaneFailed:
-                pass  # unknown whether it took effect: the same fenced upsert again, on the pool
+                pass  # unknown whether it took effect (or a row was there): the upsert, on the pool
             else:
-                self.commits += 1
-                self._conn_trouble = None
-                self._store_answered()
+                self._lane_answered()
                 return None if result.ntuples == 0 else result.get_value(0, 0) == b"t"
         params = (
-            write.id, write.lease, s.seq, s.name, s.kind, s.status, s.attempt, s.started_at, s.finished_at, s.wake_at, _text(s.output),
-            _text(s.error_tag), _text(s.error_message), s.at_most_once,
+            write.id, write.lease, s.seq, s.name, s.kind, s.status, s.attempt, s.started_at, s.finished_at, s.wake_at,
+            _text(s.output), _text(s.error_tag), _text(s.error_message), s.at_most_once,
         )  # fmt: skip
         rows = await self._fetch_write(CHECKPOINT, params)
+        return bool(rows[0][0]) if rows else None
+
+    async def _finish(self, write: Write, then: Finish) -> bool | None:
+        params = (
+            then.status, _text(then.output), _text(then.error_tag), _text(then.error_message), then.failed_step,
+            then.step, write.now, write.id, write.lease, _text(write.logs[0]),
+        )  # fmt: skip
+        result = await self._on_lane("finish", params)
+        if result is not None:
+            return None if result.ntuples == 0 else result.get_value(0, 0) == b"t"
+        rows = await self._fetch_write(FINISH_LEAN, params)
         return bool(rows[0][0]) if rows else None
 
     async def durable_renew(self, instance: str, leases: Sequence[tuple[str, int]], lease_until: datetime) -> Renewal:

@@ -1,15 +1,15 @@
-"""A connection of its own for one statement on a hot path (a durable step's checkpoint).
+"""A connection of its own for the statements of a hot path (a durable step's checkpoint).
 
 A statement run through the pool pays for a checkout and a return, a cursor, psycopg's
 adaptation of every parameter and its wait on the socket (a reader added and removed, a
 future and a timer per wait): about as much CPU again as the commit's own round trip on
-the client. A :class:`Lane` keeps one connection with the statement prepared on it (at
+the client. A :class:`Lane` keeps one connection with its statements prepared on it (at
 the protocol level), its socket watched by one reader for as long as it is open, and
 sends each call's parameters as text it is given already encoded: what is left per call
 is libpq's send, one wake-up and the reply.
 
 It carries one call at a time and is only ever a shortcut: whoever uses it falls back to
-the pool when it is busy, not connected yet, or fails (:class:`LaneFailed`), so the
+the pool when it is busy, not connected yet, or fails (:class:`LaneFailed`), so a
 statement must be safe to run again after a failure (the checkpoint is: an upsert fenced
 by the lease). It never retries by itself. A call cancelled in flight leaves the lane busy
 until the reply has been read and dropped; a connection that breaks is closed, and the
@@ -22,7 +22,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -53,14 +53,19 @@ def _settle(future: asyncio.Future[None]) -> None:
 
 
 class Lane:
-    """One connection for one prepared statement (see the module docstring)."""
+    """One connection for a few prepared statements (see the module docstring), each named
+    ``{name}_{key}`` on the server."""
 
     def __init__(
-        self, conninfo: str, name: str, sql: str, configure: Callable[[AsyncConnection[Any]], Awaitable[None]]
+        self,
+        conninfo: str,
+        name: str,
+        statements: Mapping[str, str],
+        configure: Callable[[AsyncConnection[Any]], Awaitable[None]],
     ) -> None:
         self.conninfo = conninfo
-        self.name = name.encode()
-        self.sql = numbered(sql).encode()
+        self.name = name
+        self.statements = {key: (f"{name}_{key}".encode(), numbered(sql).encode()) for key, sql in statements.items()}
         self.configure = configure
         self._conn: AsyncConnection[Any] | None = None
         self._pgconn: pq.abc.PGconn | None = None
@@ -72,13 +77,15 @@ class Lane:
         self._waiter: asyncio.Future[list[pq.abc.PGresult]] | None = None
         self._results: list[pq.abc.PGresult] = []
         self._busy = False
+        self._prepared = False
+        """Connected, and its statements prepared: calls may go through it."""
         self.closed = False
         self.calls = 0
         """Calls that went through the lane (failed ones included)."""
 
     @property
     def connected(self) -> bool:
-        return self._pgconn is not None
+        return self._prepared
 
     @property
     def pid(self) -> int | None:
@@ -89,9 +96,9 @@ class Lane:
         """Whether a call may go through the lane now (connected, and free). A lane not
         connected starts connecting in the background (at most every
         :data:`RECONNECT_EVERY` seconds) and says no meanwhile."""
-        if self._pgconn is not None:
+        if self._prepared:
             return not self._busy
-        if self._connecting is None and not self.closed and time.monotonic() - self._tried_at >= RECONNECT_EVERY:
+        if self._pgconn is None and self._connecting is None and not self.closed and time.monotonic() - self._tried_at >= RECONNECT_EVERY:
             self._tried_at = time.monotonic()
             self._connecting = asyncio.ensure_future(self._connect())
             self._connecting.set_name("schedtui lane")
@@ -104,27 +111,29 @@ class Lane:
             self._connecting = asyncio.ensure_future(self._connect())
         if self._connecting is not None:
             await asyncio.shield(self._connecting)
-        return self._pgconn is not None
+        return self._prepared
 
     async def _connect(self) -> None:
         try:
             conn = await AsyncConnection.connect(self.conninfo, autocommit=True)
         except psycopg.Error as exc:
-            log.info("the %s connection could not be opened (%s); the pool serves meanwhile", self.name.decode(), exc)
+            log.info("the %s connection could not be opened (%s); the pool serves meanwhile", self.name, exc)
             self._connecting = None
             return
         self._conn, self._pgconn = conn, conn.pgconn
-        self._busy = True  # not available until the statement is prepared
         try:
             await self.configure(conn)
             await conn.execute("SET client_encoding TO 'UTF8'")  # parameters are sent as UTF-8
             self._loop = asyncio.get_running_loop()
             self._fd = conn.pgconn.socket
             self._loop.add_reader(self._fd, self._readable)
-            conn.pgconn.send_prepare(self.name, self.sql)
-            self._check(await self._reply())
+            for name, sql in self.statements.values():
+                self._busy = True
+                conn.pgconn.send_prepare(name, sql)
+                self._check(await self._reply())
+            self._prepared = True
         except (psycopg.Error, LaneFailed) as exc:
-            log.info("the %s connection could not be opened (%s); the pool serves meanwhile", self.name.decode(), exc)
+            log.info("the %s connection could not be opened (%s); the pool serves meanwhile", self.name, exc)
             self._release()
         except BaseException:
             self._release()
@@ -134,15 +143,16 @@ class Lane:
             if self.closed:
                 self._release()
 
-    async def call(self, params: Sequence[bytes | None]) -> pq.abc.PGresult:
-        """Run the statement with these parameters (text, encoded); its one result. Only
-        when :meth:`available`. Raises :class:`LaneFailed` for anything but a clean result."""
+    async def call(self, key: str, params: Sequence[bytes | None]) -> pq.abc.PGresult:
+        """Run the statement ``key`` with these parameters (text, encoded); its one result.
+        Only when :meth:`available`. Raises :class:`LaneFailed` for anything but a clean
+        result."""
         pgconn = self._pgconn
         assert pgconn is not None and not self._busy
         self._busy = True
         self.calls += 1
         try:
-            pgconn.send_query_prepared(self.name, params)
+            pgconn.send_query_prepared(self.statements[key][0], params)
         except psycopg.Error as exc:
             self._broken(exc)
             raise LaneFailed(str(exc)) from None
@@ -210,11 +220,12 @@ class Lane:
         if waiter is not None and not waiter.done():
             waiter.set_exception(LaneFailed(str(exc)))
         if not self.closed:
-            log.info("the %s connection failed (%s); the pool serves until it is back", self.name.decode(), exc)
+            log.info("the %s connection failed (%s); the pool serves until it is back", self.name, exc)
         self._release()
 
     def _release(self) -> None:
         pgconn, self._pgconn, self._conn = self._pgconn, None, None
+        self._prepared = False
         self._results = []
         self._busy = False
         if pgconn is None:

@@ -235,7 +235,12 @@ class SQLiteDurable:
         async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
     async def durable_insert(
-        self, execution: NewExecution, *, claim: tuple[str, datetime] | None = None, audit: AuditEntry | None = None
+        self,
+        execution: NewExecution,
+        *,
+        claim: tuple[str, datetime] | None = None,
+        audit: AuditEntry | None = None,
+        log: str | None = None,
     ) -> bool:
         instance, until = claim if claim is not None else (None, None)
         params = (
@@ -257,6 +262,8 @@ class SQLiteDurable:
                 return False
             if audit is not None:  # in the same transaction
                 append_audit_in(c, audit)
+            if log is not None:
+                c.execute(INSERT_LOG, (execution.id, _us(execution.created_at), log))
             return True
 
         return await self._write(insert)
