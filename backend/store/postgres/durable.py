@@ -450,11 +450,12 @@ class PostgresDurable:
         statements = {"checkpoint": CHECKPOINT, "step": CHECKPOINT_NEW, "start": INSERT, "finish": FINISH_LEAN}
         return Lane(self._conninfo, "schedtui_durable", statements, self._configure)
 
-    async def _on_lane(self, key: str, params: Sequence[Any]) -> PGresult | None:
+    async def _on_lane(self, key: str, params: Sequence[Any], *, connect: bool = True) -> PGresult | None:
         """Run a statement of the lane on it when it is free (``None`` otherwise, or when it
-        failed: the caller runs the same statement on the pool)."""
+        failed: the caller runs the same statement on the pool). ``connect``: connect the
+        lane (in the background) if it is not."""
         lane = self._checkpoints
-        if lane is None or not lane.available():
+        if lane is None or not lane.available(connect):
             return None
         try:
             result = await lane.call(key, [_lane_text(value) for value in params])
@@ -492,7 +493,9 @@ class PostgresDurable:
             execution.schedule, execution.scheduled_at, execution.created_at, instance, 0 if claim is None else 1, until,
             *audit_params(audit), _text(log),
         )  # fmt: skip
-        result = await self._on_lane("start", params)
+        # (only once this process's executor has connected the lane: a process that only
+        # starts executions, a command line's, has no use for a connection of its own)
+        result = await self._on_lane("start", params, connect=False)
         if result is not None:
             return result.get_value(0, 0) == b"1"
         rows = await self._fetch_write(INSERT, params)

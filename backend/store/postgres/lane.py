@@ -92,13 +92,19 @@ class Lane:
         """The server process of its connection (``None``: not connected)."""
         return None if self._pgconn is None else self._pgconn.backend_pid
 
-    def available(self) -> bool:
+    def available(self, connect: bool = True) -> bool:
         """Whether a call may go through the lane now (connected, and free). A lane not
         connected starts connecting in the background (at most every
-        :data:`RECONNECT_EVERY` seconds) and says no meanwhile."""
+        :data:`RECONNECT_EVERY` seconds; unless ``connect`` is false) and says no meanwhile."""
         if self._prepared:
             return not self._busy
-        if self._pgconn is None and self._connecting is None and not self.closed and time.monotonic() - self._tried_at >= RECONNECT_EVERY:
+        if (
+            connect
+            and self._pgconn is None
+            and self._connecting is None
+            and not self.closed
+            and time.monotonic() - self._tried_at >= RECONNECT_EVERY
+        ):
             self._tried_at = time.monotonic()
             self._connecting = asyncio.ensure_future(self._connect())
             self._connecting.set_name("schedtui lane")
