@@ -4,10 +4,12 @@ Each instance that runs durable functions (``schedtui serve``) claims on its own
 no coordinator. Every ``poll_interval`` (and at once when this process starts, signals or
 wakes one) it claims what is runnable among the functions it defines, up to its
 ``concurrency``: new executions, waits that are due, and executions whose owner's lease
-has expired. It renews the leases it holds every third of ``lease_ttl`` (each checkpoint
-renews its own too). An instance that dies stops renewing: within ``lease_ttl`` any other
-live instance takes its executions over; sooner when the instance registry already knows
-it is gone (its pid is dead on this machine, or its heartbeat is too old).
+has expired. It renews the leases it holds every third of ``lease_ttl`` (on SQLite each
+checkpoint renews its own too). An instance that runs a function and has room claims the
+executions it starts itself as it inserts them (:meth:`DurableExecutor.reserve`). An
+instance that dies stops renewing: within ``lease_ttl`` any other live instance takes its
+executions over; sooner when the instance registry already knows it is gone (its pid is
+dead on this machine, or its heartbeat is too old).
 
 An execution of a function no live instance defines is never claimed, and never dropped:
 the executor warns, every few minutes, about runnable executions nobody has claimed.

@@ -362,7 +362,7 @@ class ExecutionRun:
             self.executor.shared.events.publish("durable", self.id)
 
     async def checkpoint(self, record: StepRecord, now: datetime) -> None:
-        """A step finished (``now``): its outcome, one commit (the lease is renewed with it)."""
+        """A step finished (``now``): its outcome, one commit."""
         await self.write(Progress(record.name, now + self.executor.lease_ttl), (record,), now)
 
     async def suspend(

@@ -33,10 +33,13 @@ a time. Measured:
   comes to that floor. It holds on a machine whose disk and CPUs other work shares, where
   the absolute rates swing several-fold within a minute. Each system's median ratio over
   the rounds is shown, with every round's;
+* ``cpu_us_per_step``: the worker process's CPU (every thread) during the measured
+  workflows, per step; beside it ``ceiling_cpu_us_per_commit``, the same process's CPU
+  per commit of the ceiling: what a step costs the client besides its commit;
 * with ``--statements`` (the throwaway cluster loads ``pg_stat_statements``): each
-  system's statements (so round trips, but for pipelined ones) and rows per step over the
-  same process as ``commits_per_step`` (its start-up and background work included), with
-  the statements that took the most calls.
+  system's statements (so round trips, but for pipelined ones), rows and server time per
+  step, over the whole process (its start-up included, which ``commits_per_step``
+  subtracts), with the statements that took the most calls.
 
 DBOS is installed by this script with pip into a temporary virtual environment it
 creates and removes (never into the project's environment). ``resume`` measures, on real
