@@ -158,8 +158,9 @@ async def test_one_commit_per_finished_step(engines: Callable[..., Engine]) -> N
     await engine.quiesce()
     store: Any = engine.store
     claims: list[Any] = []
+    inserts: list[tuple[Any, int]] = []
     writes: list[tuple[Write, int]] = []
-    claim, write = store.durable_claim, store.durable_write
+    insert, claim, write = store.durable_insert, store.durable_claim, store.durable_write
     # The store's commit counter is shared: a claim round, the event relay's NOTIFY or the
     # start's audit entry may commit while a checkpoint is on its way. One lock keeps them
     # out of a write's window, so each write's count is its own.
@@ -169,6 +170,13 @@ async def test_one_commit_per_finished_step(engines: Callable[..., Engine]) -> N
         async with alone:
             claims.append(await claim(*args))
         return claims[-1]
+
+    async def counted_insert(new: Any, **kwargs: Any) -> Any:
+        async with alone:
+            before = store.commits
+            result = await insert(new, **kwargs)
+            inserts.append((kwargs.get("claim"), store.commits - before))
+        return result
 
     async def counted_write(w: Write) -> Any:
         async with alone:
@@ -184,17 +192,110 @@ async def test_one_commit_per_finished_step(engines: Callable[..., Engine]) -> N
 
         return call
 
-    store.durable_claim, store.durable_write = counted_claim, counted_write
+    store.durable_insert, store.durable_claim, store.durable_write = counted_insert, counted_claim, counted_write
     for name in ("notify_events", "append_audit"):
         if hasattr(store, name):  # SQLite has no NOTIFY
             setattr(store, name, serialised(getattr(store, name)))
     await engine.durable.start_execution("f")
     await engine.quiesce()
-    # One claim reads the execution with its (empty) step map; then each of the 20 steps is
-    # one write of one commit, and the finish another: no read per step.
-    assert [len(c) for c in claims if c] == [1]
+    # The start inserts the execution claimed by this instance, with its audit entry, in one
+    # commit (no claim); then each of the 20 steps is one write of one commit, and the
+    # finish another: no read per step.
+    assert [(claimed[0], commits) for claimed, commits in inserts] == [(engine.instance, 1)]
+    assert [len(c) for c in claims if c] == []
     assert [(len(w.steps), commits) for w, commits in writes] == [(1, 1)] * 20 + [(0, 1)]
     assert (await engine.durable.get(started.id)).status == "succeeded"
+
+
+async def test_a_start_runs_where_it_is_made_when_there_is_room_and_is_queued_otherwise(
+    engines: Callable[..., Engine],
+) -> None:
+    release, entered = asyncio.Event(), asyncio.Event()
+
+    async def held() -> str:
+        CALLS["held"] += 1
+        entered.set()
+        await release.wait()
+        return "ok"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.step("held", held)
+
+    function = define_durable(name="f", handler=body)
+    observer = engines([function], instance="o")
+    await observer.open()  # defines it, runs nothing: its start waits in the queue
+    queued = await observer.durable.start_execution("f")
+    assert (await observer.durable.get(queued.id)).status == "queued"
+    a = engines([function], instance="a")
+    a.durable.executor.concurrency = 2
+    await a.start()
+    await entered.wait()  # the queued one is claimed and runs
+    here = await a.durable.start_execution("f")  # room for one more: claimed by its own insert
+    row = await a.durable.get(here.id)
+    assert (row.status, row.instance) == ("running", "a")
+    full = await a.durable.start_execution("f")  # no room: queued, claimed when a place is free
+    assert (await a.durable.get(full.id)).status == "queued"
+    duplicate = await a.durable.start_execution("f", id=here.id)
+    assert duplicate.duplicate and a.durable.executor._reserved == 0
+    release.set()
+    await a.quiesce()
+    for started in (queued, here, full):
+        done = await a.durable.get(started.id)
+        assert (done.status, done.output, done.instance) == ("succeeded", "ok", "a")
+    assert CALLS["held"] == 3
+    assert [line.message for line in (await a.durable.get(here.id)).logs or []][0] == "started on a"
+    # each start is audited once, in the statement that inserted it (the duplicate: not at all)
+    starts = [e.target for e in (await a.audit.list()).entries if e.action == "durable.start"]
+    assert sorted(starts) == sorted([queued.id, here.id, full.id])
+
+
+async def test_a_start_being_inserted_as_its_instance_stops_goes_back_to_the_queue(
+    engines: Callable[..., Engine],
+) -> None:
+    first_run = asyncio.Event()
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        if not first_run.is_set():  # a's run waits in its own code, before any step
+            first_run.set()
+            await asyncio.Event().wait()
+        return await ctx.step("one", count("one", 1))
+
+    function = define_durable(name="f", handler=body)
+    a = engines([function], instance="a")
+    await a.start()
+    store: Any = a.store
+    insert, inserting, go_on = store.durable_insert, asyncio.Event(), asyncio.Event()
+
+    async def slow_insert(*args: Any, **kwargs: Any) -> Any:
+        inserting.set()
+        await go_on.wait()
+        return await insert(*args, **kwargs)
+
+    store.durable_insert = slow_insert
+    executor = a.durable.executor
+    stop, stop_began = executor.stop, asyncio.Event()
+
+    async def observed_stop(grace: float) -> None:
+        stop_began.set()
+        await stop(grace)
+
+    executor.stop = observed_stop  # type: ignore[method-assign]
+    start = asyncio.ensure_future(a.durable.start_execution("f"))
+    await inserting.wait()
+    stopping = asyncio.ensure_future(a.stop(grace=0))
+    await stop_began.wait()  # the executor's stop() has begun: it waits for the start in flight
+    assert executor.stopping and executor._reserved == 1 and not stopping.done()
+    go_on.set()
+    started = await start
+    await stopping  # waited for the run, interrupted it and let go of the execution
+    assert first_run.is_set()
+    b = engines([function], instance="b")
+    await b.open()
+    row = await b.durable.get(started.id)
+    assert row.status == "queued" and CALLS == {}  # let go of before its first step
+    await b.start()
+    await b.quiesce()
+    assert (await b.durable.get(started.id)).output == 1 and CALLS == {"one": 1}
 
 
 async def test_a_failed_step_retries_after_durable_waits_that_hold_no_worker(

@@ -39,7 +39,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from backend import Engine, ManualClock, Refused, Unavailable
 from backend.durable import DurableContext, Retry, define_durable
 from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED
-from backend.durable.store import Claimed, Write
+from backend.durable.store import Claimed, NewExecution, Write
 from backend.ids import IdFactory
 from backend.store import open_store
 from tests.durable_helpers import crash
@@ -134,6 +134,12 @@ class Proxy:
             raise Unavailable("crashed (test)")
         if self.frozen is not None:
             await self.frozen.wait()
+
+    async def durable_insert(self, execution: NewExecution, **kwargs: Any) -> bool:
+        inserted: bool = await self._store.durable_insert(execution, **kwargs)
+        if inserted and kwargs.get("claim") is not None:  # started and claimed at once: lease 1
+            WORLD.lease[execution.id] = max(WORLD.lease.get(execution.id, 0), 1)
+        return inserted
 
     async def durable_claim(self, *args: Any) -> list[Claimed]:
         await self._gate()

@@ -24,7 +24,7 @@ import pytest
 from backend import DefinitionError, ManualClock, RunContext, define_schedule, open_store
 from backend.errors import describe_exception
 from backend.runtime.loops import Loops
-from backend.runtime.runner import COMPACT_DEADLINES, HandlerRunner, Invocation, Outcome
+from backend.runtime.runner import COMPACT_AT, HandlerRunner, Invocation, Outcome
 from backend.scheduler.timers import TimerWheel
 from tests.conftest import all_runs
 from tests.odd_exceptions import ODD_EXCEPTIONS, tag_of
@@ -246,11 +246,11 @@ async def test_calls_that_ended_in_time_are_not_kept_watched() -> None:
     async def short(arg: str) -> None:
         pass
 
-    calls = [Call(max_runtime=900) for _ in range(3 * COMPACT_DEADLINES)]
+    calls = [Call(max_runtime=900) for _ in range(3000)]
     Lane(runner, calls, short)
     await asyncio.wait_for(loops.quiesce(lambda: calls[-1].has_ended, nothing), 5)
     assert all(c.outcomes[0].status == "succeeded" for c in calls)
-    assert len(runner._deadlines) <= COMPACT_DEADLINES + 1
+    assert len(runner._deadlines) <= 2 * COMPACT_AT + 1
     await loops.cancel_all()
 
 
@@ -359,6 +359,34 @@ async def test_a_deadline_earlier_than_those_watched_wakes_the_watchdog_and_a_la
         await asyncio.wait_for(loops.quiesce(lambda seconds=seconds: calls[seconds].done, nothing), 5)
         assert [s for s, call in calls.items() if call.done] == [s for s in calls if s <= seconds]
         assert calls[seconds].outcomes[0].error_tag == "timeout"
+    await loops.cancel_all()
+
+
+async def test_calls_one_after_another_do_not_pile_up_in_the_watchdogs_heap() -> None:
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    runner = HandlerRunner(clock, loops)
+    runner.open()
+
+    async def quick(arg: str) -> str:
+        return arg
+
+    entered = asyncio.Event()
+
+    async def waits(arg: str) -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    watched = Call(max_runtime=30)  # one call in flight all along: it must stay watched
+    task = asyncio.ensure_future(runner.run_here(watched, waits))
+    await entered.wait()
+    for _ in range(1000):  # steps of a durable function: each awaited at once, none wakes the watchdog
+        await runner.run_here(Call(), quick)
+    assert len(runner._deadlines) <= 2 * COMPACT_AT
+    assert watched in [entry[2] for entry in runner._deadlines]
+    clock.advance(30)
+    await asyncio.wait_for(task, 5)
+    assert [(o.status, o.error_tag) for o in watched.outcomes] == [("failed", "timeout")]
     await loops.cancel_all()
 
 

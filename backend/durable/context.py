@@ -14,11 +14,13 @@ import math
 import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from inspect import CO_COROUTINE
+from types import FunctionType
 from typing import TYPE_CHECKING, Any
 
 from backend.durable.definition import DEFAULT_RETRY, NO_RETRY, Retry
 from backend.durable.errors import StepFailed
-from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED, TAG_NOT_JSON, decode, encode
+from backend.durable.model import SAME_AS_JSON, TAG_AT_MOST_ONCE_INTERRUPTED, TAG_NOT_JSON, decode, encode
 from backend.durable.store import Progress, StepRecord
 from backend.inputs import is_async_callable
 from backend.model import TAG_INTERRUPTED
@@ -145,38 +147,47 @@ class DurableContext:
         run.boundary()
         if not callable(fn):
             raise TypeError(f'step "{name}": {fn!r} is not callable')
-        started = run.now
+        started: datetime | None = None
         if at_most_once:
+            started = run.now
             mark = StepRecord(position, name, "step", "running", attempt, started, at_most_once=True)
             await run.write(Progress(name, started + run.executor.lease_ttl), [mark])
-        is_async = is_async_callable(fn)
+        # (a plain coroutine function, nearly every step, without asking inspect)
+        is_async = (type(fn) is FunctionType and bool(fn.__code__.co_flags & CO_COROUTINE)) or is_async_callable(fn)
         call = run.call_step(name, fn, args, is_async)
         try:
             if is_async:  # on the code's own task: the code awaits it at once anyway
                 await run.executor.runner.run_here(call, lambda arguments: fn(*arguments))
+                outcome = call.outcome
+                assert outcome is not None  # (run_here settles every call)
             else:
+                assert call.finished is not None
                 try:
                     run.executor.runner.start(call, lambda arguments: fn(*arguments))
                 except RunnerSaturated as exc:
                     call.settle(Outcome("failed", run.now, TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
-            outcome = await call.finished
+                outcome = await call.finished
         except asyncio.CancelledError:
             call.cancel()  # the code is cancelled: so is the step it waits for
             raise
         finally:
             run.call = None
         run.check()
+        if started is None:
+            started = call.started or outcome.at  # (never begun: not started for lack of a thread or lease)
         last_attempt = attempt >= policy.attempts
         if outcome.status == "succeeded":
-            text, problem = encode(outcome.value)
+            value = outcome.value
+            text, problem = encode(value)
             if problem is None:
                 # A success after failed attempts keeps the last failure: the timeline shows it.
                 tag = earlier.error_tag if earlier is not None else None
                 why = f"attempt {earlier.attempt} failed: {earlier.error_message}" if earlier is not None else None
-                done = StepRecord(position, name, "step", "succeeded", attempt, started, outcome.at, output=text,
-                                  error_tag=tag, error_message=why, at_most_once=at_most_once)  # fmt: skip
-                await run.checkpoint(done)
-                return json.loads(text)  # exactly what a replay will return
+                done = StepRecord(position, name, "step", "succeeded", attempt, started, outcome.at, None, text, tag, why,
+                                  at_most_once)  # fmt: skip
+                await run.checkpoint(done, outcome.at)
+                # Exactly what a replay will return: the value itself where its JSON gives it back as it is.
+                return value if type(value) in SAME_AS_JSON else json.loads(text)
             outcome = Outcome("failed", outcome.at, TAG_NOT_JSON, f"its result {problem}")
             last_attempt = True  # the same code returns the same kind of value
         if run.cancel_requested and outcome.error_tag == TAG_INTERRUPTED:
@@ -193,7 +204,7 @@ class DurableContext:
         run.logs.append(f'step "{name}" failed (attempt {attempt} of {policy.attempts}): {what}')
         failed = StepRecord(position, name, "step", "failed", attempt, started, outcome.at, error_tag=outcome.error_tag,
                             error_message=outcome.error_message, at_most_once=at_most_once)  # fmt: skip
-        await run.checkpoint(failed)
+        await run.checkpoint(failed, outcome.at)
         run.failure = StepFailed(name, position, attempt, outcome.error_tag, outcome.error_message)
         raise run.failure
 

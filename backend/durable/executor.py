@@ -4,10 +4,12 @@ Each instance that runs durable functions (``schedtui serve``) claims on its own
 no coordinator. Every ``poll_interval`` (and at once when this process starts, signals or
 wakes one) it claims what is runnable among the functions it defines, up to its
 ``concurrency``: new executions, waits that are due, and executions whose owner's lease
-has expired. It renews the leases it holds every third of ``lease_ttl`` (each checkpoint
-renews its own too). An instance that dies stops renewing: within ``lease_ttl`` any other
-live instance takes its executions over; sooner when the instance registry already knows
-it is gone (its pid is dead on this machine, or its heartbeat is too old).
+has expired. It renews the leases it holds every third of ``lease_ttl`` (on SQLite each
+checkpoint renews its own too). An instance that runs a function and has room claims the
+executions it starts itself as it inserts them (:meth:`DurableExecutor.reserve`). An
+instance that dies stops renewing: within ``lease_ttl`` any other live instance takes its
+executions over; sooner when the instance registry already knows it is gone (its pid is
+dead on this machine, or its heartbeat is too old).
 
 An execution of a function no live instance defines is never claimed, and never dropped:
 the executor warns, every few minutes, about runnable executions nobody has claimed.
@@ -24,7 +26,7 @@ from typing import cast
 
 from backend.durable.definition import DurableFunction
 from backend.durable.run import ExecutionRun
-from backend.durable.store import Claimed, DurableStore
+from backend.durable.store import Claimed, DurableStore, ExecutionRow, NewExecution
 from backend.errors import Unavailable
 from backend.runtime.subsystems import Shared
 
@@ -72,7 +74,14 @@ class DurableExecutor:
         self.check_owners_every = check_owners_every
         self.retention = retention
         self.running: dict[str, ExecutionRun] = {}
+        self.started = False
+        """Whether this instance runs its durable functions (started, not stopped)."""
         self.stopping = False
+        self._reserved = 0
+        """Places held for executions this process starts and claims at once, their insert
+        in flight (see :meth:`reserve`)."""
+        self._unreserved = asyncio.Event()
+        self._unreserved.set()
         self._drives: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._short = False
@@ -104,6 +113,7 @@ class DurableExecutor:
         lease.on_renewed.append(self.poke)
         self.loops.expect("durable")
         self.loops.spawn(self._loop(), "durable")
+        self.started = True
 
     async def _loop(self) -> None:
         while True:
@@ -127,7 +137,7 @@ class DurableExecutor:
         may be more to claim at once."""
         if self.running and (self._renew_at is None or now >= self._renew_at):
             await self.renew(now)
-        free = self.concurrency - len(self.running)
+        free = self.concurrency - len(self.running) - self._reserved
         if free <= 0:
             self._short = True
             return False
@@ -140,9 +150,44 @@ class DurableExecutor:
         self._short = len(claimed) == free
         return len(claimed) == limit
 
-    def _launch(self, claimed: Claimed) -> None:
+    # -- executions started here ------------------------------------------------------
+    def reserve(self, function: str, now: datetime) -> datetime | None:
+        """An execution of ``function`` is being started in this process: if this instance
+        runs that function and has room, hold a place for it and return the end of the
+        lease to insert it claimed with (one statement for the start and the claim, and no
+        round of the loop before it runs); ``None`` otherwise (it is queued, and claimed as
+        usual). Then :meth:`launch_new` it once inserted, or :meth:`unreserve`."""
+        if (
+            not self.started
+            or self.stopping
+            or function not in self.functions
+            or len(self.running) + self._reserved >= self.concurrency
+            or not self.shared.registry.lease.fresh()
+        ):
+            return None
+        self._reserved += 1
+        self._unreserved.clear()
+        return now + self.lease_ttl
+
+    def unreserve(self) -> None:
+        self._reserved -= 1
+        if not self._reserved:
+            self._unreserved.set()
+
+    def launch_new(self, new: NewExecution) -> None:
+        """Run an execution inserted claimed by this instance (see :meth:`reserve`), as a
+        claim of it would have: lease 1, no steps, no signals; the insert wrote the first
+        line of its log (:func:`~.run.started_on`)."""
+        self.unreserve()
+        row = ExecutionRow(new.id, new.function, new.input, new.created_at, 1, False, new.schedule, new.scheduled_at,
+                           "queued", None)  # fmt: skip
+        run = self._launch(Claimed(row, [], {}), start_logged=True)
+        if self.stopping:  # (stop() began while it was inserted): it goes back to the queue at its first step
+            run.stopping = True
+
+    def _launch(self, claimed: Claimed, *, start_logged: bool = False) -> ExecutionRun:
         execution = claimed.execution
-        run = ExecutionRun(self, claimed, self.functions[execution.function])
+        run = ExecutionRun(self, claimed, self.functions[execution.function], start_logged=start_logged)
         if execution.was == "running":
             log.warning(
                 "execution %s of %s taken over from %s (its lease had expired)",
@@ -164,6 +209,7 @@ class DurableExecutor:
             self.loops.poke()
 
         task.add_done_callback(done)
+        return run
 
     async def _drive(self, run: ExecutionRun) -> None:
         try:
@@ -249,10 +295,14 @@ class DurableExecutor:
     # -- stopping ------------------------------------------------------------------------
     async def stop(self, grace: float) -> None:
         self.stopping = True
+        self.started = False
         lease = self.shared.registry.lease
         with contextlib.suppress(ValueError):
             lease.on_lapse.remove(self.lease_lapsed)
             lease.on_renewed.remove(self.poke)
+        if self._reserved:  # starts claimed here, being inserted: their runs are let go of below too
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._unreserved.wait(), timeout=max(grace, 0.5))
         if not self._drives:
             return
         for run in self.running.values():

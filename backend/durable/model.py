@@ -23,6 +23,7 @@ __all__ = [
     "FINISHED",
     "MAX_LIFETIME",
     "STEP_KINDS",
+    "SAME_AS_JSON",
     "STEP_STATUSES",
     "TAG_AT_MOST_ONCE_INTERRUPTED",
     "TAG_CANCELLED",
@@ -311,12 +312,20 @@ def decode(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+#: What json.dumps(value, allow_nan=False, separators=(",", ":")) makes, without making an
+#: encoder per call. Its text is ASCII (``ensure_ascii``): as many bytes as characters.
+_ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+#: Values that come back from their JSON text as they went in (a step returns the value a
+#: replay will: one of these as it is, anything else decoded from its text).
+SAME_AS_JSON: Final = frozenset({str, int, float, bool, type(None)})
+
+
 def encode(value: Any) -> tuple[str, str | None]:
     """A value as the JSON text it is checkpointed as, or why it cannot be."""
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        text = _ENCODE(value)
     except BaseException as exc:  # noqa: BLE001 - the value's own methods run too (a dict subclass's items())
         return "", f"is not JSON ({describe_exception(exc)[1]})"
-    if len(text.encode()) > MAX_OUTPUT_BYTES:
+    if len(text) > MAX_OUTPUT_BYTES:
         return "", f"is larger than {MAX_OUTPUT_BYTES} bytes as JSON"
     return text, None

@@ -31,9 +31,14 @@ if TYPE_CHECKING:
     from backend.durable.context import DurableContext
     from backend.durable.executor import DurableExecutor
 
-__all__ = ["ExecutionRun"]
+__all__ = ["ExecutionRun", "started_on"]
 
 log = logging.getLogger("schedtui.durable")
+
+
+def started_on(instance: str) -> str:
+    """The first line of an execution's log."""
+    return f"started on {instance}"
 
 
 class BodyCall(Invocation):
@@ -61,14 +66,17 @@ class BodyCall(Invocation):
 class StepCall(Invocation):
     """One attempt of one step."""
 
-    __slots__ = ("args", "execution", "finished", "step")
+    __slots__ = ("args", "execution", "finished", "started", "step")
 
     def __init__(self, run: ExecutionRun, step: str, args: tuple[Any, ...], is_async: bool) -> None:
         super().__init__("", run.step_timeout, is_async)
         self.execution = run.id
         self.step = step
         self.args = args
-        self.finished: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self.started: datetime | None = None
+        # An async step runs on the code's own task (HandlerRunner.run_here): its outcome is
+        # there when that returns. A step on a thread is awaited through this.
+        self.finished: asyncio.Future[Outcome] | None = None if is_async else asyncio.get_running_loop().create_future()
 
     @property
     def label(self) -> str:
@@ -79,21 +87,24 @@ class StepCall(Invocation):
         return f"schedtui-step-{self.step}"
 
     def begin(self, now: datetime) -> tuple[Any, ...]:
-        super().begin(now)
+        self.deadline = now + self.max_runtime
+        self.started = now
         return self.args
 
     def ended(self) -> None:
         # A step on a thread past its deadline still runs: its retry (or the next step)
         # waits until it has returned, so no two attempts of a step ever run at once.
         assert self.outcome is not None
-        if not self.finished.done():
+        if self.finished is not None and not self.finished.done():
             self.finished.set_result(self.outcome)
 
 
 class ExecutionRun:
     """Replay state and writes of one claimed execution (see the module docstring)."""
 
-    def __init__(self, executor: DurableExecutor, claimed: Claimed, function: DurableFunction) -> None:
+    def __init__(
+        self, executor: DurableExecutor, claimed: Claimed, function: DurableFunction, *, start_logged: bool = False
+    ) -> None:
         from backend.durable.context import DurableContext
 
         row = claimed.execution
@@ -134,8 +145,8 @@ class ExecutionRun:
             )
         elif row.was_instance is not None and row.was_instance != executor.instance:
             self.logs.append(f"resumed on {executor.instance} (lease {row.lease})")
-        elif row.lease == 1:
-            self.logs.append(f"started on {executor.instance}")
+        elif row.lease == 1 and not start_logged:
+            self.logs.append(started_on(executor.instance))
 
     @property
     def now(self) -> datetime:
@@ -317,18 +328,24 @@ class ExecutionRun:
             )
 
     # -- writing ----------------------------------------------------------------------
-    async def write(self, then: Progress | Suspend | Finish, steps: Sequence[StepRecord] = ()) -> None:
+    async def write(
+        self, then: Progress | Suspend | Finish, steps: Sequence[StepRecord] = (), now: datetime | None = None
+    ) -> None:
         """One transaction under this run's lease, with whatever checkpoints and log lines
         wait to go. Raises :class:`LeaseLost` (and stops the run) when the store refuses
         it or cannot be reached."""
         pending = [*self.pending, *steps] if self.pending else steps
-        logs, self.logs = self.logs, []
-        write = Write(self.id, self.lease, self.now, then, pending, logs)
+        logs: Sequence[str] = self.logs
+        if logs:
+            self.logs = []
+        else:
+            logs = ()
+        write = Write(self.id, self.lease, now or self.clock.now(), then, pending, logs)
         self.in_store = True
         try:
             cancel = await self.store.durable_write(write)
         except Unavailable as exc:
-            self.logs = logs + self.logs
+            self.logs = [*logs, *self.logs]
             self.lose(f"the store cannot be reached to checkpoint ({exc})")
             raise LeaseLost(str(exc)) from None
         finally:
@@ -337,15 +354,16 @@ class ExecutionRun:
             self.lose("its lease was taken over by another claim")
             assert isinstance(self.ending, LeaseLost)
             raise self.ending
-        self.pending = []
+        if self.pending:
+            self.pending = []
         if cancel:
             self.cancel_requested = True
         if not isinstance(then, Progress):  # it waits or ended: what operators watch
             self.executor.shared.events.publish("durable", self.id)
 
-    async def checkpoint(self, record: StepRecord) -> None:
-        """A step finished: its outcome, one commit (the lease is renewed with it)."""
-        await self.write(Progress(record.name, self.now + self.executor.lease_ttl), [record])
+    async def checkpoint(self, record: StepRecord, now: datetime) -> None:
+        """A step finished (``now``): its outcome, one commit."""
+        await self.write(Progress(record.name, now + self.executor.lease_ttl), (record,), now)
 
     async def suspend(
         self,

@@ -18,6 +18,7 @@ from backend.durable.context import SIGNAL_NAME
 from backend.durable.definition import DurableFunction
 from backend.durable.executor import DurableExecutor
 from backend.durable.model import EXECUTION_STATUSES, Execution, ExecutionsPage, Signalled, Started, execution_id_for_slot
+from backend.durable.run import started_on
 from backend.durable.store import DurableStore, NewExecution
 from backend.errors import BadInput, NotFound, Refused
 from backend.inputs import check_before, check_id, check_json
@@ -127,14 +128,31 @@ class Durable:
         name = self._function(function)
         text = check_json(input, "input", MAX_INPUT_BYTES)
         execution_id = id or self.shared.new_id()
-        created = await self.store.durable_insert(
-            NewExecution(execution_id, name, text, self.clock.now(), schedule, scheduled_at)
-        )
+        now = self.clock.now()
+        new = NewExecution(execution_id, name, text, now, schedule, scheduled_at)
+        # An operator's start is audited (a schedule's slot is in the run ledger): the entry
+        # is written with the execution, in its statement.
+        audit = None if schedule is not None else self.shared.audit.entry("durable.start", execution_id, {"function": name})
+        lease_until = self.executor.reserve(name, now)  # run here at once, if this instance may
+        claim = None if lease_until is None else (self.shared.instance, lease_until)
+        log = None if claim is None else started_on(self.shared.instance)
+        try:
+            created = await self.store.durable_insert(new, claim=claim, audit=audit, log=log)
+        except BaseException:
+            if claim is not None:
+                self.executor.unreserve()
+            raise
+        if claim is not None:
+            if created:
+                self.executor.launch_new(new)
+            else:
+                self.executor.unreserve()
         if created:
-            self.executor.poke()
-            self.shared.events.publish("durable", execution_id)
-            if schedule is None:  # an operator's (a schedule's slot is in the run ledger)
-                await self.shared.audit.record("durable.start", execution_id, {"function": name})
+            if claim is None:  # (a run launched here says so itself)
+                self.executor.poke()
+                self.shared.events.publish("durable", execution_id)
+            if audit is not None:
+                self.shared.audit.carried(audit)
         return Started(execution_id, duplicate=not created)
 
     async def signal(self, id: str, name: str, payload: Any = None) -> Signalled:

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from backend.durable.model import Execution, ExecutionStatus, StepKind, StepStatus, StepView
+from backend.events.audit import AuditEntry
 from backend.safetext import load_json
 
 __all__ = [
@@ -44,7 +45,10 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+# The three classes a step's checkpoint makes (a record, its progress, the write) are not
+# frozen: one of each is made per step, a frozen dataclass costs several times as much to
+# construct, and nothing changes one once made.
+@dataclass(slots=True)
 class StepRecord:
     """A step's checkpoint: its outcome (``output`` as JSON text) or its error."""
 
@@ -101,9 +105,11 @@ class Claimed:
     """Signals received so far: name -> (payload as JSON text, when it was sent)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Progress:
-    """The execution goes on: renew its lease, note the step it is at."""
+    """The execution goes on: renew its lease, note the step it is at. (A store may leave
+    both to the executor's renewals and to the checkpoints when the write is one finished
+    step and nothing else: PostgreSQL's lean checkpoint does.)"""
 
     step: str | None
     lease_until: datetime
@@ -134,7 +140,7 @@ class Finish:
     """The step whose failure failed the execution (``retry`` starts over from it)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Write:
     """One transaction of the runner: step checkpoints, log lines and what becomes of the
     execution, applied only under the lease it was claimed with."""
@@ -174,8 +180,19 @@ class DurableStore(Protocol):
     * Times go in and come out aware UTC.
     """
 
-    async def durable_insert(self, execution: NewExecution) -> bool:
-        """Insert a ``queued`` execution unless its id exists; True if inserted."""
+    async def durable_insert(
+        self,
+        execution: NewExecution,
+        *,
+        claim: tuple[str, datetime] | None = None,
+        audit: AuditEntry | None = None,
+        log: str | None = None,
+    ) -> bool:
+        """Insert a ``queued`` execution unless its id exists; True if inserted. With
+        ``claim`` (an instance, a lease end) it is inserted claimed, as a claim would leave
+        it: ``running`` on that instance under lease 1 until then. ``audit``: the entry
+        that records the start, and ``log``: a first line of its log, each written in the
+        same transaction if the execution is."""
 
     async def durable_claim(
         self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int

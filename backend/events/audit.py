@@ -258,16 +258,7 @@ class AuditLog:
     ) -> AuditEntry:
         """Append an entry for an action that has taken effect; returns it. Never raises for
         a store that cannot take it now (it is retried; see the module docstring)."""
-        if action not in ACTIONS:
-            raise ValueError(f"unknown audit action {action!r}: add it to backend.events.audit.ACTIONS")
-        entry = AuditEntry(
-            id=self.new_id(),
-            at=self.clock.now(),
-            actor=actor or self.actor(),
-            action=action,
-            target=target,
-            detail=dict(detail) if detail is not None else None,
-        )
+        entry = self.entry(action, target, detail, actor=actor)
         if self.pending:
             self.pending.append(entry)  # behind the older ones: the log stays in order
             await self.retry()
@@ -280,6 +271,27 @@ class AuditLog:
                 self.pending.append(entry)
         self.events.publish("audit", target)
         return entry
+
+    def entry(
+        self, action: str, target: str, detail: Mapping[str, Any] | None = None, *, actor: str | None = None
+    ) -> AuditEntry:
+        """A new entry, not written: :meth:`record` writes it, or an action's own write
+        carries it (one transaction for both: see ``durable_insert``), and then calls
+        :meth:`carried`."""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown audit action {action!r}: add it to backend.events.audit.ACTIONS")
+        return AuditEntry(
+            id=self.new_id(),
+            at=self.clock.now(),
+            actor=actor or self.actor(),
+            action=action,
+            target=target,
+            detail=dict(detail) if detail is not None else None,
+        )
+
+    def carried(self, entry: AuditEntry) -> None:
+        """An action's write committed ``entry`` with it (see :meth:`entry`)."""
+        self.events.publish("audit", entry.target)
 
     async def retry(self) -> None:
         """Write the entries still pending, oldest first, while the store takes them."""

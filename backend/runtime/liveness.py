@@ -113,10 +113,14 @@ class WorkLease:
         return self.bound - self._age()
 
     def check(self) -> None:
-        """Lapse now if the bound has passed since the last renewal."""
-        remaining = self.remaining
-        if remaining is not None and remaining <= 0:
-            self.lapse(f"it could not be renewed for {self._age():.1f}s (renewal bound {self.bound:g}s)")
+        """Lapse now if the bound has passed since the last renewal (asked before every
+        step of every durable function: :attr:`remaining`, inlined)."""
+        clock, renewed_at = self.clock, self.renewed_at
+        if not self.enforced or clock is None or renewed_at is None or self.lapsed:
+            return
+        age = clock() - renewed_at
+        if age >= self.bound:
+            self.lapse(f"it could not be renewed for {age:.1f}s (renewal bound {self.bound:g}s)")
 
     def lapse(self, why: str) -> None:
         """Give up the work of the current epoch (see the module); a no-op while lapsed."""

@@ -83,8 +83,9 @@ _IDLE_THREAD_EXIT_S = 60.0
 LINGER_NOTED_S = 1.0
 #: A lane lets the event loop run after this many calls in a row (see HandlerRunner.start_lane).
 LANE_YIELD = 16
-#: The watched deadlines are compacted past this many entries (see HandlerRunner._watch).
-COMPACT_DEADLINES = 1024
+#: The watchdog's heap of deadlines is rid of ended calls once it holds this many entries,
+#: and then twice as many as are left (see HandlerRunner._watch).
+COMPACT_AT = 64
 
 
 @dataclass(slots=True)
@@ -344,6 +345,8 @@ class HandlerRunner:
         """Settled calls whose handler still runs (sync handlers past their deadline)."""
         self._deadlines: list[tuple[datetime, int, Invocation]] = []
         """(deadline, key, invocation): the key breaks ties, so invocations are never compared."""
+        self._compact_at = COMPACT_AT
+        """The heap's size at which the ended calls are dropped from it (see :meth:`_watch`)."""
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self.threads_running = 0
@@ -596,18 +599,19 @@ class HandlerRunner:
 
     def _watch(self, key: int, invocation: Invocation, deadline: datetime) -> None:
         deadlines = self._deadlines
-        if len(deadlines) > COMPACT_DEADLINES and len(deadlines) > 2 * len(self.in_flight):
-            # Calls that ended in time are dropped lazily, by the watchdog as it wakes; a
-            # stream of short calls (a queue's backlog) would keep every one of them here
-            # until the first deadline (and its invocation with it): drop them now, once
-            # they are most of the heap (a linear pass, paid for by as many pushes).
-            deadlines[:] = [entry for entry in deadlines if not entry[2].done]
-            heapq.heapify(deadlines)
         # The watchdog parks until the earliest deadline at most: one no earlier than the
         # earliest now cannot need it woken (a burst's runs mostly share their deadline).
         if (not deadlines or deadline < deadlines[0][0]) and self.loops.needs_wake("watchdog", deadline):
             self._wake.set()
         heapq.heappush(deadlines, (deadline, key, invocation))
+        if len(deadlines) > self._compact_at:
+            # Calls that ended in time leave the heap when the watchdog wakes, and calls one
+            # after another (a durable function's steps) do not wake it: without this the
+            # heap would keep every call of the last max_runtime (a step's 15 minutes).
+            live = [entry for entry in deadlines if not entry[2].done]
+            heapq.heapify(live)
+            self._deadlines = live
+            self._compact_at = max(COMPACT_AT, 2 * len(live))
 
     async def _call(self, key: int, invocation: Invocation, fn: Callable[[Any], Any]) -> None:
         try:
@@ -695,7 +699,7 @@ class HandlerRunner:
         self.lingering.discard(invocation)
         if invocation.buffer is not None and self.logs is not None:
             self.logs.ended(invocation)
-        ran_on = invocation.ran_on(self.clock.now()) if invocation.given_up_at is not None else None
+        ran_on = None if invocation.given_up_at is None else invocation.ran_on(self.clock.now())
         if ran_on is not None:
             log.warning("%s returned %.1fs after it was given up on: what it held is free now", invocation.label, ran_on)
         invocation.ended()

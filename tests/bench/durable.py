@@ -4,6 +4,7 @@ A benchmark, not a test (pytest does not collect it). Run it from the repository
 
     python -m tests.bench.durable                  # 20 workflows of 100 no-op steps each
     python -m tests.bench.durable --workflows 5 --skip-resume
+    python -m tests.bench.durable --skip-dbos --skip-resume --statements   # statements per step
 
 The workload: a workflow of ``--steps`` no-op steps (each returns its index), run
 ``--workflows`` times one after the other, after one warm-up run. Each system runs in a
@@ -31,7 +32,14 @@ a time. Measured:
   system's steps/s over those commits/s, is the figure to quote: how close a system
   comes to that floor. It holds on a machine whose disk and CPUs other work shares, where
   the absolute rates swing several-fold within a minute. Each system's median ratio over
-  the rounds is shown, with every round's.
+  the rounds is shown, with every round's;
+* ``cpu_us_per_step``: the worker process's CPU (every thread) during the measured
+  workflows, per step; beside it ``ceiling_cpu_us_per_commit``, the same process's CPU
+  per commit of the ceiling: what a step costs the client besides its commit;
+* with ``--statements`` (the throwaway cluster loads ``pg_stat_statements``): each
+  system's statements (so round trips, but for pipelined ones), rows and server time per
+  step, over the whole process (its start-up included, which ``commits_per_step``
+  subtracts), with the statements that took the most calls.
 
 DBOS is installed by this script with pip into a temporary virtual environment it
 creates and removes (never into the project's environment). ``resume`` measures, on real
@@ -86,22 +94,23 @@ class Ceiling:
         self.conn.execute("CREATE TABLE IF NOT EXISTS bench_ceiling (n bigint PRIMARY KEY, at timestamptz NOT NULL)")
         self.conn.execute("TRUNCATE bench_ceiling")
         self.n = self.commits = 0
-        self.seconds = 0.0
+        self.seconds = self.cpu = 0.0
         self.batch(20)  # warm-up: psycopg prepares the statement after a few executions
         self.commits = 0
-        self.seconds = 0.0
+        self.seconds = self.cpu = 0.0
 
     def batch(self, count: int) -> None:
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         for _ in range(count):
             self.n += 1
             self.conn.execute("INSERT INTO bench_ceiling (n, at) VALUES (%s, now())", (self.n,))
         self.seconds += time.perf_counter() - began
+        self.cpu += time.process_time() - began_cpu
         self.commits += count
 
     def close(self) -> dict[str, float]:
         self.conn.close()
-        return {"ceiling_commits": self.commits, "ceiling_s": self.seconds}
+        return {"ceiling_commits": self.commits, "ceiling_s": self.seconds, "ceiling_cpu_s": self.cpu}
 
 
 # ---------------------------------------------------------------------------------------
@@ -141,24 +150,29 @@ def schedtui_worker(url: str, steps: int, workflows: int, ceiling_url: str) -> d
 
         store.durable_write = timed
 
+        cpu: list[float] = []
+
         async def one() -> float:
-            began = time.perf_counter()
+            began, began_cpu = time.perf_counter(), time.process_time()
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             started = await engine.durable.start_execution("bench")
             finished[started.id] = done
             await done
+            cpu.append(time.process_time() - began_cpu)
             return time.perf_counter() - began
 
         if workflows:
             await one()  # warm-up
         checkpoints.clear()
+        cpu.clear()
         ceiling = Ceiling(ceiling_url)
         durations = []
         for _ in range(workflows):
             ceiling.batch(steps)  # blocks the loop: nothing of the engine's runs meanwhile
             durations.append(await one())
         await engine.stop()
-        return {"elapsed_s": sum(durations), "workflow_s": durations, "checkpoint_s": checkpoints, **ceiling.close()}
+        return {"elapsed_s": sum(durations), "workflow_s": durations, "checkpoint_s": checkpoints, "cpu_s": sum(cpu),
+                **ceiling.close()}  # fmt: skip
 
     return asyncio.run(run())
 
@@ -266,7 +280,27 @@ def run_counted(server: Any, name: str, command: list[str], steps: int, workflow
     ceiling_url = server.create_database("bench_ceiling")  # its commits are not the system's
     results = run_worker([*command, url, str(steps), str(workflows), ceiling_url])
     time.sleep(1.0)  # the stats collector: backends report their counters as they exit
+    said = statements(server.dsn, database)
+    if said is not None:
+        results["statements"] = said
     return results, xact_commit(server.dsn, database) - before
+
+
+def statements(dsn: str, database: str) -> list[tuple[int, int, float, str]] | None:
+    """Every statement the database ran (calls, rows, ms, its text) when the server loads
+    ``pg_stat_statements``; ``None`` otherwise."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'").fetchone():
+            return None
+        rows = conn.execute(
+            "SELECT s.calls, s.rows, s.total_exec_time, left(regexp_replace(s.query, '\\s+', ' ', 'g'), 90) "
+            "FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s "
+            "ORDER BY s.calls DESC",
+            (database,),
+        ).fetchall()
+    return [(int(r[0]), int(r[1]), float(r[2]), str(r[3])) for r in rows]
 
 
 def figures(results: dict[str, Any], commits: int, base: int, steps: int, workflows: int) -> dict[str, Any]:
@@ -282,6 +316,16 @@ def figures(results: dict[str, Any], commits: int, base: int, steps: int, workfl
         # the warm-up workflow's commits are in the count: its steps are too
         "commits_per_step": round((commits - base) / (total_steps + steps), 3),
     }
+    if "cpu_s" in results:  # the process's CPU (every thread) during the measured workflows
+        out["cpu_us_per_step"] = round(results["cpu_s"] / total_steps * 1e6)
+    if results.get("ceiling_cpu_s"):
+        out["ceiling_cpu_us_per_commit"] = round(results["ceiling_cpu_s"] / results["ceiling_commits"] * 1e6)
+    if "statements" in results:
+        said, per = results["statements"], total_steps + steps
+        out["statements_per_step"] = round(sum(r[0] for r in said) / per, 3)
+        out["rows_per_step"] = round(sum(r[1] for r in said) / per, 3)
+        out["exec_ms_per_step"] = round(sum(r[2] for r in said) / per, 4)
+        out["statements"] = [{"calls": r[0], "rows": r[1], "ms": round(r[2], 1), "sql": r[3]} for r in said[:8]]
     if "check_s" in results:
         steps_db = [a + b for a, b in zip(results["check_s"], results["checkpoint_s"], strict=False)]
         out["step_db_ms"] = stats.summary_ms(steps_db, ("p50", "p99", "max"))
@@ -395,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per system; the median is shown")
     parser.add_argument("--skip-dbos", action="store_true")
     parser.add_argument("--skip-resume", action="store_true")
+    parser.add_argument("--statements", action="store_true", help="load pg_stat_statements: statements per step")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
     if args.worker == "schedtui":
@@ -405,11 +450,14 @@ def main(argv: list[str] | None = None) -> int:
     from tests import pg
 
     dsn = os.environ.get("SCHEDTUI_BENCH_DSN")
-    server = pg.PgServer(dsn=dsn) if dsn else pg.start_cluster(durable=True)
+    settings = ["shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_utility=off"]
+    server = pg.PgServer(dsn=dsn) if dsn else pg.start_cluster(durable=True, settings=settings if args.statements else ())
     folder = Path(tempfile.mkdtemp(prefix="schedtui-bench-durable-"))
     try:
-        with __import__("psycopg").connect(server.dsn) as conn:
+        with __import__("psycopg").connect(server.dsn, autocommit=True) as conn:
             version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+            if args.statements:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         result: dict[str, Any] = {
             "benchmark": "durable",
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "postgresql": version},

@@ -14,7 +14,7 @@ from backend.events.audit import AuditEntry, decode_detail, encode_detail
 from backend.ids import id_floor
 from backend.store.migrations import Component
 
-__all__ = ["PostgresAudit"]
+__all__ = ["APPEND_AUDIT_FROM", "PostgresAudit", "audit_params"]
 
 AUDIT_V1 = """
     CREATE TABLE schedtui_audit (
@@ -31,6 +31,16 @@ APPEND_AUDIT = """
     INSERT INTO schedtui_audit (id, at, actor, action, target, detail) VALUES (%s, %s, %s, %s, %s, %s::json)
     ON CONFLICT (id) DO NOTHING
 """
+#: The entry of an action written by the action's own statement (a CTE of it): one row per
+#: row of ``{source}`` (the action's, when it took effect), from six positional parameters
+#: (:func:`audit_params`); none when there is no entry (its id NULL).
+APPEND_AUDIT_FROM = """
+    INSERT INTO schedtui_audit (id, at, actor, action, target, detail)
+    SELECT v.id, v.at, v.actor, v.action, v.target, v.detail
+    FROM {source}, (VALUES (%s::text, %s::timestamptz, %s::text, %s::text, %s::text, %s::json))
+        AS v(id, at, actor, action, target, detail)
+    WHERE v.id IS NOT NULL ON CONFLICT (id) DO NOTHING
+"""
 LIST_AUDIT = f"SELECT {AUDIT_COLUMNS} FROM schedtui_audit ORDER BY id DESC LIMIT %s"
 LIST_AUDIT_BEFORE = f"SELECT {AUDIT_COLUMNS} FROM schedtui_audit WHERE id < %s ORDER BY id DESC LIMIT %s"
 PRUNE_AUDIT = "DELETE FROM schedtui_audit WHERE id < %s"
@@ -38,6 +48,13 @@ PRUNE_AUDIT = "DELETE FROM schedtui_audit WHERE id < %s"
 
 def _entry(row: Sequence[Any]) -> AuditEntry:
     return AuditEntry(row[0], row[1].astimezone(UTC), row[2], row[3], row[4], decode_detail(row[5]))
+
+
+def audit_params(entry: AuditEntry | None) -> tuple[Any, ...]:
+    """The parameters of :data:`APPEND_AUDIT_FROM` (``None``: no entry)."""
+    if entry is None:
+        return (None,) * 6
+    return entry.id, entry.at, _text(entry.actor), entry.action, _text(entry.target), encode_detail(entry.detail)
 
 
 def _text(value: str) -> str:

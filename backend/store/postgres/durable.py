@@ -7,11 +7,13 @@ hot path is one statement each, so one round trip and one commit:
 * a claim takes runnable executions with ``FOR UPDATE SKIP LOCKED`` (concurrent claimers
   skip each other's rows instead of waiting), bumps each one's lease number, and returns
   each with its step checkpoints and signals: the replay reads nothing else;
-* a step's checkpoint updates the execution under its lease (renewing it) and upserts the
-  step row and log lines in data-modifying CTEs that only act if that update matched;
-  the update returns whether a cancellation was asked for, so no extra read is needed.
-  A finished step with nothing else to write (nearly every one) takes the lean form: the
-  step row inserted from the update's result, positional parameters, no JSON.
+* a write updates the execution under its lease and upserts the step rows and log lines
+  in data-modifying CTEs that only act if that update matched; the update returns whether
+  a cancellation was asked for, so no extra read is needed. A finished step with nothing
+  else to write (nearly every one) takes the lean form, on a connection of its own when
+  that is free (:mod:`.lane`): the step row inserted from the execution's row read and
+  locked under its lease (not updated: no new version of the row per step), positional
+  parameters, no JSON.
 
 Signals live in the execution's row (a JSON object), so a signal and a runner suspending
 to wait for it update the same row: PostgreSQL orders the two, and whichever comes second
@@ -46,9 +48,14 @@ from backend.durable.store import (
     step_view,
 )
 from backend.store.migrations import Component
+from backend.store.postgres.audit import APPEND_AUDIT_FROM, audit_params
+from backend.store.postgres.lane import Lane, LaneFailed
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
+    from psycopg.pq.abc import PGresult
+
+    from backend.events.audit import AuditEntry
 
 T = TypeVar("T")
 
@@ -119,12 +126,35 @@ COMPONENT = Component(
 )
 
 EXECUTIONS = "schedtui_durable_executions"
-EXECUTION_COLUMNS = ", ".join(EXECUTION_FIELDS)
+#: A step's checkpoint leaves the execution's row as it is (see CHECKPOINT): the step a
+#: running execution is at is its newest checkpoint's (the one a write set otherwise).
+CURRENT_STEP = """CASE WHEN x.status = 'running' THEN coalesce((
+    SELECT s.name FROM schedtui_durable_steps s WHERE s.execution_id = x.id ORDER BY s.seq DESC LIMIT 1), x.step)
+    ELSE x.step END"""
+EXECUTION_COLUMNS = ", ".join(CURRENT_STEP if f == "step" else f"x.{f}" for f in EXECUTION_FIELDS)
 STEP_COLUMNS = ", ".join(STEP_FIELDS)
 
+#: A new execution: ``queued``, or claimed by the instance that starts it (``running``,
+#: lease 1: what a claim would have made of it); with the audit entry of the start and a
+#: line of its log, each if there is one, only if the execution was inserted. Positional
+#: parameters: it also goes through the checkpoints' connection (:mod:`.lane`).
 INSERT = f"""
-    INSERT INTO {EXECUTIONS} (id, function, status, input, schedule, scheduled_at, created_at, updated_at)
-    VALUES (%s, %s, 'queued', %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING
+    WITH x AS (
+        INSERT INTO {EXECUTIONS} (id, function, status, input, schedule, scheduled_at, created_at, updated_at,
+            instance, lease, lease_until)
+        SELECT v.id, v.function, v.status, v.input, v.schedule, v.scheduled_at, v.created, v.created, v.instance,
+            v.lease, v.until
+        FROM (VALUES (%s::text, %s::text, %s::text, %s::text, %s::text, %s::timestamptz, %s::timestamptz, %s::text,
+            %s::bigint, %s::timestamptz)) AS v(id, function, status, input, schedule, scheduled_at, created, instance,
+            lease, until)
+        ON CONFLICT (id) DO NOTHING RETURNING id, created_at
+    ),
+    a AS ({APPEND_AUDIT_FROM.format(source="x")}),
+    l AS (
+        INSERT INTO schedtui_durable_logs (execution_id, at, message)
+        SELECT x.id, x.created_at, m.message FROM x, (VALUES (%s::text)) AS m(message) WHERE m.message IS NOT NULL
+    )
+    SELECT count(*) FROM x
 """
 CLAIM = f"""
     WITH picked AS (
@@ -176,13 +206,15 @@ PROGRESS = f"""
         UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
         WHERE {HELD} RETURNING cancel_requested
     )""" + _AND_STEPS_AND_LOGS
-#: The hot path, a finished step and nothing else: the update under the lease and the step's
-#: upsert, which inserts from the update's row (so nothing when the lease is not held). One
-#: statement with plain positional parameters: no JSON to build or unpack, no log CTE.
+#: The hot path, a finished step and nothing else: the step's upsert, inserted from the
+#: execution's row read under its lease (so nothing when the lease is not held). The row is
+#: locked (FOR SHARE: every other write of it waits, a claim skips it), not updated: no new
+#: version of it per step. Its lease is renewed by the executor's own renewals, and the step
+#: it is at is read from its newest checkpoint (CURRENT_STEP). One statement with plain
+#: positional parameters: no JSON to build or unpack, no log CTE.
 CHECKPOINT = f"""
     WITH e AS (
-        UPDATE {EXECUTIONS} SET lease_until = %s, step = %s
-        WHERE id = %s AND lease = %s AND status = 'running' RETURNING id, cancel_requested
+        SELECT id, cancel_requested FROM {EXECUTIONS} WHERE id = %s AND lease = %s AND status = 'running' FOR SHARE
     )
     INSERT INTO schedtui_durable_steps (execution_id, {STEP_COLUMNS})
     SELECT e.id, %s::integer, %s::text, %s::text, %s::text, %s::integer, %s::timestamptz, %s::timestamptz,
@@ -194,6 +226,9 @@ CHECKPOINT = f"""
         at_most_once = excluded.at_most_once
     RETURNING (SELECT cancel_requested FROM e)
 """
+#: The same for a step's first attempt, which has no row yet: a plain insert (a row there
+#: after all fails it, and the upsert runs on the pool instead).
+CHECKPOINT_NEW = CHECKPOINT[: CHECKPOINT.index("ON CONFLICT")] + "RETURNING (SELECT cancel_requested FROM e)\n"
 #: Progress without steps or logs: only the update.
 PROGRESS_ONLY = f"""
     UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
@@ -212,6 +247,22 @@ SUSPEND = f"""
                 THEN %(now)s ELSE %(wake)s END
         WHERE {HELD} RETURNING cancel_requested
     )""" + _AND_STEPS_AND_LOGS
+#: An execution's end with nothing to write but one line of its log (nearly every end):
+#: positional parameters, no JSON; it also goes through the checkpoints' connection.
+FINISH_LEAN = f"""
+    WITH e AS (
+        UPDATE {EXECUTIONS} x SET status = %s, output = %s, error_tag = %s, error_message = %s, failed_step = %s,
+            step = coalesce(%s, x.step), finished_at = t.now, updated_at = t.now, lease_until = NULL,
+            waiting_for = NULL, wake_at = NULL, awaits = NULL, cancel_requested = false
+        FROM (VALUES (%s::timestamptz)) AS t(now)
+        WHERE x.id = %s AND x.lease = %s AND x.status = 'running' RETURNING x.id, x.cancel_requested, t.now
+    ),
+    l AS (
+        INSERT INTO schedtui_durable_logs (execution_id, at, message)
+        SELECT e.id, e.now, m.message FROM e, (VALUES (%s::text)) AS m(message)
+    )
+    SELECT cancel_requested FROM e
+"""
 FINISH = f"""
     WITH e AS (
         UPDATE {EXECUTIONS} SET status = %(status)s, output = %(output)s, error_tag = %(error_tag)s,
@@ -264,7 +315,7 @@ REQUEUE = f"""
 # A retry forgets the failed step's checkpoint so that it runs again: never a succeeded one.
 FORGET_STEP = "DELETE FROM schedtui_durable_steps WHERE execution_id = %s AND name = %s AND status <> 'succeeded'"
 INSERT_LOG = "INSERT INTO schedtui_durable_logs (execution_id, at, message) VALUES (%s, %s, %s)"
-GET = f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} WHERE id = %s"
+GET = f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} x WHERE id = %s"
 STEPS_OF = f"SELECT {STEP_COLUMNS} FROM schedtui_durable_steps WHERE execution_id = %s ORDER BY seq"
 LOGS_OF = """
     SELECT at, message FROM (
@@ -301,7 +352,7 @@ def _list_sql(function: str | None, status: str | None, before: str | None) -> t
         where.append("id < %s")
         params.append(before)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    return f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} {clause} ORDER BY id DESC LIMIT %s", params
+    return f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} x {clause} ORDER BY id DESC LIMIT %s", params
 
 
 def _utc(value: Any) -> datetime | None:
@@ -322,6 +373,28 @@ def _text(value: str | None) -> str | None:
     if value is None or value.isascii() and "\x00" not in value:
         return value
     return value.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _utf8(value: str | None) -> bytes | None:
+    return None if value is None else value.encode()
+
+
+def _when(value: datetime | None) -> bytes | None:
+    return None if value is None else value.isoformat().encode()
+
+
+def _lane_text(value: Any) -> bytes | None:
+    """A parameter as the lane sends it: PostgreSQL's text for it."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bool):
+        return b"t" if value else b"f"
+    if isinstance(value, int):
+        return b"%d" % value
+    assert isinstance(value, datetime), value
+    return value.isoformat().encode()
 
 
 def _steps_json(steps: Sequence[StepRecord]) -> str:
@@ -354,6 +427,14 @@ class PostgresDurable:
 
     if TYPE_CHECKING:  # provided by PostgresStore
         commits: int
+        _conninfo: str
+        _checkpoints: Lane | None
+        _conn_trouble: tuple[str, datetime] | None
+
+        @staticmethod
+        async def _configure(conn: AsyncConnection[Any]) -> None: ...
+
+        def _store_answered(self) -> None: ...
 
         async def _with_conn(self, fn: Callable[[AsyncConnection[Any]], Awaitable[T]], *, wait: float = ...) -> T: ...
 
@@ -361,7 +442,32 @@ class PostgresDurable:
 
         async def _fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None: ...
 
-        async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int: ...
+        async def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int: ...
+
+    def _checkpoint_lane(self) -> Lane:
+        """The connection kept for checkpoints (made when the store opens, connected when
+        first used)."""
+        statements = {"checkpoint": CHECKPOINT, "step": CHECKPOINT_NEW, "start": INSERT, "finish": FINISH_LEAN}
+        return Lane(self._conninfo, "schedtui_durable", statements, self._configure)
+
+    async def _on_lane(self, key: str, params: Sequence[Any], *, connect: bool = True) -> PGresult | None:
+        """Run a statement of the lane on it when it is free (``None`` otherwise, or when it
+        failed: the caller runs the same statement on the pool). ``connect``: connect the
+        lane (in the background) if it is not."""
+        lane = self._checkpoints
+        if lane is None or not lane.available(connect):
+            return None
+        try:
+            result = await lane.call(key, [_lane_text(value) for value in params])
+        except LaneFailed:
+            return None  # unknown whether it took effect: every lane statement may run again
+        self._lane_answered()
+        return result
+
+    def _lane_answered(self) -> None:
+        self.commits += 1
+        self._conn_trouble = None
+        self._store_answered()
 
     async def _fetch_write(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
         """One statement that writes (its own transaction, one commit); its rows."""
@@ -373,17 +479,27 @@ class PostgresDurable:
         self.commits += 1
         return rows
 
-    async def durable_insert(self, execution: NewExecution) -> bool:
+    async def durable_insert(
+        self,
+        execution: NewExecution,
+        *,
+        claim: tuple[str, datetime] | None = None,
+        audit: AuditEntry | None = None,
+        log: str | None = None,
+    ) -> bool:
+        instance, until = claim if claim is not None else (None, None)
         params = (
-            execution.id,
-            execution.function,
-            _text(execution.input),
-            execution.schedule,
-            execution.scheduled_at,
-            execution.created_at,
-            execution.created_at,
-        )
-        return await self._execute(INSERT, params) == 1
+            execution.id, execution.function, "queued" if claim is None else "running", _text(execution.input),
+            execution.schedule, execution.scheduled_at, execution.created_at, instance, 0 if claim is None else 1, until,
+            *audit_params(audit), _text(log),
+        )  # fmt: skip
+        # (only once this process's executor has connected the lane: a process that only
+        # starts executions, a command line's, has no use for a connection of its own)
+        result = await self._on_lane("start", params, connect=False)
+        if result is not None:
+            return result.get_value(0, 0) == b"1"
+        rows = await self._fetch_write(INSERT, params)
+        return bool(rows[0][0])
 
     async def durable_claim(
         self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int
@@ -411,7 +527,7 @@ class PostgresDurable:
     async def durable_write(self, write: Write) -> bool | None:
         then = write.then
         if type(then) is Progress and len(write.steps) == 1 and not write.logs and then.step is not None:
-            return await self._checkpoint(write, then, write.steps[0])
+            return await self._checkpoint(write, write.steps[0])
         params: dict[str, Any] = {"id": write.id, "lease": write.lease, "now": write.now, "step": then.step}
         if isinstance(then, Progress):
             params["until"] = then.lease_until
@@ -421,6 +537,8 @@ class PostgresDurable:
             sql = SUSPEND
         else:
             assert isinstance(then, Finish)
+            if not write.steps and len(write.logs) == 1:
+                return await self._finish(write, then)
             params.update(
                 status=then.status,
                 output=_text(then.output),
@@ -435,13 +553,40 @@ class PostgresDurable:
         rows = await self._fetch_write(sql, params)
         return bool(rows[0][0]) if rows else None
 
-    async def _checkpoint(self, write: Write, then: Progress, s: StepRecord) -> bool | None:
+    async def _checkpoint(self, write: Write, s: StepRecord) -> bool | None:
+        lane = self._checkpoints
+        if lane is not None and lane.available():
+            # Its own connection, the statement prepared on it, the parameters as text:
+            # about half the client's CPU of the same statement through the pool. A first
+            # attempt has no row yet: a plain insert.
+            try:
+                result = await lane.call("step" if s.attempt == 1 and not s.at_most_once else "checkpoint", (
+                    write.id.encode(), b"%d" % write.lease, b"%d" % s.seq, s.name.encode(), s.kind.encode(),
+                    s.status.encode(), b"%d" % s.attempt, _when(s.started_at), _when(s.finished_at), _when(s.wake_at),
+                    _utf8(_text(s.output)), _utf8(_text(s.error_tag)), _utf8(_text(s.error_message)),
+                    b"t" if s.at_most_once else b"f",
+                ))  # fmt: skip
+            except LaneFailed:
+                pass  # unknown whether it took effect (or a row was there): the upsert, on the pool
+            else:
+                self._lane_answered()
+                return None if result.ntuples == 0 else result.get_value(0, 0) == b"t"
         params = (
-            then.lease_until, then.step, write.id, write.lease,
-            s.seq, s.name, s.kind, s.status, s.attempt, s.started_at, s.finished_at, s.wake_at, _text(s.output),
-            _text(s.error_tag), _text(s.error_message), s.at_most_once,
+            write.id, write.lease, s.seq, s.name, s.kind, s.status, s.attempt, s.started_at, s.finished_at, s.wake_at,
+            _text(s.output), _text(s.error_tag), _text(s.error_message), s.at_most_once,
         )  # fmt: skip
         rows = await self._fetch_write(CHECKPOINT, params)
+        return bool(rows[0][0]) if rows else None
+
+    async def _finish(self, write: Write, then: Finish) -> bool | None:
+        params = (
+            then.status, _text(then.output), _text(then.error_tag), _text(then.error_message), then.failed_step,
+            then.step, write.now, write.id, write.lease, _text(write.logs[0]),
+        )  # fmt: skip
+        result = await self._on_lane("finish", params)
+        if result is not None:
+            return None if result.ntuples == 0 else result.get_value(0, 0) == b"t"
+        rows = await self._fetch_write(FINISH_LEAN, params)
         return bool(rows[0][0]) if rows else None
 
     async def durable_renew(self, instance: str, leases: Sequence[tuple[str, int]], lease_until: datetime) -> Renewal:

@@ -56,6 +56,7 @@ from backend.store.postgres.cluster import PostgresCluster
 from backend.store.postgres.durable import PostgresDurable
 from backend.store.postgres.events import PostgresEvents, _Listener
 from backend.store.postgres.jobs import PostgresJobs
+from backend.store.postgres.lane import Lane
 from backend.store.postgres.ledger import (
     PostgresLedgerWriter,
 )
@@ -224,6 +225,8 @@ class PostgresStore(
         """Set by the relay: the notification that tells the other instances of a batch
         of run rows, sent inside the batch's own transaction."""
         self._listener: _Listener | None = None  # the one listening connection, while subscribed
+        self._checkpoints: Lane | None = None
+        """The connection kept for durable steps' checkpoints (see :mod:`.lane`), while open."""
 
     # -- opening and closing ---------------------------------------------------------------
     async def open(self) -> None:
@@ -261,6 +264,7 @@ class PostgresStore(
             await pool.close(timeout=1)
             raise store_unavailable(self.where, "cannot reach {store}", self._why(exc), _public_reason(exc)) from None
         self._pool = pool
+        self._checkpoints = self._checkpoint_lane()
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._wake = asyncio.Event()
@@ -312,6 +316,9 @@ class PostgresStore(
                 log.error("run not written to the ledger: %s", json.dumps(run.to_json(), ensure_ascii=False))
         if self._listener is not None:
             await self._listener.close()
+        if self._checkpoints is not None:
+            lane, self._checkpoints = self._checkpoints, None
+            await lane.close()
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close(timeout=5)
@@ -391,7 +398,7 @@ class PostgresStore(
 
         return await self._with_conn(go)
 
-    async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+    async def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int:
         """One write statement (its own transaction); returns the affected row count."""
 
         async def go(conn: AsyncConnection[Any]) -> int:

@@ -15,7 +15,7 @@ from backend.events.audit import AuditEntry, decode_detail, encode_detail
 from backend.ids import id_floor
 from backend.store.migrations import Component
 
-__all__ = ["SQLiteAudit"]
+__all__ = ["SQLiteAudit", "append_audit_in"]
 
 T = TypeVar("T")
 
@@ -39,6 +39,13 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
+def append_audit_in(conn: sqlite3.Connection, entry: AuditEntry) -> None:
+    """Write the entry in the caller's transaction (an action's own, or one of its own)."""
+    params = (entry.id, (entry.at - _EPOCH) // _MICROSECOND, entry.actor, entry.action, entry.target,
+              encode_detail(entry.detail))  # fmt: skip
+    conn.execute(APPEND_AUDIT, params)
+
+
 def _entry(row: tuple[Any, ...]) -> AuditEntry:
     return AuditEntry(row[0], _EPOCH + _MICROSECOND * row[1], row[2], row[3], row[4], decode_detail(row[5]))
 
@@ -53,15 +60,7 @@ class SQLiteAudit:
         async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
     async def append_audit(self, entry: AuditEntry) -> None:
-        params = (
-            entry.id,
-            (entry.at - _EPOCH) // _MICROSECOND,
-            entry.actor,
-            entry.action,
-            entry.target,
-            encode_detail(entry.detail),
-        )
-        await self._write(lambda c: c.execute(APPEND_AUDIT, params))
+        await self._write(lambda c: append_audit_in(c, entry))
 
     async def list_audit(self, *, limit: int, before: str | None = None) -> list[AuditEntry]:
         if before:

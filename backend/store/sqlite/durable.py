@@ -35,7 +35,9 @@ from backend.durable.store import (
     step_from_row,
     step_view,
 )
+from backend.events.audit import AuditEntry
 from backend.store.migrations import Component
+from backend.store.sqlite.audit import append_audit_in
 from backend.store.sqlite.sql import _dt, _us
 
 T = TypeVar("T")
@@ -107,9 +109,12 @@ COMPONENT = Component(
 
 EXECUTION_COLUMNS = ", ".join(EXECUTION_FIELDS)
 STEP_COLUMNS = ", ".join(STEP_FIELDS)
+#: A new execution: ``queued``, or claimed by the instance that starts it (``running``,
+#: lease 1: what a claim would have made of it).
 INSERT = """
-    INSERT INTO durable_executions (id, function, status, input, schedule, scheduled_at, created_at, updated_at)
-    VALUES (?, ?, 'queued', ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING
+    INSERT INTO durable_executions (id, function, status, input, schedule, scheduled_at, created_at, updated_at,
+        instance, lease, lease_until)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING
 """
 RUNNABLE = """
     SELECT id, status, instance FROM durable_executions
@@ -229,17 +234,39 @@ class SQLiteDurable:
 
         async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
-    async def durable_insert(self, execution: NewExecution) -> bool:
+    async def durable_insert(
+        self,
+        execution: NewExecution,
+        *,
+        claim: tuple[str, datetime] | None = None,
+        audit: AuditEntry | None = None,
+        log: str | None = None,
+    ) -> bool:
+        instance, until = claim if claim is not None else (None, None)
         params = (
             execution.id,
             execution.function,
+            "queued" if claim is None else "running",
             execution.input,
             execution.schedule,
             _us(execution.scheduled_at),
             _us(execution.created_at),
             _us(execution.created_at),
+            instance,
+            0 if claim is None else 1,
+            _us(until),
         )
-        return await self._write(lambda c: c.execute(INSERT, params).rowcount == 1)
+
+        def insert(c: sqlite3.Connection) -> bool:
+            if c.execute(INSERT, params).rowcount != 1:
+                return False
+            if audit is not None:  # in the same transaction
+                append_audit_in(c, audit)
+            if log is not None:
+                c.execute(INSERT_LOG, (execution.id, _us(execution.created_at), log))
+            return True
+
+        return await self._write(insert)
 
     async def durable_claim(
         self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int

@@ -1,0 +1,253 @@
+"""A connection of its own for the statements of a hot path (a durable step's checkpoint).
+
+A statement run through the pool pays for a checkout and a return, a cursor, psycopg's
+adaptation of every parameter and its wait on the socket (a reader added and removed, a
+future and a timer per wait): about as much CPU again as the commit's own round trip on
+the client. A :class:`Lane` keeps one connection with its statements prepared on it (at
+the protocol level), its socket watched by one reader for as long as it is open, and
+sends each call's parameters as text it is given already encoded: what is left per call
+is libpq's send, one wake-up and the reply.
+
+It carries one call at a time and is only ever a shortcut: whoever uses it falls back to
+the pool when it is busy, not connected yet, or fails (:class:`LaneFailed`), so a
+statement must be safe to run again after a failure (the checkpoint is: an upsert fenced
+by the lease). It never retries by itself. A call cancelled in flight leaves the lane busy
+until the reply has been read and dropped; a connection that breaks is closed, and the
+lane connects again in the background, at most every :data:`RECONNECT_EVERY` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection, pq
+
+__all__ = ["RECONNECT_EVERY", "Lane", "LaneFailed", "numbered"]
+
+log = logging.getLogger("schedtui.store")
+
+#: Seconds between two attempts to connect the lane (the pool serves meanwhile).
+RECONNECT_EVERY = 5.0
+
+
+class LaneFailed(Exception):
+    """The call did not go through the lane (an error, a broken connection): run it on the
+    pool. Whether the statement took effect is unknown."""
+
+
+def numbered(sql: str) -> str:
+    """psycopg's positional ``%s`` placeholders as the server's ``$1``, ``$2``, …"""
+    count = iter(range(1, sql.count("%s") + 1))
+    return re.sub("%s", lambda _: f"${next(count)}", sql)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Lane:
+    """One connection for a few prepared statements (see the module docstring), each named
+    ``{name}_{key}`` on the server."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        name: str,
+        statements: Mapping[str, str],
+        configure: Callable[[AsyncConnection[Any]], Awaitable[None]],
+    ) -> None:
+        self.conninfo = conninfo
+        self.name = name
+        self.statements = {key: (f"{name}_{key}".encode(), numbered(sql).encode()) for key, sql in statements.items()}
+        self.configure = configure
+        self._conn: AsyncConnection[Any] | None = None
+        self._pgconn: pq.abc.PGconn | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd = -1
+        """The socket the reader watches (libpq may close it before the lane lets go)."""
+        self._connecting: asyncio.Task[None] | None = None
+        self._tried_at = -RECONNECT_EVERY
+        self._waiter: asyncio.Future[list[pq.abc.PGresult]] | None = None
+        self._results: list[pq.abc.PGresult] = []
+        self._busy = False
+        self._prepared = False
+        """Connected, and its statements prepared: calls may go through it."""
+        self.closed = False
+        self.calls = 0
+        """Calls that went through the lane (failed ones included)."""
+
+    @property
+    def connected(self) -> bool:
+        return self._prepared
+
+    @property
+    def pid(self) -> int | None:
+        """The server process of its connection (``None``: not connected)."""
+        return None if self._pgconn is None else self._pgconn.backend_pid
+
+    def available(self, connect: bool = True) -> bool:
+        """Whether a call may go through the lane now (connected, and free). A lane not
+        connected starts connecting in the background (at most every
+        :data:`RECONNECT_EVERY` seconds; unless ``connect`` is false) and says no meanwhile."""
+        if self._prepared:
+            return not self._busy
+        if (
+            connect
+            and self._pgconn is None
+            and self._connecting is None
+            and not self.closed
+            and time.monotonic() - self._tried_at >= RECONNECT_EVERY
+        ):
+            self._tried_at = time.monotonic()
+            self._connecting = asyncio.ensure_future(self._connect())
+            self._connecting.set_name("schedtui lane")
+        return False
+
+    async def open(self) -> bool:
+        """Connect now unless connected (or connecting: then wait for it); whether it is."""
+        if self._pgconn is None and self._connecting is None and not self.closed:
+            self._tried_at = time.monotonic()
+            self._connecting = asyncio.ensure_future(self._connect())
+        if self._connecting is not None:
+            await asyncio.shield(self._connecting)
+        return self._prepared
+
+    async def _connect(self) -> None:
+        try:
+            conn = await AsyncConnection.connect(self.conninfo, autocommit=True)
+        except psycopg.Error as exc:
+            log.info("the %s connection could not be opened (%s); the pool serves meanwhile", self.name, exc)
+            self._connecting = None
+            return
+        self._conn, self._pgconn = conn, conn.pgconn
+        try:
+            await self.configure(conn)
+            await conn.execute("SET client_encoding TO 'UTF8'")  # parameters are sent as UTF-8
+            self._loop = asyncio.get_running_loop()
+            self._fd = conn.pgconn.socket
+            self._loop.add_reader(self._fd, self._readable)
+            for name, sql in self.statements.values():
+                self._busy = True
+                conn.pgconn.send_prepare(name, sql)
+                self._check(await self._reply())
+            self._prepared = True
+        except (psycopg.Error, LaneFailed) as exc:
+            log.info("the %s connection could not be opened (%s); the pool serves meanwhile", self.name, exc)
+            self._release()
+        except BaseException:
+            self._release()
+            raise
+        finally:
+            self._connecting = None
+            if self.closed:
+                self._release()
+
+    async def call(self, key: str, params: Sequence[bytes | None]) -> pq.abc.PGresult:
+        """Run the statement ``key`` with these parameters (text, encoded); its one result.
+        Only when :meth:`available`. Raises :class:`LaneFailed` for anything but a clean
+        result."""
+        pgconn = self._pgconn
+        assert pgconn is not None and not self._busy
+        self._busy = True
+        self.calls += 1
+        try:
+            pgconn.send_query_prepared(self.statements[key][0], params)
+        except psycopg.Error as exc:
+            self._broken(exc)
+            raise LaneFailed(str(exc)) from None
+        return self._check(await self._reply())
+
+    async def _reply(self) -> list[pq.abc.PGresult]:
+        """Flush what was sent, then wait for every result of it. Cancelled while waiting
+        for the reply, the lane stays busy until the reader has read it to the end."""
+        pgconn, loop, fd = self._pgconn, self._loop, self._fd
+        assert pgconn is not None and loop is not None
+        try:
+            while pgconn.flush():  # a short message leaves at once; a full socket buffer waits
+                writable: asyncio.Future[None] = loop.create_future()
+                loop.add_writer(fd, _settle, writable)
+                try:
+                    await writable
+                finally:
+                    loop.remove_writer(fd)
+        except psycopg.Error as exc:
+            self._broken(exc)
+            raise LaneFailed(str(exc)) from None
+        except asyncio.CancelledError:
+            self._broken(LaneFailed("cancelled while sending"))  # half a message: nothing to read
+            raise
+        waiter: asyncio.Future[list[pq.abc.PGresult]] = loop.create_future()
+        self._waiter = waiter
+        return await waiter
+
+    def _readable(self) -> None:
+        pgconn = self._pgconn
+        if pgconn is None:
+            return
+        try:
+            pgconn.consume_input()
+            if pgconn.status != pq.ConnStatus.OK:
+                raise LaneFailed("the connection is closed")
+            while self._busy and not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is not None:
+                    self._results.append(result)
+                    continue
+                results, self._results = self._results, []
+                waiter, self._waiter = self._waiter, None
+                self._busy = False
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(results)
+        except (psycopg.Error, LaneFailed) as exc:
+            self._broken(exc)
+
+    def _check(self, results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
+        ok = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+        if len(results) == 1 and results[0].status in ok:
+            return results[0]
+        errors = [r.get_error_message() for r in results if r.status not in ok]
+        why = (errors[0] if errors else "an unexpected reply").strip()
+        pgconn = self._pgconn
+        if pgconn is None or pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            self._broken(LaneFailed(why))
+        raise LaneFailed(why)
+
+    def _broken(self, exc: BaseException) -> None:
+        """The connection cannot be trusted any more: let go of it now (a waiting call
+        fails; the lane connects again when asked, later)."""
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(LaneFailed(str(exc)))
+        if not self.closed:
+            log.info("the %s connection failed (%s); the pool serves until it is back", self.name, exc)
+        self._release()
+
+    def _release(self) -> None:
+        pgconn, self._pgconn, self._conn = self._pgconn, None, None
+        self._prepared = False
+        self._results = []
+        self._busy = False
+        if pgconn is None:
+            return
+        if self._loop is not None and self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+        self._fd = -1
+        pgconn.finish()  # what the connection's close() does: no reply awaited
+
+    async def close(self) -> None:
+        self.closed = True
+        if self._connecting is not None:
+            task, self._connecting = self._connecting, None
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(LaneFailed("the store was closed"))
+        self._release()

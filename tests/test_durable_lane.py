@@ -1,0 +1,217 @@
+"""The connection kept for durable checkpoints on PostgreSQL (backend/store/postgres/lane.py).
+
+A step's checkpoint goes through a connection of its own with the statement prepared on it;
+it is the same fenced statement as on the pool, so a displaced owner's checkpoint is refused
+there too. The lane is only a shortcut: when its connection dies, or the statement fails,
+the checkpoint is run on the pool (the same outcome and the same errors as without the
+lane), and a checkpoint cancelled in flight leaves the lane busy only until its reply is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from backend import ManualClock
+from backend.durable.store import Claimed, Finish, NewExecution, Progress, StepRecord, Write
+from backend.events.audit import AuditEntry
+from backend.store.postgres.store import PostgresStore
+
+pytestmark = pytest.mark.postgres
+
+ID = "01JD3Z6Q0V9W4C7PAXH3KJ1M2B"
+
+
+@pytest.fixture
+async def store(pg_url: str) -> AsyncIterator[PostgresStore]:
+    opened = PostgresStore(pg_url)
+    await opened.open()
+    yield opened
+    await opened.close()
+
+
+async def until(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> None:
+    """Wait for a condition another process makes true (the bound only ends a broken test)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await condition() if asyncio.iscoroutinefunction(condition) else not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def claimed(store: PostgresStore, instance: str, now: datetime) -> Claimed:
+    [claim] = await store.durable_claim(instance, ["f"], now, now + timedelta(seconds=30), 1)
+    return claim
+
+
+def checkpoint(claim: Claimed, seq: int, name: str, now: datetime) -> Write:
+    step = StepRecord(seq, name, "step", "succeeded", 1, now, now, output=f'"{name}"')
+    return Write(claim.execution.id, claim.execution.lease, now, Progress(name, now + timedelta(seconds=30)), [step])
+
+
+async def steps_of(store: PostgresStore) -> list[str]:
+    return [step.name for step in (await store.durable_get(ID)).steps]  # type: ignore[union-attr]
+
+
+class Counted:
+    """How many calls went through the lane since the last look."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        assert store._checkpoints is not None
+        self.lane = store._checkpoints
+        self.seen = self.lane.calls
+
+    def __call__(self) -> int:
+        calls, self.seen = self.lane.calls - self.seen, self.lane.calls
+        return calls
+
+
+async def test_a_checkpoint_on_the_lane_is_refused_once_the_lease_has_moved(store: PostgresStore, clock: ManualClock) -> None:
+    assert store._checkpoints is not None and await store._checkpoints.open()
+    on_lane = Counted(store)
+    now = clock.now()
+    await store.durable_insert(NewExecution(ID, "f", "null", now))
+    first = await claimed(store, "a", now)
+    assert on_lane() == 1  # the insert
+    assert await store.durable_write(checkpoint(first, 1, "one", now)) is False
+    assert on_lane() == 1 and await steps_of(store) == ["one"]
+    later = now + timedelta(seconds=31)  # a's lease expired: b claims it
+    second = await claimed(store, "b", later)
+    assert second.execution.lease == first.execution.lease + 1
+    assert await store.durable_write(checkpoint(first, 2, "two", later)) is None  # a, displaced
+    assert on_lane() == 1 and await steps_of(store) == ["one"]  # nothing of it landed
+    assert await store.durable_write(checkpoint(second, 2, "two", later)) is False
+    assert on_lane() == 1 and await steps_of(store) == ["one", "two"]
+    # the execution's row is not written by a checkpoint: the step it is at is its newest one's
+    assert (await store.durable_get(ID)).current_step == "two"  # type: ignore[union-attr]
+    # an operator's cancellation comes back with the next checkpoint
+    assert await store.durable_cancel(ID, later, "cancelled by ops") == ("running", "requested")
+    assert await store.durable_write(checkpoint(second, 3, "three", later)) is True
+    assert on_lane() == 1
+    # the end: refused to a displaced owner too, one log line with it
+    end = Finish("succeeded", "three", output="3")
+    assert await store.durable_write(Write(ID, first.execution.lease, later, end, [], ["succeeded"])) is None
+    assert on_lane() == 1 and (await store.durable_get(ID)).status == "running"  # type: ignore[union-attr]
+    assert await store.durable_write(Write(ID, second.execution.lease, later, end, [], ["succeeded"])) is not None
+    assert on_lane() == 1
+    done = await store.durable_get(ID)
+    assert done is not None and (done.status, done.output, done.finished_at) == ("succeeded", 3, later)
+    assert [line.message for line in done.logs or []][-1] == "succeeded"
+
+
+async def test_a_start_on_the_lane_is_claimed_audited_and_logged_in_one_statement(
+    store: PostgresStore, clock: ManualClock
+) -> None:
+    assert store._checkpoints is not None and await store._checkpoints.open()
+    on_lane = Counted(store)
+    now = clock.now()
+    audit = AuditEntry("01JD3Z6Q0V9W4C7PAXH3KJ1M2C", now, "ops", "durable.start", ID, {"function": "f"})
+    new = NewExecution(ID, "f", '{"pages": 3}', now)
+    claim = ("a", now + timedelta(seconds=30))
+    commits = store.commits
+    assert await store.durable_insert(new, claim=claim, audit=audit, log="started on a") is True
+    assert on_lane() == 1 and store.commits == commits + 1
+    row = await store.durable_get(ID)
+    assert row is not None and (row.status, row.instance, row.input) == ("running", "a", {"pages": 3})
+    assert [line.message for line in row.logs or []] == ["started on a"]
+    assert [e.id for e in await store.list_audit(limit=10)] == [audit.id]
+    # held by a's lease 1: nobody claims it before it ends
+    assert await store.durable_claim("b", ["f"], now, now + timedelta(seconds=30), 1) == []
+    step = StepRecord(1, "one", "step", "succeeded", 1, now, now, output="1")
+    assert await store.durable_write(Write(ID, 1, now, Progress("one", now), [step])) is False
+    # the same id again: nothing written, no second entry, no second line
+    again = AuditEntry("01JD3Z6Q0V9W4C7PAXH3KJ1M2D", now, "ops", "durable.start", ID, {"function": "f"})
+    assert await store.durable_insert(new, claim=claim, audit=again, log="started on a") is False
+    assert [e.id for e in await store.list_audit(limit=10)] == [audit.id]
+    assert [line.message for line in (await store.durable_get(ID)).logs or []] == ["started on a"]  # type: ignore[union-attr]
+
+
+async def test_a_first_attempt_whose_row_is_there_after_all_is_upserted_on_the_pool(
+    store: PostgresStore, clock: ManualClock
+) -> None:
+    """A first attempt goes as a plain insert; should its row be there (a reply lost after
+    it committed, and the same checkpoint sent again), the upsert runs on the pool."""
+    assert store._checkpoints is not None and await store._checkpoints.open()
+    on_lane = Counted(store)
+    now = clock.now()
+    await store.durable_insert(NewExecution(ID, "f", "null", now))
+    claim = await claimed(store, "a", now)
+    on_lane()
+    assert await store.durable_write(checkpoint(claim, 1, "one", now)) is False
+    commits = store.commits
+    assert await store.durable_write(checkpoint(claim, 1, "one", now)) is False  # the plain insert fails: the pool's upsert
+    assert on_lane() == 2 and store.commits == commits + 1
+    assert await steps_of(store) == ["one"]
+
+
+async def test_when_the_lane_dies_the_pool_takes_the_checkpoint(store: PostgresStore, clock: ManualClock, pg_url: str) -> None:
+    lane = store._checkpoints
+    assert lane is not None and await lane.open()
+    now = clock.now()
+    await store.durable_insert(NewExecution(ID, "f", "null", now))
+    claim = await claimed(store, "a", now)
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (lane.pid,))
+    assert await store.durable_write(checkpoint(claim, 1, "one", now)) is False
+    assert await steps_of(store) == ["one"]
+    assert not lane.connected  # let go of; it connects again when asked
+    assert await lane.open()
+    calls = lane.calls
+    assert await store.durable_write(checkpoint(claim, 2, "two", now)) is False
+    assert lane.calls == calls + 1 and await steps_of(store) == ["one", "two"]
+
+
+async def test_a_failing_statement_fails_as_on_the_pool_and_keeps_the_lane(
+    store: PostgresStore, clock: ManualClock, pg_url: str
+) -> None:
+    lane = store._checkpoints
+    assert lane is not None and await lane.open()
+    now = clock.now()
+    await store.durable_insert(NewExecution(ID, "f", "null", now))
+    claim = await claimed(store, "a", now)
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("ALTER TABLE schedtui_durable_steps ADD CONSTRAINT no_boom CHECK (name <> 'boom')")
+    on_lane = Counted(store)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        await store.durable_write(checkpoint(claim, 1, "boom", now))
+    assert on_lane() == 1 and lane.connected and await steps_of(store) == []
+    assert await store.durable_write(checkpoint(claim, 1, "one", now)) is False
+    assert on_lane() == 1 and await steps_of(store) == ["one"]
+
+
+async def test_a_checkpoint_cancelled_in_flight_frees_the_lane_once_its_reply_is_read(
+    store: PostgresStore, clock: ManualClock, pg_url: str
+) -> None:
+    lane = store._checkpoints
+    assert lane is not None and await lane.open()
+    now = clock.now()
+    await store.durable_insert(NewExecution(ID, "f", "null", now))
+    claim = await claimed(store, "a", now)
+    async with await psycopg.AsyncConnection.connect(pg_url) as locker:  # holds the execution's row
+        await locker.execute("SELECT 1 FROM schedtui_durable_executions WHERE id = %s FOR UPDATE", (ID,))
+        write = asyncio.ensure_future(store.durable_write(checkpoint(claim, 1, "one", now)))
+
+        async def waiting_on_the_row() -> bool:
+            async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+                cur = await admin.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (lane.pid,))
+                row = await cur.fetchone()
+                return row is not None and row[0] == "Lock"
+
+        await until(waiting_on_the_row, "the lane's statement to wait for the row")
+        write.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await write
+        assert lane.connected and not lane.available()  # its reply is still to come
+        await locker.commit()
+    await until(lane.available, "the lane to read the cancelled call's reply")
+    # the statement ran to its end on the server (as a cancelled one on the pool may): the
+    # same fenced write as any, under the lease it was sent with
+    assert await steps_of(store) == ["one"]
+    calls = lane.calls
+    assert await store.durable_write(checkpoint(claim, 2, "two", now)) is False
+    assert lane.calls == calls + 1 and await steps_of(store) == ["one", "two"]
