@@ -20,6 +20,7 @@ from textual.renderables.styled import Styled
 from textual.strip import Strip
 from textual.style import Style as TextualStyle
 from textual.widget import Widget
+from textual.widgets.data_table import RowKey
 
 from console.heap import Collector, lines_without_cycles
 from console.keygate import _busy, quiet
@@ -228,17 +229,20 @@ async def test_a_health_row_is_drawn_as_textual_draws_its_content_with_its_style
         assert notes.seen == []
 
 
-async def test_rows_shown_again_with_the_cells_they_were_measured_with_are_not_measured_again(
+async def test_rows_shown_again_with_the_cells_they_had_are_not_made_or_measured_again(
     store_url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
-    # A column never narrows: a thousand rows back after a filter, with the cells they had,
-    # were measured again (7,000 cells), most of the time the key took before its frame.
+    # A thousand rows back after a filter, with the cells they had, were made again and
+    # measured again (7,000 cells; a column never narrows): most of the time the key took
+    # before its frame.
     async with console(store_url) as (app, pilot, clock, notes):
         table = schedules(app)
         many = with_bulk(app.views, 600)
         table.show(many, clock.now(), clock.now())
         await settle(pilot)
         widths = {key: column.get_render_width(table) for key, column in table.columns.items()}
+        far = RowKey("bulk-0599")
+        row, data = table.rows[far], table._data[far]
         table.show(many[:3], clock.now(), clock.now())  # filtered
         await settle(pilot)
         measured: list[Text] = []
@@ -253,6 +257,7 @@ async def test_rows_shown_again_with_the_cells_they_were_measured_with_are_not_m
         await settle(pilot)
         monkeypatch.undo()
         assert len(measured) < 300  # the rows whose cells were made again (on screen), not 600 x 7
+        assert table.rows[far] is row and table._data[far] is data and table.get_row_index("bulk-0599") == len(many) - 1
         assert {key: column.get_render_width(table) for key, column in table.columns.items()} == widths
         assert notes.seen == []
 
