@@ -27,7 +27,7 @@ from console.keygate import _busy, quiet
 from console.views.health import HealthRows
 from console.views.schedules import SchedulesView
 from console.views.timeline import TimelineView
-from console.widgets import RunsTable
+from console.widgets import RecentRuns, RunsTable, UpcomingLine
 from console.widgets.health import HealthRow
 from console.widgets.schedules import FreshTable
 from tests.test_console import cell, console, ledger, schedules, settle, store_url  # noqa: F401 - fixtures
@@ -273,6 +273,30 @@ async def test_esc_brings_every_row_back_with_the_filter_it_hides(store_url: str
         assert table.row_count == len(app.views) and not app.query_one("#filter").display
         await settle(pilot)
         assert table.row_count == len(app.views) and app.filter_text == "" and notes.seen == []
+
+
+async def test_the_runs_strip_and_next_fires_are_not_drawn_again_unchanged(store_url: str) -> None:  # noqa: F811
+    # Every refresh and every filter key sets them; they were drawn again each time.
+    async with console(store_url) as (app, pilot, clock, notes):
+        await settle(pilot)
+        strip, upcoming = app.query_one(RecentRuns), app.query_one(UpcomingLine)
+        assert strip.runs and upcoming.slots
+        drawn: list[object] = []
+        for widget in (strip, upcoming):
+            render = widget.render
+
+            def counting(render: Any = render, widget: Any = widget) -> Any:
+                drawn.append(widget)
+                return render()
+
+            widget.render = counting  # type: ignore[method-assign]
+        app.query_one(SchedulesView).show()
+        await settle(pilot)
+        assert drawn == []
+        upcoming.slots = upcoming.slots[1:]
+        await settle(pilot)
+        assert drawn == [upcoming]
+        assert notes.seen == []
 
 
 def in_a_cycle(start: object) -> bool:
