@@ -20,13 +20,14 @@ from textual.renderables.styled import Styled
 from textual.strip import Strip
 from textual.style import Style as TextualStyle
 from textual.widget import Widget
+from textual.widgets.data_table import RowKey
 
 from console.heap import Collector, lines_without_cycles
 from console.keygate import _busy, quiet
 from console.views.health import HealthRows
 from console.views.schedules import SchedulesView
 from console.views.timeline import TimelineView
-from console.widgets import RunsTable
+from console.widgets import RecentRuns, RunsTable, UpcomingLine
 from console.widgets.health import HealthRow
 from console.widgets.schedules import FreshTable
 from tests.test_console import cell, console, ledger, schedules, settle, store_url  # noqa: F401 - fixtures
@@ -228,17 +229,20 @@ async def test_a_health_row_is_drawn_as_textual_draws_its_content_with_its_style
         assert notes.seen == []
 
 
-async def test_rows_shown_again_with_the_cells_they_were_measured_with_are_not_measured_again(
+async def test_rows_shown_again_with_the_cells_they_had_are_not_made_or_measured_again(
     store_url: str, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
-    # A column never narrows: a thousand rows back after a filter, with the cells they had,
-    # were measured again (7,000 cells), most of the time the key took before its frame.
+    # A thousand rows back after a filter, with the cells they had, were made again and
+    # measured again (7,000 cells; a column never narrows): most of the time the key took
+    # before its frame.
     async with console(store_url) as (app, pilot, clock, notes):
         table = schedules(app)
         many = with_bulk(app.views, 600)
         table.show(many, clock.now(), clock.now())
         await settle(pilot)
         widths = {key: column.get_render_width(table) for key, column in table.columns.items()}
+        far = RowKey("bulk-0599")
+        row, data = table.rows[far], table._data[far]
         table.show(many[:3], clock.now(), clock.now())  # filtered
         await settle(pilot)
         measured: list[Text] = []
@@ -253,6 +257,7 @@ async def test_rows_shown_again_with_the_cells_they_were_measured_with_are_not_m
         await settle(pilot)
         monkeypatch.undo()
         assert len(measured) < 300  # the rows whose cells were made again (on screen), not 600 x 7
+        assert table.rows[far] is row and table._data[far] is data and table.get_row_index("bulk-0599") == len(many) - 1
         assert {key: column.get_render_width(table) for key, column in table.columns.items()} == widths
         assert notes.seen == []
 
@@ -268,6 +273,30 @@ async def test_esc_brings_every_row_back_with_the_filter_it_hides(store_url: str
         assert table.row_count == len(app.views) and not app.query_one("#filter").display
         await settle(pilot)
         assert table.row_count == len(app.views) and app.filter_text == "" and notes.seen == []
+
+
+async def test_the_runs_strip_and_next_fires_are_not_drawn_again_unchanged(store_url: str) -> None:  # noqa: F811
+    # Every refresh and every filter key sets them; they were drawn again each time.
+    async with console(store_url) as (app, pilot, clock, notes):
+        await settle(pilot)
+        strip, upcoming = app.query_one(RecentRuns), app.query_one(UpcomingLine)
+        assert strip.runs and upcoming.slots
+        drawn: list[object] = []
+        for widget in (strip, upcoming):
+            render = widget.render
+
+            def counting(render: Any = render, widget: Any = widget) -> Any:
+                drawn.append(widget)
+                return render()
+
+            widget.render = counting  # type: ignore[method-assign]
+        app.query_one(SchedulesView).show()
+        await settle(pilot)
+        assert drawn == []
+        upcoming.slots = upcoming.slots[1:]
+        await settle(pilot)
+        assert drawn == [upcoming]
+        assert notes.seen == []
 
 
 def in_a_cycle(start: object) -> bool:

@@ -119,8 +119,9 @@ class RecentRuns(Widget):
     }
     """
 
-    runs: reactive[list[Run]] = reactive(list, always_update=True)
-    """Newest first, as the backend pages them."""
+    runs: reactive[list[Run]] = reactive(list)
+    """Newest first, as the backend pages them (drawn again only when they differ: every
+    refresh and every filter key sets them)."""
 
     def render(self) -> Text:
         label = Text("recent ", style=theme_color(self.app, "text-muted"))
@@ -145,7 +146,8 @@ class UpcomingLine(Widget):
     }
     """
 
-    slots: reactive[list[datetime]] = reactive(list, always_update=True)
+    slots: reactive[list[datetime]] = reactive(list)
+    """(Drawn again only when they differ: every refresh and every filter key sets them.)"""
     zone: reactive[str] = reactive("UTC")
     note: reactive[str] = reactive("")
     """Why the slots will not fire by themselves (disabled, external), if so."""

@@ -169,6 +169,9 @@ class FreshTable(DataTable[Text | str]):
         )
         """The cells rendered (:meth:`_render_cell`), with what each showed."""
         # (one entry each, but Textual's ring of one is a cycle too: the list of every row)
+        self._rows_made: dict[str, tuple[RowKey, Row, dict[ColumnKey, Text | str]]] = {}
+        """Each row added by :meth:`add_plain_rows` (its key, row and cells), by its key:
+        added again with the same cells, it is taken as it was."""
         self._measured: dict[RowKey, tuple[object, ...]] = {}
         """The cells of each row (in the columns sized to their cells) as last measured."""
         self._offset_cache = RingFreeCache(1)
@@ -211,13 +214,16 @@ class FreshTable(DataTable[Text | str]):
         # Only the columns sized to their cells, and only cells not measured before: a
         # column never narrows (as Textual's), so rows shown again with the cells they had
         # when measured (a filter cleared) change nothing.
-        columns = [column for column in self.ordered_columns if column.auto_width]
+        ordered = self.ordered_columns
+        columns = [column for column in ordered if column.auto_width]
+        at = [ordered.index(column) for column in columns]
         measured = self._measured
         for key in keys:
             values = self._data.get(key)
             if values is None or key not in self._row_locations:
                 continue  # removed before the idle came
-            cells = tuple(values.get(column.key) for column in columns)
+            in_order = list(values.values())  # (in the columns' order, as rows are made)
+            cells = tuple(in_order[i] if i < len(in_order) else None for i in at)
             before = measured.get(key)
             if before is not None and all(a is b for a, b in zip(before, cells, strict=True)):
                 continue
@@ -232,11 +238,13 @@ class FreshTable(DataTable[Text | str]):
 
     def add_column(self, *args: Any, **kwargs: Any) -> ColumnKey:
         self._measured.clear()  # (every row measured again, for it too)
+        self._rows_made.clear()
         return super().add_column(*args, **kwargs)
 
     def clear(self, columns: bool = False) -> Self:
         if columns:
             self._measured.clear()
+            self._rows_made.clear()
         return super().clear(columns)
 
     @property
@@ -388,15 +396,24 @@ class FreshTable(DataTable[Text | str]):
         times, more than everything else that key does."""
         columns = [column.key for column in self.ordered_columns]
         before = index = self.row_count
+        kept = self._rows_made
         for key, cells in rows:
-            row_key = RowKey(key)
+            made = kept.get(key)
+            if made is not None and len(made[2]) == len(columns) and all(
+                a is b for a, b in zip_longest(made[2].values(), cells)
+            ):
+                row_key, row, data = made  # the row as it was (a filter cleared): nothing to make
+            else:
+                if len(cells) > len(columns):
+                    raise ValueError("More values provided than there are columns.")
+                row_key = RowKey(key)
+                row, data = Row(row_key, 1), dict(zip_longest(columns, cells))
+                kept[key] = (row_key, row, data)
             if row_key in self._row_locations:
                 raise DuplicateKey(f"The row key {row_key!r} already exists.")
-            if len(cells) > len(columns):
-                raise ValueError("More values provided than there are columns.")
             self._row_locations[row_key] = index
-            self._data[row_key] = dict(zip_longest(columns, cells))
-            self.rows[row_key] = Row(row_key, 1)
+            self._data[row_key] = data
+            self.rows[row_key] = row
             self._new_rows.add(row_key)
             index += 1
         if index == before:
