@@ -5,6 +5,11 @@
   many as there are free seats and the worker has room for. The cycle's finishes go first,
   in the same transaction (pipelined: one round trip), so the seats they free are
   claimable at once.
+* **Finishes**: the attempts that succeeded (most of them) in one ``DELETE`` of their rows,
+  still running under their tries, from binary arrays, recording their attempts in the
+  same statement; the others (retry, dead, release) lock their rows in id order, then
+  change them. A worker's finish of a job whose run ended before its handover was written
+  needs no handover (see :mod:`backend.jobs.workers`).
 * **Claims ahead and handovers**: a cycle may also claim jobs without a seat (``running``,
   ``seat`` NULL) for a worker to start on the seat of an attempt of its own that ends; the
   next cycle writes the handover (HANDOVER) after that attempt's finish, in the same
