@@ -1,6 +1,6 @@
 """The invariants of durable executions under random sequences (Hypothesis, stateful).
 
-Up to three instances share one store on one manual clock. Hypothesis starts executions
+Up to three instances share one store (SQLite, and PostgreSQL) on one manual clock. Hypothesis starts executions
 of random plans (steps that fail a few times or until their attempts run out, at-most-once
 steps, sleeps, signal waits, a step name used a second time), sends signals, cancels,
 retries failed executions, moves the clock (so leases expire), crashes instances just before
@@ -32,6 +32,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -42,6 +43,7 @@ from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED
 from backend.durable.store import Claimed, NewExecution, Write
 from backend.ids import IdFactory
 from backend.store import open_store
+from tests import pg
 from tests.durable_helpers import crash
 
 T = TypeVar("T")
@@ -180,12 +182,15 @@ class DurableFleet(RuleBasedStateMachine):
         WORLD = World()
         self.loop = asyncio.new_event_loop()
         self.folder = Path(tempfile.mkdtemp(prefix="schedtui-durable-"))
-        self.url = f"sqlite:///{self.folder / 'state.db'}"
+        self.url = self.store_url()
         self.clock = ManualClock("2026-03-02T08:00:00Z")
         self.ids_made = IdFactory(self.clock.now, itertools.count().__next__)  # the same ids on a replay
         self.live: dict[str, tuple[Engine, Proxy]] = {}
         self.ids: list[str] = []
         self.run(self._boot("a"))
+
+    def store_url(self) -> str:
+        return f"sqlite:///{self.folder / 'state.db'}"
 
     def run(self, coro: Awaitable[T]) -> T:
         return self.loop.run_until_complete(asyncio.wait_for(coro, 60))  # type: ignore[arg-type]
@@ -367,11 +372,26 @@ class DurableFleet(RuleBasedStateMachine):
         self.step_outputs_replay_identically()
 
 
-DurableFleet.TestCase.settings = settings(
+class DurableFleetOnPostgres(DurableFleet):
+    """The same on PostgreSQL, where the instances' starts, checkpoints and ends go through a
+    connection of their own (backend/store/postgres/lane.py) and a checkpoint locks the
+    execution's row under its lease instead of updating it."""
+
+    def store_url(self) -> str:
+        assert pg.ACTIVE is not None, "the pg_server fixture was not requested"
+        return pg.ACTIVE.create_database()
+
+
+SETTINGS = settings(
     max_examples=EXAMPLES,
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=list(HealthCheck),
     database=None,
 )
+DurableFleet.TestCase.settings = SETTINGS
 test_durable_invariants = DurableFleet.TestCase
+DurableFleetOnPostgres.TestCase.settings = SETTINGS
+test_durable_invariants_on_postgres = pytest.mark.postgres(
+    pytest.mark.usefixtures("pg_server")(DurableFleetOnPostgres.TestCase)
+)

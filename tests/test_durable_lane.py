@@ -20,6 +20,7 @@ import pytest
 from backend import ManualClock
 from backend.durable.store import Claimed, Finish, NewExecution, Progress, StepRecord, Write
 from backend.events.audit import AuditEntry
+from backend.store.postgres.lane import LaneFailed
 from backend.store.postgres.store import PostgresStore
 
 pytestmark = pytest.mark.postgres
@@ -129,6 +130,31 @@ async def test_a_start_on_the_lane_is_claimed_audited_and_logged_in_one_statemen
     assert await store.durable_insert(new, claim=claim, audit=again, log="started on a") is False
     assert [e.id for e in await store.list_audit(limit=10)] == [audit.id]
     assert [line.message for line in (await store.durable_get(ID)).logs or []] == ["started on a"]  # type: ignore[union-attr]
+
+
+async def test_a_start_whose_reply_was_lost_after_it_committed_is_still_this_starts(
+    store: PostgresStore, clock: ManualClock
+) -> None:
+    """The pool runs the insert again and finds the row: the one this start claimed, so it
+    runs here (it is not a duplicate left to wait out its lease)."""
+    lane = store._checkpoints
+    assert lane is not None and await lane.open()
+    call = lane.call
+
+    async def reply_lost(key: str, params: Any) -> Any:
+        await call(key, params)
+        raise LaneFailed("the connection broke before the reply")
+
+    now = clock.now()
+    claim = ("a", now + timedelta(seconds=30))
+    lane.call = reply_lost  # type: ignore[method-assign]
+    assert await store.durable_insert(NewExecution(ID, "f", "null", now), claim=claim, log="started on a") is True
+    lane.call = call  # type: ignore[method-assign]
+    row = await store.durable_get(ID)
+    assert row is not None and (row.status, row.instance) == ("running", "a")
+    assert [line.message for line in row.logs or []] == ["started on a"]
+    # a start of the same id, however alike, is a duplicate when nothing was lost
+    assert await store.durable_insert(NewExecution(ID, "f", "null", now), claim=claim, log="started on a") is False
 
 
 async def test_a_first_attempt_whose_row_is_there_after_all_is_upserted_on_the_pool(

@@ -156,6 +156,10 @@ INSERT = f"""
     )
     SELECT count(*) FROM x
 """
+#: Whether an execution is the one a start claimed for ``instance`` at its creation.
+MINE = f"""
+    SELECT 1 FROM {EXECUTIONS} WHERE id = %s AND instance = %s AND lease = 1 AND status = 'running' AND created_at = %s
+"""
 CLAIM = f"""
     WITH picked AS (
         SELECT id, status AS was, instance AS was_instance FROM {EXECUTIONS}
@@ -495,11 +499,21 @@ class PostgresDurable:
         )  # fmt: skip
         # (only once this process's executor has connected the lane: a process that only
         # starts executions, a command line's, has no use for a connection of its own)
-        result = await self._on_lane("start", params, connect=False)
-        if result is not None:
-            return result.get_value(0, 0) == b"1"
+        lane = self._checkpoints
+        tried = lane is not None and lane.available(connect=False)
+        if tried:
+            result = await self._on_lane("start", params)
+            if result is not None:
+                return result.get_value(0, 0) == b"1"
         rows = await self._fetch_write(INSERT, params)
-        return bool(rows[0][0])
+        if rows[0][0]:
+            return True
+        if tried and claim is not None:
+            # The lane's attempt may have committed before its reply was lost: the row is
+            # then this very start's (claimed by this instance at its creation time), which
+            # must run here, not wait out its lease as a duplicate.
+            return await self._fetchone(MINE, (execution.id, instance, execution.created_at)) is not None
+        return False
 
     async def durable_claim(
         self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int

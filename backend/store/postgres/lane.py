@@ -10,8 +10,8 @@ is libpq's send, one wake-up and the reply.
 
 It carries one call at a time and is only ever a shortcut: whoever uses it falls back to
 the pool when it is busy, not connected yet, or fails (:class:`LaneFailed`), so a
-statement must be safe to run again after a failure (the checkpoint is: an upsert fenced
-by the lease). It never retries by itself. A call cancelled in flight leaves the lane busy
+statement must be safe to run again after a failure (a checkpoint is an upsert fenced by
+the lease; a start run again finds its own row). It never retries by itself. A call cancelled in flight leaves the lane busy
 until the reply has been read and dropped; a connection that breaks is closed, and the
 lane connects again in the background, at most every :data:`RECONNECT_EVERY` seconds.
 """
