@@ -30,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from backend import Engine, ManualClock, define_schedule
 from backend.scheduler.coordination.cluster import MEMBER_PREFIX, SHARDS, shard_of, spread
+from backend.scheduler.coordination.suspects import MAX_HOLD_LEASES, Suspects
 from backend.schedules import Schedule
 from tests import pg
 
@@ -223,6 +224,31 @@ def test_a_join_or_a_leave_moves_its_share_and_a_few_shards_more() -> None:
     assert statistics.mean(extra_moves) <= 5 and max(extra_moves) <= SHARDS // 4, (statistics.mean(extra_moves), max(extra_moves))
 
 
+def test_a_suspect_is_out_until_it_joins_again_or_for_ever_longer_while_it_renews() -> None:
+    lease = timedelta(seconds=10)
+    suspects = Suspects(lease)
+    suspects.count_out("gone", None, "its lease lapsed", T0)  # its member lock had lapsed too
+    suspects.count_out("slow", 7, "it took nothing", T0)  # still renewing token 7
+    suspects.review({"slow": 7}, T0 + lease - timedelta(seconds=1))
+    assert suspects.names() == {"gone", "slow"}
+    suspects.review({"slow": 7}, T0 + lease)
+    assert suspects.names() == {"gone"}  # its lease's time out is over
+    suspects.review({"gone": 3}, T0 + 100 * lease)
+    assert suspects.names() == set()  # it joined again (a new token)
+    at = T0 + lease
+    for hold in (2, 4, 8, 16, 32, 32):  # out again at once each time: twice as long, at most 32 leases
+        suspects.count_out("slow", 7, "it took nothing", at)
+        suspects.review({"slow": 7}, at + hold * lease - timedelta(seconds=1))
+        assert "slow" in suspects
+        at += hold * lease
+        suspects.review({"slow": 7}, at)
+        assert "slow" not in suspects
+    later = at + 2 * MAX_HOLD_LEASES * lease + timedelta(seconds=1)
+    suspects.count_out("slow", 7, "it took nothing", later)  # well behaved for long: a lease again
+    suspects.review({"slow": 7}, later + lease)
+    assert "slow" not in suspects
+
+
 def test_schedules_hash_onto_every_shard() -> None:
     shards = Counter(shard_of(f"schedule-{i}") for i in range(6400))
     assert set(shards) == set(range(SHARDS)) and statistics.pstdev(shards.values()) < 20
@@ -407,11 +433,13 @@ async def test_a_console_or_a_cli_verb_on_the_store_is_never_handed_shards(fleet
 
 
 @pg_only
-async def test_a_member_that_never_takes_its_shards_is_counted_out_and_nobody_else(
+async def test_a_member_that_never_takes_its_shards_is_counted_out_ever_longer_and_nobody_else(
     fleet: Callable[..., Fleet], caplog: pytest.LogCaptureFixture
 ) -> None:
     # Its shards, free for a lease by then, go to the others: they must get their own
-    # lease to take them, not be counted out at once for the shards' old wait.
+    # lease to take them, not be counted out at once for the shards' old wait. It still
+    # renews its member lock, so it is let back in after a while, and counted out again
+    # for twice as long each time: its share waits a lease ever more rarely.
     f = fleet(every_second(12))
     await f.start("a")
     await f.start("b")
@@ -424,12 +452,43 @@ async def test_a_member_that_never_takes_its_shards_is_counted_out_and_nobody_el
 
     c.store.acquire_shards = members_only  # type: ignore[attr-defined]
     caplog.set_level(logging.WARNING, logger="schedtui.cluster")
-    for _ in range(int(4 * f.shard_ttl)):
+    for _ in range(int(14 * f.shard_ttl)):
         await f.tick()
-    counted_out = {r.getMessage().split()[3] for r in caplog.records if "counting instance" in r.getMessage()}
-    assert counted_out == {"c"}, counted_out
-    held = {name: len(engine.cluster.held) for name, (engine, _) in f.engines.items()}  # type: ignore[union-attr]
-    assert held["c"] == 0 and held["a"] + held["b"] == SHARDS, held
+    outs = [r.getMessage() for r in caplog.records if "counting instance" in r.getMessage()]
+    assert {m.split()[3] for m in outs} == {"c"}, outs
+    holds = {float(m.split()[6].rstrip("s:")) for m in outs}  # "counting instance c out for 3s: ..."
+    assert {f.shard_ttl, 2 * f.shard_ttl, 4 * f.shard_ttl} <= holds, outs
+    assert len(c.cluster.held) == 0  # type: ignore[union-attr]
+    runs = await f.runs()
+    assert not duplicates(runs) and not holes(runs, f.clock.now() - timedelta(seconds=2))
+
+
+@pg_only
+async def test_a_member_counted_out_while_alive_is_counted_back_in_once_it_takes_its_shards(
+    fleet: Callable[..., Fleet], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A member that renews its member lock but, for a while, takes no shard (its database
+    # calls failing under load, say) is counted out: it keeps its token, so "until it
+    # joins again" was for good, and the others never handed it a shard again. Counted
+    # out for a while instead, it is let back in and gets its even share.
+    f = fleet(every_second(12))
+    await f.start("a")
+    await f.start("b")
+    await f.settle()
+    c = await f.start("c")
+    acquire = c.store.acquire_shards  # type: ignore[attr-defined]
+    failing = True
+
+    async def members_only_while_failing(names: Any, *args: Any) -> Any:
+        return await acquire([n for n in names if not failing or n.startswith(MEMBER_PREFIX)], *args)
+
+    c.store.acquire_shards = members_only_while_failing  # type: ignore[attr-defined]
+    caplog.set_level(logging.WARNING, logger="schedtui.cluster")
+    await f.tick(int(3 * f.shard_ttl))
+    assert any("counting instance c out" in r.getMessage() for r in caplog.records)
+    assert len(c.cluster.held) == 0  # type: ignore[union-attr]
+    failing = False
+    await f.balance()  # 21, 21 and 22 shards
     runs = await f.runs()
     assert not duplicates(runs) and not holes(runs, f.clock.now() - timedelta(seconds=2))
 

@@ -14,7 +14,9 @@ else even wakes for them, and no per-slot claim is written.
   the members are the holders of live member locks that
   :meth:`~backend.scheduler.registry.InstanceRegistry.gone` does not rule out, less the *suspects*:
   an instance holding a shard whose lease expired (it stopped renewing), or one that has
-  not picked up a shard it should own for a whole lease. Any other process of the store
+  not picked up a shard it should own for a whole lease (counted out until it joins
+  again, or for a while when it still renews its member lock: see
+  :mod:`~backend.scheduler.coordination.suspects`). Any other process of the store
   (a console, a CLI verb, an instance in another mode) registers a heartbeat but is no
   member: it is never handed shards. A dead member's shards move within a lease (plus a
   poll) of its death.
@@ -45,6 +47,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from backend.errors import Unavailable
 from backend.model import Claim, ClaimResult, CoordinationMode, Outcome
+from backend.scheduler.coordination.suspects import Suspects
 
 if TYPE_CHECKING:
     from backend.clock import Clock
@@ -255,10 +258,9 @@ class Cluster:
         """This instance's member lock, while it holds it (see the module)."""
         self._waiting: dict[int, tuple[str, datetime]] = {}
         """Free shards -> the member that should take them, and since when it should."""
-        self._suspects: dict[str, int | None] = {}
-        """Instances found dead-like (see :meth:`assignment`), with the token of the member
-        lock they held then: they are members again only once they join again (a new
-        token), as a process that was frozen or cut off past its lease does."""
+        self._suspects = Suspects(ttl)
+        """Instances found dead-like or slow (see :meth:`assignment`), counted out until
+        they join again or for a while (see :mod:`~backend.scheduler.coordination.suspects`)."""
         self._first_round = True
         self.last_state: ClusterState | None = None
         """The last read of the shards and instances (for the views)."""
@@ -387,15 +389,12 @@ class Cluster:
         beats = state.instances
         tokens = members_of(state)
         live = {self.instance} | {name for name in tokens if self.registry.gone(beats, name, now) is None}
-        for name, token in list(self._suspects.items()):
-            if name in tokens and tokens[name] != token:
-                del self._suspects[name]  # it joined again
-                log.info("cluster: instance %s is back", name)
+        self._suspects.review(tokens, now)
         for lock in shard_locks(state).values():
             holder = lock.holder
             if holder is not None and holder != self.instance and lock.state(state.now) == "expired":
-                self._suspect(holder, tokens.get(holder), "it stopped renewing its shards")
-        members = live - set(self._suspects)
+                self._suspects.count_out(holder, tokens.get(holder), "it stopped renewing its shards", now)
+        members = live - self._suspects.names()
         while True:
             desired = spread(members)  # this instance is always a member: every shard has an owner
             # Slow: a member that should have taken a free shard for a whole lease and has
@@ -410,7 +409,8 @@ class Cluster:
             if not slow:
                 break
             for owner in slow:
-                self._suspect(owner, tokens.get(owner), f"it did not take a free shard within {self.grace}")
+                why = f"it did not take a free shard within {self.grace}"
+                self._suspects.count_out(owner, tokens.get(owner), why, now)
             members -= slow
         for shard in range(SHARDS):
             to = desired.get(shard)
@@ -419,11 +419,6 @@ class Cluster:
             elif shard not in self._waiting or self._waiting[shard][0] != to:
                 self._waiting[shard] = (to, now)
         return desired
-
-    def _suspect(self, name: str, token: int | None, why: str) -> None:
-        if name not in self._suspects:
-            self._suspects[name] = token
-            log.warning("cluster: counting instance %s out until it joins again: %s", name, why)
 
     # -- holding and letting go ----------------------------------------------------------------
     def _took(self, shard: int, token: int, asked_at: datetime) -> None:
