@@ -432,6 +432,24 @@ async def test_a_console_or_a_cli_verb_on_the_store_is_never_handed_shards(fleet
     assert not duplicates(runs) and not holes(runs, f.clock.now() - timedelta(seconds=2))
 
 
+async def a_third_that_takes_no_shard(f: Fleet) -> tuple[Engine, asyncio.Event]:
+    """Members a and b, settled, then c, which renews its member lock but takes no shard
+    while the event returned is set (set at first)."""
+    await f.start("a")
+    await f.start("b")
+    await f.settle()
+    c = await f.start("c")
+    acquire = c.store.acquire_shards  # type: ignore[attr-defined]
+    failing = asyncio.Event()
+    failing.set()
+
+    async def members_only_while_failing(names: Any, *args: Any) -> Any:
+        return await acquire([n for n in names if not failing.is_set() or n.startswith(MEMBER_PREFIX)], *args)
+
+    c.store.acquire_shards = members_only_while_failing  # type: ignore[attr-defined]
+    return c, failing
+
+
 @pg_only
 async def test_a_member_that_never_takes_its_shards_is_counted_out_ever_longer_and_nobody_else(
     fleet: Callable[..., Fleet], caplog: pytest.LogCaptureFixture
@@ -441,16 +459,7 @@ async def test_a_member_that_never_takes_its_shards_is_counted_out_ever_longer_a
     # renews its member lock, so it is let back in after a while, and counted out again
     # for twice as long each time: its share waits a lease ever more rarely.
     f = fleet(every_second(12))
-    await f.start("a")
-    await f.start("b")
-    await f.settle()
-    c = await f.start("c")
-    acquire = c.store.acquire_shards  # type: ignore[attr-defined]
-
-    async def members_only(names: Any, *args: Any) -> Any:
-        return await acquire([n for n in names if n.startswith(MEMBER_PREFIX)], *args)
-
-    c.store.acquire_shards = members_only  # type: ignore[attr-defined]
+    c, _ = await a_third_that_takes_no_shard(f)
     caplog.set_level(logging.WARNING, logger="schedtui.cluster")
     for _ in range(int(14 * f.shard_ttl)):
         await f.tick()
@@ -472,22 +481,12 @@ async def test_a_member_counted_out_while_alive_is_counted_back_in_once_it_takes
     # joins again" was for good, and the others never handed it a shard again. Counted
     # out for a while instead, it is let back in and gets its even share.
     f = fleet(every_second(12))
-    await f.start("a")
-    await f.start("b")
-    await f.settle()
-    c = await f.start("c")
-    acquire = c.store.acquire_shards  # type: ignore[attr-defined]
-    failing = True
-
-    async def members_only_while_failing(names: Any, *args: Any) -> Any:
-        return await acquire([n for n in names if not failing or n.startswith(MEMBER_PREFIX)], *args)
-
-    c.store.acquire_shards = members_only_while_failing  # type: ignore[attr-defined]
+    c, failing = await a_third_that_takes_no_shard(f)
     caplog.set_level(logging.WARNING, logger="schedtui.cluster")
     await f.tick(int(3 * f.shard_ttl))
     assert any("counting instance c out" in r.getMessage() for r in caplog.records)
     assert len(c.cluster.held) == 0  # type: ignore[union-attr]
-    failing = False
+    failing.clear()
     await f.balance()  # 21, 21 and 22 shards
     runs = await f.runs()
     assert not duplicates(runs) and not holes(runs, f.clock.now() - timedelta(seconds=2))
