@@ -34,8 +34,9 @@ def pg_server() -> Iterator[pg.PgServer]:
 
 @pytest.fixture
 def pg_url(pg_server: pg.PgServer) -> str:
-    """The URL of a new, empty database for this test."""
-    return pg_server.create_database()
+    """The URL of a new database for this test, its tables already made (see
+    :meth:`tests.pg.PgServer.create_database`)."""
+    return pg_server.create_database(migrated=True)
 
 
 @pytest.fixture

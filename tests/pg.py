@@ -7,12 +7,14 @@ temporary folder, listening on a free loopback port with trust authentication. i
 refuses to run as root, so as root the cluster belongs to an unprivileged user
 (``postgres`` if it exists, else ``nobody``) and its commands run through ``runuser``.
 
-Each test gets a database of its own (``CREATE DATABASE … TEMPLATE template0`` takes a
-few tens of milliseconds), so one cluster serves the whole session.
+Each test gets a database of its own (``CREATE DATABASE``, a copy of ``template0`` or of a
+database migrated once for the session: a few tens of milliseconds), so one cluster
+serves the whole session.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pwd
 import re
@@ -100,6 +102,8 @@ class PgServer:
     created: list[str] = field(default_factory=list)
     _counter: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _template: str | None = None
+    _template_lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- databases ---------------------------------------------------------------------
     def url(self, dbname: str) -> str:
@@ -110,15 +114,36 @@ class PgServer:
         params["dbname"] = dbname
         return "postgresql://?" + urlencode(params)  # libpq takes every parameter in the query
 
-    def create_database(self, prefix: str = "t") -> str:
-        """A new, empty database; returns its URL."""
+    def create_database(self, prefix: str = "t", *, migrated: bool = False) -> str:
+        """A new database; returns its URL. Empty, or ``migrated``: a copy of a database
+        whose store was opened once this session, so it holds every table at its latest
+        version and a store opens on it without running a migration (that costs half a
+        second a database, most of a short test's time). A test of the migrations, or of
+        processes meeting on an empty database, asks for an empty one."""
+        template = self._migrated_template() if migrated else "template0"
         with self._lock:
             self._counter += 1
             name = f"schedtui_{prefix}_{os.getpid()}_{self._counter}"
         with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
-            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
         self.created.append(name)
         return self.url(name)
+
+    def _migrated_template(self) -> str:
+        with self._template_lock:
+            if self._template is None:
+                url = self.create_database("template")
+                # On a thread: the caller may be inside a running event loop.
+                worker = threading.Thread(target=lambda: asyncio.run(_open_once(url)))
+                worker.start()
+                worker.join()
+                name = self.created[-1]
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
+                    # Nobody may be connected to a template while it is copied: not even
+                    # autovacuum, which leaves a database that takes no connections alone.
+                    conn.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+                self._template = name
+            return self._template
 
     def drop_created(self) -> None:
         if not self.created:
@@ -274,6 +299,14 @@ def provide() -> PgServer:
     return start_cluster()
 
 
+async def _open_once(url: str) -> None:
+    """Open a store on ``url`` and close it: every component's tables migrated."""
+    from backend import connect
+
+    async with connect(url):
+        pass
+
+
 #: The session's server, once a test asked for one (set by the ``pg_server`` fixture).
 ACTIVE: PgServer | None = None
 _BY_FOLDER: dict[Path, str] = {}
@@ -284,5 +317,5 @@ def database_for(folder: Path) -> str:
     store factory called twice with one ``tmp_path`` reaches one database."""
     assert ACTIVE is not None, "the pg_server fixture was not requested"
     if folder not in _BY_FOLDER:
-        _BY_FOLDER[folder] = ACTIVE.create_database()
+        _BY_FOLDER[folder] = ACTIVE.create_database(migrated=True)
     return _BY_FOLDER[folder]

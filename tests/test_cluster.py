@@ -518,7 +518,7 @@ class HandOver(RuleBasedStateMachine):
         super().__init__()
         assert pg.ACTIVE is not None
         self.loop = asyncio.new_event_loop()
-        self.fleet = Fleet(pg.ACTIVE.create_database("handover"), every_second(6))
+        self.fleet = Fleet(pg.ACTIVE.create_database("handover", migrated=True), every_second(6))
         self.names = iter(f"m{i}" for i in range(100))
         self.run(self.fleet.start(next(self.names)))
 

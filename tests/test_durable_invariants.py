@@ -379,7 +379,7 @@ class DurableFleetOnPostgres(DurableFleet):
 
     def store_url(self) -> str:
         assert pg.ACTIVE is not None, "the pg_server fixture was not requested"
-        return pg.ACTIVE.create_database()
+        return pg.ACTIVE.create_database(migrated=True)
 
 
 SETTINGS = settings(

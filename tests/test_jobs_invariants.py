@@ -480,7 +480,7 @@ class PostgresQueueMachine(QueueMachine):
 
     def store_url(self) -> str:
         assert pg.ACTIVE is not None
-        return pg.ACTIVE.create_database("inv")
+        return pg.ACTIVE.create_database("inv", migrated=True)
 
 
 def bounded(examples: int) -> settings:
