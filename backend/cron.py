@@ -78,7 +78,7 @@ from croniter import croniter  # type: ignore[import-untyped, unused-ignore]
 
 from backend.errors import CronError
 
-__all__ = ["Cron"]
+__all__ = ["Cron", "shared_cron"]
 
 _UTC: Final = UTC
 _SECOND: Final = timedelta(seconds=1)
@@ -811,3 +811,29 @@ def _to_utc(value: datetime, name: str, *, floor: bool = True) -> datetime:
     except OverflowError:
         raise ValueError(f"{name} {value.isoformat()} is outside the supported range") from None
     return utc.replace(microsecond=0) if floor and utc.microsecond else utc
+
+
+_SHARED: dict[tuple[str, str], Cron] = {}
+_SHARED_MAX: Final = 20_000
+"""Past this many, the shared crons are dropped and parsed again as asked for (a process
+that keeps meeting new expressions must not keep them all)."""
+
+
+def shared_cron(expr: str, timezone: str) -> Cron:
+    """The :class:`Cron` of ``expr`` in ``timezone``, parsed once per process (a Cron is
+    immutable, so one can be shared): a parse costs 70-200 µs, and the definitions, the
+    engine and a console on an embedded backend all ask for the same thousand schedules'
+    crons; a console's first screen parsed them all again. Kept under the text asked for
+    and under the canonical one (``@daily`` is kept as ``0 0 * * *`` too: what a
+    schedule's view says). An expression that cannot be parsed raises, and is not kept."""
+    if not (isinstance(expr, str) and isinstance(timezone, str)):
+        return Cron(expr, timezone)  # its own message for what is not text
+    key = (expr, timezone)
+    cron = _SHARED.get(key)
+    if cron is None:
+        cron = Cron(expr, timezone)
+        if len(_SHARED) >= _SHARED_MAX:
+            _SHARED.clear()
+        cron = _SHARED.setdefault((cron.expr, cron.timezone), cron)
+        _SHARED[key] = cron
+    return cron

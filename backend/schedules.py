@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from backend.alerts.policy import ScheduleAlerting, schedule_alerting
-from backend.cron import Cron
+from backend.cron import Cron, shared_cron
 from backend.errors import BadInput, CronError, DefinitionError
 from backend.inputs import check_json, check_text, is_async_callable
 from backend.locks.model import check_lock_name, check_ttl
@@ -199,7 +199,7 @@ def define_schedule(
             except BadInput as exc:
                 raise bad(exc.message) from None
     try:
-        parsed = Cron(cron, timezone)
+        parsed = shared_cron(cron, timezone)
     except CronError as exc:
         raise CronError(f"{label}: {exc.message}") from None
     if queue is not None and durable is not None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from backend.client.interface import ConnectionInfo
-from backend.cron import Cron
+from backend.cron import Cron, shared_cron
 from backend.model import InstanceInfo, Run, ScheduleView
 
 __all__ = [
@@ -34,7 +34,8 @@ OVERDUE_AFTER = timedelta(seconds=30)
 
 class CronCache:
     """One :class:`Cron` per (expression, zone): building one costs ~70 µs, a thousand
-    schedules would pay that on every refresh."""
+    schedules would pay that on every refresh. Taken from :func:`shared_cron`: on an
+    embedded backend the definitions parsed them already."""
 
     def __init__(self) -> None:
         self._crons: dict[tuple[str, str], Cron | None] = {}
@@ -43,7 +44,7 @@ class CronCache:
         key = (expr, zone)
         if key not in self._crons:
             try:
-                self._crons[key] = Cron(expr, zone)
+                self._crons[key] = shared_cron(expr, zone)
             except ValueError:  # a server newer than this console; never crash on it
                 self._crons[key] = None
         return self._crons[key]

@@ -814,6 +814,16 @@ async def test_run_details_show_the_display_zone_and_the_schedules_own(store_url
         assert "2026-03-02 09:00:00 CET" in body and "2026-03-02 17:00:00 JST" in body
 
 
+def test_the_console_takes_the_crons_its_embedded_definitions_parsed() -> None:
+    """A console's first screen judges every schedule's overdue state by its cron: on an
+    embedded backend it takes the definitions' parsed crons, it does not parse them again
+    (a thousand parses on the UI loop, one of the first screen's costs)."""
+    definition = define_schedule(name="first-screen-cron", cron="@daily", timezone="Asia/Kolkata", handler=lambda ctx: None)
+    assert CronCache().get(definition.cron.expr, "Asia/Kolkata") is definition.cron  # "0 0 * * *", as views carry it
+    assert CronCache().get("@daily", "Asia/Kolkata") is definition.cron
+    assert CronCache().get("61 * * * *", "UTC") is None  # a server newer than this console: no crash
+
+
 def test_overdue_is_cached_until_it_can_change() -> None:
     crons = CronCache()
     overdue = Overdue(crons)

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend.cron import Cron
+from backend.cron import Cron, shared_cron
 from backend.errors import CronError
 
 UTC = UTC
@@ -802,3 +802,19 @@ def test_queries_agree(expr: str, zone: str, t: datetime) -> None:
     assert list(islice(cron.occurrences_back(run[-1]), len(run))) == run[::-1]
     for value in (after, latest, before):
         assert value.tzinfo is UTC and value.microsecond == 0
+
+
+def test_shared_cron_is_parsed_once_per_expression_and_zone() -> None:
+    first = shared_cron("@hourly", "Europe/Berlin")
+    assert first == Cron("0 * * * *", "Europe/Berlin")
+    assert shared_cron("@hourly", "Europe/Berlin") is first
+    assert shared_cron("0 * * * *", "Europe/Berlin") is first  # the canonical text finds it too
+    assert shared_cron("0 * * * *", "UTC") is not first
+
+
+def test_shared_cron_keeps_nothing_that_does_not_parse() -> None:
+    for _ in range(2):
+        with pytest.raises(CronError, match='"61 \\* \\* \\* \\*"'):
+            shared_cron("61 * * * *", "UTC")
+    with pytest.raises(CronError, match="must be a string"):
+        shared_cron(["* * * * *"], "UTC")  # type: ignore[arg-type]

@@ -16,8 +16,11 @@ What it writes into ``folder``:
   triggers (default, explicit self, external), overlap and backfill policies, payloads,
   descriptions, and a few schedules disabled in their definition. Handlers do nothing.
 * ``state.db``: the store, with the schema of :data:`backend.store.sqlite.sql.MIGRATIONS`
-  (tables first, the rows inserted with ``executemany`` in big transactions, then the
-  indexes, so the result is the very schema the store creates, built in seconds). Runs are
+  and of every component of the SQLite store (:mod:`backend.store.migrations`): tables
+  first, the rows inserted with ``executemany`` in big transactions, then the indexes (the
+  components' with them), so the result is the very schema the store creates, built in
+  seconds, and opening a copy migrates nothing (a copy left to build the components'
+  indexes over the runs at its first open would time that, seconds, not the store). Runs are
   spread over each schedule's last ~28 days and over the schedules roughly in proportion to
   how often each fires (frequent schedules have tens of thousands, hourly ones hundreds,
   monthly ones one). Ids come from :class:`backend.ids.IdFactory` at each run's creation
@@ -62,7 +65,9 @@ if __package__ in (None, ""):  # run as a script: make backend/ importable
 
 from backend.cron import Cron  # noqa: E402
 from backend.ids import IdFactory  # noqa: E402
+from backend.store.migrations import components_of, migrate_sqlite  # noqa: E402
 from backend.store.sqlite import sql as sqlite_store  # noqa: E402
+from backend.store.sqlite.store import SQLiteStore  # noqa: E402
 
 __all__ = ["BigLedger", "ScheduleSpec", "build_ledger", "cache_dir"]
 
@@ -365,8 +370,11 @@ def _schema_statements() -> tuple[list[str], list[str]]:
 
 
 def _schema_digest() -> str:
-    """The schema and this generator's own source: a change to either rebuilds the cache."""
+    """The schema (the core's and every component's) and this generator's own source: a
+    change to either rebuilds the cache."""
     digest = hashlib.sha256("\n".join(sqlite_store.MIGRATIONS).encode())
+    for component in components_of(SQLiteStore):
+        digest.update("\n".join((component.name, *component.migrations)).encode())
     digest.update(Path(__file__).read_bytes())
     return digest.hexdigest()[:10]
 
@@ -480,6 +488,9 @@ def _write_db(path: Path, specs: list[ScheduleSpec], counts: list[int], built_at
     conn.execute("BEGIN")
     for statement in indexes:
         conn.execute(statement)
+    # The components' tables, and their indexes over the runs, built here once: left to the
+    # store, every copy would build them again at its first open (seconds at a million runs).
+    migrate_sqlite(conn, components_of(SQLiteStore))
     conn.execute("COMMIT")
     conn.execute("PRAGMA journal_mode = WAL")  # what the store uses; the file says so
     conn.close()
