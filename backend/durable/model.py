@@ -318,12 +318,17 @@ _ENCODE = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 #: Values that come back from their JSON text as they went in (a step returns the value a
 #: replay will: one of these as it is, anything else decoded from its text).
 SAME_AS_JSON: Final = frozenset({str, int, float, bool, type(None)})
+_SCALARS: Final = {True: "true", False: "false", None: "null"}
+_SCALAR_TYPES: Final = frozenset({bool, type(None)})
 
 
 def encode(value: Any) -> tuple[str, str | None]:
     """A value as the JSON text it is checkpointed as, or why it cannot be."""
     try:
-        text = _ENCODE(value)
+        # (the encoder makes an encoder object per call for anything but a string: an int,
+        # a boolean or None, the commonest results of a step, spelled as it spells them)
+        kind = type(value)
+        text = int.__repr__(value) if kind is int else _SCALARS[value] if kind in _SCALAR_TYPES else _ENCODE(value)
     except BaseException as exc:  # noqa: BLE001 - the value's own methods run too (a dict subclass's items())
         return "", f"is not JSON ({describe_exception(exc)[1]})"
     if len(text) > MAX_OUTPUT_BYTES:

@@ -428,6 +428,8 @@ class PostgresDurable:
     """The durable-execution tables and statements of the PostgreSQL store."""
 
     COMPONENT = COMPONENT
+    _lane_key: tuple[str, int, bytes, bytes] = ("", -1, b"", b"")
+    """The execution and lease of the last checkpoint on the lane, and their text."""
 
     if TYPE_CHECKING:  # provided by PostgresStore
         commits: int
@@ -573,11 +575,16 @@ class PostgresDurable:
             # Its own connection, the statement prepared on it, the parameters as text:
             # about half the client's CPU of the same statement through the pool. A first
             # attempt has no row yet: a plain insert.
+            key = self._lane_key
+            if key[0] != write.id or key[1] != write.lease:  # (the same execution step after step)
+                key = self._lane_key = (write.id, write.lease, write.id.encode(), b"%d" % write.lease)
+            wake, tag, message = s.wake_at, s.error_tag, s.error_message
             try:
                 result = await lane.call("step" if s.attempt == 1 and not s.at_most_once else "checkpoint", (
-                    write.id.encode(), b"%d" % write.lease, b"%d" % s.seq, s.name.encode(), s.kind.encode(),
-                    s.status.encode(), b"%d" % s.attempt, _when(s.started_at), _when(s.finished_at), _when(s.wake_at),
-                    _utf8(_text(s.output)), _utf8(_text(s.error_tag)), _utf8(_text(s.error_message)),
+                    key[2], key[3], b"%d" % s.seq, s.name.encode(), s.kind.encode(), s.status.encode(),
+                    b"%d" % s.attempt, _when(s.started_at), _when(s.finished_at),
+                    None if wake is None else wake.isoformat().encode(), _utf8(_text(s.output)),
+                    None if tag is None else _utf8(_text(tag)), None if message is None else _utf8(_text(message)),
                     b"t" if s.at_most_once else b"f",
                 ))  # fmt: skip
             except LaneFailed:

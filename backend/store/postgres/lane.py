@@ -47,6 +47,10 @@ def numbered(sql: str) -> str:
     return re.sub("%s", lambda _: f"${next(count)}", sql)
 
 
+#: The statuses of a clean result.
+_OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+
+
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -159,10 +163,20 @@ class Lane:
         self.calls += 1
         try:
             pgconn.send_query_prepared(self.statements[key][0], params)
+            unsent = pgconn.flush()
         except psycopg.Error as exc:
             self._broken(exc)
             raise LaneFailed(str(exc)) from None
-        return self._check(await self._reply())
+        if unsent:  # the socket's buffer is full: wait until it takes the rest
+            results = await self._reply()
+        else:  # (nearly always: a short message leaves at once) one future, no coroutine more
+            assert self._loop is not None
+            waiter: asyncio.Future[list[pq.abc.PGresult]] = self._loop.create_future()
+            self._waiter = waiter
+            results = await waiter
+        if len(results) == 1 and results[0].status in _OK:
+            return results[0]
+        return self._check(results)
 
     async def _reply(self) -> list[pq.abc.PGresult]:
         """Flush what was sent, then wait for every result of it. Cancelled while waiting
@@ -209,10 +223,9 @@ class Lane:
             self._broken(exc)
 
     def _check(self, results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
-        ok = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
-        if len(results) == 1 and results[0].status in ok:
+        if len(results) == 1 and results[0].status in _OK:
             return results[0]
-        errors = [r.get_error_message() for r in results if r.status not in ok]
+        errors = [r.get_error_message() for r in results if r.status not in _OK]
         why = (errors[0] if errors else "an unexpected reply").strip()
         pgconn = self._pgconn
         if pgconn is None or pgconn.transaction_status != pq.TransactionStatus.IDLE:
