@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.pq.abc import PGresult
 
 from backend.errors import NotFound, Unavailable
 from backend.jobs.definition import MAX_HELD
@@ -60,6 +61,7 @@ from backend.store.job_rows import (
 )
 from backend.store.migrations import Component
 from backend.store.postgres.events import JOBS_CHANNEL
+from backend.store.postgres.lane import Lane, LaneFailed
 from backend.store.postgres.logs import PRUNE_JOB_LOGS_CTE
 
 __all__ = ["PostgresJobs"]
@@ -400,7 +402,23 @@ PRUNE = f"""
     {PRUNE_JOB_LOGS_CTE}
     SELECT (SELECT count(*) FROM dead) + (SELECT count(*) FROM attempts)
 """
-NOTIFY = f"SELECT pg_notify('{CHANNEL}', q) FROM unnest(%s::text[]) AS q"
+#: A wake-up is a hint (workers poll as well): its transaction commits without waiting for
+#: its WAL to reach the disk. Every notifying commit takes one lock for the whole server
+#: until it is done, so one that waited for the disk would hold every other one up.
+NOTIFY = f"""
+    WITH quick AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
+    SELECT pg_notify('{CHANNEL}', q) FROM quick, unnest(%s::text[]) AS q
+"""
+#: SEND with positional, typed parameters (queue, jobs, at, limit): as the senders'
+#: connections prepare it (:mod:`.lane`).
+SEND_ON_LANE = (
+    SEND.replace("%(queue)s", "$1::text").replace("%(jobs)s", "$2").replace("%(at)s", "$3::timestamptz")
+    .replace("%(limit)s", "$4::bigint")
+)  # fmt: skip
+#: The statements of the senders' connections (their lock and SEND, pipelined; NOTIFY).
+SEND_LANE_STATEMENTS = {"lock": SEND_LOCK_SHARED, "send": SEND_ON_LANE, "notify": NOTIFY}
+#: Connections kept for sends at most, per process (opened one by one as sends overlap).
+SEND_LANES = 8
 
 # ---------------------------------------------------------------------------------------
 
@@ -471,6 +489,24 @@ def _finish_statements(finishes: Sequence[Finish]) -> list[tuple[str, Any]]:
     return statements
 
 
+def _array(values: Sequence[str]) -> bytes:
+    """A text array as PostgreSQL reads it."""
+    quoted = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+    return ("{" + ",".join(quoted) + "}").encode()
+
+
+def _send_rows(result: PGresult) -> list[tuple[Any, ...]]:
+    """SEND's rows, from the text a sender's connection got back."""
+    rows = []
+    for i in range(result.ntuples):
+        job_id, duplicate, exists, fits, held, adding, inserted = (result.get_value(i, j) for j in range(7))
+        rows.append((
+            None if job_id is None else job_id.decode(), duplicate == b"t", exists == b"t", fits == b"t",
+            int(held or 0), int(adding or 0), int(inserted or 0),
+        ))  # fmt: skip
+    return rows
+
+
 def _by_id(f: Finish) -> str:
     return f.id
 
@@ -491,6 +527,10 @@ class PostgresJobs:
     job_streams = 2
 
     _conninfo: str
+    _senders: list[Lane]
+    _conn_trouble: tuple[str, datetime] | None
+    _configure: Callable[[AsyncConnection[Any]], Awaitable[None]]
+    _store_answered: Callable[[], None]
     _with_conn: Callable[..., Awaitable[Any]]
     _fetchall: Callable[..., Awaitable[list[tuple[Any, ...]]]]
     _fetchone: Callable[..., Awaitable[tuple[Any, ...] | None]]
@@ -499,6 +539,38 @@ class PostgresJobs:
 
     #: This process's rotation of seat numbers (see CLAIM).
     _spin = random.randrange(1 << 16)
+
+    def _send_lanes(self) -> list[Lane]:
+        """The connections kept for sends (made when the store opens, each connected when
+        the sends first need it: one while sends come one at a time)."""
+        return [Lane(self._conninfo, "schedtui_send", SEND_LANE_STATEMENTS, self._configure) for _ in range(SEND_LANES)]
+
+    def _free_sender(self) -> Lane | None:
+        """A connection kept for sends that is free now, if any; when every connected one
+        is busy, the next one starts connecting (in the background: the pool serves
+        meanwhile)."""
+        for lane in self._senders:
+            if lane.connected:
+                if lane.available():
+                    return lane
+            else:
+                lane.available()
+                return None
+        return None
+
+    async def _on_sender(self, calls: Sequence[tuple[str, Sequence[bytes | None]]]) -> list[PGresult] | None:
+        """Run statements of the senders' connections on a free one, in one transaction
+        (``None``: none was free, or the call failed: the caller runs them on the pool)."""
+        lane = self._free_sender()
+        if lane is None:
+            return None
+        try:
+            results = await lane.call_many(calls)
+        except LaneFailed:
+            return None  # unknown whether it took effect: a send may run again (see send_jobs)
+        self._conn_trouble = None
+        self._store_answered()
+        return results
 
     async def define_queues(self, queues: Sequence[QueueSpec], at: datetime, *, update: bool) -> None:
         if not queues:
@@ -531,7 +603,14 @@ class PostgresJobs:
             return await cursor.fetchall()
 
         for _ in range(_SEND_TRIES):
-            rows = await self._with_conn(send)
+            # On a connection kept for sends when one is free (prepared statements, no pool
+            # checkout: a fraction of the CPU). Sent again after a failure there, a job
+            # finds its own row by its id: sent once, not a duplicate.
+            done = None if alone else await self._on_sender((
+                ("lock", [queue.encode()]),
+                ("send", [queue.encode(), batch.encode(), at.isoformat().encode(), b"%d" % (MAX_HELD - _SHARED_ROOM)]),
+            ))  # fmt: skip
+            rows = _send_rows(done[1]) if done is not None else await self._with_conn(send)
             self.commits += 1
             if not rows or not rows[0][2]:
                 raise NotFound(f'no queue named "{queue}"')
@@ -683,5 +762,5 @@ class PostgresJobs:
         return int(row[0]) if row else 0
 
     async def notify_jobs(self, queues: Sequence[str]) -> None:
-        if queues:
+        if queues and await self._on_sender((("notify", [_array(queues)]),)) is None:
             await self._fetchall(NOTIFY, (list(queues),))

@@ -77,6 +77,8 @@ class Lane:
         self._waiter: asyncio.Future[list[pq.abc.PGresult]] | None = None
         self._results: list[pq.abc.PGresult] = []
         self._busy = False
+        self._pipelined = False
+        """The call in flight is several statements in pipeline mode (see :meth:`call_many`)."""
         self._prepared = False
         """Connected, and its statements prepared: calls may go through it."""
         self.closed = False
@@ -164,6 +166,30 @@ class Lane:
             raise LaneFailed(str(exc)) from None
         return self._check(await self._reply())
 
+    async def call_many(self, calls: Sequence[tuple[str, Sequence[bytes | None]]]) -> list[pq.abc.PGresult]:
+        """Run several statements of the lane, in order, as one implicit transaction in one
+        round trip (pipeline mode, one Sync after the last: an error rolls back every one);
+        their results, one each. As :meth:`call` otherwise."""
+        pgconn = self._pgconn
+        assert pgconn is not None and not self._busy and calls
+        self._busy = True
+        self.calls += 1
+        try:
+            pgconn.enter_pipeline_mode()
+            self._pipelined = True
+            for key, params in calls:
+                pgconn.send_query_prepared(self.statements[key][0], params)
+            pgconn.pipeline_sync()
+        except psycopg.Error as exc:
+            self._broken(exc)
+            raise LaneFailed(str(exc)) from None
+        results = await self._reply()
+        ok = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+        if len(results) == len(calls) and all(r.status in ok for r in results):
+            return results
+        self._check(results)  # raises LaneFailed with the first error
+        raise LaneFailed("an unexpected reply")
+
     async def _reply(self) -> list[pq.abc.PGresult]:
         """Flush what was sent, then wait for every result of it. Cancelled while waiting
         for the reply, the lane stays busy until the reader has read it to the end."""
@@ -195,9 +221,24 @@ class Lane:
             pgconn.consume_input()
             if pgconn.status != pq.ConnStatus.OK:
                 raise LaneFailed("the connection is closed")
+            ended = False
             while self._busy and not pgconn.is_busy():
                 result = pgconn.get_result()
-                if result is not None:
+                if self._pipelined:
+                    # Each statement's results end with a None; the Sync's own result ends
+                    # the call (every result read: leaving pipeline mode is immediate).
+                    if result is None:
+                        if ended:
+                            break  # (two in a row: nothing more has arrived yet)
+                        ended = True
+                        continue
+                    ended = False
+                    if result.status != pq.ExecStatus.PIPELINE_SYNC:
+                        self._results.append(result)
+                        continue
+                    pgconn.exit_pipeline_mode()
+                    self._pipelined = False
+                elif result is not None:
                     self._results.append(result)
                     continue
                 results, self._results = self._results, []
@@ -232,6 +273,7 @@ class Lane:
     def _release(self) -> None:
         pgconn, self._pgconn, self._conn = self._pgconn, None, None
         self._prepared = False
+        self._pipelined = False
         self._results = []
         self._busy = False
         if pgconn is None:
