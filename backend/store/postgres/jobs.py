@@ -558,14 +558,17 @@ class PostgresJobs:
                 return None
         return None
 
-    async def _on_sender(self, calls: Sequence[tuple[str, Sequence[bytes | None]]]) -> list[PGresult] | None:
+    async def _on_sender(
+        self, calls: Sequence[tuple[str, Sequence[bytes | None]]], then: tuple[str, Sequence[bytes | None]] | None = None
+    ) -> list[PGresult] | None:
         """Run statements of the senders' connections on a free one, in one transaction
-        (``None``: none was free, or the call failed: the caller runs them on the pool)."""
+        (and ``then`` in one of its own after it: :meth:`Lane.call_many`); ``None``: none
+        was free, or the call failed: the caller runs them on the pool."""
         lane = self._free_sender()
         if lane is None:
             return None
         try:
-            results = await lane.call_many(calls)
+            results = await lane.call_many(calls, then)
         except LaneFailed:
             return None  # unknown whether it took effect: a send may run again (see send_jobs)
         self._conn_trouble = None
@@ -581,7 +584,9 @@ class PostgresJobs:
         ])  # fmt: skip
         await self._execute(DEFINE_QUEUES if update else ADD_QUEUES, {"queues": rows, "at": at})
 
-    async def send_jobs(self, queue: str, jobs: Sequence[NewJob], at: datetime) -> list[Sent]:
+    async def send_jobs(
+        self, queue: str, jobs: Sequence[NewJob], at: datetime, *, wake_later: Callable[[str], None] | None = None
+    ) -> list[Sent]:
         batch = json.dumps(
             [
                 {"n": n, "id": j.id, "payload": j.payload, "key": j.key, "cron": j.cron, "attempts": j.attempts,
@@ -606,11 +611,17 @@ class PostgresJobs:
             # On a connection kept for sends when one is free (prepared statements, no pool
             # checkout: a fraction of the CPU). Sent again after a failure there, a job
             # finds its own row by its id: sent once, not a duplicate.
+            # The wake-up goes in the same round trip, in a transaction of its own after it.
             done = None if alone else await self._on_sender((
                 ("lock", [queue.encode()]),
                 ("send", [queue.encode(), batch.encode(), at.isoformat().encode(), b"%d" % (MAX_HELD - _SHARED_ROOM)]),
-            ))  # fmt: skip
-            rows = _send_rows(done[1]) if done is not None else await self._with_conn(send)
+            ), then=("notify", [_array([queue])]) if wake_later is not None else None)  # fmt: skip
+            if done is not None:
+                rows = _send_rows(done[1])
+            else:
+                rows = await self._with_conn(send)
+                if wake_later is not None:
+                    wake_later(queue)
             self.commits += 1
             if not rows or not rows[0][2]:
                 raise NotFound(f'no queue named "{queue}"')

@@ -77,8 +77,9 @@ class Lane:
         self._waiter: asyncio.Future[list[pq.abc.PGresult]] | None = None
         self._results: list[pq.abc.PGresult] = []
         self._busy = False
-        self._pipelined = False
-        """The call in flight is several statements in pipeline mode (see :meth:`call_many`)."""
+        self._syncs = 0
+        """The Syncs of the call in flight whose results have not been read (pipeline mode,
+        see :meth:`call_many`; 0: not in pipeline mode)."""
         self._prepared = False
         """Connected, and its statements prepared: calls may go through it."""
         self.closed = False
@@ -166,26 +167,34 @@ class Lane:
             raise LaneFailed(str(exc)) from None
         return self._check(await self._reply())
 
-    async def call_many(self, calls: Sequence[tuple[str, Sequence[bytes | None]]]) -> list[pq.abc.PGresult]:
+    async def call_many(
+        self, calls: Sequence[tuple[str, Sequence[bytes | None]]], then: tuple[str, Sequence[bytes | None]] | None = None
+    ) -> list[pq.abc.PGresult]:
         """Run several statements of the lane, in order, as one implicit transaction in one
         round trip (pipeline mode, one Sync after the last: an error rolls back every one);
-        their results, one each. As :meth:`call` otherwise."""
+        their results, one each. ``then``: one more statement, in a transaction of its own
+        after that one's commit, in the same round trip (its result last; it runs whether
+        or not the first one committed). As :meth:`call` otherwise."""
         pgconn = self._pgconn
         assert pgconn is not None and not self._busy and calls
         self._busy = True
         self.calls += 1
         try:
             pgconn.enter_pipeline_mode()
-            self._pipelined = True
+            self._syncs = 1
             for key, params in calls:
                 pgconn.send_query_prepared(self.statements[key][0], params)
             pgconn.pipeline_sync()
+            if then is not None:
+                pgconn.send_query_prepared(self.statements[then[0]][0], then[1])
+                pgconn.pipeline_sync()
+                self._syncs = 2
         except psycopg.Error as exc:
             self._broken(exc)
             raise LaneFailed(str(exc)) from None
         results = await self._reply()
         ok = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
-        if len(results) == len(calls) and all(r.status in ok for r in results):
+        if len(results) == len(calls) + (then is not None) and all(r.status in ok for r in results):
             return results
         self._check(results)  # raises LaneFailed with the first error
         raise LaneFailed("an unexpected reply")
@@ -224,9 +233,9 @@ class Lane:
             ended = False
             while self._busy and not pgconn.is_busy():
                 result = pgconn.get_result()
-                if self._pipelined:
-                    # Each statement's results end with a None; the Sync's own result ends
-                    # the call (every result read: leaving pipeline mode is immediate).
+                if self._syncs:
+                    # Each statement's results end with a None; the last Sync's own result
+                    # ends the call (every result read: leaving pipeline mode is immediate).
                     if result is None:
                         if ended:
                             break  # (two in a row: nothing more has arrived yet)
@@ -236,8 +245,10 @@ class Lane:
                     if result.status != pq.ExecStatus.PIPELINE_SYNC:
                         self._results.append(result)
                         continue
+                    self._syncs -= 1
+                    if self._syncs:
+                        continue
                     pgconn.exit_pipeline_mode()
-                    self._pipelined = False
                 elif result is not None:
                     self._results.append(result)
                     continue
@@ -273,7 +284,7 @@ class Lane:
     def _release(self) -> None:
         pgconn, self._pgconn, self._conn = self._pgconn, None, None
         self._prepared = False
-        self._pipelined = False
+        self._syncs = 0
         self._results = []
         self._busy = False
         if pgconn is None:
