@@ -20,15 +20,19 @@
   taking right now (``pg_try_advisory_xact_lock`` per seat), so claims never wait on each
   other; one that loses a seat to a claim committed after its snapshot fails on the index
   and is retried.
-* **Sends** are one pipelined round trip each. Far from the 10,000-job limit they share
+* **Sends** are one pipelined round trip each, on a connection kept for sends when one is
+  free (:mod:`.lane`: the statements prepared, no pool checkout; up to
+  :data:`SEND_LANES`, opened one by one as sends overlap), else on the pool. Far from the 10,000-job limit they share
   a per-queue advisory lock and run side by side (their commits group); one that finds
   the queue within 2,000 of the limit, or sends more than 100 jobs, takes the lock alone,
   so near the limit the count is exact. Concurrent sends of one key meet on the unique
   index: the loser sends again and finds the winner's job (a duplicate).
 * **Wake-ups**: after a send commits (never inside its transaction: a NOTIFY serialises
-  commits), the sender tells workers with ``pg_notify``, coalesced per queue; workers
-  listen on the process's one listening connection (:mod:`backend.store.postgres.events`)
-  and poll as a fallback.
+  commits), the sender tells workers with ``pg_notify``: on a sender's connection in a
+  transaction of its own sent in the send's round trip, else (the pool's sends, other
+  wake-ups) coalesced per queue by the caller's notifier; a wake-up's commit does not
+  wait for the disk. Workers listen on the process's one listening connection
+  (:mod:`backend.store.postgres.events`) and poll as a fallback.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A connection of its own for the statements of a hot path (a durable step's checkpoint).
+"""A connection of its own for the statements of a hot path (a durable step's checkpoint, a
+job's send).
 
 A statement run through the pool pays for a checkout and a return, a cursor, psycopg's
 adaptation of every parameter and its wait on the socket (a reader added and removed, a
@@ -6,7 +7,8 @@ future and a timer per wait): about as much CPU again as the commit's own round 
 the client. A :class:`Lane` keeps one connection with its statements prepared on it (at
 the protocol level), its socket watched by one reader for as long as it is open, and
 sends each call's parameters as text it is given already encoded: what is left per call
-is libpq's send, one wake-up and the reply.
+is libpq's send, one wake-up and the reply. Several statements go as one transaction in one
+round trip (pipeline mode, :meth:`Lane.call_many`), and one more after its commit if asked.
 
 It carries one call at a time and is only ever a shortcut: whoever uses it falls back to
 the pool when it is busy, not connected yet, or fails (:class:`LaneFailed`), so a
