@@ -19,6 +19,7 @@ import psycopg
 import pytest
 
 from backend.ids import IdFactory
+from backend.jobs.definition import MAX_HELD
 from backend.jobs.store import NewJob, QueueSpec
 from backend.store.postgres.lane import Lane, LaneFailed
 from backend.store.postgres.store import PostgresStore
@@ -107,3 +108,40 @@ async def test_a_pipelined_call_is_one_transaction_and_the_statement_after_it_ru
         assert count.get_value(0, 0) == b"3"  # 3 rolled back with the failed insert; 4 apart
     finally:
         await lane.close()
+
+
+async def test_sends_that_find_every_senders_connection_busy_go_together_and_each_gets_its_answers(
+    store: PostgresStore,
+) -> None:
+    store._senders = store._senders[:1]  # one connection: the sends beside it must wait for it
+    lane = store._senders[0]
+    assert await lane.open()
+    later: list[str] = []
+    calls = lane.calls
+    batches = [
+        [NewJob(ids(), json.dumps(i), T0, None, f"k{i % 7}"), NewJob(ids(), "null", T0, None, None)] for i in range(30)
+    ]
+    answers = await asyncio.gather(*(store.send_jobs("mail", b, T0, wake_later=later.append) for b in batches))
+    # the first went alone; the others waited for it and went in shared sends of at most 100 jobs
+    assert 2 <= lane.calls - calls < 30 and later == []
+    for i, (batch, sent) in enumerate(zip(batches, answers, strict=True)):
+        assert len(sent) == 2 and sent[1].id == batch[1].id and not sent[1].duplicate
+        if i < 7:
+            assert sent[0].id == batch[0].id and not sent[0].duplicate  # the first of its key
+        else:
+            assert sent[0].duplicate and sent[0].id == batches[i % 7][0].id
+    assert [v.queued for v in await store.queue_views(T0)] == [30 + 7]
+
+
+async def test_waiting_sends_go_alone_on_the_pool_when_their_shared_send_does_not_fit(
+    store: PostgresStore, pg_url: str
+) -> None:
+    store._senders = store._senders[:1]
+    lane = store._senders[0]
+    assert await lane.open()
+    filler = [NewJob(ids(), "null", T0, None, None) for _ in range(MAX_HELD - 2_000 - 5)]
+    await store.send_jobs("mail", filler, T0)
+    batches = [[NewJob(ids(), "null", T0, None, None)] for _ in range(10)]
+    answers = await asyncio.gather(*(store.send_jobs("mail", b, T0) for b in batches))
+    assert [a[0].id for a in answers] == [b[0].id for b in batches]  # past the shared room: each alone, all taken
+    assert [v.queued for v in await store.queue_views(T0)] == [MAX_HELD - 2_000 + 5]

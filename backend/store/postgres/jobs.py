@@ -37,6 +37,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -521,6 +522,24 @@ def _retryable(exc: psycopg.Error) -> bool:
     return isinstance(exc, (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected))
 
 
+class _Rider:
+    """A send waiting for a sender's connection, to go with others (see PostgresJobs._ride)."""
+
+    __slots__ = ("at", "future", "items", "wake_later")
+
+    def __init__(
+        self,
+        items: list[dict[str, Any]],
+        at: datetime,
+        wake_later: Callable[[str], None] | None,
+        future: asyncio.Future[list[Sent] | None],
+    ) -> None:
+        self.items = items
+        self.at = at
+        self.wake_later = wake_later
+        self.future = future
+
+
 class PostgresJobs:
     """The :class:`~backend.jobs.store.JobStore` of the PostgreSQL store."""
 
@@ -532,6 +551,8 @@ class PostgresJobs:
 
     _conninfo: str
     _senders: list[Lane]
+    _riders: dict[str, list[_Rider]]
+    _carrying: set[asyncio.Future[None]]
     _conn_trouble: tuple[str, datetime] | None
     _configure: Callable[[AsyncConnection[Any]], Awaitable[None]]
     _store_answered: Callable[[], None]
@@ -575,9 +596,88 @@ class PostgresJobs:
             results = await lane.call_many(calls, then)
         except LaneFailed:
             return None  # unknown whether it took effect: a send may run again (see send_jobs)
+        finally:
+            if self._riders:
+                self._board()
         self._conn_trouble = None
         self._store_answered()
         return results
+
+    def _senders_all_busy(self) -> bool:
+        """Every connection kept for sends is connected and busy (more would not be opened)."""
+        return bool(self._senders) and all(lane.connected and not lane.available() for lane in self._senders)
+
+    async def _ride(
+        self, queue: str, items: list[dict[str, Any]], at: datetime, wake_later: Callable[[str], None] | None
+    ) -> list[Sent] | None:
+        """Every sender's connection is busy: wait for the next one free and go with the
+        other sends to ``queue`` that wait for it, in one transaction (a backlog of single
+        sends costs a commit per batch, not per send). ``None``: send alone after all (the
+        batch failed, did not fit, or met a concurrent send of one of its keys)."""
+        rider = _Rider(items, at, wake_later, asyncio.get_running_loop().create_future())
+        self._riders.setdefault(queue, []).append(rider)
+        return await rider.future
+
+    def _board(self) -> None:
+        """A sender's connection is free: the sends waiting for one go, the longest-waiting
+        queue's first (as many as fit in a shared send), on that connection."""
+        while self._riders:
+            queue = next(iter(self._riders))
+            riders = [r for r in self._riders.pop(queue) if not r.future.done()]
+            if not riders:
+                continue
+            lane = self._free_sender()
+            if lane is None:
+                if any(sender.connected and not sender.available() for sender in self._senders):
+                    self._riders[queue] = riders  # the next free one takes them
+                else:
+                    for rider in riders:  # none connected: each sends on its own (the pool)
+                        rider.future.set_result(None)
+                return
+            going: list[_Rider] = []
+            count = 0
+            while riders and (not going or count + len(riders[0].items) <= _SHARED_BATCH):
+                going.append(riders.pop(0))
+                count += len(going[-1].items)
+            if riders:
+                self._riders[queue] = riders
+            task = asyncio.ensure_future(self._carry(lane, queue, going))
+            self._carrying.add(task)
+            task.add_done_callback(self._carrying.discard)
+            return
+
+    async def _carry(self, lane: Lane, queue: str, riders: list[_Rider]) -> None:
+        answers: list[list[Sent] | None] = [None] * len(riders)
+        try:
+            if not lane.available():
+                return  # taken meanwhile: each sends on its own
+            batch = [item | {"n": n} for n, item in enumerate(i for r in riders for i in r.items)]
+            at = min(r.at for r in riders)
+            wake = any(r.wake_later is not None for r in riders)
+            try:
+                results = await lane.call_many((
+                    ("lock", [queue.encode()]),
+                    ("send", [queue.encode(), json.dumps(batch, separators=(",", ":")).encode(), at.isoformat().encode(),
+                              b"%d" % (MAX_HELD - _SHARED_ROOM)]),
+                ), then=("notify", [_array([queue])]) if wake else None)  # fmt: skip
+            except LaneFailed:
+                return
+            self.commits += 1
+            self._conn_trouble = None
+            self._store_answered()
+            rows = _send_rows(results[1])
+            if not rows or not rows[0][2] or not rows[0][3] or rows[0][6] != rows[0][5]:
+                return  # no such queue, no room, or a key taken beside it: each on its own
+            at_row = 0
+            for index, rider in enumerate(riders):
+                mine = rows[at_row:at_row + len(rider.items)]
+                at_row += len(rider.items)
+                answers[index] = [Sent(job_id, duplicate=bool(duplicate)) for job_id, duplicate, *_ in mine]
+        finally:
+            for rider, answer in zip(riders, answers, strict=True):
+                if not rider.future.done():
+                    rider.future.set_result(answer)
+            self._board()
 
     async def define_queues(self, queues: Sequence[QueueSpec], at: datetime, *, update: bool) -> None:
         if not queues:
@@ -591,16 +691,17 @@ class PostgresJobs:
     async def send_jobs(
         self, queue: str, jobs: Sequence[NewJob], at: datetime, *, wake_later: Callable[[str], None] | None = None
     ) -> list[Sent]:
-        batch = json.dumps(
-            [
-                {"n": n, "id": j.id, "payload": j.payload, "key": j.key, "cron": j.cron, "attempts": j.attempts,
-                 "run_after": j.run_after.isoformat()}
-                for n, j in enumerate(jobs)
-            ],
-            separators=(",", ":"),
-        )  # fmt: skip
-
+        items = [
+            {"n": n, "id": j.id, "payload": j.payload, "key": j.key, "cron": j.cron, "attempts": j.attempts,
+             "run_after": j.run_after.isoformat()}
+            for n, j in enumerate(jobs)
+        ]  # fmt: skip
         alone = len(jobs) > _SHARED_BATCH
+        if not alone and self._senders_all_busy():
+            carried = await self._ride(queue, items, at, wake_later)
+            if carried is not None:
+                return carried
+        batch = json.dumps(items, separators=(",", ":"))
 
         async def send(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             # While sharing the lock, leave room for the others that share it now.

@@ -55,7 +55,7 @@ from backend.store.postgres.catalog import PostgresCatalog
 from backend.store.postgres.cluster import PostgresCluster
 from backend.store.postgres.durable import PostgresDurable
 from backend.store.postgres.events import PostgresEvents, _Listener
-from backend.store.postgres.jobs import PostgresJobs
+from backend.store.postgres.jobs import PostgresJobs, _Rider
 from backend.store.postgres.lane import Lane
 from backend.store.postgres.ledger import (
     PostgresLedgerWriter,
@@ -229,6 +229,9 @@ class PostgresStore(
         """The connection kept for durable steps' checkpoints (see :mod:`.lane`), while open."""
         self._senders: list[Lane] = []
         """The connections kept for sends (see :mod:`.jobs`), while open."""
+        self._riders: dict[str, list[_Rider]] = {}
+        """Per queue, sends waiting for one of them to go together (see :mod:`.jobs`)."""
+        self._carrying: set[asyncio.Future[None]] = set()
 
     # -- opening and closing ---------------------------------------------------------------
     async def open(self) -> None:
