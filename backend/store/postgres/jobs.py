@@ -604,8 +604,11 @@ class PostgresJobs:
         return results
 
     def _senders_all_busy(self) -> bool:
-        """Every connection kept for sends is connected and busy (more would not be opened)."""
-        return bool(self._senders) and all(lane.connected and not lane.available() for lane in self._senders)
+        """Some connection kept for sends is connected, and every connected one is busy (the
+        next one starts connecting: see :meth:`_free_sender`)."""
+        if self._free_sender() is not None:
+            return False
+        return any(lane.connected for lane in self._senders)
 
     async def _ride(
         self, queue: str, items: list[dict[str, Any]], at: datetime, wake_later: Callable[[str], None] | None
