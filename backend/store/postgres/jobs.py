@@ -644,25 +644,31 @@ class PostgresJobs:
                 count += len(going[-1].items)
             if riders:
                 self._riders[queue] = riders
-            task = asyncio.ensure_future(self._carry(lane, queue, going))
-            self._carrying.add(task)
-            task.add_done_callback(self._carrying.discard)
-            return
-
-    async def _carry(self, lane: Lane, queue: str, riders: list[_Rider]) -> None:
-        answers: list[list[Sent] | None] = [None] * len(riders)
-        try:
-            if not lane.available():
-                return  # taken meanwhile: each sends on its own
-            batch = [item | {"n": n} for n, item in enumerate(i for r in riders for i in r.items)]
-            at = min(r.at for r in riders)
-            wake = any(r.wake_later is not None for r in riders)
+            batch = [item | {"n": n} for n, item in enumerate(i for r in going for i in r.items)]
+            at = min(r.at for r in going)
+            wake = any(r.wake_later is not None for r in going)
             try:
-                results = await lane.call_many((
+                # Sent now, on the connection just found free (no other send can take it first).
+                reply = lane.start_many((
                     ("lock", [queue.encode()]),
                     ("send", [queue.encode(), json.dumps(batch, separators=(",", ":")).encode(), at.isoformat().encode(),
                               b"%d" % (MAX_HELD - _SHARED_ROOM)]),
                 ), then=("notify", [_array([queue])]) if wake else None)  # fmt: skip
+            except LaneFailed:
+                for rider in going:
+                    rider.future.set_result(None)
+                continue
+            task = asyncio.ensure_future(self._carry(reply, going))
+            self._carrying.add(task)
+            task.add_done_callback(self._carrying.discard)
+            return
+
+    async def _carry(self, reply: Awaitable[list[PGresult]], riders: list[_Rider]) -> None:
+        """The answers of a shared send, to each of its sends (``None`` to each: send alone)."""
+        answers: list[list[Sent] | None] = [None] * len(riders)
+        try:
+            try:
+                results = await reply
             except LaneFailed:
                 return
             self.commits += 1

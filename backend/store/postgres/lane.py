@@ -177,6 +177,12 @@ class Lane:
         their results, one each. ``then``: one more statement, in a transaction of its own
         after that one's commit, in the same round trip (its result last; it runs whether
         or not the first one committed). As :meth:`call` otherwise."""
+        return await self.start_many(calls, then)
+
+    def start_many(
+        self, calls: Sequence[tuple[str, Sequence[bytes | None]]], then: tuple[str, Sequence[bytes | None]] | None = None
+    ) -> Awaitable[list[pq.abc.PGresult]]:
+        """:meth:`call_many`, sent now (the lane is busy from here): its reply to await."""
         pgconn = self._pgconn
         assert pgconn is not None and not self._busy and calls
         self._busy = True
@@ -194,9 +200,12 @@ class Lane:
         except psycopg.Error as exc:
             self._broken(exc)
             raise LaneFailed(str(exc)) from None
+        return self._many(len(calls) + (then is not None))
+
+    async def _many(self, expected: int) -> list[pq.abc.PGresult]:
         results = await self._reply()
         ok = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
-        if len(results) == len(calls) + (then is not None) and all(r.status in ok for r in results):
+        if len(results) == expected and all(r.status in ok for r in results):
             return results
         self._check(results)  # raises LaneFailed with the first error
         raise LaneFailed("an unexpected reply")
