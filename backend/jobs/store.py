@@ -175,14 +175,21 @@ class JobStore(Protocol):
         """Record the queues (``update``: overwrite their settings; else only add missing
         ones). Never touches ``paused``."""
 
-    async def send_jobs(self, queue: str, jobs: Sequence[NewJob], at: datetime) -> list[Sent]:
+    async def send_jobs(
+        self, queue: str, jobs: Sequence[NewJob], at: datetime, *, wake_later: Callable[[str], None] | None = None
+    ) -> list[Sent]:
         """Insert the jobs in one transaction, answering one :class:`Sent` per job, in
         order. A job whose key another job of the queue holds (also one earlier in the
         same batch) is not inserted: its answer is that job's id, ``duplicate``. A job
         whose id exists already (a send retried after a lost answer) answers that id, not
         duplicate. :class:`~backend.errors.NotFound` for an unknown queue;
         :class:`~backend.jobs.model.QueueFull` (nothing inserted) when the queue's queued +
-        dead jobs would exceed :data:`~backend.jobs.definition.MAX_HELD`."""
+        dead jobs would exceed :data:`~backend.jobs.definition.MAX_HELD`.
+
+        ``wake_later`` (stores with :attr:`job_notifications`): wake the workers of other
+        processes after the commit, in the send's own round trip when the store can, else
+        by calling ``wake_later(queue)`` once it committed (the caller's coalesced
+        :meth:`notify_jobs`). Without it, waking them is the caller's."""
 
     async def cycle_jobs(
         self,

@@ -189,11 +189,13 @@ class Jobs:
         return closed
 
     # -- sending ---------------------------------------------------------------------------
-    def _sent(self, queue: str) -> None:
-        """New work in ``queue``: wake our workers, and (after the commit) everyone's."""
+    def _sent(self, queue: str, *, notify: bool = True) -> None:
+        """New work in ``queue``: wake our workers, and (after the commit, unless the store
+        did: ``notify`` false) everyone's."""
         if self.workers is not None:
             self.workers.poke(queue)
-        self.notifier.poke(queue)
+        if notify:
+            self.notifier.poke(queue)
         self.shared.events.publish("jobs", queue)
 
     async def send(
@@ -231,8 +233,10 @@ class Jobs:
             NewJob(ids[i] if ids else self.shared.new_id(), s.payload, now + timedelta(seconds=s.delay), s.attempts, s.key, cron)
             for i, s in enumerate(sends)
         ]
-        sent = await self.store.send_jobs(queue, new, now)
-        self._sent(queue)
+        # Other processes' workers are woken by the store, in the send's round trip when it
+        # can (else through the notifier).
+        sent = await self.store.send_jobs(queue, new, now, wake_later=self.notifier.poke)
+        self._sent(queue, notify=False)
         return sent
 
     async def from_schedule(self, queue: str, schedule: str, run_id: str, payload: Any) -> Sent:

@@ -31,7 +31,8 @@ of its own (a no-op async handler):
 * ``latency``: a separate sender process queues R jobs a second (1,000) for S seconds (20),
   each on its own schedule (an open loop: a slow send does not slow the next), stamping
   the time just before it calls the send; the worker (concurrency 16, started and idle
-  before the first send) reads the time at the handler's start. ``p50_ms``/``p99_ms``
+  before the first send; its startup heap frozen, as ``serve`` does) reads the time at the
+  handler's start. ``p50_ms``/``p99_ms``
   of the difference: enqueue-to-start, as an application sees it. Sends that fail (say, no
   pooled connection within 3 s: the sender fell behind) are counted in ``failed_sends``.
 * ``sigkill`` (schedtui only): 4,000 jobs of 2 ms each on two worker processes; the one
@@ -138,6 +139,7 @@ async def paced(total, rate, send):
 SCHEDTUI = COMMON + """
 sys.path.insert(0, os.environ["SCHEDTUI_REPO"])
 from backend import Engine, connect, define_queue
+from backend.api.server import freeze_startup_heap
 
 async def main():
     if mode == "enqueue":  # N jobs over two queues (a queue holds at most 10,000)
@@ -160,6 +162,7 @@ async def main():
         tally.expected = n
         engine = Engine(QUEUES, url, instance="bench-latency")
         await engine.start()
+        freeze_startup_heap()  # as `schedtui serve` does once its engine has started
         report(ready=True)
         await until_done_or_told()
         await engine.stop(grace=5)

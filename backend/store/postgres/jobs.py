@@ -20,19 +20,24 @@
   taking right now (``pg_try_advisory_xact_lock`` per seat), so claims never wait on each
   other; one that loses a seat to a claim committed after its snapshot fails on the index
   and is retried.
-* **Sends** are one pipelined round trip each. Far from the 10,000-job limit they share
+* **Sends** are one pipelined round trip each, on a connection kept for sends when one is
+  free (:mod:`.lane`: the statements prepared, no pool checkout; up to
+  :data:`SEND_LANES`, opened one by one as sends overlap), else on the pool. Far from the 10,000-job limit they share
   a per-queue advisory lock and run side by side (their commits group); one that finds
   the queue within 2,000 of the limit, or sends more than 100 jobs, takes the lock alone,
   so near the limit the count is exact. Concurrent sends of one key meet on the unique
   index: the loser sends again and finds the winner's job (a duplicate).
 * **Wake-ups**: after a send commits (never inside its transaction: a NOTIFY serialises
-  commits), the sender tells workers with ``pg_notify``, coalesced per queue; workers
-  listen on the process's one listening connection (:mod:`backend.store.postgres.events`)
-  and poll as a fallback.
+  commits), the sender tells workers with ``pg_notify``: on a sender's connection in a
+  transaction of its own sent in the send's round trip, else (the pool's sends, other
+  wake-ups) coalesced per queue by the caller's notifier; a wake-up's commit does not
+  wait for the disk. Workers listen on the process's one listening connection
+  (:mod:`backend.store.postgres.events`) and poll as a fallback.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -42,6 +47,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.pq.abc import PGresult
 
 from backend.errors import NotFound, Unavailable
 from backend.jobs.definition import MAX_HELD
@@ -60,6 +66,7 @@ from backend.store.job_rows import (
 )
 from backend.store.migrations import Component
 from backend.store.postgres.events import JOBS_CHANNEL
+from backend.store.postgres.lane import Lane, LaneFailed
 from backend.store.postgres.logs import PRUNE_JOB_LOGS_CTE
 
 __all__ = ["PostgresJobs"]
@@ -400,7 +407,23 @@ PRUNE = f"""
     {PRUNE_JOB_LOGS_CTE}
     SELECT (SELECT count(*) FROM dead) + (SELECT count(*) FROM attempts)
 """
-NOTIFY = f"SELECT pg_notify('{CHANNEL}', q) FROM unnest(%s::text[]) AS q"
+#: A wake-up is a hint (workers poll as well): its transaction commits without waiting for
+#: its WAL to reach the disk. Every notifying commit takes one lock for the whole server
+#: until it is done, so one that waited for the disk would hold every other one up.
+NOTIFY = f"""
+    WITH quick AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
+    SELECT pg_notify('{CHANNEL}', q) FROM quick, unnest(%s::text[]) AS q
+"""
+#: SEND with positional, typed parameters (queue, jobs, at, limit): as the senders'
+#: connections prepare it (:mod:`.lane`).
+SEND_ON_LANE = (
+    SEND.replace("%(queue)s", "$1::text").replace("%(jobs)s", "$2").replace("%(at)s", "$3::timestamptz")
+    .replace("%(limit)s", "$4::bigint")
+)  # fmt: skip
+#: The statements of the senders' connections (their lock and SEND, pipelined; NOTIFY).
+SEND_LANE_STATEMENTS = {"lock": SEND_LOCK_SHARED, "send": SEND_ON_LANE, "notify": NOTIFY}
+#: Connections kept for sends at most, per process (opened one by one as sends overlap).
+SEND_LANES = 8
 
 # ---------------------------------------------------------------------------------------
 
@@ -471,6 +494,24 @@ def _finish_statements(finishes: Sequence[Finish]) -> list[tuple[str, Any]]:
     return statements
 
 
+def _array(values: Sequence[str]) -> bytes:
+    """A text array as PostgreSQL reads it."""
+    quoted = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+    return ("{" + ",".join(quoted) + "}").encode()
+
+
+def _send_rows(result: PGresult) -> list[tuple[Any, ...]]:
+    """SEND's rows, from the text a sender's connection got back."""
+    rows = []
+    for i in range(result.ntuples):
+        job_id, duplicate, exists, fits, held, adding, inserted = (result.get_value(i, j) for j in range(7))
+        rows.append((
+            None if job_id is None else job_id.decode(), duplicate == b"t", exists == b"t", fits == b"t",
+            int(held or 0), int(adding or 0), int(inserted or 0),
+        ))  # fmt: skip
+    return rows
+
+
 def _by_id(f: Finish) -> str:
     return f.id
 
@@ -479,6 +520,24 @@ def _retryable(exc: psycopg.Error) -> bool:
     """A claim that lost a seat to a claim committed after its snapshot, or (never expected)
     a deadlock: the cycle is retried whole."""
     return isinstance(exc, (psycopg.errors.UniqueViolation, psycopg.errors.DeadlockDetected))
+
+
+class _Rider:
+    """A send waiting for a sender's connection, to go with others (see PostgresJobs._ride)."""
+
+    __slots__ = ("at", "future", "items", "wake_later")
+
+    def __init__(
+        self,
+        items: list[dict[str, Any]],
+        at: datetime,
+        wake_later: Callable[[str], None] | None,
+        future: asyncio.Future[list[Sent] | None],
+    ) -> None:
+        self.items = items
+        self.at = at
+        self.wake_later = wake_later
+        self.future = future
 
 
 class PostgresJobs:
@@ -491,6 +550,12 @@ class PostgresJobs:
     job_streams = 2
 
     _conninfo: str
+    _senders: list[Lane]
+    _riders: dict[str, list[_Rider]]
+    _carrying: set[asyncio.Future[None]]
+    _conn_trouble: tuple[str, datetime] | None
+    _configure: Callable[[AsyncConnection[Any]], Awaitable[None]]
+    _store_answered: Callable[[], None]
     _with_conn: Callable[..., Awaitable[Any]]
     _fetchall: Callable[..., Awaitable[list[tuple[Any, ...]]]]
     _fetchone: Callable[..., Awaitable[tuple[Any, ...] | None]]
@@ -499,6 +564,129 @@ class PostgresJobs:
 
     #: This process's rotation of seat numbers (see CLAIM).
     _spin = random.randrange(1 << 16)
+
+    def _send_lanes(self) -> list[Lane]:
+        """The connections kept for sends (made when the store opens, each connected when
+        the sends first need it: one while sends come one at a time)."""
+        return [Lane(self._conninfo, "schedtui_send", SEND_LANE_STATEMENTS, self._configure) for _ in range(SEND_LANES)]
+
+    def _free_sender(self) -> Lane | None:
+        """A connection kept for sends that is free now, if any; when every connected one
+        is busy, the next one starts connecting (in the background: the pool serves
+        meanwhile)."""
+        for lane in self._senders:
+            if lane.connected:
+                if lane.available():
+                    return lane
+            else:
+                lane.available()
+                return None
+        return None
+
+    async def _on_sender(
+        self, calls: Sequence[tuple[str, Sequence[bytes | None]]], then: tuple[str, Sequence[bytes | None]] | None = None
+    ) -> list[PGresult] | None:
+        """Run statements of the senders' connections on a free one, in one transaction
+        (and ``then`` in one of its own after it: :meth:`Lane.call_many`); ``None``: none
+        was free, or the call failed: the caller runs them on the pool."""
+        lane = self._free_sender()
+        if lane is None:
+            return None
+        try:
+            results = await lane.call_many(calls, then)
+        except LaneFailed:
+            return None  # unknown whether it took effect: a send may run again (see send_jobs)
+        finally:
+            if self._riders:
+                self._board()
+        self._conn_trouble = None
+        self._store_answered()
+        return results
+
+    def _senders_all_busy(self) -> bool:
+        """Some connection kept for sends is connected, and every connected one is busy (the
+        next one starts connecting: see :meth:`_free_sender`)."""
+        if self._free_sender() is not None:
+            return False
+        return any(lane.connected for lane in self._senders)
+
+    async def _ride(
+        self, queue: str, items: list[dict[str, Any]], at: datetime, wake_later: Callable[[str], None] | None
+    ) -> list[Sent] | None:
+        """Every sender's connection is busy: wait for the next one free and go with the
+        other sends to ``queue`` that wait for it, in one transaction (a backlog of single
+        sends costs a commit per batch, not per send). ``None``: send alone after all (the
+        batch failed, did not fit, or met a concurrent send of one of its keys)."""
+        rider = _Rider(items, at, wake_later, asyncio.get_running_loop().create_future())
+        self._riders.setdefault(queue, []).append(rider)
+        return await rider.future
+
+    def _board(self) -> None:
+        """A sender's connection is free: the sends waiting for one go, the longest-waiting
+        queue's first (as many as fit in a shared send), on that connection."""
+        while self._riders:
+            queue = next(iter(self._riders))
+            riders = [r for r in self._riders.pop(queue) if not r.future.done()]
+            if not riders:
+                continue
+            lane = self._free_sender()
+            if lane is None:
+                if any(sender.connected and not sender.available() for sender in self._senders):
+                    self._riders[queue] = riders  # the next free one takes them
+                else:
+                    for rider in riders:  # none connected: each sends on its own (the pool)
+                        rider.future.set_result(None)
+                return
+            going: list[_Rider] = []
+            count = 0
+            while riders and (not going or count + len(riders[0].items) <= _SHARED_BATCH):
+                going.append(riders.pop(0))
+                count += len(going[-1].items)
+            if riders:
+                self._riders[queue] = riders
+            batch = [item | {"n": n} for n, item in enumerate(i for r in going for i in r.items)]
+            at = min(r.at for r in going)
+            wake = any(r.wake_later is not None for r in going)
+            try:
+                # Sent now, on the connection just found free (no other send can take it first).
+                reply = lane.start_many((
+                    ("lock", [queue.encode()]),
+                    ("send", [queue.encode(), json.dumps(batch, separators=(",", ":")).encode(), at.isoformat().encode(),
+                              b"%d" % (MAX_HELD - _SHARED_ROOM)]),
+                ), then=("notify", [_array([queue])]) if wake else None)  # fmt: skip
+            except LaneFailed:
+                for rider in going:
+                    rider.future.set_result(None)
+                continue
+            task = asyncio.ensure_future(self._carry(reply, going))
+            self._carrying.add(task)
+            task.add_done_callback(self._carrying.discard)
+            return
+
+    async def _carry(self, reply: Awaitable[list[PGresult]], riders: list[_Rider]) -> None:
+        """The answers of a shared send, to each of its sends (``None`` to each: send alone)."""
+        answers: list[list[Sent] | None] = [None] * len(riders)
+        try:
+            try:
+                results = await reply
+            except LaneFailed:
+                return
+            self.commits += 1
+            self._conn_trouble = None
+            self._store_answered()
+            rows = _send_rows(results[1])
+            if not rows or not rows[0][2] or not rows[0][3] or rows[0][6] != rows[0][5]:
+                return  # no such queue, no room, or a key taken beside it: each on its own
+            at_row = 0
+            for index, rider in enumerate(riders):
+                mine = rows[at_row:at_row + len(rider.items)]
+                at_row += len(rider.items)
+                answers[index] = [Sent(job_id, duplicate=bool(duplicate)) for job_id, duplicate, *_ in mine]
+        finally:
+            for rider, answer in zip(riders, answers, strict=True):
+                if not rider.future.done():
+                    rider.future.set_result(answer)
+            self._board()
 
     async def define_queues(self, queues: Sequence[QueueSpec], at: datetime, *, update: bool) -> None:
         if not queues:
@@ -509,17 +697,20 @@ class PostgresJobs:
         ])  # fmt: skip
         await self._execute(DEFINE_QUEUES if update else ADD_QUEUES, {"queues": rows, "at": at})
 
-    async def send_jobs(self, queue: str, jobs: Sequence[NewJob], at: datetime) -> list[Sent]:
-        batch = json.dumps(
-            [
-                {"n": n, "id": j.id, "payload": j.payload, "key": j.key, "cron": j.cron, "attempts": j.attempts,
-                 "run_after": j.run_after.isoformat()}
-                for n, j in enumerate(jobs)
-            ],
-            separators=(",", ":"),
-        )  # fmt: skip
-
+    async def send_jobs(
+        self, queue: str, jobs: Sequence[NewJob], at: datetime, *, wake_later: Callable[[str], None] | None = None
+    ) -> list[Sent]:
+        items = [
+            {"n": n, "id": j.id, "payload": j.payload, "key": j.key, "cron": j.cron, "attempts": j.attempts,
+             "run_after": j.run_after.isoformat()}
+            for n, j in enumerate(jobs)
+        ]  # fmt: skip
         alone = len(jobs) > _SHARED_BATCH
+        if not alone and self._senders_all_busy():
+            carried = await self._ride(queue, items, at, wake_later)
+            if carried is not None:
+                return carried
+        batch = json.dumps(items, separators=(",", ":"))
 
         async def send(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             # While sharing the lock, leave room for the others that share it now.
@@ -531,7 +722,20 @@ class PostgresJobs:
             return await cursor.fetchall()
 
         for _ in range(_SEND_TRIES):
-            rows = await self._with_conn(send)
+            # On a connection kept for sends when one is free (prepared statements, no pool
+            # checkout: a fraction of the CPU). Sent again after a failure there, a job
+            # finds its own row by its id: sent once, not a duplicate.
+            # The wake-up goes in the same round trip, in a transaction of its own after it.
+            done = None if alone else await self._on_sender((
+                ("lock", [queue.encode()]),
+                ("send", [queue.encode(), batch.encode(), at.isoformat().encode(), b"%d" % (MAX_HELD - _SHARED_ROOM)]),
+            ), then=("notify", [_array([queue])]) if wake_later is not None else None)  # fmt: skip
+            if done is not None:
+                rows = _send_rows(done[1])
+            else:
+                rows = await self._with_conn(send)
+                if wake_later is not None:
+                    wake_later(queue)
             self.commits += 1
             if not rows or not rows[0][2]:
                 raise NotFound(f'no queue named "{queue}"')
@@ -683,5 +887,5 @@ class PostgresJobs:
         return int(row[0]) if row else 0
 
     async def notify_jobs(self, queues: Sequence[str]) -> None:
-        if queues:
+        if queues and await self._on_sender((("notify", [_array(queues)]),)) is None:
             await self._fetchall(NOTIFY, (list(queues),))

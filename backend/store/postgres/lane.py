@@ -1,4 +1,5 @@
-"""A connection of its own for the statements of a hot path (a durable step's checkpoint).
+"""A connection of its own for the statements of a hot path (a durable step's checkpoint, a
+job's send).
 
 A statement run through the pool pays for a checkout and a return, a cursor, psycopg's
 adaptation of every parameter and its wait on the socket (a reader added and removed, a
@@ -6,7 +7,8 @@ future and a timer per wait): about as much CPU again as the commit's own round 
 the client. A :class:`Lane` keeps one connection with its statements prepared on it (at
 the protocol level), its socket watched by one reader for as long as it is open, and
 sends each call's parameters as text it is given already encoded: what is left per call
-is libpq's send, one wake-up and the reply.
+is libpq's send, one wake-up and the reply. Several statements go as one transaction in one
+round trip (pipeline mode, :meth:`Lane.call_many`), and one more after its commit if asked.
 
 It carries one call at a time and is only ever a shortcut: whoever uses it falls back to
 the pool when it is busy, not connected yet, or fails (:class:`LaneFailed`), so a
@@ -81,6 +83,9 @@ class Lane:
         self._waiter: asyncio.Future[list[pq.abc.PGresult]] | None = None
         self._results: list[pq.abc.PGresult] = []
         self._busy = False
+        self._syncs = 0
+        """The Syncs of the call in flight whose results have not been read (pipeline mode,
+        see :meth:`call_many`; 0: not in pipeline mode)."""
         self._prepared = False
         """Connected, and its statements prepared: calls may go through it."""
         self.closed = False
@@ -178,6 +183,47 @@ class Lane:
             return results[0]
         return self._check(results)
 
+    async def call_many(
+        self, calls: Sequence[tuple[str, Sequence[bytes | None]]], then: tuple[str, Sequence[bytes | None]] | None = None
+    ) -> list[pq.abc.PGresult]:
+        """Run several statements of the lane, in order, as one implicit transaction in one
+        round trip (pipeline mode, one Sync after the last: an error rolls back every one);
+        their results, one each. ``then``: one more statement, in a transaction of its own
+        after that one's commit, in the same round trip (its result last; it runs whether
+        or not the first one committed). As :meth:`call` otherwise."""
+        return await self.start_many(calls, then)
+
+    def start_many(
+        self, calls: Sequence[tuple[str, Sequence[bytes | None]]], then: tuple[str, Sequence[bytes | None]] | None = None
+    ) -> Awaitable[list[pq.abc.PGresult]]:
+        """:meth:`call_many`, sent now (the lane is busy from here): its reply to await."""
+        pgconn = self._pgconn
+        assert pgconn is not None and not self._busy and calls
+        self._busy = True
+        self.calls += 1
+        try:
+            pgconn.enter_pipeline_mode()
+            self._syncs = 1
+            for key, params in calls:
+                pgconn.send_query_prepared(self.statements[key][0], params)
+            pgconn.pipeline_sync()
+            if then is not None:
+                pgconn.send_query_prepared(self.statements[then[0]][0], then[1])
+                pgconn.pipeline_sync()
+                self._syncs = 2
+        except psycopg.Error as exc:
+            self._broken(exc)
+            raise LaneFailed(str(exc)) from None
+        return self._many(len(calls) + (then is not None))
+
+    async def _many(self, expected: int) -> list[pq.abc.PGresult]:
+        results = await self._reply()
+        ok = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+        if len(results) == expected and all(r.status in ok for r in results):
+            return results
+        self._check(results)  # raises LaneFailed with the first error
+        raise LaneFailed("an unexpected reply")
+
     async def _reply(self) -> list[pq.abc.PGresult]:
         """Flush what was sent, then wait for every result of it. Cancelled while waiting
         for the reply, the lane stays busy until the reader has read it to the end."""
@@ -209,9 +255,26 @@ class Lane:
             pgconn.consume_input()
             if pgconn.status != pq.ConnStatus.OK:
                 raise LaneFailed("the connection is closed")
+            ended = False
             while self._busy and not pgconn.is_busy():
                 result = pgconn.get_result()
-                if result is not None:
+                if self._syncs:
+                    # Each statement's results end with a None; the last Sync's own result
+                    # ends the call (every result read: leaving pipeline mode is immediate).
+                    if result is None:
+                        if ended:
+                            break  # (two in a row: nothing more has arrived yet)
+                        ended = True
+                        continue
+                    ended = False
+                    if result.status != pq.ExecStatus.PIPELINE_SYNC:
+                        self._results.append(result)
+                        continue
+                    self._syncs -= 1
+                    if self._syncs:
+                        continue
+                    pgconn.exit_pipeline_mode()
+                elif result is not None:
                     self._results.append(result)
                     continue
                 results, self._results = self._results, []
@@ -245,6 +308,7 @@ class Lane:
     def _release(self) -> None:
         pgconn, self._pgconn, self._conn = self._pgconn, None, None
         self._prepared = False
+        self._syncs = 0
         self._results = []
         self._busy = False
         if pgconn is None:

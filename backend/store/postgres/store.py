@@ -55,7 +55,7 @@ from backend.store.postgres.catalog import PostgresCatalog
 from backend.store.postgres.cluster import PostgresCluster
 from backend.store.postgres.durable import PostgresDurable
 from backend.store.postgres.events import PostgresEvents, _Listener
-from backend.store.postgres.jobs import PostgresJobs
+from backend.store.postgres.jobs import PostgresJobs, _Rider
 from backend.store.postgres.lane import Lane
 from backend.store.postgres.ledger import (
     PostgresLedgerWriter,
@@ -227,6 +227,11 @@ class PostgresStore(
         self._listener: _Listener | None = None  # the one listening connection, while subscribed
         self._checkpoints: Lane | None = None
         """The connection kept for durable steps' checkpoints (see :mod:`.lane`), while open."""
+        self._senders: list[Lane] = []
+        """The connections kept for sends (see :mod:`.jobs`), while open."""
+        self._riders: dict[str, list[_Rider]] = {}
+        """Per queue, sends waiting for one of them to go together (see :mod:`.jobs`)."""
+        self._carrying: set[asyncio.Future[None]] = set()
 
     # -- opening and closing ---------------------------------------------------------------
     async def open(self) -> None:
@@ -265,6 +270,7 @@ class PostgresStore(
             raise store_unavailable(self.where, "cannot reach {store}", self._why(exc), _public_reason(exc)) from None
         self._pool = pool
         self._checkpoints = self._checkpoint_lane()
+        self._senders = self._send_lanes()
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._wake = asyncio.Event()
@@ -318,6 +324,9 @@ class PostgresStore(
             await self._listener.close()
         if self._checkpoints is not None:
             lane, self._checkpoints = self._checkpoints, None
+            await lane.close()
+        senders, self._senders = self._senders, []
+        for lane in senders:
             await lane.close()
         if self._pool is not None:
             pool, self._pool = self._pool, None

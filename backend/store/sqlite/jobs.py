@@ -205,7 +205,10 @@ class SQLiteJobs:
         if rows:
             await self._write(lambda c: c.executemany(DEFINE_QUEUE if update else ADD_QUEUE, rows))
 
-    async def send_jobs(self, queue: str, jobs: Sequence[NewJob], at: datetime) -> list[Sent]:
+    async def send_jobs(
+        self, queue: str, jobs: Sequence[NewJob], at: datetime, *, wake_later: Callable[[str], None] | None = None
+    ) -> list[Sent]:
+        # (No other process to wake: workers here poll the file; see notify_jobs.)
         created = _us(at)
 
         def send(c: sqlite3.Connection) -> list[Sent]:

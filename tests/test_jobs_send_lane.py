@@ -1,0 +1,147 @@
+"""Sends on PostgreSQL through the connections kept for them (backend/store/postgres/jobs.py,
+backend/store/postgres/lane.py).
+
+A send goes through a free sender's connection: its lock and insert prepared and pipelined,
+and the wake-up of other processes' workers in a transaction of its own right after the
+send's commit, in the same round trip. The connection is only a shortcut: when it dies, the
+send runs on the pool, once (a job sent again finds its own row by its id), and the wake-up
+goes through the caller's notifier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+
+from backend.ids import IdFactory
+from backend.jobs.definition import MAX_HELD
+from backend.jobs.store import NewJob, QueueSpec
+from backend.store.postgres.lane import Lane, LaneFailed
+from backend.store.postgres.store import PostgresStore
+
+pytestmark = pytest.mark.postgres
+
+T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+ids = IdFactory(lambda: T0)
+
+
+@pytest.fixture
+async def store(pg_url: str) -> AsyncIterator[PostgresStore]:
+    opened = PostgresStore(pg_url)
+    await opened.open()
+    await opened.define_queues([QueueSpec("mail", 2, 3, 900.0)], T0, update=True)
+    yield opened
+    await opened.close()
+
+
+def lane_calls(store: PostgresStore) -> int:
+    return sum(lane.calls for lane in store._senders)
+
+
+async def test_a_send_goes_through_a_senders_connection_and_wakes_a_listener_in_its_round_trip(
+    store: PostgresStore, pg_url: str
+) -> None:
+    listener = PostgresStore(pg_url)
+    await listener.open()
+    heard: asyncio.Queue[str | None] = asyncio.Queue()
+    watch = asyncio.ensure_future(listener.watch_jobs(heard.put_nowait))
+    try:
+        assert await asyncio.wait_for(heard.get(), 10) is None  # connected
+        assert await store._senders[0].open()
+        later: list[str] = []
+        calls = lane_calls(store)
+        [sent] = await store.send_jobs("mail", [NewJob(ids(), json.dumps({"n": 1}), T0, None, "k")], T0, wake_later=later.append)
+        assert lane_calls(store) == calls + 1 and not sent.duplicate
+        assert await asyncio.wait_for(heard.get(), 10) == "mail"
+        assert later == []  # woken by the send itself
+        # the same key again: the duplicate answers the first job, on the lane as well
+        [again] = await store.send_jobs("mail", [NewJob(ids(), "null", T0, None, "k")], T0, wake_later=later.append)
+        assert again.duplicate and again.id == sent.id and lane_calls(store) == calls + 2
+    finally:
+        watch.cancel()
+        await asyncio.gather(watch, return_exceptions=True)
+        await listener.close()
+
+
+async def test_when_the_senders_connection_dies_the_pool_sends_the_job_once(store: PostgresStore, pg_url: str) -> None:
+    lane = store._senders[0]
+    assert await lane.open()
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (lane.pid,))
+    later: list[str] = []
+    job = NewJob(ids(), "null", T0, None, None)
+    [sent] = await store.send_jobs("mail", [job], T0, wake_later=later.append)
+    assert sent.id == job.id and not sent.duplicate
+    assert later == ["mail"]  # the pool's send: the caller's notifier wakes the others
+    assert not lane.connected
+    views = await store.queue_views(T0)
+    assert [(v.name, v.queued) for v in views] == [("mail", 1)]
+    # sent again (its answer lost): its own row, not a duplicate, nothing more queued
+    assert await lane.open()
+    [resent] = await store.send_jobs("mail", [job], T0, wake_later=later.append)
+    assert resent.id == job.id and not resent.duplicate and later == ["mail"]
+    assert [v.queued for v in await store.queue_views(T0)] == [1]
+
+
+async def test_a_pipelined_call_is_one_transaction_and_the_statement_after_it_runs_apart(pg_url: str) -> None:
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE lane_probe (n int PRIMARY KEY)")
+
+    async def nothing(conn: psycopg.AsyncConnection[object]) -> None:
+        return None
+
+    statements = {"add": "INSERT INTO lane_probe VALUES (%s::int)", "count": "SELECT count(*) FROM lane_probe"}
+    lane = Lane(pg_url, "probe", statements, nothing)
+    try:
+        assert await lane.open()
+        *added, after = await lane.call_many([("add", [b"1"]), ("add", [b"2"])], then=("count", []))
+        assert len(added) == 2 and after.get_value(0, 0) == b"2"
+        with pytest.raises(LaneFailed, match="duplicate key"):
+            await lane.call_many([("add", [b"3"]), ("add", [b"1"])], then=("add", [b"4"]))
+        assert lane.connected and lane.available()  # a failed statement keeps the lane
+        [count] = await lane.call_many([("count", [])])
+        assert count.get_value(0, 0) == b"3"  # 3 rolled back with the failed insert; 4 apart
+    finally:
+        await lane.close()
+
+
+async def test_sends_that_find_every_senders_connection_busy_go_together_and_each_gets_its_answers(
+    store: PostgresStore,
+) -> None:
+    store._senders = store._senders[:1]  # one connection: the sends beside it must wait for it
+    lane = store._senders[0]
+    assert await lane.open()
+    later: list[str] = []
+    calls = lane.calls
+    batches = [
+        [NewJob(ids(), json.dumps(i), T0, None, f"k{i % 7}"), NewJob(ids(), "null", T0, None, None)] for i in range(30)
+    ]
+    answers = await asyncio.gather(*(store.send_jobs("mail", b, T0, wake_later=later.append) for b in batches))
+    # the first went alone; the others waited for it and went in shared sends of at most 100 jobs
+    assert 2 <= lane.calls - calls < 30 and later == []
+    for i, (batch, sent) in enumerate(zip(batches, answers, strict=True)):
+        assert len(sent) == 2 and sent[1].id == batch[1].id and not sent[1].duplicate
+        if i < 7:
+            assert sent[0].id == batch[0].id and not sent[0].duplicate  # the first of its key
+        else:
+            assert sent[0].duplicate and sent[0].id == batches[i % 7][0].id
+    assert [v.queued for v in await store.queue_views(T0)] == [30 + 7]
+
+
+async def test_waiting_sends_go_alone_on_the_pool_when_their_shared_send_does_not_fit(
+    store: PostgresStore, pg_url: str
+) -> None:
+    store._senders = store._senders[:1]
+    lane = store._senders[0]
+    assert await lane.open()
+    filler = [NewJob(ids(), "null", T0, None, None) for _ in range(MAX_HELD - 2_000 - 5)]
+    await store.send_jobs("mail", filler, T0)
+    batches = [[NewJob(ids(), "null", T0, None, None)] for _ in range(10)]
+    answers = await asyncio.gather(*(store.send_jobs("mail", b, T0) for b in batches))
+    assert [a[0].id for a in answers] == [b[0].id for b in batches]  # past the shared room: each alone, all taken
+    assert [v.queued for v in await store.queue_views(T0)] == [MAX_HELD - 2_000 + 5]
