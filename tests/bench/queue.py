@@ -35,6 +35,13 @@ of its own (a no-op async handler):
   handler's start. ``p50_ms``/``p99_ms``
   of the difference: enqueue-to-start, as an application sees it. Sends that fail (say, no
   pooled connection within 3 s: the sender fell behind) are counted in ``failed_sends``.
+  ``cpu_us_per_job``: the CPU of the sender and of the worker (each process, over its
+  sends or its jobs) and of the server's processes (over the sends), per job. Just before
+  and just after schedtui's run, the same load on a bare queue (``ceiling``: a send is one
+  insert and its NOTIFY in one transaction; one claimer woken by LISTEN deletes the batch
+  it ran and claims the next in one statement; both over the connections schedtui's sends
+  use, statements prepared), the floor of a notified queue on this machine:
+  ``latency_p99_to_ceiling`` is schedtui's p99 over that floor's.
 * ``sigkill`` (schedtui only): 4,000 jobs of 2 ms each on two worker processes; the one
   running them is SIGKILLed a quarter of the way through. ``lost``: jobs with no succeeded
   attempt in the store at the end; ``run_twice``: jobs two of whose attempts ran at the
@@ -94,9 +101,28 @@ args = [int(a) for a in sys.argv[3:]]
 def report(**fields):
     print(json.dumps(fields), flush=True)
 
+def server_cpu():
+    # CPU seconds of the server's processes (its postmaster's children), when it runs here.
+    parent = os.environ.get("BENCH_SERVER_PID")
+    if not parent:
+        return None
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if entry == parent or fields[1] == parent:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
 class Tally:
     def __init__(self, expected):
         self.expected, self.count, self.first, self.last = expected, 0, None, None
+        self.cpu = None  # the process's CPU seconds from the first start to the last end
         self.delays = []
         self.queues = {}
         self.done = asyncio.Event()
@@ -105,13 +131,15 @@ class Tally:
         now = time.time()
         if self.first is None:
             self.first = now
+            self.cpu = -time.process_time()
         if sent_at is not None:
             self.delays.append(now - sent_at)
 
     def end(self):
         self.count += 1
-        if self.count >= self.expected:
+        if self.count == self.expected:
             self.last = time.time()
+            self.cpu += time.process_time()
             self.done.set()
 
 async def until_done_or_told():
@@ -125,15 +153,19 @@ async def until_done_or_told():
             break
 
 async def paced(total, rate, send):
-    # An open loop: each send at its own time, whatever the previous one costs.
+    # An open loop: each send at its own time, whatever the previous one costs. Returns
+    # the CPU seconds of this process and of the server over the sends.
     start = time.time() + 0.5
     tasks = []
+    cpu, server = time.process_time(), server_cpu()
     for i in range(total):
         delay = start + i / rate - time.time()
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.ensure_future(send(i)))
     await asyncio.gather(*tasks)
+    after = server_cpu()
+    return {"cpu_s": time.process_time() - cpu, "server_cpu_s": None if server is None else after - server}
 """
 
 SCHEDTUI = COMMON + """
@@ -166,7 +198,7 @@ async def main():
         report(ready=True)
         await until_done_or_told()
         await engine.stop(grace=5)
-        report(count=tally.count, delays=tally.delays)
+        report(count=tally.count, delays=tally.delays, cpu_s=tally.cpu)
     elif mode == "latency-sender":
         n, rate = args
         failed = 0
@@ -181,8 +213,8 @@ async def main():
                     print(f"a send failed: {exc}", file=sys.stderr)
 
         async with connect(url, definitions=QUEUES) as st:
-            await paced(n, rate, send)
-        report(sent=n - failed, failed=failed)
+            cpu = await paced(n, rate, send)
+        report(sent=n - failed, failed=failed, **cpu)
     elif mode == "kill-enqueue":
         n, = args
         async with connect(url, definitions=QUEUES) as st:
@@ -283,15 +315,15 @@ async def main():
         report(ready=True)
         await tally.done.wait()
         await runner
-        report(count=tally.count, delays=tally.delays)
+        report(count=tally.count, delays=tally.delays, cpu_s=tally.cpu)
 
 async def send_main():
     n, rate = args
     pool = await asyncpg.create_pool(url, min_size=4, max_size=16)
     from pgqueuer.db import AsyncpgPoolDriver
     queries = Queries(AsyncpgPoolDriver(pool))
-    await paced(n, rate, lambda i: queries.enqueue("noop", json.dumps({"t": time.time()}).encode()))
-    report(sent=n)
+    cpu = await paced(n, rate, lambda i: queries.enqueue("noop", json.dumps({"t": time.time()}).encode()))
+    report(sent=n, **cpu)
 
 tally = Tally(0)
 asyncio.run(send_main() if mode == "latency-sender" else main())
@@ -328,24 +360,35 @@ async def main():
             await tally.done.wait()
             worker.cancel()
             await asyncio.gather(worker, return_exceptions=True)
-            report(count=tally.count, delays=tally.delays)
+            report(count=tally.count, delays=tally.delays, cpu_s=tally.cpu)
         elif mode == "latency-sender":
             n, rate = args
-            await paced(n, rate, lambda i: noop.defer_async(t=time.time()))
-            report(sent=n)
+            cpu = await paced(n, rate, lambda i: noop.defer_async(t=time.time()))
+            report(sent=n, **cpu)
 
 tally = Tally(0)
 asyncio.run(main())
 """
 
 CEILING = COMMON + """
-# The database's ceiling for a queue: a bare table drained by claimers that each claim a
-# batch (UPDATE ... RETURNING over FOR UPDATE SKIP LOCKED) and delete it: no seats, no
-# history, no handler, no bookkeeping. Same driver as schedtui (psycopg, async).
+# The database's ceilings for a queue, with the same driver as schedtui (psycopg, async):
+# * drain: a bare table drained by claimers that each claim a batch (UPDATE ... RETURNING
+#   over FOR UPDATE SKIP LOCKED) and delete it: no seats, no history, no handler, no
+#   bookkeeping;
+# * latency: the least a queue woken by notifications can do: a send is one insert and
+#   its NOTIFY in one transaction (on a free one of 8 connections); one claimer, woken by
+#   LISTEN, deletes the batch it ran and claims the next in one statement, in a loop
+#   while there is work.
 import psycopg
 
-async def main():
-    n, conc = args
+SEND = ("WITH i AS (INSERT INTO bare_jobs (status, payload) VALUES ('queued', %s::text))"
+        " SELECT pg_notify('bare_jobs', '')")
+CYCLE = ("WITH d AS (DELETE FROM bare_jobs WHERE id = ANY(%s::bigint[]))"
+         " UPDATE bare_jobs SET status = 'running' WHERE id IN ("
+         " SELECT id FROM bare_jobs WHERE status = 'queued' ORDER BY id LIMIT %s::integer FOR UPDATE SKIP LOCKED)"
+         " RETURNING id, payload")
+
+async def create(n):
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await conn.execute("DROP TABLE IF EXISTS bare_jobs")
         await conn.execute(
@@ -353,6 +396,8 @@ async def main():
         await conn.execute("CREATE INDEX bare_jobs_queued ON bare_jobs (id) WHERE status = 'queued'")
         await conn.execute("INSERT INTO bare_jobs (status, payload) SELECT 'queued', '{}' FROM generate_series(1, %s)", (n,))
         await conn.execute("VACUUM ANALYZE bare_jobs")
+
+async def drain(n, conc):
     conns = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(conc)]
     done = 0
     first = last = None
@@ -378,6 +423,84 @@ async def main():
         await c.close()
     report(count=done, first=first, last=last)
 
+async def lane(name):
+    # The transport schedtui's sends and durable steps use (a connection with its
+    # statements prepared, parameters sent as text): the floor compares SQL, not drivers.
+    sys.path.insert(0, os.environ["SCHEDTUI_REPO"])
+    from backend.store.postgres.lane import Lane
+
+    async def configure(conn):
+        pass
+
+    one = Lane(url, name, {"send": SEND, "cycle": CYCLE}, configure)
+    assert await one.open()
+    return one
+
+async def latency_worker(n, conc):
+    tally.expected = n
+    listen = await psycopg.AsyncConnection.connect(url, autocommit=True)
+    await listen.execute("LISTEN bare_jobs")
+    conn = await lane("bare_claim")
+    woken = asyncio.Event()
+
+    async def hear():
+        async for _ in listen.notifies():
+            woken.set()
+
+    async def claim():
+        ran = b"{}"
+        while True:
+            woken.clear()
+            result = await conn.call("cycle", (ran, b"%d" % conc))
+            rows = [(result.get_value(i, 0), result.get_value(i, 1)) for i in range(result.ntuples)]
+            for _, payload in rows:
+                tally.start(json.loads(payload)["t"])
+                tally.end()
+            ran = b"{" + b",".join(row[0] for row in rows) + b"}"
+            if len(rows) < conc and not woken.is_set():
+                try:
+                    await asyncio.wait_for(woken.wait(), 1.0)
+                except asyncio.TimeoutError:
+                    pass
+
+    tasks = [asyncio.ensure_future(hear()), asyncio.ensure_future(claim())]
+    report(ready=True)
+    await until_done_or_told()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    report(count=tally.count, delays=tally.delays, cpu_s=tally.cpu)
+
+async def latency_sender(n, rate):
+    free = asyncio.Queue()
+    for _ in range(8):
+        free.put_nowait(await lane("bare_send"))
+
+    async def send(i):
+        t = time.time()
+        conn = await free.get()
+        try:
+            await conn.call("send", (json.dumps({"t": t}).encode(),))
+        finally:
+            free.put_nowait(conn)
+
+    cpu = await paced(n, rate, send)
+    report(sent=n, **cpu)
+
+async def main():
+    if mode == "drain":
+        n, conc = args
+        await create(n)
+        await drain(n, conc)
+    elif mode == "enqueue":
+        await create(args[0])
+        report(enqueued=args[0])
+    elif mode == "latency-worker":
+        await latency_worker(*args)
+    elif mode == "latency-sender":
+        await latency_sender(*args)
+
+tally = Tally(0)
 asyncio.run(main())
 """
 
@@ -432,6 +555,19 @@ def last_json(out: str, err: str, what: str, code: int | None) -> dict[str, Any]
         if line.startswith("{"):
             return json.loads(line)  # type: ignore[no-any-return]
     raise RuntimeError(f"{what} failed (exit {code}):\n{err[-3000:]}")
+
+
+def server_pid(server: pg.PgServer) -> str:
+    """The server's postmaster, when it runs on this machine ("": it does not, or is not ours
+    to read): the latency run counts the CPU of its processes."""
+    if not server.owned:
+        return ""
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        row = conn.execute("SHOW data_directory").fetchone()
+    try:
+        return (Path(row[0]) / "postmaster.pid").read_text().split()[0] if row else ""
+    except OSError:
+        return ""
 
 
 def database(server: pg.PgServer, name: str) -> str:
@@ -514,7 +650,7 @@ def latency(runner: Runner, server: pg.PgServer, system: str, rate: int, seconds
     else:
         runner.run(system, "enqueue", url, 0, BENCH_CONCURRENCY=str(concurrency))
     stop = runner.workdir / f"latency-{system}.sent"
-    env = {"BENCH_CONCURRENCY": str(concurrency), "BENCH_STOP_FILE": str(stop)}
+    env = {"BENCH_CONCURRENCY": str(concurrency), "BENCH_STOP_FILE": str(stop), "BENCH_SERVER_PID": server_pid(server)}
     worker = runner.popen(system, "latency-worker", url, total, concurrency, **env)
     runner.ready(worker, f"{system}'s worker")
     log(f"{system}: {rate} jobs/s for {seconds}s, enqueue to start")
@@ -525,6 +661,8 @@ def latency(runner: Runner, server: pg.PgServer, system: str, rate: int, seconds
     delays = result["delays"]
     summary = stats.summary_ms(delays, keys=("p50", "p99", "max"), digits=1)
     out_ = {"jobs": len(delays), "rate_per_s": rate, "p50_ms": summary["p50"], "p99_ms": summary["p99"], "max_ms": summary["max"]}
+    cpu = {"sender": sent.get("cpu_s"), "worker": result.get("cpu_s"), "server": sent.get("server_cpu_s")}
+    out_["cpu_us_per_job"] = {who: round(s / len(delays) * 1e6) for who, s in cpu.items() if s is not None and delays}
     return out_ | ({"failed_sends": sent["failed"]} if sent.get("failed") else {})
 
 
@@ -668,9 +806,21 @@ def main() -> None:
         if "fairness" in parts:
             results["fairness"] = fairness(runner, server, args.fair_queues, args.fair_jobs, args.concurrency)
             log(f"fairness: {results['fairness']}")
-        for system in systems if "latency" in parts else ():
-            results["latency"][system] = latency(runner, server, system, args.rate, args.seconds, args.concurrency)
-            log(f"{system}: latency {results['latency'][system]}")
+        if "latency" in parts:
+            # The bare queue's latency just before and just after schedtui's: the machine is shared.
+            bare = [latency(runner, server, "ceiling", args.rate, args.seconds, args.concurrency)]
+            for system in systems:
+                results["latency"][system] = latency(runner, server, system, args.rate, args.seconds, args.concurrency)
+                log(f"{system}: latency {results['latency'][system]}")
+                if system == "schedtui":
+                    bare.append(latency(runner, server, "ceiling", args.rate, args.seconds, args.concurrency))
+            results["latency"]["ceiling"] = {
+                key: round(sum(b[key] for b in bare) / len(bare), 1) for key in ("p50_ms", "p99_ms", "max_ms")
+            } | {"runs": bare}
+            log(f"ceiling: latency {results['latency']['ceiling']}")
+            results["latency_p99_to_ceiling"] = round(
+                results["latency"]["schedtui"]["p99_ms"] / results["latency"]["ceiling"]["p99_ms"], 2
+            )
         if "sigkill" in parts:
             results["sigkill"] = sigkill(runner, server, args.kill_jobs, args.concurrency)
             log(f"sigkill: {results['sigkill']}")
