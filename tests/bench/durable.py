@@ -33,6 +33,12 @@ a time. Measured:
   comes to that floor. It holds on a machine whose disk and CPUs other work shares, where
   the absolute rates swing several-fold within a minute. Each system's median ratio over
   the rounds is shown, with every round's;
+* ``async_floor``: the same commits sent from schedtui's event loop over the connection a
+  checkpoint uses (statement prepared, parameter as text), with no engine work, measured
+  beside the ceiling: ``async_floor_to_ceiling`` is what asyncio and that transport leave
+  of the ceiling, and ``async_floor_ratio`` the system's steps/s over that floor's
+  commits/s (schedtui only): what the engine's own work (the step's bookkeeping, its
+  fenced checkpoint statement) costs on top;
 * ``cpu_us_per_step``: the worker process's CPU (every thread) during the measured
   workflows, per step; beside it ``ceiling_cpu_us_per_commit``, the same process's CPU
   per commit of the ceiling: what a step costs the client besides its commit;
@@ -161,18 +167,44 @@ def schedtui_worker(url: str, steps: int, workflows: int, ceiling_url: str) -> d
             cpu.append(time.process_time() - began_cpu)
             return time.perf_counter() - began
 
+        # The same commits sent from the event loop, over the connection a checkpoint uses
+        # (its statement prepared, its parameter as text), with nothing else to do: what
+        # asyncio and that transport leave of the ceiling, before any engine work.
+        from backend.store.postgres.lane import Lane
+
+        async def nothing(conn: Any) -> None:
+            pass
+
+        floor = Lane(ceiling_url, "bench_floor", {"insert": "INSERT INTO bench_floor (n, at) VALUES (%s::bigint, now())"}, nothing)
+        floor_n, floor_commits, floor_s = 0, 0, 0.0
+
+        async def floor_batch(count: int) -> None:
+            nonlocal floor_n, floor_commits, floor_s
+            began = time.perf_counter()
+            for _ in range(count):
+                floor_n += 1
+                await floor.call("insert", (b"%d" % floor_n,))
+            floor_s += time.perf_counter() - began
+            floor_commits += count
+
         if workflows:
             await one()  # warm-up
         checkpoints.clear()
         cpu.clear()
         ceiling = Ceiling(ceiling_url)
+        ceiling.conn.execute("CREATE TABLE IF NOT EXISTS bench_floor (n bigint PRIMARY KEY, at timestamptz NOT NULL)")
+        assert await floor.open()
+        await floor_batch(20)  # warm-up
+        floor_commits, floor_s = 0, 0.0
         durations = []
         for _ in range(workflows):
             ceiling.batch(steps)  # blocks the loop: nothing of the engine's runs meanwhile
+            await floor_batch(steps)
             durations.append(await one())
         await engine.stop()
+        await floor.close()
         return {"elapsed_s": sum(durations), "workflow_s": durations, "checkpoint_s": checkpoints, "cpu_s": sum(cpu),
-                **ceiling.close()}  # fmt: skip
+                "floor_commits": floor_commits, "floor_s": floor_s, **ceiling.close()}  # fmt: skip
 
     return asyncio.run(run())
 
@@ -316,6 +348,11 @@ def figures(results: dict[str, Any], commits: int, base: int, steps: int, workfl
         # the warm-up workflow's commits are in the count: its steps are too
         "commits_per_step": round((commits - base) / (total_steps + steps), 3),
     }
+    if results.get("floor_s") and ceiling:
+        floor = results["floor_commits"] / results["floor_s"]
+        out["async_floor_commits_per_s"] = round(floor)
+        out["async_floor_to_ceiling"] = round(floor / ceiling, 3)
+        out["async_floor_ratio"] = round(total_steps / results["elapsed_s"] / floor, 3)
     if "cpu_s" in results:  # the process's CPU (every thread) during the measured workflows
         out["cpu_us_per_step"] = round(results["cpu_s"] / total_steps * 1e6)
     if results.get("ceiling_cpu_s"):
@@ -343,6 +380,9 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     chosen["rounds_ceiling_ratio"] = ratios
     chosen["rounds_steps_per_s"] = [r["steps_per_s"] for r in rounds]
     chosen["rounds_ceiling_commits_per_s"] = [r["ceiling_commits_per_s"] for r in rounds]
+    if all("async_floor_to_ceiling" in r for r in rounds):
+        chosen["rounds_async_floor_to_ceiling"] = [r["async_floor_to_ceiling"] for r in rounds]
+        chosen["rounds_async_floor_ratio"] = [r["async_floor_ratio"] for r in rounds]
     return chosen
 
 
@@ -478,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
                 rounds[name].append(figures(results, commits, bases[name], args.steps, args.workflows))
                 figure = rounds[name][-1]
                 log(f"  {figure['steps_per_s']} steps/s; ceiling {figure['ceiling_commits_per_s']} commits/s; "
-                    f"ratio {figure['ceiling_ratio']}")  # fmt: skip
+                    f"ratio {figure['ceiling_ratio']}; async floor {figure.get('async_floor_to_ceiling')} of the ceiling, "
+                    f"steps {figure.get('async_floor_ratio')} of it")  # fmt: skip
         result["schedtui"] = median_round(rounds["schedtui"])
         if "dbos" in rounds:
             result["dbos"] = {"version": DBOS_VERSION, **median_round(rounds["dbos"])}
