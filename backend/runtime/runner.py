@@ -417,13 +417,7 @@ class HandlerRunner:
         self.in_flight[key] = invocation
         invocation.task = task
         try:
-            if self.lease is not None and not self.lease.holds(invocation.epoch):
-                invocation.settle(
-                    Outcome(
-                        "failed", self.clock.now(), TAG_LEASE_LOST,
-                        "not started: this instance's lease on its work lapsed after it was claimed",
-                    )
-                )  # fmt: skip
+            if self._lapsed(invocation):
                 return
             arg = invocation.begin(self.clock.now())
             deadline = invocation.deadline
@@ -435,24 +429,10 @@ class HandlerRunner:
             finally:
                 if token is not None:
                     CURRENT.reset(token)
-        except asyncio.CancelledError:
-            invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
         except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the call, not the process
-            tag, message, trace = _describe(exc)
-            invocation.settle(Outcome("failed", self.clock.now(), tag, message, trace))
+            self._raised(invocation, exc)
         else:
-            now = self.clock.now()
-            if now > deadline and not invocation.done:
-                ran = (now - deadline).total_seconds() + invocation.max_runtime_s
-                invocation.settle(
-                    Outcome(
-                        "failed", now, TAG_TIMEOUT,
-                        f"exceeded max_runtime of {invocation.max_runtime_s:g}s: finished after {ran:.1f}s, "
-                        "blocking the event loop (the watchdog could not interrupt it)",
-                    )
-                )  # fmt: skip
-            else:
-                invocation.settle(Outcome("succeeded", now, None, None, None, value))
+            self._returned(invocation, deadline, value, warn=False)
         finally:
             self.in_flight.pop(key, None)
             invocation.task = None
@@ -531,14 +511,7 @@ class HandlerRunner:
         key = next(self._seq)
         self.in_flight[key] = invocation
         try:
-            lease = self.lease
-            if lease is not None and not lease.holds(invocation.epoch):
-                invocation.settle(
-                    Outcome(
-                        "failed", self.clock.now(), TAG_LEASE_LOST,
-                        "not started: this instance's lease on its work lapsed after it was claimed",
-                    )
-                )  # fmt: skip
+            if self._lapsed(invocation):
                 return
             arg = invocation.begin(self.clock.now())
             deadline = invocation.deadline
@@ -562,31 +535,10 @@ class HandlerRunner:
                 value = stop.value
             else:
                 value = await _InContext(steps, context, first)
-        except asyncio.CancelledError:
-            invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
         except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the call, not the process
-            tag, message, trace = _describe(exc)
-            if invocation.opener is not None and trace:
-                invocation.write(trace if trace.endswith("\n") else trace + "\n")
-            invocation.settle(Outcome("failed", self.clock.now(), tag, message, trace))
+            self._raised(invocation, exc)
         else:
-            now = self.clock.now()
-            if now > deadline and not invocation.done:
-                ran = (now - deadline).total_seconds() + invocation.max_runtime_s
-                log.warning(
-                    "%s blocked the event loop until %.1fs after its start (max_runtime %gs): "
-                    "an async handler doing blocking work stalls every schedule; make it a plain def",
-                    invocation.label, ran, invocation.max_runtime_s,
-                )  # fmt: skip
-                invocation.settle(
-                    Outcome(
-                        "failed", now, TAG_TIMEOUT,
-                        f"exceeded max_runtime of {invocation.max_runtime_s:g}s: finished after {ran:.1f}s, "
-                        "blocking the event loop (the watchdog could not interrupt it)",
-                    )
-                )  # fmt: skip
-            else:
-                invocation.settle(Outcome("succeeded", now, None, None, None, value))
+            self._returned(invocation, deadline, value)
         finally:
             self.in_flight.pop(key, None)
             invocation.task = None  # a later cancel() of this call must not reach the lane's next one
@@ -618,16 +570,7 @@ class HandlerRunner:
             try:
                 if invocation.gate is not None:
                     await invocation.gate
-                lease = self.lease
-                if lease is not None and not lease.holds(invocation.epoch):
-                    # Claimed under a lease that lapsed since (a frozen process that woke,
-                    # a partition): another instance may have taken this work over.
-                    invocation.settle(
-                        Outcome(
-                            "failed", self.clock.now(), TAG_LEASE_LOST,
-                            "not started: this instance's lease on its work lapsed after it was claimed",
-                        )
-                    )  # fmt: skip
+                if self._lapsed(invocation):
                     return
                 arg = invocation.begin(self.clock.now())
             finally:
@@ -656,37 +599,59 @@ class HandlerRunner:
                 value = await self._on_thread(invocation, fn, arg, captured)
                 if inspect.isawaitable(value):  # lambda ctx: send(ctx): the work is the awaitable
                     value = await value
-        except asyncio.CancelledError:
-            invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
         except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the run, not the process
-            tag, message, trace = _describe(exc)
-            if invocation.opener is not None and trace:
-                # Its log ends as the process's stderr would: with the traceback (kept in the run too).
-                invocation.write(trace if trace.endswith("\n") else trace + "\n")
-            invocation.settle(Outcome("failed", self.clock.now(), tag, message, trace))
+            self._raised(invocation, exc)
         else:
-            now = self.clock.now()
-            if now > deadline and not invocation.done:
-                # The watchdog never got to run: the handler held the event loop past its deadline.
-                ran = (now - deadline).total_seconds() + invocation.max_runtime_s
-                log.warning(
-                    "%s blocked the event loop until %.1fs after its start (max_runtime %gs): "
-                    "an async handler doing blocking work stalls every schedule; make it a plain def",
-                    invocation.label,
-                    ran,
-                    invocation.max_runtime_s,
-                )
-                invocation.settle(
-                    Outcome(
-                        "failed",
-                        now,
-                        TAG_TIMEOUT,
-                        f"exceeded max_runtime of {invocation.max_runtime_s:g}s: finished after {ran:.1f}s, "
-                        "blocking the event loop (the watchdog could not interrupt it)",
-                    )
-                )
-            else:
-                invocation.settle(Outcome("succeeded", now, None, None, None, value))
+            self._returned(invocation, deadline, value)
+
+    # -- a call's outcome, as every way of running one settles it --------------------------
+    def _lapsed(self, invocation: Invocation) -> bool:
+        """Whether the call was claimed under a lease that lapsed since (a frozen process
+        that woke, a partition: another instance may have taken the work over); if so it
+        is settled as never started."""
+        lease = self.lease
+        if lease is None or lease.holds(invocation.epoch):
+            return False
+        invocation.settle(
+            Outcome(
+                "failed", self.clock.now(), TAG_LEASE_LOST,
+                "not started: this instance's lease on its work lapsed after it was claimed",
+            )
+        )  # fmt: skip
+        return True
+
+    def _raised(self, invocation: Invocation, exc: BaseException) -> None:
+        """Settle a call whose code raised (a cancellation: ``interrupted``)."""
+        if issubclass(type(exc), asyncio.CancelledError):  # (not isinstance(): it reads exc.__class__)
+            invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
+            return
+        tag, message, trace = _describe(exc)
+        if invocation.opener is not None and trace:
+            # Its log ends as the process's stderr would: with the traceback (kept in the run too).
+            invocation.write(trace if trace.endswith("\n") else trace + "\n")
+        invocation.settle(Outcome("failed", self.clock.now(), tag, message, trace))
+
+    def _returned(self, invocation: Invocation, deadline: datetime, value: Any, *, warn: bool = True) -> None:
+        """Settle a call whose code returned ``value``: succeeded, unless it held the event
+        loop past its deadline (the watchdog never got to run); ``warn``: say so in the log."""
+        now = self.clock.now()
+        if now <= deadline or invocation.done:
+            invocation.settle(Outcome("succeeded", now, None, None, None, value))
+            return
+        ran = (now - deadline).total_seconds() + invocation.max_runtime_s
+        if warn:
+            log.warning(
+                "%s blocked the event loop until %.1fs after its start (max_runtime %gs): "
+                "an async handler doing blocking work stalls every schedule; make it a plain def",
+                invocation.label, ran, invocation.max_runtime_s,
+            )  # fmt: skip
+        invocation.settle(
+            Outcome(
+                "failed", now, TAG_TIMEOUT,
+                f"exceeded max_runtime of {invocation.max_runtime_s:g}s: finished after {ran:.1f}s, "
+                "blocking the event loop (the watchdog could not interrupt it)",
+            )
+        )  # fmt: skip
 
     def _end(self, invocation: Invocation) -> None:
         """The handler has really returned (or never began): settle it if nothing did, and
