@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import io
 import os
@@ -48,6 +50,17 @@ def run_main(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> sub
     0.6 s of CPU; tests that run verbs dozens of times run them here, and leave the process
     boundary (the installed entry point, argv bytes through the OS, a process per run) to a
     few real runs."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _run_main(cwd, args, env)
+    # From an async test: main's asyncio.run needs a thread without a loop; the test's loop
+    # waits for it, as it would for a subprocess.
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        return thread.submit(_run_main, cwd, args, env).result()
+
+
+def _run_main(cwd: Path, args: tuple[str, ...], env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
     from console.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
