@@ -63,14 +63,20 @@ def run_main(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> sub
 def _run_main(cwd: Path, args: tuple[str, ...], env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
     from console.cli.main import main
 
-    out, err = io.StringIO(), io.StringIO()
+    # Encoded as a child's pipes are: stdout strict UTF-8 (a lone surrogate printed raises,
+    # as it would there), stderr with backslash escapes.
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
+    err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace")
     with _environ(cli_env() if env is None else env), contextlib.chdir(cwd):
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main(list(args))
             except SystemExit as exit_:  # as the process would end
                 code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
-    return subprocess.CompletedProcess(["schedtui", *args], code, out.getvalue(), err.getvalue())
+    out.flush()
+    err.flush()
+    printed = [stream.buffer.getvalue().decode("utf-8") for stream in (out, err)]  # type: ignore[attr-defined]
+    return subprocess.CompletedProcess(["schedtui", *args], code, *printed)
 
 
 def poll(condition: Callable[[], T], *, timeout: float, what: str, every: float = 0.05) -> T:
