@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
+import io
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -25,6 +29,54 @@ def cli_env(**extra: str) -> dict[str, str]:
     env.pop("SCHEDTUI_URL", None)
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def _environ(env: Mapping[str, str]) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def run_main(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``schedtui ARGS`` in this process, through ``main(argv)``, in ``cwd`` with the
+    environment a child would get (``env``, by default :func:`cli_env`'s): what it printed
+    and its exit code, as ``subprocess.run`` returns them. A Python start-up costs about
+    0.6 s of CPU; tests that run verbs dozens of times run them here, and leave the process
+    boundary (the installed entry point, argv bytes through the OS, a process per run) to a
+    few real runs."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _run_main(cwd, args, env)
+    # From an async test: main's asyncio.run needs a thread without a loop; the test's loop
+    # waits for it, as it would for a subprocess.
+    with concurrent.futures.ThreadPoolExecutor(1) as thread:
+        return thread.submit(_run_main, cwd, args, env).result()
+
+
+def _run_main(cwd: Path, args: tuple[str, ...], env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
+    from console.cli.main import main
+
+    # Encoded as a child's pipes are: stdout strict UTF-8 (a lone surrogate printed raises,
+    # as it would there), stderr with backslash escapes.
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict")
+    err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace")
+    with _environ(cli_env() if env is None else env), contextlib.chdir(cwd):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exit_:  # as the process would end
+                code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    out.flush()
+    err.flush()
+    printed = [stream.buffer.getvalue().decode("utf-8") for stream in (out, err)]  # type: ignore[attr-defined]
+    return subprocess.CompletedProcess(["schedtui", *args], code, *printed)
 
 
 def poll(condition: Callable[[], T], *, timeout: float, what: str, every: float = 0.05) -> T:

@@ -1,4 +1,8 @@
-"""The ``schedtui`` command end to end: every verb in a real subprocess on a real store.
+"""The ``schedtui`` command end to end: every verb on a real store, through ``main(argv)``
+in this process (a Python start-up per call would cost most of the file's time); where the
+process boundary is what is tested (a process per fire, the installed entry point's exit
+codes and stderr, argv bytes through the OS, a terminal, the environment, signals, serve),
+in a real subprocess.
 
 Each test gets its own folder with a ``schedules/`` tree and a SQLite store; handlers
 append to log files there, so a test sees exactly what ran. The ``serve`` tests run a
@@ -30,7 +34,7 @@ from backend.client.embedded import EmbeddedBackend
 from backend.events.audit import os_user
 from backend.store.sqlite.store import SQLiteStore
 from tests.conftest import expect
-from tests.servers import poll
+from tests.servers import poll, run_main
 
 REPO = Path(__file__).resolve().parents[1]
 UTC = UTC
@@ -99,7 +103,8 @@ def child_env() -> dict[str, str]:
 
 
 class Cli:
-    """Runs ``python -m console.cli VERB ... --store sqlite:///<tmp>/state.db`` in ``root``."""
+    """Runs ``schedtui VERB ... --store sqlite:///<tmp>/state.db`` in ``root``: in this
+    process, or (``real``) as ``python -m console.cli`` in its own."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -108,13 +113,15 @@ class Cli:
     def argv(self, *args: str, store: bool = True) -> list[str]:
         return [sys.executable, "-m", "console.cli", *args, *(["--store", self.store] if store else [])]
 
-    def __call__(self, *args: str, store: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    def __call__(self, *args: str, store: bool = True, real: bool = False) -> subprocess.CompletedProcess[str]:
+        if not real:
+            return run_main(self.root, *self.argv(*args, store=store)[3:], env=child_env())
         return subprocess.run(
-            self.argv(*args, store=store), cwd=self.root, env=child_env(), capture_output=True, text=True, timeout=timeout
+            self.argv(*args, store=store), cwd=self.root, env=child_env(), capture_output=True, text=True, timeout=30
         )
 
-    def ok(self, *args: str) -> subprocess.CompletedProcess[str]:
-        done = self(*args)
+    def ok(self, *args: str, real: bool = False) -> subprocess.CompletedProcess[str]:
+        done = self(*args, real=real)
         assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
         return done
 
@@ -164,7 +171,7 @@ def columns(line: str) -> list[str]:
 # list
 # ---------------------------------------------------------------------------------------
 def test_list_table(cli: Cli) -> None:
-    done = cli.ok("list")
+    done = cli.ok("list", real=True)
     assert done.stderr == ""
     header, *rows = done.stdout.splitlines()
     assert columns(header) == ["NAME", "CRON", "TIMEZONE", "TRIGGER", "STATE", "NEXT FIRE", "LAST RUN"]
@@ -234,7 +241,7 @@ def test_every_bad_file_is_named_and_serve_refuses_to_start(cli: Cli) -> None:
         "stop.jobs.py": "raise KeyboardInterrupt\n",
     })  # fmt: skip
     for args in (["list"], ["serve"]):
-        done = cli(*args)
+        done = cli(*args, real=args == ["serve"])  # serve configures the process's logging
         assert done.returncode == 2, done.stderr
         assert done.stderr.splitlines()[-3:] == [
             "schedtui: 2 problems in the definitions:",
@@ -251,7 +258,7 @@ def test_every_bad_file_is_named_and_serve_refuses_to_start(cli: Cli) -> None:
 def test_fire_runs_the_handler_here_and_waits(cli: Cli) -> None:
     ids = []
     for _ in range(3):  # a few times: the answer must never be a stale "running"
-        done = cli.ok("fire", "hourly")
+        done = cli.ok("fire", "hourly", real=True)  # a process each: see the instances below
         match = re.fullmatch(r"fired hourly: run (\w{26})\n", done.stderr)
         assert match, done.stderr
         ids.append(match.group(1))
@@ -274,8 +281,8 @@ def test_fire_runs_the_handler_here_and_waits(cli: Cli) -> None:
 
 
 def test_fire_a_failing_handler_exits_1(cli: Cli) -> None:
-    for _ in range(2):
-        done = cli("fire", "failing")
+    for real in (True, False):
+        done = cli("fire", "failing", real=real)
         assert done.returncode == 1, done
         row = columns(done.stdout.splitlines()[1])
         assert row[2:5] == ["✗ failed", "manual", "manual"]
@@ -511,7 +518,7 @@ def test_runs_table_json_limit_and_paging(cli: Cli) -> None:
     ],
 )
 def test_bad_usage(cli: Cli, args: list[str], named: str) -> None:
-    done = cli(*args)
+    done = cli(*args, real=args == ["frobnicate"])  # argparse's own refusal, from the real entry point
     assert done.returncode == 2, done
     assert done.stdout == ""
     (line,) = done.stderr.splitlines()
@@ -647,10 +654,10 @@ def test_the_embedded_console_refuses_a_missing_store_before_drawing(cli: Cli) -
 
 
 def test_no_verb_starts_the_console_which_needs_a_terminal(cli: Cli) -> None:
-    done = cli(store=False)  # no TTY here: the console says so instead of drawing
+    done = cli(store=False, real=True)  # no TTY here: the console says so instead of drawing
     assert done.returncode == 2
     assert "the console needs a terminal" in done.stderr and "schedtui --help" in done.stderr
-    assert cli("--help", store=False).stdout.startswith("usage: schedtui")
+    assert cli("--help", store=False, real=True).stdout.startswith("usage: schedtui")
 
 
 def test_the_installed_console_script(cli: Cli) -> None:

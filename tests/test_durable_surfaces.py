@@ -21,7 +21,7 @@ from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.definitions import discover_definitions
-from tests.servers import Server, cli_env, poll, start_server
+from tests.servers import Server, cli_env, poll, run_main, start_server
 
 DEFINITIONS = """
     from backend.durable import define_durable
@@ -222,7 +222,10 @@ def test_api_statuses_and_openapi(server: Server) -> None:
 # ---------------------------------------------------------------------------------------
 # the CLI
 # ---------------------------------------------------------------------------------------
-def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(cwd: Path, *args: str, real: bool = False) -> subprocess.CompletedProcess[str]:
+    """In this process (main(argv)); ``real``: the entry point in a process of its own."""
+    if not real:
+        return run_main(cwd, *args)
     return subprocess.run([sys.executable, "-m", "console.cli", *args], cwd=cwd, env=cli_env(), capture_output=True,
                           text=True, timeout=60)  # fmt: skip
 
@@ -230,7 +233,7 @@ def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_embedded_and_remote(tmp_path: Path, server: Server) -> None:
     write_definitions(tmp_path)
     store = ["--schedules", "defs", "--store", f"sqlite:///{tmp_path / 'state.db'}"]
-    assert cli(tmp_path, "durable", "list", *store).returncode == 2  # no store yet: refused, not created
+    assert cli(tmp_path, "durable", "list", *store, real=True).returncode == 2  # no store yet: refused, not created
     import asyncio
 
     from backend.store import open_store
@@ -267,7 +270,7 @@ def test_cli_embedded_and_remote(tmp_path: Path, server: Server) -> None:
         # A byte that is not UTF-8 reaches Python as a lone surrogate: no store could keep it.
         (["durable", "start", "release", "--input", '"a\udcff"'], "input holds a lone surrogate (\\udcff)"),
     ]:
-        result = cli(tmp_path, *args, *store)
+        result = cli(tmp_path, *args, *store, real="\udcff" in args[-1])  # the byte goes through the OS's argv
         assert result.returncode == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result
     remote = ["--url", server.url, "--token-file", str(_token_file(tmp_path))]
     started = cli(tmp_path, "durable", "start", "release", "--json", *remote)

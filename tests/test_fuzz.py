@@ -14,12 +14,21 @@ backfill's ``from``/``to`` are free-form times, ``now``, ``-2d`` or ISO 8601, wh
 no JSON schema can state, so a schema-valid string may rightly be refused with 422; and
 the bad text put in is refused whatever the schema says), and ``negative_data_rejection``
 (unknown query parameters are ignored, as HTTP servers do).
+
+Each operation gets schemathesis' examples and coverage cases (its boundaries, every
+parameter missing or of the wrong type) and then ``SCHEDTUI_FUZZ_EXAMPLES`` random cases
+(10 by default, down from 25: each is a call to a real server, and the 15 more cost the
+suite about 17 s of its two workers' time; the coverage cases are the same either way).
+Raise it for a deeper run::
+
+    SCHEDTUI_FUZZ_EXAMPLES=200 python -m pytest tests/test_fuzz.py -q
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import textwrap
 from collections.abc import Iterator
@@ -59,6 +68,7 @@ LOCK = "fuzz/lock"
 #: surrogate, so its parameters get the others.
 BAD_TEXT = ["half \ud800 a pair", "\udcff", "nul \x00 inside", "\x1b[2J"]
 BAD_URL_TEXT = ["nul \x00 inside", "\x1b[2J", "\x7f"]
+FUZZ_EXAMPLES = int(os.environ.get("SCHEDTUI_FUZZ_EXAMPLES") or 10)
 #: The ids of things that exist in the store under test (set by the fixture).
 REAL: dict[str, str] = {}
 
@@ -161,7 +171,7 @@ def put_bad_text(case: schemathesis.Case, choose: random.Random) -> None:
 
 
 @schema.parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 def test_no_5xx_and_every_answer_as_documented(case: schemathesis.Case) -> None:
     # A third of the cases as generated; a third naming what exists; a third naming what
     # exists, with bad text in one place. Chosen from the case's id: every phase of

@@ -21,7 +21,7 @@ from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.jobs.model import NotDead, QueueFull
-from tests.servers import Server, cli_env, poll, start_server
+from tests.servers import Server, cli_env, poll, run_main, start_server
 
 OPERATE, READ = "op-jobs-token", "read-jobs-token"
 DEFINITIONS = {
@@ -324,10 +324,12 @@ def _token_file(folder: Path) -> Path:
 
 
 def test_every_job_verb_with_its_exit_code(where: list[str], tmp_path: Path) -> None:
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli(tmp_path, *args, *where)
+    def cli(*args: str, real: bool = False) -> subprocess.CompletedProcess[str]:
+        # In this process (main(argv)); ``real``: the installed entry point in its own
+        # process, where the exit code and the one line on stderr are the process's.
+        return (run_cli if real else run_main)(tmp_path, *args, *where)
 
-    done = cli("queues", "pause", "held")
+    done = cli("queues", "pause", "held", real=True)
     assert done.returncode == 0 and "held paused" in done.stdout, done.stderr
     queues = json.loads(cli("queues", "--json").stdout)
     assert {q["name"] for q in queues} >= {"mail", "held"} and all(set(q) == QUEUE_KEYS for q in queues)
@@ -355,7 +357,7 @@ def test_every_job_verb_with_its_exit_code(where: list[str], tmp_path: Path) -> 
         (("jobs", "show", "01J00000000000000000000000"), 2, "no job with id"),
         (("queues", "pause"), 2, "say `schedtui queues pause QUEUE`"),
     ):
-        done = cli(*args)
+        done = cli(*args, real=args[-1] in ("{", "nothing-here"))  # a refusal (2) and a failure (1), for real
         assert done.returncode == code, (args, done.returncode, done.stdout, done.stderr)
         assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
 
@@ -373,12 +375,12 @@ def test_every_job_verb_with_its_exit_code(where: list[str], tmp_path: Path) -> 
     assert retried["attempt"] == 0 and retried["status"] in ("queued", "running", "dead")
     table = cli("jobs", "list", "mail")
     assert table.stdout.splitlines()[0].split() == ["ID", "STATUS", "ATTEMPT", "WHEN", "KEY", "CRON", "LAST", "ERROR"]
-    assert cli("queues", "resume", "held").returncode == 0
+    assert cli("queues", "resume", "held", real=True).returncode == 0
 
 
 def test_jobs_cancel_takes_an_id_shaped_argument_as_an_id_and_key_as_a_key(where: list[str], tmp_path: Path) -> None:
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli(tmp_path, *args, *where)
+    def cli(*args: str, real: bool = False) -> subprocess.CompletedProcess[str]:
+        return (run_cli if real else run_main)(tmp_path, *args, *where)
 
     def sent(*args: str) -> str:
         return str(json.loads(cli("jobs", "send", "held", "--delay", "3600", *args, "--json").stdout)["id"])
@@ -397,6 +399,6 @@ def test_jobs_cancel_takes_an_id_shaped_argument_as_an_id_and_key_as_a_key(where
         # A byte that is not UTF-8 reaches Python as a lone surrogate: one line, no traceback.
         (("jobs", "cancel", "held", "a\udcff"), 'key "a\\udcff" holds \\udcff at position 1'),
     ):
-        done = cli(*args)
+        done = cli(*args, real="\udcff" in args[-1])  # the byte goes through the OS's argv
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -263,14 +263,20 @@ class QueueMachine(RuleBasedStateMachine):
                 before = page.next_before
         return jobs
 
-    def teardown(self) -> None:
+    def end_every_handler(self) -> None:
         for live in self.live.values():
             live.told.set()  # every handler returns (on a thread, or ignoring cancellation)
             if not live.result.done():
                 live.result.set_result(True)
+
+    def teardown(self) -> None:
+        self.end_every_handler()
         try:
             for engine in self.engines.values():
                 self.loop.run_until_complete(engine.stop(grace=0))
+            # A job claimed before the stop may have begun during it (one that ignores its
+            # cancellation would hold the wait below to its 30 s): tell those too.
+            self.end_every_handler()
             # The calls that wait for their threads to return (a thread cannot be stopped):
             # they end now that every handler was told to, and none is left pending.
             pending = asyncio.all_tasks(self.loop)
