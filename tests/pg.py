@@ -8,10 +8,8 @@ refuses to run as root, so as root the cluster belongs to an unprivileged user
 (``postgres`` if it exists, else ``nobody``) and its commands run through ``runuser``.
 
 Each test gets a database of its own (``CREATE DATABASE``, a copy of ``template0`` or of a
-database migrated once for the session), so one cluster serves the whole session. A copy
-costs the server 0.1-0.3 s, a few hundred times a session: migrated ones are made
-:data:`MADE_AHEAD` at a time on a thread of their own while tests run (much of a test's
-time is spent waiting on processes and clocks), each still used by one test only.
+database migrated once for the session: a few tens of milliseconds), so one cluster
+serves the whole session.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
-import queue
 import re
 import shutil
 import signal
@@ -88,12 +85,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-#: Migrated databases kept ready for the tests that ask for one (see the module).
-MADE_AHEAD = 2
-#: Seconds a test waits for one made ahead before it makes its own.
-MAKER_PATIENCE = 20.0
-
-
 @dataclass
 class PgServer:
     """A server the tests may create databases on; ``owned`` when this process started it."""
@@ -113,10 +104,6 @@ class PgServer:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _template: str | None = None
     _template_lock: threading.Lock = field(default_factory=threading.Lock)
-    _ready: queue.Queue[str] = field(default_factory=lambda: queue.Queue(maxsize=MADE_AHEAD))
-    """Migrated databases made ahead, not handed to any test yet."""
-    _maker: threading.Thread | None = None
-    _stopping: threading.Event = field(default_factory=threading.Event)
 
     # -- databases ---------------------------------------------------------------------
     def url(self, dbname: str) -> str:
@@ -133,62 +120,24 @@ class PgServer:
         version and a store opens on it without running a migration (that costs half a
         second a database, most of a short test's time). A test of the migrations, or of
         processes meeting on an empty database, asks for an empty one."""
-        if migrated:
-            template = self._migrated_template()
-            self._start_maker()
-            try:
-                return self.url(self._ready.get(timeout=MAKER_PATIENCE))
-            except queue.Empty:  # (the server was down a while: a test restarts it)
-                return self.url(self._create(prefix, template))
-        return self.url(self._create(prefix, "template0"))
-
-    def _create(self, prefix: str, template: str) -> str:
+        template = self._migrated_template() if migrated else "template0"
         with self._lock:
             self._counter += 1
             name = f"schedtui_{prefix}_{os.getpid()}_{self._counter}"
         with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-        with self._lock:
-            self.created.append(name)
-        return name
-
-    def _start_maker(self) -> None:
-        with self._template_lock:
-            if self._maker is None:
-                self._maker = threading.Thread(target=self._make_ahead, name="pg databases ahead", daemon=True)
-                self._maker.start()
-
-    def _make_ahead(self) -> None:
-        """Keep :data:`MADE_AHEAD` migrated databases ready until the server stops."""
-        assert self._template is not None
-        made: str | None = None
-        while not self._stopping.is_set():
-            if made is None:
-                try:
-                    made = self._create("t", self._template)
-                except psycopg.Error:  # a test stopped or restarts the server: again, later
-                    self._stopping.wait(0.5)
-                    continue
-            try:
-                self._ready.put(made, timeout=0.5)  # (full: wait for a test to take one)
-                made = None
-            except queue.Full:
-                continue
-
-    def _stop_maker(self) -> None:
-        self._stopping.set()
-        if self._maker is not None:
-            self._maker.join(30)
+        self.created.append(name)
+        return self.url(name)
 
     def _migrated_template(self) -> str:
         with self._template_lock:
             if self._template is None:
-                name = self._create("template", "template0")
-                url = self.url(name)
+                url = self.create_database("template")
                 # On a thread: the caller may be inside a running event loop.
                 worker = threading.Thread(target=lambda: asyncio.run(_open_once(url)))
                 worker.start()
                 worker.join()
+                name = self.created[-1]
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=10) as conn:
                     # Nobody may be connected to a template while it is copied: not even
                     # autovacuum, which leaves a database that takes no connections alone.
@@ -226,7 +175,6 @@ class PgServer:
             raise NoPostgres(f"pg_ctl {action} failed: {done.stderr.strip() or done.stdout.strip()}")
 
     def stop(self) -> None:
-        self._stop_maker()
         if self.owned and self.base is not None:
             try:
                 self.pg_ctl("stop")
