@@ -93,7 +93,7 @@ async def test_a_checkpoint_on_the_lane_is_refused_once_the_lease_has_moved(stor
     # an operator's cancellation comes back with the next checkpoint
     assert await store.durable_cancel(ID, later, "cancelled by ops") == ("running", "requested")
     assert await store.durable_write(checkpoint(second, 3, "three", later)) is True
-    assert on_lane() == 1
+    assert on_lane() == 1 and await steps_of(store) == ["one", "two", "three"]  # the step is kept all the same
     # the end: refused to a displaced owner too, one log line with it
     end = Finish("succeeded", "three", output="3")
     assert await store.durable_write(Write(ID, first.execution.lease, later, end, [], ["succeeded"])) is None
@@ -103,6 +103,60 @@ async def test_a_checkpoint_on_the_lane_is_refused_once_the_lease_has_moved(stor
     done = await store.durable_get(ID)
     assert done is not None and (done.status, done.output, done.finished_at) == ("succeeded", 3, later)
     assert [line.message for line in done.logs or []][-1] == "succeeded"
+
+
+async def test_a_checkpoint_meeting_a_takeover_in_flight_waits_for_it_and_is_refused(
+    store: PostgresStore, clock: ManualClock, pg_url: str
+) -> None:
+    """The fence reads the execution's row under a lock. A take-over not yet committed when
+    a checkpoint arrives makes it wait; once the take-over commits, the checkpoint is
+    refused. (Read without the lock, the statement's snapshot would still show the old
+    lease, and the displaced owner's step would land after the take-over.)"""
+    lane = store._checkpoints
+    assert lane is not None and await lane.open()
+    on_lane = Counted(store)
+    now = clock.now()
+    await store.durable_insert(NewExecution(ID, "f", "null", now))
+    first = await claimed(store, "a", now)
+    on_lane()
+    with psycopg.connect(pg_url) as takeover, psycopg.connect(pg_url, autocommit=True) as admin:
+        takeover.execute(
+            "UPDATE schedtui_durable_executions SET lease = lease + 1, instance = 'b' WHERE id = %s", (ID,)
+        )  # in a transaction, not committed yet
+        pending = asyncio.ensure_future(store.durable_write(checkpoint(first, 1, "one", now)))
+
+        def waiting_for_the_row() -> bool:
+            pid = lane.pid
+            row = admin.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+            return row is not None and row[0] == "Lock"
+
+        await until(waiting_for_the_row, "the checkpoint to wait for the take-over's lock")
+        assert not pending.done()
+        takeover.commit()
+    assert await pending is None  # displaced
+    assert on_lane() == 1 and await steps_of(store) == []
+
+
+async def test_a_retried_step_is_written_again_on_the_lane(store: PostgresStore, clock: ManualClock) -> None:
+    """A later attempt (and an at-most-once step's end) upserts the step's row on the lane."""
+    assert store._checkpoints is not None and await store._checkpoints.open()
+    on_lane = Counted(store)
+    now = clock.now()
+    await store.durable_insert(NewExecution(ID, "f", "null", now))
+    claim = await claimed(store, "a", now)
+    on_lane()
+    waiting = StepRecord(1, "one", "step", "waiting", 1, now, now, wake_at=now, error_tag="boom", error_message="no")
+    lease = claim.execution.lease
+    assert await store.durable_write(Write(ID, lease, now, Progress("one", now + timedelta(seconds=30)), [waiting])) is False
+    on_lane()
+    commits = store.commits
+    done = StepRecord(1, "one", "step", "succeeded", 2, now, now, output="1")
+    assert await store.durable_write(Write(ID, lease, now, Progress("one", now + timedelta(seconds=30)), [done])) is False
+    assert on_lane() == 1 and store.commits == commits + 1  # one commit, on the lane
+    row = await store.durable_get(ID)
+    assert row is not None and row.steps is not None and len(row.steps) == 1
+    step = row.steps[0]
+    assert (step.status, step.attempt, step.wake_at, step.error_tag) == ("succeeded", 2, None, None)
 
 
 async def test_a_start_on_the_lane_is_claimed_audited_and_logged_in_one_statement(

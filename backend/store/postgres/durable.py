@@ -183,6 +183,12 @@ CLAIM = f"""
 """
 #: The lease condition every write of the runner carries.
 HELD = "id = %(id)s AND lease = %(lease)s AND status = 'running'"
+#: A step's row written again (a retry, an at-most-once step's end).
+_STEP_UPDATE = """name = excluded.name, kind = excluded.kind,
+        status = excluded.status, attempt = excluded.attempt, started_at = excluded.started_at,
+        finished_at = excluded.finished_at, wake_at = excluded.wake_at, output = excluded.output,
+        error_tag = excluded.error_tag, error_message = excluded.error_message,
+        at_most_once = excluded.at_most_once"""
 #: What a write does besides updating the execution ("e"), only if that update matched.
 _AND_STEPS_AND_LOGS = f""",
     s AS (
@@ -192,11 +198,7 @@ _AND_STEPS_AND_LOGS = f""",
             finished_at timestamptz, wake_at timestamptz, output text, error_tag text, error_message text,
             at_most_once boolean)
         WHERE EXISTS (SELECT 1 FROM e)
-        ON CONFLICT (execution_id, seq) DO UPDATE SET name = excluded.name, kind = excluded.kind,
-            status = excluded.status, attempt = excluded.attempt, started_at = excluded.started_at,
-            finished_at = excluded.finished_at, wake_at = excluded.wake_at, output = excluded.output,
-            error_tag = excluded.error_tag, error_message = excluded.error_message,
-            at_most_once = excluded.at_most_once
+        ON CONFLICT (execution_id, seq) DO UPDATE SET {_STEP_UPDATE}
     ),
     l AS (
         INSERT INTO schedtui_durable_logs (execution_id, at, message)
@@ -210,12 +212,12 @@ PROGRESS = f"""
         UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
         WHERE {HELD} RETURNING cancel_requested
     )""" + _AND_STEPS_AND_LOGS
-#: The hot path, a finished step and nothing else: the step's upsert, inserted from the
-#: execution's row read under its lease (so nothing when the lease is not held). The row is
-#: locked (FOR SHARE: every other write of it waits, a claim skips it), not updated: no new
-#: version of it per step. Its lease is renewed by the executor's own renewals, and the step
-#: it is at is read from its newest checkpoint (CURRENT_STEP). One statement with plain
-#: positional parameters: no JSON to build or unpack, no log CTE.
+#: A finished step and nothing else, the general form (and every checkpoint's fallback):
+#: the step's upsert, inserted from the execution's row read under its lease (so nothing
+#: when the lease is not held). The row is locked (FOR SHARE: every other write of it
+#: waits, a claim skips it), not updated: no new version of it per step. Its lease is
+#: renewed by the executor's own renewals, and the step it is at is read from its newest
+#: checkpoint (CURRENT_STEP). It returns whether a cancellation was asked for.
 CHECKPOINT = f"""
     WITH e AS (
         SELECT id, cancel_requested FROM {EXECUTIONS} WHERE id = %s AND lease = %s AND status = 'running' FOR SHARE
@@ -223,16 +225,24 @@ CHECKPOINT = f"""
     INSERT INTO schedtui_durable_steps (execution_id, {STEP_COLUMNS})
     SELECT e.id, %s::integer, %s::text, %s::text, %s::text, %s::integer, %s::timestamptz, %s::timestamptz,
         %s::timestamptz, %s::text, %s::text, %s::text, %s::boolean FROM e
-    ON CONFLICT (execution_id, seq) DO UPDATE SET name = excluded.name, kind = excluded.kind,
-        status = excluded.status, attempt = excluded.attempt, started_at = excluded.started_at,
-        finished_at = excluded.finished_at, wake_at = excluded.wake_at, output = excluded.output,
-        error_tag = excluded.error_tag, error_message = excluded.error_message,
-        at_most_once = excluded.at_most_once
+    ON CONFLICT (execution_id, seq) DO UPDATE SET {_STEP_UPDATE}
     RETURNING (SELECT cancel_requested FROM e)
 """
-#: The same for a step's first attempt, which has no row yet: a plain insert (a row there
-#: after all fails it, and the upsert runs on the pool instead).
-CHECKPOINT_NEW = CHECKPOINT[: CHECKPOINT.index("ON CONFLICT")] + "RETURNING (SELECT cancel_requested FROM e)\n"
+#: The hot path, the same fence without the CTE or its RETURNING (about 10 µs less of a
+#: round trip that is otherwise one commit): the step's columns first, then the execution's
+#: id and lease. It inserts nothing, besides under a lost lease, when a cancellation was
+#: asked for: the caller then runs CHECKPOINT, which writes the step and says so.
+#: ``CHECKPOINT_FIRST`` is a step's first attempt, which has no row yet: a plain insert (a
+#: row there after all fails it, and CHECKPOINT runs on the pool instead).
+_CHECKPOINT_LEAN = f"""
+    INSERT INTO schedtui_durable_steps (execution_id, {STEP_COLUMNS})
+    SELECT e.id, %s::integer, %s::text, %s::text, %s::text, %s::integer, %s::timestamptz, %s::timestamptz,
+        %s::timestamptz, %s::text, %s::text, %s::text, %s::boolean
+    FROM {EXECUTIONS} e WHERE e.id = %s AND e.lease = %s AND e.status = 'running' AND NOT e.cancel_requested
+    FOR SHARE OF e
+"""
+CHECKPOINT_FIRST = _CHECKPOINT_LEAN
+CHECKPOINT_AGAIN = _CHECKPOINT_LEAN + f"ON CONFLICT (execution_id, seq) DO UPDATE SET {_STEP_UPDATE}\n"
 #: Progress without steps or logs: only the update.
 PROGRESS_ONLY = f"""
     UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
@@ -453,7 +463,7 @@ class PostgresDurable:
     def _checkpoint_lane(self) -> Lane:
         """The connection kept for checkpoints (made when the store opens, connected when
         first used)."""
-        statements = {"checkpoint": CHECKPOINT, "step": CHECKPOINT_NEW, "start": INSERT, "finish": FINISH_LEAN}
+        statements = {"again": CHECKPOINT_AGAIN, "first": CHECKPOINT_FIRST, "start": INSERT, "finish": FINISH_LEAN}
         return Lane(self._conninfo, "schedtui_durable", statements, self._configure)
 
     async def _on_lane(self, key: str, params: Sequence[Any], *, connect: bool = True) -> PGresult | None:
@@ -580,18 +590,21 @@ class PostgresDurable:
                 key = self._lane_key = (write.id, write.lease, write.id.encode(), b"%d" % write.lease)
             wake, tag, message = s.wake_at, s.error_tag, s.error_message
             try:
-                result = await lane.call("step" if s.attempt == 1 and not s.at_most_once else "checkpoint", (
-                    key[2], key[3], b"%d" % s.seq, s.name.encode(), s.kind.encode(), s.status.encode(),
+                result = await lane.call("first" if s.attempt == 1 and not s.at_most_once else "again", (
+                    b"%d" % s.seq, s.name.encode(), s.kind.encode(), s.status.encode(),
                     b"%d" % s.attempt, _when(s.started_at), _when(s.finished_at),
                     None if wake is None else wake.isoformat().encode(), _utf8(_text(s.output)),
                     None if tag is None else _utf8(_text(tag)), None if message is None else _utf8(_text(message)),
-                    b"t" if s.at_most_once else b"f",
+                    b"t" if s.at_most_once else b"f", key[2], key[3],
                 ))  # fmt: skip
             except LaneFailed:
                 pass  # unknown whether it took effect (or a row was there): the upsert, on the pool
             else:
                 self._lane_answered()
-                return None if result.ntuples == 0 else result.get_value(0, 0) == b"t"
+                if result.command_tuples:
+                    return False
+                # Nothing written: the lease is lost, or a cancellation was asked for (the
+                # step is written all the same, and the code stops at its next boundary).
         params = (
             write.id, write.lease, s.seq, s.name, s.kind, s.status, s.attempt, s.started_at, s.finished_at, s.wake_at,
             _text(s.output), _text(s.error_tag), _text(s.error_message), s.at_most_once,
