@@ -5,6 +5,7 @@ A benchmark, not a test (pytest does not collect it). Run it from the repository
     python -m tests.bench.durable                  # 20 workflows of 100 no-op steps each
     python -m tests.bench.durable --workflows 5 --skip-resume
     python -m tests.bench.durable --skip-dbos --skip-resume --statements   # statements per step
+    python -m tests.bench.durable --fence          # the checkpoint statement alone vs the INSERT
 
 The workload: a workflow of ``--steps`` no-op steps (each returns its index), run
 ``--workflows`` times one after the other, after one warm-up run. Each system runs in a
@@ -42,6 +43,9 @@ a time. Measured:
 * ``cpu_us_per_step``: the worker process's CPU (every thread) during the measured
   workflows, per step; beside it ``ceiling_cpu_us_per_commit``, the same process's CPU
   per commit of the ceiling: what a step costs the client besides its commit;
+* ``--fence`` measures only the checkpoint statement, without the engine (see
+  :func:`fence_costs`): what the fence and the step's row cost beside the ceiling's
+  ``INSERT``;
 * with ``--statements`` (the throwaway cluster loads ``pg_stat_statements``): each
   system's statements (so round trips, but for pipelined ones), rows and server time per
   step, over the whole process (its start-up included, which ``commits_per_step``
@@ -387,6 +391,98 @@ def median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------
+# the checkpoint statement alone, against the ceiling's INSERT (--fence)
+# ---------------------------------------------------------------------------------------
+def fence_costs(server: Any, rounds: int = 40, per_round: int = 100) -> dict[str, Any]:
+    """What a step's checkpoint statement costs the server's round trip, apart from the
+    engine: each variant sent ``per_round`` times in a row over a connection of its own like
+    the checkpoint's (statement prepared, parameters as text) from one event loop, the
+    variants interleaved round after round; per variant, its median commits/s and the
+    median over the rounds of its rate over the one-row ``INSERT``'s of the same round.
+
+    The variants: the ceiling's one-row ``INSERT``; the step's row alone (no fence); the
+    checkpoint as schedtui sends it (``CHECKPOINT_FIRST``: the row inserted from the
+    execution's row read ``FOR SHARE`` under its lease); the same read without the lock
+    (*unsafe*: a take-over committing between its read and its commit would not stop it;
+    shown for what the lock costs); and the general form (``CHECKPOINT``: a CTE, an upsert,
+    the cancellation returned)."""
+    import asyncio
+    import statistics
+    from datetime import UTC, datetime
+
+    import psycopg
+
+    from backend.store.postgres import durable as sql
+    from backend.store.postgres.lane import Lane
+
+    url = server.create_database("bench_fence", migrated=True)
+    execution = "01JD3Z6Q0V9W4C7PAXH3KJ1M2B"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bench_floor (n bigint PRIMARY KEY, at timestamptz NOT NULL)")
+        conn.execute(
+            f"INSERT INTO {sql.EXECUTIONS} (id, function, status, input, created_at, updated_at, instance, lease) "
+            "VALUES (%s, 'bench', 'running', 'null', now(), now(), 'bench', 7)",
+            (execution,),
+        )
+    columns = sql.STEP_COLUMNS
+    values = "%s::integer, %s::text, %s::text, %s::text, %s::integer, %s::timestamptz, %s::timestamptz, " \
+        "%s::timestamptz, %s::text, %s::text, %s::text, %s::boolean"  # fmt: skip
+    variants = {
+        "insert": "INSERT INTO bench_floor (n, at) VALUES (%s::bigint, now())",
+        "step_row": f"INSERT INTO schedtui_durable_steps (execution_id, {columns}) VALUES (%s, {values})",
+        "checkpoint": sql.CHECKPOINT_FIRST,
+        "checkpoint_unlocked": sql.CHECKPOINT_FIRST.replace("FOR SHARE OF e", ""),
+        "checkpoint_general": sql.CHECKPOINT,
+    }
+    assert variants["checkpoint_unlocked"] != variants["checkpoint"]
+    now = datetime.now(UTC).isoformat().encode()
+    key = (execution.encode(), b"7")
+    seq = 0
+
+    def params(name: str) -> list[bytes | None]:
+        nonlocal seq
+        seq += 1
+        if name == "insert":
+            return [b"%d" % seq]
+        row: list[bytes | None] = [b"%d" % seq, b"s%d" % seq, b"step", b"succeeded", b"1", now, now, None, b"1",
+                                   None, None, b"f"]  # fmt: skip
+        if name == "step_row":
+            return [key[0], *row]
+        if name == "checkpoint_general":
+            return [*key, *row]
+        return [*row, *key]
+
+    async def nothing(conn: Any) -> None:
+        pass
+
+    async def measure() -> dict[str, list[float]]:
+        lanes = {name: Lane(url, f"bench_{name}", {"s": text}, nothing) for name, text in variants.items()}
+        rates: dict[str, list[float]] = {name: [] for name in variants}
+        try:
+            for lane in lanes.values():
+                assert await lane.open()
+            for number in range(rounds + 1):  # the first round warms up (plans, caches)
+                for name, lane in lanes.items():
+                    began = time.perf_counter()
+                    for _ in range(per_round):
+                        result = await lane.call("s", params(name))
+                        assert name == "insert" or result.command_tuples == 1, name  # the fence let it through
+                    if number:
+                        rates[name].append(per_round / (time.perf_counter() - began))
+        finally:
+            for lane in lanes.values():
+                await lane.close()
+        return rates
+
+    rates = asyncio.run(measure())
+    out: dict[str, Any] = {"rounds": rounds, "per_round": per_round}
+    for name, rate in rates.items():
+        ratios = [a / b for a, b in zip(rate, rates["insert"], strict=True)]
+        out[name] = {"commits_per_s": round(statistics.median(rate)), "of_insert": round(statistics.median(ratios), 3)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------
 # resume after SIGKILL / SIGSTOP, on real serve processes
 # ---------------------------------------------------------------------------------------
 RESUME_DEFINITIONS = """
@@ -480,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-dbos", action="store_true")
     parser.add_argument("--skip-resume", action="store_true")
     parser.add_argument("--statements", action="store_true", help="load pg_stat_statements: statements per step")
+    parser.add_argument("--fence", action="store_true", help="only the checkpoint statement alone against the INSERT")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
     if args.worker == "schedtui":
@@ -503,6 +600,11 @@ def main(argv: list[str] | None = None) -> int:
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "postgresql": version},
             "workload": {"steps_per_workflow": args.steps, "workflows": args.workflows, "step": "no-op, returns its index"},
         }
+        if args.fence:
+            log("the checkpoint statement alone, interleaved with the ceiling's INSERT")
+            result["fence"] = fence_costs(server)
+            print(json.dumps(result, indent=2))
+            return 0
         systems = {"schedtui": [sys.executable, "-m", "tests.bench.durable", "--worker", "schedtui"]}
         if not args.skip_dbos:
             python = install_dbos(folder)
