@@ -14,7 +14,7 @@ from typing import Protocol
 
 from backend.model import utc
 
-__all__ = ["Clock", "ManualClock", "OffsetClock", "SystemClock"]
+__all__ = ["Clock", "ManualClock", "OffsetClock", "SystemClock", "follows_real_time"]
 
 # How much earlier than its deadline SystemClock's last long sleep ends: a millisecond of
 # selector rounding plus some, and the kernel's slack of 1/1000 of the timeout.
@@ -82,6 +82,14 @@ class OffsetClock:
 
     async def sleep_until(self, deadline: datetime) -> None:
         await self.base.sleep_until(deadline - self.offset)
+
+
+def follows_real_time(clock: Clock) -> bool:
+    """Whether ``clock`` moves with real time: the machine's clock, shifted or not (leases
+    and the comparison with the database's clock mean something only then)."""
+    if isinstance(clock, OffsetClock):
+        return follows_real_time(clock.base)
+    return isinstance(clock, SystemClock)
 
 
 class ManualClock:

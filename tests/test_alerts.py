@@ -776,6 +776,7 @@ async def test_the_console_header_counts_the_firing_alerts(firing_store: str) ->
 FAMILIES = {
     "schedtui_runs_total", "schedtui_schedule_last_success_timestamp_seconds", "schedtui_schedule_next_fire_timestamp_seconds",
     "schedtui_schedule_enabled", "schedtui_jobs", "schedtui_durable_executions", "schedtui_instances",
+    "schedtui_lease_lapses_total", "schedtui_clock_offset_seconds",
 }  # fmt: skip
 
 
@@ -796,7 +797,10 @@ def test_the_prometheus_rules_cover_every_condition_with_the_overrides() -> None
     assert document == prometheus_rules(schedules, queues, functions, T0)
     (group,) = document["groups"]
     rules = group["rules"]
-    assert {r["alert"] for r in rules} == {"SchedtuiFailing", "SchedtuiLate", "SchedtuiNotFiring", "SchedtuiDeadJobs", "SchedtuiStuck"}
+    assert {r["alert"] for r in rules} == {
+        "SchedtuiFailing", "SchedtuiLate", "SchedtuiNotFiring", "SchedtuiLeaseLapsed", "SchedtuiClockOffset",
+        "SchedtuiDeadJobs", "SchedtuiStuck",
+    }  # fmt: skip
     for rule in rules:
         assert set(rule) == {"alert", "expr", "for", "labels", "annotations"} and rule["for"] == "1m"
         assert set(re.findall(r"\bschedtui_[a-z_]+", rule["expr"])) <= FAMILIES, rule["expr"]

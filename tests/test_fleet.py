@@ -371,6 +371,27 @@ def test_a_postgres_restart_double_fires_nothing_and_the_lost_slots_show_as_miss
     assert [r for r in fleet.runs() if r.status == "running"] == []
 
 
+def test_an_instance_a_minute_off_the_databases_clock_fires_nothing_and_says_why(fleets: Callable[..., Fleet]) -> None:
+    """Its heartbeats compare its clock with the database server's: a minute off, its lease
+    lapses at once, so it fires no slot (a minute early, as its clock would have it) and
+    closes no run of the instance on time (whose heartbeats look a minute old to it)."""
+    fleet = fleets(ticks=3)
+    ahead = fleet.start("ahead", offset_ms=60_000, wait=False)
+    on_time = fleet.start("on-time", wait=False)
+    fleet.wait_ready(ahead, on_time)
+    poll(lambda: fleet.slots("tick00") >= 5, timeout=30, what="5 s of slots")
+    fleet.stop_all()
+    fleet.assert_healthy_logs()
+    runs = by_name(fleet.runs())
+    for mine in runs.values():
+        assert_once_and_contiguous(mine)
+        assert {(r.status, r.instance) for r in mine} == {("succeeded", "on-time")}
+    log = ahead.log()
+    assert "CLOCK: this instance's clock is 60." in log and "ahead of the database server's" in log, log
+    assert "LEASE LAPSED: this instance's clock is 60." in log, log
+    assert "CLOCK" not in on_time.log()
+
+
 def test_clocks_300_ms_ahead_and_behind_never_double_fire(fleets: Callable[..., Fleet]) -> None:
     fleet = fleets(ticks=10)
     fleet.wait_ready(

@@ -441,6 +441,38 @@ async def test_an_outage_is_no_evidence_of_death(clock: ManualClock, store_url: 
         await store.close()
 
 
+class SteppedClock:
+    """A wall clock that may be stepped back (a ManualClock refuses to)."""
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def now(self) -> datetime:
+        return self.at
+
+    async def sleep_until(self, deadline: datetime) -> None:
+        raise AssertionError("not used")
+
+
+async def test_a_heartbeat_after_the_clock_stepped_back_is_due_at_once(store_url: str) -> None:
+    """A clock stepped back (NTP, a VM restored) must not hold the heartbeat, and with it the
+    lease's renewal, until it has caught up with the last one's time."""
+    clock = SteppedClock(T0)
+    store = open_store(store_url)
+    await store.open()
+    try:
+        registry = _registry(store, clock)  # type: ignore[arg-type]
+        assert await registry.beat(clock.now())
+        clock.at += timedelta(seconds=1)
+        assert not await registry.beat(clock.now())  # within the interval: not due
+        clock.at -= timedelta(minutes=10)
+        assert await registry.beat(clock.now())  # due at once, not ten minutes later
+        clock.at += timedelta(seconds=1)
+        assert not await registry.beat(clock.now())
+    finally:
+        await store.close()
+
+
 @pytest.mark.postgres
 async def test_a_fleet_session_stuck_mid_statement_on_a_silent_client_is_ended_by_a_members_beat(
     pg_url: str, clock: ManualClock

@@ -190,7 +190,9 @@ async def test_every_family_and_label_set_after_real_work(served: Callable[..., 
         "schedtui_locks_held": "gauge",
         "schedtui_instances": "gauge",
         "schedtui_fleet_snapshot_timestamp_seconds": "gauge",
-    }
+        "schedtui_lease_lapses": "counter",
+    }  # (no schedtui_clock_offset_seconds: an injected clock is not compared with the store's)
+    assert value(samples, "schedtui_lease_lapses_total") == 0.0
     # The process and Python collectors, on this engine's registry.
     assert {"process_cpu_seconds", "process_resident_memory_bytes", "python_info", "python_gc_objects_collected"} <= set(types)
 

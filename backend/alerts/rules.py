@@ -44,6 +44,8 @@ __all__ = ["PROVIDERS", "prometheus_rules", "render_rules"]
 PROVIDERS: Final = ("prometheus",)
 #: How long each rule's condition must hold before Prometheus fires it (smooths one late scrape).
 FOR: Final = "1m"
+#: A clock this far off the database's is worth a warning, well before the lease's limit.
+CLOCK_WARNING_S: Final = 1.0
 #: The shortest range a rule reads: a few scrape intervals.
 MIN_RANGE: Final = 300.0
 #: The defaults a catch-all rule assumes for a schedule it knows nothing of (a period of an hour).
@@ -178,6 +180,19 @@ def prometheus_rules(
         'max(schedtui_instances{role="firing"}) < 1 or absent(schedtui_instances{role="firing"})',
         "not_firing", "no schedtui instance fires",
         "No instance of the fleet is a firing member, or none is scraped at all: nothing fires the schedules.",
+    ), _rule(
+        "SchedtuiLeaseLapsed",
+        "increase(schedtui_lease_lapses_total[10m]) > 0",
+        "lease_lapsed", "instance {{ $labels.instance }}: its lease lapsed",
+        "The instance stopped its work (runs, jobs, durable executions) because its lease lapsed: it could not "
+        "reach the store in time, or its clock was off the database server's (its log says which: LEASE LAPSED, "
+        "CLOCK).",
+    ), _rule(
+        "SchedtuiClockOffset",
+        f"abs(schedtui_clock_offset_seconds) > {CLOCK_WARNING_S:g}",
+        "clock_offset", "instance {{ $labels.instance }}: its clock is off the database's",
+        f"The instance's clock differs from the database server's by more than {CLOCK_WARNING_S:g}s; at a sixth "
+        "of the take-over window (5 s by default) its lease lapses and it stops its work: fix its time sync (NTP).",
     )]  # fmt: skip
     for schedule in sorted(schedules, key=lambda s: s.name):
         rules.extend(_schedule_rules(schedule, now))

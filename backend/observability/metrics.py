@@ -5,7 +5,8 @@ one process). What it reports:
 
 * this instance's counts, told by the engine as things finish (the run ledger's and the
   job workers' ``meters``): ``schedtui_runs_total``, ``schedtui_run_duration_seconds``,
-  ``schedtui_jobs_finished_total`` (:class:`Tallies`);
+  ``schedtui_jobs_finished_total`` (:class:`Tallies`); its lease's
+  ``schedtui_lease_lapses_total`` and ``schedtui_clock_offset_seconds``;
 * the fleet's state, read from the store so that every instance answers alike:
   ``schedtui_schedule_last_success_timestamp_seconds``, ``schedtui_schedule_enabled``,
   ``schedtui_jobs``, ``schedtui_durable_executions``, ``schedtui_locks_held``,
@@ -126,8 +127,10 @@ class EngineMetrics:
         self.registry = CollectorRegistry()
         self.tallies = Tallies()
         self.fleet = FleetGauges(engine, cache_for=cache_for, clock=clock or engine.clock, wait=wait, idle_after=idle_after)
+        liveness = _Liveness(engine)
+        self.registry.register(liveness)
         self.process = _Process([ProcessCollector(registry=self.registry), PlatformCollector(registry=self.registry),
-                                 GCCollector(registry=self.registry)])  # fmt: skip
+                                 GCCollector(registry=self.registry), liveness])  # fmt: skip
         """The process, platform and garbage-collector collectors (rendered at every scrape)."""
         self.registry.register(self.tallies)
         self.registry.register(self.fleet)
@@ -207,6 +210,32 @@ class _Process(Collector):
     def collect(self) -> Iterator[Metric]:
         for collector in self.collectors:
             yield from collector.collect()
+
+
+class _Liveness(Collector):
+    """This instance's lease: how often it lapsed, and its clock against the store server's
+    (absent where they are not compared: SQLite, an injected clock). Read at every scrape."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        lapses = CounterMetricFamily(
+            "schedtui_lease_lapses",
+            "Times this instance's lease on its work lapsed (it stopped its work: the store could not be reached "
+            "in time, or its clock was off the store's).",
+        )
+        lapses.add_metric([], self.engine.lease.lapses)
+        yield lapses
+        check = self.engine.registry.clock_check
+        if check is not None and check.offset is not None:
+            offset = GaugeMetricFamily(
+                "schedtui_clock_offset_seconds",
+                "This instance's clock minus the database server's, at its last heartbeat; beyond a sixth of the "
+                "take-over window its lease lapses until they agree.",
+            )
+            offset.add_metric([], check.offset)
+            yield offset
 
 
 # -- this instance's counts --------------------------------------------------------------

@@ -15,6 +15,9 @@ of the window, as leader-election clients default to) its lease *lapses*:
   handler of it runs beside the one that takes its work over;
 * nothing new is claimed until a heartbeat renews the lease (a new epoch).
 
+A member whose clock is off the database server's by more than a sixth of the window lets
+its lease lapse too, until they agree again (:mod:`backend.runtime.skew`).
+
 Time here is the lease clock: ``CLOCK_BOOTTIME`` where there is one (it goes on counting
 while the process is stopped or the machine suspended), so a process frozen past the
 bound finds its lease lapsed the moment it runs again, before it starts anything.

@@ -45,7 +45,7 @@ import httpx
 
 from backend.activity import ActivityReads, ActivityStore
 from backend.alerts.system import Alerts, AlertSettings
-from backend.clock import Clock, SystemClock
+from backend.clock import Clock, SystemClock, follows_real_time
 from backend.definitions import Definitions
 from backend.durable import Durable, DurableFunction
 from backend.errors import BadInput, Refused, Unavailable
@@ -208,7 +208,7 @@ class Engine:
             # holds the file's lock, which the others ask rather than its heartbeat's age
             # (a full disk silences the heartbeat, and the work goes on).
             shared = self.store.kind == "postgresql"
-            lease_clock = boot_clock if isinstance(self.clock, SystemClock) and shared else None
+            lease_clock = boot_clock if follows_real_time(self.clock) and shared else None
         self.lease = WorkLease(timedelta(seconds=abandon_after), lease_clock)
         """This instance's lease on its work (see :mod:`backend.runtime.liveness`)."""
         self.exit_when_lease_lapses = exit_when_lease_lapses

@@ -28,12 +28,13 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-from backend.clock import Clock
+from backend.clock import Clock, follows_real_time
 from backend.errors import Unavailable
 from backend.model import TAG_ABANDONED, BackfillProgress, CoordinationMode, Role, Run
 from backend.runtime.liveness import WorkLease
+from backend.runtime.skew import ClockCheck, ClockReading
 from backend.scheduler.ledger import RunLedger
-from backend.store import KnowsFirer, Membership, Store, Unfinished
+from backend.store import KnowsFirer, Membership, ReadsServerClock, Store, Unfinished
 
 T = TypeVar("T")
 
@@ -145,6 +146,11 @@ class InstanceRegistry:
         self.back_at: datetime | None = None
         """When this process could write the store again after it could not: heartbeat
         ages are counted from then at the earliest (nobody could beat meanwhile)."""
+        self.clock_check: ClockCheck | None = (
+            ClockCheck(abandon_after) if follows_real_time(clock) and isinstance(store, ReadsServerClock) else None
+        )
+        """This instance's clock against the store server's, read with each heartbeat (see
+        :mod:`backend.runtime.skew`); ``None``: not compared (SQLite, an injected clock)."""
         self._cut_off = False
         self._beating = asyncio.Lock()
         self._last_beat: datetime | None = None
@@ -163,8 +169,8 @@ class InstanceRegistry:
     async def _beating_round(self, now: datetime, beat: Callable[[], Awaitable[T]], force: bool) -> T | None:
         """One heartbeat (unless one is not due, or under way): renews the lease when it
         commits, notes when the store comes back after it could not be written."""
-        if not force and self._last_beat is not None and now - self._last_beat < self.heartbeat_interval:
-            return None
+        if not force and self._last_beat is not None and timedelta(0) <= now - self._last_beat < self.heartbeat_interval:
+            return None  # (a clock stepped back since the last one: due now, not once it caught up)
         if self._beating.locked() and not force:
             return None
         async with self._beating:
@@ -178,8 +184,40 @@ class InstanceRegistry:
                 self._cut_off = False
                 self.back_at = now
             self._last_beat = now
-            self.lease.renewed(sent)
+            if await self._clock_agrees():
+                self.lease.renewed(sent)
             return result
+
+    async def _clock_agrees(self) -> bool:
+        """Read the store server's clock beside this instance's; whether they agree (a
+        reading that cannot be taken keeps the last verdict). A member whose clock is off
+        lets its lease lapse at once and renews it only once they agree again."""
+        check = self.clock_check
+        if check is None:
+            return True
+        assert isinstance(self.store, ReadsServerClock)
+        before = self.clock.now()
+        try:
+            server = await self.store.server_clock()
+        except Unavailable:
+            return not check.off
+        if check.judge(ClockReading.between(before, server, self.clock.now())):
+            if check.off:
+                log.error(
+                    "CLOCK: %s; it stops its work and takes none (nor closes other instances' work) until they "
+                    "agree: fix its time sync (NTP)",
+                    check.describe(),
+                )
+            else:
+                log.warning("CLOCK: %s; it renews its lease and takes work again", check.describe())
+        if check.off and self.member and not self.lease.lapsed:
+            self.lease.lapse(check.describe())
+        return not check.off
+
+    @property
+    def clock_off(self) -> bool:
+        """Whether this instance's clock is off the store server's (see :meth:`_clock_agrees`)."""
+        return self.clock_check is not None and self.clock_check.off
 
     async def beat(self, now: datetime, *, force: bool = False) -> bool:
         """Refresh the heartbeat if it is due (or ``force``); True if it was written."""
@@ -308,6 +346,8 @@ class InstanceRegistry:
             marks.pop(self.instance, None)
         if not runs and not backfills and not marks:
             return []
+        if self.clock_off:
+            return []  # the others' heartbeat ages would be judged by a clock that is off
         if beats is None:
             beats = await self.store.instances()
         closed = await self._close_bursts(marks, beats, now)

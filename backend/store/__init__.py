@@ -74,6 +74,15 @@ class InstanceBeat(Protocol):
 
 
 @runtime_checkable
+class ReadsServerClock(Protocol):
+    """A store shared by machines (PostgreSQL): its server's clock is the one every instance
+    can be compared with (see :mod:`backend.runtime.skew`)."""
+
+    async def server_clock(self) -> datetime:
+        """The database server's clock now (aware UTC)."""
+
+
+@runtime_checkable
 class KnowsFirer(Protocol):
     """A store whose one firing process holds an OS lock (SQLite): that lock, not a
     heartbeat, says whether it is alive."""

@@ -347,10 +347,12 @@ class Cluster:
     async def round(self) -> None:
         """Renew what is due, read the shards and the members, give back and take."""
         now = self.clock.now()
-        if not self.registry.fires:
-            # Waiting while another coordination mode fires (or an observer): hold nothing.
+        if not self.registry.fires or self.registry.clock_off:
+            # Waiting while another coordination mode fires (or an observer), or a clock off
+            # the store's (its lease lapsed: it fires nothing): hold nothing.
             if self.held or self.member is not None:
-                log.warning("cluster: giving every shard back: this instance does not fire (%s)", self.registry.role)
+                why = "its clock is off the store's" if self.registry.clock_off else self.registry.role
+                log.warning("cluster: giving every shard back: this instance does not fire (%s)", why)
                 await self.stop(0)
             return
         self._expire(now)

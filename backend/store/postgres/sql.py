@@ -220,6 +220,9 @@ HEARTBEAT = """
     RETURNING role
 """
 FLEET_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {LOCK_FLEET})"
+#: The server's clock at this moment (not the transaction's start): what every instance's
+#: clock is compared with.
+SERVER_CLOCK = "SELECT clock_timestamp()"
 INSTANCES = "SELECT instance, host, pid, heartbeat_at FROM schedtui_instances"
 INSTANCE_LIST = (
     "SELECT instance, host, pid, heartbeat_at, last_fired_at, role, coordination FROM schedtui_instances "

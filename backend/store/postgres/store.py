@@ -101,6 +101,7 @@ from backend.store.postgres.sql import (
     RUNNING_BACKFILLS,
     RUNNING_RUNS,
     RUNS_BETWEEN,
+    SERVER_CLOCK,
     SET_STATE,
     SLOT_RECORDED,
     STARTING_MARKS,
@@ -510,6 +511,11 @@ class PostgresStore(
         role = await self._with_conn(beat)
         self.commits += 1
         return role
+
+    async def server_clock(self) -> datetime:
+        row = await self._fetchone(SERVER_CLOCK)
+        assert row is not None
+        return _utc(row[0])  # type: ignore[return-value]
 
     async def instances(self) -> dict[str, tuple[str, int, datetime]]:
         rows = await self._fetchall(INSTANCES)

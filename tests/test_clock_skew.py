@@ -1,0 +1,159 @@
+"""An instance whose clock is off the database server's (backend/runtime/skew.py).
+
+Heartbeats are stamped and judged by each instance's own clock, so a clock far off breaks
+"never twice at once" either way: one behind looks dead to the others while it works, one
+ahead judges the others dead too early. Each heartbeat on PostgreSQL reads the server's
+clock too; past a sixth of the take-over window the instance's lease lapses until they
+agree, and it closes none of the others' work meanwhile. These tests run engines on the
+real clock shifted by an :class:`~backend.clock.OffsetClock` (the clock a badly synced
+machine would have), with a short window (3 s: the limit is 0.5 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from backend import Engine, JobContext, RunContext, connect, define_queue, define_schedule
+from backend.clock import ManualClock, OffsetClock, SystemClock, follows_real_time
+from backend.runtime.skew import ClockCheck, ClockReading
+
+T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+WINDOW = 3.0  # --abandon-after: the clock may be off by 0.5 s
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+# ---------------------------------------------------------------------------------------
+# the reading and the verdict
+# ---------------------------------------------------------------------------------------
+def test_a_reading_is_the_offset_from_the_middle_of_its_round_trip() -> None:
+    ahead = ClockReading.between(at(10.0), at(0.0), at(10.2))  # the server read 0 while this clock read 10-10.2
+    assert ahead.offset == pytest.approx(10.1) and ahead.uncertainty == pytest.approx(0.1)
+    behind = ClockReading.between(at(0.0), at(7.0), at(0.02))
+    assert behind.offset == pytest.approx(-6.99) and behind.uncertainty == pytest.approx(0.01)
+
+
+def test_the_verdict_changes_only_on_readings_that_surely_cross_the_limit() -> None:
+    check = ClockCheck(timedelta(seconds=30))
+    assert check.limit == 5.0 and not check.off and check.offset is None
+    assert not check.judge(ClockReading(4.9, 0.0)) and not check.off
+    assert check.judge(ClockReading(-6.0, 0.5)) and check.off  # surely over, behind
+    assert "6.0s behind the database server's" in check.describe()
+    assert not check.judge(ClockReading(5.2, 0.4)) and check.off  # 4.8-5.6: cannot tell, kept
+    assert not check.judge(ClockReading(7.0, 0.1)) and check.off  # still off, no change to say
+    assert check.judge(ClockReading(0.3, 0.2)) and not check.off
+    assert "agrees with the database server's again (+0.300s)" in check.describe()
+    assert not check.judge(ClockReading(4.8, 0.4)) and not check.off  # 4.4-5.2: cannot tell, kept
+    assert check.offset == 4.8
+
+
+def test_only_a_clock_on_real_time_is_compared_with_the_databases() -> None:
+    assert follows_real_time(SystemClock()) and follows_real_time(OffsetClock(-3.0))
+    assert not follows_real_time(ManualClock()) and not follows_real_time(OffsetClock(1.0, ManualClock()))
+
+
+# ---------------------------------------------------------------------------------------
+# engines on PostgreSQL, on the real clock
+# ---------------------------------------------------------------------------------------
+async def until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    """Wait for a condition the engines make true (the bound only ends a broken test)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def counted_readings(engine: Engine) -> list[float]:
+    """Count the engine's readings of the server's clock (one per heartbeat)."""
+    store: Any = engine.store
+    read = store.server_clock
+    readings: list[float] = []
+
+    async def counting() -> datetime:
+        server: datetime = await read()
+        readings.append(server.timestamp())
+        return server
+
+    store.server_clock = counting
+    return readings
+
+
+pytestmark = pytest.mark.postgres
+
+
+async def test_a_member_whose_clock_is_off_stops_takes_nothing_and_resumes_once_the_clocks_agree(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="schedtui")
+    started: list[str] = []
+
+    async def handler(job: JobContext) -> None:
+        started.append(job.payload)
+
+    queue = define_queue(name="q", handler=handler)
+    clock = OffsetClock(timedelta(seconds=60))  # a minute ahead of the database
+    engine = Engine([queue], pg_url, clock=clock, instance="ahead", abandon_after=WINDOW, heartbeat_interval=0.2,
+                    shutdown_grace=0)  # fmt: skip
+    readings = counted_readings(engine)
+    await engine.start()
+    try:
+        check = engine.registry.clock_check
+        assert check is not None and check.off and 59.0 < (check.offset or 0) < 61.0
+        assert engine.lease.lapsed and engine.lease.lapses == 1 and not engine.lease.fresh()
+        async with connect(pg_url, definitions=[queue]) as client:  # an observer on this machine's clock
+            sent = await client.engine.jobs.send("q", "a")
+        seen = len(readings)
+        await until(lambda: len(readings) >= seen + 3, "three more heartbeats")
+        assert started == [] and engine.lease.lapsed and engine.lease.lapses == 1  # one lapse, held
+        detail = await engine.jobs.get_job(sent.id)
+        assert detail.job is not None and detail.job.status == "queued" and detail.attempts == []
+        clock.offset = timedelta(0)  # its time sync is fixed
+        await until(lambda: not engine.lease.lapsed, "the lease renewed")
+        await until(lambda: started == ["a"], "the job to run")
+        assert not check.off and abs(check.offset or 9) < 0.5
+    finally:
+        await engine.stop(grace=0)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("CLOCK: this instance's clock is 60.") and "ahead of the database server's" in m
+               for m in messages), messages  # fmt: skip
+    assert any(m.startswith("LEASE LAPSED: this instance's clock is 60.") for m in messages), messages
+    assert any("agrees with the database server's again" in m for m in messages), messages
+
+
+async def test_an_instance_whose_clock_is_ahead_closes_no_live_instances_runs(pg_url: str) -> None:
+    """Its clock a minute ahead, every other instance's heartbeat looks a minute old: without
+    the comparison it would close their runs in flight as abandoned at its first look."""
+    release = asyncio.Event()
+
+    async def slow(ctx: RunContext) -> None:
+        await release.wait()
+
+    schedule = define_schedule(name="slow", cron="0 0 1 1 *", timezone="UTC", handler=slow)
+    live = Engine([schedule], pg_url, instance="live", abandon_after=WINDOW, heartbeat_interval=0.2, shutdown_grace=0)
+    ahead = Engine([schedule], pg_url, clock=OffsetClock(timedelta(seconds=60)), instance="ahead", abandon_after=WINDOW,
+                   heartbeat_interval=0.2, shutdown_grace=0)  # fmt: skip
+    await live.start()
+    try:
+        run = await live.run_now("slow", wait=False)
+        readings = counted_readings(ahead)
+        await ahead.start()  # opening closes what dead instances left: none of it is
+        await until(lambda: len(readings) >= 4, "a few heartbeats (and sweeps) of the instance ahead")
+        assert ahead.registry.clock_off
+        assert (await live.store.get_run(run.id)).status == "running"  # type: ignore[union-attr]
+        release.set()
+        await until(lambda: not live.launcher.active, "the run to end")
+        finished = await live.store.get_run(run.id)
+        assert finished is not None and finished.status == "succeeded"
+    finally:
+        release.set()
+        await ahead.stop(grace=0)
+        await live.stop(grace=0)
