@@ -90,8 +90,9 @@ def counted_readings(engine: Engine) -> list[float]:
 pytestmark = pytest.mark.postgres
 
 
+@pytest.mark.parametrize("offset", [60, -60], ids=["ahead", "behind"])
 async def test_a_member_whose_clock_is_off_stops_takes_nothing_and_resumes_once_the_clocks_agree(
-    pg_url: str, caplog: pytest.LogCaptureFixture
+    pg_url: str, caplog: pytest.LogCaptureFixture, offset: int
 ) -> None:
     caplog.set_level(logging.INFO, logger="schedtui")
     started: list[str] = []
@@ -100,14 +101,14 @@ async def test_a_member_whose_clock_is_off_stops_takes_nothing_and_resumes_once_
         started.append(job.payload)
 
     queue = define_queue(name="q", handler=handler)
-    clock = OffsetClock(timedelta(seconds=60))  # a minute ahead of the database
-    engine = Engine([queue], pg_url, clock=clock, instance="ahead", abandon_after=WINDOW, heartbeat_interval=0.2,
+    clock = OffsetClock(timedelta(seconds=offset))  # a minute ahead of the database, or behind it
+    engine = Engine([queue], pg_url, clock=clock, instance="off", abandon_after=WINDOW, heartbeat_interval=0.2,
                     shutdown_grace=0)  # fmt: skip
     readings = counted_readings(engine)
     await engine.start()
     try:
         check = engine.registry.clock_check
-        assert check is not None and check.off and 59.0 < (check.offset or 0) < 61.0
+        assert check is not None and check.off and abs((check.offset or 0) - offset) < 1.0
         assert engine.lease.lapsed and engine.lease.lapses == 1 and not engine.lease.fresh()
         async with connect(pg_url, definitions=[queue]) as client:  # an observer on this machine's clock
             sent = await client.engine.jobs.send("q", "a")
@@ -123,7 +124,8 @@ async def test_a_member_whose_clock_is_off_stops_takes_nothing_and_resumes_once_
     finally:
         await engine.stop(grace=0)
     messages = [r.getMessage() for r in caplog.records]
-    assert any(m.startswith("CLOCK: this instance's clock is 60.") and "ahead of the database server's" in m
+    where = "ahead of" if offset > 0 else "behind"
+    assert any(m.startswith("CLOCK: this instance's clock is 60.") and f"{where} the database server's" in m
                for m in messages), messages  # fmt: skip
     assert any(m.startswith("LEASE LAPSED: this instance's clock is 60.") for m in messages), messages
     assert any("agrees with the database server's again" in m for m in messages), messages
