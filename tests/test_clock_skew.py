@@ -159,3 +159,40 @@ async def test_an_instance_whose_clock_is_ahead_closes_no_live_instances_runs(pg
         release.set()
         await ahead.stop(grace=0)
         await live.stop(grace=0)
+
+
+async def test_a_clock_stepped_back_while_a_job_runs_stops_it_before_a_heartbeat_stamps_it(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The wall clock stepped back a minute (an NTP step) while a job runs: the lease clock
+    does not jump, so the lease lapses (within half a second, or before the next heartbeat,
+    whichever comes first) before a heartbeat is stamped with the wrong time, and the job
+    stops (``lease_lost``) rather than run on beside a take-over."""
+    caplog.set_level(logging.INFO, logger="schedtui")
+    running = asyncio.Event()
+    cancelled: list[str] = []
+
+    async def handler(job: JobContext) -> None:
+        running.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(job.id)
+            raise
+
+    clock = OffsetClock(timedelta(0))
+    engine = Engine([define_queue(name="q", handler=handler)], pg_url, clock=clock, instance="stepped", abandon_after=60,
+                    heartbeat_interval=30, shutdown_grace=0)  # fmt: skip
+    await engine.start()
+    try:
+        job = await engine.jobs.send("q", "a")
+        await asyncio.wait_for(running.wait(), 10)
+        clock.offset = timedelta(seconds=-70)
+        await until(lambda: cancelled == [job.id], "the job to stop", timeout=5)
+        assert engine.lease.lapsed
+        detail = await engine.jobs.get_job(job.id)
+        assert [(a.status, a.error_tag) for a in detail.attempts] == [("failed", "lease_lost")]
+    finally:
+        await engine.stop(grace=0)
+    lapses = [r.getMessage() for r in caplog.records if r.getMessage().startswith("LEASE LAPSED")]
+    assert len(lapses) == 1 and lapses[0].startswith("LEASE LAPSED: the wall clock jumped -70."), lapses

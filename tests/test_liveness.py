@@ -87,6 +87,32 @@ def test_a_lease_lapses_at_its_bound_once_and_a_renewal_starts_a_new_epoch() -> 
     assert lease.fresh() and lease.holds(1) and not lease.holds(0)  # work of the old epoch never goes on
 
 
+def test_a_wall_clock_that_jumps_between_heartbeats_lapses_the_lease_at_once() -> None:
+    """The wall clock is what the instance stamps its heartbeats and claims with; one that
+    jumps (an NTP step, a VM restored) against the lease clock, which never does, makes
+    those stamps wrong before the next heartbeat could compare it with the database's."""
+    clock = LeaseClock()
+    wall = LeaseClock()
+    wall.now = 1_800_000_000.0
+    lease = WorkLease(timedelta(seconds=30), clock, wall)
+    lease.enforced = True
+    lease.renewed(lease.sending())
+    assert lease.jump_limit == 5
+    clock.now += 3
+    wall.now += 3 + 4.9  # slewed a little: within the limit
+    assert lease.fresh()
+    clock.now += 0.2
+    wall.now += 0.2 - 70  # stepped back by 70 s
+    assert lease.fresh()  # looked at most every half second (a check is asked at every durable step)
+    clock.now += 0.3
+    assert not lease.fresh() and lease.lapses == 1
+    lease.renewed(lease.sending())  # the next heartbeat: the database's clock agrees with the wall clock
+    assert lease.fresh()
+    wall.now += 60  # ahead by a minute: found by the heartbeat's own look, whenever it is
+    lease.check_jump()
+    assert lease.lapsed and lease.lapses == 2
+
+
 def test_an_unenforced_lease_never_lapses() -> None:
     lease = WorkLease(timedelta(seconds=30), None)
     lease.enforced = True

@@ -16,7 +16,9 @@ of the window, as leader-election clients default to) its lease *lapses*:
 * nothing new is claimed until a heartbeat renews the lease (a new epoch).
 
 A member whose clock is off the database server's by more than a sixth of the window lets
-its lease lapse too, until they agree again (:mod:`backend.runtime.skew`).
+its lease lapse too, until they agree again (:mod:`backend.runtime.skew`); so does one whose
+wall clock jumps by as much between two heartbeats (against the lease clock, which never
+jumps), at once rather than at the next heartbeat: its stamps would be off from then on.
 
 Time here is the lease clock: ``CLOCK_BOOTTIME`` where there is one (it goes on counting
 while the process is stopped or the machine suspended), so a process frozen past the
@@ -32,13 +34,20 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Final
 
-__all__ = ["LEASE_BOUND_SHARE", "WorkLease", "boot_clock"]
+__all__ = ["CLOCK_LIMIT_SHARE", "LEASE_BOUND_SHARE", "WorkLease", "boot_clock"]
 
 log = logging.getLogger("schedtui.engine")
 
 #: The renewal bound as a share of the take-over window: the rest is the margin for the
 #: lapse to take effect and for the clocks of two machines to differ.
 LEASE_BOUND_SHARE: Final = 2 / 3
+#: The most this instance's wall clock may be off, as a share of the window (half the
+#: margin): off the database server's clock (:mod:`backend.runtime.skew`), or jumped between
+#: two heartbeats.
+CLOCK_LIMIT_SHARE: Final = 1 / 6
+#: How often (lease-clock seconds) the wall clock is compared with the lease clock: at the
+#: lease's checks (every claim, every durable step), and by its watcher while nothing asks.
+JUMP_CHECK_EVERY: Final = 0.5
 
 
 def boot_clock() -> float:
@@ -58,10 +67,19 @@ class WorkLease:
     lease is not enforced (an engine on an injected clock, unless the test injects one).
     """
 
-    def __init__(self, window: timedelta, clock: Callable[[], float] | None = boot_clock) -> None:
+    def __init__(
+        self, window: timedelta, clock: Callable[[], float] | None = boot_clock, wall: Callable[[], float] | None = None
+    ) -> None:
         self.window = window
         self.bound = window.total_seconds() * LEASE_BOUND_SHARE
         self.clock = clock
+        self.wall = wall
+        """The wall clock the instance stamps its work with (seconds), compared with the lease
+        clock for jumps (``None``: not compared, as on an injected clock)."""
+        self.jump_limit = window.total_seconds() * CLOCK_LIMIT_SHARE
+        self._wall_at: tuple[float, float] | None = None
+        """The wall clock and the lease clock at the last renewal."""
+        self._jump_checked_at = float("-inf")
         self.renewed_at: float | None = None
         """The lease clock's reading when the last renewal that succeeded was sent."""
         self.epoch = 0
@@ -86,6 +104,8 @@ class WorkLease:
         if self.renewed_at is not None and sent_at < self.renewed_at:
             return
         self.renewed_at = sent_at
+        if self.wall is not None and self.clock is not None:
+            self._wall_at = (self.wall(), self.clock())
         if self.lapsed and self._age() < self.bound:
             self.lapsed = False
             log.warning("lease renewed: this instance takes on new work again (epoch %d)", self.epoch)
@@ -121,9 +141,26 @@ class WorkLease:
         clock, renewed_at = self.clock, self.renewed_at
         if not self.enforced or clock is None or renewed_at is None or self.lapsed:
             return
-        age = clock() - renewed_at
+        now = clock()
+        age = now - renewed_at
         if age >= self.bound:
             self.lapse(f"it could not be renewed for {age:.1f}s (renewal bound {self.bound:g}s)")
+        elif now - self._jump_checked_at >= JUMP_CHECK_EVERY and self.wall is not None:
+            self.check_jump()
+
+    def check_jump(self) -> None:
+        """Lapse now if the wall clock moved, beside the lease clock, more than
+        :attr:`jump_limit` since the last renewal (asked before a heartbeat is stamped)."""
+        wall, clock, then = self.wall, self.clock, self._wall_at
+        if wall is None or clock is None or then is None or not self.enforced or self.lapsed:
+            return
+        now = self._jump_checked_at = clock()
+        jump = (wall() - then[0]) - (now - then[1])
+        if abs(jump) > self.jump_limit:
+            self.lapse(
+                f"the wall clock jumped {jump:+.1f}s since the last heartbeat (more than {self.jump_limit:g}s: "
+                "the time this instance stamps its work with is off until the database's clock confirms it)"
+            )
 
     def lapse(self, why: str) -> None:
         """Give up the work of the current epoch (see the module); a no-op while lapsed."""
@@ -159,6 +196,9 @@ class WorkLease:
             if remaining is not None and remaining <= 0:
                 self.check()
                 continue
+            if remaining is not None and self.wall is not None:
+                self.check()  # a jump of the wall clock, while nothing else asks
+                remaining = None if self.lapsed else min(remaining, JUMP_CHECK_EVERY)
             changed.clear()
             try:
                 await asyncio.wait_for(changed.wait(), timeout=remaining)

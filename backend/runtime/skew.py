@@ -17,19 +17,12 @@ its round trip: a reading too slow to tell keeps the previous verdict.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final
 
-__all__ = ["SKEW_LIMIT_SHARE", "ClockCheck", "ClockReading"]
+from backend.runtime.liveness import CLOCK_LIMIT_SHARE
 
-log = logging.getLogger("schedtui.engine")
-
-#: The most a member's clock may differ from the store's, as a share of the take-over
-#: window: half the lease's margin (the other half is for the lapse to take effect).
-SKEW_LIMIT_SHARE: Final = 1 / 6
-
+__all__ = ["ClockCheck", "ClockReading"]
 
 @dataclass(frozen=True)
 class ClockReading:
@@ -56,7 +49,7 @@ class ClockCheck:
     reading's offset (``None`` before the first)."""
 
     def __init__(self, window: timedelta) -> None:
-        self.limit = window.total_seconds() * SKEW_LIMIT_SHARE
+        self.limit = window.total_seconds() * CLOCK_LIMIT_SHARE
         self.offset: float | None = None
         self.off = False
 

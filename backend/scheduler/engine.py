@@ -209,7 +209,10 @@ class Engine:
             # (a full disk silences the heartbeat, and the work goes on).
             shared = self.store.kind == "postgresql"
             lease_clock = boot_clock if follows_real_time(self.clock) and shared else None
-        self.lease = WorkLease(timedelta(seconds=abandon_after), lease_clock)
+        wall = self.clock if lease_clock is not None and follows_real_time(self.clock) else None
+        self.lease = WorkLease(
+            timedelta(seconds=abandon_after), lease_clock, None if wall is None else lambda: wall.now().timestamp()
+        )
         """This instance's lease on its work (see :mod:`backend.runtime.liveness`)."""
         self.exit_when_lease_lapses = exit_when_lease_lapses
         """End the process when the lease lapses while sync handlers still run (a thread

@@ -174,6 +174,7 @@ class InstanceRegistry:
         if self._beating.locked() and not force:
             return None
         async with self._beating:
+            self.lease.check_jump()  # (a stamp of a clock that jumped would mislead the others)
             sent = self.lease.sending()
             try:
                 result = await beat()
