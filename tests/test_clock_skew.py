@@ -196,3 +196,40 @@ async def test_a_clock_stepped_back_while_a_job_runs_stops_it_before_a_heartbeat
         await engine.stop(grace=0)
     lapses = [r.getMessage() for r in caplog.records if r.getMessage().startswith("LEASE LAPSED")]
     assert len(lapses) == 1 and lapses[0].startswith("LEASE LAPSED: the wall clock jumped -70."), lapses
+
+
+async def test_an_instance_whose_clock_jumps_ahead_closes_no_live_instances_jobs(pg_url: str) -> None:
+    """A clock that jumps a minute ahead sees every other heartbeat a minute old: its very
+    next look for dead instances' jobs (before any heartbeat or watcher could notice) must
+    not close a live instance's job in flight, which would retry it beside itself."""
+    release = asyncio.Event()
+    started: list[str] = []
+
+    async def handler(job: JobContext) -> None:
+        started.append(job.id)
+        await release.wait()
+
+    queue = define_queue(name="q", handler=handler)
+    live = Engine([queue], pg_url, instance="live", abandon_after=WINDOW, heartbeat_interval=0.2, shutdown_grace=0)
+    clock = OffsetClock(timedelta(0))
+    jumpy = Engine([queue], pg_url, clock=clock, instance="jumpy", abandon_after=WINDOW, heartbeat_interval=0.2,
+                   shutdown_grace=0)  # fmt: skip
+    await live.start()
+    try:
+        job = await live.jobs.send("q", "a")
+        await until(lambda: started == [job.id], "the job to start on the live instance")
+        await jumpy.start()
+        assert await jumpy.jobs.rescue(jumpy.clock.now()) == 0  # the clocks agree: the live one is alive
+        clock.offset = timedelta(seconds=70)
+        assert await jumpy.jobs.rescue(jumpy.clock.now()) == 0  # judged by a jumped clock: nobody is dead
+        assert jumpy.lease.lapsed
+        detail = await live.jobs.get_job(job.id)
+        assert detail.job is not None and (detail.job.status, detail.job.instance, detail.attempts) == ("running", "live", [])
+        release.set()
+        await until(lambda: live.jobs.idle, "the job to end")
+        detail = await live.jobs.get_job(job.id)
+        assert [(a.status, a.instance) for a in detail.attempts] == [("succeeded", "live")]
+    finally:
+        release.set()
+        await jumpy.stop(grace=0)
+        await live.stop(grace=0)

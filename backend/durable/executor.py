@@ -135,8 +135,8 @@ class DurableExecutor:
     async def round(self, now: datetime) -> bool:
         """Renew leases when due, then claim what is runnable at ``now``; True when there
         may be more to claim at once."""
-        if self.running and (self._renew_at is None or now >= self._renew_at):
-            await self.renew(now)
+        if self.running and (self._renew_at is None or now >= self._renew_at) and self.shared.registry.lease.fresh():
+            await self.renew(now)  # (not stamped by a clock that jumped: the lapse lets them go)
         free = self.concurrency - len(self.running) - self._reserved
         if free <= 0:
             self._short = True

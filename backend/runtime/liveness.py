@@ -120,13 +120,17 @@ class WorkLease:
         return self.clock() - self.renewed_at
 
     def fresh(self) -> bool:
-        """Whether new work may be claimed now (checks for a lapse first)."""
+        """Whether new work may be claimed now (checks for a lapse first, a jump of the wall
+        clock included: a claim compares the others' stamps with it)."""
         self.check()
+        self.check_jump()
         return not self.lapsed
 
     def holds(self, epoch: int) -> bool:
-        """Whether work claimed under ``epoch`` may start (or go on) now."""
-        return self.fresh() and epoch == self.epoch
+        """Whether work claimed under ``epoch`` may start (or go on) now (asked at every
+        call: the wall clock is looked at every :data:`JUMP_CHECK_EVERY` at most)."""
+        self.check()
+        return not self.lapsed and epoch == self.epoch
 
     @property
     def remaining(self) -> float | None:

@@ -310,6 +310,9 @@ class InstanceRegistry:
             return f"instance {instance} (pid {pid}) is no longer running"
         silent_since = at if self.back_at is None else max(at, self.back_at)
         if now - silent_since > self.abandon_after and not self._holds_firing_lock(instance):
+            self.lease.check_jump()
+            if self.clock_off or self.lease.lapsed:
+                return None  # its clock may be what is off (or jumped): judge nobody dead by it
             if silent_since == at:
                 return f"instance {instance} has not sent a heartbeat since {at.isoformat()}"
             return (
