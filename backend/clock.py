@@ -74,14 +74,38 @@ class OffsetClock:
     """
 
     def __init__(self, offset: timedelta | float, base: Clock | None = None) -> None:
-        self.offset = offset if isinstance(offset, timedelta) else timedelta(seconds=offset)
+        self._offset = offset if isinstance(offset, timedelta) else timedelta(seconds=offset)
         self.base: Clock = base or SystemClock()
+        self._moved: asyncio.Event | None = None
+        """Set when the offset changes: sleepers reckon their deadline again."""
+
+    @property
+    def offset(self) -> timedelta:
+        return self._offset
+
+    @offset.setter
+    def offset(self, value: timedelta) -> None:
+        """Step the clock (as NTP or a restored VM would): every sleeper wakes at its
+        deadline on the stepped clock, not on the old one."""
+        self._offset = value
+        if self._moved is not None:
+            self._moved.set()
+            self._moved = None
 
     def now(self) -> datetime:
-        return self.base.now() + self.offset
+        return self.base.now() + self._offset
 
     async def sleep_until(self, deadline: datetime) -> None:
-        await self.base.sleep_until(deadline - self.offset)
+        while self.now() < deadline:
+            if self._moved is None:
+                self._moved = asyncio.Event()
+            sleeper = asyncio.ensure_future(self.base.sleep_until(deadline - self._offset))
+            stepped = asyncio.ensure_future(self._moved.wait())
+            try:
+                await asyncio.wait([sleeper, stepped], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                stepped.cancel()
 
 
 def follows_real_time(clock: Clock) -> bool:

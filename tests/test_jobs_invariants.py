@@ -9,8 +9,11 @@ outlive their deadline (a sync one on its thread, an async one that ignores its
 cancellation), a partition of one worker (its store calls fail: its lease lapses and it
 stops its work, or ends its process when it cannot; the others take its jobs over after
 the window; it may come back), an outage of the store longer than the window for every
-worker at once, and instances in different PID namespaces of one host
-(simulated: each records a namespace of its own and a pid that is dead here). After
+worker at once, instances in different PID namespaces of one host
+(simulated: each records a namespace of its own and a pid that is dead here), and wall
+clocks that step (NTP, a VM restored) while the lease clock does not, against a database
+clock that is the manual clock (the lease lapses until a heartbeat finds them agreeing
+again; time sync puts one right later). After
 every step (and at the start of every handler call) the invariants of
 :mod:`backend.jobs.store` are checked:
 
@@ -32,7 +35,7 @@ import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -41,8 +44,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from backend import Engine, JobContext, ManualClock, NotFound, Unavailable, define_queue, open_store
+from backend.clock import OffsetClock
 from backend.ids import IdFactory
 from backend.jobs.model import Job, NotDead
+from backend.runtime.skew import ClockCheck
 from backend.scheduler.registry import host_identity
 from tests import pg
 
@@ -76,13 +81,21 @@ class Live:
 
 class CutStore:
     """An engine's store whose calls all fail while its engine is cut off (a partition of
-    that one worker); handing runs in and flushing still work, as with the real stores."""
+    that one worker); handing runs in and flushing still work, as with the real stores.
+    Its server's clock is the machine's manual clock (every instance compares its own,
+    which may have stepped, with it)."""
 
     PASSING = {"open", "close", "flush", "save_runs", "health"}
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, server: ManualClock) -> None:
         self.inner = inner
+        self.server = server
         self.cut = False
+
+    async def server_clock(self) -> datetime:
+        if self.cut:
+            raise Unavailable("cut off from the store (test)")
+        return self.server.now()
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.inner, name)
@@ -112,6 +125,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.sent: dict[str, tuple[str, str | None]] = {}  # id -> (queue, key)
         self.gone: set[str] = set()  # cancelled or deleted by the test
         self.engines: dict[str, Engine] = {}
+        self.walls: dict[str, OffsetClock] = {}
         self.serial = 0
         # One id factory for every instance, without randomness: jobs sent at one instant
         # are claimed in one order, so a run of steps replays exactly (random ids from two
@@ -196,12 +210,16 @@ class QueueMachine(RuleBasedStateMachine):
         name = f"i{self.serial}"
         handlers = {q: self.sync_handler_for(name) if q in SYNC else self.handler_for(name) for q in CAPS}
         queues = [define_queue(name=q, handler=handlers[q], concurrency=c, max_runtime=MAX_RUNTIME) for q, c in CAPS.items()]
-        store = CutStore(open_store(self.url))
+        store = CutStore(open_store(self.url), self.clock)
+        wall = self.walls[name] = OffsetClock(timedelta(0), self.clock)  # its wall clock, which may step
         engine = Engine(
-            queues, store, clock=self.clock, instance=name, coordination="advisoryLock",
+            queues, store, clock=wall, instance=name, coordination="advisoryLock",
             abandon_after=ABANDON_AFTER, shutdown_grace=0, ids=self.ids,
-            lease_clock=lambda: self.clock.now().timestamp(),  # the lease on the manual clock
+            lease_clock=lambda: self.clock.now().timestamp(),  # the lease on the manual clock, which never steps
         )  # fmt: skip
+        # Compared as on a real clock: the wall clock with the lease clock, and with the store's.
+        engine.lease.wall = lambda: wall.now().timestamp()
+        engine.registry.clock_check = ClockCheck(timedelta(seconds=ABANDON_AFTER))
         # Each instance in a PID namespace of its own on one host: its pid means nothing to
         # the others (and is dead here), so only its lease may say it is gone.
         engine.registry.host = f"{host_identity()}#sim{self.serial}"
@@ -368,6 +386,22 @@ class QueueMachine(RuleBasedStateMachine):
     def heal(self, pick: int) -> None:
         names = sorted(self.engines)
         self.stores[names[pick % len(names)]].cut = False
+        self.run(self.settle())
+
+    @rule(pick=st.integers(0, 9), seconds=st.sampled_from([-70, -35, -8, 8, 35, 70]))
+    def step_a_clock(self, pick: int, seconds: int) -> None:
+        """One instance's wall clock steps: back, it would stamp heartbeats the others take
+        for a dead instance's; ahead, it would take the others for dead. Its lease's checks
+        find the jump before either, and its heartbeats find it off the store's clock."""
+        engine = self.any_engine(pick)
+        self.walls[engine.instance].offset += timedelta(seconds=seconds)
+        self.run(self.settle())
+
+    @rule(pick=st.integers(0, 9))
+    def sync_a_clock(self, pick: int) -> None:
+        """Time sync puts an instance's wall clock right again: its next heartbeat renews."""
+        names = sorted(self.engines)
+        self.walls[names[pick % len(names)]].offset = timedelta(0)
         self.run(self.settle())
 
     @rule(pick=st.integers(0, 99), by_key=st.booleans())

@@ -80,6 +80,10 @@ class WorkLease:
         self._wall_at: tuple[float, float] | None = None
         """The wall clock and the lease clock at the last renewal."""
         self._jump_checked_at = float("-inf")
+        self.jumped = asyncio.Event()
+        """Set when a jump of the wall clock lapses the lease: the heartbeat, parked on that
+        clock (a step back would hold it until the clock caught up), goes at once to find
+        out whether the database's clock agrees with the stepped one."""
         self.renewed_at: float | None = None
         """The lease clock's reading when the last renewal that succeeded was sent."""
         self.epoch = 0
@@ -96,8 +100,14 @@ class WorkLease:
 
     # -- renewing ---------------------------------------------------------------------------
     def sending(self) -> float:
-        """Read the lease clock just before a renewal is sent (pass it to :meth:`renewed`)."""
-        return self.clock() if self.clock is not None else 0.0
+        """Read the lease clock just before a renewal is sent (pass it to :meth:`renewed`);
+        the wall clock beside it is where the next jump is measured from."""
+        if self.clock is None:
+            return 0.0
+        now = self.clock()
+        if self.wall is not None:
+            self._wall_at = (self.wall(), now)
+        return now
 
     def renewed(self, sent_at: float) -> None:
         """A renewal sent at ``sent_at`` was committed."""
@@ -154,13 +164,19 @@ class WorkLease:
 
     def check_jump(self) -> None:
         """Lapse now if the wall clock moved, beside the lease clock, more than
-        :attr:`jump_limit` since the last renewal (asked before a heartbeat is stamped)."""
+        :attr:`jump_limit` since the last heartbeat (asked before one is stamped). A jump
+        while lapsed sends the heartbeat at once too (the database's clock may agree now)."""
         wall, clock, then = self.wall, self.clock, self._wall_at
-        if wall is None or clock is None or then is None or not self.enforced or self.lapsed:
+        if wall is None or clock is None or then is None or not self.enforced:
             return
         now = self._jump_checked_at = clock()
-        jump = (wall() - then[0]) - (now - then[1])
-        if abs(jump) > self.jump_limit:
+        wall_now = wall()
+        jump = (wall_now - then[0]) - (now - then[1])
+        if abs(jump) <= self.jump_limit:
+            return
+        self._wall_at = (wall_now, now)  # (each jump once)
+        self.jumped.set()
+        if not self.lapsed:
             self.lapse(
                 f"the wall clock jumped {jump:+.1f}s since the last heartbeat (more than {self.jump_limit:g}s: "
                 "the time this instance stamps its work with is off until the database's clock confirms it)"
@@ -200,9 +216,10 @@ class WorkLease:
             if remaining is not None and remaining <= 0:
                 self.check()
                 continue
-            if remaining is not None and self.wall is not None:
-                self.check()  # a jump of the wall clock, while nothing else asks
-                remaining = None if self.lapsed else min(remaining, JUMP_CHECK_EVERY)
+            if self.wall is not None and self.enforced:
+                self.check_jump()  # a jump of the wall clock, while nothing else asks (lapsed too)
+                remaining = self.remaining
+                remaining = JUMP_CHECK_EVERY if remaining is None else min(remaining, JUMP_CHECK_EVERY)
             changed.clear()
             try:
                 await asyncio.wait_for(changed.wait(), timeout=remaining)

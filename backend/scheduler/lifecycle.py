@@ -155,7 +155,7 @@ async def renew_lease(engine: Engine) -> None:
         except Unavailable as exc:
             engine.outages.trouble("lease", "cannot renew this instance's lease (its heartbeat)", exc)
         engine.lease.check()  # (the watcher does too, on real time)
-        await engine.loops.park("lease", engine.clock.now() + registry.heartbeat_interval)
+        await engine.loops.park("lease", engine.clock.now() + registry.heartbeat_interval, engine.lease.jumped)
 
 
 def end_if_threads_run(engine: Engine, why: str) -> None:
