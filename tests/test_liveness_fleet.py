@@ -85,8 +85,8 @@ class Workers(Fleet):
         (root / "schedules" / "fleet.jobs.py").write_text(textwrap.dedent(JOBS))
         self.others: list[subprocess.Popen[str]] = []
 
-    def start(self, name: str, url: str | None = None) -> Server:
-        args = ["--schedules", "schedules", "--store", url or self.url, "--instance", name, "--abandon-after", WINDOW]
+    def start(self, name: str, url: str | None = None, *extra: str) -> Server:
+        args = ["--schedules", "schedules", "--store", url or self.url, "--instance", name, "--abandon-after", WINDOW, *extra]
         server = start_server(self.root, *args)
         self.servers.append(server)
         return server
@@ -271,7 +271,7 @@ def test_instances_in_two_pid_namespaces_of_one_host_never_take_each_others_work
 # a sync handler past max_runtime, in serve
 # ---------------------------------------------------------------------------------------
 def test_a_sync_handler_past_max_runtime_holds_its_seat_until_it_returns(workers: Workers) -> None:
-    workers.start("a")
+    workers.start("a", None, "--job-backoff", "1")  # the timed-out attempt's retry after 1 s, not 10 s
     jobs = workers.send("capped", [{"sleep": 3}, {"sleep": 0}])
     poll(lambda: len([line for line in workers.lines() if line.what == "end"]) >= 3, timeout=60, what="the attempts to run")
     lines = workers.lines()

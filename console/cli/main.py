@@ -262,6 +262,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     # retrying runs a SQLite store cannot write (a full disk) before it keeps them in the reserve.
     serve.add_argument("--shard-lease", type=_seconds, default=10.0, help=argparse.SUPPRESS)
     serve.add_argument("--close-patience", type=_seconds, default=10.0, help=argparse.SUPPRESS)
+    serve.add_argument("--job-backoff", type=_positive_int, default=10, help=argparse.SUPPRESS)  # a failed job's first retry
 
     verb("console", "the operations console (also what `schedtui` alone starts)", _CONSOLE)
 
@@ -577,6 +578,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         clock=OffsetClock(timedelta(milliseconds=args.clock_offset_ms)) if args.clock_offset_ms else None,
         alerting=args.alerting,
         shard_ttl=args.shard_lease,
+        job_backoff=args.job_backoff,
     )
     if isinstance(engine.store, SQLiteStore):
         engine.store.close_patience = args.close_patience
