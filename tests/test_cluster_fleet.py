@@ -5,8 +5,8 @@ frozen (SIGSTOP) past its leases and woken (SIGCONT) fires and writes nothing fo
 shards it lost. Every check reads the ledger: each slot of each schedule has exactly one
 row (fired, or recorded ``missed`` in a hand-over window), none missing in between.
 
-Two tests, each of some thirty seconds: a shard lease lasts 10 s, and these wait for
-leases to run out.
+Two tests, each of some twenty seconds: they wait for leases to run out, so a shard lease
+lasts 5 s here (``--shard-lease``, a test seam; 10 s otherwise).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from tests.test_fleet import Fleet, assert_once_and_contiguous, by_name, fleets,
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 UTC = UTC
-CLUSTER = ["--coordination", "cluster"]
+LEASE = 5  # seconds, half the default: every take-over below waits for leases to lapse
+CLUSTER = ["--coordination", "cluster", "--shard-lease", str(LEASE)]
 TICKS = 12
 
 
@@ -133,7 +134,7 @@ def test_an_owner_frozen_past_its_leases_fires_and_writes_nothing_for_the_shards
     a.proc.send_signal(signal.SIGSTOP)
     stopped_at = datetime.now(UTC)
     try:
-        # b takes every shard once a's leases have run out (10 s), and fires them.
+        # b takes every shard once a's leases have run out (LEASE), and fires them.
         poll(lambda: set(shard_holders(fleet.url).values()) == {"b"} and len(shard_holders(fleet.url)) == SHARDS,
              timeout=30, what="b to take a's shards")  # fmt: skip
         taken_at = datetime.now(UTC)

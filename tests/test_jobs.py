@@ -60,6 +60,7 @@ async def detail(engine: Engine, job_id: str) -> Any:
 # ---------------------------------------------------------------------------------------
 def test_backoff_doubles_from_ten_seconds_up_to_an_hour() -> None:
     assert [backoff(n) for n in range(1, 12)] == [10, 20, 40, 80, 160, 320, 640, 1280, 2560, 3600, 3600]
+    assert [backoff(n, first=1) for n in range(1, 4)] == [1, 2, 4]  # serve's --job-backoff (a test seam)
     assert backoff(200) == 3600
 
 

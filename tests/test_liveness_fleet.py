@@ -51,7 +51,11 @@ JOBS = """
     async def waits(job):
         note("start", job)
         try:
-            await asyncio.sleep(job.payload["sleep"])
+            if "until" in job.payload:  # until the test has seen what it waits for
+                while not Path(job.payload["until"]).exists():
+                    await asyncio.sleep(0.05)
+            else:
+                await asyncio.sleep(job.payload["sleep"])
         except asyncio.CancelledError:
             note("stop", job)
             raise
@@ -81,8 +85,8 @@ class Workers(Fleet):
         (root / "schedules" / "fleet.jobs.py").write_text(textwrap.dedent(JOBS))
         self.others: list[subprocess.Popen[str]] = []
 
-    def start(self, name: str, url: str | None = None) -> Server:
-        args = ["--schedules", "schedules", "--store", url or self.url, "--instance", name, "--abandon-after", WINDOW]
+    def start(self, name: str, url: str | None = None, *extra: str) -> Server:
+        args = ["--schedules", "schedules", "--store", url or self.url, "--instance", name, "--abandon-after", WINDOW, *extra]
         server = start_server(self.root, *args)
         self.servers.append(server)
         return server
@@ -239,7 +243,8 @@ def test_instances_in_two_pid_namespaces_of_one_host_never_take_each_others_work
     assert inner.stdout is not None
     if not inner.stdout.readline().startswith("schedtui: serving"):
         pytest.fail(f"the serve in its own PID namespace did not start (unshare needs root): {log.read_text()}")
-    jobs = workers.send("work", [{"sleep": 12}] * 4)
+    release = workers.root / "release"  # the jobs run until the host instance has swept for a while
+    jobs = workers.send("work", [{"until": str(release)}] * 4)
     poll(lambda: len(workers.starts()) == 4, timeout=30, what="ns-b to run the four jobs")
     inner_pid = workers.starts()[0].pid
     assert inner_pid != inner.pid  # its own pids: 1, 2 ... inside the namespace
@@ -257,6 +262,7 @@ def test_instances_in_two_pid_namespaces_of_one_host_never_take_each_others_work
     assert "no longer running" not in host.log_text()
     own = workers.sql("SELECT host FROM schedtui_instances WHERE instance = 'host'")[0][0]
     assert own.split("#")[:2] == beats[0][0].split("#")[:2] and own != beats[0][0]  # one host, two namespaces
+    release.touch()
     poll(lambda: {line.job for line in workers.lines() if line.what == "end"} == set(jobs), timeout=30, what="the jobs to end")
     assert {(line.attempt, line.pid) for line in workers.starts()} == {(1, inner_pid)}
 
@@ -265,7 +271,7 @@ def test_instances_in_two_pid_namespaces_of_one_host_never_take_each_others_work
 # a sync handler past max_runtime, in serve
 # ---------------------------------------------------------------------------------------
 def test_a_sync_handler_past_max_runtime_holds_its_seat_until_it_returns(workers: Workers) -> None:
-    workers.start("a")
+    workers.start("a", None, "--job-backoff", "1")  # the timed-out attempt's retry after 1 s, not 10 s
     jobs = workers.send("capped", [{"sleep": 3}, {"sleep": 0}])
     poll(lambda: len([line for line in workers.lines() if line.what == "end"]) >= 3, timeout=60, what="the attempts to run")
     lines = workers.lines()

@@ -48,6 +48,8 @@ class RemoteBackend(Backend):
 
     ``transport`` lets tests hand in an ``httpx.ASGITransport``; by default it is a real
     connection. ``read_only`` can be forced on; it is also on when the token only reads.
+    ``read_retries``: the waits (seconds) before each retry of a read the server did not
+    answer (tests that stop the server shorten them).
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class RemoteBackend(Backend):
         read_only: bool = False,
         timeout: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        read_retries: tuple[float, ...] = _READ_RETRIES,
     ) -> None:
         remember_url_secrets(url)
         if not url.startswith(("http://", "https://")):
@@ -70,11 +73,12 @@ class RemoteBackend(Backend):
         self.token_sent = bool(token)
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
         self._timeout = timeout
+        self._read_retries = read_retries
         self._info: ConnectionInfo | None = None
 
     # -- plumbing -----------------------------------------------------------------------
     async def _request(self, method: str, path: str, *, retry: bool, **kwargs: Any) -> Any:
-        delays = _READ_RETRIES if retry else ()
+        delays = self._read_retries if retry else ()
         attempt = 0
         while True:
             try:

@@ -70,9 +70,10 @@ CRON_DEAD_KEEP: Final = timedelta(days=1)
 ATTEMPTS_KEEP: Final = timedelta(days=7)
 
 
-def backoff(attempt: int) -> int:
-    """Seconds before the retry of failed attempt ``attempt`` (1-based): 10, 20, 40 … 3600."""
-    return int(min(BACKOFF_FIRST_S * 2 ** min(attempt - 1, 16), BACKOFF_MAX_S))
+def backoff(attempt: int, first: int = BACKOFF_FIRST_S) -> int:
+    """Seconds before the retry of failed attempt ``attempt`` (1-based): 10, 20, 40 … 3600
+    (from ``first``, 10 unless a test shortens it)."""
+    return int(min(first * 2 ** min(attempt - 1, 16), BACKOFF_MAX_S))
 
 
 @dataclass(frozen=True, eq=False)

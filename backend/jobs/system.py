@@ -19,6 +19,7 @@ from backend.inputs import check_before, check_id
 from backend.jobs.actions import JobActions
 from backend.jobs.definition import (
     ATTEMPTS_KEEP,
+    BACKOFF_FIRST_S,
     CRON_DEAD_KEEP,
     DEAD_KEEP,
     MAX_HELD,
@@ -79,7 +80,14 @@ class Jobs:
     raise :class:`~backend.errors.SchedtuiError` subclasses (``NotFound`` for an unknown
     queue or job, ``BadInput``/``TooLarge`` for a value over a limit, ``QueueFull``)."""
 
-    def __init__(self, shared: Shared, queues: Iterable[Queue], *, poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+    def __init__(
+        self,
+        shared: Shared,
+        queues: Iterable[Queue],
+        *,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        first_backoff: int = BACKOFF_FIRST_S,
+    ) -> None:
         self.shared = shared
         self.store = cast(JobStore, shared.store)
         self.queues: dict[str, Queue] = {}
@@ -88,6 +96,8 @@ class Jobs:
                 raise BadInput(f'queue name "{queue.name}" is given twice')
             self.queues[queue.name] = queue
         self.poll_interval = poll_interval
+        self.first_backoff = first_backoff
+        """Seconds before a failed attempt's first retry (doubling after); a test seam."""
         self.actions = JobActions(self)
         self.notifier = Notifier(self)
         self.workers: Workers | None = None
@@ -110,7 +120,7 @@ class Jobs:
         if not self.queues:
             return  # an instance without queues runs no workers, sweeps and listens to nothing
         if self.workers is None:
-            self.workers = Workers(self, self.queues.values(), poll_interval=self.poll_interval)
+            self.workers = Workers(self, self.queues.values(), poll_interval=self.poll_interval, first_backoff=self.first_backoff)
         log.info(
             "running %d job queue(s): %s",
             len(self.queues),

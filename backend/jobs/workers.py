@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 
 from backend.clock import Clock
 from backend.errors import Unavailable
-from backend.jobs.definition import Queue, backoff
+from backend.jobs.definition import BACKOFF_FIRST_S, Queue, backoff
 from backend.jobs.model import JobContext, job_context
 from backend.jobs.store import Claimed, Finish, FinishKind, Handover, QueueSpec
 from backend.model import TAG_ABANDONED, TAG_INTERRUPTED, TAG_LEASE_LOST
@@ -150,7 +150,9 @@ def _ended_at(run: JobRun, outcome: Outcome, clock: Clock) -> datetime:
     return outcome.at if run.given_up_at is None else clock.now()
 
 
-def decide(claimed: Claimed, outcome: Outcome, *, stopping: bool = False) -> tuple[FinishKind, datetime | None]:
+def decide(
+    claimed: Claimed, outcome: Outcome, *, stopping: bool = False, first_backoff: int = BACKOFF_FIRST_S
+) -> tuple[FinishKind, datetime | None]:
     """How an attempt ends: the finish kind and, for a retry, when. A failed attempt is
     retried after the backoff while attempts remain; the last one makes the job dead. An
     attempt interrupted by a shutdown (or abandoned) is retried at once: the job did not
@@ -163,7 +165,7 @@ def decide(claimed: Claimed, outcome: Outcome, *, stopping: bool = False) -> tup
         return "dead", None
     if (stopping and outcome.error_tag == TAG_INTERRUPTED) or outcome.error_tag == TAG_LEASE_LOST:
         return "retry", outcome.at
-    return "retry", outcome.at + timedelta(seconds=backoff(claimed.attempt))
+    return "retry", outcome.at + timedelta(seconds=backoff(claimed.attempt, first_backoff))
 
 
 class Workers:
@@ -174,8 +176,9 @@ class Workers:
     for per queue never exceeds the queue's concurrency minus the attempts in flight.
     """
 
-    def __init__(self, jobs: Jobs, queues: Iterable[Queue], *, poll_interval: float) -> None:
+    def __init__(self, jobs: Jobs, queues: Iterable[Queue], *, poll_interval: float, first_backoff: int = BACKOFF_FIRST_S) -> None:
         self.jobs = jobs
+        self.first_backoff = first_backoff
         shared = jobs.shared
         self.clock = shared.clock
         self.loops = shared.loops
@@ -566,7 +569,7 @@ class Workers:
                 f"{outcome.error_message}: it returned {held:.1f}s later",
                 outcome.traceback,
             )  # fmt: skip
-        kind, retry_at = decide(c, outcome, stopping=self.stopping)
+        kind, retry_at = decide(c, outcome, stopping=self.stopping, first_backoff=self.first_backoff)
         if kind == "dead":
             log.warning("job %s of %s is dead after %d attempt(s): %s", c.id, c.queue, c.attempt, outcome.error_message)
         finish = Finish(

@@ -53,7 +53,7 @@ from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
 from backend.events.relay import Relay
 from backend.ids import IdFactory
-from backend.jobs.definition import Queue
+from backend.jobs.definition import BACKOFF_FIRST_S, Queue
 from backend.jobs.system import Jobs
 from backend.locks import Locks
 from backend.model import (
@@ -153,6 +153,7 @@ class Engine:
         ids: Callable[[], str] | None = None,
         lock_clock: Clock | None = None,
         shard_ttl: float = 10.0,
+        job_backoff: int = BACKOFF_FIRST_S,
         actor: str | None = None,
         lease_clock: Callable[[], float] | None | Literal["auto"] = "auto",
         exit_when_lease_lapses: bool = True,
@@ -269,6 +270,7 @@ class Engine:
             retention=retention,
             lock_clock=lock_clock,
             shard_ttl=shard_ttl,
+            job_backoff=job_backoff,
         )
         self.shared, self.durable, self.jobs, self.locks = systems.shared, systems.durable, systems.jobs, systems.locks
         self.cluster = systems.cluster

@@ -69,6 +69,7 @@ def build_systems(
     retention: timedelta | None,
     lock_clock: Clock | None,
     shard_ttl: float,
+    job_backoff: int,
 ) -> Systems:
     """Build the durable executions, job queue, locks and shards (see the module
     docstring); the arguments are the engine's own of the same names."""
@@ -92,7 +93,7 @@ def build_systems(
         check_owners_every=timedelta(seconds=heartbeat_interval),
         retention=retention,
     )
-    jobs = Jobs(shared, queues)
+    jobs = Jobs(shared, queues, first_backoff=job_backoff)
     parts.launcher.jobs = jobs.actions
     for schedule in core.schedules.values():
         if schedule.queue is not None and schedule.queue not in jobs.queues:
