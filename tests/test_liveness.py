@@ -106,15 +106,23 @@ def test_a_wall_clock_that_jumps_between_heartbeats_lapses_the_lease_at_once() -
     assert lease.holds(0)  # a call's check (every durable step) looks at most every half second
     clock.now += 0.3
     assert not lease.holds(0) and lease.lapses == 1
+    clock.now += 0.1
     lease.renewed(lease.sending())  # the next heartbeat: the database's clock agrees with the wall clock
     assert lease.holds(1)
     wall.now -= 30
     assert not lease.fresh() and lease.lapses == 2  # a claim looks at once (it judges others' stamps by it)
+    clock.now += 0.1
     lease.renewed(lease.sending())
     assert lease.fresh()
+    in_flight = lease.sending()  # a heartbeat on its way when the clock jumps
     wall.now += 60  # ahead by a minute: found by the heartbeat's own look, whenever it is
     lease.check_jump()
     assert lease.lapsed and lease.lapses == 3
+    lease.renewed(in_flight)  # its answer, after the jump: it renews nothing
+    assert lease.lapsed
+    clock.now += 0.1
+    lease.renewed(lease.sending())  # one sent after it (the database's clock agreeing) does
+    assert lease.fresh()
 
 
 def test_an_unenforced_lease_never_lapses() -> None:

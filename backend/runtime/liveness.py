@@ -80,6 +80,9 @@ class WorkLease:
         self._wall_at: tuple[float, float] | None = None
         """The wall clock and the lease clock at the last renewal."""
         self._jump_checked_at = float("-inf")
+        self._jumped_at = float("-inf")
+        """The lease clock's reading when a jump was last found: a renewal sent before it
+        renews nothing (its heartbeat, and the clock reading beside it, may be the old clock's)."""
         self.jumped = asyncio.Event()
         """Set when a jump of the wall clock lapses the lease: the heartbeat, parked on that
         clock (a step back would hold it until the clock caught up), goes at once to find
@@ -111,7 +114,7 @@ class WorkLease:
 
     def renewed(self, sent_at: float) -> None:
         """A renewal sent at ``sent_at`` was committed."""
-        if self.renewed_at is not None and sent_at < self.renewed_at:
+        if (self.renewed_at is not None and sent_at < self.renewed_at) or sent_at <= self._jumped_at:
             return
         self.renewed_at = sent_at
         if self.wall is not None and self.clock is not None:
@@ -175,6 +178,7 @@ class WorkLease:
         if abs(jump) <= self.jump_limit:
             return
         self._wall_at = (wall_now, now)  # (each jump once)
+        self._jumped_at = now
         self.jumped.set()
         if not self.lapsed:
             self.lapse(
