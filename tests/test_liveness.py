@@ -123,6 +123,10 @@ def test_a_wall_clock_that_jumps_between_heartbeats_lapses_the_lease_at_once() -
     clock.now += 0.1
     lease.renewed(lease.sending())  # one sent after it (the database's clock agreeing) does
     assert lease.fresh()
+    in_flight = lease.sending()
+    wall.now -= 45  # stepped while the heartbeat is on its way, and nothing looked since
+    lease.renewed(in_flight)  # its answer looks for the jump first
+    assert lease.lapsed and lease.lapses == 4
 
 
 def test_an_unenforced_lease_never_lapses() -> None:

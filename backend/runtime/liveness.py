@@ -113,7 +113,9 @@ class WorkLease:
         return now
 
     def renewed(self, sent_at: float) -> None:
-        """A renewal sent at ``sent_at`` was committed."""
+        """A renewal sent at ``sent_at`` was committed (one sent before a jump of the wall
+        clock renews nothing: the jump is looked for first)."""
+        self.check_jump()
         if (self.renewed_at is not None and sent_at < self.renewed_at) or sent_at <= self._jumped_at:
             return
         self.renewed_at = sent_at
