@@ -9,18 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import textual._wait
 
 from backend import Engine, ManualClock, Run, Schedule
 from tests import pg
-
-# Textual's Pilot (``pause()``, ``press()``) waits until the app is idle: under 5% of a CPU
-# over a window of 20 ms, so every wait costs 20 ms at least, and the console tests spent
-# about a third of their time waiting out windows in which nothing was left to do. The
-# same 5% over 5 ms: still a wait for the app to be idle (and the tests' own helpers wait
-# for the conditions they name), a quarter as long each time.
-textual._wait.SLEEP_GRANULARITY = 0.005
-textual._wait.SLEEP_IDLE = textual._wait.SLEEP_GRANULARITY / 20
 
 
 @pytest.fixture(scope="session")
