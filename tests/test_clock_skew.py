@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from backend import Engine, JobContext, RunContext, connect, define_queue, define_schedule
 from backend.clock import ManualClock, OffsetClock, SystemClock, follows_real_time
+from backend.observability.metrics import EngineMetrics
 from backend.runtime.skew import ClockCheck, ClockReading
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -110,6 +113,12 @@ async def test_a_member_whose_clock_is_off_stops_takes_nothing_and_resumes_once_
         check = engine.registry.clock_check
         assert check is not None and check.off and abs((check.offset or 0) - offset) < 1.0
         assert engine.lease.lapsed and engine.lease.lapses == 1 and not engine.lease.fresh()
+        metrics = EngineMetrics(engine)  # what a scrape says of it
+        text = generate_latest(metrics.registry).decode()
+        metrics.close()
+        scraped = re.search(r"^schedtui_clock_offset_seconds (\S+)$", text, re.MULTILINE)
+        assert scraped is not None and abs(float(scraped.group(1)) - offset) < 1.0, text
+        assert re.search(r"^schedtui_lease_lapses_total 1\.0$", text, re.MULTILINE), text
         async with connect(pg_url, definitions=[queue]) as client:  # an observer on this machine's clock
             sent = await client.engine.jobs.send("q", "a")
         seen = len(readings)
