@@ -318,10 +318,7 @@ def test_a_full_disk_then_a_restart_fires_no_slot_again_and_forgets_no_run(tmp_p
     )  # fmt: skip
     (tmp_path / "schedules").mkdir()
     (tmp_path / "schedules" / "rec.cron.py").write_text(RECORDING.format(handled=str(handled), schedules=schedules))
-    # Its stop retries the runs it cannot write for a second (--close-patience, a test seam;
-    # ten otherwise) before it keeps them.
-    first = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{db}", "--instance", "first",
-                         "--close-patience", "1")  # fmt: skip
+    first = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{db}", "--instance", "first")
     try:
         poll(lambda: count_runs(db) >= 8, timeout=30, what="a few runs")
         filler = fill(roomy_disk)

@@ -258,10 +258,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     serve.add_argument("--notify-lease", type=_seconds, default=60.0, help=argparse.SUPPRESS)
     serve.add_argument("--notify-backoff", type=_seconds, default=5.0, help=argparse.SUPPRESS)
     serve.add_argument("--notify-poll", type=_seconds, default=5.0, help=argparse.SUPPRESS)
-    # Test seams too: a cluster shard's lease (its take-over waits), and how long a stop keeps
-    # retrying runs a SQLite store cannot write (a full disk) before it keeps them in the reserve.
+    # Test seams too: a cluster shard's lease (its take-over waits).
     serve.add_argument("--shard-lease", type=_seconds, default=10.0, help=argparse.SUPPRESS)
-    serve.add_argument("--close-patience", type=_seconds, default=10.0, help=argparse.SUPPRESS)
     serve.add_argument("--job-backoff", type=_positive_int, default=10, help=argparse.SUPPRESS)  # a failed job's first retry
 
     verb("console", "the operations console (also what `schedtui` alone starts)", _CONSOLE)
@@ -565,8 +563,6 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from backend.clock import OffsetClock
-    from backend.store.sqlite.store import SQLiteStore
-
     engine = _engine(
         args,
         create=True,
@@ -580,8 +576,6 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         shard_ttl=args.shard_lease,
         job_backoff=args.job_backoff,
     )
-    if isinstance(engine.store, SQLiteStore):
-        engine.store.close_patience = args.close_patience
     log = logging.getLogger("schedtui")
     if args.clock_offset_ms:
         log.warning(
