@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -157,6 +157,32 @@ async def test_a_retried_step_is_written_again_on_the_lane(store: PostgresStore,
     assert row is not None and row.steps is not None and len(row.steps) == 1
     step = row.steps[0]
     assert (step.status, step.attempt, step.wake_at, step.error_tag) == ("succeeded", 2, None, None)
+
+
+async def test_a_checkpoints_times_on_the_lane_read_back_to_the_microsecond(store: PostgresStore, clock: ManualClock) -> None:
+    """The lane sends a checkpoint's timestamps in the server's binary form: the instants
+    read back are the ones given, to the microsecond, whatever their offset or year."""
+    assert store._checkpoints is not None and await store._checkpoints.open()
+    on_lane = Counted(store)
+    now = clock.now()
+    await store.durable_insert(NewExecution(ID, "f", "null", now))
+    claim = await claimed(store, "a", now)
+    on_lane()
+    india = timezone(timedelta(hours=5, minutes=30))
+    times = [
+        (datetime(2026, 3, 29, 1, 59, 59, 999999, tzinfo=UTC), datetime(2026, 3, 29, 7, 30, 0, 1, tzinfo=india),
+         datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)),
+        (datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), datetime(1, 1, 2, tzinfo=UTC), None),
+    ]  # fmt: skip
+    for seq, (started, finished, wake) in enumerate(times, start=1):
+        status = "waiting" if wake is not None else "succeeded"
+        record = StepRecord(seq, f"s{seq}", "step", status, 1, started, finished, wake_at=wake)
+        write = Write(ID, claim.execution.lease, now, Progress(f"s{seq}", now + timedelta(seconds=30)), [record])
+        assert await store.durable_write(write) is False
+    assert on_lane() == len(times)
+    row = await store.durable_get(ID)
+    assert row is not None and row.steps is not None
+    assert [(s.started_at, s.finished_at, s.wake_at) for s in row.steps] == times
 
 
 async def test_a_start_on_the_lane_is_claimed_audited_and_logged_in_one_statement(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -361,9 +361,9 @@ class ExecutionRun:
         if not isinstance(then, Progress):  # it waits or ended: what operators watch
             self.executor.shared.events.publish("durable", self.id)
 
-    async def checkpoint(self, record: StepRecord, now: datetime) -> None:
-        """A step finished (``now``): its outcome, one commit."""
-        await self.write(Progress(record.name, now + self.executor.lease_ttl), (record,), now)
+    def checkpoint(self, record: StepRecord, now: datetime) -> Coroutine[Any, Any, None]:
+        """A step finished (``now``): its outcome, one commit (the write's coroutine, to await)."""
+        return self.write(Progress(record.name, now + self.executor.lease_ttl), (record,), now)
 
     async def suspend(
         self,

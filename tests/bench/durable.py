@@ -402,7 +402,8 @@ def fence_costs(server: Any, rounds: int = 40, per_round: int = 100) -> dict[str
 
     The variants: the ceiling's one-row ``INSERT``; the step's row alone (no fence); the
     checkpoint as schedtui sends it (``CHECKPOINT_FIRST``: the row inserted from the
-    execution's row read ``FOR SHARE`` under its lease); the same read without the lock
+    execution's row read ``FOR SHARE`` under its lease; its timestamps binary); the same
+    with its timestamps as text (as it was sent before); the same read without the lock
     (*unsafe*: a take-over committing between its read and its commit would not stop it;
     shown for what the lock costs); and the general form (``CHECKPOINT``: a CTE, an upsert,
     the cancellation returned)."""
@@ -431,11 +432,13 @@ def fence_costs(server: Any, rounds: int = 40, per_round: int = 100) -> dict[str
         "insert": "INSERT INTO bench_floor (n, at) VALUES (%s::bigint, now())",
         "step_row": f"INSERT INTO schedtui_durable_steps (execution_id, {columns}) VALUES (%s, {values})",
         "checkpoint": sql.CHECKPOINT_FIRST,
+        "checkpoint_text_times": sql.CHECKPOINT_FIRST,
         "checkpoint_unlocked": sql.CHECKPOINT_FIRST.replace("FOR SHARE OF e", ""),
         "checkpoint_general": sql.CHECKPOINT,
     }
     assert variants["checkpoint_unlocked"] != variants["checkpoint"]
     now = datetime.now(UTC).isoformat().encode()
+    binary_now = sql._when(datetime.now(UTC))
     key = (execution.encode(), b"7")
     seq = 0
 
@@ -450,7 +453,12 @@ def fence_costs(server: Any, rounds: int = 40, per_round: int = 100) -> dict[str
             return [key[0], *row]
         if name == "checkpoint_general":
             return [*key, *row]
+        if name == "checkpoint":  # its timestamps as it sends them: binary
+            row[5] = row[6] = binary_now
         return [*row, *key]
+
+    def formats(name: str) -> tuple[int, ...] | None:
+        return sql._CHECKPOINT_FORMATS if name == "checkpoint" else None
 
     async def nothing(conn: Any) -> None:
         pass
@@ -465,7 +473,7 @@ def fence_costs(server: Any, rounds: int = 40, per_round: int = 100) -> dict[str
                 for name, lane in lanes.items():
                     began = time.perf_counter()
                     for _ in range(per_round):
-                        result = await lane.call("s", params(name))
+                        result = await lane.call("s", params(name), formats(name))
                         assert name == "insert" or result.command_tuples == 1, name  # the fence let it through
                     if number:
                         rates[name].append(per_round / (time.perf_counter() - began))

@@ -23,9 +23,10 @@ sees the first (a wait is never left waiting for a signal that has arrived).
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+import struct
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.durable.model import TAG_CANCELLED, Execution, ExecutionLog, ExecutionStatus
@@ -393,8 +394,19 @@ def _utf8(value: str | None) -> bytes | None:
     return None if value is None else value.encode()
 
 
+#: A ``timestamptz`` in the server's binary form: microseconds since 2000-01-01 UTC, a
+#: big-endian int64 (a quarter of ``isoformat()``'s cost here, and no parsing there).
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+_int64 = struct.Struct("!q").pack
+
+
 def _when(value: datetime | None) -> bytes | None:
-    return None if value is None else value.isoformat().encode()
+    return None if value is None else _int64((value - _PG_EPOCH) // _MICROSECOND)
+
+
+#: The hot checkpoint's parameter formats: its three timestamps binary (see _when).
+_CHECKPOINT_FORMATS = (0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0)
 
 
 def _lane_text(value: Any) -> bytes | None:
@@ -550,10 +562,14 @@ class PostgresDurable:
             claimed.append(Claimed(execution, steps, signals))
         return claimed
 
-    async def durable_write(self, write: Write) -> bool | None:
+    def durable_write(self, write: Write) -> Coroutine[Any, Any, bool | None]:
         then = write.then
         if type(then) is Progress and len(write.steps) == 1 and not write.logs and then.step is not None:
-            return await self._checkpoint(write, write.steps[0])
+            return self._checkpoint(write, write.steps[0])  # (its coroutine: awaited without one more)
+        return self._write(write)
+
+    async def _write(self, write: Write) -> bool | None:
+        then = write.then
         params: dict[str, Any] = {"id": write.id, "lease": write.lease, "now": write.now, "step": then.step}
         if isinstance(then, Progress):
             params["until"] = then.lease_until
@@ -592,11 +608,10 @@ class PostgresDurable:
             try:
                 result = await lane.call("first" if s.attempt == 1 and not s.at_most_once else "again", (
                     b"%d" % s.seq, s.name.encode(), s.kind.encode(), s.status.encode(),
-                    b"%d" % s.attempt, _when(s.started_at), _when(s.finished_at),
-                    None if wake is None else wake.isoformat().encode(), _utf8(_text(s.output)),
-                    None if tag is None else _utf8(_text(tag)), None if message is None else _utf8(_text(message)),
-                    b"t" if s.at_most_once else b"f", key[2], key[3],
-                ))  # fmt: skip
+                    b"%d" % s.attempt, _when(s.started_at), _when(s.finished_at), _when(wake),
+                    _utf8(_text(s.output)), None if tag is None else _utf8(_text(tag)),
+                    None if message is None else _utf8(_text(message)), b"t" if s.at_most_once else b"f", key[2], key[3],
+                ), _CHECKPOINT_FORMATS)  # fmt: skip
             except LaneFailed:
                 pass  # unknown whether it took effect (or a row was there): the upsert, on the pool
             else:

@@ -6,8 +6,9 @@ adaptation of every parameter and its wait on the socket (a reader added and rem
 future and a timer per wait): about as much CPU again as the commit's own round trip on
 the client. A :class:`Lane` keeps one connection with its statements prepared on it (at
 the protocol level), its socket watched by one reader for as long as it is open, and
-sends each call's parameters as text it is given already encoded: what is left per call
-is libpq's send, one wake-up and the reply. Several statements go as one transaction in one
+sends each call's parameters as it is given them, already encoded (text, or the server's
+binary form where the caller says so): what is left per call is libpq's send, one wake-up
+and the reply, which the caller awaits as the reply's future itself. Several statements go as one transaction in one
 round trip (pipeline mode, :meth:`Lane.call_many`), and one more after its commit if asked.
 
 It carries one call at a time and is only ever a shortcut: whoever uses it falls back to
@@ -81,6 +82,8 @@ class Lane:
         self._connecting: asyncio.Task[None] | None = None
         self._tried_at = -RECONNECT_EVERY
         self._waiter: asyncio.Future[list[pq.abc.PGresult]] | None = None
+        self._single: asyncio.Future[pq.abc.PGresult] | None = None
+        """The reply of a :meth:`call` sent whole: its one result, checked here."""
         self._results: list[pq.abc.PGresult] = []
         self._busy = False
         self._syncs = 0
@@ -158,30 +161,38 @@ class Lane:
             if self.closed:
                 self._release()
 
-    async def call(self, key: str, params: Sequence[bytes | None]) -> pq.abc.PGresult:
-        """Run the statement ``key`` with these parameters (text, encoded); its one result.
-        Only when :meth:`available`. Raises :class:`LaneFailed` for anything but a clean
-        result."""
+    def call(
+        self, key: str, params: Sequence[bytes | None], formats: Sequence[int] | None = None
+    ) -> Awaitable[pq.abc.PGresult]:
+        """Run the statement ``key`` with these parameters (text, encoded; or, where
+        ``formats`` has a 1, in the server's binary form of their type); its one result, to
+        await. Only when :meth:`available`. It fails with :class:`LaneFailed` for anything
+        but a clean result. Sent now; what it returns is the reply's future itself (a
+        checkpoint's await goes to it without one more coroutine, there and back)."""
         pgconn = self._pgconn
         assert pgconn is not None and not self._busy
         self._busy = True
         self.calls += 1
         try:
-            pgconn.send_query_prepared(self.statements[key][0], params)
+            pgconn.send_query_prepared(self.statements[key][0], params, formats)
             unsent = pgconn.flush()
         except psycopg.Error as exc:
             self._broken(exc)
             raise LaneFailed(str(exc)) from None
         if unsent:  # the socket's buffer is full: wait until it takes the rest
-            results = await self._reply()
-        else:  # (nearly always: a short message leaves at once) one future, no coroutine more
-            assert self._loop is not None
-            waiter: asyncio.Future[list[pq.abc.PGresult]] = self._loop.create_future()
-            self._waiter = waiter
-            results = await waiter
-        if len(results) == 1 and results[0].status in _OK:
-            return results[0]
-        return self._check(results)
+            return self._one(self._reply())
+        # (nearly always: a short message leaves at once)
+        assert self._loop is not None
+        waiter: asyncio.Future[pq.abc.PGresult] = self._loop.create_future()
+        self._single = waiter
+        return waiter
+
+    async def _one(self, reply: Awaitable[list[pq.abc.PGresult]]) -> pq.abc.PGresult:
+        results = await reply
+        failure = self._failure(results)
+        if failure is not None:
+            raise failure
+        return results[0]
 
     async def call_many(
         self, calls: Sequence[tuple[str, Sequence[bytes | None]]], then: tuple[str, Sequence[bytes | None]] | None = None
@@ -279,28 +290,46 @@ class Lane:
                     continue
                 results, self._results = self._results, []
                 waiter, self._waiter = self._waiter, None
+                single, self._single = self._single, None
                 self._busy = False
-                if waiter is not None and not waiter.done():
+                if single is not None:
+                    failure = self._failure(results)
+                    if single.done():  # (cancelled: the reply is dropped)
+                        pass
+                    elif failure is None:
+                        single.set_result(results[0])
+                    else:
+                        single.set_exception(failure)
+                elif waiter is not None and not waiter.done():
                     waiter.set_result(results)
         except (psycopg.Error, LaneFailed) as exc:
             self._broken(exc)
 
     def _check(self, results: list[pq.abc.PGresult]) -> pq.abc.PGresult:
+        failure = self._failure(results)
+        if failure is not None:
+            raise failure
+        return results[0]
+
+    def _failure(self, results: list[pq.abc.PGresult]) -> LaneFailed | None:
+        """``None`` for one clean result; otherwise the failure to raise (the connection let
+        go of first if the failure left it in a transaction)."""
         if len(results) == 1 and results[0].status in _OK:
-            return results[0]
+            return None
         errors = [r.get_error_message() for r in results if r.status not in _OK]
         why = (errors[0] if errors else "an unexpected reply").strip()
         pgconn = self._pgconn
         if pgconn is None or pgconn.transaction_status != pq.TransactionStatus.IDLE:
             self._broken(LaneFailed(why))
-        raise LaneFailed(why)
+        return LaneFailed(why)
 
     def _broken(self, exc: BaseException) -> None:
         """The connection cannot be trusted any more: let go of it now (a waiting call
         fails; the lane connects again when asked, later)."""
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(LaneFailed(str(exc)))
+        for pending in (self._waiter, self._single):
+            if pending is not None and not pending.done():
+                pending.set_exception(LaneFailed(str(exc)))
+        self._waiter = self._single = None
         if not self.closed:
             log.info("the %s connection failed (%s); the pool serves until it is back", self.name, exc)
         self._release()
@@ -324,7 +353,8 @@ class Lane:
             task, self._connecting = self._connecting, None
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(LaneFailed("the store was closed"))
+        for pending in (self._waiter, self._single):
+            if pending is not None and not pending.done():
+                pending.set_exception(LaneFailed("the store was closed"))
+        self._waiter = self._single = None
         self._release()
