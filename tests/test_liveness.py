@@ -515,6 +515,89 @@ async def test_a_heartbeat_after_the_clock_stepped_back_is_due_at_once(store_url
         await store.close()
 
 
+async def test_a_heartbeat_under_way_when_the_clock_moves_on_is_followed_by_a_fresh_one(
+    store_url: str, clock: ManualClock
+) -> None:
+    """The housekeeping round and the lease loop both beat. One of them finding the other's
+    beat under way used to skip its own, though that beat carried the time before the clock
+    moved: the row kept a stamp an interval old, and the fleet counted the member gone."""
+    store: Any = open_store(store_url)
+    await store.open()
+    entered, release = asyncio.Event(), asyncio.Event()
+    real = store.heartbeat_and_unfinished
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        if not release.is_set():
+            entered.set()
+            await release.wait()
+        return await real(*args, **kwargs)
+
+    store.heartbeat_and_unfinished = held
+    try:
+        registry = _registry(store, clock)
+        first = asyncio.ensure_future(registry.beat_and_sweep(clock.now()))
+        await asyncio.wait_for(entered.wait(), 10)  # stamped with T0, not committed yet
+        clock.advance(timedelta(minutes=1))
+        second = asyncio.ensure_future(registry.beat_and_sweep(clock.now()))
+        await asyncio.sleep(0)  # one loop step: it runs (ready tasks go in order) until it meets the beat under way
+        release.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+        assert (await store.instances())["me"][2] == clock.now()
+        assert not await registry.beat(clock.now())  # fresh: nothing more is due
+    finally:
+        await store.close()
+
+
+async def test_a_beat_asked_with_a_time_read_before_a_newer_beat_does_not_put_the_stamp_back(
+    store_url: str, clock: ManualClock
+) -> None:
+    """A housekeeping round reads the time first and beats after its other reads: a beat
+    of the lease loop written meanwhile is newer. The round's older time used to pass for a
+    clock stepped back: it beat again with it, and the row (and the next beat's due time)
+    went back a minute: the fleet counted the member gone."""
+    store: Any = open_store(store_url)
+    await store.open()
+    try:
+        registry = _registry(store, clock)
+        stale = clock.now()
+        clock.advance(timedelta(minutes=1))
+        assert await registry.beat(clock.now())
+        assert await registry.beat_and_sweep(stale) == []
+        assert (await store.instances())["me"][2] == clock.now()
+        assert registry.next_beat_at(clock.now()) == clock.now() + registry.heartbeat_interval
+    finally:
+        await store.close()
+
+
+async def test_a_lease_round_the_clock_moved_past_is_followed_at_once_by_a_fresh_heartbeat(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The lease loop used to park an interval from the time it read after its round: a
+    round stamped before the clock moved on left the heartbeat a minute old until the
+    next interval of the new time, and the fleet (and the metrics) counted the member gone."""
+    engine = make_engine([define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=lambda ctx: None)],
+                         state_poll_interval=3600)  # (housekeeping, which beats too, stays parked)  # fmt: skip
+    await engine.start()
+    await engine.quiesce()
+    store: Any = engine.store
+    entered, release = asyncio.Event(), asyncio.Event()
+    real = store.heartbeat_and_unfinished
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        if not release.is_set():
+            entered.set()
+            await release.wait()
+        return await real(*args, **kwargs)
+
+    store.heartbeat_and_unfinished = held
+    clock.advance(engine.registry.heartbeat_interval)  # the lease loop's round: stamped now
+    await asyncio.wait_for(entered.wait(), 10)
+    clock.advance(timedelta(minutes=1))  # ... and the clock moves on before it commits
+    release.set()
+    await engine.quiesce()
+    assert (await store.instances())[engine.instance][2] == clock.now()
+
+
 @pytest.mark.postgres
 async def test_a_fleet_session_stuck_mid_statement_on_a_silent_client_is_ended_by_a_members_beat(
     pg_url: str, clock: ManualClock

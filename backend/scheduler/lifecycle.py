@@ -152,10 +152,12 @@ async def renew_lease(engine: Engine) -> None:
     while True:
         try:
             await registry.beat_and_sweep(engine.clock.now())
+            failed = False
         except Unavailable as exc:
             engine.outages.trouble("lease", "cannot renew this instance's lease (its heartbeat)", exc)
+            failed = True
         engine.lease.check()  # (the watcher does too, on real time)
-        await engine.loops.park("lease", engine.clock.now() + registry.heartbeat_interval, engine.lease.jumped)
+        await engine.loops.park("lease", registry.next_beat_at(engine.clock.now(), failed=failed), engine.lease.jumped)
 
 
 def end_if_threads_run(engine: Engine, why: str) -> None:

@@ -166,18 +166,43 @@ class InstanceRegistry:
             return Membership("observer")
         return Membership("firing", self.coordination, self._live_after(now))
 
-    async def _beating_round(self, now: datetime, beat: Callable[[], Awaitable[T]], force: bool) -> T | None:
-        """One heartbeat (unless one is not due, or under way): renews the lease when it
-        commits, notes when the store comes back after it could not be written."""
-        if not force and self._last_beat is not None and timedelta(0) <= now - self._last_beat < self.heartbeat_interval:
-            return None  # (a clock stepped back since the last one: due now, not once it caught up)
-        if self._beating.locked() and not force:
+    def _due(self, now: datetime) -> bool:
+        """Whether a heartbeat is due at ``now`` (a clock stepped back since the last one:
+        due now, not once it has caught up)."""
+        last = self._last_beat
+        return last is None or not timedelta(0) <= now - last < self.heartbeat_interval
+
+    def next_beat_at(self, now: datetime, *, failed: bool = False) -> datetime:
+        """When the lease loop beats next, at ``now`` after a round: an interval after the
+        last heartbeat, so a round the clock moved past while it ran (an injected clock,
+        a step ahead) is followed at once by one stamped with the new time, not an interval
+        later; never later than an interval from ``now`` (a clock stepped back), and after a
+        round that could not write the store, an interval from ``now`` (no tight retry)."""
+        later = now + self.heartbeat_interval
+        last = self._last_beat
+        if failed or last is None:
+            return later
+        return min(last + self.heartbeat_interval, later)
+
+    async def _beating_round(self, now: datetime, beat: Callable[[datetime], Awaitable[T]], force: bool) -> T | None:
+        """One heartbeat (unless one is not due; one under way is waited for, then judged by
+        its stamp): renews the lease when it commits, notes when the store comes back after
+        it could not be written. ``beat(at)`` writes it, stamped ``at``."""
+        if not force and not self._due(now):
             return None
         async with self._beating:
+            # ``now`` was read by a caller that may have waited since (a housekeeping round
+            # reads it first): stamped with it, a beat would put the row back before the
+            # one written meanwhile, and an older `now` would pass for a clock stepped back.
+            now = max(now, self.clock.now())
+            # A beat under way meanwhile was stamped with its own time: one the clock has
+            # moved past by an interval (an injected clock, a clock step) is not fresh now.
+            if not force and not self._due(now):
+                return None
             self.lease.check_jump()  # (a stamp of a clock that jumped would mislead the others)
             sent = self.lease.sending()
             try:
-                result = await beat()
+                result = await beat(now)
             except Unavailable:
                 self._cut_off = True
                 raise
@@ -223,8 +248,8 @@ class InstanceRegistry:
     async def beat(self, now: datetime, *, force: bool = False) -> bool:
         """Refresh the heartbeat if it is due (or ``force``); True if it was written."""
 
-        async def beat() -> Role:
-            role = await self.store.heartbeat(self.instance, self.host, self.pid, now, self._membership(now))
+        async def beat(at: datetime) -> Role:
+            role = await self.store.heartbeat(self.instance, self.host, self.pid, at, self._membership(at))
             self._recorded(role)
             return role
 
@@ -246,9 +271,9 @@ class InstanceRegistry:
         transaction what is left running, close what the dead left (one commit every
         ``heartbeat_interval``, not two)."""
 
-        async def beat() -> Unfinished:
+        async def beat(at: datetime) -> Unfinished:
             work = await self.store.heartbeat_and_unfinished(
-                self.instance, self.host, self.pid, now, self._membership(now), stuck_after=self.abandon_after
+                self.instance, self.host, self.pid, at, self._membership(at), stuck_after=self.abandon_after
             )
             self._recorded(work.role)
             if work.ended_sessions:
