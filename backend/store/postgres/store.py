@@ -523,7 +523,10 @@ class PostgresStore(
 
     async def fleet(self) -> list[InstanceInfo]:
         rows = await self._fetchall(INSTANCE_LIST)
-        return [InstanceInfo(row[0], row[1], row[2], _utc(row[3]), _utc(row[4]), row[5], row[6]) for row in rows]  # type: ignore[arg-type]
+        return [
+            InstanceInfo(row[0], row[1], row[2], _utc(row[3]), _utc(row[4]), row[5], row[6], row[7], bool(row[8]))  # type: ignore[arg-type]
+            for row in rows
+        ]  # (an older version's row: no clock, NULL)
 
     async def forget_instance(self, instance: str) -> None:
         await self._execute(FORGET_INSTANCE, (instance,))
@@ -688,7 +691,7 @@ async def _beat(
     membership: Membership,
 ) -> Role:
     """The heartbeat, inside the caller's transaction (see :meth:`PostgresStore.heartbeat`)."""
-    role, coordination, live_after = membership
+    role, coordination, live_after, clock_offset, clock_off = membership
     gated = role == "firing" and coordination is not None
     if gated:
         await conn.execute(FLEET_LOCK)
@@ -698,6 +701,7 @@ async def _beat(
             {
                 "instance": instance, "host": host, "pid": pid, "at": at, "role": role,
                 "mode": coordination, "live_after": live_after if live_after is not None else at,
+                "clock_offset": clock_offset, "clock_off": clock_off,
             },
         )
     ).fetchone()  # fmt: skip
