@@ -33,10 +33,12 @@ from backend.ids import IdFactory
 from backend.jobs import Job
 from backend.model import Run
 from backend.store import open_store
+from backend.store.postgres import store as store_module
 from backend.store.postgres.pooler import PoolerSettings, split_url
 from tests import pg
 from tests.pooler import Pooler
 from tests.servers import poll
+from tests.test_events import listening, pairs, until
 from tests.test_fleet import Fleet, assert_once_and_contiguous, by_name
 
 SHOWN = "postgresql://db/x"
@@ -54,6 +56,10 @@ def set_timeouts(direct_url: str) -> None:
     with psycopg.connect(direct_url, autocommit=True) as conn:
         conn.execute(f"ALTER DATABASE \"{name}\" SET statement_timeout = '30s'")
         conn.execute(f"ALTER DATABASE \"{name}\" SET idle_in_transaction_session_timeout = '60s'")
+
+
+async def noop(ctx: RunContext) -> None:
+    pass
 
 
 def problems(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -107,6 +113,33 @@ async def test_a_store_behind_a_transaction_pooler_it_was_not_told_of_refuses_to
     direct = open_store(pg_url)  # the server itself: never taken for a pooler
     await direct.open()
     await direct.close()
+
+
+@pytest.mark.postgres
+async def test_a_prepared_statement_lost_behind_a_pooler_the_check_missed_names_the_fix(
+    pg_pooler: Pooler, pg_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pooler that served the check's two connections from two server sessions is not
+    caught at open; psycopg's statements then collide on the shared ones."""
+
+    async def nothing_shared(*args: Any) -> None:
+        return None
+
+    monkeypatch.setattr(store_module, "detect_sharing", nothing_shared)
+    store = open_store(pg_pooler.url(pg_url))
+    await store.open()
+    failures = []
+    try:
+        for _ in range(20):  # past psycopg's automatic prepare (5) on each pool connection
+            try:
+                await store.server_clock()  # type: ignore[attr-defined]
+            except (psycopg.Error, Unavailable) as exc:
+                failures.append(str(exc))
+    finally:
+        await store.close()
+    assert failures and all("prepared statement" in f for f in failures), failures
+    (hint,) = problems(caplog)
+    assert "lost track of a prepared statement" in hint and "add pooler=transaction to the store URL" in hint, hint
 
 
 @pytest.mark.postgres
@@ -224,6 +257,30 @@ async def test_two_engines_behind_a_transaction_pooler_run_each_slot_job_and_ste
     assert {k: v for k, v in calls.items() if k[0] == "step"} == {("step", n, i): 1 for n in range(4) for i in range(12)}
     assert problems(caplog) == []
     assert "not listening" not in caplog.text and "where LISTEN hears nothing" in caplog.text
+
+
+@pytest.mark.postgres
+async def test_behind_a_transaction_pooler_listen_host_and_port_hear_the_other_instances_at_once(
+    pg_pooler: Pooler, pg_url: str
+) -> None:
+    direct = psycopg.conninfo.conninfo_to_dict(pg_url)
+    set_timeouts(pg_url)
+    schedules = [define_schedule(name="hourly", cron="0 * * * *", timezone="UTC", handler=noop)]
+    hearing = Engine(schedules, pooled(pg_pooler, pg_url, f"listen_host={direct['host']}", f"listen_port={direct['port']}"),
+                     instance="a", shutdown_grace=0)  # fmt: skip
+    deaf = Engine(schedules, pooled(pg_pooler, pg_url), instance="b", shutdown_grace=0)
+    await hearing.open()
+    await deaf.open()
+    try:
+        inbox = hearing.events.subscribe()
+        await listening(pg_url)  # its LISTEN connection and its readers mark, on the server itself
+        assert hearing.relay.hears_others and not deaf.relay.hears_others
+        await deaf.set_enabled("hourly", False)  # its NOTIFY goes through the pooler
+        got = await until(inbox.get, lambda batch: ("audit", "hourly") in pairs(batch))
+        assert ("schedules", "hourly") in pairs(got)
+    finally:
+        await hearing.stop(0)
+        await deaf.stop(0)
 
 
 # ---------------------------------------------------------------------------------------

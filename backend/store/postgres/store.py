@@ -251,6 +251,7 @@ class PostgresStore(
         of run rows, sent inside the batch's own transaction."""
         self._listener: _Listener | None = None  # the one listening connection, while subscribed
         self._deaf_told = False  # (behind a transaction pooler: that nothing listens, logged once)
+        self._pooler_hinted = False
         self._checkpoints: Lane | None = None
         """The connection kept for durable steps' checkpoints (see :mod:`.lane`), while open."""
         self._senders: list[Lane] = []
@@ -463,6 +464,7 @@ class PostgresStore(
             except PoolTimeout as exc:
                 raise self._trouble(exc) from None
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                self._hint_pooler(exc)
                 if attempt == 2 or not _connection_lost(exc):
                     raise self._trouble(exc) from None
                 log.info("store connection lost (%s); retrying on a fresh one", _one_line(exc))
@@ -470,7 +472,22 @@ class PostgresStore(
                     await pool.check()  # drop every idle connection that died with it
                 except Exception:  # the check itself failing is the next attempt's problem
                     pass
+            except psycopg.Error as exc:
+                self._hint_pooler(exc)
+                raise
         raise AssertionError("unreachable")
+
+    def _hint_pooler(self, exc: psycopg.Error) -> None:
+        """A prepared statement missing, already there or not the one expected is what a
+        transaction pooler the store was not told of does to psycopg's statements (when
+        the check at open did not catch it): say what to do, once."""
+        if self._pooler_hinted or self.pooler.transaction or "prepared statement" not in str(exc):
+            return
+        self._pooler_hinted = True
+        log.error(
+            'the store "%s" lost track of a prepared statement (%s): is a connection pooler in transaction mode in '
+            "front of the server? Then add pooler=transaction to the store URL (%s)", self.where, _one_line(exc), SEE,
+        )  # fmt: skip
 
     async def _fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         async def go(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
