@@ -101,7 +101,9 @@ def split_url(url: str, shown: str) -> tuple[str, PoolerSettings]:
     return base + ("?" + rest if rest else "") + hash_ + fragment, PoolerSettings(mode, host, port)
 
 
-BACKEND_PID = "SELECT pg_backend_pid()"
+#: A server session's identity: its process, and its server's start (two servers of a
+#: multi-host URL may each have a process of that number).
+BACKEND_PID = "SELECT pg_backend_pid(), pg_postmaster_start_time()"
 
 
 async def detect_sharing(first: AsyncConnection[Any], second: AsyncConnection[Any], rounds: int = 3) -> int | None:
@@ -112,14 +114,14 @@ async def detect_sharing(first: AsyncConnection[Any], second: AsyncConnection[An
     turn, ``rounds`` times: the server connection one just used is idle when the other
     asks, the one a pooler hands out next (most reuse the most recently used first), and a
     server connection the pooler was still opening may be handed out once instead."""
-    seen: tuple[set[int], set[int]] = (set(), set())
+    seen: tuple[set[tuple[int, Any]], set[tuple[int, Any]]] = (set(), set())
     for _ in range(rounds):
         for mine, other, conn in ((seen[0], seen[1], first), (seen[1], seen[0], second)):
             row = await (await conn.execute(BACKEND_PID)).fetchone()
             if row is None:
                 return None
-            pid = int(row[0])
-            if pid in other:
-                return pid
-            mine.add(pid)
+            session = (int(row[0]), row[1])
+            if session in other:
+                return session[0]
+            mine.add(session)
     return None
