@@ -355,6 +355,12 @@ COUNT_CLAIMS = "SELECT count(*) FROM schedtui_claims"
 #: stuck) is stopped rather than left to hold a pool connection forever; times come back
 #: in UTC (as the store hands them out: nothing to convert).
 CONFIGURE = "SET statement_timeout = '30s'; SET idle_in_transaction_session_timeout = '60s'; SET TimeZone = 'UTC'"
+#: Behind a transaction pooler (see :mod:`.pooler`): the time zone only, which PgBouncer
+#: keeps per client (it sets it again on whichever server connection serves the client).
+#: The timeouts would stay on the server connection for the pooler's next client: the
+#: role's or the database's own settings apply there (checked at open with POOLED_TIMEOUTS).
+CONFIGURE_POOLED = "SET TimeZone = 'UTC'"
+POOLED_TIMEOUTS = "SELECT current_setting('statement_timeout'), current_setting('idle_in_transaction_session_timeout')"
 
 #: The fleet's sessions stuck on a silent client inside a transaction for longer than the
 #: take-over window: a statement whose client went quiet before its last message (a
