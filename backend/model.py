@@ -282,11 +282,36 @@ class InstanceInfo:
     from an older version)."""
     coordination: CoordinationMode | None = None
     """The coordination mode a member runs (``None`` for observers and older versions)."""
+    clock_offset_s: float | None = None
+    """Its clock minus the database server's, in seconds (positive: ahead), as its newest
+    reading before this heartbeat measured it (``None``: not measured: SQLite, an injected
+    clock, the first heartbeat, an older version)."""
+    clock_off: bool = False
+    """Whether its own verdict was that its clock is off (see :mod:`backend.runtime.skew`):
+    a member then stands down, firing nothing and taking no work, until the clocks agree.
+    Stored rather than derived from the offset: the limit is the instance's (a sixth of its
+    take-over window) and a reading too slow to tell keeps the previous verdict."""
 
     @property
     def fires(self) -> bool:
         """Whether this instance is a firing member (an older version's row counts as one)."""
         return self.role in (None, "firing")
+
+    @property
+    def stands_down(self) -> bool:
+        """A member (not an observer) that takes no work because its clock is off."""
+        return self.clock_off and self.role != "observer"
+
+    def clock_text(self) -> str | None:
+        """Why it stands down, in words (``None`` when it does not)."""
+        if not self.stands_down:
+            return None
+        offset = self.clock_offset_s or 0.0
+        where = "ahead of" if offset > 0 else "behind"
+        return (
+            f"its clock is {abs(offset):.1f}s {where} the database server's: it fires nothing and takes "
+            "no work until they agree (fix its time sync)"
+        )
 
     def to_json(self, now: datetime) -> dict[str, Any]:
         return {
@@ -298,6 +323,9 @@ class InstanceInfo:
             "last_fired_at": iso(self.last_fired_at),
             "role": self.role,
             "coordination": self.coordination,
+            "clock_offset_s": None if self.clock_offset_s is None else round(self.clock_offset_s, 3),
+            "clock_off": self.clock_off,
+            "stands_down": self.clock_text(),
         }
 
     @classmethod
@@ -310,6 +338,8 @@ class InstanceInfo:
             last_fired_at=parse_iso(data["last_fired_at"]) if data.get("last_fired_at") else None,
             role=data.get("role"),
             coordination=data.get("coordination"),
+            clock_offset_s=data.get("clock_offset_s"),  # (absent from an older server's)
+            clock_off=bool(data.get("clock_off")),
         )
 
 

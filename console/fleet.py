@@ -72,6 +72,9 @@ class Fleet:
     owned: dict[str, int] | None = None
     """In ``cluster`` coordination: instance -> how many schedules it owns (``None`` in the
     other modes)."""
+    standing_down: tuple[InstanceInfo, ...] = ()
+    """Firing members that beat within :data:`LIVE_WITHIN` but take no work: their clock is
+    off the database server's (not counted in :attr:`firing`)."""
 
     @property
     def silent(self) -> bool:
@@ -83,12 +86,14 @@ def fleet_of(
     instances: Iterable[InstanceInfo], now: datetime, info: ConnectionInfo, views: Iterable[ScheduleView]
 ) -> Fleet:
     """Which instances fire: the firing members (an engine that arms timers or runs workers,
-    not waiting for another coordination mode's fleet) whose heartbeat is recent. A console,
-    a CLI verb or a ``connect()`` client is an observer and never counts."""
+    not waiting for another coordination mode's fleet, nor standing down because its clock
+    is off) whose heartbeat is recent. A console, a CLI verb or a ``connect()`` client is an
+    observer and never counts."""
     others = [i for i in instances if info.fires or i.name != info.instance]
-    firing = tuple(
-        sorted((i for i in others if i.fires and now - i.heartbeat_at <= LIVE_WITHIN), key=lambda i: i.name)
-    )
+    live = sorted((i for i in others if i.fires and now - i.heartbeat_at <= LIVE_WITHIN), key=lambda i: i.name)
+    # A member whose clock is off beats on but fires nothing: it is no engine that fires.
+    firing = tuple(i for i in live if not i.stands_down)
+    standing_down = tuple(i for i in live if i.stands_down)
     last = max(others, key=lambda i: i.heartbeat_at, default=None)
     views = list(views)
     count = sum(1 for v in views if v.enabled and v.trigger == "self")
@@ -98,7 +103,7 @@ def fleet_of(
         for view in views:
             if view.owner is not None:
                 owned[view.owner] = owned.get(view.owner, 0) + 1
-    return Fleet(firing, last, count, owned)
+    return Fleet(firing, last, count, owned, standing_down)
 
 
 class Overdue:

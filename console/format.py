@@ -125,6 +125,21 @@ def compact_delta(delta: timedelta) -> str:
     return " ".join(shown)
 
 
+def clock_offset(seconds: float | None) -> str:
+    """An instance's clock against the database server's, narrow: ``+3ms``, ``-812ms``,
+    ``+61.0s``, ``+2h 5m`` (``-`` when not measured)."""
+    if seconds is None:
+        return "-"
+    sign = "+" if seconds > 0 else "-"
+    size = abs(seconds)
+    if size < 1:
+        ms = round(size * 1000)
+        return f"{sign}{ms}ms" if ms else "0ms"
+    if size < 1000:
+        return f"{sign}{size:.1f}s"
+    return sign + compact_delta(timedelta(seconds=size))
+
+
 def duration(ms: int | None) -> str:
     if ms is None:
         return "-"

@@ -277,6 +277,7 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "alerting": ({"alerts": True}, _keys()),
     "run-log": ({}, _run_log),
     "run-log-no-color": ({"no_color": True}, _run_log),
+    "clock-off": ({"clock_off": True}, _keys("7")),
 }
 """name -> (options, what to do before the picture)."""
 
@@ -302,11 +303,29 @@ async def add_alerts(url: str) -> None:
     await store.close()
 
 
+async def add_clock_off(url: str) -> None:
+    """A PostgreSQL fleet's heartbeat rows: web-2's clock agrees with the database server's,
+    web-3's is a minute behind it, so it stands down (as its heartbeat says)."""
+    from datetime import datetime
+
+    from backend.store import Membership, open_store
+
+    store: Any = open_store(url)
+    await store.open()
+    at = datetime.fromisoformat(FROZEN.replace("Z", "+00:00"))
+    await store.heartbeat("web-2", "web-2.internal", 4242, at, Membership("firing", "advisoryLock", at, 0.004))
+    await store.heartbeat("web-3", "web-3.internal", 977, at - timedelta(seconds=2),
+                          Membership("firing", "advisoryLock", at, -61.24, True))  # fmt: skip
+    await store.close()
+
+
 def scene_app(ledger: Path, name: str) -> tuple[SchedtuiApp, RunBefore]:
     options, run_before = SCENES[name]
     url = copy_ledger(ledger)
     if options.get("alerts"):
         asyncio.run(add_alerts(url))
+    if options.get("clock_off"):
+        asyncio.run(add_clock_off(url))
     clock = ManualClock(FROZEN)
     read_only = bool(options.get("read_only"))
     backend: Any = console_backend(url, clock, read_only=read_only)

@@ -48,6 +48,8 @@ PICTURES = [
     ("health", "120x32"),
     ("health-no-color", "80x24"),
     ("run-log", "80x24"),
+    ("clock-off", "120x32"),
+    ("clock-off", "80x24"),
 ]
 
 

@@ -219,7 +219,8 @@ def test_runs_in_a_window_instances_and_cancel_with_each_token(server: Server) -
     assert read.get("/inspect/runs", params={**window, "name": "nope"}).status_code == 404
     beats = read.get("/inspect/instances").json()
     assert beats["instances"]
-    fields = {"name", "host", "pid", "heartbeat_at", "heartbeat_age_s", "last_fired_at", "role", "coordination"}
+    fields = {"name", "host", "pid", "heartbeat_at", "heartbeat_age_s", "last_fired_at", "role", "coordination",
+              "clock_offset_s", "clock_off", "stands_down"}  # fmt: skip
     assert set(beats["instances"][0]) == fields
     assert read.post("/inspect/backfills/nope/cancel").status_code == 403
     assert client(server).post("/inspect/backfills/nope/cancel").status_code == 404

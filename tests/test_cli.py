@@ -32,6 +32,7 @@ import pytest
 from backend import Engine, ManualClock, Run, define_schedule
 from backend.client.embedded import EmbeddedBackend
 from backend.events.audit import os_user
+from backend.store import Membership
 from backend.store.sqlite.store import SQLiteStore
 from tests.conftest import expect
 from tests.servers import poll, run_main
@@ -487,6 +488,37 @@ def test_runs_table_json_limit_and_paging(cli: Cli) -> None:
     assert seen == ids
     assert cli.json("runs", "hourly", "--before", ids[2]) == runs[3:]
     assert cli.ok("runs", "hourly", "--before", ids[-1]).stdout == f"no runs of hourly before {ids[-1]}\n"
+
+
+# ---------------------------------------------------------------------------------------
+# instances
+# ---------------------------------------------------------------------------------------
+def test_instances_show_each_clock_offset_and_why_a_member_whose_clock_is_off_stands_down(cli: Cli) -> None:
+    now = datetime.now(UTC)
+
+    async def beat() -> None:  # the rows two members of a PostgreSQL fleet would write
+        store = SQLiteStore(cli.root / "state.db")
+        await store.open()
+        await store.heartbeat("web-1", "h", 1, now, Membership("firing", "advisoryLock", now, 0.003))
+        await store.heartbeat("web-2", "h", 2, now, Membership("firing", "advisoryLock", now, 61.04, True))
+        await store.close()
+
+    asyncio.run(beat())
+    done = cli.ok("instances")
+    header, *rows = done.stdout.splitlines()
+    assert columns(header) == ["NAME", "ROLE", "HEARTBEAT", "LAST START", "CLOCK"]
+    table = {row.split()[0]: columns(row) for row in rows if row.startswith("web-")}
+    assert table["web-1"][:2] == ["web-1", "firing"] and table["web-1"][3:] == ["-", "+3ms"]
+    assert table["web-2"][1] == "firing" and table["web-2"][4] == "+61.0s ✗ off"
+    assert re.fullmatch(r"\d+s ago", table["web-2"][2]), table["web-2"]
+    assert rows[-1] == (
+        "✗ web-2 stands down: its clock is 61.0s ahead of the database server's: it fires nothing and takes no "
+        "work until they agree (fix its time sync)"
+    )
+    assert max(len(line) for line in done.stdout.splitlines()[:-1]) <= 80  # the table fits a terminal
+    listed = {i["name"]: i for i in cli.json("instances")}
+    assert (listed["web-2"]["clock_offset_s"], listed["web-2"]["clock_off"]) == (61.04, True)
+    assert listed["web-1"]["stands_down"] is None and listed["web-2"]["stands_down"].startswith("its clock is 61.0s ahead")
 
 
 # ---------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from prometheus_client import generate_latest
 
 from backend import Engine, JobContext, RunContext, connect, define_queue, define_schedule
 from backend.clock import ManualClock, OffsetClock, SystemClock, follows_real_time
+from backend.model import InstanceInfo
 from backend.observability.metrics import EngineMetrics
 from backend.runtime.skew import ClockCheck, ClockReading
 
@@ -64,6 +65,39 @@ def test_only_a_clock_on_real_time_is_compared_with_the_databases() -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# the heartbeat row's account of it
+# ---------------------------------------------------------------------------------------
+def test_an_instance_row_carries_its_clock_in_json_and_an_older_servers_json_reads_without_it() -> None:
+    off = InstanceInfo("web-2", "h", 2, at(0), role="firing", coordination="advisoryLock", clock_offset_s=-61.04,
+                       clock_off=True)  # fmt: skip
+    data = off.to_json(at(1))
+    assert (data["clock_offset_s"], data["clock_off"]) == (-61.04, True)
+    assert data["stands_down"] == (
+        "its clock is 61.0s behind the database server's: it fires nothing and takes no work until they agree "
+        "(fix its time sync)"
+    )
+    assert InstanceInfo.from_json(data) == off
+    observer = InstanceInfo("console", "h", 3, at(0), role="observer", clock_offset_s=70.0, clock_off=True)
+    assert observer.to_json(at(1))["stands_down"] is None  # it takes no work anyway
+    older = {k: v for k, v in data.items() if k not in ("clock_offset_s", "clock_off", "stands_down")}
+    read = InstanceInfo.from_json(older)
+    assert (read.clock_offset_s, read.clock_off, read.stands_down) == (None, False, False)
+
+
+async def test_an_instance_on_sqlite_leaves_its_clock_unmeasured(tmp_path: Any) -> None:
+    """One machine's file: no server clock to compare with (nor a fleet to mislead)."""
+    engine = Engine([], f"sqlite:///{tmp_path}/state.db", instance="solo", heartbeat_interval=0.2, shutdown_grace=0)
+    await engine.start()
+    try:
+        assert engine.registry.clock_check is None
+        await engine.registry.beat(engine.clock.now(), force=True)
+        (row,) = await engine.store.fleet()
+        assert (row.name, row.clock_offset_s, row.clock_off) == ("solo", None, False)
+    finally:
+        await engine.stop(grace=0)
+
+
+# ---------------------------------------------------------------------------------------
 # engines on PostgreSQL, on the real clock
 # ---------------------------------------------------------------------------------------
 async def until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
@@ -72,6 +106,19 @@ async def until(condition: Callable[[], bool], what: str, timeout: float = 15.0)
     while not condition():
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def own_row(engine: Engine, wanted: Callable[[InstanceInfo], bool], what: str) -> InstanceInfo:
+    """The engine's heartbeat row once it is as ``wanted`` (a heartbeat carries the reading
+    taken after the one before it)."""
+    deadline = asyncio.get_running_loop().time() + 15.0
+    while True:
+        (row,) = [i for i in await engine.store.fleet() if i.name == engine.instance]
+        if wanted(row):
+            return row
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; the row: {row}")
         await asyncio.sleep(0.02)
 
 
@@ -119,6 +166,15 @@ async def test_a_member_whose_clock_is_off_stops_takes_nothing_and_resumes_once_
         scraped = re.search(r"^schedtui_clock_offset_seconds (\S+)$", text, re.MULTILINE)
         assert scraped is not None and abs(float(scraped.group(1)) - offset) < 1.0, text
         assert re.search(r"^schedtui_lease_lapses_total 1\.0$", text, re.MULTILINE), text
+        # Its heartbeat row tells the fleet which instance stands down, and by how much.
+        row = await own_row(engine, lambda i: i.clock_off, "the row to say the clock is off")
+        assert row.role == "firing" and row.stands_down and abs((row.clock_offset_s or 0) - offset) < 1.0
+        health = (await engine.health()).to_json()  # what /healthz says of it
+        (said,) = [i for i in health["instances"] if i["name"] == "off"]
+        where = "ahead of" if offset > 0 else "behind"
+        assert said["clock_off"] and abs(said["clock_offset_s"] - offset) < 1.0
+        assert said["stands_down"].startswith("its clock is 60.") and f"{where} the database server's" in said["stands_down"]
+        assert InstanceInfo.from_json(said).stands_down  # what a remote client reads back
         async with connect(pg_url, definitions=[queue]) as client:  # an observer on this machine's clock
             sent = await client.engine.jobs.send("q", "a")
         seen = len(readings)
@@ -130,10 +186,11 @@ async def test_a_member_whose_clock_is_off_stops_takes_nothing_and_resumes_once_
         await until(lambda: not engine.lease.lapsed, "the lease renewed")
         await until(lambda: started == ["a"], "the job to run")
         assert not check.off and abs(check.offset or 9) < 0.5
+        row = await own_row(engine, lambda i: not i.clock_off, "the row to say the clocks agree")
+        assert row.clock_offset_s is not None and abs(row.clock_offset_s) < 0.5 and row.clock_text() is None
     finally:
         await engine.stop(grace=0)
     messages = [r.getMessage() for r in caplog.records]
-    where = "ahead of" if offset > 0 else "behind"
     assert any(m.startswith("CLOCK: this instance's clock is 60.") and f"{where} the database server's" in m
                for m in messages), messages  # fmt: skip
     assert any(m.startswith("LEASE LAPSED: this instance's clock is 60.") for m in messages), messages

@@ -5,6 +5,7 @@ lateness, embedded and over the API, and a server that does not offer it."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import httpx
@@ -13,9 +14,11 @@ from backend.api.app import create_app
 from backend.client.interface import ConnectionInfo
 from backend.client.remote import RemoteBackend
 from console.views.health import HealthView
+from console.widgets import ConsoleHeader
 from console.widgets.health import HealthRow, levels
 from console.widgets.line import Line
 from tests.console_fixtures import FIRING_ALERTS, add_alerts, add_jobs, add_timeline_history, console_backend
+from tests.console_scenes import add_clock_off
 from tests.test_console import console, ledger, settle, store_url  # noqa: F401 - fixtures
 
 TOKEN = "health-token"
@@ -75,6 +78,36 @@ async def test_seven_shows_what_is_alerting_and_a_row_of_sparklines_per_schedule
         assert rows(app, "#schedule-rows")["stuck-import"][4] == "⚠ 2m 5s"
         assert "since 08:59, 1m  newest run failed" in next(line for line in alert_lines(app) if "flaky-export" in line)
         assert notes.seen == []
+
+
+async def test_seven_lists_the_instances_and_flags_a_member_that_stands_down_for_its_clock(store_url: str) -> None:  # noqa: F811
+    await add_clock_off(store_url)  # web-2 agrees with the database's clock; web-3 is a minute behind it
+    async with console(store_url, size=(80, 24)) as (app, pilot, clock, notes):
+        await pilot.press("7")
+        await settle(pilot)
+        assert app.query_one("#instances-title", Line).content.plain == "INSTANCES 3 · 1 standing down: clock off"
+        lines = [line.content for line in app.query(".instance").results(Line) if line.display]
+        assert [columns(line.plain) for line in lines] == [
+            ["web-3", "firing", "2s ago", "-", "-61.2s ✗ off", "takes no work"],  # trouble first
+            ["web-2", "firing", "0s ago", "1s ago", "+4ms"],
+            ["console", "observer", "0s ago", "-", "-"],  # this console: not measured (SQLite)
+        ]
+        off = lines[0]
+        flagged = off.plain.index("-61.2s")
+        assert any(span.start <= flagged < span.end and "text-error" in str(span.style) for span in off.spans), off.spans
+        assert all(line.cell_length <= 78 for line in lines)  # 80 columns, less the padding
+        # Who fires: web-3 beats but takes no work, and the header says so.
+        assert app.fleet is not None and [i.name for i in app.fleet.firing] == ["web-2"]
+        assert [i.name for i in app.fleet.standing_down] == ["web-3"]
+        assert "✗ 1 clock off" in app.query_one(ConsoleHeader).render().plain
+        clock.advance(5)
+        app.tick()  # the ages count on between reads
+        assert columns(next(app.query(".instance").results(Line)).content.plain)[2] == "7s ago"
+        assert notes.seen == []
+
+
+def columns(text: str) -> list[str]:
+    return re.split(r"\s{2,}", text.strip())
 
 
 def test_sparkline_levels_start_from_zero() -> None:

@@ -8,6 +8,7 @@ tests hand the app all the keys before it handles the first."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import unicodedata
 from pathlib import Path
@@ -17,13 +18,15 @@ import pytest
 from textual import events
 from textual.app import App
 from textual.pilot import Pilot
-from textual.widgets import Input
+from textual.widgets import Button, Input
 
+import console as console_package
 from console.app import SchedtuiApp
 from console.screens.backfill import BackfillScreen
 from console.screens.confirm import Confirm
 from console.screens.prompt import NotePrompt
 from console.screens.schedule_form import ScheduleForm
+from console.widgets.button import PressButton
 from tests.console_scenes import make_ledger
 from tests.test_console import console, select, settle
 from tests.test_console_schedule_form import schedules_view, stored
@@ -157,6 +160,53 @@ async def test_the_backfill_count_enter_and_y_at_full_speed_start_it(store_url: 
         assert screen.query_one("#confirm", Input).value == "60"
         assert screen.state == "done" and screen.progress is not None and screen.progress.fired == 60
         assert len(await manual_runs(app.backend, "heartbeat")) == before + 60
+
+
+async def test_enter_on_backfill_asks_again_however_soon_after_a_no(store_url: str) -> None:
+    """Every enter on *Backfill* asks, every answer goes to the question it asked: typed in
+    one go, three questions left (esc, n, enter) and the fourth answered y. Textual's button
+    took no enter while its last press showed (0.2 s of wall clock): a burst inside that
+    lost the question, its y went to the dialog under it and its esc closed that dialog."""
+    async with console(store_url) as (app, pilot, clock, notes):
+        await select(pilot, "heartbeat")
+        type_fast(app, "b")
+        await typed(pilot)
+        screen = app.screen
+        assert isinstance(screen, BackfillScreen)
+        screen.query_one("#from", Input).value = "-1m"
+        await settle(pilot)
+        assert screen.state == "ok"  # 6 slots: Backfill asks, with no count to type
+        # However long a press shows, and however slow the machine: no key waits it out.
+        start = screen.query_one("#start", Button)
+        start.active_effect_duration = 3600
+        asked: list[str | None] = []
+        push_screen = app.push_screen
+
+        def recording(dialog: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(dialog, Confirm):
+                asked.append(dialog.action)
+            return push_screen(dialog, *args, **kwargs)
+
+        app.push_screen = recording  # type: ignore[method-assign,assignment]
+        type_fast(app, "tab", "enter", "escape", "enter", "n", "enter", "enter", "enter", "y")
+        await typed(pilot)
+        assert asked == ["start_backfill"] * 4
+        assert screen.state in ("running", "done"), notes.seen
+        assert app.screen is screen
+
+
+def test_every_button_of_the_console_takes_every_enter() -> None:
+    """The console makes its buttons as :class:`PressButton` (Textual's ``Button`` drops an
+    enter that comes while the last press shows)."""
+    root = Path(console_package.__file__).parent
+    made: list[str] = []
+    for file in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+                if name.endswith("Button") and name != PressButton.__name__:
+                    made.append(f"{file.relative_to(root)}:{node.lineno} {name}")
+    assert made == []
 
 
 async def test_the_disable_note_typed_at_full_speed_is_kept(store_url: str) -> None:

@@ -288,6 +288,28 @@ def test_fleet_counts_only_engines_that_fire() -> None:
     assert [i.name for i in fleet_of(beats, now, firing, []).firing] == ["console", "web-2"]
 
 
+def test_a_member_standing_down_for_its_clock_does_not_count_as_firing_and_the_banner_says_why() -> None:
+    now = parse_iso(FROZEN)
+    down = InstanceInfo("web-3", "h", 3, now - timedelta(seconds=2), role="firing", coordination="advisoryLock",
+                        clock_offset_s=-61.24, clock_off=True)  # fmt: skip
+    beats = [down, InstanceInfo("console", "h", 1, now, role="observer", clock_offset_s=90.0, clock_off=True)]
+    watching = ConnectionInfo("embedded", "state.db", "advisoryLock", "console", False, fires=False)
+    timer = ScheduleView("a", "* * * * *", "UTC", "self", "skip", "skip", 60.0, None, None, True, None, None, None)
+    fleet = fleet_of(beats, now, watching, [timer])
+    assert fleet.firing == () and [i.name for i in fleet.standing_down] == ["web-3"] and fleet.silent
+    assert ConsoleHeader._fleet(fleet) == (
+        "[b reverse $text-error] ✗ NOTHING FIRES [/] [b $text-error]✗ 1 clock off[/] [$text-muted]web-3[/]"
+    )
+    banner = FleetBanner()
+    banner.fleet, banner.now = fleet, now
+    assert banner.render().plain == (
+        "✗ NOTHING IS FIRING: web-3's clock is -61.2s off the database server's: it takes no work until they agree; "
+        "fix its time sync (NTP). 1 enabled schedule needs an engine's timer."
+    )
+    agreeing = replace(down, clock_offset_s=0.2, clock_off=False)
+    assert [i.name for i in fleet_of([agreeing], now, watching, [timer]).firing] == ["web-3"]
+
+
 # ----------------------------------------------------------------------------------------
 # columns by priority, ages, elapsed time, durations
 # ----------------------------------------------------------------------------------------

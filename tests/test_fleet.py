@@ -87,9 +87,13 @@ class Instance:
 class Fleet:
     """``schedtui serve`` processes sharing one database and one schedules folder."""
 
-    def __init__(self, root: Path, url: str, *, ticks: int, slow: bool = False, args: Sequence[str] = ()) -> None:
+    def __init__(
+        self, root: Path, url: str, *, ticks: int, slow: bool = False, args: Sequence[str] = (), read_url: str | None = None
+    ) -> None:
         self.root = root
         self.url = url
+        self.read_url = read_url or url
+        """Where the checks read the ledger (the server itself when ``url`` goes through a pooler)."""
         self.args = list(args)
         """Extra ``serve`` options for every instance (``--coordination cluster``)."""
         self.instances: list[Instance] = []
@@ -163,7 +167,7 @@ class Fleet:
     # -- the ledger ----------------------------------------------------------------------
     def slots(self, name: str, since: datetime | None = None) -> int:
         rows = sql(
-            self.url,
+            self.read_url,
             "SELECT count(DISTINCT scheduled_at) FROM schedtui_runs WHERE name = %s AND scheduled_at > %s",
             (name, since or datetime(1970, 1, 1, tzinfo=UTC)),
         )
@@ -171,7 +175,7 @@ class Fleet:
 
     def runs(self) -> list[Run]:
         rows = sql(
-            self.url,
+            self.read_url,
             "SELECT id, name, scheduled_at, fired_at, finished_at, status, trigger, outcome, instance, "
             "error_tag, error_message FROM schedtui_runs ORDER BY name, scheduled_at, id",
         )

@@ -393,6 +393,9 @@ async def test_healthz_reports_the_store_and_each_instance_and_503_once_the_file
                     "last_fired_at": iso(fired.fired_at),
                     "role": "firing",
                     "coordination": "single",
+                    "clock_offset_s": None,  # (SQLite: not measured)
+                    "clock_off": False,
+                    "stands_down": None,
                 }
             ],
             "now": iso(clock.now()),

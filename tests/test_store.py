@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from backend import BackfillProgress, InUse, NotFound, Refused, Run, ScheduleState, Unavailable
 from backend.ids import IdFactory, id_floor
 from backend.model import Claim, StoreHealth, slot_key
-from backend.store import Store, open_store
+from backend.store import Membership, Store, open_store
 from backend.store.sqlite.reserve import Reserve
 from backend.store.sqlite.sql import _run_params
 from backend.store.sqlite.store import SQLiteStore
@@ -719,6 +719,24 @@ async def test_fleet_lists_instances_with_when_each_last_started_a_run(store: St
     assert fleet["host-a:1"].last_fired_at == T0 + timedelta(seconds=9)
     assert_utc(fleet["host-a:1"].last_fired_at)
     assert fleet["host-b:2"].last_fired_at is None
+
+
+async def test_a_heartbeat_row_carries_the_clock_reading_and_an_older_versions_row_reads_without_one(store: Store) -> None:
+    off = Membership("firing", "advisoryLock", T0, clock_offset=61.25, clock_off=True)
+    await store.heartbeat("web-1", "h", 1, T0, off)
+    await store.heartbeat("web-2", "h", 2, T0, Membership("observer", clock_offset=-0.004))
+    await store.heartbeat("web-3", "h", 3, T0)  # not measured (SQLite, an injected clock)
+    rows = {i.name: (i.clock_offset_s, i.clock_off, i.stands_down) for i in await store.fleet()}
+    assert rows == {"web-1": (61.25, True, True), "web-2": (-0.004, False, False), "web-3": (None, False, False)}
+    await store.heartbeat("web-1", "h", 1, T0 + timedelta(seconds=5), Membership("firing", "advisoryLock", T0, 0.1))
+    (back,) = [i for i in await store.fleet() if i.name == "web-1"]
+    assert (back.clock_offset_s, back.clock_off) == (0.1, False)  # the next heartbeat says it agrees again
+    # A row an older version wrote (it knows no clock columns: they stay NULL).
+    if isinstance(store, SQLiteStore):
+        await store._write(lambda c: c.execute("UPDATE instances SET clock_offset = NULL, clock_off = NULL"))
+    else:
+        await store._execute("UPDATE schedtui_instances SET clock_offset = NULL, clock_off = NULL")  # type: ignore[attr-defined]
+    assert {(i.clock_offset_s, i.clock_off) for i in await store.fleet()} == {(None, False)}
 
 
 async def test_a_starting_mark_lets_a_survivor_record_a_dead_burst_once(store: Store, new_store: Callable[[], Store]) -> None:

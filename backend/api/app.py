@@ -139,7 +139,9 @@ def service_routes(api: Api) -> list[Route]:
           database that is down; runs wait in memory and are retried) or lost (the SQLite file
           was deleted while in use). store carries {kind, state, error, waiting, since};
           instances lists every registered instance {name, host, pid, heartbeat_at,
-          heartbeat_age_s, last_fired_at, role (firing, waiting or observer), coordination}
+          heartbeat_age_s, last_fired_at, role (firing, waiting or observer), coordination,
+          clock_offset_s (its clock minus the database server's, null where not measured),
+          clock_off, stands_down (why a member whose clock is off fires nothing, else null)}
           (null when the store cannot be read); now is the
           engine's clock. No URL, path or password is ever included.
         responses:

@@ -326,12 +326,15 @@ class Backend(abc.ABC):
 
     @action(system="fleet", permission="read",
             http=Http("GET", "/inspect/instances", envelope="instances", clock=True,
-                      ok="{now, instances: [{name, host, pid, heartbeat_at, heartbeat_age_s, last_fired_at, role, coordination}]}"))
+                      ok="{now, instances: [{name, host, pid, heartbeat_at, heartbeat_age_s, last_fired_at, role, coordination, "
+                         "clock_offset_s, clock_off, stands_down}]}"))
     async def instances(self) -> list[InstanceInfo]:
         """The engine instances registered in the store, with their last heartbeat.
 
         An engine that fires beats every few seconds; one that only opened the store (a
-        CLI verb, a watching console) beat once, when it opened it."""
+        CLI verb, a watching console) beat once, when it opened it. On PostgreSQL each
+        heartbeat carries the instance's clock offset from the database server's, and
+        whether the instance stands down for it (``stands_down`` says why)."""
 
     @action(system="schedules", permission="read",
             http=Http("GET", "/inspect/runs/{run_id}", ok="the run", errors={404: "unknown run"}))

@@ -162,9 +162,13 @@ class InstanceRegistry:
         return self.role == "firing"
 
     def _membership(self, now: datetime) -> Membership:
+        # The clock as the newest reading (the one after the previous heartbeat) judged it:
+        # the row tells the fleet which instance stands down for its clock, and by how much.
+        check = self.clock_check
+        offset, off = (check.offset, check.off) if check is not None else (None, False)
         if not self.member:
-            return Membership("observer")
-        return Membership("firing", self.coordination, self._live_after(now))
+            return Membership("observer", clock_offset=offset, clock_off=off)
+        return Membership("firing", self.coordination, self._live_after(now), offset, off)
 
     def _due(self, now: datetime) -> bool:
         """Whether a heartbeat is due at ``now`` (a clock stepped back since the last one:

@@ -60,6 +60,10 @@ class Membership(NamedTuple):
     role: Role = "firing"
     coordination: CoordinationMode | None = None
     live_after: datetime | None = None
+    clock_offset: float | None = None
+    """Its clock minus the store server's, in seconds (``None``: not measured)."""
+    clock_off: bool = False
+    """Whether it stands down for its clock (see :mod:`backend.runtime.skew`)."""
 
 
 #: A bare heartbeat: a firing instance whose mode is not said (not gated, does not gate).

@@ -304,7 +304,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 #: they may import this module's helpers.
 VERB_MODULES: list[str] = [
     "console.cli.schedules", "console.cli.jobs", "console.cli.durable", "console.cli.locks", "console.cli.audit",
-    "console.cli.alerts",
+    "console.cli.alerts", "console.cli.fleet",
 ]
 
 

@@ -34,6 +34,7 @@ from backend.timeparse import parse_when
 from console import format as fmt
 from console.screens.confirm import Confirm
 from console.widgets.bounded import LINE_CHARS, NUMBER_CHARS, BoundedInput
+from console.widgets.button import PressButton
 
 __all__ = ["BackfillScreen", "PlanState"]
 
@@ -209,9 +210,9 @@ class BackfillScreen(ModalScreen[None]):
                 yield ProgressBar(total=1, show_eta=False, id="bar")
                 yield Static(id="counts")
             with Horizontal(id="buttons"):
-                yield Button("Cancel", id="cancel", compact=True)
-                yield Button("Stop backfill", id="stop", variant="error", compact=True)
-                yield Button("Backfill", id="start", variant="warning", disabled=True, compact=True)
+                yield PressButton("Cancel", id="cancel", compact=True)
+                yield PressButton("Stop backfill", id="stop", variant="error", compact=True)
+                yield PressButton("Backfill", id="start", variant="warning", disabled=True, compact=True)
 
     def on_mount(self) -> None:
         if self.running is None:

@@ -23,6 +23,7 @@ from backend.jobs.definition import MAX_KEY_BYTES, MAX_PAYLOAD_BYTES
 from backend.jobs.model import Job, JobDetail, Sent
 from console import format as fmt
 from console.widgets.bounded import NUMBER_CHARS, BoundedInput, BoundedTextArea
+from console.widgets.button import PressButton
 from console.widgets.jobs import JOB_STATUS_COLORS, job_when
 
 __all__ = ["JobDetails", "RETRY_CONFIRM_ABOVE", "SendJobScreen", "TypedCount"]
@@ -294,8 +295,8 @@ class SendJobScreen(ModalScreen[Sent | None]):
                                    limit=MAX_KEY_BYTES, what="A job's key")
             yield Static("", id="problem")
             with Horizontal(id="buttons"):
-                yield Button("Cancel", id="cancel", compact=True)
-                yield Button("Send", id="send", variant="primary", compact=True)
+                yield PressButton("Cancel", id="cancel", compact=True)
+                yield PressButton("Send", id="send", variant="primary", compact=True)
 
     def _problem(self, text: str) -> None:
         self.query_one("#problem", Static).update(text)

@@ -34,6 +34,7 @@ from backend.scheduler.stored import MAX_DESCRIPTION, MAX_PAYLOAD_BYTES
 from backend.schedules import MAX_NAME_CHARS
 from console import format as fmt
 from console.widgets.bounded import LINE_CHARS, BoundedInput
+from console.widgets.button import PressButton
 
 __all__ = ["DEFINED_IN_CODE", "PREVIEW_COUNT", "SHOWN_PAYLOAD", "ScheduleForm", "defined_in_code", "stored_fields"]
 
@@ -223,8 +224,8 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
             yield Static(id="preview")
             yield Static("", id="problem")
             with Horizontal(id="buttons"):
-                yield Button("Cancel", id="cancel", compact=True)
-                yield Button("Save" if view is not None else "Create", id="save", variant="primary", compact=True)
+                yield PressButton("Cancel", id="cancel", compact=True)
+                yield PressButton("Save" if view is not None else "Create", id="save", variant="primary", compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#cron" if self.editing is not None else "#name", Input).focus()

@@ -1,6 +1,7 @@
 """View 7: health. What is alerting now (:meth:`~backend.client.interface.Backend.alerts`:
-condition, subject, since when, why), then per schedule and per queue the last hour by the
-minute (:meth:`~backend.client.interface.Backend.activity`).
+condition, subject, since when, why), the instances as their heartbeats say (role, heartbeat
+age, last start, clock offset: a member whose clock is off stands down), then per schedule
+and per queue the last hour by the minute (:meth:`~backend.client.interface.Backend.activity`).
 
 A schedule's row: its runs a minute and its failures a minute as sparklines, each with its
 total for the hour beside it, and how late it is now (see
@@ -24,12 +25,16 @@ from textual.content import Content
 
 from backend.activity import Activity, QueueActivity, ScheduleActivity
 from backend.alerts.model import Alert, AlertsPage
+from backend.model import InstanceInfo
 from console import format as fmt
+from console.fleet import LIVE_WITHIN
 from console.views.base import View
 from console.widgets.health import HealthRow
 from console.widgets.line import Line
 
-__all__ = ["MAX_ALERTS", "MAX_ROWS", "HealthView", "alert_text", "dead_text", "late_text"]
+__all__ = [
+    "MAX_ALERTS", "MAX_INSTANCES", "MAX_ROWS", "HealthView", "alert_text", "dead_text", "instance_text", "late_text",
+]  # fmt: skip
 
 MAX_ROWS: Final = 60
 """Rows drawn per section at most (the most troubled first); the rest are counted. Each row
@@ -39,6 +44,40 @@ LATE: Final = timedelta(minutes=1)
 the lateness of a slot whose run is still in flight, or has just failed, is shown plainly."""
 MAX_ALERTS: Final = 5
 """Alerts listed at most (the newest first); the rest are counted."""
+MAX_INSTANCES: Final = 8
+"""Instances listed at most (those standing down first, then members); the rest are counted."""
+INSTANCE_COLUMNS: Final = (("NAME", 18), ("ROLE", 10), ("HEARTBEAT", 10), ("LAST START", 11), ("CLOCK", 14))
+"""Each column's title and width (63 cells: the note after them fits 80 columns)."""
+
+
+def _cell(text: str, width: int) -> str:
+    return (text if len(text) < width else text[: width - 2] + "…").ljust(width)
+
+
+def instance_text(instance: InstanceInfo, now: datetime) -> Content:
+    """One instance on one line: name, role, heartbeat age, last start, clock offset against
+    the database server's (``+61.0s ✗ off`` in the error style when its own verdict is off;
+    ``-`` when not measured), and for a member standing down for it, ``takes no work``."""
+    (_, name), (_, role), (_, beat), (_, last), (_, clock) = INSTANCE_COLUMNS
+    silent = now - instance.heartbeat_at > LIVE_WITHIN
+    offset = fmt.clock_offset(instance.clock_offset_s)
+    if instance.clock_off:
+        clock_cell = (_cell(f"{offset} ✗ off", clock), "bold $text-error")
+    else:
+        clock_cell = (_cell(offset, clock), "$text-muted" if instance.clock_offset_s is None else "")
+    return Content.assemble(
+        (_cell(instance.name, name), "bold"),
+        (_cell(instance.role or "-", role), "$text-muted" if instance.role == "observer" else ""),
+        (_cell(fmt.ago(instance.heartbeat_at, now), beat), "$text-warning" if silent else ""),
+        (_cell(fmt.ago(instance.last_fired_at, now), last), "$text-muted" if instance.last_fired_at is None else ""),
+        clock_cell,
+        ("takes no work" if instance.stands_down else "", "$text-error"),
+    )
+
+
+def _instances_first(instances: list[InstanceInfo]) -> list[InstanceInfo]:
+    """Those standing down for their clock first, then the members, then the observers."""
+    return sorted(instances, key=lambda i: (not i.stands_down, i.role == "observer", i.name))
 
 
 def alert_text(alert: Alert, now: datetime, zone: str) -> Content:
@@ -118,8 +157,16 @@ class HealthView(View):
     HealthView #alerts, HealthView #schedule-rows, HealthView #queue-rows {
         height: auto;
     }
-    HealthView .alert {
+    HealthView .alert, HealthView .instance {
         padding: 0 1;
+    }
+    HealthView #instances-header {
+        padding: 0 1;
+        color: $text-muted;
+        text-style: bold;
+    }
+    HealthView #instances {
+        height: auto;
     }
     HealthView .more {
         padding: 0 1;
@@ -143,6 +190,12 @@ class HealthView(View):
                 yield Line(classes="alert")
             yield Line("", id="alerts-more", classes="more")
         with HealthRows(id="health-rows"):
+            yield Line("INSTANCES", id="instances-title", classes="section")
+            yield Line("".join(title.ljust(width) for title, width in INSTANCE_COLUMNS), id="instances-header")
+            with Vertical(id="instances"):
+                for _ in range(MAX_INSTANCES):
+                    yield Line(classes="instance")
+            yield Line("", id="instances-more", classes="more")
             yield Line("SCHEDULES", id="schedules-title", classes="section")
             yield HealthRow(header=True, id="schedules-header")
             yield Vertical(id="schedule-rows")
@@ -155,7 +208,7 @@ class HealthView(View):
     def on_mount(self) -> None:
         self.query_one("#schedules-header", HealthRow).show("NAME", "RUNS/MIN", "RUNS", "FAILURES/MIN", "FAILS", "LATE")
         self.query_one("#queues-header", HealthRow).show("QUEUE", "ATTEMPTS/MIN", "ENDED", "FAILED/MIN", "FAILED", "DEAD +/NOW")
-        for line in self.query(".more, .alert"):
+        for line in self.query(".more, .alert, .instance"):
             line.display = False
 
     def focus_main(self) -> None:
@@ -182,6 +235,7 @@ class HealthView(View):
             return
         now = self.backend_now(self.console.clock.now())
         self._show_alerts(now)
+        self._show_instances(now)
         minutes = activity.minutes
         schedules = self._in_trouble_first(activity.schedules, now)
         late = sum(1 for s in activity.schedules if s.enabled and (s.lateness(now) or timedelta(0)) >= LATE)
@@ -230,6 +284,29 @@ class HealthView(View):
         more.display = len(firing) > len(lines)
         more.update(f"… and {len(firing) - len(lines)} more (schedtui alerts lists them all)")
 
+    def _show_instances(self, now: datetime) -> None:
+        """The instances the console last read (with the heartbeats, every few seconds)."""
+        title = self.query_one("#instances-title", Line)
+        lines = list(self.query_one("#instances", Vertical).query_children(".instance").results(Line))
+        read = self.console.instances
+        instances = _instances_first(read) if read is not None else []
+        self.query_one("#instances-header", Line).display = bool(instances)
+        if read is None:
+            title.update("INSTANCES · not known (the server cannot list them)")
+        else:
+            down = sum(1 for i in instances if i.stands_down)
+            text = Content(f"INSTANCES {len(instances)}")
+            if down:
+                text = Content.assemble(text, " · ", (f"{down} standing down: clock off", "$text-error"))
+            title.update(text)
+        for line, instance in zip(lines, [*instances, *[None] * len(lines)], strict=False):
+            line.display = instance is not None
+            if instance is not None:
+                line.update(instance_text(instance, now))
+        more = self.query_one("#instances-more", Line)
+        more.display = len(instances) > len(lines)
+        more.update(f"… and {len(instances) - len(lines)} more (schedtui instances lists them all)")
+
     def _rows(self, where: str, more: str, count: int, what: str) -> list[HealthRow]:
         """The rows of a section, as many as there is data for (up to :data:`MAX_ROWS`):
         kept from one refresh to the next, added or removed at the end."""
@@ -264,6 +341,7 @@ class HealthView(View):
             return
         backend_now = self.backend_now(now)
         self._show_alerts(backend_now)
+        self._show_instances(backend_now)  # (the heartbeats are read again every few seconds)
         rows = self.query_one("#schedule-rows", Vertical).query_children(HealthRow)
         for row, schedule in zip(rows, self._shown, strict=False):
             row.show_last(late_text(schedule, backend_now))

@@ -113,10 +113,15 @@ class ConsoleHeader(Widget):
 
     @staticmethod
     def _fleet(fleet: Fleet, *, names: bool = True) -> str:
+        # Members standing down for their clock: named while the names fit (7 Health lists them).
+        down = ""
+        if fleet.standing_down:
+            named = ", ".join(i.name for i in fleet.standing_down[:2]) + (" …" if len(fleet.standing_down) > 2 else "")
+            down = f" [b $text-error]✗ {len(fleet.standing_down)} clock off[/]" + (f" [$text-muted]{escape(named)}[/]" if names else "")
         if fleet.silent:
-            return "[b reverse $text-error] ✗ NOTHING FIRES [/]"
+            return "[b reverse $text-error] ✗ NOTHING FIRES [/]" + down
         if not fleet.firing:
-            return "[$text-muted]no engine firing[/]"
+            return "[$text-muted]no engine firing[/]" + down
         owned = fleet.owned
         if owned is not None:  # cluster: who owns how many schedules
             shown = ", ".join(f"{i.name} ◈{owned.get(i.name, 0)}" for i in fleet.firing[:3])
@@ -124,7 +129,7 @@ class ConsoleHeader(Widget):
         else:
             shown = ", ".join(i.name for i in fleet.firing[:2]) + (" …" if len(fleet.firing) > 2 else "")
         count = f"[$text-success]▲ {len(fleet.firing)} firing[/]"
-        return f"{count} [$text-muted]{escape(shown)}[/]" if names else count
+        return (f"{count} [$text-muted]{escape(shown)}[/]" if names else count) + down
 
     def _connection(self) -> str:
         age = ""
@@ -185,6 +190,14 @@ class FleetBanner(Widget):
         if fleet is None or not fleet.silent:
             return Content("")
         plural = "s need" if fleet.self_triggered != 1 else " needs"
+        if fleet.standing_down:
+            first = fleet.standing_down[0]
+            others = f" (and {len(fleet.standing_down) - 1} more)" if len(fleet.standing_down) > 1 else ""
+            return Content(
+                f"✗ NOTHING IS FIRING: {first.name}'s clock is {fmt.clock_offset(first.clock_offset_s)} off the "
+                f"database server's{others}: it takes no work until they agree; fix its time sync (NTP). "
+                f"{fleet.self_triggered} enabled schedule{plural} an engine's timer."
+            )
         if fleet.last_beat is not None and self.now is not None:
             since = (
                 f"the last heartbeat was {fmt.compact_delta(max(self.now - fleet.last_beat.heartbeat_at, self.now - self.now))}"

@@ -12,6 +12,11 @@ signals, and the job queue's wake-ups when it runs queues): PostgreSQL wakes eve
 listening connection of the database for every NOTIFY, whatever its channel, and each
 wake-up is a transaction, so a second listening connection per process would double what
 every notification of the fleet costs.
+
+Behind a transaction pooler (``pooler=transaction``, see :mod:`.pooler`) a held connection
+holds no session: both go to the server past it when the URL names it (``listen_host``,
+``listen_port``), and otherwise nothing listens (each loop's poll does the work; said once
+in the log) and no readers mark is held.
 """
 
 from __future__ import annotations
@@ -67,8 +72,9 @@ def _one_line(exc: BaseException) -> str:
 class PostgresEvents:
     if TYPE_CHECKING:
         where: str
-        _conninfo: str
+        _listen_conninfo: str | None
         _listener: _Listener | None
+        _deaf_told: bool
 
         async def _execute(self, sql: str, params: Sequence[Any] = ()) -> int: ...
 
@@ -84,12 +90,16 @@ class PostgresEvents:
         """Until cancelled: while ``has_readers()``, hold a connection named
         :data:`READERS_APP` open (the other instances then announce their runs); ``changed``
         is set when the answer may have changed. Checked every :data:`LISTEN_CHECK` s."""
+        conninfo = self._listen_conninfo
+        if conninfo is None:  # behind a transaction pooler: a connection held there is no session
+            await asyncio.Future()  # (until cancelled)
+            return
         conn: AsyncConnection[Any] | None = None
         try:
             while True:
                 try:
                     if has_readers() and conn is None:
-                        conn = await AsyncConnection.connect(self._conninfo, autocommit=True, application_name=READERS_APP)
+                        conn = await AsyncConnection.connect(conninfo, autocommit=True, application_name=READERS_APP)
                     elif not has_readers() and conn is not None:
                         await conn.close()
                         conn = None
@@ -122,8 +132,19 @@ class PostgresEvents:
     async def _listen(self, channel: str, on_payload: Callable[[str], None], on_state: Callable[[bool], None]) -> None:
         """Subscribe to ``channel`` on this store's one listening connection until cancelled
         (the connection is held while anyone subscribes)."""
+        if self._listen_conninfo is None:
+            if not self._deaf_told:
+                self._deaf_told = True
+                log.info(
+                    'the store "%s" is behind a transaction pooler (pooler=transaction), where LISTEN hears nothing: '
+                    "the other instances' changes are polled instead; add listen_host=/listen_port= to the store URL "
+                    '(the server past the pooler) to hear them at once (see "Behind PgBouncer" in the README)',
+                    self.where,
+                )  # fmt: skip
+            await asyncio.Future()  # (until cancelled)
+            return
         if self._listener is None:
-            self._listener = _Listener(self._conninfo, self.where)
+            self._listener = _Listener(self._listen_conninfo, self.where)
         await self._listener.subscribe(channel, on_payload, on_state)
 
 

@@ -102,6 +102,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE schedtui_instances ADD COLUMN role text;
     ALTER TABLE schedtui_instances ADD COLUMN coordination text;
     """,
+    # Each instance's clock against the server's, and whether it stands down for it.
+    """
+    ALTER TABLE schedtui_instances ADD COLUMN clock_offset double precision;
+    ALTER TABLE schedtui_instances ADD COLUMN clock_off boolean;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
@@ -207,16 +212,17 @@ SET_STATE = """
 #: at once see each other. A NULL mode (an older version, a bare heartbeat) is not gated
 #: and does not gate.
 HEARTBEAT = """
-    INSERT INTO schedtui_instances (instance, host, pid, heartbeat_at, role, coordination)
+    INSERT INTO schedtui_instances (instance, host, pid, heartbeat_at, role, coordination, clock_offset, clock_off)
     VALUES (%(instance)s, %(host)s, %(pid)s, %(at)s,
         CASE WHEN %(role)s::text = 'firing' AND EXISTS (
             SELECT 1 FROM schedtui_instances o
             WHERE o.instance <> %(instance)s AND o.role = 'firing'
               AND o.coordination <> %(mode)s::text AND o.heartbeat_at > %(live_after)s::timestamptz)
         THEN 'waiting' ELSE %(role)s::text END,
-        %(mode)s::text)
+        %(mode)s::text, %(clock_offset)s::double precision, %(clock_off)s::boolean)
     ON CONFLICT (instance) DO UPDATE SET host = excluded.host, pid = excluded.pid,
-        heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination
+        heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination,
+        clock_offset = excluded.clock_offset, clock_off = excluded.clock_off
     RETURNING role
 """
 FLEET_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {LOCK_FLEET})"
@@ -225,7 +231,8 @@ FLEET_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {LOCK_FLEET})"
 SERVER_CLOCK = "SELECT clock_timestamp()"
 INSTANCES = "SELECT instance, host, pid, heartbeat_at FROM schedtui_instances"
 INSTANCE_LIST = (
-    "SELECT instance, host, pid, heartbeat_at, last_fired_at, role, coordination FROM schedtui_instances "
+    "SELECT instance, host, pid, heartbeat_at, last_fired_at, role, coordination, clock_offset, clock_off "
+    "FROM schedtui_instances "
     'ORDER BY instance COLLATE "C"'
 )
 #: Kept by the group commit, in its transaction: when this instance last started a run.
@@ -348,6 +355,12 @@ COUNT_CLAIMS = "SELECT count(*) FROM schedtui_claims"
 #: stuck) is stopped rather than left to hold a pool connection forever; times come back
 #: in UTC (as the store hands them out: nothing to convert).
 CONFIGURE = "SET statement_timeout = '30s'; SET idle_in_transaction_session_timeout = '60s'; SET TimeZone = 'UTC'"
+#: Behind a transaction pooler (see :mod:`.pooler`): the time zone only, which PgBouncer
+#: keeps per client (it sets it again on whichever server connection serves the client).
+#: The timeouts would stay on the server connection for the pooler's next client: the
+#: role's or the database's own settings apply there (checked at open with POOLED_TIMEOUTS).
+CONFIGURE_POOLED = "SET TimeZone = 'UTC'"
+POOLED_TIMEOUTS = "SELECT current_setting('statement_timeout'), current_setting('idle_in_transaction_session_timeout')"
 
 #: The fleet's sessions stuck on a silent client inside a transaction for longer than the
 #: take-over window: a statement whose client went quiet before its last message (a

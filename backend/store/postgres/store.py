@@ -63,6 +63,7 @@ from backend.store.postgres.ledger import (
 from backend.store.postgres.locks import PostgresLocks
 from backend.store.postgres.logs import PRUNE_RUN_LOGS, PostgresLogs
 from backend.store.postgres.metrics import PostgresMetrics
+from backend.store.postgres.pooler import SEE, detect_sharing, split_url
 from backend.store.postgres.sql import (
     BACKFILL_PKEY,
     CLAIM,
@@ -70,6 +71,7 @@ from backend.store.postgres.sql import (
     CLEAR_STARTING,
     CLOSE_RUNS,
     CONFIGURE,
+    CONFIGURE_POOLED,
     COUNT_CLAIMS,
     CREATE_VERSION_TABLE,
     END_BACKFILL,
@@ -95,6 +97,7 @@ from backend.store.postgres.sql import (
     MARK_STARTING,
     MIGRATE_LOCK,
     MIGRATIONS,
+    POOLED_TIMEOUTS,
     PRUNE_BACKFILLS,
     PRUNE_OWN_CLAIMS,
     PRUNE_RUNS,
@@ -188,6 +191,9 @@ class PostgresStore(
     Tables are created in the first schema of the connection's ``search_path`` (add
     ``?options=-csearch_path%3Dsomewhere`` to the URL to choose another); the user needs
     the right to create tables there at the first start.
+
+    Behind a pooler in transaction mode, add ``pooler=transaction`` (and optionally
+    ``listen_host``/``listen_port``): see :mod:`backend.store.postgres.pooler`.
     """
 
     kind = "postgresql"
@@ -196,13 +202,31 @@ class PostgresStore(
     def __init__(self, url: str) -> None:
         self.url = url
         self.where = redact_url(url)
+        libpq_url, self.pooler = split_url(url, self.where)
         try:
-            params = conninfo_to_dict(url)
+            params = conninfo_to_dict(libpq_url)
         except psycopg.Error as exc:
             raise BadInput(f'bad store URL "{self.where}": {_one_line(exc)}') from None
         for key, value in _CONNINFO_DEFAULTS.items():
             params.setdefault(key, value)
         self._conninfo = make_conninfo("", **params)
+        self._connect_kwargs: dict[str, Any] = {"autocommit": True}
+        if self.pooler.transaction:
+            # A statement prepared on one server connection is missing on the next, or is
+            # another client's of the same name there: every statement goes unnamed.
+            self._connect_kwargs["prepare_threshold"] = None
+        self._listen_conninfo: str | None = self._conninfo
+        """Where the listening connection (and the readers mark) goes: ``None`` behind a
+        transaction pooler unless the URL names the server past it."""
+        if self.pooler.listens_directly:
+            direct = {k: v for k, v in params.items() if k != "hostaddr" or self.pooler.listen_host is None}
+            if self.pooler.listen_host is not None:
+                direct["host"] = self.pooler.listen_host
+            if self.pooler.listen_port is not None:
+                direct["port"] = str(self.pooler.listen_port)
+            self._listen_conninfo = make_conninfo("", **direct)
+        elif self.pooler.transaction:
+            self._listen_conninfo = None
         self._pool: AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
@@ -226,6 +250,8 @@ class PostgresStore(
         """Set by the relay: the notification that tells the other instances of a batch
         of run rows, sent inside the batch's own transaction."""
         self._listener: _Listener | None = None  # the one listening connection, while subscribed
+        self._deaf_told = False  # (behind a transaction pooler: that nothing listens, logged once)
+        self._pooler_hinted = False
         self._checkpoints: Lane | None = None
         """The connection kept for durable steps' checkpoints (see :mod:`.lane`), while open."""
         self._senders: list[Lane] = []
@@ -241,18 +267,36 @@ class PostgresStore(
         # One plain connection first: its error says exactly what is wrong (refused, unknown
         # host, bad password), and it creates or migrates the schema.
         try:
-            conn = await AsyncConnection.connect(self._conninfo, autocommit=True)
+            conn = await AsyncConnection.connect(self._conninfo, **self._connect_kwargs)
         except psycopg.Error as exc:
             raise store_unavailable(self.where, "cannot reach {store}", _one_line(exc), _public_reason(exc)) from None
         try:
             await self._migrate(conn)
+            pool = await self._open_pool(conn)
         except psycopg.Error as exc:
             raise store_unavailable(self.where, "cannot set up {store}", _one_line(exc), _public_reason(exc)) from None
         finally:
             await conn.close()
+        self._pool = pool
+        if self.pooler.transaction:
+            # Behind a transaction pooler the connections kept for hot paths would keep
+            # statements prepared on a server connection they do not keep: the pool serves.
+            self._checkpoints, self._senders = None, []
+        else:
+            self._checkpoints = self._checkpoint_lane()
+            self._senders = self._send_lanes()
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._wake = asyncio.Event()
+        self._writer = asyncio.ensure_future(self._write_loop())
+        self._writer.set_name("schedtui postgres writer")
+
+    async def _open_pool(self, first: AsyncConnection[Any]) -> AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]:
+        """The pool, open; ``first`` (the connection that migrated) is still open, to tell a
+        transaction pooler in front of the server that the URL did not mention."""
         pool: AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]] = AsyncConnectionPool(
             self._conninfo,
-            kwargs={"autocommit": True},
+            kwargs=self._connect_kwargs,
             min_size=2,
             max_size=8,
             open=False,
@@ -262,26 +306,59 @@ class PostgresStore(
             # pool short starts a new one at once, instead of after a growing backoff.
             reconnect_timeout=2.0,
             reconnect_failed=lambda pool: None,
-            configure=self._configure,
+            configure=self._configure_pooled if self.pooler.transaction else self._configure,
         )
         try:
             await pool.open(wait=True, timeout=float(_CONNINFO_DEFAULTS["connect_timeout"]) + 2)
         except (PoolTimeout, psycopg.Error) as exc:
             await pool.close(timeout=1)
             raise store_unavailable(self.where, "cannot reach {store}", self._why(exc), _public_reason(exc)) from None
-        self._pool = pool
-        self._checkpoints = self._checkpoint_lane()
-        self._senders = self._send_lanes()
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        self._wake = asyncio.Event()
-        self._writer = asyncio.ensure_future(self._write_loop())
-        self._writer.set_name("schedtui postgres writer")
+        try:
+            if self.pooler.transaction:
+                await self._check_pooled_timeouts(first)
+            else:
+                async with pool.connection() as second:
+                    shared = await detect_sharing(first, second)
+                if shared is not None:
+                    raise store_unavailable(
+                        self.where,
+                        "cannot use {store} as given",
+                        f"two of its connections were served by one server session (pid {shared}): a connection "
+                        "pooler in transaction mode is in front of the server; add pooler=transaction to the "
+                        f"store URL ({SEE})",
+                        "a connection pooler in transaction mode is in front of the server; add pooler=transaction "
+                        "to the store URL",
+                    )
+        except BaseException:
+            await pool.close(timeout=1)
+            raise
+        return pool
+
+    async def _check_pooled_timeouts(self, conn: AsyncConnection[Any]) -> None:
+        """Behind a transaction pooler the store sets no timeout of its own (a ``SET``
+        would stay on the server connection for the pooler's next client): say so when the
+        server's, for this role and database, are none."""
+        row = await (await conn.execute(POOLED_TIMEOUTS)).fetchone()
+        names = ("statement_timeout", "idle_in_transaction_session_timeout")
+        unset = [name for name, value in zip(names, row or (), strict=False) if value == "0"]
+        if unset:
+            log.warning(
+                'the store "%s" is behind a transaction pooler, where schedtui sets no timeout per connection, '
+                "and the server's %s unlimited: a statement or transaction left hanging holds its locks; set them "
+                "for schedtui's role, e.g. ALTER ROLE … SET statement_timeout = '30s'; ALTER ROLE … SET "
+                "idle_in_transaction_session_timeout = '60s' (%s)",
+                self.where, " and ".join(unset) + (" are" if len(unset) > 1 else " is"), SEE,
+            )  # fmt: skip
 
     @staticmethod
     async def _configure(conn: AsyncConnection[Any]) -> None:
         for statement in CONFIGURE.split(";"):
             await conn.execute(statement)
+
+    @staticmethod
+    async def _configure_pooled(conn: AsyncConnection[Any]) -> None:
+        """Behind a transaction pooler: only what the pooler keeps per client."""
+        await conn.execute(CONFIGURE_POOLED)
 
     async def _migrate(self, conn: AsyncConnection[Any]) -> None:
         async with conn.transaction():
@@ -387,6 +464,7 @@ class PostgresStore(
             except PoolTimeout as exc:
                 raise self._trouble(exc) from None
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                self._hint_pooler(exc)
                 if attempt == 2 or not _connection_lost(exc):
                     raise self._trouble(exc) from None
                 log.info("store connection lost (%s); retrying on a fresh one", _one_line(exc))
@@ -394,7 +472,22 @@ class PostgresStore(
                     await pool.check()  # drop every idle connection that died with it
                 except Exception:  # the check itself failing is the next attempt's problem
                     pass
+            except psycopg.Error as exc:
+                self._hint_pooler(exc)
+                raise
         raise AssertionError("unreachable")
+
+    def _hint_pooler(self, exc: psycopg.Error) -> None:
+        """A prepared statement missing, already there or not the one expected is what a
+        transaction pooler the store was not told of does to psycopg's statements (when
+        the check at open did not catch it): say what to do, once."""
+        if self._pooler_hinted or self.pooler.transaction or "prepared statement" not in str(exc):
+            return
+        self._pooler_hinted = True
+        log.error(
+            'the store "%s" lost track of a prepared statement (%s): is a connection pooler in transaction mode in '
+            "front of the server? Then add pooler=transaction to the store URL (%s)", self.where, _one_line(exc), SEE,
+        )  # fmt: skip
 
     async def _fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         async def go(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
@@ -523,7 +616,10 @@ class PostgresStore(
 
     async def fleet(self) -> list[InstanceInfo]:
         rows = await self._fetchall(INSTANCE_LIST)
-        return [InstanceInfo(row[0], row[1], row[2], _utc(row[3]), _utc(row[4]), row[5], row[6]) for row in rows]  # type: ignore[arg-type]
+        return [
+            InstanceInfo(row[0], row[1], row[2], _utc(row[3]), _utc(row[4]), row[5], row[6], row[7], bool(row[8]))  # type: ignore[arg-type]
+            for row in rows
+        ]  # (an older version's row: no clock, NULL)
 
     async def forget_instance(self, instance: str) -> None:
         await self._execute(FORGET_INSTANCE, (instance,))
@@ -688,7 +784,7 @@ async def _beat(
     membership: Membership,
 ) -> Role:
     """The heartbeat, inside the caller's transaction (see :meth:`PostgresStore.heartbeat`)."""
-    role, coordination, live_after = membership
+    role, coordination, live_after, clock_offset, clock_off = membership
     gated = role == "firing" and coordination is not None
     if gated:
         await conn.execute(FLEET_LOCK)
@@ -698,6 +794,7 @@ async def _beat(
             {
                 "instance": instance, "host": host, "pid": pid, "at": at, "role": role,
                 "mode": coordination, "live_after": live_after if live_after is not None else at,
+                "clock_offset": clock_offset, "clock_off": clock_off,
             },
         )
     ).fetchone()  # fmt: skip

@@ -85,6 +85,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE instances ADD COLUMN role TEXT;
     ALTER TABLE instances ADD COLUMN coordination TEXT;
     """,
+    # Each instance's clock against the server's (never measured on SQLite: one machine's
+    # file; the columns keep the two stores' rows alike).
+    """
+    ALTER TABLE instances ADD COLUMN clock_offset REAL;
+    ALTER TABLE instances ADD COLUMN clock_off INTEGER;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
@@ -160,9 +166,11 @@ SET_STATE = """
         changed_at = excluded.changed_at, note = excluded.note
 """
 HEARTBEAT = """
-    INSERT INTO instances (instance, host, pid, heartbeat_at, role, coordination) VALUES (?, ?, ?, ?, ?, ?)
+    INSERT INTO instances (instance, host, pid, heartbeat_at, role, coordination, clock_offset, clock_off)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (instance) DO UPDATE SET host = excluded.host, pid = excluded.pid,
-        heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination
+        heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination,
+        clock_offset = excluded.clock_offset, clock_off = excluded.clock_off
 """
 #: A live firing member of another mode (see the PostgreSQL store's HEARTBEAT).
 OTHER_MODE_FIRING = """
@@ -170,7 +178,8 @@ OTHER_MODE_FIRING = """
 """
 INSTANCES = "SELECT instance, host, pid, heartbeat_at FROM instances"
 INSTANCE_LIST = (
-    "SELECT instance, host, pid, heartbeat_at, last_fired_at, role, coordination FROM instances ORDER BY instance"
+    "SELECT instance, host, pid, heartbeat_at, last_fired_at, role, coordination, clock_offset, clock_off "
+    "FROM instances ORDER BY instance"
 )
 #: Kept by the group commit, in its transaction: when this instance last started a run.
 NOTE_LAST_FIRED = "UPDATE instances SET last_fired_at = max(coalesce(last_fired_at, 0), ?) WHERE instance = ?"

@@ -590,7 +590,7 @@ class SQLiteStore(
         at: datetime,
         membership: Membership = FIRING,
     ) -> Role:
-        role, coordination, live_after = membership
+        role, coordination, live_after, clock_offset, clock_off = membership
         since = _us(live_after if live_after is not None else at)
 
         def beat(c: sqlite3.Connection) -> Role:
@@ -599,7 +599,7 @@ class SQLiteStore(
                 # The writer's transaction is the only one: the check and the write are atomic.
                 if c.execute(OTHER_MODE_FIRING, (instance, coordination, since)).fetchone() is not None:
                     recorded = "waiting"
-            c.execute(HEARTBEAT, (instance, host, pid, _us(at), recorded, coordination))
+            c.execute(HEARTBEAT, (instance, host, pid, _us(at), recorded, coordination, clock_offset, int(clock_off)))
             return recorded
 
         return await self._write(beat)
@@ -610,7 +610,10 @@ class SQLiteStore(
 
     async def fleet(self) -> list[InstanceInfo]:
         rows = await self._read(lambda c: c.execute(INSTANCE_LIST).fetchall())
-        return [InstanceInfo(row[0], row[1], row[2], _dt(row[3]), _dt(row[4]), row[5], row[6]) for row in rows]  # type: ignore[arg-type]
+        return [
+            InstanceInfo(row[0], row[1], row[2], _dt(row[3]), _dt(row[4]), row[5], row[6], row[7], bool(row[8]))  # type: ignore[arg-type]
+            for row in rows
+        ]  # (an older version's row: no clock, NULL)
 
     async def forget_instance(self, instance: str) -> None:
         await self._write(lambda c: c.execute(FORGET_INSTANCE, (instance,)))

@@ -1,0 +1,75 @@
+"""``schedtui instances``: the instances registered in the store, as their heartbeats say.
+
+    schedtui instances [--json]      name, role, heartbeat age, last start, clock offset
+
+Derived from the action's declaration (:mod:`console.cli.derive`). A member whose clock is
+off the database server's stands down (it fires nothing and takes no work): its offset is
+marked ``✗ off`` and a line under the table says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from backend.model import InstanceInfo, iso
+from console import format as fmt
+from console.cli.derive import Call, Verb, add_derived, handlers, items
+
+__all__ = ["DERIVED", "VERBS", "Instances", "add_verbs", "instances_table"]
+
+
+@dataclass(frozen=True)
+class Instances:
+    """The instances with the engine's clock, which their ages are counted against (the
+    HTTP answer's ``{now, instances}``)."""
+
+    now: datetime
+    instances: list[InstanceInfo]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"now": iso(self.now), "instances": [i.to_json(self.now) for i in self.instances]}
+
+
+def clock_cell(instance: InstanceInfo) -> str:
+    """``+3ms``, ``+61.0s ✗ off`` (its own verdict: off), ``-`` (not measured)."""
+    return fmt.clock_offset(instance.clock_offset_s) + (" ✗ off" if instance.clock_off else "")
+
+
+def instances_table(answer: Instances) -> str:
+    now = answer.now
+    rows = [
+        [i.name, i.role or "-", fmt.ago(i.heartbeat_at, now), fmt.ago(i.last_fired_at, now), clock_cell(i)]
+        for i in answer.instances
+    ]
+    return fmt.table(["NAME", "ROLE", "HEARTBEAT", "LAST START", "CLOCK"], rows)
+
+
+async def _with_now(call: Call, instances: list[InstanceInfo]) -> Instances:
+    return Instances(await call.backend.now(), instances)
+
+
+def _show_instances(call: Call, answer: Instances) -> None:
+    if not answer.instances:
+        print("no instance is registered")
+        return
+    print(instances_table(answer))
+    for instance in answer.instances:
+        why = instance.clock_text()
+        if why is not None:
+            print(f"✗ {instance.name} stands down: {why}")
+
+
+#: The verbs, in the order ``schedtui --help`` lists them.
+DERIVED = (
+    Verb(("instances",), "instances", help="the registered instances: role, last heartbeat, clock offset",
+         json=items("instances"), follow=_with_now, show=_show_instances),
+)  # fmt: skip
+
+
+def add_verbs(verb: Any, group: Any) -> None:
+    add_derived(DERIVED, {}, verb, group)
+
+
+VERBS = handlers(DERIVED)
