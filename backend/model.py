@@ -294,8 +294,9 @@ class InstanceInfo:
 
     @property
     def fires(self) -> bool:
-        """Whether this instance is a firing member (an older version's row counts as one)."""
-        return self.role in (None, "firing")
+        """Whether this instance is a firing member (an older version's row counts as one),
+        not standing down because its clock is off."""
+        return self.role in (None, "firing") and not self.clock_off
 
     @property
     def stands_down(self) -> bool:

@@ -90,9 +90,9 @@ def fleet_of(
     is off) whose heartbeat is recent. A console, a CLI verb or a ``connect()`` client is an
     observer and never counts."""
     others = [i for i in instances if info.fires or i.name != info.instance]
-    live = sorted((i for i in others if i.fires and now - i.heartbeat_at <= LIVE_WITHIN), key=lambda i: i.name)
+    live = sorted((i for i in others if now - i.heartbeat_at <= LIVE_WITHIN), key=lambda i: i.name)
     # A member whose clock is off beats on but fires nothing: it is no engine that fires.
-    firing = tuple(i for i in live if not i.stands_down)
+    firing = tuple(i for i in live if i.fires)
     standing_down = tuple(i for i in live if i.stands_down)
     last = max(others, key=lambda i: i.heartbeat_at, default=None)
     views = list(views)

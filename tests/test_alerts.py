@@ -185,6 +185,13 @@ def test_not_firing_when_no_firing_member_has_a_fresh_heartbeat() -> None:
     assert stale.summary == "no firing instance has a heartbeat within 30s; the newest is a's, at 2026-03-02T08:00:10Z"
     only_waiting = conditions.not_firing([instance("b", "2026-03-02T08:00:59Z", "observer")], now, fresh)
     assert only_waiting is not None and "none registered as firing" in only_waiting.summary
+    # A member alive but standing down because its clock is off fires nothing: the page says why.
+    skewed = InstanceInfo("web-3", "host", 1, at("2026-03-02T08:00:59Z"), role="firing", clock_offset_s=-61.2, clock_off=True)
+    standing = conditions.not_firing([skewed, instance("b", "2026-03-02T08:00:59Z", "observer")], now, fresh)
+    assert standing is not None and standing.summary.startswith(
+        "no instance fires: web-3 stands down, its clock is 61.2s behind the database server's"
+    )
+    assert conditions.not_firing([skewed, instance("a", "2026-03-02T08:00:45Z")], now, fresh) is None  # another fires
 
 
 def test_dead_jobs_and_stuck_hold_past_their_thresholds() -> None:

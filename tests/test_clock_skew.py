@@ -22,6 +22,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from backend import Engine, JobContext, RunContext, connect, define_queue, define_schedule
+from backend.alerts.conditions import not_firing
 from backend.clock import ManualClock, OffsetClock, SystemClock, follows_real_time
 from backend.model import InstanceInfo
 from backend.observability.metrics import EngineMetrics
@@ -169,6 +170,14 @@ async def test_a_member_whose_clock_is_off_stops_takes_nothing_and_resumes_once_
         # Its heartbeat row tells the fleet which instance stands down, and by how much.
         row = await own_row(engine, lambda i: i.clock_off, "the row to say the clock is off")
         assert row.role == "firing" and row.stands_down and abs((row.clock_offset_s or 0) - offset) < 1.0
+        # ... and the fleet's counts: it is no firing member, and the fleet pages for it.
+        metrics = EngineMetrics(engine)
+        text = (await metrics.render()).decode()  # a scrape (it waits for the store's first read)
+        metrics.close()
+        assert re.search(r'^schedtui_instances\{role="firing"\} 0\.0$', text, re.MULTILINE), text
+        assert re.search(r'^schedtui_instances\{role="standing_down"\} 1\.0$', text, re.MULTILINE), text
+        paged = not_firing(await engine.store.fleet(), engine.clock.now(), timedelta(seconds=WINDOW))
+        assert paged is not None and paged.summary.startswith("no instance fires: off stands down, its clock is 60.")
         health = (await engine.health()).to_json()  # what /healthz says of it
         (said,) = [i for i in health["instances"] if i["name"] == "off"]
         where = "ahead of" if offset > 0 else "behind"

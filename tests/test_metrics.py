@@ -241,7 +241,9 @@ async def test_every_family_and_label_set_after_real_work(served: Callable[..., 
     assert durable[("unused", "failed")] == 0.0  # every status of every function defined here
     assert sum(durable.values()) == 2.0 and len(durable) == 12
     assert value(samples, "schedtui_locks_held") == 1.0
-    assert series(samples, "schedtui_instances") == {frozenset({("role", "firing")}): 1.0, frozenset({("role", "waiting")}): 0.0}
+    assert {dict(k)["role"]: v for k, v in series(samples, "schedtui_instances").items()} == {
+        "firing": 1.0, "waiting": 0.0, "standing_down": 0.0,
+    }  # fmt: skip
     assert value(samples, "schedtui_fleet_snapshot_timestamp_seconds") == at(clock.now())  # read at this scrape, the first
 
     gate.release.set()
@@ -295,11 +297,14 @@ async def test_only_firing_members_with_a_fresh_heartbeat_count(
     await store.heartbeat("gone", "elsewhere", 1, now - timedelta(seconds=31), Membership("firing", "advisoryLock"))
     await store.heartbeat("late", "elsewhere", 2, now - timedelta(seconds=29), Membership("waiting", "single"))
     await store.heartbeat("old-version", "elsewhere", 3, now, Membership(None))  # type: ignore[arg-type]
+    skewed = Membership("firing", "advisoryLock", clock_offset=61.0, clock_off=True)  # its clock a minute off
+    await store.heartbeat("skewed", "elsewhere", 4, now, skewed)
     server.cache_clock.advance(5)
     await server.metrics.fleet.settled()
     _, samples = await server.samples()
     assert value(samples, "schedtui_instances", role="firing") == 2.0  # this one, and a row that says no role
     assert value(samples, "schedtui_instances", role="waiting") == 1.0  # its heartbeat is within the window
+    assert value(samples, "schedtui_instances", role="standing_down") == 1.0  # fresh, but it takes no work
 
 
 # ---------------------------------------------------------------------------------------

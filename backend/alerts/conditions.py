@@ -215,6 +215,11 @@ def not_firing(instances: Sequence[InstanceInfo], now: datetime, fresh: timedelt
     members = [i for i in instances if i.fires]
     if any(now - i.heartbeat_at <= fresh for i in members):
         return None
+    standing = [i for i in instances if i.stands_down and now - i.heartbeat_at <= fresh]
+    if standing:  # alive, but its clock is off: the page should say so
+        first = standing[0]
+        more = f" (and {len(standing) - 1} more)" if len(standing) > 1 else ""
+        return Finding("not_firing", FLEET, _short(f"no instance fires: {first.name}{more} stands down, {first.clock_text()}"))
     if not members:
         summary = "no instance of the fleet fires (none registered as firing)"
     else:

@@ -18,8 +18,9 @@ __all__ = ["JOB_STATES", "FleetSnapshot", "FleetStore", "ScheduleFacts", "job_co
 
 #: The states ``schedtui_jobs`` counts (a job that succeeded is gone).
 JOB_STATES = ("queued", "running", "dead")
-#: The roles ``schedtui_instances`` counts: members only (an observer fires nothing).
-MEMBER_ROLES = ("firing", "waiting")
+#: The roles ``schedtui_instances`` counts: members only (an observer fires nothing); a
+#: member whose clock is off stands down (``standing_down``), whatever its role.
+MEMBER_ROLES = ("firing", "waiting", "standing_down")
 
 
 @dataclass(frozen=True, slots=True)

@@ -613,8 +613,8 @@ class FleetGauges(Collector):
             gauge("schedtui_locks_held", "Locks held now (a holder whose lease has not expired)."),
             gauge(
                 "schedtui_instances",
-                "Members with a fresh heartbeat, by role: firing, or waiting (another coordination mode fires). "
-                "Consoles and CLI verbs never count.",
+                "Members with a fresh heartbeat, by role: firing, waiting (another coordination mode fires), or "
+                "standing_down (its clock is off the database's: it takes no work). Consoles and CLI verbs never count.",
                 "role",
             ),
             gauge(

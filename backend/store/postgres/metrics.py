@@ -40,9 +40,10 @@ LOCKS_HELD = """
     SELECT count(*) FROM schedtui_locks
     WHERE holder IS NOT NULL AND expires_at > coalesce(%(now)s::timestamptz, statement_timestamp())
 """
+#: (A member standing down because its clock is off takes no work: not counted as firing.)
 MEMBERS = """
-    SELECT role, count(*) FROM schedtui_instances
-    WHERE heartbeat_at > %(live_after)s AND (role IS NULL OR role <> 'observer') GROUP BY role
+    SELECT CASE WHEN clock_off THEN 'standing_down' ELSE role END, count(*) FROM schedtui_instances
+    WHERE heartbeat_at > %(live_after)s AND (role IS NULL OR role <> 'observer') GROUP BY 1
 """
 
 

@@ -39,9 +39,10 @@ JOB_COUNTS = """
 """
 DURABLE_COUNTS = "SELECT function, status, count(*) FROM durable_executions GROUP BY function, status"
 LOCKS_HELD = "SELECT count(*) FROM locks WHERE holder IS NOT NULL AND expires_at > ?"
+#: (A member standing down because its clock is off takes no work: not counted as firing.)
 MEMBERS = """
-    SELECT role, count(*) FROM instances
-    WHERE heartbeat_at > ? AND (role IS NULL OR role <> 'observer') GROUP BY role
+    SELECT CASE WHEN clock_off THEN 'standing_down' ELSE role END, count(*) FROM instances
+    WHERE heartbeat_at > ? AND (role IS NULL OR role <> 'observer') GROUP BY 1
 """
 
 
