@@ -3,6 +3,7 @@ and the CLI's remote mode against it."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -257,6 +258,14 @@ def test_cli_remote_mode(server: Server, root: Path) -> None:
     refused = run_cli("backfill", "report", "--from", "-3d", "--to", "-1d", "--url", server.url, cwd=root,
                       SCHEDTUI_TOKEN=OPERATE)  # fmt: skip
     assert refused.returncode == 3 and "48" in refused.stderr
+    # The fleet's instances, read from the server (a read token is enough).
+    table = run_cli("instances", "--url", server.url, cwd=root, SCHEDTUI_TOKEN=READ)
+    assert table.returncode == 0, table.stderr
+    header, *rows = table.stdout.splitlines()
+    assert header.split() == ["NAME", "ROLE", "HEARTBEAT", "LAST", "START", "CLOCK"] and rows, table.stdout
+    listed = json.loads(run_cli("instances", "--json", "--url", server.url, cwd=root, SCHEDTUI_TOKEN=READ).stdout)
+    assert listed and all(i["clock_offset_s"] is None and i["stands_down"] is None for i in listed)  # (SQLite: unmeasured)
+    assert {row.split()[0] for row in rows} == {i["name"] for i in listed}
 
 
 def test_cli_unreachable_server_is_one_line(tmp_path: Path) -> None:
