@@ -72,6 +72,17 @@ class Counted:
         return calls
 
 
+async def claimed_on_lane(store: PostgresStore, now: datetime) -> tuple[Counted, Claimed]:
+    """The lane open, an execution started and claimed by "a": the lane's counter (read
+    once, so it counts from here) and the claim."""
+    assert store._checkpoints is not None and await store._checkpoints.open()
+    on_lane = Counted(store)
+    await store.durable_insert(NewExecution(ID, "f", "null", now))
+    claim = await claimed(store, "a", now)
+    on_lane()
+    return on_lane, claim
+
+
 async def test_a_checkpoint_on_the_lane_is_refused_once_the_lease_has_moved(store: PostgresStore, clock: ManualClock) -> None:
     assert store._checkpoints is not None and await store._checkpoints.open()
     on_lane = Counted(store)
@@ -139,12 +150,8 @@ async def test_a_checkpoint_meeting_a_takeover_in_flight_waits_for_it_and_is_ref
 
 async def test_a_retried_step_is_written_again_on_the_lane(store: PostgresStore, clock: ManualClock) -> None:
     """A later attempt (and an at-most-once step's end) upserts the step's row on the lane."""
-    assert store._checkpoints is not None and await store._checkpoints.open()
-    on_lane = Counted(store)
     now = clock.now()
-    await store.durable_insert(NewExecution(ID, "f", "null", now))
-    claim = await claimed(store, "a", now)
-    on_lane()
+    on_lane, claim = await claimed_on_lane(store, now)
     waiting = StepRecord(1, "one", "step", "waiting", 1, now, now, wake_at=now, error_tag="boom", error_message="no")
     lease = claim.execution.lease
     assert await store.durable_write(Write(ID, lease, now, Progress("one", now + timedelta(seconds=30)), [waiting])) is False
@@ -162,12 +169,8 @@ async def test_a_retried_step_is_written_again_on_the_lane(store: PostgresStore,
 async def test_a_checkpoints_times_on_the_lane_read_back_to_the_microsecond(store: PostgresStore, clock: ManualClock) -> None:
     """The lane sends a checkpoint's timestamps in the server's binary form: the instants
     read back are the ones given, to the microsecond, whatever their offset or year."""
-    assert store._checkpoints is not None and await store._checkpoints.open()
-    on_lane = Counted(store)
     now = clock.now()
-    await store.durable_insert(NewExecution(ID, "f", "null", now))
-    claim = await claimed(store, "a", now)
-    on_lane()
+    on_lane, claim = await claimed_on_lane(store, now)
     india = timezone(timedelta(hours=5, minutes=30))
     times = [
         (datetime(2026, 3, 29, 1, 59, 59, 999999, tzinfo=UTC), datetime(2026, 3, 29, 7, 30, 0, 1, tzinfo=india),
@@ -242,12 +245,8 @@ async def test_a_first_attempt_whose_row_is_there_after_all_is_upserted_on_the_p
 ) -> None:
     """A first attempt goes as a plain insert; should its row be there (a reply lost after
     it committed, and the same checkpoint sent again), the upsert runs on the pool."""
-    assert store._checkpoints is not None and await store._checkpoints.open()
-    on_lane = Counted(store)
     now = clock.now()
-    await store.durable_insert(NewExecution(ID, "f", "null", now))
-    claim = await claimed(store, "a", now)
-    on_lane()
+    on_lane, claim = await claimed_on_lane(store, now)
     assert await store.durable_write(checkpoint(claim, 1, "one", now)) is False
     commits = store.commits
     assert await store.durable_write(checkpoint(claim, 1, "one", now)) is False  # the plain insert fails: the pool's upsert

@@ -515,14 +515,9 @@ async def test_a_heartbeat_after_the_clock_stepped_back_is_due_at_once(store_url
         await store.close()
 
 
-async def test_a_heartbeat_under_way_when_the_clock_moves_on_is_followed_by_a_fresh_one(
-    store_url: str, clock: ManualClock
-) -> None:
-    """The housekeeping round and the lease loop both beat. One of them finding the other's
-    beat under way used to skip its own, though that beat carried the time before the clock
-    moved: the row kept a stamp an interval old, and the fleet counted the member gone."""
-    store: Any = open_store(store_url)
-    await store.open()
+def held_heartbeats(store: Any) -> tuple[asyncio.Event, asyncio.Event]:
+    """Hold the store's heartbeats (with the sweep) until released: ``entered`` is set when
+    one is held; ``release`` lets it, and every later one, through."""
     entered, release = asyncio.Event(), asyncio.Event()
     real = store.heartbeat_and_unfinished
 
@@ -533,6 +528,18 @@ async def test_a_heartbeat_under_way_when_the_clock_moves_on_is_followed_by_a_fr
         return await real(*args, **kwargs)
 
     store.heartbeat_and_unfinished = held
+    return entered, release
+
+
+async def test_a_heartbeat_under_way_when_the_clock_moves_on_is_followed_by_a_fresh_one(
+    store_url: str, clock: ManualClock
+) -> None:
+    """The housekeeping round and the lease loop both beat. One of them finding the other's
+    beat under way used to skip its own, though that beat carried the time before the clock
+    moved: the row kept a stamp an interval old, and the fleet counted the member gone."""
+    store: Any = open_store(store_url)
+    await store.open()
+    entered, release = held_heartbeats(store)
     try:
         registry = _registry(store, clock)
         first = asyncio.ensure_future(registry.beat_and_sweep(clock.now()))
@@ -580,16 +587,7 @@ async def test_a_lease_round_the_clock_moved_past_is_followed_at_once_by_a_fresh
     await engine.start()
     await engine.quiesce()
     store: Any = engine.store
-    entered, release = asyncio.Event(), asyncio.Event()
-    real = store.heartbeat_and_unfinished
-
-    async def held(*args: Any, **kwargs: Any) -> Any:
-        if not release.is_set():
-            entered.set()
-            await release.wait()
-        return await real(*args, **kwargs)
-
-    store.heartbeat_and_unfinished = held
+    entered, release = held_heartbeats(store)
     clock.advance(engine.registry.heartbeat_interval)  # the lease loop's round: stamped now
     await asyncio.wait_for(entered.wait(), 10)
     clock.advance(timedelta(minutes=1))  # ... and the clock moves on before it commits
