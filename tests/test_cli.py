@@ -521,6 +521,28 @@ def test_instances_show_each_clock_offset_and_why_a_member_whose_clock_is_off_st
     assert listed["web-1"]["stands_down"] is None and listed["web-2"]["stands_down"].startswith("its clock is 61.0s ahead")
 
 
+def test_a_reader_that_stops_reading_ends_the_verb_quietly(cli: Cli) -> None:
+    """`schedtui instances --json | head`: the reader closes the pipe mid-output. The verb
+    stops with the status a shell gives a process SIGPIPE ended, and no traceback."""
+    now = datetime.now(UTC)
+
+    async def fleet() -> None:  # more JSON than a pipe holds: the verb is still writing
+        store = SQLiteStore(cli.root / "state.db")
+        await store.open()
+        for n in range(400):  # (about 120 KB of JSON; a pipe holds 64)
+            await store.heartbeat(f"web-{n:04d}", "h", n + 1, now, Membership("firing", "advisoryLock", now, 0.001))
+        await store.close()
+
+    asyncio.run(fleet())
+    process = subprocess.Popen(cli.argv("instances", "--json"), cwd=cli.root, env=child_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.readline() == b"[\n"
+    process.stdout.close()  # as `head -1` does once it has its line
+    assert process.wait(timeout=30) == 141
+    assert process.stderr.read().decode() == ""
+
+
 # ---------------------------------------------------------------------------------------
 # bad usage: exit 2, one line on stderr naming the bad value, nothing on stdout
 # ---------------------------------------------------------------------------------------

@@ -751,9 +751,22 @@ def _verbs() -> dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int
     return verbs
 
 
+#: The exit status of a verb whose reader went away (``… | head``): what a shell reports for
+#: a process that SIGPIPE ended (128 + 13).
+EXIT_PIPE_CLOSED = 141
+
+
 def run() -> None:
     """The console script."""
-    sys.exit(main())
+    try:
+        status = main()
+        sys.stdout.flush()  # (what is still buffered meets a closed pipe here, not at exit)
+    except BrokenPipeError:
+        # The reader stopped reading (`schedtui runs … --json | head`): nothing more to say,
+        # and no traceback; Python's own flush at exit would fail again without this.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_PIPE_CLOSED)
+    sys.exit(status)
 
 
 if __name__ == "__main__":
