@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -13,7 +14,8 @@ import httpx
 from backend.api.app import create_app
 from backend.client.interface import ConnectionInfo
 from backend.client.remote import RemoteBackend
-from console.views.health import HealthView
+from backend.model import InstanceInfo
+from console.views.health import HealthView, instance_text
 from console.widgets import ConsoleHeader
 from console.widgets.health import HealthRow, levels
 from console.widgets.line import Line
@@ -191,3 +193,13 @@ async def test_rows_are_kept_between_refreshes_and_capped(store_url: str, monkey
         await pilot.press("ctrl+r")
         await settle(pilot)
         assert list(app.query_one("#schedule-rows").query_children(HealthRow)) == drawn  # redrawn, not made again
+
+
+def test_an_instance_line_shows_every_age_whole_and_fits_80_columns() -> None:
+    """A silent member is when an operator looks: its heartbeat's age must read whole."""
+    now = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+    silent = InstanceInfo("ip-10-0-1-23:4821", "h", 1, now - timedelta(minutes=59, seconds=59), now - timedelta(minutes=12, seconds=57),
+                          role="firing", clock_offset_s=-61.2, clock_off=True)  # fmt: skip
+    line = instance_text(silent, now).plain
+    assert "59m 59s ago" in line and "12m 57s ago" in line and "-61.2s ✗ off" in line and "takes no work" in line
+    assert len(line) <= 77  # (with the view's left padding and its scroll bar: 80)
