@@ -274,6 +274,10 @@ async def test_behind_a_transaction_pooler_listen_host_and_port_hear_the_other_i
     try:
         inbox = hearing.events.subscribe()
         await listening(pg_url)  # its LISTEN connection and its readers mark, on the server itself
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10  # (the relay notes it once its LISTEN has answered)
+        while not hearing.relay.hears_others and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         assert hearing.relay.hears_others and not deaf.relay.hears_others
         await deaf.set_enabled("hourly", False)  # its NOTIFY goes through the pooler
         got = await until(inbox.get, lambda batch: ("audit", "hourly") in pairs(batch))
@@ -337,6 +341,9 @@ def test_two_serve_processes_behind_a_transaction_pooler_fire_every_slot_once(
     assert sorted(runs) == ["back", "tick00", "tick01", "tick02", "tick03"]
     for mine in runs.values():
         assert_once_and_contiguous(mine)
-        assert {(r.status, r.coordination_outcome) for r in mine} == {("succeeded", "wonLock")}
+        # A slot whose run of the same schedule still ran (a busy machine, a catch-up beside
+        # the live slots) is skipped by its overlap policy: still once, by one claim.
+        outcomes = {(r.status, r.coordination_outcome) for r in mine}
+        assert ("succeeded", "wonLock") in outcomes and outcomes <= {("succeeded", "wonLock"), ("skipped", "wonLock")}
     assert runs["back"][0].scheduled_at == seeded and len(runs["back"]) >= 185
     assert {r.instance for rs in runs.values() for r in rs if r.scheduled_at > seeded} <= {"a", "b"}
