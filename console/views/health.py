@@ -46,7 +46,7 @@ MAX_ALERTS: Final = 5
 """Alerts listed at most (the newest first); the rest are counted."""
 MAX_INSTANCES: Final = 8
 """Instances listed at most (those standing down first, then members); the rest are counted."""
-INSTANCE_COLUMNS: Final = (("NAME", 16), ("ROLE", 9), ("HEARTBEAT", 12), ("LAST START", 12), ("CLOCK", 14))
+INSTANCE_COLUMNS: Final = (("NAME", 15), ("ROLE", 10), ("HEARTBEAT", 12), ("LAST START", 12), ("CLOCK", 14))
 """Each column's title and width (63 cells, "59m 59s ago" whole: the note after them fits 80 columns beside the scroll bar)."""
 
 
