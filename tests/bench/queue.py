@@ -578,9 +578,7 @@ def drain(runner: Runner, server: pg.PgServer, system: str, jobs: int, concurren
     url = database(server, f"drain_{system}")
     log(f"{system}: queueing {jobs:,} jobs")
     runner.run(system, "enqueue", url, jobs, BENCH_CONCURRENCY=str(concurrency))
-    with psycopg.connect(server.dsn, autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'").fetchone():
-            conn.execute("SELECT pg_stat_statements_reset()")
+    reset_statements(server)
     log(f"{system}: draining them with one worker, concurrency {concurrency}")
     result = runner.run(system, "drain", url, jobs, concurrency, BENCH_CONCURRENCY=str(concurrency))
     seconds = result["last"] - result["first"]
@@ -622,6 +620,17 @@ def fairness(runner: Runner, server: pg.PgServer, queues: int, per_queue: int, c
     return out
 
 
+def reset_statements(server: pg.PgServer) -> None:
+    """Forget what was said and committed so far (when ``pg_stat_statements`` is loaded)."""
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'").fetchone():
+            conn.execute("SELECT pg_stat_statements_reset()")
+            conn.execute("SELECT pg_stat_reset_shared('wal')")
+            for (name,) in conn.execute("SELECT datname FROM pg_database WHERE NOT datistemplate").fetchall():
+                with psycopg.connect(server.dsn, dbname=name, autocommit=True) as other:
+                    other.execute("SELECT pg_stat_reset()")
+
+
 def statements(server: pg.PgServer, url: str, jobs: int) -> dict[str, Any] | None:
     """What the drain's database said, per job (when ``pg_stat_statements`` is loaded)."""
     dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
@@ -629,16 +638,28 @@ def statements(server: pg.PgServer, url: str, jobs: int) -> dict[str, Any] | Non
         if not conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'pg_stat_statements'").fetchone():
             return None
         rows = conn.execute(
-            "SELECT s.calls, s.rows, s.total_exec_time, left(regexp_replace(s.query, '\\s+', ' ', 'g'), 60) "
+            "SELECT s.calls, s.rows, s.total_exec_time, left(regexp_replace(s.query, '\\s+', ' ', 'g'), 60), "
+            "s.plans, s.total_plan_time "
             "FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s "
             "ORDER BY s.total_exec_time DESC",
             (dbname,),
         ).fetchall()
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        commits = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (dbname,)).fetchone()
+        wal = conn.execute("SELECT wal_records, wal_bytes, wal_sync FROM pg_stat_wal").fetchone()
     return {
+        "commits_per_job": round(commits[0] / jobs, 3) if commits else None,
+        "wal_records_per_job": round(wal[0] / jobs, 2) if wal else None,
+        "wal_bytes_per_job": round(float(wal[1]) / jobs) if wal else None,
+        "wal_syncs_per_job": round(wal[2] / jobs, 3) if wal else None,
         "statements_per_job": round(sum(r[0] for r in rows) / jobs, 3),
         "rows_per_job": round(sum(r[1] for r in rows) / jobs, 3),
         "exec_ms_per_job": round(sum(r[2] for r in rows) / jobs, 4),
-        "top": [{"calls": r[0], "rows": r[1], "ms": round(r[2], 1), "sql": r[3]} for r in rows[:6]],
+        "plan_ms_per_job": round(sum(r[5] for r in rows) / jobs, 4),
+        "top": [
+            {"calls": r[0], "rows": r[1], "ms": round(r[2], 1), "plans": r[4], "plan_ms": round(r[5], 1), "sql": r[3]}
+            for r in rows[:8]
+        ],
     }
 
 
@@ -653,6 +674,7 @@ def latency(runner: Runner, server: pg.PgServer, system: str, rate: int, seconds
     env = {"BENCH_CONCURRENCY": str(concurrency), "BENCH_STOP_FILE": str(stop), "BENCH_SERVER_PID": server_pid(server)}
     worker = runner.popen(system, "latency-worker", url, total, concurrency, **env)
     runner.ready(worker, f"{system}'s worker")
+    reset_statements(server)
     log(f"{system}: {rate} jobs/s for {seconds}s, enqueue to start")
     sent = runner.run(system, "latency-sender", url, total, rate, **env)
     stop.touch()
@@ -663,6 +685,8 @@ def latency(runner: Runner, server: pg.PgServer, system: str, rate: int, seconds
     out_ = {"jobs": len(delays), "rate_per_s": rate, "p50_ms": summary["p50"], "p99_ms": summary["p99"], "max_ms": summary["max"]}
     cpu = {"sender": sent.get("cpu_s"), "worker": result.get("cpu_s"), "server": sent.get("server_cpu_s")}
     out_["cpu_us_per_job"] = {who: round(s / len(delays) * 1e6) for who, s in cpu.items() if s is not None and delays}
+    said = statements(server, url, len(delays) or 1)
+    out_ |= {"statements": said} if said is not None else {}
     return out_ | ({"failed_sends": sent["failed"]} if sent.get("failed") else {})
 
 
@@ -767,7 +791,11 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="schedtui-bench-queue-"))
     dsn = os.environ.get("SCHEDTUI_BENCH_DSN")
-    settings = ["shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_utility=off"]
+    settings = [
+        "shared_preload_libraries=pg_stat_statements",
+        "pg_stat_statements.track_utility=off",
+        "pg_stat_statements.track_planning=on",
+    ]
     server = pg.PgServer(dsn=dsn) if dsn else pg.start_cluster(durable=True, settings=settings if args.statements else ())
     systems = ["schedtui"] if args.no_peers else ["schedtui", "pgqueuer", "procrastinate"]
     try:
