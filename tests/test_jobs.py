@@ -354,6 +354,62 @@ async def test_queues_on_two_streams_are_claimed_side_by_side(pg_url: str, make_
     assert [(v.queued, v.running) for v in await engine.jobs.queue_views()] == [(0, 0), (0, 0)]
 
 
+async def test_an_attempt_that_ends_while_a_claim_is_on_its_way_is_handed_in_with_the_next_cycle(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """Not in a cycle of its own beside the claim: one transaction for both, not two."""
+    release = asyncio.Event()
+    ran: list[str] = []
+    returned: list[str] = []
+
+    async def work(job: JobContext) -> None:
+        ran.append(job.id)
+        if len(ran) == 1:
+            await release.wait()
+        returned.append(job.id)
+
+    engine = make_engine([define_queue(name="mail", handler=work, concurrency=2)])
+    await engine.open()
+    workers_store = engine.jobs.store
+    inner = workers_store.cycle_jobs
+    cycles: list[tuple[list[str], bool]] = []
+    hold = asyncio.Event()
+    held = asyncio.Event()
+
+    async def spy(finishes: Any, wanted: Any, *args: Any, **kwargs: Any) -> Any:
+        cycles.append(([f.id for f in finishes], bool(wanted)))
+        if wanted and len(ran) == 1 and not held.is_set():
+            held.set()
+            await hold.wait()  # the claim after the first job started is slow to come back
+        return await inner(finishes, wanted, *args, **kwargs)
+
+    workers_store.cycle_jobs = spy  # type: ignore[method-assign]
+    [first] = await engine.jobs.send_many("mail", [{"payload": 1}])
+    await engine.start()
+    await engine.quiesce(runs=False)  # the first job runs (and waits)
+    await engine.jobs.send_many("mail", [{"payload": 2}])
+    await asyncio.wait_for(held.wait(), 10)
+    workers = engine.jobs.workers
+    assert workers is not None
+    release.set()
+
+    def first_ended_and_dispatcher_parked() -> bool:
+        parked = engine.loops._parking.get("jobs")
+        return bool(returned) and parked is not None and parked.parked and not workers.wake.is_set()
+
+    async def until_parked() -> None:
+        while not first_ended_and_dispatcher_parked():
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(until_parked(), 10)  # (the timeout only bounds a broken test)
+    before = len(cycles)
+    assert not any(ids == [first.id] for ids, _ in cycles), "the ended attempt went in a cycle of its own"
+    hold.set()
+    await engine.quiesce()
+    assert len(ran) == 2 and first.id in cycles[before][0]  # with the next cycle after the claim came back
+    assert [(v.queued, v.running) for v in await engine.jobs.queue_views()] == [(0, 0)]
+
+
 async def test_a_sync_handler_runs_on_a_thread_and_sends_with_the_blocking_twin(make_engine: Callable[..., Engine]) -> None:
     threads: list[str] = []
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -145,3 +146,72 @@ async def test_waiting_sends_go_alone_on_the_pool_when_their_shared_send_does_no
     answers = await asyncio.gather(*(store.send_jobs("mail", b, T0) for b in batches))
     assert [a[0].id for a in answers] == [b[0].id for b in batches]  # past the shared room: each alone, all taken
     assert [v.queued for v in await store.queue_views(T0)] == [MAX_HELD - 2_000 + 5]
+
+
+async def test_one_job_without_a_key_is_sent_by_its_own_statement_which_answers_as_the_batchs_does(
+    store: PostgresStore, pg_url: str
+) -> None:
+    """SEND_ONE against SEND, row for row, on the same states: a new job, one sent again,
+    a queue that does not exist, a queue at its limit (a new job does not fit; one sent
+    again does), and the queue's default attempts or the job's own."""
+    from backend.store.postgres.jobs import SEND_LANE_STATEMENTS, _send_rows
+
+    lane = Lane(pg_url, "twin", SEND_LANE_STATEMENTS, store._configure)
+    await store.define_queues([QueueSpec("batch", 2, 4, 900.0)], T0, update=True)
+    at = T0.isoformat().encode()
+
+    async def both(queue: str, job: NewJob, limit: int) -> list[tuple[object, ...]]:
+        answers = []
+        for key, twin in (("send_one", queue), ("send", "batch" if queue == "one" else f"{queue}-b")):
+            if key == "send_one":
+                params = [twin.encode(), job.id.encode(), job.payload.encode(), None if job.cron is None else job.cron.encode(),
+                          None if job.attempts is None else b"%d" % job.attempts, job.run_after.isoformat().encode(), at,
+                          b"%d" % limit]  # fmt: skip
+            else:
+                batch = [{"n": 0, "id": job.id + "-b", "payload": job.payload, "key": None, "cron": job.cron,
+                          "attempts": job.attempts, "run_after": job.run_after.isoformat()}]  # fmt: skip
+                params = [twin.encode(), json.dumps(batch).encode(), at, b"%d" % limit]
+            [result] = await lane.call_many([(key, params)])
+            rows = _send_rows(result)
+            answers.append([(row[0].removesuffix("-b") if row[0] else None, *row[1:]) for row in rows])
+        assert answers[0] == answers[1]
+        return answers[0]
+
+    try:
+        assert await lane.open()
+        await store.define_queues([QueueSpec("one", 2, 4, 900.0)], T0, update=True)
+        job = NewJob(ids(), json.dumps({"é": "✓"}), T0, None, cron="*/5 * * * *")
+        assert await both("one", job, 10) == [(job.id, False, True, True, 0, 1, 1)]
+        assert await both("one", job, 10) == [(job.id, False, True, True, 1, 0, 0)]  # sent again: found, not added
+        assert await both("one", job, 1) == [(job.id, False, True, True, 1, 0, 0)]  # at the limit, it is there already
+        other = NewJob(ids(), "7", T0 + timedelta(minutes=1), 9)
+        assert await both("one", other, 1) == [(other.id, False, True, False, 1, 1, 0)]  # a new one does not fit
+        assert await both("one", other, 2) == [(other.id, False, True, True, 1, 1, 1)]
+        lost = NewJob(ids(), "null", T0, None)
+        assert await both("nowhere", lost, 2) == [(lost.id, False, False, False, 0, 1, 0)]
+        for sent in (job, other):
+            mine, twin = await store.get_job(sent.id), await store.get_job(sent.id + "-b")
+            assert mine is not None and twin is not None
+            assert (mine.payload, mine.cron, mine.max_attempts, mine.run_after, mine.created_at) == (
+                twin.payload, twin.cron, twin.max_attempts, twin.run_after, twin.created_at)
+        assert (await store.get_job(job.id)).max_attempts == 4 and (await store.get_job(other.id)).max_attempts == 9  # type: ignore[union-attr]
+    finally:
+        await lane.close()
+
+
+async def test_a_send_of_one_job_without_a_key_goes_by_the_one_jobs_statement(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    used: list[str] = []
+    inner = Lane.start_many
+
+    def spy(self: Lane, calls: Any, then: Any = None) -> Any:
+        used.extend(key for key, _ in calls)
+        return inner(self, calls, then)
+
+    monkeypatch.setattr(Lane, "start_many", spy)
+    assert await store._senders[0].open()
+    await store.send_jobs("mail", [NewJob(ids(), "1", T0, None)], T0)
+    await store.send_jobs("mail", [NewJob(ids(), "1", T0, None, "k")], T0)
+    await store.send_jobs("mail", [NewJob(ids(), "1", T0, None), NewJob(ids(), "2", T0, None)], T0)
+    assert used == ["lock", "send_one", "lock", "send", "lock", "send"]

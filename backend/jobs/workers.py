@@ -11,7 +11,9 @@ batch, not a transaction per job.
 streams (two on PostgreSQL, one on SQLite), each with its own cycles: while one stream's
 cycle is in the database, this process runs the jobs another's brought back. Within a
 stream one cycle claims at a time (two claiming the same queues would race for the same
-seats and rows), and while it does one more may hand in ended attempts.
+seats and rows). Attempts that end while a claim of the stream is on its way wait for it to
+come back and go with the next cycle (one transaction for both); while no claim is, one
+more cycle may hand them in.
 
 The dispatcher claims for a queue when it has room and reason to: a send in this process
 or a notification from another, jobs left over by the last claim, the next known due
@@ -85,7 +87,7 @@ AHEAD_MAX = 256
 
 class _Stream:
     """Some of the queues, with their own cycles (see the module): at most one of its
-    cycles claims at a time, and while it does at most one more, that only hands in."""
+    cycles claims at a time; when none does, at most one more, that only hands in."""
 
     __slots__ = ("claiming", "names", "tokens")
 
@@ -366,9 +368,12 @@ class Workers:
         )
         if serial and stream.tokens:
             return False
-        wanted, ahead = self._wanted(now, stream) if stream.claiming is None else ({}, {})
-        finishing = len(stream.tokens) - (stream.claiming is not None)  # cycles that only hand in
-        if not (wanted or ahead) and finishing:
+        if stream.claiming is not None and not self.stopping:
+            # Attempts that end while a claim is on its way go with the next cycle: one
+            # transaction, not two (the seats they free were not the claim's to take).
+            return False
+        wanted, ahead = self._wanted(now, stream)
+        if not (wanted or ahead) and stream.tokens:
             return False
         if mine:
             batch, self.finishes = self.finishes, []

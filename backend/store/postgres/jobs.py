@@ -20,6 +20,9 @@
   taking right now (``pg_try_advisory_xact_lock`` per seat), so claims never wait on each
   other; one that loses a seat to a claim committed after its snapshot fails on the index
   and is retried.
+* **Cycles** go on a connection kept for them when one is free (:mod:`.lane`: the
+  statements prepared on generic plans, answers read from text, no pool checkout; up to
+  :data:`CYCLE_LANES`), else on the pool.
 * **Sends** are one pipelined round trip each, on a connection kept for sends when one is
   free (:mod:`.lane`: the statements prepared, no pool checkout; up to
   :data:`SEND_LANES`, opened one by one as sends overlap), else on the pool. Far from the 10,000-job limit they share
@@ -52,7 +55,7 @@ from psycopg.pq.abc import PGresult
 from backend.errors import NotFound, Unavailable
 from backend.jobs.definition import MAX_HELD
 from backend.jobs.model import Attempt, Job, JobStatus, NotDead, QueueFull, QueueView, Sent
-from backend.jobs.store import Cycle, Finish, Handover, NewJob, QueueSpec, RunningJob
+from backend.jobs.store import Claimed, Cycle, Finish, Handover, NewJob, QueueSpec, RunningJob
 from backend.store.job_rows import (
     ATTEMPT_FIELDS,
     CLAIMED_FIELDS,
@@ -274,9 +277,11 @@ FINISH_SUCCEEDED = """
 #:
 #: * ``open``: the queues asked for that are not paused and hold no seat above their cap
 #:   (a lowered cap drains first);
-#: * ``seats``: per queue, up to ``n`` free seats, each one no other claim is taking now
-#:   (a transaction-scoped advisory try-lock per seat: evaluated lazily, in a per-instance
-#:   rotation of the seat numbers so that concurrent claimers start apart);
+#: * ``seats``: per queue, up to ``n`` free seats, and no more than it has jobs due, each
+#:   one no other claim is taking now (a transaction-scoped advisory try-lock per seat). A
+#:   seat is looked at only until enough are found, in a per-instance rotation of the seat
+#:   numbers so that concurrent claimers start apart: a claim for one job of a queue of 16
+#:   probes and locks one seat, not 16 (the CASE keeps the lock behind the probe);
 #: * ``picked``: per queue, the oldest due jobs, as many as it got seats and ``r`` more (claimed
 #:   ahead), ``FOR UPDATE SKIP LOCKED``;
 #: * ``claimed``: each picked job running on its seat (one claimed ahead: with none yet, see
@@ -298,13 +303,18 @@ CLAIM = f"""
             SELECT c.seat, c.ord FROM (
                 SELECT g.seat, mod(g.seat + %(spin)s, o.concurrency) AS ord
                 FROM generate_series(1, o.concurrency) AS g(seat)
-                WHERE NOT EXISTS (
-                    SELECT 1 FROM schedtui_jobs r
-                    WHERE r.queue = o.queue AND r.status = 'running' AND r.seat = g.seat)
                 ORDER BY 2 OFFSET 0
             ) c
-            WHERE pg_try_advisory_xact_lock(hashtext('schedtui.jobs.seat:' || o.queue), c.seat)
-            LIMIT o.n
+            WHERE CASE WHEN NOT EXISTS (
+                    SELECT 1 FROM schedtui_jobs r
+                    WHERE r.queue = o.queue AND r.status = 'running' AND r.seat = c.seat)
+                THEN pg_try_advisory_xact_lock(hashtext('schedtui.jobs.seat:' || o.queue), c.seat) END
+            LIMIT least(o.n, (
+                SELECT count(*) FROM (
+                    SELECT FROM schedtui_jobs d
+                    WHERE d.queue = o.queue AND d.status = 'queued' AND d.run_after <= %(now)s
+                    LIMIT o.n
+                ) due))
         ) s
     ),
     picked AS (
@@ -420,10 +430,57 @@ SEND_ON_LANE = (
     SEND.replace("%(queue)s", "$1::text").replace("%(jobs)s", "$2").replace("%(at)s", "$3::timestamptz")
     .replace("%(limit)s", "$4::bigint")
 )  # fmt: skip
+#: SEND for the most common send, one job without a key, on the senders' connections: the
+#: same answer (one row, the same columns) from scalar parameters (queue, id, payload,
+#: cron, attempts, run_after, at, limit), without the batch's record set and the key's
+#: checks: in tests/bench/queue.py's latency run, 87 µs a send on the server against SEND's 138.
+SEND_ONE = """
+    WITH q AS (SELECT attempts FROM schedtui_queues WHERE name = $1::text),
+    held AS (
+        SELECT count(*) AS n FROM schedtui_jobs
+        WHERE queue = $1::text AND status IN ('queued', 'dead') AND NOT deleted
+    ),
+    known AS (SELECT EXISTS (SELECT 1 FROM schedtui_jobs e WHERE e.id = $2::text) AS e),
+    fits AS (
+        SELECT EXISTS (SELECT 1 FROM q)
+            AND (SELECT n FROM held) + CASE WHEN (SELECT e FROM known) THEN 0 ELSE 1 END <= $8::bigint AS ok
+    ),
+    ins AS (
+        INSERT INTO schedtui_jobs (id, queue, status, payload, key, cron, max_attempts, run_after, created_at)
+        SELECT $2::text, $1::text, 'queued', $3::text, NULL, $4::text, coalesce($5::int, q.attempts),
+            $6::timestamptz, $7::timestamptz
+        FROM q WHERE (SELECT ok FROM fits) AND NOT (SELECT e FROM known)
+        ON CONFLICT DO NOTHING
+        RETURNING id
+    )
+    SELECT $2::text, false, EXISTS (SELECT 1 FROM q), (SELECT ok FROM fits), (SELECT n FROM held),
+        CASE WHEN (SELECT e FROM known) THEN 0 ELSE 1 END, (SELECT count(*) FROM ins)
+"""
 #: The statements of the senders' connections (their lock and SEND, pipelined; NOTIFY).
-SEND_LANE_STATEMENTS = {"lock": SEND_LOCK_SHARED, "send": SEND_ON_LANE, "notify": NOTIFY}
+SEND_LANE_STATEMENTS = {"lock": SEND_LOCK_SHARED, "send": SEND_ON_LANE, "send_one": SEND_ONE, "notify": NOTIFY}
 #: Connections kept for sends at most, per process (opened one by one as sends overlap).
 SEND_LANES = 8
+#: The statements of the workers' cycle connections (:mod:`.lane`): a cycle's finishes,
+#: handovers and claim, pipelined as one transaction. Its parameters are typed here: a
+#: lane prepares the statement before it has any.
+CYCLE_LANE_STATEMENTS = {
+    "finish": FINISH.replace("%(finishes)s", "$1"),
+    "succeeded": FINISH_SUCCEEDED.replace("%b", "%s"),
+    "handover": HANDOVER.replace("%b", "%s"),
+    "claim": (
+        CLAIM.replace("%(wanted)s", "$1").replace("%(now)s", "$2::timestamptz").replace("%(instance)s", "$3::text")
+        .replace("%(token)s", "$4::text").replace("%(spin)s", "$5::int")
+    ),
+}  # fmt: skip
+#: Connections kept for cycles at most, per process: one per stream claiming, one more
+#: while a stream's cycle that only hands in overlaps it (see :mod:`backend.jobs.workers`).
+CYCLE_LANES = 3
+#: What a cycle connection sets beyond the pool's: its statements' generic plans. With
+#: custom plans FINISH_SUCCEEDED was planned again at every call (its estimate for an
+#: array parameter of unknown length costs the generic plan above the custom ones): that
+#: planning took more of the server's time than the statement itself. CLAIM runs on its
+#: generic plan either way. The times it answers are read as ISO text.
+CYCLE_CONFIGURE = "SET plan_cache_mode = force_generic_plan; SET DateStyle = 'ISO'"
 
 # ---------------------------------------------------------------------------------------
 
@@ -500,6 +557,24 @@ def _array(values: Sequence[str]) -> bytes:
     return ("{" + ",".join(quoted) + "}").encode()
 
 
+def _send_call(queue: str, jobs: Sequence[NewJob], batch: str, at: datetime) -> tuple[str, list[bytes | None]]:
+    """A shared send on a sender's connection: SEND_ONE for one job without a key, SEND
+    (``batch``, the jobs' record set) otherwise, or where its text cannot go as it is (the
+    record set's JSON escapes it; the server then refuses it with the pool's message)."""
+    limit = b"%d" % (MAX_HELD - _SHARED_ROOM)
+    if len(jobs) == 1 and jobs[0].key is None:
+        job = jobs[0]
+        try:
+            return "send_one", [
+                queue.encode(), job.id.encode(), job.payload.encode(), None if job.cron is None else job.cron.encode(),
+                None if job.attempts is None else b"%d" % job.attempts, job.run_after.isoformat().encode(),
+                at.isoformat().encode(), limit,
+            ]  # fmt: skip
+        except UnicodeEncodeError:
+            pass
+    return "send", [queue.encode(), batch.encode(), at.isoformat().encode(), limit]
+
+
 def _send_rows(result: PGresult) -> list[tuple[Any, ...]]:
     """SEND's rows, from the text a sender's connection got back."""
     rows = []
@@ -510,6 +585,72 @@ def _send_rows(result: PGresult) -> list[tuple[Any, ...]]:
             int(held or 0), int(adding or 0), int(inserted or 0),
         ))  # fmt: skip
     return rows
+
+
+def _lane_finish_calls(finishing: list[tuple[str, Any]]) -> list[tuple[str, list[bytes | None]]]:
+    """:func:`_finish_statements`' statements as a cycle connection's calls (text parameters)."""
+    calls: list[tuple[str, list[bytes | None]]] = []
+    for sql, params in finishing:
+        if sql is FINISH:
+            calls.append(("finish", [params["finishes"].encode()]))
+            continue
+        ids, tries, queues, attempts, started, finished, instances = params
+        calls.append(("succeeded", [
+            _array(ids), _numbers(tries), _array(queues), _numbers(attempts),
+            _array([t.isoformat() for t in started]), _array([t.isoformat() for t in finished]), _array(instances),
+        ]))  # fmt: skip
+    return calls
+
+
+def _numbers(values: Sequence[int]) -> bytes:
+    return ("{" + ",".join(str(int(v)) for v in values) + "}").encode()
+
+
+def _text_time(value: bytes | None) -> datetime | None:
+    """A ``timestamptz`` a cycle connection answered (ISO, in UTC: see CYCLE_CONFIGURE)."""
+    return None if value is None else _utc(datetime.fromisoformat(value.decode()))
+
+
+def _decoded(value: bytes | None) -> str | None:
+    return None if value is None else value.decode()
+
+
+def _ids(result: PGresult) -> set[str]:
+    return {result.get_value(i, 0).decode() for i in range(result.ntuples)}  # type: ignore[union-attr]
+
+
+def _claim_rows(result: PGresult) -> tuple[list[Claimed], dict[str, datetime | None]]:
+    """CLAIM's answer, from the text a cycle connection got back: the jobs claimed and, per
+    queue asked for, its next due time."""
+    claimed: list[Claimed] = []
+    next_at: dict[str, datetime | None] = {}
+    value = result.get_value
+    for i in range(result.ntuples):
+        if value(i, 0) == b"job":
+            created_at, started_at = _text_time(value(i, 9)), _text_time(value(i, 10))
+            assert created_at is not None and started_at is not None
+            seat = value(i, 11)
+            claimed.append(Claimed(
+                value(i, 1).decode(), value(i, 2).decode(), value(i, 3).decode(),  # type: ignore[union-attr]
+                _decoded(value(i, 4)), _decoded(value(i, 5)), int(value(i, 6)), int(value(i, 7)),  # type: ignore[arg-type]
+                int(value(i, 8)), created_at, started_at, None if seat is None else int(seat),  # type: ignore[arg-type]
+            ))  # fmt: skip
+        else:
+            next_at[value(i, 2).decode()] = _text_time(value(i, 10))  # type: ignore[union-attr]
+    return claimed, next_at
+
+
+def _free_lane(lanes: Sequence[Lane]) -> Lane | None:
+    """A connected one of ``lanes`` that is free now, if any; when every connected one is
+    busy, the next one starts connecting (in the background: the pool serves meanwhile)."""
+    for lane in lanes:
+        if lane.connected:
+            if lane.available():
+                return lane
+        else:
+            lane.available()
+            return None
+    return None
 
 
 def _by_id(f: Finish) -> str:
@@ -551,6 +692,7 @@ class PostgresJobs:
 
     _conninfo: str
     _senders: list[Lane]
+    _cyclers: list[Lane]
     _riders: dict[str, list[_Rider]]
     _carrying: set[asyncio.Future[None]]
     _conn_trouble: tuple[str, datetime] | None
@@ -570,18 +712,21 @@ class PostgresJobs:
         the sends first need it: one while sends come one at a time)."""
         return [Lane(self._conninfo, "schedtui_send", SEND_LANE_STATEMENTS, self._configure) for _ in range(SEND_LANES)]
 
+    def _cycle_lanes(self) -> list[Lane]:
+        """The connections kept for the workers' cycles (made when the store opens, each
+        connected when cycles first need it; never in a process that runs no queue)."""
+        return [
+            Lane(self._conninfo, "schedtui_cycle", CYCLE_LANE_STATEMENTS, self._configure_cycle)
+            for _ in range(CYCLE_LANES)
+        ]
+
+    async def _configure_cycle(self, conn: AsyncConnection[Any]) -> None:
+        await self._configure(conn)
+        for statement in CYCLE_CONFIGURE.split(";"):
+            await conn.execute(statement)
+
     def _free_sender(self) -> Lane | None:
-        """A connection kept for sends that is free now, if any; when every connected one
-        is busy, the next one starts connecting (in the background: the pool serves
-        meanwhile)."""
-        for lane in self._senders:
-            if lane.connected:
-                if lane.available():
-                    return lane
-            else:
-                lane.available()
-                return None
-        return None
+        return _free_lane(self._senders)
 
     async def _on_sender(
         self, calls: Sequence[tuple[str, Sequence[bytes | None]]], then: tuple[str, Sequence[bytes | None]] | None = None
@@ -593,12 +738,26 @@ class PostgresJobs:
         if lane is None:
             return None
         try:
-            results = await lane.call_many(calls, then)
-        except LaneFailed:
-            return None  # unknown whether it took effect: a send may run again (see send_jobs)
+            return await self._on_lanes([lane], calls, then)
         finally:
             if self._riders:
                 self._board()
+
+    async def _on_lanes(
+        self,
+        lanes: Sequence[Lane],
+        calls: Sequence[tuple[str, Sequence[bytes | None]]],
+        then: tuple[str, Sequence[bytes | None]] | None = None,
+    ) -> list[PGresult] | None:
+        """Run statements on a free one of ``lanes`` (see :meth:`_on_sender`); ``None``:
+        none was free, or the call failed."""
+        lane = _free_lane(lanes)
+        if lane is None:
+            return None
+        try:
+            results = await lane.call_many(calls, then)
+        except LaneFailed:
+            return None  # unknown whether it took effect: the statements must be safe to run again
         self._conn_trouble = None
         self._store_answered()
         return results
@@ -728,7 +887,7 @@ class PostgresJobs:
             # The wake-up goes in the same round trip, in a transaction of its own after it.
             done = None if alone else await self._on_sender((
                 ("lock", [queue.encode()]),
-                ("send", [queue.encode(), batch.encode(), at.isoformat().encode(), b"%d" % (MAX_HELD - _SHARED_ROOM)]),
+                _send_call(queue, jobs, batch, at),
             ), then=("notify", [_array([queue])]) if wake_later is not None else None)  # fmt: skip
             if done is not None:
                 rows = _send_rows(done[1])
@@ -787,22 +946,66 @@ class PostgresJobs:
             rows = await taken.fetchall() if taken else []
             return applied, moved, rows
 
-        for attempt in range(_SEAT_RETRIES + 1):
-            try:
-                applied, moved, rows = await self._with_conn(cycle)
-                break
-            except psycopg.Error as exc:
-                if attempt == _SEAT_RETRIES or not _retryable(exc):
-                    raise
+        on_lane = await self._cycle_on_lane(finishing, hand_params, claim_params)
+        if on_lane is not None:
+            applied, moved, claimed, next_at = on_lane
+        else:
+            for attempt in range(_SEAT_RETRIES + 1):
+                try:
+                    applied, moved, rows = await self._with_conn(cycle)
+                    break
+                except psycopg.Error as exc:
+                    if attempt == _SEAT_RETRIES or not _retryable(exc):
+                        raise
+            claimed = []
+            next_at = {}
+            for row in rows:
+                if row[0] == "job":
+                    claimed.append(claimed_from_row(row[1:11], _utc, row[11]))
+                else:
+                    next_at[row[2]] = _utc(row[10])
         self.commits += 1
-        claimed = []
-        next_at = {}
-        for row in rows:
-            if row[0] == "job":
-                claimed.append(claimed_from_row(row[1:11], _utc, row[11]))
-            else:
-                next_at[row[2]] = _utc(row[10])
         return Cycle([f.id in applied for f in finishes], claimed, next_at, [h.id in moved for h in handovers])
+
+    async def _cycle_on_lane(
+        self,
+        finishing: list[tuple[str, Any]],
+        hand_params: tuple[list[str], list[int], list[int]] | None,
+        claim_params: dict[str, Any] | None,
+    ) -> tuple[set[str], set[str], list[Claimed], dict[str, datetime | None]] | None:
+        """A cycle on a connection kept for cycles: its finishes, handovers and claim in one
+        round trip (their answers: finishes applied, handovers moved, jobs claimed, next due
+        times); ``None``: none was free, its text could not be sent as it is, or it failed
+        there (a seat lost to a concurrent claim among the reasons): the pool runs it, and
+        tries again where it must (every statement of a cycle may run again)."""
+        if not self._cyclers or _free_lane(self._cyclers) is None:
+            return None
+        try:
+            calls = _lane_finish_calls(finishing)
+            if hand_params is not None:
+                ids, tries, seats = hand_params
+                calls.append(("handover", [_array(ids), _numbers(tries), _numbers(seats)]))
+            if claim_params is not None:
+                calls.append(("claim", [
+                    claim_params["wanted"].encode(), claim_params["now"].isoformat().encode(),
+                    claim_params["instance"].encode(), claim_params["token"].encode(), b"%d" % claim_params["spin"],
+                ]))  # fmt: skip
+        except UnicodeEncodeError:
+            return None  # (text PostgreSQL would refuse: the pool's path says so)
+        results = await self._on_lanes(self._cyclers, calls) if calls else None
+        if results is None:
+            return None
+        applied: set[str] = set()
+        at = 0
+        for _ in range(len(calls) - (hand_params is not None) - (claim_params is not None)):
+            applied |= _ids(results[at])
+            at += 1
+        moved: set[str] = set()
+        if hand_params is not None:
+            moved = _ids(results[at])
+            at += 1
+        claimed, next_at = _claim_rows(results[at]) if claim_params is not None else ([], {})
+        return applied, moved, claimed, next_at
 
     async def finish_jobs(self, finishes: Sequence[Finish]) -> list[bool]:
         if not finishes:

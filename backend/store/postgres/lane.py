@@ -1,5 +1,5 @@
 """A connection of its own for the statements of a hot path (a durable step's checkpoint, a
-job's send).
+job's send, a worker's cycle).
 
 A statement run through the pool pays for a checkout and a return, a cursor, psycopg's
 adaptation of every parameter and its wait on the socket (a reader added and removed, a

@@ -256,6 +256,8 @@ class PostgresStore(
         """The connection kept for durable steps' checkpoints (see :mod:`.lane`), while open."""
         self._senders: list[Lane] = []
         """The connections kept for sends (see :mod:`.jobs`), while open."""
+        self._cyclers: list[Lane] = []
+        """The connections kept for the workers' cycles (see :mod:`.jobs`), while open."""
         self._riders: dict[str, list[_Rider]] = {}
         """Per queue, sends waiting for one of them to go together (see :mod:`.jobs`)."""
         self._carrying: set[asyncio.Future[None]] = set()
@@ -281,10 +283,11 @@ class PostgresStore(
         if self.pooler.transaction:
             # Behind a transaction pooler the connections kept for hot paths would keep
             # statements prepared on a server connection they do not keep: the pool serves.
-            self._checkpoints, self._senders = None, []
+            self._checkpoints, self._senders, self._cyclers = None, [], []
         else:
             self._checkpoints = self._checkpoint_lane()
             self._senders = self._send_lanes()
+            self._cyclers = self._cycle_lanes()
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._wake = asyncio.Event()
@@ -403,8 +406,8 @@ class PostgresStore(
         if self._checkpoints is not None:
             lane, self._checkpoints = self._checkpoints, None
             await lane.close()
-        senders, self._senders = self._senders, []
-        for lane in senders:
+        lanes, self._senders, self._cyclers = self._senders + self._cyclers, [], []
+        for lane in lanes:
             await lane.close()
         if self._pool is not None:
             pool, self._pool = self._pool, None
