@@ -159,3 +159,23 @@ async def test_a_claim_locks_a_seat_per_job_it_can_take_not_per_seat_of_the_queu
     await store.send_jobs("wide", [NewJob(ids(), "1", T0, None) for _ in range(14)], T0)
     assert len((await store.cycle_jobs([], {"wide": 14}, "w-1", "t-1", T0)).claimed) == 14
     assert claim_in_a_transaction(pg_url, "wide", 16, T0) == (2, 2)
+
+
+async def test_when_its_connection_dies_a_cycle_runs_on_the_pool_and_the_connection_comes_back(
+    store: PostgresStore, pg_url: str
+) -> None:
+    sent = await store.send_jobs("lane", [NewJob(ids(), "1", T0, None), NewJob(ids(), "2", T0, None)], T0)
+    store._cyclers = store._cyclers[:1]
+    lane = store._cyclers[0]
+    assert await lane.open()
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (lane.pid,))
+    first = await store.cycle_jobs([], {"lane": 1}, "w-1", "t-1", T0)  # the lane fails: the pool claims
+    assert len(first.claimed) == 1 and not lane.connected
+    assert await lane.open()  # (connected again when next asked, at most every few seconds)
+    calls = lane.calls
+    [claimed] = first.claimed
+    done = Finish(claimed.id, claimed.queue, claimed.tries, "succeeded", claimed.attempt, claimed.started_at, T0, "w-1")
+    second = await store.cycle_jobs([done], {"lane": 1}, "w-1", "t-2", T0)
+    assert second.applied == [True] and len(second.claimed) == 1 and lane.calls == calls + 1
+    assert {c.id for c in first.claimed + second.claimed} == {s.id for s in sent}
