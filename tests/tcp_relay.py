@@ -12,8 +12,11 @@ from __future__ import annotations
 import socket
 import threading
 from types import TracebackType
+from urllib.parse import urlsplit, urlunsplit
 
-__all__ = ["FreezableRelay"]
+from psycopg.conninfo import conninfo_to_dict
+
+__all__ = ["FreezableRelay", "relay_to", "via"]
 
 
 class FreezableRelay:
@@ -86,3 +89,15 @@ class FreezableRelay:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+def relay_to(url: str) -> FreezableRelay:
+    """A relay to the server of ``url`` (see :func:`via`)."""
+    params = conninfo_to_dict(url)
+    return FreezableRelay(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
+
+
+def via(url: str, port: int) -> str:
+    """The same database, reached through a relay listening on ``port``."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}@127.0.0.1:{port}" if parts.username else f"127.0.0.1:{port}"))

@@ -762,3 +762,39 @@ def test_the_sse_parser_reads_events_split_anywhere() -> None:
             ("e-1", "ready", "notify"), ("e-2", "runs", "hourly"), ("e-4", "resync", None),
         ]  # fmt: skip
     assert SseParser().feed(": ping\n\n") == [] and SseParser().feed("retry: 1\n\n") is None
+
+
+@pytest.mark.postgres
+async def test_a_listening_connection_gone_silent_is_given_up_and_listened_on_again(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition leaves the listener's TCP connection open and silent: nothing says it is
+    lost. A question it has not answered by the next check gives it up (the subscribers
+    told the stream is down), and the listener connects again once the path is back."""
+    from backend.store.postgres import events as listening
+    from tests.tcp_relay import relay_to, via
+
+    monkeypatch.setattr(listening, "LISTEN_CHECK", 0.2)
+    with relay_to(pg_url) as relay:
+        listener, sender = open_store(via(pg_url, relay.port)), open_store(pg_url)
+        await listener.open()
+        await sender.open()
+        payloads: asyncio.Queue[str] = asyncio.Queue()
+        states: asyncio.Queue[bool] = asyncio.Queue()
+        events = asyncio.ensure_future(listener.listen_events(payloads.put_nowait, states.put_nowait))  # type: ignore[attr-defined]
+        try:
+            assert await asyncio.wait_for(states.get(), 10) is True
+            await sender.notify_events("before", "before")  # type: ignore[attr-defined]
+            assert await asyncio.wait_for(payloads.get(), 10) == "before"
+            relay.freeze()
+            assert await asyncio.wait_for(states.get(), 10) is False  # (0.4 s: a check, then its question unanswered)
+            relay.thaw()
+            assert await asyncio.wait_for(states.get(), 10) is True
+            await sender.notify_events("after", "after")  # type: ignore[attr-defined]
+            assert await asyncio.wait_for(payloads.get(), 10) == "after"
+        finally:
+            relay.thaw()
+            events.cancel()
+            await asyncio.gather(events, return_exceptions=True)
+            await sender.close()
+            await listener.close()

@@ -19,13 +19,11 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from psycopg.conninfo import conninfo_to_dict
 
 from tests.servers import Server, cli_env, poll, start_server
-from tests.tcp_relay import FreezableRelay
+from tests.tcp_relay import relay_to, via
 from tests.test_jobs_fleet import Fleet, Line
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -108,12 +106,6 @@ def workers(tmp_path: Path, pg_url: str) -> Iterator[Workers]:
     made.kill_all()
 
 
-def via(url: str, port: int) -> str:
-    """The same database, reached through a relay listening on ``port``."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}@127.0.0.1:{port}" if parts.username else f"127.0.0.1:{port}"))
-
-
 def no_overlap(lines: list[Line], job: str, died: dict[int, float] | None = None) -> list[tuple[float, float, int]]:
     """The attempts of ``job`` as (start, end, pid), checked never to overlap. An attempt
     with no end line ran until its process ``died`` (pid -> when), else for ever."""
@@ -127,11 +119,6 @@ def no_overlap(lines: list[Line], job: str, died: dict[int, float] | None = None
     for (_, end, pid), (start, _, other) in zip(spans, spans[1:], strict=False):
         assert end < start, f"job {job}: the attempt on pid {pid} ran until {end}, past the start on pid {other} at {start}"
     return spans
-
-
-def relay_to(url: str) -> FreezableRelay:
-    params = conninfo_to_dict(url)
-    return FreezableRelay(str(params.get("host") or "127.0.0.1"), int(params.get("port") or 5432))
 
 
 # ---------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, pq
 
 from backend.runtime.loops import stop_if_cancelled
 
@@ -189,6 +189,81 @@ class _Listener:
             for _, _, on_state in list(self.subscribers.values()):
                 on_state(up)
 
+    def _dispatch(self, channel: str, payload: str) -> None:
+        for wanted, on_payload, _ in list(self.subscribers.values()):
+            if wanted == channel:
+                on_payload(payload)
+
+    async def _hear(self, conn: AsyncConnection[Any]) -> None:
+        """Until the connection fails (raised) or the task is cancelled: each notification
+        to its subscribers, from the socket's reader, as it arrives.
+
+        The reader stays on the socket for as long as the connection listens, and reads
+        libpq's notifications itself: one callback per arrival, where psycopg's
+        ``notifies()`` would add and remove a reader, and make a future and a timer, for
+        every one (CPU on the path from a send to its job's start). Every
+        :data:`LISTEN_CHECK` seconds without a notification the connection is asked
+        something (:data:`PING`); one that has not answered by the next check is taken for
+        lost (a half-open TCP connection never says so)."""
+        pgconn = conn.pgconn
+        encoding = conn.info.encoding  # (the database's, as psycopg would decode them)
+        loop = asyncio.get_running_loop()
+        fd = pgconn.socket
+        lost: asyncio.Future[BaseException] = loop.create_future()
+        heard = 0  # arrivals (notifications or answers) since the last check
+        asked = False  # a PING not answered yet
+
+        def fail(exc: BaseException) -> None:
+            if not lost.done():
+                lost.set_result(exc)
+
+        def readable() -> None:
+            nonlocal heard, asked
+            try:
+                pgconn.consume_input()
+                if pgconn.status != pq.ConnStatus.OK:
+                    raise psycopg.OperationalError("the connection is closed")
+                while not pgconn.is_busy():
+                    result = pgconn.get_result()
+                    if result is None:
+                        break
+                    if result.status == pq.ExecStatus.FATAL_ERROR:
+                        raise psycopg.OperationalError(result.get_error_message())
+                    asked = False
+                while (notify := pgconn.notifies()) is not None:
+                    heard += 1
+                    self._dispatch(notify.relname.decode(encoding, "replace"), notify.extra.decode(encoding, "replace"))
+            except (psycopg.Error, OSError) as exc:
+                fail(exc)
+
+        def writable() -> None:
+            try:
+                if not pgconn.flush():
+                    loop.remove_writer(fd)
+            except psycopg.Error as exc:
+                loop.remove_writer(fd)
+                fail(exc)
+
+        loop.add_reader(fd, readable)
+        try:
+            readable()  # (what arrived with the LISTEN's answer)
+            while True:
+                stop_if_cancelled()
+                with contextlib.suppress(TimeoutError):
+                    raise await asyncio.wait_for(asyncio.shield(lost), LISTEN_CHECK)
+                if heard:
+                    heard = 0
+                    continue
+                if asked:
+                    raise psycopg.OperationalError(f"no answer in {LISTEN_CHECK:.0f}s")
+                asked = True
+                pgconn.send_query(PING.encode())
+                if pgconn.flush():
+                    loop.add_writer(fd, writable)
+        finally:
+            loop.remove_reader(fd)
+            loop.remove_writer(fd)
+
     async def _run(self) -> None:
         failures = 0
         while True:
@@ -203,13 +278,7 @@ class _Listener:
                     log.info("listening to the other instances again")
                 failures = 0
                 self._state(True)
-                while True:
-                    stop_if_cancelled()
-                    async for notify in conn.notifies(timeout=LISTEN_CHECK):
-                        for channel, on_payload, _ in list(self.subscribers.values()):
-                            if channel == notify.channel:
-                                on_payload(notify.payload)
-                    await conn.execute(PING)  # quiet for a while: is the connection still there?
+                await self._hear(conn)
             except (psycopg.Error, OSError) as exc:
                 self._state(False)
                 failures += 1
