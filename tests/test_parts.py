@@ -239,6 +239,46 @@ async def test_a_loop_is_idle_only_while_parked_with_nothing_due() -> None:
     await loops.cancel_all()
 
 
+async def test_a_park_returns_at_its_time_or_its_wake_and_leaves_no_sleeper_behind() -> None:
+    """Every way a park ends: its wake already set (at once, cleared), set while it waits,
+    its time reached on the clock, and cancelled; none leaves a sleeper on the clock."""
+    clock = ManualClock(T0)
+    loops = Loops(clock)
+    wake = asyncio.Event()
+
+    async def asleep() -> None:
+        while clock.sleepers == 0:
+            await asyncio.sleep(0)
+
+    wake.set()
+    await loops.park("p", T0 + timedelta(seconds=5), wake)
+    assert not wake.is_set() and clock.sleepers == 0
+    parked = asyncio.ensure_future(loops.park("p", T0 + timedelta(seconds=5), wake))
+    await asyncio.wait_for(asleep(), 5)
+    wake.set()
+    await parked
+    assert not wake.is_set() and clock.sleepers == 0
+    for timed, wakes in ((True, wake), (True, None), (False, wake)):
+        until = clock.now() + timedelta(seconds=5) if timed else None
+        parked = asyncio.ensure_future(loops.park("p", until, wakes))
+        await asyncio.sleep(0)
+        assert not parked.done()
+        if until is not None:
+            await asyncio.wait_for(asleep(), 5)
+            clock.advance(5)
+        else:
+            wake.set()
+        await parked
+        assert clock.sleepers == 0
+    parked = asyncio.ensure_future(loops.park("p", clock.now() + timedelta(seconds=5), wake))
+    await asyncio.wait_for(asleep(), 5)
+    parked.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await parked
+    await asyncio.sleep(0)
+    assert clock.sleepers == 0 and not loops._parking["p"].parked
+
+
 async def test_a_loop_whose_work_lost_a_cancellation_still_stops() -> None:
     # A cancellation can be lost inside a loop's work: Python 3.11's asyncio.wait_for drops
     # one that arrives as its inner future finishes (connection pools wait through it), and
