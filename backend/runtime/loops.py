@@ -138,40 +138,22 @@ class Loops:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise asyncio.CancelledError
-        if wake is not None and wake.is_set():
-            # Woken while it worked (a busy loop, most of the time): back at once, without
-            # the two waiters and their tasks (as parked and woken: nothing to tell quiesce).
-            wake.clear()
-            await asyncio.sleep(0)  # (a turn for the others, as a park would give them)
-            return
         state = self._parking.setdefault(name, _Parking())
         state.parked, state.until, state.wake = True, until, wake
         self.poke()
         try:
-            if until is None:
-                if wake is None:
-                    await asyncio.Future()  # until cancelled
-                else:
-                    await wake.wait()
-            else:
-                sleeper = asyncio.ensure_future(self.clock.sleep_until(until))
-                if wake is None:
-                    await sleeper
-                else:
-                    waiter = asyncio.ensure_future(wake.wait())
-                    woken = asyncio.get_running_loop().create_future()
-
-                    def settle(_: asyncio.Future[Any]) -> None:
-                        if not woken.done():
-                            woken.set_result(None)
-
-                    sleeper.add_done_callback(settle)
-                    waiter.add_done_callback(settle)
-                    try:
-                        await woken
-                    finally:
-                        sleeper.cancel()
-                        waiter.cancel()
+            waiters: list[asyncio.Future[Any]] = []
+            if until is not None:
+                waiters.append(asyncio.ensure_future(self.clock.sleep_until(until)))
+            if wake is not None:
+                waiters.append(asyncio.ensure_future(wake.wait()))
+            if not waiters:
+                await asyncio.Future()  # until cancelled
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
             if wake is not None:
                 wake.clear()
         finally:
