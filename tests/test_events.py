@@ -798,3 +798,53 @@ async def test_a_listening_connection_gone_silent_is_given_up_and_listened_on_ag
             await asyncio.gather(events, return_exceptions=True)
             await sender.close()
             await listener.close()
+
+
+@pytest.mark.postgres
+async def test_a_listening_connection_that_fails_lets_go_of_its_socket_before_its_number_is_reused(pg_url: str) -> None:
+    """libpq closes the socket of a connection it finds dead; the next socket opened may get
+    its number. The listener must stop watching that number in the callback that saw the
+    failure, never later, when it may be someone else's (an HTTP client's connection, in
+    the failure this was found by: its reader replaced, the client reset)."""
+    import os
+    import socket as sockets
+
+    listener, probe = open_store(pg_url), None
+    await listener.open()
+    states: asyncio.Queue[bool] = asyncio.Queue()
+    events = asyncio.ensure_future(listener.listen_events(lambda payload: None, states.put_nowait))  # type: ignore[attr-defined]
+    ours, theirs = sockets.socketpair()
+    try:
+        assert await asyncio.wait_for(states.get(), 10) is True
+        fd = listener._listener.fd  # type: ignore[attr-defined]
+        assert fd is not None
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'schedtui-listen'")
+
+        async def closed() -> None:
+            while True:
+                try:
+                    os.fstat(fd)
+                except OSError:
+                    return
+                await asyncio.sleep(0)
+
+        await asyncio.wait_for(closed(), 10)
+        # At once, in the loop turn that saw it closed: the number is someone else's now.
+        os.dup2(ours.fileno(), fd)
+        probe = fd
+        got = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(fd, got.set)  # refused (the stale watch) or undone later, before the fix
+        assert await asyncio.wait_for(states.get(), 10) is False
+        theirs.send(b"x")
+        await asyncio.wait_for(got.wait(), 10)  # still watched: nobody took it away
+    finally:
+        if probe is not None:
+            asyncio.get_running_loop().remove_reader(probe)
+            os.close(probe)
+        ours.close()
+        theirs.close()
+        events.cancel()
+        await asyncio.gather(events, return_exceptions=True)
+        await listener.close()

@@ -158,6 +158,8 @@ class _Listener:
         self.task: asyncio.Task[None] | None = None
         self.up: bool | None = None
         """Whether the connection is up, as last told to the subscribers (``None``: not known yet)."""
+        self.fd: int | None = None
+        """The socket the reader watches, while it does."""
 
     async def subscribe(self, channel: str, on_payload: Callable[[str], None], on_state: Callable[[bool], None]) -> None:
         key = object()
@@ -212,8 +214,21 @@ class _Listener:
         lost: asyncio.Future[BaseException] = loop.create_future()
         heard = 0  # arrivals (notifications or answers) since the last check
         asked = False  # a PING not answered yet
+        watching = True
+
+        def unwatch() -> None:
+            nonlocal watching
+            if watching:
+                watching = False
+                self.fd = None
+                loop.remove_reader(fd)
+                loop.remove_writer(fd)
 
         def fail(exc: BaseException) -> None:
+            # Let go of the socket now, in the callback that saw it fail: libpq may have
+            # closed it already, and its number, once reused by a socket of someone else's,
+            # must not be unwatched later in their place.
+            unwatch()
             if not lost.done():
                 lost.set_result(exc)
 
@@ -241,10 +256,10 @@ class _Listener:
                 if not pgconn.flush():
                     loop.remove_writer(fd)
             except psycopg.Error as exc:
-                loop.remove_writer(fd)
                 fail(exc)
 
         loop.add_reader(fd, readable)
+        self.fd = fd
         try:
             readable()  # (what arrived with the LISTEN's answer)
             while True:
@@ -257,12 +272,16 @@ class _Listener:
                 if asked:
                     raise psycopg.OperationalError(f"no answer in {LISTEN_CHECK:.0f}s")
                 asked = True
-                pgconn.send_query(PING.encode())
-                if pgconn.flush():
+                try:
+                    pgconn.send_query(PING.encode())
+                    unsent = pgconn.flush()
+                except psycopg.Error as exc:
+                    fail(exc)
+                    raise
+                if unsent:
                     loop.add_writer(fd, writable)
         finally:
-            loop.remove_reader(fd)
-            loop.remove_writer(fd)
+            unwatch()
 
     async def _run(self) -> None:
         failures = 0
