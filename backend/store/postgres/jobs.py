@@ -557,9 +557,11 @@ def _array(values: Sequence[str]) -> bytes:
     return ("{" + ",".join(quoted) + "}").encode()
 
 
-def _send_call(queue: str, jobs: Sequence[NewJob], batch: str, at: datetime) -> tuple[str, list[bytes | None]]:
+def _send_call(
+    queue: str, jobs: Sequence[NewJob], batch: Callable[[], str], at: datetime
+) -> tuple[str, list[bytes | None]]:
     """A shared send on a sender's connection: SEND_ONE for one job without a key, SEND
-    (``batch``, the jobs' record set) otherwise, or where its text cannot go as it is (the
+    (``batch()``, the jobs' record set) otherwise, or where its text cannot go as it is (the
     record set's JSON escapes it; the server then refuses it with the pool's message)."""
     limit = b"%d" % (MAX_HELD - _SHARED_ROOM)
     if len(jobs) == 1 and jobs[0].key is None:
@@ -572,7 +574,7 @@ def _send_call(queue: str, jobs: Sequence[NewJob], batch: str, at: datetime) -> 
             ]  # fmt: skip
         except UnicodeEncodeError:
             pass
-    return "send", [queue.encode(), batch.encode(), at.isoformat().encode(), limit]
+    return "send", [queue.encode(), batch().encode(), at.isoformat().encode(), limit]
 
 
 def _send_rows(result: PGresult) -> list[tuple[Any, ...]]:
@@ -869,11 +871,17 @@ class PostgresJobs:
             carried = await self._ride(queue, items, at, wake_later)
             if carried is not None:
                 return carried
-        batch = json.dumps(items, separators=(",", ":"))
+        encoded: list[str] = []
+
+        def batch() -> str:
+            """The jobs' record set as SEND reads it (made once, when a send needs it)."""
+            if not encoded:
+                encoded.append(json.dumps(items, separators=(",", ":")))
+            return encoded[0]
 
         async def send(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
             # While sharing the lock, leave room for the others that share it now.
-            params = {"jobs": batch, "queue": queue, "at": at, "limit": MAX_HELD if alone else MAX_HELD - _SHARED_ROOM}
+            params = {"jobs": batch(), "queue": queue, "at": at, "limit": MAX_HELD if alone else MAX_HELD - _SHARED_ROOM}
             # One round trip: the lock and the send are one implicit transaction (see cycle_jobs).
             async with conn.pipeline():
                 await conn.execute(SEND_LOCK_ALONE if alone else SEND_LOCK_SHARED, (queue,))
