@@ -251,21 +251,28 @@ async def test_the_concurrency_cap_holds_and_a_finished_job_makes_room(make_engi
     assert most == 2 and not running
 
 
+class ShortJobs:
+    """A handler that ends within a cycle (worth claiming ahead for), recording the jobs it
+    ran and the most that ran at once."""
+
+    def __init__(self) -> None:
+        self.running: set[str] = set()
+        self.ran: list[str] = []
+        self.most = 0
+
+    async def __call__(self, job: JobContext) -> None:
+        self.running.add(job.id)
+        self.most = max(self.most, len(self.running))
+        self.ran.append(job.id)
+        await asyncio.sleep(0)
+        self.running.discard(job.id)
+
+
 async def test_short_jobs_claimed_ahead_keep_the_cap_across_workers_and_run_once(
     pg_url: str, make_engine: Callable[..., Engine]
 ) -> None:
-    running: set[str] = set()
-    ran: list[str] = []
-    most = 0
-
-    async def work(job: JobContext) -> None:
-        nonlocal most
-        running.add(job.id)
-        most = max(most, len(running))
-        ran.append(job.id)
-        await asyncio.sleep(0)  # ends within a cycle: worth claiming ahead for
-        running.discard(job.id)
-
+    work = ShortJobs()
+    ran = work.ran
     engines = [make_engine([define_queue(name="mail", handler=work, concurrency=2)], store=pg_url) for _ in range(2)]
     ahead: list[int] = []
     for engine in engines:
@@ -288,13 +295,70 @@ async def test_short_jobs_claimed_ahead_keep_the_cap_across_workers_and_run_once
     for engine in engines:
         await engine.quiesce()
     assert sum(ahead) > 0, "nothing was claimed ahead"
-    assert most <= 2
+    assert work.most <= 2
     assert sorted(ran) == sorted(s.id for s in sent)  # each once
     views = await engines[0].jobs.queue_views()
     assert (views[0].queued, views[0].running) == (0, 0)
     for s_ in sent[:10]:
         attempts = (await engines[0].jobs.get_job(s_.id)).attempts
         assert [a.status for a in attempts] == ["succeeded"]
+
+
+async def test_jobs_claimed_ahead_that_come_back_after_every_attempt_ended_start_on_the_seats_left(
+    pg_url: str, make_engine: Callable[..., Engine]
+) -> None:
+    """A claim ahead is on its way while every attempt of its queue ends (handlers shorter
+    than a cycle): the jobs it brings start on the seats those attempts left, their finishes
+    and the handovers in the next cycle, instead of going back (released) to be claimed
+    again, a round trip each for nothing. The cap holds and each job runs once."""
+    work = ShortJobs()
+    ran = work.ran
+    engine = make_engine([define_queue(name="mail", handler=work, concurrency=2)], store=pg_url)
+    await engine.open()
+    workers_store = engine.jobs.store
+    inner = workers_store.cycle_jobs
+    kinds: list[str] = []
+    handed: list[int] = []
+    brought: list[int] = []
+    hold = asyncio.Event()
+    held = asyncio.Event()
+
+    async def spy(finishes: Any, wanted: Any, *args: Any, **kwargs: Any) -> Any:
+        kinds.extend(f.kind for f in finishes)
+        handed.append(len(kwargs.get("handovers") or ()))
+        workers = engine.jobs.workers
+        assert workers is not None
+        if kwargs.get("ahead") and workers.active["mail"] and not held.is_set():
+            held.set()
+            await hold.wait()  # every attempt of the queue ends meanwhile
+            cycle = await inner(finishes, wanted, *args, **kwargs)
+            brought.append(sum(1 for c in cycle.claimed if c.seat is None))
+            return cycle
+        return await inner(finishes, wanted, *args, **kwargs)
+
+    workers_store.cycle_jobs = spy  # type: ignore[method-assign]
+    sent = await engine.jobs.send_many("mail", [{"payload": i} for i in range(60)])
+    await engine.start()
+    await asyncio.wait_for(held.wait(), 10)  # (the timeouts only bound a broken test)
+    workers = engine.jobs.workers
+    assert workers is not None
+
+    async def until(done: Callable[[], bool]) -> None:
+        while not done():
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(until(lambda: not workers.active["mail"] and bool(workers.finishes)), 10)
+    hold.set()
+    await asyncio.wait_for(until(lambda: len(ran) == 60), 10)
+    await engine.quiesce()
+    assert brought and brought[0] > 0, "the held claim brought nothing ahead"
+    assert "release" not in kinds, "jobs claimed ahead went back to be claimed again"
+    assert sum(handed) > 0
+    assert work.most <= 2
+    assert sorted(ran) == sorted(s.id for s in sent)  # each once
+    assert [(v.queued, v.running) for v in await engine.jobs.queue_views()] == [(0, 0)]
+    for job in sent[:10]:
+        assert [a.status for a in (await engine.jobs.get_job(job.id)).attempts] == ["succeeded"]
 
 
 async def test_queues_on_two_streams_are_claimed_side_by_side(pg_url: str, make_engine: Callable[..., Engine]) -> None:

@@ -32,8 +32,10 @@ seat). Every running handler is on a seat its worker holds in the store, so the 
 fleet-wide; a job claimed ahead is ``running`` under its own fencing token from its
 claim. A stream's cycles go one at a time while a handover of its queues is pending or on
 its way (a finish must reach the store before the handover of its seat). Jobs claimed
-ahead go back (``release``: no attempt used) when their queue has nothing left running to
-hand them a seat, when the lease lapses, and at a stop.
+ahead that come back when every attempt of their queue here ended meanwhile start on the
+seats those attempts left, their finishes not sent yet (one transaction for finish and
+handover again). Jobs claimed ahead go back (``release``: no attempt used) when their
+queue has nothing left running to hand them a seat, when the lease lapses, and at a stop.
 
 **Lanes.** An async job claimed with a seat starts a *lane*, one task that runs it and
 then each job handed its seat, one after another
@@ -104,7 +106,7 @@ class _Stream:
 class JobRun(Invocation):
     """One attempt of one job in this process."""
 
-    __slots__ = ("claimed", "context", "queue", "started_at", "workers")
+    __slots__ = ("claimed", "context", "queue", "spare_seat", "started_at", "workers")
 
     def __init__(self, workers: Workers, queue: Queue, claimed: Claimed, started_at: datetime | None = None) -> None:
         super().__init__("", workers.runtimes[queue.name], queue.name in workers.async_queues)
@@ -114,6 +116,9 @@ class JobRun(Invocation):
         self.started_at = claimed.started_at if started_at is None else started_at
         """When the attempt started: its claim, or (claimed ahead) when it was handed a seat."""
         self.context: JobContext | None = None
+        self.spare_seat: int | None = None
+        """The seat this ended attempt left to nobody, while its finish waits to go (see
+        :meth:`Workers._hand_spare_seats`)."""
 
     captured = True
 
@@ -443,6 +448,8 @@ class Workers:
             if not isinstance(exc, Unavailable):
                 log.exception("a job cycle failed")
             self.outages.trouble("jobs", "store unavailable to the job workers", exc)
+            for _, run in batch:
+                run.spare_seat = None  # (its finish may have been applied: the seat may be free)
             self.finishes[:0] = batch  # handed in again with the next cycle
             self.handovers[:0] = handovers
             self.asked.subtract(wanted)
@@ -483,7 +490,9 @@ class Workers:
             else:
                 self.backlog.discard(name)
             if self.waiting[name] and not self.active[name]:
-                self._release_waiting(name)  # nothing of its queue runs here to hand it a seat
+                self._hand_spare_seats(name)
+                if self.waiting[name] and not self.active[name]:
+                    self._release_waiting(name)  # nothing of its queue runs here to hand it a seat
         self.inflight.pop(token, None)  # after its jobs are in `running`: the sweep sees one or the other
         self.inflight_handovers.pop(token, None)
         stream.tokens.discard(token)
@@ -540,6 +549,33 @@ class Workers:
         self.due.add(name)  # they are due again: claim them (with seats) in the next cycle
         self.wake.set()
 
+    def _hand_spare_seats(self, name: str) -> None:
+        """Jobs of ``name`` claimed ahead came back when nothing of their queue runs here:
+        each starts on the seat of an attempt that ended while they were on their way (its
+        handlers are shorter than a cycle), whose finish has not gone yet. The finish and
+        the handover then go in one transaction, as at a lane's hand-on: the seat is never
+        free in the store in between. Without this they went back (released) and were
+        claimed again, a round trip each for nothing."""
+        if self.stopping or not self.lease.fresh():
+            return
+        waiting = self.waiting[name]
+        now = self.clock.now()
+        for finish, ended in self.finishes:  # (not sent yet: those sent freed their seats)
+            seat = ended.spare_seat
+            if seat is None or finish.queue != name:
+                continue
+            ended.spare_seat = None
+            nxt = waiting.popleft()
+            self.ahead_ids.discard(nxt.id)
+            run = self._take(nxt, seat, now)
+            self.handovers.append((Handover(nxt.id, nxt.tries, seat), run))
+            if run.is_async:
+                self.runner.start_lane(run, run.queue.handler, self._successor, self._lane_lost)
+            else:
+                self._start_thread(run)
+            if not waiting:
+                return
+
     def _hand_seat(self, ended: JobRun, now: datetime, *, hand: bool = True) -> JobRun | None:
         """An attempt ended: its seat goes to the next job of its queue claimed ahead (if
         any, and while this instance may start handlers). That job's run, started here if
@@ -548,6 +584,8 @@ class Workers:
         name = ended.queue.name
         waiting = self.waiting[name]
         if not waiting:
+            if hand:
+                ended.spare_seat = seat
             return None
         if hand and seat is not None and not self.stopping and self.lease.fresh():
             nxt = waiting.popleft()
