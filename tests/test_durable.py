@@ -298,6 +298,81 @@ async def test_a_start_being_inserted_as_its_instance_stops_goes_back_to_the_que
     assert (await b.durable.get(started.id)).output == 1 and CALLS == {"one": 1}
 
 
+async def _one_step(ctx: DurableContext, input: Any) -> Any:
+    return await ctx.step("one", count("one", 1))
+
+
+def _lapse_and_renew(engine: Engine) -> None:
+    """This instance's lease lapses and is renewed: a new epoch (a partition that healed)."""
+    engine.lease.lapse("cut off (test)")
+    engine.lease.renewed(engine.lease.sending())
+    assert not engine.lease.lapsed
+
+
+async def test_an_execution_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_its_way_does_not_run(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The claim commits; its answer comes back after this instance's lease lapsed and was
+    renewed. Another instance may have claimed the execution in between: no step runs
+    here under that claim; the execution is claimed again once its lease has run out."""
+    function = define_durable(name="f", handler=_one_step)
+    a = engines([function], instance="a")
+    await a.open()
+    started = await a.durable.start_execution("f")  # queued: the executor is not running yet
+    store: Any = a.store
+    claim, held, hold = store.durable_claim, asyncio.Event(), asyncio.Event()
+
+    async def late_answer(*args: Any, **kwargs: Any) -> Any:
+        claimed = await claim(*args, **kwargs)
+        if claimed and not held.is_set():
+            held.set()
+            await hold.wait()  # committed; its answer is late
+        return claimed
+
+    store.durable_claim = late_answer
+    await a.start()
+    await asyncio.wait_for(held.wait(), 10)  # (the timeout only bounds a broken test)
+    _lapse_and_renew(a)
+    hold.set()
+    await a.quiesce()
+    assert CALLS == {} and (await a.durable.get(started.id)).status == "running"  # claimed; left to run out
+    clock.advance(timedelta(seconds=31))  # its execution lease (30 s) runs out
+    await a.quiesce()
+    execution = await a.durable.get(started.id)
+    assert (execution.status, execution.output, CALLS) == ("succeeded", 1, {"one": 1})
+
+
+async def test_a_start_claimed_under_a_lease_that_lapsed_while_it_was_inserted_does_not_run_there(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The same for a start that runs where it is made: its insert claims it; the lease
+    lapses and is renewed before the insert's answer is back."""
+    function = define_durable(name="f", handler=_one_step)
+    a = engines([function], instance="a")
+    await a.start()
+    store: Any = a.store
+    insert, held, hold = store.durable_insert, asyncio.Event(), asyncio.Event()
+
+    async def late_answer(*args: Any, **kwargs: Any) -> Any:
+        created = await insert(*args, **kwargs)
+        held.set()
+        await hold.wait()
+        return created
+
+    store.durable_insert = late_answer
+    starting = asyncio.ensure_future(a.durable.start_execution("f"))
+    await asyncio.wait_for(held.wait(), 10)
+    _lapse_and_renew(a)
+    hold.set()
+    started = await starting
+    await a.quiesce()
+    assert CALLS == {} and (await a.durable.get(started.id)).status == "running"
+    clock.advance(timedelta(seconds=31))
+    await a.quiesce()
+    execution = await a.durable.get(started.id)
+    assert (execution.status, execution.output, CALLS) == ("succeeded", 1, {"one": 1})
+
+
 async def test_a_failed_step_retries_after_durable_waits_that_hold_no_worker(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:

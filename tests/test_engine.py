@@ -752,6 +752,48 @@ async def test_a_stop_while_a_claim_is_on_its_way_records_what_it_won_as_missed(
     ]
 
 
+async def test_a_slot_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_its_way_is_missed_not_fired(
+    make_engine, clock: ManualClock
+) -> None:
+    # The claim committed; its answer came back after the lease lapsed and was renewed (a
+    # partition that healed, a frozen process): another instance may have taken the run
+    # over in between, so its handler must not start here under the new epoch.
+    fired: list[datetime] = []
+
+    async def tick(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    engine = make_engine([schedule(name="tick", cron="* * * * * *", handler=tick)], coordination="advisoryLock")
+    await engine.start()
+    await engine.quiesce()
+    committed, answer = asyncio.Event(), asyncio.Event()
+    claim = engine.store.claim
+
+    async def late_answer(*args: Any) -> Any:
+        result = await claim(*args)
+        if not committed.is_set():
+            committed.set()
+            await answer.wait()  # the reply, on its way
+        return result
+
+    engine.store.claim = late_answer  # type: ignore[method-assign]
+    clock.advance(1)
+    await asyncio.wait_for(committed.wait(), 10)  # (the timeout only bounds a broken test)
+    engine.lease.lapse("cut off (test)")
+    engine.lease.renewed(engine.lease.sending())
+    answer.set()
+    await engine.quiesce()
+    slot = at("2026-03-02T08:00:01Z")
+    runs = [r for r in await all_runs(engine, "tick") if r.scheduled_at == slot]
+    assert [(r.status, r.error_message) for r in runs] == [
+        ("missed", "not fired: this instance's lease lapsed while this slot was being claimed")
+    ]
+    assert slot not in fired
+    clock.advance(1)  # the next slot fires as usual
+    await engine.quiesce()
+    assert fired[-1] == at("2026-03-02T08:00:02Z")
+
+
 async def test_catch_ups_overlapping_after_pauses_never_fire_a_slot_twice(make_engine, clock: ManualClock) -> None:
     """Found by the state machine: paused during a catch-up, a schedule is armed again and
     may start another catch-up while the first still runs. One that ended while a newer

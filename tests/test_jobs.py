@@ -361,6 +361,57 @@ async def test_jobs_claimed_ahead_that_come_back_after_every_attempt_ended_start
         assert [a.status for a in (await engine.jobs.get_job(job.id)).attempts] == ["succeeded"]
 
 
+async def test_jobs_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_its_way_never_start(
+    pg_url: str, make_engine: Callable[..., Engine]
+) -> None:
+    """A claim commits, then its answer is held up (a partition that heals, a process
+    frozen meanwhile) while this instance's lease lapses and is renewed: another instance
+    may have taken those jobs over in between, so they must not start here under the new
+    epoch. They go back untouched and run once, claimed again."""
+    fences: list[tuple[str, int]] = []
+
+    async def work(job: JobContext) -> None:
+        fences.append((job.id, job.fence))
+
+    engine = make_engine([define_queue(name="mail", handler=work, concurrency=4)], store=pg_url)
+    await engine.open()
+    workers_store = engine.jobs.store
+    inner = workers_store.cycle_jobs
+    kinds: list[str] = []
+    hold = asyncio.Event()
+    held = asyncio.Event()
+
+    async def spy(finishes: Any, wanted: Any, *args: Any, **kwargs: Any) -> Any:
+        kinds.extend(f.kind for f in finishes)
+        cycle = await inner(finishes, wanted, *args, **kwargs)
+        if cycle.claimed and not held.is_set():
+            held.set()
+            await hold.wait()  # committed; its answer is late
+        return cycle
+
+    workers_store.cycle_jobs = spy  # type: ignore[method-assign]
+    sent = await engine.jobs.send_many("mail", [{"payload": i} for i in range(3)])
+    await engine.start()
+    await asyncio.wait_for(held.wait(), 10)  # (the timeouts only bound a broken test)
+    engine.lease.lapse("cut off (test)")
+    engine.lease.renewed(engine.lease.sending())
+    assert not engine.lease.lapsed
+    hold.set()
+
+    async def until_ran() -> None:
+        while len(fences) < 3:
+            await engine.quiesce(runs=False)
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(until_ran(), 10)
+    await engine.quiesce()
+    assert sorted(fences) == sorted((s_.id, 2) for s_ in sent), "a job started under the lapsed claim"
+    assert kinds.count("release") == 3
+    for job in sent:
+        assert [(a.attempt, a.status) for a in (await engine.jobs.get_job(job.id)).attempts] == [(1, "succeeded")]
+    assert [(v.queued, v.running) for v in await engine.jobs.queue_views()] == [(0, 0)]
+
+
 async def test_queues_on_two_streams_are_claimed_side_by_side(pg_url: str, make_engine: Callable[..., Engine]) -> None:
     """A stream's cycle on its way holds back neither the other stream's claims nor the
     jobs they bring; each queue keeps its cap, and every job runs once."""

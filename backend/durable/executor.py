@@ -144,13 +144,29 @@ class DurableExecutor:
         if self.stopping or not self.shared.registry.lease.fresh():
             return False  # (woken when the lease is renewed)
         limit = min(free, CLAIM_BATCH)
+        lease = self.shared.registry.lease
+        epoch = lease.epoch
         claimed = await self.store.durable_claim(self.instance, list(self.functions), now, now + self.lease_ttl, limit)
+        if claimed and not lease.holds(epoch):
+            self._not_run(len(claimed))
+            return False
         for one in claimed:
             self._launch(one)
         self._short = len(claimed) == free
         return len(claimed) == limit
 
     # -- executions started here ------------------------------------------------------
+    def _not_run(self, count: int) -> None:
+        """Executions claimed under an epoch of this instance's lease that lapsed while the
+        answer was on its way (a partition that healed, a process frozen meanwhile): another
+        instance may have claimed them since, so none runs here; each is claimed again, here
+        or elsewhere, once its execution lease has run out."""
+        log.warning(
+            "%d durable execution(s) claimed while this instance's lease lapsed are not run here: "
+            "they are claimed again once their lease runs out (%gs)",
+            count, self.lease_ttl.total_seconds(),
+        )  # fmt: skip
+
     def reserve(self, function: str, now: datetime) -> datetime | None:
         """An execution of ``function`` is being started in this process: if this instance
         runs that function and has room, hold a place for it and return the end of the
@@ -174,11 +190,15 @@ class DurableExecutor:
         if not self._reserved:
             self._unreserved.set()
 
-    def launch_new(self, new: NewExecution) -> None:
+    def launch_new(self, new: NewExecution, epoch: int) -> None:
         """Run an execution inserted claimed by this instance (see :meth:`reserve`), as a
         claim of it would have: lease 1, no steps, no signals; the insert wrote the first
-        line of its log (:func:`~.run.started_on`)."""
+        line of its log (:func:`~.run.started_on`). ``epoch``: that of this instance's lease
+        when it was reserved (the insert claims under it)."""
         self.unreserve()
+        if not self.shared.registry.lease.holds(epoch):
+            self._not_run(1)
+            return
         row = ExecutionRow(new.id, new.function, new.input, new.created_at, 1, False, new.schedule, new.scheduled_at,
                            "queued", None)  # fmt: skip
         run = self._launch(Claimed(row, [], {}), start_logged=True)

@@ -133,6 +133,7 @@ class Durable:
         # An operator's start is audited (a schedule's slot is in the run ledger): the entry
         # is written with the execution, in its statement.
         audit = None if schedule is not None else self.shared.audit.entry("durable.start", execution_id, {"function": name})
+        epoch = self.shared.registry.lease.epoch  # (what the insert claims, it claims under this epoch)
         lease_until = self.executor.reserve(name, now)  # run here at once, if this instance may
         claim = None if lease_until is None else (self.shared.instance, lease_until)
         log = None if claim is None else started_on(self.shared.instance)
@@ -144,7 +145,7 @@ class Durable:
             raise
         if claim is not None:
             if created:
-                self.executor.launch_new(new)
+                self.executor.launch_new(new, epoch)
             else:
                 self.executor.unreserve()
         if created:

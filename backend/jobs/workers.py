@@ -427,7 +427,8 @@ class Workers:
             self.ended_since[name] = 0
             if self.room(queue) <= 0:
                 self.due.discard(name)  # all its room is asked for; a later reason sets it again
-        self.loops.spawn(self._cycle(stream, token, batch, handovers, wanted, ahead, now), "jobs cycle")
+        epoch = self.lease.epoch  # (what it claims is claimed under this epoch of the lease)
+        self.loops.spawn(self._cycle(stream, token, batch, handovers, wanted, ahead, now, epoch), "jobs cycle")
 
     async def _cycle(
         self,
@@ -438,6 +439,7 @@ class Workers:
         wanted: dict[str, int],
         ahead: dict[str, int],
         now: datetime,
+        epoch: int,
     ) -> None:
         try:
             cycle = await self.store.cycle_jobs(
@@ -471,8 +473,12 @@ class Workers:
                 # The attempt whose seat it took was closed elsewhere: the seat is not ours.
                 message = f"stopped: seat {handover.seat} it started on was taken over (this instance's lease lapsed)"
                 self.runner.stop_call(run, Outcome("failed", self.clock.now(), TAG_LEASE_LOST, message))
+        claimed_jobs = cycle.claimed
+        if claimed_jobs and not self.lease.holds(epoch):
+            self._release_stale(claimed_jobs)
+            claimed_jobs = []
         got: Counter[str] = Counter()
-        for claimed in cycle.claimed:
+        for claimed in claimed_jobs:
             got[claimed.queue] += 1
             if claimed.seat is None:
                 self.waiting[claimed.queue].append(claimed)
@@ -537,6 +543,22 @@ class Workers:
         """A lane was cancelled from elsewhere: its seat is handed to nobody."""
         assert isinstance(held, JobRun)
         self._hand_seat(held, self.clock.now(), hand=False)
+
+    def _release_stale(self, claimed: list[Claimed]) -> None:
+        """Jobs a cycle claimed under an epoch of the lease that lapsed while its answer was
+        on its way (a partition that healed, a process frozen meanwhile): another instance
+        may have taken them over since, so none starts here; they go back untouched (each
+        release applies only while the job is still this claim's)."""
+        now = self.clock.now()
+        log.warning(
+            "%d job(s) claimed while this instance's lease lapsed are not started here: they go back to their queue",
+            len(claimed),
+        )
+        for c in claimed:
+            finish = Finish(c.id, c.queue, c.tries, "release", c.attempt, c.started_at, now, self.instance)
+            self.finishes.append((finish, JobRun(self, self.queues[c.queue], c)))
+            self.due.add(c.queue)
+        self.wake.set()
 
     def _release_waiting(self, name: str) -> None:
         """Jobs of ``name`` claimed ahead go back untouched (no attempt used)."""

@@ -194,6 +194,7 @@ class SlotClaims:
         if not in_store and not self.fires():
             return [], {}  # the fleet's own mode fires them (external fires dedupe in the store whatever the mode)
         claims = self.make_claims(slots, now, in_store=in_store)
+        epoch = self.lease.epoch
         try:
             self._check_lease()
             result = await self._send(claims, now, in_store=in_store)
@@ -205,6 +206,12 @@ class SlotClaims:
             return [], {}
         self.outages.back(self.lost_count)
         won = result.won
+        if won and not self.lease.holds(epoch):
+            # Its answer came back after the lease lapsed (a partition that healed, a process
+            # frozen meanwhile): another instance may have taken these runs over since.
+            self.claimed.difference_update(claim.run_id for claim in claims)
+            self._record_missed(claims, result, "this instance's lease lapsed while this slot was being claimed")
+            return [], result.busy
         owned = [(schedule, slot, claim.run_id) for (schedule, slot), claim in zip(slots, claims, strict=False) if claim.key in won]
         return owned, result.busy
 
@@ -264,7 +271,7 @@ class SlotClaims:
             # won as missed (the engine stopped before firing it).
             self.claimed.difference_update(proposed)
             with contextlib.suppress(Exception):
-                self._missed_on_stop(claims, await sending)
+                self._record_missed(claims, await sending, "the engine stopped while this slot was being claimed")
             raise
         except BaseException:
             self.claimed.difference_update(proposed)  # the callers remember what may be ours
@@ -272,12 +279,14 @@ class SlotClaims:
         self.claimed.difference_update(claim.run_id for claim in claims if claim.key not in result.won)
         return result
 
-    def _missed_on_stop(self, claims: Sequence[Claim], result: ClaimResult) -> None:
+    def _record_missed(self, claims: Sequence[Claim], result: ClaimResult, why: str) -> None:
+        """The slots a claim won that are not fired after all: recorded ``missed``."""
         for claim in claims:
             schedule = self.schedules.get(claim.name)
             if claim.key in result.won and schedule is not None and claim.scheduled_at is not None:
-                why = "not fired: the engine stopped while this slot was being claimed"
-                self.launcher.record_missed(schedule, claim.scheduled_at, claim.trigger, claim.outcome, why, claim.run_id)
+                self.launcher.record_missed(
+                    schedule, claim.scheduled_at, claim.trigger, claim.outcome, f"not fired: {why}", claim.run_id
+                )
 
     def _remember_lost(self, schedule: Schedule, slot: datetime, run_id: str) -> None:
         lost = self.lost[schedule.name]
