@@ -22,6 +22,7 @@ from backend.definitions import discover_definitions
 from backend.durable import DurableContext, Retry, StepFailed, define_durable, execution_id_for_slot
 from backend.durable.store import DurableStore, Finish, NewExecution, Progress, StepRecord, Write
 from tests.durable_helpers import crash, durable_url, engines  # noqa: F401 - fixtures
+from tests.late_answers import LateAnswer, lapse_and_renew
 from tests.odd_exceptions import ODD_EXCEPTIONS, StrRaises, tag_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -302,13 +303,6 @@ async def _one_step(ctx: DurableContext, input: Any) -> Any:
     return await ctx.step("one", count("one", 1))
 
 
-def _lapse_and_renew(engine: Engine) -> None:
-    """This instance's lease lapses and is renewed: a new epoch (a partition that healed)."""
-    engine.lease.lapse("cut off (test)")
-    engine.lease.renewed(engine.lease.sending())
-    assert not engine.lease.lapsed
-
-
 async def test_an_execution_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_its_way_does_not_run(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:
@@ -320,20 +314,11 @@ async def test_an_execution_claimed_under_a_lease_that_lapsed_while_the_answer_w
     await a.open()
     started = await a.durable.start_execution("f")  # queued: the executor is not running yet
     store: Any = a.store
-    claim, held, hold = store.durable_claim, asyncio.Event(), asyncio.Event()
-
-    async def late_answer(*args: Any, **kwargs: Any) -> Any:
-        claimed = await claim(*args, **kwargs)
-        if claimed and not held.is_set():
-            held.set()
-            await hold.wait()  # committed; its answer is late
-        return claimed
-
-    store.durable_claim = late_answer
+    store.durable_claim = late = LateAnswer(store.durable_claim, bool)
     await a.start()
-    await asyncio.wait_for(held.wait(), 10)  # (the timeout only bounds a broken test)
-    _lapse_and_renew(a)
-    hold.set()
+    await late.committed()
+    lapse_and_renew(a)
+    late.let_go()
     await a.quiesce()
     assert CALLS == {} and (await a.durable.get(started.id)).status == "running"  # claimed; left to run out
     clock.advance(timedelta(seconds=31))  # its execution lease (30 s) runs out
@@ -351,19 +336,11 @@ async def test_a_start_claimed_under_a_lease_that_lapsed_while_it_was_inserted_d
     a = engines([function], instance="a")
     await a.start()
     store: Any = a.store
-    insert, held, hold = store.durable_insert, asyncio.Event(), asyncio.Event()
-
-    async def late_answer(*args: Any, **kwargs: Any) -> Any:
-        created = await insert(*args, **kwargs)
-        held.set()
-        await hold.wait()
-        return created
-
-    store.durable_insert = late_answer
+    store.durable_insert = late = LateAnswer(store.durable_insert)
     starting = asyncio.ensure_future(a.durable.start_execution("f"))
-    await asyncio.wait_for(held.wait(), 10)
-    _lapse_and_renew(a)
-    hold.set()
+    await late.committed()
+    lapse_and_renew(a)
+    late.let_go()
     started = await starting
     await a.quiesce()
     assert CALLS == {} and (await a.durable.get(started.id)).status == "running"

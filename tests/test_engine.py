@@ -23,6 +23,7 @@ from backend import (
 from backend.model import Run
 from backend.store import open_store
 from tests.conftest import all_runs, expect
+from tests.late_answers import LateAnswer, lapse_and_renew
 
 UTC = UTC
 
@@ -724,22 +725,13 @@ async def test_a_stop_while_a_claim_is_on_its_way_records_what_it_won_as_missed(
     engine = make_engine([schedule(name="tick", cron="* * * * * *")], coordination="advisoryLock")
     await engine.start()
     await engine.quiesce()
-    committed, answer = asyncio.Event(), asyncio.Event()
-    claim = engine.store.claim
-
-    async def slow_answer(*args: Any) -> Any:
-        result = await claim(*args)
-        committed.set()
-        await answer.wait()  # the reply, on its way
-        return result
-
-    engine.store.claim = slow_answer  # type: ignore[method-assign]
+    engine.store.claim = late = LateAnswer(engine.store.claim)  # type: ignore[method-assign]
     clock.advance(1)
-    await committed.wait()
+    await late.committed()
     stopping = asyncio.ensure_future(engine.stop(0))
     while not any(task.cancelling() for task in engine.loops.tasks):
         await asyncio.sleep(0)  # until the stop has asked its loops to stop
-    answer.set()
+    late.let_go()
     await stopping
     store = open_store(store_url)
     await store.open()
@@ -766,22 +758,11 @@ async def test_a_slot_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_
     engine = make_engine([schedule(name="tick", cron="* * * * * *", handler=tick)], coordination="advisoryLock")
     await engine.start()
     await engine.quiesce()
-    committed, answer = asyncio.Event(), asyncio.Event()
-    claim = engine.store.claim
-
-    async def late_answer(*args: Any) -> Any:
-        result = await claim(*args)
-        if not committed.is_set():
-            committed.set()
-            await answer.wait()  # the reply, on its way
-        return result
-
-    engine.store.claim = late_answer  # type: ignore[method-assign]
+    engine.store.claim = late = LateAnswer(engine.store.claim)  # type: ignore[method-assign]
     clock.advance(1)
-    await asyncio.wait_for(committed.wait(), 10)  # (the timeout only bounds a broken test)
-    engine.lease.lapse("cut off (test)")
-    engine.lease.renewed(engine.lease.sending())
-    answer.set()
+    await late.committed()
+    lapse_and_renew(engine)
+    late.let_go()
     await engine.quiesce()
     slot = at("2026-03-02T08:00:01Z")
     runs = [r for r in await all_runs(engine, "tick") if r.scheduled_at == slot]

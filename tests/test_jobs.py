@@ -32,6 +32,7 @@ from backend import (
 from backend.jobs.definition import backoff, check_send
 from backend.jobs.model import NotDead, job_context
 from tests.conftest import expect
+from tests.late_answers import LateAnswer, lapse_and_renew
 from tests.odd_exceptions import ODD_EXCEPTIONS, tag_of
 
 UTC = UTC
@@ -376,27 +377,19 @@ async def test_jobs_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_it
     engine = make_engine([define_queue(name="mail", handler=work, concurrency=4)], store=pg_url)
     await engine.open()
     workers_store = engine.jobs.store
-    inner = workers_store.cycle_jobs
+    late = LateAnswer(workers_store.cycle_jobs, lambda cycle: bool(cycle.claimed))
     kinds: list[str] = []
-    hold = asyncio.Event()
-    held = asyncio.Event()
 
-    async def spy(finishes: Any, wanted: Any, *args: Any, **kwargs: Any) -> Any:
+    async def spy(finishes: Any, *args: Any, **kwargs: Any) -> Any:
         kinds.extend(f.kind for f in finishes)
-        cycle = await inner(finishes, wanted, *args, **kwargs)
-        if cycle.claimed and not held.is_set():
-            held.set()
-            await hold.wait()  # committed; its answer is late
-        return cycle
+        return await late(finishes, *args, **kwargs)
 
     workers_store.cycle_jobs = spy  # type: ignore[method-assign]
     sent = await engine.jobs.send_many("mail", [{"payload": i} for i in range(3)])
     await engine.start()
-    await asyncio.wait_for(held.wait(), 10)  # (the timeouts only bound a broken test)
-    engine.lease.lapse("cut off (test)")
-    engine.lease.renewed(engine.lease.sending())
-    assert not engine.lease.lapsed
-    hold.set()
+    await late.committed()
+    lapse_and_renew(engine)
+    late.let_go()
 
     async def until_ran() -> None:
         while len(fences) < 3:

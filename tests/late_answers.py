@@ -1,0 +1,42 @@
+"""A store call whose answer is late, and a lease that lapses meanwhile: the fault of a
+partition that heals (or a process frozen) while a claim's answer is on its way."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from backend import Engine
+
+
+class LateAnswer:
+    """Wraps an async store call: the first call whose result ``matches`` goes through (it
+    commits), then its answer waits until :meth:`let_go`; every other call goes through."""
+
+    def __init__(self, call: Callable[..., Awaitable[Any]], matches: Callable[[Any], bool] = lambda _: True) -> None:
+        self.call = call
+        self.matches = matches
+        self.held = asyncio.Event()
+        """Set once a call has committed and its answer waits."""
+        self._hold = asyncio.Event()
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.call(*args, **kwargs)
+        if not self.held.is_set() and self.matches(result):
+            self.held.set()
+            await self._hold.wait()
+        return result
+
+    async def committed(self) -> None:
+        await asyncio.wait_for(self.held.wait(), 10)  # (the timeout only bounds a broken test)
+
+    def let_go(self) -> None:
+        self._hold.set()
+
+
+def lapse_and_renew(engine: Engine) -> None:
+    """The instance's lease lapses and is renewed: a new epoch (a partition that healed)."""
+    engine.lease.lapse("cut off (test)")
+    engine.lease.renewed(engine.lease.sending())
+    assert not engine.lease.lapsed
