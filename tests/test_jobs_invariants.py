@@ -8,7 +8,9 @@ is written) to start a fresh one. The faults of the liveness model too: handlers
 outlive their deadline (a sync one on its thread, an async one that ignores its
 cancellation), a partition of one worker (its store calls fail: its lease lapses and it
 stops its work, or ends its process when it cannot; the others take its jobs over after
-the window; it may come back), an outage of the store longer than the window for every
+the window; it may come back), a partition that begins just after a worker's claim
+committed, its answer arriving after the partition healed (before or after a heartbeat
+renewed the lease), an outage of the store longer than the window for every
 worker at once, instances in different PID namespaces of one host
 (simulated: each records a namespace of its own and a pid that is dead here), and wall
 clocks that step (NTP, a VM restored) while the lease clock does not, against a database
@@ -91,6 +93,15 @@ class CutStore:
         self.inner = inner
         self.server = server
         self.cut = False
+        self.cut_after_claim = False
+        """The next claim commits, then the partition begins: its answer is on its way
+        until :meth:`answers_arrive` (after the partition healed, or not)."""
+        self.late: dict[str, asyncio.Event] = {}
+        """The cycles (by token) whose answers are on their way."""
+
+    def answers_arrive(self) -> None:
+        for arrived in self.late.values():
+            arrived.set()
 
     async def server_clock(self) -> datetime:
         if self.cut:
@@ -105,7 +116,17 @@ class CutStore:
         async def call(*args: Any, **kwargs: Any) -> Any:
             if self.cut:
                 raise Unavailable("cut off from the store (test)")
-            return await value(*args, **kwargs)
+            result = await value(*args, **kwargs)
+            if name == "cycle_jobs" and self.cut_after_claim and getattr(result, "claimed", None):
+                self.cut_after_claim = False
+                self.cut = True
+                token = args[3]
+                arrived = self.late[token] = asyncio.Event()
+                try:
+                    await arrived.wait()
+                finally:
+                    self.late.pop(token, None)
+            return result
 
         return call
 
@@ -236,10 +257,13 @@ class QueueMachine(RuleBasedStateMachine):
         itself and is not replaced yet."""
         if self.ended & set(self.engines):
             return True
-        for engine in self.engines.values():
+        for name, engine in self.engines.items():
             workers = engine.jobs.workers
             assert workers is not None
-            if workers.inflight or any(run.context is None and not run.done for run in workers.running.values()):
+            late = self.stores[name].late  # (answers on their way until a step lets them arrive)
+            if any(token not in late for token in workers.inflight) or any(
+                run.context is None and not run.done for run in workers.running.values()
+            ):
                 return True
         return any(live.result.done() or live.told.is_set() for live in self.live.values())
 
@@ -361,6 +385,33 @@ class QueueMachine(RuleBasedStateMachine):
         for _ in range(seconds // 10):
             self.advance(10)
         self.advance(seconds % 10 or 1)
+
+    @rule(pick=st.integers(0, 9), seconds=st.sampled_from([25, 40, 70]), renewed=st.booleans())
+    def partition_with_a_claim_on_its_way(self, pick: int, seconds: int, renewed: bool) -> None:
+        """A partition begins just after one worker's claim committed (if it claims: a job
+        is sent for it), and its answer is still on its way when the partition heals: it
+        arrives before or after a heartbeat renewed the lease that lapsed meanwhile. What it
+        claimed, the others may have taken over since: it must start none of it."""
+        engine = self.any_engine(pick)
+        if sum(1 for store in self.stores.values() if not store.cut) > 1:
+            self.stores[engine.instance].cut_after_claim = True
+        self.send(pick, "q", None, 2, 0, False)
+        for _ in range(seconds // 10):
+            self.advance(10)
+        self.advance(seconds % 10 or 1)
+        store = self.stores.get(engine.instance)
+        if store is not None:
+            store.cut = store.cut_after_claim = False
+            if renewed:
+                self.advance(6)  # a heartbeat (every 5 s) renews the lease
+            store.answers_arrive()
+        self.run(self.settle())
+
+    @rule()
+    def late_answers_arrive(self) -> None:
+        for store in self.stores.values():
+            store.answers_arrive()
+        self.run(self.settle())
 
     @rule(seconds=st.sampled_from([25, 45]))
     def store_outage(self, seconds: int) -> None:
