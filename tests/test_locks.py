@@ -231,6 +231,31 @@ async def test_a_lease_that_cannot_be_renewed_is_lost_at_its_deadline_and_async_
     assert isinstance(result.error, LeaseLost) and "not renewed before it expired" in str(result.error)
 
 
+async def test_a_lock_whose_answer_comes_after_its_ttl_ran_out_is_not_taken_and_no_work_runs(
+    clock: ManualClock, engines: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store took the lock, but its answer came back after the ttl (a partition that
+    healed, a process frozen meanwhile): another holder may have it by now."""
+    engine, other = engines(), engines()
+    await engine.open()
+    await other.open()
+    acquire = engine.store.acquire_lock  # type: ignore[attr-defined]
+
+    async def late_answer(*args: Any) -> Any:
+        lock = await acquire(*args)
+        clock.advance(31)  # the answer, on its way past the ttl
+        return lock
+
+    monkeypatch.setattr(engine.store, "acquire_lock", late_answer)
+    ran: list[str] = []
+    result = await engine.locks.with_lock("rollup", lambda lease: ran.append("ran"), ttl=30)
+    assert not result.acquired and ran == []
+    assert (await engine.store.get_lock("rollup")).holder is None  # type: ignore[attr-defined]
+    monkeypatch.undo()
+    taken = await other.locks.acquire("rollup", ttl=30)
+    assert taken is not None and taken.held
+
+
 async def test_a_lease_taken_from_its_holder_is_lost_at_the_next_renewal(clock: ManualClock, engines: Callable[..., Engine]) -> None:
     holder, operator = engines(), engines()
     await holder.open()

@@ -135,6 +135,13 @@ class Locks:
         if lock is None:
             return None
         lease = Lease(self, lock, span, asked_at)
+        if self.clock.now() >= lease.deadline:
+            # Its answer came back after the lease it gives would have run out (a partition
+            # that healed, a process frozen meanwhile): another holder may have it since.
+            log.warning('lock "%s" (token %d): the answer came after its ttl had run out; not taken',
+                        name, lease.token)  # fmt: skip
+            await self.release_lease(lease)
+            return None
         self._leases.add(lease)
         self.events.publish("locks", name)
         self._spawn(self._keep(lease), f"lease {name}#{lease.token}")
