@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from backend import BadInput, DefinitionError, Engine, ManualClock, NotFound, Refused, define_schedule
+from backend import BadInput, DefinitionError, Engine, ManualClock, NotFound, Refused, Unavailable, define_schedule
 from backend.definitions import discover_definitions
 from backend.durable import DurableContext, Retry, StepFailed, define_durable, execution_id_for_slot
 from backend.durable.store import DurableStore, Finish, NewExecution, Progress, StepRecord, Write
@@ -348,6 +348,95 @@ async def test_a_start_claimed_under_a_lease_that_lapsed_while_it_was_inserted_d
     await a.quiesce()
     execution = await a.durable.get(started.id)
     assert (execution.status, execution.output, CALLS) == ("succeeded", 1, {"one": 1})
+
+
+async def _two_steps_with_a_gate(ctx: DurableContext, gate: Any) -> Any:
+    await ctx.step("one", count("one", 1))
+    reached, open_ = GATES[gate]
+    reached.set()  # (step one is checkpointed)
+    await open_.wait()  # its code between two steps, slow
+    return await ctx.step("two", count("two", 2))
+
+
+GATES: dict[str, tuple[asyncio.Event, asyncio.Event]] = {}
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    async def wait() -> None:
+        while not done():
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(wait(), 10)  # (the timeout only bounds a broken test)
+
+
+@pytest.mark.parametrize("stuck", [False, True], ids=["renewals-fail", "renewal-hangs"])
+async def test_a_run_whose_lease_was_not_renewed_in_time_starts_no_step_after_it_may_have_run_out(
+    engines: Callable[..., Engine], clock: ManualClock, stuck: bool
+) -> None:
+    """The instance is alive (its heartbeat renews its own lease) but the execution's lease
+    is not renewed: the renewal fails, or hangs (a slow store). Past the lease, less the
+    margin for the others' clocks, another instance may claim it: no step starts here; it
+    is claimed again once its lease has run out, and each step runs once."""
+    GATES["g"] = reached, gate = asyncio.Event(), asyncio.Event()
+    a = engines([define_durable(name="f", handler=_two_steps_with_a_gate)], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("f", "g")
+    await asyncio.wait_for(reached.wait(), 10)  # (the timeouts only bound a broken test)
+    store: Any = a.store
+    renew, hang = store.durable_renew, asyncio.Event()
+    tries: list[str] = []
+
+    async def not_renewed(*args: Any) -> Any:
+        tries.append("loop" if not tries else "step")
+        if stuck and len(tries) == 1:
+            await hang.wait()  # the executor's own renewal never answers
+        raise Unavailable("the store does not answer (test)")
+
+    store.durable_renew = not_renewed
+    executor = a.durable.executor
+    clock.advance(26)  # past the lease (30 s) less the margin for clocks (5 s)
+    await _until(lambda: bool(tries))  # the executor tried to renew
+    gate.set()  # the code reaches its next step
+    await _until(lambda: not executor.running)
+    assert CALLS == {"one": 1}  # step two did not start
+    assert tries == (["loop", "step"] if stuck else ["loop"])
+    store.durable_renew = renew
+    hang.set()
+    clock.advance(5)  # its lease has run out: claimed again (here), step one replayed
+    await a.quiesce()
+    execution = await a.durable.get(started.id)
+    assert (execution.status, execution.output, CALLS) == ("succeeded", 2, {"one": 1, "two": 1})
+
+
+async def test_a_step_past_its_runs_lease_renews_it_first_and_runs(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    """The executor's renewal hangs; the code reaches its next step past the lease: the
+    step renews the lease itself (the store answers it) and runs, in the same claim."""
+    GATES["g"] = reached, gate = asyncio.Event(), asyncio.Event()
+    a = engines([define_durable(name="f", handler=_two_steps_with_a_gate)], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("f", "g")
+    await asyncio.wait_for(reached.wait(), 10)
+    store: Any = a.store
+    renew, hang = store.durable_renew, asyncio.Event()
+    tries: list[str] = []
+
+    async def first_hangs(*args: Any) -> Any:
+        tries.append("loop" if not tries else "step")
+        if len(tries) == 1:
+            await hang.wait()
+        return await renew(*args)
+
+    store.durable_renew = first_hangs
+    clock.advance(26)
+    await _until(lambda: bool(tries))
+    gate.set()
+    await _until(lambda: CALLS["two"] == 1)
+    assert tries == ["loop", "step"]
+    hang.set()
+    await a.quiesce()
+    execution = await a.durable.get(started.id)
+    assert (execution.status, execution.output, CALLS) == ("succeeded", 2, {"one": 1, "two": 1})
+    assert execution.logs is not None and not [line for line in execution.logs if "resumed" in line.message]
 
 
 async def test_a_failed_step_retries_after_durable_waits_that_hold_no_worker(

@@ -145,6 +145,8 @@ class DurableContext:
                 attempt = record.attempt + 1
                 earlier = record
         run.boundary()
+        if run.clock.now() >= run.held_until:
+            await run.hold_lease()
         if not callable(fn):
             raise TypeError(f'step "{name}": {fn!r} is not callable')
         started: datetime | None = None

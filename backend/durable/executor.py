@@ -28,6 +28,7 @@ from backend.durable.definition import DurableFunction
 from backend.durable.run import ExecutionRun
 from backend.durable.store import Claimed, DurableStore, ExecutionRow, NewExecution
 from backend.errors import Unavailable
+from backend.runtime.liveness import CLOCK_LIMIT_SHARE
 from backend.runtime.subsystems import Shared
 
 __all__ = ["DurableExecutor"]
@@ -69,6 +70,9 @@ class DurableExecutor:
         self.instance = shared.instance
         self.functions = functions
         self.lease_ttl = lease_ttl
+        self.lease_margin = lease_ttl * CLOCK_LIMIT_SHARE
+        """How long before an execution's lease ends, by this process's clock, its run stops:
+        the others' clocks may be that far ahead (a clock further off lapses the lease)."""
         self.poll_interval = poll_interval
         self.concurrency = concurrency
         self.check_owners_every = check_owners_every
@@ -129,14 +133,19 @@ class DurableExecutor:
                 self._wake.set()
             until = looked + self.poll_interval
             if self._renew_at is not None and self.running:
-                until = min(until, self._renew_at)
+                until = min(until, self._renew_at, *(run.held_until for run in self.running.values()))
             await self.loops.park("durable", until, self._wake)
 
     async def round(self, now: datetime) -> bool:
         """Renew leases when due, then claim what is runnable at ``now``; True when there
         may be more to claim at once."""
         if self.running and (self._renew_at is None or now >= self._renew_at) and self.shared.registry.lease.fresh():
-            await self.renew(now)  # (not stamped by a clock that jumped: the lapse lets them go)
+            try:
+                await self.renew(now)  # (not stamped by a clock that jumped: the lapse lets them go)
+            finally:
+                self._lose_expired(now)
+        elif self.running:
+            self._lose_expired(now)
         free = self.concurrency - len(self.running) - self._reserved
         if free <= 0:
             self._short = True
@@ -146,12 +155,13 @@ class DurableExecutor:
         limit = min(free, CLAIM_BATCH)
         lease = self.shared.registry.lease
         epoch = lease.epoch
-        claimed = await self.store.durable_claim(self.instance, list(self.functions), now, now + self.lease_ttl, limit)
+        until = now + self.lease_ttl
+        claimed = await self.store.durable_claim(self.instance, list(self.functions), now, until, limit)
         if claimed and not lease.holds(epoch):
             self._not_run(len(claimed))
             return False
         for one in claimed:
-            self._launch(one)
+            self._launch(one, until)
         self._short = len(claimed) == free
         return len(claimed) == limit
 
@@ -166,6 +176,32 @@ class DurableExecutor:
             "they are claimed again once their lease runs out (%gs)",
             count, self.lease_ttl.total_seconds(),
         )  # fmt: skip
+
+    async def renew_one(self, run: ExecutionRun) -> bool:
+        """Renew one run's lease now (a step is about to start past :attr:`ExecutionRun.held_until`);
+        whether it is still held."""
+        if not self.shared.registry.lease.fresh():
+            return False
+        now = self.clock.now()
+        until = now + self.lease_ttl
+        try:
+            renewal = await self.store.durable_renew(self.instance, [(run.id, run.lease)], until)
+        except Unavailable:
+            return False
+        if run.id in renewal.lost:
+            return False
+        run.held_until = max(run.held_until, until - self.lease_margin)
+        if run.id in renewal.cancel:
+            run.cancel_requested = True  # (its code is at a step boundary: it stops there)
+        return True
+
+    def _lose_expired(self, now: datetime) -> None:
+        """Let go of the runs whose execution lease may have run out by now, by this
+        process's reckoning (their renewals failed, or were too slow): another instance
+        may claim them at its end."""
+        for run in list(self.running.values()):
+            if now >= run.held_until:
+                run.lose("its lease ran out before it could be renewed")
 
     def reserve(self, function: str, now: datetime) -> datetime | None:
         """An execution of ``function`` is being started in this process: if this instance
@@ -190,24 +226,26 @@ class DurableExecutor:
         if not self._reserved:
             self._unreserved.set()
 
-    def launch_new(self, new: NewExecution, epoch: int) -> None:
+    def launch_new(self, new: NewExecution, epoch: int, lease_until: datetime) -> None:
         """Run an execution inserted claimed by this instance (see :meth:`reserve`), as a
         claim of it would have: lease 1, no steps, no signals; the insert wrote the first
         line of its log (:func:`~.run.started_on`). ``epoch``: that of this instance's lease
-        when it was reserved (the insert claims under it)."""
+        when it was reserved (the insert claims under it); ``lease_until``: the end of the
+        lease it was inserted with."""
         self.unreserve()
         if not self.shared.registry.lease.holds(epoch):
             self._not_run(1)
             return
         row = ExecutionRow(new.id, new.function, new.input, new.created_at, 1, False, new.schedule, new.scheduled_at,
                            "queued", None)  # fmt: skip
-        run = self._launch(Claimed(row, [], {}), start_logged=True)
+        run = self._launch(Claimed(row, [], {}), lease_until, start_logged=True)
         if self.stopping:  # (stop() began while it was inserted): it goes back to the queue at its first step
             run.stopping = True
 
-    def _launch(self, claimed: Claimed, *, start_logged: bool = False) -> ExecutionRun:
+    def _launch(self, claimed: Claimed, lease_until: datetime, *, start_logged: bool = False) -> ExecutionRun:
         execution = claimed.execution
-        run = ExecutionRun(self, claimed, self.functions[execution.function], start_logged=start_logged)
+        held_until = lease_until - self.lease_margin
+        run = ExecutionRun(self, claimed, self.functions[execution.function], held_until, start_logged=start_logged)
         if execution.was == "running":
             log.warning(
                 "execution %s of %s taken over from %s (its lease had expired)",
@@ -248,10 +286,15 @@ class DurableExecutor:
         """Extend every lease held here; stop the runs whose lease is gone, and tell the
         ones an operator cancelled elsewhere."""
         self._renew_at = now + self.lease_ttl / 3
-        leases = [(run.id, run.lease) for run in self.running.values()]
+        runs = list(self.running.values())
+        leases = [(run.id, run.lease) for run in runs]
         if not leases:
             return
-        renewal = await self.store.durable_renew(self.instance, leases, now + self.lease_ttl)
+        until = now + self.lease_ttl
+        renewal = await self.store.durable_renew(self.instance, leases, until)
+        for kept in runs:
+            if kept.id not in renewal.lost:
+                kept.held_until = max(kept.held_until, until - self.lease_margin)
         for id_ in renewal.lost:
             run = self.running.get(id_)
             if run is not None:

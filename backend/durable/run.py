@@ -103,7 +103,13 @@ class ExecutionRun:
     """Replay state and writes of one claimed execution (see the module docstring)."""
 
     def __init__(
-        self, executor: DurableExecutor, claimed: Claimed, function: DurableFunction, *, start_logged: bool = False
+        self,
+        executor: DurableExecutor,
+        claimed: Claimed,
+        function: DurableFunction,
+        held_until: datetime,
+        *,
+        start_logged: bool = False,
     ) -> None:
         from backend.durable.context import DurableContext
 
@@ -116,6 +122,10 @@ class ExecutionRun:
         self.row = row
         self.function = function
         self.deadline = row.created_at + MAX_LIFETIME
+        self.held_until = held_until
+        """Until when its execution's lease surely holds, by this process's clock (its claim,
+        or the last renewal, sent plus the ttl, less the margin for the others' clocks): no
+        step starts after it."""
         self.step_timeout = timedelta(seconds=function.step_timeout)
         self.recorded: dict[int, StepRecord] = {step.seq: step for step in claimed.steps}
         self.positions: dict[str, int] = {step.name: step.seq for step in claimed.steps}
@@ -265,6 +275,15 @@ class ExecutionRun:
         if self.stopping:
             self.ending = Released("the instance is stopping")
             raise self.ending
+
+    async def hold_lease(self) -> None:
+        """Before a step runs: its lease is past :attr:`held_until` (its renewals failed, or
+        were slow): renew it now, or stop (another instance may claim it at its end)."""
+        if not await self.executor.renew_one(self):
+            self.lose("its lease ran out before it could be renewed")
+            assert self.ending is not None
+            raise self.ending
+        self.boundary()  # (a cancellation the renewal brought)
 
     def fatal(self, tag: str, message: str, step: str | None = None) -> Fatal:
         """The execution fails at ``step``, which a retry runs again."""

@@ -145,7 +145,7 @@ class Durable:
             raise
         if claim is not None:
             if created:
-                self.executor.launch_new(new, epoch)
+                self.executor.launch_new(new, epoch, claim[1])
             else:
                 self.executor.unreserve()
         if created:
