@@ -401,7 +401,8 @@ async def test_jobs_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_it
     assert sorted(fences) == sorted((s_.id, 2) for s_ in sent), "a job started under the lapsed claim"
     assert kinds.count("release") == 3
     for job in sent:
-        assert [(a.attempt, a.status) for a in (await engine.jobs.get_job(job.id)).attempts] == [(1, "succeeded")]
+        attempts = (await engine.jobs.get_job(job.id)).attempts
+        assert [(a.attempt, a.status) for a in attempts] == [(1, "succeeded")], attempts
     assert [(v.queued, v.running) for v in await engine.jobs.queue_views()] == [(0, 0)]
 
 

@@ -219,7 +219,8 @@ class Workers:
         self.waiting: dict[str, deque[Claimed]] = {name: deque() for name in self.queues}
         """Per queue, jobs claimed ahead (no seat yet), oldest first."""
         self.ahead_ids: set[str] = set()
-        """Jobs claimed ahead that are not running: waiting, or going back (released)."""
+        """Jobs claimed here that are not running: waiting (claimed ahead), or going back
+        (released) until that is handed in."""
         self.seat_of: dict[str, int] = {}
         """The seat each running attempt here holds in the store (its own, or handed over)."""
         self.handovers: list[tuple[Handover, JobRun]] = []
@@ -557,6 +558,7 @@ class Workers:
         for c in claimed:
             finish = Finish(c.id, c.queue, c.tries, "release", c.attempt, c.started_at, now, self.instance)
             self.finishes.append((finish, JobRun(self, self.queues[c.queue], c)))
+            self.ahead_ids.add(c.id)  # in hand until handed in: the sweep must not close it as abandoned
             self.due.add(c.queue)
         self.wake.set()
 
