@@ -408,6 +408,35 @@ async def test_a_run_whose_lease_was_not_renewed_in_time_starts_no_step_after_it
     assert (execution.status, execution.output, CALLS) == ("succeeded", 2, {"one": 1, "two": 1})
 
 
+async def test_a_claim_whose_answer_comes_after_the_executions_lease_ran_out_runs_no_step(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """A slow store, not a lapse: the claim commits, its answer takes longer than the
+    execution's lease, and another instance claims the execution meanwhile and runs it.
+    The late answer's run starts no step: the step finds the lease gone when it renews."""
+    GATES["g"] = reached, gate = asyncio.Event(), asyncio.Event()
+    function = define_durable(name="f", handler=_two_steps_with_a_gate)
+    a = engines([function], instance="a")
+    await a.open()
+    started = await a.durable.start_execution("f", "g")  # queued: no executor runs yet
+    store: Any = a.store
+    store.durable_claim = late = LateAnswer(store.durable_claim, bool)
+    await a.start()
+    await late.committed()
+    clock.advance(31)  # the execution's lease (30 s) runs out; a's answer is still on its way
+    b = engines([function], instance="b")
+    await b.start()
+    await asyncio.wait_for(reached.wait(), 10)  # b claimed it and ran step one
+    late.let_go()
+    executor = a.durable.executor
+    await _until(lambda: not executor.running)
+    assert CALLS == {"one": 1}  # a ran nothing
+    gate.set()
+    await b.quiesce()
+    execution = await b.durable.get(started.id)
+    assert (execution.status, execution.output, CALLS) == ("succeeded", 2, {"one": 1, "two": 1})
+
+
 async def test_a_step_past_its_runs_lease_renews_it_first_and_runs(engines: Callable[..., Engine], clock: ManualClock) -> None:
     """The executor's renewal hangs; the code reaches its next step past the lease: the
     step renews the lease itself (the store answers it) and runs, in the same claim."""

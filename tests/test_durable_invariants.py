@@ -5,7 +5,8 @@ of random plans (steps that fail a few times or until their attempts run out, at
 steps, sleeps, signal waits, a step name used a second time), sends signals, cancels,
 retries failed executions, moves the clock (so leases expire), crashes instances just before
 or just after one of their writes commits, freezes an instance (its store calls hang, as
-a SIGSTOPped process's would) and thaws it later, and restarts crashed ones. After every
+a SIGSTOPped process's would; or only the answers of its claims, which commit: runs it
+claimed come back after their lease may have run out) and thaws it later, and restarts crashed ones. After every
 rule:
 
 * a finished step never runs again: no step starts after its success was committed;
@@ -125,6 +126,9 @@ class Proxy:
     def __init__(self, store: Any) -> None:
         self._store = store
         self.frozen: asyncio.Event | None = None
+        self.claims_go_through = False
+        """While frozen, its claims still commit (sent just before the freeze): only their
+        answers wait for the thaw."""
         self.crash_next: str | None = None  # "before" or "after"
         self.crashed = False
 
@@ -144,8 +148,12 @@ class Proxy:
         return inserted
 
     async def durable_claim(self, *args: Any) -> list[Claimed]:
-        await self._gate()
+        frozen = self.frozen if self.claims_go_through else None
+        if frozen is None:
+            await self._gate()
         claimed: list[Claimed] = await self._store.durable_claim(*args)
+        if frozen is not None:
+            await frozen.wait()  # committed; the answer comes after the thaw
         for one in claimed:
             # The newest lease is the highest issued: two claims in flight can come back in
             # either order (their commits are ordered, their replies are not).
@@ -277,11 +285,14 @@ class DurableFleet(RuleBasedStateMachine):
             entry[1].crash_next = when
         self.settle()
 
-    @rule(name=st.sampled_from(NAMES))
-    def freeze(self, name: str) -> None:
+    @rule(name=st.sampled_from(NAMES), claims_go_through=st.booleans())
+    def freeze(self, name: str, claims_go_through: bool) -> None:
+        """Its store calls hang (a SIGSTOPped process); or its claims commit and only their
+        answers hang (frozen just after sending them): runs it claims then come back late."""
         entry = self.live.get(name)
         if entry is not None and entry[1].frozen is None and not entry[1].crashed:
             entry[1].frozen = asyncio.Event()
+            entry[1].claims_go_through = claims_go_through
         self.settle()
 
     @rule(name=st.sampled_from(NAMES))
@@ -293,6 +304,7 @@ class DurableFleet(RuleBasedStateMachine):
     def _thaw(self, name: str) -> None:
         proxy = self.live[name][1]
         frozen, proxy.frozen = proxy.frozen, None
+        proxy.claims_go_through = False
         if frozen is not None:
             frozen.set()
 
