@@ -16,9 +16,10 @@ import random
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from backend import Engine, ManualClock, Run, Schedule, define_schedule
+from backend.alerts.model import AlertState, Condition, SubjectKind
 from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import (
     ConnectionInfo,
@@ -27,10 +28,10 @@ from backend.client.interface import (
 )
 from backend.clock import Clock
 from backend.errors import Unavailable
-from backend.events.audit import AuditEntry, AuditPage
+from backend.events.audit import AuditEntry, AuditPage, AuditStore
 from backend.events.bus import Signal
 from backend.ids import IdFactory
-from backend.model import BackfillPlan, BackfillProgress, InstanceInfo, ScheduleView
+from backend.model import BackfillPlan, BackfillProgress, InstanceInfo, Outcome, RunStatus, ScheduleView, Trigger
 from backend.store import open_store
 
 START = "2026-03-02T07:59:00Z"
@@ -177,12 +178,12 @@ async def add_timeline_history(url: str) -> None:
     base = datetime.fromisoformat("2026-03-02T07:00:00+00:00")
     runs: list[Run] = []
 
-    def ran(name: str, slot: datetime, status: str = "succeeded", outcome: str = "wonLock", trigger: str = "self",
+    def ran(name: str, slot: datetime, status: RunStatus = "succeeded", outcome: Outcome = "wonLock", trigger: Trigger = "self",
             fired: datetime | None = None, error: tuple[str, str] | None = None) -> None:
         start = fired or slot + timedelta(milliseconds=3)
         clock.set(max(clock.now(), start))
-        runs.append(Run(id=ids(), name=name, scheduled_at=slot, status=status,  # type: ignore[arg-type]
-                        trigger=trigger, coordination_outcome=outcome, instance="web-1",  # type: ignore[arg-type]
+        runs.append(Run(id=ids(), name=name, scheduled_at=slot, status=status,
+                        trigger=trigger, coordination_outcome=outcome, instance="web-1",
                         fired_at=None if status == "missed" else start,
                         finished_at=None if status == "missed" else start + timedelta(milliseconds=40),
                         error_tag=error[0] if error else None, error_message=error[1] if error else None))
@@ -213,7 +214,7 @@ async def add_timeline_history(url: str) -> None:
     # What operators did in that hour (the fixture's minute adds alice's and ops' actions).
     audit_clock = ManualClock("2026-03-02T07:00:00Z")
     audit_ids = seeded_ids(audit_clock, 41)
-    for at, actor, action, target, detail in [
+    actions: list[tuple[str, str, str, str, dict[str, Any]]] = [
         ("07:40:12", "carol", "schedule.disable", "stuck-import",
          {"note": "partner feed down, INC-2231", "was_enabled": True}),
         ("07:47:03", "carol", "schedule.enable", "stuck-import", {"note": None, "was_enabled": False}),
@@ -221,10 +222,11 @@ async def add_timeline_history(url: str) -> None:
          {"backfill_id": "01KJP9ZV800000000000000000", "from": "2026-03-02T07:39:00Z",
           "to": "2026-03-02T07:41:00Z", "count": 2}),
         ("07:58:40", "ci-deploy@ops", "schedule.fire", "heartbeat", {"run_id": "01KJPA9W0000000000000000AB"}),
-    ]:  # fmt: skip
+    ]  # fmt: skip
+    for at, actor, action, target, detail in actions:
         audit_clock.set(datetime.fromisoformat(f"2026-03-02T{at}+00:00"))
         entry = AuditEntry(audit_ids(), audit_clock.now(), actor, action, target, detail)
-        await store.append_audit(entry)  # type: ignore[attr-defined]
+        await cast(AuditStore, store).append_audit(entry)
     await store.close()
 
 
@@ -235,13 +237,13 @@ async def add_jobs(url: str) -> None:
     keyed one due in 5 s, one waiting 15 s for its second try and two due now;
     ``thumbnails`` is paused with five jobs waiting two minutes; ``webhooks`` is idle.
     Deterministic ids."""
-    from backend.jobs.store import Finish, JobStore, NewJob, QueueSpec
+    from backend.jobs.store import Claimed, Finish, FinishKind, JobStore, NewJob, QueueSpec
 
     clock = ManualClock("2026-03-02T07:50:00Z")
     ids = seeded_ids(clock, 53)
     store = open_store(url)
     await store.open()
-    js: JobStore = store  # type: ignore[assignment]
+    js = cast(JobStore, store)
 
     def at(text: str) -> datetime:
         clock.set(f"2026-03-02T{text}Z")
@@ -250,8 +252,8 @@ async def add_jobs(url: str) -> None:
     def job(payload: object, *, key: str | None = None, attempts: int | None = None, delay: float = 0) -> NewJob:
         return NewJob(ids(), json.dumps(payload), clock.now() + timedelta(seconds=delay), attempts, key)
 
-    async def fail(claimed: Any, message: str, retry_at: datetime | None) -> None:
-        kind = "retry" if retry_at is not None else "dead"
+    async def fail(claimed: Claimed, message: str, retry_at: datetime | None) -> None:
+        kind: FinishKind = "retry" if retry_at is not None else "dead"
         end = clock.now() + timedelta(milliseconds=230)
         await js.finish_jobs([Finish(claimed.id, claimed.queue, claimed.tries, kind, claimed.attempt, claimed.started_at,
                                      end, "web-1", "SMTPConnectError", message, retry_at)])
@@ -273,9 +275,9 @@ async def add_jobs(url: str) -> None:
     at("07:59:20")
     retrying = job({"order": 43, "to": "cy@example.com"})
     await js.send_jobs("mailer", [retrying], clock.now())
-    (claimed,) = (await js.cycle_jobs([], {"mailer": 4}, "web-1", ids(), clock.now())).claimed
+    (retried,) = (await js.cycle_jobs([], {"mailer": 4}, "web-1", ids(), clock.now())).claimed
     at("07:59:50")
-    await fail(claimed, "timed out after 30s waiting for the SMTP greeting",
+    await fail(retried, "timed out after 30s waiting for the SMTP greeting",
                datetime.fromisoformat("2026-03-02T08:00:20+00:00"))
     await js.send_jobs("mailer", [job({"order": 44, "to": "di@example.com"})], clock.now())
     await js.cycle_jobs([], {"mailer": 1}, "web-2", ids(), clock.now())  # still running at 08:00:05
@@ -287,7 +289,7 @@ async def add_jobs(url: str) -> None:
     await store.close()
 
 
-FIRING_ALERTS = (
+FIRING_ALERTS: tuple[tuple[Condition, SubjectKind, str, str, str], ...] = (
     ("failing", "schedule", "flaky-export", "2026-03-02T07:59:40Z",
      "newest run failed: TimeoutError: export API answered 504 after 30s"),
     ("dead_jobs", "queue", "mailer", "2026-03-02T07:50:30Z", "2 jobs died in the last 15 minutes (2 dead in all)"),
@@ -303,15 +305,17 @@ async def add_alerts(url: str) -> None:
     from backend.alerts.model import Alert, alert_key
     from backend.alerts.store import AlertStore, Transition
 
-    store: Any = open_store(url)
+    store = open_store(url)
     await store.open()
-    alerts: AlertStore = store
-    rows = [(c, kind, subject, since, summary, "firing") for c, kind, subject, since, summary in FIRING_ALERTS]
+    alerts = cast(AlertStore, store)
+    rows: list[tuple[Condition, SubjectKind, str, str, str, AlertState]] = [
+        (c, kind, subject, since, summary, "firing") for c, kind, subject, since, summary in FIRING_ALERTS
+    ]
     rows.append(("failing", "schedule", "daily-digest", "2026-03-02T07:59:02Z", "newest run succeeded", "resolved"))
     transitions = []
     for n, (condition, kind, subject, since, summary, state) in enumerate(rows):
         at = datetime.fromisoformat(since.replace("Z", "+00:00"))
-        alert = Alert(alert_key(condition, subject), condition, kind, subject, state, at, summary, at,  # type: ignore[arg-type]
+        alert = Alert(alert_key(condition, subject), condition, kind, subject, state, at, summary, at,
                       f"01KJPA0000000000000000000{n}")
         transitions.append(Transition(alert, "{}"))
     await alerts.write_transitions(transitions, sinks_after=datetime.fromisoformat(FROZEN.replace("Z", "+00:00")))

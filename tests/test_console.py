@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.text import Text
+from textual.content import Content
+from textual.coordinate import Coordinate
 from textual.pilot import Pilot
+from textual.widget import Widget
+from textual.widgets import DataTable, Input
 
 from backend import Engine, Forbidden, ManualClock, NotFound, Run, define_schedule
 from backend.client.embedded import EmbeddedBackend
@@ -75,7 +80,7 @@ class Notes:
             self.seen.append((title, message))
             original(message, title=title, **kwargs)
 
-        app.notify = notify  # type: ignore[method-assign]
+        app.notify = notify  # type: ignore[method-assign]  # records each notification, then shows it
 
     def titled(self, title: str) -> list[str]:
         return [message for t, message in self.seen if t == title]
@@ -129,6 +134,20 @@ def cell(app: SchedtuiApp, name: str, column: str) -> str:
     return value if isinstance(value, str) else value.plain
 
 
+def plain(widget: Widget) -> str:
+    """The text ``widget`` renders (a Static's Content, or a widget's own Content or Text)."""
+    rendered = widget.render()
+    assert isinstance(rendered, (Content, Text)), rendered
+    return rendered.plain
+
+
+def plain_at(table: DataTable[Text | str], row: int, column: int) -> str:
+    """The text of a cell that the table holds as Text."""
+    value = table.get_cell_at(Coordinate(row, column))
+    assert isinstance(value, Text), value
+    return value.plain
+
+
 # ----------------------------------------------------------------------------------------
 # what it shows
 # ----------------------------------------------------------------------------------------
@@ -164,7 +183,7 @@ async def test_main_screen_shows_every_schedule_and_the_selected_runs(store_url:
         assert header.info is not None and header.info.coordination == "advisoryLock"
         assert header.info.instance == "console"
         # the scheduled time is shown in the operator's zone
-        assert app.query_one(RunsTable).get_cell_at((0, 0)).plain == "03-02 09:00:04 CET"
+        assert plain_at(app.query_one(RunsTable), 0, 0) == "03-02 09:00:04 CET"
         assert notes.seen == []
 
 
@@ -269,8 +288,8 @@ async def open_backfill(pilot: Pilot[Any], name: str, start: str, end: str = "no
     screen = pilot.app.screen
     assert isinstance(screen, BackfillScreen)
     assert screen.focused is not None and screen.focused.id == "cancel"  # Cancel has the focus
-    screen.query_one("#from").value = start  # type: ignore[attr-defined]
-    screen.query_one("#to").value = end  # type: ignore[attr-defined]
+    screen.query_one("#from", Input).value = start
+    screen.query_one("#to", Input).value = end
     await settle(pilot)
     return screen
 
@@ -280,7 +299,7 @@ async def test_backfill_plans_as_you_type_then_runs_with_progress_and_a_summary(
         screen = await open_backfill(pilot, "heartbeat", "-1m")
         assert screen.state == "ok"
         assert screen.plan is not None and screen.plan.count == 6
-        text = screen.query_one("#plan").render().plain  # type: ignore[attr-defined]
+        text = plain(screen.query_one("#plan"))
         assert "6 slots would fire" in text and "6 of them already succeeded" in text
         assert "first 2026-03-02 07:59:10 UTC" in text and "last 2026-03-02 08:00:00 UTC" in text
         await pilot.press("tab")  # Cancel -> Backfill
@@ -293,9 +312,9 @@ async def test_backfill_plans_as_you_type_then_runs_with_progress_and_a_summary(
         assert "6 slots in (2026-03-02 07:59:05 UTC … 2026-03-02 08:00:05 UTC]" in question.text
         await pilot.press("y")
         await settle(pilot)
-        assert screen.state == "done"
+        assert screen.state == "done"  # type: ignore[comparison-overlap]  # mypy keeps the earlier narrowing across the awaits
         assert screen.progress is not None and screen.progress.fired == 6 and screen.progress.remaining == 0
-        counts = screen.query_one("#counts").render().plain  # type: ignore[attr-defined]
+        counts = plain(screen.query_one("#counts"))
         assert "fired 6/6" in counts and "failed 0" in counts and "done" in counts
         assert notes.titled("Backfill finished") == ["heartbeat: 6 fired, 6 succeeded, 0 failed, 0 not fired (done)"]
         await pilot.press("escape")
@@ -316,11 +335,11 @@ async def test_backfill_over_25_slots_needs_the_count_typed(store_url: str) -> N
         assert screen.state == "confirm"
         start = screen.query_one("#start")
         assert start.disabled
-        assert "type 60 below to confirm" in screen.query_one("#plan").render().plain  # type: ignore[attr-defined]
-        screen.query_one("#confirm").value = "59"  # type: ignore[attr-defined]
+        assert "type 60 below to confirm" in plain(screen.query_one("#plan"))
+        screen.query_one("#confirm", Input).value = "59"
         await settle(pilot)
         assert start.disabled
-        screen.query_one("#confirm").value = "60"  # type: ignore[attr-defined]
+        screen.query_one("#confirm", Input).value = "60"
         await settle(pilot)
         assert not start.disabled
         await pilot.press("escape")  # Esc cancels: nothing fired
@@ -346,11 +365,11 @@ async def test_backfill_refusals_say_why(store_url: str, start: str, end: str, w
         await settle(pilot)
         screen = app.screen
         assert isinstance(screen, BackfillScreen)
-        screen.query_one("#from").value = start  # type: ignore[attr-defined]
-        screen.query_one("#to").value = end  # type: ignore[attr-defined]
+        screen.query_one("#from", Input).value = start
+        screen.query_one("#to", Input).value = end
         await settle(pilot)
         assert screen.state in ("refused", "invalid")
-        assert why in screen.query_one("#plan").render().plain  # type: ignore[attr-defined]
+        assert why in plain(screen.query_one("#plan"))
         assert screen.query_one("#start").disabled
 
 
@@ -359,7 +378,7 @@ async def test_backfill_from_beyond_the_calendar_says_why(store_url: str, start:
     async with console(store_url) as (app, pilot, clock, notes):
         screen = await open_backfill(pilot, "daily-digest", start)  # Europe/Berlin
         assert screen.state == "invalid"
-        assert f'from "{start}" is out of range' in screen.query_one("#plan").render().plain  # type: ignore[attr-defined]
+        assert f'from "{start}" is out of range' in plain(screen.query_one("#plan"))
         assert screen.query_one("#start").disabled
         await pilot.press("escape")
         await settle(pilot)
@@ -374,7 +393,7 @@ async def test_enter_opens_the_run_details(store_url: str) -> None:
         await settle(pilot)
         screen = app.screen
         assert isinstance(screen, RunDetails)
-        body = screen.query_one("#run-body").render().plain  # type: ignore[attr-defined]
+        body = plain(screen.query_one("#run-body"))
         assert "✗ failed" in body and "ConnectionRefusedError" in body and "smtp.example.internal" in body
         assert "2026-03-01 09:00:00 CET" in body and "◆ wonLock" in body
         await pilot.press("escape")
@@ -407,7 +426,7 @@ async def test_older_runs_page_by_keyset(store_url: str) -> None:
             assert limit == PAGE_SIZE  # a page at a time, never everything
             return await original(name, limit=limit, before=before)
 
-        backend.list_runs = list_runs  # type: ignore[method-assign]
+        backend.list_runs = list_runs  # type: ignore[method-assign]  # records the cursors asked for
         await select(pilot, "heartbeat")
         first = app.query_one(RunsTable).runs
         assert len(first) == PAGE_SIZE
@@ -456,7 +475,7 @@ async def test_p_pauses_auto_refresh_and_ctrl_r_refreshes_now(store_url: str) ->
             reads += 1
             return await original()
 
-        app.backend.list_schedules = counting  # type: ignore[method-assign]
+        app.backend.list_schedules = counting  # type: ignore[method-assign]  # counts the reads
         clock.advance(1)
         app.tick()
         await settle(pilot)
@@ -527,7 +546,8 @@ async def test_a_lost_connection_is_shown_stale_and_retried_with_backoff(store_u
         flaky.down = False
         app.tick()
         await settle(pilot)
-        assert header.state == "live" and not app.query_one("#main").has_class("-stale")
+        assert header.state == "live"  # type: ignore[comparison-overlap]  # mypy keeps the earlier narrowing across the awaits
+        assert not app.query_one("#main").has_class("-stale")
         assert notes.titled("Reconnected")
 
 
@@ -538,7 +558,7 @@ async def test_every_backend_error_is_a_notification(store_url: str) -> None:
     async def gone(name: str) -> Run:
         raise NotFound(f'no schedule named "{name}"')
 
-    backend.run_now = gone  # type: ignore[method-assign]
+    backend.run_now = gone  # type: ignore[method-assign]  # a backend whose run_now fails
     async with console(store_url, backend=backend, clock=clock) as (app, pilot, _, notes):
         await pilot.press("r")
         await settle(pilot)
@@ -554,7 +574,7 @@ async def test_help_lists_the_keys_as_bound_and_the_legend(store_url: str) -> No
         keys = {description.split(":")[0].split(" (")[0]: key for key, description in screen.keys}
         assert keys["Run now"] == "R" and keys["backfill a past range of the selected schedule"] == "b"
         assert keys["refresh now"] == "^r" and keys["Timeline"] == "2" and keys["Jobs"] == "3"
-        text = screen.query_one("Static").render().plain  # type: ignore[attr-defined]
+        text = plain(screen.query_one("Static"))
         for word in ("succeeded", "failed", "skipped", "missed", "running", "single", "wonLock", "external", "manual"):
             assert word in text
         await pilot.press("escape")
@@ -571,12 +591,12 @@ async def test_the_command_palette_offers_the_actions_by_name(store_url: str) ->
         provider = ConsoleCommands(app.screen)
         hits = [hit async for hit in provider.search("run now")]
         assert hits and str(hits[0].text) == "Run now: heartbeat"
-        await hits[0].command()  # type: ignore[misc]
+        await hits[0].command()
         await settle(pilot)
         assert len(notes.titled("Run now: fired")) == 1
         goto = [hit async for hit in provider.search("go to stuck")]
         assert goto and str(goto[0].text) == "Go to schedule stuck-import"
-        await goto[0].command()  # type: ignore[misc]
+        await goto[0].command()
         await settle(pilot)
         assert app.selected_name == "stuck-import"
         titles = [str(hit.text) async for hit in provider.discover()]
