@@ -75,7 +75,7 @@ def _run_main(cwd: Path, args: tuple[str, ...], env: Mapping[str, str] | None) -
                 code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
     out.flush()
     err.flush()
-    printed = [stream.buffer.getvalue().decode("utf-8") for stream in (out, err)]  # type: ignore[attr-defined]
+    printed = [stream.buffer.getvalue().decode("utf-8") for stream in (out, err)]
     return subprocess.CompletedProcess(["schedtui", *args], code, *printed)
 
 

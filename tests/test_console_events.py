@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from backend import Engine, ManualClock
+from backend.client.embedded import EmbeddedBackend
 from backend.client.remote import RemoteBackend
 from backend.errors import Unavailable
 from backend.events.audit import os_user
@@ -26,9 +27,10 @@ from console.app import SchedtuiApp
 from console.screens import AuditDetails
 from console.views.audit import AuditTable, AuditView
 from console.widgets import ConsoleHeader, RunsTable
+from console.widgets.line import Line
 from tests.console_fixtures import console_engine
 from tests.servers import Server, start_server
-from tests.test_console import Notes, cell, console, ledger, settle, store_url  # noqa: F401  (fixtures)
+from tests.test_console import Notes, cell, console, ledger, plain_at, settle, store_url  # noqa: F401  (fixtures)
 from tests.test_contract import OPERATE, write_schedules
 
 
@@ -67,7 +69,7 @@ def refreshed(app: SchedtuiApp) -> asyncio.Future[None]:
             fut.set_result(None)
         return original(message)
 
-    app.post_message = post  # type: ignore[method-assign]
+    app.post_message = post  # type: ignore[method-assign]  # resolves the future, then posts
     return fut
 
 
@@ -85,7 +87,8 @@ async def test_signals_refresh_what_changed_and_nothing_is_read_while_nothing_do
         assert reads.count == 0
         # The engine disables a schedule (as a Python client sharing it would): the
         # schedules signal refreshes the table.
-        engine = app.backend.engine  # type: ignore[attr-defined]
+        assert isinstance(app.backend, EmbeddedBackend)
+        engine = app.backend.engine
         done = refreshed(app)
         await engine.set_enabled("heartbeat", False, note="from elsewhere")
         await asyncio.wait_for(done, 10)
@@ -221,15 +224,15 @@ async def test_the_audit_view_lists_who_did_what_newest_first_and_filters(store_
             ("ops", "schedule.disable", "legacy-cleanup"),
         ]
         table = app.query_one(AuditTable)
-        assert table.get_cell_at((2, 4)).plain.startswith("note=paused during the session-store migration")
-        assert table.get_cell_at((2, 0)).plain == "03-02 08:59:00"  # in the zone on the tab line
-        title = app.query_one("#audit-title").render().plain  # type: ignore[attr-defined]
+        assert plain_at(table, 2, 4).startswith("note=paused during the session-store migration")
+        assert plain_at(table, 2, 0) == "03-02 08:59:00"  # in the zone on the tab line
+        title = app.query_one("#audit-title", Line).render().plain
         assert title == "AUDIT 3 · newest first · all read"
 
         await pilot.press("slash", *"alice", "enter")
         await settle(pilot)
         assert audit_rows(app) == [("alice", "schedule.fire", "daily-digest")]
-        assert "AUDIT 1 of 3 · filter “alice”" in app.query_one("#audit-title").render().plain  # type: ignore[attr-defined]
+        assert "AUDIT 1 of 3 · filter “alice”" in app.query_one("#audit-title", Line).render().plain
         await pilot.press("enter")  # the entry whole
         await settle(pilot)
         assert isinstance(app.screen, AuditDetails)
@@ -252,7 +255,8 @@ async def test_the_audit_view_follows_new_entries_and_reads_older_ones(
         await settle(pilot)
         assert audit_rows(app) == [("alice", "schedule.fire", "daily-digest"), ("ops", "schedule.disable", "legacy-cleanup")]
         assert app.query_one(AuditView).next_before is None or len(audit_rows(app)) == 2
-        engine: Engine = app.backend.engine  # type: ignore[attr-defined]
+        assert isinstance(app.backend, EmbeddedBackend)
+        engine: Engine = app.backend.engine
         done = refreshed(app)
         await engine.run_now("heartbeat")  # the audit signal brings it in
         await asyncio.wait_for(done, 10)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from backend import Engine, ManualClock, Run, RunContext, Unavailable, define_schedule
+from backend import Engine, ManualClock, Run, RunContext, Schedule, Unavailable, define_schedule
 from backend.model import Claim, ClaimResult, slot_key
 from backend.scheduler.coordination.slots import ClaimCoordinator
 from backend.store import Store, open_store
@@ -40,7 +40,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'state.db'}"
 
 
-def schedule(name: str = "job", cron: str = "* * * * *", handler: Any = None, **kwargs: Any):  # type: ignore[no-untyped-def]
+def schedule(name: str = "job", cron: str = "* * * * *", handler: Any = None, **kwargs: Any) -> Schedule:
     async def noop(ctx: RunContext) -> None:
         pass
 
@@ -104,7 +104,7 @@ async def test_skip_counts_a_run_in_flight_on_another_instance(make_engine: Call
     clock.advance(60)  # 08:01, only a runs timers yet: a wins and its run blocks
     await gate.entered.wait()
     await b.start()
-    a.coordinator.losing = True  # type: ignore[attr-defined]
+    a.coordinator.losing = True
     skipped = expect(b, lambda r: r.status == "skipped")
     clock.advance(60)  # 08:02: b wins, but a's run is in flight
     run = await skipped
@@ -133,7 +133,7 @@ async def test_queue_waits_for_the_run_on_another_instance(make_engine: Callable
     clock.advance(60)
     await gate.entered.wait()
     await b.start()
-    a.coordinator.losing = True  # type: ignore[attr-defined]
+    a.coordinator.losing = True
     for _ in range(2):  # 08:02 and 08:03 come due while a's 08:01 runs: b queues both
         clock.advance(60)
         await settle(clock, a, b, runs=False)
@@ -451,15 +451,15 @@ async def test_lost_slots_wait_for_a_run_in_flight_on_another_instance(
         )
         for n, s in zip("ab", stores, strict=False)
     )
-    a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])  # type: ignore[arg-type]
+    a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])
     await a.start()
     await b.start()
     await settle(clock, a, b)
     await outage_until_just_before(clock, at("2026-03-02T08:04:00Z"), stores, a, b)
-    a.coordinator.losing = True  # type: ignore[attr-defined]
+    a.coordinator.losing = True
     clock.advance(0.5)  # 08:04: b wins it and runs it
     await gate.entered.wait()
-    a.coordinator.losing, b.coordinator.losing = False, True  # type: ignore[attr-defined]
+    a.coordinator.losing, b.coordinator.losing = False, True
     clock.advance(0.5)  # a wins the lost slots; b's 08:04 is in flight: a waits for it
     await settle(clock, a, b, runs=False)
     assert started == [(4, "b")]
@@ -502,15 +502,15 @@ async def test_lost_slots_waiting_on_another_instance_and_then_on_a_run_here_lea
         )
         for n, s in zip("ab", stores, strict=False)
     )
-    a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])  # type: ignore[arg-type]
+    a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])
     await a.start()
     await b.start()
     await settle(clock, a, b)
     await outage_until_just_before(clock, at("2026-03-02T08:04:00Z"), stores, a, b)
-    a.coordinator.losing = True  # type: ignore[attr-defined]
+    a.coordinator.losing = True
     clock.advance(0.5)  # 08:04: b wins it and runs it
     await gate.entered.wait()
-    a.coordinator.losing, b.coordinator.losing = False, True  # type: ignore[attr-defined]
+    a.coordinator.losing, b.coordinator.losing = False, True
     clock.advance(0.5)  # a wins the lost slots; b's 08:04 is in flight: a parks until the next round
     await settle(clock, a, b, runs=False)
     await a.run_now("job")  # a run of the schedule here, in flight (it holds on the gate)
@@ -587,22 +587,22 @@ async def test_lost_slots_wait_for_a_newer_slot_claimed_on_another_instance(
         )
         for n, s in zip("ab", stores, strict=False)
     )
-    a.coordinator, b.coordinator = Loser(stores[0]), HeldClaims(stores[1])  # type: ignore[arg-type]
+    a.coordinator, b.coordinator = Loser(stores[0]), HeldClaims(stores[1])
     await a.start()
     await b.start()
     await settle(clock, a, b)
     await outage_until_just_before(clock, at("2026-03-02T08:02:00Z"), stores, a, b)  # 08:01 lost by both
-    a.coordinator.losing = True  # type: ignore[attr-defined]
-    b.coordinator.hold = True  # type: ignore[attr-defined]
+    a.coordinator.losing = True
+    b.coordinator.hold = True
     clock.advance(0.5)  # 08:02: b claims it; its run waits for the claim's reply
-    await b.coordinator.holding.wait()  # type: ignore[attr-defined]
-    a.coordinator.losing = False  # type: ignore[attr-defined]
+    await b.coordinator.holding.wait()
+    a.coordinator.losing = False
     clock.advance(0.5)  # a recovers 08:01 (b is busy claiming): it must wait for b's 08:02
     # Waiting, a is idle; started, its run would hold on the gate (the timeout only bounds that).
     await asyncio.wait_for(a.quiesce(), 10)
     assert started == []
     gate.release.set()
-    b.coordinator.release.set()  # type: ignore[attr-defined]
+    b.coordinator.release.set()
     await settle(clock, a, b)
     clock.advance(1)  # a's next look at the ledger finds b's run finished
     await settle(clock, a, b)
@@ -653,7 +653,8 @@ async def test_a_range_backfill_goes_on_through_an_outage_and_records_its_end_on
     store.down = False
     clock.advance(1)  # housekeeping writes the end it could not write
     await engine.quiesce()
-    assert (await engine.store.get_backfill(progress.id)).state == "done"  # type: ignore[union-attr]
+    stored = await engine.store.get_backfill(progress.id)
+    assert stored is not None and stored.state == "done"
     again = await engine.start_backfill("job", at("2026-03-02T07:56:00Z"), at("2026-03-02T07:57:00Z"))
     assert (await engine.wait_backfill(again.id)).state == "done"
 
@@ -703,6 +704,7 @@ async def test_runs_of_an_instance_on_another_machine_are_closed_once_its_heartb
             break
     # Stale after abandon_after (30 s); noticed at the next heartbeat round (every 5 s).
     assert closed_at is not None and 30 < closed_at <= 30 + 5 + 1
+    assert run is not None
     assert (run.status, run.error_tag) == ("failed", "abandoned")
     assert "has not sent a heartbeat" in (run.error_message or "")
 
@@ -841,12 +843,12 @@ async def test_a_finish_waiting_in_the_writer_reaches_the_store_at_this_instance
     has gone through since the restart cannot be helped: nothing of a's reached the store."""
     a = Engine([schedule(cron="* * * * * *")], pg_url, clock=clock, instance="a", coordination="advisoryLock",
                shutdown_grace=0, abandon_after=3600)  # fmt: skip
-    other: Any = open_store(pg_url)
+    other = open_store(pg_url)
     await other.open()
 
     async def b_claims(slot: str) -> ClaimResult:
         when = at(slot)
-        return await other.claim([Claim(slot_key("job", when), "job", f"b-{slot}", scheduled_at=when)], "b", when)  # type: ignore[no-any-return]
+        return await other.claim([Claim(slot_key("job", when), "job", f"b-{slot}", scheduled_at=when)], "b", when)
 
     try:
         held = HeldBack(a.store, monkeypatch)
