@@ -134,7 +134,7 @@ def cpu_seconds() -> float:
 def thread_cpu() -> dict[str, float]:
     """CPU seconds used so far by each live thread of this process, by thread name."""
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped]  # the test extras have psutil but not types-psutil
     except ImportError:  # pragma: no cover - psutil is a test dependency
         return {}
     names = {t.native_id: t.name for t in threading.enumerate()}
@@ -182,6 +182,7 @@ async def run_schedtui(n: int, seconds: int, *, capture: bool = True, lines: int
         index_of[name] = i
         schedules.append(define_schedule(name=name, cron=CRON, timezone="UTC", handler=handler))
 
+    options: dict[str, Any] = {} if capture else {"capture_logs": False}  # (older engines have no such option)
     with tempfile.TemporaryDirectory(prefix="schedtui-bench-") as folder:
         db = Path(folder) / "state.db"
         engine = Engine(
@@ -190,7 +191,7 @@ async def run_schedtui(n: int, seconds: int, *, capture: bool = True, lines: int
             clock=SystemClock(),
             instance="bench",
             shutdown_grace=5,
-            **({} if capture else {"capture_logs": False}),  # (older engines have no such option)
+            **options,
         )
         t0 = time.time()
         await engine.start()
@@ -395,7 +396,7 @@ def spawn(contender: str, n: int, seconds: int, *, capture: bool = True, lines: 
 
         psutil.cpu_percent(None)  # start a system-wide CPU measurement
     except ImportError:  # pragma: no cover
-        psutil = None  # type: ignore[assignment]
+        psutil = None
     load_before = os.getloadavg()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
@@ -409,8 +410,8 @@ def spawn(contender: str, n: int, seconds: int, *, capture: bool = True, lines: 
     )
     if done.returncode != 0:
         return {"contender": contender, "error": f"child exited with {done.returncode}"}
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    result: dict[str, Any] = json.loads(lines[-1])
+    printed = [line for line in done.stdout.splitlines() if line.strip()]
+    result: dict[str, Any] = json.loads(printed[-1])
     result["host"] = {
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
@@ -421,8 +422,11 @@ def spawn(contender: str, n: int, seconds: int, *, capture: bool = True, lines: 
 
 
 def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    if a is None or b is None:
+        return None
     try:
-        return round(a["lag_ms"]["p99"] / b["lag_ms"]["p99"], 3)  # type: ignore[index]
+        ratio: float = a["lag_ms"]["p99"] / b["lag_ms"]["p99"]
+        return round(ratio, 3)
     except (KeyError, TypeError, ZeroDivisionError):
         return None
 
