@@ -22,7 +22,11 @@ from typing import Any
 
 import pytest
 from rich.text import Text
+from textual.app import App
+from textual.coordinate import Coordinate
 from textual.pilot import Pilot
+from textual.widgets import Checkbox, Input
+from textual.widgets.data_table import CellKey
 
 from backend import Engine, ManualClock, Run, define_schedule
 from backend.client.embedded import EmbeddedBackend
@@ -31,17 +35,19 @@ from backend.model import InstanceInfo, ScheduleView, parse_iso
 from console.app import SchedtuiApp
 from console.fleet import CronCache, Durations, Overdue, durations, fleet_of
 from console.screens import BackfillScreen, Confirm, HelpScreen, QuitPrompt, RunDetails
+from console.views.timeline import TimelineView
 from console.widgets import (
     ConsoleHeader,
     DetailBar,
     FleetBanner,
     RunsTable,
     TimelineGrid,
+    UpcomingLine,
 )
 from console.widgets.palette import status_style
 from console.widgets.schedules import FreshTable, RingFreeCache, last_run_text
 from tests.console_fixtures import FROZEN, WHERE, add_timeline_history, build_ledger, console_backend
-from tests.test_console import Notes, cell, schedules, select, settle
+from tests.test_console import Notes, cell, plain_at, schedules, select, settle
 
 ZONE = "Europe/Berlin"
 
@@ -136,7 +142,7 @@ async def test_views_are_in_the_footer_the_palette_and_help(store_url: str) -> N
         provider = ConsoleCommands(app.screen)
         hits = [hit async for hit in provider.search("view 2")]
         assert hits and str(hits[0].text) == "View 2: Timeline"
-        await hits[0].command()  # type: ignore[misc]
+        await hits[0].command()
         await settle(pilot)
         assert app.active_view_id == "timeline"
         sections = dict(app.help_keys())
@@ -192,6 +198,7 @@ async def test_timeline_zoom_pan_now_and_zone(store_url: str) -> None:
         await settle(pilot)
         grid = app.query_one(TimelineGrid)
         view = app.active_view
+        assert isinstance(view, TimelineView)
         spans = []
         for _ in range(12):
             await pilot.press("plus")
@@ -205,10 +212,10 @@ async def test_timeline_zoom_pan_now_and_zone(store_url: str) -> None:
         assert grid.window is not None and timedelta(days=7) <= grid.window.end - grid.window.start < timedelta(days=7, hours=1)
         await pilot.press("h")
         await settle(pilot)
-        assert not view.following and grid.window.end < clock.now() + timedelta(days=1)  # type: ignore[attr-defined]
+        assert not view.following and grid.window.end < clock.now() + timedelta(days=1)
         await pilot.press("0")
         await settle(pilot)
-        assert view.following  # type: ignore[attr-defined]
+        assert view.following
         axis = grid.render_line(0).text
         assert "CET" in axis
         await pilot.press("z")
@@ -237,7 +244,7 @@ async def test_timeline_reads_only_the_rows_on_screen(tmp_path: Path) -> None:
         asked.append(len(names))
         return await original(names, start, end, limit_per_name=limit_per_name)
 
-    backend.runs_between = counting  # type: ignore[method-assign]
+    backend.runs_between = counting  # type: ignore[method-assign]  # counts the names asked for
     async with console("", backend=backend, clock=clock, size=(80, 24)) as (app, pilot, _, notes):
         await pilot.press("2")
         await settle(pilot)
@@ -340,7 +347,7 @@ async def test_last_run_has_an_age_running_runs_their_elapsed_time_and_durations
         app.tick()
         assert cell(app, "heartbeat", "last") == "✓ succeeded 1m ago 0ms ◆"
         runs = app.query_one(RunsTable)
-        assert runs.runs[0].status == "running" and runs.get_cell_at((0, 3)).plain == "1m of 30m"
+        assert runs.runs[0].status == "running" and plain_at(runs, 0, 3) == "1m of 30m"
         assert cell(app, "daily-digest", "last").endswith("✎▶ 1m/30m")
         detail = app.query_one(DetailBar)
         assert detail.durations is not None and detail.durations.count == 3
@@ -371,8 +378,8 @@ async def open_backfill(app: SchedtuiApp, pilot: Pilot[Any], name: str, start: s
     await settle(pilot)
     screen = app.screen
     assert isinstance(screen, BackfillScreen)
-    screen.query_one("#from").value = start  # type: ignore[attr-defined]
-    screen.query_one("#to").value = end  # type: ignore[attr-defined]
+    screen.query_one("#from", Input).value = start
+    screen.query_one("#to", Input).value = end
     await settle(pilot)
     return screen
 
@@ -391,12 +398,12 @@ async def test_the_plan_says_how_many_already_succeeded_and_can_skip_them(store_
         screen = await open_backfill(app, pilot, "flaky-export", "2026-03-02T07:50:00Z", "2026-03-02T07:51:00Z")
         assert screen.plan is not None and (screen.plan.count, screen.plan.already_succeeded) == (6, 6)
         assert "6 of them already succeeded and would run again" in plain(screen.query_one("#plan"))
-        screen.query_one("#skip").value = True  # type: ignore[attr-defined]
+        screen.query_one("#skip", Checkbox).value = True
         await settle(pilot)
         assert screen.to_fire == 0 and screen.query_one("#start").disabled
         assert "nothing to run" in plain(screen.query_one("#plan"))
-        screen.query_one("#from").value = "2026-03-02T07:20:00Z"  # type: ignore[attr-defined]
-        screen.query_one("#to").value = "2026-03-02T07:21:00Z"  # type: ignore[attr-defined]
+        screen.query_one("#from", Input).value = "2026-03-02T07:20:00Z"
+        screen.query_one("#to", Input).value = "2026-03-02T07:21:00Z"
         await settle(pilot)  # 07:20-07:21: the export API failed at :20 and :40 (and :00)
         assert screen.plan is not None and screen.plan.already_succeeded == 3 and screen.to_fire == 3
         await pilot.press("tab", "tab", "enter")  # skip box -> Backfill
@@ -474,7 +481,7 @@ async def test_a_backfill_is_still_followed_through_a_moment_without_the_store(s
                 raise failures.pop()
             return await progress_of(backfill_id)
 
-        backend.backfill_progress = flaky  # type: ignore[method-assign]
+        backend.backfill_progress = flaky  # type: ignore[method-assign]  # fails twice, then reads
         progress = next(iter(app.backfills.values()))
         await progress_of(progress.id)
         await backend.cancel_backfill(progress.id)
@@ -495,7 +502,8 @@ async def test_the_dialog_stop_button_cancels(store_url: str) -> None:
         assert isinstance(app.screen, Confirm) and app.screen.action == "cancel_backfill"
         await pilot.press("n")
         await pilot.pause()
-        assert app.screen is screen and screen.state == "running"
+        assert app.screen is screen  # type: ignore[comparison-overlap]  # mypy keeps the earlier narrowing across the awaits
+        assert screen.state == "running"
         screen.action_stop()
         await pilot.pause()
         await pilot.press("y")
@@ -514,13 +522,13 @@ async def test_the_filter_leaves_the_header_visible_and_filters_by_state(store_u
     async with console(store_url, size=(80, 24), read_only=True) as (app, pilot, clock, notes):
         await pilot.press("slash")
         await settle(pilot)
-        header, field = app.query_one(ConsoleHeader), app.query_one("#filter")
+        header, field = app.query_one(ConsoleHeader), app.query_one("#filter", Input)
         assert field.display and header.region.height == 1 and not header.region.overlaps(field.region)
         assert "READ-ONLY" in plain(header) and "live" in plain(header)
         await pilot.press(*"failed")
         await settle(pilot)
         assert list(schedules(app).views) == ["flaky-export", "stuck-import"]
-        field.value = "disabled"  # type: ignore[attr-defined]
+        field.value = "disabled"
         await settle(pilot)
         assert list(schedules(app).views) == ["legacy-cleanup"]
 
@@ -586,14 +594,14 @@ async def test_help_lists_navigation_and_scrolls_at_80x24(store_url: str) -> Non
 async def test_a_refresh_that_changes_every_last_run_remeasures_no_column(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         table = schedules(app)
-        measured: list[Any] = []
+        measured: list[CellKey] = []
         original = table._update_column_widths
 
-        def counting(cells: Any) -> None:
-            measured.extend(cells)
-            original(cells)
+        def counting(updated_cells: set[CellKey]) -> None:
+            measured.extend(updated_cells)
+            original(updated_cells)
 
-        table._update_column_widths = counting  # type: ignore[method-assign]
+        table._update_column_widths = counting  # type: ignore[method-assign]  # records the cells measured
         # A minute later every schedule has a new last run (as after a minute boundary).
         changed = [
             replace(v, last_run=replace(v.last_run, id=v.last_run.id + "x", scheduled_at=v.last_run.scheduled_at
@@ -639,7 +647,7 @@ async def test_a_refresh_that_changes_every_schedule_redraws_the_rows_on_screen_
             repainted.append(str(getattr(row_key, "value", row_key)))
             update_cell(row_key, *args, **kwargs)
 
-        table.update_cell = counting  # type: ignore[method-assign]
+        table.update_cell = counting  # type: ignore[method-assign]  # records the rows repainted
         changed = fired(many)
         table.show(changed, clock.now(), clock.now())
         redrawn = {v.name for v in changed if cell(app, v.name, "last") != before[v.name]}
@@ -726,11 +734,11 @@ async def test_a_cleared_filter_builds_the_cells_of_the_rows_on_screen_and_catch
         built: list[str] = []
         cells_of = table._cells
 
-        def counting(view: ScheduleView, *args: Any) -> Any:
+        def counting(view: ScheduleView, now: datetime, data_now: datetime) -> tuple[Text | str, ...]:
             built.append(view.name)
-            return cells_of(view, *args)
+            return cells_of(view, now, data_now)
 
-        table._cells = counting  # type: ignore[method-assign]
+        table._cells = counting  # type: ignore[method-assign]  # records the rows built
         table.show(changed, clock.now(), clock.now())  # the filter cleared
         assert len(built) <= 4 * table.size.height  # the rows on screen, not 600
         assert "stuck-import" in built and table.selected_name == "stuck-import"
@@ -791,8 +799,9 @@ async def test_every_console_table_keeps_a_few_screens_rendered_in_ring_free_cac
 # ----------------------------------------------------------------------------------------
 async def test_failure_is_bold_and_reversed_everywhere(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
-        failed = status_style(app, "failed")
-        assert failed.bold and failed.reverse and not status_style(app, "succeeded").reverse
+        any_app: App[Any] = app  # status_style takes App[object], which App[None] is not (its parameter is invariant)
+        failed = status_style(any_app, "failed")
+        assert failed.bold and failed.reverse and not status_style(any_app, "succeeded").reverse
         view = app.view_of("stuck-import")
         assert view is not None
         text: Text = last_run_text(view, clock.now(), app)
@@ -801,8 +810,8 @@ async def test_failure_is_bold_and_reversed_everywhere(store_url: str) -> None:
         style = first.style
         assert not isinstance(style, str) and style.reverse and style.bold
         await select(pilot, "stuck-import")
-        status = app.query_one(RunsTable).get_cell_at((0, 1))
-        assert isinstance(status, Text) and status.style.reverse  # type: ignore[union-attr]
+        status = app.query_one(RunsTable).get_cell_at(Coordinate(0, 1))
+        assert isinstance(status, Text) and not isinstance(status.style, str) and status.style.reverse
 
 
 # ----------------------------------------------------------------------------------------
@@ -811,15 +820,15 @@ async def test_failure_is_bold_and_reversed_everywhere(store_url: str) -> None:
 async def test_times_are_in_the_operators_zone_or_utc_whatever_the_schedule(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         runs = app.query_one(RunsTable)
-        assert runs.get_cell_at((0, 0)).plain == "03-02 09:00:04 CET"  # daily-digest, a Berlin schedule
+        assert plain_at(runs, 0, 0) == "03-02 09:00:04 CET"  # daily-digest, a Berlin schedule
         await select(pilot, "stuck-import")  # a Tokyo schedule: still CET
-        assert runs.get_cell_at((0, 0)).plain == "03-02 09:00:00 CET"
+        assert plain_at(runs, 0, 0) == "03-02 09:00:00 CET"
         await pilot.press("z")
         await settle(pilot)
-        assert runs.get_cell_at((0, 0)).plain == "03-02 08:00:00 UTC"
+        assert plain_at(runs, 0, 0) == "03-02 08:00:00 UTC"
         assert "times UTC" in plain(app.query_one("#tabs"))
         # its cron and next fires stay in its own zone
-        assert app.query_one("#upcoming").zone == "Asia/Tokyo"  # type: ignore[attr-defined]
+        assert app.query_one("#upcoming", UpcomingLine).zone == "Asia/Tokyo"
 
 
 # ----------------------------------------------------------------------------------------
@@ -906,7 +915,7 @@ async def test_the_timeline_judges_overdue_only_the_rows_it_draws(store_url: str
             asked.append(view.name)
             return since(view, now)
 
-        app.overdue.since = counting  # type: ignore[method-assign]
+        app.overdue.since = counting  # type: ignore[method-assign]  # records the schedules asked about
         await pilot.press("2")
         await settle(pilot)
         grid = app.query_one(TimelineGrid)
