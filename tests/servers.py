@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import pytest
 
@@ -79,7 +79,7 @@ def _run_main(cwd: Path, args: tuple[str, ...], env: Mapping[str, str] | None) -
     return subprocess.CompletedProcess(["schedtui", *args], code, *printed)
 
 
-def poll(condition: Callable[[], T], *, timeout: float, what: str, every: float = 0.05) -> T:
+def poll(condition: Callable[[], T | Literal[False] | None], *, timeout: float, what: str, every: float = 0.05) -> T:
     """Return ``condition()``'s first truthy value; fail after ``timeout`` seconds. For real
     processes on a real clock, where there is nothing to await."""
     deadline = time.monotonic() + timeout

@@ -172,7 +172,11 @@ def test_two_instances_never_run_more_than_the_cap(fleet: Callable[..., Fleet]) 
     for round_ in range(8):
         sent = asyncio.run(burst(servers[round_ % 2]))
         ids += sent
-        poll(lambda sent=sent: f.ended() >= set(sent), timeout=30, what="a burst to run")
+
+        def ran(sent: list[str] = sent) -> bool:
+            return f.ended() >= set(sent)
+
+        poll(ran, timeout=30, what="a burst to run")
     lines = f.lines()
     assert max_overlap(lines) == 3, "the queue ran more than its cap of 3 at once (or never reached it)"
     per_pid = Counter(line.pid for line in lines if line.what == "start")

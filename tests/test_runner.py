@@ -15,13 +15,14 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from backend import DefinitionError, ManualClock, RunContext, define_schedule, open_store
+from backend import DefinitionError, Engine, ManualClock, RunContext, Schedule, define_schedule, open_store
 from backend.errors import describe_exception
 from backend.runtime.loops import Loops
 from backend.runtime.runner import COMPACT_AT, HandlerRunner, Invocation, Outcome
@@ -38,7 +39,7 @@ def at(minute: int) -> datetime:
     return T0 + timedelta(minutes=minute)
 
 
-def schedule(handler: Any, name: str = "job", cron: str = "* * * * *", **kwargs: Any):  # type: ignore[no-untyped-def]
+def schedule(handler: Any, name: str = "job", cron: str = "* * * * *", **kwargs: Any) -> Schedule:
     return define_schedule(name=name, cron=cron, timezone="UTC", handler=handler, **kwargs)
 
 
@@ -64,7 +65,7 @@ def test_due_slots_pop_in_slot_order_whatever_the_arming_order() -> None:
     ]
 
 
-async def test_a_burst_of_several_slots_marks_its_latest(make_engine, clock: ManualClock) -> None:
+async def test_a_burst_of_several_slots_marks_its_latest(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     """The burst's starting mark covers every run it starts: its slot is the latest one."""
     engine = make_engine([schedule(nothing_with_ctx, name=f"at-{second}", cron=f"{second} * * * * *") for second in (2, 1, 3)])
     await engine.start()
@@ -353,10 +354,18 @@ async def test_a_deadline_earlier_than_those_watched_wakes_the_watchdog_and_a_la
     calls = {seconds: Call(max_runtime=seconds) for seconds in (60, 5, 30)}
     for call in calls.values():  # each begins (and is watched) while the watchdog is parked
         runner.start(call, forever)
-        await asyncio.wait_for(loops.quiesce(lambda call=call: call.deadline is not None, nothing), 5)
+
+        def watched(call: Call = call) -> bool:
+            return call.deadline is not None
+
+        await asyncio.wait_for(loops.quiesce(watched, nothing), 5)
     for seconds in (5, 30, 60):
         clock.set(T0 + timedelta(seconds=seconds))
-        await asyncio.wait_for(loops.quiesce(lambda seconds=seconds: calls[seconds].done, nothing), 5)
+
+        def finished(seconds: int = seconds) -> bool:
+            return calls[seconds].done
+
+        await asyncio.wait_for(loops.quiesce(finished, nothing), 5)
         assert [s for s, call in calls.items() if call.done] == [s for s in calls if s <= seconds]
         assert calls[seconds].outcomes[0].error_tag == "timeout"
     await loops.cancel_all()
@@ -396,7 +405,7 @@ async def test_calls_one_after_another_do_not_pile_up_in_the_watchdogs_heap() ->
 @pytest.mark.parametrize("kind", ["async", "sync"])
 @pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), ValueError("boom")])
 async def test_any_exception_fails_the_run_and_the_next_slot_still_fires(
-    make_engine, clock: ManualClock, kind: str, exc: BaseException
+    make_engine: Callable[..., Engine], clock: ManualClock, kind: str, exc: BaseException
 ) -> None:
     calls: list[datetime] = []
 
@@ -434,7 +443,7 @@ def test_describing_an_exception_never_raises_and_tags_it_with_its_class(odd: ty
 @pytest.mark.parametrize("kind", ["async", "sync"])
 @pytest.mark.parametrize("odd", ODD_EXCEPTIONS, ids=tag_of)
 async def test_an_exception_that_cannot_be_described_still_fails_its_run_at_once(
-    make_engine, clock: ManualClock, kind: str, odd: type[BaseException]
+    make_engine: Callable[..., Engine], clock: ManualClock, kind: str, odd: type[BaseException]
 ) -> None:
     """Its str(), repr(), class or traceback raise: the run is recorded failed as soon as
     the handler raised (not at its deadline), with the class's name as the error tag."""
@@ -488,7 +497,7 @@ def test_callable_objects_and_partials_are_accepted() -> None:
 # deadlines
 # ---------------------------------------------------------------------------------------
 async def test_an_async_handler_that_blocks_the_loop_past_its_deadline_is_a_timeout(
-    make_engine, clock: ManualClock, caplog: pytest.LogCaptureFixture
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     async def blocking(ctx: RunContext) -> None:
         clock.advance(10)  # ten seconds of blocking work, never yielding to the loop
@@ -504,7 +513,7 @@ async def test_an_async_handler_that_blocks_the_loop_past_its_deadline_is_a_time
 
 
 async def test_stuck_sync_handlers_are_bounded_and_the_excess_is_recorded_skipped(
-    make_engine, clock: ManualClock, caplog: pytest.LogCaptureFixture
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     release = threading.Event()
     entered = threading.Semaphore(0)
@@ -546,7 +555,9 @@ async def test_stuck_sync_handlers_are_bounded_and_the_excess_is_recorded_skippe
 # a run's row exists before its handler starts
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("how", ["run now", "backfill"])
-async def test_the_running_row_is_committed_before_the_handler_starts(make_engine, clock: ManualClock, store_url: str, how: str) -> None:
+async def test_the_running_row_is_committed_before_the_handler_starts(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str, how: str
+) -> None:
     seen: list[Any] = []
 
     async def look(ctx: RunContext) -> None:
@@ -666,7 +677,7 @@ def test_a_handler_that_kills_serve_in_a_timer_burst_leaves_its_run_to_be_closed
 # why a run failed: the traceback, kept (bounded), read with the run, and logged
 # ---------------------------------------------------------------------------------------
 async def test_a_failed_run_keeps_its_traceback_in_the_ledger_and_the_log(
-    make_engine, clock: ManualClock, caplog: pytest.LogCaptureFixture
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level("INFO", logger="schedtui")
     def deep(level: int) -> None:

@@ -156,6 +156,7 @@ def test_503_bodies_and_healthz_never_say_where_the_store_is(tmp_path: Path, pg_
         admin.execute(f'CREATE ROLE "{role}" LOGIN SUPERUSER')
     url = with_user(pg_url, role, "S3cret-pw")
     host, port = conninfo_to_dict(url)["host"], str(conninfo_to_dict(url)["port"])
+    assert isinstance(dbname, str) and isinstance(host, str)
     server = start_server(tmp_path, "--schedules", "schedules", "--store", url, "--token", "op=op-token")
     op = httpx.Client(base_url=server.url, headers={"Authorization": "Bearer op-token"}, timeout=30)
     try:
