@@ -44,8 +44,9 @@ import os
 import random
 import shutil
 import tempfile
+import types
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -58,6 +59,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from backend import Engine, ManualClock, Refused, Run, RunContext, Schedule, Unavailable, define_schedule
 from backend.ids import IdFactory
+from backend.model import BackfillPolicy, CoordinationMode, OverlapPolicy
 from backend.store import Store, open_store
 from backend.store.sqlite.store import SQLiteStore
 
@@ -224,7 +226,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.generation = 0  # engines made so far: seeds their ids
         self.engines: dict[str, Engine] = {}
         self.mode = "single"
-        self.modes: dict[str, str] = {}
+        self.modes: dict[str, CoordinationMode] = {}
         """In a fleet: each instance's coordination mode (``advisoryLock`` unless a restart changed it)."""
         self.models: dict[str, ScheduleModel] = {}
         self.definitions: list[Schedule] = []
@@ -246,8 +248,9 @@ class EngineMachine(RuleBasedStateMachine):
                 return step.result()
             stacks = []
             for task in asyncio.all_tasks():
-                where, awaiting = [], task.get_coro()
-                while awaiting is not None and hasattr(awaiting, "cr_frame"):  # down the await chain
+                where: list[str] = []
+                awaiting: object = task.get_coro()
+                while isinstance(awaiting, types.CoroutineType):  # down the await chain
                     if awaiting.cr_frame is not None:
                         where.append(f"{awaiting.cr_code.co_name}:{awaiting.cr_frame.f_lineno}")
                     awaiting = awaiting.cr_await
@@ -269,7 +272,7 @@ class EngineMachine(RuleBasedStateMachine):
             store,
             clock=self.clock,
             instance=instance,
-            coordination=self.modes.get(instance, "single" if self.mode == "single" else "advisoryLock"),  # type: ignore[arg-type]
+            coordination=self.modes.get(instance, "single" if self.mode == "single" else "advisoryLock"),
             shutdown_grace=0,
             state_poll_interval=POLL,
             abandon_after=3600,  # the clock jumps minutes at once; no instance here dies
@@ -337,7 +340,7 @@ class EngineMachine(RuleBasedStateMachine):
             max_size=len(CRONS),
         ),
     )
-    def set_up(self, mode: str, policies: list[tuple[str, str, Behaviour, float]]) -> None:
+    def set_up(self, mode: str, policies: list[tuple[OverlapPolicy, BackfillPolicy, Behaviour, float]]) -> None:
         self.mode = mode
         for (name, cron), (overlap, backfill, behaviour, max_runtime) in zip(CRONS.items(), policies, strict=False):
             schedule = define_schedule(
@@ -345,8 +348,8 @@ class EngineMachine(RuleBasedStateMachine):
                 cron=cron,
                 timezone="UTC",
                 handler=self.handlers.make(behaviour),
-                on_overlap=overlap,  # type: ignore[arg-type]
-                backfill=backfill,  # type: ignore[arg-type]
+                on_overlap=overlap,
+                backfill=backfill,
                 max_runtime=max_runtime,
             )
             self.definitions.append(schedule)
@@ -538,7 +541,7 @@ class EngineMachine(RuleBasedStateMachine):
         if self.mode == "fleet" and other_mode:
             # A rolling change of mode: back in the other one. (Never two `single` instances:
             # that mode does not coordinate; two of them fire everything twice, by design.)
-            mode = "single" if self.modes.get(name, "advisoryLock") == "advisoryLock" else "advisoryLock"
+            mode: CoordinationMode = "single" if self.modes.get(name, "advisoryLock") == "advisoryLock" else "advisoryLock"
             if mode == "advisoryLock" or all(m != "single" for n, m in self.modes.items() if n != name):
                 self.modes[name] = mode
         change = f" as {self.modes[name]}" if name in self.modes else ""
@@ -632,8 +635,8 @@ class EngineMachine(RuleBasedStateMachine):
 
         # (e) a timed slot's handler starts once, and a slot whose handler started is not
         # recorded as one that did not run
-        twice = [key for key, count in self.handlers.started.items() if count > 1]
-        assert not twice, f"(e) handlers started twice for {[f'{n} {s:%H:%M:%S}' for n, s in twice]}{self.steps()}"
+        started_twice = [key for key, count in self.handlers.started.items() if count > 1]
+        assert not started_twice, f"(e) handlers started twice for {[f'{n} {s:%H:%M:%S}' for n, s in started_twice]}{self.steps()}"
         for name, runs in ledger.items():
             false = [r for r in runs if r.status in ("missed", "skipped") and r.trigger != "manual"
                      and self.handlers.started.get((name, r.scheduled_at))]  # fmt: skip
@@ -675,7 +678,7 @@ class EngineMachine(RuleBasedStateMachine):
     def steps(self) -> str:
         return "\n steps:\n   " + "\n   ".join(self.log)
 
-    def show(self, runs: dict[datetime, Sequence[Run]]) -> str:
+    def show(self, runs: Mapping[datetime, Sequence[Run]]) -> str:
         return "; ".join(
             f"{slot:%H:%M:%S}: "
             + ", ".join(
