@@ -71,7 +71,7 @@ import textwrap
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if __package__ in (None, ""):  # run as a script: make backend/ and tests/ importable
@@ -507,6 +507,15 @@ asyncio.run(main())
 PROGRAMS = {"ceiling": CEILING, "schedtui": SCHEDTUI, "pgqueuer": PGQUEUER, "procrastinate": PROCRASTINATE}
 
 
+class ChildEnv(TypedDict, total=False):
+    """Settings handed to a program in its environment, shared by several of its runs."""
+
+    BENCH_CONCURRENCY: str
+    BENCH_FAIR_QUEUES: str
+    BENCH_STOP_FILE: str
+    BENCH_SERVER_PID: str
+
+
 class Runner:
     """Starts the programs with the right paths and reads their JSON."""
 
@@ -553,7 +562,8 @@ class Runner:
 def last_json(out: str, err: str, what: str, code: int | None) -> dict[str, Any]:
     for line in reversed(out.splitlines()):
         if line.startswith("{"):
-            return json.loads(line)  # type: ignore[no-any-return]
+            result: dict[str, Any] = json.loads(line)
+            return result
     raise RuntimeError(f"{what} failed (exit {code}):\n{err[-3000:]}")
 
 
@@ -602,7 +612,7 @@ def fairness(runner: Runner, server: pg.PgServer, queues: int, per_queue: int, c
     out: dict[str, Any] = {}
     for name, count, each in (("one_queue", 1, queues * per_queue), ("many_queues", queues, per_queue)):
         url = database(server, f"fair_{count}")
-        env = {"BENCH_CONCURRENCY": str(concurrency), "BENCH_FAIR_QUEUES": str(count)}
+        env: ChildEnv = {"BENCH_CONCURRENCY": str(concurrency), "BENCH_FAIR_QUEUES": str(count)}
         log(f"fairness: {count} queue(s) of {each:,} jobs")
         runner.run("schedtui", "fair-enqueue", url, each, **env)
         result = runner.run("schedtui", "fair-drain", url, count * each, **env)
@@ -671,7 +681,7 @@ def latency(runner: Runner, server: pg.PgServer, system: str, rate: int, seconds
     else:
         runner.run(system, "enqueue", url, 0, BENCH_CONCURRENCY=str(concurrency))
     stop = runner.workdir / f"latency-{system}.sent"
-    env = {"BENCH_CONCURRENCY": str(concurrency), "BENCH_STOP_FILE": str(stop), "BENCH_SERVER_PID": server_pid(server)}
+    env: ChildEnv = {"BENCH_CONCURRENCY": str(concurrency), "BENCH_STOP_FILE": str(stop), "BENCH_SERVER_PID": server_pid(server)}
     worker = runner.popen(system, "latency-worker", url, total, concurrency, **env)
     runner.ready(worker, f"{system}'s worker")
     reset_statements(server)
@@ -682,7 +692,8 @@ def latency(runner: Runner, server: pg.PgServer, system: str, rate: int, seconds
     result = last_json(out, err, f"{system} latency worker", worker.returncode)
     delays = result["delays"]
     summary = stats.summary_ms(delays, keys=("p50", "p99", "max"), digits=1)
-    out_ = {"jobs": len(delays), "rate_per_s": rate, "p50_ms": summary["p50"], "p99_ms": summary["p99"], "max_ms": summary["max"]}
+    out_: dict[str, Any] = {"jobs": len(delays), "rate_per_s": rate,
+                            "p50_ms": summary["p50"], "p99_ms": summary["p99"], "max_ms": summary["max"]}  # fmt: skip
     cpu = {"sender": sent.get("cpu_s"), "worker": result.get("cpu_s"), "server": sent.get("server_cpu_s")}
     out_["cpu_us_per_job"] = {who: round(s / len(delays) * 1e6) for who, s in cpu.items() if s is not None and delays}
     said = statements(server, url, len(delays) or 1)
