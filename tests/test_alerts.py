@@ -11,7 +11,7 @@ import re
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from backend import DefinitionError, Engine, ManualClock, RunContext, define_durable, define_queue, define_schedule
 from backend.alerts import conditions
 from backend.alerts.evaluator import Evaluator
-from backend.alerts.model import Alert, AlertsPage, ordered
+from backend.alerts.model import Alert, AlertsPage, AlertState, Condition, ordered
 from backend.alerts.notifier import AlertSettings, parse_sinks, sink_of
 from backend.alerts.policy import DurableAlerting, QueueAlerting, ScheduleAlerting
 from backend.alerts.rules import prometheus_rules, render_rules
@@ -33,7 +33,8 @@ from backend.client.remote import RemoteBackend
 from backend.cron import Cron
 from backend.errors import BadInput
 from backend.ids import IdFactory
-from backend.model import InstanceInfo, ScheduleState
+from backend.jobs import JobContext
+from backend.model import InstanceInfo, Role, ScheduleState
 from backend.store import Store, open_store
 from console.cli.main import main
 from tests import pg
@@ -47,7 +48,7 @@ def at(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
 
 
-async def noop(ctx: RunContext) -> None:
+async def noop(ctx: RunContext | JobContext) -> None:  # a schedule's handler and a queue's
     pass
 
 
@@ -170,8 +171,8 @@ def test_a_schedule_disabled_at_run_time_is_late_only_once_it_stayed_disabled_a_
     assert late("2026-03-09T08:00:00Z", enabled=False, state=None) is None
 
 
-def instance(name: str, beat: str, role: str = "firing") -> InstanceInfo:
-    return InstanceInfo(name, "host", 1, at(beat), role=role)  # type: ignore[arg-type]
+def instance(name: str, beat: str, role: Role = "firing") -> InstanceInfo:
+    return InstanceInfo(name, "host", 1, at(beat), role=role)
 
 
 def test_not_firing_when_no_firing_member_has_a_fresh_heartbeat() -> None:
@@ -213,8 +214,8 @@ def test_dead_jobs_and_stuck_hold_past_their_thresholds() -> None:
 
 
 def test_a_page_lists_firing_alerts_first_newest_first() -> None:
-    def alert(key: str, state: str, since: str) -> Alert:
-        return Alert(key, "failing", "schedule", key, state, at(since), "", at(since))  # type: ignore[arg-type]
+    def alert(key: str, state: AlertState, since: str) -> Alert:
+        return Alert(key, "failing", "schedule", key, state, at(since), "", at(since))
 
     page = ordered([alert("a", "resolved", "2026-03-02T09:00:00Z"), alert("b", "firing", "2026-03-02T07:00:00Z"),
                     alert("c", "firing", "2026-03-02T08:00:00Z")])  # fmt: skip
@@ -238,9 +239,9 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     await s.close()
 
 
-def transition(key: str, state: str, when: datetime, tid: str) -> Transition:
+def transition(key: str, state: AlertState, when: datetime, tid: str) -> Transition:
     condition, subject = key.split(":")
-    alert = Alert(key, condition, "schedule", subject, state, when, f"{state} at {when:%H:%M}", when, tid)  # type: ignore[arg-type]
+    alert = Alert(key, cast(Condition, condition), "schedule", subject, state, when, f"{state} at {when:%H:%M}", when, tid)
     return Transition(alert, json.dumps({"transition": tid, "state": state}))
 
 
@@ -546,7 +547,7 @@ async def test_an_instance_back_from_a_suspend_does_not_page_its_own_silence(
         await resumed.wait()
         return await beat_and_sweep(now, force=force)
 
-    engine.registry.beat_and_sweep = held_back  # type: ignore[method-assign]
+    engine.registry.beat_and_sweep = held_back  # type: ignore[method-assign]  # held back until the test lets it go
     clock.advance(86_400)
     done = await engine.alerts.evaluate()
     assert done.won == [] and "not_firing:fleet" not in done.findings
@@ -813,7 +814,7 @@ def test_the_prometheus_rules_cover_every_condition_with_the_overrides() -> None
         assert set(re.findall(r"\bschedtui_[a-z_]+", rule["expr"])) <= FAMILIES, rule["expr"]
         assert rule["expr"].count("(") == rule["expr"].count(")")
     def subject(rule: dict[str, Any]) -> str | None:
-        labels = rule["labels"]
+        labels: dict[str, str] = rule["labels"]
         return labels.get("schedule") or labels.get("queue") or labels.get("function")
 
     mine = {(r["alert"], subject(r)): r for r in rules if subject(r) and r["labels"].get("reason") != "disabled"}

@@ -4,6 +4,7 @@ by another engine sharing the store on its state poll."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -47,7 +48,7 @@ async def step(engine: Engine, clock: ManualClock, seconds: float) -> None:
         await engine.quiesce()
 
 
-async def test_created_schedule_is_armed_and_fires_on_its_slot(make_engine, clock: ManualClock) -> None:
+async def test_created_schedule_is_armed_and_fires_on_its_slot(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     engine = make_engine([queue()])
     await engine.start()
     await engine.quiesce()
@@ -60,7 +61,7 @@ async def test_created_schedule_is_armed_and_fires_on_its_slot(make_engine, cloc
     assert {r.status for r in await all_runs(engine, "reap")} == {"succeeded"}
 
 
-async def test_update_of_cron_rearms_and_a_slot_due_during_it_fires_once(make_engine, clock: ManualClock) -> None:
+async def test_update_of_cron_rearms_and_a_slot_due_during_it_fires_once(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     engine = make_engine([queue()])
     await engine.start()
     await engine.quiesce()
@@ -74,7 +75,7 @@ async def test_update_of_cron_rearms_and_a_slot_due_during_it_fires_once(make_en
     assert slots(await all_runs(engine, "reap")) == ["08:01", "08:02", "08:04"]
 
 
-async def test_update_to_a_cron_without_the_armed_slot_loses_nothing_new(make_engine, clock: ManualClock) -> None:
+async def test_update_to_a_cron_without_the_armed_slot_loses_nothing_new(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     engine = make_engine([queue()])
     await engine.start()
     await engine.quiesce()
@@ -86,7 +87,7 @@ async def test_update_to_a_cron_without_the_armed_slot_loses_nothing_new(make_en
     assert slots(await all_runs(engine, "reap")) == ["08:11"]
 
 
-async def test_delete_stops_it_and_disable_enable_works(make_engine, clock: ManualClock) -> None:
+async def test_delete_stops_it_and_disable_enable_works(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     engine = make_engine([queue()])
     await engine.start()
     await engine.quiesce()
@@ -104,7 +105,7 @@ async def test_delete_stops_it_and_disable_enable_works(make_engine, clock: Manu
         await engine.delete_schedule("reap")
 
 
-async def test_refusals_name_the_value(make_engine, clock: ManualClock) -> None:
+async def test_refusals_name_the_value(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     engine = make_engine([queue(), schedule("coded")])
     await engine.open()
     cases = [
@@ -143,7 +144,7 @@ async def _refusal(engine: Engine, bad: dict[str, Any]) -> BadInput:
     raise AssertionError("not refused")
 
 
-async def test_another_engine_picks_up_create_update_delete_on_its_poll(make_engine, clock: ManualClock) -> None:
+async def test_another_engine_picks_up_create_update_delete_on_its_poll(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     firer = make_engine([queue()])
     await firer.start()
     await firer.quiesce()
