@@ -140,7 +140,7 @@ async def _hammer(url: str, headers: dict[str, str], target: Target, clients: in
 def concurrent(
     url: str, headers: dict[str, str], target: Target, clients: int, seconds: float, warmup_s: float, server_pid: int
 ) -> dict[str, Any]:
-    import psutil
+    import psutil  # type: ignore[import-untyped]  # the test extras have psutil but not types-psutil
 
     server = psutil.Process(server_pid)
     me = psutil.Process()
@@ -248,9 +248,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 deep_before, deep_offset = deep_cursor(client, deep_name, args.deep_page)
                 busiest = ledger.busiest()
                 last_before, last_offset = last_page_cursor(ledger.db_path, busiest)
-                runs_params = lambda name, before=None: {  # noqa: E731
-                    "name": name, "limit": str(PAGE), **({"before": before} if before else {})
-                }
+
+                def runs_params(name: str, before: str | None = None) -> dict[str, str]:
+                    return {"name": name, "limit": str(PAGE), **({"before": before} if before else {})}
+
                 targets = {
                     "healthz": Target("healthz", "/healthz", [{}]),
                     "schedules": Target("schedules", "/inspect/schedules", [{}], expect=len(ledger.specs)),

@@ -54,6 +54,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -122,7 +123,7 @@ _FAILURES = [
 _INSTANCES = ["web-1:2231", "web-2:4117", "web-1:9054", "worker-a:771", "worker-b:1290"]
 
 
-def _pick(rng: random.Random, table: list[tuple[float, Any]]) -> Any:
+def _pick(rng: random.Random, table: Sequence[tuple[float, *tuple[Any, ...]]]) -> Any:
     x, acc = rng.random() * sum(w for w, *_ in table), 0.0
     for row in table:
         acc += row[0]
@@ -360,7 +361,8 @@ _DDL_DEFERRED = ("CREATE INDEX", "CREATE UNIQUE INDEX", "DROP INDEX")  # in migr
 
 def _schema_statements() -> tuple[list[str], list[str]]:
     """The store's migrations split into (tables, indexes): indexes are built after the rows."""
-    tables, indexes = [], []
+    tables: list[str] = []
+    indexes: list[str] = []
     for script in sqlite_store.MIGRATIONS:
         for statement in script.split(";"):
             text = statement.strip()
