@@ -33,7 +33,7 @@ import random
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -43,6 +43,9 @@ from schemathesis import checks
 
 from backend import connect
 from tests.servers import start_server, store_for
+
+if TYPE_CHECKING:
+    from schemathesis.specs.openapi.schemas import OpenApiCase  # the library's name for an OpenAPI operation's case
 
 OPERATE = "op-fuzz-token"
 DEFINITIONS = """
@@ -144,7 +147,7 @@ def real_value(path: str, parameter: str) -> str:
     return {"queue": "mail", "function": "flow"}.get(parameter) or REAL[parameter]
 
 
-def put_bad_text(case: schemathesis.Case, choose: random.Random) -> None:
+def put_bad_text(case: OpenApiCase, choose: random.Random) -> None:
     """Text no store can keep in one place of ``case``: a field the body documents (itself,
     or nested in it), a query parameter or a path parameter."""
     content = case.operation.definition.raw.get("requestBody", {}).get("content", {})
@@ -160,6 +163,7 @@ def put_bad_text(case: schemathesis.Case, choose: random.Random) -> None:
     where, key = choose.choice(places)
     if where == "body":
         bad = choose.choice(BAD_TEXT)
+        assert isinstance(case.body, dict)  # made one above when it was not
         body = {**case.body, key: choose.choice([bad, {"nested": [bad]}, {bad: 1}])}
         # As JSON text, a lone surrogate escaped: sent as it is (schemathesis' own schema
         # checks of a body cannot take such a string).
@@ -172,7 +176,7 @@ def put_bad_text(case: schemathesis.Case, choose: random.Random) -> None:
 
 @schema.parametrize()
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
-def test_no_5xx_and_every_answer_as_documented(case: schemathesis.Case) -> None:
+def test_no_5xx_and_every_answer_as_documented(case: OpenApiCase) -> None:
     # A third of the cases as generated; a third naming what exists; a third naming what
     # exists, with bad text in one place. Chosen from the case's id: every phase of
     # schemathesis (examples, coverage, fuzzing) gets its share.
