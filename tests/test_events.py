@@ -11,7 +11,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +111,11 @@ async def test_a_reader_resumes_where_it_left_or_refetches() -> None:
 async def test_signals_published_on_another_thread_wake_the_reader() -> None:
     bus = EventBus()
     inbox = bus.subscribe()
-    thread = threading.Thread(target=lambda: [bus.publish("runs", f"t{i}") for i in range(100)])
+    def publish() -> None:
+        for i in range(100):
+            bus.publish("runs", f"t{i}")
+
+    thread = threading.Thread(target=publish)
     thread.start()
     got: list[Signal] = []
     async with asyncio.timeout(10):
@@ -285,7 +289,7 @@ async def test_runs_are_announced_only_while_some_process_has_readers(pg_url: st
             await b.flush()
             async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as mouth:
                 await mouth.execute("SELECT pg_notify('schedtui_events', %s)", (marker,))
-            got = []
+            got: list[str] = []
             async for notify in ear.notifies(timeout=10):
                 if notify.payload == marker:
                     return got
@@ -376,7 +380,7 @@ async def test_while_signals_are_heard_the_state_poll_is_only_a_backstop(pg_url:
             reads.append(1)
             return await get_states()
 
-        b.store.get_states = counting  # type: ignore[method-assign]
+        b.store.get_states = counting  # type: ignore[method-assign]  # counts the reads
         for _ in range(20):
             clock.advance(1)
             await b.quiesce()
@@ -407,15 +411,20 @@ async def test_a_burst_of_runs_is_announced_by_the_ledgers_own_commit(pg_url: st
         await b.start()
         await b.quiesce()
         relay, store = b.relay.postgres, b.store
-        assert relay is not None
-        sent, rows = relay.sent, store.rows_written  # type: ignore[attr-defined]
+        assert relay is not None and isinstance(store, PostgresStore)
+        sent, rows = relay.sent, store.rows_written
         clock.advance(1)
         await b.quiesce()
         await b.flush()
         heard: set[str] = set()
-        await until(inbox.get, lambda batch: heard.update(n for t, n in pairs(batch) if t == "runs" and n) or len(heard) == 20)
+
+        def all_heard(batch: list[Signal]) -> bool:
+            heard.update(n for t, n in pairs(batch) if t == "runs" and n)
+            return len(heard) == 20
+
+        await until(inbox.get, all_heard)
         assert heard == {f"tick{i}" for i in range(20)}
-        assert store.rows_written > rows  # type: ignore[attr-defined]
+        assert store.rows_written > rows
         assert relay.sent == sent  # no NOTIFY of its own: it rode the rows' commit
     finally:
         await b.stop(0)
@@ -475,25 +484,26 @@ async def test_a_process_listens_on_one_connection_for_signals_and_job_wake_ups(
     # PostgreSQL wakes every listening connection of the database for every NOTIFY, a
     # transaction each: a process that runs queues must not listen twice.
     listener, sender = open_store(pg_url), open_store(pg_url)
+    assert isinstance(listener, PostgresStore) and isinstance(sender, PostgresStore)
     await listener.open()
     await sender.open()
     payloads: asyncio.Queue[str] = asyncio.Queue()
     wakes: asyncio.Queue[str | None] = asyncio.Queue()
     states: list[bool] = []
-    events = asyncio.ensure_future(listener.listen_events(payloads.put_nowait, states.append))  # type: ignore[attr-defined]
-    jobs = asyncio.ensure_future(listener.watch_jobs(wakes.put_nowait))  # type: ignore[attr-defined]
+    events = asyncio.ensure_future(listener.listen_events(payloads.put_nowait, states.append))
+    jobs = asyncio.ensure_future(listener.watch_jobs(wakes.put_nowait))
     try:
         assert await asyncio.wait_for(wakes.get(), 10) is None  # up: look at every queue
         assert states == [True]
         assert await listening_backends(pg_url) == 1
-        await sender.notify_events("hello", "hello")  # type: ignore[attr-defined]
-        await sender.notify_jobs(["mail"])  # type: ignore[attr-defined]
+        await sender.notify_events("hello", "hello")
+        await sender.notify_jobs(["mail"])
         assert await asyncio.wait_for(payloads.get(), 10) == "hello"
         assert await asyncio.wait_for(wakes.get(), 10) == "mail"
         assert payloads.empty()  # a job wake-up is not a signal
         events.cancel()
         await asyncio.gather(events, return_exceptions=True)
-        await sender.notify_jobs(["audio"])  # type: ignore[attr-defined]
+        await sender.notify_jobs(["audio"])
         assert await asyncio.wait_for(wakes.get(), 10) == "audio"  # held for the queue's workers
         assert await listening_backends(pg_url) == 1
     finally:
@@ -581,7 +591,8 @@ class Reader:
         return batch
 
     async def close(self) -> None:
-        await self.stream.aclose()  # type: ignore[attr-defined]
+        assert isinstance(self.stream, AsyncGenerator)
+        await self.stream.aclose()
         await self.backend.close()
 
 
@@ -661,7 +672,8 @@ async def test_a_quiet_stream_pings(live_server: tuple[str, Engine]) -> None:
         assert await anext(stream) == []  # a ping
         assert await anext(stream) == []
     finally:
-        await stream.aclose()  # type: ignore[attr-defined]
+        assert isinstance(stream, AsyncGenerator)
+        await stream.aclose()
         await backend.close()
 
 
@@ -777,20 +789,21 @@ async def test_a_listening_connection_gone_silent_is_given_up_and_listened_on_ag
     monkeypatch.setattr(listening, "LISTEN_CHECK", 0.2)
     with relay_to(pg_url) as relay:
         listener, sender = open_store(via(pg_url, relay.port)), open_store(pg_url)
+        assert isinstance(listener, PostgresStore) and isinstance(sender, PostgresStore)
         await listener.open()
         await sender.open()
         payloads: asyncio.Queue[str] = asyncio.Queue()
         states: asyncio.Queue[bool] = asyncio.Queue()
-        events = asyncio.ensure_future(listener.listen_events(payloads.put_nowait, states.put_nowait))  # type: ignore[attr-defined]
+        events = asyncio.ensure_future(listener.listen_events(payloads.put_nowait, states.put_nowait))
         try:
             assert await asyncio.wait_for(states.get(), 10) is True
-            await sender.notify_events("before", "before")  # type: ignore[attr-defined]
+            await sender.notify_events("before", "before")
             assert await asyncio.wait_for(payloads.get(), 10) == "before"
             relay.freeze()
             assert await asyncio.wait_for(states.get(), 10) is False  # (0.4 s: a check, then its question unanswered)
             relay.thaw()
             assert await asyncio.wait_for(states.get(), 10) is True
-            await sender.notify_events("after", "after")  # type: ignore[attr-defined]
+            await sender.notify_events("after", "after")
             assert await asyncio.wait_for(payloads.get(), 10) == "after"
         finally:
             relay.thaw()
@@ -810,13 +823,15 @@ async def test_a_listening_connection_that_fails_lets_go_of_its_socket_before_it
     import socket as sockets
 
     listener, probe = open_store(pg_url), None
+    assert isinstance(listener, PostgresStore)
     await listener.open()
     states: asyncio.Queue[bool] = asyncio.Queue()
-    events = asyncio.ensure_future(listener.listen_events(lambda payload: None, states.put_nowait))  # type: ignore[attr-defined]
+    events = asyncio.ensure_future(listener.listen_events(lambda payload: None, states.put_nowait))
     ours, theirs = sockets.socketpair()
     try:
         assert await asyncio.wait_for(states.get(), 10) is True
-        fd = listener._listener.fd  # type: ignore[attr-defined]
+        assert listener._listener is not None
+        fd = listener._listener.fd
         assert fd is not None
         with psycopg.connect(pg_url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'schedtui-listen'")
