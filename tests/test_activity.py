@@ -8,7 +8,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -20,7 +20,8 @@ from backend.client.actions import decode, encode
 from backend.client.embedded import EmbeddedBackend
 from backend.client.remote import RemoteBackend
 from backend.ids import IdFactory
-from backend.jobs.store import Finish, JobStore, NewJob, QueueSpec
+from backend.jobs.store import Finish, FinishKind, JobStore, NewJob, QueueSpec
+from backend.model import RunStatus, Trigger
 from backend.store.postgres.store import PostgresStore
 from backend.store.sqlite.store import SQLiteStore
 from tests import pg
@@ -75,11 +76,11 @@ class Ledger:
         self.engine = engine
         self.ids = IdFactory(lambda: T)
 
-    def run(self, name: str, slot: datetime, status: str = "succeeded", *, finished: datetime | None = None,
-            trigger: str = "self") -> Run:
+    def run(self, name: str, slot: datetime, status: RunStatus = "succeeded", *, finished: datetime | None = None,
+            trigger: Trigger = "self") -> Run:
         fired = slot + timedelta(milliseconds=2)
-        return Run(id=self.ids(), name=name, scheduled_at=slot, status=status,  # type: ignore[arg-type]
-                   trigger=trigger, coordination_outcome="manual" if trigger == "manual" else "single",  # type: ignore[arg-type]
+        return Run(id=self.ids(), name=name, scheduled_at=slot, status=status,
+                   trigger=trigger, coordination_outcome="manual" if trigger == "manual" else "single",
                    instance="test", fired_at=None if status == "missed" else fired,
                    finished_at=None if status in ("missed", "running") else (finished or fired + timedelta(seconds=1)))
 
@@ -91,7 +92,7 @@ class Ledger:
 # ---------------------------------------------------------------------------------------
 # the stores' aggregation
 # ---------------------------------------------------------------------------------------
-async def test_runs_fall_in_the_minute_they_ended_exactly_at_its_boundaries(opened: Any) -> None:
+async def test_runs_fall_in_the_minute_they_ended_exactly_at_its_boundaries(opened: Callable[..., Awaitable[Engine]]) -> None:
     engine = await opened([EVERY_MINUTE, HOURLY])
     ledger = Ledger(engine)
     start = datetime(2026, 3, 2, 7, 56, tzinfo=UTC)  # the first of the 5 minutes up to 08:00:30
@@ -121,9 +122,9 @@ async def test_runs_fall_in_the_minute_they_ended_exactly_at_its_boundaries(open
     assert hourly.runs == (0, 0, 0, 1, 0) and hourly.failures == (0, 0, 0, 1, 0)
 
 
-async def test_queues_count_attempts_failures_and_jobs_that_died_and_stayed_dead(opened: Any) -> None:
+async def test_queues_count_attempts_failures_and_jobs_that_died_and_stayed_dead(opened: Callable[..., Awaitable[Engine]]) -> None:
     engine = await opened([define_queue(name="mail", handler=deliver), define_queue(name="idle", handler=deliver)])
-    js: JobStore = engine.store  # type: ignore[assignment]
+    js = cast(JobStore, engine.store)
     start = datetime(2026, 3, 2, 7, 56, tzinfo=UTC)
     ids = IdFactory(lambda: T)
     await js.define_queues([QueueSpec("mail", 8, 1, 60.0), QueueSpec("idle", 1, 1, 60.0)], start, update=True)
@@ -132,9 +133,9 @@ async def test_queues_count_attempts_failures_and_jobs_that_died_and_stayed_dead
     claimed = (await js.cycle_jobs([], {"mail": 8}, "test", ids(), start - timedelta(minutes=4))).claimed
     assert len(claimed) == 5
     ends = [start - US, start, start + timedelta(minutes=1), start + timedelta(minutes=1, seconds=59), T]
-    kinds = ["succeeded", "dead", "succeeded", "dead", "dead"]
+    kinds: list[FinishKind] = ["succeeded", "dead", "succeeded", "dead", "dead"]
     await js.finish_jobs([
-        Finish(c.id, c.queue, c.tries, kind, c.attempt, c.started_at, end, "test",  # type: ignore[arg-type]
+        Finish(c.id, c.queue, c.tries, kind, c.attempt, c.started_at, end, "test",
                None if kind == "succeeded" else "Boom", None if kind == "succeeded" else "boom")
         for c, end, kind in zip(claimed, ends, kinds, strict=True)
     ])  # fmt: skip
@@ -151,7 +152,7 @@ async def test_queues_count_attempts_failures_and_jobs_that_died_and_stayed_dead
     assert by_name["idle"] == QueueActivity("idle", (0,) * 5, (0,) * 5, (0,) * 5, 0)
 
 
-async def test_lateness_counts_from_the_first_slot_after_the_newest_success(opened: Any) -> None:
+async def test_lateness_counts_from_the_first_slot_after_the_newest_success(opened: Callable[..., Awaitable[Engine]]) -> None:
     never = define_schedule(name="never", cron="0 * * * *", timezone="UTC", handler=work)
     covered = define_schedule(name="covered", cron="0 * * * *", timezone="UTC", handler=work)
     engine = await opened([HOURLY, EVERY_MINUTE, QUIET, never, covered])
@@ -188,7 +189,7 @@ async def test_lateness_counts_from_the_first_slot_after_the_newest_success(open
 def count_statements(engine: Engine) -> list[str]:
     """Every statement the engine's store runs from now on."""
     seen: list[str] = []
-    store: Any = engine.store
+    store = engine.store
     if isinstance(store, SQLiteStore):
         read = store._read
 
@@ -202,7 +203,7 @@ def count_statements(engine: Engine) -> list[str]:
 
             return await read(traced)
 
-        store._read = traced_read
+        store._read = traced_read  # type: ignore[method-assign]  # records the statements it runs
     else:
         assert isinstance(store, PostgresStore)
         with_conn = store._with_conn
@@ -221,11 +222,11 @@ def count_statements(engine: Engine) -> list[str]:
         async def counting(fn: Any, **kwargs: Any) -> Any:
             return await with_conn(lambda conn: fn(Counting(conn)), **kwargs)
 
-        store._with_conn = counting
+        store._with_conn = counting  # type: ignore[method-assign]  # records the statements it runs
     return seen
 
 
-async def test_a_read_costs_the_same_statements_for_10_or_300_schedules(opened: Any) -> None:
+async def test_a_read_costs_the_same_statements_for_10_or_300_schedules(opened: Callable[..., Awaitable[Engine]]) -> None:
     schedules = [define_schedule(name=f"s{n:03}", cron="* * * * *", timezone="UTC", handler=work) for n in range(300)]
     mail = define_queue(name="mail", handler=deliver)
     statements, written = {}, 0
