@@ -37,6 +37,7 @@ from backend import BackfillProgress, InUse, NotFound, Refused, Run, ScheduleSta
 from backend.ids import IdFactory, id_floor
 from backend.model import Claim, StoreHealth, slot_key
 from backend.store import Membership, Store, open_store
+from backend.store.postgres.store import PostgresStore
 from backend.store.sqlite.reserve import Reserve
 from backend.store.sqlite.sql import _run_params
 from backend.store.sqlite.store import SQLiteStore
@@ -128,7 +129,7 @@ def run(
         "finished_at": scheduled_at + timedelta(seconds=1, microseconds=250) if done else None,
     }
     fields.update(kwargs)
-    return Run(id=run_id, name=name, scheduled_at=scheduled_at, status=status, trigger=trigger, **fields)  # type: ignore[arg-type]
+    return Run(id=run_id, name=name, scheduled_at=scheduled_at, status=status, trigger=trigger, **fields)  # type: ignore[arg-type]  # as the test gives them: Run checks them
 
 
 def assert_utc(dt: datetime | None) -> None:
@@ -261,7 +262,8 @@ async def test_datetimes_come_back_aware_utc_and_equal(store: Store) -> None:
         assert value == getattr(sent, field)
     assert got.scheduled_at == datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
     assert got.fired_at == datetime(2026, 3, 2, 8, 0, 0, 1, tzinfo=UTC)
-    assert (got.finished_at.microsecond, got.fired_at.microsecond) == (999_999, 1)  # type: ignore[union-attr]
+    assert got.finished_at is not None and got.fired_at is not None
+    assert (got.finished_at.microsecond, got.fired_at.microsecond) == (999_999, 1)
 
 
 async def test_dates_far_from_now_round_trip(store: Store) -> None:
@@ -534,6 +536,7 @@ async def test_a_closed_run_stays_closed_and_a_late_result_is_noted_once(store: 
     assert stored == dataclasses.replace(
         abandoned, error_message="no heartbeat; late result from instance host-a:1 at 2026-03-02T08:01:01Z: succeeded"
     )
+    assert stored is not None and stored.error_message is not None
     # A late failure is noted with its tag and message; a late "running" version and the
     # same closed version again change nothing.
     for version in (
@@ -601,7 +604,8 @@ async def test_close_runs_of_a_burst_closes_the_running_ones_and_leaves_the_rest
     assert await store.close_runs(closing) == {r.id for r in burst[1:]}
     if hasattr(store, "commits"):
         assert store.commits == commits + 1  # one transaction for the whole burst
-    assert (await store.get_run(burst[0].id)).status == "succeeded"  # type: ignore[union-attr]
+    first = await store.get_run(burst[0].id)
+    assert first is not None and first.status == "succeeded"
     assert await store.get_run(burst[1].id) == closing[1]
     assert await store.get_run(done.id) == done
     assert await store.get_run(ghost.id) is None
@@ -678,7 +682,8 @@ async def test_a_traceback_is_kept_and_read_with_one_run_only(store: Store) -> N
     # A late version of a closed run leaves its traceback as it was.
     store.save_runs([dataclasses.replace(failed, status="succeeded", error_tag=None, traceback=None)])
     await store.flush()
-    assert (await store.get_run(failed.id)).traceback == "Traceback …\nKeyError: 'x'\n"  # type: ignore[union-attr]
+    kept = await store.get_run(failed.id)
+    assert kept is not None and kept.traceback == "Traceback …\nKeyError: 'x'\n"
 
 
 # ---------------------------------------------------------------------------------------
@@ -735,7 +740,8 @@ async def test_a_heartbeat_row_carries_the_clock_reading_and_an_older_versions_r
     if isinstance(store, SQLiteStore):
         await store._write(lambda c: c.execute("UPDATE instances SET clock_offset = NULL, clock_off = NULL"))
     else:
-        await store._execute("UPDATE schedtui_instances SET clock_offset = NULL, clock_off = NULL")  # type: ignore[attr-defined]
+        assert isinstance(store, PostgresStore)
+        await store._execute("UPDATE schedtui_instances SET clock_offset = NULL, clock_off = NULL")
     assert {(i.clock_offset_s, i.clock_off) for i in await store.fleet()} == {(None, False)}
 
 
@@ -826,7 +832,7 @@ def progress(backfill_id: str, name: str = "job", **kwargs: object) -> BackfillP
         "started_at": T0 + timedelta(microseconds=42),
     }
     fields.update(kwargs)
-    return BackfillProgress(id=backfill_id, name=name, **fields)  # type: ignore[arg-type]
+    return BackfillProgress(id=backfill_id, name=name, **fields)  # type: ignore[arg-type]  # as the test gives them: BackfillProgress checks them
 
 
 async def test_backfill_start_update_get(store: Store) -> None:
@@ -1169,7 +1175,8 @@ def test_sqlite_whatever_the_disk_does_every_run_lands_as_its_latest_version(
     async def play() -> None:
         store = SQLiteStore(tmp_path_factory.mktemp("writer") / "state.db")
         await store.open()
-        ids, latest, full = Ids(), {}, False  # latest: run id -> the version last handed in
+        ids, full = Ids(), False
+        latest: dict[str, Run] = {}  # run id -> the version last handed in
         try:
             for op, n in steps:
                 if op == "new":
