@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from textual.pilot import Pilot
-from textual.widgets import Input
+from textual.widgets import Checkbox, Input
 
 from backend import ManualClock, Unauthorized
 from backend.model import BackfillProgress
@@ -27,7 +27,6 @@ from tests.console_fixtures import (
     FROZEN,
     WHERE,
     FlakyBackend,
-    add_alerts,
     add_jobs,
     add_locks,
     add_timeline_history,
@@ -106,14 +105,14 @@ def _backfill(start: str, end: str = "now", confirm: str = "", skip: bool = Fals
         await pilot.press("b")
         await settle(pilot)
         screen = app.screen
-        screen.query_one("#from").value = start  # type: ignore[attr-defined]
-        screen.query_one("#to").value = end  # type: ignore[attr-defined]
+        screen.query_one("#from", Input).value = start
+        screen.query_one("#to", Input).value = end
         await settle(pilot)
         if skip:
-            screen.query_one("#skip").value = True  # type: ignore[attr-defined]
+            screen.query_one("#skip", Checkbox).value = True
             await settle(pilot)
         if confirm:
-            screen.query_one("#confirm").value = confirm  # type: ignore[attr-defined]
+            screen.query_one("#confirm", Input).value = confirm
             await settle(pilot)
 
     return run_before
@@ -129,8 +128,8 @@ def _new_schedule(cron: str, zone: str = "Europe/Berlin", payload: str = '{"olde
         screen = pilot.app.screen
         for field, value in (("name", "reap-sessions"), ("cron", cron), ("zone", zone), ("target", "mailer"),
                              ("payload", payload), ("description", "Prunes expired sessions")):
-            screen.query_one(f"#{field}").value = value  # type: ignore[attr-defined]
-        cron_field = screen.query_one("#cron")
+            screen.query_one(f"#{field}", Input).value = value
+        cron_field = screen.query_one("#cron", Input)
         cron_field.focus()
         await settle(pilot)
         cron_field.action_end()  # the cursor after what was typed (focus selected it all)

@@ -11,12 +11,14 @@ import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from textual.pilot import Pilot
+from textual.widgets import Input, TextArea
 
 from backend import ManualClock
+from backend.client.interface import Backend
 from backend.jobs.store import Finish, JobStore, NewJob
 from backend.store import open_store
 from console.app import SchedtuiApp
@@ -24,6 +26,7 @@ from console.screens.confirm import Confirm
 from console.screens.jobs import JobDetails, SendJobScreen, TypedCount
 from console.views.jobs import JobsView
 from console.widgets.jobs import JobsTable, QueuesTable
+from console.widgets.line import Line
 from tests.console_fixtures import FROZEN, WHERE, console_backend
 from tests.console_scenes import make_ledger
 from tests.test_console import Notes, settle
@@ -99,7 +102,7 @@ async def test_queues_with_their_counts_and_a_queues_jobs_by_status(store_url: s
         await pilot.press("down")  # thumbnails
         await settle(pilot)
         assert view.selected_queue == "thumbnails" and jobs.row_count == 5
-        assert "‖ paused (P resumes)" in str(view.query_one("#jobs-title").content)
+        assert "‖ paused (P resumes)" in str(view.query_one("#jobs-title", Line).content)
         clock.advance(6)
         app.tick()
         await settle(pilot)
@@ -174,7 +177,7 @@ async def test_R_with_the_dead_filter_retries_every_dead_job_shown_typing_their_
         await settle(pilot)
         assert notes.seen[-1] == ("Not confirmed", "You typed 27; type 28 to confirm.")
         assert isinstance(app.screen, TypedCount)
-        prompt.query_one("#typed").value = ""  # type: ignore[attr-defined]
+        prompt.query_one("#typed", Input).value = ""
         await pilot.press("2", "8", "enter")
         await settle(pilot)
         assert notes.titled("Retried") == ["webhooks: 28 of 28 dead jobs queued again with fresh attempts"]
@@ -227,18 +230,18 @@ async def test_n_sends_a_job_and_bad_input_sends_nothing(store_url: str) -> None
         await settle(pilot)
         screen = app.screen
         assert isinstance(screen, SendJobScreen)
-        screen.query_one("#payload").text = '{"url": "https://example.com/hook"'  # type: ignore[attr-defined]
+        screen.query_one("#payload", TextArea).text = '{"url": "https://example.com/hook"'
         await pilot.press("ctrl+s")
         await settle(pilot)
         assert notes.seen[-1][0] == "Not sent" and "The payload is not JSON" in notes.seen[-1][1]
-        screen.query_one("#payload").text = '{"url": "https://example.com/hook"}'  # type: ignore[attr-defined]
-        screen.query_one("#delay").value = "99999999"  # type: ignore[attr-defined]
+        screen.query_one("#payload", TextArea).text = '{"url": "https://example.com/hook"}'
+        screen.query_one("#delay", Input).value = "99999999"
         await pilot.press("ctrl+s")
         await settle(pilot)
         assert notes.seen[-1] == ("Not sent", "delay 99,999,999s is out of range: 0 to 2,592,000 seconds (30 days)")
         assert (await app.backend.list_jobs("webhooks")).jobs == []
-        screen.query_one("#delay").value = "60"  # type: ignore[attr-defined]
-        screen.query_one("#key").value = "hook-1"  # type: ignore[attr-defined]
+        screen.query_one("#delay", Input).value = "60"
+        screen.query_one("#key", Input).value = "hook-1"
         await pilot.press("ctrl+s")
         await settle(pilot)
         assert not isinstance(app.screen, SendJobScreen)
@@ -248,7 +251,7 @@ async def test_n_sends_a_job_and_bad_input_sends_nothing(store_url: str) -> None
         assert [r[2] for r in rows(view.query_one(JobsTable))] == ["in 1m"]
         await pilot.press("n")
         await settle(pilot)
-        app.screen.query_one("#key").value = "hook-1"  # type: ignore[attr-defined]
+        app.screen.query_one("#key", Input).value = "hook-1"
         await pilot.press("ctrl+s")
         await settle(pilot)
         assert notes.titled("Duplicate") == [f"webhooks: a job with that key is there already: {sent.id}; nothing queued"]
@@ -281,7 +284,7 @@ async def test_an_empty_store_says_how_queues_appear(tmp_path: Path, size: tuple
     async with jobs_view(url, size=size) as (app, pilot, clock, notes, view):
         assert view.query_one(QueuesTable).row_count == 0
         assert "a queue is recorded when a process with its definition opens the store" in str(
-            view.query_one("#queues-title").content
+            view.query_one("#queues-title", Line).content
         )
         await pilot.press("n")
         await settle(pilot)
@@ -293,7 +296,7 @@ async def test_a_lost_connection_leaves_the_jobs_on_screen_stale_and_comes_back(
 
     clock = ManualClock(FROZEN)
     backend = FlakyBackend(console_backend(store_url, clock))
-    app = SchedtuiApp(backend, clock, where=WHERE, operator_zone=ZONE)
+    app = SchedtuiApp(cast(Backend, backend), clock, where=WHERE, operator_zone=ZONE)  # a stand-in, not a Backend subclass
     notes = Notes(app)
     try:
         async with app.run_test(size=(100, 30)) as pilot:

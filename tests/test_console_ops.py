@@ -9,11 +9,13 @@ against a real ``schedtui serve`` on a loopback port.
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from textual.widgets import Input
 
 from backend import ManualClock
 from backend.client.remote import RemoteBackend
@@ -40,7 +42,7 @@ async def start_backfill(pilot: Any, name: str, start: str) -> BackfillScreen:
     await settle(pilot)
     screen = pilot.app.screen
     assert isinstance(screen, BackfillScreen)
-    screen.query_one("#from").value = start  # type: ignore[attr-defined]
+    screen.query_one("#from", Input).value = start
     await settle(pilot)
     screen.action_start()
     await pilot.pause()
@@ -91,7 +93,7 @@ async def test_the_palette_stops_the_backfill_of_the_selected_schedule(store_url
         provider = ConsoleCommands(app.screen)
         [nothing] = [hit async for hit in provider.search("stop backfill")]
         assert str(nothing.text) == "Stop backfill: heartbeat"
-        await nothing.command()  # type: ignore[misc]
+        await nothing.command()
         await settle(pilot)
         assert notes.titled("Stop backfill") == ["No backfill of heartbeat is running."]
 
@@ -100,7 +102,7 @@ async def test_the_palette_stops_the_backfill_of_the_selected_schedule(store_url
         await pilot.pause()
         [hit] = [hit async for hit in ConsoleCommands(app.screen).search("stop backfill")]
         assert str(hit.text) == "Stop backfill: slow-reindex"
-        await hit.command()  # type: ignore[misc]
+        await hit.command()
         await pilot.pause()
         await pilot.pause()
         assert isinstance(app.screen, Confirm) and app.screen.action == "cancel_backfill"
@@ -161,7 +163,7 @@ async def test_the_plan_warns_of_the_live_slots_it_may_skip(store_url: str) -> N
         await settle(pilot)
         screen = app.screen
         assert isinstance(screen, BackfillScreen)
-        screen.query_one("#from").value = "-1m"  # type: ignore[attr-defined]
+        screen.query_one("#from", Input).value = "-1m"
         await settle(pilot)
         assert screen.plan is not None and screen.plan.run_seconds == 15 and screen.plan.live_slots == 9
         text = plain(screen.query_one("#plan"))
@@ -206,7 +208,8 @@ async def test_a_refused_or_missing_token_is_said_in_the_header_with_how_to_give
     server: Server, token: str | None, says: str
 ) -> None:
     backend = RemoteBackend(server.url, token)
-    app = SchedtuiApp(backend, ManualClock("2026-03-02T08:00:00Z"))
+    clock = ManualClock("2026-03-02T08:00:00Z")
+    app = SchedtuiApp(backend, clock)
     notes = Notes(app)
     try:
         async with app.run_test(size=(80, 24)) as pilot:
@@ -218,7 +221,7 @@ async def test_a_refused_or_missing_token_is_said_in_the_header_with_how_to_give
             assert "not connected" not in text
             everything = text + " ".join(message for _, message in notes.seen)
             assert "Authorization" not in everything and "Bearer" not in everything
-            app.clock.advance(120)  # type: ignore[attr-defined]
+            clock.advance(120)
             app.tick()
             await settle(pilot)
             assert says in header_text(app)  # it stays (not a toast), and nothing retries it
@@ -240,6 +243,12 @@ def test_the_header_names_the_ways_the_console_takes_a_token(tmp_path: Path, mon
 # ---------------------------------------------------------------------------------------
 # item 6: a server that dies and comes back
 # ---------------------------------------------------------------------------------------
+def retry_due(header: ConsoleHeader) -> datetime:
+    """When the header's next retry is due (it has one: the server is lost)."""
+    assert header.retry_at is not None
+    return header.retry_at
+
+
 async def test_a_dropped_stream_turns_the_header_at_once_and_a_restarted_server_is_found_within_5s(
     tmp_path: Path,
 ) -> None:
@@ -265,17 +274,17 @@ async def test_a_dropped_stream_turns_the_header_at_once_and_a_restarted_server_
                 clock.advance(2)  # the next poll finds it gone
                 app.tick()
             await until(pilot, lambda: header.state == "lost")
-            delays = [header.retry_at - clock.now()]  # type: ignore[operator]
+            delays = [retry_due(header) - clock.now()]
             for _ in range(4):  # each retry due on the clock fails; the wait stops growing at 5 s
-                clock.set(header.retry_at)  # type: ignore[arg-type]
+                clock.set(retry_due(header))
                 failures = app._failures  # noqa: SLF001
                 app.tick()
-                await until(pilot, lambda f=failures: app._failures > f)  # type: ignore[misc]  # noqa: SLF001
-                delays.append(header.retry_at - clock.now())  # type: ignore[operator]
+                await until(pilot, lambda f=failures: app._failures > f)  # noqa: SLF001
+                delays.append(retry_due(header) - clock.now())
             assert [d.total_seconds() for d in delays] == [1, 2, 5, 5, 5]
             server = start_server(tmp_path, "--schedules", "schedules", "--store", store, "--token", OPERATE,
                                   "--port", port)  # fmt: skip
-            clock.set(header.retry_at)  # type: ignore[arg-type]  # at most 5 s after it came back
+            clock.set(retry_due(header))  # at most 5 s after it came back
             app.tick()
             await until(pilot, lambda: header.state == "live")
             await until(pilot, lambda: app.events_live)  # its stream too, at once: the clock has not moved
@@ -298,7 +307,7 @@ async def test_polls_the_server_does_not_answer_stop_the_header_saying_live(stor
         await answer.wait()  # a server that died without a word: the request hangs
         return await listing()
 
-    backend.list_schedules = slow  # type: ignore[method-assign]
+    backend.list_schedules = slow  # type: ignore[method-assign]  # a server that stops answering
     async with console(store_url, backend=backend, clock=clock, live_events=False) as (app, pilot, _, notes):
         assert "● live (polling)" in header_text(app)
         answer.clear()
