@@ -15,7 +15,7 @@ from backend import NotFound
 from backend.ids import IdFactory
 from backend.jobs.definition import MAX_HELD
 from backend.jobs.model import NotDead, QueueFull
-from backend.jobs.store import Claimed, Finish, Handover, JobStore, NewJob, QueueSpec
+from backend.jobs.store import Claimed, Finish, FinishKind, Handover, JobStore, NewJob, QueueSpec, RunningJob
 from backend.store import Store
 from tests.test_store import new_store, store, store_kind  # noqa: F401 - the fixtures
 
@@ -50,8 +50,8 @@ async def define(store: Store, name: str = "mail", concurrency: int = 2, attempt
     return js
 
 
-def finish(c: Claimed, kind: str, at: datetime, *, retry_at: datetime | None = None, tag: str | None = None) -> Finish:
-    return Finish(c.id, c.queue, c.tries, kind, c.attempt, c.started_at, at, "worker-a", tag, tag and f"{tag}!", retry_at)  # type: ignore[arg-type]
+def finish(c: Claimed, kind: FinishKind, at: datetime, *, retry_at: datetime | None = None, tag: str | None = None) -> Finish:
+    return Finish(c.id, c.queue, c.tries, kind, c.attempt, c.started_at, at, "worker-a", tag, tag and f"{tag}!", retry_at)
 
 
 async def claim(js: JobStore, n: int = 10, *, queue: str = "mail", at: datetime = T0, instance: str = "worker-a") -> list[Claimed]:
@@ -295,18 +295,24 @@ async def test_a_paused_queue_gives_nothing_until_resumed(store: Store) -> None:
     assert len(await claim(js)) == 1
 
 
+def seat_of(job: RunningJob) -> int:
+    """The seat of a running job that holds one (one that holds none fails the test)."""
+    assert job.seat is not None
+    return job.seat
+
+
 async def test_a_lowered_cap_drains_before_anything_is_claimed(store: Store) -> None:
     js = await define(store, concurrency=3)
     await js.send_jobs("mail", [new(i) for i in range(6)], T0)
     claimed = {c.id: c for c in await claim(js)}
-    seats = {r.id: r.seat for r in await js.running_jobs()}
+    seats = {r.id: seat_of(r) for r in await js.running_jobs()}
     assert sorted(seats.values()) == [1, 2, 3]
     await define(store, concurrency=2)
     high = next(job_id for job_id, seat in seats.items() if seat == 3)
     await js.finish_jobs([finish(c, "succeeded", T0) for job_id, c in claimed.items() if job_id != high])
     assert await claim(js) == []  # seats 1 and 2 are free, but seat 3 is held above the cap
     await js.finish_jobs([finish(claimed[high], "succeeded", T0)])
-    assert sorted(r.seat for r in await js.running_jobs()) == []
+    assert sorted(seat_of(r) for r in await js.running_jobs()) == []
     assert len(await claim(js)) == 2
 
 
