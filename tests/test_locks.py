@@ -11,7 +11,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -30,7 +30,7 @@ from backend import (
     connect_sync,
     define_schedule,
 )
-from backend.locks import Lease, LockStore
+from backend.locks import Lease, Lock, LockStore
 from backend.schedules import RunContext
 from backend.store import Store, open_store
 from tests import pg
@@ -59,6 +59,13 @@ async def lock_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
     await store.close()
 
 
+async def stored_lock(store: Store, name: str) -> Lock:
+    """The lock table's row of ``name`` (there is one: the lock was taken)."""
+    lock = await cast(LockStore, store).get_lock(name)
+    assert lock is not None
+    return lock
+
+
 def fence_conn(store: Any, tmp_path: Path) -> Any:
     """A connection of the caller's own to the store's database, in autocommit-free mode."""
     if store.kind == "sqlite":
@@ -70,12 +77,12 @@ def fence(store: Any, conn: Any, resource: str, name: str, token: int, now: date
     """One fenced write in its own transaction: the fence, then commit (roll back if refused)."""
     if isinstance(conn, sqlite3.Connection):
         conn.execute("BEGIN")
-        why = store.fence_on_sync(conn, resource, name, token, now)
+        why: str | None = store.fence_on_sync(conn, resource, name, token, now)
         conn.execute("ROLLBACK" if why else "COMMIT")
-        return why  # type: ignore[no-any-return]
+        return why
     with conn.transaction():
         why = store.fence_on_sync(conn, resource, name, token, now)
-    return why  # type: ignore[no-any-return]
+    return why
 
 
 # ---------------------------------------------------------------------------------------
@@ -93,7 +100,8 @@ async def test_one_holder_until_expiry_then_a_greater_token(lock_store: LockStor
     # The old holder can neither renew nor release what is no longer its lease.
     assert await lock_store.renew_lock("rollup", first.token, TTL, at(31)) is None
     assert not await lock_store.release_lock("rollup", first.token, at(31))
-    assert (await lock_store.get_lock("rollup")).holder == "b"  # type: ignore[union-attr]
+    taken = await lock_store.get_lock("rollup")
+    assert taken is not None and taken.holder == "b"
 
 
 async def test_renewal_only_for_the_current_token_before_expiry(lock_store: LockStore) -> None:
@@ -195,11 +203,11 @@ async def test_a_lease_renews_every_third_of_its_ttl_and_is_released(clock: Manu
         clock.advance(10)
         await engine.quiesce()
         assert lease.expires_at == clock.now() + TTL, step
-    lock = await engine.store.get_lock("nightly")  # type: ignore[attr-defined]
+    lock = await stored_lock(engine.store, "nightly")
     assert lock.renewed_at == clock.now() and lock.holder == engine.instance
     await lease.release()
     assert not lease.held
-    assert (await engine.store.get_lock("nightly")).holder is None  # type: ignore[attr-defined]
+    assert (await stored_lock(engine.store, "nightly")).holder is None
 
 
 async def test_a_lease_that_cannot_be_renewed_is_lost_at_its_deadline_and_async_work_is_cancelled(
@@ -239,7 +247,7 @@ async def test_a_lock_whose_answer_comes_after_its_ttl_ran_out_is_not_taken_and_
     engine, other = engines(), engines()
     await engine.open()
     await other.open()
-    acquire = engine.store.acquire_lock  # type: ignore[attr-defined]
+    acquire = cast(LockStore, engine.store).acquire_lock
 
     async def late_answer(*args: Any) -> Any:
         lock = await acquire(*args)
@@ -250,7 +258,7 @@ async def test_a_lock_whose_answer_comes_after_its_ttl_ran_out_is_not_taken_and_
     ran: list[str] = []
     result = await engine.locks.with_lock("rollup", lambda lease: ran.append("ran"), ttl=30)
     assert not result.acquired and ran == []
-    assert (await engine.store.get_lock("rollup")).holder is None  # type: ignore[attr-defined]
+    assert (await stored_lock(engine.store, "rollup")).holder is None
     monkeypatch.undo()
     taken = await other.locks.acquire("rollup", ttl=30)
     assert taken is not None and taken.held
@@ -300,7 +308,7 @@ async def test_with_lock_whose_lock_was_released_by_force_never_reports_success(
     assert result.acquired and result.value == "done"
     assert isinstance(result.error, LeaseLost) and "released by force" in str(result.error)
     taker = await operator.locks.acquire("rollup", ttl=30)
-    assert taker is not None and taker.token > result.token  # type: ignore[operator]
+    assert taker is not None and result.token is not None and taker.token > result.token
 
 
 async def test_hold_refuses_naming_the_holder_and_cancels_its_block_when_the_lease_is_lost(
@@ -338,7 +346,8 @@ async def test_hold_whose_lease_is_lost_after_the_last_await_raises_at_the_end(
     with pytest.raises(LeaseLost, match="while the block ran"):
         async with a.locks.hold("x", ttl=30) as lease:
             a.locks._lose(lease, "simulated")  # lost with no await left in the block
-    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
     await asyncio.sleep(0)  # no cancellation left pending on this task
 
 
@@ -357,7 +366,7 @@ async def test_an_outside_cancellation_of_a_holder_is_not_taken_for_a_lost_lease
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert (await a.store.get_lock("x")).holder is None  # type: ignore[attr-defined]
+    assert (await stored_lock(a.store, "x")).holder is None
 
 
 async def test_with_lock_returns_value_or_error_and_never_overlaps(engines: Callable[..., Engine]) -> None:
@@ -383,7 +392,8 @@ async def test_with_lock_returns_value_or_error_and_never_overlaps(engines: Call
         raise RuntimeError("partner API down")
 
     failed = await a.locks.with_lock("rollup", boom, ttl=30)
-    assert failed.acquired and isinstance(failed.error, RuntimeError) and failed.token > result.token  # type: ignore[operator]
+    assert failed.acquired and isinstance(failed.error, RuntimeError)
+    assert failed.token is not None and result.token is not None and failed.token > result.token
     threaded = await a.locks.with_lock("rollup", lambda lease: lease.token, ttl=30)
     assert threaded.value == threaded.token
 
@@ -396,7 +406,7 @@ async def test_with_lock_returns_value_or_error_and_never_overlaps(engines: Call
     for work, raised in ((odd, StrAndReprRaise), (odd_async, Unreadable)):
         result = await a.locks.with_lock("rollup", work, ttl=30)
         assert result.acquired and type(result.error) is raised
-        assert (await a.store.get_lock("rollup")).holder is None  # type: ignore[attr-defined]
+        assert (await stored_lock(a.store, "rollup")).holder is None
 
 
 async def test_a_forced_release_is_audited_and_every_change_is_signalled(engines: Callable[..., Engine]) -> None:
@@ -445,7 +455,7 @@ async def test_a_locked_schedule_runs_holding_its_lock_and_skips_a_slot_when_it_
     clock.advance(60)
     await engine.quiesce()
     assert seen == [(1, "i0 (rollup)")]
-    assert (await engine.store.get_lock("nightly-rollup")).holder is None  # type: ignore[attr-defined]
+    assert (await stored_lock(engine.store, "nightly-rollup")).holder is None
 
     other = engines()
     await other.open()
@@ -515,7 +525,7 @@ def test_the_synchronous_twin_holds_fences_and_reports(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'state.db'}"
     with connect_sync(url, create=True) as st:
         result = st.locks.with_lock("x", lambda lease: lease.token * 2, ttl=60)
-        assert result.acquired and result.value == 2 * result.token
+        assert result.acquired and result.token is not None and result.value == 2 * result.token
         # Released by force inside the block: its end says so (LeaseLost), before any renewal.
         with pytest.raises(LeaseLost, match="was lost while the block ran: .*released by force"):
             with st.locks.hold("x", ttl=60) as lease:
