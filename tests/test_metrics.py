@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -21,7 +21,8 @@ from backend import Engine, JobContext, ManualClock, RunContext, define_durable,
 from backend.api.server import serve
 from backend.client.embedded import EmbeddedBackend
 from backend.jobs.store import Finish
-from backend.model import Run
+from backend.model import Run, RunStatus
+from backend.observability.fleet import FleetStore
 from backend.observability.metrics import DURATION_BUCKETS, EngineMetrics
 from backend.store import Membership
 from tests.conftest import expect
@@ -210,7 +211,8 @@ async def test_every_family_and_label_set_after_real_work(served: Callable[..., 
 
     # From the store: the fleet's view.
     last = value(samples, "schedtui_schedule_last_success_timestamp_seconds", schedule="good")
-    assert last == at(manual.finished_at)  # type: ignore[arg-type]
+    assert manual.finished_at is not None
+    assert last == at(manual.finished_at)
     assert set(series(samples, "schedtui_schedule_last_success_timestamp_seconds")) == {frozenset({("schedule", "good")})}
     assert {dict(k)["schedule"]: v for k, v in series(samples, "schedtui_schedule_enabled").items()} == {
         "good": 1.0, "broken": 0.0, "yearly": 1.0, "paused": 0.0, "platform": 1.0,
@@ -296,7 +298,7 @@ async def test_only_firing_members_with_a_fresh_heartbeat_count(
     store = server.engine.store
     await store.heartbeat("gone", "elsewhere", 1, now - timedelta(seconds=31), Membership("firing", "advisoryLock"))
     await store.heartbeat("late", "elsewhere", 2, now - timedelta(seconds=29), Membership("waiting", "single"))
-    await store.heartbeat("old-version", "elsewhere", 3, now, Membership(None))  # type: ignore[arg-type]
+    await store.heartbeat("old-version", "elsewhere", 3, now, Membership(None))  # type: ignore[arg-type]  # an older version's heartbeat: no role
     skewed = Membership("firing", "advisoryLock", clock_offset=61.0, clock_off=True)  # its clock a minute off
     await store.heartbeat("skewed", "elsewhere", 4, now, skewed)
     server.cache_clock.advance(5)
@@ -422,7 +424,7 @@ async def test_the_fleet_is_read_in_the_background_on_the_clock_and_a_scrape_nev
     await asyncio.wait_for(metrics.fleet.next_read(), 10)
     assert metrics.fleet.reads == 2
 
-    healthy = engine.store.fleet_snapshot  # type: ignore[attr-defined]
+    healthy = cast(FleetStore, engine.store).fleet_snapshot
     entered, release = asyncio.Event(), asyncio.Event()
 
     async def slow(*args: Any, **kwargs: Any) -> Any:
@@ -473,7 +475,7 @@ async def test_the_first_scrape_waits_for_the_first_read_at_most_wait_seconds(
     engine = make_engine([define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=ok)])
     metrics = EngineMetrics(engine, clock=ManualClock(T0), wait=0.01)  # the bound under test, in real time
     await engine.start()
-    healthy = engine.store.fleet_snapshot  # type: ignore[attr-defined]
+    healthy = cast(FleetStore, engine.store).fleet_snapshot
     release = asyncio.Event()
 
     async def hung(*args: Any, **kwargs: Any) -> Any:
@@ -642,7 +644,7 @@ async def test_a_store_that_cannot_be_read_leaves_the_fleet_out_until_it_can(
     cache_clock = ManualClock(T0)
     metrics = EngineMetrics(engine, clock=cache_clock)
     await engine.start()
-    healthy = engine.store.fleet_snapshot  # type: ignore[attr-defined]
+    healthy = cast(FleetStore, engine.store).fleet_snapshot
 
     async def down(*args: Any, **kwargs: Any) -> Any:
         raise Unavailable("the store is down (test)")
@@ -686,9 +688,13 @@ def test_a_failing_meter_is_logged_and_never_stops_a_recording(caplog: pytest.Lo
         def save_runs(self, runs: list[Run]) -> None:
             saved.append(list(runs))
 
-    ledger = RunLedger(Store())  # type: ignore[arg-type]
+    ledger = RunLedger(Store())  # type: ignore[arg-type]  # a stand-in that only saves runs
     told: list[str] = []
-    ledger.meters.append(lambda run: 1 / 0)  # type: ignore[func-returns-value]
+
+    def failing(run: Run) -> None:
+        raise ZeroDivisionError("division by zero")  # a meter that fails (as 1 / 0 does)
+
+    ledger.meters.append(failing)
     ledger.meters.append(lambda run: told.append(run.id))
 
     async def record() -> None:
@@ -702,8 +708,8 @@ def test_a_failing_meter_is_logged_and_never_stops_a_recording(caplog: pytest.Lo
     assert "a run meter failed" in caplog.text
 
 
-def took(name: str, seconds: float, status: str = "succeeded") -> Run:
-    return Run(f"{name}-{seconds}-{status}", name, T0, status, "self", "single", "i", T0, T0 + timedelta(seconds=seconds))  # type: ignore[arg-type]
+def took(name: str, seconds: float, status: RunStatus = "succeeded") -> Run:
+    return Run(f"{name}-{seconds}-{status}", name, T0, status, "self", "single", "i", T0, T0 + timedelta(seconds=seconds))
 
 
 def test_only_the_schedules_that_finished_a_run_are_rendered_again_and_the_text_is_prometheus_clients() -> None:

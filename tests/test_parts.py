@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from backend import ManualClock, RunContext, define_schedule, open_store
-from backend.model import Run, ScheduleState
+from backend.model import Run, RunStatus, ScheduleState
 from backend.runtime.loops import Loops
 from backend.scheduler.ledger import RunLedger
 from backend.scheduler.registry import InstanceRegistry, host_identity
@@ -24,8 +24,8 @@ UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 
 
-def run(id_: str, status: str = "running") -> Run:
-    return Run(id_, "job", T0, status, "self", "single", "me")  # type: ignore[arg-type]
+def run(id_: str, status: RunStatus = "running") -> Run:
+    return Run(id_, "job", T0, status, "self", "single", "me")
 
 
 # ---------------------------------------------------------------------------------------
@@ -99,7 +99,7 @@ async def test_a_dead_instances_burst_is_closed_in_one_write(kind: str, request:
             calls.append(len(runs))
             return await close_runs(runs)
 
-        store.close_runs = counted  # type: ignore[method-assign]
+        store.close_runs = counted  # type: ignore[method-assign]  # counts the runs closed per call
         closed = await reg.close_abandoned()
         assert sorted(r.id for r in closed) == [r.id for r in dead]
         assert all(r.error_tag == "abandoned" and "no longer registered" in (r.error_message or "") for r in closed)
@@ -160,10 +160,14 @@ class RecordingStore:
 
 async def test_a_held_ledger_hands_the_whole_burst_over_at_once_in_order() -> None:
     store = RecordingStore()
-    ledger = RunLedger(store)  # type: ignore[arg-type]
+    ledger = RunLedger(store)  # type: ignore[arg-type]  # a stand-in that only records what it is handed
     seen: list[str] = []
     ledger.listeners.append(lambda r: seen.append(r.id))
-    ledger.listeners.append(lambda r: 1 / 0)  # a failing listener is logged, never fatal
+
+    def failing(r: Run) -> None:
+        raise ZeroDivisionError("division by zero")  # as 1 / 0 does
+
+    ledger.listeners.append(failing)  # a failing listener is logged, never fatal
     with ledger.hold():
         ledger.record(run("A"))
         await asyncio.sleep(0)
