@@ -6,8 +6,10 @@ steps, sleeps, signal waits, a step name used a second time), sends signals, can
 retries failed executions, moves the clock (so leases expire), crashes instances just before
 or just after one of their writes commits, freezes an instance (its store calls hang, as
 a SIGSTOPped process's would; or only the answers of its claims, which commit: runs it
-claimed come back after their lease may have run out) and thaws it later, and restarts crashed ones. After every
-rule:
+claimed come back after their lease may have run out) and thaws it later, holds up only the
+answers of an instance's claims while the clock moves past the leases they took and another
+instance claims and runs those executions (a slow store: its other calls go through), and
+restarts crashed ones. After every rule:
 
 * a finished step never runs again: no step starts after its success was committed;
 * an at-most-once step runs at most once;
@@ -40,7 +42,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from backend import Engine, ManualClock, Refused, Unavailable
 from backend.durable import DurableContext, Retry, define_durable
-from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED
+from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED, Execution
 from backend.durable.store import Claimed, NewExecution, Write
 from backend.ids import IdFactory
 from backend.store import open_store
@@ -129,6 +131,9 @@ class Proxy:
         self.claims_go_through = False
         """While frozen, its claims still commit (sent just before the freeze): only their
         answers wait for the thaw."""
+        self.late_answers: asyncio.Event | None = None
+        """Set: its claims commit, but their answers wait until it is set (a slow store, a
+        connection whose reply is held up), while its other calls go through."""
         self.crash_next: str | None = None  # "before" or "after"
         self.crashed = False
 
@@ -148,7 +153,7 @@ class Proxy:
         return inserted
 
     async def durable_claim(self, *args: Any) -> list[Claimed]:
-        frozen = self.frozen if self.claims_go_through else None
+        frozen = self.frozen if self.claims_go_through else self.late_answers
         if frozen is None:
             await self._gate()
         claimed: list[Claimed] = await self._store.durable_claim(*args)
@@ -201,18 +206,18 @@ class DurableFleet(RuleBasedStateMachine):
         return f"sqlite:///{self.folder / 'state.db'}"
 
     def run(self, coro: Awaitable[T]) -> T:
-        return self.loop.run_until_complete(asyncio.wait_for(coro, 60))  # type: ignore[arg-type]
+        return self.loop.run_until_complete(asyncio.wait_for(coro, 60))
 
     async def _boot(self, name: str) -> None:
         proxy = Proxy(open_store(self.url))
-        engine = Engine([FUNCTION], proxy, clock=self.clock, instance=name, coordination="advisoryLock",  # type: ignore[arg-type]
+        engine = Engine([FUNCTION], proxy, clock=self.clock, instance=name, coordination="advisoryLock",
                         shutdown_grace=0, retention=None, ids=self.ids_made)  # fmt: skip
         await engine.start()
         self.live[name] = (engine, proxy)
 
     async def _settle(self) -> None:
         for engine, proxy in list(self.live.values()):
-            if proxy.frozen is None and not proxy.crashed:
+            if proxy.frozen is None and proxy.late_answers is None and not proxy.crashed:
                 await engine.quiesce()
         for name, (engine, proxy) in list(self.live.items()):
             if proxy.crashed:
@@ -225,7 +230,7 @@ class DurableFleet(RuleBasedStateMachine):
     @property
     def acting(self) -> Engine | None:
         for engine, proxy in self.live.values():
-            if proxy.frozen is None and not proxy.crashed:
+            if proxy.frozen is None and proxy.late_answers is None and not proxy.crashed:
                 return engine
         return None
 
@@ -295,6 +300,27 @@ class DurableFleet(RuleBasedStateMachine):
             entry[1].claims_go_through = claims_go_through
         self.settle()
 
+    @rule(name=st.sampled_from(NAMES), first=st.sampled_from([5, 31]))
+    def claim_answers_come_late(self, name: str, first: int) -> None:
+        """Its claims' answers are held up while the clock moves past the leases they took
+        (and its other calls go through): the runs it claimed meanwhile, another instance
+        may claim and run before the answer comes (one is started if none is live).
+        ``first``: a lease or a wait that comes due, or not yet, before it claims."""
+        entry = self.live.get(name)
+        if entry is None or entry[1].frozen is not None or entry[1].crashed or entry[1].late_answers is not None:
+            self.settle()
+            return
+        if not any(other != name and proxy.frozen is None and not proxy.crashed for other, (_, proxy) in self.live.items()):
+            self.run(self._boot(next(n for n in NAMES if n not in self.live)))  # one to take the runs over
+        held = entry[1].late_answers = asyncio.Event()
+        self.clock.advance(first)
+        self.settle()  # it claims what is due; the others claim and run the rest
+        self.clock.advance(31)  # past the leases of what it claimed
+        self.settle()  # the others claim those and run them
+        entry[1].late_answers = None
+        held.set()
+        self.settle()
+
     @rule(name=st.sampled_from(NAMES))
     def thaw(self, name: str) -> None:
         if name in self.live:
@@ -351,6 +377,9 @@ class DurableFleet(RuleBasedStateMachine):
         try:
             for name, (_, proxy) in list(self.live.items()):
                 proxy.crash_next = None
+                if proxy.late_answers is not None:
+                    proxy.late_answers.set()
+                    proxy.late_answers = None
                 self._thaw(name)
             self.settle()
             if self.acting is None:
@@ -367,7 +396,7 @@ class DurableFleet(RuleBasedStateMachine):
             self.loop.close()
 
     def _run_to_the_end(self) -> None:
-        executions = []
+        executions: list[Execution] = []
         for _ in range(40):
             engine = self.acting
             assert engine is not None
