@@ -10,14 +10,16 @@ lane), and a checkpoint cancelled in flight leaves the lane busy only until its 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 
 from backend import ManualClock
+from backend.durable.model import Execution, StepStatus
 from backend.durable.store import Claimed, Finish, NewExecution, Progress, StepRecord, Write
 from backend.events.audit import AuditEntry
 from backend.store.postgres.lane import LaneFailed
@@ -55,8 +57,17 @@ def checkpoint(claim: Claimed, seq: int, name: str, now: datetime) -> Write:
     return Write(claim.execution.id, claim.execution.lease, now, Progress(name, now + timedelta(seconds=30)), [step])
 
 
+async def execution(store: PostgresStore) -> Execution:
+    """The execution's row (there is one: it was started)."""
+    row = await store.durable_get(ID)
+    assert row is not None
+    return row
+
+
 async def steps_of(store: PostgresStore) -> list[str]:
-    return [step.name for step in (await store.durable_get(ID)).steps]  # type: ignore[union-attr]
+    steps = (await execution(store)).steps
+    assert steps is not None
+    return [step.name for step in steps]
 
 
 class Counted:
@@ -100,7 +111,7 @@ async def test_a_checkpoint_on_the_lane_is_refused_once_the_lease_has_moved(stor
     assert await store.durable_write(checkpoint(second, 2, "two", later)) is False
     assert on_lane() == 1 and await steps_of(store) == ["one", "two"]
     # the execution's row is not written by a checkpoint: the step it is at is its newest one's
-    assert (await store.durable_get(ID)).current_step == "two"  # type: ignore[union-attr]
+    assert (await execution(store)).current_step == "two"
     # an operator's cancellation comes back with the next checkpoint
     assert await store.durable_cancel(ID, later, "cancelled by ops") == ("running", "requested")
     assert await store.durable_write(checkpoint(second, 3, "three", later)) is True
@@ -108,7 +119,7 @@ async def test_a_checkpoint_on_the_lane_is_refused_once_the_lease_has_moved(stor
     # the end: refused to a displaced owner too, one log line with it
     end = Finish("succeeded", "three", output="3")
     assert await store.durable_write(Write(ID, first.execution.lease, later, end, [], ["succeeded"])) is None
-    assert on_lane() == 1 and (await store.durable_get(ID)).status == "running"  # type: ignore[union-attr]
+    assert on_lane() == 1 and (await execution(store)).status == "running"
     assert await store.durable_write(Write(ID, second.execution.lease, later, end, [], ["succeeded"])) is not None
     assert on_lane() == 1
     done = await store.durable_get(ID)
@@ -178,7 +189,7 @@ async def test_a_checkpoints_times_on_the_lane_read_back_to_the_microsecond(stor
         (datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), datetime(1, 1, 2, tzinfo=UTC), None),
     ]  # fmt: skip
     for seq, (started, finished, wake) in enumerate(times, start=1):
-        status = "waiting" if wake is not None else "succeeded"
+        status: StepStatus = "waiting" if wake is not None else "succeeded"
         record = StepRecord(seq, f"s{seq}", "step", status, 1, started, finished, wake_at=wake)
         write = Write(ID, claim.execution.lease, now, Progress(f"s{seq}", now + timedelta(seconds=30)), [record])
         assert await store.durable_write(write) is False
@@ -212,7 +223,7 @@ async def test_a_start_on_the_lane_is_claimed_audited_and_logged_in_one_statemen
     again = AuditEntry("01JD3Z6Q0V9W4C7PAXH3KJ1M2D", now, "ops", "durable.start", ID, {"function": "f"})
     assert await store.durable_insert(new, claim=claim, audit=again, log="started on a") is False
     assert [e.id for e in await store.list_audit(limit=10)] == [audit.id]
-    assert [line.message for line in (await store.durable_get(ID)).logs or []] == ["started on a"]  # type: ignore[union-attr]
+    assert [line.message for line in (await execution(store)).logs or []] == ["started on a"]
 
 
 async def test_a_start_whose_reply_was_lost_after_it_committed_is_still_this_starts(
@@ -224,15 +235,15 @@ async def test_a_start_whose_reply_was_lost_after_it_committed_is_still_this_sta
     assert lane is not None and await lane.open()
     call = lane.call
 
-    async def reply_lost(key: str, params: Any) -> Any:
-        await call(key, params)
+    async def reply_lost(key: str, params: Sequence[bytes | None], formats: Sequence[int] | None = None) -> pq.abc.PGresult:
+        await call(key, params, formats)
         raise LaneFailed("the connection broke before the reply")
 
     now = clock.now()
     claim = ("a", now + timedelta(seconds=30))
-    lane.call = reply_lost  # type: ignore[method-assign]
+    lane.call = reply_lost  # type: ignore[method-assign]  # a lane whose reply is lost
     assert await store.durable_insert(NewExecution(ID, "f", "null", now), claim=claim, log="started on a") is True
-    lane.call = call  # type: ignore[method-assign]
+    lane.call = call  # type: ignore[method-assign]  # the lane's own again
     row = await store.durable_get(ID)
     assert row is not None and (row.status, row.instance) == ("running", "a")
     assert [line.message for line in row.logs or []] == ["started on a"]

@@ -126,11 +126,11 @@ class Fleet:
 
     def wait_ready(self, *instances: Instance) -> None:
         for instance in instances:
-            poll(
-                lambda instance=instance: "claims retention" in instance.log() or instance.proc.poll() is not None,
-                timeout=30,
-                what=f"{instance.name} to start",
-            )
+
+            def started(instance: Instance = instance) -> bool:
+                return "claims retention" in instance.log() or instance.proc.poll() is not None
+
+            poll(started, timeout=30, what=f"{instance.name} to start")
             assert instance.proc.poll() is None, f"{instance.name} exited:\n{instance.log()}"
 
     def live(self) -> list[Instance]:
@@ -144,11 +144,11 @@ class Fleet:
             instance.proc.send_signal(signal.SIGINT)
         if interrupt:
             for instance in live:
-                poll(
-                    lambda instance=instance: "run(s) in flight" in instance.log() or instance.proc.poll() is not None,
-                    timeout=15,
-                    what=f"{instance.name} to wait for its runs",
-                )
+
+                def waiting(instance: Instance = instance) -> bool:
+                    return "run(s) in flight" in instance.log() or instance.proc.poll() is not None
+
+                poll(waiting, timeout=15, what=f"{instance.name} to wait for its runs")
                 if instance.proc.poll() is None:
                     instance.proc.send_signal(signal.SIGINT)
         for instance in live:

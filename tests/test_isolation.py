@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from backend import DefinitionError, ManualClock, RunContext, define_schedule, discover
+from backend import DefinitionError, Engine, ManualClock, RunContext, Schedule, define_schedule, discover
 from tests.conftest import all_runs
 from tests.servers import poll
 
@@ -49,7 +49,7 @@ fine_job = define_schedule(name="fine", cron="0 * * * *", timezone="UTC", handle
 
 
 @pytest.fixture
-def definitions(tmp_path: Path) -> list[Any]:
+def definitions(tmp_path: Path) -> list[Schedule]:
     folder = tmp_path / "defs"
     folder.mkdir()
     (folder / "isolated.cron.py").write_text(textwrap.dedent(HANDLERS))
@@ -64,7 +64,9 @@ def alive(pid: int) -> bool:
     return True
 
 
-async def test_the_watchdog_kills_a_hanging_handler_in_its_process(make_engine, clock: ManualClock, definitions, tmp_path: Path) -> None:
+async def test_the_watchdog_kills_a_hanging_handler_in_its_process(
+    make_engine: Callable[..., Engine], clock: ManualClock, definitions: list[Schedule], tmp_path: Path
+) -> None:
     engine = make_engine([s for s in definitions if s.name == "hang"])
     await engine.start()
     clock.set("2026-03-02T09:00:00Z")
@@ -94,7 +96,8 @@ async def test_the_watchdog_kills_a_hanging_handler_in_its_process(make_engine, 
     ],
 )
 async def test_what_a_handler_in_its_process_does_is_its_runs_outcome(
-    make_engine, clock: ManualClock, definitions, name: str, status: str, tag: str | None, message: str | None
+    make_engine: Callable[..., Engine], clock: ManualClock, definitions: list[Schedule],
+    name: str, status: str, tag: str | None, message: str | None,
 ) -> None:
     engine = make_engine([s for s in definitions if s.name == name])
     await engine.start()
@@ -111,6 +114,6 @@ def test_process_isolation_needs_a_definitions_file() -> None:
         pass
 
     with pytest.raises(DefinitionError, match="isolation 'thread' is not one of process"):
-        define_schedule(name="x", cron="* * * * *", timezone="UTC", handler=inline, isolation="thread")  # type: ignore[arg-type]
+        define_schedule(name="x", cron="* * * * *", timezone="UTC", handler=inline, isolation="thread")  # type: ignore[arg-type]  # the refused value is the point
     ok = define_schedule(name="x", cron="* * * * *", timezone="UTC", handler=inline, isolation="process")
     assert ok.source_file == __file__
