@@ -20,8 +20,10 @@ from rich.console import Console
 from textual.app import App
 from textual.containers import Vertical
 from textual.screen import Screen
+from textual.widgets import Input
 
 from backend.model import BackfillProgress
+from console.screens.backfill import BackfillScreen
 from console.screens.confirm import Confirm
 from console.screens.quit import QuitPrompt
 from console.views.durable import ExecutionsTable
@@ -108,7 +110,8 @@ async def test_every_question_shows_its_whole_text(name: str, size: tuple[int, i
         on_screen = words(shown(app))
         for line in text_of(dialog).splitlines():
             assert words(line) in on_screen, f"cut at {size}: {line!r} not in {on_screen!r}"
-        assert words(dialog.HINT) in on_screen  # type: ignore[attr-defined]
+        assert isinstance(dialog, (Confirm, QuitPrompt))
+        assert words(dialog.HINT) in on_screen
         # Wrapped inside the screen, never wider than it.
         box = dialog.query_one(Vertical).region
         assert box.x >= 0 and box.right <= size[0] and box.bottom <= size[1]
@@ -192,25 +195,27 @@ async def test_starting_a_backfill(store_url: str) -> None:
         type_fast(app, "b")
         await typed(pilot)
         dialog = app.screen
-        dialog.query_one("#from").value = "-1m"  # type: ignore[attr-defined]
+        assert isinstance(dialog, BackfillScreen)
+        dialog.query_one("#from", Input).value = "-1m"
         await settle(pilot)
-        assert dialog.state == "ok"  # type: ignore[attr-defined]
+        assert dialog.state == "ok"
         for no in LEAVE:
             type_fast(app, "tab", "enter", no)  # Cancel → Backfill, pressed: it asks
             await typed(pilot)
-            assert app.screen is dialog and dialog.state == "ok"  # type: ignore[attr-defined]
+            # (isinstance again: mypy takes the identity check for a narrowing to Screen[object])
+            assert app.screen is dialog and isinstance(dialog, BackfillScreen) and dialog.state == "ok"
             type_fast(app, "shift+tab")  # back to Cancel
             await typed(pilot)
         type_fast(app, "tab", "enter", "y")
         await typed(pilot)
-        assert dialog.state in ("running", "done")  # type: ignore[attr-defined]
+        assert dialog.state in ("running", "done")
 
 
 async def test_quitting_while_a_backfill_started_here_runs(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
         app.backfills["b1"] = running()  # as if started from this console, and still running
         exits: list[object] = []
-        app.exit = lambda *args, **kwargs: exits.append(args)  # type: ignore[method-assign,assignment]
+        app.exit = lambda *args, **kwargs: exits.append(args)  # type: ignore[method-assign]  # records the exit instead
         for no in LEAVE:
             type_fast(app, "q", no)
             await typed(pilot)

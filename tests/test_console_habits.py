@@ -220,7 +220,7 @@ async def test_q_command_and_ctrl_c_quit_and_ask_only_while_a_backfill_started_h
             def exit(*_: object, exits: list[bool] = exits, **__: object) -> None:
                 exits.append(True)
 
-            app.exit = exit  # type: ignore[method-assign,assignment]
+            app.exit = exit  # type: ignore[method-assign]  # records the exit instead
             await type_at_once(pilot, *keys)
             assert exits == [True], keys
             exits.clear()

@@ -179,6 +179,7 @@ async def test_each_views_footer_shows_only_the_keys_it_handles(store_url: str, 
             shown = {active.binding.id: active for active in app.screen.active_bindings.values() if active.binding.show}
             assert set(shown) == set(declared), spec.id
             for binding_id, active in shown.items():
+                assert binding_id is not None  # (the ids are the declared ones, checked above)
                 key = declared[binding_id]
                 namespace, name, parameters = parse(active.binding.action)
                 node = app if namespace == "app" else active.node
@@ -334,7 +335,9 @@ def test_every_dangerous_action_has_a_scene_here() -> None:
 async def test_a_dangerous_key_asks_and_only_y_does_it(store_url: str, key: Key, action: str) -> None:
     async with console(store_url) as (app, pilot, notes):
         arguments, done = await SCENES[action](app, pilot)
-        question, detail = action_of(action).danger.render(arguments)  # type: ignore[union-attr]
+        danger = action_of(action).danger
+        assert danger is not None  # a dangerous key's action
+        question, detail = danger.render(arguments)
 
         async def ask() -> Confirm:
             await pilot.press(first_key(key))

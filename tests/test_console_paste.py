@@ -5,12 +5,13 @@ most the limit, one notification names it, and the console goes on answering key
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import shutil
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVarTuple
 
 import pytest
 from textual import events
@@ -41,6 +42,8 @@ from tests.console_scenes import make_ledger
 from tests.test_console import settle
 from tests.test_console_schedule_form import schedules_view
 from tests.test_console_typing import type_fast, typed
+
+Ts = TypeVarTuple("Ts")  # a callback's arguments (the counted call_soon_threadsafe's)
 
 SAID = (f"A schedule's payload holds at most {MAX_PAYLOAD_BYTES:,} bytes (64 KiB) of UTF-8; "
         "what was typed or pasted past that was not taken.")
@@ -140,30 +143,34 @@ async def test_the_driver_wakes_the_loop_once_per_batch_and_keeps_the_order() ->
             posted.append(message)
             return True
 
-    driver = batched(Recorder)(FakeApp())  # type: ignore[arg-type]
+    driver = batched(Recorder)(FakeApp())  # type: ignore[arg-type]  # an app that only takes messages
     loop = asyncio.get_running_loop()
     original = loop.call_soon_threadsafe
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
+    def counted(callback: Callable[[*Ts], object], *args: *Ts, context: contextvars.Context | None = None) -> asyncio.Handle:
         nonlocal wakes
         wakes += 1
-        return original(*args, **kwargs)
+        return original(callback, *args, context=context)
 
-    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+    def read() -> None:
+        for key in sent:
+            driver.send_message(key)
+
+    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]  # counts the wake-ups
     try:
-        thread = threading.Thread(target=lambda: [driver.send_message(key) for key in sent])  # the reading thread
+        thread = threading.Thread(target=read)  # the reading thread
         thread.start()
         while thread.is_alive() or len(posted) < len(sent):
             await asyncio.sleep(0)  # the loop, taking each batch when woken
         thread.join()
     finally:
-        loop.call_soon_threadsafe = original  # type: ignore[method-assign]
+        loop.call_soon_threadsafe = original  # type: ignore[method-assign]  # the loop's own again
     assert all(a is b for a, b in zip(posted, sent, strict=True))
     assert wakes < len(sent)
 
 
 def test_the_app_reads_the_terminal_through_the_batching_driver() -> None:
-    app = SchedtuiApp(object())  # type: ignore[arg-type]
+    app = SchedtuiApp(object())  # type: ignore[arg-type]  # no backend: only its driver class is read
     assert issubclass(app.driver_class, App().driver_class) and app.driver_class.__name__.startswith("Batched")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pytest_textual_snapshot import node_to_report_path
+from pytest_textual_snapshot import node_to_report_path  # type: ignore[import-untyped]  # the plugin ships no types
 
 from tests.console_scenes import SCENES, SIZES, make_ledger, scene_app
 
