@@ -48,6 +48,7 @@ from backend.ids import IdFactory
 from backend.model import InstanceInfo, Run
 from backend.runtime.loops import Loops
 from backend.store import open_store
+from backend.store.sqlite.store import SQLiteStore
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 HOOK = "https://hooks.example.test/services/secret"
@@ -86,7 +87,9 @@ class AlertsMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.tmp = tempfile.TemporaryDirectory(prefix="alerts-props-")
-        self.store: Any = open_store(f"sqlite:///{Path(self.tmp.name) / 'state.db'}")
+        store = open_store(f"sqlite:///{Path(self.tmp.name) / 'state.db'}")
+        assert isinstance(store, SQLiteStore)
+        self.store = store
         self.run(self.store.open())
         self.clock = ManualClock(T0)
         self.ids = IdFactory(self.clock.now)

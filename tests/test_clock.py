@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import backend.clock as clock_module
 from backend import BadInput, ManualClock, SystemClock
 from backend.ids import IdFactory, encode_id, id_floor
 from backend.timeparse import parse_when
@@ -40,7 +39,7 @@ async def test_system_clock_chunks_long_waits_and_rechecks_the_wall_clock(monkey
         # zero-length yield still lets a little time pass).
         clock.current += timedelta(seconds=max(delay * 0.9, 0.0001))
 
-    monkeypatch.setattr(clock_module.asyncio, "sleep", fake_sleep)
+    monkeypatch.setattr("backend.clock.asyncio.sleep", fake_sleep)  # the asyncio the clock sleeps with
     deadline = clock.current + timedelta(hours=2)
     await clock.sleep_until(deadline)
     assert clock.now() >= deadline
@@ -59,7 +58,7 @@ async def test_system_clock_notices_a_wall_clock_jump(monkeypatch: pytest.Monkey
         assert len(sleeps) < 100_000, "sleep_until never returned"
         clock.current += timedelta(hours=1) if len(sleeps) == 1 else timedelta(seconds=max(delay, 0.0001))
 
-    monkeypatch.setattr(clock_module.asyncio, "sleep", fake_sleep)
+    monkeypatch.setattr("backend.clock.asyncio.sleep", fake_sleep)  # the asyncio the clock sleeps with
     await clock.sleep_until(clock.current + timedelta(minutes=30))
     assert sleeps == [60]  # a suspended VM woke past the deadline: one chunk, not thirty
 
