@@ -58,7 +58,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psutil
+import psutil  # type: ignore[import-untyped]  # the test extras have psutil but not types-psutil
 from textual import events, on
 from textual._compositor import CompositorUpdate
 from textual.widgets import Input
@@ -67,7 +67,7 @@ from backend import Engine, Run, discover, open_store
 from backend.client.embedded import EmbeddedBackend
 from backend.clock import OffsetClock
 from backend.cron import Cron
-from backend.model import ScheduleView
+from backend.model import RunStatus, ScheduleView
 from console.app import SchedtuiApp
 from console.views.schedules import SchedulesView
 from console.widgets import RunsTable, SchedulesTable, UpcomingLine
@@ -76,7 +76,8 @@ from tests.bench.stats import summary_ms
 
 
 def rss_mb() -> float:
-    return round(psutil.Process().memory_info().rss / 2**20, 1)
+    rss: int = psutil.Process().memory_info().rss
+    return round(rss / 2**20, 1)
 
 
 async def wait_until(predicate: Any, timeout: float = 30.0) -> None:
@@ -198,7 +199,7 @@ class FleetSpec:
         self.enabled = i % 25 != 3
         self.neglected = self.every_minute and i % 50 == 10
         """No run since ten minutes before the start: overdue throughout."""
-        self.status = "running" if self.every_minute and i % 37 == 5 else (
+        self.status: RunStatus = "running" if self.every_minute and i % 37 == 5 else (
             "failed" if self.every_minute and i % 13 == 0 else "succeeded")
         self.parsed = Cron(self.cron, self.zone)
 
@@ -234,10 +235,10 @@ class OtherInstance:
     async def close(self) -> None:
         await self.store.close()
 
-    def _run(self, spec: FleetSpec, slot: datetime, status: str) -> Run:
+    def _run(self, spec: FleetSpec, slot: datetime, status: RunStatus) -> Run:
         self._ids += 1
         done = status != "running"
-        return Run(id=f"01ZZBOUNDARY{self._ids:014d}", name=spec.name, scheduled_at=slot, status=status,  # type: ignore[arg-type]
+        return Run(id=f"01ZZBOUNDARY{self._ids:014d}", name=spec.name, scheduled_at=slot, status=status,
                    trigger="self", coordination_outcome="single", instance="bench-other", fired_at=slot,
                    finished_at=slot + timedelta(milliseconds=120) if done else None,
                    error_tag="RuntimeError" if status == "failed" else None,
@@ -299,7 +300,7 @@ class Frames:
             if self.pending is not None and self.pending():
                 self.at, self.pending = time.perf_counter(), None
 
-        app._display = display  # type: ignore[method-assign]
+        app._display = display  # type: ignore[method-assign]  # notes each frame as it goes out
 
     async def key(self, app: SchedtuiApp, key: str, character: str | None, done: Any) -> float:
         """Press ``key``; seconds to the first frame drawn once ``done()`` holds."""

@@ -600,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="schedtui-bench-durable-"))
     try:
         with __import__("psycopg").connect(server.dsn, autocommit=True) as conn:
-            version = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+            version = conn.execute("SHOW server_version").fetchone()[0]
             if args.statements:
                 conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         result: dict[str, Any] = {

@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         url, names, start, end, think = args.child
         group = names.split(",")
+        doc: dict[str, Any]
         if len(group) == 1:
             doc = asyncio.run(contender(url, group[0], float(start), float(end), float(think) / 1000))
         else:
@@ -222,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 "SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')"
             ).fetchone()
         assert row is not None
-        doc: dict[str, Any] = {
+        doc = {
             "server": {"version": row[0], "fsync": row[1], "synchronous_commit": row[2], "throwaway": server.owned},
             "load": {"contenders": args.contenders, "seconds": args.seconds, "think_ms": args.think_ms, "ttl_s": 30},
         }

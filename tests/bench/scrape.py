@@ -57,7 +57,7 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if __package__ in (None, ""):  # run as a script
@@ -68,7 +68,8 @@ import httpx  # noqa: E402
 from backend import Engine, define_durable, define_queue, discover_definitions  # noqa: E402
 from backend.api.server import serve  # noqa: E402
 from backend.client.embedded import EmbeddedBackend  # noqa: E402
-from backend.model import Run  # noqa: E402
+from backend.model import Run, RunStatus  # noqa: E402
+from backend.observability.fleet import FleetStore  # noqa: E402
 from backend.observability.metrics import EngineMetrics  # noqa: E402
 from tests.bench import stats  # noqa: E402
 from tests.bench.ledger import build_ledger  # noqa: E402
@@ -212,7 +213,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             snapshot_s = []
             for _ in range(20):
                 t = time.perf_counter()
-                await engine.store.fleet_snapshot(  # type: ignore[attr-defined]
+                await cast(FleetStore, engine.store).fleet_snapshot(
                     list(engine.schedules), live_after=datetime.now(UTC) - timedelta(seconds=30), lock_now=None
                 )
                 snapshot_s.append(time.perf_counter() - t)
@@ -280,7 +281,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for index, name in enumerate(names):
                     for repeat in range(1 + index % 3):
                         took = timedelta(seconds=(0.05, 0.7, 3, 40, 200, 1000)[(index + repeat) % 6])
-                        status = ("succeeded", "failed")[repeat % 2]
+                        status: RunStatus = ("succeeded", "failed")[repeat % 2]
                         run = Run(f"seed-{index}-{repeat}", name, now, status, "self", "single", engine.instance, now - took, now)
                         metrics.tallies.run_finished(run)
                 log(f"busy: {args.scrapes} scrapes cached, with a run finished since, with a new snapshot too, "
