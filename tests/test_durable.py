@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -73,7 +73,7 @@ def test_define_durable_refuses_what_cannot_run() -> None:
     with pytest.raises(DefinitionError, match=r"define_durable\('bad name'\): invalid name"):
         define_durable(name="bad name", handler=body)
     with pytest.raises(DefinitionError, match="sync_body must be an async def"):
-        define_durable(name="s", handler=sync_body)  # type: ignore[arg-type]
+        define_durable(name="s", handler=sync_body)  # type: ignore[arg-type]  # the refused handler is the point
     with pytest.raises(DefinitionError, match="step_timeout must be more than 0"):
         define_durable(name="t", handler=body, step_timeout=0)
     with pytest.raises(DefinitionError, match="Retry attempts 0"):
@@ -280,7 +280,7 @@ async def test_a_start_being_inserted_as_its_instance_stops_goes_back_to_the_que
         stop_began.set()
         await stop(grace)
 
-    executor.stop = observed_stop  # type: ignore[method-assign]
+    executor.stop = observed_stop  # type: ignore[method-assign]  # notes when the stop begins
     start = asyncio.ensure_future(a.durable.start_execution("f"))
     await inserting.wait()
     stopping = asyncio.ensure_future(a.stop(grace=0))
@@ -584,7 +584,7 @@ async def test_a_retry_forgets_a_failed_checkpoint_never_a_succeeded_one(engines
     """The store's own rule, whatever step the failure names."""
     engine = engines([])
     await engine.open()
-    store: DurableStore = engine.store  # type: ignore[assignment]
+    store = cast(DurableStore, engine.store)
     now = clock.now()
     ids = ["01JD3Z6Q0V9W4C7PAXH3KJ1M2B", "01JD3Z6Q0V9W4C7PAXH3KJ1M2C"]
     for id_ in ids:
@@ -596,7 +596,13 @@ async def test_a_retry_forgets_a_failed_checkpoint_never_a_succeeded_one(engines
         finish = Finish("failed", failed_step, error_tag="x", error_message="x", failed_step=failed_step)
         assert await store.durable_write(Write(id_, leases[id_], now, finish, [ok, bad])) is not None
         assert await store.durable_retry(id_, now, "retried by test") == "failed"
-    kept = [[(s.name, s.status) for s in (await store.durable_get(id_)).steps or []] for id_ in ids]  # type: ignore[union-attr]
+
+    async def steps_of(id_: str) -> list[tuple[str, str]]:
+        execution = await store.durable_get(id_)
+        assert execution is not None
+        return [(s.name, s.status) for s in execution.steps or []]
+
+    kept = [await steps_of(id_) for id_ in ids]
     assert kept == [[("a", "succeeded"), ("b", "failed")], [("a", "succeeded")]]
 
 
@@ -1013,7 +1019,7 @@ async def test_an_at_most_once_step_interrupted_by_a_crash_is_not_run_again(
 async def test_a_displaced_owner_cannot_write(engines: Callable[..., Engine], clock: ManualClock) -> None:
     engine = engines([])
     await engine.open()
-    store: DurableStore = engine.store  # type: ignore[assignment]
+    store = cast(DurableStore, engine.store)
     now = clock.now()
     await store.durable_insert(NewExecution("01JD3Z6Q0V9W4C7PAXH3KJ1M2B", "f", "null", now))
     [first] = await store.durable_claim("a", ["f"], now, now + timedelta(seconds=30), 10)
@@ -1088,7 +1094,7 @@ async def test_stopping_when_the_last_run_ends_during_the_final_renewal(
     started = await a.durable.start_execution("f")
     await entered.wait()
     executor = a.durable.executor
-    renew = a.store.durable_renew
+    renew = cast(DurableStore, a.store).durable_renew
 
     async def renew_while_the_run_ends(*args: Any) -> Any:
         renewal = await renew(*args)
@@ -1213,7 +1219,7 @@ async def test_the_sweep_for_an_earlier_process_of_our_name_spares_a_claim_in_fl
     function = define_durable(name="f", handler=body)
     before = engines([function], instance="a")  # the earlier process
     await before.open()
-    store: DurableStore = before.store  # type: ignore[assignment]
+    store = cast(DurableStore, before.store)
     earlier = await before.durable.start_execution("f")
     now = clock.now()
     [old] = await store.durable_claim("a", ["f"], now, now + timedelta(seconds=30), 1)
@@ -1242,7 +1248,7 @@ async def test_a_signal_sent_after_the_deadline_by_a_clock_ahead_does_not_count(
     await engine.start()
     started = await engine.durable.start_execution("f")
     await engine.quiesce()
-    store: DurableStore = engine.store  # type: ignore[assignment]
+    store = cast(DurableStore, engine.store)
     await store.durable_signal(started.id, "go", '"late"', clock.now() + timedelta(hours=1))
     clock.advance(60)
     await asyncio.wait_for(engine.quiesce(), 10)

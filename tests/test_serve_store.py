@@ -71,7 +71,9 @@ def ledger(db: Path, query: str = "SELECT name, scheduled_at, status, trigger FR
 
 def count_runs(db: Path) -> int:
     try:
-        return int(ledger(db, "SELECT count(*) FROM runs")[0][0])  # type: ignore[call-overload]
+        count = ledger(db, "SELECT count(*) FROM runs")[0][0]
+        assert isinstance(count, int)
+        return count
     except sqlite3.Error:  # not created yet
         return 0
 
@@ -286,7 +288,7 @@ def test_a_full_disk_loses_no_run_and_healthz_says_why_until_space_is_back(root:
     rows = ledger(db, "SELECT id, name, scheduled_at, trigger FROM runs")
     assert {row[0] for row in rows} >= set(answered)
     for i in range(EVERY_SECOND):
-        slots = sorted(int(row[2]) for row in rows if row[1] == f"tick-{i}" and row[3] == "self")  # type: ignore[call-overload]
+        slots = sorted(int(row[2]) for row in rows if row[1] == f"tick-{i}" and row[3] == "self")  # type: ignore[call-overload]  # (integer microseconds)
         assert len(slots) == len(set(slots)), f"tick-{i}: a slot recorded twice"
         expected = (slots[-1] - slots[0]) // 1_000_000 + 1
         assert len(slots) == expected, f"tick-{i}: {expected - len(slots)} slot(s) missing from the ledger"
@@ -340,7 +342,7 @@ def test_a_full_disk_then_a_restart_fires_no_slot_again_and_forgets_no_run(tmp_p
 
     starts = handled.read_text().splitlines()
     assert len(starts) == len(set(starts)), [s for s in starts if starts.count(s) > 1]  # no slot ran twice
-    rows = {(name, datetime.fromisoformat(iso(_dt_us(us)))): status for name, us, status, _ in ledger(db)}  # type: ignore[arg-type]
+    rows = {(name, datetime.fromisoformat(iso(_dt_us(us)))): status for name, us, status, _ in ledger(db)}  # type: ignore[arg-type]  # us: an int; iso() of one: a str
     ran = {(name, datetime.fromisoformat(at)) for name, at in (line.split() for line in starts)}
     assert {key: rows.get(key) for key in ran} == dict.fromkeys(ran, "succeeded"), "a run that ran is not in the ledger"
     for name in ("all-0", "all-1", "skip-0", "skip-1"):  # each slot from the first to the last once
