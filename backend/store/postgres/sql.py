@@ -354,11 +354,24 @@ COUNT_CLAIMS = "SELECT count(*) FROM schedtui_claims"
 #: Per-connection settings: a statement that runs away (a lock never released, a server
 #: stuck) is stopped rather than left to hold a pool connection forever; times come back
 #: in UTC (as the store hands them out: nothing to convert).
-CONFIGURE = "SET statement_timeout = '30s'; SET idle_in_transaction_session_timeout = '60s'; SET TimeZone = 'UTC'"
+#: Every connection of the store's own (its pool's, its lanes'), in one round trip. A commit
+#: the server acknowledged must survive its crash: a claim, a checkpoint, a lock's token or
+#: a fence lost after its answer would fire a slot twice, run a finished step again or
+#: hand a lock to two holders. So ``synchronous_commit = off`` (a role's or a database's
+#: setting for speed) is turned back ``on`` for these sessions; any other value is kept
+#: (``local``, ``remote_write`` and ``remote_apply`` all flush the commit locally first).
+CONFIGURE = """
+    SELECT set_config('statement_timeout', '30s', false), set_config('idle_in_transaction_session_timeout', '60s', false),
+        set_config('TimeZone', 'UTC', false),
+        CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'on', false) END
+"""
+#: What the server gives a new session of this role and database (read at open, to warn).
+SYNCHRONOUS_COMMIT = "SELECT current_setting('synchronous_commit')"
 #: Behind a transaction pooler (see :mod:`.pooler`): the time zone only, which PgBouncer
 #: keeps per client (it sets it again on whichever server connection serves the client).
-#: The timeouts would stay on the server connection for the pooler's next client: the
-#: role's or the database's own settings apply there (checked at open with POOLED_TIMEOUTS).
+#: The timeouts and ``synchronous_commit`` would stay on the server connection for the
+#: pooler's next client: the role's or the database's own settings apply there (checked at
+#: open with POOLED_TIMEOUTS and SYNCHRONOUS_COMMIT).
 CONFIGURE_POOLED = "SET TimeZone = 'UTC'"
 POOLED_TIMEOUTS = "SELECT current_setting('statement_timeout'), current_setting('idle_in_transaction_session_timeout')"
 

@@ -109,6 +109,7 @@ from backend.store.postgres.sql import (
     SLOT_RECORDED,
     STARTING_MARKS,
     SWEEP_CLAIMS,
+    SYNCHRONOUS_COMMIT,
     UPDATE_BACKFILL,
     UPDATE_VERSION,
     UPSERT_RUNS,
@@ -274,6 +275,7 @@ class PostgresStore(
             raise store_unavailable(self.where, "cannot reach {store}", _one_line(exc), _public_reason(exc)) from None
         try:
             await self._migrate(conn)
+            await self._check_synchronous_commit(conn)
             pool = await self._open_pool(conn)
         except psycopg.Error as exc:
             raise store_unavailable(self.where, "cannot set up {store}", _one_line(exc), _public_reason(exc)) from None
@@ -355,8 +357,30 @@ class PostgresStore(
 
     @staticmethod
     async def _configure(conn: AsyncConnection[Any]) -> None:
-        for statement in CONFIGURE.split(";"):
-            await conn.execute(statement)
+        await conn.execute(CONFIGURE)
+
+    async def _check_synchronous_commit(self, conn: AsyncConnection[Any]) -> None:
+        """Warn when the server's sessions of this role and database do not make a commit
+        durable before answering it (see CONFIGURE): the store turns it back on for its
+        own connections, but not behind a transaction pooler, where it cannot."""
+        row = await (await conn.execute(SYNCHRONOUS_COMMIT)).fetchone()
+        if not row or row[0] != "off":
+            return
+        if self.pooler.transaction:
+            log.warning(
+                'the store "%s" has synchronous_commit = off for this role or database, and behind a transaction '
+                "pooler schedtui cannot turn it on for its own sessions: a server crash can lose commits it already "
+                "acknowledged, and with them the claims, checkpoints and lock tokens that keep work from running "
+                "twice; set it for schedtui's role: ALTER ROLE … SET synchronous_commit = on (%s)",
+                self.where, SEE,
+            )  # fmt: skip
+        else:
+            log.warning(
+                'the store "%s" has synchronous_commit = off for this role or database: schedtui turns it on for '
+                "its own connections (a commit lost in a server crash after it was acknowledged could run work "
+                "twice); other clients of the database keep it off",
+                self.where,
+            )
 
     @staticmethod
     async def _configure_pooled(conn: AsyncConnection[Any]) -> None:
