@@ -19,9 +19,9 @@ import asyncio
 import logging
 import statistics
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,9 +29,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from backend import Engine, ManualClock, define_schedule
-from backend.scheduler.coordination.cluster import MEMBER_PREFIX, SHARDS, shard_of, spread
+from backend.scheduler.coordination.cluster import MEMBER_PREFIX, SHARDS, Cluster, ClusterStore, shard_of, spread
 from backend.scheduler.coordination.suspects import MAX_HOLD_LEASES, Suspects
 from backend.schedules import Schedule
+from backend.store.postgres.cluster import ClusterState
+from backend.store.postgres.store import PostgresStore
 from tests import pg
 
 UTC = UTC
@@ -114,7 +116,7 @@ class Fleet:
         steady = 0
         for _ in range(limit):
             await self.tick()
-            held = sum(len(engine.cluster.held) for engine, _ in self.engines.values())  # type: ignore[union-attr]
+            held = sum(len(cluster_of(engine).held) for engine, _ in self.engines.values())
             busy = any(engine.catch_up.busy for engine, _ in self.engines.values())
             steady = steady + 1 if held == SHARDS and not busy else 0
             if steady > self.shard_ttl:
@@ -126,7 +128,7 @@ class Fleet:
         counted out), at most ``limit`` seconds."""
         floor = SHARDS // len(self.engines)
         for _ in range(limit):
-            held = {name: len(engine.cluster.held) for name, (engine, _) in self.engines.items()}  # type: ignore[union-attr]
+            held = {name: len(cluster_of(engine).held) for name, (engine, _) in self.engines.items()}
             if sum(held.values()) == SHARDS and all(floor <= n <= floor + 1 for n in held.values()):
                 return
             await self.tick()
@@ -148,11 +150,18 @@ class Fleet:
     async def runs(self) -> list[tuple[str, datetime, str, str, str]]:
         engine = next(iter(self.engines.values()))[0] if self.engines else self.crashed[0]
         await engine.flush()
-        rows = await engine.store._fetchall(  # type: ignore[attr-defined]
+        assert isinstance(engine.store, PostgresStore)
+        rows = await engine.store._fetchall(
             "SELECT name, scheduled_at, status, outcome, instance FROM schedtui_runs WHERE trigger <> 'manual' "
             "ORDER BY name, scheduled_at"
         )
         return [(r[0], r[1].astimezone(UTC), r[2], r[3], r[4]) for r in rows]
+
+
+def cluster_of(engine: Engine) -> Cluster:
+    """The engine's cluster coordination (every engine of a fleet here runs in that mode)."""
+    assert engine.cluster is not None
+    return engine.cluster
 
 
 def duplicates(runs: list[tuple[str, datetime, str, str, str]]) -> list[tuple[str, datetime]]:
@@ -275,7 +284,7 @@ async def test_three_instances_divide_the_schedules_and_fire_each_slot_once(flee
     for name in ("a", "b", "c"):
         await f.start(name)
     await f.tick(8)
-    held = {name: len(engine.cluster.held) for name, (engine, _) in f.engines.items()}  # type: ignore[union-attr]
+    held = {name: len(cluster_of(engine).held) for name, (engine, _) in f.engines.items()}
     assert sum(held.values()) == SHARDS and min(held.values()) >= 10, held
     runs = await f.runs()
     assert not duplicates(runs) and not holes(runs, f.clock.now())
@@ -302,13 +311,13 @@ async def test_a_crashed_owners_schedules_are_taken_over_within_a_lease_and_no_s
     for name in ("a", "b"):
         await f.start(name)
     await f.tick(4)
-    victim_owned = {s for s in f.schedules if f.engines["a"][0].cluster.owns(s.name)}  # type: ignore[union-attr]
+    victim_owned = {s for s in f.schedules if cluster_of(f.engines["a"][0]).owns(s.name)}
     assert victim_owned
     await f.crash("a")
     crashed_at = f.clock.now()
     await f.tick(int(SHARD_TTL) + 3)
     survivor = f.engines["b"][0]
-    assert all(survivor.cluster.owns(s.name) for s in f.schedules)  # type: ignore[union-attr]
+    assert all(cluster_of(survivor).owns(s.name) for s in f.schedules)
     runs = await f.runs()
     assert not duplicates(runs) and not holes(runs, f.clock.now())
     window = [(name, slot, status) for name, slot, status, _, _ in runs if slot > crashed_at and status != "succeeded"]
@@ -327,10 +336,10 @@ async def test_a_frozen_owner_that_wakes_up_is_fenced_and_stands_down(
     await f.tick(3)
     frozen, view = f.engines["a"]
     frozen_at = f.clock.now()
-    lost = {s.name for s in f.schedules if frozen.cluster.owns(s.name)}  # type: ignore[union-attr]
+    lost = {s.name for s in f.schedules if cluster_of(frozen).owns(s.name)}
     view.freeze()
     await f.tick(int(SHARD_TTL) + 3)  # b takes a's shards over once their leases expire
-    assert all(f.engines["b"][0].cluster.owns(name) for name in lost)  # type: ignore[union-attr]
+    assert all(cluster_of(f.engines["b"][0]).owns(name) for name in lost)
     before = await f.runs()
     with caplog.at_level(logging.WARNING, logger="schedtui.cluster"):
         view.thaw()
@@ -339,7 +348,7 @@ async def test_a_frozen_owner_that_wakes_up_is_fenced_and_stands_down(
     written = [row for row in runs if row not in before and row[4] == "a"]
     assert written == [], "the woken owner wrote rows for shards it had lost"
     assert any("standing down" in r.getMessage() for r in caplog.records)
-    assert not any(frozen.cluster.owns(name) for name in lost)  # type: ignore[union-attr]
+    assert not any(cluster_of(frozen).owns(name) for name in lost)
     await f.tick(3)  # it rejoins: shards move back to it, without a duplicate
     runs = await f.runs()
     assert not duplicates(runs) and not holes(runs, f.clock.now())
@@ -357,11 +366,13 @@ async def test_a_claim_under_a_stale_shard_token_writes_nothing_and_stands_the_o
     await f.tick(2)
     schedule = f.schedules[0]
     assert stale.cluster is not None and stale.cluster.owns(schedule.name)
-    lock, token = stale.cluster.fence_of(schedule.name)  # type: ignore[misc]
+    fence = stale.cluster.fence_of(schedule.name)
+    assert fence is not None
+    lock, token = fence
     # Behind its back, an operator frees the shard and another instance takes it over.
     other = await f.start("b")
     await other.locks.release(lock)
-    got = await other.store.acquire_shards([lock], "b", timedelta(seconds=30), f.clock.now())  # type: ignore[attr-defined]
+    got = await cast(ClusterStore, other.store).acquire_shards([lock], "b", timedelta(seconds=30), f.clock.now())
     assert got[lock][0] > token
     slot = f.clock.now() + timedelta(seconds=1)
     claim = stale.claims.make_claims([(schedule, slot)], f.clock.now())
@@ -395,19 +406,21 @@ async def test_a_settled_members_round_is_one_transaction_every_fifth_of_a_lease
     await f.start("b")
     await f.settle()
     calls: list[int] = []
-    store = a.store
-    renew_and_read = store.renew_and_read  # type: ignore[attr-defined]
+    store = cast(ClusterStore, a.store)
+    renew_and_read = store.renew_and_read
 
-    async def counting(held: Any, *args: Any) -> Any:
+    async def counting(
+        held: dict[str, int], ttl: timedelta, prefix: str, now: datetime | None
+    ) -> tuple[dict[str, datetime], ClusterState]:
         calls.append(len(held))
-        return await renew_and_read(held, *args)
+        return await renew_and_read(held, ttl, prefix, now)
 
-    store.renew_and_read = counting  # type: ignore[attr-defined]
-    held_before = dict(a.cluster.held)  # type: ignore[union-attr]
+    store.renew_and_read = counting  # type: ignore[method-assign]  # counts the rounds
+    held_before = dict(cluster_of(a).held)
     await f.tick(40)
     assert 19 <= len(calls) <= 21  # a round every 2 s
     assert 9 <= sum(1 for held in calls if held) <= 11  # the renewals (every 3.3 s) ride every other one
-    assert a.cluster.held.keys() == held_before.keys()  # type: ignore[union-attr]  # renewed throughout
+    assert cluster_of(a).held.keys() == held_before.keys()  # renewed throughout
 
 
 @pg_only
@@ -421,13 +434,13 @@ async def test_a_console_or_a_cli_verb_on_the_store_is_never_handed_shards(fleet
     b = await f.start("b")
     await f.settle()
     await f.balance()
-    before = {name: set(engine.cluster.held) for name, (engine, _) in f.engines.items()}  # type: ignore[union-attr]
+    before = {name: set(cluster_of(engine).held) for name, (engine, _) in f.engines.items()}
     await a.store.heartbeat("console-on-a-laptop", "laptop", 4242, f.clock.now())
     for _ in range(int(3 * f.shard_ttl)):
         await f.tick()
         await a.store.heartbeat("console-on-a-laptop", "laptop", 4242, f.clock.now())  # a watcher that stays
-        assert {name: set(engine.cluster.held) for name, (engine, _) in f.engines.items()} == before  # type: ignore[union-attr]
-    assert a.cluster.members() == b.cluster.members() == {"a", "b"}  # type: ignore[union-attr]
+        assert {name: set(cluster_of(engine).held) for name, (engine, _) in f.engines.items()} == before
+    assert cluster_of(a).members() == cluster_of(b).members() == {"a", "b"}
     runs = await f.runs()
     assert not duplicates(runs) and not holes(runs, f.clock.now() - timedelta(seconds=2))
 
@@ -439,14 +452,17 @@ async def a_third_that_takes_no_shard(f: Fleet) -> tuple[Engine, asyncio.Event]:
     await f.start("b")
     await f.settle()
     c = await f.start("c")
-    acquire = c.store.acquire_shards  # type: ignore[attr-defined]
+    store = cast(ClusterStore, c.store)
+    acquire = store.acquire_shards
     failing = asyncio.Event()
     failing.set()
 
-    async def members_only_while_failing(names: Any, *args: Any) -> Any:
-        return await acquire([n for n in names if not failing.is_set() or n.startswith(MEMBER_PREFIX)], *args)
+    async def members_only_while_failing(
+        names: Sequence[str], holder: str, ttl: timedelta, now: datetime | None
+    ) -> dict[str, tuple[int, datetime]]:
+        return await acquire([n for n in names if not failing.is_set() or n.startswith(MEMBER_PREFIX)], holder, ttl, now)
 
-    c.store.acquire_shards = members_only_while_failing  # type: ignore[attr-defined]
+    store.acquire_shards = members_only_while_failing  # type: ignore[method-assign]  # takes no shard while failing
     return c, failing
 
 
@@ -467,7 +483,7 @@ async def test_a_member_that_never_takes_its_shards_is_counted_out_ever_longer_a
     assert {m.split()[3] for m in outs} == {"c"}, outs
     holds = {float(m.split()[6].rstrip("s:")) for m in outs}  # "counting instance c out for 3s: ..."
     assert {f.shard_ttl, 2 * f.shard_ttl, 4 * f.shard_ttl} <= holds, outs
-    assert len(c.cluster.held) == 0  # type: ignore[union-attr]
+    assert len(cluster_of(c).held) == 0
     runs = await f.runs()
     assert not duplicates(runs) and not holes(runs, f.clock.now() - timedelta(seconds=2))
 
@@ -485,7 +501,7 @@ async def test_a_member_counted_out_while_alive_is_counted_back_in_once_it_takes
     caplog.set_level(logging.WARNING, logger="schedtui.cluster")
     await f.tick(int(3 * f.shard_ttl))
     assert any("counting instance c out" in r.getMessage() for r in caplog.records)
-    assert len(c.cluster.held) == 0  # type: ignore[union-attr]
+    assert len(cluster_of(c).held) == 0
     failing.clear()
     await f.balance()  # 21, 21 and 22 shards
     runs = await f.runs()
@@ -496,10 +512,10 @@ async def test_a_joining_member_takes_its_share_without_a_duplicate(fleet: Calla
     f = fleet(every_second(16))
     await f.start("a")
     await f.tick(3)
-    assert len(f.engines["a"][0].cluster.held) == SHARDS  # type: ignore[union-attr]
+    assert len(cluster_of(f.engines["a"][0]).held) == SHARDS
     await f.start("b")
     await f.tick(4)
-    held = {name: len(engine.cluster.held) for name, (engine, _) in f.engines.items()}  # type: ignore[union-attr]
+    held = {name: len(cluster_of(engine).held) for name, (engine, _) in f.engines.items()}
     assert sum(held.values()) == SHARDS and held["b"] >= 20
     runs = await f.runs()
     assert not duplicates(runs) and not holes(runs, f.clock.now())
@@ -620,7 +636,7 @@ async def test_list_gains_the_owner_of_each_schedule_in_cluster_mode(pg_url: str
     await engine.start()
     try:
         deadline = asyncio.get_running_loop().time() + 20
-        while len(engine.cluster.held) < SHARDS:  # type: ignore[union-attr]
+        while len(cluster_of(engine).held) < SHARDS:
             assert asyncio.get_running_loop().time() < deadline, "the engine did not take the shards"
             await asyncio.sleep(0.1)  # a real clock: the shards are taken on the next poll
 
