@@ -8,7 +8,9 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -52,7 +54,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(root: Path):  # type: ignore[no-untyped-def]
+def server(root: Path) -> Iterator[Server]:
     srv = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{root / 'state.db'}",
                        "--token", OPERATE, "--read-token", READ)
     yield srv
@@ -65,10 +67,11 @@ def client(server: Server, token: str | None = OPERATE) -> httpx.Client:
     return httpx.Client(base_url=server.url, headers=headers, timeout=10)
 
 
-def error_of(response: httpx.Response) -> dict:  # type: ignore[type-arg]
+def error_of(response: httpx.Response) -> dict[str, Any]:
     body = response.json()
     assert set(body["error"]) >= {"code", "message"}, body
-    return body["error"]  # type: ignore[no-any-return]
+    error: dict[str, Any] = body["error"]
+    return error
 
 
 def test_healthz_needs_no_token_and_shows_no_secret(server: Server, root: Path) -> None:
@@ -138,7 +141,9 @@ def test_schedules_and_runs(server: Server) -> None:
         ("POST", "/schedule/ext/fire", {"params": {"trigger": "self"}}, 422, "trigger"),
     ],
 )
-def test_bad_requests_get_the_right_status(server: Server, method: str, path: str, kwargs, status: int, field) -> None:  # type: ignore[no-untyped-def]
+def test_bad_requests_get_the_right_status(
+    server: Server, method: str, path: str, kwargs: dict[str, Any], status: int, field: str | None
+) -> None:
     response = client(server).request(method, path, **kwargs)
     assert response.status_code == status, response.text
     error = error_of(response)
@@ -152,7 +157,7 @@ def test_a_body_over_the_limit_is_413(server: Server) -> None:
     response = client(server).post("/inspect/schedules/report/disable", content=big)
     assert response.status_code == 413 and error_of(response)["code"] == "too_large"
 
-    def chunks():  # type: ignore[no-untyped-def]
+    def chunks() -> Iterator[bytes]:
         for _ in range(20):
             yield b"x" * 8192
 

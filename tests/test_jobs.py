@@ -147,7 +147,7 @@ async def test_a_handler_gets_its_job_and_a_success_leaves_only_its_attempt(make
 
 def test_the_context_made_on_the_hot_path_is_the_dataclass_itself() -> None:
     values = ("01JD3Z6Q0V9W4C7PAXH3KJ1M2B", "mail", {"to": "a"}, 2, 3, "k", "digest", T0, T0 - timedelta(seconds=5), None, 7)
-    made, plain = job_context(*values), JobContext(*values)  # type: ignore[arg-type]
+    made, plain = job_context(*values), JobContext(*values)  # type: ignore[arg-type]  # the fields, in order, as one tuple
     assert made == plain and repr(made) == repr(plain)
     assert [getattr(made, name) for name in JobContext.__slots__] == list(values)
     with pytest.raises(AttributeError):
@@ -285,7 +285,7 @@ async def test_short_jobs_claimed_ahead_keep_the_cap_across_workers_and_run_once
             ahead.append(sum(1 for c in cycle.claimed if c.seat is None))
             return cycle
 
-        engine.jobs.store.cycle_jobs = spy  # type: ignore[method-assign]
+        engine.jobs.store.cycle_jobs = spy  # type: ignore[method-assign]  # counts the jobs claimed ahead
     sent = await engines[0].jobs.send_many("mail", [{"payload": i} for i in range(120)])
     for engine in engines:
         await engine.start()
@@ -337,7 +337,7 @@ async def test_jobs_claimed_ahead_that_come_back_after_every_attempt_ended_start
             return cycle
         return await inner(finishes, wanted, *args, **kwargs)
 
-    workers_store.cycle_jobs = spy  # type: ignore[method-assign]
+    workers_store.cycle_jobs = spy  # type: ignore[method-assign]  # records the cycles, holds one back
     sent = await engine.jobs.send_many("mail", [{"payload": i} for i in range(60)])
     await engine.start()
     await asyncio.wait_for(held.wait(), 10)  # (the timeouts only bound a broken test)
@@ -384,7 +384,7 @@ async def test_jobs_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_it
         kinds.extend(f.kind for f in finishes)
         return await late(finishes, *args, **kwargs)
 
-    workers_store.cycle_jobs = spy  # type: ignore[method-assign]
+    workers_store.cycle_jobs = spy  # type: ignore[method-assign]  # records the finishes, answers late
     sent = await engine.jobs.send_many("mail", [{"payload": i} for i in range(3)])
     await engine.start()
     await late.committed()
@@ -441,7 +441,7 @@ async def test_queues_on_two_streams_are_claimed_side_by_side(pg_url: str, make_
         finally:
             on_their_way -= 1
 
-    workers_store.cycle_jobs = spy  # type: ignore[method-assign]
+    workers_store.cycle_jobs = spy  # type: ignore[method-assign]  # holds queue a's first claim back
     sent = await engine.jobs.send_many("a", [{"payload": i} for i in range(20)])
     sent += await engine.jobs.send_many("b", [{"payload": i} for i in range(20)])
     await engine.start()
@@ -492,7 +492,7 @@ async def test_an_attempt_that_ends_while_a_claim_is_on_its_way_is_handed_in_wit
             await hold.wait()  # the claim after the first job started is slow to come back
         return await inner(finishes, wanted, *args, **kwargs)
 
-    workers_store.cycle_jobs = spy  # type: ignore[method-assign]
+    workers_store.cycle_jobs = spy  # type: ignore[method-assign]  # records the cycles, holds one back
     [first] = await engine.jobs.send_many("mail", [{"payload": 1}])
     await engine.start()
     await engine.quiesce(runs=False)  # the first job runs (and waits)
@@ -713,7 +713,7 @@ async def test_stopping_interrupts_a_job_and_it_is_retried_at_once(
 # ---------------------------------------------------------------------------------------
 def test_a_schedule_takes_a_handler_or_a_queue() -> None:
     with pytest.raises(DefinitionError, match="give a handler or a queue, not both"):
-        define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=Handler(), queue="mail")
+        define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=Handler(), queue="mail")  # type: ignore[arg-type]  # refused: both
     with pytest.raises(DefinitionError, match="queue 'bad name' is not a queue name"):
         define_schedule(name="s", cron="* * * * *", timezone="UTC", queue="bad name")
 

@@ -73,7 +73,8 @@ async def test_schedules_named_with_dots(remote: RemoteBackend) -> None:
     assert (await remote.set_enabled("..", True)).enabled
     now = await remote.now()
     assert (await remote.plan_backfill("..", now - timedelta(hours=3), now)).count == 3
-    assert (await remote.fire_external(".")).run.name == "."
+    fired = await remote.fire_external(".")
+    assert fired.run is not None and fired.run.name == "."
     created = await remote.create_schedule({"name": "...", "cron": "0 * * * *", "timezone": "UTC", "queue": ".."})
     assert created.name == "..."
     assert (await remote.update_schedule("...", {"description": "three dots"})).description == "three dots"

@@ -30,11 +30,12 @@ from backend import (
     define_schedule,
 )
 from backend.ids import IdFactory
-from backend.jobs import Job
+from backend.jobs import JobContext
 from backend.model import Run
 from backend.store import open_store
 from backend.store.postgres import store as store_module
 from backend.store.postgres.pooler import PoolerSettings, split_url
+from backend.store.postgres.store import PostgresStore
 from tests import pg
 from tests.pooler import Pooler
 from tests.servers import poll
@@ -127,12 +128,13 @@ async def test_a_prepared_statement_lost_behind_a_pooler_the_check_missed_names_
 
     monkeypatch.setattr(store_module, "detect_sharing", nothing_shared)
     store = open_store(pg_pooler.url(pg_url))
+    assert isinstance(store, PostgresStore)
     await store.open()
     failures = []
     try:
         for _ in range(20):  # past psycopg's automatic prepare (5) on each pool connection
             try:
-                await store.server_clock()  # type: ignore[attr-defined]
+                await store.server_clock()
             except (psycopg.Error, Unavailable) as exc:
                 failures.append(str(exc))
     finally:
@@ -148,10 +150,11 @@ async def test_behind_a_transaction_pooler_the_store_sets_nothing_that_leaks_and
 ) -> None:
     caplog.set_level(logging.INFO)
     store = open_store(pooled(pg_pooler, pg_url))
+    assert isinstance(store, PostgresStore)
     await store.open()
     try:
         for _ in range(12):  # past psycopg's automatic prepare (5), on both server connections
-            await asyncio.gather(store.server_clock(), store.instances(), store.count_claims())  # type: ignore[attr-defined]
+            await asyncio.gather(store.server_clock(), store.instances(), store.count_claims())
     finally:
         await store.close()
     (warning,) = problems(caplog)
@@ -186,7 +189,7 @@ async def test_two_engines_behind_a_transaction_pooler_run_each_slot_job_and_ste
     async def tick(ctx: RunContext) -> None:
         calls["tick", ctx.scheduled_at] += 1
 
-    async def work(job: Job) -> None:
+    async def work(job: JobContext) -> None:
         calls["job", job.payload] += 1
 
     async def steps(ctx: DurableContext, input: Any) -> int:

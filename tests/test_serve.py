@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -141,16 +141,16 @@ class _Exploding:
 
 
 async def test_a_request_path_is_logged_escaped(caplog: pytest.LogCaptureFixture) -> None:
-    app = create_app(_Exploding())  # type: ignore[arg-type]
+    app = create_app(_Exploding())  # type: ignore[arg-type]  # a stand-in backend: only get_run is asked
     # As uvicorn hands it on: the path percent-decoded, control characters and all.
     scope = {"type": "http", "method": "GET", "path": "/inspect/runs/x\nFAKE log line\x1b[2J", "raw_path": b"",
              "query_string": b"", "headers": [], "http_version": "1.1", "scheme": "http", "server": ("t", 80)}  # fmt: skip
-    sent: list[dict[str, Any]] = []
+    sent: list[MutableMapping[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
     with caplog.at_level(logging.ERROR, logger="schedtui.api"):
