@@ -54,14 +54,14 @@ class SlyText(Exception):
 class ClassRaises(Exception):
     """``isinstance`` reads ``__class__`` when the real type does not match."""
 
-    @property  # type: ignore[misc]
-    def __class__(self) -> NoReturn:  # type: ignore[override]
+    @property  # type: ignore[misc]  # __class__ as a property, on purpose
+    def __class__(self) -> NoReturn:  # type: ignore[override]  # it raises, on purpose
         raise RuntimeError("no class")
 
 
 class _NameRaises(type):
     @property
-    def __name__(cls) -> NoReturn:  # type: ignore[override]
+    def __name__(cls) -> NoReturn:  # type: ignore[override]  # it raises, on purpose
         raise RuntimeError("no name")
 
 
@@ -78,7 +78,7 @@ class Unreadable(Exception):
 
 class NotesRaise(Exception):
     @property
-    def __notes__(self) -> NoReturn:  # type: ignore[override]
+    def __notes__(self) -> NoReturn:  # type: ignore[override]  # it raises, on purpose
         raise RuntimeError("no notes")
 
 

@@ -126,7 +126,9 @@ def test_a_danger_fills_its_placeholders_and_leaves_unknown_ones() -> None:
         'Release lock "billing/{x}" by force?',
         "{holder} may still be working on billing/{x}.",
     )
-    question, _ = action_of("release_lock").danger.render({"name": "nightly"})  # type: ignore[union-attr]
+    release = action_of("release_lock").danger
+    assert release is not None
+    question, _ = release.render({"name": "nightly"})
     assert question == 'Release lock "nightly" by force?'
     dangerous = {name for name, action in ACTIONS.items() if action.danger is not None}
     assert dangerous == {"delete_schedule", "start_backfill", "cancel_backfill", "release_lock", "cancel_execution",

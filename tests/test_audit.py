@@ -111,7 +111,8 @@ async def test_every_schedule_action_is_recorded_with_its_actor(make_engine: Any
         await engine.set_enabled("hourly", True)
         progress = await engine.start_backfill("hourly", T0 - timedelta(hours=3), T0 - timedelta(minutes=30))
     await engine.wait_backfill(progress.id)
-    assert (await engine.get_schedule("hourly")).state_note.by == "alice"  # type: ignore[union-attr]
+    note = (await engine.get_schedule("hourly")).state_note
+    assert note is not None and note.by == "alice"
 
     page = await engine.audit.list(limit=10)
     assert [(e.actor, e.action, e.target) for e in reversed(page.entries)] == [

@@ -20,7 +20,7 @@ import pytest
 
 from backend import Engine, ManualClock, RunContext, define_schedule
 from backend.events.audit import AuditEntry, acting_as, os_user
-from backend.model import BackfillProgress, Run
+from backend.model import BackfillProgress, Run, RunStatus, Trigger
 from backend.store import open_store
 from tests.conftest import all_runs
 
@@ -176,9 +176,9 @@ async def test_a_dead_instances_backfill_is_closed_once_with_its_ledgers_counts(
                                 current=at("2026-03-02T02:00:00Z"))  # fmt: skip
     await store.start_backfill(progress)
 
-    def ran(hour: int, status: str, instance: str = dead, trigger: str = "manual") -> Run:
+    def ran(hour: int, status: RunStatus, instance: str = dead, trigger: Trigger = "manual") -> Run:
         slot = at(f"2026-03-02T0{hour}:00:00Z")
-        return Run(ids(), "job", slot, status, trigger, "manual" if trigger == "manual" else "single", instance,  # type: ignore[arg-type]
+        return Run(ids(), "job", slot, status, trigger, "manual" if trigger == "manual" else "single", instance,
                    clock.now(), None if status == "running" else clock.now())  # fmt: skip
 
     store.save_runs([ran(1, "succeeded"), ran(2, "running"), ran(2, "succeeded", trigger="self"),
@@ -188,11 +188,13 @@ async def test_a_dead_instances_backfill_is_closed_once_with_its_ledgers_counts(
     await asyncio.gather(*(engine.close_abandoned() for engine in live))
     await asyncio.gather(*(engine.close_abandoned() for engine in live))  # and again: nothing more
     entries = (await live[1].audit.list()).entries
+    closing = entries[0].detail
+    assert closing is not None
     assert ends(entries) == [{"backfill_id": progress.id, "state": "abandoned", "total": 4, "fired": 2, "succeeded": 1,
                               "failed": 1, "not_fired": 2, "failed_by": {"abandoned": 1},
-                              "closed_by": entries[0].detail["closed_by"]}]  # type: ignore[index]  # fmt: skip
+                              "closed_by": closing["closed_by"]}]  # fmt: skip
     row = await store.get_backfill(progress.id)
-    assert (row.state, row.fired, row.failed) == ("abandoned", 2, 1)  # type: ignore[union-attr]
+    assert row is not None and (row.state, row.fired, row.failed) == ("abandoned", 2, 1)
 
 
 # ---------------------------------------------------------------------------------------

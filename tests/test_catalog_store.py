@@ -4,6 +4,7 @@ catalog version (what other instances poll), and a delete takes the schedule's s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -55,7 +56,7 @@ async def test_rows_round_trip_and_every_change_bumps_the_version(store: Store) 
     assert await catalog.update_stored_schedule(updated, 2) is None  # gone
 
 
-async def test_another_connection_sees_the_change(new_store) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_another_connection_sees_the_change(new_store: Callable[[], Store]) -> None:  # noqa: F811
     one, two = new_store(), new_store()
     await one.open()
     await two.open()

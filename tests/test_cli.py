@@ -130,7 +130,8 @@ class Cli:
         return json.loads(self.ok(*args, "--json").stdout)
 
     def runs(self, name: str, limit: int = 1000, schedules: str = "schedules") -> list[dict[str, Any]]:
-        return self.json("runs", name, "--limit", str(limit), "--schedules", schedules)  # type: ignore[no-any-return]
+        runs: list[dict[str, Any]] = self.json("runs", name, "--limit", str(limit), "--schedules", schedules)
+        return runs
 
     def schedules(self) -> dict[str, dict[str, Any]]:
         return {s["name"]: s for s in self.json("list")}

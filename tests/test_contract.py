@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,7 +17,7 @@ from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import SYSTEMS, Backend
 from backend.client.remote import RemoteBackend
 from backend.events.audit import os_user
-from tests.servers import start_server
+from tests.servers import Server, start_server
 
 #: The hour of the external schedule's daily slot: twelve hours from when the tests start, so
 #: its newest slot is never within the fire tolerance while they run (a fixed time made
@@ -72,7 +72,7 @@ def write_schedules(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("remote")
     write_schedules(root)
     srv = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{root / 'state.db'}",
@@ -411,4 +411,5 @@ async def test_changes_say_ready_then_what_changed(backend: Backend) -> None:
             while ("runs", "hourly") not in seen:
                 seen |= {(s.topic, s.name) for s in await anext(stream)}
     finally:
-        await stream.aclose()  # type: ignore[attr-defined]
+        assert isinstance(stream, AsyncGenerator)
+        await stream.aclose()

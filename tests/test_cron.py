@@ -626,7 +626,7 @@ ERROR_CASES = [
 @pytest.mark.parametrize(("expr", "zone", "what"), ERROR_CASES)
 def test_validation_messages(expr: str, zone: str | None, what: str) -> None:
     with pytest.raises(CronError) as caught:
-        Cron(expr, zone)  # type: ignore[arg-type]
+        Cron(expr, zone)  # type: ignore[arg-type]  # a missing zone is one of the cases
     shown_zone = "" if zone is None else zone
     assert str(caught.value) == f'invalid cron expression "{expr}" (tz="{shown_zone}"): {what}'
     assert isinstance(caught.value, ValueError)
@@ -817,4 +817,4 @@ def test_shared_cron_keeps_nothing_that_does_not_parse() -> None:
         with pytest.raises(CronError, match='"61 \\* \\* \\* \\*"'):
             shared_cron("61 * * * *", "UTC")
     with pytest.raises(CronError, match="must be a string"):
-        shared_cron(["* * * * *"], "UTC")  # type: ignore[arg-type]
+        shared_cron(["* * * * *"], "UTC")  # type: ignore[arg-type]  # the refused value is the point

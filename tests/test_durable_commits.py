@@ -98,9 +98,10 @@ async def test_behind_a_transaction_pooler_it_is_left_as_it_is_and_the_operator_
     set_synchronous_commit(url, "off")
     caplog.set_level(logging.INFO)
     store = open_store(pooled(pg_pooler, url))
+    assert isinstance(store, PostgresStore)
     await store.open()
     try:
-        await store.server_clock()  # type: ignore[attr-defined]
+        await store.server_clock()
     finally:
         await store.close()
     (warning,) = problems(caplog)

@@ -194,7 +194,9 @@ async def test_one_job_without_a_key_is_sent_by_its_own_statement_which_answers_
             assert mine is not None and twin is not None
             assert (mine.payload, mine.cron, mine.max_attempts, mine.run_after, mine.created_at) == (
                 twin.payload, twin.cron, twin.max_attempts, twin.run_after, twin.created_at)
-        assert (await store.get_job(job.id)).max_attempts == 4 and (await store.get_job(other.id)).max_attempts == 9  # type: ignore[union-attr]
+        first, second = await store.get_job(job.id), await store.get_job(other.id)
+        assert first is not None and second is not None
+        assert first.max_attempts == 4 and second.max_attempts == 9
     finally:
         await lane.close()
 

@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule, run_state_machine_as_test
 
 from backend import Engine, LeaseLost, ManualClock, StaleLease, Unavailable
-from backend.locks import Lease, LockResult
+from backend.locks import Lease, LockResult, LockStore
 from backend.store import open_store
 from tests import pg
 
@@ -277,11 +277,12 @@ class LeaseMachine(RuleBasedStateMachine):
     def freeze(self, engine: int) -> None:
         """From now on this engine's renewals fail, as if it could not reach the store."""
 
-        async def unreachable(*args: Any) -> None:
+        async def unreachable(name: str, token: int, ttl: timedelta, now: datetime | None) -> datetime | None:
             raise Unavailable("frozen")
 
         self.frozen.add(engine)
-        self.engines[engine].store.renew_lock = unreachable  # type: ignore[attr-defined]
+        store = cast(LockStore, self.engines[engine].store)
+        store.renew_lock = unreachable  # type: ignore[method-assign]  # the store out of reach
 
     @rule(name=st.sampled_from(NAMES))
     def force_release(self, name: str) -> None:
@@ -361,8 +362,8 @@ class LeaseMachine(RuleBasedStateMachine):
                 if lease.name == name and lease.lost.is_set():
                     assert lease.token in self.evicted or owner in self.frozen, "lost without a cause"
             if held:
-                lock = self.run(self.engines[0].store.get_lock(name))  # type: ignore[attr-defined]
-                assert lock.token == held[0].token and lock.state(self.clock.now()) == "held"
+                lock = self.run(cast(LockStore, self.engines[0].store).get_lock(name))
+                assert lock is not None and lock.token == held[0].token and lock.state(self.clock.now()) == "held"
 
     @invariant()
     def a_holder_whose_lease_was_released_never_reports_success(self) -> None:

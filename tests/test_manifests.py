@@ -721,7 +721,7 @@ def test_azure_function_posts_with_the_token_from_app_settings(
     def urlopen(request: urllib.request.Request, timeout: float) -> Response:
         seen.append(request)
         if status is not None:
-            raise urllib.error.HTTPError(request.full_url, status, "nope", {}, None)  # type: ignore[arg-type]
+            raise urllib.error.HTTPError(request.full_url, status, "nope", {}, None)  # type: ignore[arg-type]  # headers: never read
         return Response()
 
     monkeypatch.setattr(urllib.request, "urlopen", urlopen)

@@ -135,7 +135,8 @@ class AnnouncementMachine(RuleBasedStateMachine):
     async def _check(self, published: set[tuple[str, str | None]]) -> None:
         for engine in self.engines.values():
             await engine.flush()  # the runs' rows, and their notification, committed
-            await engine.relay.postgres.send_now()  # type: ignore[union-attr]
+            assert engine.relay.postgres is not None  # a PostgreSQL store's relay
+            await engine.relay.postgres.send_now()
         marker = f"marker-{next(_markers)}"
         async with await psycopg.AsyncConnection.connect(self.URL, autocommit=True) as mouth:
             payload = json.dumps({"from": "probe", "signals": [["schedules", marker]]})

@@ -16,7 +16,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -28,7 +28,7 @@ from backend.client.remote import RemoteBackend
 from backend.errors import BadInput, NotFound, Unavailable
 from backend.observability import capture
 from backend.observability.capture import HEAD_BYTES, TAIL_BYTES, LogBuffer
-from backend.observability.logs import LogTarget, StoredLog, compose
+from backend.observability.logs import LogStore, LogTarget, StoredLog, compose
 from backend.store import open_store
 from tests import pg
 
@@ -255,7 +255,7 @@ async def test_quiesce_keeps_the_logs_a_store_cut_off_cannot_take_and_writes_the
 
     engine = engines([define_schedule(name="talks", cron="0 * * * *", timezone="UTC", handler=handler)])
     await engine.open()
-    healthy = engine.store.save_logs  # type: ignore[attr-defined]
+    healthy = cast(LogStore, engine.store).save_logs
 
     async def cut(*args: Any, **kwargs: Any) -> Any:
         raise Unavailable("cut off")
@@ -277,8 +277,8 @@ async def test_a_megabyte_of_output_is_kept_bounded(engines: Callable[..., Engin
     await engine.open()
     run = await engine.run_now("loud", wait=True)
     await engine.run_logs.flush()
-    stored = await engine.store.get_run_log(run.id)  # type: ignore[attr-defined]
-    assert stored.final and stored.size == 16_000 * 67
+    stored = await cast(LogStore, engine.store).get_run_log(run.id)
+    assert stored is not None and stored.final and stored.size == 16_000 * 67
     assert len(stored.head.encode()) <= HEAD_BYTES and len(stored.tail.encode()) <= TAIL_BYTES
     answer = await engine.run_logs.run_log(run.id)
     assert answer.text.startswith("row 00000 ") and answer.text.endswith("row 15999 " + "y" * 56 + "\n")
@@ -300,7 +300,7 @@ async def test_a_running_runs_log_is_written_while_it_runs_then_final(engines: C
     await engine.quiesce(runs=False)
     clock.advance(1)  # the flush interval
     await engine.quiesce(runs=False)
-    stored = await engine.store.get_run_log(run.id)  # type: ignore[attr-defined]
+    stored = await cast(LogStore, engine.store).get_run_log(run.id)
     assert stored is not None and stored.head == "first half\n" and not stored.final
     first = await engine.run_logs.run_log(run.id)
     assert first.running and first.text == "first half\n"
@@ -308,7 +308,8 @@ async def test_a_running_runs_log_is_written_while_it_runs_then_final(engines: C
     await engine.quiesce()
     rest = await engine.run_logs.run_log(run.id, after=first.size)
     assert rest.text == "second half\n" and not rest.running and rest.size == first.size + len("second half\n")
-    assert (await engine.store.get_run_log(run.id)).final  # type: ignore[attr-defined]
+    final = await cast(LogStore, engine.store).get_run_log(run.id)
+    assert final is not None and final.final
 
 
 async def test_a_sync_handler_past_its_deadline_is_captured_until_it_returns(

@@ -34,6 +34,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import AsyncGenerator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -131,7 +132,8 @@ async def latency(a_url: str, b_url: str, store: str, runs: int, gap: float) -> 
                 stale += 1  # an earlier run's signal
             if gap:
                 await asyncio.sleep(gap)
-    await stream.aclose()  # type: ignore[attr-defined]
+    assert isinstance(stream, AsyncGenerator)
+    await stream.aclose()
     await reader.close()
     return {
         "runs": len(samples),
