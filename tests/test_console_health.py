@@ -19,6 +19,7 @@ from console.views.health import HealthView, instance_text
 from console.widgets import ConsoleHeader
 from console.widgets.health import HealthRow, levels
 from console.widgets.line import Line
+from console.widgets.tabs import ViewTabs
 from tests.console_fixtures import FIRING_ALERTS, add_alerts, add_jobs, add_timeline_history, console_backend
 from tests.console_scenes import add_clock_off
 from tests.test_console import console, ledger, settle, store_url  # noqa: F401 - fixtures
@@ -163,7 +164,7 @@ async def test_a_server_without_the_health_system_is_not_asked(store_url: str) -
         await settle(pilot)
         assert app.active_view_id == "schedules"
         assert notes.titled("Not available") == ["Health: this backend does not offer health."]
-        assert ("health", "7", "Health", False) in app.query_one("#tabs").tabs  # type: ignore[attr-defined]
+        assert ("health", "7", "Health", False) in app.query_one("#tabs", ViewTabs).tabs
 
 
 async def test_health_without_alerts_says_the_server_keeps_none(store_url: str) -> None:  # noqa: F811

@@ -112,7 +112,7 @@ async def test_a_view_switched_to_is_read_again_once_it_is_on_screen(store_url: 
             on_screen.append(timeline.is_on_screen)
             return refresh_data()
 
-        app.refresh_data = recording  # type: ignore[method-assign]
+        app.refresh_data = recording  # type: ignore[method-assign]  # notes whether the timeline is on screen
         await pilot.press("2")
         await settle(pilot)
         assert on_screen == [True]
@@ -250,7 +250,7 @@ async def test_rows_shown_again_with_the_cells_they_had_are_not_made_or_measured
 
         def counting(text: Text) -> int:
             measured.append(text)
-            return cell_len.fget(text)  # type: ignore[attr-defined, no-any-return]
+            return cell_len.fget(text)  # type: ignore[attr-defined, no-any-return]  # the property object: mypy reads an int
 
         monkeypatch.setattr(Text, "cell_len", property(counting))
         table.show(many, clock.now(), clock.now())  # the filter cleared
@@ -289,7 +289,7 @@ async def test_the_runs_strip_and_next_fires_are_not_drawn_again_unchanged(store
                 drawn.append(widget)
                 return render()
 
-            widget.render = counting  # type: ignore[method-assign]
+            widget.render = counting  # type: ignore[method-assign]  # records each render
         app.query_one(SchedulesView).show()
         await settle(pilot)
         assert drawn == []

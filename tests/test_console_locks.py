@@ -4,9 +4,10 @@ and the header's owned counts in ``cluster`` coordination."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from backend.client.interface import ConnectionInfo
+from backend.locks import LockStore
 from backend.model import InstanceInfo, ScheduleView
 from backend.store import open_store
 from console.fleet import fleet_of
@@ -25,10 +26,12 @@ def cells(app: Any, name: str) -> list[str]:
 
 
 async def holder_of(url: str, name: str) -> str | None:
-    store: Any = open_store(url)
+    store = open_store(url)
     await store.open()
     try:
-        return (await store.get_lock(name)).holder  # type: ignore[no-any-return]
+        lock = await cast(LockStore, store).get_lock(name)
+        assert lock is not None
+        return lock.holder
     finally:
         await store.close()
 

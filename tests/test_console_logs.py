@@ -21,6 +21,8 @@ from backend.observability.logs import LogTarget, StoredLog
 from backend.store import open_store
 from console.app import SchedtuiApp
 from console.screens.log import LogScreen
+from console.views.jobs import JobsView
+from console.views.schedules import SchedulesView
 from console.widgets import RunsTable
 from tests.console_fixtures import FROZEN, WHERE, console_backend
 from tests.console_scenes import make_ledger
@@ -113,7 +115,8 @@ async def test_a_running_log_is_followed_until_its_run_ends(store_url: str) -> N
         app.action_select("daily-digest")  # its newest run runs now, on web-2
         await settle(pilot)
         view = app.active_view
-        newest = view.recent[0]  # type: ignore[attr-defined]
+        assert isinstance(view, SchedulesView)
+        newest = view.recent[0]
         assert newest.status == "running"
         target = LogTarget("run", newest.id)
         await write(store_url, StoredLog(target, "first\n", "", 6, 0, 0, False, AT))
@@ -138,7 +141,9 @@ async def test_l_on_a_job_and_on_a_durable_execution(store_url: str) -> None:
         await settle(pilot)
         await pilot.press("enter")  # the queue's jobs
         await settle(pilot)
-        job = app.active_view.jobs_table.selected_job  # type: ignore[attr-defined]
+        view = app.active_view
+        assert isinstance(view, JobsView)
+        job = view.jobs_table.selected_job
         assert job is not None
         await write(store_url, StoredLog(LogTarget("job", job.id, 7, max(job.attempt, 1)), "<<job says>>\n", "", 13, 0, 0,
                                          True, AT))  # fmt: skip

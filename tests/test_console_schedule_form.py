@@ -78,7 +78,7 @@ async def schedules_view(
 ) -> AsyncIterator[tuple[SchedtuiApp, Pilot[Any], Notes, Spy]]:
     clock = ManualClock(FROZEN)
     backend = Spy(console_backend(url, clock, read_only=read_only))
-    app = SchedtuiApp(backend, clock, where=WHERE, operator_zone=ZONE, read_only=read_only)  # type: ignore[arg-type]
+    app = SchedtuiApp(backend, clock, where=WHERE, operator_zone=ZONE, read_only=read_only)  # type: ignore[arg-type]  # a stand-in that counts writes
     notes = Notes(app)
     try:
         async with app.run_test(size=size) as pilot:
