@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,10 +21,12 @@ from backend import (
     RunContext,
     define_schedule,
 )
-from backend.model import Run
+from backend.model import Claim, ClaimResult, Run
 from backend.store import open_store
 from tests.conftest import all_runs, expect
 from tests.late_answers import LateAnswer, lapse_and_renew
+
+MakeEngine = Callable[..., Engine]  # the make_engine fixture (tests/conftest.py)
 
 UTC = UTC
 
@@ -46,7 +49,7 @@ def summary(runs: list[Run]) -> list[tuple[str, str, str]]:
 # ---------------------------------------------------------------------------------------
 # timers
 # ---------------------------------------------------------------------------------------
-async def test_minute_schedule_fires_each_slot_with_a_full_context(make_engine, clock: ManualClock) -> None:
+async def test_minute_schedule_fires_each_slot_with_a_full_context(make_engine: MakeEngine, clock: ManualClock) -> None:
     seen: list[RunContext] = []
 
     async def handler(ctx: RunContext) -> None:
@@ -69,7 +72,7 @@ async def test_minute_schedule_fires_each_slot_with_a_full_context(make_engine, 
     assert {(r.status, r.coordination_outcome, r.instance) for r in runs} == {("succeeded", "single", "test-0")}
 
 
-async def test_scheduled_at_comes_from_the_cron_not_the_clock(make_engine, clock: ManualClock) -> None:
+async def test_scheduled_at_comes_from_the_cron_not_the_clock(make_engine: MakeEngine, clock: ManualClock) -> None:
     engine = make_engine([schedule(cron="*/15 * * * *")])
     await engine.start()
     await engine.quiesce()
@@ -80,7 +83,7 @@ async def test_scheduled_at_comes_from_the_cron_not_the_clock(make_engine, clock
     assert run.fired_at == at("2026-03-02T08:15:00.750Z")
 
 
-async def test_a_raising_handler_never_stops_the_chain(make_engine, clock: ManualClock) -> None:
+async def test_a_raising_handler_never_stops_the_chain(make_engine: MakeEngine, clock: ManualClock) -> None:
     async def boom(ctx: RunContext) -> None:
         raise ConnectionRefusedError("smtp refused")
 
@@ -94,7 +97,7 @@ async def test_a_raising_handler_never_stops_the_chain(make_engine, clock: Manua
     assert engine.next_fire_at("job") == at("2026-03-02T08:04:00Z")
 
 
-async def test_sync_handlers_run_on_a_thread(make_engine, clock: ManualClock) -> None:
+async def test_sync_handlers_run_on_a_thread(make_engine: MakeEngine, clock: ManualClock) -> None:
     threads: list[str] = []
 
     def handler(ctx: RunContext) -> None:
@@ -120,7 +123,7 @@ class EarlyClock(ManualClock):
         await super().sleep_until(deadline)
 
 
-async def test_an_early_wake_never_fires_before_the_slot(make_engine) -> None:
+async def test_an_early_wake_never_fires_before_the_slot(make_engine: MakeEngine) -> None:
     clock = EarlyClock("2026-03-02T08:00:00Z")
     engine = make_engine([schedule()], clock=clock)
     await engine.start()
@@ -132,7 +135,7 @@ async def test_an_early_wake_never_fires_before_the_slot(make_engine) -> None:
     assert len(await all_runs(engine, "job")) == 1
 
 
-async def test_yearly_schedule_waits_through_a_long_gap(make_engine, clock: ManualClock) -> None:
+async def test_yearly_schedule_waits_through_a_long_gap(make_engine: MakeEngine, clock: ManualClock) -> None:
     engine = make_engine([schedule(cron="0 0 1 1 *")])
     await engine.start()
     await engine.quiesce()
@@ -145,7 +148,7 @@ async def test_yearly_schedule_waits_through_a_long_gap(make_engine, clock: Manu
     assert [r.scheduled_at for r in await all_runs(engine, "job")] == [at("2027-01-01T00:00:00Z")]
 
 
-async def test_external_schedules_get_no_timer(make_engine, clock: ManualClock) -> None:
+async def test_external_schedules_get_no_timer(make_engine: MakeEngine, clock: ManualClock) -> None:
     engine = make_engine([schedule(trigger="external")])
     await engine.start()
     clock.advance(600)
@@ -154,7 +157,7 @@ async def test_external_schedules_get_no_timer(make_engine, clock: ManualClock) 
     assert engine.next_fire_at("job") is None
 
 
-async def test_dst_fixed_time_fires_once_on_both_transition_days(make_engine) -> None:
+async def test_dst_fixed_time_fires_once_on_both_transition_days(make_engine: MakeEngine) -> None:
     clock = ManualClock("2026-03-28T12:00:00Z")
     engine = make_engine([schedule(cron="30 2 * * *", timezone="Europe/Berlin")], clock=clock)
     await engine.start()
@@ -165,7 +168,7 @@ async def test_dst_fixed_time_fires_once_on_both_transition_days(make_engine) ->
     assert [r.scheduled_at for r in await all_runs(engine, "job")] == [at("2026-03-29T01:00:00Z"), at("2026-03-30T00:30:00Z")]
 
 
-async def test_long_running_engine_fires_a_fall_back_hour_twice_for_hourly(make_engine) -> None:
+async def test_long_running_engine_fires_a_fall_back_hour_twice_for_hourly(make_engine: MakeEngine) -> None:
     clock = ManualClock("2026-10-24T23:30:00Z")
     engine = make_engine([schedule(cron="0 * * * *", timezone="Europe/Berlin")], clock=clock)
     await engine.start()
@@ -205,7 +208,7 @@ class Gate:
             self.running -= 1
 
 
-async def test_overlap_skip_records_a_skipped_run(make_engine, clock: ManualClock) -> None:
+async def test_overlap_skip_records_a_skipped_run(make_engine: MakeEngine, clock: ManualClock) -> None:
     gate = Gate()
     engine = make_engine([schedule(handler=gate, on_overlap="skip")])
     await engine.start()
@@ -228,7 +231,7 @@ async def test_overlap_skip_records_a_skipped_run(make_engine, clock: ManualCloc
     assert gate.most == 1
 
 
-async def test_overlap_queue_runs_in_order_never_concurrently(make_engine, clock: ManualClock) -> None:
+async def test_overlap_queue_runs_in_order_never_concurrently(make_engine: MakeEngine, clock: ManualClock) -> None:
     gate = Gate()
     engine = make_engine([schedule(handler=gate, on_overlap="queue")])
     await engine.start()
@@ -245,7 +248,7 @@ async def test_overlap_queue_runs_in_order_never_concurrently(make_engine, clock
     assert [r.status for r in await all_runs(engine, "job")] == ["succeeded"] * 3
 
 
-async def test_overlap_queue_a_slot_seen_late_waits_behind_a_run_now_started_meanwhile(make_engine, clock: ManualClock) -> None:
+async def test_overlap_queue_a_slot_seen_late_waits_behind_a_run_now_started_meanwhile(make_engine: MakeEngine, clock: ManualClock) -> None:
     """The clock jumps over two slots: the older fires late, the newer is queued behind it.
     A Run now started meanwhile is a run in flight too, so when the older run ends the
     queued slot waits for it, then starts: never beside it, never lost. (The invariants
@@ -280,7 +283,7 @@ async def test_overlap_queue_a_slot_seen_late_waits_behind_a_run_now_started_mea
     ]
 
 
-async def test_overlap_parallel_starts_at_once(make_engine, clock: ManualClock) -> None:
+async def test_overlap_parallel_starts_at_once(make_engine: MakeEngine, clock: ManualClock) -> None:
     gate = Gate()
     engine = make_engine([schedule(handler=gate, on_overlap="parallel")])
     await engine.start()
@@ -299,7 +302,7 @@ async def test_overlap_parallel_starts_at_once(make_engine, clock: ManualClock) 
 # ---------------------------------------------------------------------------------------
 # watchdog
 # ---------------------------------------------------------------------------------------
-async def test_watchdog_cancels_an_async_handler(make_engine, clock: ManualClock) -> None:
+async def test_watchdog_cancels_an_async_handler(make_engine: MakeEngine, clock: ManualClock) -> None:
     cancelled = asyncio.Event()
 
     async def hang(ctx: RunContext) -> None:
@@ -326,7 +329,7 @@ async def test_watchdog_cancels_an_async_handler(make_engine, clock: ManualClock
     assert [(r.status, r.error_tag) for r in await all_runs(engine, "job")] == [("failed", "timeout")]
 
 
-async def test_a_sync_handler_past_its_deadline_is_a_timeout_and_keeps_its_place(make_engine, clock: ManualClock) -> None:
+async def test_a_sync_handler_past_its_deadline_is_a_timeout_and_keeps_its_place(make_engine: MakeEngine, clock: ManualClock) -> None:
     release, entered, finished = threading.Event(), threading.Event(), threading.Event()
 
     def hang(ctx: RunContext) -> None:
@@ -392,7 +395,7 @@ async def _seed_last_run(engine: Engine, name: str, slot: datetime) -> None:
         ("all", [("03-02", "succeeded"), ("03-03", "succeeded"), ("03-04", "succeeded"), ("03-05", "succeeded")]),
     ],
 )
-async def test_boot_catch_up_policies(make_engine, clock: ManualClock, policy: str, expected) -> None:  # type: ignore[no-untyped-def]
+async def test_boot_catch_up_policies(make_engine: MakeEngine, clock: ManualClock, policy: str, expected) -> None:  # type: ignore[no-untyped-def]
     fired: list[datetime] = []
 
     async def handler(ctx: RunContext) -> None:
@@ -412,7 +415,7 @@ async def test_boot_catch_up_policies(make_engine, clock: ManualClock, policy: s
     assert engine.next_fire_at("job") == at("2026-03-06T09:00:00Z")
 
 
-async def test_catch_up_walk_is_capped(make_engine, clock: ManualClock) -> None:
+async def test_catch_up_walk_is_capped(make_engine: MakeEngine, clock: ManualClock) -> None:
     clock.set("2026-03-02T12:00:00Z")
     engine = make_engine([schedule(cron="* * * * *", backfill="skip")], catch_up_limit=1000)
     await _seed_last_run(engine, "job", at("2026-02-20T00:00:00Z"))
@@ -423,7 +426,7 @@ async def test_catch_up_walk_is_capped(make_engine, clock: ManualClock) -> None:
     assert max(r.scheduled_at for r in missed) == at("2026-03-02T12:00:00Z")  # the newest are kept
 
 
-async def test_catch_up_finishes_before_the_live_timer_arms(make_engine, clock: ManualClock) -> None:
+async def test_catch_up_finishes_before_the_live_timer_arms(make_engine: MakeEngine, clock: ManualClock) -> None:
     gate = Gate()
     clock.set("2026-03-02T08:00:30Z")
     engine = make_engine([schedule(cron="* * * * *", handler=gate, backfill="all", on_overlap="parallel")])
@@ -445,16 +448,18 @@ def count_claims(engine: Engine) -> list[int]:
     claims: list[int] = []
     claim = engine.store.claim
 
-    async def counting_claims(batch: Any, instance: str, now: datetime) -> Any:
+    async def counting_claims(batch: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
         claims.append(len(batch))
         return await claim(batch, instance, now)
 
-    engine.store.claim = counting_claims  # type: ignore[method-assign]
+    engine.store.claim = counting_claims  # type: ignore[method-assign,assignment]  # counts the batches (a function for a method)
     return claims
 
 
 @pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
-async def test_boot_reads_where_every_schedule_left_off_in_one_query(make_engine, clock: ManualClock, coordination: str) -> None:
+async def test_boot_reads_where_every_schedule_left_off_in_one_query(
+    make_engine: MakeEngine, clock: ManualClock, coordination: str
+) -> None:
     # A thousand schedules starting (or a shard of them taken over) used to cost a thousand
     # reads and a thousand claims (on PostgreSQL, a transaction each); each still catches
     # up from its own last slot.
@@ -483,14 +488,14 @@ async def test_boot_reads_where_every_schedule_left_off_in_one_query(make_engine
         assert engine.next_fire_at(f"s{i:02d}") == at("2026-03-02T12:01:00Z")
 
 
-async def test_a_new_schedule_has_nothing_to_catch_up(make_engine, clock: ManualClock) -> None:
+async def test_a_new_schedule_has_nothing_to_catch_up(make_engine: MakeEngine, clock: ManualClock) -> None:
     engine = make_engine([schedule(backfill="all")])
     await engine.start()
     await engine.quiesce()
     assert await all_runs(engine, "job") == []
 
 
-async def test_live_engine_behind_fires_the_current_slot(make_engine, clock: ManualClock) -> None:
+async def test_live_engine_behind_fires_the_current_slot(make_engine: MakeEngine, clock: ManualClock) -> None:
     engine = make_engine([schedule(cron="*/10 * * * * *", backfill="skip")])
     await engine.start()
     await engine.quiesce()
@@ -515,7 +520,7 @@ async def test_live_engine_behind_fires_the_current_slot(make_engine, clock: Man
     ],
 )
 async def test_an_engine_behind_keeps_the_overlap_policy_for_the_slots_it_catches_up(
-    make_engine, clock: ManualClock, overlap: str, backfill: str, expected: list[tuple[str, str]]
+    make_engine: MakeEngine, clock: ManualClock, overlap: str, backfill: str, expected: list[tuple[str, str]]
 ) -> None:
     """Found by the state machine (tests/test_invariants.py): the catch-up of an engine that
     found itself behind started its slots whatever was in flight."""
@@ -535,7 +540,9 @@ async def test_an_engine_behind_keeps_the_overlap_policy_for_the_slots_it_catche
     assert [slot.strftime("%H:%M") for slot in gate.started] == [slot[:5] for slot, status in expected if status == "succeeded"]
 
 
-async def test_a_schedule_disabled_while_due_slots_are_claimed_does_not_stop_the_timers(make_engine, clock: ManualClock) -> None:
+async def test_a_schedule_disabled_while_due_slots_are_claimed_does_not_stop_the_timers(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
     """Found by the state machine: a schedule found behind was disarmed (disabled) while the
     timer loop awaited the claim of another schedule's due slot; the loop then failed on it
     (KeyError) and died, and nothing fired any more."""
@@ -578,7 +585,7 @@ async def test_a_schedule_disabled_while_due_slots_are_claimed_does_not_stop_the
 @pytest.mark.parametrize("stop", [False, True])
 @pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
 async def test_slots_held_by_a_catch_up_are_recorded_when_the_schedule_is_disabled_meanwhile(
-    make_engine, clock: ManualClock, coordination: str, stop: bool
+    make_engine: MakeEngine, clock: ManualClock, coordination: str, stop: bool
 ) -> None:
     """Found by the state machine: a catch-up holds the schedule's timer until its last run
     ends; the slots due meanwhile are handled when it re-arms. Disabled before that, the
@@ -610,7 +617,7 @@ async def test_slots_held_by_a_catch_up_are_recorded_when_the_schedule_is_disabl
 
 @pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
 async def test_a_schedule_re_enabled_during_a_catch_up_records_each_slot_once(
-    make_engine, clock: ManualClock, coordination: str
+    make_engine: MakeEngine, clock: ManualClock, coordination: str
 ) -> None:
     """Found by the state machine: disabled, re-enabled (its timer armed again) and disabled
     again while a catch-up held it, a schedule got a second row for the slot its timer had
@@ -638,7 +645,9 @@ async def test_a_schedule_re_enabled_during_a_catch_up_records_each_slot_once(
     ]
 
 
-async def test_a_catch_up_started_by_a_re_enabled_timer_leaves_the_first_ones_slots_alone(make_engine, clock: ManualClock) -> None:
+async def test_a_catch_up_started_by_a_re_enabled_timer_leaves_the_first_ones_slots_alone(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
     """Found by the state machine: paused (disabled and enabled again) while a catch-up
     held it, a schedule's re-armed timer found itself behind and started a second
     catch-up, which took over the first one's note of the disable: the slots the first
@@ -673,7 +682,7 @@ async def test_a_catch_up_started_by_a_re_enabled_timer_leaves_the_first_ones_sl
 
 @pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
 async def test_a_queue_catch_up_keeps_slot_order_with_the_timers_slots(
-    make_engine, clock: ManualClock, coordination: str
+    make_engine: MakeEngine, clock: ManualClock, coordination: str
 ) -> None:
     """Found by the state machine (2,000 examples): a catch-up of a ``queue`` schedule ran
     its slots one by one; a timer slot queued meanwhile (the schedule paused and armed
@@ -699,7 +708,7 @@ async def test_a_queue_catch_up_keeps_slot_order_with_the_timers_slots(
     ]
 
 
-async def test_schedules_found_behind_together_claim_their_slots_together(make_engine, clock: ManualClock) -> None:
+async def test_schedules_found_behind_together_claim_their_slots_together(make_engine: MakeEngine, clock: ManualClock) -> None:
     # A stalled process finds its whole burst behind: one claim for all their slots, not
     # one per schedule (on PostgreSQL, a transaction each, when it can least afford them).
     engine = make_engine(
@@ -718,14 +727,14 @@ async def test_schedules_found_behind_together_claim_their_slots_together(make_e
 
 
 async def test_a_stop_while_a_claim_is_on_its_way_records_what_it_won_as_missed(
-    make_engine, clock: ManualClock, store_url: str
+    make_engine: MakeEngine, clock: ManualClock, store_url: str
 ) -> None:
     # The claim committed, its answer was still on the way when the engine stopped: its
     # run rows stayed "running" for good (a CI run of the cluster fleet test found one).
     engine = make_engine([schedule(name="tick", cron="* * * * * *")], coordination="advisoryLock")
     await engine.start()
     await engine.quiesce()
-    engine.store.claim = late = LateAnswer(engine.store.claim)  # type: ignore[method-assign]
+    engine.store.claim = late = LateAnswer(engine.store.claim)  # type: ignore[method-assign]  # answers late
     clock.advance(1)
     await late.committed()
     stopping = asyncio.ensure_future(engine.stop(0))
@@ -745,7 +754,7 @@ async def test_a_stop_while_a_claim_is_on_its_way_records_what_it_won_as_missed(
 
 
 async def test_a_slot_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_its_way_is_missed_not_fired(
-    make_engine, clock: ManualClock
+    make_engine: MakeEngine, clock: ManualClock
 ) -> None:
     # The claim committed; its answer came back after the lease lapsed and was renewed (a
     # partition that healed, a frozen process): another instance may have taken the run
@@ -758,7 +767,7 @@ async def test_a_slot_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_
     engine = make_engine([schedule(name="tick", cron="* * * * * *", handler=tick)], coordination="advisoryLock")
     await engine.start()
     await engine.quiesce()
-    engine.store.claim = late = LateAnswer(engine.store.claim)  # type: ignore[method-assign]
+    engine.store.claim = late = LateAnswer(engine.store.claim)  # type: ignore[method-assign]  # answers late
     clock.advance(1)
     await late.committed()
     lapse_and_renew(engine)
@@ -775,7 +784,7 @@ async def test_a_slot_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_
     assert fired[-1] == at("2026-03-02T08:00:02Z")
 
 
-async def test_catch_ups_overlapping_after_pauses_never_fire_a_slot_twice(make_engine, clock: ManualClock) -> None:
+async def test_catch_ups_overlapping_after_pauses_never_fire_a_slot_twice(make_engine: MakeEngine, clock: ManualClock) -> None:
     """Found by the state machine: paused during a catch-up, a schedule is armed again and
     may start another catch-up while the first still runs. One that ended while a newer
     one held the schedule re-armed it from its own, older, last slot, and the slots after
@@ -817,7 +826,7 @@ async def test_catch_ups_overlapping_after_pauses_never_fire_a_slot_twice(make_e
 # ---------------------------------------------------------------------------------------
 # crash, stop, retention
 # ---------------------------------------------------------------------------------------
-async def test_a_run_left_running_by_a_dead_process_is_closed_as_abandoned(make_engine, clock: ManualClock) -> None:
+async def test_a_run_left_running_by_a_dead_process_is_closed_as_abandoned(make_engine: MakeEngine, clock: ManualClock) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     dead_pid = int(dead.stdout)
     first = make_engine([schedule()], instance="crashed")
@@ -835,7 +844,7 @@ async def test_a_run_left_running_by_a_dead_process_is_closed_as_abandoned(make_
     assert str(dead_pid) in (run.error_message or "")
 
 
-async def test_a_live_instance_run_is_not_abandoned(make_engine, clock: ManualClock) -> None:
+async def test_a_live_instance_run_is_not_abandoned(make_engine: MakeEngine, clock: ManualClock) -> None:
     gate = Gate()
     first = make_engine([schedule(handler=gate)], instance="alive")
     await first.start()
@@ -848,7 +857,7 @@ async def test_a_live_instance_run_is_not_abandoned(make_engine, clock: ManualCl
     gate.release.set()
 
 
-async def test_stop_waits_for_runs_in_flight(make_engine, clock: ManualClock) -> None:
+async def test_stop_waits_for_runs_in_flight(make_engine: MakeEngine, clock: ManualClock) -> None:
     gate = Gate()
     engine = make_engine([schedule(handler=gate)])
     await engine.start()
@@ -864,7 +873,7 @@ async def test_stop_waits_for_runs_in_flight(make_engine, clock: ManualClock) ->
     assert [r.status for r in await all_runs(reopened, "job")] == ["succeeded"]
 
 
-async def test_stop_without_grace_records_runs_in_flight_as_interrupted(make_engine, clock: ManualClock) -> None:
+async def test_stop_without_grace_records_runs_in_flight_as_interrupted(make_engine: MakeEngine, clock: ManualClock) -> None:
     gate = Gate()
     engine = make_engine([schedule(handler=gate, on_overlap="queue")])
     await engine.start()
@@ -880,7 +889,7 @@ async def test_stop_without_grace_records_runs_in_flight_as_interrupted(make_eng
 
 @pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
 async def test_stop_records_the_slots_a_catch_up_had_not_started_yet(
-    make_engine, clock: ManualClock, store_url: str, coordination: str
+    make_engine: MakeEngine, clock: ManualClock, store_url: str, coordination: str
 ) -> None:
     """Found by the state machine: a catch-up firing its slots in order was cancelled by
     stop() and its later slots were left without a row (single) or with their claim's
@@ -907,7 +916,7 @@ async def test_stop_records_the_slots_a_catch_up_had_not_started_yet(
     assert "stopped" in (runs[1].error_message or "")
 
 
-async def test_retention_prunes_old_runs(make_engine, clock: ManualClock) -> None:
+async def test_retention_prunes_old_runs(make_engine: MakeEngine, clock: ManualClock) -> None:
     engine = make_engine([schedule(cron="0 * * * *")], retention=timedelta(days=1))
     await engine.start()
     for _ in range(30):
@@ -922,7 +931,7 @@ async def test_retention_prunes_old_runs(make_engine, clock: ManualClock) -> Non
 # ---------------------------------------------------------------------------------------
 # operator actions
 # ---------------------------------------------------------------------------------------
-async def test_run_now_always_runs_even_disabled_and_overlapping(make_engine, clock: ManualClock) -> None:
+async def test_run_now_always_runs_even_disabled_and_overlapping(make_engine: MakeEngine, clock: ManualClock) -> None:
     gate = Gate()
     engine = make_engine([schedule(handler=gate, on_overlap="skip")])
     await engine.start()
@@ -938,7 +947,7 @@ async def test_run_now_always_runs_even_disabled_and_overlapping(make_engine, cl
         await engine.run_now("nope")
 
 
-async def test_disable_persists_and_enable_skips_the_disabled_slots(make_engine, clock: ManualClock) -> None:
+async def test_disable_persists_and_enable_skips_the_disabled_slots(make_engine: MakeEngine, clock: ManualClock) -> None:
     engine = make_engine([schedule(backfill="all")])
     await engine.start()
     clock.advance(60)
@@ -967,7 +976,7 @@ async def test_disable_persists_and_enable_skips_the_disabled_slots(make_engine,
     assert [r.scheduled_at for r in await all_runs(third, "job")] == [at("2026-03-02T08:01:00Z"), at("2026-03-02T08:12:00Z")]
 
 
-async def test_disable_then_enable_within_one_interval_keeps_one_firing_per_slot(make_engine, clock: ManualClock) -> None:
+async def test_disable_then_enable_within_one_interval_keeps_one_firing_per_slot(make_engine: MakeEngine, clock: ManualClock) -> None:
     """A regression: each disable/enable cycle between two slots used to add a timer
     entry for the armed slot, so every later slot fired once more per cycle, forever."""
     fired: list[datetime] = []
@@ -993,7 +1002,7 @@ async def test_disable_then_enable_within_one_interval_keeps_one_firing_per_slot
     assert summary(runs) == [(f"08:0{m}:00", "succeeded", "self") for m in range(1, 5)]
 
 
-async def test_enabling_an_enabled_schedule_changes_nothing(make_engine, clock: ManualClock) -> None:
+async def test_enabling_an_enabled_schedule_changes_nothing(make_engine: MakeEngine, clock: ManualClock) -> None:
     """Found by the state machine: "enable" on a schedule that was already enabled wrote a
     new state, and the next start's catch-up then began at that moment (as after a real
     re-enable), silently dropping the slots missed before it."""
@@ -1015,7 +1024,7 @@ async def test_enabling_an_enabled_schedule_changes_nothing(make_engine, clock: 
     assert summary(await all_runs(again, "job")) == [(f"08:0{m}:00", "succeeded", "self") for m in range(1, 6)]
 
 
-async def test_a_running_engine_notices_a_disable_from_another_process(make_engine, clock: ManualClock) -> None:
+async def test_a_running_engine_notices_a_disable_from_another_process(make_engine: MakeEngine, clock: ManualClock) -> None:
     engine = make_engine([schedule()])
     await engine.start()
     await engine.quiesce()
@@ -1030,7 +1039,7 @@ async def test_a_running_engine_notices_a_disable_from_another_process(make_engi
     assert await all_runs(engine, "job") == []
 
 
-async def test_an_enable_from_another_process_heard_after_a_slot_came_due_fires_it(make_engine, clock: ManualClock) -> None:
+async def test_an_enable_from_another_process_heard_after_a_slot_came_due_fires_it(make_engine: MakeEngine, clock: ManualClock) -> None:
     """Found by the state machine: a running engine armed an enable made elsewhere from the
     moment it heard of it (its next state poll), so a slot due in between, while the
     schedule was enabled, got no row at all. It is armed from the enable: the slot is
@@ -1056,7 +1065,7 @@ async def test_an_enable_from_another_process_heard_after_a_slot_came_due_fires_
 # ---------------------------------------------------------------------------------------
 # range backfill
 # ---------------------------------------------------------------------------------------
-async def test_backfill_fires_each_slot_in_order_and_survives_a_failure(make_engine, clock: ManualClock) -> None:
+async def test_backfill_fires_each_slot_in_order_and_survives_a_failure(make_engine: MakeEngine, clock: ManualClock) -> None:
     seen: list[tuple[datetime, str]] = []
 
     async def handler(ctx: RunContext) -> None:
@@ -1089,7 +1098,7 @@ async def test_backfill_fires_each_slot_in_order_and_survives_a_failure(make_eng
         ("2025-01-01T00:00:00Z", "2026-03-02T00:00:00Z", {"confirm": True, "limit": 10_000}, "over the limit", 10_001),
     ],
 )
-async def test_backfill_refusals_fire_nothing(make_engine, clock: ManualClock, start, end, kwargs, reason, count) -> None:  # type: ignore[no-untyped-def]
+async def test_backfill_refusals_fire_nothing(make_engine: MakeEngine, clock: ManualClock, start, end, kwargs, reason, count) -> None:  # type: ignore[no-untyped-def]
     fired: list[datetime] = []
 
     async def handler(ctx: RunContext) -> None:
@@ -1107,7 +1116,7 @@ async def test_backfill_refusals_fire_nothing(make_engine, clock: ManualClock, s
     assert fired == [] and await all_runs(engine, "job") == []
 
 
-async def test_backfill_confirmation_and_limits(make_engine, clock: ManualClock) -> None:
+async def test_backfill_confirmation_and_limits(make_engine: MakeEngine, clock: ManualClock) -> None:
     engine = make_engine([schedule(cron="0 * * * *")])
     await engine.open()
     start, end = at("2026-02-27T00:00:00Z"), at("2026-03-02T00:00:00Z")
@@ -1121,7 +1130,7 @@ async def test_backfill_confirmation_and_limits(make_engine, clock: ManualClock)
     assert exceeding.count_exceeds and exceeding.count_text() == "more than 10,000"
 
 
-async def test_one_backfill_per_schedule_and_progress_while_running(make_engine, clock: ManualClock) -> None:
+async def test_one_backfill_per_schedule_and_progress_while_running(make_engine: MakeEngine, clock: ManualClock) -> None:
     gate = Gate()
     engine = make_engine([schedule(cron="0 * * * *", handler=gate)])
     await engine.open()
@@ -1145,7 +1154,7 @@ async def test_one_backfill_per_schedule_and_progress_while_running(make_engine,
 # ---------------------------------------------------------------------------------------
 # coordination through the store's claims, and external firing
 # ---------------------------------------------------------------------------------------
-async def test_two_engines_with_claims_fire_each_slot_once(make_engine, clock: ManualClock) -> None:
+async def test_two_engines_with_claims_fire_each_slot_once(make_engine: MakeEngine, clock: ManualClock) -> None:
     fired: list[tuple[str, datetime]] = []
 
     def handler_for(instance: str):  # type: ignore[no-untyped-def]
@@ -1168,7 +1177,7 @@ async def test_two_engines_with_claims_fire_each_slot_once(make_engine, clock: M
     assert {r.instance for r in runs} <= {"a", "b"}
 
 
-async def test_external_fire_runs_the_due_slot_once_per_slot(make_engine, clock: ManualClock) -> None:
+async def test_external_fire_runs_the_due_slot_once_per_slot(make_engine: MakeEngine, clock: ManualClock) -> None:
     calls: list[tuple[datetime, str]] = []
 
     async def handler(ctx: RunContext) -> None:
@@ -1201,7 +1210,7 @@ async def test_external_fire_runs_the_due_slot_once_per_slot(make_engine, clock:
         await engine.fire_external("nope")
 
 
-async def test_an_external_call_slightly_early_waits_for_its_slot(make_engine, clock: ManualClock) -> None:
+async def test_an_external_call_slightly_early_waits_for_its_slot(make_engine: MakeEngine, clock: ManualClock) -> None:
     engine = make_engine([schedule(cron="0 * * * *", trigger="external")])
     await engine.start()
     clock.set("2026-03-02T08:59:58Z")  # the platform's clock runs two seconds fast
