@@ -310,8 +310,14 @@ class DurableFleet(RuleBasedStateMachine):
         if entry is None or entry[1].frozen is not None or entry[1].crashed or entry[1].late_answers is not None:
             self.settle()
             return
-        if not any(other != name and proxy.frozen is None and not proxy.crashed for other, (_, proxy) in self.live.items()):
-            self.run(self._boot(next(n for n in NAMES if n not in self.live)))  # one to take the runs over
+        others = [other for other in self.live if other != name]
+        if all(self.live[other][1].frozen is not None or self.live[other][1].crashed for other in others):
+            # One to take the runs over: a new instance, or (every name in use) one thawed.
+            free = [n for n in NAMES if n not in self.live]
+            if free:
+                self.run(self._boot(free[0]))
+            else:
+                self._thaw(next(other for other in others if self.live[other][1].frozen is not None))
         held = entry[1].late_answers = asyncio.Event()
         self.clock.advance(first)
         self.settle()  # it claims what is due; the others claim and run the rest
