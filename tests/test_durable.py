@@ -861,6 +861,7 @@ async def test_cancel_a_waiting_execution_at_once_and_a_running_one_at_its_next_
     engine = engines([define_durable(name="sleeper", handler=sleeper), define_durable(name="worker", handler=worker)])
     await engine.start()
     sleeping = await engine.durable.start_execution("sleeper")
+    await engine.quiesce()  # its wait is written (runs=False below would not wait for that)
     working = await engine.durable.start_execution("worker")
     await entered.wait()
     await engine.quiesce(runs=False)
