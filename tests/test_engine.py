@@ -415,8 +415,30 @@ async def test_boot_catch_up_policies(make_engine: MakeEngine, clock: ManualCloc
     assert engine.next_fire_at("job") == at("2026-03-06T09:00:00Z")
 
 
+async def test_a_boot_at_a_slot_instant_fires_that_slot_and_records_only_the_late_ones(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    """The slot due the very instant the engine starts (or takes a cluster shard over) is
+    not late: it fires under ``skip`` too (the timer, armed after that instant, would
+    not), and only the slots before it are recorded missed."""
+    fired: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    clock.set("2026-03-05T09:00:00Z")
+    engine = make_engine([schedule(cron="0 9 * * *", handler=handler, backfill="skip")])
+    await _seed_last_run(engine, "job", at("2026-03-03T09:00:00Z"))
+    await engine.start()
+    await engine.quiesce()
+    runs = (await all_runs(engine, "job"))[1:]
+    assert [(r.scheduled_at.strftime("%m-%d"), r.status) for r in runs] == [("03-04", "missed"), ("03-05", "succeeded")]
+    assert fired == [at("2026-03-05T09:00:00Z")]
+    assert engine.next_fire_at("job") == at("2026-03-06T09:00:00Z")
+
+
 async def test_catch_up_walk_is_capped(make_engine: MakeEngine, clock: ManualClock) -> None:
-    clock.set("2026-03-02T12:00:00Z")
+    clock.set("2026-03-02T12:00:30Z")
     engine = make_engine([schedule(cron="* * * * *", backfill="skip")], catch_up_limit=1000)
     await _seed_last_run(engine, "job", at("2026-02-20T00:00:00Z"))
     await engine.start()

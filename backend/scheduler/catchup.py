@@ -161,7 +161,9 @@ class CatchUp:
         claimed = await self._claim_together([(schedule, missed) for schedule, missed, _ in catching])
         for schedule, missed, reason in catching:
             claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
-            self._spawn(schedule, missed, reason=reason, claimed=claim)
+            # A slot due this very instant is not late (the timer, armed after now, would
+            # not fire it): it fires whatever the policy, as a live catch-up's newest does.
+            self._spawn(schedule, missed, reason=reason, claimed=claim, on_time=missed[-1] == now)
         self.loops.poke()
 
     async def _claim_together(
@@ -220,11 +222,14 @@ class CatchUp:
         fire: bool = True,
         reason: str | None = None,
         claimed: tuple[dict[datetime, str], str | None] | None = None,
+        on_time: bool = False,
     ) -> None:
         """Start a catch-up as a task of its own, counted in :attr:`unhanded` until it
         hands its slots on."""
         self.unhanded += 1
-        catch_up = self._catch_up(schedule, slots, live=live, fire=fire, reason=reason, claimed=claimed, counted=True)
+        catch_up = self._catch_up(
+            schedule, slots, live=live, fire=fire, reason=reason, claimed=claimed, counted=True, on_time=on_time
+        )
         self.loops.spawn(catch_up, f"catch-up {schedule.name}")
 
     def _handed(self) -> None:
@@ -241,13 +246,15 @@ class CatchUp:
         reason: str | None = None,
         claimed: tuple[dict[datetime, str], str | None] | None = None,
         counted: bool = False,
+        on_time: bool = False,
     ) -> None:
         """Apply the schedule's backfill policy to ``slots`` (ascending, all due), then arm.
 
         At boot every slot is in the past: ``skip`` records them all ``missed``, ``latest``
         fires the newest, ``all`` fires each in order. When a live engine finds itself
         behind (``live``), the newest slot is simply the current one and always fires; the
-        policy decides about the older ones. Without ``fire``, all are recorded ``missed``.
+        policy decides about the older ones; so it is, at boot, when the newest is due this
+        very instant (``on_time``). Without ``fire``, all are recorded ``missed``.
         A slot fired while a run of the schedule is in flight (here or elsewhere) goes
         through the overlap policy, as any timer firing."""
         launcher = self.launcher
@@ -269,7 +276,7 @@ class CatchUp:
             policy = schedule.backfill if fire else "skip"
             if policy == "all":
                 to_fire, to_record = slots, []
-            elif policy == "latest" or (live and fire):
+            elif policy == "latest" or ((live or on_time) and fire):
                 to_fire, to_record = slots[-1:], slots[:-1]
             else:
                 to_fire, to_record = [], slots
