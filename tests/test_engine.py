@@ -1061,6 +1061,39 @@ async def test_a_running_engine_notices_a_disable_from_another_process(make_engi
     assert await all_runs(engine, "job") == []
 
 
+async def test_a_state_poll_slower_than_its_interval_does_not_push_the_next_one_out(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    """The polls are counted from when each began: a change committed after a slow round
+    read the states is seen by the next round at its time. (Found by CI: the first round,
+    still reading when the clock moved, parked a whole interval from its end, and a disable
+    made meanwhile was not heard at the next poll.)"""
+    engine = make_engine([schedule()])
+    await engine.start()
+    await engine.quiesce()
+    other = make_engine([schedule()], instance="cli")
+    await other.open()
+    store: Any = engine.states.store
+    real = store.get_states
+    reading, gate = asyncio.Event(), asyncio.Event()
+
+    async def held() -> Any:
+        states = await real()
+        reading.set()
+        await gate.wait()
+        return states
+
+    store.get_states = held
+    clock.advance(1)  # a round begins, reads, and is held
+    await reading.wait()
+    store.get_states = real
+    await other.set_enabled("job", False)  # after its read
+    clock.advance(1)  # the next round is due
+    gate.set()
+    await engine.quiesce()
+    assert not engine.is_enabled("job")
+
+
 async def test_an_enable_from_another_process_heard_after_a_slot_came_due_fires_it(make_engine: MakeEngine, clock: ManualClock) -> None:
     """Found by the state machine: a running engine armed an enable made elsewhere from the
     moment it heard of it (its next state poll), so a slot due in between, while the

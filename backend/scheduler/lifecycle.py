@@ -282,11 +282,14 @@ def is_settled(engine: Engine) -> bool:
 async def housekeeping(engine: Engine) -> None:
     """The housekeeping loop: :func:`maintain` every ``state_poll_interval``."""
     while True:
+        began = engine.clock.now()
         try:
             await maintain(engine)
         except Unavailable as exc:
             engine.outages.trouble("maintain", "store unavailable for housekeeping", exc)
-        await engine.loops.park("maintenance", engine.clock.now() + engine.state_poll_interval)
+        # Counted from the round's start: a slow round does not push the next one out, so a
+        # change made while it read (after its read) is seen a poll interval later at most.
+        await engine.loops.park("maintenance", began + engine.state_poll_interval)
 
 
 async def maintain(engine: Engine) -> None:
