@@ -271,6 +271,11 @@ class QueueMachine(RuleBasedStateMachine):
         """Wait until every engine has done all the current time calls for (what happens
         next then depends on the steps alone, never on timing)."""
         while True:
+            for engine in self.engines.values():
+                # Each lease's watcher looks on real time (every 0.5 s), which the manual
+                # clock does not move: it looks here, at every step, as it would have by then.
+                engine.lease.check()
+                engine.lease.check_jump()
             while ended := sorted(self.ended & set(self.engines)):
                 await self.die(self.engines[ended[0]])  # its lease lapsed with handlers running: it ended itself
             for engine in list(self.engines.values()):
