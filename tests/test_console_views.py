@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 from rich.text import Text
-from textual.app import App
 from textual.coordinate import Coordinate
 from textual.pilot import Pilot
 from textual.widgets import Checkbox, Input
@@ -799,9 +798,8 @@ async def test_every_console_table_keeps_a_few_screens_rendered_in_ring_free_cac
 # ----------------------------------------------------------------------------------------
 async def test_failure_is_bold_and_reversed_everywhere(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
-        any_app: App[Any] = app  # status_style takes App[object], which App[None] is not (its parameter is invariant)
-        failed = status_style(any_app, "failed")
-        assert failed.bold and failed.reverse and not status_style(any_app, "succeeded").reverse
+        failed = status_style(app, "failed")
+        assert failed.bold and failed.reverse and not status_style(app, "succeeded").reverse
         view = app.view_of("stuck-import")
         assert view is not None
         text: Text = last_run_text(view, clock.now(), app)

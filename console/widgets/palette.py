@@ -7,7 +7,7 @@ running app's theme when drawn, so a theme change recolours everything consisten
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.style import Style
 from rich.text import Text
@@ -98,7 +98,7 @@ FAILED_EMPHASIS = Style(bold=True, reverse=True)
 _RESOLVED: dict[tuple[str, str], str] = {}
 
 
-def theme_color(app: App[object], variable: str) -> str:
+def theme_color(app: App[Any], variable: str) -> str:
     """A theme variable's value as a colour Rich understands (``#RRGGBB``); cached per theme
     (a thousand rows are drawn from a handful of colours)."""
     key = (app.theme, variable)
@@ -108,7 +108,7 @@ def theme_color(app: App[object], variable: str) -> str:
     return cached
 
 
-def _resolve(app: App[object], variable: str) -> str:
+def _resolve(app: App[Any], variable: str) -> str:
     value = app.theme_variables.get(variable) or app.get_css_variables().get(variable, "")
     try:
         color = Color.parse(value)
@@ -118,25 +118,25 @@ def _resolve(app: App[object], variable: str) -> str:
     return (background + color).hex6 if color.a < 1 else color.hex6
 
 
-def status_style(app: App[object], status: str) -> Style:
+def status_style(app: App[Any], status: str) -> Style:
     """The status's colour; a failure is bold and reversed as well."""
     style = Style(color=theme_color(app, STATUS_COLORS.get(status, "foreground")))
     return style + FAILED_EMPHASIS if status == "failed" else style
 
 
-def status_text(app: App[object], status: str, label: str | None = None) -> Text:
+def status_text(app: App[Any], status: str, label: str | None = None) -> Text:
     """``✓ succeeded`` in the status's colour (``✗ failed`` reversed, bold)."""
     glyph = fmt.STATUS_GLYPHS.get(status, "?")
     return Text(f"{glyph} {status if label is None else label}", style=status_style(app, status))
 
 
-def status_cell(app: App[object], status: str) -> Text:
+def status_cell(app: App[Any], status: str) -> Text:
     """One cell of the recent-runs strip: the status's glyph in its colour (a failure
     reversed)."""
     return Text(fmt.STATUS_GLYPHS.get(status, "?"), style=status_style(app, status) + Style(bold=True))
 
 
-def outcome_text(app: App[object], outcome: str) -> Text:
+def outcome_text(app: App[Any], outcome: str) -> Text:
     """``◆ wonLock`` in the outcome's colour."""
     glyph = fmt.OUTCOME_GLYPHS.get(outcome, "?")
     return Text(f"{glyph} {outcome}", style=Style(color=theme_color(app, OUTCOME_COLORS.get(outcome, "foreground"))))
