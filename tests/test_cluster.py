@@ -327,6 +327,31 @@ async def test_a_crashed_owners_schedules_are_taken_over_within_a_lease_and_no_s
 
 
 @pg_only
+async def test_a_slot_due_while_its_shard_changed_hands_fires_late_under_skip(fleet: Callable[..., Fleet]) -> None:
+    """The fleet was behind on a shard whose owner died, not down: the slot that came due
+    while nobody held it fires as soon as the shard is taken over (``backfill="skip"``
+    records only the older ones missed), its first slot too if it never ran before (that
+    slot had no row at all). A daily job is not lost to a member's crash, or to the
+    hand-over of a rolling deploy."""
+    minutely = [define_schedule(name=f"m{i:02d}", cron="0 * * * * *", timezone="UTC", handler=noop) for i in range(12)]
+    f = fleet(minutely)
+    for name in ("a", "b"):
+        await f.start(name)
+    await f.tick(58)
+    victim_owned = {s.name for s in minutely if cluster_of(f.engines["a"][0]).owns(s.name)}
+    assert victim_owned
+    await f.crash("a")  # 2 s before 08:01:00, its shards leased for up to 3 s more
+    await f.tick(int(SHARD_TTL) + 3)
+    assert all(cluster_of(f.engines["b"][0]).owns(name) for name in victim_owned)
+    runs = await f.runs()
+    assert not duplicates(runs)
+    due = T0 + timedelta(minutes=1)
+    assert {(name, status, instance) for name, slot, status, _, instance in runs if slot == due} == {
+        (s.name, "succeeded", "b") for s in minutely
+    }
+
+
+@pg_only
 async def test_a_frozen_owner_that_wakes_up_is_fenced_and_stands_down(
     fleet: Callable[..., Fleet], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -85,7 +85,7 @@ class CatchUp:
         self.busy: set[str] = set()
         self.holds: dict[str, list[_Hold]] = defaultdict(list)
         """The catch-ups in progress that fire slots, per schedule."""
-        self._booting: list[tuple[Schedule, datetime, str | None]] = []
+        self._booting: list[tuple[Schedule, datetime, str | None, timedelta]] = []
         """Schedules waiting for the next read of where they left off (see :meth:`at_boot`)."""
         self._boot_batches = 0
         self.unhanded = 0
@@ -94,13 +94,17 @@ class CatchUp:
         timers.on_behind = self.behind
         timers.on_disabled = self.disabled
 
-    def at_boot(self, schedule: Schedule, now: datetime, *, reason: str | None = None) -> None:
+    def at_boot(
+        self, schedule: Schedule, now: datetime, *, reason: str | None = None, late_by: timedelta = timedelta(0)
+    ) -> None:
         """Catch the schedule up from where the ledger left off, then arm it. ``reason``
-        says why slots were missed (default: the engine was not running). The schedules
+        says why slots were missed (default: the engine was not running). The newest slot
+        fires whatever the policy if it was due ``late_by`` before ``now`` at most (at
+        boot: only a slot due this very instant, which is not late). The schedules
         asked for together (an engine starting, a shard taken over) share one read of
         where they left off: one query for a thousand schedules, not a thousand."""
         self.busy.add(schedule.name)
-        self._booting.append((schedule, now, reason))
+        self._booting.append((schedule, now, reason, late_by))
         if len(self._booting) == 1:
             self._boot_batches += 1
             loop = f"catch-up boot {self._boot_batches}"
@@ -134,15 +138,20 @@ class CatchUp:
 
     async def _boot_batch(self, loop: str) -> None:
         batch, self._booting = self._booting, []
-        names = [schedule.name for schedule, _, _ in batch]
+        names = [schedule.name for schedule, *_ in batch]
         try:
             left_off = await self._where_they_left_off(names, loop)
         except BaseException:
             self.busy.difference_update(names)
             raise
-        catching: list[tuple[Schedule, list[datetime], str | None]] = []
-        for schedule, now, reason in batch:
+        catching: list[tuple[Schedule, list[datetime], str | None, bool]] = []
+        for schedule, now, reason, late_by in batch:
             since = left_off.get(schedule.name)
+            never_ran = since is None
+            if never_ran and late_by:
+                # Never run, and taken over: the hand-over window's newest slot is due all the
+                # same (the owner before would have fired it), not only those after now.
+                since = now - late_by
             state = self.states.get(schedule.name)
             if since is not None and state is not None and state.enabled and state.changed_at > since:
                 since = state.changed_at  # slots missed while disabled are not caught up
@@ -153,17 +162,20 @@ class CatchUp:
                         break
                     missed.append(slot)
                 missed.reverse()
+                if never_ran:
+                    missed = missed[-1:]  # (nothing before it was ever due to it here)
             if missed:
-                catching.append((schedule, missed, reason))
+                # A slot due this very instant is not late (the timer, armed after now, would
+                # not fire it), nor is one a cluster hand-over held up by less than late_by:
+                # it fires whatever the policy, as a live catch-up's newest does.
+                catching.append((schedule, missed, reason, missed[-1] >= now - late_by))
             else:
                 self.busy.discard(schedule.name)
                 self.timers.arm(schedule, now)
-        claimed = await self._claim_together([(schedule, missed) for schedule, missed, _ in catching])
-        for schedule, missed, reason in catching:
+        claimed = await self._claim_together([(schedule, missed) for schedule, missed, *_ in catching])
+        for schedule, missed, reason, on_time in catching:
             claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
-            # A slot due this very instant is not late (the timer, armed after now, would
-            # not fire it): it fires whatever the policy, as a live catch-up's newest does.
-            self._spawn(schedule, missed, reason=reason, claimed=claim, on_time=missed[-1] == now)
+            self._spawn(schedule, missed, reason=reason, claimed=claim, on_time=on_time)
         self.loops.poke()
 
     async def _claim_together(
@@ -253,8 +265,8 @@ class CatchUp:
         At boot every slot is in the past: ``skip`` records them all ``missed``, ``latest``
         fires the newest, ``all`` fires each in order. When a live engine finds itself
         behind (``live``), the newest slot is simply the current one and always fires; the
-        policy decides about the older ones; so it is, at boot, when the newest is due this
-        very instant (``on_time``). Without ``fire``, all are recorded ``missed``.
+        policy decides about the older ones; so it is at boot when the newest is not late,
+        or late by a cluster hand-over only (``on_time``). Without ``fire``, all are recorded ``missed``.
         A slot fired while a run of the schedule is in flight (here or elsewhere) goes
         through the overlap policy, as any timer firing."""
         launcher = self.launcher

@@ -185,7 +185,9 @@ class ShardTimers(Protocol):
 class CatchesUp(Protocol):
     """What the shards need of catch-up (:class:`~backend.scheduler.catchup.CatchUp`)."""
 
-    def at_boot(self, schedule: Schedule, now: datetime, *, reason: str | None = None) -> None: ...
+    def at_boot(
+        self, schedule: Schedule, now: datetime, *, reason: str | None = None, late_by: timedelta = timedelta(0)
+    ) -> None: ...
 
 
 class ClusterCoordinator:
@@ -249,6 +251,11 @@ class Cluster:
         self.poll = poll
         self.grace = ttl
         """How long a shard may stay free before its would-be owner counts as gone."""
+        self.hand_over = ttl + 2 * poll
+        """The longest a shard goes unfired when it changes hands in a running fleet (a
+        dead owner's lease, then a round to see it and one to take it): a slot due that
+        recently before a take-over fires late, whatever its backfill policy; the fleet
+        was behind on it, not down."""
         self.by_shard: dict[int, list[Schedule]] = {}
         for schedule in schedules:
             self.by_shard.setdefault(shard_of(schedule.name), []).append(schedule)
@@ -384,7 +391,8 @@ class Cluster:
             asked_at = self.clock.now()
             got = await self.store.acquire_shards([shard_lock(s) for s in take], self.instance, self.ttl, self.lock_now())
             for name, (token, _) in sorted(got.items()):
-                self._took(int(name[len(SHARD_PREFIX) :]), token, asked_at)
+                shard = int(name[len(SHARD_PREFIX) :])
+                self._took(shard, token, asked_at, handed_over=self._held_lately(state, shard))
 
     def assignment(self, state: ClusterState, now: datetime) -> dict[int, str]:
         """Shard -> the member that should own it (see the module docstring)."""
@@ -423,16 +431,24 @@ class Cluster:
         return desired
 
     # -- holding and letting go ----------------------------------------------------------------
-    def _took(self, shard: int, token: int, asked_at: datetime) -> None:
+    def _held_lately(self, state: ClusterState, shard: int) -> bool:
+        """Whether the shard was held until a hand-over ago at most (its lease ended or it was
+        given back then): a hand-over in a running fleet, not a fleet starting cold."""
+        lock = state.locks.get(shard_lock(shard))
+        return lock is not None and state.now - lock.expires_at <= self.hand_over
+
+    def _took(self, shard: int, token: int, asked_at: datetime, *, handed_over: bool = False) -> None:
         self.held[shard] = _Held(token, asked_at, asked_at + self.ttl)
         schedules = self.by_shard.get(shard, [])
         log.info("cluster: took shard %02d (token %d, %d schedule(s))", shard, token, len(schedules))
         now = self.clock.now()
         for schedule in schedules:
             if self.is_enabled(schedule.name) and schedule.name not in self.timers.wheel:
-                # From its last recorded slot, as at boot: the hand-over window is fired late
-                # or recorded missed per its backfill policy.
-                self.catch_up.at_boot(schedule, now, reason=f"while its shard {shard:02d} changed hands")
+                # From its last recorded slot, as at boot; after a hand-over, the newest slot
+                # of its window fires late (due within self.hand_over), the others per the
+                # schedule's backfill policy.
+                late_by = self.hand_over if handed_over else timedelta(0)
+                self.catch_up.at_boot(schedule, now, reason=f"while its shard {shard:02d} changed hands", late_by=late_by)
 
     def _drop(self, shards: Iterable[int], why: str) -> None:
         for shard in list(shards):
