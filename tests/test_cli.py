@@ -648,6 +648,19 @@ def test_unknown_store_scheme_is_bad_usage_and_hides_the_password(cli: Cli) -> N
     ]
 
 
+def test_a_sqlite_url_with_options_is_bad_usage_and_creates_no_file(cli: Cli, tmp_path: Path) -> None:
+    """Its query would otherwise be taken as part of the file's name (and ``serve`` would make
+    a new, empty store under that name)."""
+    done = cli("list", "--store", f"sqlite:///{tmp_path}/state.db?mode=ro", store=False)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f'schedtui: store URL "sqlite:///{tmp_path}/state.db?mode=ro" has a query ("?mode=ro"): a SQLite store '
+        "URL names a file and takes no options"
+    ]
+    assert not (tmp_path / "state.db?mode=ro").exists()
+
+
 MISSING_STORE_HINT = "(no such file); check --store and the working directory (only `schedtui serve` and `schedtui demo` create a store)"
 
 

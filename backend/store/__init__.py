@@ -349,6 +349,12 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
             path = path[1:]  # sqlite:///relative.db and sqlite:////abs/path.db, as SQLAlchemy
         if not path:
             raise BadInput(f'store URL "{url}" names no file (try sqlite:///.schedtui/state.db)')
+        if "?" in path:
+            # Options would otherwise become part of a new file's name, silently.
+            raise BadInput(
+                f'store URL "{redact_url(url)}" has a query ("?{path.partition("?")[2]}"): a SQLite store URL '
+                "names a file and takes no options"
+            )
         return SQLiteStore(Path(path) if path != ":memory:" else path, create=create)
     if url.startswith(("postgresql://", "postgres://")):
         from backend.store.postgres.store import PostgresStore
