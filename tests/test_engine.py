@@ -19,6 +19,7 @@ from backend import (
     NotFound,
     Refused,
     RunContext,
+    Unavailable,
     define_schedule,
 )
 from backend.model import Claim, ClaimResult, Run
@@ -1263,6 +1264,40 @@ async def test_external_fire_runs_the_due_slot_once_per_slot(make_engine: MakeEn
     assert allowed.created and allowed.run is not None and allowed.run.trigger == "external"
     with pytest.raises(NotFound):
         await engine.fire_external("nope")
+
+
+async def test_an_external_fire_claimed_across_a_lapse_is_given_back_and_its_retry_fires_it(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    """The claim committed, its answer came back after the lease lapsed and was renewed:
+    nothing starts under the old epoch, and the caller is told to try again. The claim is
+    given back, so the platform's retry fires the slot. (It was recorded missed: the retry
+    got that back, and the slot never ran.)"""
+    calls: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        calls.append(ctx.scheduled_at)
+
+    engine = make_engine([schedule(cron="0 * * * *", handler=handler, trigger="external")])
+    await engine.start()
+    clock.set("2026-03-02T09:00:30Z")
+    real = engine.store.claim
+    engine.store.claim = late = LateAnswer(real)  # type: ignore[method-assign]  # its answer comes late
+    firing = asyncio.ensure_future(engine.fire_external("job"))
+    await late.committed()
+    lapse_and_renew(engine)
+    late.let_go()
+    with pytest.raises(Unavailable, match="lease lapsed while this slot was being claimed; nothing was fired: try again"):
+        await firing
+    await engine.quiesce()
+    assert await all_runs(engine, "job") == [] and calls == []
+    engine.store.claim = real  # type: ignore[method-assign]
+    retry = await engine.fire_external("job")
+    assert retry.created and retry.run is not None
+    await engine.quiesce()
+    runs = await all_runs(engine, "job")
+    assert [(r.scheduled_at, r.status, r.trigger) for r in runs] == [(at("2026-03-02T09:00:00Z"), "succeeded", "external")]
+    assert calls == [at("2026-03-02T09:00:00Z")]
 
 
 async def test_an_external_call_slightly_early_waits_for_its_slot(make_engine: MakeEngine, clock: ManualClock) -> None:

@@ -962,6 +962,26 @@ async def test_a_retried_claim_with_the_same_run_id_is_still_won(store: Store) -
     assert await store.claimed_run(c.key) == c.run_id
 
 
+async def test_a_claim_whose_run_never_started_is_given_back_with_its_placeholder_and_only_then(store: Store) -> None:
+    ids = Ids()
+    c = Claim(slot_key("job", T0), "job", ids(), None, scheduled_at=T0, trigger="external", outcome="external")
+    assert (await store.claim([c], "a", T0)).won == {c.key}
+    assert not await store.release_claim(c.key, ids())  # not its run: nothing goes
+    assert await store.release_claim(c.key, c.run_id)
+    assert await store.claimed_run(c.key) is None and await store.get_run(c.run_id) is None
+    assert not await store.release_claim(c.key, c.run_id)  # (gone already)
+    again = Claim(slot_key("job", T0), "job", ids(), None, scheduled_at=T0, trigger="external", outcome="external")
+    assert (await store.claim([again], "b", T0)).won == {again.key}  # the slot can be claimed again
+    # Once its run has started (or was closed by someone), the claim stays, and so does the run.
+    store.save_runs([run(again.run_id, scheduled_at=T0, status="running", fired_at=T0, trigger="external",
+                         coordination_outcome="external", instance="b")])  # fmt: skip
+    await store.flush()
+    assert not await store.release_claim(again.key, again.run_id)
+    assert await store.claimed_run(again.key) == again.run_id
+    started = await store.get_run(again.run_id)
+    assert started is not None and started.fired_at == T0
+
+
 async def test_a_key_given_twice_in_one_batch_is_won_once(store: Store) -> None:
     ids = Ids()
     first, again = claim(ids, "job", T0), claim(ids, "job", T0)  # one key, two run ids

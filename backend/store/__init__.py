@@ -281,6 +281,12 @@ class Store(Protocol):
     async def claimed_run(self, key: str) -> str | None:
         """The run id recorded with a claim, if the key is claimed."""
 
+    async def release_claim(self, key: str, run_id: str) -> bool:
+        """Give back a claim whose run never started: the claim (if it still names
+        ``run_id``) and its ``running`` placeholder go together, in one transaction, and
+        only while that placeholder is unstarted (no ``fired_at``: nobody closed or ran it).
+        True if they went; the slot can then be claimed again."""
+
     async def prune_claims(self, name: str | None, before: datetime) -> int:
         """Delete claims older than ``before``: one schedule's, or (``None``) everyone's."""
 

@@ -345,6 +345,14 @@ CLAIM = """
     ) b
 """
 CLAIMED_RUN = "SELECT run_id FROM schedtui_claims WHERE key = %s"
+RELEASE_CLAIM = """
+    WITH run AS (
+        DELETE FROM schedtui_runs WHERE id = %(run_id)s AND status = 'running' AND fired_at IS NULL
+            AND EXISTS (SELECT 1 FROM schedtui_claims WHERE key = %(key)s AND run_id = %(run_id)s)
+        RETURNING id
+    )
+    DELETE FROM schedtui_claims WHERE key = %(key)s AND run_id = %(run_id)s AND EXISTS (SELECT 1 FROM run)
+"""
 PRUNE_OWN_CLAIMS = "DELETE FROM schedtui_claims WHERE name = %s AND claimed_at < %s"
 #: Hourly, over a table the winners keep small: no index on claimed_at to maintain on
 #: every claim for it.

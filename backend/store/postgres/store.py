@@ -101,6 +101,7 @@ from backend.store.postgres.sql import (
     PRUNE_BACKFILLS,
     PRUNE_OWN_CLAIMS,
     PRUNE_RUNS,
+    RELEASE_CLAIM,
     RUNNING_BACKFILLS,
     RUNNING_RUNS,
     RUNS_BETWEEN,
@@ -735,6 +736,9 @@ class PostgresStore(
     async def claimed_run(self, key: str) -> str | None:
         row = await self._fetchone(CLAIMED_RUN, (key,))
         return row[0] if row else None
+
+    async def release_claim(self, key: str, run_id: str) -> bool:
+        return await self._execute(RELEASE_CLAIM, {"key": key, "run_id": run_id}) == 1
 
     async def prune_claims(self, name: str | None, before: datetime) -> int:
         if name is None:

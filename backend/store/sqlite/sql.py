@@ -201,6 +201,11 @@ RUNNING_BACKFILLS = f"SELECT {BACKFILL_COLUMNS} FROM backfills WHERE state = 'ru
 PRUNE_BACKFILLS = "DELETE FROM backfills WHERE state <> 'running' AND started_at < ?"
 CLAIM = "INSERT INTO claims (key, name, instance, claimed_at, run_id) VALUES (?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING"
 CLAIMED_RUN = "SELECT run_id FROM claims WHERE key = ?"
+RELEASE_PLACEHOLDER = """
+    DELETE FROM runs WHERE id = ? AND status = 'running' AND fired_at IS NULL
+        AND EXISTS (SELECT 1 FROM claims WHERE key = ? AND run_id = ?)
+"""
+RELEASE_CLAIM = "DELETE FROM claims WHERE key = ? AND run_id = ?"
 SLOT_TAKEN = """
     SELECT 1 FROM runs WHERE name = ? AND scheduled_at = ? AND trigger <> 'manual'
         AND outcome IN ('wonLock', 'external') LIMIT 1

@@ -86,6 +86,8 @@ from backend.store.sqlite.sql import (
     PRUNE_BACKFILLS,
     PRUNE_OWN_CLAIMS,
     PRUNE_RUNS,
+    RELEASE_CLAIM,
+    RELEASE_PLACEHOLDER,
     RUNNING_BACKFILLS,
     RUNNING_RUNS,
     RUNS_BETWEEN,
@@ -708,6 +710,15 @@ class SQLiteStore(
     async def claimed_run(self, key: str) -> str | None:
         row = await self._read(lambda c: c.execute(CLAIMED_RUN, (key,)).fetchone())
         return row[0] if row else None
+
+    async def release_claim(self, key: str, run_id: str) -> bool:
+        def release(c: sqlite3.Connection) -> bool:
+            if c.execute(RELEASE_PLACEHOLDER, (run_id, key, run_id)).rowcount != 1:
+                return False
+            c.execute(RELEASE_CLAIM, (key, run_id))
+            return True
+
+        return await self._write(release)
 
     async def prune_claims(self, name: str | None, before: datetime) -> int:
         us = _us(before)
