@@ -352,6 +352,10 @@ async def test_external_fires(backend: Backend) -> None:
     assert info.value.reason == "no slot due"
     with pytest.raises(NotFound):
         await backend.fire_external("nope")
+    await backend.set_enabled("ext", False, note="incident")
+    with pytest.raises(Refused, match="incident") as info:
+        await backend.fire_external("ext")  # disabled: refused before anything else is looked at
+    assert info.value.reason == "disabled"
 
 
 async def test_ids_and_notes_that_cannot_be_are_refused_alike(backend: Backend) -> None:

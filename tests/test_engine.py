@@ -1266,6 +1266,45 @@ async def test_external_fire_runs_the_due_slot_once_per_slot(make_engine: MakeEn
         await engine.fire_external("nope")
 
 
+async def test_an_external_call_for_a_disabled_schedule_fires_nothing_whoever_disabled_it(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    """An operator's disable stops the platform's calls too, from the moment it is written:
+    the call reads the state from the store (here it reaches an instance that has not polled
+    since another one disabled the schedule). A retry of a slot fired before the disable
+    still gets its run back; after an enable, the next slot fires. (Calls ran a disabled
+    external schedule: a disable stopped only its timer, which it has none of.)"""
+    calls: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        calls.append(ctx.scheduled_at)
+
+    job = schedule(cron="0 * * * *", handler=handler, trigger="external")
+    engine = make_engine([job], instance="a", state_poll_interval=3600)
+    other = make_engine([job], instance="b")
+    await engine.start()
+    await other.open()
+    clock.set("2026-03-02T09:00:30Z")
+    fired = await engine.fire_external("job")
+    await engine.quiesce()
+    await other.set_enabled("job", False, note="incident 42")
+    assert engine.is_enabled("job")  # not heard of yet: its next poll is an hour away
+    again = await engine.fire_external("job")  # the platform retries the 09:00 call
+    assert (again.created, again.run_id) == (False, fired.run_id)
+    clock.set("2026-03-02T10:00:10Z")
+    with pytest.raises(Refused, match=r'"job" is disabled by .* \(incident 42\): this call fired nothing') as refused:
+        await engine.fire_external("job")
+    assert refused.value.reason == "disabled"
+    assert not engine.is_enabled("job")
+    await engine.quiesce()
+    assert [r.scheduled_at for r in await all_runs(engine, "job")] == [at("2026-03-02T09:00:00Z")]
+    await other.set_enabled("job", True)
+    clock.set("2026-03-02T11:00:10Z")
+    assert (await engine.fire_external("job")).created
+    await engine.quiesce()
+    assert calls == [at("2026-03-02T09:00:00Z"), at("2026-03-02T11:00:00Z")]
+
+
 async def test_an_external_fire_claimed_across_a_lapse_is_given_back_and_its_retry_fires_it(
     make_engine: MakeEngine, clock: ManualClock
 ) -> None:

@@ -20,8 +20,16 @@ ledger is checked:
 (c) after a clean stop (a restart, and the end of each example), the stopped engine has
     left nothing ``running``;
 (d) no two non-manual runs of a ``skip`` or ``queue`` schedule were in flight at once;
-(e) no slot's handler started twice (self-triggered), and none whose handler started is
-    recorded ``missed`` or ``skipped``.
+(e) no slot's handler started twice (self-triggered or external), and none whose handler
+    started is recorded ``missed`` or ``skipped``;
+(f) a fourth schedule is fired by a platform (``trigger="external"``, every 15 minutes):
+    calls reach one instance or another, one after another or at once (a platform's retry
+    while its first call hangs), on time, a few seconds early (the call waits for its slot),
+    or later than the tolerance. Every call that fired or found a slot's run names the same
+    run, which the ledger has, for that slot; at most one call created it; a call answered
+    503 fired nothing; a call is refused as disabled exactly when an operator disabled the
+    schedule (through any instance) and the slot had not been fired before, and as too late
+    exactly when the slot is older than the tolerance and was never fired.
 
 Only the engine's public API is used (``Engine(...)``, ``start``, ``stop``, ``quiesce``,
 ``run_now``, ``set_enabled``, ``start_backfill``, ``flush``, ``store``, ``stats``).
@@ -70,6 +78,10 @@ POLL = 1.0  # the engines' state_poll_interval: how soon housekeeping notices th
 # Schedules, one of each kind of cadence: a six-field every-20-seconds one, a minute one,
 # and an every-two-minutes one. Their policies and handlers are drawn per example.
 CRONS = {"sec": "*/20 * * * * *", "min": "* * * * *", "two": "*/2 * * * *"}
+# The platform-fired schedule: slots far enough apart that a call may come past the tolerance.
+EXTERNAL, EXTERNAL_CRON = "ext", "*/15 * * * *"
+TOLERANCE = timedelta(minutes=10)  # the engine's default external_tolerance
+EARLY = timedelta(seconds=5)  # and external_early
 
 
 # ---------------------------------------------------------------------------------------
@@ -189,6 +201,8 @@ class ScheduleModel:
     enabled_until: list[datetime | None] = field(default_factory=list)
     excused: list[tuple[datetime, datetime]] = field(default_factory=list)
     """Intervals ``(start, end]`` whose slots may lack a row (documented behaviour)."""
+    external: bool = False
+    """Fired by the platform's calls only: its slots have rows where a call fired them."""
 
     @property
     def enabled(self) -> bool:
@@ -235,6 +249,9 @@ class EngineMachine(RuleBasedStateMachine):
         """When the current (or last, not yet recovered) outage began."""
         self.recovered_after: datetime | None = None
         self.log: list[str] = []
+        self.external_runs: dict[datetime, str] = {}
+        """The run each external slot's calls named (a call that fired it, or found it)."""
+        self.external_created: set[datetime] = set()
 
     # -- plumbing -------------------------------------------------------------------------
     def run(self, coro: Any) -> Any:
@@ -339,9 +356,31 @@ class EngineMachine(RuleBasedStateMachine):
             min_size=len(CRONS),
             max_size=len(CRONS),
         ),
+        external=st.tuples(
+            st.sampled_from(["skip", "queue", "parallel"]),
+            st.sampled_from([Behaviour("noop"), Behaviour("fail"), Behaviour("sleep", 20.0), Behaviour("sleep", 1000.0)]),
+        ),
     )
-    def set_up(self, mode: str, policies: list[tuple[OverlapPolicy, BackfillPolicy, Behaviour, float]]) -> None:
+    def set_up(
+        self,
+        mode: str,
+        policies: list[tuple[OverlapPolicy, BackfillPolicy, Behaviour, float]],
+        external: tuple[OverlapPolicy, Behaviour] = ("skip", Behaviour("noop")),
+    ) -> None:
         self.mode = mode
+        overlap, behaviour = external
+        schedule = define_schedule(
+            name=EXTERNAL,
+            cron=EXTERNAL_CRON,
+            timezone="UTC",
+            handler=self.handlers.make(behaviour),
+            trigger="external",
+            on_overlap=overlap,
+            max_runtime=3600,
+        )
+        self.definitions.append(schedule)
+        self.models[EXTERNAL] = ScheduleModel(EXTERNAL, schedule, external=True)
+        self.log.append(f"{EXTERNAL}: {EXTERNAL_CRON} external on_overlap={overlap} {behaviour}")
         for (name, cron), (overlap, backfill, behaviour, max_runtime) in zip(CRONS.items(), policies, strict=False):
             schedule = define_schedule(
                 name=name,
@@ -394,7 +433,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     # -- rules ------------------------------------------------------------------------------
     instances = st.sampled_from(["a", "b"])
-    names = st.sampled_from(sorted(CRONS))
+    names = st.sampled_from(sorted([*CRONS, EXTERNAL]))
     # Every other rule also lets some time pass after it (Hypothesis turns whole rules off
     # in some examples, the advance rules too): none, a fraction of a second, a slot of
     # the six-field schedule, a minute and a bit, a few minutes.
@@ -483,7 +522,7 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(instance=instances, name=names, back=st.integers(1, 6), count=st.integers(1, 4), then=then)
     def backfill(self, instance: str, name: str, back: int, count: int, then: float) -> None:
         engine = self.engine(instance)
-        step = timedelta(seconds=20 if name == "sec" else 60 if name == "min" else 120)
+        step = timedelta(seconds={"sec": 20, "min": 60, "two": 120}.get(name, 900))
         end = self.clock.now() - back * step
         start = end - count * step
         self.log.append(f"{engine.instance}: backfill({name}, {start:%H:%M:%S}, {end:%H:%M:%S})")
@@ -497,6 +536,88 @@ class EngineMachine(RuleBasedStateMachine):
 
         self.run(go())
         self.advance(then)
+
+    @rule(
+        calls=st.lists(instances, min_size=1, max_size=3),
+        together=st.booleans(),
+        early=st.sampled_from([False, False, False, True]),
+        then=then,
+    )
+    def platform_fire(self, calls: list[str], together: bool, early: bool, then: float) -> None:
+        """The platform calls for the external schedule's due slot: once, or again (a
+        retry), through one instance or another, one call after another or all at once;
+        ``early``: two seconds before the next slot (its clock runs fast), when that slot is
+        a few minutes off at most."""
+        model = self.models[EXTERNAL]
+        cron = model.schedule.cron
+        upcoming = cron.next(self.clock.now())
+        gap = (upcoming - self.clock.now()).total_seconds()
+        early = early and gap <= 400
+        if early and gap > 2:
+            self.advance(gap - 2)
+        # A call up to 5 s before a slot is for that slot: it waits for it (drawn or not).
+        early = upcoming - self.clock.now() <= EARLY
+        engines = [self.engine(instance) for instance in calls]
+        self.log.append(f"platform: fire {EXTERNAL} via {[e.instance for e in engines]}"
+                        f"{' at once' if together else ''}{' early' if early else ''}")  # fmt: skip
+
+        async def call(engine: Engine) -> tuple[datetime, Any]:
+            try:
+                answer: Any = await engine.fire_external(EXTERNAL)
+            except (Refused, Unavailable) as exc:
+                answer = exc
+            return self.clock.now(), answer
+
+        async def go() -> list[tuple[datetime, Any]]:
+            if together:
+                pending = asyncio.gather(*(call(engine) for engine in engines))
+            else:
+                async def one_by_one() -> list[tuple[datetime, Any]]:
+                    return [await call(engine) for engine in engines]
+
+                pending = asyncio.ensure_future(one_by_one())
+            await self.settle()
+            if early:  # the calls wait for the slot
+                self.clock.set(upcoming)
+                self.instants.append(upcoming)
+                await self.settle()
+            answers = await pending
+            await self.settle()
+            return answers
+
+        for at, answer in self.run(go()):
+            self.check_answer(model, at, answer)
+        self.advance(then)
+
+    def check_answer(self, model: ScheduleModel, at: datetime, answer: Any) -> None:
+        """(f), for one call answered at ``at``."""
+        slot = model.schedule.cron.latest(at)
+        self.log.append(f"  -> {slot:%H:%M:%S}: {answer!r:.160}")
+        known = self.external_runs.get(slot)
+        if currently_in_test_context():
+            kind = getattr(answer, "reason", None) or type(answer).__name__
+            event(f"{self.mode}: external call {kind}{' created' if getattr(answer, 'created', False) else ''}")
+        if isinstance(answer, Unavailable):
+            assert self.world.down or self.world.full, f"(f) answered 503 with the store up: {answer}{self.steps()}"
+            return
+        if isinstance(answer, Refused):
+            assert known is None, f"(f) refused ({answer}), but slot {slot:%H:%M:%S} was fired: {known}{self.steps()}"
+            if answer.reason == "disabled":
+                assert not model.enabled, f"(f) refused as disabled while enabled: {answer}{self.steps()}"
+            else:
+                assert answer.reason == "no slot due", f"(f) refused: {answer}{self.steps()}"
+                assert at - slot > TOLERANCE, f"(f) refused as too late {at - slot} after the slot{self.steps()}"
+            return
+        assert known in (None, answer.run_id), f"(f) slot {slot:%H:%M:%S}: calls named {known} and {answer.run_id}{self.steps()}"
+        if known is None:
+            assert answer.created, f"(f) the first call of {slot:%H:%M:%S} found a run it had not fired{self.steps()}"
+            assert model.enabled, f"(f) a disabled schedule's slot {slot:%H:%M:%S} was fired{self.steps()}"
+            assert at - slot <= TOLERANCE, f"(f) fired {at - slot} after the slot{self.steps()}"
+        else:
+            assert not answer.created, f"(f) slot {slot:%H:%M:%S} was created twice{self.steps()}"
+        self.external_runs[slot] = answer.run_id
+        if answer.run is not None:
+            assert (answer.run.scheduled_at, answer.run.trigger) == (slot, "external"), f"(f) {answer.run}{self.steps()}"
 
     @rule(then=then)
     def outage(self, then: float = 0.0) -> None:
@@ -602,8 +723,16 @@ class EngineMachine(RuleBasedStateMachine):
                 per_slot[r.scheduled_at].append(r)
             twice = {slot: rs for slot, rs in per_slot.items() if len(rs) > 1}
             assert not twice, f"(a) {name}: slots recorded more than once: {self.show(twice)}"
-            # (b) no slot of an enabled schedule left without a row
-            expected = model.due_slots(now)
+            if model.external:
+                # (f) the runs the platform's calls named are the ledger's, one per slot, and
+                # no slot no call fired has one
+                named = {r.scheduled_at: r.id for r in timed}
+                calls = self.external_runs
+                if self.world.full:  # (rows not written yet wait in the writer)
+                    calls = {slot: run for slot, run in calls.items() if slot in named}
+                assert named == calls, f"(f) {name}: the ledger has {named}, the calls named {calls}{self.steps()}"
+            # (b) no slot of an enabled (self-triggered) schedule left without a row
+            expected = [] if model.external else model.due_slots(now)
             held = self.held(runs, now)
             expected = [s for s in expected if not held(s)]
             if self.world.full:

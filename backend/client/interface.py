@@ -368,7 +368,7 @@ class Backend(abc.ABC):
     @action(system="schedules", permission="operate", label="an external fire",
             http=Http("POST", "/schedule/{name}/fire", status=202, again=200, repeated=lambda firing: not firing.created,
                       fixed={"trigger": "external"}, ok="{run_id, created, queued, run}",
-                      errors={404: "unknown schedule", 409: "not an external schedule, or no slot due"}))
+                      errors={404: "unknown schedule", 409: "not an external schedule, disabled, or no slot due"}))
     async def fire_external(self, name: ScheduleName) -> ExternalFiring:
         """Fire the slot that is due now (called by a platform scheduler).
 

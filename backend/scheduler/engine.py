@@ -344,6 +344,7 @@ class Engine:
             ledger=self.ledger,
             launcher=self.launcher,
             claims=self.claims,
+            states=self.states,
             tolerance=external_tolerance,
             early=external_early,
         )

@@ -4,7 +4,9 @@ The fired slot is the newest cron slot at or before now, if it is at most
 ``tolerance`` (10 minutes) old; a call up to ``early`` (5 s) before a slot counts for that
 slot and waits for it (platform clocks run fast). The slot is claimed in the store whatever
 the coordination mode, so a platform that retries the call gets the same run back instead of
-a second firing, whichever instance it reaches.
+a second firing, whichever instance it reaches. A schedule an operator disabled fires
+nothing: the call is refused, its state read from the store (a disable made through another
+instance a moment ago counts, not only once this one's poll has heard of it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from backend.model import ExternalFiring, slot_key
 from backend.scheduler.coordination.slots import SlotClaims
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.ledger import RunLedger
+from backend.scheduler.states import ScheduleStates
 from backend.schedules import Schedule
 from backend.store import Store
 
@@ -34,6 +37,7 @@ class ExternalFires:
         ledger: RunLedger,
         launcher: Launcher,
         claims: SlotClaims,
+        states: ScheduleStates,
         tolerance: timedelta,
         early: timedelta,
     ) -> None:
@@ -42,6 +46,7 @@ class ExternalFires:
         self.ledger = ledger
         self.launcher = launcher
         self.claims = claims
+        self.states = states
         self.tolerance = tolerance
         self.early = early
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -62,6 +67,16 @@ class ExternalFires:
             existing = await self.store.claimed_run(key)
             if existing is not None:
                 return await self._result(existing, created=False)
+            await self.states.refresh()  # (a retry of a slot fired before the disable gets its run, above)
+            if not self.states.is_enabled(name):
+                state = self.states.get(name)
+                why = "" if state is None else f" by {state.changed_by} at {state.changed_at.isoformat()}"
+                if state is not None and state.note:
+                    why += f" ({state.note})"
+                raise Refused(
+                    f'"{name}" is disabled{why}: this call fired nothing; enable it to let the platform fire it again',
+                    reason="disabled",
+                )
             late = now - slot
             if late > self.tolerance:
                 raise Refused(
