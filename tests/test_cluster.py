@@ -7,10 +7,11 @@ it sees the jump all at once. A crashed engine just stops, holding its shards un
 leases expire.
 
 The invariants, checked on the ledger after every step of random sequences (Hypothesis):
-no slot of a schedule ever has two runs; every run is tagged ``cluster``; and once the
-fleet has settled, no slot between a schedule's first and last recorded one is a silent
-hole (each is fired, or recorded ``missed``), and each member holds its even share of the
-shards (64/N rounded down or up).
+no slot of a schedule ever has two runs; every run is tagged ``cluster`` (``external`` for
+the schedule a platform's calls fire, and each of its slots has the one run its calls
+named, whichever members they reached); and once the fleet has settled, no slot between a
+schedule's first and last recorded one is a silent hole (each is fired, or recorded
+``missed``), and each member holds its even share of the shards (64/N rounded down or up).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from backend import Engine, ManualClock, define_schedule
+from backend import Engine, ManualClock, Unavailable, define_schedule
 from backend.scheduler.coordination.cluster import MEMBER_PREFIX, SHARDS, Cluster, ClusterStore, shard_of, spread
 from backend.scheduler.coordination.suspects import MAX_HOLD_LEASES, Suspects
 from backend.schedules import Schedule
@@ -39,6 +40,7 @@ from tests import pg
 UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 SHARD_TTL = 3.0
+EXTERNAL = "x"  # the HandOver machine's platform-fired schedule
 
 
 class ViewClock:
@@ -551,16 +553,21 @@ async def test_a_joining_member_takes_its_share_without_a_duplicate(fleet: Calla
 # hand-over under random sequences
 # ---------------------------------------------------------------------------------------
 class HandOver(RuleBasedStateMachine):
-    """Members join, crash, freeze and thaw while the clock moves; the ledger must never
-    show a slot twice, and once settled, never a silent hole, and the shards are spread
-    evenly over the members left."""
+    """Members join, crash, freeze and thaw while the clock moves, and a platform calls for
+    an external schedule's slot through the live members (retried, or all at once); the
+    ledger must never show a slot twice, every call that fired or found a slot names its
+    one run, and once settled, never a silent hole, and the shards are spread evenly over
+    the members left."""
 
     def __init__(self) -> None:
         super().__init__()
         assert pg.ACTIVE is not None
         self.loop = asyncio.new_event_loop()
-        self.fleet = Fleet(pg.ACTIVE.create_database("handover", migrated=True), every_second(6))
+        external = define_schedule(name=EXTERNAL, cron="* * * * *", timezone="UTC", handler=noop, trigger="external")
+        self.fleet = Fleet(pg.ACTIVE.create_database("handover", migrated=True), [*every_second(6), external])
         self.names = iter(f"m{i}" for i in range(100))
+        self.called: dict[datetime, str] = {}
+        """The run the platform's calls named for each slot of the external schedule."""
         self.run(self.fleet.start(next(self.names)))
 
     def run(self, coro: Any) -> Any:
@@ -603,11 +610,41 @@ class HandOver(RuleBasedStateMachine):
     def tick(self, seconds: int) -> None:
         self.run(self.fleet.tick(seconds))
 
+    @precondition(lambda self: bool(self.live()))
+    @rule(calls=st.lists(st.integers(0, 2), min_size=1, max_size=3), together=st.booleans())
+    def platform_fire(self, calls: list[int], together: bool) -> None:
+        live = self.live()
+        engines = [self.fleet.engines[live[i % len(live)]][0] for i in calls]
+
+        async def call(engine: Engine) -> Any:
+            try:
+                return await engine.fire_external(EXTERNAL)
+            except Unavailable as exc:  # nothing fired (a lease that lapsed under the claim): retry
+                return exc
+
+        async def go() -> list[Any]:
+            if together:
+                return list(await asyncio.gather(*(call(engine) for engine in engines)))
+            return [await call(engine) for engine in engines]
+
+        slot = self.fleet.clock.now().replace(second=0, microsecond=0)
+        for answer in self.run(go()):
+            if isinstance(answer, Unavailable):
+                continue
+            known = self.called.get(slot)
+            assert answer.run_id == (known or answer.run_id), f"{slot}: calls named {known} and {answer.run_id}"
+            assert answer.created == (known is None), f"{slot}: {answer} (the calls so far named {known})"
+            self.called[slot] = answer.run_id
+
     @invariant()
     def no_slot_twice_and_every_run_is_the_clusters(self) -> None:
         runs = self.run(self.fleet.runs())
         assert not duplicates(runs), duplicates(runs)[:5]
-        assert {outcome for _, _, _, outcome, _ in runs} <= {"cluster"}
+        assert {outcome for name, _, _, outcome, _ in runs if name != EXTERNAL} <= {"cluster"}
+        assert {outcome for name, _, _, outcome, _ in runs if name == EXTERNAL} <= {"external"}
+        engine = next(iter(self.fleet.engines.values()))[0] if self.fleet.engines else self.fleet.crashed[0]
+        fired = {run.scheduled_at: run.id for run in self.run(engine.store.list_runs(EXTERNAL, limit=1000))}
+        assert fired == self.called, f"the ledger has {fired}, the calls named {self.called}"
 
     def settle_and_check(self) -> None:
         for engine, view in self.fleet.engines.values():
@@ -618,7 +655,8 @@ class HandOver(RuleBasedStateMachine):
         runs = self.run(self.fleet.runs())
         assert not duplicates(runs)
         settled = self.fleet.clock.now() - timedelta(seconds=2)
-        assert not holes(runs, settled), holes(runs, settled)[:5]
+        timed = [run for run in runs if run[0] != EXTERNAL]  # (its slots have runs where a call fired them)
+        assert not holes(timed, settled), holes(timed, settled)[:5]
         self.run(self.fleet.balance())  # and each member ends up with its even share
 
 
