@@ -1266,6 +1266,22 @@ async def test_external_fire_runs_the_due_slot_once_per_slot(make_engine: MakeEn
         await engine.fire_external("nope")
 
 
+async def external_pair(make_engine: MakeEngine, *, poll: float) -> tuple[list[datetime], Engine, Engine]:
+    """An hourly external schedule on two engines of one store: ``a`` started (its states
+    polled every ``poll`` seconds), ``b`` opened; and the slots its handler runs."""
+    calls: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        calls.append(ctx.scheduled_at)
+
+    job = schedule(cron="0 * * * *", handler=handler, trigger="external")
+    a = make_engine([job], instance="a", state_poll_interval=poll)
+    b = make_engine([job], instance="b")
+    await a.start()
+    await b.open()
+    return calls, a, b
+
+
 async def test_an_external_call_for_a_disabled_schedule_fires_nothing_whoever_disabled_it(
     make_engine: MakeEngine, clock: ManualClock
 ) -> None:
@@ -1274,16 +1290,7 @@ async def test_an_external_call_for_a_disabled_schedule_fires_nothing_whoever_di
     since another one disabled the schedule). A retry of a slot fired before the disable
     still gets its run back; after an enable, the next slot fires. (Calls ran a disabled
     external schedule: a disable stopped only its timer, which it has none of.)"""
-    calls: list[datetime] = []
-
-    async def handler(ctx: RunContext) -> None:
-        calls.append(ctx.scheduled_at)
-
-    job = schedule(cron="0 * * * *", handler=handler, trigger="external")
-    engine = make_engine([job], instance="a", state_poll_interval=3600)
-    other = make_engine([job], instance="b")
-    await engine.start()
-    await other.open()
+    calls, engine, other = await external_pair(make_engine, poll=3600)
     clock.set("2026-03-02T09:00:30Z")
     fired = await engine.fire_external("job")
     await engine.quiesce()
@@ -1337,6 +1344,101 @@ async def test_an_external_fire_claimed_across_a_lapse_is_given_back_and_its_ret
     runs = await all_runs(engine, "job")
     assert [(r.scheduled_at, r.status, r.trigger) for r in runs] == [(at("2026-03-02T09:00:00Z"), "succeeded", "external")]
     assert calls == [at("2026-03-02T09:00:00Z")]
+
+
+class LostAnswers:
+    """A store method whose answer is lost ``times`` times after it took effect (the
+    connection broke after the commit): the call raises :class:`Unavailable`."""
+
+    def __init__(self, method: Callable[..., Any], times: int = 1) -> None:
+        self.method = method
+        self.times = times
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self.method(*args, **kwargs)
+        if self.times:
+            self.times -= 1
+            raise Unavailable("the connection broke after the commit (test)")
+        return result
+
+
+async def test_an_external_claim_whose_answer_was_lost_is_started_by_the_call_that_made_it(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    """The claim committed, its answer never came back: its placeholder names a run id only
+    this call knows. The call looks, finds its own claim, and starts it. (It answered with
+    that unstarted run as someone else's, ``created: false``; every retry got it back too,
+    and the slot never ran: an hour later it was closed as abandoned.)"""
+    calls, engine, _ = await external_pair(make_engine, poll=1)
+    clock.set("2026-03-02T09:00:30Z")
+    engine.store.claim = LostAnswers(engine.store.claim)  # type: ignore[method-assign]
+    firing = await engine.fire_external("job")
+    assert firing.created and firing.run is not None
+    await engine.quiesce()
+    retry = await engine.fire_external("job")
+    assert (retry.created, retry.run_id) == (False, firing.run_id)
+    runs = await all_runs(engine, "job")
+    assert [(r.id, r.status, r.trigger) for r in runs] == [(firing.run_id, "succeeded", "external")]
+    assert calls == [at("2026-03-02T09:00:00Z")]
+
+
+async def test_an_unanswered_external_claim_that_a_retry_found_elsewhere_is_started_by_its_claimer(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    """The claim committed and the store went away before the call could look: 503. The
+    platform's retry reached another instance, which found the claim's run and answered
+    with it; the instance that claimed it starts it at its next housekeeping round. Once
+    the slot is older than the tolerance, such a run is recorded missed instead; and one
+    still unanswered when its engine stops is given back, so that a retry fires the slot."""
+    calls, a, b = await external_pair(make_engine, poll=1)
+    real_claim, real_lookup = a.store.claim, a.store.claimed_run
+
+    async def unanswered_call(when: str) -> None:
+        """At ``when``, a call whose claim commits with its answer lost, and whose look
+        after it finds the store gone: 503 (the look before it, a retry's check, answers)."""
+        clock.set(when)
+        await a.quiesce()  # (its housekeeping round of this instant is over: the next is a second away)
+        looked = 0
+
+        async def lookup(key: str) -> str | None:
+            nonlocal looked
+            looked += 1
+            if looked > 1:
+                raise Unavailable("the store is down (test)")
+            return await real_lookup(key)
+
+        a.store.claim = LostAnswers(real_claim)  # type: ignore[method-assign]
+        a.store.claimed_run = lookup  # type: ignore[method-assign]
+        with pytest.raises(Unavailable, match="down"):
+            await a.fire_external("job")
+        a.store.claim, a.store.claimed_run = real_claim, real_lookup  # type: ignore[method-assign]
+
+    await unanswered_call("2026-03-02T09:00:30Z")
+    found = await b.fire_external("job")  # the platform's retry
+    assert not found.created and found.run is not None and found.run.fired_at is None
+    assert calls == []
+    clock.advance(1)
+    await a.quiesce()  # a housekeeping round
+    assert calls == [at("2026-03-02T09:00:00Z")]
+    runs = await all_runs(a, "job")
+    assert [(r.id, r.status) for r in runs] == [(found.run_id, "succeeded")]
+    # Past the tolerance: recorded missed, with why.
+    await unanswered_call("2026-03-02T10:00:30Z")
+    clock.set("2026-03-02T10:11:00Z")
+    await a.quiesce()
+    late = next(r for r in await all_runs(a, "job") if r.scheduled_at == at("2026-03-02T10:00:00Z"))
+    assert (late.scheduled_at, late.status, late.trigger) == (at("2026-03-02T10:00:00Z"), "missed", "external")
+    assert late.error_message == "not fired: its claim's answer was lost, and no call came back for it within 0:10:00"
+    # Unanswered when the engine stops: given back, and a retry after the restart fires it.
+    await unanswered_call("2026-03-02T11:00:30Z")
+    await a.stop()
+    assert sorted(r.scheduled_at for r in await all_runs(b, "job")) == [at("2026-03-02T09:00:00Z"), at("2026-03-02T10:00:00Z")]
+    again = make_engine(list(a.schedules.values()), instance="a2")
+    await again.start()
+    retry = await again.fire_external("job")
+    assert retry.created
+    await again.quiesce()
+    assert calls == [at("2026-03-02T09:00:00Z"), at("2026-03-02T11:00:00Z")]
 
 
 async def test_an_external_call_slightly_early_waits_for_its_slot(make_engine: MakeEngine, clock: ManualClock) -> None:

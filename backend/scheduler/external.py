@@ -7,13 +7,20 @@ the coordination mode, so a platform that retries the call gets the same run bac
 a second firing, whichever instance it reaches. A schedule an operator disabled fires
 nothing: the call is refused, its state read from the store (a disable made through another
 instance a moment ago counts, not only once this one's poll has heard of it).
+
+A claim whose answer was lost (the connection broke after the commit) leaves a placeholder
+run that only this instance knows is its own: every other call for the slot, here or on
+another instance, finds that run and answers with it. So the claim's run id is kept, and
+the run is started as soon as the store shows the claim committed: by the call itself when
+it can look, else by the next call here or the next housekeeping round (:meth:`recover`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from backend.clock import Clock
 from backend.errors import Refused, Unavailable
@@ -26,6 +33,8 @@ from backend.schedules import Schedule
 from backend.store import Store
 
 __all__ = ["ExternalFires", "ExternalFiring"]
+
+log = logging.getLogger("schedtui.engine")
 
 
 class ExternalFires:
@@ -50,6 +59,9 @@ class ExternalFires:
         self.tolerance = tolerance
         self.early = early
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.unanswered: dict[str, tuple[Schedule, datetime, str]] = {}
+        """Claims whose answer was lost, by key: the schedule, slot and run id proposed (its
+        placeholder, if the claim committed, is this instance's to start)."""
 
     async def fire(self, schedule: Schedule) -> ExternalFiring:
         """Fire the slot that is due now (see the module docstring)."""
@@ -66,6 +78,8 @@ class ExternalFires:
             key = slot_key(name, slot)
             existing = await self.store.claimed_run(key)
             if existing is not None:
+                if key in self.unanswered:
+                    return await self._adopt(key, existing)
                 return await self._result(existing, created=False)
             await self.states.refresh()  # (a retry of a slot fired before the disable gets its run, above)
             if not self.states.is_enabled(name):
@@ -84,16 +98,90 @@ class ExternalFires:
                     f"(tolerance {self.tolerance})",
                     reason="no slot due",
                 )
-            owned, busy = await self.claims.claim([(schedule, slot)], now, in_store=True)
+            proposed = self.claims.new_id()
+            owned, busy = await self.claims.claim([(schedule, slot)], now, in_store=True, run_ids={(name, slot): proposed})
             if not owned:
+                # Lost to another call, or the claim failed: committed or not, its answer lost.
+                self.unanswered[key] = (schedule, slot, proposed)
+                self.claims.claimed.add(proposed)  # (its placeholder is not a dead instance's to close)
                 winner = await self.store.claimed_run(key)
                 if winner is None:
+                    self._forget(key)
                     raise Unavailable(f"could not claim slot {key}; try again")
-                return await self._result(winner, created=False)
+                return await self._adopt(key, winner)
             _, _, run_id = owned[0]
             self.launcher.fire(schedule, slot, "external", "external", run_id, remote=busy.get(name))
             await self.ledger.flush()
             return await self._result(run_id, created=True)
+
+    async def _adopt(self, key: str, run_id: str) -> ExternalFiring:
+        """The slot ``key`` is claimed for ``run_id``: if that is the claim of ours whose
+        answer was lost, start its run now (this call made it); otherwise answer with it."""
+        proposed = self.unanswered[key][2]
+        if run_id != proposed:
+            self._forget(key)
+            return await self._result(run_id, created=False)
+        started = await self._start(key)
+        if started is None:
+            raise Unavailable(f"slot {key} is claimed, but this instance's lease has lapsed; try again")
+        await self.ledger.flush()
+        return await self._result(run_id, created=started)
+
+    async def _start(self, key: str) -> bool | None:
+        """Start the run of an unanswered claim that committed: True. False when its
+        placeholder was started or closed meanwhile (there is nothing to start); ``None``
+        while this instance's lease has lapsed (others may have judged it dead and closed
+        its runs: it is kept for later)."""
+        schedule, slot, run_id = self.unanswered[key]
+        run = await self.store.get_run(run_id)
+        if run is None or run.status != "running" or run.fired_at is not None:
+            self._forget(key)
+            return False
+        if not self.claims.lease.fresh():
+            return None
+        # (no await from the read above to here: nobody closes the runs of a live instance)
+        self._forget(key)
+        self.claims.claimed.add(run_id)
+        self.launcher.fire(schedule, slot, "external", "external", run_id)
+        return True
+
+    def _forget(self, key: str) -> None:
+        entry = self.unanswered.pop(key, None)
+        if entry is not None:
+            self.claims.claimed.discard(entry[2])
+
+    async def recover(self, *, stopping: bool = False) -> None:
+        """Each housekeeping round: start the runs of claims whose answer was lost and that
+        committed (a retry that went to another instance got that run back, and nobody
+        else starts it), while the slot is within the tolerance; past it, or when the
+        engine stops, the run is recorded ``missed``. Claims that never committed are
+        forgotten."""
+        for key in list(self.unanswered):
+            schedule = self.unanswered[key][0]
+            async with self._locks[schedule.name]:
+                if key not in self.unanswered:
+                    continue
+                _, slot, proposed = self.unanswered[key]
+                if await self.store.claimed_run(key) != proposed:
+                    self._forget(key)  # it never committed: nothing of ours
+                    continue
+                if stopping:
+                    # Given back, so that the platform's retry fires it elsewhere (or here,
+                    # after the restart); recorded missed if it cannot be.
+                    self._forget(key)
+                    try:
+                        released = await self.store.release_claim(key, proposed)
+                    except Unavailable:
+                        released = False
+                    if not released:
+                        why = "not fired: its claim's answer was lost, and the engine stopped"
+                        self.launcher.record_missed(schedule, slot, "external", "external", why, proposed)
+                elif self.clock.now() - slot > self.tolerance:
+                    self._forget(key)
+                    why = f"not fired: its claim's answer was lost, and no call came back for it within {self.tolerance}"
+                    self.launcher.record_missed(schedule, slot, "external", "external", why, proposed)
+                elif await self._start(key):
+                    log.info("started run %s of %s, whose claim's answer had been lost", proposed, schedule.name)
 
     async def _result(self, run_id: str, *, created: bool) -> ExternalFiring:
         """The run a claim points at; its row may still be on its way from another instance."""

@@ -225,6 +225,7 @@ async def stop_engine(engine: Engine, grace: float) -> None:
     except Exception as exc:  # the store is closed below whatever happens here
         log.error("stopping: could not record the backfills' ends: %s", exc, exc_info=exc)
     try:
+        await engine.external.recover(stopping=True)  # a platform's claims whose answer was lost
         await engine.claims.recover_lost()  # lost slots not claimed yet: recorded, a next start would not look
     except Exception as exc:  # the store is closed below whatever happens here
         log.error("stopping: could not record the lost slots: %s", exc, exc_info=exc)
@@ -307,6 +308,7 @@ async def maintain(engine: Engine) -> None:
     await engine.registry.beat_and_sweep(now)
     await engine.registry.prune(now)
     await engine.claims.recover_lost()
+    await engine.external.recover()
     await engine.backfills.maintain()
     await engine.launcher.release_remote_waits()
     for subsystem in engine.subsystems:

@@ -182,18 +182,24 @@ class SlotClaims:
         return now - (timedelta(minutes=1) if schedule.cron.has_seconds else timedelta(hours=1))
 
     async def claim(
-        self, slots: list[tuple[Schedule, datetime]], now: datetime, *, in_store: bool = False
+        self,
+        slots: list[tuple[Schedule, datetime]],
+        now: datetime,
+        *,
+        in_store: bool = False,
+        run_ids: dict[tuple[str, datetime], str] | None = None,
     ) -> tuple[list[tuple[Schedule, datetime, str]], dict[str, str]]:
         """The slots this instance wins, each with the run id its claim recorded, and the
         schedules of the batch with a run in flight on another instance (name -> run id).
 
         Fails closed: if the claims cannot be written, nothing is won, and the slots are
         remembered as lost; external fires are not remembered, their caller gets the
-        error and retries. ``in_store`` claims in the store whatever the coordination mode
+        error and looks at what the claim left (``run_ids``: the ids to propose, which it
+        knows so). ``in_store`` claims in the store whatever the coordination mode
         (external fires dedupe retries so)."""
         if not in_store and not self.fires():
             return [], {}  # the fleet's own mode fires them (external fires dedupe in the store whatever the mode)
-        claims = self.make_claims(slots, now, in_store=in_store)
+        claims = self.make_claims(slots, now, in_store=in_store, run_ids=run_ids)
         epoch = self.lease.epoch
         try:
             self._check_lease()
@@ -353,13 +359,19 @@ class SlotClaims:
             return
         now = self.clock.now()
         claims = self.make_claims(wanted, now, run_ids=ids)
-        try:
-            result = await self._send(claims, now)
-        except Unavailable as exc:
-            for schedule, slot in wanted:
-                self._remember_lost(schedule, slot, ids[(schedule.name, slot)])
-            self.outages.trouble("claim", f"not firing {len(wanted)} slot(s): cannot claim them", exc)
-            return
+        # A stop has no next round: a claim whose answer was lost is sent once more (the same
+        # run ids: what committed is won again), or its placeholders would stay running.
+        for attempts_left in reversed(range(2 if self.launcher.stopping else 1)):
+            try:
+                result = await self._send(claims, now)
+                break
+            except Unavailable as exc:
+                if attempts_left:
+                    continue
+                for schedule, slot in wanted:
+                    self._remember_lost(schedule, slot, ids[(schedule.name, slot)])
+                self.outages.trouble("claim", f"not firing {len(wanted)} slot(s): cannot claim them", exc)
+                return
         self.outages.back(self.lost_count)
         won: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
         for (schedule, slot), claim in zip(wanted, claims, strict=False):
