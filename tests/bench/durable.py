@@ -43,6 +43,10 @@ a time. Measured:
 * ``cpu_us_per_step``: the worker process's CPU (every thread) during the measured
   workflows, per step; beside it ``ceiling_cpu_us_per_commit``, the same process's CPU
   per commit of the ceiling: what a step costs the client besides its commit;
+* ``--breakdown`` stamps each step's parts on the checkpoints' connection (see
+  :class:`Breakdown`): ``step_breakdown``, the median and mean microseconds of its send,
+  its reply in flight, the reply's read, the wake-up of the code awaiting it, and the
+  engine's Python to the next send;
 * ``--fence`` measures only the checkpoint statement, without the engine (see
   :func:`fence_costs`): what the fence and the step's row cost beside the ceiling's
   ``INSERT``;
@@ -126,7 +130,86 @@ class Ceiling:
 # ---------------------------------------------------------------------------------------
 # the schedtui worker (run in a process of its own)
 # ---------------------------------------------------------------------------------------
-def schedtui_worker(url: str, steps: int, workflows: int, ceiling_url: str) -> dict[str, Any]:
+class Breakdown:
+    """Where a step's time goes, stamped on the checkpoints' connection (``--breakdown``):
+    the send (libpq's send and flush: the write may hand the CPU to the server at once),
+    the reply in flight (the server's work and its commit, the wake-ups on both sides), the
+    reader reading it, the wake-up of the code awaiting it, and the engine's Python from
+    there to the next step's send (its bookkeeping, the no-op step, the next checkpoint's
+    parameters). Each stamp costs about a microsecond: the steps/s of such a run are not
+    the ones to quote."""
+
+    def __init__(self) -> None:
+        self.stamps: list[tuple[str, int]] = []
+        self.on = False
+
+    def install(self) -> None:
+        from backend.store.postgres import durable, lane
+
+        stamp = self.stamp
+        call, readable, checkpoint = lane.Lane.call, lane.Lane._readable, durable.PostgresDurable._checkpoint
+
+        def timed_call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.name != "schedtui_durable" or args[0] not in ("first", "again"):  # (a start's, a finish's)
+                return call(self, *args, **kwargs)
+            stamp("send")
+            try:
+                return call(self, *args, **kwargs)
+            finally:
+                stamp("sent")
+
+        def timed_readable(self: Any) -> None:
+            if self.name == "schedtui_durable":
+                stamp("read")
+            readable(self)
+            if self.name == "schedtui_durable":
+                stamp("read_done")
+
+        async def timed_checkpoint(self: Any, write: Any, step: Any) -> Any:
+            result = await checkpoint(self, write, step)
+            stamp("resumed")
+            return result
+
+        lane.Lane.call = timed_call  # type: ignore[method-assign]
+        lane.Lane._readable = timed_readable  # type: ignore[method-assign]
+        durable.PostgresDurable._checkpoint = timed_checkpoint  # type: ignore[method-assign,assignment]
+
+    def stamp(self, what: str) -> None:
+        if self.on:
+            self.stamps.append((what, time.perf_counter_ns()))
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per part, its median and mean in microseconds over the steps measured."""
+        import statistics
+
+        parts: dict[str, list[float]] = {"send": [], "in_flight": [], "reply_read": [], "wake_up": [], "engine": []}
+        stamps, resumed, checkpoint = self.stamps, None, False
+        for (before, at), (what, then) in zip(stamps, stamps[1:], strict=False):
+            gap = (then - at) / 1000
+            if what == "end":
+                resumed = None  # (the next send is the next workflow's first)
+            elif what == "send" and resumed is not None:
+                parts["engine"].append((then - resumed) / 1000)
+                resumed = None
+            elif (before, what) == ("send", "sent"):
+                parts["send"].append(gap)
+            elif (before, what) == ("sent", "read"):
+                parts["in_flight"].append(gap)
+                checkpoint = True  # (the reply a checkpoint's; not a start's or a finish's)
+            elif (before, what) == ("read", "read_done") and checkpoint:
+                parts["reply_read"].append(gap)
+                checkpoint = False
+            elif (before, what) == ("read_done", "resumed"):
+                parts["wake_up"].append(gap)
+                resumed = then
+        return {
+            name: {"p50_us": round(statistics.median(v), 1), "mean_us": round(statistics.mean(v), 1), "n": len(v)}
+            for name, v in parts.items()
+            if v
+        }
+
+
+def schedtui_worker(url: str, steps: int, workflows: int, ceiling_url: str, breakdown: bool = False) -> dict[str, Any]:
     import asyncio
 
     from backend import Engine
@@ -159,6 +242,9 @@ def schedtui_worker(url: str, steps: int, workflows: int, ceiling_url: str) -> d
             return result
 
         store.durable_write = timed
+        parts = Breakdown()
+        if breakdown:
+            parts.install()
 
         cpu: list[float] = []
 
@@ -204,11 +290,15 @@ def schedtui_worker(url: str, steps: int, workflows: int, ceiling_url: str) -> d
         for _ in range(workflows):
             ceiling.batch(steps)  # blocks the loop: nothing of the engine's runs meanwhile
             await floor_batch(steps)
+            parts.on = True
             durations.append(await one())
+            parts.stamp("end")  # (not a step: the next workflow's first send is not this one's)
+            parts.on = False
         await engine.stop()
         await floor.close()
+        extra = {"breakdown": parts.summary()} if breakdown else {}
         return {"elapsed_s": sum(durations), "workflow_s": durations, "checkpoint_s": checkpoints, "cpu_s": sum(cpu),
-                "floor_commits": floor_commits, "floor_s": floor_s, **ceiling.close()}  # fmt: skip
+                "floor_commits": floor_commits, "floor_s": floor_s, **ceiling.close(), **extra}  # fmt: skip
 
     return asyncio.run(run())
 
@@ -367,6 +457,8 @@ def figures(results: dict[str, Any], commits: int, base: int, steps: int, workfl
         out["rows_per_step"] = round(sum(r[1] for r in said) / per, 3)
         out["exec_ms_per_step"] = round(sum(r[2] for r in said) / per, 4)
         out["statements"] = [{"calls": r[0], "rows": r[1], "ms": round(r[2], 1), "sql": r[3]} for r in said[:8]]
+    if "breakdown" in results:
+        out["step_breakdown"] = results["breakdown"]
     if "check_s" in results:
         steps_db = [a + b for a, b in zip(results["check_s"], results["checkpoint_s"], strict=False)]
         out["step_db_ms"] = stats.summary_ms(steps_db, ("p50", "p99", "max"))
@@ -585,11 +677,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-resume", action="store_true")
     parser.add_argument("--statements", action="store_true", help="load pg_stat_statements: statements per step")
     parser.add_argument("--fence", action="store_true", help="only the checkpoint statement alone against the INSERT")
+    parser.add_argument("--breakdown", action="store_true", help="stamp where a step's time goes (its rates not to quote)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
     if args.worker == "schedtui":
         url, steps, workflows, ceiling_url = rest
-        print(json.dumps(schedtui_worker(url, int(steps), int(workflows), ceiling_url)))
+        print(json.dumps(schedtui_worker(url, int(steps), int(workflows), ceiling_url, args.breakdown)))
         return 0
 
     from tests import pg
@@ -613,7 +706,8 @@ def main(argv: list[str] | None = None) -> int:
             result["fence"] = fence_costs(server)
             print(json.dumps(result, indent=2))
             return 0
-        systems = {"schedtui": [sys.executable, "-m", "tests.bench.durable", "--worker", "schedtui"]}
+        systems = {"schedtui": [sys.executable, "-m", "tests.bench.durable", "--worker", "schedtui",
+                                *(["--breakdown"] if args.breakdown else [])]}  # fmt: skip
         if not args.skip_dbos:
             python = install_dbos(folder)
             script = folder / "dbos_worker.py"
