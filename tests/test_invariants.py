@@ -553,14 +553,18 @@ class EngineMachine(RuleBasedStateMachine):
         calls=st.lists(instances, min_size=1, max_size=3),
         together=st.booleans(),
         early=st.sampled_from([False, False, False, True]),
+        disabled_by=st.sampled_from([None, None, None, "a", "b"]),
         then=then,
     )
-    def platform_fire(self, calls: list[str], together: bool, early: bool, then: float) -> None:
+    def platform_fire(self, calls: list[str], together: bool, early: bool, disabled_by: str | None, then: float) -> None:
         """The platform calls for the external schedule's due slot: once, or again (a
         retry), through one instance or another, one call after another or all at once;
         ``early``: two seconds before the next slot (its clock runs fast), when that slot is
-        a few minutes off at most."""
+        a few minutes off at most; ``disabled_by``: an operator disabled the schedule
+        through that instance just before (an incident), and it stays so until enabled."""
         model = self.models[EXTERNAL]
+        if disabled_by is not None:
+            self.switch(disabled_by, EXTERNAL, False, "incident")
         cron = model.schedule.cron
         upcoming = cron.next(self.clock.now())
         gap = (upcoming - self.clock.now()).total_seconds()
