@@ -36,7 +36,7 @@ Only the engine's public API is used (``Engine(...)``, ``start``, ``stop``, ``qu
 ``run_now``, ``set_enabled``, ``start_backfill``, ``flush``, ``store``, ``stats``).
 
 The number of examples is bounded for CI by the Hypothesis profile ``invariants`` (100
-examples of 30 steps, about 20 s on two cores). The profile ``invariants-deep`` (2,000
+examples of 30 steps, about 30 s on two cores). The profile ``invariants-deep`` (2,000
 examples) shakes out rarer sequences locally; ``SCHEDTUI_HYPOTHESIS_EXAMPLES`` and
 ``SCHEDTUI_HYPOTHESIS_STEPS`` override either, e.g.::
 
