@@ -554,7 +554,8 @@ async def test_a_joining_member_takes_its_share_without_a_duplicate(fleet: Calla
 # ---------------------------------------------------------------------------------------
 class HandOver(RuleBasedStateMachine):
     """Members join, crash, freeze and thaw while the clock moves, and a platform calls for
-    an external schedule's slot through the live members (retried, or all at once); the
+    an external schedule's slot through the live members (retried, or all at once; the
+    first call's claim may commit with its answer lost); the
     ledger must never show a slot twice, every call that fired or found a slot names its
     one run, and once settled, never a silent hole, and the shards are spread evenly over
     the members left."""
@@ -611,10 +612,20 @@ class HandOver(RuleBasedStateMachine):
         self.run(self.fleet.tick(seconds))
 
     @precondition(lambda self: bool(self.live()))
-    @rule(calls=st.lists(st.integers(0, 2), min_size=1, max_size=3), together=st.booleans())
-    def platform_fire(self, calls: list[int], together: bool) -> None:
+    @rule(calls=st.lists(st.integers(0, 2), min_size=1, max_size=3), together=st.booleans(), lose_answer=st.booleans())
+    def platform_fire(self, calls: list[int], together: bool, lose_answer: bool) -> None:
+        """``lose_answer``: the first call's claim commits, and its answer is lost."""
         live = self.live()
         engines = [self.fleet.engines[live[i % len(live)]][0] for i in calls]
+        store = cast(PostgresStore, engines[0].store)
+        claim = store.claim
+        if lose_answer:
+            async def answer_lost(*args: Any, **kwargs: Any) -> Any:
+                store.claim = claim  # type: ignore[method-assign]  # (once)
+                await claim(*args, **kwargs)
+                raise Unavailable("the connection broke after the claim committed (test)")
+
+            store.claim = answer_lost  # type: ignore[method-assign]
 
         async def call(engine: Engine) -> Any:
             try:
@@ -628,7 +639,11 @@ class HandOver(RuleBasedStateMachine):
             return [await call(engine) for engine in engines]
 
         slot = self.fleet.clock.now().replace(second=0, microsecond=0)
-        for answer in self.run(go()):
+        try:
+            answers = self.run(go())
+        finally:
+            store.claim = claim  # type: ignore[method-assign]
+        for answer in answers:
             if isinstance(answer, Unavailable):
                 continue
             known = self.called.get(slot)
