@@ -153,35 +153,41 @@ class ExternalFires:
     async def recover(self, *, stopping: bool = False) -> None:
         """Each housekeeping round: start the runs of claims whose answer was lost and that
         committed (a retry that went to another instance got that run back, and nobody
-        else starts it), while the slot is within the tolerance; past it, or when the
-        engine stops, the run is recorded ``missed``. Claims that never committed are
-        forgotten."""
-        for key in list(self.unanswered):
-            schedule = self.unanswered[key][0]
-            async with self._locks[schedule.name]:
-                if key not in self.unanswered:
-                    continue
-                _, slot, proposed = self.unanswered[key]
-                if await self.store.claimed_run(key) != proposed:
-                    self._forget(key)  # it never committed: nothing of ours
-                    continue
-                if stopping:
-                    # Given back, so that the platform's retry fires it elsewhere (or here,
-                    # after the restart); recorded missed if it cannot be.
-                    self._forget(key)
-                    try:
-                        released = await self.store.release_claim(key, proposed)
-                    except Unavailable:
-                        released = False
-                    if not released:
-                        why = "not fired: its claim's answer was lost, and the engine stopped"
-                        self.launcher.record_missed(schedule, slot, "external", "external", why, proposed)
-                elif self.clock.now() - slot > self.tolerance:
-                    self._forget(key)
-                    why = f"not fired: its claim's answer was lost, and no call came back for it within {self.tolerance}"
+        else starts it), while the slot is within the tolerance; past it, the run is
+        recorded ``missed``. When the engine stops, they are given back instead (recorded
+        missed if they cannot be). Claims that never committed are forgotten; while the
+        store cannot be read, they wait for the next round."""
+        try:
+            for key in list(self.unanswered):
+                await self._recover(key, stopping)
+        except Unavailable as exc:
+            log.info("claims of external fires whose answer was lost: looked at again next round (%s)", exc)
+
+    async def _recover(self, key: str, stopping: bool) -> None:
+        schedule = self.unanswered[key][0]
+        async with self._locks[schedule.name]:
+            if key not in self.unanswered:
+                return  # (a call settled it meanwhile)
+            _, slot, proposed = self.unanswered[key]
+            if await self.store.claimed_run(key) != proposed:
+                self._forget(key)  # it never committed: nothing of ours
+            elif stopping:
+                # Given back, so that the platform's retry fires it elsewhere (or here, after
+                # the restart); recorded missed if it cannot be.
+                self._forget(key)
+                try:
+                    released = await self.store.release_claim(key, proposed)
+                except Unavailable:
+                    released = False
+                if not released:
+                    why = "not fired: its claim's answer was lost, and the engine stopped"
                     self.launcher.record_missed(schedule, slot, "external", "external", why, proposed)
-                elif await self._start(key):
-                    log.info("started run %s of %s, whose claim's answer had been lost", proposed, schedule.name)
+            elif self.clock.now() - slot > self.tolerance:
+                self._forget(key)
+                why = f"not fired: its claim's answer was lost, and no call came back for it within {self.tolerance}"
+                self.launcher.record_missed(schedule, slot, "external", "external", why, proposed)
+            elif await self._start(key):
+                log.info("started run %s of %s, whose claim's answer had been lost", proposed, schedule.name)
 
     async def _result(self, run_id: str, *, created: bool) -> ExternalFiring:
         """The run a claim points at; its row may still be on its way from another instance."""
