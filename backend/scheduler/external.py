@@ -84,7 +84,7 @@ class ExternalFires:
             await self.states.refresh()  # (a retry of a slot fired before the disable gets its run, above)
             if not self.states.is_enabled(name):
                 state = self.states.get(name)
-                why = "" if state is None else f" by {state.changed_by} at {state.changed_at.isoformat()}"
+                why = "" if state is None else f" by {state.changed_by} at {state.changed_at.isoformat(timespec='seconds')}"
                 if state is not None and state.note:
                     why += f" ({state.note})"
                 raise Refused(
