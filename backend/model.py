@@ -766,7 +766,8 @@ class ExternalFiring:
 
     run_id: str
     run: Run | None
-    """``None`` only while the firing waits behind a run in flight (``on_overlap="queue"``)."""
+    """``None`` only while the firing waits behind a run in flight (``on_overlap="queue"``),
+    or when it ran already and its row waits to be written (the store could not take it)."""
     created: bool
     """False when the slot had already been fired (a retry): ``run`` is that firing."""
     queued: bool = False

@@ -1441,6 +1441,29 @@ async def test_an_unanswered_external_claim_that_a_retry_found_elsewhere_is_star
     assert calls == [at("2026-03-02T09:00:00Z"), at("2026-03-02T11:00:00Z")]
 
 
+async def test_an_external_call_whose_run_cannot_be_written_yet_says_it_fired(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    """The claim went through, the run started, and its row waits in the writer (a full
+    disk, an outage since the claim): the call answers that it fired, not 503, which told
+    the platform nothing ran (the machine's deep run found it on a full disk)."""
+    calls, engine, _ = await external_pair(make_engine, poll=1)
+    clock.set("2026-03-02T09:00:30Z")
+    flush = engine.ledger.flush
+
+    async def cannot_write() -> None:
+        engine.ledger.flush = flush  # type: ignore[method-assign]  # (once)
+        raise Unavailable("the disk is full (test)")
+
+    engine.ledger.flush = cannot_write  # type: ignore[method-assign]
+    firing = await engine.fire_external("job")
+    assert firing.created
+    await engine.quiesce()
+    retry = await engine.fire_external("job")
+    assert (retry.created, retry.run_id) == (False, firing.run_id)
+    assert calls == [at("2026-03-02T09:00:00Z")]
+
+
 async def test_an_external_call_slightly_early_waits_for_its_slot(make_engine: MakeEngine, clock: ManualClock) -> None:
     engine = make_engine([schedule(cron="0 * * * *", trigger="external")])
     await engine.start()

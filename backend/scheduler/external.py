@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 
 from backend.clock import Clock
 from backend.errors import Refused, Unavailable
-from backend.model import ExternalFiring, slot_key
+from backend.model import ExternalFiring, Run, slot_key
 from backend.scheduler.coordination.slots import SlotClaims
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.ledger import RunLedger
@@ -110,9 +110,8 @@ class ExternalFires:
                     raise Unavailable(f"could not claim slot {key}; try again")
                 return await self._adopt(key, winner)
             _, _, run_id = owned[0]
-            self.launcher.fire(schedule, slot, "external", "external", run_id, remote=busy.get(name))
-            await self.ledger.flush()
-            return await self._result(run_id, created=True)
+            skipped = self.launcher.fire(schedule, slot, "external", "external", run_id, remote=busy.get(name))
+            return await self._fired(run_id, skipped)
 
     async def _adopt(self, key: str, run_id: str) -> ExternalFiring:
         """The slot ``key`` is claimed for ``run_id``: if that is the claim of ours whose
@@ -124,8 +123,23 @@ class ExternalFires:
         started = await self._start(key)
         if started is None:
             raise Unavailable(f"slot {key} is claimed, but this instance's lease has lapsed; try again")
-        await self.ledger.flush()
-        return await self._result(run_id, created=started)
+        if started:
+            return await self._fired(run_id)
+        return await self._result(run_id, created=False)
+
+    async def _fired(self, run_id: str, skipped: Run | None = None) -> ExternalFiring:
+        """The answer of a call that fired ``run_id`` (``skipped``: its run, recorded skipped
+        by the overlap policy). Its row waits in the writer when the store cannot take it
+        now (a full disk, an outage since the claim): the call fired all the same, and says
+        so (answered 503, the platform would believe nothing ran)."""
+        try:
+            await self.ledger.flush()
+        except Unavailable as exc:
+            log.warning("run %s was fired; its row is written once the store takes it (%s)", run_id, exc)
+            queued = self.launcher.queued_run(run_id)
+            active = self.launcher.active.get(run_id)
+            return ExternalFiring(run_id, skipped or (active.run if active is not None else None), True, queued=queued)
+        return await self._result(run_id, created=True)
 
     async def _start(self, key: str) -> bool | None:
         """Start the run of an unanswered claim that committed: True. False when its
