@@ -643,7 +643,8 @@ class HandOver(RuleBasedStateMachine):
             answers = self.run(go())
         finally:
             store.claim = claim  # type: ignore[method-assign]
-        for answer in answers:
+        # (calls at once answer in any order: the one that created the run first)
+        for answer in sorted(answers, key=lambda answer: not getattr(answer, "created", False)):
             if isinstance(answer, Unavailable):
                 continue
             known = self.called.get(slot)
