@@ -1312,38 +1312,50 @@ async def test_an_external_call_for_a_disabled_schedule_fires_nothing_whoever_di
     assert calls == [at("2026-03-02T09:00:00Z"), at("2026-03-02T11:00:00Z")]
 
 
-async def test_an_external_fire_claimed_across_a_lapse_is_given_back_and_its_retry_fires_it(
+async def test_an_external_fire_claimed_across_a_lapse_starts_its_run_once_the_lease_holds_again(
     make_engine: MakeEngine, clock: ManualClock
 ) -> None:
-    """The claim committed, its answer came back after the lease lapsed and was renewed:
-    nothing starts under the old epoch, and the caller is told to try again. The claim is
-    given back, so the platform's retry fires the slot. (It was recorded missed: the retry
-    got that back, and the slot never ran.)"""
-    calls: list[datetime] = []
-
-    async def handler(ctx: RunContext) -> None:
-        calls.append(ctx.scheduled_at)
-
-    engine = make_engine([schedule(cron="0 * * * *", handler=handler, trigger="external")])
-    await engine.start()
+    """The claim committed, its answer came back after the lease lapsed. Nothing starts
+    under the old epoch; the call finds its own claim, and starts the run once the lease
+    holds again if nobody closed it meanwhile: here at once (renewed), and, while the lease
+    stays lapsed, the call answers 503 and the instance's next round starts it. (The claim
+    was given back: a retry that had reached another instance meanwhile had been answered
+    with that run, and the slot then never ran.)"""
+    calls, engine, other = await external_pair(make_engine, poll=1)
     clock.set("2026-03-02T09:00:30Z")
+    await engine.quiesce()
     real = engine.store.claim
     engine.store.claim = late = LateAnswer(real)  # type: ignore[method-assign]  # its answer comes late
     firing = asyncio.ensure_future(engine.fire_external("job"))
     await late.committed()
+    found = await other.fire_external("job")  # the platform's retry, elsewhere, meanwhile
+    assert not found.created and found.run is not None and found.run.fired_at is None
     lapse_and_renew(engine)
     late.let_go()
-    with pytest.raises(Unavailable, match="lease lapsed while this slot was being claimed; nothing was fired: try again"):
-        await firing
+    fired = await firing
+    assert (fired.created, fired.run_id) == (True, found.run_id)
     await engine.quiesce()
-    assert await all_runs(engine, "job") == [] and calls == []
-    engine.store.claim = real  # type: ignore[method-assign]
-    retry = await engine.fire_external("job")
-    assert retry.created and retry.run is not None
-    await engine.quiesce()
-    runs = await all_runs(engine, "job")
-    assert [(r.scheduled_at, r.status, r.trigger) for r in runs] == [(at("2026-03-02T09:00:00Z"), "succeeded", "external")]
     assert calls == [at("2026-03-02T09:00:00Z")]
+    # The lease still lapsed when the answer comes: 503, and the next round starts it.
+    clock.set("2026-03-02T10:00:30Z")
+    await engine.quiesce()
+    engine.store.claim = late = LateAnswer(real)  # type: ignore[method-assign]
+    firing = asyncio.ensure_future(engine.fire_external("job"))
+    await late.committed()
+    engine.lease.lapse("cut off (test)")
+    late.let_go()
+    with pytest.raises(Unavailable, match="lease has lapsed; try again"):
+        await firing
+    engine.store.claim = real  # type: ignore[method-assign]
+    assert calls == [at("2026-03-02T09:00:00Z")]
+    engine.lease.renewed(engine.lease.sending())
+    clock.advance(1)
+    await engine.quiesce()  # a housekeeping round
+    assert calls == [at("2026-03-02T09:00:00Z"), at("2026-03-02T10:00:00Z")]
+    runs = await all_runs(engine, "job")
+    assert sorted((r.scheduled_at, r.status) for r in runs) == [
+        (at("2026-03-02T09:00:00Z"), "succeeded"), (at("2026-03-02T10:00:00Z"), "succeeded")
+    ]
 
 
 class LostAnswers:

@@ -216,15 +216,13 @@ class SlotClaims:
             # Its answer came back after the lease lapsed (a partition that healed, a process
             # frozen meanwhile): another instance may have taken these runs over since.
             self.claimed.difference_update(claim.run_id for claim in claims)
-            why = "this instance's lease lapsed while this slot was being claimed"
             if in_store:
-                # An external fire, which its platform retries: give the claims back, so
-                # that the retry fires the slot here or elsewhere (recorded missed, the
-                # retry would only get that back, and the slot would never run).
-                kept = await self._release(claims, result)
-                self._record_missed(kept, result, why)
-                raise Unavailable(f"{why}; nothing was fired: try again")
-            self._record_missed(claims, result, why)
+                # An external fire: its caller finds its own claim there and starts the run
+                # once this instance's lease holds again and nobody closed the run meanwhile
+                # (another call may have answered with that run already: giving the claim
+                # back would leave that answer naming a run that never runs).
+                return [], result.busy
+            self._record_missed(claims, result, "this instance's lease lapsed while this slot was being claimed")
             return [], result.busy
         owned = [(schedule, slot, claim.run_id) for (schedule, slot), claim in zip(slots, claims, strict=False) if claim.key in won]
         return owned, result.busy
@@ -292,21 +290,6 @@ class SlotClaims:
             raise
         self.claimed.difference_update(claim.run_id for claim in claims if claim.key not in result.won)
         return result
-
-    async def _release(self, claims: Sequence[Claim], result: ClaimResult) -> list[Claim]:
-        """Give back the won claims whose runs never started; the ones that could not be
-        given back (the store failed, or the run was closed meanwhile)."""
-        kept = []
-        for claim in claims:
-            if claim.key not in result.won:
-                continue
-            try:
-                released = await self.store.release_claim(claim.key, claim.run_id)
-            except Unavailable:
-                released = False
-            if not released:
-                kept.append(claim)
-        return kept
 
     def _record_missed(self, claims: Sequence[Claim], result: ClaimResult, why: str) -> None:
         """The slots a claim won that are not fired after all: recorded ``missed``."""
