@@ -24,6 +24,7 @@ from backend import (
     QueueFull,
     RunContext,
     TooLarge,
+    Unavailable,
     connect,
     connect_sync,
     define_queue,
@@ -404,6 +405,109 @@ async def test_jobs_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_it
         attempts = (await engine.jobs.get_job(job.id)).attempts
         assert [(a.attempt, a.status) for a in attempts] == [(1, "succeeded")], attempts
     assert [(v.queued, v.running) for v in await engine.jobs.queue_views()] == [(0, 0)]
+
+
+class LoseClaimAnswers:
+    """Wraps a store's ``cycle_jobs``: the first ``count`` cycles that claim a job commit,
+    then fail as if the connection broke before their answer came back."""
+
+    def __init__(self, store: Any, count: int = 1, after: int = 0) -> None:
+        self.real = store.cycle_jobs
+        self.count = count
+        self.after = after
+        """Claims answered before the first lost one."""
+        self.lost: list[str] = []
+        self.carried: list[Any] = []
+        """The ends of attempts the lost cycles carried."""
+        self.done = asyncio.Event()
+        store.cycle_jobs = self
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        cycle = await self.real(*args, **kwargs)
+        if cycle.claimed and self.after:
+            self.after -= 1
+        elif cycle.claimed and len(self.lost) < self.count:
+            self.carried.extend(args[0])
+            self.lost.extend(c.id for c in cycle.claimed)
+            if len(self.lost) >= self.count:
+                self.done.set()
+            raise Unavailable("the connection broke after the commit (test)")
+        return cycle
+
+
+@pytest.mark.parametrize("where", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_job_whose_claim_answer_was_lost_runs_once_with_its_attempts_intact(
+    where: str, request: pytest.FixtureRequest, make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """A cycle's claim commits and its answer is lost: the job is `running` here, and this
+    process knows it never started it. It goes back untouched at the next sweep and runs
+    once, as its first attempt: a job of one attempt is not made dead by a network blip."""
+    handler = Handler()
+    store = request.getfixturevalue("pg_url") if where == "postgres" else None
+    engine = make_engine([define_queue(name="mail", handler=handler, attempts=1)], abandon_after=30,
+                         **({"store": store} if store else {}))  # fmt: skip
+    await engine.open()
+    lose = LoseClaimAnswers(engine.jobs.store)
+    sent = await engine.jobs.send("mail", "x")
+    await engine.start()
+    await asyncio.wait_for(lose.done.wait(), 10)
+    assert lose.lost == [sent.id]
+    for _ in range(60):  # a minute: past the take-over window and a sweep's
+        clock.advance(1)  # (the sweep runs with the housekeeping, every second)
+        await engine.quiesce()
+    assert [(c.id, c.attempt) for c in handler.calls] == [(sent.id, 1)]
+    found = await detail(engine, sent.id)
+    assert found.job is None  # succeeded: gone
+    assert [(a.attempt, a.status) for a in found.attempts] == [(1, "succeeded")]
+
+
+async def test_an_end_carried_by_a_cycle_whose_answer_was_lost_is_applied_once_and_said_so(
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lost cycle carried the end of an attempt that had succeeded, and applied it: the
+    next cycle carries it again, which does not apply, and that is no late result of a
+    displaced worker (no warning saying so)."""
+    caplog.set_level(logging.INFO, "schedtui.jobs")
+    handler = Handler()
+    engine = make_engine([define_queue(name="mail", handler=handler, concurrency=1, attempts=1)], abandon_after=30)
+    await engine.open()
+    lose = LoseClaimAnswers(engine.jobs.store, after=1)
+    first, second = await engine.jobs.send_many("mail", [{"payload": 1}, {"payload": 2}])
+    await engine.start()
+    await asyncio.wait_for(lose.done.wait(), 10)
+    assert lose.lost == [second.id] and [f.id for f in lose.carried] == [first.id]
+    for _ in range(5):
+        clock.advance(1)
+        await engine.quiesce()
+    assert [(c.id, c.attempt) for c in handler.calls] == [(first.id, 1), (second.id, 1)]
+    for job in (first, second):
+        assert [(a.attempt, a.status) for a in (await detail(engine, job.id)).attempts] == [(1, "succeeded")]
+    assert not [r for r in caplog.records if "late result" in r.getMessage()]
+    assert [r for r in caplog.records if "was not applied again" in r.getMessage()]
+
+
+async def test_a_claim_whose_answer_was_lost_just_before_a_stop_goes_back_at_the_stop(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The stop comes before the sweep: it puts the job back itself, untouched, so the next
+    instance runs it at once as its first attempt, not after the take-over window as
+    an abandoned one."""
+    first = Handler()
+    engine = make_engine([define_queue(name="mail", handler=first, attempts=1)], abandon_after=30)
+    await engine.open()
+    lose = LoseClaimAnswers(engine.jobs.store)
+    sent = await engine.jobs.send("mail", "x")
+    await engine.start()
+    await asyncio.wait_for(lose.done.wait(), 10)
+    await engine.stop(grace=0)
+    second = Handler()
+    again = make_engine([define_queue(name="mail", handler=second, attempts=1)], abandon_after=30)
+    await again.open()
+    job = (await detail(again, sent.id)).job
+    assert (job.status, job.attempt) == ("queued", 0)
+    await again.start()
+    await again.quiesce()
+    assert first.calls == [] and [(c.id, c.attempt) for c in second.calls] == [(sent.id, 1)]
 
 
 async def test_queues_on_two_streams_are_claimed_side_by_side(pg_url: str, make_engine: Callable[..., Engine]) -> None:

@@ -10,7 +10,9 @@ cancellation), a partition of one worker (its store calls fail: its lease lapses
 stops its work, or ends its process when it cannot; the others take its jobs over after
 the window; it may come back), a partition that begins just after a worker's claim
 committed, its answer arriving after the partition healed (before or after a heartbeat
-renewed the lease), an outage of the store longer than the window for every
+renewed the lease), cycles that commit and lose their answer while the worker goes on
+(what they claimed never started: it must go back untouched), an outage of the store
+longer than the window for every
 worker at once, instances in different PID namespaces of one host
 (simulated: each records a namespace of its own and a pid that is dead here), and wall
 clocks that step (NTP, a VM restored) while the lease clock does not, against a database
@@ -24,7 +26,11 @@ every step (and at the start of every handler call) the invariants of
 * no attempt of a job runs twice at once, and never more than the queue's concurrency;
 * a worker whose lease has lapsed starts no handler;
 * a key is never held by two live jobs;
-* attempts never exceed the maximum, and a job is dead only after its last attempt.
+* attempts never exceed the maximum, and a job is dead only after its last attempt;
+* an attempt is used only by a handler that began, or by a claim of an instance that
+  died or was taken over (nobody can know whether it began);
+* once every fault heals and every handler succeeds (a rule), nothing is left running
+  and nothing due waits.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import shutil
 import subprocess
 import tempfile
@@ -98,6 +105,9 @@ class CutStore:
         until :meth:`answers_arrive` (after the partition healed, or not)."""
         self.late: dict[str, asyncio.Event] = {}
         """The cycles (by token) whose answers are on their way."""
+        self.lose_answers = 0
+        """The next so many cycles (or sweeps' finishes) commit, then their answer is lost:
+        the call fails as if the connection broke after the commit; the worker goes on."""
 
     def answers_arrive(self) -> None:
         for arrived in self.late.values():
@@ -117,6 +127,9 @@ class CutStore:
             if self.cut:
                 raise Unavailable("cut off from the store (test)")
             result = await value(*args, **kwargs)
+            if name in ("cycle_jobs", "finish_jobs") and self.lose_answers:
+                self.lose_answers -= 1
+                raise Unavailable("the connection broke after the commit (test)")
             if name == "cycle_jobs" and self.cut_after_claim and getattr(result, "claimed", None):
                 self.cut_after_claim = False
                 self.cut = True
@@ -145,6 +158,10 @@ class QueueMachine(RuleBasedStateMachine):
         """Instances whose process ended itself (their lease lapsed with handlers running)."""
         self.sent: dict[str, tuple[str, str | None]] = {}  # id -> (queue, key)
         self.gone: set[str] = set()  # cancelled or deleted by the test
+        self.started: set[tuple[str, int]] = set()
+        """Every attempt whose handler began (job id, attempt)."""
+        self.died: set[str] = set()
+        """Instances whose process ended (killed, or ended itself)."""
         self.engines: dict[str, Engine] = {}
         self.walls: dict[str, OffsetClock] = {}
         self.serial = 0
@@ -176,6 +193,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.violations.append(f"{instance} started job {job.id} with its lease lapsed")
         live = Live(job, self.loop.create_future(), instance)
         self.live[job.id] = live
+        self.started.add((job.id, job.attempt))
         return live
 
     def handler_for(self, instance: str) -> Any:
@@ -412,6 +430,40 @@ class QueueMachine(RuleBasedStateMachine):
             store.answers_arrive()
         self.run(self.settle())
 
+    @rule(pick=st.integers(0, 9), calls=st.integers(1, 2))
+    def lose_answers(self, pick: int, calls: int) -> None:
+        """The next one or two cycles of one worker commit and their answers are lost (a job
+        is sent for it to claim): what they claimed and finished is in the store, and the
+        worker does not know it. It must neither lose those jobs nor leave them running."""
+        engine = self.any_engine(pick)
+        self.stores[engine.instance].lose_answers = calls
+        self.send(pick, "q", None, 2, 0, False)
+
+    @rule()
+    def everything_ends(self) -> None:
+        """Every partition heals, every answer arrives, every queue runs and every handler
+        succeeds as soon as it starts, for long enough: then nothing is left running, and
+        nothing due waits (no job stuck, whatever the faults before)."""
+        for store in self.stores.values():
+            store.cut = store.cut_after_claim = False
+            store.lose_answers = 0
+            store.answers_arrive()
+        for wall in self.walls.values():
+            wall.offset = timedelta(0)
+        for queue in CAPS:
+            self.run(self.any_engine(0).jobs.set_paused(queue, False))
+        for _ in range(24):  # 240 s: past a lapse, the take-over window and a timed-out attempt
+            self.end_every_handler()
+            self.advance(10)
+        self.end_every_handler()
+        self.run(self.settle())
+        now = self.clock.now()
+        for job in self.run(self.store_jobs()):
+            assert job.status != "running" or job.id in self.live, f"left running with nothing running it: {job}"
+            if job.status == "queued":
+                # (a retry's backoff may lie ahead; a due job waits at most a poll)
+                assert job.run_after > now - timedelta(seconds=20), f"due since {job.run_after}, never started: {job}"
+
     @rule()
     def late_answers_arrive(self) -> None:
         for store in self.stores.values():
@@ -516,6 +568,7 @@ class QueueMachine(RuleBasedStateMachine):
         """The instance's process ends: its handlers (threads too) end with it, nothing it
         had in hand is written; a fresh instance starts in its place."""
         del self.engines[engine.instance]
+        self.died.add(engine.instance)
         self.ended.discard(engine.instance)
         self.stores.pop(engine.instance, None)
         for job_id, live in list(self.live.items()):
@@ -569,6 +622,16 @@ class QueueMachine(RuleBasedStateMachine):
                 continue
             attempts = self.run(self.any_engine(0).jobs.get_job(job.id)).attempts
             assert attempts and attempts[-1].attempt == job.max_attempts and attempts[-1].status == "failed"
+        # An attempt is used only by a handler that began, or by a claim whose instance died
+        # or was taken over (cut off for the window): the others cannot know whether it
+        # began. Never by an instance that lives and knows it did not (a lost answer).
+        for job_id in self.sent:
+            for attempt in self.run(self.any_engine(0).jobs.get_job(job_id)).attempts if job_id not in self.gone else ():
+                taken_over = "claimed by this instance" not in (attempt.error_message or "")
+                assert (job_id, attempt.attempt) in self.started or attempt.instance in self.died or taken_over, (
+                    f"attempt {attempt.attempt} of {job_id} recorded, though no handler began it and "
+                    f"{attempt.instance} is alive: {attempt}"
+                )
 
 
 class PostgresQueueMachine(QueueMachine):
@@ -581,7 +644,11 @@ class PostgresQueueMachine(QueueMachine):
 
 def bounded(examples: int) -> settings:
     return settings(
-        max_examples=examples, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck), database=None
+        max_examples=int(os.environ.get("SCHEDTUI_HYPOTHESIS_EXAMPLES", examples)),
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        database=None,
     )
 
 

@@ -158,7 +158,8 @@ class Jobs:
     async def rescue(self, now: datetime) -> int:
         """Close the attempts of running jobs whose instance is gone as failed/``abandoned``:
         retried at once while attempts remain, else dead. Every live instance looks; the
-        finish is conditional, so each attempt is closed once."""
+        finish is conditional, so each attempt is closed once. Jobs this instance claimed
+        in a cycle whose answer was lost go back untouched instead (they never started)."""
         workers = self.workers
         assert workers is not None
         running = await self.store.running_jobs()
@@ -166,10 +167,11 @@ class Jobs:
             return 0
         registry = self.shared.registry
         beats = await self.shared.store.instances()
-        finishes = []
+        finishes = workers.release_unanswered(running, now)
+        released = {finish.id for finish in finishes}
         for job in running:
             if job.instance == self.shared.instance:
-                if workers.holds(job.id, job.token):
+                if workers.holds(job.id, job.token) or job.id in released:
                     continue
                 why = "claimed by this instance in a claim whose answer was lost, or by an earlier process of that name"
             else:
@@ -187,7 +189,9 @@ class Jobs:
         applied = await self.store.finish_jobs(finishes)
         closed = 0
         for finish, ok in zip(finishes, applied, strict=False):
-            if ok:
+            if ok and finish.kind == "release":
+                self._sent(finish.queue)  # due again, with its attempts intact
+            elif ok:
                 closed += 1
                 log.warning(
                     "job %s of %s abandoned (attempt %d, %s): %s",

@@ -63,7 +63,7 @@ from backend.clock import Clock
 from backend.errors import Unavailable
 from backend.jobs.definition import BACKOFF_FIRST_S, Queue, backoff
 from backend.jobs.model import JobContext, job_context
-from backend.jobs.store import Claimed, Finish, FinishKind, Handover, QueueSpec
+from backend.jobs.store import Claimed, Finish, FinishKind, Handover, QueueSpec, RunningJob
 from backend.model import TAG_ABANDONED, TAG_INTERRUPTED, TAG_LEASE_LOST
 from backend.observability.logs import LogTarget
 from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Invocation, Outcome, RunnerSaturated
@@ -77,6 +77,8 @@ log = logging.getLogger("schedtui.jobs")
 
 #: How long the dispatcher waits after the store failed a cycle before trying again (seconds).
 RETRY_AFTER_TROUBLE = 1.0
+#: How long the token of a claim that failed is remembered (its commit may land late).
+UNANSWERED_KEPT = timedelta(minutes=10)
 #: How long a stop waits for cancelled async handlers to return (seconds).
 STOP_WAIT = 1.0
 #: Per queue, jobs claimed ahead at most, in multiples of its concurrency (see the module)...
@@ -227,6 +229,14 @@ class Workers:
         """Handovers not yet in a cycle (each after the finish that frees its seat)."""
         self.inflight_handovers: dict[str, list[tuple[Handover, JobRun]]] = {}
         """The handovers the cycles on their way carry (by their token)."""
+        self.resent: set[tuple[str, int]] = set()
+        """Ends (job id, tries) handed in again after a cycle that failed: the failed one
+        may have applied them (their second hand-in then does not apply)."""
+        self.unanswered: dict[str, datetime] = {}
+        """Claim tokens of cycles that failed (by when): the claim may have committed with
+        its answer lost, so jobs `running` here under one of them never started. The sweep
+        puts them back untouched (:meth:`release_unanswered`); kept for
+        :data:`UNANSWERED_KEPT`, in case the commit lands after the failure was seen."""
         self.ahead_asked: Counter[str] = Counter()
         """Per queue, jobs asked for ahead by the cycle on its way."""
         self.ended_since: Counter[str] = Counter()
@@ -454,11 +464,14 @@ class Workers:
             for _, run in batch:
                 run.spare_seat = None  # (its finish may have been applied: the seat may be free)
             self.finishes[:0] = batch  # handed in again with the next cycle
+            self.resent.update((finish.id, finish.tries) for finish, _ in batch)
             self.handovers[:0] = handovers
             self.asked.subtract(wanted)
             self.ahead_asked.subtract(ahead)
             self.inflight.pop(token, None)
             self.inflight_handovers.pop(token, None)
+            if wanted or ahead:
+                self.unanswered[token] = self.clock.now()
             stream.tokens.discard(token)
             if stream.claiming == token:
                 stream.claiming = None
@@ -667,6 +680,12 @@ class Workers:
                     meter(finish)
                 except Exception:
                     log.exception("a job meter failed")
+        if (finish.id, finish.tries) in self.resent:
+            self.resent.discard((finish.id, finish.tries))
+            if not applied:
+                log.info("the end of job %s (%s, attempt %d) was not applied again: most likely the cycle "
+                         "whose answer was lost had applied it", finish.id, finish.kind, finish.attempt)  # fmt: skip
+                return
         if not applied:
             log.warning(
                 "late result of job %s (%s, attempt %d) discarded: the job went on without it "
@@ -720,6 +739,8 @@ class Workers:
         for name in self.waiting:
             self._release_waiting(name)
         in_doubt = [item for carried in self.inflight.values() for item in carried]
+        for token in self.inflight:  # cut short: their claims may have committed
+            self.unanswered[token] = now
         batch = in_doubt + self.finishes
         handovers = [h for carried in self.inflight_handovers.values() for h, _ in carried] + [h for h, _ in self.handovers]
         self.inflight.clear()
@@ -744,3 +765,25 @@ class Workers:
                 return
             for index, ((finish, run), ok) in enumerate(zip(batch, applied, strict=False)):
                 self._handed_in(run, finish, ok or index < len(in_doubt))
+        if self.unanswered:
+            try:
+                lost = self.release_unanswered(await self.store.running_jobs(), now)
+                if lost:
+                    await self.store.finish_jobs(lost)
+            except Unavailable as exc:
+                log.warning("could not look for jobs claimed by cycles whose answer was lost while stopping: %s", exc)
+
+    def release_unanswered(self, running: Iterable[RunningJob], now: datetime) -> list[Finish]:
+        """The ``release`` finishes (back to the queue untouched: no attempt used) of jobs
+        ``running`` under this instance by a claim whose answer never came (see
+        :attr:`unanswered`): none of them started here. Forgets tokens kept long enough."""
+        for token, failed_at in list(self.unanswered.items()):
+            if now - failed_at > UNANSWERED_KEPT:
+                del self.unanswered[token]
+        finishes = []
+        for job in running:
+            if job.instance == self.instance and job.token in self.unanswered and not self.holds(job.id, job.token):
+                log.warning("job %s of %s was claimed here by a cycle whose answer was lost: it never started; "
+                            "it goes back to its queue untouched", job.id, job.queue)  # fmt: skip
+                finishes.append(Finish(job.id, job.queue, job.tries, "release", job.attempt, job.started_at, now, job.instance))
+        return finishes
