@@ -4,7 +4,8 @@ Up to three instances share one store (SQLite, and PostgreSQL) on one manual clo
 of random plans (steps that fail a few times or until their attempts run out, at-most-once
 steps, sleeps, signal waits, a step name used a second time), sends signals, cancels,
 retries failed executions, moves the clock (so leases expire), crashes instances just before
-or just after one of their writes commits, freezes an instance (its store calls hang, as
+or just after one of their writes commits, loses the answer of a claim or a write that
+committed while the instance goes on, freezes an instance (its store calls hang, as
 a SIGSTOPped process's would; or only the answers of its claims, which commit: runs it
 claimed come back after their lease may have run out) and thaws it later, holds up only the
 answers of an instance's claims while the clock moves past the leases they took and another
@@ -136,6 +137,9 @@ class Proxy:
         connection whose reply is held up), while its other calls go through."""
         self.crash_next: str | None = None  # "before" or "after"
         self.crashed = False
+        self.lose_next: str | None = None
+        """"claim" or "write": the next such call commits, then its answer is lost (the
+        connection broke); the instance goes on."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
@@ -163,6 +167,9 @@ class Proxy:
             # The newest lease is the highest issued: two claims in flight can come back in
             # either order (their commits are ordered, their replies are not).
             WORLD.lease[one.execution.id] = max(WORLD.lease.get(one.execution.id, 0), one.execution.lease)
+        if claimed and self.lose_next == "claim":
+            self.lose_next = None
+            raise Unavailable("the connection broke after the claim committed (test)")
         return claimed
 
     async def durable_renew(self, *args: Any) -> Any:
@@ -185,6 +192,9 @@ class Proxy:
         if when == "after":
             self.crashed = True
             raise Unavailable("crashed after the write (test)")
+        if self.lose_next == "write":
+            self.lose_next = None
+            raise Unavailable("the connection broke after the write committed (test)")
         return result
 
 
@@ -290,6 +300,24 @@ class DurableFleet(RuleBasedStateMachine):
             entry[1].crash_next = when
         self.settle()
 
+    @rule(name=st.sampled_from(NAMES), which=st.sampled_from(["claim", "write"]), plan=PLANS)
+    def lose_an_answer(self, name: str, which: str, plan: Plan) -> None:
+        """Its next claim (of at least one execution) or write commits, and the answer is
+        lost; the instance goes on (its other calls go through). Something is set off for
+        it to do: an execution started through it (its first write), or time moved on to
+        what is due (a claim, by it or another)."""
+        entry = self.live.get(name)
+        if entry is None or entry[1].crashed:
+            self.settle()
+            return
+        engine, proxy = entry
+        proxy.lose_next = which
+        if which == "write" and proxy.frozen is None and proxy.late_answers is None:
+            self.ids.append(self.run(engine.durable.start_execution("plan", plan)).id)
+        else:
+            self.clock.advance(31)
+        self.settle()
+
     @rule(name=st.sampled_from(NAMES), claims_go_through=st.booleans())
     def freeze(self, name: str, claims_go_through: bool) -> None:
         """Its store calls hang (a SIGSTOPped process); or its claims commit and only their
@@ -382,7 +410,7 @@ class DurableFleet(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             for name, (_, proxy) in list(self.live.items()):
-                proxy.crash_next = None
+                proxy.crash_next = proxy.lose_next = None
                 if proxy.late_answers is not None:
                     proxy.late_answers.set()
                     proxy.late_answers = None
