@@ -24,6 +24,7 @@ from backend.model import Claim, ClaimResult, slot_key
 from backend.scheduler.coordination.slots import ClaimCoordinator
 from backend.store import Store, open_store
 from tests.conftest import all_runs, expect
+from tests.test_engine import LostAnswers
 
 UTC = UTC
 
@@ -122,6 +123,34 @@ async def test_skip_counts_a_run_in_flight_on_another_instance(make_engine: Call
         (3, "succeeded", "b"),
     ]
     assert gate.most == 1
+
+
+async def test_a_run_started_after_its_claim_answer_was_lost_keeps_the_overlap_policy_across_instances(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Under ``skip``, the 09:00 run of an external schedule still runs on b when a's claim
+    of 10:00 loses its answer. The call that then finds its own claim and starts the run
+    sees the run in flight elsewhere, as the claim's answer would have said: 10:00 is
+    recorded skipped. (It ran beside 09:00's: the run it started had no word of b's.)"""
+    gate = Gate()
+    job = schedule(cron="0 * * * *", handler=gate, trigger="external", max_runtime=7200)
+    a = make_engine([job], instance="a", coordination="advisoryLock", abandon_after=3600)
+    b = make_engine([job], instance="b", coordination="advisoryLock", abandon_after=3600)
+    await a.start()
+    await b.start()
+    clock.set("2026-03-02T09:00:30Z")
+    first = await b.fire_external("job")
+    await asyncio.wait_for(gate.entered.wait(), 10)  # (the timeout only bounds a broken test)
+    assert first.created and [s for s, _ in gate.started] == [at("2026-03-02T09:00:00Z")]
+    clock.set("2026-03-02T10:00:30Z")
+    a.store.claim = LostAnswers(a.store.claim)  # type: ignore[method-assign]
+    second = await a.fire_external("job")
+    assert second.created and second.run is not None
+    await settle(clock, a, runs=False)  # (without waiting for runs: 09:00's holds on)
+    assert gate.most == 1, "the 10:00 run ran beside 09:00's, on another instance"
+    assert second.run.status == "skipped" and first.run_id in (second.run.error_message or "")
+    gate.release.set()
+    await settle(clock, a, b)
 
 
 async def test_queue_waits_for_the_run_on_another_instance(make_engine: Callable[..., Engine], clock: ManualClock) -> None:

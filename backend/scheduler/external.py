@@ -21,6 +21,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from backend.clock import Clock
 from backend.errors import Refused, Unavailable
@@ -35,6 +36,13 @@ from backend.store import Store
 __all__ = ["ExternalFires", "ExternalFiring"]
 
 log = logging.getLogger("schedtui.engine")
+
+
+class _Started(NamedTuple):
+    """What starting the run of an unanswered claim did (see :meth:`ExternalFires._start`)."""
+
+    fired: bool
+    skipped: Run | None = None
 
 
 class ExternalFires:
@@ -123,8 +131,8 @@ class ExternalFires:
         started = await self._start(key)
         if started is None:
             raise Unavailable(f"slot {key} is claimed, but this instance's lease has lapsed; try again")
-        if started:
-            return await self._fired(run_id)
+        if started.fired:
+            return await self._fired(run_id, started.skipped)
         return await self._result(run_id, created=False)
 
     async def _fired(self, run_id: str, skipped: Run | None = None) -> ExternalFiring:
@@ -141,23 +149,31 @@ class ExternalFires:
             return ExternalFiring(run_id, skipped or (active.run if active is not None else None), True, queued=queued)
         return await self._result(run_id, created=True)
 
-    async def _start(self, key: str) -> bool | None:
-        """Start the run of an unanswered claim that committed: True. False when its
-        placeholder was started or closed meanwhile (there is nothing to start); ``None``
-        while this instance's lease has lapsed (others may have judged it dead and closed
-        its runs: it is kept for later)."""
+    async def _start(self, key: str) -> _Started | None:
+        """Start the run of an unanswered claim that committed (``fired``; ``skipped``: its
+        run, recorded skipped by the overlap policy). Not ``fired`` when its placeholder was
+        started or closed meanwhile (there is nothing to start); ``None`` while this
+        instance's lease has lapsed (others may have judged it dead and closed its runs: it
+        is kept for later)."""
         schedule, slot, run_id = self.unanswered[key]
-        run = await self.store.get_run(run_id)
-        if run is None or run.status != "running" or run.fired_at is not None:
+        # One read for the placeholder and for what the claim's answer would have said: a
+        # run of the schedule in flight on another instance (for its overlap policy).
+        running = await self.store.running_runs()
+        run = next((r for r in running if r.id == run_id), None)
+        if run is None or run.fired_at is not None:
             self._forget(key)
-            return False
+            return _Started(False)
         if not self.claims.lease.fresh():
             return None
+        remote = next(
+            (r.id for r in sorted(running, key=lambda r: r.id) if r.name == schedule.name
+             and r.instance != self.claims.instance and (r.fired_at is not None or (r.scheduled_at is not None and r.scheduled_at < slot))),
+            None,
+        )  # fmt: skip
         # (no await from the read above to here: nobody closes the runs of a live instance)
         self._forget(key)
         self.claims.claimed.add(run_id)
-        self.launcher.fire(schedule, slot, "external", "external", run_id)
-        return True
+        return _Started(True, self.launcher.fire(schedule, slot, "external", "external", run_id, remote=remote))
 
     def _forget(self, key: str) -> None:
         entry = self.unanswered.pop(key, None)
@@ -200,7 +216,7 @@ class ExternalFires:
                 self._forget(key)
                 why = f"not fired: its claim's answer was lost, and no call came back for it within {self.tolerance}"
                 self.launcher.record_missed(schedule, slot, "external", "external", why, proposed)
-            elif await self._start(key):
+            elif (started := await self._start(key)) is not None and started.fired:
                 log.info("started run %s of %s, whose claim's answer had been lost", proposed, schedule.name)
 
     async def _result(self, run_id: str, *, created: bool) -> ExternalFiring:
