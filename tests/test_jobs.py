@@ -486,6 +486,30 @@ async def test_an_end_carried_by_a_cycle_whose_answer_was_lost_is_applied_once_a
     assert [r for r in caplog.records if "was not applied again" in r.getMessage()]
 
 
+async def test_the_claims_that_failed_in_a_long_outage_are_remembered_ten_minutes_at_most(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Every cycle of an outage fails (a second apart): their tokens are kept only as long
+    as a late commit could land, not for the whole outage."""
+    engine = make_engine([define_queue(name="mail", handler=Handler())], abandon_after=30)
+    await engine.open()
+    await engine.jobs.send("mail", "x")
+    store: Any = engine.jobs.store
+
+    async def down(*args: Any, **kwargs: Any) -> Any:
+        raise Unavailable("the store is down (test)")
+
+    store.cycle_jobs = down
+    await engine.start()
+    workers = engine.jobs.workers
+    assert workers is not None
+    for _ in range(15 * 60):
+        clock.advance(1)
+        await engine.quiesce()
+    assert 500 <= len(workers.unanswered) <= 601
+    assert clock.now() - min(workers.unanswered.values()) <= timedelta(minutes=10)
+
+
 async def test_a_claim_whose_answer_was_lost_just_before_a_stop_goes_back_at_the_stop(
     make_engine: Callable[..., Engine], clock: ManualClock
 ) -> None:

@@ -471,7 +471,7 @@ class Workers:
             self.inflight.pop(token, None)
             self.inflight_handovers.pop(token, None)
             if wanted or ahead:
-                self.unanswered[token] = self.clock.now()
+                self._unanswered(token)
             stream.tokens.discard(token)
             if stream.claiming == token:
                 stream.claiming = None
@@ -740,7 +740,7 @@ class Workers:
             self._release_waiting(name)
         in_doubt = [item for carried in self.inflight.values() for item in carried]
         for token in self.inflight:  # cut short: their claims may have committed
-            self.unanswered[token] = now
+            self._unanswered(token)
         batch = in_doubt + self.finishes
         handovers = [h for carried in self.inflight_handovers.values() for h, _ in carried] + [h for h, _ in self.handovers]
         self.inflight.clear()
@@ -773,13 +773,18 @@ class Workers:
             except Unavailable as exc:
                 log.warning("could not look for jobs claimed by cycles whose answer was lost while stopping: %s", exc)
 
+    def _unanswered(self, token: str) -> None:
+        """Remember the token of a claim that failed; forget those kept long enough (the
+        oldest first: an outage fails a cycle a second)."""
+        now = self.clock.now()
+        while self.unanswered and now - next(iter(self.unanswered.values())) > UNANSWERED_KEPT:
+            del self.unanswered[next(iter(self.unanswered))]
+        self.unanswered[token] = now
+
     def release_unanswered(self, running: Iterable[RunningJob], now: datetime) -> list[Finish]:
         """The ``release`` finishes (back to the queue untouched: no attempt used) of jobs
         ``running`` under this instance by a claim whose answer never came (see
-        :attr:`unanswered`): none of them started here. Forgets tokens kept long enough."""
-        for token, failed_at in list(self.unanswered.items()):
-            if now - failed_at > UNANSWERED_KEPT:
-                del self.unanswered[token]
+        :attr:`unanswered`): none of them started here."""
         finishes = []
         for job in running:
             if job.instance == self.instance and job.token in self.unanswered and not self.holds(job.id, job.token):
