@@ -486,6 +486,62 @@ async def test_an_end_carried_by_a_cycle_whose_answer_was_lost_is_applied_once_a
     assert [r for r in caplog.records if "was not applied again" in r.getMessage()]
 
 
+async def test_a_handover_applied_by_a_cycle_whose_answer_was_lost_is_not_taken_for_a_lost_seat(
+    pg_url: str, make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Short jobs: those claimed ahead start on the seats of attempts that just ended, and
+    a cycle carries their handovers. That cycle commits and its answer is lost while the
+    jobs still run. Sent again, each handover finds its job on that seat already: it is
+    this worker's, not a seat taken over. (It answered "not moved", and the worker stopped
+    the running jobs as if their seats had been taken: attempts failed, and used, for a
+    network blip.)"""
+    ran: list[str] = []
+    go, lost, resent = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def work(job: JobContext) -> None:
+        ran.append(job.id)
+        if len(ran) > 20:  # (the first twenty end at once; the others run on until told)
+            await go.wait()
+        await asyncio.sleep(0)  # (shorter than a cycle, as ShortJobs)
+
+    engine = make_engine([define_queue(name="mail", handler=work, concurrency=2)], store=pg_url)
+    await engine.open()
+    store = engine.jobs.store
+    inner = store.cycle_jobs
+
+    async def cycle_jobs(*args: Any, **kwargs: Any) -> Any:
+        handovers = kwargs.get("handovers") or ()
+        cycle = await inner(*args, **kwargs)
+        if handovers and lost.is_set():
+            resent.set()
+        workers = engine.jobs.workers
+        assert workers is not None
+        still = [h for h in handovers if h.id in workers.running and not workers.running[h.id].done]
+        if still and any(cycle.handed) and not lost.is_set():
+            lost.set()
+            raise Unavailable("the connection broke after the commit (test)")
+        return cycle
+
+    store.cycle_jobs = cycle_jobs  # type: ignore[method-assign]
+    sent = await engine.jobs.send_many("mail", [{"payload": i} for i in range(60)])
+    await engine.start()
+    await asyncio.wait_for(lost.wait(), 10)  # (the timeout only bounds a broken test)
+    for _ in range(5):  # the next cycle, a second later, sends the handovers again
+        clock.advance(1)
+        await engine.quiesce(runs=False)
+        if resent.is_set():
+            break
+    assert resent.is_set(), "the handovers were not sent again"
+    go.set()
+    for _ in range(5):  # the sweep puts back what the lost cycle claimed
+        clock.advance(1)
+        await engine.quiesce()
+    assert sorted(ran) == sorted(s.id for s in sent)  # each once
+    for job in sent:
+        attempts = (await engine.jobs.get_job(job.id)).attempts
+        assert [(a.attempt, a.status) for a in attempts] == [(1, "succeeded")], attempts
+
+
 async def test_the_claims_that_failed_in_a_long_outage_are_remembered_ten_minutes_at_most(
     make_engine: Callable[..., Engine], clock: ManualClock
 ) -> None:

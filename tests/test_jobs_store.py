@@ -210,6 +210,12 @@ async def test_jobs_claimed_ahead_hold_no_seat_until_a_handover_after_the_finish
     # The finish frees the seat, then the handover takes it, in one transaction.
     cycle = await js.cycle_jobs([finish(first, "succeeded", T0)], {}, "worker-a", "tok-3", T0, handovers=[Handover(a.id, a.tries, 1)])
     assert (cycle.applied, cycle.handed) == ([True], [True])
+    # The same cycle again (its answer was lost): the finish does not apply twice, and the
+    # handover finds the job on that seat already: moved (a "no" stopped the job it ran).
+    cycle = await js.cycle_jobs([finish(first, "succeeded", T0)], {}, "worker-a", "tok-5", T0, handovers=[Handover(a.id, a.tries, 1)])
+    assert (cycle.applied, cycle.handed) == ([False], [True])
+    cycle = await js.cycle_jobs([], {}, "worker-a", "tok-6", T0, handovers=[Handover(a.id, a.tries + 1, 1)])
+    assert cycle.handed == [False]  # (under other tries, it is not that claim's)
     running = {r.id: r for r in await js.running_jobs()}
     assert (running[a.id].seat, running[b.id].seat) == (1, None)
     assert await claim(js) == []  # the seat is a's: nothing is claimed beside it

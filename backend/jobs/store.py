@@ -102,7 +102,8 @@ class Handover:
     """A job claimed ahead (no seat) that started on a seat its worker holds: the seat of
     an attempt that just ended, whose finish goes first in the same cycle. Applied only while
     the job is running under ``tries`` without a seat, and the seat is free once that
-    finish applied."""
+    finish applied; one found on that seat under ``tries`` already counts as moved (sent
+    again after a cycle whose answer was lost)."""
 
     id: str
     tries: int

@@ -350,13 +350,15 @@ CLAIM = f"""
 #: that ended, whose finish (the cycle's FINISH, just before) freed it in this transaction,
 #: so no other claim can have seen it free. Applied only while the job is still running
 #: under its tries without a seat and nothing else holds the seat (the ended attempt's finish
-#: applied); answers the ids that applied.
+#: applied); answers the ids that applied, and those already on that seat under those tries
+#: (a handover sent again after a cycle whose answer was lost: it is that worker's).
 HANDOVER = """
     UPDATE schedtui_jobs j SET seat = h.seat
     FROM unnest(%b::text[], %b::int[], %b::int[]) AS h(id, tries, seat)
-    WHERE j.id = h.id AND j.tries = h.tries AND j.status = 'running' AND j.seat IS NULL
+    WHERE j.id = h.id AND j.tries = h.tries AND j.status = 'running' AND (j.seat IS NULL OR j.seat = h.seat)
         AND NOT EXISTS (
-            SELECT 1 FROM schedtui_jobs r WHERE r.queue = j.queue AND r.status = 'running' AND r.seat = h.seat)
+            SELECT 1 FROM schedtui_jobs r
+            WHERE r.queue = j.queue AND r.status = 'running' AND r.seat = h.seat AND r.id <> j.id)
     RETURNING j.id
 """
 RUNNING = f"SELECT {', '.join(RUNNING_FIELDS)} FROM schedtui_jobs WHERE status = 'running'"
