@@ -157,7 +157,9 @@ class ExternalFires:
         is kept for later)."""
         schedule, slot, run_id = self.unanswered[key]
         # One read for the placeholder and for what the claim's answer would have said: a
-        # run of the schedule in flight on another instance (for its overlap policy).
+        # run of the schedule in flight on another instance, for its overlap policy (the
+        # rule of the claim's own answer, BUSY_ELSEWHERE in the stores: fired, or a
+        # placeholder of an earlier slot; the oldest).
         running = await self.store.running_runs()
         run = next((r for r in running if r.id == run_id), None)
         if run is None or run.fired_at is not None:
