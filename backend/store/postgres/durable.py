@@ -177,10 +177,17 @@ CLAIM = f"""
         RETURNING e.id, e.function, e.input, e.created_at, e.lease, e.cancel_requested, e.schedule,
             e.scheduled_at, e.signals, p.was, p.was_instance
     )
-    SELECT c.*, (
-        SELECT json_agg(json_build_array({", ".join(f"s.{f}" for f in STEP_FIELDS)}) ORDER BY s.seq)
-        FROM schedtui_durable_steps s WHERE s.execution_id = c.id
-    ) FROM claimed c ORDER BY c.id
+    SELECT c.* FROM claimed c ORDER BY c.id
+"""
+#: The steps of the executions a claim took, read by a statement of its own once the claim
+#: has committed. Read in the claim statement's snapshot, they missed a checkpoint under
+#: the displaced lease that committed after that snapshot was taken and before the claim
+#: locked the row (a checkpoint locks the row FOR SHARE, it does not update it, so nothing
+#: made the claim look again), and the finished step ran again. A checkpoint under that
+#: lease either committed before the claim's lock (this read sees it) or is fenced out.
+CLAIMED_STEPS = f"""
+    SELECT s.execution_id, json_agg(json_build_array({", ".join(f"s.{f}" for f in STEP_FIELDS)}) ORDER BY s.seq)
+    FROM schedtui_durable_steps s WHERE s.execution_id = ANY (%s) GROUP BY s.execution_id
 """
 #: The lease condition every write of the runner carries.
 HELD = "id = %(id)s AND lease = %(lease)s AND status = 'running'"
@@ -544,7 +551,9 @@ class PostgresDurable:
     ) -> list[Claimed]:
         params = {"functions": list(functions), "now": now, "until": lease_until, "limit": limit, "instance": instance}
         claimed = []
-        for row in await self._fetch_write(CLAIM, params):
+        rows = await self._fetch_write(CLAIM, params)
+        steps_of = dict(await self._fetchall(CLAIMED_STEPS, ([row[0] for row in rows],))) if rows else {}
+        for row in rows:
             execution = ExecutionRow(
                 id=row[0],
                 function=row[1],
@@ -558,7 +567,7 @@ class PostgresDurable:
                 was_instance=row[10],
             )
             signals = signals_from_json(row[8] or {})
-            steps = [step_from_row(step, _utc) for step in row[11] or ()]
+            steps = [step_from_row(step, _utc) for step in steps_of.get(row[0]) or ()]
             claimed.append(Claimed(execution, steps, signals))
         return claimed
 
