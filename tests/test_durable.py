@@ -327,6 +327,40 @@ async def test_an_execution_claimed_under_a_lease_that_lapsed_while_the_answer_w
     assert (execution.status, execution.output, CALLS) == ("succeeded", 1, {"one": 1})
 
 
+async def _the_same_step_twice(ctx: DurableContext, input: Any) -> Any:
+    await ctx.step("one", count("one", 1))
+    return await ctx.step("one", count("one", 1))  # a name used twice: the execution fails
+
+
+async def test_an_end_that_finds_its_lease_taken_is_not_written_and_the_run_stops_quietly(
+    engines: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The code ended badly (here a step name used twice) and the write of that end finds
+    the lease taken by another claim: nothing is written, and the run stops as any run
+    that lost its lease. (An assertion failed inside the executor: "the executor failed".)"""
+    function = define_durable(name="f", handler=_the_same_step_twice)
+    a = engines([function], instance="a")
+    await a.open()
+    store: Any = a.store
+    real_write = store.durable_write
+    ends: list[Any] = []
+
+    async def taken_at_the_end(write: Any) -> Any:
+        if type(write.then).__name__ == "Finish":
+            ends.append(write.then)
+            return None  # another claim holds the lease now
+        return await real_write(write)
+
+    store.durable_write = taken_at_the_end
+    started = await a.durable.start_execution("f")
+    await a.start()
+    await a.quiesce()
+    assert [e.error_tag for e in ends] == ["nondeterministic"]
+    assert not [r for r in caplog.records if "executor failed" in r.getMessage()]
+    assert (await a.durable.get(started.id)).status == "running"  # left to its lease: nothing written
+    assert a.durable.executor.idle
+
+
 async def test_a_start_claimed_under_a_lease_that_lapsed_while_it_was_inserted_does_not_run_there(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:

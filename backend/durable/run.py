@@ -370,6 +370,8 @@ class ExecutionRun:
         finally:
             self.in_store = False
         if cancel is None:
+            if isinstance(self.ending, (Fatal, Cancelled)):
+                self.ending = None  # the end it was writing is not written: its lease is gone
             self.lose("its lease was taken over by another claim")
             assert isinstance(self.ending, LeaseLost)
             raise self.ending
