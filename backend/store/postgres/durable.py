@@ -183,8 +183,10 @@ CLAIM = f"""
 #: has committed. Read in the claim statement's snapshot, they missed a checkpoint under
 #: the displaced lease that committed after that snapshot was taken and before the claim
 #: locked the row (a checkpoint locks the row FOR SHARE, it does not update it, so nothing
-#: made the claim look again), and the finished step ran again. A checkpoint under that
-#: lease either committed before the claim's lock (this read sees it) or is fenced out.
+#: made the claim look again), and the finished step could run again. A checkpoint under
+#: that lease either committed before the claim's lock (this read sees it) or is fenced
+#: out. If this read fails, the claim raises: what it took waits out its lease, as after a
+#: claim whose answer was lost.
 CLAIMED_STEPS = f"""
     SELECT s.execution_id, json_agg(json_build_array({", ".join(f"s.{f}" for f in STEP_FIELDS)}) ORDER BY s.seq)
     FROM schedtui_durable_steps s WHERE s.execution_id = ANY (%s) GROUP BY s.execution_id
