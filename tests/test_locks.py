@@ -59,7 +59,7 @@ async def lock_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
     await store.close()
 
 
-async def stored_lock(store: Store, name: str) -> Lock:
+async def stored_lock(store: Store | LockStore, name: str) -> Lock:
     """The lock table's row of ``name`` (there is one: the lock was taken)."""
     lock = await cast(LockStore, store).get_lock(name)
     assert lock is not None
@@ -176,22 +176,55 @@ async def test_a_fence_refuses_a_token_older_than_one_seen_and_a_lease_no_longer
         conn.close()
 
 
+async def test_a_give_back_frees_only_the_lease_taken_with_its_claim(lock_store: LockStore) -> None:
+    """For an acquire whose answer was lost: what it took, and nothing else, is freed."""
+    first = await lock_store.acquire_lock("x", "a", TTL, at(0), "claim-1")
+    assert first is not None
+    assert not await lock_store.give_back_lock("x", "claim-2", at(1))  # another claim: not this lease
+    assert (await stored_lock(lock_store, "x")).holder == "a"
+    assert await lock_store.give_back_lock("x", "claim-1", at(1))
+    assert not await lock_store.give_back_lock("x", "claim-1", at(1))  # once
+    [lock] = (await lock_store.list_locks(at(1))).locks
+    assert (lock.holder, lock.token, lock.state(at(1))) == (None, first.token, "free")
+    # The next holder's lease is never given back under an older claim, nor one taken
+    # without a claim (its acquire clears the claim it finds on the row).
+    second = await lock_store.acquire_lock("x", "b", TTL, at(2), "claim-3")
+    assert second is not None and second.token > first.token
+    assert not await lock_store.give_back_lock("x", "claim-1", at(3))
+    assert await lock_store.release_lock("x", second.token, at(4))
+    third = await lock_store.acquire_lock("x", "c", TTL, at(5))
+    assert third is not None
+    assert not await lock_store.give_back_lock("x", "claim-3", at(6))
+    assert (await stored_lock(lock_store, "x")).holder == "c"
+    # A lease given back is a stale one: it neither renews nor fences.
+    fourth = await lock_store.acquire_lock("y", "d", TTL, at(7), "claim-4")
+    assert fourth is not None and await lock_store.give_back_lock("y", "claim-4", at(8))
+    assert await lock_store.renew_lock("y", fourth.token, TTL, at(9)) is None
+
+
 # ---------------------------------------------------------------------------------------
 # leases on an engine's injected clock
 # ---------------------------------------------------------------------------------------
-@pytest.fixture
-async def engines(clock: ManualClock, store_url: str) -> AsyncIterator[Callable[..., Engine]]:
+async def engines_on(clock: ManualClock, url: str) -> AsyncIterator[Callable[..., Engine]]:
+    """Build engines (i0, i1, …) on the test clock sharing the store at ``url``; every one
+    is stopped at the end."""
     made: list[Engine] = []
 
     def make(schedules: list[Any] | None = None, **kwargs: Any) -> Engine:
         kwargs.setdefault("instance", f"i{len(made)}")
-        engine = Engine(schedules or [], store_url, clock=clock, shutdown_grace=0, **kwargs)
+        engine = Engine(schedules or [], url, clock=clock, shutdown_grace=0, **kwargs)
         made.append(engine)
         return engine
 
     yield make
     for engine in made:
         await engine.stop(grace=0)
+
+
+@pytest.fixture
+async def engines(clock: ManualClock, store_url: str) -> AsyncIterator[Callable[..., Engine]]:
+    async for make in engines_on(clock, store_url):
+        yield make
 
 
 async def test_a_lease_renews_every_third_of_its_ttl_and_is_released(clock: ManualClock, engines: Callable[..., Engine]) -> None:
@@ -262,6 +295,129 @@ async def test_a_lock_whose_answer_comes_after_its_ttl_ran_out_is_not_taken_and_
     monkeypatch.undo()
     taken = await other.locks.acquire("rollup", ttl=30)
     assert taken is not None and taken.held
+
+
+class LoseAcquireAnswers:
+    """The store's acquire commits, then its answer is lost (the connection breaks on the
+    way back): ``calls`` times, then every acquire answers again."""
+
+    def __init__(self, store: Any, calls: int = 1) -> None:
+        self.acquire = store.acquire_lock
+        self.left = calls
+        self.taken: list[Lock | None] = []
+
+    async def __call__(self, *args: Any) -> Lock | None:
+        lock: Lock | None = await self.acquire(*args)
+        if self.left <= 0:
+            return lock
+        self.left -= 1
+        self.taken.append(lock)
+        raise Unavailable("the connection broke before the answer came back (test)")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def fleet(request: pytest.FixtureRequest, clock: ManualClock, tmp_path: Path) -> AsyncIterator[Callable[..., Engine]]:
+    """Engines on the test clock sharing one store of either kind."""
+    if request.param == "postgres":
+        request.getfixturevalue("pg_server")
+        url = pg.database_for(tmp_path)
+    else:
+        url = f"sqlite:///{tmp_path / 'state.db'}"
+    async for make in engines_on(clock, url):
+        yield make
+
+
+async def test_a_lock_taken_by_an_acquire_whose_answer_was_lost_is_given_back_at_the_next_round(
+    clock: ManualClock, fleet: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The acquire raises Unavailable, as the caller cannot know better; the lock it took
+    all the same is free again a housekeeping round later, not at the end of its ttl."""
+    engine, other = fleet(), fleet()
+    await engine.start()
+    await other.open()
+    lost = LoseAcquireAnswers(engine.store)
+    monkeypatch.setattr(engine.store, "acquire_lock", lost)
+    ran: list[str] = []
+    with pytest.raises(Unavailable, match="before the answer came back"):
+        await engine.locks.with_lock("rollup", lambda lease: ran.append("ran"), ttl=300)
+    [taken] = lost.taken
+    assert taken is not None and ran == []
+    assert await other.locks.acquire("rollup") is None  # held, by nobody who knows it
+    clock.advance(1)  # one housekeeping round
+    await engine.quiesce()
+    assert (await stored_lock(engine.store, "rollup")).holder is None
+    lease = await other.locks.acquire("rollup")
+    assert lease is not None and lease.token > taken.token
+    clock.advance(1)  # the claim was forgotten once answered: the new holder keeps its lease
+    await engine.quiesce()
+    await other.quiesce()
+    assert lease.held and (await stored_lock(engine.store, "rollup")).holder == "i1"
+
+
+async def test_the_next_acquire_of_the_name_gives_back_what_an_unanswered_one_took_first(
+    clock: ManualClock, fleet: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No housekeeping round between them (the engine is only opened): the retry itself
+    frees what the lost acquire took, and takes the lock."""
+    engine = fleet()
+    await engine.open()
+    lost = LoseAcquireAnswers(engine.store)
+    monkeypatch.setattr(engine.store, "acquire_lock", lost)
+    with pytest.raises(Unavailable):
+        await engine.locks.acquire("rollup")
+    lease = await engine.locks.acquire("rollup")
+    [taken] = lost.taken
+    assert lease is not None and taken is not None and lease.token > taken.token
+
+
+async def test_a_give_back_that_fails_is_tried_again_until_the_ttl_and_at_the_stop(
+    clock: ManualClock, fleet: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, other = fleet(), fleet()
+    await engine.start()
+    await other.open()
+    monkeypatch.setattr(engine.store, "acquire_lock", LoseAcquireAnswers(engine.store, calls=2))
+    give_back = cast(LockStore, engine.store).give_back_lock
+    down = True
+
+    async def maybe_down(*args: Any) -> bool:
+        if down:
+            raise Unavailable("still down (test)")
+        result: bool = await give_back(*args)
+        return result
+
+    monkeypatch.setattr(engine.store, "give_back_lock", maybe_down)
+    for name in ("short", "long"):
+        with pytest.raises(Unavailable):
+            await engine.locks.acquire(name, ttl=5 if name == "short" else 300)
+    clock.advance(5)  # five rounds fail; the short lease has run out by itself meanwhile
+    await engine.quiesce()
+    assert (await stored_lock(engine.store, "long")).holder == "i0"
+    assert await other.locks.acquire("short") is not None
+    down = False
+    await engine.stop(grace=0)  # the stop gives back what is left
+    assert (await stored_lock(other.store, "long")).holder is None
+    assert (await stored_lock(other.store, "short")).holder == "i1"  # the short one's claim was forgotten
+
+
+async def test_a_locked_schedule_whose_lock_answer_was_lost_runs_at_its_next_slot(
+    clock: ManualClock, fleet: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the lock stayed held for its ttl by nobody, and the schedule skipped its own
+    next slots as "locked"."""
+    ran: list[datetime] = []
+    schedule = define_schedule(name="rollup", cron="* * * * *", timezone="UTC", handler=lambda ctx: ran.append(ctx.scheduled_at),
+                               lock="nightly-rollup", lock_ttl=600)  # fmt: skip
+    engine = fleet([schedule])
+    await engine.start()
+    monkeypatch.setattr(engine.store, "acquire_lock", LoseAcquireAnswers(engine.store))
+    for _ in range(3):
+        clock.advance(60)
+        await engine.quiesce()
+    runs = await all_runs(engine, "rollup")
+    assert [(r.status, r.error_tag) for r in runs] == [("failed", "unavailable"), ("succeeded", None), ("succeeded", None)]
+    assert ran == [at(120), at(180)]
+    assert (await stored_lock(engine.store, "nightly-rollup")).holder is None
 
 
 async def test_a_lease_taken_from_its_holder_is_lost_at_the_next_renewal(clock: ManualClock, engines: Callable[..., Engine]) -> None:

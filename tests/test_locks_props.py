@@ -4,20 +4,24 @@ the injected clock:
 * one holder at a time: a lock is taken only when no current lease holds it;
 * tokens strictly increasing per name, across take-overs, releases and forced releases;
 * a stale token (taken over, released, expired) never renews, releases or fences, and a
-  resource never accepts a token older than one it has seen.
+  resource never accepts a token older than one it has seen;
+* a give-back (for an acquire whose answer was lost) frees only the lease taken with its
+  claim, and a lock taken by such an acquire is free again within a housekeeping round.
 
 The first machine drives the store directly (both stores) against a model of what each
 answer must be; the second drives leases of two engines on one SQLite store, with
 background renewals, frozen holders, forced releases and ``with_lock`` calls whose work
 ends (and, some, fences a write) when the machine says, and checks after every step that
 at most one lease per name believes itself held, that a ``with_lock`` whose lease was
-released by force while it held it never reports success, and that a fenced write is
-never accepted from a lease released by force nor after a newer token's.
+released by force while it held it never reports success, that a fenced write is
+never accepted from a lease released by force nor after a newer token's, and that a lock
+taken by an acquire whose answer was lost is given back by the next housekeeping round.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import sqlite3
 import tempfile
@@ -56,6 +60,7 @@ class Current:
     token: int
     expires_at: datetime
     released: bool = False
+    claim: str | None = None
 
 
 _examples = itertools.count()
@@ -66,6 +71,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     KIND = "sqlite"
     issued = Bundle("issued")
+    claims = Bundle("claims")
 
     def __init__(self) -> None:
         super().__init__()
@@ -110,18 +116,45 @@ class StoreMachine(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
 
-    @rule(target=issued, name=st.sampled_from(NAMES), ttl=st.sampled_from([1, 5, 10]))
-    def acquire(self, name: str, ttl: int) -> Any:
+    @rule(target=issued, name=st.sampled_from(NAMES), ttl=st.sampled_from([1, 5, 10]), claimed=st.booleans())
+    def acquire(self, name: str, ttl: int, claimed: bool) -> Any:
         cur = self.current.get(name)
         free = cur is None or cur.released or cur.expires_at <= self.now
-        lock = self.run(self.store.acquire_lock(self.lock(name), f"h{ttl}", timedelta(seconds=ttl), self.now))
+        claim = f"{self.prefix}c{next(_examples)}" if claimed else None
+        lock = self.run(self.store.acquire_lock(self.lock(name), f"h{ttl}", timedelta(seconds=ttl), self.now, claim))
         assert (lock is not None) == free, (name, cur, self.now)
         if lock is None:
             return multiple()  # nothing issued
         assert lock.token > self.highest.get(name, 0), "tokens must strictly increase per name"
         self.highest[name] = lock.token
-        self.current[name] = Current(lock.token, self.now + timedelta(seconds=ttl))
+        self.current[name] = Current(lock.token, self.now + timedelta(seconds=ttl), claim=claim)
         return Issued(name, lock.token)
+
+    @rule(target=claims, name=st.sampled_from(NAMES), ttl=st.sampled_from([1, 5, 10]))
+    def acquire_unanswered(self, name: str, ttl: int) -> Any:
+        """An acquire whose answer is lost: only its claim is known."""
+        claim = f"{self.prefix}c{next(_examples)}"
+        before = self.current.get(name)
+        free = before is None or before.released or before.expires_at <= self.now
+        lock = self.run(self.store.acquire_lock(self.lock(name), "lost", timedelta(seconds=ttl), self.now, claim))
+        assert (lock is not None) == free
+        if lock is not None:
+            assert lock.token > self.highest.get(name, 0)
+            self.highest[name] = lock.token
+            self.current[name] = Current(lock.token, self.now + timedelta(seconds=ttl), claim=claim)
+        return (name, claim)
+
+    @rule(lost=claims)
+    def give_back(self, lost: tuple[str, str]) -> None:
+        name, claim = lost
+        cur = self.current.get(name)
+        expected = cur is not None and cur.claim == claim and not cur.released
+        given_back = self.run(self.store.give_back_lock(self.lock(name), claim, self.now))
+        assert given_back == expected, "only the lease taken with the claim is given back"
+        if given_back:
+            assert cur is not None
+            cur.released = True
+            cur.expires_at = min(cur.expires_at, self.now)
 
     @rule(lease=issued, ttl=st.sampled_from([1, 5, 10]))
     def renew(self, lease: Issued, ttl: int) -> None:
@@ -238,6 +271,8 @@ class LeaseMachine(RuleBasedStateMachine):
         self.works: list[WorkInFlight] = []
         self.writes: list[tuple[int, bool]] = []
         """Fenced writes the store accepted: (token, whether it had been released by force)."""
+        self.unanswered: list[tuple[str, int, datetime]] = []
+        """Locks taken by acquires whose answer was lost: (name, token, when)."""
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -272,6 +307,32 @@ class LeaseMachine(RuleBasedStateMachine):
             self.clock.advance(1)
             for engine in self.engines:
                 self.run(engine.quiesce())
+                # The locks' part of the housekeeping round a started engine runs every
+                # second (these engines are only opened: no timers to start).
+                self.run(engine.locks.maintain(self.clock.now()))
+
+    @rule(engine=st.integers(0, 1), name=st.sampled_from(NAMES), ttl=st.sampled_from([3, 9]))
+    def lose_acquire_answer(self, engine: int, name: str, ttl: int) -> None:
+        """An acquire commits and its answer is lost: the caller sees Unavailable."""
+        store = cast(LockStore, self.engines[engine].store)
+        acquire = store.acquire_lock
+        taken: list[Any] = []
+
+        async def lost(*args: Any) -> Any:
+            taken.append(await acquire(*args))
+            raise Unavailable("the answer was lost (test)")
+
+        store.acquire_lock = lost  # type: ignore[method-assign,assignment]
+        try:
+            with contextlib.suppress(Unavailable):
+                self.run(self.engines[engine].locks.acquire(name, ttl=ttl))
+                raise AssertionError("an acquire whose answer was lost returned")
+        finally:
+            del store.acquire_lock  # the class's method again
+        if taken and taken[0] is not None:
+            assert taken[0].token > self.highest.get(name, 0)
+            self.highest[name] = taken[0].token
+            self.unanswered.append((name, taken[0].token, self.clock.now()))
 
     @rule(engine=st.integers(0, 1))
     def freeze(self, engine: int) -> None:
@@ -372,6 +433,17 @@ class LeaseMachine(RuleBasedStateMachine):
                 result = work.task.result()
                 assert isinstance(result.error, (LeaseLost, StaleLease)), (
                     f"with_lock reported {result} after its lease (token {work.lease.token}) was released by force"
+                )
+
+    @invariant()
+    def a_lock_nobody_knows_it_holds_is_given_back_within_a_round(self) -> None:
+        now = self.clock.now()
+        for name, token, when in self.unanswered:
+            if now >= when + timedelta(seconds=1):
+                lock = self.run(cast(LockStore, self.engines[0].store).get_lock(name))
+                assert lock is not None
+                assert lock.token != token or lock.holder is None, (
+                    f"lock {name!r} (token {token}) taken by an acquire whose answer was lost is still held at {now}"
                 )
 
     @invariant()

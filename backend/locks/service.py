@@ -11,6 +11,14 @@ async work, a locked schedule's run is recorded ``failed``/``lease_lost``). The 
 is the last check: when it finds the token no longer current (released by force since
 the last renewal), the lease is lost too, and ``with_lock`` and ``hold`` report it.
 
+An acquire whose answer is lost (the connection breaks after the statement committed)
+raises :class:`~backend.errors.Unavailable` as any failed acquire does, but the lock may be
+taken all the same, by a holder that does not know it: every acquire carries a claim of
+its own, and the next housekeeping round (or this process's next acquire of that name)
+gives back what a failed one took (:meth:`Locks.maintain`), so the lock is free again
+within a second or so, not at the end of its ttl (a locked schedule would otherwise skip
+its own next slots as "held").
+
 Times: leases expire on the *lock clock*, the database's own unless the engine runs on an
 injected :class:`~backend.clock.ManualClock` (tests), so that instances whose clocks
 differ agree on expiry. The renewal loop measures durations on the engine's clock.
@@ -24,7 +32,7 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 from backend.errors import NotFound, Unavailable
 from backend.inputs import is_async_callable
@@ -52,6 +60,13 @@ if TYPE_CHECKING:
 __all__ = ["GuardedRun", "Locks"]
 
 log = logging.getLogger("schedtui.locks")
+
+
+class _Unanswered(NamedTuple):
+    """An acquire that failed: what it may have taken, and until when that would hold."""
+
+    name: str
+    until: datetime
 
 
 class GuardedRun(Protocol):
@@ -84,6 +99,10 @@ class Locks:
         self.audit = shared.audit
         self.events = shared.events
         self.lock_clock = lock_clock
+        self.new_id = shared.new_id
+        self._unanswered: dict[str, _Unanswered] = {}
+        """By claim: acquires that failed, whose statement may have taken the lock all the
+        same; given back by :meth:`maintain` (and at a stop) until their ttl has run out."""
         self._leases: set[Lease] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._run_leases: set[Lease] = set()
@@ -104,8 +123,31 @@ class Locks:
         """No workers: leases renew themselves."""
 
     async def maintain(self, now: datetime) -> None:
-        """Nothing to sweep: lock rows and fence counters are kept for good (a name's row
-        carries its last token; deleting it could let a token run backwards)."""
+        """Give back what acquires whose answer was lost took. Nothing else to sweep: lock
+        rows and fence counters are kept for good (a name's row carries its last token;
+        deleting it could let a token run backwards)."""
+        await self.give_back_unanswered(now)
+
+    async def give_back_unanswered(self, now: datetime, only: str | None = None) -> None:
+        """Free each lock (``only`` that one) still held under the claim of an acquire that
+        failed. A claim is forgotten once answered, or once its ttl has run out (the lock is
+        free by then; and an acquire by an older schedtui, which does not write claims,
+        could have taken the row since and left the claim on it)."""
+        for claim, (name, until) in list(self._unanswered.items()):
+            if only is not None and name != only:
+                continue
+            if now >= until:
+                del self._unanswered[claim]
+                continue
+            try:
+                given_back = await self.store.give_back_lock(name, claim, self.lock_now())
+            except Unavailable as exc:
+                log.info('lock "%s": could not give back what an unanswered acquire took (%s); retrying', name, exc)
+                continue
+            self._unanswered.pop(claim, None)
+            if given_back:
+                log.warning('lock "%s": an acquire whose answer was lost had taken it; given back', name)
+                self.events.publish("locks", name)
 
     @property
     def idle(self) -> bool:
@@ -122,6 +164,7 @@ class Locks:
                 await asyncio.wait_for(self._runs_done.wait(), grace)
         for lease in list(self._leases):
             await self.release_lease(lease)
+        await self.give_back_unanswered(self.clock.now())
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -131,7 +174,16 @@ class Locks:
         """Take the lock if nobody holds it (one statement); ``None`` at once otherwise."""
         name, span = check_lock_name(name), check_ttl(ttl)
         asked_at = self.clock.now()
-        lock = await self.store.acquire_lock(name, holder or self.instance, span, self.lock_now())
+        if self._unanswered:  # this process may hold it unknowingly: give that back first
+            await self.give_back_unanswered(asked_at, name)
+        claim = self.new_id()
+        try:
+            lock = await self.store.acquire_lock(name, holder or self.instance, span, self.lock_now(), claim)
+        except (Unavailable, asyncio.CancelledError):
+            # The statement may have committed and only its answer been lost: the lock
+            # would be held, by nobody who knows it, until its ttl ran out.
+            self._unanswered[claim] = _Unanswered(name, asked_at + span)
+            raise
         if lock is None:
             return None
         lease = Lease(self, lock, span, asked_at)

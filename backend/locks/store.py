@@ -23,7 +23,11 @@ class LockStore(Protocol):
       expired (``expires_at <= now``), drawing its token from the fencing sequence *when
       the row is taken*: every token a name is given is strictly greater than every token
       it was given before, by any holder, under any concurrency. Otherwise it returns
-      ``None`` and changes nothing.
+      ``None`` and changes nothing. It records ``claim`` (or nothing) on the row it takes.
+    * :meth:`give_back_lock` frees the lock only while the lease that was taken with
+      ``claim`` is its current one (never another holder's, nor a later lease of the same
+      holder): for an acquire whose statement may have committed though its answer was
+      lost, so that nobody would know the lock is held until its ttl runs out.
     * :meth:`renew_lock` extends the lease only for the current token of a held, unexpired
       lock; :meth:`release_lock` frees it only for the current token. Rows are never
       deleted (a released lock keeps its last token), so the sequence is never reset.
@@ -35,7 +39,12 @@ class LockStore(Protocol):
     * Connection trouble raises :class:`~backend.errors.Unavailable`.
     """
 
-    async def acquire_lock(self, name: str, holder: str, ttl: timedelta, now: datetime | None) -> Lock | None: ...
+    async def acquire_lock(
+        self, name: str, holder: str, ttl: timedelta, now: datetime | None, claim: str | None = None
+    ) -> Lock | None: ...
+
+    async def give_back_lock(self, name: str, claim: str, now: datetime | None) -> bool:
+        """Whether the lease taken with ``claim`` was current and is now released."""
 
     async def renew_lock(self, name: str, token: int, ttl: timedelta, now: datetime | None) -> datetime | None:
         """The new expiry, or ``None`` when the lease is no longer current."""

@@ -39,6 +39,10 @@ LOCKS_V1 = """
         fenced_at timestamptz NOT NULL
     )
 """
+#: The claim an acquire draws, so that one whose answer was lost can give back what it
+#: took (and only that: an acquire of an older schedtui leaves the column as it was, so a
+#: give-back is tried only within the lease's ttl, see Locks.maintain).
+LOCKS_V2 = "ALTER TABLE schedtui_locks ADD COLUMN claim text"
 LOCK_COLUMNS = "name, holder, token, acquired_at, renewed_at, expires_at"
 #: The lock clock: the injected time when one is given, else the database's.
 _NOW = "(SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now)"
@@ -46,13 +50,13 @@ ACQUIRE = f"""
     WITH t AS {_NOW},
     taken AS (
         UPDATE schedtui_locks l SET holder = %(holder)s, token = nextval('schedtui_lock_tokens'),
-            acquired_at = t.now, renewed_at = t.now, expires_at = t.now + %(ttl)s
+            acquired_at = t.now, renewed_at = t.now, expires_at = t.now + %(ttl)s, claim = %(claim)s
         FROM t WHERE l.name = %(name)s AND l.expires_at <= t.now
         RETURNING l.token, l.acquired_at, l.expires_at
     ),
     added AS (
-        INSERT INTO schedtui_locks ({LOCK_COLUMNS})
-        SELECT %(name)s, %(holder)s, nextval('schedtui_lock_tokens'), t.now, t.now, t.now + %(ttl)s FROM t
+        INSERT INTO schedtui_locks ({LOCK_COLUMNS}, claim)
+        SELECT %(name)s, %(holder)s, nextval('schedtui_lock_tokens'), t.now, t.now, t.now + %(ttl)s, %(claim)s FROM t
         WHERE NOT EXISTS (SELECT 1 FROM schedtui_locks WHERE name = %(name)s)
         ON CONFLICT (name) DO NOTHING
         RETURNING token, acquired_at, expires_at
@@ -73,6 +77,10 @@ RELEASE = f"""
     UPDATE schedtui_locks l SET holder = NULL, expires_at = least(l.expires_at, t.now)
     FROM {_NOW} t, (SELECT set_config('synchronous_commit', 'off', true)) AS no_wait
     WHERE l.name = %(name)s AND l.token = %(token)s AND l.holder IS NOT NULL
+"""
+GIVE_BACK = f"""
+    UPDATE schedtui_locks l SET holder = NULL, expires_at = least(l.expires_at, t.now)
+    FROM {_NOW} t WHERE l.name = %(name)s AND l.claim = %(claim)s AND l.holder IS NOT NULL
 """
 LOCK_FOR_RELEASE = f"""
     SELECT {LOCK_COLUMNS}, t.now FROM schedtui_locks, {_NOW} t WHERE name = %(name)s FOR UPDATE OF schedtui_locks
@@ -117,7 +125,7 @@ def _lock(row: Sequence[Any]) -> Lock:
 class PostgresLocks:
     """Locks on PostgreSQL: see :class:`backend.locks.store.LockStore` for the contract."""
 
-    COMPONENT = Component("locks", (LOCKS_V1,))
+    COMPONENT = Component("locks", (LOCKS_V1, LOCKS_V2))
 
     if TYPE_CHECKING:
         commits: int
@@ -136,8 +144,10 @@ class PostgresLocks:
             self.commits += 1
         return row
 
-    async def acquire_lock(self, name: str, holder: str, ttl: timedelta, now: datetime | None) -> Lock | None:
-        row = await self._one(ACQUIRE, {"name": name, "holder": holder, "ttl": ttl, "now": now})
+    async def acquire_lock(
+        self, name: str, holder: str, ttl: timedelta, now: datetime | None, claim: str | None = None
+    ) -> Lock | None:
+        row = await self._one(ACQUIRE, {"name": name, "holder": holder, "ttl": ttl, "now": now, "claim": claim})
         if row is None:
             return None
         token, acquired_at, expires_at = row
@@ -154,6 +164,14 @@ class PostgresLocks:
         released = await self._with_conn(go)
         self.commits += 1
         return released
+
+    async def give_back_lock(self, name: str, claim: str, now: datetime | None) -> bool:
+        async def go(conn: Any) -> bool:
+            return bool((await conn.execute(GIVE_BACK, {"name": name, "claim": claim, "now": now})).rowcount == 1)
+
+        given_back = await self._with_conn(go)
+        self.commits += 1
+        return given_back
 
     async def force_release_lock(self, name: str, now: datetime | None) -> LockRelease | None:
         async def go(conn: Any) -> LockRelease | None:

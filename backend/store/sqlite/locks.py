@@ -37,15 +37,20 @@ LOCKS_V1 = """
         fenced_at INTEGER NOT NULL
     )
 """
+#: The claim an acquire draws, so that one whose answer was lost can give back what it
+#: took (and only that: an acquire of an older schedtui leaves the column as it was, so a
+#: give-back is tried only within the lease's ttl, see Locks.maintain).
+LOCKS_V2 = "ALTER TABLE locks ADD COLUMN claim TEXT"
 LOCK_COLUMNS = "name, holder, token, acquired_at, renewed_at, expires_at"
 GET_LOCK = f"SELECT {LOCK_COLUMNS} FROM locks WHERE name = ?"
 LIST_LOCKS = f"SELECT {LOCK_COLUMNS} FROM locks ORDER BY name"
 IS_TAKEN = "SELECT 1 FROM locks WHERE name = ? AND expires_at > ?"
 NEXT_TOKEN = "UPDATE lock_tokens SET value = value + 1 WHERE id = 1 RETURNING value"
 TAKE_LOCK = f"""
-    INSERT INTO locks ({LOCK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)
+    INSERT INTO locks ({LOCK_COLUMNS}, claim) VALUES (?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, token = excluded.token,
-        acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at, expires_at = excluded.expires_at
+        acquired_at = excluded.acquired_at, renewed_at = excluded.renewed_at, expires_at = excluded.expires_at,
+        claim = excluded.claim
 """
 RENEW_LOCK = """
     UPDATE locks SET renewed_at = ?, expires_at = ?
@@ -55,6 +60,10 @@ RENEW_LOCK = """
 RELEASE_LOCK = """
     UPDATE locks SET holder = NULL, expires_at = min(expires_at, ?)
     WHERE name = ? AND token = ? AND holder IS NOT NULL
+"""
+GIVE_BACK_LOCK = """
+    UPDATE locks SET holder = NULL, expires_at = min(expires_at, ?)
+    WHERE name = ? AND claim = ? AND holder IS NOT NULL
 """
 FORCE_RELEASE = "UPDATE locks SET holder = NULL, expires_at = min(expires_at, ?) WHERE name = ? AND holder IS NOT NULL"
 #: In the caller's transaction: the lease must be the lock's current one, and no newer
@@ -104,7 +113,7 @@ def stale_reason(token: int, seen: int | None, current: int | None) -> str:
 class SQLiteLocks:
     """Locks on SQLite: see :class:`backend.locks.store.LockStore` for the contract."""
 
-    COMPONENT = Component("locks", (LOCKS_V1,))
+    COMPONENT = Component("locks", (LOCKS_V1, LOCKS_V2))
 
     if TYPE_CHECKING:
 
@@ -112,7 +121,9 @@ class SQLiteLocks:
 
         async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
-    async def acquire_lock(self, name: str, holder: str, ttl: timedelta, now: datetime | None) -> Lock | None:
+    async def acquire_lock(
+        self, name: str, holder: str, ttl: timedelta, now: datetime | None, claim: str | None = None
+    ) -> Lock | None:
         at = _now(now)
         at_us, until_us = _us(at), _us(at + ttl)
 
@@ -120,7 +131,7 @@ class SQLiteLocks:
             if c.execute(IS_TAKEN, (name, at_us)).fetchone() is not None:
                 return None
             token = int(c.execute(NEXT_TOKEN).fetchone()[0])
-            c.execute(TAKE_LOCK, (name, holder, token, at_us, at_us, until_us))
+            c.execute(TAKE_LOCK, (name, holder, token, at_us, at_us, until_us, claim))
             return Lock(name, holder, token, _dt(at_us), _dt(at_us), _dt(until_us))
 
         return await self._write(take)
@@ -134,6 +145,10 @@ class SQLiteLocks:
     async def release_lock(self, name: str, token: int, now: datetime | None) -> bool:
         params = (_us(_now(now)), name, token)
         return await self._write(lambda c: c.execute(RELEASE_LOCK, params).rowcount == 1)
+
+    async def give_back_lock(self, name: str, claim: str, now: datetime | None) -> bool:
+        params = (_us(_now(now)), name, claim)
+        return await self._write(lambda c: c.execute(GIVE_BACK_LOCK, params).rowcount == 1)
 
     async def force_release_lock(self, name: str, now: datetime | None) -> LockRelease | None:
         at_us = _us(_now(now))
