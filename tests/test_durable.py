@@ -303,12 +303,13 @@ async def _one_step(ctx: DurableContext, input: Any) -> Any:
     return await ctx.step("one", count("one", 1))
 
 
-async def test_an_execution_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_its_way_does_not_run(
+async def test_an_execution_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_its_way_does_not_run_under_that_claim(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:
     """The claim commits; its answer comes back after this instance's lease lapsed and was
     renewed. Another instance may have claimed the execution in between: no step runs
-    here under that claim; the execution is claimed again once its lease has run out."""
+    here under that claim. The next round gives it back and claims it again (it waited
+    out its 30 s lease before)."""
     function = define_durable(name="f", handler=_one_step)
     a = engines([function], instance="a")
     await a.open()
@@ -319,12 +320,69 @@ async def test_an_execution_claimed_under_a_lease_that_lapsed_while_the_answer_w
     await late.committed()
     lapse_and_renew(a)
     late.let_go()
+    await a.quiesce()  # no time passes
+    execution = await a.durable.get(started.id)
+    assert (execution.status, execution.output, CALLS) == ("succeeded", 1, {"one": 1})
+
+
+class LoseClaimAnswer:
+    """The store's durable claim commits, then its answer is lost, once (when it took
+    something)."""
+
+    def __init__(self, store: Any) -> None:
+        self.claim = store.durable_claim
+        self.lost: list[Any] = []
+
+    async def __call__(self, *args: Any) -> Any:
+        claimed = await self.claim(*args)
+        if claimed and not self.lost:
+            self.lost.extend(claimed)
+            raise Unavailable("the connection broke before the answer came back (test)")
+        return claimed
+
+
+async def test_an_execution_taken_by_a_claim_whose_answer_was_lost_is_given_back_and_runs_at_once(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """It used to stay `running` under this instance, run by nobody, until its 30 s lease
+    ran out."""
+    function = define_durable(name="f", handler=_one_step)
+    a = engines([function], instance="a")
+    await a.open()
+    started = await a.durable.start_execution("f")  # queued: the executor is not running yet
+    store: Any = a.store
+    store.durable_claim = lost = LoseClaimAnswer(store)
+    await a.start()
     await a.quiesce()
-    assert CALLS == {} and (await a.durable.get(started.id)).status == "running"  # claimed; left to run out
-    clock.advance(timedelta(seconds=31))  # its execution lease (30 s) runs out
+    assert [c.execution.id for c in lost.lost] == [started.id] and CALLS == {}
+    clock.advance(1)  # the next round (a poll later)
     await a.quiesce()
     execution = await a.durable.get(started.id)
     assert (execution.status, execution.output, CALLS) == ("succeeded", 1, {"one": 1})
+
+
+async def test_a_give_back_frees_only_what_its_claim_took_and_still_holds(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    engine = engines([])
+    await engine.open()
+    store = cast(DurableStore, engine.store)
+    now = clock.now()
+    until = now + timedelta(seconds=30)
+    ids = ["01JD3Z6Q0V9W4C7PAXH3KJ1M2B", "01JD3Z6Q0V9W4C7PAXH3KJ1M2C"]
+    for id_ in ids:
+        await store.durable_insert(NewExecution(id_, "f", "null", now))
+    [first] = await store.durable_claim("a", ["f"], now, until, 1, "claim-1")
+    [second] = await store.durable_claim("a", ["f"], now, until, 1, "claim-2")  # the same instant, another claim
+    assert await store.durable_give_back("b", "claim-1", until, now) == 0  # another instance's name
+    assert await store.durable_give_back("a", "claim-1", until + timedelta(seconds=1), now) == 0  # another lease
+    assert await store.durable_give_back("a", "claim-1", until, now) == 1
+    assert await store.durable_give_back("a", "claim-1", until, now) == 0  # once
+    # Given back: claimable at once, by anyone; the other claim's execution is untouched.
+    [again] = await store.durable_claim("b", ["f"], now, until, 10, "claim-3")
+    assert again.execution.id == first.execution.id and again.execution.lease == first.execution.lease + 1
+    assert await store.durable_give_back("a", "claim-1", until, now) == 0  # b's now
+    step = StepRecord(1, "one", "step", "succeeded", 1, now, now, output="1")
+    assert await store.durable_write(Write(again.execution.id, again.execution.lease, now, Progress("one", until), [step])) is False
+    assert await store.durable_write(Write(second.execution.id, second.execution.lease, now, Progress("one", until), [step])) is False
 
 
 async def _the_same_step_twice(ctx: DurableContext, input: Any) -> Any:

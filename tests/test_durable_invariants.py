@@ -304,12 +304,13 @@ class DurableFleet(RuleBasedStateMachine):
             entry[1].crash_next = when
         self.settle()
 
-    @rule(name=st.sampled_from(NAMES), which=st.sampled_from(["claim", "write"]), plan=PLANS)
-    def lose_an_answer(self, name: str, which: str, plan: Plan) -> None:
+    @rule(name=st.sampled_from(NAMES), which=st.sampled_from(["claim", "write"]), plan=PLANS, rounds=st.integers(0, 2))
+    def lose_an_answer(self, name: str, which: str, plan: Plan, rounds: int) -> None:
         """Its next claim (of at least one execution) or write commits, and the answer is
         lost; the instance goes on (its other calls go through). Something is set off for
         it to do: an execution started through it (its first write), or time moved on to
-        what is due (a claim, by it or another)."""
+        what is due (a claim, by it or another). Then ``rounds`` seconds pass, a claim
+        round each: the next gives back what a lost claim took, while its lease holds."""
         entry = self.live.get(name)
         if entry is None or entry[1].crashed:
             self.settle()
@@ -321,6 +322,9 @@ class DurableFleet(RuleBasedStateMachine):
         else:
             self.clock.advance(31)
         self.settle()
+        for _ in range(rounds):
+            self.clock.advance(1)
+            self.settle()
 
     @rule(name=st.sampled_from(NAMES), claims_go_through=st.booleans())
     def freeze(self, name: str, claims_go_through: bool) -> None:

@@ -96,6 +96,12 @@ class DurableExecutor:
         self._pruned: datetime | None = None
         self._stale_reported: datetime | None = None
         self._started_at = self.clock.now()
+        self._unanswered: dict[str, datetime] = {}
+        """Claims whose executions nobody runs here, by claim, with the end of the lease
+        they took: their answer was lost (the claim may have committed all the same), or
+        it came under a lapsed lease (:meth:`_not_run`). Given back by the next round
+        (:meth:`_give_back`), so another claim, here or elsewhere, takes them at once and
+        not when their lease runs out."""
 
     @property
     def idle(self) -> bool:
@@ -146,6 +152,8 @@ class DurableExecutor:
                 self._lose_expired(now)
         elif self.running:
             self._lose_expired(now)
+        if self._unanswered:
+            await self._give_back(now)
         free = self.concurrency - len(self.running) - self._reserved
         if free <= 0:
             self._short = True
@@ -156,9 +164,16 @@ class DurableExecutor:
         lease = self.shared.registry.lease
         epoch = lease.epoch
         until = now + self.lease_ttl
-        claimed = await self.store.durable_claim(self.instance, list(self.functions), now, until, limit)
+        claim = self.shared.new_id()
+        try:
+            claimed = await self.store.durable_claim(self.instance, list(self.functions), now, until, limit, claim)
+        except (Unavailable, asyncio.CancelledError):
+            self._unanswered[claim] = until  # it may have committed, and only its answer been lost
+            raise
         if claimed and not lease.holds(epoch):
             self._not_run(len(claimed))
+            self._unanswered[claim] = until
+            self._wake.set()  # (given back, and claimed again, by the next round)
             return False
         for one in claimed:
             self._launch(one, until)
@@ -169,13 +184,29 @@ class DurableExecutor:
     def _not_run(self, count: int) -> None:
         """Executions claimed under an epoch of this instance's lease that lapsed while the
         answer was on its way (a partition that healed, a process frozen meanwhile): another
-        instance may have claimed them since, so none runs here; each is claimed again, here
-        or elsewhere, once its execution lease has run out."""
+        instance may have claimed them since, so none runs here; the next round gives back
+        those still under this claim, and they are claimed again, here or elsewhere."""
         log.warning(
             "%d durable execution(s) claimed while this instance's lease lapsed are not run here: "
-            "they are claimed again once their lease runs out (%gs)",
-            count, self.lease_ttl.total_seconds(),
+            "they are given back, to be claimed again", count,
         )  # fmt: skip
+
+    async def _give_back(self, now: datetime) -> None:
+        """End the leases of what claims nobody runs here took (see :attr:`_unanswered`);
+        a claim is forgotten once answered, or once the lease it took has run out."""
+        for claim, until in list(self._unanswered.items()):
+            if now >= until:
+                del self._unanswered[claim]
+                continue
+            try:
+                given_back = await self.store.durable_give_back(self.instance, claim, until, now)
+            except Unavailable as exc:
+                log.info("could not give back what a claim nobody runs here took (%s); retrying", exc)
+                return
+            del self._unanswered[claim]
+            if given_back:
+                log.warning("%d durable execution(s) taken by a claim whose answer was lost, or came too late, "
+                            "are given back", given_back)  # fmt: skip
 
     async def renew_one(self, run: ExecutionRun) -> bool:
         """Renew one run's lease now (a step is about to start past :attr:`ExecutionRun.held_until`);
@@ -363,6 +394,8 @@ class DurableExecutor:
         with contextlib.suppress(ValueError):
             lease.on_lapse.remove(self.lease_lapsed)
             lease.on_renewed.remove(self.poke)
+        if self._unanswered:
+            await self._give_back(self.clock.now())
         if self._reserved:  # starts claimed here, being inserted: their runs are let go of below too
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._unreserved.wait(), timeout=max(grace, 0.5))

@@ -174,7 +174,8 @@ class DurableStore(Protocol):
     * :meth:`durable_claim` takes runnable executions of the given functions, each for one
       claimer only (``SKIP LOCKED`` on PostgreSQL): ``queued`` ones, ``waiting`` ones whose
       ``wake_at`` has come, and ``running`` ones whose lease has expired. Each claim
-      increments the lease number. It returns each with its steps and signals.
+      increments the lease number and records ``claim`` on each (or nothing). It returns
+      each with its steps and signals.
     * A signal is kept once per execution and name (the first payload wins), with the time
       it was sent; it makes a wait for it due at once.
     * Times go in and come out aware UTC.
@@ -195,8 +196,15 @@ class DurableStore(Protocol):
         same transaction if the execution is."""
 
     async def durable_claim(
-        self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int
+        self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int,
+        claim: str | None = None,
     ) -> list[Claimed]: ...
+
+    async def durable_give_back(self, instance: str, claim: str, lease_until: datetime, now: datetime) -> int:
+        """End now the leases that the claim ``claim`` took (until ``lease_until``) and still
+        holds, for a claim whose answer was lost or whose executions are not run here: they
+        are claimable at once. Only while that claim's lease is the execution's own (no
+        other claim since, still ``running``, its lease's end unchanged); how many."""
 
     async def durable_write(self, write: Write) -> bool | None:
         """Apply the write under its lease. ``None``: the lease is lost, nothing written;

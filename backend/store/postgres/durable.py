@@ -123,6 +123,9 @@ COMPONENT = Component(
         );
         CREATE INDEX schedtui_durable_logs_by_execution ON schedtui_durable_logs (execution_id, id)
         """,
+        # The claim that took a running execution, so that a claim whose answer was lost
+        # can give back what it took (durable_give_back).
+        "ALTER TABLE schedtui_durable_executions ADD COLUMN claim text",
     ),
 )
 
@@ -172,7 +175,8 @@ CLAIM = f"""
     ),
     claimed AS (
         UPDATE {EXECUTIONS} e SET status = 'running', instance = %(instance)s, lease = e.lease + 1,
-            lease_until = %(until)s, waiting_for = NULL, wake_at = NULL, awaits = NULL, updated_at = %(now)s
+            lease_until = %(until)s, waiting_for = NULL, wake_at = NULL, awaits = NULL, updated_at = %(now)s,
+            claim = %(claim)s
         FROM picked p WHERE e.id = p.id
         RETURNING e.id, e.function, e.input, e.created_at, e.lease, e.cancel_requested, e.schedule,
             e.scheduled_at, e.signals, p.was, p.was_instance
@@ -300,6 +304,12 @@ RENEW = f"""
     FROM json_to_recordset(%(leases)s::json) AS l(id text, lease bigint)
     WHERE e.id = l.id AND e.lease = l.lease AND e.status = 'running' AND e.instance = %(instance)s
     RETURNING e.id, e.cancel_requested
+"""
+#: What a claim took and nobody runs (its answer was lost): its lease ends now. Only while
+#: that claim's lease is the execution's (its claim, its lease's end, still running).
+GIVE_BACK = f"""
+    UPDATE {EXECUTIONS} SET lease_until = %s
+    WHERE claim = %s AND instance = %s AND status = 'running' AND lease_until = %s
 """
 OWNERS = f"SELECT DISTINCT instance FROM {EXECUTIONS} WHERE status = 'running' AND lease_until > %s"
 EXPIRE = f"""
@@ -549,9 +559,11 @@ class PostgresDurable:
         return False
 
     async def durable_claim(
-        self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int
+        self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int,
+        claim: str | None = None,
     ) -> list[Claimed]:
-        params = {"functions": list(functions), "now": now, "until": lease_until, "limit": limit, "instance": instance}
+        params = {"functions": list(functions), "now": now, "until": lease_until, "limit": limit, "instance": instance,
+                  "claim": claim}  # fmt: skip
         claimed = []
         rows = await self._fetch_write(CLAIM, params)
         steps_of = dict(await self._fetchall(CLAIMED_STEPS, ([row[0] for row in rows],))) if rows else {}
@@ -662,6 +674,9 @@ class PostgresDurable:
 
     async def durable_expire(self, instance: str, now: datetime, claimed_before: datetime | None = None) -> int:
         return await self._execute(EXPIRE, (now, instance, now, claimed_before, claimed_before))
+
+    async def durable_give_back(self, instance: str, claim: str, lease_until: datetime, now: datetime) -> int:
+        return await self._execute(GIVE_BACK, (now, claim, instance, lease_until))
 
     async def durable_signal(self, id: str, name: str, payload: str, now: datetime) -> tuple[ExecutionStatus, bool] | None:
         sent = now.astimezone(UTC).isoformat(timespec="microseconds")

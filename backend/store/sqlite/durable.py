@@ -104,6 +104,9 @@ COMPONENT = Component(
         );
         CREATE INDEX durable_logs_by_execution ON durable_logs (execution_id, id)
         """,
+        # The claim that took a running execution, so that a claim whose answer was lost
+        # can give back what it took (durable_give_back).
+        "ALTER TABLE durable_executions ADD COLUMN claim TEXT",
     ),
 )
 
@@ -124,7 +127,7 @@ RUNNABLE = """
 """
 CLAIM = """
     UPDATE durable_executions SET status = 'running', instance = ?, lease = lease + 1, lease_until = ?,
-        waiting_for = NULL, wake_at = NULL, awaits = NULL, updated_at = ?
+        waiting_for = NULL, wake_at = NULL, awaits = NULL, updated_at = ?, claim = ?
     WHERE id = ?
     RETURNING id, function, input, created_at, lease, cancel_requested, schedule, scheduled_at, signals
 """
@@ -163,6 +166,12 @@ OWNERS = "SELECT DISTINCT instance FROM durable_executions WHERE status = 'runni
 EXPIRE = """
     UPDATE durable_executions SET lease_until = ?
     WHERE status = 'running' AND instance = ? AND lease_until > ? AND (? IS NULL OR updated_at < ?)
+"""
+#: What a claim took and nobody runs (its answer was lost): its lease ends now. Only while
+#: that claim's lease is the execution's (its claim, its lease's end, still running).
+GIVE_BACK = """
+    UPDATE durable_executions SET lease_until = ?
+    WHERE claim = ? AND instance = ? AND status = 'running' AND lease_until = ?
 """
 STATE = "SELECT status, awaits, signals, lease_until FROM durable_executions WHERE id = ?"
 SIGNAL = """
@@ -269,14 +278,15 @@ class SQLiteDurable:
         return await self._write(insert)
 
     async def durable_claim(
-        self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int
+        self, instance: str, functions: Sequence[str], now: datetime, lease_until: datetime, limit: int,
+        claim: str | None = None,
     ) -> list[Claimed]:
         names, at, until = json.dumps(list(functions)), _us(now), _us(lease_until)
 
-        def claim(c: sqlite3.Connection) -> list[Claimed]:
+        def take(c: sqlite3.Connection) -> list[Claimed]:
             claimed = []
             for id_, was, was_instance in c.execute(RUNNABLE, (names, at, at, limit)).fetchall():
-                row = c.execute(CLAIM, (instance, until, at, id_)).fetchone()
+                row = c.execute(CLAIM, (instance, until, at, claim, id_)).fetchone()
                 signals = signals_from_json(json.loads(row[8]))
                 steps = [step_from_row(r, _dt) for r in c.execute(STEPS_OF, (id_,)).fetchall()]
                 execution = ExecutionRow(
@@ -294,7 +304,11 @@ class SQLiteDurable:
                 claimed.append(Claimed(execution, steps, signals))
             return claimed
 
-        return await self._write(claim)
+        return await self._write(take)
+
+    async def durable_give_back(self, instance: str, claim: str, lease_until: datetime, now: datetime) -> int:
+        params = (_us(now), claim, instance, _us(lease_until))
+        return await self._write(lambda c: int(c.execute(GIVE_BACK, params).rowcount))
 
     async def durable_write(self, write: Write) -> bool | None:
         now = _us(write.now)
