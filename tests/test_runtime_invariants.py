@@ -47,6 +47,9 @@ class RuntimeSchedules(RuleBasedStateMachine):
         self.deleted: dict[str, datetime] = {}
         """name -> when it was last deleted (while it does not exist now)"""
         self.exists: set[str] = set()
+        self.unchanged: dict[str, str] = {}
+        """name -> cron, for schedules not changed since their create (both engines act
+        as the same operator: the same create again answers with the schedule)"""
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(asyncio.wait_for(coro, 60))
@@ -60,10 +63,13 @@ class RuntimeSchedules(RuleBasedStateMachine):
         try:
             self.run(self.actor(on_firer).create_schedule(spec))
         except NameTaken:
-            assert name in self.exists
+            assert name in self.exists and self.unchanged.get(name) != cron
             return
-        assert name not in self.exists
+        if name in self.exists:
+            assert self.unchanged.get(name) == cron, "a create repeated over a changed schedule answered"
+            return
         self.exists.add(name)
+        self.unchanged[name] = cron
         self.deleted.pop(name, None)
 
     @rule(name=st.sampled_from(NAMES), cron=st.sampled_from(CRONS), on_firer=st.booleans())
@@ -72,6 +78,8 @@ class RuntimeSchedules(RuleBasedStateMachine):
             self.run(self.actor(on_firer).update_schedule(name, {"cron": cron}))
         except NotFound:
             assert name not in self.exists
+            return
+        self.unchanged.pop(name, None)
 
     @rule(name=st.sampled_from(NAMES), enabled=st.booleans())
     def set_enabled(self, name: str, enabled: bool) -> None:
@@ -88,6 +96,7 @@ class RuntimeSchedules(RuleBasedStateMachine):
             assert name not in self.exists
             return
         self.exists.discard(name)
+        self.unchanged.pop(name, None)
         self.deleted[name] = self.clock.now()
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 20.0, 59.0]))

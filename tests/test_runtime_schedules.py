@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from backend import BadInput, Engine, ManualClock, NotFound
+from backend.events.audit import acting_as
 from backend.jobs import JobContext, define_queue
 from backend.scheduler.stored import DefinedInCode, NameTaken
 from tests.conftest import all_runs
@@ -130,8 +131,15 @@ async def test_refusals_name_the_value(make_engine: Callable[..., Engine], clock
     with pytest.raises(DefinedInCode):
         await engine.delete_schedule("coded")
     await engine.create_schedule(spec())
+    assert (await engine.create_schedule(spec())).name == spec()["name"]  # the same again: a retry
     with pytest.raises(NameTaken):
-        await engine.create_schedule(spec())
+        await engine.create_schedule(spec(cron="5 * * * *"))  # another schedule of that name
+    with acting_as("bob"):
+        with pytest.raises(NameTaken):
+            await engine.create_schedule(spec())  # another author's
+    await engine.update_schedule(spec()["name"], {"description": "changed"})
+    with pytest.raises(NameTaken):
+        await engine.create_schedule(spec())  # changed since: not a retry of its create
     with pytest.raises(NotFound):
         await engine.update_schedule("ghost", {"cron": "5 * * * *"})
 

@@ -80,6 +80,10 @@ async def test_create_update_delete_through_the_interface(rt_backend: Backend) -
         await rt_backend.create_schedule({"name": name, "cron": "* * * * *", "timezone": "UTC", "queue": "mail"})
     with pytest.raises(NameTaken):
         await rt_backend.create_schedule({"name": "hourly", "cron": "* * * * *", "timezone": "UTC", "queue": "mail"})
+    again = await rt_backend.create_schedule(  # the same create by its author: a retry, answered as the first
+        {"name": name, "cron": "*/15 * * * *", "timezone": "UTC", "queue": "mail", "payload": {"older_than": "7d"}}
+    )
+    assert (again.name, again.cron, again.payload) == (name, "*/15 * * * *", {"older_than": "7d"})
     changed = await rt_backend.update_schedule(name, {"cron": "0 3 * * *", "timezone": "Europe/Berlin", "enabled": False})
     assert (changed.cron, changed.timezone, changed.enabled, changed.next_fire_at) == ("0 3 * * *", "Europe/Berlin", False, None)
     with pytest.raises(BadInput) as bad:
@@ -106,7 +110,10 @@ async def test_the_api_answers_as_documented(rt_server: Server) -> None:
         created = await http.post("/inspect/schedules", json=spec)
         assert created.status_code == 201, created.text
         assert created.json()["source"] == "store" and created.json()["target"] == {"kind": "queue", "name": "mail"}
-        assert (await http.post("/inspect/schedules", json=spec)).json()["error"]["code"] == "name_taken"
+        again = await http.post("/inspect/schedules", json=spec)  # the same create again, by its author
+        assert again.status_code == 201 and again.json()["name"] == "api-made", again.text
+        other = await http.post("/inspect/schedules", json={**spec, "cron": "*/10 * * * *"})
+        assert other.status_code == 409 and other.json()["error"]["code"] == "name_taken"
         bad_cases = [
             ({**spec, "name": "x1", "cron": "nope"}, "cron"),
             ({**spec, "name": "x2", "timezone": "Mars/Base"}, "timezone"),
@@ -135,8 +142,9 @@ async def test_the_api_answers_as_documented(rt_server: Server) -> None:
         read = await http.post("/inspect/schedules", json=spec, headers={"Authorization": "Bearer wrong"})
         assert read.status_code == 401
         entries = (await http.get("/inspect/audit", params={"limit": 10})).json()["entries"]
-        mine = [(e["action"], e["actor"]) for e in entries if e["target"] == "api-made"]
-        assert mine == [("schedule.delete", "alice"), ("schedule.update", "alice"), ("schedule.create", "alice")]
+        mine = [(e["action"], e["actor"], e["detail"].get("again")) for e in entries if e["target"] == "api-made"]
+        assert mine == [("schedule.delete", "alice", None), ("schedule.update", "alice", None),
+                        ("schedule.create", "alice", True), ("schedule.create", "alice", None)]  # fmt: skip
         update = next(e for e in entries if e["target"] == "api-made" and e["action"] == "schedule.update")
         assert update["detail"]["before"]["description"] is None
         assert update["detail"]["after"]["description"] == "made over HTTP"
@@ -191,3 +199,43 @@ def test_the_cli_over_the_remote_api(rt_cli: Cli, rt_server: Server) -> None:
     assert done.returncode == 0, done.stderr
     again = rt_cli("schedules", "delete", "cli-remote", *remote, store=False)
     assert again.returncode == 2 and "no schedule named" in again.stderr
+
+
+class LoseFirstAnswer(httpx.AsyncBaseTransport):
+    """Sends every request to the server; the answer to the first ``POST`` is lost on its
+    way back (the connection drops after the server acted)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.lost: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.method == "POST" and not self.lost:
+            await response.aread()
+            self.lost.append(f"{request.method} {request.url.path} {response.status_code}")
+            raise httpx.RemoteProtocolError("the server disconnected before the answer came (test)", request=request)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_create_whose_answer_was_lost_is_sent_again_and_answers_as_the_first(rt_server: Server) -> None:
+    """It was sent once (a create is not a read), so the caller saw Unavailable, and its
+    retry by hand was refused as name_taken. It is retried now, and the repeat by the same
+    author answers with the schedule; the audit log marks the repeat."""
+    name = f"lost-answer-{next(_names)}"
+    transport = LoseFirstAnswer()
+    remote = RemoteBackend(rt_server.url, OPERATE, transport=transport, read_retries=(0.0,))
+    await remote.connect()
+    try:
+        view = await remote.create_schedule({"name": name, "cron": "0 4 * * *", "timezone": "UTC", "queue": "mail"})
+        assert transport.lost == ["POST /inspect/schedules 201"]
+        assert (view.name, view.source, view.cron) == (name, "store", "0 4 * * *")
+        entries = [e for e in (await remote.audit(limit=50)).entries if e.target == name]
+        assert [(e.action, e.actor, (e.detail or {}).get("again")) for e in reversed(entries)] == [
+            ("schedule.create", "alice", None), ("schedule.create", "alice", True)
+        ]
+    finally:
+        await remote.close()

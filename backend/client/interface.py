@@ -398,7 +398,7 @@ class Backend(abc.ABC):
         It keeps its definition, has no next slot and does not fire until enabled."""
 
     @action(system="schedules", permission="operate", label="creating a schedule", audit="schedule.create",
-            http=Http("POST", "/inspect/schedules", status=201, body="spec", ok="the schedule created",
+            http=Http("POST", "/inspect/schedules", status=201, body="spec", retry=True, ok="the schedule created",
                       errors={409: "name_taken: a schedule (in code or stored) has that name"}))
     async def create_schedule(self, spec: Annotated[Mapping[str, Any], Schema(SCHEDULE_SPEC)]) -> ScheduleView:
         """Create a schedule, kept in the store, that every instance arms within 2 s.
@@ -407,8 +407,9 @@ class Backend(abc.ABC):
         durable function's name), and optionally payload, description, enabled,
         on_overlap, backfill, max_runtime. Validated as a schedule defined in code: a bad
         value or an unknown target is ``BadInput`` naming it (422, error.field); a name in
-        use is ``NameTaken`` (409 name_taken). The answer is the schedule, with source
-        "store"."""
+        use is ``NameTaken`` (409 name_taken), but for the same create again by its author
+        with the schedule unchanged since (a retry whose first answer was lost), which
+        answers as the first did. The answer is the schedule, with source "store"."""
 
     @action(system="schedules", permission="operate", label="editing a schedule", audit="schedule.update",
             http=Http("PATCH", "/inspect/schedules/{name}", body="changes", retry=True, ok="the schedule as changed",

@@ -244,7 +244,10 @@ class Catalog:
         self.events.publish("schedules", name)
 
     # -- the operator's changes ---------------------------------------------------------------
-    async def create(self, spec: Any, actor: str) -> StoredSchedule:
+    async def create(self, spec: Any, actor: str) -> tuple[StoredSchedule, bool]:
+        """Store a new schedule; the row, and whether this call made it. The same create
+        again by its author, the row unchanged since, answers with that row rather than
+        ``NameTaken``: it is most likely a retry after the first answer was lost."""
         full = check_spec(spec)
         name = full["name"]
         if name in self.schedules and name not in self.rows:
@@ -256,9 +259,13 @@ class Catalog:
             **full, created_at=now, created_by=actor, updated_at=now, updated_by=actor, version=1
         )
         if not await self.store.create_stored_schedule(row):
+            await self.refresh()
+            there = self.rows.get(name)
+            if there is not None and there.version == 1 and there.created_by == actor and there.spec() == full:
+                return there, False
             raise NameTaken(f'a schedule named "{name}" exists already', reason="name taken")
         await self._after_change()
-        return row
+        return row, True
 
     async def update(self, name: str, changes: Any, actor: str) -> tuple[StoredSchedule, StoredSchedule]:
         """Apply ``changes``; returns the row before and after."""

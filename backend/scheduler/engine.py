@@ -616,8 +616,11 @@ class Engine:
         """Store a new schedule (see :meth:`backend.client.interface.Backend.create_schedule`);
         armed here at once, on every instance sharing the store within 2 s."""
         actor = self.audit.actor()
-        row = await self.catalog.create(spec, actor)
-        await self.audit.record("schedule.create", row.name, {"spec": row.spec()}, actor=actor)
+        row, made = await self.catalog.create(spec, actor)
+        # A repeat (a retry whose first answer was lost) is recorded too, marked: the first
+        # call's own entry may be what was lost.
+        details = {"spec": row.spec()} if made else {"spec": row.spec(), "again": True}
+        await self.audit.record("schedule.create", row.name, details, actor=actor)
         return await self.get_schedule(row.name)
 
     async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
