@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,13 +19,14 @@ V1 = "CREATE TABLE {t} (id TEXT PRIMARY KEY); CREATE INDEX {t}_by_id ON {t} (id)
 V2 = "ALTER TABLE {t} ADD COLUMN note TEXT"
 
 
-def store_class(kind: str, *scripts: str) -> type:
+def store_class(kind: str, *scripts: str, additions: tuple[str, ...] = ()) -> type:
     """A store class carrying one extra component, as a system's mixin would."""
     table = "widgets" if kind == "sqlite" else "schedtui_widgets"
     base = SQLiteStore if kind == "sqlite" else PostgresStore
 
     class Widgets:
-        COMPONENT = Component("widgets", tuple(script.format(t=table) for script in scripts))
+        COMPONENT = Component("widgets", tuple(script.format(t=table) for script in scripts),
+                              tuple(script.format(t=table) for script in additions))  # fmt: skip
 
     return type("WidgetStore", (Widgets, base), {})
 
@@ -35,14 +39,29 @@ def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
     return "sqlite", str(tmp_path / "state.db")
 
 
-async def versions(store: object) -> dict[str, int]:
+async def versions(store: object, columns: str = "version") -> dict[str, Any]:
     if isinstance(store, SQLiteStore):
-        rows = await store._read(lambda c: c.execute("SELECT component, version FROM schema_components").fetchall())
+        rows = await store._read(lambda c: c.execute(f"SELECT component, {columns} FROM schema_components").fetchall())
     else:
         assert isinstance(store, PostgresStore)
-        rows = await store._fetchall("SELECT component, version FROM schedtui_schema_components")
+        rows = await store._fetchall(f"SELECT component, {columns} FROM schedtui_schema_components")
     # Only the test's own component: the stores carry the systems' components as well.
-    return {name: version for name, version in rows if name == "widgets"}
+    return {row[0]: row[1] if len(row) == 2 else tuple(row[1:]) for row in rows if row[0] == "widgets"}
+
+
+def executing(statement: str) -> Callable[[sqlite3.Connection], Any]:
+    def execute(conn: sqlite3.Connection) -> Any:
+        return conn.execute(statement)
+
+    return execute
+
+
+async def write_note(store: object) -> None:
+    if isinstance(store, SQLiteStore):
+        await store._write(lambda c: c.execute("INSERT INTO widgets (id, note) VALUES ('a', 'b')"))
+    else:
+        assert isinstance(store, PostgresStore)
+        await store._execute("INSERT INTO schedtui_widgets (id, note) VALUES ('a', 'b')")
 
 
 async def test_a_component_migrates_on_its_own_and_refuses_a_newer_schema(where: tuple[str, str]) -> None:
@@ -55,10 +74,7 @@ async def test_a_component_migrates_on_its_own_and_refuses_a_newer_schema(where:
     second = store_class(kind, V1, V2)(location)  # a newer release adds a column
     await second.open()
     assert (await versions(second))["widgets"] == 2
-    if isinstance(second, SQLiteStore):
-        await second._write(lambda c: c.execute("INSERT INTO widgets (id, note) VALUES ('a', 'b')"))
-    else:
-        await second._execute("INSERT INTO schedtui_widgets (id, note) VALUES ('a', 'b')")
+    await write_note(second)
     await second.close()
 
     again = store_class(kind, V1, V2)(location)  # nothing to do: opens as it is
@@ -69,3 +85,54 @@ async def test_a_component_migrates_on_its_own_and_refuses_a_newer_schema(where:
     with pytest.raises(Unavailable, match='"widgets" tables are at version 2, newer than this schedtui knows'):
         await older.open()
     await older.close()
+
+
+async def open_with_the_addition(kind: str, location: str) -> None:
+    """Open with V2 as an addition: the column is there, the version is still 1."""
+    newer = store_class(kind, V1, additions=(V2,))(location)
+    await newer.open()
+    assert (await versions(newer, "version, additions"))["widgets"] == (1, 1)
+    await write_note(newer)
+    await newer.close()
+
+
+async def test_an_addition_leaves_the_release_before_it_opening_the_store(where: tuple[str, str]) -> None:
+    """A column that older code does not read is an addition: it keeps the version, so a
+    fleet upgrades one instance at a time (an older instance that restarts meanwhile opens
+    the store, where a migration would make it refuse)."""
+    kind, location = where
+    first = store_class(kind, V1)(location)
+    await first.open()
+    await first.close()
+
+    await open_with_the_addition(kind, location)
+
+    for older in (store_class(kind, V1)(location), store_class(kind, V1, additions=(V2,))(location)):
+        await older.open()  # the release before, and the same one again: nothing to do, no refusal
+        assert (await versions(older, "version, additions"))["widgets"] == (1, 1)
+        await older.close()
+
+    later = store_class(kind, V1, "CREATE INDEX {t}_by_note ON {t} (note)", additions=(V2,))(location)
+    await later.open()  # a migration after an addition is written for the schema with it
+    assert (await versions(later, "version, additions"))["widgets"] == (2, 1)
+    await later.close()
+
+
+async def test_a_store_from_before_additions_were_counted_takes_them(where: tuple[str, str]) -> None:
+    """The table of component versions had no count of additions in the releases before:
+    it gains one, and their components take the additions of this one."""
+    kind, location = where
+    first = store_class(kind, V1)(location)
+    await first.open()
+    prefix = "" if kind == "sqlite" else "schedtui_"
+    before = [f"ALTER TABLE {prefix}schema_components DROP COLUMN additions",  # as those releases made them
+              f"ALTER TABLE {prefix}locks DROP COLUMN claim", f"ALTER TABLE {prefix}durable_executions DROP COLUMN claim"]  # fmt: skip
+    for statement in before:
+        if isinstance(first, SQLiteStore):
+            await first._write(executing(statement))
+        else:
+            assert isinstance(first, PostgresStore)
+            await first._execute(statement)
+    await first.close()
+
+    await open_with_the_addition(kind, location)

@@ -7,7 +7,8 @@ version, so the systems evolve independently: a store mixin declares
 ``COMPONENT = Component("jobs", (script_v1, script_v2, …))`` and the store applies, at
 open, what each component lacks, in one transaction per component (PostgreSQL: under the
 migration advisory lock, so instances starting together migrate one after the other).
-A store whose component is newer than this code is refused, naming the component.
+A store whose component is newer than this code is refused, naming the component, unless
+what is newer only adds (``Component.additions``): a fleet upgrades one instance at a time.
 """
 
 from __future__ import annotations
@@ -28,10 +29,18 @@ log = logging.getLogger("schedtui.store")
 @dataclass(frozen=True)
 class Component:
     """One system's tables: a name, and its migration scripts, oldest first (statements
-    separated by ``;``). Append a script to change the schema; never edit a released one."""
+    separated by ``;``). Append a script to change the schema; never edit a released one.
+
+    ``additions`` are scripts that only add what older code does not read (a nullable
+    column, an index): they are counted apart from ``migrations``, so the release before
+    them still opens the store, and a fleet can be upgraded one instance at a time. They
+    run after every migration; a migration appended later is written for the schema with
+    them. A breaking change (a column renamed, dropped or made required; a table older code
+    writes to changed in meaning) is a migration, and older releases refuse the store."""
 
     name: str
     migrations: tuple[str, ...]
+    additions: tuple[str, ...] = ()
 
 
 def components_of(cls: type) -> list[Component]:
@@ -49,19 +58,36 @@ def _statements(script: str) -> Iterable[str]:
     return (statement for statement in script.split(";") if statement.strip())
 
 
-def _check(component: Component, version: int) -> None:
+def _plan(component: Component, row: Sequence[Any] | None) -> tuple[list[tuple[str, str]], bool]:
+    """What ``component`` lacks, given its row ``(version, additions)`` (``None``: none
+    yet): the scripts to run, each with what it brings the tables to, and whether the row
+    must be written. A newer version is refused; more additions than known are not (they
+    only add what this code does not read)."""
+    version, added = (int(row[0]), int(row[1])) if row else (0, 0)
     if version > len(component.migrations):
         raise Unavailable(
             f'the store\'s "{component.name}" tables are at version {version}, newer than this schedtui '
             f"knows ({len(component.migrations)}); upgrade schedtui before opening it"
         )
+    steps = [(f"version {n}", script) for n, script in enumerate(component.migrations[version:], start=version + 1)]
+    steps += [(f"addition {n}", script) for n, script in enumerate(component.additions[added:], start=added + 1)]
+    return steps, row is None or bool(steps)
+
+
+def _done(component: Component, row: Sequence[Any] | None) -> tuple[str, int, int]:
+    """The row to write once the plan has run (additions beyond this code's are kept)."""
+    added = int(row[1]) if row else 0
+    return component.name, len(component.migrations), max(added, len(component.additions))
 
 
 SQLITE_TABLE = "CREATE TABLE IF NOT EXISTS schema_components (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
-SQLITE_GET = "SELECT version FROM schema_components WHERE component = ?"
+#: The count of additions, added to the table after its first release (older code reads
+#: and writes only ``version``, and keeps working).
+SQLITE_ADDITIONS = "ALTER TABLE schema_components ADD COLUMN additions INTEGER NOT NULL DEFAULT 0"
+SQLITE_GET = "SELECT version, additions FROM schema_components WHERE component = ?"
 SQLITE_SET = """
-    INSERT INTO schema_components (component, version) VALUES (?, ?)
-    ON CONFLICT (component) DO UPDATE SET version = excluded.version
+    INSERT INTO schema_components (component, version, additions) VALUES (?, ?, ?)
+    ON CONFLICT (component) DO UPDATE SET version = excluded.version, additions = excluded.additions
 """
 
 
@@ -70,23 +96,25 @@ def migrate_sqlite(conn: sqlite3.Connection, components: Sequence[Component]) ->
     if not components:
         return
     conn.execute(SQLITE_TABLE)
+    if "additions" not in {column[1] for column in conn.execute("PRAGMA table_info(schema_components)")}:
+        conn.execute(SQLITE_ADDITIONS)
     for component in components:
         row = conn.execute(SQLITE_GET, (component.name,)).fetchone()
-        version = int(row[0]) if row else 0
-        _check(component, version)
-        for number, script in enumerate(component.migrations[version:], start=version + 1):
+        steps, changed = _plan(component, row)
+        for label, script in steps:
             for statement in _statements(script):
                 conn.execute(statement)
-            log.info('store: "%s" tables migrated to version %d', component.name, number)
-        if version != len(component.migrations):
-            conn.execute(SQLITE_SET, (component.name, len(component.migrations)))
+            log.info('store: "%s" tables migrated to %s', component.name, label)
+        if changed:
+            conn.execute(SQLITE_SET, _done(component, row))
 
 
 PG_TABLE = "CREATE TABLE IF NOT EXISTS schedtui_schema_components (component text PRIMARY KEY, version integer NOT NULL)"
-PG_GET = "SELECT version FROM schedtui_schema_components WHERE component = %s"
+PG_ADDITIONS = "ALTER TABLE schedtui_schema_components ADD COLUMN IF NOT EXISTS additions integer NOT NULL DEFAULT 0"
+PG_GET = "SELECT version, additions FROM schedtui_schema_components WHERE component = %s"
 PG_SET = """
-    INSERT INTO schedtui_schema_components (component, version) VALUES (%s, %s)
-    ON CONFLICT (component) DO UPDATE SET version = excluded.version
+    INSERT INTO schedtui_schema_components (component, version, additions) VALUES (%s, %s, %s)
+    ON CONFLICT (component) DO UPDATE SET version = excluded.version, additions = excluded.additions
 """
 
 
@@ -96,13 +124,13 @@ async def migrate_postgres(conn: Any, components: Sequence[Component]) -> None:
     if not components:
         return
     await conn.execute(PG_TABLE)
+    await conn.execute(PG_ADDITIONS)
     for component in components:
         row = await (await conn.execute(PG_GET, (component.name,))).fetchone()
-        version = int(row[0]) if row else 0
-        _check(component, version)
-        for number, script in enumerate(component.migrations[version:], start=version + 1):
+        steps, changed = _plan(component, row)
+        for label, script in steps:
             for statement in _statements(script):
                 await conn.execute(statement)
-            log.info('store: "%s" tables migrated to version %d', component.name, number)
-        if version != len(component.migrations):
-            await conn.execute(PG_SET, (component.name, len(component.migrations)))
+            log.info('store: "%s" tables migrated to %s', component.name, label)
+        if changed:
+            await conn.execute(PG_SET, _done(component, row))

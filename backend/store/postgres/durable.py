@@ -123,10 +123,10 @@ COMPONENT = Component(
         );
         CREATE INDEX schedtui_durable_logs_by_execution ON schedtui_durable_logs (execution_id, id)
         """,
-        # The claim that took a running execution, so that a claim whose answer was lost
-        # can give back what it took (durable_give_back).
-        "ALTER TABLE schedtui_durable_executions ADD COLUMN claim text",
     ),
+    # The claim that took a running execution, so that a claim whose answer was lost
+    # can give back what it took (durable_give_back).
+    additions=("ALTER TABLE schedtui_durable_executions ADD COLUMN claim text",),
 )
 
 EXECUTIONS = "schedtui_durable_executions"

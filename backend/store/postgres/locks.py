@@ -40,9 +40,10 @@ LOCKS_V1 = """
     )
 """
 #: The claim an acquire draws, so that one whose answer was lost can give back what it
-#: took (and only that: an acquire of an older schedtui leaves the column as it was, so a
-#: give-back is tried only within the lease's ttl, see Locks.maintain).
-LOCKS_V2 = "ALTER TABLE schedtui_locks ADD COLUMN claim text"
+#: took (and only that: an acquire of an older schedtui, which the addition leaves
+#: working, leaves the column as it was, so a give-back is tried only within the lease's
+#: ttl, see Locks.maintain).
+LOCK_CLAIMS = "ALTER TABLE schedtui_locks ADD COLUMN claim text"
 LOCK_COLUMNS = "name, holder, token, acquired_at, renewed_at, expires_at"
 #: The lock clock: the injected time when one is given, else the database's.
 _NOW = "(SELECT coalesce(%(now)s::timestamptz, statement_timestamp()) AS now)"
@@ -125,7 +126,7 @@ def _lock(row: Sequence[Any]) -> Lock:
 class PostgresLocks:
     """Locks on PostgreSQL: see :class:`backend.locks.store.LockStore` for the contract."""
 
-    COMPONENT = Component("locks", (LOCKS_V1, LOCKS_V2))
+    COMPONENT = Component("locks", (LOCKS_V1,), additions=(LOCK_CLAIMS,))
 
     if TYPE_CHECKING:
         commits: int

@@ -104,10 +104,10 @@ COMPONENT = Component(
         );
         CREATE INDEX durable_logs_by_execution ON durable_logs (execution_id, id)
         """,
-        # The claim that took a running execution, so that a claim whose answer was lost
-        # can give back what it took (durable_give_back).
-        "ALTER TABLE durable_executions ADD COLUMN claim TEXT",
     ),
+    # The claim that took a running execution, so that a claim whose answer was lost
+    # can give back what it took (durable_give_back).
+    additions=("ALTER TABLE durable_executions ADD COLUMN claim TEXT",),
 )
 
 EXECUTION_COLUMNS = ", ".join(EXECUTION_FIELDS)

@@ -38,9 +38,10 @@ LOCKS_V1 = """
     )
 """
 #: The claim an acquire draws, so that one whose answer was lost can give back what it
-#: took (and only that: an acquire of an older schedtui leaves the column as it was, so a
-#: give-back is tried only within the lease's ttl, see Locks.maintain).
-LOCKS_V2 = "ALTER TABLE locks ADD COLUMN claim TEXT"
+#: took (and only that: an acquire of an older schedtui, which the addition leaves
+#: working, leaves the column as it was, so a give-back is tried only within the lease's
+#: ttl, see Locks.maintain).
+LOCK_CLAIMS = "ALTER TABLE locks ADD COLUMN claim TEXT"
 LOCK_COLUMNS = "name, holder, token, acquired_at, renewed_at, expires_at"
 GET_LOCK = f"SELECT {LOCK_COLUMNS} FROM locks WHERE name = ?"
 LIST_LOCKS = f"SELECT {LOCK_COLUMNS} FROM locks ORDER BY name"
@@ -113,7 +114,7 @@ def stale_reason(token: int, seen: int | None, current: int | None) -> str:
 class SQLiteLocks:
     """Locks on SQLite: see :class:`backend.locks.store.LockStore` for the contract."""
 
-    COMPONENT = Component("locks", (LOCKS_V1, LOCKS_V2))
+    COMPONENT = Component("locks", (LOCKS_V1,), additions=(LOCK_CLAIMS,))
 
     if TYPE_CHECKING:
 
