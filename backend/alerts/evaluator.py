@@ -182,9 +182,12 @@ class Evaluator:
 
         instances: list[InstanceInfo] = await self.fleet()
         silent = conditions.not_firing(instances, now, self.fresh)
-        if silent is not None and self.beat is not None and await self.beat(now):
-            # This instance's own heartbeat was overdue: it was suspended, or its clock
-            # jumped. What it read is its own silence, not the fleet's: look again.
+        if silent is not None and self.beat is not None:
+            # This instance's own heartbeat may be what was overdue (it was suspended, or
+            # its clock jumped): see it written (or the one under way done), then look
+            # again. Always: a beat that committed just after the read, its stamp taken
+            # before this call, says nothing was written here, yet the read was stale.
+            await self.beat(now)
             silent = conditions.not_firing(await self.fleet(), now, self.fresh)
         add(silent)
 
