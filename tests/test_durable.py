@@ -419,11 +419,12 @@ async def test_an_end_that_finds_its_lease_taken_is_not_written_and_the_run_stop
     assert a.durable.executor.idle
 
 
-async def test_a_start_claimed_under_a_lease_that_lapsed_while_it_was_inserted_does_not_run_there(
+async def test_a_start_claimed_under_a_lease_that_lapsed_while_it_was_inserted_does_not_run_under_that_claim(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:
     """The same for a start that runs where it is made: its insert claims it; the lease
-    lapses and is renewed before the insert's answer is back."""
+    lapses and is renewed before the insert's answer is back. It is not run under the
+    insert's claim: the next round gives it back and claims it (it waited out its lease)."""
     function = define_durable(name="f", handler=_one_step)
     a = engines([function], instance="a")
     await a.start()
@@ -434,11 +435,38 @@ async def test_a_start_claimed_under_a_lease_that_lapsed_while_it_was_inserted_d
     lapse_and_renew(a)
     late.let_go()
     started = await starting
-    await a.quiesce()
-    assert CALLS == {} and (await a.durable.get(started.id)).status == "running"
-    clock.advance(timedelta(seconds=31))
-    await a.quiesce()
+    await a.quiesce()  # no time passes
     execution = await a.durable.get(started.id)
+    assert (execution.status, execution.output, CALLS) == ("succeeded", 1, {"one": 1})
+
+
+async def test_a_start_claimed_where_it_is_made_whose_answer_was_lost_is_given_back_and_runs(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The insert claims the execution for this instance and commits; the answer is lost,
+    so the caller sees Unavailable. The execution used to stay `running` here, run by
+    nobody, until its 30 s lease ran out; the next round gives it back and runs it."""
+    function = define_durable(name="f", handler=_one_step)
+    a = engines([function], instance="a")
+    await a.start()
+    store: Any = a.store
+    insert = store.durable_insert
+    inserted: list[str] = []
+
+    async def lost(new: Any, **kwargs: Any) -> bool:
+        assert await insert(new, **kwargs)
+        inserted.append(new.id)
+        raise Unavailable("the connection broke before the answer came back (test)")
+
+    store.durable_insert = lost
+    with pytest.raises(Unavailable):
+        await a.durable.start_execution("f")
+    del store.durable_insert
+    [execution_id] = inserted
+    assert (await a.durable.get(execution_id)).status == "running" and CALLS == {}
+    clock.advance(1)  # the next round
+    await a.quiesce()
+    execution = await a.durable.get(execution_id)
     assert (execution.status, execution.output, CALLS) == ("succeeded", 1, {"one": 1})
 
 

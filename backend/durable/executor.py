@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import cast
@@ -164,15 +165,15 @@ class DurableExecutor:
         lease = self.shared.registry.lease
         epoch = lease.epoch
         until = now + self.lease_ttl
-        claim = self.shared.new_id()
+        claim = uuid.uuid4().hex  # (not an id of the engine's: those are what operators see, in order)
         try:
             claimed = await self.store.durable_claim(self.instance, list(self.functions), now, until, limit, claim)
         except (Unavailable, asyncio.CancelledError):
-            self._unanswered[claim] = until  # it may have committed, and only its answer been lost
+            self.not_run_here(claim, until)  # it may have committed, and only its answer been lost
             raise
         if claimed and not lease.holds(epoch):
             self._not_run(len(claimed))
-            self._unanswered[claim] = until
+            self.not_run_here(claim, until)
             self._wake.set()  # (given back, and claimed again, by the next round)
             return False
         for one in claimed:
@@ -191,13 +192,18 @@ class DurableExecutor:
             "they are given back, to be claimed again", count,
         )  # fmt: skip
 
+    def not_run_here(self, claim: str, lease_until: datetime) -> None:
+        """What ``claim`` took (until ``lease_until``) does not run here: the next round
+        gives it back (see :attr:`_unanswered`)."""
+        self._unanswered[claim] = lease_until
+
     async def _give_back(self, now: datetime) -> None:
         """End the leases of what claims nobody runs here took (see :attr:`_unanswered`);
         a claim is forgotten once answered, or once the lease it took has run out."""
-        for claim, until in list(self._unanswered.items()):
+        for claim, until in list(self._unanswered.items()):  # (an outage fails a claim a second)
             if now >= until:
                 del self._unanswered[claim]
-                continue
+        for claim, until in list(self._unanswered.items()):
             try:
                 given_back = await self.store.durable_give_back(self.instance, claim, until, now)
             except Unavailable as exc:
@@ -266,6 +272,8 @@ class DurableExecutor:
         self.unreserve()
         if not self.shared.registry.lease.holds(epoch):
             self._not_run(1)
+            self.not_run_here(new.id, lease_until)
+            self._wake.set()
             return
         row = ExecutionRow(new.id, new.function, new.input, new.created_at, 1, False, new.schedule, new.scheduled_at,
                            "queued", None)  # fmt: skip

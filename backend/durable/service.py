@@ -142,6 +142,8 @@ class Durable:
         except BaseException:
             if claim is not None:
                 self.executor.unreserve()
+                # Inserted claimed, with only the answer lost? Given back by the next round.
+                self.executor.not_run_here(execution_id, claim[1])
             raise
         if claim is not None:
             if created:

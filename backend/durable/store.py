@@ -191,7 +191,8 @@ class DurableStore(Protocol):
     ) -> bool:
         """Insert a ``queued`` execution unless its id exists; True if inserted. With
         ``claim`` (an instance, a lease end) it is inserted claimed, as a claim would leave
-        it: ``running`` on that instance under lease 1 until then. ``audit``: the entry
+        it: ``running`` on that instance under lease 1 until then, its claim id its own id
+        (what :meth:`durable_give_back` takes if the answer is lost). ``audit``: the entry
         that records the start, and ``log``: a first line of its log, each written in the
         same transaction if the execution is."""
 

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
@@ -99,7 +100,6 @@ class Locks:
         self.audit = shared.audit
         self.events = shared.events
         self.lock_clock = lock_clock
-        self.new_id = shared.new_id
         self._unanswered: dict[str, _Unanswered] = {}
         """By claim: acquires that failed, whose statement may have taken the lock all the
         same; given back by :meth:`maintain` (and at a stop) until their ttl has run out."""
@@ -176,7 +176,7 @@ class Locks:
         asked_at = self.clock.now()
         if self._unanswered:  # this process may hold it unknowingly: give that back first
             await self.give_back_unanswered(asked_at, name)
-        claim = self.new_id()
+        claim = uuid.uuid4().hex  # (not an id of the engine's: those are what operators see, in order)
         try:
             lock = await self.store.acquire_lock(name, holder or self.instance, span, self.lock_now(), claim)
         except (Unavailable, asyncio.CancelledError):

@@ -145,9 +145,9 @@ STEP_COLUMNS = ", ".join(STEP_FIELDS)
 INSERT = f"""
     WITH x AS (
         INSERT INTO {EXECUTIONS} (id, function, status, input, schedule, scheduled_at, created_at, updated_at,
-            instance, lease, lease_until)
+            instance, lease, lease_until, claim)
         SELECT v.id, v.function, v.status, v.input, v.schedule, v.scheduled_at, v.created, v.created, v.instance,
-            v.lease, v.until
+            v.lease, v.until, CASE WHEN v.lease = 1 THEN v.id END
         FROM (VALUES (%s::text, %s::text, %s::text, %s::text, %s::text, %s::timestamptz, %s::timestamptz, %s::text,
             %s::bigint, %s::timestamptz)) AS v(id, function, status, input, schedule, scheduled_at, created, instance,
             lease, until)

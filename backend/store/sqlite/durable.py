@@ -116,8 +116,8 @@ STEP_COLUMNS = ", ".join(STEP_FIELDS)
 #: lease 1: what a claim would have made of it).
 INSERT = """
     INSERT INTO durable_executions (id, function, status, input, schedule, scheduled_at, created_at, updated_at,
-        instance, lease, lease_until)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING
+        instance, lease, lease_until, claim)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING
 """
 RUNNABLE = """
     SELECT id, status, instance FROM durable_executions
@@ -264,6 +264,7 @@ class SQLiteDurable:
             instance,
             0 if claim is None else 1,
             _us(until),
+            None if claim is None else execution.id,  # (the claim of a start claimed where it is made)
         )
 
         def insert(c: sqlite3.Connection) -> bool:
