@@ -171,3 +171,25 @@ async def test_another_engine_picks_up_create_update_delete_on_its_poll(make_eng
     assert "reap" not in firer.schedules
     await step(firer, clock, 180)
     assert slots(await all_runs(firer, "reap")) == ["08:01", "08:03"]
+
+
+async def test_a_schedule_deleted_and_created_again_between_two_polls_is_followed(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The new row starts again at version 1, as the one this instance had read: it used
+    to keep the old definition (firing on the old cron) until the schedule changed again."""
+    firer = make_engine([queue()])
+    await firer.start()
+    await firer.quiesce()
+    operator = make_engine([queue()], instance="cli")
+    await operator.open()
+    await operator.create_schedule(spec(cron="*/2 * * * *"))
+    await step(firer, clock, 1)
+    assert firer.schedule("reap").cron.expr == "*/2 * * * *"
+    await operator.delete_schedule("reap")
+    await operator.create_schedule(spec(cron="0 9 * * *", description="again"))
+    await step(firer, clock, 1)
+    assert firer.schedule("reap").cron.expr == "0 9 * * *"
+    assert (await firer.get_schedule("reap")).next_fire_at == at("2026-03-02T09:00:00Z")
+    await step(firer, clock, 240)  # no slot of the old */2 definition fires
+    assert slots(await all_runs(firer, "reap")) == []

@@ -195,8 +195,9 @@ class Catalog:
         for name in [n for n in self.rows if n not in fresh]:
             self._remove(name)
         for row in rows:
-            old = self.rows.get(row.name)
-            if old is None or old.version != row.version:
+            # The whole row, not its version: a schedule deleted and created again between
+            # two reads here starts again at version 1 (with another definition, maybe).
+            if self.rows.get(row.name) != row:
                 self._put(row)
 
     def _put(self, row: StoredSchedule) -> None:
@@ -212,7 +213,8 @@ class Catalog:
             log.warning('stored schedule "%s" is not valid here and is not run: %s', row.name, exc.message)
             return
         old_row = self.rows.get(row.name)
-        old = self.schedules.get(row.name) if old_row is not None else None
+        # (another schedule of that name, created since the one read before: armed as new)
+        old = self.schedules.get(row.name) if old_row is not None and old_row.created_at == row.created_at else None
         self.rows[row.name] = row
         self.add_schedule(schedule)
         self.events.publish("schedules", row.name)
