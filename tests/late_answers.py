@@ -1,11 +1,14 @@
 """A store call whose answer is late, and a lease that lapses meanwhile: the fault of a
-partition that heals (or a process frozen) while a claim's answer is on its way."""
+partition that heals (or a process frozen) while a claim's answer is on its way; and an
+HTTP answer lost on its way back to the remote client."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import httpx
 
 from backend import Engine
 
@@ -40,3 +43,23 @@ def lapse_and_renew(engine: Engine) -> None:
     engine.lease.lapse("cut off (test)")
     engine.lease.renewed(engine.lease.sending())
     assert not engine.lease.lapsed
+
+
+class LoseFirstAnswer(httpx.AsyncBaseTransport):
+    """Sends every request to the server; the answer to the first ``POST`` is lost on its
+    way back (the connection drops after the server acted)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.lost: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.method == "POST" and not self.lost:
+            await response.aread()
+            self.lost.append(f"{request.method} {request.url.path} {response.status_code}")
+            raise httpx.RemoteProtocolError("the server disconnected before the answer came (test)", request=request)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

@@ -15,12 +15,13 @@ from typing import Any
 import httpx
 import pytest
 
-from backend import BadInput, Engine, Forbidden, NotFound, TooLarge, discover_definitions
+from backend import BadInput, Engine, Forbidden, NotFound, TooLarge, Unavailable, discover_definitions
 from backend.api.app import create_app
 from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.jobs.model import NotDead, QueueFull
+from tests.late_answers import LoseFirstAnswer
 from tests.servers import Server, cli_env, poll, run_main, start_server
 
 OPERATE, READ = "op-jobs-token", "read-jobs-token"
@@ -402,3 +403,28 @@ def test_jobs_cancel_takes_an_id_shaped_argument_as_an_id_and_key_as_a_key(where
         done = cli(*args, real="\udcff" in args[-1])  # the byte goes through the OS's argv
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+async def test_a_send_whose_answer_was_lost_is_sent_again_only_with_a_key(server: Server) -> None:
+    """A job sent with a dedupe key is sent again after a connection error (the repeat
+    queues nothing and answers the job's id); one without a key never is: it could be
+    queued twice, so the caller sees Unavailable and the one job."""
+    for key in ("lost-answer-report", None):
+        transport = LoseFirstAnswer()
+        remote = RemoteBackend(server.url, OPERATE, transport=transport, read_retries=(0.0,))
+        await remote.connect()
+        try:
+            before = {job.id for job in (await remote.list_jobs("held", status="queued", limit=500)).jobs}
+            if key is None:
+                with pytest.raises(Unavailable, match="cannot reach"):
+                    await remote.send_job("held", {"to": "x"}, delay=3600)
+            else:
+                sent = await remote.send_job("held", {"to": "x"}, delay=3600, key=key)
+                assert sent.duplicate  # (nothing new: the first send queued it)
+            assert transport.lost == ["POST /inspect/queues/held/jobs 201"]
+            new = [job for job in (await remote.list_jobs("held", status="queued", limit=500)).jobs if job.id not in before]
+            assert [job.key for job in new] == [key]
+            if key is not None:
+                assert sent.id == new[0].id
+        finally:
+            await remote.close()

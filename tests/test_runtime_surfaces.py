@@ -18,6 +18,7 @@ from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.definitions import discover_definitions
 from backend.scheduler.stored import DefinedInCode, NameTaken
+from tests.late_answers import LoseFirstAnswer
 from tests.servers import Server, start_server
 from tests.test_cli import Cli, create_store, write_tree
 
@@ -199,26 +200,6 @@ def test_the_cli_over_the_remote_api(rt_cli: Cli, rt_server: Server) -> None:
     assert done.returncode == 0, done.stderr
     again = rt_cli("schedules", "delete", "cli-remote", *remote, store=False)
     assert again.returncode == 2 and "no schedule named" in again.stderr
-
-
-class LoseFirstAnswer(httpx.AsyncBaseTransport):
-    """Sends every request to the server; the answer to the first ``POST`` is lost on its
-    way back (the connection drops after the server acted)."""
-
-    def __init__(self) -> None:
-        self.inner = httpx.AsyncHTTPTransport()
-        self.lost: list[str] = []
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await self.inner.handle_async_request(request)
-        if request.method == "POST" and not self.lost:
-            await response.aread()
-            self.lost.append(f"{request.method} {request.url.path} {response.status_code}")
-            raise httpx.RemoteProtocolError("the server disconnected before the answer came (test)", request=request)
-        return response
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 async def test_a_create_whose_answer_was_lost_is_sent_again_and_answers_as_the_first(rt_server: Server) -> None:

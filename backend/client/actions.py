@@ -239,8 +239,9 @@ class Http:
     JSON counts ages against it), and ``prelude`` is a read asked before the action whose
     fields join the answer. It has ``status``, or ``again`` when ``repeated(result)`` (a
     duplicate that made nothing new). The remote client retries a request on a connection
-    error only when ``retry`` (default: for a ``GET``): an action a lost answer may have
-    done is never sent twice.
+    error only when ``retry`` (default: for a ``GET``; a callable decides from the
+    arguments): an action a lost answer may have done is never sent twice, unless doing it
+    twice does nothing more (a job sent with a dedupe key).
     """
 
     method: Literal["GET", "POST", "PATCH", "DELETE"]
@@ -259,7 +260,7 @@ class Http:
     body: str | None = None
     max_body: int | None = None
     """The largest body taken (bytes); ``None``: the API's default."""
-    retry: bool | None = None
+    retry: bool | Callable[[Mapping[str, Any]], bool] | None = None
     ok: str = ""
     """What the success answer holds, in a few words (the OpenAPI response's description)."""
     errors: Mapping[int, str] = field(default_factory=dict)
@@ -270,9 +271,11 @@ class Http:
         """The wire names in the path, in order."""
         return tuple(re.findall(r"{(\w+)(?::\w+)?}", self.path))
 
-    @property
-    def retried(self) -> bool:
-        return self.method == "GET" if self.retry is None else self.retry
+    def retried(self, arguments: Mapping[str, Any]) -> bool:
+        """Whether the remote client sends the request again after a connection error."""
+        if self.retry is None:
+            return self.method == "GET"
+        return self.retry(arguments) if callable(self.retry) else self.retry
 
     def wire_name(self, name: str) -> str:
         return self.wire.get(name, name)

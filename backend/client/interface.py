@@ -659,7 +659,7 @@ class Backend(abc.ABC):
 
     @action(system="jobs", permission="operate", label="sending a job", audit="job.send", impl="jobs.send_by_operator", check=_check_send,
             http=Http("POST", "/inspect/queues/{queue}/jobs", status=201, again=200, repeated=lambda sent: sent.duplicate,
-                      max_body=6 * MAX_PAYLOAD_BYTES + 64 * 1024,
+                      retry=lambda arguments: arguments.get("key") is not None, max_body=6 * MAX_PAYLOAD_BYTES + 64 * 1024,
                       ok="queued: {id, duplicate: false}; a job with this key exists: {id, duplicate: true}, nothing queued",
                       errors={404: "unknown queue", 409: "queue_full: it holds 10,000 queued and dead jobs",
                               413: "the payload is over 256 KiB"}))
@@ -675,7 +675,8 @@ class Backend(abc.ABC):
         """Send a job (a key held by another job queues nothing and answers its id).
 
         Every limit is checked before anything is written (``BadInput``, ``TooLarge``;
-        ``QueueFull`` is a ``Refused``). Never retried on a connection error."""
+        ``QueueFull`` is a ``Refused``). Sent again after a connection error only with a
+        ``key`` (the repeat queues nothing and answers the job's id, ``duplicate`` true)."""
 
     @action(system="jobs", permission="read", impl="jobs.get_job",
             http=Http("GET", "/inspect/jobs/{job_id}", errors={404: "unknown job"},

@@ -166,7 +166,7 @@ class RemoteBackend(Backend):
                 body[wire] = encode(value)
         sends_body = http.method in ("POST", "PATCH")
         data = await self._request(
-            http.method, path, retry=http.retried, params=query, **({"json": body} if sends_body else {})
+            http.method, path, retry=http.retried(checked), params=query, **({"json": body} if sends_body else {})
         )
         if http.envelope is not None:
             data = data[http.envelope]
