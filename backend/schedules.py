@@ -100,6 +100,9 @@ class Schedule:
     """``"process"``: each run in a child process of its own, which the watchdog can kill."""
     alert: ScheduleAlerting = field(default_factory=ScheduleAlerting, compare=False)
     """Its alerts (``failing``, ``late``): see :mod:`backend.alerts.policy`."""
+    created_at: datetime | None = field(default=None, compare=False)
+    """A stored schedule's creation (``None`` for one in code): no slot before it is its
+    own, though runs of a namesake deleted before may be recorded under its name."""
 
     @property
     def source_file(self) -> str | None:

@@ -1,8 +1,10 @@
 """Invariants of schedules created at run time, under random sequences (Hypothesis):
 create, update (cron), enable, disable and delete, interleaved with the manual clock
-moving, on an engine that fires and an operator engine that acts on the same store. After
-every step: at most one self run per (schedule, slot), no run of a deleted schedule at a
-slot after its deletion, and every slot of a live, enabled, unchanged schedule fired."""
+moving, on an engine that fires (and is restarted, time passing while it is down) and an
+operator engine that acts on the same store. After every step: at most one self run per
+(schedule, slot), and no run of a deleted schedule at a slot after its deletion, nor of
+one created again at a slot between the deletion and its creation (a restart's catch-up
+must not take where the deleted namesake left off for its own)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ class RuntimeSchedules(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.folder = Path(tempfile.mkdtemp())
         self.clock = ManualClock("2026-03-02T08:00:00Z")
-        url = f"sqlite:///{self.folder / 'state.db'}"
+        self.url = url = f"sqlite:///{self.folder / 'state.db'}"
         queue = define_queue(name="mail", handler=_job)
         self.firer = Engine([queue], url, clock=self.clock, instance="firer", shutdown_grace=0)
         self.operator = Engine([queue], url, clock=self.clock, instance="operator", shutdown_grace=0)
@@ -46,9 +48,11 @@ class RuntimeSchedules(RuleBasedStateMachine):
         self.run(self.firer.quiesce())
         self.deleted: dict[str, datetime] = {}
         """name -> when it was last deleted (while it does not exist now)"""
+        self.gaps: list[tuple[str, datetime, datetime]] = []
+        """(name, deleted at, created again at): no slot in between is the new one's"""
         self.exists: set[str] = set()
         self.unchanged: dict[str, str] = {}
-        """name -> cron, for schedules not changed since their create (both engines act
+        """name -> "cron backfill", for schedules not changed since their create (both engines act
         as the same operator: the same create again answers with the schedule)"""
 
     def run(self, coro: Any) -> Any:
@@ -57,20 +61,24 @@ class RuntimeSchedules(RuleBasedStateMachine):
     def actor(self, on_firer: bool) -> Engine:
         return self.firer if on_firer else self.operator
 
-    @rule(name=st.sampled_from(NAMES), cron=st.sampled_from(CRONS), on_firer=st.booleans())
-    def create(self, name: str, cron: str, on_firer: bool) -> None:
-        spec = {"name": name, "cron": cron, "timezone": "UTC", "queue": "mail"}
+    @rule(name=st.sampled_from(NAMES), cron=st.sampled_from(CRONS), on_firer=st.booleans(),
+          backfill=st.sampled_from(["skip", "all"]))  # fmt: skip
+    def create(self, name: str, cron: str, on_firer: bool, backfill: str) -> None:
+        spec = {"name": name, "cron": cron, "timezone": "UTC", "queue": "mail", "backfill": backfill}
+        wanted = f"{cron} {backfill}"  # what a repeat must match
         try:
             self.run(self.actor(on_firer).create_schedule(spec))
         except NameTaken:
-            assert name in self.exists and self.unchanged.get(name) != cron
+            assert name in self.exists and self.unchanged.get(name) != wanted
             return
         if name in self.exists:
-            assert self.unchanged.get(name) == cron, "a create repeated over a changed schedule answered"
+            assert self.unchanged.get(name) == wanted, "a create repeated over a changed schedule answered"
             return
         self.exists.add(name)
-        self.unchanged[name] = cron
-        self.deleted.pop(name, None)
+        self.unchanged[name] = wanted
+        gone = self.deleted.pop(name, None)
+        if gone is not None:
+            self.gaps.append((name, gone, self.clock.now()))
 
     @rule(name=st.sampled_from(NAMES), cron=st.sampled_from(CRONS), on_firer=st.booleans())
     def update(self, name: str, cron: str, on_firer: bool) -> None:
@@ -107,6 +115,25 @@ class RuntimeSchedules(RuleBasedStateMachine):
             left -= 1.0
             self.run(self.firer.quiesce())
 
+    @rule(name=st.sampled_from(NAMES), cron=st.sampled_from(CRONS), backfill=st.sampled_from(["skip", "all"]),
+          gap=st.sampled_from([59.0, 150.0]))  # fmt: skip
+    def recreate(self, name: str, cron: str, backfill: str, gap: float) -> None:
+        """The operator deletes a schedule and, a while later, creates one of that name."""
+        self.delete(name, on_firer=False)
+        self.advance(gap)
+        self.create(name, cron, on_firer=False, backfill=backfill)
+
+    @rule(down=st.sampled_from([0.0, 90.0, 300.0]))
+    def restart_firer(self, down: float) -> None:
+        """A deploy: the firer stops, time passes, a new process of it starts (and catches
+        up what was due meanwhile)."""
+        self.run(self.firer.stop(grace=0))
+        self.clock.advance(down)
+        queue = define_queue(name="mail", handler=_job)
+        self.firer = Engine([queue], self.url, clock=self.clock, instance="firer", shutdown_grace=0)
+        self.run(self.firer.start())
+        self.run(self.firer.quiesce())
+
     @invariant()
     def one_run_per_slot_and_none_after_deletion(self) -> None:
         self.run(self.firer.flush())
@@ -119,6 +146,10 @@ class RuntimeSchedules(RuleBasedStateMachine):
                 # The firer hears of another process's delete within one poll (1 s).
                 late = [r.scheduled_at for r in runs if r.scheduled_at > gone + timedelta(seconds=1)]
                 assert late == [], (name, gone, late)
+            for gap_name, deleted_at, created_at in self.gaps:
+                if gap_name == name:
+                    between = [r.scheduled_at for r in runs if deleted_at + timedelta(seconds=1) < r.scheduled_at <= created_at]
+                    assert between == [], (name, deleted_at, created_at, between)
 
     def teardown(self) -> None:
         try:

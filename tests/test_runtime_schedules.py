@@ -193,3 +193,24 @@ async def test_a_schedule_deleted_and_created_again_between_two_polls_is_followe
     assert (await firer.get_schedule("reap")).next_fire_at == at("2026-03-02T09:00:00Z")
     await step(firer, clock, 240)  # no slot of the old */2 definition fires
     assert slots(await all_runs(firer, "reap")) == []
+
+
+async def test_a_schedule_created_again_catches_up_only_its_own_slots(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Its runs are recorded under the same name as the deleted namesake's: an instance
+    that starts must not take the last of those for where the new one left off (it would
+    fire, or record missed, every slot the schedule did not exist for)."""
+    first = make_engine([queue()])
+    await first.start()
+    await first.create_schedule(spec(backfill="all"))
+    await step(first, clock, 60)  # 08:01 fires
+    await first.delete_schedule("reap")
+    await step(first, clock, 29 * 60)  # 08:30: no schedule
+    await first.create_schedule(spec(backfill="all"))
+    await first.stop()
+    clock.advance(150)  # 08:32:30: 08:31 and 08:32 were due while no instance ran
+    second = make_engine([queue()])
+    await second.start()
+    await second.quiesce()
+    assert slots(await all_runs(second, "reap")) == ["08:01", "08:31", "08:32"]

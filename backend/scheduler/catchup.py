@@ -152,6 +152,8 @@ class CatchUp:
                 # Never run, and taken over: the hand-over window's newest slot is due all the
                 # same (the owner before would have fired it), not only those after now.
                 since = now - late_by
+            if since is not None and schedule.created_at is not None and schedule.created_at > since:
+                since = schedule.created_at  # where a deleted namesake left off: not this one's slots
             state = self.states.get(schedule.name)
             if since is not None and state is not None and state.enabled and state.changed_at > since:
                 since = state.changed_at  # slots missed while disabled are not caught up

@@ -10,7 +10,7 @@ and arming them on every instance is :mod:`backend.scheduler.catalog`'s job.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -99,7 +99,7 @@ class StoredSchedule:
 
     def to_schedule(self) -> Schedule:
         """The schedule the engine runs (raises :class:`BadInput` if the row is invalid)."""
-        return _define(self.spec())
+        return replace(_define(self.spec()), created_at=self.created_at)
 
     def to_json(self) -> dict[str, Any]:
         return {
