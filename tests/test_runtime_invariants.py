@@ -51,6 +51,7 @@ class RuntimeSchedules(RuleBasedStateMachine):
         self.gaps: list[tuple[str, datetime, datetime]] = []
         """(name, deleted at, created again at): no slot in between is the new one's"""
         self.exists: set[str] = set()
+        self.disabled: set[str] = set()
         self.unchanged: dict[str, str] = {}
         """name -> "cron backfill", for schedules not changed since their create (both engines act
         as the same operator: the same create again answers with the schedule)"""
@@ -69,10 +70,12 @@ class RuntimeSchedules(RuleBasedStateMachine):
         try:
             self.run(self.actor(on_firer).create_schedule(spec))
         except NameTaken:
-            assert name in self.exists and self.unchanged.get(name) != wanted
+            assert name in self.exists and (self.unchanged.get(name) != wanted or name in self.disabled)
             return
         if name in self.exists:
-            assert self.unchanged.get(name) == wanted, "a create repeated over a changed schedule answered"
+            assert self.unchanged.get(name) == wanted and name not in self.disabled, (
+                "a create repeated over a changed schedule answered"
+            )
             return
         self.exists.add(name)
         self.unchanged[name] = wanted
@@ -95,6 +98,8 @@ class RuntimeSchedules(RuleBasedStateMachine):
             self.run(self.firer.set_enabled(name, enabled))
         except NotFound:
             assert name not in self.exists
+            return
+        (self.disabled.discard if enabled else self.disabled.add)(name)
 
     @rule(name=st.sampled_from(NAMES), on_firer=st.booleans())
     def delete(self, name: str, on_firer: bool) -> None:
@@ -104,6 +109,7 @@ class RuntimeSchedules(RuleBasedStateMachine):
             assert name not in self.exists
             return
         self.exists.discard(name)
+        self.disabled.discard(name)
         self.unchanged.pop(name, None)
         self.deleted[name] = self.clock.now()
 

@@ -137,6 +137,11 @@ async def test_refusals_name_the_value(make_engine: Callable[..., Engine], clock
     with acting_as("bob"):
         with pytest.raises(NameTaken):
             await engine.create_schedule(spec())  # another author's
+    await engine.disable("reap")
+    with pytest.raises(NameTaken):
+        await engine.create_schedule(spec())  # disabled since: not a retry of its create
+    await engine.enable("reap")
+    assert (await engine.create_schedule(spec())).enabled
     await engine.update_schedule(spec()["name"], {"description": "changed"})
     with pytest.raises(NameTaken):
         await engine.create_schedule(spec())  # changed since: not a retry of its create

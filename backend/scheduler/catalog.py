@@ -248,8 +248,9 @@ class Catalog:
     # -- the operator's changes ---------------------------------------------------------------
     async def create(self, spec: Any, actor: str) -> tuple[StoredSchedule, bool]:
         """Store a new schedule; the row, and whether this call made it. The same create
-        again by its author, the row unchanged since, answers with that row rather than
-        ``NameTaken``: it is most likely a retry after the first answer was lost."""
+        again by its author, the schedule unchanged since (nor enabled or disabled),
+        answers with that row rather than ``NameTaken``: it is most likely a retry after
+        the first answer was lost."""
         full = check_spec(spec)
         name = full["name"]
         if name in self.schedules and name not in self.rows:
@@ -264,7 +265,9 @@ class Catalog:
             await self.refresh()
             there = self.rows.get(name)
             if there is not None and there.version == 1 and there.created_by == actor and there.spec() == full:
-                return there, False
+                await self.states.refresh()  # (nor enabled or disabled since)
+                if self.states.is_enabled(name) == there.enabled:
+                    return there, False
             raise NameTaken(f'a schedule named "{name}" exists already', reason="name taken")
         await self._after_change()
         return row, True
