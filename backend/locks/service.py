@@ -133,17 +133,17 @@ class Locks:
         failed. A claim is forgotten once answered, or once its ttl has run out (the lock is
         free by then; and an acquire by an older schedtui, which does not write claims,
         could have taken the row since and left the claim on it)."""
-        for claim, (name, until) in list(self._unanswered.items()):
-            if only is not None and name != only:
-                continue
-            if now >= until:
+        for claim, unanswered in list(self._unanswered.items()):
+            if now >= unanswered.until:
                 del self._unanswered[claim]
+        for claim, (name, _) in list(self._unanswered.items()):
+            if only is not None and name != only:
                 continue
             try:
                 given_back = await self.store.give_back_lock(name, claim, self.lock_now())
-            except Unavailable as exc:
+            except Unavailable as exc:  # (the rest at the next round: the store is away)
                 log.info('lock "%s": could not give back what an unanswered acquire took (%s); retrying', name, exc)
-                continue
+                return
             self._unanswered.pop(claim, None)
             if given_back:
                 log.warning('lock "%s": an acquire whose answer was lost had taken it; given back', name)
