@@ -351,15 +351,19 @@ async def test_no_claim_no_fire_and_the_lost_slots_are_recorded_once_back(
     clock.advance(59)  # 08:05 fires as usual
     await settle(clock, a, b)
     runs = await all_runs(a, "job")
+    # backfill="skip": the slots whose next one was due by then are missed; 08:04, still
+    # the current slot at 08:04:01, fires late (as the current slot of an engine behind).
     assert {slot: [r.status for r in rs] for slot, rs in by_slot(runs).items()} == {
         at("2026-03-02T08:01:00Z"): ["succeeded"],
         at("2026-03-02T08:02:00Z"): ["missed"],
         at("2026-03-02T08:03:00Z"): ["missed"],
-        at("2026-03-02T08:04:00Z"): ["missed"],
+        at("2026-03-02T08:04:00Z"): ["succeeded"],
         at("2026-03-02T08:05:00Z"): ["succeeded"],
     }
     assert {r.coordination_outcome for r in runs} == {"wonLock"}
-    assert [slot.minute for _, slot in fired] == [1, 5]
+    assert [slot.minute for _, slot in fired] == [1, 4, 5]
+    late = by_slot(runs)[at("2026-03-02T08:04:00Z")][0]
+    assert late.fired_at == at("2026-03-02T08:04:01Z")
     assert "unreachable" in (runs[1].error_message or "")
     assert "store reachable again" in caplog.text
 
@@ -688,23 +692,60 @@ async def test_a_range_backfill_goes_on_through_an_outage_and_records_its_end_on
     assert (await engine.wait_backfill(again.id)).state == "done"
 
 
-async def test_a_claim_whose_reply_was_lost_is_recognised_as_ours(
+async def test_a_claim_whose_reply_was_lost_is_recognised_as_ours_and_fires_late(
     make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
 ) -> None:
+    """The claim of 08:01 commits (with its placeholder row) and its answer is lost. The
+    next housekeeping round wins it again under the same run id, as this instance's own
+    (not a dead instance's run to close), and, the slot being still the current one, fires
+    it late, once. (It used to be recorded missed under the default backfill, "skip": a
+    daily job lost for a day to one dropped answer.)"""
+    fired: list[tuple[datetime, datetime]] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append((ctx.scheduled_at, clock.now()))
+
     store = Outage(open_store(store_url))
-    engine = make_engine([schedule()], coordination="advisoryLock", store=store)
+    engine = make_engine([schedule(handler=handler)], coordination="advisoryLock", store=store)
     await engine.start()
     await engine.quiesce()
-    store.lose_reply = True  # the 08:01 claim commits (with its placeholder row), the reply is lost
-    for _ in range(2):  # then housekeeping (a heartbeat round) finds it
-        clock.advance(60)
-        await engine.quiesce()
-    # The placeholder carries this instance's name but was not closed as abandoned, and
-    # the claim was recognised as this instance's own: recorded once, under its run id.
+    store.lose_reply = True
+    clock.advance(60)
+    await engine.quiesce()
+    clock.advance(1)  # housekeeping has run since (at 08:01:00 or now)
+    await engine.quiesce()
+    assert [slot for slot, _ in fired] == [at("2026-03-02T08:01:00Z")]
+    assert fired[0][1] <= at("2026-03-02T08:01:01Z")
+    clock.advance(59)  # 08:02 as usual
+    await engine.quiesce()
     runs = await all_runs(engine, "job")
-    assert [(r.scheduled_at.minute, r.status, r.instance) for r in runs] == [(1, "missed", "test-0"), (2, "succeeded", "test-0")]
+    assert [(r.scheduled_at.minute, r.status, r.instance) for r in runs] == [(1, "succeeded", "test-0"), (2, "succeeded", "test-0")]
     assert await engine.store.claimed_run(slot_key("job", at("2026-03-02T08:01:00Z"))) == runs[0].id
     assert engine.stats["abandoned"] == 0
+
+
+async def test_lost_slots_won_back_once_the_next_slot_is_due_are_missed_under_skip(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    """Only the current slot fires late: once the next one has come due (and fired on time),
+    the slots lost before it are missed, as the policy says."""
+    fired: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    store = Outage(open_store(store_url))
+    engine = make_engine([schedule(handler=handler)], coordination="advisoryLock", store=store)
+    await engine.start()
+    await engine.quiesce()
+    await outage_until_just_before(clock, at("2026-03-02T08:04:00Z"), [store], engine)  # 08:01-08:03 lost
+    clock.advance(0.5)  # 08:04 is claimed and fires on time
+    await engine.quiesce()
+    clock.advance(0.5)  # housekeeping: the lost slots are won back, 08:04 being current
+    await engine.quiesce()
+    assert fired == [at("2026-03-02T08:04:00Z")]
+    runs = await all_runs(engine, "job")
+    assert sorted((r.scheduled_at.minute, r.status) for r in runs) == [(1, "missed"), (2, "missed"), (3, "missed"), (4, "succeeded")]
 
 
 # ---------------------------------------------------------------------------------------

@@ -315,7 +315,8 @@ class SlotClaims:
         another instance fired it in time), and the winner applies the schedule's backfill
         policy to the lost slots it won: ``skip`` records them ``missed``, ``latest`` fires
         the newest lost slot and records the others, ``all`` fires them in order (see
-        :meth:`_fire_in_order`). Called by every housekeeping round."""
+        :meth:`_fire_in_order`); under ``skip`` too, a lost slot that is still the current
+        one when it is won fires, late. Called by every housekeeping round."""
         self._recheck.set()
         if not self.lost:
             return
@@ -368,9 +369,14 @@ class SlotClaims:
             stopping = self.launcher.stopping  # a stop records them: nothing new fires
             policy = schedule.backfill if self.is_enabled(name) and not stopping else "skip"
             newest = max(lost[name])
+            # The newest lost slot that is still the schedule's current one (its next slot
+            # not due yet) is late, not missed: it fires whatever the policy, as the current
+            # slot of an engine found behind does. A blip of the store at 09:00 (or one lost
+            # answer) delays the 09:00 run; it does not drop it.
+            current = policy == "skip" and self.is_enabled(name) and not stopping and schedule.cron.latest(now) == newest
             if policy == "all":
                 to_fire = mine
-            elif policy == "latest":
+            elif policy == "latest" or current:
                 to_fire = [(slot, run_id) for slot, run_id in mine if slot == newest]
             else:
                 to_fire = []
@@ -385,12 +391,13 @@ class SlotClaims:
                 self.recovering.add(name)
                 self.loops.spawn(self._fire_in_order(schedule, to_fire, result.busy.get(name)), f"recover {name}")
             log.info(
-                "%s: %d slot(s) lost while the store was unreachable: %d recorded missed, %d fired (backfill=%s)",
+                "%s: %d slot(s) lost while the store was unreachable: %d recorded missed, %d fired (backfill=%s%s)",
                 name,
                 len(mine),
                 len(mine) - len(to_fire),
                 len(to_fire),
                 policy,
+                "; the current slot fires late" if current and to_fire else "",
             )
 
     async def _fire_in_order(self, schedule: Schedule, slots: list[tuple[datetime, str]], remote: str | None) -> None:
