@@ -21,6 +21,7 @@ from backend.errors import BadInput, NotFound, TooLarge
 from backend.safetext import NOT_TEXT, printable
 
 __all__ = [
+    "shown_number",
     "EARLIEST",
     "LATEST",
     "NOTE_MAX_CHARS",
@@ -143,3 +144,13 @@ def is_async_callable(obj: Any) -> bool:
     """Whether calling ``obj`` makes a coroutine: a coroutine function (partials of one
     included), or a callable object whose ``__call__`` is one."""
     return inspect.iscoroutinefunction(obj) or (callable(obj) and inspect.iscoroutinefunction(obj.__call__))
+
+
+def shown_number(value: object, limit: int = 40) -> str:
+    """``value`` as a refusal quotes it: its repr, cut to ``limit`` characters (a huge
+    int's repr may not even be made: Python refuses past 4300 digits)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else "<a number>"
+    return printable(text, limit)

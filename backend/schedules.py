@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from backend.alerts.policy import ScheduleAlerting, schedule_alerting
 from backend.cron import Cron, shared_cron
 from backend.errors import BadInput, CronError, DefinitionError
-from backend.inputs import check_json, check_text, is_async_callable
+from backend.inputs import check_json, check_text, is_async_callable, shown_number
 from backend.locks.model import check_lock_name, check_ttl
 from backend.model import (
     BACKFILL_POLICIES,
@@ -32,7 +32,16 @@ from backend.model import (
 if TYPE_CHECKING:
     from backend.locks import Lease, Locks
 
-__all__ = ["DEFAULT_MAX_RUNTIME", "MAX_NAME_CHARS", "Handler", "QueueTarget", "RunContext", "Schedule", "define_schedule"]
+__all__ = [
+    "DEFAULT_MAX_RUNTIME",
+    "MAX_NAME_CHARS",
+    "MAX_RUNTIME_LIMIT",
+    "Handler",
+    "QueueTarget",
+    "RunContext",
+    "Schedule",
+    "define_schedule",
+]
 
 Handler = Callable[["RunContext"], Awaitable[Any] | Any]
 
@@ -41,6 +50,10 @@ MAX_NAME_CHARS = 128
 NAME_PATTERN = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_NAME_CHARS}}}")
 #: The watchdog's default bound on one run, in seconds (30 minutes).
 DEFAULT_MAX_RUNTIME = 1800.0
+#: The longest ``max_runtime`` may be, in seconds (7 days): a run's deadline is its start
+#: plus it, and a bound of years (or of more seconds than a timedelta holds) would break
+#: every run of the schedule, or the engine that loads it.
+MAX_RUNTIME_LIMIT = 7 * 86_400
 
 
 @quick_init
@@ -228,18 +241,23 @@ def define_schedule(
         raise bad(f"backfill {backfill!r} is not one of {', '.join(BACKFILL_POLICIES)}")
     if trigger not in (None, "self", "external"):
         raise bad(f"trigger {trigger!r} is not one of self, external (or None for the app default)")
-    if lock is not None:
-        try:
+    try:
+        if lock is not None:
             lock = check_lock_name(lock)
-            lock_ttl = check_ttl(lock_ttl).total_seconds()
-        except BadInput as exc:
-            raise bad(exc.message) from None
+        # Checked with or without a lock: a value kept is a value that must work.
+        lock_ttl = check_ttl(lock_ttl).total_seconds()
+    except BadInput as exc:
+        raise bad(exc.message) from None
     if isinstance(max_runtime, timedelta):
         max_runtime = max_runtime.total_seconds()
-    if isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float)) or not max_runtime > 0:
-        raise bad(f"max_runtime {max_runtime!r} must be a positive number of seconds")
     if max_runtime == float("inf"):
         raise bad("max_runtime inf is not a bound; give a number of seconds")
+    # Compared, never converted: float() of a huge int overflows; NaN fails the comparison.
+    if isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float)) or not 0 < max_runtime <= MAX_RUNTIME_LIMIT:
+        raise bad(
+            f"max_runtime {shown_number(max_runtime)} must be a positive number of seconds, "
+            f"at most {MAX_RUNTIME_LIMIT:,} (7 days)"
+        )
     if not isinstance(enabled, bool):
         raise bad(f"enabled {enabled!r} is not a bool")
     try:
@@ -276,7 +294,7 @@ def define_schedule(
         enabled=enabled,
         trigger=trigger,  # "manual" was rejected above
         lock=lock,
-        lock_ttl=float(lock_ttl.total_seconds() if isinstance(lock_ttl, timedelta) else lock_ttl),
+        lock_ttl=float(lock_ttl),
         source=source,
         isolation=isolation,
         queue=queue,

@@ -112,7 +112,8 @@ def test_every_limit_of_a_send_is_named_with_its_value(kwargs: dict[str, Any], e
 def test_the_limits_themselves_are_accepted() -> None:
     send = check_send("x" * (256 * 1024 - 2), 30 * 86400, 20, "k" * 256)
     assert (len(send.payload), send.delay, send.attempts, send.key) == (256 * 1024, 30 * 86400, 20, "k" * 256)
-    assert check_send(key="").key is None  # an empty key is no key
+    with pytest.raises(BadInput, match="key is empty"):  # refused, not taken for no key: it would not deduplicate
+        check_send(key="")
 
 
 async def test_a_refused_send_writes_nothing(make_engine: Callable[..., Engine]) -> None:

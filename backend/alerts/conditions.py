@@ -159,7 +159,7 @@ def overdue_slot(cron: Cron, max_runtime: float, policy: ScheduleAlerting, now: 
                 # ``now`` itself even where the bound falls on it.
                 return Overdue(slot, grace, max(until, now + timedelta(microseconds=1)))
             later = slot
-    except ValueError:  # no slot within years 1 to 9999
+    except (ValueError, OverflowError):  # no slot within years 1 to 9999 (or a grace past them)
         return None
     return None
 

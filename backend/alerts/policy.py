@@ -17,23 +17,25 @@ overrides some of them:
   running without progress, or waiting past its wake time, for longer (default twice the
   function's ``step_timeout``).
 
-Any key set to ``False`` turns that condition off. Seconds may be a number or a timedelta.
+Any key set to ``False`` turns that condition off. Seconds may be a number or a timedelta,
+at most :data:`MAX_ALERT_SECONDS` (a year).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
 from backend.errors import BadInput
+from backend.inputs import shown_number
 
 __all__ = [
     "DEFAULT_DEAD_JOBS_WINDOW",
     "DEFAULT_DISABLED_AFTER",
     "LATE_MARGIN",
+    "MAX_ALERT_SECONDS",
     "DurableAlerting",
     "QueueAlerting",
     "ScheduleAlerting",
@@ -49,6 +51,9 @@ DEFAULT_DISABLED_AFTER: Final = 86_400.0
 DEFAULT_DEAD_JOBS_WINDOW: Final = 3_600.0
 #: The most runs ``failing`` may look back over.
 MAX_FAILING: Final = 100
+#: The longest any alert's seconds may be (a year): an evaluation subtracts it from now
+#: and adds it to slots, which must stay well inside the calendar.
+MAX_ALERT_SECONDS: Final = 365 * 86_400
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +99,21 @@ OFF_SCHEDULE: Final = ScheduleAlerting(failing=0, late=False, grace=None, disabl
 
 def _seconds(value: object, what: str) -> float:
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
-        raise BadInput(f"alert {what} {value!r} must be a positive number of seconds (or False: off)", field="alert")
+    # Compared, never converted: float() of a huge int overflows; NaN fails the comparison.
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_ALERT_SECONDS:
+        raise BadInput(
+            f"alert {what} {shown_number(value)} must be a positive number of seconds, at most "
+            f"{MAX_ALERT_SECONDS:,} (365 days) (or False: off)",
+            field="alert",
+        )
     return float(seconds)
 
 
 def _count(value: object, what: str, most: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise BadInput(f"alert {what} {value!r} must be a whole number from 1 to {most} (or False: off)", field="alert")
+        raise BadInput(
+            f"alert {what} {shown_number(value)} must be a whole number from 1 to {most} (or False: off)", field="alert"
+        )
     return value
 
 

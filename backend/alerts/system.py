@@ -127,11 +127,21 @@ class Alerts:
     async def _evaluating(self) -> None:
         assert self.settings is not None
         every = timedelta(seconds=self.settings.interval)
+        failing: str | None = None  # the unexpected failure of the rounds since the last good one
         while True:
             try:
                 await self.evaluate()
             except Unavailable as exc:
                 log.warning("alerts: evaluation skipped: %s", exc)
+            except Exception as exc:  # a bug or a bad rule: it must not end all alerting for good
+                seen = f"{type(exc).__name__}: {exc}"
+                if seen != failing:  # with the traceback once, not every round
+                    log.exception("alerts: an evaluation round failed; trying again every %gs", every.total_seconds())
+                failing = seen
+            else:
+                if failing is not None:
+                    log.info("alerts: evaluation works again (the rounds before failed with %s)", failing)
+                failing = None
             await self.loops.park("alert evaluation", self.clock.now() + every)
 
     # -- the subsystem ---------------------------------------------------------------------------

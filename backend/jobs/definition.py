@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from backend.alerts.policy import QueueAlerting, queue_alerting
 from backend.definitions import register_definition_type
 from backend.errors import BadInput, DefinitionError
-from backend.inputs import check_json, check_text, is_async_callable, is_id
+from backend.inputs import check_json, check_text, is_async_callable, is_id, shown_number
 from backend.safetext import printable
-from backend.schedules import NAME_PATTERN, handler_problem
+from backend.schedules import MAX_RUNTIME_LIMIT, NAME_PATTERN, handler_problem
 
 if TYPE_CHECKING:
     from backend.jobs.model import JobContext
@@ -138,8 +138,10 @@ def define_queue(
         raise bad(f"attempts {attempts!r} is out of range ({MIN_ATTEMPTS}-{MAX_ATTEMPTS})")
     if isinstance(max_runtime, timedelta):
         max_runtime = max_runtime.total_seconds()
-    if isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float)) or not 0 < max_runtime < math.inf:
-        raise bad(f"max_runtime {max_runtime!r} must be a positive number of seconds")
+    if isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float)) or not 0 < max_runtime <= MAX_RUNTIME_LIMIT:
+        raise bad(
+            f"max_runtime {shown_number(max_runtime)} must be a positive number of seconds, at most {MAX_RUNTIME_LIMIT:,} (7 days)"
+        )
     if description is not None and not isinstance(description, str):
         raise bad(f"description {description!r} is not a string")
     try:
@@ -218,13 +220,19 @@ def check_cancel(id: object, key: object) -> tuple[Literal["id", "key"], str]:
 def check_send(payload: object = None, delay: object = 0, attempts: object = None, key: object = None) -> Send:
     """Check one job against every limit; raises :class:`BadInput` (or :class:`TooLarge`
     for the payload) naming the limit and the value. Nothing is written before this."""
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay):
-        raise BadInput(f"delay {delay!r} is not a number of seconds (0 to {MAX_DELAY_S:,}, 30 days)", field="delay")
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or (isinstance(delay, float) and not math.isfinite(delay)):
+        raise BadInput(
+            f"delay {shown_number(delay)} is not a number of seconds (0 to {MAX_DELAY_S:,}, 30 days)", field="delay"
+        )
+    # Compared before any conversion: float() or int() of a huge value overflows.
     if not 0 <= delay <= MAX_DELAY_S:
-        shown = f"{int(delay):,}" if delay == int(delay) else f"{delay:,}"
+        if abs(delay) >= 10**15:
+            shown = shown_number(delay)
+        else:
+            shown = f"{int(delay):,}" if delay == int(delay) else f"{delay:,}"
         raise BadInput(f"delay {shown}s is out of range: 0 to {MAX_DELAY_S:,} seconds (30 days)", field="delay")
     if attempts is not None and (not _whole(attempts) or not MIN_ATTEMPTS <= attempts <= MAX_ATTEMPTS):  # type: ignore[operator]
-        raise BadInput(f"attempts {attempts!r} is out of range ({MIN_ATTEMPTS}-{MAX_ATTEMPTS})", field="attempts")
-    if key is not None and key != "":
-        key = check_key(key)
-    return Send(check_json(payload, "payload", MAX_PAYLOAD_BYTES), float(delay), attempts, key or None)  # type: ignore[arg-type]
+        raise BadInput(f"attempts {shown_number(attempts)} is out of range ({MIN_ATTEMPTS}-{MAX_ATTEMPTS})", field="attempts")
+    if key is not None:
+        key = check_key(key)  # an empty key is refused, not taken for none: it would not deduplicate
+    return Send(check_json(payload, "payload", MAX_PAYLOAD_BYTES), float(delay), attempts, key)  # type: ignore[arg-type]

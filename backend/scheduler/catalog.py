@@ -211,6 +211,9 @@ class Catalog:
             schedule = bind_target(row.to_schedule(), self.durable.start_for_slot)
         except BadInput as exc:
             log.warning('stored schedule "%s" is not valid here and is not run: %s', row.name, exc.message)
+            # Kept as a row (not run): an operator can still correct or delete it, and it
+            # is not warned about again until it changes.
+            self.rows[row.name] = row
             return
         old_row = self.rows.get(row.name)
         # (another schedule of that name, created since the one read before: armed as new)

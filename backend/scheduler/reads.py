@@ -79,14 +79,21 @@ class ScheduleReads:
         if name not in self.schedules:
             await self.catalog.refresh()  # created a moment ago by another process?
         find_schedule(self.schedules, name)
-        return (await self._views([name]))[0]
+        views = await self._views([name])
+        if not views:
+            raise NotFound(f'no schedule named "{name}" (deleted a moment ago)')
+        return views[0]
 
     async def _views(self, names: list[str]) -> list[ScheduleView]:
+        """The views of those of ``names`` still defined once their runs are read: a
+        schedule deleted meanwhile (by a concurrent request) is left out."""
         last = await self.store.last_runs(names)
         latest = await self.store.last_runs(names, manual=True)
         owners = await self.cluster.owners() if self.cluster is not None else None
         views = []
         for name in names:
+            if name not in self.schedules:
+                continue
             newest = latest.get(name)
             manual = newest if newest is not None and newest.trigger == "manual" else None
             views.append(self._view(self.schedules[name], last.get(name), manual, owners))

@@ -45,6 +45,10 @@ FIELDS = (
     "max_runtime",
     "alert",
 )
+#: The keys that may be null (``null`` clears them: the other target, no payload, no
+#: description, the alerts' defaults); any other null is refused rather than taken for
+#: "the default", which would silently undo an operator's setting.
+NULLABLE = ("queue", "durable", "payload", "description", "alert")
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_DESCRIPTION = 1000
 MAX_ALERT_BYTES = 1024
@@ -121,6 +125,7 @@ def check_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("name", "cron", "timezone"):
         if spec.get(key) is None:
             raise BadInput(f"{key} is required", field=key)
+    _no_nulls(spec, "leave it out for its default")
     full: dict[str, Any] = {
         "name": spec["name"],
         "cron": spec["cron"],
@@ -147,6 +152,7 @@ def check_changes(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dic
     if "name" in changes and changes["name"] != current["name"]:
         raise BadInput(f"name {changes['name']!r} cannot be changed (delete and create instead)", field="name")
     _unknown_keys(changes, ("name", *FIELDS))
+    _no_nulls(changes, "leave it out to keep its value")
     full = dict(current)
     if changes.get("queue") is not None and "durable" not in changes:
         full["durable"] = None
@@ -155,9 +161,6 @@ def check_changes(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dic
     for key in FIELDS:
         if key in changes:
             full[key] = changes[key]
-    for key, default in (("on_overlap", "skip"), ("backfill", "skip"), ("max_runtime", DEFAULT_MAX_RUNTIME), ("enabled", True)):
-        if full.get(key) is None:
-            full[key] = default
     _define(full)
     return full
 
@@ -166,6 +169,12 @@ def _unknown_keys(spec: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
     for key in spec:
         if key not in allowed:
             raise BadInput(f"unknown field {key!r} (known: {', '.join(allowed)})", field=str(key))
+
+
+def _no_nulls(spec: Mapping[str, Any], instead: str) -> None:
+    for key, value in spec.items():
+        if value is None and key not in NULLABLE:
+            raise BadInput(f"{key} may not be null ({instead})", field=str(key))
 
 
 def _define(spec: Mapping[str, Any]) -> Schedule:
