@@ -15,7 +15,8 @@ path cannot forge log lines or send escape sequences to a terminal.
 :data:`NOT_TEXT` is the one definition of what a stored text may not hold; input holding it
 is refused (:func:`backend.inputs.check_text`), and what a store holds already (written
 before it was refused, or by a handler) is escaped on the way out (:func:`escape_text`,
-:func:`load_json`), so that no read fails on it.
+:func:`load_json`), so that no read fails on it. :func:`store_text` is how both stores write
+a handler's text (an exception's message, a log line) that may hold a NUL or a lone surrogate.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import json
 import logging
 import re
 import threading
-from typing import Any
+from typing import Any, overload
 from urllib.parse import unquote
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "redact_url",
     "remember_secret",
     "remember_url_secrets",
+    "store_text",
 ]
 
 MASK = "***"
@@ -196,6 +198,22 @@ def escape_text(text: str) -> str:
     """``text`` with each character of :data:`NOT_TEXT` written as its escape (``\\x00``,
     ``\\ud800``): a stored text fit to show, send as UTF-8, and check again as input."""
     return NOT_TEXT.sub(_escape, text)
+
+
+@overload
+def store_text(value: str) -> str: ...
+@overload
+def store_text(value: None) -> None: ...
+@overload
+def store_text(value: str | None) -> str | None: ...
+def store_text(value: str | None) -> str | None:
+    """``value`` as a store writes it: each NUL as ``\\0`` and each lone surrogate as its
+    escape (``\\ud800``), as the PostgreSQL store has always written a handler's text (it
+    refuses both; SQLite cannot encode a lone surrogate). Any other text, ASCII or not, is
+    written as it is and reads back the same, on either store."""
+    if value is None or value.isascii() and "\x00" not in value:
+        return value
+    return value.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def escape_json(value: Any) -> Any:

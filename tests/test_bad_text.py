@@ -3,7 +3,11 @@ in a durable input, a job payload, a stored schedule, an audit entry; a NUL, an 
 sequence) and a step output a handler returned. Every read still answers, on SQLite and on
 PostgreSQL: the API lists and shows each row (200, never a 500) and the CLI prints it
 (``--json`` and tables, exit 0, no traceback), with each such character escaped as the
-text ``\\ud800`` or ``\\x1b``. (That no route lets such text in is tests/test_api_input.py.)"""
+text ``\\ud800`` or ``\\x1b``. (That no route lets such text in is tests/test_api_input.py.)
+
+And such text made as a handler runs (a job's or a run's exception message, a durable step's
+error, log line or result): each store writes it escaped as the other does, so the attempt,
+the run or the step is recorded with its own error, and nothing else stops."""
 
 from __future__ import annotations
 
@@ -153,3 +157,132 @@ def test_the_cli_prints_every_row(written: Written) -> None:
     # The tables too: the text is there, escaped.
     assert '"k\\\\ud800": "v\\\\udcff"' in cli(written, "durable", "show", EXECUTION_ID).stdout
     assert "v\\\\udcff" in cli(written, "jobs", "show", JOB_ID).stdout
+
+
+# ---------------------------------------------------------------------------------------
+# Text a handler makes as it runs (an exception's message, a log line, a result), written by
+# the store as it is made: each is recorded with its own text, escaped, on both stores, and
+# nothing else stops (the job workers, the run ledger, the durable runner).
+# ---------------------------------------------------------------------------------------
+
+HANDLERS = """
+    from backend import define_durable, define_queue, define_schedule
+
+    async def brittle(job):
+        raise RuntimeError("x \\ud800 and \\x00")
+
+    async def steady(job):
+        pass
+
+    def boom(ctx):
+        raise RuntimeError("boom \\ud800")
+
+    def fail():
+        raise RuntimeError("step \\ud800")
+
+    async def failing(ctx, input):
+        return await ctx.step("fail", fail, retry=False)
+
+    def half_a_pair():
+        return {"bad": "\\ud800"}
+
+    def not_a_number():
+        return float("nan")
+
+    async def chatty(ctx, input):
+        ctx.log("said \\ud800 and \\x00")
+        return await ctx.step("speak", half_a_pair)
+
+    async def nan(ctx, input):
+        return await ctx.step("count", not_a_number)
+
+    brittle = define_queue(name="brittle", handler=brittle, attempts=1)
+    steady = define_queue(name="steady", handler=steady)
+    boom = define_schedule(name="boom", cron="0 0 1 1 *", timezone="UTC", handler=boom)
+    failing = define_durable(name="failing", handler=failing)
+    chatty = define_durable(name="chatty", handler=chatty)
+    nan = define_durable(name="nan", handler=nan)
+"""
+
+
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def raising(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root: Path = tmp_path_factory.mktemp(f"bad-text-raised-{request.param}")
+    (root / "schedules").mkdir()
+    (root / "schedules" / "raising.jobs.py").write_text(textwrap.dedent(HANDLERS))
+    store = store_for(request, root, "badtextraised")
+    server = start_server(root, "--schedules", "schedules", "--store", store, "--token", OPERATE)
+    try:
+        yield server
+    finally:
+        log = server.log_text()
+        assert server.stop() == 0, server.log_text()
+        # (A failed run logs its traceback: nothing else does.)
+        for broken in ("UnicodeEncodeError", "a job cycle failed", "cannot be written", "store unavailable"):
+            assert broken not in log, log
+
+
+def test_a_job_handlers_error_is_recorded_and_the_other_queues_run(raising: Server) -> None:
+    with client(raising) as http:
+        sent = http.post("/inspect/queues/brittle/jobs", json={"payload": {"n": 1}})
+        assert sent.status_code == 201, sent.text
+        bad = sent.json()["id"]
+        job = poll(lambda: (j := http.get(f"/inspect/jobs/{bad}").json())["status"] == "dead" and j,
+                   timeout=15, what="the failing job to be dead")  # fmt: skip
+        # (A NUL is written as the PostgreSQL store has always written it: ``\\0``.)
+        assert (job["error_tag"], job["error_message"]) == ("RuntimeError", "x \\ud800 and \\0")
+        [attempt] = job["attempts"]
+        assert (attempt["status"], attempt["error_tag"], attempt["error_message"]) == (
+            "failed", "RuntimeError", "x \\ud800 and \\0",
+        )  # fmt: skip
+        # The workers go on: a job of another queue runs.
+        sent = http.post("/inspect/queues/steady/jobs", json={"payload": {"n": 2}})
+        assert sent.status_code == 201, sent.text
+        good = sent.json()["id"]
+        poll(lambda: [a["status"] for a in http.get(f"/inspect/jobs/{good}").json()["attempts"]] == ["succeeded"],
+             timeout=15, what="the other queue's job to run")  # fmt: skip
+
+
+def test_a_schedule_runs_error_is_recorded_and_not_abandoned(raising: Server) -> None:
+    with client(raising) as http:
+        fired = http.post("/inspect/schedules/boom/fire")
+        assert fired.status_code == 202, fired.text
+        run_id = fired.json()["run_id"]
+        run = poll(lambda: (r := http.get(f"/inspect/runs/{run_id}").json())["status"] != "running" and r,
+                   timeout=15, what="the run to finish")  # fmt: skip
+        assert (run["status"], run["error_tag"], run["error_message"]) == ("failed", "RuntimeError", "boom \\ud800"), run
+        assert "boom \\ud800" in run["traceback"]
+        time.sleep(3)  # past the abandon window: the run stays as it was recorded
+        [again] = http.get("/inspect/schedules/runs", params={"name": "boom"}).json()["runs"]
+        assert (again["id"], again["status"], again["error_tag"], again["error_message"]) == (
+            run_id, "failed", "RuntimeError", "boom \\ud800",
+        )  # fmt: skip
+
+
+def finished(http: httpx.Client, name: str) -> dict[str, Any]:
+    """The detail of a new execution of ``name``, once it has finished."""
+    started = http.post(f"/inspect/durable/{name}/start", json={"input": None})
+    assert started.status_code == 201, started.text
+    path = f"/inspect/durable/executions/{started.json()['id']}"
+    return poll(lambda: (e := http.get(path).json())["status"] in ("succeeded", "failed", "cancelled") and e,
+                timeout=15, what=f"the execution of {name} to finish")  # fmt: skip
+
+
+def test_a_durable_steps_error_is_recorded(raising: Server) -> None:
+    with client(raising) as http:
+        failed = finished(http, "failing")
+    assert (failed["status"], failed["error_tag"], failed["current_step"]) == ("failed", "RuntimeError", "fail"), failed
+    assert failed["error_message"] == 'step "fail" (position 1) failed (one attempt): RuntimeError: step \\ud800'
+    [step] = failed["steps"]
+    assert (step["status"], step["error_tag"], step["error_message"]) == ("failed", "RuntimeError", "step \\ud800")
+
+
+def test_a_durable_log_line_and_result_are_recorded(raising: Server) -> None:
+    with client(raising) as http:
+        chatty = finished(http, "chatty")
+        nan = finished(http, "nan")
+    assert (chatty["status"], chatty["output"]) == ("succeeded", {"bad": "\\ud800"}), chatty
+    # (A NUL in a log line is written as the PostgreSQL store writes it: ``\\0``.)
+    assert "said \\ud800 and \\0" in [line["message"] for line in chatty["logs"]]
+    # NaN is no JSON: the step fails as such, on both stores.
+    assert (nan["status"], nan["error_tag"]) == ("failed", "output_not_json"), nan

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.events.audit import AuditEntry, decode_detail, encode_detail
 from backend.ids import id_floor
+from backend.safetext import store_text as _text
 from backend.store.migrations import Component
 
 __all__ = ["APPEND_AUDIT_FROM", "PostgresAudit", "audit_params"]
@@ -57,11 +58,6 @@ def audit_params(entry: AuditEntry | None) -> tuple[Any, ...]:
     return entry.id, entry.at, _text(entry.actor), entry.action, _text(entry.target), encode_detail(entry.detail)
 
 
-def _text(value: str) -> str:
-    """Text PostgreSQL accepts (no NUL, no lone surrogate)."""
-    if value.isascii() and "\x00" not in value:
-        return value
-    return value.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class PostgresAudit:

@@ -48,6 +48,7 @@ from backend.durable.store import (
     step_from_row,
     step_view,
 )
+from backend.safetext import store_text as _text
 from backend.store.migrations import Component
 from backend.store.postgres.audit import APPEND_AUDIT_FROM, audit_params
 from backend.store.postgres.lane import Lane, LaneFailed
@@ -402,11 +403,6 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def _text(value: str | None) -> str | None:
-    """Text PostgreSQL accepts (no NUL, no lone surrogate), as the run ledger does."""
-    if value is None or value.isascii() and "\x00" not in value:
-        return value
-    return value.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _utf8(value: str | None) -> bytes | None:

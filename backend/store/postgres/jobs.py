@@ -56,6 +56,7 @@ from backend.errors import NotFound, Unavailable
 from backend.jobs.definition import MAX_HELD
 from backend.jobs.model import Attempt, Job, JobStatus, NotDead, QueueFull, QueueView, Sent
 from backend.jobs.store import Claimed, Cycle, Finish, Handover, NewJob, QueueSpec, RunningJob
+from backend.safetext import store_text as _text
 from backend.store.job_rows import (
     ATTEMPT_FIELDS,
     CLAIMED_FIELDS,
@@ -505,11 +506,6 @@ def _iso(dt: datetime | None) -> str | None:
     return None if dt is None else dt.isoformat()
 
 
-def _text(value: str | None) -> str | None:
-    """Text PostgreSQL accepts (no NUL, no lone surrogate), as the run ledger does it."""
-    if value is None or value.isascii() and "\x00" not in value:
-        return value
-    return value.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _finishes_json(finishes: Sequence[Finish]) -> str:

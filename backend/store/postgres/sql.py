@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from backend.model import BackfillProgress, Claim, Run
+from backend.safetext import store_text as _text
 from backend.store.rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
 
 #: Advisory lock taken (transaction-scoped) around schema creation and migration, so N
@@ -427,12 +428,6 @@ class _Iso:
         return text
 
 
-def _text(value: str | None) -> str | None:
-    """Text PostgreSQL accepts: no NUL character, no lone surrogate (a handler's message may
-    carry either)."""
-    if value is None or value.isascii() and "\x00" not in value:
-        return value
-    return value.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _runs_json(runs: Sequence[Run]) -> str:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.alerts.model import Alert
 from backend.alerts.store import DeadJobs, Delivery, SlotRun, StuckCandidate, Success, Transition
+from backend.safetext import store_text
 from backend.store.migrations import Component
 
 __all__ = ["SQLiteAlerts"]
@@ -199,16 +200,22 @@ class SQLiteAlerts:
             for t in transitions:
                 a = t.alert
                 at = _us(a.updated_at)
-                row = (a.key, a.condition, a.subject_kind, a.subject, a.state, _us(a.since), a.summary, at, a.transition)
+                # (A summary quotes what failed, a handler's error among it: escaped as it is
+                # on PostgreSQL.)
+                row = (a.key, a.condition, a.subject_kind, a.subject, a.state, _us(a.since), store_text(a.summary), at,
+                       a.transition)  # fmt: skip
                 if conn.execute(TRANSITION, row).rowcount:
-                    conn.execute(QUEUE_OUTBOX, (a.transition, a.key, t.payload, at, at, seen))
+                    conn.execute(QUEUE_OUTBOX, (a.transition, a.key, store_text(t.payload), at, at, seen))
                     won.append(a.key)
             return won
 
         return await self._write(write)
 
     async def update_summaries(self, alerts: Sequence[Alert]) -> int:
-        rows = [(a.summary, _us(a.updated_at), a.key, a.transition, _us(a.updated_at), a.summary) for a in alerts]
+        rows = []
+        for a in alerts:
+            summary = store_text(a.summary)
+            rows.append((summary, _us(a.updated_at), a.key, a.transition, _us(a.updated_at), summary))
         if not rows:
             return 0
         return await self._write(lambda c: int(c.executemany(UPDATE_SUMMARY, rows).rowcount))
@@ -235,9 +242,9 @@ class SQLiteAlerts:
         if error is None:
             sql, params = DELIVERED, (_us(at), *key)
         elif retry_at is not None:
-            sql, params = RETRY, (_us(retry_at), error, *key)
+            sql, params = RETRY, (_us(retry_at), store_text(error), *key)
         else:
-            sql, params = GAVE_UP, (_us(at), error, *key)
+            sql, params = GAVE_UP, (_us(at), store_text(error), *key)
         return bool(await self._write(lambda c: c.execute(sql, params).rowcount))
 
     async def prune_alerts(self, before: datetime) -> int:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.events.audit import AuditEntry, decode_detail, encode_detail
 from backend.ids import id_floor
+from backend.safetext import store_text
 from backend.store.migrations import Component
 
 __all__ = ["SQLiteAudit", "append_audit_in"]
@@ -40,9 +41,11 @@ _MICROSECOND = timedelta(microseconds=1)
 
 
 def append_audit_in(conn: sqlite3.Connection, entry: AuditEntry) -> None:
-    """Write the entry in the caller's transaction (an action's own, or one of its own)."""
-    params = (entry.id, (entry.at - _EPOCH) // _MICROSECOND, entry.actor, entry.action, entry.target,
-              encode_detail(entry.detail))  # fmt: skip
+    """Write the entry in the caller's transaction (an action's own, or one of its own).
+    Its actor and target are escaped as the PostgreSQL store escapes them (its detail is
+    ASCII JSON already)."""
+    params = (entry.id, (entry.at - _EPOCH) // _MICROSECOND, store_text(entry.actor), entry.action,
+              store_text(entry.target), encode_detail(entry.detail))  # fmt: skip
     conn.execute(APPEND_AUDIT, params)
 
 

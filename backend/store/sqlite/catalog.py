@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from backend.safetext import escape_text, load_json
+from backend.safetext import escape_text, load_json, store_text
 from backend.scheduler.stored import StoredSchedule
 from backend.store.migrations import Component
 
@@ -95,7 +95,7 @@ def _row(row: tuple[Any, ...]) -> StoredSchedule:
 
 
 def _definition(s: StoredSchedule) -> tuple[Any, ...]:
-    return (s.cron, s.timezone, s.queue, s.durable, json.dumps(s.payload), s.description, int(s.enabled),
+    return (s.cron, s.timezone, s.queue, s.durable, json.dumps(s.payload), store_text(s.description), int(s.enabled),
             s.on_overlap, s.backfill, s.max_runtime, None if s.alert is None else json.dumps(s.alert))
 
 
@@ -129,7 +129,8 @@ class SQLiteCatalog:
 
     async def create_stored_schedule(self, schedule: StoredSchedule) -> bool:
         s = schedule
-        params = (s.name, *_definition(s), _us(s.created_at), s.created_by, _us(s.updated_at), s.updated_by, s.version)
+        params = (s.name, *_definition(s), _us(s.created_at), store_text(s.created_by), _us(s.updated_at),
+                  store_text(s.updated_by), s.version)  # fmt: skip
 
         def create(c: sqlite3.Connection) -> bool:
             if c.execute(INSERT, params).rowcount != 1:
@@ -142,7 +143,7 @@ class SQLiteCatalog:
 
     async def update_stored_schedule(self, schedule: StoredSchedule, version: int) -> StoredSchedule | None:
         s = schedule
-        params = (*_definition(s), _us(s.updated_at), s.updated_by, s.name, version)
+        params = (*_definition(s), _us(s.updated_at), store_text(s.updated_by), s.name, version)
 
         def update(c: sqlite3.Connection) -> StoredSchedule | None:
             if c.execute(UPDATE, params).rowcount != 1:

@@ -36,6 +36,7 @@ from backend.durable.store import (
     step_view,
 )
 from backend.events.audit import AuditEntry
+from backend.safetext import store_text
 from backend.store.migrations import Component
 from backend.store.sqlite.audit import append_audit_in
 from backend.store.sqlite.sql import _dt, _us
@@ -256,7 +257,7 @@ class SQLiteDurable:
             execution.id,
             execution.function,
             "queued" if claim is None else "running",
-            execution.input,
+            store_text(execution.input),
             execution.schedule,
             _us(execution.scheduled_at),
             _us(execution.created_at),
@@ -273,7 +274,7 @@ class SQLiteDurable:
             if audit is not None:  # in the same transaction
                 append_audit_in(c, audit)
             if log is not None:
-                c.execute(INSERT_LOG, (execution.id, _us(execution.created_at), log))
+                c.execute(INSERT_LOG, (execution.id, _us(execution.created_at), store_text(log)))
             return True
 
         return await self._write(insert)
@@ -312,6 +313,10 @@ class SQLiteDurable:
         return await self._write(lambda c: int(c.execute(GIVE_BACK, params).rowcount))
 
     async def durable_write(self, write: Write) -> bool | None:
+        # What a handler made (its steps' errors and results, its log lines) is written as
+        # the PostgreSQL store writes it: a lone surrogate, which SQLite cannot encode, would
+        # fail the execution as a UnicodeEncodeError instead of with its own error. (Step
+        # names need nothing: run.py takes printable ones only.)
         now = _us(write.now)
         then = write.then
         held = (write.id, write.lease)
@@ -328,10 +333,11 @@ class SQLiteDurable:
             assert isinstance(then, Finish)
             sql = FINISH
             params = (
-                then.status, then.output, then.error_tag, then.error_message, then.failed_step, now, now, then.step, *held,
+                then.status, store_text(then.output), store_text(then.error_tag), store_text(then.error_message),
+                then.failed_step, now, now, then.step, *held,
             )  # fmt: skip
         steps = [(write.id, *_step_params(step)) for step in write.steps]
-        logs = [(write.id, now, message) for message in write.logs]
+        logs = [(write.id, now, store_text(message)) for message in write.logs]
 
         def apply(c: sqlite3.Connection) -> bool | None:
             row = c.execute(sql, params).fetchone()
@@ -381,14 +387,14 @@ class SQLiteDurable:
                 return status, False
             if name in json.loads(signals):
                 return status, True
-            c.execute(SIGNAL, (name, payload, _iso(now), name, at, id))
+            c.execute(SIGNAL, (name, store_text(payload), _iso(now), name, at, id))
             c.execute(INSERT_LOG, (id, at, f"signal {name} received"))
             return status, False
 
         return await self._write(signal)
 
     async def durable_cancel(self, id: str, now: datetime, note: str) -> tuple[ExecutionStatus, CancelOutcome | None] | None:
-        at = _us(now)
+        at, note = _us(now), store_text(note)
 
         def cancel(c: sqlite3.Connection) -> tuple[ExecutionStatus, CancelOutcome | None] | None:
             row = c.execute(STATE, (id,)).fetchone()
@@ -408,7 +414,7 @@ class SQLiteDurable:
         return await self._write(cancel)
 
     async def durable_retry(self, id: str, now: datetime, note: str) -> ExecutionStatus | None:
-        at = _us(now)
+        at, note = _us(now), store_text(note)
 
         def retry(c: sqlite3.Connection) -> ExecutionStatus | None:
             row = c.execute(FAILED_STEP, (id,)).fetchone()
@@ -471,9 +477,9 @@ def _step_params(step: StepRecord) -> tuple[Any, ...]:
         _us(step.started_at),
         _us(step.finished_at),
         _us(step.wake_at),
-        step.output,
-        step.error_tag,
-        step.error_message,
+        store_text(step.output),
+        store_text(step.error_tag),
+        store_text(step.error_message),
         int(step.at_most_once),
     )
 

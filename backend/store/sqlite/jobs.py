@@ -18,6 +18,7 @@ from backend.errors import NotFound
 from backend.jobs.definition import MAX_HELD
 from backend.jobs.model import Attempt, Job, JobStatus, NotDead, QueueFull, QueueView, Sent
 from backend.jobs.store import Claimed, Cycle, Finish, Handover, NewJob, QueueSpec, RunningJob
+from backend.safetext import store_text
 from backend.store.job_rows import (
     ATTEMPT_FIELDS,
     JOB_FIELDS,
@@ -167,14 +168,17 @@ PRUNE_ATTEMPTS = "DELETE FROM job_attempts WHERE finished_at < ?"
 
 
 def _apply(c: sqlite3.Connection, f: Finish) -> bool:
+    # A handler's error is its own text: written as the PostgreSQL store writes it (a lone
+    # surrogate SQLite cannot encode would fail the whole cycle, every queue's, for ever).
+    tag, message = store_text(f.error_tag), store_text(f.error_message)
     row = c.execute(FINISH_TARGET, (f.id, f.tries)).fetchone()
     if row is not None:
         if f.kind == "succeeded" or row[0]:
             c.execute(FINISH_DELETE, (f.id,))
         elif f.kind == "retry":
-            c.execute(FINISH_RETRY, (_us(f.retry_at), f.error_tag, f.error_message, f.id))
+            c.execute(FINISH_RETRY, (_us(f.retry_at), tag, message, f.id))
         elif f.kind == "dead":
-            c.execute(FINISH_DEAD, (_us(f.finished_at), f.error_tag, f.error_message, f.id))
+            c.execute(FINISH_DEAD, (_us(f.finished_at), tag, message, f.id))
         else:
             c.execute(FINISH_RELEASE, (f.id,))
     elif c.execute(JOB_EXISTS, (f.id,)).fetchone() is not None:
@@ -183,8 +187,8 @@ def _apply(c: sqlite3.Connection, f: Finish) -> bool:
         status = "succeeded" if f.kind == "succeeded" else "failed"
         c.execute(
             RECORD_ATTEMPT,
-            (f.id, f.tries, f.queue, f.attempt, _us(f.started_at), _us(f.finished_at), status, f.error_tag,
-             f.error_message, f.instance),
+            (f.id, f.tries, f.queue, f.attempt, _us(f.started_at), _us(f.finished_at), status, tag, message,
+             f.instance),
         )  # fmt: skip
     return row is not None
 
@@ -223,13 +227,14 @@ class SQLiteJobs:
                 if c.execute(JOB_EXISTS, (job.id,)).fetchone() is not None:
                     answers.append(Sent(job.id))  # our own earlier attempt
                     continue
-                if job.key is not None:
-                    holder = c.execute(KEY_HOLDER, (queue, job.key)).fetchone()
+                key = store_text(job.key)  # (the same key escapes the same way: duplicates still match)
+                if key is not None:
+                    holder = c.execute(KEY_HOLDER, (queue, key)).fetchone()
                     if holder is not None:
                         answers.append(Sent(holder[0], duplicate=True))
                         continue
                 attempts = job.attempts if job.attempts is not None else default
-                c.execute(INSERT_JOB, (job.id, queue, job.payload, job.key, job.cron, attempts, _us(job.run_after), created))
+                c.execute(INSERT_JOB, (job.id, queue, store_text(job.payload), key, job.cron, attempts, _us(job.run_after), created))
                 answers.append(Sent(job.id))
                 added += 1
             if added and held + added > MAX_HELD:
@@ -292,7 +297,7 @@ class SQLiteJobs:
         return [running_from_row(row, _dt) for row in rows]
 
     async def cancel_job(self, queue: str, *, id: str | None = None, key: str | None = None) -> bool:
-        sql, value = (CANCEL_BY_KEY, key) if id is None else (CANCEL_BY_ID, id)
+        sql, value = (CANCEL_BY_KEY, store_text(key)) if id is None else (CANCEL_BY_ID, id)
         result: bool = await self._write(lambda c: bool(c.execute(sql, (queue, value)).rowcount))
         return result
 
@@ -325,7 +330,7 @@ class SQLiteJobs:
         return result
 
     async def pause_queue(self, queue: str, paused: bool, by: str, at: datetime) -> bool:
-        params = (int(paused), by, _us(at), queue)
+        params = (int(paused), store_text(by), _us(at), queue)
         result: bool = await self._write(lambda c: c.execute(PAUSE, params).rowcount == 1)
         return result
 

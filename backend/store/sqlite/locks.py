@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.locks.model import Lock, LockRelease, LocksSnapshot
+from backend.safetext import store_text
 from backend.store.migrations import Component
 
 __all__ = ["SQLiteLocks"]
@@ -132,7 +133,7 @@ class SQLiteLocks:
             if c.execute(IS_TAKEN, (name, at_us)).fetchone() is not None:
                 return None
             token = int(c.execute(NEXT_TOKEN).fetchone()[0])
-            c.execute(TAKE_LOCK, (name, holder, token, at_us, at_us, until_us, claim))
+            c.execute(TAKE_LOCK, (name, store_text(holder), token, at_us, at_us, until_us, claim))  # (a caller's text)
             return Lock(name, holder, token, _dt(at_us), _dt(at_us), _dt(until_us))
 
         return await self._write(take)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.observability.logs import LogTarget, StoredLog
+from backend.safetext import store_text
 from backend.store.migrations import Component
 from backend.store.sqlite.sql import _dt, _us
 
@@ -81,7 +82,10 @@ def _stored(kind: str, row: Sequence[Any]) -> StoredLog:
 
 
 def _body(log: StoredLog) -> tuple[Any, ...]:
-    return (log.head, log.tail, log.size, log.omitted_bytes, log.omitted_lines, int(log.final), _us(log.updated_at))
+    # (The capture writes no NUL and no lone surrogate: escaping here changes nothing, but a
+    # log that held one must not fail the batch, every other run's log with it.)
+    return (store_text(log.head), store_text(log.tail), log.size, log.omitted_bytes, log.omitted_lines, int(log.final),
+            _us(log.updated_at))  # fmt: skip
 
 
 class SQLiteLogs:

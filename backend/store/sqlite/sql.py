@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from backend.model import BackfillProgress, Run
+from backend.safetext import store_text
 from backend.store.rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
 
 #: Each entry moves the schema up one version; applied in order inside BEGIN IMMEDIATE.
@@ -241,6 +242,9 @@ def _dt(us: int | None) -> datetime | None:
 
 
 def _run_params(run: Run) -> tuple[Any, ...]:
+    """A run's row. Its error and traceback are a handler's text: written as the PostgreSQL
+    store writes them (a lone surrogate SQLite cannot encode would lose the run, and it
+    would be closed later as abandoned)."""
     return (
         run.id,
         run.name,
@@ -251,9 +255,9 @@ def _run_params(run: Run) -> tuple[Any, ...]:
         run.trigger,
         run.coordination_outcome,
         run.instance,
-        run.error_tag,
-        run.error_message,
-        run.traceback,
+        store_text(run.error_tag),
+        store_text(run.error_message),
+        store_text(run.traceback),
     )
 
 

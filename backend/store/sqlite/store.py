@@ -43,6 +43,7 @@ from backend.model import (
     StoreHealth,
     unique_claims,
 )
+from backend.safetext import store_text
 from backend.store import FIRING, Membership, Unfinished, store_unavailable
 from backend.store.migrations import components_of, migrate_sqlite
 from backend.store.sqlite.activity import SQLiteActivity
@@ -549,12 +550,10 @@ class SQLiteStore(
         if not runs:
             return set()
 
+        rows = [(r.status, _us(r.finished_at), store_text(r.error_tag), store_text(r.error_message), r.id) for r in runs]
+
         def close(c: sqlite3.Connection) -> set[str]:
-            return {
-                run.id
-                for run in runs
-                if c.execute(CLOSE_RUN, (run.status, _us(run.finished_at), run.error_tag, run.error_message, run.id)).rowcount == 1
-            }
+            return {row[-1] for row in rows if c.execute(CLOSE_RUN, row).rowcount == 1}
 
         return await self._write(close)
 
@@ -580,7 +579,7 @@ class SQLiteStore(
         }
 
     async def set_state(self, state: ScheduleState) -> None:
-        params = (state.name, int(state.enabled), state.changed_by, _us(state.changed_at), state.note)
+        params = (state.name, int(state.enabled), store_text(state.changed_by), _us(state.changed_at), store_text(state.note))
         await self._write(lambda c: c.execute(SET_STATE, params))
 
     # -- instances ------------------------------------------------------------------------
