@@ -844,7 +844,7 @@ class SchedtuiApp(App[None]):
 
     def _target(self, action: str) -> ScheduleView | None:
         """The selected schedule, if ``action`` may go ahead; otherwise say why not."""
-        if not self.may_act(action):
+        if not self.may_act(action) or not self.active_view.selection_holds(action):
             return None
         view = self.view_of(self.selected_name)
         if view is None:

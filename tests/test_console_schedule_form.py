@@ -23,6 +23,7 @@ from backend.model import ScheduleView
 from console.app import SchedtuiApp
 from console.screens.confirm import Confirm
 from console.screens.schedule_form import SHOWN_PAYLOAD, ScheduleForm, stored_fields
+from console.views.schedules import SchedulesView
 from console.widgets import DetailBar, SchedulesTable
 from tests.console_fixtures import FROZEN, WHERE, console_backend
 from tests.console_scenes import make_ledger
@@ -267,6 +268,61 @@ async def test_delete_asks_first_and_only_y_deletes(store_url: str) -> None:
         await pilot.press("D", "escape")
         await settle(pilot)
         assert app.view_of("other") is not None and backend.calls == [("delete", "reap-sessions")]
+
+
+async def test_a_schedule_deleted_elsewhere_under_the_cursor_lets_no_key_act_on_the_row_it_fell_on(
+    store_url: str,
+) -> None:
+    """Deleted from another console (or the CLI) while selected, its row went and the
+    cursor fell silently on another schedule, on which the operator's next ``r`` fired.
+    Now the console says so at once, and the next key that acts does nothing but say so
+    again; the press after it, or any after a move of the cursor, acts."""
+    async with schedules_view(store_url) as (app, pilot, notes, backend):
+        await stored(app, pilot)
+        await backend.inner.delete_schedule("reap-sessions")  # elsewhere: not through this view
+        app.request_refresh()
+        await settle(pilot)
+        landed = app.selected_name
+        assert landed is not None and landed != "reap-sessions"
+        assert notes.titled("Schedule deleted") == [f"reap-sessions is gone: it was deleted elsewhere; the cursor is on {landed} now."]
+        runs_before = len((await backend.list_runs(landed)).runs)
+        for key, action in (("r", "Run now"), ("e", "Enable/disable"), ("l", "Run log"), ("D", "Delete schedule")):
+            await pilot.press(key)
+            await settle(pilot)
+            assert len(app.screen_stack) == 1, key
+            assert notes.titled("Schedule deleted")[-1] == (
+                f"{action}: not done. reap-sessions was deleted elsewhere and the cursor moved by itself. "
+                f"Press the key again to act on {landed}."
+            )
+            app.query_one(SchedulesView).moved = ("reap-sessions", landed)  # as it was: each key is refused once
+        assert len((await backend.list_runs(landed)).runs) == runs_before and backend.calls == []
+        await pilot.press("e")  # refused once…
+        await settle(pilot)
+        assert len(app.screen_stack) == 1
+        await pilot.press("e")  # …then acts on the schedule under the cursor (a disable asks)
+        await settle(pilot)
+        assert len(app.screen_stack) == 2  # (the disable's prompt for a note)
+        await pilot.press("escape")
+        await settle(pilot)
+        # A move of the cursor is a choice: nothing is refused after it.
+        await backend.inner.create_schedule({"name": "other", "cron": "*/15 * * * *", "timezone": "UTC",
+                                             "queue": "mailer"})
+        app.request_refresh()
+        await settle(pilot)
+        app.action_select("other")
+        await settle(pilot)
+        await backend.inner.delete_schedule("other")
+        app.request_refresh()
+        await settle(pilot)
+        await pilot.press("j")
+        await settle(pilot)
+        assert app.query_one(SchedulesView).moved is None
+        # A schedule this console deletes is no surprise: no warning.
+        await stored(app, pilot, "mine")
+        await pilot.press("D", "y")
+        await settle(pilot)
+        assert notes.titled("Schedule deleted")[-1].startswith("other is gone")
+        assert app.query_one(SchedulesView).moved is None
 
 
 async def test_schedules_in_code_can_only_be_enabled_or_disabled(store_url: str) -> None:

@@ -87,6 +87,12 @@ class View(Vertical):
         """Put the cursor on a schedule (the palette's "Go to schedule"); False if absent."""
         return False
 
+    def selection_holds(self, action: str) -> bool:
+        """Whether ``action`` may act on :meth:`selected_schedule`: not when the selection
+        moved by itself since the operator last chose it (the schedule under the cursor was
+        deleted elsewhere); then the view says so, and the next press acts."""
+        return True
+
     async def load(self) -> None:
         """Read this view's own data (runs, jobs…) for what it will show."""
 

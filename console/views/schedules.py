@@ -82,6 +82,12 @@ class SchedulesView(View):
         """The newest page of the selected schedule (the strip and the durations)."""
         self._pages: list[str | None] = [None]
         self._detail: tuple[str, RunsPage, RunsPage, list[datetime]] | None = None
+        self.moved: tuple[str, str | None] | None = None
+        """The selected schedule that was deleted elsewhere, and the one the cursor fell on
+        instead, until the operator moves the cursor or presses a key that acts (which then
+        acts on nothing, saying so): a key pressed just then would act on another schedule."""
+        self._deleting: str | None = None
+        """The schedule this console is deleting (its row going is no surprise)."""
 
     def compose(self) -> ComposeResult:
         console = self.console
@@ -107,8 +113,19 @@ class SchedulesView(View):
         if name not in table.views:
             return False
         table.move_cursor(row=table.get_row_index(name), animate=False, scroll=True)
+        self.moved = None
         self._select(name)
         return True
+
+    def selection_holds(self, action: str) -> bool:
+        if self.moved is None:
+            return True
+        gone, landed = self.moved
+        self.moved = None
+        again = f" Press the key again to act on {landed}." if landed is not None else ""
+        self.notify(f"{action}: not done. {gone} was deleted elsewhere and the cursor moved by itself.{again}",
+                    title="Schedule deleted", severity="warning", markup=False)  # fmt: skip
+        return False
 
     # -- data ---------------------------------------------------------------------------
     async def load(self) -> None:
@@ -146,11 +163,18 @@ class SchedulesView(View):
         console = self.console
         table = self.table
         visible = console.visible_views()
+        before = self.selected_name
         table.show(visible, console.clock.now(), console.data_now())
         failing = sum(1 for view in visible if last_status_is(view, "failed"))
         self._title(len(visible), failing)
         self.call_after_refresh(self._title, len(visible), failing)  # hidden columns: once laid out
-        self._select(table.selected_name)
+        landed = table.selected_name
+        if before is not None and landed != before and before != self._deleting and console.view_of(before) is None:
+            self.moved = (before, landed)
+            elsewhere = f"; the cursor is on {landed} now" if landed is not None else ""
+            self.notify(f"{before} is gone: it was deleted elsewhere{elsewhere}.", title="Schedule deleted",
+                        severity="warning", markup=False)  # fmt: skip
+        self._select(landed)
         view = console.view_of(self.selected_name)
         detail = self.query_one(DetailBar)
         if view is not None and view != detail.view:
@@ -227,6 +251,7 @@ class SchedulesView(View):
         self.query_one(DetailBar).view = self.console.view_of(name)
         if name is None:
             self._detail = None
+            self.recent, self.page = [], None
             self.query_one(RecentRuns).runs = []
             self.query_one(RunsTable).show([], self.console.display_zone, self.console.clock.now())
             self.query_one(UpcomingLine).slots = []
@@ -235,7 +260,10 @@ class SchedulesView(View):
 
     @on(DataTable.RowHighlighted, "#schedules")
     def _highlighted(self, event: DataTable.RowHighlighted) -> None:
-        self._select(getattr(event.row_key, "value", None))  # (no row: a key moved in an empty table)
+        name = getattr(event.row_key, "value", None)  # (no row: a key moved in an empty table)
+        if self.moved is not None and name != self.moved[1]:
+            self.moved = None  # the operator moved the cursor: what it is on now is chosen
+        self._select(name)
 
     @on(DataTable.RowSelected)
     def _row_selected(self, event: DataTable.RowSelected) -> None:
@@ -252,6 +280,8 @@ class SchedulesView(View):
     def action_run_log(self) -> None:
         """``l``: the log of the run under the cursor of the runs (else the schedule's newest run)."""
         runs = self.query_one(RunsTable)
+        if not self.selection_holds("Run log"):
+            return
         run = runs.selected_run if runs.has_focus else (self.recent[0] if self.recent else None)
         if run is None:
             self.notify("No run to show the log of (this schedule has no runs yet).", severity="warning")
@@ -290,7 +320,7 @@ class SchedulesView(View):
         """The selected schedule, if ``action`` may go ahead on it: writable, connected, and
         a stored one (a schedule in code is refused, saying so)."""
         console = self.console
-        if not console.may_act(action):
+        if not console.may_act(action) or not self.selection_holds(action):
             return None
         view = console.view_of(self.selected_name)
         if view is None:
@@ -382,12 +412,16 @@ class SchedulesView(View):
     @work(group="schedule-delete", exit_on_error=False)
     async def _delete(self, name: str) -> None:
         console = self.console
+        self._deleting = name  # (a refresh may show its row gone before the answer is here)
         try:
-            await console.backend.delete_schedule(name)
-        except SchedtuiError as exc:
-            console.report(exc)
-            return
-        self.notify(f"{name} deleted; its runs stay in the ledger", title="Deleted", markup=False)
-        console.views = [v for v in console.views if v.name != name]
-        self.show()
+            try:
+                await console.backend.delete_schedule(name)
+            except SchedtuiError as exc:
+                console.report(exc)
+                return
+            self.notify(f"{name} deleted; its runs stay in the ledger", title="Deleted", markup=False)
+            console.views = [v for v in console.views if v.name != name]
+            self.show()
+        finally:
+            self._deleting = None
         console.request_refresh()

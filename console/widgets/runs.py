@@ -240,12 +240,14 @@ class RunsTable(FreshTable):
         )
 
     def show(self, runs: list[Run], zone: str, now: datetime, max_runtime_s: float = 1800.0) -> None:
-        """Show ``runs``; the cursor stays on the same run when it is still there."""
+        """Show ``runs``. A cursor on the newest run stays on the newest (new runs come in
+        at the top, in sight); one the operator moved down stays on the same run, if it is
+        still there."""
         self._max_runtime_s = max_runtime_s
         shown = [(run.id, self._cells(run, zone, now)) for run in runs]
         if shown == self._shown:
             return
-        selected = self.selected_run.id if self.selected_run is not None else None
+        selected = self.selected_run.id if self.selected_run is not None and self.cursor_row > 0 else None
         same_rows = [key for key, _ in shown] == [key for key, _ in self._shown]
         self.runs = list(runs)
         if same_rows:

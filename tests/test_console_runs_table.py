@@ -1,0 +1,59 @@
+"""The runs table under a stream of new runs: the newest stays in sight unless the
+operator moved the cursor down to an older run, which then stays under it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from textual.app import App, ComposeResult
+
+from backend.model import Run
+from console.widgets import RunsTable
+
+START = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+
+
+def runs(newest: int, count: int) -> list[Run]:
+    """``count`` runs of an every-ten-seconds schedule, newest first, the newest at slot ``newest``."""
+    return [
+        Run(id=f"run-{n:03d}", name="heartbeat", scheduled_at=START + timedelta(seconds=10 * n), status="succeeded",
+            trigger="self", coordination_outcome="wonLock", instance="a", fired_at=START + timedelta(seconds=10 * n))
+        for n in range(newest, newest - count, -1)
+    ]  # fmt: skip
+
+
+class Runs(App[None]):
+    def compose(self) -> ComposeResult:
+        yield RunsTable(id="runs")
+
+
+async def test_new_runs_come_in_at_the_top_in_sight_while_the_cursor_is_on_the_newest() -> None:
+    """A regression: the cursor stayed on the run that was newest when the schedule was
+    selected, and the table scrolled to keep it in view: once more new runs had come than
+    rows fit, the newest were above the top, out of sight, with nothing saying so."""
+    app = Runs()
+    async with app.run_test(size=(100, 8)) as pilot:
+        table = app.query_one(RunsTable)
+        table.focus()
+        table.show(runs(20, 20), "UTC", START)
+        await pilot.pause()
+        for newest in range(21, 35):  # more new runs than the table has rows
+            table.show(runs(newest, 20), "UTC", START)
+            await pilot.pause()
+            assert table.cursor_row == 0 and table.scroll_y == 0
+            assert table.selected_run is not None and table.selected_run.id == f"run-{newest:03d}"
+
+
+async def test_a_run_the_operator_moved_the_cursor_to_stays_under_it() -> None:
+    app = Runs()
+    async with app.run_test(size=(100, 8)) as pilot:
+        table = app.query_one(RunsTable)
+        table.focus()
+        table.show(runs(20, 20), "UTC", START)
+        await pilot.pause()
+        await pilot.press("down", "down")
+        assert table.selected_run is not None and table.selected_run.id == "run-018"
+        for newest in range(21, 30):
+            table.show(runs(newest, 20), "UTC", START)
+            await pilot.pause()
+            assert table.selected_run is not None and table.selected_run.id == "run-018"
