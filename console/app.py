@@ -33,7 +33,9 @@ app connects it, and the caller closes it after the app has exited (or passes
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -238,6 +240,12 @@ class SchedtuiApp(App[None]):
         self.crons = CronCache()
         self.overdue = Overdue(self.crons)
         self.backfills: dict[str, BackfillProgress] = {}
+        self._toggling: dict[str, tuple[int, bool]] = {}
+        """Per schedule, the last enable or disable sent and not answered yet (a number and
+        the state it sets): ``e`` pressed again meanwhile toggles from that state, and the
+        writes of one schedule go one after another, in the order pressed."""
+        self._toggles = itertools.count()
+        self._toggle_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         """Backfills started from this console that are still running."""
         self._snapshot_now: datetime | None = None
         self._snapshot_at: datetime | None = None
@@ -921,7 +929,8 @@ class SchedtuiApp(App[None]):
         view = self._target("Enable/disable")
         if view is None:
             return
-        if not view.enabled:
+        pending = self._toggling.get(view.name)
+        if not (pending[1] if pending is not None else view.enabled):
             self._set_enabled(view.name, True, None, clears=view.state_note)
             return
 
@@ -931,13 +940,23 @@ class SchedtuiApp(App[None]):
 
         self.push_screen(NotePrompt(view.name), disable)
 
+    def _set_enabled(self, name: str, enabled: bool, note: str | None, *, clears: StateNote | None = None) -> None:
+        mine = (next(self._toggles), enabled)
+        self._toggling[name] = mine
+        self._send_enabled(name, mine, note, clears)
+
     @work(group="action", exit_on_error=False)
-    async def _set_enabled(self, name: str, enabled: bool, note: str | None, *, clears: StateNote | None = None) -> None:
+    async def _send_enabled(self, name: str, mine: tuple[int, bool], note: str | None, clears: StateNote | None) -> None:
+        enabled = mine[1]
         try:
-            view = await self.backend.set_enabled(name, enabled, note=note)
+            async with self._toggle_locks[name]:  # (first come, first served: in the order pressed)
+                view = await self.backend.set_enabled(name, enabled, note=note)
         except SchedtuiError as exc:
             self.report(exc)
             return
+        finally:
+            if self._toggling.get(name) == mine:
+                del self._toggling[name]
         if view.enabled:
             nxt = f"; next fire {fmt.countdown(view.next_fire_at, self.clock.now())}" if view.next_fire_at else ""
             cleared = ""

@@ -487,3 +487,28 @@ class FlakyBackend:
     async def delete_job(self, queue: str, job_id: str) -> Any:
         self._check()
         return await self.inner.delete_job(queue, job_id)
+
+
+class Held:
+    """The real backend, with the named calls held until :attr:`go` is set (in the order
+    they were made) and recorded."""
+
+    def __init__(self, inner: Any, *held: str) -> None:
+        self.inner = inner
+        self.read_only = inner.read_only
+        self.held = held
+        self.go = asyncio.Event()
+        self.go.set()
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if name not in self.held:
+            return value
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            await self.go.wait()
+            self.calls.append((name, args))
+            return await value(*args, **kwargs)
+
+        return call

@@ -27,7 +27,7 @@ from console.screens.jobs import JobDetails, SendJobScreen, TypedCount
 from console.views.jobs import JobsView
 from console.widgets.jobs import JobsTable, QueuesTable
 from console.widgets.line import Line
-from tests.console_fixtures import FROZEN, WHERE, console_backend
+from tests.console_fixtures import FROZEN, WHERE, Held, console_backend
 from tests.console_scenes import make_ledger
 from tests.test_console import Notes, settle
 
@@ -149,6 +149,39 @@ async def test_R_retries_the_selected_dead_job_and_refuses_a_live_one(store_url:
         detail = await app.backend.get_job(dead.id)
         assert detail.job is not None and (detail.job.status, detail.job.attempt) == ("queued", 0)
         assert rows(view.query_one(QueuesTable))[0][3] == "1"
+
+
+async def test_R_pressed_while_the_dead_jobs_are_being_read_says_so_and_retries_nothing(store_url: str) -> None:
+    """``f f f R`` typed at once: the dead jobs were not read yet, and R answered "no dead
+    job shown" under a title of six dead jobs. It says they are being read; once shown, R
+    asks about them."""
+    clock = ManualClock(FROZEN)
+    backend = Held(console_backend(store_url, clock), "list_jobs")
+    app = SchedtuiApp(backend, clock, where=WHERE, operator_zone=ZONE)  # type: ignore[arg-type]  # a stand-in that holds calls
+    notes = Notes(app)
+    try:
+        async with app.run_test(size=(120, 32)) as pilot:
+            await settle(pilot)
+            await pilot.press("3")
+            await settle(pilot)
+            view = app.active_view
+            assert isinstance(view, JobsView)
+            await pilot.press("enter")  # the first queue's jobs
+            await settle(pilot)
+            backend.go.clear()
+            await pilot.press("f", "f", "f", "R")  # dead, then R before the dead jobs are read
+            await pilot.pause()
+            assert view.status == "dead" and not isinstance(app.screen, (Confirm, TypedCount))
+            assert notes.seen[-1][1].endswith("are still being read: press R again once they are shown.")
+            backend.go.set()
+            await settle(pilot)
+            dead = view.query_one(JobsTable).row_count
+            assert dead > 0
+            await pilot.press("R")
+            await settle(pilot)
+            assert isinstance(app.screen, (Confirm, TypedCount))
+    finally:
+        await backend.inner.close()
 
 
 async def test_R_with_the_dead_filter_retries_every_dead_job_shown_typing_their_count(store_url: str) -> None:

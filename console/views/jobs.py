@@ -263,6 +263,11 @@ class JobsView(View):
             queue = self._may_act("Retry")
             if queue is None:
                 return
+            if self._page_of != (self.selected_queue, self.status, self._pages[-1]):
+                # (f pressed just before: the table still shows the jobs of before)
+                self.notify(f"The dead jobs of {queue} are still being read: press R again once they are shown.",
+                            severity="information", markup=False)  # fmt: skip
+                return
             dead = [j for j in self.jobs_table.jobs.values() if j.status == "dead"]
             if not dead:
                 self.notify("No dead job shown.", severity="information")
