@@ -206,6 +206,8 @@ async def test_R_with_the_dead_filter_retries_every_dead_job_shown_typing_their_
         await settle(pilot)
         prompt = app.screen
         assert isinstance(prompt, TypedCount) and prompt.count == 28
+        assert prompt.query_one("#typed", Input).has_focus
+        assert prompt.query_one("#typed", Input).content_size.height == 1  # the digits typed show
         await pilot.press("2", "7", "enter")
         await settle(pilot)
         assert notes.seen[-1] == ("Not confirmed", "You typed 27; type 28 to confirm.")
@@ -263,6 +265,10 @@ async def test_n_sends_a_job_and_bad_input_sends_nothing(store_url: str) -> None
         await settle(pilot)
         screen = app.screen
         assert isinstance(screen, SendJobScreen)
+        for field in ("delay", "attempts", "key"):  # what is typed shows while it has the focus
+            screen.query_one(f"#{field}", Input).focus()
+            await pilot.pause()
+            assert screen.query_one(f"#{field}", Input).content_size.height == 1, field
         screen.query_one("#payload", TextArea).text = '{"url": "https://example.com/hook"'
         await pilot.press("ctrl+s")
         await settle(pilot)

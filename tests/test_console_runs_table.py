@@ -3,12 +3,14 @@ operator moved the cursor down to an older run, which then stays under it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from textual.app import App, ComposeResult
 
 from backend.model import Run
-from console.widgets import RunsTable
+from console.widgets import RunsTable, UpcomingLine
 
 START = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 
@@ -57,3 +59,46 @@ async def test_a_run_the_operator_moved_the_cursor_to_stays_under_it() -> None:
             table.show(runs(newest, 20), "UTC", START)
             await pilot.pause()
             assert table.selected_run is not None and table.selected_run.id == "run-018"
+
+
+@pytest.mark.parametrize("width", [80, 76])  # (76: the table's room in an 80-column console)
+async def test_at_80_columns_the_lag_is_shown_whole(width: int) -> None:
+    """LAG came after ERROR, whose width assumed the columns before it fixed: at 80 columns a
+    lag of ``+23ms`` was cut to ``+23m``, milliseconds read as minutes. It comes before ERROR,
+    which takes the room left."""
+    app = Runs()
+    async with app.run_test(size=(width, 8)) as pilot:
+        table = app.query_one(RunsTable)
+        newest, older, *rest = runs(20, 4)
+        late = [
+            replace(newest, status="failed", coordination_outcome="external", error_tag="timeout", error_message="x" * 100,
+                    fired_at=newest.scheduled_at + timedelta(milliseconds=23), finished_at=newest.fired_at + timedelta(seconds=95)),
+            replace(older, trigger="manual", coordination_outcome="manual", fired_at=older.scheduled_at + timedelta(milliseconds=10),
+                    finished_at=older.scheduled_at + timedelta(minutes=12)),
+            *rest,
+        ]  # fmt: skip
+        table.show(late, "UTC", START + timedelta(hours=1))
+        await pilot.pause()
+        room = table.scrollable_content_region.width
+        used = 0
+        for column in table.ordered_columns:
+            used += column.get_render_width(table)
+            if str(column.key.value) == "lag":
+                assert used <= room, "the lag column runs off the screen"
+                break
+        assert "lag" not in table.hidden_columns()
+
+
+async def test_a_disabled_schedules_note_comes_before_its_fire_times() -> None:
+    class Upcoming(App[None]):
+        def compose(self) -> ComposeResult:
+            yield UpcomingLine()
+
+    app = Upcoming()
+    async with app.run_test(size=(80, 3)) as pilot:
+        line = app.query_one(UpcomingLine)
+        line.slots = [START + timedelta(minutes=15 * n) for n in range(1, 6)]
+        line.note = "disabled: will not fire"
+        await pilot.pause()
+        shown = line.render().plain
+        assert shown.startswith("next    (disabled: will not fire) "), shown

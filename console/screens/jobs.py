@@ -168,6 +168,10 @@ class TypedCount(ModalScreen[bool]):
         padding: 0 1;
         background: $boost;
     }
+    TypedCount Input:focus {
+        border: none;
+        background: $primary 30%;
+    }
     TypedCount #why {
         color: $text-warning;
         height: auto;
@@ -240,6 +244,7 @@ class SendJobScreen(ModalScreen[Sent | None]):
         background: $boost;
     }
     SendJobScreen Input:focus {
+        border: none;
         background: $primary 30%;
     }
     SendJobScreen TextArea, SendJobScreen TextArea:focus {

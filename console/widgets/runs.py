@@ -163,13 +163,13 @@ class UpcomingLine(Widget):
         else:
             shown = [t.strftime("%m-%d %H:%M") for t in local]
         parts: list[str | tuple[str, str]] = [("next    ", "$text-muted")]
+        if self.note:  # first: a narrow terminal cuts the end of the line
+            parts.append((f"({self.note}) ", "$text-warning"))
         for i, text in enumerate(shown):
             if i:
                 parts.append((" · ", "$text-muted"))
             parts.append(text)
         parts.append((f" {local[0].strftime('%Z')} (its zone)", "$text-muted"))
-        if self.note:
-            parts.append((f" ({self.note})", "$text-warning"))
         return Content.assemble(*parts)
 
 
@@ -194,8 +194,8 @@ class RunsTable(FreshTable):
         ("status", "STATUS"),
         ("outcome", "OUTCOME"),
         ("duration", "DURATION"),
-        ("error", "ERROR"),
         ("lag", "LAG"),
+        ("error", "ERROR"),
         ("instance", "INSTANCE"),
     )
     ERROR_MIN = 16
@@ -234,8 +234,8 @@ class RunsTable(FreshTable):
             status_text(self.app, run.status),
             outcome_text(self.app, run.coordination_outcome),
             Text(run_duration(run, self._max_runtime_s, now)),
-            Text(error, style=Style(color=theme_color(self.app, "text-error"))),
             Text(lag(run)),
+            Text(error, style=Style(color=theme_color(self.app, "text-error"))),
             Text(run.instance),
         )
 
