@@ -72,7 +72,7 @@ async def test_at_80_columns_the_lag_is_shown_whole(width: int) -> None:
         newest, older, *rest = runs(20, 4)
         late = [
             replace(newest, status="failed", coordination_outcome="external", error_tag="timeout", error_message="x" * 100,
-                    fired_at=newest.scheduled_at + timedelta(milliseconds=23), finished_at=newest.fired_at + timedelta(seconds=95)),
+                    fired_at=newest.scheduled_at + timedelta(milliseconds=23), finished_at=newest.scheduled_at + timedelta(seconds=95)),
             replace(older, trigger="manual", coordination_outcome="manual", fired_at=older.scheduled_at + timedelta(milliseconds=10),
                     finished_at=older.scheduled_at + timedelta(minutes=12)),
             *rest,
