@@ -575,6 +575,7 @@ class SchedtuiApp(App[None]):
         """Act on a batch of change signals: read again what they name, if it is on screen."""
         refresh = alerts = False
         feed: bool | None = None
+        self.query_one(ConsoleHeader).last_signal = self.clock.now()  # (a ping too: the server is there)
         topics = ("runs", "schedules", *self.active_view.topics)
         for signal in batch:
             alerts = alerts or signal.topic == "alerts"

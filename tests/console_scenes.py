@@ -201,6 +201,7 @@ async def _nothing_fires(pilot: Pilot[Any]) -> None:
     assert isinstance(app, SchedtuiApp)
     assert isinstance(app.clock, ManualClock)
     app.clock.advance(90)
+    app.on_signals([])  # the event stream's ping (it pinged all along, in real time)
     await pilot.press("ctrl+r")
     await settle(pilot)
     app.tick()

@@ -919,3 +919,23 @@ async def test_the_timeline_judges_overdue_only_the_rows_it_draws(store_url: str
         grid = app.query_one(TimelineGrid)
         assert grid.rows
         assert 0 < len(set(asked)) <= 3 * grid.size.height  # not 610 (the switch drew them all)
+
+
+async def test_a_silent_event_stream_is_not_called_live(store_url: str) -> None:
+    """A frozen server (SIGSTOP) keeps its connections open and says nothing: the header
+    said "● live (events)" for the 40 s until the stream was given up. After 20 s without a
+    ping it says the server is waited for; the next signal makes it live again."""
+    async with console(store_url) as (app, pilot, clock, notes):
+        header = app.query_one(ConsoleHeader)
+        assert header.feed == "events"
+        app.on_signals([])
+        clock.advance(15)
+        app.tick()
+        assert "● live (events)" in header.render().plain
+        clock.advance(10)
+        app.tick()
+        shown = header.render().plain
+        assert "◌ waiting for the server (events silent 25s)" in shown and "live" not in shown
+        app.on_signals([])  # a ping
+        app.tick()
+        assert "● live (events)" in header.render().plain

@@ -20,6 +20,11 @@ ConnectionState = Literal["connecting", "live", "dropped", "lost", "error", "ref
 Feed = Literal["events", "polling"]
 
 
+#: Silence of the event stream after which the header stops saying live: the server pings
+#: a quiet stream every 15 s (an embedded engine's says so as often), and a little more.
+EVENTS_LATE = timedelta(seconds=20)
+
+
 class ConsoleHeader(Widget):
     """Backend kind and where, coordination, instance, connection state with the age of the
     last good refresh, how many alerts fire, and a read-only badge. Everything is drawn from the reactives below;
@@ -62,6 +67,10 @@ class ConsoleHeader(Widget):
     late_after: reactive[timedelta | None] = reactive(None)
     """While polling: a last good refresh older than this is not live (its polls go
     unanswered, as when the server died and no connection error came yet)."""
+    last_signal: reactive[datetime | None] = reactive(None)
+    """While change signals flow: when the last batch came (a ping counts). A stream
+    silent for longer than :data:`EVENTS_LATE` is not live (a frozen server keeps its
+    connections open and says nothing), until the stream is given up for broken."""
 
     def render(self) -> Content:
         # What gives way when it does not fit, so that the instance at the end stays in
@@ -154,6 +163,9 @@ class ConsoleHeader(Widget):
         if self.paused:
             return f"[b $text-warning]⏸ paused[/] [$text-muted]data {age}[/]"
         if self.feed == "events":
+            if self.last_signal is not None and self.now is not None and self.now - self.last_signal > EVENTS_LATE:
+                quiet = fmt.compact_delta(self.now - self.last_signal)
+                return f"[b $text-warning]◌ waiting for the server[/] [$text-muted](events silent {quiet})[/]"
             return "[$text-success]● live[/] [$text-muted](events)[/]"  # signals keep it current: no age
         if self.late_after is not None and self.last_ok is not None and self.now is not None:
             if self.now - self.last_ok > self.late_after:  # polls go unanswered: not live, whatever it was

@@ -198,8 +198,10 @@ class RunsTable(FreshTable):
         ("error", "ERROR"),
         ("instance", "INSTANCE"),
     )
-    ERROR_MIN = 16
-    _FIXED = 18 + 12 + 10 + 10  # scheduled, status, outcome and duration, as drawn
+    ERROR_MIN = 8
+    _ERROR = 5
+    """The error column's place: the columns before it are drawn whole, it takes the room
+    they leave (so a lag is never cut: ``+23ms`` cut to ``+23m`` reads as minutes)."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=False)
@@ -218,16 +220,17 @@ class RunsTable(FreshTable):
             return None
         return self.runs[self.cursor_row]
 
-    def _error_width(self) -> int:
-        padding = 2 * len(self.COLUMNS)
-        return max(self.ERROR_MIN, self.size.width - 1 - padding - self._FIXED - 8 - 12)
+    def _error_width(self, rows: list[tuple[Text, ...]]) -> int:
+        """The room the columns before the error leave it, as wide as their widest cell."""
+        used = 0
+        for index, (_, label) in enumerate(self.COLUMNS[: self._ERROR]):
+            used += max([len(label), *(row[index].cell_len for row in rows)]) + 2  # (its padding)
+        return max(self.ERROR_MIN, self.size.width - 1 - used - 2)
 
-    def _cells(self, run: Run, zone: str, now: datetime) -> tuple[Text | str, ...]:
+    def _cells(self, run: Run, zone: str, now: datetime) -> tuple[Text, ...]:
+        """The run's cells, its error whole (cut to the room left by :meth:`_fitted`)."""
         error = " ".join(filter(None, [run.error_tag and f"[{run.error_tag}]", run.error_message]))
         error = error.replace("\n", " ")
-        width = self._error_width()
-        if len(error) > width:
-            error = error[: width - 1] + "…"
         # Text, never str: a str cell is parsed as markup on every measure and render.
         return (
             Text(fmt.short_time(run.scheduled_at, zone)),
@@ -244,15 +247,22 @@ class RunsTable(FreshTable):
         at the top, in sight); one the operator moved down stays on the same run, if it is
         still there."""
         self._max_runtime_s = max_runtime_s
-        shown = [(run.id, self._cells(run, zone, now)) for run in runs]
+        rows = [self._cells(run, zone, now) for run in runs]
+        width = self._error_width(rows)
+        shown: list[tuple[str, tuple[Text | str, ...]]] = []
+        for run, cells in zip(runs, rows, strict=True):
+            error = cells[self._ERROR]
+            if error.cell_len > width:
+                error = Text(error.plain[: width - 1] + "…", style=error.style)
+            shown.append((run.id, (*cells[: self._ERROR], error, *cells[self._ERROR + 1 :])))
         if shown == self._shown:
             return
         selected = self.selected_run.id if self.selected_run is not None and self.cursor_row > 0 else None
         same_rows = [key for key, _ in shown] == [key for key, _ in self._shown]
         self.runs = list(runs)
         if same_rows:
-            for (key, cells), (_, old) in zip(shown, self._shown, strict=False):
-                for (column, _), new_cell, old_cell in zip(self.COLUMNS, cells, old, strict=False):
+            for (key, new), (_, old) in zip(shown, self._shown, strict=False):
+                for (column, _), new_cell, old_cell in zip(self.COLUMNS, new, old, strict=False):
                     if new_cell != old_cell:
                         self.update_cell(key, column, new_cell, update_width=True)
             self._shown = shown
