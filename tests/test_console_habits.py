@@ -230,6 +230,25 @@ async def test_q_command_and_ctrl_c_quit_and_ask_only_while_a_backfill_started_h
             assert isinstance(app.screen, QuitPrompt) and exits == [], keys
 
 
+async def test_ctrl_c_quits_from_every_pop_up_too(store_url: str) -> None:
+    """On a pop-up (help, a run's details, a prompt) ctrl+c did nothing: the screen's copy
+    key took it before the app's quit."""
+    for opening in (("question_mark",), ("enter",), ("e",)):  # help; the run's details; the disable's note
+        async with console(store_url) as (app, pilot, notes):
+            exits: list[bool] = []
+
+            def exit(*_: object, exits: list[bool] = exits, **__: object) -> None:
+                exits.append(True)
+
+            app.exit = exit  # type: ignore[method-assign]  # records the exit instead
+            app.action_select("heartbeat")
+            await settle(pilot)
+            await type_at_once(pilot, *opening)
+            assert len(app.screen_stack) == 2, opening
+            await type_at_once(pilot, "ctrl+c")
+            assert exits == [True], opening
+
+
 async def test_e_reenabling_names_the_note_it_clears(store_url: str) -> None:
     async with console(store_url) as (app, pilot, notes):
         app.action_select("legacy-cleanup")
