@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -21,6 +22,8 @@ from backend.errors import BadInput, NotFound, TooLarge
 from backend.safetext import NOT_TEXT, printable
 
 __all__ = [
+    "decimal_number",
+    "whole_number",
     "shown_number",
     "EARLIEST",
     "LATEST",
@@ -154,3 +157,24 @@ def shown_number(value: object, limit: int = 40) -> str:
     except ValueError:
         return f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else "<a number>"
     return printable(text, limit)
+
+
+#: Numbers as they are typed: ASCII digits only (int() and float() would take other
+#: scripts' digits, and 1_0, for 10).
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def whole_number(text: str) -> int:
+    """``text`` as a whole number written in ASCII digits; ValueError otherwise."""
+    if not _WHOLE.fullmatch(text):
+        raise ValueError(text)
+    return int(text)
+
+
+def decimal_number(text: str) -> float:
+    """``text`` as a finite number written in ASCII (``2``, ``0.5``, ``1e3``); ValueError otherwise."""
+    value = float(text) if _DECIMAL.fullmatch(text) else math.nan
+    if not math.isfinite(value):  # not written so, or beyond a float ("1e999")
+        raise ValueError(text)
+    return value

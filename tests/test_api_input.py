@@ -102,6 +102,11 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("a misspelt note", "POST", "/inspect/schedules/berlin/disable", {"json": {"notes": "x"}}, 422, "notes", '"notes"'),
     ("a misspelt backfill field", "POST", "/inspect/schedules/berlin/backfill",
      {"json": {"from": "-1h", "to": "now", "confrim": True}}, 422, "confrim", '"confrim"'),
+    # Numbers in ASCII digits only: int() would read other scripts' digits, and 1_0.
+    ("an Arabic-Indic digit as a limit", "GET", "/inspect/audit", {"params": {"limit": "\u0663"}}, 422, "limit",
+     "is not a whole number"),
+    ("a digit separator in a limit", "GET", "/inspect/queues/mail/jobs", {"params": {"limit": "1_0"}}, 422, "limit",
+     '"1_0" is not a whole number'),
     # An empty before is no id (the schema's pattern says so), not "no before".
     *((f"an empty before of {path}", "GET", path, {"params": {**params, "before": ""}}, 422, "before", 'before ""')
       for path, params in (("/inspect/schedules/runs", {"name": "berlin"}), ("/inspect/queues/mail/jobs", {}),

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse as StarletteJSONResponse
 from starlette.responses import Response
 
@@ -31,6 +31,7 @@ from backend.errors import (
     Unavailable,
 )
 from backend.events.audit import acting_as
+from backend.inputs import whole_number
 from backend.safetext import escape_json, printable
 
 __all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "Access", "Api", "Endpoint", "JSONResponse", "error_response"]
@@ -126,6 +127,11 @@ class Api:
                     return _from_error(exc)
                 except _TooLarge as exc:
                     return error_response(413, "too_large", f"the request body is larger than {exc.limit} bytes")
+                except ClientDisconnect:
+                    # The client went away while sending its body: nobody is left to answer,
+                    # and it is no fault of the server's.
+                    log.info("client went away during %s %s", request.method, printable(request.scope.get("path", "")))
+                    return Response(status_code=499)
                 except _TooSlow:
                     response = error_response(
                         408, "request_timeout", f"the request body did not arrive within {body_timeout:g}s"
@@ -188,9 +194,9 @@ class Api:
         if raw is None:
             return default
         try:
-            value = int(raw)
+            value = whole_number(raw)  # (ASCII digits: int() takes other scripts' too)
         except ValueError:
-            raise BadInput(f'{name} "{raw}" is not a whole number', field=name) from None
+            raise BadInput(f'{name} "{printable(raw, 60)}" is not a whole number', field=name) from None
         if not low <= value <= high:
             raise BadInput(f"{name} {value} is out of range ({low}-{high})", field=name)
         return value

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from backend.api.base import MAX_BODY_BYTES, Api, JSONResponse
 from backend.client.actions import ACTIONS, Action, Known, Param, Range, Schema, When, encode
 from backend.errors import BadInput
-from backend.inputs import check_text
+from backend.inputs import check_text, whole_number
 from backend.model import parse_iso
 from backend.safetext import printable
 from backend.timeparse import parse_when
@@ -138,9 +138,9 @@ def _query_value(request: Request, param: Param, wire: str) -> Any:
         if raw is None:
             return param.default
         try:
-            value = int(raw)
+            value = whole_number(raw)  # (ASCII digits: int() takes other scripts' too)
         except ValueError:
-            raise BadInput(f'{wire} "{raw}" is not a whole number', field=wire) from None
+            raise BadInput(f'{wire} "{printable(raw, 60)}" is not a whole number', field=wire) from None
         for limit in param.limits:
             if isinstance(limit, Range) and not limit.low <= value <= limit.high:
                 raise BadInput(f"{wire} {value} is out of range ({limit.low:g}-{limit.high:g})", field=wire)

@@ -32,10 +32,10 @@ from backend.errors import (
 from backend.events.bus import READY, RESYNC, STREAM, TOPICS, Signal
 from backend.jobs.model import NotDead, QueueFull
 from backend.model import BackfillProgress, Health, Run, parse_iso
-from backend.safetext import redact_url, remember_url_secrets
+from backend.safetext import printable, redact, redact_url, remember_url_secrets
 from backend.scheduler.stored import DefinedInCode, NameTaken
 
-__all__ = ["RemoteBackend"]
+__all__ = ["RemoteBackend", "check_server_url", "check_token"]
 
 _READ_RETRIES = (0.2, 0.5, 1.0)
 #: Seconds the event stream may stay silent before it counts as broken (the server pings
@@ -63,8 +63,9 @@ class RemoteBackend(Backend):
         read_retries: tuple[float, ...] = _READ_RETRIES,
     ) -> None:
         remember_url_secrets(url)
-        if not url.startswith(("http://", "https://")):
-            raise BadInput(f'server URL "{redact_url(url)}" must start with http:// or https://', field="url")
+        check_server_url(url)
+        if token:
+            check_token(token)
         self.url = url.rstrip("/")
         self.where = redact_url(self.url)
         """The URL fit to show: without the password of a ``user:pass@`` part."""
@@ -290,6 +291,47 @@ class SseParser:
             if event in TOPICS or event in (READY, RESYNC, STREAM):
                 signals.append(Signal(fields.get("id", ""), event, name if isinstance(name, str) else None))
         return signals if signals or pinged else None
+
+
+# What no URL holds as typed: blanks, control characters, lone surrogates (a byte of a
+# command line that is not UTF-8).
+_NOT_URL = re.compile(r"[\s\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def check_server_url(url: str) -> str:
+    """``url`` if a client can reach a server there: ``http://`` or ``https://``, a host, a
+    port (when given) of 1-65535, and nothing that cannot be sent. BadInput naming it,
+    without its password and escaped, otherwise: never an httpx or socket traceback."""
+    shown = printable(redact_url(url), 120)
+    if not url.startswith(("http://", "https://")):
+        raise BadInput(f'server URL "{shown}" must start with http:// or https://', field="url")
+    bad = _NOT_URL.search(url)
+    if bad is not None:
+        raise BadInput(
+            f'server URL "{shown}" holds {bad.group()!r} at position {bad.start()}, '
+            "which no URL may (blanks and control characters are written %XX)",
+            field="url",
+        )
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise BadInput(f'server URL "{shown}" is not a URL ({printable(redact(str(exc)), 80)})', field="url") from None
+    if not parsed.host:
+        raise BadInput(f'server URL "{shown}" names no host', field="url")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise BadInput(f'server URL "{shown}": port {parsed.port} is not a port number (1-65535)', field="url")
+    return url
+
+
+def check_token(token: str, source: str = "the token") -> str:
+    """``token`` if an ``Authorization`` header can carry it (printable ASCII); else
+    BadInput naming where it came from (``source``) and never the token itself, nor any
+    part of it: the client would otherwise fail on it, quoting it, when it sends it."""
+    for char in token:
+        if not " " <= char <= "~":
+            kind = "a control character" if char < " " or char == "\x7f" else "a character that is not printable ASCII"
+            raise BadInput(f"{source} holds {kind}, which a request header cannot carry; it is not shown", field="token")
+    return token
 
 
 def _seg(value: str) -> str:

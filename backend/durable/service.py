@@ -42,6 +42,10 @@ def parse_json_option(text: str | None, field: str) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise BadInput(f'{field} "{printable(text, 60)}" is not valid JSON ({exc})', field=field.lstrip("-")) from None
+    except RecursionError:  # json's decoder recurses once per level of nesting
+        raise BadInput(
+            f'{field} "{printable(text, 60)}" is nested too deeply to be read', field=field.lstrip("-")
+        ) from None
 
 
 class Durable:

@@ -36,8 +36,16 @@ from backend import BadInput, Refused
 from backend.client.actions import REQUIRED, Action, Cursor, Param, Range, Schema, When, action_of, encode
 from backend.client.interface import Backend
 from backend.durable.service import parse_json_option
+from backend.inputs import decimal_number, whole_number
 from backend.timeparse import parse_when
-from console.cli.main import _VERB_OPTIONS, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, _print_json, _with_backend
+from console.cli.main import (
+    _VERB_OPTIONS,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    _print_json,
+    _with_backend,
+)
 
 __all__ = ["Call", "Part", "Verb", "add_derived", "fields", "handlers", "items"]
 
@@ -392,11 +400,13 @@ def _number(value: float) -> str:
 
 
 def _number_type(kind: type, limits: Range | None) -> Callable[[str], Any]:
-    """An argparse type: a whole number or a number, within ``limits`` when given."""
+    """An argparse type: a whole number or a number (in ASCII: see :func:`whole_number`),
+    within ``limits`` when given."""
+    parse: Callable[[str], Any] = whole_number if kind is int else decimal_number
 
     def number(text: str) -> Any:
         try:
-            value = kind(text)
+            value = parse(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
         if limits is not None and value < limits.low:

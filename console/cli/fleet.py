@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from backend.model import InstanceInfo, iso
+from backend.safetext import printable
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
 
@@ -40,7 +41,7 @@ def clock_cell(instance: InstanceInfo) -> str:
 def instances_table(answer: Instances) -> str:
     now = answer.now
     rows = [
-        [i.name, i.role or "-", fmt.ago(i.heartbeat_at, now), fmt.ago(i.last_fired_at, now), clock_cell(i)]
+        [printable(i.name), i.role or "-", fmt.ago(i.heartbeat_at, now), fmt.ago(i.last_fired_at, now), clock_cell(i)]
         for i in answer.instances
     ]
     return fmt.table(["NAME", "ROLE", "HEARTBEAT", "LAST START", "CLOCK"], rows)
@@ -58,7 +59,7 @@ def _show_instances(call: Call, answer: Instances) -> None:
     for instance in answer.instances:
         why = instance.clock_text()
         if why is not None:
-            print(f"✗ {instance.name} stands down: {why}")
+            print(f"✗ {printable(instance.name)} stands down: {why}")
 
 
 #: The verbs, in the order ``schedtui --help`` lists them.

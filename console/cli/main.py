@@ -39,18 +39,20 @@ from backend import (
 from backend.alerts.notifier import AlertSettings, parse_sinks
 from backend.api.server import serve
 from backend.api.tokens import Tokens, parse_token
+from backend.client.connection import check_instance
 from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import Backend
-from backend.client.remote import RemoteBackend
+from backend.client.remote import RemoteBackend, check_server_url, check_token
 from backend.definitions import Definitions, discover_definitions
 from backend.events.audit import check_actor
+from backend.inputs import decimal_number, whole_number
 from backend.model import (
     COORDINATION_MODES,
     DEFAULT_DEFINITIONS_FOLDER,
     DEFAULT_STORE_URL,
     Run,
 )
-from backend.safetext import RedactingFormatter, redact_url, remember_secret
+from backend.safetext import RedactingFormatter, printable, redact_url, remember_secret
 from backend.scheduler.manifests import PROVIDERS, render_manifests
 from console import format as fmt
 
@@ -87,9 +89,11 @@ class _Parser(argparse.ArgumentParser):
         return " ".join(words)
 
 
+# Numbers as typed in ASCII: Python's int() and float() also take other scripts' digits
+# ("٣"), underscores ("1_0") and surrounding blanks, and float() "nan" and "inf".
 def _positive_int(text: str) -> int:
     try:
-        value = int(text)
+        value = whole_number(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
@@ -99,7 +103,7 @@ def _positive_int(text: str) -> int:
 
 def _seconds(text: str) -> float:
     try:
-        value = float(text)
+        value = decimal_number(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 < value < 10**7:
@@ -107,9 +111,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _whole(text: str) -> int:
+    try:
+        return whole_number(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
 def _port(text: str) -> int:
     try:
-        value = int(text)
+        value = whole_number(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
     if not 0 <= value <= 65535:
@@ -228,8 +239,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     # A test seam, not an operator option: pretend this machine's clock is off by MS.
     serve.add_argument(
-        "--clock-offset-ms", type=int, metavar="MS", help=argparse.SUPPRESS,
-        default=os.environ.get("SCHEDTUI_CLOCK_OFFSET_MS") or None,  # argparse applies type=int to it
+        "--clock-offset-ms", type=_whole, metavar="MS", help=argparse.SUPPRESS,
+        default=os.environ.get("SCHEDTUI_CLOCK_OFFSET_MS") or None,  # argparse applies the type to it
     )
     serve.add_argument("--host", default="127.0.0.1", help="API address (127.0.0.1; others need a token)")
     serve.add_argument("--port", type=_port, metavar="P", help="serve the HTTP API on this port (0: any free port)")
@@ -339,6 +350,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         # One would be ignored: say so rather than act on the other.
         raise UsageError(f"schedtui: {store_given} and {url_given} name two backends; give one "
                          f"({store_given} acts on the store itself, {url_given} through a server)")
+    try:
+        if getattr(args, "instance", None) is not None:  # it goes on every run, shown in tables
+            check_instance(args.instance, "--instance")
+        if getattr(args, "url", None):  # before a client is made of it: httpx would fail with a traceback
+            check_server_url(args.url)
+    except BadInput as exc:
+        raise UsageError(f"schedtui: {exc.message}") from None
     if args.verb == "serve":
         args.token = _resolve_tokens(args, "token", "SCHEDTUI_TOKEN", several=True)
         args.read_token = _resolve_tokens(args, "read_token", "SCHEDTUI_READ_TOKEN", several=True)
@@ -366,19 +384,14 @@ def _resolve_tokens(args: argparse.Namespace, dest: str, env: str, *, several: b
     if given is not None and path is not None:
         raise UsageError(f"schedtui: give {flag} or {flag}-file, not both")
     if given is not None:
-        print(
-            f"schedtui: warning: {flag} on the command line can be read by every local user (ps); "
-            f"use {flag}-file PATH or ${env}",
-            file=sys.stderr,
-        )
         texts, source = [str(t) for t in given], flag
     elif path is not None:
         try:
             content = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise UsageError(f'schedtui: cannot read {flag}-file "{path}": {reason}') from None
-        texts, source = _token_lines(content), f'{flag}-file "{path}"'
+            raise UsageError(f'schedtui: cannot read {flag}-file "{printable(path)}": {reason}') from None
+        texts, source = _token_lines(content), f'{flag}-file "{printable(path)}"'
     else:
         from_env = os.environ.get(env)
         if not from_env:
@@ -393,8 +406,16 @@ def _resolve_tokens(args: argparse.Namespace, dest: str, env: str, *, several: b
         remember_secret(token)
         try:
             remember_secret(parse_token(token, "operate").secret)
+            if not several:  # a client sends it in a header, which would fail quoting it
+                check_token(token)
         except BadInput as exc:
             raise UsageError(f"schedtui: {exc.message} (in {source})") from None
+    if given is not None:  # (after the checks: a refusal is one line)
+        print(
+            f"schedtui: warning: {flag} on the command line can be read by every local user (ps); "
+            f"use {flag}-file PATH or ${env}",
+            file=sys.stderr,
+        )
     return tokens
 
 
@@ -410,7 +431,7 @@ def _alert_settings(args: argparse.Namespace) -> AlertSettings:
             content = Path(args.notify_file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise UsageError(f'schedtui: cannot read --notify-file "{args.notify_file}": {reason}') from None
+            raise UsageError(f'schedtui: cannot read --notify-file "{printable(args.notify_file)}": {reason}') from None
         urls += [line.strip() for line in content.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     try:
         parse_sinks(urls)
@@ -440,9 +461,9 @@ def _resolve_store(args: argparse.Namespace) -> None:
             url = Path(path).read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise UsageError(f'schedtui: cannot read --store-file "{path}": {reason}') from None
+            raise UsageError(f'schedtui: cannot read --store-file "{printable(path)}": {reason}') from None
         if not url:
-            raise UsageError(f'schedtui: --store-file "{path}" holds no store URL')
+            raise UsageError(f'schedtui: --store-file "{printable(path)}" holds no store URL')
         args.store = url
 
 

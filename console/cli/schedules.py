@@ -24,6 +24,7 @@ from typing import Any
 from backend.client.actions import action_of
 from backend.client.interface import Backend
 from backend.model import BackfillProgress, Run, RunsPage, SchedulesSnapshot, ScheduleView
+from backend.safetext import printable
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
 from console.cli.logs import FOLLOW, follow_log, no_json_follow, show_log
@@ -68,7 +69,7 @@ def runs_table(runs: list[Run], zone: str) -> str:
             f"{fmt.STATUS_GLYPHS[run.status]} {run.status}",
             run.trigger,
             run.coordination_outcome,
-            run.instance,
+            printable(run.instance),  # stored as given: it may predate the check of --instance
             fmt.duration(run.duration_ms),
             " ".join(filter(None, [run.error_tag and f"[{run.error_tag}]", run.error_message])) or "",
         ]

@@ -1,0 +1,304 @@
+"""Bad input on the command line: one line on stderr naming the bad value, exit code 2,
+never a traceback, and never a secret.
+
+The values here came from an outside tester: an instance name that carries terminal
+escapes or a byte that is not UTF-8, a token that an HTTP header cannot carry, JSON nested
+past Python's recursion limit, server URLs that httpx or the socket layer refuse with a
+traceback, numbers in digits other than ASCII's, and a client that goes away in the middle
+of a request's body. Most run through ``main(argv)`` in this process; values that are not
+UTF-8 can only come through a real process's argv.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Message
+
+from backend import BadInput, Engine, open_store
+from backend.api.base import Api
+from backend.api.tokens import Tokens
+from backend.client.interface import Backend
+from backend.client.remote import RemoteBackend
+from backend.definitions import discover_definitions
+from backend.durable.service import parse_json_option
+from tests.test_cli import SCHEDULES, Cli, child_env, create_store, write_tree
+
+DEEP = "[" * 10_000 + "]" * 10_000
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    write_tree(tmp_path / "schedules", SCHEDULES)
+    create_store(tmp_path / "state.db")
+    return Cli(tmp_path)
+
+
+def refused(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line of a refusal for bad input (exit code 2, nothing on stdout)."""
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    return line
+
+
+def real(cli: Cli, *args: str | bytes, store: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
+    """``schedtui ARGS`` in a process of its own: argv may hold bytes that are not UTF-8."""
+    argv: list[str | bytes] = [*cli.argv(store=store)[:3], *args]
+    if store:
+        argv += ["--store", cli.store]
+    return subprocess.run(
+        argv, cwd=cli.root, env={**child_env(), **env}, capture_output=True, text=True, timeout=30,
+        errors="backslashreplace",
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------
+# --instance
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("evil\x1b[31mRED\nline2", "evil\\x1b[31mRED\\nline2"),
+        ("tab\there", "tab\\there"),
+        ("", "''"),
+        ("  ", "'  '"),
+        ("right-to-left\u202eoverride", "\\u202e"),
+        ("x" * 300, "longer than 255"),
+    ],
+)
+def test_an_instance_name_that_is_not_one_printable_line_is_refused(cli: Cli, name: str, shown: str) -> None:
+    for args in (["--instance", name, "fire", "hourly"], ["fire", "hourly", f"--instance={name}"]):
+        line = refused(cli(*args))
+        assert line.startswith("schedtui: --instance "), line
+        assert shown in line
+        assert "\x1b" not in line
+    assert cli.log("hourly") == []  # nothing fired
+    assert cli.runs("hourly") == []
+
+
+def test_an_instance_name_that_is_not_utf8_is_refused_by_every_verb_and_serve(cli: Cli) -> None:
+    for args in ([b"--instance", b"\xff", b"fire", b"hourly"], [b"serve", b"--instance", b"web\xff"]):
+        line = refused(real(cli, *args))
+        assert line.startswith("schedtui: --instance "), line
+        assert "\\udcff" in line
+    assert cli.log("hourly") == []
+
+
+def test_a_printable_instance_name_is_recorded_on_the_run(cli: Cli) -> None:
+    cli.ok("--instance", "web-1 (blue):42", "fire", "hourly")
+    assert [run["instance"] for run in cli.runs("hourly")] == ["web-1 (blue):42"]
+
+
+async def test_an_instance_name_stored_before_it_was_checked_is_shown_escaped(cli: Cli) -> None:
+    # Written by an engine made in code (or by an older version): the tables escape it.
+    evil = "evil\x1b[31mRED\nline2"
+    engine = Engine(discover_definitions(cli.root / "schedules"), open_store(cli.store), instance=evil)
+    await engine.open()
+    try:
+        await engine.run_now("hourly", wait=True)
+    finally:
+        await engine.stop()
+    shown = cli.ok("runs", "hourly").stdout
+    assert "evil\\x1b[31mRED\\nline2" in shown and "\x1b" not in shown, shown
+    assert len(shown.splitlines()) == 2  # the heading and the run's one line
+
+
+# ---------------------------------------------------------------------------------------
+# --token (and its file and variable): never shown
+# ---------------------------------------------------------------------------------------
+@pytest.fixture
+def listening() -> Iterator[str]:
+    """The URL of a socket that accepts connections and never answers: a client that got as
+    far as sending its request would fail on the token there, quoting it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+SECRET = "mysecret"
+
+
+@pytest.mark.parametrize("token", [f"{SECRET}\nX", f"{SECRET}\rX", f"{SECRET}\x1bX", f"{SECRET}\x7f", f"{SECRET}é"])
+def test_a_token_a_header_cannot_carry_is_refused_without_showing_it(cli: Cli, listening: str, token: str) -> None:
+    line = refused(cli("--url", listening, "--token", token, "list", store=False))
+    assert "--token" in line and "not shown" in line
+    assert SECRET not in line
+
+
+def test_a_token_that_is_not_utf8_is_refused_without_showing_it(cli: Cli, listening: str) -> None:
+    done = real(cli, b"--url", listening.encode(), b"--token", b"op\xff" + SECRET.encode(), b"list", store=False)
+    assert done.returncode == 2, done
+    assert "Traceback" not in done.stderr and SECRET not in done.stderr
+    assert "--token" in done.stderr.splitlines()[-1]
+
+
+def test_a_token_from_its_file_or_variable_is_checked_too(cli: Cli, listening: str) -> None:
+    path = cli.root / "op.token"
+    path.write_text(f"# the operator's\n{SECRET}\x1b[2J\n")
+    line = refused(cli("--url", listening, "--token-file", str(path), "list", store=False))
+    assert "--token-file" in line and "not shown" in line and SECRET not in line
+    done = real(cli, "--url", listening, "list", store=False, SCHEDTUI_TOKEN=f"{SECRET}\x07")
+    line = refused(done)
+    assert "$SCHEDTUI_TOKEN" in line and SECRET not in line
+
+
+def test_a_token_file_path_is_shown_escaped(cli: Cli) -> None:
+    line = refused(cli("--url", "http://127.0.0.1:9", "--token-file", "no\x1b[31mfile", "list", store=False))
+    assert "no\\x1b[31mfile" in line and "\x1b" not in line
+
+
+def test_the_remote_backend_refuses_such_a_token_itself() -> None:
+    with pytest.raises(BadInput) as caught:
+        RemoteBackend("http://127.0.0.1:9", f"{SECRET}\nX")
+    assert SECRET not in caught.value.message
+
+
+# ---------------------------------------------------------------------------------------
+# JSON nested past the recursion limit
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["jobs", "send", "mailer", "--payload", DEEP], "--payload"),
+        (["schedules", "create", "deep", "--cron", "0 * * * *", "--timezone", "UTC", "--queue", "q",
+          "--payload", DEEP], "--payload"),
+        (["durable", "start", "flow", "--input", DEEP], "--input"),
+    ],
+)  # fmt: skip
+def test_json_nested_too_deeply_is_refused(cli: Cli, args: list[str], flag: str) -> None:
+    line = refused(cli(*args))
+    assert line.startswith(f"schedtui: {flag} ") and "nested too deeply" in line
+    assert len(line) < 300  # the value is cut, not printed whole
+
+
+def test_parse_json_option_refuses_deep_nesting_as_bad_input() -> None:
+    with pytest.raises(BadInput) as caught:
+        parse_json_option(DEEP, "--input")
+    assert caught.value.field == "input"
+    assert parse_json_option("[[1]]", "--input") == [[1]]
+
+
+# ---------------------------------------------------------------------------------------
+# --url
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://[::1", "http://[::1"),
+        ("http://127.0.0.1:8787:1", "http://127.0.0.1:8787:1"),
+        ("http://127.0.0.1:99999", "port 99999"),
+        ("http://127.0.0.1:0", "port 0"),
+        ("http://", "no host"),
+        ("http://:8787", "no host"),
+        ("http://127.0.0.1:8787/\x1b[2J", "\\x1b[2J"),
+        ("http://127.0.0.1:8787/a b", "a b"),
+        ("ftp://127.0.0.1", "must start with http:// or https://"),
+        ("http://alice:hunter2@[::1", "alice:***@"),
+    ],
+)
+def test_a_bad_server_url_is_refused(cli: Cli, url: str, shown: str) -> None:
+    for verb in ("list", "console"):
+        line = refused(cli("--url", url, verb, store=False))
+        assert line.startswith("schedtui: server URL "), line
+        assert shown in line
+        assert "hunter2" not in line and "\x1b" not in line
+
+
+def test_a_server_url_that_is_not_utf8_is_refused(cli: Cli) -> None:
+    line = refused(real(cli, b"--url", b"http://127.0.0.1:8787/\xff", b"list", store=False))
+    assert "\\udcff" in line and "server URL" in line
+
+
+def test_a_bad_server_url_from_the_environment_is_refused(cli: Cli) -> None:
+    line = refused(real(cli, "list", store=False, SCHEDTUI_URL="http://127.0.0.1:99999"))
+    assert "port 99999" in line
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8787", "https://sched.internal/base/", "http://[::1]:80", "http://h"])
+def test_good_server_urls_are_taken(url: str) -> None:
+    assert RemoteBackend(url).url == url.rstrip("/")
+
+
+# ---------------------------------------------------------------------------------------
+# numbers: ASCII digits only
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "value"),
+    [
+        (["runs", "hourly", "--limit", "٣"], "'٣'"),
+        (["runs", "hourly", "--limit", "1_0"], "'1_0'"),
+        (["runs", "hourly", "--limit", " 3"], "' 3'"),
+        (["jobs", "send", "mailer", "--attempts", "٣"], "'٣'"),
+        (["jobs", "send", "mailer", "--delay", "1_0"], "'1_0'"),
+        (["jobs", "send", "mailer", "--delay", "٣"], "'٣'"),
+        (["jobs", "send", "mailer", "--delay", "nan"], "'nan'"),
+        (["jobs", "send", "mailer", "--delay", "inf"], "'inf'"),
+        (["schedules", "create", "x", "--cron", "0 * * * *", "--timezone", "UTC", "--queue", "q",
+          "--max-runtime", "٣"], "'٣'"),
+        (["backfill", "hourly", "--from", "-1h", "--to", "now", "--limit", "１０"], "'１０'"),
+    ],
+)  # fmt: skip
+def test_numbers_in_other_digits_are_refused(cli: Cli, args: list[str], value: str) -> None:
+    line = refused(cli(*args))
+    assert value in line
+    assert cli.log("hourly") == []
+
+
+@pytest.mark.parametrize(
+    ("args", "value"),
+    [(["--port", "٣"], "'٣'"), (["--retention-days", "٣"], "'٣'"), (["--alert-interval", "1_5"], "'1_5'")],
+)
+def test_serve_refuses_numbers_in_other_digits(cli: Cli, args: list[str], value: str) -> None:
+    # In a process of its own: taken, the number would start a server that does not stop.
+    line = refused(real(cli, "serve", *args))
+    assert value in line
+
+
+@pytest.mark.parametrize("delay", ["10", "0.5", ".5", "5.", "1e1", "+2", "2.5E-1"])
+def test_numbers_in_ascii_forms_are_taken(cli: Cli, delay: str) -> None:
+    write_tree(cli.root / "schedules", {"mailer.jobs.py": (
+        "from backend import define_queue\n"
+        "mailer = define_queue(name='mailer', handler=print)\n"
+    )})  # fmt: skip
+    sent = json.loads(cli.ok("jobs", "send", "mailer", "--delay", delay, "--attempts", "2", "--json").stdout)
+    assert sent["id"]
+
+
+# ---------------------------------------------------------------------------------------
+# the API: a client that goes away in the middle of its body
+# ---------------------------------------------------------------------------------------
+async def test_a_client_gone_in_the_middle_of_its_body_is_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    api = Api(cast(Backend, None), Tokens([]), body_timeout=5)
+    reached: list[Any] = []
+
+    @api.endpoint("open")
+    async def endpoint(request: Request) -> Response:
+        reached.append(await api.body_of(request))
+        return JSONResponse({})
+
+    messages: list[Message] = [
+        {"type": "http.request", "body": b'{"note": "half', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> Message:
+        return messages.pop(0)
+
+    scope = {"type": "http", "method": "POST", "path": "/inspect/x", "headers": [], "query_string": b""}
+    with caplog.at_level(logging.DEBUG):
+        response = await endpoint(Request(scope, receive))
+    assert reached == []
+    assert response.status_code != 500
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], caplog.text
