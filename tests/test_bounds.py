@@ -293,3 +293,18 @@ async def test_creates_and_deletes_of_one_name_at_once_answer_or_refuse(make_eng
     for order in orders * 3:
         await asyncio.gather(*(create() if op == "c" else delete() for op in order), listing())
     assert crashed == [], crashed[:3]
+
+
+@pytest.mark.parametrize("value", [10**400, 1e15, float("nan"), float("inf"), -1])
+def test_a_durable_functions_step_timeout_and_retry_waits_are_bounded(value: float) -> None:
+    """A huge int reached math.isfinite (OverflowError, a traceback at import); 1e15 was
+    taken, and every step's deadline then overflowed."""
+    from backend.durable.definition import Retry, define_durable
+
+    async def handler(ctx: Any, input: Any) -> None:
+        pass
+
+    with pytest.raises(DefinitionError, match="must be a number of seconds from 0 to 31,622,400"):
+        define_durable(name="bounded", handler=handler, step_timeout=value)
+    with pytest.raises(DefinitionError, match="max_delay .* must be a number of seconds from 0 to 31,622,400"):
+        Retry(max_delay=value)

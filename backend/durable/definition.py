@@ -9,7 +9,6 @@ validated when it is defined, like a schedule, and discovered in the definitions
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -17,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from backend.alerts.policy import DurableAlerting, durable_alerting
 from backend.definitions import register_definition_type
+from backend.durable.model import MAX_LIFETIME
 from backend.errors import BadInput, DefinitionError
-from backend.inputs import is_async_callable
+from backend.inputs import is_async_callable, shown_number
 from backend.schedules import NAME_PATTERN, handler_problem
 
 if TYPE_CHECKING:
@@ -32,11 +32,18 @@ DurableHandler = Callable[["DurableContext", Any], Awaitable[Any]]
 DEFAULT_STEP_TIMEOUT: Final = 900.0
 
 
+#: The longest a step's timeout or a retry's wait may be: an execution's whole life.
+MAX_SECONDS: Final = MAX_LIFETIME.total_seconds()
+
+
 def _seconds(value: float | timedelta, what: str) -> float:
     if isinstance(value, timedelta):
         value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise DefinitionError(f"{what} {value!r} must be a number of seconds, 0 or more")
+    # Compared, never converted first: float() of a huge int overflows; NaN fails it.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SECONDS:
+        raise DefinitionError(
+            f"{what} {shown_number(value)} must be a number of seconds from 0 to {MAX_SECONDS:,.0f} (366 days)"
+        )
     return float(value)
 
 
