@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message
 
-from backend import BadInput, Engine, open_store
+from backend import BadInput, Engine, Run, open_store
 from backend.api.base import Api
 from backend.api.tokens import Tokens
 from backend.client.interface import Backend
@@ -111,6 +111,24 @@ async def test_an_instance_name_stored_before_it_was_checked_is_shown_escaped(cl
         await engine.stop()
     shown = cli.ok("runs", "hourly").stdout
     assert "evil\\x1b[31mRED\\nline2" in shown and "\x1b" not in shown, shown
+    assert len(shown.splitlines()) == 2  # the heading and the run's one line
+
+
+async def test_a_handlers_error_text_is_shown_on_one_line_escaped(cli: Cli) -> None:
+    """A handler's exception text went to the runs table as it was: a newline broke the
+    table, an escape sequence reached the operator's terminal."""
+    engine = Engine(discover_definitions(cli.root / "schedules"), open_store(cli.store))
+    await engine.open()
+    try:
+        at = engine.clock.now()
+        engine.store.save_runs([Run(id=engine.new_id(), name="hourly", scheduled_at=at, status="failed", trigger="manual",
+                                    coordination_outcome="manual", instance="web-1", fired_at=at, finished_at=at,
+                                    error_tag="RuntimeError", error_message="\x1b[2Jwiped\nsecond line")])  # fmt: skip
+        await engine.store.flush()
+    finally:
+        await engine.stop()
+    shown = cli.ok("runs", "hourly").stdout
+    assert "[RuntimeError] \\x1b[2Jwiped\\nsecond line" in shown and "\x1b" not in shown, shown
     assert len(shown.splitlines()) == 2  # the heading and the run's one line
 
 

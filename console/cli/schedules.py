@@ -71,7 +71,8 @@ def runs_table(runs: list[Run], zone: str) -> str:
             run.coordination_outcome,
             printable(run.instance),  # stored as given: it may predate the check of --instance
             fmt.duration(run.duration_ms),
-            " ".join(filter(None, [run.error_tag and f"[{run.error_tag}]", run.error_message])) or "",
+            # (a handler's text: one line, and nothing a terminal would act on)
+            printable(" ".join(filter(None, [run.error_tag and f"[{run.error_tag}]", run.error_message])), 300),
         ]
         for run in runs
     ]
