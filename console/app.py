@@ -157,8 +157,8 @@ class SchedtuiApp(App[None]):
         Key("escape", "clear_filter", "Clear filter", show=False, help="clear the filter"),
         Key("question_mark", "help", "Help", help="this help"),
         Key("q", "quit", "Quit", help="quit (asks while a backfill started here runs)"),
-        Key("ctrl+c", "quit", "Quit", id="quit_ctrl_c", show=False, priority=True,
-            help="quit, as q does (on every screen: a dialog's copy key does not take it)"),
+        # (priority: on a pop-up, the screen's copy key would take it first)
+        Key("ctrl+c", "quit", "Quit", id="quit_ctrl_c", show=False, priority=True, help="quit, as q does"),
         Key("colon", "command_line", "Command", show=False, priority=True,
             help="command line: :jobs, :locks … (a view by name), :help, :q"),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
@@ -209,6 +210,8 @@ class RunsTable(FreshTable):
         """The runs shown, newest first."""
         self._shown: list[tuple[str, tuple[Text | str, ...]]] = []
         self._max_runtime_s = 1800.0
+        self._width = 80
+        """The width it had when last shown with one (80 until laid out)."""
 
     def on_mount(self) -> None:
         for key, label in self.COLUMNS:
@@ -224,8 +227,11 @@ class RunsTable(FreshTable):
         """The room the columns before the error leave it, as wide as their widest cell."""
         used = 0
         for index, (_, label) in enumerate(self.COLUMNS[: self._ERROR]):
-            used += max([len(label), *(row[index].cell_len for row in rows)]) + 2  # (its padding)
-        return max(self.ERROR_MIN, self.size.width - 1 - used - 2)
+            used += max([len(label), *(cell_len(row[index].plain) for row in rows)]) + 2  # (its padding)
+        # Hidden (its view switched away from), it has no width: it keeps the last one, and
+        # its cells stay as drawn.
+        self._width = self.size.width or self._width
+        return max(self.ERROR_MIN, self._width - 1 - used - 2)
 
     def _cells(self, run: Run, zone: str, now: datetime) -> tuple[Text, ...]:
         """The run's cells, its error whole (cut to the room left by :meth:`_fitted`)."""
