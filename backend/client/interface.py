@@ -62,6 +62,7 @@ from backend.model import (
     iso,
 )
 from backend.observability.logs import RunLog
+from backend.schedules import MAX_RUNTIME_LIMIT
 
 __all__ = [
     "ACTIONS",
@@ -150,9 +151,9 @@ SCHEDULE_CHANGES: dict[str, Any] = {
         "enabled": {"type": "boolean"},
         "on_overlap": {"type": "string", "enum": ["skip", "queue", "parallel"]},
         "backfill": {"type": "string", "enum": ["skip", "latest", "all"]},
-        "max_runtime": {"type": "number", "exclusiveMinimum": True, "minimum": 0},
+        "max_runtime": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_RUNTIME_LIMIT},
         "alert": {"description": "false (no alerts), or {failing: N, late: SECONDS, disabled: SECONDS}, "
-                  "each false to turn it off (see the README's Alerts)", "nullable": True},
+                  "each false to turn it off, seconds at most a year (see the README's Alerts)", "nullable": True},
     },
 }
 SCHEDULE_SPEC: dict[str, Any] = {
