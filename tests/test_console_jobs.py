@@ -184,6 +184,22 @@ async def test_R_pressed_while_the_dead_jobs_are_being_read_says_so_and_retries_
         await backend.inner.close()
 
 
+async def test_columns_a_long_key_pushes_off_screen_are_named_in_the_title(store_url: str) -> None:
+    """A job's key of 120 characters widened the KEY column: SCHEDULE and LAST ERROR went off
+    an 80-column screen with nothing saying so."""
+    store = await store_of(store_url)
+    js: JobStore = store
+    now = ManualClock(FROZEN).now()
+    await js.send_jobs("webhooks", [NewJob("01KJPRZB00LONGKEY000000001", "{}", now, 1, key="k" * 120)], now)
+    await store.close()
+    async with jobs_view(store_url, size=(80, 24)) as (app, pilot, clock, notes, view):
+        await pilot.press("down", "down", "enter")  # webhooks' jobs
+        await settle(pilot)
+        title = str(view.query_one("#jobs-title", Line).render())
+        hidden = view.query_one(JobsTable).hidden_columns()
+        assert hidden and f"→ {', '.join(hidden)} off-screen" in title, title
+
+
 async def test_R_with_the_dead_filter_retries_every_dead_job_shown_typing_their_count(store_url: str) -> None:
     store = await store_of(store_url)
     js: JobStore = store

@@ -159,7 +159,9 @@ class JobsView(View):
         view = next((q for q in self.queues if q.name == queue), None)
         if view is not None and view.paused:
             title += f" · ‖ paused ({key('toggle_queue_paused')} resumes)"
-        self.query_one("#jobs-title", Line).update(Content(title))
+        self.query_one("#jobs-title", Line).update(Content(title + table.off_screen()))
+        # (the columns' widths are known once the rows are laid out)
+        self.call_after_refresh(lambda: self.query_one("#jobs-title", Line).update(Content(title + table.off_screen())))
 
     def tick(self, now: datetime) -> None:
         self.queues_table.tick(now)

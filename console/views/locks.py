@@ -150,10 +150,7 @@ class LocksView(View):
         self.query_one("#locks-hint", Line).update(Content.styled(hint, "$text-muted"))
 
     def _title(self, count: int, held: int) -> None:
-        title = f"LOCKS  {count} · {held} held"
-        hidden = self.table.hidden_columns()
-        if hidden:
-            title += f" · → {', '.join(hidden)} off-screen (wider terminal, or ← →)"
+        title = f"LOCKS {count} · {held} held" + self.table.off_screen()
         self.query_one("#locks-title", Line).update(title)
 
     def on_resize(self) -> None:

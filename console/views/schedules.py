@@ -188,9 +188,7 @@ class SchedulesView(View):
             title += f" of {len(console.views)} · filter “{console.filter_text}” (esc clears)"
         if failing:
             title += Content.assemble(" · ", (f"✗ {failing} failing", "$text-error"))
-        hidden = self.table.hidden_columns()
-        if hidden:
-            title += f" · → {', '.join(hidden)} off-screen (wider terminal, or ← →)"
+        title += self.table.off_screen()
         self.query_one("#schedules-title", Line).update(title)
 
     def _show_detail(self) -> None:

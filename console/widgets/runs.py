@@ -275,12 +275,3 @@ class RunsTable(FreshTable):
             return
         self._shown = shown
         self.replace_rows(shown, selected)
-
-    def hidden_columns(self) -> list[str]:
-        room = self.scrollable_content_region.width
-        used, hidden = 0, []
-        for column in self.ordered_columns:
-            used += column.get_render_width(self)
-            if used > room:
-                hidden.append(str(column.label).lower())
-        return hidden

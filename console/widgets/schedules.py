@@ -389,6 +389,11 @@ class FreshTable(DataTable[Text | str]):
                 hidden.append(str(column.label).lower())
         return hidden
 
+    def off_screen(self) -> str:
+        """What a view's title adds to say which columns do not fit (nothing if all do)."""
+        hidden = self.hidden_columns()
+        return f" · → {', '.join(hidden)} off-screen (wider terminal, or ← →)" if hidden else ""
+
     def add_plain_rows(self, rows: Iterable[tuple[str, Sequence[Text | str]]]) -> None:
         """``add_row`` for many rows (each its key and cells; one line high, unlabelled) at
         once. Textual's sets the cursor again, counts an update and asks for an idle for
