@@ -252,7 +252,7 @@ async def test_e_disables_with_a_note_then_enables(store_url: str) -> None:
         assert view.state_note.by == os_user()  # the person at the console
         assert cell(app, "heartbeat", "state") == "○ off"
         detail = app.query_one(DetailBar).render().plain
-        assert f"○ disabled by {os_user()} at 03-02 09:00:05 CET, 0s ago: vendor outage" in detail
+        assert f"○ disabled: vendor outage (by {os_user()} at 03-02 09:00:05 CET, 0s ago)" in detail
         assert cell(app, "heartbeat", "next") == "disabled"
         assert notes.titled("Disabled") == ["heartbeat disabled: vendor outage"]
         await pilot.press("e")  # enabling asks nothing, and says which note it clears

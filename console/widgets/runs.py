@@ -92,9 +92,11 @@ class DetailBar(Widget):
             if note is not None:
                 when = fmt.short_time(note.at, self.zone)
                 ago = f", {fmt.age(note.at, now)} ago" if now is not None else ""
+                # The note first: a narrow terminal cuts the end of the line, and why it is
+                # off matters more than who said so and when.
                 lines.append(Content.assemble(
-                    ("○ disabled", "bold $text-warning"), f" by {note.by} at {when}{ago}",
-                    (": " + note.note) if note.note else "",
+                    ("○ disabled", "bold $text-warning"), (": " + note.note) if note.note else "",
+                    (f" (by {note.by} at {when}{ago})", "$text-muted") if note.note else f" by {note.by} at {when}{ago}",
                 ))
             else:
                 lines.append(Content.assemble(("○ disabled in its definition", "bold $text-warning")))
