@@ -266,25 +266,19 @@ async def test_e_disables_with_a_note_then_enables(store_url: str) -> None:
 async def test_e_enter_e_typed_at_once_disables_then_enables(store_url: str) -> None:
     clock = ManualClock(FROZEN)
     backend = Held(console_backend(store_url, clock), "set_enabled")
-    app = SchedtuiApp(backend, clock, where=WHERE, operator_zone=OPERATOR_ZONE)  # type: ignore[arg-type]  # a stand-in that holds calls
-    notes = Notes(app)
-    try:
-        async with app.run_test(size=(120, 32)) as pilot:
-            await settle(pilot)
-            await select(pilot, "heartbeat")
-            backend.go.clear()  # the disable is not answered before the second e
-            await pilot.press("e", "enter", "e")
-            await pilot.pause()
-            assert not isinstance(app.screen, NotePrompt)  # the second e enables: it asks nothing
-            backend.go.set()
-            await settle(pilot)
-            assert [args for _, args in backend.calls] == [("heartbeat", False), ("heartbeat", True)]
-            view = app.view_of("heartbeat")
-            assert view is not None and view.enabled
-            assert notes.titled("Disabled") == ["heartbeat disabled"]
-            assert [n.split(";")[0] for n in notes.titled("Enabled")] == ["heartbeat enabled"]
-    finally:
-        await backend.inner.close()
+    async with console(store_url, backend=backend, clock=clock) as (app, pilot, clock, notes):
+        await select(pilot, "heartbeat")
+        backend.go.clear()  # the disable is not answered before the second e
+        await pilot.press("e", "enter", "e")
+        await pilot.pause()
+        assert not isinstance(app.screen, NotePrompt)  # the second e enables: it asks nothing
+        backend.go.set()
+        await settle(pilot)
+        assert [args for _, args in backend.calls] == [("heartbeat", False), ("heartbeat", True)]
+        view = app.view_of("heartbeat")
+        assert view is not None and view.enabled
+        assert notes.titled("Disabled") == ["heartbeat disabled"]
+        assert [n.split(";")[0] for n in notes.titled("Enabled")] == ["heartbeat enabled"]
 
 
 async def test_disabling_enter_skips_the_note_and_esc_cancels(store_url: str) -> None:

@@ -48,10 +48,10 @@ def store_url(ledger: Path, tmp_path: Path) -> str:
 
 @asynccontextmanager
 async def jobs_view(
-    url: str, *, size: tuple[int, int] = (120, 32), **kwargs: Any
+    url: str, *, size: tuple[int, int] = (120, 32), backend: Any = None, **kwargs: Any
 ) -> AsyncIterator[tuple[SchedtuiApp, Pilot[Any], ManualClock, Notes, JobsView]]:
     clock = ManualClock(FROZEN)
-    backend = console_backend(url, clock, read_only=kwargs.get("read_only", False))
+    backend = backend or console_backend(url, clock, read_only=kwargs.get("read_only", False))
     app = SchedtuiApp(backend, clock, where=WHERE, operator_zone=ZONE, **kwargs)
     notes = Notes(app)
     try:
@@ -155,33 +155,22 @@ async def test_R_pressed_while_the_dead_jobs_are_being_read_says_so_and_retries_
     """``f f f R`` typed at once: the dead jobs were not read yet, and R answered "no dead
     job shown" under a title of six dead jobs. It says they are being read; once shown, R
     asks about them."""
-    clock = ManualClock(FROZEN)
-    backend = Held(console_backend(store_url, clock), "list_jobs")
-    app = SchedtuiApp(backend, clock, where=WHERE, operator_zone=ZONE)  # type: ignore[arg-type]  # a stand-in that holds calls
-    notes = Notes(app)
-    try:
-        async with app.run_test(size=(120, 32)) as pilot:
-            await settle(pilot)
-            await pilot.press("3")
-            await settle(pilot)
-            view = app.active_view
-            assert isinstance(view, JobsView)
-            await pilot.press("enter")  # the first queue's jobs
-            await settle(pilot)
-            backend.go.clear()
-            await pilot.press("f", "f", "f", "R")  # dead, then R before the dead jobs are read
-            await pilot.pause()
-            assert view.status == "dead" and not isinstance(app.screen, (Confirm, TypedCount))
-            assert notes.seen[-1][1].endswith("are still being read: press R again once they are shown.")
-            backend.go.set()
-            await settle(pilot)
-            dead = view.query_one(JobsTable).row_count
-            assert dead > 0
-            await pilot.press("R")
-            await settle(pilot)
-            assert isinstance(app.screen, (Confirm, TypedCount))
-    finally:
-        await backend.inner.close()
+    backend = Held(console_backend(store_url, ManualClock(FROZEN)), "list_jobs")
+    async with jobs_view(store_url, backend=backend) as (app, pilot, clock, notes, view):
+        await pilot.press("enter")  # the first queue's jobs
+        await settle(pilot)
+        backend.go.clear()
+        await pilot.press("f", "f", "f", "R")  # dead, then R before the dead jobs are read
+        await pilot.pause()
+        assert view.status == "dead" and not isinstance(app.screen, (Confirm, TypedCount))
+        assert notes.seen[-1][1].endswith("are still being read: press R again once they are shown.")
+        backend.go.set()
+        await settle(pilot)
+        dead = view.query_one(JobsTable).row_count
+        assert dead > 0
+        await pilot.press("R")
+        await settle(pilot)
+        assert isinstance(app.screen, (Confirm, TypedCount))
 
 
 async def test_columns_a_long_key_pushes_off_screen_are_named_in_the_title(store_url: str) -> None:
