@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Input, Select
+from textual.widgets import Checkbox, Input, Select
 
 from backend import ManualClock
 from backend.client.remote import RemoteBackend
@@ -405,3 +405,26 @@ def test_what_was_stored_is_said_field_by_field_and_a_long_payload_by_its_size()
     assert lines[1].startswith('payload {"ids": [0, 1, 2') and lines[1].endswith("… (399 bytes in all)")
     assert len(lines[1]) < SHOWN_PAYLOAD + 40
     assert lines[2] == "no description"
+
+
+async def test_the_enabled_box_says_ticked_or_not_without_colour(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under NO_COLOR the box itself differs: ``▐X▌`` ticked, ``▐ ▌`` not (Textual's drew
+    ``▐X▌`` both ways, the X's colour alone telling them apart)."""
+    monkeypatch.setenv("NO_COLOR", "1")
+    async with schedules_view(store_url, size=(80, 24)) as (app, pilot, notes, backend):
+        assert app.no_color
+        await pilot.press("n")
+        await settle(pilot)
+        box = app.screen.query_one("#enabled", Checkbox)
+
+        def drawn() -> str:
+            return box.render().plain
+
+        assert box.value and drawn().startswith("▐X▌ Enabled")
+        box.focus()
+        await pilot.press("space")
+        await settle(pilot)
+        assert not box.value and drawn().startswith("▐ ▌ Enabled")
+        await pilot.press("space")
+        await settle(pilot)
+        assert box.value and drawn().startswith("▐X▌ Enabled")

@@ -35,6 +35,7 @@ from console import format as fmt
 from console.screens.confirm import Confirm
 from console.widgets.bounded import LINE_CHARS, NUMBER_CHARS, BoundedInput
 from console.widgets.button import PressButton
+from console.widgets.tickbox import TickBox
 
 __all__ = ["BackfillScreen", "PlanState"]
 
@@ -200,7 +201,7 @@ class BackfillScreen(ModalScreen[None]):
                 yield Label("To")
                 yield BoundedInput(self.initial[1], id="to", limit=LINE_CHARS, unit="characters", what="To")
             yield Static(id="plan", classes="form")
-            yield Checkbox("Skip the slots that already succeeded", id="skip", classes="form", compact=True)
+            yield TickBox("Skip the slots that already succeeded", id="skip", classes="form", compact=True)
             with Horizontal(classes="field form", id="confirm-row"):
                 yield Label("Confirm")
                 yield BoundedInput(placeholder="type the slot count", id="confirm", restrict=r"[0-9,]*",

@@ -35,6 +35,7 @@ from backend.schedules import MAX_NAME_CHARS
 from console import format as fmt
 from console.widgets.bounded import LINE_CHARS, BoundedInput
 from console.widgets.button import PressButton
+from console.widgets.tickbox import TickBox
 
 __all__ = ["DEFINED_IN_CODE", "PREVIEW_COUNT", "SHOWN_PAYLOAD", "ScheduleForm", "defined_in_code", "stored_fields"]
 
@@ -219,7 +220,7 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
                 description = (view.description or "") if view is not None else ""
                 yield BoundedInput(description, placeholder="optional", id="description", limit=MAX_DESCRIPTION,
                                    unit="characters", what="A description")
-            yield Checkbox("Enabled (fires on its schedule)", view.enabled if view is not None else True, id="enabled",
+            yield TickBox("Enabled (fires on its schedule)", view.enabled if view is not None else True, id="enabled",
                            compact=True)
             yield Static(id="preview")
             yield Static("", id="problem")
