@@ -11,6 +11,7 @@ UTF-8 can only come through a real process's argv.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -181,6 +182,50 @@ def test_the_remote_backend_refuses_such_a_token_itself() -> None:
     with pytest.raises(BadInput) as caught:
         RemoteBackend("http://127.0.0.1:9", f"{SECRET}\nX")
     assert SECRET not in caught.value.message
+
+
+BAD_TOKENS = [f"{SECRET}\nX", f"{SECRET}\rX", f"{SECRET}\x00X", f"{SECRET}\x1bX", f"{SECRET}é", f"{SECRET}\u20ac"]
+
+
+@pytest.mark.parametrize("token", BAD_TOKENS)
+def test_serve_refuses_a_token_a_header_cannot_carry_without_showing_it(cli: Cli, token: str) -> None:
+    """Such a token can never be presented, so a server given it would wait for requests
+    that all fail: it is refused before anything is served (without the check, serve
+    starts, and the process outlives its timeout)."""
+    (cli.root / "ops.token").write_text(f"# the operator's\nalice={token}\n")
+    # (the arguments, $SCHEDTUI_TOKEN, where the bad token comes from); "": no variable
+    for args, variable, source in [
+        (["--token", token], "", "--token"),
+        (["--token-file", str(cli.root / "ops.token")], "", "--token-file"),
+        (["--read-token", f"bob={token}"], "fine", "--read-token"),
+        ([], token, "$SCHEDTUI_TOKEN"),
+    ]:
+        on_argv = source in ("--token", "--read-token")
+        if ("\x00" in token and source != "--token-file") or (len(token.splitlines()) > 1 and not on_argv):
+            continue  # argv and the environment cannot hold a NUL; a file or variable is one token a line
+        line = refused(real(cli, "serve", "--port", "0", *args, SCHEDTUI_TOKEN=variable))
+        assert "which a request header cannot carry; it is not shown" in line and f"(in {source}" in line, line
+        assert SECRET not in line
+    assert not (cli.root / "ops.log").exists()
+
+
+@pytest.mark.parametrize("token", BAD_TOKENS)
+async def test_an_embedded_server_refuses_such_a_token_before_its_engine_starts(tmp_path: Path, token: str) -> None:
+    from backend.api.server import serve
+    from backend.api.tokens import ApiToken
+    from backend.client.embedded import EmbeddedBackend
+
+    engine = Engine([], f"sqlite:///{tmp_path / 'state.db'}")
+    stop = asyncio.Event()
+    stop.set()  # without the check it would serve, and return at once
+    for operate, read in [([token], None), ("fine", [f"bob={token}"])]:
+        with pytest.raises(BadInput, match="which a request header cannot carry") as caught:
+            await serve(EmbeddedBackend(engine), port=0, token=operate, read_token=read, stop=stop)
+        assert SECRET not in caught.value.message
+    assert not engine.started
+    with pytest.raises(BadInput, match='the read token "bob" holds'):
+        ApiToken("bob", token, "read")  # made in code rather than parsed
+    assert Tokens.from_options("alice=printable ASCII~!", None).tokens[0].secret == "printable ASCII~!"
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ named ``operator`` and a bare read token ``reader``. A secret that looks like
 ``NAME=REST`` is read as named, except when ``REST`` is only ``=`` signs (base64
 padding: ``dGVzdA==`` and ``YWI=`` are bare secrets). Several tokens of each kind may be given; names
 and secrets must each be distinct. A server without any token is reachable on loopback
-only, and its requests act as :data:`ANONYMOUS`.
+only, and its requests act as :data:`ANONYMOUS`. A secret must be printable ASCII, what an
+``Authorization`` header carries (:func:`check_token`): any other could never be presented.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Literal
 
 from backend.errors import BadInput, Unauthorized
 from backend.events.audit import check_actor
+from backend.safetext import printable
 
-__all__ = ["ANONYMOUS", "ApiToken", "Tokens", "parse_token"]
+__all__ = ["ANONYMOUS", "ApiToken", "Tokens", "check_token", "parse_token"]
 
 Access = Literal["read", "operate"]
 
@@ -30,11 +32,30 @@ DEFAULT_NAMES: dict[Access, str] = {"operate": "operator", "read": "reader"}
 _NAMED = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_.@+-]{0,63})=(.*)", re.DOTALL)
 
 
+def check_token(token: str, source: str = "the token") -> str:
+    """``token`` if an ``Authorization`` header can carry it (printable ASCII); else
+    BadInput naming where it came from (``source``) and never the token itself, nor any
+    part of it: a client would otherwise fail on it, quoting it, when it sends it, and a
+    server would wait for a request that can never present it."""
+    for char in token:
+        if not " " <= char <= "~":
+            kind = "a control character" if char < " " or char == "\x7f" else "a character that is not printable ASCII"
+            raise BadInput(f"{source} holds {kind}, which a request header cannot carry; it is not shown", field="token")
+    return token
+
+
 @dataclass(frozen=True)
 class ApiToken:
+    """A token a server accepts. Its secret is checked (:func:`check_token`) when it is
+    made: code that hands the server its tokens learns of one that cannot be sent."""
+
     name: str
     secret: str
     access: Access
+
+    def __post_init__(self) -> None:
+        what = "token" if self.access == "operate" else "read token"
+        check_token(self.secret, f'the {what} "{printable(self.name)}"')
 
     def __repr__(self) -> str:  # never the secret, not even in a traceback
         return f"ApiToken(name={self.name!r}, access={self.access!r})"

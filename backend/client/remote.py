@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 import httpx
 
+from backend.api.tokens import check_token
 from backend.client.actions import Action, check_arguments, decode, encode
 from backend.client.interface import SYSTEMS, Backend, ConnectionInfo
 from backend.errors import (
@@ -321,17 +322,6 @@ def check_server_url(url: str) -> str:
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         raise BadInput(f'server URL "{shown}": port {parsed.port} is not a port number (1-65535)', field="url")
     return url
-
-
-def check_token(token: str, source: str = "the token") -> str:
-    """``token`` if an ``Authorization`` header can carry it (printable ASCII); else
-    BadInput naming where it came from (``source``) and never the token itself, nor any
-    part of it: the client would otherwise fail on it, quoting it, when it sends it."""
-    for char in token:
-        if not " " <= char <= "~":
-            kind = "a control character" if char < " " or char == "\x7f" else "a character that is not printable ASCII"
-            raise BadInput(f"{source} holds {kind}, which a request header cannot carry; it is not shown", field="token")
-    return token
 
 
 def _seg(value: str) -> str:
