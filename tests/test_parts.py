@@ -328,3 +328,64 @@ async def test_a_stop_ends_a_loop_whose_cancellation_was_dropped_in_its_work(clo
     await asyncio.sleep(0)
     await asyncio.wait_for(loops.cancel_all(), 10)  # the timeout only bounds a broken test
     assert dropped.is_set() and not loops.tasks
+
+
+async def test_a_kept_loop_that_raises_starts_again_after_a_pause_that_doubles(
+    clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A long-lived loop's round that raises what it did not expect (a store error of a
+    kind it does not handle, a bug) must not end the loop for good: the lease, the timers
+    and the workers would stop while the process looks alive. It starts again after 1 s,
+    then 2 s, 4 s…, parked meanwhile (so quiesce() returns), the first failure logged
+    with its traceback."""
+    loops = Loops(clock)
+    loops.expect("worker")
+    calls: list[datetime] = []
+
+    async def worker() -> None:
+        calls.append(clock.now())
+        if len(calls) <= 3:
+            raise RuntimeError(f"round {len(calls)} broke")
+        await loops.park("worker", None)
+
+    async def nothing() -> None:
+        pass
+
+    loops.keep(worker, "worker")
+    await asyncio.wait_for(loops.quiesce(lambda: True, nothing), 10)  # the timeout only bounds a broken test
+    assert calls == [T0]
+    for pause in (1, 2, 4):
+        clock.advance(pause - 0.5)
+        await asyncio.wait_for(loops.quiesce(lambda: True, nothing), 10)
+        assert len(calls) == {1: 1, 2: 2, 4: 3}[pause]  # not yet
+        clock.advance(0.5)
+        await asyncio.wait_for(loops.quiesce(lambda: True, nothing), 10)
+    assert [(c - T0).total_seconds() for c in calls] == [0, 1, 3, 7]
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "worker failed (RuntimeError: round 1 broke" in errors[0].getMessage()
+    assert "starts again in 1s" in errors[0].getMessage() and errors[0].exc_info is not None
+    assert len(loops.tasks) == 1  # the same task, still running
+    await loops.cancel_all()
+
+
+async def test_a_kept_loop_that_never_parks_starts_again_on_the_clock(clock: ManualClock) -> None:
+    loops = Loops(clock)
+    calls: list[datetime] = []
+    stop = asyncio.Event()
+
+    async def listener() -> None:
+        calls.append(clock.now())
+        if len(calls) == 1:
+            raise ValueError("a reply it did not expect")
+        await stop.wait()
+
+    loops.keep(listener, "listener")
+    while clock.sleepers == 0:
+        await asyncio.sleep(0)
+    assert calls == [T0] and "listener" not in loops._parking  # quiesce() never waits for it
+    clock.advance(1)
+    while len(calls) < 2:
+        await asyncio.sleep(0)
+    assert calls == [T0, T0 + timedelta(seconds=1)]
+    await loops.cancel_all()
+    assert not loops.tasks

@@ -123,7 +123,7 @@ class DurableExecutor:
         lease.on_lapse.append(self.lease_lapsed)
         lease.on_renewed.append(self.poke)
         self.loops.expect("durable")
-        self.loops.spawn(self._loop(), "durable")
+        self.loops.keep(self._loop, "durable")
         self.started = True
 
     async def _loop(self) -> None:

@@ -142,7 +142,7 @@ class RunSignals:
     def open(self) -> None:
         self._wake, self._handed = asyncio.Event(), asyncio.Event()  # on this open's loop
         self._names.clear()
-        self._task = self.loops.spawn(self._publish(), "run signals")
+        self._task = self.loops.keep(self._publish, "run signals")
 
     async def _publish(self) -> None:
         while True:
@@ -216,10 +216,11 @@ class PostgresRelay:
 
     def open(self) -> None:
         self._wake = asyncio.Event()
-        self._sender = self.loops.spawn(self._send_loop(), "event notifications")
+        self._sender = self.loops.keep(self._send_loop, "event notifications")
         self._readers_changed = asyncio.Event()
-        self._marker = self.loops.spawn(
-            self.store.hold_readers_mark(lambda: self.events.subscribers > 0, self._readers_changed), "readers mark"
+        self._marker = self.loops.keep(
+            lambda: self.store.hold_readers_mark(lambda: self.events.subscribers > 0, self._readers_changed),
+            "readers mark",
         )
 
     def readers_changed(self) -> None:
@@ -229,7 +230,9 @@ class PostgresRelay:
     def listen(self) -> None:
         """Start listening to the other instances (idempotent)."""
         if self._listener is None or self._listener.done():
-            self._listener = self.loops.spawn(self.store.listen_events(self._received, self._listening), "event listener")
+            self._listener = self.loops.keep(
+                lambda: self.store.listen_events(self._received, self._listening), "event listener"
+            )
 
     def _payloads(self) -> tuple[str, str | None]:
         """What is pending: the notification for readers, and the part of it the other
@@ -350,7 +353,7 @@ class StoreWatch:
     def listen(self) -> None:
         if self._task is None or self._task.done():
             self.loops.expect("store watch")  # quiesce waits for its first look
-            self._task = self.loops.spawn(self._watch(), "store watch")
+            self._task = self.loops.keep(self._watch, "store watch")
 
     async def _watch(self) -> None:
         last: int | None = None

@@ -57,7 +57,7 @@ class Notifier:
             return
         self.pending.add(queue)
         if self.task is None or self.task.done():
-            self.task = self.jobs.shared.loops.spawn(self._send(), "jobs notifier")
+            self.task = self.jobs.shared.loops.keep(self._send, "jobs notifier")
 
     async def _send(self) -> None:
         while self.pending:

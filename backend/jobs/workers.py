@@ -266,9 +266,9 @@ class Workers:
         self.lease.on_lapse.append(self.lease_lapsed)
         self.lease.on_renewed.append(self.poke)
         self.loops.expect("jobs")
-        self.loops.spawn(self._dispatch(), "jobs")
+        self.loops.keep(self._dispatch, "jobs")
         if self.store.job_notifications:
-            self.loops.spawn(self.store.watch_jobs(self.heard), "jobs listener")
+            self.loops.keep(lambda: self.store.watch_jobs(self.heard), "jobs listener")
 
     def poke(self, queue: str | None = None) -> None:
         """There may be work for ``queue`` (``None``: for every queue)."""

@@ -162,7 +162,7 @@ class EngineMetrics:
         """One scrape, in the Prometheus text format (:data:`CONTENT_TYPE`)."""
         await self.refresh()
         if self._between is None or self._between.done():
-            self._between = self.engine.loops.spawn(self._render_between_scrapes(), "metrics counts")
+            self._between = self.engine.loops.keep(self._render_between_scrapes, "metrics counts")
         counts = await self._counts_text()
         # A few dozen series read from /proc: a fraction of a millisecond, not worth a thread.
         return b"".join([counts, self.fleet.text, generate_latest(self.process)])
@@ -463,7 +463,7 @@ class FleetGauges(Collector):
         if self._task is None or self._task.done():
             self._first = True
             self._wake, self._built = asyncio.Event(), None  # of this event loop (an engine may be opened on another)
-            self._task = self.engine.loops.spawn(self._refresh(), "metrics refresh")
+            self._task = self.engine.loops.keep(self._refresh, "metrics refresh")
         elif self.stale(now) and not self._reading:
             self._wake.set()  # the clock went back: the read's age is unknown
         if self._first:

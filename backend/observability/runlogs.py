@@ -178,7 +178,7 @@ class RunLogs:
         if self._loop is None:
             return
         if self._task is None:
-            self._task = self.loops.spawn(self._keep(), "run logs")
+            self._task = self.loops.keep(self._keep, "run logs")
         elif self._idle:
             self._wake.set()
 

@@ -15,17 +15,23 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from backend.clock import Clock
 
-__all__ = ["Loops", "stop_if_cancelled"]
+__all__ = ["RESTART_AFTER_MAX", "Loops", "stop_if_cancelled"]
 
 log = logging.getLogger("schedtui.engine")
 
 #: Seconds a stop waits for a cancelled task before cancelling it again.
 CANCEL_AGAIN = 0.5
+#: The longest pause (seconds) before a long-lived loop that raised starts again: the
+#: pause doubles from one second with each failure in a row.
+RESTART_AFTER_MAX = 60.0
+#: A loop that ran this long (seconds, on the clock) before it raised starts its count of
+#: failures in a row afresh.
+_HEALTHY_FOR = 300.0
 
 
 @dataclass
@@ -81,6 +87,43 @@ class Loops:
 
         task.add_done_callback(done)
         return task
+
+    def keep(self, loop: Callable[[], Awaitable[Any]], name: str, *, parks_as: str | None = None) -> asyncio.Task[Any]:
+        """Spawn a long-lived loop that must not end: ``loop()`` is called again whenever it
+        raises (anything but a cancellation), after a pause that doubles from one second to
+        :data:`RESTART_AFTER_MAX`, spent parked as ``parks_as`` (the name the loop parks
+        under, ``name`` by default) if the loop parks at all. A store error a loop did not expect, or a bug in one of
+        its rounds, fails that round: it must never stop the instance's lease, timers or
+        workers for good while the process looks alive. The first failure is logged with
+        its traceback, then every tenth while they go on."""
+        return self.spawn(self._kept(loop, name, parks_as or name), name)
+
+    async def _kept(self, loop: Callable[[], Awaitable[Any]], name: str, parks_as: str) -> None:
+        failures = 0
+        while True:
+            began = self.clock.now()
+            try:
+                await loop()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if (self.clock.now() - began).total_seconds() >= _HEALTHY_FOR:
+                    failures = 0
+                failures += 1
+                pause = min(RESTART_AFTER_MAX, 2.0 ** (failures - 1))
+                if failures % 10 == 1:
+                    log.error(
+                        "%s failed (%s, %d time(s) in a row); it starts again in %gs",
+                        name, f"{type(exc).__name__}: {exc}", failures, pause, exc_info=exc,
+                    )  # fmt: skip
+                else:
+                    log.debug("%s failed again (%s: %s)", name, type(exc).__name__, exc)
+            again = self.clock.now() + timedelta(seconds=pause)
+            if parks_as in self._parking:
+                await self.park(parks_as, again)  # idle meanwhile, for quiesce()
+            else:
+                await self.clock.sleep_until(again)  # a loop quiesce() does not wait for
 
     async def cancel_all(self, keep: Collection[asyncio.Task[Any]] = ()) -> None:
         """Cancel every task (but those in ``keep``) and wait until all have ended. One whose

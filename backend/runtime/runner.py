@@ -362,7 +362,7 @@ class HandlerRunner:
     def open(self) -> None:
         self._wake = asyncio.Event()
         self.loops.expect("watchdog")  # busy until it first parks
-        self.loops.spawn(self._watchdog(), "watchdog")
+        self.loops.keep(self._watchdog, "watchdog")
 
     # -- starting ---------------------------------------------------------------------
     @property

@@ -133,16 +133,16 @@ def start_engine(engine: Engine) -> None:
         subsystem.start()
     engine.lease.after_lapse = lambda why: end_if_threads_run(engine, why)
     engine.loops.expect("lease")
-    engine.loops.spawn(renew_lease(engine), "lease")
-    engine.loops.spawn(engine.lease.watch(), "lease watch")
+    engine.loops.keep(lambda: renew_lease(engine), "lease")
+    engine.loops.keep(engine.lease.watch, "lease watch")
     engine.loops.expect("maintenance")
-    engine.loops.spawn(housekeeping(engine), "maintenance")
+    engine.loops.keep(lambda: housekeeping(engine), "maintenance")
     if engine.relay.postgres is not None:
         # Another instance's change to a stored schedule is heard at once by NOTIFY
         # (the state poll would find it within its interval anyway).
         engine.relay.postgres.on_remote = engine.catalog.heard
         engine.relay.listen()
-        engine.loops.spawn(engine.catalog.follow_signals(), "catalog signals")
+        engine.loops.keep(engine.catalog.follow_signals, "catalog signals")
 
 
 async def renew_lease(engine: Engine) -> None:

@@ -139,7 +139,7 @@ class Timers:
     def start(self) -> None:
         self._wake = asyncio.Event()
         self.loops.expect("timers")
-        self.loops.spawn(self._loop(), "timers")
+        self.loops.keep(self._loop, "timers")
 
     def arm(self, schedule: Schedule, after: datetime) -> None:
         """Arm the schedule's first slot after ``after``."""

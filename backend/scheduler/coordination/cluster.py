@@ -305,7 +305,7 @@ class Cluster:
 
     def start(self) -> None:
         self.loops.expect("cluster")
-        self.loops.spawn(self._loop(), "cluster")
+        self.loops.keep(self._loop, "cluster")
 
     async def maintain(self, now: datetime) -> None:
         """Nothing here: the cluster keeps its own loop (a slow housekeeping round must not

@@ -160,7 +160,14 @@ _PUBLIC_REASONS = (
     ("53300", "the server has no connection slot left"),
     ("57P", "the server is shutting down or starting up"),
     ("08", "the connection to the server failed"),
+    ("25006", "the server takes no writes (a read-only standby, or a failover under way)"),
 )
+
+#: Statement errors that say the server cannot do its part now, whatever the statement:
+#: told as an outage (:class:`Unavailable`), as a connection's failure is. A failover
+#: leaves the old primary answering as a read-only standby (or a pooler still sends there
+#: for a while): every write then fails with 25006, which is no bug of the statement's.
+_SERVER_CANNOT = ("25006",)
 
 
 def _public_reason(exc: BaseException) -> str:
@@ -502,6 +509,8 @@ class PostgresStore(
                     pass
             except psycopg.Error as exc:
                 self._hint_pooler(exc)
+                if exc.sqlstate in _SERVER_CANNOT:
+                    raise self._trouble(exc) from None
                 raise
         raise AssertionError("unreachable")
 

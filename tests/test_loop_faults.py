@@ -1,0 +1,116 @@
+"""Faults an engine's long-lived loops must outlive: a round that raises what the loop did
+not expect, and a PostgreSQL server that takes no writes (the old primary after a
+failover, a standby a pooler still sends to). Before, either ended the loop that met it
+for good: the lease loop first, so the instance's lease lapsed for ever and it stopped all
+its work while the process (and its health check) looked alive."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from backend import Engine, JobContext, ManualClock, Unavailable, connect, define_queue
+from tests import pg
+from tests.test_liveness import LeaseClock
+
+
+async def _settle(engine: Engine) -> None:
+    await asyncio.wait_for(engine.quiesce(runs=False), 20)  # the timeout only bounds a broken test
+
+
+async def test_a_lease_round_that_raises_what_it_did_not_expect_does_not_end_the_lease(
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    lease_clock = LeaseClock()
+    ran: list[Any] = []
+
+    async def handler(job: JobContext) -> None:
+        ran.append(job.payload)
+
+    engine = make_engine([define_queue(name="q", handler=handler)], abandon_after=30, lease_clock=lease_clock)
+    await engine.start()
+    await _settle(engine)
+    store = engine.registry.store
+    real = store.heartbeat_and_unfinished
+    broken = True
+
+    async def beat(*args: Any, **kwargs: Any) -> Any:
+        if broken:
+            raise RuntimeError("a reply the heartbeat did not expect")
+        return await real(*args, **kwargs)
+
+    store.heartbeat_and_unfinished = beat  # type: ignore[method-assign]  # fails while broken
+    for step in (5, 1):  # the next beat fails, and so does the first one after a pause of 1 s
+        clock.advance(step)
+        lease_clock.now += step
+        await _settle(engine)
+    assert engine.lease.renewed_at == lease_clock.now - 6
+    broken = False
+    clock.advance(2)  # the second pause
+    lease_clock.now += 2
+    await _settle(engine)
+    assert engine.lease.renewed_at == lease_clock.now  # the lease loop beat again
+    lease_clock.now += 15  # past the bound of the lease it held before the failures
+    engine.lease.check()
+    assert not engine.lease.lapsed
+    await engine.jobs.send("q", "after")
+    await asyncio.wait_for(engine.quiesce(), 20)
+    assert ran == ["after"]
+    failed = sorted(r.getMessage().split(" (")[0] for r in caplog.records if r.levelname == "ERROR")
+    assert "lease failed" in failed and set(failed) <= {"lease failed", "maintenance failed"}  # (it beats too)
+    assert len(failed) == len(set(failed))  # the second failure in a row is not logged again
+
+
+def _set_read_only(server: pg.PgServer, url: str, on: bool) -> None:
+    """The database answers as a standby would: every write fails with SQLSTATE 25006. Its
+    open sessions are ended so that the new setting reaches every connection."""
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        setting = "SET default_transaction_read_only = on" if on else "RESET default_transaction_read_only"
+        conn.execute(f'ALTER DATABASE "{name}" {setting}')
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+
+
+async def test_a_server_that_takes_no_writes_is_an_outage_not_a_crash(
+    pg_server: pg.PgServer, pg_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran: list[Any] = []
+
+    async def handler(job: JobContext) -> None:
+        ran.append(job.payload)
+
+    engine = Engine([define_queue(name="q", handler=handler)], pg_url, clock=clock, instance="standby-test")
+    await engine.start()
+    try:
+        await engine.jobs.send("q", 1)
+        await asyncio.wait_for(engine.quiesce(), 20)
+        caplog.clear()
+        async with connect(pg_url) as st:
+            _set_read_only(pg_server, pg_url, True)
+            with pytest.raises(Unavailable, match="read-only transaction"):
+                await st.jobs.send("q", 2)  # a send is told the store is unavailable: not a psycopg error
+        for _ in range(3):  # heartbeats, housekeeping, job cycles all fail meanwhile
+            clock.advance(5)
+            await _settle(engine)
+        health = engine.store.health()
+        assert health.state == "failing" and "takes no writes" in (health.error or "")
+        _set_read_only(pg_server, pg_url, False)
+        for _ in range(2):
+            clock.advance(5)
+            await _settle(engine)
+        assert engine.store.health().state == "ok"
+        assert engine.lease.fresh()
+        await engine.jobs.send("q", 3)
+        await asyncio.wait_for(engine.quiesce(), 20)
+        assert ran == [1, 3]
+        failed = [r.getMessage() for r in caplog.records if r.levelname == "ERROR" and r.name.startswith("schedtui")]
+        assert failed == []  # no loop crashed or was started again: each met an outage it knows
+        assert any("store unavailable" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    finally:
+        _set_read_only(pg_server, pg_url, False)
+        await engine.stop()
