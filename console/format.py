@@ -150,6 +150,31 @@ def duration(ms: int | None) -> str:
     return compact_delta(timedelta(milliseconds=ms))
 
 
+ECHO_CHARS = 40
+"""The most of a value the operator typed that a message repeats (a notification, a form's
+problem line): enough to recognise it, never a whole pasted payload."""
+
+
+def cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters: cut with an ellipsis when longer."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def echo(value: str) -> str:
+    """A typed value as a message repeats it: :func:`cut` to :data:`ECHO_CHARS`."""
+    return cut(value, ECHO_CHARS)
+
+
+def echoing(message: str, *values: str) -> str:
+    """``message`` (one the console wrote, or the backend's answer) with each of ``values``
+    (what the operator typed) that it repeats and that is longer than :data:`ECHO_CHARS`
+    cut as :func:`echo` cuts it; the message still names the value."""
+    for value in sorted(set(values), key=len, reverse=True):
+        if len(value) > ECHO_CHARS and value in message:
+            message = message.replace(value, echo(value))
+    return message
+
+
 def table(headers: list[str], rows: list[list[str]]) -> str:
     """A plain, aligned text table (greppable; no box drawing)."""
     widths = [len(h) for h in headers]

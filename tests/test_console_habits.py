@@ -29,6 +29,7 @@ from textual.widgets import DataTable, Input
 
 from backend import ManualClock
 from backend.model import BackfillProgress, parse_iso
+from console import format as fmt
 from console.app import SchedtuiApp
 from console.screens import AuditDetails, HelpScreen, QuitPrompt
 from console.screens.durable import SignalPrompt, StepsScreen
@@ -209,6 +210,17 @@ def test_commands_resolve_names_prefixes_and_numbers() -> None:
     assert resolve("", commands) == (None, "")
     action, why = resolve("t", {**commands, "tail": "tail"})
     assert action is None and why == "“:t” could be :tail or :timeline"
+
+
+async def test_a_long_unknown_command_is_named_cut_short(store_url: str) -> None:
+    """The notification names what was typed up to fmt.ECHO_CHARS, then an ellipsis (it
+    repeated all 200 characters, over a dozen lines at 80 columns)."""
+    async with console(store_url, size=(80, 24)) as (app, pilot, notes):
+        typed = "abcdefghij" * 20
+        await type_at_once(pilot, "colon", *typed, "enter")
+        [said] = notes.titled("Command")
+        assert said.startswith(f"no command “:{typed[: fmt.ECHO_CHARS - 1]}…”; try :schedules,"), said
+        assert typed not in said
 
 
 async def test_q_command_and_ctrl_c_quit_and_ask_only_while_a_backfill_started_here_runs(store_url: str) -> None:

@@ -20,6 +20,7 @@ from textual.widgets import Checkbox, Input, Select
 from backend import ManualClock
 from backend.client.remote import RemoteBackend
 from backend.model import ScheduleView
+from console import format as fmt
 from console.app import SchedtuiApp
 from console.screens.confirm import Confirm
 from console.screens.schedule_form import SHOWN_PAYLOAD, ScheduleForm, stored_fields
@@ -204,6 +205,33 @@ async def test_a_refusal_from_the_backend_names_the_value_and_keeps_the_form(sto
         assert notes.titled("Bad input") == ['queue "no-such-queue" is not defined here nor recorded in the store']
         assert app.screen.query_one("#cron", Input).value == "0 * * * *"
         assert app.view_of("hourly-report") is None and app.view_of("heartbeat") is not None
+
+
+async def test_a_long_bad_value_is_named_cut_short_in_the_notification(store_url: str) -> None:
+    """A long value typed or pasted into a field and refused is repeated up to
+    fmt.ECHO_CHARS, then an ellipsis (the notification repeated all of it): the console's
+    own checks (cron, payload) and the backend's answers (an unknown queue) alike."""
+    async with schedules_view(store_url, size=(80, 24)) as (app, pilot, notes, backend):
+        await pilot.press("n")
+        await settle(pilot)
+        await fill(pilot, name="reap-sessions", cron="0 9 * * 1")
+        screen = app.screen
+        cron = "0 9 * * " + "MON," * 60 + "XYZ"
+        payload = '{"ids": [' + "12345, " * 60 + "oops]}"
+        target = "partner-feed-" + "x" * 100
+        for field, value, title in (("#cron", cron, "Not created"), ("#payload", payload, "Not created"),
+                                    ("#target", target, "Bad input")):
+            screen.query_one(field, Input).value = value
+            await settle(pilot)
+            await pilot.press("ctrl+s")
+            await settle(pilot)
+            said = notes.titled(title)[-1]
+            assert fmt.echo(value) in said and value not in said, said
+            assert len(said) < 200 and said in str(screen.query_one("#problem").render())
+            screen.query_one(field, Input).value = {"#cron": "0 9 * * 1", "#payload": "", "#target": "mailer"}[field]
+            await settle(pilot)
+        assert [call for call, _ in backend.calls] == ["create"]  # only the unknown queue reached it
+        assert fmt.echo(cron) == cron[: fmt.ECHO_CHARS - 1] + "…"
 
 
 async def stored(app: SchedtuiApp, pilot: Pilot[Any], name: str = "reap-sessions") -> None:

@@ -304,6 +304,9 @@ class SendJobScreen(ModalScreen[Sent | None]):
                 yield PressButton("Send", id="send", variant="primary", compact=True)
 
     def _problem(self, text: str) -> None:
+        """Say why nothing was sent, inline and in a notification; a long value it repeats
+        (the backend's answer may echo the key) is cut (:func:`fmt.echoing`)."""
+        text = fmt.echoing(text, *(field.value for field in self.query(Input)))
         self.query_one("#problem", Static).update(text)
         self.notify(text, title="Not sent", severity="warning", markup=False)
 

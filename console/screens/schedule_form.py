@@ -282,7 +282,7 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
         try:
             return Cron(expr, zone)
         except CronError as exc:
-            return exc.message
+            return fmt.echoing(exc.message, expr, zone)
 
     def _payload(self) -> tuple[bool, Any]:
         """(ok, the payload): blank is no payload; otherwise JSON."""
@@ -292,7 +292,7 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
         try:
             return True, json.loads(raw)
         except ValueError as exc:
-            return False, f"payload {raw.strip()} is not JSON: {exc}"
+            return False, f"payload {fmt.echo(raw.strip())} is not JSON: {exc}"
 
     def show_preview(self) -> None:
         cron = self._cron()
@@ -326,6 +326,9 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
 
     # -- saving ---------------------------------------------------------------------------
     def _problem(self, text: str, title: str) -> None:
+        """Say what keeps the form from being sent, inline and in a notification; a long
+        value it repeats (a backend's answer may echo a field) is cut (:func:`fmt.echoing`)."""
+        text = fmt.echoing(text, *(field.value.strip() for field in self.query(Input)))
         self.query_one("#problem", Static).update(Content(text))
         self.notify(text, title=title, severity="warning", markup=False)
 

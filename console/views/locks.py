@@ -24,10 +24,6 @@ from console.widgets.schedules import FreshTable
 __all__ = ["LocksTable", "LocksView"]
 
 
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 class LocksTable(FreshTable):
     """One row per lock, by name; :meth:`tick` recomputes the expiry countdowns and the
     renewal ages from the lock clock's time (the database's, as estimated)."""
@@ -80,7 +76,7 @@ class LocksTable(FreshTable):
         self.clear()
         for lock in snapshot.locks:
             state, expires, renewed = self._timed(lock, now)
-            self.add_row(Text(_cut(lock.name, 24), style="bold"), Text(_cut(lock.holder or "-", 22)),
+            self.add_row(Text(fmt.cut(lock.name, 24), style="bold"), Text(fmt.cut(lock.holder or "-", 22)),
                          Text(str(lock.token)), state, expires, renewed, key=lock.name)  # fmt: skip
         self.measure_now()
         if selected is not None and selected.name in self.locks:

@@ -16,6 +16,7 @@ from textual.suggester import SuggestFromList
 from textual.widget import Widget
 from textual.widgets import Input
 
+from console import format as fmt
 from console.widgets.bounded import LINE_CHARS, BoundedInput
 
 __all__ = ["CommandLine", "commands_of", "resolve"]
@@ -45,9 +46,9 @@ def resolve(text: str, commands: dict[str, str]) -> tuple[str | None, str]:
     if len(actions) == 1:
         return actions.pop(), ""
     if matches:
-        return None, f"“:{word}” could be " + " or ".join(f":{name}" for name in matches)
+        return None, f"“:{fmt.echo(word)}” could be " + " or ".join(f":{name}" for name in matches)
     views = [name for name in names if commands[name].startswith("show_view")]
-    return None, f"no command “:{word}”; try {', '.join(f':{name}' for name in views)}, :help or :q"
+    return None, f"no command “:{fmt.echo(word)}”; try {', '.join(f':{name}' for name in views)}, :help or :q"
 
 
 class CommandLine(BoundedInput):
