@@ -26,10 +26,12 @@ __all__ = [
     "whole_number",
     "shown_number",
     "EARLIEST",
+    "INSTANCE_MAX_CHARS",
     "LATEST",
     "NOTE_MAX_CHARS",
     "check_before",
     "check_id",
+    "check_instance",
     "check_instant",
     "check_json",
     "check_note",
@@ -73,6 +75,31 @@ def check_text(value: object, field: str, *, max_chars: int | None = None, one_l
             field=field,
         )
     return value
+
+
+#: The longest instance name one may give (the default, ``hostname:pid``, is far shorter).
+INSTANCE_MAX_CHARS = 255
+
+
+def check_instance(name: str, field: str = "instance") -> str:
+    """An instance name given by hand: 1-255 printable characters, not only blanks. It is
+    on every run this process records and is shown in tables, one line each: a control
+    character would reach an operator's terminal, a lone surrogate (a byte of a command
+    line that is not UTF-8) no store can keep. BadInput naming ``field`` and the value
+    (as ``repr`` writes it: escaped) otherwise."""
+    if not isinstance(name, str):
+        raise BadInput(f"{field} must be a str, not {type(name).__name__}", field="instance")
+    if len(name) > INSTANCE_MAX_CHARS:
+        raise BadInput(
+            f"{field} {name[:60]!r}… is longer than {INSTANCE_MAX_CHARS} characters ({len(name)})", field="instance"
+        )
+    if not name.strip() or not name.isprintable():
+        raise BadInput(
+            f"{field} {name!r} is not an instance name: 1-{INSTANCE_MAX_CHARS} printable characters, "
+            "no control characters",
+            field="instance",
+        )
+    return name
 
 
 def check_json(value: Any, field: str, limit: int | None = None) -> str:

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Message
 
-from backend import BadInput, Engine, Run, open_store
+from backend import BadInput, Engine, Run, connect, open_store
 from backend.api.base import Api
 from backend.api.tokens import Tokens
 from backend.client.interface import Backend
@@ -101,13 +101,42 @@ def test_a_printable_instance_name_is_recorded_on_the_run(cli: Cli) -> None:
     assert [run["instance"] for run in cli.runs("hourly")] == ["web-1 (blue):42"]
 
 
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("evil\x1b[31mRED\nline2", "'evil\\x1b[31mRED\\nline2'"),
+        ("", "''"),
+        ("  ", "'  '"),
+        ("web\udcff", "'web\\udcff'"),
+        ("x" * 300, "longer than 255"),
+    ],
+)
+async def test_an_engine_made_in_code_refuses_an_instance_name_as_connect_does(
+    tmp_path: Path, name: str, shown: str
+) -> None:
+    """``Engine(instance=…)`` took any text, which went on every run it recorded (and to
+    operators' terminals); ``connect()`` and ``--instance`` refused it."""
+    with pytest.raises(BadInput) as caught:
+        Engine([], f"sqlite:///{tmp_path / 'state.db'}", instance=name)
+    assert caught.value.message.startswith("instance ") and shown in caught.value.message, caught.value.message
+    assert caught.value.field == "instance"
+    with pytest.raises(BadInput, match="^instance "):  # (the engine's check is connect()'s now)
+        async with connect(f"sqlite:///{tmp_path / 'state.db'}", instance=name, create=True):
+            pass
+    assert Engine([], f"sqlite:///{tmp_path / 'state.db'}", instance="web-1 (blue):42").instance == "web-1 (blue):42"
+
+
 async def test_an_instance_name_stored_before_it_was_checked_is_shown_escaped(cli: Cli) -> None:
-    # Written by an engine made in code (or by an older version): the tables escape it.
+    # Written by an older version (no engine takes it now): the tables escape it.
     evil = "evil\x1b[31mRED\nline2"
-    engine = Engine(discover_definitions(cli.root / "schedules"), open_store(cli.store), instance=evil)
+    engine = Engine(discover_definitions(cli.root / "schedules"), open_store(cli.store))
     await engine.open()
     try:
-        await engine.run_now("hourly", wait=True)
+        at = engine.clock.now()
+        engine.store.save_runs([Run(id=engine.new_id(), name="hourly", scheduled_at=at, status="succeeded",
+                                    trigger="manual", coordination_outcome="manual", instance=evil, fired_at=at,
+                                    finished_at=at)])  # fmt: skip
+        await engine.store.flush()
     finally:
         await engine.stop()
     shown = cli.ok("runs", "hourly").stdout

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from backend.definitions import Definitions as FolderDefinitions
 from backend.definitions import discover_definitions
 from backend.durable.actions import DurableActions
-from backend.errors import BadInput
+from backend.inputs import INSTANCE_MAX_CHARS, check_instance
 from backend.locks.sync import SyncLocks
 from backend.model import BackfillPlan, BackfillProgress, Run, ScheduleView
 from backend.scheduler.engine import Engine
@@ -41,29 +41,6 @@ from backend.store import open_store
 __all__ = ["INSTANCE_MAX_CHARS", "Client", "ScheduleActions", "SyncClient", "check_instance", "connect", "connect_sync"]
 
 T = TypeVar("T")
-
-#: The longest instance name one may give (the default, ``hostname:pid``, is far shorter).
-INSTANCE_MAX_CHARS = 255
-
-
-def check_instance(name: str, field: str = "instance") -> str:
-    """An instance name given by hand: 1-255 printable characters, not only blanks. It is
-    on every run this process records and is shown in tables, one line each: a control
-    character would reach an operator's terminal, a lone surrogate (a byte of a command
-    line that is not UTF-8) no store can keep. BadInput naming ``field`` and the value
-    (as ``repr`` writes it: escaped) otherwise."""
-    if len(name) > INSTANCE_MAX_CHARS:
-        raise BadInput(
-            f"{field} {name[:60]!r}… is longer than {INSTANCE_MAX_CHARS} characters ({len(name)})", field="instance"
-        )
-    if not name.strip() or not name.isprintable():
-        raise BadInput(
-            f"{field} {name!r} is not an instance name: 1-{INSTANCE_MAX_CHARS} printable characters, "
-            "no control characters",
-            field="instance",
-        )
-    return name
-
 
 class ScheduleActions:
     """The operator actions on schedules (``st.schedules``)."""
@@ -158,8 +135,6 @@ async def connect(
     started here (Run now, backfills) run in this process and are waited for on exit. A
     missing SQLite file is refused (a typo must not create an empty, healthy-looking
     store) unless ``create``."""
-    if instance is not None:
-        check_instance(instance)
     engine = Engine(_schedules(definitions), open_store(url, create=create), instance=instance, actor=actor)
     await engine.open()
     try:

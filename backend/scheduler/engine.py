@@ -53,6 +53,7 @@ from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
 from backend.events.relay import Relay
 from backend.ids import IdFactory
+from backend.inputs import check_instance
 from backend.jobs.definition import BACKOFF_FIRST_S, Queue
 from backend.jobs.system import Jobs
 from backend.locks import Locks
@@ -110,6 +111,9 @@ class Engine:
     Use ``await engine.start()`` to arm timers (what ``schedtui serve`` does), or only
     ``await engine.open()`` to act on the store without firing anything on the clock (what
     the other CLI verbs do). ``await engine.stop()`` shuts down cleanly.
+
+    ``instance`` names this process on every run it records (default ``hostname:pid``);
+    one that is not 1-255 printable characters is :class:`~backend.errors.BadInput`.
     """
 
     # Built by :func:`backend.scheduler.parts.build_schedule_parts`.
@@ -161,6 +165,8 @@ class Engine:
         alert_transport: httpx.AsyncBaseTransport | None = None,
         capture_logs: bool = True,
     ) -> None:
+        if instance is not None:  # before anything opens: it goes on every run, shown in tables
+            check_instance(instance)
         items = list(definitions.items if isinstance(definitions, Definitions) else definitions)
         self.schedules: dict[str, Schedule] = {}
         for schedule in (item for item in items if isinstance(item, Schedule)):
@@ -174,7 +180,7 @@ class Engine:
             self.schedules[name] = self.bind_target(schedule)
         self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
         self.clock: Clock = clock or SystemClock()
-        self.instance = instance or default_instance_name()
+        self.instance = default_instance_name() if instance is None else instance
         self.default_trigger = default_trigger
         self.allow_external_self = False
         """Whether :meth:`fire_external` fires schedules on their own timer too (``serve
