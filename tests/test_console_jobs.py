@@ -25,6 +25,7 @@ from console.app import SchedtuiApp
 from console.screens.confirm import Confirm
 from console.screens.jobs import JobDetails, SendJobScreen, TypedCount
 from console.views.jobs import JobsView
+from console.widgets.footer import KeyFooter
 from console.widgets.jobs import JobsTable, QueuesTable
 from console.widgets.line import Line
 from tests.console_fixtures import FROZEN, WHERE, Held, console_backend
@@ -260,6 +261,24 @@ async def test_P_pauses_and_resumes_the_queue_and_p_still_pauses_refreshes(store
         await pilot.press("p")
         await settle(pilot)
         assert app.paused
+
+
+async def test_the_footer_names_P_as_the_toggle_it_is_on_a_paused_queue(store_url: str) -> None:
+    """P on a paused queue resumes it: the footer said "Pause queue" all the same. It says
+    "Pause/resume", as e says "On/off" whatever the schedule's state."""
+    async with jobs_view(store_url, size=(80, 24)) as (app, pilot, clock, notes, view):
+
+        def offered() -> str:
+            local, _, _ = app.query_one(KeyFooter).offered()
+            [label] = [label for key, _, label in local if key == "P"]
+            return label
+
+        for paused in (True, False):
+            await pilot.press("P")
+            await settle(pilot)
+            assert (await app.backend.list_queues())[0].paused is paused
+            assert offered() == "Pause/resume"
+            assert "P Pause/resume" in str(app.query_one(KeyFooter).render())  # it fits at 80 columns
 
 
 async def test_n_sends_a_job_and_bad_input_sends_nothing(store_url: str) -> None:

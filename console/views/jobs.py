@@ -50,7 +50,7 @@ class JobsView(View):
             help="show every job, or only the queued, running or dead ones"),
         action_key("retry_job", "R", "Retry", help="retry the selected dead job (with the dead filter: every dead job shown)"),
         action_key("delete_job", "x", "Delete", help="delete the selected job"),
-        Key("P", "toggle_queue_paused", "Pause queue", ("pause_queue", "resume_queue"), title="Pause/resume",
+        Key("P", "toggle_queue_paused", "Pause/resume", ("pause_queue", "resume_queue"), title="Pause/resume",
             help="pause or resume the selected queue"),
         action_key("send_job", "n", "Send", help="send a job to the selected queue (a payload editor)"),
         Key("right_square_bracket", "older_jobs", "Older jobs", ("list_jobs",), show=False,
