@@ -997,9 +997,11 @@ class SchedtuiApp(App[None]):
 
         def started(progress: BackfillProgress) -> None:
             self.backfills[progress.id] = progress
+            self._backfills_moved()
 
         def finished(progress: BackfillProgress) -> None:
             self.backfills.pop(progress.id, None)
+            self._backfills_moved()
             self.notify(
                 f"{progress.name}: {progress.fired} fired, {progress.succeeded} succeeded, "
                 f"{progress.failed} failed, {progress.remaining} not fired ({progress.state})",
@@ -1117,9 +1119,19 @@ class SchedtuiApp(App[None]):
             self._start_events()  # and the event stream, now
         self.request_refresh()
 
+    def _running_here(self) -> list[BackfillProgress]:
+        """The backfills started from this console that still run, as last read."""
+        return [p for p in self.backfills.values() if p.state == "running"]
+
+    def _backfills_moved(self) -> None:
+        """A backfill started here moved on or ended: an open quit question says so."""
+        for screen in self.screen_stack:
+            if isinstance(screen, QuitPrompt):
+                screen.show(self._running_here())
+
     async def action_quit(self) -> None:
         """``q``: quit; asks first while a backfill started here is running."""
-        running = [p for p in self.backfills.values() if p.state == "running"]
+        running = self._running_here()
         if not running:
             self.exit()
             return
@@ -1129,7 +1141,7 @@ class SchedtuiApp(App[None]):
             if choice == "quit":
                 self.exit()
             elif choice == "cancel":
-                self._cancel_backfills_and_quit(running)
+                self._cancel_backfills_and_quit(self._running_here())  # those running now, not when asked
 
         self.push_screen(QuitPrompt(running, embedded=embedded), answer)
 

@@ -200,6 +200,38 @@ async def test_stopping_a_backfill_and_quitting_records_how_it_really_ended(stor
         await store.close()
 
 
+async def test_the_quit_question_follows_the_backfill_while_it_is_open(store_url: str) -> None:
+    """q asks with the backfill's count; its count moves on while the question is open (it
+    said the count read when q was pressed), and a backfill that ends meanwhile is said to
+    have ended (it was still said to run)."""
+    async with console(store_url) as (app, pilot, clock, notes):
+        screen = await start_backfill(pilot, "slow-reindex", "-1m")
+        assert screen.progress is not None
+        backfill_id = screen.progress.id
+        await pilot.press("escape")
+        await pilot.pause()
+        await pilot.press("q")
+        await pilot.pause()
+        prompt = app.screen
+        assert isinstance(prompt, QuitPrompt)
+
+        def fact() -> str:
+            return " ".join(str(label.render()) for label in prompt.query(".fact"))
+
+        assert "slow-reindex (0 of 6 fired" in fact() and "slow-reindex (0 of 6 fired" in prompt.text
+        clock.advance(15)  # the first slot's run (14 s on this clock) ends; the next fires
+        await until(pilot, lambda: "slow-reindex (0 of 6 fired" not in fact())
+        assert isinstance(app.screen, QuitPrompt) and "of 6 fired" in fact() and fact() in prompt.text
+        await app.backend.cancel_backfill(backfill_id)  # stopped elsewhere (the palette, the CLI)
+        await until(pilot, lambda: not fact())
+        assert str(prompt.query_one("#confirm-question").render()) == "Quit? The backfill started here has ended meanwhile."
+        await pilot.press("n")
+        await pilot.pause()
+        assert not isinstance(app.screen, QuitPrompt)
+        clock.advance(30)  # the run in flight finishes
+        await settle(pilot)
+
+
 # ---------------------------------------------------------------------------------------
 # item 3: a token the server refuses, or wants
 # ---------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ class Question(ModalScreen[Answer]):
             box.border_title = self.TITLE
             yield Label(Content(self.question), id="confirm-question")
             for line in self.facts:
-                yield Label(line if isinstance(line, Content) else Content(line))
+                yield Label(line if isinstance(line, Content) else Content(line), classes="fact")
             yield Label(Content(self.detail), id="confirm-detail")
             yield Label(Content(self.HINT), classes="hint")
 
