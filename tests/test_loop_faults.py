@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from backend import Engine, JobContext, ManualClock, Unavailable, connect, define_queue
+from backend import Engine, JobContext, ManualClock, Unavailable, connect, define_queue, open_store
 from tests import pg
 from tests.test_liveness import LeaseClock
 
@@ -114,3 +114,35 @@ async def test_a_server_that_takes_no_writes_is_an_outage_not_a_crash(
     finally:
         _set_read_only(pg_server, pg_url, False)
         await engine.stop()
+
+
+def test_a_session_the_server_ended_for_idling_is_a_lost_connection() -> None:
+    from backend.store.postgres.store import _connection_lost
+
+    # idle_session_timeout (PostgreSQL 14+) ends a pooled connection left idle; the next
+    # statement sent there never ran, so it is sent again on a fresh connection.
+    assert _connection_lost(psycopg.errors.IdleSessionTimeout("terminating connection due to idle-session timeout"))
+    assert _connection_lost(psycopg.errors.IdleInTransactionSessionTimeout("idle-in-transaction timeout"))
+    assert not _connection_lost(psycopg.errors.ReadOnlySqlTransaction("read-only"))  # an outage, not retried at once
+
+
+async def test_pooled_connections_the_server_ended_for_idling_are_replaced_not_reported(
+    pg_server: pg.PgServer, pg_url: str
+) -> None:
+    name = psycopg.conninfo.conninfo_to_dict(pg_url)["dbname"]
+    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE \"{name}\" SET idle_session_timeout = '100ms'")
+        store = open_store(pg_url)
+        await store.open()
+        try:
+            pids = [row[0] for row in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = 'schedtui'", (name,)
+            ).fetchall()]  # fmt: skip
+            assert pids  # the pool's, idle
+            admin.execute(f'ALTER DATABASE "{name}" RESET idle_session_timeout')  # the new ones may idle
+            while admin.execute("SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchall():
+                await asyncio.sleep(0.02)  # (the server ends them 100 ms after their last statement)
+            for _ in range(3):  # every dead connection the pool hands out is replaced, the call sent again
+                assert await store.get_states() == {}
+        finally:
+            await store.close()

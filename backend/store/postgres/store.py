@@ -185,10 +185,16 @@ def _public_reason(exc: BaseException) -> str:
     return _one_line(exc)  # a statement's own error (a serialization failure, a lock timeout)
 
 
+#: The server ended the session before the statement ran: an administrator, a shutdown, or
+#: the database's own idle timeouts (``idle_session_timeout``, which a pooled connection
+#: left idle meets; ``idle_in_transaction_session_timeout``). Worth one retry on a fresh one.
+_SESSION_ENDED = ("57P01", "57P02", "57P03", "57P05", "25P03")
+
+
 def _connection_lost(exc: psycopg.Error) -> bool:
     """True when the error says the connection (not the statement) failed: worth one retry."""
     state = exc.sqlstate
-    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
+    return state is None or state.startswith("08") or state in _SESSION_ENDED
 
 
 class PostgresStore(
@@ -498,7 +504,7 @@ class PostgresStore(
                 return result
             except PoolTimeout as exc:
                 raise self._trouble(exc) from None
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.IdleInTransactionSessionTimeout) as exc:
                 self._hint_pooler(exc)
                 if attempt == 2 or not _connection_lost(exc):
                     raise self._trouble(exc) from None
