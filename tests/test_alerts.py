@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
@@ -559,6 +560,54 @@ async def test_an_instance_back_from_a_suspend_does_not_page_its_own_silence(
     clock.advance(60)
     done = await engine.alerts.evaluate()
     assert [a.key for a in done.won] == ["not_firing:fleet"]
+
+
+async def test_a_rule_that_raises_fails_itself_only_logged_once_and_when_it_works_again(
+    alerting_engine: Callable[..., Engine],
+    clock: ManualClock,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A schedule whose condition raised at every round failed every round: no other alert
+    fired or resolved. Now that rule alone is skipped (its firing alert kept as it is),
+    logged with its traceback once, and once more when it evaluates again."""
+    raising = {"now": True}
+    failing = conditions.failing
+
+    def flaky(name: str, *args: Any) -> Any:
+        if name == "broken" and raising["now"]:
+            raise OverflowError("date value out of range")  # a rule past the calendar, say
+        return failing(name, *args)
+
+    monkeypatch.setattr(conditions, "failing", flaky)
+    caplog.set_level(logging.INFO, logger="schedtui.alerts")
+    engine = alerting_engine([
+        define_schedule(name=name, cron="* * * * *", timezone="UTC", handler=fails, alert={"late": False})
+        for name in ("broken", "export")
+    ])  # fmt: skip
+    await engine.start()
+    await step(engine, clock, 30, times=8)  # 16 rounds
+    assert receiver.delivered() == [("failing:export", "firing")]
+    assert engine.alerts.last_round is not None and engine.alerts.last_round.unevaluated == ["failing:broken"]
+
+    def lines(text: str) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if text in r.getMessage()]
+
+    (logged,) = lines("rule failing:broken")
+    assert logged.levelno == logging.ERROR and logged.exc_info is not None  # the traceback, once
+    assert "OverflowError: date value out of range" in logged.getMessage()
+    assert lines("evaluation round failed") == []
+    raising["now"] = False
+    await step(engine, clock, 30, times=2)
+    assert receiver.delivered() == [("failing:export", "firing"), ("failing:broken", "firing")]
+    assert [r.levelno for r in lines("rule failing:broken")] == [logging.ERROR, logging.INFO]
+    assert "evaluates again" in lines("rule failing:broken")[1].getMessage()
+    raising["now"] = True  # its firing alert is kept while the rule cannot tell
+    await step(engine, clock, 30, times=4)
+    assert receiver.delivered() == [("failing:export", "firing"), ("failing:broken", "firing")]
+    assert {a.key for a in (await engine.alerts.page()).alerts} == {"failing:broken", "failing:export"}
+    assert [r.levelno for r in lines("rule failing:broken")] == [logging.ERROR, logging.INFO, logging.ERROR]
 
 
 # ---------------------------------------------------------------------------------------

@@ -18,23 +18,30 @@ facts. Several instances evaluate the same facts; for each transition exactly on
 wins, and only the winner's transition has outbox rows, so the fleet sends one
 notification per transition. A round that read older facts than the last transition (a
 slow instance) does not undo it.
+
+A rule (one condition about one subject: ``failing:export``) whose evaluation raises fails
+alone: the round goes on with the others, and leaves that rule's firing alert as it is
+(the round could not tell). The failure is logged with its traceback once, not every
+round, and once more when the rule evaluates again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
 from backend.alerts import conditions
 from backend.alerts.conditions import Finding
-from backend.alerts.model import Alert
+from backend.alerts.model import Alert, Condition, alert_key
 from backend.alerts.policy import DurableAlerting, QueueAlerting
 from backend.alerts.store import AlertStore, Transition
 from backend.durable.definition import DEFAULT_STEP_TIMEOUT, DurableFunction
+from backend.errors import Unavailable
 from backend.jobs.definition import Queue
 from backend.model import InstanceInfo, ScheduleState, iso
 from backend.schedules import Schedule
@@ -58,6 +65,8 @@ class Proposal:
     findings: dict[str, Finding]
     transitions: list[Transition] = field(default_factory=list)
     summaries: list[Alert] = field(default_factory=list)
+    unevaluated: list[str] = field(default_factory=list)
+    """The keys of the rules whose evaluation raised this round."""
 
 
 @dataclass
@@ -71,6 +80,8 @@ class Round:
     won: list[Alert] = field(default_factory=list)
     """Those this instance wrote (another instance may have written the others)."""
     summaries: int = 0
+    unevaluated: list[str] = field(default_factory=list)
+    """The keys of the rules whose evaluation raised (their alerts left as they were)."""
 
 
 def notification(alert: Alert, instance: str, *, was_since: datetime | None = None) -> dict[str, Any]:
@@ -135,6 +146,8 @@ class Evaluator:
         self._overdue: dict[str, tuple[tuple[Any, ...], datetime, conditions.Overdue | None]] = {}
         """Per schedule, its overdue slot as of when (kept until it may change: the cron
         walk is most of a round's own work)."""
+        self._raising: dict[str, str] = {}
+        """Per rule whose evaluation raised at its last round, what it raised (logged once)."""
 
     def overdue(self, schedule: Schedule, now: datetime) -> conditions.Overdue | None:
         """:func:`conditions.overdue_slot`, kept while it holds (the definition unchanged,
@@ -149,16 +162,36 @@ class Evaluator:
         return found
 
     # -- facts -> findings -----------------------------------------------------------------------
-    async def find(self, now: datetime) -> tuple[dict[str, Finding], Callable[[Alert], bool | None]]:
-        """What holds now, and a judge of a firing alert that no finding holds about:
-        ``True`` resolve it (its condition was looked at and no longer holds), ``None``
-        resolve it as gone (its subject is no longer defined), ``False`` leave it (this
-        round could not tell)."""
+    async def find(self, now: datetime) -> tuple[dict[str, Finding], Callable[[Alert], bool | None], list[str]]:
+        """What holds now, a judge of a firing alert that no finding holds about: ``True``
+        resolve it (its condition was looked at and no longer holds), ``None`` resolve it
+        as gone (its subject is no longer defined), ``False`` leave it (this round could not
+        tell: its rule raised), and the keys of the rules that raised."""
         findings: dict[str, Finding] = {}
+        raised: dict[str, str] = {}
 
         def add(finding: Finding | None) -> None:
             if finding is not None:
                 findings[finding.key] = finding
+
+        @contextlib.contextmanager
+        def rule(condition: Condition, subject: str) -> Iterator[None]:
+            """Evaluates one rule: one that raises fails alone (see the module docstring)."""
+            key = alert_key(condition, subject)
+            try:
+                yield
+            except Unavailable:
+                raise  # the store (a read behind it): the whole round is skipped
+            except Exception as exc:  # a bug, or a definition no rule foresaw: not the others' fault
+                raised[key] = seen = f"{type(exc).__name__}: {exc}"
+                if self._raising.get(key) != seen:  # with the traceback once, not every round
+                    log.exception("alerts: the rule %s cannot be evaluated (%s); its alert is left as it is, "
+                                  "the other rules are evaluated", key, seen)  # fmt: skip
+                self._raising[key] = seen
+            else:
+                if key in self._raising:
+                    log.info("alerts: the rule %s evaluates again (the rounds before failed with %s)",
+                             key, self._raising.pop(key))  # fmt: skip
 
         schedules = dict(self.schedules)
         watched = [s for s in schedules.values() if s.alert.failing or s.alert.late]
@@ -172,13 +205,15 @@ class Evaluator:
             successes = await self.store.last_successes(names)
             for schedule in watched:
                 name = schedule.name
-                add(conditions.failing(name, schedule.alert, runs.get(name, [])))
-                add(conditions.late(
-                    name, schedule.cron, schedule.max_runtime, schedule.alert, now,
-                    enabled=self.is_enabled(name), state=self.state_of(name),
-                    baseline=self._baselines.get(name, now), success=successes.get(name),
-                    overdue=self.overdue(schedule, now) if schedule.alert.late else None,
-                ))  # fmt: skip
+                with rule("failing", name):
+                    add(conditions.failing(name, schedule.alert, runs.get(name, [])))
+                with rule("late", name):
+                    add(conditions.late(
+                        name, schedule.cron, schedule.max_runtime, schedule.alert, now,
+                        enabled=self.is_enabled(name), state=self.state_of(name),
+                        baseline=self._baselines.get(name, now), success=successes.get(name),
+                        overdue=self.overdue(schedule, now) if schedule.alert.late else None,
+                    ))  # fmt: skip
 
         instances: list[InstanceInfo] = await self.fleet()
         silent = conditions.not_firing(instances, now, self.fresh)
@@ -195,7 +230,8 @@ class Evaluator:
         windows = {name: now - timedelta(seconds=q.alert.window) for name, q in queues.items()}
         dead = await self.store.dead_jobs(windows, now - timedelta(seconds=DEFAULT_QUEUE.window))
         for name, facts in dead.items():
-            add(conditions.dead_jobs(name, queues[name].alert if name in queues else DEFAULT_QUEUE, facts))
+            with rule("dead_jobs", name):
+                add(conditions.dead_jobs(name, queues[name].alert if name in queues else DEFAULT_QUEUE, facts))
 
         functions = dict(self.functions)
         limits = {name: conditions.stuck_after(f.alert, f.step_timeout) for name, f in functions.items()}
@@ -206,23 +242,28 @@ class Evaluator:
             candidates = await self.store.stuck_candidates(now - timedelta(seconds=shortest), MAX_STUCK)
             truncated = len(candidates) >= MAX_STUCK
             for candidate in candidates:
-                add(conditions.stuck(candidate, limits.get(candidate.function, default_limit), now))
+                with rule("stuck", candidate.id):
+                    add(conditions.stuck(candidate, limits.get(candidate.function, default_limit), now))
+        for key in set(self._raising) - set(raised):  # not evaluated this round: its subject is gone
+            del self._raising[key]
 
         def judge(alert: Alert) -> bool | None:
+            if alert.key in raised:
+                return False  # its rule could not tell
             if alert.subject_kind == "schedule":
                 return True if alert.subject in schedules else None
             if alert.condition == "stuck":
                 return not truncated
             return True
 
-        return findings, judge
+        return findings, judge, sorted(raised)
 
     # -- findings -> transitions -------------------------------------------------------------
     async def propose(self, now: datetime) -> Proposal:
         """Read the firing alerts and the facts: the transitions and summaries they call for."""
         firing = {a.key: a for a in await self.store.list_alerts()}
-        findings, judge = await self.find(now)
-        proposal = Proposal(now, findings)
+        findings, judge, unevaluated = await self.find(now)
+        proposal = Proposal(now, findings, unevaluated=unevaluated)
         for key, finding in findings.items():
             stored = firing.get(key)
             if stored is None:
@@ -248,7 +289,8 @@ class Evaluator:
 
     async def commit(self, proposal: Proposal, *, sinks_after: datetime) -> Round:
         """Write a proposal's transitions and summaries (those the store still takes)."""
-        done = Round(proposal.at, proposal.findings, [t.alert for t in proposal.transitions])
+        done = Round(proposal.at, proposal.findings, [t.alert for t in proposal.transitions],
+                     unevaluated=proposal.unevaluated)  # fmt: skip
         if proposal.transitions:
             won = set(await self.store.write_transitions(proposal.transitions, sinks_after=sinks_after))
             done.won = [t.alert for t in proposal.transitions if t.alert.key in won]
