@@ -55,6 +55,28 @@ async def test_the_locks_view_shows_holders_tokens_and_expiries_counting_down(st
         assert notes.seen == []
 
 
+async def test_an_expiry_phrase_always_fits_its_column_whole(store_url: str) -> None:  # noqa: F811
+    """Two units while they fit the EXPIRES column, else the larger one alone: the table
+    cut 'released 18m 17s ago' to 'released 18m 17s a'."""
+    await add_locks(store_url)
+    async with console(store_url, size=(80, 24)) as (app, pilot, clock, notes):
+        await pilot.press("5")
+        await settle(pilot)
+        table = app.query_one(LocksTable)
+        width = dict((key, width) for key, _, width in LocksTable.COLUMNS)["expires"]
+        seen = []
+        for step in (17, 9 * 60 + 4, 3600 + 37, 2 * 86400 + 3600 * 5):
+            clock.advance(step)
+            app.tick()
+            await pilot.pause()
+            for name in ("partner-sync", "reindex"):
+                phrase = cells(app, name)[4]
+                assert len(phrase) <= width and phrase.endswith(" ago"), phrase
+                seen.append(phrase)
+        assert seen[:4] == ["expired 1m 22s ago", "released 18m ago", "expired 10m ago", "released 27m ago"]
+        assert table.row_count == 3
+
+
 async def test_x_asks_then_releases_the_selected_lock_by_force(store_url: str) -> None:  # noqa: F811
     await add_locks(store_url)
     async with console(store_url) as (app, pilot, clock, notes):

@@ -57,16 +57,21 @@ class LocksTable(FreshTable):
             return None
         return self.locks.get(name or "")
 
+    def _since(self, what: str, then: datetime, now: datetime) -> str:
+        """``released 13m 17s ago`` while it fits the EXPIRES column, else the larger unit
+        alone (``released 13m ago``): the table cut the phrase mid-word (``13m 17s a``)."""
+        width = dict((key, width) for key, _, width in self.COLUMNS)["expires"]
+        exact = f"{what} {fmt.ago(then, now)}"
+        return exact if len(exact) <= width else f"{what} {fmt.age(then, now)} ago"
+
     def _timed(self, lock: Lock, now: datetime) -> tuple[Text, Text, Text]:
         state = lock.state(now)
         color = {"held": "text-success", "expired": "text-warning", "free": "text-muted"}[state]
         glyph = {"held": "●", "expired": "⚠", "free": "○"}[state]
         if state == "held":
             expires = fmt.countdown(lock.expires_at, now)
-        elif state == "expired":
-            expires = f"expired {fmt.ago(lock.expires_at, now)}"
         else:
-            expires = f"released {fmt.ago(lock.expires_at, now)}"
+            expires = self._since("expired" if state == "expired" else "released", lock.expires_at, now)
         renewed = fmt.ago(lock.renewed_at, now) if lock.holder is not None else "-"
         return Text(f"{glyph} {state}", style=theme_color(self.app, color)), Text(expires), Text(renewed)
 
