@@ -352,6 +352,24 @@ async def test_the_timeline_axis_keeps_every_label_beside_now(store_url: str, si
                     assert axis[i:].strip() == "", axis
 
 
+@pytest.mark.parametrize("size", list(SIZES.values()), ids=list(SIZES))
+@pytest.mark.parametrize("view_id", ["audit", "durable"])
+async def test_the_audit_and_durable_titles_name_the_columns_off_screen(
+    store_url: str, view_id: str, size: tuple[int, int]
+) -> None:
+    """As the Jobs title does: at 80 columns DETAIL (audit) and ERROR (durable) were pushed
+    off with nothing saying so. Said before the durable title's keys, so that it is in sight."""
+    async with console(store_url, size=size) as (app, pilot, notes):
+        view = await show(pilot, app, view_id)
+        assert isinstance(view, (AuditView, DurableView))
+        hidden = view.table.hidden_columns()
+        title = view.query_one(f"#{view_id}-title", Line).render().plain
+        said = f" · → {', '.join(hidden)} off-screen (wider terminal, or ← →)"
+        assert (said in title and title.index(said) < size[0] - 20) if hidden else "off-screen" not in title, title
+        if size == (80, 24):
+            assert hidden and hidden[-1] == ("detail" if view_id == "audit" else "error")
+
+
 async def test_enter_on_an_audit_entry_opens_it_whole_until_esc(store_url: str) -> None:
     async with console(store_url) as (app, pilot, notes):
         view = await show(pilot, app, "audit")

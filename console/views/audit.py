@@ -191,7 +191,12 @@ class AuditView(View):
         if needle:
             title += f" of {len(self.entries)} · filter “{needle}” (esc clears)"
         title += " · newest first · " + (f"{self.shown_key('older_entries')} older" if self.next_before else "all read")
-        self.query_one("#audit-title", Line).update(Content(title))
+        self._title(title)
+        self.call_after_refresh(self._title, title)  # the columns' widths are known once laid out
+
+    def _title(self, title: str) -> None:
+        """The title, and the columns that do not fit (long actors or targets push DETAIL off)."""
+        self.query_one("#audit-title", Line).update(Content(title + self.table.off_screen()))
 
     def _show_entry(self) -> None:
         """The entry under the cursor, whole, under the table (the column is cut at 80)."""

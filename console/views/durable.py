@@ -173,9 +173,15 @@ class DurableView(View):
         title += "".join(f" · {n} {status}" for status, n in counts.items() if n)
         if needle:
             title += f" · filter “{needle}” (esc clears)"
-        title += " · " + " · ".join(f"{console.key_display(key, alone=True)} {key.label.lower()}" for key in self.KEYS
-                                    if key.name != "filter" and console.refusal(key.name) is None)  # fmt: skip
-        self.query_one("#durable-title", Line).update(Content(title))
+        keys = " · " + " · ".join(f"{console.key_display(key, alone=True)} {key.label.lower()}" for key in self.KEYS
+                                  if key.name != "filter" and console.refusal(key.name) is None)  # fmt: skip
+        self._title(title, keys)
+        self.call_after_refresh(self._title, title, keys)  # the columns' widths are known once laid out
+
+    def _title(self, title: str, keys: str) -> None:
+        """The title, then the columns that do not fit (before the keys, which the footer
+        shows too: at 80 columns the end of the title is cut)."""
+        self.query_one("#durable-title", Line).update(Content(title + self.table.off_screen() + keys))
 
     def tick(self, now: datetime) -> None:
         if self.executions:
