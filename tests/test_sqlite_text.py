@@ -6,16 +6,20 @@ the same thing. (Through a running server: tests/test_bad_text.py.)"""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from backend.events.audit import AuditEntry
+from backend import Engine, define_queue
+from backend.events.audit import AuditEntry, acting_as
 from backend.ids import IdFactory, encode_id
+from backend.jobs import JobContext
 from backend.jobs.store import Finish, NewJob, QueueSpec
-from backend.model import Run
+from backend.model import Run, ScheduleState
 from backend.safetext import store_text
+from backend.scheduler.stored import StoredSchedule, check_spec
 from backend.store import Store, open_store
 from tests import pg
 
@@ -106,3 +110,66 @@ async def test_an_audit_entrys_actor_and_target_round_trip(store: Store) -> None
     entries = {e.id: e for e in await store.list_audit(limit=100)}  # type: ignore[attr-defined]
     for id_, (_, shown) in zip(ids, CASES, strict=True):
         assert (entries[id_].actor, entries[id_].target) == (f"by {shown}", f"on {shown}")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state.db'}"
+    request.getfixturevalue("pg_server")
+    return pg.database_for(tmp_path)
+
+
+async def _deliver(job: JobContext) -> None:
+    pass
+
+
+async def test_a_callers_lock_holder_state_and_catalog_author_are_written_escaped(store_url: str) -> None:
+    """What Python code hands the engine past the API's and the CLI's checks: a lock's
+    holder (``locks.acquire(holder=…)``), who changed a schedule's state
+    (``set_enabled(by=…)``) and who created or updated a stored schedule (an actor named
+    by ``acting_as``, as the API names a token). SQLite wrote them escaped; PostgreSQL
+    refused the statement (a NUL, a lone surrogate), and the action failed."""
+    engine = Engine([define_queue(name="mail", handler=_deliver)], open_store(store_url, create=True))
+    await engine.open()
+    try:
+        for n, (given, shown) in enumerate(INVALID.items()):
+            lease = await engine.locks.acquire(f"lock-{n}", holder=f"holder {given}")
+            assert lease is not None
+            assert (await engine.store.get_lock(f"lock-{n}")).holder == f"holder {shown}"  # type: ignore[attr-defined]
+            with acting_as(f"by {given}"):
+                await engine.create_schedule({"name": f"job-{n}", "cron": "0 * * * *", "timezone": "UTC", "queue": "mail"})
+                await engine.set_enabled(f"job-{n}", False, by=f"disabler {given}")
+                await engine.update_schedule(f"job-{n}", {"cron": "5 * * * *"})
+            state = (await engine.store.get_states())[f"job-{n}"]
+            assert (state.enabled, state.changed_by) == (False, f"disabler {shown}")
+            _, rows = await engine.catalog.store.stored_schedules()
+            (row,) = [r for r in rows if r.name == f"job-{n}"]
+            assert (row.created_by, row.updated_by, row.version) == (f"by {shown}", f"by {shown}", 2)
+    finally:
+        await engine.stop()
+
+
+async def test_a_schedule_states_author_and_note_round_trip(store: Store) -> None:
+    """(A note comes through check_note, which refuses both; the store writes it as the
+    other store does all the same.)"""
+    for n, (given, _) in enumerate(CASES):
+        await store.set_state(ScheduleState(f"job-{n}", False, f"by {given}", T0, f"note {given}"))
+    states = await store.get_states()
+    for n, (_, shown) in enumerate(CASES):
+        assert (states[f"job-{n}"].changed_by, states[f"job-{n}"].note) == (f"by {shown}", f"note {shown}")
+
+
+async def test_a_stored_schedules_authors_and_description_round_trip(store: Store) -> None:
+    """(The description comes through check_text, which refuses both.)"""
+    for n, (given, _) in enumerate(INVALID.items()):
+        spec = check_spec({"name": f"job-{n}", "cron": "0 * * * *", "timezone": "UTC", "queue": "mail",
+                           "description": "described"})  # fmt: skip
+        row = StoredSchedule(**{**spec, "description": f"d {given}"}, created_at=T0, created_by=f"by {given}",
+                             updated_at=T0, updated_by=f"by {given}")  # fmt: skip
+        assert await store.create_stored_schedule(row)  # type: ignore[attr-defined]
+        changed = replace(row, updated_by=f"then {given}", version=2)
+        assert await store.update_stored_schedule(changed, 1) is not None  # type: ignore[attr-defined]
+    _, rows = await store.stored_schedules()  # type: ignore[attr-defined]
+    got = {r.name: (r.created_by, r.updated_by, r.description) for r in rows}
+    assert got == {f"job-{n}": (f"by {shown}", f"then {shown}", f"d {shown}") for n, shown in enumerate(INVALID.values())}

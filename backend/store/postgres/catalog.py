@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from backend.safetext import escape_text, load_json
+from backend.safetext import escape_text, load_json, store_text
 from backend.scheduler.stored import StoredSchedule
 from backend.store.migrations import Component
 
@@ -93,7 +93,7 @@ def _row(row: tuple[Any, ...]) -> StoredSchedule:
 
 
 def _definition(s: StoredSchedule) -> tuple[Any, ...]:
-    return (s.cron, s.timezone, s.queue, s.durable, json.dumps(s.payload), s.description, s.enabled,
+    return (s.cron, s.timezone, s.queue, s.durable, json.dumps(s.payload), store_text(s.description), s.enabled,
             s.on_overlap, s.backfill, s.max_runtime, None if s.alert is None else json.dumps(s.alert))
 
 
@@ -136,7 +136,8 @@ class PostgresCatalog:
 
     async def create_stored_schedule(self, schedule: StoredSchedule) -> bool:
         s = schedule
-        params = (s.name, *_definition(s), s.created_at, s.created_by, s.updated_at, s.updated_by, s.version)
+        params = (s.name, *_definition(s), s.created_at, store_text(s.created_by), s.updated_at, store_text(s.updated_by),
+                  s.version)  # fmt: skip
 
         async def create(conn: Any) -> bool:
             if (await conn.execute(INSERT, params)).rowcount != 1:
@@ -149,7 +150,7 @@ class PostgresCatalog:
 
     async def update_stored_schedule(self, schedule: StoredSchedule, version: int) -> StoredSchedule | None:
         s = schedule
-        params = (*_definition(s), s.updated_at, s.updated_by, s.name, version)
+        params = (*_definition(s), s.updated_at, store_text(s.updated_by), s.name, version)
 
         async def update(conn: Any) -> StoredSchedule | None:
             row = await (await conn.execute(UPDATE, params)).fetchone()

@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.locks.model import Lock, LockRelease, LocksSnapshot
+from backend.safetext import store_text
 from backend.store.migrations import Component
 from backend.store.sqlite.locks import stale_reason
 
@@ -148,7 +149,8 @@ class PostgresLocks:
     async def acquire_lock(
         self, name: str, holder: str, ttl: timedelta, now: datetime | None, claim: str | None = None
     ) -> Lock | None:
-        row = await self._one(ACQUIRE, {"name": name, "holder": holder, "ttl": ttl, "now": now, "claim": claim})
+        params = {"name": name, "holder": store_text(holder), "ttl": ttl, "now": now, "claim": claim}  # (a caller's text)
+        row = await self._one(ACQUIRE, params)
         if row is None:
             return None
         token, acquired_at, expires_at = row

@@ -46,6 +46,7 @@ from backend.model import (
     StoreHealth,
     unique_claims,
 )
+from backend.safetext import store_text
 from backend.store import FIRING, Membership, Unfinished, redact_url, store_unavailable
 from backend.store.migrations import components_of, migrate_postgres
 from backend.store.postgres.activity import PostgresActivity
@@ -629,7 +630,8 @@ class PostgresStore(
         }
 
     async def set_state(self, state: ScheduleState) -> None:
-        await self._execute(SET_STATE, (state.name, state.enabled, state.changed_by, state.changed_at, state.note))
+        params = (state.name, state.enabled, store_text(state.changed_by), state.changed_at, store_text(state.note))
+        await self._execute(SET_STATE, params)
 
     # -- instances ------------------------------------------------------------------------
     async def heartbeat(
