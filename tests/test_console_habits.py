@@ -38,7 +38,7 @@ from console.views import VIEWS, View
 from console.views.audit import AuditView, detail_text
 from console.views.durable import DurableView
 from console.views.health import HealthRows
-from console.widgets import TimelineGrid
+from console.widgets import ConsoleHeader, TimelineGrid
 from console.widgets.command_line import CommandLine, commands_of, resolve
 from console.widgets.line import Line
 from tests.console_fixtures import FROZEN, WHERE, console_backend
@@ -402,6 +402,23 @@ async def test_the_header_keeps_the_instance_at_120_columns(store_url: str, wher
         assert ("READ-ONLY" in header) is read_only and "timers off" in header and app.info.coordination in header
         assert header.count("state.db") == 1, header  # the path may give way: its end is kept
         assert ("…" in header) is (where != WHERE), header
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["operate", "read-only"])
+@pytest.mark.parametrize("where", [WHERE, "/var/lib/schedtui/production/eu-west-1/replicas/primary/state.db"])
+async def test_the_header_keeps_the_instance_at_80_columns(store_url: str, where: str, read_only: bool) -> None:
+    """At 80 columns the instance was never in sight (the header was cut after the
+    coordination): the store's kind, the coordination, the feed's word and, read-only, the
+    badge the footer shows too give way first. What is true now stays."""
+    async with console(store_url, size=(80, 24), where=where, read_only=read_only) as (app, pilot, notes):
+        assert app.info is not None
+        header = app.query_one(ConsoleHeader)
+        text = header.render().plain
+        assert len(text) <= 80 and text.endswith(f" {app.info.instance}"), text
+        assert text.startswith("schedtui │ ● live │ ") and "⚑ 2" in text and "▲ 1 firing" in text, text
+        assert "timers off" in text, text
+        assert text.count("state.db") == 1, text
+        assert app.query_one("#mode").display is read_only  # READ-ONLY is said in the footer
 
 
 async def test_the_signal_prompts_json_error_is_shown_whole(store_url: str) -> None:

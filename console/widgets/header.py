@@ -76,7 +76,11 @@ class ConsoleHeader(Widget):
         # What gives way when it does not fit, so that the instance at the end stays in
         # sight: the location first, down to its last part (the file, the host and port),
         # then the names of the firing engines (their count stays), then the words
-        # "embedded" (a path says it), "instance" and "alerting" (the flag and count stay).
+        # "embedded" (a path says it), "instance" and "alerting" (the flag and count stay),
+        # then the store's kind ("sqlite", "remote": the location stays), the coordination
+        # (every run's outcome says it), the feed's word ("(events)", "(polling)": live
+        # stays) and last the READ-ONLY badge (the footer's left end says it too). At 80
+        # columns the instance was never in sight.
         width = self.size.width
         where = self.where or (self.info.where if self.info is not None else "")
         content = self._content(where)
@@ -87,18 +91,19 @@ class ConsoleHeader(Widget):
             if keep < len(where):
                 where = "…" + where[-keep:]
                 content = self._content(where)
-        for gives_way in range(1, 5):
+        for gives_way in range(1, 9):
             if content.cell_length <= width:
                 break
             content = self._content(where, gives_way=gives_way)
         return content
 
     def _content(self, where: str, *, gives_way: int = 0) -> Content:
-        """The header with ``where`` as the location; ``gives_way`` (0-4): how many of the
-        names of the firing engines, the words "embedded", "instance" and "alerting" are left out."""
+        """The header with ``where`` as the location; ``gives_way`` (0-8): how many of the
+        names of the firing engines, the words "embedded", "instance" and "alerting", the
+        store's kind, the coordination, the feed's word and the READ-ONLY badge are left out."""
         # Most telling first: what is true now, then what it is connected to (cut at 80 columns).
-        parts: list[str] = ["[b]schedtui[/b]", self._connection()]
-        if self.read_only:
+        parts: list[str] = ["[b]schedtui[/b]", self._connection(feed=gives_way < 7)]
+        if self.read_only and gives_way < 8:
             parts.append("[b reverse $text-warning] READ-ONLY [/]")
         if self.alerting:  # a flag, not the fleet's ▲: the two counts sit side by side
             word = "" if gives_way >= 4 else " alerting"
@@ -110,11 +115,14 @@ class ConsoleHeader(Widget):
             kind = f"{info.kind} {info.store_kind}".strip() if info.kind == "embedded" else "remote"
             if gives_way >= 2 and info.kind == "embedded":
                 kind = info.store_kind
+            if gives_way >= 5:
+                kind = ""
             parts.append(f"{escape(kind)} [b]{escape(where or info.where)}[/b]".strip())
             if not info.fires:
                 # An embedded console that does not run timers: `serve` (or nothing) fires.
                 parts.append("[$text-muted]timers off[/]")
-            parts.append(escape(info.coordination))
+            if gives_way < 6:
+                parts.append(escape(info.coordination))
             parts.append(("" if gives_way >= 3 else "[$text-muted]instance[/] ") + escape(info.instance))
         elif where:
             parts.append(escape(where))
@@ -140,7 +148,8 @@ class ConsoleHeader(Widget):
         count = f"[$text-success]▲ {len(fleet.firing)} firing[/]"
         return (f"{count} [$text-muted]{escape(shown)}[/]" if names else count) + down
 
-    def _connection(self) -> str:
+    def _connection(self, *, feed: bool = True) -> str:
+        """The connection's state; ``feed``: whether a live one says how it stays fresh."""
         age = ""
         if self.last_ok is not None and self.now is not None:
             age = fmt.compact_delta(max(self.now - self.last_ok, self.now - self.now)) + " ago"
@@ -166,11 +175,12 @@ class ConsoleHeader(Widget):
             if self.last_signal is not None and self.now is not None and self.now - self.last_signal > EVENTS_LATE:
                 quiet = fmt.compact_delta(self.now - self.last_signal)
                 return f"[b $text-warning]◌ waiting for the server[/] [$text-muted](events silent {quiet})[/]"
-            return "[$text-success]● live[/] [$text-muted](events)[/]"  # signals keep it current: no age
+            # signals keep it current: no age
+            return "[$text-success]● live[/]" + (" [$text-muted](events)[/]" if feed else "")
         if self.late_after is not None and self.last_ok is not None and self.now is not None:
             if self.now - self.last_ok > self.late_after:  # polls go unanswered: not live, whatever it was
                 return f"[b $text-warning]◌ waiting for the server[/] [$text-muted](polling) last answer {age}[/]"
-        return f"[$text-success]● live[/] [$text-muted](polling) {age}[/]"
+        return f"[$text-success]● live[/] [$text-muted]{'(polling) ' if feed else ''}{age}[/]"
 
 
 class FleetBanner(Widget):
