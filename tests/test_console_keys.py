@@ -29,7 +29,7 @@ from backend import ManualClock, NotFound
 from backend.client.actions import action_of
 from console.app import NAVIGATION, SchedtuiApp
 from console.keys import Key
-from console.screens import BackfillScreen, Confirm
+from console.screens import BackfillScreen, Confirm, HelpScreen
 from console.views import VIEWS, View
 from console.views.durable import ExecutionsTable
 from console.views.jobs import JobsView
@@ -72,6 +72,12 @@ async def show(pilot: Pilot[Any], app: SchedtuiApp, view_id: str) -> View:
     app.action_show_view(view_id)
     await settle(pilot)
     return app.active_view
+
+
+def help_text_of(app: SchedtuiApp) -> str:
+    """What the help screen on top says, as plain text."""
+    assert isinstance(app.screen, HelpScreen)
+    return app.screen.text
 
 
 def target_of(owner: DOMNode, key: Key) -> DOMNode:
@@ -159,7 +165,7 @@ async def test_read_only_says_so_and_the_footer_offers_no_key_it_refuses(store_u
             assert offered and not offered & refused, spec.id
         await pilot.press("question_mark")
         await settle(pilot)
-        help_text = str(app.screen.query_one("#help-body").render())
+        help_text = help_text_of(app)
         assert "the console was started with --read-only: " in help_text
         for key in SchedtuiApp.every_key().values():
             if key.operates:
@@ -210,7 +216,7 @@ async def test_the_help_screen_lists_the_keys_from_the_declarations(store_url: s
                 assert line in listed, (spec.id, key.what)
         everywhere = sections["Everywhere"]
         assert [k for k, _ in everywhere[:-1]] == [app.key_display(k, alone=True) for k in app.KEYS if k.name != "show_view"]
-        body = str(app.screen.query_one("#help-body").render())
+        body = help_text_of(app)
         assert "read-only" not in body  # not read-only: nothing said of it
         await pilot.press("escape")
         await settle(pilot)

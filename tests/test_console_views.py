@@ -47,6 +47,7 @@ from console.widgets.palette import status_style
 from console.widgets.schedules import FreshTable, RingFreeCache, last_run_text
 from tests.console_fixtures import FROZEN, WHERE, add_timeline_history, build_ledger, console_backend
 from tests.test_console import Notes, cell, plain_at, schedules, select, settle
+from tests.test_console_confirm import screen_rows
 
 ZONE = "Europe/Berlin"
 
@@ -589,6 +590,26 @@ async def test_help_lists_navigation_and_scrolls_at_80x24(store_url: str) -> Non
         await pilot.press("end")
         await settle(pilot)
         assert box.scroll_y == box.max_scroll_y
+
+
+async def test_help_lines_wrap_under_their_description_at_80x24(store_url: str) -> None:
+    """A description too long for 80 columns goes on under itself (it went on at the left
+    edge, under the keys)."""
+    async with console(store_url, size=(80, 24)) as (app, pilot, clock, notes):
+        await pilot.press("question_mark")
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, HelpScreen)
+        long = "command palette: every action by name, go to a schedule or a view"
+        assert ("^p", long) in screen.keys
+        rows = screen_rows(app)
+        [first] = [i for i, row in enumerate(rows) if "command palette: every action" in row]
+        column = rows[first].index("command palette")
+        assert rows[first][:column].strip(" │") == "^p"
+        rest = rows[first + 1]
+        assert rest[:column].strip(" │") == "" and rest[column] != " ", rows[first : first + 2]
+        assert " ".join((rows[first][column:] + rest[column:]).replace("│", "").split()).startswith(long)
+        assert long in screen.text and "  read-only" not in screen.text
 
 
 # ----------------------------------------------------------------------------------------

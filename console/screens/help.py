@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen
-from textual.widgets import Static
+from textual.widgets import Label
 
 from console import format as fmt
 from console.widgets.palette import (
@@ -44,6 +45,24 @@ class HelpScreen(ModalScreen[None]):
         padding: 0 1;
         scrollbar-size-vertical: 1;
     }
+    HelpScreen .help-key {
+        height: auto;
+    }
+    HelpScreen .help-key > .key {
+        padding: 0 2;
+        text-align: right;
+        text-style: bold;
+        color: $text-accent;
+    }
+    HelpScreen .help-key > .what {
+        width: 1fr;
+    }
+    HelpScreen VerticalScroll > Label {
+        width: 1fr;
+    }
+    HelpScreen .legend {
+        padding-left: 2;
+    }
     """
 
     BINDINGS = [
@@ -64,11 +83,33 @@ class HelpScreen(ModalScreen[None]):
         """Every (key, description), all sections."""
         return [item for _, items in self.sections for item in items]
 
+    @property
+    def text(self) -> str:
+        """All it says, as plain text, a key and what it does on one line."""
+        return "\n".join(line.plain for line in self._lines())
+
     def compose(self) -> ComposeResult:
+        # A key's description wraps under itself, not to the left edge (at 80 columns it did):
+        # each key is a row of two labels, the key's as wide as the widest key.
+        width = max((cell_len(key) for key, _ in self.keys), default=9) + 4
         with VerticalScroll() as box:
             box.border_title = "schedtui help"
             box.border_subtitle = "esc closes"
-            yield Static(self._body(), id="help-body")
+            for title, items in self.sections:
+                yield Label(Content.from_markup(f"[b]{title}[/b]"))
+                for key, description in items:
+                    with Horizontal(classes="help-key"):
+                        yield Label(Content(key), classes="key").set_styles(width=width)
+                        yield Label(Content(description), classes="what")
+                yield Label()
+            if self.read_only_note:
+                with Horizontal(classes="help-key"):
+                    yield Label(Content.styled("read-only", "$text-warning"), classes="key").set_styles(width=width)
+                    yield Label(Content(self.read_only_note), classes="what")
+                yield Label()
+            for line in self._legend():
+                indented = line.plain.startswith("  ")
+                yield Label(line[2:] if indented else line, classes="legend" if indented else "")
 
     def on_mount(self) -> None:
         self.call_after_refresh(self._scroll_hint)
@@ -87,16 +128,19 @@ class HelpScreen(ModalScreen[None]):
         else:
             box.scroll_end(animate=False)
 
-    def _body(self) -> Content:
+    def _lines(self) -> list[Content]:
+        """Every line, as plain as the tests and a reader of :attr:`text` want them."""
         out: list[Content] = []
         for title, items in self.sections:
-            out.append(Content.from_markup(f"[b]{title}[/b]"))
-            for key, description in items:
-                out.append(Content.assemble("  ", (f"{key:>9}", "bold $text-accent"), "  ", description))
+            out.append(Content(title))
+            out.extend(Content(f"  {key:>9}  {description}") for key, description in items)
             out.append(Content(""))
         if self.read_only_note:
-            out.append(Content.assemble("  ", ("read-only", "bold $text-warning"), f" {self.read_only_note}"))
-            out.append(Content(""))
+            out.extend([Content(f"  read-only {self.read_only_note}"), Content("")])
+        return out + self._legend()
+
+    def _legend(self) -> list[Content]:
+        """The legend of statuses, outcomes and timeline marks, a line each."""
         lines: list[str] = ["[b]Run status[/b] [$text-muted](tables, strip and timeline; a failure is also reversed)[/]"]
         for status, meaning in STATUS_MEANINGS.items():
             glyph = fmt.STATUS_GLYPHS[status]
@@ -128,8 +172,7 @@ class HelpScreen(ModalScreen[None]):
                      "[$text-muted]○ before a name: disabled[/]")
         lines.append(f"  [$text-accent]{STORED_MARK}[/] after a name: created at run time (stored; E edits, D deletes); "
                      "[$text-muted]the others are in code: e only[/]")
-        out.append(Content.from_markup("\n".join(lines)))
-        return Content("\n").join(out)
+        return [Content.from_markup(line) for line in lines]
 
     def action_close(self) -> None:
         self.dismiss(None)
