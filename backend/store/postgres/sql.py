@@ -369,11 +369,19 @@ COUNT_CLAIMS = "SELECT count(*) FROM schedtui_claims"
 #: hand a lock to two holders. So ``synchronous_commit = off`` (a role's or a database's
 #: setting for speed) is turned back ``on`` for these sessions; any other value is kept
 #: (``local``, ``remote_write`` and ``remote_apply`` all flush the commit locally first).
+#: Transactions are ``read committed`` whatever the role's or the database's default: a
+#: transaction that reads after taking a lock (a migration, a heartbeat's mode check, a
+#: cluster round) must see what the lock's previous holder committed, and a fenced write
+#: must re-check a row updated under it (a repeatable-read snapshot would miss the one and
+#: fail the other with a serialization error).
 CONFIGURE = """
     SELECT set_config('statement_timeout', '30s', false), set_config('idle_in_transaction_session_timeout', '60s', false),
-        set_config('TimeZone', 'UTC', false),
+        set_config('TimeZone', 'UTC', false), set_config('default_transaction_isolation', 'read committed', false),
         CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'on', false) END
 """
+#: The isolation a new session of this role and database gets (read at open behind a
+#: transaction pooler, where the store cannot set its own).
+ISOLATION = "SELECT current_setting('default_transaction_isolation')"
 #: What the server gives a new session of this role and database (read at open, to warn).
 SYNCHRONOUS_COMMIT = "SELECT current_setting('synchronous_commit')"
 #: Behind a transaction pooler (see :mod:`.pooler`): the time zone only, which PgBouncer

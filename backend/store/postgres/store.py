@@ -88,6 +88,7 @@ from backend.store.postgres.sql import (
     INSERT_VERSION,
     INSTANCE_LIST,
     INSTANCES,
+    ISOLATION,
     LAST_RUNS,
     LAST_SLOTS,
     LATEST_RUNS,
@@ -289,6 +290,10 @@ class PostgresStore(
         except psycopg.Error as exc:
             raise store_unavailable(self.where, "cannot reach {store}", _one_line(exc), _public_reason(exc)) from None
         try:
+            if self.pooler.transaction:
+                await self._check_pooled_isolation(conn)
+            else:
+                await self._configure(conn)  # (read committed, for the migration's lock-then-read)
             await self._migrate(conn)
             await self._check_synchronous_commit(conn)
             pool = await self._open_pool(conn)
@@ -369,6 +374,23 @@ class PostgresStore(
                 "idle_in_transaction_session_timeout = '60s' (%s)",
                 self.where, " and ".join(unset) + (" are" if len(unset) > 1 else " is"), SEE,
             )  # fmt: skip
+
+    async def _check_pooled_isolation(self, conn: AsyncConnection[Any]) -> None:
+        """Behind a transaction pooler the store cannot make its sessions ``read committed``
+        (see CONFIGURE): refuse a server whose sessions default to anything else, rather
+        than fire, claim and fence under a snapshot that misses the commits they wait for."""
+        row = await (await conn.execute(ISOLATION)).fetchone()
+        level = row[0] if row else "read committed"
+        if level != "read committed":
+            raise store_unavailable(
+                self.where,
+                "cannot use {store} as given",
+                f"its sessions default to {level} isolation (default_transaction_isolation), and behind a "
+                "transaction pooler schedtui cannot set read committed for its own: its claims, fences and locks "
+                "need it; set it for schedtui's role: ALTER ROLE … SET default_transaction_isolation = "
+                f"'read committed' ({SEE})",
+                f"the server's sessions default to {level} isolation (read committed is needed)",
+            )
 
     @staticmethod
     async def _configure(conn: AsyncConnection[Any]) -> None:

@@ -1,8 +1,11 @@
-"""Faults an engine's long-lived loops must outlive: a round that raises what the loop did
-not expect, and a PostgreSQL server that takes no writes (the old primary after a
-failover, a standby a pooler still sends to). Before, either ended the loop that met it
-for good: the lease loop first, so the instance's lease lapsed for ever and it stopped all
-its work while the process (and its health check) looked alive."""
+"""What a production PostgreSQL server does that a test server does not, and what the
+engine's long-lived loops must outlive: a round that raises what the loop did not expect;
+a server that takes no writes (the old primary after a failover, a standby a pooler still
+sends to); sessions the server ends for idling; sessions that default to another
+isolation level. Before, the first two ended the loop that met them for good (the lease
+loop first: the instance's lease lapsed for ever and it stopped all its work while the
+process and its health check looked alive), the third failed the call that found the
+dead connection, and the fourth failed claims and sends with serialization errors."""
 
 from __future__ import annotations
 
@@ -146,3 +149,42 @@ async def test_pooled_connections_the_server_ended_for_idling_are_replaced_not_r
                 assert await store.get_states() == {}
         finally:
             await store.close()
+
+
+def _set_isolation(server: pg.PgServer, url: str, level: str) -> None:
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = '{level}'")
+
+
+async def test_sessions_that_default_to_repeatable_read_are_made_read_committed(pg_server: pg.PgServer) -> None:
+    """A role or database set to ``repeatable read`` (or ``serializable``) by default: a
+    transaction that reads after taking a lock would read a snapshot from before the lock
+    (two first opens migrating at once), and a fenced write racing an update fails with a
+    serialization error instead of re-checking the row (fifty sends of one key)."""
+    from tests.test_jobs_store import T0, define, jobs_of, new
+
+    url = pg_server.create_database("isolation")  # empty: the first opens migrate it
+    _set_isolation(pg_server, url, "repeatable read")
+    stores = [open_store(url) for _ in range(5)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(store.open() for store in stores)), 60)  # (bounds a broken test)
+        js = await define(stores[0])
+        sends = [jobs_of(stores[i % 5]).send_jobs("mail", [new(i, key="once")], T0) for i in range(50)]
+        answers = [a[0] for a in await asyncio.gather(*sends)]
+        assert len({a.id for a in answers}) == 1 and sum(not a.duplicate for a in answers) == 1
+        assert len(await js.list_jobs("mail", status=None, limit=100, before=None)) == 1
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_behind_a_transaction_pooler_another_default_isolation_is_refused_at_open(
+    pg_server: pg.PgServer, pg_url: str
+) -> None:
+    _set_isolation(pg_server, pg_url, "serializable")
+    store = open_store(pg_url + ("&" if "?" in pg_url else "?") + "pooler=transaction")
+    with pytest.raises(Unavailable, match="default to serializable isolation") as refused:
+        await store.open()
+    assert "default_transaction_isolation = 'read committed'" in str(refused.value)
+    assert "127.0.0.1" not in refused.value.public  # (the API's words name no host)
