@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -188,3 +189,19 @@ async def test_behind_a_transaction_pooler_another_default_isolation_is_refused_
         await store.open()
     assert "default_transaction_isolation = 'read committed'" in str(refused.value)
     assert "127.0.0.1" not in refused.value.public  # (the API's words name no host)
+
+
+@pytest.mark.parametrize("encoding", ["LATIN1", "SQL_ASCII"])
+async def test_a_database_that_is_not_utf8_is_refused_at_open(pg_server: pg.PgServer, encoding: str) -> None:
+    """Before, the store opened and the engine started; then a LATIN1 database failed every
+    write of a character it has no byte for (a payload, a handler's error) and a SQL_ASCII
+    one every statement with text, each with a driver error (an API 500)."""
+    name = f"schedtui_enc_{encoding.lower()}_{os.getpid()}"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE template0 ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C'")
+    pg_server.created.append(name)
+    with pytest.raises(Unavailable, match=f"its database's encoding is {encoding}") as refused:
+        async with connect(pg_server.url(name)):
+            pass
+    assert "ENCODING 'UTF8'" in str(refused.value)
+    assert refused.value.public.endswith(f"the database's encoding is {encoding} (UTF8 is needed)")

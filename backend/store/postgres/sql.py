@@ -379,6 +379,8 @@ CONFIGURE = """
         set_config('TimeZone', 'UTC', false), set_config('default_transaction_isolation', 'read committed', false),
         CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'on', false) END
 """
+#: The database's encoding: its text columns hold UTF-8 only in a UTF8 database (read at open).
+SERVER_ENCODING = "SELECT current_setting('server_encoding')"
 #: The isolation a new session of this role and database gets (read at open behind a
 #: transaction pooler, where the store cannot set its own).
 ISOLATION = "SELECT current_setting('default_transaction_isolation')"

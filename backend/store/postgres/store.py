@@ -108,6 +108,7 @@ from backend.store.postgres.sql import (
     RUNNING_RUNS,
     RUNS_BETWEEN,
     SERVER_CLOCK,
+    SERVER_ENCODING,
     SET_STATE,
     SLOT_RECORDED,
     STARTING_MARKS,
@@ -290,6 +291,7 @@ class PostgresStore(
         except psycopg.Error as exc:
             raise store_unavailable(self.where, "cannot reach {store}", _one_line(exc), _public_reason(exc)) from None
         try:
+            await self._check_encoding(conn)
             if self.pooler.transaction:
                 await self._check_pooled_isolation(conn)
             else:
@@ -374,6 +376,25 @@ class PostgresStore(
                 "idle_in_transaction_session_timeout = '60s' (%s)",
                 self.where, " and ".join(unset) + (" are" if len(unset) > 1 else " is"), SEE,
             )  # fmt: skip
+
+    async def _check_encoding(self, conn: AsyncConnection[Any]) -> None:
+        """Refuse a database that is not UTF8: a LATIN1 one fails every write of a character
+        it has no byte for (a handler's error, a payload, a note), and a SQL_ASCII one every
+        statement with text, each as a driver error in the middle of the work; better once,
+        at start, saying what to do."""
+        row = await (await conn.execute(SERVER_ENCODING)).fetchone()
+        encoding = row[0] if row else "UTF8"
+        if isinstance(encoding, bytes):  # (a SQL_ASCII database's text comes back undecoded)
+            encoding = encoding.decode("ascii", "replace")
+        if encoding != "UTF8":
+            raise store_unavailable(
+                self.where,
+                "cannot use {store} as given",
+                f"its database's encoding is {encoding}, and schedtui's text (names, payloads, a handler's errors "
+                "and logs) is Unicode: create the database with ENCODING 'UTF8' (CREATE DATABASE … TEMPLATE "
+                "template0 ENCODING 'UTF8')",
+                f"the database's encoding is {encoding} (UTF8 is needed)",
+            )
 
     async def _check_pooled_isolation(self, conn: AsyncConnection[Any]) -> None:
         """Behind a transaction pooler the store cannot make its sessions ``read committed``
