@@ -292,12 +292,12 @@ class PostgresStore(
             raise store_unavailable(self.where, "cannot reach {store}", _one_line(exc), _public_reason(exc)) from None
         try:
             await self._check_encoding(conn)
+            await self._check_synchronous_commit(conn)  # (what the session got, before CONFIGURE)
             if self.pooler.transaction:
                 await self._check_pooled_isolation(conn)
             else:
                 await self._configure(conn)  # (read committed, for the migration's lock-then-read)
             await self._migrate(conn)
-            await self._check_synchronous_commit(conn)
             pool = await self._open_pool(conn)
         except psycopg.Error as exc:
             raise store_unavailable(self.where, "cannot set up {store}", _one_line(exc), _public_reason(exc)) from None
