@@ -127,8 +127,9 @@ async def _deliver(job: JobContext) -> None:
 async def test_a_callers_lock_holder_state_and_catalog_author_are_written_escaped(store_url: str) -> None:
     """What Python code hands the engine past the API's and the CLI's checks: a lock's
     holder (``locks.acquire(holder=…)``), who changed a schedule's state
-    (``set_enabled(by=…)``) and who created or updated a stored schedule (an actor named
-    by ``acting_as``, as the API names a token). SQLite wrote them escaped; PostgreSQL
+    (``set_enabled(by=…)``), who paused a queue (``jobs.set_paused(by=…)``) and who
+    created or updated a stored schedule (an actor named by ``acting_as``, as the API
+    names a token). SQLite wrote them escaped; PostgreSQL
     refused the statement (a NUL, a lone surrogate), and the action failed."""
     engine = Engine([define_queue(name="mail", handler=_deliver)], open_store(store_url, create=True))
     await engine.open()
@@ -146,6 +147,7 @@ async def test_a_callers_lock_holder_state_and_catalog_author_are_written_escape
             _, rows = await engine.catalog.store.stored_schedules()
             (row,) = [r for r in rows if r.name == f"job-{n}"]
             assert (row.created_by, row.updated_by, row.version) == (f"by {shown}", f"by {shown}", 2)
+            assert (await engine.jobs.set_paused("mail", n % 2 == 0, by=f"pauser {given}")).paused == (n % 2 == 0)
     finally:
         await engine.stop()
 

@@ -1061,7 +1061,7 @@ class PostgresJobs:
         return job_from_row(job, _utc)
 
     async def pause_queue(self, queue: str, paused: bool, by: str, at: datetime) -> bool:
-        return await self._execute(PAUSE, (paused, by, at, queue)) == 1
+        return await self._execute(PAUSE, (paused, _text(by), at, queue)) == 1
 
     async def queue_views(self, now: datetime) -> list[QueueView]:
         rows = await self._fetchall(QUEUE_VIEWS, {"now": now})
