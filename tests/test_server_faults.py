@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -205,3 +206,32 @@ async def test_a_database_that_is_not_utf8_is_refused_at_open(pg_server: pg.PgSe
             pass
     assert "ENCODING 'UTF8'" in str(refused.value)
     assert refused.value.public.endswith(f"the database's encoding is {encoding} (UTF8 is needed)")
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["direct", "pooler=transaction"])
+async def test_a_date_style_other_than_iso_is_read_as_iso(
+    pg_server: pg.PgServer, pg_url: str, clock: ManualClock, pooled: bool
+) -> None:
+    """psycopg reads timestamps in ISO text only: a role or database with ``DateStyle =
+    'SQL, DMY'`` (a European DBA's choice) failed the store's first read of one at open
+    (``NotImplementedError: can't parse timestamptz with DateStyle 'SQL, DMY'``)."""
+    name = psycopg.conninfo.conninfo_to_dict(pg_url)["dbname"]
+    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{name}\" SET DateStyle = 'SQL, DMY'")
+    url = pg_url + ("&" if "?" in pg_url else "?") + "pooler=transaction" if pooled else pg_url
+    ran: list[Any] = []
+
+    async def handler(job: JobContext) -> None:
+        ran.append(job.payload)
+
+    engine = Engine([define_queue(name="q", handler=handler)], url, clock=clock, instance="dates")
+    await engine.start()
+    try:
+        sent = await engine.jobs.send("q", "dated", delay=60)
+        job = (await engine.jobs.get_job(sent.id)).job
+        assert job is not None and (job.created_at, job.run_after) == (clock.now(), clock.now() + timedelta(seconds=60))
+        clock.advance(60)
+        await asyncio.wait_for(engine.quiesce(), 20)
+        assert ran == ["dated"]
+    finally:
+        await engine.stop()

@@ -373,10 +373,13 @@ COUNT_CLAIMS = "SELECT count(*) FROM schedtui_claims"
 #: transaction that reads after taking a lock (a migration, a heartbeat's mode check, a
 #: cluster round) must see what the lock's previous holder committed, and a fenced write
 #: must re-check a row updated under it (a repeatable-read snapshot would miss the one and
-#: fail the other with a serialization error).
+#: fail the other with a serialization error). Dates come back as ISO text whatever the
+#: role's ``DateStyle`` (psycopg reads no other: ``SQL, DMY``, a European DBA's choice,
+#: failed the store's first read of a timestamp).
 CONFIGURE = """
     SELECT set_config('statement_timeout', '30s', false), set_config('idle_in_transaction_session_timeout', '60s', false),
         set_config('TimeZone', 'UTC', false), set_config('default_transaction_isolation', 'read committed', false),
+        set_config('DateStyle', 'ISO', false),
         CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'on', false) END
 """
 #: The database's encoding: its text columns hold UTF-8 only in a UTF8 database (read at open).
@@ -386,12 +389,13 @@ SERVER_ENCODING = "SELECT current_setting('server_encoding')"
 ISOLATION = "SELECT current_setting('default_transaction_isolation')"
 #: What the server gives a new session of this role and database (read at open, to warn).
 SYNCHRONOUS_COMMIT = "SELECT current_setting('synchronous_commit')"
-#: Behind a transaction pooler (see :mod:`.pooler`): the time zone only, which PgBouncer
-#: keeps per client (it sets it again on whichever server connection serves the client).
+#: Behind a transaction pooler (see :mod:`.pooler`): the time zone and the date style only,
+#: which PgBouncer keeps per client (it sets them again on whichever server connection
+#: serves the client).
 #: The timeouts and ``synchronous_commit`` would stay on the server connection for the
 #: pooler's next client: the role's or the database's own settings apply there (checked at
 #: open with POOLED_TIMEOUTS and SYNCHRONOUS_COMMIT).
-CONFIGURE_POOLED = "SET TimeZone = 'UTC'"
+CONFIGURE_POOLED = "SELECT set_config('TimeZone', 'UTC', false), set_config('DateStyle', 'ISO', false)"
 POOLED_TIMEOUTS = "SELECT current_setting('statement_timeout'), current_setting('idle_in_transaction_session_timeout')"
 
 #: The fleet's sessions stuck on a silent client inside a transaction for longer than the

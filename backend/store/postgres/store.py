@@ -295,6 +295,7 @@ class PostgresStore(
             await self._check_synchronous_commit(conn)  # (what the session got, before CONFIGURE)
             if self.pooler.transaction:
                 await self._check_pooled_isolation(conn)
+                await self._configure_pooled(conn)
             else:
                 await self._configure(conn)  # (read committed, for the migration's lock-then-read)
             await self._migrate(conn)
