@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 import threading
 from types import TracebackType
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from psycopg.conninfo import conninfo_to_dict
 
@@ -98,6 +98,10 @@ def relay_to(url: str) -> FreezableRelay:
 
 
 def via(url: str, port: int) -> str:
-    """The same database, reached through a relay listening on ``port``."""
+    """The same database, reached through a relay listening on ``port``. A URL that names
+    its server in the query (``postgresql://?host=…&port=…``, as ``$SCHEDTUI_TEST_DSN``'s
+    databases are named) loses those parameters: libpq would prefer them to the relay."""
     parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}@127.0.0.1:{port}" if parts.username else f"127.0.0.1:{port}"))
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k not in ("host", "hostaddr", "port")])
+    netloc = f"{parts.username}@127.0.0.1:{port}" if parts.username else f"127.0.0.1:{port}"
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
