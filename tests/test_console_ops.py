@@ -174,17 +174,23 @@ async def test_the_plan_warns_of_the_live_slots_it_may_skip(store_url: str) -> N
         assert isinstance(question, Confirm) and "Live slots: may skip up to 9 live slots" in question.text
 
 
+async def quit_during_a_backfill(pilot: Any) -> str:
+    """Start a backfill of slow-reindex over the last minute here, close its screen and
+    press q: the backfill's id (the quit question is up)."""
+    screen = await start_backfill(pilot, "slow-reindex", "-1m")
+    assert screen.progress is not None
+    await pilot.press("escape")
+    await pilot.pause()
+    await pilot.press("q")
+    await pilot.pause()
+    return screen.progress.id
+
+
 async def test_stopping_a_backfill_and_quitting_records_how_it_really_ended(store_url: str) -> None:
     """q, then c (stop it and quit): the end in the audit log counts the run the quit
     interrupted, as the ledger does."""
     async with console(store_url) as (app, pilot, clock, notes):
-        screen = await start_backfill(pilot, "slow-reindex", "-1m")
-        assert screen.progress is not None
-        backfill_id = screen.progress.id
-        await pilot.press("escape")
-        await pilot.pause()
-        await pilot.press("q")
-        await pilot.pause()
+        backfill_id = await quit_during_a_backfill(pilot)
         assert isinstance(app.screen, QuitPrompt)
         await pilot.press("c")
         await pilot.pause()
@@ -205,13 +211,7 @@ async def test_the_quit_question_follows_the_backfill_while_it_is_open(store_url
     said the count read when q was pressed), and a backfill that ends meanwhile is said to
     have ended (it was still said to run)."""
     async with console(store_url) as (app, pilot, clock, notes):
-        screen = await start_backfill(pilot, "slow-reindex", "-1m")
-        assert screen.progress is not None
-        backfill_id = screen.progress.id
-        await pilot.press("escape")
-        await pilot.pause()
-        await pilot.press("q")
-        await pilot.pause()
+        backfill_id = await quit_during_a_backfill(pilot)
         prompt = app.screen
         assert isinstance(prompt, QuitPrompt)
 
