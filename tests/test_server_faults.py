@@ -19,7 +19,17 @@ from typing import Any
 import psycopg
 import pytest
 
-from backend import Engine, JobContext, ManualClock, Unavailable, connect, define_queue, open_store
+from backend import (
+    Engine,
+    JobContext,
+    ManualClock,
+    RunContext,
+    Unavailable,
+    connect,
+    define_queue,
+    define_schedule,
+    open_store,
+)
 from tests import pg
 from tests.test_liveness import LeaseClock
 
@@ -235,3 +245,36 @@ async def test_a_date_style_other_than_iso_is_read_as_iso(
         assert ran == ["dated"]
     finally:
         await engine.stop()
+
+
+async def test_a_timer_round_that_raises_leaves_its_schedules_armed_for_their_next_slot(
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The timers loop pops a slot's schedules, then claims and fires them. A round that
+    raised in between (started again by its loop) left them armed at the popped slot with
+    no timer: they never fired again."""
+    fired: list[str] = []
+
+    def tick(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at.strftime("%H:%M"))
+
+    engine = make_engine([define_schedule(name="tick", cron="* * * * *", timezone="UTC", handler=tick)])
+    await engine.start()
+    await _settle(engine)
+    real = engine.launcher.mark_starting
+    broken = True
+
+    async def mark(*args: Any, **kwargs: Any) -> Any:
+        if broken:
+            raise RuntimeError("a store reply the timers did not expect")
+        return await real(*args, **kwargs)
+
+    engine.launcher.mark_starting = mark  # type: ignore[method-assign]  # fails while broken
+    clock.advance(60)  # 08:01: its round raises
+    await _settle(engine)
+    broken = False
+    for _ in range(2):  # 08:02, 08:03
+        clock.advance(60)
+        await asyncio.wait_for(engine.quiesce(), 20)
+    assert fired == ["08:02", "08:03"]
+    assert [r.getMessage().split(" (")[0] for r in caplog.records if r.levelname == "ERROR"] == ["timers failed"]

@@ -198,18 +198,23 @@ class Timers:
         claims = self.claims
         outcome = claims.coordinator.outcome
         # The runs started here reach the writer thread only once the whole burst has started.
-        with self.ledger.hold():
-            if claims.coordinator.needs_claims:
-                # One claim for the whole batch: one round trip, one transaction, which also
-                # writes the winners' rows.
-                owned, busy = await claims.claim([(schedule, slot) for schedule, slot, _ in due], now)
-                await self._fire_owned(owned, outcome, busy)
-            else:
-                # The burst's rows follow in the group commit; until they land, a committed
-                # mark lets a survivor record them if this process dies (a handler calling
-                # os._exit). One small write, not a thousand rows before the first start.
-                await self.launcher.mark_starting(due[-1][1])  # the latest slot: due is in slot order
-                await self._fire_owned(self._with_ids(due), outcome, {})
+        try:
+            with self.ledger.hold():
+                if claims.coordinator.needs_claims:
+                    # One claim for the whole batch: one round trip, one transaction, which
+                    # also writes the winners' rows.
+                    owned, busy = await claims.claim([(schedule, slot) for schedule, slot, _ in due], now)
+                    await self._fire_owned(owned, outcome, busy)
+                else:
+                    # The burst's rows follow in the group commit; until they land, a
+                    # committed mark lets a survivor record them if this process dies (a
+                    # handler calling os._exit). One small write, not a thousand rows
+                    # before the first start.
+                    await self.launcher.mark_starting(due[-1][1])  # the latest slot: due is in slot order
+                    await self._fire_owned(self._with_ids(due), outcome, {})
+        finally:
+            # Even when the round raised what it does not handle (the loop starts again):
+            # a popped schedule stays armed at its popped slot, with no timer, until re-armed.
             self._rearm(due)
 
     def _rearm(self, fired: list[tuple[Schedule, datetime, datetime]]) -> None:
