@@ -126,19 +126,25 @@ async def test_an_engine_made_in_code_refuses_an_instance_name_as_connect_does(
     assert Engine([], f"sqlite:///{tmp_path / 'state.db'}", instance="web-1 (blue):42").instance == "web-1 (blue):42"
 
 
-async def test_an_instance_name_stored_before_it_was_checked_is_shown_escaped(cli: Cli) -> None:
-    # Written by an older version (no engine takes it now): the tables escape it.
-    evil = "evil\x1b[31mRED\nline2"
+async def _record_a_run(cli: Cli, **fields: Any) -> None:
+    """A manual run of hourly, finished now, written to the CLI's store as an engine
+    would (with ``fields``), past every input check: what a handler or an older version
+    may leave there."""
     engine = Engine(discover_definitions(cli.root / "schedules"), open_store(cli.store))
     await engine.open()
     try:
         at = engine.clock.now()
-        engine.store.save_runs([Run(id=engine.new_id(), name="hourly", scheduled_at=at, status="succeeded",
-                                    trigger="manual", coordination_outcome="manual", instance=evil, fired_at=at,
-                                    finished_at=at)])  # fmt: skip
+        engine.store.save_runs([Run(id=engine.new_id(), name="hourly", scheduled_at=at, trigger="manual",
+                                    coordination_outcome="manual", fired_at=at, finished_at=at, **fields)])  # fmt: skip
         await engine.store.flush()
     finally:
         await engine.stop()
+
+
+async def test_an_instance_name_stored_before_it_was_checked_is_shown_escaped(cli: Cli) -> None:
+    # Written by an older version (no engine takes it now): the tables escape it.
+    evil = "evil\x1b[31mRED\nline2"
+    await _record_a_run(cli, status="succeeded", instance=evil)
     shown = cli.ok("runs", "hourly").stdout
     assert "evil\\x1b[31mRED\\nline2" in shown and "\x1b" not in shown, shown
     assert len(shown.splitlines()) == 2  # the heading and the run's one line
@@ -147,16 +153,8 @@ async def test_an_instance_name_stored_before_it_was_checked_is_shown_escaped(cl
 async def test_a_handlers_error_text_is_shown_on_one_line_escaped(cli: Cli) -> None:
     """A handler's exception text went to the runs table as it was: a newline broke the
     table, an escape sequence reached the operator's terminal."""
-    engine = Engine(discover_definitions(cli.root / "schedules"), open_store(cli.store))
-    await engine.open()
-    try:
-        at = engine.clock.now()
-        engine.store.save_runs([Run(id=engine.new_id(), name="hourly", scheduled_at=at, status="failed", trigger="manual",
-                                    coordination_outcome="manual", instance="web-1", fired_at=at, finished_at=at,
-                                    error_tag="RuntimeError", error_message="\x1b[2Jwiped\nsecond line")])  # fmt: skip
-        await engine.store.flush()
-    finally:
-        await engine.stop()
+    await _record_a_run(cli, status="failed", instance="web-1", error_tag="RuntimeError",
+                        error_message="\x1b[2Jwiped\nsecond line")  # fmt: skip
     shown = cli.ok("runs", "hourly").stdout
     assert "[RuntimeError] \\x1b[2Jwiped\\nsecond line" in shown and "\x1b" not in shown, shown
     assert len(shown.splitlines()) == 2  # the heading and the run's one line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from textual.app import App, ComposeResult
@@ -29,16 +30,22 @@ class Runs(App[None]):
         yield RunsTable(id="runs")
 
 
+async def twenty_runs_shown(app: Runs, pilot: Any) -> RunsTable:
+    """The runs table focused, showing runs 1 to 20 (its 8 rows show the newest few)."""
+    table = app.query_one(RunsTable)
+    table.focus()
+    table.show(runs(20, 20), "UTC", START)
+    await pilot.pause()
+    return table
+
+
 async def test_new_runs_come_in_at_the_top_in_sight_while_the_cursor_is_on_the_newest() -> None:
     """A regression: the cursor stayed on the run that was newest when the schedule was
     selected, and the table scrolled to keep it in view: once more new runs had come than
     rows fit, the newest were above the top, out of sight, with nothing saying so."""
     app = Runs()
     async with app.run_test(size=(100, 8)) as pilot:
-        table = app.query_one(RunsTable)
-        table.focus()
-        table.show(runs(20, 20), "UTC", START)
-        await pilot.pause()
+        table = await twenty_runs_shown(app, pilot)
         for newest in range(21, 35):  # more new runs than the table has rows
             table.show(runs(newest, 20), "UTC", START)
             await pilot.pause()
@@ -49,10 +56,7 @@ async def test_new_runs_come_in_at_the_top_in_sight_while_the_cursor_is_on_the_n
 async def test_a_run_the_operator_moved_the_cursor_to_stays_under_it() -> None:
     app = Runs()
     async with app.run_test(size=(100, 8)) as pilot:
-        table = app.query_one(RunsTable)
-        table.focus()
-        table.show(runs(20, 20), "UTC", START)
-        await pilot.pause()
+        table = await twenty_runs_shown(app, pilot)
         await pilot.press("down", "down")
         assert table.selected_run is not None and table.selected_run.id == "run-018"
         for newest in range(21, 30):
