@@ -57,8 +57,13 @@ _secrets: set[str] = set()
 _pattern: re.Pattern[str] | None = None
 _lock = threading.Lock()
 
-# ``password=value`` in a libpq keyword/value string (the value bare, or single-quoted).
-_KEYWORD_VALUE = re.compile(r"(?i)\b(password|sslpassword)(\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)")
+# ``password=value`` in a libpq keyword/value string (the value bare, or single-quoted). A
+# value already masked is left with what follows it: a URL's query redacted by structure,
+# then quoted in a message (``the store "postgresql://?…&password=***": …``), kept its
+# closing quote and colon.
+_KEYWORD_VALUE = re.compile(
+    r"(?i)\b(password|sslpassword)(\s*=\s*)(\*\*\*(?=[\s\"'),;:]|$)|'(?:[^'\\]|\\.)*'|[^\s&]+)"
+)
 
 
 def remember_secret(value: str | None) -> None:

@@ -85,6 +85,14 @@ def test_a_password_in_any_url_of_a_text_is_masked() -> None:
     assert redact("see http://a:b@c/d, then") == "see http://a:***@c/d, then"
 
 
+def test_a_query_password_masked_before_keeps_the_quote_and_colon_after_it() -> None:
+    where = redact_url("postgresql://?host=db&password=pw-in-the-query")
+    assert redact(f'cannot reach the store "{where}": refused') == (
+        'cannot reach the store "postgresql://?host=db&password=***": refused'
+    )  # (the quote and the colon were taken as the rest of the password)
+    assert redact('password=***"x" password=*** y') == 'password=***"x" password=*** y'
+
+
 # ---------------------------------------------------------------------------------------
 # the store URL: from the environment or a file; a password on the command line is warned about
 # ---------------------------------------------------------------------------------------
