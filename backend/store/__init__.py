@@ -135,9 +135,15 @@ class Store(Protocol):
     where: str
     """Where it lives, fit to show (a path, or a URL without its password)."""
     default_coordination: CoordinationMode
+    migrated: list[tuple[str, str]]
+    """What :meth:`open` migrated, in order: ``("core", "version 9")``, ``("jobs",
+    "addition 1")`` (:func:`backend.store.migrations.summary` tells it); empty when every
+    table was at this release's version already."""
 
     async def open(self) -> None:
-        """Connect, create or migrate the schema (safe when several processes start at once)."""
+        """Connect, create or migrate the schema (safe when several processes start at
+        once). Tables already at this release's version are only read: a role that may use
+        them but not change the schema opens the store."""
 
     async def close(self) -> None:
         """Commit what is pending and disconnect (giving up, loudly, after a few seconds)."""

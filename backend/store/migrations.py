@@ -21,7 +21,7 @@ from typing import Any
 
 from backend.errors import Unavailable
 
-__all__ = ["Component", "components_of", "migrate_postgres", "migrate_sqlite"]
+__all__ = ["CORE", "Component", "applied", "summary", "components_of", "migrate_postgres", "migrate_sqlite", "postgres_components_current"]
 
 log = logging.getLogger("schedtui.store")
 
@@ -52,6 +52,32 @@ def components_of(cls: type) -> list[Component]:
         if isinstance(component, Component) and component not in found:
             found.append(component)
     return found
+
+
+#: The name the run ledger's own tables go by in :func:`applied` (they keep their own
+#: version table, older than the components').
+CORE = "core"
+
+
+def applied(component: str, label: str) -> tuple[str, str]:
+    """One migration applied (``("core", "version 9")``, ``("jobs", "addition 1")``):
+    logged, and kept for ``schedtui migrate`` to tell (:func:`summary`)."""
+    log.info("store: %s tables migrated to %s", component if component == CORE else f'"{component}"', label)
+    return component, label
+
+
+def summary(done: Sequence[tuple[str, str]]) -> str:
+    """What :func:`applied` recorded, one phrase a component, in order: ``core to version
+    7, "locks" to version 1 and addition 1``."""
+    last: dict[str, dict[str, str]] = {}
+    for component, label in done:
+        kind, _, number = label.partition(" ")
+        last.setdefault(component, {})[kind] = number
+    phrases = []
+    for component, reached in last.items():
+        name = component if component == CORE else f'"{component}"'
+        phrases.append(f"{name} to " + " and ".join(f"{kind} {number}" for kind, number in reached.items()))
+    return ", ".join(phrases)
 
 
 def _statements(script: str) -> Iterable[str]:
@@ -91,10 +117,12 @@ SQLITE_SET = """
 """
 
 
-def migrate_sqlite(conn: sqlite3.Connection, components: Sequence[Component]) -> None:
-    """Bring each component up to date (inside the caller's BEGIN IMMEDIATE)."""
+def migrate_sqlite(conn: sqlite3.Connection, components: Sequence[Component]) -> list[tuple[str, str]]:
+    """Bring each component up to date (inside the caller's BEGIN IMMEDIATE); what it
+    applied (see :func:`applied`)."""
+    done: list[tuple[str, str]] = []
     if not components:
-        return
+        return done
     conn.execute(SQLITE_TABLE)
     if "additions" not in {column[1] for column in conn.execute("PRAGMA table_info(schema_components)")}:
         conn.execute(SQLITE_ADDITIONS)
@@ -104,9 +132,10 @@ def migrate_sqlite(conn: sqlite3.Connection, components: Sequence[Component]) ->
         for label, script in steps:
             for statement in _statements(script):
                 conn.execute(statement)
-            log.info('store: "%s" tables migrated to %s', component.name, label)
+            done.append(applied(component.name, label))
         if changed:
             conn.execute(SQLITE_SET, _done(component, row))
+    return done
 
 
 PG_TABLE = "CREATE TABLE IF NOT EXISTS schedtui_schema_components (component text PRIMARY KEY, version integer NOT NULL)"
@@ -118,11 +147,37 @@ PG_SET = """
 """
 
 
-async def migrate_postgres(conn: Any, components: Sequence[Component]) -> None:
-    """Bring each component up to date (inside the caller's transaction, which holds the
-    migration lock)."""
+#: Whether the components' table is there with its ``additions`` column, as this code
+#: writes it (both looked up along the ``search_path``, as the statements find them).
+PG_TABLE_CURRENT = """
+    SELECT to_regclass('schedtui_schema_components') IS NOT NULL AND EXISTS (
+        SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('schedtui_schema_components')
+        AND attname = 'additions' AND NOT attisdropped)
+"""
+PG_GET_ALL = "SELECT component, version, additions FROM schedtui_schema_components"
+
+
+async def postgres_components_current(conn: Any, components: Sequence[Component]) -> bool:
+    """Whether every component is at this code's version already, found by reading alone:
+    a role that may use the tables but not change the schema (the least privilege a
+    deployment gives the role its instances run as) then opens the store without a
+    statement it may not run. A component newer than this code is refused, as by
+    :func:`migrate_postgres`."""
     if not components:
-        return
+        return True
+    row = await (await conn.execute(PG_TABLE_CURRENT)).fetchone()
+    if not (row and row[0]):
+        return False
+    rows = {name: (version, added) for name, version, added in await (await conn.execute(PG_GET_ALL)).fetchall()}
+    return not any(_plan(component, rows.get(component.name))[1] for component in components)
+
+
+async def migrate_postgres(conn: Any, components: Sequence[Component]) -> list[tuple[str, str]]:
+    """Bring each component up to date (inside the caller's transaction, which holds the
+    migration lock); what it applied (see :func:`applied`)."""
+    done: list[tuple[str, str]] = []
+    if not components:
+        return done
     await conn.execute(PG_TABLE)
     await conn.execute(PG_ADDITIONS)
     for component in components:
@@ -131,6 +186,7 @@ async def migrate_postgres(conn: Any, components: Sequence[Component]) -> None:
         for label, script in steps:
             for statement in _statements(script):
                 await conn.execute(statement)
-            log.info('store: "%s" tables migrated to %s', component.name, label)
+            done.append(applied(component.name, label))
         if changed:
             await conn.execute(PG_SET, _done(component, row))
+    return done

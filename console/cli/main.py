@@ -1,7 +1,7 @@
 """The ``schedtui`` command: parses arguments and dispatches verbs; with no verb, the console.
 
 This module holds the parser, the options every verb shares, and the verbs that are no
-operator action (``serve``, ``console``, ``demo``, ``manifest``). The verbs that are
+operator action (``serve``, ``migrate``, ``console``, ``demo``, ``manifest``). The verbs that are
 actions live in the verb modules (:data:`VERB_MODULES`), derived from the actions'
 declarations by :mod:`console.cli.derive`.
 
@@ -54,6 +54,7 @@ from backend.model import (
 )
 from backend.safetext import RedactingFormatter, printable, redact_url, remember_secret
 from backend.scheduler.manifests import PROVIDERS, render_manifests
+from backend.store.migrations import summary
 from console import format as fmt
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
@@ -272,6 +273,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     # Test seams too: a cluster shard's lease (its take-over waits).
     serve.add_argument("--shard-lease", type=_seconds, default=10.0, help=argparse.SUPPRESS)
     serve.add_argument("--job-backoff", type=_positive_int, default=10, help=argparse.SUPPRESS)  # a failed job's first retry
+
+    migrate = verbs.add_parser(
+        "migrate", help="create or migrate the store's tables to this release, then exit",
+        description="Create the store's tables, or migrate them to this release, then exit; print what was done. "
+        "Every start does this too, when its role may: run it with the schema owner's role where the instances run "
+        "as a role that may only use the tables.",
+    )  # fmt: skip
+    by_verb["migrate"] = migrate
+    _add_shared(migrate, ["store", "store_file"])
 
     verb("console", "the operations console (also what `schedtui` alone starts)", _CONSOLE)
 
@@ -612,6 +622,20 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def cmd_migrate(args: argparse.Namespace) -> int:
+    store = open_store(args.store, create=True)
+    await store.open()
+    try:
+        done = store.migrated
+    finally:
+        await store.close()
+    if done:
+        print(f'migrated the store "{printable(store.where)}": {summary(done)}')
+    else:
+        print(f'the store "{printable(store.where)}" is up to date: nothing to migrate')
+    return EXIT_OK
+
+
 async def cmd_manifest(args: argparse.Namespace) -> int:
     files = render_manifests(discover(args.schedules), args.provider, args.base_url)
     if not files:
@@ -758,6 +782,7 @@ async def cmd_console(args: argparse.Namespace) -> int:
 
 VERBS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
     "serve": cmd_serve,
+    "migrate": cmd_migrate,
     "console": cmd_console,
     "demo": cmd_demo,
     "manifest": cmd_manifest,

@@ -26,6 +26,10 @@ CREATE_VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schedtui_schema_version (vers
 GET_VERSION = "SELECT version FROM schedtui_schema_version"
 INSERT_VERSION = "INSERT INTO schedtui_schema_version (version) VALUES (%s)"
 UPDATE_VERSION = "UPDATE schedtui_schema_version SET version = %s"
+#: Whether the version table is there (along the search_path, where the statements look).
+HAS_VERSION_TABLE = "SELECT to_regclass('schedtui_schema_version') IS NOT NULL"
+#: Who failed to migrate, and where: the role, and the schema tables would be created in.
+WHO_MIGRATES = "SELECT current_user, current_schema()"
 
 #: Each entry moves the schema up one version; applied in order under MIGRATE_LOCK.
 #: Run ids sort by creation time as bytes, hence COLLATE "C" (whatever the database's locale).

@@ -48,7 +48,7 @@ from backend.model import (
 )
 from backend.safetext import store_text
 from backend.store import FIRING, Membership, Unfinished, redact_url, store_unavailable
-from backend.store.migrations import components_of, migrate_postgres
+from backend.store.migrations import CORE, applied, components_of, migrate_postgres, postgres_components_current
 from backend.store.postgres.activity import PostgresActivity
 from backend.store.postgres.alerts import PostgresAlerts
 from backend.store.postgres.audit import PostgresAudit
@@ -83,6 +83,7 @@ from backend.store.postgres.sql import (
     GET_RUN,
     GET_STATES,
     GET_VERSION,
+    HAS_VERSION_TABLE,
     HEARTBEAT,
     INSERT_BACKFILL,
     INSERT_VERSION,
@@ -117,6 +118,7 @@ from backend.store.postgres.sql import (
     UPDATE_BACKFILL,
     UPDATE_VERSION,
     UPSERT_RUNS,
+    WHO_MIGRATES,
     _backfill,
     _claims_json,
     _run,
@@ -170,7 +172,9 @@ _PUBLIC_REASONS = (
 #: told as an outage (:class:`Unavailable`), as a connection's failure is. A failover
 #: leaves the old primary answering as a read-only standby (or a pooler still sends there
 #: for a while): every write then fails with 25006, which is no bug of the statement's.
-_SERVER_CANNOT = ("25006",)
+#: A privilege the role lacks (42501: a table created by an upgrade its grants do not
+#: cover yet) is the deployment's to fix, and the work resumes once it is granted.
+_SERVER_CANNOT = ("25006", "42501")
 
 
 def _public_reason(exc: BaseException) -> str:
@@ -192,6 +196,18 @@ def _public_reason(exc: BaseException) -> str:
 #: the database's own idle timeouts (``idle_session_timeout``, which a pooled connection
 #: left idle meets; ``idle_in_transaction_session_timeout``). Worth one retry on a fresh one.
 _SESSION_ENDED = ("57P01", "57P02", "57P03", "57P05", "25P03")
+
+
+#: The README section the migration's refusal points to.
+SEE_ROLES = 'see "A role of its own for the instances" in the README'
+
+
+def _check_version(version: int) -> None:
+    if version > len(MIGRATIONS):
+        raise Unavailable(
+            f"the store's schema is version {version}, newer than this schedtui knows "
+            f"({len(MIGRATIONS)}); upgrade schedtui before opening it"
+        )
 
 
 def _connection_lost(exc: psycopg.Error) -> bool:
@@ -220,6 +236,7 @@ class PostgresStore(
     def __init__(self, url: str) -> None:
         self.url = url
         self.where = redact_url(url)
+        self.migrated: list[tuple[str, str]] = []
         libpq_url, self.pooler = split_url(url, self.where)
         try:
             params = conninfo_to_dict(libpq_url)
@@ -447,26 +464,65 @@ class PostgresStore(
         await conn.execute(CONFIGURE_POOLED)
 
     async def _migrate(self, conn: AsyncConnection[Any]) -> None:
+        """Bring the tables to this release, unless reading says they are (then no DDL is
+        sent at all: a role without the right to change the schema opens a current store).
+        A role that may not migrate what needs it is told what to do."""
+        migrating = False
+        try:
+            if await self._schema_current(conn):
+                return
+            migrating = True
+            await self._migrate_locked(conn)
+        except (psycopg.errors.InsufficientPrivilege, psycopg.errors.InvalidSchemaName) as exc:
+            row = await (await conn.execute(WHO_MIGRATES)).fetchone()
+            user, schema = row if row else ("?", None)
+            if migrating:
+                where = f'schema "{schema}"' if schema else "any schema (its search_path names none that exists)"
+                reason = (
+                    f"its tables need creating or migrating to this release of schedtui, and the role \"{user}\" may "
+                    f"not create tables in {where}: run `schedtui migrate` once with a role that may (the schema's "
+                    "owner), or GRANT CREATE ON SCHEMA … TO that role"
+                )
+                public = "its tables need creating or migrating to this release, and its role may not"
+            else:
+                reason = (
+                    f'the role "{user}" may not use schedtui\'s tables: GRANT SELECT, INSERT, UPDATE, DELETE ON '
+                    "ALL TABLES IN SCHEMA … and USAGE ON ALL SEQUENCES IN SCHEMA … TO it"
+                )
+                public = "its role may not use schedtui's tables"
+            raise store_unavailable(
+                self.where, "cannot set up {store}", f"{_one_line(exc)}: {reason} ({SEE_ROLES})", public
+            ) from None
+
+    async def _schema_current(self, conn: AsyncConnection[Any]) -> bool:
+        """Whether every table is at this release's version, found by reading alone (no
+        lock: versions only go up, and one newer than this code is refused here too)."""
+        present = await (await conn.execute(HAS_VERSION_TABLE)).fetchone()
+        row = await (await conn.execute(GET_VERSION)).fetchone() if present and present[0] else None
+        if row is None:
+            return False
+        _check_version(int(row[0]))
+        return int(row[0]) == len(MIGRATIONS) and await postgres_components_current(conn, components_of(type(self)))
+
+    async def _migrate_locked(self, conn: AsyncConnection[Any]) -> None:
         async with conn.transaction():
             await conn.execute(MIGRATE_LOCK, (LOCK_CLASS, LOCK_MIGRATE))
             await conn.execute(CREATE_VERSION_TABLE)
             row = await (await conn.execute(GET_VERSION)).fetchone()
             version = int(row[0]) if row else 0
-            if version > len(MIGRATIONS):
-                raise Unavailable(
-                    f"the store's schema is version {version}, newer than this schedtui knows "
-                    f"({len(MIGRATIONS)}); upgrade schedtui before opening it"
-                )
+            _check_version(version)
+            done: list[tuple[str, str]] = []
             for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
                 for statement in script.split(";"):
                     if statement.strip():
                         await conn.execute(statement)
-                log.info("store schema migrated to version %d", number)
+                done.append(applied(CORE, f"version {number}"))
             if row is None:
                 await conn.execute(INSERT_VERSION, (len(MIGRATIONS),))
             elif version != len(MIGRATIONS):
                 await conn.execute(UPDATE_VERSION, (len(MIGRATIONS),))
-            await migrate_postgres(conn, components_of(type(self)))
+            done += await migrate_postgres(conn, components_of(type(self)))
+        self.migrated = done
         self.commits += 1
 
     async def close(self) -> None:

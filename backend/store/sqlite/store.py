@@ -45,7 +45,7 @@ from backend.model import (
 )
 from backend.safetext import store_text
 from backend.store import FIRING, Membership, Unfinished, store_unavailable
-from backend.store.migrations import components_of, migrate_sqlite
+from backend.store.migrations import CORE, applied, components_of, migrate_sqlite
 from backend.store.sqlite.activity import SQLiteActivity
 from backend.store.sqlite.alerts import SQLiteAlerts
 from backend.store.sqlite.audit import SQLiteAudit
@@ -136,6 +136,7 @@ class SQLiteStore(
         # folder above it) leads to the same firing lock and the same write-ahead log.
         self.path = Path(os.path.realpath(path))
         self.where = str(self.path)
+        self.migrated: list[tuple[str, str]] = []
         self.create = create
         self.close_patience = 10.0
         """Seconds :meth:`close` keeps retrying runs that cannot be written before it gives up
@@ -222,11 +223,10 @@ class SQLiteStore(
         await self._write_kept()
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        self._migrate_core(conn)
-        migrate_sqlite(conn, components_of(type(self)))
+        self.migrated = self._migrate_core(conn) + migrate_sqlite(conn, components_of(type(self)))
 
     @staticmethod
-    def _migrate_core(conn: sqlite3.Connection) -> None:
+    def _migrate_core(conn: sqlite3.Connection) -> list[tuple[str, str]]:
         conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         row = conn.execute("SELECT version FROM schema_version").fetchone()
         version = row[0] if row else 0
@@ -235,15 +235,17 @@ class SQLiteStore(
                 f"the store's schema is version {version}, newer than this schedtui knows ({len(MIGRATIONS)}); "
                 "upgrade schedtui before opening it"
             )
+        done: list[tuple[str, str]] = []
         for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
             for statement in script.split(";"):
                 if statement.strip():
                     conn.execute(statement)
-            log.info("store schema migrated to version %d", number)
+            done.append(applied(CORE, f"version {number}"))
         if row is None:
             conn.execute("INSERT INTO schema_version (version) VALUES (?)", (len(MIGRATIONS),))
         elif version != len(MIGRATIONS):
             conn.execute("UPDATE schema_version SET version = ?", (len(MIGRATIONS),))
+        return done
 
     async def close(self) -> None:
         if self._writer is not None:
