@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+from datetime import datetime
 
-from backend.safetext import redact
+from backend.safetext import printable, redact
 
 __all__ = [
     "BadInput",
@@ -36,6 +37,7 @@ __all__ = [
     "Forbidden",
     "InUse",
     "ListenError",
+    "NameTaken",
     "NotFound",
     "Refused",
     "SchedtuiError",
@@ -188,11 +190,27 @@ class ListenError(SchedtuiError, OSError):
 
 
 class InUse(SchedtuiError):
-    """Another process already fires the schedules of this embedded (SQLite) store; the
-    message names it (instance, pid, host, since) and the file."""
+    """Another process holds what this one needs: the firing of this embedded (SQLite)
+    store's schedules, or this instance's name; the message names it."""
 
     title = "Store in use"
     code = "in_use"
+
+
+class NameTaken(Unavailable):
+    """A heartbeat that was not written: another process (``host``, ``pid``) holds this
+    instance's name, its heartbeat at ``heartbeat_at`` fresher than the take-over window.
+    The instance cannot renew its lease meanwhile (so it stops its work, as in an outage)."""
+
+    def __init__(self, instance: str, host: str, pid: int, heartbeat_at: datetime) -> None:
+        self.instance, self.host, self.pid, self.heartbeat_at = instance, host, pid, heartbeat_at
+        where = host.split("#")[0]
+        super().__init__(
+            f'the instance name "{printable(instance)}" is held by another live process (pid {pid} on host '
+            f'"{printable(where)}", heartbeat at {heartbeat_at.isoformat()}): give each instance its own name '
+            "(--instance)",
+            public="this instance's name is held by another live process",
+        )
 
 
 # ---------------------------------------------------------------------------------------

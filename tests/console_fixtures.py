@@ -322,11 +322,11 @@ async def add_alerts(url: str) -> None:
     await store.close()
 
 
-def console_engine(url: str, clock: ManualClock | None = None) -> Engine:
+def console_engine(url: str, clock: ManualClock | None = None, instance: str = "console") -> Engine:
     """An engine over the fixture's store at the frozen instant (instance ``console``)."""
     clock = clock or ManualClock(FROZEN)
     return Engine(
-        console_schedules(clock), url, clock=clock, instance="console", coordination="advisoryLock",
+        console_schedules(clock), url, clock=clock, instance=instance, coordination="advisoryLock",
         ids=seeded_ids(clock, 23), shutdown_grace=0,
     )
 

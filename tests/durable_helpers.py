@@ -12,6 +12,7 @@ import pytest
 
 from backend import Engine, ManualClock
 from backend.durable import Execution
+from backend.scheduler import names
 from tests import pg
 
 
@@ -45,7 +46,9 @@ async def engines(clock: ManualClock, durable_url: str) -> AsyncIterator[Callabl
 
 async def crash(engine: Engine) -> None:
     """Stop an engine as a SIGKILL would: nothing it does afterwards reaches the store (no
-    release, no last checkpoint), its leases stay until they expire."""
+    release, no last checkpoint), its leases stay until they expire; its instance name is
+    held no more in this process (the next engine under it is that process started again)."""
+    names.let_go(engine.store.where, engine.instance, engine)
     executor = engine.durable.executor
     await engine.store.close()
     for run in list(executor.running.values()):

@@ -59,7 +59,8 @@ async def opened(store_url: str) -> AsyncIterator[Callable[..., Awaitable[Engine
     engines: list[Engine] = []
 
     async def make(definitions: list[Any], **kwargs: Any) -> Engine:
-        engine = Engine(definitions, store_url, clock=ManualClock(NOW), instance="test", shutdown_grace=0, **kwargs)
+        name = "test" if not engines else f"test-{len(engines) + 1}"  # (one name, one engine)
+        engine = Engine(definitions, store_url, clock=ManualClock(NOW), instance=name, shutdown_grace=0, **kwargs)
         engines.append(engine)
         await engine.open()
         return engine

@@ -97,7 +97,7 @@ async def test_signals_refresh_what_changed_and_nothing_is_read_while_nothing_do
 
 async def test_another_process_on_the_file_is_seen_without_polling(store_url: str) -> None:
     async with console(store_url) as (app, pilot, clock, notes):
-        other = console_engine(store_url, ManualClock(clock.now()))  # another store object: another writer
+        other = console_engine(store_url, ManualClock(clock.now()), "script")  # another writer, as another process
         await other.open()
         try:
             await other.set_enabled("flaky-export", False, note="paused by a script")

@@ -1340,13 +1340,14 @@ async def test_the_sweep_for_an_earlier_process_of_our_name_spares_a_claim_in_fl
     function = define_durable(name="f", handler=body)
     before = engines([function], instance="a")  # the earlier process
     await before.open()
-    store = cast(DurableStore, before.store)
     earlier = await before.durable.start_execution("f")
     now = clock.now()
-    [old] = await store.durable_claim("a", ["f"], now, now + timedelta(seconds=30), 1)
+    [old] = await cast(DurableStore, before.store).durable_claim("a", ["f"], now, now + timedelta(seconds=30), 1)
+    await crash(before)
     clock.advance(1)
     engine = engines([function], instance="a")  # this process, same name
     await engine.open()
+    store = cast(DurableStore, engine.store)
     mine = await engine.durable.start_execution("f")
     now = clock.now()
     [new] = await store.durable_claim("a", ["f"], now, now + timedelta(seconds=30), 1)  # its claim, in flight

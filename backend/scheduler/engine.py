@@ -76,7 +76,7 @@ from backend.runtime.loops import Loops
 from backend.runtime.outages import OutageLog
 from backend.runtime.runner import DEFAULT_MAX_THREADS, HandlerRunner
 from backend.runtime.subsystems import Shared, Subsystem
-from backend.scheduler import lifecycle
+from backend.scheduler import lifecycle, names
 from backend.scheduler.backfills import Backfills, live_estimate
 from backend.scheduler.catalog import Catalog, CatalogStore, bind_target
 from backend.scheduler.catchup import CatchUp
@@ -87,7 +87,7 @@ from backend.scheduler.launcher import Launcher
 from backend.scheduler.ledger import RunLedger, RunListener
 from backend.scheduler.parts import CoreParts, build_schedule_parts
 from backend.scheduler.reads import ScheduleReads, find_schedule
-from backend.scheduler.registry import InstanceRegistry, default_instance_name
+from backend.scheduler.registry import InstanceRegistry
 from backend.scheduler.states import ScheduleStates
 from backend.scheduler.systems import build_systems
 from backend.scheduler.timers import Timers
@@ -180,7 +180,7 @@ class Engine:
             self.schedules[name] = self.bind_target(schedule)
         self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
         self.clock: Clock = clock or SystemClock()
-        self.instance = default_instance_name() if instance is None else instance
+        self.instance = names.take_default_name(self) if instance is None else instance
         self.default_trigger = default_trigger
         self.allow_external_self = False
         """Whether :meth:`fire_external` fires schedules on their own timer too (``serve
@@ -400,8 +400,13 @@ class Engine:
         """Open the store, register this instance, close what dead processes left running."""
         if self._opened:
             return
+        names.hold(self.store.where, self.instance, self)  # (InUse: another engine here has it)
         self.loops.reset()
-        await self.store.open()
+        try:
+            await self.store.open()
+        except BaseException:
+            names.let_go(self.store.where, self.instance, self)
+            raise
         self._opened = True  # from here on, stop() closes the store
         self.run_logs.open()
         await lifecycle.open_engine(self)
@@ -428,6 +433,8 @@ class Engine:
         grace = self.shutdown_grace if grace is None else grace
         await lifecycle.stop_engine(self, grace)
         self._opened = False
+        if not self.runner.lingering:  # (else its row stays, and so does its name: see stop_engine)
+            names.let_go(self.store.where, self.instance, self)
 
     def interrupt(self) -> None:
         """Stop waiting for the runs in flight: record them ``failed``/``interrupted`` and

@@ -51,8 +51,8 @@ LINGER_GRACE_S: Final = 2.0
 async def open_engine(engine: Engine) -> None:
     """Once the store is open: register this instance, close what dead processes left
     running, open the parts."""
+    await engine.registry.take_name()
     now = engine.clock.now()
-    await engine.registry.beat(now, force=True)
     await engine.catalog.load()
     await engine.states.load()
     await engine.registry.close_abandoned(at_open=True)

@@ -29,10 +29,11 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from backend.clock import Clock, follows_real_time
-from backend.errors import Unavailable
+from backend.errors import InUse, NameTaken, Unavailable
 from backend.model import TAG_ABANDONED, BackfillProgress, CoordinationMode, Role, Run
 from backend.runtime.liveness import WorkLease
 from backend.runtime.skew import ClockCheck, ClockReading
+from backend.safetext import printable
 from backend.scheduler.ledger import RunLedger
 from backend.store import KnowsFirer, Membership, ReadsServerClock, Store, Unfinished
 
@@ -40,13 +41,9 @@ T = TypeVar("T")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-__all__ = ["InstanceRegistry", "default_instance_name", "host_identity"]
+__all__ = ["InstanceRegistry", "host_identity"]
 
 log = logging.getLogger("schedtui.engine")
-
-
-def default_instance_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def host_identity() -> str:
@@ -166,9 +163,12 @@ class InstanceRegistry:
         # the row tells the fleet which instance stands down for its clock, and by how much.
         check = self.clock_check
         offset, off = (check.offset, check.off) if check is not None else (None, False)
+        # A row of this name another process wrote within the take-over window is that
+        # process's, alive: the beat leaves it (NameTaken) rather than share the name.
+        taken_before = now - self.abandon_after
         if not self.member:
-            return Membership("observer", clock_offset=offset, clock_off=off)
-        return Membership("firing", self.coordination, self._live_after(now), offset, off)
+            return Membership("observer", clock_offset=offset, clock_off=off, taken_before=taken_before)
+        return Membership("firing", self.coordination, self._live_after(now), offset, off, taken_before)
 
     def _due(self, now: datetime) -> bool:
         """Whether a heartbeat is due at ``now`` (a clock stepped back since the last one:
@@ -207,6 +207,8 @@ class InstanceRegistry:
             sent = self.lease.sending()
             try:
                 result = await beat(now)
+            except NameTaken:
+                raise  # (the store answered: no outage)
             except Unavailable:
                 self._cut_off = True
                 raise
@@ -315,8 +317,46 @@ class InstanceRegistry:
             return _EPOCH
         return now - self.abandon_after
 
+    async def take_name(self) -> None:
+        """The first heartbeat, at open, which takes this instance's name in the store.
+
+        A name is held by one process at a time: two under one name each took the other's
+        work for its own (each closes, at its start, what "an earlier process with this
+        name" left running). So while another process's heartbeat under this name is
+        younger than the take-over window, this one does not start: at once when that
+        process runs on this host (:class:`InUse`); one whose pid is gone here was this
+        name's predecessor, and its row is let go of. Elsewhere (another host, or another
+        container: its pid means nothing here) it is waited for: :class:`InUse` if it
+        beats again, the name taken once it has been silent for the window (a process that
+        crashed, started again in a new container)."""
+        waited_for: datetime | None = None
+        while True:
+            try:
+                await self.beat(self.clock.now(), force=True)
+                return
+            except NameTaken as taken:
+                if taken.host == self.host:
+                    if taken.pid != self.pid and not pid_alive(taken.pid):
+                        await self.store.forget_instance(self.instance, taken.host, taken.pid)
+                        continue
+                    raise InUse(taken.message) from None
+                if waited_for is not None and taken.heartbeat_at > waited_for:
+                    raise InUse(taken.message) from None
+                if waited_for is None:
+                    log.warning(
+                        'the instance name "%s" was last heard from pid %d on host "%s" at %s: waiting until it '
+                        "has been silent for %ss (then this process takes the name) or is heard again (then "
+                        "this one stops: give each instance its own name)",
+                        printable(self.instance), taken.pid, printable(taken.host.split("#")[0]),
+                        taken.heartbeat_at.isoformat(), f"{self.abandon_after.total_seconds():g}",
+                    )  # fmt: skip
+                waited_for = taken.heartbeat_at
+                now = self.clock.now()
+                await self.clock.sleep_until(min(now + self.heartbeat_interval, taken.heartbeat_at + self.abandon_after))
+
     async def forget(self) -> None:
-        await self.store.forget_instance(self.instance)
+        """Delete this instance's row, unless another process holds the name now."""
+        await self.store.forget_instance(self.instance, self.host, self.pid)
 
     def log_claims_retention(self) -> None:
         """Say at start how old claims are swept."""

@@ -64,6 +64,10 @@ class Membership(NamedTuple):
     """Its clock minus the store server's, in seconds (``None``: not measured)."""
     clock_off: bool = False
     """Whether it stands down for its clock (see :mod:`backend.runtime.skew`)."""
+    taken_before: datetime | None = None
+    """The name's row, written by another process (another host or pid) after this, is that
+    process's, alive: the heartbeat leaves it as it is and raises
+    :class:`~backend.errors.NameTaken` (``None``: no such check, a bare heartbeat)."""
 
 
 #: A bare heartbeat: a firing instance whose mode is not said (not gated, does not gate).
@@ -226,7 +230,8 @@ class Store(Protocol):
     async def fleet(self) -> list[InstanceInfo]:
         """Every registered instance, by name, with when it last started a run."""
 
-    async def forget_instance(self, instance: str) -> None: ...
+    async def forget_instance(self, instance: str, host: str | None = None, pid: int | None = None) -> None:
+        """Delete the instance's row; given ``host`` and ``pid``, only while it is theirs."""
 
     async def mark_starting(self, instance: str, slot: datetime) -> None:
         """Record, committed when this returns, that ``instance`` is about to start the

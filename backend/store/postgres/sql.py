@@ -228,8 +228,14 @@ HEARTBEAT = """
     ON CONFLICT (instance) DO UPDATE SET host = excluded.host, pid = excluded.pid,
         heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination,
         clock_offset = excluded.clock_offset, clock_off = excluded.clock_off
+    WHERE (schedtui_instances.host = excluded.host AND schedtui_instances.pid = excluded.pid)
+        OR %(taken_before)s::timestamptz IS NULL OR schedtui_instances.heartbeat_at <= %(taken_before)s::timestamptz
     RETURNING role
 """
+#: Who holds an instance's name (a heartbeat that did not write: see Membership.taken_before).
+NAME_HOLDER = "SELECT host, pid, heartbeat_at FROM schedtui_instances WHERE instance = %s"
+#: A dead process's row, deleted only while it is still that process's.
+FORGET_HOLDER = "DELETE FROM schedtui_instances WHERE instance = %s AND host = %s AND pid = %s"
 FLEET_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {LOCK_FLEET})"
 #: The server's clock at this moment (not the transaction's start): what every instance's
 #: clock is compared with.

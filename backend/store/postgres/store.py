@@ -32,7 +32,7 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from backend.errors import BadInput, Refused, Unavailable
+from backend.errors import BadInput, NameTaken, Refused, Unavailable
 from backend.ids import id_floor
 from backend.model import (
     BackfillProgress,
@@ -78,6 +78,7 @@ from backend.store.postgres.sql import (
     END_BACKFILL,
     END_STUCK_SESSIONS,
     FLEET_LOCK,
+    FORGET_HOLDER,
     FORGET_INSTANCE,
     GET_BACKFILL,
     GET_RUN,
@@ -100,6 +101,7 @@ from backend.store.postgres.sql import (
     MARK_STARTING,
     MIGRATE_LOCK,
     MIGRATIONS,
+    NAME_HOLDER,
     POOLED_TIMEOUTS,
     PRUNE_BACKFILLS,
     PRUNE_OWN_CLAIMS,
@@ -766,8 +768,11 @@ class PostgresStore(
             for row in rows
         ]  # (an older version's row: no clock, NULL)
 
-    async def forget_instance(self, instance: str) -> None:
-        await self._execute(FORGET_INSTANCE, (instance,))
+    async def forget_instance(self, instance: str, host: str | None = None, pid: int | None = None) -> None:
+        if host is None or pid is None:
+            await self._execute(FORGET_INSTANCE, (instance,))
+        else:
+            await self._execute(FORGET_HOLDER, (instance, host, pid))
 
     async def mark_starting(self, instance: str, slot: datetime) -> None:
         await self._execute(MARK_STARTING, (slot, instance))
@@ -932,7 +937,7 @@ async def _beat(
     membership: Membership,
 ) -> Role:
     """The heartbeat, inside the caller's transaction (see :meth:`PostgresStore.heartbeat`)."""
-    role, coordination, live_after, clock_offset, clock_off = membership
+    role, coordination, live_after, clock_offset, clock_off, taken_before = membership
     gated = role == "firing" and coordination is not None
     if gated:
         await conn.execute(FLEET_LOCK)
@@ -942,9 +947,12 @@ async def _beat(
             {
                 "instance": instance, "host": host, "pid": pid, "at": at, "role": role,
                 "mode": coordination, "live_after": live_after if live_after is not None else at,
-                "clock_offset": clock_offset, "clock_off": clock_off,
+                "clock_offset": clock_offset, "clock_off": clock_off, "taken_before": taken_before,
             },
         )
     ).fetchone()  # fmt: skip
-    assert row is not None
+    if row is None:  # another process holds the name (see Membership.taken_before)
+        holder = await (await conn.execute(NAME_HOLDER, (instance,))).fetchone()
+        assert holder is not None
+        raise NameTaken(instance, holder[0], holder[1], _utc(holder[2]))  # type: ignore[arg-type]
     return row[0]  # type: ignore[no-any-return]

@@ -172,7 +172,13 @@ HEARTBEAT = """
     ON CONFLICT (instance) DO UPDATE SET host = excluded.host, pid = excluded.pid,
         heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination,
         clock_offset = excluded.clock_offset, clock_off = excluded.clock_off
+    WHERE (instances.host = excluded.host AND instances.pid = excluded.pid) OR ?9 IS NULL
+        OR instances.heartbeat_at <= ?9
 """
+#: Who holds an instance's name (a heartbeat that did not write: see Membership.taken_before).
+NAME_HOLDER = "SELECT host, pid, heartbeat_at FROM instances WHERE instance = ?"
+#: A dead process's row, deleted only while it is still that process's.
+FORGET_HOLDER = "DELETE FROM instances WHERE instance = ? AND host = ? AND pid = ?"
 #: A live firing member of another mode (see the PostgreSQL store's HEARTBEAT).
 OTHER_MODE_FIRING = """
     SELECT 1 FROM instances WHERE instance <> ? AND role = 'firing' AND coordination <> ? AND heartbeat_at > ? LIMIT 1

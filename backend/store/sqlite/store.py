@@ -29,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TypeVar
 
-from backend.errors import BadInput, InUse, NotFound, Refused, Unavailable
+from backend.errors import BadInput, InUse, NameTaken, NotFound, Refused, Unavailable
 from backend.ids import id_floor
 from backend.model import (
     BackfillProgress,
@@ -67,6 +67,7 @@ from backend.store.sqlite.sql import (
     CLOSE_RUN,
     COUNT_CLAIMS,
     END_BACKFILL,
+    FORGET_HOLDER,
     FORGET_INSTANCE,
     GET_BACKFILL,
     GET_RUN,
@@ -83,6 +84,7 @@ from backend.store.sqlite.sql import (
     LIST_RUNS_BEFORE,
     MARK_STARTING,
     MIGRATIONS,
+    NAME_HOLDER,
     OTHER_MODE_FIRING,
     PRUNE_BACKFILLS,
     PRUNE_OWN_CLAIMS,
@@ -593,8 +595,9 @@ class SQLiteStore(
         at: datetime,
         membership: Membership = FIRING,
     ) -> Role:
-        role, coordination, live_after, clock_offset, clock_off = membership
+        role, coordination, live_after, clock_offset, clock_off, taken_before = membership
         since = _us(live_after if live_after is not None else at)
+        taken = None if taken_before is None else _us(taken_before)
 
         def beat(c: sqlite3.Connection) -> Role:
             recorded = role
@@ -602,7 +605,10 @@ class SQLiteStore(
                 # The writer's transaction is the only one: the check and the write are atomic.
                 if c.execute(OTHER_MODE_FIRING, (instance, coordination, since)).fetchone() is not None:
                     recorded = "waiting"
-            c.execute(HEARTBEAT, (instance, host, pid, _us(at), recorded, coordination, clock_offset, int(clock_off)))
+            params = (instance, host, pid, _us(at), recorded, coordination, clock_offset, int(clock_off), taken)
+            if c.execute(HEARTBEAT, params).rowcount == 0:
+                holder = c.execute(NAME_HOLDER, (instance,)).fetchone()
+                raise NameTaken(instance, holder[0], holder[1], _dt(holder[2]))  # type: ignore[arg-type]
             return recorded
 
         return await self._write(beat)
@@ -618,8 +624,11 @@ class SQLiteStore(
             for row in rows
         ]  # (an older version's row: no clock, NULL)
 
-    async def forget_instance(self, instance: str) -> None:
-        await self._write(lambda c: c.execute(FORGET_INSTANCE, (instance,)))
+    async def forget_instance(self, instance: str, host: str | None = None, pid: int | None = None) -> None:
+        if host is None or pid is None:
+            await self._write(lambda c: c.execute(FORGET_INSTANCE, (instance,)))
+        else:
+            await self._write(lambda c: c.execute(FORGET_HOLDER, (instance, host, pid)))
 
     async def mark_starting(self, instance: str, slot: datetime) -> None:
         us = (slot - _EPOCH) // _MICROSECOND

@@ -1,0 +1,206 @@
+"""One instance name, one engine: the name is who holds work in the store.
+
+The default name is ``hostname:pid``. A :func:`connect` client opened inside a ``serve``
+process (a job handler sending a job, a web app beside its engine) went by the serving
+engine's name: it recorded that instance an observer, and on closing deleted its row;
+the next heartbeat round of another instance then took over, at once, every job the
+serving engine was running ("instance … is no longer registered"), and ran it a second
+time while the first attempt ran on."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backend import Engine, InUse, JobContext, ManualClock, connect, define_queue, open_store
+from backend.model import InstanceInfo
+from tests.servers import cli_env
+from tests.test_liveness import LeaseClock
+
+
+async def test_a_client_opened_in_a_serving_process_leaves_its_work_alone(pg_url: str, clock: ManualClock) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+    attempts: list[tuple[str, Any, int]] = []
+
+    async def slow(job: JobContext) -> None:
+        attempts.append(("serving", job.payload, job.attempt))
+        if job.payload == "once":
+            started.set()
+            await release.wait()
+
+    async def other(job: JobContext) -> None:
+        attempts.append(("other", job.payload, job.attempt))
+
+    serving = Engine([define_queue(name="q", handler=slow)], pg_url, clock=clock, shutdown_grace=0, abandon_after=30)
+    watcher = Engine([define_queue(name="q", handler=other)], pg_url, clock=clock, instance="other", shutdown_grace=0,
+                     abandon_after=30)  # fmt: skip
+    await serving.start()
+    try:
+        await serving.jobs.send("q", "once")
+        await asyncio.wait_for(started.wait(), 20)  # (the bound only stops a broken test)
+        await watcher.start()
+        async with connect(pg_url) as client:  # the default name, in the serving process
+            await client.jobs.send("q", "sent from inside")
+        for _ in range(2):  # the other instance's heartbeat rounds, which take over the dead's work
+            clock.advance(5)
+            await asyncio.wait_for(watcher.quiesce(runs=False), 20)
+            await asyncio.wait_for(serving.quiesce(runs=False), 20)
+        release.set()
+        await asyncio.wait_for(serving.quiesce(), 20)
+        await asyncio.wait_for(watcher.quiesce(), 20)
+        # (The job sent from inside is due by the real clock, which the client keeps.)
+        assert attempts == [("serving", "once", 1)]  # not taken over, not run a second time
+        fleet = {i.name: i.role for i in await watcher.store.fleet()}
+        assert fleet[serving.instance] == "firing"  # the client went by a name of its own
+        assert client.engine.instance == f"{serving.instance}/2"
+    finally:
+        release.set()
+        await watcher.stop()
+        await serving.stop()
+
+
+def _default() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+async def test_default_names_are_distinct_while_their_engines_live(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    first = Engine([], store)
+    second = Engine([], store)
+    assert (first.instance, second.instance) == (_default(), f"{_default()}/2")
+    async with first, second:  # both open on one store: each its own instance
+        assert {i.name for i in await first.store.fleet()} == {first.instance, second.instance}
+    assert Engine([], store).instance == _default()  # stopped engines let their names go
+
+
+async def test_an_explicit_name_another_engine_of_the_process_holds_on_the_store_is_refused(tmp_path: Path) -> None:
+    store, elsewhere = (f"sqlite:///{tmp_path / name}" for name in ("state.db", "other.db"))
+    first = Engine([], store, instance="worker-1")
+    async with first:
+        twin = Engine([], store, instance="worker-1")
+        with pytest.raises(InUse, match='the instance name "worker-1" is already used by another engine of this process'):
+            await twin.open()
+        async with Engine([], elsewhere, instance="worker-1"):  # another store: another fleet
+            pass
+    async with Engine([], store, instance="worker-1") as again:  # once the first has stopped
+        assert again.instance == "worker-1"
+
+
+# ---------------------------------------------------------------------------------------
+# across processes: a name is held by one live process at a time
+# ---------------------------------------------------------------------------------------
+async def test_serve_under_the_name_of_a_live_process_on_this_host_is_refused(pg_url: str, tmp_path: Path) -> None:
+    holder = Engine([], pg_url, instance="worker", shutdown_grace=0)
+    async with holder:
+        (tmp_path / "schedules").mkdir()
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "console.cli", "serve", "--instance", "worker", "--store", pg_url],
+            cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(f'schedtui: the instance name "worker" is held by another live process (pid {os.getpid()} on host')
+        assert "give each instance its own name (--instance)" in last
+        fleet = {i.name: (i.pid, i.role) for i in await holder.store.fleet()}
+        assert fleet["worker"] == (os.getpid(), "observer")  # the row is still the holder's
+
+
+ELSEWHERE = "another-host#0a1b2c3d#4026531836"
+
+
+async def _open_in_background(engine: Engine) -> asyncio.Task[None]:
+    task = asyncio.ensure_future(engine.open())
+    for _ in range(200):  # until it waits on the clock (the bound only stops a broken test)
+        await asyncio.sleep(0.01)
+        if task.done() or (isinstance(engine.clock, ManualClock) and engine.clock.sleepers):
+            break
+    return task
+
+
+async def test_a_name_last_heard_elsewhere_is_waited_for_and_refused_if_heard_again(
+    store_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with connect(store_url, create=True) as other:  # a process elsewhere, by its heartbeats
+        await other.engine.store.heartbeat("worker", ELSEWHERE, 1, clock.now())
+        engine = Engine([], store_url, instance="worker", clock=clock, shutdown_grace=0, abandon_after=30)
+        opening = await _open_in_background(engine)
+        assert not opening.done()
+        assert 'the instance name "worker" was last heard from pid 1 on host "another-host"' in caplog.text
+        clock.advance(5)
+        await other.engine.store.heartbeat("worker", ELSEWHERE, 1, clock.now())  # it is alive
+        clock.advance(5)
+        with pytest.raises(InUse, match='the instance name "worker" is held by another live process'):
+            await asyncio.wait_for(opening, 20)
+        fleet = {i.name: i.host for i in await other.engine.store.fleet()}
+        assert fleet["worker"] == ELSEWHERE
+
+
+async def test_a_name_silent_elsewhere_for_the_window_is_taken_and_its_runs_closed(
+    store_url: str, clock: ManualClock
+) -> None:
+    async with connect(store_url, create=True) as other:
+        await other.engine.store.heartbeat("worker", ELSEWHERE, 1, clock.now())  # then it crashed
+        engine = Engine([], store_url, instance="worker", clock=clock, shutdown_grace=0, abandon_after=30)
+        opening = await _open_in_background(engine)
+        for _ in range(6):
+            clock.advance(5)
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(opening, 20)
+        try:
+            fleet = {i.name: (i.host, i.pid) for i in await other.engine.store.fleet()}
+            assert fleet["worker"] == (engine.registry.host, os.getpid())
+        finally:
+            await engine.stop()
+        assert "worker" not in {i.name for i in await other.engine.store.fleet()}  # its own row, let go of
+
+
+async def test_an_instance_whose_name_another_process_took_stops_its_work_and_leaves_that_row(
+    pg_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(job: JobContext) -> None:
+        started.set()
+        await release.wait()
+
+    lease_clock = LeaseClock()
+    engine = Engine([define_queue(name="q", handler=slow)], pg_url, instance="worker", clock=clock,
+                    shutdown_grace=0, abandon_after=30, lease_clock=lease_clock)  # fmt: skip
+    await engine.start()
+    try:
+        await engine.jobs.send("q", 1)
+        await asyncio.wait_for(started.wait(), 20)
+        # A twin under this name (started while this one was frozen past the window, or at
+        # the same instant) writes the row first.
+        await engine.store.heartbeat("worker", ELSEWHERE, 1, clock.now() + timedelta(seconds=1))
+        for _ in range(5):  # its heartbeats fail: the lease is not renewed, and lapses
+            clock.advance(5)
+            lease_clock.now += 5
+            await asyncio.wait_for(engine.quiesce(runs=False), 20)
+            await engine.store.heartbeat("worker", ELSEWHERE, 1, clock.now())  # the twin beats on
+        engine.lease.check()
+        assert engine.lease.lapsed
+        assert "held by another live process (pid 1 on host \"another-host\"" in caplog.text
+    finally:
+        release.set()
+        await engine.stop()
+    fleet = {i.name: (i.host, i.pid) for i in await open_fleet(pg_url)}
+    assert fleet["worker"] == (ELSEWHERE, 1)  # stopping left the twin's row alone
+
+
+async def open_fleet(url: str) -> list[InstanceInfo]:
+    store = open_store(url)
+    await store.open()
+    try:
+        return await store.fleet()
+    finally:
+        await store.close()
