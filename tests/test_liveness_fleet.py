@@ -67,7 +67,17 @@ JOBS = """
         note("end", job)
 
 
+    async def blocks_the_loop(job):
+        note("start", job)
+        if job.attempt == 1:  # time.sleep in an async def: the event loop stops with it
+            for _ in range(int(job.payload["sleep"] * 10)):
+                time.sleep(0.1)
+                note("tick", job)
+        note("end", job)
+
+
     work = define_queue(name="work", handler=waits, concurrency=8, attempts=3)
+    loop_blocker = define_queue(name="loop_blocker", handler=blocks_the_loop, attempts=3)
     threads = define_queue(name="threads", handler=blocks, concurrency=8, attempts=3)
     capped = define_queue(name="capped", handler=blocks, concurrency=1, attempts=3, max_runtime=1)
     brief = define_queue(name="brief", handler=waits, concurrency=2, attempts=3)
@@ -209,6 +219,23 @@ def test_a_cut_off_worker_whose_sync_handlers_cannot_stop_ends_itself_first(work
         for job in jobs:
             pids = [line.pid for line in workers.starts() if line.job == job]
             assert pids == [a.process.pid, b.process.pid]
+
+
+def test_an_async_handler_that_blocks_the_loop_past_the_lapse_ends_its_process_first(workers: Workers) -> None:
+    """The heartbeat stops with the blocked loop, and so does the loop's own watch of the
+    lease: before, the job's second attempt started elsewhere once the window had passed,
+    beside the first (then this instance took the job back while the second ran)."""
+    a = workers.start("a")
+    [job] = workers.send("loop_blocker", [{"sleep": 20}])
+    poll(lambda: workers.starts(a.process.pid), timeout=30, what="a to start the job")
+    b = workers.start("b")
+    assert a.process.wait(20) == 75
+    assert "ENDING THE PROCESS: the event loop has been blocked for" in a.log_text()
+    poll(lambda: workers.starts(b.process.pid), timeout=40, what="b to take the job over")
+    ran_on_a = [line.at for line in workers.lines() if line.pid == a.process.pid]
+    [taken] = workers.starts(b.process.pid)
+    assert (taken.job, taken.attempt) == (job, 2)
+    assert max(ran_on_a) < taken.at, "the first attempt ran on beside the second"
 
 
 # ---------------------------------------------------------------------------------------

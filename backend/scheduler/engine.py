@@ -73,6 +73,7 @@ from backend.observability.logs import LogStore
 from backend.observability.runlogs import RunLogs
 from backend.runtime.liveness import WorkLease, boot_clock
 from backend.runtime.loops import Loops
+from backend.runtime.loopwatch import LoopWatch
 from backend.runtime.outages import OutageLog
 from backend.runtime.runner import DEFAULT_MAX_THREADS, HandlerRunner
 from backend.runtime.subsystems import Shared, Subsystem
@@ -226,6 +227,9 @@ class Engine:
         cannot be stopped; the process ending stops it)."""
         self.end_process: Callable[[int], None] = os._exit
         """How the process ends itself then (a test replaces it)."""
+        self.loop_watch: LoopWatch | None = None
+        """The thread that ends the process if the lease lapses while a handler blocks the
+        event loop (see :mod:`backend.runtime.loopwatch`); started with the lease, on real time."""
         self.runner = HandlerRunner(self.clock, self.loops, max_threads=max_threads, lease=self.lease)
         coordinator, cluster_fallback = make_coordinator(coordination, self.store)
         self.cluster_fallback = cluster_fallback

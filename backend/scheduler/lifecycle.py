@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Final
 
 from backend.errors import Unavailable
 from backend.model import ScheduleState
+from backend.runtime.liveness import boot_clock
+from backend.runtime.loopwatch import EXIT_LEASE_LAPSED, LoopWatch
 from backend.scheduler.coordination.slots import warn_cluster_fallback
 from backend.schedules import Schedule
 
@@ -41,9 +43,6 @@ log = logging.getLogger("schedtui.engine")
 #: While the other instances' changes are heard as they are made, the stored schedules and
 #: the enabled states are read every this many state-poll rounds (a lost signal's backstop).
 STATE_BACKSTOP = 10
-#: The exit code of a process that ends itself because its lease lapsed while sync handlers
-#: ran (EX_TEMPFAIL: a supervisor may start it again at once).
-EXIT_LEASE_LAPSED: Final = 75
 #: Seconds a lapse gives cancelled async handlers to return before ending the process.
 LINGER_GRACE_S: Final = 2.0
 
@@ -132,6 +131,13 @@ def start_engine(engine: Engine) -> None:
     for subsystem in engine.subsystems:
         subsystem.start()
     engine.lease.after_lapse = lambda why: end_if_threads_run(engine, why)
+    if engine.lease.clock is boot_clock:  # (real time: a thread cannot follow an injected clock)
+        engine.loop_watch = LoopWatch(
+            engine.lease,
+            busy=lambda: bool(engine.runner.in_flight),
+            end=(lambda code: engine.end_process(code)) if engine.exit_when_lease_lapses else None,
+        )
+        engine.loop_watch.start()
     engine.loops.expect("lease")
     engine.loops.keep(lambda: renew_lease(engine), "lease")
     engine.loops.keep(engine.lease.watch, "lease watch")
@@ -244,6 +250,9 @@ async def stop_engine(engine: Engine, grace: float) -> None:
     except Unavailable as exc:
         log.warning("could not write the last runs: %s", exc)
     await engine.store.close()
+    if engine.loop_watch is not None:
+        engine.loop_watch.stop()
+        engine.loop_watch = None
 
 
 # (The run logs' loop writes the logs of the runs finishing meanwhile, for their followers.)

@@ -1,0 +1,115 @@
+"""A thread that ends the process when the lease lapses while the event loop is blocked.
+
+The lease is watched on the event loop (:meth:`WorkLease.watch`): at a lapse the engine
+cancels its async handlers, and ends the process if sync handlers still run (a thread
+cannot be stopped). None of that can happen while an async handler blocks the loop (a
+``time.sleep``, a blocking client, a CPU-bound loop in an ``async def``): the heartbeat
+stops with it, the other instances take its work over once the window has passed, and
+the blocked handler runs on beside its retry. It did: an async job handler that blocked
+the loop for 8 s on a fleet whose window is 3 s ran its second attempt elsewhere for
+4.4 s while the first was still running, and then this instance took the job back
+(attempt 3) while the second ran.
+
+So a thread, which a blocked loop does not stop, looks at the lease on the same clock:
+once the renewal bound has passed by more than a grace the loop would have needed to lapse
+the lease itself, the loop is blocked; and if a handler is running, the process ends (exit
+code :data:`EXIT_LEASE_LAPSED`) before the window is over, as it does for a sync handler at
+a lapse. The grace is a third of what is left of the window after the bound (a second at
+most); the thread looks twice, a grace apart (a process that has just resumed lets its
+loop stop its handlers itself), so the process is gone before the others may take its
+work over.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Final
+
+from backend.runtime.liveness import WorkLease
+
+__all__ = ["EXIT_LEASE_LAPSED", "LoopWatch"]
+
+log = logging.getLogger("schedtui.engine")
+
+#: The exit code of a process that ends itself because its lease lapsed while handlers it
+#: cannot stop ran (EX_TEMPFAIL: a supervisor may start it again at once).
+EXIT_LEASE_LAPSED: Final = 75
+
+
+class LoopWatch:
+    """Watches ``lease`` from a thread of its own (see the module). ``busy()`` says whether a
+    handler is running; ``end`` ends the process (``None``: only log, for hosts that must
+    not exit: ``Engine(exit_when_lease_lapses=False)``)."""
+
+    def __init__(self, lease: WorkLease, busy: Callable[[], bool], end: Callable[[int], None] | None = os._exit) -> None:
+        self.lease = lease
+        self.busy = busy
+        self.end = end
+        self.grace = min(1.0, (lease.window.total_seconds() - lease.bound) / 3)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._told = False
+        self._seen_at: float | None = None
+
+    def check(self) -> bool:
+        """Whether the loop is blocked past the lapse with a handler running (then the
+        process is ended, or the error logged once)."""
+        lease, clock, renewed_at = self.lease, self.lease.clock, self.lease.renewed_at
+        if not lease.enforced or clock is None or renewed_at is None or lease.lapsed:
+            self._told, self._seen_at = False, None
+            return False
+        now = clock()
+        overdue = now - renewed_at - lease.bound
+        if overdue <= self.grace or not self.busy():
+            self._seen_at = None
+            return False
+        # Seen twice, a grace apart: a process just resumed (a suspended VM) gives its loop
+        # that long to lapse the lease and stop its handlers itself.
+        if self._seen_at is None:
+            self._seen_at = now
+        if now - self._seen_at < self.grace:
+            return False
+        what = (
+            f"the event loop has been blocked for {overdue + lease.bound:.1f}s, past the lease's renewal bound "
+            f"({lease.bound:g}s), while a handler runs (an async handler that blocks the loop: a time.sleep, a "
+            "blocking call, a CPU-bound loop)"
+        )
+        if self.end is None:
+            if not self._told:
+                self._told = True
+                log.error("%s: it may run on beside its retry elsewhere (exit_when_lease_lapses=False)", what)
+            return True
+        log.critical(
+            "ENDING THE PROCESS: %s, so this process ends (exit code %d) before another instance takes its work "
+            "over in %gs; give such a handler isolation=\"process\", or make it a plain def (it then runs on a "
+            "thread)",
+            what, EXIT_LEASE_LAPSED, lease.window.total_seconds(),
+        )  # fmt: skip
+        sys.stderr.flush()
+        self.end(EXIT_LEASE_LAPSED)
+        return True
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        every = max(0.05, self.grace / 4)
+        self._thread = threading.Thread(target=self._run, args=(every,), name="schedtui-loop-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - the watch must outlive a bad reading
+                log.exception("the event loop's watch failed a round")
+
+    def stop(self) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=5)
