@@ -204,3 +204,29 @@ async def open_fleet(url: str) -> list[InstanceInfo]:
         return await store.fleet()
     finally:
         await store.close()
+
+
+def test_an_engine_made_before_a_fork_is_refused_in_the_child(tmp_path: Path) -> None:
+    """gunicorn --preload, a multiprocessing pool: every child would go by the parent's
+    default name (its pid), and take the others' work for its own."""
+    engine = Engine([], f"sqlite:///{tmp_path / 'state.db'}")
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe, then ends at once
+        try:
+            asyncio.run(engine.open())
+            said = "opened"
+        except BaseException as exc:  # noqa: BLE001 - whatever it was, the parent asserts on it
+            said = f"{type(exc).__name__}: {exc}"
+        os.write(write, said.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(child, 0)
+    assert said == (
+        f"BadInput: this engine was made in process {os.getpid()} and is opened in process {child} (a fork): its "
+        f'default instance name, "{engine.instance}", is the first one\'s; make the engine after the fork, or give it '
+        "instance=…"
+    )
+    assert not (tmp_path / "state.db").exists()  # refused before anything opened

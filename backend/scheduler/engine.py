@@ -182,6 +182,8 @@ class Engine:
         self.store: Store = store if store is not None and not isinstance(store, str) else open_store(store)
         self.clock: Clock = clock or SystemClock()
         self.instance = names.take_default_name(self) if instance is None else instance
+        self._named_in = os.getpid() if instance is None else None
+        """The process whose pid the default name carries (see :meth:`open`)."""
         self.default_trigger = default_trigger
         self.allow_external_self = False
         """Whether :meth:`fire_external` fires schedules on their own timer too (``serve
@@ -404,6 +406,14 @@ class Engine:
         """Open the store, register this instance, close what dead processes left running."""
         if self._opened:
             return
+        if self._named_in is not None and self._named_in != os.getpid():
+            # Made before a fork (gunicorn --preload, a multiprocessing pool): every child
+            # would go by the parent's name, and take each other's work for their own.
+            raise BadInput(
+                f"this engine was made in process {self._named_in} and is opened in process {os.getpid()} (a fork): "
+                f'its default instance name, "{self.instance}", is the first one\'s; make the engine after the fork, '
+                "or give it instance=…"
+            )
         names.hold(self.store.where, self.instance, self)  # (InUse: another engine here has it)
         self.loops.reset()
         try:
