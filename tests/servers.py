@@ -112,6 +112,13 @@ class Server:
         return self.log.read_text() if self.log.exists() else ""
 
 
+def dead_pid() -> int:
+    """The pid of a process of this host that has exited (a pid nothing here runs under now)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
 def store_for(request: pytest.FixtureRequest, root: Path, name: str) -> str:
     """The store a fixture parametrized ``sqlite``/``postgresql`` runs on: a SQLite file in
     ``root``, or a new database ``name`` on the suite's PostgreSQL server."""

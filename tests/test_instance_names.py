@@ -22,7 +22,8 @@ import pytest
 
 from backend import Engine, InUse, JobContext, ManualClock, connect, define_queue, open_store
 from backend.model import InstanceInfo
-from tests.servers import cli_env
+from backend.scheduler import names
+from tests.servers import cli_env, dead_pid
 from tests.test_liveness import LeaseClock
 
 
@@ -230,3 +231,93 @@ def test_an_engine_made_before_a_fork_is_refused_in_the_child(tmp_path: Path) ->
         "instance=…"
     )
     assert not (tmp_path / "state.db").exists()  # refused before anything opened
+
+
+
+class FreezesAt:
+    """A store that freezes its process at a call: from the next call of ``at`` on, every
+    call hangs (a SIGSTOP there) until :meth:`thaw`."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.at: str | None = None
+        self.reached = asyncio.Event()
+        self.thawed = asyncio.Event()
+
+    def thaw(self) -> None:
+        self.at = None
+        self.thawed.set()
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if not asyncio.iscoroutinefunction(value):
+            return value
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if name == self.at:
+                self.reached.set()
+            if self.reached.is_set() and not self.thawed.is_set():
+                await self.thawed.wait()
+            return await value(*args, **kwargs)
+
+        return call
+
+
+async def test_an_instance_frozen_in_its_sweep_and_replaced_closes_none_of_the_new_holders_work(
+    pg_url: str, clock: ManualClock
+) -> None:
+    """An instance is frozen in the middle of its sweep for an earlier process's work
+    (after its heartbeat, before it reads what runs under its name), past the window, and
+    a process under its name starts elsewhere in its place and runs a job. Thawed, the
+    old one read the new holder's running job as its predecessor's and closed it: retried,
+    it ran a second time beside its first attempt. It now judges its own name's work only
+    while its lease holds, which it lost frozen."""
+    attempts: list[tuple[str, int]] = []
+    release = asyncio.Event()
+
+    def handler(who: str) -> Any:
+        async def handle(job: JobContext) -> None:
+            attempts.append((who, job.attempt))
+            await release.wait()
+
+        return handle
+
+    lease_a = LeaseClock()
+    store_a = FreezesAt(open_store(pg_url))
+    a = Engine([define_queue(name="q", handler=handler("a"))], store_a, instance="worker", clock=clock,
+               shutdown_grace=0, abandon_after=30, lease_clock=lease_a)  # fmt: skip
+    await a.start()
+    b: Engine | None = None
+    try:
+        store_a.at = "running_jobs"  # its next sweep freezes there, its heartbeat written
+        clock.advance(5)
+        lease_a.now += 5
+        await asyncio.wait_for(store_a.reached.wait(), 20)
+        for _ in range(7):  # 35 s frozen: past its lease and the window
+            clock.advance(5)
+            lease_a.now += 5
+            await asyncio.sleep(0)
+        # Its replacement, elsewhere (another process, to this process's guard).
+        names.let_go(store_a.where, "worker", a)
+        b = Engine([define_queue(name="q", handler=handler("b"))], pg_url, instance="worker", clock=clock,
+                   shutdown_grace=0, abandon_after=30)  # fmt: skip
+        b.registry.host, b.registry.pid = ELSEWHERE, dead_pid()
+        await b.start()
+        await b.jobs.send("q", 1)
+        await asyncio.wait_for(b.quiesce(runs=False), 20)
+        assert attempts == [("b", 1)]
+        store_a.thaw()
+        for _ in range(3):
+            await asyncio.wait_for(a.quiesce(runs=False), 20)
+            await asyncio.wait_for(b.quiesce(runs=False), 20)
+            clock.advance(5)
+            lease_a.now += 5
+        (job,) = (await b.jobs.list_jobs("q")).jobs
+        assert (job.status, job.attempt) == ("running", 1), job
+        assert attempts == [("b", 1)]  # not abandoned, not run a second time
+        assert a.lease.lapsed
+    finally:
+        release.set()
+        for engine in (b, a):
+            if engine is not None:
+                await engine.stop(grace=0)

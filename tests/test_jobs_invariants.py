@@ -14,7 +14,9 @@ renewed the lease), cycles that commit and lose their answer while the worker go
 (what they claimed never started: it must go back untouched), an outage of the store
 longer than the window for every
 worker at once, instances in different PID namespaces of one host
-(simulated: each records a namespace of its own and a pid that is dead here), and wall
+(simulated: each records a namespace of its own and a pid that is dead here), a worker
+replaced under its own name while cut off (it runs on once the partition heals, its
+heartbeats refused), and wall
 clocks that step (NTP, a VM restored) while the lease clock does not, against a database
 clock that is the manual clock (the lease lapses until a heartbeat finds them agreeing
 again; time sync puts one right later). After
@@ -40,7 +42,6 @@ import contextlib
 import itertools
 import os
 import shutil
-import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -57,8 +58,10 @@ from backend.clock import OffsetClock
 from backend.ids import IdFactory
 from backend.jobs.model import Job, NotDead
 from backend.runtime.skew import ClockCheck
+from backend.scheduler import names
 from backend.scheduler.registry import host_identity
 from tests import pg
+from tests.servers import dead_pid
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 CAPS = {"q": 2, "r": 1, "s": 1}
@@ -67,13 +70,7 @@ MAX_RUNTIME = 60
 ABANDON_AFTER = 30
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
-
-
-DEAD_PID = _dead_pid()
+DEAD_PID = dead_pid()
 
 
 @dataclass
@@ -83,6 +80,8 @@ class Live:
     job: JobContext
     result: asyncio.Future[bool]
     instance: str
+    engine: Engine
+    """The process it runs in (two may go by one name: see ``replaced_under_its_name``)."""
     told: threading.Event = field(default_factory=threading.Event)
     """Set (with ``ok``) when the test lets the handler end (one on a thread waits for it)."""
     ok: list[bool] = field(default_factory=list)
@@ -154,8 +153,13 @@ class QueueMachine(RuleBasedStateMachine):
         self.live: dict[str, Live] = {}
         self.violations: list[str] = []
         self.stores: dict[str, CutStore] = {}
-        self.ended: set[str] = set()
-        """Instances whose process ended itself (their lease lapsed with handlers running)."""
+        self.ended: set[Engine] = set()
+        """Processes that ended themselves (their lease lapsed with handlers running)."""
+        self.renamed: set[str] = set()
+        """Names a second process has taken (see ``replaced_under_its_name``)."""
+        self.zombies: dict[Engine, CutStore] = {}
+        """Processes whose name another process took while they were cut off: they run on,
+        their partition healed, and must start and write nothing more."""
         self.sent: dict[str, tuple[str, str | None]] = {}  # id -> (queue, key)
         self.gone: set[str] = set()  # cancelled or deleted by the test
         self.started: set[tuple[str, int]] = set()
@@ -179,7 +183,7 @@ class QueueMachine(RuleBasedStateMachine):
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(asyncio.wait_for(coro, 30))
 
-    def check_start(self, job: JobContext, instance: str) -> Live:
+    def check_start(self, job: JobContext, instance: str, engine: Engine) -> Live:
         """At the start of every attempt, on every instance (a violation is noted, not
         raised: the handler would only fail its attempt)."""
         if job.id in self.live:
@@ -188,17 +192,16 @@ class QueueMachine(RuleBasedStateMachine):
             self.violations.append(f"the cap of {job.queue} exceeded by {job.id}")
         if not 1 <= job.attempt <= job.max_attempts:
             self.violations.append(f"attempt {job.attempt} of {job.max_attempts}")
-        engine = self.engines.get(instance)
-        if engine is not None and engine.lease.lapsed:
+        if engine.lease.lapsed:
             self.violations.append(f"{instance} started job {job.id} with its lease lapsed")
-        live = Live(job, self.loop.create_future(), instance)
+        live = Live(job, self.loop.create_future(), instance, engine)
         self.live[job.id] = live
         self.started.add((job.id, job.attempt))
         return live
 
-    def handler_for(self, instance: str) -> Any:
+    def handler_for(self, instance: str, process: list[Engine]) -> Any:
         async def handle(job: JobContext) -> None:
-            live = self.check_start(job, instance)
+            live = self.check_start(job, instance, process[0])
             try:
                 while True:
                     try:
@@ -216,10 +219,10 @@ class QueueMachine(RuleBasedStateMachine):
 
         return handle
 
-    def sync_handler_for(self, instance: str) -> Any:
+    def sync_handler_for(self, instance: str, process: list[Engine]) -> Any:
         def handle(job: JobContext) -> None:
             # The checks run on the loop's thread, where the rest of the machine runs.
-            began = asyncio.run_coroutine_threadsafe(self._begin(job, instance), self.loop)
+            began = asyncio.run_coroutine_threadsafe(self._begin(job, instance, process[0]), self.loop)
             live = began.result(30)
             try:
                 live.told.wait(60)
@@ -241,13 +244,17 @@ class QueueMachine(RuleBasedStateMachine):
 
         return handle
 
-    async def _begin(self, job: JobContext, instance: str) -> Live:
-        return self.check_start(job, instance)
+    async def _begin(self, job: JobContext, instance: str, engine: Engine) -> Live:
+        return self.check_start(job, instance, engine)
 
-    async def start_engine(self) -> None:
+    async def start_engine(self, name: str | None = None) -> None:
+        """A new process: under a name of its own, or under ``name`` (see
+        ``replaced_under_its_name``; it waits, as a real one would, until the name's last
+        holder has been silent for the window)."""
         self.serial += 1
-        name = f"i{self.serial}"
-        handlers = {q: self.sync_handler_for(name) if q in SYNC else self.handler_for(name) for q in CAPS}
+        name = name or f"i{self.serial}"
+        process: list[Engine] = []
+        handlers = {q: self.sync_handler_for(name, process) if q in SYNC else self.handler_for(name, process) for q in CAPS}
         queues = [define_queue(name=q, handler=handlers[q], concurrency=c, max_runtime=MAX_RUNTIME) for q, c in CAPS.items()]
         store = CutStore(open_store(self.url), self.clock)
         wall = self.walls[name] = OffsetClock(timedelta(0), self.clock)  # its wall clock, which may step
@@ -263,7 +270,8 @@ class QueueMachine(RuleBasedStateMachine):
         # the others (and is dead here), so only its lease may say it is gone.
         engine.registry.host = f"{host_identity()}#sim{self.serial}"
         engine.registry.pid = DEAD_PID
-        engine.end_process = lambda code: self.ended.add(name)
+        engine.end_process = lambda code: self.ended.add(engine)
+        process.append(engine)
         await engine.start()
         self.engines[name] = engine
         self.stores[name] = store
@@ -273,12 +281,12 @@ class QueueMachine(RuleBasedStateMachine):
         """Something the last step set off has not happened yet: a claimed job whose handler
         has not begun, an attempt told to end that has not ended, an instance that ended
         itself and is not replaced yet."""
-        if self.ended & set(self.engines):
+        if self.ended:
             return True
-        for name, engine in self.engines.items():
+        for engine, store in self.processes():
             workers = engine.jobs.workers
             assert workers is not None
-            late = self.stores[name].late  # (answers on their way until a step lets them arrive)
+            late = store.late  # (answers on their way until a step lets them arrive)
             if any(token not in late for token in workers.inflight) or any(
                 run.context is None and not run.done for run in workers.running.values()
             ):
@@ -289,20 +297,25 @@ class QueueMachine(RuleBasedStateMachine):
         """Wait until every engine has done all the current time calls for (what happens
         next then depends on the steps alone, never on timing)."""
         while True:
-            for engine in self.engines.values():
+            for engine, _ in self.processes():
                 # Each lease's watcher looks on real time (every 0.5 s), which the manual
                 # clock does not move: it looks here, at every step, as it would have by then.
                 engine.lease.check()
                 engine.lease.check_jump()
-            while ended := sorted(self.ended & set(self.engines)):
-                await self.die(self.engines[ended[0]])  # its lease lapsed with handlers running: it ended itself
-            for engine in list(self.engines.values()):
+            while self.ended:
+                # its lease lapsed with handlers running: it ended itself
+                await self.die(min(self.ended, key=lambda e: e.instance))
+            for engine, _ in self.processes():
                 await engine.quiesce(runs=False)
             if not self.busy():
                 await asyncio.sleep(0)
                 if not self.busy():
                     return
             await asyncio.sleep(0)
+
+    def processes(self) -> list[tuple[Engine, CutStore]]:
+        """Every process that runs, with its store: the names' holders, then the zombies."""
+        return [(self.engines[name], self.stores[name]) for name in sorted(self.engines)] + list(self.zombies.items())
 
     def any_engine(self, pick: int) -> Engine:
         """An engine that can reach the store (the operators' and the senders' side)."""
@@ -337,7 +350,7 @@ class QueueMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         self.end_every_handler()
         try:
-            for engine in self.engines.values():
+            for engine, _ in self.processes():
                 self.loop.run_until_complete(engine.stop(grace=0))
             # A job claimed before the stop may have begun during it (one that ignores its
             # cancellation would hold the wait below to its 30 s): tell those too.
@@ -558,6 +571,49 @@ class QueueMachine(RuleBasedStateMachine):
         self.run(self.settle())
 
     @rule(pick=st.integers(0, 9))
+    def replaced_under_its_name(self, pick: int) -> None:
+        """A worker is cut off past the take-over window, and a process under its name starts
+        elsewhere in its place (an orchestrator replacing a pod of a node it lost: a stable
+        name, a new host). The new one takes the name, and with it what the old one left
+        running; then the partition heals. The old one runs on under a name it no longer
+        holds: its heartbeats are refused, so its lease stays lapsed, and it must start no
+        attempt and finish none that another has taken over since."""
+        engine = self.any_engine(pick)
+        if sum(1 for store in self.stores.values() if not store.cut) < 2:
+            return
+        name, store = engine.instance, self.stores[engine.instance]
+        store.cut = True
+        for _ in range(4):  # 40 s: past its lease (20 s) and the window (30 s)
+            self.advance(10)
+        for _ in range(12):  # a clock stepped ahead stamped its last beat later: silent by the store's time
+            if self.engines.get(name) is not engine or self.silent_for_the_window(name):
+                break
+            self.advance(10)
+        if self.engines.get(name) is not engine:
+            return  # it ended itself meanwhile (handlers it could not stop), and was replaced
+        if not self.silent_for_the_window(name):
+            # Another process beats under the name: one this rule made a zombie before, which
+            # took its name back once its replacement fell silent (as it should). A new one
+            # would wait for it, and be refused: the cut-off one only heals.
+            store.cut = False
+            self.run(self.settle())
+            return
+        del self.engines[name], self.stores[name]
+        self.zombies[engine] = store
+        self.renamed.add(name)
+        # The replacement plays another process: the guard against two engines of one
+        # process under one name is not the one tested here, the store's is.
+        names.let_go(engine.store.where, name, engine)
+        self.run(self.start_engine(name))
+        store.cut = False  # the partition heals
+        self.run(self.settle())
+
+    def silent_for_the_window(self, name: str) -> bool:
+        beats = {i.name: i.heartbeat_at for i in self.run(self.any_engine(0).store.fleet())}
+        last = beats.get(name)
+        return last is None or last < self.clock.now() - timedelta(seconds=ABANDON_AFTER + 1)
+
+    @rule(pick=st.integers(0, 9))
     def kill_an_instance(self, pick: int) -> None:
         """SIGKILL, as far as one process can play it: the instance's loops and handlers
         stop where they are and nothing it holds is written; a fresh instance starts."""
@@ -566,13 +622,16 @@ class QueueMachine(RuleBasedStateMachine):
 
     async def die(self, engine: Engine) -> None:
         """The instance's process ends: its handlers (threads too) end with it, nothing it
-        had in hand is written; a fresh instance starts in its place."""
-        del self.engines[engine.instance]
-        self.died.add(engine.instance)
-        self.ended.discard(engine.instance)
-        self.stores.pop(engine.instance, None)
+        had in hand is written; a fresh instance starts in its place (none for a zombie:
+        its name's holder has taken its place already)."""
+        zombie = self.zombies.pop(engine, None) is not None
+        if not zombie:
+            del self.engines[engine.instance]
+            self.stores.pop(engine.instance, None)
+            self.died.add(engine.instance)
+        self.ended.discard(engine)
         for job_id, live in list(self.live.items()):
-            if live.instance == engine.instance:
+            if live.engine is engine:
                 del self.live[job_id]  # its process is gone, and the handler with it
                 live.told.set()
                 if not live.result.done():
@@ -589,7 +648,8 @@ class QueueMachine(RuleBasedStateMachine):
         workers.inflight.clear()
         workers.running.clear()
         await engine.store.close()
-        await self.start_engine()
+        if not zombie:
+            await self.start_engine()
 
     # -- invariants ----------------------------------------------------------------------------
     @invariant()
@@ -627,7 +687,9 @@ class QueueMachine(RuleBasedStateMachine):
         # began. Never by an instance that lives and knows it did not (a lost answer).
         for job_id in self.sent:
             for attempt in self.run(self.any_engine(0).jobs.get_job(job_id)).attempts if job_id not in self.gone else ():
-                taken_over = "claimed by this instance" not in (attempt.error_message or "")
+                # (Under a name two processes have gone by, one's sweep takes the other's work
+                # over, and says so as for an earlier process of that name.)
+                taken_over = "claimed by this instance" not in (attempt.error_message or "") or attempt.instance in self.renamed
                 assert (job_id, attempt.attempt) in self.started or attempt.instance in self.died or taken_over, (
                     f"attempt {attempt.attempt} of {job_id} recorded, though no handler began it and "
                     f"{attempt.instance} is alive: {attempt}"

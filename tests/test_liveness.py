@@ -25,6 +25,7 @@ from backend.runtime.liveness import WorkLease
 from backend.runtime.runner import Invocation
 from backend.scheduler.registry import InstanceRegistry, pid_alive
 from console.fleet import fleet_of
+from tests.servers import dead_pid
 
 UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
@@ -408,16 +409,10 @@ def _registry(store: Any, clock: Clock, instance: str = "me") -> InstanceRegistr
     )  # fmt: skip
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
-
-
 def test_a_dead_pid_proves_death_only_within_its_pid_namespace(clock: ManualClock) -> None:
     registry = _registry(None, clock)
     host, boot, namespace = registry.host.split("#")
-    dead = _dead_pid()
+    dead = dead_pid()
     now = clock.now()
     beats = {
         "same": (registry.host, dead, now),

@@ -171,7 +171,7 @@ class Jobs:
         released = {finish.id for finish in finishes}
         for job in running:
             if job.instance == self.shared.instance:
-                if workers.holds(job.id, job.token) or job.id in released:
+                if workers.holds(job.id, job.token) or job.id in released or not registry.holds_name():
                     continue
                 why = "claimed by this instance in a claim whose answer was lost, or by an earlier process of that name"
             else:

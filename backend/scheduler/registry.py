@@ -368,9 +368,19 @@ class InstanceRegistry:
         else:
             log.info("claims retention: off (claims are only pruned by the schedules that win new ones)")
 
+    def holds_name(self) -> bool:
+        """Whether this process may take what runs under its own name and is not its own
+        for an earlier process's: only while its lease holds. One whose lease lapsed may
+        have lost the name meanwhile (cut off or frozen past the window, and replaced by a
+        process that took the name; its heartbeats are refused since): what runs under the
+        name is then the other process's, and closing it would run that work twice."""
+        self.lease.check()
+        self.lease.check_jump()
+        return not self.lease.lapsed and not self.clock_off
+
     def gone(self, beats: dict[str, tuple[str, int, datetime]], instance: str, now: datetime) -> str | None:
         if instance == self.instance:
-            return "an earlier process with this instance name stopped"
+            return "an earlier process with this instance name stopped" if self.holds_name() else None
         beat = beats.get(instance)
         if beat is None:
             return f"instance {instance} is no longer registered"
