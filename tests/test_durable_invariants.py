@@ -10,7 +10,8 @@ a SIGSTOPped process's would; or only the answers of its claims, which commit: r
 claimed come back after their lease may have run out) and thaws it later, holds up only the
 answers of an instance's claims while the clock moves past the leases they took and another
 instance claims and runs those executions (a slow store: its other calls go through), and
-restarts crashed ones. After every rule:
+restarts crashed ones, and replaces a frozen instance under its own name by a process on
+another host (the old one thaws later, its heartbeats refused). After every rule:
 
 * a finished step never runs again: no step starts after its success was committed;
 * an at-most-once step runs at most once;
@@ -33,6 +34,7 @@ import os
 import tempfile
 from collections import defaultdict
 from collections.abc import Awaitable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,12 +48,16 @@ from backend.durable import DurableContext, Retry, define_durable
 from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED, Execution
 from backend.durable.store import Claimed, NewExecution, Write
 from backend.ids import IdFactory
+from backend.scheduler import names
+from backend.scheduler.registry import host_identity
 from backend.store import open_store
 from tests import pg
 from tests.durable_helpers import crash
+from tests.servers import dead_pid
 
 T = TypeVar("T")
 NAMES = ("a", "b", "c")
+DEAD_PID = dead_pid()
 EXAMPLES = int(os.environ.get("SCHEDTUI_DURABLE_EXAMPLES", "30"))
 
 Plan = list[tuple[str, int]]
@@ -176,6 +182,19 @@ class Proxy:
         await self._gate()
         return await self._store.durable_renew(*args)
 
+    # A frozen process beats no more: its name falls silent, as its leases lapse.
+    async def heartbeat(self, *args: Any, **kwargs: Any) -> Any:
+        await self._beat_gate()
+        return await self._store.heartbeat(*args, **kwargs)
+
+    async def heartbeat_and_unfinished(self, *args: Any, **kwargs: Any) -> Any:
+        await self._beat_gate()
+        return await self._store.heartbeat_and_unfinished(*args, **kwargs)
+
+    async def _beat_gate(self) -> None:
+        if self.frozen is not None and not self.claims_go_through:
+            await self.frozen.wait()
+
     async def durable_write(self, write: Write) -> bool | None:
         await self._gate()
         when, self.crash_next = self.crash_next, None
@@ -209,7 +228,11 @@ class DurableFleet(RuleBasedStateMachine):
         self.clock = ManualClock("2026-03-02T08:00:00Z")
         self.ids_made = IdFactory(self.clock.now, itertools.count().__next__)  # the same ids on a replay
         self.live: dict[str, tuple[Engine, Proxy]] = {}
+        self.zombies: list[tuple[Engine, Proxy]] = []
+        """Instances whose name another process took while they were frozen: they run on
+        once thawed (their heartbeats refused) and must write nothing."""
         self.ids: list[str] = []
+        self.elsewhere = itertools.count(1)
         self.run(self._boot("a"))
 
     def store_url(self) -> str:
@@ -218,7 +241,9 @@ class DurableFleet(RuleBasedStateMachine):
     def run(self, coro: Awaitable[T]) -> T:
         return self.loop.run_until_complete(asyncio.wait_for(coro, 60))
 
-    async def _boot(self, name: str) -> None:
+    async def _boot(self, name: str, elsewhere: bool = False) -> None:
+        """An instance ``name`` in this process, or (``elsewhere``) in a process of another
+        host or container, as far as the store can tell."""
         proxy = Proxy(open_store(self.url))
         # The lease on the manual clock too: a frozen instance's lease lapses as the others'
         # clocks move past it (on real time it never would here, and a claim whose answer
@@ -226,11 +251,14 @@ class DurableFleet(RuleBasedStateMachine):
         engine = Engine([FUNCTION], proxy, clock=self.clock, instance=name, coordination="advisoryLock",
                         shutdown_grace=0, retention=None, ids=self.ids_made,
                         lease_clock=lambda: self.clock.now().timestamp())  # fmt: skip
+        if elsewhere:
+            engine.registry.host = f"{host_identity()}#sim{next(self.elsewhere)}"
+            engine.registry.pid = DEAD_PID
         await engine.start()
         self.live[name] = (engine, proxy)
 
     async def _settle(self) -> None:
-        for engine, proxy in list(self.live.values()):
+        for engine, proxy in [*self.live.values(), *self.zombies]:
             if proxy.frozen is None and proxy.late_answers is None and not proxy.crashed:
                 await engine.quiesce()
         for name, (engine, proxy) in list(self.live.items()):
@@ -377,6 +405,43 @@ class DurableFleet(RuleBasedStateMachine):
             frozen.set()
 
     @rule(name=st.sampled_from(NAMES))
+    def replaced_under_its_name(self, name: str) -> None:
+        """An instance is frozen past the take-over window, and a process under its name
+        starts on another host in its place (an orchestrator replacing what it lost: a
+        stable name, a new host). The new one takes the name; then the old one thaws and
+        runs on under a name it no longer holds: its heartbeats are refused, and it must
+        write nothing under the leases the others have taken since."""
+        entry = self.live.get(name)
+        if entry is None or entry[1].crashed or entry[1].late_answers is not None:
+            self.settle()
+            return
+        engine, proxy = entry
+        if proxy.frozen is None:
+            proxy.frozen = asyncio.Event()
+        proxy.claims_go_through = False  # the whole process: its heartbeats too
+        self.clock.advance(31)  # past the window: its last heartbeat is older than 30 s
+        self.settle()
+        acting = self.acting
+        beats = {} if acting is None else {i.name: i.heartbeat_at for i in self.run(acting.store.fleet())}
+        if beats.get(name, self.clock.now()) >= self.clock.now() - timedelta(seconds=30):
+            # Another process beats under the name: one this rule left running before, which
+            # took its name back once its replacement fell silent (as it should). A new one
+            # would wait for it and be refused: the frozen one only thaws.
+            self._thaw(name)
+            self.settle()
+            return
+        del self.live[name]
+        self.zombies.append(entry)
+        # The new one plays another process: the guard against two engines of one process
+        # under one name is not the one tested here, the store's is.
+        names.let_go(engine.store.where, name, engine)
+        self.run(self._boot(name, elsewhere=True))
+        frozen, proxy.frozen = proxy.frozen, None
+        proxy.claims_go_through = False
+        frozen.set()  # it thaws
+        self.settle()
+
+    @rule(name=st.sampled_from(NAMES))
     def restart(self, name: str) -> None:
         if name not in self.live:
             self.run(self._boot(name))
@@ -423,6 +488,10 @@ class DurableFleet(RuleBasedStateMachine):
                     proxy.late_answers.set()
                     proxy.late_answers = None
                 self._thaw(name)
+            for _, proxy in self.zombies:
+                if proxy.frozen is not None:
+                    proxy.frozen.set()
+                    proxy.frozen = None
             self.settle()
             if self.acting is None:
                 free = next(n for n in NAMES if n not in self.live)
@@ -433,7 +502,7 @@ class DurableFleet(RuleBasedStateMachine):
             self.retry()
             self._run_to_the_end()
         finally:
-            for engine, _ in list(self.live.values()):
+            for engine, _ in [*self.live.values(), *self.zombies]:
                 self.run(engine.stop(grace=0))
             self.loop.close()
 
