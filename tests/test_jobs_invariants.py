@@ -248,9 +248,9 @@ class QueueMachine(RuleBasedStateMachine):
         return self.check_start(job, instance, engine)
 
     async def start_engine(self, name: str | None = None) -> None:
-        """A new process: under a name of its own, or under ``name`` (see
-        ``replaced_under_its_name``; it waits, as a real one would, until the name's last
-        holder has been silent for the window)."""
+        """A new process: under a name of its own, or under ``name`` (a replacement: see
+        ``replaced_under_its_name``, which starts it once the name's last holder has been
+        silent for the window, so it takes the name at once)."""
         self.serial += 1
         name = name or f"i{self.serial}"
         process: list[Engine] = []
