@@ -241,14 +241,27 @@ def test_an_async_handler_that_blocks_the_loop_past_the_lapse_ends_its_process_f
 # ---------------------------------------------------------------------------------------
 # two PID namespaces on one host
 # ---------------------------------------------------------------------------------------
+def pid_unused_out_here() -> int:
+    """A pid no process of this namespace has, half the pid space away from the next ones it
+    hands out: the suite's own processes would take the whole time of a test to come near it.
+    (A burn of a few thousand pids, as before, landed on a live pid of a busy CI host.)"""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    pid = (int(Path("/proc/sys/kernel/ns_last_pid").read_text()) + pid_max // 2) % pid_max
+    while pid < 1000 or any(Path(f"/proc/{near}").exists() for near in range(pid - 50, pid + 50)):
+        pid = (pid + 997) % pid_max
+    return pid
+
+
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare(1) here")
 def test_instances_in_two_pid_namespaces_of_one_host_never_take_each_others_work(workers: Workers) -> None:
     log = workers.root / "ns.log"
-    # Inside, a shell burns a few thousand pids first: the serve's pid there is then one
-    # that no process of the host's namespace has (pids 1, 2 ... are alive on any host).
+    # Inside, the shell sets the namespace's next pid to one no process out here has (pids
+    # 1, 2 ... are alive on any host), so the serve's pid there reads as dead out here. The
+    # serve runs as the shell's child, not exec'd in its place: pid 1 is alive everywhere.
     serve = [sys.executable, "-m", "console.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--schedules",
              "schedules", "--store", workers.url, "--instance", "ns-b", "--abandon-after", WINDOW]  # fmt: skip
-    script = 'i=0; while [ $i -lt 3000 ]; do /bin/true; i=$((i+1)); done; "$@"'
+    chosen = pid_unused_out_here()
+    script = f'echo {chosen - 1} > /proc/sys/kernel/ns_last_pid && "$@"; exit $?'
     inner = subprocess.Popen(
         ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script, "sh", *serve],
         cwd=workers.root, env=cli_env(), stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
@@ -261,7 +274,7 @@ def test_instances_in_two_pid_namespaces_of_one_host_never_take_each_others_work
     jobs = workers.send("work", [{"until": str(release)}] * 4)
     poll(lambda: len(workers.starts()) == 4, timeout=30, what="ns-b to run the four jobs")
     inner_pid = workers.starts()[0].pid
-    assert inner_pid != inner.pid  # its own pids: 1, 2 ... inside the namespace
+    assert inner_pid == chosen != inner.pid  # its own pids inside the namespace
     beats = workers.sql("SELECT host, pid FROM schedtui_instances WHERE instance = 'ns-b'")
     assert beats[0][1] == inner_pid and not Path(f"/proc/{inner_pid}").exists(), "its pid is not dead out here"
     host = workers.start("host")
