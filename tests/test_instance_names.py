@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from backend import Engine, InUse, JobContext, ManualClock, connect, define_queue, open_store
+from backend import Engine, InUse, JobContext, ManualClock, connect, define_queue, define_schedule, open_store
 from backend.model import InstanceInfo
 from backend.scheduler import names
 from tests.servers import cli_env, dead_pid
@@ -316,6 +316,57 @@ async def test_an_instance_frozen_in_its_sweep_and_replaced_closes_none_of_the_n
         assert (job.status, job.attempt) == ("running", 1), job
         assert attempts == [("b", 1)]  # not abandoned, not run a second time
         assert a.lease.lapsed
+    finally:
+        release.set()
+        for engine in (b, a):
+            if engine is not None:
+                await engine.stop(grace=0)
+
+
+async def test_an_instance_that_lost_its_name_closes_none_of_the_new_holders_runs(pg_url: str, clock: ManualClock) -> None:
+    """The schedule runs' side of the same rule. An instance frozen past the window and
+    replaced under its name, asked to close what the gone left running (``close_abandoned``),
+    took the new holder's running run for an earlier process's and closed it as abandoned.
+    (Its periodic sweep reads in its heartbeat's transaction, which is refused once the
+    name is taken: only this direct call reached the rule.)"""
+    release = asyncio.Event()
+
+    async def slow(run: Any) -> None:
+        await release.wait()
+
+    def schedules() -> list[Any]:  # a yearly slot: nothing but the Run now below fires
+        return [define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=slow)]
+
+    lease_a = LeaseClock()
+    store_a = FreezesAt(open_store(pg_url))
+    a = Engine(schedules(), store_a, instance="worker", clock=clock, shutdown_grace=0, abandon_after=30,
+               lease_clock=lease_a)  # fmt: skip
+    await a.start()
+    b: Engine | None = None
+    try:
+        store_a.at = "heartbeat_and_unfinished"  # frozen at its next round
+        clock.advance(5)
+        lease_a.now += 5
+        await asyncio.wait_for(store_a.reached.wait(), 20)
+        for _ in range(7):  # 35 s: past its lease and the window
+            clock.advance(5)
+            lease_a.now += 5
+            await asyncio.sleep(0)
+        names.let_go(store_a.where, "worker", a)
+        b = Engine(schedules(), pg_url, instance="worker", clock=clock, shutdown_grace=0, abandon_after=30)
+        b.registry.host, b.registry.pid = ELSEWHERE, dead_pid()
+        await b.start()
+        run = await b.run_now("s")
+        store_a.thaw()
+        await asyncio.wait_for(a.quiesce(runs=False), 20)  # its round's heartbeat: refused
+        assert await a.close_abandoned() == []
+        assert a.lease.lapsed
+        (still,) = [r for r in await b.store.running_runs() if r.id == run.id]
+        assert (still.status, still.instance) == ("running", "worker")
+        release.set()
+        await asyncio.wait_for(b.quiesce(), 20)
+        (ended,) = [r for r in await b.store.list_runs("s", limit=10) if r.id == run.id]
+        assert (ended.status, ended.error_tag) == ("succeeded", None)
     finally:
         release.set()
         for engine in (b, a):
