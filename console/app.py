@@ -19,11 +19,12 @@ and an injected :class:`~backend.clock.Clock`:
 * the data stays fresh by change signals (:meth:`~backend.client.interface.Backend.changes`: the
   server's event stream, or the embedded engine's bus): a signal that names what is on
   screen makes the app read it again, and nothing is read while nothing changes (the
-  heartbeats excepted, every :data:`INSTANCES_LIVE_EVERY`, and everything every
-  :data:`KEEP_FRESH`). While the stream is down the app polls every ``refresh_interval``
-  and tries the stream again with backoff; the header says which (``● live (events)`` or
-  ``(polling)``). A stream that breaks is news at once: the header stops saying live and
-  the server is asked at once; a reconnect opens the stream again at once.
+  heartbeats excepted, and everything now and then). While the stream is down the app
+  polls every ``refresh_interval`` and tries the stream again with backoff; the header says
+  which (``● live (events)`` or ``(polling)``). A stream that breaks is news at once: the
+  header stops saying live and the server is asked at once; a reconnect opens the stream
+  again at once. When to read, and as of when the data is true, is decided by the app's
+  :class:`~console.link.Link` (plain state, no widgets); the app reads and shows.
 
 The caller owns the backend's lifetime: it hands in a backend that is not yet connected, the
 app connects it, and the caller closes it after the app has exited (or passes
@@ -66,6 +67,7 @@ from console.fleet import CronCache, Fleet, Overdue, fleet_of
 from console.heap import Collector, freeze_heap, lines_without_cycles
 from console.keygate import KeyGate
 from console.keys import Key, bindings
+from console.link import LATE_AFTER, Link
 from console.screens.backfill import BackfillScreen
 from console.screens.confirm import Confirm
 from console.screens.details import RunDetails
@@ -81,24 +83,6 @@ from console.widgets.footer import KeyFooter
 from console.widgets.tabs import ViewTabs
 
 __all__ = ["PAGE_SIZE", "STATUS_FILTERS", "SchedtuiApp", "freeze_heap", "parse_keymap", "short_where"]
-
-BACKOFF_SECONDS = (1, 2, 5)
-"""Delays between reconnect attempts (and event stream attempts); the last one repeats. A
-server back after a restart is found within 5 s (it took up to 30)."""
-
-LATE_AFTER = timedelta(seconds=5)
-"""While polling, a last good refresh older than the refresh interval and this much more
-says the server does not answer (the header stops saying live)."""
-
-INSTANCES_EVERY = timedelta(seconds=5)
-"""How often the heartbeats are read while polling (they change every 5 s at most)."""
-
-INSTANCES_LIVE_EVERY = timedelta(seconds=20)
-"""How often the heartbeats are read while change signals flow (no signal says an engine
-stopped beating; an engine counts as firing for 30 s after its last beat)."""
-
-KEEP_FRESH = timedelta(seconds=120)
-"""While change signals flow, everything is read again this often anyway."""
 
 EVENTS_IDLE = 15.0
 """Seconds of a quiet embedded stream after which it says it is still there."""
@@ -248,25 +232,13 @@ class SchedtuiApp(App[None]):
         self._toggles = itertools.count()
         self._toggle_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         """Backfills started from this console that are still running."""
-        self._snapshot_now: datetime | None = None
-        self._snapshot_at: datetime | None = None
-        self._instances_at: datetime | None = None
-        self._next_refresh: datetime | None = None
-        self._retry_at: datetime | None = None
-        self._failures = 0
+        self.link = Link(self.clock, self.refresh_interval)
+        """When to read again, and as of when the data on screen is true (:mod:`console.link`)."""
         self._refreshing = False
         self._refresh_again = False
-        self._lost_reported = False
         self.live_events = live_events
         """Follow the backend's change signals (off: poll every ``refresh_interval``)."""
-        self.events_live = False
-        """Change signals flow now: the data on screen is true as of now."""
-        self.event_id: str | None = None
-        """The last signal's id: a new stream resumes after it."""
         self._events_task: asyncio.Task[None] | None = None
-        self._events_retry_at: datetime | None = None
-        self._events_failures = 0
-        self._instances_now: datetime | None = None
         self._freeze_heap = freeze_heap
         """Freeze the heap once the first screen is drawn (:func:`freeze_heap`) and pace the
         full collections from then on (:attr:`collector`): for the console's own process
@@ -378,42 +350,24 @@ class SchedtuiApp(App[None]):
         self.query_one(FleetBanner).now = now
         view.tick(now)
         self.collector.tick()
-        if (
-            self._events_retry_at is not None
-            and now >= self._events_retry_at
-            and self.info is not None
-            and self._retry_at is None
-        ):
+        if self.link.stream_due(connected=self.info is not None):
             self._start_events()
         if self._refreshing:
             return
-        if self._retry_at is not None:
-            if now >= self._retry_at:
-                self.refresh_data()
-        elif not self.paused and self._next_refresh is not None and now >= self._next_refresh:
+        due = self.link.due(paused=self.paused)
+        if due == "refresh":
             self.refresh_data()
-        elif (
-            self.events_live
-            and not self.paused
-            and self._instances_at is not None
-            and now - self._instances_at >= INSTANCES_LIVE_EVERY
-        ):
+        elif due == "instances":
             self.refresh_instances()
 
     def backend_now(self) -> datetime:
-        """The backend's clock, estimated: its ``now`` at the last snapshot plus the time
-        since (so ``now`` typed in the backfill dialog is never ahead of the server)."""
-        if self._snapshot_now is None or self._snapshot_at is None:
-            return self.clock.now()
-        return self._snapshot_now + (self.clock.now() - self._snapshot_at)
+        """The backend's clock, estimated (see :meth:`console.link.Link.backend_now`)."""
+        return self.link.backend_now()
 
     def data_now(self) -> datetime:
-        """The backend's time as of which the data on screen is true: when it was read
-        (overdue is judged against it, so paused or stale data accuses no one), or now,
-        while change signals flow (no signal: nothing changed)."""
-        if self.events_live and not self.paused and self._snapshot_now is not None:
-            return self.backend_now()
-        return self._snapshot_now or self.clock.now()
+        """The backend's time as of which the data on screen is true (see
+        :meth:`console.link.Link.data_now`)."""
+        return self.link.data_now(paused=self.paused)
 
     # ------------------------------------------------------------------------------------
     # refreshing
@@ -445,12 +399,12 @@ class SchedtuiApp(App[None]):
     async def _refresh_once(self) -> None:
         view = self.active_view
         try:
-            if self.info is None or self._retry_at is not None:
+            if self.info is None or self.link.retry_at is not None:
                 info = await self.backend.connect()
                 await self._connected(info)
             snapshot = await self.backend.list_schedules()
             await self._read_instances()
-            self._snapshot_now, self._snapshot_at = snapshot.now, self.clock.now()
+            self.link.snapshot(snapshot.now)
             self.views = snapshot.schedules
             await view.load()
         except Unavailable as exc:
@@ -464,22 +418,18 @@ class SchedtuiApp(App[None]):
                 self._give_up(exc)
             else:
                 self.report(exc)
-                self._next_refresh = self.clock.now() + self.refresh_interval
+                self.link.read_failed()
             return
         except Exception as exc:  # never a traceback on the operator's screen
             self.log.error(f"refresh failed: {exc!r}")
             self.report(exc)
-            self._next_refresh = self.clock.now() + self.refresh_interval
+            self.link.read_failed()
             return
         now = self.clock.now()
-        if self._lost_reported:
+        if self.link.refreshed():
             self.notify("Connection is back; data is fresh again.", title="Reconnected")
-            self._lost_reported = False
-        self._retry_at = None
-        self._failures = 0
-        self._next_refresh = now + (KEEP_FRESH if self.events_live else self.refresh_interval)
         header = self.query_one(ConsoleHeader)
-        if header.state != "dropped" or self.events_live:  # dropped: until the stream is back
+        if header.state != "dropped" or self.link.events_live:  # dropped: until the stream is back
             header.state = "live"
         header.last_ok = now
         header.retry_at = None
@@ -499,14 +449,13 @@ class SchedtuiApp(App[None]):
 
     async def _read_instances(self, *, force: bool = False) -> None:
         now = self.clock.now()
-        if not force and self._instances_at is not None and now - self._instances_at < INSTANCES_EVERY:
+        if not force and not self.link.instances_due(now):
             return
         try:
             self.instances = await self.backend.instances()
         except NotFound:  # a server older than this console: it cannot say who fires
             self.instances = None
-        self._instances_at = now
-        self._instances_now = self.backend_now()
+        self.link.instances_read(now)
         await self._read_alerts()
 
     async def _read_alerts(self) -> None:
@@ -533,7 +482,7 @@ class SchedtuiApp(App[None]):
         """Who fires, as of when the heartbeats were read (not later: an engine that beat
         then is not accused of silence because the console has not looked since)."""
         if self.info is not None and self.instances is not None:
-            self.fleet = fleet_of(self.instances, self._instances_now or self.data_now(), self.info, self.views)
+            self.fleet = fleet_of(self.instances, self.link.instances_now or self.data_now(), self.info, self.views)
         header = self.query_one(ConsoleHeader)
         header.fleet = self.fleet
         header.alerting = self.alerting
@@ -542,7 +491,7 @@ class SchedtuiApp(App[None]):
     @work(group="instances", exclusive=True, exit_on_error=False)
     async def refresh_instances(self) -> None:
         """Read the heartbeats alone (while change signals keep the rest fresh)."""
-        self._instances_at = self.clock.now()  # once per period, even when it fails
+        self.link.instances_at = self.clock.now()  # once per period, even when it fails
         try:
             await self._read_instances(force=True)
         except SchedtuiError:
@@ -557,13 +506,13 @@ class SchedtuiApp(App[None]):
         by itself, and tests wait for the workers)."""
         if not self.live_events or (self._events_task is not None and not self._events_task.done()):
             return
-        self._events_retry_at = None
+        self.link.stream_opened()
         self._events_task = asyncio.ensure_future(self._follow_events())
 
     async def _follow_events(self) -> None:
         why = "the event stream ended"
         try:
-            async for batch in self.backend.changes(since=self.event_id, idle=EVENTS_IDLE):
+            async for batch in self.backend.changes(since=self.link.event_id, idle=EVENTS_IDLE):
                 self.on_signals(batch)
         except SchedtuiError as exc:
             why = exc.message
@@ -581,10 +530,10 @@ class SchedtuiApp(App[None]):
         for signal in batch:
             alerts = alerts or signal.topic == "alerts"
             if signal.id:
-                self.event_id = signal.id
+                self.link.event_id = signal.id
             if signal.topic == READY:
                 feed, refresh = True, True  # and read what changed while the stream was not there
-                self._events_failures = 0
+                self.link.stream_ready()
             elif signal.topic == STREAM:
                 feed, refresh = signal.name == "up", True
             elif signal.topic == RESYNC or signal.topic in topics:
@@ -597,16 +546,12 @@ class SchedtuiApp(App[None]):
             self.refresh_alerts()
 
     def _set_feed(self, events: bool) -> None:
-        if events == self.events_live:
+        if not self.link.set_feed(events):
             return
-        self.events_live = events
         header = self.query_one(ConsoleHeader)
         header.feed = "events" if events else "polling"
         if events and header.state == "dropped":
             header.state = "live"
-        now = self.clock.now()
-        if self._next_refresh is not None:
-            self._next_refresh = now + (KEEP_FRESH if events else self.refresh_interval)
 
     def _events_down(self, why: str) -> None:
         """The stream ended: poll until it is back (tried again with backoff). A stream that
@@ -615,20 +560,14 @@ class SchedtuiApp(App[None]):
         is still there, and the stream is tried again at once."""
         try:
             header = self.query_one(ConsoleHeader)
-            flowing = self.events_live
-            self._set_feed(False)
         except NoMatches:  # the app is shutting down
             return
+        flowing, delay = self.link.stream_down()
         if flowing:
-            self._events_failures = 0
-            delay = 0
+            header.feed = "polling"
             if header.state == "live":
                 header.state = "dropped"
                 self.request_refresh()
-        else:
-            delay = BACKOFF_SECONDS[min(self._events_failures, len(BACKOFF_SECONDS) - 1)]
-            self._events_failures += 1
-        self._events_retry_at = self.clock.now() + timedelta(seconds=delay)
         self.log.info(f"event stream down ({why}); polling, trying it again in {delay}s")
 
     async def _connected(self, info: ConnectionInfo) -> None:
@@ -648,25 +587,20 @@ class SchedtuiApp(App[None]):
 
     def connection_lost(self, exc: Unavailable) -> None:
         """Show the data as stale and retry with backoff (said once, not at every retry)."""
-        now = self.clock.now()
-        delay = BACKOFF_SECONDS[min(self._failures, len(BACKOFF_SECONDS) - 1)]
-        self._failures += 1
-        self._retry_at = now + timedelta(seconds=delay)
+        first = self.link.lost()
         header = self.query_one(ConsoleHeader)
         header.state = "lost"
-        header.retry_at = self._retry_at
-        header.now = now
+        header.retry_at = self.link.retry_at
+        header.now = self.clock.now()
         self.query_one("#main").add_class("-stale")
-        if not self._lost_reported:
-            self._lost_reported = True
+        if first:
             self.notify(f"{exc.message}. Retrying by itself; the data on screen is stale.", title=exc.title,
                         severity="error", markup=False)
 
     def _token_refused(self, exc: SchedtuiError) -> None:
         """The server refused the token, or wanted one: no retry helps (ctrl+r tries once
         more). The header says so until a refresh succeeds, with how to give one."""
-        self._retry_at = None
-        self._next_refresh = None
+        self.link.stopped()
         header = self.query_one(ConsoleHeader)
         sent = exc.token_sent if isinstance(exc, Unauthorized) and exc.token_sent is not None else True
         header.token_sent = sent
@@ -680,8 +614,7 @@ class SchedtuiApp(App[None]):
 
     def _give_up(self, exc: SchedtuiError) -> None:
         """A connect that cannot succeed by retrying (a wrong token): say so and wait for ctrl+r."""
-        self._retry_at = None
-        self._next_refresh = None
+        self.link.stopped()
         header = self.query_one(ConsoleHeader)
         header.state = "error" if self.info is None else "lost"
         if self.info is not None:
@@ -1110,12 +1043,10 @@ class SchedtuiApp(App[None]):
 
     def action_refresh(self) -> None:
         """``ctrl+r``: read everything again now (and retry a lost connection now)."""
-        if self._retry_at is not None:
-            self._retry_at = self.clock.now()
+        self.link.asked()
         if self.info is None:
             self.query_one(ConsoleHeader).state = "connecting"
-        self._instances_at = None
-        if self._events_retry_at is not None and self.info is not None:
+        if self.link.events_retry_at is not None and self.info is not None:
             self._start_events()  # and the event stream, now
         self.request_refresh()
 

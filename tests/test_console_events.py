@@ -148,7 +148,7 @@ async def test_it_polls_only_while_the_stream_is_down_and_says_so(store_url: str
         backend.up = True
         clock.advance(2)  # tried again after 1 s (down still), then after 2 s more
         app.tick()
-        await until(pilot, lambda: app.events_live)
+        await until(pilot, lambda: app.link.events_live)
         await settle(pilot)
         assert "● live (events)" in header_text(app)
         before = reads.count
@@ -160,7 +160,7 @@ async def test_it_polls_only_while_the_stream_is_down_and_says_so(store_url: str
 
         backend.up = False
         backend.broken.set()
-        await until(pilot, lambda: not app.events_live)
+        await until(pilot, lambda: not app.link.events_live)
         await settle(pilot)
         # A stream that broke is news at once: not live, and the store is read at once.
         assert "◌ event stream dropped (polling)" in header_text(app) and "● live" not in header_text(app)
@@ -189,7 +189,7 @@ async def test_a_remote_console_shows_another_clients_run_without_polling(server
     try:
         async with app.run_test(size=(120, 32)) as pilot:
             await settle(pilot)
-            await until(pilot, lambda: app.events_live)
+            await until(pilot, lambda: app.link.events_live)
             assert "● live (events)" in header_text(app)
             app.action_select("hourly")
             await settle(pilot)

@@ -257,7 +257,7 @@ async def test_a_refused_or_missing_token_is_said_in_the_header_with_how_to_give
             app.tick()
             await settle(pilot)
             assert says in header_text(app)  # it stays (not a toast), and nothing retries it
-            assert app._retry_at is None  # noqa: SLF001
+            assert app.link.retry_at is None
     finally:
         await backend.close()
 
@@ -294,7 +294,7 @@ async def test_a_dropped_stream_turns_the_header_at_once_and_a_restarted_server_
     app = SchedtuiApp(backend, clock, refresh_interval=2)
     try:
         async with app.run_test(size=(120, 32)) as pilot:
-            await until(pilot, lambda: app.events_live)
+            await until(pilot, lambda: app.link.events_live)
             header = app.query_one(ConsoleHeader)
             assert "● live (events)" in header_text(app)
             await asyncio.to_thread(server.stop)
@@ -309,9 +309,9 @@ async def test_a_dropped_stream_turns_the_header_at_once_and_a_restarted_server_
             delays = [retry_due(header) - clock.now()]
             for _ in range(4):  # each retry due on the clock fails; the wait stops growing at 5 s
                 clock.set(retry_due(header))
-                failures = app._failures  # noqa: SLF001
+                failures = app.link.failures
                 app.tick()
-                await until(pilot, lambda f=failures: app._failures > f)  # noqa: SLF001
+                await until(pilot, lambda f=failures: app.link.failures > f)
                 delays.append(retry_due(header) - clock.now())
             assert [d.total_seconds() for d in delays] == [1, 2, 5, 5, 5]
             server = start_server(tmp_path, "--schedules", "schedules", "--store", store, "--token", OPERATE,
@@ -319,7 +319,7 @@ async def test_a_dropped_stream_turns_the_header_at_once_and_a_restarted_server_
             clock.set(retry_due(header))  # at most 5 s after it came back
             app.tick()
             await until(pilot, lambda: header.state == "live")
-            await until(pilot, lambda: app.events_live)  # its stream too, at once: the clock has not moved
+            await until(pilot, lambda: app.link.events_live)  # its stream too, at once: the clock has not moved
             assert "● live (events)" in header_text(app)
     finally:
         await backend.close()
