@@ -10,12 +10,17 @@ a SIGSTOPped process's would; or only the answers of its claims, which commit: r
 claimed come back after their lease may have run out) and thaws it later, holds up only the
 answers of an instance's claims while the clock moves past the leases they took and another
 instance claims and runs those executions (a slow store: its other calls go through), and
-restarts crashed ones, and replaces a frozen instance under its own name by a process on
-another host (the old one thaws later, its heartbeats refused). After every rule:
+restarts crashed ones, replaces a frozen instance under its own name by a process on
+another host (the old one thaws later, its heartbeats refused), and steps an instance's wall
+clock back or ahead (NTP, a VM restored from a snapshot) and puts it right again: each
+instance compares its clock with its lease's, which never steps, and with the store's,
+which is the manual clock. After every rule:
 
 * a finished step never runs again: no step starts after its success was committed;
 * an at-most-once step runs at most once;
 * a stale lease never writes: every write the store accepts carries the newest lease;
+* nor runs: no step starts under a lease older than one claimed since (its owner was
+  displaced, and must have stopped first);
 * step outputs replay identically: at each position, every run of an execution's code
   saw the same value;
 * every execution ends, or waits with a reason (what for, until when).
@@ -34,7 +39,7 @@ import os
 import tempfile
 from collections import defaultdict
 from collections.abc import Awaitable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,10 +49,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from backend import Engine, ManualClock, Refused, Unavailable
+from backend.clock import OffsetClock
 from backend.durable import DurableContext, Retry, define_durable
 from backend.durable.model import TAG_AT_MOST_ONCE_INTERRUPTED, Execution
 from backend.durable.store import Claimed, NewExecution, Write
 from backend.ids import IdFactory
+from backend.runtime.skew import ClockCheck
 from backend.scheduler import names
 from backend.scheduler.registry import host_identity
 from backend.store import open_store
@@ -92,8 +99,11 @@ class World:
 WORLD = World()
 
 
-async def page(execution: str, step: str, fails: int) -> str:
+async def page(execution: str, step: str, fails: int, lease: int) -> str:
     key = (execution, step)
+    newest = WORLD.lease.get(execution, 0)
+    if lease < newest:  # its owner was displaced: it must have stopped before this
+        WORLD.violations.append(f"step {step} of {execution} started under lease {lease}; lease {newest} was claimed")
     WORLD.started[key].append(next(WORLD.seq))
     if len(WORLD.started[key]) <= fails:
         raise ConnectionError(f"failure {len(WORLD.started[key])} of {fails}")
@@ -109,13 +119,13 @@ async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
         if kind in ("step", "amo"):
             steps.append(name)
         if kind == "step":
-            value = await ctx.step(name, page, ctx.id, name, arg, retry=Retry(attempts=4, initial_delay=5, max_delay=5))
+            value = await ctx.step(name, page, ctx.id, name, arg, ctx.fence, retry=Retry(attempts=4, initial_delay=5, max_delay=5))
         elif kind == "again":  # steps a, b, a: the second "a" fails the execution
             name = steps[arg % len(steps)] if steps else name
-            value = await ctx.step(name, page, ctx.id, name, 0)
+            value = await ctx.step(name, page, ctx.id, name, 0, ctx.fence)
         elif kind == "amo":
             WORLD.amo.add((ctx.id, name))
-            value = await ctx.step(name, page, ctx.id, name, 0, at_most_once=True)
+            value = await ctx.step(name, page, ctx.id, name, 0, ctx.fence, at_most_once=True)
         elif kind == "sleep":
             await ctx.sleep(name, arg)
         else:
@@ -132,8 +142,10 @@ class Proxy:
     """A store as one instance sees it: it can hang (frozen), or die just before or just
     after one of its writes commits; it checks every write the store accepts."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, server: ManualClock) -> None:
         self._store = store
+        self.server = server
+        """The store server's clock: the machine's (every instance compares its own with it)."""
         self.frozen: asyncio.Event | None = None
         self.claims_go_through = False
         """While frozen, its claims still commit (sent just before the freeze): only their
@@ -149,6 +161,10 @@ class Proxy:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
+
+    async def server_clock(self) -> datetime:
+        await self._beat_gate()
+        return self.server.now()
 
     async def _gate(self) -> None:
         if self.crashed:
@@ -228,6 +244,8 @@ class DurableFleet(RuleBasedStateMachine):
         self.clock = ManualClock("2026-03-02T08:00:00Z")
         self.ids_made = IdFactory(self.clock.now, itertools.count().__next__)  # the same ids on a replay
         self.live: dict[str, tuple[Engine, Proxy]] = {}
+        self.walls: dict[str, OffsetClock] = {}
+        """Each live instance's wall clock, which may step (the lease's never does)."""
         self.zombies: list[tuple[Engine, Proxy]] = []
         """Instances whose name another process took while they were frozen: they run on
         once thawed (their heartbeats refused) and must write nothing."""
@@ -244,13 +262,17 @@ class DurableFleet(RuleBasedStateMachine):
     async def _boot(self, name: str, elsewhere: bool = False) -> None:
         """An instance ``name`` in this process, or (``elsewhere``) in a process of another
         host or container, as far as the store can tell."""
-        proxy = Proxy(open_store(self.url))
+        proxy = Proxy(open_store(self.url), self.clock)
+        wall = self.walls[name] = OffsetClock(timedelta(0), self.clock)
         # The lease on the manual clock too: a frozen instance's lease lapses as the others'
         # clocks move past it (on real time it never would here, and a claim whose answer
         # came back after the others had taken its work over would still look held).
-        engine = Engine([FUNCTION], proxy, clock=self.clock, instance=name, coordination="advisoryLock",
+        engine = Engine([FUNCTION], proxy, clock=wall, instance=name, coordination="advisoryLock",
                         shutdown_grace=0, retention=None, ids=self.ids_made,
                         lease_clock=lambda: self.clock.now().timestamp())  # fmt: skip
+        # Compared as on a real clock: the wall clock with the lease's, and with the store's.
+        engine.lease.wall = lambda: wall.now().timestamp()
+        engine.registry.clock_check = ClockCheck(engine.registry.abandon_after)
         if elsewhere:
             engine.registry.host = f"{host_identity()}#sim{next(self.elsewhere)}"
             engine.registry.pid = DEAD_PID
@@ -258,6 +280,13 @@ class DurableFleet(RuleBasedStateMachine):
         self.live[name] = (engine, proxy)
 
     async def _settle(self) -> None:
+        for engine, proxy in [*self.live.values(), *self.zombies]:
+            if proxy.frozen is None and not proxy.crashed:
+                # Each lease's watcher looks on real time (every 0.5 s), which the manual
+                # clock does not move: it looks here, as it would have by then. (A frozen
+                # process's does not: it looks when it thaws, as a SIGSTOPped one would.)
+                engine.lease.check()
+                engine.lease.check_jump()
         for engine, proxy in [*self.live.values(), *self.zombies]:
             if proxy.frozen is None and proxy.late_answers is None and not proxy.crashed:
                 await engine.quiesce()
@@ -441,6 +470,23 @@ class DurableFleet(RuleBasedStateMachine):
         frozen.set()  # it thaws
         self.settle()
 
+    @rule(name=st.sampled_from(NAMES), seconds=st.sampled_from([-70, -35, -8, 8, 35, 70]))
+    def step_a_clock(self, name: str, seconds: int) -> None:
+        """An instance's wall clock steps: back, the leases it stamps would look expired to
+        the others while it runs their executions; ahead, it would take the others' leases
+        for expired. Its lease's checks find the jump first, and its heartbeats find its
+        clock off the store's: it stops its work and claims nothing until they agree."""
+        if name in self.live:
+            self.walls[name].offset += timedelta(seconds=seconds)
+        self.settle()
+
+    @rule(name=st.sampled_from(NAMES))
+    def sync_a_clock(self, name: str) -> None:
+        """Time sync puts its wall clock right again: its next heartbeat renews its lease."""
+        if name in self.live:
+            self.walls[name].offset = timedelta(0)
+        self.settle()
+
     @rule(name=st.sampled_from(NAMES))
     def restart(self, name: str) -> None:
         if name not in self.live:
@@ -460,7 +506,7 @@ class DurableFleet(RuleBasedStateMachine):
             assert len(WORLD.started.get(key, [])) <= 1, f"at-most-once step {key} ran {len(WORLD.started[key])} times"
 
     @invariant()
-    def a_stale_lease_never_writes(self) -> None:
+    def a_stale_lease_never_writes_nor_runs(self) -> None:
         assert WORLD.violations == []
 
     @invariant()
@@ -483,6 +529,7 @@ class DurableFleet(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             for name, (_, proxy) in list(self.live.items()):
+                self.walls[name].offset = timedelta(0)  # time sync, everywhere
                 proxy.crash_next = proxy.lose_next = None
                 if proxy.late_answers is not None:
                     proxy.late_answers.set()
@@ -520,7 +567,7 @@ class DurableFleet(RuleBasedStateMachine):
         assert not open_, f"executions that never ended: {open_}"
         self.a_finished_step_never_runs_again()
         self.an_at_most_once_step_runs_at_most_once()
-        self.a_stale_lease_never_writes()
+        self.a_stale_lease_never_writes_nor_runs()
         self.step_outputs_replay_identically()
 
 
