@@ -2,7 +2,8 @@
 
 Up to three instances share one store (SQLite, and PostgreSQL) on one manual clock. Hypothesis starts executions
 of random plans (steps that fail a few times or until their attempts run out, at-most-once
-steps, sleeps, signal waits, a step name used a second time), sends signals, cancels,
+steps, steps that take 3 to 40 s of the clock, sleeps, signal waits, a step name used a
+second time), sends signals, cancels,
 retries failed executions, moves the clock (so leases expire), crashes instances just before
 or just after one of their writes commits, loses the answer of a claim or a write that
 committed while the instance goes on, freezes an instance (its store calls hang, as
@@ -20,7 +21,10 @@ which is the manual clock. After every rule:
 * an at-most-once step runs at most once;
 * a stale lease never writes: every write the store accepts carries the newest lease;
 * nor runs: no step starts under a lease older than one claimed since (its owner was
-  displaced, and must have stopped first);
+  displaced, and must have stopped first), nor while a step of its execution runs under
+  another lease (unless that one's owner was frozen meanwhile, as a SIGSTOPped process
+  resumes where it was, or every process stood still longer than a renewal's period: then
+  the owner's lapse and the take-over race, and fencing refuses the stale writes);
 * step outputs replay identically: at each position, every run of an execution's code
   saw the same value;
 * every execution ends, or waits with a reason (what for, until when).
@@ -77,6 +81,7 @@ PLANS = st.lists(
         st.tuples(st.just("amo"), st.just(0)),
         st.tuples(st.just("sleep"), st.integers(0, 20)),
         st.tuples(st.just("wait"), st.integers(1, 40)),  # timeout
+        st.tuples(st.just("slow"), st.sampled_from([3, 12, 40])),  # a step that takes this long
     ),
     min_size=1,
     max_size=6,
@@ -94,20 +99,58 @@ class World:
         self.lease: dict[str, int] = {}
         self.violations: list[str] = []
         self.seen: dict[tuple[str, int], set[str]] = defaultdict(set)
+        self.clock: ManualClock | None = None
+        """The machine's clock, which slow steps sleep on."""
+        self.owner: dict[tuple[str, int], Proxy] = {}
+        """Whose claim each lease of each execution was (its instance's store)."""
+        self.running: dict[str, dict[int, tuple[int, int, int]]] = defaultdict(dict)
+        """Per execution, its steps in flight: (lease, its owner's freezes then, stalls then)."""
+        self.stalls = 0
+        """Clock moves longer than a renewal's period, at once: every process stood still
+        that long (a host suspended), and a step in flight races its owner's lapse."""
+        self.token = itertools.count()
 
 
 WORLD = World()
 
 
-async def page(execution: str, step: str, fails: int, lease: int) -> str:
-    key = (execution, step)
+def begin(execution: str, step: str, lease: int) -> int:
+    """A step starts under ``lease``: checked against the leases claimed since, and against
+    the steps of the execution in flight under another lease."""
     newest = WORLD.lease.get(execution, 0)
     if lease < newest:  # its owner was displaced: it must have stopped before this
         WORLD.violations.append(f"step {step} of {execution} started under lease {lease}; lease {newest} was claimed")
-    WORLD.started[key].append(next(WORLD.seq))
+    for other, freezes, stalls in WORLD.running[execution].values():
+        owner = WORLD.owner.get((execution, other))
+        # Excused: an owner frozen meanwhile (a SIGSTOPped process resumes its step where
+        # it was: fencing refuses what it writes after), or a stall of every process.
+        excused = owner is None or owner.freezes > freezes or owner.frozen is not None or WORLD.stalls > stalls
+        if other != lease and not excused:
+            WORLD.violations.append(f"step {step} of {execution} started under lease {lease} while one ran under lease {other}")
+    token = next(WORLD.token)
+    mine = WORLD.owner.get((execution, lease))
+    WORLD.running[execution][token] = (lease, mine.freezes if mine is not None else 0, WORLD.stalls)
+    WORLD.started[(execution, step)].append(next(WORLD.seq))
+    return token
+
+
+async def page(execution: str, step: str, fails: int, lease: int) -> str:
+    key = (execution, step)
+    del WORLD.running[execution][begin(execution, step, lease)]  # (done at once)
     if len(WORLD.started[key]) <= fails:
         raise ConnectionError(f"failure {len(WORLD.started[key])} of {fails}")
     return f"{step}#{next(WORLD.seq)}"  # a new value on every call: a re-run would show
+
+
+async def slow(execution: str, step: str, seconds: int, lease: int) -> str:
+    """A step that takes ``seconds`` of the clock: its owner holds the execution meanwhile."""
+    token = begin(execution, step, lease)
+    try:
+        assert WORLD.clock is not None
+        await WORLD.clock.sleep_until(WORLD.clock.now() + timedelta(seconds=seconds))
+    finally:
+        del WORLD.running[execution][token]
+    return f"{step}#{next(WORLD.seq)}"
 
 
 async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
@@ -126,6 +169,9 @@ async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
         elif kind == "amo":
             WORLD.amo.add((ctx.id, name))
             value = await ctx.step(name, page, ctx.id, name, 0, ctx.fence, at_most_once=True)
+        elif kind == "slow":
+            steps.append(name)
+            value = await ctx.step(name, slow, ctx.id, name, arg, ctx.fence)
         elif kind == "sleep":
             await ctx.sleep(name, arg)
         else:
@@ -147,6 +193,8 @@ class Proxy:
         self.server = server
         """The store server's clock: the machine's (every instance compares its own with it)."""
         self.frozen: asyncio.Event | None = None
+        self.freezes = 0
+        """How often it was frozen (a step it runs across a freeze was paused with it)."""
         self.claims_go_through = False
         """While frozen, its claims still commit (sent just before the freeze): only their
         answers wait for the thaw."""
@@ -176,6 +224,7 @@ class Proxy:
         inserted: bool = await self._store.durable_insert(execution, **kwargs)
         if inserted and kwargs.get("claim") is not None:  # started and claimed at once: lease 1
             WORLD.lease[execution.id] = max(WORLD.lease.get(execution.id, 0), 1)
+            WORLD.owner[(execution.id, 1)] = self
         return inserted
 
     async def durable_claim(self, *args: Any) -> list[Claimed]:
@@ -189,6 +238,7 @@ class Proxy:
             # The newest lease is the highest issued: two claims in flight can come back in
             # either order (their commits are ordered, their replies are not).
             WORLD.lease[one.execution.id] = max(WORLD.lease.get(one.execution.id, 0), one.execution.lease)
+            WORLD.owner[(one.execution.id, one.execution.lease)] = self
         if claimed and self.lose_next == "claim":
             self.lose_next = None
             raise Unavailable("the connection broke after the claim committed (test)")
@@ -241,7 +291,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.folder = Path(tempfile.mkdtemp(prefix="schedtui-durable-"))
         self.url = self.store_url()
-        self.clock = ManualClock("2026-03-02T08:00:00Z")
+        self.clock = WORLD.clock = ManualClock("2026-03-02T08:00:00Z")
         self.ids_made = IdFactory(self.clock.now, itertools.count().__next__)  # the same ids on a replay
         self.live: dict[str, tuple[Engine, Proxy]] = {}
         self.walls: dict[str, OffsetClock] = {}
@@ -255,6 +305,13 @@ class DurableFleet(RuleBasedStateMachine):
 
     def store_url(self) -> str:
         return f"sqlite:///{self.folder / 'state.db'}"
+
+    def _advance(self, seconds: float) -> None:
+        """Move the clock. Longer than a renewal's period at once, every process stood
+        still that long: a step in flight then races its owner's lapse (see ``begin``)."""
+        if seconds > 5:
+            WORLD.stalls += 1
+        self.clock.advance(seconds)
 
     def run(self, coro: Awaitable[T]) -> T:
         return self.loop.run_until_complete(asyncio.wait_for(coro, 60))
@@ -289,7 +346,7 @@ class DurableFleet(RuleBasedStateMachine):
                 engine.lease.check_jump()
         for engine, proxy in [*self.live.values(), *self.zombies]:
             if proxy.frozen is None and proxy.late_answers is None and not proxy.crashed:
-                await engine.quiesce()
+                await self._quiet(engine)
         for name, (engine, proxy) in list(self.live.items()):
             if proxy.crashed:
                 del self.live[name]
@@ -297,6 +354,24 @@ class DurableFleet(RuleBasedStateMachine):
 
     def settle(self) -> None:
         self.run(self._settle())
+
+    async def _quiet(self, engine: Engine) -> None:
+        """Wait until the engine has done what the current time calls for: its loops
+        parked, and each execution it runs ended, waiting in the store, or in a slow step
+        (which only the clock ends)."""
+        executor = engine.durable.executor
+        settled = 0
+        for _ in range(5000):
+            await engine.quiesce(runs=False)
+            await asyncio.sleep(0)
+            asleep = all(
+                any(lease == run.lease for lease, _, _ in WORLD.running[run.id].values())
+                for run in executor.running.values()
+            )
+            settled = settled + 1 if asleep else 0
+            if settled >= 3:
+                return
+        raise AssertionError(f"{engine.instance} did not settle: {sorted(executor.running)}")
 
     @property
     def acting(self) -> Engine | None:
@@ -318,7 +393,7 @@ class DurableFleet(RuleBasedStateMachine):
 
     @rule(seconds=st.sampled_from([1, 5, 10, 31]))
     def advance(self, seconds: int) -> None:
-        self.clock.advance(seconds)
+        self._advance(seconds)
         self.settle()
 
     @rule(which=st.integers(0, 15), position=st.integers(0, 5), payload=st.integers(0, 100))
@@ -377,10 +452,10 @@ class DurableFleet(RuleBasedStateMachine):
         if which == "write" and proxy.frozen is None and proxy.late_answers is None:
             self.ids.append(self.run(engine.durable.start_execution("plan", plan)).id)
         else:
-            self.clock.advance(31)
+            self._advance(31)
         self.settle()
         for _ in range(rounds):
-            self.clock.advance(1)
+            self._advance(1)
             self.settle()
 
     @rule(name=st.sampled_from(NAMES), claims_go_through=st.booleans())
@@ -390,6 +465,7 @@ class DurableFleet(RuleBasedStateMachine):
         entry = self.live.get(name)
         if entry is not None and entry[1].frozen is None and not entry[1].crashed:
             entry[1].frozen = asyncio.Event()
+            entry[1].freezes += 1
             entry[1].claims_go_through = claims_go_through
         self.settle()
 
@@ -412,9 +488,9 @@ class DurableFleet(RuleBasedStateMachine):
             else:
                 self._thaw(next(other for other in others if self.live[other][1].frozen is not None))
         held = entry[1].late_answers = asyncio.Event()
-        self.clock.advance(first)
+        self._advance(first)
         self.settle()  # it claims what is due; the others claim and run the rest
-        self.clock.advance(31)  # past the leases of what it claimed
+        self._advance(31)  # past the leases of what it claimed
         self.settle()  # the others claim those and run them
         entry[1].late_answers = None
         held.set()
@@ -447,8 +523,9 @@ class DurableFleet(RuleBasedStateMachine):
         engine, proxy = entry
         if proxy.frozen is None:
             proxy.frozen = asyncio.Event()
+            proxy.freezes += 1
         proxy.claims_go_through = False  # the whole process: its heartbeats too
-        self.clock.advance(31)  # past the window: its last heartbeat is older than 30 s
+        self._advance(31)  # past the window: its last heartbeat is older than 30 s
         self.settle()
         acting = self.acting
         beats = {} if acting is None else {i.name: i.heartbeat_at for i in self.run(acting.store.fleet())}
@@ -555,13 +632,13 @@ class DurableFleet(RuleBasedStateMachine):
 
     def _run_to_the_end(self) -> None:
         executions: list[Execution] = []
-        for _ in range(40):
+        for _ in range(250):  # 5 s at a time (a longer jump at once would lapse every lease)
             engine = self.acting
             assert engine is not None
             executions, _ = self.run(engine.durable.list(limit=1000))
             if all(e.done for e in executions):
                 break
-            self.clock.advance(31)
+            self._advance(5)
             self.settle()
         open_ = [(e.id, e.status, e.waiting_for) for e in executions if not e.done]
         assert not open_, f"executions that never ended: {open_}"
