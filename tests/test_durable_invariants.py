@@ -482,11 +482,15 @@ class DurableFleet(RuleBasedStateMachine):
         others = [other for other in self.live if other != name]
         if all(self.live[other][1].frozen is not None or self.live[other][1].crashed for other in others):
             # One to take the runs over: a new instance, or (every name in use) one thawed.
-            free = [n for n in NAMES if n not in self.live]
+            free = [n for n in NAMES if n not in self.live and self._bootable(n)]
+            frozen = [other for other in others if self.live[other][1].frozen is not None]
             if free:
                 self.run(self._boot(free[0]))
+            elif frozen:
+                self._thaw(frozen[0])
             else:
-                self._thaw(next(other for other in others if self.live[other][1].frozen is not None))
+                self.settle()
+                return
         held = entry[1].late_answers = asyncio.Event()
         self._advance(first)
         self.settle()  # it claims what is due; the others claim and run the rest
@@ -566,9 +570,31 @@ class DurableFleet(RuleBasedStateMachine):
 
     @rule(name=st.sampled_from(NAMES))
     def restart(self, name: str) -> None:
-        if name not in self.live:
+        if name not in self.live and self._bootable(name):
             self.run(self._boot(name))
         self.settle()
+
+    def _bootable(self, name: str) -> bool:
+        """Whether a process started here under ``name`` takes it at once: nobody beats
+        under it, or this process did (started again), or its holder has been silent for
+        the window. Else (a replacement on another host that crashed, a zombie that took
+        the name back) it would wait for that holder on a clock that only the rules move."""
+
+        async def holder() -> tuple[str, int, Any] | None:
+            store = open_store(self.url)
+            await store.open()
+            try:
+                row = next((i for i in await store.fleet() if i.name == name), None)
+            finally:
+                await store.close()
+            return None if row is None else (row.host, row.pid, row.heartbeat_at)
+
+        found = self.run(holder())
+        if found is None:
+            return True
+        host, pid, at = found
+        here = host == host_identity() and pid == os.getpid()
+        return here or at < self.clock.now() - timedelta(seconds=30)
 
     # -- invariants --------------------------------------------------------------------
     @invariant()
@@ -617,9 +643,15 @@ class DurableFleet(RuleBasedStateMachine):
                     proxy.frozen.set()
                     proxy.frozen = None
             self.settle()
-            if self.acting is None:
-                free = next(n for n in NAMES if n not in self.live)
-                self.run(self._boot(free))
+            for _ in range(20):  # one to run the rest: a name that can be taken (or, once silent long enough)
+                if self.acting is not None:
+                    break
+                free = [n for n in NAMES if n not in self.live and self._bootable(n)]
+                if free:
+                    self.run(self._boot(free[0]))
+                else:
+                    self._advance(5)
+                    self.settle()
             self._run_to_the_end()
             # Every failed execution retried once more (a retry goes wherever its failure
             # left the execution), and run to its end again.
