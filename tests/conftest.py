@@ -13,6 +13,8 @@ import pytest
 from backend import Engine, ManualClock, Run, Schedule
 from tests import pg, pooler
 
+pytest_plugins = ["tests.timeouts"]  # each test's time limit
+
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[pg.PgServer]:
