@@ -42,7 +42,7 @@ import json
 import os
 import tempfile
 from collections import defaultdict
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,6 +63,7 @@ from backend.scheduler import names
 from backend.scheduler.registry import host_identity
 from backend.store import open_store
 from tests import pg
+from tests.bounded import run_within
 from tests.durable_helpers import crash
 from tests.servers import dead_pid
 
@@ -313,8 +314,8 @@ class DurableFleet(RuleBasedStateMachine):
             WORLD.stalls += 1
         self.clock.advance(seconds)
 
-    def run(self, coro: Awaitable[T]) -> T:
-        return self.loop.run_until_complete(asyncio.wait_for(coro, 60))
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return run_within(self.loop, coro, 30)
 
     async def _boot(self, name: str, elsewhere: bool = False) -> None:
         """An instance ``name`` in this process, or (``elsewhere``) in a process of another
@@ -361,9 +362,15 @@ class DurableFleet(RuleBasedStateMachine):
         (which only the clock ends)."""
         executor = engine.durable.executor
         settled = 0
-        for _ in range(5000):
+        # Bounded by real time, not by rounds: a run between two slow steps commits each
+        # step it passes, and on a loaded machine (the other test worker beside it) that
+        # outlasted 5,000 rounds of a loop with nothing else to do.
+        deadline = asyncio.get_running_loop().time() + 20
+        for round_ in itertools.count():
+            if asyncio.get_running_loop().time() > deadline:
+                break
             await engine.quiesce(runs=False)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0 if round_ < 200 else 0.001)  # (then no busy loop beside the server)
             asleep = all(
                 any(lease == run.lease for lease, _, _ in WORLD.running[run.id].values())
                 for run in executor.running.values()

@@ -61,6 +61,7 @@ from backend.runtime.skew import ClockCheck
 from backend.scheduler import names
 from backend.scheduler.registry import host_identity
 from tests import pg
+from tests.bounded import run_within
 from tests.servers import dead_pid
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
@@ -181,7 +182,7 @@ class QueueMachine(RuleBasedStateMachine):
         return f"sqlite:///{self.folder}/state.db"
 
     def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(asyncio.wait_for(coro, 30))
+        return run_within(self.loop, coro, 30)
 
     def check_start(self, job: JobContext, instance: str, engine: Engine) -> Live:
         """At the start of every attempt, on every instance (a violation is noted, not

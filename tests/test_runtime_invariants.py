@@ -24,6 +24,7 @@ from backend import Engine, ManualClock
 from backend.errors import NotFound
 from backend.jobs import JobContext, define_queue
 from backend.scheduler.stored import NameTaken
+from tests.bounded import run_within
 
 NAMES = ("a", "b")
 CRONS = ("* * * * *", "*/2 * * * *", "*/3 * * * *")
@@ -57,7 +58,7 @@ class RuntimeSchedules(RuleBasedStateMachine):
         as the same operator: the same create again answers with the schedule)"""
 
     def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(asyncio.wait_for(coro, 60))
+        return run_within(self.loop, coro, 60)
 
     def actor(self, on_firer: bool) -> Engine:
         return self.firer if on_firer else self.operator
