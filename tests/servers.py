@@ -7,13 +7,15 @@ import concurrent.futures
 import contextlib
 import io
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import IO, Literal, TypeVar
 
 import pytest
 
@@ -92,6 +94,18 @@ def poll(condition: Callable[[], T | Literal[False] | None], *, timeout: float, 
         time.sleep(every)
 
 
+def readline_within(stream: IO[str], timeout: float) -> str:
+    """The next line of a child's pipe, or ``""`` if it ends or gives none within
+    ``timeout`` seconds (a child stuck before its first line must not hold the test).
+    After a timeout the reader thread stays parked on the pipe until the child is killed."""
+    box: queue.Queue[str] = queue.Queue(1)
+    threading.Thread(target=lambda: box.put(stream.readline()), daemon=True).start()
+    try:
+        return box.get(timeout=max(timeout, 0))
+    except queue.Empty:
+        return ""
+
+
 @dataclass
 class Server:
     process: subprocess.Popen[str]
@@ -141,8 +155,8 @@ def start_server(cwd: Path, *args: str, env: dict[str, str] | None = None, timeo
     assert process.stdout is not None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        line = process.stdout.readline()  # blocks until the server prints (or exits)
-        if not line:
+        line = readline_within(process.stdout, deadline - time.monotonic())
+        if not line:  # it exited, or it has said nothing in time
             break
         if line.startswith("schedtui: serving "):
             return Server(process, line.split()[-1].strip(), log)

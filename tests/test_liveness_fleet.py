@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import Server, cli_env, poll, start_server
+from tests.servers import Server, cli_env, poll, readline_within, start_server
 from tests.tcp_relay import relay_to, via
 from tests.test_jobs_fleet import Fleet, Line
 
@@ -268,8 +268,8 @@ def test_instances_in_two_pid_namespaces_of_one_host_never_take_each_others_work
     )  # fmt: skip
     workers.others.append(inner)
     assert inner.stdout is not None
-    if not inner.stdout.readline().startswith("schedtui: serving"):
-        pytest.fail(f"the serve in its own PID namespace did not start (unshare needs root): {log.read_text()}")
+    if not readline_within(inner.stdout, 30).startswith("schedtui: serving"):
+        pytest.fail(f"the serve in its own PID namespace did not start in 30 s (unshare needs root): {log.read_text()}")
     release = workers.root / "release"  # the jobs run until the host instance has swept for a while
     jobs = workers.send("work", [{"until": str(release)}] * 4)
     poll(lambda: len(workers.starts()) == 4, timeout=30, what="ns-b to run the four jobs")
