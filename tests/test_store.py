@@ -1093,6 +1093,34 @@ def _ledger_log(caplog: pytest.LogCaptureFixture, level: int = logging.WARNING) 
     return [r.getMessage() for r in caplog.records if r.name == "schedtui.store" and r.levelno >= level]
 
 
+async def test_sqlite_health_counts_a_run_once_however_many_of_its_versions_wait(sqlite_store: Store) -> None:
+    """A run's start and its end, both handed in while the writer is busy, are one run
+    waiting. (healthz counted each version: on a full disk it said 12 runs waiting where
+    8 were, and stopped, serve kept the 8.)"""
+    assert isinstance(sqlite_store, SQLiteStore)
+    store, ids = sqlite_store, Ids()
+    held, release = threading.Event(), threading.Event()
+
+    def hold(_: sqlite3.Connection) -> None:  # on the writer's thread: it takes nothing meanwhile
+        held.set()
+        release.wait(30)
+
+    holding = asyncio.ensure_future(store._peek(hold))
+    assert await asyncio.to_thread(held.wait, 30)
+    started = [run(ids(), status="running", scheduled_at=T0 + timedelta(seconds=i)) for i in range(5)]
+    store.save_runs(started)
+    store.save_runs([r.finish("succeeded", T0 + timedelta(minutes=1)) for r in started])
+    store.save_runs([run(ids(), scheduled_at=T0 + timedelta(hours=1))])
+    try:
+        assert store.health().waiting == 6
+    finally:
+        release.set()
+        await holding
+    await store.flush()
+    assert store.health().waiting == 0
+    assert sorted(r.status for r in await store.list_runs("job", limit=10)) == ["succeeded"] * 6
+
+
 async def test_sqlite_on_a_full_disk_keeps_every_run_names_the_cause_and_writes_them_later(
     sqlite_store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -465,11 +465,7 @@ class SQLiteStore(
 
     # -- runs -----------------------------------------------------------------------------
     def save_runs(self, runs: Sequence[Run]) -> None:
-        writer = self._open_writer()
-        batch = list(runs)
-        with writer.lock:
-            writer.queued += len(batch)
-        writer.jobs.put(batch)
+        self._open_writer().hand_in(list(runs))
 
     async def flush(self) -> None:
         """Return once every run handed in before is committed. While they cannot be

@@ -15,6 +15,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -122,8 +123,10 @@ class _Writer(threading.Thread):
         self.rows_written = 0
         self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.lock = threading.Lock()
-        self.queued = 0
-        """Rows handed in and not yet taken by the writer (under :attr:`lock`)."""
+        self.queued: Counter[str] = Counter()
+        """The runs handed in and not yet taken by the writer, by id, each with how many of
+        its versions are queued (under :attr:`lock`): a run's start and its end, both handed
+        in before the writer took the first, are one run waiting, not two."""
         self.pending: dict[str, tuple[Run, int]] = {}
         """Writer thread only: run id -> (its latest version, the hand-in it came with).
         Re-inserted on every new version, so the first entry is the oldest hand-in."""
@@ -268,14 +271,23 @@ class _Writer(threading.Thread):
             self.pending[run.id] = (run, self.taken)
         # Only now: mark_now must never see them neither queued nor pending.
         with self.lock:
-            self.queued -= len(runs)
+            self.queued.subtract(run.id for run in runs)
+            for run_id in {run.id for run in runs}:
+                if self.queued[run_id] <= 0:
+                    del self.queued[run_id]
+
+    def hand_in(self, runs: list[Run]) -> None:
+        """Any thread: queue ``runs`` (new runs or newer versions) for the writer."""
+        with self.lock:
+            self.queued.update(run.id for run in runs)
+        self.jobs.put(runs)
 
     def waiting(self) -> bool:
         """Whether runs were handed in and not committed yet (any thread; a run is queued
         or pending, or both, until it is committed)."""
         with self.lock:
-            queued = self.queued
-        return queued > 0 or bool(self.pending)
+            queued = bool(self.queued)
+        return queued or bool(self.pending)
 
     def newest_waiting(self, names: set[str]) -> dict[str, datetime]:
         """Writer thread only (a :class:`_Peek`): per name, the newest slot among the timed
@@ -471,7 +483,10 @@ class _Writer(threading.Thread):
         )  # fmt: skip
 
     def health(self) -> StoreHealth:
-        waiting = self.queued + len(self.pending)
+        with self.lock:
+            queued = list(self.queued)
+        # (Any thread: a membership test on the writer's dict, which it may be changing.)
+        waiting = len(self.pending) + sum(1 for run_id in queued if run_id not in self.pending)
         if self.lost:
             return StoreHealth("lost", self.error, waiting, self.since)
         if self.crashed:
