@@ -318,6 +318,7 @@ async def test_an_instance_frozen_in_its_sweep_and_replaced_closes_none_of_the_n
         assert a.lease.lapsed
     finally:
         release.set()
+        store_a.thaw()  # else a's stop, after a failure above, hangs on its frozen store
         for engine in (b, a):
             if engine is not None:
                 await engine.stop(grace=0)
@@ -369,6 +370,7 @@ async def test_an_instance_that_lost_its_name_closes_none_of_the_new_holders_run
         assert (ended.status, ended.error_tag) == ("succeeded", None)
     finally:
         release.set()
+        store_a.thaw()  # else a's stop, after a failure above, hangs on its frozen store
         for engine in (b, a):
             if engine is not None:
                 await engine.stop(grace=0)

@@ -12,6 +12,7 @@ and xdist (``--dist loadfile``) then sends the same file, hang first, to the nex
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -19,6 +20,7 @@ import threading
 import traceback
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -33,11 +35,28 @@ class TestTimedOut(BaseException):
 
 
 def stacks() -> str:
+    """Every thread's stack, then every task's of the loop running here (a test stuck on
+    an ``await`` shows only the loop's ``select`` in its thread's)."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
-    return "\n".join(
+    parts = [
         f"--- thread {names.get(ident, ident)}:\n" + "".join(traceback.format_stack(frame))
         for ident, frame in sys._current_frames().items()
-    )
+    ]
+    loop = asyncio._get_running_loop()
+    for task in asyncio.all_tasks(loop) if loop is not None else ():
+        parts.append(f"--- task {task.get_name()}:\n" + "".join(awaiting(task.get_coro())))
+    return "\n".join(parts)
+
+
+def awaiting(coro: Any) -> list[str]:
+    """Where a suspended coroutine waits, outermost first, down its chain of awaits."""
+    lines = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or getattr(coro, "ag_frame", None)
+        if frame is not None:
+            lines.append(f'  File "{frame.f_code.co_filename}", line {frame.f_lineno}, in {frame.f_code.co_name}\n')
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) or getattr(coro, "ag_await", None)
+    return lines
 
 
 @pytest.hookimpl(hookwrapper=True)
