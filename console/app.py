@@ -26,6 +26,10 @@ and an injected :class:`~backend.clock.Clock`:
   again at once. When to read, and as of when the data is true, is decided by the app's
   :class:`~console.link.Link` (plain state, no widgets); the app reads and shows.
 
+The app is in three parts: this module (the layout, the views, the keys and what they
+do in general), :mod:`console.reading` (connecting, reading, following change signals) and
+:mod:`console.schedule_actions` (the actions on the schedule selected).
+
 The caller owns the backend's lifetime: it hands in a backend that is not yet connected, the
 app connects it, and the caller closes it after the app has exited (or passes
 ``close_backend_on_exit=True``).
@@ -34,16 +38,12 @@ app connects it, and the caller closes it after the app has exited (or passes
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import ClassVar
 
-from textual import events, on, work
+from textual import events, on
 from textual.actions import ActionParseResult, SkipAction, parse
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
@@ -55,27 +55,24 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import ContentSwitcher, Input, Static, TextArea
 
-from backend.client.interface import SYSTEMS, Backend, ConnectionInfo
+from backend.client.interface import SYSTEMS, Backend
 from backend.clock import Clock, SystemClock
-from backend.errors import Forbidden, NotFound, SchedtuiError, Unauthorized, Unavailable
-from backend.events.bus import READY, RESYNC, STREAM, Signal
-from backend.model import BackfillProgress, InstanceInfo, Run, ScheduleView, StateNote
+from backend.errors import SchedtuiError
+from backend.model import Run, ScheduleView
 from console import format as fmt
 from console.commands import ConsoleCommands
 from console.driver import batched
-from console.fleet import CronCache, Fleet, Overdue, fleet_of
+from console.fleet import CronCache, Overdue
 from console.heap import Collector, freeze_heap, lines_without_cycles
 from console.keygate import KeyGate
 from console.keys import Key, bindings
 from console.link import LATE_AFTER, Link
-from console.screens.backfill import BackfillScreen
-from console.screens.confirm import Confirm
+from console.reading import Reading, short_where
+from console.schedule_actions import ScheduleActions
 from console.screens.details import RunDetails
 from console.screens.help import HelpScreen
-from console.screens.prompt import NotePrompt
-from console.screens.quit import QuitPrompt
 from console.views import VIEWS, UnavailableView, View, view_spec
-from console.views.schedules import PAGE_SIZE, SchedulesView, last_status_is
+from console.views.schedules import PAGE_SIZE, last_status_is
 from console.widgets import ConsoleHeader, FleetBanner
 from console.widgets.bounded import LINE_CHARS, BoundedInput
 from console.widgets.command_line import CommandLine, commands_of
@@ -84,26 +81,9 @@ from console.widgets.tabs import ViewTabs
 
 __all__ = ["PAGE_SIZE", "STATUS_FILTERS", "SchedtuiApp", "freeze_heap", "parse_keymap", "short_where"]
 
-EVENTS_IDLE = 15.0
-"""Seconds of a quiet embedded stream after which it says it is still there."""
-
 STATUS_FILTERS = ("failed", "succeeded", "skipped", "missed", "running", "overdue", "disabled", "enabled", "manual")
 """Filter words that also match by state: ``/failed`` shows the schedules whose last run
 failed (besides those whose name, cron, zone or description contain the word)."""
-
-
-def short_where(info: ConnectionInfo) -> str:
-    """Where the backend is, short enough for the header: a store path relative to the
-    working directory (or ``~``) when it is under it; a URL as it is."""
-    if info.kind != "embedded" or "://" in info.where:
-        return info.where
-    path = Path(info.where)
-    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
-        try:
-            return prefix + str(path.resolve().relative_to(base.resolve()))
-        except ValueError:
-            continue
-    return info.where
 
 
 def parse_keymap(text: str) -> dict[str, str]:
@@ -126,7 +106,7 @@ def _view_keys() -> tuple[Key, ...]:
     )  # fmt: skip
 
 
-class SchedtuiApp(App[None]):
+class SchedtuiApp(Reading, ScheduleActions):
     """The schedtui operations console (see the module docstring)."""
 
     CSS_PATH = "console.tcss"
@@ -163,9 +143,6 @@ class SchedtuiApp(App[None]):
     ]
     """(action, title, help) offered by name in the command palette (the views are added; the
     key that runs the action, as bound now, follows the help: :meth:`palette_key`)."""
-
-    class Refreshed(Message):
-        """Posted after every successful refresh (tests and the benchmark wait on it)."""
 
     class RunShown(Message):
         """Posted once a run started with Run now is on screen."""
@@ -213,32 +190,16 @@ class SchedtuiApp(App[None]):
         self.close_backend_on_exit = close_backend_on_exit
         self.operator_zone = operator_zone or fmt.operator_zone()
         """The zone times are shown in unless ``z`` switched to UTC."""
-        self.info: ConnectionInfo | None = None
-        """What the backend said on the last successful connect."""
-        self.views: list[ScheduleView] = []
-        """Every schedule, as of the last refresh, in the backend's order."""
-        self.instances: list[InstanceInfo] | None = None
-        """The registered engines, as of the last read (``None``: the backend cannot say)."""
-        self.fleet: Fleet | None = None
-        self.alerting: int | None = None
-        """How many alerts fire, as of the last read (``None``: the backend cannot say)."""
+        self.info = None
+        self.views = []
         self.crons = CronCache()
         self.overdue = Overdue(self.crons)
-        self.backfills: dict[str, BackfillProgress] = {}
-        self._toggling: dict[str, tuple[int, bool]] = {}
-        """Per schedule, the last enable or disable sent and not answered yet (a number and
-        the state it sets): ``e`` pressed again meanwhile toggles from that state, and the
-        writes of one schedule go one after another, in the order pressed."""
-        self._toggles = itertools.count()
-        self._toggle_locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        """Backfills started from this console that are still running."""
+        self._init_reading()
+        self._init_actions()
         self.link = Link(self.clock, self.refresh_interval)
         """When to read again, and as of when the data on screen is true (:mod:`console.link`)."""
-        self._refreshing = False
-        self._refresh_again = False
         self.live_events = live_events
         """Follow the backend's change signals (off: poll every ``refresh_interval``)."""
-        self._events_task: asyncio.Task[None] | None = None
         self._freeze_heap = freeze_heap
         """Freeze the heap once the first screen is drawn (:func:`freeze_heap`) and pace the
         full collections from then on (:attr:`collector`): for the console's own process
@@ -368,265 +329,6 @@ class SchedtuiApp(App[None]):
         """The backend's time as of which the data on screen is true (see
         :meth:`console.link.Link.data_now`)."""
         return self.link.data_now(paused=self.paused)
-
-    # ------------------------------------------------------------------------------------
-    # refreshing
-    # ------------------------------------------------------------------------------------
-    def request_refresh(self) -> None:
-        """Refresh as soon as the refresh in flight (if any) is done."""
-        if self._refreshing:
-            self._refresh_again = True
-        else:
-            self.refresh_data()
-
-    @work(group="refresh", exit_on_error=False)
-    async def refresh_data(self) -> None:
-        """Connect if need be, then read the schedules, the heartbeats (every few seconds)
-        and what the view on screen shows."""
-        if self._refreshing:
-            self._refresh_again = True
-            return
-        self._refreshing = True
-        try:
-            while True:
-                self._refresh_again = False
-                await self._refresh_once()
-                if not self._refresh_again:
-                    break
-        finally:
-            self._refreshing = False
-
-    async def _refresh_once(self) -> None:
-        view = self.active_view
-        try:
-            if self.info is None or self.link.retry_at is not None:
-                info = await self.backend.connect()
-                await self._connected(info)
-            snapshot = await self.backend.list_schedules()
-            await self._read_instances()
-            self.link.snapshot(snapshot.now)
-            self.views = snapshot.schedules
-            await view.load()
-        except Unavailable as exc:
-            self.connection_lost(exc)
-            return
-        except (Unauthorized, Forbidden) as exc:  # a read refused: the token is wrong or missing
-            self._token_refused(exc)
-            return
-        except SchedtuiError as exc:
-            if self.info is None:
-                self._give_up(exc)
-            else:
-                self.report(exc)
-                self.link.read_failed()
-            return
-        except Exception as exc:  # never a traceback on the operator's screen
-            self.log.error(f"refresh failed: {exc!r}")
-            self.report(exc)
-            self.link.read_failed()
-            return
-        now = self.clock.now()
-        if self.link.refreshed():
-            self.notify("Connection is back; data is fresh again.", title="Reconnected")
-        header = self.query_one(ConsoleHeader)
-        if header.state != "dropped" or self.link.events_live:  # dropped: until the stream is back
-            header.state = "live"
-        header.last_ok = now
-        header.retry_at = None
-        header.now = now
-        self._update_fleet()
-        self.query_one("#main").remove_class("-stale")
-        if view is self.active_view:
-            view.show()
-        if self._freeze_heap:
-            self._freeze_heap = False
-            self.call_after_refresh(self._freeze)
-        self.post_message(self.Refreshed())
-
-    def _freeze(self) -> None:
-        freeze_heap()
-        self.collector.start()
-
-    async def _read_instances(self, *, force: bool = False) -> None:
-        now = self.clock.now()
-        if not force and not self.link.instances_due(now):
-            return
-        try:
-            self.instances = await self.backend.instances()
-        except NotFound:  # a server older than this console: it cannot say who fires
-            self.instances = None
-        self.link.instances_read(now)
-        await self._read_alerts()
-
-    async def _read_alerts(self) -> None:
-        """How many alerts fire now, for the header (read with the heartbeats, and when a
-        change signal says an alert changed)."""
-        if self.info is None or "alerts" not in self.info.systems:
-            self.alerting = None
-            return
-        try:
-            self.alerting = (await self.backend.alerts()).firing
-        except NotFound:  # a server older than this console
-            self.alerting = None
-
-    @work(group="alerts", exclusive=True, exit_on_error=False)
-    async def refresh_alerts(self) -> None:
-        """Read the alert count alone (an alert changed)."""
-        try:
-            await self._read_alerts()
-        except SchedtuiError:
-            return  # the next full refresh reports it
-        self.query_one(ConsoleHeader).alerting = self.alerting
-
-    def _update_fleet(self) -> None:
-        """Who fires, as of when the heartbeats were read (not later: an engine that beat
-        then is not accused of silence because the console has not looked since)."""
-        if self.info is not None and self.instances is not None:
-            self.fleet = fleet_of(self.instances, self.link.instances_now or self.data_now(), self.info, self.views)
-        header = self.query_one(ConsoleHeader)
-        header.fleet = self.fleet
-        header.alerting = self.alerting
-        self.query_one(FleetBanner).fleet = self.fleet
-
-    @work(group="instances", exclusive=True, exit_on_error=False)
-    async def refresh_instances(self) -> None:
-        """Read the heartbeats alone (while change signals keep the rest fresh)."""
-        self.link.instances_at = self.clock.now()  # once per period, even when it fails
-        try:
-            await self._read_instances(force=True)
-        except SchedtuiError:
-            return  # the next full refresh reports it
-        self._update_fleet()
-
-    # ------------------------------------------------------------------------------------
-    # change signals
-    # ------------------------------------------------------------------------------------
-    def _start_events(self) -> None:
-        """Follow the backend's change signals (an asyncio task, not a worker: it never ends
-        by itself, and tests wait for the workers)."""
-        if not self.live_events or (self._events_task is not None and not self._events_task.done()):
-            return
-        self.link.stream_opened()
-        self._events_task = asyncio.ensure_future(self._follow_events())
-
-    async def _follow_events(self) -> None:
-        why = "the event stream ended"
-        try:
-            async for batch in self.backend.changes(since=self.link.event_id, idle=EVENTS_IDLE):
-                self.on_signals(batch)
-        except SchedtuiError as exc:
-            why = exc.message
-        except Exception as exc:  # never let it take the console down
-            self.log.error(f"event stream failed: {exc!r}")
-            why = f"{type(exc).__name__}: {exc}"
-        self._events_down(why)
-
-    def on_signals(self, batch: list[Signal]) -> None:
-        """Act on a batch of change signals: read again what they name, if it is on screen."""
-        refresh = alerts = False
-        feed: bool | None = None
-        self.query_one(ConsoleHeader).last_signal = self.clock.now()  # (a ping too: the server is there)
-        topics = ("runs", "schedules", *self.active_view.topics)
-        for signal in batch:
-            alerts = alerts or signal.topic == "alerts"
-            if signal.id:
-                self.link.event_id = signal.id
-            if signal.topic == READY:
-                feed, refresh = True, True  # and read what changed while the stream was not there
-                self.link.stream_ready()
-            elif signal.topic == STREAM:
-                feed, refresh = signal.name == "up", True
-            elif signal.topic == RESYNC or signal.topic in topics:
-                refresh = True
-        if feed is not None:
-            self._set_feed(feed)
-        if refresh and not self.paused and self.info is not None:
-            self.request_refresh()
-        if alerts and not self.paused and self.info is not None:
-            self.refresh_alerts()
-
-    def _set_feed(self, events: bool) -> None:
-        if not self.link.set_feed(events):
-            return
-        header = self.query_one(ConsoleHeader)
-        header.feed = "events" if events else "polling"
-        if events and header.state == "dropped":
-            header.state = "live"
-
-    def _events_down(self, why: str) -> None:
-        """The stream ended: poll until it is back (tried again with backoff). A stream that
-        was flowing broke: that is news at once. The header says so (not live, until the
-        stream is back or the connection is lost), the server is asked at once whether it
-        is still there, and the stream is tried again at once."""
-        try:
-            header = self.query_one(ConsoleHeader)
-        except NoMatches:  # the app is shutting down
-            return
-        flowing, delay = self.link.stream_down()
-        if flowing:
-            header.feed = "polling"
-            if header.state == "live":
-                header.state = "dropped"
-                self.request_refresh()
-        self.log.info(f"event stream down ({why}); polling, trying it again in {delay}s")
-
-    async def _connected(self, info: ConnectionInfo) -> None:
-        first = self.info is None
-        self.info = info
-        header = self.query_one(ConsoleHeader)
-        header.info = info
-        header.where = self.where or short_where(info)
-        self.read_only = self.read_only_flag or info.read_only or self.backend.read_only
-        self._update_tabs()
-        self._start_events()
-        if first and self.after_connect is not None:
-            try:
-                await self.after_connect(self.backend)
-            except SchedtuiError as exc:
-                self.report(exc)
-
-    def connection_lost(self, exc: Unavailable) -> None:
-        """Show the data as stale and retry with backoff (said once, not at every retry)."""
-        first = self.link.lost()
-        header = self.query_one(ConsoleHeader)
-        header.state = "lost"
-        header.retry_at = self.link.retry_at
-        header.now = self.clock.now()
-        self.query_one("#main").add_class("-stale")
-        if first:
-            self.notify(f"{exc.message}. Retrying by itself; the data on screen is stale.", title=exc.title,
-                        severity="error", markup=False)
-
-    def _token_refused(self, exc: SchedtuiError) -> None:
-        """The server refused the token, or wanted one: no retry helps (ctrl+r tries once
-        more). The header says so until a refresh succeeds, with how to give one."""
-        self.link.stopped()
-        header = self.query_one(ConsoleHeader)
-        sent = exc.token_sent if isinstance(exc, Unauthorized) and exc.token_sent is not None else True
-        header.token_sent = sent
-        header.state = "refused"
-        if self.info is not None:
-            self.query_one("#main").add_class("-stale")
-        what = "refused the token" if sent else "wants a token and none was given"
-        self.notify(f"The server {what}. Restart the console with --token-file PATH (or $SCHEDTUI_TOKEN) "
-                    "holding a token it accepts.", title="Token refused" if sent else "No token",
-                    severity="error", markup=False, timeout=15)  # fmt: skip
-
-    def _give_up(self, exc: SchedtuiError) -> None:
-        """A connect that cannot succeed by retrying (a wrong token): say so and wait for ctrl+r."""
-        self.link.stopped()
-        header = self.query_one(ConsoleHeader)
-        header.state = "error" if self.info is None else "lost"
-        if self.info is not None:
-            self.query_one("#main").add_class("-stale")
-        self.report(exc)
-
-    def report(self, exc: BaseException) -> None:
-        """Show an error as a notification: its title and its message, never a traceback."""
-        if isinstance(exc, SchedtuiError):
-            self.notify(exc.message, title=exc.title, severity="error", markup=False, timeout=8)
-        else:
-            self.notify(f"{type(exc).__name__}: {exc}", title="Unexpected error", severity="error", markup=False)
 
     # ------------------------------------------------------------------------------------
     # data for the views
@@ -820,177 +522,6 @@ class SchedtuiApp(App[None]):
         self.notify(f"Times are shown in {self.display_zone}; schedules' crons and next fires in their own zones.",
                     title="Zone")
 
-    def action_run_now(self) -> None:
-        """``r``: fire the selected schedule once, now; no dialog."""
-        view = self._target("Run now")
-        if view is not None:
-            self._run_now(view.name)
-
-    @work(group="action", exit_on_error=False)
-    async def _run_now(self, name: str) -> None:
-        try:
-            run = await self.backend.run_now(name)
-        except SchedtuiError as exc:
-            self.report(exc)
-            return
-        self.notify(f"{name}: run {run.id}", title="Run now: fired")
-        self.views = [replace(v, latest_manual=run) if v.name == name else v for v in self.views]
-        self.active_view.show()
-        schedules = self.view_widget("schedules")
-        if isinstance(schedules, SchedulesView):
-            schedules.show_new_run(run)
-        self._follow_run(run, name)
-        self.request_refresh()
-
-    @work(group="follow", exit_on_error=False)
-    async def _follow_run(self, run: Run, name: str) -> None:
-        try:
-            final = await self.backend.wait_run(run.id)
-        except SchedtuiError as exc:
-            self.report(exc)
-            return
-        glyph = fmt.STATUS_GLYPHS.get(final.status, "?")
-        detail = f" [{final.error_tag}] {final.error_message}" if final.error_tag else ""
-        self.notify(
-            f"{name}: run {final.id} {glyph} {final.status} in {fmt.duration(final.duration_ms)}{detail}",
-            title="Run finished",
-            severity="information" if final.status == "succeeded" else "warning",
-            markup=False,
-        )
-        self.request_refresh()
-
-    def action_toggle_enabled(self) -> None:
-        """``e``: enable or disable; disabling asks for an optional note (Enter skips it)."""
-        view = self._target("Enable/disable")
-        if view is None:
-            return
-        pending = self._toggling.get(view.name)
-        if not (pending[1] if pending is not None else view.enabled):
-            self._set_enabled(view.name, True, None, clears=view.state_note)
-            return
-
-        def disable(note: str | None) -> None:
-            if note is not None:
-                self._set_enabled(view.name, False, note or None)
-
-        self.push_screen(NotePrompt(view.name), disable)
-
-    def _set_enabled(self, name: str, enabled: bool, note: str | None, *, clears: StateNote | None = None) -> None:
-        mine = (next(self._toggles), enabled)
-        self._toggling[name] = mine
-        self._send_enabled(name, mine, note, clears)
-
-    @work(group="action", exit_on_error=False)
-    async def _send_enabled(self, name: str, mine: tuple[int, bool], note: str | None, clears: StateNote | None) -> None:
-        enabled = mine[1]
-        try:
-            async with self._toggle_locks[name]:  # (first come, first served: in the order pressed)
-                view = await self.backend.set_enabled(name, enabled, note=note)
-        except SchedtuiError as exc:
-            self.report(exc)
-            return
-        finally:
-            if self._toggling.get(name) == mine:
-                del self._toggling[name]
-        if view.enabled:
-            nxt = f"; next fire {fmt.countdown(view.next_fire_at, self.clock.now())}" if view.next_fire_at else ""
-            cleared = ""
-            if clears is not None and clears.note:  # the note said why it was off: say it is gone
-                cleared = f"; note cleared: “{clears.note}” ({clears.by}, {fmt.ago(clears.at, self.clock.now())})"
-            self.notify(f"{name} enabled{cleared}{nxt}", title="Enabled", markup=False)
-        else:
-            self.notify(f"{name} disabled" + (f": {note}" if note else ""), title="Disabled", markup=False)
-        self.views = [view if v.name == name else v for v in self.views]
-        self.active_view.show()
-        self.request_refresh()
-
-    def action_backfill(self) -> None:
-        """``b``: the backfill dialog for the selected schedule; while a backfill of it runs
-        (started here or anywhere), that one's progress, where ``s`` stops it."""
-        view = self._target("Backfill")
-        if view is not None:
-            self._open_backfill(view)
-
-    async def _running_backfill(self, name: str) -> BackfillProgress | None:
-        """The backfill running for schedule ``name`` on any instance, if any."""
-        started_here = [p for p in self.backfills.values() if p.name == name and p.state == "running"]
-        try:
-            running = await self.backend.running_backfills(name)
-        except NotFound:  # a server older than this console: it cannot say
-            return started_here[0] if started_here else None
-        return running[0] if running else None
-
-    @work(group="backfill-open", exclusive=True, exit_on_error=False)
-    async def _open_backfill(self, view: ScheduleView) -> None:
-        try:
-            running = await self._running_backfill(view.name)
-        except SchedtuiError as exc:
-            self.report(exc)
-            return
-
-        def started(progress: BackfillProgress) -> None:
-            self.backfills[progress.id] = progress
-            self._backfills_moved()
-
-        def finished(progress: BackfillProgress) -> None:
-            self.backfills.pop(progress.id, None)
-            self._backfills_moved()
-            self.notify(
-                f"{progress.name}: {progress.fired} fired, {progress.succeeded} succeeded, "
-                f"{progress.failed} failed, {progress.remaining} not fired ({progress.state})",
-                title="Backfill finished" if progress.state == "done" else f"Backfill {progress.state}",
-                severity="information" if progress.state == "done" and not progress.failed else "warning",
-            )
-            self.request_refresh()
-
-        self.push_screen(
-            BackfillScreen(self.backend, view, self.backend_now, on_started=started, on_finished=finished, running=running)
-        )
-
-    def action_stop_backfill(self) -> None:
-        """The palette's "Stop backfill": stop the backfill running for the selected
-        schedule, wherever it runs, once the operator says yes (``cancel_backfill``'s question)."""
-        view = self._target("Stop backfill")
-        if view is None:
-            return
-        if self.read_only:
-            self.notify(f"Stop backfill does nothing here: {self._read_only_reason()}.", title="Read-only",
-                        severity="warning")  # fmt: skip
-            return
-        self._stop_backfill(view)
-
-    @work(group="backfill-open", exclusive=True, exit_on_error=False)
-    async def _stop_backfill(self, view: ScheduleView) -> None:
-        try:
-            progress = await self._running_backfill(view.name)
-        except SchedtuiError as exc:
-            self.report(exc)
-            return
-        if progress is None:
-            self.notify(f"No backfill of {view.name} is running.", title="Stop backfill", severity="warning")
-            return
-        zone = view.timezone
-        facts = [f"{progress.name}: {progress.fired} of {progress.total} fired, {progress.failed} failed, "
-                 f"{progress.remaining} to go, in ({fmt.local_time(progress.start, zone)} … "
-                 f"{fmt.local_time(progress.end, zone)}], on {progress.instance}."]  # fmt: skip
-
-        def answer(yes: bool | None) -> None:
-            if yes:
-                self._cancel_backfill(progress.id)
-
-        self.push_screen(Confirm.of("cancel_backfill", {"backfill_id": progress.id}, facts=facts), answer)
-
-    @work(group="action", exit_on_error=False)
-    async def _cancel_backfill(self, backfill_id: str) -> None:
-        try:
-            progress = await self.backend.cancel_backfill(backfill_id)
-        except SchedtuiError as exc:
-            self.report(exc)
-            return
-        self.notify(f"{progress.name}: {progress.fired} fired, {progress.failed} failed, {progress.remaining} not fired "
-                    f"({progress.state}; a run in flight finishes on its own)", title="Backfill stopped")  # fmt: skip
-        self.request_refresh()
-
     def action_run_details(self) -> None:
         """``enter``: the details of what is under the cursor of the view on screen."""
         self.active_view.open_details()
@@ -1049,42 +580,6 @@ class SchedtuiApp(App[None]):
         if self.link.events_retry_at is not None and self.info is not None:
             self._start_events()  # and the event stream, now
         self.request_refresh()
-
-    def _running_here(self) -> list[BackfillProgress]:
-        """The backfills started from this console that still run, as last read."""
-        return [p for p in self.backfills.values() if p.state == "running"]
-
-    def _backfills_moved(self) -> None:
-        """A backfill started here moved on or ended: an open quit question says so."""
-        for screen in self.screen_stack:
-            if isinstance(screen, QuitPrompt):
-                screen.show(self._running_here())
-
-    async def action_quit(self) -> None:
-        """``q``: quit; asks first while a backfill started here is running."""
-        running = self._running_here()
-        if not running:
-            self.exit()
-            return
-        embedded = self.info is not None and self.info.kind == "embedded"
-
-        def answer(choice: str | None) -> None:
-            if choice == "quit":
-                self.exit()
-            elif choice == "cancel":
-                self._cancel_backfills_and_quit(self._running_here())  # those running now, not when asked
-
-        self.push_screen(QuitPrompt(running, embedded=embedded), answer)
-
-    @work(group="action", exit_on_error=False)
-    async def _cancel_backfills_and_quit(self, running: list[BackfillProgress]) -> None:
-        for progress in running:
-            try:
-                await self.backend.cancel_backfill(progress.id)
-            except SchedtuiError as exc:
-                self.report(exc)
-                return
-        self.exit()
 
     def action_help(self) -> None:
         """``?``: keys and the legend."""
