@@ -57,6 +57,7 @@ from backend import Engine, JobContext, ManualClock, NotFound, Unavailable, defi
 from backend.clock import OffsetClock
 from backend.ids import IdFactory
 from backend.jobs.model import Job, NotDead
+from backend.jobs.system import OWN_CLAIM_CLOSED
 from backend.runtime.skew import ClockCheck
 from backend.scheduler import names
 from backend.scheduler.registry import host_identity
@@ -690,7 +691,7 @@ class QueueMachine(RuleBasedStateMachine):
             for attempt in self.run(self.any_engine(0).jobs.get_job(job_id)).attempts if job_id not in self.gone else ():
                 # (Under a name two processes have gone by, one's sweep takes the other's work
                 # over, and says so as for an earlier process of that name.)
-                taken_over = "claimed by this instance" not in (attempt.error_message or "") or attempt.instance in self.renamed
+                taken_over = attempt.error_message != f"abandoned: {OWN_CLAIM_CLOSED}" or attempt.instance in self.renamed
                 assert (job_id, attempt.attempt) in self.started or attempt.instance in self.died or taken_over, (
                     f"attempt {attempt.attempt} of {job_id} recorded, though no handler began it and "
                     f"{attempt.instance} is alive: {attempt}"

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from backend.errors import BadInput, NotFound, Unavailable
 from backend.inputs import check_before, check_id
@@ -35,11 +35,15 @@ from backend.jobs.workers import Workers
 from backend.model import TAG_ABANDONED
 from backend.runtime.subsystems import Shared
 
-__all__ = ["Jobs"]
+__all__ = ["OWN_CLAIM_CLOSED", "Jobs"]
 
 log = logging.getLogger("schedtui.jobs")
 
 #: Seconds between claims of a queue when nothing says there is work (the fallback poll).
+#: Why a sweep closes a running job held under this instance's own name that its workers
+#: do not hold (the attempt's message, after "abandoned: "): a claim of its own whose answer
+#: was lost, or an earlier process of that name.
+OWN_CLAIM_CLOSED: Final = "claimed by this instance in a claim whose answer was lost, or by an earlier process of that name"
 DEFAULT_POLL_INTERVAL = 1.0
 
 
@@ -173,7 +177,7 @@ class Jobs:
             if job.instance == self.shared.instance:
                 if workers.holds(job.id, job.token) or job.id in released or not registry.holds_name():
                     continue
-                why = "claimed by this instance in a claim whose answer was lost, or by an earlier process of that name"
+                why = OWN_CLAIM_CLOSED
             else:
                 found = registry.gone(beats, job.instance, now)
                 if found is None:
