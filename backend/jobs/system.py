@@ -39,11 +39,12 @@ __all__ = ["OWN_CLAIM_CLOSED", "Jobs"]
 
 log = logging.getLogger("schedtui.jobs")
 
-#: Seconds between claims of a queue when nothing says there is work (the fallback poll).
 #: Why a sweep closes a running job held under this instance's own name that its workers
 #: do not hold (the attempt's message, after "abandoned: "): a claim of its own whose answer
 #: was lost, or an earlier process of that name.
 OWN_CLAIM_CLOSED: Final = "claimed by this instance in a claim whose answer was lost, or by an earlier process of that name"
+
+#: Seconds between claims of a queue when nothing says there is work (the fallback poll).
 DEFAULT_POLL_INTERVAL = 1.0
 
 
