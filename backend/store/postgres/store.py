@@ -23,8 +23,8 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import psycopg
@@ -32,22 +32,13 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from backend.errors import BadInput, NameTaken, Refused, Unavailable
-from backend.ids import id_floor
+from backend.errors import BadInput, Unavailable
 from backend.model import (
-    BackfillProgress,
-    Claim,
-    ClaimResult,
     CoordinationMode,
-    InstanceInfo,
-    Role,
     Run,
-    ScheduleState,
     StoreHealth,
-    unique_claims,
 )
-from backend.safetext import store_text
-from backend.store import FIRING, Membership, Unfinished, redact_url, store_unavailable
+from backend.store import redact_url, store_unavailable
 from backend.store.migrations import CORE, applied, components_of, migrate_postgres, postgres_components_current
 from backend.store.postgres.activity import PostgresActivity
 from backend.store.postgres.alerts import PostgresAlerts
@@ -56,76 +47,34 @@ from backend.store.postgres.catalog import PostgresCatalog
 from backend.store.postgres.cluster import PostgresCluster
 from backend.store.postgres.durable import PostgresDurable
 from backend.store.postgres.events import PostgresEvents, _Listener
+from backend.store.postgres.instances import PostgresInstances
 from backend.store.postgres.jobs import PostgresJobs, _Rider
 from backend.store.postgres.lane import Lane
 from backend.store.postgres.ledger import (
     PostgresLedgerWriter,
 )
 from backend.store.postgres.locks import PostgresLocks
-from backend.store.postgres.logs import PRUNE_RUN_LOGS, PostgresLogs
+from backend.store.postgres.logs import PostgresLogs
 from backend.store.postgres.metrics import PostgresMetrics
 from backend.store.postgres.pooler import SEE, detect_sharing, split_url
+from backend.store.postgres.runs import PostgresRuns
 from backend.store.postgres.sql import (
-    BACKFILL_PKEY,
-    CLAIM,
-    CLAIMED_RUN,
-    CLEAR_STARTING,
-    CLOSE_RUNS,
     CONFIGURE,
     CONFIGURE_POOLED,
-    COUNT_CLAIMS,
     CREATE_VERSION_TABLE,
-    END_BACKFILL,
-    END_STUCK_SESSIONS,
-    FLEET_LOCK,
-    FORGET_HOLDER,
-    FORGET_INSTANCE,
-    GET_BACKFILL,
-    GET_RUN,
-    GET_STATES,
     GET_VERSION,
     HAS_VERSION_TABLE,
-    HEARTBEAT,
-    INSERT_BACKFILL,
     INSERT_VERSION,
-    INSTANCE_LIST,
-    INSTANCES,
     ISOLATION,
-    LAST_RUNS,
-    LAST_SLOTS,
-    LATEST_RUNS,
-    LIST_RUNS,
-    LIST_RUNS_BEFORE,
     LOCK_CLASS,
     LOCK_MIGRATE,
-    MARK_STARTING,
     MIGRATE_LOCK,
     MIGRATIONS,
-    NAME_HOLDER,
     POOLED_TIMEOUTS,
-    PRUNE_BACKFILLS,
-    PRUNE_OWN_CLAIMS,
-    PRUNE_RUNS,
-    RELEASE_CLAIM,
-    RUNNING_BACKFILLS,
-    RUNNING_RUNS,
-    RUNS_BETWEEN,
-    SERVER_CLOCK,
     SERVER_ENCODING,
-    SET_STATE,
-    SLOT_RECORDED,
-    STARTING_MARKS,
-    SWEEP_CLAIMS,
     SYNCHRONOUS_COMMIT,
-    UPDATE_BACKFILL,
     UPDATE_VERSION,
-    UPSERT_RUNS,
     WHO_MIGRATES,
-    _backfill,
-    _claims_json,
-    _run,
-    _runs_json,
-    _utc,
 )
 
 log = logging.getLogger("schedtui.store")
@@ -151,9 +100,8 @@ _CONNINFO_DEFAULTS = {
 }
 
 #: How long a call waits for a pooled connection before giving up (seconds). Claims get
-#: a shorter wait: a slot that cannot be claimed promptly is not fired (fail closed).
+#: a shorter wait (:data:`~backend.store.postgres.runs._CLAIM_WAIT`).
 _POOL_WAIT = 3.0
-_CLAIM_WAIT = 2.0
 def _one_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return lines[0] if lines else type(exc).__name__
@@ -219,8 +167,8 @@ def _connection_lost(exc: psycopg.Error) -> bool:
 
 
 class PostgresStore(
-    PostgresLedgerWriter, PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLocks, PostgresCluster, PostgresAudit,
-    PostgresAlerts, PostgresEvents, PostgresMetrics, PostgresActivity, PostgresLogs,
+    PostgresRuns, PostgresInstances, PostgresLedgerWriter, PostgresJobs, PostgresCatalog, PostgresDurable, PostgresLocks,
+    PostgresCluster, PostgresAudit, PostgresAlerts, PostgresEvents, PostgresMetrics, PostgresActivity, PostgresLogs,
 ):
     """The fleet store. ``PostgresStore("postgresql://user:pass@host:5432/db")``.
 
@@ -656,303 +604,3 @@ class PostgresStore(
         count = await self._with_conn(go)
         self.commits += 1
         return count
-
-    # -- runs: reads and the rest -----------------------------------------------------------
-    async def get_run(self, run_id: str) -> Run | None:
-        row = await self._fetchone(GET_RUN, (run_id,))
-        return _run(row) if row else None
-
-    async def list_runs(self, name: str, *, limit: int, before: str | None = None) -> list[Run]:
-        if before:
-            rows = await self._fetchall(LIST_RUNS_BEFORE, {"name": name, "before": before, "limit": limit})
-        else:
-            rows = await self._fetchall(LIST_RUNS, (name, limit))
-        return [_run(row) for row in rows]
-
-    async def last_runs(self, names: Iterable[str], *, manual: bool = False) -> dict[str, Run]:
-        wanted = list(names)
-        if not wanted:
-            return {}
-        rows = await self._fetchall(LATEST_RUNS if manual else LAST_RUNS, (wanted,))
-        return {row[1]: _run(row) for row in rows}
-
-    async def runs_between(
-        self, names: Iterable[str], start: datetime, end: datetime, *, limit_per_name: int
-    ) -> dict[str, list[Run]]:
-        wanted = list(names)
-        if not wanted:
-            return {}
-        params = {"names": wanted, "start": start, "end": end, "limit": limit_per_name}
-        found: dict[str, list[Run]] = {}
-        for row in await self._fetchall(RUNS_BETWEEN, params):
-            found.setdefault(row[1], []).append(_run(row))
-        return found
-
-    async def last_slots(self, names: Iterable[str]) -> dict[str, datetime]:
-        wanted = sorted(set(names))
-        if not wanted:
-            return {}
-        rows = await self._fetchall(LAST_SLOTS, (wanted,))
-        return {name: slot.astimezone(UTC) for name, slot in rows if slot is not None}
-
-    async def running_runs(self) -> list[Run]:
-        return [_run(row) for row in await self._fetchall(RUNNING_RUNS)]
-
-    async def close_runs(self, runs: Sequence[Run]) -> set[str]:
-        if not runs:
-            return set()
-        await self.flush()  # the order of hand-in: a version handed in earlier lands first
-        rows = await self._fetchall(CLOSE_RUNS, (_runs_json(runs),))
-        self.commits += 1
-        return {str(row[0]) for row in rows}
-
-    async def prune_runs(self, created_before: datetime) -> int:
-        await self.flush()
-        floor = id_floor(created_before)
-
-        async def prune(conn: AsyncConnection[Any]) -> int:
-            async with conn.transaction():
-                await conn.execute(PRUNE_BACKFILLS, (created_before,))
-                removed = (await conn.execute(PRUNE_RUNS, (floor,))).rowcount
-                await conn.execute(PRUNE_RUN_LOGS, (floor,))  # their logs
-                return removed
-
-        removed = await self._with_conn(prune)
-        self.commits += 1
-        return removed
-
-    # -- schedule state -------------------------------------------------------------------
-    async def get_states(self) -> dict[str, ScheduleState]:
-        rows = await self._fetchall(GET_STATES)
-        return {
-            row[0]: ScheduleState(
-                name=row[0], enabled=bool(row[1]), changed_by=row[2], changed_at=_utc(row[3]), note=row[4]  # type: ignore[arg-type]
-            )
-            for row in rows
-        }
-
-    async def set_state(self, state: ScheduleState) -> None:
-        params = (state.name, state.enabled, store_text(state.changed_by), state.changed_at, store_text(state.note))
-        await self._execute(SET_STATE, params)
-
-    # -- instances ------------------------------------------------------------------------
-    async def heartbeat(
-        self,
-        instance: str,
-        host: str,
-        pid: int,
-        at: datetime,
-        membership: Membership = FIRING,
-    ) -> Role:
-        async def beat(conn: AsyncConnection[Any]) -> Role:
-            async with conn.transaction():
-                return await _beat(conn, instance, host, pid, at, membership)
-
-        role = await self._with_conn(beat)
-        self.commits += 1
-        return role
-
-    async def server_clock(self) -> datetime:
-        row = await self._fetchone(SERVER_CLOCK)
-        assert row is not None
-        return _utc(row[0])  # type: ignore[return-value]
-
-    async def instances(self) -> dict[str, tuple[str, int, datetime]]:
-        rows = await self._fetchall(INSTANCES)
-        return {row[0]: (row[1], row[2], _utc(row[3])) for row in rows}  # type: ignore[misc]
-
-    async def fleet(self) -> list[InstanceInfo]:
-        rows = await self._fetchall(INSTANCE_LIST)
-        return [
-            InstanceInfo(row[0], row[1], row[2], _utc(row[3]), _utc(row[4]), row[5], row[6], row[7], bool(row[8]))  # type: ignore[arg-type]
-            for row in rows
-        ]  # (an older version's row: no clock, NULL)
-
-    async def forget_instance(self, instance: str, host: str | None = None, pid: int | None = None) -> None:
-        if host is None or pid is None:
-            await self._execute(FORGET_INSTANCE, (instance,))
-        else:
-            await self._execute(FORGET_HOLDER, (instance, host, pid))
-
-    async def mark_starting(self, instance: str, slot: datetime) -> None:
-        await self._execute(MARK_STARTING, (slot, instance))
-
-    async def starting_marks(self) -> dict[str, datetime]:
-        return {row[0]: _utc(row[1]) for row in await self._fetchall(STARTING_MARKS)}  # type: ignore[misc]
-
-    async def unfinished_work(self) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
-        async def read(conn: AsyncConnection[Any]) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
-            async with conn.transaction():  # one commit for the three, not three
-                return await self._read_unfinished(conn)
-
-        return await self._with_conn(read)
-
-    async def heartbeat_and_unfinished(
-        self,
-        instance: str,
-        host: str,
-        pid: int,
-        at: datetime,
-        membership: Membership = FIRING,
-        *,
-        stuck_after: timedelta | None = None,
-    ) -> Unfinished:
-        async def beat(conn: AsyncConnection[Any]) -> Unfinished:
-            ended = 0
-            if stuck_after is not None:
-                ended = await self._end_stuck_sessions(conn, stuck_after)
-            async with conn.transaction():  # a member's round: one commit, not two
-                recorded = await _beat(conn, instance, host, pid, at, membership)
-                # The runs before the instances: a run committed after its instance renewed
-                # is then never read beside that instance's older heartbeat.
-                runs, backfills, marks = await self._read_unfinished(conn)
-                beats = await (await conn.execute(INSTANCES)).fetchall()
-            instances = {r[0]: (r[1], r[2], _utc(r[3])) for r in beats}
-            return Unfinished(runs, backfills, marks, instances, recorded, ended)  # type: ignore[arg-type]
-
-        return await self._with_conn(beat)
-
-    @staticmethod
-    async def _end_stuck_sessions(conn: AsyncConnection[Any], after: timedelta) -> int:
-        row = await (await conn.execute(END_STUCK_SESSIONS, (after.total_seconds(),))).fetchone()
-        return int(row[0]) if row is not None else 0
-
-    @staticmethod
-    async def _read_unfinished(conn: AsyncConnection[Any]) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
-        runs = await (await conn.execute(RUNNING_RUNS)).fetchall()
-        backfills = await (await conn.execute(RUNNING_BACKFILLS)).fetchall()
-        marks = await (await conn.execute(STARTING_MARKS)).fetchall()
-        return [_run(r) for r in runs], [_backfill(r) for r in backfills], {r[0]: r[1].astimezone(UTC) for r in marks}
-
-    async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
-        async def close(conn: AsyncConnection[Any]) -> list[Run]:
-            async with conn.transaction():
-                if (await conn.execute(CLEAR_STARTING, (instance, slot))).rowcount != 1:
-                    return []  # cleared by someone else meanwhile
-                missing = [
-                    run for run in runs if await (await conn.execute(SLOT_RECORDED, (run.name, slot))).fetchone() is None
-                ]
-                if missing:
-                    await conn.execute(UPSERT_RUNS, (_runs_json(missing),))
-            self.commits += 1
-            return missing
-
-        return await self._with_conn(close)
-
-    # -- claims ---------------------------------------------------------------------------
-    async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:
-        if not claims:
-            return ClaimResult(frozenset())
-        # A key twice in the batch would get one claim row but two placeholder runs.
-        params = {"claims": _claims_json(unique_claims(claims)), "instance": instance, "at": at}
-
-        async def go(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
-            return await (await conn.execute(CLAIM, params)).fetchall()
-
-        rows = await self._with_conn(go, wait=_CLAIM_WAIT)
-        self.commits += 1
-        won = frozenset(value for kind, value in rows if kind == "won")
-        busy = {kind[len("busy:") :]: value for kind, value in rows if kind.startswith("busy:")}
-        return ClaimResult(won, busy)
-
-    async def claimed_run(self, key: str) -> str | None:
-        row = await self._fetchone(CLAIMED_RUN, (key,))
-        return row[0] if row else None
-
-    async def release_claim(self, key: str, run_id: str) -> bool:
-        return await self._execute(RELEASE_CLAIM, {"key": key, "run_id": run_id}) == 1
-
-    async def prune_claims(self, name: str | None, before: datetime) -> int:
-        if name is None:
-            return await self._execute(SWEEP_CLAIMS, (before,))
-        return await self._execute(PRUNE_OWN_CLAIMS, (name, before))
-
-    async def count_claims(self) -> int:
-        row = await self._fetchone(COUNT_CLAIMS)
-        return int(row[0]) if row else 0
-
-    # -- backfills ------------------------------------------------------------------------
-    async def start_backfill(self, progress: BackfillProgress) -> None:
-        params = (
-            progress.id,
-            progress.name,
-            progress.start,
-            progress.end,
-            progress.total,
-            progress.fired,
-            progress.failed,
-            progress.state,
-            progress.instance,
-            progress.started_at,
-            progress.finished_at,
-            progress.current,
-        )
-        try:
-            await self._execute(INSERT_BACKFILL, params)
-        except psycopg.errors.UniqueViolation as exc:
-            if exc.diag.constraint_name == BACKFILL_PKEY:
-                return  # a retry of our own insert whose reply was lost
-            raise Refused(
-                f'a backfill of "{progress.name}" is already running; wait for it to finish',
-                count=progress.total,
-                reason="a backfill is already running",
-            ) from None
-
-    async def update_backfill(self, progress: BackfillProgress) -> None:
-        params = (
-            progress.fired,
-            progress.failed,
-            progress.state,
-            progress.finished_at,
-            progress.current,
-            progress.id,
-        )
-        await self._execute(UPDATE_BACKFILL, params)
-
-    async def end_backfill(self, progress: BackfillProgress) -> bool:
-        params = (
-            progress.fired,
-            progress.failed,
-            progress.state,
-            progress.finished_at,
-            progress.current,
-            progress.id,
-        )
-        return bool(await self._execute(END_BACKFILL, params))
-
-    async def get_backfill(self, backfill_id: str) -> BackfillProgress | None:
-        row = await self._fetchone(GET_BACKFILL, (backfill_id,))
-        return _backfill(row) if row else None
-
-    async def running_backfills(self) -> list[BackfillProgress]:
-        return [_backfill(row) for row in await self._fetchall(RUNNING_BACKFILLS)]
-
-
-async def _beat(
-    conn: AsyncConnection[Any],
-    instance: str,
-    host: str,
-    pid: int,
-    at: datetime,
-    membership: Membership,
-) -> Role:
-    """The heartbeat, inside the caller's transaction (see :meth:`PostgresStore.heartbeat`)."""
-    role, coordination, live_after, clock_offset, clock_off, taken_before = membership
-    gated = role == "firing" and coordination is not None
-    if gated:
-        await conn.execute(FLEET_LOCK)
-    row = await (
-        await conn.execute(
-            HEARTBEAT,
-            {
-                "instance": instance, "host": host, "pid": pid, "at": at, "role": role,
-                "mode": coordination, "live_after": live_after if live_after is not None else at,
-                "clock_offset": clock_offset, "clock_off": clock_off, "taken_before": taken_before,
-            },
-        )
-    ).fetchone()  # fmt: skip
-    if row is None:  # another process holds the name (see Membership.taken_before)
-        holder = await (await conn.execute(NAME_HOLDER, (instance,))).fetchone()
-        assert holder is not None
-        raise NameTaken(instance, holder[0], holder[1], _utc(holder[2]))  # type: ignore[arg-type]
-    return row[0]  # type: ignore[no-any-return]

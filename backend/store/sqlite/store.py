@@ -8,8 +8,9 @@ WAL lets them proceed while the writer commits, and lets the CLI read and act on
 file while ``schedtui serve`` runs.
 
 The writer thread is :mod:`backend.store.sqlite.writer`; every statement of the runs,
-states, instances, claims and backfills is in :mod:`backend.store.sqlite.sql` (the other
-systems' are in their own modules: ``sqlite_jobs``, ``sqlite_durable``, ...).
+states, instances, claims and backfills is in :mod:`backend.store.sqlite.sql` (the calls
+that use them in :mod:`.runs` and :mod:`.instances`; the other systems' are in their own
+modules: :mod:`.jobs`, :mod:`.durable`, ...).
 """
 
 from __future__ import annotations
@@ -24,27 +25,18 @@ import math
 import os
 import socket
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
-from backend.errors import BadInput, InUse, NameTaken, NotFound, Refused, Unavailable
-from backend.ids import id_floor
+from backend.errors import BadInput, InUse, NotFound, Unavailable
 from backend.model import (
-    BackfillProgress,
-    Claim,
-    ClaimResult,
     CoordinationMode,
-    InstanceInfo,
-    Role,
     Run,
-    ScheduleState,
     StoreHealth,
-    unique_claims,
 )
-from backend.safetext import store_text
-from backend.store import FIRING, Membership, Unfinished, store_unavailable
+from backend.store import store_unavailable
 from backend.store.migrations import CORE, applied, components_of, migrate_sqlite
 from backend.store.sqlite.activity import SQLiteActivity
 from backend.store.sqlite.alerts import SQLiteAlerts
@@ -52,60 +44,16 @@ from backend.store.sqlite.audit import SQLiteAudit
 from backend.store.sqlite.catalog import SQLiteCatalog
 from backend.store.sqlite.durable import SQLiteDurable
 from backend.store.sqlite.events import SQLiteEvents
+from backend.store.sqlite.instances import SQLiteInstances
 from backend.store.sqlite.jobs import SQLiteJobs
 from backend.store.sqlite.locks import SQLiteLocks
-from backend.store.sqlite.logs import PRUNE_RUN_LOGS, SQLiteLogs
+from backend.store.sqlite.logs import SQLiteLogs
 from backend.store.sqlite.metrics import SQLiteMetrics
 from backend.store.sqlite.reserve import Kept, Reserve
+from backend.store.sqlite.runs import SQLiteRuns
 from backend.store.sqlite.sql import (
-    _EPOCH,
-    _MICROSECOND,
-    BUSY_ELSEWHERE,
-    CLAIM,
-    CLAIMED_RUN,
     CLEAR_STARTING,
-    CLOSE_RUN,
-    COUNT_CLAIMS,
-    END_BACKFILL,
-    FORGET_HOLDER,
-    FORGET_INSTANCE,
-    GET_BACKFILL,
-    GET_RUN,
-    GET_STATES,
-    HEARTBEAT,
-    INSERT_BACKFILL,
-    INSERT_PLACEHOLDER,
-    INSTANCE_LIST,
-    INSTANCES,
-    LAST_RUNS,
-    LAST_SLOT,
-    LATEST_RUNS,
-    LIST_RUNS,
-    LIST_RUNS_BEFORE,
-    MARK_STARTING,
     MIGRATIONS,
-    NAME_HOLDER,
-    OTHER_MODE_FIRING,
-    PRUNE_BACKFILLS,
-    PRUNE_OWN_CLAIMS,
-    PRUNE_RUNS,
-    RELEASE_CLAIM,
-    RELEASE_PLACEHOLDER,
-    RUNNING_BACKFILLS,
-    RUNNING_RUNS,
-    RUNS_BETWEEN,
-    SET_STATE,
-    SLOT_RECORDED,
-    SLOT_TAKEN,
-    STARTING_MARKS,
-    SWEEP_CLAIMS,
-    UPDATE_BACKFILL,
-    UPSERT_RUN,
-    _backfill,
-    _dt,
-    _run,
-    _run_params,
-    _us,
 )
 from backend.store.sqlite.writer import (
     _STOP,
@@ -121,8 +69,8 @@ log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
 
 class SQLiteStore(
-    SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteAlerts, SQLiteEvents, SQLiteMetrics, SQLiteActivity,
-    SQLiteLogs,
+    SQLiteRuns, SQLiteInstances, SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteAlerts, SQLiteEvents,
+    SQLiteMetrics, SQLiteActivity, SQLiteLogs,
 ):
     """The embedded store. ``SQLiteStore(path)``; ``":memory:"`` is not supported (two connections).
 
@@ -477,320 +425,3 @@ class SQLiteStore(
         flush = _Flush(patience)
         self._open_writer().jobs.put(flush)
         await asyncio.wrap_future(flush.future)
-
-    async def get_run(self, run_id: str) -> Run | None:
-        row = await self._read(lambda c: c.execute(GET_RUN, (run_id,)).fetchone())
-        return _run(row) if row else None
-
-    async def list_runs(self, name: str, *, limit: int, before: str | None = None) -> list[Run]:
-        if before:
-            rows = await self._read(lambda c: c.execute(LIST_RUNS_BEFORE, (name, before, limit)).fetchall())
-        else:
-            rows = await self._read(lambda c: c.execute(LIST_RUNS, (name, limit)).fetchall())
-        return [_run(row) for row in rows]
-
-    async def last_runs(self, names: Iterable[str], *, manual: bool = False) -> dict[str, Run]:
-        payload, sql = json.dumps(list(names)), LATEST_RUNS if manual else LAST_RUNS
-        rows = await self._read(lambda c: c.execute(sql, (payload,)).fetchall())
-        return {row[1]: _run(row) for row in rows}
-
-    async def runs_between(
-        self, names: Iterable[str], start: datetime, end: datetime, *, limit_per_name: int
-    ) -> dict[str, list[Run]]:
-        wanted, low, high = list(names), _us(start), _us(end)
-
-        def read(c: sqlite3.Connection) -> dict[str, list[Run]]:
-            found = {}
-            for name in wanted:  # one index range per name, on the reader's thread
-                rows = c.execute(RUNS_BETWEEN, (name, low, high, limit_per_name)).fetchall()
-                if rows:
-                    found[name] = [_run(row) for row in rows]
-            return found
-
-        return await self._read(read)
-
-    async def last_slots(self, names: Iterable[str]) -> dict[str, datetime]:
-        """Counting the runs that wait in the writer (a full disk), and those kept in the
-        reserve by an earlier process: their slots ran."""
-        wanted = sorted(set(names))
-        waiting = await self._newest_waiting(wanted) if wanted else {}
-
-        def read(c: sqlite3.Connection) -> dict[str, datetime]:
-            found: dict[str, datetime] = {}
-            for name in wanted:  # one index probe per name, on the reader's thread
-                row = c.execute(LAST_SLOT, (name,)).fetchone()
-                if row and row[0] is not None:
-                    found[name] = _EPOCH + _MICROSECOND * row[0]
-            return found
-
-        found = await self._read(read) if wanted else {}
-        for name, slot in waiting.items():
-            if name not in found or slot > found[name]:
-                found[name] = slot
-        return found
-
-    async def _newest_waiting(self, names: list[str]) -> dict[str, datetime]:
-        """Per name, the newest slot of its timed runs handed in and not committed yet.
-        Looked at before the ledger is read: a run committed in between is then in one or
-        the other."""
-        writer = self._writer
-        if writer is None or writer.crashed or not writer.waiting():
-            return {}
-        wanted = set(names)
-        peek = _Peek(lambda _: writer.newest_waiting(wanted))  # on the writer's thread: it owns them
-        writer.jobs.put(peek)
-        newest: dict[str, datetime] = await asyncio.wrap_future(peek.future)
-        return newest
-
-    async def running_runs(self) -> list[Run]:
-        rows = await self._read(lambda c: c.execute(RUNNING_RUNS).fetchall())
-        return [_run(row) for row in rows]
-
-    async def close_runs(self, runs: Sequence[Run]) -> set[str]:
-        if not runs:
-            return set()
-
-        rows = [(r.status, _us(r.finished_at), store_text(r.error_tag), store_text(r.error_message), r.id) for r in runs]
-
-        def close(c: sqlite3.Connection) -> set[str]:
-            return {row[-1] for row in rows if c.execute(CLOSE_RUN, row).rowcount == 1}
-
-        return await self._write(close)
-
-    async def prune_runs(self, created_before: datetime) -> int:
-        floor, us = id_floor(created_before), _us(created_before)
-
-        def prune(c: sqlite3.Connection) -> int:
-            c.execute(PRUNE_BACKFILLS, (us,))
-            removed = int(c.execute(PRUNE_RUNS, (floor,)).rowcount)
-            c.execute(PRUNE_RUN_LOGS, (floor,))  # their logs
-            return removed
-
-        return await self._write(prune)
-
-    # -- schedule state -------------------------------------------------------------------
-    async def get_states(self) -> dict[str, ScheduleState]:
-        rows = await self._read(lambda c: c.execute(GET_STATES).fetchall())
-        return {
-            row[0]: ScheduleState(
-                name=row[0], enabled=bool(row[1]), changed_by=row[2], changed_at=_dt(row[3]), note=row[4]  # type: ignore[arg-type]
-            )
-            for row in rows
-        }
-
-    async def set_state(self, state: ScheduleState) -> None:
-        params = (state.name, int(state.enabled), store_text(state.changed_by), _us(state.changed_at), store_text(state.note))
-        await self._write(lambda c: c.execute(SET_STATE, params))
-
-    # -- instances ------------------------------------------------------------------------
-    async def heartbeat(
-        self,
-        instance: str,
-        host: str,
-        pid: int,
-        at: datetime,
-        membership: Membership = FIRING,
-    ) -> Role:
-        role, coordination, live_after, clock_offset, clock_off, taken_before = membership
-        since = _us(live_after if live_after is not None else at)
-        taken = None if taken_before is None else _us(taken_before)
-
-        def beat(c: sqlite3.Connection) -> Role:
-            recorded = role
-            if role == "firing" and coordination is not None:
-                # The writer's transaction is the only one: the check and the write are atomic.
-                if c.execute(OTHER_MODE_FIRING, (instance, coordination, since)).fetchone() is not None:
-                    recorded = "waiting"
-            params = (instance, host, pid, _us(at), recorded, coordination, clock_offset, int(clock_off), taken)
-            if c.execute(HEARTBEAT, params).rowcount == 0:
-                holder = c.execute(NAME_HOLDER, (instance,)).fetchone()
-                raise NameTaken(instance, holder[0], holder[1], _dt(holder[2]))  # type: ignore[arg-type]
-            return recorded
-
-        return await self._write(beat)
-
-    async def instances(self) -> dict[str, tuple[str, int, datetime]]:
-        rows = await self._read(lambda c: c.execute(INSTANCES).fetchall())
-        return {row[0]: (row[1], row[2], _dt(row[3])) for row in rows}  # type: ignore[misc]
-
-    async def fleet(self) -> list[InstanceInfo]:
-        rows = await self._read(lambda c: c.execute(INSTANCE_LIST).fetchall())
-        return [
-            InstanceInfo(row[0], row[1], row[2], _dt(row[3]), _dt(row[4]), row[5], row[6], row[7], bool(row[8]))  # type: ignore[arg-type]
-            for row in rows
-        ]  # (an older version's row: no clock, NULL)
-
-    async def forget_instance(self, instance: str, host: str | None = None, pid: int | None = None) -> None:
-        if host is None or pid is None:
-            await self._write(lambda c: c.execute(FORGET_INSTANCE, (instance,)))
-        else:
-            await self._write(lambda c: c.execute(FORGET_HOLDER, (instance, host, pid)))
-
-    async def mark_starting(self, instance: str, slot: datetime) -> None:
-        us = (slot - _EPOCH) // _MICROSECOND
-        await self._write(lambda c: c.execute(MARK_STARTING, (us, instance)))
-        self._marks[instance] = us
-
-    def mark_starting_now(self, instance: str, slot: datetime) -> bool:
-        writer, us = self._writer, (slot - _EPOCH) // _MICROSECOND
-        if writer is None or not writer.mark_now((us, instance)):
-            return False
-        self._marks[instance] = us
-        return True
-
-    async def starting_marks(self) -> dict[str, datetime]:
-        rows = await self._read(lambda c: c.execute(STARTING_MARKS).fetchall())
-        return {row[0]: _dt(row[1]) for row in rows}  # type: ignore[misc]
-
-    async def unfinished_work(self) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
-        def read(c: sqlite3.Connection) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
-            runs = [_run(row) for row in c.execute(RUNNING_RUNS).fetchall()]
-            backfills = [_backfill(row) for row in c.execute(RUNNING_BACKFILLS).fetchall()]
-            marks = {row[0]: _EPOCH + _MICROSECOND * row[1] for row in c.execute(STARTING_MARKS).fetchall()}
-            return runs, backfills, marks
-
-        return await self._read(read)
-
-    async def heartbeat_and_unfinished(
-        self,
-        instance: str,
-        host: str,
-        pid: int,
-        at: datetime,
-        membership: Membership = FIRING,
-        *,
-        stuck_after: timedelta | None = None,
-    ) -> Unfinished:
-        # One process's file: no commit to save by folding the reads into the write.
-        recorded = await self.heartbeat(instance, host, pid, at, membership)
-        runs, backfills, marks = await self.unfinished_work()
-        return Unfinished(runs, backfills, marks, await self.instances(), recorded)
-
-    async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
-        us = _us(slot)
-
-        def close(c: sqlite3.Connection) -> list[Run]:
-            if c.execute(CLEAR_STARTING, (instance, us)).rowcount != 1:
-                return []  # cleared by someone else meanwhile
-            missing = [run for run in runs if not c.execute(SLOT_RECORDED, (run.name, us)).fetchone()]
-            c.executemany(UPSERT_RUN, [_run_params(run) for run in missing])
-            return missing
-
-        return await self._write(close)
-
-    # -- claims ---------------------------------------------------------------------------
-    async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:
-        us = _us(at)
-        claims = unique_claims(claims)
-
-        def insert(c: sqlite3.Connection) -> ClaimResult:
-            won = set()
-            first: dict[str, int | None] = {}
-            for claim in sorted(claims, key=lambda cl: cl.key):
-                slot = _us(claim.scheduled_at)
-                owner = c.execute(CLAIMED_RUN, (claim.key,)).fetchone()
-                if owner is not None:
-                    if owner[0] != claim.run_id:
-                        continue
-                    won.add(claim.key)  # our own earlier attempt: its reply was lost
-                elif slot is not None and c.execute(SLOT_TAKEN, (claim.name, slot)).fetchone():
-                    continue  # fired already; its claim has been pruned since
-                else:
-                    c.execute(CLAIM, (claim.key, claim.name, instance, us, claim.run_id))
-                    won.add(claim.key)
-                    if slot is not None:
-                        c.execute(INSERT_PLACEHOLDER, (claim.run_id, claim.name, slot, claim.trigger, claim.outcome, instance))
-                    if claim.prune_before is not None:
-                        c.execute(PRUNE_OWN_CLAIMS, (claim.name, _us(claim.prune_before)))
-                earliest = first.get(claim.name)
-                first[claim.name] = slot if earliest is None or (slot is not None and slot < earliest) else earliest
-            busy = {}
-            for name, slot in first.items():
-                row = c.execute(BUSY_ELSEWHERE, (name, instance, slot)).fetchone()
-                if row is not None:
-                    busy[name] = row[0]
-            return ClaimResult(frozenset(won), busy)
-
-        return await self._write(insert)
-
-    async def claimed_run(self, key: str) -> str | None:
-        row = await self._read(lambda c: c.execute(CLAIMED_RUN, (key,)).fetchone())
-        return row[0] if row else None
-
-    async def release_claim(self, key: str, run_id: str) -> bool:
-        def release(c: sqlite3.Connection) -> bool:
-            if c.execute(RELEASE_PLACEHOLDER, (run_id, key, run_id)).rowcount != 1:
-                return False
-            c.execute(RELEASE_CLAIM, (key, run_id))
-            return True
-
-        return await self._write(release)
-
-    async def prune_claims(self, name: str | None, before: datetime) -> int:
-        us = _us(before)
-        if name is None:
-            return await self._write(lambda c: int(c.execute(SWEEP_CLAIMS, (us,)).rowcount))
-        return await self._write(lambda c: int(c.execute(PRUNE_OWN_CLAIMS, (name, us)).rowcount))
-
-    async def count_claims(self) -> int:
-        row = await self._read(lambda c: c.execute(COUNT_CLAIMS).fetchone())
-        return int(row[0])
-
-    # -- backfills ------------------------------------------------------------------------
-    async def start_backfill(self, progress: BackfillProgress) -> None:
-        params = (
-            progress.id,
-            progress.name,
-            _us(progress.start),
-            _us(progress.end),
-            progress.total,
-            progress.fired,
-            progress.failed,
-            progress.state,
-            progress.instance,
-            _us(progress.started_at),
-            _us(progress.finished_at),
-            _us(progress.current),
-        )
-
-        def insert(c: sqlite3.Connection) -> None:
-            try:
-                c.execute(INSERT_BACKFILL, params)
-            except sqlite3.IntegrityError:
-                raise Refused(
-                    f'a backfill of "{progress.name}" is already running; wait for it to finish',
-                    count=progress.total,
-                    reason="a backfill is already running",
-                ) from None
-
-        await self._write(insert)
-
-    async def update_backfill(self, progress: BackfillProgress) -> None:
-        params = (
-            progress.fired,
-            progress.failed,
-            progress.state,
-            _us(progress.finished_at),
-            _us(progress.current),
-            progress.id,
-        )
-        await self._write(lambda c: c.execute(UPDATE_BACKFILL, params))
-
-    async def end_backfill(self, progress: BackfillProgress) -> bool:
-        params = (
-            progress.fired,
-            progress.failed,
-            progress.state,
-            _us(progress.finished_at),
-            _us(progress.current),
-            progress.id,
-        )
-        return bool(await self._write(lambda c: c.execute(END_BACKFILL, params).rowcount))
-
-    async def get_backfill(self, backfill_id: str) -> BackfillProgress | None:
-        row = await self._read(lambda c: c.execute(GET_BACKFILL, (backfill_id,)).fetchone())
-        return _backfill(row) if row else None
-
-    async def running_backfills(self) -> list[BackfillProgress]:
-        rows = await self._read(lambda c: c.execute(RUNNING_BACKFILLS).fetchall())
-        return [_backfill(row) for row in rows]

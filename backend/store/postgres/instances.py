@@ -1,0 +1,191 @@
+"""The fleet's membership on PostgreSQL (a mixin of :class:`~backend.store.postgres.store.PostgresStore`):
+heartbeats and the roles they record, the instances, their burst marks, and the work a
+stopped instance left unfinished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from psycopg import AsyncConnection
+
+from backend.errors import NameTaken
+from backend.model import BackfillProgress, InstanceInfo, Role, Run
+from backend.store import FIRING, Membership, Unfinished
+from backend.store.postgres.sql import (
+    CLEAR_STARTING,
+    END_STUCK_SESSIONS,
+    FLEET_LOCK,
+    FORGET_HOLDER,
+    FORGET_INSTANCE,
+    HEARTBEAT,
+    INSTANCE_LIST,
+    INSTANCES,
+    MARK_STARTING,
+    NAME_HOLDER,
+    RUNNING_BACKFILLS,
+    RUNNING_RUNS,
+    SERVER_CLOCK,
+    SLOT_RECORDED,
+    STARTING_MARKS,
+    UPSERT_RUNS,
+    _backfill,
+    _run,
+    _runs_json,
+    _utc,
+)
+
+__all__ = ["PostgresInstances"]
+
+T = TypeVar("T")
+
+
+class PostgresInstances:
+    """The instances' rows: heartbeats, burst marks, and what a stopped one left."""
+
+    if TYPE_CHECKING:  # provided by PostgresStore
+        commits: int
+
+        async def _with_conn(self, fn: Callable[[AsyncConnection[Any]], Awaitable[T]], *, wait: float = ...) -> T: ...
+
+        async def _fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]: ...
+
+        async def _fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None: ...
+
+        async def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int: ...
+
+    # -- instances ------------------------------------------------------------------------
+    async def heartbeat(
+        self,
+        instance: str,
+        host: str,
+        pid: int,
+        at: datetime,
+        membership: Membership = FIRING,
+    ) -> Role:
+        async def beat(conn: AsyncConnection[Any]) -> Role:
+            async with conn.transaction():
+                return await _beat(conn, instance, host, pid, at, membership)
+
+        role = await self._with_conn(beat)
+        self.commits += 1
+        return role
+
+    async def server_clock(self) -> datetime:
+        row = await self._fetchone(SERVER_CLOCK)
+        assert row is not None
+        return _utc(row[0])  # type: ignore[return-value]
+
+    async def instances(self) -> dict[str, tuple[str, int, datetime]]:
+        rows = await self._fetchall(INSTANCES)
+        return {row[0]: (row[1], row[2], _utc(row[3])) for row in rows}  # type: ignore[misc]
+
+    async def fleet(self) -> list[InstanceInfo]:
+        rows = await self._fetchall(INSTANCE_LIST)
+        return [
+            InstanceInfo(row[0], row[1], row[2], _utc(row[3]), _utc(row[4]), row[5], row[6], row[7], bool(row[8]))  # type: ignore[arg-type]
+            for row in rows
+        ]  # (an older version's row: no clock, NULL)
+
+    async def forget_instance(self, instance: str, host: str | None = None, pid: int | None = None) -> None:
+        if host is None or pid is None:
+            await self._execute(FORGET_INSTANCE, (instance,))
+        else:
+            await self._execute(FORGET_HOLDER, (instance, host, pid))
+
+    async def mark_starting(self, instance: str, slot: datetime) -> None:
+        await self._execute(MARK_STARTING, (slot, instance))
+
+    async def starting_marks(self) -> dict[str, datetime]:
+        return {row[0]: _utc(row[1]) for row in await self._fetchall(STARTING_MARKS)}  # type: ignore[misc]
+
+    async def unfinished_work(self) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
+        async def read(conn: AsyncConnection[Any]) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
+            async with conn.transaction():  # one commit for the three, not three
+                return await self._read_unfinished(conn)
+
+        return await self._with_conn(read)
+
+    async def heartbeat_and_unfinished(
+        self,
+        instance: str,
+        host: str,
+        pid: int,
+        at: datetime,
+        membership: Membership = FIRING,
+        *,
+        stuck_after: timedelta | None = None,
+    ) -> Unfinished:
+        async def beat(conn: AsyncConnection[Any]) -> Unfinished:
+            ended = 0
+            if stuck_after is not None:
+                ended = await self._end_stuck_sessions(conn, stuck_after)
+            async with conn.transaction():  # a member's round: one commit, not two
+                recorded = await _beat(conn, instance, host, pid, at, membership)
+                # The runs before the instances: a run committed after its instance renewed
+                # is then never read beside that instance's older heartbeat.
+                runs, backfills, marks = await self._read_unfinished(conn)
+                beats = await (await conn.execute(INSTANCES)).fetchall()
+            instances = {r[0]: (r[1], r[2], _utc(r[3])) for r in beats}
+            return Unfinished(runs, backfills, marks, instances, recorded, ended)  # type: ignore[arg-type]
+
+        return await self._with_conn(beat)
+
+    @staticmethod
+    async def _end_stuck_sessions(conn: AsyncConnection[Any], after: timedelta) -> int:
+        row = await (await conn.execute(END_STUCK_SESSIONS, (after.total_seconds(),))).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    @staticmethod
+    async def _read_unfinished(conn: AsyncConnection[Any]) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
+        runs = await (await conn.execute(RUNNING_RUNS)).fetchall()
+        backfills = await (await conn.execute(RUNNING_BACKFILLS)).fetchall()
+        marks = await (await conn.execute(STARTING_MARKS)).fetchall()
+        return [_run(r) for r in runs], [_backfill(r) for r in backfills], {r[0]: r[1].astimezone(UTC) for r in marks}
+
+    async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
+        async def close(conn: AsyncConnection[Any]) -> list[Run]:
+            async with conn.transaction():
+                if (await conn.execute(CLEAR_STARTING, (instance, slot))).rowcount != 1:
+                    return []  # cleared by someone else meanwhile
+                missing = [
+                    run for run in runs if await (await conn.execute(SLOT_RECORDED, (run.name, slot))).fetchone() is None
+                ]
+                if missing:
+                    await conn.execute(UPSERT_RUNS, (_runs_json(missing),))
+            self.commits += 1
+            return missing
+
+        return await self._with_conn(close)
+
+
+async def _beat(
+    conn: AsyncConnection[Any],
+    instance: str,
+    host: str,
+    pid: int,
+    at: datetime,
+    membership: Membership,
+) -> Role:
+    """The heartbeat, inside the caller's transaction (see :meth:`PostgresStore.heartbeat`)."""
+    role, coordination, live_after, clock_offset, clock_off, taken_before = membership
+    gated = role == "firing" and coordination is not None
+    if gated:
+        await conn.execute(FLEET_LOCK)
+    row = await (
+        await conn.execute(
+            HEARTBEAT,
+            {
+                "instance": instance, "host": host, "pid": pid, "at": at, "role": role,
+                "mode": coordination, "live_after": live_after if live_after is not None else at,
+                "clock_offset": clock_offset, "clock_off": clock_off, "taken_before": taken_before,
+            },
+        )
+    ).fetchone()  # fmt: skip
+    if row is None:  # another process holds the name (see Membership.taken_before)
+        holder = await (await conn.execute(NAME_HOLDER, (instance,))).fetchone()
+        assert holder is not None
+        raise NameTaken(instance, holder[0], holder[1], _utc(holder[2]))  # type: ignore[arg-type]
+    return row[0]  # type: ignore[no-any-return]

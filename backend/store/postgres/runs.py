@@ -1,0 +1,245 @@
+"""The run ledger's reads, the schedule states, the claims and the backfills on PostgreSQL
+(a mixin of :class:`~backend.store.postgres.store.PostgresStore`).
+
+Runs are written by the group-commit writer (:mod:`backend.store.postgres.ledger`); what is
+here is one statement (or one transaction) per call on a pooled connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+from psycopg import AsyncConnection
+
+from backend.errors import Refused
+from backend.ids import id_floor
+from backend.model import BackfillProgress, Claim, ClaimResult, Run, ScheduleState, unique_claims
+from backend.safetext import store_text
+from backend.store.postgres.logs import PRUNE_RUN_LOGS
+from backend.store.postgres.sql import (
+    BACKFILL_PKEY,
+    CLAIM,
+    CLAIMED_RUN,
+    CLOSE_RUNS,
+    COUNT_CLAIMS,
+    END_BACKFILL,
+    GET_BACKFILL,
+    GET_RUN,
+    GET_STATES,
+    INSERT_BACKFILL,
+    LAST_RUNS,
+    LAST_SLOTS,
+    LATEST_RUNS,
+    LIST_RUNS,
+    LIST_RUNS_BEFORE,
+    PRUNE_BACKFILLS,
+    PRUNE_OWN_CLAIMS,
+    PRUNE_RUNS,
+    RELEASE_CLAIM,
+    RUNNING_BACKFILLS,
+    RUNNING_RUNS,
+    RUNS_BETWEEN,
+    SET_STATE,
+    SWEEP_CLAIMS,
+    UPDATE_BACKFILL,
+    _backfill,
+    _claims_json,
+    _run,
+    _runs_json,
+    _utc,
+)
+
+__all__ = ["PostgresRuns"]
+
+T = TypeVar("T")
+
+#: How long a claim waits for a pooled connection before giving up (seconds): shorter than
+#: the other calls' wait, since a slot that cannot be claimed promptly is not fired (fail closed).
+_CLAIM_WAIT = 2.0
+
+
+class PostgresRuns:
+    """The run ledger's reads and the rest of its data access (its writer is
+    :class:`~backend.store.postgres.ledger.PostgresLedgerWriter`)."""
+
+    if TYPE_CHECKING:  # provided by PostgresStore
+        commits: int
+
+        async def flush(self) -> None: ...
+
+        async def _with_conn(self, fn: Callable[[AsyncConnection[Any]], Awaitable[T]], *, wait: float = ...) -> T: ...
+
+        async def _fetchall(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]: ...
+
+        async def _fetchone(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None: ...
+
+        async def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> int: ...
+
+    # -- runs: reads and the rest -----------------------------------------------------------
+    async def get_run(self, run_id: str) -> Run | None:
+        row = await self._fetchone(GET_RUN, (run_id,))
+        return _run(row) if row else None
+
+    async def list_runs(self, name: str, *, limit: int, before: str | None = None) -> list[Run]:
+        if before:
+            rows = await self._fetchall(LIST_RUNS_BEFORE, {"name": name, "before": before, "limit": limit})
+        else:
+            rows = await self._fetchall(LIST_RUNS, (name, limit))
+        return [_run(row) for row in rows]
+
+    async def last_runs(self, names: Iterable[str], *, manual: bool = False) -> dict[str, Run]:
+        wanted = list(names)
+        if not wanted:
+            return {}
+        rows = await self._fetchall(LATEST_RUNS if manual else LAST_RUNS, (wanted,))
+        return {row[1]: _run(row) for row in rows}
+
+    async def runs_between(
+        self, names: Iterable[str], start: datetime, end: datetime, *, limit_per_name: int
+    ) -> dict[str, list[Run]]:
+        wanted = list(names)
+        if not wanted:
+            return {}
+        params = {"names": wanted, "start": start, "end": end, "limit": limit_per_name}
+        found: dict[str, list[Run]] = {}
+        for row in await self._fetchall(RUNS_BETWEEN, params):
+            found.setdefault(row[1], []).append(_run(row))
+        return found
+
+    async def last_slots(self, names: Iterable[str]) -> dict[str, datetime]:
+        wanted = sorted(set(names))
+        if not wanted:
+            return {}
+        rows = await self._fetchall(LAST_SLOTS, (wanted,))
+        return {name: slot.astimezone(UTC) for name, slot in rows if slot is not None}
+
+    async def running_runs(self) -> list[Run]:
+        return [_run(row) for row in await self._fetchall(RUNNING_RUNS)]
+
+    async def close_runs(self, runs: Sequence[Run]) -> set[str]:
+        if not runs:
+            return set()
+        await self.flush()  # the order of hand-in: a version handed in earlier lands first
+        rows = await self._fetchall(CLOSE_RUNS, (_runs_json(runs),))
+        self.commits += 1
+        return {str(row[0]) for row in rows}
+
+    async def prune_runs(self, created_before: datetime) -> int:
+        await self.flush()
+        floor = id_floor(created_before)
+
+        async def prune(conn: AsyncConnection[Any]) -> int:
+            async with conn.transaction():
+                await conn.execute(PRUNE_BACKFILLS, (created_before,))
+                removed = (await conn.execute(PRUNE_RUNS, (floor,))).rowcount
+                await conn.execute(PRUNE_RUN_LOGS, (floor,))  # their logs
+                return removed
+
+        removed = await self._with_conn(prune)
+        self.commits += 1
+        return removed
+
+    # -- schedule state -------------------------------------------------------------------
+    async def get_states(self) -> dict[str, ScheduleState]:
+        rows = await self._fetchall(GET_STATES)
+        return {
+            row[0]: ScheduleState(
+                name=row[0], enabled=bool(row[1]), changed_by=row[2], changed_at=_utc(row[3]), note=row[4]  # type: ignore[arg-type]
+            )
+            for row in rows
+        }
+
+    async def set_state(self, state: ScheduleState) -> None:
+        params = (state.name, state.enabled, store_text(state.changed_by), state.changed_at, store_text(state.note))
+        await self._execute(SET_STATE, params)
+
+    # -- claims ---------------------------------------------------------------------------
+    async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:
+        if not claims:
+            return ClaimResult(frozenset())
+        # A key twice in the batch would get one claim row but two placeholder runs.
+        params = {"claims": _claims_json(unique_claims(claims)), "instance": instance, "at": at}
+
+        async def go(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+            return await (await conn.execute(CLAIM, params)).fetchall()
+
+        rows = await self._with_conn(go, wait=_CLAIM_WAIT)
+        self.commits += 1
+        won = frozenset(value for kind, value in rows if kind == "won")
+        busy = {kind[len("busy:") :]: value for kind, value in rows if kind.startswith("busy:")}
+        return ClaimResult(won, busy)
+
+    async def claimed_run(self, key: str) -> str | None:
+        row = await self._fetchone(CLAIMED_RUN, (key,))
+        return row[0] if row else None
+
+    async def release_claim(self, key: str, run_id: str) -> bool:
+        return await self._execute(RELEASE_CLAIM, {"key": key, "run_id": run_id}) == 1
+
+    async def prune_claims(self, name: str | None, before: datetime) -> int:
+        if name is None:
+            return await self._execute(SWEEP_CLAIMS, (before,))
+        return await self._execute(PRUNE_OWN_CLAIMS, (name, before))
+
+    async def count_claims(self) -> int:
+        row = await self._fetchone(COUNT_CLAIMS)
+        return int(row[0]) if row else 0
+
+    # -- backfills ------------------------------------------------------------------------
+    async def start_backfill(self, progress: BackfillProgress) -> None:
+        params = (
+            progress.id,
+            progress.name,
+            progress.start,
+            progress.end,
+            progress.total,
+            progress.fired,
+            progress.failed,
+            progress.state,
+            progress.instance,
+            progress.started_at,
+            progress.finished_at,
+            progress.current,
+        )
+        try:
+            await self._execute(INSERT_BACKFILL, params)
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name == BACKFILL_PKEY:
+                return  # a retry of our own insert whose reply was lost
+            raise Refused(
+                f'a backfill of "{progress.name}" is already running; wait for it to finish',
+                count=progress.total,
+                reason="a backfill is already running",
+            ) from None
+
+    async def update_backfill(self, progress: BackfillProgress) -> None:
+        params = (
+            progress.fired,
+            progress.failed,
+            progress.state,
+            progress.finished_at,
+            progress.current,
+            progress.id,
+        )
+        await self._execute(UPDATE_BACKFILL, params)
+
+    async def end_backfill(self, progress: BackfillProgress) -> bool:
+        params = (
+            progress.fired,
+            progress.failed,
+            progress.state,
+            progress.finished_at,
+            progress.current,
+            progress.id,
+        )
+        return bool(await self._execute(END_BACKFILL, params))
+
+    async def get_backfill(self, backfill_id: str) -> BackfillProgress | None:
+        row = await self._fetchone(GET_BACKFILL, (backfill_id,))
+        return _backfill(row) if row else None
+
+    async def running_backfills(self) -> list[BackfillProgress]:
+        return [_backfill(row) for row in await self._fetchall(RUNNING_BACKFILLS)]

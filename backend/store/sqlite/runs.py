@@ -1,0 +1,295 @@
+"""The run ledger's reads, the schedule states, the claims and the backfills on SQLite
+(a mixin of :class:`~backend.store.sqlite.store.SQLiteStore`).
+
+Runs are written by the writer thread (:mod:`backend.store.sqlite.writer`), reads go to the
+store's reader; every statement used here is in :mod:`backend.store.sqlite.sql`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, TypeVar
+
+from backend.errors import Refused
+from backend.ids import id_floor
+from backend.model import BackfillProgress, Claim, ClaimResult, Run, ScheduleState, unique_claims
+from backend.safetext import store_text
+from backend.store.sqlite.logs import PRUNE_RUN_LOGS
+from backend.store.sqlite.sql import (
+    _EPOCH,
+    _MICROSECOND,
+    BUSY_ELSEWHERE,
+    CLAIM,
+    CLAIMED_RUN,
+    CLOSE_RUN,
+    COUNT_CLAIMS,
+    END_BACKFILL,
+    GET_BACKFILL,
+    GET_RUN,
+    GET_STATES,
+    INSERT_BACKFILL,
+    INSERT_PLACEHOLDER,
+    LAST_RUNS,
+    LAST_SLOT,
+    LATEST_RUNS,
+    LIST_RUNS,
+    LIST_RUNS_BEFORE,
+    PRUNE_BACKFILLS,
+    PRUNE_OWN_CLAIMS,
+    PRUNE_RUNS,
+    RELEASE_CLAIM,
+    RELEASE_PLACEHOLDER,
+    RUNNING_BACKFILLS,
+    RUNNING_RUNS,
+    RUNS_BETWEEN,
+    SET_STATE,
+    SLOT_TAKEN,
+    SWEEP_CLAIMS,
+    UPDATE_BACKFILL,
+    _backfill,
+    _dt,
+    _run,
+    _us,
+)
+from backend.store.sqlite.writer import _Peek, _Writer
+
+__all__ = ["SQLiteRuns"]
+
+T = TypeVar("T")
+
+
+class SQLiteRuns:
+    """The run ledger's reads and the rest of its data access (the writing is :mod:`backend.store.sqlite.writer`'s)."""
+
+    if TYPE_CHECKING:  # provided by SQLiteStore
+        _writer: _Writer | None
+
+        async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+        async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
+
+    # -- runs -----------------------------------------------------------------------------
+    async def get_run(self, run_id: str) -> Run | None:
+        row = await self._read(lambda c: c.execute(GET_RUN, (run_id,)).fetchone())
+        return _run(row) if row else None
+
+    async def list_runs(self, name: str, *, limit: int, before: str | None = None) -> list[Run]:
+        if before:
+            rows = await self._read(lambda c: c.execute(LIST_RUNS_BEFORE, (name, before, limit)).fetchall())
+        else:
+            rows = await self._read(lambda c: c.execute(LIST_RUNS, (name, limit)).fetchall())
+        return [_run(row) for row in rows]
+
+    async def last_runs(self, names: Iterable[str], *, manual: bool = False) -> dict[str, Run]:
+        payload, sql = json.dumps(list(names)), LATEST_RUNS if manual else LAST_RUNS
+        rows = await self._read(lambda c: c.execute(sql, (payload,)).fetchall())
+        return {row[1]: _run(row) for row in rows}
+
+    async def runs_between(
+        self, names: Iterable[str], start: datetime, end: datetime, *, limit_per_name: int
+    ) -> dict[str, list[Run]]:
+        wanted, low, high = list(names), _us(start), _us(end)
+
+        def read(c: sqlite3.Connection) -> dict[str, list[Run]]:
+            found = {}
+            for name in wanted:  # one index range per name, on the reader's thread
+                rows = c.execute(RUNS_BETWEEN, (name, low, high, limit_per_name)).fetchall()
+                if rows:
+                    found[name] = [_run(row) for row in rows]
+            return found
+
+        return await self._read(read)
+
+    async def last_slots(self, names: Iterable[str]) -> dict[str, datetime]:
+        """Counting the runs that wait in the writer (a full disk), and those kept in the
+        reserve by an earlier process: their slots ran."""
+        wanted = sorted(set(names))
+        waiting = await self._newest_waiting(wanted) if wanted else {}
+
+        def read(c: sqlite3.Connection) -> dict[str, datetime]:
+            found: dict[str, datetime] = {}
+            for name in wanted:  # one index probe per name, on the reader's thread
+                row = c.execute(LAST_SLOT, (name,)).fetchone()
+                if row and row[0] is not None:
+                    found[name] = _EPOCH + _MICROSECOND * row[0]
+            return found
+
+        found = await self._read(read) if wanted else {}
+        for name, slot in waiting.items():
+            if name not in found or slot > found[name]:
+                found[name] = slot
+        return found
+
+    async def _newest_waiting(self, names: list[str]) -> dict[str, datetime]:
+        """Per name, the newest slot of its timed runs handed in and not committed yet.
+        Looked at before the ledger is read: a run committed in between is then in one or
+        the other."""
+        writer = self._writer
+        if writer is None or writer.crashed or not writer.waiting():
+            return {}
+        wanted = set(names)
+        peek = _Peek(lambda _: writer.newest_waiting(wanted))  # on the writer's thread: it owns them
+        writer.jobs.put(peek)
+        newest: dict[str, datetime] = await asyncio.wrap_future(peek.future)
+        return newest
+
+    async def running_runs(self) -> list[Run]:
+        rows = await self._read(lambda c: c.execute(RUNNING_RUNS).fetchall())
+        return [_run(row) for row in rows]
+
+    async def close_runs(self, runs: Sequence[Run]) -> set[str]:
+        if not runs:
+            return set()
+
+        rows = [(r.status, _us(r.finished_at), store_text(r.error_tag), store_text(r.error_message), r.id) for r in runs]
+
+        def close(c: sqlite3.Connection) -> set[str]:
+            return {row[-1] for row in rows if c.execute(CLOSE_RUN, row).rowcount == 1}
+
+        return await self._write(close)
+
+    async def prune_runs(self, created_before: datetime) -> int:
+        floor, us = id_floor(created_before), _us(created_before)
+
+        def prune(c: sqlite3.Connection) -> int:
+            c.execute(PRUNE_BACKFILLS, (us,))
+            removed = int(c.execute(PRUNE_RUNS, (floor,)).rowcount)
+            c.execute(PRUNE_RUN_LOGS, (floor,))  # their logs
+            return removed
+
+        return await self._write(prune)
+
+    # -- schedule state -------------------------------------------------------------------
+    async def get_states(self) -> dict[str, ScheduleState]:
+        rows = await self._read(lambda c: c.execute(GET_STATES).fetchall())
+        return {
+            row[0]: ScheduleState(
+                name=row[0], enabled=bool(row[1]), changed_by=row[2], changed_at=_dt(row[3]), note=row[4]  # type: ignore[arg-type]
+            )
+            for row in rows
+        }
+
+    async def set_state(self, state: ScheduleState) -> None:
+        params = (state.name, int(state.enabled), store_text(state.changed_by), _us(state.changed_at), store_text(state.note))
+        await self._write(lambda c: c.execute(SET_STATE, params))
+
+    # -- claims ---------------------------------------------------------------------------
+    async def claim(self, claims: Sequence[Claim], instance: str, at: datetime) -> ClaimResult:
+        us = _us(at)
+        claims = unique_claims(claims)
+
+        def insert(c: sqlite3.Connection) -> ClaimResult:
+            won = set()
+            first: dict[str, int | None] = {}
+            for claim in sorted(claims, key=lambda cl: cl.key):
+                slot = _us(claim.scheduled_at)
+                owner = c.execute(CLAIMED_RUN, (claim.key,)).fetchone()
+                if owner is not None:
+                    if owner[0] != claim.run_id:
+                        continue
+                    won.add(claim.key)  # our own earlier attempt: its reply was lost
+                elif slot is not None and c.execute(SLOT_TAKEN, (claim.name, slot)).fetchone():
+                    continue  # fired already; its claim has been pruned since
+                else:
+                    c.execute(CLAIM, (claim.key, claim.name, instance, us, claim.run_id))
+                    won.add(claim.key)
+                    if slot is not None:
+                        c.execute(INSERT_PLACEHOLDER, (claim.run_id, claim.name, slot, claim.trigger, claim.outcome, instance))
+                    if claim.prune_before is not None:
+                        c.execute(PRUNE_OWN_CLAIMS, (claim.name, _us(claim.prune_before)))
+                earliest = first.get(claim.name)
+                first[claim.name] = slot if earliest is None or (slot is not None and slot < earliest) else earliest
+            busy = {}
+            for name, slot in first.items():
+                row = c.execute(BUSY_ELSEWHERE, (name, instance, slot)).fetchone()
+                if row is not None:
+                    busy[name] = row[0]
+            return ClaimResult(frozenset(won), busy)
+
+        return await self._write(insert)
+
+    async def claimed_run(self, key: str) -> str | None:
+        row = await self._read(lambda c: c.execute(CLAIMED_RUN, (key,)).fetchone())
+        return row[0] if row else None
+
+    async def release_claim(self, key: str, run_id: str) -> bool:
+        def release(c: sqlite3.Connection) -> bool:
+            if c.execute(RELEASE_PLACEHOLDER, (run_id, key, run_id)).rowcount != 1:
+                return False
+            c.execute(RELEASE_CLAIM, (key, run_id))
+            return True
+
+        return await self._write(release)
+
+    async def prune_claims(self, name: str | None, before: datetime) -> int:
+        us = _us(before)
+        if name is None:
+            return await self._write(lambda c: int(c.execute(SWEEP_CLAIMS, (us,)).rowcount))
+        return await self._write(lambda c: int(c.execute(PRUNE_OWN_CLAIMS, (name, us)).rowcount))
+
+    async def count_claims(self) -> int:
+        row = await self._read(lambda c: c.execute(COUNT_CLAIMS).fetchone())
+        return int(row[0])
+
+    # -- backfills ------------------------------------------------------------------------
+    async def start_backfill(self, progress: BackfillProgress) -> None:
+        params = (
+            progress.id,
+            progress.name,
+            _us(progress.start),
+            _us(progress.end),
+            progress.total,
+            progress.fired,
+            progress.failed,
+            progress.state,
+            progress.instance,
+            _us(progress.started_at),
+            _us(progress.finished_at),
+            _us(progress.current),
+        )
+
+        def insert(c: sqlite3.Connection) -> None:
+            try:
+                c.execute(INSERT_BACKFILL, params)
+            except sqlite3.IntegrityError:
+                raise Refused(
+                    f'a backfill of "{progress.name}" is already running; wait for it to finish',
+                    count=progress.total,
+                    reason="a backfill is already running",
+                ) from None
+
+        await self._write(insert)
+
+    async def update_backfill(self, progress: BackfillProgress) -> None:
+        params = (
+            progress.fired,
+            progress.failed,
+            progress.state,
+            _us(progress.finished_at),
+            _us(progress.current),
+            progress.id,
+        )
+        await self._write(lambda c: c.execute(UPDATE_BACKFILL, params))
+
+    async def end_backfill(self, progress: BackfillProgress) -> bool:
+        params = (
+            progress.fired,
+            progress.failed,
+            progress.state,
+            _us(progress.finished_at),
+            _us(progress.current),
+            progress.id,
+        )
+        return bool(await self._write(lambda c: c.execute(END_BACKFILL, params).rowcount))
+
+    async def get_backfill(self, backfill_id: str) -> BackfillProgress | None:
+        row = await self._read(lambda c: c.execute(GET_BACKFILL, (backfill_id,)).fetchone())
+        return _backfill(row) if row else None
+
+    async def running_backfills(self) -> list[BackfillProgress]:
+        rows = await self._read(lambda c: c.execute(RUNNING_BACKFILLS).fetchall())
+        return [_backfill(row) for row in rows]
