@@ -26,9 +26,10 @@ and an injected :class:`~backend.clock.Clock`:
   again at once. When to read, and as of when the data is true, is decided by the app's
   :class:`~console.link.Link` (plain state, no widgets); the app reads and shows.
 
-The app is in three parts: this module (the layout, the views, the keys and what they
-do in general), :mod:`console.reading` (connecting, reading, following change signals) and
-:mod:`console.schedule_actions` (the actions on the schedule selected).
+The app is in four parts: this module (the layout, the views, the filter, what the
+view keys do), :mod:`console.reading` (connecting, reading, following change signals),
+:mod:`console.schedule_actions` (the actions on the schedule selected) and
+:mod:`console.keyboard` (every key by its action, read-only refusals, the help's lists).
 
 The caller owns the backend's lifetime: it hands in a backend that is not yet connected, the
 app connects it, and the caller closes it after the app has exited (or passes
@@ -39,17 +40,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import ClassVar
 
 from textual import events, on
-from textual.actions import ActionParseResult, SkipAction, parse
+from textual.actions import SkipAction
 from textual.app import App, ComposeResult
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
-from textual.dom import DOMNode
 from textual.driver import Driver
 from textual.message import Message
 from textual.reactive import reactive
@@ -64,13 +64,13 @@ from console.commands import ConsoleCommands
 from console.driver import batched
 from console.fleet import CronCache, Overdue
 from console.heap import Collector, freeze_heap, lines_without_cycles
+from console.keyboard import NAVIGATION, Keyboard
 from console.keygate import KeyGate
 from console.keys import Key, bindings
 from console.link import LATE_AFTER, Link
 from console.reading import Reading, short_where
 from console.schedule_actions import ScheduleActions
 from console.screens.details import RunDetails
-from console.screens.help import HelpScreen
 from console.views import VIEWS, UnavailableView, View, view_spec
 from console.views.schedules import PAGE_SIZE, last_status_is
 from console.widgets import ConsoleHeader, FleetBanner
@@ -79,7 +79,7 @@ from console.widgets.command_line import CommandLine, commands_of
 from console.widgets.footer import KeyFooter
 from console.widgets.tabs import ViewTabs
 
-__all__ = ["PAGE_SIZE", "STATUS_FILTERS", "SchedtuiApp", "freeze_heap", "parse_keymap", "short_where"]
+__all__ = ["NAVIGATION", "PAGE_SIZE", "STATUS_FILTERS", "SchedtuiApp", "freeze_heap", "parse_keymap", "short_where"]
 
 STATUS_FILTERS = ("failed", "succeeded", "skipped", "missed", "running", "overdue", "disabled", "enabled", "manual")
 """Filter words that also match by state: ``/failed`` shows the schedules whose last run
@@ -106,7 +106,7 @@ def _view_keys() -> tuple[Key, ...]:
     )  # fmt: skip
 
 
-class SchedtuiApp(Reading, ScheduleActions):
+class SchedtuiApp(Reading, ScheduleActions, Keyboard):
     """The schedtui operations console (see the module docstring)."""
 
     CSS_PATH = "console.tcss"
@@ -410,83 +410,9 @@ class SchedtuiApp(Reading, ScheduleActions):
         mode.display = self.read_only
         self.refresh_bindings()  # the footer leaves out the keys that act, or brings them back
 
-    def _read_only_reason(self) -> str | None:
-        if not self.read_only:
-            return None
-        if self.read_only_flag:
-            return "the console was started with --read-only"
-        if self.info is not None and self.info.kind == "remote":
-            return "the token may only read"
-        return "the backend is read-only"
-
     # ------------------------------------------------------------------------------------
     # keys
     # ------------------------------------------------------------------------------------
-    @classmethod
-    def every_key(cls) -> dict[str, Key]:
-        """Every key of the console (the app's and every view's) by the name of the Textual
-        action it runs, the name :meth:`check_action` and :meth:`run_action` are given."""
-        found: dict[str, Key] = {}
-        for key in (*cls.KEYS, *(key for spec in VIEWS if spec.make is not None for key in spec.make.KEYS)):
-            same = found.setdefault(key.name, key)
-            if same.actions != key.actions:
-                raise TypeError(f"the keys {same.key} and {key.key} run {key.name} but perform different actions")
-        return found
-
-    def key_display(self, key: Key, *, alone: bool = False) -> str:
-        """The key as the operator presses it now (a keymap may have moved it); ``alone``:
-        itself, not the footer's summary of several (``1`` rather than ``1-7``)."""
-        keys = self._keymap.get(key.binding_id, "") or key.key
-        first = keys.split(",")[0].strip()
-        return self.get_key_display(Binding(first, key.method, key.label, key_display=None if alone else key.key_display))
-
-    def get_key_display(self, binding: Binding) -> str:
-        """As Textual shows keys, but ``enter`` spelled out (the screens' hints say "enter")."""
-        if binding.key == "enter" and not binding.key_display:
-            return "enter"
-        return super().get_key_display(binding)
-
-    def palette_key(self, name: str) -> str:
-        """`` (r)``: the key that runs the action ``name``, as bound now; ``""`` if none does."""
-        key = _EVERY_KEY.get(name)
-        return f" ({self.key_display(key, alone=True)})" if key is not None else ""
-
-    def refusal(self, name: str) -> tuple[Key, str] | None:
-        """The key that runs the action ``name`` and why it may not now (its actions change
-        something, and the console is read-only); ``None`` when it may."""
-        key = _EVERY_KEY.get(name)
-        if key is None or not key.operates or not self.read_only:
-            return None
-        return key, self._read_only_reason() or "the console is read-only"
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """A key that acts is disabled (left out of the footer) while read-only; the views ask
-        the same (:meth:`console.views.base.View.check_action`)."""
-        return None if self.refusal(action) is not None else True
-
-    async def run_action(
-        self, action: str | ActionParseResult, default_namespace: DOMNode | None = None,
-        namespaces: Mapping[str, DOMNode] | None = None,
-    ) -> bool:
-        """Every key and every command of the palette comes here: a key of the app's or of a
-        view's that is refused while read-only says why, and does nothing."""
-        namespace, name, _ = parse(action) if isinstance(action, str) else action
-        target = self if namespace == "app" or default_namespace is None else default_namespace
-        refused = self.refusal(name) if target is self or isinstance(target, View) else None
-        if refused is not None:
-            key, why = refused
-            self.notify(f"{key.what} does nothing here: {why}.", title="Read-only", severity="warning")
-            return True
-        return await super().run_action(action, default_namespace, namespaces)  # fmt: skip
-
-    def may_act(self, action: str) -> bool:
-        """Whether ``action`` may go ahead (connected); otherwise say why not. (Read-only is
-        decided before: :meth:`run_action`.)"""
-        if self.info is None:
-            self.notify(f"{action}: not connected yet.", title="Not connected", severity="warning")
-            return False
-        return True
-
     def _target(self, action: str) -> ScheduleView | None:
         """The selected schedule, if ``action`` may go ahead; otherwise say why not."""
         if not self.may_act(action) or not self.active_view.selection_holds(action):
@@ -581,45 +507,6 @@ class SchedtuiApp(Reading, ScheduleActions):
             self._start_events()  # and the event stream, now
         self.request_refresh()
 
-    def action_help(self) -> None:
-        """``?``: keys and the legend."""
-        self.push_screen(HelpScreen(self.help_keys(), self.read_only_note()))
-
-    def help_line(self, key: Key) -> tuple[str, str]:
-        """A key as the help screen lists it: as bound now, and what it does (whether it
-        asks first, and whether read-only refuses it, follow from its actions)."""
-        text = key.description + (" (asks first)" if key.dangerous else "")
-        if self.refusal(key.name) is not None:
-            text += " · read-only: does nothing"
-        return self.key_display(key, alone=True), text
-
-    def help_keys(self) -> list[tuple[str, list[tuple[str, str]]]]:
-        """Every key, from the same declarations as the bindings, as bound now (a keymap may
-        have moved one), in sections: everywhere, the views, then each view's own keys and
-        the keys its widgets handle (:data:`NAVIGATION`)."""
-        views = {key.binding_id: key for key in self.KEYS if key.name == "show_view"}
-        everywhere = [self.help_line(key) for key in self.KEYS if key.name != "show_view"]
-        palette = Binding(self.COMMAND_PALETTE_BINDING, "command_palette", "Commands")
-        everywhere.append((self.get_key_display(palette), "command palette: every action by name, go to a schedule or a view"))
-        listed = [(self.key_display(key, alone=True), key.description + ("" if spec.make else " (not yet)"))
-                  for spec in VIEWS if (key := views.get(f"view_{spec.id}")) is not None]  # fmt: skip
-        sections = [("Everywhere", everywhere), ("Views", listed)]
-        for spec in VIEWS:
-            if spec.make is None:
-                continue
-            moves = [(" ".join(self.get_key_display(Binding(k, "")) for k in keys), what)
-                     for keys, what in NAVIGATION.get(spec.id, ())]  # fmt: skip
-            sections.append((f"{spec.key} {spec.title}", [*(self.help_line(key) for key in spec.make.KEYS), *moves]))
-        return sections
-
-    def read_only_note(self) -> str | None:
-        """Why the console is read-only, and the keys that therefore do nothing."""
-        why = self._read_only_reason()
-        if why is None:
-            return None
-        refused = sorted({self.key_display(key, alone=True) for key in _EVERY_KEY.values() if key.operates})
-        return f"{why}: {' '.join(refused)} do nothing"
-
     def action_select(self, name: str) -> None:
         """Move the cursor to a schedule (the palette's "Go to schedule")."""
         view = self.active_view
@@ -630,45 +517,3 @@ class SchedtuiApp(Reading, ScheduleActions):
             self.notify(f"no schedule named {name}", severity="warning")
             return
         view.focus_main()
-
-
-NAVIGATION: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
-    "schedules": (
-        (("up", "down", "k", "j"), "move in the table (pgup/pgdn a page)"),
-        (("home", "end", "g", "G"), "first / last row"),
-        (("left", "right"), "scroll the table sideways (hidden columns)"),
-        (("tab",), "switch between the schedules and the runs"),
-    ),
-    "timeline": (
-        (("up", "down", "k", "j"), "another schedule (pgup/pgdn a page)"),
-        (("home", "end", "g", "G"), "the first / last schedule"),
-        (("left", "right"), "the previous / next run of the row"),
-    ),
-    "jobs": (
-        (("up", "down", "k", "j"), "move in the table"),
-        (("home", "end", "g", "G"), "first / last row"),
-        (("tab",), "switch between the queues and their jobs"),
-    ),
-    "durable": (
-        (("up", "down", "k", "j"), "move in the table"),
-        (("home", "end", "g", "G"), "first / last row"),
-    ),
-    "locks": (
-        (("up", "down", "k", "j"), "move in the table (pgup/pgdn a page)"),
-        (("home", "end", "g", "G"), "first / last row"),
-    ),
-    "audit": (
-        (("up", "down", "k", "j"), "move in the table"),
-        (("home", "end", "g", "G"), "first / last row"),
-    ),
-    "health": (
-        (("up", "down", "k", "j"), "scroll the rows (pgup/pgdn a page)"),
-        (("home", "end", "g", "G"), "top / bottom"),
-    ),
-}
-"""Keys the views' widgets handle themselves (a table's cursor, tab between tables), for the
-help screen; a test holds each to a binding of a widget in its view."""
-
-
-_EVERY_KEY = SchedtuiApp.every_key()
-"""Every key by the name of the action it runs (they are declared when the classes are)."""
