@@ -28,10 +28,10 @@ Syntax
   ``invalid cron expression "<expr>" (tz="<zone>"): <what is wrong>``. A timezone is
   required and never defaulted.
 
-croniter is the parser that expands each field into its set of values. We hand it a
-canonical spelling of every item (numbers only, ranges only when they really are ranges)
-because some of its own spellings mean something else (it reads ``5-5`` as the whole
-field). Everything after the expansion, the matching and the DST rules, is done here.
+The work is in three parts: :mod:`backend.cronparse` reads the text into each field's
+set of values, :class:`~backend.cronfields.CronFields` finds the wall-clock times those
+values match, and this module maps wall times to real instants through the zone's DST
+changes and answers the queries.
 
 Day fields (Vixie/Debian cron)
 ------------------------------
@@ -67,153 +67,19 @@ range, and the iterators simply end there.
 
 from __future__ import annotations
 
-import re
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Final, cast
 from zoneinfo import ZoneInfo
 
-from croniter import croniter  # type: ignore[import-untyped, unused-ignore]
-
+from backend.cronfields import CronFields
+from backend.cronparse import Invalid, expand, parse
 from backend.errors import CronError
 
 __all__ = ["Cron", "shared_cron"]
 
 _UTC: Final = UTC
 _SECOND: Final = timedelta(seconds=1)
-
-# Field names used in error messages, in our (seconds-first) order of the six slots.
-_SECOND_F, _MINUTE_F, _HOUR_F, _DOM_F, _MONTH_F, _DOW_F = range(6)
-_FIELD_NAMES: Final = ("second", "minute", "hour", "day-of-month", "month", "day-of-week")
-# Value bounds as a user may write them; day-of-week accepts 7 for Sunday.
-_BOUNDS: Final = ((0, 59), (0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
-_MONTH_NAMES: Final = {
-    name: i + 1
-    for i, name in enumerate(
-        ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-    )
-}
-_DOW_NAMES: Final = {
-    name: i for i, name in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))
-}
-_MACROS: Final = {
-    "@yearly": "0 0 1 1 *",
-    "@annually": "0 0 1 1 *",
-    "@monthly": "0 0 1 * *",
-    "@weekly": "0 0 * * 0",
-    "@daily": "0 0 * * *",
-    "@midnight": "0 0 * * *",
-    "@hourly": "0 * * * *",
-}
-# Only ASCII whitespace separates fields (cron and croniter agree); a no-break space
-# inside a field stays there and makes that field invalid.
-_SPACE_RE: Final = re.compile(r"[ \t\n\r\f\v]+")
-_VALUE_RE: Final = re.compile(r"[0-9]+|[A-Za-z]+", re.ASCII)
-_DIGITS_RE: Final = re.compile(r"[0-9]+", re.ASCII)
-# Croniter extensions we refuse, so the error can name the syntax instead of saying
-# "not a value" about something the user copied from a Quartz or Jenkins schedule.
-_HASH_RE: Final = re.compile(r"[HR](\(\d+-\d+\))?(/\d+)?", re.ASCII | re.IGNORECASE)
-_DOM_L_RE: Final = re.compile(r"L(-\d+)?|LW", re.ASCII | re.IGNORECASE)
-_DOM_W_RE: Final = re.compile(r"\d+W|W\d+", re.ASCII | re.IGNORECASE)
-_DOW_L_RE: Final = re.compile(r"\d*L|L\d+|[a-z]{3}L", re.ASCII | re.IGNORECASE)
-_DAYS_IN_MONTH: Final = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
-
-
-def _month_len(year: int, month: int) -> int:
-    if month == 2 and year % 4 == 0 and (year % 100 != 0 or year % 400 == 0):
-        return 29
-    return _DAYS_IN_MONTH[month]
-
-
-def _cron_weekday(year: int, month: int, day: int) -> int:
-    # Python counts Monday as 0, cron counts Sunday as 0.
-    return (date(year, month, day).weekday() + 1) % 7
-
-
-class _Invalid(Exception):
-    """Internal: what is wrong with the expression, before the full message is built."""
-
-
-def _parse_value(text: str, field: int) -> int:
-    """One value of a field: a number in range, or a name where the field has names."""
-    name = _FIELD_NAMES[field]
-    if _DIGITS_RE.fullmatch(text):
-        value = int(text)
-        low, high = _BOUNDS[field]
-        if not low <= value <= high:
-            raise _Invalid(f"{name} {value} out of range ({low}-{high})")
-        return value
-    names = _MONTH_NAMES if field == _MONTH_F else _DOW_NAMES if field == _DOW_F else {}
-    value_of_name = names.get(text.lower())
-    if value_of_name is None:
-        raise _Invalid(f'{name} "{text}" is not a value')
-    return value_of_name
-
-
-def _nonstandard(item: str, field: int) -> str | None:
-    """The name of the non-standard syntax ``item`` uses, if it looks like one."""
-    if "#" in item:
-        return "#"
-    if item == "?":
-        return "?"
-    if _HASH_RE.fullmatch(item):
-        return item[0].upper()
-    if field == _DOM_F and _DOM_L_RE.fullmatch(item):
-        return "L"
-    if field == _DOM_F and _DOM_W_RE.fullmatch(item):
-        return "W"
-    if field == _DOW_F and _DOW_L_RE.fullmatch(item):
-        return "L"
-    return None
-
-
-def _canonical_field(text: str, field: int) -> str:
-    """Validate one field and spell it the way croniter expands unambiguously.
-
-    croniter turns an equal range such as ``5-5`` into the whole field and wraps reversed
-    ranges; we only ever give it single values, ``*``, ``*/step`` and upward ranges.
-    """
-    name = _FIELD_NAMES[field]
-    high_bound = _BOUNDS[field][1]
-    items: list[str] = []
-    for item in text.split(","):
-        if not item:
-            raise _Invalid(f'{name} "{text}" has an empty list item')
-        syntax = _nonstandard(item, field)
-        if syntax is not None:
-            raise _Invalid(f'{name} "{item}" uses the non-standard "{syntax}" syntax')
-        base, slash, step_text = item.partition("/")
-        step = 1
-        if slash:
-            if not _DIGITS_RE.fullmatch(step_text):
-                raise _Invalid(f'step "{step_text}" in {name} "{item}" is not a number')
-            step = int(step_text)
-            if step == 0:
-                raise _Invalid(f'step 0 in {name} "{item}"')
-        if base == "*":
-            items.append(f"*/{step}" if slash else "*")
-            continue
-        first_text, dash, last_text = base.partition("-")
-        if not _VALUE_RE.fullmatch(first_text) or (dash and not _VALUE_RE.fullmatch(last_text)):
-            raise _Invalid(f'{name} "{item}" is malformed')
-        first = _parse_value(first_text, field)
-        if dash:
-            last = _parse_value(last_text, field)
-            if first > last:
-                hint = "; Sunday is also 7" if field == _DOW_F else ""
-                raise _Invalid(f'{name} range "{base}" is reversed (write it low-high{hint})')
-        elif slash:
-            last = high_bound  # "a/step" runs to the end of the field, as in cronie
-        else:
-            last = first
-        if first == last:
-            items.append(str(first))
-        elif step == 1:
-            items.append(f"{first}-{last}")
-        else:
-            items.append(f"{first}-{last}/{step}")
-    return ",".join(items)
 
 
 class Cron:
@@ -232,18 +98,7 @@ class Cron:
         "is_fixed_time",
         "fields",
         "seconds_field",
-        "_seconds",
-        "_minutes",
-        "_hours",
-        "_months",
-        "_second_ok",
-        "_minute_ok",
-        "_hour_ok",
-        "_month_ok",
-        "_dom_ok",
-        "_dow_ok",
-        "_day_or",
-        "_every_day",
+        "_search",
         "_utcoffset",
     )
 
@@ -254,18 +109,7 @@ class Cron:
     is_fixed_time: bool
     fields: tuple[str, str, str, str, str]
     seconds_field: str | None
-    _seconds: tuple[int, ...]
-    _minutes: tuple[int, ...]
-    _hours: tuple[int, ...]
-    _months: tuple[int, ...]
-    _second_ok: tuple[bool, ...]
-    _minute_ok: tuple[bool, ...]
-    _hour_ok: tuple[bool, ...]
-    _month_ok: tuple[bool, ...]
-    _dom_ok: tuple[bool, ...]
-    _dow_ok: tuple[bool, ...]
-    _day_or: bool
-    _every_day: bool
+    _search: CronFields
     _utcoffset: Callable[[datetime], timedelta]
 
     def __init__(self, expr: str, timezone: str) -> None:
@@ -278,8 +122,8 @@ class Cron:
         if not isinstance(expr, str):
             raise fail("the expression must be a string")
         try:
-            tokens, canonical = self._parse(expr)
-        except _Invalid as exc:
+            tokens, canonical = parse(expr)
+        except Invalid as exc:
             raise fail(str(exc)) from None
         zone = self._load_zone(timezone, fail)
         set_(self, "zone", zone)
@@ -300,82 +144,17 @@ class Cron:
             "is_fixed_time",
             not has_seconds and not text[1].startswith("*") and not text[2].startswith("*"),
         )
-
-        # croniter wants seconds last unless told otherwise; we tell it, so that its
-        # field order is (minute, hour, dom, month, dow, second) for six fields.
         try:
-            expanded, nth = croniter.expand(
-                " ".join(canonical if has_seconds else canonical[1:]),
-                second_at_beginning=True,
-            )
-        except (ValueError, TypeError) as exc:  # should not happen after our validation
-            raise fail(f"rejected by the cron parser ({type(exc).__name__})") from None
-        if nth:  # pragma: no cover - "#" never reaches croniter
-            raise fail('uses the non-standard "#" syntax')
-        seconds = expanded[5] if has_seconds else [0]
-        sets = [seconds, *expanded[:5]]
-        values: list[tuple[int, ...]] = []
-        for field, raw in enumerate(sets):
-            low, high = _BOUNDS[field]
-            if field == _DOW_F:
-                high = 6
-            if raw == ["*"]:
-                vals = tuple(range(low, high + 1))
-            else:
-                vals = tuple(sorted({0 if (field == _DOW_F and v == 7) else int(v) for v in raw}))
-            if not vals or any(not low <= v <= high for v in vals):  # pragma: no cover
-                raise fail(f"{_FIELD_NAMES[field]} could not be expanded")
-            values.append(vals)
-
-        def flags(vals: tuple[int, ...], size: int) -> tuple[bool, ...]:
-            chosen = set(vals)
-            return tuple(i in chosen for i in range(size))
-
-        set_(self, "_seconds", values[_SECOND_F])
-        set_(self, "_minutes", values[_MINUTE_F])
-        set_(self, "_hours", values[_HOUR_F])
-        set_(self, "_months", values[_MONTH_F])
-        set_(self, "_second_ok", flags(values[_SECOND_F], 60))
-        set_(self, "_minute_ok", flags(values[_MINUTE_F], 60))
-        set_(self, "_hour_ok", flags(values[_HOUR_F], 24))
-        set_(self, "_month_ok", flags(values[_MONTH_F], 13))
-        set_(self, "_dom_ok", flags(values[_DOM_F], 32))
-        set_(self, "_dow_ok", flags(values[_DOW_F], 7))
+            values = expand(canonical, has_seconds)
+        except Invalid as exc:
+            raise fail(str(exc)) from None
         dom_star = text[3].startswith("*")
         dow_star = text[5].startswith("*")
         # Vixie cron: OR the day fields only when both are restricted.
-        set_(self, "_day_or", not dom_star and not dow_star)
-        set_(
-            self,
-            "_every_day",
-            len(values[_DOM_F]) == 31 and len(values[_DOW_F]) == 7,
-        )
-        self._check_fires(fail)
+        set_(self, "_search", CronFields(values, day_or=not dom_star and not dow_star))
+        self._check_fires(fail, every_weekday=len(values.dow) == 7)
 
     # -- construction helpers -------------------------------------------------------
-
-    @staticmethod
-    def _parse(expr: str) -> tuple[list[str], list[str]]:
-        """Split, expand macros and validate; return (tokens as written, canonical)."""
-        stripped = _SPACE_RE.sub(" ", expr).strip(" ")
-        if not stripped:
-            raise _Invalid("empty expression")
-        if stripped.startswith("@"):
-            macro = stripped.lower()
-            if macro not in _MACROS:
-                raise _Invalid(
-                    f'macro "{stripped}" is not supported (use @yearly, @annually, '
-                    "@monthly, @weekly, @daily, @midnight or @hourly)"
-                )
-            stripped = _MACROS[macro]
-        tokens = stripped.split(" ")
-        if len(tokens) not in (5, 6):
-            raise _Invalid(f"expected 5 or 6 fields, got {len(tokens)}")
-        offset = 0 if len(tokens) == 6 else 1
-        canonical = ["0"] if offset else []
-        for i, token in enumerate(tokens):
-            canonical.append(_canonical_field(token, i + offset))
-        return tokens, canonical
 
     @staticmethod
     def _load_zone(name: object, fail: Callable[[str], CronError]) -> ZoneInfo:
@@ -398,25 +177,12 @@ class Cron:
             raise fail(f'unknown timezone "{name}"') from None
         return zone
 
-    def _check_fires(self, fail: Callable[[str], CronError]) -> None:
-        """Reject expressions whose day fields can never agree on a date.
-
-        Hours, minutes and seconds always have values, so only the date matters.
-        2001-2028 is one full 28-year cycle inside a single Gregorian century: every
-        (month, day, weekday) combination, Feb 29 included, occurs in it.
-        """
-        if self._day_or:
-            return  # every month has every weekday, so the day-of-week side always fires
-        doms = [d for d in range(1, 32) if self._dom_ok[d]]
-        for year in range(2001, 2029):
-            for month in self._months:
-                for day in doms:
-                    if day > _month_len(year, month):
-                        break
-                    if self._day_matches(year, month, day):
-                        return
+    def _check_fires(self, fail: Callable[[str], CronError], *, every_weekday: bool) -> None:
+        """Reject expressions whose day fields can never agree on a date."""
+        if self._search.fires_on_some_date():
+            return
         what = f'day-of-month "{self.fields[2]}" in month "{self.fields[3]}"'
-        if not all(self._dow_ok):
+        if not every_weekday:
             what += f' on day-of-week "{self.fields[4]}"'
         raise fail(f"never fires (no date matches {what})")
 
@@ -548,7 +314,7 @@ class Cron:
             prev_local = zone.fromutc((a - _SECOND).replace(tzinfo=zone))
             wall = prev_local.replace(tzinfo=None, fold=0) + _SECOND
             while True:
-                w = self._wall_at_or_after(wall, None)
+                w = self._search.wall_at_or_after(wall, None)
                 if w is None:
                     return None
                 o0 = utcoffset(w)
@@ -578,16 +344,16 @@ class Cron:
         if fold is not None:
             first_pass, o_before, o_after, f_start, f_end = fold
             # Rest of the current pass, then (from the first pass) the whole second pass.
-            w = self._wall_at_or_after(wall, f_end)
+            w = self._search.wall_at_or_after(wall, f_end)
             if w is not None:
                 return w - (o_before if first_pass else o_after)
             if first_pass:
-                w = self._wall_at_or_after(f_start, f_end)
+                w = self._search.wall_at_or_after(f_start, f_end)
                 if w is not None:
                     return w - o_after
             wall = f_end
         while True:
-            w = self._wall_at_or_after(wall, None)
+            w = self._search.wall_at_or_after(wall, None)
             if w is None:
                 return None
             o0 = utcoffset(w)
@@ -610,7 +376,7 @@ class Cron:
                 # In the second pass every wall of the fold already fired (first pass).
                 wall = fold[4] - _SECOND
             while True:
-                w = self._wall_at_or_before(wall, None)
+                w = self._search.wall_at_or_before(wall, None)
                 if w is None:
                     return None
                 o0 = utcoffset(w)
@@ -625,20 +391,20 @@ class Cron:
         if fold is not None:
             first_pass, o_before, o_after, f_start, f_end = fold
             if first_pass:
-                w = self._wall_at_or_before(wall, f_start)
+                w = self._search.wall_at_or_before(wall, f_start)
                 if w is not None:
                     return w - o_before
             else:
                 # Earlier in the second pass, then the whole first pass.
-                w = self._wall_at_or_before(wall, f_start)
+                w = self._search.wall_at_or_before(wall, f_start)
                 if w is not None:
                     return w - o_after
-                w = self._wall_at_or_before(f_end - _SECOND, f_start)
+                w = self._search.wall_at_or_before(f_end - _SECOND, f_start)
                 if w is not None:
                     return w - o_before
             wall = f_start - _SECOND
         while True:
-            w = self._wall_at_or_before(wall, None)
+            w = self._search.wall_at_or_before(wall, None)
             if w is None:
                 return None
             o0 = utcoffset(w)
@@ -668,133 +434,6 @@ class Cron:
             else:
                 hi = mid
         return low + timedelta(seconds=hi)
-
-    # -- slot search in wall-clock time ----------------------------------------------------
-
-    def _day_matches(self, year: int, month: int, day: int) -> bool:
-        if not self._month_ok[month]:
-            return False
-        if self._every_day:
-            return True
-        dom = self._dom_ok[day]
-        dow = self._dow_ok[_cron_weekday(year, month, day)]
-        return (dom or dow) if self._day_or else (dom and dow)
-
-    def _wall_at_or_after(self, wall: datetime, limit: datetime | None) -> datetime | None:
-        """First matching wall time at or after ``wall`` and before ``limit``."""
-        y, mo, d = wall.year, wall.month, wall.day
-        if self._day_matches(y, mo, d):
-            hms = self._time_at_or_after(wall.hour, wall.minute, wall.second)
-            if hms is not None:
-                found = datetime(y, mo, d, *hms)
-                return found if limit is None or found < limit else None
-        stop = (9999, 12, 31) if limit is None else (limit.year, limit.month, limit.day)
-        day = self._day_after(y, mo, d, stop)
-        if day is None:
-            return None
-        found = datetime(*day, self._hours[0], self._minutes[0], self._seconds[0])
-        return found if limit is None or found < limit else None
-
-    def _wall_at_or_before(self, wall: datetime, floor: datetime | None) -> datetime | None:
-        """Last matching wall time at or before ``wall`` and at or after ``floor``."""
-        y, mo, d = wall.year, wall.month, wall.day
-        if self._day_matches(y, mo, d):
-            hms = self._time_at_or_before(wall.hour, wall.minute, wall.second)
-            if hms is not None:
-                found = datetime(y, mo, d, *hms)
-                return found if floor is None or found >= floor else None
-        stop = (1, 1, 1) if floor is None else (floor.year, floor.month, floor.day)
-        day = self._day_before(y, mo, d, stop)
-        if day is None:
-            return None
-        found = datetime(*day, self._hours[-1], self._minutes[-1], self._seconds[-1])
-        return found if floor is None or found >= floor else None
-
-    def _time_at_or_after(self, h: int, m: int, s: int) -> tuple[int, int, int] | None:
-        seconds, minutes, hours = self._seconds, self._minutes, self._hours
-        if self._hour_ok[h]:
-            if self._minute_ok[m]:
-                i = bisect_left(seconds, s)
-                if i < len(seconds):
-                    return h, m, seconds[i]
-            i = bisect_right(minutes, m)
-            if i < len(minutes):
-                return h, minutes[i], seconds[0]
-        i = bisect_right(hours, h)
-        if i < len(hours):
-            return hours[i], minutes[0], seconds[0]
-        return None
-
-    def _time_at_or_before(self, h: int, m: int, s: int) -> tuple[int, int, int] | None:
-        seconds, minutes, hours = self._seconds, self._minutes, self._hours
-        if self._hour_ok[h]:
-            if self._minute_ok[m]:
-                i = bisect_right(seconds, s)
-                if i:
-                    return h, m, seconds[i - 1]
-            i = bisect_left(minutes, m)
-            if i:
-                return h, minutes[i - 1], seconds[-1]
-        i = bisect_left(hours, h)
-        if i:
-            return hours[i - 1], minutes[-1], seconds[-1]
-        return None
-
-    def _day_after(
-        self, y: int, mo: int, d: int, stop: tuple[int, int, int]
-    ) -> tuple[int, int, int] | None:
-        """First matching date strictly after (y, mo, d) and not after ``stop``."""
-        months, month_ok, dom_ok, dow_ok = self._months, self._month_ok, self._dom_ok, self._dow_ok
-        day_or, every_day = self._day_or, self._every_day
-        d += 1
-        while (y, mo) <= stop[:2]:
-            if month_ok[mo]:
-                length = _month_len(y, mo)
-                if d <= length:
-                    if every_day:
-                        return (y, mo, d) if (y, mo, d) <= stop else None
-                    wd = _cron_weekday(y, mo, d)
-                    while d <= length:
-                        dom, dow = dom_ok[d], dow_ok[wd]
-                        if (dom or dow) if day_or else (dom and dow):
-                            return (y, mo, d) if (y, mo, d) <= stop else None
-                        d += 1
-                        wd = (wd + 1) % 7
-            # Skip straight to the next allowed month.
-            i = bisect_right(months, mo)
-            if i < len(months):
-                mo = months[i]
-            else:
-                y, mo = y + 1, months[0]
-            d = 1
-        return None
-
-    def _day_before(
-        self, y: int, mo: int, d: int, stop: tuple[int, int, int]
-    ) -> tuple[int, int, int] | None:
-        """Last matching date strictly before (y, mo, d) and not before ``stop``."""
-        months, month_ok, dom_ok, dow_ok = self._months, self._month_ok, self._dom_ok, self._dow_ok
-        day_or, every_day = self._day_or, self._every_day
-        d -= 1
-        while (y, mo) >= stop[:2]:
-            if month_ok[mo] and d >= 1:
-                d = min(d, _month_len(y, mo))
-                if every_day:
-                    return (y, mo, d) if (y, mo, d) >= stop else None
-                wd = _cron_weekday(y, mo, d)
-                while d >= 1:
-                    dom, dow = dom_ok[d], dow_ok[wd]
-                    if (dom or dow) if day_or else (dom and dow):
-                        return (y, mo, d) if (y, mo, d) >= stop else None
-                    d -= 1
-                    wd = (wd - 1) % 7
-            i = bisect_left(months, mo)
-            if i > 0:
-                mo = months[i - 1]
-            else:
-                y, mo = y - 1, months[-1]
-            d = 31
-        return None
 
 
 def _to_utc(value: datetime, name: str, *, floor: bool = True) -> datetime:
