@@ -6,7 +6,8 @@ with retries, dedupe keys, dead jobs and a fleet-wide concurrency cap (the READM
 * :mod:`~backend.jobs.store`: what a store must do (:class:`JobStore`) and its invariants;
 * :mod:`~backend.jobs.system`: the subsystem an engine runs (sending, operator actions,
   the abandoned-work sweep, retention);
-* :mod:`~backend.jobs.workers`: claiming and running jobs through the shared handler runner;
+* :mod:`~backend.jobs.workers`: claiming and running jobs through the shared handler runner
+  (its parts: :mod:`~backend.jobs.cycles`, :mod:`~backend.jobs.seats`, :mod:`~backend.jobs.stopping`);
 * :mod:`~backend.jobs.actions`: ``st.jobs``, the public face of all of it.
 
 Only the light modules are imported here; the engine imports the rest.
