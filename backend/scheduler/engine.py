@@ -24,6 +24,12 @@ with one job:
 * :mod:`~backend.scheduler.ledger` and :mod:`~backend.runtime.loops`: recording runs, and the background
   tasks with the bookkeeping that lets :meth:`Engine.quiesce` say "nothing left to do".
 
+The class is written in three modules: this one (wiring the parts, the lifecycle, listeners
+and quiescence), and two it inherits from, :mod:`~backend.scheduler.engine_reads` (:class:`~backend.scheduler.engine_reads.EngineReads`:
+the schedules, their states and views, run pages, the fleet and health) and
+:mod:`~backend.scheduler.engine_actions` (:class:`~backend.scheduler.engine_actions.EngineActions`:
+the operator actions on schedules and backfills).
+
 Each part is handed what it uses (constructor arguments, or the :class:`~backend.scheduler.parts.CoreParts`
 bundle the builders start from), never the engine; only :mod:`~backend.scheduler.lifecycle`
 takes the engine, whose order of events it is, through its public surface.
@@ -33,12 +39,10 @@ Time comes only from the injected :class:`~backend.clock.Clock`.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime, timedelta
+from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any, Literal, cast
 
 import httpx
@@ -48,7 +52,7 @@ from backend.alerts.system import Alerts, AlertSettings
 from backend.clock import Clock, SystemClock, follows_real_time
 from backend.definitions import Definitions
 from backend.durable import Durable, DurableFunction
-from backend.errors import BadInput, Refused, Unavailable
+from backend.errors import BadInput, Unavailable
 from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
 from backend.events.relay import Relay
@@ -57,18 +61,7 @@ from backend.inputs import check_instance
 from backend.jobs.definition import BACKOFF_FIRST_S, Queue
 from backend.jobs.system import Jobs
 from backend.locks import Locks
-from backend.model import (
-    BackfillPlan,
-    BackfillProgress,
-    CoordinationMode,
-    ExternalFiring,
-    Health,
-    InstanceInfo,
-    Run,
-    RunsPage,
-    SchedulesSnapshot,
-    ScheduleView,
-)
+from backend.model import CoordinationMode, ExternalFiring, Run
 from backend.observability.logs import LogStore
 from backend.observability.runlogs import RunLogs
 from backend.runtime.liveness import WorkLease, boot_clock
@@ -78,16 +71,18 @@ from backend.runtime.outages import OutageLog
 from backend.runtime.runner import DEFAULT_MAX_THREADS, HandlerRunner
 from backend.runtime.subsystems import Shared, Subsystem
 from backend.scheduler import lifecycle, names
-from backend.scheduler.backfills import Backfills, live_estimate
-from backend.scheduler.catalog import Catalog, CatalogStore, bind_target
+from backend.scheduler.backfills import Backfills
+from backend.scheduler.catalog import Catalog, CatalogStore
 from backend.scheduler.catchup import CatchUp
 from backend.scheduler.coordination.cluster import Cluster
 from backend.scheduler.coordination.slots import Coordinator, SlotClaims, make_coordinator
+from backend.scheduler.engine_actions import EngineActions
+from backend.scheduler.engine_reads import EngineReads
 from backend.scheduler.external import ExternalFires
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.ledger import RunLedger, RunListener
 from backend.scheduler.parts import CoreParts, build_schedule_parts
-from backend.scheduler.reads import ScheduleReads, find_schedule
+from backend.scheduler.reads import ScheduleReads
 from backend.scheduler.registry import InstanceRegistry
 from backend.scheduler.states import ScheduleStates
 from backend.scheduler.systems import build_systems
@@ -99,14 +94,11 @@ __all__ = ["Engine", "ExternalFiring", "RunListener"]
 
 log = logging.getLogger("schedtui.engine")
 
-#: How long a health check waits for the instances table before answering without it (seconds).
-HEALTH_READ_TIMEOUT = 2.0
-
 #: What the engine runs: schedules, and each subsystem's definitions.
 _DEFINITION_TYPES: tuple[type, ...] = (Schedule, Queue, DurableFunction)
 
 
-class Engine:
+class Engine(EngineReads, EngineActions):
     """Fires schedules, records every run, and carries out operator actions.
 
     Use ``await engine.start()`` to arm timers (what ``schedtui serve`` does), or only
@@ -361,20 +353,6 @@ class Engine:
             early=external_early,
         )
 
-    def bind_target(self, schedule: Schedule) -> Schedule:
-        """A schedule defined with ``durable=F`` starts an execution of F per slot."""
-        # Looked up at each slot: the code schedules are bound before ``durable`` is built.
-        return bind_target(schedule, lambda function, ctx: self.durable.start_for_slot(function, ctx))
-
-    def add_schedule(self, schedule: Schedule) -> None:
-        """Run ``schedule`` (new, or replacing its namesake's definition); arming is the caller's."""
-        self.catalog.add_schedule(schedule)
-
-    def remove_schedule(self, name: str) -> None:
-        """Stop running a schedule: disarmed, its queued firings recorded missed, forgotten
-        (a run in flight finishes and is recorded)."""
-        self.catalog.remove_schedule(name)
-
     @property
     def started(self) -> bool:
         return self._started and not self._stopping
@@ -500,82 +478,6 @@ class Engine:
         await self.loops.quiesce(lambda: lifecycle.is_settled(self) if runs else lifecycle.has_started(self), flush)
 
     # ------------------------------------------------------------------------------------
-    # state
-    # ------------------------------------------------------------------------------------
-    def schedule(self, name: str) -> Schedule:
-        return find_schedule(self.schedules, name)
-
-    def trigger_of(self, schedule: Schedule) -> Literal["self", "external"]:
-        """How ``schedule`` is fired here: its own trigger, else the engine's default."""
-        return schedule.effective_trigger(self.default_trigger)
-
-    def is_enabled(self, name: str) -> bool:
-        return self.states.is_enabled(name)
-
-    def next_fire_at(self, name: str) -> datetime | None:
-        return self.reads.next_fire(self.schedule(name), self.is_enabled(name))
-
-    def upcoming(self, name: str, count: int = 5) -> list[datetime]:
-        """The next ``count`` slots of a schedule, whatever its state (for previews)."""
-        return self.reads.upcoming(name, count)
-
-    async def refresh_states(self) -> None:
-        """Re-read enabled/disabled from the store and arm or disarm what changed."""
-        await self.states.refresh()
-
-    async def list_schedules(self) -> list[ScheduleView]:
-        """Every schedule with its state, next slot, newest self/external run and newest
-        manual run (when that is its newest run)."""
-        return await self.reads.list_schedules()
-
-    async def get_schedule(self, name: str) -> ScheduleView:
-        return await self.reads.get_schedule(name)
-
-    async def list_runs(
-        self, name: str, *, limit: int = 50, before: str | None = None
-    ) -> tuple[list[Run], str | None]:
-        """A page of a schedule's runs, newest first, and the ``before`` of the next page
-        (``None`` on the last). ``before`` is the last id of the previous page."""
-        return await self.reads.list_runs(name, limit=limit, before=before)
-
-    async def get_run(self, run_id: str) -> Run:
-        return await self.reads.get_run(run_id)
-
-    async def schedules_snapshot(self) -> SchedulesSnapshot:
-        """Every schedule (:meth:`list_schedules`) with the clock's now and who reads them."""
-        views = await self.list_schedules()
-        return SchedulesSnapshot(self.coordination, self.instance, self.clock.now(), views)
-
-    async def runs_page(self, name: str, *, limit: int = 50, before: str | None = None) -> RunsPage:
-        """:meth:`list_runs` as a page."""
-        runs, next_before = await self.list_runs(name, limit=limit, before=before)
-        return RunsPage(runs, next_before)
-
-    async def runs_between(
-        self, names: list[str], start: datetime, end: datetime, *, limit_per_name: int = 200
-    ) -> dict[str, list[Run]]:
-        """Per schedule of ``names`` (each must exist), its runs scheduled in ``[start,
-        end)``, newest first, at most ``limit_per_name``; schedules without any left out."""
-        for name in names:
-            self.schedule(name)
-        return await self.store.runs_between(names, start, end, limit_per_name=limit_per_name)
-
-    async def instances(self) -> list[InstanceInfo]:
-        """The engine instances registered in the store, with their heartbeats."""
-        return await self.store.fleet()
-
-    async def health(self) -> Health:
-        """The store's own account of its writes (no I/O) and the instances table (one
-        read, bounded by :data:`HEALTH_READ_TIMEOUT`; ``None`` when it cannot be read)."""
-        instances: list[InstanceInfo] | None
-        try:
-            instances = await asyncio.wait_for(self.store.fleet(), HEALTH_READ_TIMEOUT)
-        except (Unavailable, TimeoutError):
-            instances = None
-        # After the read: it may just have found the store down.
-        return Health(self.instance, self.coordination, self.store.kind, self.store.health(), instances, self.clock.now())
-
-    # ------------------------------------------------------------------------------------
     # housekeeping: state changes from other processes, heartbeats, abandoned runs, retention
     # ------------------------------------------------------------------------------------
     async def maintain(self) -> None:
@@ -585,161 +487,3 @@ class Engine:
     async def close_abandoned(self) -> list[Run]:
         """Close runs (and backfills) left ``running`` by instances that are gone."""
         return await self.registry.close_abandoned()
-
-    # ------------------------------------------------------------------------------------
-    # operator actions
-    # ------------------------------------------------------------------------------------
-    async def run_now(self, name: str, *, wait: bool = False) -> Run:
-        """Fire a schedule at once (trigger and outcome ``manual``), whatever its overlap
-        policy and enabled state. Returns the run once its row is committed, or, with
-        ``wait``, once it has finished."""
-        schedule = self.schedule(name)
-        health = self.store.health()
-        if not health.ok:
-            # Refused before firing: its answer could only be a 503 after the fact.
-            raise Unavailable(f'"{name}" not fired: the store cannot record runs now ({health.error})')
-        scheduled = self.launcher.launch(schedule, self.clock.now(), "manual", "manual")
-        await scheduled.started()
-        await self.audit.record("schedule.fire", name, {"run_id": scheduled.run.id})
-        run = await scheduled.finished() if wait else scheduled.run
-        await self.flush()
-        return run
-
-    async def wait_run(self, run_id: str) -> Run:
-        """Wait for a run this engine started to finish."""
-        active = self.launcher.active.get(run_id)
-        if active is None:
-            return await self.get_run(run_id)
-        return await asyncio.shield(active.finished())
-
-    async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None, by: str | None = None) -> ScheduleView:
-        """Enable or disable a schedule, persistently. A disabled schedule keeps its
-        definition, has no next slot and does not fire; enabling it arms its next future slot
-        (slots that passed while it was disabled are not caught up)."""
-        if name not in self.schedules:
-            await self.catalog.refresh()  # created a moment ago by another process?
-        self.schedule(name)
-        actor = by or self.audit.actor()
-        was = self.is_enabled(name)
-        await self.states.set(name, enabled, at=self.clock.now(), by=actor, note=note)
-        state = self.states.get(name)
-        await self.audit.record(
-            "schedule.enable" if enabled else "schedule.disable",
-            name,
-            {"note": state.note if state is not None else None, "was_enabled": was},
-            actor=actor,
-        )
-        return await self.get_schedule(name)
-
-    async def enable(self, name: str, *, note: str | None = None) -> ScheduleView:
-        """:meth:`set_enabled` to enabled (an operator's action)."""
-        return await self.set_enabled(name, True, note=note)
-
-    async def disable(self, name: str, *, note: str | None = None) -> ScheduleView:
-        """:meth:`set_enabled` to disabled (an operator's action)."""
-        return await self.set_enabled(name, False, note=note)
-
-    async def create_schedule(self, spec: Mapping[str, Any]) -> ScheduleView:
-        """Store a new schedule (see :meth:`backend.client.interface.Backend.create_schedule`);
-        armed here at once, on every instance sharing the store within 2 s."""
-        actor = self.audit.actor()
-        row, made = await self.catalog.create(spec, actor)
-        # A repeat (a retry whose first answer was lost) is recorded too, marked: the first
-        # call's own entry may be what was lost.
-        details = {"spec": row.spec()} if made else {"spec": row.spec(), "again": True}
-        await self.audit.record("schedule.create", row.name, details, actor=actor)
-        return await self.get_schedule(row.name)
-
-    async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
-        """Change a stored schedule; a code schedule is refused (``defined_in_code``)."""
-        self.catalog.check_stored(name)
-        actor = self.audit.actor()
-        before, after = await self.catalog.update(name, changes, actor)
-        if "enabled" in changes and after.enabled != self.is_enabled(name):
-            await self.states.set(name, after.enabled, at=self.clock.now(), by=actor)
-        await self.audit.record("schedule.update", name, {"before": before.spec(), "after": after.spec()}, actor=actor)
-        return await self.get_schedule(name)
-
-    async def delete_schedule(self, name: str) -> None:
-        """Delete a stored schedule: it stops firing here at once, everywhere within 2 s."""
-        self.catalog.check_stored(name)
-        actor = self.audit.actor()
-        row = await self.catalog.delete(name)
-        await self.audit.record("schedule.delete", name, {"spec": row.spec()}, actor=actor)
-
-    async def fire_external(self, name: str, *, allow_self: bool | None = None) -> ExternalFiring:
-        """Fire the slot that is due now because an external scheduler says so (see
-        :mod:`backend.scheduler.external`). Schedules not marked ``trigger="external"`` are refused
-        unless ``allow_self`` (by default :attr:`allow_external_self`). The overlap policy
-        applies as for timer firings."""
-        schedule = self.schedule(name)
-        if allow_self is None:
-            allow_self = self.allow_external_self
-        if self.trigger_of(schedule) != "external" and not allow_self:
-            raise Refused(
-                f'"{name}" is fired by its own timer (trigger=self); an external fire would run it twice. '
-                "Mark it trigger=\"external\", or allow it explicitly.",
-                reason="not an external schedule",
-            )
-        return await self.external.fire(schedule)
-
-    def plan_backfill(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
-    ) -> BackfillPlan:
-        """What a backfill of the slots in ``(start, end]`` would do; fires nothing."""
-        return self.backfills.plan(self.schedule(name), start, end, confirm=confirm, limit=limit)
-
-    async def start_backfill(
-        self,
-        name: str,
-        start: datetime,
-        end: datetime,
-        *,
-        confirm: bool = False,
-        limit: int | None = None,
-        skip_succeeded: bool = False,
-    ) -> BackfillProgress:
-        """Start firing the slots in ``(start, end]`` in order, in the background (with
-        ``skip_succeeded``, only those without a succeeded run); raises :class:`Refused`
-        when the plan is refused or one runs for this schedule anywhere."""
-        return await self.backfills.start(
-            self.schedule(name), start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
-        )
-
-    async def backfill_plan(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
-    ) -> BackfillPlan:
-        """:meth:`plan_backfill`, with how many of its slots already have a succeeded run
-        (``already_succeeded``) and what it may do to the schedule's live slots (see
-        :func:`~backend.scheduler.backfills.live_estimate`) when it may start or needs
-        confirmation."""
-        plan = self.plan_backfill(name, start, end, confirm=confirm, limit=limit)
-        if plan.count == 0 or plan.reason not in (None, "needs confirmation"):
-            return plan
-        schedule = self.schedule(name)
-        slots = list(schedule.cron.occurrences(plan.start, plan.end))
-        done = await self.succeeded_slots(name, slots)
-        live = await live_estimate(self.store, schedule, plan.count, self.clock.now(), enabled=self.is_enabled(name))
-        return dataclasses.replace(plan, already_succeeded=len(done), **live)
-
-    async def succeeded_slots(self, name: str, slots: list[datetime]) -> set[datetime]:
-        """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""
-        return await self.backfills.succeeded_slots(self.schedule(name), slots)
-
-    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
-        """Stop a running backfill of this engine before its next slot (the run in flight
-        finishes on its own); recorded ``cancelled``, and its end once that run has ended."""
-        return await self.backfills.cancel(backfill_id)
-
-    async def running_backfills(self, name: str | None = None) -> list[BackfillProgress]:
-        """The backfills running now on any instance (of schedule ``name``), oldest first."""
-        if name is not None:
-            self.schedule(name)  # NotFound for an unknown one
-        return self.backfills.running(name, await self.store.running_backfills())
-
-    async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
-        return await self.backfills.progress(backfill_id)
-
-    async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
-        return await self.backfills.wait(backfill_id)
-

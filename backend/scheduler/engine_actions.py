@@ -1,0 +1,230 @@
+"""The engine's operator actions: on schedules (run now, enable and disable, create, update
+and delete, fire for an external scheduler, add and remove, bind to a durable function)
+and on backfills: plan, start, cancel, follow (a part of :class:`~backend.scheduler.engine.Engine`).
+
+Each checks what it is asked and hands the work to the part that does it (the launcher,
+the states, the catalog, the external fires, the backfills); those an operator takes are
+recorded in the audit log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from backend.clock import Clock
+from backend.durable import Durable
+from backend.errors import Refused, Unavailable
+from backend.events.audit import AuditLog
+from backend.model import BackfillPlan, BackfillProgress, ExternalFiring, Run, ScheduleView
+from backend.scheduler.backfills import Backfills, live_estimate
+from backend.scheduler.catalog import Catalog, bind_target
+from backend.scheduler.external import ExternalFires
+from backend.scheduler.launcher import Launcher
+from backend.scheduler.states import ScheduleStates
+from backend.schedules import Schedule
+from backend.store import Store
+
+__all__ = ["EngineActions"]
+
+
+class EngineActions:
+    """The operator actions on schedules and backfills (see the module docstring): a part of
+    the engine, which sets up what is declared here in its ``__init__``."""
+
+    schedules: dict[str, Schedule]
+    store: Store
+    clock: Clock
+    allow_external_self: bool
+    states: ScheduleStates
+    audit: AuditLog
+    catalog: Catalog
+    launcher: Launcher
+    external: ExternalFires
+    backfills: Backfills
+    durable: Durable
+
+    if TYPE_CHECKING:  # the engine's (its reads: :class:`~backend.scheduler.engine_reads.EngineReads`)
+
+        def schedule(self, name: str) -> Schedule: ...
+
+        def trigger_of(self, schedule: Schedule) -> Literal["self", "external"]: ...
+
+        def is_enabled(self, name: str) -> bool: ...
+
+        async def get_schedule(self, name: str) -> ScheduleView: ...
+
+        async def get_run(self, run_id: str) -> Run: ...
+
+        async def flush(self) -> None: ...
+
+    def bind_target(self, schedule: Schedule) -> Schedule:
+        """A schedule defined with ``durable=F`` starts an execution of F per slot."""
+        # Looked up at each slot: the code schedules are bound before ``durable`` is built.
+        return bind_target(schedule, lambda function, ctx: self.durable.start_for_slot(function, ctx))
+
+    def add_schedule(self, schedule: Schedule) -> None:
+        """Run ``schedule`` (new, or replacing its namesake's definition); arming is the caller's."""
+        self.catalog.add_schedule(schedule)
+
+    def remove_schedule(self, name: str) -> None:
+        """Stop running a schedule: disarmed, its queued firings recorded missed, forgotten
+        (a run in flight finishes and is recorded)."""
+        self.catalog.remove_schedule(name)
+
+    async def run_now(self, name: str, *, wait: bool = False) -> Run:
+        """Fire a schedule at once (trigger and outcome ``manual``), whatever its overlap
+        policy and enabled state. Returns the run once its row is committed, or, with
+        ``wait``, once it has finished."""
+        schedule = self.schedule(name)
+        health = self.store.health()
+        if not health.ok:
+            # Refused before firing: its answer could only be a 503 after the fact.
+            raise Unavailable(f'"{name}" not fired: the store cannot record runs now ({health.error})')
+        scheduled = self.launcher.launch(schedule, self.clock.now(), "manual", "manual")
+        await scheduled.started()
+        await self.audit.record("schedule.fire", name, {"run_id": scheduled.run.id})
+        run = await scheduled.finished() if wait else scheduled.run
+        await self.flush()
+        return run
+
+    async def wait_run(self, run_id: str) -> Run:
+        """Wait for a run this engine started to finish."""
+        active = self.launcher.active.get(run_id)
+        if active is None:
+            return await self.get_run(run_id)
+        return await asyncio.shield(active.finished())
+
+    async def set_enabled(self, name: str, enabled: bool, *, note: str | None = None, by: str | None = None) -> ScheduleView:
+        """Enable or disable a schedule, persistently. A disabled schedule keeps its
+        definition, has no next slot and does not fire; enabling it arms its next future slot
+        (slots that passed while it was disabled are not caught up)."""
+        if name not in self.schedules:
+            await self.catalog.refresh()  # created a moment ago by another process?
+        self.schedule(name)
+        actor = by or self.audit.actor()
+        was = self.is_enabled(name)
+        await self.states.set(name, enabled, at=self.clock.now(), by=actor, note=note)
+        state = self.states.get(name)
+        await self.audit.record(
+            "schedule.enable" if enabled else "schedule.disable",
+            name,
+            {"note": state.note if state is not None else None, "was_enabled": was},
+            actor=actor,
+        )
+        return await self.get_schedule(name)
+
+    async def enable(self, name: str, *, note: str | None = None) -> ScheduleView:
+        """:meth:`set_enabled` to enabled (an operator's action)."""
+        return await self.set_enabled(name, True, note=note)
+
+    async def disable(self, name: str, *, note: str | None = None) -> ScheduleView:
+        """:meth:`set_enabled` to disabled (an operator's action)."""
+        return await self.set_enabled(name, False, note=note)
+
+    async def create_schedule(self, spec: Mapping[str, Any]) -> ScheduleView:
+        """Store a new schedule (see :meth:`backend.client.interface.Backend.create_schedule`);
+        armed here at once, on every instance sharing the store within 2 s."""
+        actor = self.audit.actor()
+        row, made = await self.catalog.create(spec, actor)
+        # A repeat (a retry whose first answer was lost) is recorded too, marked: the first
+        # call's own entry may be what was lost.
+        details = {"spec": row.spec()} if made else {"spec": row.spec(), "again": True}
+        await self.audit.record("schedule.create", row.name, details, actor=actor)
+        return await self.get_schedule(row.name)
+
+    async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
+        """Change a stored schedule; a code schedule is refused (``defined_in_code``)."""
+        self.catalog.check_stored(name)
+        actor = self.audit.actor()
+        before, after = await self.catalog.update(name, changes, actor)
+        if "enabled" in changes and after.enabled != self.is_enabled(name):
+            await self.states.set(name, after.enabled, at=self.clock.now(), by=actor)
+        await self.audit.record("schedule.update", name, {"before": before.spec(), "after": after.spec()}, actor=actor)
+        return await self.get_schedule(name)
+
+    async def delete_schedule(self, name: str) -> None:
+        """Delete a stored schedule: it stops firing here at once, everywhere within 2 s."""
+        self.catalog.check_stored(name)
+        actor = self.audit.actor()
+        row = await self.catalog.delete(name)
+        await self.audit.record("schedule.delete", name, {"spec": row.spec()}, actor=actor)
+
+    async def fire_external(self, name: str, *, allow_self: bool | None = None) -> ExternalFiring:
+        """Fire the slot that is due now because an external scheduler says so (see
+        :mod:`backend.scheduler.external`). Schedules not marked ``trigger="external"`` are refused
+        unless ``allow_self`` (by default :attr:`allow_external_self`). The overlap policy
+        applies as for timer firings."""
+        schedule = self.schedule(name)
+        if allow_self is None:
+            allow_self = self.allow_external_self
+        if self.trigger_of(schedule) != "external" and not allow_self:
+            raise Refused(
+                f'"{name}" is fired by its own timer (trigger=self); an external fire would run it twice. '
+                "Mark it trigger=\"external\", or allow it explicitly.",
+                reason="not an external schedule",
+            )
+        return await self.external.fire(schedule)
+
+    def plan_backfill(
+        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+    ) -> BackfillPlan:
+        """What a backfill of the slots in ``(start, end]`` would do; fires nothing."""
+        return self.backfills.plan(self.schedule(name), start, end, confirm=confirm, limit=limit)
+
+    async def start_backfill(
+        self,
+        name: str,
+        start: datetime,
+        end: datetime,
+        *,
+        confirm: bool = False,
+        limit: int | None = None,
+        skip_succeeded: bool = False,
+    ) -> BackfillProgress:
+        """Start firing the slots in ``(start, end]`` in order, in the background (with
+        ``skip_succeeded``, only those without a succeeded run); raises :class:`Refused`
+        when the plan is refused or one runs for this schedule anywhere."""
+        return await self.backfills.start(
+            self.schedule(name), start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
+        )
+
+    async def backfill_plan(
+        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+    ) -> BackfillPlan:
+        """:meth:`plan_backfill`, with how many of its slots already have a succeeded run
+        (``already_succeeded``) and what it may do to the schedule's live slots (see
+        :func:`~backend.scheduler.backfills.live_estimate`) when it may start or needs
+        confirmation."""
+        plan = self.plan_backfill(name, start, end, confirm=confirm, limit=limit)
+        if plan.count == 0 or plan.reason not in (None, "needs confirmation"):
+            return plan
+        schedule = self.schedule(name)
+        slots = list(schedule.cron.occurrences(plan.start, plan.end))
+        done = await self.succeeded_slots(name, slots)
+        live = await live_estimate(self.store, schedule, plan.count, self.clock.now(), enabled=self.is_enabled(name))
+        return dataclasses.replace(plan, already_succeeded=len(done), **live)
+
+    async def succeeded_slots(self, name: str, slots: list[datetime]) -> set[datetime]:
+        """Which of ``slots`` (ascending) already have a succeeded run, of any trigger."""
+        return await self.backfills.succeeded_slots(self.schedule(name), slots)
+
+    async def cancel_backfill(self, backfill_id: str) -> BackfillProgress:
+        """Stop a running backfill of this engine before its next slot (the run in flight
+        finishes on its own); recorded ``cancelled``, and its end once that run has ended."""
+        return await self.backfills.cancel(backfill_id)
+
+    async def running_backfills(self, name: str | None = None) -> list[BackfillProgress]:
+        """The backfills running now on any instance (of schedule ``name``), oldest first."""
+        if name is not None:
+            self.schedule(name)  # NotFound for an unknown one
+        return self.backfills.running(name, await self.store.running_backfills())
+
+    async def backfill_progress(self, backfill_id: str) -> BackfillProgress:
+        return await self.backfills.progress(backfill_id)
+
+    async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
+        return await self.backfills.wait(backfill_id)
