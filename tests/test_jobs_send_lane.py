@@ -96,17 +96,30 @@ async def test_a_pipelined_call_is_one_transaction_and_the_statement_after_it_ru
     async def nothing(conn: psycopg.AsyncConnection[object]) -> None:
         return None
 
-    statements = {"add": "INSERT INTO lane_probe VALUES (%s::int)", "count": "SELECT count(*) FROM lane_probe"}
+    statements = {"add": "INSERT INTO lane_probe VALUES (%s::int)", "count": "SELECT count(*) FROM lane_probe",
+                  "xid": "SELECT txid_current()::text"}  # fmt: skip
     lane = Lane(pg_url, "probe", statements, nothing)
     try:
         assert await lane.open()
         *added, after = await lane.call_many([("add", [b"1"]), ("add", [b"2"])], then=("count", []))
         assert len(added) == 2 and after.get_value(0, 0) == b"2"
+        # The statement after runs in a transaction of its own, once the first has committed.
+        first, then = await lane.call_many([("xid", [])], then=("xid", []))
+        xid, xid_after = first.get_value(0, 0), then.get_value(0, 0)
+        assert xid is not None and xid_after is not None and xid != xid_after
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            assert admin.execute("SELECT txid_status(%s::bigint)", (xid.decode(),)).fetchone() == ("committed",)
+        # A statement that fails rolls back the first transaction, and the one after does not run
+        # (they go in one write, up to one Sync); the lane is left as it was, and is kept.
         with pytest.raises(LaneFailed, match="duplicate key"):
             await lane.call_many([("add", [b"3"]), ("add", [b"1"])], then=("add", [b"4"]))
-        assert lane.connected and lane.available()  # a failed statement keeps the lane
+        assert lane.connected and lane.available()
+        # The statement after failing leaves the first one committed.
+        with pytest.raises(LaneFailed, match="duplicate key"):
+            await lane.call_many([("add", [b"5"])], then=("add", [b"2"]))
+        assert lane.connected and lane.available()
         [count] = await lane.call_many([("count", [])])
-        assert count.get_value(0, 0) == b"3"  # 3 rolled back with the failed insert; 4 apart
+        assert count.get_value(0, 0) == b"3"  # 1, 2 and 5; 3 rolled back, 4 never ran
     finally:
         await lane.close()
 

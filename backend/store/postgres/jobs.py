@@ -890,7 +890,7 @@ class PostgresJobs:
             # On a connection kept for sends when one is free (prepared statements, no pool
             # checkout: a fraction of the CPU). Sent again after a failure there, a job
             # finds its own row by its id: sent once, not a duplicate.
-            # The wake-up goes in the same round trip, in a transaction of its own after it.
+            # The wake-up goes in the same round trip and write, in a transaction of its own after it.
             done = None if alone else await self._on_sender((
                 ("lock", [queue.encode()]),
                 _send_call(queue, jobs, batch, at),

@@ -52,6 +52,16 @@ def numbered(sql: str) -> str:
 
 #: The statuses of a clean result.
 _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+#: The statements that frame a call's first transaction when one follows it (every lane's).
+_BEGIN, _COMMIT = b"schedtui_lane_begin", b"schedtui_lane_commit"
+
+
+def _unframed(results: list[pq.abc.PGresult]) -> list[pq.abc.PGresult]:
+    """A framed call's results without its BEGIN's and its COMMIT's (the first, and the
+    last but one); a call that failed keeps them all (its first error is what it says)."""
+    if len(results) < 3 or any(r.status not in _OK for r in results):
+        return results
+    return results[1:-2] + results[-1:]
 
 
 def _settle(future: asyncio.Future[None]) -> None:
@@ -89,6 +99,10 @@ class Lane:
         self._syncs = 0
         """The Syncs of the call in flight whose results have not been read (pipeline mode,
         see :meth:`call_many`; 0: not in pipeline mode)."""
+        self._framed = False
+        """The call in flight opened its first transaction with BEGIN (see :meth:`call_many`)."""
+        self._rolling_back = False
+        """That transaction failed, and its ROLLBACK is in flight."""
         self._prepared = False
         """Connected, and its statements prepared: calls may go through it."""
         self.closed = False
@@ -145,7 +159,7 @@ class Lane:
             self._loop = asyncio.get_running_loop()
             self._fd = conn.pgconn.socket
             self._loop.add_reader(self._fd, self._readable)
-            for name, sql in self.statements.values():
+            for name, sql in (*self.statements.values(), (_BEGIN, b"BEGIN"), (_COMMIT, b"COMMIT")):
                 self._busy = True
                 conn.pgconn.send_prepare(name, sql)
                 self._check(await self._reply())
@@ -197,11 +211,12 @@ class Lane:
     async def call_many(
         self, calls: Sequence[tuple[str, Sequence[bytes | None]]], then: tuple[str, Sequence[bytes | None]] | None = None
     ) -> list[pq.abc.PGresult]:
-        """Run several statements of the lane, in order, as one implicit transaction in one
-        round trip (pipeline mode, one Sync after the last: an error rolls back every one);
-        their results, one each. ``then``: one more statement, in a transaction of its own
-        after that one's commit, in the same round trip (its result last; it runs whether
-        or not the first one committed). As :meth:`call` otherwise."""
+        """Run several statements of the lane, in order, as one transaction in one round
+        trip (pipeline mode, one Sync after the last: an error rolls back every one); their
+        results, one each. ``then``: one more statement, in a transaction of its own after
+        that one's commit, in the same round trip and the same write (the first transaction
+        is then opened and committed by statements of its own; its result last; it does not
+        run when the first one failed). As :meth:`call` otherwise."""
         return await self.start_many(calls, then)
 
     def start_many(
@@ -215,13 +230,20 @@ class Lane:
         try:
             pgconn.enter_pipeline_mode()
             self._syncs = 1
-            for key, params in calls:
-                pgconn.send_query_prepared(self.statements[key][0], params)
-            pgconn.pipeline_sync()
-            if then is not None:
+            if then is None:
+                for key, params in calls:
+                    pgconn.send_query_prepared(self.statements[key][0], params)
+            else:
+                # One Sync, so one write: libpq's Sync flushes at once, and a second one (the
+                # form before) cost the sender a write and the server a wake-up per call.
+                # The first transaction is explicit, so that its COMMIT, not a Sync, ends it.
+                pgconn.send_query_prepared(_BEGIN, [])
+                for key, params in calls:
+                    pgconn.send_query_prepared(self.statements[key][0], params)
+                pgconn.send_query_prepared(_COMMIT, [])
                 pgconn.send_query_prepared(self.statements[then[0]][0], then[1])
-                pgconn.pipeline_sync()
-                self._syncs = 2
+                self._framed = True
+            pgconn.pipeline_sync()
         except psycopg.Error as exc:
             self._broken(exc)
             raise LaneFailed(str(exc)) from None
@@ -285,6 +307,21 @@ class Lane:
                     if self._syncs:
                         continue
                     pgconn.exit_pipeline_mode()
+                    if self._framed:
+                        self._framed = False
+                        self._results = _unframed(self._results)
+                        if pgconn.transaction_status == pq.TransactionStatus.INERROR:
+                            # A statement failed inside BEGIN: the Sync left the transaction
+                            # open and aborted. Rolled back before the lane is free again.
+                            pgconn.send_query(b"ROLLBACK")
+                            if pgconn.flush():
+                                raise LaneFailed("the rollback could not be sent")
+                            self._rolling_back = True
+                            continue
+                elif self._rolling_back:
+                    if result is not None:
+                        continue  # (the ROLLBACK's own result)
+                    self._rolling_back = False
                 elif result is not None:
                     self._results.append(result)
                     continue
@@ -338,6 +375,7 @@ class Lane:
         pgconn, self._pgconn, self._conn = self._pgconn, None, None
         self._prepared = False
         self._syncs = 0
+        self._framed = self._rolling_back = False
         self._results = []
         self._busy = False
         if pgconn is None:
