@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from backend.runtime.outages import OutageLog
     from backend.runtime.runner import HandlerRunner
 
-__all__ = ["AHEAD_MAX", "AHEAD_ROUNDS", "RETRY_AFTER_TROUBLE", "Cycles"]
+__all__ = ["AHEAD_MAX", "AHEAD_ROUNDS", "RETRY_AFTER_TROUBLE", "Cycles", "Stream"]
 
 log = logging.getLogger("schedtui.jobs")
 
@@ -44,7 +44,7 @@ AHEAD_ROUNDS = 16
 AHEAD_MAX = 256
 
 
-class _Stream:
+class Stream:
     """Some of the queues, with their own cycles (see the module): at most one of its
     cycles claims at a time; when none does, at most one more, that only hands in."""
 
@@ -80,8 +80,8 @@ class Cycles:
     asked: Counter[str]
     finishes: list[tuple[Finish, JobRun]]
     inflight: dict[str, list[tuple[Finish, JobRun]]]
-    streams: list[_Stream]
-    stream_of: dict[str, _Stream]
+    streams: list[Stream]
+    stream_of: dict[str, Stream]
     waiting: dict[str, deque[Claimed]]
     ahead_ids: set[str]
     handovers: list[tuple[Handover, JobRun]]
@@ -126,7 +126,7 @@ class Cycles:
             return 0
         return min(AHEAD_ROUNDS * queue.concurrency, AHEAD_MAX) - len(self.waiting[name]) - self.ahead_asked[name]
 
-    def _wanted(self, now: datetime, stream: _Stream) -> tuple[dict[str, int], dict[str, int]]:
+    def _wanted(self, now: datetime, stream: Stream) -> tuple[dict[str, int], dict[str, int]]:
         if self.stopping or not self.lease.fresh():
             return {}, {}  # (woken when the lease is renewed)
         wanted: dict[str, int] = {}
@@ -192,7 +192,7 @@ class Cycles:
             if not sent:
                 await self.loops.park("jobs", self._park_until(now), self.wake)
 
-    def _maybe_send(self, stream: _Stream, now: datetime) -> bool:
+    def _maybe_send(self, stream: Stream, now: datetime) -> bool:
         """Send a cycle for ``stream`` if it has reason to: claims to make, or ended
         attempts to hand in with no cycle of its that only hands in on its way."""
         names = stream.names
@@ -233,7 +233,7 @@ class Cycles:
 
     def _send_cycle(
         self,
-        stream: _Stream,
+        stream: Stream,
         batch: list[tuple[Finish, JobRun]],
         handovers: list[tuple[Handover, JobRun]],
         wanted: dict[str, int],
@@ -263,7 +263,7 @@ class Cycles:
 
     async def _cycle(
         self,
-        stream: _Stream,
+        stream: Stream,
         token: str,
         batch: list[tuple[Finish, JobRun]],
         handovers: list[tuple[Handover, JobRun]],

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from backend.clock import Clock
 from backend.errors import Unavailable
-from backend.jobs.cycles import _Stream
+from backend.jobs.cycles import Stream
 from backend.jobs.seats import JobRun
 from backend.jobs.store import Claimed, Finish, Handover, RunningJob
 from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST
@@ -51,7 +51,7 @@ class Stopping:
     running: dict[str, JobRun]
     finishes: list[tuple[Finish, JobRun]]
     inflight: dict[str, list[tuple[Finish, JobRun]]]
-    streams: list[_Stream]
+    streams: list[Stream]
     waiting: dict[str, deque[Claimed]]
     handovers: list[tuple[Handover, JobRun]]
     inflight_handovers: dict[str, list[tuple[Handover, JobRun]]]

@@ -61,7 +61,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from backend.jobs.cycles import Cycles, _Stream
+from backend.jobs.cycles import Cycles, Stream
 from backend.jobs.definition import BACKOFF_FIRST_S, Queue
 from backend.jobs.seats import JobRun, Seats
 from backend.jobs.stopping import Stopping
@@ -111,7 +111,7 @@ class Workers(Cycles, Seats, Stopping):
         """The cycles on their way (by their claim token), with the ended attempts they carry."""
         names = sorted(self.queues)
         count = max(1, min(len(names), self.store.job_streams))
-        self.streams = [_Stream(frozenset(names[i::count])) for i in range(count)]
+        self.streams = [Stream(frozenset(names[i::count])) for i in range(count)]
         """The queues, dealt round in their names' order to the streams (see the module)."""
         self.stream_of = {name: stream for stream in self.streams for name in stream.names}
         self.waiting: dict[str, deque[Claimed]] = {name: deque() for name in self.queues}
