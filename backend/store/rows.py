@@ -1,4 +1,5 @@
-"""Turning a store's rows into model objects: one column order for every store.
+"""Turning a store's rows into model objects, and a backfill's progress into the parameters
+of its update: one column order for every store.
 
 Each store selects runs and backfills in the column order below and passes its own
 function for turning a stored time into an aware UTC datetime.
@@ -64,4 +65,24 @@ def backfill_from_row(row: Sequence[Any], when: ToTime) -> BackfillProgress:
         started_at=started_at,
         finished_at=when(row[10]),
         current=when(row[11]),
+    )
+
+
+def _as_it_is(at: datetime | None) -> datetime | None:
+    return at
+
+
+def backfill_progress_params(
+    progress: BackfillProgress, stored: Callable[[datetime | None], Any] = _as_it_is
+) -> tuple[Any, ...]:
+    """A backfill's progress as UPDATE_BACKFILL and END_BACKFILL take it (every store's):
+    fired, failed, state, finished_at, current slot, id; ``stored`` turns a time into the
+    store's form (by default, as it is)."""
+    return (
+        progress.fired,
+        progress.failed,
+        progress.state,
+        stored(progress.finished_at),
+        stored(progress.current),
+        progress.id,
     )

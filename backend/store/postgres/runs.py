@@ -51,6 +51,7 @@ from backend.store.postgres.sql import (
     _runs_json,
     _utc,
 )
+from backend.store.rows import backfill_progress_params
 
 __all__ = ["PostgresRuns"]
 
@@ -216,25 +217,11 @@ class PostgresRuns:
             ) from None
 
     async def update_backfill(self, progress: BackfillProgress) -> None:
-        params = (
-            progress.fired,
-            progress.failed,
-            progress.state,
-            progress.finished_at,
-            progress.current,
-            progress.id,
-        )
+        params = backfill_progress_params(progress)
         await self._execute(UPDATE_BACKFILL, params)
 
     async def end_backfill(self, progress: BackfillProgress) -> bool:
-        params = (
-            progress.fired,
-            progress.failed,
-            progress.state,
-            progress.finished_at,
-            progress.current,
-            progress.id,
-        )
+        params = backfill_progress_params(progress)
         return bool(await self._execute(END_BACKFILL, params))
 
     async def get_backfill(self, backfill_id: str) -> BackfillProgress | None:

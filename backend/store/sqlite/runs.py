@@ -18,6 +18,7 @@ from backend.errors import Refused
 from backend.ids import id_floor
 from backend.model import BackfillProgress, Claim, ClaimResult, Run, ScheduleState, unique_claims
 from backend.safetext import store_text
+from backend.store.rows import backfill_progress_params
 from backend.store.sqlite.logs import PRUNE_RUN_LOGS
 from backend.store.sqlite.sql import (
     _EPOCH,
@@ -265,25 +266,11 @@ class SQLiteRuns:
         await self._write(insert)
 
     async def update_backfill(self, progress: BackfillProgress) -> None:
-        params = (
-            progress.fired,
-            progress.failed,
-            progress.state,
-            _us(progress.finished_at),
-            _us(progress.current),
-            progress.id,
-        )
+        params = backfill_progress_params(progress, _us)
         await self._write(lambda c: c.execute(UPDATE_BACKFILL, params))
 
     async def end_backfill(self, progress: BackfillProgress) -> bool:
-        params = (
-            progress.fired,
-            progress.failed,
-            progress.state,
-            _us(progress.finished_at),
-            _us(progress.current),
-            progress.id,
-        )
+        params = backfill_progress_params(progress, _us)
         return bool(await self._write(lambda c: c.execute(END_BACKFILL, params).rowcount))
 
     async def get_backfill(self, backfill_id: str) -> BackfillProgress | None:
