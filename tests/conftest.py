@@ -9,11 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import textual._wait
 
 from backend import Engine, ManualClock, Run, Schedule
 from tests import pg, pooler
 
 pytest_plugins = ["tests.timeouts"]  # each test's time limit
+
+# Pilot.pause() waits for the app to go idle: it sleeps in steps of 20 ms until one passes
+# with under 5% of it on the CPU, so every pause costs 20 ms at least. The console tests
+# pause thousands of times, mostly once the app is idle already; steps of 5 ms (the same
+# 5%) take a third off their time. What says the app is settled does not rest on that
+# window alone: tests/console_scenes.settle also waits for the workers, refreshes and
+# tables still to measure, and wants the app quiet twice in a row.
+textual._wait.SLEEP_GRANULARITY = 0.005
+textual._wait.SLEEP_IDLE = textual._wait.SLEEP_GRANULARITY / 20
 
 
 @pytest.fixture(scope="session")
