@@ -13,10 +13,12 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
 
+from backend import Engine, define_queue
 from backend.ids import IdFactory
 from backend.jobs.store import Claimed, Finish, FinishKind, NewJob, QueueSpec
 from backend.store.postgres.jobs import CLAIM, CYCLE_LANE_STATEMENTS
@@ -179,3 +181,27 @@ async def test_when_its_connection_dies_a_cycle_runs_on_the_pool_and_the_connect
     second = await store.cycle_jobs([done], {"lane": 1}, "w-1", "t-2", T0)
     assert second.applied == [True] and len(second.claimed) == 1 and lane.calls == calls + 1
     assert {c.id for c in first.claimed + second.claimed} == {s.id for s in sent}
+
+
+async def test_workers_start_opening_a_cycle_connection_per_stream_as_they_start(pg_url: str) -> None:
+    """An engine that runs queues has its cycle connections on their way as its workers
+    start, one per stream (the first claims would otherwise go to the pool while they
+    opened); the one more, for overlapping cycles, opens when a cycle needs it. An
+    engine without queues opens none."""
+
+    async def nothing(ctx: Any) -> None:
+        pass
+
+    workers = Engine([define_queue(name="mail", handler=nothing)], pg_url, instance="workers", shutdown_grace=0)
+    idle = Engine([], pg_url, instance="no-queues", shutdown_grace=0)
+    await workers.start()
+    await idle.start()
+    try:
+        for engine, opening in ((workers, PostgresStore.job_streams), (idle, 0)):
+            store = engine.store
+            assert isinstance(store, PostgresStore)
+            assert [lane.opening for lane in store._cyclers] == [n < opening for n in range(len(store._cyclers))]
+            assert not any(lane.opening for lane in store._senders)
+    finally:
+        await workers.stop()
+        await idle.stop()

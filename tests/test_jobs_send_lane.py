@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from backend import connect, define_queue
 from backend.ids import IdFactory
 from backend.jobs.definition import MAX_HELD
 from backend.jobs.store import NewJob, QueueSpec
@@ -230,3 +231,34 @@ async def test_a_send_of_one_job_without_a_key_goes_by_the_one_jobs_statement(
     await store.send_jobs("mail", [NewJob(ids(), "1", T0, None, "k")], T0)
     await store.send_jobs("mail", [NewJob(ids(), "1", T0, None), NewJob(ids(), "2", T0, None)], T0)
     assert used == ["lock", "send_one", "lock", "send", "lock", "send"]
+
+
+async def test_a_client_starts_opening_its_first_senders_connection_as_it_opens(pg_url: str) -> None:
+    """connect(): the first sender's connection is on its way before any send (a burst of
+    sends right after start would otherwise go to the pool while it opened beside them);
+    the other senders' wait until sends overlap. The first send then goes through it."""
+
+    async def nothing(ctx: Any) -> None:
+        pass
+
+    async with connect(pg_url, definitions=[define_queue(name="mail", handler=nothing)]) as st:
+        store = st.engine.store
+        assert isinstance(store, PostgresStore)
+        first, *others = store._senders
+        assert first.opening and not any(lane.opening for lane in others)
+        assert not any(lane.opening for lane in store._cyclers)  # a client runs no workers
+        assert await first.open()
+        await st.jobs.send("mail", {"n": 1})
+        assert first.calls == 1 and not any(lane.opening for lane in others)
+
+
+async def test_a_store_opened_for_reading_opens_no_senders_connection(pg_url: str) -> None:
+    """The hint is the client's: a store opened otherwise (an engine, the CLI, the API)
+    opens a sender's connection only when a send needs one."""
+    opened = PostgresStore(pg_url)
+    await opened.open()
+    try:
+        await opened.queue_views(T0)
+        assert not any(lane.opening for lane in opened._senders)
+    finally:
+        await opened.close()

@@ -137,6 +137,7 @@ async def connect(
     store) unless ``create``."""
     engine = Engine(_schedules(definitions), open_store(url, create=create), instance=instance, actor=actor)
     await engine.open()
+    engine.jobs.store.expect_jobs(sending=True)  # what a client does most is send
     try:
         yield Client(engine, actor=actor)
     finally:

@@ -172,6 +172,12 @@ class JobStore(Protocol):
     """How many cycles of disjoint queues a worker may have on their way at once to good
     effect (each on a connection of its own; one where writes are serial anyway)."""
 
+    def expect_jobs(self, *, sending: bool = False, cycling: bool = False) -> None:
+        """A hint: this process is about to send jobs (``sending``) or run workers
+        (``cycling``). Connections the store keeps for that may start opening now, in the
+        background, so that the first sends and claims do not pay for them. Nothing waits
+        for it, and a store that keeps none ignores it; without it they open as first needed."""
+
     async def define_queues(self, queues: Sequence[QueueSpec], at: datetime, *, update: bool) -> None:
         """Record the queues (``update``: overwrite their settings; else only add missing
         ones). Never touches ``paused``."""

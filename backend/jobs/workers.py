@@ -162,6 +162,7 @@ class Workers(Cycles, Seats, Stopping):
         self.wake = asyncio.Event()
         self.lease.on_lapse.append(self.lease_lapsed)
         self.lease.on_renewed.append(self.poke)
+        self.store.expect_jobs(cycling=True)
         self.loops.expect("jobs")
         self.loops.keep(self._dispatch, "jobs")
         if self.store.job_notifications:

@@ -114,6 +114,11 @@ class Lane:
         return self._prepared
 
     @property
+    def opening(self) -> bool:
+        """Connected, or connecting now."""
+        return self._prepared or self._connecting is not None
+
+    @property
     def pid(self) -> int | None:
         """The server process of its connection (``None``: not connected)."""
         return None if self._pgconn is None else self._pgconn.backend_pid

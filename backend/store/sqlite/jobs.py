@@ -201,6 +201,9 @@ class SQLiteJobs:
     job_reservations = False
     job_streams = 1  # one writer thread: a second cycle would wait for the first
 
+    def expect_jobs(self, *, sending: bool = False, cycling: bool = False) -> None:
+        pass  # one connection, the writer's, open from the start
+
     _write: Callable[..., Any]
     _read: Callable[..., Any]
 
