@@ -35,7 +35,8 @@ of its own (a no-op async handler):
   reads the time at the handler's start. ``p50_ms``/``p99_ms`` of the difference over the
   S seconds: enqueue-to-start, as an application sees it once its sender and worker have
   warmed up (the bare queue opens its connections before its first send); the first
-  second's jobs apart, in ``first_second`` (a sender's first sends open its connections).
+  second's jobs apart, in ``first_second`` (a process's first statements plan, and the
+  connections it keeps for sends and cycles beyond the first open as they are needed).
   Sends that fail (say, no pooled connection within 3 s: the sender fell behind) are
   counted in ``failed_sends``.
   ``cpu_us_per_job``: the CPU of the sender and of the worker (each process, over its
