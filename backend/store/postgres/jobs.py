@@ -721,8 +721,8 @@ class PostgresJobs:
         ]
 
     def expect_jobs(self, *, sending: bool = False, cycling: bool = False) -> None:
-        """The first sender's connection (``sending``) and one cycle connection per stream
-        (``cycling``) start connecting now. Opened as first needed instead, the first
+        """The first sender's connection (``sending``) and one cycle connection for each
+        stream a worker may run (``cycling``: :attr:`job_streams`) start connecting now. Opened as first needed instead, the first
         sends and claims went on the pool while those connections opened beside them: at
         1,000 sends a second from a fresh client to fresh workers, the first second's jobs
         waited 32–80 ms to start at p99, and 11 ms in most runs with them opened early
