@@ -408,6 +408,65 @@ async def test_jobs_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_it
     assert [(v.queued, v.running) for v in await engine.jobs.queue_views()] == [(0, 0)]
 
 
+class LateRead:
+    """Wraps a store's ``running_jobs``: the first read that finds a running job answers
+    only once :meth:`answer` is called (a slow read: a busy server, a process paused)."""
+
+    def __init__(self, store: Any) -> None:
+        self.real = store.running_jobs
+        self.read = asyncio.Event()
+        self._answer = asyncio.Event()
+        store.running_jobs = self
+
+    async def __call__(self) -> Any:
+        running = await self.real()
+        if running and not self.read.is_set():
+            self.read.set()
+            await self._answer.wait()
+        return running
+
+    def answer(self) -> None:
+        self._answer.set()
+
+
+@pytest.mark.parametrize("where", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_sweep_whose_read_a_released_jobs_run_overtook_records_no_attempt(
+    where: str, request: pytest.FixtureRequest, make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The abandoned-work sweep reads a job running here under a claim whose answer is on
+    its way; that answer comes under a lapsed epoch, the job goes back untouched, runs
+    again and succeeds, all before the sweep's read comes back. The sweep then finds the
+    job in no hand here and closes it as abandoned: that close must not apply, nor leave
+    a failed attempt in the history of a job whose only attempt succeeded."""
+    handler = Handler()
+    store = request.getfixturevalue("pg_url") if where == "postgres" else None
+    engine = make_engine([define_queue(name="mail", handler=handler, attempts=1)], abandon_after=30,
+                         **({"store": store} if store else {}))  # fmt: skip
+    await engine.open()
+    workers_store = engine.jobs.store
+    late = LateAnswer(workers_store.cycle_jobs, lambda cycle: bool(cycle.claimed))
+    workers_store.cycle_jobs = late  # type: ignore[method-assign]  # the claim's answer comes late
+    slow = LateRead(workers_store)
+    sent = await engine.jobs.send("mail", "x")
+    await engine.start()
+    await late.committed()
+    clock.advance(1)  # the housekeeping's sweep reads the job, running here; its answer waits
+    await asyncio.wait_for(slow.read.wait(), 10)  # (the timeouts only bound a broken test)
+    lapse_and_renew(engine)
+    late.let_go()  # claimed under the lapsed epoch: it goes back, is claimed again, runs
+
+    async def until_gone() -> None:
+        while (await detail(engine, sent.id)).job is not None:
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(until_gone(), 10)
+    slow.answer()
+    await engine.quiesce()
+    assert [(c.id, c.attempt) for c in handler.calls] == [(sent.id, 1)]
+    found = await detail(engine, sent.id)
+    assert [(a.attempt, a.status) for a in found.attempts] == [(1, "succeeded")], found.attempts
+
+
 class LoseClaimAnswers:
     """Wraps a store's ``cycle_jobs``: the first ``count`` cycles that claim a job commit,
     then fail as if the connection broke before their answer came back."""

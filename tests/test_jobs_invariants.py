@@ -11,7 +11,9 @@ stops its work, or ends its process when it cannot; the others take its jobs ove
 the window; it may come back), a partition that begins just after a worker's claim
 committed, its answer arriving after the partition healed (before or after a heartbeat
 renewed the lease), cycles that commit and lose their answer while the worker goes on
-(what they claimed never started: it must go back untouched), an outage of the store
+(what they claimed never started: it must go back untouched), a sweep for abandoned work
+whose read of the running jobs answers rounds later (as such a partition heals, or at
+any step), an outage of the store
 longer than the window for every
 worker at once, instances in different PID namespaces of one host
 (simulated: each records a namespace of its own and a pid that is dead here), a worker
@@ -29,6 +31,7 @@ every step (and at the start of every handler call) the invariants of
 * a worker whose lease has lapsed starts no handler;
 * a key is never held by two live jobs;
 * attempts never exceed the maximum, and a job is dead only after its last attempt;
+* each attempt is recorded once (numbered anew after an operator's retry of a dead job);
 * an attempt is used only by a handler that began, or by a claim of an instance that
   died or was taken over (nobody can know whether it began);
 * once every fault heals and every handler succeeds (a rule), nothing is left running
@@ -44,6 +47,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -109,6 +113,16 @@ class CutStore:
         self.lose_answers = 0
         """The next so many cycles (or sweeps' finishes) commit, then their answer is lost:
         the call fails as if the connection broke after the commit; the worker goes on."""
+        self.old_read: Any = None
+        """The running jobs, read for a sweep for abandoned work whose answer comes late."""
+        self.read_in = 0
+        """The sweeps' rounds until that answer comes: those before it wait for it (they
+        see nothing running), and that one decides on it."""
+
+    async def read_late(self, rounds: int) -> None:
+        """The sweep reads the running jobs now; the answer comes ``rounds`` rounds later."""
+        self.old_read = await self.inner.running_jobs()
+        self.read_in = rounds
 
     def answers_arrive(self) -> None:
         for arrived in self.late.values():
@@ -127,6 +141,12 @@ class CutStore:
         async def call(*args: Any, **kwargs: Any) -> Any:
             if self.cut:
                 raise Unavailable("cut off from the store (test)")
+            if name == "running_jobs" and self.old_read is not None:
+                self.read_in -= 1
+                if self.read_in > 0:
+                    return []
+                old, self.old_read = self.old_read, None
+                return old
             result = await value(*args, **kwargs)
             if name in ("cycle_jobs", "finish_jobs") and self.lose_answers:
                 self.lose_answers -= 1
@@ -166,6 +186,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.gone: set[str] = set()  # cancelled or deleted by the test
         self.started: set[tuple[str, int]] = set()
         """Every attempt whose handler began (job id, attempt)."""
+        self.retried: Counter[str] = Counter()
+        """Per job, how many times an operator retried it dead (its attempts count anew)."""
         self.died: set[str] = set()
         """Instances whose process ended (killed, or ended itself)."""
         self.engines: dict[str, Engine] = {}
@@ -424,12 +446,17 @@ class QueueMachine(RuleBasedStateMachine):
             self.advance(10)
         self.advance(seconds % 10 or 1)
 
-    @rule(pick=st.integers(0, 9), seconds=st.sampled_from([25, 40, 70]), renewed=st.booleans())
-    def partition_with_a_claim_on_its_way(self, pick: int, seconds: int, renewed: bool) -> None:
+    @rule(
+        pick=st.integers(0, 9), seconds=st.sampled_from([25, 40, 70]), renewed=st.booleans(),
+        read_late=st.sampled_from([0, 0, 2, 4]),
+    )  # fmt: skip
+    def partition_with_a_claim_on_its_way(self, pick: int, seconds: int, renewed: bool, read_late: int) -> None:
         """A partition begins just after one worker's claim committed (if it claims: a job
         is sent for it), and its answer is still on its way when the partition heals: it
         arrives before or after a heartbeat renewed the lease that lapsed meanwhile. What it
-        claimed, the others may have taken over since: it must start none of it."""
+        claimed, the others may have taken over since: it must start none of it. With
+        ``read_late``, that worker's sweep reads the running jobs as the partition heals,
+        and the answer comes that many rounds later (see ``a_sweep_reads_late``)."""
         engine = self.any_engine(pick)
         if sum(1 for store in self.stores.values() if not store.cut) > 1:
             self.stores[engine.instance].cut_after_claim = True
@@ -440,6 +467,8 @@ class QueueMachine(RuleBasedStateMachine):
         store = self.stores.get(engine.instance)
         if store is not None:
             store.cut = store.cut_after_claim = False
+            if read_late:
+                self.run(store.read_late(read_late))
             if renewed:
                 self.advance(6)  # a heartbeat (every 5 s) renews the lease
             store.answers_arrive()
@@ -453,6 +482,19 @@ class QueueMachine(RuleBasedStateMachine):
         engine = self.any_engine(pick)
         self.stores[engine.instance].lose_answers = calls
         self.send(pick, "q", None, 2, 0, False)
+
+    @rule(pick=st.integers(0, 9), rounds=st.sampled_from([1, 2, 4]))
+    def a_sweep_reads_late(self, pick: int, rounds: int) -> None:
+        """One worker's sweep for abandoned work reads the running jobs now, and the answer
+        comes back ``rounds`` rounds (seconds) later (the process froze just after the
+        read, the server was slow); the rounds between wait for it. Every job in it may have
+        moved on by then: finished, retried, gone back untouched and run again, taken over.
+        Closing any of those as abandoned must not apply, nor leave an attempt in a job's
+        history."""
+        store = self.stores[self.any_engine(pick).instance]
+        if not store.cut and store.old_read is None:
+            self.run(store.read_late(rounds))
+        self.run(self.settle())
 
     @rule()
     def everything_ends(self) -> None:
@@ -564,6 +606,7 @@ class QueueMachine(RuleBasedStateMachine):
         except (NotFound, NotDead):
             return
         assert (job.status, job.attempt) == ("queued", 0)
+        self.retried[job_id] += 1
         self.run(self.settle())
 
     @rule(queue=st.sampled_from(sorted(CAPS)), paused=st.booleans(), pick=st.integers(0, 9))
@@ -688,7 +731,13 @@ class QueueMachine(RuleBasedStateMachine):
         # or was taken over (cut off for the window): the others cannot know whether it
         # began. Never by an instance that lives and knows it did not (a lost answer).
         for job_id in self.sent:
-            for attempt in self.run(self.any_engine(0).jobs.get_job(job_id)).attempts if job_id not in self.gone else ():
+            attempts = self.run(self.any_engine(0).jobs.get_job(job_id)).attempts if job_id not in self.gone else []
+            # Each attempt is recorded once (its number counts anew after an operator's retry).
+            numbers = Counter(attempt.attempt for attempt in attempts)
+            assert all(n <= 1 + self.retried[job_id] for n in numbers.values()), (
+                f"an attempt of {job_id} recorded twice: {attempts}"
+            )
+            for attempt in attempts:
                 # (Under a name two processes have gone by, one's sweep takes the other's work
                 # over, and says so as for an earlier process of that name.)
                 taken_over = attempt.error_message != f"abandoned: {OWN_CLAIM_CLOSED}" or attempt.instance in self.renamed

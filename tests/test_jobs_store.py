@@ -291,6 +291,24 @@ async def test_a_released_job_is_back_as_it_was(store: Store) -> None:
     assert (again.attempt, again.tries) == (1, 2)
 
 
+async def test_a_swept_finish_of_a_job_gone_since_its_read_records_nothing(store: Store) -> None:
+    """A sweep read the job running under its first claim; the claim went back untouched,
+    the job ran again and succeeded (gone). The sweep's finish, made from that read, finds
+    nothing to close and records nothing."""
+    js = await define(store)
+    job = new()
+    await js.send_jobs("mail", [job], T0)
+    (c1,) = await claim(js)
+    at = T0 + timedelta(seconds=40)
+    swept = Finish(c1.id, "mail", c1.tries, "retry", 1, T0, at, "worker-a", "abandoned", "gone", at, swept=True)
+    assert await js.finish_jobs([finish(c1, "release", T0)]) == [True]
+    (c2,) = await claim(js, at=T0 + timedelta(seconds=1))
+    await js.finish_jobs([finish(c2, "succeeded", T0 + timedelta(seconds=2))])
+    assert await js.finish_jobs([swept]) == [False]
+    _, attempts = await js.job_attempts(job.id)
+    assert [(a.attempt, a.status) for a in attempts] == [(1, "succeeded")]
+
+
 async def test_a_paused_queue_gives_nothing_until_resumed(store: Store) -> None:
     js = await define(store)
     await js.send_jobs("mail", [new()], T0)

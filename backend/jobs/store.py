@@ -116,8 +116,9 @@ class Finish:
 
     ``succeeded`` deletes the job; ``retry`` queues it again at ``retry_at``; ``dead``
     keeps it dead; ``release`` puts it back untouched (it never started: no attempt is
-    used or recorded). Every kind but ``release`` records the attempt. A job deleted while
-    it ran is deleted whatever the kind."""
+    used or recorded). Every kind but ``release`` records the attempt: where it applies,
+    and where the job is gone, unless ``swept``. A job deleted while it ran is deleted
+    whatever the kind."""
 
     id: str
     queue: str
@@ -130,6 +131,11 @@ class Finish:
     error_tag: str | None = None
     error_message: str | None = None
     retry_at: datetime | None = None
+    swept: bool = False
+    """Made by the abandoned-work sweep from a read of the job, not by the worker that ran
+    the attempt: a job gone by the time it arrives was closed by its owner, who recorded
+    the attempt, so it records nothing. (A worker's own finish sent again after a lost
+    answer finds the job gone because the first one applied: it records the attempt.)"""
 
 
 @dataclass(frozen=True, slots=True)

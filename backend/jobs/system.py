@@ -187,7 +187,7 @@ class Jobs:
             kind: FinishKind = "retry" if job.attempt < job.max_attempts else "dead"
             finishes.append(
                 Finish(job.id, job.queue, job.tries, kind, job.attempt, job.started_at, now, job.instance,
-                       TAG_ABANDONED, f"abandoned: {why}", retry_at=now if kind == "retry" else None)
+                       TAG_ABANDONED, f"abandoned: {why}", retry_at=now if kind == "retry" else None, swept=True)
             )  # fmt: skip
         if not finishes:
             return 0

@@ -207,12 +207,15 @@ SEND = """
 """
 #: A cycle's finishes, each applied only while its job is still running under its tries;
 #: answers the ids that applied. The attempt is recorded when it applied, or when the job
-#: is gone (a finish retried after a lost answer finds its own record: nothing changes).
+#: is gone and the finish was not swept (a finish retried after a lost answer finds its
+#: own record: nothing changes; a sweep's, made from a read the owner's finish overtook,
+#: records nothing).
 FINISH = """
     WITH f AS (
         SELECT * FROM json_to_recordset(%(finishes)s::json) AS f(
             id text, queue text, tries int, kind text, attempt int, started_at timestamptz,
-            finished_at timestamptz, instance text, error_tag text, error_message text, retry_at timestamptz)
+            finished_at timestamptz, instance text, error_tag text, error_message text, retry_at timestamptz,
+            swept boolean)
     ),
     target AS (
         SELECT j.id, j.deleted FROM schedtui_jobs j JOIN f ON f.id = j.id
@@ -244,7 +247,8 @@ FINISH = """
             CASE WHEN f.kind = 'succeeded' THEN 'succeeded' ELSE 'failed' END, f.error_tag, f.error_message, f.instance
         FROM f
         WHERE f.kind <> 'release'
-            AND (f.id IN (SELECT id FROM target) OR NOT EXISTS (SELECT 1 FROM schedtui_jobs j WHERE j.id = f.id))
+            AND (f.id IN (SELECT id FROM target)
+                OR (NOT f.swept AND NOT EXISTS (SELECT 1 FROM schedtui_jobs j WHERE j.id = f.id)))
         ON CONFLICT DO NOTHING
     )
     SELECT id FROM target
@@ -523,6 +527,7 @@ def _finishes_json(finishes: Sequence[Finish]) -> str:
                 "error_tag": _text(f.error_tag),
                 "error_message": _text(f.error_message),
                 "retry_at": _iso(f.retry_at),
+                "swept": f.swept,
             }
             for f in sorted(finishes, key=lambda f: f.id)  # one lock order for every writer
         ],

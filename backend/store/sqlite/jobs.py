@@ -181,8 +181,10 @@ def _apply(c: sqlite3.Connection, f: Finish) -> bool:
             c.execute(FINISH_DEAD, (_us(f.finished_at), tag, message, f.id))
         else:
             c.execute(FINISH_RELEASE, (f.id,))
-    elif c.execute(JOB_EXISTS, (f.id,)).fetchone() is not None:
-        return False  # displaced: the job went on without this attempt; its result is dropped
+    elif f.swept or c.execute(JOB_EXISTS, (f.id,)).fetchone() is not None:
+        # Displaced: the job went on without this attempt; its result is dropped. Or swept
+        # from a read its owner's finish overtook: the owner recorded the attempt.
+        return False
     if f.kind != "release":
         status = "succeeded" if f.kind == "succeeded" else "failed"
         c.execute(
