@@ -31,6 +31,7 @@ from backend import (
     define_schedule,
 )
 from backend.locks import Lease, Lock, LockStore
+from backend.scheduler import lifecycle
 from backend.schedules import RunContext
 from backend.store import Store, open_store
 from tests import pg
@@ -417,6 +418,36 @@ async def test_a_locked_schedule_whose_lock_answer_was_lost_runs_at_its_next_slo
     runs = await all_runs(engine, "rollup")
     assert [(r.status, r.error_tag) for r in runs] == [("failed", "unavailable"), ("succeeded", None), ("succeeded", None)]
     assert ran == [at(120), at(180)]
+    assert (await stored_lock(engine.store, "nightly-rollup")).holder is None
+
+
+async def test_quiesce_returns_once_a_locked_runs_lock_is_released(
+    clock: ManualClock, fleet: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A locked run's lock is released in the background once the run has ended. The
+    engine is not settled while that release is on its way, so a read of the lock after
+    ``quiesce`` finds it free (it found it held now and then, on a busy machine)."""
+    schedule = define_schedule(name="rollup", cron="* * * * *", timezone="UTC", handler=lambda ctx: None,
+                               lock="nightly-rollup", lock_ttl=600)  # fmt: skip
+    engine = fleet([schedule])
+    await engine.start()
+    release = cast(LockStore, engine.store).release_lock
+    asked, go = asyncio.Event(), asyncio.Event()
+
+    async def held_up(*args: Any) -> bool:
+        asked.set()
+        await go.wait()
+        done: bool = await release(*args)
+        return done
+
+    monkeypatch.setattr(engine.store, "release_lock", held_up)
+    clock.advance(60)
+    settled = asyncio.ensure_future(engine.quiesce())
+    await asyncio.wait_for(asked.wait(), 10)  # (the timeouts only bound a broken test)
+    assert not lifecycle.is_settled(engine), "settled with the run's lock still held"
+    go.set()
+    await asyncio.wait_for(settled, 10)
+    assert [r.status for r in await all_runs(engine, "rollup")] == ["succeeded"]
     assert (await stored_lock(engine.store, "nightly-rollup")).holder is None
 
 

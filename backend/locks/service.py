@@ -108,6 +108,8 @@ class Locks:
         self._run_leases: set[Lease] = set()
         """Leases held by locked schedule runs (what :meth:`stop` gives its grace to)."""
         self._runs_done = asyncio.Event()
+        self._releasing: set[asyncio.Task[Any]] = set()
+        """Releases on their way in the background (a locked run's, after it ended)."""
 
     def lock_now(self) -> datetime | None:
         """The time to hand the store: ``None`` for the database's own clock."""
@@ -151,7 +153,9 @@ class Locks:
 
     @property
     def idle(self) -> bool:
-        return True  # renewal loops park on the clock: quiesce sees them through Loops
+        # Renewal loops park on the clock (quiesce sees them through Loops); a release in
+        # the background is the end of a run's work: quiesce waits for it too.
+        return not self._releasing
 
     def is_ours(self, id_: str) -> bool:
         return False
@@ -228,15 +232,22 @@ class Locks:
     def release_soon(self, lease: Lease) -> None:
         """Release in the background (from code that cannot wait)."""
         if not lease.released:
-            self._spawn(self.release_lease(lease), f"release {lease.name}#{lease.token}")
+            task = self._spawn(self.release_lease(lease), f"release {lease.name}#{lease.token}")
+            self._releasing.add(task)
+            task.add_done_callback(self._released)
 
-    def _spawn(self, coro: Awaitable[Any], name: str) -> None:
+    def _released(self, task: asyncio.Task[Any]) -> None:
+        self._releasing.discard(task)
+        self.loops.poke()  # (a quiesce waiting for it looks again)
+
+    def _spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         # Not Loops.spawn: the engine cancels those first when it stops, and a lease must
         # keep being renewed while the runs it protects are given their grace.
         task = asyncio.ensure_future(coro)
         task.set_name(f"schedtui {name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _mark_lost(self, lease: Lease, reason: str) -> None:
         """Set :attr:`Lease.lost` (once) and say why."""
