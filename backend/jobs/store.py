@@ -133,9 +133,10 @@ class Finish:
     retry_at: datetime | None = None
     swept: bool = False
     """Made by the abandoned-work sweep from a read of the job, not by the worker that ran
-    the attempt: a job gone by the time it arrives was closed by its owner, who recorded
-    the attempt, so it records nothing. (A worker's own finish sent again after a lost
-    answer finds the job gone because the first one applied: it records the attempt.)"""
+    the attempt: a job gone by the time it arrives moved on after that read (its attempt
+    ended, or its claim went back untouched and it ran again), and whoever ran it recorded
+    what ran, so it records nothing. (A worker's own finish sent again after a lost answer
+    finds the job gone because the first one applied: it records the attempt.)"""
 
 
 @dataclass(frozen=True, slots=True)

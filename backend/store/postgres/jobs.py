@@ -208,7 +208,7 @@ SEND = """
 #: A cycle's finishes, each applied only while its job is still running under its tries;
 #: answers the ids that applied. The attempt is recorded when it applied, or when the job
 #: is gone and the finish was not swept (a finish retried after a lost answer finds its
-#: own record: nothing changes; a sweep's, made from a read the owner's finish overtook,
+#: own record: nothing changes; a sweep's, made from a read the job moved on from,
 #: records nothing).
 FINISH = """
     WITH f AS (

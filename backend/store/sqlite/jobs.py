@@ -183,7 +183,7 @@ def _apply(c: sqlite3.Connection, f: Finish) -> bool:
             c.execute(FINISH_RELEASE, (f.id,))
     elif f.swept or c.execute(JOB_EXISTS, (f.id,)).fetchone() is not None:
         # Displaced: the job went on without this attempt; its result is dropped. Or swept
-        # from a read its owner's finish overtook: the owner recorded the attempt.
+        # from a read the job moved on from: whoever ran it recorded what ran.
         return False
     if f.kind != "release":
         status = "succeeded" if f.kind == "succeeded" else "failed"
