@@ -749,30 +749,91 @@ async def test_schedules_found_behind_together_claim_their_slots_together(make_e
         ]  # fmt: skip
 
 
+CLAIMED_SLOT = at("2026-03-02T08:00:01Z")
+
+
+async def stop_with_a_claim_on_its_way(
+    engine: Engine, clock: ManualClock, grace: float, *, lapse: bool = False
+) -> asyncio.Future[None]:
+    """Start ``engine``, let its claim of the next slot commit with the answer held, begin
+    ``stop(grace)`` (after the lease lapsed and was renewed, with ``lapse``), and hand the
+    answer back once the stop has asked its loops to stop. Returns the stop, under way."""
+    await engine.start()
+    await engine.quiesce()
+    engine.store.claim = late = LateAnswer(engine.store.claim)  # type: ignore[method-assign]  # answers late
+    clock.advance(1)
+    await late.committed()
+    if lapse:
+        lapse_and_renew(engine)
+    stopping = asyncio.ensure_future(engine.stop(grace))
+    while not any(task.cancelling() for task in engine.loops.tasks):
+        await asyncio.sleep(0)  # until the stop has asked its loops to stop
+    late.let_go()
+    return stopping
+
+
+async def runs_of_the_claimed_slot(store_url: str) -> list[Run]:
+    store = open_store(store_url)
+    await store.open()
+    try:
+        return [r for r in await store.list_runs("tick", limit=50) if r.scheduled_at == CLAIMED_SLOT]
+    finally:
+        await store.close()
+
+
 async def test_a_stop_while_a_claim_is_on_its_way_records_what_it_won_as_missed(
     make_engine: MakeEngine, clock: ManualClock, store_url: str
 ) -> None:
     # The claim committed, its answer was still on the way when the engine stopped: its
     # run rows stayed "running" for good (a CI run of the cluster fleet test found one).
     engine = make_engine([schedule(name="tick", cron="* * * * * *")], coordination="advisoryLock")
-    await engine.start()
-    await engine.quiesce()
-    engine.store.claim = late = LateAnswer(engine.store.claim)  # type: ignore[method-assign]  # answers late
-    clock.advance(1)
-    await late.committed()
-    stopping = asyncio.ensure_future(engine.stop(0))
-    while not any(task.cancelling() for task in engine.loops.tasks):
-        await asyncio.sleep(0)  # until the stop has asked its loops to stop
-    late.let_go()
-    await stopping
-    store = open_store(store_url)
-    await store.open()
-    try:
-        runs = [r for r in await store.list_runs("tick", limit=50) if r.scheduled_at == at("2026-03-02T08:00:01Z")]
-    finally:
-        await store.close()
-    assert [(r.status, r.error_message) for r in runs] == [
+    await (await stop_with_a_claim_on_its_way(engine, clock, 0))
+    assert [(r.status, r.error_message) for r in await runs_of_the_claimed_slot(store_url)] == [
         ("missed", "not fired: the engine stopped while this slot was being claimed")
+    ]
+
+
+async def test_a_graceful_stop_while_a_claim_is_on_its_way_runs_what_it_won_within_the_grace(
+    make_engine: MakeEngine, clock: ManualClock, store_url: str
+) -> None:
+    # A rolling restart: SIGTERM lands while this instance's claim of a slot is on its way.
+    # The other instances lost that slot to this one: recorded missed, it would run nowhere.
+    # The stop's grace covers it as it covers the runs in flight (a fleet test saw one).
+    fired: list[datetime] = []
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def tick(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+        started.set()
+        await release.wait()  # still running when the stop begins to wait for its runs
+
+    engine = make_engine([schedule(name="tick", cron="* * * * * *", handler=tick)], coordination="advisoryLock")
+    stopping = await stop_with_a_claim_on_its_way(engine, clock, 30)
+    await asyncio.wait([stopping, asyncio.ensure_future(started.wait())], return_when=asyncio.FIRST_COMPLETED)
+    assert fired == [CLAIMED_SLOT]
+    assert not stopping.done()  # the stop waits for it, within its grace
+    release.set()
+    await stopping
+    assert fired == [CLAIMED_SLOT]
+    runs = await runs_of_the_claimed_slot(store_url)
+    assert [(r.status, r.trigger, r.coordination_outcome) for r in runs] == [("succeeded", "self", "wonLock")]
+
+
+async def test_a_graceful_stop_records_a_slot_claimed_as_its_lease_lapsed_missed_not_fired(
+    make_engine: MakeEngine, clock: ManualClock, store_url: str
+) -> None:
+    # The same, but the lease lapsed while the claim was on its way: another instance may
+    # take the run over, so the grace does not start it.
+    fired: list[datetime] = []
+
+    async def tick(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    engine = make_engine([schedule(name="tick", cron="* * * * * *", handler=tick)], coordination="advisoryLock")
+    await (await stop_with_a_claim_on_its_way(engine, clock, 30, lapse=True))
+    assert CLAIMED_SLOT not in fired
+    assert [(r.status, r.error_message) for r in await runs_of_the_claimed_slot(store_url)] == [
+        ("missed", "not fired: this instance's lease lapsed while this slot was being claimed")
     ]
 
 

@@ -421,8 +421,8 @@ class Engine(EngineReads, EngineActions):
         if not self._opened or self._stopping:
             return
         self._stopping = True
-        self.launcher.stopping = True
         grace = self.shutdown_grace if grace is None else grace
+        self.launcher.stopping, self.launcher.stop_grace = True, grace
         await lifecycle.stop_engine(self, grace)
         self._opened = False
         if not self.runner.lingering:  # (else its row stays, and so does its name: see stop_engine)

@@ -206,6 +206,8 @@ class Launcher:
         self.remote: dict[str, str] = {}
         """Schedules whose queued slots wait for a run in flight on another instance."""
         self.stopping = False
+        self.stop_grace = 0.0
+        """The grace of the stop under way (see :meth:`stop`)."""
         self.placed: set[str] = set()
         """Run ids whose ``running`` row this instance wrote before starting them (see
         :meth:`place`) and that are not recorded finished yet."""
@@ -506,6 +508,7 @@ class Launcher:
         """Let runs in flight finish for up to ``grace`` seconds; record the rest
         ``interrupted`` and the queued slots ``missed``."""
         self.stopping = True
+        self.stop_grace = grace
         running = self.runner.running_tasks()
         if running:
             log.info("waiting up to %.0fs for %d run(s) in flight", grace, len(running))

@@ -203,7 +203,7 @@ class SlotClaims:
         epoch = self.lease.epoch
         try:
             self._check_lease()
-            result = await self._send(claims, now, in_store=in_store)
+            result = await self._send(claims, now, in_store=in_store, epoch=None if in_store else epoch)
         except Unavailable as exc:
             self.outages.trouble("claim", f"not firing {len(slots)} slot(s): cannot claim them", exc)
             if not in_store:
@@ -266,8 +266,11 @@ class SlotClaims:
         if not self.lease.fresh():
             raise Unavailable("this instance's lease on its work has lapsed (it could not renew its heartbeat in time)")
 
-    async def _send(self, claims: list[Claim], now: datetime, *, in_store: bool = False) -> ClaimResult:
-        """Claim (raising :class:`Unavailable`); remember the run ids won as pending."""
+    async def _send(
+        self, claims: list[Claim], now: datetime, *, in_store: bool = False, epoch: int | None = None
+    ) -> ClaimResult:
+        """Claim (raising :class:`Unavailable`); remember the run ids won as pending.
+        ``epoch``: the lease's epoch when the timer's claim was made (see :meth:`_stopped_with`)."""
         # Pending from before the claim is sent: a placeholder committed while its reply is
         # still on the way is ours, not a dead instance's run for close_abandoned to close.
         proposed = [claim.run_id for claim in claims]
@@ -279,17 +282,37 @@ class SlotClaims:
             result = await asyncio.shield(sending)
         except asyncio.CancelledError:
             # Stopping with the claim on its way: it may commit all the same, and its rows
-            # would then stay "running" for good. Wait for its answer and record what it
-            # won as missed (the engine stopped before firing it).
+            # would then stay "running" for good. Wait for its answer and settle what it won.
             self.claimed.difference_update(proposed)
             with contextlib.suppress(Exception):
-                self._record_missed(claims, await sending, "the engine stopped while this slot was being claimed")
+                self._stopped_with(claims, await sending, epoch)
             raise
         except BaseException:
             self.claimed.difference_update(proposed)  # the callers remember what may be ours
             raise
         self.claimed.difference_update(claim.run_id for claim in claims if claim.key not in result.won)
         return result
+
+    def _stopped_with(self, claims: Sequence[Claim], result: ClaimResult, epoch: int | None) -> None:
+        """The answer of a claim a stop found on its way. What the timer's claim won starts
+        when the stop has a grace and the lease held throughout: the other instances lost
+        these slots to this one, so recorded ``missed`` they would run nowhere (a rolling
+        restart's SIGTERM landing mid-claim), and the grace covers them as it covers the
+        runs in flight. Otherwise (no grace, recovered slots, external fires) it is
+        recorded ``missed``."""
+        launcher = self.launcher
+        if epoch is None or launcher.stop_grace <= 0:
+            self._record_missed(claims, result, "the engine stopped while this slot was being claimed")
+            return
+        if not self.lease.holds(epoch):
+            self._record_missed(claims, result, "this instance's lease lapsed while this slot was being claimed")
+            return
+        for claim in claims:
+            schedule = self.schedules.get(claim.name)
+            if claim.key in result.won and schedule is not None and claim.scheduled_at is not None:
+                self.claimed.add(claim.run_id)
+                remote = result.busy.get(claim.name)
+                launcher.fire(schedule, claim.scheduled_at, claim.trigger, claim.outcome, claim.run_id, remote=remote)
 
     def _record_missed(self, claims: Sequence[Claim], result: ClaimResult, why: str) -> None:
         """The slots a claim won that are not fired after all: recorded ``missed``."""
