@@ -809,7 +809,8 @@ async def test_a_graceful_stop_while_a_claim_is_on_its_way_runs_what_it_won_with
 
     engine = make_engine([schedule(name="tick", cron="* * * * * *", handler=tick)], coordination="advisoryLock")
     stopping = await stop_with_a_claim_on_its_way(engine, clock, 30)
-    await asyncio.wait([stopping, asyncio.ensure_future(started.wait())], return_when=asyncio.FIRST_COMPLETED)
+    either: list[asyncio.Future[Any]] = [stopping, asyncio.ensure_future(started.wait())]
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     assert fired == [CLAIMED_SLOT]
     assert not stopping.done()  # the stop waits for it, within its grace
     release.set()

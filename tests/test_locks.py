@@ -451,6 +451,54 @@ async def test_quiesce_returns_once_a_locked_runs_lock_is_released(
     assert (await stored_lock(engine.store, "nightly-rollup")).holder is None
 
 
+@pytest.mark.parametrize("grace", [5, 0])
+async def test_a_stop_while_a_locked_runs_lock_is_being_taken_leaves_the_lock_free(
+    clock: ManualClock, fleet: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, grace: float
+) -> None:
+    """A slot fires just before SIGTERM: its run is still taking its lock when the stop
+    begins, and the acquire commits. With a grace the run starts and ends within it; without
+    one, the acquire is cut short and the run recorded interrupted. Either way the lock is
+    free after the stop: before, the acquire was cut short after the stop had given back
+    what unanswered acquires took, and the lock stayed held (by nobody who knew it) for its
+    whole ttl, every instance's run of the schedule skipped as "locked" meanwhile."""
+    ran: list[datetime] = []
+    schedule = define_schedule(name="rollup", cron="* * * * *", timezone="UTC", handler=lambda ctx: ran.append(ctx.scheduled_at),
+                               lock="nightly-rollup", lock_ttl=600)  # fmt: skip
+    engine = fleet([schedule])
+    await engine.start()
+    acquire = cast(LockStore, engine.store).acquire_lock
+    committed, answer, stopping_locks = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def answers_late(*args: Any) -> Lock | None:
+        lock: Lock | None = await acquire(*args)
+        committed.set()
+        await answer.wait()
+        return lock
+
+    stop_locks = engine.locks.stop
+
+    async def stop_locks_seen(grace: float) -> None:
+        stopping_locks.set()
+        await stop_locks(grace)
+
+    monkeypatch.setattr(engine.store, "acquire_lock", answers_late)
+    monkeypatch.setattr(engine.locks, "stop", stop_locks_seen)
+    clock.advance(60)
+    await asyncio.wait_for(committed.wait(), 10)  # (the timeouts only bound a broken test)
+    stopping = asyncio.ensure_future(engine.stop(grace=grace))
+    await asyncio.wait_for(stopping_locks.wait(), 10)  # the lock service has begun to stop
+    answer.set()
+    await asyncio.wait_for(stopping, 10)
+    other = fleet()
+    await other.open()
+    assert (await stored_lock(other.store, "nightly-rollup")).holder is None
+    runs = [(r.status, r.error_tag) for r in await all_runs(other, "rollup")]
+    if grace:
+        assert runs == [("succeeded", None)] and ran == [at(60)]
+    else:
+        assert runs == [("failed", "interrupted")] and ran == []
+
+
 async def test_a_lease_taken_from_its_holder_is_lost_at_the_next_renewal(clock: ManualClock, engines: Callable[..., Engine]) -> None:
     holder, operator = engines(), engines()
     await holder.open()

@@ -110,6 +110,8 @@ class Locks:
         self._runs_done = asyncio.Event()
         self._releasing: set[asyncio.Task[Any]] = set()
         """Releases on their way in the background (a locked run's, after it ended)."""
+        self._guarding: set[asyncio.Task[Any]] = set()
+        """Locked runs taking their lock (what :meth:`stop` waits for, within its grace)."""
 
     def lock_now(self) -> datetime | None:
         """The time to hand the store: ``None`` for the database's own clock."""
@@ -162,16 +164,27 @@ class Locks:
 
     async def stop(self, grace: float) -> None:
         """Give locked runs up to ``grace`` seconds to finish (a run's lease is released when
-        the run is recorded), then release every lease still held."""
-        if self._run_leases and grace > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._runs_done.wait(), grace)
+        the run is recorded), those still taking their lock included (a slot fired just
+        before the stop); then release every lease still held, and give back what acquires
+        cut short took."""
+        if grace > 0:
+            loop = asyncio.get_running_loop()
+            until = loop.time() + grace
+            if self._guarding:
+                await asyncio.wait(set(self._guarding), timeout=grace)
+            if self._run_leases:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._runs_done.wait(), max(0.0, until - loop.time()))
+        # Releases on their way land first: cut short, one could leave its lock held until
+        # its ttl. Guards still taking a lock are cut short before the give-back (their
+        # acquire is then remembered unanswered): one cancelled after it would keep what it
+        # took, by nobody who knows it, for the whole ttl.
+        await asyncio.gather(*self._releasing, return_exceptions=True)
+        await _cancel(self._guarding)
         for lease in list(self._leases):
             await self.release_lease(lease)
         await self.give_back_unanswered(self.clock.now())
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await _cancel(self._tasks)
 
     # -- leases ----------------------------------------------------------------------------
     async def acquire(self, name: str, ttl: float | Any = DEFAULT_TTL, *, holder: str | None = None) -> Lease | None:
@@ -433,7 +446,9 @@ class Locks:
         has it, record the run ``skipped`` (error tag ``locked``). The lease is released
         when the run is recorded finished (:meth:`release_soon` from the launcher); if it is
         lost first, the run is recorded ``failed`` (``lease_lost``) and cancelled."""
-        self._spawn(self._guard(run, start), f"lock for {run.schedule.name}")
+        task = self._spawn(self._guard(run, start), f"lock for {run.schedule.name}")
+        self._guarding.add(task)
+        task.add_done_callback(self._guarding.discard)
 
     async def _guard(self, run: GuardedRun, start: Callable[[], None]) -> None:
         schedule = run.schedule
@@ -462,6 +477,12 @@ class Locks:
 
         lease.on_lost(lost)
         start()
+
+
+async def _cancel(tasks: set[asyncio.Task[Any]]) -> None:
+    for task in list(tasks):
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _cancelling() -> int:

@@ -509,7 +509,9 @@ class Launcher:
         ``interrupted`` and the queued slots ``missed``."""
         self.stopping = True
         self.stop_grace = grace
-        running = self.runner.running_tasks()
+        running: list[asyncio.Future[Any]] = [*self.runner.running_tasks()]
+        # Runs still taking their lock (fired just before the stop) get the grace too.
+        running += [s.finished() for s in self.active.values() if s.task is None and not s.done]
         if running:
             log.info("waiting up to %.0fs for %d run(s) in flight", grace, len(running))
             if grace > 0:
