@@ -203,7 +203,7 @@ class Timers:
                 if claims.coordinator.needs_claims:
                     # One claim for the whole batch: one round trip, one transaction, which
                     # also writes the winners' rows.
-                    owned, busy = await claims.claim([(schedule, slot) for schedule, slot, _ in due], now)
+                    owned, busy = await claims.claim([(schedule, slot) for schedule, slot, _ in due], now, due_now=True)
                     await self._fire_owned(owned, outcome, busy)
                 else:
                     # The burst's rows follow in the group commit; until they land, a

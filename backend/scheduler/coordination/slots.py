@@ -188,6 +188,7 @@ class SlotClaims:
         *,
         in_store: bool = False,
         run_ids: dict[tuple[str, datetime], str] | None = None,
+        due_now: bool = False,
     ) -> tuple[list[tuple[Schedule, datetime, str]], dict[str, str]]:
         """The slots this instance wins, each with the run id its claim recorded, and the
         schedules of the batch with a run in flight on another instance (name -> run id).
@@ -196,14 +197,16 @@ class SlotClaims:
         remembered as lost; external fires are not remembered, their caller gets the
         error and looks at what the claim left (``run_ids``: the ids to propose, which it
         knows so). ``in_store`` claims in the store whatever the coordination mode
-        (external fires dedupe retries so)."""
+        (external fires dedupe retries so). ``due_now``: the timer's due slots, which a
+        graceful stop finding this claim on its way starts (see :meth:`_stopped_with`);
+        a catch-up's are recorded ``missed`` then, as those it had not started yet."""
         if not in_store and not self.fires():
             return [], {}  # the fleet's own mode fires them (external fires dedupe in the store whatever the mode)
         claims = self.make_claims(slots, now, in_store=in_store, run_ids=run_ids)
         epoch = self.lease.epoch
         try:
             self._check_lease()
-            result = await self._send(claims, now, in_store=in_store, epoch=None if in_store else epoch)
+            result = await self._send(claims, now, in_store=in_store, epoch=epoch if due_now else None)
         except Unavailable as exc:
             self.outages.trouble("claim", f"not firing {len(slots)} slot(s): cannot claim them", exc)
             if not in_store:
@@ -270,7 +273,8 @@ class SlotClaims:
         self, claims: list[Claim], now: datetime, *, in_store: bool = False, epoch: int | None = None
     ) -> ClaimResult:
         """Claim (raising :class:`Unavailable`); remember the run ids won as pending.
-        ``epoch``: the lease's epoch when the timer's claim was made (see :meth:`_stopped_with`)."""
+        ``epoch``: the lease's epoch when the timer's due slots were claimed (see
+        :meth:`_stopped_with`)."""
         # Pending from before the claim is sent: a placeholder committed while its reply is
         # still on the way is ours, not a dead instance's run for close_abandoned to close.
         proposed = [claim.run_id for claim in claims]
@@ -298,8 +302,8 @@ class SlotClaims:
         when the stop has a grace and the lease held throughout: the other instances lost
         these slots to this one, so recorded ``missed`` they would run nowhere (a rolling
         restart's SIGTERM landing mid-claim), and the grace covers them as it covers the
-        runs in flight. Otherwise (no grace, recovered slots, external fires) it is
-        recorded ``missed``."""
+        runs in flight. Otherwise (no grace, a catch-up's or recovered slots, external
+        fires) it is recorded ``missed``."""
         launcher = self.launcher
         if epoch is None or launcher.stop_grace <= 0:
             self._record_missed(claims, result, "the engine stopped while this slot was being claimed")
