@@ -130,6 +130,11 @@ def _error(exc: BaseException) -> str:
     return text[:ERROR_MAX]
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class Notifier:
     """Delivers the outbox rows of this instance's sinks (see the module docstring)."""
 
@@ -158,6 +163,8 @@ class Notifier:
         """Set when this instance wrote a transition: deliver now, not at the next poll."""
         self._registered: datetime | None = None
         self._client: httpx.AsyncClient | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+        """Deliveries in flight: a stop lets them end within its grace (see :meth:`stop`)."""
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -165,6 +172,17 @@ class Notifier:
                 timeout=httpx.Timeout(self.settings.timeout), transport=self.transport, follow_redirects=False
             )
         return self._client
+
+    async def stop(self, grace: float) -> None:
+        """Let the POSTs in flight end and their outcomes be recorded, for up to ``grace``
+        seconds (the delivery loop was cancelled before: nothing more is claimed); cut the
+        rest short (sent again once their lease runs out); close the client."""
+        if self._sending and grace > 0:
+            await asyncio.wait(set(self._sending), timeout=grace)
+        for task in list(self._sending):
+            task.cancel()
+        await asyncio.gather(*self._sending, return_exceptions=True)
+        await self.close()
 
     async def close(self) -> None:
         if self._client is not None:
@@ -190,7 +208,14 @@ class Notifier:
             claimed = await self.store.claim_deliveries(list(self.sinks), self.instance, now, until, CLAIM_BATCH)
             if not claimed:
                 return handled
-            await asyncio.gather(*(self.deliver(delivery) for delivery in claimed))
+            sending = [asyncio.ensure_future(self.deliver(delivery)) for delivery in claimed]
+            self._sending.update(sending)
+            for task in sending:
+                task.add_done_callback(self._sending.discard)
+            # Shielded: a stop cancels this loop at once, and gives the POSTs its grace.
+            together = asyncio.gather(*sending)
+            together.add_done_callback(_retrieved)  # (read here, unless this loop was cancelled)
+            await asyncio.shield(together)
             handled += len(claimed)
 
     async def deliver(self, delivery: Delivery) -> None:

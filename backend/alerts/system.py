@@ -169,7 +169,7 @@ class Alerts:
 
     async def stop(self, grace: float) -> None:
         if self.notifier is not None:
-            await self.notifier.close()
+            await self.notifier.stop(grace)
 
     @property
     def idle(self) -> bool:
