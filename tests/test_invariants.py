@@ -7,7 +7,9 @@ from a fraction of a second to several minutes, store outages (a wrapper whose c
 :class:`~backend.errors.Unavailable` while the store is down), claims whose answer is lost
 after they committed, a full disk (SQLite refuses
 to grow the file; ``single`` only: the one firer keeps what it cannot write in the store's
-reserve) that a restart may find, and clean restarts after some downtime. One configuration runs one engine (``single`` or ``advisoryLock``
+reserve) that a restart may find, and clean restarts after some downtime (some whose stop
+lands while the instance's claim of the next slot has committed and its answer is held,
+with or without a grace). One configuration runs one engine (``single`` or ``advisoryLock``
 coordination), the other a fleet of two engines sharing the store, ``advisoryLock`` at
 first; a restart there may come back in the other mode (``single``), as a rolling change
 of ``--coordination`` does: an instance whose mode differs from the firing one's waits,
@@ -30,7 +32,11 @@ ledger is checked:
     run, which the ledger has, for that slot; at most one call created it; a call answered
     503 fired nothing; a call is refused as disabled exactly when an operator disabled the
     schedule (through any instance) and the slot had not been fired before, and as too late
-    exactly when the slot is older than the tolerance and was never fired.
+    exactly when the slot is older than the tolerance and was never fired;
+(g) what a claim cut short by a stop won is closed by the stop: started within the grace
+    (or recorded as its overlap policy says), and recorded ``missed`` only by a stop with
+    no grace (a rolling restart's SIGTERM must not leave a slot the fleet lost to this
+    instance run nowhere).
 
 Only the engine's public API is used (``Engine(...)``, ``start``, ``stop``, ``quiesce``,
 ``run_now``, ``set_enabled``, ``start_backfill``, ``flush``, ``store``, ``stats``).
@@ -48,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import functools
 import os
 import random
@@ -67,8 +74,9 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from backend import Engine, ManualClock, Refused, Run, RunContext, Schedule, Unavailable, define_schedule
+from backend.cron import Cron
 from backend.ids import IdFactory
-from backend.model import BackfillPolicy, CoordinationMode, OverlapPolicy
+from backend.model import BackfillPolicy, Claim, ClaimResult, CoordinationMode, OverlapPolicy
 from backend.store import Store, open_store
 from backend.store.sqlite.store import SQLiteStore
 
@@ -101,6 +109,12 @@ class World:
         self.pending = 0  # store calls on their way
         self.stores: list[Store] = []
         self._lock: asyncio.Lock | None = None
+        self.hold_claim: str | None = None
+        """The instance whose next claim commits and then holds its answer (a stop lands)."""
+        self.claim_held: asyncio.Event | None = None
+        self.let_go: asyncio.Event | None = None
+        self.held: tuple[Sequence[Claim], ClaimResult] | None = None
+        """The held claim and its answer."""
 
     @property
     def lock(self) -> asyncio.Lock:
@@ -127,9 +141,10 @@ class FlakyStore:
     }  # fmt: skip
     PASSING = {"open", "close", "flush"}
 
-    def __init__(self, inner: Store, world: World) -> None:
+    def __init__(self, inner: Store, world: World, instance: str) -> None:
         self.inner = inner
         self.world = world
+        self.instance = instance
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.inner, name)
@@ -158,7 +173,12 @@ class FlakyStore:
                         world.lose_answers -= 1
                         world.unanswered.update(claim.run_id for claim in args[0])
                         raise Unavailable("the connection broke after the claim committed (test)")
-                    return result
+                if name == "claim" and world.hold_claim == self.instance:
+                    assert world.claim_held is not None and world.let_go is not None
+                    world.hold_claim, world.held = None, (args[0], result)
+                    world.claim_held.set()
+                    await world.let_go.wait()  # (the other engines' calls go on meanwhile)
+                return result
             finally:
                 world.pending -= 1
 
@@ -289,7 +309,7 @@ class EngineMachine(RuleBasedStateMachine):
         inner = open_store(self.url)
         assert isinstance(inner, SQLiteStore)
         inner.close_patience = 0  # real seconds: a stop on a full disk keeps its runs at once
-        store = FlakyStore(inner, self.world)
+        store = FlakyStore(inner, self.world, instance)
         self.generation += 1
         bits = random.Random(f"{instance}-{self.generation}").getrandbits
         return Engine(
@@ -677,8 +697,17 @@ class EngineMachine(RuleBasedStateMachine):
             self.run(self.settle())
         self.advance(then)
 
-    @rule(instance=instances, down_for=st.sampled_from([0.0, 0.5, 30.0, 150.0, 400.0]), other_mode=st.booleans())
-    def restart(self, instance: str, down_for: float, other_mode: bool) -> None:
+    @rule(
+        instance=instances,
+        down_for=st.sampled_from([0.0, 0.5, 30.0, 150.0, 400.0]),
+        other_mode=st.booleans(),
+        mid_claim=st.sampled_from([None, None, 0.0, 0.05]),
+    )
+    def restart(self, instance: str, down_for: float, other_mode: bool, mid_claim: float | None = None) -> None:
+        """A clean stop and a start after ``down_for`` seconds. With ``mid_claim`` (the stop's
+        grace, in real seconds), the stop lands while the instance's claim of the slots due
+        next has committed and its answer is on its way (a rolling restart's SIGTERM):
+        with a grace, what it won starts within it; with none, it is recorded missed."""
         if self.world.down:  # an engine refuses to start without its store: it comes back first
             self.toggle_store()
         engine = self.engine(instance)
@@ -692,10 +721,12 @@ class EngineMachine(RuleBasedStateMachine):
                 self.modes[name] = mode
         change = f" as {self.modes[name]}" if name in self.modes else ""
         disk = " (the disk full as it stops, room when it starts)" if full else ""
-        self.log.append(f"{name}: restart after {down_for}s{change}{disk}")
+        how = "" if mid_claim is None else f" (stopped mid-claim, grace {mid_claim}s)"
+        self.log.append(f"{name}: restart after {down_for}s{change}{disk}{how}")
 
         async def go() -> None:
-            await engine.stop(grace=0)
+            if mid_claim is None or not await self.stop_mid_claim(engine, mid_claim):
+                await engine.stop(grace=0)
             del self.engines[name]
             self.world.full = False  # its rows not written are in the reserve; the next store has room
             await self.settle()
@@ -728,6 +759,51 @@ class EngineMachine(RuleBasedStateMachine):
             assert not still, f"(c) runs left running by {name}'s stop, not closed by its start: {sorted(still)}{self.steps()}"
 
         self.run(go())
+
+    async def stop_mid_claim(self, engine: Engine, grace: float) -> bool:
+        """Move the clock to the next slot of the six-field schedule, hold the answer of
+        ``engine``'s claim there, and stop it meanwhile; then check (g). False (and nothing
+        stopped) when it claimed nothing (``single``, waiting for the other mode's fleet,
+        the store down, its schedules disabled)."""
+        world = self.world
+        world.claim_held, world.let_go, world.held = asyncio.Event(), asyncio.Event(), None
+        world.hold_claim = engine.instance
+        self.clock.set(Cron(CRONS["sec"], "UTC").next(self.clock.now()))
+        self.instants.append(self.clock.now())
+        settling = asyncio.ensure_future(self.settle())
+        held = asyncio.ensure_future(world.claim_held.wait())
+        await asyncio.wait({settling, held}, return_when=asyncio.FIRST_COMPLETED)
+        world.hold_claim = None
+        if not held.done():
+            held.cancel()
+            await settling
+            self.log.append(f"  ({engine.instance} claimed nothing at {self.clock.now():%H:%M:%S})")
+            if currently_in_test_context():
+                event("a stop mid-claim that found no claim")
+            return False
+        settling.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await settling
+        stopping = asyncio.ensure_future(engine.stop(grace=grace))
+        while not stopping.done() and not any(task.cancelling() for task in engine.loops.tasks):
+            await asyncio.sleep(0)  # until the stop has asked its loops to stop
+        world.let_go.set()
+        await stopping
+        assert world.held is not None
+        claims, result = world.held
+        won = [claim for claim in claims if claim.key in result.won]
+        self.log.append(f"  ({engine.instance}'s claim won {len(won)} of {len(claims)} slot(s))")
+        if currently_in_test_context():
+            event(f"a stop mid-claim (grace {grace}s) that won {'some' if won else 'nothing'}")
+        assert self.checker is not None
+        for claim in won:
+            run = await self.checker.get_run(claim.run_id)
+            # (g) what a claim cut short by a graceful stop won starts (or its overlap policy
+            # records it); with no grace it is recorded missed
+            cut = run is not None and run.status == "missed" and "stopped while this slot was being claimed" in (run.error_message or "")
+            assert run is not None and run.status != "running", f"(g) {claim.key}: {run}{self.steps()}"
+            assert cut == (grace == 0), f"(g) {claim.key} after a stop with grace {grace}: {run}{self.steps()}"
+        return True
 
     # -- invariants ---------------------------------------------------------------------------
     @invariant()
