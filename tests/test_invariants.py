@@ -33,10 +33,10 @@ ledger is checked:
     503 fired nothing; a call is refused as disabled exactly when an operator disabled the
     schedule (through any instance) and the slot had not been fired before, and as too late
     exactly when the slot is older than the tolerance and was never fired;
-(g) what a claim cut short by a stop won is closed by the stop: started within the grace
-    (or recorded as its overlap policy says), and recorded ``missed`` only by a stop with
-    no grace (a rolling restart's SIGTERM must not leave a slot the fleet lost to this
-    instance run nowhere).
+(g) what the timer's claim of due slots won, cut short by a stop, is closed by the stop:
+    started within the grace (or recorded as its overlap policy says), and recorded
+    ``missed`` only by a stop with no grace (a rolling restart's SIGTERM must not leave a
+    slot the fleet lost to this instance run nowhere).
 
 Only the engine's public API is used (``Engine(...)``, ``start``, ``stop``, ``quiesce``,
 ``run_now``, ``set_enabled``, ``start_backfill``, ``flush``, ``store``, ``stats``).
@@ -109,8 +109,9 @@ class World:
         self.pending = 0  # store calls on their way
         self.stores: list[Store] = []
         self._lock: asyncio.Lock | None = None
-        self.hold_claim: str | None = None
-        """The instance whose next claim commits and then holds its answer (a stop lands)."""
+        self.hold_claim: tuple[str, datetime] | None = None
+        """The instance whose timer's next claim of the slots due at an instant commits and
+        then holds its answer (a stop lands meanwhile)."""
         self.claim_held: asyncio.Event | None = None
         self.let_go: asyncio.Event | None = None
         self.held: tuple[Sequence[Claim], ClaimResult] | None = None
@@ -173,7 +174,7 @@ class FlakyStore:
                         world.lose_answers -= 1
                         world.unanswered.update(claim.run_id for claim in args[0])
                         raise Unavailable("the connection broke after the claim committed (test)")
-                if name == "claim" and world.hold_claim == self.instance:
+                if name == "claim" and world.hold_claim is not None and self.holds(world.hold_claim, args[0]):
                     assert world.claim_held is not None and world.let_go is not None
                     world.hold_claim, world.held = None, (args[0], result)
                     world.claim_held.set()
@@ -183,6 +184,15 @@ class FlakyStore:
                 world.pending -= 1
 
         return call
+
+    def holds(self, hold: tuple[str, datetime], claims: Sequence[Claim]) -> bool:
+        """Whether ``claims`` is the claim to hold: this instance's timer claiming the slots
+        due at the instant. Not a catch-up's (it claims older slots too), a platform's call
+        (``external``), nor lost slots claimed again (their run ids were proposed before)."""
+        return hold[0] == self.instance and all(
+            claim.scheduled_at == hold[1] and claim.trigger == "self" and claim.run_id not in self.world.unanswered
+            for claim in claims
+        )
 
 
 @dataclass
@@ -762,14 +772,14 @@ class EngineMachine(RuleBasedStateMachine):
 
     async def stop_mid_claim(self, engine: Engine, grace: float) -> bool:
         """Move the clock to the next slot of the six-field schedule, hold the answer of
-        ``engine``'s claim there, and stop it meanwhile; then check (g). False (and nothing
-        stopped) when it claimed nothing (``single``, waiting for the other mode's fleet,
-        the store down, its schedules disabled)."""
+        ``engine``'s timer's claim of the slots due there, and stop it meanwhile; then check
+        (g). False (and nothing stopped) when it made no such claim (``single``, waiting for
+        the other mode's fleet, the store down, its schedules disabled, found behind)."""
         world = self.world
         world.claim_held, world.let_go, world.held = asyncio.Event(), asyncio.Event(), None
-        world.hold_claim = engine.instance
         self.clock.set(Cron(CRONS["sec"], "UTC").next(self.clock.now()))
         self.instants.append(self.clock.now())
+        world.hold_claim = (engine.instance, self.clock.now())
         settling = asyncio.ensure_future(self.settle())
         held = asyncio.ensure_future(world.claim_held.wait())
         await asyncio.wait({settling, held}, return_when=asyncio.FIRST_COMPLETED)
