@@ -4,12 +4,14 @@ Three instances share one SQLite store: each has its evaluator and its notifier 
 ``serve`` has), all delivering to one webhook (a mock transport). The machine records runs
 of two schedules (succeeded or failed), moves the clock, lets any instance evaluate (also
 one whose round reads, then writes later: a slow instance), deliver, claim and POST later
-(stalled, perhaps past the claims' lease), or die between its claim and its POST, and makes
-the webhook fail its next requests. After every step:
+(stalled, perhaps past the claims' lease), die between its claim and its POST, or stop
+(and start again) while its POSTs are in flight, with or without a grace, and makes the
+webhook fail its next requests. After every step:
 
 * the transitions written alternate per alert, firing first;
 * no transition is accepted by the webhook twice, and every accepted one was written;
-* the store's state of each alert is its last transition's.
+* the store's state of each alert is its last transition's;
+* a stop with a grace returns only once its POSTs in flight were answered.
 
 And at the end, once the clock has passed every lease and backoff and the instances have
 delivered what is due: every transition was accepted exactly once.
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -71,8 +73,20 @@ class Webhook:
         self.failures = 0
         self.accepted: list[str] = []
         """The transition ids accepted (answered 2xx), in order."""
+        self.hold: asyncio.Event | None = None
+        """While set up: each request waits for it before it is answered (POSTs in flight)."""
+        self.holding = asyncio.Event()
+        self.held: list[str] = []
+        """The transitions of the requests that waited, and were answered (2xx or not)."""
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.hold is not None:
+            self.holding.set()
+            await self.hold.wait()  # (a cancellation here: the POST was cut short before any answer)
+            self.held.append(json.loads(request.content)["transition"])
+        return self.answer(request)
+
+    def answer(self, request: httpx.Request) -> httpx.Response:
         if self.failures:
             self.failures -= 1
             return httpx.Response(500)
@@ -100,7 +114,7 @@ class AlertsMachine(RuleBasedStateMachine):
         self.in_flight: dict[str, list[Delivery]] = {}
         self.pending: dict[str, Proposal] = {}
         """Rounds that read their facts and have not written yet (a slow instance)."""
-        events = EventBus()
+        self.events = EventBus()
         self.evaluators: dict[str, Evaluator] = {}
         self.notifiers: dict[str, Notifier] = {}
         for name in INSTANCES:
@@ -108,12 +122,17 @@ class AlertsMachine(RuleBasedStateMachine):
                 store=self.store, instance=name, new_id=self.ids, schedules=SCHEDULES, queues={}, functions={},
                 state_of=lambda n: None, is_enabled=lambda n: True, fleet=self.fleet, fresh=timedelta(seconds=30),
             )  # fmt: skip
-            audit = AuditLog(store=self.store, clock=self.clock, new_id=self.ids, events=events, actor="props")
-            self.notifiers[name] = Notifier(
-                store=self.store, clock=self.clock, loops=Loops(self.clock), instance=name, sinks=parse_sinks([HOOK]),
-                settings=SETTINGS, audit=audit, transport=httpx.MockTransport(self.webhook),
-            )  # fmt: skip
-            self.run(self.notifiers[name].register(self.clock.now()))
+            self.notifiers[name] = self.notifier(name)
+
+    def notifier(self, name: str) -> Notifier:
+        """The notifier of instance ``name``, as a (re)started ``serve`` makes it."""
+        audit = AuditLog(store=self.store, clock=self.clock, new_id=self.ids, events=self.events, actor="props")
+        notifier = Notifier(
+            store=self.store, clock=self.clock, loops=Loops(self.clock), instance=name, sinks=parse_sinks([HOOK]),
+            settings=SETTINGS, audit=audit, transport=httpx.MockTransport(self.webhook),
+        )  # fmt: skip
+        self.run(notifier.register(self.clock.now()))
+        return notifier
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -210,6 +229,36 @@ class AlertsMachine(RuleBasedStateMachine):
     def dies(self, data: st.DataObject) -> None:
         """An instance dies between its claims and its POSTs."""
         self.in_flight.pop(self.claiming(data), None)
+
+    @precondition(undelivered)
+    @rule(instance=st.sampled_from(INSTANCES), grace=st.sampled_from([0.0, 5.0]))
+    def stops_mid_post(self, instance: str, grace: float) -> None:
+        """A rolling restart's SIGTERM lands while the instance POSTs what is due: its
+        delivery loop is cancelled, its notifier's stop gives the POSTs in flight ``grace``
+        (real seconds), and the webhook answers once the stop has begun. The instance
+        then starts again."""
+        webhook = self.webhook
+        webhook.hold, webhook.holding, webhook.held = asyncio.Event(), asyncio.Event(), []
+        notifier = self.notifiers[instance]
+        delivering = self.loop.create_task(notifier.deliver_due())
+        holding = self.loop.create_task(webhook.holding.wait())
+        self.run(asyncio.wait({delivering, holding}, return_when=asyncio.FIRST_COMPLETED))
+        holding.cancel()
+        posting = webhook.holding.is_set()
+        delivering.cancel()  # the stop cancels the delivery loop first
+        self.run(asyncio.wait({delivering}))
+        stopping = self.loop.create_task(notifier.stop(grace))
+        self.run(asyncio.sleep(0))  # the stop begins
+        webhook.hold.set()
+        self.run(stopping)
+        webhook.hold = None
+        event(f"a stop mid-POST, grace {grace:g}" if posting else "a stop with nothing being POSTed")
+        if posting and grace:
+            # A graceful stop lets the POSTs in flight end: each was answered before it
+            # returned (and its outcome recorded: another instance sending it again once
+            # the claim's lease ran out would make the webhook accept it twice).
+            assert webhook.held, "a stop with a grace cut the POSTs in flight short"
+        self.notifiers[instance] = self.notifier(instance)
 
     @precondition(undelivered)
     @rule(count=st.integers(1, 3))
