@@ -711,7 +711,7 @@ class EngineMachine(RuleBasedStateMachine):
         instance=instances,
         down_for=st.sampled_from([0.0, 0.5, 30.0, 150.0, 400.0]),
         other_mode=st.booleans(),
-        mid_claim=st.sampled_from([None, None, 0.0, 0.05]),
+        mid_claim=st.sampled_from([None, None, 0.0, 0.01]),
     )
     def restart(self, instance: str, down_for: float, other_mode: bool, mid_claim: float | None = None) -> None:
         """A clean stop and a start after ``down_for`` seconds. With ``mid_claim`` (the stop's
