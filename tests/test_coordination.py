@@ -295,6 +295,7 @@ class Outage:
         self.inner = inner
         self.down = False
         self.lose_reply = False
+        self.down_after_lost_reply = False  # and stays down (until the test brings it back)
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.inner, name)
@@ -307,6 +308,7 @@ class Outage:
             result = await value(*args, **kwargs)
             if name == "claim" and self.lose_reply:
                 self.lose_reply = False
+                self.down = self.down_after_lost_reply
                 raise Unavailable("connection lost after commit (test)")
             return result
 
@@ -663,6 +665,83 @@ async def test_slots_lost_to_an_outage_are_recorded_by_a_stop_before_the_next_ho
     runs = await all_runs(reader, "job")
     assert [(r.scheduled_at, r.status) for r in runs] == [(at("2026-03-02T08:00:20Z"), "missed")]
     assert "stopped" in (runs[0].error_message or "")
+
+
+@pytest.mark.parametrize("grace", [5, 0])
+async def test_a_stop_with_a_grace_starts_the_current_slot_whose_claim_answer_was_lost(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str, grace: float
+) -> None:
+    """a's claim of 08:01 commits and its answer is lost; b lost the slot to it. A SIGTERM
+    lands before a's next housekeeping round (a rolling restart). b never claims the slot
+    again, so a stop that recorded it ``missed`` left it run nowhere: with a grace, a starts
+    it (once, under the claim's run id) and waits for it; with none, ``missed`` it is."""
+    fired: list[tuple[datetime, str]] = []
+
+    def handler_for(name: str) -> Any:
+        async def handler(ctx: RunContext) -> None:
+            fired.append((ctx.scheduled_at, name))
+
+        return handler
+
+    store = Outage(open_store(store_url))
+    a = make_engine([schedule(handler=handler_for("a"))], instance="a", coordination="advisoryLock", store=store,
+                    abandon_after=3600)  # fmt: skip
+    b = make_engine([schedule(handler=handler_for("b"))], instance="b", coordination="advisoryLock", abandon_after=3600)
+    b.coordinator = Loser(b.store)
+    b.coordinator.losing = True  # a's claim committed first
+    await a.start()
+    await b.start()
+    await settle(clock, a, b)
+    store.lose_reply = store.down_after_lost_reply = True
+    clock.advance(60)
+    await settle(clock, a, b)
+    assert fired == [] and a.claims.lost_count == 1
+    store.down = False  # back, but no housekeeping round has run since: the stop comes first
+    await a.stop(grace=grace)
+    b.coordinator.losing = False
+    clock.advance(60)  # b goes on (08:02)
+    await settle(clock, b)
+    runs = {r.scheduled_at.minute: r for r in await all_runs(b, "job")}
+    assert sorted(runs) == [1, 2]
+    first = runs[1]
+    assert (first.instance, first.trigger, first.coordination_outcome) == ("a", "self", "wonLock")
+    assert await b.store.claimed_run(slot_key("job", at("2026-03-02T08:01:00Z"))) == first.id
+    if grace:
+        assert first.status == "succeeded"
+        assert fired == [(at("2026-03-02T08:01:00Z"), "a"), (at("2026-03-02T08:02:00Z"), "b")]
+    else:
+        assert (first.status, first.error_message) == (
+            "missed", "not fired: the store was unreachable when it was due (the engine stopped before it could fire it)"
+        )
+        assert fired == [(at("2026-03-02T08:02:00Z"), "b")]
+
+
+async def test_a_stop_with_a_grace_starts_only_the_current_one_of_the_slots_lost_to_an_outage(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    """Under ``backfill="all"`` too: a stop starts no backfill; the slot due now is not a
+    backfill, and it starts within the grace."""
+    fired: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    store = Outage(open_store(store_url))
+    engine = make_engine([schedule(cron="*/20 * * * * *", backfill="all", handler=handler)], coordination="advisoryLock",
+                         store=store)  # fmt: skip
+    await engine.start()
+    await engine.quiesce()
+    store.down = True
+    clock.advance(20)  # 08:00:20 and 08:00:40 cannot be claimed
+    await engine.quiesce()
+    clock.advance(20)
+    await engine.quiesce()
+    store.down = False
+    await engine.stop(grace=5)
+    assert fired == [at("2026-03-02T08:00:40Z")]
+    reader = make_engine([schedule()], coordination="advisoryLock")
+    await reader.open()
+    assert [(r.scheduled_at.second, r.status) for r in await all_runs(reader, "job")] == [(20, "missed"), (40, "succeeded")]
 
 
 async def test_a_range_backfill_goes_on_through_an_outage_and_records_its_end_once_back(

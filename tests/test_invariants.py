@@ -36,7 +36,10 @@ ledger is checked:
 (g) what the timer's claim of due slots won, cut short by a stop, is closed by the stop:
     started within the grace (or recorded as its overlap policy says), and recorded
     ``missed`` only by a stop with no grace (a rolling restart's SIGTERM must not leave a
-    slot the fleet lost to this instance run nowhere).
+    slot the fleet lost to this instance run nowhere);
+(h) a stop with a grace records no slot that is still its schedule's current one ``missed``
+    for want of a claim (a claim whose answer was lost, an outage just before the stop):
+    it starts it, if its lease held (the fleet lost that slot to it as well).
 
 Only the engine's public API is used (``Engine(...)``, ``start``, ``stop``, ``quiesce``,
 ``run_now``, ``set_enabled``, ``start_backfill``, ``flush``, ``store``, ``stats``).
@@ -712,12 +715,17 @@ class EngineMachine(RuleBasedStateMachine):
         down_for=st.sampled_from([0.0, 0.5, 30.0, 150.0, 400.0]),
         other_mode=st.booleans(),
         mid_claim=st.sampled_from([None, None, 0.0, 0.01]),
+        graceful=st.booleans(),
     )
-    def restart(self, instance: str, down_for: float, other_mode: bool, mid_claim: float | None = None) -> None:
+    def restart(
+        self, instance: str, down_for: float, other_mode: bool, mid_claim: float | None = None, graceful: bool = False
+    ) -> None:
         """A clean stop and a start after ``down_for`` seconds. With ``mid_claim`` (the stop's
         grace, in real seconds), the stop lands while the instance's claim of the slots due
         next has committed and its answer is on its way (a rolling restart's SIGTERM):
-        with a grace, what it won starts within it; with none, it is recorded missed."""
+        with a grace, what it won starts within it; with none, it is recorded missed.
+        Otherwise the stop has a grace of 10 ms when ``graceful`` (the handlers wait on the
+        manual clock: a longer one would only wait longer), then (h) is checked."""
         if self.world.down:  # an engine refuses to start without its store: it comes back first
             self.toggle_store()
         engine = self.engine(instance)
@@ -731,12 +739,13 @@ class EngineMachine(RuleBasedStateMachine):
                 self.modes[name] = mode
         change = f" as {self.modes[name]}" if name in self.modes else ""
         disk = " (the disk full as it stops, room when it starts)" if full else ""
-        how = "" if mid_claim is None else f" (stopped mid-claim, grace {mid_claim}s)"
+        grace = 0.01 if graceful else 0.0
+        how = f" (stopped mid-claim, grace {mid_claim}s)" if mid_claim is not None else " (grace 10 ms)" if graceful else ""
         self.log.append(f"{name}: restart after {down_for}s{change}{disk}{how}")
 
         async def go() -> None:
             if mid_claim is None or not await self.stop_mid_claim(engine, mid_claim):
-                await engine.stop(grace=0)
+                await self.stop_checking_current_slots(engine, grace)
             del self.engines[name]
             self.world.full = False  # its rows not written are in the reserve; the next store has room
             await self.settle()
@@ -769,6 +778,28 @@ class EngineMachine(RuleBasedStateMachine):
             assert not still, f"(c) runs left running by {name}'s stop, not closed by its start: {sorted(still)}{self.steps()}"
 
         self.run(go())
+
+    async def stop_checking_current_slots(self, engine: Engine, grace: float) -> None:
+        """Stop ``engine`` with ``grace``; with one, check (h)."""
+        if grace <= 0 or self.world.full:
+            await engine.stop(grace=0)
+            return
+        before = {r.id for runs in (await self.ledger()).values() for r in runs}
+        enabled = {name for name in CRONS if engine.is_enabled(name)}
+        held = engine.claims.lease.fresh()
+        at = self.clock.now()
+        await engine.stop(grace=grace)
+        if not held:
+            return
+        assert self.checker is not None
+        for name in enabled:  # (what it recorded, it flushed as it stopped)
+            runs = await self.checker.list_runs(name, limit=1_000_000)
+            current = self.models[name].schedule.cron.latest(at)
+            for run in runs:
+                if run.id in before or run.instance != engine.instance or run.scheduled_at != current:
+                    continue
+                dropped = run.status == "missed" and "stopped before it could fire it" in (run.error_message or "")
+                assert not dropped, f"(h) a stop with a grace recorded {name}'s current slot missed: {run}{self.steps()}"
 
     async def stop_mid_claim(self, engine: Engine, grace: float) -> bool:
         """Move the clock to the next slot of the six-field schedule, hold the answer of
@@ -977,6 +1008,31 @@ def test_a_stop_whose_claim_of_lost_slots_lost_its_answer_sends_it_again() -> No
         assert [(r.scheduled_at.strftime("%H:%M:%S"), r.status) for r in runs if r.trigger != "manual"][-1:] == [
             ("08:00:20", "missed")
         ]
+        machine.ledger_holds()
+    finally:
+        machine.teardown()
+
+
+def test_a_graceful_stop_after_an_outage_and_lost_answers_starts_the_current_slots() -> None:
+    """A sequence the machine failed on, checking (h): the store is down a minute (its slots
+    lost), comes back, and the engine stops with a grace before its next round. The stop
+    recorded every lost slot missed, the current ones too; then, once it claimed them again
+    first, the two claim answers lost left them lost, so it recorded them missed all the
+    same. It now starts the current ones within the grace (a second round, if need be)."""
+    machine = EngineMachine()
+    try:
+        quick = ("skip", "skip", Behaviour("noop"), 30.0)
+        machine.set_up(mode="advisoryLock", policies=[quick, quick, quick])
+        machine.lose_claim_answers(2, then=3.0)
+        machine.outage(then=61.0)  # 08:00:03-08:01:04: 08:00:20, 08:00:40 and 08:01:00 lost
+        machine.outage(then=0.0)  # back
+        machine.restart("a", 0.0, False, graceful=True)  # (h)
+        ledger = machine.run(machine.ledger())
+        assert {name: sorted((r.scheduled_at.strftime("%H:%M:%S"), r.status) for r in ledger[name]) for name in CRONS} == {
+            "sec": [("08:00:20", "missed"), ("08:00:40", "missed"), ("08:01:00", "succeeded")],
+            "min": [("08:01:00", "succeeded")],
+            "two": [],
+        }
         machine.ledger_holds()
     finally:
         machine.teardown()

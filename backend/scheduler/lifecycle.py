@@ -218,6 +218,8 @@ async def stop_engine(engine: Engine, grace: float) -> None:
     # this instance's work over while it is still running it.
     keep = {task for task in engine.loops.tasks if task.get_name() in _KEPT_WHILE_STOPPING}
     await engine.loops.cancel_all(keep=keep)
+    if grace > 0:
+        grace = await _fire_current_lost_slots(engine, grace)
     parts = [engine.launcher.stop(grace), *(subsystem.stop(grace) for subsystem in engine.subsystems)]
     # A part that fails to stop must not keep the store open: its connections' tasks would
     # then outlive the loop, and the process would never exit.
@@ -253,6 +255,28 @@ async def stop_engine(engine: Engine, grace: float) -> None:
     if engine.loop_watch is not None:
         engine.loop_watch.stop()
         engine.loop_watch = None
+
+
+async def _fire_current_lost_slots(engine: Engine, grace: float) -> float:
+    """Start the current slots this instance lost (a claim's answer lost, a blip of the
+    store) before the runs in flight are waited for; returns what is left of the grace. A
+    claim that outlasts the grace is cut short: what it won is recorded ``missed``. Each
+    round sends its claim twice; a second round follows one that left slots lost (answers
+    lost again), and what is left after it is recorded once the runs are done."""
+
+    async def rounds() -> None:
+        for _ in range(2):
+            await engine.claims.recover_lost(fire_current=True)
+            if not engine.claims.lost_count:
+                return
+
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        await asyncio.wait_for(rounds(), grace)
+    except Exception as exc:  # (TimeoutError too) what is left is recorded after the runs
+        log.warning("stopping: could not claim the slots lost before the stop: %s", exc)
+    return max(0.0, grace - (loop.time() - began))
 
 
 # (The run logs' loop writes the logs of the runs finishing meanwhile, for their followers.)

@@ -335,7 +335,7 @@ class SlotClaims:
         if len(lost) > self.catch_up_limit:  # slots come in order: the first is the oldest
             self.claimed.discard(lost.pop(next(iter(lost))))
 
-    async def recover_lost(self) -> None:
+    async def recover_lost(self, *, fire_current: bool = False) -> None:
         """Claim and record the slots that could not be claimed while the store was down.
 
         Every instance that lost a slot tries to claim it now; one wins it (or nobody, if
@@ -343,7 +343,13 @@ class SlotClaims:
         policy to the lost slots it won: ``skip`` records them ``missed``, ``latest`` fires
         the newest lost slot and records the others, ``all`` fires them in order (see
         :meth:`_fire_in_order`); under ``skip`` too, a lost slot that is still the current
-        one when it is won fires, late. Called by every housekeeping round."""
+        one when it is won fires, late. Called by every housekeeping round.
+
+        A stop records them all ``missed``, but for the current ones when it has a grace
+        (``fire_current``, called before the runs in flight are waited for): those start at
+        once, as a due slot won by a claim the stop cut short does, if the lease held
+        throughout the claim. A lost answer is the others' loss too: they do not claim the
+        slot again, so recorded ``missed`` it would run nowhere."""
         self._recheck.set()
         if not self.lost:
             return
@@ -369,6 +375,7 @@ class SlotClaims:
         if not wanted:
             return
         now = self.clock.now()
+        epoch = self.lease.epoch
         claims = self.make_claims(wanted, now, run_ids=ids)
         # A stop has no next round: a claim whose answer was lost is sent once more (the same
         # run ids: what committed is won again), or its placeholders would stay running.
@@ -391,16 +398,22 @@ class SlotClaims:
             else:
                 self.claimed.discard(claim.run_id)
         outcome = self.coordinator.outcome
+        stopping = self.launcher.stopping  # a stop records them, but for the current ones with a grace
+        held = self.lease.holds(epoch)
         for name, mine in won.items():
             schedule = self.schedules[name]
-            stopping = self.launcher.stopping  # a stop records them: nothing new fires
             policy = schedule.backfill if self.is_enabled(name) and not stopping else "skip"
             newest = max(lost[name])
             # The newest lost slot that is still the schedule's current one (its next slot
             # not due yet) is late, not missed: it fires whatever the policy, as the current
             # slot of an engine found behind does. A blip of the store at 09:00 (or one lost
             # answer) delays the 09:00 run; it does not drop it.
-            current = policy == "skip" and self.is_enabled(name) and not stopping and schedule.cron.latest(now) == newest
+            current = (
+                policy == "skip"
+                and self.is_enabled(name)
+                and (not stopping or (fire_current and held))
+                and schedule.cron.latest(now) == newest
+            )
             if policy == "all":
                 to_fire = mine
             elif policy == "latest" or current:
@@ -414,7 +427,9 @@ class SlotClaims:
             for slot, run_id in mine:
                 if slot not in firing:
                     self.launcher.record_missed(schedule, slot, "self", outcome, why, run_id)
-            if to_fire:
+            if to_fire and stopping:  # (at once: the stop waits for the runs it finds in flight)
+                self.launcher.fire(schedule, newest, "self", outcome, to_fire[0][1], remote=result.busy.get(name))
+            elif to_fire:
                 self.recovering.add(name)
                 self.loops.spawn(self._fire_in_order(schedule, to_fire, result.busy.get(name)), f"recover {name}")
             log.info(
