@@ -499,6 +499,55 @@ async def test_a_stop_while_a_locked_runs_lock_is_being_taken_leaves_the_lock_fr
         assert runs == [("failed", "interrupted")] and ran == []
 
 
+async def test_a_stop_that_cuts_short_a_guard_releasing_its_lock_leaves_the_lock_free(
+    clock: ManualClock, fleet: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop with no grace interrupts a locked run still taking its lock; the acquire's
+    answer comes next, so the guard gives the lock back, and the stop cancels the guard
+    while that release is on its way. The release used to be cancelled with it: the lock
+    stayed held, by nobody, for its ttl (600 s), every run of the schedule skipped."""
+    schedule = define_schedule(name="rollup", cron="* * * * *", timezone="UTC", handler=lambda ctx: None,
+                               lock="nightly-rollup", lock_ttl=600)  # fmt: skip
+    engine = fleet([schedule])
+    await engine.start()
+    store = cast(LockStore, engine.store)
+    acquire, release = store.acquire_lock, store.release_lock
+    committed, answer, releasing, guard_done = asyncio.Event(), asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def answers_late(*args: Any) -> Lock | None:
+        lock: Lock | None = await acquire(*args)
+        committed.set()
+        await answer.wait()
+        return lock
+
+    async def releases_once_the_guard_is_gone(*args: Any) -> bool:
+        releasing.set()
+        await guard_done.wait()
+        done: bool = await release(*args)
+        return done
+
+    stop_locks = engine.locks.stop
+
+    async def stop_locks_once_releasing(grace: float) -> None:
+        for guard in engine.locks._guarding:
+            guard.add_done_callback(lambda _: guard_done.set())
+        answer.set()  # the acquire's answer arrives as the stop begins: the run is stopped already
+        await asyncio.wait_for(releasing.wait(), 10)  # (the timeouts only bound a broken test)
+        await stop_locks(grace)
+
+    monkeypatch.setattr(engine.store, "acquire_lock", answers_late)
+    monkeypatch.setattr(engine.store, "release_lock", releases_once_the_guard_is_gone)
+    monkeypatch.setattr(engine.locks, "stop", stop_locks_once_releasing)
+    clock.advance(60)
+    await asyncio.wait_for(committed.wait(), 10)
+    await asyncio.wait_for(engine.stop(grace=0), 10)
+    assert guard_done.is_set()
+    other = fleet()
+    await other.open()
+    assert (await stored_lock(other.store, "nightly-rollup")).holder is None
+    assert [(r.status, r.error_tag) for r in await all_runs(other, "rollup")] == [("failed", "interrupted")]
+
+
 async def test_a_lease_taken_from_its_holder_is_lost_at_the_next_renewal(clock: ManualClock, engines: Callable[..., Engine]) -> None:
     holder, operator = engines(), engines()
     await holder.open()

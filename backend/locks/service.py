@@ -181,6 +181,7 @@ class Locks:
         # took, by nobody who knows it, for the whole ttl.
         await asyncio.gather(*self._releasing, return_exceptions=True)
         await _cancel(self._guarding)
+        await asyncio.gather(*self._releasing, return_exceptions=True)  # (a guard's own, cut short)
         for lease in list(self._leases):
             await self.release_lease(lease)
         await self.give_back_unanswered(self.clock.now())
@@ -227,8 +228,16 @@ class Locks:
             if not self._run_leases:
                 self._runs_done.set()
         asked_at = self.clock.now()
+        sending = asyncio.ensure_future(self.store.release_lock(lease.name, lease.token, self.lock_now()))
         try:
-            still_held = await self.store.release_lock(lease.name, lease.token, self.lock_now())
+            still_held = await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            # Its caller cut short (a guard cancelled by a stop): the release goes on, or the
+            # lock would stay held, by nobody, until its ttl. A stop waits for it.
+            self._releasing.add(sending)
+            sending.add_done_callback(self._released)
+            sending.add_done_callback(_retrieve)
+            raise
         except Unavailable as exc:
             log.warning('lock "%s" (token %d) not released (%s); it expires by itself at %s',
                         lease.name, lease.token, exc, iso(lease.expires_at))
