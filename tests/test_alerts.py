@@ -306,6 +306,22 @@ async def test_a_claim_is_exclusive_until_its_lease_runs_out(store: Store) -> No
     assert await alerts.claim_deliveries(["sink-a"], "i3", retry + 2 * lease, retry + 3 * lease, 10) == []
 
 
+async def test_a_claim_given_back_is_due_at_once_and_its_attempt_not_counted(store: Store) -> None:
+    alerts: Any = store
+    await alerts.register_sinks([("sink-a", "https://a/…")], T0)
+    await alerts.write_transitions([transition("late:job", "firing", T0, IdFactory(lambda: T0)())], sinks_after=T0)
+    lease = timedelta(seconds=60)
+    (mine,) = await alerts.claim_deliveries(["sink-a"], "i1", T0, T0 + lease, 10)
+    assert await alerts.give_back_deliveries([mine]) == 1
+    assert await alerts.give_back_deliveries([mine]) == 0  # (once: its attempt is not taken back twice)
+    (theirs,) = await alerts.claim_deliveries(["sink-a"], "i2", T0, T0 + lease, 10)
+    assert (theirs.attempts, theirs.token > mine.token) == (1, True)
+    assert await alerts.give_back_deliveries([mine]) == 0  # another claim's row: left alone
+    assert not await alerts.finish_delivery(mine, T0, retry_at=None, error=None)
+    assert await alerts.finish_delivery(theirs, T0, retry_at=None, error=None)
+    assert await alerts.give_back_deliveries([theirs]) == 0  # done
+
+
 async def test_retention_drops_old_resolved_alerts_and_finished_deliveries(store: Store) -> None:
     alerts: Any = store
     ids = IdFactory(lambda: T0)
@@ -422,6 +438,32 @@ async def fail_at_nine(engine: Engine, clock: ManualClock) -> None:
     await engine.quiesce()
 
 
+async def failing_until(engine: Engine, clock: ManualClock, reached: asyncio.Event) -> None:
+    """Move the clock half a minute at a time (the schedule fails, its alert fires) until
+    ``reached`` is set (the delivery got that far, and waits there)."""
+    while not reached.is_set():
+        clock.advance(30)
+        settled = asyncio.ensure_future(engine.quiesce())
+        await asyncio.wait([settled, asyncio.ensure_future(reached.wait())], return_when=asyncio.FIRST_COMPLETED)
+        settled.cancel()
+
+
+async def stop_answering_once_alerts_stop(engine: Engine, grace: float, answer: asyncio.Event) -> None:
+    """Stop ``engine`` with ``grace``, and set ``answer`` once its alerts have begun to stop."""
+    stop_alerts = engine.alerts.stop
+    stopping_alerts = asyncio.Event()
+
+    async def stop_alerts_seen(grace: float) -> None:
+        stopping_alerts.set()
+        await stop_alerts(grace)
+
+    engine.alerts.stop = stop_alerts_seen  # type: ignore[method-assign]
+    stopping = asyncio.ensure_future(engine.stop(grace))
+    await asyncio.wait_for(stopping_alerts.wait(), 10)  # (the timeouts only bound a broken test)
+    answer.set()
+    await asyncio.wait_for(stopping, 10)
+
+
 @pytest.mark.parametrize("grace", [5, 0])
 async def test_a_stop_lets_a_delivery_in_flight_end_within_its_grace(
     make_engine: Callable[..., Engine], clock: ManualClock, store_url: str, grace: float
@@ -441,27 +483,53 @@ async def test_a_stop_lets_a_delivery_in_flight_end_within_its_grace(
     engine = make_engine([define_schedule(name="export", cron="* * * * *", timezone="UTC", handler=fails)],
                          alerting=AlertSettings(sinks=(HOOK,), poll=1.0), alert_transport=httpx.MockTransport(slow_sink))  # fmt: skip
     await engine.start()
-    while not posted.is_set():  # the schedule fails until its alert fires and is POSTed
-        clock.advance(30)
-        settled = asyncio.ensure_future(engine.quiesce())
-        await asyncio.wait([settled, asyncio.ensure_future(posted.wait())], return_when=asyncio.FIRST_COMPLETED)
-        settled.cancel()
-    stop_alerts = engine.alerts.stop
-    stopping_alerts = asyncio.Event()
-
-    async def stop_alerts_seen(grace: float) -> None:
-        stopping_alerts.set()
-        await stop_alerts(grace)
-
-    engine.alerts.stop = stop_alerts_seen  # type: ignore[method-assign]
-    stopping = asyncio.ensure_future(engine.stop(grace))
-    await asyncio.wait_for(stopping_alerts.wait(), 10)  # (the timeouts only bound a broken test)
-    answer.set()
-    await asyncio.wait_for(stopping, 10)
+    await failing_until(engine, clock, posted)  # the alert fires and is POSTed
+    await stop_answering_once_alerts_stop(engine, grace, answer)
     after = make_engine([])
     await after.open()
     audit = [(e.action, e.target) for e in (await after.audit.list()).entries]
     assert audit == ([("alert.notified", "failing:export")] if grace else [])
+
+
+@pytest.mark.parametrize("grace", [5, 0])
+async def test_a_stop_with_a_claim_of_pages_on_its_way_sends_them_or_gives_them_back(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str, grace: float
+) -> None:
+    """A rolling restart's SIGTERM lands while this instance's claim of a due page has
+    committed and its answer is on its way. With a grace the page is POSTed within it; with
+    none it is given back, and another instance sends it at once. Before, the stop dropped
+    the answer: the row stayed claimed by a stopped instance for its lease (60 s), the page
+    held back a minute."""
+    received: list[str] = []
+
+    async def sink(request: httpx.Request) -> httpx.Response:
+        received.append(request.headers["schedtui-instance"])
+        return httpx.Response(200)
+
+    settings = AlertSettings(sinks=(HOOK,), poll=1.0)
+    engine = make_engine([define_schedule(name="export", cron="* * * * *", timezone="UTC", handler=fails)],
+                         alerting=settings, alert_transport=httpx.MockTransport(sink), instance="a")  # fmt: skip
+    store: Any = engine.store
+    claim, committed, answer = store.claim_deliveries, asyncio.Event(), asyncio.Event()
+
+    async def answers_late(*args: Any) -> Any:
+        claimed = await claim(*args)
+        if claimed:
+            committed.set()
+            await answer.wait()
+        return claimed
+
+    store.claim_deliveries = answers_late
+    await engine.start()
+    await failing_until(engine, clock, committed)  # the alert fires and is claimed
+    await stop_answering_once_alerts_stop(engine, grace, answer)
+    assert received == (["a"] if grace else [])
+    other = make_engine([], alerting=settings, alert_transport=httpx.MockTransport(sink), instance="b")
+    await other.start()
+    await other.quiesce()  # the same instant: not a lease later
+    assert received == ["a"] if grace else received == ["b"]
+    audit = [(e.action, e.target, e.detail["attempt"] if e.detail else None) for e in (await other.audit.list()).entries]
+    assert [entry for entry in audit if entry[0].startswith("alert.")] == [("alert.notified", "failing:export", 1)]
 
 
 async def test_a_sink_that_fails_is_retried_with_backoff(

@@ -5,13 +5,15 @@ Three instances share one SQLite store: each has its evaluator and its notifier 
 of two schedules (succeeded or failed), moves the clock, lets any instance evaluate (also
 one whose round reads, then writes later: a slow instance), deliver, claim and POST later
 (stalled, perhaps past the claims' lease), die between its claim and its POST, or stop
-(and start again) while its POSTs are in flight, with or without a grace, and makes the
-webhook fail its next requests. After every step:
+(and start again) while its POSTs are in flight or its claim's answer is on its way, with
+or without a grace, and makes the webhook fail its next requests. After every step:
 
 * the transitions written alternate per alert, firing first;
 * no transition is accepted by the webhook twice, and every accepted one was written;
 * the store's state of each alert is its last transition's;
-* a stop with a grace returns only once its POSTs in flight were answered.
+* a stop with a grace returns only once its POSTs in flight were answered;
+* a stop leaves no row claimed by its instance that its claim cut short took: POSTed
+  within the grace, or given back with its attempt not counted.
 
 And at the end, once the clock has passed every lease and backoff and the instances have
 delivered what is due: every transition was accepted exactly once.
@@ -20,7 +22,9 @@ delivered what is due: every transition was accepted exactly once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 import tempfile
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -94,6 +98,16 @@ class Webhook:
         assert request.headers["idempotency-key"] == body["transition"]
         self.accepted.append(body["transition"])
         return httpx.Response(204)
+
+
+class HeldClaims:
+    """A store whose claims answer through ``claim`` (the test's), the rest as it is."""
+
+    def __init__(self, inner: Any, claim: Any) -> None:
+        self.inner, self.claim_deliveries = inner, claim
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 class AlertsMachine(RuleBasedStateMachine):
@@ -259,6 +273,53 @@ class AlertsMachine(RuleBasedStateMachine):
             # the claim's lease ran out would make the webhook accept it twice).
             assert webhook.held, "a stop with a grace cut the POSTs in flight short"
         self.notifiers[instance] = self.notifier(instance)
+
+    @precondition(undelivered)
+    @rule(instance=st.sampled_from(INSTANCES), grace=st.sampled_from([0.0, 5.0]))
+    def stops_mid_claim(self, instance: str, grace: float) -> None:
+        """A rolling restart's SIGTERM lands while the instance's claim of what is due has
+        committed and its answer is on its way. With a grace what it took is POSTed before
+        the stop returns; with none it is given back: claimed by nobody, due at once."""
+        notifier = self.notifiers[instance]
+        committed, answer = asyncio.Event(), asyncio.Event()
+        taken: list[Delivery] = []
+        claim = self.store.claim_deliveries
+
+        async def answers_late(*args: Any) -> list[Delivery]:
+            claimed = await claim(*args)
+            taken.extend(claimed)
+            committed.set()
+            await answer.wait()
+            return claimed
+
+        notifier.store = HeldClaims(self.store, answers_late)
+        delivering = self.loop.create_task(notifier.deliver_due())
+        self.run(asyncio.wait({delivering, self.loop.create_task(committed.wait())}, return_when=asyncio.FIRST_COMPLETED))
+        delivering.cancel()  # the stop cancels the delivery loop first
+        self.run(asyncio.wait({delivering}))
+        stopping = self.loop.create_task(notifier.stop(grace))
+        self.run(asyncio.sleep(0))  # the stop begins
+        answer.set()
+        self.run(stopping)
+        event(f"a stop mid-claim, grace {grace:g}" if taken else "a stop mid-claim that took nothing")
+        for delivery in taken:
+            claimed_by, attempts = self.outbox(delivery)
+            assert claimed_by is None, f"{delivery.transition}: still claimed by {claimed_by} after the stop"
+            if grace:  # POSTed (the webhook answered, 2xx or not): its attempt counted
+                assert attempts == delivery.attempts, (delivery, attempts)
+            else:  # given back: its attempt not counted
+                assert attempts == delivery.attempts - 1, (delivery, attempts)
+        self.notifiers[instance] = self.notifier(instance)
+
+    def outbox(self, delivery: Delivery) -> tuple[str | None, int]:
+        """Who holds a delivery's outbox row now, and its attempts."""
+        self.run(self.store.flush())
+        with contextlib.closing(sqlite3.connect(Path(self.tmp.name) / "state.db")) as conn:
+            row = conn.execute(
+                "SELECT claimed_by, attempts FROM alert_outbox WHERE transition = ? AND sink = ?",
+                (delivery.transition, delivery.sink),
+            ).fetchone()
+        return row[0], int(row[1])
 
     @precondition(undelivered)
     @rule(count=st.integers(1, 3))

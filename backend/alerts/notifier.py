@@ -165,6 +165,8 @@ class Notifier:
         self._client: httpx.AsyncClient | None = None
         self._sending: set[asyncio.Task[None]] = set()
         """Deliveries in flight: a stop lets them end within its grace (see :meth:`stop`)."""
+        self._cut_claims: list[asyncio.Future[list[Delivery]]] = []
+        """Claims on their way when a stop cancelled the delivery loop (see :meth:`stop`)."""
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -176,9 +178,27 @@ class Notifier:
     async def stop(self, grace: float) -> None:
         """Let the POSTs in flight end and their outcomes be recorded, for up to ``grace``
         seconds (the delivery loop was cancelled before: nothing more is claimed); cut the
-        rest short (sent again once their lease runs out); close the client."""
+        rest short (sent again once their lease runs out); close the client.
+
+        A claim the loop's cancellation found on its way may commit all the same: once it
+        answers, what it took is POSTed within the grace like the rest, or with none given
+        back (due again at once for another instance, not after the claim's lease: a
+        rolling restart must not hold a page back a minute)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + grace
+        cut, self._cut_claims = self._cut_claims, []
+        for claiming in cut:
+            try:
+                claimed = await claiming  # (bounded by the store's own timeouts)
+            except Exception:  # noqa: S112 - Unavailable: what it took waits out its lease
+                continue
+            if grace > 0 and loop.time() < until:
+                self._send(claimed)
+            elif claimed:
+                with contextlib.suppress(Exception):  # (else it waits out its lease)
+                    await self.store.give_back_deliveries(claimed)
         if self._sending and grace > 0:
-            await asyncio.wait(set(self._sending), timeout=grace)
+            await asyncio.wait(set(self._sending), timeout=max(0.0, until - loop.time()))
         for task in list(self._sending):
             task.cancel()
         await asyncio.gather(*self._sending, return_exceptions=True)
@@ -205,18 +225,30 @@ class Notifier:
         while True:
             now = self.clock.now()
             until = now + timedelta(seconds=self.settings.lease)
-            claimed = await self.store.claim_deliveries(list(self.sinks), self.instance, now, until, CLAIM_BATCH)
+            claiming = asyncio.ensure_future(
+                self.store.claim_deliveries(list(self.sinks), self.instance, now, until, CLAIM_BATCH)
+            )
+            try:
+                claimed = await asyncio.shield(claiming)
+            except asyncio.CancelledError:
+                claiming.add_done_callback(_retrieved)
+                self._cut_claims.append(claiming)  # the stop sends what it took, or gives it back
+                raise
             if not claimed:
                 return handled
-            sending = [asyncio.ensure_future(self.deliver(delivery)) for delivery in claimed]
-            self._sending.update(sending)
-            for task in sending:
-                task.add_done_callback(self._sending.discard)
             # Shielded: a stop cancels this loop at once, and gives the POSTs its grace.
-            together = asyncio.gather(*sending)
+            together = asyncio.gather(*self._send(claimed))
             together.add_done_callback(_retrieved)  # (read here, unless this loop was cancelled)
             await asyncio.shield(together)
             handled += len(claimed)
+
+    def _send(self, claimed: Sequence[Delivery]) -> list[asyncio.Task[None]]:
+        """Start POSTing claimed rows, each a task a stop waits for within its grace."""
+        sending = [asyncio.ensure_future(self.deliver(delivery)) for delivery in claimed]
+        self._sending.update(sending)
+        for task in sending:
+            task.add_done_callback(self._sending.discard)
+        return sending
 
     async def deliver(self, delivery: Delivery) -> None:
         """POST one claimed row and record what came of it."""

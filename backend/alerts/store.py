@@ -114,6 +114,8 @@ class AlertStore(Protocol):
       the same row (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: its one writer).
     * :meth:`finish_delivery` records an outcome only under the claim it was given
       (same claim number, not finished): True if recorded.
+    * :meth:`give_back_deliveries` frees claimed rows never sent, under the same
+      condition, and takes back the attempt their claim counted.
     * Times are aware UTC; connection trouble raises :class:`~backend.errors.Unavailable`.
     """
 
@@ -139,6 +141,10 @@ class AlertStore(Protocol):
     ) -> bool:
         """Record a claimed delivery's outcome: delivered (``error`` None), to retry at
         ``retry_at``, or given up (``error`` and no ``retry_at``)."""
+
+    async def give_back_deliveries(self, deliveries: Sequence[Delivery]) -> int:
+        """Free claimed deliveries that were never POSTed (a stop cut their claim short):
+        due again at once for any instance, their attempt not counted; how many."""
 
     async def prune_alerts(self, before: datetime) -> int:
         """Delete resolved alerts and finished outbox rows changed before ``before``, and

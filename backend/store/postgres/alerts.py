@@ -128,6 +128,10 @@ GAVE_UP = f"""
         claim_until = NULL
     WHERE {_HELD}
 """
+GIVE_BACK = f"""
+    UPDATE schedtui_alert_outbox SET claimed_by = NULL, claim_until = NULL, attempts = attempts - 1
+    WHERE {_HELD} AND claim_until IS NOT NULL
+"""
 PRUNE = """
     WITH resolved AS (DELETE FROM schedtui_alerts WHERE state = 'resolved' AND updated_at < %(before)s RETURNING 1),
     abandoned AS (
@@ -264,6 +268,12 @@ class PostgresAlerts:
         if retry_at is not None:
             return bool(await self._execute(RETRY, (retry_at, error, *key)))
         return bool(await self._execute(GAVE_UP, (at, error, *key)))
+
+    async def give_back_deliveries(self, deliveries: Sequence[Delivery]) -> int:
+        given = 0
+        for d in deliveries:  # (a handful, once per stop)
+            given += await self._execute(GIVE_BACK, (d.transition, d.sink, d.token))
+        return given
 
     async def prune_alerts(self, before: datetime) -> int:
         rows = await self._fetchall(PRUNE, {"before": before})

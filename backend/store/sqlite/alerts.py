@@ -105,6 +105,10 @@ RETRY = """
     UPDATE alert_outbox SET due_at = ?, last_error = ?, claimed_by = NULL, claim_until = NULL
     WHERE transition = ? AND sink = ? AND claim = ? AND done_at IS NULL
 """
+GIVE_BACK = """
+    UPDATE alert_outbox SET claimed_by = NULL, claim_until = NULL, attempts = attempts - 1
+    WHERE transition = ? AND sink = ? AND claim = ? AND done_at IS NULL AND claim_until IS NOT NULL
+"""
 GAVE_UP = """
     UPDATE alert_outbox SET done_at = ?, outcome = 'gave_up', last_error = ?, claimed_by = NULL, claim_until = NULL
     WHERE transition = ? AND sink = ? AND claim = ? AND done_at IS NULL
@@ -246,6 +250,10 @@ class SQLiteAlerts:
         else:
             sql, params = GAVE_UP, (_us(at), store_text(error), *key)
         return bool(await self._write(lambda c: c.execute(sql, params).rowcount))
+
+    async def give_back_deliveries(self, deliveries: Sequence[Delivery]) -> int:
+        keys = [(d.transition, d.sink, d.token) for d in deliveries]
+        return int(await self._write(lambda c: sum(c.execute(GIVE_BACK, key).rowcount for key in keys)))
 
     async def prune_alerts(self, before: datetime) -> int:
         cutoff = _us(before)
