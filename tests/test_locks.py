@@ -548,6 +548,58 @@ async def test_a_stop_that_cuts_short_a_guard_releasing_its_lock_leaves_the_lock
     assert [(r.status, r.error_tag) for r in await all_runs(other, "rollup")] == [("failed", "interrupted")]
 
 
+async def test_a_stop_tells_the_work_holding_a_lock_and_takes_no_lock_after_it(
+    clock: ManualClock, fleet: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the lease machine. An engine stops while code of the process holds a lock
+    (``with_lock``) and while an acquire of another is on its way (committed, its answer
+    late). The work ran on unprotected once its renewals stopped, and ``with_lock``
+    reported success; the acquire answered after the stop with a lease believed held,
+    its lock held by nobody until its ttl. Now the work is cancelled (``LeaseLost``), the
+    acquire raises, and both locks are free."""
+    engine = fleet()
+    await engine.open()
+    entered, forever = asyncio.Event(), asyncio.Event()
+
+    async def work(lease: Lease) -> str:
+        entered.set()
+        await forever.wait()
+        return "done"
+
+    holding = asyncio.ensure_future(engine.locks.with_lock("report", work, ttl=60))
+    await asyncio.wait_for(entered.wait(), 10)  # (the timeouts only bound a broken test)
+    acquire = cast(LockStore, engine.store).acquire_lock
+    committed, answer = asyncio.Event(), asyncio.Event()
+
+    async def answers_late(*args: Any) -> Lock | None:
+        lock: Lock | None = await acquire(*args)
+        committed.set()
+        await answer.wait()
+        return lock
+
+    monkeypatch.setattr(engine.store, "acquire_lock", answers_late)
+    acquiring = asyncio.ensure_future(engine.locks.acquire("export", ttl=60))
+    await asyncio.wait_for(committed.wait(), 10)
+    stop_locks = engine.locks.stop
+
+    async def answer_once_stopping(grace: float) -> None:
+        answer.set()
+        await stop_locks(grace)
+
+    monkeypatch.setattr(engine.locks, "stop", answer_once_stopping)
+    await asyncio.wait_for(engine.stop(grace=0), 10)
+    result = await asyncio.wait_for(holding, 10)
+    assert result.acquired and isinstance(result.error, LeaseLost) and "the engine stopped" in str(result.error)
+    with pytest.raises(Unavailable, match='lock "export" not taken: the engine stopped while it was being taken'):
+        await acquiring
+    with pytest.raises(Unavailable, match='lock "export" not taken: the engine has stopped'):
+        await engine.locks.acquire("export")
+    other = fleet()
+    await other.open()
+    for name in ("report", "export"):
+        assert (await stored_lock(other.store, name)).holder is None, name
+
+
 async def test_a_lease_taken_from_its_holder_is_lost_at_the_next_renewal(clock: ManualClock, engines: Callable[..., Engine]) -> None:
     holder, operator = engines(), engines()
     await holder.open()

@@ -11,11 +11,14 @@ the injected clock:
 The first machine drives the store directly (both stores) against a model of what each
 answer must be; the second drives leases of two engines on one SQLite store, with
 background renewals, frozen holders, forced releases and ``with_lock`` calls whose work
-ends (and, some, fences a write) when the machine says, and checks after every step that
+ends (and, some, fences a write) when the machine says, and restarts of either engine
+(with work holding locks and an acquire on its way), and checks after every step that
 at most one lease per name believes itself held, that a ``with_lock`` whose lease was
 released by force while it held it never reports success, that a fenced write is
 never accepted from a lease released by force nor after a newer token's, and that a lock
-taken by an acquire whose answer was lost is given back by the next housekeeping round.
+taken by an acquire whose answer was lost is given back by the next housekeeping round;
+and after a restart, that the stopped engine holds no lock in the store and no lease of it
+believes itself held (what it held is lost: never a success, never a fenced write).
 """
 
 from __future__ import annotations
@@ -258,12 +261,15 @@ class LeaseMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.tmp = tempfile.TemporaryDirectory(prefix="lease-props-")
         self.clock = ManualClock(T0)
-        url = f"sqlite:///{Path(self.tmp.name) / 'state.db'}"
+        self.url = url = f"sqlite:///{Path(self.tmp.name) / 'state.db'}"
         self.engines = [Engine([], url, clock=self.clock, instance=f"e{i}", shutdown_grace=0) for i in range(2)]
+        self.stopped: set[int] = set()
+        """Tokens of leases their engine's stop released: lost, never a success."""
         for engine in self.engines:
             self.run(engine.open())
         self.leases: list[Lease] = []
         self.frozen: set[int] = set()
+        """The ``id()`` of the lock services whose renewals fail (a restart makes a new one)."""
         self.evicted: set[int] = set()
         """Tokens of leases released by force while held: they learn it at their next renewal."""
         self.highest: dict[str, int] = {}
@@ -341,7 +347,7 @@ class LeaseMachine(RuleBasedStateMachine):
         async def unreachable(name: str, token: int, ttl: timedelta, now: datetime | None) -> datetime | None:
             raise Unavailable("frozen")
 
-        self.frozen.add(engine)
+        self.frozen.add(id(self.engines[engine].locks))
         store = cast(LockStore, self.engines[engine].store)
         store.renew_lock = unreachable  # type: ignore[method-assign]  # the store out of reach
 
@@ -404,7 +410,61 @@ class LeaseMachine(RuleBasedStateMachine):
             conn.execute("COMMIT")
         finally:
             conn.close()
-        self.writes.append((lease.token, lease.token in self.evicted))
+        self.writes.append((lease.token, lease.token in self.evicted | self.stopped))
+
+    @rule(engine=st.integers(0, 1), name=st.sampled_from(NAMES), mid_acquire=st.booleans())
+    def restart(self, engine: int, name: str, mid_acquire: bool) -> None:
+        """The engine stops (a SIGTERM; grace 0) and a new one opens in its place. Its
+        ``with_lock`` work is told (cancelled: never a success), its leases are released,
+        and, with ``mid_acquire``, an acquire of ``name`` whose statement committed gets its
+        answer once the stop has begun. After it, the stopped engine holds no lock."""
+        old = self.engines[engine]
+        store = cast(LockStore, old.store)
+        acquire = store.acquire_lock
+        committed, answer = asyncio.Event(), asyncio.Event()
+        taken: list[Any] = []
+
+        async def answers_late(*args: Any) -> Any:
+            lock = await acquire(*args)
+            taken.append(lock)
+            committed.set()
+            await answer.wait()
+            return lock
+
+        acquiring = None
+        if mid_acquire:
+            store.acquire_lock = answers_late  # type: ignore[method-assign,assignment]
+            acquiring = self.loop.create_task(old.locks.acquire(name, ttl=9))
+            self.run(asyncio.wait({acquiring, self.loop.create_task(committed.wait())}, return_when=asyncio.FIRST_COMPLETED))
+        stop_locks = old.locks.stop
+
+        async def answer_once_stopping(grace: float) -> None:
+            answer.set()
+            await stop_locks(grace)
+
+        old.locks.stop = answer_once_stopping  # type: ignore[method-assign]
+        held = [lease for lease in self.leases if lease._locks is old.locks and lease.held]
+        self.run(old.stop(grace=0))
+        self.stopped.update(lease.token for lease in held)
+        for lease in self.leases:
+            if lease._locks is old.locks:
+                assert not lease.held, f"lease {lease.name}#{lease.token} believes itself held after its engine stopped"
+        if acquiring is not None:
+            self.run(asyncio.wait({acquiring}))
+            got = None if acquiring.cancelled() or acquiring.exception() else acquiring.result()
+            assert got is None or not got.held, f"an acquire answered after its engine stopped holds {got}"
+            if got is not None:
+                self.leases.append(got)
+            if taken and taken[0] is not None:
+                self.highest[name] = max(self.highest.get(name, 0), taken[0].token)
+                self.stopped.add(taken[0].token)
+        instance = old.instance
+        for lock in self.run(cast(LockStore, self.engines[1 - engine].store).list_locks(self.clock.now())).locks:
+            assert not (lock.holder == instance and lock.state(self.clock.now()) == "held"), (
+                f"lock {lock.name!r} (token {lock.token}) is held by {instance} after it stopped"
+            )
+        self.engines[engine] = again = Engine([], self.url, clock=self.clock, instance=instance, shutdown_grace=0)
+        self.run(again.open())
 
     @invariant()
     def at_most_one_lease_per_name_believes_itself_held(self) -> None:
@@ -415,13 +475,12 @@ class LeaseMachine(RuleBasedStateMachine):
             assert len(held) <= 1, held
             for lease in believers:
                 assert now < lease.deadline, "a lease is lost by its deadline at the latest"
-                owner = next(i for i, engine in enumerate(self.engines) if engine.locks is lease._locks)
-                if lease.token in self.evicted and owner not in self.frozen:
+                if lease.token in self.evicted and id(lease._locks) not in self.frozen:
                     assert now < lease.renewed_at + lease.ttl / 3, "an evicted holder learns it at its next renewal"
             for lease in self.leases:
-                owner = next(i for i, engine in enumerate(self.engines) if engine.locks is lease._locks)
-                if lease.name == name and lease.lost.is_set():
-                    assert lease.token in self.evicted or owner in self.frozen, "lost without a cause"
+                if lease.name != name or not lease.lost.is_set() or lease.token in self.evicted | self.stopped:
+                    continue
+                assert id(lease._locks) in self.frozen, "lost without a cause"
             if held:
                 lock = self.run(cast(LockStore, self.engines[0].store).get_lock(name))
                 assert lock is not None and lock.token == held[0].token and lock.state(self.clock.now()) == "held"
@@ -429,10 +488,11 @@ class LeaseMachine(RuleBasedStateMachine):
     @invariant()
     def a_holder_whose_lease_was_released_never_reports_success(self) -> None:
         for work in self.works:
-            if work.task.done() and work.lease is not None and work.lease.token in self.evicted:
+            if work.task.done() and work.lease is not None and work.lease.token in self.evicted | self.stopped:
                 result = work.task.result()
                 assert isinstance(result.error, (LeaseLost, StaleLease)), (
-                    f"with_lock reported {result} after its lease (token {work.lease.token}) was released by force"
+                    f"with_lock reported {result} after its lease (token {work.lease.token}) was released by force "
+                    "or by its engine's stop"
                 )
 
     @invariant()
@@ -448,7 +508,7 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @invariant()
     def a_stale_lease_never_writes(self) -> None:
-        assert not [token for token, evicted in self.writes if evicted], "a lease released by force wrote"
+        assert not [token for token, evicted in self.writes if evicted], "a lease released by force (or a stop) wrote"
         tokens = [token for token, _ in self.writes]
         assert tokens == sorted(tokens), "a fenced write was accepted after a newer token's"
 

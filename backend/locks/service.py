@@ -43,6 +43,7 @@ from backend.locks.model import (
     TAG_LEASE_LOST,
     TAG_LOCKED,
     LeaseLost,
+    Lock,
     LockNotAcquired,
     LockRelease,
     LocksSnapshot,
@@ -112,6 +113,10 @@ class Locks:
         """Releases on their way in the background (a locked run's, after it ended)."""
         self._guarding: set[asyncio.Task[Any]] = set()
         """Locked runs taking their lock (what :meth:`stop` waits for, within its grace)."""
+        self._acquiring: dict[asyncio.Future[Lock | None], tuple[str, _Unanswered]] = {}
+        """Acquires on their way, by their store call: their claim and what they would take."""
+        self._stopped = False
+        """Set by :meth:`stop` before it waits for the acquires on their way: none takes a lock now."""
 
     def lock_now(self) -> datetime | None:
         """The time to hand the store: ``None`` for the database's own clock."""
@@ -122,6 +127,7 @@ class Locks:
         """The store migrated the lock tables when it opened; bind to this event loop."""
         self._runs_done = asyncio.Event()
         self._runs_done.set()
+        self._stopped = False
 
     def start(self) -> None:
         """No workers: leases renew themselves."""
@@ -165,8 +171,9 @@ class Locks:
     async def stop(self, grace: float) -> None:
         """Give locked runs up to ``grace`` seconds to finish (a run's lease is released when
         the run is recorded), those still taking their lock included (a slot fired just
-        before the stop); then release every lease still held, and give back what acquires
-        cut short took."""
+        before the stop); then release every lease still held (any other is lost first:
+        its holder's ``with_lock`` or ``hold`` is cancelled and raises or returns
+        :class:`LeaseLost`), and give back what acquires cut short took."""
         if grace > 0:
             loop = asyncio.get_running_loop()
             until = loop.time() + grace
@@ -182,8 +189,22 @@ class Locks:
         await asyncio.gather(*self._releasing, return_exceptions=True)
         await _cancel(self._guarding)
         await asyncio.gather(*self._releasing, return_exceptions=True)  # (a guard's own, cut short)
+        # Acquires on their way (the caller's code, not the engine's): their answers first,
+        # then what they took is lost below, or, not taken yet, given back by its claim.
+        self._stopped = True  # (their callers raise once answered)
+        acquiring = dict(self._acquiring)
+        if acquiring:
+            await asyncio.wait(acquiring)
+        self._unanswered.update(acquiring.values())
         for lease in list(self._leases):
-            await self.release_lease(lease)
+            if lease in self._run_leases:  # (its run is recorded by the launcher's stop)
+                await self.release_lease(lease)
+            else:
+                # Its renewals stop with the engine: the work holding it (``with_lock``,
+                # ``hold``) is told and cancelled, not left to run on unprotected, reporting
+                # success.
+                self._lose(lease, "the engine stopped while it was held")
+        await asyncio.gather(*self._releasing, return_exceptions=True)
         await self.give_back_unanswered(self.clock.now())
         await _cancel(self._tasks)
 
@@ -191,17 +212,27 @@ class Locks:
     async def acquire(self, name: str, ttl: float | Any = DEFAULT_TTL, *, holder: str | None = None) -> Lease | None:
         """Take the lock if nobody holds it (one statement); ``None`` at once otherwise."""
         name, span = check_lock_name(name), check_ttl(ttl)
+        if self._stopped:
+            raise Unavailable(f'lock "{name}" not taken: the engine has stopped')
         asked_at = self.clock.now()
         if self._unanswered:  # this process may hold it unknowingly: give that back first
             await self.give_back_unanswered(asked_at, name)
         claim = uuid.uuid4().hex  # (not an id of the engine's: those are what operators see, in order)
+        sending = asyncio.ensure_future(
+            self.store.acquire_lock(name, holder or self.instance, span, self.lock_now(), claim)
+        )
+        self._acquiring[sending] = (claim, _Unanswered(name, asked_at + span))
         try:
-            lock = await self.store.acquire_lock(name, holder or self.instance, span, self.lock_now(), claim)
+            lock = await sending
         except (Unavailable, asyncio.CancelledError):
             # The statement may have committed and only its answer been lost: the lock
             # would be held, by nobody who knows it, until its ttl ran out.
             self._unanswered[claim] = _Unanswered(name, asked_at + span)
             raise
+        finally:
+            self._acquiring.pop(sending, None)
+        if self._stopped:  # the stop waited for this answer: it gives back what it took
+            raise Unavailable(f'lock "{name}" not taken: the engine stopped while it was being taken')
         if lock is None:
             return None
         lease = Lease(self, lock, span, asked_at)
