@@ -361,6 +361,51 @@ async def test_an_execution_taken_by_a_claim_whose_answer_was_lost_is_given_back
     assert (execution.status, execution.output, CALLS) == ("succeeded", 1, {"one": 1})
 
 
+async def test_a_stop_waits_for_a_claim_on_its_way_before_it_gives_back_what_it_took(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """A stop cancels the executor's loop while its claim is on its way, and the server
+    commits that claim only after the stop has begun (it runs on whatever the client does).
+    The stop gave back what the claim took at once: before the claim had committed, so it
+    found nothing, and the execution stayed claimed by a stopped instance, run by nobody,
+    for its 30 s lease. It now waits for the claim's answer first."""
+    function = define_durable(name="f", handler=_one_step)
+    a = engines([function], instance="a")
+    await a.open()
+    started = await a.durable.start_execution("f")  # queued: the executor is not running yet
+    store: Any = a.store
+    claim, sent, commit = store.durable_claim, asyncio.Event(), asyncio.Event()
+    on_the_server: list[asyncio.Future[Any]] = []
+
+    async def on_the_wire(*args: Any) -> Any:
+        async def server() -> Any:
+            await commit.wait()
+            return await claim(*args)
+
+        on_the_server.append(asyncio.ensure_future(server()))  # (a cancelled client does not stop it)
+        sent.set()
+        return await asyncio.shield(on_the_server[-1])
+
+    store.durable_claim = on_the_wire
+    executor = a.durable.executor
+    stop = executor.stop
+
+    async def commit_once_stopping(grace: float) -> None:
+        commit.set()
+        await stop(grace)
+
+    executor.stop = commit_once_stopping  # type: ignore[method-assign]
+    await a.start()
+    await asyncio.wait_for(sent.wait(), 10)  # (the timeouts only bound a broken test)
+    await asyncio.wait_for(a.stop(grace=0), 10)
+    assert [c.execution.id for c in on_the_server[0].result()] == [started.id] and CALLS == {}
+    b = engines([function], instance="b")
+    await b.start()
+    await b.quiesce()  # the same instant: not a lease later
+    execution = await b.durable.get(started.id)
+    assert (execution.status, execution.output, CALLS) == ("succeeded", 1, {"one": 1})
+
+
 async def test_a_give_back_frees_only_what_its_claim_took_and_still_holds(engines: Callable[..., Engine], clock: ManualClock) -> None:
     engine = engines([])
     await engine.open()

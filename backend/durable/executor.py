@@ -23,7 +23,7 @@ import logging
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import cast
+from typing import Any, cast
 
 from backend.durable.definition import DurableFunction
 from backend.durable.run import ExecutionRun
@@ -103,6 +103,10 @@ class DurableExecutor:
         it came under a lapsed lease (:meth:`_not_run`). Given back by the next round
         (:meth:`_give_back`), so another claim, here or elsewhere, takes them at once and
         not when their lease runs out."""
+        self._claims_cut: list[asyncio.Future[Any]] = []
+        """Claims on their way when a stop cancelled the loop: the stop waits for their
+        answers before it gives back what they took (sent first, a give-back could find
+        nothing, and the claim commit after it)."""
 
     @property
     def idle(self) -> bool:
@@ -153,6 +157,8 @@ class DurableExecutor:
                 self._lose_expired(now)
         elif self.running:
             self._lose_expired(now)
+        if self._claims_cut:  # (answered since: only the stop waits for them)
+            self._claims_cut = [claiming for claiming in self._claims_cut if not claiming.done()]
         if self._unanswered:
             await self._give_back(now)
         free = self.concurrency - len(self.running) - self._reserved
@@ -166,10 +172,16 @@ class DurableExecutor:
         epoch = lease.epoch
         until = now + self.lease_ttl
         claim = uuid.uuid4().hex  # (not an id of the engine's: those are what operators see, in order)
+        claiming = asyncio.ensure_future(
+            self.store.durable_claim(self.instance, list(self.functions), now, until, limit, claim)
+        )
         try:
-            claimed = await self.store.durable_claim(self.instance, list(self.functions), now, until, limit, claim)
-        except (Unavailable, asyncio.CancelledError):
+            claimed = await asyncio.shield(claiming)
+        except (Unavailable, asyncio.CancelledError) as exc:
             self.not_run_here(claim, until)  # it may have committed, and only its answer been lost
+            if isinstance(exc, asyncio.CancelledError):
+                claiming.add_done_callback(_retrieve)
+                self._claims_cut.append(claiming)
             raise
         if claimed and not lease.holds(epoch):
             self._not_run(len(claimed))
@@ -402,6 +414,9 @@ class DurableExecutor:
         with contextlib.suppress(ValueError):
             lease.on_lapse.remove(self.lease_lapsed)
             lease.on_renewed.remove(self.poke)
+        cut, self._claims_cut = self._claims_cut, []
+        if cut:
+            await asyncio.wait(cut)  # (bounded by the store's own timeouts)
         if self._unanswered:
             await self._give_back(self.clock.now())
         if self._reserved:  # starts claimed here, being inserted: their runs are let go of below too
@@ -422,3 +437,8 @@ class DurableExecutor:
             run.interrupt()
         if self._drives:
             await asyncio.wait(set(self._drives), timeout=10)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
