@@ -650,6 +650,58 @@ async def test_a_claim_whose_answer_was_lost_just_before_a_stop_goes_back_at_the
     assert first.calls == [] and [(c.id, c.attempt) for c in second.calls] == [(sent.id, 1)]
 
 
+@pytest.mark.parametrize("where", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_claim_the_server_commits_after_the_stop_began_goes_back_at_the_stop(
+    where: str, request: pytest.FixtureRequest, make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """A stop cancels the workers' cycle while its claim is on its way, and the server
+    commits that claim only once the stop has begun (it runs on whatever the client does).
+    The stop looked for what cut-short cycles claimed at once, and could read before that
+    commit: the job stayed `running` under the stopped instance until the take-over window
+    ran out. It now waits for the cycle's answer first, and puts the job back untouched."""
+    store = request.getfixturevalue("pg_url") if where == "postgres" else None
+    first = Handler()
+    engine = make_engine([define_queue(name="mail", handler=first, attempts=1)], abandon_after=30, store=store)
+    await engine.open()
+    jobs_store: Any = engine.jobs.store
+    cycle, sent_cycle, commit = jobs_store.cycle_jobs, asyncio.Event(), asyncio.Event()
+    on_the_server: list[asyncio.Future[Any]] = []
+
+    async def on_the_wire(*args: Any, **kwargs: Any) -> Any:
+        if not args[1] or on_the_server:  # (only the first cycle that claims)
+            return await cycle(*args, **kwargs)
+
+        async def server() -> Any:
+            await commit.wait()
+            return await cycle(*args, **kwargs)
+
+        on_the_server.append(asyncio.ensure_future(server()))  # (a cancelled client does not stop it)
+        sent_cycle.set()
+        return await asyncio.shield(on_the_server[-1])
+
+    jobs_store.cycle_jobs = on_the_wire
+    sent = await engine.jobs.send("mail", "x")
+    stop_jobs = engine.jobs.stop
+
+    async def commit_once_stopping(grace: float) -> None:
+        commit.set()
+        await stop_jobs(grace)
+
+    engine.jobs.stop = commit_once_stopping  # type: ignore[method-assign]
+    await engine.start()
+    await asyncio.wait_for(sent_cycle.wait(), 10)  # (the timeouts only bound a broken test)
+    await asyncio.wait_for(engine.stop(grace=0), 10)
+    assert [c.id for c in on_the_server[0].result().claimed] == [sent.id]
+    second = Handler()
+    again = make_engine([define_queue(name="mail", handler=second, attempts=1)], abandon_after=30, store=store)
+    await again.open()
+    job = (await detail(again, sent.id)).job
+    assert (job.status, job.attempt) == ("queued", 0)
+    await again.start()
+    await again.quiesce()  # the same instant: not after the take-over window
+    assert first.calls == [] and [(c.id, c.attempt) for c in second.calls] == [(sent.id, 1)]
+
+
 async def test_queues_on_two_streams_are_claimed_side_by_side(pg_url: str, make_engine: Callable[..., Engine]) -> None:
     """A stream's cycle on its way holds back neither the other stream's claims nor the
     jobs they bring; each queue keeps its cap, and every job runs once."""

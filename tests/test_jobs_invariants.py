@@ -3,8 +3,9 @@
 Two or three engines share one store on the manual clock. Random steps send jobs (with
 and without keys, delays, attempts), let running attempts succeed or fail, move the
 clock (retries come due, attempts time out), cancel, delete, retry dead jobs, pause and
-resume queues, and kill an instance outright (its handlers stop, nothing it had in hand
-is written) to start a fresh one. The faults of the liveness model too: handlers that
+resume queues, kill an instance outright (its handlers stop, nothing it had in hand
+is written) to start a fresh one, and stop one cleanly while its claim is on its way to a
+server that commits it only once the stop has begun. The faults of the liveness model too: handlers that
 outlive their deadline (a sync one on its thread, an async one that ignores its
 cancellation), a partition of one worker (its store calls fail: its lease lapses and it
 stops its work, or ends its process when it cannot; the others take its jobs over after
@@ -53,8 +54,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from backend import Engine, JobContext, ManualClock, NotFound, Unavailable, define_queue, open_store
@@ -118,6 +120,11 @@ class CutStore:
         self.read_in = 0
         """The sweeps' rounds until that answer comes: those before it wait for it (they
         see nothing running), and that one decides on it."""
+        self.hold_claims: asyncio.Event | None = None
+        """While set up: a cycle that claims reaches the server, which commits it only once
+        this is set, whatever the client does meanwhile (its answer is then on its way)."""
+        self.held_claimed: list[Any] = []
+        """What those claims took."""
 
     async def read_late(self, rounds: int) -> None:
         """The sweep reads the running jobs now; the answer comes ``rounds`` rounds later."""
@@ -141,6 +148,18 @@ class CutStore:
         async def call(*args: Any, **kwargs: Any) -> Any:
             if self.cut:
                 raise Unavailable("cut off from the store (test)")
+            if name == "cycle_jobs" and self.hold_claims is not None and args[1]:
+                commit, token = self.hold_claims, args[3]
+                self.late[token] = commit  # (on its way: settling does not wait for it)
+
+                async def server() -> Any:
+                    await commit.wait()
+                    self.late.pop(token, None)
+                    cycle = await value(*args, **kwargs)
+                    self.held_claimed.extend(cycle.claimed)
+                    return cycle
+
+                return await asyncio.shield(asyncio.ensure_future(server()))
             if name == "running_jobs" and self.old_read is not None:
                 self.read_in -= 1
                 if self.read_in > 0:
@@ -373,6 +392,8 @@ class QueueMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.end_every_handler()
+        for store in [*self.stores.values(), *self.zombies.values()]:
+            store.answers_arrive()  # (a stop waits a moment for the claims it cut short)
         try:
             for engine, _ in self.processes():
                 self.loop.run_until_complete(engine.stop(grace=0))
@@ -657,6 +678,50 @@ class QueueMachine(RuleBasedStateMachine):
         beats = {i.name: i.heartbeat_at for i in self.run(self.any_engine(0).store.fleet())}
         last = beats.get(name)
         return last is None or last < self.clock.now() - timedelta(seconds=ABANDON_AFTER + 1)
+
+    @rule(pick=st.integers(0, 9))
+    def stop_with_a_claim_on_its_way(self, pick: int) -> None:
+        """A clean stop (a rolling restart's SIGTERM, no grace) lands while the worker's
+        cycle that claims is on its way (a job is sent for it: another may claim it first),
+        and the server commits that claim only once the stop has begun. What it claimed
+        never began: after the stop it is back in its queue untouched, not left running
+        under the stopped instance until the take-over window. A fresh instance starts."""
+        engine = self.any_engine(pick)
+        name, store = engine.instance, self.stores[engine.instance]
+        if any(live.engine is engine for live in self.live.values()) or store.late:
+            return  # (its handlers in flight, or answers held by the test, would hold its stop)
+        commit = store.hold_claims = asyncio.Event()
+        try:
+            self.send(pick, "q", None, 2, 0, False)
+        finally:
+            store.hold_claims = None
+        if self.engines.get(name) is not engine:  # it ended itself meanwhile, and was replaced
+            commit.set()
+            self.run(self.settle())
+            return
+        stop_jobs = engine.jobs.stop
+
+        async def commit_once_stopping(grace: float) -> None:
+            commit.set()
+            await stop_jobs(grace)
+
+        engine.jobs.stop = commit_once_stopping  # type: ignore[method-assign]
+        # A sweep's read whose answer is late goes to that sweep, which the stop cancels:
+        # the stop's own read is answered now.
+        store.old_read, store.read_in = None, 0
+        self.run(engine.stop(grace=0))
+        if currently_in_test_context():
+            event("a stop with a claim on its way that took a job" if store.held_claimed else "a stop, nothing claimed")
+        del self.engines[name], self.stores[name]
+        replaced = not any(not other.cut for other in self.stores.values())
+        if replaced:
+            self.run(self.start_engine())  # (someone to read the store through)
+        # Read before any sweep could close what it left (as abandoned: it is gone).
+        for job in self.run(self.store_jobs()):
+            if job.status == "running" and job.instance == name and (job.id, job.attempt) not in self.started:
+                self.violations.append(f"claimed by a cycle its stop cut short, never begun, left running: {job}")
+        if not replaced:
+            self.run(self.start_engine())
 
     @rule(pick=st.integers(0, 9))
     def kill_an_instance(self, pick: int) -> None:

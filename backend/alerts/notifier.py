@@ -38,6 +38,7 @@ from backend.clock import Clock
 from backend.errors import BadInput, Unavailable
 from backend.events.audit import AuditLog
 from backend.runtime.loops import Loops
+from backend.runtime.subsystems import answers_of
 
 __all__ = ["AlertSettings", "Notifier", "Sink", "parse_sinks", "sink_of"]
 
@@ -187,11 +188,11 @@ class Notifier:
         loop = asyncio.get_running_loop()
         until = loop.time() + grace
         cut, self._cut_claims = self._cut_claims, []
+        await answers_of(cut)
         for claiming in cut:
-            try:
-                claimed = await claiming  # (bounded by the store's own timeouts)
-            except Exception:  # noqa: S112 - Unavailable: what it took waits out its lease
-                continue
+            if not claiming.done() or claiming.cancelled() or claiming.exception() is not None:
+                continue  # (no answer: what it took waits out its lease)
+            claimed = claiming.result()
             if grace > 0 and loop.time() < until:
                 self._send(claimed)
             elif claimed:

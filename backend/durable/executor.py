@@ -30,7 +30,7 @@ from backend.durable.run import ExecutionRun
 from backend.durable.store import Claimed, DurableStore, ExecutionRow, NewExecution
 from backend.errors import Unavailable
 from backend.runtime.liveness import CLOCK_LIMIT_SHARE
-from backend.runtime.subsystems import Shared
+from backend.runtime.subsystems import Shared, answers_of
 
 __all__ = ["DurableExecutor"]
 
@@ -415,8 +415,7 @@ class DurableExecutor:
             lease.on_lapse.remove(self.lease_lapsed)
             lease.on_renewed.remove(self.poke)
         cut, self._claims_cut = self._claims_cut, []
-        if cut:
-            await asyncio.wait(cut)  # (bounded by the store's own timeouts)
+        await answers_of(cut)
         if self._unanswered:
             await self._give_back(self.clock.now())
         if self._reserved:  # starts claimed here, being inserted: their runs are let go of below too

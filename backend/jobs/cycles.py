@@ -12,7 +12,7 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from backend.clock import Clock
 from backend.errors import Unavailable
@@ -98,6 +98,7 @@ class Cycles:
     stopping: bool
     wake: asyncio.Event
     defined: bool
+    cycles_cut: list[asyncio.Future[Any]]
 
     if TYPE_CHECKING:  # the other parts'
 
@@ -272,11 +273,18 @@ class Cycles:
         now: datetime,
         epoch: int,
     ) -> None:
+        sending = asyncio.ensure_future(self.store.cycle_jobs(
+            [f for f, _ in batch], wanted, self.instance, token, now,
+            ahead=ahead or None, handovers=[h for h, _ in handovers],
+        ))  # fmt: skip
         try:
-            cycle = await self.store.cycle_jobs(
-                [f for f, _ in batch], wanted, self.instance, token, now,
-                ahead=ahead or None, handovers=[h for h, _ in handovers],
-            )  # fmt: skip
+            cycle = await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            # A stop cut it short: the stop waits for its answer before it looks for what
+            # it claimed (read first, a claim that commits after would be missed).
+            sending.add_done_callback(_retrieve)
+            self.cycles_cut.append(sending)
+            raise
         except Exception as exc:
             if not isinstance(exc, Unavailable):
                 log.exception("a job cycle failed")
@@ -340,3 +348,8 @@ class Cycles:
             stream.claiming = None
         self.wake.set()
         self.loops.poke()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -13,7 +13,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from backend.clock import Clock
 from backend.errors import Unavailable
@@ -22,6 +22,7 @@ from backend.jobs.seats import JobRun
 from backend.jobs.store import Claimed, Finish, Handover, RunningJob
 from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST
 from backend.runtime.runner import Outcome
+from backend.runtime.subsystems import answers_of
 
 if TYPE_CHECKING:
     from backend.jobs.store import JobStore
@@ -57,6 +58,7 @@ class Stopping:
     inflight_handovers: dict[str, list[tuple[Handover, JobRun]]]
     unanswered: dict[str, datetime]
     stopping: bool
+    cycles_cut: list[asyncio.Future[Any]]
 
     if TYPE_CHECKING:  # the main class's, and the other parts'
 
@@ -112,6 +114,8 @@ class Stopping:
         # finish is conditional, so one applied already changes nothing the second time).
         for name in self.waiting:
             self._release_waiting(name)
+        cut, self.cycles_cut = self.cycles_cut, []
+        await answers_of(cut)  # their answers first: what they claimed is then in the store to be found below
         in_doubt = [item for carried in self.inflight.values() for item in carried]
         for token in self.inflight:  # cut short: their claims may have committed
             self._unanswered(token)

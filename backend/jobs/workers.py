@@ -59,7 +59,7 @@ import asyncio
 from collections import Counter, deque
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from backend.jobs.cycles import Cycles, Stream
 from backend.jobs.definition import BACKOFF_FIRST_S, Queue
@@ -128,6 +128,8 @@ class Workers(Cycles, Seats, Stopping):
         self.resent: set[tuple[str, int]] = set()
         """Ends (job id, tries) handed in again after a cycle that failed: the failed one
         may have applied them (their second hand-in then does not apply)."""
+        self.cycles_cut: list[asyncio.Future[Any]] = []
+        """Cycles on their way when a stop cancelled them: the stop waits for their answers."""
         self.unanswered: dict[str, datetime] = {}
         """Claim tokens of cycles that failed (by when): the claim may have committed with
         its answer lost, so jobs `running` here under one of them never started. The sweep

@@ -53,6 +53,7 @@ from backend.locks.model import (
 from backend.locks.store import LockStore
 from backend.model import TAG_UNAVAILABLE, iso
 from backend.runtime.runner import Outcome
+from backend.runtime.subsystems import answers_of
 
 if TYPE_CHECKING:
     from backend.clock import Clock
@@ -193,8 +194,7 @@ class Locks:
         # then what they took is lost below, or, not taken yet, given back by its claim.
         self._stopped = True  # (their callers raise once answered)
         acquiring = dict(self._acquiring)
-        if acquiring:
-            await asyncio.wait(acquiring)
+        await answers_of(acquiring)
         self._unanswered.update(acquiring.values())
         for lease in list(self._leases):
             if lease in self._run_leases:  # (its run is recorded by the launcher's stop)

@@ -10,10 +10,11 @@ before the store closes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from backend.clock import Clock
 from backend.events.audit import AuditLog
@@ -26,7 +27,19 @@ from backend.store import Store
 if TYPE_CHECKING:  # a type only: the scheduler builds this, not the other way round
     from backend.scheduler.registry import InstanceRegistry
 
-__all__ = ["Shared", "Subsystem"]
+__all__ = ["CUT_CLAIMS_WAIT", "Shared", "Subsystem", "answers_of"]
+
+#: How long a stop waits for the answers of the claims it cut short (a job cycle, a
+#: durable claim, an acquire, an alerts claim), to give back what they took: a healthy
+#: store answers in milliseconds; a partition is not waited out (what such a claim took
+#: then waits for its lease, or the take-over, as after a lost answer).
+CUT_CLAIMS_WAIT = 2.0
+
+
+async def answers_of(claims: Collection[asyncio.Future[Any]]) -> None:
+    """Wait for the answers of claims a stop cut short, :data:`CUT_CLAIMS_WAIT` at most."""
+    if claims:
+        await asyncio.wait(claims, timeout=CUT_CLAIMS_WAIT)
 
 
 @dataclass(frozen=True)
