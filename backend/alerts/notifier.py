@@ -38,7 +38,7 @@ from backend.clock import Clock
 from backend.errors import BadInput, Unavailable
 from backend.events.audit import AuditLog
 from backend.runtime.loops import Loops
-from backend.runtime.subsystems import answers_of
+from backend.runtime.subsystems import answers_of, keep_for_the_stop
 
 __all__ = ["AlertSettings", "Notifier", "Sink", "parse_sinks", "sink_of"]
 
@@ -232,8 +232,7 @@ class Notifier:
             try:
                 claimed = await asyncio.shield(claiming)
             except asyncio.CancelledError:
-                claiming.add_done_callback(_retrieved)
-                self._cut_claims.append(claiming)  # the stop sends what it took, or gives it back
+                keep_for_the_stop(claiming, self._cut_claims)  # the stop sends what it took, or gives it back
                 raise
             if not claimed:
                 return handled

@@ -30,7 +30,7 @@ from backend.durable.run import ExecutionRun
 from backend.durable.store import Claimed, DurableStore, ExecutionRow, NewExecution
 from backend.errors import Unavailable
 from backend.runtime.liveness import CLOCK_LIMIT_SHARE
-from backend.runtime.subsystems import Shared, answers_of
+from backend.runtime.subsystems import Shared, answers_of, keep_for_the_stop
 
 __all__ = ["DurableExecutor"]
 
@@ -180,8 +180,7 @@ class DurableExecutor:
         except (Unavailable, asyncio.CancelledError) as exc:
             self.not_run_here(claim, until)  # it may have committed, and only its answer been lost
             if isinstance(exc, asyncio.CancelledError):
-                claiming.add_done_callback(_retrieve)
-                self._claims_cut.append(claiming)
+                keep_for_the_stop(claiming, self._claims_cut)
             raise
         if claimed and not lease.holds(epoch):
             self._not_run(len(claimed))
@@ -436,8 +435,3 @@ class DurableExecutor:
             run.interrupt()
         if self._drives:
             await asyncio.wait(set(self._drives), timeout=10)
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()

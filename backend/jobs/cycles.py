@@ -21,6 +21,7 @@ from backend.jobs.seats import JobRun
 from backend.jobs.store import Claimed, Finish, Handover, QueueSpec
 from backend.model import TAG_LEASE_LOST
 from backend.runtime.runner import Outcome
+from backend.runtime.subsystems import keep_for_the_stop
 
 if TYPE_CHECKING:
     from backend.jobs.store import JobStore
@@ -282,8 +283,7 @@ class Cycles:
         except asyncio.CancelledError:
             # A stop cut it short: the stop waits for its answer before it looks for what
             # it claimed (read first, a claim that commits after would be missed).
-            sending.add_done_callback(_retrieve)
-            self.cycles_cut.append(sending)
+            keep_for_the_stop(sending, self.cycles_cut)
             raise
         except Exception as exc:
             if not isinstance(exc, Unavailable):
@@ -348,8 +348,3 @@ class Cycles:
             stream.claiming = None
         self.wake.set()
         self.loops.poke()
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()

@@ -27,13 +27,26 @@ from backend.store import Store
 if TYPE_CHECKING:  # a type only: the scheduler builds this, not the other way round
     from backend.scheduler.registry import InstanceRegistry
 
-__all__ = ["CUT_CLAIMS_WAIT", "Shared", "Subsystem", "answers_of"]
+__all__ = ["CUT_CLAIMS_WAIT", "Shared", "Subsystem", "answers_of", "keep_for_the_stop"]
 
 #: How long a stop waits for the answers of the claims it cut short (a job cycle, a
 #: durable claim, an acquire, an alerts claim), to give back what they took: a healthy
 #: store answers in milliseconds; a partition is not waited out (what such a claim took
 #: then waits for its lease, or the take-over, as after a lost answer).
 CUT_CLAIMS_WAIT = 2.0
+
+
+def keep_for_the_stop(claim: asyncio.Future[Any], cut: list[asyncio.Future[Any]]) -> None:
+    """A claim whose caller a stop cancelled (the claim itself shielded, on its way): kept
+    in ``cut`` for the stop to wait for (:func:`answers_of`); its outcome is read whenever
+    it comes, so a failure is never reported as not retrieved."""
+    claim.add_done_callback(_read_outcome)
+    cut.append(claim)
+
+
+def _read_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def answers_of(claims: Collection[asyncio.Future[Any]]) -> None:
