@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -834,6 +835,47 @@ async def test_a_locked_run_whose_lease_is_lost_is_recorded_and_cancelled(clock:
     [closed] = await all_runs(engine, "long")
     assert closed.id == run.id and (closed.status, closed.error_tag) == ("failed", "lease_lost")
     assert "no longer current" in (closed.error_message or "") and cancelled == [True]
+
+
+@pytest.mark.parametrize("sync", [False, True])
+async def test_a_locked_run_that_ends_after_its_lock_was_released_by_force_is_never_a_success(
+    clock: ManualClock, engines: Callable[..., Engine], sync: bool
+) -> None:
+    """The handler returns after an operator released its lock, before a renewal could
+    notice: the release at the end is the last check, as ``with_lock``'s. Before, the run
+    was recorded ``succeeded``, its work done under a lock another holder could have had."""
+    entered, finish, finish_async = threading.Event(), threading.Event(), asyncio.Event()
+
+    def work(ctx: RunContext) -> None:
+        entered.set()
+        assert finish.wait(10)  # (the timeout only bounds a broken test)
+
+    async def work_async(ctx: RunContext) -> None:
+        entered.set()
+        await finish_async.wait()
+
+    schedule = define_schedule(name="long", cron="0 * * * *", timezone="UTC", handler=work if sync else work_async,
+                               lock="l", lock_ttl=30)  # fmt: skip
+    engine, operator = engines([schedule]), engines()
+    await engine.open()
+    await operator.open()
+    run = await engine.run_now("long")
+    await asyncio.to_thread(entered.wait, 10)
+    released = await operator.locks.release("l")
+    assert released.released
+    taken = await operator.locks.acquire("l", ttl=30)  # the next holder, meanwhile
+    assert taken is not None
+    finish.set()
+    finish_async.set()
+    closed = await engine.wait_run(run.id)
+    assert (closed.status, closed.error_tag) == ("failed", "lease_lost")
+    assert closed.error_message == (
+        f'the lease of lock "l" (token {released.lock.token}) was lost: token {released.lock.token} was no longer '
+        "current when it was released (released by force, or taken over)"
+    )
+    assert [r.status for r in await all_runs(engine, "long")] == ["failed"]
+    await engine.quiesce()
+    assert (await stored_lock(engine.store, "l")).token == taken.token  # the new holder's, untouched
 
 
 def test_define_schedule_checks_its_lock() -> None:

@@ -14,7 +14,8 @@ background renewals, frozen holders, forced releases and ``with_lock`` calls who
 ends (and, some, fences a write) when the machine says, and restarts of either engine
 (with work holding locks and an acquire on its way), and checks after every step that
 at most one lease per name believes itself held, that a ``with_lock`` whose lease was
-released by force while it held it never reports success, that a fenced write is
+released by force while it held it never reports success (nor is a run of a schedule
+locked on ``a`` recorded ``succeeded``), that a fenced write is
 never accepted from a lease released by force nor after a newer token's, and that a lock
 taken by an acquire whose answer was lost is given back by the next housekeeping round;
 and after a restart, that the stopped engine holds no lock in the store and no lease of it
@@ -38,8 +39,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multiple, rule, run_state_machine_as_test
 
-from backend import Engine, LeaseLost, ManualClock, StaleLease, Unavailable
+from backend import Engine, LeaseLost, ManualClock, RunContext, StaleLease, Unavailable, define_schedule
 from backend.locks import Lease, LockResult, LockStore
+from backend.model import Run
 from backend.store import open_store
 from tests import pg
 
@@ -251,18 +253,33 @@ class WorkInFlight:
     lease: Lease | None = None
 
 
+@dataclass
+class LockedRun:
+    """A run of the locked schedule ``guarded`` whose handler holds the lock and waits for
+    :attr:`finish`; :attr:`ended` is its run as recorded."""
+
+    id: str
+    lease: Lease
+    finish: asyncio.Event
+    ended: asyncio.Task[Run]
+
+
 class LeaseMachine(RuleBasedStateMachine):
     """Leases of two engines sharing a store and a clock: renewals run by themselves; a
-    frozen holder's renewals fail; an operator releases by force; ``with_lock`` work
-    starts and ends at any point in between."""
+    frozen holder's renewals fail; an operator releases by force; ``with_lock`` work and
+    runs of a schedule locked on ``a`` start and end at any point in between."""
 
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.tmp = tempfile.TemporaryDirectory(prefix="lease-props-")
         self.clock = ManualClock(T0)
-        self.url = url = f"sqlite:///{Path(self.tmp.name) / 'state.db'}"
-        self.engines = [Engine([], url, clock=self.clock, instance=f"e{i}", shutdown_grace=0) for i in range(2)]
+        self.url = f"sqlite:///{Path(self.tmp.name) / 'state.db'}"
+        self.entered: dict[str, Lease] = {}
+        """The leases the locked schedule's handlers hold, by run id."""
+        self.entries: dict[str, asyncio.Event] = {}
+        self.finishes: dict[str, asyncio.Event] = {}
+        self.engines = [self._engine(f"e{i}") for i in range(2)]
         self.stopped: set[int] = set()
         """Tokens of leases their engine's stop released: lost, never a success."""
         for engine in self.engines:
@@ -279,6 +296,24 @@ class LeaseMachine(RuleBasedStateMachine):
         """Fenced writes the store accepted: (token, whether it had been released by force)."""
         self.unanswered: list[tuple[str, int, datetime]] = []
         """Locks taken by acquires whose answer was lost: (name, token, when)."""
+        self.locked_runs: list[LockedRun] = []
+
+    def _engine(self, instance: str) -> Engine:
+        """An engine of the store with the schedule ``guarded``, locked on ``a`` (its timer
+        never fires here: its runs are fired by hand)."""
+
+        async def guarded(ctx: RunContext) -> None:
+            assert ctx.lease is not None
+            self.entered[ctx.run_id] = ctx.lease
+            self._event(self.entries, ctx.run_id).set()
+            await self._event(self.finishes, ctx.run_id).wait()
+
+        schedule = define_schedule(name="guarded", cron="0 0 1 1 *", timezone="UTC", handler=guarded, lock="a", lock_ttl=9)
+        return Engine([schedule], self.url, clock=self.clock, instance=instance, shutdown_grace=0)
+
+    @staticmethod
+    def _event(events: dict[str, asyncio.Event], run_id: str) -> asyncio.Event:
+        return events.setdefault(run_id, asyncio.Event())
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -289,7 +324,12 @@ class LeaseMachine(RuleBasedStateMachine):
                 work.finish.set()
             if self.works:
                 self.run(asyncio.wait([work.task for work in self.works]))
+            for run in self.locked_runs:
+                run.finish.set()
+            if self.locked_runs:
+                self.run(asyncio.wait([run.ended for run in self.locked_runs]))
             self.a_holder_whose_lease_was_released_never_reports_success()
+            self.a_locked_run_whose_lease_was_released_never_succeeds()
             self.a_stale_lease_never_writes()
         finally:
             for engine in self.engines:
@@ -312,7 +352,7 @@ class LeaseMachine(RuleBasedStateMachine):
         for _ in range(seconds):
             self.clock.advance(1)
             for engine in self.engines:
-                self.run(engine.quiesce())
+                self.run(engine.quiesce(runs=False))  # (locked runs end when the machine says)
                 # The locks' part of the housekeeping round a started engine runs every
                 # second (these engines are only opened: no timers to start).
                 self.run(engine.locks.maintain(self.clock.now()))
@@ -363,6 +403,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         working = {id(work.lease) for work in self.works}  # with_lock releases its own
+        working.update(id(run.lease) for run in self.locked_runs)  # so does a locked run
         live = [lease for lease in self.leases if not lease.released and id(lease) not in working]
         if live:
             self.run(data.draw(st.sampled_from(live)).release())
@@ -411,6 +452,33 @@ class LeaseMachine(RuleBasedStateMachine):
         finally:
             conn.close()
         self.writes.append((lease.token, lease.token in self.evicted | self.stopped))
+
+    @rule(engine=st.integers(0, 1))
+    def start_locked_run(self, engine: int) -> None:
+        """Run now the schedule locked on ``a``: its handler holds the lock until the
+        machine finishes it, or the run is skipped as ``locked`` (another holder has it)."""
+        fired: Run = self.run(self.engines[engine].run_now("guarded"))
+        ended = self.loop.create_task(self.engines[engine].wait_run(fired.id))
+        entry = self.loop.create_task(self._event(self.entries, fired.id).wait())
+        self.run(asyncio.wait({ended, entry}, return_when=asyncio.FIRST_COMPLETED))  # holding the lock, or skipped
+        entry.cancel()
+        lease = self.entered.get(fired.id)
+        if lease is None:
+            run = ended.result()
+            assert (run.status, run.error_tag) == ("skipped", "locked"), f"a locked run that never held its lock: {run}"
+            return
+        assert lease.token > self.highest.get("a", 0)
+        self.highest["a"] = lease.token
+        self.leases.append(lease)
+        self.locked_runs.append(LockedRun(fired.id, lease, self._event(self.finishes, fired.id), ended))
+
+    @rule(data=st.data())
+    def finish_locked_run(self, data: st.DataObject) -> None:
+        running = [run for run in self.locked_runs if not run.finish.is_set()]
+        if running:
+            run = data.draw(st.sampled_from(running))
+            run.finish.set()
+            self.run(asyncio.wait({run.ended}))
 
     @rule(engine=st.integers(0, 1), name=st.sampled_from(NAMES), mid_acquire=st.booleans())
     def restart(self, engine: int, name: str, mid_acquire: bool) -> None:
@@ -463,7 +531,7 @@ class LeaseMachine(RuleBasedStateMachine):
             assert not (lock.holder == instance and lock.state(self.clock.now()) == "held"), (
                 f"lock {lock.name!r} (token {lock.token}) is held by {instance} after it stopped"
             )
-        self.engines[engine] = again = Engine([], self.url, clock=self.clock, instance=instance, shutdown_grace=0)
+        self.engines[engine] = again = self._engine(instance)
         self.run(again.open())
 
     @invariant()
@@ -493,6 +561,16 @@ class LeaseMachine(RuleBasedStateMachine):
                 assert isinstance(result.error, (LeaseLost, StaleLease)), (
                     f"with_lock reported {result} after its lease (token {work.lease.token}) was released by force "
                     "or by its engine's stop"
+                )
+
+    @invariant()
+    def a_locked_run_whose_lease_was_released_never_succeeds(self) -> None:
+        for run in self.locked_runs:
+            if run.ended.done() and run.lease.token in self.evicted | self.stopped:
+                ended = run.ended.result()
+                assert ended.status == "failed" and ended.error_tag in ("lease_lost", "interrupted"), (
+                    f"locked run {run.id} was recorded {ended.status} ({ended.error_tag}) after its lease "
+                    f"(token {run.lease.token}) was released by force or by its engine's stop"
                 )
 
     @invariant()

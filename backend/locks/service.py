@@ -285,9 +285,23 @@ class Locks:
     def release_soon(self, lease: Lease) -> None:
         """Release in the background (from code that cannot wait)."""
         if not lease.released:
-            task = self._spawn(self.release_lease(lease), f"release {lease.name}#{lease.token}")
-            self._releasing.add(task)
-            task.add_done_callback(self._released)
+            self.release_then(lease, None)
+
+    def release_then(self, lease: Lease, then: Callable[[], None] | None) -> None:
+        """Release in the background, then call ``then`` (on the loop, whatever happened):
+        by then ``lease.lost`` says whether the release found the lease no longer current.
+        A stop, and :meth:`~backend.scheduler.engine.Engine.quiesce`, wait for both."""
+
+        async def release() -> None:
+            try:
+                await self.release_lease(lease)
+            finally:
+                if then is not None:
+                    then()
+
+        task = self._spawn(release(), f"release {lease.name}#{lease.token}")
+        self._releasing.add(task)
+        task.add_done_callback(self._released)
 
     def _released(self, task: asyncio.Task[Any]) -> None:
         self._releasing.discard(task)
@@ -484,8 +498,10 @@ class Locks:
     def guard(self, run: GuardedRun, start: Callable[[], None]) -> None:
         """Take the schedule's lock, then ``start()`` the run holding it; if another holder
         has it, record the run ``skipped`` (error tag ``locked``). The lease is released
-        when the run is recorded finished (:meth:`release_soon` from the launcher); if it is
-        lost first, the run is recorded ``failed`` (``lease_lost``) and cancelled."""
+        when the run's handler has returned (:meth:`release_soon` from the launcher; a
+        success is recorded only once that release has found the lease still current, see
+        :meth:`release_then`); if it is lost first, the run is recorded ``failed``
+        (``lease_lost``) and cancelled."""
         task = self._spawn(self._guard(run, start), f"lock for {run.schedule.name}")
         self._guarding.add(task)
         task.add_done_callback(self._guarding.discard)

@@ -143,7 +143,22 @@ class ScheduleRun(Invocation):
         )  # fmt: skip
 
     def settled(self, outcome: CallOutcome) -> None:
+        lease, locks = self.lease, self.launcher.locks
+        if lease is not None and locks is not None and outcome.status == "succeeded":
+            # The release is the last check, as with_lock's: a lock released by force
+            # (or taken over) since the last renewal fails the run, never a success.
+            self.lease = None  # (released here, not once the handler has returned)
+            locks.release_then(lease, lambda: self._confirmed(lease, outcome))
+            return
         self.launcher.close(self, outcome.status, outcome.at, outcome.error_tag, outcome.error_message, outcome.traceback)
+
+    def _confirmed(self, lease: Lease, outcome: CallOutcome) -> None:
+        """The release of a succeeded run's lease has answered: record the run."""
+        if lease.lost.is_set():
+            message = f'the lease of lock "{lease.name}" (token {lease.token}) was lost: {lease.lost_reason}'
+            self.launcher.close(self, "failed", outcome.at, TAG_LEASE_LOST, message)
+        else:
+            self.launcher.close(self, outcome.status, outcome.at)
 
     def ended(self) -> None:
         self.launcher.released(self)
@@ -160,7 +175,7 @@ class ScheduleRun(Invocation):
         """Resolves with the closed run."""
         if self._finished is None:
             self._finished = asyncio.get_running_loop().create_future()
-            if self.done:
+            if self.run.finished_at is not None:  # (settled, its lock's release may be on its way)
                 self._finished.set_result(self.run)
         return self._finished
 
@@ -391,6 +406,8 @@ class Launcher:
             # a handler failing is the ledger's news, not the engine's trouble.
             log.info("%s failed: %s: %s\n%s", scheduled.label, error_tag, error_message, traceback.rstrip())
         self.ledger.record(run)
+        if scheduled.has_ended:  # recorded after its handler returned: a locked success, confirmed
+            self.active.pop(scheduled.run_id, None)
         started, finished = scheduled._started, scheduled._finished
         if started is not None and not started.done():
             started.set_result(scheduled)
@@ -401,7 +418,8 @@ class Launcher:
         """A run's handler has really returned (a sync handler past its deadline returns
         after its run was recorded ``timeout``): only now may the next run of its schedule
         start under ``skip``/``queue``, and its lock go (called once per run)."""
-        self.active.pop(scheduled.run_id, None)
+        if scheduled.run.finished_at is not None:  # (else its lock's release records it: see close)
+            self.active.pop(scheduled.run_id, None)
         if scheduled.lease is not None and self.locks is not None:
             self.locks.release_soon(scheduled.lease)
         name = scheduled.schedule.name
