@@ -834,6 +834,24 @@ async def test_output_that_is_not_json_fails_the_step(engines: Callable[..., Eng
     assert "is not JSON" in (failed.error_message or "")
 
 
+async def test_a_sync_step_raising_stop_iteration_fails_the_step_at_once(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """``next()`` on an empty iterator in a plain ``def`` step: a future refuses
+    StopIteration, so the step never ended and the execution stayed ``running`` for good."""
+
+    async def code(ctx: DurableContext, input: Any) -> None:
+        await ctx.step("first", lambda: next(iter([])), retry=False)
+
+    engine = engines([define_durable(name="d", handler=code)])
+    await engine.start()
+    started = await engine.durable.start_execution("d")
+    await asyncio.wait_for(engine.quiesce(), 10)
+    ended = await engine.durable.get(started.id)
+    assert (ended.status, ended.error_tag, ended.finished_at) == ("failed", "StopIteration", clock.now())
+    assert [(s.name, s.status, s.error_tag) for s in ended.steps or []] == [("first", "failed", "StopIteration")]
+
+
 @pytest.mark.parametrize("odd", ODD_EXCEPTIONS, ids=tag_of)
 async def test_an_exception_that_cannot_be_described_fails_at_once(
     engines: Callable[..., Engine], clock: ManualClock, odd: type[BaseException]

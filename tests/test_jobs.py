@@ -188,6 +188,30 @@ async def test_a_failing_job_is_retried_on_the_exact_backoff_then_dead(make_engi
         await engine.jobs.retry("mail", sent.id)
 
 
+async def test_a_sync_handler_raising_stop_iteration_fails_its_attempt_and_frees_its_seat(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """``next()`` on an empty iterator, in a plain ``def`` handler: a future refuses
+    StopIteration, so the attempt was never recorded, the job stayed ``running`` and its
+    seat (concurrency 1 here) held, every other job of the queue waiting for good."""
+    calls: list[Any] = []
+
+    def handler(job: JobContext) -> None:
+        calls.append(job.payload)
+        if job.payload == "bad":
+            next(iter([]))
+
+    engine = make_engine([define_queue(name="q", handler=handler, attempts=1, concurrency=1, max_runtime=600)])
+    await engine.start()
+    bad, good = await engine.jobs.send("q", "bad"), await engine.jobs.send("q", "good")
+    await asyncio.wait_for(engine.quiesce(), 10)
+    found = await detail(engine, bad.id)
+    assert (found.job.status, found.job.error_tag) == ("dead", "StopIteration")
+    assert [(a.status, a.error_tag, a.finished_at) for a in found.attempts] == [("failed", "StopIteration", T0)]
+    assert calls == ["bad", "good"]
+    assert [a.status for a in (await detail(engine, good.id)).attempts] == ["succeeded"]
+
+
 @pytest.mark.parametrize("odd", ODD_EXCEPTIONS, ids=tag_of)
 async def test_an_exception_that_cannot_be_described_fails_the_attempt_at_once(
     make_engine: Callable[..., Engine], clock: ManualClock, odd: type[BaseException]

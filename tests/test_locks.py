@@ -746,6 +746,37 @@ async def test_with_lock_returns_value_or_error_and_never_overlaps(engines: Call
         assert (await stored_lock(a.store, "rollup")).holder is None
 
 
+RAISED_BY_WORK = [SystemExit(7), KeyboardInterrupt(), GeneratorExit()]
+
+
+@pytest.mark.parametrize(
+    ("sync", "exc"),
+    [(False, exc) for exc in RAISED_BY_WORK] + [(True, exc) for exc in [*RAISED_BY_WORK, StopIteration()]],
+    ids=lambda v: repr(v),
+)  # (a coroutine cannot raise StopIteration: PEP 479 makes it a RuntimeError)
+async def test_whatever_with_lock_work_raises_is_returned_never_raised_and_the_lock_is_free(
+    engines: Callable[..., Engine], sync: bool, exc: BaseException
+) -> None:
+    """Async work raising SystemExit or KeyboardInterrupt ran in a task of its own: asyncio
+    raised it out of the event loop, and the process ended. Sync work raising StopIteration
+    (``next()`` on an empty iterator) never returned: a future refuses it, so the lock stayed
+    held and renewed for as long as the process lived. Both are the work's error now."""
+    a = engines()
+    await a.open()
+
+    def work(lease: Lease) -> None:
+        raise exc
+
+    async def work_async(lease: Lease) -> None:
+        raise exc
+
+    result = await asyncio.wait_for(a.locks.with_lock("rollup", work if sync else work_async, ttl=30), 10)
+    assert result.acquired and result.error is exc and result.value is None
+    assert (await stored_lock(a.store, "rollup")).holder is None
+    again = await a.locks.with_lock("rollup", lambda lease: "next", ttl=30)
+    assert (again.acquired, again.value, again.error) == (True, "next", None)
+
+
 async def test_a_forced_release_is_audited_and_every_change_is_signalled(engines: Callable[..., Engine]) -> None:
     holder, operator = engines(), engines(actor="alice")
     await holder.open()

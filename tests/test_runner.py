@@ -403,10 +403,14 @@ async def test_calls_one_after_another_do_not_pile_up_in_the_watchdogs_heap() ->
 # whatever a handler raises fails its run, never the process
 # ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["async", "sync"])
-@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), ValueError("boom")])
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), GeneratorExit(), ValueError("boom"), StopIteration()])
 async def test_any_exception_fails_the_run_and_the_next_slot_still_fires(
     make_engine: Callable[..., Engine], clock: ManualClock, kind: str, exc: BaseException
 ) -> None:
+    # A sync handler's StopIteration (next() on an empty iterator) never reached the loop (a
+    # future refuses it): its run stayed "running", its place held, for good. A coroutine's
+    # is a RuntimeError (PEP 479).
+    tag = "RuntimeError" if kind == "async" and isinstance(exc, StopIteration) else type(exc).__name__
     calls: list[datetime] = []
 
     async def async_handler(ctx: RunContext) -> None:
@@ -425,7 +429,7 @@ async def test_any_exception_fails_the_run_and_the_next_slot_still_fires(
         clock.advance(60)
         await engine.quiesce()
     runs = await all_runs(engine, "job")
-    assert [(r.status, r.error_tag) for r in runs] == [("failed", type(exc).__name__), ("succeeded", None)]
+    assert [(r.status, r.error_tag) for r in runs] == [("failed", tag), ("succeeded", None)]
     assert await engine.store.running_runs() == []
 
 

@@ -403,10 +403,7 @@ class Locks:
             if is_async_callable(work):
                 value, error = await self._run_async(lease, work)
             else:
-                try:
-                    value = await asyncio.to_thread(work, lease)
-                except Exception as exc:
-                    error = exc
+                value, error = await asyncio.to_thread(_call, work, lease)
                 if inspect.isawaitable(value):  # lambda lease: coro(lease)
                     value, error = await self._run_async(lease, lambda _: value)
         finally:
@@ -416,16 +413,18 @@ class Locks:
         return LockResult(True, value, error, lease.token)
 
     async def _run_async(self, lease: Lease, work: Callable[[Lease], Any]) -> tuple[Any, BaseException | None]:
-        task = asyncio.ensure_future(work(lease))
-        lease.on_lost(lambda why: task.cancel())
+        task = asyncio.ensure_future(_await(work, lease))
+
+        def cancel(why: str) -> None:
+            task.cancel()
+
+        lease.on_lost(cancel)
         try:
-            return await task, None
+            return await task
         except asyncio.CancelledError:
             if lease.lost.is_set() and task.cancelled() and not _cancelling():
                 return None, LeaseLost(f'the lease of lock "{lease.name}" was lost; the work was cancelled: {lease.lost_reason}')
             raise
-        except Exception as exc:
-            return None, exc
 
     @contextlib.asynccontextmanager
     async def hold(self, name: str, ttl: float | Any = DEFAULT_TTL) -> AsyncIterator[Lease]:
@@ -533,6 +532,25 @@ class Locks:
 
         lease.on_lost(lost)
         start()
+
+
+# What the work raises is its result's error, whatever it is: raised into a task, SystemExit
+# or KeyboardInterrupt would end the process (asyncio re-raises them out of the loop), and
+# a future refuses StopIteration (to_thread would then never return).
+def _call(work: Callable[[Lease], Any], lease: Lease) -> tuple[Any, BaseException | None]:
+    try:
+        return work(lease), None
+    except BaseException as exc:  # noqa: B036 - the work's error, returned
+        return None, exc
+
+
+async def _await(work: Callable[[Lease], Any], lease: Lease) -> tuple[Any, BaseException | None]:
+    try:
+        return await work(lease), None
+    except asyncio.CancelledError:
+        raise  # (the lease was lost, or the caller cancelled: see _run_async)
+    except BaseException as exc:  # noqa: B036 - the work's error, returned
+        return None, exc
 
 
 async def _cancel(tasks: set[asyncio.Task[Any]]) -> None:

@@ -311,6 +311,15 @@ class _ThreadPool:
                     self.busy -= 1
 
 
+class _Carried(Exception):
+    """What a sync handler raised that a future cannot hold (``StopIteration``), on its
+    way from the handler's thread to the code that records it."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+
 def _describe(exc: BaseException) -> tuple[str, str, str]:
     """The error tag, message and traceback a failed call is recorded with; never raises
     (see :func:`~backend.errors.describe_exception`)."""
@@ -622,6 +631,8 @@ class HandlerRunner:
 
     def _raised(self, invocation: Invocation, exc: BaseException) -> None:
         """Settle a call whose code raised (a cancellation: ``interrupted``)."""
+        if type(exc) is _Carried:
+            exc = exc.error
         if issubclass(type(exc), asyncio.CancelledError):  # (not isinstance(): it reads exc.__class__)
             invocation.settle(Outcome("failed", self.clock.now(), TAG_INTERRUPTED, "the run was cancelled"))
             return
@@ -690,7 +701,9 @@ class HandlerRunner:
             self.threads_running -= 1
             if not fut.done():
                 if error is not None:
-                    fut.set_exception(error)
+                    # A future refuses StopIteration (TypeError): the call would then never
+                    # end. It travels wrapped and is recorded as itself (see _raised).
+                    fut.set_exception(_Carried(error) if issubclass(type(error), StopIteration) else error)
                 else:
                     fut.set_result(result)
             fut.exception() if fut.done() and not fut.cancelled() else None  # retrieved: never logged as unhandled
