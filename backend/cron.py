@@ -117,7 +117,8 @@ class Cron:
 
         def fail(what: str) -> CronError:
             shown_tz = "" if timezone is None else str(timezone)
-            return CronError(f'invalid cron expression "{expr}" (tz="{shown_tz}"): {what}')
+            shown = expr if not isinstance(expr, str) or len(expr) <= 100 else expr[:100] + "…"
+            return CronError(f'invalid cron expression "{shown}" (tz="{shown_tz}"): {what}')
 
         if not isinstance(expr, str):
             raise fail("the expression must be a string")

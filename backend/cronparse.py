@@ -72,14 +72,25 @@ class FieldValues(NamedTuple):
     dow: tuple[int, ...]
 
 
+def _cut(text: str) -> str:
+    return text if len(text) <= 20 else text[:20] + "…"
+
+
+def _small_number(digits: str) -> int | None:
+    """The value of ASCII ``digits``, or ``None`` past nine of them (leading zeros aside):
+    beyond every field's range, and ``int()`` refuses past 4300 digits."""
+    significant = digits.lstrip("0")
+    return int(significant or "0") if len(significant) <= 9 else None
+
+
 def _parse_value(text: str, field: int) -> int:
     """One value of a field: a number in range, or a name where the field has names."""
     name = _FIELD_NAMES[field]
     if _DIGITS_RE.fullmatch(text):
-        value = int(text)
         low, high = _BOUNDS[field]
-        if not low <= value <= high:
-            raise Invalid(f"{name} {value} out of range ({low}-{high})")
+        value = _small_number(text)
+        if value is None or not low <= value <= high:
+            raise Invalid(f"{name} {_cut(text) if value is None else value} out of range ({low}-{high})")
         return value
     names = _MONTH_NAMES if field == _MONTH_F else _DOW_NAMES if field == _DOW_F else {}
     value_of_name = names.get(text.lower())
@@ -125,7 +136,10 @@ def _canonical_field(text: str, field: int) -> str:
         if slash:
             if not _DIGITS_RE.fullmatch(step_text):
                 raise Invalid(f'step "{step_text}" in {name} "{item}" is not a number')
-            step = int(step_text)
+            small = _small_number(step_text)
+            if small is None:
+                raise Invalid(f'step "{_cut(step_text)}" in {name} is too large')
+            step = small
             if step == 0:
                 raise Invalid(f'step 0 in {name} "{item}"')
         if base == "*":

@@ -15,8 +15,11 @@ from backend.inputs import check_instant, check_text, out_of_range
 from backend.safetext import printable
 
 _UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
-_RELATIVE = re.compile(r"^([+-])((?:\d+[wdhms])+)$")
-_PART = re.compile(r"(\d+)([wdhms])")
+# ASCII digits (\d is any script's); how many is checked before int() (which refuses
+# past 4300 of them): an offset of more than 12 digits is beyond the calendar anyway.
+_RELATIVE = re.compile(r"^([+-])((?:[0-9]+[wdhms])+)$")
+_PART = re.compile(r"([0-9]+)([wdhms])")
+_MAX_DIGITS = 12
 
 
 def parse_when(text: str, *, now: datetime, zone: ZoneInfo | str = "UTC", field: str = "time") -> datetime:
@@ -41,7 +44,10 @@ def _parse(text: str, *, now: datetime, zone: ZoneInfo | str, field: str) -> dat
         return now.astimezone(UTC)
     match = _RELATIVE.match(lowered.replace(" ", ""))
     if match:
-        delta = timedelta(**{_UNITS[u]: int(n) for n, u in _PART.findall(match.group(2))})
+        parts = _PART.findall(match.group(2))
+        if any(len(n.lstrip("0")) > _MAX_DIGITS for n, _ in parts):
+            raise OverflowError(text)
+        delta = timedelta(**{_UNITS[u]: int(n) for n, u in parts})
         return (now + delta if match.group(1) == "+" else now - delta).astimezone(UTC)
     try:
         value = datetime.fromisoformat(raw.replace("Z", "+00:00").replace("z", "+00:00"))

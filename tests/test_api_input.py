@@ -59,6 +59,15 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
      422, "before", 'before "zz"'),
     ("from a billion days ago", "POST", "/inspect/schedules/berlin/backfill/plan",
      {"json": {"from": "-999999999d", "to": "now"}}, 422, "from", '"-999999999d" is out of range'),
+    # int() refuses past 4300 digits: such a number was a 500.
+    ("from five thousand digits of days ago", "POST", "/inspect/schedules/berlin/backfill/plan",
+     {"json": {"from": "-" + "9" * 5000 + "d", "to": "now"}}, 422, "from", "is out of range"),
+    ("a cron minute of five thousand digits", "POST", "/inspect/schedules",
+     {"json": {**SCHEDULE, "cron": "9" * 5000 + " * * * *"}}, 422, "cron", "out of range (0-59)"),
+    ("a cron step of five thousand digits", "POST", "/inspect/schedules",
+     {"json": {**SCHEDULE, "cron": "*/" + "9" * 5000 + " * * * *"}}, 422, "cron", "is too large"),
+    ("an Arabic-Indic digit in an offset", "POST", "/inspect/schedules/berlin/backfill/plan",
+     {"json": {"from": "-\u0663d", "to": "now"}}, 422, "from", "is not a time"),  # (Python's \d is any script's)
     ("from year 1 in Berlin", "POST", "/inspect/schedules/berlin/backfill",
      {"json": {"from": "0001-01-01", "to": "now"}}, 422, "from", '"0001-01-01" is out of range'),
     ("to year 9999", "POST", "/inspect/schedules/berlin/backfill/plan",

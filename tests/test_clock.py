@@ -145,11 +145,23 @@ def test_parse_when(text: str, zone: str, expected: str) -> None:
     assert parse_when(text, now=now, zone=zone).isoformat() == expected
 
 
-@pytest.mark.parametrize("text", ["", "yesterday", "-2x", "2026-13-01"])
+@pytest.mark.parametrize("text", ["", "yesterday", "-2x", "2026-13-01", "-٣d", "-１d"])  # (ASCII digits only)
 def test_parse_when_rejects_naming_the_value(text: str) -> None:
     with pytest.raises(BadInput) as info:
         parse_when(text, now=datetime(2026, 3, 2, tzinfo=UTC), field="--from")
     assert "--from" in info.value.message and (text in info.value.message)
+
+
+@pytest.mark.parametrize("text", ["-" + "9" * 5000 + "d", "+" + "9" * 13 + "s", "-1d" + "9" * 5000 + "h"])
+def test_an_offset_of_thousands_of_digits_is_out_of_range_not_a_crash(text: str) -> None:
+    # int() refuses past 4300 digits (ValueError): the API answered such a --from with a 500.
+    with pytest.raises(BadInput, match=r'^--from ".{60}…" is out of range \(1970 to 8999\)$|^--from "[^"]+" is out'):
+        parse_when(text, now=datetime(2026, 3, 2, tzinfo=UTC), field="--from")
+
+
+def test_an_offset_with_leading_zeros_is_its_value() -> None:
+    now = datetime(2026, 3, 2, 8, tzinfo=UTC)
+    assert parse_when("-" + "0" * 40 + "2d", now=now) == now - timedelta(days=2)
 
 
 def test_finishing_a_run_keeps_every_other_field() -> None:

@@ -632,6 +632,25 @@ def test_validation_messages(expr: str, zone: str | None, what: str) -> None:
     assert isinstance(caught.value, ValueError)
 
 
+@pytest.mark.parametrize(
+    ("expr", "what"),
+    [
+        ("9" * 5000 + " * * * *", "minute 99999999999999999999… out of range (0-59)"),
+        ("1-" + "9" * 5000 + " * * * *", "minute 99999999999999999999… out of range (0-59)"),
+        ("*/" + "9" * 5000 + " * * * *", 'step "99999999999999999999…" in minute is too large'),
+        ("0" * 30 + "5 * * * *", None),  # leading zeros are not digits too many
+    ],
+)
+def test_a_number_of_thousands_of_digits_is_refused_not_a_crash(expr: str, what: str | None) -> None:
+    # int() refuses past 4300 digits (ValueError): the API answered such a cron with a 500.
+    if what is None:
+        assert Cron(expr, "UTC").next(at("01-01 00:00")) == at("01-01 00:05")
+        return
+    with pytest.raises(CronError) as caught:
+        Cron(expr, "UTC")
+    assert str(caught.value) == f'invalid cron expression "{expr[:100]}…" (tz="UTC"): {what}'
+
+
 def test_the_documented_example_message() -> None:
     with pytest.raises(CronError, match=r'^invalid cron expression "0 25 \* \* \*" \(tz="UTC"\): '):
         Cron("0 25 * * *", "UTC")
