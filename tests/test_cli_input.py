@@ -96,6 +96,24 @@ def test_an_instance_name_that_is_not_utf8_is_refused_by_every_verb_and_serve(cl
     assert cli.log("hourly") == []
 
 
+TERMINAL_COMMAND = "x\x1b]0;PWNED\x07y\x1b[2J"  # retitles the window, then clears the screen
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["runs", TERMINAL_COMMAND], ["fire", TERMINAL_COMMAND], ["enable", TERMINAL_COMMAND],
+     ["disable", TERMINAL_COMMAND], ["schedules", "delete", TERMINAL_COMMAND],
+     ["locks", "release", TERMINAL_COMMAND]],  # (the last: its question, without --yes)
+    ids=lambda args: " ".join(args[:2]),
+)  # fmt: skip
+def test_a_name_quoted_in_a_refusal_never_reaches_the_terminal_as_a_command(cli: Cli, args: list[str]) -> None:
+    # "no schedule named ..." quoted the name as it came: its escape sequences ran in the
+    # operator's terminal.
+    line = refused(cli(*args))
+    assert "\x1b" not in line and "\x07" not in line, repr(line)
+    assert "x\\x1b]0;PWNED\\x07y\\x1b[2J" in line, line
+
+
 def test_a_printable_instance_name_is_recorded_on_the_run(cli: Cli) -> None:
     cli.ok("--instance", "web-1 (blue):42", "fire", "hourly")
     assert [run["instance"] for run in cli.runs("hourly")] == ["web-1 (blue):42"]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -45,6 +44,7 @@ from console.cli.main import (
     EXIT_USAGE,
     _print_json,
     _with_backend,
+    complain,
 )
 
 __all__ = ["Call", "Part", "Verb", "add_derived", "fields", "handlers", "items"]
@@ -441,7 +441,7 @@ def refusal(verb: Verb, arguments: Mapping[str, Any]) -> str:
     danger = verb.declared.danger
     assert danger is not None
     question, detail = danger.render(arguments)
-    return f"schedtui: {question} {detail} Not done: add --yes to confirm."
+    return f"{question} {detail} Not done: add --yes to confirm."
 
 
 async def run(verb: Verb, args: argparse.Namespace) -> int:
@@ -451,7 +451,7 @@ async def run(verb: Verb, args: argparse.Namespace) -> int:
     if verb.adapt is not None:
         arguments = verb.adapt(arguments)
     if verb.confirms and not args.yes:
-        print(refusal(verb, arguments), file=sys.stderr)
+        complain(refusal(verb, arguments))
         return EXIT_USAGE
 
     async def body(backend: Backend) -> int:
@@ -468,7 +468,7 @@ async def run(verb: Verb, args: argparse.Namespace) -> int:
         except Refused as exc:
             if verb.refused == EXIT_REFUSED:
                 raise  # the entry point's line and code
-            print(f"schedtui: {exc.message}", file=sys.stderr)
+            complain(exc.message)
             return verb.refused
         if getattr(args, "json", False):
             encoded = encode(result)

@@ -17,7 +17,6 @@ exits 1.
 from __future__ import annotations
 
 import json
-import sys
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -29,7 +28,7 @@ from backend.safetext import printable
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
 from console.cli.logs import FOLLOW, follow_log, no_json_follow, show_log
-from console.cli.main import EXIT_FAILURE, EXIT_OK
+from console.cli.main import EXIT_FAILURE, EXIT_OK, complain
 
 __all__ = ["DERIVED", "VERBS", "add_verbs", "detail_text", "jobs_table", "queues_table"]
 
@@ -169,7 +168,7 @@ def _show_cancelled(call: Call, cancelled: bool) -> None:
     if cancelled:
         print(f"cancelled {shown} in {queue}")
     else:
-        print(f"schedtui: no queued {shown.removeprefix('the ')} in {queue} (running, dead or gone)", file=sys.stderr)
+        complain(f"no queued {shown.removeprefix('the ')} in {queue} (running, dead or gone)")
 
 
 def _show_retried(call: Call, job: Job) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Final
 from backend import BadInput
 from backend.observability.logs import RunLog
 from console.cli.derive import Call
+from console.cli.main import complain
 
 __all__ = ["FOLLOW", "FOLLOW_EVERY_S", "follow_log", "no_json_follow", "show_log"]
 
@@ -64,10 +65,10 @@ async def follow_log(call: Call, log: RunLog) -> RunLog:
 
 def show_log(call: Call, log: RunLog) -> None:
     if call.args.follow:
-        print(f"schedtui: {_subject(log)}: {log.status}", file=sys.stderr)
+        complain(f"{_subject(log)}: {log.status}")
         return
     _write(log.text)
     if not log.size:
-        print(f"schedtui: {_subject(log)} wrote nothing ({log.status})", file=sys.stderr)
+        complain(f"{_subject(log)} wrote nothing ({log.status})")
     if log.running:
-        print(f"schedtui: {_subject(log)} is still running (--follow reads on)", file=sys.stderr)
+        complain(f"{_subject(log)} is still running (--follow reads on)")

@@ -52,7 +52,7 @@ from backend.model import (
     DEFAULT_STORE_URL,
     Run,
 )
-from backend.safetext import RedactingFormatter, printable, redact_url, remember_secret
+from backend.safetext import RedactingFormatter, escape_text, printable, redact_url, remember_secret
 from backend.scheduler.manifests import PROVIDERS, render_manifests
 from backend.store.migrations import summary
 from console import format as fmt
@@ -515,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:
-        print(str(exc), file=sys.stderr)
+        print(escape_text(str(exc)), file=sys.stderr)
         return EXIT_USAGE
     handler = _verbs()[args.command]
     try:
@@ -523,17 +523,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except (BadInput, NotFound, DefinitionError) as exc:
-        print(f"schedtui: {exc.message}", file=sys.stderr)
+        complain(exc.message)
         return EXIT_USAGE
     except Refused as exc:
-        print(f"schedtui: {exc.message}", file=sys.stderr)
+        complain(exc.message)
         return EXIT_REFUSED
     except Unauthorized as exc:
-        print(f"schedtui: {exc.message}: give the token with --token-file PATH or $SCHEDTUI_TOKEN", file=sys.stderr)
+        complain(f"{exc.message}: give the token with --token-file PATH or $SCHEDTUI_TOKEN")
         return EXIT_FAILURE
     except SchedtuiError as exc:
-        print(f"schedtui: {exc.message}", file=sys.stderr)
+        complain(exc.message)
         return EXIT_FAILURE
+
+
+def complain(message: str) -> None:
+    """``schedtui: message`` on stderr, its control characters and lone surrogates
+    escaped (``\\x1b``): a name, or a server's answer, quoted in a message never reaches
+    the terminal as a command (an escape sequence retitles the window, clears the screen)."""
+    print(f"schedtui: {escape_text(message)}", file=sys.stderr)
 
 
 def _engine(args: argparse.Namespace, *, create: bool = False, definitions_needed: bool = True, **kwargs: Any) -> Engine:
@@ -752,7 +759,7 @@ async def _run_console(app: Any, backend: Backend) -> int:
         try:
             await asyncio.wait_for(backend.close(), CONSOLE_GRACE + 10)
         except (TimeoutError, SchedtuiError) as exc:
-            print(f"schedtui: {exc}", file=sys.stderr)
+            complain(str(exc))
     return EXIT_OK
 
 
