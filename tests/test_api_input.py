@@ -111,6 +111,13 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("a misspelt note", "POST", "/inspect/schedules/berlin/disable", {"json": {"notes": "x"}}, 422, "notes", '"notes"'),
     ("a misspelt backfill field", "POST", "/inspect/schedules/berlin/backfill",
      {"json": {"from": "-1h", "to": "now", "confrim": True}}, 422, "confrim", '"confrim"'),
+    # So are query parameters: a misspelt filter ignored listed everything as if filtered.
+    ("a misspelt status filter", "GET", "/inspect/queues/mail/jobs", {"params": {"stauts": "dead"}}, 422, "stauts",
+     'unknown query parameter(s) "stauts" (known: '),
+    ("a query parameter given twice", "GET", "/inspect/queues/mail/jobs",
+     {"params": [("status", "queued"), ("status", "dead")]}, 422, "status", "status is given 2 times"),
+    ("a query parameter on a route that takes none", "POST", "/inspect/schedules/berlin/disable",
+     {"params": {"note": "x"}, "json": {}}, 422, "note", "(it takes none)"),
     # Numbers in ASCII digits only: int() would read other scripts' digits, and 1_0.
     ("an Arabic-Indic digit as a limit", "GET", "/inspect/audit", {"params": {"limit": "\u0663"}}, 422, "limit",
      "is not a whole number"),

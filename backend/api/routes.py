@@ -77,6 +77,7 @@ async def _arguments(api: Api, action: Action, request: Request) -> dict[str, An
             if any(isinstance(limit, Known) for limit in param.limits):
                 await backend.schedule_zone(value)
             arguments[param.name] = value
+    _check_query_names(action, request)
     for key, wanted in http.fixed.items():
         given = request.query_params.get(key)
         if given != wanted:
@@ -113,6 +114,23 @@ async def _arguments(api: Api, action: Action, request: Request) -> dict[str, An
         else:
             arguments[param.name] = raw
     return arguments
+
+
+def _check_query_names(action: Action, request: Request) -> None:
+    """Refuse a query parameter the route does not know (``?stauts=dead`` ignored would
+    list every job as if filtered) and one given twice that is not a list (which one counts
+    would be a guess), as the body's unknown fields are refused."""
+    http, query = action.http, request.query_params
+    lists = {http.wire_name(p.name) for p in action.params if http.where(p.name) == "query" and get_origin(p.base) is list}
+    known = {http.wire_name(p.name) for p in action.params if http.where(p.name) == "query"} | set(http.fixed)
+    unknown = sorted(set(query.keys()) - known)
+    if unknown:
+        shown = ", ".join(f'"{printable(name, 60)}"' for name in unknown)
+        what = f"(known: {', '.join(sorted(known))})" if known else "(it takes none)"
+        raise BadInput(f"unknown query parameter(s) {shown} {what}", field=printable(unknown[0], 60))
+    for wire in sorted(known - lists):
+        if len(query.getlist(wire)) > 1:
+            raise BadInput(f"the query parameter {wire} is given {len(query.getlist(wire))} times (give it once)", field=wire)
 
 
 def _query_value(request: Request, param: Param, wire: str) -> Any:
