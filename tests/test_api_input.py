@@ -45,6 +45,8 @@ DEEP = 20_000  # 40 KB: under the body limit, far past any recursion limit
 CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("deeply nested JSON", "POST", "/inspect/schedules/berlin/disable",
      {"content": b'{"note": ' + b"[" * DEEP + b"]" * DEEP + b"}"}, 422, "body", "nested too deeply"),
+    ("a body in UTF-16", "POST", "/inspect/schedules/berlin/disable",
+     {"content": '{"note": "x"}'.encode("utf-16")}, 422, "body", "not valid JSON"),
     ("a NUL in a note", "POST", "/inspect/schedules/berlin/disable",
      {"content": b'{"note": "on call\\u0000"}'}, 422, "note", "\\x00"),
     ("a lone surrogate in a note", "POST", "/inspect/schedules/berlin/disable",

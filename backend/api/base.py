@@ -175,7 +175,7 @@ class Api:
         if not raw.strip():
             return {}
         try:
-            data = json.loads(raw)
+            data = json.loads(raw.decode("utf-8-sig"))  # (bytes to json.loads would take UTF-16 and -32 too)
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadInput(f"the body is not valid JSON ({exc})", field="body") from None
         except RecursionError:
