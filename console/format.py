@@ -170,8 +170,17 @@ def echoing(message: str, *values: str) -> str:
     (what the operator typed) that it repeats and that is longer than :data:`ECHO_CHARS`
     cut as :func:`echo` cuts it; the message still names the value."""
     for value in sorted(set(values), key=len, reverse=True):
-        if len(value) > ECHO_CHARS and value in message:
+        if len(value) <= ECHO_CHARS:
+            continue
+        if value in message:
             message = message.replace(value, echo(value))
+            continue
+        # Repeated already cut short, as "its beginning…" (the cron's message cuts at 100).
+        start = message.find(value[:ECHO_CHARS])
+        if start >= 0:
+            common = len(os.path.commonprefix([message[start:], value]))
+            if message[start + common : start + common + 1] == "…":
+                message = message[:start] + echo(value) + message[start + common + 1 :]
     return message
 
 

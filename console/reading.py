@@ -13,7 +13,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textual import work
 from textual.app import App
 from textual.css.query import NoMatches
 from textual.message import Message
@@ -27,6 +26,7 @@ from console.fleet import Fleet, fleet_of
 from console.heap import Collector, freeze_heap
 from console.link import Link
 from console.widgets import ConsoleHeader, FleetBanner
+from console.workers import work
 
 if TYPE_CHECKING:
     from console.views import View
@@ -110,7 +110,7 @@ class Reading(App[None]):
         else:
             self.refresh_data()
 
-    @work(group="refresh", exit_on_error=False)
+    @work(group="refresh")
     async def refresh_data(self) -> None:
         """Connect if need be, then read the schedules, the heartbeats (every few seconds)
         and what the view on screen shows."""
@@ -200,7 +200,7 @@ class Reading(App[None]):
         except NotFound:  # a server older than this console
             self.alerting = None
 
-    @work(group="alerts", exclusive=True, exit_on_error=False)
+    @work(group="alerts", exclusive=True)
     async def refresh_alerts(self) -> None:
         """Read the alert count alone (an alert changed)."""
         try:
@@ -219,7 +219,7 @@ class Reading(App[None]):
         header.alerting = self.alerting
         self.query_one(FleetBanner).fleet = self.fleet
 
-    @work(group="instances", exclusive=True, exit_on_error=False)
+    @work(group="instances", exclusive=True)
     async def refresh_instances(self) -> None:
         """Read the heartbeats alone (while change signals keep the rest fresh)."""
         self.link.instances_at = self.clock.now()  # once per period, even when it fails

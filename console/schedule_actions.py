@@ -12,7 +12,6 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from textual import work
 from textual.app import App
 
 from backend.client.interface import Backend, ConnectionInfo
@@ -25,6 +24,7 @@ from console.screens.confirm import Confirm
 from console.screens.prompt import NotePrompt
 from console.screens.quit import QuitPrompt
 from console.views.schedules import SchedulesView
+from console.workers import work
 
 if TYPE_CHECKING:
     from console.views import View
@@ -77,7 +77,7 @@ class ScheduleActions(App[None]):
         if view is not None:
             self._run_now(view.name)
 
-    @work(group="action", exit_on_error=False)
+    @work(group="action")
     async def _run_now(self, name: str) -> None:
         try:
             run = await self.backend.run_now(name)
@@ -93,7 +93,7 @@ class ScheduleActions(App[None]):
         self._follow_run(run, name)
         self.request_refresh()
 
-    @work(group="follow", exit_on_error=False)
+    @work(group="follow")
     async def _follow_run(self, run: Run, name: str) -> None:
         try:
             final = await self.backend.wait_run(run.id)
@@ -131,7 +131,7 @@ class ScheduleActions(App[None]):
         self._toggling[name] = mine
         self._send_enabled(name, mine, note, clears)
 
-    @work(group="action", exit_on_error=False)
+    @work(group="action")
     async def _send_enabled(self, name: str, mine: tuple[int, bool], note: str | None, clears: StateNote | None) -> None:
         enabled = mine[1]
         try:
@@ -171,7 +171,7 @@ class ScheduleActions(App[None]):
             return started_here[0] if started_here else None
         return running[0] if running else None
 
-    @work(group="backfill-open", exclusive=True, exit_on_error=False)
+    @work(group="backfill-open", exclusive=True)
     async def _open_backfill(self, view: ScheduleView) -> None:
         try:
             running = await self._running_backfill(view.name)
@@ -210,7 +210,7 @@ class ScheduleActions(App[None]):
             return
         self._stop_backfill(view)
 
-    @work(group="backfill-open", exclusive=True, exit_on_error=False)
+    @work(group="backfill-open", exclusive=True)
     async def _stop_backfill(self, view: ScheduleView) -> None:
         try:
             progress = await self._running_backfill(view.name)
@@ -231,7 +231,7 @@ class ScheduleActions(App[None]):
 
         self.push_screen(Confirm.of("cancel_backfill", {"backfill_id": progress.id}, facts=facts), answer)
 
-    @work(group="action", exit_on_error=False)
+    @work(group="action")
     async def _cancel_backfill(self, backfill_id: str) -> None:
         try:
             progress = await self.backend.cancel_backfill(backfill_id)
@@ -268,7 +268,7 @@ class ScheduleActions(App[None]):
 
         self.push_screen(QuitPrompt(running, embedded=embedded), answer)
 
-    @work(group="action", exit_on_error=False)
+    @work(group="action")
     async def _cancel_backfills_and_quit(self, running: list[BackfillProgress]) -> None:
         for progress in running:
             try:

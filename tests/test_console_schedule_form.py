@@ -207,6 +207,27 @@ async def test_a_refusal_from_the_backend_names_the_value_and_keeps_the_form(sto
         assert app.view_of("hourly-report") is None and app.view_of("heartbeat") is not None
 
 
+async def test_what_a_worker_did_not_expect_is_a_notification_and_keeps_the_form(store_url: str) -> None:
+    """The form's worker caught the backend's refusals only: anything else (the remote
+    client's ValueError for a payload of 1e309, since fixed) vanished into Textual's log,
+    and ctrl+s did nothing, without a word. Every console worker now says what escaped it."""
+    async with schedules_view(store_url) as (app, pilot, notes, backend):
+
+        async def breaks(spec: Any) -> Any:
+            backend.calls.append(("create", dict(spec)))
+            raise ValueError("Out of range float values are not JSON compliant")
+
+        backend.create_schedule = breaks  # type: ignore[method-assign]  # a client bug, reached
+        await pilot.press("n")
+        await settle(pilot)
+        await fill(pilot, name="reap-sessions", cron="0 9 * * 1")
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert len(backend.calls) == 1 and isinstance(app.screen, ScheduleForm)
+        assert notes.titled("Unexpected error") == ["ValueError: Out of range float values are not JSON compliant"]
+        assert app.screen.query_one("#name", Input).value == "reap-sessions"
+
+
 async def test_a_long_bad_value_is_named_cut_short_in_the_notification(store_url: str) -> None:
     """A long value typed or pasted into a field and refused is repeated up to
     fmt.ECHO_CHARS, then an ellipsis (the notification repeated all of it): the console's

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -36,6 +36,7 @@ from console.screens.confirm import Confirm
 from console.widgets.bounded import LINE_CHARS, NUMBER_CHARS, BoundedInput
 from console.widgets.button import PressButton
 from console.widgets.tickbox import TickBox
+from console.workers import work
 
 __all__ = ["BackfillScreen", "PlanState"]
 
@@ -300,7 +301,7 @@ class BackfillScreen(ModalScreen[None]):
         self.state = "planning"
         self._plan(start, end)
 
-    @work(exclusive=True, group="plan", exit_on_error=False)
+    @work(exclusive=True, group="plan")
     async def _plan(self, start: datetime, end: datetime) -> None:
         try:
             # Planned as if confirmed: the dialog asks for the count itself.
@@ -412,7 +413,7 @@ class BackfillScreen(ModalScreen[None]):
         # The range shown, not the fields read again: "now" must not move under the operator.
         self._start(plan.start, plan.end, skip)
 
-    @work(exclusive=True, group="backfill", exit_on_error=False)
+    @work(exclusive=True, group="backfill")
     async def _start(self, start: datetime, end: datetime, skip: bool = False) -> None:
         try:
             progress = await self.backend.start_backfill(self.view.name, start, end, confirm=True, skip_succeeded=skip)
@@ -425,9 +426,9 @@ class BackfillScreen(ModalScreen[None]):
         if self.on_started is not None:
             self.on_started(progress)
         # The follow-up runs on the app, so it outlives this dialog if the operator closes it.
-        self.app.run_worker(self._follow(progress), group="backfill-follow", exit_on_error=False)
+        self.app.run_worker(self._follow(progress), group="backfill-follow")
 
-    @work(group="backfill-poll", exit_on_error=False)
+    @work(group="backfill-poll")
     async def _poll(self) -> None:
         try:
             if self.state != "running" or self.progress is None:
@@ -460,7 +461,7 @@ class BackfillScreen(ModalScreen[None]):
 
         self.app.push_screen(Confirm.of("cancel_backfill", {"backfill_id": progress.id}, facts=facts), answer)
 
-    @work(exclusive=True, group="backfill-stop", exit_on_error=False)
+    @work(exclusive=True, group="backfill-stop")
     async def _stop(self, backfill_id: str) -> None:
         try:
             progress = await self.backend.cancel_backfill(backfill_id)

@@ -3,7 +3,6 @@ schedule's own zone and UTC; scrollable, with room for a traceback."""
 
 from __future__ import annotations
 
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -18,6 +17,7 @@ from backend.model import Run
 from console import format as fmt
 from console.widgets.palette import OUTCOME_COLORS, STATUS_COLORS
 from console.widgets.runs import lag
+from console.workers import work
 
 __all__ = ["RunDetails"]
 
@@ -63,7 +63,7 @@ class RunDetails(ModalScreen[None]):
     def on_mount(self) -> None:
         self.reload()
 
-    @work(exclusive=True, group="details", exit_on_error=False)
+    @work(exclusive=True, group="details")
     async def reload(self) -> None:
         try:
             run = await self.backend.get_run(self.run_data.id)

@@ -8,7 +8,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -25,6 +25,7 @@ from console import format as fmt
 from console.widgets.bounded import NUMBER_CHARS, BoundedInput, BoundedTextArea
 from console.widgets.button import PressButton
 from console.widgets.jobs import JOB_STATUS_COLORS, job_when
+from console.workers import work
 
 __all__ = ["JobDetails", "RETRY_CONFIRM_ABOVE", "SendJobScreen", "TypedCount"]
 
@@ -81,7 +82,7 @@ class JobDetails(ModalScreen[None]):
         if job is not None and job.status != "dead":
             self.query_one("#job-body", Static).update(self._body())
 
-    @work(exclusive=True, group="job-details", exit_on_error=False)
+    @work(exclusive=True, group="job-details")
     async def reload(self) -> None:
         try:
             self.detail = await self.backend.get_job(self.job.id)
@@ -341,7 +342,7 @@ class SendJobScreen(ModalScreen[Sent | None]):
         if fields is not None:
             self._send(*fields)
 
-    @work(exclusive=True, group="send-job", exit_on_error=False)
+    @work(exclusive=True, group="send-job")
     async def _send(self, payload: Any, delay: float, attempts: int | None, key: str | None) -> None:
         try:
             sent = await self.backend.send_job(self.queue, payload, delay=delay, attempts=attempts, key=key)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Final
 
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -23,6 +22,7 @@ from textual.widgets import Log, Static
 from backend.errors import SchedtuiError
 from backend.observability.logs import RunLog
 from console import format as fmt
+from console.workers import work
 
 __all__ = ["FOLLOW_EVERY_S", "LogScreen"]
 
@@ -80,7 +80,7 @@ class LogScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         self.reload()
 
-    @work(exclusive=True, group="log", exit_on_error=False)
+    @work(exclusive=True, group="log")
     async def reload(self) -> None:
         """Read what came since the last read, append it, and follow while it runs."""
         try:

@@ -17,7 +17,7 @@ from functools import cache
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, available_timezones
 
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -36,6 +36,7 @@ from console import format as fmt
 from console.widgets.bounded import LINE_CHARS, BoundedInput
 from console.widgets.button import PressButton
 from console.widgets.tickbox import TickBox
+from console.workers import work
 
 __all__ = ["DEFINED_IN_CODE", "PREVIEW_COUNT", "SHOWN_PAYLOAD", "ScheduleForm", "defined_in_code", "stored_fields"]
 
@@ -401,7 +402,7 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
             return
         self._update(view.name, changes)
 
-    @work(exclusive=True, group="schedule-form", exit_on_error=False)
+    @work(exclusive=True, group="schedule-form")
     async def _create(self, spec: dict[str, Any]) -> None:
         try:
             view = await self.backend.create_schedule(spec)
@@ -410,7 +411,7 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
             return
         self.dismiss(view)
 
-    @work(exclusive=True, group="schedule-form", exit_on_error=False)
+    @work(exclusive=True, group="schedule-form")
     async def _update(self, name: str, changes: dict[str, Any]) -> None:
         try:
             view = await self.backend.update_schedule(name, changes)

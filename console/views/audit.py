@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from rich.style import Style
 from rich.text import Text
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import DataTable, Static
@@ -21,6 +21,7 @@ from console.views.base import View, details_key, filter_key
 from console.widgets.line import Line
 from console.widgets.palette import theme_color
 from console.widgets.schedules import FreshTable
+from console.workers import work
 
 __all__ = ["AUDIT_PAGE", "AuditTable", "AuditView", "detail_text", "entry_matches"]
 
@@ -162,7 +163,7 @@ class AuditView(View):
         older = [e for e in self.entries if e.id < oldest_new]
         self.entries = page.entries + older
 
-    @work(exclusive=True, group="audit-older", exit_on_error=False)
+    @work(exclusive=True, group="audit-older")
     async def action_older_entries(self) -> None:
         """``]``: read the next older entries."""
         if self.next_before is None:

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from rich.style import Style
 from rich.text import Text
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import DataTable, Static
@@ -27,6 +27,7 @@ from console.views.base import View, details_key, filter_key
 from console.widgets.line import Line
 from console.widgets.palette import theme_color
 from console.widgets.schedules import FreshTable
+from console.workers import work
 
 __all__ = ["EXECUTIONS_PAGE", "DurableView", "ExecutionsTable", "execution_matches"]
 
@@ -222,7 +223,7 @@ class DurableView(View):
             return
         self._open_steps(execution.id)
 
-    @work(group="durable-steps", exclusive=True, exit_on_error=False)
+    @work(group="durable-steps", exclusive=True)
     async def _open_steps(self, execution_id: str) -> None:
         try:
             execution = await self.console.backend.get_execution(execution_id)
@@ -273,7 +274,7 @@ class DurableView(View):
 
         self.app.push_screen(SignalPrompt(execution, name), send)
 
-    @work(group="durable-action", exit_on_error=False)
+    @work(group="durable-action")
     async def _send(self, execution_id: str, name: str, payload: Any) -> None:
         try:
             sent = await self.console.backend.signal_execution(execution_id, name, payload)
@@ -301,7 +302,7 @@ class DurableView(View):
         facts = [f"{execution.function}, {execution.status}" + (f", at step {execution.current_step}" if execution.current_step else "")]
         self.app.push_screen(Confirm.of("cancel_execution", {"execution_id": execution.id}, facts=facts), confirmed)
 
-    @work(group="durable-action", exit_on_error=False)
+    @work(group="durable-action")
     async def _cancel(self, execution_id: str) -> None:
         try:
             execution = await self.console.backend.cancel_execution(execution_id)
@@ -323,7 +324,7 @@ class DurableView(View):
             return
         self._retry(execution.id)
 
-    @work(group="durable-action", exit_on_error=False)
+    @work(group="durable-action")
     async def _retry(self, execution_id: str) -> None:
         try:
             execution = await self.console.backend.retry_execution(execution_id)

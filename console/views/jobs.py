@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import ClassVar, Final
 
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import DataTable
@@ -30,6 +30,7 @@ from console.screens.log import LogScreen
 from console.views.base import View, details_key
 from console.widgets.jobs import JobsTable, QueuesTable
 from console.widgets.line import Line
+from console.workers import work
 
 __all__ = ["JOBS_PAGE", "JobsView", "STATUS_CYCLE"]
 
@@ -104,7 +105,7 @@ class JobsView(View):
             self.page = await backend.list_jobs(self.selected_queue, status=self.status, limit=JOBS_PAGE, before=before)
             self._page_of = (self.selected_queue, self.status, before)
 
-    @work(exclusive=True, group="jobs", exit_on_error=False)
+    @work(exclusive=True, group="jobs")
     async def load_jobs(self) -> None:
         """Read the page of jobs for the selected queue and status (a selection changed)."""
         queue, status, before = self.selected_queue, self.status, self._pages[-1]
@@ -274,9 +275,11 @@ class JobsView(View):
             if not dead:
                 self.notify("No dead job shown.", severity="information")
                 return
+            chosen: str = queue  # (narrowed for the closure)
+
             def answer(go: bool | None) -> None:
                 if go:
-                    self._retry(queue, [j.id for j in dead])
+                    self._retry(chosen, [j.id for j in dead])
 
             question = f"Retry the {len(dead)} dead jobs shown of {queue}?"
             detail = "Each goes back in the queue with fresh attempts."
@@ -294,7 +297,7 @@ class JobsView(View):
             return
         self._retry(queue, [job.id])
 
-    @work(group="jobs-action", exit_on_error=False)
+    @work(group="jobs-action")
     async def _retry(self, queue: str, ids: list[str]) -> None:
         done = 0
         for job_id in ids:
@@ -322,7 +325,7 @@ class JobsView(View):
         facts = [f"It is {job.status}, try {job.attempt}/{job.max_attempts}" + (f", key {job.key}" if job.key else "") + "."]
         self.app.push_screen(Confirm.of("delete_job", {"queue": queue, "job_id": job.id}, facts=facts), answer)
 
-    @work(group="jobs-action", exit_on_error=False)
+    @work(group="jobs-action")
     async def _delete(self, queue: str, job: Job) -> None:
         try:
             await self.console.backend.delete_job(queue, job.id)
@@ -340,7 +343,7 @@ class JobsView(View):
         view = next((q for q in self.queues if q.name == queue), None)
         self._pause(queue, not (view.paused if view is not None else False))
 
-    @work(group="jobs-action", exit_on_error=False)
+    @work(group="jobs-action")
     async def _pause(self, queue: str, paused: bool) -> None:
         try:
             view = await self.console.backend.set_queue_paused(queue, paused)

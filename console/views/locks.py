@@ -7,7 +7,6 @@ from datetime import datetime
 from typing import ClassVar
 
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
 from textual.content import Content
 
@@ -20,6 +19,7 @@ from console.views.base import View
 from console.widgets.line import Line
 from console.widgets.palette import theme_color
 from console.widgets.schedules import FreshTable
+from console.workers import work
 
 __all__ = ["LocksTable", "LocksView"]
 
@@ -186,7 +186,7 @@ class LocksView(View):
 
         console.push_screen(Confirm.of("release_lock", {"name": lock.name}, facts=[held]), answer)
 
-    @work(group="action", exit_on_error=False)
+    @work(group="action")
     async def _release(self, name: str) -> None:
         console = self.console
         try:

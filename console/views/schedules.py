@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import DataTable
@@ -32,6 +32,7 @@ from console.screens.schedule_form import DEFINED_IN_CODE, ScheduleForm, defined
 from console.views.base import SCHEDULE_KEYS, View, details_key, filter_key
 from console.widgets import DetailBar, RecentRuns, RunsTable, SchedulesTable, UpcomingLine
 from console.widgets.line import Line
+from console.workers import work
 
 __all__ = ["PAGE_SIZE", "SchedulesView", "last_status_is"]
 
@@ -143,7 +144,7 @@ class SchedulesView(View):
         page = recent if before is None else await backend.list_runs(name, limit=PAGE_SIZE, before=before)
         return recent, page, await backend.upcoming(name, 5)
 
-    @work(exclusive=True, group="detail", exit_on_error=False)
+    @work(exclusive=True, group="detail")
     async def load_detail(self, name: str) -> None:
         """Read the selected schedule's newest runs (or the page on screen) and next slots."""
         try:
@@ -354,7 +355,7 @@ class SchedulesView(View):
         self.app.push_screen(form, saved)
         self._offer_targets(form)
 
-    @work(exclusive=True, group="schedule-form-open", exit_on_error=False)
+    @work(exclusive=True, group="schedule-form-open")
     async def _offer_targets(self, form: ScheduleForm) -> None:
         console = self.console
         backend = console.backend
@@ -407,7 +408,7 @@ class SchedulesView(View):
         facts = [f"It starts {view.target.kind} {view.target.name} on every slot."] if view.target is not None else []
         self.app.push_screen(Confirm.of("delete_schedule", {"name": view.name}, facts=facts), answer)
 
-    @work(group="schedule-delete", exit_on_error=False)
+    @work(group="schedule-delete")
     async def _delete(self, name: str) -> None:
         console = self.console
         self._deleting = name  # (a refresh may show its row gone before the answer is here)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime
 
-from textual import on, work
+from textual import on
 from textual.app import ComposeResult
 from textual.content import Content
 
@@ -20,6 +20,7 @@ from console.widgets import TimelineGrid
 from console.widgets.line import Line
 from console.widgets.palette import KIND_MEANINGS
 from console.widgets.runs import run_duration
+from console.workers import work
 
 __all__ = ["OverdueNames", "TimelineView"]
 
@@ -129,7 +130,7 @@ class TimelineView(View):
         )
         self.runs, self.loaded_for = found, (window, frozenset(names))
 
-    @work(exclusive=True, group="timeline", exit_on_error=False)
+    @work(exclusive=True, group="timeline")
     async def reload(self) -> None:
         """Read again for what is on screen now (after a pan, a zoom or a scroll)."""
         try:

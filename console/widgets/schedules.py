@@ -25,7 +25,7 @@ from rich.padding import Padding
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
-from textual import events, work
+from textual import events
 from textual._types import SegmentLines
 from textual.binding import Binding, BindingType
 from textual.cache import LRUCache
@@ -41,6 +41,7 @@ from backend.model import Run, ScheduleView
 from console import format as fmt
 from console.fleet import CronCache, Overdue
 from console.widgets.palette import OUTCOME_COLORS, status_style, theme_color
+from console.workers import work
 
 __all__ = [
     "BATCH_PAUSE",
@@ -607,7 +608,7 @@ class SchedulesTable(FreshTable):
             self._repaint = False
             self.refresh()
 
-    @work(group="catch-up", exclusive=True, exit_on_error=False)
+    @work(group="catch-up", exclusive=True)
     async def _catch_up_off_screen(self) -> None:
         """The stale rows, a batch at a time (what scrolled on screen meanwhile first).
         Not while the table is hidden (another view on screen): those batches only slowed
