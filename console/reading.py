@@ -325,7 +325,8 @@ class Reading(App[None]):
         header.now = self.clock.now()
         self.query_one("#main").add_class("-stale")
         if first:
-            self.notify(f"{exc.message}. Retrying by itself; the data on screen is stale.", title=exc.title,
+            said = exc.message if exc.message.endswith((".", "?", "!")) else f"{exc.message}."  # (a sentence of its own)
+            self.notify(f"{said} Retrying by itself; the data on screen is stale.", title=exc.title,
                         severity="error", markup=False)
 
     def _token_refused(self, exc: SchedtuiError) -> None:

@@ -162,3 +162,44 @@ def start_server(cwd: Path, *args: str, env: dict[str, str] | None = None, timeo
             return Server(process, line.split()[-1].strip(), log)
     process.kill()
     raise AssertionError(f"schedtui serve did not start:\n{log.read_text()}")
+
+
+#: What a schedtui server's ``GET /inspect/info`` answers (backend/api/app.py), for a
+#: :func:`json_server` that gets as far as the client's first read.
+INSPECT_INFO = {"instance": "web-1:4242", "coordination": "single", "store_kind": "sqlite", "access": "operate",
+                "actor": "alice", "now": "2026-03-02T08:00:00Z",
+                "systems": ["schedules", "jobs", "durable", "locks", "audit", "alerts", "health"]}
+
+
+@contextlib.contextmanager
+def json_server(answer: Callable[[str, str], object]) -> Iterator[str]:
+    """A real HTTP server on loopback that is not schedtui's (another service at the URL an
+    operator gave, a proxy's status page): every request, whatever its method and path, is
+    answered 200 with ``answer(method, path)`` as JSON. Yields its URL."""
+    import http.server
+    import json
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _answer(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps(answer(self.command, self.path)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _answer
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

@@ -32,6 +32,7 @@ from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.definitions import discover_definitions
 from backend.durable.service import parse_json_option
+from tests.servers import INSPECT_INFO, json_server, start_server
 from tests.test_cli import SCHEDULES, Cli, child_env, create_store, write_tree
 
 DEEP = "[" * 10_000 + "]" * 10_000
@@ -382,6 +383,119 @@ def test_numbers_in_ascii_forms_are_taken(cli: Cli, delay: str) -> None:
     )})  # fmt: skip
     sent = json.loads(cli.ok("jobs", "send", "mailer", "--delay", delay, "--attempts", "2", "--json").stdout)
     assert sent["id"]
+
+
+# ---------------------------------------------------------------------------------------
+# --url: what no request can carry, and a server that answers what schedtui cannot read
+# ---------------------------------------------------------------------------------------
+REMOTE_TOKEN = "op-remote-input"
+MAILER = {"mailer.jobs.py": "from backend import define_queue\nmailer = define_queue(name='mailer', handler=print)\n"}
+
+
+@pytest.fixture
+def served(cli: Cli) -> Iterator[list[str]]:
+    """A real ``schedtui serve`` on the CLI's own store (a queue too): the options that
+    point a verb at it."""
+    write_tree(cli.root / "schedules", MAILER)
+    (cli.root / "op.token").write_text(REMOTE_TOKEN)
+    server = start_server(cli.root, "--schedules", "schedules", "--store", cli.store, "--token", f"alice={REMOTE_TOKEN}")
+    yield ["--url", server.url, "--token-file", str(cli.root / "op.token")]
+    assert server.stop() == 0, server.log_text()
+    assert "Traceback" not in server.log_text(), server.log_text()
+
+
+NOT_UTF8 = "a\udcffb"  # what the bytes a\xffb of a command line become
+NAMED = [["enable"], ["disable"], ["schedules", "delete"], ["schedules", "update", "--description", "x"],
+         ["durable", "start"]]
+
+
+def test_a_name_that_is_not_utf8_is_refused_remotely_as_locally(cli: Cli, served: list[str]) -> None:
+    """The remote client quoted such a name into the request's path, and the encoder's
+    UnicodeEncodeError went up as a traceback (exit 1); a local store says that no such
+    schedule exists (exit 2). Now the client refuses it before anything is sent, naming the
+    field and the value, escaped, as every text field is refused (exit 2)."""
+    for verb in NAMED:
+        local = refused(cli(*verb, NOT_UTF8))
+        assert '"a\\udcffb"' in local, local
+        line = refused(cli(*verb, NOT_UTF8, *served, store=False))
+        field = "function" if verb[0] == "durable" else "name"
+        assert line.startswith(f'schedtui: {field} "a\\udcffb" holds \\udcff at position 1, which is not text'), line
+    line = refused(cli("durable", "signal", "01M91WS9V65X1GQNEAYQZVK8HQ", "g\udcffo", *served, store=False))
+    assert line.startswith('schedtui: name "g\\udcffo" holds \\udcff at position 1'), line
+    # The bytes themselves, through a real process's argv.
+    line = refused(real(cli, b"enable", b"a\xffb", *(arg.encode() for arg in served), store=False))
+    assert line.startswith('schedtui: name "a\\udcffb" holds \\udcff'), line
+    assert cli.json("audit") == []  # nothing reached the server
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["schedules", "create", "inf1", "--cron", "@daily", "--timezone", "UTC", "--queue", "mailer",
+          "--payload", '{"a": 1e309}'], "payload"),
+        (["schedules", "create", "nan1", "--cron", "@daily", "--timezone", "UTC", "--queue", "mailer",
+          "--alert", '{"late": NaN}'], "alert"),
+        (["schedules", "update", "stored", "--payload", "[Infinity]"], "payload"),
+        (["schedules", "update", "stored", "--payload", "[-Infinity]"], "payload"),
+    ],
+)  # fmt: skip
+def test_nan_or_infinity_in_a_schedule_is_refused_remotely_as_locally(
+    cli: Cli, served: list[str], args: list[str], field: str
+) -> None:
+    """The remote client handed them to its JSON encoder, whose ValueError went up as a
+    traceback (exit 1); locally they are "payload is not JSON (...)" (exit 2)."""
+    cli.ok("schedules", "create", "stored", "--cron", "@daily", "--timezone", "UTC", "--queue", "mailer")
+    line = refused(cli(*args, *served, store=False))
+    assert line.startswith(f"schedtui: {field} is not JSON (Out of range float values"), line
+    assert line == refused(cli(*args))
+    names = {view["name"]: view for view in cli.json("list")}
+    assert "inf1" not in names and "nan1" not in names and names["stored"]["payload"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"), [({"status": "ok"}, 'no field "coordination"'), ([], "an array where an object was due")]
+)
+def test_a_server_that_answers_json_of_another_kind_is_one_line(cli: Cli, body: object, problem: str) -> None:
+    """A server answering 200 {"status": "ok"} (or an array) to everything: the client read
+    its /inspect/info as schedtui's and ended with a KeyError (an AttributeError) traceback.
+    Now it is the client's error for a server it cannot use, as for an answer without JSON:
+    one line naming the route and what was wrong, exit code 1."""
+    with json_server(lambda method, path: body) as url:
+        for verb in (["list"], ["fire", "hourly"], ["disable", "hourly"]):
+            done = cli(*verb, "--url", url, store=False)
+            assert done.returncode == 1 and done.stdout == "", done
+            (line,) = done.stderr.splitlines()
+            assert line == (f"schedtui: {url} answered GET /inspect/info with JSON schedtui cannot read ({problem}); "
+                            "is it a schedtui server?")
+
+
+ID = "01M91WS9V65X1GQNEAYQZVK8HQ"
+REMOTE_VERBS = [
+    ["list"], ["runs", "hourly"], ["logs", ID], ["fire", "hourly"], ["enable", "hourly"], ["disable", "hourly"],
+    ["backfill", "hourly", "--from", "-2h", "--to", "now", "--yes"],
+    ["schedules", "create", "n", "--cron", "@daily", "--timezone", "UTC", "--queue", "q"],
+    ["schedules", "update", "n", "--description", "d"], ["schedules", "delete", "n"],
+    ["queues"], ["queues", "pause", "q"], ["jobs", "list", "q"], ["jobs", "send", "q"], ["jobs", "show", ID],
+    ["jobs", "logs", ID], ["jobs", "cancel", "q", ID], ["jobs", "retry", "q", ID], ["jobs", "delete", "q", ID],
+    ["durable", "list"], ["durable", "show", ID], ["durable", "start", "f"], ["durable", "signal", ID, "go"],
+    ["durable", "cancel", ID], ["durable", "retry", ID], ["locks"], ["locks", "release", "l", "--yes"],
+    ["audit"], ["alerts"], ["instances"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body", [{}, None, [], {"deleted": False}])
+def test_every_remote_verb_says_an_answer_of_another_shape_in_one_line(cli: Cli, body: object) -> None:
+    """Past a real /inspect/info, every other route answered {} (null, []): each verb ended
+    with a KeyError, TypeError or AttributeError traceback, and a delete took any 200 for
+    done. Each now names the route it asked and what it got instead."""
+    answer = lambda method, path: INSPECT_INFO if path == "/inspect/info" else body  # noqa: E731
+    with json_server(answer) as url:
+        for verb in REMOTE_VERBS:
+            done = cli(*verb, "--url", url, store=False)
+            assert done.returncode == 1 and done.stdout == "", (verb, done)
+            (line,) = done.stderr.splitlines()
+            assert line.startswith(f"schedtui: {url} answered ") and line.endswith("; is it a schedtui server?"), line
+            assert " with JSON schedtui cannot read (" in line, line  # not "without JSON": null is JSON
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,14 +1,22 @@
-"""``connect()`` and ``connect_sync()``: acting on a store from any process, no engine running."""
+"""``connect()`` and ``connect_sync()``: acting on a store from any process, no engine
+running; and the remote client (:class:`RemoteBackend`, what ``--url`` and a remote
+console use) on what it sends and what it reads, against real HTTP servers."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import textwrap
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from backend import Engine, ManualClock, RunContext, connect, connect_sync, define_schedule
-from backend.errors import NotFound
+from backend.client.actions import ACTIONS, Id
+from backend.client.remote import RemoteBackend
+from backend.errors import BadInput, NotFound, Unavailable
+from tests.servers import INSPECT_INFO, Server, json_server, start_server
 
 CALLS: list[str] = []
 
@@ -83,3 +91,164 @@ async def test_connect_on_postgresql(pg_url: str) -> None:
         assert run.status == "succeeded"
     async with connect(pg_url, definitions=schedules()) as st:
         assert (await st.schedules.get_run(run.id)).status == "succeeded"
+
+
+# ---------------------------------------------------------------------------------------
+# the remote client: what no request can carry, and answers it cannot read
+# ---------------------------------------------------------------------------------------
+OPERATE = "op-client-token"
+DEFINITIONS = """
+    from backend import define_durable, define_queue, define_schedule
+
+    async def work(ctx):
+        pass
+
+    async def deliver(job):
+        pass
+
+    async def waits(ctx, input):
+        return await ctx.wait_for("go", timeout=3600)
+
+    okay = define_schedule(name="okay", cron="0 * * * *", timezone="UTC", handler=work)
+    mailer = define_queue(name="mailer", handler=deliver)
+    flow = define_durable(name="flow", handler=waits)
+"""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    (tmp_path / "schedules").mkdir()
+    (tmp_path / "schedules" / "all.cron.py").write_text(textwrap.dedent(DEFINITIONS))
+    srv = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{tmp_path / 'state.db'}",
+                       "--token", f"alice={OPERATE}")
+    yield srv
+    assert srv.stop() == 0, srv.log_text()
+    assert "Traceback" not in srv.log_text(), srv.log_text()
+
+
+@pytest.fixture
+async def remote(server: Server) -> AsyncIterator[RemoteBackend]:
+    backend = RemoteBackend(server.url, OPERATE)
+    await backend.connect()
+    yield backend
+    await backend.close()
+
+
+SPEC = {"name": "inf", "cron": "@daily", "timezone": "UTC", "queue": "mailer"}
+BAD = "a\udcffb"  # what the bytes a\xffb of a command line become
+
+
+async def test_what_no_request_can_carry_is_bad_input_naming_the_field(remote: RemoteBackend) -> None:
+    """A lone surrogate in a path, a query or a body, and NaN or an infinity in a body,
+    reached the HTTP library's encoders, whose UnicodeEncodeError and ValueError went up
+    as they were: a traceback on the command line, and nothing at all from the console's
+    schedule form (its worker catches SchedtuiError). Each is now BadInput naming the field
+    (a text: its value, escaped), and nothing is sent."""
+    execution = await remote.start_execution("flow", None)
+    audited = len((await remote.audit()).entries)
+    inf, nan = float("inf"), float("nan")
+    cases: list[tuple[Callable[[], Awaitable[object]], str, str]] = [
+        # in the path
+        (lambda: remote.enable_schedule(BAD), "name", 'name "a\\udcffb" holds \\udcff at position 1'),
+        (lambda: remote.disable_schedule(BAD), "name", 'name "a\\udcffb" holds \\udcff at position 1'),
+        (lambda: remote.run_now(BAD), "name", 'name "a\\udcffb"'),
+        (lambda: remote.update_schedule(BAD, {"description": "x"}), "name", 'name "a\\udcffb"'),
+        (lambda: remote.delete_schedule(BAD), "name", 'name "a\\udcffb"'),
+        (lambda: remote.start_execution(BAD, None), "function", 'function "a\\udcffb"'),
+        (lambda: remote.signal_execution(execution.id, "g\udcffo", None), "name", 'name "g\\udcffo"'),
+        # in the query
+        (lambda: remote.list_runs(BAD), "name", 'name "a\\udcffb"'),
+        (lambda: remote.list_executions(BAD), "function", 'function "a\\udcffb"'),
+        # in the body
+        (lambda: remote.create_schedule({**SPEC, "name": BAD}), "name", 'name "a\\udcffb"'),
+        (lambda: remote.update_schedule("okay", {"description": BAD}), "description", 'description "a\\udcffb"'),
+        (lambda: remote.create_schedule({**SPEC, "payload": {"a": inf}}), "payload", "payload is not JSON (Out of range"),
+        (lambda: remote.create_schedule({**SPEC, "alert": {"late": nan}}), "alert", "alert is not JSON (Out of range"),
+        (lambda: remote.create_schedule({**SPEC, "max_runtime": inf}), "max_runtime", "max_runtime is not JSON"),
+        (lambda: remote.update_schedule("okay", {"payload": [-inf]}), "payload", "payload is not JSON (Out of range"),
+        (lambda: remote.create_schedule({**SPEC, "payload": object()}), "payload", "payload is not JSON (Object of type"),
+    ]
+    for call, field, said in cases:
+        with pytest.raises(BadInput) as caught:
+            await call()
+        assert (caught.value.field, caught.value.message[: len(said)]) == (field, said)
+    # The ones that already were refused so say it as before (the same check, one place).
+    with pytest.raises(BadInput, match=r"^payload is not JSON \(Out of range"):
+        await remote.send_job("mailer", inf)
+    with pytest.raises(BadInput, match=r"^input is not JSON \(Out of range"):
+        await remote.start_execution("flow", nan)
+    assert len((await remote.audit()).entries) == audited  # nothing was done
+    assert [view.name for view in (await remote.list_schedules()).schedules] == ["okay"]
+
+
+def _arguments(action_name: str) -> dict[str, Any]:
+    """Arguments every action takes (and checks) for its required parameters."""
+    now = datetime.now(UTC)
+    given: dict[str, Any] = {"start": now - timedelta(hours=2), "end": now, "names": ["okay"], "spec": SPEC,
+                             "changes": {"description": "d"}}
+    arguments: dict[str, Any] = {}
+    for param in ACTIONS[action_name].params:
+        if not param.required and param.name != "id":  # cancel_job takes an id or a key
+            continue
+        if param.name in given:
+            arguments[param.name] = given[param.name]
+        elif any(isinstance(limit, Id) for limit in param.limits) or param.name == "id":
+            arguments[param.name] = "01M91WS9V65X1GQNEAYQZVK8HQ"
+        else:
+            arguments[param.name] = "okay"
+    return arguments
+
+
+@pytest.mark.parametrize("body", [{}, None, [], "ok", {"deleted": False}])
+async def test_every_action_reads_an_answer_of_another_shape_as_a_server_it_cannot_use(body: object) -> None:
+    """A server that is not schedtui's answered 200 with JSON of another shape: the client
+    handed it to the models, and the KeyError, TypeError or AttributeError went up (or
+    ``null`` was returned as the model, and a delete was taken for done). Now every read
+    is the client's Unavailable for a server it cannot use, as an answer without JSON is,
+    naming the route and what was wrong."""
+    answer: Callable[[str, str], object] = lambda method, path: INSPECT_INFO if path == "/inspect/info" else body  # noqa: E731
+    with json_server(answer) as url:
+        backend = RemoteBackend(url, read_retries=())
+        try:
+            assert (await backend.connect()).instance == "web-1:4242"
+            for name in ACTIONS:
+                with pytest.raises(Unavailable) as caught:
+                    await getattr(backend, name)(**_arguments(name))
+                said = caught.value.message
+                assert said.startswith(f"{url} answered ") and said.endswith("; is it a schedtui server?"), (name, said)
+            with pytest.raises(Unavailable, match="answered GET /healthz with JSON schedtui cannot read"):
+                await backend.health()
+        finally:
+            await backend.close()
+    with json_server(lambda method, path: body) as url:
+        backend = RemoteBackend(url, read_retries=())
+        try:
+            with pytest.raises(Unavailable, match=r"answered GET /inspect/info with JSON schedtui cannot read \("):
+                await backend.connect()
+            with pytest.raises(Unavailable, match=r"answered GET /inspect/info with JSON schedtui cannot read \("):
+                await backend.now()
+        finally:
+            await backend.close()
+
+
+@pytest.mark.parametrize(
+    ("info", "problem"),
+    [
+        ({"status": "ok"}, 'no field "coordination"'),
+        ({**INSPECT_INFO, "instance": 7}, "instance is a number, not a string"),
+        ({**INSPECT_INFO, "systems": "schedules"}, "a string where an array was due"),
+        ({**INSPECT_INFO, "now": None}, "null where a string was due"),
+    ],
+)
+async def test_what_was_wrong_with_an_answer_is_named(info: Mapping[str, Any], problem: str) -> None:
+    with json_server(lambda method, path: info) as url:
+        backend = RemoteBackend(url, read_retries=())
+        try:
+            with pytest.raises(Unavailable) as caught:
+                await backend.connect()
+                await backend.now()
+        finally:
+            await backend.close()
+    assert caught.value.message == (
+        f"{url} answered GET /inspect/info with JSON schedtui cannot read ({problem}); is it a schedtui server?"
+    )

@@ -9,9 +9,11 @@ import pytest
 
 from backend.client.remote import RemoteBackend
 from console.app import SchedtuiApp
+from console.screens.schedule_form import ScheduleForm
 from console.widgets import ConsoleHeader, RunsTable, SchedulesTable
-from tests.servers import Server, start_server
+from tests.servers import INSPECT_INFO, Server, json_server, start_server
 from tests.test_console import Notes, settle
+from tests.test_console_schedule_form import fill
 from tests.test_contract import OPERATE, READ, write_schedules
 
 
@@ -67,3 +69,48 @@ async def test_remote_console_with_a_read_token_is_read_only(server: Server) -> 
             assert notes.titled("Read-only") == ["Run now does nothing here: the token may only read."]
     finally:
         await backend.close()
+
+
+async def test_the_schedule_form_says_a_payload_json_cannot_carry_and_keeps_the_form(server: Server) -> None:
+    """A payload of 1e309 (Python's JSON reads it as infinity): the remote client's JSON
+    encoder raised a bare ValueError, which the form's worker (it catches SchedtuiError)
+    let go, and ctrl+s did nothing, without a word. Now it is BadInput naming the payload,
+    said as the backend's other refusals are, and nothing is sent."""
+    backend = RemoteBackend(server.url, OPERATE)
+    app = SchedtuiApp(backend, refresh_interval=60)
+    notes = Notes(app)
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot)
+            await pilot.press("n")
+            await settle(pilot)
+            await fill(pilot, name="inf1", cron="0 9 * * 1", target="mailer", payload='{"a": 1e309}')
+            await pilot.press("ctrl+s")
+            await settle(pilot)
+            assert isinstance(app.screen, ScheduleForm)
+            assert notes.titled("Bad input") == ["payload is not JSON (Out of range float values are not JSON compliant)"]
+            assert app.view_of("inf1") is None
+        assert "inf1" not in {view.name for view in (await backend.list_schedules()).schedules}
+    finally:
+        await backend.close()
+
+
+async def test_a_server_answering_json_of_another_shape_is_a_notification() -> None:
+    """Past a real /inspect/info, a server that is not schedtui's answers {} to the
+    console's reads: the KeyError went up out of its workers. Now it is the client's
+    Unavailable, shown as a notification naming the route, and the console stays up."""
+    answer = lambda method, path: INSPECT_INFO if path == "/inspect/info" else {}  # noqa: E731
+    with json_server(answer) as url:
+        backend = RemoteBackend(url, read_retries=())
+        app = SchedtuiApp(backend, refresh_interval=60)
+        notes = Notes(app)
+        try:
+            async with app.run_test(size=(100, 30)) as pilot:
+                await settle(pilot)
+                said = notes.titled("Unavailable")
+                assert said and said[0] == (f"{url} answered GET /inspect/schedules with JSON schedtui cannot read "
+                                            '(no field "coordination"); is it a schedtui server? Retrying by itself; '
+                                            "the data on screen is stale."), notes.seen
+                assert app.is_running
+        finally:
+            await backend.close()

@@ -56,6 +56,7 @@ __all__ = [
     "check_arguments",
     "decode",
     "encode",
+    "json_kind",
 ]
 
 Permission = Literal["read", "operate"]
@@ -492,27 +493,49 @@ def encode(value: Any, now: datetime | None = None) -> Any:
 
 
 def decode(annotation: Any, data: Any) -> Any:
-    """JSON back into the type ``annotation`` says: the inverse of :func:`encode`."""
+    """JSON back into the type ``annotation`` says: the inverse of :func:`encode`.
+
+    JSON of another shape (``null`` or an array where an object is due, a string where a
+    number is) raises ``TypeError`` saying so, and a model's ``from_json`` its own
+    ``KeyError``/``TypeError``/``ValueError``: never a value of the wrong type returned."""
     if annotation is None or annotation is type(None):
         return None
-    if annotation is Any or data is None:
+    if annotation is Any:
         return data
     if _is_optional(annotation):
-        return decode(_strip_none(annotation), data)
+        return None if data is None else decode(_strip_none(annotation), data)
     origin = get_origin(annotation)
     if origin is list:
         (item,) = get_args(annotation)
-        return [decode(item, entry) for entry in data]
+        return [decode(item, entry) for entry in _shaped(data, list)]
     if origin is dict:
         _, item = get_args(annotation)
-        return {key: decode(item, entry) for key, entry in data.items()}
+        return {key: decode(item, entry) for key, entry in _shaped(data, dict).items()}
     if annotation is datetime:
-        return parse_iso(data)
-    if annotation is bool:
-        return bool(data)
-    if annotation in (int, float, str):
-        return annotation(data)
-    return annotation.from_json(data)
+        return parse_iso(_shaped(data, str))
+    if annotation is float and isinstance(data, int) and not isinstance(data, bool):
+        return float(data)
+    if annotation in (bool, int, float, str):
+        return _shaped(data, annotation)
+    return annotation.from_json(_shaped(data, dict))
+
+
+#: What each Python type of :func:`json.loads` is called in JSON.
+_JSON_KINDS: dict[type, str] = {dict: "an object", list: "an array", str: "a string", bool: "true or false",
+                                int: "a number", float: "a number", type(None): "null"}
+
+
+def json_kind(value: Any) -> str:
+    """What ``value`` (as :func:`json.loads` makes it) is in JSON: "an object", "null"..."""
+    return _JSON_KINDS.get(type(value), type(value).__name__)
+
+
+def _shaped(data: Any, kind: type) -> Any:
+    """``data`` if it is JSON of ``kind`` (a ``bool`` is not an ``int``); TypeError saying
+    what it is instead."""
+    if type(data) is not kind:
+        raise TypeError(f"{json_kind(data)} where {_JSON_KINDS[kind]} was due")
+    return data
 
 
 @dataclass(frozen=True)

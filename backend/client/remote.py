@@ -2,7 +2,9 @@
 
 Reads are retried briefly on connection errors; actions are never retried blindly (a Run
 now that timed out may have fired). An unreachable server is an :class:`Unavailable`
-with one clear sentence, never a traceback.
+with one clear sentence, never a traceback, and so is one whose answers it cannot read as
+what it asked for; a value no request can carry is a :class:`BadInput` before anything is
+sent (see :func:`_sendable`).
 """
 
 from __future__ import annotations
@@ -10,15 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
 
 from backend.api.tokens import check_token
-from backend.client.actions import Action, check_arguments, decode, encode
+from backend.client.actions import Action, check_arguments, decode, encode, json_kind
 from backend.client.interface import SYSTEMS, Backend, ConnectionInfo
 from backend.errors import (
     BadInput,
@@ -31,12 +33,15 @@ from backend.errors import (
     Unavailable,
 )
 from backend.events.bus import READY, RESYNC, STREAM, TOPICS, Signal
+from backend.inputs import check_json, check_text
 from backend.jobs.model import NotDead, QueueFull
-from backend.model import BackfillProgress, Health, Run, parse_iso
+from backend.model import BackfillProgress, Health, Run
 from backend.safetext import printable, redact, redact_url, remember_url_secrets
 from backend.scheduler.stored import DefinedInCode, NameTaken
 
 __all__ = ["RemoteBackend", "check_server_url", "check_token"]
+
+T = TypeVar("T")
 
 _READ_RETRIES = (0.2, 0.5, 1.0)
 #: Seconds the event stream may stay silent before it counts as broken (the server pings
@@ -103,14 +108,18 @@ class RemoteBackend(Backend):
     def _decode(self, response: httpx.Response) -> Any:
         try:
             data = response.json()
-        except ValueError:
-            data = None
+        except (ValueError, RecursionError):
+            data = _NOT_JSON
         if response.is_success:
-            if data is None:
+            if data is _NOT_JSON:
                 raise Unavailable(f"{self.where} answered {response.status_code} without JSON; is it a schedtui server?")
             return data
+        # The error's fields as the API writes them; another server's (an "error" that is a
+        # string, a message that is a number) are no message.
         error = data.get("error") if isinstance(data, dict) else None
-        message = (error or {}).get("message") or f"{self.where} answered {response.status_code}"
+        error = error if isinstance(error, dict) else {}
+        said = error.get("message")
+        message = said if isinstance(said, str) and said else f"{self.where} answered {response.status_code}"
         status = response.status_code
         if status == 401:
             # In the client's words: the server's advice ("send Authorization: Bearer") is for
@@ -129,15 +138,36 @@ class RemoteBackend(Backend):
                 "not_dead": NotDead,
                 "defined_in_code": DefinedInCode,
                 "name_taken": NameTaken,
-            }.get(str((error or {}).get("code")), Refused)
+            }.get(str(error.get("code")), Refused)
             raise refusal(message, count=count, reason=reason or message)
         if status == 413:
-            raise TooLarge(message, field=(error or {}).get("field"))
+            raise TooLarge(message, field=_field(error))
         if status == 422:
-            raise BadInput(message, field=(error or {}).get("field"))
+            raise BadInput(message, field=_field(error))
         if status in (502, 503, 504):
             raise Unavailable(message)
         raise SchedtuiError(message)
+
+    def _read(self, route: str, data: Any, build: Callable[[Any], T]) -> T:
+        """``build(data)``: the answer to ``route`` (``GET /inspect/info``) as what was asked
+        for, a model. JSON of another shape (another service at the URL, a proxy's status
+        page) is the same :class:`Unavailable` as an answer without JSON, naming the route
+        and what was wrong: never a KeyError traceback, nor a wrong value handed on."""
+        try:
+            return build(data)
+        except SchedtuiError:
+            raise
+        except (LookupError, TypeError, AttributeError, ValueError, AssertionError, ArithmeticError, RecursionError) as exc:
+            if isinstance(exc, KeyError) and exc.args:
+                problem = f'no field "{exc.args[0]}"'
+            elif isinstance(exc, AssertionError) and not exc.args:
+                problem = "a field it needs is missing or null"  # a model's from_json asserts it
+            else:
+                problem = str(exc) or type(exc).__name__
+            raise Unavailable(
+                f"{self.where} answered {printable(route, 120)} with JSON schedtui cannot read "
+                f"({printable(problem, 120)}); is it a schedtui server?"
+            ) from None
 
     async def _get(self, path: str, **params: Any) -> Any:
         return await self._request("GET", path, retry=True, params={k: v for k, v in params.items() if v is not None})
@@ -151,7 +181,9 @@ class RemoteBackend(Backend):
         checked = check_arguments(action, arguments)
         http = action.http
         by_wire = {http.wire_name(p.name): checked[p.name] for p in action.params}
-        path = re.sub(r"\{(\w+)(?::\w+)?\}", lambda match: _seg(str(by_wire[match.group(1)])), http.path)
+        path = re.sub(
+            r"\{(\w+)(?::\w+)?\}", lambda match: _seg(_sendable(str(by_wire[match.group(1)]), match.group(1))), http.path
+        )
         query: list[tuple[str, Any]] = list(http.fixed.items())
         body: dict[str, Any] = {}
         for param in action.params:
@@ -160,36 +192,45 @@ class RemoteBackend(Backend):
             if where == "path":
                 continue
             if http.body == param.name:
-                body = dict(value)
+                body = {_sendable(key, "field"): _sendable(item, key) for key, item in dict(value).items()}
             elif where == "query":
                 values = value if isinstance(value, list) else [] if value is None else [value]
-                query += [(wire, encode(v)) for v in values]
+                query += [(wire, _sendable(encode(v), wire)) for v in values]
             else:
-                body[wire] = encode(value)
+                body[wire] = _sendable(encode(value), wire)
         sends_body = http.method in ("POST", "PATCH")
         data = await self._request(
             http.method, path, retry=http.retried(checked), params=query, **({"json": body} if sends_body else {})
         )
-        if http.envelope is not None:
-            data = data[http.envelope]
-        return decode(action.result, data)
+        return self._read(f"{http.method} {path}", data, lambda answer: _result(action, checked, answer))
 
     # -- the interface ------------------------------------------------------------------
     async def connect(self) -> ConnectionInfo:
-        data = await self._get("/inspect/info")
-        if data.get("access") == "read":
+        self._info = self._read("GET /inspect/info", await self._get("/inspect/info"), self._connection)
+        return self._info
+
+    def _connection(self, data: Any) -> ConnectionInfo:
+        """What ``/inspect/info`` says, as a :class:`ConnectionInfo` (a read token makes
+        this backend read-only)."""
+        info = decode(dict[str, Any], data)
+        texts = {"coordination": info["coordination"], "instance": info["instance"]}
+        texts |= {key: info.get(key, "") for key in ("store_kind", "actor", "access")}
+        for key, value in texts.items():
+            if not isinstance(value, str):
+                raise TypeError(f"{key} is {json_kind(value)}, not a string")
+        systems = decode(list[str], info.get("systems", list(SYSTEMS)))
+        if texts["access"] == "read":
             self.read_only = True
-        self._info = ConnectionInfo(
+        return ConnectionInfo(
             kind="remote",
             where=self.where,
-            coordination=data["coordination"],
-            instance=data["instance"],
+            coordination=texts["coordination"],
+            instance=texts["instance"],
             read_only=self.read_only,
-            store_kind=data.get("store_kind", ""),
-            actor=data.get("actor", ""),
-            systems=tuple(data.get("systems", SYSTEMS)),
+            store_kind=texts["store_kind"],
+            actor=texts["actor"],
+            systems=tuple(systems),
         )
-        return self._info
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -210,10 +251,12 @@ class RemoteBackend(Backend):
                 return Health.from_json(response.json())
             except (ValueError, KeyError, TypeError):
                 pass
-        return Health.from_json(self._decode(response))
+        health: Health = self._read("GET /healthz", self._decode(response), lambda data: decode(Health, data))
+        return health
 
     async def now(self) -> datetime:
-        return parse_iso((await self._get("/inspect/info"))["now"])
+        now: datetime = self._read("GET /inspect/info", await self._get("/inspect/info"), lambda data: decode(datetime, data["now"]))
+        return now
 
     async def schedule_zone(self, name: str) -> str:
         for view in (await self.list_schedules()).schedules:
@@ -322,6 +365,53 @@ def check_server_url(url: str) -> str:
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         raise BadInput(f'server URL "{shown}": port {parsed.port} is not a port number (1-65535)', field="url")
     return url
+
+
+def _result(action: Action, arguments: Mapping[str, Any], answer: Any) -> Any:
+    """The result of ``action`` in the server's ``answer``, as the API writes it (see
+    :class:`~backend.client.actions.Http`): the result's JSON, or ``{envelope: result}``.
+    An action that returns nothing is answered its ``extra`` fields alone
+    (``{"deleted": true}``): they must be there, or another server's 200 would be taken
+    for done. Raises what :func:`~backend.client.actions.decode` raises for JSON of
+    another shape."""
+    http = action.http
+    if http.envelope is not None:
+        return decode(action.result, decode(dict[str, Any], answer)[http.envelope])
+    if action.result is not None and action.result is not type(None):
+        return decode(action.result, answer)
+    said = decode(dict[str, Any], answer)
+    for key, wanted in encode(dict(http.extra(None, arguments)) if http.extra else {}).items():
+        if said[key] != wanted:
+            raise ValueError(f"{key} is {json.dumps(said[key])[:40]}, not {json.dumps(wanted)}")
+    return None
+
+
+#: What :meth:`RemoteBackend._decode` makes of an answer that is not JSON (``None`` is JSON's null).
+_NOT_JSON: Any = object()
+
+
+def _field(error: dict[str, Any]) -> str | None:
+    field = error.get("field")
+    return field if isinstance(field, str) else None
+
+
+def _sendable(value: Any, field: str) -> Any:
+    """``value`` if a request can carry it as ``field`` (in its path, its query or its JSON
+    body); BadInput naming the field otherwise, never an encoder's traceback. Text holding
+    a lone surrogate (what a byte of a command line that is not UTF-8 becomes) has no UTF-8
+    form: it is refused as every text field is (:func:`~backend.inputs.check_text`: the
+    value, the character, its position), and it names nothing a server holds, since every
+    name was checked so. Any other value must be JSON (:func:`~backend.inputs.check_json`,
+    what a job's payload is checked with: no NaN or infinity, no lone surrogate)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            check_text(value, field)  # raises: a lone surrogate is no text
+            raise BadInput(f"{field} is not text", field=field) from None
+        return value
+    check_json(value, field)
+    return value
 
 
 def _seg(value: str) -> str:
