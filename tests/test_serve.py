@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from backend import Engine, Run, define_schedule, open_store
@@ -21,7 +22,8 @@ from backend.api.app import create_app
 from backend.api.server import serve
 from backend.client.embedded import EmbeddedBackend
 from backend.ids import IdFactory
-from tests.servers import cli_env
+from tests.servers import cli_env, start_server
+from tests.test_cli import write_tree
 
 EVERY_MINUTE = """
     from pathlib import Path
@@ -160,3 +162,37 @@ async def test_a_request_path_is_logged_escaped(caplog: pytest.LogCaptureFixture
     message = record.getMessage()
     assert "\n" not in message and "\x1b" not in message
     assert message == "unexpected error in GET /inspect/runs/x\\nFAKE log line\\x1b[2J"
+
+
+async def test_a_handler_that_stops_the_event_loop_fails_nothing_and_serve_runs_on(tmp_path: Path) -> None:
+    """``loop.stop()`` in a handler ended asyncio.run: every task cancelled (the request
+    that fired it answered a bare 500), the process gone. The loop runs on instead, and
+    the log says what happened."""
+    write_tree(tmp_path, {"schedules/stops.cron.py": """
+        import asyncio
+        from backend import define_schedule
+
+        async def stops(ctx):
+            asyncio.get_running_loop().stop()
+
+        stops = define_schedule(name="stops", cron="0 * * * *", timezone="UTC", handler=stops)
+    """})  # fmt: skip
+    srv = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{tmp_path / 'state.db'}",
+                       "--token", "alice=op-secret")  # fmt: skip
+    try:
+        async with httpx.AsyncClient(base_url=srv.url, headers={"Authorization": "Bearer op-secret"}) as http:
+            for _ in range(4):  # it stops the loop each time; serve answers on
+                fired = await http.post("/inspect/schedules/stops/fire")
+                assert fired.status_code == 202, fired.text
+            assert (await http.get("/healthz")).status_code == 200
+        assert srv.process.poll() is None
+    finally:
+        assert srv.stop() == 0, srv.log_text()  # (its runs recorded by then)
+    assert "the event loop was stopped by the code it ran (loop.stop() in a handler?); it runs on" in srv.log_text()
+    assert "Traceback" not in srv.log_text(), srv.log_text()
+    store = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    await store.open()
+    try:
+        assert [(r.status, r.error_tag) for r in await store.list_runs("stops", limit=10)] == [("succeeded", None)] * 4
+    finally:
+        await store.close()

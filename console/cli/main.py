@@ -519,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     handler = _verbs()[args.command]
     try:
-        return asyncio.run(handler(args))
+        return _run(handler(args))
     except KeyboardInterrupt:
         return 130
     except (BadInput, NotFound, DefinitionError) as exc:
@@ -534,6 +534,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SchedtuiError as exc:
         complain(exc.message)
         return EXIT_FAILURE
+
+
+def _run(verb: Coroutine[Any, Any, int]) -> int:
+    """``asyncio.run(verb)``, but a loop stopped from inside (a handler that called
+    ``loop.stop()``) runs on: the verb has not ended, and asyncio.run would have cancelled
+    every task (the runs, the API's requests) and ended the process."""
+    with asyncio.Runner() as runner:
+        task = runner.get_loop().create_task(verb)
+        while True:
+            try:
+                return runner.run(_awaiting(task))  # (Ctrl-C cancels the waiter, and so the verb)
+            except RuntimeError:
+                if task.done():
+                    raise
+                logging.getLogger("schedtui").warning(
+                    "the event loop was stopped by the code it ran (loop.stop() in a handler?); it runs on"
+                )
+
+
+async def _awaiting(task: asyncio.Task[int]) -> int:
+    return await task
 
 
 def complain(message: str) -> None:
