@@ -9,6 +9,8 @@ import asyncio
 import json
 import logging
 import re
+import socket
+import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -569,6 +571,85 @@ async def test_a_sink_that_never_accepts_is_given_up_on_and_recorded(
     (gave_up,) = (await engine.audit.list()).entries
     assert (gave_up.action, gave_up.target) == ("alert.notify_failed", "failing:job")
     assert gave_up.detail is not None and (gave_up.detail["attempt"], gave_up.detail["error"]) == (3, "HTTP 503")
+
+
+class TricklingWebhook:
+    """A real webhook on loopback that answers ``200`` a byte every ``every`` seconds: each
+    read of its answer is quick, the whole one slow (a receiver behind a choking proxy)."""
+
+    ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.requests = 0
+        self.done = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with self.listener:
+            while not self.done.is_set():
+                try:
+                    conn, _ = self.listener.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.recv(65536)
+                    self.requests += 1
+                    for byte in self.ANSWER:  # (paced by the network it stands for)
+                        if self.done.wait(self.every):
+                            return
+                        try:
+                            conn.sendall(bytes([byte]))
+                        except OSError:
+                            break  # the client gave up on it
+
+    def close(self) -> None:
+        self.done.set()
+        self.listener.close()
+        self.thread.join(10)
+
+
+async def test_the_timeout_bounds_the_whole_post_not_each_read_and_the_sink_is_retried(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """httpx's timeout bounds each read: a receiver answering a byte every 50 ms held a
+    POST as long as it liked (75 s in an outside test, past the lease: another instance
+    would send it again). The POST as a whole fails at the timeout, and is retried."""
+    webhook = TricklingWebhook(every=0.05)  # its 52-byte answer: 2.6 s
+    try:
+        engine = make_engine([define_schedule(name="job", cron="0 * * * *", timezone="UTC", handler=fails)],
+                             alerting=AlertSettings(sinks=(webhook.url,), poll=1.0, timeout=0.3, backoff=10, attempts=2))  # fmt: skip
+        await fail_at_nine(engine, clock)
+        assert webhook.requests == 1
+        await step(engine, clock, 10)  # retried after its backoff: the same again
+        assert webhook.requests == 2
+        (gave_up,) = (await engine.audit.list()).entries
+        assert gave_up.action == "alert.notify_failed" and gave_up.detail is not None
+        assert (gave_up.detail["attempt"], gave_up.detail["error"]) == (2, "no answer within 0.3s")
+    finally:
+        webhook.close()
+
+
+async def test_a_webhooks_answer_is_never_read_only_its_status(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    """The answer's body was read whole into memory: a receiver's gigabyte grew serve to
+    2 GB (kept) and stalled its API. Only the status counts."""
+    sent: list[int] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(64):
+            sent.append(1)
+            yield b"x" * (1 << 20)
+
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body()))
+    engine = make_engine([define_schedule(name="job", cron="0 * * * *", timezone="UTC", handler=fails)],
+                         alerting=AlertSettings(sinks=(HOOK,), poll=1.0), alert_transport=transport)  # fmt: skip
+    await fail_at_nine(engine, clock)
+    assert len(sent) <= 1  # (a first chunk made ready is no read)
+    audit = (await engine.audit.list()).entries
+    assert [(e.action, e.detail["attempt"] if e.detail else None) for e in audit] == [("alert.notified", 1)]
 
 
 async def test_late_catches_a_schedule_that_never_runs(

@@ -257,8 +257,14 @@ class Notifier:
             # Stalled past the lease since the claim: another instance may be sending it.
             log.warning("alert %s to %s: not sent, its claim ran out first", delivery.alert_key, sink.shown)
             return
+        timeout = self.settings.timeout
         try:
-            answer = await self.client().post(
+            # The timeout bounds the whole POST (httpx's bounds each read: a receiver that
+            # answers a byte at a time held it past the lease, when another instance sends
+            # it again), and the answer's body is never read: its status is the outcome (a
+            # receiver's gigabyte stays on the wire, not in this process).
+            async with asyncio.timeout(timeout), self.client().stream(
+                "POST",
                 sink.url,
                 content=delivery.payload.encode("utf-8"),
                 headers={
@@ -268,10 +274,12 @@ class Notifier:
                     # Who sends it (the body names who saw the transition); a header is ASCII.
                     "schedtui-instance": self.instance.encode("ascii", "backslashreplace").decode("ascii"),
                 },
-            )
-            error = None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
+            ) as answer:
+                error = None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
         except httpx.HTTPError as exc:
             error = _error(exc).replace(sink.url, sink.shown)  # the URL's path is its secret
+        except TimeoutError:
+            error = f"no answer within {timeout:g}s"
         now = self.clock.now()
         retry_at = None
         if error is not None and delivery.attempts < self.settings.attempts:
