@@ -199,7 +199,7 @@ class Notifier:
                 with contextlib.suppress(Exception):  # (else it waits out its lease)
                     await self.store.give_back_deliveries(claimed)
         if self._sending and grace > 0:
-            await asyncio.wait(set(self._sending), timeout=max(0.0, until - loop.time()))
+            await self.loops.within_grace(set(self._sending), until - loop.time())
         for task in list(self._sending):
             task.cancel()
         await asyncio.gather(*self._sending, return_exceptions=True)

@@ -430,7 +430,7 @@ class DurableExecutor:
             pass
         # The last runs may have ended during the renewal: asyncio.wait refuses an empty set.
         if self._drives:
-            await asyncio.wait(set(self._drives), timeout=max(grace, 0))
+            await self.shared.loops.within_grace(set(self._drives), grace)
         for run in list(self.running.values()):
             run.interrupt()
         if self._drives:

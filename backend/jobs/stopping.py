@@ -27,6 +27,7 @@ from backend.runtime.subsystems import answers_of
 if TYPE_CHECKING:
     from backend.jobs.store import JobStore
     from backend.runtime.liveness import WorkLease
+    from backend.runtime.loops import Loops
     from backend.runtime.runner import HandlerRunner
 
 __all__ = ["STOP_WAIT", "UNANSWERED_KEPT", "Stopping"]
@@ -44,6 +45,7 @@ class Stopping:
     :class:`~backend.jobs.workers.Workers`, which sets up the state declared here."""
 
     clock: Clock
+    loops: Loops
     runner: HandlerRunner
     instance: str
     new_id: Callable[[], str]
@@ -92,7 +94,7 @@ class Stopping:
         tasks = [run.task for run in self.running.values() if run.task is not None and not run.done]
         if tasks and grace > 0:
             log.info("waiting up to %.0fs for %d job(s) in flight", grace, len(tasks))
-            await asyncio.wait(tasks, timeout=grace)
+            await self.loops.within_grace(tasks, grace)
         now = self.clock.now()
         for run in list(self.running.values()):
             if not run.done:

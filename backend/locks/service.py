@@ -178,11 +178,11 @@ class Locks:
         if grace > 0:
             loop = asyncio.get_running_loop()
             until = loop.time() + grace
-            if self._guarding:
-                await asyncio.wait(set(self._guarding), timeout=grace)
+            await self.loops.within_grace(set(self._guarding), grace)
             if self._run_leases:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._runs_done.wait(), max(0.0, until - loop.time()))
+                done = asyncio.ensure_future(self._runs_done.wait())
+                await self.loops.within_grace({done}, until - loop.time())
+                done.cancel()
         # Releases on their way land first: cut short, one could leave its lock held until
         # its ttl. Guards still taking a lock are cut short before the give-back (their
         # acquire is then remembered unanswered): one cancelled after it would keep what it

@@ -68,11 +68,33 @@ class Loops:
         self._parking: dict[str, _Parking] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self._poke = asyncio.Event()
+        self._hurried = asyncio.Event()
 
     def reset(self) -> None:
         """Forget every loop (for an engine opened again, possibly on another event loop)."""
         self._parking.clear()
         self._poke = asyncio.Event()
+        self._hurried = asyncio.Event()
+
+    # -- a stop's grace -----------------------------------------------------------------------
+    def hurry(self) -> None:
+        """The stop under way is to wait no longer (a second Ctrl-C): every wait of
+        :meth:`within_grace`, begun or to come, ends at once."""
+        self._hurried.set()
+
+    async def within_grace(self, aws: Collection[asyncio.Future[Any]], grace: float) -> None:
+        """Wait until every one of ``aws`` is done, ``grace`` seconds at most, and no longer
+        once :meth:`hurry` is called. Cancels none of them: what is still running is the
+        caller's to end."""
+        if not aws or grace <= 0 or self._hurried.is_set():
+            return
+        every = asyncio.ensure_future(asyncio.wait(aws))
+        hurried = asyncio.ensure_future(self._hurried.wait())
+        try:
+            await asyncio.wait({every, hurried}, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            every.cancel()  # (cancelling asyncio.wait cancels none of what it waits for)
+            hurried.cancel()
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)

@@ -429,8 +429,11 @@ class Engine(EngineReads, EngineActions):
             names.let_go(self.store.where, self.instance, self)
 
     def interrupt(self) -> None:
-        """Stop waiting for the runs in flight: record them ``failed``/``interrupted`` and
-        cancel them (a sync handler's thread cannot be cancelled and is abandoned)."""
+        """Stop waiting for what is in flight (a second Ctrl-C): the runs are recorded
+        ``failed``/``interrupted`` and cancelled (a sync handler's thread cannot be cancelled
+        and is abandoned), and every other part's grace ends now (jobs, durable steps,
+        locked runs, alert POSTs), each ending what it waited for as a stop with no grace."""
+        self.loops.hurry()
         self.launcher.interrupt("interrupted while the engine was stopping")
 
     async def __aenter__(self) -> Engine:

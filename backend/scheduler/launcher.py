@@ -532,8 +532,7 @@ class Launcher:
         running += [s.finished() for s in self.active.values() if s.task is None and not s.done]
         if running:
             log.info("waiting up to %.0fs for %d run(s) in flight", grace, len(running))
-            if grace > 0:
-                await asyncio.wait(running, timeout=grace)
+            await self.runner.loops.within_grace(running, grace)
         self.interrupt("the engine stopped while this run was in flight")
         for name, waiting in self.waiting.items():
             schedule = self.schedules.get(name)
