@@ -106,6 +106,38 @@ async def test_delete_stops_it_and_disable_enable_works(make_engine: Callable[..
         await engine.delete_schedule("reap")
 
 
+@pytest.mark.parametrize("call", ["create", "update"])
+async def test_a_create_or_update_deleted_before_its_answer_answers_what_it_wrote(
+    make_engine: Callable[..., Engine], clock: ManualClock, call: str
+) -> None:
+    """A delete from another request landed between the write and the read of its answer:
+    the create answered 404 "no schedule named", though it had made the schedule (and
+    audited so); its caller, who may send it again, was told it did nothing. It answers
+    with what it wrote, and no next fire (it is gone)."""
+    engine = make_engine([queue()])
+    await engine.start()
+    if call == "update":
+        await engine.create_schedule(spec())
+    record = engine.audit.record
+
+    async def deleted_meanwhile(action: str, *args: Any, **kwargs: Any) -> Any:
+        if action == f"schedule.{call}":
+            await engine.delete_schedule("reap")  # another request to the same serve, meanwhile
+        return await record(action, *args, **kwargs)
+
+    engine.audit.record = deleted_meanwhile  # type: ignore[method-assign]
+    if call == "create":
+        view = await engine.create_schedule(spec(description="made"))
+    else:
+        view = await engine.update_schedule("reap", {"description": "made"})
+    assert (view.name, view.description, view.source, view.next_fire_at) == ("reap", "made", "store", None)
+    engine.audit.record = record  # type: ignore[method-assign]
+    await step(engine, clock, 2)
+    assert "reap" not in engine.schedules
+    entries = [(e.action, e.target) for e in (await engine.audit.list()).entries]
+    assert ("schedule.delete", "reap") in entries and (f"schedule.{call}", "reap") in entries
+
+
 async def test_refusals_name_the_value(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     engine = make_engine([queue(), schedule("coded")])
     await engine.open()

@@ -24,6 +24,7 @@ from backend.scheduler.backfills import Backfills, live_estimate
 from backend.scheduler.catalog import Catalog, bind_target
 from backend.scheduler.external import ExternalFires
 from backend.scheduler.launcher import Launcher
+from backend.scheduler.reads import ScheduleReads
 from backend.scheduler.states import ScheduleStates
 from backend.schedules import Schedule
 from backend.store import Store
@@ -46,6 +47,7 @@ class EngineActions:
     external: ExternalFires
     backfills: Backfills
     durable: Durable
+    reads: ScheduleReads
 
     if TYPE_CHECKING:  # the engine's (its reads: :class:`~backend.scheduler.engine_reads.EngineReads`)
 
@@ -134,7 +136,7 @@ class EngineActions:
         # call's own entry may be what was lost.
         details = {"spec": row.spec()} if made else {"spec": row.spec(), "again": True}
         await self.audit.record("schedule.create", row.name, details, actor=actor)
-        return await self.get_schedule(row.name)
+        return await self.reads.written_view(row.name, row)
 
     async def update_schedule(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
         """Change a stored schedule; a code schedule is refused (``defined_in_code``)."""
@@ -144,7 +146,7 @@ class EngineActions:
         if "enabled" in changes and after.enabled != self.is_enabled(name):
             await self.states.set(name, after.enabled, at=self.clock.now(), by=actor)
         await self.audit.record("schedule.update", name, {"before": before.spec(), "after": after.spec()}, actor=actor)
-        return await self.get_schedule(name)
+        return await self.reads.written_view(name, after)
 
     async def delete_schedule(self, name: str) -> None:
         """Delete a stored schedule: it stops firing here at once, everywhere within 2 s."""

@@ -11,6 +11,7 @@ a name nobody knows raises :class:`~backend.errors.NotFound`, a bad page size
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Literal
@@ -23,6 +24,7 @@ from backend.scheduler.coordination.cluster import Cluster
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.ledger import RunLedger
 from backend.scheduler.states import ScheduleStates
+from backend.scheduler.stored import StoredSchedule
 from backend.scheduler.timers import Timers
 from backend.schedules import Schedule
 from backend.store import Store
@@ -83,6 +85,17 @@ class ScheduleReads:
         if not views:
             raise NotFound(f'no schedule named "{name}" (deleted a moment ago)')
         return views[0]
+
+    async def written_view(self, name: str, row: StoredSchedule) -> ScheduleView:
+        """The view of the stored schedule ``row`` a create or an update of this instance
+        just wrote: read as :meth:`get_schedule` reads it, or, deleted by a concurrent request
+        in between, as written (no next fire: it is gone). The answer to the call is what
+        the call did; a 404 would tell its caller (who may send it again) it did nothing."""
+        try:
+            return await self.get_schedule(name)
+        except NotFound:
+            written = self._view(row.to_schedule(), None)
+            return dataclasses.replace(written, next_fire_at=None, source="store")
 
     async def _views(self, names: list[str]) -> list[ScheduleView]:
         """The views of those of ``names`` still defined once their runs are read: a
