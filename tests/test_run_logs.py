@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import io
 import logging
 import re
 import sys
@@ -211,6 +212,39 @@ async def test_a_log_record_reaches_the_process_handlers_too_and_a_print_its_str
     assert markers(text) == {"printed", "logged"}
     assert "<<printed>>" in capsys.readouterr().out  # a copy: the stream still gets it
     assert any("<<logged>>" in record.getMessage() for record in caplog.records)
+
+
+async def test_bytes_written_to_the_streams_binary_layer_are_captured(engines: Callable[..., Engine]) -> None:
+    """``sys.stdout.buffer.write`` went round the capture: those lines were missing from
+    the run's log (and reached serve's own output raw)."""
+
+    def handler(ctx: Any) -> None:
+        print("<<text>>", flush=True)
+        sys.stdout.buffer.write("<<bytes é>>\n".encode())
+        sys.stdout.buffer.flush()
+        sys.stderr.buffer.writelines([b"<<err ", b"bytes>>\n"])
+
+    engine = engines([define_schedule(name="binary", cron="0 * * * *", timezone="UTC", handler=handler)])
+    await engine.open()
+    run = await engine.run_now("binary", wait=True)
+    await engine.run_logs.flush()
+    text = (await engine.run_logs.run_log(run.id)).text
+    assert "<<text>>" in text and "<<bytes é>>" in text and "<<err bytes>>" in text, text
+    assert sys.stdout.buffer is sys.stdout.buffer  # (one binary layer, as the real stream has)
+
+
+def test_a_byte_that_is_not_utf8_is_captured_as_its_escape_and_passed_on_as_it_is() -> None:
+    raw = io.BytesIO()
+    said = capture.Capture()
+    said.buffer = capture.LogBuffer()
+    token = capture.CURRENT.set(said)
+    try:
+        assert capture.CapturingBytes(raw).write(b"ok \xff\xfe \xc3\xa9\n") == 9
+    finally:
+        capture.CURRENT.reset(token)
+    assert raw.getvalue() == b"ok \xff\xfe \xc3\xa9\n"
+    snapshot = said.buffer.snapshot()
+    assert snapshot.head + snapshot.tail == "ok \\xff\\xfe é\n"
 
 
 async def test_outside_a_run_nothing_is_captured_and_the_last_resort_still_speaks(

@@ -15,7 +15,8 @@ none:
   those past a run's 64 KiB.
 * :class:`CapturingStream`, one proxy in front of ``sys.stdout`` and one of ``sys.stderr``:
   a write is copied to the capture and passed on to the real stream, as before (``serve``'s
-  handlers' prints reach its output today; an operator grepping it keeps them). Writes to
+  handlers' prints reach its output today; an operator grepping it keeps them), and so is
+  a write to its binary layer (``sys.stdout.buffer``), as text. Writes to
   the file descriptors themselves (``os.write``, a child process) bypass it, and so does a
   ``logging.StreamHandler``'s write of a record (the record is captured once, as a record).
 
@@ -320,6 +321,7 @@ class CapturingStream:
 
     def __init__(self, stream: TextIO) -> None:
         self.wrapped = stream
+        self._bytes: CapturingBytes | None = None
 
     def write(self, text: str) -> int:
         capture = CURRENT.get()
@@ -331,6 +333,40 @@ class CapturingStream:
         return self.wrapped.write(text)
 
     def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    @property
+    def buffer(self) -> CapturingBytes:
+        """The wrapped stream's bytes (``sys.stdout.buffer.write(b"...")``), each write
+        copied too: it went round the capture, and was missing from the run's log."""
+        raw = self.wrapped.buffer  # (AttributeError, as the wrapped stream's, if it has none)
+        if self._bytes is None or self._bytes.wrapped is not raw:
+            self._bytes = CapturingBytes(raw)
+        return self._bytes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+
+class CapturingBytes:
+    """The binary layer of a :class:`CapturingStream`: each write is copied to the capture
+    as text (UTF-8, each byte that is not as its escape, ``\\xff``) and passed on."""
+
+    def __init__(self, raw: Any) -> None:
+        self.wrapped = raw
+
+    def write(self, data: Any) -> int:
+        capture = CURRENT.get()
+        if capture is not None:
+            try:
+                capture.write(bytes(data).decode("utf-8", "backslashreplace"))
+            except Exception:  # noqa: S110 - a capture must never break a write
+                pass
+        written: int = self.wrapped.write(data)
+        return written
+
+    def writelines(self, lines: Iterable[Any]) -> None:
         for line in lines:
             self.write(line)
 
