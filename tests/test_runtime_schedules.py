@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backend import BadInput, Engine, ManualClock, NotFound
+from backend import BadInput, Engine, ManualClock, NotFound, Unavailable
 from backend.events.audit import acting_as
 from backend.jobs import JobContext, define_queue
 from backend.scheduler.stored import DefinedInCode, NameTaken
@@ -136,6 +136,40 @@ async def test_a_create_or_update_deleted_before_its_answer_answers_what_it_wrot
     assert "reap" not in engine.schedules
     entries = [(e.action, e.target) for e in (await engine.audit.list()).entries]
     assert ("schedule.delete", "reap") in entries and (f"schedule.{call}", "reap") in entries
+
+
+async def test_an_update_meeting_another_writers_change_is_applied_to_it_not_refused(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Two PATCHes of one schedule at once: the second to write found the version moved on
+    and answered 503 "changed by someone else at the same moment" (126 times in an
+    outside test's churn). It reads the row again and applies its changes to it: both
+    changes are kept; only a row that keeps changing under it is refused."""
+    engine, other = make_engine([queue()]), make_engine([queue()])
+    await engine.start()
+    await other.open()
+    await engine.create_schedule(spec())
+    write = engine.store.update_stored_schedule  # type: ignore[attr-defined]
+    writes = 0
+
+    async def another_writer_first(row: Any, version: int) -> Any:
+        nonlocal writes
+        writes += 1
+        if writes == 1:
+            await other.update_schedule("reap", {"description": "theirs"})  # lands between the read and the write
+        return await write(row, version)
+
+    engine.store.update_stored_schedule = another_writer_first  # type: ignore[attr-defined]
+    view = await engine.update_schedule("reap", {"payload": {"mine": True}})
+    assert (view.description, view.payload, writes) == ("theirs", {"mine": True}, 2)
+
+    async def always_another(row: Any, version: int) -> Any:
+        await other.update_schedule("reap", {"description": f"theirs {version}"})
+        return await write(row, version)
+
+    engine.store.update_stored_schedule = always_another  # type: ignore[attr-defined]
+    with pytest.raises(Unavailable, match='"reap" was changed by someone else at the same moment, 3 times; try again'):
+        await engine.update_schedule("reap", {"payload": None})
 
 
 async def test_refusals_name_the_value(make_engine: Callable[..., Engine], clock: ManualClock) -> None:

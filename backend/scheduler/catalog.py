@@ -68,6 +68,10 @@ class CatalogStore(Protocol):
     async def delete_stored_schedule(self, name: str) -> bool: ...
 
 
+#: How many times an update is applied to a row another writer changed meanwhile.
+UPDATE_TRIES = 3
+
+
 class Catalog:
     """This engine's copy of the stored schedules (see the module docstring).
 
@@ -276,21 +280,24 @@ class Catalog:
         return row, True
 
     async def update(self, name: str, changes: Any, actor: str) -> tuple[StoredSchedule, StoredSchedule]:
-        """Apply ``changes``; returns the row before and after."""
-        await self.refresh()
-        before = self._row(name)
-        full = check_changes(before.spec(), changes)
-        await self._read_known_queues()
-        self._check_target(full)
-        now = self.clock.now()
-        wanted = replace(before, **{k: v for k, v in full.items() if k != "name"}, updated_at=now, updated_by=actor)
-        after = await self.store.update_stored_schedule(wanted, before.version)
-        if after is None:
+        """Apply ``changes``; returns the row before and after. A row changed by another
+        writer between the read and the write (its version moved on) is read again and the
+        changes applied to it, as a PATCH means: a few times, then ``Unavailable``."""
+        for _ in range(UPDATE_TRIES):
             await self.refresh()
-            self._row(name)  # NotFound when it was deleted meanwhile
-            raise Unavailable(f'"{name}" was changed by someone else at the same moment; try again')
-        await self._after_change()
-        return before, after
+            before = self._row(name)  # NotFound when it was deleted meanwhile
+            full = check_changes(before.spec(), changes)
+            await self._read_known_queues()
+            self._check_target(full)
+            now = self.clock.now()
+            wanted = replace(before, **{k: v for k, v in full.items() if k != "name"}, updated_at=now, updated_by=actor)
+            after = await self.store.update_stored_schedule(wanted, before.version)
+            if after is not None:
+                await self._after_change()
+                return before, after
+        await self.refresh()
+        self._row(name)
+        raise Unavailable(f'"{name}" was changed by someone else at the same moment, {UPDATE_TRIES} times; try again')
 
     async def delete(self, name: str) -> StoredSchedule:
         await self.refresh()
