@@ -133,13 +133,15 @@ def check_note(note: object) -> str | None:
 
 
 def is_id(value: str) -> bool:
-    """Whether ``value`` has the shape of a run or backfill id."""
-    return _ID.fullmatch(value) is not None
+    """Whether ``value`` has the shape of a run or backfill id (a ``str``)."""
+    return isinstance(value, str) and _ID.fullmatch(value) is not None
 
 
 def check_id(value: str, what: str) -> str:
     """``value`` if it can be the id of a ``what`` (``run``, ``backfill``); else NotFound,
-    as for any id that names nothing."""
+    as for any id that names nothing (BadInput for what is no text at all: ``None``, 5)."""
+    if not isinstance(value, str):
+        raise BadInput(f"{what} id {shown_number(value, 60)} is not text", field="id")
     if not is_id(value):
         raise NotFound(f'no {what} with id "{printable(value, 60)}"')
     return value

@@ -1016,9 +1016,73 @@ async def test_waits_past_the_366_day_bound_fail_the_execution(engines: Callable
     assert "after the execution's 366-day bound" in (failed.error_message or "")
     waiting = await engine.durable.get(wait.id)
     assert waiting.wake_at == waiting.created_at + timedelta(days=366)  # no timeout: until the bound
-    clock.advance(timedelta(days=366))
+    clock.advance(timedelta(days=366, seconds=1.5))  # (claimed a moment late, as a live instance would)
     await engine.quiesce()
-    assert (await engine.durable.get(wait.id)).output is None
+    # The wait ends with the execution: it cannot outlive its bound (this asserted only
+    # "output is None", which an expired execution has too).
+    ended = await engine.durable.get(wait.id)
+    assert (ended.status, ended.error_tag, ended.output) == ("failed", "expired", None)
+
+
+@pytest.mark.parametrize("length", [1e13, 1e20, timedelta(days=999_999_999)])
+async def test_a_sleep_or_wait_no_date_can_hold_fails_expired_not_overflow(
+    engines: Callable[..., Engine], clock: ManualClock, length: Any
+) -> None:
+    """A length past what a date (or a timedelta) can hold failed the execution with
+    OverflowError, "date value out of range"; it is past the bound like any other."""
+
+    async def sleeps(ctx: DurableContext, input: Any) -> None:
+        await ctx.sleep("forever", length)
+
+    async def waits(ctx: DurableContext, input: Any) -> None:
+        await ctx.wait_for("go", timeout=length)
+
+    engine = engines([define_durable(name="sleeps", handler=sleeps), define_durable(name="waits", handler=waits)])
+    await engine.start()
+    ids = [(await engine.durable.start_execution(name)).id for name in ("sleeps", "waits")]
+    await engine.quiesce()
+    for id_, what in zip(ids, ('the sleep "forever"', 'the wait "go"'), strict=True):
+        failed = await engine.durable.get(id_)
+        assert (failed.status, failed.error_tag) == ("failed", "expired")
+        assert (failed.error_message or "").startswith(f"{what} of ") and "366-day bound" in (failed.error_message or "")
+
+
+async def test_a_step_called_after_the_code_returned_is_not_run(engines: Callable[..., Engine], clock: ManualClock) -> None:
+    """A task the code left behind called ctx.step after the execution had succeeded: the
+    step's function ran (its work done outside any lease, recorded nowhere), then the
+    write failed and the log said the lease was "taken over by another claim"."""
+    called: list[str] = []
+    left: list[asyncio.Task[Any]] = []
+    returned = asyncio.Event()
+
+    async def late(ctx: DurableContext) -> None:
+        await returned.wait()
+        await ctx.step("late", lambda: called.append("late"))
+
+    async def code(ctx: DurableContext, input: Any) -> str:
+        left.append(asyncio.ensure_future(late(ctx)))
+        return "done"
+
+    engine = engines([define_durable(name="d", handler=code)])
+    await engine.start()
+    started = await engine.durable.start_execution("d")
+    await engine.quiesce()
+    assert (await engine.durable.get(started.id)).status == "succeeded"
+    returned.set()
+    await asyncio.wait(left)
+    assert called == []
+    assert type(left[0].exception()).__name__ == "Ended"
+    assert [(s.name, s.status) for s in (await engine.durable.get(started.id)).steps or []] == []
+
+
+@pytest.mark.parametrize("bad", [None, 5, 10**5000], ids=["None", "5", "5001 digits"])
+async def test_an_execution_id_that_is_no_text_is_bad_input(engines: Callable[..., Engine], bad: Any) -> None:
+    engine = engines([])
+    await engine.open()
+    for call in (lambda: engine.durable.signal(bad, "go"), lambda: engine.durable.cancel(bad),
+                 lambda: engine.durable.get(bad)):  # fmt: skip
+        with pytest.raises(BadInput, match=r"^execution id .* is not text$"):
+            await call()
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from inspect import CO_COROUTINE
 from types import FunctionType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from backend.durable.definition import DEFAULT_RETRY, NO_RETRY, Retry
 from backend.durable.errors import StepFailed
-from backend.durable.model import SAME_AS_JSON, TAG_AT_MOST_ONCE_INTERRUPTED, TAG_NOT_JSON, decode, encode
+from backend.durable.model import MAX_LIFETIME, SAME_AS_JSON, TAG_AT_MOST_ONCE_INTERRUPTED, TAG_NOT_JSON, decode, encode
 from backend.durable.store import Progress, StepRecord
 from backend.inputs import is_async_callable
 from backend.model import TAG_INTERRUPTED
@@ -37,6 +37,9 @@ SIGNAL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 MAX_LOG_LINE = 2000
 
 
+_BEYOND_THE_BOUND: Final = 2 * MAX_LIFETIME.total_seconds()
+
+
 def _seconds(value: float | timedelta, what: str) -> timedelta:
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
@@ -46,7 +49,10 @@ def _seconds(value: float | timedelta, what: str) -> timedelta:
         raise TypeError(f"{what} must be a number of seconds or a timedelta, not {value!r}")
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"{what} must be 0 seconds or more, not {value!r}")
-    return timedelta(seconds=seconds)
+    # (Past the lifetime bound, any length fails the execution "expired" alike: one a
+    # timedelta or a date cannot hold must not fail it with an OverflowError instead.)
+    return timedelta(seconds=min(seconds, _BEYOND_THE_BOUND))
+
 
 
 class DurableContext:
@@ -221,7 +227,7 @@ class DurableContext:
         run.boundary()
         now = run.now
         started = record.started_at if record is not None and record.started_at else now
-        wake = record.wake_at if record is not None and record.wake_at else now + length
+        wake = record.wake_at if record is not None and record.wake_at else run.wake_after(f'the sleep "{name}"', now, length)
         if wake <= now:
             run.pending.append(StepRecord(position, name, "sleep", "succeeded", 1, started, now, wake_at=wake))
             return
@@ -246,7 +252,7 @@ class DurableContext:
         if record is not None:
             wake = record.wake_at or run.deadline
         else:
-            wake = now + length if length is not None else run.deadline
+            wake = run.wake_after(f'the wait "{name}"', now, length) if length is not None else run.deadline
         # A signal counts if it was sent by the wait's deadline: so a replay decides as the
         # first run did, whenever it happens (a later signal does not undo a timeout).
         signal = run.signals.get(name)

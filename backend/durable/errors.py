@@ -55,6 +55,12 @@ class Cancelled(Stop):
     """An operator cancelled the execution; it stops at this step boundary."""
 
 
+class Ended(Stop):
+    """The execution's code has returned (or raised): a step called after it, by a task
+    it left behind, is not run (its work would be done outside any lease, and recorded
+    nowhere)."""
+
+
 class Released(Stop):
     """This instance is stopping: the execution goes back to the queue at this boundary."""
 

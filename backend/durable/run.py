@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from backend.durable.definition import DurableFunction
-from backend.durable.errors import Cancelled, Fatal, LeaseLost, Released, StepFailed, Stop, Suspended
+from backend.durable.errors import Cancelled, Ended, Fatal, LeaseLost, Released, StepFailed, Stop, Suspended
 from backend.durable.model import MAX_LIFETIME, TAG_CANCELLED, TAG_EXPIRED, TAG_NONDETERMINISTIC, TAG_NOT_JSON, decode, encode
 from backend.durable.store import Claimed, DurableStore, Finish, Progress, StepRecord, Suspend, Write
 from backend.errors import Unavailable
@@ -180,6 +180,8 @@ class ExecutionRun:
 
     async def _conclude(self, outcome: Outcome) -> None:
         ending = self.ending
+        if ending is None:  # (what the code left behind meets this at its next step)
+            self.ending = Ended(f"execution {self.id} has ended: no step runs after its code returned")
         if isinstance(ending, (Suspended, LeaseLost)):
             return
         if isinstance(ending, Released):
@@ -337,6 +339,18 @@ class ExecutionRun:
             )
         return position, record
 
+    def wake_after(self, what: str, now: datetime, length: timedelta) -> datetime:
+        """``now + length``: when a sleep or a wait ends; one past the lifetime bound fails
+        the execution ``expired`` at once (see :meth:`check_bound`)."""
+        if length > self.deadline - now:
+            raise self.fatal(
+                TAG_EXPIRED,
+                f"{what} of {length.total_seconds():g}s would end after the execution's {MAX_LIFETIME.days}-day bound "
+                f"({self.deadline.isoformat()})",
+                self.current_step,
+            )
+        return now + length
+
     def check_bound(self, what: str, until: datetime) -> None:
         if until > self.deadline:
             raise self.fatal(
@@ -370,7 +384,7 @@ class ExecutionRun:
         finally:
             self.in_store = False
         if cancel is None:
-            if isinstance(self.ending, (Fatal, Cancelled)):
+            if isinstance(self.ending, (Fatal, Cancelled, Ended)):
                 self.ending = None  # the end it was writing is not written: its lease is gone
             self.lose("its lease was taken over by another claim")
             assert isinstance(self.ending, LeaseLost)
