@@ -160,6 +160,11 @@ def cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
+NOTE_CHARS = 120
+"""How much of a note (why a schedule is off) a notification repeats: all of most, the
+start of a long one, so that the toast fits an 80x24 screen with its title."""
+
+
 def echo(value: str) -> str:
     """A typed value as a message repeats it: :func:`cut` to :data:`ECHO_CHARS`."""
     return cut(value, ECHO_CHARS)

@@ -147,10 +147,11 @@ class ScheduleActions(App[None]):
             nxt = f"; next fire {fmt.countdown(view.next_fire_at, self.clock.now())}" if view.next_fire_at else ""
             cleared = ""
             if clears is not None and clears.note:  # the note said why it was off: say it is gone
-                cleared = f"; note cleared: “{clears.note}” ({clears.by}, {fmt.ago(clears.at, self.clock.now())})"
+                cleared = f"; note cleared: “{fmt.cut(clears.note, fmt.NOTE_CHARS)}” ({clears.by}, {fmt.ago(clears.at, self.clock.now())})"
             self.notify(f"{name} enabled{cleared}{nxt}", title="Enabled", markup=False)
         else:
-            self.notify(f"{name} disabled" + (f": {note}" if note else ""), title="Disabled", markup=False)
+            # (A note of 1,000 characters in full made a toast taller than the screen: its title cut off.)
+            self.notify(f"{name} disabled" + (f": {fmt.cut(note, fmt.NOTE_CHARS)}" if note else ""), title="Disabled", markup=False)
         self.views = [view if v.name == name else v for v in self.views]
         self.active_view.show()
         self.request_refresh()

@@ -29,6 +29,7 @@ from backend.client.embedded import EmbeddedBackend
 from backend.events.audit import os_user
 from backend.model import parse_iso
 from backend.store import open_store
+from console import format as fmt
 from console.app import PAGE_SIZE, SchedtuiApp, parse_keymap, short_where
 from console.commands import ConsoleCommands
 from console.screens import BackfillScreen, Confirm, HelpScreen, NotePrompt, RunDetails
@@ -234,6 +235,24 @@ async def test_r_runs_now_names_the_run_and_shows_it_in_the_timeline(store_url: 
         assert finished and newest.id in finished[0] and "succeeded" in finished[0]
         assert cell(app, "heartbeat", "last").startswith("✓ succeeded")
         assert cell(app, "heartbeat", "last").endswith("✎✓ 0s ago")  # the manual run, as such
+
+
+async def test_a_long_note_is_said_cut_short_so_the_notification_fits_the_screen(store_url: str) -> None:
+    """In full, a note of 1,000 characters made the "Disabled" toast taller than an 80x24
+    screen: its title, and which schedule it was, cut off above the first row."""
+    async with console(store_url) as (app, pilot, clock, notes):
+        await select(pilot, "heartbeat")
+        await pilot.press("e")
+        await settle(pilot)
+        assert isinstance(app.screen, NotePrompt)
+        app.screen.query_one(Input).value = "N" * 1000
+        await pilot.press("enter")
+        await settle(pilot)
+        assert notes.titled("Disabled") == [f"heartbeat disabled: {fmt.cut('N' * 1000, fmt.NOTE_CHARS)}"]
+        await pilot.press("e")
+        await settle(pilot)
+        (enabled,) = notes.titled("Enabled")
+        assert f"note cleared: “{fmt.cut('N' * 1000, fmt.NOTE_CHARS)}”" in enabled and len(enabled) < 250
 
 
 async def test_e_disables_with_a_note_then_enables(store_url: str) -> None:

@@ -303,6 +303,12 @@ async def test_n_sends_a_job_and_bad_input_sends_nothing(store_url: str) -> None
         await settle(pilot)
         assert notes.seen[-1] == ("Not sent", "delay 99,999,999s is out of range: 0 to 2,592,000 seconds (30 days)")
         assert (await app.backend.list_jobs("webhooks")).jobs == []
+        screen.query_one("#delay", Input).value = ""
+        screen.query_one("#delay", Input).focus()
+        await pilot.press("1", "e", "3")  # a character the field refuses is said, not only rung
+        await settle(pilot)
+        assert screen.query_one("#delay", Input).value == "13"
+        assert notes.titled("Not taken") == ["The delay takes digits and a point: 'e' was not taken."]
         screen.query_one("#delay", Input).value = "60"
         screen.query_one("#key", Input).value = "hook-1"
         await pilot.press("ctrl+s")

@@ -106,3 +106,24 @@ async def test_a_disabled_schedules_note_comes_before_its_fire_times() -> None:
         await pilot.pause()
         shown = line.render().plain
         assert shown.startswith("next    (disabled: will not fire) "), shown
+
+
+async def test_fire_times_in_different_years_show_their_years() -> None:
+    """A yearly schedule's next five were shown "01-01 00:00" five times: one time
+    repeated, to the eye."""
+
+    class Upcoming(App[None]):
+        def compose(self) -> ComposeResult:
+            yield UpcomingLine()
+
+    app = Upcoming()
+    async with app.run_test(size=(120, 3)) as pilot:
+        line = app.query_one(UpcomingLine)
+        line.zone = "UTC"
+        line.slots = [datetime(2027 + n, 1, 1, tzinfo=UTC) for n in range(5)]
+        await pilot.pause()
+        shown = line.render().plain
+        assert shown.startswith("next    2027-01-01 00:00 · 2028-01-01 00:00 · "), shown
+        line.slots = [datetime(2027, 1, 1 + n, tzinfo=UTC) for n in range(5)]  # one year: no year shown
+        await pilot.pause()
+        assert line.render().plain.startswith("next    01-01 00:00 · 01-02 00:00 · "), line.render().plain

@@ -7,6 +7,7 @@ three through a real ``schedtui serve`` (RemoteBackend), audited."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -454,6 +455,10 @@ def test_what_was_stored_is_said_field_by_field_and_a_long_payload_by_its_size()
     assert lines[1].startswith('payload {"ids": [0, 1, 2') and lines[1].endswith("… (399 bytes in all)")
     assert len(lines[1]) < SHOWN_PAYLOAD + 40
     assert lines[2] == "no description"
+    # A long description likewise: in full, 1,000 characters made the toast taller than an
+    # 80x24 screen, its title and the cron line cut off above the first row.
+    described = stored_fields(dataclasses.replace(view, description="N" * 1000)).splitlines()
+    assert described[2] == f"description {'N' * SHOWN_PAYLOAD}… (1,000 bytes in all)"
 
 
 async def test_the_enabled_box_says_ticked_or_not_without_colour(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

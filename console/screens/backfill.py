@@ -205,7 +205,7 @@ class BackfillScreen(ModalScreen[None]):
             yield TickBox("Skip the slots that already succeeded", id="skip", classes="form", compact=True)
             with Horizontal(classes="field form", id="confirm-row"):
                 yield Label("Confirm")
-                yield BoundedInput(placeholder="type the slot count", id="confirm", restrict=r"[0-9,]*",
+                yield BoundedInput(placeholder="type the slot count", id="confirm", restrict=r"[0-9,]*", restrict_says="digits",
                                    limit=NUMBER_CHARS, unit="characters", what="The count")
             yield Static("", id="confirm-hint", classes="form")
             with Vertical(id="progress-box"):

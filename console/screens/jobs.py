@@ -192,7 +192,7 @@ class TypedCount(ModalScreen[bool]):
             box.border_title = "Confirm"
             yield Label(Content(self.question), id="typed-question")
             yield Label(Content(self.detail))
-            yield BoundedInput(placeholder=f"type {self.count} to confirm", id="typed", restrict=r"[0-9,]*",
+            yield BoundedInput(placeholder=f"type {self.count} to confirm", id="typed", restrict=r"[0-9,]*", restrict_says="digits",
                                limit=NUMBER_CHARS, unit="characters", what="The count")
             yield Static("", id="why")
             yield Label(f"type {self.count}, then enter · esc cancels", classes="hint")
@@ -290,11 +290,12 @@ class SendJobScreen(ModalScreen[Sent | None]):
             with Horizontal(classes="field"):
                 yield Label("Delay")
                 yield BoundedInput(placeholder="seconds (0 to 30 days)", id="delay", restrict=r"[0-9.]*",
-                                   limit=NUMBER_CHARS, unit="characters", what="The delay")
+                                   restrict_says="digits and a point", limit=NUMBER_CHARS, unit="characters",
+                                   what="The delay")
             with Horizontal(classes="field"):
                 yield Label("Attempts")
                 yield BoundedInput(placeholder="1-20 (blank: the queue's)", id="attempts", restrict=r"[0-9]*",
-                                   limit=NUMBER_CHARS, unit="characters", what="Attempts")
+                                   restrict_says="digits", limit=NUMBER_CHARS, unit="characters", what="Attempts")
             with Horizontal(classes="field"):
                 yield Label("Key")
                 yield BoundedInput(placeholder="optional: one job per key while queued, running or dead", id="key",

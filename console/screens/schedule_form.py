@@ -61,17 +61,18 @@ DEFINED_IN_CODE = "Defined in code"
 def stored_fields(view: ScheduleView) -> str:
     """The fields of a schedule as the backend stored them, one per line (said after the
     form saves, so that what was typed can be checked against what was kept)."""
-    if view.payload is None:
-        payload = "none"
-    else:
-        text = json.dumps(view.payload, ensure_ascii=False)
-        payload = text if len(text) <= SHOWN_PAYLOAD else (
-            f"{text[:SHOWN_PAYLOAD]}… ({len(text.encode()):,} bytes in all)")
+    payload = "none" if view.payload is None else _shown(json.dumps(view.payload, ensure_ascii=False))
     return "\n".join([
         f"cron {view.cron} in {view.timezone} · {'enabled' if view.enabled else 'disabled'}",
         f"payload {payload}",
-        f"description {view.description}" if view.description else "no description",
+        f"description {_shown(view.description)}" if view.description else "no description",
     ])
+
+
+def _shown(text: str) -> str:
+    """A long field in a notification: its start and its size (in full, a 1,000-character
+    description made the toast taller than the screen, its title and cron cut off)."""
+    return text if len(text) <= SHOWN_PAYLOAD else f"{text[:SHOWN_PAYLOAD]}… ({len(text.encode()):,} bytes in all)"
 
 
 @cache

@@ -18,6 +18,8 @@ from textual import events
 from textual.widget import Widget
 from textual.widgets import Input, TextArea
 
+from backend.safetext import printable
+
 __all__ = ["LINE_CHARS", "NUMBER_CHARS", "Bounded", "BoundedInput", "BoundedTextArea", "fit", "said"]
 
 LINE_CHARS = 500
@@ -127,9 +129,13 @@ class BoundedInput(Bounded, Input):
     pressed). With ``restrict`` (a character class, ``[0-9]*``), the characters it does
     not allow are left out of a burst, as they are when typed one at a time."""
 
-    def __init__(self, value: str = "", *, limit: int, what: str, unit: Unit = "bytes", **kwargs: Any) -> None:
+    def __init__(
+        self, value: str = "", *, limit: int, what: str, unit: Unit = "bytes", restrict_says: str = "", **kwargs: Any
+    ) -> None:
         super().__init__(value, **kwargs)
         self._bound(limit, what, unit)
+        self.restrict_says = restrict_says or f"only {kwargs.get('restrict')}"
+        """What ``restrict`` allows, in words (``digits and a point``), for the notification."""
 
     async def _on_key(self, event: events.Key) -> None:
         self._gather(event)
@@ -146,6 +152,10 @@ class BoundedInput(Bounded, Input):
             allowed = "".join(c for c in text if re.fullmatch(self.restrict, c))
             if len(allowed) < len(text):
                 self.restricted()
+                # Said, not only rung: "1e3" would otherwise be sent as 13, without a word.
+                left_out = "".join(dict.fromkeys(c for c in text if not re.fullmatch(self.restrict, c)))
+                self.notify(f"{self.what} takes {self.restrict_says}: {printable(left_out, 20)!r} was not taken.",
+                            title="Not taken", severity="warning", markup=False)  # fmt: skip
             text = allowed
         start, end = sorted(self.selection)
         value = self.value

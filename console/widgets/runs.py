@@ -163,8 +163,10 @@ class UpcomingLine(Widget):
         same_day = all(t.date() == local[0].date() for t in local)
         if same_day:
             shown = [local[0].strftime("%m-%d %H:%M:%S")] + [t.strftime("%H:%M:%S") for t in local[1:]]
-        else:
+        elif all(t.year == local[0].year for t in local):
             shown = [t.strftime("%m-%d %H:%M") for t in local]
+        else:  # (a yearly schedule's five were the same "01-01 00:00" five times)
+            shown = [t.strftime("%Y-%m-%d %H:%M") for t in local]
         parts: list[str | tuple[str, str]] = [("next    ", "$text-muted")]
         if self.note:  # first: a narrow terminal cuts the end of the line
             parts.append((f"({self.note}) ", "$text-warning"))
