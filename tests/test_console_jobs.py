@@ -249,6 +249,40 @@ async def test_x_deletes_after_asking_and_esc_keeps_the_job(store_url: str) -> N
         assert view.query_one(JobsTable).row_count == 6
 
 
+async def test_a_job_deleted_elsewhere_under_the_cursor_lets_no_key_act_on_the_row_it_fell_on(store_url: str) -> None:
+    """The selected job was deleted from a shell: the cursor stayed on its row number, now
+    another job's, without a word, and ``x`` ``y`` typed ahead deleted a job nobody had
+    picked. Its going is said, and the next key that acts does nothing but say why."""
+    async with jobs_view(store_url) as (app, pilot, clock, notes, view):
+        await pilot.press("enter")
+        await settle(pilot)
+        await pilot.press("down")
+        await settle(pilot)
+        table = view.query_one(JobsTable)
+        gone = table.selected_job
+        assert gone is not None
+        await app.backend.delete_job("mailer", gone.id)  # elsewhere: another operator, a shell
+        app.request_refresh()
+        await settle(pilot)
+        landed = table.selected_job
+        assert landed is not None and landed.id != gone.id
+        (said,) = notes.titled("Job gone")
+        assert said.startswith(f"Job {gone.id} is no longer shown") and landed.id in said
+        await pilot.press("x")
+        await settle(pilot)
+        assert not isinstance(app.screen, Confirm)
+        assert notes.titled("Job gone")[-1] == (f"Delete: not done. Job {gone.id} left the list and the cursor moved by "
+                                                f"itself. Press the key again to act on job {landed.id}.")  # fmt: skip
+        await pilot.press("x")  # again: the job under the cursor now is chosen
+        await settle(pilot)
+        assert isinstance(app.screen, Confirm) and landed.id in app.screen.question
+        await pilot.press("escape")
+        await settle(pilot)
+        await pilot.press("x", "y")  # this console's own delete says nothing of the kind
+        await settle(pilot)
+        assert len(notes.titled("Job gone")) == 2
+
+
 async def test_P_pauses_and_resumes_the_queue_and_p_still_pauses_refreshes(store_url: str) -> None:
     async with jobs_view(store_url) as (app, pilot, clock, notes, view):
         await pilot.press("P")

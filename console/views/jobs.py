@@ -74,6 +74,15 @@ class JobsView(View):
         self._pages: list[str | None] = [None]
         self._page_of: tuple[str, str | None, str | None] | None = None
         """(queue, status, before) of the page on screen."""
+        self.moved: tuple[str, str | None] | None = None
+        """The selected job that left the page by itself (deleted, retried, done elsewhere)
+        and the one the cursor fell on instead, until the operator moves the cursor or
+        presses a key that acts (which then acts on nothing, saying so): ``x`` ``y`` typed
+        ahead deleted a job nobody had picked."""
+        self._deleting: str | None = None
+        """The job this console is deleting (its row going is no surprise)."""
+        self._shown_of: tuple[str | None, str | None, str | None] | None = None
+        """(queue, status, before) of the jobs the table shows."""
 
     def compose(self) -> ComposeResult:
         yield Line("QUEUES", id="queues-title", classes="section")
@@ -145,7 +154,15 @@ class JobsView(View):
         now = self.console.clock.now()
         current = (self.selected_queue, self.status, self._pages[-1])
         jobs = self.page.jobs if self.page is not None and self._page_of == current else []
+        before = table.selected_job if self._shown_of == current else None  # (a page of another filter: no surprise)
         table.show(jobs, now)
+        self._shown_of = current if self._page_of == current else None
+        landed = table.selected_job
+        if before is not None and jobs and before.id not in table.jobs and before.id != self._deleting:
+            self.moved = (before.id, landed.id if landed is not None else None)
+            elsewhere = f"; the cursor is on job {landed.id} now" if landed is not None else ""
+            self.notify(f"Job {before.id} is no longer shown: deleted, retried or finished elsewhere{elsewhere}.",
+                        title="Job gone", severity="warning", markup=False)  # fmt: skip
         queue = self.selected_queue
         if queue is None:
             self.query_one("#jobs-title", Line).update(Content("JOBS"))
@@ -184,6 +201,12 @@ class JobsView(View):
     def _queue_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()
         self.jobs_table.focus()
+
+    @on(DataTable.RowHighlighted, "#jobs-table")
+    def _job_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        job_id = getattr(event.row_key, "value", None)
+        if self.moved is not None and job_id != self.moved[1]:
+            self.moved = None  # the operator moved the cursor: what it is on now is chosen
 
     @on(DataTable.RowSelected, "#jobs-table")
     def _job_selected(self, event: DataTable.RowSelected) -> None:
@@ -241,6 +264,13 @@ class JobsView(View):
         job = self.jobs_table.selected_job
         if job is None:
             self.notify(f"{action}: no job selected (Enter on a queue goes to its jobs).", severity="warning")
+            return None
+        if self.moved is not None:
+            gone, _ = self.moved
+            self.moved = None
+            self.notify(f"{action}: not done. Job {gone} left the list and the cursor moved by itself. "
+                        f"Press the key again to act on job {job.id}.", title="Job gone", severity="warning",
+                        markup=False)  # fmt: skip
             return None
         return queue, job
 
@@ -327,6 +357,7 @@ class JobsView(View):
 
     @work(group="jobs-action")
     async def _delete(self, queue: str, job: Job) -> None:
+        self._deleting = job.id
         try:
             await self.console.backend.delete_job(queue, job.id)
         except SchedtuiError as exc:
