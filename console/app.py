@@ -57,8 +57,9 @@ from textual.widgets import ContentSwitcher, Input, Static, TextArea
 
 from backend.client.interface import SYSTEMS, Backend
 from backend.clock import Clock, SystemClock
-from backend.errors import SchedtuiError
+from backend.errors import BadInput, SchedtuiError
 from backend.model import Run, ScheduleView
+from backend.safetext import printable
 from console import format as fmt
 from console.commands import ConsoleCommands
 from console.driver import batched
@@ -87,14 +88,31 @@ failed (besides those whose name, cron, zone or description contain the word).""
 
 
 def parse_keymap(text: str) -> dict[str, str]:
-    """``run_now=R,backfill=B`` (``$SCHEDTUI_KEYMAP``) into a Textual keymap."""
+    """``run_now=R,backfill=B`` (``$SCHEDTUI_KEYMAP``) into a Textual keymap. Refused
+    (:class:`~backend.errors.BadInput`, naming it) rather than half taken: an item without
+    ``=`` or without a key, an id no key has, a key two ids would share, and a key of the
+    console's own (``q``, ``1``-``7``, ``?``…) given to another id: ``run_now=q`` made
+    ``q`` fire the selected schedule, without a word."""
+    ids = {key.binding_id for key in _every_key()}
+    own = {key.key: key.binding_id for key in SchedtuiApp.KEYS}
     keymap: dict[str, str] = {}
-    for item in text.replace(";", ",").split(","):
-        if "=" in item:
-            binding_id, _, keys = item.partition("=")
-            if binding_id.strip() and keys.strip():
-                keymap[binding_id.strip()] = keys.strip()
+    for item in filter(None, (part.strip() for part in text.replace(";", ",").split(","))):
+        binding_id, equals, key = (part.strip() for part in item.partition("="))
+        if not equals or not binding_id or not key:
+            raise BadInput(f"SCHEDTUI_KEYMAP: {printable(item, 60)!r} is not ID=KEY (such as run_now=R)")
+        if binding_id not in ids:
+            raise BadInput(f"SCHEDTUI_KEYMAP: no key has the id {printable(binding_id, 60)!r} (the ids are in the "
+                           "README's table of keys, and in the help)")  # fmt: skip
+        taken = own.get(key) or next((other for other, given in keymap.items() if given == key), None)
+        if taken is not None and taken != binding_id:
+            raise BadInput(f"SCHEDTUI_KEYMAP: {printable(key, 20)!r} is the key of {taken}; give {binding_id} another")
+        keymap[binding_id] = key
     return keymap
+
+
+def _every_key() -> tuple[Key, ...]:
+    """The app's keys and every view's."""
+    return (*SchedtuiApp.KEYS, *(key for spec in VIEWS if spec.make is not None for key in spec.make.KEYS))
 
 
 def _view_keys() -> tuple[Key, ...]:

@@ -8,6 +8,7 @@ sleeps: tests wait for the app's workers and for Pilot to settle.
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import threading
 from collections.abc import AsyncIterator
@@ -24,7 +25,7 @@ from textual.pilot import Pilot
 from textual.widget import Widget
 from textual.widgets import DataTable, Input
 
-from backend import Engine, Forbidden, ManualClock, NotFound, Run, define_schedule
+from backend import BadInput, Engine, Forbidden, ManualClock, NotFound, Run, define_schedule
 from backend.client.embedded import EmbeddedBackend
 from backend.events.audit import os_user
 from backend.model import parse_iso
@@ -659,7 +660,23 @@ def test_short_where_and_keymap() -> None:
     here = Path.cwd() / ".schedtui" / "state.db"
     assert short_where(ConnectionInfo("embedded", str(here), "single", "i", False)) == ".schedtui/state.db"
     assert short_where(ConnectionInfo("remote", "http://h:1", "single", "i", False)) == "http://h:1"
-    assert parse_keymap("run_now=R, backfill=B;bad") == {"run_now": "R", "backfill": "B"}
+    assert parse_keymap("run_now=R, backfill=B;") == {"run_now": "R", "backfill": "B"}
+
+
+@pytest.mark.parametrize(
+    ("keymap", "said"),
+    [
+        ("run_now=q", "'q' is the key of quit; give run_now another"),  # q fired the schedule, without a word
+        ("quit=1", "'1' is the key of view_schedules; give quit another"),
+        ("run_now=R,backfill=R", "'R' is the key of run_now; give backfill another"),
+        ("bogus=x", "no key has the id 'bogus'"),
+        ("run_now=", "'run_now=' is not ID=KEY"),
+        ("run_now=R;bad", "'bad' is not ID=KEY"),
+    ],
+)
+def test_a_keymap_that_would_take_a_key_or_name_nothing_is_refused(keymap: str, said: str) -> None:
+    with pytest.raises(BadInput, match=re.escape(said)):
+        parse_keymap(keymap)
 
 
 # ----------------------------------------------------------------------------------------
