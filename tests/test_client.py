@@ -4,7 +4,9 @@ console use) on what it sends and what it reads, against real HTTP servers."""
 
 from __future__ import annotations
 
+import socket
 import textwrap
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -252,3 +254,44 @@ async def test_what_was_wrong_with_an_answer_is_named(info: Mapping[str, Any], p
     assert caught.value.message == (
         f"{url} answered GET /inspect/info with JSON schedtui cannot read ({problem}); is it a schedtui server?"
     )
+
+
+async def test_an_action_whose_answer_never_came_says_it_may_have_been_done() -> None:
+    """A Run now to a frozen server answered "did not answer in time"; once it woke, it
+    fired, and the operator who pressed r again ran it twice. An action's request that
+    went out unanswered says it may have been done; a read's does not."""
+    received = threading.Event()
+    release = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def holds() -> None:  # reads each request, answers none (SIGSTOPped, as far as a client can tell)
+        held = []
+        while not release.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            held.append(conn)
+            received.set()
+        for conn in held:
+            conn.close()
+
+    thread = threading.Thread(target=holds, daemon=True)
+    thread.start()
+    backend = RemoteBackend(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=0.3, read_retries=())
+    try:
+        with pytest.raises(Unavailable) as acting:
+            await backend.run_now("nightly")
+        assert acting.value.message.endswith("(POST /inspect/schedules/nightly/fire); it may have been done all the same: "
+                                             "look before doing it again")  # fmt: skip
+        with pytest.raises(Unavailable) as reading:
+            await backend.get_run("01JD3Z6Q0V9W4C7PAXH3KJ1M2B")
+        assert "it may have been done" not in reading.value.message
+        assert received.is_set()
+    finally:
+        release.set()
+        listener.shutdown(socket.SHUT_RDWR)  # (wakes the accept; close alone does not)
+        listener.close()
+        await backend.close()
+        thread.join(5)

@@ -91,18 +91,18 @@ class RemoteBackend(Backend):
             try:
                 response = await self._client.request(method, path, **kwargs)
                 break
-            except httpx.TimeoutException:
+            except httpx.TimeoutException as exc:
                 if attempt < len(delays):
                     await asyncio.sleep(delays[attempt])
                     attempt += 1
                     continue
-                raise Unavailable(f"{self.where} did not answer in time ({method} {path})") from None
+                raise Unavailable(f"{self.where} did not answer in time ({method} {path}){_in_doubt(retry, exc)}") from None
             except httpx.TransportError as exc:
                 if attempt < len(delays):
                     await asyncio.sleep(delays[attempt])
                     attempt += 1
                     continue
-                raise Unavailable(f"cannot reach {self.where}: {_reason(exc)}") from None
+                raise Unavailable(f"cannot reach {self.where}: {_reason(exc)}{_in_doubt(retry, exc)}") from None
         return self._decode(response)
 
     def _decode(self, response: httpx.Response) -> Any:
@@ -388,6 +388,15 @@ def _result(action: Action, arguments: Mapping[str, Any], answer: Any) -> Any:
 
 #: What :meth:`RemoteBackend._decode` makes of an answer that is not JSON (``None`` is JSON's null).
 _NOT_JSON: Any = object()
+
+
+def _in_doubt(retried: bool, exc: httpx.TransportError) -> str:
+    """What an action's caller must know when its request went and no answer came back: it
+    may have been done all the same (a frozen server ran a Run now once it woke: pressed
+    again, it ran twice). Nothing for a read, or for a request that never left."""
+    if retried or isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+        return ""
+    return "; it may have been done all the same: look before doing it again"
 
 
 def _field(error: dict[str, Any]) -> str | None:
