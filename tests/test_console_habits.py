@@ -210,6 +210,9 @@ def test_commands_resolve_names_prefixes_and_numbers() -> None:
     assert resolve("", commands) == (None, "")
     action, why = resolve("t", {**commands, "tail": "tail"})
     assert action is None and why == "“:t” could be :tail or :timeline"
+    # what names nothing is echoed as it was typed, not as it was matched
+    assert resolve(":Nope", commands)[1].startswith("no command “:Nope”; try :schedules")
+    assert resolve("T", {**commands, "tail": "tail"})[1] == "“:T” could be :tail or :timeline"
 
 
 async def test_a_long_unknown_command_is_named_cut_short(store_url: str) -> None:

@@ -35,7 +35,8 @@ def commands_of(views: Iterable[tuple[str, str]]) -> dict[str, str]:
 def resolve(text: str, commands: dict[str, str]) -> tuple[str | None, str]:
     """``(action, "")`` for the command ``text`` names (a leading ``:`` and any case
     allowed), or ``(None, why)`` when it names none or several."""
-    word = text.strip().lstrip(":").strip().lower()
+    typed = text.strip().lstrip(":").strip()
+    word = typed.lower()  # echoed as typed
     if not word:
         return None, ""
     if word in commands:
@@ -46,9 +47,9 @@ def resolve(text: str, commands: dict[str, str]) -> tuple[str | None, str]:
     if len(actions) == 1:
         return actions.pop(), ""
     if matches:
-        return None, f"“:{fmt.echo(word)}” could be " + " or ".join(f":{name}" for name in matches)
+        return None, f"“:{fmt.echo(typed)}” could be " + " or ".join(f":{name}" for name in matches)
     views = [name for name in names if commands[name].startswith("show_view")]
-    return None, f"no command “:{fmt.echo(word)}”; try {', '.join(f':{name}' for name in views)}, :help or :q"
+    return None, f"no command “:{fmt.echo(typed)}”; try {', '.join(f':{name}' for name in views)}, :help or :q"
 
 
 class CommandLine(BoundedInput):
