@@ -143,6 +143,8 @@ def _canonical_field(text: str, field: int) -> str:
             if step == 0:
                 raise Invalid(f'step 0 in {name} "{item}"')
         if base == "*":
+            if not slash and "," in text:  # (Vixie cron reads it as the whole field; nobody means that)
+                raise Invalid(f'{name} "{text}" lists "*" beside other values ("*" alone means every value)')
             items.append(f"*/{step}" if slash else "*")
             continue
         first_text, dash, last_text = base.partition("-")
