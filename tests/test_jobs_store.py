@@ -160,6 +160,13 @@ async def test_a_queue_holds_at_most_ten_thousand_queued_and_dead_jobs(store: St
     (running,) = await claim(js, 1)  # running jobs do not count: one frees room
     assert running.id
     assert not (await js.send_jobs("mail", [new("fits again")], T0))[0].duplicate
+    # The running job dies: the queue holds one over its limit (a retry or a death is never
+    # refused). A send that adds nothing is still answered: a key held, an id sent before.
+    await js.cycle_jobs([finish(running, "dead", T0, tag="Boom")], {}, "worker-a", ids(), T0)
+    assert (await js.send_jobs("mail", [new("again 2", key="dup")], T0))[0].duplicate
+    assert [(s.id, s.duplicate) for s in await js.send_jobs("mail", [last], T0)] == [(last.id, False)]
+    with pytest.raises(QueueFull, match="it holds 10,001 queued and dead jobs"):
+        await js.send_jobs("mail", [new("one over"), new("again 3", key="dup")], T0)
 
 
 # ---------------------------------------------------------------------------------------

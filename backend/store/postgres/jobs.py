@@ -180,8 +180,9 @@ SEND = """
                 NOT EXISTS (SELECT 1 FROM schedtui_jobs h WHERE h.queue = %(queue)s AND h.key = w.key)
                 AND w.n = (SELECT min(v.n) FROM w v WHERE v.key = w.key)))
     ),
-    fits AS (
-        SELECT EXISTS (SELECT 1 FROM q) AND (SELECT n FROM held) + (SELECT count(*) FROM fresh) <= %(limit)s AS ok
+    fits AS (  -- (a send that adds nothing fits: a repeated keyed send answers its job, however full)
+        SELECT EXISTS (SELECT 1 FROM q)
+            AND (NOT EXISTS (SELECT 1 FROM fresh) OR (SELECT n FROM held) + (SELECT count(*) FROM fresh) <= %(limit)s) AS ok
     ),
     ins AS (
         INSERT INTO schedtui_jobs (id, queue, status, payload, key, cron, max_attempts, run_after, created_at)
@@ -449,8 +450,7 @@ SEND_ONE = """
     ),
     known AS (SELECT EXISTS (SELECT 1 FROM schedtui_jobs e WHERE e.id = $2::text) AS e),
     fits AS (
-        SELECT EXISTS (SELECT 1 FROM q)
-            AND (SELECT n FROM held) + CASE WHEN (SELECT e FROM known) THEN 0 ELSE 1 END <= $8::bigint AS ok
+        SELECT EXISTS (SELECT 1 FROM q) AND ((SELECT e FROM known) OR (SELECT n FROM held) + 1 <= $8::bigint) AS ok
     ),
     ins AS (
         INSERT INTO schedtui_jobs (id, queue, status, payload, key, cron, max_attempts, run_after, created_at)
