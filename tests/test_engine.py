@@ -1036,6 +1036,29 @@ async def test_retention_prunes_old_runs(make_engine: MakeEngine, clock: ManualC
     assert min(r.scheduled_at for r in runs) >= clock.now() - timedelta(days=1, hours=1)
 
 
+async def test_retention_never_makes_a_rare_schedule_forget_its_last_slot(make_engine: MakeEngine, clock: ManualClock) -> None:
+    """A monthly schedule with the default 30 days kept: its January run is older than
+    that when February's slot is missed; pruning it would leave nothing to catch up from,
+    and February's slot would be neither fired nor recorded missed."""
+    fired: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    clock.set("2027-01-01T09:00:00Z")
+    engine = make_engine([schedule(cron="0 9 1 * *", handler=handler, backfill="all")], retention=timedelta(days=30))
+    await _seed_last_run(engine, "job", at("2027-01-01T09:00:00Z"))
+    clock.set("2027-02-01T10:00:00Z")  # down over February's slot
+    await engine.maintain()  # housekeeping prunes before the catch-up reads
+    await engine.start()
+    await engine.quiesce()
+    assert fired == [at("2027-02-01T09:00:00Z")]
+    runs = await all_runs(engine, "job")
+    assert [(r.scheduled_at, r.status) for r in runs] == [
+        (at("2027-01-01T09:00:00Z"), "succeeded"), (at("2027-02-01T09:00:00Z"), "succeeded"),
+    ]  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------
 # operator actions
 # ---------------------------------------------------------------------------------------

@@ -637,15 +637,36 @@ async def test_prune_runs_by_creation_time(store: Store) -> None:
     store.save_runs([*made.values(), old_running])
     await store.flush()
 
-    assert await store.prune_runs(T0 + timedelta(hours=2)) == 2
+    # h0, the oldest, holds the newest slot: kept, whatever its age (the catch-up counts from it)
+    assert await store.prune_runs(T0 + timedelta(hours=2)) == 1
     remaining = await store.list_runs("job", limit=10)
-    assert remaining == [made["h2"], made["h3"]]  # created at the cutoff exactly: kept (listed by slot)
+    assert remaining == [made["h0"], made["h2"], made["h3"]]  # created at the cutoff exactly: kept (listed by slot)
     assert await store.running_runs() == [old_running]  # a run in flight is never pruned
     assert await store.prune_runs(T0 + timedelta(hours=2)) == 0
     assert await store.prune_runs(T0 - timedelta(days=1)) == 0
     assert await store.prune_runs(T0 + timedelta(days=1)) == 2
-    assert await store.list_runs("job", limit=10) == []
+    assert await store.list_runs("job", limit=10) == [made["h0"]]
+    assert await store.last_slots(["job"]) == {"job": made["h0"].scheduled_at}
     assert await store.get_run(old_running.id) == old_running
+
+
+async def test_pruning_keeps_each_schedules_newest_timed_slot(store: Store) -> None:
+    """A schedule rarer than the retention (monthly, with 30 days kept) would otherwise
+    forget that it ran, and its missed slots would be neither fired nor recorded missed."""
+    ids = Ids()
+    monthly = [run(ids(), name="monthly", scheduled_at=T0 + timedelta(days=31 * i)) for i in range(3)]
+    manual = run(ids(), name="monthly", scheduled_at=T0 + timedelta(days=90), trigger="manual")
+    other = [run(ids(), name="other", scheduled_at=T0 + timedelta(minutes=i)) for i in range(3)]
+    only_manual = run(ids(), name="by-hand", trigger="manual")
+    store.save_runs([*monthly, manual, *other, only_manual])
+    await store.flush()
+    assert await store.prune_runs(T0 + timedelta(days=400)) == 6  # everything else, at any age
+    assert [r.id for r in await store.list_runs("monthly", limit=10)] == [monthly[2].id]
+    assert [r.id for r in await store.list_runs("other", limit=10)] == [other[2].id]
+    assert await store.list_runs("by-hand", limit=10) == []
+    assert await store.last_slots(["monthly", "other", "by-hand"]) == {
+        "monthly": monthly[2].scheduled_at, "other": other[2].scheduled_at,
+    }  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------

@@ -203,7 +203,15 @@ LAST_SLOTS = """
     FROM unnest(%s::text[]) AS n(name)
 """
 RUNNING_RUNS = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE status = 'running'"
-PRUNE_RUNS = "DELETE FROM schedtui_runs WHERE id < %s AND status <> 'running'"
+#: Runs created before the floor, but never one in flight, nor the run of each schedule's
+#: newest timed slot (whatever its age): the catch-up counts from that slot (LAST_SLOT), so
+#: a schedule rarer than the retention would otherwise forget it ever ran.
+PRUNE_RUNS = """
+    DELETE FROM schedtui_runs WHERE id < %s AND status <> 'running'
+        AND id IS DISTINCT FROM (
+            SELECT n.id FROM schedtui_runs n WHERE n.name = schedtui_runs.name AND n.trigger <> 'manual' AND n.scheduled_at IS NOT NULL
+            ORDER BY n.scheduled_at DESC, n.id DESC LIMIT 1)
+"""
 GET_STATES = "SELECT name, enabled, changed_by, changed_at, note FROM schedtui_schedule_state"
 SET_STATE = """
     INSERT INTO schedtui_schedule_state (name, enabled, changed_by, changed_at, note)

@@ -159,7 +159,15 @@ RUNS_BETWEEN = f"""
 """
 LAST_SLOT = "SELECT max(scheduled_at) FROM runs WHERE name = ? AND trigger <> 'manual'"
 RUNNING_RUNS = f"SELECT {RUN_COLUMNS} FROM runs WHERE status = 'running'"
-PRUNE_RUNS = "DELETE FROM runs WHERE id < ? AND status <> 'running'"
+#: Runs created before the floor, but never one in flight, nor the run of each schedule's
+#: newest timed slot (whatever its age): the catch-up counts from that slot (LAST_SLOT), so
+#: a schedule rarer than the retention would otherwise forget it ever ran.
+PRUNE_RUNS = """
+    DELETE FROM runs WHERE id < ? AND status <> 'running'
+        AND id IS NOT (  -- (null-safe: a schedule with no timed run)
+            SELECT n.id FROM runs n WHERE n.name = runs.name AND n.trigger <> 'manual' AND n.scheduled_at IS NOT NULL
+            ORDER BY n.scheduled_at DESC, n.id DESC LIMIT 1)
+"""
 GET_STATES = "SELECT name, enabled, changed_by, changed_at, note FROM schedule_state"
 SET_STATE = """
     INSERT INTO schedule_state (name, enabled, changed_by, changed_at, note) VALUES (?, ?, ?, ?, ?)
