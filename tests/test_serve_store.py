@@ -175,6 +175,94 @@ def test_another_name_for_the_file_is_no_way_around_the_one_firer(root: Path) ->
     assert stopped == 0, first.log_text()
 
 
+def test_a_firing_lock_file_deleted_by_a_tidy_up_lets_no_second_firer_in(root: Path) -> None:
+    """The lock file is found by its name; the store file's own lock is its inode's."""
+    db = root / "state.db"
+    first = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}", "--instance", "first")
+    try:
+        poll(lambda: count_runs(db) > 0, timeout=20, what="the first serve to fire")
+        (root / "state.db.firing-lock").unlink()  # `rm -f state.db.*`, a tmp cleaner
+        second = subprocess.run(serve_argv(db, "--instance", "second"), cwd=root, env=cli_env(),
+                                capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert second.returncode == 1, second.stderr
+        assert second.stderr.startswith("schedtui: refusing to fire: another process already fires"), second.stderr
+        assert {row[0] for row in ledger(db, "SELECT DISTINCT instance FROM runs")} == {"first"}
+    finally:
+        stopped = first.stop()
+    assert stopped == 0, first.log_text()
+
+
+def test_a_store_file_bind_mounted_on_its_own_is_refused_by_every_verb(root: Path) -> None:
+    """A file mounted alone (``docker run -v state.db:/app/state.db``) is a second name whose
+    write-ahead log lives apart from it, outside the mount."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("a bind mount needs Linux and root")
+    db, other = root / "state.db", root / "other" / "state.db"
+    sqlite3.connect(db).close()
+    other.parent.mkdir()
+    other.touch()
+    mounted = subprocess.run(["mount", "--bind", str(db), str(other)], capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {mounted.stderr.strip()}")
+    try:
+        for argv in (serve_argv(other, "--instance", "second"),
+                     [sys.executable, "-m", "console.cli", "list", "--store", f"sqlite:///{other}"]):  # fmt: skip
+            refused = subprocess.run(argv, cwd=root, env=cli_env(), capture_output=True, text=True, timeout=60, check=False)
+            assert refused.returncode == 2, refused.stderr
+            [line] = refused.stderr.splitlines()
+            assert line.startswith(f'schedtui: the store file "{other}" is mounted on its own'), line
+        assert not (root / "other" / "state.db-wal").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(other)], check=False)
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ("UPDATE schema_version SET version = 'abc'", "holds 'abc', not one version number"),
+        ("INSERT INTO schema_version VALUES (3)", "holds 7, 3, not one version number"),
+        ("DELETE FROM schema_version", "is empty, yet the store holds schedtui's tables"),
+    ],
+)
+def test_a_store_whose_version_table_was_edited_is_refused_naming_it(root: Path, damage: str, said: str) -> None:
+    db = root / "state.db"
+    async def make() -> None:
+        made = SQLiteStore(db)
+        await made.open()
+        await made.close()
+
+    asyncio.run(make())
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(7,)]
+        conn.execute(damage)
+        conn.commit()
+    listed = subprocess.run([sys.executable, "-m", "console.cli", "list", "--store", f"sqlite:///{db}"],
+                            cwd=root, env=cli_env(), capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert listed.returncode == 1
+    assert listed.stderr.splitlines() == [
+        f'schedtui: the schema_version table of the store "{db}" {said}'
+        + listed.stderr.split(said, 1)[1].rstrip("\n")
+    ]
+    assert "restore the store from a backup" in listed.stderr
+
+
+def test_a_store_path_that_is_a_folder_or_under_a_file_is_one_line_naming_it(root: Path) -> None:
+    (root / "folder.db").mkdir()
+    (root / "plain").write_text("")
+    for verb in ("list", "serve"):
+        argv = [sys.executable, "-m", "console.cli", verb, "--schedules", "schedules", "--store"]
+        folder = subprocess.run([*argv, f"sqlite:///{root / 'folder.db'}"], cwd=root, env=cli_env(),
+                                capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert (folder.returncode, folder.stderr) == (
+            2, f'schedtui: the store "{root / "folder.db"}" is a folder; --store names the database file itself\n'
+        ), folder.stderr
+    under = subprocess.run(serve_argv(root / "plain" / "new" / "state.db"), cwd=root, env=cli_env(),
+                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert (under.returncode, under.stderr) == (
+        1, f'schedtui: cannot create the folder for the store "{root / "plain" / "new" / "state.db"}": Not a directory\n'
+    ), under.stderr
+
+
 # ---------------------------------------------------------------------------------------
 # a store file deleted while serving
 # ---------------------------------------------------------------------------------------

@@ -23,8 +23,11 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import sqlite3
+import stat
+import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,6 +71,22 @@ from backend.store.sqlite.writer import (
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
 
+def _mounted_alone(path: Path) -> bool:
+    """Whether the file ``path`` is a mount point (bind-mounted on its own); Linux only."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as info:
+            lines = info.read().splitlines()
+    except OSError:
+        return False
+    real = os.path.realpath(path)
+    for line in lines:
+        fields = line.split(" ")
+        # the fifth field is the mount point, with space, tab, newline and backslash as \ooo
+        if len(fields) > 4 and re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]) == real:
+            return True
+    return False
+
+
 class SQLiteStore(
     SQLiteRuns, SQLiteInstances, SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteAlerts, SQLiteEvents,
     SQLiteMetrics, SQLiteActivity, SQLiteLogs,
@@ -95,7 +114,8 @@ class SQLiteStore(
         self._last_writer: _Writer | None = None  # its counters outlive close()
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         self._read_conn: sqlite3.Connection | None = None
-        self._firing_lock: int | None = None
+        self._firing_lock: tuple[int, ...] | None = None
+        """The firing process's locked files: the lock file, and (Linux) the store file."""
         self._firer: str | None = None
         self._reserve: Reserve | None = None
         """The firing process's reserve (see :mod:`backend.store.sqlite.reserve`)."""
@@ -124,11 +144,21 @@ class SQLiteStore(
         return self.path.with_name(self.path.name + ".firing-lock")
 
     def _require_file(self) -> None:
+        if self.path.exists() and not self.path.is_file():
+            self._refuse_other_names()  # says what it is
         if not self.path.is_file():
             raise NotFound(
                 f'no store at "{self.path}" (no such file); check --store and the working '
                 "directory (only `schedtui serve` and `schedtui demo` create a store)"
             )
+
+    def _make_folder(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise Unavailable(
+                f'cannot create the folder for the store "{self.path}": {exc.strerror or exc}'
+            ) from None
 
     def _refuse_other_names(self) -> None:
         """Refuse a store file that has more than one name (hard links). SQLite keeps its
@@ -137,11 +167,22 @@ class SQLiteStore(
         a firing lock beside each name lets a firer in through each, and a checkpoint
         through one name overwrites what the other's log holds (a corrupt store)."""
         try:
-            names = os.stat(self.path).st_nlink
-        except FileNotFoundError:
-            return  # created by the writer (one name)
+            st = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return  # created by the writer (one name), in a folder made first (or refused then)
         except OSError as exc:
             raise Unavailable(f'cannot look at the store file "{self.path}": {exc.strerror or exc}') from None
+        if not stat.S_ISREG(st.st_mode):
+            what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise BadInput(f'the store "{self.path}" is {what}; --store names the database file itself', field="store")
+        if _mounted_alone(self.path):
+            raise BadInput(
+                f'the store file "{self.path}" is mounted on its own (a bind mount of the file, as '
+                "`docker run -v state.db:…` makes); SQLite keeps its write-ahead log beside the name it opens, so "
+                "the log would be outside the mount, apart from the file: mount the folder that holds it instead",
+                field="store",
+            )
+        names = st.st_nlink
         if names > 1:
             raise BadInput(
                 f'the store file "{self.path}" has {names} names (hard links); SQLite would keep a write-ahead log '
@@ -152,10 +193,7 @@ class SQLiteStore(
 
     async def open(self) -> None:
         if self.create:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise Unavailable(f'cannot create the folder for the store "{self.path}": {exc}') from exc
+            self._make_folder()
         else:
             self._require_file()
         self._refuse_other_names()
@@ -173,13 +211,26 @@ class SQLiteStore(
         await self._write_kept()
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        self.migrated = self._migrate_core(conn) + migrate_sqlite(conn, components_of(type(self)))
+        self.migrated = self._migrate_core(conn, str(self.path)) + migrate_sqlite(conn, components_of(type(self)))
 
     @staticmethod
-    def _migrate_core(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    def _migrate_core(conn: sqlite3.Connection, where: str) -> list[tuple[str, str]]:
         conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-        row = conn.execute("SELECT version FROM schema_version").fetchone()
+        rows = conn.execute("SELECT version FROM schema_version").fetchall()
+        row = rows[0] if rows else None
         version = row[0] if row else 0
+        if len(rows) > 1 or type(version) is not int or version < 0:
+            # (edited by hand, or another program's table of that name: nothing to trust)
+            shown = ", ".join(repr(r[0]) for r in rows[:3])
+            raise Unavailable(
+                f'the schema_version table of the store "{where}" holds {shown}, not one version number: '
+                "it was edited or is not schedtui's; restore the store from a backup"
+            )
+        if row is None and conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'runs'").fetchone():
+            raise Unavailable(
+                f'the schema_version table of the store "{where}" is empty, yet the store holds schedtui\'s '
+                "tables: it was edited; restore the store from a backup"
+            )
         if version > len(MIGRATIONS):
             raise Unavailable(
                 f"the store's schema is version {version}, newer than this schedtui knows ({len(MIGRATIONS)}); "
@@ -216,8 +267,9 @@ class SQLiteStore(
             self._reserve.close()
             self._reserve = None
         if self._firing_lock is not None:
-            fd, self._firing_lock = self._firing_lock, None
-            os.close(fd)  # releases the lock
+            fds, self._firing_lock = self._firing_lock, None
+            for fd in fds:
+                os.close(fd)  # releases the lock
 
     def _close_reader(self) -> None:
         if self._read_conn is not None:
@@ -302,24 +354,23 @@ class SQLiteStore(
             # The last resort: the log is the only place left that can keep it.
             log.error("run not written to the ledger: %s", json.dumps(run.to_json(), ensure_ascii=False))
 
-    def _lock_firing(self, instance: str) -> int:
+    def _lock_firing(self, instance: str) -> tuple[int, ...]:
         self._refuse_other_names()
         path = self.firing_lock_path
         if self.create:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise Unavailable(f'cannot create the firing lock "{path}": {exc}') from exc
-        try:
-            # flock: held by this open file, released by the kernel when the process ends,
-            # however it ends (SIGKILL too); not inherited across exec.
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise Unavailable(f'cannot lock "{path}": {exc}') from exc
-            raise InUse(self._in_use_message(path)) from None
+            self._make_folder()
+        fd = self._flock(path, "the firing lock", create=True)
+        fds: tuple[int, ...] = (fd,)
+        if sys.platform == "linux":
+            # The store file itself is locked too: the lock file is found by its name, so a
+            # lock file deleted by a tidy-up, or a second name for the store that the checks
+            # cannot see, would let a second firer in; the file's own lock is its inode's. flock
+            # and SQLite's own fcntl locks never meet on Linux (they would on BSD and macOS).
+            try:
+                fds += (self._flock(self.path, "the store file", create=self.create),)
+            except BaseException:
+                os.close(fd)
+                raise
         holder = {
             "instance": instance,
             "pid": os.getpid(),
@@ -328,6 +379,26 @@ class SQLiteStore(
         }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        return fds
+
+    def _flock(self, path: Path, what: str, *, create: bool) -> int:
+        """``path`` opened and locked alone (:class:`InUse` when another process holds it)."""
+        try:
+            fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+        except FileNotFoundError:
+            self._require_file()  # (deleted in between: says so plainly)
+            raise
+        except OSError as exc:
+            raise Unavailable(f'cannot open {what} "{path}": {exc.strerror or exc}') from None
+        try:
+            # flock: held by this open file, released by the kernel when the process ends,
+            # however it ends (SIGKILL too); not inherited across exec.
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise Unavailable(f'cannot lock {what} "{path}": {exc.strerror or exc}') from None
+            raise InUse(self._in_use_message(self.firing_lock_path)) from None
         return fd
 
     def live_firer(self) -> str | None:
