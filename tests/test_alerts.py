@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -39,7 +40,7 @@ from backend.ids import IdFactory
 from backend.jobs import JobContext
 from backend.model import InstanceInfo, Role, ScheduleState
 from backend.store import Store, open_store
-from console.cli.main import main
+from console.cli.main import UsageError, main, notify_file_urls
 from tests import pg
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
@@ -980,6 +981,36 @@ def test_serve_refuses_a_bad_notify_option_in_one_line(tmp_path: Path, capsys: p
     assert "must be shorter than the claim lease (60s)" in capsys.readouterr().err
     assert main(["serve", "--store", store, "--alert-interval", "0"]) == 2
     assert "--alert-interval: 0 must be a positive number of seconds" in capsys.readouterr().err
+
+
+def test_a_notify_file_takes_comments_after_a_url_and_refuses_other_text() -> None:
+    content = "# the team's hooks\n\n  https://hooks.example.test/a/b  # ops channel\nhttp://127.0.0.1:9000/x\t#x\n"
+    assert notify_file_urls(content, "hooks.txt") == ["https://hooks.example.test/a/b", "http://127.0.0.1:9000/x"]
+    with pytest.raises(UsageError) as refused:
+        notify_file_urls("https://a.test/1\nhttps://b.test/secret https://c.test/2\n", "hooks.txt")
+    assert str(refused.value) == (
+        'schedtui: --notify-file "hooks.txt" line 2: text after the URL that is not a # comment (one URL a line)'
+    )
+    with pytest.raises(BadInput, match=r"notify URL https://b.test/… holds a space"):
+        sink_of("https://b.test/se cret")
+
+
+async def test_a_webhooks_url_never_reaches_the_log_through_httpx(
+    alerting_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """httpx logs every request's URL at INFO, and a webhook's URL is its secret."""
+
+    async def handler(ctx: RunContext) -> None:
+        raise ValueError("broken")
+
+    engine = alerting_engine([define_schedule(name="export", cron="* * * * *", timezone="UTC", handler=handler)])
+    with caplog.at_level(logging.INFO):
+        await engine.start()
+        await step(engine, clock, 30, times=8)
+    assert receiver.delivered() == [("failing:export", "firing")]
+    requests = [r for r in caplog.records if r.name == "httpx"]
+    assert requests and all("HTTP Request: POST" in r.getMessage() for r in requests)
+    assert HOOK not in caplog.text and urlsplit(HOOK).path not in caplog.text
 
 
 def test_sinks_are_known_by_a_hash_and_shown_without_their_secret() -> None:

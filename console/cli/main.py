@@ -429,6 +429,23 @@ def _resolve_tokens(args: argparse.Namespace, dest: str, env: str, *, several: b
     return tokens
 
 
+def notify_file_urls(content: str, path: str) -> list[str]:
+    """The URLs of a ``--notify-file``: one a line; blank lines and ``#`` comments, whole
+    lines or after the URL, left out; other text after a URL is a usage error."""
+    urls = []
+    for number, line in enumerate(content.splitlines(), start=1):
+        words = line.split(None, 1)
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) > 1 and not words[1].startswith("#"):  # (the URL is not repeated: it holds its secret)
+            raise UsageError(
+                f'schedtui: --notify-file "{printable(path)}" line {number}: text after the URL that is not a '
+                "# comment (one URL a line)"
+            )
+        urls.append(words[0])
+    return urls
+
+
 def _alert_settings(args: argparse.Namespace) -> AlertSettings:
     """``serve``'s alert options, checked: every sink URL (``--notify``, ``--notify-file``)
     and the timings; a bad one is a usage error naming it."""
@@ -442,7 +459,7 @@ def _alert_settings(args: argparse.Namespace) -> AlertSettings:
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise UsageError(f'schedtui: cannot read --notify-file "{printable(args.notify_file)}": {reason}') from None
-        urls += [line.strip() for line in content.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        urls += notify_file_urls(content, args.notify_file)
     try:
         parse_sinks(urls)
         return AlertSettings(
