@@ -2,7 +2,8 @@
 
 The folder is searched, recursively, for ``*.cron.py``, ``*.jobs.py`` and ``*.durable.py``
 files. Each is imported by path, and every module-level object that is an instance of a
-*registered definition type* is collected, whatever the file's suffix: the suffix tells
+*registered definition type* is collected, and so is every definition the file made while
+it was imported without binding it to a name (:mod:`backend.defined`), whatever the file's suffix: the suffix tells
 readers what a file is mostly about, not what it may define. :class:`~backend.schedules.Schedule`
 is registered here; the queue and durable-function types register themselves with
 :func:`register_definition_type` when their modules are imported (a file that defines one
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from backend.defined import collecting
 from backend.errors import DefinitionError, DiscoveryError
 from backend.schedules import Schedule
 
@@ -162,7 +164,8 @@ def _load_file(path: Path) -> Iterable[tuple[int, Any]]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        with collecting() as made:
+            spec.loader.exec_module(module)
     except SyntaxError as exc:
         sys.modules.pop(module_name, None)
         raise _BadFile(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from exc
@@ -172,7 +175,9 @@ def _load_file(path: Path) -> Iterable[tuple[int, Any]]:
         detail = str(exc) if isinstance(exc, DefinitionError) else ": ".join(filter(None, [type(exc).__name__, str(exc)]))
         raise _BadFile(f"{path}:{line}: {detail}") from exc
     seen: list[tuple[int, Any]] = []
-    for value in vars(module).values():
+    # What it binds at module level (made here or imported), and what it made while imported
+    # without binding it: a bare define_schedule(...) call, a loop, a list.
+    for value in [*vars(module).values(), *made]:
         index = next((i for i, kind in enumerate(_KINDS) if isinstance(value, kind.type)), None)
         if index is not None and all(value is not other for _, other in seen):
             seen.append((index, value))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from backend.alerts.policy import ScheduleAlerting, schedule_alerting
 from backend.cron import Cron, shared_cron
+from backend.defined import caller_location, made
 from backend.errors import BadInput, CronError, DefinitionError
 from backend.inputs import check_json, check_text, is_async_callable, shown_number
 from backend.locks.model import check_lock_name, check_ttl
@@ -274,7 +275,7 @@ def define_schedule(
         raise bad(f"isolation {isolation!r} is not one of process (or None: in this process)")
     if isolation is not None and durable is not None:
         raise bad("isolation applies to a handler; a schedule with durable= starts an execution")
-    source = _caller_location()
+    source = caller_location()
     if isolation == "process" and (source is None or not source.rsplit(":", 1)[0].endswith(".py")):
         raise bad("isolation='process' needs the schedule defined in a definitions file (its child imports it again)")
     if trigger == "external" and parsed.has_seconds:
@@ -282,7 +283,7 @@ def define_schedule(
             f'cron "{parsed.expr}" has a seconds field; external schedulers fire at most once a '
             "minute, so a six-field schedule must use the self trigger"
         )
-    return Schedule(
+    return made(Schedule(
         name=name,
         cron=parsed,
         handler=handler,
@@ -300,19 +301,9 @@ def define_schedule(
         queue=queue,
         durable=durable,
         alert=alerting,
-    )
+    ))
 
 
 async def _unbound_target(ctx: RunContext) -> None:
     """The handler of a schedule with a target, until an engine binds it (it always does)."""
     raise RuntimeError(f"schedule {ctx.name} has a target but no engine bound it")
-
-
-def _caller_location() -> str | None:
-    """Where define_schedule was called (the caller of its caller here)."""
-    frame = inspect.currentframe()
-    try:
-        caller = frame.f_back.f_back if frame and frame.f_back else None
-        return f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller else None
-    finally:
-        del frame

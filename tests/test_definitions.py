@@ -54,6 +54,39 @@ def test_every_pattern_is_searched_and_each_may_define_any_kind(tmp_path: Path) 
     assert all(isinstance(s, Schedule) for s in discover(tmp_path))
 
 
+def test_a_definition_made_without_a_name_of_its_own_is_discovered_too(tmp_path: Path) -> None:
+    """A bare call (as the README's own examples write some), a loop, a list: each
+    definition made while its file is imported counts, as one bound to a name does."""
+    write(tmp_path / "bare.cron.py", """
+        from backend import define_durable, define_queue, define_schedule
+
+        async def handler(ctx, *args):
+            pass
+
+        define_schedule(name="bare", cron="0 * * * *", timezone="UTC", handler=handler)
+        define_queue(name="mailer", handler=handler)
+        define_durable(name="sync", handler=handler)
+        regions = [define_schedule(name=f"report-{r}", cron="0 6 * * *", timezone="UTC", handler=handler) for r in "ab"]
+        named = define_schedule(name="named", cron="0 * * * *", timezone="UTC", handler=handler)
+        also = named  # one definition, two names: found once
+    """)
+    found = discover_definitions(tmp_path)
+    assert [s.name for s in found.schedules] == ["bare", "named", "report-a", "report-b"]
+    assert [type(d).__name__ for d in found.items if not isinstance(d, Schedule)] == ["DurableFunction", "Queue"]
+    bare = next(s for s in found.schedules if s.name == "bare")
+    assert bare.source == f"{tmp_path / 'bare.cron.py'}:6"
+    # made twice under one name: refused as two files' would be
+    write(tmp_path / "loop.cron.py", """
+        from backend import define_schedule
+        async def handler(ctx):
+            pass
+        for _ in range(2):
+            define_schedule(name="again", cron="0 * * * *", timezone="UTC", handler=handler)
+    """)
+    with pytest.raises(DiscoveryError, match='schedule name "again" is defined twice: in .*loop.cron.py:5 and in'):
+        discover_definitions(tmp_path)
+
+
 def test_names_are_unique_per_kind_not_across_kinds(tmp_path: Path) -> None:
     write(tmp_path / "a.cron.py", schedule_file("mailer"))
     write(tmp_path / "b.jobs.py", 'from tests.test_definitions import FakeQueue\nq = FakeQueue("mailer")\n')

@@ -8,13 +8,13 @@ validated when it is defined, like a schedule, and discovered in the definitions
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final
 
 from backend.alerts.policy import DurableAlerting, durable_alerting
+from backend.defined import caller_location, made
 from backend.definitions import register_definition_type
 from backend.durable.model import MAX_LIFETIME
 from backend.errors import BadInput, DefinitionError
@@ -137,18 +137,12 @@ def define_durable(
         alerting = durable_alerting(alert)
     except BadInput as exc:
         raise DefinitionError(f"{label}: {exc.message}") from None
-    return DurableFunction(
-        name=name, handler=handler, step_timeout=timeout, description=description, source=_caller(), alert=alerting
-    )
+    return made(DurableFunction(
+        name=name, handler=handler, step_timeout=timeout, description=description, source=caller_location(),
+        alert=alerting,
+    ))
 
 
-def _caller() -> str | None:
-    frame = inspect.currentframe()
-    try:
-        caller = frame.f_back.f_back if frame and frame.f_back else None
-        return f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller else None
-    finally:
-        del frame
 
 
 register_definition_type(DurableFunction, "durable function")

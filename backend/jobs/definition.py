@@ -9,7 +9,6 @@ the value.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from backend.alerts.policy import QueueAlerting, queue_alerting
+from backend.defined import caller_location, made
 from backend.definitions import register_definition_type
 from backend.errors import BadInput, DefinitionError
 from backend.inputs import check_json, check_text, is_async_callable, is_id, shown_number
@@ -148,25 +148,18 @@ def define_queue(
         alerting = queue_alerting(alert)
     except BadInput as exc:
         raise bad(exc.message) from None
-    return Queue(
+    return made(Queue(
         name=name,
         handler=handler,
         concurrency=concurrency,
         attempts=attempts,
         max_runtime=float(max_runtime),
         description=description,
-        source=_caller_location(),
+        source=caller_location(),
         alert=alerting,
-    )
+    ))
 
 
-def _caller_location() -> str | None:
-    frame = inspect.currentframe()
-    try:
-        caller = frame.f_back.f_back if frame and frame.f_back else None
-        return f"{caller.f_code.co_filename}:{caller.f_lineno}" if caller else None
-    finally:
-        del frame
 
 
 # -- sends ---------------------------------------------------------------------------------
