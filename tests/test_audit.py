@@ -132,6 +132,14 @@ async def test_every_schedule_action_is_recorded_with_its_actor(make_engine: Any
         "backfill_id": progress.id, "from": "2026-03-02T05:00:00Z", "to": "2026-03-02T07:30:00Z", "count": 2,
     }  # fmt: skip
     assert all(e.at == clock.now() for e in page.entries)
+    # Enabling it again changes nothing (the state keeps who enabled it), but is recorded.
+    clock.advance(60)
+    with acting_as("carol"):
+        await engine.set_enabled("hourly", True)
+    again = (await engine.get_schedule("hourly")).state_note
+    assert again is not None and (again.by, again.at) == ("alice", note.at)
+    (latest,) = (await engine.audit.list(limit=1)).entries
+    assert (latest.actor, latest.action, latest.detail) == ("carol", "schedule.enable", {"note": None, "was_enabled": True})
 
 
 async def test_every_job_queue_action_is_recorded_and_signalled(make_engine: Any) -> None:
