@@ -438,6 +438,28 @@ async def test_a_boot_at_a_slot_instant_fires_that_slot_and_records_only_the_lat
     assert engine.next_fire_at("job") == at("2026-03-06T09:00:00Z")
 
 
+async def test_a_start_after_the_clock_was_stepped_back_fires_no_recorded_slot_again(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    """The clock ran an hour fast, fired up to 10:00, and NTP stepped it back before this
+    start: the slots up to 10:00 ran already, and the timer waits for the next after them."""
+    fired: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    clock.set("2026-03-02T09:00:30Z")
+    engine = make_engine([schedule(cron="*/15 * * * *", handler=handler, backfill="all")])
+    await _seed_last_run(engine, "job", at("2026-03-02T10:00:00Z"))
+    await engine.start()
+    await engine.quiesce()
+    for _ in range(7):
+        clock.advance(15 * 60)
+        await engine.quiesce()
+    assert fired == [at("2026-03-02T10:15:00Z"), at("2026-03-02T10:30:00Z"), at("2026-03-02T10:45:00Z")]
+    assert engine.next_fire_at("job") == at("2026-03-02T11:00:00Z")
+
+
 async def test_catch_up_walk_is_capped(make_engine: MakeEngine, clock: ManualClock) -> None:
     clock.set("2026-03-02T12:00:30Z")
     engine = make_engine([schedule(cron="* * * * *", backfill="skip")], catch_up_limit=1000)

@@ -173,7 +173,9 @@ class CatchUp:
                 catching.append((schedule, missed, reason, missed[-1] >= now - late_by))
             else:
                 self.busy.discard(schedule.name)
-                self.timers.arm(schedule, now)
+                # After the newest slot recorded, if that is ahead of now: a clock stepped back
+                # since (NTP correcting a fast one) must not fire a slot that ran already.
+                self.timers.arm(schedule, now if since is None else max(now, since))
         claimed = await self._claim_together([(schedule, missed) for schedule, missed, *_ in catching])
         for schedule, missed, reason, on_time in catching:
             claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
