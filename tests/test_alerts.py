@@ -29,7 +29,7 @@ from backend.alerts.evaluator import Evaluator
 from backend.alerts.model import Alert, AlertsPage, AlertState, Condition, ordered
 from backend.alerts.notifier import AlertSettings, parse_sinks, sink_of
 from backend.alerts.policy import DurableAlerting, QueueAlerting, ScheduleAlerting
-from backend.alerts.rules import prometheus_rules, render_rules
+from backend.alerts.rules import period, prometheus_rules, render_rules
 from backend.alerts.store import AlertStore, DeadJobs, SlotRun, StuckCandidate, Success, Transition
 from backend.api.app import create_app
 from backend.client.embedded import EmbeddedBackend
@@ -1059,6 +1059,25 @@ FAMILIES = {
 }  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("cron", "zone", "hours"),
+    [
+        ("0 9 * * *", "Europe/Berlin", 25),  # the autumn day lasts 25 hours: on time, never late
+        ("0 9 * * 1-5", "Europe/Berlin", 73),  # Friday to Monday across it
+        ("0 9 * * *", "Australia/Lord_Howe", 24.5),  # a half-hour change
+        ("0 */2 * * *", "Europe/Berlin", 3),  # real time: the spring gap
+        ("0 9 * * *", "UTC", 24),
+        ("*/5 * * * *", "Europe/Berlin", 1 / 12),  # every hour alike: no change to add
+        ("0 9 1 6 *", "UTC", 366 * 24),  # yearly: one slot in the 400 days ahead, and the next after
+        ("0 9 29 2 *", "UTC", 1461 * 24),  # a leap day: none in the 400 days ahead
+    ],
+)
+def test_a_schedules_period_is_its_longest_gap_whatever_the_day_the_rules_are_made(cron: str, zone: str, hours: float) -> None:
+    schedule = define_schedule(name="s", cron=cron, timezone=zone, handler=noop)
+    made = datetime(2026, 12, 5, tzinfo=UTC)  # (Berlin's 25-hour day is 329 days ahead; 24 days of slots miss it)
+    assert period(schedule, made) == pytest.approx(hours * 3600)
+
+
 def test_the_prometheus_rules_cover_every_condition_with_the_overrides() -> None:
     async def flow(ctx: Any, input: Any) -> None:
         pass
@@ -1090,8 +1109,8 @@ def test_the_prometheus_rules_cover_every_condition_with_the_overrides() -> None
 
     mine = {(r["alert"], subject(r)): r for r in rules if subject(r) and r["labels"].get("reason") != "disabled"}
     assert ">= 2 unless" in mine[("SchedtuiFailing", "nightly.report")]["expr"]
-    assert "[2d]" in mine[("SchedtuiFailing", "nightly.report")]["expr"]  # two daily periods
-    assert "> 90000 or" in mine[("SchedtuiLate", "nightly.report")]["expr"]  # a day and the hour's grace
+    assert "[50h]" in mine[("SchedtuiFailing", "nightly.report")]["expr"]  # two periods of its longest day (25 h)
+    assert "> 93600 or" in mine[("SchedtuiLate", "nightly.report")]["expr"]  # that day and the hour's grace
     assert not any(r["labels"].get("schedule") == "quiet" for r in rules)  # alert=False: no rule
     assert not any(r["labels"].get("reason") == "disabled" and r["labels"].get("schedule") == "nightly.report" for r in rules)
     assert ">= 3" in mine[("SchedtuiDeadJobs", "mail")]["expr"] and "[2h]" in mine[("SchedtuiDeadJobs", "mail")]["expr"]

@@ -39,7 +39,6 @@ from backend.errors import BadInput, Unavailable
 from backend.events.audit import AuditLog
 from backend.runtime.loops import Loops
 from backend.runtime.subsystems import answers_of, keep_for_the_stop
-from backend.safetext import redact, remember_secret
 
 __all__ = ["AlertSettings", "Notifier", "Sink", "parse_sinks", "sink_of"]
 
@@ -102,16 +101,21 @@ class Sink:
     shown: str
 
 
+#: Each sink's URL as httpx writes it (``str(request.url)``) -> its shown form.
+_SHOWN: dict[str, str] = {}
+
+
 class _RedactedRequests(logging.Filter):
-    """httpx logs every request's URL at INFO, and a webhook's URL is its secret: each line
-    is redacted of the secrets remembered (every sink's URL and path), whatever handler or
-    formatter the application logs with."""
+    """httpx logs every request's URL at INFO (``HTTP Request: POST <url> "HTTP/1.1 200
+    OK"``), and a webhook's URL is its secret: a sink's is replaced by its shown form in the
+    record itself, whatever handler or formatter the application logs with."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = redact(message)
-        if cleaned != message:
-            record.msg, record.args = cleaned, None
+        args = record.args
+        if isinstance(args, tuple) and len(args) > 1:
+            shown = _SHOWN.get(str(args[1]))
+            if shown is not None:
+                record.args = (args[0], shown, *args[2:])
         return True
 
 
@@ -120,7 +124,7 @@ logging.getLogger("httpx").addFilter(_RedactedRequests())
 
 def sink_of(url: str) -> Sink:
     """A sink from its URL; :class:`BadInput` naming it (without its path) if it is none.
-    Its URL, and its path, are redacted from every error message and log line from now on."""
+    httpx's log line of a request to it shows it as its shown form (see _RedactedRequests)."""
     text = url.strip()
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -132,12 +136,12 @@ def sink_of(url: str) -> Sink:
         raise BadInput(f"notify URL {parts.scheme}://{parts.hostname} has a bad port", field="notify") from None
     if any(char.isspace() for char in text):  # (a comment left after it, or two URLs on one line)
         raise BadInput(f"notify URL {parts.scheme}://{parts.hostname}/… holds a space", field="notify")
-    remember_secret(text)
-    if parts.path.strip("/") or parts.query:
-        remember_secret(parts.path + (f"?{parts.query}" if parts.query else ""))
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
     where = f"{parts.scheme}://{parts.hostname}{f':{port}' if port else ''}"
-    return Sink(text, digest, f"{where}/… #{digest[:6]}" if parts.path.strip("/") or parts.query else f"{where} #{digest[:6]}")
+    sink = Sink(text, digest, f"{where}/… #{digest[:6]}" if parts.path.strip("/") or parts.query else f"{where} #{digest[:6]}")
+    with contextlib.suppress(httpx.InvalidURL):
+        _SHOWN[str(httpx.URL(text))] = sink.shown
+    return sink
 
 
 def parse_sinks(urls: Sequence[str]) -> tuple[Sink, ...]:

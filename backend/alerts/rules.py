@@ -24,10 +24,11 @@ engine sees, and each rule says how in its ``description``:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import Any, Final
 
 import yaml
@@ -76,10 +77,34 @@ def _not_any(label: str, names: Sequence[str]) -> str:
 
 
 def period(schedule: Schedule, now: datetime) -> float:
-    """The longest time between two of the schedule's next slots (seconds)."""
-    slots = list(itertools.islice(schedule.cron.occurrences(now, now + timedelta(days=400)), PERIOD_SLOTS + 1))
+    """The longest time between two of the schedule's slots (seconds), whatever the day the
+    rules are made: the gaps among its next slots (at least two, however far: a yearly or
+    a leap-day schedule's), plus, for a schedule that does not fire every hour, the zone's
+    largest offset change in the year ahead (a daily 09:00's day lasts 25 hours in autumn)."""
+    slots: list[datetime] = []
+    horizon = now + timedelta(days=400)
+    for slot in schedule.cron.occurrences(now, _LAST_INSTANT):
+        slots.append(slot)
+        if len(slots) > PERIOD_SLOTS or (len(slots) >= 2 and slot > horizon):
+            break
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(slots)]
-    return max(gaps) if gaps else CATCH_ALL_PERIOD
+    if not gaps:
+        return CATCH_ALL_PERIOD
+    shift = 0.0 if schedule.cron.fields[1] == "*" else _largest_shift(schedule.cron.zone, now.date())
+    return max(gaps) + shift
+
+
+#: The end of the calendar a cron searches.
+_LAST_INSTANT: Final = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
+@functools.lru_cache(maxsize=256)
+def _largest_shift(zone: tzinfo, today: date) -> float:
+    """The largest change of ``zone``'s UTC offset over the 400 days from ``today``
+    (seconds; read a day apart, as no zone changes its offset twice in a day)."""
+    start = datetime(today.year, today.month, today.day, 12, tzinfo=UTC)
+    offsets = [(start + timedelta(days=day)).astimezone(zone).utcoffset() or timedelta(0) for day in range(401)]
+    return max((abs(b - a).total_seconds() for a, b in itertools.pairwise(offsets)), default=0.0)
 
 
 def _rule(
