@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -53,21 +54,32 @@ def operator_zone() -> str:
             try:
                 ZoneInfo(name)
                 return "UTC" if name in ("Etc/UTC", "Etc/UCT", "UCT", "Universal", "Zulu", "Etc/Zulu") else name
-            except (ZoneInfoNotFoundError, ValueError):
+            except (ZoneInfoNotFoundError, ValueError, OSError):  # (OSError: TZ=Europe, a folder; a name too long)
                 continue
     return "UTC"
 
 
+@functools.lru_cache(maxsize=64)
+def zone_of(name: str) -> tzinfo:
+    """The zone ``name``; UTC when this host's zone data does not know it (a remote
+    server's newer tzdata, a zone only its system has): its times then say UTC, rather
+    than take the console down."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return UTC
+
+
 def zone_abbr(zone: str, at: datetime) -> str:
     """``CET``, ``EDT``, ``UTC``: the zone's abbreviation at that instant."""
-    return at.astimezone(ZoneInfo(zone)).strftime("%Z")
+    return at.astimezone(zone_of(zone)).strftime("%Z")
 
 
 def short_time(dt: datetime | None, zone: str) -> str:
     """``03-02 09:00:00 CET``: month-day and time in ``zone``."""
     if dt is None:
         return "-"
-    return dt.astimezone(ZoneInfo(zone)).strftime("%m-%d %H:%M:%S %Z")
+    return dt.astimezone(zone_of(zone)).strftime("%m-%d %H:%M:%S %Z")
 
 
 def age(then: datetime, now: datetime) -> str:
@@ -83,7 +95,7 @@ def local_time(dt: datetime | None, zone: str, *, seconds: bool = True) -> str:
     """``2026-11-30 09:00:00 CET`` in the schedule's zone."""
     if dt is None:
         return "-"
-    local = dt.astimezone(ZoneInfo(zone))
+    local = dt.astimezone(zone_of(zone))
     return local.strftime("%Y-%m-%d %H:%M:%S %Z" if seconds else "%Y-%m-%d %H:%M %Z")
 
 

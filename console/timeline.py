@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import Literal
-from zoneinfo import ZoneInfo
 
 from backend.cron import Cron
 from backend.model import Run, ScheduleView
+from console import format as fmt
 from console.fleet import OVERDUE_AFTER
 
 __all__ = [
@@ -234,7 +234,7 @@ def ticks(window: Window, zone: str) -> list[tuple[int, str]]:
     """Axis labels: (cell, text) at round times in ``zone`` (``HH:MM``; a date at midnight
     and for day steps), spaced at least :data:`_LABEL_ROOM` cells apart."""
     step = next((s for s in _STEPS if s / window.cell >= _LABEL_ROOM), _STEPS[-1])
-    tz = ZoneInfo(zone)
+    tz = fmt.zone_of(zone)
     local = window.start.astimezone(tz)
     if step >= timedelta(days=1):
         at = local.replace(hour=0, minute=0, second=0, microsecond=0)

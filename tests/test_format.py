@@ -24,3 +24,30 @@ from console.format import compact_delta
 )
 def test_two_adjacent_units_the_smaller_left_out_when_zero(delta: timedelta, text: str) -> None:
     assert compact_delta(delta) == text
+
+
+def test_a_tz_naming_a_folder_or_too_long_falls_back_instead_of_crashing(monkeypatch: pytest.MonkeyPatch) -> None:
+    from console.format import operator_zone
+
+    for bad in ("Europe", "America", "x" * 300, "../../etc/passwd", "UTC+1"):
+        monkeypatch.setenv("TZ", bad)
+        assert operator_zone() not in ("Europe", "America", bad)  # the system's zone, or UTC
+    monkeypatch.setenv("TZ", "Asia/Kathmandu")
+    assert operator_zone() == "Asia/Kathmandu"
+
+
+def test_a_zone_this_host_does_not_know_is_shown_in_utc_not_a_crash() -> None:
+    """A remote server's schedule may name a zone the operator's machine lacks (newer
+    tzdata there): its times are shown in UTC, saying so."""
+    from datetime import UTC, datetime
+
+    from console.format import local_time, short_time, zone_abbr, zone_of
+    from console.timeline import Window, ticks
+
+    at = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+    assert zone_of("Mars/Olympus_Mons") is UTC and zone_of("Europe") is UTC and zone_of("Europe/Berlin").key == "Europe/Berlin"
+    assert local_time(at, "Mars/Olympus_Mons") == "2026-03-02 09:00:00 UTC"
+    assert short_time(at, "Mars/Olympus_Mons") == "03-02 09:00:00 UTC"
+    assert zone_abbr("Mars/Olympus_Mons", at) == "UTC"
+    window = Window.following(at, timedelta(hours=6), 60)
+    assert ticks(window, "Mars/Olympus_Mons") == ticks(window, "UTC")

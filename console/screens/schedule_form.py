@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any, Literal
-from zoneinfo import ZoneInfo, available_timezones
+from zoneinfo import available_timezones
 
 from textual import on
 from textual.app import ComposeResult
@@ -316,7 +316,7 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
             except ValueError:
                 pass  # fewer than five before year 10000: show those
             self.slots = slots
-            zone = ZoneInfo(cron.timezone)
+            zone = cron.zone
             lines.append(Content.assemble(("next fires", "bold"), (f" in {cron.timezone}", "$text-muted")))
             for slot in slots:
                 local = slot.astimezone(zone).strftime("%a %Y-%m-%d %H:%M:%S %Z")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import ClassVar, Final
-from zoneinfo import ZoneInfo
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -83,8 +82,8 @@ def _instances_first(instances: list[InstanceInfo]) -> list[InstanceInfo]:
 def alert_text(alert: Alert, now: datetime, zone: str) -> Content:
     """One firing alert on one line: ``▲ failing   flaky-export   since 07:20, 40m  why``
     (the time in ``zone``, with the date when it is not today's)."""
-    since = alert.since.astimezone(ZoneInfo(zone))
-    today = now.astimezone(ZoneInfo(zone)).date() == since.date()
+    since = alert.since.astimezone(fmt.zone_of(zone))
+    today = now.astimezone(fmt.zone_of(zone)).date() == since.date()
     when = since.strftime("%H:%M" if today else "%m-%d %H:%M")
     subject = alert.subject if len(alert.subject) <= 16 else alert.subject[:15] + "…"
     return Content.assemble(

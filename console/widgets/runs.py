@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from zoneinfo import ZoneInfo
 
 from rich.cells import cell_len
 from rich.style import Style
@@ -158,7 +157,7 @@ class UpcomingLine(Widget):
     def render(self) -> Content:
         if not self.slots:
             return Content.from_markup("[$text-muted]next    -[/]")
-        tz = ZoneInfo(self.zone)
+        tz = fmt.zone_of(self.zone)
         local = [s.astimezone(tz) for s in self.slots]
         same_day = all(t.date() == local[0].date() for t in local)
         if same_day:
