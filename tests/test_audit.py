@@ -310,6 +310,8 @@ def test_a_token_is_named_or_bare(text: str, access: Any, name: str, secret: str
         (["x", "y"], [], 'two tokens are named "operator"'),
         (["a=x"], ["b=x"], 'the token "b" has the same secret'),
         (["   "], [], "empty"),
+        (["alice="], [], 'the token "alice" has no secret after "=": give NAME=SECRET'),
+        ([], ["bob=="], 'the read token "bob" has no secret after "="'),
     ],
 )
 def test_tokens_that_cannot_be_told_apart_are_refused(operate: list[str], read: list[str], message: str) -> None:

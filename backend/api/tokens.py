@@ -3,7 +3,8 @@
 A token is given as ``NAME=SECRET`` or as a bare ``SECRET``; a bare operator token is
 named ``operator`` and a bare read token ``reader``. A secret that looks like
 ``NAME=REST`` is read as named, except when ``REST`` is only ``=`` signs (base64
-padding: ``dGVzdA==`` and ``YWI=`` are bare secrets). Several tokens of each kind may be given; names
+padding: ``dGVzdA==`` and ``YWI=`` are bare secrets; ``alice=``, which is no base64, is a name
+whose secret was left out, and refused). Several tokens of each kind may be given; names
 and secrets must each be distinct. A server without any token is reachable on loopback
 only, and its requests act as :data:`ANONYMOUS`. A secret must be printable ASCII, what an
 ``Authorization`` header carries (:func:`check_token`): any other could never be presented.
@@ -30,6 +31,8 @@ ANONYMOUS = "anonymous"
 DEFAULT_NAMES: dict[Access, str] = {"operate": "operator", "read": "reader"}
 
 _NAMED = re.compile(r"([A-Za-z0-9_][A-Za-z0-9_.@+-]{0,63})=(.*)", re.DOTALL)
+#: Padded base64 (``YWI=``, ``dGVzdA==``): a bare secret, though it looks like ``NAME=``.
+_BASE64 = re.compile(r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)")
 
 
 def check_token(token: str, source: str = "the token") -> str:
@@ -68,8 +71,14 @@ def parse_token(text: str, access: Access, *, what: str | None = None) -> ApiTok
     if not raw:
         raise BadInput(f"the {what} is empty (or only whitespace); give a real secret", field=what.replace(" ", "_"))
     named = _NAMED.fullmatch(raw)
-    if named is not None and named.group(2).strip().strip("="):
-        return ApiToken(check_actor(named.group(1), f"{what} name"), named.group(2).strip(), access)
+    if named is not None:
+        if named.group(2).strip().strip("="):
+            return ApiToken(check_actor(named.group(1), f"{what} name"), named.group(2).strip(), access)
+        if not _BASE64.fullmatch(raw):  # "alice=": a name whose secret was left out, not a secret
+            raise BadInput(
+                f'the {what} "{printable(named.group(1))}" has no secret after "=": give NAME=SECRET',
+                field=what.replace(" ", "_"),
+            )
     return ApiToken(DEFAULT_NAMES[access], raw, access)
 
 
