@@ -45,7 +45,7 @@ def test_a_zone_this_host_does_not_know_is_shown_in_utc_not_a_crash() -> None:
     from console.timeline import Window, ticks
 
     at = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
-    assert zone_of("Mars/Olympus_Mons") is UTC and zone_of("Europe") is UTC and zone_of("Europe/Berlin").key == "Europe/Berlin"
+    assert zone_of("Mars/Olympus_Mons") is UTC and zone_of("Europe") is UTC and str(zone_of("Europe/Berlin")) == "Europe/Berlin"
     assert local_time(at, "Mars/Olympus_Mons") == "2026-03-02 09:00:00 UTC"
     assert short_time(at, "Mars/Olympus_Mons") == "03-02 09:00:00 UTC"
     assert zone_abbr("Mars/Olympus_Mons", at) == "UTC"
