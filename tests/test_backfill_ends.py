@@ -233,16 +233,16 @@ async def test_the_plan_says_how_many_live_slots_it_may_displace(
     engine = make_engine([minutely(clock, 100, on_overlap=policy)])
     await engine.open()
     start, end = at("2026-03-02T07:00:00Z"), at("2026-03-02T07:10:00Z")
-    unknown = await engine.backfill_plan("job", start, end)
+    unknown = await engine.plan_backfill("job", start, end)
     assert (unknown.on_overlap, unknown.run_seconds, unknown.live_slots) == (policy, None, None)
     assert "how long it runs is unknown" in (unknown.live_effect() or "")
     await history(engine, clock, [90, 100, 400, 100, 110])  # the median: 100 s a run
-    plan = await engine.backfill_plan("job", start, end)
+    plan = await engine.plan_backfill("job", start, end)
     assert (plan.count, plan.run_seconds, plan.duration_seconds, plan.live_slots) == (10, 100, 1000, 16)
     assert says in (plan.live_effect() or "")
     await engine.set_enabled("job", False)
-    assert (await engine.backfill_plan("job", start, end)).live_slots == 0  # a disabled schedule fires none
-    refused = await engine.backfill_plan("job", end, start)
+    assert (await engine.plan_backfill("job", start, end)).live_slots == 0  # a disabled schedule fires none
+    refused = await engine.plan_backfill("job", end, start)
     assert refused.live_effect() is None  # nothing to say of a plan that may not start
 
 
@@ -253,7 +253,7 @@ async def test_a_backfill_skips_as_many_live_slots_as_its_plan_said(
     await engine.open()
     await history(engine, clock, [100, 100, 100])
     await engine.start()
-    plan = await engine.backfill_plan("job", at("2026-03-02T07:00:00Z"), at("2026-03-02T07:10:00Z"))
+    plan = await engine.plan_backfill("job", at("2026-03-02T07:00:00Z"), at("2026-03-02T07:10:00Z"))
     assert plan.live_slots == 16
     progress = await engine.start_backfill("job", plan.start, plan.end)
     while (ended := await engine.backfill_progress(progress.id)).state == "running":

@@ -352,10 +352,11 @@ def test_backfill_fires_each_slot_in_order_with_progress_and_a_summary(cli: Cli)
     done = cli.ok("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-01T05:00Z")
     lines = done.stderr.splitlines()
     assert lines[0] == "backfilling 5 slot(s) of hourly: 2026-01-01 01:00:00 UTC … 2026-01-01 05:00:00 UTC"
-    assert lines[1] == ("live slots: how long it runs is unknown (no recent run of it to time): each live slot "
+    assert lines[1] == "already succeeded: none of them"
+    assert lines[2] == ("live slots: how long it runs is unknown (no recent run of it to time): each live slot "
                         "due while it runs is skipped (on_overlap skip)")  # fmt: skip
     assert lines[-1] == "[" + "#" * 30 + "] 5/5  failed 0  remaining 0"
-    assert all(re.fullmatch(r"\[#*\.*\] \d/5  failed 0  remaining \d", line) for line in lines[2:])
+    assert all(re.fullmatch(r"\[#*\.*\] \d/5  failed 0  remaining \d", line) for line in lines[3:])
     assert re.fullmatch(r"backfill \w{26} done: 5 fired, 5 succeeded, 0 failed, 0 remaining\n", done.stdout)
     slots = [f"2026-01-01T0{h}:00:00+00:00" for h in range(1, 6)]
     assert [(trigger, slot) for trigger, slot, _ in cli.log("hourly")] == [("manual", s) for s in slots]
@@ -385,6 +386,7 @@ def test_backfill_over_25_slots_needs_yes(cli: Cli) -> None:
     assert done.stderr.splitlines() == [
         "schedtui: backfill of hourly refused: 48 slot(s) in (2026-01-01 00:00:00 UTC, 2026-01-03 00:00:00 UTC]: "
         "48 slots need confirmation (more than 25) (re-run with --yes after reading the count)",
+        "schedtui: already succeeded: none of them",
         "schedtui: live slots: how long it runs is unknown (no recent run of it to time): each live slot due "
         "while it runs is skipped (on_overlap skip)",
     ]
@@ -397,7 +399,21 @@ def test_backfill_over_25_slots_needs_yes(cli: Cli) -> None:
     # Its runs are timed now: the plan counts the live slots it may skip (an hourly
     # schedule's runs of milliseconds: none).
     again = cli("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-03T00:00Z")
-    assert again.stderr.splitlines()[1].startswith("schedtui: live slots: no live slot is due while it runs (")
+    assert again.stderr.splitlines()[1] == "schedtui: already succeeded: 30 of the 48, they run again (--skip-succeeded skips them)"
+    assert again.stderr.splitlines()[2].startswith("schedtui: live slots: no live slot is due while it runs (")
+
+
+def test_backfill_says_how_many_slots_already_succeeded_before_it_starts(cli: Cli) -> None:
+    cli.ok("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-01T03:00Z")
+    again = cli.ok("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-01T05:00Z")
+    assert again.stderr.splitlines()[1] == "already succeeded: 3 of the 5, they run again (--skip-succeeded skips them)"
+    assert len(cli.log("hourly")) == 3 + 5
+    skipping = cli.ok("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-01T06:00Z", "--skip-succeeded")
+    assert skipping.stderr.splitlines()[:2] == [
+        "backfilling 1 slot(s) of hourly: 2026-01-01 01:00:00 UTC … 2026-01-01 06:00:00 UTC",
+        "already succeeded: 5 of the 6, skipped",
+    ]
+    assert "done: 1 fired" in skipping.stdout and len(cli.log("hourly")) == 3 + 5 + 1
 
 
 def test_backfill_over_the_limit_is_refused(cli: Cli) -> None:

@@ -16,8 +16,9 @@ import pytest
 
 from backend import Engine, ManualClock, RunContext, connect, connect_sync, define_schedule
 from backend.client.actions import ACTIONS, Id
+from backend.client.embedded import EmbeddedBackend
 from backend.client.remote import RemoteBackend
-from backend.errors import BadInput, NotFound, Unavailable
+from backend.errors import BadInput, NotFound, Refused, Unavailable
 from tests.servers import INSPECT_INFO, Server, json_server, start_server
 
 CALLS: list[str] = []
@@ -62,6 +63,25 @@ async def test_connect_plans_and_runs_a_backfill(store_url: str) -> None:
         assert plan.ok and plan.count == 3
         progress = await st.schedules.backfill("digest", now - timedelta(days=3), now)
         assert (progress.state, progress.fired) == ("done", 3) and CALLS == ["manual"] * 3
+
+
+async def test_connect_plans_as_the_api_does_and_skips_what_succeeded(store_url: str) -> None:
+    CALLS.clear()
+    async with connect(store_url, definitions=schedules(), create=True) as st:
+        now = st.engine.clock.now()
+        await st.schedules.backfill("digest", now - timedelta(days=3), now)
+        plan = await st.schedules.plan_backfill("digest", now - timedelta(days=4), now)
+        assert (plan.count, plan.already_succeeded, plan.on_overlap) == (4, 3, "skip")
+        assert plan.live_slots is not None  # its runs are timed now
+        # The plan the HTTP API, the CLI and the console show, field for field.
+        served = await EmbeddedBackend(st.engine).plan_backfill("digest", now - timedelta(days=4), now)
+        assert plan.to_json() == served.to_json()
+        progress = await st.schedules.backfill("digest", now - timedelta(days=4), now, skip_succeeded=True)
+        assert (progress.state, progress.total, progress.fired) == ("done", 1, 1) and CALLS == ["manual"] * 4
+        with pytest.raises(Refused, match="every slot in the range already succeeded"):
+            await st.schedules.backfill("digest", now - timedelta(days=4), now, skip_succeeded=True)
+        with pytest.raises(BadInput, match="limit 0 is out of range"):
+            await st.schedules.plan_backfill("digest", now - timedelta(days=4), now, limit=0)
 
 
 async def test_without_definitions_a_schedule_is_unknown_and_says_so(store_url: str) -> None:

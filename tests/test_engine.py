@@ -1261,7 +1261,7 @@ async def test_backfill_fires_each_slot_in_order_and_survives_a_failure(make_eng
 
     engine = make_engine([schedule(cron="0 * * * *", handler=handler)])
     await engine.open()
-    plan = engine.plan_backfill("job", at("2026-03-02T00:00:00Z"), at("2026-03-02T06:00:00Z"))
+    plan = await engine.plan_backfill("job", at("2026-03-02T00:00:00Z"), at("2026-03-02T06:00:00Z"))
     assert (plan.count, plan.first, plan.last, plan.refusal) == (6, at("2026-03-02T01:00:00Z"), at("2026-03-02T06:00:00Z"), None)
     progress = await engine.start_backfill("job", at("2026-03-02T00:00:00Z"), at("2026-03-02T06:00:00Z"))
     done = await engine.wait_backfill(progress.id)
@@ -1270,6 +1270,8 @@ async def test_backfill_fires_each_slot_in_order_and_survives_a_failure(make_eng
     runs = await all_runs(engine, "job")
     assert [(r.status, r.coordination_outcome) for r in runs].count(("failed", "manual")) == 1
     assert (await engine.backfill_progress(progress.id)).fired == 6
+    again = await engine.plan_backfill("job", at("2026-03-02T00:00:00Z"), at("2026-03-02T06:00:00Z"))
+    assert (again.count, again.already_succeeded, again.on_overlap) == (6, 5, "skip")  # the failed one runs again
 
 
 @pytest.mark.parametrize(
@@ -1292,7 +1294,7 @@ async def test_backfill_refusals_fire_nothing(make_engine: MakeEngine, clock: Ma
 
     engine = make_engine([schedule(cron="0 * * * *", handler=handler)])
     await engine.open()
-    plan = engine.plan_backfill("job", at(start), at(end), **kwargs)
+    plan = await engine.plan_backfill("job", at(start), at(end), **kwargs)
     assert not plan.ok and plan.count == count and plan.reason == reason
     with pytest.raises(Refused) as info:
         await engine.start_backfill("job", at(start), at(end), **kwargs)
@@ -1306,13 +1308,13 @@ async def test_backfill_confirmation_and_limits(make_engine: MakeEngine, clock: 
     engine = make_engine([schedule(cron="0 * * * *")])
     await engine.open()
     start, end = at("2026-02-27T00:00:00Z"), at("2026-03-02T00:00:00Z")
-    assert engine.plan_backfill("job", start, end, confirm=True).ok
-    assert engine.plan_backfill("job", at("2026-01-01T00:00:00Z"), end, confirm=True, limit=2000).ok
+    assert (await engine.plan_backfill("job", start, end, confirm=True)).ok
+    assert (await engine.plan_backfill("job", at("2026-01-01T00:00:00Z"), end, confirm=True, limit=2000)).ok
     with pytest.raises(BadInput, match="10,000"):
-        engine.plan_backfill("job", start, end, limit=10_001)
+        await engine.plan_backfill("job", start, end, limit=10_001)
     with pytest.raises(BadInput, match="naive"):
-        engine.plan_backfill("job", datetime(2026, 3, 1), end)
-    exceeding = engine.plan_backfill("job", at("2024-01-01T00:00:00Z"), end, confirm=True, limit=10_000)
+        await engine.plan_backfill("job", datetime(2026, 3, 1), end)
+    exceeding = await engine.plan_backfill("job", at("2024-01-01T00:00:00Z"), end, confirm=True, limit=10_000)
     assert exceeding.count_exceeds and exceeding.count_text() == "more than 10,000"
 
 

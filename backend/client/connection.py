@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from backend.client.embedded import EmbeddedBackend
 from backend.definitions import Definitions as FolderDefinitions
 from backend.definitions import discover_definitions
 from backend.durable.actions import DurableActions
@@ -48,6 +49,9 @@ class ScheduleActions:
     def __init__(self, engine: Engine, actor: str | None) -> None:
         self._engine = engine
         self._actor = actor
+        # The backfill actions go through their declarations, as the API's and the CLI's
+        # do: the same checks, the same implementation, the same plan.
+        self._actions = EmbeddedBackend(engine)
 
     async def list(self) -> list[ScheduleView]:
         """Every defined schedule with its state, next slot and newest run."""
@@ -78,14 +82,19 @@ class ScheduleActions:
     async def plan_backfill(
         self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
     ) -> BackfillPlan:
-        """What a backfill of ``(start, end]`` would do; fires nothing."""
-        return self._engine.plan_backfill(name, start, end, confirm=confirm, limit=limit)
+        """What a backfill of ``(start, end]`` would do (with how many of its slots already
+        succeeded); fires nothing."""
+        return await self._actions.plan_backfill(name, start, end, confirm=confirm, limit=limit)
 
     async def backfill(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
+        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None,
+        skip_succeeded: bool = False,
     ) -> BackfillProgress:
-        """Fire the slots of ``(start, end]`` in order, in this process; returns when done."""
-        progress = await self._engine.start_backfill(name, start, end, confirm=confirm, limit=limit)
+        """Fire the slots of ``(start, end]`` in order, in this process (with
+        ``skip_succeeded``, only those without a succeeded run); returns when done."""
+        progress = await self._actions.start_backfill(
+            name, start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
+        )
         return await self._engine.wait_backfill(progress.id)
 
 

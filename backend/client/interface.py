@@ -435,7 +435,7 @@ class Backend(abc.ABC):
         ``NotFound`` as for update."""
 
     # -- backfills --------------------------------------------------------------------------
-    @action(system="schedules", permission="read", impl="backfill_plan",
+    @action(system="schedules", permission="read",
             http=Http("POST", "/inspect/schedules/{name}/backfill/plan", wire={"start": "from", "end": "to"}, retry=True,
                       ok="the plan", errors={404: "unknown schedule"}))
     async def plan_backfill(

@@ -171,12 +171,6 @@ class EngineActions:
             )
         return await self.external.fire(schedule)
 
-    def plan_backfill(
-        self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
-    ) -> BackfillPlan:
-        """What a backfill of the slots in ``(start, end]`` would do; fires nothing."""
-        return self.backfills.plan(self.schedule(name), start, end, confirm=confirm, limit=limit)
-
     async def start_backfill(
         self,
         name: str,
@@ -194,17 +188,18 @@ class EngineActions:
             self.schedule(name), start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
         )
 
-    async def backfill_plan(
+    async def plan_backfill(
         self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
     ) -> BackfillPlan:
-        """:meth:`plan_backfill`, with how many of its slots already have a succeeded run
-        (``already_succeeded``) and what it may do to the schedule's live slots (see
-        :func:`~backend.scheduler.backfills.live_estimate`) when it may start or needs
-        confirmation."""
-        plan = self.plan_backfill(name, start, end, confirm=confirm, limit=limit)
+        """What a backfill of the slots in ``(start, end]`` would do; fires nothing. When
+        it may start or needs confirmation, also how many of its slots already have a
+        succeeded run (``already_succeeded``) and what it may do to the schedule's live
+        slots (see :func:`~backend.scheduler.backfills.live_estimate`). The one plan every
+        surface shows (the API, the CLI, the console, ``connect()``)."""
+        schedule = self.schedule(name)
+        plan = self.backfills.plan(schedule, start, end, confirm=confirm, limit=limit)
         if plan.count == 0 or plan.reason not in (None, "needs confirmation"):
             return plan
-        schedule = self.schedule(name)
         slots = list(schedule.cron.occurrences(plan.start, plan.end))
         done = await self.succeeded_slots(name, slots)
         live = await live_estimate(self.store, schedule, plan.count, self.clock.now(), enabled=self.is_enabled(name))

@@ -23,7 +23,7 @@ from typing import Any
 
 from backend.client.actions import action_of
 from backend.client.interface import Backend
-from backend.model import BackfillProgress, Run, RunsPage, SchedulesSnapshot, ScheduleView
+from backend.model import BackfillPlan, BackfillProgress, Run, RunsPage, SchedulesSnapshot, ScheduleView
 from backend.safetext import printable
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
@@ -129,9 +129,20 @@ async def _plan_backfill(call: Call) -> int | None:
         + (" (re-run with --yes after reading the count)" if "need confirmation" in (plan.refusal or "") else ""),
         file=sys.stderr,
     )
-    if plan.reason == "needs confirmation" and plan.live_effect():
-        print(f"schedtui: live slots: {plan.live_effect()}", file=sys.stderr)
+    if plan.reason == "needs confirmation":
+        print(f"schedtui: {_already_succeeded(plan, call.arguments['skip_succeeded'])}", file=sys.stderr)
+        if plan.live_effect():
+            print(f"schedtui: live slots: {plan.live_effect()}", file=sys.stderr)
     return EXIT_REFUSED
+
+
+def _already_succeeded(plan: BackfillPlan, skipped: bool) -> str:
+    """How many of the plan's slots already succeeded, and what becomes of them."""
+    done = plan.already_succeeded
+    if not done:
+        return "already succeeded: none of them"
+    fate = "skipped" if skipped else "they run again (--skip-succeeded skips them)"
+    return f"already succeeded: {done:,} of the {plan.count_text()}, {fate}"
 
 
 async def _follow_backfill(call: Call, progress: BackfillProgress) -> BackfillProgress:
@@ -142,6 +153,7 @@ async def _follow_backfill(call: Call, progress: BackfillProgress) -> BackfillPr
         f"{fmt.local_time(plan.first, zone)} … {fmt.local_time(plan.last, zone)}",
         file=sys.stderr,
     )
+    print(_already_succeeded(plan, call.arguments["skip_succeeded"]), file=sys.stderr)
     if plan.live_effect():
         print(f"live slots: {plan.live_effect()}", file=sys.stderr)
     return await follow_progress(call.backend, progress)
