@@ -171,11 +171,31 @@ INSPECT_INFO = {"instance": "web-1:4242", "coordination": "single", "store_kind"
                 "systems": ["schedules", "jobs", "durable", "locks", "audit", "alerts", "health"]}
 
 
+@dataclass(frozen=True)
+class Reply:
+    """An answer of :func:`json_server` other than a 200 of JSON: any status, any body."""
+
+    status: int
+    body: bytes
+    content_type: str = "text/html; charset=utf-8"
+
+
+#: What another service at the URL may answer, with what the client says came instead.
+FOREIGN_ANSWERS = [
+    (Reply(404, b"<!doctype html><title>404</title>"), "no JSON (text/html)"),
+    (Reply(404, b'{"detail": "Not Found"}', "application/json"), "JSON that is no schedtui error"),
+    (Reply(401, b'{"error": "login first"}', "application/json"), "JSON that is no schedtui error"),
+    (Reply(405, b"", ""), "no JSON"),
+    (Reply(200, b"hello", "text/plain"), "no JSON (text/plain)"),
+]
+
+
 @contextlib.contextmanager
 def json_server(answer: Callable[[str, str], object]) -> Iterator[str]:
     """A real HTTP server on loopback that is not schedtui's (another service at the URL an
     operator gave, a proxy's status page): every request, whatever its method and path, is
-    answered 200 with ``answer(method, path)`` as JSON. Yields its URL."""
+    answered 200 with ``answer(method, path)`` as JSON, or as the :class:`Reply` it is.
+    Yields its URL."""
     import http.server
     import json
 
@@ -185,9 +205,11 @@ def json_server(answer: Callable[[str, str], object]) -> Iterator[str]:
 
         def _answer(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = json.dumps(answer(self.command, self.path)).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
+            said = answer(self.command, self.path)
+            reply = said if isinstance(said, Reply) else Reply(200, json.dumps(said).encode(), "application/json")
+            body = reply.body
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

@@ -32,7 +32,7 @@ from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.definitions import discover_definitions
 from backend.durable.service import parse_json_option
-from tests.servers import INSPECT_INFO, json_server, start_server
+from tests.servers import FOREIGN_ANSWERS, INSPECT_INFO, Reply, json_server, start_server
 from tests.test_cli import SCHEDULES, Cli, child_env, create_store, write_tree
 
 DEEP = "[" * 10_000 + "]" * 10_000
@@ -467,6 +467,21 @@ def test_a_server_that_answers_json_of_another_kind_is_one_line(cli: Cli, body: 
             (line,) = done.stderr.splitlines()
             assert line == (f"schedtui: {url} answered GET /inspect/info with JSON schedtui cannot read ({problem}); "
                             "is it a schedtui server?")
+
+
+@pytest.mark.parametrize(("reply", "body"), FOREIGN_ANSWERS)
+def test_another_web_app_at_the_url_is_one_line_naming_the_route(cli: Cli, reply: Reply, body: str) -> None:
+    """Any web app answers 404 to /inspect/info: its page (or its JSON, not schedtui's
+    error) was taken for schedtui's "not found", exit code 2 (bad input) and "answered
+    404", no route named. It is a server the client cannot use: exit code 1, the route and
+    what came instead."""
+    with json_server(lambda method, path: reply) as url:
+        for verb in (["list"], ["fire", "hourly"]):
+            done = cli(*verb, "--url", url, store=False)
+            assert done.returncode == 1 and done.stdout == "", done
+            assert done.stderr.splitlines() == [
+                f"schedtui: {url} answered GET /inspect/info with {reply.status} and {body}; is it a schedtui server?"
+            ]
 
 
 ID = "01M91WS9V65X1GQNEAYQZVK8HQ"

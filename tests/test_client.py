@@ -18,8 +18,8 @@ from backend import Engine, ManualClock, RunContext, connect, connect_sync, defi
 from backend.client.actions import ACTIONS, Id
 from backend.client.embedded import EmbeddedBackend
 from backend.client.remote import RemoteBackend
-from backend.errors import BadInput, NotFound, Refused, Unavailable
-from tests.servers import INSPECT_INFO, Server, json_server, start_server
+from backend.errors import BadInput, NotFound, Refused, SchedtuiError, Unavailable
+from tests.servers import FOREIGN_ANSWERS, INSPECT_INFO, Reply, Server, json_server, start_server
 
 CALLS: list[str] = []
 
@@ -249,6 +249,67 @@ async def test_every_action_reads_an_answer_of_another_shape_as_a_server_it_cann
                 await backend.connect()
             with pytest.raises(Unavailable, match=r"answered GET /inspect/info with JSON schedtui cannot read \("):
                 await backend.now()
+        finally:
+            await backend.close()
+
+
+@pytest.mark.parametrize(("reply", "body"), FOREIGN_ANSWERS)
+async def test_a_refusal_that_is_not_schedtuis_is_a_server_it_cannot_use(reply: Reply, body: str) -> None:
+    """Another web app's 404 page was schedtui's NotFound ("answered 404", no route): the
+    CLI's exit code 2, bad input; a 200 without JSON named no route. Each is the
+    Unavailable of a server the client cannot use, for every action past /inspect/info
+    too, naming the route and what came instead."""
+    with json_server(lambda method, path: reply) as url:
+        backend = RemoteBackend(url, read_retries=())
+        try:
+            with pytest.raises(Unavailable) as caught:
+                await backend.connect()
+            assert caught.value.message == (
+                f"{url} answered GET /inspect/info with {reply.status} and {body}; is it a schedtui server?"
+            )
+        finally:
+            await backend.close()
+    answer = lambda method, path: INSPECT_INFO if path == "/inspect/info" else reply  # noqa: E731
+    with json_server(answer) as url:
+        backend = RemoteBackend(url, read_retries=())
+        try:
+            await backend.connect()
+            for name in ACTIONS:
+                action = ACTIONS[name]
+                with pytest.raises(Unavailable) as caught:
+                    await getattr(backend, name)(**_arguments(name))
+                said = caught.value.message
+                assert said.startswith(f"{url} answered {action.http.method} /") and said.endswith(
+                    f" with {reply.status} and {body}; is it a schedtui server?"
+                ), (name, said)
+            with pytest.raises(Unavailable, match=f"answered GET /healthz with {reply.status} and "):
+                await backend.health()
+        finally:
+            await backend.close()
+
+
+async def test_schedtuis_own_refusals_are_still_what_they_say() -> None:
+    """The same statuses in the API's own shape keep their meaning (and the route's name
+    where the message says nothing)."""
+    refusals = {
+        "/inspect/runs/01M91WS9V65X1GQNEAYQZVK8HQ": Reply(404, b'{"error": {"code": "not_found", "message": "no run 1"}}',
+                                                          "application/json"),
+        "/inspect/schedules": Reply(422, b'{"error": {"code": "bad_input", "message": "cron: no", "field": "cron"}}',
+                                    "application/json"),
+        "/inspect/queues": Reply(500, b"<html>oops</html>"),
+    }  # fmt: skip
+    answer = lambda method, path: refusals.get(path, INSPECT_INFO)  # noqa: E731
+    with json_server(answer) as url:
+        backend = RemoteBackend(url, read_retries=())
+        try:
+            await backend.connect()
+            with pytest.raises(NotFound, match="^no run 1$"):
+                await backend.get_run("01M91WS9V65X1GQNEAYQZVK8HQ")
+            with pytest.raises(BadInput, match="^cron: no$") as bad:
+                await backend.create_schedule(SPEC)
+            assert bad.value.field == "cron"
+            with pytest.raises(SchedtuiError, match=f"^{url} answered GET /inspect/queues with 500$"):
+                await backend.list_queues()
         finally:
             await backend.close()
 

@@ -103,24 +103,30 @@ class RemoteBackend(Backend):
                     attempt += 1
                     continue
                 raise Unavailable(f"cannot reach {self.where}: {_reason(exc)}{_in_doubt(retry, exc)}") from None
-        return self._decode(response)
+        return self._decode(response, f"{method} {path}")
 
-    def _decode(self, response: httpx.Response) -> Any:
+    def _decode(self, response: httpx.Response, route: str) -> Any:
+        """The JSON of the answer to ``route`` (``GET /inspect/info``), or the error it says.
+        An answer without JSON, or a refusal (4xx) that is not the API's ``{"error": {code,
+        message}}`` (another service at the URL: any web app answers 404 to /inspect/info),
+        is :meth:`_foreign`, not the refusal it seems."""
         try:
             data = response.json()
         except (ValueError, RecursionError):
             data = _NOT_JSON
+        status = response.status_code
         if response.is_success:
             if data is _NOT_JSON:
-                raise Unavailable(f"{self.where} answered {response.status_code} without JSON; is it a schedtui server?")
+                raise self._foreign(route, f"with {status} and {_no_json(response)}")
             return data
-        # The error's fields as the API writes them; another server's (an "error" that is a
-        # string, a message that is a number) are no message.
         error = data.get("error") if isinstance(data, dict) else None
         error = error if isinstance(error, dict) else {}
         said = error.get("message")
-        message = said if isinstance(said, str) and said else f"{self.where} answered {response.status_code}"
-        status = response.status_code
+        schedtuis = isinstance(error.get("code"), str) and isinstance(said, str)
+        if 400 <= status < 500 and not schedtuis:
+            body = _no_json(response) if data is _NOT_JSON else "JSON that is no schedtui error"
+            raise self._foreign(route, f"with {status} and {body}")
+        message = said if schedtuis and said else f"{self.where} answered {printable(route, 120)} with {status}"
         if status == 401:
             # In the client's words: the server's advice ("send Authorization: Bearer") is for
             # whoever writes HTTP requests, not for this client's user.
@@ -164,10 +170,12 @@ class RemoteBackend(Backend):
                 problem = "a field it needs is missing or null"  # a model's from_json asserts it
             else:
                 problem = str(exc) or type(exc).__name__
-            raise Unavailable(
-                f"{self.where} answered {printable(route, 120)} with JSON schedtui cannot read "
-                f"({printable(problem, 120)}); is it a schedtui server?"
-            ) from None
+            raise self._foreign(route, f"with JSON schedtui cannot read ({printable(problem, 120)})") from None
+
+    def _foreign(self, route: str, what: str) -> Unavailable:
+        """An answer to ``route`` that this client cannot read as schedtui's (``what`` it
+        was): the server at the URL is not one it can use."""
+        return Unavailable(f"{self.where} answered {printable(route, 120)} {what}; is it a schedtui server?")
 
     async def _get(self, path: str, **params: Any) -> Any:
         return await self._request("GET", path, retry=True, params={k: v for k, v in params.items() if v is not None})
@@ -251,7 +259,7 @@ class RemoteBackend(Backend):
                 return Health.from_json(response.json())
             except (ValueError, KeyError, TypeError):
                 pass
-        health: Health = self._read("GET /healthz", self._decode(response), lambda data: decode(Health, data))
+        health: Health = self._read("GET /healthz", self._decode(response, "GET /healthz"), lambda data: decode(Health, data))
         return health
 
     async def now(self) -> datetime:
@@ -287,7 +295,7 @@ class RemoteBackend(Backend):
             async with self._client.stream("GET", "/inspect/events", headers=headers, timeout=timeout) as response:
                 if not response.is_success:
                     await response.aread()
-                    self._decode(response)  # raises the error it says
+                    self._decode(response, "GET /inspect/events")  # raises the error it says
                 parser = SseParser()
                 async for chunk in response.aiter_text():
                     batch = parser.feed(chunk)
@@ -397,6 +405,12 @@ def _in_doubt(retried: bool, exc: httpx.TransportError) -> str:
     if retried or isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
         return ""
     return "; it may have been done all the same: look before doing it again"
+
+
+def _no_json(response: httpx.Response) -> str:
+    """What an answer without JSON holds instead, by its Content-Type ("no JSON (text/html)")."""
+    kind = response.headers.get("content-type", "").partition(";")[0].strip()
+    return f"no JSON ({printable(kind, 60)})" if kind else "no JSON"
 
 
 def _field(error: dict[str, Any]) -> str | None:
