@@ -438,11 +438,14 @@ async def test_a_boot_at_a_slot_instant_fires_that_slot_and_records_only_the_lat
     assert engine.next_fire_at("job") == at("2026-03-06T09:00:00Z")
 
 
+@pytest.mark.parametrize("ran_from", ["09:15", "09:45"])
 async def test_a_start_after_the_clock_was_stepped_back_fires_no_recorded_slot_again(
-    make_engine: MakeEngine, clock: ManualClock
+    make_engine: MakeEngine, clock: ManualClock, ran_from: str
 ) -> None:
-    """The clock ran an hour fast, fired up to 10:00, and NTP stepped it back before this
-    start: the slots up to 10:00 ran already, and the timer waits for the next after them."""
+    """The clock ran fast and fired the slots from ``ran_from`` to 10:00, then NTP stepped
+    it back to 09:00:30 before this start: those slots ran already and are passed over;
+    the slots before them never ran and fire as usual (passing over everything up to
+    10:00 would lose them), and so do those after."""
     fired: list[datetime] = []
 
     async def handler(ctx: RunContext) -> None:
@@ -450,14 +453,20 @@ async def test_a_start_after_the_clock_was_stepped_back_fires_no_recorded_slot_a
 
     clock.set("2026-03-02T09:00:30Z")
     engine = make_engine([schedule(cron="*/15 * * * *", handler=handler, backfill="all")])
-    await _seed_last_run(engine, "job", at("2026-03-02T10:00:00Z"))
+    ran = list(schedule(cron="*/15 * * * *").cron.occurrences(at(f"2026-03-02T{ran_from}:00Z") - timedelta(seconds=1),
+                                                              at("2026-03-02T10:00:00Z")))  # fmt: skip
+    for slot in ran:
+        await _seed_last_run(engine, "job", slot)
     await engine.start()
     await engine.quiesce()
     for _ in range(7):
         clock.advance(15 * 60)
         await engine.quiesce()
-    assert fired == [at("2026-03-02T10:15:00Z"), at("2026-03-02T10:30:00Z"), at("2026-03-02T10:45:00Z")]
+    every = [at(f"2026-03-02T{t}:00Z") for t in ("09:15", "09:30", "09:45", "10:00", "10:15", "10:30", "10:45")]
+    assert fired == [slot for slot in every if slot not in ran]
     assert engine.next_fire_at("job") == at("2026-03-02T11:00:00Z")
+    runs = await all_runs(engine, "job")
+    assert sorted(r.scheduled_at for r in runs) == every  # each slot once
 
 
 async def test_catch_up_walk_is_capped(make_engine: MakeEngine, clock: ManualClock) -> None:

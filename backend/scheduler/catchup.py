@@ -42,6 +42,9 @@ __all__ = ["CatchUp"]
 
 log = logging.getLogger("schedtui.engine")
 
+#: At most this many slots recorded ahead of a stepped-back clock are read, per schedule.
+_AHEAD_LIMIT = 100_000
+
 #: Slots claimed in one go when a batch of schedules catches up at start or take-over.
 _CLAIM_CHUNK = 5_000
 
@@ -145,6 +148,7 @@ class CatchUp:
             self.busy.difference_update(names)
             raise
         catching: list[tuple[Schedule, list[datetime], str | None, bool]] = []
+        ahead: list[tuple[Schedule, datetime, datetime]] = []
         for schedule, now, reason, late_by in batch:
             since = left_off.get(schedule.name)
             never_ran = since is None
@@ -172,15 +176,40 @@ class CatchUp:
                 # it fires whatever the policy, as a live catch-up's newest does.
                 catching.append((schedule, missed, reason, missed[-1] >= now - late_by))
             else:
+                if since is not None and since > now:
+                    ahead.append((schedule, now, since))
                 self.busy.discard(schedule.name)
-                # After the newest slot recorded, if that is ahead of now: a clock stepped back
-                # since (NTP correcting a fast one) must not fire a slot that ran already.
-                self.timers.arm(schedule, now if since is None else max(now, since))
+                self.timers.arm(schedule, now)
+        if ahead:
+            await self._pass_over_recorded(ahead)
         claimed = await self._claim_together([(schedule, missed) for schedule, missed, *_ in catching])
         for schedule, missed, reason, on_time in catching:
             claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
             self._spawn(schedule, missed, reason=reason, claimed=claim, on_time=on_time)
         self.loops.poke()
+
+    async def _pass_over_recorded(self, ahead: list[tuple[Schedule, datetime, datetime]]) -> None:
+        """Schedules whose newest recorded slot is ahead of the clock: it was stepped back
+        since (NTP correcting a fast one; a host whose clock kept local time). The slots the
+        ledger holds between now and then ran already: the timers pass over each when it
+        comes due; the others (never fired) fire as usual."""
+        start = min(now for _, now, _ in ahead)
+        end = max(since for *_, since in ahead) + timedelta(seconds=1)  # (runs_between's end is open)
+        try:
+            found = await self.store.runs_between(
+                [schedule.name for schedule, *_ in ahead], start, end, limit_per_name=_AHEAD_LIMIT
+            )
+        except Unavailable as exc:  # (a store down now was up a moment ago: the slots fire again)
+            log.error("cannot read the slots recorded ahead of the clock: %s; they may fire again", exc)
+            return
+        for schedule, now, since in ahead:
+            slots = {r.scheduled_at for r in found.get(schedule.name, []) if r.trigger != "manual" and r.scheduled_at > now}
+            self.timers.pass_over(schedule.name, slots)
+            log.warning(
+                "%s: its newest recorded slot (%s) is ahead of this clock (%s): was the clock stepped back? "
+                "%d recorded slot(s) until then ran already and do not fire again",
+                schedule.name, since.isoformat(), now.isoformat(), len(slots),
+            )  # fmt: skip
 
     async def _claim_together(
         self, catching: list[tuple[Schedule, list[datetime]]]

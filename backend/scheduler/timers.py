@@ -135,6 +135,24 @@ class Timers:
         handled them before the loop parks."""
         self.on_disabled: Callable[[str], None] = lambda name: None
         """Called with a schedule just disabled (see :meth:`disabled`)."""
+        self.taken: dict[str, set[datetime]] = {}
+        """Per schedule, slots the ledger holds ahead of the clock (it was stepped back, and
+        the engine started again): each is passed over when it comes due, not fired again
+        (see :meth:`pass_over`)."""
+
+    def pass_over(self, name: str, slots: set[datetime]) -> None:
+        """Never fire these slots of ``name``: they ran already (by a clock that was ahead)."""
+        if slots:
+            self.taken.setdefault(name, set()).update(slots)
+
+    def _taken(self, name: str, slot: datetime) -> bool:
+        slots = self.taken.get(name)
+        if slots is None or slot not in slots:
+            return False
+        slots.discard(slot)
+        if not slots:
+            del self.taken[name]
+        return True
 
     def start(self) -> None:
         self._wake = asyncio.Event()
@@ -174,12 +192,17 @@ class Timers:
                 continue
             due: list[tuple[Schedule, datetime, datetime]] = []
             behind: list[tuple[Schedule, datetime]] = []
+            passed: list[tuple[Schedule, datetime, datetime]] = []
             for name, slot, following in self.wheel.pop_due(now):
                 schedule = self.schedules[name]
-                if following <= now:
+                if self.taken and self._taken(name, slot):
+                    passed.append((schedule, slot, following))
+                elif following <= now:
                     behind.append((schedule, slot))
                 else:
                     due.append((schedule, slot, following))
+            if passed:
+                self._rearm(passed)
             if due:
                 await self._fire_due(due, now)
             catching: list[tuple[Schedule, list[datetime]]] = []
@@ -189,6 +212,11 @@ class Timers:
                     continue  # disabled (or re-armed) while the due slots above were claimed
                 self.wheel.disarm(schedule.name)
                 missed = [slot, *islice(schedule.cron.occurrences(slot, now), self.catch_up_limit)]
+                if self.taken:
+                    missed = [s for s in missed if not self._taken(schedule.name, s)]
+                if not missed:
+                    self.arm(schedule, now)
+                    continue
                 catching.append((schedule, missed[-self.catch_up_limit :]))
             if catching:
                 await self.on_behind(catching)
