@@ -923,6 +923,34 @@ async def test_a_slot_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_
     assert fired[-1] == at("2026-03-02T08:00:02Z")
 
 
+async def test_slots_queued_behind_a_run_when_the_lease_lapses_never_start_under_it(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    """Found by an outside tester with SIGSTOP: a slot queued (``queue``) behind a run was
+    claimed under the lease; frozen past its bound, the instance came back, renewed it, and
+    started the queued slot once the run ended, beside the run another instance had started
+    since (it had closed this one abandoned)."""
+    gate = Gate()
+    engine = make_engine([schedule(name="q", cron="* * * * * *", handler=gate, on_overlap="queue")],
+                         coordination="advisoryLock")  # fmt: skip
+    await engine.start()
+    await engine.quiesce()
+    clock.advance(1)
+    await gate.entered.wait()
+    clock.advance(1)  # queued behind the run in flight
+    await engine.quiesce(runs=False)
+    lapse_and_renew(engine)
+    gate.release.set()
+    await engine.quiesce()
+    queued = at("2026-03-02T08:00:02Z")
+    assert queued not in gate.started
+    [run] = [r for r in await all_runs(engine, "q") if r.scheduled_at == queued]
+    assert (run.status, run.error_message) == ("missed", "not started: this instance's lease lapsed while this slot was queued")
+    clock.advance(1)  # the next slot fires as usual
+    await engine.quiesce()
+    assert gate.started[-1] == at("2026-03-02T08:00:03Z")
+
+
 async def test_catch_ups_overlapping_after_pauses_never_fire_a_slot_twice(make_engine: MakeEngine, clock: ManualClock) -> None:
     """Found by the state machine: paused during a catch-up, a schedule is armed again and
     may start another catch-up while the first still runs. One that ended while a newer

@@ -547,8 +547,18 @@ class Launcher:
 
     def lease_lapsed(self, why: str) -> None:
         """This instance's lease lapsed: stop every run in flight (``failed``/``lease_lost``);
-        runs not started yet never start (see :class:`~backend.runtime.runner.HandlerRunner`)."""
+        runs not started yet never start (see :class:`~backend.runtime.runner.HandlerRunner`),
+        nor do the slots queued behind them (``queue``): claimed under the lease that lapsed,
+        they may be another instance's by now, and are recorded ``missed`` (a run another
+        instance closed meanwhile stays as it closed it)."""
         self.interrupt(f"stopped: this instance's lease on its work lapsed ({why})", TAG_LEASE_LOST)
+        for name, waiting in self.waiting.items():
+            schedule = self.schedules.get(name)
+            while waiting:
+                slot, trigger, outcome, run_id = waiting.popleft()
+                if schedule is not None:
+                    self.record_missed(schedule, slot, trigger, outcome,
+                                       "not started: this instance's lease lapsed while this slot was queued", run_id)  # fmt: skip
 
     def interrupt(self, message: str, tag: str = TAG_INTERRUPTED) -> None:
         """Close every run in flight as ``failed``/``interrupted`` (or ``tag``) and cancel
