@@ -175,6 +175,26 @@ def test_another_name_for_the_file_is_no_way_around_the_one_firer(root: Path) ->
     assert stopped == 0, first.log_text()
 
 
+def test_a_second_process_is_refused_the_file_whatever_the_coordination(root: Path) -> None:
+    """Claims coordinate the engines of one process (the demo's two); between processes an
+    embedded store has no lease to fence a frozen one with: a second serve by claims is
+    refused as a second single one is."""
+    db = root / "state.db"
+    first = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}", "--instance", "first",
+                         "--coordination", "advisoryLock")  # fmt: skip
+    try:
+        poll(lambda: count_runs(db) > 0, timeout=20, what="the first serve to fire")
+        for mode in ("advisoryLock", "single"):
+            second = subprocess.run(serve_argv(db, "--instance", "second", "--coordination", mode), cwd=root,
+                                    env=cli_env(), capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+            assert second.returncode == 1, second.stderr
+            assert second.stderr.startswith('schedtui: refusing to fire: instance "first"'), second.stderr
+        assert {row[0] for row in ledger(db, "SELECT DISTINCT instance FROM runs")} == {"first"}
+    finally:
+        stopped = first.stop()
+    assert stopped == 0, first.log_text()
+
+
 def test_a_firing_lock_file_deleted_by_a_tidy_up_lets_no_second_firer_in(root: Path) -> None:
     """The lock file is found by its name; the store file's own lock is its inode's."""
     db = root / "state.db"

@@ -405,10 +405,12 @@ class Engine(EngineReads, EngineActions):
 
     async def start(self) -> None:
         """Open, catch up on missed slots, arm every enabled self-triggered schedule."""
-        if not self._started and self.coordination == "single":
-            # One firer per embedded store: refused (InUse) before anything is registered
-            # or fired, when another process already fires it.
-            await self.store.take_firing_lock(self.instance)
+        if not self._started:
+            # One firing process per embedded store, whatever the coordination (claims
+            # coordinate the engines of one process: no lease fences another process):
+            # refused (InUse) before anything is registered or fired, when another
+            # process already fires it.
+            await self.store.take_firing_lock(self.instance, claims=self.claims.coordinator.needs_claims)
         await self.open()
         if self._started:
             return

@@ -155,11 +155,13 @@ class Store(Protocol):
     def health(self) -> StoreHealth:
         """Whether runs can be written now, from what the store already knows (no I/O)."""
 
-    async def take_firing_lock(self, instance: str) -> None:
+    async def take_firing_lock(self, instance: str, *, claims: bool = False) -> None:
         """Become the one process firing this store's schedules on their timers, until
         :meth:`close` or the process ends; :class:`~backend.errors.InUse` (naming the
-        holder) when another has that role. A no-op where instances coordinate through
-        the store (PostgreSQL)."""
+        holder) when another has that role. ``claims``: the engine coordinates by claims,
+        so engines of this one process may share the role (an embedded store has no lease
+        to fence another process with). A no-op where instances coordinate through the
+        store (PostgreSQL)."""
 
     # -- runs ---------------------------------------------------------------------------
     def save_runs(self, runs: Sequence[Run]) -> None:

@@ -532,7 +532,7 @@ class PostgresStore(
             return StoreHealth("failing", trouble[0], waiting, trouble[1])
         return StoreHealth("ok", waiting=waiting)
 
-    async def take_firing_lock(self, instance: str) -> None:
+    async def take_firing_lock(self, instance: str, *, claims: bool = False) -> None:
         """Nothing to take: instances sharing PostgreSQL coordinate through its claims."""
 
     def _require_pool(self) -> AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]:

@@ -28,7 +28,9 @@ import socket
 import sqlite3
 import stat
 import sys
+import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -70,6 +72,24 @@ from backend.store.sqlite.writer import (
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
+
+@dataclass
+class _FiringLock:
+    """A store file's firing lock, as this process holds it (see :data:`_FIRING_LOCKS`)."""
+
+    fds: tuple[int, ...]
+    users: int = 0
+    single: bool = False
+    """An engine of ``single`` coordination holds it: no second one in this process may."""
+
+
+#: Per store file, the firing lock this process holds: taken from the OS once, shared by
+#: the engines of this process that fire it (those that claim, as the demo's two and the
+#: tests' fleets; and beside them one ``single`` engine, as in a rolling change of mode,
+#: which waits for the other mode's instances to leave), refused to any other process.
+_FIRING_LOCKS: dict[str, _FiringLock] = {}
+_FIRING_GUARD = threading.Lock()
+
 
 def _mounted_alone(path: Path) -> bool:
     """Whether the file ``path`` is a mount point (bind-mounted on its own); Linux only."""
@@ -114,6 +134,8 @@ class SQLiteStore(
         self._last_writer: _Writer | None = None  # its counters outlive close()
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         self._read_conn: sqlite3.Connection | None = None
+        self._single = False
+        """This store took the firing lock for an engine of ``single`` coordination."""
         self._firing_lock: tuple[int, ...] | None = None
         """The firing process's locked files: the lock file, and (Linux) the store file."""
         self._firer: str | None = None
@@ -267,8 +289,15 @@ class SQLiteStore(
             self._reserve.close()
             self._reserve = None
         if self._firing_lock is not None:
-            fds, self._firing_lock = self._firing_lock, None
-            for fd in fds:
+            self._firing_lock = None
+            with _FIRING_GUARD:
+                held = _FIRING_LOCKS[str(self.path)]
+                held.users -= 1
+                held.single = held.single and not self._single
+                if held.users:
+                    return  # another engine of this process still fires it
+                del _FIRING_LOCKS[str(self.path)]
+            for fd in held.fds:
                 os.close(fd)  # releases the lock
 
     def _close_reader(self) -> None:
@@ -289,12 +318,16 @@ class SQLiteStore(
         self._writer.page_limit = extra
         self._writer.jobs.put(_WAKE)
 
-    async def take_firing_lock(self, instance: str) -> None:
+    async def take_firing_lock(self, instance: str, *, claims: bool = False) -> None:
         """Also opens the reserve (the firing process's alone) and, once the store is open,
-        writes the runs an earlier process kept there."""
-        if self._firing_lock is None:
-            self._firing_lock = await asyncio.to_thread(self._lock_firing, instance)
-            self._firer = instance
+        writes the runs an earlier process kept there. Engines that claim (``claims``)
+        share the lock within this process, and open no reserve (their claims record what
+        they fire)."""
+        if self._firing_lock is not None:
+            return
+        self._firing_lock = await asyncio.to_thread(self._hold_firing_lock, instance, single=not claims)
+        self._firer, self._single = instance, not claims
+        if not claims:
             self._reserve = Reserve(self.path.with_name(self.path.name + ".reserve"))
             self._kept = await asyncio.to_thread(self._reserve.open)
             if self._writer is not None:
@@ -380,6 +413,17 @@ class SQLiteStore(
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
         return fds
+
+    def _hold_firing_lock(self, instance: str, *, single: bool) -> tuple[int, ...]:
+        with _FIRING_GUARD:  # (engines of one process start together, on several threads)
+            held = _FIRING_LOCKS.get(str(self.path))
+            if held is None:
+                held = _FIRING_LOCKS[str(self.path)] = _FiringLock(self._lock_firing(instance))
+            elif single and held.single:
+                raise InUse(self._in_use_message(self.firing_lock_path))
+            held.users += 1
+            held.single = held.single or single
+            return held.fds
 
     def _flock(self, path: Path, what: str, *, create: bool) -> int:
         """``path`` opened and locked alone (:class:`InUse` when another process holds it)."""
