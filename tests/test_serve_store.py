@@ -185,14 +185,19 @@ def test_a_second_process_is_refused_the_file_whatever_the_coordination(root: Pa
     try:
         poll(lambda: count_runs(db) > 0, timeout=20, what="the first serve to fire")
         for mode in ("advisoryLock", "single"):
-            second = subprocess.run(serve_argv(db, "--instance", "second", "--coordination", mode), cwd=root,
-                                    env=cli_env(), capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-            assert second.returncode == 1, second.stderr
-            assert second.stderr.startswith('schedtui: refusing to fire: instance "first"'), second.stderr
-        assert {row[0] for row in ledger(db, "SELECT DISTINCT instance FROM runs")} == {"first"}
+            refused_as_second(root, db, 'schedtui: refusing to fire: instance "first"', "--coordination", mode)
     finally:
         stopped = first.stop()
     assert stopped == 0, first.log_text()
+
+
+def refused_as_second(root: Path, db: Path, said: str, *extra: str) -> None:
+    """A second serve on ``db`` is refused (exit 1, saying ``said``), and the first alone fired."""
+    second = subprocess.run(serve_argv(db, "--instance", "second", *extra), cwd=root, env=cli_env(),
+                            capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert second.returncode == 1, second.stderr
+    assert second.stderr.startswith(said), second.stderr
+    assert {row[0] for row in ledger(db, "SELECT DISTINCT instance FROM runs")} == {"first"}
 
 
 def test_a_firing_lock_file_deleted_by_a_tidy_up_lets_no_second_firer_in(root: Path) -> None:
@@ -202,11 +207,7 @@ def test_a_firing_lock_file_deleted_by_a_tidy_up_lets_no_second_firer_in(root: P
     try:
         poll(lambda: count_runs(db) > 0, timeout=20, what="the first serve to fire")
         (root / "state.db.firing-lock").unlink()  # `rm -f state.db.*`, a tmp cleaner
-        second = subprocess.run(serve_argv(db, "--instance", "second"), cwd=root, env=cli_env(),
-                                capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-        assert second.returncode == 1, second.stderr
-        assert second.stderr.startswith("schedtui: refusing to fire: another process already fires"), second.stderr
-        assert {row[0] for row in ledger(db, "SELECT DISTINCT instance FROM runs")} == {"first"}
+        refused_as_second(root, db, "schedtui: refusing to fire: another process already fires")
     finally:
         stopped = first.stop()
     assert stopped == 0, first.log_text()
