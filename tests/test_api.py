@@ -101,6 +101,18 @@ def test_read_token_reads_but_may_not_act(server: Server) -> None:
         assert error_of(response)["code"] == "forbidden"
 
 
+def test_a_server_with_tokens_refuses_what_a_web_page_sent_and_takes_any_host(server: Server) -> None:
+    """A proxy that adds the token for a browser's user would make it ambient: a page's
+    request is refused even with one. Any Host is fine: the token is what is checked."""
+    op = client(server)
+    for headers in ({"Origin": "https://evil.example"}, {"Sec-Fetch-Site": "cross-site"}):
+        response = op.post("/inspect/schedules/report/disable", headers=headers)
+        assert response.status_code == 403 and error_of(response)["code"] == "forbidden", response.text
+    [report] = [s for s in op.get("/inspect/schedules").json()["schedules"] if s["name"] == "report"]
+    assert report["enabled"]
+    assert op.get("/inspect/info", headers={"Host": "schedtui.example.com"}).status_code == 200
+
+
 def test_schedules_and_runs(server: Server) -> None:
     op = client(server)
     body = op.get("/inspect/schedules").json()

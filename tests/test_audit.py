@@ -380,7 +380,7 @@ async def test_a_server_without_tokens_records_anonymous(make_engine: Any) -> No
     backend = EmbeddedBackend(make_engine([HOURLY]))
     await backend.connect()
     transport = httpx.ASGITransport(app=create_app(backend))
-    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         assert (await client.post("/inspect/schedules/hourly/fire")).status_code == 202
         assert (await client.get("/inspect/info")).json()["actor"] == ANONYMOUS
     assert [e.actor for e in (await backend.audit()).entries] == [ANONYMOUS]

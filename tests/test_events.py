@@ -685,7 +685,7 @@ async def test_a_reader_that_never_reads_costs_a_bounded_inbox_and_then_a_resync
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect((host, int(port)))
-    sock.sendall(b"GET /inspect/events HTTP/1.1\r\nHost: t\r\n\r\n")
+    sock.sendall(b"GET /inspect/events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     async with asyncio.timeout(10):
         while engine.events.subscribers == 0:
             await asyncio.sleep(0.01)  # the server subscribes when the request arrives

@@ -101,7 +101,7 @@ async def _closed_by_server(reader: asyncio.StreamReader) -> bytes:
 
 async def test_a_client_stalling_in_its_request_head_is_cut_off(running: tuple[str, int]) -> None:
     reader, writer = await asyncio.open_connection(*running)
-    writer.write(b"GET /healthz HTTP/1.1\r\nHost: test\r\nX-Slow: ")  # the head never ends
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # the head never ends
     await writer.drain()
     assert await _closed_by_server(reader) == b""
     writer.close()
@@ -109,7 +109,7 @@ async def test_a_client_stalling_in_its_request_head_is_cut_off(running: tuple[s
 
 async def test_a_keep_alive_client_stalling_in_its_next_head_is_cut_off(running: tuple[str, int]) -> None:
     reader, writer = await asyncio.open_connection(*running)
-    writer.write(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     await writer.drain()
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=15)
     length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
@@ -124,13 +124,56 @@ async def test_a_keep_alive_client_stalling_in_its_next_head_is_cut_off(running:
 async def test_a_body_that_does_not_arrive_is_408(running: tuple[str, int]) -> None:
     reader, writer = await asyncio.open_connection(*running)
     writer.write(
-        b"POST /inspect/schedules/s/disable HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        b"POST /inspect/schedules/s/disable HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: 100\r\n\r\n{\"note\": "
     )
     await writer.drain()
     answer = await _closed_by_server(reader)
     assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
     writer.close()
+
+
+# ---------------------------------------------------------------------------------------
+# web pages in the operator's browser
+# ---------------------------------------------------------------------------------------
+async def test_a_server_without_tokens_refuses_what_a_web_page_sent(running: tuple[str, int]) -> None:
+    """A page on any site may POST a simple request (text/plain, no preflight) to loopback,
+    and a DNS-rebinding page (its own name pointed at 127.0.0.1) may read the answers."""
+    host, port = running
+    async with httpx.AsyncClient(base_url=f"http://{host}:{port}") as http:
+        csrf = [
+            {"Origin": "https://evil.example", "Content-Type": "text/plain;charset=UTF-8"},
+            {"Origin": "null"},
+            {"Sec-Fetch-Site": "cross-site"},
+            {"Sec-Fetch-Site": "same-site"},
+        ]
+        for headers in csrf:
+            r = await http.post("/inspect/schedules/s/disable", content=b'{"note": "csrf"}', headers=headers)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "forbidden", (headers, r.text)
+            assert "web page" in r.json()["error"]["message"]
+        fired = await http.post("/inspect/schedules/s/fire", headers=csrf[0])
+        assert '(from "https://evil.example")' in fired.json()["error"]["message"]
+        for rebound in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "0.0.0.0", f"[::2]:{port}"):
+            r = await http.get("/inspect/schedules", headers={"Host": rebound})
+            assert r.status_code == 403 and f'the Host "{rebound}"' in r.json()["error"]["message"], r.text
+        assert (await http.get("/healthz", headers={"Host": "evil.example"})).status_code == 403
+        [schedule] = (await http.get("/inspect/schedules")).json()["schedules"]
+        assert schedule["enabled"] and (await http.get("/inspect/audit")).json()["entries"] == []  # nothing was done
+        for own in ("localhost", f"LOCALHOST:{port}", f"127.0.0.1:{port}", "127.1.2.3", f"[::1]:{port}", "[::1]"):
+            assert (await http.get("/inspect/info", headers={"Host": own})).status_code == 200, own
+        # Our clients (httpx, curl) send no Origin: they act as before, and a page's GET is no act.
+        assert (await http.post("/inspect/schedules/s/disable", headers={"Sec-Fetch-Site": "same-origin"})).status_code == 200
+        assert (await http.get("/inspect/info", headers={"Origin": "https://evil.example"})).status_code == 200
+
+
+async def test_a_server_without_tokens_takes_the_host_it_was_bound_to(make_engine: Any) -> None:
+    """``serve --host NAME`` (a name of this machine resolving to loopback): NAME is how its
+    clients address it."""
+    backend = EmbeddedBackend(make_engine([]))
+    app = create_app(backend, host="Build-Box")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://build-box:8787") as http:
+        assert (await http.get("/inspect/info")).status_code == 200
+        assert (await http.get("/inspect/info", headers={"Host": "other-box:8787"})).status_code == 403
 
 
 class _Exploding:

@@ -15,7 +15,8 @@ Besides them::
 Every error is ``{"error": {"code", "message"}}`` with its status (401, 403, 404, 405, 408,
 409, 413, 422, 503); a refused backfill adds ``count`` and ``reason``. Bad input never
 yields a 500. Bearer tokens: the operator token may do everything, the read token only
-read. A request body must arrive within ``body_timeout`` seconds (408 otherwise).
+read. What a web page sent is refused (:mod:`backend.api.browsers`). A request body must
+arrive within ``body_timeout`` seconds (408 otherwise).
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.schemas import SchemaGenerator
 
 from backend.api.base import BODY_TIMEOUT, MAX_BODY_BYTES, Access, Api, JSONResponse, error_response
+from backend.api.browsers import BrowserGuard
 from backend.api.events import event_routes
 from backend.api.metrics import Exposition, metrics_routes
 from backend.api.routes import action_routes
@@ -53,11 +56,14 @@ def create_app(
     manage_backend: bool = False,
     body_timeout: float = BODY_TIMEOUT,
     metrics: Exposition | None = None,
+    host: str | None = None,
 ) -> Starlette:
     """The ASGI app over ``backend``. ``token``/``read_token``: one or several, each
     ``NAME=SECRET`` or a bare secret (see :mod:`backend.api.tokens`). With ``manage_backend``
     the app's lifespan connects and closes it (for an embedded backend: starts and stops
-    its engine). ``metrics``: what ``GET /metrics`` answers with (no such route without)."""
+    its engine). ``metrics``: what ``GET /metrics`` answers with (no such route without).
+    ``host``: the one it listens on; without tokens, the only ``Host`` accepted besides
+    loopback ones (:mod:`backend.api.browsers`)."""
     api = Api(backend, Tokens.from_options(token, read_token), body_timeout)
     routes = [*service_routes(api), *action_routes(api), *event_routes(api)]
     if metrics is not None:
@@ -85,7 +91,7 @@ def create_app(
             for method in route.methods or ()
             if route.endpoint in api.access
         }
-        return JSONResponse(_declare_errors(schema, access))
+        return JSONResponse(_declare_errors(schema, access, loopback_only=not api.tokens.required))
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -118,6 +124,7 @@ def create_app(
     app = Starlette(
         routes=[*routes, Route("/openapi.json", openapi, methods=["GET"], include_in_schema=False)],
         exception_handlers={HTTPException: http_error},
+        middleware=[Middleware(BrowserGuard, loopback_only=not api.tokens.required, host=host)],
         lifespan=lifespan,
     )
     app.state.api = api  # serve ends the event streams through it before stopping
@@ -221,7 +228,7 @@ _ERROR_SCHEMA = {
 }
 _ERRORS = {
     401: "no token, or a wrong one",
-    403: "a read token tried to act",
+    403: "a read token tried to act, or a web page sent the request (an Origin; without tokens, a foreign Host)",
     404: "unknown schedule, run, backfill, queue, job, execution, function or lock",
     408: "the request body did not arrive in time",
     413: "the request body is too large",
@@ -230,10 +237,11 @@ _ERRORS = {
 }
 
 
-def _declare_errors(schema: dict[str, Any], access: dict[tuple[str, str], Access]) -> dict[str, Any]:
+def _declare_errors(schema: dict[str, Any], access: dict[tuple[str, str], Access], *, loopback_only: bool) -> dict[str, Any]:
     """Declare the errors each operation can answer with, and their one JSON shape: which
-    follow from the route itself (its token rule, its path parameters, its body), rather
-    than from every docstring repeating them."""
+    follow from the route itself (its token rule, its path parameters, its body) and the
+    server (``loopback_only``: without tokens, any request may name a foreign ``Host``),
+    rather than from every docstring repeating them."""
     schema.setdefault("components", {}).setdefault("schemas", {})["Error"] = _ERROR_SCHEMA
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
@@ -243,7 +251,7 @@ def _declare_errors(schema: dict[str, Any], access: dict[tuple[str, str], Access
                 operation["security"] = []
             else:
                 statuses.add(401)
-            if kind == "operate":
+            if kind == "operate" or loopback_only or method not in ("get", "head"):
                 statuses.add(403)
             if "{" in path:
                 statuses |= {404, 422}

@@ -191,7 +191,7 @@ async def serve(
         # metrics count every run.
         app = create_app(
             backend, token=token, read_token=read_token, body_timeout=body_timeout or BODY_TIMEOUT,
-            metrics=metrics or EngineMetrics(backend.engine),
+            metrics=metrics or EngineMetrics(backend.engine), host=host,
         )  # fmt: skip
         sock = listen_on(host, port)
     try:
