@@ -17,9 +17,11 @@ import pytest
 
 from backend import BadInput, Engine, Forbidden, NotFound, TooLarge, Unavailable, discover_definitions
 from backend.api.app import create_app
+from backend.api.routes import MAX_PAGE_BYTES
 from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
+from backend.jobs.definition import MAX_PAYLOAD_BYTES
 from backend.jobs.model import NotDead, QueueFull
 from tests.late_answers import LoseFirstAnswer
 from tests.servers import Server, cli_env, poll, run_main, start_server
@@ -271,6 +273,39 @@ async def test_a_full_queue_answers_409_queue_full(tmp_path: Path, monkeypatch: 
             with pytest.raises(QueueFull):
                 await remote.send_job("held", 1)
             await remote.close()
+    finally:
+        await backend.close()
+
+
+async def test_a_page_of_large_jobs_ends_early_and_pages_on(tmp_path: Path) -> None:
+    """``?limit=1000`` of jobs near the 256 KiB payload limit was 250 MB of JSON rendered on
+    the engine's loop: a page ends past MAX_PAGE_BYTES, its next_before naming its last
+    job, and the remote client (the CLI's and the console's) pages on through the rest."""
+    backend = embedded(tmp_path)  # not armed: the jobs stay queued
+    app = create_app(backend, read_token=READ)
+    await backend.connect()
+    try:
+        payload = "é" + "x" * (MAX_PAYLOAD_BYTES - 100)  # escaped as \u00e9 in the answer: 5 bytes more
+        sent = [(await backend.send_job("held", [i, payload])).id for i in range(12)]
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", headers={"Authorization": f"Bearer {READ}"}) as http:
+            first = await http.get("/inspect/queues/held/jobs", params={"limit": 1000})
+            page = first.json()
+            assert 1 < len(page["jobs"]) < 12 and page["next_before"] == page["jobs"][-1]["id"]
+            assert MAX_PAGE_BYTES < len(first.content) < MAX_PAGE_BYTES + MAX_PAYLOAD_BYTES + 1024
+            small = (await http.get("/inspect/queues/held/jobs", params={"limit": 2})).json()
+            assert [j["id"] for j in small["jobs"]] == sent[:-3:-1]  # within the bound: as asked
+        remote = RemoteBackend("http://t", READ, transport=httpx.ASGITransport(app=app))
+        seen: list[str] = []
+        before: str | None = None
+        while True:
+            jobs = await remote.list_jobs("held", limit=1000, before=before)
+            seen += [job.id for job in jobs.jobs]
+            if jobs.next_before is None:
+                break
+            before = jobs.next_before
+        await remote.close()
+        assert seen == sent[::-1]  # newest first, each once
     finally:
         await backend.close()
 

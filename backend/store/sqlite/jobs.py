@@ -372,8 +372,9 @@ class SQLiteJobs:
             params.append(before)
         sql += " ORDER BY id DESC LIMIT ?"
         params.append(limit)
-        rows = await self._read(lambda c: c.execute(sql, params).fetchall())
-        return [job_from_row(row, _dt) for row in rows]
+        # Parsed on the reading thread: a page of large payloads would hold the engine's loop.
+        jobs: list[Job] = await self._read(lambda c: [job_from_row(row, _dt) for row in c.execute(sql, params).fetchall()])
+        return jobs
 
     async def get_job(self, job_id: str) -> Job | None:
         row = await self._read(lambda c: c.execute(GET_JOB, (job_id,)).fetchone())
