@@ -12,8 +12,8 @@ Besides them::
     GET  /metrics              the engine's metrics for Prometheus (backend.api.metrics)
     GET  /openapi.json         the document of every route
 
-Every error is ``{"error": {"code", "message"}}`` with its status (401, 403, 404, 405, 408,
-409, 413, 422, 503); a refused backfill adds ``count`` and ``reason``. Bad input never
+Every error is ``{"error": {"code", "message"}}`` with its status (400, 401, 403, 404, 405,
+408, 409, 413, 422, 503); a refused backfill adds ``count`` and ``reason``. Bad input never
 yields a 500. Bearer tokens: the operator token may do everything, the read token only
 read. What a web page sent is refused (:mod:`backend.api.browsers`). A request body must
 arrive within ``body_timeout`` seconds (408 otherwise).
@@ -227,6 +227,7 @@ _ERROR_SCHEMA = {
     },
 }
 _ERRORS = {
+    400: "the request body arrived in too many small pieces",
     401: "no token, or a wrong one",
     403: "a read token tried to act, or a web page sent the request (an Origin; without tokens, a foreign Host)",
     404: "unknown schedule, run, backfill, queue, job, execution, function or lock",
@@ -258,7 +259,7 @@ def _declare_errors(schema: dict[str, Any], access: dict[tuple[str, str], Access
             if operation.get("parameters"):
                 statuses.add(422)
             if method in ("post", "put", "patch"):
-                statuses |= {408, 413, 422}
+                statuses |= {400, 408, 413, 422}
             responses = operation.setdefault("responses", {})
             for status in sorted(statuses):
                 responses.setdefault(str(status), {"description": _ERRORS[status]})
