@@ -138,7 +138,7 @@ def test_a_danger_fills_its_placeholders_and_leaves_unknown_ones() -> None:
 async def test_every_action_has_a_route_and_an_openapi_entry(embedded: EmbeddedBackend) -> None:
     app = create_app(embedded, token=TOKEN)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://schedtui.test") as http:
-        paths = (await http.get("/openapi.json")).json()["paths"]
+        paths = (await http.get("/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"})).json()["paths"]
     for action in ACTIONS.values():
         path = action.http.path.replace(":path}", "}")
         entry = paths[path][action.http.method.lower()]

@@ -198,7 +198,8 @@ def test_backfill_runs_in_the_background(server: Server) -> None:
 
 
 def test_openapi_document(server: Server) -> None:
-    doc = client(server, None).get("/openapi.json").json()
+    assert client(server, None).get("/openapi.json").status_code == 401  # a read, as every route but /healthz
+    doc = client(server, READ).get("/openapi.json").json()
     assert doc["openapi"].startswith("3.")
     for path in ("/inspect/schedules", "/inspect/schedules/runs", "/inspect/schedules/{name}/backfill", "/schedule/{name}/fire",
                  "/inspect/runs", "/inspect/instances", "/inspect/backfills/{backfill_id}/cancel"):
@@ -209,6 +210,14 @@ def test_openapi_document(server: Server) -> None:
         for operation in operations.values():
             declared = {p["name"] for p in operation.get("parameters", []) if p["in"] == "path"}
             assert declared == set(re.findall(r"{(\w+)}", path)), path
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/metrics", "/inspect/info", "/openapi.json", "/inspect/events"])
+def test_a_route_without_query_parameters_refuses_one(server: Server, path: str) -> None:
+    """As every action's route: ``?stauts=x`` ignored would answer as if understood."""
+    response = client(server, READ).get(path, params={"stauts": "x"})
+    assert response.status_code == 422, response.text
+    assert error_of(response)["field"] == "stauts" and '"stauts" (it takes none)' in error_of(response)["message"]
 
 
 @pytest.mark.parametrize(

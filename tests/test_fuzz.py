@@ -125,7 +125,7 @@ def api_schema(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     try:
         REAL.clear()
         REAL.update(make_real_things(server.url, store))
-        yield schemathesis.openapi.from_url(f"{server.url}/openapi.json")
+        yield schemathesis.openapi.from_url(f"{server.url}/openapi.json", headers={"Authorization": f"Bearer {OPERATE}"})
     finally:
         assert server.stop() == 0, server.log_text()
         assert "Traceback" not in server.log_text(), server.log_text()

@@ -321,7 +321,7 @@ async def test_the_read_token_is_needed_and_enough(served: Callable[..., Any]) -
     assert (await server.scrape(READ)).status_code == 200
     assert (await server.scrape(OPERATE)).status_code == 200
     async with httpx.AsyncClient(base_url=server.url) as http:
-        doc = (await http.get("/openapi.json")).json()
+        doc = (await http.get("/openapi.json", headers={"Authorization": f"Bearer {READ}"})).json()
     operation = doc["paths"]["/metrics"]["get"]
     assert "text/plain" in operation["responses"]["200"]["content"] and "401" in operation["responses"]
 

@@ -79,7 +79,9 @@ def create_app(
         }
     )
 
+    @api.endpoint("read")
     async def openapi(request: Request) -> Response:
+        api.refuse_unknown_query(request)
         schema = _declare_path_parameters(schemas.get_schema(routes=app.routes))
         paths = schema.setdefault("paths", {})
         for action in ACTIONS.values():  # the actions' routes are left out above: derived here
@@ -155,6 +157,7 @@ def service_routes(api: Api) -> list[Route]:
           200: {description: "the store can record runs"}
           503: {description: "the store cannot record runs: store.error says why"}
         """
+        api.refuse_unknown_query(request)
         health = await backend.health()
         return JSONResponse(health.to_json(), status_code=200 if health.ok else 503)
 
@@ -166,6 +169,7 @@ def service_routes(api: Api) -> list[Route]:
         responses:
           200: {description: "instance, coordination, store kind, access (read or operate), actor (the token's name)"}
         """
+        api.refuse_unknown_query(request)
         token = api.token_of(request)
         connection = backend.info()
         return JSONResponse(
@@ -233,7 +237,7 @@ _ERRORS = {
     404: "unknown schedule, run, backfill, queue, job, execution, function or lock",
     408: "the request body did not arrive in time",
     413: "the request body is too large",
-    422: "a bad parameter or body (error.field names it)",
+    422: "a bad parameter or body, or a query parameter the route does not know (error.field names it)",
     503: "the store is unavailable",
 }
 
@@ -247,7 +251,7 @@ def _declare_errors(schema: dict[str, Any], access: dict[tuple[str, str], Access
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             kind = access.get((path, method), "read")
-            statuses = {503}
+            statuses = {422, 503}  # (422: a query parameter it does not know, on any route)
             if kind == "open":
                 operation["security"] = []
             else:
@@ -255,9 +259,7 @@ def _declare_errors(schema: dict[str, Any], access: dict[tuple[str, str], Access
             if kind == "operate" or loopback_only or method not in ("get", "head"):
                 statuses.add(403)
             if "{" in path:
-                statuses |= {404, 422}
-            if operation.get("parameters"):
-                statuses.add(422)
+                statuses.add(404)
             if method in ("post", "put", "patch"):
                 statuses |= {400, 408, 413, 422}
             responses = operation.setdefault("responses", {})

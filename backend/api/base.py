@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Literal
 
 from starlette.requests import ClientDisconnect, Request
@@ -187,6 +187,16 @@ class Api:
             shown = ", ".join(f'"{printable(name, 60)}"' for name in unknown)
             raise BadInput(f"unknown field(s) {shown} (known: {', '.join(fields or ())})", field=printable(unknown[0], 60))
         return data
+
+    @staticmethod
+    def refuse_unknown_query(request: Request, known: Collection[str] = ()) -> None:
+        """Refuse a query parameter the route does not know (422 naming it): ``?stauts=dead``
+        ignored would answer as if it had been understood."""
+        unknown = sorted(set(request.query_params.keys()) - set(known))
+        if unknown:
+            shown = ", ".join(f'"{printable(name, 60)}"' for name in unknown)
+            what = f"(known: {', '.join(sorted(known))})" if known else "(it takes none)"
+            raise BadInput(f"unknown query parameter(s) {shown} {what}", field=printable(unknown[0], 60))
 
     @staticmethod
     def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:

@@ -123,6 +123,7 @@ def event_routes(api: Api) -> list[Route]:
             content: {text/event-stream: {schema: {type: string}}}
           503: {description: "too many streams are open"}
         """
+        api.refuse_unknown_query(request)
         if api.streams >= MAX_STREAMS:
             return error_response(503, "unavailable", f"too many event streams are open (at most {MAX_STREAMS})")
         since = request.headers.get("last-event-id") or None

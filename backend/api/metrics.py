@@ -45,6 +45,7 @@ def metrics_routes(api: Api, exposition: Exposition) -> list[Route]:
             description: "the metrics"
             content: {text/plain: {schema: {type: string}}}
         """
+        api.refuse_unknown_query(request)
         return Response(await exposition.render(), headers={"Content-Type": exposition.content_type, "Cache-Control": "no-store"})
 
     return [Route("/metrics", metrics, methods=["GET"])]

@@ -144,11 +144,7 @@ def _check_query_names(action: Action, request: Request) -> None:
     http, query = action.http, request.query_params
     lists = {http.wire_name(p.name) for p in action.params if http.where(p.name) == "query" and get_origin(p.base) is list}
     known = {http.wire_name(p.name) for p in action.params if http.where(p.name) == "query"} | set(http.fixed)
-    unknown = sorted(set(query.keys()) - known)
-    if unknown:
-        shown = ", ".join(f'"{printable(name, 60)}"' for name in unknown)
-        what = f"(known: {', '.join(sorted(known))})" if known else "(it takes none)"
-        raise BadInput(f"unknown query parameter(s) {shown} {what}", field=printable(unknown[0], 60))
+    Api.refuse_unknown_query(request, known)
     for wire in sorted(known - lists):
         if len(query.getlist(wire)) > 1:
             raise BadInput(f"the query parameter {wire} is given {len(query.getlist(wire))} times (give it once)", field=wire)
