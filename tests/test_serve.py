@@ -171,6 +171,59 @@ async def test_a_body_in_too_many_small_pieces_is_refused_before_it_costs_the_lo
     assert large.startswith(b"HTTP/1.1 413") and b"too_large" in large
 
 
+async def test_an_absolute_form_target_is_served_as_its_path(running: tuple[str, int]) -> None:
+    """RFC 9112 section 3.2.2: a server must accept ``GET http://host/path``; its authority
+    is then the request's Host (what a server without tokens checks)."""
+    host, port = running
+    for target in (f"http://{host}:{port}/inspect/info", f"HTTP://localhost:{port}/inspect/info?"):
+        answer = await _answer(running, f"GET {target} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        assert answer.startswith(b"HTTP/1.1 200") and b'"actor":"anonymous"' in answer, answer
+    rebound = await _answer(running, f"GET http://evil.example/inspect/info HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    assert rebound.startswith(b"HTTP/1.1 403") and b"evil.example" in rebound
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        b"GET /healthz HTTP/1.1 junk\r\nHost: 127.0.0.1\r\n\r\n",
+        b"POST /inspect/schedules/s/enable HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+        b"GET /inspect/\xff HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    ],
+)
+async def test_a_request_h11_cannot_parse_is_answered_in_json(running: tuple[str, int], request_: bytes) -> None:
+    answer = await _answer(running, request_)
+    assert answer.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in answer.lower()
+    error = json.loads(answer.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "bad_request" and error["message"].startswith("invalid HTTP request")
+
+
+async def test_past_max_connections_the_answer_is_json_and_nothing_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """uvicorn answered text/plain and logged a WARNING for each refused request (and two
+    for each Upgrade header): log volume anyone could drive."""
+    schedule = define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=print)
+    backend = EmbeddedBackend(Engine([schedule], f"sqlite:///{tmp_path / 'state.db'}", shutdown_grace=0))
+    ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(serve(backend, port=0, stop=stop, max_connections=2, on_ready=ready.set_result))
+    host, _, port = (await asyncio.wait_for(ready, 30)).removeprefix("http://").rpartition(":")
+    running = (host, int(port))
+    with caplog.at_level(logging.DEBUG, logger="uvicorn"):
+        upgrade = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+        assert (await _answer(running, upgrade)).startswith(b"HTTP/1.1 200")
+        idle = [await asyncio.open_connection(*running) for _ in range(2)]
+        refused = await _answer(running, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        for _, writer in idle:
+            writer.close()
+    stop.set()
+    await task
+    assert refused.startswith(b"HTTP/1.1 503") and b"content-type: application/json" in refused.lower()
+    error = json.loads(refused.partition(b"\r\n\r\n")[2])["error"]
+    assert error == {"code": "unavailable", "message": "the server is at its limit of 2 open connections; try again shortly"}
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
 # ---------------------------------------------------------------------------------------
 # web pages in the operator's browser
 # ---------------------------------------------------------------------------------------

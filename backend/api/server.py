@@ -10,6 +10,7 @@ seconds of the connection (or of the previous response), a body within the API's
 ``body_timeout``, an idle keep-alive connection is closed after uvicorn's keep-alive
 timeout, past ``max_connections`` open connections new requests get 503, and a body
 that arrives in too many small pieces is refused (400) before they cost the engine's loop.
+Those refusals, and uvicorn's own, are JSON as the API's errors are.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import gc
 import ipaddress
 import json
 import logging
+import re
 import signal
 import socket
 from collections.abc import Callable, Iterator, Sequence
@@ -74,9 +76,9 @@ def _quiet_server_class() -> type:
     return QuietServer
 
 
-def _bounded_protocol(seconds: float) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol with a deadline on each request head, and a bound on the
-    pieces a request body may arrive in.
+def _bounded_protocol(seconds: float, max_connections: int) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a deadline on each request head, a bound on the pieces
+    a request body may arrive in, and its refusals in JSON.
 
     uvicorn bounds an idle keep-alive connection, but not one that has started a request
     and stalls in its headers: such a client could hold a connection forever. The deadline
@@ -86,7 +88,11 @@ def _bounded_protocol(seconds: float) -> type[asyncio.Protocol]:
     h11 parses each piece of a body (an HTTP chunk, a network read) on the engine's loop,
     whether a route reads the body or not: 65,000 chunks of one byte cost it 0.4 s. Past
     :data:`MAX_BODY_PIECES` pieces averaging under :data:`MIN_PIECE_BYTES`, the request is
-    answered 400 and the connection closed, nothing more of it parsed."""
+    answered 400 and the connection closed, nothing more of it parsed.
+
+    uvicorn answers a request past ``max_connections`` (503) and one it cannot parse (400)
+    in text/plain, and logs a warning for each, and for each ``Upgrade`` header: here they
+    are answered as every other error, and what anyone can send is logged at debug only."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -105,11 +111,21 @@ def _bounded_protocol(seconds: float) -> type[asyncio.Protocol]:
                 event = parse()
                 if isinstance(event, h11.Request):
                     self._pieces = self._piece_bytes = 0
+                    if len(self.connections) >= max_connections or len(self.tasks) >= max_connections:
+                        limit = f"the server is at its limit of {max_connections} open connections; try again shortly"
+                        self._refuse(503, "unavailable", limit)
+                        return h11.PAUSED
+                    return _origin_form(event)
                 elif isinstance(event, h11.Data):
                     self._pieces += 1
                     self._piece_bytes += len(event.data)
                     if self._pieces > max(MAX_BODY_PIECES, self._piece_bytes // MIN_PIECE_BYTES):
-                        self._refuse_pieces()
+                        self._refuse(
+                            400,
+                            "too_many_pieces",
+                            f"the request body arrived in more than {MAX_BODY_PIECES} pieces (HTTP chunks or network "
+                            f"reads) of under {MIN_PIECE_BYTES} bytes on average; send it in fewer",
+                        )
                         return h11.PAUSED  # uvicorn stops reading and parsing
                 return event
 
@@ -144,22 +160,37 @@ def _bounded_protocol(seconds: float) -> type[asyncio.Protocol]:
                 log.debug("closing a connection that sent no complete request head within %gs", seconds)
                 self.transport.close()
 
-        def _refuse_pieces(self) -> None:
-            """Answer 400 (unless the route has begun its answer) and close the connection.
-            The route, if still running, is told the client left; its answer is dropped."""
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_started and self.conn.our_state is h11.SEND_RESPONSE:
+        def _unsupported_upgrade_warning(self) -> None:
+            log.debug("ignored the Upgrade header of a request (no WebSocket here)")
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to a request h11 cannot parse, as JSON as every other."""
+            self._refuse(400, "bad_request", "invalid HTTP request (a malformed request line or header, or a bad body framing)")
+
+        def _answer(self, status: int, code: str, message: str) -> None:
+            """Answer ``{"error": {code, message}}`` and say the connection closes, unless
+            the route has begun its own answer. The route, if still running, is told the
+            client left; its answer is dropped."""
+            if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+                return
+            cycle = self.cycle if self.cycle is not None and not self.cycle.response_complete else None  # (else done)
+            if cycle is not None and cycle.response_started:
+                return
+            if cycle is not None:
                 cycle.response_started = cycle.response_complete = cycle.disconnected = True
                 cycle.message_event.set()
-                message = (
-                    f"the request body arrived in more than {MAX_BODY_PIECES} pieces (HTTP chunks or network reads) "
-                    f"of under {MIN_PIECE_BYTES} bytes on average; send it in fewer"
-                )
-                body = json.dumps({"error": {"code": "too_many_pieces", "message": message}}).encode()
-                headers = [("content-type", "application/json"), ("content-length", str(len(body))), ("connection", "close")]
-                for event in (h11.Response(status_code=400, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
+            body = json.dumps({"error": {"code": code, "message": message}}).encode()
+            headers = [("content-type", "application/json"), ("content-length", str(len(body))), ("connection", "close")]
+            try:
+                for event in (h11.Response(status_code=status, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
                     self.transport.write(self.conn.send(event) or b"")
-            log.debug("closing a connection whose request body came in more than %d pieces", MAX_BODY_PIECES)
+            except h11.LocalProtocolError:  # h11 will not answer in its state: the close says it
+                pass
+
+        def _refuse(self, status: int, code: str, message: str) -> None:
+            """Answer the request under way with an error and close the connection."""
+            self._answer(status, code, message)
+            log.debug("refused a request (%s) and closing its connection", code)
             # Closed at once, with the body's rest unread, the socket would be reset and the
             # answer lost: read on, unparsed, for a moment, as the client sees the answer.
             self._discarding = True
@@ -173,6 +204,28 @@ def _bounded_protocol(seconds: float) -> type[asyncio.Protocol]:
                 super().data_received(data)
 
     return BoundedProtocol
+
+
+_ABSOLUTE_FORM = re.compile(rb"https?://([^/?#]*)(.*)", re.IGNORECASE | re.DOTALL)
+
+
+def _origin_form(request: Any) -> Any:
+    """An h11 request whose target is in absolute form (``GET http://host:port/path``,
+    which RFC 9112 section 3.2.2 says a server must accept) with its target as the path,
+    and the target's authority as its Host (the Host header is ignored then); any other
+    as it is."""
+    import h11
+
+    absolute = _ABSOLUTE_FORM.fullmatch(request.target)
+    if absolute is None:
+        return request
+    authority, rest = absolute.groups()
+    target = rest if rest.startswith(b"/") else b"/" + rest
+    headers = [(name, value) for name, value in request.headers if name != b"host"] + [(b"host", authority)]
+    try:
+        return h11.Request(method=request.method, target=target, headers=headers, http_version=request.http_version)
+    except h11.LocalProtocolError:  # (no authority): as sent, a 404
+        return request
 
 
 def freeze_startup_heap() -> None:
@@ -306,13 +359,13 @@ async def _serve(
 
         config = uvicorn.Config(
             app,
-            http=_bounded_protocol(head_timeout),
+            http=_bounded_protocol(head_timeout, max_connections),
             log_level="warning",
             log_config=None,  # uvicorn's lines go through the process's logging (redacted)
             access_log=False,
             lifespan="off",
             timeout_keep_alive=KEEP_ALIVE,
-            limit_concurrency=max_connections,
+            limit_concurrency=None,  # (the protocol's: uvicorn's answers in text/plain and logs each)
         )
         server = _quiet_server_class()(config)
         server_task = asyncio.ensure_future(server.serve(sockets=[sock]))
