@@ -447,8 +447,11 @@ class SQLiteDurable:
         self, *, function: str | None, status: str | None, limit: int, before: str | None
     ) -> list[Execution]:
         sql, params = _list_sql(function, status, before)
-        rows = await self._read(lambda c: c.execute(sql, (*params, limit)).fetchall())
-        return [execution_from_row(row, _dt) for row in rows]
+        # Parsed on the reading thread: a page of large inputs and outputs would hold the engine's loop.
+        found: list[Execution] = await self._read(
+            lambda c: [execution_from_row(row, _dt) for row in c.execute(sql, (*params, limit)).fetchall()]
+        )
+        return found
 
     async def durable_stale(self, since: datetime, now: datetime) -> dict[str, int]:
         at = _us(since)
