@@ -47,7 +47,7 @@ def encode_id(ms: int, low: int) -> str:
 
 def id_floor(at: datetime) -> str:
     """The smallest id that can be created at ``at``: ``id < id_floor(t)`` means "before t"."""
-    return _encode(int(at.timestamp() * 1000) << _RANDOM_BITS, 26)
+    return _encode(max(0, int(at.timestamp() * 1000)) << _RANDOM_BITS, 26)  # (before 1970: no id is before it)
 
 
 class IdFactory:

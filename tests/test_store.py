@@ -644,6 +644,7 @@ async def test_prune_runs_by_creation_time(store: Store) -> None:
     assert await store.running_runs() == [old_running]  # a run in flight is never pruned
     assert await store.prune_runs(T0 + timedelta(hours=2)) == 0
     assert await store.prune_runs(T0 - timedelta(days=1)) == 0
+    assert await store.prune_runs(datetime(1926, 3, 2, tzinfo=UTC)) == 0  # before 1970: nothing is older
     assert await store.prune_runs(T0 + timedelta(days=1)) == 2
     assert await store.list_runs("job", limit=10) == [made["h0"]]
     assert await store.last_slots(["job"]) == {"job": made["h0"].scheduled_at}

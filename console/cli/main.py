@@ -102,6 +102,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _at_most(high: int) -> Callable[[str], int]:
+    """:func:`_positive_int`, at most ``high``: a length of time past which dates overflow
+    (and before which a retention would reach back before 1970)."""
+
+    def parse(text: str) -> int:
+        value = _positive_int(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{value:,} is more than {high:,}")
+        return value
+
+    return parse
+
+
 def _seconds(text: str) -> float:
     try:
         value = decimal_number(text)
@@ -228,13 +241,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         help="how instances share the schedules (default: $SCHEDTUI_COORDINATION, else from the store: advisoryLock on "
         "PostgreSQL, single on SQLite); cluster divides them among the live instances (PostgreSQL only)",
     )
-    serve.add_argument("--retention-days", type=_positive_int, default=30, metavar="N", help="keep runs N days (30)")
+    serve.add_argument("--retention-days", type=_at_most(36_500), default=30, metavar="N",
+                       help="keep runs N days (30; at most 36,500)")
     serve.add_argument(
-        "--claims-ttl-hours", type=_positive_int, default=24, metavar="N",
+        "--claims-ttl-hours", type=_at_most(876_000), default=24, metavar="N",
         help="sweep slot claims older than N hours (24); longer than any instance may lag behind",
     )
     serve.add_argument(
-        "--abandon-after", type=_positive_int, default=30, metavar="S",
+        "--abandon-after", type=_at_most(86_400), default=30, metavar="S",
         help="take an instance's work over (close its runs as abandoned, retry its jobs) once it sent no heartbeat for "
         "S seconds (30); an instance that cannot renew its own for two thirds of that stops its work",
     )
