@@ -20,10 +20,10 @@ import pytest
 
 from backend import Engine, Run, define_schedule, open_store
 from backend.api.app import create_app
-from backend.api.server import MAX_BODY_PIECES, MIN_PIECE_BYTES, serve
+from backend.api.server import MAX_BODY_PIECES, MIN_PIECE_BYTES, STOP_WITHIN, serve
 from backend.client.embedded import EmbeddedBackend
 from backend.ids import IdFactory
-from tests.servers import cli_env, start_server
+from tests.servers import cli_env, poll, start_server
 from tests.test_cli import write_tree
 
 EVERY_MINUTE = """
@@ -330,3 +330,56 @@ async def test_a_handler_that_stops_the_event_loop_fails_nothing_and_serve_runs_
         assert [(r.status, r.error_tag) for r in await store.list_runs("stops", limit=10)] == [("succeeded", None)] * 4
     finally:
         await store.close()
+
+
+def test_a_client_that_never_reads_its_answers_holds_no_stop(tmp_path: Path) -> None:
+    """A client pipelining requests and reading nothing held a SIGTERM for as long as it
+    stayed, the schedules firing on meanwhile: past STOP_WITHIN, its requests are cut."""
+    write_tree(tmp_path, {"schedules/tick.cron.py": """
+        from backend import define_schedule
+
+        async def tick(ctx):
+            pass
+
+        tick = define_schedule(name="tick", cron="* * * * * *", timezone="UTC", handler=tick)
+    """})  # fmt: skip
+    srv = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{tmp_path / 'state.db'}",
+                       "--token", "alice=op-secret")  # fmt: skip
+    host, port = srv.url.removeprefix("http://").rsplit(":", 1)
+    reader = socket.socket()
+    try:
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.connect((host, int(port)))
+        request = f"GET /openapi.json HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer op-secret\r\n\r\n".encode()
+        reader.sendall(request * 300)  # ~18 MB of answers it never reads
+        client_port = reader.getsockname()[1]
+        seen: list[int] = []
+
+        def stuck() -> bool:  # the answers piled up, and no more goes out: the server waits on the client
+            seen.append(_send_queue(int(port), client_port))
+            return len(seen) > 10 and seen[-1] > 100_000 and len(set(seen[-10:])) == 1
+
+        poll(stuck, timeout=30, what="the server's answers to pile up", every=0.1)
+        srv.process.send_signal(15)
+        try:
+            code = srv.process.wait(STOP_WITHIN + 25)  # (waited as long as the client stayed)
+        finally:
+            if srv.process.poll() is None:
+                srv.process.kill()
+    finally:
+        reader.close()
+    assert code == 0, srv.log_text()
+    log = srv.log_text()
+    assert f"stopping: requests still in progress after {STOP_WITHIN}s were cut short" in log, log
+    assert "Traceback" not in log, log
+
+
+def _send_queue(local_port: int, remote_port: int) -> int:
+    """Bytes queued to send on this host's TCP connection from ``local_port`` to ``remote_port``
+    (``/proc/net/tcp``: what the peer has not read)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, queues = fields[1], fields[2], fields[4]
+        if int(local.split(":")[1], 16) == local_port and int(remote.split(":")[1], 16) == remote_port:
+            return int(queues.split(":")[0], 16)
+    return 0

@@ -40,6 +40,7 @@ __all__ = [
     "MAX_BODY_PIECES",
     "MAX_CONNECTIONS",
     "MIN_PIECE_BYTES",
+    "STOP_WITHIN",
     "freeze_startup_heap",
     "is_loopback",
     "listen_on",
@@ -61,6 +62,24 @@ MIN_PIECE_BYTES = 256
 #: Seconds a refused request's connection is read on (and what comes discarded) before it
 #: is closed, so that the client reads the answer rather than a reset.
 LINGER = 2.0
+#: Seconds a stop waits for the requests in progress before it cuts them short.
+STOP_WITHIN = 5
+
+
+class _CutShort(logging.Filter):
+    """The requests a stop cuts short (see :data:`STOP_WITHIN`) are said in one line, not
+    as uvicorn's error and a traceback for each."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
+            return False  # "Exception in ASGI application": the cut itself
+        if record.getMessage().startswith("Cancel ") and "timeout graceful shutdown exceeded" in record.getMessage():
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args = f"stopping: requests still in progress after {STOP_WITHIN:g}s were cut short", None
+        return True
+
+
+logging.getLogger("uvicorn.error").addFilter(_CutShort())
 
 
 def _quiet_server_class() -> type:
@@ -365,6 +384,9 @@ async def _serve(
             access_log=False,
             lifespan="off",
             timeout_keep_alive=KEEP_ALIVE,
+            # A client that never reads its answer must not hold a stop (and the firing
+            # that goes on until the API has stopped): past this, its request is cut.
+            timeout_graceful_shutdown=STOP_WITHIN,
             limit_concurrency=None,  # (the protocol's: uvicorn's answers in text/plain and logs each)
         )
         server = _quiet_server_class()(config)
