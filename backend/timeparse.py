@@ -7,7 +7,7 @@ sees slots in; the result is always an aware UTC datetime.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta, tzinfo
 from zoneinfo import ZoneInfo
 
 from backend.errors import BadInput
@@ -57,7 +57,28 @@ def _parse(text: str, *, now: datetime, zone: ZoneInfo | str, field: str) -> dat
             field=field,
         ) from None
     if len(raw) == 10 and isinstance(value, datetime):  # a bare date: midnight in the zone
-        value = datetime.combine(value.date(), time(0), tz)
+        value = datetime.combine(value.date(), time(0))
     if value.tzinfo is None:
-        value = value.replace(tzinfo=tz)
+        return wall_instant(value, tz)
     return value.astimezone(UTC)
+
+
+def wall_instant(wall: datetime, tz: tzinfo) -> datetime:
+    """The instant (UTC) of the naive wall time ``wall`` in ``tz``, as a cron reads one: a
+    repeated wall time is its first pass; one in a gap (the hour spring skips) is the
+    moment the gap ends, where the cron fires a slot of the skipped hour (Python would
+    read it with the offset before the change: an hour past the gap)."""
+    first = wall.replace(tzinfo=tz, fold=0)
+    instant = first.astimezone(UTC)
+    if instant.astimezone(tz).replace(tzinfo=None) == wall:
+        return instant
+    low = wall.replace(tzinfo=tz, fold=1).astimezone(UTC)  # with the offset after the change: before the gap
+    after = instant.astimezone(tz).utcoffset()
+    lo, hi = 0, int((instant - low).total_seconds())  # the change lies in (low, instant]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if (low + timedelta(seconds=mid)).astimezone(tz).utcoffset() == after:
+            hi = mid
+        else:
+            lo = mid
+    return low + timedelta(seconds=hi)

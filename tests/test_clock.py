@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend import BadInput, ManualClock, SystemClock
+from backend.cron import Cron
 from backend.ids import IdFactory, encode_id, id_floor
 from backend.timeparse import parse_when
 
@@ -223,3 +224,27 @@ def test_quick_init_refuses_what_it_cannot_make_alike() -> None:
     for cls in (Listed, Mutable):
         with pytest.raises(TypeError, match="quick_init"):
             quick_init(cls)
+
+
+@pytest.mark.parametrize(
+    ("zone", "typed", "instant"),
+    [
+        # spring's skipped hour: the moment it ends, where the cron fires a slot of it
+        ("Europe/Berlin", "2026-03-29T02:59", "2026-03-29T01:00:00Z"),
+        ("Europe/Berlin", "2026-03-29T02:00", "2026-03-29T01:00:00Z"),
+        ("Europe/Berlin", "2026-03-29T03:01", "2026-03-29T01:01:00Z"),
+        ("America/Santiago", "2026-09-06", "2026-09-06T04:00:00Z"),  # a bare date whose midnight is skipped
+        ("Australia/Lord_Howe", "2026-10-04T02:15", "2026-10-03T15:30:00Z"),  # a half-hour gap
+        # autumn's repeated hour: its first pass; and an ordinary time
+        ("Europe/Berlin", "2026-10-25T02:30", "2026-10-25T00:30:00Z"),
+        ("Europe/Berlin", "2026-07-01T12:00", "2026-07-01T10:00:00Z"),
+    ],
+)
+def test_a_wall_time_is_read_as_the_cron_reads_it(zone: str, typed: str, instant: str) -> None:
+    """A backfill's --from 02:59 --to 03:01 on the spring day was refused as reversed: the
+    skipped 02:59 was read an hour past the gap (03:59)."""
+    now = datetime(2026, 12, 5, tzinfo=UTC)
+    assert parse_when(typed, now=now, zone=zone) == datetime.fromisoformat(instant)
+    if typed.endswith(("02:59", "02:15")):
+        cron = Cron(f"{typed[-2:]} {typed[-5:-3]} * * *", zone)  # the slot of the skipped wall time fires there
+        assert cron.next(datetime.fromisoformat(instant) - timedelta(hours=2)) == datetime.fromisoformat(instant)
