@@ -677,6 +677,20 @@ def test_a_sqlite_url_with_options_is_bad_usage_and_creates_no_file(cli: Cli, tm
     assert not (tmp_path / "state.db?mode=ro").exists()
 
 
+def test_a_store_file_of_two_lines_is_bad_usage_and_creates_no_file(cli: Cli, tmp_path: Path) -> None:
+    """Its URL was taken whole: serve made a store at a path across the line break."""
+    lines = tmp_path / "store.url"
+    lines.write_text(f"sqlite:///{tmp_path}/a.db\nsqlite:///{tmp_path}/b.db\n")
+    for verb in ("list", "serve"):
+        done = cli(verb, "--store-file", str(lines), store=False)
+        assert done.returncode == 2
+        assert done.stderr.splitlines() == [
+            f'schedtui: store URL "sqlite:///{tmp_path}/a.db\\nsqlite:///{tmp_path}/b.db" holds a control character '
+            "(a line break?): a file name has none here"
+        ]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(("a.db", "b.db"))]
+
+
 MISSING_STORE_HINT = "(no such file); check --store and the working directory (only `schedtui serve` and `schedtui demo` create a store)"
 
 

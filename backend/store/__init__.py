@@ -368,6 +368,12 @@ def open_store(url: str | None = None, *, create: bool = True) -> Store:
             path = path[1:]  # sqlite:///relative.db and sqlite:////abs/path.db, as SQLAlchemy
         if not path:
             raise BadInput(f'store URL "{url}" names no file (try sqlite:///.schedtui/state.db)')
+        if safetext.NOT_TEXT.search(path) or "\n" in path or "\t" in path:  # (a --store-file of two lines)
+            raise BadInput(
+                f'store URL "{safetext.printable(safetext.redact_url(url))}" holds a control character (a line break?): a file name '
+                "has none here",
+                field="store",
+            )
         if "?" in path:
             # Options would otherwise become part of a new file's name, silently.
             raise BadInput(
