@@ -1143,6 +1143,20 @@ async def test_sqlite_health_counts_a_run_once_however_many_of_its_versions_wait
     assert sorted(r.status for r in await store.list_runs("job", limit=10)) == ["succeeded"] * 6
 
 
+async def test_sqlite_on_a_full_disk_a_write_of_no_run_says_nothing_of_runs(
+    sqlite_store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A verb's write (a state, a job) failing said "cannot write 0 run(s) … they are kept
+    and retried" before the verb's own one line."""
+    assert isinstance(sqlite_store, SQLiteStore)
+    caplog.set_level(logging.INFO, logger="schedtui.store")
+    sqlite_store.limit_pages(0)
+    with pytest.raises(Unavailable, match="database or disk is full"):
+        await sqlite_store.set_state(ScheduleState(name="x", enabled=False, changed_by="me", changed_at=T0, note="n" * 200_000))
+    assert "run(s)" not in caplog.text
+    sqlite_store.limit_pages(None)
+
+
 async def test_sqlite_on_a_full_disk_keeps_every_run_names_the_cause_and_writes_them_later(
     sqlite_store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -415,6 +415,8 @@ class _Writer(threading.Thread):
             self.failures = 0
         self.failures += 1
         self.next_try = now + min(_RETRY_MAX, _RETRY_MIN * 2 ** min(self.failures - 1, 8))
+        if not self.pending:
+            return  # another write failed, and its caller hears of it: no run waits
         if first:
             self.warned_at = now
             log.warning(
