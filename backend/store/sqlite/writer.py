@@ -140,6 +140,8 @@ class _Writer(threading.Thread):
         self.written_meanwhile = 0
         self.next_try = 0.0
         self.warned_at = 0.0
+        self.told = False
+        """The trouble was said with runs waiting (once, then every _WARN_EVERY)."""
         self.identity: tuple[int, int] | None = None
         self.other_names = False  # said once: the file gained a hard link while open
         self.checked_at = 0.0
@@ -417,7 +419,8 @@ class _Writer(threading.Thread):
         self.next_try = now + min(_RETRY_MAX, _RETRY_MIN * 2 ** min(self.failures - 1, 8))
         if not self.pending:
             return  # another write failed, and its caller hears of it: no run waits
-        if first:
+        if not self.told:
+            self.told = True
             self.warned_at = now
             log.warning(
                 'cannot write %d run(s) to the ledger "%s": %s; they are kept and retried',
@@ -436,6 +439,7 @@ class _Writer(threading.Thread):
         log.info('run ledger "%s" writable again; %d run(s) written', self.path, self.written_meanwhile + written)
         self.error = self.since = None
         self.failures = self.written_meanwhile = 0
+        self.told = False
 
     def _check_file(self, *, force: bool = False) -> None:
         """Notice when the path no longer names the file this writer has open (deleted, or
