@@ -340,6 +340,19 @@ def test_good_server_urls_are_taken(url: str) -> None:
     assert RemoteBackend(url).url == url.rstrip("/")
 
 
+def test_a_server_url_with_a_password_and_a_token_is_refused_not_sent_without_the_token(cli: Cli) -> None:
+    """httpx sent the URL's user and password as Basic auth and no token: the server then
+    refused "the token given", which was never sent."""
+    assert RemoteBackend("http://u:pw@127.0.0.1:8787").url == "http://u:pw@127.0.0.1:8787"  # a proxy's, alone
+    (cli.root / "op.token").write_text("op-secret\n")
+    line = refused(cli("--url", "http://u:hunter2@127.0.0.1:8787", "--token-file", str(cli.root / "op.token"), "list",
+                       store=False))  # fmt: skip
+    assert line == (
+        'schedtui: server URL "http://u:***@127.0.0.1:8787" holds a user and password, and a token is given: a request '
+        "carries one or the other; give the token alone (a proxy's password goes elsewhere)"
+    )
+
+
 # ---------------------------------------------------------------------------------------
 # numbers: ASCII digits only
 # ---------------------------------------------------------------------------------------

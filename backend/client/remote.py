@@ -72,6 +72,12 @@ class RemoteBackend(Backend):
         check_server_url(url)
         if token:
             check_token(token)
+            if httpx.URL(url).userinfo:  # httpx would send them as Basic auth, and no token
+                raise BadInput(
+                    f'server URL "{printable(redact_url(url), 120)}" holds a user and password, and a token is given: '
+                    "a request carries one or the other; give the token alone (a proxy's password goes elsewhere)",
+                    field="url",
+                )
         self.url = url.rstrip("/")
         self.where = redact_url(self.url)
         """The URL fit to show: without the password of a ``user:pass@`` part."""
