@@ -384,7 +384,8 @@ def test_numbers_in_other_digits_are_refused(cli: Cli, args: list[str], value: s
      # lengths past which dates overflow, or a retention reaches before 1970 (it deleted every run)
      (["--retention-days", "36501"], "36,501 is more than 36,500"),
      (["--claims-ttl-hours", "10000000000"], "10,000,000,000 is more than 876,000"),
-     (["--abandon-after", "86401"], "86,401 is more than 86,400")],
+     (["--abandon-after", "86401"], "86,401 is more than 86,400"),
+     (["--clock-offset-ms", "99999999999999999999"], "ms is more than a century")],
 )
 def test_serve_refuses_numbers_in_other_digits(cli: Cli, args: list[str], value: str) -> None:
     # In a process of its own: taken, the number would start a server that does not stop.

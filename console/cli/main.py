@@ -115,6 +115,17 @@ def _at_most(high: int) -> Callable[[str], int]:
     return parse
 
 
+#: The clock's test offset, at most (a century, either way: the calendar ends beyond).
+_MAX_OFFSET_MS = 100 * 366 * 86_400_000
+
+
+def _clock_offset_ms(text: str) -> int:
+    value = _whole(text)
+    if abs(value) > _MAX_OFFSET_MS:
+        raise argparse.ArgumentTypeError(f"{value:,} ms is more than a century ({_MAX_OFFSET_MS:,} ms) either way")
+    return value
+
+
 def _seconds(text: str) -> float:
     try:
         value = decimal_number(text)
@@ -254,7 +265,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     # A test seam, not an operator option: pretend this machine's clock is off by MS.
     serve.add_argument(
-        "--clock-offset-ms", type=_whole, metavar="MS", help=argparse.SUPPRESS,
+        "--clock-offset-ms", type=_clock_offset_ms, metavar="MS", help=argparse.SUPPRESS,
         default=os.environ.get("SCHEDTUI_CLOCK_OFFSET_MS") or None,  # argparse applies the type to it
     )
     serve.add_argument("--host", default="127.0.0.1", help="API address (127.0.0.1; others need a token)")
