@@ -106,6 +106,16 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
      {"json": {"from": "2026-01-01T00:00\x00Z", "to": "now"}}, 422, "from", "\\x00"),
     ("a NUL inside a window's time", "GET", "/inspect/runs",
      {"params": {"name": "berlin", "from": "2026-01-01T00:00\x00Z", "to": "2026-01-02T00:00Z"}}, 422, "from", "\\x00"),
+    # A window's times within 1970 … 8999, as every other time (year 1 and 9999 were taken).
+    ("a window from year 1", "GET", "/inspect/runs",
+     {"params": {"name": "berlin", "from": "0001-01-01T00:00:00Z", "to": "2026-01-02T00:00Z"}}, 422, "from",
+     'from "0001-01-01T00:00:00Z" is out of range (1970 to 8999)'),
+    ("a window to year 9999", "GET", "/inspect/runs",
+     {"params": {"name": "berlin", "from": "2026-01-01T00:00Z", "to": "9999-12-31T23:59:59Z"}}, 422, "to",
+     "is out of range (1970 to 8999)"),
+    ("a window from an instant before year 1", "GET", "/inspect/runs",
+     {"params": {"name": "berlin", "from": "0001-01-01T00:00:00+00:01", "to": "2026-01-02T00:00Z"}}, 422, "from",
+     "is out of range (1970 to 8999)"),
     # Fields a route does not know are refused, not ignored.
     ("a misspelt durable input", "POST", "/inspect/durable/flow/start", {"json": {"inpt": 1}}, 422, "inpt", '"inpt"'),
     ("a misspelt signal payload", "POST", f"/inspect/durable/executions/{SOME_ID}/signal/go",

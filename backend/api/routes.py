@@ -24,7 +24,7 @@ from starlette.routing import Route
 from backend.api.base import MAX_BODY_BYTES, Api, JSONResponse
 from backend.client.actions import ACTIONS, Action, Known, Param, Range, Schema, When, encode
 from backend.errors import BadInput
-from backend.inputs import check_text, whole_number
+from backend.inputs import check_instant, check_text, out_of_range, whole_number
 from backend.model import parse_iso
 from backend.safetext import printable
 from backend.timeparse import parse_when
@@ -160,9 +160,12 @@ def _query_value(request: Request, param: Param, wire: str) -> Any:
         if not raw:
             raise BadInput(f"the query parameter {wire} is required (an ISO 8601 instant)", field=wire)
         try:
-            return parse_iso(check_text(raw, wire, one_line=True))
-        except (ValueError, OverflowError):
+            instant = parse_iso(check_text(raw, wire, one_line=True))
+        except OverflowError:  # (an instant whose UTC value lies before year 1)
+            raise out_of_range(wire, raw) from None
+        except ValueError:
             raise BadInput(f'{wire} "{printable(raw, 60)}" is not an ISO 8601 instant with an offset', field=wire) from None
+        return check_instant(instant, wire, raw)  # within 1970 … 8999, as every other time
     if base is bool:
         if raw is None:
             return param.default
