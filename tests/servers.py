@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal, TypeVar
+from typing import IO, Any, Literal, TypeVar
 
 import pytest
 
@@ -79,6 +79,17 @@ def _run_main(cwd: Path, args: tuple[str, ...], env: Mapping[str, str] | None) -
     err.flush()
     printed = [stream.buffer.getvalue().decode("utf-8") for stream in (out, err)]
     return subprocess.CompletedProcess(["schedtui", *args], code, *printed)
+
+
+async def until(condition: Callable[[], Any], what: str, timeout: float = 15.0) -> None:
+    """Wait for a condition that code on this event loop (or another process) makes true:
+    :func:`poll` for a test that shares the loop; ``condition`` may be a coroutine
+    function. The bound only ends a broken test."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not (await condition() if asyncio.iscoroutinefunction(condition) else condition()):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
 
 
 def poll(condition: Callable[[], T | Literal[False] | None], *, timeout: float, what: str, every: float = 0.05) -> T:

@@ -27,6 +27,7 @@ from backend.clock import ManualClock, OffsetClock, SystemClock, follows_real_ti
 from backend.model import InstanceInfo
 from backend.observability.metrics import EngineMetrics
 from backend.runtime.skew import ClockCheck, ClockReading
+from tests.servers import until
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 WINDOW = 3.0  # --abandon-after: the clock may be off by 0.5 s
@@ -101,15 +102,6 @@ async def test_an_instance_on_sqlite_leaves_its_clock_unmeasured(tmp_path: Any) 
 # ---------------------------------------------------------------------------------------
 # engines on PostgreSQL, on the real clock
 # ---------------------------------------------------------------------------------------
-async def until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    """Wait for a condition the engines make true (the bound only ends a broken test)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def own_row(engine: Engine, wanted: Callable[[InstanceInfo], bool], what: str) -> InstanceInfo:
     """The engine's heartbeat row once it is as ``wanted`` (a heartbeat carries the reading
     taken after the one before it)."""

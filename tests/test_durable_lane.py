@@ -10,9 +10,8 @@ lane), and a checkpoint cancelled in flight leaves the lane busy only until its 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Any
 
 import psycopg
 import pytest
@@ -24,6 +23,7 @@ from backend.durable.store import Claimed, Finish, NewExecution, Progress, StepR
 from backend.events.audit import AuditEntry
 from backend.store.postgres.lane import LaneFailed
 from backend.store.postgres.store import PostgresStore
+from tests.servers import until
 
 pytestmark = pytest.mark.postgres
 
@@ -36,15 +36,6 @@ async def store(pg_url: str) -> AsyncIterator[PostgresStore]:
     await opened.open()
     yield opened
     await opened.close()
-
-
-async def until(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> None:
-    """Wait for a condition another process makes true (the bound only ends a broken test)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await condition() if asyncio.iscoroutinefunction(condition) else not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def claimed(store: PostgresStore, instance: str, now: datetime) -> Claimed:

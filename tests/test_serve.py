@@ -4,6 +4,7 @@ timeout, and what reaches its log."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -23,7 +24,7 @@ from backend.api.app import create_app
 from backend.api.server import MAX_BODY_PIECES, MIN_PIECE_BYTES, STOP_WITHIN, serve
 from backend.client.embedded import EmbeddedBackend
 from backend.ids import IdFactory
-from tests.servers import cli_env, poll, start_server
+from tests.servers import cli_env, poll, start_server, until
 from tests.test_cli import write_tree
 
 EVERY_MINUTE = """
@@ -197,31 +198,71 @@ async def test_a_request_h11_cannot_parse_is_answered_in_json(running: tuple[str
     assert error["code"] == "bad_request" and error["message"].startswith("invalid HTTP request")
 
 
-async def test_past_max_connections_the_answer_is_json_and_nothing_is_logged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """uvicorn answered text/plain and logged a WARNING for each refused request (and two
-    for each Upgrade header): log volume anyone could drive."""
+@contextlib.asynccontextmanager
+async def _serving_two(tmp_path: Path) -> AsyncIterator[tuple[str, int]]:
+    """An in-process server (on the test's loop) bounded to 2 open connections."""
     schedule = define_schedule(name="s", cron="0 0 1 1 *", timezone="UTC", handler=print)
     backend = EmbeddedBackend(Engine([schedule], f"sqlite:///{tmp_path / 'state.db'}", shutdown_grace=0))
     ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     stop = asyncio.Event()
     task = asyncio.ensure_future(serve(backend, port=0, stop=stop, max_connections=2, on_ready=ready.set_result))
     host, _, port = (await asyncio.wait_for(ready, 30)).removeprefix("http://").rpartition(":")
-    running = (host, int(port))
-    with caplog.at_level(logging.DEBUG, logger="uvicorn"):
-        upgrade = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
-        assert (await _answer(running, upgrade)).startswith(b"HTTP/1.1 200")
-        idle = [await asyncio.open_connection(*running) for _ in range(2)]
-        refused = await _answer(running, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        for _, writer in idle:
-            writer.close()
-    stop.set()
-    await task
+    try:
+        yield host, int(port)
+    finally:
+        stop.set()
+        await task
+
+
+async def test_past_max_connections_the_answer_is_json_and_nothing_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """uvicorn answered text/plain and logged a WARNING for each refused request (and two
+    for each Upgrade header): log volume anyone could drive."""
+    async with _serving_two(tmp_path) as running:
+        with caplog.at_level(logging.DEBUG, logger="uvicorn"):
+            upgrade = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"
+            assert (await _answer(running, upgrade)).startswith(b"HTTP/1.1 200")
+            idle = [await asyncio.open_connection(*running) for _ in range(2)]
+            refused = await _answer(running, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            for _, writer in idle:
+                writer.close()
     assert refused.startswith(b"HTTP/1.1 503") and b"content-type: application/json" in refused.lower()
     error = json.loads(refused.partition(b"\r\n\r\n")[2])["error"]
     assert error == {"code": "unavailable", "message": "the server is at its limit of 2 open connections; try again shortly"}
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def _accepted(port: int) -> int:
+    """Connections to ``port`` on this host that its server has accepted (``/proc/net/tcp``:
+    one still in the listen queue has no socket inode yet)."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "01" and fields[9] != "0":
+            count += 1
+    return count
+
+
+async def test_past_twice_max_connections_no_connection_is_accepted_until_one_closes(tmp_path: Path) -> None:
+    """asyncio accepted every connection at once, each with a protocol and a timer, on the
+    engine's loop: 10,000 bare connects (no byte, no token) made a 1-second schedule fire
+    up to 0.85 s late and the process hold 10,000 descriptors. Past twice the bound of
+    open connections, the rest now wait in the system's listen queue."""
+    async with _serving_two(tmp_path) as (host, port):
+        bare = [await asyncio.open_connection(host, port) for _ in range(10)]  # (the system completes them)
+        await until(lambda: _accepted(port) >= 4, "four connections accepted")
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        await writer.drain()
+        with pytest.raises(TimeoutError):  # (it cannot be accepted: four are open)
+            await asyncio.wait_for(reader.read(1), 0.5)
+        assert _accepted(port) == 4
+        for _, idle in bare:
+            idle.close()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=15)
+        assert head.startswith((b"HTTP/1.1 200", b"HTTP/1.1 503")), head  # (503 if it came before the bare ones left)
+        writer.close()
 
 
 # ---------------------------------------------------------------------------------------

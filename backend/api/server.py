@@ -8,9 +8,10 @@ engine has caught up or fired anything. SIGINT/SIGTERM stops the API, then the e
 Slow or idle clients are bounded: a request head must arrive within ``head_timeout``
 seconds of the connection (or of the previous response), a body within the API's
 ``body_timeout``, an idle keep-alive connection is closed after uvicorn's keep-alive
-timeout, past ``max_connections`` open connections new requests get 503, and a body
-that arrives in too many small pieces is refused (400) before they cost the engine's loop.
-Those refusals, and uvicorn's own, are JSON as the API's errors are.
+timeout, past ``max_connections`` open connections new requests get 503, past
+:data:`MAX_OPEN` none is accepted until one closes, and a body that arrives in too many
+small pieces is refused (400) before they cost the engine's loop. Those refusals, and
+uvicorn's own, are JSON as the API's errors are.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "KEEP_ALIVE",
     "MAX_BODY_PIECES",
     "MAX_CONNECTIONS",
+    "MAX_OPEN",
     "MIN_PIECE_BYTES",
     "STOP_WITHIN",
     "freeze_startup_heap",
@@ -55,6 +57,10 @@ HEAD_TIMEOUT = 10.0
 KEEP_ALIVE = 5
 #: Open connections (and requests in progress) past which requests are answered 503.
 MAX_CONNECTIONS = 256
+#: Open connections past which none more is accepted until one closes: the system holds
+#: the rest in the listening socket's queue (and refuses past it), where they cost the
+#: engine's loop nothing. (Between the two bounds, a request gets a JSON 503.)
+MAX_OPEN = 2 * MAX_CONNECTIONS  # (twice whatever bound a server is given)
 #: Pieces (HTTP chunks, network reads) a request body may arrive in, unless they average
 #: :data:`MIN_PIECE_BYTES` or more: real clients send a body in one or a few.
 MAX_BODY_PIECES = 1024
@@ -82,20 +88,83 @@ class _CutShort(logging.Filter):
 logging.getLogger("uvicorn.error").addFilter(_CutShort())
 
 
-def _quiet_server_class() -> type:
+class _Acceptor:
+    """Accepts the listening socket's connections while fewer than ``limit`` are open.
+
+    asyncio's own server accepts whatever arrives, up to the listen backlog in one go,
+    each with a protocol and a timer: 10,000 bare connects (no byte, no token) made the
+    engine on the same loop fire seconds late. Here one connection is accepted at a time,
+    between the loop's other work, and none past the bound: the rest wait in the
+    system's listen queue until a connection closes (the protocol calls :meth:`closed`)."""
+
+    def __init__(self, sock: socket.socket, protocol: Callable[[], asyncio.Protocol], limit: int, open_now: Callable[[], int]) -> None:
+        self._sock = sock
+        self._protocol = protocol
+        self._limit = limit
+        self._open_now = open_now
+        self._room = asyncio.Event()
+        sock.setblocking(False)
+        self._task = asyncio.ensure_future(self._accept())
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while self._open_now() >= self._limit:
+                self._room.clear()
+                await self._room.wait()
+            try:
+                conn, _ = await loop.sock_accept(self._sock)
+            except OSError as exc:  # out of descriptors, a connection reset in the queue
+                log.debug("accepting a connection failed: %s", exc)
+                await asyncio.sleep(0.05)  # (EMFILE would be ready again at once)
+                continue
+            try:
+                await loop.connect_accepted_socket(self._protocol, conn)
+            except OSError:  # (it left before its transport was made)
+                conn.close()
+
+    def closed(self) -> None:
+        self._room.set()
+
+    def close(self) -> None:
+        """Stop accepting (uvicorn's shutdown calls this, as for asyncio's servers)."""
+        self._task.cancel()
+
+    async def wait_closed(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+def _quiet_server_class(limit: int, on_closed: list[Callable[[], None]]) -> type:
     import uvicorn
 
     class QuietServer(uvicorn.Server):
-        """uvicorn, minus its own signal handling: ours stops the engine and the API together."""
+        """uvicorn, minus its own signal handling (ours stops the engine and the API
+        together), accepting through :class:`_Acceptor`."""
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             yield
 
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            assert sockets is not None and len(sockets) == 1  # (serve always hands its one socket)
+            await self.lifespan.startup()
+            config = self.config
+
+            def protocol() -> asyncio.Protocol:
+                return config.http_protocol_class(  # type: ignore[call-arg]
+                    config=config, server_state=self.server_state, app_state=self.lifespan.state
+                )
+
+            acceptor = _Acceptor(sockets[0], protocol, limit, lambda: len(self.server_state.connections))
+            on_closed.append(acceptor.closed)
+            self.servers = [acceptor]  # type: ignore[list-item]
+            self.started = True
+
     return QuietServer
 
 
-def _bounded_protocol(seconds: float, max_connections: int) -> type[asyncio.Protocol]:
+def _bounded_protocol(seconds: float, max_connections: int, on_closed: Sequence[Callable[[], None]]) -> type[asyncio.Protocol]:
     """uvicorn's h11 protocol with a deadline on each request head, a bound on the pieces
     a request body may arrive in, and its refusals in JSON.
 
@@ -153,6 +222,8 @@ def _bounded_protocol(seconds: float, max_connections: int) -> type[asyncio.Prot
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_head_deadline()
             super().connection_lost(exc)
+            for closed in on_closed:
+                closed()
 
         def handle_events(self) -> None:
             cycle = self.cycle
@@ -376,9 +447,10 @@ async def _serve(
     if sock is not None:
         import uvicorn
 
+        on_closed: list[Callable[[], None]] = []
         config = uvicorn.Config(
             app,
-            http=_bounded_protocol(head_timeout, max_connections),
+            http=_bounded_protocol(head_timeout, max_connections, on_closed),
             log_level="warning",
             log_config=None,  # uvicorn's lines go through the process's logging (redacted)
             access_log=False,
@@ -389,7 +461,7 @@ async def _serve(
             timeout_graceful_shutdown=STOP_WITHIN,
             limit_concurrency=None,  # (the protocol's: uvicorn's answers in text/plain and logs each)
         )
-        server = _quiet_server_class()(config)
+        server = _quiet_server_class(2 * max_connections, on_closed)(config)
         server_task = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not server_task.done():
             await asyncio.sleep(0.01)  # uvicorn offers no start event
