@@ -130,6 +130,16 @@ async def test_release_keeps_the_row_and_the_next_token_is_greater(lock_store: L
     assert second is not None and second.token > first.token
 
 
+async def test_a_released_lock_is_free_to_a_clock_that_stepped_back(lock_store: LockStore) -> None:
+    """The release sets the expiry to its own time; the acquire looked only at the expiry,
+    so a clock stepped back (NTP, a VM restored) found a lock listed as free taken."""
+    first = await lock_store.acquire_lock("x", "a", TTL, at(0))
+    assert first is not None and await lock_store.release_lock("x", first.token, at(20))
+    second = await lock_store.acquire_lock("x", "b", TTL, at(10))  # 10 s before the release
+    assert second is not None and second.token > first.token and second.expires_at == at(40)
+    assert await lock_store.acquire_lock("x", "c", TTL, at(5)) is None  # and held again: refused
+
+
 async def test_a_forced_release_frees_the_lock_and_stales_its_holder(lock_store: LockStore, tmp_path: Path) -> None:
     held = await lock_store.acquire_lock("x", "a", TTL, at(0))
     assert held is not None

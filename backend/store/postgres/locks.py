@@ -53,7 +53,7 @@ ACQUIRE = f"""
     taken AS (
         UPDATE schedtui_locks l SET holder = %(holder)s, token = nextval('schedtui_lock_tokens'),
             acquired_at = t.now, renewed_at = t.now, expires_at = t.now + %(ttl)s, claim = %(claim)s
-        FROM t WHERE l.name = %(name)s AND l.expires_at <= t.now
+        FROM t WHERE l.name = %(name)s AND (l.holder IS NULL OR l.expires_at <= t.now)  -- released, or expired
         RETURNING l.token, l.acquired_at, l.expires_at
     ),
     added AS (

@@ -46,7 +46,9 @@ LOCK_CLAIMS = "ALTER TABLE locks ADD COLUMN claim TEXT"
 LOCK_COLUMNS = "name, holder, token, acquired_at, renewed_at, expires_at"
 GET_LOCK = f"SELECT {LOCK_COLUMNS} FROM locks WHERE name = ?"
 LIST_LOCKS = f"SELECT {LOCK_COLUMNS} FROM locks ORDER BY name"
-IS_TAKEN = "SELECT 1 FROM locks WHERE name = ? AND expires_at > ?"
+#: Held: a holder, and a lease not yet expired (a released lock is free at once, even
+#: for a caller whose clock reads before the release: a clock stepped back).
+IS_TAKEN = "SELECT 1 FROM locks WHERE name = ? AND holder IS NOT NULL AND expires_at > ?"
 NEXT_TOKEN = "UPDATE lock_tokens SET value = value + 1 WHERE id = 1 RETURNING value"
 TAKE_LOCK = f"""
     INSERT INTO locks ({LOCK_COLUMNS}, claim) VALUES (?, ?, ?, ?, ?, ?, ?)
