@@ -194,6 +194,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.live: dict[str, Live] = {}
         self.violations: list[str] = []
         self.stores: dict[str, CutStore] = {}
+        self.every_store: list[CutStore] = []
+        """Every instance's store, those of instances gone since included (a killed one may
+        have left a call waiting for an answer the test holds)."""
         self.ended: set[Engine] = set()
         """Processes that ended themselves (their lease lapsed with handlers running)."""
         self.renamed: set[str] = set()
@@ -210,7 +213,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.died: set[str] = set()
         """Instances whose process ended (killed, or ended itself)."""
         self.engines: dict[str, Engine] = {}
-        self.walls: dict[str, OffsetClock] = {}
+        self.walls: dict[Engine, OffsetClock] = {}
+        """Each process's wall clock (a zombie's too: it runs on under a name another took)."""
         self.serial = 0
         # One id factory for every instance, without randomness: jobs sent at one instant
         # are claimed in one order, so a run of steps replays exactly (random ids from two
@@ -300,7 +304,8 @@ class QueueMachine(RuleBasedStateMachine):
         handlers = {q: self.sync_handler_for(name, process) if q in SYNC else self.handler_for(name, process) for q in CAPS}
         queues = [define_queue(name=q, handler=handlers[q], concurrency=c, max_runtime=MAX_RUNTIME) for q, c in CAPS.items()]
         store = CutStore(open_store(self.url), self.clock)
-        wall = self.walls[name] = OffsetClock(timedelta(0), self.clock)  # its wall clock, which may step
+        self.every_store.append(store)
+        wall = OffsetClock(timedelta(0), self.clock)  # its wall clock, which may step
         engine = Engine(
             queues, store, clock=wall, instance=name, coordination="advisoryLock",
             abandon_after=ABANDON_AFTER, shutdown_grace=0, ids=self.ids,
@@ -315,6 +320,7 @@ class QueueMachine(RuleBasedStateMachine):
         engine.registry.pid = DEAD_PID
         engine.end_process = lambda code: self.ended.add(engine)
         process.append(engine)
+        self.walls[engine] = wall
         await engine.start()
         self.engines[name] = engine
         self.stores[name] = store
@@ -390,16 +396,23 @@ class QueueMachine(RuleBasedStateMachine):
             if not live.result.done():
                 live.result.set_result(True)
 
+    def every_answer_arrives(self) -> None:
+        for store in self.every_store:
+            store.cut_after_claim = False
+            store.answers_arrive()
+
     def teardown(self) -> None:
         self.end_every_handler()
-        for store in [*self.stores.values(), *self.zombies.values()]:
-            store.answers_arrive()  # (a stop waits a moment for the claims it cut short)
+        self.every_answer_arrives()  # (a stop waits a moment for the claims it cut short)
         try:
             for engine, _ in self.processes():
                 self.loop.run_until_complete(engine.stop(grace=0))
             # A job claimed before the stop may have begun during it (one that ignores its
-            # cancellation would hold the wait below to its 30 s): tell those too.
+            # cancellation would hold the wait below to its 30 s): tell those too. And a
+            # killed instance's call may still wait for an answer the test holds (it held
+            # the wait below to its 30 s: 273 s for one run of the test).
             self.end_every_handler()
+            self.every_answer_arrives()
             # The calls that wait for their threads to return (a thread cannot be stopped):
             # they end now that every handler was told to, and none is left pending.
             pending = asyncio.all_tasks(self.loop)
@@ -526,7 +539,7 @@ class QueueMachine(RuleBasedStateMachine):
             store.cut = store.cut_after_claim = False
             store.lose_answers = 0
             store.answers_arrive()
-        for wall in self.walls.values():
+        for wall in self.walls.values():  # (a zombie's clock too: its name's jobs are its to close)
             wall.offset = timedelta(0)
         for queue in CAPS:
             self.run(self.any_engine(0).jobs.set_paused(queue, False))
@@ -580,14 +593,14 @@ class QueueMachine(RuleBasedStateMachine):
         for a dead instance's; ahead, it would take the others for dead. Its lease's checks
         find the jump before either, and its heartbeats find it off the store's clock."""
         engine = self.any_engine(pick)
-        self.walls[engine.instance].offset += timedelta(seconds=seconds)
+        self.walls[engine].offset += timedelta(seconds=seconds)
         self.run(self.settle())
 
     @rule(pick=st.integers(0, 9))
     def sync_a_clock(self, pick: int) -> None:
         """Time sync puts an instance's wall clock right again: its next heartbeat renews."""
         names = sorted(self.engines)
-        self.walls[names[pick % len(names)]].offset = timedelta(0)
+        self.walls[self.engines[names[pick % len(names)]]].offset = timedelta(0)
         self.run(self.settle())
 
     @rule(pick=st.integers(0, 99), by_key=st.booleans())
