@@ -62,7 +62,7 @@ odd offsets need no special cases. ``next``, ``prev``, ``latest``, ``occurrences
 
 Dates are limited to what :class:`datetime.datetime` can represent (years 1-9999):
 ``next``/``prev``/``latest`` raise :class:`ValueError` when no slot exists inside that
-range, and the iterators simply end there.
+range (``next_or_none`` answers None), and the iterators simply end there.
 """
 
 from __future__ import annotations
@@ -213,14 +213,19 @@ class Cron:
 
     def next(self, after: datetime) -> datetime:
         """The first slot strictly after ``after``."""
+        found = self.next_or_none(after)
+        if found is None:
+            raise ValueError(f"{self!r} has no slot after {after.isoformat()} before year 10000")
+        return found
+
+    def next_or_none(self, after: datetime) -> datetime | None:
+        """The first slot strictly after ``after``; None when there is none before year 10000."""
         start = _to_utc(after, "after")
         try:
             found = self._first_at_or_after(start + _SECOND)
         except OverflowError:
             found = None
-        if found is None:
-            raise ValueError(f"{self!r} has no slot after {after.isoformat()} before year 10000")
-        return found.replace(tzinfo=_UTC)
+        return None if found is None else found.replace(tzinfo=_UTC)
 
     def prev(self, before: datetime) -> datetime:
         """The newest slot strictly before ``before``."""

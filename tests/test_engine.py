@@ -149,6 +149,31 @@ async def test_yearly_schedule_waits_through_a_long_gap(make_engine: MakeEngine,
     assert [r.scheduled_at for r in await all_runs(engine, "job")] == [at("2027-01-01T00:00:00Z")]
 
 
+async def test_a_schedule_with_no_slot_left_has_no_next_firing_and_stops_no_other(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    # The end of the calendar: "last" has one slot left (9999-12-31 00:00 UTC), "none"
+    # (midnight at UTC+14) none at all; "minutely" goes on until the end.
+    clock.set("9999-12-30T23:58:30Z")
+    engine = make_engine(
+        [schedule("last", cron="0 0 * * *"), schedule("none", cron="0 0 * * *", timezone="Pacific/Kiritimati"),
+         schedule("minutely")]  # fmt: skip
+    )
+    await engine.start()
+    await asyncio.wait_for(engine.quiesce(), 10)
+    assert engine.next_fire_at("none") is None
+    assert engine.upcoming("none") == []
+    assert engine.next_fire_at("last") == at("9999-12-31T00:00:00Z")
+    assert engine.upcoming("last") == [at("9999-12-31T00:00:00Z")]
+    clock.set("9999-12-31T00:02:00Z")
+    await asyncio.wait_for(engine.quiesce(), 10)
+    assert [r.scheduled_at for r in await all_runs(engine, "last")] == [at("9999-12-31T00:00:00Z")]
+    assert [r.scheduled_at.strftime("%H:%M") for r in await all_runs(engine, "minutely")] == ["23:59", "00:00", "00:01", "00:02"]
+    views = {view.name: view for view in await engine.list_schedules()}
+    assert views["last"].next_fire_at is None and views["none"].next_fire_at is None
+    assert views["minutely"].next_fire_at == at("9999-12-31T00:03:00Z")
+
+
 async def test_external_schedules_get_no_timer(make_engine: MakeEngine, clock: ManualClock) -> None:
     engine = make_engine([schedule(trigger="external")])
     await engine.start()

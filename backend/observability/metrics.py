@@ -641,7 +641,10 @@ class FleetGauges(Collector):
                 continue
             kept = known.get(name)
             if kept is None or kept[0] is not schedule.cron or kept[1] <= now:
-                kept = known[name] = (schedule.cron, schedule.cron.next(now))
+                nxt = schedule.cron.next_or_none(now)
+                if nxt is None:  # no slot left before year 10000
+                    continue
+                kept = known[name] = (schedule.cron, nxt)
             yield name, kept[1]
         for gone in known.keys() - engine.schedules.keys():
             del known[gone]

@@ -39,7 +39,7 @@ from backend.scheduler.coordination.cluster import Cluster
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.states import ScheduleStates
 from backend.scheduler.stored import DefinedInCode, NameTaken, StoredSchedule, check_changes, check_spec
-from backend.scheduler.timers import Timers
+from backend.scheduler.timers import Timers, slot_after
 from backend.schedules import RunContext, Schedule
 
 __all__ = ["Catalog", "CatalogStore", "bind_target"]
@@ -238,7 +238,7 @@ class Catalog:
             # Due before the change took effect here: it fires once, as it was armed (the
             # timer loop re-arms a slot being fired from the new definition).
             if timers.wheel.pending(row.name):
-                timers.arm_at(schedule, slot, schedule.cron.next(slot))
+                timers.arm_at(schedule, slot, slot_after(schedule, slot))
             return
         # The old definition handled its slots up to the one before the armed one.
         handled = next(iter(old.cron.occurrences_back(slot - _TICK)), None)

@@ -76,8 +76,8 @@ class ExternalFires:
         name = schedule.name
         async with self._locks[name]:
             now = self.clock.now()
-            upcoming = schedule.cron.next(now)
-            if upcoming - now <= self.early:
+            upcoming = schedule.cron.next_or_none(now)
+            if upcoming is not None and upcoming - now <= self.early:
                 # A platform whose clock runs a little fast calls just before the slot:
                 # that call is for the coming slot, which still never fires early.
                 await self.clock.sleep_until(upcoming)

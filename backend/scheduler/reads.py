@@ -170,14 +170,18 @@ class ScheduleReads:
         if not enabled or schedule.effective_trigger(self.default_trigger) == "external":
             return None
         armed = self.timers.next_slot(schedule.name)
-        return armed if armed is not None else schedule.cron.next(self.clock.now())
+        return armed if armed is not None else schedule.cron.next_or_none(self.clock.now())
 
     def upcoming(self, name: str, count: int = 5) -> list[datetime]:
         schedule = find_schedule(self.schedules, name)
-        slots, at = [], self.clock.now()
+        slots: list[datetime] = []
+        at = self.clock.now()
         for _ in range(count):
-            at = schedule.cron.next(at)
-            slots.append(at)
+            nxt = schedule.cron.next_or_none(at)
+            if nxt is None:  # the end of the calendar
+                break
+            slots.append(nxt)
+            at = nxt
         return slots
 
 

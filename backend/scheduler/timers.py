@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import islice
 from typing import Any, Final
 
@@ -27,11 +27,22 @@ from backend.scheduler.launcher import Launcher
 from backend.scheduler.ledger import RunLedger
 from backend.schedules import Schedule
 
-__all__ = ["TimerWheel", "Timers"]
+__all__ = ["NO_SLOT", "TimerWheel", "Timers", "slot_after"]
 
 # Handlers due at one instant are started in slices of this size, yielding to the loop in
 # between, so the first ones start before the last ones are even created.
 START_SLICE: Final = 32
+
+
+#: The slot after a schedule's last one (the end of the calendar, year 9999): it never
+#: comes due, and the timer loop disarms a schedule whose next slot it is.
+NO_SLOT: Final = datetime.max.replace(tzinfo=UTC)
+
+
+def slot_after(schedule: Schedule, slot: datetime) -> datetime:
+    """The schedule's slot after ``slot``, :data:`NO_SLOT` when it has none."""
+    nxt = schedule.cron.next_or_none(slot)
+    return NO_SLOT if nxt is None else nxt
 
 
 async def _nothing_behind(catching: list[tuple[Schedule, list[datetime]]]) -> None:
@@ -160,9 +171,12 @@ class Timers:
         self.loops.keep(self._loop, "timers")
 
     def arm(self, schedule: Schedule, after: datetime) -> None:
-        """Arm the schedule's first slot after ``after``."""
-        slot = schedule.cron.next(after)
-        self.arm_at(schedule, slot, schedule.cron.next(slot))
+        """Arm the schedule's first slot after ``after`` (none left: disarm it)."""
+        slot = schedule.cron.next_or_none(after)
+        if slot is None:
+            self.wheel.disarm(schedule.name)
+            return
+        self.arm_at(schedule, slot, slot_after(schedule, slot))
 
     def arm_at(self, schedule: Schedule, slot: datetime, following: datetime) -> None:
         if not self.may_arm(schedule.name):
@@ -264,10 +278,13 @@ class Timers:
                 continue
             if not may_arm(name):
                 continue
+            if following == NO_SLOT:  # its last slot before the end of the calendar
+                self.wheel.disarm(name)
+                continue
             key = (schedule.cron, following)
             nxt = after.get(key)
             if nxt is None:
-                nxt = after[key] = schedule.cron.next(following)
+                nxt = after[key] = slot_after(schedule, following)
             arm(name, following, nxt)
             if earliest is None or following < earliest:
                 earliest = following
