@@ -117,6 +117,9 @@ class Schedule:
     created_at: datetime | None = field(default=None, compare=False)
     """A stored schedule's creation (``None`` for one in code): no slot before it is its
     own, though runs of a namesake deleted before may be recorded under its name."""
+    timing_changed_at: datetime | None = field(default=None, compare=False)
+    """When its cron or zone last changed (``None``: never, or not known): the catch-up at
+    start fires no slot up to it, which the timing of then did not have."""
 
     @property
     def source_file(self) -> str | None:

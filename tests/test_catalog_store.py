@@ -40,7 +40,7 @@ async def test_rows_round_trip_and_every_change_bumps_the_version(store: Store) 
     assert rows == [row("other", queue=None, durable="flow", payload=None, description=None), row()]
 
     later = T0 + timedelta(minutes=5)
-    wanted = row(cron="0 * * * *", enabled=False, updated_at=later, updated_by="bob")
+    wanted = row(cron="0 * * * *", enabled=False, updated_at=later, updated_by="bob", timing_changed_at=later)
     updated = await catalog.update_stored_schedule(wanted, 1)
     assert updated == replace(wanted, version=2)
     assert await catalog.update_stored_schedule(wanted, 1) is None  # changed meanwhile: refused

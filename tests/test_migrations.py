@@ -126,7 +126,8 @@ async def test_a_store_from_before_additions_were_counted_takes_them(where: tupl
     await first.open()
     prefix = "" if kind == "sqlite" else "schedtui_"
     before = [f"ALTER TABLE {prefix}schema_components DROP COLUMN additions",  # as those releases made them
-              f"ALTER TABLE {prefix}locks DROP COLUMN claim", f"ALTER TABLE {prefix}durable_executions DROP COLUMN claim"]  # fmt: skip
+              f"ALTER TABLE {prefix}locks DROP COLUMN claim", f"ALTER TABLE {prefix}durable_executions DROP COLUMN claim",
+              f"ALTER TABLE {prefix}stored_schedules DROP COLUMN timing_changed_at"]  # fmt: skip
     for statement in before:
         if isinstance(first, SQLiteStore):
             await first._write(executing(statement))

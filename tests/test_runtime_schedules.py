@@ -266,6 +266,30 @@ async def test_a_schedule_deleted_and_created_again_between_two_polls_is_followe
     assert slots(await all_runs(firer, "reap")) == []
 
 
+async def test_a_restart_catches_up_no_slot_from_before_a_change_of_timing(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The catch-up at start judges the slots since the last run by the definition it
+    finds: one that lay before the change of cron or zone was never the schedule's."""
+    first = make_engine([queue()])
+    await first.start()
+    await first.create_schedule(spec(cron="10 * * * *", backfill="all"))
+    clock.set("2026-03-02T08:10:00Z")
+    await first.quiesce()  # 08:10 fires
+    clock.set("2026-03-02T08:20:00Z")
+    await first.update_schedule("reap", {"cron": "15,25 * * * *"})  # 08:15 is past at the change
+    await first.update_schedule("reap", {"payload": {"n": 1}})  # (not a change of timing)
+    await first.quiesce()
+    await first.stop()
+    clock.set("2026-03-02T08:30:00Z")  # 08:25 came due after the change, while no instance ran
+    second = make_engine([queue()])
+    await second.start()
+    await second.quiesce()
+    assert slots(await all_runs(second, "reap")) == ["08:10", "08:25"]
+    rows = {row.name: row for row in (await second.store.stored_schedules())[1]}  # type: ignore[attr-defined]
+    assert rows["reap"].timing_changed_at == at("2026-03-02T08:20:00Z")
+
+
 async def test_a_schedule_created_again_catches_up_only_its_own_slots(
     make_engine: Callable[..., Engine], clock: ManualClock
 ) -> None:

@@ -291,6 +291,8 @@ class Catalog:
             self._check_target(full)
             now = self.clock.now()
             wanted = replace(before, **{k: v for k, v in full.items() if k != "name"}, updated_at=now, updated_by=actor)
+            if (wanted.cron, wanted.timezone) != (before.cron, before.timezone):
+                wanted = replace(wanted, timing_changed_at=now)  # the catch-up at start begins there
             after = await self.store.update_stored_schedule(wanted, before.version)
             if after is not None:
                 await self._after_change()

@@ -158,6 +158,9 @@ class CatchUp:
                 since = now - late_by
             if since is not None and schedule.created_at is not None and schedule.created_at > since:
                 since = schedule.created_at  # where a deleted namesake left off: not this one's slots
+            changed = schedule.timing_changed_at
+            if since is not None and changed is not None and changed > since:
+                since = changed  # slots before its cron or zone changed were another timing's
             state = self.states.get(schedule.name)
             if since is not None and state is not None and state.enabled and state.changed_at > since:
                 since = state.changed_at  # slots missed while disabled are not caught up

@@ -90,6 +90,8 @@ class StoredSchedule:
     version: int = 1
     alert: Any = None
     """Its ``alert=`` option as JSON (``None``: the defaults; see :mod:`backend.alerts.policy`)."""
+    timing_changed_at: datetime | None = None
+    """The last update that changed its cron or zone (``None``: none since its creation)."""
 
     @property
     def target(self) -> ScheduleTarget:
@@ -103,7 +105,7 @@ class StoredSchedule:
 
     def to_schedule(self) -> Schedule:
         """The schedule the engine runs (raises :class:`BadInput` if the row is invalid)."""
-        return replace(_define(self.spec()), created_at=self.created_at)
+        return replace(_define(self.spec()), created_at=self.created_at, timing_changed_at=self.timing_changed_at)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -44,21 +44,24 @@ CATALOG_V1 = """
 """
 #: A stored schedule's alert= option (JSON; NULL: the defaults).
 CATALOG_V2 = "ALTER TABLE schedtui_stored_schedules ADD COLUMN alert text"
+#: When its cron or zone last changed (NULL: not since its creation). Older releases
+#: neither read nor write it.
+TIMING_CHANGED = "ALTER TABLE schedtui_stored_schedules ADD COLUMN timing_changed_at timestamptz"
 COLUMNS = (
     "name, cron, timezone, queue, durable, payload, description, enabled, on_overlap, backfill, "
-    "max_runtime, alert, created_at, created_by, updated_at, updated_by, version"
+    "max_runtime, alert, created_at, created_by, updated_at, updated_by, version, timing_changed_at"
 )
 CATALOG_VERSION = "SELECT version FROM schedtui_schedule_catalog WHERE id = 1"
 BUMP = "UPDATE schedtui_schedule_catalog SET version = version + 1 WHERE id = 1"
 LIST = f"SELECT {COLUMNS} FROM schedtui_stored_schedules ORDER BY name"
 INSERT = f"""
-    INSERT INTO schedtui_stored_schedules ({COLUMNS}) VALUES ({', '.join(['%s'] * 17)})
+    INSERT INTO schedtui_stored_schedules ({COLUMNS}) VALUES ({', '.join(['%s'] * 18)})
     ON CONFLICT (name) DO NOTHING
 """
 UPDATE = f"""
     UPDATE schedtui_stored_schedules SET cron = %s, timezone = %s, queue = %s, durable = %s, payload = %s,
         description = %s, enabled = %s, on_overlap = %s, backfill = %s, max_runtime = %s, alert = %s, updated_at = %s,
-        updated_by = %s, version = version + 1
+        updated_by = %s, timing_changed_at = %s, version = version + 1
     WHERE name = %s AND version = %s
     RETURNING {COLUMNS}
 """
@@ -89,6 +92,7 @@ def _row(row: tuple[Any, ...]) -> StoredSchedule:
         updated_at=_utc(row[14]),
         updated_by=row[15],
         version=int(row[16]),
+        timing_changed_at=None if row[17] is None else _utc(row[17]),
     )
 
 
@@ -100,7 +104,7 @@ def _definition(s: StoredSchedule) -> tuple[Any, ...]:
 class PostgresCatalog:
     """Stored schedules on PostgreSQL: see :class:`backend.scheduler.catalog.CatalogStore` for the contract."""
 
-    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2))
+    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED,))
 
     if TYPE_CHECKING:
         commits: int
@@ -137,7 +141,7 @@ class PostgresCatalog:
     async def create_stored_schedule(self, schedule: StoredSchedule) -> bool:
         s = schedule
         params = (s.name, *_definition(s), s.created_at, store_text(s.created_by), s.updated_at, store_text(s.updated_by),
-                  s.version)  # fmt: skip
+                  s.version, s.timing_changed_at)  # fmt: skip
 
         async def create(conn: Any) -> bool:
             if (await conn.execute(INSERT, params)).rowcount != 1:
@@ -150,7 +154,7 @@ class PostgresCatalog:
 
     async def update_stored_schedule(self, schedule: StoredSchedule, version: int) -> StoredSchedule | None:
         s = schedule
-        params = (*_definition(s), s.updated_at, store_text(s.updated_by), s.name, version)
+        params = (*_definition(s), s.updated_at, store_text(s.updated_by), s.timing_changed_at, s.name, version)
 
         async def update(conn: Any) -> StoredSchedule | None:
             row = await (await conn.execute(UPDATE, params)).fetchone()

@@ -46,19 +46,22 @@ CATALOG_V1 = """
 """
 #: A stored schedule's alert= option (JSON; NULL: the defaults).
 CATALOG_V2 = "ALTER TABLE stored_schedules ADD COLUMN alert TEXT"
+#: When its cron or zone last changed (microseconds; NULL: not since its creation). Older
+#: releases neither read nor write it.
+TIMING_CHANGED = "ALTER TABLE stored_schedules ADD COLUMN timing_changed_at INTEGER"
 COLUMNS = (
     "name, cron, timezone, queue, durable, payload, description, enabled, on_overlap, backfill, "
-    "max_runtime, alert, created_at, created_by, updated_at, updated_by, version"
+    "max_runtime, alert, created_at, created_by, updated_at, updated_by, version, timing_changed_at"
 )
 CATALOG_VERSION = "SELECT version FROM schedule_catalog WHERE id = 1"
 BUMP = "UPDATE schedule_catalog SET version = version + 1 WHERE id = 1"
 LIST = f"SELECT {COLUMNS} FROM stored_schedules ORDER BY name"
 GET = f"SELECT {COLUMNS} FROM stored_schedules WHERE name = ?"
-INSERT = f"INSERT INTO stored_schedules ({COLUMNS}) VALUES ({', '.join('?' * 17)}) ON CONFLICT (name) DO NOTHING"
+INSERT = f"INSERT INTO stored_schedules ({COLUMNS}) VALUES ({', '.join('?' * 18)}) ON CONFLICT (name) DO NOTHING"
 UPDATE = """
     UPDATE stored_schedules SET cron = ?, timezone = ?, queue = ?, durable = ?, payload = ?, description = ?,
         enabled = ?, on_overlap = ?, backfill = ?, max_runtime = ?, alert = ?, updated_at = ?, updated_by = ?,
-        version = version + 1
+        timing_changed_at = ?, version = version + 1
     WHERE name = ? AND version = ?
 """
 DELETE = "DELETE FROM stored_schedules WHERE name = ?"
@@ -70,6 +73,10 @@ _MICROSECOND = timedelta(microseconds=1)
 
 def _us(dt: datetime) -> int:
     return (dt - _EPOCH) // _MICROSECOND
+
+
+def _timing_changed(s: StoredSchedule) -> int | None:
+    return None if s.timing_changed_at is None else _us(s.timing_changed_at)
 
 
 def _row(row: tuple[Any, ...]) -> StoredSchedule:
@@ -91,6 +98,7 @@ def _row(row: tuple[Any, ...]) -> StoredSchedule:
         updated_at=_EPOCH + _MICROSECOND * row[14],
         updated_by=row[15],
         version=int(row[16]),
+        timing_changed_at=None if row[17] is None else _EPOCH + _MICROSECOND * row[17],
     )
 
 
@@ -102,7 +110,7 @@ def _definition(s: StoredSchedule) -> tuple[Any, ...]:
 class SQLiteCatalog:
     """Stored schedules on SQLite: see :class:`backend.scheduler.catalog.CatalogStore` for the contract."""
 
-    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2))
+    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED,))
 
     if TYPE_CHECKING:
 
@@ -130,7 +138,7 @@ class SQLiteCatalog:
     async def create_stored_schedule(self, schedule: StoredSchedule) -> bool:
         s = schedule
         params = (s.name, *_definition(s), _us(s.created_at), store_text(s.created_by), _us(s.updated_at),
-                  store_text(s.updated_by), s.version)  # fmt: skip
+                  store_text(s.updated_by), s.version, _timing_changed(s))  # fmt: skip
 
         def create(c: sqlite3.Connection) -> bool:
             if c.execute(INSERT, params).rowcount != 1:
@@ -143,7 +151,7 @@ class SQLiteCatalog:
 
     async def update_stored_schedule(self, schedule: StoredSchedule, version: int) -> StoredSchedule | None:
         s = schedule
-        params = (*_definition(s), _us(s.updated_at), store_text(s.updated_by), s.name, version)
+        params = (*_definition(s), _us(s.updated_at), store_text(s.updated_by), _timing_changed(s), s.name, version)
 
         def update(c: sqlite3.Connection) -> StoredSchedule | None:
             if c.execute(UPDATE, params).rowcount != 1:
