@@ -64,3 +64,17 @@ async def test_another_connection_sees_the_change(new_store: Callable[[], Store]
     assert await cast(CatalogStore, one).create_stored_schedule(row())
     assert await cast(CatalogStore, two).catalog_version() == before + 1
     assert [r.name for r in (await cast(CatalogStore, two).stored_schedules())[1]] == ["reap"]
+
+
+async def test_code_timings_say_when_each_changed(store: Store) -> None:  # noqa: F811
+    catalog = cast(CatalogStore, store)
+    first = [("a", "0 9 * * *", "UTC"), ("b", "* * * * *", "UTC")]
+    assert await catalog.record_code_timings(first, T0) == {}  # first recorded: no change known
+    assert await catalog.record_code_timings(first, T0 + timedelta(hours=1)) == {}
+    moved = [("a", "0 9 * * *", "UTC"), ("b", "* * * * *", "Europe/Berlin")]
+    later = T0 + timedelta(hours=2)
+    assert await catalog.record_code_timings(moved, later) == {"b": later}
+    again = [("a", "5 9 * * *", "UTC"), ("b", "* * * * *", "Europe/Berlin"), ("c", "0 0 * * *", "UTC")]
+    last = T0 + timedelta(hours=3)
+    assert await catalog.record_code_timings(again, last) == {"a": last, "b": later}
+    assert await catalog.record_code_timings([], last) == {}

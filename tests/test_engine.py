@@ -494,6 +494,29 @@ async def test_a_start_after_the_clock_was_stepped_back_fires_no_recorded_slot_a
     assert sorted(r.scheduled_at for r in runs) == every  # each slot once
 
 
+async def test_a_deploy_that_changes_a_schedules_timing_catches_up_no_slot_from_before_it(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    """As for a stored schedule changed: the catch-up starts from the change, which for
+    code is the first start with the new cron or zone (the store records each one's)."""
+    clock.set("2026-03-02T08:09:00Z")
+    first = make_engine([schedule(cron="10 * * * *", backfill="all")])
+    await first.start()
+    clock.set("2026-03-02T08:10:00Z")
+    await first.quiesce()  # 08:10 fires
+    await first.stop()
+    clock.set("2026-03-02T08:20:00Z")  # deployed with another cron: 08:15 is past, and was never due
+    second = make_engine([schedule(cron="15,25 * * * *", backfill="all")])
+    await second.start()
+    await second.quiesce()
+    await second.stop()
+    clock.set("2026-03-02T08:30:00Z")  # 08:25 came due after the change, while none ran
+    third = make_engine([schedule(cron="15,25 * * * *", backfill="all")])
+    await third.start()
+    await third.quiesce()
+    assert [r.scheduled_at.strftime("%H:%M") for r in await all_runs(third, "job")] == ["08:10", "08:25"]
+
+
 async def test_catch_up_walk_is_capped(make_engine: MakeEngine, clock: ManualClock) -> None:
     clock.set("2026-03-02T12:00:30Z")
     engine = make_engine([schedule(cron="* * * * *", backfill="skip")], catch_up_limit=1000)

@@ -67,6 +67,12 @@ class CatalogStore(Protocol):
 
     async def delete_stored_schedule(self, name: str) -> bool: ...
 
+    async def record_code_timings(self, timings: list[tuple[str, str, str]], now: datetime) -> dict[str, datetime]:
+        """Record the ``(name, cron, timezone)`` of schedules defined in code; answer, per
+        name, when its timing last changed: ``now`` for a name recorded with another timing,
+        what was recorded for one recorded with this timing (absent: never changed since
+        first recorded)."""
+
 
 #: How many times an update is applied to a row another writer changed meanwhile.
 UPDATE_TRIES = 3

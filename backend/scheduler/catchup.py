@@ -91,6 +91,9 @@ class CatchUp:
         self._booting: list[tuple[Schedule, datetime, str | None, timedelta]] = []
         """Schedules waiting for the next read of where they left off (see :meth:`at_boot`)."""
         self._boot_batches = 0
+        self.code_timing_changed: dict[str, datetime] = {}
+        """When the cron or zone of schedules defined in code changed, as the store recorded
+        it at start (a deploy that changed them; see :func:`lifecycle.record_code_timings`)."""
         self.unhanded = 0
         """Catch-ups spawned that have not yet launched their first run or recorded their
         slots: ``quiesce(runs=False)`` waits for them."""
@@ -158,7 +161,7 @@ class CatchUp:
                 since = now - late_by
             if since is not None and schedule.created_at is not None and schedule.created_at > since:
                 since = schedule.created_at  # where a deleted namesake left off: not this one's slots
-            changed = schedule.timing_changed_at
+            changed = schedule.timing_changed_at or self.code_timing_changed.get(schedule.name)
             if since is not None and changed is not None and changed > since:
                 since = changed  # slots before its cron or zone changed were another timing's
             state = self.states.get(schedule.name)

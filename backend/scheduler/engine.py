@@ -416,6 +416,7 @@ class Engine(EngineReads, EngineActions):
             return
         self._started = True
         await lifecycle.join_fleet(self)
+        await lifecycle.record_code_timings(self)
         lifecycle.start_engine(self)
 
     async def stop(self, grace: float | None = None) -> None:

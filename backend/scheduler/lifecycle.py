@@ -70,6 +70,15 @@ async def join_fleet(engine: Engine) -> None:
     await engine.registry.beat(engine.clock.now(), force=True)
 
 
+async def record_code_timings(engine: Engine) -> None:
+    """Record the cron and zone each schedule defined in code runs by: one whose timing
+    changed since an instance last recorded it (a deploy) changed now, and the catch-up
+    starts from there, as it does from a stored schedule's change."""
+    timings = [(name, s.cron.expr, s.cron.timezone) for name, s in engine.schedules.items() if not engine.catalog.is_stored(name)]
+    changed = await engine.catalog.store.record_code_timings(timings, engine.clock.now())
+    engine.catch_up.code_timing_changed = changed
+
+
 def role_changed(engine: Engine, was: str, now: str) -> None:
     """A heartbeat recorded another role: a member that waits (another coordination mode
     fires) holds no timer; one that fires again catches up from where the ledger left off,

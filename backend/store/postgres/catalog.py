@@ -47,6 +47,30 @@ CATALOG_V2 = "ALTER TABLE schedtui_stored_schedules ADD COLUMN alert text"
 #: When its cron or zone last changed (NULL: not since its creation). Older releases
 #: neither read nor write it.
 TIMING_CHANGED = "ALTER TABLE schedtui_stored_schedules ADD COLUMN timing_changed_at timestamptz"
+#: The timing each schedule defined in code last ran by, and when it last changed (NULL:
+#: not since first recorded): the store's only memory of a changed deploy.
+CODE_TIMINGS = """
+    CREATE TABLE schedtui_code_schedule_timings (
+        name text PRIMARY KEY, cron text NOT NULL, timezone text NOT NULL, changed_at timestamptz
+    )
+"""
+#: One statement: the rows as they were (the CTE's snapshot) for the timings kept, the
+#: rows written for the timings changed. An instance that changes a row another changed
+#: the same way a moment before leaves it as it is.
+RECORD_TIMINGS = """
+    WITH given AS (SELECT * FROM unnest(%(names)s::text[], %(crons)s::text[], %(zones)s::text[]) AS g(name, cron, timezone)),
+    put AS (
+        INSERT INTO schedtui_code_schedule_timings AS t (name, cron, timezone, changed_at)
+        SELECT name, cron, timezone, NULL FROM given
+        ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timezone, changed_at = %(now)s
+        WHERE (t.cron, t.timezone) IS DISTINCT FROM (excluded.cron, excluded.timezone)
+        RETURNING t.name, t.changed_at
+    )
+    SELECT name, changed_at FROM put WHERE changed_at IS NOT NULL
+    UNION ALL
+    SELECT t.name, t.changed_at FROM schedtui_code_schedule_timings t JOIN given USING (name)
+    WHERE t.changed_at IS NOT NULL AND t.name NOT IN (SELECT name FROM put)
+"""
 COLUMNS = (
     "name, cron, timezone, queue, durable, payload, description, enabled, on_overlap, backfill, "
     "max_runtime, alert, created_at, created_by, updated_at, updated_by, version, timing_changed_at"
@@ -104,7 +128,7 @@ def _definition(s: StoredSchedule) -> tuple[Any, ...]:
 class PostgresCatalog:
     """Stored schedules on PostgreSQL: see :class:`backend.scheduler.catalog.CatalogStore` for the contract."""
 
-    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED,))
+    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED, CODE_TIMINGS))
 
     if TYPE_CHECKING:
         commits: int
@@ -174,3 +198,15 @@ class PostgresCatalog:
             return True
 
         return await self._change(delete)
+
+    async def record_code_timings(self, timings: list[tuple[str, str, str]], now: datetime) -> dict[str, datetime]:
+        if not timings:
+            return {}
+        names, crons, zones = (list(column) for column in zip(*timings, strict=True))
+        params = {"names": names, "crons": crons, "zones": zones, "now": now}
+
+        async def record(conn: Any) -> dict[str, datetime]:
+            rows = await (await conn.execute(RECORD_TIMINGS, params)).fetchall()
+            return {name: _utc(changed) for name, changed in rows}
+
+        return await self._change(record)

@@ -49,6 +49,16 @@ CATALOG_V2 = "ALTER TABLE stored_schedules ADD COLUMN alert TEXT"
 #: When its cron or zone last changed (microseconds; NULL: not since its creation). Older
 #: releases neither read nor write it.
 TIMING_CHANGED = "ALTER TABLE stored_schedules ADD COLUMN timing_changed_at INTEGER"
+#: The timing each schedule defined in code last ran by, and when it last changed (NULL:
+#: not since first recorded): the store's only memory of a changed deploy.
+CODE_TIMINGS = """
+    CREATE TABLE code_schedule_timings (name TEXT PRIMARY KEY, cron TEXT NOT NULL, timezone TEXT NOT NULL, changed_at INTEGER)
+"""
+GET_TIMING = "SELECT cron, timezone, changed_at FROM code_schedule_timings WHERE name = ?"
+PUT_TIMING = """
+    INSERT INTO code_schedule_timings (name, cron, timezone, changed_at) VALUES (?, ?, ?, ?)
+    ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timezone, changed_at = excluded.changed_at
+"""
 COLUMNS = (
     "name, cron, timezone, queue, durable, payload, description, enabled, on_overlap, backfill, "
     "max_runtime, alert, created_at, created_by, updated_at, updated_by, version, timing_changed_at"
@@ -110,7 +120,7 @@ def _definition(s: StoredSchedule) -> tuple[Any, ...]:
 class SQLiteCatalog:
     """Stored schedules on SQLite: see :class:`backend.scheduler.catalog.CatalogStore` for the contract."""
 
-    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED,))
+    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED, CODE_TIMINGS))
 
     if TYPE_CHECKING:
 
@@ -171,3 +181,19 @@ class SQLiteCatalog:
             return True
 
         return await self._write(delete)
+
+    async def record_code_timings(self, timings: list[tuple[str, str, str]], now: datetime) -> dict[str, datetime]:
+        def record(c: sqlite3.Connection) -> dict[str, datetime]:
+            changed: dict[str, datetime] = {}
+            for name, cron, zone in timings:
+                row = c.execute(GET_TIMING, (name,)).fetchone()
+                if row is None:
+                    c.execute(PUT_TIMING, (name, cron, zone, None))
+                elif (row[0], row[1]) != (cron, zone):
+                    c.execute(PUT_TIMING, (name, cron, zone, _us(now)))
+                    changed[name] = now
+                elif row[2] is not None:
+                    changed[name] = _EPOCH + _MICROSECOND * row[2]
+            return changed
+
+        return await self._write(record) if timings else {}
