@@ -710,6 +710,7 @@ async def test_list_gains_the_owner_of_each_schedule_in_cluster_mode(pg_url: str
         b = define_schedule(name="beta", cron="0 * * * *", timezone="UTC", handler=noop)
     """))
     from backend import discover
+    from backend.client.embedded import EmbeddedBackend
 
     engine = Engine(discover(folder), pg_url, instance="owner-1", coordination="cluster", shutdown_grace=0)
     await engine.start()
@@ -730,8 +731,18 @@ async def test_list_gains_the_owner_of_each_schedule_in_cluster_mode(pg_url: str
         assert {(s["name"], s["owner"]) for s in json.loads(done.stdout)} == {("alpha", "owner-1"), ("beta", "owner-1")}
         table = await asyncio.to_thread(cli, "list", SCHEDTUI_COORDINATION="cluster")
         assert table.stdout.splitlines()[0].split()[-1] == "OWNER" and "owner-1" in table.stdout
+        # Left to the store's default, a verb reports the fleet it observes, not advisoryLock.
         plain = await asyncio.to_thread(cli, "list", "--json")
-        assert all("owner" not in s for s in json.loads(plain.stdout))  # not in the other modes
+        assert {(s["name"], s["owner"]) for s in json.loads(plain.stdout)} == {("alpha", "owner-1"), ("beta", "owner-1")}
+        other = await asyncio.to_thread(cli, "list", "--json", SCHEDTUI_COORDINATION="advisoryLock")
+        assert all("owner" not in s for s in json.loads(other.stdout))  # not in the other modes
+        observer = EmbeddedBackend(Engine(discover(folder), pg_url, instance="watcher", shutdown_grace=0))
+        info = await observer.connect()  # as the console's header reads it
+        try:
+            assert info.coordination == "cluster"
+            assert {(v.name, v.owner) for v in await observer.engine.list_schedules()} == {("alpha", "owner-1"), ("beta", "owner-1")}
+        finally:
+            await observer.close()
         bad = await asyncio.to_thread(cli, "list", SCHEDTUI_COORDINATION="clustr")
         assert bad.returncode == 2 and bad.stderr == (
             'schedtui: $SCHEDTUI_COORDINATION "clustr" is not one of single, advisoryLock, cluster\n'

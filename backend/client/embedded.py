@@ -21,7 +21,7 @@ from backend.client.interface import Backend, ConnectionInfo
 from backend.errors import Forbidden
 from backend.events.bus import READY, STREAM, Signal
 from backend.inputs import check_id
-from backend.model import BackfillProgress, Health, Run
+from backend.model import BackfillProgress, CoordinationMode, Health, Run
 from backend.scheduler.engine import Engine
 
 __all__ = ["EmbeddedBackend"]
@@ -75,6 +75,8 @@ class EmbeddedBackend(Backend):
         if allow_external_self:
             engine.allow_external_self = True
         self._thread = _EngineThread() if own_thread else None
+        self._coordination: CoordinationMode | None = None
+        """The mode the fleet runs, as the engine observed it at connect."""
 
     async def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._thread is None:
@@ -102,7 +104,7 @@ class EmbeddedBackend(Backend):
         return ConnectionInfo(
             kind="embedded",
             where=self.engine.store.where,
-            coordination=self.engine.coordination,
+            coordination=self._coordination or self.engine.coordination,
             instance=self.engine.instance,
             read_only=self.read_only,
             store_kind=self.engine.store.kind,
@@ -114,6 +116,7 @@ class EmbeddedBackend(Backend):
         if self._thread is not None and self._thread.thread is None:
             self._thread.start()
         await self._call(self.engine.start() if self.arm else self.engine.open())
+        self._coordination = await self._call(self.engine.observed_coordination())
         return self.info()
 
     async def close(self, grace: float | None = None) -> None:

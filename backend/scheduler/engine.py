@@ -74,7 +74,7 @@ from backend.scheduler import lifecycle, names
 from backend.scheduler.backfills import Backfills
 from backend.scheduler.catalog import Catalog, CatalogStore
 from backend.scheduler.catchup import CatchUp
-from backend.scheduler.coordination.cluster import Cluster
+from backend.scheduler.coordination.cluster import Cluster, ClusterStore, shard_owners
 from backend.scheduler.coordination.slots import Coordinator, SlotClaims, make_coordinator
 from backend.scheduler.engine_actions import EngineActions
 from backend.scheduler.engine_reads import EngineReads
@@ -226,6 +226,8 @@ class Engine(EngineReads, EngineActions):
         event loop (see :mod:`backend.runtime.loopwatch`); started with the lease, on real time."""
         self.runner = HandlerRunner(self.clock, self.loops, max_threads=max_threads, lease=self.lease)
         coordinator, cluster_fallback = make_coordinator(coordination, self.store)
+        self.coordination_given = coordination is not None
+        """Whether the mode was given (else the store's default: an observer reports the fleet's)."""
         self.cluster_fallback = cluster_fallback
         """True when ``cluster`` was asked for on a store that cannot shard (SQLite): the
         engine runs ``single``, and says so loudly at start."""
@@ -316,6 +318,8 @@ class Engine(EngineReads, EngineActions):
             default_trigger=default_trigger,
         )
         """Schedule views, run pages, upcoming slots: what the read methods delegate to."""
+        if coordination is None and self.store.kind == "postgresql":
+            self.reads.observed_owners = self._observed_owners
         self.activity = ActivityReads(
             clock=self.clock,
             store=cast(ActivityStore, self.store),
@@ -368,6 +372,22 @@ class Engine(EngineReads, EngineActions):
     @property
     def coordination(self) -> CoordinationMode:
         return self.claims.coordinator.mode
+
+    async def observed_coordination(self) -> CoordinationMode:
+        """The mode the schedules are fired by: this engine's when it was given one or
+        fires; for one left to the store's default that does not fire (a CLI verb, a
+        ``connect()`` client, a console waiting for another mode's fleet), the mode the live
+        firing members record, if any fires."""
+        if self.coordination_given or (self._started and self.registry.role != "waiting"):
+            return self.coordination
+        return await self.registry.fleet_mode(self.clock.now()) or self.coordination
+
+    async def _observed_owners(self) -> dict[str, str | None] | None:
+        """An observer of a ``cluster`` fleet: who holds each self-triggered schedule's shard."""
+        if await self.observed_coordination() != "cluster" or self.cluster is not None:
+            return None
+        names = [name for name, schedule in self.schedules.items() if self.trigger_of(schedule) == "self"]
+        return await shard_owners(cast(ClusterStore, self.store), names, self.locks.lock_now())
 
     @property
     def stats(self) -> dict[str, int]:

@@ -12,7 +12,7 @@ a name nobody knows raises :class:`~backend.errors.NotFound`, a bad page size
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Literal
 
@@ -38,6 +38,10 @@ def find_schedule(schedules: Mapping[str, Schedule], name: str) -> Schedule:
         return schedules[name]
     except KeyError:
         raise NotFound(f'no schedule named "{name}"') from None
+
+
+async def _no_owners() -> dict[str, str | None] | None:
+    return None
 
 
 class ScheduleReads:
@@ -70,6 +74,9 @@ class ScheduleReads:
         self.timers = timers
         self.cluster = cluster
         self.default_trigger: Literal["self", "external"] = default_trigger
+        self.observed_owners: Callable[[], Awaitable[dict[str, str | None] | None]] = _no_owners
+        """Without shards of its own: who holds each schedule's shard, when the fleet this
+        engine observes runs ``cluster`` (``None`` otherwise)."""
 
     async def list_schedules(self) -> list[ScheduleView]:
         self.ledger.handoff()
@@ -102,7 +109,7 @@ class ScheduleReads:
         schedule deleted meanwhile (by a concurrent request) is left out."""
         last = await self.store.last_runs(names)
         latest = await self.store.last_runs(names, manual=True)
-        owners = await self.cluster.owners() if self.cluster is not None else None
+        owners = await self.cluster.owners() if self.cluster is not None else await self.observed_owners()
         views = []
         for name in names:
             if name not in self.schedules:

@@ -310,6 +310,14 @@ class InstanceRegistry:
         if was != role and self.on_role is not None:
             self.on_role(was, role)
 
+    async def fleet_mode(self, now: datetime) -> CoordinationMode | None:
+        """The coordination the live firing members record (the newest heartbeat's; ``None``
+        while none fires): what an observer reports, rather than its own default."""
+        live_after = self._live_after(now)
+        firing = [i for i in await self.store.fleet() if i.fires and i.coordination is not None and i.heartbeat_at > live_after]
+        newest = max(firing, key=lambda i: i.heartbeat_at, default=None)
+        return newest.coordination if newest is not None else None
+
     def _live_after(self, now: datetime) -> datetime:
         """Instances whose heartbeat is newer than this may be alive. Just after this process
         could write the store again, any of them may be: nobody could beat meanwhile."""

@@ -90,6 +90,14 @@ def shard_lock(shard: int) -> str:
     return f"{SHARD_PREFIX}{shard:02d}"
 
 
+async def shard_owners(store: ClusterStore, names: Iterable[str], now: datetime | None) -> dict[str, str | None]:
+    """Schedule name -> the instance holding its shard now (``None``: nobody); ``now`` is
+    the locks' time (``None``: the database's). A member's, or an observer's of a fleet."""
+    state = await store.cluster_state(CLUSTER_PREFIX, now)
+    holders = {lock.name: lock.holder for lock in state.locks.values() if lock.state(state.now) == "held"}
+    return {name: holders.get(shard_lock(shard_of(name))) for name in names}
+
+
 @functools.lru_cache(maxsize=1024)
 def _scores(member: str) -> tuple[int, ...]:
     """``member``'s score for each shard (a member keeps its scores while it lives)."""
@@ -291,13 +299,8 @@ class Cluster:
 
     async def owners(self) -> dict[str, str | None]:
         """Schedule name -> the instance holding its shard now (``None``: nobody)."""
-        state = await self.store.cluster_state(CLUSTER_PREFIX, self.lock_now())
-        holders = {lock.name: lock.holder for lock in state.locks.values() if lock.state(state.now) == "held"}
-        return {
-            schedule.name: holders.get(shard_lock(shard))
-            for shard, schedules in self.by_shard.items()
-            for schedule in schedules
-        }
+        names = [schedule.name for schedules in self.by_shard.values() for schedule in schedules]
+        return await shard_owners(self.store, names, self.lock_now())
 
     # -- the subsystem's hooks -------------------------------------------------------------
     async def open(self) -> None:
