@@ -36,7 +36,7 @@ from backend.errors import (
     Unauthorized,
     Unavailable,
 )
-from backend.jobs import Job, JobContext, JobDetail, Queue, QueueFull, QueueView, Sent, define_queue
+from backend.jobs import Job, JobContext, JobDetail, NotDead, Queue, QueueFull, QueueView, Sent, define_queue
 from backend.locks import Lease, LeaseLost, LockNotAcquired, LockResult, StaleLease
 from backend.model import (
     BackfillPlan,
@@ -78,6 +78,7 @@ __all__ = [
     "LockNotAcquired",
     "LockResult",
     "ManualClock",
+    "NotDead",
     "NotFound",
     "Queue",
     "QueueFull",

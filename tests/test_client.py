@@ -84,6 +84,34 @@ async def test_connect_plans_as_the_api_does_and_skips_what_succeeded(store_url:
             await st.schedules.plan_backfill("digest", now - timedelta(days=4), now, limit=0)
 
 
+async def test_connect_creates_updates_and_deletes_stored_schedules(store_url: str) -> None:
+    """The README's names: st.schedules.create/update/delete; and NotDead beside QueueFull."""
+    from backend import NotDead, QueueFull
+    from backend.jobs import define_queue
+    from backend.scheduler.stored import DefinedInCode
+
+    async def job(ctx: Any) -> None:
+        pass
+
+    assert issubclass(NotDead, Refused) and issubclass(QueueFull, Refused)
+    definitions = [*schedules(), define_queue(name="mail", handler=job)]
+    async with connect(store_url, definitions=definitions, actor="alice", create=True) as st:
+        view = await st.schedules.create({"name": "reap", "cron": "*/15 * * * *", "timezone": "UTC", "queue": "mail"})
+        assert (view.name, view.source) == ("reap", "store")
+        view = await st.schedules.update("reap", {"cron": "0 * * * *"})
+        assert view.cron == "0 * * * *"
+        with pytest.raises(BadInput, match='"\\* \\* \\*"'):
+            await st.schedules.update("reap", {"cron": "* * *"})
+        with pytest.raises(DefinedInCode):
+            await st.schedules.delete("digest")
+        await st.schedules.delete("reap")
+        assert [v.name for v in await st.schedules.list()] == ["digest"]
+        audit = await st.engine.audit.list()
+        assert [(e.actor, e.action) for e in reversed(audit.entries)] == [
+            ("alice", "schedule.create"), ("alice", "schedule.update"), ("alice", "schedule.delete")
+        ]  # fmt: skip
+
+
 async def test_without_definitions_a_schedule_is_unknown_and_says_so(store_url: str) -> None:
     with pytest.raises(NotFound, match="no store at"):
         async with connect(store_url):

@@ -24,7 +24,7 @@ import asyncio
 import builtins
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,8 +49,8 @@ class ScheduleActions:
     def __init__(self, engine: Engine, actor: str | None) -> None:
         self._engine = engine
         self._actor = actor
-        # The backfill actions go through their declarations, as the API's and the CLI's
-        # do: the same checks, the same implementation, the same plan.
+        # The backfill and catalog actions go through their declarations, as the API's and
+        # the CLI's do: the same checks, the same implementation, the same plan.
         self._actions = EmbeddedBackend(engine)
 
     async def list(self) -> list[ScheduleView]:
@@ -78,6 +78,20 @@ class ScheduleActions:
 
     async def disable(self, name: str, *, note: str | None = None) -> ScheduleView:
         return await self._engine.set_enabled(name, False, note=note, by=self._actor)
+
+    async def create(self, spec: Mapping[str, Any]) -> ScheduleView:
+        """Store a new schedule (a queue's or a durable function's: see
+        :meth:`backend.client.interface.Backend.create_schedule`); every engine on the store
+        arms it within 2 s."""
+        return await self._actions.create_schedule(spec)
+
+    async def update(self, name: str, changes: Mapping[str, Any]) -> ScheduleView:
+        """Change a stored schedule (``DefinedInCode`` for one in code)."""
+        return await self._actions.update_schedule(name, changes)
+
+    async def delete(self, name: str) -> None:
+        """Delete a stored schedule; its runs stay in the ledger."""
+        await self._actions.delete_schedule(name)
 
     async def plan_backfill(
         self, name: str, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
