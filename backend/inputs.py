@@ -168,6 +168,14 @@ def check_instant(value: datetime, field: str, text: str | None = None) -> datet
     return value
 
 
+def check_datetime(value: object, field: str) -> datetime:
+    """:func:`check_instant`, for a value from Python: anything but a datetime is refused,
+    named (a string, a number, None)."""
+    if not isinstance(value, datetime):
+        raise BadInput(f"{field} {shown_number(value)} is not a datetime (give an aware datetime.datetime)", field=field)
+    return check_instant(value, field)
+
+
 def out_of_range(field: str, text: str) -> BadInput:
     return BadInput(f'{field} "{printable(text, 60)}" is out of range ({EARLIEST.year} to {LATEST.year - 1})', field=field)
 

@@ -82,6 +82,14 @@ async def test_connect_plans_as_the_api_does_and_skips_what_succeeded(store_url:
             await st.schedules.backfill("digest", now - timedelta(days=4), now, skip_succeeded=True)
         with pytest.raises(BadInput, match="limit 0 is out of range"):
             await st.schedules.plan_backfill("digest", now - timedelta(days=4), now, limit=0)
+        # What is no datetime is refused naming it, from connect() and from the engine alike.
+        for plan_backfill in (st.schedules.plan_backfill, st.engine.plan_backfill):
+            year_1 = datetime(1, 1, 1, tzinfo=UTC)
+            for start, end, message in [("-2d", now, "from '-2d' is not a datetime"), (now, None, "to None is not a datetime"),
+                                        (1764547200, now, "from 1764547200 is not a datetime"),
+                                        (year_1, now, 'from "0001-01-01T00:00:00[+]00:00" is out of range')]:  # fmt: skip
+                with pytest.raises(BadInput, match=message):
+                    await plan_backfill("digest", start, end)  # type: ignore[arg-type]
 
 
 async def test_connect_creates_updates_and_deletes_stored_schedules(store_url: str) -> None:

@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 from backend.errors import BadInput
-from backend.inputs import check_before, check_id, check_instant, check_json
+from backend.inputs import check_before, check_datetime, check_id, check_json
 from backend.model import iso, parse_iso
 
 __all__ = [
@@ -160,7 +160,7 @@ class Instant(Limit):
     """An aware instant an operator may name (1970 to 8999)."""
 
     def check(self, value: Any, field: str) -> Any:
-        return check_instant(value, field) if isinstance(value, datetime) else value
+        return check_datetime(value, field)  # (the surfaces that take text parse it first)
 
 
 @dataclass(frozen=True)
