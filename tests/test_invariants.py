@@ -39,7 +39,10 @@ ledger is checked:
     slot the fleet lost to this instance run nowhere);
 (h) a stop with a grace records no slot that is still its schedule's current one ``missed``
     for want of a claim (a claim whose answer was lost, an outage just before the stop):
-    it starts it, if its lease held (the fleet lost that slot to it as well).
+    it starts it, if its lease held (the fleet lost that slot to it as well);
+(i) a restart of one engine may come back deployed with another cron for a schedule: no
+    timed run is of a slot that is not one of the cron of its time (none before the
+    change fires after it; the catch-up starts from the change).
 
 Only the engine's public API is used (``Engine(...)``, ``start``, ``stop``, ``quiesce``,
 ``run_now``, ``set_enabled``, ``start_backfill``, ``flush``, ``store``, ``stats``).
@@ -58,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
 import functools
 import os
 import random
@@ -90,6 +94,8 @@ POLL = 1.0  # the engines' state_poll_interval: how soon housekeeping notices th
 # Schedules, one of each kind of cadence: a six-field every-20-seconds one, a minute one,
 # and an every-two-minutes one. Their policies and handlers are drawn per example.
 CRONS = {"sec": "*/20 * * * * *", "min": "* * * * *", "two": "*/2 * * * *"}
+# What a deploy may change two of them to (and back): slots the first never has.
+RETIMED = {"min": "30 * * * * *", "two": "1-59/2 * * * *"}
 # The platform-fired schedule: slots far enough apart that a call may come past the tolerance.
 EXTERNAL, EXTERNAL_CRON = "ext", "*/15 * * * *"
 TOLERANCE = timedelta(minutes=10)  # the engine's default external_tolerance
@@ -244,6 +250,9 @@ class ScheduleModel:
     """Intervals ``(start, end]`` whose slots may lack a row (documented behaviour)."""
     external: bool = False
     """Fired by the platform's calls only: its slots have rows where a call fired them."""
+    crons: list[tuple[datetime | None, Cron]] = field(default_factory=list)
+    """Its crons, oldest first, each with the instant after which its slots are the
+    schedule's (``None``: from the start); empty: ``schedule.cron`` throughout."""
 
     @property
     def enabled(self) -> bool:
@@ -258,11 +267,31 @@ class ScheduleModel:
         if self.enabled:
             self.enabled_until[-1] = at
 
+    def timings(self, now: datetime) -> list[tuple[datetime | None, datetime, Cron]]:
+        """``(start, end, cron)``: the cron whose slots in ``(start, end]`` are the schedule's."""
+        crons = self.crons or [(None, self.schedule.cron)]
+        ends = [start for start, _ in crons[1:] if start is not None] + [now]
+        return [(start, end, cron) for (start, cron), end in zip(crons, ends, strict=True)]
+
+    def retime(self, at: datetime, schedule: Schedule) -> None:
+        """A deploy changed its cron at ``at`` (when an engine first ran the new one)."""
+        if not self.crons:
+            self.crons.append((None, self.schedule.cron))
+        self.crons.append((at, schedule.cron))
+        self.schedule = schedule
+
+    def cron_at(self, slot: datetime) -> Cron:
+        """The cron of the time of ``slot``: a timed run's slot must be one of its."""
+        return next(cron for start, end, cron in self.timings(slot) if (start is None or start < slot) and slot <= end)
+
     def due_slots(self, now: datetime) -> list[datetime]:
-        """Slots that came due while enabled, up to now."""
+        """Slots that came due while enabled, up to now, each of the cron of its time."""
         slots: list[datetime] = []
         for since, until in zip(self.enabled_since, self.enabled_until, strict=False):
-            slots.extend(self.schedule.cron.occurrences(since, until or now))
+            for start, end, cron in self.timings(now):
+                low, high = max(since, start or since), min(until or now, end)
+                if low < high:
+                    slots.extend(cron.occurrences(low, high))
         return [s for s in slots if not any(a < s <= b for a, b in self.excused)]
 
 
@@ -716,16 +745,21 @@ class EngineMachine(RuleBasedStateMachine):
         other_mode=st.booleans(),
         mid_claim=st.sampled_from([None, None, 0.0, 0.01]),
         graceful=st.booleans(),
+        retime=st.sampled_from([None, None, *RETIMED]),
     )
     def restart(
-        self, instance: str, down_for: float, other_mode: bool, mid_claim: float | None = None, graceful: bool = False
+        self, instance: str, down_for: float, other_mode: bool, mid_claim: float | None = None, graceful: bool = False,
+        retime: str | None = None,
     ) -> None:
         """A clean stop and a start after ``down_for`` seconds. With ``mid_claim`` (the stop's
         grace, in real seconds), the stop lands while the instance's claim of the slots due
         next has committed and its answer is on its way (a rolling restart's SIGTERM):
         with a grace, what it won starts within it; with none, it is recorded missed.
         Otherwise the stop has a grace of 10 ms when ``graceful`` (the handlers wait on the
-        manual clock: a longer one would only wait longer), then (h) is checked."""
+        manual clock: a longer one would only wait longer), then (h) is checked. With
+        ``retime`` (one engine only: a fleet would run both crons during the deploy), it
+        starts again with that schedule's other cron (a deploy that changes it), and (i)
+        is checked."""
         if self.world.down:  # an engine refuses to start without its store: it comes back first
             self.toggle_store()
         engine = self.engine(instance)
@@ -741,6 +775,13 @@ class EngineMachine(RuleBasedStateMachine):
         disk = " (the disk full as it stops, room when it starts)" if full else ""
         grace = 0.01 if graceful else 0.0
         how = f" (stopped mid-claim, grace {mid_claim}s)" if mid_claim is not None else " (grace 10 ms)" if graceful else ""
+        retimed: Schedule | None = None
+        if retime is not None and self.mode != "fleet":
+            old = self.models[retime].schedule
+            cron = RETIMED[retime] if old.cron.expr == CRONS[retime] else CRONS[retime]
+            retimed = dataclasses.replace(old, cron=Cron(cron, "UTC"))
+            self.definitions = [retimed if s.name == retime else s for s in self.definitions]
+            how += f" (deployed with {retime} at {cron!r})"
         self.log.append(f"{name}: restart after {down_for}s{change}{disk}{how}")
 
         async def go() -> None:
@@ -770,6 +811,14 @@ class EngineMachine(RuleBasedStateMachine):
             if nobody_fired:
                 for n in never_ran:
                     self.models[n].excused.append((stopped_at, self.clock.now()))
+            if retimed is not None:
+                # The catch-up starts from the deploy: the slots the old cron still owed at
+                # the stop (a catch-up held them) and either cron's while none ran are not
+                # caught up.
+                model = self.models[retimed.name]
+                model.retime(self.clock.now(), retimed)
+                last = max((r.scheduled_at for r in ledger[retimed.name] if r.trigger != "manual"), default=stopped_at)
+                model.excused.append((min(last, stopped_at), self.clock.now()))
             self.engines[name] = again = self.new_engine(name)
             await again.start()
             await self.settle()
@@ -876,6 +925,10 @@ class EngineMachine(RuleBasedStateMachine):
                 if self.world.full:  # (rows not written yet wait in the writer)
                     calls = {slot: run for slot, run in calls.items() if slot in named}
                 assert named == calls, f"(f) {name}: the ledger has {named}, the calls named {calls}{self.steps()}"
+            # (i) every timed slot is one of the cron of its time: none of a cron from before
+            # it took effect (a deploy's catch-up judging earlier slots by it)
+            foreign = [r for r in timed if model.cron_at(r.scheduled_at).latest(r.scheduled_at) != r.scheduled_at]
+            assert not foreign, f"(i) {name}: slots of another cron than their time's: {self.show({r.scheduled_at: [r] for r in foreign})}"
             # (b) no slot of an enabled (self-triggered) schedule left without a row
             expected = [] if model.external else model.due_slots(now)
             held = self.held(runs, now)
@@ -1034,6 +1087,25 @@ def test_a_graceful_stop_after_an_outage_and_lost_answers_starts_the_current_slo
             "two": [],
         }
         machine.ledger_holds()
+    finally:
+        machine.teardown()
+
+
+def test_a_deploy_that_changes_a_cron_catches_up_none_of_its_slots_from_before() -> None:
+    """(i) on a sequence: "min" fires 08:01; the engine stops and comes back at 08:03:31
+    deployed with "min" at second 30 of every minute. Its 08:01:30, 08:02:30 and 08:03:30
+    lay before that cron ran anywhere: the catch-up (backfill="all") fired them all."""
+    machine = EngineMachine()
+    try:
+        quick = ("skip", "all", Behaviour("noop"), 30.0)
+        machine.set_up(mode="single", policies=[quick, quick, quick])
+        machine.advance(61)
+        machine.restart("a", 150.0, False, retime="min")
+        machine.ledger_holds()
+        machine.advance(60)
+        machine.ledger_holds()
+        runs = machine.run(machine.ledger())["min"]
+        assert sorted(r.scheduled_at.strftime("%H:%M:%S") for r in runs) == ["08:01:00", "08:04:30"]
     finally:
         machine.teardown()
 
