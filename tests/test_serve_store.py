@@ -287,18 +287,24 @@ def test_a_store_path_that_is_a_folder_or_under_a_file_is_one_line_naming_it(roo
 # ---------------------------------------------------------------------------------------
 # a store file deleted while serving
 # ---------------------------------------------------------------------------------------
-def test_a_serve_whose_store_file_is_deleted_says_so_and_exits_1_without_recreating_it(root: Path) -> None:
-    db = root / "state.db"
+def serve_until_lost(root: Path, db: Path, lose: Callable[[], None]) -> str:
+    """A serve on ``db`` that has fired, ``lose()``, then its log once it has stopped, exit 1."""
     server = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}")
     try:
         poll(lambda: count_runs(db) > 0, timeout=20, what="the serve to fire")
-        db.unlink()
+        lose()
         code = poll(lambda: server.process.poll() is not None and (server.process.returncode,), timeout=60, what="serve to stop")
     finally:
         if server.process.poll() is None:
             server.process.kill()
     log = server.log_text()
     assert code == (1,), log
+    return log
+
+
+def test_a_serve_whose_store_file_is_deleted_says_so_and_exits_1_without_recreating_it(root: Path) -> None:
+    db = root / "state.db"
+    log = serve_until_lost(root, db, db.unlink)
     assert f'the store file "{db}" was deleted or replaced while in use' in log
     assert log.rstrip().splitlines()[-1] == (
         f'schedtui: stopped: the store "{db}" was deleted or replaced while in use, so nothing written since would '
@@ -306,6 +312,31 @@ def test_a_serve_whose_store_file_is_deleted_says_so_and_exits_1_without_recreat
     )
     assert "Traceback" not in log
     assert not db.exists()
+
+
+@pytest.mark.parametrize("how", ["deleted, then the backup copied back", "the backup moved over it"])
+def test_a_backup_restored_over_a_store_lost_under_serve_is_the_backup(root: Path, how: str) -> None:
+    # SQLite finds a file's write-ahead log by name: the lost file's, left beside it, was
+    # replayed into the restored copy (its last runs added to it, or a corrupt store).
+    db, backup = root / "state.db", root / "backup.db"
+
+    def lose() -> None:
+        with contextlib.closing(sqlite3.connect(db)) as conn, contextlib.closing(sqlite3.connect(backup)) as copy:
+            conn.backup(copy)
+        poll(lambda: count_runs(db) > count_runs(backup) + 2 * EVERY_SECOND, timeout=20, what="runs written after the backup")
+        if how.startswith("deleted"):
+            db.unlink()
+        else:
+            (root / "copy.db").write_bytes(backup.read_bytes())
+            (root / "copy.db").rename(db)
+
+    log = serve_until_lost(root, db, lose)
+    assert f'(its "{db}-wal" and "{db}-shm" were removed: SQLite would have replayed them' in log
+    assert not (root / "state.db-wal").exists() and not (root / "state.db-shm").exists()
+    if how.startswith("deleted"):
+        db.write_bytes(backup.read_bytes())
+    assert ledger(db, "PRAGMA integrity_check") == [("ok",)]
+    assert count_runs(db) == count_runs(backup)
 
 
 # ---------------------------------------------------------------------------------------

@@ -80,6 +80,8 @@ _FILE_CHECK = 1.0
 _WARN_EVERY = 60.0
 #: SQLite's own ceiling for max_page_count (what lifts a test's limit).
 _MAX_PAGES = 4_294_967_294
+#: What SQLite keeps beside the file in WAL mode, found by name: its log and shared memory.
+_SIDECARS = ("-wal", "-shm")
 
 
 class _Flush:
@@ -143,6 +145,10 @@ class _Writer(threading.Thread):
         self.told = False
         """The trouble was said with runs waiting (once, then every _WARN_EVERY)."""
         self.identity: tuple[int, int] | None = None
+        self.sidecars: dict[str, tuple[int, int]] = {}
+        """The identity of each of :data:`_SIDECARS` seen beside the file while it was this
+        writer's: removed with it once it is lost (SQLite would replay them into whatever
+        file is put at the path next: a restored backup)."""
         self.other_names = False  # said once: the file gained a hard link while open
         self.checked_at = 0.0
         self.page_limit: int | None = None  # the test seam of SQLiteStore.limit_pages
@@ -159,6 +165,7 @@ class _Writer(threading.Thread):
             conn = _connect(self.path, create=self.create)
             st = os.stat(self.path)
             self.identity = (st.st_dev, st.st_ino)
+            self._note_sidecars()
             marker = _connect(self.path, create=False)
             marker.execute("PRAGMA busy_timeout = 0")  # never waits for the write lock: the writer does
             marker.execute("PRAGMA wal_autocheckpoint = 0")  # never checkpoints: the writer does
@@ -458,6 +465,8 @@ class _Writer(threading.Thread):
             return  # cannot look (permissions, a stale mount): no verdict
         else:
             if (st.st_dev, st.st_ino) == self.identity:
+                if not force or len(self.sidecars) < len(_SIDECARS):
+                    self._note_sidecars()
                 if st.st_nlink > 1 and not self.other_names:
                     # Opened under one name only (see SQLiteStore._refuse_other_names): no
                     # schedtui process opens it through the other, but any other tool would.
@@ -471,11 +480,38 @@ class _Writer(threading.Thread):
         self.lost = True
         self.error = "the store file was deleted or replaced while in use"
         self.since = datetime.now(UTC)
+        dropped = self._drop_sidecars()
         log.error(
             'the store file "%s" was deleted or replaced while in use: nothing written from now on would '
-            "survive (%d run(s) not written); restore the file, or restart to create a new store",
+            "survive (%d run(s) not written); restore the file, or restart to create a new store%s",
             self.path, len(self.pending),
-        )
+            f" (its {' and '.join(dropped)} were removed: SQLite would have replayed them into the file put at "
+            "that path)" if dropped else "",
+        )  # fmt: skip
+
+    def _note_sidecars(self) -> None:
+        for suffix in _SIDECARS:
+            with contextlib.suppress(OSError):
+                st = os.stat(self.path + suffix)
+                self.sidecars[suffix] = (st.st_dev, st.st_ino)
+
+    def _drop_sidecars(self) -> list[str]:
+        """Remove the lost file's log and shared memory, those seen beside it while it was
+        this writer's (a file of those names made since is another's: kept). Its own
+        connections keep them open, and SQLite neither checkpoints nor deletes them at
+        close, the file having moved: left there, they were replayed into a restored
+        backup (a corrupt store, or the lost file's last runs added to it)."""
+        dropped = []
+        for suffix, identity in self.sidecars.items():
+            name = self.path + suffix
+            try:
+                st = os.stat(name)
+                if (st.st_dev, st.st_ino) == identity:
+                    os.unlink(name)
+                    dropped.append(f'"{name}"')
+            except OSError:
+                pass  # gone already, or cannot be removed: the README's restore says to
+        return dropped
 
     def unavailable(self) -> Unavailable:
         if self.lost:
