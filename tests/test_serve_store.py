@@ -339,6 +339,50 @@ def test_a_backup_restored_over_a_store_lost_under_serve_is_the_backup(root: Pat
     assert count_runs(db) == count_runs(backup)
 
 
+SLOW = """
+import asyncio, os, pathlib
+from backend import define_schedule
+
+async def slow(ctx):
+    here = pathlib.Path(os.environ["SLOW_DIR"])
+    (here / f"ran-{ctx.scheduled_at:%H%M}").touch()
+    while not (here / "go").exists():  # the test's cue
+        await asyncio.sleep(0.02)
+
+slow_schedule = define_schedule(name="slow", cron="*/5 * * * *", timezone="UTC", handler=slow)
+"""
+
+
+@pytest.mark.parametrize("verb", [("backfill", "slow", "--from", "-2h", "--to", "-1h", "--yes"), ("fire", "slow")])
+def test_a_verb_whose_store_file_is_deleted_meanwhile_fails_and_fires_nothing_more(tmp_path: Path, verb: tuple[str, ...]) -> None:
+    # It said "done: 12 fired, 12 succeeded", exit 0, every run written into a file that was gone.
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "slow" / "slow.cron.py").write_text(SLOW)
+    db = tmp_path / "state.db"
+    store = ("--schedules", "slow", "--store", f"sqlite:///{db}")
+    assert subprocess.run([sys.executable, "-m", "console.cli", "migrate", *store[2:]], cwd=tmp_path, env=cli_env()).returncode == 0
+    process = subprocess.Popen(
+        [sys.executable, "-m", "console.cli", *verb, *store], cwd=tmp_path, env=cli_env(SLOW_DIR=str(tmp_path)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        poll(lambda: list(tmp_path.glob("ran-*")), timeout=30, what="the first handler to start")
+        db.unlink()
+        (tmp_path / "go").touch()
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, (out, err)
+    assert err.rstrip().splitlines()[-1] == (
+        f'schedtui: stopped: the store "{db}" was deleted or replaced while in use, so nothing written since would '
+        "survive (the runs not written are in the log); restore it, or start `schedtui serve` for a new, empty store"
+    ), err
+    assert len(list(tmp_path.glob("ran-*"))) == 1, err
+    assert " done:" not in out and "Traceback" not in err
+    assert not db.exists()
+
+
 # ---------------------------------------------------------------------------------------
 # a full disk (a real tmpfs)
 # ---------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.client.embedded import EmbeddedBackend
 from backend.errors import BadInput, ListenError, Unavailable
-from backend.store import until_lost
+from backend.store import store_lost, until_lost
 
 if TYPE_CHECKING:  # imported when serving: prometheus_client takes a while to load
     from backend.observability.metrics import EngineMetrics
@@ -490,10 +490,7 @@ async def _serve(
     if not lost.done():
         lost.cancel()
     elif not lost.cancelled() and lost.exception() is None:
-        raise Unavailable(
-            f'stopped: the store "{backend.engine.store.where}" was deleted or replaced while in use, so nothing '
-            "written since would survive (the runs not written are in the log); restore it, or start again to create a new one"
-        )
+        raise store_lost(backend.engine.store.where, "restore it, or start again to create a new one")
     left = backend.engine.store.health()  # after close: what it could not write
     if left.waiting:
         # Not a clean stop: a supervisor and an operator must hear of it (a full disk).

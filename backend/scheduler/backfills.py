@@ -240,6 +240,17 @@ class Backfills:
     async def _run(self, schedule: Schedule, job: _Job, slots: list[datetime]) -> None:
         try:
             for slot in slots:
+                if job.runs:
+                    # The last run's end met the file: a store file deleted or replaced
+                    # meanwhile is noticed here, and no slot fires into a file that is gone.
+                    with contextlib.suppress(Unavailable):
+                        await self.store.flush()
+                if self.store.health().state == "lost":
+                    log.error("backfill %s of %s stopped before its slot %s: the store is lost", job.progress.id,
+                              job.progress.name, iso(slot))  # fmt: skip
+                    job.progress = dataclasses.replace(job.progress, state="abandoned", finished_at=self.clock.now())
+                    await self._end(job)
+                    return
                 job.progress = dataclasses.replace(job.progress, current=slot)
                 scheduled = self.launcher.launch(schedule, slot, "manual", "manual")
                 job.runs.append(scheduled)

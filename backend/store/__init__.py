@@ -32,7 +32,7 @@ from backend.model import (
 
 __all__ = [
     "DEFAULT_STORE_URL", "FIRING", "InstanceBeat", "KnowsFirer", "MarksNow", "Membership", "Store", "Unfinished", "open_store",
-    "redact_url", "store_unavailable", "until_lost",
+    "redact_url", "store_lost", "store_unavailable", "until_lost",
 ]  # fmt: skip
 
 
@@ -328,6 +328,15 @@ async def until_lost(store: Store, every: float = 1.0) -> StoreHealth:
         if health.state == "lost":
             return health
         await asyncio.sleep(every)
+
+
+def store_lost(where: str, then: str) -> Unavailable:
+    """How a process stops once its store is ``lost`` (see :func:`until_lost`): ``then``
+    says what to do about it."""
+    return Unavailable(
+        f'stopped: the store "{where}" was deleted or replaced while in use, so nothing written since would '
+        f"survive (the runs not written are in the log); {then}"
+    )
 
 
 def store_unavailable(where: str, problem: str, reason: str = "", public_reason: str | None = None) -> Unavailable:

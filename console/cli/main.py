@@ -33,6 +33,7 @@ from backend import (
     Refused,
     SchedtuiError,
     Unauthorized,
+    Unavailable,
     discover,
     open_store,
 )
@@ -54,6 +55,7 @@ from backend.model import (
 )
 from backend.safetext import RedactingFormatter, escape_text, printable, redact_url, remember_secret
 from backend.scheduler.manifests import PROVIDERS, render_manifests
+from backend.store import Store, store_lost, until_lost
 from backend.store.migrations import summary
 from console import format as fmt
 
@@ -640,10 +642,34 @@ async def _with_backend(
     else:
         backend = EmbeddedBackend(_engine(args, definitions_needed=definitions_needed), read_only=args.read_only)
     await backend.connect()
+    store = backend.engine.store if isinstance(backend, EmbeddedBackend) else None
     try:
-        return await body(backend)
+        code = await (body(backend) if store is None else _unless_lost(store, body(backend)))
     finally:
         await backend.close()
+    if store is not None and store.health().state == "lost":  # (a run's end, written at close, met it)
+        raise _lost(store)
+    return code
+
+
+async def _unless_lost(store: Store, body: Coroutine[Any, Any, int]) -> int:
+    """``body``, stopped once the store is lost (its file deleted or replaced): what the
+    verb did from then on would be recorded nowhere, and its success would be a lie."""
+    work, lost = asyncio.ensure_future(body), asyncio.ensure_future(until_lost(store))
+    try:
+        await asyncio.wait([work, lost], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not work.done():  # lost (or Ctrl-C)
+            work.cancel()
+            await asyncio.wait([work])
+        lost.cancel()
+    if not work.cancelled():
+        return work.result()
+    raise _lost(store)
+
+
+def _lost(store: Store) -> Unavailable:
+    return store_lost(store.where, "restore it, or start `schedtui serve` for a new, empty store")
 
 
 def _print_json(value: Any) -> None:
