@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from backend import ManualClock, RunContext, define_schedule, open_store
 from backend.model import Run, RunStatus, ScheduleState
 from backend.runtime.loops import Loops
 from backend.scheduler.ledger import RunLedger
-from backend.scheduler.registry import InstanceRegistry, host_identity
+from backend.scheduler.registry import PRUNE_ROUND, InstanceRegistry, host_identity
 from backend.scheduler.states import ScheduleStates
 
 UTC = UTC
@@ -63,6 +64,29 @@ def test_gone_judges_pids_only_on_the_same_host_and_heartbeats_everywhere() -> N
     assert "has not sent a heartbeat" in (reg.gone(beats, "silent-elsewhere", T0) or "")
     assert "no longer registered" in (reg.gone(beats, "unknown", T0) or "")
     assert "earlier process with this instance name" in (reg.gone(beats, "me", T0) or "")
+
+
+async def test_the_retention_sweep_takes_a_bounded_part_a_round_until_none_is_left(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The whole backlog in one go at start held the first firing (and every write) 25 s.
+    calls: list[int | None] = []
+    left = [PRUNE_ROUND + PRUNE_ROUND // 2]
+
+    class Backlog:
+        async def prune_runs(self, created_before: datetime, limit: int | None = None) -> int:
+            calls.append(limit)
+            removed = min(left[0], limit if limit is not None else left[0])
+            left[0] -= removed
+            return removed
+
+    reg = registry(Backlog())
+    reg.retention = timedelta(days=30)
+    with caplog.at_level(logging.INFO, "schedtui"):
+        for _ in range(4):
+            await reg.prune(T0)
+    assert calls == [PRUNE_ROUND, PRUNE_ROUND]  # the third round: the hour's sweep is done
+    assert [r.getMessage() for r in caplog.records] == [f"retention: removed {PRUNE_ROUND * 3 // 2} run(s) older than 30 days, 0:00:00"]
 
 
 async def test_close_abandoned_writes_only_runs_still_running(store_url: str) -> None:

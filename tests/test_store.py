@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 from backend import BackfillProgress, InUse, NotFound, Refused, Run, ScheduleState, Unavailable
 from backend.ids import IdFactory, id_floor
 from backend.model import Claim, StoreHealth, slot_key
+from backend.observability.logs import LogTarget, StoredLog
 from backend.store import Membership, Store, open_store
 from backend.store.postgres.store import PostgresStore
 from backend.store.sqlite.reserve import Reserve
@@ -649,6 +650,41 @@ async def test_prune_runs_by_creation_time(store: Store) -> None:
     assert await store.list_runs("job", limit=10) == [made["h0"]]
     assert await store.last_slots(["job"]) == {"job": made["h0"].scheduled_at}
     assert await store.get_run(old_running.id) == old_running
+
+
+async def test_prune_runs_takes_the_oldest_first_at_most_its_limit(store: Store) -> None:
+    ids = Ids()
+    made = [run(ids(), scheduled_at=T0 + timedelta(minutes=i)) for i in range(7)]
+    store.save_runs(made)
+    await store.flush()
+    cut = T0 + timedelta(days=1)
+    assert await store.prune_runs(cut, limit=4) == 4
+    assert [r.id for r in await store.list_runs("job", limit=10)] == [r.id for r in reversed(made[4:])]
+    assert await store.prune_runs(cut, limit=4) == 2  # the newest slot stays
+    assert await store.prune_runs(cut, limit=4) == 0
+
+
+async def test_a_sqlite_retention_sweep_is_many_short_transactions_taking_the_logs_along(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One delete of 1.6 million runs held every other write (a firing's) for 25 s and grew
+    # the write-ahead log to the store's size.
+    monkeypatch.setattr("backend.store.sqlite.runs.PRUNE_BATCH", 3, raising=False)
+    store = SQLiteStore(tmp_path / "state.db")
+    await store.open()
+    try:
+        ids = Ids()
+        made = [run(ids(), scheduled_at=T0 + timedelta(minutes=i)) for i in range(11)]
+        store.save_runs(made)
+        await store.save_logs([StoredLog(LogTarget("run", r.id), "hello\n", "", 6, 0, 0, True, T0) for r in made[:-1]])
+        await store.flush()
+        before = store.commits
+        assert await store.prune_runs(T0 + timedelta(days=1)) == 10
+        assert store.commits - before == 1 + 4  # the backfills', then 3 + 3 + 3 + 1 runs
+        assert [r.id for r in await store.list_runs("job", limit=20)] == [made[-1].id]
+        assert [await store.get_run_log(r.id) for r in made[:-1]] == [None] * 10
+    finally:
+        await store.close()
 
 
 async def test_pruning_keeps_each_schedules_newest_timed_slot(store: Store) -> None:

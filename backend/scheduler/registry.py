@@ -40,6 +40,8 @@ from backend.store import KnowsFirer, Membership, ReadsServerClock, Store, Unfin
 T = TypeVar("T")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: Most runs the retention sweep deletes in one maintenance round.
+PRUNE_ROUND = 20_000
 
 __all__ = ["InstanceRegistry", "host_identity"]
 
@@ -152,6 +154,7 @@ class InstanceRegistry:
         self._beating = asyncio.Lock()
         self._last_beat: datetime | None = None
         self._last_prune: datetime | None = None
+        self._pruned = 0  # runs removed by the retention sweep under way
 
     @property
     def fires(self) -> bool:
@@ -499,14 +502,21 @@ class InstanceRegistry:
         return closed
 
     async def prune(self, now: datetime) -> None:
-        """The retention sweeps, at most once an hour."""
+        """The retention sweeps, at most once an hour. The runs' takes :data:`PRUNE_ROUND`
+        of them a round, and goes on in the next rounds until none is left: a backlog (the
+        first start after a long downtime, a lower ``--retention-days``) is never one long
+        delete at start, before anything fires, holding every other write meanwhile."""
         if self._last_prune is not None and now - self._last_prune < timedelta(hours=1):
             return
-        self._last_prune = now
         if self.retention is not None:
-            removed = await self.store.prune_runs(now - self.retention)
-            if removed:
-                log.info("retention: removed %d run(s) older than %s", removed, self.retention)
+            removed = await self.store.prune_runs(now - self.retention, limit=PRUNE_ROUND)
+            self._pruned += removed
+            if removed >= PRUNE_ROUND:
+                return  # more in the next round
+            if self._pruned:
+                log.info("retention: removed %d run(s) older than %s", self._pruned, self.retention)
+            self._pruned = 0
+        self._last_prune = now
         if self.claims_ttl is not None:
             swept = await self.store.prune_claims(None, now - self.claims_ttl)
             if swept:

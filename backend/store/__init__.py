@@ -199,8 +199,9 @@ class Store(Protocol):
         ``running``, in one transaction; the ids written. Runs handed to :meth:`save_runs`
         before the call land first."""
 
-    async def prune_runs(self, created_before: datetime) -> int:
-        """Delete runs created before the given time; returns how many."""
+    async def prune_runs(self, created_before: datetime, limit: int | None = None) -> int:
+        """Delete runs created before the given time, the oldest ``limit`` of them at most
+        (``None``: all); returns how many."""
 
     # -- schedule state -----------------------------------------------------------------
     async def get_states(self) -> dict[str, ScheduleState]: ...

@@ -128,14 +128,14 @@ class PostgresRuns:
         self.commits += 1
         return {str(row[0]) for row in rows}
 
-    async def prune_runs(self, created_before: datetime) -> int:
+    async def prune_runs(self, created_before: datetime, limit: int | None = None) -> int:
         await self.flush()
         floor = id_floor(created_before)
 
         async def prune(conn: AsyncConnection[Any]) -> int:
             async with conn.transaction():
                 await conn.execute(PRUNE_BACKFILLS, (created_before,))
-                removed = (await conn.execute(PRUNE_RUNS, (floor,))).rowcount
+                removed = (await conn.execute(PRUNE_RUNS, (floor, limit))).rowcount  # (LIMIT NULL: no limit)
                 await conn.execute(PRUNE_RUN_LOGS, (floor,))  # their logs
                 return removed
 

@@ -206,11 +206,14 @@ RUNNING_RUNS = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE status = 'running
 #: Runs created before the floor, but never one in flight, nor the run of each schedule's
 #: newest timed slot (whatever its age): the catch-up counts from that slot (LAST_SLOT), so
 #: a schedule rarer than the retention would otherwise forget it ever ran.
+#: The oldest of them, at most ``%s`` (a sweep is many short transactions: see ``prune_runs``).
 PRUNE_RUNS = """
-    DELETE FROM schedtui_runs WHERE id < %s AND status <> 'running'
-        AND id IS DISTINCT FROM (
-            SELECT n.id FROM schedtui_runs n WHERE n.name = schedtui_runs.name AND n.trigger <> 'manual' AND n.scheduled_at IS NOT NULL
-            ORDER BY n.scheduled_at DESC, n.id DESC LIMIT 1)
+    DELETE FROM schedtui_runs WHERE id IN (
+        SELECT o.id FROM schedtui_runs o WHERE o.id < %s AND o.status <> 'running'
+            AND o.id IS DISTINCT FROM (
+                SELECT n.id FROM schedtui_runs n WHERE n.name = o.name AND n.trigger <> 'manual' AND n.scheduled_at IS NOT NULL
+                ORDER BY n.scheduled_at DESC, n.id DESC LIMIT 1)
+        ORDER BY o.id LIMIT %s)
 """
 GET_STATES = "SELECT name, enabled, changed_by, changed_at, note FROM schedtui_schedule_state"
 SET_STATE = """

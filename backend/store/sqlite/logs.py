@@ -2,8 +2,8 @@
 
 A run's log is a row keyed by the run's id, a job attempt's by the job's id and its claim
 number. A batch of logs is one transaction of the store's writer. Logs go with what they
-belong to: :data:`PRUNE_RUN_LOGS` runs in ``prune_runs``' transaction, after the runs (a
-run still ``running`` keeps its log), and :data:`PRUNE_JOB_LOGS` in ``prune_jobs``', by
+belong to: :data:`DROP_RUN_LOG` runs in each of ``prune_runs``' transactions, after the
+runs (a run still ``running`` keeps its log), and :data:`PRUNE_JOB_LOGS` in ``prune_jobs``', by
 the attempts' cut-off.
 """
 
@@ -18,7 +18,7 @@ from backend.safetext import store_text
 from backend.store.migrations import Component
 from backend.store.sqlite.sql import _dt, _us
 
-__all__ = ["PRUNE_JOB_LOGS", "PRUNE_RUN_LOGS", "SQLiteLogs"]
+__all__ = ["DROP_RUN_LOG", "PRUNE_JOB_LOGS", "PRUNE_RUN_LOGS", "SQLiteLogs"]
 
 T = TypeVar("T")
 
@@ -68,7 +68,9 @@ GET_JOB_LOG = f"SELECT job_id, seq, attempt, {_BODY} FROM job_logs WHERE job_id 
 GET_JOB_ATTEMPT_LOG = (
     f"SELECT job_id, seq, attempt, {_BODY} FROM job_logs WHERE job_id = ? AND attempt = ? ORDER BY seq DESC LIMIT 1"
 )
-#: After ``PRUNE_RUNS`` (same id floor): the logs of the runs it deleted.
+#: In ``PRUNE_RUNS``' transaction: the log of each run it deleted.
+DROP_RUN_LOG = "DELETE FROM run_logs WHERE run_id = ?"
+#: At the end of a sweep (same id floor): any other log whose run is gone.
 PRUNE_RUN_LOGS = "DELETE FROM run_logs WHERE run_id < ? AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.id = run_logs.run_id)"
 #: With ``PRUNE_ATTEMPTS`` (same cut-off): job attempts' logs last written before it.
 PRUNE_JOB_LOGS = "DELETE FROM job_logs WHERE updated_at < ?"

@@ -19,7 +19,7 @@ from backend.ids import id_floor
 from backend.model import BackfillProgress, Claim, ClaimResult, Run, ScheduleState, unique_claims
 from backend.safetext import store_text
 from backend.store.rows import backfill_progress_params
-from backend.store.sqlite.logs import PRUNE_RUN_LOGS
+from backend.store.sqlite.logs import DROP_RUN_LOG, PRUNE_RUN_LOGS
 from backend.store.sqlite.sql import (
     _EPOCH,
     _MICROSECOND,
@@ -61,6 +61,9 @@ from backend.store.sqlite.writer import _Peek, _Writer
 __all__ = ["SQLiteRuns"]
 
 T = TypeVar("T")
+
+#: Most runs a transaction of the retention sweep deletes.
+PRUNE_BATCH = 5_000
 
 
 class SQLiteRuns:
@@ -153,16 +156,28 @@ class SQLiteRuns:
 
         return await self._write(close)
 
-    async def prune_runs(self, created_before: datetime) -> int:
+    async def prune_runs(self, created_before: datetime, limit: int | None = None) -> int:
+        # Many short transactions, not one: the writer takes the runs (and any other write)
+        # handed in meanwhile between two, and the write-ahead log stays small (one delete
+        # of 1.6 million runs held every write for 25 s and grew the log to the store's size).
         floor, us = id_floor(created_before), _us(created_before)
+        await self._write(lambda c: c.execute(PRUNE_BACKFILLS, (us,)))
+        removed = 0
+        while limit is None or removed < limit:
+            batch = PRUNE_BATCH if limit is None else min(PRUNE_BATCH, limit - removed)
 
-        def prune(c: sqlite3.Connection) -> int:
-            c.execute(PRUNE_BACKFILLS, (us,))
-            removed = int(c.execute(PRUNE_RUNS, (floor,)).rowcount)
-            c.execute(PRUNE_RUN_LOGS, (floor,))  # their logs
-            return removed
+            def prune(c: sqlite3.Connection, batch: int = batch) -> int:
+                gone = c.execute(PRUNE_RUNS, (floor, batch)).fetchall()
+                c.executemany(DROP_RUN_LOG, gone)  # their logs
+                if len(gone) < batch:
+                    c.execute(PRUNE_RUN_LOGS, (floor,))  # the sweep's end: any other log left
+                return len(gone)
 
-        return await self._write(prune)
+            done = await self._write(prune)
+            removed += done
+            if done < batch:
+                break
+        return removed
 
     # -- schedule state -------------------------------------------------------------------
     async def get_states(self) -> dict[str, ScheduleState]:

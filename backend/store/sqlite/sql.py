@@ -162,11 +162,15 @@ RUNNING_RUNS = f"SELECT {RUN_COLUMNS} FROM runs WHERE status = 'running'"
 #: Runs created before the floor, but never one in flight, nor the run of each schedule's
 #: newest timed slot (whatever its age): the catch-up counts from that slot (LAST_SLOT), so
 #: a schedule rarer than the retention would otherwise forget it ever ran.
+#: The oldest of them, at most ``?`` (a sweep is many short transactions: see ``prune_runs``).
 PRUNE_RUNS = """
-    DELETE FROM runs WHERE id < ? AND status <> 'running'
-        AND id IS NOT (  -- (null-safe: a schedule with no timed run)
-            SELECT n.id FROM runs n WHERE n.name = runs.name AND n.trigger <> 'manual' AND n.scheduled_at IS NOT NULL
-            ORDER BY n.scheduled_at DESC, n.id DESC LIMIT 1)
+    DELETE FROM runs WHERE id IN (
+        SELECT o.id FROM runs o WHERE o.id < ? AND o.status <> 'running'
+            AND o.id IS NOT (  -- (null-safe: a schedule with no timed run)
+                SELECT n.id FROM runs n WHERE n.name = o.name AND n.trigger <> 'manual' AND n.scheduled_at IS NOT NULL
+                ORDER BY n.scheduled_at DESC, n.id DESC LIMIT 1)
+        ORDER BY o.id LIMIT ?)
+    RETURNING id
 """
 GET_STATES = "SELECT name, enabled, changed_by, changed_at, note FROM schedule_state"
 SET_STATE = """
