@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from backend import ManualClock, RunContext, define_schedule, open_store
-from backend.model import Run, RunStatus, ScheduleState
+from backend.model import InstanceInfo, Run, RunStatus, ScheduleState
 from backend.runtime.loops import Loops
 from backend.scheduler.ledger import RunLedger
-from backend.scheduler.registry import PRUNE_ROUND, InstanceRegistry, host_identity
+from backend.scheduler.registry import FORGET_SILENT, PRUNE_ROUND, InstanceRegistry, host_identity
 from backend.scheduler.states import ScheduleStates
+from console.cli.fleet import Instances, instances_table
 
 UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
@@ -87,6 +88,37 @@ async def test_the_retention_sweep_takes_a_bounded_part_a_round_until_none_is_le
             await reg.prune(T0)
     assert calls == [PRUNE_ROUND, PRUNE_ROUND]  # the third round: the hour's sweep is done
     assert [r.getMessage() for r in caplog.records] == [f"retention: removed {PRUNE_ROUND * 3 // 2} run(s) older than 30 days, 0:00:00"]
+
+
+async def test_a_member_forgets_instances_silent_for_a_day_once_their_last_burst_is_closed(store_url: str) -> None:
+    # Every crashed instance stayed registered, listed `firing`, for ever.
+    store = open_store(store_url)
+    await store.open()
+    try:
+        old, recent = T0 - FORGET_SILENT - timedelta(seconds=1), T0 - FORGET_SILENT + timedelta(seconds=1)
+        for name, at in (("crashed", old), ("crashed-mid-burst", old), ("frozen-a-while", recent)):
+            await store.heartbeat(name, "host#1", 4242, at)
+        await store.mark_starting("crashed-mid-burst", old)
+        reg = registry(store)
+        await reg.prune(T0)
+        assert set(await store.instances()) == {"crashed", "crashed-mid-burst", "frozen-a-while"}  # not a member: reads only
+        reg.member = True
+        reg._last_prune = None
+        await reg.prune(T0)
+        assert set(await store.instances()) == {"crashed-mid-burst", "frozen-a-while"}
+    finally:
+        await store.close()
+
+
+def test_the_instances_table_shows_one_silent_past_the_take_over_window_as_gone() -> None:
+    now = T0
+    table = instances_table(Instances(now, [
+        InstanceInfo("alive", "h", 1, now - timedelta(seconds=5), role="firing"),
+        InstanceInfo("killed", "h", 2, now - timedelta(minutes=33), role="firing"),
+    ]))  # fmt: skip
+    alive, killed = table.splitlines()[1:]
+    assert alive.split()[:2] == ["alive", "firing"]
+    assert killed.split()[:4] == ["killed", "✗", "gone", "(firing)"]
 
 
 async def test_close_abandoned_writes_only_runs_still_running(store_url: str) -> None:

@@ -42,6 +42,9 @@ T = TypeVar("T")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: Most runs the retention sweep deletes in one maintenance round.
 PRUNE_ROUND = 20_000
+#: An instance silent this long is forgotten (its row removed; a frozen one that beats
+#: again is registered again).
+FORGET_SILENT = timedelta(days=1)
 
 __all__ = ["InstanceRegistry", "host_identity"]
 
@@ -501,6 +504,23 @@ class InstanceRegistry:
             closed += written
         return closed
 
+    async def _forget_silent(self, now: datetime) -> None:
+        """Forget the instances silent for over :data:`FORGET_SILENT` (killed, crashed: only
+        a clean stop removes its own row), once the sweep has closed their last burst."""
+        silent = [
+            (name, host, pid) for name, (host, pid, beat) in (await self.store.instances()).items()
+            if name != self.instance and now - beat > FORGET_SILENT
+        ]  # fmt: skip
+        if not silent:
+            return
+        marks = await self.store.starting_marks()
+        gone = [name for name, _, _ in silent if name not in marks]
+        for name, host, pid in silent:
+            if name in gone:  # (and by host and pid: a new process under the name is kept)
+                await self.store.forget_instance(name, host, pid)
+        if gone:
+            log.info("forgot %d instance(s) silent for over %s: %s", len(gone), FORGET_SILENT, ", ".join(gone))
+
     async def prune(self, now: datetime) -> None:
         """The retention sweeps, at most once an hour. The runs' takes :data:`PRUNE_ROUND`
         of them a round, and goes on in the next rounds until none is left: a backlog (the
@@ -517,6 +537,8 @@ class InstanceRegistry:
                 log.info("retention: removed %d run(s) older than %s", self._pruned, self.retention)
             self._pruned = 0
         self._last_prune = now
+        if self.member:
+            await self._forget_silent(now)
         if self.claims_ttl is not None:
             swept = await self.store.prune_claims(None, now - self.claims_ttl)
             if swept:

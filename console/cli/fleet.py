@@ -4,7 +4,8 @@
 
 Derived from the action's declaration (:mod:`console.cli.derive`). A member whose clock is
 off the database server's stands down (it fires nothing and takes no work): its offset is
-marked ``✗ off`` and a line under the table says why.
+marked ``✗ off`` and a line under the table says why. One silent past the take-over window
+is ``✗ gone``; ``serve`` forgets it after a day.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from backend.model import InstanceInfo, iso
 from backend.safetext import printable
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
+from console.fleet import LIVE_WITHIN
 
 __all__ = ["DERIVED", "VERBS", "Instances", "add_verbs", "instances_table"]
 
@@ -38,10 +40,17 @@ def clock_cell(instance: InstanceInfo) -> str:
     return fmt.clock_offset(instance.clock_offset_s) + (" ✗ off" if instance.clock_off else "")
 
 
+def role_cell(instance: InstanceInfo, now: datetime) -> str:
+    """``firing``; ``✗ gone (firing)`` once silent past the take-over window (killed, crashed:
+    only a clean stop removes its row; the fleet took its work over)."""
+    role = instance.role or "-"
+    return f"✗ gone ({role})" if now - instance.heartbeat_at > LIVE_WITHIN else role
+
+
 def instances_table(answer: Instances) -> str:
     now = answer.now
     rows = [
-        [printable(i.name), i.role or "-", fmt.ago(i.heartbeat_at, now), fmt.ago(i.last_fired_at, now), clock_cell(i)]
+        [printable(i.name), role_cell(i, now), fmt.ago(i.heartbeat_at, now), fmt.ago(i.last_fired_at, now), clock_cell(i)]
         for i in answer.instances
     ]
     return fmt.table(["NAME", "ROLE", "HEARTBEAT", "LAST START", "CLOCK"], rows)
