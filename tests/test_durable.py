@@ -8,6 +8,8 @@ engine has done what the new time calls for. A three-day wait takes milliseconds
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import textwrap
 from collections import Counter
 from collections.abc import Callable
@@ -20,7 +22,7 @@ import pytest
 from backend import BadInput, DefinitionError, Engine, ManualClock, NotFound, Refused, Unavailable, define_schedule
 from backend.definitions import discover_definitions
 from backend.durable import DurableContext, Retry, StepFailed, define_durable, execution_id_for_slot
-from backend.durable.store import DurableStore, Finish, NewExecution, Progress, StepRecord, Write
+from backend.durable.store import LOG_LINES, DurableStore, Finish, NewExecution, Progress, StepRecord, Write
 from tests.durable_helpers import crash, durable_url, engines  # noqa: F401 - fixtures
 from tests.late_answers import LateAnswer, lapse_and_renew
 from tests.odd_exceptions import ODD_EXCEPTIONS, StrRaises, tag_of
@@ -145,6 +147,43 @@ async def test_steps_run_once_and_replay_from_checkpoints(engines: Callable[...,
         (3, "nap", "sleep", "succeeded", 1),
         (4, "three", "step", "succeeded", 1),
     ]
+
+
+async def test_a_chatty_executions_log_is_its_newest_lines_in_memory_and_in_the_store(
+    engines: Callable[..., Engine], durable_url: str
+) -> None:
+    # 5,000 lines before each step were all held until the checkpoint and all stored (96 MB
+    # for one execution), though only the newest 500 could ever be read.
+    async def body(ctx: DurableContext, input: Any) -> int:
+        for i in range(3):
+            for j in range(1200):
+                ctx.log(f"step {i} line {j}")
+            await ctx.step(f"s{i}", count("s"))
+        return 3
+
+    engine = engines([define_durable(name="f", handler=body)])
+    store: Any = engine.store
+    written: list[int] = []
+    write = store.durable_write
+
+    async def counted_write(w: Write) -> Any:
+        written.append(len(w.logs))
+        return await write(w)
+
+    store.durable_write = counted_write
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert done.status == "succeeded"
+    assert max(written) <= 2 * LOG_LINES
+    lines = [line.message for line in done.logs or []]
+    assert len(lines) == LOG_LINES and "step 2 line 1199" in lines and "step 2 line 0" not in lines
+    if durable_url.startswith("sqlite"):
+        with contextlib.closing(sqlite3.connect(durable_url.removeprefix("sqlite:///"))) as conn:
+            assert conn.execute("SELECT count(*) FROM durable_logs WHERE execution_id = ?", (started.id,)).fetchone() == (
+                LOG_LINES,
+            )
 
 
 async def test_one_commit_per_finished_step(engines: Callable[..., Engine]) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 from backend.durable.definition import DEFAULT_RETRY, NO_RETRY, Retry
 from backend.durable.errors import StepFailed
 from backend.durable.model import MAX_LIFETIME, SAME_AS_JSON, TAG_AT_MOST_ONCE_INTERRUPTED, TAG_NOT_JSON, decode, encode
-from backend.durable.store import Progress, StepRecord
+from backend.durable.store import LOG_LINES, Progress, StepRecord
 from backend.inputs import is_async_callable
 from backend.model import TAG_INTERRUPTED
 from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Outcome, RunnerSaturated
@@ -98,8 +98,13 @@ class DurableContext:
         return self._run.row.created_at
 
     def log(self, message: str) -> None:
-        """Add a line to the execution's log (written with its next checkpoint)."""
-        self._run.logs.append(str(message)[:MAX_LOG_LINE])
+        """Add a line to the execution's log (written with its next checkpoint; of a chatty
+        stretch between two, only the newest :data:`LOG_LINES` can ever be read: the older
+        are not held)."""
+        logs = self._run.logs
+        logs.append(str(message)[:MAX_LOG_LINE])
+        if len(logs) > 2 * LOG_LINES:
+            del logs[:-LOG_LINES]
 
     # -- the timeline ----------------------------------------------------------------------
     async def step(

@@ -140,6 +140,11 @@ class Finish:
     """The step whose failure failed the execution (``retry`` starts over from it)."""
 
 
+#: An execution's log is its newest this many lines: all a reader is given, and all a store
+#: keeps (older lines are dropped as newer ones are written).
+LOG_LINES = 500
+
+
 @dataclass(slots=True)
 class Write:
     """One transaction of the runner: step checkpoints, log lines and what becomes of the

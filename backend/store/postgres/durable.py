@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from backend.durable.model import TAG_CANCELLED, Execution, ExecutionLog, ExecutionStatus
 from backend.durable.store import (
     EXECUTION_FIELDS,
+    LOG_LINES,
     STEP_FIELDS,
     CancelOutcome,
     Claimed,
@@ -371,8 +372,6 @@ PRUNE = f"""
     SELECT count(*) FROM gone
 """
 
-#: The newest log lines an execution's detail shows.
-LOG_LINES = 500
 
 # ---------------------------------------------------------------------------------------
 

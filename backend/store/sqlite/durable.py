@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from backend.durable.model import TAG_CANCELLED, Execution, ExecutionLog, ExecutionStatus
 from backend.durable.store import (
     EXECUTION_FIELDS,
+    LOG_LINES,
     STEP_FIELDS,
     CancelOutcome,
     Claimed,
@@ -160,6 +161,11 @@ UPSERT_STEP = f"""
         error_tag = excluded.error_tag, error_message = excluded.error_message, at_most_once = excluded.at_most_once
 """
 INSERT_LOG = "INSERT INTO durable_logs (execution_id, at, message) VALUES (?, ?, ?)"
+#: After a checkpoint's lines: the execution's lines but the newest ``?2`` (all a reader gets).
+TRIM_LOG = """
+    DELETE FROM durable_logs WHERE execution_id = ?1 AND id <= (
+        SELECT id FROM durable_logs WHERE execution_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)
+"""
 RENEW = f"""
     UPDATE durable_executions SET lease_until = ? WHERE {HELD} AND instance = ? RETURNING id, cancel_requested
 """
@@ -213,8 +219,6 @@ PRUNE = [
     "DELETE FROM durable_executions WHERE finished_at < ?",
 ]
 
-#: The newest log lines an execution's detail shows.
-LOG_LINES = 500
 FINISHED_SQL = ("succeeded", "failed", "cancelled")
 
 # ---------------------------------------------------------------------------------------
@@ -347,6 +351,7 @@ class SQLiteDurable:
                 c.executemany(UPSERT_STEP, steps)
             if logs:
                 c.executemany(INSERT_LOG, logs)
+                c.execute(TRIM_LOG, (write.id, LOG_LINES))
             return bool(row[0])
 
         return await self._write(apply)
