@@ -163,8 +163,8 @@ UPSERT_STEP = f"""
 INSERT_LOG = "INSERT INTO durable_logs (execution_id, at, message) VALUES (?, ?, ?)"
 #: After a checkpoint's lines: the execution's lines but the newest ``?2`` (all a reader gets).
 TRIM_LOG = """
-    DELETE FROM durable_logs WHERE execution_id = ?1 AND id <= (
-        SELECT id FROM durable_logs WHERE execution_id = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)
+    DELETE FROM durable_logs WHERE execution_id = ?1 AND id NOT IN (
+        SELECT id FROM durable_logs WHERE execution_id = ?1 ORDER BY id DESC LIMIT ?2)
 """
 RENEW = f"""
     UPDATE durable_executions SET lease_until = ? WHERE {HELD} AND instance = ? RETURNING id, cancel_requested
