@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -12,8 +13,10 @@ import pytest
 from backend import Unavailable
 from backend.store.migrations import Component
 from backend.store.postgres.store import PostgresStore
+from backend.store.sqlite.sql import MIGRATIONS
 from backend.store.sqlite.store import SQLiteStore
 from tests import pg
+from tests.servers import run_main
 
 V1 = "CREATE TABLE {t} (id TEXT PRIMARY KEY); CREATE INDEX {t}_by_id ON {t} (id)"
 V2 = "ALTER TABLE {t} ADD COLUMN note TEXT"
@@ -138,3 +141,50 @@ async def test_a_store_from_before_additions_were_counted_takes_them(where: tupl
     await first.close()
 
     await open_with_the_addition(kind, location)
+
+
+# ---------------------------------------------------------------------------------------
+# a look is a read: only serve, migrate (and a firing console) change the schema
+# ---------------------------------------------------------------------------------------
+def schema_of(db: Path) -> list[tuple[Any, ...]]:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall() + [
+            tuple(conn.execute("SELECT version FROM schema_version").fetchall())
+        ]
+
+
+def test_a_verb_leaves_an_older_store_as_it_is_and_says_to_migrate_it(tmp_path: Path) -> None:
+    # `--read-only list` migrated it: under a running serve of an older release.
+    db = tmp_path / "state.db"
+    with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        for script in MIGRATIONS[:-1]:
+            for statement in script.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO schema_version VALUES (?)", (len(MIGRATIONS) - 1,))
+    before = schema_of(db)
+    (tmp_path / "schedules").mkdir()
+    store = ("--schedules", "schedules", "--store", f"sqlite:///{db}")
+    for verb in (("--read-only", "list"), ("list",), ("disable", "tick")):
+        done = run_main(tmp_path, *verb, *store)
+        assert (done.returncode, done.stderr) == (1, (
+            f'schedtui: the store "{db}" was made by an older schedtui (its schema is behind this one\'s): upgrade it '
+            "with `schedtui migrate` (or by starting `schedtui serve`) first; a command that reads or acts leaves it as it is\n"
+        ))  # fmt: skip
+        assert schema_of(db) == before
+    assert run_main(tmp_path, "migrate", *store[2:]).returncode == 0
+    assert run_main(tmp_path, "list", *store).returncode == 0
+
+
+def test_an_empty_file_is_no_store_and_stays_empty(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    (tmp_path / "schedules").mkdir()
+    done = run_main(tmp_path, "runs", "tick", "--schedules", "schedules", "--store", f"sqlite:///{empty}")
+    assert (done.returncode, done.stderr) == (2, (
+        f'schedtui: the file "{empty}" is empty, not a schedtui store; check --store (only `schedtui serve` and '
+        "`schedtui demo` create a store)\n"
+    ))  # fmt: skip
+    assert empty.stat().st_size == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "schedules"]

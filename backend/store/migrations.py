@@ -111,10 +111,23 @@ SQLITE_TABLE = "CREATE TABLE IF NOT EXISTS schema_components (component TEXT PRI
 #: and writes only ``version``, and keeps working).
 SQLITE_ADDITIONS = "ALTER TABLE schema_components ADD COLUMN additions INTEGER NOT NULL DEFAULT 0"
 SQLITE_GET = "SELECT version, additions FROM schema_components WHERE component = ?"
+SQLITE_GET_ALL = "SELECT component, version, additions FROM schema_components"
 SQLITE_SET = """
     INSERT INTO schema_components (component, version, additions) VALUES (?, ?, ?)
     ON CONFLICT (component) DO UPDATE SET version = excluded.version, additions = excluded.additions
 """
+
+
+def sqlite_components_current(conn: sqlite3.Connection, components: Sequence[Component]) -> bool:
+    """Whether every component is at this code's version already, found by reading alone (a
+    store opened to look at or act on is never migrated). A component newer than this code
+    is refused, as by :func:`migrate_sqlite`."""
+    if not components:
+        return True
+    if "additions" not in {column[1] for column in conn.execute("PRAGMA table_info(schema_components)")}:
+        return False
+    rows = {name: (version, added) for name, version, added in conn.execute(SQLITE_GET_ALL).fetchall()}
+    return not any(_plan(component, rows.get(component.name))[1] for component in components)
 
 
 def migrate_sqlite(conn: sqlite3.Connection, components: Sequence[Component]) -> list[tuple[str, str]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import errno
 import fcntl
 import json
@@ -42,7 +43,7 @@ from backend.model import (
     StoreHealth,
 )
 from backend.store import store_unavailable
-from backend.store.migrations import CORE, applied, components_of, migrate_sqlite
+from backend.store.migrations import CORE, applied, components_of, migrate_sqlite, sqlite_components_current
 from backend.store.sqlite.activity import SQLiteActivity
 from backend.store.sqlite.alerts import SQLiteAlerts
 from backend.store.sqlite.audit import SQLiteAudit
@@ -219,6 +220,14 @@ class SQLiteStore(
         else:
             self._require_file()
         self._refuse_other_names()
+        if not self.create:
+            with contextlib.suppress(OSError):
+                if self.path.stat().st_size == 0:  # (SQLite would make it one, switching it to WAL)
+                    raise BadInput(
+                        f'the file "{self.path}" is empty, not a schedtui store; check --store (only `schedtui serve` '
+                        "and `schedtui demo` create a store)",
+                        field="store",
+                    )
         self._reader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="schedtui-sqlite-reader")
         writer = _Writer(str(self.path), create=self.create)
         writer.start()
@@ -229,8 +238,26 @@ class SQLiteStore(
                 self._require_file()  # deleted in between: say so plainly
             raise Unavailable(f'cannot open the store "{self.path}": {exc}') from exc
         self._writer = self._last_writer = writer
-        await self._write(self._migrate)
-        await self._write_kept()
+        if self.create or self._firing_lock is not None:
+            await self._write(self._migrate)
+            await self._write_kept()
+        else:
+            # A verb's or a console's look is a read: it never changes the schema (under a
+            # running serve of an older release), nor makes a store of a stray file.
+            await self._peek(self._require_current)
+
+    def _require_current(self, conn: sqlite3.Connection) -> None:
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'schema_version'").fetchone():
+            raise BadInput(
+                f'the file "{self.path}" is not a schedtui store (an SQLite file without its tables); check --store',
+                field="store",
+            )
+        version = self._core_version(conn, str(self.path))
+        if version < len(MIGRATIONS) or not sqlite_components_current(conn, components_of(type(self))):
+            raise Unavailable(
+                f'the store "{self.path}" was made by an older schedtui (its schema is behind this one\'s): upgrade it '
+                "with `schedtui migrate` (or by starting `schedtui serve`) first; a command that reads or acts leaves it as it is"
+            )
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         self.migrated = self._migrate_core(conn, str(self.path)) + migrate_sqlite(conn, components_of(type(self)))
@@ -238,6 +265,23 @@ class SQLiteStore(
     @staticmethod
     def _migrate_core(conn: sqlite3.Connection, where: str) -> list[tuple[str, str]]:
         conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        version = SQLiteStore._core_version(conn, where)
+        done: list[tuple[str, str]] = []
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            for statement in script.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            done.append(applied(CORE, f"version {number}"))
+        if conn.execute("SELECT 1 FROM schema_version").fetchone() is None:
+            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (len(MIGRATIONS),))
+        elif version != len(MIGRATIONS):
+            conn.execute("UPDATE schema_version SET version = ?", (len(MIGRATIONS),))
+        return done
+
+    @staticmethod
+    def _core_version(conn: sqlite3.Connection, where: str) -> int:
+        """The run ledger's schema version (0: none yet), refused when it cannot be trusted
+        or is newer than this code."""
         rows = conn.execute("SELECT version FROM schema_version").fetchall()
         row = rows[0] if rows else None
         version = row[0] if row else 0
@@ -258,17 +302,7 @@ class SQLiteStore(
                 f"the store's schema is version {version}, newer than this schedtui knows ({len(MIGRATIONS)}); "
                 "upgrade schedtui before opening it"
             )
-        done: list[tuple[str, str]] = []
-        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            for statement in script.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            done.append(applied(CORE, f"version {number}"))
-        if row is None:
-            conn.execute("INSERT INTO schema_version (version) VALUES (?)", (len(MIGRATIONS),))
-        elif version != len(MIGRATIONS):
-            conn.execute("UPDATE schema_version SET version = ?", (len(MIGRATIONS),))
-        return done
+        return version
 
     async def close(self) -> None:
         if self._writer is not None:
