@@ -284,6 +284,27 @@ def test_a_store_path_that_is_a_folder_or_under_a_file_is_one_line_naming_it(roo
     ), under.stderr
 
 
+def test_serve_follows_no_symlink_planted_at_its_side_files(root: Path) -> None:
+    # A root serve truncated the link's target and wrote its holder line into it, or grew it
+    # to 2 MiB (the reserve): whoever could write the store's folder chose what it overwrote.
+    db, precious = root / "state.db", root / "precious.txt"
+    precious.write_text("precious\n")
+    (root / "state.db.firing-lock").symlink_to(precious)
+    refused = subprocess.run(serve_argv(db), cwd=root, env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert (refused.returncode, refused.stderr.splitlines()[-1]) == (2, (
+        f'schedtui: the firing lock "{db}.firing-lock" is a symbolic link; it is schedtui\'s own file: remove the link'
+    )), refused.stderr  # fmt: skip
+    (root / "state.db.firing-lock").unlink()
+    (root / "state.db.reserve").symlink_to(precious)
+    server = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}")
+    try:
+        poll(lambda: count_runs(db) > 0, timeout=20, what="the serve to fire")
+    finally:
+        assert server.stop() == 0
+    assert f'cannot open the reserve "{db}.reserve" (a symbolic link: not followed)' in server.log_text()
+    assert precious.read_text() == "precious\n"
+
+
 # ---------------------------------------------------------------------------------------
 # a store file deleted while serving
 # ---------------------------------------------------------------------------------------

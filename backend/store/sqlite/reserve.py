@@ -24,9 +24,11 @@ that describes it, so a process killed while writing leaves a header whose check
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import stat
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -72,9 +74,16 @@ class Reserve:
         and return what an earlier process kept in it. Trouble with the file is logged,
         never raised: without a reserve, a stop on a full disk logs its runs (as before)."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            # Never through a symlink, nor into anything but a regular file: it is grown and
+            # written, and a link planted there would have its target overwritten.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
-            log.warning('cannot open the reserve "%s" (%s): %s', self.path, exc.strerror, _WITHOUT)
+            why = "a symbolic link: not followed" if exc.errno == errno.ELOOP else exc.strerror
+            log.warning('cannot open the reserve "%s" (%s): %s', self.path, why, _WITHOUT)
+            return Kept([], {})
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            log.warning('cannot open the reserve "%s" (not a regular file): %s', self.path, _WITHOUT)
             return Kept([], {})
         self._fd = fd
         try:

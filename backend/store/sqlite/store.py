@@ -460,14 +460,21 @@ class SQLiteStore(
             return held.fds
 
     def _flock(self, path: Path, what: str, *, create: bool) -> int:
-        """``path`` opened and locked alone (:class:`InUse` when another process holds it)."""
+        """``path`` opened and locked alone (:class:`InUse` when another process holds it).
+        Never through a symlink, nor anything but a regular file: the lock file is truncated
+        and written, and a link planted there would have its target overwritten."""
         try:
-            fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0), 0o644)
         except FileNotFoundError:
             self._require_file()  # (deleted in between: says so plainly)
             raise
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise BadInput(f'{what} "{path}" is a symbolic link; it is schedtui\'s own file: remove the link', field="store") from None
             raise Unavailable(f'cannot open {what} "{path}": {exc.strerror or exc}') from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise BadInput(f'{what} "{path}" is not a regular file; it is schedtui\'s own file: remove it', field="store")
         try:
             # flock: held by this open file, released by the kernel when the process ends,
             # however it ends (SIGKILL too); not inherited across exec.
@@ -486,7 +493,7 @@ class SQLiteStore(
             return self._firer
         path = self.firing_lock_path
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             return None
         try:
