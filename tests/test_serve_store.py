@@ -20,6 +20,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -511,6 +512,27 @@ RECORDING = textwrap.dedent(
     {schedules}
     """
 )
+
+
+def test_serve_on_a_disk_already_full_says_so_at_once_in_one_line(root: Path, small_disk: Path) -> None:
+    # It was silent 25-50 s, then said "disk I/O error"; a new store's gave a traceback.
+    db = small_disk / "state.db"
+    server = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}")
+    try:
+        poll(lambda: count_runs(db) > 0, timeout=20, what="the serve to fire")
+    finally:
+        assert server.stop() == 0
+    fill(small_disk)
+    for store, said in (
+        (db, f'schedtui: cannot open the store "{db}": '),
+        (small_disk / "new" / "state.db", f'schedtui: cannot write the firing lock "{small_disk}/new/state.db.firing-lock": '),
+    ):
+        began = time.monotonic()
+        refused = subprocess.run(serve_argv(store), cwd=root, env=cli_env(), capture_output=True, text=True, timeout=120)
+        assert time.monotonic() - began < 10, refused.stderr
+        assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+        last = refused.stderr.splitlines()[-1]
+        assert last.startswith(said) and last.endswith(("its disk is full", "No space left on device")), last
 
 
 def test_a_full_disk_then_a_restart_fires_no_slot_again_and_forgets_no_run(tmp_path: Path, roomy_disk: Path) -> None:

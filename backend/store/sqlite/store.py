@@ -108,6 +108,16 @@ def _mounted_alone(path: Path) -> bool:
     return False
 
 
+def _disk_full(folder: Path) -> bool:
+    """Whether the disk holding ``folder`` has no block left for this process (SQLite says
+    "disk I/O error" when it cannot make its shared memory there)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) == 0
+
+
 class SQLiteStore(
     SQLiteRuns, SQLiteInstances, SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteAlerts, SQLiteEvents,
     SQLiteMetrics, SQLiteActivity, SQLiteLogs,
@@ -236,7 +246,8 @@ class SQLiteStore(
         except sqlite3.Error as exc:
             if not self.create and not self.path.exists():
                 self._require_file()  # deleted in between: say so plainly
-            raise Unavailable(f'cannot open the store "{self.path}": {exc}') from exc
+            why = f"{exc}; its disk is full" if _disk_full(self.path.parent) else str(exc)
+            raise Unavailable(f'cannot open the store "{self.path}": {why}') from exc
         self._writer = self._last_writer = writer
         if self.create or self._firing_lock is not None:
             await self._write(self._migrate)
@@ -444,8 +455,16 @@ class SQLiteStore(
             "host": socket.gethostname(),
             "since": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        line = (json.dumps(holder) + "\n").encode()
+        try:
+            # Over the last holder's line, then cut: on a full disk, no block is let go of
+            # and asked for again.
+            os.pwrite(fd, line, 0)
+            os.ftruncate(fd, len(line))
+        except OSError as exc:
+            for held in fds:
+                os.close(held)
+            raise Unavailable(f'cannot write the firing lock "{path}": {exc.strerror or exc}') from None
         return fds
 
     def _hold_firing_lock(self, instance: str, *, single: bool) -> tuple[int, ...]:

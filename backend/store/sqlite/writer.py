@@ -40,10 +40,12 @@ def _connect(path: str, *, create: bool = True) -> sqlite3.Connection:
         try:
             conn.execute("PRAGMA journal_mode = WAL")
             break
-        except sqlite3.OperationalError:
+        except sqlite3.OperationalError as exc:
             # Switching a fresh file to WAL while another process does the same can report
-            # "database is locked" at once, without waiting on the busy handler.
-            if attempt == 49:
+            # "database is locked" at once, without waiting on the busy handler. Anything
+            # else (a full disk: no room for the shared memory) is said at once: retried,
+            # it held a start 25 s in silence.
+            if attempt == 49 or not _is_busy(exc):
                 conn.close()
                 raise
             time.sleep(0.02 * (attempt + 1))
