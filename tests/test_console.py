@@ -42,6 +42,7 @@ from console.widgets import (
     SchedulesTable,
     UpcomingLine,
 )
+from tests.servers import poll
 
 OPERATOR_ZONE = "Europe/Berlin"
 """The operator's zone in these tests: times on screen are CET whatever the schedule's zone."""
@@ -588,6 +589,24 @@ async def test_a_lost_connection_is_shown_stale_and_retried_with_backoff(store_u
         assert header.state == "live"  # type: ignore[comparison-overlap]  # mypy keeps the earlier narrowing across the awaits
         assert not app.query_one("#main").has_class("-stale")
         assert notes.titled("Reconnected")
+
+
+async def test_a_store_file_deleted_under_the_console_is_shown_lost_not_live(store_url: str) -> None:
+    # It kept showing "● live (events)" and the deleted file's frozen runs, while a new
+    # serve fired into a new file at that path.
+    clock = ManualClock(FROZEN)
+    async with console(store_url, backend=console_backend(store_url, clock), clock=clock) as (app, pilot, _, notes):
+        header = app.query_one(ConsoleHeader)
+        assert header.state == "live"
+        Path(store_url.removeprefix("sqlite:///")).unlink()
+        store = app.backend.engine.store  # type: ignore[attr-defined]
+        poll(lambda: store.health().state == "lost", timeout=10, what="the store to notice")
+        await pilot.press("ctrl+r")
+        await settle(pilot)
+        assert header.state == "lost"  # type: ignore[comparison-overlap]  # narrowed before the awaits
+        assert app.query_one("#main").has_class("-stale")
+        [said] = notes.titled("Unavailable")
+        assert said.startswith(f'the store file "{store.path}" was deleted or replaced while in use')
 
 
 async def test_every_backend_error_is_a_notification(store_url: str) -> None:

@@ -579,6 +579,15 @@ class SQLiteStore(
 
         if self._reader is None:
             raise store_unavailable(self.where, "{store} is not open")
+        writer = self._writer
+        if writer is not None and writer.lost:
+            # What the open file still holds is no longer the store at that path (a console
+            # showed it, frozen and "live", while a new serve fired into the new file).
+            raise Unavailable(
+                f'the store file "{self.path}" was deleted or replaced while in use; what this process still reads is '
+                "not the file at that path now: restart it to read that one",
+                public="the store file was deleted or replaced while in use",
+            )
         try:
             return await asyncio.wrap_future(self._reader.submit(job))
         except sqlite3.Error as exc:
