@@ -1393,6 +1393,35 @@ async def test_sqlite_a_firer_stopped_on_a_full_disk_keeps_its_runs_for_the_next
     assert not [m for m in _ledger_log(caplog, logging.INFO) if "reserve" in m]
 
 
+async def test_sqlite_runs_the_disk_refuses_are_in_the_reserve_at_once_not_only_at_the_stop(tmp_path: Path) -> None:
+    # Kept only at the end of the stop's 10 s of retries: a SIGKILL before (docker stop's
+    # grace, the OOM killer) lost them, and the next start fired their slots again.
+    path, ids = tmp_path / "state.db", Ids()
+    store = SQLiteStore(path)
+    await store.take_firing_lock("first")
+    await store.open()
+
+    def in_the_reserve() -> list[str]:  # what the next process reads, were this one killed now
+        reserve = Reserve(tmp_path / "state.db.reserve")
+        try:
+            return [r.id for r in reserve.open().runs]
+        finally:
+            reserve.close()
+
+    try:
+        store.limit_pages(0)
+        waiting = [run(ids(), name="a", scheduled_at=T0 + timedelta(seconds=s), error_message="x" * 4000) for s in (1, 2)]
+        store.save_runs(waiting)
+        with pytest.raises(Unavailable):
+            await store.flush()
+        assert in_the_reserve() == [waiting[-1].id, waiting[0].id]  # (the schedule's newest first)
+        store.limit_pages(None)
+        await store.flush()
+        assert in_the_reserve() == []  # written: the next start has nothing to write again
+    finally:
+        await store.close()
+
+
 async def _last_slots(path: Path) -> dict[str, datetime]:
     reader = SQLiteStore(path, create=False)
     await reader.open()

@@ -249,6 +249,7 @@ class SQLiteStore(
             why = f"{exc}; its disk is full" if _disk_full(self.path.parent) else str(exc)
             raise Unavailable(f'cannot open the store "{self.path}": {why}') from exc
         self._writer = self._last_writer = writer
+        writer.keep = self._keep_now
         if self.create or self._firing_lock is not None:
             await self._write(self._migrate)
             await self._write_kept()
@@ -409,6 +410,18 @@ class SQLiteStore(
                 for instance, slot in marks.items():  # still to clear: kept again if this one stops first
                     self._marks.setdefault(instance, slot)
                 raise
+
+    def _keep_now(self, runs: list[Run]) -> None:
+        """On the writer's thread, while the disk refuses ``runs``: keep them in the reserve
+        now, not only at the stop, which a SIGKILL may never let come (``[]``: they were
+        written since; the reserve is marked empty)."""
+        reserve = self._reserve
+        if reserve is None:
+            return
+        if not runs:
+            reserve.clear()
+        else:
+            reserve.keep(runs, dict(self._marks))
 
     def _keep_unwritten(self, writer: _Writer) -> None:
         """After the writer has stopped: keep the runs it could not write in the reserve,

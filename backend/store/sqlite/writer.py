@@ -161,6 +161,11 @@ class _Writer(threading.Thread):
         self.marker_lock = threading.Lock()
         self.marks_now = 0
         """Commits made by :meth:`mark_now`."""
+        self.keep: Callable[[list[Run]], None] | None = None
+        """The firing process's reserve (:meth:`SQLiteStore._keep_now`): given the runs
+        waiting each round they changed while the ledger cannot take them, so that a process
+        killed meanwhile (SIGKILL, the end of `docker stop`'s grace) loses none of them."""
+        self.kept: tuple[int, int] | None = None  # what was given to keep last: (taken, pending)
 
     def run(self) -> None:
         try:
@@ -270,6 +275,7 @@ class _Writer(threading.Thread):
                         self._recovered()
             if not tried and (self.flushes or self.error is None or time.monotonic() >= self.next_try):
                 self._write_pending(conn, now=True)
+            self._keep_waiting()
             self._settle_flushes()
             self._check_file()
             if stop:
@@ -442,9 +448,21 @@ class _Writer(threading.Thread):
                 len(self.pending), self.path, self.since.isoformat(timespec="seconds") if self.since else "?", self.error,
             )
 
+    def _keep_waiting(self) -> None:
+        """While the ledger cannot take them, give the runs waiting to :attr:`keep` each
+        round they changed (taken from the queue: a run's start, its end)."""
+        if self.keep is None or self.error is None or self.lost or not self.pending:
+            return
+        if self.kept != (self.taken, len(self.pending)):
+            self.kept = (self.taken, len(self.pending))
+            self.keep([run for run, _ in self.pending.values()])
+
     def _recovered(self, written: int = 0) -> None:
         if self.error is None or self.lost or self.pending:
             return
+        if self.keep is not None and self.kept is not None:
+            self.kept = None
+            self.keep([])  # all in the ledger now
         log.info('run ledger "%s" writable again; %d run(s) written', self.path, self.written_meanwhile + written)
         self.error = self.since = None
         self.failures = self.written_meanwhile = 0
