@@ -240,9 +240,11 @@ class Backfills:
     async def _run(self, schedule: Schedule, job: _Job, slots: list[datetime]) -> None:
         try:
             for slot in slots:
-                if job.runs:
+                if job.runs and self.store.kind == "sqlite":
                     # The last run's end met the file: a store file deleted or replaced
                     # meanwhile is noticed here, and no slot fires into a file that is gone.
+                    # (Not on PostgreSQL, which is never lost: a flush there may wait out
+                    # an outage, which a backfill rides through.)
                     with contextlib.suppress(Unavailable):
                         await self.store.flush()
                 if self.store.health().state == "lost":
