@@ -204,3 +204,13 @@ def test_an_instance_line_shows_every_age_whole_and_fits_80_columns() -> None:
     line = instance_text(silent, now).plain
     assert "59m 59s ago" in line and "12m 57s ago" in line and "-61.2s ✗ off" in line and "takes no work" in line
     assert len(line) <= 77  # (with the view's left padding and its scroll bar: 80)
+
+
+def test_an_instance_silent_past_the_take_over_window_is_shown_gone_not_firing() -> None:
+    # A killed or crashed instance stays registered (only a clean stop removes its row): it
+    # was listed "firing" for as long as its row stayed.
+    now = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+    killed = InstanceInfo("web-1:4242", "h", 1, now - timedelta(minutes=33), role="firing")
+    alive = InstanceInfo("web-2:77", "h", 2, now - timedelta(seconds=5), role="firing")
+    assert instance_text(killed, now).plain.split()[:3] == ["web-1:4242", "✗", "gone"]
+    assert instance_text(alive, now).plain.split()[:2] == ["web-2:77", "firing"]

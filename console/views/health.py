@@ -54,9 +54,10 @@ def _cell(text: str, width: int) -> str:
 
 
 def instance_text(instance: InstanceInfo, now: datetime) -> Content:
-    """One instance on one line: name, role, heartbeat age, last start, clock offset against
-    the database server's (``+61.0s ✗ off`` in the error style when its own verdict is off;
-    ``-`` when not measured), and for a member standing down for it, ``takes no work``."""
+    """One instance on one line: name, role (``✗ gone`` once silent past the take-over
+    window), heartbeat age, last start, clock offset against the database server's
+    (``+61.0s ✗ off`` in the error style when its own verdict is off; ``-`` when not
+    measured), and for a member standing down for it, ``takes no work``."""
     (_, name), (_, role), (_, beat), (_, last), (_, clock) = INSTANCE_COLUMNS
     silent = now - instance.heartbeat_at > LIVE_WITHIN
     offset = fmt.clock_offset(instance.clock_offset_s)
@@ -66,7 +67,9 @@ def instance_text(instance: InstanceInfo, now: datetime) -> Content:
         clock_cell = (_cell(offset, clock), "$text-muted" if instance.clock_offset_s is None else "")
     return Content.assemble(
         (_cell(instance.name, name), "bold"),
-        (_cell(instance.role or "-", role), "$text-muted" if instance.role == "observer" else ""),
+        # Silent past the take-over window: killed or crashed (a clean stop removes its row).
+        (_cell("✗ gone", role), "bold $text-error") if silent
+        else (_cell(instance.role or "-", role), "$text-muted" if instance.role == "observer" else ""),
         (_cell(fmt.ago(instance.heartbeat_at, now), beat), "$text-warning" if silent else ""),
         (_cell(fmt.ago(instance.last_fired_at, now), last), "$text-muted" if instance.last_fired_at is None else ""),
         clock_cell,
