@@ -24,6 +24,7 @@ from backend.model import TAG_LEASE_LOST
 from backend.runtime.liveness import WorkLease
 from backend.runtime.runner import Invocation
 from backend.scheduler.registry import InstanceRegistry, pid_alive
+from backend.store import Beat
 from console.fleet import fleet_of
 from tests.servers import dead_pid
 
@@ -415,9 +416,9 @@ def test_a_dead_pid_proves_death_only_within_its_pid_namespace(clock: ManualCloc
     dead = dead_pid()
     now = clock.now()
     beats = {
-        "same": (registry.host, dead, now),
-        "container": (f"{host}#{boot}#{int(namespace) + 1}", dead, now),  # same host, another PID namespace
-        "old-version": (f"{host}#{boot}", dead, now),  # a heartbeat without a namespace
+        "same": Beat(registry.host, dead, now),
+        "container": Beat(f"{host}#{boot}#{int(namespace) + 1}", dead, now),  # same host, another PID namespace
+        "old-version": Beat(f"{host}#{boot}", dead, now),  # a heartbeat without a namespace
     }
     assert "is no longer running" in (registry.gone(beats, "same", now) or "")
     assert registry.gone(beats, "container", now) is None  # its pid means another process here
@@ -467,7 +468,7 @@ async def test_an_outage_is_no_evidence_of_death(clock: ManualClock, store_url: 
     try:
         registry = _registry(store, clock)
         await registry.beat(clock.now())
-        beats = {"other": ("elsewhere#1#2", 1, clock.now())}
+        beats = {"other": Beat("elsewhere#1#2", 1, clock.now())}
         clock.advance(5)
         store.down = True
         with pytest.raises(Unavailable):
@@ -730,7 +731,7 @@ async def test_on_sqlite_the_holder_of_the_firing_lock_is_alive_however_old_its_
     await firer.start()  # takes the file's firing lock
     await console.open()
     hour_later = clock.now() + timedelta(hours=1)
-    beats = {"serve": ("elsewhere#1#2", 1, clock.now())}  # silent for an hour (a full disk, say)
+    beats = {"serve": Beat("elsewhere#1#2", 1, clock.now())}  # silent for an hour (a full disk, say)
     assert console.registry.gone(beats, "serve", hour_later) is None
     await firer.stop()
     assert "has not sent a heartbeat" in (console.registry.gone(beats, "serve", hour_later) or "")

@@ -2,7 +2,8 @@
 real clock: a worker cut off from the database (a TCP relay that freezes) stops its work
 before another takes it over; one whose sync handlers cannot be stopped ends itself;
 instances in two PID namespaces on one host (``unshare --pid``) do not judge each other's
-pids; a sync handler past ``max_runtime`` keeps its seat until it returns.
+pids; a sync handler past ``max_runtime`` keeps its seat until it returns; an instance is
+judged by its own take-over window where that is the longer.
 
 Handlers append one line per start, stop and end to a log file (pid and wall time); the
 checks read that log and the store. The windows are short (``--abandon-after 6``: the
@@ -12,6 +13,7 @@ renewal bound is 4 s), so each test takes some ten to twenty seconds.
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -314,3 +316,82 @@ def test_a_sync_handler_past_max_runtime_holds_its_seat_until_it_returns(workers
     )
     assert (attempts[0][1], attempts[0][2]) == ("failed", "timeout")
     assert "holding its place: it returned" in attempts[0][3]
+
+
+# ---------------------------------------------------------------------------------------
+# a schedule's overlap place across the fleet
+# ---------------------------------------------------------------------------------------
+SCHEDULES = """
+    import asyncio
+    import os
+    import time
+    from pathlib import Path
+
+    from backend import define_schedule
+
+    HERE = Path(__file__).resolve().parent.parent
+    LOG = HERE / "jobs.log"  # the jobs' format: the run as "schedule:run_id", attempt 1
+    RELEASE = HERE / "release"
+
+
+    def note(what, ctx):
+        with open(LOG, "a") as f:
+            f.write(f"{what} {ctx.name}:{ctx.run_id} 1 {os.getpid()} {time.time():.6f}\\n")
+
+
+    async def waits(ctx):
+        note("start", ctx)
+        while not RELEASE.exists():
+            await asyncio.sleep(0.05)
+        note("end", ctx)
+
+
+    long = define_schedule(name="long", cron="* * * * * *", timezone="UTC", handler=waits, on_overlap="skip")
+"""
+
+
+def schedules(workers: Workers) -> None:
+    (workers.root / "schedules" / "fleet.cron.py").write_text(textwrap.dedent(SCHEDULES))
+
+
+def one_at_a_time(lines: list[Line], schedule: str) -> int:
+    """The runs of ``schedule`` in the handlers' log, checked never to overlap; how many."""
+    ends = {line.job: line.at for line in lines if line.what == "end"}
+    spans = sorted((line.at, ends.get(line.job, float("inf")), line.job) for line in lines
+                   if line.what == "start" and line.job.startswith(schedule + ":"))  # fmt: skip
+    for (_, end, run), (start, _, other) in zip(spans, spans[1:], strict=False):
+        assert end < start, f"{schedule}: run {run} ran until {end}, past the start of {other} at {start}"
+    return len(spans)
+
+
+def test_an_instance_of_a_shorter_window_never_takes_a_live_one_of_a_longer_window_over(workers: Workers) -> None:
+    """A rolling change of --abandon-after (30 s to 6 s) runs both for a while: b, of 6 s,
+    took a's run for abandoned after 6 s of silence, though a stops its own work only after
+    20 s, and started the schedule's next slot beside it."""
+    schedules(workers)
+    a = workers.start("a", None, "--abandon-after", "30")
+    poll(lambda: workers.starts(a.process.pid), timeout=30, what="a to start its run")
+    b = workers.start("b")  # --abandon-after 6
+    started = "SELECT id FROM schedtui_runs WHERE instance = 'a' AND status = 'running' AND fired_at IS NOT NULL"
+    [(run_id,)] = workers.sql(started)  # (not a placeholder of a slot it is about to skip)
+    a.process.send_signal(signal.SIGSTOP)  # well within a's renewal bound (20 s)
+    try:
+
+        def silent_for() -> float:
+            beats = dict(workers.sql("SELECT instance, heartbeat_at FROM schedtui_instances"))
+            return float((beats["b"] - beats["a"]).total_seconds())
+
+        # b beats (and sweeps) every 1.3 s: by then it judged a by 6 s many times over.
+        poll(lambda: silent_for() > 12, timeout=30, what="b to sweep while a has been silent for 12 s")
+        assert workers.sql("SELECT status FROM schedtui_runs WHERE id = %s", (run_id,)) == [("running",)]
+        assert not workers.starts(b.process.pid)
+        assert "abandoned" not in b.log_text()
+    finally:
+        a.process.send_signal(signal.SIGCONT)
+    (workers.root / "release").touch()
+    poll(
+        lambda: workers.sql("SELECT status FROM schedtui_runs WHERE id = %s", (run_id,)) == [("succeeded",)],
+        timeout=30, what="a's run to succeed",
+    )  # fmt: skip
+    assert "LEASE LAPSED" not in a.log_text()
+    assert one_at_a_time(workers.lines(), "long") >= 1

@@ -20,6 +20,7 @@ from backend.runtime.loops import Loops
 from backend.scheduler.ledger import RunLedger
 from backend.scheduler.registry import FORGET_SILENT, PRUNE_ROUND, InstanceRegistry, host_identity
 from backend.scheduler.states import ScheduleStates
+from backend.store import Beat
 from console.cli.fleet import Instances, instances_table
 
 UTC = UTC
@@ -33,7 +34,7 @@ def run(id_: str, status: RunStatus = "running") -> Run:
 # ---------------------------------------------------------------------------------------
 # the registry: who is gone
 # ---------------------------------------------------------------------------------------
-def registry(store: Any = None) -> InstanceRegistry:
+def registry(store: Any = None, window: float = 30) -> InstanceRegistry:
     clock = ManualClock(T0)
     return InstanceRegistry(
         clock=clock,
@@ -41,7 +42,7 @@ def registry(store: Any = None) -> InstanceRegistry:
         ledger=RunLedger(store),
         instance="me",
         heartbeat_interval=timedelta(seconds=5),
-        abandon_after=timedelta(seconds=30),
+        abandon_after=timedelta(seconds=window),
         retention=None,
         claims_ttl=None,
         is_ours=lambda _: False,
@@ -54,10 +55,10 @@ def test_gone_judges_pids_only_on_the_same_host_and_heartbeats_everywhere() -> N
     dead_pid = int(dead.stdout)
     here, fresh, stale = host_identity(), T0 - timedelta(seconds=5), T0 - timedelta(seconds=31)
     beats = {
-        "alive-here": (here, os.getpid(), fresh),
-        "dead-here": (here, dead_pid, fresh),
-        "dead-pid-elsewhere": ("other#boot", dead_pid, fresh),
-        "silent-elsewhere": ("other#boot", 1, stale),
+        "alive-here": Beat(here, os.getpid(), fresh),
+        "dead-here": Beat(here, dead_pid, fresh),
+        "dead-pid-elsewhere": Beat("other#boot", dead_pid, fresh),
+        "silent-elsewhere": Beat("other#boot", 1, stale),
     }
     assert reg.gone(beats, "alive-here", T0) is None
     assert "is no longer running" in (reg.gone(beats, "dead-here", T0) or "")
@@ -119,6 +120,20 @@ def test_the_instances_table_shows_one_silent_past_the_take_over_window_as_gone(
     alive, killed = table.splitlines()[1:]
     assert alive.split()[:2] == ["alive", "firing"]
     assert killed.split()[:4] == ["killed", "✗", "gone", "(firing)"]
+def test_gone_judges_an_instance_by_its_own_window_or_the_judges_if_longer() -> None:
+    """A fleet whose --abandon-after differs (a rolling change of it): an instance stops its
+    own work at two thirds of its own window, so a judge with a shorter one took the work of
+    a live instance after a pause of a few seconds, and ran it beside it."""
+    long_window = {f"silent {s}s": Beat("other#boot", 1, T0 - timedelta(seconds=s), 30) for s in (7, 29, 31)}
+    short = registry(window=6)
+    assert short.gone(long_window, "silent 7s", T0) is None
+    assert short.gone(long_window, "silent 29s", T0) is None
+    assert "has not sent a heartbeat" in (short.gone(long_window, "silent 31s", T0) or "")
+    brief = {"other": Beat("other#boot", 1, T0 - timedelta(seconds=7), 6)}
+    assert registry(window=30).gone(brief, "other", T0) is None  # the judge's own window, if longer
+    assert "has not sent a heartbeat" in (registry(window=6).gone(brief, "other", T0) or "")
+    older = {"other": Beat("other#boot", 1, T0 - timedelta(seconds=7))}  # a row without its window
+    assert "has not sent a heartbeat" in (registry(window=6).gone(older, "other", T0) or "")
 
 
 async def test_close_abandoned_writes_only_runs_still_running(store_url: str) -> None:

@@ -32,6 +32,8 @@ from backend import Engine, ManualClock, ScheduleState, Unavailable, define_sche
 from backend.api.app import create_app
 from backend.client.embedded import EmbeddedBackend
 from backend.model import Health, iso
+from backend.store import Beat
+from backend.store.sqlite.sql import MIGRATIONS
 from backend.store.sqlite.store import SQLiteStore
 from tests.conftest import expect
 from tests.servers import Server, cli_env, poll, start_server
@@ -242,7 +244,7 @@ def test_a_store_file_bind_mounted_on_its_own_is_refused_by_every_verb(root: Pat
     ("damage", "said"),
     [
         ("UPDATE schema_version SET version = 'abc'", "holds 'abc', not one version number"),
-        ("INSERT INTO schema_version VALUES (3)", "holds 7, 3, not one version number"),
+        ("INSERT INTO schema_version VALUES (3)", f"holds {len(MIGRATIONS)}, 3, not one version number"),
         ("DELETE FROM schema_version", "is empty, yet the store holds schedtui's tables"),
     ],
 )
@@ -255,7 +257,7 @@ def test_a_store_whose_version_table_was_edited_is_refused_naming_it(root: Path,
 
     asyncio.run(make())
     with contextlib.closing(sqlite3.connect(db)) as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(7,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(len(MIGRATIONS),)]
         conn.execute(damage)
         conn.commit()
     listed = subprocess.run([sys.executable, "-m", "console.cli", "list", "--store", f"sqlite:///{db}"],
@@ -654,7 +656,7 @@ class SlowLook(SQLiteStore):
         self.until: Callable[[], bool] | None = None
         self.read = asyncio.Event()
 
-    async def instances(self) -> dict[str, tuple[str, int, datetime]]:
+    async def instances(self) -> dict[str, Beat]:
         beats = await super().instances()
         self.read.set()
         while self.until is not None and not self.until():

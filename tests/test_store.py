@@ -34,10 +34,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backend import BackfillProgress, InUse, NotFound, Refused, Run, ScheduleState, Unavailable
+from backend.errors import NameTaken
 from backend.ids import IdFactory, id_floor
 from backend.model import Claim, StoreHealth, slot_key
 from backend.observability.logs import LogTarget, StoredLog
-from backend.store import Membership, Store, open_store
+from backend.store import Beat, Membership, Store, open_store
 from backend.store.postgres.store import PostgresStore
 from backend.store.sqlite.reserve import Reserve
 from backend.store.sqlite.sql import _run_params
@@ -751,17 +752,33 @@ async def test_instances_heartbeat_and_forget(store: Store) -> None:
     await store.heartbeat("host-a:1", "host-a", 1, T0)
     await store.heartbeat("host-b:2", "host-b", 2, T0 + timedelta(microseconds=7))
     assert await store.instances() == {
-        "host-a:1": ("host-a", 1, T0),
-        "host-b:2": ("host-b", 2, T0 + timedelta(microseconds=7)),
+        "host-a:1": Beat("host-a", 1, T0),
+        "host-b:2": Beat("host-b", 2, T0 + timedelta(microseconds=7)),
     }
     later = T0 + timedelta(seconds=5, microseconds=1)
     await store.heartbeat("host-a:1", "host-a2", 11, later)
     beats = await store.instances()
-    assert beats["host-a:1"] == ("host-a2", 11, later)
+    assert beats["host-a:1"] == Beat("host-a2", 11, later)
     assert_utc(beats["host-a:1"][2])
     await store.forget_instance("host-b:2")
     await store.forget_instance("never-registered")
-    assert await store.instances() == {"host-a:1": ("host-a2", 11, later)}
+    assert await store.instances() == {"host-a:1": Beat("host-a2", 11, later)}
+    # Each instance's take-over window, as the others judge it by.
+    await store.heartbeat("host-a:1", "host-a2", 11, later, Membership(window=12.5))
+    assert (await store.instances())["host-a:1"].window == 12.5
+
+
+async def test_an_instance_is_live_for_its_own_window_where_that_is_the_longer(store: Store) -> None:
+    """Instances with different --abandon-after (a rolling change of it): one of 6 s judged
+    one of 30 s silent for 7 s dead, took its name, and fired in another mode beside it."""
+    await store.heartbeat("old", "h", 1, T0, Membership("firing", "advisoryLock", T0, window=30))
+    at, short = T0 + timedelta(seconds=10), timedelta(seconds=6)
+    new = Membership("firing", "cluster", at - short, window=6)
+    assert await store.heartbeat("new", "h", 2, at, new) == "waiting"
+    with pytest.raises(NameTaken):
+        await store.heartbeat("old", "h2", 3, at, Membership("firing", "advisoryLock", at - short, taken_before=at - short, window=6))
+    later = T0 + timedelta(seconds=31)
+    assert await store.heartbeat("new", "h", 2, later, new._replace(live_after=later - short)) == "firing"
 
 
 async def test_fleet_lists_instances_with_when_each_last_started_a_run(store: Store) -> None:
@@ -824,7 +841,7 @@ async def test_a_starting_mark_lets_a_survivor_record_a_dead_burst_once(store: S
     # A member's round: its own heartbeat, then the same, with every instance's heartbeat.
     work = await store.heartbeat_and_unfinished("alive:2", "host-b", 2, T0 + timedelta(seconds=5))
     assert (work.runs, work.backfills, work.marks) == ([landed], [backfill], {"dead:1": slot})
-    assert work.instances == {"dead:1": ("host-a", 1, T0), "alive:2": ("host-b", 2, T0 + timedelta(seconds=5))}
+    assert work.instances == {"dead:1": Beat("host-a", 1, T0), "alive:2": Beat("host-b", 2, T0 + timedelta(seconds=5))}
     assert work.instances == await store.instances()
 
     def verdict(name: str) -> Run:

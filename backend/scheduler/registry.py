@@ -35,7 +35,7 @@ from backend.runtime.liveness import WorkLease
 from backend.runtime.skew import ClockCheck, ClockReading
 from backend.safetext import printable
 from backend.scheduler.ledger import RunLedger
-from backend.store import KnowsFirer, Membership, ReadsServerClock, Store, Unfinished
+from backend.store import Beat, KnowsFirer, Membership, ReadsServerClock, Store, Unfinished
 
 T = TypeVar("T")
 
@@ -172,9 +172,10 @@ class InstanceRegistry:
         # A row of this name another process wrote within the take-over window is that
         # process's, alive: the beat leaves it (NameTaken) rather than share the name.
         taken_before = now - self.abandon_after
+        window = self.abandon_after.total_seconds()
         if not self.member:
-            return Membership("observer", clock_offset=offset, clock_off=off, taken_before=taken_before)
-        return Membership("firing", self.coordination, self._live_after(now), offset, off, taken_before)
+            return Membership("observer", clock_offset=offset, clock_off=off, taken_before=taken_before, window=window)
+        return Membership("firing", self.coordination, self._live_after(now), offset, off, taken_before, window)
 
     def _due(self, now: datetime) -> bool:
         """Whether a heartbeat is due at ``now`` (a clock stepped back since the last one:
@@ -392,17 +393,20 @@ class InstanceRegistry:
         self.lease.check_jump()
         return not self.lease.lapsed and not self.clock_off
 
-    def gone(self, beats: dict[str, tuple[str, int, datetime]], instance: str, now: datetime) -> str | None:
+    def gone(self, beats: dict[str, Beat], instance: str, now: datetime) -> str | None:
         if instance == self.instance:
             return "an earlier process with this instance name stopped" if self.holds_name() else None
         beat = beats.get(instance)
         if beat is None:
             return f"instance {instance} is no longer registered"
-        host, pid, at = beat
+        host, pid, at, window = beat
         if host == self.host and not pid_alive(pid):
             return f"instance {instance} (pid {pid}) is no longer running"
         silent_since = at if self.back_at is None else max(at, self.back_at)
-        if now - silent_since > self.abandon_after and not self._holds_firing_lock(instance):
+        # By its own window (its lease lapses at two thirds of it), or ours if longer: an
+        # instance started with a longer --abandon-after is not taken over by a shorter one.
+        after = self.abandon_after if window is None else max(self.abandon_after, timedelta(seconds=window))
+        if now - silent_since > after and not self._holds_firing_lock(instance):
             self.lease.check_jump()
             if self.clock_off or self.lease.lapsed:
                 return None  # its clock may be what is off (or jumped): judge nobody dead by it
@@ -410,7 +414,7 @@ class InstanceRegistry:
                 return f"instance {instance} has not sent a heartbeat since {at.isoformat()}"
             return (
                 f"instance {instance} has not sent a heartbeat since {at.isoformat()}, nor in the "
-                f"{self.abandon_after.total_seconds():g}s since the store was back at {silent_since.isoformat()}"
+                f"{after.total_seconds():g}s since the store was back at {silent_since.isoformat()}"
             )
         return None
 
@@ -434,7 +438,7 @@ class InstanceRegistry:
         runs: list[Run],
         backfills: list[BackfillProgress],
         marks: dict[str, datetime],
-        beats: dict[str, tuple[str, int, datetime]] | None,
+        beats: dict[str, Beat] | None,
         *,
         at_open: bool,
     ) -> list[Run]:
@@ -479,7 +483,7 @@ class InstanceRegistry:
         return closed
 
     async def _close_bursts(
-        self, marks: dict[str, datetime], beats: dict[str, tuple[str, int, datetime]], now: datetime
+        self, marks: dict[str, datetime], beats: dict[str, Beat], now: datetime
     ) -> list[Run]:
         """A dead instance's last burst: the runs due then that never reached the ledger
         (the process died before its group commit) are recorded failed/abandoned."""

@@ -31,7 +31,7 @@ from backend.model import (
 )
 
 __all__ = [
-    "DEFAULT_STORE_URL", "FIRING", "InstanceBeat", "KnowsFirer", "MarksNow", "Membership", "Store", "Unfinished", "open_store",
+    "DEFAULT_STORE_URL", "FIRING", "Beat", "InstanceBeat", "KnowsFirer", "MarksNow", "Membership", "Store", "Unfinished", "open_store",
     "redact_url", "store_lost", "store_unavailable", "until_lost",
 ]  # fmt: skip
 
@@ -45,7 +45,7 @@ class Unfinished(NamedTuple):
     """Backfills still ``running``."""
     marks: dict[str, datetime]
     """Each instance's burst mark not cleared yet (:meth:`Store.starting_marks`)."""
-    instances: dict[str, tuple[str, int, datetime]]
+    instances: dict[str, Beat]
     """Every registered instance (:meth:`Store.instances`)."""
     role: Role = "firing"
     """The role the heartbeat recorded for the caller (see :meth:`Store.heartbeat`)."""
@@ -68,6 +68,19 @@ class Membership(NamedTuple):
     """The name's row, written by another process (another host or pid) after this, is that
     process's, alive: the heartbeat leaves it as it is and raises
     :class:`~backend.errors.NameTaken` (``None``: no such check, a bare heartbeat)."""
+    window: float | None = None
+    """Its take-over window (``--abandon-after``, seconds): the others wait that long at
+    least before they take its work over (``None``: not said, a bare heartbeat)."""
+
+
+class Beat(NamedTuple):
+    """An instance's last heartbeat, as the others judge it (see :meth:`Store.instances`)."""
+
+    host: str
+    pid: int
+    at: datetime
+    window: float | None = None
+    """Its take-over window in seconds (``None``: an older version's row, or a bare heartbeat)."""
 
 
 #: A bare heartbeat: a firing instance whose mode is not said (not gated, does not gate).
@@ -227,8 +240,8 @@ class Store(Protocol):
         ``None`` as the mode is not gated and does not gate (an older version, a bare
         heartbeat)."""
 
-    async def instances(self) -> dict[str, tuple[str, int, datetime]]:
-        """Every registered instance: ``{name: (host, pid, heartbeat_at)}``."""
+    async def instances(self) -> dict[str, Beat]:
+        """Every registered instance: ``{name: Beat(host, pid, heartbeat_at, window)}``."""
 
     async def fleet(self) -> list[InstanceInfo]:
         """Every registered instance, by name, with when it last started a run."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.locks.model import Lock
 from backend.model import Claim, ClaimResult
+from backend.store import Beat
 from backend.store.postgres.locks import _NOW
 
 __all__ = ["ClusterState", "PostgresCluster"]
@@ -87,12 +88,14 @@ RELEASE_LEFTOVERS = f"""
 #: The cluster's lock rows (shards and members), every registered instance and the lock
 #: clock, in one round trip.
 CLUSTER_STATE = f"""
-    SELECT 'lock', l.name, l.holder, l.token, l.acquired_at, l.renewed_at, l.expires_at, NULL::int
+    SELECT 'lock', l.name, l.holder, l.token, l.acquired_at, l.renewed_at, l.expires_at, NULL::int,
+        NULL::double precision
     FROM schedtui_locks l WHERE l.name LIKE %(prefix)s
     UNION ALL
-    SELECT 'instance', i.instance, i.host, NULL, NULL, NULL, i.heartbeat_at, i.pid FROM schedtui_instances i
+    SELECT 'instance', i.instance, i.host, NULL, NULL, NULL, i.heartbeat_at, i.pid, i.abandon_after
+    FROM schedtui_instances i
     UNION ALL
-    SELECT 'now', NULL, NULL, NULL, NULL, NULL, t.now, NULL FROM {_NOW} t
+    SELECT 'now', NULL, NULL, NULL, NULL, NULL, t.now, NULL, NULL FROM {_NOW} t
 """
 #: A burst of an owner's due slots, in one statement: a run row (``running``, no
 #: ``fired_at`` yet) for each slot whose shard token is current and that has no run yet;
@@ -153,11 +156,11 @@ def _utc(dt: datetime) -> datetime:
 
 class ClusterState:
     """One read of the cluster: its lock rows by name (shards and member locks), every
-    registered instance (``{name: (host, pid, heartbeat_at)}``) and the lock clock's now."""
+    registered instance (``{name: Beat}``) and the lock clock's now."""
 
     __slots__ = ("instances", "locks", "now")
 
-    def __init__(self, locks: dict[str, Lock], instances: dict[str, tuple[str, int, datetime]], now: datetime) -> None:
+    def __init__(self, locks: dict[str, Lock], instances: dict[str, Beat], now: datetime) -> None:
         self.locks = locks
         self.instances = instances
         self.now = now
@@ -255,13 +258,13 @@ class PostgresCluster:
 
 def _state(rows: list[tuple[Any, ...]]) -> ClusterState:
     locks: dict[str, Lock] = {}
-    instances: dict[str, tuple[str, int, datetime]] = {}
+    instances: dict[str, Beat] = {}
     clock: datetime | None = None
-    for kind, name, holder, token, acquired, renewed, at, pid in rows:
+    for kind, name, holder, token, acquired, renewed, at, pid, window in rows:
         if kind == "lock":
             locks[name] = Lock(name, holder, int(token), _utc(acquired), _utc(renewed), _utc(at))
         elif kind == "instance":
-            instances[name] = (holder, int(pid), _utc(at))
+            instances[name] = Beat(holder, int(pid), _utc(at), window)
         else:
             clock = _utc(at)
     assert clock is not None

@@ -13,7 +13,7 @@ from psycopg import AsyncConnection
 
 from backend.errors import NameTaken
 from backend.model import BackfillProgress, InstanceInfo, Role, Run
-from backend.store import FIRING, Membership, Unfinished
+from backend.store import FIRING, Beat, Membership, Unfinished
 from backend.store.postgres.sql import (
     CLEAR_STARTING,
     END_STUCK_SESSIONS,
@@ -78,9 +78,8 @@ class PostgresInstances:
         assert row is not None
         return _utc(row[0])  # type: ignore[return-value]
 
-    async def instances(self) -> dict[str, tuple[str, int, datetime]]:
-        rows = await self._fetchall(INSTANCES)
-        return {row[0]: (row[1], row[2], _utc(row[3])) for row in rows}  # type: ignore[misc]
+    async def instances(self) -> dict[str, Beat]:
+        return _beats(await self._fetchall(INSTANCES))
 
     async def fleet(self) -> list[InstanceInfo]:
         rows = await self._fetchall(INSTANCE_LIST)
@@ -128,8 +127,7 @@ class PostgresInstances:
                 # is then never read beside that instance's older heartbeat.
                 runs, backfills, marks = await self._read_unfinished(conn)
                 beats = await (await conn.execute(INSTANCES)).fetchall()
-            instances = {r[0]: (r[1], r[2], _utc(r[3])) for r in beats}
-            return Unfinished(runs, backfills, marks, instances, recorded, ended)  # type: ignore[arg-type]
+            return Unfinished(runs, backfills, marks, _beats(beats), recorded, ended)
 
         return await self._with_conn(beat)
 
@@ -161,6 +159,10 @@ class PostgresInstances:
         return await self._with_conn(close)
 
 
+def _beats(rows: Sequence[tuple[Any, ...]]) -> dict[str, Beat]:
+    return {row[0]: Beat(row[1], row[2], _utc(row[3]), row[4]) for row in rows}  # type: ignore[arg-type]
+
+
 async def _beat(
     conn: AsyncConnection[Any],
     instance: str,
@@ -170,7 +172,7 @@ async def _beat(
     membership: Membership,
 ) -> Role:
     """The heartbeat, inside the caller's transaction (see :meth:`PostgresStore.heartbeat`)."""
-    role, coordination, live_after, clock_offset, clock_off, taken_before = membership
+    role, coordination, live_after, clock_offset, clock_off, taken_before, window = membership
     gated = role == "firing" and coordination is not None
     if gated:
         await conn.execute(FLEET_LOCK)
@@ -181,6 +183,7 @@ async def _beat(
                 "instance": instance, "host": host, "pid": pid, "at": at, "role": role,
                 "mode": coordination, "live_after": live_after if live_after is not None else at,
                 "clock_offset": clock_offset, "clock_off": clock_off, "taken_before": taken_before,
+                "window": window,
             },
         )
     ).fetchone()  # fmt: skip

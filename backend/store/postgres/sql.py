@@ -112,6 +112,10 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE schedtui_instances ADD COLUMN clock_offset double precision;
     ALTER TABLE schedtui_instances ADD COLUMN clock_off boolean;
     """,
+    # Each instance's take-over window: the others judge its silence by it.
+    """
+    ALTER TABLE schedtui_instances ADD COLUMN abandon_after double precision;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
@@ -224,23 +228,27 @@ SET_STATE = """
 """
 #: Register or refresh an instance, deciding its role in the same statement: a member that
 #: asks to fire waits instead while a live firing member of another mode beats (one fleet,
-#: one coordination). Members take FLEET_LOCK first, so two of different modes starting
+#: one coordination; live by the caller's window, or by its own if longer, as a name's
+#: holder is). Members take FLEET_LOCK first, so two of different modes starting
 #: at once see each other. A NULL mode (an older version, a bare heartbeat) is not gated
 #: and does not gate.
 HEARTBEAT = """
-    INSERT INTO schedtui_instances (instance, host, pid, heartbeat_at, role, coordination, clock_offset, clock_off)
+    INSERT INTO schedtui_instances (
+        instance, host, pid, heartbeat_at, role, coordination, clock_offset, clock_off, abandon_after)
     VALUES (%(instance)s, %(host)s, %(pid)s, %(at)s,
         CASE WHEN %(role)s::text = 'firing' AND EXISTS (
             SELECT 1 FROM schedtui_instances o
             WHERE o.instance <> %(instance)s AND o.role = 'firing'
-              AND o.coordination <> %(mode)s::text AND o.heartbeat_at > %(live_after)s::timestamptz)
+              AND o.coordination <> %(mode)s::text AND o.heartbeat_at > least(%(live_after)s::timestamptz,
+                  %(at)s::timestamptz - make_interval(secs => coalesce(o.abandon_after, 0))))
         THEN 'waiting' ELSE %(role)s::text END,
-        %(mode)s::text, %(clock_offset)s::double precision, %(clock_off)s::boolean)
+        %(mode)s::text, %(clock_offset)s::double precision, %(clock_off)s::boolean, %(window)s::double precision)
     ON CONFLICT (instance) DO UPDATE SET host = excluded.host, pid = excluded.pid,
         heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination,
-        clock_offset = excluded.clock_offset, clock_off = excluded.clock_off
+        clock_offset = excluded.clock_offset, clock_off = excluded.clock_off, abandon_after = excluded.abandon_after
     WHERE (schedtui_instances.host = excluded.host AND schedtui_instances.pid = excluded.pid)
-        OR %(taken_before)s::timestamptz IS NULL OR schedtui_instances.heartbeat_at <= %(taken_before)s::timestamptz
+        OR %(taken_before)s::timestamptz IS NULL OR schedtui_instances.heartbeat_at <= least(%(taken_before)s::timestamptz,
+            %(at)s::timestamptz - make_interval(secs => coalesce(schedtui_instances.abandon_after, 0)))
     RETURNING role
 """
 #: Who holds an instance's name (a heartbeat that did not write: see Membership.taken_before).
@@ -251,7 +259,7 @@ FLEET_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {LOCK_FLEET})"
 #: The server's clock at this moment (not the transaction's start): what every instance's
 #: clock is compared with.
 SERVER_CLOCK = "SELECT clock_timestamp()"
-INSTANCES = "SELECT instance, host, pid, heartbeat_at FROM schedtui_instances"
+INSTANCES = "SELECT instance, host, pid, heartbeat_at, abandon_after FROM schedtui_instances"
 INSTANCE_LIST = (
     "SELECT instance, host, pid, heartbeat_at, last_fired_at, role, coordination, clock_offset, clock_off "
     "FROM schedtui_instances "

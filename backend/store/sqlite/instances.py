@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from backend.errors import NameTaken
 from backend.model import BackfillProgress, InstanceInfo, Role, Run
-from backend.store import FIRING, Membership, Unfinished
+from backend.store import FIRING, Beat, Membership, Unfinished
 from backend.store.sqlite.sql import (
     _EPOCH,
     _MICROSECOND,
@@ -65,7 +65,7 @@ class SQLiteInstances:
         at: datetime,
         membership: Membership = FIRING,
     ) -> Role:
-        role, coordination, live_after, clock_offset, clock_off, taken_before = membership
+        role, coordination, live_after, clock_offset, clock_off, taken_before, window = membership
         since = _us(live_after if live_after is not None else at)
         taken = None if taken_before is None else _us(taken_before)
 
@@ -73,9 +73,9 @@ class SQLiteInstances:
             recorded = role
             if role == "firing" and coordination is not None:
                 # The writer's transaction is the only one: the check and the write are atomic.
-                if c.execute(OTHER_MODE_FIRING, (instance, coordination, since)).fetchone() is not None:
+                if c.execute(OTHER_MODE_FIRING, (instance, coordination, since, _us(at))).fetchone() is not None:
                     recorded = "waiting"
-            params = (instance, host, pid, _us(at), recorded, coordination, clock_offset, int(clock_off), taken)
+            params = (instance, host, pid, _us(at), recorded, coordination, clock_offset, int(clock_off), taken, window)
             if c.execute(HEARTBEAT, params).rowcount == 0:
                 holder = c.execute(NAME_HOLDER, (instance,)).fetchone()
                 raise NameTaken(instance, holder[0], holder[1], _dt(holder[2]))  # type: ignore[arg-type]
@@ -83,9 +83,9 @@ class SQLiteInstances:
 
         return await self._write(beat)
 
-    async def instances(self) -> dict[str, tuple[str, int, datetime]]:
+    async def instances(self) -> dict[str, Beat]:
         rows = await self._read(lambda c: c.execute(INSTANCES).fetchall())
-        return {row[0]: (row[1], row[2], _dt(row[3])) for row in rows}  # type: ignore[misc]
+        return {row[0]: Beat(row[1], row[2], _dt(row[3]), row[4]) for row in rows}  # type: ignore[arg-type]
 
     async def fleet(self) -> list[InstanceInfo]:
         rows = await self._read(lambda c: c.execute(INSTANCE_LIST).fetchall())

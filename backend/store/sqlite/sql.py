@@ -92,6 +92,10 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE instances ADD COLUMN clock_offset REAL;
     ALTER TABLE instances ADD COLUMN clock_off INTEGER;
     """,
+    # Each instance's take-over window (the PostgreSQL store's: the others judge it by it).
+    """
+    ALTER TABLE instances ADD COLUMN abandon_after REAL;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
@@ -179,13 +183,13 @@ SET_STATE = """
         changed_at = excluded.changed_at, note = excluded.note
 """
 HEARTBEAT = """
-    INSERT INTO instances (instance, host, pid, heartbeat_at, role, coordination, clock_offset, clock_off)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO instances (instance, host, pid, heartbeat_at, role, coordination, clock_offset, clock_off, abandon_after)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?10)
     ON CONFLICT (instance) DO UPDATE SET host = excluded.host, pid = excluded.pid,
         heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination,
-        clock_offset = excluded.clock_offset, clock_off = excluded.clock_off
+        clock_offset = excluded.clock_offset, clock_off = excluded.clock_off, abandon_after = excluded.abandon_after
     WHERE (instances.host = excluded.host AND instances.pid = excluded.pid) OR ?9 IS NULL
-        OR instances.heartbeat_at <= ?9
+        OR instances.heartbeat_at <= min(?9, ?4 - CAST(coalesce(instances.abandon_after, 0) * 1000000 AS INTEGER))
 """
 #: Who holds an instance's name (a heartbeat that did not write: see Membership.taken_before).
 NAME_HOLDER = "SELECT host, pid, heartbeat_at FROM instances WHERE instance = ?"
@@ -193,9 +197,10 @@ NAME_HOLDER = "SELECT host, pid, heartbeat_at FROM instances WHERE instance = ?"
 FORGET_HOLDER = "DELETE FROM instances WHERE instance = ? AND host = ? AND pid = ?"
 #: A live firing member of another mode (see the PostgreSQL store's HEARTBEAT).
 OTHER_MODE_FIRING = """
-    SELECT 1 FROM instances WHERE instance <> ? AND role = 'firing' AND coordination <> ? AND heartbeat_at > ? LIMIT 1
+    SELECT 1 FROM instances WHERE instance <> ?1 AND role = 'firing' AND coordination <> ?2
+        AND heartbeat_at > min(?3, ?4 - CAST(coalesce(abandon_after, 0) * 1000000 AS INTEGER)) LIMIT 1
 """
-INSTANCES = "SELECT instance, host, pid, heartbeat_at FROM instances"
+INSTANCES = "SELECT instance, host, pid, heartbeat_at, abandon_after FROM instances"
 INSTANCE_LIST = (
     "SELECT instance, host, pid, heartbeat_at, last_fired_at, role, coordination, clock_offset, clock_off "
     "FROM instances ORDER BY instance"
