@@ -164,6 +164,11 @@ class Run:
     traceback: str | None = None
     """The failing handler's traceback (its last 8 KB); read with one run (the API's run
     detail, the console's details), not with lists of runs."""
+    held: bool = False
+    """Closed while its handler runs on (a sync handler past ``max_runtime``, or one that
+    ignores its cancellation): it keeps its schedule's overlap place until the handler
+    returns, and the store tells the fleet's overlap checks so (PostgreSQL; a SQLite file
+    has one firing process, which knows it already)."""
 
     @property
     def duration_ms(self) -> int | None:

@@ -2,8 +2,9 @@
 real clock: a worker cut off from the database (a TCP relay that freezes) stops its work
 before another takes it over; one whose sync handlers cannot be stopped ends itself;
 instances in two PID namespaces on one host (``unshare --pid``) do not judge each other's
-pids; a sync handler past ``max_runtime`` keeps its seat until it returns; an instance is
-judged by its own take-over window where that is the longer.
+pids; a sync handler past ``max_runtime`` keeps its seat until it returns, and a schedule
+run's overlap place on every instance; an instance is judged by its own take-over window
+where that is the longer.
 
 Handlers append one line per start, stop and end to a log file (pid and wall time); the
 checks read that log and the store. The windows are short (``--abandon-after 6``: the
@@ -339,6 +340,13 @@ SCHEDULES = """
             f.write(f"{what} {ctx.name}:{ctx.run_id} 1 {os.getpid()} {time.time():.6f}\\n")
 
 
+    def overruns(ctx):  # a sync handler past max_runtime: its thread runs on until the release
+        note("start", ctx)
+        while not RELEASE.exists():
+            time.sleep(0.05)
+        note("end", ctx)
+
+
     async def waits(ctx):
         note("start", ctx)
         while not RELEASE.exists():
@@ -346,12 +354,18 @@ SCHEDULES = """
         note("end", ctx)
 
 
-    long = define_schedule(name="long", cron="* * * * * *", timezone="UTC", handler=waits, on_overlap="skip")
+    if OVERRUN:
+        skipping = define_schedule(name="skipping", cron="* * * * * *", timezone="UTC", handler=overruns,
+                                   max_runtime=1, on_overlap="skip")
+        queueing = define_schedule(name="queueing", cron="* * * * * *", timezone="UTC", handler=overruns,
+                                   max_runtime=1, on_overlap="queue")
+    else:
+        long = define_schedule(name="long", cron="* * * * * *", timezone="UTC", handler=waits, on_overlap="skip")
 """
 
 
-def schedules(workers: Workers) -> None:
-    (workers.root / "schedules" / "fleet.cron.py").write_text(textwrap.dedent(SCHEDULES))
+def schedules(workers: Workers, *, overrun: bool) -> None:
+    (workers.root / "schedules" / "fleet.cron.py").write_text(textwrap.dedent(SCHEDULES.replace("OVERRUN", str(overrun))))
 
 
 def one_at_a_time(lines: list[Line], schedule: str) -> int:
@@ -364,11 +378,44 @@ def one_at_a_time(lines: list[Line], schedule: str) -> int:
     return len(spans)
 
 
+def test_a_timed_out_handler_keeps_its_overlap_place_on_every_instance_until_it_returns(workers: Workers) -> None:
+    """A sync handler past max_runtime is recorded ``timeout`` but runs on: before, only its
+    own instance kept its place, and another started the schedule's next slot beside it."""
+    schedules(workers, overrun=True)
+    a = workers.start("a", None, "--clock-offset-ms", "-300")  # b claims each slot first
+    poll(lambda: len(workers.starts(a.process.pid)) == 2, timeout=30, what="a to start both schedules")
+    b = workers.start("b")
+
+    def b_after_a() -> bool:
+        skipped = workers.sql("SELECT count(*) FROM schedtui_runs WHERE name = 'skipping' AND instance = 'b'")[0][0]
+        queued = workers.sql(
+            "SELECT count(*) FROM schedtui_runs WHERE name = 'queueing' AND instance = 'b' AND fired_at IS NULL"
+        )[0][0]
+        return bool(workers.starts(b.process.pid)) or (skipped >= 2 and queued >= 2)
+
+    poll(b_after_a, timeout=30, what="b to win slots of both schedules")
+    assert not workers.starts(b.process.pid), "b started a run beside a's timed-out handler"
+    held = workers.sql("SELECT name, status, error_tag FROM schedtui_runs WHERE instance = 'a' AND held ORDER BY name")
+    assert held == [("queueing", "failed", "timeout"), ("skipping", "failed", "timeout")]
+    skipped = workers.sql(  # (but for a placeholder of a slot b is about to skip)
+        "SELECT status, error_tag, error_message FROM schedtui_runs WHERE name = 'skipping' AND instance = 'b' AND status <> 'running'"
+    )
+    assert {(status, tag) for status, tag, _ in skipped} == {("skipped", "overlap")}
+    assert all("(on another instance) was still in flight" in message for _, _, message in skipped)
+    (workers.root / "release").touch()
+    # Once a's handlers return, b's queued slots run, one at a time, after them.
+    poll(lambda: workers.starts(b.process.pid), timeout=30, what="b to start its queued slots")
+    poll(lambda: not workers.sql("SELECT 1 FROM schedtui_runs WHERE held"), timeout=30, what="the places to be let go")
+    lines = workers.lines()
+    assert one_at_a_time(lines, "skipping") >= 1
+    assert one_at_a_time(lines, "queueing") >= 2
+
+
 def test_an_instance_of_a_shorter_window_never_takes_a_live_one_of_a_longer_window_over(workers: Workers) -> None:
     """A rolling change of --abandon-after (30 s to 6 s) runs both for a while: b, of 6 s,
     took a's run for abandoned after 6 s of silence, though a stops its own work only after
     20 s, and started the schedule's next slot beside it."""
-    schedules(workers)
+    schedules(workers, overrun=False)
     a = workers.start("a", None, "--abandon-after", "30")
     poll(lambda: workers.starts(a.process.pid), timeout=30, what="a to start its run")
     b = workers.start("b")  # --abandon-after 6

@@ -592,6 +592,27 @@ async def test_close_runs_closes_only_running_runs(store: Store) -> None:
     assert await store.close_runs([]) == set()
 
 
+async def test_a_run_closed_while_its_handler_runs_on_is_in_flight_until_it_lets_go(store: Store) -> None:
+    """A run recorded ``timeout`` whose handler has not returned keeps its schedule's place:
+    the other instances' overlap checks read it with the runs in flight."""
+    ids = Ids()
+    running = run(ids(), status="running")
+    store.save_runs([running])
+    await store.flush()
+    closed = running.finish("failed", T0 + timedelta(seconds=30), error_tag="timeout", error_message="exceeded")
+    store.save_runs([dataclasses.replace(closed, held=True)])
+    await store.flush()
+    assert [(r.id, r.status, r.held) for r in await store.running_runs()] == [(running.id, "failed", True)]
+    assert await store.get_run(running.id) == closed
+    store.save_runs([closed])  # its handler returned: the place is let go, nothing else changes
+    await store.flush()
+    assert await store.running_runs() == []
+    assert await store.get_run(running.id) == closed
+    store.save_runs([dataclasses.replace(closed, held=True)])  # (once let go, never held again)
+    await store.flush()
+    assert await store.running_runs() == []
+
+
 async def test_close_runs_of_a_burst_closes_the_running_ones_and_leaves_the_rest(store: Store) -> None:
     ids = Ids()
     burst = [run(ids(), name=f"tick{i}", status="running") for i in range(40)]

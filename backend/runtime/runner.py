@@ -234,6 +234,10 @@ class Invocation(Capture):
         """Called once, after :meth:`settled`, when the handler has really returned (or never
         started): what the call held may be let go now (override)."""
 
+    def lingers(self) -> None:
+        """Called once, after :meth:`settled`, when the handler runs on past it (override):
+        it holds what it holds until :meth:`ended`."""
+
     @property
     def lingering(self) -> bool:
         """Settled, but its handler still runs (a sync handler past its deadline)."""
@@ -686,6 +690,7 @@ class HandlerRunner:
         if not invocation.has_ended and invocation.given_up_at is None and invocation.outcome is not None:
             invocation.given_up_at = invocation.outcome.at
             self.lingering.add(invocation)
+            invocation.lingers()
 
     def _on_thread(
         self, invocation: Invocation, fn: Callable[[Any], Any], arg: Any, captured: Capture | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -162,6 +163,12 @@ class ScheduleRun(Invocation):
 
     def ended(self) -> None:
         self.launcher.released(self)
+
+    def lingers(self) -> None:
+        run = self.run
+        if run.done:  # its row tells the fleet the place is still held (see Launcher.released)
+            self.run = run = dataclasses.replace(run, held=True)
+            self.launcher.ledger.keep(run)
 
     def started(self) -> asyncio.Future[ScheduleRun]:
         """Resolves once the run's ``running`` row is recorded (its handler starting)."""
@@ -420,6 +427,9 @@ class Launcher:
         start under ``skip``/``queue``, and its lock go (called once per run)."""
         if scheduled.run.finished_at is not None:  # (else its lock's release records it: see close)
             self.active.pop(scheduled.run_id, None)
+        if scheduled.run.held:  # the other instances' overlap checks counted it in flight
+            scheduled.run = run = dataclasses.replace(scheduled.run, held=False)
+            self.ledger.keep(run)
         if scheduled.lease is not None and self.locks is not None:
             self.locks.release_soon(scheduled.lease)
         name = scheduled.schedule.name

@@ -69,17 +69,22 @@ class RunLedger:
                     meter(run)
                 except Exception:
                     log.exception("a run meter failed")
-        self._buffer.append(run)
-        if not self._pending and not self._held:
-            self._pending = True
-            # After the tasks already scheduled (handlers starting), not before them.
-            asyncio.get_running_loop().call_soon(self._scheduled_handoff)
+        self.keep(run)
         self.stats[status] += 1
         for listener in self.listeners:  # tell(run), inlined: twice per run
             try:
                 listener(run)
             except Exception:
                 log.exception("a run listener failed")
+
+    def keep(self, run: Run) -> None:
+        """Hand a version of a run to the store only: one that says no more than what was
+        recorded already but for :attr:`Run.held` (its overlap place held, or let go)."""
+        self._buffer.append(run)
+        if not self._pending and not self._held:
+            self._pending = True
+            # After the tasks already scheduled (handlers starting), not before them.
+            asyncio.get_running_loop().call_soon(self._scheduled_handoff)
 
     def tell(self, run: Run) -> None:
         """Tell the listeners about a run version (also one written by someone else)."""

@@ -457,7 +457,12 @@ class InstanceRegistry:
             if self.is_ours(run.id):
                 continue
             why = self.gone(beats, run.instance, now)
-            if why is not None:
+            if why is None:
+                continue
+            if run.held:  # closed already; its handler stopped with its instance
+                log.info("run %s of %s (%s) lets go of its overlap place: %s", run.id, run.name, run.error_tag, why)
+                self.ledger.keep(dataclasses.replace(run, held=False))
+            else:
                 closing.append(run.finish("failed", now, error_tag=TAG_ABANDONED, error_message=why))
         if closing:
             # Hand in our own finished versions first: a run of ours that finished while we

@@ -40,7 +40,7 @@ class Unfinished(NamedTuple):
     """What the abandoned-work sweep looks at (see :meth:`Store.heartbeat_and_unfinished`)."""
 
     runs: list[Run]
-    """Runs still ``running``."""
+    """Runs in flight (see :meth:`Store.running_runs`)."""
     backfills: list[BackfillProgress]
     """Backfills still ``running``."""
     marks: dict[str, datetime]
@@ -205,7 +205,8 @@ class Store(Protocol):
         or taking over a shard, asks for a thousand schedules at once."""
 
     async def running_runs(self) -> list[Run]:
-        """Every run whose status is still ``running``, from any instance."""
+        """Every run in flight, from any instance: still ``running``, or closed while its
+        handler runs on (:attr:`Run.held`; a fleet's store, PostgreSQL, keeps those)."""
 
     async def close_runs(self, runs: Sequence[Run]) -> set[str]:
         """Write each of ``runs`` (finished versions) whose stored version is still

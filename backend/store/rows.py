@@ -7,6 +7,7 @@ function for turning a stored time into an aware UTC datetime.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -47,6 +48,13 @@ def run_from_row(row: Sequence[Any], when: ToTime) -> Run:
         error_message=row[10],
         traceback=row[11] if len(row) > 11 else None,
     )
+
+
+def in_flight_from_row(row: Sequence[Any], when: ToTime) -> Run:
+    """A row of a store's runs in flight: a run's columns (RUN_FIELDS), then whether it is
+    :attr:`~backend.model.Run.held`."""
+    run = run_from_row(row[:-1], when)
+    return dataclasses.replace(run, held=True) if row[-1] else run
 
 
 def backfill_from_row(row: Sequence[Any], when: ToTime) -> BackfillProgress:

@@ -143,7 +143,7 @@ CLUSTER_CLAIM = f"""
     FROM (SELECT name, min(scheduled_at) AS first FROM won GROUP BY name) f
     CROSS JOIN LATERAL (
         SELECT r.id FROM schedtui_runs r
-        WHERE r.name = f.name AND r.status = 'running' AND r.instance <> %(instance)s
+        WHERE r.name = f.name AND (r.status = 'running' OR r.held) AND r.instance <> %(instance)s
             AND (r.fired_at IS NOT NULL OR r.scheduled_at < f.first)
         ORDER BY r.id LIMIT 1
     ) b

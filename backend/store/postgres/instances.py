@@ -32,7 +32,7 @@ from backend.store.postgres.sql import (
     STARTING_MARKS,
     UPSERT_RUNS,
     _backfill,
-    _run,
+    _in_flight,
     _runs_json,
     _utc,
 )
@@ -141,7 +141,7 @@ class PostgresInstances:
         runs = await (await conn.execute(RUNNING_RUNS)).fetchall()
         backfills = await (await conn.execute(RUNNING_BACKFILLS)).fetchall()
         marks = await (await conn.execute(STARTING_MARKS)).fetchall()
-        return [_run(r) for r in runs], [_backfill(r) for r in backfills], {r[0]: r[1].astimezone(UTC) for r in marks}
+        return [_in_flight(r) for r in runs], [_backfill(r) for r in backfills], {r[0]: r[1].astimezone(UTC) for r in marks}
 
     async def close_unrecorded(self, instance: str, slot: datetime, runs: Sequence[Run]) -> list[Run]:
         async def close(conn: AsyncConnection[Any]) -> list[Run]:

@@ -47,6 +47,7 @@ from backend.store.postgres.sql import (
     UPDATE_BACKFILL,
     _backfill,
     _claims_json,
+    _in_flight,
     _run,
     _runs_json,
     _utc,
@@ -118,7 +119,7 @@ class PostgresRuns:
         return {name: slot.astimezone(UTC) for name, slot in rows if slot is not None}
 
     async def running_runs(self) -> list[Run]:
-        return [_run(row) for row in await self._fetchall(RUNNING_RUNS)]
+        return [_in_flight(row) for row in await self._fetchall(RUNNING_RUNS)]
 
     async def close_runs(self, runs: Sequence[Run]) -> set[str]:
         if not runs:

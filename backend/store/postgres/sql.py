@@ -11,7 +11,7 @@ from typing import Any
 
 from backend.model import BackfillProgress, Claim, Run
 from backend.safetext import store_text as _text
-from backend.store.rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
+from backend.store.rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, in_flight_from_row, run_from_row
 
 #: Advisory lock taken (transaction-scoped) around schema creation and migration, so N
 #: instances starting at once migrate one after the other. Two-key form: (class, object).
@@ -116,6 +116,13 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE schedtui_instances ADD COLUMN abandon_after double precision;
     """,
+    # A closed run whose handler runs on keeps its schedule's overlap place (Run.held): the
+    # fleet's overlap checks count it in flight, as a running one.
+    """
+    ALTER TABLE schedtui_runs ADD COLUMN held boolean NOT NULL DEFAULT false;
+    DROP INDEX schedtui_runs_running;
+    CREATE INDEX schedtui_runs_in_flight ON schedtui_runs (name) WHERE status = 'running' OR held;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
@@ -135,28 +142,34 @@ LATE_NOTE = """
     || coalesce(' [' || excluded.error_tag || ']', '')
     || coalesce(' ' || left(excluded.error_message, 200), '')
 """
+#: The same finished version as the row's (but perhaps for ``held``).
+_SAME_CLOSE = """(excluded.status = schedtui_runs.status
+        AND excluded.error_tag IS NOT DISTINCT FROM schedtui_runs.error_tag
+        AND excluded.finished_at IS NOT DISTINCT FROM schedtui_runs.finished_at)"""
 #: One statement for a whole group commit. The batch travels as one JSON document (one
 #: parameter: cheap to build in Python, where a parameter per column would be adapted
 #: element by element on the event loop). A row is replaced while it is ``running``; once
 #: closed it stays closed: a later, different outcome only adds LATE_NOTE (once), and a
-#: late ``running`` version or the same finished version again changes nothing.
+#: late ``running`` version or the same finished version again changes nothing, but for
+#: letting go of the overlap place it held (``held``, never taken again once let go).
 UPSERT_RUNS = f"""
-    INSERT INTO schedtui_runs ({RUN_WRITE_COLUMNS})
-    SELECT {RUN_WRITE_COLUMNS} FROM json_to_recordset(%s::json) AS r(
+    INSERT INTO schedtui_runs ({RUN_WRITE_COLUMNS}, held)
+    SELECT {RUN_WRITE_COLUMNS}, held FROM json_to_recordset(%s::json) AS r(
         id text, name text, scheduled_at timestamptz, fired_at timestamptz, finished_at timestamptz,
         status text, trigger text, outcome text, instance text, error_tag text, error_message text,
-        traceback text)
+        traceback text, held boolean)
     ON CONFLICT (id) DO UPDATE SET
         {_KEEP_CLOSED},
         error_message = CASE WHEN schedtui_runs.status = 'running' THEN excluded.error_message
-            ELSE coalesce(schedtui_runs.error_message || '; ', '') || {LATE_NOTE} END
+            WHEN {_SAME_CLOSE} THEN schedtui_runs.error_message
+            ELSE coalesce(schedtui_runs.error_message || '; ', '') || {LATE_NOTE} END,
+        held = CASE WHEN schedtui_runs.status = 'running' THEN excluded.held
+            ELSE schedtui_runs.held AND excluded.held END
     WHERE schedtui_runs.status = 'running' OR (
         excluded.status <> 'running'
-        AND NOT (excluded.status = schedtui_runs.status
-                 AND excluded.error_tag IS NOT DISTINCT FROM schedtui_runs.error_tag
-                 AND excluded.finished_at IS NOT DISTINCT FROM schedtui_runs.finished_at)
+        AND NOT {_SAME_CLOSE}
         AND strpos(coalesce(schedtui_runs.error_message, ''), {LATE_NOTE}) = 0
-    )
+    ) OR (schedtui_runs.held AND NOT excluded.held AND {_SAME_CLOSE})
 """
 CLOSE_RUNS = """
     UPDATE schedtui_runs r
@@ -206,14 +219,15 @@ LAST_SLOTS = """
     SELECT n.name, (SELECT max(r.scheduled_at) FROM schedtui_runs r WHERE r.name = n.name AND r.trigger <> 'manual')
     FROM unnest(%s::text[]) AS n(name)
 """
-RUNNING_RUNS = f"SELECT {RUN_COLUMNS} FROM schedtui_runs WHERE status = 'running'"
+#: Runs in flight: ``running``, or closed while their handler runs on (``held``, last).
+RUNNING_RUNS = f"SELECT {RUN_COLUMNS}, held FROM schedtui_runs WHERE status = 'running' OR held"
 #: Runs created before the floor, but never one in flight, nor the run of each schedule's
 #: newest timed slot (whatever its age): the catch-up counts from that slot (LAST_SLOT), so
 #: a schedule rarer than the retention would otherwise forget it ever ran.
 #: The oldest of them, at most ``%s`` (a sweep is many short transactions: see ``prune_runs``).
 PRUNE_RUNS = """
     DELETE FROM schedtui_runs WHERE id IN (
-        SELECT o.id FROM schedtui_runs o WHERE o.id < %s AND o.status <> 'running'
+        SELECT o.id FROM schedtui_runs o WHERE o.id < %s AND o.status <> 'running' AND NOT o.held
             AND o.id IS DISTINCT FROM (
                 SELECT n.id FROM schedtui_runs n WHERE n.name = o.name AND n.trigger <> 'manual' AND n.scheduled_at IS NOT NULL
                 ORDER BY n.scheduled_at DESC, n.id DESC LIMIT 1)
@@ -369,7 +383,7 @@ CLAIM = """
     ) f
     CROSS JOIN LATERAL (
         SELECT r.id FROM schedtui_runs r
-        WHERE r.name = f.name AND r.status = 'running' AND r.instance <> %(instance)s
+        WHERE r.name = f.name AND (r.status = 'running' OR r.held) AND r.instance <> %(instance)s
             AND (r.fired_at IS NOT NULL OR r.scheduled_at < f.first)
         ORDER BY r.id LIMIT 1
     ) b
@@ -452,6 +466,10 @@ def _run(row: Sequence[Any]) -> Run:
     return run_from_row(row, _utc)
 
 
+def _in_flight(row: Sequence[Any]) -> Run:
+    return in_flight_from_row(row, _utc)
+
+
 def _backfill(row: Sequence[Any]) -> BackfillProgress:
     return backfill_from_row(row, _utc)
 
@@ -491,6 +509,7 @@ def _runs_json(runs: Sequence[Run]) -> str:
                 "traceback": _text(r.traceback),
                 "error_tag": _text(r.error_tag),
                 "error_message": _text(r.error_message),
+                "held": r.held,
             }
             for r in runs
         ],

@@ -32,7 +32,7 @@ from backend.store.sqlite.sql import (
     UPSERT_RUN,
     _backfill,
     _dt,
-    _run,
+    _in_flight,
     _run_params,
     _us,
 )
@@ -118,7 +118,7 @@ class SQLiteInstances:
 
     async def unfinished_work(self) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
         def read(c: sqlite3.Connection) -> tuple[list[Run], list[BackfillProgress], dict[str, datetime]]:
-            runs = [_run(row) for row in c.execute(RUNNING_RUNS).fetchall()]
+            runs = [_in_flight(row) for row in c.execute(RUNNING_RUNS).fetchall()]
             backfills = [_backfill(row) for row in c.execute(RUNNING_BACKFILLS).fetchall()]
             marks = {row[0]: _EPOCH + _MICROSECOND * row[1] for row in c.execute(STARTING_MARKS).fetchall()}
             return runs, backfills, marks

@@ -53,6 +53,7 @@ from backend.store.sqlite.sql import (
     UPDATE_BACKFILL,
     _backfill,
     _dt,
+    _in_flight,
     _run,
     _us,
 )
@@ -143,7 +144,7 @@ class SQLiteRuns:
 
     async def running_runs(self) -> list[Run]:
         rows = await self._read(lambda c: c.execute(RUNNING_RUNS).fetchall())
-        return [_run(row) for row in rows]
+        return [_in_flight(row) for row in rows]
 
     async def close_runs(self, runs: Sequence[Run]) -> set[str]:
         if not runs:

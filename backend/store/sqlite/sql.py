@@ -8,7 +8,7 @@ from typing import Any
 
 from backend.model import BackfillProgress, Run
 from backend.safetext import store_text
-from backend.store.rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, run_from_row
+from backend.store.rows import BACKFILL_FIELDS, RUN_FIELDS, RUN_WRITE_FIELDS, backfill_from_row, in_flight_from_row, run_from_row
 
 #: Each entry moves the schema up one version; applied in order inside BEGIN IMMEDIATE.
 MIGRATIONS: tuple[str, ...] = (
@@ -96,6 +96,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE instances ADD COLUMN abandon_after REAL;
     """,
+    # A closed run whose handler runs on keeps its schedule's overlap place (Run.held).
+    """
+    ALTER TABLE runs ADD COLUMN held INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX runs_held ON runs (held) WHERE held = 1;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
@@ -115,21 +120,26 @@ LATE_NOTE = """
     || coalesce(' [' || excluded.error_tag || ']', '')
     || coalesce(' ' || substr(excluded.error_message, 1, 200), '')
 """
+#: The same finished version as the row's (but perhaps for ``held``).
+_SAME_CLOSE = """(excluded.status = runs.status AND excluded.error_tag IS runs.error_tag
+        AND excluded.finished_at IS runs.finished_at)"""
 #: A run's row is replaced while it is ``running``; once closed it stays closed: a later,
 #: different outcome only adds LATE_NOTE (once), and a late ``running`` version changes
-#: nothing. Writing the same finished version again changes nothing either.
+#: nothing. Writing the same finished version again changes nothing either, but for
+#: letting go of the overlap place it held (``held``: see the PostgreSQL store's).
 UPSERT_RUN = f"""
-    INSERT INTO runs ({RUN_WRITE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO runs ({RUN_WRITE_COLUMNS}, held) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO UPDATE SET
         {_KEEP_CLOSED},
         error_message = CASE WHEN runs.status = 'running' THEN excluded.error_message
-            ELSE coalesce(runs.error_message || '; ', '') || {LATE_NOTE} END
+            WHEN {_SAME_CLOSE} THEN runs.error_message
+            ELSE coalesce(runs.error_message || '; ', '') || {LATE_NOTE} END,
+        held = CASE WHEN runs.status = 'running' THEN excluded.held ELSE runs.held AND excluded.held END
     WHERE runs.status = 'running' OR (
         excluded.status <> 'running'
-        AND NOT (excluded.status = runs.status AND excluded.error_tag IS runs.error_tag
-                 AND excluded.finished_at IS runs.finished_at)
+        AND NOT {_SAME_CLOSE}
         AND instr(coalesce(runs.error_message, ''), {LATE_NOTE}) = 0
-    )
+    ) OR (runs.held = 1 AND excluded.held = 0 AND {_SAME_CLOSE})
 """
 CLOSE_RUN = """
     UPDATE runs SET status = ?, finished_at = ?, error_tag = ?, error_message = ?
@@ -162,14 +172,15 @@ RUNS_BETWEEN = f"""
     ORDER BY scheduled_at DESC, id DESC LIMIT ?
 """
 LAST_SLOT = "SELECT max(scheduled_at) FROM runs WHERE name = ? AND trigger <> 'manual'"
-RUNNING_RUNS = f"SELECT {RUN_COLUMNS} FROM runs WHERE status = 'running'"
+#: Runs in flight: ``running``, or closed while their handler runs on (``held``, last).
+RUNNING_RUNS = f"SELECT {RUN_COLUMNS}, held FROM runs WHERE status = 'running' OR held = 1"
 #: Runs created before the floor, but never one in flight, nor the run of each schedule's
 #: newest timed slot (whatever its age): the catch-up counts from that slot (LAST_SLOT), so
 #: a schedule rarer than the retention would otherwise forget it ever ran.
 #: The oldest of them, at most ``?`` (a sweep is many short transactions: see ``prune_runs``).
 PRUNE_RUNS = """
     DELETE FROM runs WHERE id IN (
-        SELECT o.id FROM runs o WHERE o.id < ? AND o.status <> 'running'
+        SELECT o.id FROM runs o WHERE o.id < ? AND o.status <> 'running' AND o.held = 0
             AND o.id IS NOT (  -- (null-safe: a schedule with no timed run)
                 SELECT n.id FROM runs n WHERE n.name = o.name AND n.trigger <> 'manual' AND n.scheduled_at IS NOT NULL
                 ORDER BY n.scheduled_at DESC, n.id DESC LIMIT 1)
@@ -239,7 +250,7 @@ INSERT_PLACEHOLDER = """
     VALUES (?, ?, ?, 'running', ?, ?, ?) ON CONFLICT (id) DO NOTHING
 """
 BUSY_ELSEWHERE = """
-    SELECT id FROM runs WHERE status = 'running' AND name = ? AND instance <> ?
+    SELECT id FROM runs WHERE (status = 'running' OR held = 1) AND name = ? AND instance <> ?
         AND (fired_at IS NOT NULL OR scheduled_at < ?)
     ORDER BY id LIMIT 1
 """
@@ -281,11 +292,16 @@ def _run_params(run: Run) -> tuple[Any, ...]:
         store_text(run.error_tag),
         store_text(run.error_message),
         store_text(run.traceback),
+        int(run.held),
     )
 
 
 def _run(row: tuple[Any, ...]) -> Run:
     return run_from_row(row, _dt)
+
+
+def _in_flight(row: tuple[Any, ...]) -> Run:
+    return in_flight_from_row(row, _dt)
 
 
 def _backfill(row: tuple[Any, ...]) -> BackfillProgress:
