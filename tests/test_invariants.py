@@ -13,8 +13,11 @@ with or without a grace). One configuration runs one engine (``single`` or ``adv
 coordination), the other a fleet of two engines sharing the store, ``advisoryLock`` at
 first; a restart there may come back in the other mode (``single``), as a rolling change
 of ``--coordination`` does: an instance whose mode differs from the firing one's waits,
-and fires (catching up) once no instance of the other mode is left. After every step the
-ledger is checked:
+and fires (catching up) once no instance of the other mode is left. In a fleet the two
+instances' claims and heartbeats sent at the same instant reach the store in either order,
+and the second may run with a shorter take-over window (a rolling change of
+``--abandon-after``). A handler may overrun its ``max_runtime``, ignoring the watchdog's
+cancellation (until its engine stops). After every step the ledger is checked:
 
 (a) at most one ``self`` run per (schedule, slot), across every engine;
 (b) every slot of a self-triggered schedule that came due while it was enabled (after the
@@ -22,7 +25,8 @@ ledger is checked:
     has a row: a run, or a ``skipped`` or ``missed`` one;
 (c) after a clean stop (a restart, and the end of each example), the stopped engine has
     left nothing ``running``;
-(d) no two non-manual runs of a ``skip`` or ``queue`` schedule were in flight at once;
+(d) no two non-manual runs of a ``skip`` or ``queue`` schedule were in flight at once, by
+    the ledger or by when their handlers really ran (a timed-out one keeps its place);
 (e) no slot's handler started twice (self-triggered or external), and none whose handler
     started is recorded ``missed`` or ``skipped``;
 (f) a fourth schedule is fired by a platform (``trigger="external"``, every 15 minutes):
@@ -43,6 +47,7 @@ ledger is checked:
 (i) a restart of one engine may come back deployed with another cron for a schedule: no
     timed run is of a slot that is not one of the cron of its time (none before the
     change fires after it; the catch-up starts from the change).
+(j) no run is closed ``abandoned`` while its handler still runs (no instance here dies).
 
 Only the engine's public API is used (``Engine(...)``, ``start``, ``stop``, ``quiesce``,
 ``run_now``, ``set_enabled``, ``start_backfill``, ``flush``, ``store``, ``stats``).
@@ -125,6 +130,9 @@ class World:
         self.let_go: asyncio.Event | None = None
         self.held: tuple[Sequence[Claim], ClaimResult] | None = None
         """The held claim and its answer."""
+        self.order: random.Random | None = None
+        """In a fleet: whose claim or heartbeat reaches the database first when two are sent
+        at the same instant (clocks a little apart, one network slower), drawn per call."""
 
     @property
     def lock(self) -> asyncio.Lock:
@@ -150,6 +158,7 @@ class FlakyStore:
         "prune_runs", "prune_claims", "count_claims", "start_backfill", "update_backfill", "get_backfill",
     }  # fmt: skip
     PASSING = {"open", "close", "flush"}
+    RACING = {"claim", "heartbeat_and_unfinished"}
 
     def __init__(self, inner: Store, world: World, instance: str) -> None:
         self.inner = inner
@@ -165,6 +174,9 @@ class FlakyStore:
         async def call(*args: Any, **kwargs: Any) -> Any:
             world.pending += 1
             try:
+                if name in self.RACING and world.order is not None and world.order.random() < 0.5:
+                    for _ in range(3):
+                        await asyncio.sleep(0)  # the other instance's call, sent as well, goes first
                 async with world.lock:
                     if name in self.FAILING and world.down:
                         raise Unavailable("the store is down (test)")
@@ -206,7 +218,7 @@ class FlakyStore:
 
 @dataclass
 class Behaviour:
-    kind: str  # "noop" | "fail" | "sleep"
+    kind: str  # "noop" | "fail" | "sleep" | "overrun" (a sleep that ignores its cancellation)
     seconds: float = 0.0
 
 
@@ -219,18 +231,36 @@ class Handlers:
         self.started: dict[tuple[str, datetime], int] = defaultdict(int)
         """Handler starts per timed slot (``(name, scheduled_at)``; Run now and backfills are
         manual and not counted)."""
+        self.stopping = False
+        """Set while an engine stops: an ``overrun`` handler ends with its process then."""
+        self.spans: dict[str, list[list[datetime | None]]] = defaultdict(list)
+        """When each timed run's handler really ran, per schedule: ``[start, end]`` (``None``:
+        running); a run recorded ``timeout`` or ``abandoned`` may run on past its row's end."""
+        self.ran: dict[str, list[datetime | None]] = {}
+        """The same spans by run id, Run now and backfills included."""
 
     def make(self, behaviour: Behaviour) -> Callable[[RunContext], Any]:
         async def handler(ctx: RunContext) -> None:
             self.events += 1
+            span: list[datetime | None] = [self.clock.now(), None]
+            self.ran[ctx.run_id] = span
             if ctx.trigger != "manual":
                 self.started[(ctx.name, ctx.scheduled_at)] += 1
+                self.spans[ctx.name].append(span)
             try:
                 if behaviour.kind == "fail":
                     raise RuntimeError("failed on purpose")
-                if behaviour.kind == "sleep":
-                    await self.clock.sleep_until(ctx.fired_at + timedelta(seconds=behaviour.seconds))
+                if behaviour.kind in ("sleep", "overrun"):
+                    until = ctx.fired_at + timedelta(seconds=behaviour.seconds)
+                    while True:
+                        try:
+                            await self.clock.sleep_until(until)
+                            break
+                        except asyncio.CancelledError:  # past max_runtime: the watchdog's
+                            if behaviour.kind == "sleep" or self.stopping or self.clock.now() >= until:
+                                raise
             finally:
+                span[1] = self.clock.now()
                 self.events += 1
 
         return handler
@@ -311,6 +341,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.engines: dict[str, Engine] = {}
         self.mode = "single"
         self.modes: dict[str, CoordinationMode] = {}
+        self.windows: dict[str, float] = {}
+        """In a fleet: an instance's take-over window, if not the default 3600 s."""
         """In a fleet: each instance's coordination mode (``advisoryLock`` unless a restart changed it)."""
         self.models: dict[str, ScheduleModel] = {}
         self.definitions: list[Schedule] = []
@@ -362,7 +394,9 @@ class EngineMachine(RuleBasedStateMachine):
             coordination=self.modes.get(instance, "single" if self.mode == "single" else "advisoryLock"),
             shutdown_grace=0,
             state_poll_interval=POLL,
-            abandon_after=3600,  # the clock jumps minutes at once; no instance here dies
+            # The clock jumps minutes at once; no instance here dies (one of 300 s judges
+            # the others by their own window, 3600 s, where that is the longer).
+            abandon_after=self.windows.get(instance, 3600),
             retention=None,
             ids=IdFactory(self.clock.now, functools.partial(bits, 80)),  # repeatable
         )
@@ -420,6 +454,8 @@ class EngineMachine(RuleBasedStateMachine):
                     st.just(Behaviour("noop")),
                     st.just(Behaviour("fail")),
                     st.builds(Behaviour, st.just("sleep"), st.sampled_from([5.0, 25.0, 45.0, 90.0, 200.0])),
+                    # past a max_runtime of 30 s, ignoring the watchdog's cancellation
+                    st.builds(Behaviour, st.just("overrun"), st.sampled_from([45.0, 200.0])),
                 ),
                 st.sampled_from([30.0, 600.0]),
             ),
@@ -430,14 +466,22 @@ class EngineMachine(RuleBasedStateMachine):
             st.sampled_from(["skip", "queue", "parallel"]),
             st.sampled_from([Behaviour("noop"), Behaviour("fail"), Behaviour("sleep", 20.0), Behaviour("sleep", 1000.0)]),
         ),
+        window=st.sampled_from([3600.0, 300.0]),
+        order=st.integers(0, 2**16),
     )
     def set_up(
         self,
         mode: str,
         policies: list[tuple[OverlapPolicy, BackfillPolicy, Behaviour, float]],
         external: tuple[OverlapPolicy, Behaviour] = ("skip", Behaviour("noop")),
+        window: float = 3600.0,
+        order: int = 0,
     ) -> None:
         self.mode = mode
+        if mode == "fleet":  # b's --abandon-after: a rolling change of it runs both (a: 3600 s)
+            self.windows["b"] = window
+            self.world.order = random.Random(order)
+            self.log.append(f"b: abandon_after={window:g}; who goes first: {order}")
         overlap, behaviour = external
         schedule = define_schedule(
             name=EXTERNAL,
@@ -452,6 +496,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.models[EXTERNAL] = ScheduleModel(EXTERNAL, schedule, external=True)
         self.log.append(f"{EXTERNAL}: {EXTERNAL_CRON} external on_overlap={overlap} {behaviour}")
         for (name, cron), (overlap, backfill, behaviour, max_runtime) in zip(CRONS.items(), policies, strict=False):
+            if behaviour.kind == "overrun":
+                max_runtime = 30.0  # (what it runs past)
             schedule = define_schedule(
                 name=name,
                 cron=cron,
@@ -479,6 +525,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         async def go() -> None:
+            self.handlers.stopping = True
             for engine in self.engines.values():
                 await engine.stop(grace=0)
             if self.world.full:
@@ -785,8 +832,12 @@ class EngineMachine(RuleBasedStateMachine):
         self.log.append(f"{name}: restart after {down_for}s{change}{disk}{how}")
 
         async def go() -> None:
-            if mid_claim is None or not await self.stop_mid_claim(engine, mid_claim):
-                await self.stop_checking_current_slots(engine, grace)
+            self.handlers.stopping = True
+            try:
+                if mid_claim is None or not await self.stop_mid_claim(engine, mid_claim):
+                    await self.stop_checking_current_slots(engine, grace)
+            finally:
+                self.handlers.stopping = False
             del self.engines[name]
             self.world.full = False  # its rows not written are in the reserve; the next store has room
             await self.settle()
@@ -959,6 +1010,11 @@ class EngineMachine(RuleBasedStateMachine):
                         assert start >= latest[0], f"(d) {name}: ran at once: {self.show({r.scheduled_at: [latest[1], r]})}"
                     if latest is None or end > latest[0]:
                         latest = (end, r)
+                # ... nor did their handlers really run at once (a run recorded timeout or
+                # abandoned, whose handler ran on, keeps its place until it has returned)
+                ran = sorted((start, end or now) for start, end in self.handlers.spans[name] if start is not None)
+                for (_, end), (start, _) in zip(ran, ran[1:], strict=False):
+                    assert end <= start, f"(d) {name}: two handlers ran at once, from {start:%H:%M:%S}{self.steps()}"
 
         # (e) a timed slot's handler starts once, and a slot whose handler started is not
         # recorded as one that did not run
@@ -968,6 +1024,11 @@ class EngineMachine(RuleBasedStateMachine):
             false = [r for r in runs if r.status in ("missed", "skipped") and r.trigger != "manual"
                      and self.handlers.started.get((name, r.scheduled_at))]  # fmt: skip
             assert not false, f"(e) {name}: recorded as not run, but its handler started: {self.show({r.scheduled_at: [r] for r in false})}"
+            # (j) a run is closed abandoned only once its handler has stopped: no instance here
+            # dies, so none takes a live one's runs (one of a shorter window did)
+            alive = [r for r in runs if r.error_tag == "abandoned" and r.id in self.handlers.ran
+                     and (self.handlers.ran[r.id][1] or now) > (r.finished_at or now)]  # fmt: skip
+            assert not alive, f"(j) {name}: closed abandoned while its handler ran: {self.show({r.scheduled_at: [r] for r in alive})}"
 
     def held(self, runs: list[Run], now: datetime) -> Callable[[datetime], bool]:
         """Which slots of a schedule may wait in memory, rowless, because runs of it are in
@@ -979,12 +1040,19 @@ class EngineMachine(RuleBasedStateMachine):
         two slots shows both at the instant the first one's run starts the stretch, and the
         second is queued behind it; once that run ends, a Run now started meanwhile keeps
         the stretch going, and the second slot still waits (a slot that is due while any run
-        of the schedule is in flight waits under ``queue``)."""
-        running = [r.scheduled_at for r in runs if r.status == "running"]
+        of the schedule is in flight waits under ``queue``). A run recorded ``timeout`` whose
+        handler runs on is in flight until it returns."""
+        never, ran = now.max.replace(tzinfo=now.tzinfo), self.handlers.ran
+
+        def ended(r: Run) -> datetime:
+            span = ran.get(r.id)
+            return max(r.finished_at or never, span[1] or never) if span is not None else r.finished_at or never
+
+        running = [r.scheduled_at for r in runs if r.status == "running" or (r.id in ran and ran[r.id][1] is None)]
         if not running:
             return lambda slot: False
         oldest = min(running)
-        spans = sorted((r.fired_at, r.finished_at or now.max.replace(tzinfo=now.tzinfo)) for r in runs if r.fired_at)
+        spans = sorted((r.fired_at, ended(r)) for r in runs if r.fired_at)
         since, until = None, None
         for start, end in spans:
             if until is None or start > until:
@@ -1106,6 +1174,42 @@ def test_a_deploy_that_changes_a_cron_catches_up_none_of_its_slots_from_before()
         machine.ledger_holds()
         runs = machine.run(machine.ledger())["min"]
         assert sorted(r.scheduled_at.strftime("%H:%M:%S") for r in runs) == ["08:01:00", "08:04:30"]
+    finally:
+        machine.teardown()
+
+
+def test_a_handler_past_its_max_runtime_keeps_its_place_on_the_other_instance() -> None:
+    """A sequence the machine fails on without the fix, checking (d): in a fleet, a's run of
+    ``sec`` times out at 30 s but its handler ignores the cancellation and runs on for 200 s;
+    b claims the next slots first. b started them beside it: the row said ``timeout``."""
+    machine = EngineMachine()
+    try:
+        overrun, quick = ("skip", "skip", Behaviour("overrun", 200.0), 30.0), ("skip", "skip", Behaviour("noop"), 30.0)
+        machine.set_up(mode="fleet", policies=[overrun, quick, quick], order=1)
+        for _ in range(12):
+            machine.advance_seconds(20)
+            machine.ledger_holds()
+        runs = machine.run(machine.ledger())["sec"]
+        assert {(r.instance, r.status) for r in runs if r.error_message and "(on another instance)" in r.error_message} == {
+            ("b", "skipped")
+        }
+    finally:
+        machine.teardown()
+
+
+def test_an_instance_of_a_shorter_window_takes_no_run_of_a_live_one() -> None:
+    """A sequence the machine fails on without the fix, checking (j): b runs with a take-over
+    window of 300 s, a with 3600 s; the clock jumps 350 s and b's sweep comes first. b judged
+    a by its own 300 s and closed a's run abandoned while its handler ran."""
+    machine = EngineMachine()
+    try:
+        long, quick = ("skip", "skip", Behaviour("overrun", 200.0), 30.0), ("skip", "skip", Behaviour("noop"), 30.0)
+        machine.set_up(mode="fleet", policies=[long, quick, quick], window=300.0, order=1)
+        for _ in range(6):
+            machine.advance_minutes(350)
+            machine.ledger_holds()
+        runs = [r for runs in machine.run(machine.ledger()).values() for r in runs]
+        assert not [r for r in runs if r.error_tag == "abandoned"]
     finally:
         machine.teardown()
 

@@ -517,8 +517,8 @@ class InstanceRegistry:
         """Forget the instances silent for over :data:`FORGET_SILENT` (killed, crashed: only
         a clean stop removes its own row), once the sweep has closed their last burst."""
         silent = [
-            (name, host, pid) for name, (host, pid, beat) in (await self.store.instances()).items()
-            if name != self.instance and now - beat > FORGET_SILENT
+            (name, beat.host, beat.pid) for name, beat in (await self.store.instances()).items()
+            if name != self.instance and now - beat.at > max(FORGET_SILENT, timedelta(seconds=beat.window or 0))
         ]  # fmt: skip
         if not silent:
             return
