@@ -922,6 +922,42 @@ async def test_instances_booting_together_catch_each_missed_slot_up_once(
     assert [slot for _, slot in fired] == [at("2026-03-02T06:00:00Z")]
 
 
+async def test_an_instance_started_just_after_a_slot_leaves_it_to_the_fleet_not_missed(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """b starts 0.1 s after 08:02, which a (its clock 0.3 s behind) has not fired yet. b's
+    catch-up recorded the slot ``missed`` (backfill skip), a's claim of it then lost, and
+    it ran nowhere: a rolling restart took the current slot from the fleet."""
+    from backend.clock import OffsetClock
+
+    fired: list[tuple[str, datetime]] = []
+
+    def handler_for(name: str) -> Any:
+        async def handler(ctx: RunContext) -> None:
+            fired.append((name, ctx.scheduled_at))
+
+        return handler
+
+    def engine(name: str, **kwargs: Any) -> Engine:
+        return make_engine([schedule(handler=handler_for(name), backfill="skip")], instance=name, coordination="advisoryLock", **kwargs)
+
+    a = engine("a", clock=OffsetClock(-0.3, clock))
+    await a.start()
+    for step in (0.3, 60):  # 08:00, then 08:01 by a's clock: a runs them
+        clock.advance(step)
+        await settle(clock, a)
+    clock.advance(59.8)  # 08:02:00.1, and 08:01:59.8 by a's clock
+    b = engine("b")
+    await b.start()
+    await settle(clock, a, b)
+    clock.advance(0.5)  # a's clock passes 08:02: its claim of the slot
+    await settle(clock, a, b)
+    runs = await all_runs(a, "job")
+    slots = [at(f"2026-03-02T08:0{minute}:00Z") for minute in range(3)]
+    assert [(r.scheduled_at, r.status) for r in runs] == [(slot, "succeeded") for slot in slots]
+    assert [slot for _, slot in fired] == slots
+
+
 async def test_default_coordination_comes_from_the_store(make_engine: Callable[..., Engine], store_url: str) -> None:
     engine = make_engine([schedule()])
     expected = "advisoryLock" if store_url.startswith("postgresql") else "single"

@@ -400,11 +400,12 @@ def test_a_timed_out_handler_keeps_its_overlap_place_on_every_instance_until_it_
     skipped = workers.sql(  # (but for a placeholder of a slot b is about to skip)
         "SELECT status, error_tag, error_message FROM schedtui_runs WHERE name = 'skipping' AND instance = 'b' AND status <> 'running'"
     )
-    assert {(status, tag) for status, tag, _ in skipped} == {("skipped", "overlap")}
+    assert {(status, tag) for status, tag, _ in skipped} == {("skipped", "overlap")}, skipped
     assert all("(on another instance) was still in flight" in message for _, _, message in skipped)
     (workers.root / "release").touch()
     # Once a's handlers return, b's queued slots run, one at a time, after them.
-    poll(lambda: workers.starts(b.process.pid), timeout=30, what="b to start its queued slots")
+    poll(lambda: any(line.job.startswith("queueing:") for line in workers.starts(b.process.pid)), timeout=30,
+         what="b to start its queued slots")
     poll(lambda: not workers.sql("SELECT 1 FROM schedtui_runs WHERE held"), timeout=30, what="the places to be let go")
     lines = workers.lines()
     assert one_at_a_time(lines, "skipping") >= 1

@@ -47,6 +47,11 @@ _AHEAD_LIMIT = 100_000
 
 #: Slots claimed in one go when a batch of schedules catches up at start or take-over.
 _CLAIM_CHUNK = 5_000
+#: At a start, the newest slot due at most this long ago is the current one, not a missed
+#: one: it fires whatever the backfill policy. Another live instance may be about to fire
+#: it (its clock a little behind, its loop busy) and the claim decides which one runs it;
+#: recorded ``missed`` here, a restart of one instance took the slot from the fleet.
+BOOT_GRACE = timedelta(seconds=2)
 
 
 @dataclass(eq=False)
@@ -106,7 +111,7 @@ class CatchUp:
         """Catch the schedule up from where the ledger left off, then arm it. ``reason``
         says why slots were missed (default: the engine was not running). The newest slot
         fires whatever the policy if it was due ``late_by`` before ``now`` at most (at
-        boot: only a slot due this very instant, which is not late). The schedules
+        least :data:`BOOT_GRACE`: the current slot, which is not late). The schedules
         asked for together (an engine starting, a shard taken over) share one read of
         where they left off: one query for a thousand schedules, not a thousand."""
         self.busy.add(schedule.name)
@@ -177,10 +182,10 @@ class CatchUp:
                 if never_ran:
                     missed = missed[-1:]  # (nothing before it was ever due to it here)
             if missed:
-                # A slot due this very instant is not late (the timer, armed after now, would
+                # A slot due within BOOT_GRACE is not late (the timer, armed after now, would
                 # not fire it), nor is one a cluster hand-over held up by less than late_by:
                 # it fires whatever the policy, as a live catch-up's newest does.
-                catching.append((schedule, missed, reason, missed[-1] >= now - late_by))
+                catching.append((schedule, missed, reason, missed[-1] >= now - max(late_by, BOOT_GRACE)))
             else:
                 if since is not None and since > now:
                     ahead.append((schedule, now, since))
