@@ -872,13 +872,14 @@ def main() -> None:
                 log(f"{system}: latency {results['latency'][system]}")
                 if system == "schedtui":
                     bare.append(latency(runner, server, "ceiling", args.rate, args.seconds, args.concurrency))
+            # (a run with no job measured, on a machine too busy to send on time, has None)
             results["latency"]["ceiling"] = {
-                key: round(sum(b[key] for b in bare) / len(bare), 1) for key in ("p50_ms", "p99_ms", "max_ms")
+                key: round(sum(values) / len(values), 1) if (values := [b[key] for b in bare if b[key] is not None]) else None
+                for key in ("p50_ms", "p99_ms", "max_ms")
             } | {"runs": bare}
             log(f"ceiling: latency {results['latency']['ceiling']}")
-            results["latency_p99_to_ceiling"] = round(
-                results["latency"]["schedtui"]["p99_ms"] / results["latency"]["ceiling"]["p99_ms"], 2
-            )
+            ours, bare_p99 = results["latency"]["schedtui"]["p99_ms"], results["latency"]["ceiling"]["p99_ms"]
+            results["latency_p99_to_ceiling"] = round(ours / bare_p99, 2) if ours is not None and bare_p99 else None
         if "sigkill" in parts:
             results["sigkill"] = sigkill(runner, server, args.kill_jobs, args.concurrency)
             log(f"sigkill: {results['sigkill']}")
