@@ -35,6 +35,7 @@ from backend.jobs.model import NotDead, job_context
 from tests.conftest import expect
 from tests.late_answers import LateAnswer, lapse_and_renew
 from tests.odd_exceptions import ODD_EXCEPTIONS, tag_of
+from tests.servers import until
 
 UTC = UTC
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
@@ -941,19 +942,6 @@ async def test_a_job_deleted_while_it_runs_finishes_and_holds_its_seat_not_its_k
 # ---------------------------------------------------------------------------------------
 # jobs claimed ahead (PostgreSQL): as queued jobs to every action, started oldest first
 # ---------------------------------------------------------------------------------------
-async def until(done: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Wait (on the loop) until ``done()``; the timeout only bounds a broken test."""
-
-    async def poll() -> None:
-        while not done():
-            await asyncio.sleep(0)
-
-    try:
-        await asyncio.wait_for(poll(), timeout)
-    except TimeoutError:
-        pytest.fail(f"never: {what}")
-
-
 class Held:
     """Handlers that end at once (``quick``), or when the test lets them (``hold``): they
     make a queue's handlers shorter than a cycle, then keep its seats busy."""
@@ -1003,8 +991,16 @@ async def test_jobs_waiting_behind_a_busy_seat_are_cancelled_deleted_and_paused_
     await engine.quiesce(runs=False)
     assert work.ran == ["quick0", "quick1", "quick2", "quick3", "A"]  # oldest due first
     assert len(workers.waiting["q"]) == 5, "nothing waits behind the busy seat (claimed ahead)"
-    listed = {ids[j.id]: (j.status, j.attempt, j.started_at is None) for j in (await engine.jobs.list_jobs("q")).jobs}
-    assert listed == {"A": ("running", 1, False), **{n: ("queued", 0, True) for n in "BCDEF"}}
+    expected = {"A": ("running", 1, False), **{n: ("queued", 0, True) for n in "BCDEF"}}
+
+    async def listed() -> dict[str, tuple[str, int, bool]]:
+        return {ids[j.id]: (j.status, j.attempt, j.started_at is None) for j in (await engine.jobs.list_jobs("q")).jobs}
+
+    async def quick_ones_handed_in() -> bool:  # (the worker's next cycle writes their ends)
+        return not any(name.startswith("quick") for name in await listed())
+
+    await until(quick_ones_handed_in, "the quick jobs' ends in the store")
+    assert await listed() == expected
     view = await engine.jobs.queue_view("q")
     assert (view.queued, view.running) == (5, 1) and view.oldest_queued_at is not None
     assert await engine.jobs.cancel("q", by_name["F"])

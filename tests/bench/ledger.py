@@ -463,8 +463,9 @@ def _write_db(path: Path, specs: list[ScheduleSpec], counts: list[int], built_at
 
     it = rows()
     batch = 200_000
-    # Columns written after the generated ones (the traceback) are left empty.
-    pad = (None,) * (sqlite_store.UPSERT_RUN.split("VALUES", 1)[1].split(")", 1)[0].count("?") - 11)
+    # Columns written after the generated ones (the traceback) are left empty; the last,
+    # ``held``, is 0 (no run here holds its schedule's place).
+    pad = (None,) * (sqlite_store.UPSERT_RUN.split("VALUES", 1)[1].split(")", 1)[0].count("?") - 12) + (0,)
     while True:
         chunk = [row + pad for _, row in zip(range(batch), it, strict=False)]
         if not chunk:
