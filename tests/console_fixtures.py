@@ -142,6 +142,8 @@ async def build_ledger(folder: Path) -> str:
     store = engine.store
     await store.open()
     await store.heartbeat("web-2", "web-2.internal", 4242, clock.now())
+    # A replica killed 40 minutes ago (its row stays until it has been silent a day).
+    await store.heartbeat("web-3", "web-3.internal", 5151, clock.now() - timedelta(minutes=40))
     fired = clock.now() - timedelta(seconds=1)
     store.save_runs([
         Run(id=other(), name="daily-digest", scheduled_at=fired, status="running", trigger="manual",
