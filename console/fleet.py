@@ -22,11 +22,21 @@ __all__ = [
     "Overdue",
     "durations",
     "fleet_of",
+    "is_gone",
 ]
 
 LIVE_WITHIN = timedelta(seconds=30)
 """An instance whose last heartbeat is older than this is not firing (the engine's own
 abandon window: a firing engine beats every 5 s)."""
+
+
+
+def is_gone(instance: InstanceInfo, now: datetime) -> bool:
+    """A member (firing or waiting) silent past :data:`LIVE_WITHIN`: killed or crashed (a
+    clean stop removes its row; the fleet took its work over). Not an observer (a console,
+    a verb): it registers when it opens and never beats, so its silence says nothing."""
+    return instance.role != "observer" and now - instance.heartbeat_at > LIVE_WITHIN
+
 
 OVERDUE_AFTER = timedelta(seconds=30)
 """A slot with no run this long after its time makes its schedule overdue."""

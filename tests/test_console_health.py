@@ -214,3 +214,6 @@ def test_an_instance_silent_past_the_take_over_window_is_shown_gone_not_firing()
     alive = InstanceInfo("web-2:77", "h", 2, now - timedelta(seconds=5), role="firing")
     assert instance_text(killed, now).plain.split()[:3] == ["web-1:4242", "✗", "gone"]
     assert instance_text(alive, now).plain.split()[:2] == ["web-2:77", "firing"]
+    # An observer (this console, a verb) registers once and never beats: its age says nothing.
+    watching = InstanceInfo("ops:9633", "h", 3, now - timedelta(minutes=33), role="observer")
+    assert instance_text(watching, now).plain.split()[:2] == ["ops:9633", "observer"]

@@ -116,10 +116,12 @@ def test_the_instances_table_shows_one_silent_past_the_take_over_window_as_gone(
     table = instances_table(Instances(now, [
         InstanceInfo("alive", "h", 1, now - timedelta(seconds=5), role="firing"),
         InstanceInfo("killed", "h", 2, now - timedelta(minutes=33), role="firing"),
+        InstanceInfo("console", "h", 3, now - timedelta(minutes=33), role="observer"),  # beats once: never gone
     ]))  # fmt: skip
-    alive, killed = table.splitlines()[1:]
+    alive, killed, console = table.splitlines()[1:]
     assert alive.split()[:2] == ["alive", "firing"]
     assert killed.split()[:4] == ["killed", "✗", "gone", "(firing)"]
+    assert console.split()[:2] == ["console", "observer"]
 def test_gone_judges_an_instance_by_its_own_window_or_the_judges_if_longer() -> None:
     """A fleet whose --abandon-after differs (a rolling change of it): an instance stops its
     own work at two thirds of its own window, so a judge with a shorter one took the work of

@@ -18,7 +18,7 @@ from backend.model import InstanceInfo, iso
 from backend.safetext import printable
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
-from console.fleet import LIVE_WITHIN
+from console.fleet import is_gone
 
 __all__ = ["DERIVED", "VERBS", "Instances", "add_verbs", "instances_table"]
 
@@ -44,7 +44,7 @@ def role_cell(instance: InstanceInfo, now: datetime) -> str:
     """``firing``; ``✗ gone (firing)`` once silent past the take-over window (killed, crashed:
     only a clean stop removes its row; the fleet took its work over)."""
     role = instance.role or "-"
-    return f"✗ gone ({role})" if now - instance.heartbeat_at > LIVE_WITHIN else role
+    return f"✗ gone ({role})" if is_gone(instance, now) else role
 
 
 def instances_table(answer: Instances) -> str:

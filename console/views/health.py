@@ -26,7 +26,7 @@ from backend.activity import Activity, QueueActivity, ScheduleActivity
 from backend.alerts.model import Alert, AlertsPage
 from backend.model import InstanceInfo
 from console import format as fmt
-from console.fleet import LIVE_WITHIN
+from console.fleet import LIVE_WITHIN, is_gone
 from console.views.base import View
 from console.widgets.health import HealthRow
 from console.widgets.line import Line
@@ -54,7 +54,7 @@ def _cell(text: str, width: int) -> str:
 
 
 def instance_text(instance: InstanceInfo, now: datetime) -> Content:
-    """One instance on one line: name, role (``✗ gone`` once silent past the take-over
+    """One instance on one line: name, role (``✗ gone``: a member silent past the take-over
     window), heartbeat age, last start, clock offset against the database server's
     (``+61.0s ✗ off`` in the error style when its own verdict is off; ``-`` when not
     measured), and for a member standing down for it, ``takes no work``."""
@@ -68,7 +68,7 @@ def instance_text(instance: InstanceInfo, now: datetime) -> Content:
     return Content.assemble(
         (_cell(instance.name, name), "bold"),
         # Silent past the take-over window: killed or crashed (a clean stop removes its row).
-        (_cell("✗ gone", role), "bold $text-error") if silent
+        (_cell("✗ gone", role), "bold $text-error") if is_gone(instance, now)
         else (_cell(instance.role or "-", role), "$text-muted" if instance.role == "observer" else ""),
         (_cell(fmt.ago(instance.heartbeat_at, now), beat), "$text-warning" if silent else ""),
         (_cell(fmt.ago(instance.last_fired_at, now), last), "$text-muted" if instance.last_fired_at is None else ""),
