@@ -213,8 +213,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.died: set[str] = set()
         """Instances whose process ended (killed, or ended itself)."""
         self.engines: dict[str, Engine] = {}
-        self.walls: dict[Engine, OffsetClock] = {}
-        """Each process's wall clock (a zombie's too: it runs on under a name another took)."""
+        self.walls: dict[str, OffsetClock] = {}
         self.serial = 0
         # One id factory for every instance, without randomness: jobs sent at one instant
         # are claimed in one order, so a run of steps replays exactly (random ids from two
@@ -305,7 +304,7 @@ class QueueMachine(RuleBasedStateMachine):
         queues = [define_queue(name=q, handler=handlers[q], concurrency=c, max_runtime=MAX_RUNTIME) for q, c in CAPS.items()]
         store = CutStore(open_store(self.url), self.clock)
         self.every_store.append(store)
-        wall = OffsetClock(timedelta(0), self.clock)  # its wall clock, which may step
+        wall = self.walls[name] = OffsetClock(timedelta(0), self.clock)  # its wall clock, which may step
         engine = Engine(
             queues, store, clock=wall, instance=name, coordination="advisoryLock",
             abandon_after=ABANDON_AFTER, shutdown_grace=0, ids=self.ids,
@@ -320,7 +319,6 @@ class QueueMachine(RuleBasedStateMachine):
         engine.registry.pid = DEAD_PID
         engine.end_process = lambda code: self.ended.add(engine)
         process.append(engine)
-        self.walls[engine] = wall
         await engine.start()
         self.engines[name] = engine
         self.stores[name] = store
@@ -539,7 +537,7 @@ class QueueMachine(RuleBasedStateMachine):
             store.cut = store.cut_after_claim = False
             store.lose_answers = 0
             store.answers_arrive()
-        for wall in self.walls.values():  # (a zombie's clock too: its name's jobs are its to close)
+        for wall in self.walls.values():
             wall.offset = timedelta(0)
         for queue in CAPS:
             self.run(self.any_engine(0).jobs.set_paused(queue, False))
@@ -593,14 +591,14 @@ class QueueMachine(RuleBasedStateMachine):
         for a dead instance's; ahead, it would take the others for dead. Its lease's checks
         find the jump before either, and its heartbeats find it off the store's clock."""
         engine = self.any_engine(pick)
-        self.walls[engine].offset += timedelta(seconds=seconds)
+        self.walls[engine.instance].offset += timedelta(seconds=seconds)
         self.run(self.settle())
 
     @rule(pick=st.integers(0, 9))
     def sync_a_clock(self, pick: int) -> None:
         """Time sync puts an instance's wall clock right again: its next heartbeat renews."""
         names = sorted(self.engines)
-        self.walls[self.engines[names[pick % len(names)]]].offset = timedelta(0)
+        self.walls[names[pick % len(names)]].offset = timedelta(0)
         self.run(self.settle())
 
     @rule(pick=st.integers(0, 99), by_key=st.booleans())
