@@ -848,3 +848,22 @@ def test_job_queue_invariants_on_sqlite() -> None:
 @pytest.mark.postgres
 def test_job_queue_invariants_on_postgres(pg_server: pg.PgServer) -> None:
     run_state_machine_as_test(PostgresQueueMachine, settings=bounded(8))
+
+
+def test_a_process_whose_clock_is_off_takes_no_name_back() -> None:
+    """Found by running the machine longer than CI does (shrunk by hand): a worker whose
+    clock stepped 8 s ahead is replaced under its name; its replacement, cut off, is silent
+    22 s by the store's time and 30 s by the old one's clock, which took the name back. Its
+    clock off, it closed nothing since: the replacement's job stayed running for ever.
+    A clock that is off (or jumped, unconfirmed) takes no name, whatever silence it reads."""
+    machine = QueueMachine()
+    try:
+        machine.step_a_clock(pick=0, seconds=8)
+        machine.replaced_under_its_name(pick=6)
+        machine.lose_answers(pick=8, calls=2)
+        machine.partition_for_a_while(pick=2, seconds=25)
+        machine.everything_ends()
+        machine.never_twice_at_once()
+        machine.the_store_keeps_every_promise()
+    finally:
+        machine.teardown()

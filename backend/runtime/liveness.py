@@ -83,6 +83,9 @@ class WorkLease:
         self._jumped_at = float("-inf")
         """The lease clock's reading when a jump was last found: a renewal sent before it
         renews nothing (its heartbeat, and the clock reading beside it, may be the old clock's)."""
+        self._confirmed_at = float("-inf")
+        """The lease clock's reading when the last heartbeat whose clock the store's agreed
+        with was sent (see :attr:`wall_in_doubt`)."""
         self.jumped = asyncio.Event()
         """Set when a jump of the wall clock lapses the lease: the heartbeat, parked on that
         clock (a step back would hold it until the clock caught up), goes at once to find
@@ -112,10 +115,22 @@ class WorkLease:
             self._wall_at = (self.wall(), now)
         return now
 
+    def confirmed(self, sent_at: float) -> None:
+        """The store's clock agreed with the wall clock read just after a heartbeat sent at
+        ``sent_at`` (committed or refused): a jump found before it is confirmed."""
+        self._confirmed_at = max(self._confirmed_at, sent_at)
+
+    @property
+    def wall_in_doubt(self) -> bool:
+        """Whether the wall clock jumped since the store's clock last agreed with it: what
+        it says may be the jump's (a stamp ahead makes another process look silent)."""
+        return self._jumped_at >= self._confirmed_at and self._jumped_at > float("-inf")
+
     def renewed(self, sent_at: float) -> None:
         """A renewal sent at ``sent_at`` was committed (one sent before a jump of the wall
         clock renews nothing: the jump is looked for first)."""
         self.check_jump()
+        self.confirmed(sent_at)
         if (self.renewed_at is not None and sent_at < self.renewed_at) or sent_at <= self._jumped_at:
             return
         self.renewed_at = sent_at

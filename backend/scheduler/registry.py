@@ -170,8 +170,12 @@ class InstanceRegistry:
         check = self.clock_check
         offset, off = (check.offset, check.off) if check is not None else (None, False)
         # A row of this name another process wrote within the take-over window is that
-        # process's, alive: the beat leaves it (NameTaken) rather than share the name.
-        taken_before = now - self.abandon_after
+        # process's, alive: the beat leaves it (NameTaken) rather than share the name. Its
+        # silence is measured on this clock: while that is off or jumped unconfirmed, no
+        # silence is long enough (8 s ahead, it took a name silent 22 s, from a process
+        # whose work was not yet anyone's to take, and closed nothing after: its clock off).
+        doubtful = off or self.lease.wall_in_doubt
+        taken_before = _EPOCH if doubtful else now - self.abandon_after
         window = self.abandon_after.total_seconds()
         if not self.member:
             return Membership("observer", clock_offset=offset, clock_off=off, taken_before=taken_before, window=window)
@@ -215,7 +219,11 @@ class InstanceRegistry:
             try:
                 result = await beat(now)
             except NameTaken:
-                raise  # (the store answered: no outage)
+                # (the store answered: no outage) Its clock is judged all the same: one
+                # that agrees again may take the name once its holder is silent.
+                if await self._clock_agrees():
+                    self.lease.confirmed(sent)
+                raise
             except Unavailable:
                 self._cut_off = True
                 raise
