@@ -294,7 +294,7 @@ class InstanceInfo:
     clock_off: bool = False
     """Whether its own verdict was that its clock is off (see :mod:`backend.runtime.skew`):
     a member then stands down, firing nothing and taking no work, until the clocks agree.
-    Stored rather than derived from the offset: the limit is the instance's (a sixth of its
+    Stored rather than derived from the offset: the limit is the instance's (a twelfth of its
     take-over window) and a reading too slow to tell keeps the previous verdict."""
 
     @property

@@ -3,7 +3,7 @@
 Heartbeats are stamped and judged by each instance's own clock, so a clock far off breaks
 "never twice at once" either way: one behind looks dead to the others while it works, one
 ahead judges the others dead too early. Each heartbeat on PostgreSQL reads the server's
-clock too; past a sixth of the take-over window the instance's lease lapses until they
+clock too; past a twelfth of the take-over window the instance's lease lapses until they
 agree, and it closes none of the others' work meanwhile. These tests run engines on the
 real clock shifted by an :class:`~backend.clock.OffsetClock` (the clock a badly synced
 machine would have), with a short window (3 s: the limit is 0.5 s).
@@ -26,6 +26,7 @@ from backend.alerts.conditions import not_firing
 from backend.clock import ManualClock, OffsetClock, SystemClock, follows_real_time
 from backend.model import InstanceInfo
 from backend.observability.metrics import EngineMetrics
+from backend.runtime.liveness import STOP_SHARE, WorkLease, linger_grace
 from backend.runtime.skew import ClockCheck, ClockReading
 from tests.servers import until
 
@@ -48,7 +49,7 @@ def test_a_reading_is_the_offset_from_the_middle_of_its_round_trip() -> None:
 
 
 def test_the_verdict_changes_only_on_readings_that_surely_cross_the_limit() -> None:
-    check = ClockCheck(timedelta(seconds=30))
+    check = ClockCheck(timedelta(seconds=60))  # a twelfth: 5 s
     assert check.limit == 5.0 and not check.off and check.offset is None
     assert not check.judge(ClockReading(4.9, 0.0)) and not check.off
     assert check.judge(ClockReading(-6.0, 0.5)) and check.off  # surely over, behind
@@ -59,6 +60,20 @@ def test_the_verdict_changes_only_on_readings_that_surely_cross_the_limit() -> N
     assert "agrees with the database server's again (+0.300s)" in check.describe()
     assert not check.judge(ClockReading(4.8, 0.4)) and not check.off  # 4.4-5.2: cannot tell, kept
     assert check.offset == 4.8
+
+
+@pytest.mark.parametrize("window", [1, 6, 30, 300, 86_400])
+def test_the_margin_holds_two_clocks_off_either_way_and_the_stop(window: int) -> None:
+    """The latest a holder's work runs after its last renewal: the renewal bound, then the
+    lapse's stop (a handler that ignores its cancellation, then the process's end). The
+    earliest another takes it over: the window, less the holder's clock behind by the limit
+    and the taker's ahead by as much. The first comes before the second, whatever the window."""
+    span = timedelta(seconds=window)
+    lease, check = WorkLease(span), ClockCheck(span)
+    assert lease.jump_limit == check.limit
+    holder_gone = lease.bound + linger_grace(span)
+    taken_over = window - 2 * check.limit
+    assert holder_gone < taken_over - window * STOP_SHARE / 2 + 1e-9, (holder_gone, taken_over)
 
 
 def test_only_a_clock_on_real_time_is_compared_with_the_databases() -> None:

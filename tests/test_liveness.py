@@ -97,7 +97,7 @@ def test_a_wall_clock_that_jumps_between_heartbeats_lapses_the_lease_at_once() -
     clock = LeaseClock()
     wall = LeaseClock()
     wall.now = 1_800_000_000.0
-    lease = WorkLease(timedelta(seconds=30), clock, wall)
+    lease = WorkLease(timedelta(seconds=60), clock, wall)  # a twelfth: 5 s
     lease.enforced = True
     lease.renewed(lease.sending())
     assert lease.jump_limit == 5

@@ -79,7 +79,19 @@ JOBS = """
         note("end", job)
 
 
+    async def stubborn(job):
+        note("start", job)
+        while job.attempt == 1:  # ignores its cancellation: only its process's end stops it
+            try:
+                await asyncio.sleep(0.02)
+                note("tick", job)
+            except asyncio.CancelledError:
+                note("ignored", job)
+        note("end", job)
+
+
     work = define_queue(name="work", handler=waits, concurrency=8, attempts=3)
+    stubborn_queue = define_queue(name="stubborn", handler=stubborn, attempts=3)
     loop_blocker = define_queue(name="loop_blocker", handler=blocks_the_loop, attempts=3)
     threads = define_queue(name="threads", handler=blocks, concurrency=8, attempts=3)
     capped = define_queue(name="capped", handler=blocks, concurrency=1, attempts=3, max_runtime=1)
@@ -222,6 +234,29 @@ def test_a_cut_off_worker_whose_sync_handlers_cannot_stop_ends_itself_first(work
         for job in jobs:
             pids = [line.pid for line in workers.starts() if line.job == job]
             assert pids == [a.process.pid, b.process.pid]
+
+
+def test_a_handler_ignoring_its_cancellation_ends_with_its_process_before_a_clock_ahead_takes_it_over(
+    workers: Workers,
+) -> None:
+    """The lease's margin, a third of the window, is shared by two clocks and the stop: a's
+    clock 0.45 s behind the database's, b's 0.45 s ahead (each within the limit), so b
+    judges a silent 0.9 s early. With a sixth of the window allowed each clock, and 2 s for
+    a handler that ignores its cancellation, a's process ended after b had started the job
+    again beside it: the clocks took the whole margin, the stop's 2 s were past it."""
+    with relay_to(workers.url) as relay:
+        a = workers.start("a", via(workers.url, relay.port), "--clock-offset-ms", "-450")
+        [job] = workers.send("stubborn", [{}])
+        poll(lambda: workers.starts(a.process.pid), timeout=30, what="a to start the job")
+        b = workers.start("b", None, "--clock-offset-ms", "450")
+        relay.freeze()
+        assert a.process.wait(15) == 75
+        assert "ENDING THE PROCESS: 1 handler(s) ignored their cancellation" in a.log_text()
+        poll(lambda: workers.starts(b.process.pid), timeout=40, what="b to take the job over")
+        ran_on_a = [line.at for line in workers.lines() if line.pid == a.process.pid]
+        [taken] = workers.starts(b.process.pid)
+        assert (taken.job, taken.attempt) == (job, 2)
+        assert max(ran_on_a) < taken.at, f"the first attempt ran on {max(ran_on_a) - taken.at:.2f}s beside the second"
 
 
 def test_an_async_handler_that_blocks_the_loop_past_the_lapse_ends_its_process_first(workers: Workers) -> None:

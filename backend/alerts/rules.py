@@ -216,8 +216,8 @@ def prometheus_rules(
         "SchedtuiClockOffset",
         f"abs(schedtui_clock_offset_seconds) > {CLOCK_WARNING_S:g}",
         "clock_offset", "instance {{ $labels.instance }}: its clock is off the database's",
-        f"The instance's clock differs from the database server's by more than {CLOCK_WARNING_S:g}s; at a sixth "
-        "of the take-over window (5 s by default) its lease lapses and it stops its work: fix its time sync (NTP).",
+        f"The instance's clock differs from the database server's by more than {CLOCK_WARNING_S:g}s; at a twelfth "
+        "of the take-over window (2.5 s by default) its lease lapses and it stops its work: fix its time sync (NTP).",
     )]  # fmt: skip
     for schedule in sorted(schedules, key=lambda s: s.name):
         rules.extend(_schedule_rules(schedule, now))

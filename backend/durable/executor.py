@@ -71,9 +71,10 @@ class DurableExecutor:
         self.instance = shared.instance
         self.functions = functions
         self.lease_ttl = lease_ttl
-        self.lease_margin = lease_ttl * CLOCK_LIMIT_SHARE
+        self.lease_margin = lease_ttl * 2 * CLOCK_LIMIT_SHARE
         """How long before an execution's lease ends, by this process's clock, its run stops:
-        the others' clocks may be that far ahead (a clock further off lapses the lease)."""
+        this clock may be behind the database's by the limit, and another's ahead of it by
+        as much (a clock further off lapses the lease)."""
         self.poll_interval = poll_interval
         self.concurrency = concurrency
         self.check_owners_every = check_owners_every

@@ -231,7 +231,7 @@ class _Liveness(Collector):
         if check is not None and check.offset is not None:
             offset = GaugeMetricFamily(
                 "schedtui_clock_offset_seconds",
-                "This instance's clock minus the database server's, at its last heartbeat; beyond a sixth of the "
+                "This instance's clock minus the database server's, at its last heartbeat; beyond a twelfth of the "
                 "take-over window its lease lapses until they agree.",
             )
             offset.add_metric([], check.offset)

@@ -15,7 +15,7 @@ of the window, as leader-election clients default to) its lease *lapses*:
   handler of it runs beside the one that takes its work over;
 * nothing new is claimed until a heartbeat renews the lease (a new epoch).
 
-A member whose clock is off the database server's by more than a sixth of the window lets
+A member whose clock is off the database server's by more than a twelfth of the window lets
 its lease lapse too, until they agree again (:mod:`backend.runtime.skew`); so does one whose
 wall clock jumps by as much between two heartbeats (against the lease clock, which never
 jumps), at once rather than at the next heartbeat: its stamps would be off from then on.
@@ -34,20 +34,37 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Final
 
-__all__ = ["CLOCK_LIMIT_SHARE", "LEASE_BOUND_SHARE", "WorkLease", "boot_clock"]
+__all__ = ["CLOCK_LIMIT_SHARE", "LEASE_BOUND_SHARE", "LINGER_GRACE_S", "STOP_SHARE", "WorkLease", "boot_clock", "linger_grace"]
 
 log = logging.getLogger("schedtui.engine")
 
-#: The renewal bound as a share of the take-over window: the rest is the margin for the
-#: lapse to take effect and for the clocks of two machines to differ.
+#: The renewal bound as a share of the take-over window: the rest (a third) is the margin
+#: for the clocks of two machines to differ (a sixth) and for the lapse to take effect (a
+#: sixth: see :data:`STOP_SHARE`).
 LEASE_BOUND_SHARE: Final = 2 / 3
-#: The most this instance's wall clock may be off, as a share of the window (half the
-#: margin): off the database server's clock (:mod:`backend.runtime.skew`), or jumped between
-#: two heartbeats.
-CLOCK_LIMIT_SHARE: Final = 1 / 6
+#: The most this instance's wall clock may be off, as a share of the window: off the
+#: database server's clock (:mod:`backend.runtime.skew`), or jumped between two heartbeats.
+#: Two instances each that far off, one either way, differ by twice it: the sixth of the
+#: margin that is the clocks'. (It was a sixth each, the whole margin: a holder 5 s behind
+#: was judged silent 30 s by a taker 5 s ahead at 20 s, as its lapse only began.)
+CLOCK_LIMIT_SHARE: Final = 1 / 12
+#: The share of the window a lapse has to take effect: to cancel async handlers and, for
+#: those that ignore it, to end the process (see :func:`linger_grace`).
+STOP_SHARE: Final = 1 / 6
+#: The most a lapse waits for cancelled async handlers to return before it ends the
+#: process (seconds): less with a short window (see :func:`linger_grace`).
+LINGER_GRACE_S: Final = 2.0
 #: How often (lease-clock seconds) the wall clock is compared with the lease clock: at the
 #: lease's checks (every claim, every durable step), and by its watcher while nothing asks.
 JUMP_CHECK_EVERY: Final = 0.5
+
+
+def linger_grace(window: timedelta) -> float:
+    """Seconds a lapse gives cancelled async handlers before it ends the process: at most
+    half the stop's share of ``window`` (the other half is for noticing the lapse and
+    cancelling), so that the process is gone before the others may take its work over
+    whatever the window (2 s of a 6 s window ran past the take-over)."""
+    return min(LINGER_GRACE_S, window.total_seconds() * STOP_SHARE / 2)
 
 
 def boot_clock() -> float:

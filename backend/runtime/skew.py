@@ -9,7 +9,7 @@ others dead too early and takes theirs (or closes their runs as abandoned).
 
 So every heartbeat on a shared store (PostgreSQL) also reads the database server's clock,
 the one clock every instance can be compared with. An instance whose clock differs from
-it by more than a sixth of the window (5 s of the default 30) lets its lease lapse at once
+it by more than a twelfth of the window (2.5 s of the default 30) lets its lease lapse at once
 (it stops its work, as a partitioned instance does), renews it only once the clocks agree
 again, and meanwhile closes no other instance's work. The reading's uncertainty is half
 its round trip: a reading too slow to tell keeps the previous verdict.
@@ -73,6 +73,6 @@ class ClockCheck:
         if self.off:
             return (
                 f"this instance's clock is {abs(offset):.1f}s {where} the database server's, more than the "
-                f"{self.limit:g}s allowed (a sixth of the take-over window)"
+                f"{self.limit:g}s allowed (a twelfth of the take-over window)"
             )
         return f"this instance's clock agrees with the database server's again ({offset:+.3f}s)"

@@ -13,11 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from backend.errors import Unavailable
 from backend.model import ScheduleState
-from backend.runtime.liveness import boot_clock
+from backend.runtime.liveness import boot_clock, linger_grace
 from backend.runtime.loopwatch import EXIT_LEASE_LAPSED, LoopWatch
 from backend.scheduler.coordination.slots import warn_cluster_fallback
 from backend.schedules import Schedule
@@ -43,8 +43,6 @@ log = logging.getLogger("schedtui.engine")
 #: While the other instances' changes are heard as they are made, the stored schedules and
 #: the enabled states are read every this many state-poll rounds (a lost signal's backstop).
 STATE_BACKSTOP = 10
-#: Seconds a lapse gives cancelled async handlers to return before ending the process.
-LINGER_GRACE_S: Final = 2.0
 
 
 async def open_engine(engine: Engine) -> None:
@@ -179,7 +177,7 @@ def end_if_threads_run(engine: Engine, why: str) -> None:
     """After every system let go of its work: a handler still running that cannot be
     stopped (a sync handler's thread) is stopped by ending the process, which the
     instance taking the work over relies on. Async handlers were cancelled: those that
-    have not returned within :data:`LINGER_GRACE_S` (they ignore their cancellation) end
+    have not returned within :func:`~backend.runtime.liveness.linger_grace` (they ignore their cancellation) end
     the process too."""
     running = engine.runner.threads_running
     if running:
@@ -193,7 +191,7 @@ def end_if_threads_run(engine: Engine, why: str) -> None:
 
 async def _end_if_still_running(engine: Engine, tasks: list[asyncio.Task[None]], why: str) -> None:
     try:
-        await asyncio.wait(tasks, timeout=LINGER_GRACE_S)
+        await asyncio.wait(tasks, timeout=linger_grace(engine.lease.window))
         stubborn = [task for task in tasks if not task.done()]
         if stubborn:
             _end_process(engine, f"{len(stubborn)} handler(s) ignored their cancellation and still run", why)
