@@ -207,9 +207,11 @@ class FlakyStore:
         return call
 
     def holds(self, hold: tuple[str, datetime], claims: Sequence[Claim]) -> bool:
-        """Whether ``claims`` is the claim to hold: this instance's timer claiming the slots
-        due at the instant. Not a catch-up's (it claims older slots too), a platform's call
-        (``external``), nor lost slots claimed again (their run ids were proposed before)."""
+        """Whether ``claims`` is the claim to hold: this instance's claiming only slots due
+        at the instant: its timer's, or a catch-up's of current slots only (a start that
+        waited for another mode's fleet), whose won slots a graceful stop starts alike. Not
+        a catch-up's of older slots too, a platform's call (``external``), nor lost slots
+        claimed again (their run ids were proposed before)."""
         return hold[0] == self.instance and all(
             claim.scheduled_at == hold[1] and claim.trigger == "self" and claim.run_id not in self.world.unanswered
             for claim in claims

@@ -199,14 +199,15 @@ class SlotClaims:
         knows so). ``in_store`` claims in the store whatever the coordination mode
         (external fires dedupe retries so). ``due_now``: the timer's due slots, which a
         graceful stop finding this claim on its way starts (see :meth:`_stopped_with`);
-        a catch-up's are recorded ``missed`` then, as those it had not started yet."""
+        of a catch-up's, only each schedule's current slot starts then, the older ones are
+        recorded ``missed``, as those it had not started yet."""
         if not in_store and not self.fires():
             return [], {}  # the fleet's own mode fires them (external fires dedupe in the store whatever the mode)
         claims = self.make_claims(slots, now, in_store=in_store, run_ids=run_ids)
         epoch = self.lease.epoch
         try:
             self._check_lease()
-            result = await self._send(claims, now, in_store=in_store, epoch=epoch if due_now else None)
+            result = await self._send(claims, now, in_store=in_store, epoch=None if in_store else epoch, due_now=due_now)
         except Unavailable as exc:
             self.outages.trouble("claim", f"not firing {len(slots)} slot(s): cannot claim them", exc)
             if not in_store:
@@ -270,11 +271,17 @@ class SlotClaims:
             raise Unavailable("this instance's lease on its work has lapsed (it could not renew its heartbeat in time)")
 
     async def _send(
-        self, claims: list[Claim], now: datetime, *, in_store: bool = False, epoch: int | None = None
+        self,
+        claims: list[Claim],
+        now: datetime,
+        *,
+        in_store: bool = False,
+        epoch: int | None = None,
+        due_now: bool = False,
     ) -> ClaimResult:
         """Claim (raising :class:`Unavailable`); remember the run ids won as pending.
-        ``epoch``: the lease's epoch when the timer's due slots were claimed (see
-        :meth:`_stopped_with`)."""
+        ``epoch``: the lease's epoch when the timer's due slots, or a catch-up's, were
+        claimed; ``due_now``: the timer's (see :meth:`_stopped_with`)."""
         # Pending from before the claim is sent: a placeholder committed while its reply is
         # still on the way is ours, not a dead instance's run for close_abandoned to close.
         proposed = [claim.run_id for claim in claims]
@@ -289,7 +296,7 @@ class SlotClaims:
             # would then stay "running" for good. Wait for its answer and settle what it won.
             self.claimed.difference_update(proposed)
             with contextlib.suppress(Exception):
-                self._stopped_with(claims, await sending, epoch)
+                self._stopped_with(claims, await sending, epoch, due_now)
             raise
         except BaseException:
             self.claimed.difference_update(proposed)  # the callers remember what may be ours
@@ -297,13 +304,15 @@ class SlotClaims:
         self.claimed.difference_update(claim.run_id for claim in claims if claim.key not in result.won)
         return result
 
-    def _stopped_with(self, claims: Sequence[Claim], result: ClaimResult, epoch: int | None) -> None:
+    def _stopped_with(self, claims: Sequence[Claim], result: ClaimResult, epoch: int | None, due_now: bool) -> None:
         """The answer of a claim a stop found on its way. What the timer's claim won starts
         when the stop has a grace and the lease held throughout: the other instances lost
         these slots to this one, so recorded ``missed`` they would run nowhere (a rolling
         restart's SIGTERM landing mid-claim), and the grace covers them as it covers the
-        runs in flight. Otherwise (no grace, a catch-up's or recovered slots, external
-        fires) it is recorded ``missed``."""
+        runs in flight. So does each schedule's current slot of a catch-up's claim (a
+        start's, one found behind: a restart stopped again during its catch-up recorded the
+        current slot missed, and the fleet had lost it). Otherwise (no grace, a catch-up's
+        older slots, recovered slots, external fires) it is recorded ``missed``."""
         launcher = self.launcher
         if epoch is None or launcher.stop_grace <= 0:
             self._record_missed(claims, result, "the engine stopped while this slot was being claimed")
@@ -311,12 +320,19 @@ class SlotClaims:
         if not self.lease.holds(epoch):
             self._record_missed(claims, result, "this instance's lease lapsed while this slot was being claimed")
             return
+        now = self.clock.now()
+        older: list[Claim] = []
         for claim in claims:
             schedule = self.schedules.get(claim.name)
             if claim.key in result.won and schedule is not None and claim.scheduled_at is not None:
+                if not due_now and not _current(schedule, claim.scheduled_at, now):
+                    older.append(claim)
+                    continue
                 self.claimed.add(claim.run_id)
                 remote = result.busy.get(claim.name)
                 launcher.fire(schedule, claim.scheduled_at, claim.trigger, claim.outcome, claim.run_id, remote=remote)
+        if older:
+            self._record_missed(older, result, "the engine stopped while this slot was being claimed")
 
     def _record_missed(self, claims: Sequence[Claim], result: ClaimResult, why: str) -> None:
         """The slots a claim won that are not fired after all: recorded ``missed``."""
@@ -498,3 +514,11 @@ class SlotClaims:
                 self.loops.forget(loop)
                 self.recovering.add(name)
                 self.loops.poke()  # woken (not idle) to wait for a run: idle again for quiesce()
+
+
+def _current(schedule: Schedule, slot: datetime, now: datetime) -> bool:
+    """Whether ``slot`` is ``schedule``'s newest at ``now`` (the one its timer would fire)."""
+    try:
+        return schedule.cron.latest(now) == slot
+    except ValueError:  # no slot since year 1
+        return False
