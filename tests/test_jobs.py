@@ -939,6 +939,130 @@ async def test_a_job_deleted_while_it_runs_finishes_and_holds_its_seat_not_its_k
 
 
 # ---------------------------------------------------------------------------------------
+# jobs claimed ahead (PostgreSQL): as queued jobs to every action, started oldest first
+# ---------------------------------------------------------------------------------------
+async def until(done: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Wait (on the loop) until ``done()``; the timeout only bounds a broken test."""
+
+    async def poll() -> None:
+        while not done():
+            await asyncio.sleep(0)
+
+    try:
+        await asyncio.wait_for(poll(), timeout)
+    except TimeoutError:
+        pytest.fail(f"never: {what}")
+
+
+class Held:
+    """Handlers that end at once (``quick``), or when the test lets them (``hold``): they
+    make a queue's handlers shorter than a cycle, then keep its seats busy."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.running: dict[str, str] = {}
+        self.gates: dict[str, asyncio.Event] = {}
+        self.cap = 0
+        self.over: list[str] = []
+
+    async def __call__(self, job: JobContext) -> None:
+        name = job.payload["name"]
+        if self.cap and len(self.running) >= self.cap:
+            self.over.append(f"{name} started beside {sorted(self.running.values())}, cap {self.cap}")
+        self.ran.append(name)
+        self.running[job.id] = name
+        try:
+            if job.payload.get("hold"):
+                await self.gates.setdefault(name, asyncio.Event()).wait()
+        finally:
+            del self.running[job.id]
+
+    def end(self, *names: str) -> None:
+        for name in names:
+            self.gates.setdefault(name, asyncio.Event()).set()
+
+    @staticmethod
+    def batch(quick: int, held: str) -> list[dict[str, Any]]:
+        return [{"payload": {"name": f"quick{i}"}} for i in range(quick)] + [
+            {"payload": {"name": n, "hold": True}, "key": f"key-{n}"} for n in held
+        ]
+
+
+async def test_jobs_waiting_behind_a_busy_seat_are_cancelled_deleted_and_paused_as_queued_ones(
+    pg_url: str, make_engine: Callable[..., Engine]
+) -> None:
+    work = Held()
+    engine = make_engine([define_queue(name="q", handler=work, concurrency=1)], store=pg_url)
+    await engine.start()
+    sent = await engine.jobs.send_many("q", Held.batch(4, "ABCDEF"))
+    ids = {s_.id: n for s_, n in zip(sent, [*(f"quick{i}" for i in range(4)), *"ABCDEF"], strict=True)}
+    by_name = {n: i for i, n in ids.items()}
+    workers = engine.jobs.workers
+    assert workers is not None
+    await until(lambda: len(work.ran) == 5, "A started")
+    await engine.quiesce(runs=False)
+    assert work.ran == ["quick0", "quick1", "quick2", "quick3", "A"]  # oldest due first
+    assert len(workers.waiting["q"]) == 5, "nothing waits behind the busy seat (claimed ahead)"
+    listed = {ids[j.id]: (j.status, j.attempt, j.started_at is None) for j in (await engine.jobs.list_jobs("q")).jobs}
+    assert listed == {"A": ("running", 1, False), **{n: ("queued", 0, True) for n in "BCDEF"}}
+    view = await engine.jobs.queue_view("q")
+    assert (view.queued, view.running) == (5, 1) and view.oldest_queued_at is not None
+    assert await engine.jobs.cancel("q", by_name["F"])
+    assert await engine.jobs.cancel("q", key="key-E")
+    await engine.jobs.delete("q", by_name["D"])
+    assert not (await engine.jobs.send("q", {"name": "D2"}, key="key-D")).duplicate  # its key free at once
+    await engine.jobs.pause("q")
+    work.end("A", "B", "C")
+    await engine.quiesce()
+    assert work.ran[4:] == ["A"], "a job started in a paused queue"
+    await engine.jobs.resume("q")
+    await engine.quiesce()
+    assert work.ran[4:] == ["A", "B", "C", "D2"]  # the cancelled and the deleted never ran
+
+
+async def test_due_jobs_start_oldest_first_when_claimed_ahead(pg_url: str, make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    work = Held()
+    engine = make_engine([define_queue(name="q", handler=work, concurrency=1)], store=pg_url)
+    await engine.open()
+    for i in range(40):
+        await engine.jobs.send("q", {"name": str(i)})
+        clock.advance(0.001)
+    await engine.start()
+    await until(lambda: len(work.ran) == 40, "every job ran")
+    await engine.quiesce()
+    assert work.ran == [str(i) for i in range(40)]
+
+
+async def test_a_concurrency_lowered_by_another_instance_holds_for_the_jobs_claimed_ahead(
+    pg_url: str, make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """An instance runs a queue at concurrency 2 with jobs claimed ahead behind its busy
+    seats; another starts with the queue defined at 1 (a rolling deploy). The first hears
+    of it and gives those jobs back: no job starts beside another from then on."""
+    work = Held()
+    held = "ABCDEFGHIJ"
+    a = make_engine([define_queue(name="q", handler=work, concurrency=2)], store=pg_url, instance="a")
+    await a.start()
+    await a.jobs.send_many("q", Held.batch(8, held))
+    workers = a.jobs.workers
+    assert workers is not None
+    await until(lambda: len(work.running) == 2 and bool(workers.waiting["q"]), "two held jobs running, more waiting")
+    b = make_engine([define_queue(name="q", handler=work, concurrency=1)], store=pg_url, instance="b")
+    await b.start()
+    while (await a.jobs.queue_view("q")).concurrency != 1:
+        await b.quiesce(runs=False)
+    work.cap = 1
+    await until(lambda: not workers.waiting["q"], "the first instance gave back what it claimed ahead")
+    while len([n for n in work.ran if n in held]) < len(held) or work.running:
+        work.end(*work.running.values())
+        clock.advance(1)  # (a seat above the cap freed: the claims resume at the next poll)
+        for engine in (a, b):
+            await engine.quiesce(runs=False)
+    assert work.over == []
+    assert sorted(n for n in work.ran if n in held) == sorted(held)  # each once
+
+
+# ---------------------------------------------------------------------------------------
 # workers that die, or come back late
 # ---------------------------------------------------------------------------------------
 async def test_a_job_whose_instance_died_is_retried_within_the_abandon_window(

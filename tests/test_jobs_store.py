@@ -292,10 +292,18 @@ async def test_a_released_job_is_back_as_it_was(store: Store) -> None:
     (c,) = await claim(js)
     assert await js.finish_jobs([finish(c, "release", T0)]) == [True]
     back = await js.get_job(job.id)
-    assert back is not None and (back.status, back.attempt) == ("queued", 0)
+    # (never started: no start or instance shows, as before the claim)
+    assert back is not None and (back.status, back.attempt, back.started_at, back.instance) == ("queued", 0, None, None)
     assert (await js.job_attempts(job.id))[1] == []
     (again,) = await claim(js)
     assert (again.attempt, again.tries) == (1, 2)
+    # After an attempt that ran, a release shows that attempt's start and instance again.
+    later = T0 + timedelta(seconds=5)
+    await js.finish_jobs([finish(again, "retry", T0 + timedelta(seconds=1), retry_at=later, tag="Boom")])
+    (third,) = await claim(js, at=later, instance="worker-b")
+    assert await js.finish_jobs([finish(third, "release", later)]) == [True]
+    back = await js.get_job(job.id)
+    assert back is not None and (back.status, back.attempt, back.started_at, back.instance) == ("queued", 1, T0, "worker-a")
 
 
 async def test_a_swept_finish_of_a_job_gone_since_its_read_records_nothing(store: Store) -> None:
@@ -498,3 +506,80 @@ async def test_concurrent_sends_near_the_limit_fill_it_exactly(new_store: Callab
     assert len(await js.list_jobs("mail", status="queued", limit=1000, before=None)) == 1000
     views = await js.queue_views(T0)
     assert views[0].queued == MAX_HELD
+
+
+# ---------------------------------------------------------------------------------------
+# jobs claimed ahead (PostgreSQL) are queued to everything but the worker holding them
+# ---------------------------------------------------------------------------------------
+async def claim_ahead(js: JobStore, n: int, *, at: datetime = T0) -> list[Claimed]:
+    """Jobs claimed ahead, no seat (a store that claims nothing ahead: none)."""
+    cycle = await js.cycle_jobs([], {}, "worker-a", ids(), at, ahead={"mail": n})
+    assert all(c.seat is None for c in cycle.claimed)
+    return cycle.claimed
+
+
+async def test_jobs_claimed_ahead_are_counted_by_the_limit_as_the_view_counts_them(store: Store) -> None:
+    js = await define(store, concurrency=1, attempts=1)
+    await js.send_jobs("mail", [new(i) for i in range(MAX_HELD)], T0)
+    ahead = await claim_ahead(js, 64)
+    assert len(ahead) == (64 if js.job_reservations else 0)
+    view = (await js.queue_views(T0))[0]
+    assert view.queued == MAX_HELD
+    with pytest.raises(QueueFull, match="it holds 10,000 queued and dead jobs"):
+        await js.send_jobs("mail", [new("one too many")], T0)
+    with pytest.raises(QueueFull, match="it holds 10,000 queued and dead jobs"):
+        await js.send_jobs("mail", [new("one"), new("two", key="k")], T0)
+
+
+async def test_jobs_claimed_ahead_list_cancel_and_delete_as_queued_jobs(store: Store) -> None:
+    js = await define(store, concurrency=1)
+    jobs = [new(n, at=T0 - timedelta(seconds=5 - n), key=f"k{n}") for n in range(5)]
+    await js.send_jobs("mail", jobs, T0)
+    (running,) = await claim(js, 1)
+    ahead = await claim_ahead(js, 4)
+    if js.job_reservations:
+        assert [c.id for c in ahead] == [j.id for j in jobs[1:]]  # oldest due first
+    listed = await js.list_jobs("mail", status=None, limit=10, before=None)
+    shown = [(j.id, j.status, j.attempt, j.started_at, j.instance) for j in sorted(listed, key=lambda j: j.id)]
+    assert shown == [(jobs[0].id, "running", 1, T0, "worker-a")] + [(j.id, "queued", 0, None, None) for j in jobs[1:]]
+    queued = await js.list_jobs("mail", status="queued", limit=10, before=None)
+    assert sorted(j.id for j in queued) == sorted(j.id for j in jobs[1:])
+    assert [j.id for j in await js.list_jobs("mail", status="running", limit=10, before=None)] == [running.id]
+    shown_one = await js.get_job(jobs[1].id)
+    assert shown_one is not None and (shown_one.status, shown_one.attempt, shown_one.started_at) == ("queued", 0, None)
+    view = (await js.queue_views(T0))[0]
+    assert (view.queued, view.running, view.oldest_queued_at) == (4, 1, jobs[1].run_after)
+    # Cancel by id, by key, and delete: each as for a queued job; a running one is no
+    # cancel's (its worker hands back, or never starts, what it holds: see the workers).
+    assert await js.cancel_job("mail", id=jobs[1].id)
+    assert await js.cancel_job("mail", key="k2")
+    assert not await js.cancel_job("mail", key="k2")
+    assert not await js.cancel_job("mail", id=jobs[0].id)
+    assert await js.delete_job("mail", jobs[3].id)
+    assert sorted(j.id for j in await js.list_jobs("mail", status=None, limit=10, before=None)) == [jobs[0].id, jobs[4].id]
+    view = (await js.queue_views(T0))[0]
+    assert (view.queued, view.running) == (1, 1)
+    # Their keys are free at once; given back by their worker, the rows are gone.
+    assert not (await js.send_jobs("mail", [new("again", key="k1")], T0))[0].duplicate
+    back = [finish(c, "release", T0) for c in ahead]
+    await js.cycle_jobs(back, {}, "worker-a", ids(), T0)
+    assert {r.id for r in await js.running_jobs()} == {running.id}
+    for job in jobs[1:4]:
+        assert await js.get_job(job.id) is None and (await js.job_attempts(job.id))[1] == []
+
+
+async def test_a_batch_of_ten_thousand_keyed_jobs_is_sent_at_once(store: Store) -> None:
+    """A send's checks (ids sent before, keys held, keys taken earlier in the batch) are
+    joins, not a subquery per job: the largest batch takes a moment, not the statement's
+    timeout (30 s)."""
+    js = await define(store)
+    await js.send_jobs("mail", [new("held", key="k7")], T0)
+    batch = [new(i, key=f"k{i % 9_999}") for i in range(MAX_HELD - 1)] + [new("no key")]
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    sent = await js.send_jobs("mail", batch, T0)
+    took = loop.time() - began
+    assert took < 10, f"{took:.1f}s"
+    assert [s.duplicate for s in sent].count(True) == 1  # k7 was held: that one is a duplicate
+    assert sent[7].duplicate and sent[8].id == batch[8].id
+    assert (await js.queue_views(T0))[0].queued == MAX_HELD

@@ -89,6 +89,9 @@ class Cycles:
     inflight_handovers: dict[str, list[tuple[Handover, JobRun]]]
     resent: set[tuple[str, int]]
     ahead_asked: Counter[str]
+    held: Counter[str]
+    revokes: int
+    cycled: asyncio.Event
     ended_since: Counter[str]
     fast: set[str]
     due: set[str]
@@ -124,7 +127,10 @@ class Cycles:
     def ahead(self, queue: Queue) -> int:
         """How many more jobs of ``queue`` to claim ahead (see the module)."""
         name = queue.name
-        if name not in self.async_queues or name not in self.fast or name not in self.backlog or not self.store.job_reservations:
+        if (
+            name not in self.async_queues or name not in self.fast or name not in self.backlog
+            or not self.store.job_reservations or self.held[name]
+        ):  # fmt: skip
             return 0
         return min(AHEAD_ROUNDS * queue.concurrency, AHEAD_MAX) - len(self.waiting[name]) - self.ahead_asked[name]
 
@@ -261,7 +267,8 @@ class Cycles:
             if self.room(queue) <= 0:
                 self.due.discard(name)  # all its room is asked for; a later reason sets it again
         epoch = self.lease.epoch  # (what it claims is claimed under this epoch of the lease)
-        self.loops.spawn(self._cycle(stream, token, batch, handovers, wanted, ahead, now, epoch), "jobs cycle")
+        revokes = self.revokes
+        self.loops.spawn(self._cycle(stream, token, batch, handovers, wanted, ahead, now, epoch, revokes), "jobs cycle")
 
     async def _cycle(
         self,
@@ -273,6 +280,7 @@ class Cycles:
         ahead: dict[str, int],
         now: datetime,
         epoch: int,
+        revokes: int,
     ) -> None:
         sending = asyncio.ensure_future(self.store.cycle_jobs(
             [f for f, _ in batch], wanted, self.instance, token, now,
@@ -306,6 +314,7 @@ class Cycles:
             self.due.update(wanted)
             self.due.update(ahead)
             self.trouble_until = self.clock.now() + timedelta(seconds=RETRY_AFTER_TROUBLE)
+            self.cycled.set()
             self.wake.set()
             return
         for (finish, run), applied in zip(batch, cycle.applied, strict=False):
@@ -337,6 +346,10 @@ class Cycles:
                 self.backlog.add(name)
             else:
                 self.backlog.discard(name)
+            if self.waiting[name] and (self.held[name] or revokes != self.revokes):
+                # Claimed before an action on the queue that came meanwhile, or while one
+                # is on its way: they go back, the next claim decides anew.
+                self._release_waiting(name)
             if self.waiting[name] and not self.active[name]:
                 self._hand_spare_seats(name)
                 if self.waiting[name] and not self.active[name]:
@@ -346,5 +359,6 @@ class Cycles:
         stream.tokens.discard(token)
         if stream.claiming == token:
             stream.claiming = None
+        self.cycled.set()
         self.wake.set()
         self.loops.poke()

@@ -43,8 +43,14 @@ __all__ = [
     "JobStore",
     "NewJob",
     "QueueSpec",
+    "REVOKE",
     "RunningJob",
 ]
+
+#: The mark of a notification (:meth:`JobStore.notify_jobs`) that a queue changed under the
+#: jobs claimed ahead of it (a cancel, a delete, a pause, a lower concurrency): ``REVOKE +
+#: name`` (no queue name holds it). Its workers give those jobs back.
+REVOKE = "!"
 
 FinishKind = Literal["succeeded", "retry", "dead", "release"]
 

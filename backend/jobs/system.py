@@ -9,8 +9,9 @@ anything is written (:func:`~backend.jobs.definition.check_send`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
@@ -30,7 +31,7 @@ from backend.jobs.definition import (
     check_send,
 )
 from backend.jobs.model import JOB_STATUSES, Job, JobDetail, JobsPage, JobStatus, QueueView, Sent
-from backend.jobs.store import Finish, FinishKind, JobStore, NewJob, QueueSpec
+from backend.jobs.store import REVOKE, Finish, FinishKind, JobStore, NewJob, QueueSpec
 from backend.jobs.workers import Workers
 from backend.model import TAG_ABANDONED
 from backend.runtime.subsystems import Shared
@@ -266,6 +267,18 @@ class Jobs:
         return (await self.send_checked(queue, [send], cron=schedule, ids=[run_id]))[0]
 
     # -- operator actions ----------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _holding(self, queue: str) -> AsyncIterator[None]:
+        """Around an action that changes what may start in ``queue``: this process's jobs
+        claimed ahead of it go back first (see :meth:`Workers.holding`), and the other
+        processes' once they hear of it, after the commit."""
+        if self.workers is None:
+            yield
+        else:
+            async with self.workers.holding(queue):
+                yield
+        self.notifier.poke(REVOKE + queue)
+
     async def _known(self, queue: str) -> None:
         check_queue_name(queue)
         if not any(view.name == queue for view in await self.queue_views()):
@@ -283,8 +296,9 @@ class Jobs:
 
     async def set_paused(self, queue: str, paused: bool, *, by: str | None = None) -> QueueView:
         check_queue_name(queue)
-        if not await self.store.pause_queue(queue, paused, by or self.shared.instance, self.shared.clock.now()):
-            raise NotFound(f'no queue named "{queue}"')
+        async with self._holding(queue):
+            if not await self.store.pause_queue(queue, paused, by or self.shared.instance, self.shared.clock.now()):
+                raise NotFound(f'no queue named "{queue}"')
         log.info("queue %s %s by %s", queue, "paused" if paused else "resumed", by or self.shared.instance)
         await self.shared.audit.record("queue.pause" if paused else "queue.resume", queue, {})
         if not paused:
@@ -339,7 +353,8 @@ class Jobs:
         and is gone."""
         by, value = check_cancel(id, key)
         await self._known(queue)
-        cancelled = await self.store.cancel_job(queue, **{by: value})
+        async with self._holding(queue):
+            cancelled = await self.store.cancel_job(queue, **{by: value})
         if cancelled:
             await self.shared.audit.record("job.cancel", value, {"queue": queue, "by": by})
             self.shared.events.publish("jobs", queue)
@@ -349,8 +364,9 @@ class Jobs:
         """Delete a job in any state (a running one finishes; its result is not kept)."""
         check_id(job_id, "job")
         await self._known(queue)
-        if not await self.store.delete_job(queue, job_id):
-            raise NotFound(f'no job with id "{job_id}" in queue "{queue}"')
+        async with self._holding(queue):
+            if not await self.store.delete_job(queue, job_id):
+                raise NotFound(f'no job with id "{job_id}" in queue "{queue}"')
         await self.shared.audit.record("job.delete", job_id, {"queue": queue})
         self.shared.events.publish("jobs", queue)
 

@@ -56,8 +56,9 @@ they leave); :class:`Workers` holds their state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -65,12 +66,16 @@ from backend.jobs.cycles import Cycles, Stream
 from backend.jobs.definition import BACKOFF_FIRST_S, Queue
 from backend.jobs.seats import JobRun, Seats
 from backend.jobs.stopping import Stopping
-from backend.jobs.store import Claimed, Finish, Handover
+from backend.jobs.store import REVOKE, Claimed, Finish, Handover
 
 if TYPE_CHECKING:
     from backend.jobs.system import Jobs
 
 __all__ = ["JobRun", "Workers"]
+
+#: How long an operator's action waits for the workers here to write what they hold of its
+#: queue (seconds, real time): past it (the store unreachable), the action goes all the same.
+HOLD_WAIT = 5.0
 
 
 class Workers(Cycles, Seats, Stopping):
@@ -136,6 +141,13 @@ class Workers(Cycles, Seats, Stopping):
         puts them back untouched (:meth:`release_unanswered`); kept for
         :data:`~backend.jobs.stopping.UNANSWERED_KEPT`, in case the commit lands after the
         failure was seen."""
+        self.held: Counter[str] = Counter()
+        """Per queue, operator actions on their way in this process (see :meth:`holding`)."""
+        self.revokes = 0
+        """Holds and revocations begun: a cycle sent before the last one began releases the
+        jobs it claimed ahead (its claim may have been made before the action)."""
+        self.cycled = asyncio.Event()
+        """Set as each cycle ends (an action waiting for what it holds to be written)."""
         self.ahead_asked: Counter[str] = Counter()
         """Per queue, jobs asked for ahead by the cycle on its way."""
         self.ended_since: Counter[str] = Counter()
@@ -182,7 +194,57 @@ class Workers(Cycles, Seats, Stopping):
 
     def heard(self, queue: str | None) -> None:
         """A notification from another process (the listener)."""
-        self.poke(queue)
+        if queue is not None and queue.startswith(REVOKE):
+            self.revoke(queue[len(REVOKE):])
+        else:
+            self.poke(queue)
+
+    def revoke(self, name: str) -> None:
+        """Queue ``name`` changed elsewhere (a job cancelled or deleted, a pause, a lower
+        concurrency): its jobs claimed ahead here go back untouched, so that none starts
+        against what the store now says; the next claim decides anew."""
+        if name not in self.queues:
+            return
+        self.revokes += 1
+        if self.waiting[name]:
+            self._release_waiting(name)
+
+    @contextlib.asynccontextmanager
+    async def holding(self, name: str) -> AsyncIterator[None]:
+        """Around an operator's action on queue ``name`` in this process (a cancel, a delete,
+        a pause): first its jobs claimed ahead here go back, and the handovers of those that
+        started are written, so that the store decides on what is true (a job that started
+        is running, one that did not is queued); until the action is done, none is claimed
+        ahead or handed a seat."""
+        if name not in self.queues:
+            yield
+            return
+        self.held[name] += 1
+        try:
+            self.revoke(name)
+            deadline = asyncio.get_running_loop().time() + HOLD_WAIT
+            while self._unwritten(name) and not self.stopping:
+                self.cycled.clear()
+                self.wake.set()
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.cycled.wait(), left)
+            yield
+        finally:
+            self.held[name] -= 1
+            self.due.add(name)
+            self.wake.set()
+
+    def _unwritten(self, name: str) -> bool:
+        """Whether jobs of ``name`` claimed ahead here are not yet back, or started with
+        their handover not yet written."""
+        carried = [*self.finishes, *(item for batch in self.inflight.values() for item in batch)]
+        if any(finish.kind == "release" and finish.queue == name for finish, _ in carried):
+            return True
+        handing = [*self.handovers, *(item for batch in self.inflight_handovers.values() for item in batch)]
+        return any(run.queue.name == name for _, run in handing)
 
     @property
     def idle(self) -> bool:

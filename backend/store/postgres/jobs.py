@@ -55,7 +55,7 @@ from psycopg.pq.abc import PGresult
 from backend.errors import NotFound, Unavailable
 from backend.jobs.definition import MAX_HELD
 from backend.jobs.model import Attempt, Job, JobStatus, NotDead, QueueFull, QueueView, Sent
-from backend.jobs.store import Claimed, Cycle, Finish, Handover, NewJob, QueueSpec, RunningJob
+from backend.jobs.store import REVOKE, Claimed, Cycle, Finish, Handover, NewJob, QueueSpec, RunningJob
 from backend.safetext import store_text as _text
 from backend.store.job_rows import (
     ATTEMPT_FIELDS,
@@ -139,12 +139,26 @@ CHANNEL = JOBS_CHANNEL
 SEND_LOCK_CLASS = "hashtext('schedtui.jobs.send')"
 
 JOB_COLUMNS = ", ".join(JOB_FIELDS)
-DEFINE_QUEUES = """
-    INSERT INTO schedtui_queues (name, concurrency, attempts, max_runtime_s, defined_at)
-    SELECT q.name, q.concurrency, q.attempts, q.max_runtime_s, %(at)s
-    FROM json_to_recordset(%(queues)s::json) AS q(name text, concurrency int, attempts int, max_runtime_s float8)
-    ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, attempts = excluded.attempts,
-        max_runtime_s = excluded.max_runtime_s, defined_at = excluded.defined_at
+#: Which jobs are queued, as the view, the list, the limit and a cancel see them: those
+#: claimed ahead too (``running`` without a seat), which have not started (an action of
+#: this process first has its workers hand them back or write their start; another
+#: instance's give theirs back when they hear of it: see :mod:`backend.jobs.workers`).
+QUEUED = "(status = 'queued' OR status = 'running' AND seat IS NULL)"
+#: A queue's concurrency lowered: the workers holding jobs claimed ahead of it hear of it
+#: (REVOKE), and give them back (a seat above the new cap is handed to none).
+DEFINE_QUEUES = f"""
+    WITH d AS (
+        SELECT * FROM json_to_recordset(%(queues)s::json) AS q(name text, concurrency int, attempts int, max_runtime_s float8)
+    ),
+    before AS (SELECT q.name, q.concurrency FROM schedtui_queues q JOIN d ON d.name = q.name),
+    defined AS (
+        INSERT INTO schedtui_queues (name, concurrency, attempts, max_runtime_s, defined_at)
+        SELECT d.name, d.concurrency, d.attempts, d.max_runtime_s, %(at)s FROM d
+        ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, attempts = excluded.attempts,
+            max_runtime_s = excluded.max_runtime_s, defined_at = excluded.defined_at
+    )
+    SELECT pg_notify('{CHANNEL}', '{REVOKE}' || d.name) FROM d JOIN before b ON b.name = d.name
+    WHERE d.concurrency < b.concurrency
 """
 ADD_QUEUES = """
     INSERT INTO schedtui_queues (name, concurrency, attempts, max_runtime_s, defined_at)
@@ -162,23 +176,29 @@ SEND_LOCK_ALONE = f"SELECT pg_advisory_xact_lock({SEND_LOCK_CLASS}, hashtext(%s)
 #: takes); whether they fit under the limit; if they do, insert them. Answers per job, in
 #: order: its id (or the holder's), whether it is a duplicate; and with every row whether
 #: the queue exists, whether the batch fit, and the counts of the limit. One round trip
-#: with the lock, pipelined; nothing for the client to decide in between.
-SEND = """
+#: with the lock, pipelined; nothing for the client to decide in between. Every lookup is
+#: a join (hashed, or by index), none a subquery per job: a batch of 10,000 takes time in
+#: proportion to it (per-job subqueries over the batch took 30 s and more).
+SEND = f"""
     WITH q AS (SELECT attempts FROM schedtui_queues WHERE name = %(queue)s),
     w AS (
         SELECT * FROM json_to_recordset(%(jobs)s::json) AS w(
             n int, id text, payload text, key text, cron text, attempts int, run_after timestamptz)
     ),
-    held AS (
+    held AS (  -- (queued as the view counts: jobs claimed ahead too)
         SELECT count(*) AS n FROM schedtui_jobs
-        WHERE queue = %(queue)s AND status IN ('queued', 'dead') AND NOT deleted
+        WHERE queue = %(queue)s AND (status = 'dead' OR {QUEUED}) AND NOT deleted
     ),
+    known AS (SELECT w.n, e.id FROM w JOIN schedtui_jobs e ON e.id = w.id),
+    holders AS (
+        SELECT h.key, h.id FROM schedtui_jobs h
+        WHERE h.queue = %(queue)s AND h.key IN (SELECT w.key FROM w WHERE w.key IS NOT NULL)
+    ),
+    firsts AS (SELECT min(w.n) AS n FROM w WHERE w.key IS NOT NULL GROUP BY w.key),
     fresh AS (
         SELECT w.* FROM w
-        WHERE NOT EXISTS (SELECT 1 FROM schedtui_jobs e WHERE e.id = w.id)
-            AND (w.key IS NULL OR (
-                NOT EXISTS (SELECT 1 FROM schedtui_jobs h WHERE h.queue = %(queue)s AND h.key = w.key)
-                AND w.n = (SELECT min(v.n) FROM w v WHERE v.key = w.key)))
+        WHERE w.n NOT IN (SELECT n FROM known)
+            AND (w.key IS NULL OR (w.key NOT IN (SELECT key FROM holders) AND w.n IN (SELECT n FROM firsts)))
     ),
     fits AS (  -- (a send that adds nothing fits: a repeated keyed send answers its job, however full)
         SELECT EXISTS (SELECT 1 FROM q)
@@ -194,16 +214,15 @@ SEND = """
         RETURNING id
     )
     SELECT
-        coalesce(
-            (SELECT e.id FROM schedtui_jobs e WHERE e.id = w.id),
-            (SELECT f.id FROM fresh f WHERE f.id = w.id),
-            (SELECT f.id FROM fresh f WHERE f.key = w.key),
-            (SELECT h.id FROM schedtui_jobs h WHERE h.queue = %(queue)s AND h.key = w.key)),
-        w.key IS NOT NULL AND NOT EXISTS (SELECT 1 FROM schedtui_jobs e WHERE e.id = w.id)
-            AND NOT EXISTS (SELECT 1 FROM fresh f WHERE f.id = w.id),
+        coalesce(k.id, own.id, taker.id, holder.id),
+        w.key IS NOT NULL AND k.id IS NULL AND own.id IS NULL,
         EXISTS (SELECT 1 FROM q), (SELECT ok FROM fits), (SELECT n FROM held), (SELECT count(*) FROM fresh),
         (SELECT count(*) FROM ins)
     FROM w
+    LEFT JOIN known k ON k.n = w.n
+    LEFT JOIN fresh own ON own.n = w.n
+    LEFT JOIN fresh taker ON taker.key = w.key
+    LEFT JOIN holders holder ON holder.key = w.key
     ORDER BY w.n
 """
 #: A cycle's finishes, each applied only while its job is still running under its tries;
@@ -236,6 +255,13 @@ FINISH = """
             run_after = CASE WHEN f.kind = 'retry' THEN f.retry_at ELSE j.run_after END,
             dead_at = CASE WHEN f.kind = 'dead' THEN f.finished_at END,
             attempt = CASE WHEN f.kind = 'release' THEN j.attempt - 1 ELSE j.attempt END,
+            -- (a release never started: the job shows its last attempt's start and instance again)
+            started_at = CASE WHEN f.kind = 'release' THEN (
+                SELECT a.started_at FROM schedtui_job_attempts a WHERE a.job_id = j.id ORDER BY a.seq DESC LIMIT 1
+            ) ELSE j.started_at END,
+            instance = CASE WHEN f.kind = 'release' THEN (
+                SELECT a.instance FROM schedtui_job_attempts a WHERE a.job_id = j.id ORDER BY a.seq DESC LIMIT 1
+            ) ELSE j.instance END,
             error_tag = CASE WHEN f.kind = 'release' THEN j.error_tag ELSE f.error_tag END,
             error_message = CASE WHEN f.kind = 'release' THEN j.error_message ELSE f.error_message END
         FROM target t, f
@@ -292,7 +318,8 @@ FINISH_SUCCEEDED = """
 #:   ahead), ``FOR UPDATE SKIP LOCKED``;
 #: * ``claimed``: each picked job running on its seat (one claimed ahead: with none yet, see
 #:   HANDOVER), its attempt and tries counted;
-#: * per queue asked for, the next due time among jobs not due yet (``next`` rows).
+#: * per queue asked for, the next due time among jobs not due yet (``next`` rows);
+#:   the jobs come first, oldest due first: the order they start in.
 CLAIM = f"""
     WITH wanted AS (
         SELECT w.queue, w.n, coalesce(w.r, 0) AS r FROM json_to_recordset(%(wanted)s::json) AS w(queue text, n int, r int)
@@ -343,14 +370,15 @@ CLAIM = f"""
             started_at = %(now)s, instance = %(instance)s, token = %(token)s
         FROM assigned a
         WHERE j.id = a.id AND j.id = ANY(ARRAY(SELECT a.id FROM assigned a))
-        RETURNING {", ".join(f"j.{c}" for c in CLAIMED_FIELDS)}, j.seat
+        RETURNING {", ".join(f"j.{c}" for c in CLAIMED_FIELDS)}, j.seat, j.run_after
     )
-    SELECT 'job', {", ".join(f"c.{c}" for c in CLAIMED_FIELDS)}, c.seat FROM claimed c
+    SELECT 'job', {", ".join(f"c.{c}" for c in CLAIMED_FIELDS)}, c.seat, c.run_after FROM claimed c
     UNION ALL
     SELECT 'next', NULL, o.queue, NULL, NULL, NULL, NULL, NULL, NULL, NULL, (
         SELECT min(j.run_after) FROM schedtui_jobs j
-        WHERE j.queue = o.queue AND j.status = 'queued' AND j.run_after > %(now)s), NULL
+        WHERE j.queue = o.queue AND j.status = 'queued' AND j.run_after > %(now)s), NULL, NULL
     FROM open o
+    ORDER BY 1, 13, 2  -- the jobs oldest due first, as they are to start (RETURNING has no order)
 """
 #: Jobs claimed ahead that started on a seat their worker holds: the seat of an attempt
 #: that ended, whose finish (the cycle's FINISH, just before) freed it in this transaction,
@@ -368,10 +396,41 @@ HANDOVER = """
     RETURNING j.id
 """
 RUNNING = f"SELECT {', '.join(RUNNING_FIELDS)} FROM schedtui_jobs WHERE status = 'running'"
-CANCEL_BY_ID = "DELETE FROM schedtui_jobs WHERE queue = %s AND id = %s AND status = 'queued' AND NOT deleted"
-CANCEL_BY_KEY = "DELETE FROM schedtui_jobs WHERE queue = %s AND key = %s AND status = 'queued' AND NOT deleted"
-#: Delete in any state; a running job keeps its row (and seat) until its handler ends, but
-#: gives its key up and no longer shows. Answers whether there was one.
+#: A job claimed ahead (not on a seat yet) as the list shows it: queued, with its last
+#: attempt's number, start and instance (what it showed before the claim).
+SHOWN_FIELDS = {
+    "status": f"CASE WHEN {QUEUED} THEN 'queued' ELSE status END",
+    "attempt": "CASE WHEN status = 'running' AND seat IS NULL THEN attempt - 1 ELSE attempt END",
+    "started_at": (
+        "CASE WHEN status = 'running' AND seat IS NULL THEN (SELECT a.started_at FROM schedtui_job_attempts a "
+        "WHERE a.job_id = j.id ORDER BY a.seq DESC LIMIT 1) ELSE started_at END"
+    ),
+    "instance": (
+        "CASE WHEN status = 'running' AND seat IS NULL THEN (SELECT a.instance FROM schedtui_job_attempts a "
+        "WHERE a.job_id = j.id ORDER BY a.seq DESC LIMIT 1) ELSE instance END"
+    ),
+}
+SHOWN_COLUMNS = ", ".join(SHOWN_FIELDS.get(c, c) for c in JOB_FIELDS)
+#: Which jobs a status filter of the list takes (by what the list shows).
+STATUS_FILTERS = {"queued": QUEUED, "running": "status = 'running' AND seat IS NOT NULL", "dead": "status = 'dead'"}
+#: Cancel a queued job: deleted. One claimed ahead is hidden as a running one is (its key
+#: free): should its worker have started it before it heard, it finishes and its result is
+#: not kept; one that had not goes back and its row goes (see FINISH).
+_CANCEL = f"""
+    WITH target AS (
+        SELECT id, status FROM schedtui_jobs WHERE queue = %s AND {{by}} = %s AND {QUEUED} AND NOT deleted FOR UPDATE
+    ),
+    gone AS (DELETE FROM schedtui_jobs j USING target t WHERE j.id = t.id AND t.status = 'queued'),
+    hidden AS (
+        UPDATE schedtui_jobs j SET deleted = true, key = NULL FROM target t WHERE j.id = t.id AND t.status = 'running'
+    )
+    SELECT count(*) FROM target
+"""
+CANCEL_BY_ID = _CANCEL.replace("{by}", "id")
+CANCEL_BY_KEY = _CANCEL.replace("{by}", "key")
+#: Delete in any state; a running job (or one claimed ahead: see _CANCEL) keeps its row
+#: (and seat) until its handler ends, but gives its key up and no longer shows. Answers
+#: whether there was one.
 DELETE_JOB = """
     WITH target AS (
         SELECT id, status FROM schedtui_jobs WHERE queue = %(queue)s AND id = %(id)s AND NOT deleted FOR UPDATE
@@ -395,22 +454,26 @@ RETRY_DEAD = f"""
     SELECT t.status, r.* FROM target t LEFT JOIN retried r ON true
 """
 PAUSE = "UPDATE schedtui_queues SET paused = %s, changed_by = %s, changed_at = %s WHERE name = %s"
-QUEUE_VIEWS = """
+QUEUE_VIEWS = f"""
     SELECT q.name, q.concurrency, q.paused,
         coalesce(c.queued, 0), coalesce(c.running, 0), coalesce(c.dead, 0),
-        (SELECT min(j.run_after) FROM schedtui_jobs j
-         WHERE j.queue = q.name AND j.status = 'queued' AND j.run_after <= %(now)s)
+        least(
+            (SELECT min(j.run_after) FROM schedtui_jobs j
+             WHERE j.queue = q.name AND j.status = 'queued' AND j.run_after <= %(now)s),
+            (SELECT min(j.run_after) FROM schedtui_jobs j  -- (claimed ahead)
+             WHERE j.queue = q.name AND j.status = 'running' AND j.seat IS NULL AND NOT j.deleted
+                AND j.run_after <= %(now)s))
     FROM schedtui_queues q
     LEFT JOIN (
         SELECT queue,
-            count(*) FILTER (WHERE (status = 'queued' OR status = 'running' AND seat IS NULL) AND NOT deleted) AS queued,
+            count(*) FILTER (WHERE {QUEUED} AND NOT deleted) AS queued,
             count(*) FILTER (WHERE status = 'running' AND seat IS NOT NULL) AS running,
             count(*) FILTER (WHERE status = 'dead' AND NOT deleted) AS dead
         FROM schedtui_jobs GROUP BY queue
     ) c ON c.queue = q.name
     ORDER BY q.name COLLATE "C"
 """
-GET_JOB = f"SELECT {JOB_COLUMNS} FROM schedtui_jobs WHERE id = %s AND NOT deleted"
+GET_JOB = f"SELECT {SHOWN_COLUMNS} FROM schedtui_jobs j WHERE id = %s AND NOT deleted"
 ATTEMPTS = f"""
     SELECT queue, {", ".join(ATTEMPT_FIELDS)}
     FROM schedtui_job_attempts WHERE job_id = %s ORDER BY seq
@@ -442,11 +505,11 @@ SEND_ON_LANE = (
 #: same answer (one row, the same columns) from scalar parameters (queue, id, payload,
 #: cron, attempts, run_after, at, limit), without the batch's record set and the key's
 #: checks: in tests/bench/queue.py's latency run, 87 µs a send on the server against SEND's 138.
-SEND_ONE = """
+SEND_ONE = f"""
     WITH q AS (SELECT attempts FROM schedtui_queues WHERE name = $1::text),
     held AS (
         SELECT count(*) AS n FROM schedtui_jobs
-        WHERE queue = $1::text AND status IN ('queued', 'dead') AND NOT deleted
+        WHERE queue = $1::text AND (status = 'dead' OR {QUEUED}) AND NOT deleted
     ),
     known AS (SELECT EXISTS (SELECT 1 FROM schedtui_jobs e WHERE e.id = $2::text) AS e),
     fits AS (
@@ -1057,7 +1120,8 @@ class PostgresJobs:
 
     async def cancel_job(self, queue: str, *, id: str | None = None, key: str | None = None) -> bool:
         sql, value = (CANCEL_BY_KEY, key) if id is None else (CANCEL_BY_ID, id)
-        return bool(await self._execute(sql, (queue, value)))
+        row = await self._fetchone(sql, (queue, value))
+        return bool(row and row[0])
 
     async def delete_job(self, queue: str, job_id: str) -> bool:
         rows = await self._fetchall(DELETE_JOB, {"queue": queue, "id": job_id})
@@ -1086,11 +1150,10 @@ class PostgresJobs:
     async def list_jobs(
         self, queue: str, *, status: JobStatus | None, limit: int, before: str | None
     ) -> list[Job]:
-        sql = f"SELECT {JOB_COLUMNS} FROM schedtui_jobs WHERE queue = %s AND NOT deleted"
+        sql = f"SELECT {SHOWN_COLUMNS} FROM schedtui_jobs j WHERE queue = %s AND NOT deleted"
         params: list[Any] = [queue]
         if status is not None:
-            sql += " AND status = %s"
-            params.append(status)
+            sql += f" AND {STATUS_FILTERS[status]}"
         if before is not None:
             sql += " AND id < %s"
             params.append(before)

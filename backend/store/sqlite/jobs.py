@@ -120,7 +120,13 @@ FINISH_DEAD = """
     UPDATE jobs SET status = 'dead', seat = NULL, token = NULL, dead_at = ?, error_tag = ?, error_message = ?
     WHERE id = ?
 """
-FINISH_RELEASE = "UPDATE jobs SET status = 'queued', seat = NULL, token = NULL, attempt = attempt - 1 WHERE id = ?"
+#: (A release never started: the job shows its last attempt's start and instance again.)
+FINISH_RELEASE = """
+    UPDATE jobs SET status = 'queued', seat = NULL, token = NULL, attempt = attempt - 1,
+        started_at = (SELECT a.started_at FROM job_attempts a WHERE a.job_id = jobs.id ORDER BY a.seq DESC LIMIT 1),
+        instance = (SELECT a.instance FROM job_attempts a WHERE a.job_id = jobs.id ORDER BY a.seq DESC LIMIT 1)
+    WHERE id = ?
+"""
 RECORD_ATTEMPT = """
     INSERT INTO job_attempts (job_id, seq, queue, attempt, started_at, finished_at, status, error_tag, error_message, instance)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
