@@ -35,7 +35,12 @@ its way (a finish must reach the store before the handover of its seat). Jobs cl
 ahead that come back when every attempt of their queue here ended meanwhile start on the
 seats those attempts left, their finishes not sent yet (one transaction for finish and
 handover again). Jobs claimed ahead go back (``release``: no attempt used) when their
-queue has nothing left running to hand them a seat, when the lease lapses, and at a stop.
+queue has nothing left running to hand them a seat, when the lease lapses, at a stop, and
+when their queue changes under them: an operator's action in this process
+(:meth:`Workers.holding`: they go back and the handovers of those that started are
+written before the action reaches the store, which counts the others as queued) or
+elsewhere (a :data:`~backend.jobs.store.REVOKE` notification: a cancel, a delete, a
+pause, a lower concurrency).
 
 **Lanes.** An async job claimed with a seat starts a *lane*, one task that runs it and
 then each job handed its seat, one after another

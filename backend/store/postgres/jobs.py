@@ -11,7 +11,8 @@
   change them. A worker's finish of a job whose run ended before its handover was written
   needs no handover (see :mod:`backend.jobs.workers`).
 * **Claims ahead and handovers**: a cycle may also claim jobs without a seat (``running``,
-  ``seat`` NULL) for a worker to start on the seat of an attempt of its own that ends; the
+  ``seat`` NULL: queued to the view, the list, the limit, cancel and delete, see QUEUED)
+  for a worker to start on the seat of an attempt of its own that ends; the
   next cycle writes the handover (HANDOVER) after that attempt's finish, in the same
   transaction, so the seat is never free in between (see :mod:`backend.jobs.workers`).
 * **The fleet-wide cap**: a running job holds a seat ``1..concurrency``; a unique index on
