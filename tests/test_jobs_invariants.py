@@ -62,11 +62,14 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from backend import Engine, JobContext, ManualClock, NotFound, Unavailable, define_queue, open_store
 from backend.clock import OffsetClock
 from backend.ids import IdFactory
-from backend.jobs.model import Job, NotDead
+from backend.jobs.model import Job, NotDead, QueueFull
+from backend.jobs.store import REVOKE, QueueSpec
 from backend.jobs.system import OWN_CLAIM_CLOSED
 from backend.runtime.skew import ClockCheck
 from backend.scheduler import names
 from backend.scheduler.registry import host_identity
+from backend.store.postgres import jobs as postgres_jobs
+from backend.store.sqlite import jobs as sqlite_jobs
 from tests import pg
 from tests.bounded import run_within
 from tests.servers import dead_pid
@@ -867,3 +870,211 @@ def test_a_process_whose_clock_is_off_takes_no_name_back() -> None:
         machine.the_store_keeps_every_promise()
     finally:
         machine.teardown()
+
+
+# ---------------------------------------------------------------------------------------
+# jobs waiting behind busy seats (claimed ahead on PostgreSQL)
+# ---------------------------------------------------------------------------------------
+#: A queue's limit in :class:`AheadMachine` (10,000 in production): small enough to reach.
+AHEAD_LIMIT = 8
+
+
+class AheadMachine(RuleBasedStateMachine):
+    """One worker runs queue ``q`` (async handlers, concurrency 2): batches of quick jobs
+    (they end at once: its handlers look shorter than a cycle, so on PostgreSQL it claims
+    ahead) and held ones (they keep the seats busy until a step ends them), so that jobs
+    wait behind busy seats. Random steps cancel them (by id, by key), delete them, pause
+    and resume the queue, lower its concurrency as another instance's start does (the
+    worker hears of it) and raise it back, and fill the queue to its limit. Checked at
+    every handler's start: no job cancelled or deleted starts, nothing starts in a paused
+    queue, no job starts beside as many as the queue's concurrency; after every step: the
+    view, the list and the limit count the same queued jobs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = ManualClock(T0)
+        self.patch = pytest.MonkeyPatch()
+        self.folder = tempfile.mkdtemp(prefix="schedtui-jobs-ahead-")
+        self.url = self.store_url()
+        self.loop = asyncio.new_event_loop()
+        for module in (sqlite_jobs, postgres_jobs):
+            self.patch.setattr(module, "MAX_HELD", AHEAD_LIMIT)
+        self.violations: list[str] = []
+        self.running: dict[str, asyncio.Event] = {}
+        self.sent: dict[str, str | None] = {}  # id -> key
+        self.gone: set[str] = set()  # cancelled or deleted (the action said so)
+        self.paused = False
+        self.cap = 2
+        self.serial = 0
+        queue = define_queue(name="q", handler=self.handle, concurrency=2, max_runtime=MAX_RUNTIME)
+        store = open_store(self.url)
+        # Only the steps move the worker: no notification of its own sends (or actions)
+        # arriving at a moment of the network's choosing (``define_elsewhere`` delivers one).
+        store.job_notifications = False  # type: ignore[attr-defined]
+        self.engine = Engine([queue], store, clock=self.clock, instance="w1", shutdown_grace=0)
+        self.run(self.engine.start())
+        self.run(self.settle())
+
+    def store_url(self) -> str:
+        return f"sqlite:///{self.folder}/state.db"
+
+    def run(self, coro: Any) -> Any:
+        return run_within(self.loop, coro, 30)
+
+    async def handle(self, job: JobContext) -> None:
+        if job.id in self.gone:
+            self.violations.append(f"job {job.id}, cancelled or deleted, started")
+        if self.paused:
+            self.violations.append(f"job {job.id} started in a paused queue")
+        if len(self.running) >= self.cap:
+            self.violations.append(f"job {job.id} started beside {len(self.running)}, concurrency {self.cap}")
+        gate = self.running[job.id] = asyncio.Event()
+        try:
+            if job.payload.get("hold"):
+                await gate.wait()
+        finally:
+            del self.running[job.id]
+
+    async def settle(self) -> None:
+        """Until the worker has done what the step calls for: no cycle on its way, nothing
+        to hand in, every job it took begun."""
+        workers = self.engine.jobs.workers
+        assert workers is not None
+        calm = 0
+        while calm < 2:
+            await self.engine.quiesce(runs=False)
+            await asyncio.sleep(0)
+            busy = workers.inflight or workers.finishes or workers.handovers or any(
+                run.context is None and not run.done for run in workers.running.values()
+            )
+            calm = 0 if busy else calm + 1
+
+    def teardown(self) -> None:
+        for gate in self.running.values():
+            gate.set()
+        try:
+            self.loop.run_until_complete(self.engine.stop(grace=0))
+        finally:
+            self.patch.undo()
+            self.loop.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def pick(self, pick: int) -> tuple[str, str | None] | None:
+        if not self.sent:
+            return None
+        job_id = sorted(self.sent)[pick % len(self.sent)]
+        return job_id, self.sent[job_id]
+
+    async def counts(self) -> tuple[int, int]:
+        """Queued and dead, by the view."""
+        view = await self.engine.jobs.queue_view("q")
+        return view.queued, view.dead
+
+    @rule(quick=st.integers(0, 4), held=st.integers(1, 3), keyed=st.booleans())
+    def send_a_batch(self, quick: int, held: int, keyed: bool) -> None:
+        batch: list[dict[str, Any]] = [{"payload": {"hold": False}} for _ in range(quick)]
+        for _ in range(held):
+            self.serial += 1
+            batch.append({"payload": {"hold": True}, **({"key": f"k{self.serial}"} if keyed else {})})
+        queued, dead = self.run(self.counts())  # (nothing moves the worker between the two)
+        try:
+            sent = self.run(self.engine.jobs.send_many("q", batch))
+        except QueueFull as exc:
+            # The limit counts what the view counts (nothing runs between the two here).
+            assert queued + dead + len(batch) > AHEAD_LIMIT, f"refused with {queued} queued, {dead} dead: {exc}"
+            assert exc.count == queued + dead, f"the limit counted {exc.count}, the view {queued} + {dead}"
+        else:
+            assert queued + dead + len(batch) <= AHEAD_LIMIT, f"{len(batch)} taken with {queued} queued, {dead} dead"
+            for item, s in zip(batch, sent, strict=True):
+                if item["payload"]["hold"]:
+                    self.sent[s.id] = item.get("key")
+        self.run(self.settle())
+
+    @rule(pick=st.integers(0, 99))
+    def end_one(self, pick: int) -> None:
+        if self.running:
+            self.running[sorted(self.running)[pick % len(self.running)]].set()
+        self.run(self.settle())
+
+    @rule()
+    def a_poll(self) -> None:
+        self.clock.advance(1)
+        self.run(self.settle())
+
+    @rule(pick=st.integers(0, 99), by_key=st.booleans())
+    def cancel(self, pick: int, by_key: bool) -> None:
+        picked = self.pick(pick)
+        if picked is None:
+            return
+        job_id, key = picked
+        if by_key and key is not None:
+            cancelled = self.run(self.engine.jobs.cancel("q", key=key))
+        else:
+            cancelled = self.run(self.engine.jobs.cancel("q", job_id))
+        if cancelled:
+            self.gone.add(job_id)
+        self.run(self.settle())
+
+    @rule(pick=st.integers(0, 99))
+    def delete(self, pick: int) -> None:
+        picked = self.pick(pick)
+        if picked is None:
+            return
+        job_id, _ = picked
+        started = job_id in self.running
+        with contextlib.suppress(NotFound):
+            self.run(self.engine.jobs.delete("q", job_id))
+            if not started and job_id not in self.running:
+                self.gone.add(job_id)  # (a running one finishes)
+        self.run(self.settle())
+
+    @rule(paused=st.booleans())
+    def pause_or_resume(self, paused: bool) -> None:
+        if not paused:
+            self.paused = False  # (jobs may start once the resume is on its way)
+        self.run(self.engine.jobs.set_paused("q", paused))
+        self.run(self.settle())  # (a job whose claim came before the pause may begin meanwhile)
+        self.paused = paused
+
+    @rule(concurrency=st.sampled_from([1, 2]))
+    def define_elsewhere(self, concurrency: int) -> None:
+        """Another instance starts with the queue at this concurrency (a rolling deploy); the
+        worker hears of it (PostgreSQL: a notification; its delivery is its own test)."""
+        if concurrency > self.cap:
+            self.cap = concurrency  # (more may start once the change is on its way)
+        spec = QueueSpec("q", concurrency, 3, float(MAX_RUNTIME))
+        self.run(self.engine.jobs.store.define_queues([spec], self.clock.now(), update=True))
+        workers = self.engine.jobs.workers
+        assert workers is not None
+        workers.heard(REVOKE + "q")
+        self.run(self.settle())  # (as for a pause)
+        self.cap = concurrency
+
+    @invariant()
+    def every_promise_kept(self) -> None:
+        assert not self.violations, self.violations
+        view = self.run(self.engine.jobs.queue_view("q"))
+        listed = self.run(self.engine.jobs.list_jobs("q", limit=1000)).jobs
+        shown = [(j.id[-4:], j.status, j.attempt, j.run_after) for j in listed]
+        assert view.queued == sum(1 for j in listed if j.status == "queued"), (view, shown, self.clock.now())
+        # (a job deleted while it runs no longer shows, and holds its seat until it ends)
+        assert view.running >= sum(1 for j in listed if j.status == "running"), (view, shown)
+        for job in listed:
+            assert job.id not in self.gone, f"a cancelled or deleted job is listed: {job}"
+            if job.status == "queued":
+                assert job.attempt < job.max_attempts and (job.attempt > 0 or job.started_at is None), job
+
+
+class PostgresAheadMachine(AheadMachine):
+    def store_url(self) -> str:
+        assert pg.ACTIVE is not None
+        return pg.ACTIVE.create_database("ahead", migrated=True)
+
+
+def test_jobs_waiting_behind_busy_seats_keep_every_promise_on_sqlite() -> None:
+    run_state_machine_as_test(AheadMachine, settings=bounded(15))
+
+
+@pytest.mark.postgres
+def test_jobs_waiting_behind_busy_seats_keep_every_promise_on_postgres(pg_server: pg.PgServer) -> None:
+    run_state_machine_as_test(PostgresAheadMachine, settings=bounded(15))
