@@ -1020,6 +1020,35 @@ async def test_jobs_waiting_behind_a_busy_seat_are_cancelled_deleted_and_paused_
     assert work.ran[4:] == ["A", "B", "C", "D2"]  # the cancelled and the deleted never ran
 
 
+async def test_a_cancel_and_a_pause_from_another_process_reach_the_jobs_claimed_ahead(
+    pg_url: str, make_engine: Callable[..., Engine]
+) -> None:
+    """Sent from a client of the store (no workers of its own), the actions reach the worker
+    holding the jobs by a notification after their commit: it gives them back, and none of
+    them starts."""
+    work = Held()
+    engine = make_engine([define_queue(name="q", handler=work, concurrency=1)], store=pg_url)
+    await engine.start()
+    sent = await engine.jobs.send_many("q", Held.batch(4, "ABCD"))
+    workers = engine.jobs.workers
+    assert workers is not None
+    await until(lambda: bool(work.running) and len(workers.waiting["q"]) == 3, "A running, B, C and D waiting")
+    async with connect(pg_url) as client:
+        heard = workers.revokes
+        assert await client.jobs.cancel("q", sent[-1].id)  # D
+        await until(lambda: workers.revokes > heard, "the worker heard of the cancel")
+        assert not workers.waiting["q"]
+        heard = workers.revokes
+        await client.jobs.pause("q")
+        await until(lambda: workers.revokes > heard, "the worker heard of the pause")
+    work.end("A", "B", "C")
+    await engine.quiesce()
+    assert work.ran[4:] == ["A"], "a job started in a paused queue"
+    await engine.jobs.resume("q")
+    await engine.quiesce()
+    assert work.ran[4:] == ["A", "B", "C"]
+
+
 async def test_due_jobs_start_oldest_first_when_claimed_ahead(pg_url: str, make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     work = Held()
     engine = make_engine([define_queue(name="q", handler=work, concurrency=1)], store=pg_url)
