@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import threading
@@ -492,6 +493,34 @@ async def test_a_start_after_the_clock_was_stepped_back_fires_no_recorded_slot_a
     assert engine.next_fire_at("job") == at("2026-03-02T11:00:00Z")
     runs = await all_runs(engine, "job")
     assert sorted(r.scheduled_at for r in runs) == every  # each slot once
+
+
+@pytest.mark.parametrize(("ahead", "warned"), [(0.25, False), (4.0, False), (6.0, True)])
+async def test_a_start_warns_of_a_clock_stepped_back_only_past_what_two_clocks_may_differ_by(
+    make_engine: MakeEngine, clock: ManualClock, caplog: pytest.LogCaptureFixture, ahead: float, warned: bool
+) -> None:
+    """Another instance's clock 250 ms ahead fired a slot this one's had not reached when it
+    started: a fleet test's log had "was the clock stepped back?" for it. Two clocks may
+    differ by twice the limit each is held to (2.5 s of a 30 s window): only past it is it
+    a warning; the slot is passed over either way."""
+    fired: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    slot = at("2026-03-02T09:00:10Z")
+    clock.set(slot - timedelta(seconds=ahead))
+    engine = make_engine([schedule(cron="*/10 * * * * *", handler=handler)], abandon_after=30)
+    await _seed_last_run(engine, "job", slot)
+    with caplog.at_level(logging.INFO, logger="schedtui.engine"):
+        await engine.start()
+        await engine.quiesce()
+    said = [r for r in caplog.records if "newest recorded slot" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING if warned else logging.INFO]
+    assert ("was the clock stepped back?" in said[0].getMessage()) == warned
+    clock.set(slot + timedelta(seconds=10))
+    await engine.quiesce()
+    assert fired == [slot + timedelta(seconds=10)]  # the recorded one passed over
 
 
 async def test_a_deploy_that_changes_a_schedules_timing_catches_up_no_slot_from_before_it(

@@ -213,9 +213,19 @@ class CatchUp:
         except Unavailable as exc:  # (a store down now was up a moment ago: the slots fire again)
             log.error("cannot read the slots recorded ahead of the clock: %s; they may fire again", exc)
             return
+        # Two clocks of a fleet may differ by twice the limit each is held to: a slot another
+        # instance fired that little ahead of this clock is no sign of a clock stepped back.
+        tolerance = timedelta(seconds=2 * self.claims.lease.jump_limit)
         for schedule, now, since in ahead:
             slots = {r.scheduled_at for r in found.get(schedule.name, []) if r.trigger != "manual" and r.scheduled_at > now}
             self.timers.pass_over(schedule.name, slots)
+            if since - now <= tolerance:
+                log.info(
+                    "%s: its newest recorded slot (%s) is %.3fs ahead of this clock, within what two clocks of the "
+                    "fleet may differ by; %d recorded slot(s) until then ran already and do not fire again",
+                    schedule.name, since.isoformat(), (since - now).total_seconds(), len(slots),
+                )  # fmt: skip
+                continue
             log.warning(
                 "%s: its newest recorded slot (%s) is ahead of this clock (%s): was the clock stepped back? "
                 "%d recorded slot(s) until then ran already and do not fire again",
