@@ -252,11 +252,7 @@ def test_a_handler_ignoring_its_cancellation_ends_with_its_process_before_a_cloc
         relay.freeze()
         assert a.process.wait(15) == 75
         assert "ENDING THE PROCESS: 1 handler(s) ignored their cancellation" in a.log_text()
-        poll(lambda: workers.starts(b.process.pid), timeout=40, what="b to take the job over")
-        ran_on_a = [line.at for line in workers.lines() if line.pid == a.process.pid]
-        [taken] = workers.starts(b.process.pid)
-        assert (taken.job, taken.attempt) == (job, 2)
-        assert max(ran_on_a) < taken.at, f"the first attempt ran on {max(ran_on_a) - taken.at:.2f}s beside the second"
+        taken_over_after(workers, job, a, b)
 
 
 def test_an_async_handler_that_blocks_the_loop_past_the_lapse_ends_its_process_first(workers: Workers) -> None:
@@ -269,11 +265,17 @@ def test_an_async_handler_that_blocks_the_loop_past_the_lapse_ends_its_process_f
     b = workers.start("b")
     assert a.process.wait(20) == 75
     assert "ENDING THE PROCESS: the event loop has been blocked for" in a.log_text()
+    taken_over_after(workers, job, a, b)
+
+
+def taken_over_after(workers: Workers, job: str, a: Server, b: Server) -> None:
+    """b starts ``job``'s second attempt, after the last line a's first attempt wrote (its
+    process has ended: nothing of it runs beside the second)."""
     poll(lambda: workers.starts(b.process.pid), timeout=40, what="b to take the job over")
     ran_on_a = [line.at for line in workers.lines() if line.pid == a.process.pid]
     [taken] = workers.starts(b.process.pid)
     assert (taken.job, taken.attempt) == (job, 2)
-    assert max(ran_on_a) < taken.at, "the first attempt ran on beside the second"
+    assert max(ran_on_a) < taken.at, f"the first attempt ran on {max(ran_on_a) - taken.at:.2f}s beside the second"
 
 
 # ---------------------------------------------------------------------------------------
