@@ -972,6 +972,32 @@ async def test_a_graceful_stop_while_a_catch_ups_claim_is_on_its_way_fires_its_c
     ]
 
 
+@pytest.mark.parametrize(("backfill", "fires"), [("skip", False), ("latest", True)])
+async def test_a_graceful_stop_cutting_a_starts_catch_up_short_starts_only_what_its_policy_fires(
+    make_engine: MakeEngine, clock: ManualClock, store_url: str, backfill: str, fires: bool
+) -> None:
+    # At a start 5 s after its newest missed slot (late: not the timer's), a catch-up fires
+    # that slot by "latest" and records it missed by "skip"; a stop cutting its claim short
+    # starts it only in the first case (a late firing "skip" was chosen to avoid).
+    fired: list[datetime] = []
+    clock.set("2026-03-02T08:00:35Z")
+    engine = make_engine([schedule(name="tick", cron="*/10 * * * * *", handler=recording(fired), backfill=backfill)],
+                         coordination="advisoryLock")  # fmt: skip
+    await _seed_last_run(engine, "tick", at("2026-03-02T08:00:00Z"))
+    engine.store.claim = late = LateAnswer(engine.store.claim)  # type: ignore[method-assign]  # answers late
+    await engine.start()
+    await late.committed()
+    stopping = asyncio.ensure_future(engine.stop(30))
+    while not any(task.cancelling() for task in engine.loops.tasks):
+        await asyncio.sleep(0)  # until the stop has asked its loops to stop
+    late.let_go()
+    await stopping
+    newest = at("2026-03-02T08:00:30Z")
+    assert fired == ([newest] if fires else [])
+    runs = await runs_after_the_stop(store_url, [at(f"2026-03-02T08:00:{s}Z") for s in (10, 20, 30)])
+    assert [r.status for r in runs] == ["missed", "missed", "succeeded" if fires else "missed"]
+
+
 async def test_a_slot_claimed_under_a_lease_that_lapsed_while_the_answer_was_on_its_way_is_missed_not_fired(
     make_engine: MakeEngine, clock: ManualClock
 ) -> None:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import islice
@@ -131,7 +132,7 @@ class CatchUp:
         names = [schedule.name for schedule, _ in catching]
         self.busy.update(names)
         try:
-            claimed = await self._claim_together(catching)
+            claimed = await self._claim_together(catching, current={(schedule.name, slots[-1]) for schedule, slots in catching})
         except Exception:  # a bug: it must not stop the timers; each catch-up claims its own
             log.exception("could not claim the slots of %d schedule(s) found behind together", len(catching))
             self.busy.update(names)
@@ -193,7 +194,8 @@ class CatchUp:
                 self.timers.arm(schedule, now)
         if ahead:
             await self._pass_over_recorded(ahead)
-        claimed = await self._claim_together([(schedule, missed) for schedule, missed, *_ in catching])
+        newest = {(schedule.name, missed[-1]) for schedule, missed, _, on_time in catching if _fires_newest(schedule, on_time)}
+        claimed = await self._claim_together([(schedule, missed) for schedule, missed, *_ in catching], current=newest)
         for schedule, missed, reason, on_time in catching:
             claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
             self._spawn(schedule, missed, reason=reason, claimed=claim, on_time=on_time)
@@ -233,7 +235,7 @@ class CatchUp:
             )  # fmt: skip
 
     async def _claim_together(
-        self, catching: list[tuple[Schedule, list[datetime]]]
+        self, catching: list[tuple[Schedule, list[datetime]]], *, current: Collection[tuple[str, datetime]] = ()
     ) -> dict[str, tuple[dict[datetime, str], str | None]] | None:
         """Claim the slots of several schedules' catch-ups together, a chunk at a time: a
         start, a shard taken over or a burst found behind costs a few transactions, not one
@@ -245,7 +247,7 @@ class CatchUp:
         try:
             pairs = [(schedule, slot) for schedule, slots in catching for slot in slots]
             for start in range(0, len(pairs), _CLAIM_CHUNK):
-                owned, busy = await self.claims.claim(pairs[start : start + _CLAIM_CHUNK], self.clock.now())
+                owned, busy = await self.claims.claim(pairs[start : start + _CLAIM_CHUNK], self.clock.now(), current=current)
                 for schedule, slot, run_id in owned:
                     claimed.setdefault(schedule.name, ({}, None))[0][slot] = run_id
                 for name, instance in busy.items():
@@ -353,7 +355,8 @@ class CatchUp:
                 to_fire = [s for s in to_fire if s in ids]
                 to_record = [s for s in to_record if s in ids]
             elif self.claims.coordinator.needs_claims:
-                owned, busy = await self.claims.claim([(schedule, slot) for slot in slots], self.clock.now())
+                newest = {(name, slots[-1])} if fire and (live or _fires_newest(schedule, on_time)) else set()
+                owned, busy = await self.claims.claim([(schedule, slot) for slot in slots], self.clock.now(), current=newest)
                 ids = {slot: run_id for _, slot, run_id in owned}
                 remote = busy.get(name)
                 to_fire = [s for s in to_fire if s in ids]
@@ -427,3 +430,9 @@ class CatchUp:
             current = self.timers.schedules.get(name)
             if current is not None:
                 self.timers.arm(current, slots[-1] if slots else self.clock.now())
+
+
+def _fires_newest(schedule: Schedule, on_time: bool) -> bool:
+    """Whether a catch-up at a start fires the schedule's newest missed slot (a stop that
+    cuts its claim short starts that one within its grace: see ``SlotClaims.claim``)."""
+    return on_time or schedule.backfill in ("latest", "all")

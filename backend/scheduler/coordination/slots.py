@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -189,6 +189,7 @@ class SlotClaims:
         in_store: bool = False,
         run_ids: dict[tuple[str, datetime], str] | None = None,
         due_now: bool = False,
+        current: Collection[tuple[str, datetime]] = (),
     ) -> tuple[list[tuple[Schedule, datetime, str]], dict[str, str]]:
         """The slots this instance wins, each with the run id its claim recorded, and the
         schedules of the batch with a run in flight on another instance (name -> run id).
@@ -199,15 +200,18 @@ class SlotClaims:
         knows so). ``in_store`` claims in the store whatever the coordination mode
         (external fires dedupe retries so). ``due_now``: the timer's due slots, which a
         graceful stop finding this claim on its way starts (see :meth:`_stopped_with`);
-        of a catch-up's, only each schedule's current slot starts then, the older ones are
-        recorded ``missed``, as those it had not started yet."""
+        of a catch-up's, only ``current`` (``(name, slot)``: the newest slot each schedule's
+        catch-up fires, as the timer would) starts then, the others are recorded
+        ``missed``, as those it had not started yet."""
         if not in_store and not self.fires():
             return [], {}  # the fleet's own mode fires them (external fires dedupe in the store whatever the mode)
         claims = self.make_claims(slots, now, in_store=in_store, run_ids=run_ids)
         epoch = self.lease.epoch
         try:
             self._check_lease()
-            result = await self._send(claims, now, in_store=in_store, epoch=None if in_store else epoch, due_now=due_now)
+            result = await self._send(
+                claims, now, in_store=in_store, epoch=None if in_store else epoch, starts=None if due_now else set(current)
+            )
         except Unavailable as exc:
             self.outages.trouble("claim", f"not firing {len(slots)} slot(s): cannot claim them", exc)
             if not in_store:
@@ -277,11 +281,12 @@ class SlotClaims:
         *,
         in_store: bool = False,
         epoch: int | None = None,
-        due_now: bool = False,
+        starts: Collection[tuple[str, datetime]] | None = None,
     ) -> ClaimResult:
         """Claim (raising :class:`Unavailable`); remember the run ids won as pending.
         ``epoch``: the lease's epoch when the timer's due slots, or a catch-up's, were
-        claimed; ``due_now``: the timer's (see :meth:`_stopped_with`)."""
+        claimed; ``starts``: of a catch-up's, the slots a stop starts (``None``: all, the
+        timer's; see :meth:`_stopped_with`)."""
         # Pending from before the claim is sent: a placeholder committed while its reply is
         # still on the way is ours, not a dead instance's run for close_abandoned to close.
         proposed = [claim.run_id for claim in claims]
@@ -296,7 +301,7 @@ class SlotClaims:
             # would then stay "running" for good. Wait for its answer and settle what it won.
             self.claimed.difference_update(proposed)
             with contextlib.suppress(Exception):
-                self._stopped_with(claims, await sending, epoch, due_now)
+                self._stopped_with(claims, await sending, epoch, starts)
             raise
         except BaseException:
             self.claimed.difference_update(proposed)  # the callers remember what may be ours
@@ -304,15 +309,18 @@ class SlotClaims:
         self.claimed.difference_update(claim.run_id for claim in claims if claim.key not in result.won)
         return result
 
-    def _stopped_with(self, claims: Sequence[Claim], result: ClaimResult, epoch: int | None, due_now: bool) -> None:
+    def _stopped_with(
+        self, claims: Sequence[Claim], result: ClaimResult, epoch: int | None, starts: Collection[tuple[str, datetime]] | None
+    ) -> None:
         """The answer of a claim a stop found on its way. What the timer's claim won starts
         when the stop has a grace and the lease held throughout: the other instances lost
         these slots to this one, so recorded ``missed`` they would run nowhere (a rolling
         restart's SIGTERM landing mid-claim), and the grace covers them as it covers the
-        runs in flight. So does each schedule's current slot of a catch-up's claim (a
-        start's, one found behind: a restart stopped again during its catch-up recorded the
-        current slot missed, and the fleet had lost it). Otherwise (no grace, a catch-up's
-        older slots, recovered slots, external fires) it is recorded ``missed``."""
+        runs in flight. So does the newest slot a catch-up's claim was to fire (``starts``:
+        a start's on time, or by its policy; one found behind: a restart stopped again
+        during its catch-up recorded the current slot missed, and the fleet had lost it).
+        Otherwise (no grace, a catch-up's other slots, recovered slots, external fires) it
+        is recorded ``missed``."""
         launcher = self.launcher
         if epoch is None or launcher.stop_grace <= 0:
             self._record_missed(claims, result, "the engine stopped while this slot was being claimed")
@@ -320,12 +328,11 @@ class SlotClaims:
         if not self.lease.holds(epoch):
             self._record_missed(claims, result, "this instance's lease lapsed while this slot was being claimed")
             return
-        now = self.clock.now()
         older: list[Claim] = []
         for claim in claims:
             schedule = self.schedules.get(claim.name)
             if claim.key in result.won and schedule is not None and claim.scheduled_at is not None:
-                if not due_now and not _current(schedule, claim.scheduled_at, now):
+                if starts is not None and (claim.name, claim.scheduled_at) not in starts:
                     older.append(claim)
                     continue
                 self.claimed.add(claim.run_id)
@@ -514,11 +521,3 @@ class SlotClaims:
                 self.loops.forget(loop)
                 self.recovering.add(name)
                 self.loops.poke()  # woken (not idle) to wait for a run: idle again for quiesce()
-
-
-def _current(schedule: Schedule, slot: datetime, now: datetime) -> bool:
-    """Whether ``slot`` is ``schedule``'s newest at ``now`` (the one its timer would fire)."""
-    try:
-        return schedule.cron.latest(now) == slot
-    except ValueError:  # no slot since year 1
-        return False
