@@ -1003,6 +1003,9 @@ async def test_jobs_waiting_behind_a_busy_seat_are_cancelled_deleted_and_paused_
     await engine.quiesce(runs=False)
     assert work.ran == ["quick0", "quick1", "quick2", "quick3", "A"]  # oldest due first
     assert len(workers.waiting["q"]) == 5, "nothing waits behind the busy seat (claimed ahead)"
+    # A's start and the quick jobs' ends reach the store in the worker's next cycle; the
+    # listing below reads the store.
+    await until(lambda: not (workers.finishes or workers.handovers or workers.inflight), "every start and end written")
     listed = {ids[j.id]: (j.status, j.attempt, j.started_at is None) for j in (await engine.jobs.list_jobs("q")).jobs}
     assert listed == {"A": ("running", 1, False), **{n: ("queued", 0, True) for n in "BCDEF"}}
     view = await engine.jobs.queue_view("q")
