@@ -469,9 +469,9 @@ async def test_a_sweep_whose_read_a_released_jobs_run_overtook_records_no_attemp
     job in no hand here and closes it as abandoned: that close must not apply, nor leave
     a failed attempt in the history of a job whose only attempt succeeded."""
     handler = Handler()
-    store = request.getfixturevalue("pg_url") if where == "postgres" else None
+    store = request.getfixturevalue("pg_url" if where == "postgres" else "store_url")
     engine = make_engine([define_queue(name="mail", handler=handler, attempts=1)], abandon_after=30,
-                         **({"store": store} if store else {}))  # fmt: skip
+                         store=store)  # fmt: skip
     await engine.open()
     workers_store = engine.jobs.store
     late = LateAnswer(workers_store.cycle_jobs, lambda cycle: bool(cycle.claimed))
@@ -533,9 +533,9 @@ async def test_a_job_whose_claim_answer_was_lost_runs_once_with_its_attempts_int
     process knows it never started it. It goes back untouched at the next sweep and runs
     once, as its first attempt: a job of one attempt is not made dead by a network blip."""
     handler = Handler()
-    store = request.getfixturevalue("pg_url") if where == "postgres" else None
+    store = request.getfixturevalue("pg_url" if where == "postgres" else "store_url")
     engine = make_engine([define_queue(name="mail", handler=handler, attempts=1)], abandon_after=30,
-                         **({"store": store} if store else {}))  # fmt: skip
+                         store=store)  # fmt: skip
     await engine.open()
     lose = LoseClaimAnswers(engine.jobs.store)
     sent = await engine.jobs.send("mail", "x")
@@ -681,6 +681,49 @@ async def test_a_claim_whose_answer_was_lost_just_before_a_stop_goes_back_at_the
 
 
 @pytest.mark.parametrize("where", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_stop_whose_hand_in_lost_its_answer_still_gives_back_what_a_lost_claim_took(
+    where: str, request: pytest.FixtureRequest, make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Found by the queue machine: a claim commits and its answer is lost; the stop then
+    hands in the attempt it interrupted, and that answer is lost too (the connection broke
+    after the commit). The stop went no further, and the claimed job, never started,
+    stayed `running` under the stopped instance until the take-over window. It now goes
+    back untouched all the same."""
+    store = request.getfixturevalue("pg_url" if where == "postgres" else "store_url")
+    began = asyncio.Event()
+
+    async def held(job: JobContext) -> None:
+        began.set()
+        await asyncio.Event().wait()  # until the stop interrupts it
+
+    engine = make_engine([define_queue(name="mail", handler=held, concurrency=2, attempts=3)], store=store)
+    await engine.open()
+    interrupted = await engine.jobs.send("mail", "held")
+    await engine.start()
+    await asyncio.wait_for(began.wait(), 10)  # (the timeouts only bound a broken test)
+    lose = LoseClaimAnswers(engine.jobs.store)
+    sent = await engine.jobs.send("mail", "x")
+    await asyncio.wait_for(lose.done.wait(), 10)
+    jobs_store: Any = engine.jobs.store
+    finish, handed_in = jobs_store.finish_jobs, []
+
+    async def answer_lost(*args: Any, **kwargs: Any) -> Any:
+        handed_in.append(await finish(*args, **kwargs))
+        jobs_store.finish_jobs = finish
+        raise Unavailable("the connection broke after the commit (test)")
+
+    jobs_store.finish_jobs = answer_lost
+    await engine.stop(grace=0)
+    assert handed_in == [[True]]  # (the interrupted attempt's end, committed)
+    again = make_engine([define_queue(name="mail", handler=Handler())], abandon_after=30, store=store)
+    await again.open()
+    job = (await detail(again, sent.id)).job
+    assert (job.status, job.attempt) == ("queued", 0), job
+    job = (await detail(again, interrupted.id)).job
+    assert (job.status, job.attempt, job.error_tag) == ("queued", 1, "interrupted"), job
+
+
+@pytest.mark.parametrize("where", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def test_a_claim_the_server_commits_after_the_stop_began_goes_back_at_the_stop(
     where: str, request: pytest.FixtureRequest, make_engine: Callable[..., Engine], clock: ManualClock
 ) -> None:
@@ -689,7 +732,7 @@ async def test_a_claim_the_server_commits_after_the_stop_began_goes_back_at_the_
     The stop looked for what cut-short cycles claimed at once, and could read before that
     commit: the job stayed `running` under the stopped instance until the take-over window
     ran out. It now waits for the cycle's answer first, and puts the job back untouched."""
-    store = request.getfixturevalue("pg_url") if where == "postgres" else None
+    store = request.getfixturevalue("pg_url" if where == "postgres" else "store_url")
     first = Handler()
     engine = make_engine([define_queue(name="mail", handler=first, attempts=1)], abandon_after=30, store=store)
     await engine.open()

@@ -293,6 +293,17 @@ class QueueMachine(RuleBasedStateMachine):
 
         return handle
 
+    async def begins(self, job: Job) -> bool:
+        """Whether the attempt a ``running`` row shows began. A sync handler begins on a
+        thread, which may reach its first line (and ask this loop to note it) only after
+        the stop that left it running: its note is waited for, a bounded while."""
+        attempt = (job.id, job.attempt)
+        if job.queue in SYNC:
+            deadline = self.loop.time() + 10
+            while attempt not in self.started and self.loop.time() < deadline:
+                await asyncio.sleep(0.01)
+        return attempt in self.started
+
     async def _begin(self, job: JobContext, instance: str, engine: Engine) -> Live:
         return self.check_start(job, instance, engine)
 
@@ -732,7 +743,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.run(self.start_engine())  # (someone to read the store through)
         # Read before any sweep could close what it left (as abandoned: it is gone).
         for job in self.run(self.store_jobs()):
-            if job.status == "running" and job.instance == name and (job.id, job.attempt) not in self.started:
+            if job.status == "running" and job.instance == name and not self.run(self.begins(job)):
                 self.violations.append(f"claimed by a cycle its stop cut short, never begun, left running: {job}")
         if not replaced:
             self.run(self.start_engine())

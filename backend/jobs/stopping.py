@@ -131,20 +131,10 @@ class Stopping:
             stream.claiming = None
         self.finishes = []
         if batch:
-            try:
-                if handovers:  # (a handler that ignored its cancellation keeps its seat)
-                    applied = (await self.store.cycle_jobs(
-                        [f for f, _ in batch], {}, self.instance, self.new_id(), now, handovers=handovers
-                    )).applied  # fmt: skip
-                else:
-                    applied = await self.store.finish_jobs([f for f, _ in batch])
-            except Unavailable as exc:
-                # Still `running` in the store under this instance: closed as abandoned (and
-                # retried) by the next instance to look, once this one is gone.
-                log.warning("could not hand in %d ended job attempt(s) while stopping: %s", len(batch), exc)
-                return
-            for index, ((finish, run), ok) in enumerate(zip(batch, applied, strict=False)):
-                self._handed_in(run, finish, ok or index < len(in_doubt))
+            await self._hand_in_last(batch, len(in_doubt), handovers, now)
+        # Whether or not that hand-in was answered (its answer may be lost after its commit),
+        # what unanswered claims took goes back: nothing else gives it back before the
+        # take-over window.
         if self.unanswered:
             try:
                 lost = self.release_unanswered(await self.store.running_jobs(), now)
@@ -152,6 +142,26 @@ class Stopping:
                     await self.store.finish_jobs(lost)
             except Unavailable as exc:
                 log.warning("could not look for jobs claimed by cycles whose answer was lost while stopping: %s", exc)
+
+    async def _hand_in_last(
+        self, batch: list[tuple[Finish, JobRun]], in_doubt: int, handovers: list[Handover], now: datetime
+    ) -> None:
+        """Hand the stop's ended attempts to the store (the first ``in_doubt`` carried by
+        cycles cut short: one applied already changes nothing the second time)."""
+        try:
+            if handovers:  # (a handler that ignored its cancellation keeps its seat)
+                applied = (await self.store.cycle_jobs(
+                    [f for f, _ in batch], {}, self.instance, self.new_id(), now, handovers=handovers
+                )).applied  # fmt: skip
+            else:
+                applied = await self.store.finish_jobs([f for f, _ in batch])
+        except Unavailable as exc:
+            # Still `running` in the store under this instance: closed as abandoned (and
+            # retried) by the next instance to look, once this one is gone.
+            log.warning("could not hand in %d ended job attempt(s) while stopping: %s", len(batch), exc)
+            return
+        for index, ((finish, run), ok) in enumerate(zip(batch, applied, strict=False)):
+            self._handed_in(run, finish, ok or index < in_doubt)
 
     def _unanswered(self, token: str) -> None:
         """Remember the token of a claim that failed; forget those kept long enough (the
