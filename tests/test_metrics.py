@@ -309,6 +309,25 @@ async def test_only_firing_members_with_a_fresh_heartbeat_count(
     assert value(samples, "schedtui_instances", role="standing_down") == 1.0  # fresh, but it takes no work
 
 
+@pytest.mark.parametrize("where", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_member_is_counted_live_by_its_own_window_when_it_is_longer(
+    where: str, request: pytest.FixtureRequest, make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """A fleet in a rolling change of ``--abandon-after``: a member of a 60 s window silent
+    for 45 s is alive to every other instance (none takes its work over), so the metrics of
+    a 30 s instance count it too; silent past its own window, it is gone."""
+    engine = make_engine([], store=request.getfixturevalue("pg_url" if where == "postgres" else "store_url"))
+    await engine.open()
+    now = clock.now()
+    beat = engine.store.heartbeat
+    await beat("patient", "elsewhere", 1, now - timedelta(seconds=45), Membership("firing", "advisoryLock", window=60.0))
+    await beat("gone", "elsewhere", 2, now - timedelta(seconds=61), Membership("firing", "advisoryLock", window=60.0))
+    await beat("short", "elsewhere", 3, now - timedelta(seconds=31), Membership("firing", "advisoryLock", window=10.0))
+    await beat("fresh", "elsewhere", 4, now - timedelta(seconds=29), Membership("firing", "advisoryLock", window=10.0))
+    snapshot = await cast(FleetStore, engine.store).fleet_snapshot([], now=now, live_after=now - timedelta(seconds=30), lock_now=now)
+    assert snapshot.instances["firing"] == 2  # patient, and fresh (within the reader's window)
+
+
 # ---------------------------------------------------------------------------------------
 # the token
 # ---------------------------------------------------------------------------------------

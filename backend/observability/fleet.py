@@ -53,10 +53,14 @@ class FleetStore(Protocol):
     """Contract: :meth:`fleet_snapshot` reads in a fixed number of statements (five),
     whatever ``names`` holds; connection trouble raises :class:`~backend.errors.Unavailable`."""
 
-    async def fleet_snapshot(self, names: Sequence[str], *, live_after: datetime, lock_now: datetime | None) -> FleetSnapshot:
+    async def fleet_snapshot(
+        self, names: Sequence[str], *, now: datetime, live_after: datetime, lock_now: datetime | None
+    ) -> FleetSnapshot:
         """The schedules among ``names`` (each once, in that order); members whose heartbeat
-        is newer than ``live_after``; locks unexpired at ``lock_now`` (``None``: the
-        database's clock, as the locks use it)."""
+        is newer than ``live_after`` (the reader's window back from ``now``), or than their
+        own window back from ``now`` when theirs is longer (as the others judge a member's
+        silence); locks unexpired at ``lock_now`` (``None``: the database's clock, as the
+        locks use it)."""
 
 
 def job_counts(rows: Iterable[tuple[str, str | None, int]]) -> dict[tuple[str, str], int]:

@@ -527,6 +527,7 @@ class FleetGauges(Collector):
             try:
                 self.snapshot = await cast(FleetStore, engine.store).fleet_snapshot(
                     list(engine.schedules),
+                    now=now,
                     live_after=now - engine.registry.abandon_after,
                     lock_now=engine.locks.lock_now(),
                 )

@@ -43,7 +43,9 @@ LOCKS_HELD = """
 #: (A member standing down because its clock is off takes no work: not counted as firing.)
 MEMBERS = """
     SELECT CASE WHEN clock_off THEN 'standing_down' ELSE role END, count(*) FROM schedtui_instances
-    WHERE heartbeat_at > %(live_after)s AND (role IS NULL OR role <> 'observer') GROUP BY 1
+    WHERE heartbeat_at > least(%(live_after)s::timestamptz,
+            %(now)s::timestamptz - make_interval(secs => coalesce(abandon_after, 0)))
+        AND (role IS NULL OR role <> 'observer') GROUP BY 1
 """
 
 
@@ -54,7 +56,9 @@ class PostgresMetrics:
 
         async def _with_conn(self, fn: Callable[[Any], Awaitable[T]], *, wait: float = ...) -> T: ...
 
-    async def fleet_snapshot(self, names: Sequence[str], *, live_after: datetime, lock_now: datetime | None) -> FleetSnapshot:
+    async def fleet_snapshot(
+        self, names: Sequence[str], *, now: datetime, live_after: datetime, lock_now: datetime | None
+    ) -> FleetSnapshot:
         unique = list(dict.fromkeys(names))
 
         async def read(conn: Any) -> FleetSnapshot:
@@ -68,7 +72,7 @@ class PostgresMetrics:
             jobs = job_counts(await rows(JOB_COUNTS))
             durable = {(function, status): int(n) for function, status, n in await rows(DURABLE_COUNTS)}
             locks = int((await rows(LOCKS_HELD, {"now": lock_now}))[0][0])
-            members = member_counts(await rows(MEMBERS, {"live_after": live_after}))
+            members = member_counts(await rows(MEMBERS, {"live_after": live_after, "now": now}))
             return FleetSnapshot(schedules, jobs, durable, locks, members)
 
         return await self._with_conn(read)

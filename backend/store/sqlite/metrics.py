@@ -42,7 +42,8 @@ LOCKS_HELD = "SELECT count(*) FROM locks WHERE holder IS NOT NULL AND expires_at
 #: (A member standing down because its clock is off takes no work: not counted as firing.)
 MEMBERS = """
     SELECT CASE WHEN clock_off THEN 'standing_down' ELSE role END, count(*) FROM instances
-    WHERE heartbeat_at > ? AND (role IS NULL OR role <> 'observer') GROUP BY 1
+    WHERE heartbeat_at > min(?1, ?2 - CAST(coalesce(abandon_after, 0) * 1000000 AS INTEGER))
+        AND (role IS NULL OR role <> 'observer') GROUP BY 1
 """
 
 
@@ -53,7 +54,9 @@ class SQLiteMetrics:
 
         async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T: ...
 
-    async def fleet_snapshot(self, names: Sequence[str], *, live_after: datetime, lock_now: datetime | None) -> FleetSnapshot:
+    async def fleet_snapshot(
+        self, names: Sequence[str], *, now: datetime, live_after: datetime, lock_now: datetime | None
+    ) -> FleetSnapshot:
         names_json = json.dumps(list(dict.fromkeys(names)))
         locks_at = _us(lock_now if lock_now is not None else datetime.now(UTC))
 
@@ -65,7 +68,7 @@ class SQLiteMetrics:
             jobs = job_counts(c.execute(JOB_COUNTS))
             durable = {(function, status): int(n) for function, status, n in c.execute(DURABLE_COUNTS)}
             locks = int(c.execute(LOCKS_HELD, (locks_at,)).fetchone()[0])
-            members = member_counts(c.execute(MEMBERS, (_us(live_after),)))
+            members = member_counts(c.execute(MEMBERS, (_us(live_after), _us(now))))
             return FleetSnapshot(schedules, jobs, durable, locks, members)
 
         return await self._read(read)
