@@ -199,11 +199,14 @@ class InUse(SchedtuiError):
 
 class NameTaken(Unavailable):
     """A heartbeat that was not written: another process (``host``, ``pid``) holds this
-    instance's name, its heartbeat at ``heartbeat_at`` fresher than the take-over window.
-    The instance cannot renew its lease meanwhile (so it stops its work, as in an outage)."""
+    instance's name, its heartbeat at ``heartbeat_at`` fresher than the take-over window
+    (this process's, or the holder's own ``window`` in seconds when longer; ``None``: an
+    older version's row, which gives none). The instance cannot renew its lease meanwhile
+    (so it stops its work, as in an outage)."""
 
-    def __init__(self, instance: str, host: str, pid: int, heartbeat_at: datetime) -> None:
+    def __init__(self, instance: str, host: str, pid: int, heartbeat_at: datetime, window: float | None = None) -> None:
         self.instance, self.host, self.pid, self.heartbeat_at = instance, host, pid, heartbeat_at
+        self.window = window
         where = host.split("#")[0]
         super().__init__(
             f'the instance name "{printable(instance)}" is held by another live process (pid {pid} on host '

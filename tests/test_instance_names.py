@@ -23,6 +23,7 @@ import pytest
 from backend import Engine, InUse, JobContext, ManualClock, connect, define_queue, define_schedule, open_store
 from backend.model import InstanceInfo
 from backend.scheduler import names
+from backend.store import Membership
 from tests.servers import cli_env, dead_pid
 from tests.test_liveness import LeaseClock
 
@@ -162,6 +163,38 @@ async def test_a_name_silent_elsewhere_for_the_window_is_taken_and_its_runs_clos
         finally:
             await engine.stop()
         assert "worker" not in {i.name for i in await other.engine.store.fleet()}  # its own row, let go of
+
+
+async def test_a_name_held_elsewhere_with_a_longer_window_is_waited_for_by_that_window(
+    store_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rolling change of ``--abandon-after``: the name's holder elsewhere beat with a 60 s
+    window. A process of 30 s takes the name once the holder has been silent for 60 s, as
+    every other instance judges that holder, and says 60 s while it waits (it said 30)."""
+    async with connect(store_url, create=True) as other:
+        await other.engine.store.heartbeat("worker", ELSEWHERE, 1, clock.now(), Membership(window=60.0))  # then it crashed
+        engine = Engine([], store_url, instance="worker", clock=clock, shutdown_grace=0, abandon_after=30)
+        opening = await _open_in_background(engine)
+        assert 'was last heard from pid 1 on host "another-host"' in caplog.text
+        assert "waiting until it has been silent for 60s" in caplog.text
+
+        async def parked() -> None:  # (the take-over's wait on the clock, or its end)
+            while not opening.done() and not clock.sleepers:
+                await asyncio.sleep(0)
+
+        for _ in range(9):  # 45 s: past this process's window, within the holder's
+            clock.advance(5)
+            await asyncio.wait_for(parked(), 20)  # (the bound only stops a broken test)
+        assert not opening.done()
+        for _ in range(4):
+            clock.advance(5)
+            await asyncio.wait_for(parked(), 20)
+        await asyncio.wait_for(opening, 20)
+        try:
+            fleet = {i.name: (i.host, i.pid) for i in await other.engine.store.fleet()}
+            assert fleet["worker"] == (engine.registry.host, os.getpid())
+        finally:
+            await engine.stop()
 
 
 async def test_an_instance_whose_name_another_process_took_stops_its_work_and_leaves_that_row(

@@ -365,17 +365,20 @@ class InstanceRegistry:
                     raise InUse(taken.message) from None
                 if waited_for is not None and taken.heartbeat_at > waited_for:
                     raise InUse(taken.message) from None
+                # Its silence is judged by its own window when that is longer (a rolling change
+                # of --abandon-after), as the heartbeat that takes the name judges it.
+                window = max(self.abandon_after, timedelta(seconds=taken.window or 0))
                 if waited_for is None:
                     log.warning(
                         'the instance name "%s" was last heard from pid %d on host "%s" at %s: waiting until it '
                         "has been silent for %ss (then this process takes the name) or is heard again (then "
                         "this one stops: give each instance its own name)",
                         printable(self.instance), taken.pid, printable(taken.host.split("#")[0]),
-                        taken.heartbeat_at.isoformat(), f"{self.abandon_after.total_seconds():g}",
+                        taken.heartbeat_at.isoformat(), f"{window.total_seconds():g}",
                     )  # fmt: skip
                 waited_for = taken.heartbeat_at
                 now = self.clock.now()
-                await self.clock.sleep_until(min(now + self.heartbeat_interval, taken.heartbeat_at + self.abandon_after))
+                await self.clock.sleep_until(min(now + self.heartbeat_interval, taken.heartbeat_at + window))
 
     async def forget(self) -> None:
         """Delete this instance's row, unless another process holds the name now."""

@@ -190,5 +190,5 @@ async def _beat(
     if row is None:  # another process holds the name (see Membership.taken_before)
         holder = await (await conn.execute(NAME_HOLDER, (instance,))).fetchone()
         assert holder is not None
-        raise NameTaken(instance, holder[0], holder[1], _utc(holder[2]))  # type: ignore[arg-type]
+        raise NameTaken(instance, holder[0], holder[1], _utc(holder[2]), holder[3])  # type: ignore[arg-type]
     return row[0]  # type: ignore[no-any-return]

@@ -266,7 +266,7 @@ HEARTBEAT = """
     RETURNING role
 """
 #: Who holds an instance's name (a heartbeat that did not write: see Membership.taken_before).
-NAME_HOLDER = "SELECT host, pid, heartbeat_at FROM schedtui_instances WHERE instance = %s"
+NAME_HOLDER = "SELECT host, pid, heartbeat_at, abandon_after FROM schedtui_instances WHERE instance = %s"
 #: A dead process's row, deleted only while it is still that process's.
 FORGET_HOLDER = "DELETE FROM schedtui_instances WHERE instance = %s AND host = %s AND pid = %s"
 FLEET_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {LOCK_FLEET})"

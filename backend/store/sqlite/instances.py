@@ -78,7 +78,7 @@ class SQLiteInstances:
             params = (instance, host, pid, _us(at), recorded, coordination, clock_offset, int(clock_off), taken, window)
             if c.execute(HEARTBEAT, params).rowcount == 0:
                 holder = c.execute(NAME_HOLDER, (instance,)).fetchone()
-                raise NameTaken(instance, holder[0], holder[1], _dt(holder[2]))  # type: ignore[arg-type]
+                raise NameTaken(instance, holder[0], holder[1], _dt(holder[2]), holder[3])  # type: ignore[arg-type]
             return recorded
 
         return await self._write(beat)

@@ -203,7 +203,7 @@ HEARTBEAT = """
         OR instances.heartbeat_at <= min(?9, ?4 - CAST(coalesce(instances.abandon_after, 0) * 1000000 AS INTEGER))
 """
 #: Who holds an instance's name (a heartbeat that did not write: see Membership.taken_before).
-NAME_HOLDER = "SELECT host, pid, heartbeat_at FROM instances WHERE instance = ?"
+NAME_HOLDER = "SELECT host, pid, heartbeat_at, abandon_after FROM instances WHERE instance = ?"
 #: A dead process's row, deleted only while it is still that process's.
 FORGET_HOLDER = "DELETE FROM instances WHERE instance = ? AND host = ? AND pid = ?"
 #: A live firing member of another mode (see the PostgreSQL store's HEARTBEAT).
