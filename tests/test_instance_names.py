@@ -128,6 +128,28 @@ async def _open_in_background(engine: Engine) -> asyncio.Task[None]:
     return task
 
 
+async def _advance_while_it_waits(clock: ManualClock, opening: asyncio.Task[None], seconds: int) -> None:
+    """Move the clock 5 s at a time, each time until the opening waits on it again (or ends)."""
+
+    async def parked() -> None:
+        while not opening.done() and not clock.sleepers:
+            await asyncio.sleep(0)
+
+    for _ in range(seconds // 5):
+        clock.advance(5)
+        await asyncio.wait_for(parked(), 20)  # (the bound only stops a broken test)
+
+
+async def _took_the_name(engine: Engine, other: Engine, opening: asyncio.Task[None]) -> None:
+    """The opening ends with the name this process's in the store; then it stops."""
+    await asyncio.wait_for(opening, 20)
+    try:
+        fleet = {i.name: (i.host, i.pid) for i in await other.store.fleet()}
+        assert fleet["worker"] == (engine.registry.host, os.getpid())
+    finally:
+        await engine.stop()
+
+
 async def test_a_name_last_heard_elsewhere_is_waited_for_and_refused_if_heard_again(
     store_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -153,15 +175,8 @@ async def test_a_name_silent_elsewhere_for_the_window_is_taken_and_its_runs_clos
         await other.engine.store.heartbeat("worker", ELSEWHERE, 1, clock.now())  # then it crashed
         engine = Engine([], store_url, instance="worker", clock=clock, shutdown_grace=0, abandon_after=30)
         opening = await _open_in_background(engine)
-        for _ in range(6):
-            clock.advance(5)
-            await asyncio.sleep(0.05)
-        await asyncio.wait_for(opening, 20)
-        try:
-            fleet = {i.name: (i.host, i.pid) for i in await other.engine.store.fleet()}
-            assert fleet["worker"] == (engine.registry.host, os.getpid())
-        finally:
-            await engine.stop()
+        await _advance_while_it_waits(clock, opening, 30)
+        await _took_the_name(engine, other.engine, opening)
         assert "worker" not in {i.name for i in await other.engine.store.fleet()}  # its own row, let go of
 
 
@@ -177,24 +192,10 @@ async def test_a_name_held_elsewhere_with_a_longer_window_is_waited_for_by_that_
         opening = await _open_in_background(engine)
         assert 'was last heard from pid 1 on host "another-host"' in caplog.text
         assert "waiting until it has been silent for 60s" in caplog.text
-
-        async def parked() -> None:  # (the take-over's wait on the clock, or its end)
-            while not opening.done() and not clock.sleepers:
-                await asyncio.sleep(0)
-
-        for _ in range(9):  # 45 s: past this process's window, within the holder's
-            clock.advance(5)
-            await asyncio.wait_for(parked(), 20)  # (the bound only stops a broken test)
+        await _advance_while_it_waits(clock, opening, 45)  # past this process's window, within the holder's
         assert not opening.done()
-        for _ in range(4):
-            clock.advance(5)
-            await asyncio.wait_for(parked(), 20)
-        await asyncio.wait_for(opening, 20)
-        try:
-            fleet = {i.name: (i.host, i.pid) for i in await other.engine.store.fleet()}
-            assert fleet["worker"] == (engine.registry.host, os.getpid())
-        finally:
-            await engine.stop()
+        await _advance_while_it_waits(clock, opening, 20)
+        await _took_the_name(engine, other.engine, opening)
 
 
 async def test_an_instance_whose_name_another_process_took_stops_its_work_and_leaves_that_row(
