@@ -352,6 +352,11 @@ class DurableFleet(RuleBasedStateMachine):
             if proxy.crashed:
                 del self.live[name]
                 await crash(engine)
+        for zombie in [entry for entry in self.zombies if entry[1].crashed]:
+            # (a crash due when its name was taken, which came once it thawed: its process is
+            # gone too. Left beating, it held the name against its live replacement for ever.)
+            self.zombies.remove(zombie)
+            await crash(zombie[0])
 
     def settle(self) -> None:
         self.run(self._settle())
