@@ -463,9 +463,7 @@ def _write_db(path: Path, specs: list[ScheduleSpec], counts: list[int], built_at
 
     it = rows()
     batch = 200_000
-    # Columns written after the generated ones (the traceback) are left empty; the last,
-    # ``held``, is 0 (no run here holds its schedule's place).
-    pad = (None,) * (sqlite_store.UPSERT_RUN.split("VALUES", 1)[1].split(")", 1)[0].count("?") - 12) + (0,)
+    pad = _run_padding(11)
     while True:
         chunk = [row + pad for _, row in zip(range(batch), it, strict=False)]
         if not chunk:
@@ -542,6 +540,14 @@ def _copy_db(src: Path, dst: Path) -> None:
     shutil.copyfile(src, dst)
 
 
+def _run_padding(generated: int) -> tuple[Any, ...]:
+    """What follows ``generated`` columns of a run row in ``UPSERT_RUN``: the columns after
+    them (the traceback) empty, and the last, ``held``, 0 (no run here holds its
+    schedule's place)."""
+    placeholders = sqlite_store.UPSERT_RUN.split("VALUES", 1)[1].split(")", 1)[0].count("?")
+    return (None,) * (placeholders - generated - 1) + (0,)
+
+
 def top_up(db_path: Path, specs: list[ScheduleSpec], now: datetime | None = None) -> int:
     """Give every enabled self-triggered schedule a succeeded run at its newest slot up to
     ``now`` when the ledger has none that recent; returns how many rows were added."""
@@ -563,7 +569,7 @@ def top_up(db_path: Path, specs: list[ScheduleSpec], now: datetime | None = None
                 rows.append((ids(), spec.name, slot, fired, fired + 40_000, "succeeded", "self", "single",
                              INSTANCE, None, None))
         conn.execute("BEGIN IMMEDIATE")
-        pad = (None,) * (sqlite_store.UPSERT_RUN.split("VALUES", 1)[1].split(")", 1)[0].count("?") - 11)
+        pad = _run_padding(11)
         conn.executemany(sqlite_store.UPSERT_RUN, [row + pad for row in rows])
         conn.execute("COMMIT")
         return len(rows)
