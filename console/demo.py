@@ -13,9 +13,14 @@ coordination outcome shows within a minute.
   :meth:`~backend.scheduler.engine.Engine.fire_external` at each minute: outcome ``external``.
 * One Run now at start (``heartbeat``): outcome ``manual``.
 * The rest come from the schedules themselves: ``flaky-export`` fails every other slot,
-  ``slow-reindex`` outlives its interval (``running``, then ``skipped`` overlaps),
-  ``stuck-import`` hits its watchdog (``failed``/``timeout``), and ``cpu-hog`` holds the
-  engine's loop for two seconds (the console's countdowns keep ticking regardless).
+  ``slow-reindex`` outlives its interval (``running``, then ``skipped`` overlaps) holding
+  the lock ``search-index``, ``stuck-import`` hits its watchdog (``failed``/``timeout``),
+  ``sync-report`` mails each report through the ``mailer`` queue, and ``cpu-hog`` holds
+  the engine's loop for two seconds (the console's countdowns keep ticking regardless).
+* The queue ``mailer`` also gets, at the start, two mails that go out at once, one to an
+  address that bounces (retried after 10 s and 20 s, then ``dead``) and a newsletter an
+  hour away; the durable function ``release`` gets two executions: 2.3.9, approved at
+  once, runs to its end, and 2.4.0 waits for the signal ``approval``.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ import threading
 from datetime import timedelta
 from pathlib import Path
 
-from backend import Engine, Run, discover
+from backend import Engine, Run
 from backend.client.interface import Backend
 from backend.clock import Clock
+from backend.definitions import discover_definitions
 from backend.errors import SchedtuiError
 
 DEMO_SCHEDULES = Path(__file__).parent / "demo_schedules"
@@ -37,6 +43,12 @@ EXTERNAL = "billing-webhook"
 """The demo's external schedule, fired by :class:`ExternalPlatform`."""
 RUN_NOW = "heartbeat"
 """The schedule the demo runs once at start (a manual run)."""
+QUEUE = "mailer"
+"""The demo's job queue."""
+BOUNCING = "ops@bounce.example"
+"""The address whose mail fails every attempt, so the demo shows a dead job."""
+RELEASE = "release"
+"""The demo's durable function."""
 
 log = logging.getLogger("schedtui.demo")
 
@@ -48,7 +60,7 @@ def store_url(folder: Path) -> str:
 def demo_engine(folder: Path, *, clock: Clock | None = None, instance: str = "demo-1") -> Engine:
     """An engine over the demo schedules and the store in ``folder`` (not opened)."""
     return Engine(
-        discover(DEMO_SCHEDULES), store_url(folder), clock=clock, instance=instance,
+        discover_definitions(DEMO_SCHEDULES).items, store_url(folder), clock=clock, instance=instance,
         coordination="advisoryLock", shutdown_grace=2,
     )
 
@@ -80,6 +92,18 @@ async def seed_demo(folder: Path, *, clock: Clock | None = None) -> None:
     )
     await engine.store.flush()
     await engine.set_enabled("legacy-cleanup", False, note="paused during the session-store migration", by="ops")
+    await engine.jobs.send_many(
+        QUEUE,
+        [
+            {"payload": {"to": "ana@example.com", "subject": "Your invoice"}},
+            {"payload": {"to": "li@example.com", "subject": "Password reset"}},
+            {"payload": {"to": BOUNCING, "subject": "Disk usage at 91%"}, "key": "disk-usage-alert"},
+            {"payload": {"to": "all@example.com", "subject": "Weekly newsletter"}, "delay": 3600, "key": "newsletter"},
+        ],
+    )
+    approved = await engine.durable.start_execution(RELEASE, {"version": "2.3.9"})
+    await engine.durable.signal(approved.id, "approval", {"by": "ops"})  # kept until the code asks for it
+    await engine.durable.start_execution(RELEASE, {"version": "2.4.0"})
     await engine.stop(grace=0)
 
 

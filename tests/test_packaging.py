@@ -31,4 +31,5 @@ def test_an_install_ships_the_packages_typed_and_the_consoles_files(tmp_path: Pa
     lib = tmp_path / "lib"
     shipped = {path.relative_to(lib).as_posix() for path in lib.rglob("*") if path.is_file() and path.suffix != ".py"}
     assert {"backend/py.typed", "console/py.typed", "console/console.tcss"} <= shipped, sorted(shipped)
-    assert (lib / "console/demo_schedules/daily_digest.cron.py").exists()
+    for demo in ("daily_digest.cron.py", "mailer.jobs.py", "release.durable.py"):  # every kind the demo defines
+        assert (lib / "console/demo_schedules" / demo).exists(), demo

@@ -1,4 +1,5 @@
-"""A plain (sync) function, run on a thread, every ten seconds in Berlin time."""
+"""A plain (sync) function, run on a thread, every ten seconds in Berlin time; it mails each
+report it builds through the ``mailer`` queue."""
 
 import time
 
@@ -7,6 +8,7 @@ from backend import define_schedule
 
 def build_report(ctx):
     time.sleep(0.2)
+    ctx.jobs.sync.send("mailer", {"to": "finance@example.com", "report": f"usage-{ctx.scheduled_at:%H%M%S}.csv"})
 
 
 sync_report = define_schedule(
