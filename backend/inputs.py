@@ -15,7 +15,7 @@ import inspect
 import json
 import math
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from backend.errors import BadInput, NotFound, TooLarge
@@ -30,11 +30,13 @@ __all__ = [
     "LATEST",
     "NOTE_MAX_CHARS",
     "check_before",
+    "check_count",
     "check_id",
     "check_instance",
     "check_instant",
     "check_json",
     "check_note",
+    "check_seconds",
     "check_text",
     "is_id",
     "out_of_range",
@@ -174,6 +176,32 @@ def check_datetime(value: object, field: str) -> datetime:
     if not isinstance(value, datetime):
         raise BadInput(f"{field} {shown_number(value)} is not a datetime (give an aware datetime.datetime)", field=field)
     return check_instant(value, field)
+
+
+def check_seconds(value: object, field: str, *, high: float, zero: bool = False) -> float:
+    """A length of time given in seconds (an int or a float) or as a timedelta, in seconds:
+    more than 0 (``zero``: 0 or more) and at most ``high``; :class:`BadInput` naming the
+    field and the value otherwise (a bool, NaN, an infinity, a negative length)."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    # Compared, never converted first: float() of a huge int overflows; NaN fails both.
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+        (0 <= seconds if zero else 0 < seconds) and seconds <= high
+    ):
+        least = "0 or more" if zero else "more than 0"
+        most = f"{high:,.0f}" if high == int(high) else f"{high:,}"
+        raise BadInput(
+            f"{field} {shown_number(value)} must be a number of seconds or a timedelta, {least} and at most {most}",
+            field=field,
+        )
+    return float(seconds)
+
+
+def check_count(value: object, field: str, *, low: int, high: int) -> int:
+    """A whole number from ``low`` to ``high``; :class:`BadInput` naming the field and the
+    value otherwise (a bool or a float is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadInput(f"{field} {shown_number(value)} must be a whole number from {low:,} to {high:,}", field=field)
+    return value
 
 
 def out_of_range(field: str, text: str) -> BadInput:

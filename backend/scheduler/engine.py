@@ -57,7 +57,7 @@ from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
 from backend.events.relay import Relay
 from backend.ids import IdFactory
-from backend.inputs import check_instance
+from backend.inputs import check_count, check_instance, check_seconds
 from backend.jobs.definition import BACKOFF_FIRST_S, Queue
 from backend.jobs.system import Jobs
 from backend.locks import Locks
@@ -93,6 +93,15 @@ from backend.store import Store, open_store
 __all__ = ["Engine", "ExternalFiring", "RunListener"]
 
 log = logging.getLogger("schedtui.engine")
+
+#: The longest of the engine's lengths of time, in seconds: a day for its own rhythms (its
+#: polls, heartbeats, take-over window, grace, shard leases), a year for an external call's
+#: tolerance, a century for what it keeps (runs, claims).
+_DAY, _YEAR, _CENTURY = 86_400.0, 366 * 86_400.0, 36_500 * 86_400.0
+
+
+def _span(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds)
 
 #: What the engine runs: schedules, and each subsystem's definitions.
 _DEFINITION_TYPES: tuple[type, ...] = (Schedule, Queue, DurableFunction)
@@ -137,19 +146,19 @@ class Engine(EngineReads, EngineActions):
         instance: str | None = None,
         coordination: CoordinationMode | Coordinator | None = None,
         default_trigger: Literal["self", "external"] = "self",
-        retention: timedelta | None = timedelta(days=30),
-        claims_ttl: timedelta | None = timedelta(hours=24),
+        retention: float | timedelta | None = timedelta(days=30),
+        claims_ttl: float | timedelta | None = timedelta(hours=24),
         catch_up_limit: int = 1000,
-        state_poll_interval: float = 1.0,
-        heartbeat_interval: float = 5.0,
-        abandon_after: float = 30.0,
-        shutdown_grace: float = 30.0,
-        external_tolerance: timedelta = timedelta(minutes=10),
-        external_early: timedelta = timedelta(seconds=5),
+        state_poll_interval: float | timedelta = 1.0,
+        heartbeat_interval: float | timedelta = 5.0,
+        abandon_after: float | timedelta = 30.0,
+        shutdown_grace: float | timedelta = 30.0,
+        external_tolerance: float | timedelta = timedelta(minutes=10),
+        external_early: float | timedelta = timedelta(seconds=5),
         max_threads: int = DEFAULT_MAX_THREADS,
         ids: Callable[[], str] | None = None,
         lock_clock: Clock | None = None,
-        shard_ttl: float = 10.0,
+        shard_ttl: float | timedelta = 10.0,
         job_backoff: int = BACKOFF_FIRST_S,
         actor: str | None = None,
         lease_clock: Callable[[], float] | None | Literal["auto"] = "auto",
@@ -158,8 +167,22 @@ class Engine(EngineReads, EngineActions):
         alert_transport: httpx.AsyncBaseTransport | None = None,
         capture_logs: bool = True,
     ) -> None:
+        """Lengths of time are seconds or timedeltas. Each option is checked before anything
+        opens: a refusal (:class:`BadInput`) names it and its value."""
         if instance is not None:  # before anything opens: it goes on every run, shown in tables
             check_instance(instance)
+        retention = None if retention is None else _span(check_seconds(retention, "retention", high=_CENTURY))
+        claims_ttl = None if claims_ttl is None else _span(check_seconds(claims_ttl, "claims_ttl", high=_CENTURY))
+        catch_up_limit = check_count(catch_up_limit, "catch_up_limit", low=1, high=1_000_000)
+        state_poll_interval = check_seconds(state_poll_interval, "state_poll_interval", high=_DAY)
+        heartbeat_interval = check_seconds(heartbeat_interval, "heartbeat_interval", high=_DAY)
+        abandon_after = check_seconds(abandon_after, "abandon_after", high=_DAY)
+        shutdown_grace = check_seconds(shutdown_grace, "shutdown_grace", high=_DAY, zero=True)
+        external_tolerance = _span(check_seconds(external_tolerance, "external_tolerance", high=_YEAR, zero=True))
+        external_early = _span(check_seconds(external_early, "external_early", high=_DAY, zero=True))
+        max_threads = check_count(max_threads, "max_threads", low=1, high=10_000)
+        shard_ttl = check_seconds(shard_ttl, "shard_ttl", high=_DAY)
+        job_backoff = check_count(job_backoff, "job_backoff", low=1, high=int(_DAY))
         items = list(definitions.items if isinstance(definitions, Definitions) else definitions)
         self.schedules: dict[str, Schedule] = {}
         for schedule in (item for item in items if isinstance(item, Schedule)):
@@ -439,12 +462,12 @@ class Engine(EngineReads, EngineActions):
         await lifecycle.record_code_timings(self)
         lifecycle.start_engine(self)
 
-    async def stop(self, grace: float | None = None) -> None:
+    async def stop(self, grace: float | timedelta | None = None) -> None:
         """Stop firing, let runs in flight finish (up to ``grace`` seconds), record the rest."""
+        grace = self.shutdown_grace if grace is None else check_seconds(grace, "grace", high=_DAY, zero=True)
         if not self._opened or self._stopping:
             return
         self._stopping = True
-        grace = self.shutdown_grace if grace is None else grace
         self.launcher.stopping, self.launcher.stop_grace = True, grace
         await lifecycle.stop_engine(self, grace)
         self._opened = False
