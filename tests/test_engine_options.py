@@ -78,3 +78,28 @@ async def test_lengths_of_time_are_seconds_or_timedeltas_alike(tmp_path: Path) -
     assert given.armed, "a stop refused stops nothing"
     await given.stop(grace=timedelta(seconds=1))
     await spanned.stop(grace=1)
+
+
+NOT_DEFINITIONS = [
+    ("schedules", "is not a list of definitions: for the files of a folder, give discover_definitions(folder)"),
+    (Path("schedules"), "is not a list of definitions: for the files of a folder, give discover_definitions(folder)"),
+    (None, "is not a list of definitions (define_schedule, define_queue, define_durable) nor discover_definitions"),
+    (["daily-digest"], "item 0, 'daily-digest', is not a definition this engine runs"),
+    ([_every_second("a"), print], "item 1, <built-in function print>, is not a definition this engine runs"),
+]
+
+
+@pytest.mark.parametrize(("definitions", "said"), NOT_DEFINITIONS, ids=["str", "path", "none", "a-name", "a-function"])
+def test_what_is_not_definitions_is_refused_before_anything_opens(tmp_path: Path, definitions: Any, said: str) -> None:
+    """A folder's name passed for its definitions used to be taken character by character,
+    refused with the name's first letter."""
+    store = tmp_path / "state.db"
+    with pytest.raises(BadInput) as refused:
+        Engine(definitions, f"sqlite:///{store}")
+    assert said in str(refused.value) and refused.value.field == "definitions", str(refused.value)
+    assert not store.exists()
+
+
+def test_a_default_trigger_that_is_neither_self_nor_external_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="^default_trigger 'cron' must be \"self\" or \"external\"$"):
+        Engine([], f"sqlite:///{tmp_path / 'state.db'}", default_trigger="cron")  # type: ignore[arg-type]

@@ -70,6 +70,7 @@ from backend.runtime.loopwatch import LoopWatch
 from backend.runtime.outages import OutageLog
 from backend.runtime.runner import DEFAULT_MAX_THREADS, HandlerRunner
 from backend.runtime.subsystems import Shared, Subsystem
+from backend.safetext import printable
 from backend.scheduler import lifecycle, names
 from backend.scheduler.backfills import Backfills
 from backend.scheduler.catalog import Catalog, CatalogStore
@@ -102,6 +103,32 @@ _DAY, _YEAR, _CENTURY = 86_400.0, 366 * 86_400.0, 36_500 * 86_400.0
 
 def _span(seconds: float) -> timedelta:
     return timedelta(seconds=seconds)
+
+
+def _definitions(definitions: object) -> list[Any]:
+    """What an engine is given to run, as a list; :class:`BadInput` for anything else (a
+    folder's name given for what it defines: its characters were taken one by one)."""
+    if isinstance(definitions, Definitions):
+        return list(definitions.items)
+    if isinstance(definitions, (str, bytes, os.PathLike)):
+        raise BadInput(
+            f"definitions {printable(str(definitions), 80)!r} is not a list of definitions: for the files of a folder, "
+            "give discover_definitions(folder)",
+            field="definitions",
+        )
+    try:
+        items: list[Any] = list(cast(Iterable[Any], definitions))
+    except TypeError:
+        raise BadInput(
+            f"definitions {printable(repr(definitions), 80)} is not a list of definitions "
+            "(define_schedule, define_queue, define_durable) nor discover_definitions(folder)",
+            field="definitions",
+        ) from None
+    for index, item in enumerate(items):
+        if not isinstance(item, _DEFINITION_TYPES):
+            raise BadInput(f"definitions item {index}, {printable(repr(item), 80)}, is not a definition this engine runs "
+                           "(define_schedule, define_queue, define_durable)", field="definitions")  # fmt: skip
+    return items
 
 #: What the engine runs: schedules, and each subsystem's definitions.
 _DEFINITION_TYPES: tuple[type, ...] = (Schedule, Queue, DurableFunction)
@@ -183,7 +210,9 @@ class Engine(EngineReads, EngineActions):
         max_threads = check_count(max_threads, "max_threads", low=1, high=10_000)
         shard_ttl = check_seconds(shard_ttl, "shard_ttl", high=_DAY)
         job_backoff = check_count(job_backoff, "job_backoff", low=1, high=int(_DAY))
-        items = list(definitions.items if isinstance(definitions, Definitions) else definitions)
+        if default_trigger not in ("self", "external"):
+            raise BadInput(f"default_trigger {default_trigger!r} must be \"self\" or \"external\"", field="default_trigger")
+        items = _definitions(definitions)
         self.schedules: dict[str, Schedule] = {}
         for schedule in (item for item in items if isinstance(item, Schedule)):
             if schedule.name in self.schedules:
@@ -366,9 +395,6 @@ class Engine(EngineReads, EngineActions):
             self.runner.logs = self.run_logs
             self.run_logs.busy = lambda: self.ledger.holding
             self.ledger.on_handoff.append(self.run_logs.quiet_again)
-        unknown = [item for item in items if not isinstance(item, _DEFINITION_TYPES)]
-        if unknown:
-            raise BadInput(f"not a definition this engine runs: {unknown[0]!r}")
         self.external = ExternalFires(
             clock=self.clock,
             store=self.store,
