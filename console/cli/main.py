@@ -61,8 +61,6 @@ from console import format as fmt
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
-DEMO_SCHEDULES = Path(__file__).parent / "demo_schedules"
-
 
 class UsageError(Exception):
     """Bad usage caught by the argument parser."""
@@ -312,7 +310,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
     verb("console", "the operations console (also what `schedtui` alone starts)", _CONSOLE)
 
-    p = verb("demo", "the console on bundled demo schedules with a temporary store", [])
+    p = verb("demo", "the console on bundled demo definitions (schedules, a queue, a durable function) with a temporary store", [])
     p.add_argument("--headless", action="store_true", help="no console: print every firing (Ctrl-C stops)")
 
     def group(
