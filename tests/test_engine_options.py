@@ -103,3 +103,11 @@ def test_what_is_not_definitions_is_refused_before_anything_opens(tmp_path: Path
 def test_a_default_trigger_that_is_neither_self_nor_external_is_refused(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="^default_trigger 'cron' must be \"self\" or \"external\"$"):
         Engine([], f"sqlite:///{tmp_path / 'state.db'}", default_trigger="cron")  # type: ignore[arg-type]
+
+
+async def test_connect_refuses_what_is_not_definitions_as_the_engine_does(tmp_path: Path) -> None:
+    from backend import connect
+
+    with pytest.raises(BadInput, match="^definitions 5 is not a list of definitions"):
+        async with connect(f"sqlite:///{tmp_path / 'state.db'}", definitions=5, create=True):  # type: ignore[arg-type]
+            pass

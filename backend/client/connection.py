@@ -132,14 +132,14 @@ class Client:
 Definitions = str | Path | Iterable[Any] | None
 
 
-def _schedules(definitions: Definitions) -> FolderDefinitions | list[Any]:
+def _schedules(definitions: Definitions) -> FolderDefinitions | Iterable[Any]:
     """Every definition (schedules, queues, …) of a folder (as found: all there are), or
-    those given."""
+    those given (the engine refuses what is not one)."""
     if definitions is None:
         return []
     if isinstance(definitions, (str, Path)):
         return discover_definitions(definitions)
-    return list(definitions)
+    return definitions
 
 
 @contextlib.asynccontextmanager
