@@ -1,7 +1,7 @@
 """A process that runs for weeks keeps no more objects than one that ran for minutes: what
 each run, job, execution and lock leaves in memory is let go of once it is done.
 
-An engine runs schedules every second (some failing, one locked), a queue that each of
+On either store, an engine runs schedules every second (some failing, one locked), a queue that each of
 their runs sends to (some attempts failing, retried), and a durable function started every
 second, on the injected clock. After a warm-up, the objects Python holds are counted by
 type; then twice over the same stretch of time again. A type whose count grows in both
@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
-from pathlib import Path
 from typing import Any
+
+import pytest
 
 from backend import Engine, ManualClock, define_schedule
 from backend.durable import DurableContext, define_durable
@@ -53,7 +54,10 @@ def _objects() -> Counter[str]:
     return Counter(type(o).__qualname__ for o in gc.get_objects())
 
 
-async def test_what_runs_jobs_executions_and_locks_leave_in_memory_does_not_grow(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["sqlite", "postgres"])
+async def test_what_runs_jobs_executions_and_locks_leave_in_memory_does_not_grow(
+    request: pytest.FixtureRequest, where: str
+) -> None:
     clock = ManualClock("2026-03-02T08:00:00Z")
     definitions = [
         *(define_schedule(name=f"tick{i}", cron="* * * * * *", timezone="UTC", handler=_tick) for i in range(5)),
@@ -62,7 +66,8 @@ async def test_what_runs_jobs_executions_and_locks_leave_in_memory_does_not_grow
         define_durable(name="flow", handler=_flow),
     ]
     # Runs older than an hour are deleted: what the store keeps is bounded too.
-    engine = Engine(definitions, f"sqlite:///{tmp_path / 'state.db'}", clock=clock, instance="long", retention=3600)
+    store = request.getfixturevalue("pg_url" if where == "postgres" else "store_url")
+    engine = Engine(definitions, store, clock=clock, instance="long", retention=3600)
     await engine.start()
 
     async def run_for(seconds: int) -> None:
