@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from backend import NotFound, connect
-from tests.servers import cli_env
+from tests.servers import cli_env, run_main
 
 QUEUE = """
     from backend import define_queue
@@ -89,3 +89,38 @@ async def test_a_folder_that_defines_no_durable_function_refuses_to_start_one(tm
     assert done.stderr.strip() == 'schedtui: no durable function named "nope" (defined here: none)'
     listed = await asyncio.to_thread(run, tmp_path, store, "durable", "list", "--json")
     assert json.loads(listed.stdout) == []  # nothing was queued
+
+
+DURABLE = """
+    from backend import define_durable
+
+    async def flow(ctx, input):
+        return await ctx.wait_for("go")
+
+    flow_fn = define_durable(name="flow", handler=flow)
+"""
+
+
+async def test_the_durable_verbs_but_start_need_no_definitions_folder(tmp_path: Path) -> None:
+    """Reading, signalling and cancelling an execution use no code: an operator with only
+    the store's URL can (they were refused for want of ./schedules). A start reads the
+    folder, which names every function there is, and a named folder must exist."""
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "flow.durable.py").write_text(textwrap.dedent(DURABLE))
+    async with connect(store, definitions=folder, create=True) as st:
+        started = await st.durable.start("flow", {"n": 1})
+    here = tmp_path / "elsewhere"  # no ./schedules here
+    here.mkdir()
+    listed = run_main(here, "durable", "list", "--json", "--store", store)
+    assert listed.returncode == 0, listed.stderr
+    assert [e["id"] for e in json.loads(listed.stdout)] == [started.id]
+    for verb in (["durable", "show", started.id], ["durable", "logs", started.id],
+                 ["durable", "signal", started.id, "go"], ["durable", "cancel", started.id]):  # fmt: skip
+        done = run_main(here, *verb, "--store", store)
+        assert done.returncode == 0, (verb, done.stderr)
+    start = run_main(here, "durable", "start", "flow", "--store", store)
+    assert start.returncode == 2 and 'schedules folder "schedules" does not exist' in start.stderr
+    named = run_main(here, "durable", "list", "--schedules", "nowhere", "--store", store)
+    assert named.returncode == 2 and 'schedules folder "nowhere" does not exist' in named.stderr

@@ -343,6 +343,9 @@ class Action:
     label: str = ""
     """The action as an operator says it ("Run now", "disable", "a lock release"): what
     a read-only backend says is not allowed."""
+    definitions: bool = False
+    """Whether it needs the definitions folder read (a schedule's code; which durable
+    functions there are): the command line does without the folder for the others."""
 
     def param(self, name: str) -> Param:
         for param in self.params:
@@ -374,6 +377,7 @@ def action(
     impl: str | None = None,
     check: Callable[..., object] | None = None,
     label: str | None = None,
+    definitions: bool | None = None,
 ) -> Callable[[F], F]:
     """Declare the decorated ``Backend`` method an operator action, and replace its body
     by ``await self._act(action, arguments)`` (the arguments by name, defaults applied).
@@ -381,7 +385,8 @@ def action(
     The method's signature is read at once (its annotations must resolve in its module):
     each parameter becomes a :class:`Param`, its ``Annotated`` metadata its limits and
     help, and the return annotation the result. The docstring's first paragraph is the
-    summary, the rest the description."""
+    summary, the rest the description. ``definitions``: whether it needs the definitions
+    folder (default: the schedules' actions do, which know a schedule by its code)."""
 
     def declare(method: F) -> F:
         name = method.__name__
@@ -410,6 +415,7 @@ def action(
             impl=impl or name,
             check=check,
             label=label or name.replace("_", " "),
+            definitions=system == "schedules" if definitions is None else definitions,
         )
         if name in ACTIONS:
             raise TypeError(f"the action {name} is declared twice")

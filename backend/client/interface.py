@@ -557,6 +557,7 @@ class Backend(abc.ABC):
         The same answer as a run's log; running is true until the execution has finished."""
 
     @action(system="durable", permission="operate", label="durable start", audit="durable.start", impl="durable.start_execution",
+            definitions=True,  # a folder read names every function there is: a typo is refused
             http=Http("POST", "/inspect/durable/{function}/start", status=201, max_body=6 * MAX_INPUT_BYTES + 64 * 1024,
                       ok="{id, duplicate}", errors={404: "unknown durable function", 413: "input over 256 KiB as JSON"}))
     async def start_execution(self, function: str, input: Annotated[Any, Json(MAX_INPUT_BYTES)] = None) -> Started:

@@ -53,11 +53,6 @@ MakeVerb = Callable[[str, str, Sequence[str]], argparse.ArgumentParser]
 MakeGroup = Callable[..., MakeVerb]
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
-#: The systems whose actions read the definitions folder (a schedule's or a durable
-#: function's definition); the others do without it when none was named.
-USES_DEFINITIONS = ("schedules", "durable")
-
-
 @dataclass
 class Call:
     """One run of a verb, as its hooks see it: the parsed command line, the backend, the
@@ -479,7 +474,7 @@ async def run(verb: Verb, args: argparse.Namespace) -> int:
                 await shown
         return verb.outcome(result)
 
-    return await _with_backend(args, body, definitions_needed=declared.system in USES_DEFINITIONS)
+    return await _with_backend(args, body, definitions_needed=declared.definitions)
 
 
 def add_derived(verbs: Sequence[Verb], groups: Mapping[str, str], verb: MakeVerb, group: MakeGroup) -> None:
