@@ -76,14 +76,26 @@ def test_alert_option_defaults_overrides_and_off() -> None:
     assert define_durable(name="f", handler=flow, alert={"stuck": 90}).alert == DurableAlerting(True, 90.0)
     assert define_durable(name="f", handler=flow, alert={"stuck": 1}).alert.after == 1.0  # 1 is seconds, not True
     assert not define_durable(name="f", handler=flow, alert=False).alert.stuck
+    assert plain.alert.resolve_after == 300.0
+    for prompt in (0, 0.0, timedelta(0), False):
+        quick = define_schedule(name="d", cron="* * * * *", timezone="UTC", handler=noop, alert={"resolve_after": prompt})
+        assert quick.alert.resolve_after == 0.0, prompt
+    slow = define_schedule(name="e", cron="* * * * *", timezone="UTC", handler=noop,
+                           alert={"resolve_after": timedelta(hours=1)})  # fmt: skip
+    assert slow.alert.resolve_after == 3600.0 and slow.alert.to_json() == {
+        "failing": 1, "late": True, "disabled": 86400.0, "resolve_after": 3600.0,
+    }  # (a stored schedule's alert key, read back the same)
 
 
 @pytest.mark.parametrize(
     ("alert", "message"),
     [
         ({"failing": 0}, "alert failing 0 must be a whole number from 1 to 100"),
+        ({"resolve_after": -1}, "alert resolve_after -1 must be a positive number of seconds"),
+        ({"resolve_after": True}, "alert resolve_after True must be a positive number of seconds"),
+        ({"resolve_after": "5m"}, "alert resolve_after '5m' must be a positive number of seconds"),
         ({"late": -5}, "alert late -5 must be a positive number of seconds"),
-        ({"lateness": 5}, "alert has no option 'lateness' (known: failing, late, disabled)"),
+        ({"lateness": 5}, "alert has no option 'lateness' (known: failing, late, disabled, resolve_after)"),
         ("loud", "alert 'loud' must be False, True or a mapping"),
     ],
 )
@@ -414,6 +426,16 @@ async def test_a_failing_schedule_fires_once_and_resolves_once(
     assert request.headers["content-type"] == "application/json" and str(request.url) == HOOK
     failing["now"] = False
     await step(engine, clock, 30, times=4)
+    # No run has failed since; it resolves once none has for resolve_after (5 minutes).
+    assert receiver.delivered() == [("failing:export", "firing")]
+    (recovering,) = (await engine.alerts.page()).alerts
+    assert re.fullmatch(
+        r"no slot run failed since slot 2026-03-02T08:04:00Z \(\[ValueError\] the export is broken\); it resolves at "
+        r"2026-03-02T08:10:00(\.\d+)?Z if none fails before", recovering.summary,
+    ), recovering.summary
+    await step(engine, clock, 30, times=7)  # 08:09:30: not yet
+    assert receiver.delivered() == [("failing:export", "firing")]
+    await step(engine, clock, 30, times=2)
     assert receiver.delivered() == [("failing:export", "firing"), ("failing:export", "resolved")]
     assert receiver.bodies[1]["text"].startswith("✓ RESOLVED failing: schedule export: the newest run did not fail")
     assert (await engine.alerts.page()).alerts == ()
@@ -423,6 +445,41 @@ async def test_a_failing_schedule_fires_once_and_resolves_once(
     assert [(e.action, e.target, e.actor) for e in audit] == [("alert.notified", "failing:export", "test-0")] * 2
     assert audit[0].detail is not None and audit[0].detail["sink"] == "https://hooks.example.test/… #" + sink_of(HOOK).id[:6]
     assert "secret" not in json.dumps([e.to_json() for e in audit])
+
+
+async def test_a_schedule_failing_every_other_run_pages_once_and_resolves_once_it_stops(
+    alerting_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver
+) -> None:
+    """Each failure fired, each success that followed resolved: a schedule failing every
+    other minute paged 30 times an hour. It now fires once and holds while runs go on
+    failing now and then, resolving once none has failed for its resolve_after; with
+    resolve_after 0 each run that does not fail resolves it, as before."""
+    flapping = {"on": True}
+
+    async def every_other(ctx: RunContext) -> None:
+        if flapping["on"] and ctx.scheduled_at.minute % 2 == 0:
+            raise ConnectionError("the vendor API dropped the connection")
+
+    engine = alerting_engine([
+        define_schedule(name="sync", cron="* * * * *", timezone="UTC", handler=every_other, alert={"late": False}),
+        define_schedule(name="eager", cron="* * * * *", timezone="UTC", handler=every_other,
+                        alert={"late": False, "resolve_after": 0}),
+    ])  # fmt: skip
+    await engine.start()
+    await step(engine, clock, 30, times=40)  # 20 minutes: 10 failures and 10 successes each
+    sync = [state for key, state in receiver.delivered() if key == "failing:sync"]
+    eager = [state for key, state in receiver.delivered() if key == "failing:eager"]
+    assert sync == ["firing"], sync
+    assert len(eager) >= 17 and eager == ["firing", "resolved"] * (len(eager) // 2) + ["firing"] * (len(eager) % 2), eager
+    flapping["on"] = False  # it stops failing: from the next run on, every one succeeds
+    await step(engine, clock, 30, times=9)  # 4.5 minutes: not yet
+    assert [state for key, state in receiver.delivered() if key == "failing:sync"] == ["firing"]
+    await step(engine, clock, 30, times=4)
+    assert [state for key, state in receiver.delivered() if key == "failing:sync"] == ["firing", "resolved"]
+    eager = [state for key, state in receiver.delivered() if key == "failing:eager"]
+    assert eager[-1] == "resolved"
+    await step(engine, clock, 30, times=10)
+    assert len(receiver.delivered()) == len(eager) + 2, "nothing more once they stopped failing"
 
 
 async def fails(ctx: RunContext) -> None:
@@ -767,10 +824,10 @@ async def test_a_rule_that_raises_fails_itself_only_logged_once_and_when_it_work
     raising = {"now": True}
     failing = conditions.failing
 
-    def flaky(name: str, *args: Any) -> Any:
+    def flaky(name: str, *args: Any, **kwargs: Any) -> Any:
         if name == "broken" and raising["now"]:
             raise OverflowError("date value out of range")  # a rule past the calendar, say
-        return failing(name, *args)
+        return failing(name, *args, **kwargs)
 
     monkeypatch.setattr(conditions, "failing", flaky)
     caplog.set_level(logging.INFO, logger="schedtui.alerts")

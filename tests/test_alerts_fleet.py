@@ -48,7 +48,7 @@ SCHEDULE = """
 
 
     flaky = define_schedule(name="flaky", cron="*/2 * * * * *", timezone="UTC", handler=check,
-                            alert={"late": False})
+                            alert={"late": False, "resolve_after": 0})
 """
 
 

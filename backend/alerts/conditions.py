@@ -6,7 +6,9 @@ the same from one evaluation to the next while nothing changes, and the stored a
 rewritten every round.
 
 * ``failing``: the newest N slot runs of a schedule (trigger self or external; a Run now or
-  a backfill does not count) all failed.
+  a backfill does not count) all failed; once firing, it holds until no slot run has failed
+  for the schedule's ``resolve_after`` since the first that did not (a schedule failing
+  every other run is one alert, not a page at every run).
 * ``late``: a dead man's switch. Take the newest slot whose grace has passed; the schedule
   is late if no slot run has succeeded since that slot (finished at or after it), counting
   from when the fleet first saw the schedule or it was last enabled. It catches a schedule
@@ -37,6 +39,7 @@ from backend.cron import Cron
 from backend.model import InstanceInfo, ScheduleState, iso
 
 __all__ = [
+    "RECOVERY_RUNS",
     "Finding",
     "Overdue",
     "dead_jobs",
@@ -103,14 +106,38 @@ def _why(run: SlotRun) -> str:
 
 
 # -- failing -----------------------------------------------------------------------------------
-def failing(name: str, policy: ScheduleAlerting, runs: Sequence[SlotRun]) -> Finding | None:
-    """``runs``: the schedule's newest finished slot runs, newest first."""
+#: The newest slot runs read for a schedule whose ``failing`` alert fires, to find when its
+#: runs stopped failing; a longer stretch without a failure has lasted long enough.
+RECOVERY_RUNS: Final = 200
+
+
+def failing(
+    name: str, policy: ScheduleAlerting, runs: Sequence[SlotRun], *, firing: bool = False, now: datetime | None = None
+) -> Finding | None:
+    """``runs``: the schedule's newest finished slot runs, newest first (for one whose alert
+    is ``firing``, up to :data:`RECOVERY_RUNS` of them, read at ``now``)."""
     n = policy.failing
-    if n < 1 or len(runs) < n or any(run.status != "failed" for run in runs[:n]):
+    if n < 1:
         return None
-    newest = runs[0]
-    what = "the newest run" if n == 1 else f"the {n} newest runs"
-    return Finding("failing", name, _short(f"{what} failed (slot {iso(newest.scheduled_at)}): {_why(newest)}"))
+    if len(runs) >= n and all(run.status == "failed" for run in runs[:n]):
+        newest = runs[0]
+        what = "the newest run" if n == 1 else f"the {n} newest runs"
+        return Finding("failing", name, _short(f"{what} failed (slot {iso(newest.scheduled_at)}): {_why(newest)}"))
+    if not firing or now is None or not policy.resolve_after:
+        return None
+    # Firing, and its newest runs no longer all fail: it holds until none has failed for
+    # resolve_after since the first run after the newest failure.
+    last_failed = next((i for i, run in enumerate(runs) if run.status == "failed"), None)
+    if last_failed is None or last_failed == 0:
+        return None  # (no failure among them: that long without one is long enough)
+    first_ok, failed = runs[last_failed - 1], runs[last_failed]
+    resolves_at = (first_ok.finished_at or first_ok.scheduled_at) + timedelta(seconds=policy.resolve_after)
+    if now >= resolves_at:
+        return None
+    return Finding("failing", name, _short(
+        f"no slot run failed since slot {iso(failed.scheduled_at)} ({_why(failed)}); it resolves at {iso(resolves_at)} "
+        "if none fails before"
+    ))  # fmt: skip
 
 
 # -- late --------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -162,11 +162,14 @@ class Evaluator:
         return found
 
     # -- facts -> findings -----------------------------------------------------------------------
-    async def find(self, now: datetime) -> tuple[dict[str, Finding], Callable[[Alert], bool | None], list[str]]:
+    async def find(
+        self, now: datetime, firing: Collection[str] = ()
+    ) -> tuple[dict[str, Finding], Callable[[Alert], bool | None], list[str]]:
         """What holds now, a judge of a firing alert that no finding holds about: ``True``
         resolve it (its condition was looked at and no longer holds), ``None`` resolve it
         as gone (its subject is no longer defined), ``False`` leave it (this round could not
-        tell: its rule raised), and the keys of the rules that raised."""
+        tell: its rule raised), and the keys of the rules that raised. ``firing``: the keys
+        of the alerts firing now (a condition may hold longer than it takes to fire)."""
         findings: dict[str, Finding] = {}
         raised: dict[str, str] = {}
 
@@ -202,11 +205,19 @@ class Evaluator:
             if unseen:
                 self._baselines.update(await self.store.alert_baselines(unseen, now))
             runs = await self.store.slot_runs(names, newest) if newest else {}
+            # A failing alert that fires resolves once no run failed for a while: its
+            # schedule's runs are read back further, to when they stopped failing.
+            recovering = [s.name for s in watched if s.alert.failing and s.alert.resolve_after
+                          and alert_key("failing", s.name) in firing]  # fmt: skip
+            if recovering:
+                runs.update(await self.store.slot_runs(recovering, conditions.RECOVERY_RUNS))
             successes = await self.store.last_successes(names)
             for schedule in watched:
                 name = schedule.name
                 with rule("failing", name):
-                    add(conditions.failing(name, schedule.alert, runs.get(name, [])))
+                    add(conditions.failing(
+                        name, schedule.alert, runs.get(name, []), firing=alert_key("failing", name) in firing, now=now,
+                    ))  # fmt: skip
                 with rule("late", name):
                     add(conditions.late(
                         name, schedule.cron, schedule.max_runtime, schedule.alert, now,
@@ -262,7 +273,7 @@ class Evaluator:
     async def propose(self, now: datetime) -> Proposal:
         """Read the firing alerts and the facts: the transitions and summaries they call for."""
         firing = {a.key: a for a in await self.store.list_alerts()}
-        findings, judge, unevaluated = await self.find(now)
+        findings, judge, unevaluated = await self.find(now, firing)
         proposal = Proposal(now, findings, unevaluated=unevaluated)
         for key, finding in findings.items():
             stored = firing.get(key)

@@ -5,8 +5,11 @@ and :func:`~backend.durable.define_durable` (and the ``alert`` key of a stored s
 takes ``False`` (no alert about it), ``None``/``True`` (the defaults) or a mapping that
 overrides some of them:
 
-* a schedule: ``{"failing": N, "late": GRACE, "disabled": AFTER}``: ``failing`` alerts when
-  its newest N slot runs all failed (default 1); ``late`` when no slot run succeeded since
+* a schedule: ``{"failing": N, "late": GRACE, "disabled": AFTER, "resolve_after": S}``:
+  ``failing`` alerts when its newest N slot runs all failed (default 1), and resolves once
+  no slot run has failed for S seconds since the first that did not (default 300; 0 or
+  ``False``: at that first one), so that a schedule failing every other run pages once,
+  not at every run; ``late`` when no slot run succeeded since
   the newest slot older than GRACE seconds (default: its ``max_runtime``, at most the time
   between its slots, plus 5 minutes; ``True`` for that default); ``disabled`` counts a
   schedule disabled at run time late once it has stayed disabled AFTER seconds (default a
@@ -34,6 +37,7 @@ from backend.inputs import shown_number
 __all__ = [
     "DEFAULT_DEAD_JOBS_WINDOW",
     "DEFAULT_DISABLED_AFTER",
+    "DEFAULT_RESOLVE_AFTER",
     "LATE_MARGIN",
     "MAX_ALERT_SECONDS",
     "DurableAlerting",
@@ -48,6 +52,10 @@ __all__ = [
 LATE_MARGIN: Final = 300.0
 #: A schedule disabled at run time counts as late after this long (seconds).
 DEFAULT_DISABLED_AFTER: Final = 86_400.0
+#: A ``failing`` alert resolves once no slot run has failed for this long (seconds) since
+#: the first that did not: a schedule that fails every other run stays one alert (as
+#: Alertmanager's ``resolve_timeout``, five minutes).
+DEFAULT_RESOLVE_AFTER: Final = 300.0
 DEFAULT_DEAD_JOBS_WINDOW: Final = 3_600.0
 #: The most runs ``failing`` may look back over.
 MAX_FAILING: Final = 100
@@ -58,7 +66,8 @@ MAX_ALERT_SECONDS: Final = 365 * 86_400
 
 @dataclass(frozen=True, slots=True)
 class ScheduleAlerting:
-    """A schedule's alerts: ``failing`` runs in a row (0: off); ``late`` on or off, after
+    """A schedule's alerts: ``failing`` runs in a row (0: off), resolved once none failed
+    for ``resolve_after`` seconds (0: at the first that did not); ``late`` on or off, after
     ``grace`` seconds (``None``: the default, see the module docstring); a run-time disable
     counts after ``disabled_after`` seconds (``None``: never)."""
 
@@ -66,6 +75,7 @@ class ScheduleAlerting:
     late: bool = True
     grace: float | None = None
     disabled_after: float | None = DEFAULT_DISABLED_AFTER
+    resolve_after: float = DEFAULT_RESOLVE_AFTER
 
     def to_json(self) -> dict[str, Any] | bool:
         if self == OFF_SCHEDULE:
@@ -74,6 +84,7 @@ class ScheduleAlerting:
             "failing": self.failing or False,
             "late": (self.grace if self.grace is not None else True) if self.late else False,
             "disabled": self.disabled_after if self.disabled_after is not None else False,
+            "resolve_after": self.resolve_after,
         }
 
 
@@ -133,19 +144,26 @@ def _options(value: object, keys: tuple[str, ...]) -> Mapping[str, Any] | None:
     return value
 
 
+def _is_zero(value: object) -> bool:
+    """``False``, or a length of nothing (which ``_seconds`` refuses, as others' zero is)."""
+    return value is False or (not isinstance(value, bool) and value in (0, timedelta(0)))
+
+
 def schedule_alerting(value: object) -> ScheduleAlerting:
     """A schedule's ``alert=`` read; :class:`BadInput` naming the bad value."""
-    options = _options(value, ("failing", "late", "disabled"))
+    options = _options(value, ("failing", "late", "disabled", "resolve_after"))
     if options is None:
         return OFF_SCHEDULE
     failing = options.get("failing", 1)
     late = options.get("late", True)
     disabled = options.get("disabled", DEFAULT_DISABLED_AFTER)
+    resolve_after = options.get("resolve_after", DEFAULT_RESOLVE_AFTER)
     return ScheduleAlerting(
         failing=0 if failing is False else _count(failing, "failing", MAX_FAILING),
         late=late is not False,
         grace=None if late is True or late is False else _seconds(late, "late"),
         disabled_after=None if disabled is False else _seconds(disabled, "disabled"),
+        resolve_after=0.0 if _is_zero(resolve_after) else _seconds(resolve_after, "resolve_after"),
     )
 
 

@@ -152,8 +152,9 @@ SCHEDULE_CHANGES: dict[str, Any] = {
         "on_overlap": {"type": "string", "enum": ["skip", "queue", "parallel"]},
         "backfill": {"type": "string", "enum": ["skip", "latest", "all"]},
         "max_runtime": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_RUNTIME_LIMIT},
-        "alert": {"description": "false (no alerts), or {failing: N, late: SECONDS, disabled: SECONDS}, "
-                  "each false to turn it off, seconds at most a year (see the README's Alerts)", "nullable": True},
+        "alert": {"description": "false (no alerts), or {failing: N, late: SECONDS, disabled: SECONDS, "
+                  "resolve_after: SECONDS}, each false to turn it off, seconds at most a year (see the README's Alerts)",
+                  "nullable": True},
     },
 }
 SCHEDULE_SPEC: dict[str, Any] = {
