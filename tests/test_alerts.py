@@ -430,8 +430,8 @@ async def test_a_failing_schedule_fires_once_and_resolves_once(
     assert receiver.delivered() == [("failing:export", "firing")]
     (recovering,) = (await engine.alerts.page()).alerts
     assert re.fullmatch(
-        r"no slot run failed since slot 2026-03-02T08:04:00Z \(\[ValueError\] the export is broken\); it resolves at "
-        r"2026-03-02T08:10:00(\.\d+)?Z if none fails before", recovering.summary,
+        r"resolves at 2026-03-02T08:10:00(\.\d+)?Z if no slot run fails before; none has since slot "
+        r"2026-03-02T08:04:00Z \(\[ValueError\] the export is broken\)", recovering.summary,
     ), recovering.summary
     await step(engine, clock, 30, times=7)  # 08:09:30: not yet
     assert receiver.delivered() == [("failing:export", "firing")]

@@ -134,9 +134,10 @@ def failing(
     resolves_at = (first_ok.finished_at or first_ok.scheduled_at) + timedelta(seconds=policy.resolve_after)
     if now >= resolves_at:
         return None
+    # (what an operator scanning a narrow table needs first: when it ends)
     return Finding("failing", name, _short(
-        f"no slot run failed since slot {iso(failed.scheduled_at)} ({_why(failed)}); it resolves at {iso(resolves_at)} "
-        "if none fails before"
+        f"resolves at {iso(resolves_at)} if no slot run fails before; none has since slot {iso(failed.scheduled_at)} "
+        f"({_why(failed)})"
     ))  # fmt: skip
 
 
