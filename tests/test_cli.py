@@ -528,6 +528,9 @@ def test_instances_show_each_clock_offset_and_why_a_member_whose_clock_is_off_st
     assert table["web-1"][:2] == ["web-1", "firing"] and table["web-1"][3:] == ["-", "+3ms"]
     assert table["web-2"][1] == "firing" and table["web-2"][4] == "+61.0s ✗ off"
     assert re.fullmatch(r"\d+s ago", table["web-2"][2]), table["web-2"]
+    # The command itself opened the store as an observer: its row says so.
+    (mine,) = [columns(row) for row in rows if not row.startswith(("web-", "✗"))]
+    assert mine[0].endswith(" (this command)") and mine[1] == "observer", mine
     assert rows[-1] == (
         "✗ web-2 stands down: its clock is 61.0s ahead of the database server's: it fires nothing and takes no "
         "work until they agree (fix its time sync)"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from backend.client.embedded import EmbeddedBackend
 from backend.model import InstanceInfo, iso
 from backend.safetext import printable
 from console import format as fmt
@@ -30,6 +31,9 @@ class Instances:
 
     now: datetime
     instances: list[InstanceInfo]
+    this: str | None = None
+    """The instance this command registered as (over ``--store``: it opens the store as an
+    observer, so it is among them); ``None`` over ``--url``."""
 
     def to_json(self) -> dict[str, Any]:
         return {"now": iso(self.now), "instances": [i.to_json(self.now) for i in self.instances]}
@@ -50,14 +54,16 @@ def role_cell(instance: InstanceInfo, now: datetime) -> str:
 def instances_table(answer: Instances) -> str:
     now = answer.now
     rows = [
-        [printable(i.name), role_cell(i, now), fmt.ago(i.heartbeat_at, now), fmt.ago(i.last_fired_at, now), clock_cell(i)]
+        [printable(i.name) + (" (this command)" if i.name == answer.this else ""), role_cell(i, now),
+         fmt.ago(i.heartbeat_at, now), fmt.ago(i.last_fired_at, now), clock_cell(i)]
         for i in answer.instances
-    ]
+    ]  # fmt: skip
     return fmt.table(["NAME", "ROLE", "HEARTBEAT", "LAST START", "CLOCK"], rows)
 
 
 async def _with_now(call: Call, instances: list[InstanceInfo]) -> Instances:
-    return Instances(await call.backend.now(), instances)
+    this = call.backend.engine.instance if isinstance(call.backend, EmbeddedBackend) else None
+    return Instances(await call.backend.now(), instances, this)
 
 
 def _show_instances(call: Call, answer: Instances) -> None:
