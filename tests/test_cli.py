@@ -474,6 +474,22 @@ def test_backfill_relative_times(cli: Cli) -> None:
 # ---------------------------------------------------------------------------------------
 # runs
 # ---------------------------------------------------------------------------------------
+def test_the_runs_of_a_schedule_removed_from_the_code_stay_readable(cli: Cli) -> None:
+    """What ran before a schedule left the code is in the ledger until the retention takes
+    it: `runs` shows it (in UTC: its zone went with its definition). It answered "no
+    schedule named …". A name with no runs at all is still refused."""
+    assert cli("fire", "failing").returncode == 1  # (a run that fails: exit 1)
+    (cli.root / "schedules/ops/nightly/failing.cron.py").unlink()
+    assert "failing" not in cli.ok("list").stdout
+    done = cli.ok("runs", "failing")
+    header, row = done.stdout.splitlines()
+    assert columns(row)[2:5] == ["✗ failed", "manual", "manual"] and columns(row)[1].endswith(" UTC")
+    assert [r["error_message"] for r in cli.json("runs", "failing")] == ["disk full"]
+    unknown = cli("runs", "never-was")
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == 'schedtui: no schedule named "never-was", and the ledger holds no runs of one'
+
+
 def test_runs_table_json_limit_and_paging(cli: Cli) -> None:
     assert cli.ok("runs", "hourly").stdout == "no runs of hourly\n"
     cli.ok("backfill", "hourly", "--from", "2026-01-01T00:00Z", "--to", "2026-01-01T05:00Z")

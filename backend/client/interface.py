@@ -298,14 +298,16 @@ class Backend(abc.ABC):
         """Every schedule with its state, next slot and last run."""
 
     @action(system="schedules", permission="read", impl="runs_page",
-            http=Http("GET", "/inspect/schedules/runs", ok="{runs: [run], next_before}", errors={404: "unknown schedule"}))
+            http=Http("GET", "/inspect/schedules/runs", ok="{runs: [run], next_before}",
+                      errors={404: "a schedule neither defined nor in the ledger"}))
     async def list_runs(
         self, name: ScheduleName, *, limit: PageSize = 50, before: Annotated[str | None, Cursor("run")] = None
     ) -> RunsPage:
         """A page of a schedule's runs, newest first (keyset paging).
 
         Newest first by scheduled time (then id); ``before`` is the id of the last run of
-        the previous page."""
+        the previous page. A schedule no longer defined (removed from the code, deleted)
+        keeps its runs until the retention takes them: they are listed by its name."""
 
     @action(system="schedules", permission="read", check=_check_window,
             http=Http("GET", "/inspect/runs", envelope="runs", wire={"names": "name", "start": "from", "end": "to"},

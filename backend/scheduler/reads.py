@@ -26,7 +26,7 @@ from backend.scheduler.ledger import RunLedger
 from backend.scheduler.states import ScheduleStates
 from backend.scheduler.stored import StoredSchedule
 from backend.scheduler.timers import Timers
-from backend.schedules import Schedule
+from backend.schedules import NAME_PATTERN, Schedule
 from backend.store import Store
 
 __all__ = ["ScheduleReads", "find_schedule", "target_of"]
@@ -152,11 +152,17 @@ class ScheduleReads:
     async def list_runs(
         self, name: str, *, limit: int = 50, before: str | None = None
     ) -> tuple[list[Run], str | None]:
-        find_schedule(self.schedules, name)
+        known = name in self.schedules
+        if not known and not (isinstance(name, str) and NAME_PATTERN.fullmatch(name)):
+            find_schedule(self.schedules, name)  # (no schedule ever had such a name: not looked for)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise BadInput(f"limit {limit!r} is out of range (1-1000)", field="limit")
         self.ledger.handoff()
         runs = await self.store.list_runs(name, limit=limit + 1, before=before)
+        # A schedule removed from the code (or deleted) keeps its runs until the retention
+        # takes them: its history stays readable by its name.
+        if not known and not runs and before is None:
+            raise NotFound(f'no schedule named "{name}", and the ledger holds no runs of one')
         if len(runs) > limit:  # one more than asked for: there is an older page
             return runs[:limit], runs[limit - 1].id
         return runs, None

@@ -23,6 +23,7 @@ from typing import Any
 
 from backend.client.actions import action_of
 from backend.client.interface import Backend
+from backend.errors import NotFound
 from backend.model import BackfillPlan, BackfillProgress, Run, RunsPage, SchedulesSnapshot, ScheduleView
 from backend.safetext import printable
 from console import format as fmt
@@ -85,8 +86,12 @@ def _show_schedules(call: Call, snapshot: SchedulesSnapshot) -> None:
 
 
 async def _zone(call: Call) -> None:
-    """The schedule's zone, its times are shown in (``NotFound`` for an unknown name)."""
-    call.zone = await call.backend.schedule_zone(call.arguments["name"])
+    """The schedule's zone, its times are shown in; UTC for one no longer defined, whose
+    runs the ledger may still hold (the read says whether it does)."""
+    try:
+        call.zone = await call.backend.schedule_zone(call.arguments["name"])
+    except NotFound:
+        call.zone = "UTC"
 
 
 def _show_runs(call: Call, page: RunsPage) -> None:
