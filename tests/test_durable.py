@@ -474,6 +474,18 @@ async def _the_same_step_twice(ctx: DurableContext, input: Any) -> Any:
     return await ctx.step("one", count("one", 1))  # a name used twice: the execution fails
 
 
+async def test_an_instance_says_at_its_start_which_durable_functions_it_runs(
+    engines: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    """As it says its queues: an operator reading a serve's start-up log saw its schedules
+    and queues, and nothing of the durable functions it would run."""
+    caplog.set_level("INFO", logger="schedtui.durable")
+    a = engines([define_durable(name=name, handler=_the_same_step_twice) for name in ("sync", "release")])
+    await a.start()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("running ")]
+    assert said == [f"running 2 durable function(s), {a.durable.executor.concurrency} execution(s) at once here: release, sync"]
+
+
 async def test_an_end_that_finds_its_lease_taken_is_not_written_and_the_run_stops_quietly(
     engines: Callable[..., Engine], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -124,6 +124,9 @@ class DurableExecutor:
         self._started_at = self.clock.now()
         if not self.functions:
             return  # nothing this instance could run
+        # (as the queues' workers say theirs: what this instance runs, in its start-up log)
+        log.info("running %d durable function(s), %d execution(s) at once here: %s",
+                 len(self.functions), self.concurrency, ", ".join(sorted(self.functions)))  # fmt: skip
         lease = self.shared.registry.lease
         lease.on_lapse.append(self.lease_lapsed)
         lease.on_renewed.append(self.poke)
