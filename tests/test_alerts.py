@@ -39,9 +39,11 @@ from backend.errors import BadInput
 from backend.ids import IdFactory
 from backend.jobs import JobContext
 from backend.model import InstanceInfo, Role, ScheduleState
+from backend.observability.metrics import EngineMetrics
 from backend.store import Store, open_store
 from console.cli.main import UsageError, main, notify_file_urls
 from tests import pg
+from tests.test_metrics import parse
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 HOOK = "https://hooks.example.test/services/T000/B000/secret-part"
@@ -392,6 +394,14 @@ def alerting_engine(make_engine: Callable[..., Engine], receiver: Receiver) -> C
     return make
 
 
+async def notifications(engine: Engine) -> dict[str, float]:
+    """``schedtui_alert_notifications_total`` of the test's webhook, by outcome, as scraped."""
+    _, samples = parse((await EngineMetrics(engine).render()).decode())
+    shown = "https://hooks.example.test/… #" + sink_of(HOOK).id[:6]
+    return {dict(labels)["outcome"]: n for (name, labels), n in samples.items()
+            if name == "schedtui_alert_notifications_total" and dict(labels)["webhook"] == shown}  # fmt: skip
+
+
 async def step(engine: Engine, clock: ManualClock, seconds: float, times: int = 1) -> None:
     for _ in range(times):
         clock.advance(seconds)
@@ -443,6 +453,7 @@ async def test_a_failing_schedule_fires_once_and_resolves_once(
     assert resolved.state == "resolved" and resolved.transition == receiver.bodies[1]["transition"]
     audit = (await engine.audit.list()).entries
     assert [(e.action, e.target, e.actor) for e in audit] == [("alert.notified", "failing:export", "test-0")] * 2
+    assert await notifications(engine) == {"delivered": 2}
     assert audit[0].detail is not None and audit[0].detail["sink"] == "https://hooks.example.test/… #" + sink_of(HOOK).id[:6]
     assert "secret" not in json.dumps([e.to_json() for e in audit])
 
@@ -629,6 +640,8 @@ async def test_a_sink_that_never_accepts_is_given_up_on_and_recorded(
     (gave_up,) = (await engine.audit.list()).entries
     assert (gave_up.action, gave_up.target) == ("alert.notify_failed", "failing:job")
     assert gave_up.detail is not None and (gave_up.detail["attempt"], gave_up.detail["error"]) == (3, "HTTP 503")
+    # The paging path's own health, for an alert on it: the metric counts each outcome.
+    assert await notifications(engine) == {"retried": 2, "given_up": 1}
 
 
 class TricklingWebhook:
@@ -1112,7 +1125,7 @@ async def test_the_console_header_counts_the_firing_alerts(firing_store: str) ->
 FAMILIES = {
     "schedtui_runs_total", "schedtui_schedule_last_success_timestamp_seconds", "schedtui_schedule_next_fire_timestamp_seconds",
     "schedtui_schedule_enabled", "schedtui_jobs", "schedtui_durable_executions", "schedtui_instances",
-    "schedtui_lease_lapses_total", "schedtui_clock_offset_seconds",
+    "schedtui_lease_lapses_total", "schedtui_clock_offset_seconds", "schedtui_alert_notifications_total",
 }  # fmt: skip
 
 
@@ -1154,7 +1167,7 @@ def test_the_prometheus_rules_cover_every_condition_with_the_overrides() -> None
     rules = group["rules"]
     assert {r["alert"] for r in rules} == {
         "SchedtuiFailing", "SchedtuiLate", "SchedtuiNotFiring", "SchedtuiLeaseLapsed", "SchedtuiClockOffset",
-        "SchedtuiDeadJobs", "SchedtuiStuck",
+        "SchedtuiNotificationsGivenUp", "SchedtuiDeadJobs", "SchedtuiStuck",
     }  # fmt: skip
     for rule in rules:
         assert set(rule) == {"alert", "expr", "for", "labels", "annotations"} and rule["for"] == "1m"

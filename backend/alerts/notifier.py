@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -195,6 +196,10 @@ class Notifier:
         """Deliveries in flight: a stop lets them end within its grace (see :meth:`stop`)."""
         self._cut_claims: list[asyncio.Future[list[Delivery]]] = []
         """Claims on their way when a stop cancelled the delivery loop (see :meth:`stop`)."""
+        self.outcomes: Counter[tuple[str, str]] = Counter()
+        """The outcomes of this instance's POSTs, by webhook (as shown) and outcome:
+        ``delivered``, ``retried`` (failed, tried again later), ``given_up`` (failed, its
+        last attempt), ``unrecorded`` (its claim ran out before the outcome was written)."""
 
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -315,6 +320,8 @@ class Notifier:
         detail: dict[str, Any] = {
             "transition": delivery.transition, "sink": sink.shown, "attempt": delivery.attempts, "error": error,
         }  # fmt: skip
+        self.outcomes[sink.shown, "unrecorded" if not recorded else "delivered" if error is None
+                      else "retried" if retry_at is not None else "given_up"] += 1  # fmt: skip
         if not recorded:
             # The lease ran out first: another instance has it, and may send it again.
             log.warning("alert %s to %s: the claim ran out before its outcome (%s) was recorded; "

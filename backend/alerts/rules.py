@@ -218,6 +218,12 @@ def prometheus_rules(
         "clock_offset", "instance {{ $labels.instance }}: its clock is off the database's",
         f"The instance's clock differs from the database server's by more than {CLOCK_WARNING_S:g}s; at a twelfth "
         "of the take-over window (2.5 s by default) its lease lapses and it stops its work: fix its time sync (NTP).",
+    ), _rule(
+        "SchedtuiNotificationsGivenUp",
+        'increase(schedtui_alert_notifications_total{outcome="given_up"}[30m]) > 0',
+        "notify_failed", "instance {{ $labels.instance }}: a webhook took none of an alert's attempts",
+        "An alert transition could not be delivered to {{ $labels.webhook }} in any of its attempts (about 20 "
+        "minutes): the paging path itself is broken (the audit log's alert.notify_failed has the last error).",
     )]  # fmt: skip
     for schedule in sorted(schedules, key=lambda s: s.name):
         rules.extend(_schedule_rules(schedule, now))

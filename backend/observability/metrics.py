@@ -214,7 +214,9 @@ class _Process(Collector):
 
 class _Liveness(Collector):
     """This instance's lease: how often it lapsed, and its clock against the store server's
-    (absent where they are not compared: SQLite, an injected clock). Read at every scrape."""
+    (absent where they are not compared: SQLite, an injected clock); and what became of its
+    alert notifications (a paging path that fails is itself worth an alert). Read at every
+    scrape."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -236,6 +238,18 @@ class _Liveness(Collector):
             )
             offset.add_metric([], check.offset)
             yield offset
+        notifier = self.engine.alerts.notifier
+        if notifier is not None:  # (an instance with webhooks: serve --notify)
+            posts = CounterMetricFamily(
+                "schedtui_alert_notifications",
+                "This instance's POSTs of alert transitions to its webhooks, by webhook (scheme, host and a hash) and "
+                "outcome: delivered, retried (failed, tried again later), given_up (its last attempt failed), "
+                "unrecorded (its claim ran out before the outcome was written).",
+                labels=["webhook", "outcome"],
+            )
+            for (webhook, outcome), count in sorted(notifier.outcomes.items()):
+                posts.add_metric([webhook, outcome], count)
+            yield posts
 
 
 # -- this instance's counts --------------------------------------------------------------
