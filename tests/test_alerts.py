@@ -142,6 +142,34 @@ def test_failing_needs_the_newest_n_slot_runs_all_failed() -> None:
     assert conditions.failing("job", ScheduleAlerting(failing=0), [failed]) is None
 
 
+def test_a_firing_failing_alert_holds_until_no_run_failed_for_resolve_after() -> None:
+    """Pure: what fired holds while the newest run fails (even short of N in a row) and
+    until the runs since the last failure have gone on for resolve_after; not firing, or
+    with resolve_after 0, the condition alone decides."""
+    twice = ScheduleAlerting(failing=2)  # resolve_after: 300 s
+    newest_first = [run("succeeded", "2026-03-02T08:03:00Z"), run("succeeded", "2026-03-02T08:02:00Z"),
+                    run("failed", "2026-03-02T08:01:00Z", "ValueError", "boom"), run("failed", "2026-03-02T08:00:00Z")]  # fmt: skip
+
+    def judge(runs: list[SlotRun], now: str, policy: ScheduleAlerting = twice, firing: bool = True) -> str | None:
+        found = conditions.failing("job", policy, runs, firing=firing, now=at(now))
+        return None if found is None else found.summary
+
+    # The first run that did not fail finished at 08:02:01: resolved at 08:07:01.
+    holding = ("resolves at 2026-03-02T08:07:01Z if no slot run fails before; none has since slot "
+               "2026-03-02T08:01:00Z ([ValueError] boom)")  # fmt: skip
+    assert judge(newest_first, "2026-03-02T08:03:30Z") == holding
+    assert judge(newest_first, "2026-03-02T08:07:00Z") == holding
+    assert judge(newest_first, "2026-03-02T08:07:01Z") is None
+    assert judge(newest_first, "2026-03-02T08:03:30Z", firing=False) is None  # (it never fired: nothing holds)
+    assert judge(newest_first, "2026-03-02T08:03:30Z", ScheduleAlerting(failing=2, resolve_after=0)) is None
+    # A failure again, short of two in a row: what fired holds on (it resolved at once before).
+    again = [run("failed", "2026-03-02T08:04:00Z", "ValueError", "again"), *newest_first]
+    assert judge(again, "2026-03-02T08:04:30Z") == "the newest run failed (slot 2026-03-02T08:04:00Z): [ValueError] again"
+    assert judge(again, "2026-03-02T08:04:30Z", firing=False) is None
+    # Nothing failed among the runs read (a long stretch of them): recovered.
+    assert judge([run("succeeded", f"2026-03-02T08:{m:02d}:00Z") for m in range(59, 49, -1)], "2026-03-02T09:00:00Z") is None
+
+
 HOURLY = Cron("0 * * * *", "UTC")
 
 

@@ -128,8 +128,11 @@ def failing(
     # Firing, and its newest runs no longer all fail: it holds until none has failed for
     # resolve_after since the first run after the newest failure.
     last_failed = next((i for i, run in enumerate(runs) if run.status == "failed"), None)
-    if last_failed is None or last_failed == 0:
+    if last_failed is None:
         return None  # (no failure among them: that long without one is long enough)
+    if last_failed == 0:  # the newest failed, not N in a row: what fired holds on
+        newest = runs[0]
+        return Finding("failing", name, _short(f"the newest run failed (slot {iso(newest.scheduled_at)}): {_why(newest)}"))
     first_ok, failed = runs[last_failed - 1], runs[last_failed]
     resolves_at = (first_ok.finished_at or first_ok.scheduled_at) + timedelta(seconds=policy.resolve_after)
     if now >= resolves_at:
