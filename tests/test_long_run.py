@@ -21,7 +21,7 @@ from backend.jobs import JobContext, define_queue
 
 #: Seconds of the clock per stretch: 5 runs, a locked run, 5 jobs (some retried) and an
 #: execution of three steps every second.
-STRETCH = 200
+STRETCH = 120
 
 
 async def _tick(ctx: Any) -> None:
