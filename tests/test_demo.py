@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from backend import Engine
 from backend.client.embedded import EmbeddedBackend
 from backend.clock import ManualClock
 from console.demo import BOUNCING, QUEUE, RELEASE, demo_engine, play_platform, run_now_at_start, seed_demo
-from tests.servers import until
+from tests.servers import cli_env, until
 
 #: Just past cpu-hog's slot at :45 (it burns two real seconds of CPU; the test turns it off
 #: before its next one).
@@ -89,3 +93,26 @@ async def test_the_demo_shows_every_status_outcome_and_view_within_a_minute(tmp_
         await platform_engine.stop(grace=0)
         await engine.stop(grace=0)
         await backend.close()
+
+
+def test_the_headless_demo_says_what_it_runs_prints_firings_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    """``schedtui demo --headless``, as the set-up gives it: a real process on the real
+    clock, stopped as a user stops it."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "console.cli", "demo", "--headless"], cwd=tmp_path, env=cli_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert re.fullmatch(r"schedtui demo: 9 schedules, 1 job queue\(s\), 1 durable function\(s\), store \S+; "
+                            r"Ctrl-C stops\n", first), first  # fmt: skip
+        firing = process.stdout.readline()  # (the boot catch-up's or a timer's: every firing is printed)
+        assert re.search(r" (✓ succeeded|✗ failed|⊘ missed|↷ skipped) ", firing), firing
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert not (tmp_path / ".schedtui").exists(), "the demo's store is a temporary one"

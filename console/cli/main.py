@@ -792,7 +792,8 @@ async def _demo_headless() -> int:
 
         engine.add_listener(show)
         engine.shutdown_grace = 2
-        print(f"schedtui demo: {len(engine.schedules)} schedules, store {engine.store.where}; Ctrl-C stops", flush=True)
+        print(f"schedtui demo: {len(engine.schedules)} schedules, {len(engine.jobs.queues)} job queue(s), "
+              f"{len(engine.durable.functions)} durable function(s), store {engine.store.where}; Ctrl-C stops", flush=True)
         platform = asyncio.ensure_future(play_platform(engine))
         try:
             await serve(EmbeddedBackend(engine, arm=True))  # no port: the engine alone, until Ctrl-C
