@@ -111,6 +111,10 @@ def _why(run: SlotRun) -> str:
 RECOVERY_RUNS: Final = 200
 
 
+def _failed(name: str, what: str, newest: SlotRun) -> Finding:
+    return Finding("failing", name, _short(f"{what} failed (slot {iso(newest.scheduled_at)}): {_why(newest)}"))
+
+
 def failing(
     name: str, policy: ScheduleAlerting, runs: Sequence[SlotRun], *, firing: bool = False, now: datetime | None = None
 ) -> Finding | None:
@@ -120,9 +124,7 @@ def failing(
     if n < 1:
         return None
     if len(runs) >= n and all(run.status == "failed" for run in runs[:n]):
-        newest = runs[0]
-        what = "the newest run" if n == 1 else f"the {n} newest runs"
-        return Finding("failing", name, _short(f"{what} failed (slot {iso(newest.scheduled_at)}): {_why(newest)}"))
+        return _failed(name, "the newest run" if n == 1 else f"the {n} newest runs", runs[0])
     if not firing or now is None or not policy.resolve_after:
         return None
     # Firing, and its newest runs no longer all fail: it holds until none has failed for
@@ -131,8 +133,7 @@ def failing(
     if last_failed is None:
         return None  # (no failure among them: that long without one is long enough)
     if last_failed == 0:  # the newest failed, not N in a row: what fired holds on
-        newest = runs[0]
-        return Finding("failing", name, _short(f"the newest run failed (slot {iso(newest.scheduled_at)}): {_why(newest)}"))
+        return _failed(name, "the newest run", runs[0])
     first_ok, failed = runs[last_failed - 1], runs[last_failed]
     resolves_at = (first_ok.finished_at or first_ok.scheduled_at) + timedelta(seconds=policy.resolve_after)
     if now >= resolves_at:
