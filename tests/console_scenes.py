@@ -8,6 +8,7 @@ screenshots script run each app on an event loop of its own.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import shutil
 import tempfile
@@ -56,8 +57,17 @@ def make_ledger(folder: Path) -> Path:
     return folder
 
 
+#: Where the scenes' copies of the ledger go: one folder per process, removed when it exits
+#: (each copy was left in the system's temporary folder, some 180 of them a suite run).
+_COPIES: Path | None = None
+
+
 def copy_ledger(ledger: Path) -> str:
-    target = Path(tempfile.mkdtemp(prefix="schedtui-scene-"))
+    global _COPIES
+    if _COPIES is None:
+        _COPIES = Path(tempfile.mkdtemp(prefix="schedtui-scenes-"))
+        atexit.register(shutil.rmtree, _COPIES, True)
+    target = Path(tempfile.mkdtemp(prefix="scene-", dir=_COPIES))
     for file in ledger.glob("state.db*"):
         shutil.copy(file, target / file.name)
     return f"sqlite:///{target / 'state.db'}"

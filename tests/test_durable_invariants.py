@@ -40,6 +40,7 @@ import asyncio
 import itertools
 import json
 import os
+import shutil
 import tempfile
 from collections import defaultdict
 from collections.abc import Coroutine
@@ -673,6 +674,7 @@ class DurableFleet(RuleBasedStateMachine):
             for engine, _ in [*self.live.values(), *self.zombies]:
                 self.run(engine.stop(grace=0))
             self.loop.close()
+            shutil.rmtree(self.folder, ignore_errors=True)  # (each example's SQLite file was left behind)
 
     def _run_to_the_end(self) -> None:
         executions: list[Execution] = []
