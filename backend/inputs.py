@@ -178,10 +178,14 @@ def check_datetime(value: object, field: str) -> datetime:
     return check_instant(value, field)
 
 
-def check_seconds(value: object, field: str, *, high: float, zero: bool = False) -> float:
+def check_seconds(
+    value: object, field: str, *, high: float, zero: bool = False, span: str | None = None, label: str | None = None
+) -> float:
     """A length of time given in seconds (an int or a float) or as a timedelta, in seconds:
     more than 0 (``zero``: 0 or more) and at most ``high``; :class:`BadInput` naming the
-    field and the value otherwise (a bool, NaN, an infinity, a negative length)."""
+    field and the value (a timedelta's as its seconds) otherwise (a bool, NaN, an
+    infinity, a negative length). The message names the value as ``label`` (default: the field) and gives ``high`` in words
+    when ``span`` says it ("7 days"). Every length of time a caller gives is checked here."""
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     # Compared, never converted first: float() of a huge int overflows; NaN fails both.
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
@@ -189,8 +193,10 @@ def check_seconds(value: object, field: str, *, high: float, zero: bool = False)
     ):
         least = "0 or more" if zero else "more than 0"
         most = f"{high:,.0f}" if high == int(high) else f"{high:,}"
+        if span is not None:
+            most += f" ({span})"
         raise BadInput(
-            f"{field} {shown_number(value)} must be a number of seconds or a timedelta, {least} and at most {most}",
+            f"{label or field} {shown_number(seconds)} must be a number of seconds or a timedelta, {least} and at most {most}",
             field=field,
         )
     return float(seconds)

@@ -19,7 +19,7 @@ from backend.alerts.policy import ScheduleAlerting, schedule_alerting
 from backend.cron import Cron, shared_cron
 from backend.defined import caller_location, made
 from backend.errors import BadInput, CronError, DefinitionError
-from backend.inputs import check_json, check_text, is_async_callable, shown_number
+from backend.inputs import check_json, check_seconds, check_text, is_async_callable
 from backend.locks.model import check_lock_name, check_ttl
 from backend.model import (
     BACKFILL_POLICIES,
@@ -252,16 +252,10 @@ def define_schedule(
         lock_ttl = check_ttl(lock_ttl).total_seconds()
     except BadInput as exc:
         raise bad(exc.message) from None
-    if isinstance(max_runtime, timedelta):
-        max_runtime = max_runtime.total_seconds()
-    if max_runtime == float("inf"):
-        raise bad("max_runtime inf is not a bound; give a number of seconds")
-    # Compared, never converted: float() of a huge int overflows; NaN fails the comparison.
-    if isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float)) or not 0 < max_runtime <= MAX_RUNTIME_LIMIT:
-        raise bad(
-            f"max_runtime {shown_number(max_runtime)} must be a positive number of seconds, "
-            f"at most {MAX_RUNTIME_LIMIT:,} (7 days)"
-        )
+    try:
+        max_runtime = check_seconds(max_runtime, "max_runtime", high=MAX_RUNTIME_LIMIT, span="7 days")
+    except BadInput as exc:
+        raise bad(exc.message) from None
     if not isinstance(enabled, bool):
         raise bad(f"enabled {enabled!r} is not a bool")
     try:

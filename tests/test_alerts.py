@@ -93,10 +93,10 @@ def test_alert_option_defaults_overrides_and_off() -> None:
     ("alert", "message"),
     [
         ({"failing": 0}, "alert failing 0 must be a whole number from 1 to 100"),
-        ({"resolve_after": -1}, "alert resolve_after -1 must be a positive number of seconds"),
-        ({"resolve_after": True}, "alert resolve_after True must be a positive number of seconds"),
-        ({"resolve_after": "5m"}, "alert resolve_after '5m' must be a positive number of seconds"),
-        ({"late": -5}, "alert late -5 must be a positive number of seconds"),
+        ({"resolve_after": -1}, "alert resolve_after -1 must be a number of seconds or a timedelta, more than 0"),
+        ({"resolve_after": True}, "alert resolve_after True must be a number of seconds or a timedelta, more than 0"),
+        ({"resolve_after": "5m"}, "alert resolve_after '5m' must be a number of seconds or a timedelta, more than 0"),
+        ({"late": -5}, "alert late -5 must be a number of seconds or a timedelta, more than 0"),
         ({"lateness": 5}, "alert has no option 'lateness' (known: failing, late, disabled, resolve_after)"),
         ("loud", "alert 'loud' must be False, True or a mapping"),
     ],
@@ -115,7 +115,7 @@ def test_a_bad_queue_or_durable_alert_option_is_refused() -> None:
     async def flow(ctx: Any, input: Any) -> None:
         pass
 
-    with pytest.raises(DefinitionError, match=r"define_durable\('f'\): alert stuck 0 must be a positive"):
+    with pytest.raises(DefinitionError, match=r"define_durable\('f'\): alert stuck 0 must be a number of seconds or a timedelta, more than 0"):
         define_durable(name="f", handler=flow, alert={"stuck": 0})
 
 

@@ -76,7 +76,7 @@ def test_define_durable_refuses_what_cannot_run() -> None:
         define_durable(name="bad name", handler=body)
     with pytest.raises(DefinitionError, match="sync_body must be an async def"):
         define_durable(name="s", handler=sync_body)  # type: ignore[arg-type]  # the refused handler is the point
-    with pytest.raises(DefinitionError, match="step_timeout must be more than 0"):
+    with pytest.raises(DefinitionError, match="step_timeout 0 must be a number of seconds or a timedelta, more than 0"):
         define_durable(name="t", handler=body, step_timeout=0)
     with pytest.raises(DefinitionError, match="Retry attempts 0"):
         Retry(attempts=0)

@@ -73,7 +73,7 @@ def test_backoff_doubles_from_ten_seconds_up_to_an_hour() -> None:
         ({"concurrency": 0}, "concurrency 0 is out of range (1-1000)"),
         ({"attempts": 21}, "attempts 21 is out of range (1-20)"),
         ({"attempts": True}, "attempts True is out of range (1-20)"),
-        ({"max_runtime": 0}, "max_runtime 0 must be a positive number of seconds"),
+        ({"max_runtime": 0}, "max_runtime 0 must be a number of seconds or a timedelta, more than 0"),
         ({"handler": 42}, "handler 42 is not callable"),
     ],
 )

@@ -38,6 +38,7 @@ from backend.alerts.store import AlertStore, Delivery
 from backend.clock import Clock
 from backend.errors import BadInput, Unavailable
 from backend.events.audit import AuditLog
+from backend.inputs import check_seconds
 from backend.runtime.loops import Loops
 from backend.runtime.subsystems import answers_of, keep_for_the_stop
 
@@ -51,6 +52,8 @@ CLAIM_BATCH: Final = 20
 REGISTER_EVERY: Final = timedelta(minutes=10)
 #: The longest error text kept with an outbox row or an audit entry.
 ERROR_MAX: Final = 300
+#: The longest any of the settings' lengths of time may be (seconds: some 115 days).
+_MOST: Final = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,8 @@ class AlertSettings:
 
     def __post_init__(self) -> None:
         for name in ("interval", "lease", "timeout", "backoff", "backoff_max", "poll", "sink_ttl"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 10**7:
-                raise BadInput(f"alert {name} {value!r} must be a positive number of seconds", field=name)
+            # (A timedelta is taken as the seconds it holds.)
+            object.__setattr__(self, name, check_seconds(getattr(self, name), name, label=f"alert {name}", high=_MOST))
         if self.timeout >= self.lease:
             raise BadInput(
                 f"the notification timeout ({self.timeout:g}s) must be shorter than the claim lease ({self.lease:g}s): "

@@ -32,7 +32,7 @@ from datetime import timedelta
 from typing import Any, Final
 
 from backend.errors import BadInput
-from backend.inputs import shown_number
+from backend.inputs import check_seconds, shown_number
 
 __all__ = [
     "DEFAULT_DEAD_JOBS_WINDOW",
@@ -109,15 +109,10 @@ OFF_SCHEDULE: Final = ScheduleAlerting(failing=0, late=False, grace=None, disabl
 
 
 def _seconds(value: object, what: str) -> float:
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    # Compared, never converted: float() of a huge int overflows; NaN fails the comparison.
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_ALERT_SECONDS:
-        raise BadInput(
-            f"alert {what} {shown_number(value)} must be a positive number of seconds, at most "
-            f"{MAX_ALERT_SECONDS:,} (365 days) (or False: off)",
-            field="alert",
-        )
-    return float(seconds)
+    try:
+        return check_seconds(value, "alert", label=f"alert {what}", high=MAX_ALERT_SECONDS, span="365 days")
+    except BadInput as exc:
+        raise BadInput(f"{exc.message} (or False: off)", field="alert") from None
 
 
 def _count(value: object, what: str, most: int) -> int:

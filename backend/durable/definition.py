@@ -18,7 +18,7 @@ from backend.defined import caller_location, made
 from backend.definitions import register_definition_type
 from backend.durable.model import MAX_LIFETIME
 from backend.errors import BadInput, DefinitionError
-from backend.inputs import is_async_callable, shown_number
+from backend.inputs import check_seconds, is_async_callable
 from backend.schedules import NAME_PATTERN, handler_problem
 
 if TYPE_CHECKING:
@@ -36,15 +36,11 @@ DEFAULT_STEP_TIMEOUT: Final = 900.0
 MAX_SECONDS: Final = MAX_LIFETIME.total_seconds()
 
 
-def _seconds(value: float | timedelta, what: str) -> float:
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    # Compared, never converted first: float() of a huge int overflows; NaN fails it.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_SECONDS:
-        raise DefinitionError(
-            f"{what} {shown_number(value)} must be a number of seconds from 0 to {MAX_SECONDS:,.0f} (366 days)"
-        )
-    return float(value)
+def _seconds(value: float | timedelta, what: str, *, zero: bool = True) -> float:
+    try:
+        return check_seconds(value, what, high=MAX_SECONDS, zero=zero, span="366 days")
+    except BadInput as exc:
+        raise DefinitionError(exc.message) from None
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -126,11 +122,9 @@ def define_durable(
             "(its steps may be plain functions: they run on a thread)"
         )
     try:
-        timeout = _seconds(step_timeout, "step_timeout")
+        timeout = _seconds(step_timeout, "step_timeout", zero=False)
     except DefinitionError as exc:
         raise DefinitionError(f"{label}: {exc.message}") from None
-    if timeout <= 0:
-        raise DefinitionError(f"{label}: step_timeout must be more than 0 seconds")
     if description is not None and not isinstance(description, str):
         raise DefinitionError(f"{label}: description {description!r} is not a string")
     try:

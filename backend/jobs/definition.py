@@ -19,7 +19,7 @@ from backend.alerts.policy import QueueAlerting, queue_alerting
 from backend.defined import caller_location, made
 from backend.definitions import register_definition_type
 from backend.errors import BadInput, DefinitionError
-from backend.inputs import check_json, check_text, is_async_callable, is_id, shown_number
+from backend.inputs import check_json, check_seconds, check_text, is_async_callable, is_id, shown_number
 from backend.safetext import printable
 from backend.schedules import MAX_RUNTIME_LIMIT, NAME_PATTERN, handler_problem
 
@@ -136,12 +136,10 @@ def define_queue(
         raise bad(f"concurrency {concurrency!r} is out of range (1-{MAX_CONCURRENCY})")
     if not _whole(attempts) or not MIN_ATTEMPTS <= attempts <= MAX_ATTEMPTS:
         raise bad(f"attempts {attempts!r} is out of range ({MIN_ATTEMPTS}-{MAX_ATTEMPTS})")
-    if isinstance(max_runtime, timedelta):
-        max_runtime = max_runtime.total_seconds()
-    if isinstance(max_runtime, bool) or not isinstance(max_runtime, (int, float)) or not 0 < max_runtime <= MAX_RUNTIME_LIMIT:
-        raise bad(
-            f"max_runtime {shown_number(max_runtime)} must be a positive number of seconds, at most {MAX_RUNTIME_LIMIT:,} (7 days)"
-        )
+    try:
+        max_runtime = check_seconds(max_runtime, "max_runtime", high=MAX_RUNTIME_LIMIT, span="7 days")
+    except BadInput as exc:
+        raise bad(exc.message) from None
     if description is not None and not isinstance(description, str):
         raise bad(f"description {description!r} is not a string")
     try:
