@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -102,6 +103,27 @@ async def test_create_update_delete_through_the_interface(rt_backend: Backend) -
     with pytest.raises(NotFound):
         await rt_backend.update_schedule(name, {"cron": "5 * * * *"})
     assert name not in {s.name for s in (await rt_backend.list_schedules()).schedules}
+
+
+async def test_a_deleted_schedules_runs_stay_readable_by_its_name(rt_backend: Backend) -> None:
+    """Its runs stay in the ledger until the retention takes them, and both reads of runs
+    by name find them: the runs' page and a window of several schedules (the timeline's
+    read, which refused the name). A name the ledger has no run of is still NotFound."""
+    name = f"gone-{next(_names)}"
+    await rt_backend.create_schedule({"name": name, "cron": "0 4 * * *", "timezone": "UTC", "queue": "mail"})
+    run = await rt_backend.wait_run((await rt_backend.run_now(name)).id)
+    await rt_backend.delete_schedule(name)
+    page = await rt_backend.list_runs(name)
+    assert [r.id for r in page.runs] == [run.id]
+    window = await rt_backend.runs_between(["hourly", name], run.scheduled_at, run.scheduled_at + timedelta(seconds=1))
+    assert list(window) == [name] and [r.id for r in window[name]] == [run.id]
+    before = await rt_backend.runs_between([name], run.scheduled_at - timedelta(hours=1), run.scheduled_at)
+    assert before == {}  # no run in that window, but runs of it in the ledger: not refused
+    for names in (["never-was"], ["hourly", "never-was"]):
+        with pytest.raises(NotFound, match="never-was"):
+            await rt_backend.runs_between(names, run.scheduled_at, run.scheduled_at + timedelta(seconds=1))
+    with pytest.raises(NotFound, match="never-was"):
+        await rt_backend.list_runs("never-was")
 
 
 async def test_the_api_answers_as_documented(rt_server: Server) -> None:

@@ -312,7 +312,7 @@ class Backend(abc.ABC):
     @action(system="schedules", permission="read", check=_check_window,
             http=Http("GET", "/inspect/runs", envelope="runs", wire={"names": "name", "start": "from", "end": "to"},
                       extra=lambda runs, a: {"from": iso(a["start"]), "to": iso(a["end"])},
-                      ok="{from, to, runs: {name: [run]}}", errors={404: "unknown schedule"}))
+                      ok="{from, to, runs: {name: [run]}}", errors={404: "a schedule neither defined nor in the ledger"}))
     async def runs_between(
         self,
         names: Annotated[list[str], Help("repeat for several schedules (up to 500)")],
@@ -325,8 +325,9 @@ class Backend(abc.ABC):
 
         For timelines: per schedule, its runs with from <= scheduled_at < to, at most
         limit_per_name of them (the newest; a schedule with exactly that many may have
-        more). Schedules without runs in the window are left out; an unknown name is
-        ``NotFound``."""
+        more). Schedules without runs in the window are left out. A schedule no longer
+        defined is read as the runs' page reads it (its runs stay until the retention
+        takes them); a name neither defined nor in the ledger is ``NotFound``."""
 
     @action(system="fleet", permission="read",
             http=Http("GET", "/inspect/instances", envelope="instances", clock=True,

@@ -24,7 +24,7 @@ from backend.model import (
     SchedulesSnapshot,
     ScheduleView,
 )
-from backend.scheduler.reads import ScheduleReads, find_schedule
+from backend.scheduler.reads import ScheduleReads, find_schedule, is_schedule_name, no_runs_of
 from backend.scheduler.states import ScheduleStates
 from backend.schedules import Schedule
 from backend.store import Store
@@ -104,11 +104,17 @@ class EngineReads:
     async def runs_between(
         self, names: list[str], start: datetime, end: datetime, *, limit_per_name: int = 200
     ) -> dict[str, list[Run]]:
-        """Per schedule of ``names`` (each must exist), its runs scheduled in ``[start,
-        end)``, newest first, at most ``limit_per_name``; schedules without any left out."""
-        for name in names:
-            self.schedule(name)
-        return await self.store.runs_between(names, start, end, limit_per_name=limit_per_name)
+        """Per schedule of ``names``, its runs scheduled in ``[start, end)``, newest first,
+        at most ``limit_per_name``; schedules without any left out. A name that is no
+        schedule's is read as :meth:`list_runs` reads it: a schedule removed from the code
+        (or deleted) keeps its runs until the retention takes them; a name the ledger holds
+        no run of at all is :class:`NotFound`."""
+        gone = [name for name in names if not is_schedule_name(self.schedules, name)]
+        found = await self.store.runs_between(names, start, end, limit_per_name=limit_per_name)
+        for name in gone:
+            if name not in found and not await self.store.list_runs(name, limit=1):
+                raise no_runs_of(name)
+        return found
 
     async def instances(self) -> list[InstanceInfo]:
         """The engine instances registered in the store, with their heartbeats."""

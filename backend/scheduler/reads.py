@@ -40,6 +40,23 @@ def find_schedule(schedules: Mapping[str, Schedule], name: str) -> Schedule:
         raise NotFound(f'no schedule named "{name}"') from None
 
 
+def is_schedule_name(schedules: Mapping[str, Schedule], name: str) -> bool:
+    """Whether ``name`` is one of ``schedules``: ``False`` for a name a schedule may have had
+    (one removed from the code, or deleted, keeps its runs until the retention takes
+    them); :class:`~backend.errors.NotFound` for a name no schedule could ever have had,
+    which is never looked up in the ledger."""
+    if name in schedules:
+        return True
+    if not (isinstance(name, str) and NAME_PATTERN.fullmatch(name)):
+        find_schedule(schedules, name)
+    return False
+
+
+def no_runs_of(name: str) -> NotFound:
+    """A name that is no schedule's and that the ledger holds no run of."""
+    return NotFound(f'no schedule named "{name}", and the ledger holds no runs of one')
+
+
 async def _no_owners() -> dict[str, str | None] | None:
     return None
 
@@ -152,9 +169,7 @@ class ScheduleReads:
     async def list_runs(
         self, name: str, *, limit: int = 50, before: str | None = None
     ) -> tuple[list[Run], str | None]:
-        known = name in self.schedules
-        if not known and not (isinstance(name, str) and NAME_PATTERN.fullmatch(name)):
-            find_schedule(self.schedules, name)  # (no schedule ever had such a name: not looked for)
+        known = is_schedule_name(self.schedules, name)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise BadInput(f"limit {limit!r} is out of range (1-1000)", field="limit")
         self.ledger.handoff()
@@ -162,7 +177,7 @@ class ScheduleReads:
         # A schedule removed from the code (or deleted) keeps its runs until the retention
         # takes them: its history stays readable by its name.
         if not known and not runs and before is None:
-            raise NotFound(f'no schedule named "{name}", and the ledger holds no runs of one')
+            raise no_runs_of(name)
         if len(runs) > limit:  # one more than asked for: there is an older page
             return runs[:limit], runs[limit - 1].id
         return runs, None
