@@ -171,3 +171,12 @@ class ManualClock:
         step = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
         self.set(self._now + step)
         return self._now
+
+    def step_back(self, seconds: float | timedelta) -> datetime:
+        """Step the time back (as NTP steps a clock that ran fast): :meth:`set` refuses to,
+        so that a test never does it by mistake. Sleepers wait on for their deadlines."""
+        step = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
+        if step < timedelta(0):
+            raise ValueError(f"step_back({seconds!r}): give how far back, a positive length")
+        self._now -= step
+        return self._now

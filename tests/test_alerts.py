@@ -115,7 +115,8 @@ def test_a_bad_queue_or_durable_alert_option_is_refused() -> None:
     async def flow(ctx: Any, input: Any) -> None:
         pass
 
-    with pytest.raises(DefinitionError, match=r"define_durable\('f'\): alert stuck 0 must be a number of seconds or a timedelta, more than 0"):
+    refused = r"define_durable\('f'\): alert stuck 0 must be a number of seconds or a timedelta, more than 0"
+    with pytest.raises(DefinitionError, match=refused):
         define_durable(name="f", handler=flow, alert={"stuck": 0})
 
 

@@ -9,7 +9,8 @@ after they committed, a full disk (SQLite refuses
 to grow the file; ``single`` only: the one firer keeps what it cannot write in the store's
 reserve) that a restart may find, and clean restarts after some downtime (some whose stop
 lands while the instance's claim of the next slot has committed and its answer is held,
-with or without a grace). One configuration runs one engine (``single`` or ``advisoryLock``
+with or without a grace) or after the clock was stepped back (NTP correcting a clock that
+ran fast: the engine meets slots it has recorded again; one engine only). One configuration runs one engine (``single`` or ``advisoryLock``
 coordination), the other a fleet of two engines sharing the store, ``advisoryLock`` at
 first; a restart there may come back in the other mode (``single``), as a rolling change
 of ``--coordination`` does: an instance whose mode differs from the firing one's waits,
@@ -83,7 +84,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from backend import Engine, ManualClock, Refused, Run, RunContext, Schedule, Unavailable, define_schedule
 from backend.cron import Cron
@@ -235,9 +236,12 @@ class Handlers:
         manual and not counted)."""
         self.stopping = False
         """Set while an engine stops: an ``overrun`` handler ends with its process then."""
-        self.spans: dict[str, list[list[datetime | None]]] = defaultdict(list)
-        """When each timed run's handler really ran, per schedule: ``[start, end]`` (``None``:
-        running); a run recorded ``timeout`` or ``abandoned`` may run on past its row's end."""
+        self.epoch = 0
+        """How many times the clock was stepped back: times compare only within one epoch."""
+        self.spans: dict[tuple[str, int], list[list[datetime | None]]] = defaultdict(list)
+        """When each timed run's handler really ran, per schedule and epoch: ``[start, end]``
+        (``None``: running); a run recorded ``timeout`` or ``abandoned`` may run on past its
+        row's end."""
         self.ran: dict[str, list[datetime | None]] = {}
         """The same spans by run id, Run now and backfills included."""
 
@@ -248,7 +252,7 @@ class Handlers:
             self.ran[ctx.run_id] = span
             if ctx.trigger != "manual":
                 self.started[(ctx.name, ctx.scheduled_at)] += 1
-                self.spans[ctx.name].append(span)
+                self.spans[(ctx.name, self.epoch)].append(span)
             try:
                 if behaviour.kind == "fail":
                     raise RuntimeError("failed on purpose")
@@ -335,8 +339,12 @@ class EngineMachine(RuleBasedStateMachine):
         self.url = f"sqlite:///{self.folder / 'state.db'}"
         self.clock = ManualClock(START)
         self.instants: list[datetime] = [self.clock.now()]
-        """Every time the clock was set to, in order: the engines see a slot only at the first
-        of them at or after it (a jump over several slots shows them all at once)."""
+        """Every time the clock was set to, in order, since it was last stepped back: the
+        engines see a slot only at the first of them at or after it (a jump over several
+        slots shows them all at once)."""
+        self.run_epochs: dict[str, int] = {}
+        """The epoch (see :class:`Handlers`) of each run recorded before the clock was last
+        stepped back; every run not here is of the current one."""
         self.handlers = Handlers(self.clock)
         self.world = World()
         self.generation = 0  # engines made so far: seeds their ids
@@ -798,7 +806,7 @@ class EngineMachine(RuleBasedStateMachine):
     )
     def restart(
         self, instance: str, down_for: float, other_mode: bool, mid_claim: float | None = None, graceful: bool = False,
-        retime: str | None = None,
+        retime: str | None = None, back: float | None = None,
     ) -> None:
         """A clean stop and a start after ``down_for`` seconds. With ``mid_claim`` (the stop's
         grace, in real seconds), the stop lands while the instance's claim of the slots due
@@ -808,7 +816,8 @@ class EngineMachine(RuleBasedStateMachine):
         manual clock: a longer one would only wait longer), then (h) is checked. With
         ``retime`` (one engine only: a fleet would run both crons during the deploy), it
         starts again with that schedule's other cron (a deploy that changes it), and (i)
-        is checked."""
+        is checked. With ``back`` (see :meth:`restart_stepped_back`), the clock is stepped
+        back that many seconds while it is down, instead of moving on ``down_for``."""
         if self.world.down:  # an engine refuses to start without its store: it comes back first
             self.toggle_store()
         engine = self.engine(instance)
@@ -825,13 +834,17 @@ class EngineMachine(RuleBasedStateMachine):
         grace = 0.01 if graceful else 0.0
         how = f" (stopped mid-claim, grace {mid_claim}s)" if mid_claim is not None else " (grace 10 ms)" if graceful else ""
         retimed: Schedule | None = None
-        if retime is not None and self.mode != "fleet":
+        # (Nor after the clock was stepped back: the model dates a cron by the clock, and
+        # slots recorded ahead of it were of the cron of their own time.)
+        if retime is not None and self.mode != "fleet" and self.handlers.epoch == 0:
             old = self.models[retime].schedule
             cron = RETIMED[retime] if old.cron.expr == CRONS[retime] else CRONS[retime]
             retimed = dataclasses.replace(old, cron=Cron(cron, "UTC"))
             self.definitions = [retimed if s.name == retime else s for s in self.definitions]
             how += f" (deployed with {retime} at {cron!r})"
-        self.log.append(f"{name}: restart after {down_for}s{change}{disk}{how}")
+        if back is not None:
+            how += f" (the clock stepped back {back}s)"
+        self.log.append(f"{name}: restart after {down_for if back is None else 0}s{change}{disk}{how}")
 
         async def go() -> None:
             self.handlers.stopping = True
@@ -858,10 +871,19 @@ class EngineMachine(RuleBasedStateMachine):
             # (Nor does an instance that waited for the other mode's instances to leave, when
             # it starts firing: as at boot, it catches up from the last recorded slot.)
             nobody_fired = not any(e.registry.fires for e in self.engines.values())
-            self.clock.advance(down_for)
-            self.instants.append(self.clock.now())
+            if back is None:
+                self.clock.advance(down_for)
+                self.instants.append(self.clock.now())
+            else:
+                # Every run so far belongs to the epoch that ends here: (c) holds, so none runs.
+                for runs in ledger.values():
+                    for r in runs:
+                        self.run_epochs.setdefault(r.id, self.handlers.epoch)
+                self.handlers.epoch += 1
+                self.clock.step_back(back)
+                self.instants = [self.clock.now()]
             await self.settle()
-            if nobody_fired:
+            if nobody_fired and back is None:
                 for n in never_ran:
                     self.models[n].excused.append((stopped_at, self.clock.now()))
             if retimed is not None:
@@ -880,6 +902,17 @@ class EngineMachine(RuleBasedStateMachine):
             assert not still, f"(c) runs left running by {name}'s stop, not closed by its start: {sorted(still)}{self.steps()}"
 
         self.run(go())
+
+    @precondition(lambda self: self.mode != "fleet" and not self.world.full and not any(m.crons for m in self.models.values()))
+    @rule(back=st.sampled_from([0.5, 20.0, 150.0, 900.0, 3600.0]), graceful=st.booleans())
+    def restart_stepped_back(self, back: float, graceful: bool) -> None:
+        """A clean stop, and a start after the clock was stepped back ``back`` seconds (NTP
+        correcting a clock that ran fast, a VM restored from a snapshot): the engine meets
+        slots it recorded again. One engine only (a fleet's other instance would see its
+        clock step back as it runs), never on a full disk (rows the reserve writes later
+        carry the old epoch's times) nor after a deploy changed a cron (the model dates it
+        on the clock). Times compare only within an epoch (see :class:`Handlers`)."""
+        self.restart("a", 0.0, other_mode=False, graceful=graceful, back=back)
 
     async def stop_checking_current_slots(self, engine: Engine, grace: float) -> None:
         """Stop ``engine`` with ``grace``; with one, check (h)."""
@@ -998,25 +1031,28 @@ class EngineMachine(RuleBasedStateMachine):
             assert not missing, f"(b) {name}: due slots with no row: {[f'{s:%H:%M:%S}' for s in missing]}{self.steps()}"
             # (d) skip and queue never run two of a schedule at once: the runs' [fired_at,
             # finished_at) intervals do not intersect (one still running: up to now).
+            # Within each epoch (runs of an earlier one all ended before the clock stepped back).
             if model.schedule.on_overlap in ("skip", "queue"):
-                spans = sorted(
-                    ((r.fired_at, r.finished_at or datetime.max.replace(tzinfo=now.tzinfo), r) for r in timed
-                     if r.fired_at is not None and r.status in ("succeeded", "failed", "running")),
-                    key=lambda span: (span[0], span[1], span[2].id),
-                )  # fmt: skip
-                latest: tuple[datetime, Run] | None = None  # the span that ends last so far
-                for start, end, r in spans:
-                    if start == end:
-                        continue  # zero length: nothing can run beside it
-                    if latest is not None:
-                        assert start >= latest[0], f"(d) {name}: ran at once: {self.show({r.scheduled_at: [latest[1], r]})}"
-                    if latest is None or end > latest[0]:
-                        latest = (end, r)
-                # ... nor did their handlers really run at once (a run recorded timeout or
-                # abandoned, whose handler ran on, keeps its place until it has returned)
-                ran = sorted((start, end or now) for start, end in self.handlers.spans[name] if start is not None)
-                for (_, end), (start, _) in zip(ran, ran[1:], strict=False):
-                    assert end <= start, f"(d) {name}: two handlers ran at once, from {start:%H:%M:%S}{self.steps()}"
+                for epoch in range(self.handlers.epoch + 1):
+                    spans = sorted(
+                        ((r.fired_at, r.finished_at or datetime.max.replace(tzinfo=now.tzinfo), r) for r in timed
+                         if r.fired_at is not None and r.status in ("succeeded", "failed", "running")
+                         and self.epoch_of(r) == epoch),
+                        key=lambda span: (span[0], span[1], span[2].id),
+                    )  # fmt: skip
+                    latest: tuple[datetime, Run] | None = None  # the span that ends last so far
+                    for start, end, r in spans:
+                        if start == end:
+                            continue  # zero length: nothing can run beside it
+                        if latest is not None:
+                            assert start >= latest[0], f"(d) {name}: ran at once: {self.show({r.scheduled_at: [latest[1], r]})}"
+                        if latest is None or end > latest[0]:
+                            latest = (end, r)
+                    # ... nor did their handlers really run at once (a run recorded timeout or
+                    # abandoned, whose handler ran on, keeps its place until it has returned)
+                    ran = sorted((start, end or now) for start, end in self.handlers.spans[(name, epoch)] if start is not None)
+                    for (_, end), (start, _) in zip(ran, ran[1:], strict=False):
+                        assert end <= start, f"(d) {name}: two handlers ran at once, from {start:%H:%M:%S}{self.steps()}"
 
         # (e) a timed slot's handler starts once, and a slot whose handler started is not
         # recorded as one that did not run
@@ -1032,6 +1068,9 @@ class EngineMachine(RuleBasedStateMachine):
                      and (self.handlers.ran[r.id][1] or now) > (r.finished_at or now)]  # fmt: skip
             assert not alive, f"(j) {name}: closed abandoned while its handler ran: {self.show({r.scheduled_at: [r] for r in alive})}"
 
+    def epoch_of(self, run: Run) -> int:
+        return self.run_epochs.get(run.id, self.handlers.epoch)
+
     def held(self, runs: list[Run], now: datetime) -> Callable[[datetime], bool]:
         """Which slots of a schedule may wait in memory, rowless, because runs of it are in
         flight: the slots after the oldest slot still running (a catch-up firing in order),
@@ -1043,8 +1082,10 @@ class EngineMachine(RuleBasedStateMachine):
         second is queued behind it; once that run ends, a Run now started meanwhile keeps
         the stretch going, and the second slot still waits (a slot that is due while any run
         of the schedule is in flight waits under ``queue``). A run recorded ``timeout`` whose
-        handler runs on is in flight until it returns."""
+        handler runs on is in flight until it returns. Only the current epoch's runs count:
+        the earlier ones' had all ended when the clock stepped back."""
         never, ran = now.max.replace(tzinfo=now.tzinfo), self.handlers.ran
+        runs = [r for r in runs if self.epoch_of(r) == self.handlers.epoch]
 
         def ended(r: Run) -> datetime:
             span = ran.get(r.id)
@@ -1157,6 +1198,33 @@ def test_a_graceful_stop_after_an_outage_and_lost_answers_starts_the_current_slo
             "two": [],
         }
         machine.ledger_holds()
+    finally:
+        machine.teardown()
+
+
+def test_a_jump_over_slots_recorded_before_the_clock_stepped_back_records_none_again() -> None:
+    """(a) on a sequence the machine found once it stepped the clock back: slots 08:00:20 to
+    08:02:20 are recorded (missed, and the newest run); the engine restarts with the clock
+    900 s back, and later jumps over them again (a stalled process). The timers passed over
+    the recorded ones, but forgot them as they did: the catch-up re-armed from the last slot
+    left, found them behind again, and recorded them missed a second time (and ran 08:01:20,
+    recorded missed before). It also fired 08:00:00 as if current, 90 s late, though the
+    current slot had run already; with backfill=skip it is now recorded missed."""
+    machine = EngineMachine()
+    try:
+        quick = ("skip", "skip", Behaviour("noop"), 30.0)
+        machine.set_up(mode="single", policies=[quick, quick, quick])
+        machine.advance(150)  # 08:02:30
+        machine.restart_stepped_back(back=900.0, graceful=True)  # 07:47:30
+        for seconds in (370, 150, 320):  # 08:01:30
+            machine.advance(seconds)
+            machine.ledger_holds()
+        first = machine.models["sec"].enabled_since[0]
+        runs = [r for r in machine.run(machine.ledger())["sec"] if r.scheduled_at >= first]
+        missed = [f"08:0{m}:{s:02}" for m, s in ((2, 0), (1, 40), (1, 20), (1, 0), (0, 40), (0, 20), (0, 0))]
+        assert [(r.scheduled_at.strftime("%H:%M:%S"), r.status) for r in runs] == [
+            ("08:02:20", "succeeded"), *((slot, "missed") for slot in missed)
+        ]  # fmt: skip
     finally:
         machine.teardown()
 

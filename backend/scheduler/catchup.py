@@ -35,7 +35,7 @@ from backend.runtime.outages import OutageLog
 from backend.scheduler.coordination.slots import SlotClaims
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.states import ScheduleStates
-from backend.scheduler.timers import Timers
+from backend.scheduler.timers import Behind, Timers
 from backend.schedules import Schedule
 from backend.store import Store
 
@@ -123,23 +123,28 @@ class CatchUp:
             self.loops.expect(loop)  # quiesce() waits for it to hand its schedules on
             self.loops.spawn(self._boot(loop), "catch-up boot")
 
-    async def behind(self, catching: list[tuple[Schedule, list[datetime]]]) -> None:
+    async def behind(self, catching: list[Behind]) -> None:
         """A running engine found these schedules behind, each with the slots that were
-        due (the last is current). Their slots are claimed together, here in the timers'
-        pass, before each schedule's catch-up starts: a stalled process that finds its
-        whole burst behind pays a few transactions, not one per schedule (on PostgreSQL,
-        when it can least afford them)."""
-        names = [schedule.name for schedule, _ in catching]
+        due (the last is current, unless it ran already). Their slots are claimed together,
+        here in the timers' pass, before each schedule's catch-up starts: a stalled process
+        that finds its whole burst behind pays a few transactions, not one per schedule (on
+        PostgreSQL, when it can least afford them). A schedule whose current slot ran
+        already (by a clock since stepped back) has only past slots left: its policy decides
+        about each, as at a start; none fires as the current one."""
+        names = [b.schedule.name for b in catching]
         self.busy.update(names)
         try:
-            claimed = await self._claim_together(catching, current={(schedule.name, slots[-1]) for schedule, slots in catching})
+            claimed = await self._claim_together(
+                [(b.schedule, b.slots) for b in catching],
+                current={(b.schedule.name, b.slots[-1]) for b in catching if b.current},
+            )
         except Exception:  # a bug: it must not stop the timers; each catch-up claims its own
             log.exception("could not claim the slots of %d schedule(s) found behind together", len(catching))
             self.busy.update(names)
             claimed = None
-        for schedule, slots in catching:
+        for schedule, slots, current in catching:
             claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
-            self._spawn(schedule, slots, live=True, claimed=claim)
+            self._spawn(schedule, slots, live=current, claimed=claim, reason=None if current else "while the engine was behind")
 
     async def _boot(self, loop: str) -> None:
         try:
@@ -415,6 +420,8 @@ class CatchUp:
             # stopping, now (a next start would not look for them).
             until = min(hold.disabled_at, self.clock.now())
             held = list(islice(schedule.cron.occurrences(slots[-1], until), self.catch_up_limit))
+            ran = self.timers.taken.get(name, ())  # (by a clock since stepped back: not again)
+            held = [slot for slot in held if slot not in ran]
             if held and self.launcher.stopping:
                 with contextlib.suppress(Unavailable):
                     await self._catch_up(schedule, held, live=True, fire=False)

@@ -17,7 +17,7 @@ import heapq
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from itertools import islice
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from backend.clock import Clock
 from backend.model import Outcome
@@ -27,7 +27,7 @@ from backend.scheduler.launcher import Launcher
 from backend.scheduler.ledger import RunLedger
 from backend.schedules import Schedule
 
-__all__ = ["NO_SLOT", "TimerWheel", "Timers", "slot_after"]
+__all__ = ["NO_SLOT", "Behind", "TimerWheel", "Timers", "slot_after"]
 
 # Handlers due at one instant are started in slices of this size, yielding to the loop in
 # between, so the first ones start before the last ones are even created.
@@ -45,7 +45,17 @@ def slot_after(schedule: Schedule, slot: datetime) -> datetime:
     return NO_SLOT if nxt is None else nxt
 
 
-async def _nothing_behind(catching: list[tuple[Schedule, list[datetime]]]) -> None:
+class Behind(NamedTuple):
+    """A schedule found behind: the slots that were due (ascending) and whether the last of
+    them is its current slot. It is not when the current one ran already, by a clock that
+    was ahead (see :meth:`Timers.pass_over`): then every slot left is a past one."""
+
+    schedule: Schedule
+    slots: list[datetime]
+    current: bool
+
+
+async def _nothing_behind(catching: list[Behind]) -> None:
     pass
 
 
@@ -140,10 +150,11 @@ class Timers:
         self._wake = asyncio.Event()
         self.may_arm: Callable[[str], bool] = lambda name: True
         """Whether this instance fires the schedule (``cluster``: its shard is held here)."""
-        self.on_behind: Callable[[list[tuple[Schedule, list[datetime]]]], Awaitable[None]] = _nothing_behind
+        self.on_behind: Callable[[list[Behind]], Awaitable[None]] = _nothing_behind
         """Told, once per pass, of every schedule found behind with its due slots (ascending,
-        the current one last); it takes over re-arming them. Awaited, so that the pass has
-        handled them before the loop parks."""
+        the current one last, unless it ran already); it takes over re-arming them, from
+        the last slot it handled. Awaited, so that the pass has handled them before the loop
+        parks."""
         self.on_disabled: Callable[[str], None] = lambda name: None
         """Called with a schedule just disabled (see :meth:`disabled`)."""
         self.taken: dict[str, set[datetime]] = {}
@@ -164,6 +175,19 @@ class Timers:
         if not slots:
             del self.taken[name]
         return True
+
+    def _untaken(self, name: str, due: list[datetime], now: datetime) -> list[datetime]:
+        """``due`` (a schedule found behind) without the slots that ran already. Those are
+        forgotten only up to where the schedule is armed again from: the last slot left (its
+        catch-up re-arms from there), or now when none is left. The ones after it come due
+        again, and must still be passed over."""
+        taken = self.taken.get(name, set())
+        left = [s for s in due if s not in taken]
+        through = left[-1] if left else now
+        taken.difference_update([s for s in taken if s <= through])
+        if not taken:
+            self.taken.pop(name, None)
+        return left
 
     def start(self) -> None:
         self._wake = asyncio.Event()
@@ -219,19 +243,18 @@ class Timers:
                 self._rearm(passed)
             if due:
                 await self._fire_due(due, now)
-            catching: list[tuple[Schedule, list[datetime]]] = []
+            catching: list[Behind] = []
             for schedule, slot in behind:
                 armed = self.wheel.armed(schedule.name)
                 if armed is None or armed[0] != slot:
                     continue  # disabled (or re-armed) while the due slots above were claimed
                 self.wheel.disarm(schedule.name)
-                missed = [slot, *islice(schedule.cron.occurrences(slot, now), self.catch_up_limit)]
-                if self.taken:
-                    missed = [s for s in missed if not self._taken(schedule.name, s)]
+                due_slots = [slot, *islice(schedule.cron.occurrences(slot, now), self.catch_up_limit)]
+                missed = self._untaken(schedule.name, due_slots, now) if self.taken else due_slots
                 if not missed:
                     self.arm(schedule, now)
                     continue
-                catching.append((schedule, missed[-self.catch_up_limit :]))
+                catching.append(Behind(schedule, missed[-self.catch_up_limit :], missed[-1] == due_slots[-1]))
             if catching:
                 await self.on_behind(catching)
 
