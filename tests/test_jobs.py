@@ -701,6 +701,11 @@ async def test_a_stop_whose_hand_in_lost_its_answer_still_gives_back_what_a_lost
     interrupted = await engine.jobs.send("mail", "held")
     await engine.start()
     await asyncio.wait_for(began.wait(), 10)  # (the timeouts only bound a broken test)
+    # No cycle on its way (one writing the start above): one sent before the wrapping below
+    # could claim the job sent next on the server, and the wrapping would wait for nothing.
+    workers = engine.jobs.workers
+    assert workers is not None
+    await until(lambda: not (workers.handovers or workers.inflight or workers.inflight_handovers), "the start written")
     lose = LoseClaimAnswers(engine.jobs.store)
     sent = await engine.jobs.send("mail", "x")
     await asyncio.wait_for(lose.done.wait(), 10)
