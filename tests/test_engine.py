@@ -495,6 +495,35 @@ async def test_a_start_after_the_clock_was_stepped_back_fires_no_recorded_slot_a
     assert sorted(r.scheduled_at for r in runs) == every  # each slot once
 
 
+async def test_a_start_after_the_clock_was_stepped_back_catches_up_from_where_it_ran_before_now(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    """Found by the engine machine once it stepped the clock back: the schedule ran 08:45 by
+    this clock, and 09:15 and 09:30 by the clock before it was stepped back; the instance
+    was down over 09:00. The start caught up from the newest recorded slot, 09:30, which
+    lies ahead: 09:00 got no row at all. It now catches up from 08:45 (09:00 is recorded
+    missed, backfill=skip), and still passes over 09:15 and 09:30."""
+    fired: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    clock.set("2026-03-02T09:10:00Z")
+    engine = make_engine([schedule(cron="*/15 * * * *", handler=handler, backfill="skip")])
+    for slot in ("08:45", "09:15", "09:30"):
+        await _seed_last_run(engine, "job", at(f"2026-03-02T{slot}:00Z"))
+    await engine.start()
+    await engine.quiesce()
+    for _ in range(3):
+        clock.advance(15 * 60)
+        await engine.quiesce()
+    runs = await all_runs(engine, "job")
+    assert sorted((r.scheduled_at.strftime("%H:%M"), r.status) for r in runs) == [
+        ("08:45", "succeeded"), ("09:00", "missed"), ("09:15", "succeeded"), ("09:30", "succeeded"), ("09:45", "succeeded")
+    ]  # fmt: skip
+    assert fired == [at("2026-03-02T09:45:00Z")]
+
+
 @pytest.mark.parametrize(("ahead", "warned"), [(0.25, False), (4.0, False), (6.0, True)])
 async def test_a_start_warns_of_a_clock_stepped_back_only_past_what_two_clocks_may_differ_by(
     make_engine: MakeEngine, clock: ManualClock, caplog: pytest.LogCaptureFixture, ahead: float, warned: bool
@@ -603,9 +632,9 @@ async def test_boot_reads_where_every_schedule_left_off_in_one_query(
     reads: list[list[str]] = []
     last_slots = engine.store.last_slots
 
-    async def counting(names: Any) -> dict[str, datetime]:
+    async def counting(names: Any, *, until: datetime | None = None) -> dict[str, datetime]:
         reads.append(sorted(names))
-        return await last_slots(names)
+        return await last_slots(names, until=until)
 
     engine.store.last_slots = counting  # type: ignore[method-assign]
     claims = count_claims(engine)

@@ -886,6 +886,16 @@ class EngineMachine(RuleBasedStateMachine):
             if nobody_fired and back is None:
                 for n in never_ran:
                     self.models[n].excused.append((stopped_at, self.clock.now()))
+            if back is None and self.handlers.epoch:
+                # The start catches up from the newest slot recorded before now, by whichever
+                # clock: one recorded before the clock stepped back, inside this downtime,
+                # hides the slots of the downtime before it (the ledger cannot tell where
+                # this clock's runs left off; see the README).
+                for n, runs in ledger.items():
+                    earlier = [r.scheduled_at for r in runs if self.epoch_of(r) < self.handlers.epoch
+                               and r.trigger != "manual" and stopped_at < r.scheduled_at <= self.clock.now()]  # fmt: skip
+                    if earlier:
+                        self.models[n].excused.append((stopped_at, max(earlier)))
             if retimed is not None:
                 # The catch-up starts from the deploy: the slots the old cron still owed at
                 # the stop (a catch-up held them) and either cron's while none ran are not

@@ -502,6 +502,11 @@ async def test_last_slots_ignore_manual_runs(store: Store) -> None:
     assert slots == {"job": T0 + timedelta(hours=2), "other": T0 + timedelta(hours=9)}
     assert_utc(slots["job"])
     assert await store.last_slots([]) == {}
+    # At or before a time (a clock stepped back: where a schedule left off before it).
+    until = await store.last_slots(["job", "other"], until=T0 + timedelta(hours=1, minutes=30))
+    assert until == {"job": T0 + timedelta(hours=1)}
+    assert await store.last_slots(["job"], until=T0 + timedelta(hours=2)) == {"job": T0 + timedelta(hours=2)}
+    assert await store.last_slots(["job"], until=T0 - timedelta(days=2)) == {}
 
 
 async def test_running_runs_from_every_instance(store: Store) -> None:

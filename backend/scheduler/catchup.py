@@ -161,21 +161,40 @@ class CatchUp:
         except BaseException:
             self.busy.difference_update(names)
             raise
+        # A newest recorded slot ahead of the clock: it was stepped back since. The slots
+        # recorded ahead are passed over as they come due; the catch-up starts where the
+        # schedule left off before them (the slots of a downtime since are due all the same).
+        stepped = [schedule.name for schedule, now, *_ in batch if schedule.name in left_off and left_off[schedule.name] > now]
+        left_off_before: dict[str, datetime] = {}
+        if stepped:
+            try:
+                left_off_before = await self._where_they_left_off(stepped, loop, until=max(now for _, now, *_ in batch))
+            except BaseException:
+                self.busy.difference_update(names)
+                raise
         catching: list[tuple[Schedule, list[datetime], str | None, bool]] = []
         ahead: list[tuple[Schedule, datetime, datetime]] = []
         for schedule, now, reason, late_by in batch:
-            since = left_off.get(schedule.name)
-            never_ran = since is None
+            recorded = left_off.get(schedule.name)
+            if recorded is not None and recorded > now:
+                ahead.append((schedule, now, recorded))
+            since = left_off_before.get(schedule.name) if schedule.name in stepped else recorded
+            never_ran = recorded is None
+            changed = schedule.timing_changed_at or self.code_timing_changed.get(schedule.name)
+            state = self.states.get(schedule.name)
+            if since is None and schedule.name in stepped:
+                # It ran only at slots ahead of the clock: its catch-up starts where what it
+                # is now began here (created, re-enabled, its timing changed), if that did.
+                enabled_at = state.changed_at if state is not None and state.enabled else None
+                since = max((t for t in (schedule.created_at, changed, enabled_at) if t is not None and t <= now), default=None)
             if never_ran and late_by:
                 # Never run, and taken over: the hand-over window's newest slot is due all the
                 # same (the owner before would have fired it), not only those after now.
                 since = now - late_by
             if since is not None and schedule.created_at is not None and schedule.created_at > since:
                 since = schedule.created_at  # where a deleted namesake left off: not this one's slots
-            changed = schedule.timing_changed_at or self.code_timing_changed.get(schedule.name)
             if since is not None and changed is not None and changed > since:
                 since = changed  # slots before its cron or zone changed were another timing's
-            state = self.states.get(schedule.name)
             if since is not None and state is not None and state.enabled and state.changed_at > since:
                 since = state.changed_at  # slots missed while disabled are not caught up
             missed: list[datetime] = []
@@ -193,8 +212,6 @@ class CatchUp:
                 # it fires whatever the policy, as a live catch-up's newest does.
                 catching.append((schedule, missed, reason, missed[-1] >= now - max(late_by, BOOT_GRACE)))
             else:
-                if since is not None and since > now:
-                    ahead.append((schedule, now, since))
                 self.busy.discard(schedule.name)
                 self.timers.arm(schedule, now)
         if ahead:
@@ -262,12 +279,13 @@ class CatchUp:
             raise
         return claimed
 
-    async def _where_they_left_off(self, names: list[str], loop: str) -> dict[str, datetime]:
-        """The schedules' newest recorded slots; while the store is unreachable, wait for it
-        (nothing could be claimed meanwhile anyway), parked so that quiesce() sees it idle."""
+    async def _where_they_left_off(self, names: list[str], loop: str, *, until: datetime | None = None) -> dict[str, datetime]:
+        """The schedules' newest recorded slots (at or before ``until``); while the store is
+        unreachable, wait for it (nothing could be claimed meanwhile anyway), parked so that
+        quiesce() sees it idle."""
         while True:
             try:
-                return await self.store.last_slots(names)
+                return await self.store.last_slots(names, until=until)
             except Unavailable as exc:
                 self.outages.trouble("catch-up", f"catch-up of {len(names)} schedule(s) waits for the store", exc)
             self.busy.difference_update(names)

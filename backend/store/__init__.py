@@ -199,10 +199,12 @@ class Store(Protocol):
         """Per named schedule, its runs scheduled in ``[start, end)``, newest first, at most
         ``limit_per_name`` of them (the newest); names without runs there are left out."""
 
-    async def last_slots(self, names: Iterable[str]) -> dict[str, datetime]:
+    async def last_slots(self, names: Iterable[str], *, until: datetime | None = None) -> dict[str, datetime]:
         """Per named schedule that has one, the newest ``scheduled_at`` among its non-manual
-        runs (where its catch-up starts). One read for every name: an instance starting,
-        or taking over a shard, asks for a thousand schedules at once."""
+        runs (where its catch-up starts), at or before ``until`` when given (a clock
+        stepped back: where it left off before the slots recorded ahead of it). One read
+        for every name: an instance starting, or taking over a shard, asks for a thousand
+        schedules at once."""
 
     async def running_runs(self) -> list[Run]:
         """Every run in flight, from any instance: still ``running``, or closed while its

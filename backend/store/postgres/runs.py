@@ -111,11 +111,11 @@ class PostgresRuns:
             found.setdefault(row[1], []).append(_run(row))
         return found
 
-    async def last_slots(self, names: Iterable[str]) -> dict[str, datetime]:
+    async def last_slots(self, names: Iterable[str], *, until: datetime | None = None) -> dict[str, datetime]:
         wanted = sorted(set(names))
         if not wanted:
             return {}
-        rows = await self._fetchall(LAST_SLOTS, (wanted,))
+        rows = await self._fetchall(LAST_SLOTS, ("infinity" if until is None else until, wanted))
         return {name: slot.astimezone(UTC) for name, slot in rows if slot is not None}
 
     async def running_runs(self) -> list[Run]:

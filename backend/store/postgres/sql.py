@@ -216,7 +216,8 @@ RUNS_BETWEEN = f"""
 """
 # A correlated max() per name: one backward index probe each (schedtui_runs_by_name_slot).
 LAST_SLOTS = """
-    SELECT n.name, (SELECT max(r.scheduled_at) FROM schedtui_runs r WHERE r.name = n.name AND r.trigger <> 'manual')
+    SELECT n.name, (SELECT max(r.scheduled_at) FROM schedtui_runs r WHERE r.name = n.name AND r.trigger <> 'manual'
+                    AND r.scheduled_at <= %s)
     FROM unnest(%s::text[]) AS n(name)
 """
 #: Runs in flight: ``running``, or closed while their handler runs on (``held``, last).

@@ -66,6 +66,9 @@ T = TypeVar("T")
 #: Most runs a transaction of the retention sweep deletes.
 PRUNE_BATCH = 5_000
 
+#: Above every microsecond a slot may be at (SQLite's largest integer).
+_NO_BOUND = 2**63 - 1
+
 
 class SQLiteRuns:
     """The run ledger's reads and the rest of its data access (the writing is :mod:`backend.store.sqlite.writer`'s)."""
@@ -109,16 +112,17 @@ class SQLiteRuns:
 
         return await self._read(read)
 
-    async def last_slots(self, names: Iterable[str]) -> dict[str, datetime]:
+    async def last_slots(self, names: Iterable[str], *, until: datetime | None = None) -> dict[str, datetime]:
         """Counting the runs that wait in the writer (a full disk), and those kept in the
         reserve by an earlier process: their slots ran."""
         wanted = sorted(set(names))
-        waiting = await self._newest_waiting(wanted) if wanted else {}
+        waiting = await self._newest_waiting(wanted, until) if wanted else {}
+        bound = _NO_BOUND if until is None else _us(until)
 
         def read(c: sqlite3.Connection) -> dict[str, datetime]:
             found: dict[str, datetime] = {}
             for name in wanted:  # one index probe per name, on the reader's thread
-                row = c.execute(LAST_SLOT, (name,)).fetchone()
+                row = c.execute(LAST_SLOT, (name, bound)).fetchone()
                 if row and row[0] is not None:
                     found[name] = _EPOCH + _MICROSECOND * row[0]
             return found
@@ -129,15 +133,15 @@ class SQLiteRuns:
                 found[name] = slot
         return found
 
-    async def _newest_waiting(self, names: list[str]) -> dict[str, datetime]:
-        """Per name, the newest slot of its timed runs handed in and not committed yet.
-        Looked at before the ledger is read: a run committed in between is then in one or
-        the other."""
+    async def _newest_waiting(self, names: list[str], until: datetime | None) -> dict[str, datetime]:
+        """Per name, the newest slot (at or before ``until``) of its timed runs handed in
+        and not committed yet. Looked at before the ledger is read: a run committed in
+        between is then in one or the other."""
         writer = self._writer
         if writer is None or writer.crashed or not writer.waiting():
             return {}
         wanted = set(names)
-        peek = _Peek(lambda _: writer.newest_waiting(wanted))  # on the writer's thread: it owns them
+        peek = _Peek(lambda _: writer.newest_waiting(wanted, until))  # on the writer's thread: it owns them
         writer.jobs.put(peek)
         newest: dict[str, datetime] = await asyncio.wrap_future(peek.future)
         return newest

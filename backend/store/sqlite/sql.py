@@ -171,7 +171,7 @@ RUNS_BETWEEN = f"""
     SELECT {RUN_COLUMNS} FROM runs WHERE name = ? AND scheduled_at >= ? AND scheduled_at < ?
     ORDER BY scheduled_at DESC, id DESC LIMIT ?
 """
-LAST_SLOT = "SELECT max(scheduled_at) FROM runs WHERE name = ? AND trigger <> 'manual'"
+LAST_SLOT = "SELECT max(scheduled_at) FROM runs WHERE name = ? AND trigger <> 'manual' AND scheduled_at <= ?"
 #: Runs in flight: ``running``, or closed while their handler runs on (``held``, last).
 RUNNING_RUNS = f"SELECT {RUN_COLUMNS}, held FROM runs WHERE status = 'running' OR held = 1"
 #: Runs created before the floor, but never one in flight, nor the run of each schedule's

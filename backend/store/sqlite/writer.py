@@ -306,12 +306,14 @@ class _Writer(threading.Thread):
             queued = bool(self.queued)
         return queued or bool(self.pending)
 
-    def newest_waiting(self, names: set[str]) -> dict[str, datetime]:
-        """Writer thread only (a :class:`_Peek`): per name, the newest slot among the timed
-        runs handed in and not committed yet."""
+    def newest_waiting(self, names: set[str], until: datetime | None = None) -> dict[str, datetime]:
+        """Writer thread only (a :class:`_Peek`): per name, the newest slot (at or before
+        ``until``) among the timed runs handed in and not committed yet."""
         newest: dict[str, datetime] = {}
         for run, _ in self.pending.values():
-            if run.name in names and run.trigger != "manual" and (run.name not in newest or run.scheduled_at > newest[run.name]):
+            if run.name not in names or run.trigger == "manual" or (until is not None and run.scheduled_at > until):
+                continue
+            if run.name not in newest or run.scheduled_at > newest[run.name]:
                 newest[run.name] = run.scheduled_at
         return newest
 
