@@ -1239,6 +1239,27 @@ def test_a_jump_over_slots_recorded_before_the_clock_stepped_back_records_none_a
         machine.teardown()
 
 
+def test_slots_recorded_ahead_of_a_schedule_disabled_at_the_start_are_passed_over_once_enabled() -> None:
+    """(a) on a sequence the machine found: slots to 08:02:20 recorded, the clock stepped
+    back 900 s, the schedule disabled, the engine restarted. Only the schedules enabled at
+    the start had their slots recorded ahead passed over: once enabled again, this one's
+    catch-up recorded 08:01 to 08:02:20 missed a second time."""
+    machine = EngineMachine()
+    try:
+        quick = ("skip", "skip", Behaviour("noop"), 30.0)
+        machine.set_up(mode="single", policies=[quick, quick, quick])
+        machine.advance(150)  # 08:02:30
+        machine.restart_stepped_back(back=900.0, graceful=True)  # 07:47:30
+        machine.switch("a", "sec", False, None)
+        machine.restart("a", 400.0, False)  # 07:54:10, sec disabled at the start
+        machine.advance(400)  # 08:00:50
+        machine.switch("a", "sec", True, None)
+        machine.advance(150)  # 08:03:20: 08:01:00 to 08:03:20 found behind
+        machine.ledger_holds()
+    finally:
+        machine.teardown()
+
+
 def test_a_deploy_that_changes_a_cron_catches_up_none_of_its_slots_from_before() -> None:
     """(i) on a sequence: "min" fires 08:01; the engine stops and comes back at 08:03:31
     deployed with "min" at second 30 of every minute. Its 08:01:30, 08:02:30 and 08:03:30

@@ -96,6 +96,8 @@ class CatchUp:
         """The catch-ups in progress that fire slots, per schedule."""
         self._booting: list[tuple[Schedule, datetime, str | None, timedelta]] = []
         """Schedules waiting for the next read of where they left off (see :meth:`at_boot`)."""
+        self._resting: list[tuple[Schedule, datetime]] = []
+        """Disabled schedules waiting for the same read (see :meth:`resting_at_boot`)."""
         self._boot_batches = 0
         self.code_timing_changed: dict[str, datetime] = {}
         """When the cron or zone of schedules defined in code changed, as the store recorded
@@ -117,7 +119,19 @@ class CatchUp:
         where they left off: one query for a thousand schedules, not a thousand."""
         self.busy.add(schedule.name)
         self._booting.append((schedule, now, reason, late_by))
-        if len(self._booting) == 1:
+        self._boot_soon()
+
+    def resting_at_boot(self, schedule: Schedule, now: datetime) -> None:
+        """A self-triggered schedule disabled as the engine starts: nothing to catch up, but
+        the slots it has recorded ahead of the clock (stepped back since) are passed over
+        once it is enabled again, as an enabled one's are."""
+        self._resting.append((schedule, now))
+        self._boot_soon()
+
+    def _boot_soon(self) -> None:
+        """Read where the schedules asked for left off, in one batch, once the caller's
+        loop lets the task run (every schedule asked for until then joins it)."""
+        if len(self._booting) + len(self._resting) == 1:
             self._boot_batches += 1
             loop = f"catch-up boot {self._boot_batches}"
             self.loops.expect(loop)  # quiesce() waits for it to hand its schedules on
@@ -155,9 +169,10 @@ class CatchUp:
 
     async def _boot_batch(self, loop: str) -> None:
         batch, self._booting = self._booting, []
+        resting, self._resting = self._resting, []
         names = [schedule.name for schedule, *_ in batch]
         try:
-            left_off = await self._where_they_left_off(names, loop)
+            left_off = await self._where_they_left_off([*names, *(schedule.name for schedule, _ in resting)], loop)
         except BaseException:
             self.busy.difference_update(names)
             raise
@@ -173,7 +188,7 @@ class CatchUp:
                 self.busy.difference_update(names)
                 raise
         catching: list[tuple[Schedule, list[datetime], str | None, bool]] = []
-        ahead: list[tuple[Schedule, datetime, datetime]] = []
+        ahead = [(schedule, now, left_off[schedule.name]) for schedule, now in resting if left_off.get(schedule.name, now) > now]
         for schedule, now, reason, late_by in batch:
             recorded = left_off.get(schedule.name)
             if recorded is not None and recorded > now:

@@ -134,6 +134,8 @@ def start_engine(engine: Engine) -> None:
             break  # each schedule is caught up when its shard is taken
         if engine.trigger_of(schedule) == "self" and engine.is_enabled(schedule.name):
             engine.catch_up.at_boot(schedule, now)
+        elif engine.trigger_of(schedule) == "self":
+            engine.catch_up.resting_at_boot(schedule, now)
     engine.timers.start()
     for subsystem in engine.subsystems:
         subsystem.start()
