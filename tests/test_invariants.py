@@ -1212,6 +1212,17 @@ def test_a_graceful_stop_after_an_outage_and_lost_answers_starts_the_current_slo
         machine.teardown()
 
 
+def _stepped_back() -> EngineMachine:
+    """One engine of three quick schedules, run to 08:02:30 (sec's slots recorded to 08:02:20,
+    all but the newest missed), then restarted with its clock 900 s back: 07:47:30."""
+    machine = EngineMachine()
+    quick = ("skip", "skip", Behaviour("noop"), 30.0)
+    machine.set_up(mode="single", policies=[quick, quick, quick])
+    machine.advance(150)
+    machine.restart_stepped_back(back=900.0, graceful=True)
+    return machine
+
+
 def test_a_jump_over_slots_recorded_before_the_clock_stepped_back_records_none_again() -> None:
     """(a) on a sequence the machine found once it stepped the clock back: slots 08:00:20 to
     08:02:20 are recorded (missed, and the newest run); the engine restarts with the clock
@@ -1220,12 +1231,8 @@ def test_a_jump_over_slots_recorded_before_the_clock_stepped_back_records_none_a
     left, found them behind again, and recorded them missed a second time (and ran 08:01:20,
     recorded missed before). It also fired 08:00:00 as if current, 90 s late, though the
     current slot had run already; with backfill=skip it is now recorded missed."""
-    machine = EngineMachine()
+    machine = _stepped_back()
     try:
-        quick = ("skip", "skip", Behaviour("noop"), 30.0)
-        machine.set_up(mode="single", policies=[quick, quick, quick])
-        machine.advance(150)  # 08:02:30
-        machine.restart_stepped_back(back=900.0, graceful=True)  # 07:47:30
         for seconds in (370, 150, 320):  # 08:01:30
             machine.advance(seconds)
             machine.ledger_holds()
@@ -1244,12 +1251,8 @@ def test_slots_recorded_ahead_of_a_schedule_disabled_at_the_start_are_passed_ove
     back 900 s, the schedule disabled, the engine restarted. Only the schedules enabled at
     the start had their slots recorded ahead passed over: once enabled again, this one's
     catch-up recorded 08:01 to 08:02:20 missed a second time."""
-    machine = EngineMachine()
+    machine = _stepped_back()
     try:
-        quick = ("skip", "skip", Behaviour("noop"), 30.0)
-        machine.set_up(mode="single", policies=[quick, quick, quick])
-        machine.advance(150)  # 08:02:30
-        machine.restart_stepped_back(back=900.0, graceful=True)  # 07:47:30
         machine.switch("a", "sec", False, None)
         machine.restart("a", 400.0, False)  # 07:54:10, sec disabled at the start
         machine.advance(400)  # 08:00:50
