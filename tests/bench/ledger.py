@@ -562,8 +562,8 @@ def top_up(db_path: Path, specs: list[ScheduleSpec], now: datetime | None = None
         for spec in specs:
             if not spec.enabled or spec.effective_trigger != "self" or spec.name in disabled:
                 continue
-            last = conn.execute(sqlite_store.LAST_SLOT, (spec.name,)).fetchone()[0]
             slot = _us(Cron(spec.cron, spec.timezone).latest(now))
+            last = conn.execute(sqlite_store.LAST_SLOT, (spec.name, _us(now))).fetchone()[0]
             if last is None or slot > last:
                 fired = slot + 1500
                 rows.append((ids(), spec.name, slot, fired, fired + 40_000, "succeeded", "self", "single",
