@@ -1127,6 +1127,10 @@ async def test_a_concurrency_lowered_by_another_instance_holds_for_the_jobs_clai
     workers = a.jobs.workers
     assert workers is not None
     await until(lambda: len(work.running) == 2 and bool(workers.waiting["q"]), "two held jobs running, more waiting")
+    # The first instance hears of the change on its listening connection: one that comes up
+    # after the second instance's start said it (a loaded machine) never hears it.
+    store: Any = a.store
+    await until(lambda: store._listener is not None and store._listener.up, "the first instance listening")
     b = make_engine([define_queue(name="q", handler=work, concurrency=1)], store=pg_url, instance="b")
     await b.start()
     while (await a.jobs.queue_view("q")).concurrency != 1:
