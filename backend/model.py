@@ -121,6 +121,13 @@ class Claim:
     """Trigger of the placeholder run."""
     outcome: Outcome = "wonLock"
     """Coordination outcome of the placeholder run."""
+    turn: bool = False
+    """The claimer means to start this slot's run without waiting for another instance
+    (a ``skip`` or ``queue`` schedule in ``advisoryLock`` coordination): when it is won and
+    no run of its schedule is busy elsewhere (:attr:`ClaimResult.busy`), the store marks
+    the placeholder :attr:`Run.held` in the same transaction, so the schedule's overlap
+    place is taken from that moment, not from when the handler begins. A run won so holds
+    its turn: it starts without :meth:`~backend.store.Store.take_turn`."""
 
 
 def unique_claims(claims: Sequence[Claim]) -> Sequence[Claim]:
@@ -141,8 +148,24 @@ class ClaimResult:
     busy: dict[str, str] = field(default_factory=dict)
     """``{schedule name: id of a run in flight elsewhere}``, for the schedules this call won
     a slot of: a run of that schedule that is ``running`` on another instance and has
-    started, or is claimed for an earlier slot than the earliest one won here (a run about
-    to start, or queued)."""
+    started or holds its turn (:attr:`Run.held`), or is claimed for an earlier slot than
+    the earliest one won here (a run about to start, or queued)."""
+
+    def turns(self, claims: Sequence[Claim]) -> list[str]:
+        """The run ids of ``claims`` that won their turn with their slot (see :attr:`Claim.turn`)."""
+        busy, won = self.busy, self.won
+        return [c.run_id for c in claims if c.turn and c.key in won and c.name not in busy]
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What :meth:`~backend.store.Store.take_turn` decided: ``taken`` (the run holds its
+    schedule's overlap place now: start it); else ``blocker``, the run in flight on another
+    instance it must wait for, or ``None`` when its own row is no longer ``running``
+    (closed by another instance meanwhile: it must not start)."""
+
+    taken: bool
+    blocker: str | None = None
 
 
 @quick_init
@@ -165,10 +188,12 @@ class Run:
     """The failing handler's traceback (its last 8 KB); read with one run (the API's run
     detail, the console's details), not with lists of runs."""
     held: bool = False
-    """Closed while its handler runs on (a sync handler past ``max_runtime``, or one that
-    ignores its cancellation): it keeps its schedule's overlap place until the handler
-    returns, and the store tells the fleet's overlap checks so (PostgreSQL; a SQLite file
-    has one firing process, which knows it already)."""
+    """Holds its schedule's overlap place though its row does not show a handler running:
+    closed while its handler runs on (a sync handler past ``max_runtime``, or one that
+    ignores its cancellation), until the handler returns; or, still ``running`` with no
+    ``fired_at``, its turn taken by the claim that won it or by
+    :meth:`~backend.store.Store.take_turn` (the handler starts next). The fleet's overlap
+    checks count it in flight."""
 
     @property
     def duration_ms(self) -> int | None:

@@ -466,11 +466,13 @@ async def test_queued_lost_slots_go_ahead_of_the_newer_slots_waiting(
     assert gate.most == 1
 
 
-async def test_lost_slots_wait_for_a_run_in_flight_on_another_instance(
-    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
-) -> None:
-    gate = Gate()
-    started: list[tuple[int, str]] = []
+async def _gated_pair(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str, gate: Gate, started: list[tuple[int, str]],
+    b_coordinator: type[ClaimCoordinator], **kwargs: Any,
+) -> tuple[Engine, Engine, list[Outage]]:
+    """Instances a (a :class:`Loser`) and b (``b_coordinator``), started, each with the
+    schedule ``job`` (``kwargs``), whose runs note ``(minute, instance)`` in ``started`` and
+    wait on ``gate``; and their stores."""
 
     def handler_for(instance: str) -> Any:
         async def handler(ctx: RunContext) -> None:
@@ -481,15 +483,22 @@ async def test_lost_slots_wait_for_a_run_in_flight_on_another_instance(
 
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
-        make_engine(
-            [schedule(handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600
-        )
+        make_engine([schedule(handler=handler_for(n), **kwargs)], instance=n, coordination="advisoryLock", store=s, abandon_after=3600)
         for n, s in zip("ab", stores, strict=False)
     )
-    a.coordinator, b.coordinator = Loser(stores[0]), Loser(stores[1])
+    a.coordinator, b.coordinator = Loser(stores[0]), b_coordinator(stores[1])
     await a.start()
     await b.start()
     await settle(clock, a, b)
+    return a, b, stores
+
+
+async def test_lost_slots_wait_for_a_run_in_flight_on_another_instance(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    gate, started = Gate(), list[tuple[int, str]]()
+    a, b, stores = await _gated_pair(make_engine, clock, store_url, gate, started, Loser, backfill="latest")
+    assert isinstance(a.coordinator, Loser) and isinstance(b.coordinator, Loser)
     await outage_until_just_before(clock, at("2026-03-02T08:04:00Z"), stores, a, b)
     a.coordinator.losing = True
     clock.advance(0.5)  # 08:04: b wins it and runs it
@@ -600,39 +609,28 @@ async def test_a_claim_committed_but_not_answered_yet_is_not_taken_for_abandoned
     assert [(r.scheduled_at.minute, r.status) for r in await all_runs(engine, "job")] == [(1, "succeeded")]
 
 
-async def test_lost_slots_wait_for_a_newer_slot_claimed_on_another_instance(
-    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
-) -> None:
-    """A newer slot claimed by another instance, its run about to start: the lost slots
-    wait for it too (they are older, so that instance never waits for them in turn)."""
-    gate = Gate()
-    started: list[tuple[int, str]] = []
-
-    def handler_for(instance: str) -> Any:
-        async def handler(ctx: RunContext) -> None:
-            started.append((ctx.scheduled_at.minute, instance))
-            await gate(ctx)
-
-        return handler
-
-    stores = [Outage(open_store(store_url)) for _ in range(2)]
-    a, b = (
-        make_engine(
-            [schedule(handler=handler_for(n), backfill="all")], instance=n, coordination="advisoryLock", store=s, abandon_after=3600
-        )
-        for n, s in zip("ab", stores, strict=False)
-    )
-    a.coordinator, b.coordinator = Loser(stores[0]), HeldClaims(stores[1])
-    await a.start()
-    await b.start()
-    await settle(clock, a, b)
+async def _older_recovered_after_a_newer_claim(clock: ManualClock, stores: list[Outage], a: Engine, b: Engine) -> None:
+    """08:01 is lost by both; at 08:02 b claims it, and its run waits for the claim's reply;
+    then a (which lost every claim meanwhile) recovers 08:01, while b is still claiming."""
+    assert isinstance(a.coordinator, Loser) and isinstance(b.coordinator, HeldClaims)
     await outage_until_just_before(clock, at("2026-03-02T08:02:00Z"), stores, a, b)  # 08:01 lost by both
     a.coordinator.losing = True
     b.coordinator.hold = True
     clock.advance(0.5)  # 08:02: b claims it; its run waits for the claim's reply
     await b.coordinator.holding.wait()
     a.coordinator.losing = False
-    clock.advance(0.5)  # a recovers 08:01 (b is busy claiming): it must wait for b's 08:02
+    clock.advance(0.5)
+
+
+async def test_lost_slots_wait_for_a_newer_slot_claimed_on_another_instance(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    """A newer slot claimed by another instance, its run about to start: the lost slots
+    wait for it too (its claim took the schedule's turn; see the next test)."""
+    gate, started = Gate(), list[tuple[int, str]]()
+    a, b, stores = await _gated_pair(make_engine, clock, store_url, gate, started, HeldClaims, backfill="all")
+    assert isinstance(a.coordinator, Loser) and isinstance(b.coordinator, HeldClaims)
+    await _older_recovered_after_a_newer_claim(clock, stores, a, b)  # a must wait for b's 08:02
     # Waiting, a is idle; started, its run would hold on the gate (the timeout only bounds that).
     await asyncio.wait_for(a.quiesce(), 10)
     assert started == []
@@ -643,6 +641,36 @@ async def test_lost_slots_wait_for_a_newer_slot_claimed_on_another_instance(
     await settle(clock, a, b)
     assert started == [(2, "b"), (1, "a")]
     assert gate.most == 1
+
+
+async def test_a_queued_lost_slot_claimed_after_a_newer_slot_elsewhere_waits_for_its_run(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    """The state machine's case (two runs of a ``queue`` schedule at once in a fleet): b
+    claims 08:02 and is about to start it; a then claims the lost 08:01 (older). a's claim
+    saw b's placeholder not started and newer, so nothing in flight: it started 08:01, and b
+    started 08:02 beside it. b's claim now takes the schedule's turn with the slot: a's 08:01
+    waits, then takes its turn once b's run has ended."""
+    gate, started = Gate(), list[tuple[int, str]]()
+    a, b, stores = await _gated_pair(make_engine, clock, store_url, gate, started, HeldClaims, backfill="all", on_overlap="queue")
+    assert isinstance(a.coordinator, Loser) and isinstance(b.coordinator, HeldClaims)
+    await _older_recovered_after_a_newer_claim(clock, stores, a, b)
+    await asyncio.wait_for(a.quiesce(runs=False), 10)
+    assert started == []  # queued behind b's 08:02
+    b.coordinator.release.set()
+    await gate.entered.wait()
+    await settle(clock, a, b, runs=False)
+    assert started == [(2, "b")]
+    gate.release.set()
+    await settle(clock, a, b)
+    clock.advance(1)  # a's next look at the ledger finds b's run finished: it takes its turn
+    await settle(clock, a, b)
+    assert started == [(2, "b"), (1, "a")]
+    assert gate.most == 1
+    runs = await a.store.list_runs("job", limit=10)
+    assert sorted((r.scheduled_at.minute, r.instance, r.status) for r in runs if r.trigger == "self") == [
+        (1, "a", "succeeded"), (2, "b", "succeeded")
+    ]  # fmt: skip
 
 
 async def test_slots_lost_to_an_outage_are_recorded_by_a_stop_before_the_next_housekeeping(

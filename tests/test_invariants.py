@@ -156,10 +156,10 @@ class FlakyStore:
     FAILING = {
         "claim", "claimed_run", "get_states", "set_state", "heartbeat", "heartbeat_and_unfinished", "instances", "forget_instance",
         "running_runs", "unfinished_work", "running_backfills", "last_slots", "last_runs", "list_runs", "get_run", "close_runs",
-        "prune_runs", "prune_claims", "count_claims", "start_backfill", "update_backfill", "get_backfill",
+        "prune_runs", "prune_claims", "count_claims", "start_backfill", "update_backfill", "get_backfill", "take_turn",
     }  # fmt: skip
     PASSING = {"open", "close", "flush"}
-    RACING = {"claim", "heartbeat_and_unfinished"}
+    RACING = {"claim", "heartbeat_and_unfinished", "take_turn"}
 
     def __init__(self, inner: Store, world: World, instance: str) -> None:
         self.inner = inner

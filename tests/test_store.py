@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from backend import BackfillProgress, InUse, NotFound, Refused, Run, ScheduleState, Unavailable
 from backend.errors import NameTaken
 from backend.ids import IdFactory, id_floor
-from backend.model import Claim, StoreHealth, slot_key
+from backend.model import Claim, StoreHealth, Turn, slot_key
 from backend.observability.logs import LogTarget, StoredLog
 from backend.store import Beat, Membership, Store, open_store
 from backend.store.postgres.store import PostgresStore
@@ -1138,6 +1138,80 @@ async def test_claims_report_runs_in_flight_on_other_instances(store: Store) -> 
     assert result.busy["long"] == started.id
     queued_run = await store.get_run(result.busy["queued"])
     assert queued_run is not None and (queued_run.instance, queued_run.fired_at) == ("b", None)
+
+
+async def _in_flight(store: Store) -> dict[str, Run]:
+    return {r.id: r for r in await store.running_runs()}
+
+
+async def test_a_claim_meant_to_start_takes_its_schedules_turn_unless_a_run_elsewhere_holds_it(store: Store) -> None:
+    """Claim.turn: the winner's placeholder holds the schedule's overlap place from the
+    claim's commit on, so an instance claiming an earlier slot a moment later sees it."""
+    ids = Ids()
+    t = [T0 + timedelta(minutes=i) for i in range(4)]
+    later = dataclasses.replace(claim(ids, "q", t[2]), turn=True)
+    result = await store.claim([later], "b", t[2])
+    assert (result.won, result.busy, result.turns([later])) == (frozenset({later.key}), {}, [later.run_id])
+    placeholder = (await _in_flight(store))[later.run_id]
+    assert (placeholder.status, placeholder.fired_at, placeholder.held) == ("running", None, True)
+    # An earlier slot claimed after it, meant to start too: the later one holds the place.
+    earlier = dataclasses.replace(claim(ids, "q", t[1]), turn=True)
+    result = await store.claim([earlier], "a", t[2])
+    assert (result.won, result.busy, result.turns([earlier])) == (frozenset({earlier.key}), {"q": later.run_id}, [])
+    assert not (await _in_flight(store))[earlier.run_id].held
+    # Not meant to start (turn=False): won, but the place is not taken.
+    plain = claim(ids, "p", t[2])
+    assert (await store.claim([plain], "b", t[2])).turns([plain]) == []
+    assert not (await _in_flight(store))[plain.run_id].held
+    # Closed by another instance (its sweep): the placeholder lets go of the place.
+    assert await store.close_runs([placeholder.finish("failed", t[3], error_tag="abandoned")]) == {later.run_id}
+    assert later.run_id not in await _in_flight(store)
+    again = dataclasses.replace(claim(ids, "q", t[3]), turn=True)
+    assert (await store.claim([again], "b", t[3])).busy == {"q": earlier.run_id}  # (a's, earlier: queued there)
+
+
+async def test_a_run_takes_its_turn_only_while_no_run_elsewhere_holds_the_place(store: Store) -> None:
+    ids = Ids()
+    t = [T0 + timedelta(minutes=i) for i in range(4)]
+    a1, b2 = claim(ids, "q", t[1]), claim(ids, "q", t[2])
+    await store.claim([a1], "a", t[2])
+    await store.claim([b2], "b", t[2])
+    # b's later slot waits for a's earlier one (queued there), whoever asks first.
+    assert await store.take_turn(b2.run_id, "q", t[2], "b") == Turn(False, a1.run_id)
+    assert await store.take_turn(a1.run_id, "q", t[1], "a") == Turn(True)
+    assert (await _in_flight(store))[a1.run_id].held
+    assert await store.take_turn(b2.run_id, "q", t[2], "b") == Turn(False, a1.run_id)
+    # a's run starts (its row replaced: fired, no longer held), then ends: b's turn.
+    store.save_runs([run(a1.run_id, "q", t[1], status="running", instance="a", coordination_outcome="wonLock")])
+    await store.flush()
+    started = (await _in_flight(store))[a1.run_id]
+    assert started.fired_at is not None and not started.held
+    assert await store.take_turn(b2.run_id, "q", t[2], "b") == Turn(False, a1.run_id)
+    store.save_runs([run(a1.run_id, "q", t[1], instance="a", coordination_outcome="wonLock")])
+    await store.flush()
+    assert await store.take_turn(b2.run_id, "q", t[2], "b") == Turn(True)
+    # A run of this instance never blocks its own turn; a row closed meanwhile is no turn at all.
+    a3 = claim(ids, "q", t[3])
+    await store.claim([a3], "b", t[3])
+    assert await store.take_turn(a3.run_id, "q", t[3], "b") == Turn(True)
+    await store.close_runs([run(a3.run_id, "q", t[3], status="failed", instance="b", coordination_outcome="wonLock")])
+    assert await store.take_turn(a3.run_id, "q", t[3], "b") == Turn(False, None)
+
+
+async def test_instances_taking_the_turn_at_once_never_both_take_it(new_store: Callable[[], Store]) -> None:
+    """The calls for one schedule are serialized: runs of one slot on four instances (the
+    order of slots cannot tell them apart) ask at the same moment, and one of them gets it."""
+    stores = [new_store() for _ in range(4)]
+    await asyncio.gather(*(s.open() for s in stores))
+    ids = Ids()
+    for round_ in range(5):
+        slot = T0 + timedelta(minutes=round_)
+        runs = [run(ids(), "q", slot, status="running", instance=f"i{i}", fired_at=None) for i in range(4)]
+        stores[0].save_runs(runs)
+        await stores[0].flush()
+        turns = await asyncio.gather(*(s.take_turn(r.id, "q", slot, r.instance) for s, r in zip(stores, runs, strict=True)))
+        assert [turn.taken for turn in turns].count(True) == 1, turns
+        await stores[0].close_runs([r.finish("succeeded", slot) for r in runs])
 
 
 # ---------------------------------------------------------------------------------------

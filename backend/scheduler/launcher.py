@@ -21,8 +21,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from backend.clock import Clock
+from backend.errors import Unavailable
 from backend.ids import id_batches
-from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, Outcome, Run, RunStatus, Trigger, iso
+from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, TAG_UNAVAILABLE, Outcome, Run, RunStatus, Trigger, Turn, iso
 from backend.observability.logs import LogTarget
 from backend.runtime.runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
 from backend.runtime.runner import Outcome as CallOutcome
@@ -227,6 +228,12 @@ class Launcher:
         self.waiting: dict[str, deque[_Queued]] = defaultdict(deque)
         self.remote: dict[str, str] = {}
         """Schedules whose queued slots wait for a run in flight on another instance."""
+        self.takes_turns = False
+        """``advisoryLock``: a ``skip`` or ``queue`` run that did not win its turn with its
+        claim takes it in the store before it starts (see :meth:`launch`)."""
+        self.turns: set[str] = set()
+        """Run ids whose claim took their schedule's turn (:attr:`backend.model.Claim.turn`),
+        not started or recorded finished yet."""
         self.stopping = False
         self.stop_grace = 0.0
         """The grace of the stop under way (see :meth:`stop`)."""
@@ -239,6 +246,7 @@ class Launcher:
         """Takes the lock of a schedule defined with ``lock=`` before its runs start."""
         self.shard_fence: Callable[[str], int | None] | None = None
         """In ``cluster`` coordination: the token of the shard holding a schedule."""
+        self._turning: set[asyncio.Future[None]] = set()
         self._batch: tuple[list[Run], asyncio.Future[None]] | None = None
         self._slow_flush: asyncio.Future[None] | None = None
         self._mark_now = store.mark_starting_now if isinstance(store, MarksNow) else None
@@ -325,11 +333,75 @@ class Launcher:
             scheduled = ScheduleRun(self, schedule, run_id, slot, trigger, outcome)
         self.inflight[schedule.name] += 1
         self.active[scheduled.run_id] = scheduled
-        if schedule.lock is not None and self.locks is not None:
+        if run_id is not None and self.needs_turn(schedule, trigger, run_id):
+            task = asyncio.ensure_future(self._take_turn(scheduled))
+            self._turning.add(task)
+            task.add_done_callback(self._turning.discard)
+        else:
+            self.turns.discard(scheduled.run_id)
+            self._guarded_start(scheduled)
+        return scheduled
+
+    def _guarded_start(self, scheduled: ScheduleRun) -> None:
+        if scheduled.schedule.lock is not None and self.locks is not None:
             self.locks.guard(scheduled, lambda: self._start(scheduled))
         else:
             self._start(scheduled)
-        return scheduled
+
+    def needs_turn(self, schedule: Schedule, trigger: Trigger, run_id: str) -> bool:
+        """Whether this run must take its schedule's turn in the store before it starts:
+        in ``advisoryLock``, a timed run of a ``skip`` or ``queue`` schedule whose claim did
+        not take it (a queued slot released, a lost or caught-up slot fired later). Its
+        claim's overlap check is old by then: another instance may have started a run of
+        the schedule since, or be about to (it claimed a later slot before this one)."""
+        return (
+            self.takes_turns and trigger != "manual" and schedule.on_overlap != "parallel" and run_id not in self.turns
+        )
+
+    async def _take_turn(self, scheduled: ScheduleRun) -> None:
+        """Take ``scheduled``'s turn (see :meth:`Store.take_turn`), then start it; or, when
+        another instance's run holds the place, put it back at the head of its queue to
+        wait for that run (``queue``) or record it ``skipped`` (``skip``)."""
+        schedule, now = scheduled.schedule, self.clock.now
+        turn: Turn | None = None
+        try:
+            turn = await self.store.take_turn(scheduled.run_id, schedule.name, scheduled.slot, self.instance)
+        except Unavailable as exc:
+            trouble: Exception | None = exc
+        else:
+            trouble = None
+        if scheduled.done:
+            return  # stopped meanwhile (recorded so); a turn taken goes with its closed row
+        if turn is not None and turn.taken:
+            self._guarded_start(scheduled)
+            return
+        if turn is not None and turn.blocker is None:
+            # Its row was closed by another instance meanwhile (it judged this one gone):
+            # that is the run's record now, and its handler must not start.
+            log.warning("%s not started: its row was closed by another instance meanwhile", scheduled.label)
+            self._unlaunch(scheduled)
+            self._next_queued(schedule)
+            return
+        blocker = turn.blocker if turn is not None else None
+        if schedule.on_overlap == "queue" and not self.stopping:
+            self._unlaunch(scheduled)
+            self.waiting[schedule.name].appendleft((scheduled.slot, scheduled.trigger, scheduled.coordination, scheduled.run_id))
+            self.remote[schedule.name] = blocker or "(unknown: the store was unreachable)"  # see release_remote_waits
+            return
+        if blocker is not None:
+            outcome = CallOutcome("skipped", now(), "overlap", f"run {blocker} was still in flight (on another instance)")
+        else:
+            outcome = CallOutcome("failed", now(), TAG_UNAVAILABLE, f"not started: cannot take its turn: {trouble}")
+        scheduled.settle(outcome)
+
+    def _unlaunch(self, scheduled: ScheduleRun) -> None:
+        """Take back a run :meth:`launch` made that never started, as if it had not been."""
+        self.active.pop(scheduled.run_id, None)
+        self.inflight[scheduled.schedule.name] -= 1
+        finished = scheduled._finished
+        if finished is not None and not finished.done():  # (a stop waiting for it)
+            finished.set_result(scheduled.run)
+        self.poke()
 
     def _start(self, scheduled: ScheduleRun) -> None:
         try:
@@ -432,13 +504,16 @@ class Launcher:
             self.ledger.keep(run)
         if scheduled.lease is not None and self.locks is not None:
             self.locks.release_soon(scheduled.lease)
-        name = scheduled.schedule.name
-        inflight = self.inflight
-        inflight[name] -= 1
-        if not inflight[name] and self.waiting.get(name) and not self.stopping and name not in self.remote:
-            slot, trigger, outcome, run_id = self.waiting[name].popleft()
-            self.launch(scheduled.schedule, slot, trigger, outcome, run_id)
+        self.inflight[scheduled.schedule.name] -= 1
+        self._next_queued(scheduled.schedule)
         self.poke()
+
+    def _next_queued(self, schedule: Schedule) -> None:
+        """Start the slot at the head of ``schedule``'s queue, if nothing holds it."""
+        name = schedule.name
+        if not self.inflight[name] and self.waiting.get(name) and not self.stopping and name not in self.remote:
+            slot, trigger, outcome, run_id = self.waiting[name].popleft()
+            self.launch(schedule, slot, trigger, outcome, run_id)
 
     def record_closed(
         self,
@@ -516,7 +591,7 @@ class Launcher:
                     for r in running
                     if r.name == name
                     and r.instance != self.instance
-                    and (r.fired_at is not None or r.scheduled_at < head)
+                    and (r.fired_at is not None or r.held or r.scheduled_at < head)
                 ),
                 None,
             )

@@ -103,6 +103,7 @@ def build_schedule_parts(
         new_id=core.new_id,
         poke=core.loops.poke,
     )
+    launcher.takes_turns = coordinator.takes_turns
     claims = SlotClaims(
         coordinator=coordinator,
         store=core.store,
@@ -120,6 +121,7 @@ def build_schedule_parts(
     def finished(run: Run) -> None:
         claims.claimed.discard(run.id)  # claims.finished(), inlined: once per run
         launcher.placed.discard(run.id)
+        launcher.turns.discard(run.id)
 
     core.ledger.on_finished = finished
     timers = Timers(

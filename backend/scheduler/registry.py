@@ -470,7 +470,7 @@ class InstanceRegistry:
             why = self.gone(beats, run.instance, now)
             if why is None:
                 continue
-            if run.held:  # closed already; its handler stopped with its instance
+            if run.held and run.done:  # closed already; its handler stopped with its instance
                 log.info("run %s of %s (%s) lets go of its overlap place: %s", run.id, run.name, run.error_tag, why)
                 self.ledger.keep(dataclasses.replace(run, held=False))
             else:

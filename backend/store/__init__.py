@@ -28,6 +28,7 @@ from backend.model import (
     Run,
     ScheduleState,
     StoreHealth,
+    Turn,
 )
 
 __all__ = [
@@ -307,6 +308,15 @@ class Store(Protocol):
 
         Concurrent callers never deadlock (keys are taken in one global order). Raises
         :class:`Unavailable` when the claims cannot be written: the caller must not fire."""
+
+    async def take_turn(self, run_id: str, name: str, slot: datetime, instance: str) -> Turn:
+        """Take the overlap place of schedule ``name`` for ``instance``'s run ``run_id`` (of
+        ``slot``, its ``running`` row written by its claim) before its handler starts: in
+        one transaction, serialized with every other call for that schedule, find a run
+        of it in flight on another instance (as :attr:`ClaimResult.busy` counts them: started,
+        holding its turn, or claimed for an earlier slot), and, if there is none, mark the
+        row :attr:`~backend.model.Run.held`. Two instances' calls for different slots of
+        one schedule never both take it. See :class:`~backend.model.Turn`."""
 
     async def claimed_run(self, key: str) -> str | None:
         """The run id recorded with a claim, if the key is claimed."""

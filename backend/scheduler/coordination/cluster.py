@@ -205,6 +205,7 @@ class ClusterCoordinator:
     mode: CoordinationMode = "cluster"
     outcome: Outcome = "cluster"
     needs_claims = True
+    takes_turns = False  # (a schedule has one owner at a time)
 
     def __init__(self, store: ClusterStore) -> None:
         self.store = store

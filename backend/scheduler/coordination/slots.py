@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 from backend.clock import Clock
 from backend.errors import BadInput, Unavailable
-from backend.model import Claim, ClaimResult, CoordinationMode, Outcome, Trigger, slot_key
+from backend.model import Claim, ClaimResult, CoordinationMode, Outcome, Run, Trigger, slot_key
 from backend.runtime.liveness import WorkLease
 from backend.runtime.loops import Loops
 from backend.runtime.outages import OutageLog
@@ -61,6 +61,10 @@ class Coordinator(Protocol):
     """The coordination outcome recorded on runs this coordinator let through."""
     needs_claims: bool
     """False when every slot is won without asking anyone (``single``)."""
+    takes_turns: bool
+    """Whether runs of ``skip`` and ``queue`` schedules take their turn in the store before
+    they start (``advisoryLock``: every instance may fire any slot, so two may start runs
+    of one schedule's different slots; ``cluster`` has one owner per schedule)."""
 
     async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult: ...
 
@@ -71,6 +75,7 @@ class SingleCoordinator:
     mode: CoordinationMode = "single"
     outcome: Outcome = "single"
     needs_claims = False
+    takes_turns = False
 
     async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
         return ClaimResult(frozenset(claim.key for claim in claims))
@@ -84,6 +89,7 @@ class ClaimCoordinator:
     mode: CoordinationMode = "advisoryLock"
     outcome: Outcome = "wonLock"
     needs_claims = True
+    takes_turns = True
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -247,6 +253,7 @@ class SlotClaims:
         reply may have been lost after it committed."""
         trigger: Trigger = "external" if in_store else "self"
         outcome: Outcome = "external" if in_store else self.coordinator.outcome
+        turns = self.coordinator.takes_turns
         stamps: dict[datetime, str] = {}  # a batch shares a few slots: format each once
 
         def key(name: str, slot: datetime) -> str:
@@ -264,6 +271,7 @@ class SlotClaims:
                 scheduled_at=slot,
                 trigger=trigger,
                 outcome=outcome,
+                turn=turns and schedule.on_overlap != "parallel",
             )
             for schedule, slot in slots
         ]
@@ -307,6 +315,7 @@ class SlotClaims:
             self.claimed.difference_update(proposed)  # the callers remember what may be ours
             raise
         self.claimed.difference_update(claim.run_id for claim in claims if claim.key not in result.won)
+        self.launcher.turns.update(result.turns(claims))
         return result
 
     def _stopped_with(
@@ -480,8 +489,8 @@ class SlotClaims:
                 return
             for index, (slot, run_id) in enumerate(slots):
                 with launcher.missed_on_stop(schedule, slots[index:], outcome):
-                    if schedule.on_overlap == "skip":
-                        await self._until_idle(schedule, slot)
+                    if schedule.on_overlap == "skip" and not await self._until_idle(schedule, slot, run_id):
+                        continue
                 run = launcher.launch(schedule, slot, "self", outcome, run_id)
                 with launcher.missed_on_stop(schedule, slots[index + 1 :], outcome):
                     await asyncio.shield(run.finished())
@@ -489,18 +498,32 @@ class SlotClaims:
             self.recovering.discard(name)
             self.loops.poke()
 
-    async def _until_idle(self, schedule: Schedule, slot: datetime) -> None:
-        """Return once no run of the schedule is in flight here, nor on another instance:
-        started there, or claimed there for a slot newer than ``slot`` (about to start; an
+    async def _until_idle(self, schedule: Schedule, slot: datetime, run_id: str) -> bool:
+        """Return once no run of the schedule is in flight here, nor on another instance,
+        and this run may start. With turns (``advisoryLock``, see
+        :meth:`Launcher.needs_turn`): a run that took its turn with its claim waits only
+        for the runs in flight here; any other waits until none there has started, holds
+        its turn or is claimed for an older slot, then takes its turn. Without: until none
+        there has started, or is claimed for a slot newer than ``slot`` (about to start; an
         older one waits for ours in turn, so two instances never wait for each other). The
         ledger is looked at once, then at each housekeeping round while something is in
-        flight."""
+        flight. False: the run's row was closed by another instance meanwhile (it must not
+        start)."""
         name = schedule.name
         launcher = self.launcher
+        turns = launcher.takes_turns
+
+        def busy(r: Run) -> bool:
+            if r.name != name or r.instance == self.instance:
+                return False
+            return r.fired_at is not None or r.held or (r.scheduled_at < slot if turns else r.scheduled_at > slot)
+
         while True:
             while launcher.inflight[name]:
                 mine = [r.finished() for r in launcher.active.values() if r.schedule is schedule and not r.done]
                 await (asyncio.wait(mine) if mine else asyncio.sleep(0))  # sleep(0): not started yet
+            if run_id in launcher.turns:
+                return True  # its claim took the turn: nothing elsewhere starts before it
             try:
                 running = await self.store.running_runs()
             except Unavailable as exc:
@@ -508,11 +531,20 @@ class SlotClaims:
                 running = None
             if launcher.inflight[name]:
                 continue  # started here meanwhile
-            if running is not None and not any(
-                r.name == name and r.instance != self.instance and (r.fired_at is not None or r.scheduled_at > slot)
-                for r in running
-            ):
-                return
+            if running is not None and not any(busy(r) for r in running):
+                if not launcher.needs_turn(schedule, "self", run_id):
+                    return True
+                try:
+                    turn = await self.store.take_turn(run_id, name, slot, self.instance)
+                except Unavailable as exc:
+                    self.outages.trouble("recover", f"{name}: lost slots wait for the store", exc)
+                else:
+                    if turn.taken:
+                        launcher.turns.add(run_id)
+                        return True
+                    if turn.blocker is None:
+                        log.warning("%s: lost slot %s not fired: its row was closed by another instance meanwhile", name, slot)
+                        return False
             loop = f"recover {name}"
             self.recovering.discard(name)  # parked on the clock: idle for quiesce()
             try:

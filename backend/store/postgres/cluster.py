@@ -21,6 +21,7 @@ from backend.locks.model import Lock
 from backend.model import Claim, ClaimResult
 from backend.store import Beat
 from backend.store.postgres.locks import _NOW
+from backend.store.postgres.sql import BUSY_ELSEWHERE
 
 __all__ = ["ClusterState", "PostgresCluster"]
 
@@ -141,12 +142,7 @@ CLUSTER_CLAIM = f"""
     UNION ALL
     SELECT 'busy:' || f.name, b.id
     FROM (SELECT name, min(scheduled_at) AS first FROM won GROUP BY name) f
-    CROSS JOIN LATERAL (
-        SELECT r.id FROM schedtui_runs r
-        WHERE r.name = f.name AND (r.status = 'running' OR r.held) AND r.instance <> %(instance)s
-            AND (r.fired_at IS NOT NULL OR r.scheduled_at < f.first)
-        ORDER BY r.id LIMIT 1
-    ) b
+    CROSS JOIN LATERAL ({BUSY_ELSEWHERE}) b
 """
 
 

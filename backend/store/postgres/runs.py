@@ -16,7 +16,7 @@ from psycopg import AsyncConnection
 
 from backend.errors import Refused
 from backend.ids import id_floor
-from backend.model import BackfillProgress, Claim, ClaimResult, Run, ScheduleState, unique_claims
+from backend.model import BackfillProgress, Claim, ClaimResult, Run, ScheduleState, Turn, unique_claims
 from backend.safetext import store_text
 from backend.store.postgres.logs import PRUNE_RUN_LOGS
 from backend.store.postgres.sql import (
@@ -44,6 +44,8 @@ from backend.store.postgres.sql import (
     RUNS_BETWEEN,
     SET_STATE,
     SWEEP_CLAIMS,
+    TAKE_TURN,
+    TURN_LOCK,
     UPDATE_BACKFILL,
     _backfill,
     _claims_json,
@@ -173,6 +175,19 @@ class PostgresRuns:
         won = frozenset(value for kind, value in rows if kind == "won")
         busy = {kind[len("busy:") :]: value for kind, value in rows if kind.startswith("busy:")}
         return ClaimResult(won, busy)
+
+    async def take_turn(self, run_id: str, name: str, slot: datetime, instance: str) -> Turn:
+        params = {"run_id": run_id, "name": name, "slot": slot, "instance": instance}
+
+        async def go(conn: AsyncConnection[Any]) -> tuple[Any, ...] | None:
+            async with conn.transaction():
+                await conn.execute(TURN_LOCK, params)
+                return await (await conn.execute(TAKE_TURN, params)).fetchone()
+
+        row = await self._with_conn(go)
+        self.commits += 1
+        blocker, taken = row if row is not None else (None, False)
+        return Turn(bool(taken), blocker)
 
     async def claimed_run(self, key: str) -> str | None:
         row = await self._fetchone(CLAIMED_RUN, (key,))

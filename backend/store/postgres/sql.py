@@ -173,7 +173,8 @@ UPSERT_RUNS = f"""
 """
 CLOSE_RUNS = """
     UPDATE schedtui_runs r
-    SET status = c.status, finished_at = c.finished_at, error_tag = c.error_tag, error_message = c.error_message
+    SET status = c.status, finished_at = c.finished_at, error_tag = c.error_tag, error_message = c.error_message,
+        held = false  -- (a placeholder closed while holding its turn lets go of it)
     FROM json_to_recordset(%s::json) AS c(id text, status text, finished_at timestamptz, error_tag text, error_message text)
     WHERE r.id = c.id AND r.status = 'running'
     RETURNING r.id
@@ -325,11 +326,20 @@ BACKFILL_PKEY = "schedtui_backfills_pkey"
 #: with the batch, never with the ledger or the claims table.
 #: * the final SELECT: the keys won, and per schedule of the slots won one run in flight
 #:   on another instance (started, or placed for an earlier slot than ours), if any.
-CLAIM = """
+#: Per schedule ``f.name`` won by a claim from its earliest slot ``f.first`` on, a run of
+#: it in flight on another instance: started, holding its turn, or claimed for an earlier
+#: slot (queued there, or about to start).
+BUSY_ELSEWHERE = """
+    SELECT r.id FROM schedtui_runs r
+    WHERE r.name = f.name AND (r.status = 'running' OR r.held) AND r.instance <> %(instance)s
+        AND (r.fired_at IS NOT NULL OR r.held OR r.scheduled_at < f.first)
+    ORDER BY r.id LIMIT 1
+"""
+CLAIM = f"""
     WITH wanted AS (
         SELECT * FROM json_to_recordset(%(claims)s::json) AS w(
             key text, name text, run_id text, slot timestamptz, trigger text, outcome text,
-            prune_before timestamptz)
+            prune_before timestamptz, turn boolean)
     ),
     inserted AS (
         INSERT INTO schedtui_claims (key, name, instance, claimed_at, run_id)
@@ -349,12 +359,28 @@ CLAIM = """
         WHERE NOT EXISTS (SELECT 1 FROM inserted i WHERE i.key = w.key)
             AND w.run_id = (SELECT c.run_id FROM schedtui_claims c WHERE c.key = w.key)
     ),
-    placeholders AS (
-        INSERT INTO schedtui_runs (id, name, scheduled_at, status, trigger, outcome, instance)
-        SELECT w.run_id, w.name, w.slot, 'running', w.trigger, w.outcome, %(instance)s
+    busy AS (  -- per schedule won here, a run of it in flight on another instance
+        SELECT f.name, b.id
+        FROM (
+            SELECT w.name, min(w.slot) AS first FROM wanted w
+            WHERE w.key IN (SELECT key FROM inserted UNION ALL SELECT key FROM mine)
+            GROUP BY w.name
+        ) f
+        CROSS JOIN LATERAL ({BUSY_ELSEWHERE}) b
+    ),
+    placeholders AS (  -- (held: the turn taken with the slot, see Claim.turn)
+        INSERT INTO schedtui_runs (id, name, scheduled_at, status, trigger, outcome, instance, held)
+        SELECT w.run_id, w.name, w.slot, 'running', w.trigger, w.outcome, %(instance)s,
+            w.turn AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.name = w.name)
         FROM wanted w JOIN inserted i ON i.key = w.key
         WHERE w.slot IS NOT NULL
         ON CONFLICT (id) DO NOTHING
+    ),
+    turned AS (  -- a claim won again (its answer was lost): its turn too
+        UPDATE schedtui_runs r SET held = true
+        FROM wanted w JOIN mine m ON m.key = w.key
+        WHERE r.id = w.run_id AND r.status = 'running' AND w.turn
+            AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.name = w.name)
     ),
     doomed AS (
         SELECT d.ctid FROM (
@@ -376,20 +402,26 @@ CLAIM = """
     UNION ALL
     SELECT 'won', key FROM mine
     UNION ALL
-    SELECT 'busy:' || f.name, b.id
-    FROM (
-        SELECT w.name, min(w.slot) AS first FROM wanted w
-        WHERE w.key IN (SELECT key FROM inserted UNION ALL SELECT key FROM mine)
-        GROUP BY w.name
-    ) f
-    CROSS JOIN LATERAL (
-        SELECT r.id FROM schedtui_runs r
-        WHERE r.name = f.name AND (r.status = 'running' OR r.held) AND r.instance <> %(instance)s
-            AND (r.fired_at IS NOT NULL OR r.scheduled_at < f.first)
-        ORDER BY r.id LIMIT 1
-    ) b
+    SELECT 'busy:' || name, id FROM busy
 """
 CLAIMED_RUN = "SELECT run_id FROM schedtui_claims WHERE key = %s"
+#: Store.take_turn: the schedule's calls wait for each other (a statement's snapshot is
+#: taken at its start, so the lock comes in a statement of its own, before the check).
+TURN_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, hashtext('turn:' || %(name)s))"
+TAKE_TURN = """
+    WITH blocker AS (
+        SELECT r.id FROM schedtui_runs r
+        WHERE r.name = %(name)s AND (r.status = 'running' OR r.held) AND r.instance <> %(instance)s
+            AND (r.fired_at IS NOT NULL OR r.held OR r.scheduled_at < %(slot)s)
+        ORDER BY r.id LIMIT 1
+    ),
+    taken AS (
+        UPDATE schedtui_runs SET held = true
+        WHERE id = %(run_id)s AND status = 'running' AND NOT EXISTS (SELECT 1 FROM blocker)
+        RETURNING id
+    )
+    SELECT (SELECT id FROM blocker), EXISTS (SELECT 1 FROM taken)
+"""
 RELEASE_CLAIM = """
     WITH run AS (
         DELETE FROM schedtui_runs WHERE id = %(run_id)s AND status = 'running' AND fired_at IS NULL
@@ -530,6 +562,7 @@ def _claims_json(claims: Sequence[Claim]) -> str:
                 "trigger": c.trigger,
                 "outcome": c.outcome,
                 "prune_before": iso(c.prune_before),
+                "turn": c.turn,
             }
             for c in claims
         ],

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from backend.errors import Refused
 from backend.ids import id_floor
-from backend.model import BackfillProgress, Claim, ClaimResult, Run, ScheduleState, unique_claims
+from backend.model import BackfillProgress, Claim, ClaimResult, Run, ScheduleState, Turn, unique_claims
 from backend.safetext import store_text
 from backend.store.rows import backfill_progress_params
 from backend.store.sqlite.logs import DROP_RUN_LOG, PRUNE_RUN_LOGS
@@ -50,6 +50,7 @@ from backend.store.sqlite.sql import (
     SET_STATE,
     SLOT_TAKEN,
     SWEEP_CLAIMS,
+    TAKE_TURN,
     UPDATE_BACKFILL,
     _backfill,
     _dt,
@@ -229,9 +230,20 @@ class SQLiteRuns:
                 row = c.execute(BUSY_ELSEWHERE, (name, instance, slot)).fetchone()
                 if row is not None:
                     busy[name] = row[0]
-            return ClaimResult(frozenset(won), busy)
+            result = ClaimResult(frozenset(won), busy)
+            c.executemany(TAKE_TURN, [(run_id,) for run_id in result.turns(claims)])
+            return result
 
         return await self._write(insert)
+
+    async def take_turn(self, run_id: str, name: str, slot: datetime, instance: str) -> Turn:
+        def take(c: sqlite3.Connection) -> Turn:  # (the writer's transaction serializes every call)
+            row = c.execute(BUSY_ELSEWHERE, (name, instance, _us(slot))).fetchone()
+            if row is not None:
+                return Turn(False, row[0])
+            return Turn(c.execute(TAKE_TURN, (run_id,)).rowcount == 1)
+
+        return await self._write(take)
 
     async def claimed_run(self, key: str) -> str | None:
         row = await self._read(lambda c: c.execute(CLAIMED_RUN, (key,)).fetchone())

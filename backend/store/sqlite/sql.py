@@ -141,8 +141,9 @@ UPSERT_RUN = f"""
         AND instr(coalesce(runs.error_message, ''), {LATE_NOTE}) = 0
     ) OR (runs.held = 1 AND excluded.held = 0 AND {_SAME_CLOSE})
 """
+#: (A placeholder closed while holding its turn lets go of it.)
 CLOSE_RUN = """
-    UPDATE runs SET status = ?, finished_at = ?, error_tag = ?, error_message = ?
+    UPDATE runs SET status = ?, finished_at = ?, error_tag = ?, error_message = ?, held = 0
     WHERE id = ? AND status = 'running'
 """
 GET_RUN = f"SELECT {RUN_WRITE_COLUMNS} FROM runs WHERE id = ?"
@@ -249,11 +250,15 @@ INSERT_PLACEHOLDER = """
     INSERT INTO runs (id, name, scheduled_at, status, trigger, outcome, instance)
     VALUES (?, ?, ?, 'running', ?, ?, ?) ON CONFLICT (id) DO NOTHING
 """
+#: A run of a schedule in flight on another instance: started, holding its turn (held),
+#: or claimed for an earlier slot than the one given (queued there, or about to start).
 BUSY_ELSEWHERE = """
     SELECT id FROM runs WHERE (status = 'running' OR held = 1) AND name = ? AND instance <> ?
-        AND (fired_at IS NOT NULL OR scheduled_at < ?)
+        AND (fired_at IS NOT NULL OR held = 1 OR scheduled_at < ?)
     ORDER BY id LIMIT 1
 """
+#: A placeholder takes its schedule's turn (see Store.take_turn).
+TAKE_TURN = "UPDATE runs SET held = 1 WHERE id = ? AND status = 'running'"
 PRUNE_OWN_CLAIMS = "DELETE FROM claims WHERE name = ? AND claimed_at < ?"
 SWEEP_CLAIMS = "DELETE FROM claims WHERE claimed_at < ?"
 COUNT_CLAIMS = "SELECT count(*) FROM claims"
