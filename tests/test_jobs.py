@@ -1113,37 +1113,75 @@ async def test_due_jobs_start_oldest_first_when_claimed_ahead(pg_url: str, make_
     assert work.ran == [str(i) for i in range(40)]
 
 
-async def test_a_concurrency_lowered_by_another_instance_holds_for_the_jobs_claimed_ahead(
-    pg_url: str, make_engine: Callable[..., Engine], clock: ManualClock
-) -> None:
-    """An instance runs a queue at concurrency 2 with jobs claimed ahead behind its busy
-    seats; another starts with the queue defined at 1 (a rolling deploy). The first hears
-    of it and gives those jobs back: no job starts beside another from then on."""
-    work = Held()
-    held = "ABCDEFGHIJ"
+async def _claiming_ahead(make_engine: Callable[..., Engine], pg_url: str, work: Held, held: str) -> tuple[Engine, Any]:
+    """Instance a, running queue ``q`` at concurrency 2: two of ``held``'s jobs running (held),
+    more claimed ahead behind them, and its listening connection up; a and its workers."""
     a = make_engine([define_queue(name="q", handler=work, concurrency=2)], store=pg_url, instance="a")
     await a.start()
     await a.jobs.send_many("q", Held.batch(8, held))
     workers = a.jobs.workers
     assert workers is not None
     await until(lambda: len(work.running) == 2 and bool(workers.waiting["q"]), "two held jobs running, more waiting")
-    # The first instance hears of the change on its listening connection: one that comes up
-    # after the second instance's start said it (a loaded machine) never hears it.
+    # It hears of changes on its listening connection: one that comes up after a change was
+    # said (a loaded machine) never hears it.
     store: Any = a.store
     await until(lambda: store._listener is not None and store._listener.up, "the first instance listening")
+    return a, workers
+
+
+async def _one_at_a_time_to_the_end(work: Held, held: str, clock: ManualClock, *engines: Engine) -> None:
+    """End the held jobs as they run until all of ``held`` ran: each once, none beside another."""
+    while len([n for n in work.ran if n in held]) < len(held) or work.running:
+        work.end(*work.running.values())
+        clock.advance(1)  # (a seat above the cap freed: the claims resume at the next poll)
+        for engine in engines:
+            await engine.quiesce(runs=False)
+    assert work.over == []
+    assert sorted(n for n in work.ran if n in held) == sorted(held)  # each once
+
+
+async def test_a_concurrency_lowered_by_another_instance_holds_for_the_jobs_claimed_ahead(
+    pg_url: str, make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """An instance runs a queue at concurrency 2 with jobs claimed ahead behind its busy
+    seats; another starts with the queue defined at 1 (a rolling deploy). The first hears
+    of it and gives those jobs back: no job starts beside another from then on."""
+    work, held = Held(), "ABCDEFGHIJ"
+    a, workers = await _claiming_ahead(make_engine, pg_url, work, held)
     b = make_engine([define_queue(name="q", handler=work, concurrency=1)], store=pg_url, instance="b")
     await b.start()
     while (await a.jobs.queue_view("q")).concurrency != 1:
         await b.quiesce(runs=False)
     work.cap = 1
     await until(lambda: not workers.waiting["q"], "the first instance gave back what it claimed ahead")
-    while len([n for n in work.ran if n in held]) < len(held) or work.running:
-        work.end(*work.running.values())
-        clock.advance(1)  # (a seat above the cap freed: the claims resume at the next poll)
-        for engine in (a, b):
-            await engine.quiesce(runs=False)
-    assert work.over == []
-    assert sorted(n for n in work.ran if n in held) == sorted(held)  # each once
+    await _one_at_a_time_to_the_end(work, held, clock, a, b)
+
+
+async def test_a_change_said_while_the_listener_was_down_is_made_up_for_when_it_comes_back(
+    pg_url: str, make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """As above, but the first instance's listening connection is down while the second
+    one's start says the lower concurrency (the notification reaches nobody there). When
+    the connection comes back, the jobs claimed ahead go back all the same, for every
+    queue: no job starts beside another (they stayed claimed ahead, and started two at a
+    time, until a claim happened to look at the queue again)."""
+    work, held = Held(), "ABCDEFGHIJ"
+    a, workers = await _claiming_ahead(make_engine, pg_url, work, held)
+    store: Any = a.store
+    listener = store._listener
+    listener._state(False)  # the connection is lost: what is said meanwhile, nobody here hears
+    dispatch, listener._dispatch = listener._dispatch, lambda channel, payload: None
+    b = make_engine([define_queue(name="q", handler=work, concurrency=1)], store=pg_url, instance="b")
+    await b.start()
+    while (await a.jobs.queue_view("q")).concurrency != 1:
+        await b.quiesce(runs=False)
+    await a.quiesce(runs=False)
+    assert workers.waiting["q"]  # not heard: still claimed ahead
+    listener._dispatch = dispatch
+    listener._state(True)  # back
+    work.cap = 1
+    await until(lambda: not workers.waiting["q"], "the first instance gave back what it claimed ahead")
+    await _one_at_a_time_to_the_end(work, held, clock, a, b)
 
 
 # ---------------------------------------------------------------------------------------

@@ -272,6 +272,8 @@ class JobStore(Protocol):
         has no such channel)."""
 
     async def watch_jobs(self, wake: Callable[[str | None], Any]) -> None:
-        """Until cancelled: call ``wake(queue)`` when another process tells of new work
-        (``wake(None)``: of any queue, e.g. after a reconnection). Returns at once where the
-        store has no such channel; workers then rely on polling."""
+        """Until cancelled: call ``wake(queue)`` when another process tells of new work or
+        of a change (``REVOKE + queue``), and ``wake(None)`` whenever the channel comes up
+        (what was told while it was down was not heard: any queue may have new work or a
+        change). Returns at once where the store has no such channel; workers then rely on
+        polling."""

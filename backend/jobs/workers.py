@@ -40,7 +40,8 @@ when their queue changes under them: an operator's action in this process
 (:meth:`Workers.holding`: they go back and the handovers of those that started are
 written before the action reaches the store, which counts the others as queued) or
 elsewhere (a :data:`~backend.jobs.store.REVOKE` notification: a cancel, a delete, a
-pause, a lower concurrency).
+pause, a lower concurrency), and, for every queue, when the listening connection comes
+up again (a notification sent while it was down was heard by nobody here).
 
 **Lanes.** An async job claimed with a seat starts a *lane*, one task that runs it and
 then each job handed its seat, one after another
@@ -198,8 +199,15 @@ class Workers(Cycles, Seats, Stopping):
         self.wake.set()
 
     def heard(self, queue: str | None) -> None:
-        """A notification from another process (the listener)."""
-        if queue is not None and queue.startswith(REVOKE):
+        """A notification from another process (the listener); ``None``: the listening
+        connection came up, and what was said while it was down was not heard: a revoke of
+        any queue may be among it, so every queue's jobs claimed ahead go back (the next
+        claim decides on what the store now says), and every queue is looked at."""
+        if queue is None:
+            for name in self.queues:
+                self.revoke(name)
+            self.poke()
+        elif queue.startswith(REVOKE):
             self.revoke(queue[len(REVOKE):])
         else:
             self.poke(queue)
