@@ -6,6 +6,7 @@ serve options and the Prometheus rule export."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import re
@@ -1261,6 +1262,27 @@ async def test_a_stored_schedule_carries_its_alert_option(make_engine: Callable[
 # ---------------------------------------------------------------------------------------
 # the overdue slot, kept until it may change
 # ---------------------------------------------------------------------------------------
+@given(
+    expr=st.sampled_from(["* * * * * *", "*/7 * * * * *", "* * * * *", "0,1 0 * * *", "*/10 9-17 * * 1-5", "30 2 * * *"]),
+    zone=st.sampled_from(["UTC", "Europe/Berlin", "America/New_York"]),
+    max_runtime=st.sampled_from([1.0, 30.0, 1800.0]),
+    start=st.integers(0, 30 * 86400),
+)
+@settings(max_examples=200, deadline=None)
+def test_the_overdue_slot_is_the_newest_slot_whose_grace_has_passed(expr: str, zone: str, max_runtime: float, start: int) -> None:
+    """Against a walk back from ``now`` over every slot (what the condition did, and what
+    held an engine's loop for seconds with a thousand every-second schedules)."""
+    cron, policy = Cron(expr, zone), ScheduleAlerting()
+    now = T0 + timedelta(seconds=start, microseconds=start % 7 * 100_000)
+    newest = None
+    for slot in itertools.islice(cron.occurrences_back(now), 200_000):
+        if slot + conditions.late_grace(cron, max_runtime, policy, slot) <= now:
+            newest = slot
+            break
+    found = conditions.overdue_slot(cron, max_runtime, policy, now)
+    assert (found.slot if found is not None else None) == newest
+
+
 @given(
     expr=st.sampled_from(["* * * * *", "0 * * * *", "0,1 0 * * *", "*/10 9-17 * * 1-5", "30 2 * * *", "0 0 1 * *"]),
     zone=st.sampled_from(["UTC", "Europe/Berlin", "America/New_York"]),

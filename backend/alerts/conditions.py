@@ -178,7 +178,11 @@ def overdue_slot(cron: Cron, max_runtime: float, policy: ScheduleAlerting, now: 
             slot = cron.latest(now - grace)
             return Overdue(slot, grace, cron.next(slot) + grace)
         later: datetime | None = None
-        for slot, before in itertools.pairwise(itertools.islice(cron.occurrences_back(now), MAX_SLOTS_BACK + 1)):
+        # Every grace is at least the margin: no slot after ``now - margin`` is overdue, so
+        # the walk starts there (from ``now``, an every-second schedule walked 300 slots
+        # back each time, and a fleet's thousand of them held the event loop for seconds).
+        newest = now - timedelta(seconds=LATE_MARGIN)
+        for slot, before in itertools.pairwise(itertools.islice(cron.occurrences_back(newest), MAX_SLOTS_BACK + 1)):
             grace = late_grace(cron, max_runtime, policy, slot, before)
             if slot + grace <= now:
                 # The next slot is overdue at its own grace's end, and none after it before
