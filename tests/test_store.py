@@ -1721,6 +1721,48 @@ async def test_postgres_unreachable_is_one_line_without_the_password(pg_server: 
 
 
 @pytest.mark.postgres
+async def test_postgres_a_turn_and_a_claim_taking_turns_wait_for_each_other(pg_url: str) -> None:
+    """PostgreSQL does not serialize two transactions that each find nothing in flight and
+    then mark their own row: a turn taken while another instance's claim taking the turn
+    of a different slot of the schedule is in flight would see nothing of it (and the
+    claim nothing of the turn), and both would start. Each waits for the other instead."""
+    from backend.store.postgres.sql import TURN_LOCK, TURN_LOCKS_SHARED
+
+    store = open_store(pg_url)
+    await store.open()
+    ids = Ids()
+    mine = claim(ids, "q", T0)
+    await store.claim([mine], "a", T0)
+
+    async def waiting() -> None:  # until a backend waits for an advisory lock
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            while not (await (await conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")).fetchone() or (0,))[0]:  # fmt: skip
+                await asyncio.sleep(0.01)
+
+    try:
+        async with await psycopg.AsyncConnection.connect(pg_url) as other:
+            # Another instance's claim taking its turn, in flight (its locks taken, not committed):
+            await other.execute(TURN_LOCKS_SHARED, {"names": ["q"]})
+            turn = asyncio.ensure_future(store.take_turn(mine.run_id, "q", T0, "a"))
+            await asyncio.wait_for(waiting(), 10)
+            assert not turn.done()
+            await other.commit()
+            assert await asyncio.wait_for(turn, 10) == Turn(True)
+            # And a claim taking turns waits for a turn in flight.
+            await other.execute(TURN_LOCK, {"name": "q"})
+            later = dataclasses.replace(claim(ids, "q", T0 + timedelta(minutes=1)), turn=True)
+            claiming = asyncio.ensure_future(store.claim([later], "b", T0))
+            await asyncio.wait_for(waiting(), 10)
+            assert not claiming.done()
+            await other.commit()
+            result = await asyncio.wait_for(claiming, 10)
+            assert result.busy == {"q": mine.run_id} and result.turns([later]) == []  # (a's turn, taken before)
+    finally:
+        await store.close()
+
+
+@pytest.mark.postgres
 async def test_postgres_schema_version_is_written_once(pg_url: str) -> None:
     from backend.store.postgres.sql import MIGRATIONS
 

@@ -211,7 +211,10 @@ class SlotClaims:
         ``missed``, as those it had not started yet."""
         if not in_store and not self.fires():
             return [], {}  # the fleet's own mode fires them (external fires dedupe in the store whatever the mode)
-        claims = self.make_claims(slots, now, in_store=in_store, run_ids=run_ids)
+        # The slots due now (the timer's, an external call's, a catch-up's current ones) take
+        # their turn with the claim; a catch-up's older slots take it when they start.
+        starting = True if due_now or in_store else set(current)
+        claims = self.make_claims(slots, now, in_store=in_store, run_ids=run_ids, starting=starting)
         epoch = self.lease.epoch
         try:
             self._check_lease()
@@ -248,12 +251,23 @@ class SlotClaims:
         *,
         in_store: bool = False,
         run_ids: dict[tuple[str, datetime], str] | None = None,
+        starting: Collection[tuple[str, datetime]] | bool = False,
     ) -> list[Claim]:
         """One claim per slot; ``run_ids`` reuses the ids of an earlier attempt, whose
-        reply may have been lost after it committed."""
+        reply may have been lost after it committed. ``starting``: the slots (``True``:
+        all) whose runs start once won, which take their schedule's turn with the claim
+        (:attr:`Claim.turn`, under ``skip`` and ``queue`` where the coordinator takes turns):
+        slots due now. The others (lost slots, a catch-up's older ones) take it as they start
+        (see :meth:`Launcher.needs_turn`): on PostgreSQL a claim's turn is not serialized
+        with another claim's of a different slot, only with :meth:`Store.take_turn`."""
         trigger: Trigger = "external" if in_store else "self"
         outcome: Outcome = "external" if in_store else self.coordinator.outcome
         turns = self.coordinator.takes_turns
+
+        def turn(schedule: Schedule, slot: datetime) -> bool:
+            if not turns or schedule.on_overlap == "parallel":
+                return False
+            return starting if isinstance(starting, bool) else (schedule.name, slot) in starting
         stamps: dict[datetime, str] = {}  # a batch shares a few slots: format each once
 
         def key(name: str, slot: datetime) -> str:
@@ -271,7 +285,7 @@ class SlotClaims:
                 scheduled_at=slot,
                 trigger=trigger,
                 outcome=outcome,
-                turn=turns and schedule.on_overlap != "parallel",
+                turn=turn(schedule, slot),
             )
             for schedule, slot in slots
         ]

@@ -46,6 +46,7 @@ from backend.store.postgres.sql import (
     SWEEP_CLAIMS,
     TAKE_TURN,
     TURN_LOCK,
+    TURN_LOCKS_SHARED,
     UPDATE_BACKFILL,
     _backfill,
     _claims_json,
@@ -166,9 +167,14 @@ class PostgresRuns:
             return ClaimResult(frozenset())
         # A key twice in the batch would get one claim row but two placeholder runs.
         params = {"claims": _claims_json(unique_claims(claims)), "instance": instance, "at": at}
+        turning = sorted({c.name for c in claims if c.turn})
 
         async def go(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
-            return await (await conn.execute(CLAIM, params)).fetchall()
+            if not turning:
+                return await (await conn.execute(CLAIM, params)).fetchall()
+            async with conn.transaction():  # (see TURN_LOCK)
+                await conn.execute(TURN_LOCKS_SHARED, {"names": turning})
+                return await (await conn.execute(CLAIM, params)).fetchall()
 
         rows = await self._with_conn(go, wait=_CLAIM_WAIT)
         self.commits += 1

@@ -411,9 +411,18 @@ CLAIM = f"""
     SELECT 'busy:' || name, id FROM busy
 """
 CLAIMED_RUN = "SELECT run_id FROM schedtui_claims WHERE key = %s"
-#: Store.take_turn: the schedule's calls wait for each other (a statement's snapshot is
-#: taken at its start, so the lock comes in a statement of its own, before the check).
-TURN_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, hashtext('turn:' || %(name)s))"
+#: Turns are serialized by advisory locks, one per bucket of schedule names (64: a burst's
+#: claim of thousands of schedules takes at most 64). Store.take_turn takes its
+#: schedule's exclusively; a claim taking turns (Claim.turn) takes its schedules' shared,
+#: so a turn and a claim of one schedule never decide at once, while claims do not wait
+#: for each other (the same slot's wait on its key). A statement's snapshot is taken at
+#: its start, so the lock comes in a statement of its own, before the check.
+_TURN_BUCKET = "hashtext(%(name)s) & 63"
+TURN_LOCK = f"SELECT pg_advisory_xact_lock(hashtext('schedtui.turn'), {_TURN_BUCKET})"
+TURN_LOCKS_SHARED = """
+    SELECT pg_advisory_xact_lock_shared(hashtext('schedtui.turn'), b.bucket)
+    FROM (SELECT DISTINCT hashtext(n) & 63 AS bucket FROM unnest(%(names)s::text[]) AS n) b
+"""
 TAKE_TURN = f"""
     WITH f AS (SELECT %(name)s::text AS name, %(slot)s::timestamptz AS first),
     blocker AS (SELECT b.id FROM f CROSS JOIN LATERAL ({BUSY_ELSEWHERE}) b),
