@@ -537,7 +537,7 @@ class SlotClaims:
                 mine = [r.finished() for r in launcher.active.values() if r.schedule is schedule and not r.done]
                 await (asyncio.wait(mine) if mine else asyncio.sleep(0))  # sleep(0): not started yet
             if run_id in launcher.turns:
-                return True  # its claim took the turn: nothing elsewhere starts before it
+                return True  # it holds the turn (its claim's, or taken below): nothing elsewhere starts
             try:
                 running = await self.store.running_runs()
             except Unavailable as exc:
@@ -554,8 +554,10 @@ class SlotClaims:
                     self.outages.trouble("recover", f"{name}: lost slots wait for the store", exc)
                 else:
                     if turn.taken:
+                        # (Its own timer may have started a run of the schedule while the
+                        # turn was taken: the loop waits for that one first.)
                         launcher.turns.add(run_id)
-                        return True
+                        continue
                     if turn.blocker is None:
                         log.warning("%s: lost slot %s not fired: its row was closed by another instance meanwhile", name, slot)
                         return False
