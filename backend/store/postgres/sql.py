@@ -376,9 +376,8 @@ CLAIM = f"""
     ),
     placeholders AS (  -- (held: the turn taken with the slot, see Claim.turn)
         INSERT INTO schedtui_runs (id, name, scheduled_at, status, trigger, outcome, instance, held)
-        SELECT w.run_id, w.name, w.slot, 'running', w.trigger, w.outcome, %(instance)s,
-            w.turn AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.name = w.name)
-        FROM wanted w JOIN inserted i ON i.key = w.key
+        SELECT w.run_id, w.name, w.slot, 'running', w.trigger, w.outcome, %(instance)s, w.turn AND b.id IS NULL
+        FROM wanted w JOIN inserted i ON i.key = w.key LEFT JOIN busy b ON b.name = w.name  -- (one row a name at most)
         WHERE w.slot IS NOT NULL
         ON CONFLICT (id) DO NOTHING
     ),
