@@ -673,6 +673,37 @@ async def test_a_queued_lost_slot_claimed_after_a_newer_slot_elsewhere_waits_for
     ]  # fmt: skip
 
 
+async def test_a_queued_slot_whose_turn_is_refused_waits_at_the_head_of_its_queue(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    """A queued slot that starts later than its claim takes its turn first; refused (a run
+    of the schedule started elsewhere since its claim), it goes back to the head of its
+    queue to wait for that run, and takes its turn once that run has ended."""
+    gate, started = Gate(), list[tuple[int, str]]()
+    a, b, _ = await _gated_pair(make_engine, clock, store_url, gate, started, Loser, on_overlap="queue")
+    assert isinstance(a.coordinator, Loser)
+    a.coordinator.losing = True
+    clock.advance(60)  # 08:01: b wins it, and its run holds on the gate
+    await gate.entered.wait()
+    a.coordinator.losing = False
+    job = a.schedules["job"]
+    # a holds 08:02 claimed without its turn (as a lost slot, or a catch-up's older one is),
+    # and lets it go as if the run before it here had just ended:
+    (owned, busy) = await a.claims.claim([(job, at("2026-03-02T08:02:00Z"))], clock.now())
+    [(_, slot, run_id)] = owned
+    assert run_id not in a.launcher.turns and set(busy) == {"job"}
+    a.launcher.launch(job, slot, "self", a.claims.coordinator.outcome, run_id)
+    await settle(clock, a, b, runs=False)
+    assert started == [(1, "b")]  # refused: b's 08:01 runs
+    assert [entry[3] for entry in a.launcher.waiting["job"]] == [run_id] and a.launcher.remote["job"] == busy["job"]
+    gate.release.set()
+    await settle(clock, a, b)
+    clock.advance(1)  # a's next look at the ledger finds b's run ended: it takes its turn
+    await settle(clock, a, b)
+    assert started == [(1, "b"), (2, "a")]
+    assert gate.most == 1
+
+
 async def test_slots_lost_to_an_outage_are_recorded_by_a_stop_before_the_next_housekeeping(
     make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
 ) -> None:

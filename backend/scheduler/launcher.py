@@ -383,9 +383,13 @@ class Launcher:
             self._next_queued(schedule)
             return
         blocker = turn.blocker if turn is not None else None
-        if schedule.on_overlap == "queue" and not self.stopping:
+        if schedule.on_overlap == "queue":
             self._unlaunch(scheduled)
-            self.waiting[schedule.name].appendleft((scheduled.slot, scheduled.trigger, scheduled.coordination, scheduled.run_id))
+            entry = (scheduled.slot, scheduled.trigger, scheduled.coordination, scheduled.run_id)
+            if self.stopping:  # (as stop() records the queued slots)
+                self.record_missed(schedule, *entry[:3], "the engine stopped before this queued firing started", entry[3])
+                return
+            self.waiting[schedule.name].appendleft(entry)
             self.remote[schedule.name] = blocker or "(unknown: the store was unreachable)"  # see release_remote_waits
             return
         if blocker is not None:
