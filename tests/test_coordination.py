@@ -643,6 +643,16 @@ async def test_lost_slots_wait_for_a_newer_slot_claimed_on_another_instance(
     assert gate.most == 1
 
 
+async def _b_ends_then_a_takes_its_turn(clock: ManualClock, gate: Gate, a: Engine, b: Engine) -> None:
+    """b's run (on the gate) ends; at a's next look at the ledger, a takes its turn and its
+    run starts, never beside b's."""
+    gate.release.set()
+    await settle(clock, a, b)
+    clock.advance(1)
+    await settle(clock, a, b)
+    assert gate.most == 1
+
+
 async def test_a_queued_lost_slot_claimed_after_a_newer_slot_elsewhere_waits_for_its_run(
     make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
 ) -> None:
@@ -661,12 +671,8 @@ async def test_a_queued_lost_slot_claimed_after_a_newer_slot_elsewhere_waits_for
     await gate.entered.wait()
     await settle(clock, a, b, runs=False)
     assert started == [(2, "b")]
-    gate.release.set()
-    await settle(clock, a, b)
-    clock.advance(1)  # a's next look at the ledger finds b's run finished: it takes its turn
-    await settle(clock, a, b)
+    await _b_ends_then_a_takes_its_turn(clock, gate, a, b)
     assert started == [(2, "b"), (1, "a")]
-    assert gate.most == 1
     runs = await a.store.list_runs("job", limit=10)
     assert sorted((r.scheduled_at.minute, r.instance, r.status) for r in runs if r.trigger == "self") == [
         (1, "a", "succeeded"), (2, "b", "succeeded")
@@ -696,12 +702,8 @@ async def test_a_queued_slot_whose_turn_is_refused_waits_at_the_head_of_its_queu
     await settle(clock, a, b, runs=False)
     assert started == [(1, "b")]  # refused: b's 08:01 runs
     assert [entry[3] for entry in a.launcher.waiting["job"]] == [run_id] and a.launcher.remote["job"] == busy["job"]
-    gate.release.set()
-    await settle(clock, a, b)
-    clock.advance(1)  # a's next look at the ledger finds b's run ended: it takes its turn
-    await settle(clock, a, b)
+    await _b_ends_then_a_takes_its_turn(clock, gate, a, b)
     assert started == [(1, "b"), (2, "a")]
-    assert gate.most == 1
 
 
 async def test_slots_lost_to_an_outage_are_recorded_by_a_stop_before_the_next_housekeeping(

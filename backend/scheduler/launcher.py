@@ -336,11 +336,20 @@ class Launcher:
         if run_id is not None and self.needs_turn(schedule, trigger, run_id):
             task = asyncio.ensure_future(self._take_turn(scheduled))
             self._turning.add(task)
-            task.add_done_callback(self._turning.discard)
+            task.add_done_callback(self._turned)
         else:
             self.turns.discard(scheduled.run_id)
             self._guarded_start(scheduled)
         return scheduled
+
+    @property
+    def turning(self) -> int:
+        """Runs waiting for the store's answer to their turn (not started, nor queued)."""
+        return len(self._turning)
+
+    def _turned(self, task: asyncio.Future[None]) -> None:
+        self._turning.discard(task)
+        self.poke()  # (quiesce(runs=False) waits for the answer)
 
     def _guarded_start(self, scheduled: ScheduleRun) -> None:
         if scheduled.schedule.lock is not None and self.locks is not None:
