@@ -152,6 +152,8 @@ class Workers(Cycles, Seats, Stopping):
         self.revokes = 0
         """Holds and revocations begun: a cycle sent before the last one began releases the
         jobs it claimed ahead (its claim may have been made before the action)."""
+        self.listened = False
+        """Whether the listening connection has been up (see :meth:`heard`)."""
         self.cycled = asyncio.Event()
         """Set as each cycle ends (an action waiting for what it holds to be written)."""
         self.ahead_asked: Counter[str] = Counter()
@@ -200,12 +202,15 @@ class Workers(Cycles, Seats, Stopping):
 
     def heard(self, queue: str | None) -> None:
         """A notification from another process (the listener); ``None``: the listening
-        connection came up, and what was said while it was down was not heard: a revoke of
-        any queue may be among it, so every queue's jobs claimed ahead go back (the next
-        claim decides on what the store now says), and every queue is looked at."""
+        connection came up. Back up after it was lost, what was said meanwhile was not
+        heard: a revoke of any queue may be among it, so every queue's jobs claimed ahead
+        go back (the next claim decides on what the store now says). Either way every queue
+        is looked at."""
         if queue is None:
-            for name in self.queues:
-                self.revoke(name)
+            if self.listened:
+                for name in self.queues:
+                    self.revoke(name)
+            self.listened = True
             self.poke()
         elif queue.startswith(REVOKE):
             self.revoke(queue[len(REVOKE):])
