@@ -53,7 +53,9 @@ class ScheduleRun(Invocation):
     first asked for (a run placed before it starts) or when the handler begins, and its
     label only when something logs it."""
 
-    __slots__ = ("_finished", "_run", "_started", "coordination", "launcher", "lease", "run_id", "schedule", "slot", "trigger")
+    __slots__ = (
+        "_finished", "_gone", "_run", "_started", "coordination", "launcher", "lease", "run_id", "schedule", "slot", "trigger",
+    )  # fmt: skip
 
     def __init__(
         self, launcher: Launcher, schedule: Schedule, run_id: str, slot: datetime, trigger: Trigger, outcome: Outcome
@@ -72,6 +74,7 @@ class ScheduleRun(Invocation):
         """The lease of the schedule's lock, while the run holds it."""
         self._started: asyncio.Future[ScheduleRun] | None = None
         self._finished: asyncio.Future[Run] | None = None
+        self._gone: asyncio.Future[None] | None = None
 
     captured = True
 
@@ -164,6 +167,19 @@ class ScheduleRun(Invocation):
 
     def ended(self) -> None:
         self.launcher.released(self)
+        gone = self._gone
+        if gone is not None and not gone.done():
+            gone.set_result(None)
+
+    def gone(self) -> asyncio.Future[None]:
+        """Resolves once its handler has returned and its place under the overlap policy is
+        free (:meth:`Launcher.released`): a run recorded ``timeout`` whose handler runs on
+        is finished, not gone."""
+        if self._gone is None:
+            self._gone = asyncio.get_running_loop().create_future()
+            if self.has_ended:
+                self._gone.set_result(None)
+        return self._gone
 
     def lingers(self) -> None:
         run = self.run

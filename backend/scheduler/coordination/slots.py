@@ -534,7 +534,9 @@ class SlotClaims:
 
         while True:
             while launcher.inflight[name]:
-                mine = [r.finished() for r in launcher.active.values() if r.schedule is schedule and not r.done]
+                # (gone, not finished: a run recorded timeout whose handler runs on keeps its
+                # place, and waiting for its finish spun the loop until the handler returned)
+                mine = [r.gone() for r in launcher.active.values() if r.schedule is schedule]
                 await (asyncio.wait(mine) if mine else asyncio.sleep(0))  # sleep(0): not started yet
             if run_id in launcher.turns:
                 return True  # it holds the turn (its claim's, or taken below): nothing elsewhere starts
