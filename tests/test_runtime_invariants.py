@@ -116,10 +116,17 @@ class RuntimeSchedules(RuleBasedStateMachine):
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 20.0, 59.0]))
     def advance(self, seconds: float) -> None:
+        """In steps of a second over each minute's turn, when slots fall due (the firer polls
+        every second for the operator's changes), and of up to 4 s between (below the 5 s
+        heartbeat: only a poll falls due there, whose news the step before the minute
+        brings as well)."""
         left = seconds
         while left > 0:
-            self.clock.advance(min(left, 1.0))
-            left -= 1.0
+            now = self.clock.now()
+            to_minute = 60 - now.second - now.microsecond / 1e6
+            step = min(left, 1.0 if to_minute <= 2 else min(4.0, to_minute - 1))
+            self.clock.advance(step)
+            left -= step
             self.run(self.firer.quiesce())
 
     @rule(name=st.sampled_from(NAMES), cron=st.sampled_from(CRONS), backfill=st.sampled_from(["skip", "all"]),
