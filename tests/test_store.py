@@ -27,6 +27,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -1721,18 +1722,19 @@ async def test_postgres_unreachable_is_one_line_without_the_password(pg_server: 
 
 
 @pytest.mark.postgres
-async def test_postgres_a_turn_and_a_claim_taking_turns_wait_for_each_other(pg_url: str) -> None:
+async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_url: str) -> None:
     """PostgreSQL does not serialize two transactions that each find nothing in flight and
     then mark their own row: a turn taken while another instance's claim taking the turn
     of a different slot of the schedule is in flight would see nothing of it (and the
-    claim nothing of the turn), and both would start. Each waits for the other instead."""
-    from backend.store.postgres.sql import TURN_LOCK, TURN_LOCKS_SHARED
+    claim nothing of the turn), and both would start; so would two claims taking turns of
+    different slots (instances whose clocks are a cron interval apart). A turn waits for
+    the claim; a claim never waits, and leaves a turn that another is deciding to its
+    run's start."""
+    from backend.store.postgres.sql import CLAIM, TAKE_TURN, TRY_TURN_LOCKS, TURN_LOCK, _claims_json
 
     store = open_store(pg_url)
     await store.open()
     ids = Ids()
-    mine = claim(ids, "q", T0)
-    await store.claim([mine], "a", T0)
 
     async def waiting() -> None:  # until a backend waits for an advisory lock
         async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
@@ -1740,24 +1742,59 @@ async def test_postgres_a_turn_and_a_claim_taking_turns_wait_for_each_other(pg_u
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")).fetchone() or (0,))[0]:  # fmt: skip
                 await asyncio.sleep(0.01)
 
+    def turning(name: str, slot: datetime) -> Claim:
+        return dataclasses.replace(claim(ids, name, slot), turn=True)
+
+    async def held(run_id: str) -> bool:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            row = await (await conn.execute("SELECT held FROM schedtui_runs WHERE id = %s", (run_id,))).fetchone()
+            assert row is not None
+            return bool(row[0])
+
+    async def claimed_by_other(other: psycopg.AsyncConnection[Any], theirs: Claim) -> None:
+        """Another instance's claim taking its turn, in flight (decided, not committed)."""
+        assert not await (await other.execute(TRY_TURN_LOCKS, {"names": [theirs.name]})).fetchall()
+        await other.execute(CLAIM, {"claims": _claims_json([theirs]), "instance": "c", "at": T0})
+
     try:
         async with await psycopg.AsyncConnection.connect(pg_url) as other:
-            # Another instance's claim taking its turn, in flight (its locks taken, not committed):
-            await other.execute(TURN_LOCKS_SHARED, {"names": ["q"]})
+            # A turn waits for a claim in flight that took the schedule's turn.
+            mine = claim(ids, "q", T0)
+            await store.claim([mine], "a", T0)
+            theirs = turning("q", T0 - timedelta(minutes=1))
+            await claimed_by_other(other, theirs)
             turn = asyncio.ensure_future(store.take_turn(mine.run_id, "q", T0, "a"))
             await asyncio.wait_for(waiting(), 10)
             assert not turn.done()
             await other.commit()
-            assert await asyncio.wait_for(turn, 10) == Turn(True)
-            # And a claim taking turns waits for a turn in flight.
-            await other.execute(TURN_LOCK, {"name": "q"})
-            later = dataclasses.replace(claim(ids, "q", T0 + timedelta(minutes=1)), turn=True)
-            claiming = asyncio.ensure_future(store.claim([later], "b", T0))
-            await asyncio.wait_for(waiting(), 10)
-            assert not claiming.done()
+            assert await asyncio.wait_for(turn, 10) == Turn(False, theirs.run_id)
+
+            # A claim does not wait for a turn in flight: its run takes its turn as it starts.
+            later = claim(ids, "s", T0 + timedelta(minutes=1))
+            await store.claim([later], "c", T0)  # (its placeholder: not started, no turn)
+            await other.execute(TURN_LOCK, {"name": "s"})
+            await other.execute(TAKE_TURN, {"run_id": later.run_id, "name": "s", "slot": later.scheduled_at,
+                                            "instance": "c"})  # fmt: skip
+            earlier = turning("s", T0)  # (b's clock a minute behind: its "now")
+            result = await asyncio.wait_for(store.claim([earlier], "b", T0), 10)
+            assert result.won == {earlier.key} and result.untried == {"s"} and result.turns([earlier]) == []
+            assert await held(earlier.run_id) is False
             await other.commit()
-            result = await asyncio.wait_for(claiming, 10)
-            assert result.busy == {"q": mine.run_id} and result.turns([later]) == []  # (a's turn, taken before)
+            assert await store.take_turn(earlier.run_id, "s", T0, "b") == Turn(False, later.run_id)
+
+            # Nor for another claim of a different slot deciding its turn.
+            early, late = turning("r", T0), turning("r", T0 + timedelta(minutes=1))
+            await claimed_by_other(other, early)
+            result = await asyncio.wait_for(store.claim([late], "b", T0), 10)
+            assert result.won == {late.key} and result.untried == {"r"} and result.turns([late]) == []
+            await other.commit()
+            assert (await held(late.run_id), await held(early.run_id)) == (False, True)
+            assert await store.take_turn(late.run_id, "r", late.scheduled_at, "b") == Turn(False, early.run_id)  # type: ignore[arg-type]
+
+            # With nobody deciding, a claim takes its turn (and the lock is free once it is done).
+            free = turning("t", T0)
+            result = await store.claim([free], "b", T0)
+            assert result.untried == frozenset() and result.turns([free]) == [free.run_id] and await held(free.run_id)
     finally:
         await store.close()
 

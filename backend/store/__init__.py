@@ -304,7 +304,10 @@ class Store(Protocol):
         once, by its first claim (see :func:`backend.model.unique_claims`). Each won
         claim's ``prune_before`` deletes that schedule's claims older than it. ``busy``
         names the schedules won here that another instance has a run of in flight (see
-        :class:`ClaimResult`).
+        :class:`ClaimResult`). A claim's turns (:attr:`Claim.turn`) are decided one
+        schedule at a time across the store, with :meth:`take_turn` and other claims' turns:
+        two instances never both take one. A claim never waits for that; a turn it cannot
+        decide now is left to its run (:attr:`ClaimResult.untried`).
 
         Concurrent callers never deadlock (keys are taken in one global order). Raises
         :class:`Unavailable` when the claims cannot be written: the caller must not fire."""

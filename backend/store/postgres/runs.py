@@ -7,6 +7,7 @@ here is one statement (or one transaction) per call on a pooled connection.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -45,8 +46,8 @@ from backend.store.postgres.sql import (
     SET_STATE,
     SWEEP_CLAIMS,
     TAKE_TURN,
+    TRY_TURN_LOCKS,
     TURN_LOCK,
-    TURN_LOCKS_SHARED,
     UPDATE_BACKFILL,
     _backfill,
     _claims_json,
@@ -169,18 +170,22 @@ class PostgresRuns:
         params = {"claims": _claims_json(unique_claims(claims)), "instance": instance, "at": at}
         turning = sorted({c.name for c in claims if c.turn})
 
-        async def go(conn: AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+        async def go(conn: AsyncConnection[Any]) -> tuple[list[tuple[Any, ...]], frozenset[str]]:
             if not turning:
-                return await (await conn.execute(CLAIM, params)).fetchall()
-            async with conn.transaction():  # (see TURN_LOCK)
-                await conn.execute(TURN_LOCKS_SHARED, {"names": turning})
-                return await (await conn.execute(CLAIM, params)).fetchall()
+                return await (await conn.execute(CLAIM, params)).fetchall(), frozenset()
+            async with conn.transaction():  # (see TRY_TURN_LOCKS)
+                cur = await conn.execute(TRY_TURN_LOCKS, {"names": turning})
+                untried = frozenset(row[0] for row in await cur.fetchall())
+                if untried:  # (their turns taken as their runs start)
+                    left = [dataclasses.replace(c, turn=False) if c.name in untried else c for c in unique_claims(claims)]
+                    batch = {**params, "claims": _claims_json(left)}
+                return await (await conn.execute(CLAIM, batch if untried else params)).fetchall(), untried
 
-        rows = await self._with_conn(go, wait=_CLAIM_WAIT)
+        rows, untried = await self._with_conn(go, wait=_CLAIM_WAIT)
         self.commits += 1
         won = frozenset(value for kind, value in rows if kind == "won")
         busy = {kind[len("busy:") :]: value for kind, value in rows if kind.startswith("busy:")}
-        return ClaimResult(won, busy)
+        return ClaimResult(won, busy, untried)
 
     async def take_turn(self, run_id: str, name: str, slot: datetime, instance: str) -> Turn:
         params = {"run_id": run_id, "name": name, "slot": slot, "instance": instance}
@@ -252,3 +257,4 @@ class PostgresRuns:
 
     async def running_backfills(self) -> list[BackfillProgress]:
         return [_backfill(row) for row in await self._fetchall(RUNNING_BACKFILLS)]
+

@@ -411,16 +411,23 @@ CLAIM = f"""
 """
 CLAIMED_RUN = "SELECT run_id FROM schedtui_claims WHERE key = %s"
 #: Turns are serialized by advisory locks, one per bucket of schedule names (64: a burst's
-#: claim of thousands of schedules takes at most 64). Store.take_turn takes its
-#: schedule's exclusively; a claim taking turns (Claim.turn) takes its schedules' shared,
-#: so a turn and a claim of one schedule never decide at once, while claims do not wait
-#: for each other (the same slot's wait on its key). A statement's snapshot is taken at
-#: its start, so the lock comes in a statement of its own, before the check.
+#: claim of thousands of schedules takes at most 64). Store.take_turn waits for its
+#: schedule's. A claim taking turns (Claim.turn) takes its schedules' if they are free,
+#: never waiting (the losers of a slot must not queue behind its winner), and does not
+#: decide the turns whose lock it did not get (TRY_TURN_LOCKS: those names): another claim
+#: or turn is deciding one in its bucket, from a snapshot that cannot see this claim (two
+#: claims of *different* slots: instances whose clocks are a cron interval apart each
+#: claim their own "now"); those runs take their turns as they start. A statement's
+#: snapshot is taken at its start, so the locks come in a statement of their own, before
+#: the check.
 _TURN_BUCKET = "hashtext(%(name)s) & 63"
 TURN_LOCK = f"SELECT pg_advisory_xact_lock(hashtext('schedtui.turn'), {_TURN_BUCKET})"
-TURN_LOCKS_SHARED = """
-    SELECT pg_advisory_xact_lock_shared(hashtext('schedtui.turn'), b.bucket)
-    FROM (SELECT DISTINCT hashtext(n) & 63 AS bucket FROM unnest(%(names)s::text[]) AS n) b
+TRY_TURN_LOCKS = """
+    WITH b AS MATERIALIZED (
+        SELECT b.bucket, pg_try_advisory_xact_lock(hashtext('schedtui.turn'), b.bucket) AS got
+        FROM (SELECT DISTINCT hashtext(n) & 63 AS bucket FROM unnest(%(names)s::text[]) AS n) b
+    )
+    SELECT n FROM unnest(%(names)s::text[]) AS n JOIN b ON b.bucket = hashtext(n) & 63 WHERE NOT b.got
 """
 TAKE_TURN = f"""
     WITH f AS (SELECT %(name)s::text AS name, %(slot)s::timestamptz AS first),
