@@ -1727,10 +1727,10 @@ async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_ur
     then mark their own row: a turn taken while another instance's claim taking the turn
     of a different slot of the schedule is in flight would see nothing of it (and the
     claim nothing of the turn), and both would start; so would two claims taking turns of
-    different slots (instances whose clocks are a cron interval apart). A turn waits for
-    the claim; a claim never waits, and leaves a turn that another is deciding to its
-    run's start."""
-    from backend.store.postgres.sql import CLAIM, TAKE_TURN, TRY_TURN_LOCKS, TURN_LOCK, _claims_json
+    different slots (instances whose clocks are a cron interval apart). The later of the
+    two to decide waits for the other, then decides again; a claim that won nothing
+    waits for nobody."""
+    from backend.store.postgres.sql import CLAIM, TAKE_TURN, TURN_LOCK, TURN_LOCKS, _claims_json
 
     store = open_store(pg_url)
     await store.open()
@@ -1752,9 +1752,9 @@ async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_ur
             return bool(row[0])
 
     async def claimed_by_other(other: psycopg.AsyncConnection[Any], theirs: Claim) -> None:
-        """Another instance's claim taking its turn, in flight (decided, not committed)."""
-        assert not await (await other.execute(TRY_TURN_LOCKS, {"names": [theirs.name]})).fetchall()
+        """Another instance's claim that took its turn, in flight (its locks taken)."""
         await other.execute(CLAIM, {"claims": _claims_json([theirs]), "instance": "c", "at": T0})
+        await other.execute(TURN_LOCKS, {"names": [theirs.name]})
 
     try:
         async with await psycopg.AsyncConnection.connect(pg_url) as other:
@@ -1769,32 +1769,70 @@ async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_ur
             await other.commit()
             assert await asyncio.wait_for(turn, 10) == Turn(False, theirs.run_id)
 
-            # A claim does not wait for a turn in flight: its run takes its turn as it starts.
+            # A claim that took a turn waits for a turn in flight, then gives its own back.
             later = claim(ids, "s", T0 + timedelta(minutes=1))
             await store.claim([later], "c", T0)  # (its placeholder: not started, no turn)
             await other.execute(TURN_LOCK, {"name": "s"})
             await other.execute(TAKE_TURN, {"run_id": later.run_id, "name": "s", "slot": later.scheduled_at,
                                             "instance": "c"})  # fmt: skip
             earlier = turning("s", T0)  # (b's clock a minute behind: its "now")
-            result = await asyncio.wait_for(store.claim([earlier], "b", T0), 10)
-            assert result.won == {earlier.key} and result.untried == {"s"} and result.turns([earlier]) == []
-            assert await held(earlier.run_id) is False
+            claiming = asyncio.ensure_future(store.claim([earlier], "b", T0))
+            await asyncio.wait_for(waiting(), 10)
+            assert not claiming.done()
             await other.commit()
-            assert await store.take_turn(earlier.run_id, "s", T0, "b") == Turn(False, later.run_id)
+            result = await asyncio.wait_for(claiming, 10)
+            assert result.won == {earlier.key} and result.busy == {"s": later.run_id} and result.turns([earlier]) == []
+            assert await held(earlier.run_id) is False
 
-            # Nor for another claim of a different slot deciding its turn.
+            # Two claims that took the turns of different slots: the second gives its own back.
             early, late = turning("r", T0), turning("r", T0 + timedelta(minutes=1))
             await claimed_by_other(other, early)
-            result = await asyncio.wait_for(store.claim([late], "b", T0), 10)
-            assert result.won == {late.key} and result.untried == {"r"} and result.turns([late]) == []
+            claiming = asyncio.ensure_future(store.claim([late], "b", T0))
+            await asyncio.wait_for(waiting(), 10)
+            assert not claiming.done()
             await other.commit()
+            result = await asyncio.wait_for(claiming, 10)
+            assert result.won == {late.key} and result.busy == {"r": early.run_id} and result.turns([late]) == []
             assert (await held(late.run_id), await held(early.run_id)) == (False, True)
-            assert await store.take_turn(late.run_id, "r", late.scheduled_at, "b") == Turn(False, early.run_id)  # type: ignore[arg-type]
 
-            # With nobody deciding, a claim takes its turn (and the lock is free once it is done).
-            free = turning("t", T0)
-            result = await store.claim([free], "b", T0)
-            assert result.untried == frozenset() and result.turns([free]) == [free.run_id] and await held(free.run_id)
+            # A claim that won nothing takes no lock: it does not wait for a turn in flight.
+            taken = turning("u", T0)
+            await store.claim([taken], "c", T0)
+            await other.execute(TURN_LOCK, {"name": "u"})
+            result = await asyncio.wait_for(store.claim([turning("u", T0)], "b", T0), 10)
+            assert result.won == frozenset()
+            await other.rollback()
+    finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+async def test_postgres_the_in_flight_check_does_not_grow_with_the_runs_closed(pg_url: str) -> None:
+    """A claim's and a turn's check for a run in flight elsewhere (BUSY_ELSEWHERE) reads a
+    few pages however many runs of the schedule were closed since the last vacuum: their
+    index entries are marked dead by the first check that passes them, not read from the
+    table again at each check (a bitmap scan did: a burst's claim grew with the ledger)."""
+    from backend.store.postgres.sql import TAKE_TURN
+
+    store = open_store(pg_url)
+    await store.open()
+    try:
+        ids = Ids()
+        # 20 schedules firing in turn, as a fleet's runs lie in the table: each one's among the others'.
+        runs = [run(ids(), name=f"s{n:02d}", scheduled_at=T0 + timedelta(seconds=i), status="running", instance="b")
+                for i in range(300) for n in range(20)]  # fmt: skip
+        store.save_runs(runs)
+        await store.flush()
+        await store.close_runs([r.finish("succeeded", r.scheduled_at + timedelta(seconds=1)) for r in runs])
+        params = {"run_id": "none", "name": "s07", "slot": T0 + timedelta(hours=2), "instance": "a"}
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            async def pages() -> int:
+                cur = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + TAKE_TURN, params)
+                plan = (await cur.fetchone())[0][0]["Plan"]  # type: ignore[index]
+                return int(plan["Shared Hit Blocks"]) + int(plan["Shared Read Blocks"])
+
+            first, second = await pages(), await pages()
+        assert second < 30, (first, second)  # (s07's 300 closed runs lie on some 90 pages)
     finally:
         await store.close()
 

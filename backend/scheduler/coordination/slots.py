@@ -258,8 +258,7 @@ class SlotClaims:
         all) whose runs start once won, which take their schedule's turn with the claim
         (:attr:`Claim.turn`, under ``skip`` and ``queue`` where the coordinator takes turns):
         slots due now. The others (lost slots, a catch-up's older ones) take it as they start
-        (see :meth:`Launcher.needs_turn`), as do the runs whose turn the claim left
-        undecided (:attr:`ClaimResult.untried`)."""
+        (see :meth:`Launcher.needs_turn`)."""
         trigger: Trigger = "external" if in_store else "self"
         outcome: Outcome = "external" if in_store else self.coordinator.outcome
         turns = self.coordinator.takes_turns

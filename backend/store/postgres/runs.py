@@ -7,7 +7,6 @@ here is one statement (or one transaction) per call on a pooled connection.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,6 +30,7 @@ from backend.store.postgres.sql import (
     GET_RUN,
     GET_STATES,
     INSERT_BACKFILL,
+    KEEP_TURNS,
     LAST_RUNS,
     LAST_SLOTS,
     LATEST_RUNS,
@@ -46,8 +46,8 @@ from backend.store.postgres.sql import (
     SET_STATE,
     SWEEP_CLAIMS,
     TAKE_TURN,
-    TRY_TURN_LOCKS,
     TURN_LOCK,
+    TURN_LOCKS,
     UPDATE_BACKFILL,
     _backfill,
     _claims_json,
@@ -168,24 +168,29 @@ class PostgresRuns:
             return ClaimResult(frozenset())
         # A key twice in the batch would get one claim row but two placeholder runs.
         params = {"claims": _claims_json(unique_claims(claims)), "instance": instance, "at": at}
-        turning = sorted({c.name for c in claims if c.turn})
+        turning = any(c.turn for c in claims)
 
-        async def go(conn: AsyncConnection[Any]) -> tuple[list[tuple[Any, ...]], frozenset[str]]:
+        async def go(conn: AsyncConnection[Any]) -> ClaimResult:
             if not turning:
-                return await (await conn.execute(CLAIM, params)).fetchall(), frozenset()
-            async with conn.transaction():  # (see TRY_TURN_LOCKS)
-                cur = await conn.execute(TRY_TURN_LOCKS, {"names": turning})
-                untried = frozenset(row[0] for row in await cur.fetchall())
-                if untried:  # (their turns taken as their runs start)
-                    left = [dataclasses.replace(c, turn=False) if c.name in untried else c for c in unique_claims(claims)]
-                    batch = {**params, "claims": _claims_json(left)}
-                return await (await conn.execute(CLAIM, batch if untried else params)).fetchall(), untried
+                return _claim_result(await (await conn.execute(CLAIM, params)).fetchall())
+            async with conn.transaction():  # (see TURN_LOCKS)
+                result = _claim_result(await (await conn.execute(CLAIM, params)).fetchall())
+                taken = _turns_taken(claims, result)
+                if not taken:
+                    return result
+                await conn.execute(TURN_LOCKS, {"names": sorted({name for name, _, _ in taken})})
+                keep = {
+                    "names": [name for name, _, _ in taken],
+                    "firsts": [first.isoformat() for _, first, _ in taken],  # (a str list adapts fast)
+                    "run_ids": [run_id for _, _, run_id in taken],
+                    "instance": instance,
+                }
+                rows = await (await conn.execute(KEEP_TURNS, keep)).fetchall()
+                return ClaimResult(result.won, {**result.busy, **_claim_result(rows).busy})
 
-        rows, untried = await self._with_conn(go, wait=_CLAIM_WAIT)
+        result = await self._with_conn(go, wait=_CLAIM_WAIT)
         self.commits += 1
-        won = frozenset(value for kind, value in rows if kind == "won")
-        busy = {kind[len("busy:") :]: value for kind, value in rows if kind.startswith("busy:")}
-        return ClaimResult(won, busy, untried)
+        return result
 
     async def take_turn(self, run_id: str, name: str, slot: datetime, instance: str) -> Turn:
         params = {"run_id": run_id, "name": name, "slot": slot, "instance": instance}
@@ -257,4 +262,20 @@ class PostgresRuns:
 
     async def running_backfills(self) -> list[BackfillProgress]:
         return [_backfill(row) for row in await self._fetchall(RUNNING_BACKFILLS)]
+
+
+def _claim_result(rows: Sequence[tuple[Any, ...]]) -> ClaimResult:
+    won = frozenset(value for kind, value in rows if kind == "won")
+    busy = {kind[len("busy:") :]: value for kind, value in rows if kind.startswith("busy:")}
+    return ClaimResult(won, busy)
+
+
+def _turns_taken(claims: Sequence[Claim], result: ClaimResult) -> list[tuple[str, datetime, str]]:
+    """``(name, earliest slot won, run id)`` of each turn the claim took (see KEEP_TURNS)."""
+    taken = set(result.turns(claims))
+    first: dict[str, datetime] = {}
+    for c in claims:
+        if c.key in result.won and c.scheduled_at is not None:
+            first[c.name] = min(first.get(c.name, c.scheduled_at), c.scheduled_at)
+    return [(c.name, first[c.name], c.run_id) for c in claims if c.run_id in taken and c.name in first]
 

@@ -123,6 +123,14 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX schedtui_runs_running;
     CREATE INDEX schedtui_runs_in_flight ON schedtui_runs (name) WHERE status = 'running' OR held;
     """,
+    # The in-flight check walks its schedule's entries in id order and stops at the first
+    # (see BUSY_ELSEWHERE): a plain index scan, which marks the entries of closed runs dead
+    # as it passes them, where a bitmap scan fetched each of them from the table again at
+    # every claim until a vacuum came (a claim's check grew with the ledger).
+    """
+    DROP INDEX schedtui_runs_in_flight;
+    CREATE INDEX schedtui_runs_in_flight ON schedtui_runs (name, id) WHERE status = 'running' OR held;
+    """,
 )
 
 RUN_COLUMNS = ", ".join(RUN_FIELDS)
@@ -318,8 +326,9 @@ BACKFILL_PKEY = "schedtui_backfills_pkey"
 #:   earlier attempt whose reply was lost; they count as won.
 #: * ``placeholders``: each winner's run row, ``running`` without ``fired_at``, committed
 #:   with its claim, so the slot is visibly in flight before its handler starts.
-#: * ``doomed``/``pruned``: the winners' schedules' claims older than ``prune_before``. Rows
-#:   another claimer is deleting right now are skipped, never waited for.
+#: * ``doomed``/``pruned``: the winners' schedules' claims older than ``prune_before``, the
+#:   oldest 100 of each (the rest go with the next claims). Rows another claimer is
+#:   deleting right now are skipped, never waited for.
 #:
 #: Lookups are written as correlated subqueries and LATERAL joins so that each is an
 #: index probe whatever the planner thinks of the tables' sizes: the cost of a claim grows
@@ -329,17 +338,18 @@ BACKFILL_PKEY = "schedtui_backfills_pkey"
 #: Per schedule ``f.name`` won by a claim from its earliest slot ``f.first`` on, a run of
 #: it in flight on another instance: started, holding its turn, or claimed for an earlier
 #: slot (queued there, or about to start).
-#: (The OFFSET 0 fence keeps the planner on the in-flight index by name: planned with its
-#: ORDER BY ... LIMIT 1, it walked the primary key in id order instead, filtering every
-#: run of the ledger, once per schedule: 19,000 rows each for a burst of 1,000 schedules,
-#: a claim of 6.7 s.)
+#: It walks the schedule's entries of the in-flight index, (name, id), in that order and
+#: stops at the first that counts: a plain index scan, which marks the entries of closed
+#: runs dead as it passes them (a bitmap scan of the index on name alone read each from
+#: the table again at every claim until a vacuum came: 0.1 s more a burst of 1,000
+#: schedules after four minutes), and no reason left to walk the primary key in id order
+#: instead (which it did with that index, filtering every run of the ledger once per
+#: schedule: 6.7 s for such a burst).
 BUSY_ELSEWHERE = """
-    SELECT x.id FROM (
-        SELECT r.id FROM schedtui_runs r
-        WHERE r.name = f.name AND (r.status = 'running' OR r.held) AND r.instance <> %(instance)s
-            AND (r.fired_at IS NOT NULL OR r.held OR r.scheduled_at < f.first)
-        OFFSET 0
-    ) x ORDER BY x.id LIMIT 1
+    SELECT r.id FROM schedtui_runs r
+    WHERE r.name = f.name AND (r.status = 'running' OR r.held) AND r.instance <> %(instance)s
+        AND (r.fired_at IS NOT NULL OR r.held OR r.scheduled_at < f.first)
+    ORDER BY r.name, r.id LIMIT 1
 """
 CLAIM = f"""
     WITH wanted AS (
@@ -397,6 +407,7 @@ CLAIM = f"""
         CROSS JOIN LATERAL (
             SELECT c.ctid FROM schedtui_claims c
             WHERE c.name = h.name AND c.claimed_at < h.before
+            ORDER BY c.claimed_at LIMIT 100  -- (an index scan, see BUSY_ELSEWHERE; the rest next time)
             FOR UPDATE SKIP LOCKED
         ) d
     ),
@@ -411,23 +422,31 @@ CLAIM = f"""
 """
 CLAIMED_RUN = "SELECT run_id FROM schedtui_claims WHERE key = %s"
 #: Turns are serialized by advisory locks, one per bucket of schedule names (64: a burst's
-#: claim of thousands of schedules takes at most 64). Store.take_turn waits for its
-#: schedule's. A claim taking turns (Claim.turn) takes its schedules' if they are free,
-#: never waiting (the losers of a slot must not queue behind its winner), and does not
-#: decide the turns whose lock it did not get (TRY_TURN_LOCKS: those names): another claim
-#: or turn is deciding one in its bucket, from a snapshot that cannot see this claim (two
-#: claims of *different* slots: instances whose clocks are a cron interval apart each
-#: claim their own "now"); those runs take their turns as they start. A statement's
-#: snapshot is taken at its start, so the locks come in a statement of their own, before
-#: the check.
+#: claim of thousands of schedules takes at most 64), taken in bucket order. Store.take_turn
+#: takes its schedule's, then decides. A claim decides its turns without them (its losers
+#: must not wait for anyone), then, if it took any, takes their schedules' locks and gives
+#: back a turn that another instance holds now (KEEP_TURNS): two claims of *different*
+#: slots (instances whose clocks are a cron interval apart each claim their own "now"), or
+#: a claim and a turn, each deciding from a snapshot without the other, are decided again
+#: one after the other. A statement's snapshot is taken at its start, so the locks come in
+#: a statement of their own, before the check. A holder of these locks waits for nothing
+#: else (its claim is done, its check only reads and marks its own rows), so the waits
+#: cannot close a cycle.
 _TURN_BUCKET = "hashtext(%(name)s) & 63"
 TURN_LOCK = f"SELECT pg_advisory_xact_lock(hashtext('schedtui.turn'), {_TURN_BUCKET})"
-TRY_TURN_LOCKS = """
-    WITH b AS MATERIALIZED (
-        SELECT b.bucket, pg_try_advisory_xact_lock(hashtext('schedtui.turn'), b.bucket) AS got
-        FROM (SELECT DISTINCT hashtext(n) & 63 AS bucket FROM unnest(%(names)s::text[]) AS n) b
+TURN_LOCKS = """
+    SELECT pg_advisory_xact_lock(hashtext('schedtui.turn'), b.bucket)
+    FROM unnest(ARRAY(SELECT DISTINCT hashtext(n) & 63 FROM unnest(%(names)s::text[]) AS n ORDER BY 1)) AS b(bucket)
+"""
+KEEP_TURNS = f"""
+    WITH f AS (
+        SELECT * FROM unnest(%(names)s::text[], %(firsts)s::text[]::timestamptz[], %(run_ids)s::text[]) AS t(name, first, run_id)
+    ),
+    blocked AS (SELECT f.name, f.run_id, b.id FROM f CROSS JOIN LATERAL ({BUSY_ELSEWHERE}) b),
+    given_back AS (
+        UPDATE schedtui_runs r SET held = false FROM blocked b WHERE r.id = b.run_id AND r.held
     )
-    SELECT n FROM unnest(%(names)s::text[]) AS n JOIN b ON b.bucket = hashtext(n) & 63 WHERE NOT b.got
+    SELECT 'busy:' || name, id FROM blocked
 """
 TAKE_TURN = f"""
     WITH f AS (SELECT %(name)s::text AS name, %(slot)s::timestamptz AS first),
