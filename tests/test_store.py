@@ -24,10 +24,10 @@ import sqlite3
 import sys
 import textwrap
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -94,6 +94,7 @@ async def store(new_store: Callable[[], Store]) -> Store:
     return s
 
 
+T = TypeVar("T")
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 
 
@@ -1751,6 +1752,14 @@ async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_ur
             assert row is not None
             return bool(row[0])
 
+    async def behind(other: psycopg.AsyncConnection[Any], call: Awaitable[T]) -> T:
+        """``call``, which must wait for ``other``'s locks until ``other`` commits."""
+        pending = asyncio.ensure_future(call)
+        await asyncio.wait_for(waiting(), 10)
+        assert not pending.done()
+        await other.commit()
+        return await asyncio.wait_for(pending, 10)
+
     async def claimed_by_other(other: psycopg.AsyncConnection[Any], theirs: Claim) -> None:
         """Another instance's claim that took its turn, in flight (its locks taken)."""
         await other.execute(CLAIM, {"claims": _claims_json([theirs]), "instance": "c", "at": T0})
@@ -1763,11 +1772,7 @@ async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_ur
             await store.claim([mine], "a", T0)
             theirs = turning("q", T0 - timedelta(minutes=1))
             await claimed_by_other(other, theirs)
-            turn = asyncio.ensure_future(store.take_turn(mine.run_id, "q", T0, "a"))
-            await asyncio.wait_for(waiting(), 10)
-            assert not turn.done()
-            await other.commit()
-            assert await asyncio.wait_for(turn, 10) == Turn(False, theirs.run_id)
+            assert await behind(other, store.take_turn(mine.run_id, "q", T0, "a")) == Turn(False, theirs.run_id)
 
             # A claim that took a turn waits for a turn in flight, then gives its own back.
             later = claim(ids, "s", T0 + timedelta(minutes=1))
@@ -1776,22 +1781,14 @@ async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_ur
             await other.execute(TAKE_TURN, {"run_id": later.run_id, "name": "s", "slot": later.scheduled_at,
                                             "instance": "c"})  # fmt: skip
             earlier = turning("s", T0)  # (b's clock a minute behind: its "now")
-            claiming = asyncio.ensure_future(store.claim([earlier], "b", T0))
-            await asyncio.wait_for(waiting(), 10)
-            assert not claiming.done()
-            await other.commit()
-            result = await asyncio.wait_for(claiming, 10)
+            result = await behind(other, store.claim([earlier], "b", T0))
             assert result.won == {earlier.key} and result.busy == {"s": later.run_id} and result.turns([earlier]) == []
             assert await held(earlier.run_id) is False
 
             # Two claims that took the turns of different slots: the second gives its own back.
             early, late = turning("r", T0), turning("r", T0 + timedelta(minutes=1))
             await claimed_by_other(other, early)
-            claiming = asyncio.ensure_future(store.claim([late], "b", T0))
-            await asyncio.wait_for(waiting(), 10)
-            assert not claiming.done()
-            await other.commit()
-            result = await asyncio.wait_for(claiming, 10)
+            result = await behind(other, store.claim([late], "b", T0))
             assert result.won == {late.key} and result.busy == {"r": early.run_id} and result.turns([late]) == []
             assert (await held(late.run_id), await held(early.run_id)) == (False, True)
 
