@@ -126,8 +126,9 @@ class Claim:
     (a ``skip`` or ``queue`` schedule in ``advisoryLock`` coordination): when it is won and
     no run of its schedule is busy elsewhere (:attr:`ClaimResult.busy`), the store marks
     the placeholder :attr:`Run.held` in the same transaction, so the schedule's overlap
-    place is taken from that moment, not from when the handler begins. A run won so holds
-    its turn: it starts without :meth:`~backend.store.Store.take_turn`."""
+    place is taken from that moment, not from when the handler begins (unless another
+    instance was deciding one of the schedule's turns then: :attr:`ClaimResult.untried`).
+    A run won so holds its turn: it starts without :meth:`~backend.store.Store.take_turn`."""
 
 
 def unique_claims(claims: Sequence[Claim]) -> Sequence[Claim]:
@@ -150,11 +151,14 @@ class ClaimResult:
     a slot of: a run of that schedule that is ``running`` on another instance and has
     started or holds its turn (:attr:`Run.held`), or is claimed for an earlier slot than
     the earliest one won here (a run about to start, or queued)."""
+    untried: frozenset[str] = frozenset()
+    """Schedules whose turn the claim left undecided, though asked to take it: another
+    instance was deciding one at that moment (PostgreSQL). Their runs take it as they start."""
 
     def turns(self, claims: Sequence[Claim]) -> list[str]:
         """The run ids of ``claims`` that won their turn with their slot (see :attr:`Claim.turn`)."""
-        busy, won = self.busy, self.won
-        return [c.run_id for c in claims if c.turn and c.key in won and c.name not in busy]
+        busy, won, untried = self.busy, self.won, self.untried
+        return [c.run_id for c in claims if c.turn and c.key in won and c.name not in busy and c.name not in untried]
 
 
 @dataclass(frozen=True, slots=True)

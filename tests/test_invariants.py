@@ -151,7 +151,9 @@ class FlakyStore:
     what an engine handed in before is visible to the next call, whichever engine makes
     it (the group commit takes milliseconds; the clock here only moves between steps). It
     also counts the calls on their way, so the machine knows when nothing waits for the
-    database any more."""
+    database any more. In a fleet, whose racing call goes first is drawn, and a claim's
+    turns are sometimes left undecided, as PostgreSQL leaves them when another instance
+    decides one of the schedule's at that moment (:attr:`ClaimResult.untried`)."""
 
     FAILING = {
         "claim", "claimed_run", "get_states", "set_state", "heartbeat", "heartbeat_and_unfinished", "instances", "forget_instance",
@@ -174,10 +176,15 @@ class FlakyStore:
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             world.pending += 1
+            untried: frozenset[str] = frozenset()
             try:
                 if name in self.RACING and world.order is not None and world.order.random() < 0.5:
                     for _ in range(3):
                         await asyncio.sleep(0)  # the other instance's call, sent as well, goes first
+                if name == "claim" and world.order is not None and any(c.turn for c in args[0]):
+                    if world.order.random() < 0.25:  # another instance decides a turn meanwhile (PostgreSQL)
+                        untried = frozenset(c.name for c in args[0] if c.turn)
+                        args = ([dataclasses.replace(c, turn=False) for c in args[0]], *args[1:])
                 async with world.lock:
                     if name in self.FAILING and world.down:
                         raise Unavailable("the store is down (test)")
@@ -190,6 +197,8 @@ class FlakyStore:
                     if name == "close":
                         world.stores.remove(self.inner)
                     result = await value(*args, **kwargs)
+                    if untried:
+                        result = dataclasses.replace(result, untried=untried)
                     if name == "open":
                         world.stores.append(self.inner)
                     if name == "claim" and world.lose_answers:

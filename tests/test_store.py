@@ -24,10 +24,10 @@ import sqlite3
 import sys
 import textwrap
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import pytest
@@ -94,7 +94,6 @@ async def store(new_store: Callable[[], Store]) -> Store:
     return s
 
 
-T = TypeVar("T")
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 
 
@@ -1728,10 +1727,10 @@ async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_ur
     then mark their own row: a turn taken while another instance's claim taking the turn
     of a different slot of the schedule is in flight would see nothing of it (and the
     claim nothing of the turn), and both would start; so would two claims taking turns of
-    different slots (instances whose clocks are a cron interval apart). The later of the
-    two to decide waits for the other, then decides again; a claim that won nothing
-    waits for nobody."""
-    from backend.store.postgres.sql import CLAIM, TAKE_TURN, TURN_LOCK, TURN_LOCKS, _claims_json
+    different slots (instances whose clocks are a cron interval apart). A turn waits for
+    the claim; a claim never waits (it holds its keys): it checks again under the locks it
+    can take at once, and leaves a turn whose lock another holds to its run's start."""
+    from backend.store.postgres.sql import CLAIM, KEEP_TURNS, TAKE_TURN, TRY_TURN_LOCKS, TURN_LOCK, _claims_json
 
     store = open_store(pg_url)
     await store.open()
@@ -1752,18 +1751,10 @@ async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_ur
             assert row is not None
             return bool(row[0])
 
-    async def behind(other: psycopg.AsyncConnection[Any], call: Awaitable[T]) -> T:
-        """``call``, which must wait for ``other``'s locks until ``other`` commits."""
-        pending = asyncio.ensure_future(call)
-        await asyncio.wait_for(waiting(), 10)
-        assert not pending.done()
-        await other.commit()
-        return await asyncio.wait_for(pending, 10)
-
     async def claimed_by_other(other: psycopg.AsyncConnection[Any], theirs: Claim) -> None:
-        """Another instance's claim that took its turn, in flight (its locks taken)."""
+        """Another instance's claim that took its turn, in flight (checking under its locks)."""
         await other.execute(CLAIM, {"claims": _claims_json([theirs]), "instance": "c", "at": T0})
-        await other.execute(TURN_LOCKS, {"names": [theirs.name]})
+        assert not await (await other.execute(TRY_TURN_LOCKS, {"names": [theirs.name]})).fetchall()
 
     try:
         async with await psycopg.AsyncConnection.connect(pg_url) as other:
@@ -1772,33 +1763,54 @@ async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_ur
             await store.claim([mine], "a", T0)
             theirs = turning("q", T0 - timedelta(minutes=1))
             await claimed_by_other(other, theirs)
-            assert await behind(other, store.take_turn(mine.run_id, "q", T0, "a")) == Turn(False, theirs.run_id)
+            turn = asyncio.ensure_future(store.take_turn(mine.run_id, "q", T0, "a"))
+            await asyncio.wait_for(waiting(), 10)
+            assert not turn.done()
+            await other.commit()
+            assert await asyncio.wait_for(turn, 10) == Turn(False, theirs.run_id)
 
-            # A claim that took a turn waits for a turn in flight, then gives its own back.
+            # A claim meeting a turn in flight does not wait: it leaves its own undecided.
             later = claim(ids, "s", T0 + timedelta(minutes=1))
             await store.claim([later], "c", T0)  # (its placeholder: not started, no turn)
             await other.execute(TURN_LOCK, {"name": "s"})
             await other.execute(TAKE_TURN, {"run_id": later.run_id, "name": "s", "slot": later.scheduled_at,
                                             "instance": "c"})  # fmt: skip
             earlier = turning("s", T0)  # (b's clock a minute behind: its "now")
-            result = await behind(other, store.claim([earlier], "b", T0))
-            assert result.won == {earlier.key} and result.busy == {"s": later.run_id} and result.turns([earlier]) == []
+            result = await asyncio.wait_for(store.claim([earlier], "b", T0), 10)
+            assert result.won == {earlier.key} and result.untried == {"s"} and result.turns([earlier]) == []
             assert await held(earlier.run_id) is False
+            await other.commit()  # ... and its run, starting, is refused
+            assert await store.take_turn(earlier.run_id, "s", T0, "b") == Turn(False, later.run_id)
 
-            # Two claims that took the turns of different slots: the second gives its own back.
+            # Nor for another claim checking its turn of a different slot.
             early, late = turning("r", T0), turning("r", T0 + timedelta(minutes=1))
             await claimed_by_other(other, early)
-            result = await behind(other, store.claim([late], "b", T0))
-            assert result.won == {late.key} and result.busy == {"r": early.run_id} and result.turns([late]) == []
+            result = await asyncio.wait_for(store.claim([late], "b", T0), 10)
+            assert result.won == {late.key} and result.untried == {"r"} and result.turns([late]) == []
+            await other.commit()
             assert (await held(late.run_id), await held(early.run_id)) == (False, True)
+            assert await store.take_turn(late.run_id, "r", T0 + timedelta(minutes=1), "b") == Turn(False, early.run_id)
 
-            # A claim that won nothing takes no lock: it does not wait for a turn in flight.
-            taken = turning("u", T0)
-            await store.claim([taken], "c", T0)
-            await other.execute(TURN_LOCK, {"name": "u"})
-            result = await asyncio.wait_for(store.claim([turning("u", T0)], "b", T0), 10)
-            assert result.won == frozenset()
-            await other.rollback()
+            # A claim that decided from a snapshot without another's turn, committed before its
+            # check under the lock, gives its own back there.
+            first, second = turning("t", T0), turning("t", T0 + timedelta(minutes=1))
+            await other.execute(CLAIM, {"claims": _claims_json([first]), "instance": "c", "at": T0})
+            async with await psycopg.AsyncConnection.connect(pg_url) as mine_conn:
+                await mine_conn.execute(CLAIM, {"claims": _claims_json([second]), "instance": "b", "at": T0})
+                # (neither committed: each decided from a snapshot without the other)
+                await other.commit()
+                assert not await (await mine_conn.execute(TRY_TURN_LOCKS, {"names": ["t"]})).fetchall()
+                keep = {"names": ["t"], "firsts": [second.scheduled_at.isoformat()],  # type: ignore[union-attr]
+                        "run_ids": [second.run_id], "undecided": [], "instance": "b"}  # fmt: skip
+                rows = await (await mine_conn.execute(KEEP_TURNS, keep)).fetchall()
+                await mine_conn.commit()
+            assert rows == [("busy:t", first.run_id)]
+            assert (await held(second.run_id), await held(first.run_id)) == (False, True)
+
+            # With nobody deciding, a claim keeps its turn (and frees the lock as it commits).
+            free = turning("v", T0)
+            result = await store.claim([free], "b", T0)
+            assert result.untried == frozenset() and result.turns([free]) == [free.run_id] and await held(free.run_id)
     finally:
         await store.close()
 

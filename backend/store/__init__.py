@@ -306,8 +306,8 @@ class Store(Protocol):
         names the schedules won here that another instance has a run of in flight (see
         :class:`ClaimResult`). A claim's turns (:attr:`Claim.turn`) are decided one
         schedule at a time across the store, with :meth:`take_turn` and other claims' turns:
-        two instances never both take one (a claim that took one waits for that; its
-        losers never do).
+        two instances never both take one. A claim never waits for that: a turn it cannot
+        decide at once it leaves to its run (:attr:`ClaimResult.untried`).
 
         Concurrent callers never deadlock (keys are taken in one global order). Raises
         :class:`Unavailable` when the claims cannot be written: the caller must not fire."""

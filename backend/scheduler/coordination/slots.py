@@ -258,7 +258,8 @@ class SlotClaims:
         all) whose runs start once won, which take their schedule's turn with the claim
         (:attr:`Claim.turn`, under ``skip`` and ``queue`` where the coordinator takes turns):
         slots due now. The others (lost slots, a catch-up's older ones) take it as they start
-        (see :meth:`Launcher.needs_turn`)."""
+        (see :meth:`Launcher.needs_turn`), as do the runs whose turn their claim left
+        undecided (:attr:`ClaimResult.untried`)."""
         trigger: Trigger = "external" if in_store else "self"
         outcome: Outcome = "external" if in_store else self.coordinator.outcome
         turns = self.coordinator.takes_turns

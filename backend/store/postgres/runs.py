@@ -46,8 +46,8 @@ from backend.store.postgres.sql import (
     SET_STATE,
     SWEEP_CLAIMS,
     TAKE_TURN,
+    TRY_TURN_LOCKS,
     TURN_LOCK,
-    TURN_LOCKS,
     UPDATE_BACKFILL,
     _backfill,
     _claims_json,
@@ -173,20 +173,23 @@ class PostgresRuns:
         async def go(conn: AsyncConnection[Any]) -> ClaimResult:
             if not turning:
                 return _claim_result(await (await conn.execute(CLAIM, params)).fetchall())
-            async with conn.transaction():  # (see TURN_LOCKS)
+            async with conn.transaction():  # (see TRY_TURN_LOCKS)
                 result = _claim_result(await (await conn.execute(CLAIM, params)).fetchall())
                 taken = _turns_taken(claims, result)
                 if not taken:
                     return result
-                await conn.execute(TURN_LOCKS, {"names": sorted({name for name, _, _ in taken})})
+                cur = await conn.execute(TRY_TURN_LOCKS, {"names": sorted({name for name, _, _ in taken})})
+                untried = frozenset(row[0] for row in await cur.fetchall())
+                kept = [turn for turn in taken if turn[0] not in untried]
                 keep = {
-                    "names": [name for name, _, _ in taken],
-                    "firsts": [first.isoformat() for _, first, _ in taken],  # (a str list adapts fast)
-                    "run_ids": [run_id for _, _, run_id in taken],
+                    "names": [name for name, _, _ in kept],
+                    "firsts": [first.isoformat() for _, first, _ in kept],  # (a str list adapts fast)
+                    "run_ids": [run_id for _, _, run_id in kept],
+                    "undecided": [run_id for name, _, run_id in taken if name in untried],
                     "instance": instance,
                 }
                 rows = await (await conn.execute(KEEP_TURNS, keep)).fetchall()
-                return ClaimResult(result.won, {**result.busy, **_claim_result(rows).busy})
+                return ClaimResult(result.won, {**result.busy, **_claim_result(rows).busy}, untried)
 
         result = await self._with_conn(go, wait=_CLAIM_WAIT)
         self.commits += 1

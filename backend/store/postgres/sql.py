@@ -422,21 +422,26 @@ CLAIM = f"""
 """
 CLAIMED_RUN = "SELECT run_id FROM schedtui_claims WHERE key = %s"
 #: Turns are serialized by advisory locks, one per bucket of schedule names (64: a burst's
-#: claim of thousands of schedules takes at most 64), taken in bucket order. Store.take_turn
-#: takes its schedule's, then decides. A claim decides its turns without them (its losers
-#: must not wait for anyone), then, if it took any, takes their schedules' locks and gives
-#: back a turn that another instance holds now (KEEP_TURNS): two claims of *different*
-#: slots (instances whose clocks are a cron interval apart each claim their own "now"), or
-#: a claim and a turn, each deciding from a snapshot without the other, are decided again
-#: one after the other. A statement's snapshot is taken at its start, so the locks come in
-#: a statement of their own, before the check. A holder of these locks waits for nothing
-#: else (its claim is done, its check only reads and marks its own rows), so the waits
-#: cannot close a cycle.
+#: claim of thousands of schedules takes at most 64). Store.take_turn takes its
+#: schedule's, then decides. A claim decides its turns without them (its losers must not
+#: wait for anyone), then, if it took any, takes the free ones of their schedules' locks,
+#: never waiting (TRY_TURN_LOCKS: it holds its keys, and a claim of the version before,
+#: which held these locks shared while it waited for keys, would close a cycle). Under
+#: the locks it got it checks again and gives back a turn another instance holds by now
+#: (KEEP_TURNS): two claims of *different* slots (instances whose clocks are a cron
+#: interval apart each claim their own "now"), or a claim and a turn, each deciding from a
+#: snapshot without the other, are decided again one after the other. A turn whose lock
+#: another holds it gives back undecided (ClaimResult.untried): its run takes it as it
+#: starts. A statement's snapshot is taken at its start, so the locks come in a statement
+#: of their own, before the check.
 _TURN_BUCKET = "hashtext(%(name)s) & 63"
 TURN_LOCK = f"SELECT pg_advisory_xact_lock(hashtext('schedtui.turn'), {_TURN_BUCKET})"
-TURN_LOCKS = """
-    SELECT pg_advisory_xact_lock(hashtext('schedtui.turn'), b.bucket)
-    FROM unnest(ARRAY(SELECT DISTINCT hashtext(n) & 63 FROM unnest(%(names)s::text[]) AS n ORDER BY 1)) AS b(bucket)
+TRY_TURN_LOCKS = """
+    WITH b AS MATERIALIZED (
+        SELECT b.bucket, pg_try_advisory_xact_lock(hashtext('schedtui.turn'), b.bucket) AS got
+        FROM (SELECT DISTINCT hashtext(n) & 63 AS bucket FROM unnest(%(names)s::text[]) AS n) b
+    )
+    SELECT n FROM unnest(%(names)s::text[]) AS n JOIN b ON b.bucket = hashtext(n) & 63 WHERE NOT b.got
 """
 KEEP_TURNS = f"""
     WITH f AS (
@@ -444,7 +449,8 @@ KEEP_TURNS = f"""
     ),
     blocked AS (SELECT f.name, f.run_id, b.id FROM f CROSS JOIN LATERAL ({BUSY_ELSEWHERE}) b),
     given_back AS (
-        UPDATE schedtui_runs r SET held = false FROM blocked b WHERE r.id = b.run_id AND r.held
+        UPDATE schedtui_runs r SET held = false
+        WHERE r.held AND (r.id IN (SELECT run_id FROM blocked) OR r.id = ANY (%(undecided)s::text[]))
     )
     SELECT 'busy:' || name, id FROM blocked
 """
