@@ -558,6 +558,8 @@ class QueueMachine(RuleBasedStateMachine):
         for _ in range(24):  # 240 s: past a lapse, the take-over window and a timed-out attempt
             self.end_every_handler()
             self.advance(10)
+            if not self.live and all(job.status == "dead" for job in self.run(self.store_jobs())):
+                break  # nothing left that time could move (a finished job is deleted)
         self.end_every_handler()
         self.run(self.settle())
         now = self.clock.now()
