@@ -344,6 +344,10 @@ class EngineMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.runner = asyncio.Runner()
+        # Tasks counted as they are made and as they end: settle() compares the counts, where
+        # asyncio.all_tasks() walked every ended task not yet collected (8% of the machine).
+        self.tasks_made = self.tasks_ended = 0
+        self.runner.get_loop().set_task_factory(self.counted_task)
         self.folder = Path(tempfile.mkdtemp(prefix="schedtui-invariants-"))
         self.url = f"sqlite:///{self.folder / 'state.db'}"
         self.clock = ManualClock(START)
@@ -420,12 +424,22 @@ class EngineMachine(RuleBasedStateMachine):
             ids=IdFactory(self.clock.now, functools.partial(bits, 80)),  # repeatable
         )
 
+    def counted_task(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        self.tasks_made += 1
+        task.add_done_callback(self.task_ended)
+        return task
+
+    def task_ended(self, _: asyncio.Task[Any]) -> None:
+        self.tasks_ended += 1
+
     def signature(self) -> tuple[Any, ...]:
         return (
             self.world.pending,
             self.handlers.events,
             self.clock.sleepers,
-            len(asyncio.all_tasks()),
+            self.tasks_made,
+            self.tasks_ended,
             tuple(sum(e.stats.values()) for e in self.engines.values()),
         )
 
