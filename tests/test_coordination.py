@@ -207,6 +207,37 @@ async def test_run_now_on_one_instance_counts_as_in_flight_for_the_others(
     assert [(r.trigger, r.status) for r in await all_runs(b, "job")] == [("manual", "succeeded"), ("self", "skipped")]
 
 
+@pytest.mark.parametrize(("coordination", "on_overlap", "holds"), [
+    ("advisoryLock", "skip", True), ("advisoryLock", "queue", True), ("advisoryLock", "parallel", False),
+    ("single", "skip", False),
+])  # fmt: skip
+async def test_a_run_now_holds_its_schedules_turn_from_its_first_row(
+    make_engine: Callable[..., Engine], clock: ManualClock, coordination: str, on_overlap: str, holds: bool
+) -> None:
+    """The row a Run now commits before its handler starts holds the schedule's turn
+    (``held``), so that the other instances count it in flight from that commit, whatever
+    slot they decide for (the store commits it under the turn's lock: see test_store.py);
+    its started and finished rows let go. Not where no turn is kept (``parallel``, ``single``)."""
+    gate = Gate()
+    a = make_engine([schedule(handler=gate, on_overlap=on_overlap)], instance="a", coordination=coordination)
+    await a.open()
+    handed: list[Run] = []
+    save_runs = a.store.save_runs
+
+    def spy(runs: Sequence[Run]) -> None:
+        handed.extend(runs)
+        save_runs(runs)
+
+    a.store.save_runs = spy  # type: ignore[method-assign]  # (watching what the engine hands in)
+    manual = await a.run_now("job")
+    gate.release.set()
+    await a.run_now("job", wait=True)
+    versions = [(r.fired_at is not None, r.status, r.held) for r in handed if r.id == manual.id]
+    assert versions[0] == (False, "running", holds)
+    assert all(not held for started, _, held in versions if started)
+    assert (await a.get_run(manual.id)).held is False
+
+
 async def test_a_fleet_fires_each_slot_once_after_disable_and_enable_within_an_interval(
     make_engine: Callable[..., Engine], clock: ManualClock
 ) -> None:

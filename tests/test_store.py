@@ -1721,6 +1721,14 @@ async def test_postgres_unreachable_is_one_line_without_the_password(pg_server: 
         store.save_runs([])  # not open
 
 
+async def waiting_for_an_advisory_lock(pg_url: str) -> None:
+    """Returns once a backend of the server waits for an advisory lock."""
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        while not (await (await conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")).fetchone() or (0,))[0]:  # fmt: skip
+            await asyncio.sleep(0.01)
+
+
 @pytest.mark.postgres
 async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_url: str) -> None:
     """PostgreSQL does not serialize two transactions that each find nothing in flight and
@@ -1736,11 +1744,8 @@ async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_ur
     await store.open()
     ids = Ids()
 
-    async def waiting() -> None:  # until a backend waits for an advisory lock
-        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
-            while not (await (await conn.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")).fetchone() or (0,))[0]:  # fmt: skip
-                await asyncio.sleep(0.01)
+    async def waiting() -> None:
+        await waiting_for_an_advisory_lock(pg_url)
 
     def turning(name: str, slot: datetime) -> Claim:
         return dataclasses.replace(claim(ids, name, slot), turn=True)
@@ -1811,6 +1816,44 @@ async def test_postgres_turns_and_claims_taking_turns_never_decide_at_once(pg_ur
             free = turning("v", T0)
             result = await store.claim([free], "b", T0)
             assert result.untried == frozenset() and result.turns([free]) == [free.run_id] and await held(free.run_id)
+    finally:
+        await store.close()
+
+
+@pytest.mark.postgres
+async def test_postgres_a_run_now_is_committed_under_its_turn_lock_and_counts_in_flight_from_then(pg_url: str) -> None:
+    """A Run now's row (``running``, its handler not started, holding its schedule's turn) is
+    committed under the schedule's turn lock: a turn, or a claim's check, deciding from a
+    snapshot without the row is over before it commits, and one after it sees it. From
+    that commit it counts in flight for the other instances whatever its slot: here one
+    pressed after the slot whose run takes its turn elsewhere. Before, the row went in
+    with no lock and no turn: a turn decided in the milliseconds before its commit, or
+    for a slot before the moment it was pressed, started beside it."""
+    from backend.store.postgres.sql import TURN_LOCK
+
+    store = open_store(pg_url)
+    await store.open()
+    ids = Ids()
+    try:
+        timed = claim(ids, "m", T0)
+        await store.claim([timed], "b", T0)  # (its placeholder, its turn to take as it starts)
+        pressed = run(ids(), name="m", scheduled_at=T0 + timedelta(seconds=30), status="running", trigger="manual",
+                      instance="a", fired_at=None, held=True)  # fmt: skip
+        async with await psycopg.AsyncConnection.connect(pg_url) as other:
+            await other.execute(TURN_LOCK, {"name": "m"})  # another instance deciding a turn of "m"
+            store.save_runs([pressed])
+            flushed = asyncio.ensure_future(store.flush())
+            await asyncio.wait_for(waiting_for_an_advisory_lock(pg_url), 10)  # the writer waits for it
+            assert not flushed.done()
+            await other.commit()
+            await asyncio.wait_for(flushed, 10)
+        assert await store.take_turn(timed.run_id, "m", T0, "b") == Turn(False, pressed.id)
+        # Started, then finished: it lets go (a timed run's rows take no lock).
+        store.save_runs([started := dataclasses.replace(pressed, fired_at=T0 + timedelta(seconds=30), held=False)])
+        await store.flush()
+        store.save_runs([started.finish("succeeded", T0 + timedelta(seconds=31))])
+        await store.flush()
+        assert await store.take_turn(timed.run_id, "m", T0, "b") == Turn(True, None)
     finally:
         await store.close()
 

@@ -87,9 +87,14 @@ class ScheduleRun(Invocation):
         then the finished one."""
         run = self._run
         if run is None:
+            # A Run now (or a backfill's run) holds its schedule's place from the commit of
+            # its row, before its handler starts: the other instances' overlap checks count
+            # it in flight whatever its slot (see Launcher.place).
+            held = self.trigger == "manual" and self.launcher.takes_turns and self.schedule.on_overlap != "parallel"
             run = self._run = Run(
-                self.run_id, self.schedule.name, self.slot, "running", self.trigger, self.coordination, self.launcher.instance
-            )
+                self.run_id, self.schedule.name, self.slot, "running", self.trigger, self.coordination,
+                self.launcher.instance, held=held,
+            )  # fmt: skip
         return run
 
     @run.setter
@@ -442,7 +447,10 @@ class Launcher:
     def place(self, runs: list[Run]) -> asyncio.Future[None]:
         """Hand the ``running`` rows of runs about to start to the store now; the future
         resolves once they are committed (after :data:`PLACE_WAIT_S` at most, and at once
-        while the store is that slow: their rows then wait in the writer)."""
+        while the store is that slow: their rows then wait in the writer). A Run now's row
+        holds its schedule's turn (:attr:`Run.held`), and a store that decides turns with
+        locks commits it under its schedule's (see :meth:`Store.take_turn`): no other
+        instance decides a turn of it from a view without that row."""
         self.placed.update(run.id for run in runs)
         self.store.save_runs(runs)
         return asyncio.ensure_future(self._committed())

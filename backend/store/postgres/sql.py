@@ -443,6 +443,16 @@ TRY_TURN_LOCKS = """
     )
     SELECT n FROM unnest(%(names)s::text[]) AS n JOIN b ON b.bucket = hashtext(n) & 63 WHERE NOT b.got
 """
+#: The ledger's writer, committing a batch with Run now rows placed (``running``, no
+#: ``fired_at``, holding their schedules' turn: see Launcher.place), takes those schedules'
+#: locks first, waiting, in bucket order, before any row: a turn or a claim's check that
+#: decides meanwhile from a snapshot without the row decides again once it is committed
+#: (TAKE_TURN, KEEP_TURNS), or leaves the turn to its run (TRY_TURN_LOCKS). Whoever holds
+#: such a lock waits for nothing more but its commit, so the writer waits a moment at most.
+RUN_NOW_TURN_LOCKS = """
+    SELECT count(pg_advisory_xact_lock(hashtext('schedtui.turn'), b.bucket))
+    FROM (SELECT DISTINCT hashtext(n) & 63 AS bucket FROM unnest(%s::text[]) AS n ORDER BY 1) b
+"""
 KEEP_TURNS = f"""
     WITH f AS (
         SELECT * FROM unnest(%(names)s::text[], %(firsts)s::text[]::timestamptz[], %(run_ids)s::text[]) AS t(name, first, run_id)
