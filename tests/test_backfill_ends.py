@@ -246,6 +246,30 @@ async def test_the_plan_says_how_many_live_slots_it_may_displace(
     assert refused.live_effect() is None  # nothing to say of a plan that may not start
 
 
+async def test_quiesce_without_runs_waits_for_a_backfill_between_its_runs(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Between two runs a backfill writes its progress and launches the next: what the
+    current time calls for, as a timer's firing, so ``quiesce(runs=False)`` waits for it
+    (it returned while a write was on its way: a test moving the clock on meanwhile
+    started the next run a step later, and a backfill test failed one run in eight on a
+    loaded machine). Here the progress's write takes 200 rounds of the event loop."""
+    engine = make_engine([minutely(clock, 0)])
+    await engine.start()
+    update_backfill = engine.store.update_backfill
+
+    async def slow(progress: BackfillProgress) -> None:
+        for _ in range(200):
+            await asyncio.sleep(0)
+        await update_backfill(progress)
+
+    engine.store.update_backfill = slow  # type: ignore[method-assign]  # (a slow store, on the loop's rounds)
+    progress = await engine.start_backfill("job", at("2026-03-02T07:00:00Z"), at("2026-03-02T07:03:00Z"))
+    await engine.quiesce(runs=False)
+    ended = await engine.backfill_progress(progress.id)
+    assert (ended.state, ended.fired) == ("done", 3)
+
+
 async def test_a_backfill_skips_as_many_live_slots_as_its_plan_said(
     make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
 ) -> None:

@@ -176,6 +176,16 @@ class Backfills:
     def idle(self) -> bool:
         return not any(job.task is not None and not job.task.done() for job in self.jobs.values())
 
+    @property
+    def stepping(self) -> bool:
+        """A backfill between two runs: none begun yet, or the last one ended, and its task
+        goes on (writing its progress, launching the next, or its end). What the current
+        time calls for, as a timer's firing: ``quiesce(runs=False)`` waits for it."""
+        return any(
+            job.task is not None and not job.task.done() and (not job.runs or job.runs[-1].done)
+            for job in self.jobs.values()
+        )
+
     def plan(
         self, schedule: Schedule, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
     ) -> BackfillPlan:

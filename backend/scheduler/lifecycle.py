@@ -307,9 +307,14 @@ def is_armed(engine: Engine) -> bool:
 
 def has_started(engine: Engine) -> bool:
     """Every catch-up has handed its slots on, every run taking its turn has its answer,
-    and every handler started has begun (what ``quiesce(runs=False)`` waits for besides
-    the loops)."""
-    return engine.catch_up.unhanded == 0 and engine.launcher.turning == 0 and engine.runner.unbegun == 0
+    every backfill has launched its next run (or ended), and every handler started has
+    begun (what ``quiesce(runs=False)`` waits for besides the loops)."""
+    return (
+        engine.catch_up.unhanded == 0
+        and engine.launcher.turning == 0
+        and not engine.backfills.stepping
+        and engine.runner.unbegun == 0
+    )
 
 
 def is_settled(engine: Engine) -> bool:
