@@ -27,7 +27,8 @@ cancellation (until its engine stops). After every step the ledger is checked:
 (c) after a clean stop (a restart, and the end of each example), the stopped engine has
     left nothing ``running``;
 (d) no two non-manual runs of a ``skip`` or ``queue`` schedule were in flight at once, by
-    the ledger or by when their handlers really ran (a timed-out one keeps its place);
+    the ledger or by when their handlers really ran (a timed-out one keeps its place); nor
+    did one start while a Run now of the schedule ran (d');
 (e) no slot's handler started twice (self-triggered or external), and none whose handler
     started is recorded ``missed`` or ``skipped``;
 (f) a fourth schedule is fired by a platform (``trigger="external"``, every 15 minutes):
@@ -1082,6 +1083,13 @@ class EngineMachine(RuleBasedStateMachine):
                             assert start >= latest[0], f"(d) {name}: ran at once: {self.show({r.scheduled_at: [latest[1], r]})}"
                         if latest is None or end > latest[0]:
                             latest = (end, r)
+                    # (d') nor did one start while a Run now of it ran: a Run now starts whatever
+                    # is in flight, but counts in flight for what comes after it, on every
+                    # instance (at the same instant either may go first).
+                    manual = [(r.fired_at, r.finished_at or now, r) for r in runs
+                              if r.trigger == "manual" and r.fired_at is not None and self.epoch_of(r) == epoch]  # fmt: skip
+                    beside = [(m, r) for start, _, r in spans for m_start, m_end, m in manual if m_start < start < m_end]
+                    assert not beside, f"(d') {name}: started while a Run now ran: {self.show({r.scheduled_at: [m, r] for m, r in beside})}"
                     # ... nor did their handlers really run at once (a run recorded timeout or
                     # abandoned, whose handler ran on, keeps its place until it has returned)
                     ran = sorted((start, end or now) for start, end in self.handlers.spans[(name, epoch)] if start is not None)
