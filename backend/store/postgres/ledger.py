@@ -24,7 +24,7 @@ from backend.errors import Unavailable
 from backend.model import Run
 from backend.store import store_unavailable
 from backend.store.postgres.events import NOTIFY_CHOSEN, _one_line
-from backend.store.postgres.sql import NOTE_LAST_FIRED, RUN_NOW_TURN_LOCKS, UPSERT_RUNS, _runs_json
+from backend.store.postgres.sql import NOTE_LAST_FIRED, UPSERT_RUNS, WRITTEN_TURN_LOCKS, _runs_json
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
@@ -163,12 +163,12 @@ class PostgresLedgerWriter:
                 latest = started.get(run.instance)
                 if latest is None or fired > latest:
                     started[run.instance] = fired
-        # Run now rows placed, holding their schedules' turns: committed under those
-        # schedules' turn locks (see RUN_NOW_TURN_LOCKS).
-        turns = sorted({run.name for run in runs if run.held and run.trigger == "manual" and run.fired_at is None})
+        # Rows taking their schedules' turns as they are written (a Run now's, placed):
+        # committed under those schedules' turn locks (see WRITTEN_TURN_LOCKS).
+        turns = sorted({run.name for run in runs if run.held and run.status == "running" and run.fired_at is None})
         async with conn.transaction():
             if turns:
-                await conn.execute(RUN_NOW_TURN_LOCKS, (turns,))
+                await conn.execute(WRITTEN_TURN_LOCKS, (turns,))
             for start in range(0, len(runs), _WRITE_CHUNK):
                 await conn.execute(UPSERT_RUNS, (_runs_json(runs[start : start + _WRITE_CHUNK]),))
             for instance, fired in started.items():

@@ -434,24 +434,32 @@ CLAIMED_RUN = "SELECT run_id FROM schedtui_claims WHERE key = %s"
 #: another holds it gives back undecided (ClaimResult.untried): its run takes it as it
 #: starts. A statement's snapshot is taken at its start, so the locks come in a statement
 #: of their own, before the check.
-_TURN_BUCKET = "hashtext(%(name)s) & 63"
-TURN_LOCK = f"SELECT pg_advisory_xact_lock(hashtext('schedtui.turn'), {_TURN_BUCKET})"
-TRY_TURN_LOCKS = """
+_TURN_CLASS = "hashtext('schedtui.turn')"
+
+
+def _turn_bucket(name: str) -> str:
+    """The bucket of a schedule name (SQL of ``name``, an expression): 64 of them."""
+    return f"hashtext({name}) & 63"
+
+
+TURN_LOCK = f"SELECT pg_advisory_xact_lock({_TURN_CLASS}, {_turn_bucket('%(name)s')})"
+TRY_TURN_LOCKS = f"""
     WITH b AS MATERIALIZED (
-        SELECT b.bucket, pg_try_advisory_xact_lock(hashtext('schedtui.turn'), b.bucket) AS got
-        FROM (SELECT DISTINCT hashtext(n) & 63 AS bucket FROM unnest(%(names)s::text[]) AS n) b
+        SELECT b.bucket, pg_try_advisory_xact_lock({_TURN_CLASS}, b.bucket) AS got
+        FROM (SELECT DISTINCT {_turn_bucket('n')} AS bucket FROM unnest(%(names)s::text[]) AS n) b
     )
-    SELECT n FROM unnest(%(names)s::text[]) AS n JOIN b ON b.bucket = hashtext(n) & 63 WHERE NOT b.got
+    SELECT n FROM unnest(%(names)s::text[]) AS n JOIN b ON b.bucket = {_turn_bucket('n')} WHERE NOT b.got
 """
-#: The ledger's writer, committing a batch with Run now rows placed (``running``, no
-#: ``fired_at``, holding their schedules' turn: see Launcher.place), takes those schedules'
-#: locks first, waiting, in bucket order, before any row: a turn or a claim's check that
-#: decides meanwhile from a snapshot without the row decides again once it is committed
-#: (TAKE_TURN, KEEP_TURNS), or leaves the turn to its run (TRY_TURN_LOCKS). Whoever holds
-#: such a lock waits for nothing more but its commit, so the writer waits a moment at most.
-RUN_NOW_TURN_LOCKS = """
-    SELECT count(pg_advisory_xact_lock(hashtext('schedtui.turn'), b.bucket))
-    FROM (SELECT DISTINCT hashtext(n) & 63 AS bucket FROM unnest(%s::text[]) AS n ORDER BY 1) b
+#: The ledger's writer, committing a batch with rows that take their schedules' turn as
+#: they are first written (a Run now's, placed before its handler starts: ``running``, no
+#: ``fired_at``, ``held``; see Launcher.place), takes those schedules' locks first, waiting,
+#: in bucket order, before any row: a turn or a claim's check that decides meanwhile from
+#: a snapshot without the row decides again once it is committed (TAKE_TURN, KEEP_TURNS),
+#: or leaves the turn to its run (TRY_TURN_LOCKS). Whoever holds such a lock waits for
+#: nothing more but its commit, so the writer waits a moment at most.
+WRITTEN_TURN_LOCKS = f"""
+    SELECT count(pg_advisory_xact_lock({_TURN_CLASS}, b.bucket))
+    FROM (SELECT DISTINCT {_turn_bucket('n')} AS bucket FROM unnest(%s::text[]) AS n ORDER BY 1) b
 """
 KEEP_TURNS = f"""
     WITH f AS (
