@@ -175,6 +175,25 @@ async def test_behind_a_transaction_pooler_the_store_sets_nothing_that_leaks_and
     assert problems(caplog) == []
 
 
+@pytest.mark.postgres
+async def test_behind_a_transaction_pooler_a_lock_timeout_of_the_role_is_named_at_open(
+    pg_pooler: Pooler, pg_server: pg.PgServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Connected directly, the store lifts a role's ``lock_timeout`` for its own sessions
+    (tests/test_server_faults.py); behind a transaction pooler it cannot, and says so."""
+    url = pg_server.create_database(migrated=True)
+    set_timeouts(url)
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{name}\" SET lock_timeout = '5s'")
+    store = open_store(pooled(pg_pooler, url))
+    await store.open()
+    await store.close()
+    (warning,) = problems(caplog)
+    assert "cannot lift the server's lock_timeout (5s for this role and database)" in warning
+    assert "ALTER ROLE … SET lock_timeout = 0" in warning and "Behind PgBouncer" in warning
+
+
 # ---------------------------------------------------------------------------------------
 # engines
 # ---------------------------------------------------------------------------------------

@@ -2,10 +2,12 @@
 engine's long-lived loops must outlive: a round that raises what the loop did not expect;
 a server that takes no writes (the old primary after a failover, a standby a pooler still
 sends to); sessions the server ends for idling; sessions that default to another
-isolation level. Before, the first two ended the loop that met them for good (the lease
-loop first: the instance's lease lapsed for ever and it stopped all its work while the
-process and its health check looked alive), the third failed the call that found the
-dead connection, and the fourth failed claims and sends with serialization errors."""
+isolation level; a role's ``lock_timeout``. Before, the first two ended the loop that met
+them for good (the lease loop first: the instance's lease lapsed for ever and it stopped
+all its work while the process and its health check looked alive), the third failed the
+call that found the dead connection, the fourth failed claims and sends with
+serialization errors, and the fifth failed the store's waits for its own locks (a start
+while another instance migrated, a run's turn)."""
 
 from __future__ import annotations
 
@@ -161,6 +163,73 @@ async def test_pooled_connections_the_server_ended_for_idling_are_replaced_not_r
                 assert await store.get_states() == {}
         finally:
             await store.close()
+
+
+def _set_lock_timeout(server: pg.PgServer, url: str, value: str) -> None:
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE \"{name}\" SET lock_timeout = '{value}'")
+
+
+async def _still_waiting_past(holder: psycopg.AsyncConnection[Any], url: str, waiter: asyncio.Future[Any]) -> None:
+    """Once the store waits for the lock ``holder`` holds, let the database's lock_timeout
+    (10 ms) pass twenty times over, and find the store still waiting (on the server too)."""
+    from tests.test_store import waiting_for_an_advisory_lock
+
+    await asyncio.wait_for(waiting_for_an_advisory_lock(url), 10)
+    await holder.execute("SELECT pg_sleep(0.2)")  # (the time a timeout needs: what is tested)
+    assert not waiter.done(), waiter.result() if not waiter.exception() else waiter.exception()
+    row = await (await holder.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")).fetchone()
+    assert row == (1,)
+
+
+async def test_a_lock_timeout_of_the_role_does_not_fail_a_start_while_another_instance_migrates(
+    pg_server: pg.PgServer,
+) -> None:
+    """A ``lock_timeout`` for schedtui's role or database (a DBA's guard for their own
+    migrations): an instance that started while another was migrating the tables waited
+    for that migration's lock, and failed to open past the timeout (``canceling statement
+    due to lock timeout``): a rolling upgrade's instances crashed at start."""
+    from backend.store.postgres.sql import LOCK_CLASS, LOCK_MIGRATE, MIGRATE_LOCK
+
+    url = pg_server.create_database("lock_timeout")  # empty: the store must migrate it
+    _set_lock_timeout(pg_server, url, "10ms")
+    store = open_store(url)
+    async with await psycopg.AsyncConnection.connect(url) as other:  # another instance, migrating
+        await other.execute(MIGRATE_LOCK, (LOCK_CLASS, LOCK_MIGRATE))
+        opening = asyncio.ensure_future(store.open())
+        try:
+            await _still_waiting_past(other, url, opening)
+            await other.rollback()
+            await asyncio.wait_for(opening, 30)  # (bounds a broken test)
+            assert await store.get_states() == {}
+        finally:
+            await store.close()
+
+
+async def test_a_lock_timeout_of_the_role_does_not_fail_a_runs_wait_for_its_turn(
+    pg_server: pg.PgServer, pg_url: str
+) -> None:
+    """Under ``advisoryLock`` a run takes its schedule's turn before it starts, waiting for
+    another instance's turn or claim of that schedule in flight: past a role's
+    ``lock_timeout`` the run was recorded failed (``not started: cannot take its turn``)."""
+    from backend.store.postgres.sql import TURN_LOCK
+    from tests.test_store import T0, Ids, claim
+
+    _set_lock_timeout(pg_server, pg_url, "10ms")
+    store = open_store(pg_url)
+    await store.open()
+    try:
+        mine = claim(Ids(), "q", T0)
+        await store.claim([mine], "a", T0)
+        async with await psycopg.AsyncConnection.connect(pg_url) as other:  # another instance's turn, in flight
+            await other.execute(TURN_LOCK, {"name": "q"})
+            turn = asyncio.ensure_future(store.take_turn(mine.run_id, "q", T0, "a"))
+            await _still_waiting_past(other, pg_url, turn)
+            await other.rollback()
+            assert (await asyncio.wait_for(turn, 10)).taken
+    finally:
+        await store.close()
 
 
 def _set_isolation(server: pg.PgServer, url: str, level: str) -> None:

@@ -511,9 +511,14 @@ COUNT_CLAIMS = "SELECT count(*) FROM schedtui_claims"
 #: must re-check a row updated under it (a repeatable-read snapshot would miss the one and
 #: fail the other with a serialization error). Dates come back as ISO text whatever the
 #: role's ``DateStyle`` (psycopg reads no other: ``SQL, DMY``, a European DBA's choice,
-#: failed the store's first read of a timestamp).
+#: failed the store's first read of a timestamp). A lock is waited for as long as the
+#: statement may run, whatever the role's ``lock_timeout`` (a DBA's guard for migrations):
+#: the store's waits are for its own locks, held for a transaction each (another
+#: instance's migration, a schedule's turn, a send near a full queue), and under a
+#: ``lock_timeout`` of 10 ms an instance that started while another migrated failed to open.
 CONFIGURE = """
     SELECT set_config('statement_timeout', '30s', false), set_config('idle_in_transaction_session_timeout', '60s', false),
+        set_config('lock_timeout', '0', false),
         set_config('TimeZone', 'UTC', false), set_config('default_transaction_isolation', 'read committed', false),
         set_config('DateStyle', 'ISO', false),
         CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'on', false) END
@@ -532,7 +537,10 @@ SYNCHRONOUS_COMMIT = "SELECT current_setting('synchronous_commit')"
 #: pooler's next client: the role's or the database's own settings apply there (checked at
 #: open with POOLED_TIMEOUTS and SYNCHRONOUS_COMMIT).
 CONFIGURE_POOLED = "SELECT set_config('TimeZone', 'UTC', false), set_config('DateStyle', 'ISO', false)"
-POOLED_TIMEOUTS = "SELECT current_setting('statement_timeout'), current_setting('idle_in_transaction_session_timeout')"
+POOLED_TIMEOUTS = (
+    "SELECT current_setting('statement_timeout'), current_setting('idle_in_transaction_session_timeout'), "
+    "current_setting('lock_timeout')"
+)
 
 #: The fleet's sessions stuck on a silent client inside a transaction for longer than the
 #: take-over window: a statement whose client went quiet before its last message (a

@@ -336,6 +336,15 @@ class PostgresStore(
         row = await (await conn.execute(POOLED_TIMEOUTS)).fetchone()
         names = ("statement_timeout", "idle_in_transaction_session_timeout")
         unset = [name for name, value in zip(names, row or (), strict=False) if value == "0"]
+        lock_timeout = row[2] if row and len(row) > 2 else "0"
+        if lock_timeout != "0":
+            log.warning(
+                'the store "%s" is behind a transaction pooler, where schedtui cannot lift the server\'s '
+                "lock_timeout (%s for this role and database): its waits for its own locks fail past it (a start "
+                "while another instance migrates the tables fails to open; a schedule's run that waits for its "
+                "turn is recorded failed); lift it for schedtui's role: ALTER ROLE … SET lock_timeout = 0 (%s)",
+                self.where, lock_timeout, SEE,
+            )  # fmt: skip
         if unset:
             log.warning(
                 'the store "%s" is behind a transaction pooler, where schedtui sets no timeout per connection, '
