@@ -600,12 +600,17 @@ async def test_a_lease_round_the_clock_moved_past_is_followed_at_once_by_a_fresh
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("named", ["", "application_name=billing"], ids=["unnamed", "named-by-its-url"])
 async def test_a_fleet_session_stuck_mid_statement_on_a_silent_client_is_ended_by_a_members_beat(
-    pg_url: str, clock: ManualClock
+    pg_url: str, clock: ManualClock, named: str
 ) -> None:
-    store: Any = open_store(pg_url)
+    """``named``: the store URL names its sessions (``?application_name=billing``, as a
+    service names itself in pg_stat_activity). They go by ``schedtui billing``: named
+    ``billing`` alone, a beat found none of them, and a stuck one held its locks for hours."""
+    url = pg_url + (("&" if "?" in pg_url else "?") + named if named else "")
+    store: Any = open_store(url)
     await store.open()
-    stuck = await psycopg.AsyncConnection.connect(pg_url, application_name="schedtui", autocommit=True)
+    stuck = await psycopg.AsyncConnection.connect(store._conninfo, autocommit=True)  # a member's session
     try:
         await store.heartbeat("other", "h", 1, clock.now())
         # A client of the fleet sends a statement but not the message that ends it (the
@@ -632,6 +637,10 @@ async def test_a_fleet_session_stuck_mid_statement_on_a_silent_client_is_ended_b
             assert work.ended_sessions == 1
             await probe.execute(blocked)  # the lock is free: its transaction rolled back
             assert (await (await probe.execute("SELECT pid FROM schedtui_instances WHERE instance = 'other'")).fetchone()) == (3,)
+            names = await (await probe.execute(
+                "SELECT DISTINCT application_name FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND application_name NOT LIKE 'schedtui-%%'")).fetchall()  # fmt: skip
+            assert names == [("schedtui billing" if named else "schedtui",)]  # the pool's, as shown to a DBA
     finally:
         await stuck.close()
         await store.close()

@@ -99,6 +99,16 @@ _CONNINFO_DEFAULTS = {
     "tcp_user_timeout": "15000",
 }
 
+
+def _application_name(given: str) -> str:
+    """The name the store's sessions go by: ``schedtui``, followed by the URL's own name
+    where it gives one (``?application_name=billing``: ``schedtui billing``). Each member's
+    heartbeat ends the fleet's sessions stuck mid-statement by that prefix (see
+    END_STUCK_SESSIONS): named ``billing`` alone, they held their locks for hours."""
+    name = given.strip()
+    return name if name.startswith("schedtui") else f"schedtui {name}".rstrip()
+
+
 #: How long a call waits for a pooled connection before giving up (seconds). Claims get
 #: a shorter wait (:data:`~backend.store.postgres.runs._CLAIM_WAIT`).
 _POOL_WAIT = 3.0
@@ -194,6 +204,7 @@ class PostgresStore(
             raise BadInput(f'bad store URL "{self.where}": {_one_line(exc)}') from None
         for key, value in _CONNINFO_DEFAULTS.items():
             params.setdefault(key, value)
+        params["application_name"] = _application_name(str(params["application_name"] or ""))
         self._conninfo = make_conninfo("", **params)
         self._connect_kwargs: dict[str, Any] = {"autocommit": True}
         if self.pooler.transaction:
