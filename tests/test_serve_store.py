@@ -690,3 +690,57 @@ async def test_an_engine_does_not_close_its_own_run_that_finished_while_it_looke
     await engine.quiesce()
     stored = await engine.get_run(run.id)
     assert (stored.status, stored.error_tag, stored.error_message) == ("succeeded", None, None)
+
+
+def test_the_mount_that_holds_a_store_is_read_from_the_kernels_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The longest mount point above the file, the last mounted there, with its type after
+    the optional fields; a mount point's space is written ``\\040``."""
+    from backend.store.sqlite import store as sqlite_store
+
+    if sys.platform == "linux":  # the machine's own table first: the folder of a test is on some mount
+        mount = sqlite_store._mount_of(tmp_path / "state.db")
+        assert mount is not None and str(tmp_path).startswith(mount[0]) and mount[1] not in ("", "?"), mount
+    table = tmp_path / "mountinfo"
+    table.write_text(textwrap.dedent("""\
+        27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+        40 27 0:50 / /srv rw,relatime shared:7 - ext4 /dev/vdb rw
+        41 40 0:51 / /srv/shared rw,relatime shared:8 master:2 - nfs4 files:/export rw,vers=4.2
+        42 41 0:52 / /srv/shared/my\\040dir rw,relatime - fuse.sshfs me@host:/x rw
+        43 40 0:53 / /srv/shared-not rw,relatime - ext4 /dev/vdc rw
+        44 40 0:54 / /srv/shared rw,relatime - ext4 /dev/vdd rw
+        45 27 0:55 / /srv/odd rw,relatime
+    """))
+    monkeypatch.setattr(sqlite_store, "MOUNTINFO", str(table))
+    assert sqlite_store._mount_of(Path("/srv/shared/my dir/state.db")) == ("/srv/shared/my dir", "fuse.sshfs")
+    assert sqlite_store._mount_of(Path("/srv/shared-not/state.db")) == ("/srv/shared-not", "ext4")
+    assert sqlite_store._mount_of(Path("/srv/shared/state.db")) == ("/srv/shared", "ext4")  # mounted over the nfs4
+    assert sqlite_store._mount_of(Path("/srv/odd/state.db")) == ("/srv", "ext4")  # (a line without a type: skipped)
+    assert sqlite_store._mount_of(Path("/var/state.db")) == ("/", "ext4")
+    monkeypatch.setattr(sqlite_store, "MOUNTINFO", str(tmp_path / "missing"))
+    assert sqlite_store._mount_of(Path("/srv/state.db")) is None
+
+
+def test_a_store_on_a_network_filesystem_is_warned_of_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite keeps apart the processes of one machine only: a file on NFS (or SMB, 9p,
+    sshfs…) that another machine opens too may be fired twice or corrupted."""
+    from backend.store.sqlite import store as sqlite_store
+
+    async def open_and_close(path: Path) -> None:
+        store = SQLiteStore(path)
+        await store.open()
+        await store.close()
+
+    folder = (tmp_path / "share").resolve()
+    folder.mkdir()
+    asyncio.run(open_and_close(folder / "local.db"))  # the machine's own table: a local disk
+    assert [r for r in caplog.records if "network filesystem" in r.getMessage()] == []
+    table = tmp_path / "mountinfo"
+    table.write_text(f"27 1 254:0 / / rw - ext4 /dev/vda rw\n41 27 0:51 / {folder} rw - nfs4 files:/export rw\n")
+    monkeypatch.setattr(sqlite_store, "MOUNTINFO", str(table))
+    for _ in range(2):
+        asyncio.run(open_and_close(folder / "state.db"))
+    [warning] = [r.getMessage() for r in caplog.records if "network filesystem" in r.getMessage()]
+    assert warning.startswith(f'the store "{folder / "state.db"}" is on a network filesystem (nfs4, mounted at {folder})')
+    assert "through PostgreSQL" in warning

@@ -90,22 +90,53 @@ class _FiringLock:
 #: which waits for the other mode's instances to leave), refused to any other process.
 _FIRING_LOCKS: dict[str, _FiringLock] = {}
 _FIRING_GUARD = threading.Lock()
+#: The store files on a network filesystem this process has warned of.
+_WARNED_SHARED: set[str] = set()
+
+
+#: Where the kernel lists this process's mounts (Linux).
+MOUNTINFO = "/proc/self/mountinfo"
+#: Filesystems whose files other machines may open as well (by their type in MOUNTINFO).
+#: SQLite's locks and its write-ahead log's shared memory keep apart the processes of one
+#: machine only, and the firing lock too where the mount does not pass locks on (NFS's
+#: ``nolock``): a process on another machine may fire beside this one, or checkpoint the
+#: log while this one writes it (a corrupt store).
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "afs", "gpfs", "beegfs",
+    "ocfs2", "gfs2", "fuse.sshfs", "fuse.rclone", "fuse.s3fs", "fuse.gcsfuse", "fuse.juicefs", "fuse.goofys",
+    "fuse.glusterfs", "fuse.ceph-fuse",
+})  # fmt: skip
+
+
+def _mount_of(path: Path) -> tuple[str, str] | None:
+    """The mount that holds ``path`` (its mount point and filesystem type: the longest
+    mount point above the file it leads to, the last mounted there), or ``None`` where
+    the kernel does not say (not Linux)."""
+    try:
+        with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as info:
+            lines = info.read().splitlines()
+    except OSError:
+        return None
+    real = os.path.realpath(path)
+    found: tuple[str, str] | None = None
+    for line in lines:
+        fields = line.split(" ")
+        if len(fields) < 5 or "-" not in fields[5:]:
+            continue
+        # the fifth field is the mount point, with space, tab, newline and backslash as \ooo;
+        # the type follows the optional fields' end ("-")
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        kind = fields[fields.index("-", 5) + 1] if len(fields) > fields.index("-", 5) + 1 else "?"
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and (found is None or len(point) >= len(found[0])):
+            found = (point, kind)
+    return found
 
 
 def _mounted_alone(path: Path) -> bool:
     """Whether the file ``path`` is a mount point (bind-mounted on its own); Linux only."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as info:
-            lines = info.read().splitlines()
-    except OSError:
-        return False
-    real = os.path.realpath(path)
-    for line in lines:
-        fields = line.split(" ")
-        # the fifth field is the mount point, with space, tab, newline and backslash as \ooo
-        if len(fields) > 4 and re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]) == real:
-            return True
-    return False
+    mount = _mount_of(path)
+    return mount is not None and mount[0] == os.path.realpath(path)
 
 
 def _disk_full(folder: Path) -> bool:
@@ -224,12 +255,28 @@ class SQLiteStore(
                 field="store",
             )
 
+    def _warn_if_shared(self) -> None:
+        """Say so (once a process) when the store is on a network filesystem (see
+        NETWORK_FILESYSTEMS): nothing here can tell whether another machine opens it too."""
+        mount = _mount_of(self.path)
+        if mount is None or mount[1] not in NETWORK_FILESYSTEMS or str(self.path) in _WARNED_SHARED:
+            return
+        _WARNED_SHARED.add(str(self.path))
+        log.warning(
+            'the store "%s" is on a network filesystem (%s, mounted at %s): SQLite keeps apart the processes of one '
+            "machine only; a process on another machine that opens this file (a second serve, a console, a CLI "
+            "verb) may fire beside this one or corrupt the store. Keep the file on a local disk and use it from "
+            "this machine only, or share the work between machines through PostgreSQL",
+            self.path, mount[1], mount[0],
+        )  # fmt: skip
+
     async def open(self) -> None:
         if self.create:
             self._make_folder()
         else:
             self._require_file()
         self._refuse_other_names()
+        self._warn_if_shared()
         if not self.create:
             with contextlib.suppress(OSError):
                 if self.path.stat().st_size == 0:  # (SQLite would make it one, switching it to WAL)
