@@ -216,6 +216,51 @@ def test_a_firing_lock_file_deleted_by_a_tidy_up_lets_no_second_firer_in(root: P
     assert stopped == 0, first.log_text()
 
 
+FORKING = textwrap.dedent("""
+    import os, pathlib, time
+    from backend import define_schedule
+
+    def fork_once(ctx):
+        if pathlib.Path("child.pid").exists():
+            return
+        pid = os.fork()  # (a handler's own child, or a multiprocessing pool of the fork kind)
+        if pid == 0:
+            time.sleep(600)
+            os._exit(0)
+        pathlib.Path("child.pid").write_text(str(pid))
+
+    forks = define_schedule(name="forks", cron="* * * * * *", timezone="UTC", handler=fork_once)
+""")
+
+
+def test_a_child_a_handler_forked_does_not_hold_the_firing_lock_after_its_parent_died(root: Path) -> None:
+    """A child forked by a handler got copies of the firing lock's descriptors, and the
+    kernel lets go of the lock when the last copy closes: after a SIGKILL of ``serve`` the
+    child, living on, held it, and the restarted serve was refused (``another process
+    already fires``) for as long as the child lived. The child closes its copies at the fork."""
+    (root / "schedules" / "forks.cron.py").write_text(FORKING)
+    db = root / "state.db"
+    first = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}", "--instance", "first")
+    child = 0
+    try:
+        child = int(poll(lambda: (root / "child.pid").exists() and (root / "child.pid").read_text(), timeout=30,
+                         what="the handler's child"))  # fmt: skip
+        first.process.kill()
+        first.process.wait(10)
+        os.kill(child, 0)  # the child lives on
+        second = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{db}", "--instance", "second")
+        try:
+            poll(lambda: ("second",) in ledger(db, "SELECT DISTINCT instance FROM runs"), timeout=30,
+                 what="the restarted serve to fire")  # fmt: skip
+        finally:
+            assert second.stop() == 0, second.log_text()
+    finally:
+        first.stop()
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+
+
 def test_a_store_file_bind_mounted_on_its_own_is_refused_by_every_verb(root: Path) -> None:
     """A file mounted alone (``docker run -v state.db:/app/state.db``) is a second name whose
     write-ahead log lives apart from it, outside the mount."""

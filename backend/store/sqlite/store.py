@@ -90,6 +90,26 @@ class _FiringLock:
 #: which waits for the other mode's instances to leave), refused to any other process.
 _FIRING_LOCKS: dict[str, _FiringLock] = {}
 _FIRING_GUARD = threading.Lock()
+
+
+def _let_go_in_a_forked_child() -> None:
+    """In a child forked from this process (a handler's ``os.fork``, a multiprocessing pool
+    of the fork kind): the kernel lets go of a firing lock when the last descriptor of it
+    closes, so the child's copies would hold it for as long as the child lives, after its
+    parent has died (SIGKILL too), and a restarted serve would be refused meanwhile. They
+    are closed here; the parent holds the lock alone. The child holds no firing lock: it
+    may take one of its own (and is refused while the parent lives)."""
+    global _FIRING_GUARD
+    _FIRING_GUARD = threading.Lock()  # (another thread may have held it at the fork)
+    for held in _FIRING_LOCKS.values():
+        for fd in held.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _FIRING_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_let_go_in_a_forked_child)
 #: The store files on a network filesystem this process has warned of.
 _WARNED_SHARED: set[str] = set()
 
@@ -384,7 +404,9 @@ class SQLiteStore(
         if self._firing_lock is not None:
             self._firing_lock = None
             with _FIRING_GUARD:
-                held = _FIRING_LOCKS[str(self.path)]
+                held = _FIRING_LOCKS.get(str(self.path))
+                if held is None:
+                    return  # (a forked child's copy of a store: its descriptors were closed at the fork)
                 held.users -= 1
                 held.single = held.single and not self._single
                 if held.users:
