@@ -810,11 +810,11 @@ TICKER = """
 
 
 class Server:
-    def __init__(self, cli: Cli, folder: str) -> None:
+    def __init__(self, cli: Cli, folder: str, *, prefix: Sequence[str] = ()) -> None:
         self.cli = cli
         self.err = cli.root / f"serve-{folder}.err"
         self.proc = subprocess.Popen(
-            cli.argv("serve", "--schedules", folder),
+            [*prefix, *cli.argv("serve", "--schedules", folder)],
             cwd=cli.root,
             env=child_env(),
             stdout=subprocess.DEVNULL,
@@ -838,9 +838,9 @@ class Server:
 def serve(cli: Cli) -> Iterator[Callable[[str, str, float], Server]]:
     servers: list[Server] = []
 
-    def start(folder: str, name: str, sleep: float) -> Server:
+    def start(folder: str, name: str, sleep: float, prefix: Sequence[str] = ()) -> Server:
         write_tree(cli.root / folder, {f"{name}.cron.py": TICKER.format(name=name, sleep=sleep)})
-        server = Server(cli, folder)
+        server = Server(cli, folder, prefix=prefix)
         servers.append(server)
         return server
 
@@ -892,10 +892,15 @@ def test_serve_fires_every_second_stops_when_disabled_and_on_sigint(cli: Cli, se
 
 
 @pytest.mark.slow
-def test_sigint_lets_a_run_in_flight_finish(cli: Cli, serve: Callable[..., Server]) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_stop_signal_lets_a_run_in_flight_finish(cli: Cli, serve: Callable[..., Server], sig: int) -> None:
+    """SIGHUP: the terminal serve ran in hung up (an SSH session that dropped). By default
+    the process died at once, its run in flight left to be closed as abandoned."""
     server = serve("slow", "slow", 1.5)
     slot, run_id = poll(lambda: entries(cli, "slow", "start"), timeout=15, what="a run to start")[0]
-    assert server.stop(signal.SIGINT) == 0
+    assert server.stop(sig) == 0, server.log()
+    if sig == signal.SIGHUP:
+        assert "stopping (SIGHUP: its terminal hung up)" in server.log()
     assert (slot, run_id) in entries(cli, "slow", "end")
     runs = {r["id"]: r for r in cli.runs("slow", schedules="slow")}
     assert (runs[run_id]["status"], runs[run_id]["error_tag"]) == ("succeeded", None)
@@ -904,6 +909,19 @@ def test_sigint_lets_a_run_in_flight_finish(cli: Cli, serve: Callable[..., Serve
     # Slots that came due while it ran were skipped (on_overlap=skip), not started.
     assert {r["status"] for r in runs.values() if r["id"] != run_id} <= {"skipped"}
     assert len(entries(cli, "slow", "start")) == 1
+
+
+@pytest.mark.slow
+def test_under_nohup_a_hangup_does_not_stop_serve(cli: Cli, serve: Callable[..., Server]) -> None:
+    """``nohup`` ignores the hangup for serve to run on after its terminal is gone: serve
+    leaves it ignored."""
+    server = serve("kept", "kept", 0, prefix=["nohup"])
+    poll(lambda: len(entries(cli, "kept", "end")) >= 1, timeout=15, what="a tick")
+    server.proc.send_signal(signal.SIGHUP)
+    ended = len(entries(cli, "kept", "end"))
+    poll(lambda: len(entries(cli, "kept", "end")) >= ended + 2, timeout=15, what="two ticks after the hangup")
+    assert server.proc.poll() is None and "stopping" not in server.log()
+    assert server.stop(signal.SIGINT) == 0
 
 
 @pytest.mark.slow

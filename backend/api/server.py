@@ -409,6 +409,17 @@ async def serve(
             sock.close()
 
 
+def _stop_signals() -> list[int]:
+    """The signals that stop serve gracefully: Ctrl-C, SIGTERM, and the hangup of its
+    terminal (an SSH session that dropped: by default the process died at once, its runs in
+    flight left to be closed as abandoned), unless the hangup is ignored (``nohup``)."""
+    stopping: list[int] = [signal.SIGINT, signal.SIGTERM]
+    hangup = getattr(signal, "SIGHUP", None)
+    if hangup is not None and signal.getsignal(hangup) == signal.SIG_DFL:
+        stopping.append(hangup)
+    return stopping
+
+
 async def _serve(
     backend: EmbeddedBackend,
     app: Any,
@@ -424,18 +435,19 @@ async def _serve(
     loop = asyncio.get_running_loop()
     signals = 0
 
-    def on_signal() -> None:
+    def on_signal(sig: int) -> None:
         nonlocal signals
         signals += 1
         if signals == 1:
-            log.info("stopping: runs in flight may finish (signal again to stop waiting)")
+            why = " (SIGHUP: its terminal hung up)" if sig == getattr(signal, "SIGHUP", None) else ""
+            log.info("stopping%s: runs in flight may finish (signal again to stop waiting)", why)
             stop.set()
         else:
             backend.interrupt()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in _stop_signals():
         try:
-            loop.add_signal_handler(sig, on_signal)
+            loop.add_signal_handler(sig, on_signal, sig)
         except (NotImplementedError, RuntimeError):  # not the main thread: the caller stops us
             pass
 
