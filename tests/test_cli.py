@@ -925,6 +925,32 @@ def test_under_nohup_a_hangup_does_not_stop_serve(cli: Cli, serve: Callable[...,
 
 
 @pytest.mark.slow
+def test_serve_as_process_1_of_a_container_says_it_reaps_no_orphans(cli: Cli, serve: Callable[..., Server]) -> None:
+    """In a PID namespace without an init (``docker run`` of ``schedtui serve``), serve is
+    process 1: the orphans of its handlers' children are its to reap, and it reaps none, so
+    they stay zombies. It says so at start (and a serve that is not process 1 does not)."""
+    try:
+        server = serve("alone", "alone", 0, prefix=["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"])
+    except FileNotFoundError:
+        pytest.skip("no unshare here")
+    try:
+        said = poll(lambda: server.log() if "serve runs as process 1" in server.log() or server.proc.poll() is not None
+                    else None, timeout=30, what="serve to start in its own PID namespace")  # fmt: skip
+        if server.proc.poll() is not None and "Operation not permitted" in said:
+            pytest.skip(f"cannot make a PID namespace here: {said.strip()}")
+        assert "give the container an init (docker run --init, tini or dumb-init as its entrypoint)" in said
+    finally:
+        # unshare ignores SIGINT and SIGTERM while it waits; serve is its child.
+        children = Path(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read_text().split()
+        for pid in children:
+            os.kill(int(pid), signal.SIGINT)
+        assert server.proc.wait(15) == 0, server.log()
+    plain = serve("plain", "plain", 0)
+    poll(lambda: entries(cli, "plain", "end"), timeout=15, what="a tick")
+    assert plain.stop() == 0 and "process 1" not in plain.log()
+
+
+@pytest.mark.slow
 def test_a_killed_server_leaves_its_run_to_be_closed_abandoned(cli: Cli, serve: Callable[..., Server]) -> None:
     server = serve("stuck", "stuck", 120)
     _, run_id = poll(lambda: entries(cli, "stuck", "start"), timeout=15, what="a run to start")[0]

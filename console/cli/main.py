@@ -711,6 +711,13 @@ async def cmd_serve(args: argparse.Namespace) -> int:
         )
     if not engine.schedules and not engine.durable.functions:
         log.warning("no schedules found under %s", args.schedules)
+    if os.getpid() == 1:
+        # The orphans of a PID namespace are its process 1's to reap: none are here.
+        log.warning(
+            "serve runs as process 1 (a container started without an init): the processes its handlers leave "
+            "behind (a shell's background job, a daemon's parent) are never reaped and stay as zombies until the "
+            "container ends; give the container an init (docker run --init, tini or dumb-init as its entrypoint)"
+        )
     backend = EmbeddedBackend(engine, arm=True, allow_external_self=args.allow_external_self)
     await serve(backend, host=args.host, port=args.port, token=args.token, read_token=args.read_token)
     return EXIT_OK
