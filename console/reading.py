@@ -43,10 +43,12 @@ def short_where(info: ConnectionInfo) -> str:
     if info.kind != "embedded" or "://" in info.where:
         return info.where
     path = Path(info.where)
-    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
+    for base, prefix in ((Path.cwd, ""), (Path.home, "~/")):
         try:
-            return prefix + str(path.resolve().relative_to(base.resolve()))
-        except ValueError:
+            return prefix + str(path.resolve().relative_to(base().resolve()))
+        except (ValueError, OSError, RuntimeError):
+            # (not under it; a working folder deleted since; no home: a user id with no
+            # entry in /etc/passwd and no $HOME, as a container's arbitrary one)
             continue
     return info.where
 

@@ -682,6 +682,33 @@ def test_short_where_and_keymap() -> None:
     assert parse_keymap("run_now=R, backfill=B;") == {"run_now": "R", "backfill": "B"}
 
 
+def test_the_header_names_the_store_without_a_home_or_a_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container's arbitrary user id, with no entry in /etc/passwd and no $HOME, has no
+    home (``Path.home()`` raises), and a working folder deleted under the console has no
+    path: the header's short name of the store raised, and the console did not start."""
+    import pwd
+
+    from backend.client.interface import ConnectionInfo
+
+    def no_entry(uid: int) -> pwd.struct_passwd:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    store = tmp_path / "elsewhere" / "state.db"
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    with pytest.raises(RuntimeError):
+        Path.home()
+    with pytest.raises(FileNotFoundError):
+        Path.cwd()
+    assert short_where(ConnectionInfo("embedded", str(store), "single", "i", False)) == str(store)
+
+
 @pytest.mark.parametrize(
     ("keymap", "said"),
     [
