@@ -306,6 +306,28 @@ def test_fire_json(cli: Cli) -> None:
     assert json.loads(done.stdout)["status"] == "succeeded"
 
 
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_terminal_that_is_not_utf8_gets_escapes_not_a_traceback(cli: Cli, encoding: str) -> None:
+    """A legacy locale's terminal (ISO-8859-1) or ``PYTHONIOENCODING=ascii``: ``schedtui
+    runs`` failed with a UnicodeEncodeError traceback at its first status glyph (✓)."""
+    cli.ok("fire", "hourly")
+    cli.ok("disable", "hourly", "--note", "café ☕ paused")  # a note the terminal cannot show all of
+
+    def run(*args: str, on: str = encoding) -> subprocess.CompletedProcess[str]:
+        env = {**child_env(), "PYTHONIOENCODING": on}
+        done = subprocess.run(cli.argv(*args), cwd=cli.root, env=env, capture_output=True, timeout=30, check=False)
+        assert (done.returncode, done.stderr) == (0, b""), done
+        return subprocess.CompletedProcess(done.args, 0, done.stdout.decode(on), "")
+
+    assert "\\u2713 succeeded" in run("runs", "hourly").stdout
+    listed = run("list").stdout
+    assert ("caf\xe9 \\u2615 paused" if encoding == "latin-1" else "caf\\xe9 \\u2615 paused") in listed
+    # JSON stays JSON, and the same as a UTF-8 terminal's: ASCII with \u escapes.
+    ascii_json = run("list", "--json").stdout
+    assert ascii_json.isascii() and json.loads(ascii_json) == json.loads(run("list", "--json", on="utf-8").stdout)
+    assert json.loads(run("runs", "hourly", "--json").stdout) == cli.json("runs", "hourly")
+
+
 def test_fire_an_external_schedule(cli: Cli) -> None:
     done = cli.ok("fire", "webhook")  # handler=print: prints the context to the CLI's stdout
     assert "RunContext(name='webhook'" in done.stdout

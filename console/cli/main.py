@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import importlib
+import io
 import json
 import logging
 import os
@@ -554,6 +556,7 @@ def _glue_offsets(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _tolerant_stdout()
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:
@@ -670,8 +673,26 @@ def _lost(store: Store) -> Unavailable:
     return store_lost(store.where, "restore it, or start `schedtui serve` for a new, empty store")
 
 
+def _unicode_stdout() -> bool:
+    """Whether standard output takes any character (UTF-8), as nearly every terminal does."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    try:
+        return codecs.lookup(encoding).name.startswith("utf")
+    except LookupError:
+        return False
+
+
+def _tolerant_stdout() -> None:
+    """On a standard output that is not UTF-8 (a legacy ISO-8859 locale, ``PYTHONIOENCODING=
+    ascii``), what it cannot take goes out as an escape (``\\u2713``): a status glyph or a
+    name failed the verb with a traceback. (JSON goes out in ASCII there: see _print_json.)"""
+    if not _unicode_stdout() and isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="backslashreplace")
+
+
 def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, ensure_ascii=False))
+    # \u escapes where standard output is not UTF-8: the JSON stays valid and the same.
+    print(json.dumps(value, indent=2, ensure_ascii=not _unicode_stdout()))
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
