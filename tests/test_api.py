@@ -301,6 +301,26 @@ def test_cli_unreachable_server_is_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "cannot reach http://127.0.0.1:9" in lines[0] and "Traceback" not in result.stderr
 
 
+def test_serve_takes_an_ipv6_address_as_a_url_writes_it(root: Path) -> None:
+    """``--host [::1]``, copied from a URL: it was taken for a name, judged not loopback,
+    and refused (``refusing to listen on [::1] without a token``)."""
+    from backend.api.server import is_loopback, listen_on
+    from backend.errors import ListenError
+
+    assert is_loopback("[::1]") and is_loopback("::1") and not is_loopback("[::]")
+    try:
+        sock = listen_on("[::1]", 0)
+    except ListenError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    sock.close()
+    server = start_server(root, "--schedules", "schedules", "--store", f"sqlite:///{root / 'v6.db'}", "--host", "[::1]")
+    try:
+        assert server.url.startswith("http://[::1]:")
+        assert httpx.get(f"{server.url}/healthz", timeout=10).status_code == 200
+    finally:
+        assert server.stop() == 0, server.log_text()
+
+
 def test_serve_refuses_a_public_address_without_a_token(root: Path) -> None:
     result = run_cli(
         "serve", "--schedules", "schedules", "--store", f"sqlite:///{root / 'other.db'}", "--host", "0.0.0.0", "--port", "0", cwd=root

@@ -44,6 +44,7 @@ __all__ = [
     "MIN_PIECE_BYTES",
     "STOP_WITHIN",
     "freeze_startup_heap",
+    "bare_host",
     "is_loopback",
     "listen_on",
     "serve",
@@ -327,8 +328,15 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def bare_host(host: str) -> str:
+    """An IPv6 address as a URL writes it (``[::1]``, as an operator copies it from one)
+    without its brackets: what the socket and the checks take."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def is_loopback(host: str) -> bool:
     """True for addresses that only this machine can reach."""
+    host = bare_host(host)
     if host == "localhost":
         return True
     try:
@@ -347,6 +355,7 @@ def _address(host: str, port: int) -> str:
 def listen_on(host: str, port: int, backlog: int = 2048) -> socket.socket:
     """A socket listening on ``host:port`` (0: any free port); :class:`ListenError` naming
     the address and the system's reason when it cannot be had (a taken port, an unknown host)."""
+    host = bare_host(host)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         # A name such as localhost may resolve to ::1 first: IPv4 is what clients try.
@@ -382,6 +391,7 @@ async def serve(
     the process is signalled. ``port=None``: no HTTP API. ``on_ready`` gets the API's URL
     once it accepts requests. ``metrics``: what ``GET /metrics`` answers (by default the
     engine's, made here)."""
+    host = bare_host(host)
     if port is not None and not (token or read_token) and not is_loopback(host):
         raise BadInput(
             f"refusing to listen on {host} without a token: anyone who can reach it could run your "
