@@ -78,3 +78,20 @@ async def test_code_timings_say_when_each_changed(store: Store) -> None:  # noqa
     last = T0 + timedelta(hours=3)
     assert await catalog.record_code_timings(again, last) == {"a": last, "b": later}
     assert await catalog.record_code_timings([], last) == {}
+    assert await catalog.code_timings() == {
+        "a": ("5 9 * * *", "UTC", None), "b": ("* * * * *", "Europe/Berlin", None), "c": ("0 0 * * *", "UTC", None)
+    }  # fmt: skip
+
+
+async def test_code_timings_name_the_last_instance_to_start_with_them(store: Store) -> None:  # noqa: F811
+    """What a fleet member needs to fire a schedule by one timing (see FleetTimings): the
+    timing recorded last, and the last instance to start with it."""
+    catalog = cast(CatalogStore, store)
+    old, new = [("a", "0 2 * * *", "UTC")], [("a", "0 3 * * *", "UTC")]
+    assert await catalog.record_code_timings(old, T0, instance="web-1") == {}
+    assert await catalog.code_timings() == {"a": ("0 2 * * *", "UTC", "web-1")}
+    assert await catalog.record_code_timings(new, T0 + timedelta(hours=1), instance="web-2") == {"a": T0 + timedelta(hours=1)}
+    assert await catalog.code_timings() == {"a": ("0 3 * * *", "UTC", "web-2")}
+    # Another instance starting with the same timing becomes its instance; the change stays.
+    assert await catalog.record_code_timings(new, T0 + timedelta(hours=2), instance="web-3") == {"a": T0 + timedelta(hours=1)}
+    assert await catalog.code_timings() == {"a": ("0 3 * * *", "UTC", "web-3")}

@@ -38,7 +38,7 @@ from backend.scheduler.catchup import CatchUp
 from backend.scheduler.coordination.cluster import Cluster
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.states import ScheduleStates
-from backend.scheduler.stored import DefinedInCode, NameTaken, StoredSchedule, check_changes, check_spec
+from backend.scheduler.stored import CodeTiming, DefinedInCode, NameTaken, StoredSchedule, check_changes, check_spec
 from backend.scheduler.timers import Timers, slot_after
 from backend.schedules import RunContext, Schedule
 
@@ -67,11 +67,16 @@ class CatalogStore(Protocol):
 
     async def delete_stored_schedule(self, name: str) -> bool: ...
 
-    async def record_code_timings(self, timings: list[tuple[str, str, str]], now: datetime) -> dict[str, datetime]:
-        """Record the ``(name, cron, timezone)`` of schedules defined in code; answer, per
-        name, when its timing last changed: ``now`` for a name recorded with another timing,
-        what was recorded for one recorded with this timing (absent: never changed since
-        first recorded)."""
+    async def record_code_timings(
+        self, timings: list[tuple[str, str, str]], now: datetime, *, instance: str | None = None
+    ) -> dict[str, datetime]:
+        """Record the ``(name, cron, timezone)`` of schedules defined in code, each as
+        ``instance``'s (the last to start with it); answer, per name, when its timing last
+        changed: ``now`` for a name recorded with another timing, what was recorded for one
+        recorded with this timing (absent: never changed since first recorded)."""
+
+    async def code_timings(self) -> dict[str, CodeTiming]:
+        """Every recorded timing of a schedule defined in code, by name."""
 
 
 #: How many times an update is applied to a row another writer changed meanwhile.

@@ -88,6 +88,7 @@ from backend.scheduler.registry import InstanceRegistry
 from backend.scheduler.states import ScheduleStates
 from backend.scheduler.systems import build_systems
 from backend.scheduler.timers import Timers
+from backend.scheduler.timings import FleetTimings
 from backend.schedules import Schedule
 from backend.store import Store, open_store
 
@@ -357,6 +358,21 @@ class Engine(EngineReads, EngineActions):
             started=lambda: self.started,
         )
         """The schedules created at run time (kept in the store)."""
+        self.fleet_timings = FleetTimings(
+            store=cast(CatalogStore, self.store),
+            instance=self.instance,
+            own=lambda: {
+                name: (schedule.cron.expr, schedule.cron.timezone)
+                for name, schedule in self.schedules.items()
+                if not self.catalog.is_stored(name) and self.trigger_of(schedule) == "self"
+            },
+            beats=self.store.instances,
+            judge=self.registry,
+            claims=lambda: self.claims.coordinator.needs_claims and self.registry.member,
+            every=self.registry.heartbeat_interval,
+        )
+        """Which schedules this instance leaves to the instances of another timing (a deploy)."""
+        self.claims.leaves = self.fleet_timings.leaves
         self.reads = ScheduleReads(
             clock=self.clock,
             store=self.store,

@@ -73,7 +73,7 @@ async def record_code_timings(engine: Engine) -> None:
     changed since an instance last recorded it (a deploy) changed now, and the catch-up
     starts from there, as it does from a stored schedule's change."""
     timings = [(name, s.cron.expr, s.cron.timezone) for name, s in engine.schedules.items() if not engine.catalog.is_stored(name)]
-    changed = await engine.catalog.store.record_code_timings(timings, engine.clock.now())
+    changed = await engine.catalog.store.record_code_timings(timings, engine.clock.now(), instance=engine.instance)
     engine.catch_up.code_timing_changed = changed
 
 
@@ -354,6 +354,7 @@ async def maintain(engine: Engine) -> None:
         await engine.refresh_states()
         engine.catalog.polled_at = now
     await engine.registry.beat_and_sweep(now)
+    await engine.fleet_timings.review(now)
     await engine.registry.prune(now)
     await engine.claims.recover_lost()
     await engine.external.recover()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from backend.cron import Cron
 from backend.errors import BadInput, CronError, DefinitionError, Refused
@@ -22,6 +22,7 @@ from backend.schedules import DEFAULT_MAX_RUNTIME, NAME_PATTERN, Schedule, defin
 
 __all__ = [
     "FIELDS",
+    "CodeTiming",
     "MAX_DESCRIPTION",
     "MAX_PAYLOAD_BYTES",
     "DefinedInCode",
@@ -52,6 +53,17 @@ NULLABLE = ("queue", "durable", "payload", "description", "alert")
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_DESCRIPTION = 1000
 MAX_ALERT_BYTES = 1024
+
+
+class CodeTiming(NamedTuple):
+    """The timing a schedule defined in code fires by across the fleet, as the store
+    records it: the one the last instance to start with another timing runs (a deploy),
+    and that instance (the last to start with it since; ``None``: recorded by a release
+    that did not say)."""
+
+    cron: str
+    timezone: str
+    instance: str | None
 
 
 class DefinedInCode(Refused):

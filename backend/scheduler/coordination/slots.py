@@ -174,6 +174,9 @@ class SlotClaims:
         """This instance's lease on its work: nothing is claimed while it has lapsed."""
         self.fires: Callable[[], bool] = lambda: True
         """Whether this instance fires now (not while it waits for another mode's fleet)."""
+        self.leaves: Callable[[str], bool] = lambda name: False
+        """Whether this instance leaves a schedule's slots to the instances that run another
+        timing of it (a deploy under way: see :mod:`backend.scheduler.timings`)."""
 
     @property
     def lost_count(self) -> int:
@@ -211,6 +214,10 @@ class SlotClaims:
         ``missed``, as those it had not started yet."""
         if not in_store and not self.fires():
             return [], {}  # the fleet's own mode fires them (external fires dedupe in the store whatever the mode)
+        if not in_store:
+            slots = [(schedule, slot) for schedule, slot in slots if not self.leaves(schedule.name)]
+            if not slots:
+                return [], {}  # left to the instances of the fleet's timing of each
         # The slots due now (the timer's, an external call's, a catch-up's current ones) take
         # their turn with the claim; a catch-up's older slots take it when they start.
         starting = True if due_now or in_store else set(current)
@@ -412,7 +419,7 @@ class SlotClaims:
         ids: dict[tuple[str, datetime], str] = {}
         for name, entries in lost.items():
             schedule = self.schedules.get(name)
-            if schedule is None:
+            if schedule is None or self.leaves(name):
                 self.claimed.difference_update(entries.values())
                 continue
             for slot, run_id in sorted(entries.items()):

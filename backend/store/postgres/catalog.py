@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.safetext import escape_text, load_json, store_text
-from backend.scheduler.stored import StoredSchedule
+from backend.scheduler.stored import CodeTiming, StoredSchedule
 from backend.store.migrations import Component
 
 __all__ = ["PostgresCatalog"]
@@ -54,23 +54,27 @@ CODE_TIMINGS = """
         name text PRIMARY KEY, cron text NOT NULL, timezone text NOT NULL, changed_at timestamptz
     )
 """
-#: One statement: the rows as they were (the CTE's snapshot) for the timings kept, the
-#: rows written for the timings changed. An instance that changes a row another changed
-#: the same way a moment before leaves it as it is.
+#: Which instance last started with each recorded timing (NULL: a release that did not
+#: say). Older releases neither read nor write it.
+TIMING_RECORDER = "ALTER TABLE schedtui_code_schedule_timings ADD COLUMN instance text"
+#: One statement: each row written with the recording instance, its change time kept
+#: where the timing is the same (the CTE's snapshot says), moved to now where it changed.
+#: An instance that changes a row another changed the same way a moment before keeps its
+#: change time, and becomes its instance.
 RECORD_TIMINGS = """
     WITH given AS (SELECT * FROM unnest(%(names)s::text[], %(crons)s::text[], %(zones)s::text[]) AS g(name, cron, timezone)),
     put AS (
-        INSERT INTO schedtui_code_schedule_timings AS t (name, cron, timezone, changed_at)
-        SELECT name, cron, timezone, NULL FROM given
-        ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timezone, changed_at = %(now)s
-        WHERE (t.cron, t.timezone) IS DISTINCT FROM (excluded.cron, excluded.timezone)
+        INSERT INTO schedtui_code_schedule_timings AS t (name, cron, timezone, changed_at, instance)
+        SELECT name, cron, timezone, NULL, %(instance)s FROM given
+        ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timezone,
+            instance = excluded.instance,
+            changed_at = CASE WHEN (t.cron, t.timezone) IS DISTINCT FROM (excluded.cron, excluded.timezone)
+                THEN %(now)s ELSE t.changed_at END
         RETURNING t.name, t.changed_at
     )
     SELECT name, changed_at FROM put WHERE changed_at IS NOT NULL
-    UNION ALL
-    SELECT t.name, t.changed_at FROM schedtui_code_schedule_timings t JOIN given USING (name)
-    WHERE t.changed_at IS NOT NULL AND t.name NOT IN (SELECT name FROM put)
 """
+CODE_TIMINGS_READ = "SELECT name, cron, timezone, instance FROM schedtui_code_schedule_timings"
 COLUMNS = (
     "name, cron, timezone, queue, durable, payload, description, enabled, on_overlap, backfill, "
     "max_runtime, alert, created_at, created_by, updated_at, updated_by, version, timing_changed_at"
@@ -128,7 +132,7 @@ def _definition(s: StoredSchedule) -> tuple[Any, ...]:
 class PostgresCatalog:
     """Stored schedules on PostgreSQL: see :class:`backend.scheduler.catalog.CatalogStore` for the contract."""
 
-    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED, CODE_TIMINGS))
+    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED, CODE_TIMINGS, TIMING_RECORDER))
 
     if TYPE_CHECKING:
         commits: int
@@ -199,14 +203,23 @@ class PostgresCatalog:
 
         return await self._change(delete)
 
-    async def record_code_timings(self, timings: list[tuple[str, str, str]], now: datetime) -> dict[str, datetime]:
+    async def record_code_timings(
+        self, timings: list[tuple[str, str, str]], now: datetime, *, instance: str | None = None
+    ) -> dict[str, datetime]:
         if not timings:
             return {}
         names, crons, zones = (list(column) for column in zip(*timings, strict=True))
-        params = {"names": names, "crons": crons, "zones": zones, "now": now}
+        params = {"names": names, "crons": crons, "zones": zones, "now": now, "instance": instance}
 
         async def record(conn: Any) -> dict[str, datetime]:
             rows = await (await conn.execute(RECORD_TIMINGS, params)).fetchall()
             return {name: _utc(changed) for name, changed in rows}
 
         return await self._change(record)
+
+    async def code_timings(self) -> dict[str, CodeTiming]:
+        async def read(conn: Any) -> dict[str, CodeTiming]:
+            rows = await (await conn.execute(CODE_TIMINGS_READ)).fetchall()
+            return {name: CodeTiming(cron, zone, instance) for name, cron, zone, instance in rows}
+
+        return await self._with_conn(read)

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.safetext import escape_text, load_json, store_text
-from backend.scheduler.stored import StoredSchedule
+from backend.scheduler.stored import CodeTiming, StoredSchedule
 from backend.store.migrations import Component
 
 __all__ = ["SQLiteCatalog"]
@@ -54,11 +54,16 @@ TIMING_CHANGED = "ALTER TABLE stored_schedules ADD COLUMN timing_changed_at INTE
 CODE_TIMINGS = """
     CREATE TABLE code_schedule_timings (name TEXT PRIMARY KEY, cron TEXT NOT NULL, timezone TEXT NOT NULL, changed_at INTEGER)
 """
+#: Which instance last started with each recorded timing (NULL: a release that did not
+#: say). Older releases neither read nor write it.
+TIMING_RECORDER = "ALTER TABLE code_schedule_timings ADD COLUMN instance TEXT"
 GET_TIMING = "SELECT cron, timezone, changed_at FROM code_schedule_timings WHERE name = ?"
 PUT_TIMING = """
-    INSERT INTO code_schedule_timings (name, cron, timezone, changed_at) VALUES (?, ?, ?, ?)
-    ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timezone, changed_at = excluded.changed_at
+    INSERT INTO code_schedule_timings (name, cron, timezone, changed_at, instance) VALUES (?, ?, ?, ?, ?)
+    ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timezone, changed_at = excluded.changed_at,
+        instance = excluded.instance
 """
+CODE_TIMINGS_READ = "SELECT name, cron, timezone, instance FROM code_schedule_timings"
 COLUMNS = (
     "name, cron, timezone, queue, durable, payload, description, enabled, on_overlap, backfill, "
     "max_runtime, alert, created_at, created_by, updated_at, updated_by, version, timing_changed_at"
@@ -120,7 +125,7 @@ def _definition(s: StoredSchedule) -> tuple[Any, ...]:
 class SQLiteCatalog:
     """Stored schedules on SQLite: see :class:`backend.scheduler.catalog.CatalogStore` for the contract."""
 
-    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED, CODE_TIMINGS))
+    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED, CODE_TIMINGS, TIMING_RECORDER))
 
     if TYPE_CHECKING:
 
@@ -182,18 +187,26 @@ class SQLiteCatalog:
 
         return await self._write(delete)
 
-    async def record_code_timings(self, timings: list[tuple[str, str, str]], now: datetime) -> dict[str, datetime]:
+    async def record_code_timings(
+        self, timings: list[tuple[str, str, str]], now: datetime, *, instance: str | None = None
+    ) -> dict[str, datetime]:
         def record(c: sqlite3.Connection) -> dict[str, datetime]:
             changed: dict[str, datetime] = {}
             for name, cron, zone in timings:
                 row = c.execute(GET_TIMING, (name,)).fetchone()
                 if row is None:
-                    c.execute(PUT_TIMING, (name, cron, zone, None))
+                    c.execute(PUT_TIMING, (name, cron, zone, None, instance))
                 elif (row[0], row[1]) != (cron, zone):
-                    c.execute(PUT_TIMING, (name, cron, zone, _us(now)))
+                    c.execute(PUT_TIMING, (name, cron, zone, _us(now), instance))
                     changed[name] = now
-                elif row[2] is not None:
-                    changed[name] = _EPOCH + _MICROSECOND * row[2]
+                else:
+                    c.execute(PUT_TIMING, (name, cron, zone, row[2], instance))
+                    if row[2] is not None:
+                        changed[name] = _EPOCH + _MICROSECOND * row[2]
             return changed
 
         return await self._write(record) if timings else {}
+
+    async def code_timings(self) -> dict[str, CodeTiming]:
+        rows = await self._read(lambda c: c.execute(CODE_TIMINGS_READ).fetchall())
+        return {name: CodeTiming(cron, zone, instance) for name, cron, zone, instance in rows}

@@ -1,0 +1,131 @@
+"""One timing per schedule across a fleet.
+
+A schedule defined in code fires by the cron and zone of the code each instance runs.
+During a rolling deploy that changes them, or beside a canary, the instances of the two
+versions each claimed their own slots under ``advisoryLock``: claims are per slot, and the
+two timings' slots differ, so a daily job moved from 02:00 to 03:00 ran at both, every day,
+for as long as both versions ran.
+
+The store records one timing per schedule: the one the last instance to start with
+another timing runs, and the last instance to start with it
+(:meth:`~backend.scheduler.catalog.CatalogStore.record_code_timings`, at each start). An
+instance whose own timing differs leaves the schedule to the instances that run the
+recorded one, claiming none of its slots, while that instance is alive; once it is gone
+(judged as the fleet judges an instance dead), it records its own timing and fires by it,
+and the others leave the schedule to it in turn. So one timing fires at a time. A change
+of timing fires both timings' slots of the day it lands on, as it would on one instance,
+and the others hear of it within a heartbeat interval (:meth:`FleetTimings.review`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Protocol
+
+from backend.scheduler.stored import CodeTiming
+from backend.store import Beat
+
+if TYPE_CHECKING:
+    from backend.scheduler.catalog import CatalogStore
+
+__all__ = ["FleetTimings"]
+
+log = logging.getLogger("schedtui.engine")
+
+
+class _Judge(Protocol):
+    def gone(self, beats: dict[str, Beat], instance: str, now: datetime) -> str | None: ...
+
+
+class FleetTimings:
+    """Which of this instance's schedules it leaves to another timing's instances (see the
+    module docstring). ``own``: the ``(cron, timezone)`` of each self-triggered schedule
+    defined in code, by name; ``beats``: the fleet's heartbeats, read when a recorder's
+    life is in question; ``judge``: the registry, which says whether an instance is gone;
+    ``claims``: whether this engine's coordination claims slots (it decides only then)."""
+
+    def __init__(
+        self,
+        *,
+        store: CatalogStore,
+        instance: str,
+        own: Callable[[], Mapping[str, tuple[str, str]]],
+        beats: Callable[[], Awaitable[dict[str, Beat]]],
+        judge: _Judge,
+        claims: Callable[[], bool],
+        every: timedelta,
+    ) -> None:
+        self.store = store
+        self.instance = instance
+        self.own = own
+        self.beats = beats
+        self.judge = judge
+        self.claims = claims
+        self.every = every
+        self.left: dict[str, CodeTiming] = {}
+        """The schedules this instance fires none of, with the fleet's timing of each."""
+        self._next_at: datetime | None = None
+
+    def leaves(self, name: str) -> bool:
+        """Whether this instance leaves ``name``'s slots to the instances of another timing."""
+        return name in self.left
+
+    async def review(self, now: datetime, *, force: bool = False) -> None:
+        """Compare this instance's timings with the fleet's (every ``every`` at most): leave
+        a schedule to its recorder while that lives, take it over once it is gone."""
+        if not force and self._next_at is not None and now < self._next_at:
+            return
+        self._next_at = now + self.every
+        own = self.own() if self.claims() else {}
+        if not own:
+            self._settle({})
+            return
+        recorded = await self.store.code_timings()
+        differing = {
+            name: fleet
+            for name, mine in own.items()
+            if (fleet := recorded.get(name)) is not None
+            and (fleet.cron, fleet.timezone) != mine
+            and fleet.instance is not None  # (recorded by a release that named no instance: as before)
+            and fleet.instance != self.instance
+        }
+        if not differing:
+            self._settle({})
+            return
+        beats = await self.beats()  # (read now: a recorder that has just started is in it)
+        left: dict[str, CodeTiming] = {}
+        taking: list[tuple[str, str, str]] = []
+        for name, fleet in differing.items():
+            assert fleet.instance is not None
+            gone = self.judge.gone(beats, fleet.instance, now)
+            if gone is None:
+                left[name] = fleet
+                continue
+            cron, zone = own[name]
+            taking.append((name, cron, zone))
+            log.warning(
+                'schedule "%s": %s, the last instance to start with its timing "%s" (%s), is gone (%s); this instance '
+                'fires it by its own, "%s" (%s)',
+                name, fleet.instance, fleet.cron, fleet.timezone, gone, cron, zone,
+            )  # fmt: skip
+        if taking:
+            await self.store.record_code_timings(taking, now, instance=self.instance)
+        self._settle(left)
+
+    def _settle(self, left: dict[str, CodeTiming]) -> None:
+        own = self.own()
+        for name, fleet in left.items():
+            if self.left.get(name) != fleet:
+                cron, zone = own[name]
+                log.warning(
+                    'schedule "%s" runs by "%s" (%s) here, and by "%s" (%s) on %s, the last instance to start with '
+                    "that timing: this instance fires none of its slots while %s runs (one timing a schedule across "
+                    "the fleet: a deploy under way, or a canary)",
+                    name, cron, zone, fleet.cron, fleet.timezone, fleet.instance, fleet.instance,
+                )  # fmt: skip
+        for name in self.left.keys() - left.keys():
+            if name in own:
+                log.info('schedule "%s" fires by this instance\'s timing again', name)
+        self.left = left

@@ -1,0 +1,136 @@
+"""One timing per schedule across a fleet (backend/scheduler/timings.py): instances that
+run two versions of a schedule's timing (a rolling deploy that moves a daily job from 02:00
+to 03:00, a canary) each claimed their own timing's slots under ``advisoryLock``, and the
+job ran at both, every day, for as long as both versions ran."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from backend import Engine, ManualClock, Run, RunContext, Schedule, define_schedule
+from tests.conftest import all_runs
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every engine of a test shares this store (SQLite: engines of one process, which
+    claims coordinate as they do a fleet's)."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+#: The take-over window: longer than the clock's steps, which move every instance's heartbeat
+#: ten minutes at once (a window of 30 s would judge each dead at each step).
+WINDOW = 3600
+
+
+def daily(cron: str, zone: str = "UTC") -> Schedule:
+    async def export(ctx: RunContext) -> None:
+        pass
+
+    return define_schedule(name="export", cron=cron, timezone=zone, handler=export)
+
+
+async def days(clock: ManualClock, engines: list[Engine], count: float) -> None:
+    """Move the clock on ``count`` days in steps of ten minutes, each engine settled after each."""
+    for _ in range(int(count * 144)):
+        clock.advance(600)
+        for engine in engines:
+            await engine.quiesce()
+
+
+def per_day(runs: list[Run]) -> Counter[str]:
+    return Counter(f"{r.scheduled_at:%m-%d}" for r in runs)
+
+
+async def test_two_versions_of_a_schedules_timing_fire_one_of_them_at_a_time(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "schedtui.engine")
+    clock = ManualClock("2026-03-02T00:30:00Z")
+    old = Engine([daily("0 2 * * *")], store_url, clock=clock, instance="web-1", coordination="advisoryLock", abandon_after=WINDOW)
+    new = Engine([daily("0 3 * * *")], store_url, clock=clock, instance="web-2", coordination="advisoryLock", abandon_after=WINDOW)
+    await old.start()
+    try:
+        await days(clock, [old], 1)  # 03-02 02:00 by the only version there is
+        await new.start()  # the deploy's first instance, at 00:30 on 03-03
+        try:
+            await days(clock, [old, new], 2)  # 03-03 and 03-04: both versions run
+            runs = await all_runs(old, "export")
+            assert [(f"{r.scheduled_at:%m-%d %H:%M}", r.instance) for r in runs] == [
+                ("03-02 02:00", "web-1"), ("03-03 03:00", "web-2"), ("03-04 03:00", "web-2")
+            ]  # fmt: skip
+            assert old.fleet_timings.leaves("export") and not new.fleet_timings.leaves("export")
+            [said] = [r.getMessage() for r in caplog.records if "fires none of its slots" in r.getMessage()]
+            assert said.startswith('schedule "export" runs by "0 2 * * *" (UTC) here, and by "0 3 * * *" (UTC) on web-2')
+        finally:
+            await new.stop()  # the canary taken away: its timing's instance is gone
+        await days(clock, [old], 1.5)
+        runs = await all_runs(old, "export")
+        assert [(f"{r.scheduled_at:%m-%d %H:%M}", r.instance) for r in runs][3:] == [
+            ("03-05 02:00", "web-1"), ("03-06 02:00", "web-1")
+        ]  # fmt: skip
+        assert not old.fleet_timings.leaves("export")
+        assert any('web-2, the last instance to start with its timing "0 3 * * *" (UTC), is gone' in r.getMessage()
+                   for r in caplog.records)  # fmt: skip
+        assert set(per_day(runs).values()) == {1}
+    finally:
+        await old.stop()
+
+
+async def test_an_instance_of_the_first_timing_starting_again_takes_the_schedule_back(store_url: str) -> None:
+    """The last instance to start with another timing is the fleet's: a rolled-back deploy,
+    or an old instance restarted mid-deploy, takes the schedule back, and the new version's
+    instances leave it; one timing still fires a day."""
+    clock = ManualClock("2026-03-02T00:30:00Z")
+    new = Engine([daily("0 3 * * *")], store_url, clock=clock, instance="web-2", coordination="advisoryLock", abandon_after=WINDOW)
+    old = Engine([daily("0 2 * * *")], store_url, clock=clock, instance="web-1", coordination="advisoryLock", abandon_after=WINDOW)
+    await new.start()
+    await old.start()  # recorded last: the fleet's timing is 02:00 now
+    try:
+        await days(clock, [old, new], 2)
+        runs = await all_runs(old, "export")
+        assert [(f"{r.scheduled_at:%m-%d %H:%M}", r.instance) for r in runs] == [
+            ("03-02 02:00", "web-1"), ("03-03 02:00", "web-1")
+        ]  # fmt: skip
+        assert new.fleet_timings.leaves("export")
+    finally:
+        await old.stop()
+        await new.stop()
+
+
+async def test_instances_of_one_timing_leave_nothing(store_url: str) -> None:
+    clock = ManualClock("2026-03-02T00:30:00Z")
+    one = Engine([daily("0 2 * * *")], store_url, clock=clock, instance="web-1", coordination="advisoryLock", abandon_after=WINDOW)
+    two = Engine([daily("0 2 * * *")], store_url, clock=clock, instance="web-2", coordination="advisoryLock", abandon_after=WINDOW)
+    await one.start()
+    await two.start()
+    try:
+        await days(clock, [one, two], 2)
+        runs = await all_runs(one, "export")
+        assert [f"{r.scheduled_at:%m-%d %H:%M}" for r in runs] == ["03-02 02:00", "03-03 02:00"]
+        assert not one.fleet_timings.leaves("export") and not two.fleet_timings.leaves("export")
+    finally:
+        await one.stop()
+        await two.stop()
+
+
+@pytest.mark.postgres
+async def test_under_cluster_coordination_nothing_is_left(pg_url: str) -> None:
+    """``cluster`` fires each schedule on its shard's owner only: one timing at a time
+    already; the owner fires by its own."""
+    clock = ManualClock("2026-03-02T00:30:00Z")
+    engine = Engine([daily("0 2 * * *")], pg_url, clock=clock, instance="web-1", coordination="cluster")
+    await engine.start()
+    try:
+        await engine.catalog.store.record_code_timings([("export", "0 3 * * *", "UTC")], clock.now(), instance="web-9")
+        await engine.fleet_timings.review(clock.now(), force=True)
+        assert not engine.fleet_timings.leaves("export")
+    finally:
+        await engine.stop()
+
