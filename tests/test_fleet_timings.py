@@ -121,6 +121,32 @@ async def test_instances_of_one_timing_leave_nothing(store_url: str) -> None:
 
 
 @pytest.mark.postgres
+async def test_a_timing_whose_last_instance_fires_nothing_is_not_waited_for(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The last instance to start with the other timing is alive but fires nothing: it came
+    in another coordination mode and waits for this one's fleet to leave (a rolling change
+    of mode with the deploy). Left to it, the schedule fired nowhere."""
+    clock = ManualClock("2026-03-02T00:30:00Z")
+    old = Engine([daily("0 2 * * *")], pg_url, clock=clock, instance="web-1", coordination="advisoryLock", abandon_after=WINDOW)
+    new = Engine([daily("0 3 * * *")], pg_url, clock=clock, instance="web-2", coordination="cluster", abandon_after=WINDOW)
+    await old.start()
+    await new.start()
+    try:
+        await days(clock, [old, new], 2)
+        assert new.registry.role == "waiting"
+        runs = await all_runs(old, "export")
+        assert [(f"{r.scheduled_at:%m-%d %H:%M}", r.instance) for r in runs] == [
+            ("03-02 02:00", "web-1"), ("03-03 02:00", "web-1")
+        ]  # fmt: skip
+        assert any("web-2, the last instance to start with its timing \"0 3 * * *\" (UTC), fires nothing (its role is "
+                   "waiting)" in r.getMessage() for r in caplog.records)  # fmt: skip
+    finally:
+        await old.stop()
+        await new.stop()
+
+
+@pytest.mark.postgres
 async def test_under_cluster_coordination_nothing_is_left(pg_url: str) -> None:
     """``cluster`` fires each schedule on its shard's owner only: one timing at a time
     already; the owner fires by its own."""

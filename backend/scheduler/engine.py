@@ -367,6 +367,7 @@ class Engine(EngineReads, EngineActions):
                 if not self.catalog.is_stored(name) and self.trigger_of(schedule) == "self"
             },
             beats=self.store.instances,
+            fleet=self.store.fleet,
             judge=self.registry,
             claims=lambda: self.claims.coordinator.needs_claims and self.registry.member,
             every=self.registry.heartbeat_interval,

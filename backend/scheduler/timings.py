@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
+from backend.model import InstanceInfo
 from backend.scheduler.stored import CodeTiming
 from backend.store import Beat
 
@@ -42,8 +43,9 @@ class _Judge(Protocol):
 class FleetTimings:
     """Which of this instance's schedules it leaves to another timing's instances (see the
     module docstring). ``own``: the ``(cron, timezone)`` of each self-triggered schedule
-    defined in code, by name; ``beats``: the fleet's heartbeats, read when a recorder's
-    life is in question; ``judge``: the registry, which says whether an instance is gone;
+    defined in code, by name; ``beats`` and ``fleet``: the fleet's heartbeats and rows, read
+    when a recorder's life is in question; ``judge``: the registry, which says whether an
+    instance is gone (one alive that fires nothing counts as gone here);
     ``claims``: whether this engine's coordination claims slots (it decides only then)."""
 
     def __init__(
@@ -53,6 +55,7 @@ class FleetTimings:
         instance: str,
         own: Callable[[], Mapping[str, tuple[str, str]]],
         beats: Callable[[], Awaitable[dict[str, Beat]]],
+        fleet: Callable[[], Awaitable[list[InstanceInfo]]],
         judge: _Judge,
         claims: Callable[[], bool],
         every: timedelta,
@@ -61,6 +64,7 @@ class FleetTimings:
         self.instance = instance
         self.own = own
         self.beats = beats
+        self.fleet = fleet
         self.judge = judge
         self.claims = claims
         self.every = every
@@ -94,19 +98,26 @@ class FleetTimings:
         if not differing:
             self._settle({})
             return
-        beats = await self.beats()  # (read now: a recorder that has just started is in it)
+        # Read now: a recorder that has just started is in them.
+        beats, members = await self.beats(), {i.name: i for i in await self.fleet()}
         left: dict[str, CodeTiming] = {}
         taking: list[tuple[str, str, str]] = []
         for name, fleet in differing.items():
             assert fleet.instance is not None
-            gone = self.judge.gone(beats, fleet.instance, now)
+            why = self.judge.gone(beats, fleet.instance, now)
+            gone = None if why is None else f"is gone ({why})"
+            member = members.get(fleet.instance)
+            if gone is None and member is not None and not member.fires:
+                # Alive, but firing nothing: waiting for another coordination mode's fleet,
+                # or standing down on a clock that is off. Left to it, nobody would fire.
+                gone = f"fires nothing ({member.clock_text() or f'its role is {member.role}'})"
             if gone is None:
                 left[name] = fleet
                 continue
             cron, zone = own[name]
             taking.append((name, cron, zone))
             log.warning(
-                'schedule "%s": %s, the last instance to start with its timing "%s" (%s), is gone (%s); this instance '
+                'schedule "%s": %s, the last instance to start with its timing "%s" (%s), %s; this instance '
                 'fires it by its own, "%s" (%s)',
                 name, fleet.instance, fleet.cron, fleet.timezone, gone, cron, zone,
             )  # fmt: skip
