@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from backend import Engine, ManualClock, Run, RunContext, Schedule, define_schedule
+from backend.model import CoordinationMode
 from tests.conftest import all_runs
 
 
@@ -36,6 +37,11 @@ def daily(cron: str, zone: str = "UTC") -> Schedule:
     return define_schedule(name="export", cron=cron, timezone=zone, handler=export)
 
 
+def engine(url: str, clock: ManualClock, cron: str, instance: str, coordination: CoordinationMode = "advisoryLock") -> Engine:
+    """An instance running ``export`` by ``cron`` (UTC)."""
+    return Engine([daily(cron)], url, clock=clock, instance=instance, coordination=coordination, abandon_after=WINDOW)
+
+
 async def days(clock: ManualClock, engines: list[Engine], count: float) -> None:
     """Move the clock on ``count`` days in steps of ten minutes, each engine settled after each."""
     for _ in range(int(count * 144)):
@@ -53,8 +59,8 @@ async def test_two_versions_of_a_schedules_timing_fire_one_of_them_at_a_time(
 ) -> None:
     caplog.set_level(logging.INFO, "schedtui.engine")
     clock = ManualClock("2026-03-02T00:30:00Z")
-    old = Engine([daily("0 2 * * *")], store_url, clock=clock, instance="web-1", coordination="advisoryLock", abandon_after=WINDOW)
-    new = Engine([daily("0 3 * * *")], store_url, clock=clock, instance="web-2", coordination="advisoryLock", abandon_after=WINDOW)
+    old = engine(store_url, clock, "0 2 * * *", "web-1")
+    new = engine(store_url, clock, "0 3 * * *", "web-2")
     await old.start()
     try:
         await days(clock, [old], 1)  # 03-02 02:00 by the only version there is
@@ -88,8 +94,8 @@ async def test_an_instance_of_the_first_timing_starting_again_takes_the_schedule
     or an old instance restarted mid-deploy, takes the schedule back, and the new version's
     instances leave it; one timing still fires a day."""
     clock = ManualClock("2026-03-02T00:30:00Z")
-    new = Engine([daily("0 3 * * *")], store_url, clock=clock, instance="web-2", coordination="advisoryLock", abandon_after=WINDOW)
-    old = Engine([daily("0 2 * * *")], store_url, clock=clock, instance="web-1", coordination="advisoryLock", abandon_after=WINDOW)
+    new = engine(store_url, clock, "0 3 * * *", "web-2")
+    old = engine(store_url, clock, "0 2 * * *", "web-1")
     await new.start()
     await old.start()  # recorded last: the fleet's timing is 02:00 now
     try:
@@ -106,8 +112,8 @@ async def test_an_instance_of_the_first_timing_starting_again_takes_the_schedule
 
 async def test_instances_of_one_timing_leave_nothing(store_url: str) -> None:
     clock = ManualClock("2026-03-02T00:30:00Z")
-    one = Engine([daily("0 2 * * *")], store_url, clock=clock, instance="web-1", coordination="advisoryLock", abandon_after=WINDOW)
-    two = Engine([daily("0 2 * * *")], store_url, clock=clock, instance="web-2", coordination="advisoryLock", abandon_after=WINDOW)
+    one = engine(store_url, clock, "0 2 * * *", "web-1")
+    two = engine(store_url, clock, "0 2 * * *", "web-2")
     await one.start()
     await two.start()
     try:
@@ -128,8 +134,8 @@ async def test_a_timing_whose_last_instance_fires_nothing_is_not_waited_for(
     in another coordination mode and waits for this one's fleet to leave (a rolling change
     of mode with the deploy). Left to it, the schedule fired nowhere."""
     clock = ManualClock("2026-03-02T00:30:00Z")
-    old = Engine([daily("0 2 * * *")], pg_url, clock=clock, instance="web-1", coordination="advisoryLock", abandon_after=WINDOW)
-    new = Engine([daily("0 3 * * *")], pg_url, clock=clock, instance="web-2", coordination="cluster", abandon_after=WINDOW)
+    old = engine(pg_url, clock, "0 2 * * *", "web-1")
+    new = engine(pg_url, clock, "0 3 * * *", "web-2", "cluster")
     await old.start()
     await new.start()
     try:
@@ -151,12 +157,12 @@ async def test_under_cluster_coordination_nothing_is_left(pg_url: str) -> None:
     """``cluster`` fires each schedule on its shard's owner only: one timing at a time
     already; the owner fires by its own."""
     clock = ManualClock("2026-03-02T00:30:00Z")
-    engine = Engine([daily("0 2 * * *")], pg_url, clock=clock, instance="web-1", coordination="cluster")
-    await engine.start()
+    member = engine(pg_url, clock, "0 2 * * *", "web-1", "cluster")
+    await member.start()
     try:
-        await engine.catalog.store.record_code_timings([("export", "0 3 * * *", "UTC")], clock.now(), instance="web-9")
-        await engine.fleet_timings.review(clock.now(), force=True)
-        assert not engine.fleet_timings.leaves("export")
+        await member.catalog.store.record_code_timings([("export", "0 3 * * *", "UTC")], clock.now(), instance="web-9")
+        await member.fleet_timings.review(clock.now(), force=True)
+        assert not member.fleet_timings.leaves("export")
     finally:
-        await engine.stop()
+        await member.stop()
 
