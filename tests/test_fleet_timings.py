@@ -14,6 +14,7 @@ import pytest
 from backend import Engine, ManualClock, Run, RunContext, Schedule, define_schedule
 from backend.model import CoordinationMode
 from tests.conftest import all_runs
+from tests.servers import until
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -124,6 +125,29 @@ async def test_instances_of_one_timing_leave_nothing(store_url: str) -> None:
     finally:
         await one.stop()
         await two.stop()
+
+
+@pytest.mark.postgres
+async def test_a_deploys_first_instance_tells_the_others_at_once(pg_url: str) -> None:
+    """Its start signals ``schedules`` (NOTIFY): the others look at the fleet's timings at
+    their next round, not a minute later (the backstop: a read of the store each look)."""
+    clock = ManualClock("2026-03-02T00:30:00Z")
+    old = engine(pg_url, clock, "0 2 * * *", "web-1")
+    new = engine(pg_url, clock, "0 3 * * *", "web-2")
+    await old.start()
+    try:
+        await days(clock, [old], 0.01)  # its first look, at nothing to leave
+        assert not old.fleet_timings.stale
+        await new.start()
+        try:
+            await until(lambda: old.fleet_timings.stale, "web-1 to hear of the new timing")
+            clock.advance(1)
+            await old.quiesce()
+            assert old.fleet_timings.leaves("export")
+        finally:
+            await new.stop()
+    finally:
+        await old.stop()
 
 
 @pytest.mark.postgres

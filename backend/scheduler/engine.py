@@ -370,6 +370,7 @@ class Engine(EngineReads, EngineActions):
             fleet=self.store.fleet,
             judge=self.registry,
             claims=lambda: self.claims.coordinator.needs_claims and self.registry.member,
+            signal=lambda: self.events.publish("schedules"),
             every=self.registry.heartbeat_interval,
         )
         """Which schedules this instance leaves to the instances of another timing (a deploy)."""

@@ -73,8 +73,11 @@ async def record_code_timings(engine: Engine) -> None:
     changed since an instance last recorded it (a deploy) changed now, and the catch-up
     starts from there, as it does from a stored schedule's change."""
     timings = [(name, s.cron.expr, s.cron.timezone) for name, s in engine.schedules.items() if not engine.catalog.is_stored(name)]
-    changed = await engine.catalog.store.record_code_timings(timings, engine.clock.now(), instance=engine.instance)
+    now = engine.clock.now()
+    changed = await engine.catalog.store.record_code_timings(timings, now, instance=engine.instance)
     engine.catch_up.code_timing_changed = changed
+    if now in changed.values():
+        engine.events.publish("schedules")  # a deploy: the other instances look at the fleet's timings again
 
 
 def role_changed(engine: Engine, was: str, now: str) -> None:
@@ -155,7 +158,11 @@ def start_engine(engine: Engine) -> None:
     if engine.relay.postgres is not None:
         # Another instance's change to a stored schedule is heard at once by NOTIFY
         # (the state poll would find it within its interval anyway).
-        engine.relay.postgres.on_remote = engine.catalog.heard
+        def heard(topic: str, name: str | None) -> None:
+            engine.catalog.heard(topic, name)
+            engine.fleet_timings.heard(topic, name)
+
+        engine.relay.postgres.on_remote = heard
         engine.relay.listen()
         engine.loops.keep(engine.catalog.follow_signals, "catalog signals")
 

@@ -13,8 +13,12 @@ instance whose own timing differs leaves the schedule to the instances that run 
 recorded one, claiming none of its slots, while that instance is alive; once it is gone
 (judged as the fleet judges an instance dead), it records its own timing and fires by it,
 and the others leave the schedule to it in turn. So one timing fires at a time. A change
-of timing fires both timings' slots of the day it lands on, as it would on one instance,
-and the others hear of it within a heartbeat interval (:meth:`FleetTimings.review`).
+of timing fires both timings' slots of the day it lands on, as it would on one instance.
+
+A start that changes a recorded timing signals the others (``schedules``, PostgreSQL's
+NOTIFY), which look again at once (:meth:`FleetTimings.heard`); otherwise an instance
+looks every :data:`BACKSTOP` seconds, and every heartbeat interval while it leaves a
+schedule to another instance, whose life it then watches.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
+from backend.events.bus import RESYNC
 from backend.model import InstanceInfo
 from backend.scheduler.stored import CodeTiming
 from backend.store import Beat
@@ -34,6 +39,10 @@ if TYPE_CHECKING:
 __all__ = ["FleetTimings"]
 
 log = logging.getLogger("schedtui.engine")
+
+#: Seconds between two looks at the fleet's timings when no signal asks for one (a lost
+#: NOTIFY, a store that cannot signal): each look is a read of the store.
+BACKSTOP = 60.0
 
 
 class _Judge(Protocol):
@@ -46,7 +55,8 @@ class FleetTimings:
     defined in code, by name; ``beats`` and ``fleet``: the fleet's heartbeats and rows, read
     when a recorder's life is in question; ``judge``: the registry, which says whether an
     instance is gone (one alive that fires nothing counts as gone here);
-    ``claims``: whether this engine's coordination claims slots (it decides only then)."""
+    ``claims``: whether this engine's coordination claims slots (it decides only then);
+    ``signal``: tells the other instances that a timing changed."""
 
     def __init__(
         self,
@@ -58,6 +68,7 @@ class FleetTimings:
         fleet: Callable[[], Awaitable[list[InstanceInfo]]],
         judge: _Judge,
         claims: Callable[[], bool],
+        signal: Callable[[], None],
         every: timedelta,
     ) -> None:
         self.store = store
@@ -67,21 +78,43 @@ class FleetTimings:
         self.fleet = fleet
         self.judge = judge
         self.claims = claims
+        self.signal = signal
         self.every = every
         self.left: dict[str, CodeTiming] = {}
         """The schedules this instance fires none of, with the fleet's timing of each."""
         self._next_at: datetime | None = None
+        self._stale = True
+
+    def heard(self, topic: str, name: str | None) -> None:
+        """A signal from another instance: a start that changed a timing signals
+        ``schedules`` (so does a change of the stored ones); look again at the next round."""
+        if topic in ("schedules", RESYNC):
+            self._stale = True
+
+    @property
+    def stale(self) -> bool:
+        """Whether the next round looks at the fleet's timings whatever the time (a signal
+        came, or nothing was looked at yet)."""
+        return self._stale
 
     def leaves(self, name: str) -> bool:
         """Whether this instance leaves ``name``'s slots to the instances of another timing."""
         return name in self.left
 
     async def review(self, now: datetime, *, force: bool = False) -> None:
-        """Compare this instance's timings with the fleet's (every ``every`` at most): leave
-        a schedule to its recorder while that lives, take it over once it is gone."""
-        if not force and self._next_at is not None and now < self._next_at:
+        """Compare this instance's timings with the fleet's, when it is time to (see the
+        module docstring): leave a schedule to its recorder while that lives and fires, take
+        it over once it does not."""
+        if not force and not self._stale and self._next_at is not None and now < self._next_at:
             return
-        self._next_at = now + self.every
+        self._stale = False
+        try:
+            await self._review(now)
+        finally:
+            # While a schedule is left to another instance, watch that instance's life.
+            self._next_at = now + (self.every if self.left else timedelta(seconds=BACKSTOP))
+
+    async def _review(self, now: datetime) -> None:
         own = self.own() if self.claims() else {}
         if not own:
             self._settle({})
@@ -123,6 +156,7 @@ class FleetTimings:
             )  # fmt: skip
         if taking:
             await self.store.record_code_timings(taking, now, instance=self.instance)
+            self.signal()  # its peers, which ran the other timing, leave it to this instance now
         self._settle(left)
 
     def _settle(self, left: dict[str, CodeTiming]) -> None:

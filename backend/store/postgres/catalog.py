@@ -57,10 +57,10 @@ CODE_TIMINGS = """
 #: Which instance last started with each recorded timing (NULL: a release that did not
 #: say). Older releases neither read nor write it.
 TIMING_RECORDER = "ALTER TABLE schedtui_code_schedule_timings ADD COLUMN instance text"
-#: One statement: each row written with the recording instance, its change time kept
-#: where the timing is the same (the CTE's snapshot says), moved to now where it changed.
-#: An instance that changes a row another changed the same way a moment before keeps its
-#: change time, and becomes its instance.
+#: One statement: the rows as they were (the CTE's snapshot) for the rows kept, the rows
+#: written for the others: each with the recording instance, its change time moved to now
+#: where the timing changed. An instance that changes a row another changed the same way a
+#: moment before keeps its change time, and becomes its instance.
 RECORD_TIMINGS = """
     WITH given AS (SELECT * FROM unnest(%(names)s::text[], %(crons)s::text[], %(zones)s::text[]) AS g(name, cron, timezone)),
     put AS (
@@ -70,9 +70,13 @@ RECORD_TIMINGS = """
             instance = excluded.instance,
             changed_at = CASE WHEN (t.cron, t.timezone) IS DISTINCT FROM (excluded.cron, excluded.timezone)
                 THEN %(now)s ELSE t.changed_at END
+        WHERE (t.cron, t.timezone, t.instance) IS DISTINCT FROM (excluded.cron, excluded.timezone, excluded.instance)
         RETURNING t.name, t.changed_at
     )
     SELECT name, changed_at FROM put WHERE changed_at IS NOT NULL
+    UNION ALL
+    SELECT t.name, t.changed_at FROM schedtui_code_schedule_timings t JOIN given USING (name)
+    WHERE t.changed_at IS NOT NULL AND t.name NOT IN (SELECT name FROM put)
 """
 CODE_TIMINGS_READ = "SELECT name, cron, timezone, instance FROM schedtui_code_schedule_timings"
 COLUMNS = (

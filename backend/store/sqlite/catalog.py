@@ -57,7 +57,7 @@ CODE_TIMINGS = """
 #: Which instance last started with each recorded timing (NULL: a release that did not
 #: say). Older releases neither read nor write it.
 TIMING_RECORDER = "ALTER TABLE code_schedule_timings ADD COLUMN instance TEXT"
-GET_TIMING = "SELECT cron, timezone, changed_at FROM code_schedule_timings WHERE name = ?"
+GET_TIMING = "SELECT cron, timezone, changed_at, instance FROM code_schedule_timings WHERE name = ?"
 PUT_TIMING = """
     INSERT INTO code_schedule_timings (name, cron, timezone, changed_at, instance) VALUES (?, ?, ?, ?, ?)
     ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timezone, changed_at = excluded.changed_at,
@@ -200,7 +200,8 @@ class SQLiteCatalog:
                     c.execute(PUT_TIMING, (name, cron, zone, _us(now), instance))
                     changed[name] = now
                 else:
-                    c.execute(PUT_TIMING, (name, cron, zone, row[2], instance))
+                    if row[3] != instance:
+                        c.execute(PUT_TIMING, (name, cron, zone, row[2], instance))
                     if row[2] is not None:
                         changed[name] = _EPOCH + _MICROSECOND * row[2]
             return changed
