@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,7 +137,10 @@ async def test_a_deploys_first_instance_tells_the_others_at_once(pg_url: str) ->
     new = engine(pg_url, clock, "0 3 * * *", "web-2")
     await old.start()
     try:
-        await days(clock, [old], 0.01)  # its first look, at nothing to leave
+        relay = old.relay.postgres
+        assert relay is not None
+        await until(lambda: relay.hearing, "web-1 to listen")  # (its first connection: a resync, a look)
+        await old.fleet_timings.review(clock.now(), force=True)  # a look at nothing to leave
         assert not old.fleet_timings.stale
         await new.start()
         try:
@@ -190,3 +194,33 @@ async def test_under_cluster_coordination_nothing_is_left(pg_url: str) -> None:
     finally:
         await member.stop()
 
+
+
+async def test_a_look_the_store_did_not_answer_is_taken_again_next_round(store_url: str) -> None:
+    """A signal heard, then the store unreachable for the look: the next round looks again,
+    not a minute later."""
+    from backend import Unavailable
+
+    clock = ManualClock("2026-03-02T00:30:00Z")
+    member = engine(store_url, clock, "0 2 * * *", "web-1")
+    await member.start()
+    try:
+        await days(clock, [member], 0.01)
+        store = member.catalog.store
+        real = store.code_timings
+        calls: list[str] = []
+
+        async def down() -> Any:
+            calls.append("down")
+            raise Unavailable("the store is unreachable")
+
+        store.code_timings = down  # type: ignore[method-assign]
+        member.fleet_timings.heard("schedules", None)
+        with pytest.raises(Unavailable):
+            await member.fleet_timings.review(clock.now())
+        assert member.fleet_timings.stale and calls == ["down"]
+        store.code_timings = real  # type: ignore[method-assign]
+        await member.fleet_timings.review(clock.now())  # the next round: not a minute later
+        assert not member.fleet_timings.stale
+    finally:
+        await member.stop()

@@ -110,6 +110,9 @@ class FleetTimings:
         self._stale = False
         try:
             await self._review(now)
+        except BaseException:
+            self._stale = True  # (the store did not answer: look again next round)
+            raise
         finally:
             # While a schedule is left to another instance, watch that instance's life.
             self._next_at = now + (self.every if self.left else timedelta(seconds=BACKSTOP))
