@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from backend.model import ScheduleState
 from backend.scheduler.catalog import CatalogStore
-from backend.scheduler.stored import StoredSchedule
+from backend.scheduler.stored import CodeTiming, StoredSchedule
 from backend.store import Store
 from tests.test_store import new_store, store, store_kind  # noqa: F401 - fixtures
 
@@ -79,7 +79,8 @@ async def test_code_timings_say_when_each_changed(store: Store) -> None:  # noqa
     assert await catalog.record_code_timings(again, last) == {"a": last, "b": later}
     assert await catalog.record_code_timings([], last) == {}
     assert await catalog.code_timings() == {
-        "a": ("5 9 * * *", "UTC", None), "b": ("* * * * *", "Europe/Berlin", None), "c": ("0 0 * * *", "UTC", None)
+        "a": CodeTiming("5 9 * * *", "UTC", None), "b": CodeTiming("* * * * *", "Europe/Berlin", None),
+        "c": CodeTiming("0 0 * * *", "UTC", None),
     }  # fmt: skip
 
 
@@ -89,9 +90,24 @@ async def test_code_timings_name_the_last_instance_to_start_with_them(store: Sto
     catalog = cast(CatalogStore, store)
     old, new = [("a", "0 2 * * *", "UTC")], [("a", "0 3 * * *", "UTC")]
     assert await catalog.record_code_timings(old, T0, instance="web-1") == {}
-    assert await catalog.code_timings() == {"a": ("0 2 * * *", "UTC", "web-1")}
+    assert await catalog.code_timings() == {"a": CodeTiming("0 2 * * *", "UTC", "web-1")}
     assert await catalog.record_code_timings(new, T0 + timedelta(hours=1), instance="web-2") == {"a": T0 + timedelta(hours=1)}
-    assert await catalog.code_timings() == {"a": ("0 3 * * *", "UTC", "web-2")}
+    assert await catalog.code_timings() == {"a": CodeTiming("0 3 * * *", "UTC", "web-2")}
     # Another instance starting with the same timing becomes its instance; the change stays.
     assert await catalog.record_code_timings(new, T0 + timedelta(hours=2), instance="web-3") == {"a": T0 + timedelta(hours=1)}
-    assert await catalog.code_timings() == {"a": ("0 3 * * *", "UTC", "web-3")}
+    assert await catalog.code_timings() == {"a": CodeTiming("0 3 * * *", "UTC", "web-3")}
+
+
+async def test_code_timings_keep_the_zones_rules_and_a_change_of_them_is_a_change(store: Store) -> None:  # noqa: F811
+    """The same expression and zone by another time zone database's rules fire at other
+    instants: a change, where both sides said their rules (a release that did not say
+    changes nothing)."""
+    catalog = cast(CatalogStore, store)
+    timing = [("a", "0 2 * * *", "America/Mexico_City")]
+    assert await catalog.record_code_timings(timing, T0, instance="web-1", rules={"a": "2022a"}) == {}
+    assert await catalog.code_timings() == {"a": CodeTiming("0 2 * * *", "America/Mexico_City", "web-1", "2022a")}
+    assert await catalog.record_code_timings(timing, T0 + timedelta(hours=1), instance="web-2") == {}  # (not said)
+    assert await catalog.code_timings() == {"a": CodeTiming("0 2 * * *", "America/Mexico_City", "web-2", "2022a")}
+    later = T0 + timedelta(hours=2)
+    assert await catalog.record_code_timings(timing, later, instance="web-3", rules={"a": "2022g"}) == {"a": later}
+    assert await catalog.code_timings() == {"a": CodeTiming("0 2 * * *", "America/Mexico_City", "web-3", "2022g")}

@@ -14,6 +14,7 @@ import pytest
 
 from backend import Engine, ManualClock, Run, RunContext, Schedule, define_schedule
 from backend.model import CoordinationMode
+from backend.scheduler.timings import zone_rules
 from tests.conftest import all_runs
 from tests.servers import until
 
@@ -224,3 +225,34 @@ async def test_a_look_the_store_did_not_answer_is_taken_again_next_round(store_u
         assert not member.fleet_timings.stale
     finally:
         await member.stop()
+
+
+async def test_the_same_timing_by_another_time_zone_database_is_another_timing(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two machines whose time zone databases differ on a zone (a rolling OS upgrade across
+    a change of its rules, as Mexico's end of daylight saving time in 2022) fire one local
+    time at two instants: a timing is its expression, its zone and the zone's rules. (One
+    process has one database: the second instance's rules are said for it here.)"""
+    clock = ManualClock("2026-03-02T00:30:00Z")
+    old = engine(store_url, clock, "0 2 * * *", "web-1")
+    new = engine(store_url, clock, "0 2 * * *", "web-2")
+    mine = new.code_timings()
+    new.code_timings = lambda: {name: (cron, zone, "another-tzdata") for name, (cron, zone, _) in mine.items()}  # type: ignore[method-assign]
+    assert mine["export"][2] == zone_rules("UTC") != "another-tzdata"
+    await old.start()
+    await new.start()
+    try:
+        await days(clock, [old, new], 1)
+        assert old.fleet_timings.leaves("export") and not new.fleet_timings.leaves("export")
+        assert any("by another time zone database's rules" in r.getMessage() for r in caplog.records)
+        assert [r.instance for r in await all_runs(old, "export")] == ["web-2"]
+    finally:
+        await old.stop()
+        await new.stop()
+
+
+def test_a_zones_rules_digest_says_its_offsets_and_nothing_else() -> None:
+    """Zones that keep the same offsets over the span share a digest (Paris and Berlin);
+    others do not (London, an hour behind them)."""
+    assert zone_rules("Europe/Paris") == zone_rules("Europe/Berlin") != zone_rules("Europe/London")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -68,12 +68,19 @@ class CatalogStore(Protocol):
     async def delete_stored_schedule(self, name: str) -> bool: ...
 
     async def record_code_timings(
-        self, timings: list[tuple[str, str, str]], now: datetime, *, instance: str | None = None
+        self,
+        timings: list[tuple[str, str, str]],
+        now: datetime,
+        *,
+        instance: str | None = None,
+        rules: Mapping[str, str] | None = None,
     ) -> dict[str, datetime]:
         """Record the ``(name, cron, timezone)`` of schedules defined in code, each as
-        ``instance``'s (the last to start with it); answer, per name, when its timing last
-        changed: ``now`` for a name recorded with another timing, what was recorded for one
-        recorded with this timing (absent: never changed since first recorded)."""
+        ``instance``'s (the last to start with it), with the digest of its zone's rules
+        (``rules``, by name: see :attr:`CodeTiming.rules`); answer, per name, when its
+        timing last changed: ``now`` for a name recorded with another timing (or other
+        rules, where both were said), what was recorded for one recorded with this timing
+        (absent: never changed since first recorded)."""
 
     async def code_timings(self) -> dict[str, CodeTiming]:
         """Every recorded timing of a schedule defined in code, by name."""

@@ -88,7 +88,7 @@ from backend.scheduler.registry import InstanceRegistry
 from backend.scheduler.states import ScheduleStates
 from backend.scheduler.systems import build_systems
 from backend.scheduler.timers import Timers
-from backend.scheduler.timings import FleetTimings
+from backend.scheduler.timings import FleetTimings, zone_rules
 from backend.schedules import Schedule
 from backend.store import Store, open_store
 
@@ -362,9 +362,9 @@ class Engine(EngineReads, EngineActions):
             store=cast(CatalogStore, self.store),
             instance=self.instance,
             own=lambda: {
-                name: (schedule.cron.expr, schedule.cron.timezone)
-                for name, schedule in self.schedules.items()
-                if not self.catalog.is_stored(name) and self.trigger_of(schedule) == "self"
+                name: timing
+                for name, timing in self.code_timings().items()
+                if self.trigger_of(self.schedules[name]) == "self"
             },
             beats=self.store.instances,
             fleet=self.store.fleet,
@@ -423,6 +423,15 @@ class Engine(EngineReads, EngineActions):
             tolerance=external_tolerance,
             early=external_early,
         )
+
+    def code_timings(self) -> dict[str, tuple[str, str, str]]:
+        """The ``(cron, timezone, zone rules)`` of each schedule defined in code (see
+        :mod:`backend.scheduler.timings`), as this process fires them."""
+        return {
+            name: (schedule.cron.expr, schedule.cron.timezone, zone_rules(schedule.cron.timezone))
+            for name, schedule in self.schedules.items()
+            if not self.catalog.is_stored(name)
+        }
 
     @property
     def started(self) -> bool:

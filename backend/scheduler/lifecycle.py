@@ -72,9 +72,11 @@ async def record_code_timings(engine: Engine) -> None:
     """Record the cron and zone each schedule defined in code runs by: one whose timing
     changed since an instance last recorded it (a deploy) changed now, and the catch-up
     starts from there, as it does from a stored schedule's change."""
-    timings = [(name, s.cron.expr, s.cron.timezone) for name, s in engine.schedules.items() if not engine.catalog.is_stored(name)]
+    code = engine.code_timings()
+    timings = [(name, cron, zone) for name, (cron, zone, _) in code.items()]
+    rules = {name: digest for name, (_, _, digest) in code.items()}
     now = engine.clock.now()
-    changed = await engine.catalog.store.record_code_timings(timings, now, instance=engine.instance)
+    changed = await engine.catalog.store.record_code_timings(timings, now, instance=engine.instance, rules=rules)
     engine.catch_up.code_timing_changed = changed
     if now in changed.values():
         engine.events.publish("schedules")  # a deploy: the other instances look at the fleet's timings again

@@ -64,6 +64,10 @@ class CodeTiming(NamedTuple):
     cron: str
     timezone: str
     instance: str | None
+    rules: str | None = None
+    """A digest of the zone's offsets as that instance's time zone database has them
+    (``None``: not said): two machines whose databases differ on the zone's rules (a
+    rolling OS upgrade across a change of them) fire one local time at two instants."""
 
 
 class DefinedInCode(Refused):

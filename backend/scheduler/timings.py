@@ -23,10 +23,13 @@ schedule to another instance, whose life it then watches.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
+from zoneinfo import ZoneInfo
 
 from backend.events.bus import RESYNC
 from backend.model import InstanceInfo
@@ -39,6 +42,25 @@ if TYPE_CHECKING:
 __all__ = ["FleetTimings"]
 
 log = logging.getLogger("schedtui.engine")
+
+#: The span :func:`zone_rules` samples, twice a day (about 25 ms a zone, once a process).
+_RULES_FROM, _RULES_DAYS = datetime(2020, 1, 1, tzinfo=UTC), 20 * 366
+
+
+@functools.cache
+def zone_rules(zone: str) -> str:
+    """A digest of ``zone``'s offsets from UTC at midnight and noon UTC of every day from
+    2020 to 2040, as this machine's time zone database has them: two machines whose
+    databases differ on the zone (a rolling OS upgrade across a change of its rules, as
+    Mexico's end of daylight saving time in 2022) give two digests, and fire one local time
+    at two instants. The span is fixed, so machines that agree agree whatever their clock."""
+    tz = ZoneInfo(zone)
+    start = int(_RULES_FROM.timestamp())
+    offsets = bytearray()
+    for half_day in range(_RULES_DAYS * 2):
+        offset = datetime.fromtimestamp(start + half_day * 43_200, tz).utcoffset()
+        offsets += int(offset.total_seconds() if offset is not None else 0).to_bytes(4, "big", signed=True)
+    return hashlib.sha256(offsets).hexdigest()[:16]
 
 #: Seconds between two looks at the fleet's timings when no signal asks for one (a lost
 #: NOTIFY, a store that cannot signal): each look is a read of the store.
@@ -63,7 +85,7 @@ class FleetTimings:
         *,
         store: CatalogStore,
         instance: str,
-        own: Callable[[], Mapping[str, tuple[str, str]]],
+        own: Callable[[], Mapping[str, tuple[str, str, str]]],
         beats: Callable[[], Awaitable[dict[str, Beat]]],
         fleet: Callable[[], Awaitable[list[InstanceInfo]]],
         judge: _Judge,
@@ -127,7 +149,7 @@ class FleetTimings:
             name: fleet
             for name, mine in own.items()
             if (fleet := recorded.get(name)) is not None
-            and (fleet.cron, fleet.timezone) != mine
+            and _differ(fleet, mine)
             and fleet.instance is not None  # (recorded by a release that named no instance: as before)
             and fleet.instance != self.instance
         }
@@ -150,7 +172,7 @@ class FleetTimings:
             if gone is None:
                 left[name] = fleet
                 continue
-            cron, zone = own[name]
+            cron, zone, _ = own[name]
             taking.append((name, cron, zone))
             log.warning(
                 'schedule "%s": %s, the last instance to start with its timing "%s" (%s), %s; this instance '
@@ -158,7 +180,8 @@ class FleetTimings:
                 name, fleet.instance, fleet.cron, fleet.timezone, gone, cron, zone,
             )  # fmt: skip
         if taking:
-            await self.store.record_code_timings(taking, now, instance=self.instance)
+            rules = {name: own[name][2] for name, _, _ in taking}
+            await self.store.record_code_timings(taking, now, instance=self.instance, rules=rules)
             self.signal()  # its peers, which ran the other timing, leave it to this instance now
         self._settle(left)
 
@@ -166,14 +189,22 @@ class FleetTimings:
         own = self.own()
         for name, fleet in left.items():
             if self.left.get(name) != fleet:
-                cron, zone = own[name]
+                cron, zone, _ = own[name]
+                rules = " (the same expression, by another time zone database's rules)" if (cron, zone) == fleet[:2] else ""
                 log.warning(
-                    'schedule "%s" runs by "%s" (%s) here, and by "%s" (%s) on %s, the last instance to start with '
+                    'schedule "%s" runs by "%s" (%s) here, and by "%s" (%s)%s on %s, the last instance to start with '
                     "that timing: this instance fires none of its slots while %s runs (one timing a schedule across "
                     "the fleet: a deploy under way, or a canary)",
-                    name, cron, zone, fleet.cron, fleet.timezone, fleet.instance, fleet.instance,
+                    name, cron, zone, fleet.cron, fleet.timezone, rules, fleet.instance, fleet.instance,
                 )  # fmt: skip
         for name in self.left.keys() - left.keys():
             if name in own:
                 log.info('schedule "%s" fires by this instance\'s timing again', name)
         self.left = left
+
+
+def _differ(fleet: CodeTiming, mine: tuple[str, str, str]) -> bool:
+    """Whether the fleet's timing of a schedule is another than this instance's: another
+    expression or zone, or the same ones by other rules of the zone (where both said)."""
+    cron, zone, rules = mine
+    return (fleet.cron, fleet.timezone) != (cron, zone) or (fleet.rules is not None and fleet.rules != rules)

@@ -8,7 +8,7 @@ that the engine's relay NOTIFYs to them.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -57,20 +57,27 @@ CODE_TIMINGS = """
 #: Which instance last started with each recorded timing (NULL: a release that did not
 #: say). Older releases neither read nor write it.
 TIMING_RECORDER = "ALTER TABLE schedtui_code_schedule_timings ADD COLUMN instance text"
+#: A digest of the zone's rules as the recording instance's time zone database has them
+#: (see CodeTiming.rules; NULL: not said). Older releases neither read nor write it.
+TIMING_RULES = "ALTER TABLE schedtui_code_schedule_timings ADD COLUMN zone_rules text"
 #: One statement: the rows as they were (the CTE's snapshot) for the rows kept, the rows
 #: written for the others: each with the recording instance, its change time moved to now
 #: where the timing changed. An instance that changes a row another changed the same way a
 #: moment before keeps its change time, and becomes its instance.
 RECORD_TIMINGS = """
-    WITH given AS (SELECT * FROM unnest(%(names)s::text[], %(crons)s::text[], %(zones)s::text[]) AS g(name, cron, timezone)),
+    WITH given AS (
+        SELECT * FROM unnest(%(names)s::text[], %(crons)s::text[], %(zones)s::text[], %(rules)s::text[])
+            AS g(name, cron, timezone, zone_rules)
+    ),
     put AS (
-        INSERT INTO schedtui_code_schedule_timings AS t (name, cron, timezone, changed_at, instance)
-        SELECT name, cron, timezone, NULL, %(instance)s FROM given
+        INSERT INTO schedtui_code_schedule_timings AS t (name, cron, timezone, changed_at, instance, zone_rules)
+        SELECT name, cron, timezone, NULL, %(instance)s, zone_rules FROM given
         ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timezone,
-            instance = excluded.instance,
+            instance = excluded.instance, zone_rules = coalesce(excluded.zone_rules, t.zone_rules),
             changed_at = CASE WHEN (t.cron, t.timezone) IS DISTINCT FROM (excluded.cron, excluded.timezone)
-                THEN %(now)s ELSE t.changed_at END
+                OR t.zone_rules <> excluded.zone_rules THEN %(now)s ELSE t.changed_at END
         WHERE (t.cron, t.timezone, t.instance) IS DISTINCT FROM (excluded.cron, excluded.timezone, excluded.instance)
+            OR t.zone_rules IS DISTINCT FROM coalesce(excluded.zone_rules, t.zone_rules)
         RETURNING t.name, t.changed_at
     )
     SELECT name, changed_at FROM put WHERE changed_at IS NOT NULL
@@ -78,7 +85,7 @@ RECORD_TIMINGS = """
     SELECT t.name, t.changed_at FROM schedtui_code_schedule_timings t JOIN given USING (name)
     WHERE t.changed_at IS NOT NULL AND t.name NOT IN (SELECT name FROM put)
 """
-CODE_TIMINGS_READ = "SELECT name, cron, timezone, instance FROM schedtui_code_schedule_timings"
+CODE_TIMINGS_READ = "SELECT name, cron, timezone, instance, zone_rules FROM schedtui_code_schedule_timings"
 COLUMNS = (
     "name, cron, timezone, queue, durable, payload, description, enabled, on_overlap, backfill, "
     "max_runtime, alert, created_at, created_by, updated_at, updated_by, version, timing_changed_at"
@@ -136,7 +143,7 @@ def _definition(s: StoredSchedule) -> tuple[Any, ...]:
 class PostgresCatalog:
     """Stored schedules on PostgreSQL: see :class:`backend.scheduler.catalog.CatalogStore` for the contract."""
 
-    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED, CODE_TIMINGS, TIMING_RECORDER))
+    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED, CODE_TIMINGS, TIMING_RECORDER, TIMING_RULES))
 
     if TYPE_CHECKING:
         commits: int
@@ -208,12 +215,18 @@ class PostgresCatalog:
         return await self._change(delete)
 
     async def record_code_timings(
-        self, timings: list[tuple[str, str, str]], now: datetime, *, instance: str | None = None
+        self,
+        timings: list[tuple[str, str, str]],
+        now: datetime,
+        *,
+        instance: str | None = None,
+        rules: Mapping[str, str] | None = None,
     ) -> dict[str, datetime]:
         if not timings:
             return {}
         names, crons, zones = (list(column) for column in zip(*timings, strict=True))
-        params = {"names": names, "crons": crons, "zones": zones, "now": now, "instance": instance}
+        digests = [(rules or {}).get(name) for name in names]
+        params = {"names": names, "crons": crons, "zones": zones, "rules": digests, "now": now, "instance": instance}
 
         async def record(conn: Any) -> dict[str, datetime]:
             rows = await (await conn.execute(RECORD_TIMINGS, params)).fetchall()
@@ -224,6 +237,6 @@ class PostgresCatalog:
     async def code_timings(self) -> dict[str, CodeTiming]:
         async def read(conn: Any) -> dict[str, CodeTiming]:
             rows = await (await conn.execute(CODE_TIMINGS_READ)).fetchall()
-            return {name: CodeTiming(cron, zone, instance) for name, cron, zone, instance in rows}
+            return {name: CodeTiming(cron, zone, instance, digest) for name, cron, zone, instance, digest in rows}
 
         return await self._with_conn(read)

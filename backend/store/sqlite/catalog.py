@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -57,13 +57,16 @@ CODE_TIMINGS = """
 #: Which instance last started with each recorded timing (NULL: a release that did not
 #: say). Older releases neither read nor write it.
 TIMING_RECORDER = "ALTER TABLE code_schedule_timings ADD COLUMN instance TEXT"
-GET_TIMING = "SELECT cron, timezone, changed_at, instance FROM code_schedule_timings WHERE name = ?"
+#: A digest of the zone's rules as the recording instance's time zone database has them
+#: (see CodeTiming.rules; NULL: not said). Older releases neither read nor write it.
+TIMING_RULES = "ALTER TABLE code_schedule_timings ADD COLUMN zone_rules TEXT"
+GET_TIMING = "SELECT cron, timezone, changed_at, instance, zone_rules FROM code_schedule_timings WHERE name = ?"
 PUT_TIMING = """
-    INSERT INTO code_schedule_timings (name, cron, timezone, changed_at, instance) VALUES (?, ?, ?, ?, ?)
+    INSERT INTO code_schedule_timings (name, cron, timezone, changed_at, instance, zone_rules) VALUES (?, ?, ?, ?, ?, ?)
     ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, timezone = excluded.timezone, changed_at = excluded.changed_at,
-        instance = excluded.instance
+        instance = excluded.instance, zone_rules = excluded.zone_rules
 """
-CODE_TIMINGS_READ = "SELECT name, cron, timezone, instance FROM code_schedule_timings"
+CODE_TIMINGS_READ = "SELECT name, cron, timezone, instance, zone_rules FROM code_schedule_timings"
 COLUMNS = (
     "name, cron, timezone, queue, durable, payload, description, enabled, on_overlap, backfill, "
     "max_runtime, alert, created_at, created_by, updated_at, updated_by, version, timing_changed_at"
@@ -125,7 +128,7 @@ def _definition(s: StoredSchedule) -> tuple[Any, ...]:
 class SQLiteCatalog:
     """Stored schedules on SQLite: see :class:`backend.scheduler.catalog.CatalogStore` for the contract."""
 
-    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED, CODE_TIMINGS, TIMING_RECORDER))
+    COMPONENT = Component("catalog", (CATALOG_V1, CATALOG_V2), additions=(TIMING_CHANGED, CODE_TIMINGS, TIMING_RECORDER, TIMING_RULES))
 
     if TYPE_CHECKING:
 
@@ -188,26 +191,34 @@ class SQLiteCatalog:
         return await self._write(delete)
 
     async def record_code_timings(
-        self, timings: list[tuple[str, str, str]], now: datetime, *, instance: str | None = None
+        self,
+        timings: list[tuple[str, str, str]],
+        now: datetime,
+        *,
+        instance: str | None = None,
+        rules: Mapping[str, str] | None = None,
     ) -> dict[str, datetime]:
         def record(c: sqlite3.Connection) -> dict[str, datetime]:
             changed: dict[str, datetime] = {}
             for name, cron, zone in timings:
+                digest = (rules or {}).get(name)
                 row = c.execute(GET_TIMING, (name,)).fetchone()
                 if row is None:
-                    c.execute(PUT_TIMING, (name, cron, zone, None, instance))
-                elif (row[0], row[1]) != (cron, zone):
-                    c.execute(PUT_TIMING, (name, cron, zone, _us(now), instance))
+                    c.execute(PUT_TIMING, (name, cron, zone, None, instance, digest))
+                    continue
+                kept = digest if digest is not None else row[4]
+                if (row[0], row[1]) != (cron, zone) or (None not in (row[4], digest) and row[4] != digest):
+                    c.execute(PUT_TIMING, (name, cron, zone, _us(now), instance, kept))
                     changed[name] = now
-                else:
-                    if row[3] != instance:
-                        c.execute(PUT_TIMING, (name, cron, zone, row[2], instance))
-                    if row[2] is not None:
-                        changed[name] = _EPOCH + _MICROSECOND * row[2]
+                    continue
+                if (row[3], row[4]) != (instance, kept):
+                    c.execute(PUT_TIMING, (name, cron, zone, row[2], instance, kept))
+                if row[2] is not None:
+                    changed[name] = _EPOCH + _MICROSECOND * row[2]
             return changed
 
         return await self._write(record) if timings else {}
 
     async def code_timings(self) -> dict[str, CodeTiming]:
         rows = await self._read(lambda c: c.execute(CODE_TIMINGS_READ).fetchall())
-        return {name: CodeTiming(cron, zone, instance) for name, cron, zone, instance in rows}
+        return {name: CodeTiming(cron, zone, instance, digest) for name, cron, zone, instance, digest in rows}
