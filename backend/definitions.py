@@ -18,8 +18,10 @@ another's error.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 import sys
+import threading
 import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,6 +42,13 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger("schedtui.definitions")
+
+#: Seconds a definitions file may take to import before the log says where it waits: code
+#: at its top level that blocks (a network call, a lock, ``input()``) held a start with no
+#: word at all.
+SLOW_IMPORT = 5.0
 
 #: The file names searched for below the definitions folder.
 DEFINITION_PATTERNS = ("*.cron.py", "*.jobs.py", "*.durable.py")
@@ -163,6 +172,9 @@ def _load_file(path: Path) -> Iterable[tuple[int, Any]]:
         raise _BadFile(f"{path}: cannot be imported")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
+    watch = threading.Timer(SLOW_IMPORT, _still_importing, (path, threading.get_ident()))
+    watch.daemon = True
+    watch.start()
     try:
         with collecting() as made:
             spec.loader.exec_module(module)
@@ -174,6 +186,8 @@ def _load_file(path: Path) -> Iterable[tuple[int, Any]]:
         line = _line_in(path, exc)
         detail = str(exc) if isinstance(exc, DefinitionError) else ": ".join(filter(None, [type(exc).__name__, str(exc)]))
         raise _BadFile(f"{path}:{line}: {detail}") from exc
+    finally:
+        watch.cancel()
     seen: list[tuple[int, Any]] = []
     # What it binds at module level (made here or imported), and what it made while imported
     # without binding it: a bare define_schedule(...) call, a loop, a list.
@@ -182,6 +196,26 @@ def _load_file(path: Path) -> Iterable[tuple[int, Any]]:
         if index is not None and all(value is not other for _, other in seen):
             seen.append((index, value))
     return seen
+
+
+def _still_importing(path: Path, thread: int) -> None:
+    """Say where the import of ``path`` waits (the line of the file the importing thread is
+    at, and what it calls there), once it has taken :data:`SLOW_IMPORT` seconds."""
+    target, where, calls = str(path.resolve()), "?", ""
+    frame = sys._current_frames().get(thread)
+    innermost = frame
+    while frame is not None:  # out to the statement at the file's top level
+        if frame.f_code.co_name == "<module>" and str(Path(frame.f_code.co_filename).resolve()) == target:
+            where = str(frame.f_lineno)
+            break
+        frame = frame.f_back
+    if innermost is not None and innermost is not frame:
+        calls = f", in {innermost.f_code.co_name}() of {Path(innermost.f_code.co_filename).name}"
+    log.warning(
+        "still importing the definitions file %s after %gs, at line %s%s: code at a definitions file's top level that "
+        "waits (a network call, a lock, input()) holds the start; do it in the handler instead",
+        path, SLOW_IMPORT, where, calls,
+    )  # fmt: skip
 
 
 def _line_in(path: Path, exc: BaseException) -> int | str:

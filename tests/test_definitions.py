@@ -128,3 +128,47 @@ def test_one_problem_is_the_whole_message(tmp_path: Path) -> None:
         discover(tmp_path)
     assert str(info.value) == f"{bad}:1: KeyboardInterrupt"
     assert info.value.problems == [str(info.value)]
+
+
+def test_a_definitions_file_that_waits_at_import_is_said_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Code at a file's top level that blocks (a network call, a lock) held serve's start
+    with no word at all; past SLOW_IMPORT seconds the log says which file, which line, and
+    what it waits in. The import goes on (a slow one may just be slow)."""
+    import threading
+
+    from backend import definitions
+    from tests.servers import poll
+
+    monkeypatch.setattr(definitions, "SLOW_IMPORT", 0.05)
+    release = tmp_path / "released"
+    (tmp_path / "slow.cron.py").write_text(textwrap.dedent(f"""\
+        import pathlib, time
+        from backend import define_schedule
+
+        async def handler(ctx):
+            pass
+
+        def wait_for_the_vendor():
+            while not pathlib.Path({str(release)!r}).exists():
+                time.sleep(0.01)
+
+        wait_for_the_vendor()
+        job = define_schedule(name="slow", cron="* * * * *", timezone="UTC", handler=handler)
+    """))
+    found: list[Schedule] = []
+    importing = threading.Thread(target=lambda: found.extend(discover(tmp_path)))
+    importing.start()
+    try:
+        said = poll(lambda: [r.getMessage() for r in caplog.records if "still importing" in r.getMessage()],
+                    timeout=10, what="the slow import to be said")  # fmt: skip
+    finally:
+        release.touch()
+        importing.join(10)
+    assert said == [
+        f"still importing the definitions file {tmp_path / 'slow.cron.py'} after 0.05s, at line 11, in "
+        "wait_for_the_vendor() of slow.cron.py: code at a definitions file's top level that waits (a network call, "
+        "a lock, input()) holds the start; do it in the handler instead"
+    ]
+    assert [s.name for s in found] == ["slow"]
