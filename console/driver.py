@@ -1,4 +1,5 @@
-"""The terminal driver, with what it reads handed to the app in batches.
+"""The terminal driver, with what it reads handed to the app in batches, and writes that
+outlive the terminal.
 
 Textual's driver reads the terminal on a thread of its own and hands each key to the event
 loop with a cross-thread call of its own. A paste without bracketed paste is one key per
@@ -6,13 +7,19 @@ character: 300 KB of it was 300,000 such calls, each waking the loop and trading
 interpreter lock between the threads, and the console answered nothing for minutes. Here
 the driver's thread only queues what it read and wakes the loop once for everything queued
 since the loop last took it; the loop posts it all to the app, in order.
+
+After a hangup (an SSH session that dropped) a write to the terminal fails (EIO). Textual's
+writer thread died of the first such failure; what the app wrote next filled its queue and
+then blocked the event loop for good, so the console could not stop its engine. Here the
+terminal's output drops what it cannot write: the console goes on to its end, and
+``console --fire`` lets its runs in flight finish (see ``console.cli.main``).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Any
+from typing import IO, Any
 
 from textual.driver import Driver
 from textual.message import Message
@@ -20,11 +27,37 @@ from textual.message import Message
 __all__ = ["batched"]
 
 
+class _Output:
+    """The terminal's output stream, dropping what a terminal that hung up refuses."""
+
+    def __init__(self, file: IO[str]) -> None:
+        self._file = file
+
+    def write(self, text: str) -> int:
+        try:
+            return self._file.write(text)
+        except OSError:  # EIO: the terminal is gone, and with it whoever would read this
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._file.flush()
+        except OSError:
+            pass
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, …: the stream's own
+        return getattr(self._file, name)
+
+
 class _Batched(Driver):
-    """A driver whose :meth:`send_message` queues, then wakes the loop once per batch."""
+    """A driver whose :meth:`send_message` queues, then wakes the loop once per batch,
+    and whose output survives the terminal's hangup."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        output = getattr(self, "_file", None)  # (Textual's terminal drivers write there)
+        if output is not None:
+            self._file = _Output(output)
         self._outbox: deque[Message] = deque()
         self._lock = threading.Lock()
         self._waking = False

@@ -13,14 +13,18 @@ server's log) against a deadline, never by sleeping a fixed time.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -922,7 +926,7 @@ def test_a_stop_signal_lets_a_run_in_flight_finish(cli: Cli, serve: Callable[...
     slot, run_id = poll(lambda: entries(cli, "slow", "start"), timeout=15, what="a run to start")[0]
     assert server.stop(sig) == 0, server.log()
     if sig == signal.SIGHUP:
-        assert "stopping (SIGHUP: its terminal hung up)" in server.log()
+        assert "stopping (SIGHUP: its terminal hung up): runs in flight may finish" in server.log()
     assert (slot, run_id) in entries(cli, "slow", "end")
     runs = {r["id"]: r for r in cli.runs("slow", schedules="slow")}
     assert (runs[run_id]["status"], runs[run_id]["error_tag"]) == ("succeeded", None)
@@ -931,6 +935,129 @@ def test_a_stop_signal_lets_a_run_in_flight_finish(cli: Cli, serve: Callable[...
     # Slots that came due while it ran were skipped (on_overlap=skip), not started.
     assert {r["status"] for r in runs.values() if r["id"] != run_id} <= {"skipped"}
     assert len(entries(cli, "slow", "start")) == 1
+
+
+class Terminal:
+    """The far end of a pseudo-terminal, read on a thread of its own (a console that fills
+    the terminal's buffer would block), until :meth:`hang_up` closes it: what sshd does to
+    a session's terminal when its connection drops (the kernel sends SIGHUP to the
+    session's leader)."""
+
+    def __init__(self) -> None:
+        self.controller, self.terminal = os.openpty()
+        fcntl.ioctl(self.terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        self.output = bytearray()
+        self._closing = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        import select
+
+        while not self._closing.is_set():
+            if select.select([self.controller], [], [], 0.05)[0]:
+                try:
+                    data = os.read(self.controller, 65536)
+                except OSError:  # EIO: the other end is closed
+                    return
+                if not data:
+                    return
+                self.output += data
+
+    def lead(self) -> None:
+        """In the child (``preexec_fn``): a session of its own, this terminal its controlling one."""
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    def hang_up(self) -> None:
+        self._closing.set()
+        self._reader.join(5)
+        os.close(self.controller)
+        self.controller = -1
+
+    def close(self) -> None:
+        if self.controller >= 0:
+            self.hang_up()
+        os.close(self.terminal)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM", "hangup"])
+def test_a_firing_console_stopped_by_a_signal_or_a_hangup_lets_its_run_in_flight_finish(cli: Cli, how: str) -> None:
+    """``console --fire`` over SSH: its terminal hangs up when the connection drops, or it
+    gets SIGTERM. Either ended the process at once: its run in flight was closed as
+    abandoned, and a terminal that was still there was left in the console's modes (the
+    alternate screen, mouse reports). Now both end it as its Quit does."""
+    write_tree(cli.root / "fired", {"slow.cron.py": TICKER.format(name="slow", sleep=1.5)})
+    screen = Terminal()
+    try:
+        process = subprocess.Popen(
+            cli.argv("console", "--fire", "--schedules", "fired"), cwd=cli.root, env={**child_env(), "TERM": "xterm"},
+            stdin=screen.terminal, stdout=screen.terminal, stderr=screen.terminal, preexec_fn=screen.lead,
+        )  # fmt: skip
+        try:
+            slot, run_id = poll(lambda: entries(cli, "slow", "start"), timeout=30, what="a run to start")[0]
+            if how == "SIGTERM":
+                process.send_signal(signal.SIGTERM)
+            else:
+                screen.hang_up()
+            assert process.wait(30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(5)
+    finally:
+        screen.close()
+    assert (slot, run_id) in entries(cli, "slow", "end")
+    runs = {r["id"]: r for r in cli.runs("slow", schedules="fired")}
+    assert (runs[run_id]["status"], runs[run_id]["error_tag"]) == ("succeeded", None)
+    assert [r for r in runs.values() if r["status"] == "running"] == []
+    if how == "SIGTERM":  # the terminal is still there: left as it was found, and told why
+        shown = screen.output.decode(errors="replace")
+        assert "\x1b[?1049l" in shown  # out of the alternate screen
+        assert "schedtui: SIGTERM: stopping the engine" in shown
+
+
+async def test_the_consoles_output_outlives_a_terminal_that_hung_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Textual writes the screen on a thread of its own, from a queue of 30 writes. Its
+    thread died of the first write to a terminal that had hung up (EIO), so the app's next
+    30 writes filled the queue and the 31st blocked the event loop for good: the console
+    never stopped its engine. The console's driver drops what a gone terminal refuses."""
+    from textual.drivers._writer_thread import MAX_QUEUED_WRITES, WriterThread
+    from textual.drivers.linux_driver import LinuxDriver
+
+    from console.driver import batched
+
+    controller, terminal = os.openpty()
+    stream = open(terminal, "w")  # noqa: SIM115  (closed below)
+    os.close(controller)  # hung up: a write to it fails now
+    with pytest.raises(OSError):
+        stream.write("x")
+        stream.flush()
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGTSTP, signal.SIGCONT)}  # (the driver takes them)
+    monkeypatch.setattr(sys, "__stderr__", stream)
+    try:
+        driver = batched(LinuxDriver)(object())  # type: ignore[arg-type]  # (an app it never calls here)
+        writer = WriterThread(driver._file)  # type: ignore[attr-defined]  # what the driver starts with the application mode
+        writer.start()
+
+        def app() -> None:  # on a thread of its own: with a dead writer it blocks for good
+            for _ in range(MAX_QUEUED_WRITES * 3):
+                writer.write("\x1b[?1049h a frame")
+            writer.stop()
+
+        painting = threading.Thread(target=app, daemon=True)
+        painting.start()
+        painting.join(15)
+        assert not painting.is_alive(), "the app's writes block: the writer thread died"
+        assert not writer.is_alive()
+    finally:
+        for sig, handler in kept.items():
+            signal.signal(sig, handler)
+        try:
+            stream.close()
+        except OSError:
+            pass
 
 
 @pytest.mark.slow

@@ -183,7 +183,7 @@ def test_an_instance_that_took_over_an_execution_exits_on_sigint_within_its_grac
     b = fleet.start("b")
     poll(lambda: ("page-3", str(b.proc.pid)) in fleet.calls_of(id_), timeout=60, what="b to take page-3 over")
     b.proc.send_signal(signal.SIGINT)
-    poll(lambda: "stopping: runs in flight may finish" in b.log(), timeout=10, what="b to begin stopping")
+    poll(lambda: "runs in flight may finish" in b.log(), timeout=10, what="b to begin stopping")
     fleet.hold.unlink()  # page-3 ends within the grace: b checkpoints it and lets go
     try:
         code = b.proc.wait(30)  # serve's shutdown grace

@@ -23,13 +23,13 @@ import ipaddress
 import json
 import logging
 import re
-import signal
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from backend.client.embedded import EmbeddedBackend
 from backend.errors import BadInput, ListenError, Unavailable
+from backend.runtime.signals import on_stop_signals, why
 from backend.store import store_lost, until_lost
 
 if TYPE_CHECKING:  # imported when serving: prometheus_client takes a while to load
@@ -419,17 +419,6 @@ async def serve(
             sock.close()
 
 
-def _stop_signals() -> list[int]:
-    """The signals that stop serve gracefully: Ctrl-C, SIGTERM, and the hangup of its
-    terminal (an SSH session that dropped: by default the process died at once, its runs in
-    flight left to be closed as abandoned), unless the hangup is ignored (``nohup``)."""
-    stopping: list[int] = [signal.SIGINT, signal.SIGTERM]
-    hangup = getattr(signal, "SIGHUP", None)
-    if hangup is not None and signal.getsignal(hangup) == signal.SIG_DFL:
-        stopping.append(hangup)
-    return stopping
-
-
 async def _serve(
     backend: EmbeddedBackend,
     app: Any,
@@ -442,25 +431,11 @@ async def _serve(
     *,
     token_required: bool,
 ) -> None:
-    loop = asyncio.get_running_loop()
-    signals = 0
+    def on_stop(sig: int) -> None:
+        log.info("stopping (%s): runs in flight may finish (signal again to stop waiting)", why(sig))
+        stop.set()
 
-    def on_signal(sig: int) -> None:
-        nonlocal signals
-        signals += 1
-        if signals == 1:
-            why = " (SIGHUP: its terminal hung up)" if sig == getattr(signal, "SIGHUP", None) else ""
-            log.info("stopping%s: runs in flight may finish (signal again to stop waiting)", why)
-            stop.set()
-        else:
-            backend.interrupt()
-
-    for sig in _stop_signals():
-        try:
-            loop.add_signal_handler(sig, on_signal, sig)
-        except (NotImplementedError, RuntimeError):  # not the main thread: the caller stops us
-            pass
-
+    on_stop_signals(on_stop, backend.interrupt)
     backend.arm = True
     await backend.connect()
     freeze_startup_heap()

@@ -55,6 +55,7 @@ from backend.model import (
     DEFAULT_STORE_URL,
     Run,
 )
+from backend.runtime.signals import HANGUP, on_stop_signals, why
 from backend.safetext import RedactingFormatter, escape_text, printable, redact_url, remember_secret
 from backend.scheduler.manifests import PROVIDERS, render_manifests
 from backend.store import Store, store_lost, until_lost
@@ -866,17 +867,46 @@ def _keymap() -> dict[str, str]:
 
 async def _run_console(app: Any, backend: Backend) -> int:
     """Run the app; once the terminal is back, close the backend (an embedded engine lets
-    its runs in flight finish, up to a few seconds)."""
+    its runs in flight finish, up to a few seconds). SIGTERM, SIGINT and the terminal's
+    hangup (an SSH session that dropped) end the app as its Quit does, so that a firing
+    console's runs in flight finish instead of being closed as abandoned; a second such
+    signal stops waiting for them."""
+    stopped_by: list[int] = []
+
+    def on_stop(sig: int) -> None:
+        stopped_by.append(sig)
+        if sig == HANGUP:
+            _let_go_of_the_terminal()
+        app.exit()
+
+    hurry = backend.interrupt if isinstance(backend, EmbeddedBackend) else (lambda: None)
+    remove_handlers = on_stop_signals(on_stop, hurry)
     try:
         await app.run_async()
     finally:
-        if isinstance(backend, EmbeddedBackend):
-            print(f"schedtui: stopping the engine (runs in flight get up to {CONSOLE_GRACE:g}s)", file=sys.stderr)
         try:
-            await asyncio.wait_for(backend.close(), CONSOLE_GRACE + 10)
-        except (TimeoutError, SchedtuiError) as exc:
-            complain(str(exc))
+            if isinstance(backend, EmbeddedBackend):
+                why_now = f"{why(stopped_by[0])}: " if stopped_by else ""
+                print(f"schedtui: {why_now}stopping the engine (runs in flight get up to {CONSOLE_GRACE:g}s)",
+                      file=sys.stderr)  # fmt: skip
+            try:
+                await asyncio.wait_for(backend.close(), CONSOLE_GRACE + 10)
+            except (TimeoutError, SchedtuiError) as exc:
+                complain(str(exc))
+        finally:
+            remove_handlers()
     return EXIT_OK
+
+
+def _let_go_of_the_terminal() -> None:
+    """The terminal hung up: what is still read or written (the app's last frames, the
+    lines on stopping, Python's own flush at exit) goes to /dev/null instead of failing."""
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 async def cmd_console(args: argparse.Namespace) -> int:
