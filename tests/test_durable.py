@@ -12,7 +12,7 @@ import contextlib
 import sqlite3
 import textwrap
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -1369,6 +1369,92 @@ async def test_stopping_releases_executions_to_another_instance_at_once(
     assert (done.status, done.output) == ("succeeded", "ok")
     assert CALLS == {"first": 1, "slow": 2}
     assert any("released: a is stopping" in line.message for line in done.logs or [])
+
+
+async def test_a_stop_leaves_an_execution_whose_step_runs_on_a_thread_to_its_lease_never_beside_it(
+    engines: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A thread cannot be stopped. An embedded engine stopped while a step of an execution
+    ran on one handed the execution back (queued): another instance claimed it at once and
+    ran the step again while the thread, in a process that goes on, still ran it."""
+    import threading
+
+    release, entered = threading.Event(), threading.Event()
+    inside = {"now": 0, "most": 0}
+
+    def blocking() -> str:
+        inside["now"] += 1
+        inside["most"] = max(inside["most"], inside["now"])
+        CALLS["blocking"] += 1
+        entered.set()
+        release.wait(10)
+        inside["now"] -= 1
+        return "done"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.step("blocking", blocking)
+
+    function = define_durable(name="f", handler=body)
+    a = engines([function], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("f")
+    await asyncio.to_thread(entered.wait, 10)
+    await a.stop(grace=0)
+    assert "still runs on its thread as this instance stops" in caplog.text
+    b = engines([function], instance="b")
+    await b.start()
+    await b.quiesce()
+    held = await b.durable.get(started.id)
+    assert (held.status, held.instance) == ("running", "a")  # not handed back beside its thread
+    assert CALLS["blocking"] == 1
+    release.set()
+    clock.advance(31)  # a's lease (renewed for the stop's grace) has ended: b takes it over
+    await b.quiesce()
+    done = await b.durable.get(started.id)
+    assert (done.status, done.output, done.instance) == ("succeeded", "done", "b")
+    assert (CALLS["blocking"], inside["most"]) == (2, 1)  # cut short, run again: never two at once
+
+
+@pytest.mark.parametrize("second", ["step", "sleep", "wait"])
+async def test_steps_in_progress_at_once_fail_the_execution_instead_of_running_twice(
+    engines: Callable[..., Engine], clock: ManualClock, second: str
+) -> None:
+    """``asyncio.gather`` of a step and another step (whose retry then waited), a sleep or a
+    wait: the execution let go of itself with the first step still running, and the next
+    claim ran that step again beside it. They run one at a time: the second fails it."""
+    release = asyncio.Event()
+
+    async def slow() -> str:
+        CALLS["slow"] += 1
+        await release.wait()
+        return "slow"
+
+    def flaky() -> str:
+        CALLS["flaky"] += 1
+        raise RuntimeError("transient")
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        others: dict[str, Callable[[], Awaitable[Any]]] = {
+            "step": lambda: ctx.step("flaky", flaky, retry=Retry(attempts=3, initial_delay=1, max_delay=1)),
+            "sleep": lambda: ctx.sleep("nap", 1),
+            "wait": lambda: ctx.wait_for("go", timeout=1),
+        }
+        return await asyncio.gather(ctx.step("slow", slow), others[second]())
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    release.set()
+    clock.advance(5)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.error_tag) == ("failed", "concurrent_steps")
+    named = {"step": 'step "flaky"', "sleep": 'sleep "nap"', "wait": 'signal "go"'}[second]
+    assert done.error_message is not None and done.error_message.startswith(
+        f'{named} was reached while step "slow" was still in progress: the steps, sleeps and waits of an execution run '
+        "one at a time")
+    assert (CALLS["slow"], CALLS["flaky"]) == (1, 0)
 
 
 async def test_stopping_when_the_last_run_ends_during_the_final_renewal(

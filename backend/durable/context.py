@@ -125,119 +125,125 @@ class DurableContext:
         crash, it is not run again and the execution fails (``at_most_once_interrupted``).
         Each attempt is bounded by the function's ``step_timeout``."""
         run = self._run
-        position, record = run.enter(name, "step")
-        if at_most_once or retry is False:
-            policy = NO_RETRY
-        elif retry is None or retry is True:
-            policy = DEFAULT_RETRY
-        elif isinstance(retry, Retry):
-            policy = retry
-        else:
-            raise TypeError(f"retry must be a Retry, False or None, not {retry!r}")
-        attempt = 1
-        earlier: StepRecord | None = None  # a failed attempt waiting for this retry
-        if record is not None:
-            if record.status == "succeeded":
-                return decode(record.output)
-            if record.status == "failed":
-                run.failure = StepFailed(name, position, record.attempt, record.error_tag, record.error_message)
-                raise run.failure
-            if record.status == "running" and record.at_most_once:
-                when = record.started_at.isoformat() if record.started_at else "?"
-                raise run.fatal(
-                    TAG_AT_MOST_ONCE_INTERRUPTED,
-                    f'at-most-once step "{name}" (position {position}) started at {when} and never finished '
-                    "(its instance stopped or lost the execution); it is not run again",
-                    name,
-                )
-            if record.status == "waiting":  # a failed attempt waiting for its retry
-                if record.wake_at is not None and record.wake_at > run.now:
-                    await run.suspend(f"retry:{name}", record.wake_at)
-                attempt = record.attempt + 1
-                earlier = record
-        run.boundary()
-        if run.clock.now() >= run.held_until:
-            await run.hold_lease()
-        if not callable(fn):
-            raise TypeError(f'step "{name}": {fn!r} is not callable')
-        started: datetime | None = None
-        if at_most_once:
-            started = run.now
-            mark = StepRecord(position, name, "step", "running", attempt, started, at_most_once=True)
-            await run.write(Progress(name, started + run.executor.lease_ttl), [mark])
-        # (a plain coroutine function, nearly every step, without asking inspect)
-        is_async = (type(fn) is FunctionType and bool(fn.__code__.co_flags & CO_COROUTINE)) or is_async_callable(fn)
-        call = run.call_step(name, fn, args, is_async)
         try:
-            if is_async:  # on the code's own task: the code awaits it at once anyway
-                await run.executor.runner.run_here(call, lambda arguments: fn(*arguments))
-                outcome = call.outcome
-                assert outcome is not None  # (run_here settles every call)
+            position, record = run.enter(name, "step")
+            if at_most_once or retry is False:
+                policy = NO_RETRY
+            elif retry is None or retry is True:
+                policy = DEFAULT_RETRY
+            elif isinstance(retry, Retry):
+                policy = retry
             else:
-                assert call.finished is not None
-                try:
-                    run.executor.runner.start(call, lambda arguments: fn(*arguments))
-                except RunnerSaturated as exc:
-                    call.settle(Outcome("failed", run.now, TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
-                outcome = await call.finished
-        except asyncio.CancelledError:
-            call.cancel()  # the code is cancelled: so is the step it waits for
-            raise
-        finally:
-            run.call = None
-        run.check()
-        if started is None:
-            started = call.started or outcome.at  # (never begun: not started for lack of a thread or lease)
-        last_attempt = attempt >= policy.attempts
-        if outcome.status == "succeeded":
-            value = outcome.value
-            text, problem = encode(value)
-            if problem is None:
-                # A success after failed attempts keeps the last failure: the timeline shows it.
-                tag = earlier.error_tag if earlier is not None else None
-                why = f"attempt {earlier.attempt} failed: {earlier.error_message}" if earlier is not None else None
-                done = StepRecord(position, name, "step", "succeeded", attempt, started, outcome.at, None, text, tag, why,
-                                  at_most_once)  # fmt: skip
-                await run.checkpoint(done, outcome.at)
-                # Exactly what a replay will return: the value itself where its JSON gives it back as it is.
-                return value if type(value) in SAME_AS_JSON else json.loads(text)
-            outcome = Outcome("failed", outcome.at, TAG_NOT_JSON, f"its result {problem}")
-            last_attempt = True  # the same code returns the same kind of value
-        if run.cancel_requested and outcome.error_tag == TAG_INTERRUPTED:
+                raise TypeError(f"retry must be a Retry, False or None, not {retry!r}")
+            attempt = 1
+            earlier: StepRecord | None = None  # a failed attempt waiting for this retry
+            if record is not None:
+                if record.status == "succeeded":
+                    return decode(record.output)
+                if record.status == "failed":
+                    run.failure = StepFailed(name, position, record.attempt, record.error_tag, record.error_message)
+                    raise run.failure
+                if record.status == "running" and record.at_most_once:
+                    when = record.started_at.isoformat() if record.started_at else "?"
+                    raise run.fatal(
+                        TAG_AT_MOST_ONCE_INTERRUPTED,
+                        f'at-most-once step "{name}" (position {position}) started at {when} and never finished '
+                        "(its instance stopped or lost the execution); it is not run again",
+                        name,
+                    )
+                if record.status == "waiting":  # a failed attempt waiting for its retry
+                    if record.wake_at is not None and record.wake_at > run.now:
+                        await run.suspend(f"retry:{name}", record.wake_at)
+                    attempt = record.attempt + 1
+                    earlier = record
             run.boundary()
-        what = f"[{outcome.error_tag}] {outcome.error_message}"
-        if not last_attempt:
-            wake = outcome.at + policy.delay_after(attempt)
-            run.logs.append(
-                f'step "{name}" attempt {attempt} of {policy.attempts} failed: {what}; next attempt at {wake.isoformat()}'
-            )
-            waiting = StepRecord(position, name, "step", "waiting", attempt, started, outcome.at, wake_at=wake,
-                                 error_tag=outcome.error_tag, error_message=outcome.error_message)  # fmt: skip
-            await run.suspend(f"retry:{name}", wake, waiting)
-        run.logs.append(f'step "{name}" failed (attempt {attempt} of {policy.attempts}): {what}')
-        failed = StepRecord(position, name, "step", "failed", attempt, started, outcome.at, error_tag=outcome.error_tag,
-                            error_message=outcome.error_message, at_most_once=at_most_once)  # fmt: skip
-        await run.checkpoint(failed, outcome.at)
-        run.failure = StepFailed(name, position, attempt, outcome.error_tag, outcome.error_message)
-        raise run.failure
+            if run.clock.now() >= run.held_until:
+                await run.hold_lease()
+            if not callable(fn):
+                raise TypeError(f'step "{name}": {fn!r} is not callable')
+            started: datetime | None = None
+            if at_most_once:
+                started = run.now
+                mark = StepRecord(position, name, "step", "running", attempt, started, at_most_once=True)
+                await run.write(Progress(name, started + run.executor.lease_ttl), [mark])
+            # (a plain coroutine function, nearly every step, without asking inspect)
+            is_async = (type(fn) is FunctionType and bool(fn.__code__.co_flags & CO_COROUTINE)) or is_async_callable(fn)
+            call = run.call_step(name, fn, args, is_async)
+            try:
+                if is_async:  # on the code's own task: the code awaits it at once anyway
+                    await run.executor.runner.run_here(call, lambda arguments: fn(*arguments))
+                    outcome = call.outcome
+                    assert outcome is not None  # (run_here settles every call)
+                else:
+                    assert call.finished is not None
+                    try:
+                        run.executor.runner.start(call, lambda arguments: fn(*arguments))
+                    except RunnerSaturated as exc:
+                        call.settle(Outcome("failed", run.now, TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
+                    outcome = await call.finished
+            except asyncio.CancelledError:
+                call.cancel()  # the code is cancelled: so is the step it waits for
+                raise
+            finally:
+                run.call = None
+            run.check()
+            if started is None:
+                started = call.started or outcome.at  # (never begun: not started for lack of a thread or lease)
+            last_attempt = attempt >= policy.attempts
+            if outcome.status == "succeeded":
+                value = outcome.value
+                text, problem = encode(value)
+                if problem is None:
+                    # A success after failed attempts keeps the last failure: the timeline shows it.
+                    tag = earlier.error_tag if earlier is not None else None
+                    why = f"attempt {earlier.attempt} failed: {earlier.error_message}" if earlier is not None else None
+                    done = StepRecord(position, name, "step", "succeeded", attempt, started, outcome.at, None, text, tag, why,
+                                      at_most_once)  # fmt: skip
+                    await run.checkpoint(done, outcome.at)
+                    # Exactly what a replay will return: the value itself where its JSON gives it back as it is.
+                    return value if type(value) in SAME_AS_JSON else json.loads(text)
+                outcome = Outcome("failed", outcome.at, TAG_NOT_JSON, f"its result {problem}")
+                last_attempt = True  # the same code returns the same kind of value
+            if run.cancel_requested and outcome.error_tag == TAG_INTERRUPTED:
+                run.boundary()
+            what = f"[{outcome.error_tag}] {outcome.error_message}"
+            if not last_attempt:
+                wake = outcome.at + policy.delay_after(attempt)
+                run.logs.append(
+                    f'step "{name}" attempt {attempt} of {policy.attempts} failed: {what}; next attempt at {wake.isoformat()}'
+                )
+                waiting = StepRecord(position, name, "step", "waiting", attempt, started, outcome.at, wake_at=wake,
+                                     error_tag=outcome.error_tag, error_message=outcome.error_message)  # fmt: skip
+                await run.suspend(f"retry:{name}", wake, waiting)
+            run.logs.append(f'step "{name}" failed (attempt {attempt} of {policy.attempts}): {what}')
+            failed = StepRecord(position, name, "step", "failed", attempt, started, outcome.at, error_tag=outcome.error_tag,
+                                error_message=outcome.error_message, at_most_once=at_most_once)  # fmt: skip
+            await run.checkpoint(failed, outcome.at)
+            run.failure = StepFailed(name, position, attempt, outcome.error_tag, outcome.error_message)
+            raise run.failure
+        finally:
+            run.leave(name)
 
     async def sleep(self, name: str, duration: float | timedelta) -> None:
         """Wait ``duration`` (seconds or a timedelta) durably: the execution waits in the
         store, holding nothing, and resumes after it on any live instance."""
         run = self._run
         length = _seconds(duration, f'sleep "{name}"')
-        position, record = run.enter(name, "sleep")
-        if record is not None and record.status == "succeeded":
-            return
-        run.boundary()
-        now = run.now
-        started = record.started_at if record is not None and record.started_at else now
-        wake = record.wake_at if record is not None and record.wake_at else run.wake_after(f'the sleep "{name}"', now, length)
-        if wake <= now:
-            run.pending.append(StepRecord(position, name, "sleep", "succeeded", 1, started, now, wake_at=wake))
-            return
-        waiting = None if record is not None else StepRecord(position, name, "sleep", "waiting", 1, started, wake_at=wake)
-        await run.suspend(f"sleep:{name}", wake, waiting)
+        try:
+            position, record = run.enter(name, "sleep")
+            if record is not None and record.status == "succeeded":
+                return
+            run.boundary()
+            now = run.now
+            started = record.started_at if record is not None and record.started_at else now
+            wake = record.wake_at if record is not None and record.wake_at else run.wake_after(f'the sleep "{name}"', now, length)
+            if wake <= now:
+                run.pending.append(StepRecord(position, name, "sleep", "succeeded", 1, started, now, wake_at=wake))
+                return
+            waiting = None if record is not None else StepRecord(position, name, "sleep", "waiting", 1, started, wake_at=wake)
+            await run.suspend(f"sleep:{name}", wake, waiting)
+        finally:
+            run.leave(name)
 
     async def wait_for(self, name: str, timeout: float | timedelta | None = None) -> Any:
         """Wait durably for the signal ``name`` (``schedtui durable signal ID NAME``) and
@@ -248,28 +254,31 @@ class DurableContext:
         length = None if timeout is None else _seconds(timeout, f'wait_for "{name}" timeout')
         if not isinstance(name, str) or not SIGNAL_NAME.fullmatch(name):
             raise ValueError(f"signal name {name!r} must be 1-128 letters, digits, '_', '.', ':' or '-'")
-        position, record = run.enter(name, "signal")
-        if record is not None and record.status == "succeeded":
-            return decode(record.output)
-        run.boundary()
-        now = run.now
-        started = record.started_at if record is not None and record.started_at else now
-        if record is not None:
-            wake = record.wake_at or run.deadline
-        else:
-            wake = run.wake_after(f'the wait "{name}"', now, length) if length is not None else run.deadline
-        # A signal counts if it was sent by the wait's deadline: so a replay decides as the
-        # first run did, whenever it happens (a later signal does not undo a timeout).
-        signal = run.signals.get(name)
-        if signal is not None and signal[1] <= wake:
-            payload = signal[0]
-            run.pending.append(StepRecord(position, name, "signal", "succeeded", 1, started, now, output=payload))
-            return decode(payload)
-        if wake <= now:
-            run.pending.append(
-                StepRecord(position, name, "signal", "succeeded", 1, started, now, wake_at=wake, output="null",
-                           error_message="timed out without the signal")  # fmt: skip
-            )
-            return None
-        waiting = None if record is not None else StepRecord(position, name, "signal", "waiting", 1, started, wake_at=wake)
-        await run.suspend(f"signal:{name}", wake, waiting, signal=name)
+        try:
+            position, record = run.enter(name, "signal")
+            if record is not None and record.status == "succeeded":
+                return decode(record.output)
+            run.boundary()
+            now = run.now
+            started = record.started_at if record is not None and record.started_at else now
+            if record is not None:
+                wake = record.wake_at or run.deadline
+            else:
+                wake = run.wake_after(f'the wait "{name}"', now, length) if length is not None else run.deadline
+            # A signal counts if it was sent by the wait's deadline: so a replay decides as the
+            # first run did, whenever it happens (a later signal does not undo a timeout).
+            signal = run.signals.get(name)
+            if signal is not None and signal[1] <= wake:
+                payload = signal[0]
+                run.pending.append(StepRecord(position, name, "signal", "succeeded", 1, started, now, output=payload))
+                return decode(payload)
+            if wake <= now:
+                run.pending.append(
+                    StepRecord(position, name, "signal", "succeeded", 1, started, now, wake_at=wake, output="null",
+                               error_message="timed out without the signal")  # fmt: skip
+                )
+                return None
+            waiting = None if record is not None else StepRecord(position, name, "signal", "waiting", 1, started, wake_at=wake)
+            await run.suspend(f"signal:{name}", wake, waiting, signal=name)
+        finally:
+            run.leave(name)

@@ -27,6 +27,7 @@ __all__ = [
     "STEP_STATUSES",
     "TAG_AT_MOST_ONCE_INTERRUPTED",
     "TAG_CANCELLED",
+    "TAG_CONCURRENT_STEPS",
     "TAG_EXPIRED",
     "TAG_NONDETERMINISTIC",
     "TAG_NOT_JSON",
@@ -66,6 +67,9 @@ MAX_LIFETIME: Final = timedelta(days=366)
 TAG_AT_MOST_ONCE_INTERRUPTED: Final = "at_most_once_interrupted"
 #: The code reached recorded steps in another order, or used a step name twice.
 TAG_NONDETERMINISTIC: Final = "nondeterministic"
+#: The code reached a step, sleep or wait while another step of it was still in progress
+#: (``asyncio.gather`` of steps, a task, a step inside a step): they run one at a time.
+TAG_CONCURRENT_STEPS: Final = "concurrent_steps"
 #: The execution outlived :data:`MAX_LIFETIME` (or a wait would).
 TAG_EXPIRED: Final = "expired"
 #: An operator cancelled it.

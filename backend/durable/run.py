@@ -21,7 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 from backend.durable.definition import DurableFunction
 from backend.durable.errors import Cancelled, Ended, Fatal, LeaseLost, Released, StepFailed, Stop, Suspended
-from backend.durable.model import MAX_LIFETIME, TAG_CANCELLED, TAG_EXPIRED, TAG_NONDETERMINISTIC, TAG_NOT_JSON, decode, encode
+from backend.durable.model import (
+    MAX_LIFETIME,
+    TAG_CANCELLED,
+    TAG_CONCURRENT_STEPS,
+    TAG_EXPIRED,
+    TAG_NONDETERMINISTIC,
+    TAG_NOT_JSON,
+    decode,
+    encode,
+)
 from backend.durable.store import Claimed, DurableStore, Finish, Progress, StepRecord, Suspend, Write
 from backend.errors import Unavailable
 from backend.model import TAG_INTERRUPTED, TAG_TIMEOUT
@@ -66,10 +75,11 @@ class BodyCall(Invocation):
 class StepCall(Invocation):
     """One attempt of one step."""
 
-    __slots__ = ("args", "execution", "finished", "started", "step")
+    __slots__ = ("args", "execution", "finished", "run", "started", "step")
 
     def __init__(self, run: ExecutionRun, step: str, args: tuple[Any, ...], is_async: bool) -> None:
         super().__init__("", run.step_timeout, is_async)
+        self.run = run
         self.execution = run.id
         self.step = step
         self.args = args
@@ -95,6 +105,7 @@ class StepCall(Invocation):
         # A step on a thread past its deadline still runs: its retry (or the next step)
         # waits until it has returned, so no two attempts of a step ever run at once.
         assert self.outcome is not None
+        self.run.threads.discard(self)
         if self.finished is not None and not self.finished.done():
             self.finished.set_result(self.outcome)
 
@@ -143,6 +154,11 @@ class ExecutionRun:
         """Why the code must stop, once decided: every later call of the context raises it."""
         self.body: BodyCall | None = None
         self.call: StepCall | None = None
+        self.threads: set[StepCall] = set()
+        """Steps running on a thread: a thread cannot be stopped, so while one runs, the
+        execution is not handed to another instance (see :meth:`_conclude`)."""
+        self.in_step: str | None = None
+        """The step, sleep or wait in progress, from its start to its return: one at a time."""
         self.in_store = False
         self.failure: StepFailed | None = None
         """The last step failure raised into the code (it failed the execution if the code
@@ -185,6 +201,17 @@ class ExecutionRun:
         if isinstance(ending, (Suspended, LeaseLost)):
             return
         if isinstance(ending, Released):
+            if self.threads:
+                # Handed back now, it would be claimed and the step run again beside its thread
+                # (the embedded engine's process goes on). It stays running under this lease,
+                # renewed no more: another instance takes it over once the lease has ended.
+                steps = ", ".join(sorted(f'"{call.step}"' for call in self.threads))
+                log.warning(
+                    "execution %s of %s: step %s still runs on its thread as this instance stops: the execution stays "
+                    "running under this instance's lease, taken over once that lease has ended, never beside it",
+                    self.id, self.function.name, steps,
+                )  # fmt: skip
+                return
             await self._end(Suspend("queued", self.current_step), note=f"released: {self.executor.instance} is stopping")
             return
         if isinstance(ending, Fatal):
@@ -257,7 +284,12 @@ class ExecutionRun:
         self._cancel_calls()
 
     def _cancel_calls(self) -> None:
-        if self.call is not None:
+        now = self.clock.now()
+        for call in list(self.threads):
+            # A thread cannot be stopped: its call is settled and lingers (the instance stays
+            # registered while it runs; the execution is not handed on: see _conclude).
+            self.executor.runner.stop_call(call, Outcome("failed", now, TAG_INTERRUPTED, "its execution was let go of"))
+        if self.call is not None and self.call not in self.threads:
             self.call.cancel()
         if self.body is not None:
             self.body.cancel()
@@ -305,6 +337,17 @@ class ExecutionRun:
         self.check()
         if not isinstance(name, str) or not name or len(name) > 200 or not name.isprintable():
             raise ValueError(f"a step name must be 1-200 printable characters, not {name!r}")
+        if self.in_step is not None:
+            # Two in progress at once: a retry's wait would leave the other running (and
+            # the next claim would run it again beside itself), a stop would hand it back.
+            self.ending = Fatal(
+                TAG_CONCURRENT_STEPS,
+                f'{kind} "{name}" was reached while step "{self.in_step}" was still in progress: the steps, sleeps '
+                "and waits of an execution run one at a time (await each before reaching the next; asyncio.gather "
+                "or tasks of them are not supported)",
+                name,
+            )
+            raise self.ending
         position = self.position + 1
         first = self.seen.get(name)
         if first is not None:
@@ -316,6 +359,7 @@ class ExecutionRun:
         self.position = position
         self.seen[name] = position
         self.current_step = name
+        self.in_step = name
         recorded_at = self.positions.get(name)
         if recorded_at is not None and recorded_at != position:
             raise self.nondeterministic(
@@ -338,6 +382,11 @@ class ExecutionRun:
                 f'"{name}" at position {position} is recorded as a {record.kind} but was reached as a {kind}',
             )
         return position, record
+
+    def leave(self, name: str) -> None:
+        """The step, sleep or wait ``name`` returned or raised (once :meth:`enter` took it)."""
+        if self.in_step == name:
+            self.in_step = None
 
     def wake_after(self, what: str, now: datetime, length: timedelta) -> datetime:
         """``now + length``: when a sleep or a wait ends; one past the lifetime bound fails
@@ -418,5 +467,7 @@ class ExecutionRun:
     def call_step(self, step: str, fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool) -> StepCall:
         call = StepCall(self, step, args, is_async)
         self.call = call
+        if not is_async:
+            self.threads.add(call)  # (until it has ended: StepCall.ended)
         return call
 
