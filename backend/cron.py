@@ -76,10 +76,16 @@ from backend.cronfields import CronFields
 from backend.cronparse import Invalid, expand, parse
 from backend.errors import CronError
 
-__all__ = ["Cron", "shared_cron"]
+__all__ = ["PLACEHOLDER_ZONES", "Cron", "shared_cron"]
 
 _UTC: Final = UTC
 _SECOND: Final = timedelta(seconds=1)
+
+
+#: Names in the time zone database that are no place: "Factory" means "local time not set
+#: yet" (offset 0, abbreviation -00); "posixrules" is whichever zone the system chose for
+#: POSIX TZ strings (America/New_York on Debian): a default by the back door. Refused.
+PLACEHOLDER_ZONES = frozenset({"Factory", "posix/Factory", "posixrules", "posix/posixrules"})
 
 
 class Cron:
@@ -169,6 +175,9 @@ class Cron:
                 'timezone "localtime" follows the host; name the zone '
                 '(an IANA name such as "Europe/Berlin")'
             )
+        if name in PLACEHOLDER_ZONES:
+            raise fail(f'timezone "{name}" is a placeholder of the time zone database, not a place; name the zone '
+                       '(an IANA name such as "Europe/Berlin")')  # fmt: skip
         if name.startswith("right/"):
             # These files count leap seconds; zoneinfo then puts transitions ~27 s late.
             raise fail(f'timezone "{name}" counts leap seconds; use "{name[6:]}"')

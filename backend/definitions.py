@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from backend.defined import collecting
-from backend.errors import DefinitionError, DiscoveryError
+from backend.errors import DefinitionError, DiscoveryError, describe_exception
 from backend.schedules import Schedule
 
 __all__ = [
@@ -180,12 +180,11 @@ def _load_file(path: Path) -> Iterable[tuple[int, Any]]:
             spec.loader.exec_module(module)
     except SyntaxError as exc:
         sys.modules.pop(module_name, None)
-        raise _BadFile(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from exc
+        raise _BadFile(f"{path}:{exc.lineno or _nul_line(path)}: syntax error: {exc.msg}") from exc
     except BaseException as exc:  # noqa: BLE001 - sys.exit() or a KeyboardInterrupt in a file is its problem, not ours
         sys.modules.pop(module_name, None)
         line = _line_in(path, exc)
-        detail = str(exc) if isinstance(exc, DefinitionError) else ": ".join(filter(None, [type(exc).__name__, str(exc)]))
-        raise _BadFile(f"{path}:{line}: {detail}") from exc
+        raise _BadFile(f"{path}:{line}: {_what_went_wrong(exc)}") from exc
     finally:
         watch.cancel()
     seen: list[tuple[int, Any]] = []
@@ -216,6 +215,28 @@ def _still_importing(path: Path, thread: int) -> None:
         "waits (a network call, a lock, input()) holds the start; do it in the handler instead",
         path, SLOW_IMPORT, where, calls,
     )  # fmt: skip
+
+
+def _nul_line(path: Path) -> int | str:
+    """The line of the file's first NUL byte (Python's refusal of one names no line)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return "?"
+    at = data.find(b"\0")
+    return "?" if at < 0 else data.count(b"\n", 0, at) + 1
+
+
+def _what_went_wrong(exc: BaseException) -> str:
+    """``ValueError: bad`` (our own refusals without their class), whatever the exception
+    does: a ``__str__`` that raises must not end the discovery, and with it the report of
+    the folder's other bad files (see :func:`~backend.errors.describe_exception`)."""
+    tag, described, _ = describe_exception(exc)
+    try:
+        text = str.__str__(str(exc))
+    except BaseException:  # noqa: BLE001 - what it raised is in the description
+        text = described
+    return text if isinstance(exc, DefinitionError) else ": ".join(filter(None, [tag, text]))
 
 
 def _line_in(path: Path, exc: BaseException) -> int | str:

@@ -40,6 +40,9 @@ __all__ = [
     "check_text",
     "is_id",
     "out_of_range",
+    "json_problem",
+    "parse_json",
+    "RepeatedKey",
 ]
 
 NOTE_MAX_CHARS = 1000
@@ -125,6 +128,39 @@ def check_json(value: Any, field: str, limit: int | None = None) -> str:
     if limit is not None and size > limit:
         raise TooLarge(f"{field} is {size:,} bytes of JSON; the limit is {limit:,} bytes ({limit // 1024} KiB)", field=field)
     return text
+
+
+class RepeatedKey(ValueError):
+    """A JSON object that names one key twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f'gives the key "{printable(key, 60)}" twice (one of its values would be lost)')
+        self.key = key
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise RepeatedKey(key)
+            seen.add(key)
+    return value
+
+
+def json_problem(exc: ValueError) -> str:
+    """Why a JSON text was refused, to follow its name: ``is not JSON (…)``, or
+    ``gives the key "a" twice (…)``."""
+    return str(exc) if isinstance(exc, RepeatedKey) else f"is not JSON ({exc})"
+
+
+def parse_json(text: str) -> Any:
+    """JSON typed or sent by an operator (a body, ``--payload``, a console form), where an
+    object that names a key twice is refused (:class:`RepeatedKey`, a ValueError) instead
+    of keeping the last: ``{"note": "INC-412", "note": ""}`` would lose the note unsaid.
+    ValueError and RecursionError as :func:`json.loads` raises them."""
+    return json.loads(text, object_pairs_hook=_once_each)
 
 
 def check_note(note: object) -> str | None:
@@ -236,10 +272,23 @@ _WHOLE = re.compile(r"[+-]?[0-9]+")
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
+#: Past this many digits a number typed is taken as ±10**this: beyond every bound, and
+#: compared as such (``int()`` refuses past 4,300 digits; the refusal must say out of range).
+_MOST_DIGITS = 4000
+_BEYOND: int = 10**_MOST_DIGITS
+
+
 def whole_number(text: str) -> int:
-    """``text`` as a whole number written in ASCII digits; ValueError otherwise."""
+    """``text`` as a whole number written in ASCII digits; ValueError otherwise. A number
+    of more than 4,000 digits is ±10**4000 (past any bound), never refused as no number;
+    quote what was typed, not the value, in a refusal."""
     if not _WHOLE.fullmatch(text):
         raise ValueError(text)
+    if len(text) > _MOST_DIGITS:  # (int() counts leading zeros too)
+        digits = text.lstrip("+-").lstrip("0") or "0"
+        if len(digits) > _MOST_DIGITS:
+            return -_BEYOND if text.startswith("-") else _BEYOND
+        return -int(digits) if text.startswith("-") else int(digits)
     return int(text)
 
 

@@ -135,6 +135,28 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
      "is not a whole number"),
     ("a digit separator in a limit", "GET", "/inspect/queues/mail/jobs", {"params": {"limit": "1_0"}}, 422, "limit",
      '"1_0" is not a whole number'),
+    # A route that takes no body refuses one (a field, bad JSON): it acted as if none was sent.
+    ("a field sent to fire", "POST", "/inspect/schedules/berlin/fire", {"json": {"dry_run": True}}, 422, "dry_run",
+     'unknown field(s) "dry_run" (it takes none)'),
+    ("bad JSON sent to fire", "POST", "/inspect/schedules/berlin/fire", {"content": b"{this is not json"}, 422, "body",
+     "not valid JSON"),
+    ("a field sent to pause a queue", "POST", "/inspect/queues/mail/pause", {"json": {"dry_run": True}}, 422, "dry_run",
+     '"dry_run"'),
+    ("a field sent to delete a schedule", "DELETE", "/inspect/schedules/berlin", {"json": {"dry_run": True}}, 422,
+     "dry_run", '"dry_run"'),
+    # A key given twice: the last was kept, the first lost unsaid.
+    ("a note given twice", "POST", "/inspect/schedules/berlin/disable",
+     {"content": b'{"note": "INC-412 vendor outage", "note": ""}'}, 422, "note", 'gives the key "note" twice'),
+    ("a key given twice in a job's payload", "POST", "/inspect/queues/mail/jobs",
+     {"content": b'{"payload": {"order": 1, "order": 2}}'}, 422, "order", 'gives the key "order" twice'),
+    ("a schedule's name given twice", "POST", "/inspect/schedules",
+     {"content": b'{"name": "a", "cron": "0 * * * *", "timezone": "UTC", "queue": "mail", "name": "b"}'}, 422, "name",
+     'gives the key "name" twice'),
+    # A number of thousands of digits is out of range, as any other (int() refuses past 4,300).
+    ("a limit of five thousand digits", "GET", "/inspect/audit", {"params": {"limit": "9" * 5000}}, 422, "limit",
+     "is out of range (1-"),
+    ("a limit of minus five thousand digits", "GET", "/inspect/queues/mail/jobs", {"params": {"limit": "-" + "9" * 5000}},
+     422, "limit", "is out of range (1-"),
     # An empty before is no id (the schema's pattern says so), not "no before".
     *((f"an empty before of {path}", "GET", path, {"params": {**params, "before": ""}}, 422, "before", 'before ""')
       for path, params in (("/inspect/schedules/runs", {"name": "berlin"}), ("/inspect/queues/mail/jobs", {}),

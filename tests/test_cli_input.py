@@ -292,6 +292,50 @@ def test_json_nested_too_deeply_is_refused(cli: Cli, args: list[str], flag: str)
     assert len(line) < 300  # the value is cut, not printed whole
 
 
+@pytest.mark.parametrize(
+    ("args", "flag", "key"),
+    [
+        (["jobs", "send", "mailer", "--payload", '{"order": 1, "order": 2}'], "--payload", "order"),
+        (["schedules", "create", "twice", "--cron", "0 * * * *", "--timezone", "UTC", "--queue", "q",
+          "--payload", '{"a": {"b": 1, "b": 2}}'], "--payload", "b"),
+        (["durable", "start", "flow", "--input", '[{"k": 1, "k": 1}]'], "--input", "k"),
+    ],
+)  # fmt: skip
+def test_json_that_gives_a_key_twice_is_refused(cli: Cli, args: list[str], flag: str, key: str) -> None:
+    """``{"a": 1, "a": 2}`` kept the last value and lost the first unsaid."""
+    line = refused(cli(*args))
+    assert line.startswith(f"schedtui: {flag} ") and f'gives the key "{key}" twice' in line
+    assert cli.log("hourly") == []
+
+
+def test_a_payload_set_to_null_is_changed_not_dropped(cli: Cli) -> None:
+    """``--payload null`` alone was "nothing to change"; beside another option it was left
+    out: the payload stayed."""
+    write_tree(cli.root / "schedules", {"q.jobs.py": "from backend import define_queue\nq = define_queue(name='q', handler=print)\n"})
+    cli.ok("schedules", "create", "nulled", "--cron", "0 * * * *", "--timezone", "UTC", "--queue", "q",
+           "--payload", '{"k": 1}')  # fmt: skip
+    assert cli.json("schedules", "update", "nulled", "--payload", "null")["payload"] is None
+    cli.ok("schedules", "update", "nulled", "--payload", '{"k": 2}')
+    changed = cli.json("schedules", "update", "nulled", "--payload", "null", "--description", "x")
+    assert (changed["payload"], changed["description"]) == (None, "x")
+
+
+@pytest.mark.parametrize("option", ["--schedules", "--store", "--store-file"])
+def test_an_empty_folder_or_store_is_refused_not_taken_for_the_default(cli: Cli, option: str) -> None:
+    """``--schedules ''`` read the working directory; ``--store ''`` the default store."""
+    line = refused(real(cli, "list", option, "", store=False))
+    assert line == f"schedtui: {option} is empty: name one, or leave the option out for its default"
+
+
+@pytest.mark.parametrize("digits", ["9" * 5000, "-" + "9" * 5000, "0" * 4999 + "5000"])
+def test_a_number_of_thousands_of_digits_is_out_of_range_like_any_other(cli: Cli, digits: str) -> None:
+    """Past 4,300 digits int() refuses a number: it was "not a whole number", a line of
+    5,000 digits, where one digit fewer was out of range."""
+    line = refused(cli("runs", "hourly", "--limit", digits))
+    assert line.endswith("is more than 1000") or line.endswith("must be at least 1"), line
+    assert len(line) < 200
+
+
 def test_parse_json_option_refuses_deep_nesting_as_bad_input() -> None:
     with pytest.raises(BadInput) as caught:
         parse_json_option(DEEP, "--input")

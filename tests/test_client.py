@@ -120,6 +120,49 @@ async def test_connect_creates_updates_and_deletes_stored_schedules(store_url: s
         ]  # fmt: skip
 
 
+async def test_lengths_of_a_stored_schedule_may_be_timedeltas_as_in_code(store_url: str) -> None:
+    """``max_runtime`` and the alert's seconds are "seconds or a timedelta" in code; a stored
+    schedule given one failed in the store's driver (``sqlite3.ProgrammingError``: no
+    SchedtuiError), or was refused as "alert is not JSON"."""
+    from backend.jobs import define_queue
+
+    async def job(ctx: Any) -> None:
+        pass
+
+    async with connect(store_url, definitions=[define_queue(name="mail", handler=job)], create=True) as st:
+        spec = {"name": "reap", "cron": "0 * * * *", "timezone": "UTC", "queue": "mail",
+                "max_runtime": timedelta(minutes=5), "alert": {"late": timedelta(hours=1), "failing": 2}}  # fmt: skip
+        view = await st.schedules.create(spec)
+        assert view.max_runtime_s == 300
+        view = await st.schedules.update("reap", {"max_runtime": timedelta(minutes=7)})
+        assert view.max_runtime_s == 420
+        with pytest.raises(BadInput, match="max_runtime 691200"):
+            await st.schedules.update("reap", {"max_runtime": timedelta(days=8)})
+
+
+async def test_the_python_api_refuses_what_the_api_and_the_cli_refuse(store_url: str) -> None:
+    """A name that is no text was a TypeError (unhashable list), jobs that are no list one
+    too; a ``before`` that is no run id (empty included) was taken, answering a first page
+    or nothing, where the API and the CLI refuse it."""
+    from backend.jobs import define_queue
+
+    async def job(ctx: Any) -> None:
+        pass
+
+    fired = CALLS.count("manual")
+    async with connect(store_url, definitions=[*schedules(), define_queue(name="mail", handler=job)], create=True) as st:
+        for call in (lambda: st.schedules.fire(["digest"]), lambda: st.schedules.runs(["digest"]),  # type: ignore[arg-type]
+                     lambda: st.schedules.get(None)):  # type: ignore[arg-type]  # fmt: skip
+            with pytest.raises(BadInput, match="schedule name .* is not text"):
+                await call()
+        with pytest.raises(BadInput, match="jobs 5 is not a list of mappings"):
+            await st.jobs.send_many("mail", 5)  # type: ignore[arg-type]
+        for before in ("x", ""):
+            with pytest.raises(BadInput, match=f'before "{before}" is not a run id'):
+                await st.schedules.runs("digest", before=before)
+        assert CALLS.count("manual") == fired
+
+
 async def test_without_definitions_a_schedule_is_unknown_and_says_so(store_url: str) -> None:
     with pytest.raises(NotFound, match="no store at"):
         async with connect(store_url):

@@ -624,6 +624,16 @@ ERROR_CASES = [
         "right/Europe/Berlin",
         'timezone "right/Europe/Berlin" counts leap seconds; use "Europe/Berlin"',
     ),
+    # Placeholders of the database: "local time not set yet", and the system's choice.
+    *(
+        (
+            "0 9 * * *",
+            zone,
+            f'timezone "{zone}" is a placeholder of the time zone database, not a place; name the zone '
+            '(an IANA name such as "Europe/Berlin")',
+        )
+        for zone in ("Factory", "posixrules")
+    ),
 ]
 
 

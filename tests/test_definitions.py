@@ -122,6 +122,23 @@ def test_every_bad_file_is_reported_at_once(tmp_path: Path) -> None:
     assert info.value.__cause__ is not None  # the first failing file's exception
 
 
+def test_an_exception_whose_text_cannot_be_read_is_reported_with_the_others(tmp_path: Path) -> None:
+    """A file that raised an exception whose ``__str__`` raises ended the discovery with
+    that error (a traceback of the CLI and serve, exit code 1), the folder's other bad
+    file unsaid. A NUL byte in a file was reported at line None."""
+    odd = write(tmp_path / "a.cron.py", "class E(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n\nraise E()\n")
+    other = write(tmp_path / "b.cron.py", "raise ValueError('boom at import')\n")
+    nul = tmp_path / "c.cron.py"
+    nul.write_bytes(b"x = 1\ny = 2\x00\n")
+    with pytest.raises(DiscoveryError) as info:
+        discover(tmp_path)
+    assert info.value.problems == [
+        f"{odd}:5: E: E() (its str() raised RuntimeError)",
+        f"{other}:1: ValueError: boom at import",
+        f"{nul}:2: syntax error: source code string cannot contain null bytes",
+    ]
+
+
 def test_one_problem_is_the_whole_message(tmp_path: Path) -> None:
     bad = write(tmp_path / "stop.cron.py", "raise KeyboardInterrupt()\n")
     with pytest.raises(DiscoveryError) as info:

@@ -9,7 +9,6 @@ Every error is ``{"error": {"code", "message"}}`` with its status (401, 403, 404
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Literal
@@ -31,7 +30,7 @@ from backend.errors import (
     Unavailable,
 )
 from backend.events.audit import acting_as
-from backend.inputs import whole_number
+from backend.inputs import RepeatedKey, parse_json, whole_number
 from backend.safetext import escape_json, printable
 
 __all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "Access", "Api", "Endpoint", "JSONResponse", "error_response"]
@@ -175,7 +174,9 @@ class Api:
         if not raw.strip():
             return {}
         try:
-            data = json.loads(raw.decode("utf-8-sig"))  # (bytes to json.loads would take UTF-16 and -32 too)
+            data = parse_json(raw.decode("utf-8-sig"))  # (bytes to json.loads would take UTF-16 and -32 too)
+        except RepeatedKey as exc:
+            raise BadInput(f"the body {exc}", field=printable(exc.key, 60)) from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadInput(f"the body is not valid JSON ({exc})", field="body") from None
         except RecursionError:
@@ -185,7 +186,8 @@ class Api:
         unknown = sorted(set(data) - set(fields)) if fields is not None else []
         if unknown:
             shown = ", ".join(f'"{printable(name, 60)}"' for name in unknown)
-            raise BadInput(f"unknown field(s) {shown} (known: {', '.join(fields or ())})", field=printable(unknown[0], 60))
+            known = f"(known: {', '.join(fields)})" if fields else "(it takes none)"
+            raise BadInput(f"unknown field(s) {shown} {known}", field=printable(unknown[0], 60))
         return data
 
     @staticmethod
@@ -208,7 +210,7 @@ class Api:
         except ValueError:
             raise BadInput(f'{name} "{printable(raw, 60)}" is not a whole number', field=name) from None
         if not low <= value <= high:
-            raise BadInput(f"{name} {value} is out of range ({low}-{high})", field=name)
+            raise BadInput(f"{name} {printable(raw, 60)} is out of range ({low}-{high})", field=name)
         return value
 
 

@@ -93,6 +93,8 @@ async def _arguments(api: Api, action: Action, request: Request) -> dict[str, An
             arguments[param.name] = _query_value(request, param, http.wire_name(param.name))
     body_params = [p for p in action.params if http.where(p.name) == "body"]
     if not body_params:
+        # Read all the same: a body sent here (a field, bad JSON) is refused, never ignored.
+        await api.body_of(request, MAX_BODY_BYTES, fields=())
         return arguments
     if http.body is not None:
         body = await api.body_of(request, http.max_body or MAX_BODY_BYTES)
@@ -181,7 +183,7 @@ def _query_value(request: Request, param: Param, wire: str) -> Any:
             raise BadInput(f'{wire} "{printable(raw, 60)}" is not a whole number', field=wire) from None
         for limit in param.limits:
             if isinstance(limit, Range) and not limit.low <= value <= limit.high:
-                raise BadInput(f"{wire} {value} is out of range ({limit.low:g}-{limit.high:g})", field=wire)
+                raise BadInput(f"{wire} {printable(raw, 60)} is out of range ({limit.low:g}-{limit.high:g})", field=wire)
         return value
     if param.required and not raw:
         raise BadInput(f"the query parameter {wire} is required", field=wire)

@@ -9,7 +9,6 @@ for every path that reaches them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, Final, cast
@@ -21,7 +20,7 @@ from backend.durable.model import EXECUTION_STATUSES, Execution, ExecutionsPage,
 from backend.durable.run import started_on
 from backend.durable.store import DurableStore, NewExecution
 from backend.errors import BadInput, NotFound, Refused
-from backend.inputs import check_before, check_id, check_json
+from backend.inputs import RepeatedKey, check_before, check_id, check_json, parse_json
 from backend.runtime.subsystems import Shared
 from backend.safetext import printable
 from backend.schedules import NAME_PATTERN, RunContext
@@ -39,7 +38,9 @@ def parse_json_option(text: str | None, field: str) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
+        return parse_json(text)
+    except RepeatedKey as exc:
+        raise BadInput(f'{field} "{printable(text, 60)}" {exc}', field=field.lstrip("-")) from None
     except ValueError as exc:
         raise BadInput(f'{field} "{printable(text, 60)}" is not valid JSON ({exc})', field=field.lstrip("-")) from None
     except RecursionError:  # json's decoder recurses once per level of nesting

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
 from backend.errors import BadInput, NotFound, Unavailable
-from backend.inputs import check_before, check_id
+from backend.inputs import check_before, check_id, shown_number
 from backend.jobs.actions import JobActions
 from backend.jobs.definition import (
     ATTEMPTS_KEEP,
@@ -227,6 +227,9 @@ class Jobs:
     async def send_many(self, queue: str, jobs: Iterable[Mapping[str, Any]]) -> list[Sent]:
         """Send jobs in one transaction: each a mapping of ``payload``, ``delay``,
         ``attempts``, ``key`` (all optional). Every job is checked before any is written."""
+        if isinstance(jobs, (str, bytes, Mapping)) or not isinstance(jobs, Iterable):
+            raise BadInput(f"jobs {shown_number(jobs, 60)} is not a list of mappings (of payload, delay, attempts, key)",
+                           field="jobs")  # fmt: skip
         sends = []
         for index, job in enumerate(jobs):
             if not isinstance(job, Mapping):

@@ -18,6 +18,7 @@ from typing import Literal
 
 from backend.clock import Clock
 from backend.errors import BadInput, NotFound
+from backend.inputs import check_before, shown_number
 from backend.model import Run, ScheduleTarget, ScheduleView
 from backend.scheduler.catalog import Catalog
 from backend.scheduler.coordination.cluster import Cluster
@@ -33,7 +34,9 @@ __all__ = ["ScheduleReads", "find_schedule", "target_of"]
 
 
 def find_schedule(schedules: Mapping[str, Schedule], name: str) -> Schedule:
-    """The schedule named ``name``; :class:`~backend.errors.NotFound` when none is."""
+    """The schedule named ``name``; :class:`~backend.errors.NotFound` when none is
+    (:class:`~backend.errors.BadInput` for a name that is no text: a list, None)."""
+    _check_is_text(name)
     try:
         return schedules[name]
     except KeyError:
@@ -45,11 +48,17 @@ def is_schedule_name(schedules: Mapping[str, Schedule], name: str) -> bool:
     (one removed from the code, or deleted, keeps its runs until the retention takes
     them); :class:`~backend.errors.NotFound` for a name no schedule could ever have had,
     which is never looked up in the ledger."""
+    _check_is_text(name)
     if name in schedules:
         return True
     if not (isinstance(name, str) and NAME_PATTERN.fullmatch(name)):
         find_schedule(schedules, name)
     return False
+
+
+def _check_is_text(name: object) -> None:
+    if not isinstance(name, str):
+        raise BadInput(f"schedule name {shown_number(name, 60)} is not text", field="name")
 
 
 def no_runs_of(name: str) -> NotFound:
@@ -171,7 +180,8 @@ class ScheduleReads:
     ) -> tuple[list[Run], str | None]:
         known = is_schedule_name(self.schedules, name)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise BadInput(f"limit {limit!r} is out of range (1-1000)", field="limit")
+            raise BadInput(f"limit {shown_number(limit, 60)} is out of range (1-1000)", field="limit")
+        check_before(before)  # (what a page of the API or the CLI refuses, refused here too)
         self.ledger.handoff()
         runs = await self.store.list_runs(name, limit=limit + 1, before=before)
         # A schedule removed from the code (or deleted) keeps its runs until the retention

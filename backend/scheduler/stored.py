@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from backend.cron import Cron
@@ -158,6 +158,7 @@ def check_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
         "max_runtime": spec.get("max_runtime", DEFAULT_MAX_RUNTIME),
         "alert": spec.get("alert"),
     }
+    _in_seconds(full)
     _define(full)
     return full
 
@@ -179,8 +180,19 @@ def check_changes(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dic
     for key in FIELDS:
         if key in changes:
             full[key] = changes[key]
+    _in_seconds(full)
     _define(full)
     return full
+
+
+def _in_seconds(full: dict[str, Any]) -> None:
+    """Lengths of time given as timedeltas (as ``define_schedule`` takes them) as their
+    seconds: what a store keeps, and what JSON can say."""
+    if isinstance(full.get("max_runtime"), timedelta):
+        full["max_runtime"] = full["max_runtime"].total_seconds()
+    alert = full.get("alert")
+    if isinstance(alert, Mapping) and any(isinstance(value, timedelta) for value in alert.values()):
+        full["alert"] = {key: value.total_seconds() if isinstance(value, timedelta) else value for key, value in alert.items()}
 
 
 def _unknown_keys(spec: Mapping[str, Any], allowed: tuple[str, ...]) -> None:

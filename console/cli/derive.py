@@ -36,6 +36,7 @@ from backend.client.actions import REQUIRED, Action, Cursor, Param, Range, Schem
 from backend.client.interface import Backend
 from backend.durable.service import parse_json_option
 from backend.inputs import decimal_number, whole_number
+from backend.safetext import printable
 from backend.timeparse import parse_when
 from console.cli.main import (
     _VERB_OPTIONS,
@@ -206,12 +207,11 @@ class Verb:
         mapping's keys gathered; an instant stays as typed until :func:`run` reads it)."""
         arguments: dict[str, Any] = {}
         for argument in self.arguments():
-            value = getattr(args, argument.dest)
-            if value is not None and argument.convert is not None:
-                value = argument.convert(value)
+            typed = getattr(args, argument.dest)
+            value = argument.convert(typed) if typed is not None and argument.convert is not None else typed
             if argument.key is None:
                 arguments[argument.param] = value
-            elif value is not None:
+            elif typed is not None:  # (given: ``--payload null`` is a null payload, not no option)
                 arguments.setdefault(argument.param, {})[argument.key] = value
         for param in self.declared.params:
             if _schema_of(param) is not None and not arguments.get(param.name):
@@ -405,9 +405,9 @@ def _number_type(kind: type, limits: Range | None) -> Callable[[str], Any]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
         if limits is not None and value < limits.low:
-            raise argparse.ArgumentTypeError(f"{value} must be at least {limits.low:g}")
+            raise argparse.ArgumentTypeError(f"{printable(text, 60)} must be at least {limits.low:g}")
         if limits is not None and value > limits.high:
-            raise argparse.ArgumentTypeError(f"{value} is more than {limits.high:g}")
+            raise argparse.ArgumentTypeError(f"{printable(text, 60)} is more than {limits.high:g}")
         return value
 
     number.__name__ = kind.__name__  # argparse names the type in its messages

@@ -101,8 +101,14 @@ def _positive_int(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+        raise argparse.ArgumentTypeError(f"{_typed(text, value)} must be at least 1")
     return value
+
+
+def _typed(text: str, value: int) -> str:
+    """A number typed, as a refusal quotes it: grouped (``36,501``), or cut when long
+    (:func:`~backend.inputs.whole_number` takes one of thousands of digits as ±10**4000)."""
+    return f"{value:,}" if len(text) <= 30 else printable(text, 40)
 
 
 def _at_most(high: int) -> Callable[[str], int]:
@@ -112,7 +118,7 @@ def _at_most(high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = _positive_int(text)
         if value > high:
-            raise argparse.ArgumentTypeError(f"{value:,} is more than {high:,}")
+            raise argparse.ArgumentTypeError(f"{_typed(text, value)} is more than {high:,}")
         return value
 
     return parse
@@ -125,7 +131,7 @@ _MAX_OFFSET_MS = 100 * 366 * 86_400_000
 def _clock_offset_ms(text: str) -> int:
     value = _whole(text)
     if abs(value) > _MAX_OFFSET_MS:
-        raise argparse.ArgumentTypeError(f"{value:,} ms is more than a century ({_MAX_OFFSET_MS:,} ms) either way")
+        raise argparse.ArgumentTypeError(f"{_typed(text, value)} ms is more than a century ({_MAX_OFFSET_MS:,} ms) either way")
     return value
 
 
@@ -152,7 +158,7 @@ def _port(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
     if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535)")
+        raise argparse.ArgumentTypeError(f"{_typed(text, value)} is not a port number (0-65535)")
     return value
 
 
@@ -375,6 +381,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for option in SHARED:
         if hasattr(args, option.dest) and option.dest not in accepted:
             raise UsageError(f"schedtui: {option.flags[0]} does not apply to `schedtui {args.verb}`")
+    for dest, flag in (("schedules", "--schedules"), ("store", "--store"), ("store_file", "--store-file")):
+        if isinstance(getattr(args, dest, None), str) and not getattr(args, dest).strip():
+            # ('' would mean the working directory, or the default store: not what was named)
+            raise UsageError(f"schedtui: {flag} is empty: name one, or leave the option out for its default")
     store_given = next((flag for flag, dest in (("--store", "store"), ("--store-file", "store_file")) if hasattr(args, dest)), None)
     url_given = "--url" if hasattr(args, "url") else "$SCHEDTUI_URL"
     if "store" in accepted:

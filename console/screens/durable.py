@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Input, Label, Static
 
 from backend.durable.model import Execution, StepView
 from backend.durable.service import MAX_SIGNAL_BYTES
+from backend.inputs import json_problem, parse_json
 from console import format as fmt
 from console.widgets.bounded import BoundedInput
 
@@ -192,9 +193,9 @@ class SignalPrompt(ModalScreen["tuple[Any] | None"]):
             self.dismiss((None,))
             return
         try:
-            value = json.loads(text)
+            value = parse_json(text)
         except ValueError as exc:
-            self.query_one("#signal-error", Static).update(f"not JSON: {exc}")
+            self.query_one("#signal-error", Static).update(f"the payload {json_problem(exc)}")
             return
         self.dismiss((value,))
 

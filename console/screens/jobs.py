@@ -19,6 +19,7 @@ from textual.widgets import Button, Input, Label, Static, TextArea
 
 from backend.client.interface import Backend
 from backend.errors import SchedtuiError
+from backend.inputs import json_problem, parse_json
 from backend.jobs.definition import MAX_KEY_BYTES, MAX_PAYLOAD_BYTES
 from backend.jobs.model import Job, JobDetail, Sent
 from console import format as fmt
@@ -315,9 +316,9 @@ class SendJobScreen(ModalScreen[Sent | None]):
     def _fields(self) -> tuple[Any, float, int | None, str | None] | None:
         raw = self.query_one("#payload", TextArea).text
         try:
-            payload = json.loads(raw) if raw.strip() else None
+            payload = parse_json(raw) if raw.strip() else None
         except ValueError as exc:
-            self._problem(f"The payload is not JSON: {exc}")
+            self._problem(f"The payload {json_problem(exc)}")
             return None
         delay_text = self.query_one("#delay", Input).value.strip()
         attempts_text = self.query_one("#attempts", Input).value.strip()

@@ -27,8 +27,9 @@ from textual.suggester import SuggestFromList
 from textual.widgets import Button, Checkbox, Input, Label, Select, Static
 
 from backend.client.interface import Backend
-from backend.cron import Cron
+from backend.cron import PLACEHOLDER_ZONES, Cron
 from backend.errors import CronError, SchedtuiError
+from backend.inputs import json_problem, parse_json
 from backend.model import ScheduleView
 from backend.scheduler.stored import MAX_DESCRIPTION, MAX_PAYLOAD_BYTES
 from backend.schedules import MAX_NAME_CHARS
@@ -77,7 +78,7 @@ def _shown(text: str) -> str:
 
 @cache
 def _zones() -> list[str]:
-    return sorted(available_timezones())
+    return sorted(available_timezones() - PLACEHOLDER_ZONES)
 
 
 class ScheduleForm(ModalScreen[ScheduleView | None]):
@@ -292,9 +293,9 @@ class ScheduleForm(ModalScreen[ScheduleView | None]):
         if not raw.strip():
             return True, None
         try:
-            return True, json.loads(raw)
+            return True, parse_json(raw)
         except ValueError as exc:
-            return False, f"payload {fmt.echo(raw.strip())} is not JSON: {exc}"
+            return False, f"payload {fmt.echo(raw.strip())} {json_problem(exc)}"
 
     def show_preview(self) -> None:
         cron = self._cron()
