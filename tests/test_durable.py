@@ -1457,6 +1457,46 @@ async def test_steps_in_progress_at_once_fail_the_execution_instead_of_running_t
     assert (CALLS["slow"], CALLS["flaky"]) == (1, 0)
 
 
+async def test_an_execution_failed_with_a_step_in_flight_ends_once_that_step_has_returned(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The other branch of a ``gather`` failed the execution while a step ran on a thread:
+    its end was written at once, and a retry ran that step again beside the thread. The
+    end waits for the thread (the lease renewed meanwhile)."""
+    import threading
+
+    release, entered = threading.Event(), threading.Event()
+    inside = {"now": 0, "most": 0}
+
+    def blocking() -> str:
+        inside["now"] += 1
+        inside["most"] = max(inside["most"], inside["now"])
+        CALLS["blocking"] += 1
+        entered.set()
+        release.wait(10)
+        inside["now"] -= 1
+        return "done"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return await asyncio.gather(ctx.step("blocking", blocking), ctx.step("second", count("second")))
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await asyncio.to_thread(entered.wait, 10)
+    clock.advance(60)  # past a lease that was not renewed
+    await engine.quiesce(runs=False)
+    running = await engine.durable.get(started.id)
+    assert (running.status, running.error_tag) == ("running", None)  # its step still runs: not ended
+    release.set()
+    await engine.quiesce()  # (the thread returns; then the end is written)
+    failed = await engine.durable.get(started.id)
+    assert (failed.status, failed.error_tag) == ("failed", "concurrent_steps")
+    await engine.durable.retry(started.id)
+    await engine.quiesce()
+    assert (CALLS["blocking"], CALLS["second"], inside["most"]) == (2, 0, 1)
+
+
 async def test_stopping_when_the_last_run_ends_during_the_final_renewal(
     engines: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -3,7 +3,7 @@
 Up to three instances share one store (SQLite, and PostgreSQL) on one manual clock. Hypothesis starts executions
 of random plans (steps that fail a few times or until their attempts run out, at-most-once
 steps, steps that take 3 to 40 s of the clock, sleeps, signal waits, a step name used a
-second time), sends signals, cancels,
+second time, two steps at once), sends signals, cancels,
 retries failed executions, moves the clock (so leases expire), crashes instances just before
 or just after one of their writes commits, loses the answer of a claim or a write that
 committed while the instance goes on, freezes an instance (its store calls hang, as
@@ -84,6 +84,9 @@ PLANS = st.lists(
         st.tuples(st.just("sleep"), st.integers(0, 20)),
         st.tuples(st.just("wait"), st.integers(1, 40)),  # timeout
         st.tuples(st.just("slow"), st.sampled_from([3, 12, 40])),  # a step that takes this long
+        # A slow step and another at once (asyncio.gather): it fails the execution, once the
+        # slow one has returned (a retry never runs it beside itself).
+        st.tuples(st.just("gather"), st.sampled_from([3, 40])),
     ),
     min_size=1,
     max_size=6,
@@ -174,6 +177,11 @@ async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
         elif kind == "slow":
             steps.append(name)
             value = await ctx.step(name, slow, ctx.id, name, arg, ctx.fence)
+        elif kind == "gather":
+            steps.extend([f"{name}s", f"{name}t"])
+            value = await asyncio.gather(
+                ctx.step(f"{name}s", slow, ctx.id, f"{name}s", arg, ctx.fence), ctx.step(f"{name}t", page, ctx.id, f"{name}t", 0, ctx.fence)
+            )
         elif kind == "sleep":
             await ctx.sleep(name, arg)
         else:

@@ -157,6 +157,8 @@ class ExecutionRun:
         self.threads: set[StepCall] = set()
         """Steps running on a thread: a thread cannot be stopped, so while one runs, the
         execution is not handed to another instance (see :meth:`_conclude`)."""
+        self._released = asyncio.Event()
+        """Set when the instance stops: what waits for the steps in flight waits no more."""
         self.in_step: str | None = None
         """The step, sleep or wait in progress, from its start to its return: one at a time."""
         self.in_store = False
@@ -200,18 +202,12 @@ class ExecutionRun:
             self.ending = Ended(f"execution {self.id} has ended: no step runs after its code returned")
         if isinstance(ending, (Suspended, LeaseLost)):
             return
+        if not isinstance(ending, Released):
+            await self._steps_returned()
+        if self.threads:  # the instance stops with a step on a thread: it is not handed on
+            self._left_to_its_lease()
+            return
         if isinstance(ending, Released):
-            if self.threads:
-                # Handed back now, it would be claimed and the step run again beside its thread
-                # (the embedded engine's process goes on). It stays running under this lease,
-                # renewed no more: another instance takes it over once the lease has ended.
-                steps = ", ".join(sorted(f'"{call.step}"' for call in self.threads))
-                log.warning(
-                    "execution %s of %s: step %s still runs on its thread as this instance stops: the execution stays "
-                    "running under this instance's lease, taken over once that lease has ended, never beside it",
-                    self.id, self.function.name, steps,
-                )  # fmt: skip
-                return
             await self._end(Suspend("queued", self.current_step), note=f"released: {self.executor.instance} is stopping")
             return
         if isinstance(ending, Fatal):
@@ -251,6 +247,38 @@ class ExecutionRun:
         except LeaseLost:
             pass
 
+    def _left_to_its_lease(self) -> None:
+        """Handed back now, the execution would be claimed and its step run again beside its
+        thread (an embedded engine's process goes on). It stays running under this lease,
+        renewed no more: another instance takes it over once the lease has ended."""
+        steps = ", ".join(sorted(f'"{call.step}"' for call in self.threads))
+        log.warning(
+            "execution %s of %s: step %s still runs on its thread as this instance stops: the execution stays "
+            "running under this instance's lease, taken over once that lease has ended, never beside it",
+            self.id, self.function.name, steps,
+        )  # fmt: skip
+
+    async def _steps_returned(self) -> None:
+        """Before the end is written (after which a retry may run the steps again): no step
+        of the execution still runs. A step the code left in flight (its other branch of an
+        ``asyncio.gather`` failed it, a task the code did not await) is cancelled if async
+        and waited for; a thread cannot be cancelled: it is waited for, the lease renewed
+        meanwhile, unless the instance stops (:meth:`interrupt`)."""
+        call = self.call
+        waits: set[asyncio.Future[Any]] = {c.finished for c in self.threads if c.finished is not None}
+        if call is not None and call.is_async and call.task is not None and not call.has_ended:
+            call.cancel()
+            waits.add(call.task)
+        if not waits:
+            return
+        released = asyncio.ensure_future(self._released.wait())
+        try:
+            while waits and not released.done():
+                _, waits = await asyncio.wait({*waits, released}, return_when=asyncio.FIRST_COMPLETED)
+                waits.discard(released)
+        finally:
+            released.cancel()
+
     def _cancel_note(self) -> str:
         return "cancelled by an operator; it stopped at a step boundary"
 
@@ -281,6 +309,7 @@ class ExecutionRun:
         goes back to the queue (a step cut short here runs again on the next claim)."""
         if self.ending is None:
             self.ending = Released("the instance is stopping")
+        self._released.set()
         self._cancel_calls()
 
     def _cancel_calls(self) -> None:
