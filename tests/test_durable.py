@@ -1371,25 +1371,33 @@ async def test_stopping_releases_executions_to_another_instance_at_once(
     assert any("released: a is stopping" in line.message for line in done.logs or [])
 
 
+class Blocking:
+    """A step on a thread that waits for :attr:`release`, counting its calls (``CALLS``)
+    and the most that ran at once."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release, self.entered = threading.Event(), threading.Event()
+        self.now = self.most = 0
+
+    def __call__(self) -> str:
+        self.now += 1
+        self.most = max(self.most, self.now)
+        CALLS["blocking"] += 1
+        self.entered.set()
+        self.release.wait(10)
+        self.now -= 1
+        return "done"
+
+
 async def test_a_stop_leaves_an_execution_whose_step_runs_on_a_thread_to_its_lease_never_beside_it(
     engines: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A thread cannot be stopped. An embedded engine stopped while a step of an execution
     ran on one handed the execution back (queued): another instance claimed it at once and
     ran the step again while the thread, in a process that goes on, still ran it."""
-    import threading
-
-    release, entered = threading.Event(), threading.Event()
-    inside = {"now": 0, "most": 0}
-
-    def blocking() -> str:
-        inside["now"] += 1
-        inside["most"] = max(inside["most"], inside["now"])
-        CALLS["blocking"] += 1
-        entered.set()
-        release.wait(10)
-        inside["now"] -= 1
-        return "done"
+    blocking = Blocking()
 
     async def body(ctx: DurableContext, input: Any) -> Any:
         return await ctx.step("blocking", blocking)
@@ -1398,7 +1406,7 @@ async def test_a_stop_leaves_an_execution_whose_step_runs_on_a_thread_to_its_lea
     a = engines([function], instance="a")
     await a.start()
     started = await a.durable.start_execution("f")
-    await asyncio.to_thread(entered.wait, 10)
+    await asyncio.to_thread(blocking.entered.wait, 10)
     await a.stop(grace=0)
     assert "still runs on its thread as this instance stops" in caplog.text
     b = engines([function], instance="b")
@@ -1407,12 +1415,12 @@ async def test_a_stop_leaves_an_execution_whose_step_runs_on_a_thread_to_its_lea
     held = await b.durable.get(started.id)
     assert (held.status, held.instance) == ("running", "a")  # not handed back beside its thread
     assert CALLS["blocking"] == 1
-    release.set()
+    blocking.release.set()
     clock.advance(31)  # a's lease (renewed for the stop's grace) has ended: b takes it over
     await b.quiesce()
     done = await b.durable.get(started.id)
     assert (done.status, done.output, done.instance) == ("succeeded", "done", "b")
-    assert (CALLS["blocking"], inside["most"]) == (2, 1)  # cut short, run again: never two at once
+    assert (CALLS["blocking"], blocking.most) == (2, 1)  # cut short, run again: never two at once
 
 
 @pytest.mark.parametrize("second", ["step", "sleep", "wait"])
@@ -1463,19 +1471,7 @@ async def test_an_execution_failed_with_a_step_in_flight_ends_once_that_step_has
     """The other branch of a ``gather`` failed the execution while a step ran on a thread:
     its end was written at once, and a retry ran that step again beside the thread. The
     end waits for the thread (the lease renewed meanwhile)."""
-    import threading
-
-    release, entered = threading.Event(), threading.Event()
-    inside = {"now": 0, "most": 0}
-
-    def blocking() -> str:
-        inside["now"] += 1
-        inside["most"] = max(inside["most"], inside["now"])
-        CALLS["blocking"] += 1
-        entered.set()
-        release.wait(10)
-        inside["now"] -= 1
-        return "done"
+    blocking = Blocking()
 
     async def body(ctx: DurableContext, input: Any) -> Any:
         return await asyncio.gather(ctx.step("blocking", blocking), ctx.step("second", count("second")))
@@ -1483,18 +1479,18 @@ async def test_an_execution_failed_with_a_step_in_flight_ends_once_that_step_has
     engine = engines([define_durable(name="f", handler=body)])
     await engine.start()
     started = await engine.durable.start_execution("f")
-    await asyncio.to_thread(entered.wait, 10)
+    await asyncio.to_thread(blocking.entered.wait, 10)
     clock.advance(60)  # past a lease that was not renewed
     await engine.quiesce(runs=False)
     running = await engine.durable.get(started.id)
     assert (running.status, running.error_tag) == ("running", None)  # its step still runs: not ended
-    release.set()
+    blocking.release.set()
     await engine.quiesce()  # (the thread returns; then the end is written)
     failed = await engine.durable.get(started.id)
     assert (failed.status, failed.error_tag) == ("failed", "concurrent_steps")
     await engine.durable.retry(started.id)
     await engine.quiesce()
-    assert (CALLS["blocking"], CALLS["second"], inside["most"]) == (2, 0, 1)
+    assert (CALLS["blocking"], CALLS["second"], blocking.most) == (2, 0, 1)
 
 
 async def test_stopping_when_the_last_run_ends_during_the_final_renewal(
