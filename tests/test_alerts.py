@@ -1083,6 +1083,31 @@ def test_serve_refuses_a_bad_notify_option_in_one_line(tmp_path: Path, capsys: p
     assert "--alert-interval: 0 must be a positive number of seconds" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("http://[::1/hook", "notify URL 'http://[::1/hook' is not a URL (Invalid IPv6 URL)"),
+        ("http://[zz]/x", "notify URL 'http://[zz]/x' is not a URL ('zz' does not appear to be an IPv4 or IPv6 address)"),
+        ("http://]x/", "notify URL 'http://]x/' is not a URL (Invalid IPv6 URL)"),
+        # What httpx refuses at its first request: taken, it ended the delivery loop of every webhook.
+        ("http://127.0.0.1:9000/bad\x01x", "notify URL http://127.0.0.1:9000/… #"),
+        ("https://hooks.exa\xadmple.com/services/T0/B0/x", "is refused by the HTTP client: Invalid IDNA hostname"),
+    ],
+)
+def test_serve_refuses_a_notify_url_no_request_could_go_to_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, said: str
+) -> None:
+    """A bracketed host that is no address was a traceback (exit 1); a URL httpx refuses
+    was taken, and its first delivery ended the loop that delivers to every webhook."""
+    store = f"sqlite:///{tmp_path / 'x.db'}"
+    (tmp_path / "hooks.txt").write_text(url + "\n")
+    for option in (["--notify", url], ["--notify-file", str(tmp_path / "hooks.txt")]):
+        assert main(["serve", "--store", store, *option]) == 2
+        lines = [line for line in capsys.readouterr().err.strip().splitlines() if "warning: --notify" not in line]
+        assert len(lines) == 1 and said in lines[0], lines  # (beside --notify's documented warning)
+        assert "services/T0" not in lines[0] and "bad" not in lines[0].split("#")[0].split("9000")[-1]
+
+
 def test_a_notify_file_takes_comments_after_a_url_and_refuses_other_text() -> None:
     content = "# the team's hooks\n\n  https://hooks.example.test/a/b  # ops channel\nhttp://127.0.0.1:9000/x\t#x\n"
     assert notify_file_urls(content, "hooks.txt") == ["https://hooks.example.test/a/b", "http://127.0.0.1:9000/x"]
@@ -1219,6 +1244,20 @@ def test_the_prometheus_rules_cover_every_condition_with_the_overrides() -> None
     assert len(catch_all) == 1 and 'schedule!~"nightly\\\\.report|quiet"' in catch_all[0]["expr"]
     not_firing = next(r for r in rules if r["alert"] == "SchedtuiNotFiring")
     assert 'absent(schedtui_instances{role="firing"})' in not_firing["expr"]
+
+
+def test_the_prometheus_rules_never_page_for_a_schedule_defined_disabled() -> None:
+    """A schedule defined ``enabled=False`` is not meant to run and never late, as the
+    engine says; its "disabled for too long" rule paged for it all the same."""
+    schedules = [
+        define_schedule(name="paused-by-design", cron="0 3 * * *", timezone="UTC", handler=noop, enabled=False),
+        define_schedule(name="daily", cron="0 3 * * *", timezone="UTC", handler=noop),
+    ]
+    rules = prometheus_rules(schedules, [], [], T0)["groups"][0]["rules"]
+    disabled = {r["labels"].get("schedule") for r in rules if r["labels"].get("reason") == "disabled"}
+    assert "daily" in disabled and "paused-by-design" not in disabled
+    late = [r for r in rules if r["alert"] == "SchedtuiLate" and r["labels"].get("schedule") == "paused-by-design"]
+    assert late and all("schedtui_schedule_enabled" not in r["expr"] or "== 1" in r["expr"] for r in late)
 
 
 def test_schedtui_alert_rules_prints_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

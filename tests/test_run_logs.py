@@ -233,6 +233,33 @@ async def test_bytes_written_to_the_streams_binary_layer_are_captured(engines: C
     assert sys.stdout.buffer is sys.stdout.buffer  # (one binary layer, as the real stream has)
 
 
+async def test_a_handler_that_closes_the_process_streams_closes_nothing(engines: Callable[..., Engine]) -> None:
+    """``sys.stderr.close()`` in a handler closed the process's stderr: every later run that
+    wrote to it stayed ``running`` for good, and serve failed at its stop (exit 1)."""
+
+    def closer(ctx: Any) -> None:
+        print("<<closing>>")
+        sys.stdout.close()
+        sys.stderr.close()
+        sys.stdout.buffer.close()
+
+    def speaker(ctx: Any) -> None:
+        print("<<printed>>")
+        print("<<to stderr>>", file=sys.stderr)
+        log.warning("<<logged>>")
+
+    engine = engines([define_schedule(name="closer", cron="0 * * * *", timezone="UTC", handler=closer),
+                      define_schedule(name="speaker", cron="0 * * * *", timezone="UTC", handler=speaker)])  # fmt: skip
+    await engine.open()
+    closed = await engine.run_now("closer", wait=True)
+    assert (closed.status, sys.stdout.closed, sys.stderr.closed) == ("succeeded", False, False)
+    for _ in range(2):
+        run = await engine.run_now("speaker", wait=True)
+        assert run.status == "succeeded", run.error_message
+        await engine.run_logs.flush()
+        assert markers((await engine.run_logs.run_log(run.id)).text) == {"printed", "to stderr", "logged"}
+
+
 def test_a_byte_that_is_not_utf8_is_captured_as_its_escape_and_passed_on_as_it_is() -> None:
     raw = io.BytesIO()
     said = capture.Capture()

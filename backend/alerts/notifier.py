@@ -41,6 +41,7 @@ from backend.events.audit import AuditLog
 from backend.inputs import check_seconds
 from backend.runtime.loops import Loops
 from backend.runtime.subsystems import answers_of, keep_for_the_stop
+from backend.safetext import printable
 
 __all__ = ["AlertSettings", "Notifier", "Sink", "parse_sinks", "sink_of"]
 
@@ -129,7 +130,11 @@ def sink_of(url: str) -> Sink:
     """A sink from its URL; :class:`BadInput` naming it (without its path) if it is none.
     httpx's log line of a request to it shows it as its shown form (see _RedactedRequests)."""
     text = url.strip()
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+        parts.hostname  # noqa: B018  (a bracketed host that is no address raises here)
+    except ValueError as exc:  # "Invalid IPv6 URL", a bracketed host that is no address
+        raise BadInput(f"notify URL {text[:40]!r} is not a URL ({exc})", field="notify") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         shown = f"{parts.scheme}://{parts.hostname}" if parts.scheme and parts.hostname else repr(text[:40])
         raise BadInput(f"notify URL {shown} is not an http:// or https:// URL with a host", field="notify")
@@ -142,8 +147,12 @@ def sink_of(url: str) -> Sink:
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
     where = f"{parts.scheme}://{parts.hostname}{f':{port}' if port else ''}"
     sink = Sink(text, digest, f"{where}/… #{digest[:6]}" if parts.path.strip("/") or parts.query else f"{where} #{digest[:6]}")
-    with contextlib.suppress(httpx.InvalidURL):
+    try:
         _SHOWN[str(httpx.URL(text))] = sink.shown
+    except httpx.InvalidURL as exc:  # (a control character, an invisible one in the host)
+        # Taken, it failed at its first delivery, outside the errors a delivery expects: the
+        # delivery loop ended, and no webhook got another alert.
+        raise BadInput(f"notify URL {printable(sink.shown)} is refused by the HTTP client: {exc}", field="notify") from None
     return sink
 
 
@@ -310,7 +319,7 @@ class Notifier:
                 },
             ) as answer:
                 error = None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # (InvalidURL is no HTTPError)
             error = _error(exc).replace(sink.url, sink.shown)  # the URL's path is its secret
         except TimeoutError:
             error = f"no answer within {timeout:g}s"

@@ -13,7 +13,8 @@ engine sees, and each rule says how in its ``description``:
   enabled (``schedtui_schedule_last_success_timestamp_seconds``,
   ``schedtui_schedule_enabled``), or its next fire overdue by the grace
   (``schedtui_schedule_next_fire_timestamp_seconds``), or disabled for the whole of its
-  ``disabled`` setting;
+  ``disabled`` setting (not for a schedule defined ``enabled=False``, which is not meant
+  to run);
 * ``not_firing``: no firing member (``schedtui_instances{role="firing"}``), or no instance
   scraped at all;
 * ``dead_jobs``: the dead jobs of a queue grew by N within its window (``schedtui_jobs``);
@@ -167,7 +168,11 @@ def _schedule_rules(schedule: Schedule, now: datetime) -> list[dict[str, Any]]:
         rules.append(_failing(matcher, policy.failing, max(policy.failing * every, MIN_RANGE), who, labels))
     if policy.late:
         grace = policy.grace if policy.grace is not None else min(schedule.max_runtime, every) + LATE_MARGIN
-        rules.extend(_late(matcher, every, grace, policy.disabled_after, who, labels))
+        # Defined disabled, it is not meant to run: never late for being disabled (the
+        # engine's own condition also pages once an operator enabled and then disabled it;
+        # the metric cannot tell the two apart).
+        disabled_after = policy.disabled_after if schedule.enabled else None
+        rules.extend(_late(matcher, every, grace, disabled_after, who, labels))
     return rules
 
 

@@ -336,6 +336,15 @@ class CapturingStream:
         for line in lines:
             self.write(line)
 
+    def close(self) -> None:
+        """A handler does not close the process's stream (every later write of the engine,
+        and of every other handler, failed: its runs stayed ``running`` for good): it is
+        flushed instead. Code outside any handler closes it as it would the stream itself."""
+        if CURRENT.get() is not None:
+            self.wrapped.flush()
+        else:
+            self.wrapped.close()
+
     @property
     def buffer(self) -> CapturingBytes:
         """The wrapped stream's bytes (``sys.stdout.buffer.write(b"...")``), each write
@@ -369,6 +378,13 @@ class CapturingBytes:
     def writelines(self, lines: Iterable[Any]) -> None:
         for line in lines:
             self.write(line)
+
+    def close(self) -> None:
+        """As :meth:`CapturingStream.close`: a handler's close is a flush."""
+        if CURRENT.get() is not None:
+            self.wrapped.flush()
+        else:
+            self.wrapped.close()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.wrapped, name)
