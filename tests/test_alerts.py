@@ -424,6 +424,34 @@ def alerting_engine(make_engine: Callable[..., Engine], receiver: Receiver) -> C
     return make
 
 
+async def test_a_webhook_whose_request_fails_unexpectedly_fails_only_its_own_deliveries(
+    make_engine: Callable[..., Engine], clock: ManualClock, receiver: Receiver
+) -> None:
+    """What a request raises outside httpx's errors (a URL it refuses was one) ended the
+    delivery loop: no webhook got another alert. It fails that sink's delivery (retried,
+    given up), and the others get every transition."""
+    other = "https://other.example.test/hook"
+    failing = {"now": True}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if str(request.url) == other:
+            raise RuntimeError("a request that breaks in an unforeseen way")
+        return receiver(request)
+
+    async def handler(ctx: RunContext) -> None:
+        if failing["now"]:
+            raise ValueError("broken")
+
+    engine = make_engine([define_schedule(name="export", cron="* * * * *", timezone="UTC", handler=handler)],
+                         alerting=AlertSettings(sinks=(HOOK, other), poll=1.0), alert_transport=httpx.MockTransport(answer))
+    await engine.start()
+    await step(engine, clock, 30, times=8)
+    assert receiver.delivered() == [("failing:export", "firing")]
+    failing["now"] = False
+    await step(engine, clock, 60, times=8)  # no run has failed since: resolved after 5 minutes
+    assert receiver.delivered() == [("failing:export", "firing"), ("failing:export", "resolved")]
+
+
 async def notifications(engine: Engine) -> dict[str, float]:
     """``schedtui_alert_notifications_total`` of the test's webhook, by outcome, as scraped."""
     _, samples = parse((await EngineMetrics(engine).render()).decode())

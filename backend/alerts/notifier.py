@@ -323,6 +323,9 @@ class Notifier:
             error = _error(exc).replace(sink.url, sink.shown)  # the URL's path is its secret
         except TimeoutError:
             error = f"no answer within {timeout:g}s"
+        except Exception as exc:  # anything else one sink's request raises fails its delivery, not every sink's
+            log.warning("alert %s to %s: the request failed unexpectedly", delivery.alert_key, sink.shown, exc_info=exc)
+            error = _error(exc).replace(sink.url, sink.shown)
         now = self.clock.now()
         retry_at = None
         if error is not None and delivery.attempts < self.settings.attempts:
