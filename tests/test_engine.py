@@ -747,9 +747,11 @@ async def test_a_schedule_disabled_while_due_slots_are_claimed_does_not_stop_the
 async def test_slots_held_by_a_catch_up_are_recorded_when_the_schedule_is_disabled_meanwhile(
     make_engine: MakeEngine, clock: ManualClock, coordination: str, stop: bool
 ) -> None:
-    """Found by the state machine: a catch-up holds the schedule's timer until its last run
-    ends; the slots due meanwhile are handled when it re-arms. Disabled before that, the
-    schedule was not re-armed, and those slots (due while it was enabled) got no row."""
+    """Found by the state machine: a catch-up held the schedule's timer until its last run
+    ended; the slots due meanwhile were handled when it re-armed. Disabled before that, the
+    schedule was not re-armed, and those slots (due while it was enabled) got no row. (A
+    skip schedule's timer is armed again once the last run has started: the slot due while
+    it runs is skipped, as the timer's would be.)"""
     gate = Gate()
     engine = make_engine([schedule(handler=gate)], coordination=coordination)
     await engine.start()
@@ -771,8 +773,48 @@ async def test_slots_held_by_a_catch_up_are_recorded_when_the_schedule_is_disabl
     assert [(r.scheduled_at.strftime("%H:%M"), r.status) for r in runs] == [
         ("08:01", "missed"),
         ("08:02", "failed" if stop else "succeeded"),
-        ("08:03", "missed"),  # due while enabled; nothing after the disable
+        ("08:03", "skipped"),  # due while enabled, while 08:02 ran; nothing after the disable
     ]
+
+
+@pytest.mark.parametrize("backfill", ["skip", "latest", "all"])
+@pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
+async def test_after_a_catch_up_a_skip_schedule_whose_runs_outlast_its_interval_skips_again(
+    make_engine: MakeEngine, clock: ManualClock, coordination: str, backfill: str
+) -> None:
+    """Found by an outside attack: a catch-up waited for the run it fired; the slots due
+    meanwhile came due behind it and were caught up in turn (recorded missed, the newest
+    fired late), after each run, for good: a skip schedule whose runs outlast its interval
+    never came back to its timer after a restart, a pause or a shard's take-over."""
+    release, entered = asyncio.Event(), asyncio.Event()
+
+    async def handler(ctx: RunContext) -> None:
+        if ctx.scheduled_at == at("2026-03-02T08:02:00Z"):  # the catch-up's last run outlasts the interval
+            entered.set()
+            await release.wait()
+
+    engine = make_engine([schedule(handler=handler, backfill=backfill)], coordination=coordination)
+    await engine.start()
+    await engine.quiesce()
+    clock.set("2026-03-02T08:02:30Z")  # behind: a catch-up fires the newest slot, 08:02 (all: 08:01 first)
+    await entered.wait()
+    for minute in (3, 4, 5):  # each due while 08:02 still runs
+        clock.set(f"2026-03-02T08:0{minute}:00Z")
+        await engine.quiesce(runs=False)
+    release.set()
+    await engine.quiesce()
+    clock.set("2026-03-02T08:06:00Z")
+    await engine.quiesce()
+    runs = sorted(await all_runs(engine, "job"), key=lambda r: r.scheduled_at)
+    assert [(r.scheduled_at.strftime("%H:%M"), r.status) for r in runs] == [
+        ("08:01", "succeeded" if backfill == "all" else "missed"),
+        ("08:02", "succeeded"),
+        ("08:03", "skipped"),  # the overlap policy's, as the timer's: never "missed", never late
+        ("08:04", "skipped"),
+        ("08:05", "skipped"),
+        ("08:06", "succeeded"),  # on time again
+    ]
+    assert runs[-1].fired_at == runs[-1].scheduled_at
 
 
 @pytest.mark.parametrize("coordination", ["single", "advisoryLock"])
@@ -800,7 +842,7 @@ async def test_a_schedule_re_enabled_during_a_catch_up_records_each_slot_once(
     assert [(r.scheduled_at.strftime("%H:%M"), r.status) for r in runs] == [
         ("08:01", "missed"),
         ("08:02", "succeeded"),
-        ("08:03", "missed"),  # held by the catch-up, due before the first disable
+        ("08:03", "skipped"),  # the timer's (armed once 08:02 started), due before the first disable
         ("08:05", "skipped"),  # the timer's again, while 08:02 still ran; 08:04 was disabled
     ]
 
