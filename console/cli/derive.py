@@ -35,7 +35,7 @@ from backend import BadInput, Refused
 from backend.client.actions import REQUIRED, Action, Cursor, Param, Range, Schema, When, action_of, encode
 from backend.client.interface import Backend
 from backend.durable.service import parse_json_option
-from backend.inputs import decimal_number, whole_number
+from backend.inputs import decimal_number, shown_number, whole_number
 from backend.safetext import printable
 from backend.timeparse import parse_when
 from console.cli.main import (
@@ -403,7 +403,7 @@ def _number_type(kind: type, limits: Range | None) -> Callable[[str], Any]:
         try:
             value = parse(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") from None
+            raise argparse.ArgumentTypeError(f"{shown_number(text, 60)} is not {'a whole number' if kind is int else 'a number'}") from None
         if limits is not None and value < limits.low:
             raise argparse.ArgumentTypeError(f"{printable(text, 60)} must be at least {limits.low:g}")
         if limits is not None and value > limits.high:

@@ -48,7 +48,7 @@ from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend, check_server_url, check_token
 from backend.definitions import Definitions, discover_definitions
 from backend.events.audit import check_actor
-from backend.inputs import decimal_number, whole_number
+from backend.inputs import decimal_number, shown_number, whole_number
 from backend.model import (
     COORDINATION_MODES,
     DEFAULT_DEFINITIONS_FOLDER,
@@ -99,7 +99,7 @@ def _positive_int(text: str) -> int:
     try:
         value = whole_number(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{shown_number(text, 60)} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{_typed(text, value)} must be at least 1")
     return value
@@ -139,7 +139,7 @@ def _seconds(text: str) -> float:
     try:
         value = decimal_number(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        raise argparse.ArgumentTypeError(f"{shown_number(text, 60)} is not a number of seconds") from None
     if not 0 < value < 10**7:
         raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
     return value
@@ -149,14 +149,14 @@ def _whole(text: str) -> int:
     try:
         return whole_number(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{shown_number(text, 60)} is not a whole number") from None
 
 
 def _port(text: str) -> int:
     try:
         value = whole_number(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+        raise argparse.ArgumentTypeError(f"{shown_number(text, 60)} is not a port number") from None
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{_typed(text, value)} is not a port number (0-65535)")
     return value
