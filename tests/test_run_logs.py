@@ -260,6 +260,51 @@ async def test_a_handler_that_closes_the_process_streams_closes_nothing(engines:
         assert markers((await engine.run_logs.run_log(run.id)).text) == {"printed", "to stderr", "logged"}
 
 
+async def test_a_run_in_flight_when_a_firing_console_quits_keeps_its_log(
+    engines: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Textual redirects stdout and stderr while the app runs, and puts back what it found
+    when it quits: over the run logs' proxies. A run still in flight during the console's
+    grace printed onto the terminal, and its log stopped at the quit."""
+    import contextlib
+
+    from console.cli.main import _run_console
+
+    started, quit_ = asyncio.Event(), asyncio.Event()
+
+    async def ticker(ctx: Any) -> None:
+        print("<<before the quit>>")
+        started.set()
+        await quit_.wait()
+        print("<<after the quit>>")
+
+    class App:  # what Textual's run_async does to the streams
+        async def run_async(self) -> None:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                run = asyncio.ensure_future(engine.run_now("ticker", wait=True))
+                await started.wait()
+            self.run = run
+            quit_.set()  # quit: the streams are put back, and the run goes on
+
+        def exit(self) -> None:
+            pass
+
+    engine = engines([define_schedule(name="ticker", cron="0 * * * *", timezone="UTC", handler=ticker)])
+    app = App()
+    backend = EmbeddedBackend(engine)
+    await engine.open()
+    # The terminal's own streams, as the app finds them (the console starts its engine in
+    # the app, so the proxies went in front of the app's redirects, not of these).
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert await _run_console(app, backend) == 0
+    run = await app.run
+    reader = engines([])  # (the console closed its engine and store)
+    await reader.open()
+    text = (await reader.run_logs.run_log(run.id)).text
+    assert markers(text) == {"before the quit", "after the quit"}, text
+
+
 def test_a_byte_that_is_not_utf8_is_captured_as_its_escape_and_passed_on_as_it_is() -> None:
     raw = io.BytesIO()
     said = capture.Capture()

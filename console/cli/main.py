@@ -55,6 +55,7 @@ from backend.model import (
     DEFAULT_STORE_URL,
     Run,
 )
+from backend.observability.capture import reinstate_if_moved
 from backend.runtime.signals import HANGUP, on_stop_signals, why
 from backend.safetext import RedactingFormatter, escape_text, printable, redact_url, remember_secret
 from backend.scheduler.manifests import PROVIDERS, render_manifests
@@ -894,6 +895,9 @@ async def _run_console(app: Any, backend: Backend) -> int:
     try:
         await app.run_async()
     finally:
+        # The app put back the streams it had redirected, over the run logs' proxies: a run
+        # in flight would print onto the terminal, and its log would stop here.
+        reinstate_if_moved()
         try:
             if isinstance(backend, EmbeddedBackend):
                 why_now = f"{why(stopped_by[0])}: " if stopped_by else ""
