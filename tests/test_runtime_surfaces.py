@@ -88,6 +88,9 @@ async def test_create_update_delete_through_the_interface(rt_backend: Backend) -
     assert (again.name, again.cron, again.payload) == (name, "*/15 * * * *", {"older_than": "7d"})
     changed = await rt_backend.update_schedule(name, {"cron": "0 3 * * *", "timezone": "Europe/Berlin", "enabled": False})
     assert (changed.cron, changed.timezone, changed.enabled, changed.next_fire_at) == ("0 3 * * *", "Europe/Berlin", False, None)
+    # Who and when, as a disable records them ("disabled too long" counts from it): an update
+    # that disabled a schedule recorded neither, and its alert never fired.
+    assert changed.state_note is not None and changed.state_note.by and changed.state_note.at is not None
     with pytest.raises(BadInput) as bad:
         await rt_backend.update_schedule(name, {"cron": "0 25 * * *"})
     assert bad.value.field == "cron" and "0 25 * * *" in bad.value.message
@@ -201,6 +204,7 @@ def test_the_cli_creates_updates_and_deletes_embedded(rt_cli: Cli) -> None:
     assert taken.returncode == 3 and "exists already" in taken.stderr
     changed = json.loads(rt_cli.ok("schedules", "update", "reap", "--cron", "0 * * * *", "--disabled", "--json", *s).stdout)
     assert (changed["cron"], changed["enabled"], changed["source"]) == ("0 * * * *", False, "store")
+    assert changed["state_note"] is not None and changed["state_note"]["by"]  # as `schedtui disable` records it
     code = rt_cli("schedules", "update", "hourly", "--cron", "5 * * * *", *s)
     assert code.returncode == 3 and "defined in code" in code.stderr
     listed = rt_cli.schedules()

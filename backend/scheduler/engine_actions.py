@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from backend.clock import Clock
 from backend.durable import Durable
-from backend.errors import Refused, Unavailable
+from backend.errors import NotFound, Refused, Unavailable
 from backend.events.audit import AuditLog
 from backend.model import BackfillPlan, BackfillProgress, ExternalFiring, Run, ScheduleView
 from backend.scheduler.backfills import Backfills, live_estimate
@@ -142,8 +142,13 @@ class EngineActions:
         """Change a stored schedule; a code schedule is refused (``defined_in_code``)."""
         self.catalog.check_stored(name)
         actor = self.audit.actor()
+        try:  # (before: with no state yet, it is the row's, which the update changes)
+            was_enabled: bool | None = self.is_enabled(name)
+        except NotFound:  # created a moment ago by another process: the update reads it
+            was_enabled = None
         before, after = await self.catalog.update(name, changes, actor)
-        if "enabled" in changes and after.enabled != self.is_enabled(name):
+        if "enabled" in changes and after.enabled != (before.enabled if was_enabled is None else was_enabled):
+            # Who and when, as a disable records them: "disabled too long" counts from it.
             await self.states.set(name, after.enabled, at=self.clock.now(), by=actor)
         await self.audit.record("schedule.update", name, {"before": before.spec(), "after": after.spec()}, actor=actor)
         return await self.reads.written_view(name, after)
