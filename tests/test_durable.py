@@ -1019,6 +1019,9 @@ async def test_a_three_day_wait_for_approval_runs_in_milliseconds(engines: Calla
     early = await engine.durable.signal(timed_out.id, "later", 1)
     again = await engine.durable.signal(timed_out.id, "later", 2)
     assert (early.duplicate, again.duplicate) == (False, True)  # the first payload is kept
+    # Both in the audit log, the repeat marked (it answered "done" and went unrecorded).
+    signals = [e.detail for e in reversed((await engine.audit.list()).entries) if e.action == "durable.signal"]
+    assert signals == [{"name": "later"}, {"name": "later", "duplicate": True}]
     signalled = await engine.durable.signal(approved.id, "approval", {"by": "ops"})
     assert not signalled.duplicate
     await engine.quiesce()

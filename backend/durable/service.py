@@ -182,7 +182,10 @@ class Durable:
         self.executor.poke()
         if not duplicate:
             self.shared.events.publish("durable", id)
-            await self.shared.audit.record("durable.signal", id, {"name": name})
+        # A repeat is recorded too, marked (as a job send's): who sent what is the audit's
+        # question, and the first one's entry may be the one whose answer was lost.
+        details: dict[str, Any] = {"name": name, "duplicate": True} if duplicate else {"name": name}
+        await self.shared.audit.record("durable.signal", id, details)
         return Signalled(id, name, duplicate)
 
     async def cancel(self, id: str, *, by: str | None = None) -> Execution:
