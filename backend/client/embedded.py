@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 from backend.client.actions import Action, check_arguments
 from backend.client.interface import Backend, ConnectionInfo
-from backend.errors import Forbidden
-from backend.events.bus import READY, STREAM, Signal
+from backend.errors import Forbidden, Unavailable
+from backend.events.bus import READY, STREAM, Signal, Subscription
 from backend.inputs import check_id
 from backend.model import BackfillProgress, CoordinationMode, Health, Run
 from backend.scheduler.engine import Engine
@@ -27,6 +27,9 @@ from backend.scheduler.engine import Engine
 __all__ = ["EmbeddedBackend"]
 
 T = TypeVar("T")
+
+#: How often a change stream that is quiet looks at its store (seconds).
+LOOK_AT_THE_STORE = 1.0
 
 
 @dataclass
@@ -149,6 +152,9 @@ class EmbeddedBackend(Backend):
 
     async def changes(self, *, since: str | None = None, idle: float | None = None) -> AsyncIterator[list[Signal]]:
         bus = self.engine.events
+        health = self.engine.store.health()
+        if health.state == "lost":
+            raise Unavailable(f"the store is lost: {health.error}")
         subscription = bus.subscribe(since=since)  # read on the caller's loop, whatever the engine's
         try:
             ready = [Signal(since or subscription.start_id, READY, self.engine.relay.stream_kind)]
@@ -156,6 +162,24 @@ class EmbeddedBackend(Backend):
                 ready.append(Signal(subscription.start_id, STREAM, "down"))
             yield ready
             while not subscription.closed:
-                yield await subscription.get(idle)
+                yield await self._next_batch(subscription, idle)
         finally:
             subscription.close()
+
+    async def _next_batch(self, subscription: Subscription, idle: float | None) -> list[Signal]:
+        """The next batch (``[]`` after ``idle`` quiet seconds), looking at the store every
+        :data:`LOOK_AT_THE_STORE` seconds meanwhile: a store that is lost (its file deleted
+        or replaced) sends no signal, and a console following the stream went on saying
+        "live" over frozen data until an operator refreshed."""
+        waited = 0.0
+        while True:
+            step = LOOK_AT_THE_STORE if idle is None else min(LOOK_AT_THE_STORE, idle - waited)
+            batch = await subscription.get(step)
+            if batch or subscription.closed:
+                return batch
+            waited += step
+            health = self.engine.store.health()
+            if health.state == "lost":
+                raise Unavailable(f"the store is lost: {health.error}")
+            if idle is not None and waited >= idle:
+                return []
