@@ -296,13 +296,19 @@ async def test_a_page_of_large_jobs_ends_early_and_pages_on(tmp_path: Path) -> N
             small = (await http.get("/inspect/queues/held/jobs", params={"limit": 2})).json()
             assert [j["id"] for j in small["jobs"]] == sent[:-3:-1]  # within the bound: as asked
         remote = RemoteBackend("http://t", READ, transport=httpx.ASGITransport(app=app))
+        # The remote client reads a cut page on until it holds what was asked for, as an
+        # embedded backend answers (the CLI's --json printed only the cut page's items).
+        everything = await remote.list_jobs("held", limit=1000)
+        assert ([job.id for job in everything.jobs], everything.next_before) == (sent[::-1], None)
         seen: list[str] = []
         before: str | None = None
         while True:
-            jobs = await remote.list_jobs("held", limit=1000, before=before)
+            jobs = await remote.list_jobs("held", limit=5, before=before)
+            assert len(jobs.jobs) == 5 or jobs.next_before is None
             seen += [job.id for job in jobs.jobs]
             if jobs.next_before is None:
                 break
+            assert jobs.next_before == jobs.jobs[-1].id
             before = jobs.next_before
         await remote.close()
         assert seen == sent[::-1]  # newest first, each once

@@ -10,6 +10,7 @@ sent (see :func:`_sendable`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -187,6 +188,23 @@ class RemoteBackend(Backend):
         return await self._request("GET", path, retry=True, params={k: v for k, v in params.items() if v is not None})
 
     async def _act(self, action: Action, arguments: dict[str, Any]) -> Any:
+        """:meth:`_act_once`; a page the server cut short (past its size bound) is read on
+        until it holds ``limit`` items, as an embedded backend's does: the CLI's ``--json``
+        printed only the items of the cut page, and a script reading fewer than it asked
+        for took that for the end."""
+        page: Any = await self._act_once(action, arguments)
+        names = {param.name for param in action.params}
+        if "limit" not in names or "before" not in names or getattr(page, "next_before", None) is None:
+            return page
+        limit = check_arguments(action, arguments)["limit"]
+        (field,) = [f.name for f in dataclasses.fields(page) if isinstance(getattr(page, f.name), list)]
+        items = list(getattr(page, field))
+        while len(items) < limit and page.next_before is not None:
+            page = await self._act_once(action, {**arguments, "before": page.next_before, "limit": limit - len(items)})
+            items += getattr(page, field)
+        return dataclasses.replace(page, **{field: items})
+
+    async def _act_once(self, action: Action, arguments: dict[str, Any]) -> Any:
         """Refuse an ``operate`` action when read-only, check the arguments as the server
         would (no request that cannot succeed), send the request the declaration describes
         and decode its answer from the result's annotation."""
