@@ -29,7 +29,7 @@ from backend.jobs.definition import MAX_PAYLOAD_BYTES as JOB_PAYLOAD_BYTES
 from backend.scheduler.stored import MAX_DESCRIPTION, MAX_PAYLOAD_BYTES
 from backend.schedules import MAX_NAME_CHARS
 from console.app import SchedtuiApp
-from console.driver import batched
+from console.driver import PasteAsText, batched
 from console.screens.backfill import BackfillScreen
 from console.screens.durable import SignalPrompt
 from console.screens.jobs import SendJobScreen, TypedCount
@@ -374,3 +374,33 @@ async def test_a_restricted_field_leaves_out_what_it_does_not_allow_from_a_burst
         type_fast(app, *"1x2.5s")
         await typed(pilot)
         assert field.value == "12.5" and notes.titled("Too long") == []
+
+
+def parsed(*reads: str) -> list[tuple[str, str | None]]:
+    """What the terminal driver's parser makes of ``reads``: each event's kind and text."""
+    parser = PasteAsText()
+    made = [event for data in (*reads, "z") for event in parser.feed(data)]  # (a key after: the paste is flushed)
+    return [(type(e).__name__, getattr(e, "text", None) or getattr(e, "key", None)) for e in made]
+
+
+@pytest.mark.parametrize(
+    ("reads", "pasted"),
+    [
+        # Text copied from a terminal with its colours, and with an ESC of its own: the ESC
+        # began an escape sequence in Textual's parser, sent on as keys ahead of the paste
+        # (a return in it submitted the form unasked; the text came out reordered).
+        (["\x1b[200~first part\x1b-second\rtail\x1b[201~"], "first part-second\rtail"),
+        (["\x1b[200~my\x1b[31mname\x1b[0m\x1b[201~"], "my[31mname[0m"),
+        # The markers split over reads, as 4 KB reads of a long paste split them.
+        (["\x1b[20", "0~abc\x1bdef\x1b[2", "01~"], "abcdef"),
+        (["\x1b[200~x\x1b", "[201~"], "x"),
+        (["\x1b[200~x\x1b[20", "1", "~"], "x"),
+    ],
+)
+def test_an_escape_inside_a_paste_is_text_never_keys(reads: list[str], pasted: str) -> None:
+    assert parsed(*reads) == [("Paste", pasted), ("Key", "z")]
+
+
+def test_keys_outside_a_paste_are_keys_as_before() -> None:
+    assert parsed("ab\t") == [("Key", "a"), ("Key", "b"), ("Key", "tab"), ("Key", "z")]
+    assert parsed("a", "\x1b[200~p\x1b[201~", "b") == [("Key", "a"), ("Paste", "p"), ("Key", "b"), ("Key", "z")]
