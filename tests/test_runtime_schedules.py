@@ -244,6 +244,33 @@ async def test_another_engine_picks_up_create_update_delete_on_its_poll(make_eng
     assert slots(await all_runs(firer, "reap")) == ["08:01", "08:03"]
 
 
+async def test_a_schedule_another_process_just_created_is_acted_on_through_the_api(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The API checks a route's schedule first (its zone, for times typed): a schedule
+    another process created a moment before, not yet read here, was "no schedule named",
+    while the same disable through the engine read the catalog again and found it."""
+    import httpx
+
+    from backend.api.app import create_app
+    from backend.client.embedded import EmbeddedBackend
+
+    server = make_engine([queue()])
+    await server.open()
+    operator = make_engine([queue()], instance="cli")
+    await operator.open()
+    await operator.create_schedule(spec())  # before the server's next poll
+    assert "reap" not in server.schedules
+    app = create_app(EmbeddedBackend(server), token="t")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t",
+                                 headers={"Authorization": "Bearer t"}) as http:  # fmt: skip
+        answer = await http.post("/inspect/schedules/reap/disable", json={"note": "at once"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["enabled"] is False
+        gone = await http.post("/inspect/schedules/nowhere/disable", json={})
+        assert gone.status_code == 404
+
+
 async def test_a_schedule_deleted_and_created_again_between_two_polls_is_followed(
     make_engine: Callable[..., Engine], clock: ManualClock
 ) -> None:

@@ -142,7 +142,9 @@ class EmbeddedBackend(Backend):
         return self.engine.clock.now()
 
     async def schedule_zone(self, name: str) -> str:
-        return self.engine.schedule(name).timezone
+        # (read again from the store when not known here: the API checks a route's schedule
+        # with this first, and refused one another process had just created)
+        return (await self._call(self.engine.known_schedule(name))).timezone
 
     async def wait_run(self, run_id: str) -> Run:
         return await self._call(self.engine.wait_run(check_id(run_id, "run")))

@@ -104,9 +104,7 @@ class EngineActions:
         """Enable or disable a schedule, persistently. A disabled schedule keeps its
         definition, has no next slot and does not fire; enabling it arms its next future slot
         (slots that passed while it was disabled are not caught up)."""
-        if name not in self.schedules:
-            await self.catalog.refresh()  # created a moment ago by another process?
-        self.schedule(name)
+        await self.known_schedule(name)
         actor = by or self.audit.actor()
         was = self.is_enabled(name)
         await self.states.set(name, enabled, at=self.clock.now(), by=actor, note=note)
@@ -118,6 +116,13 @@ class EngineActions:
             actor=actor,
         )
         return await self.get_schedule(name)
+
+    async def known_schedule(self, name: str) -> Schedule:
+        """The schedule named ``name``; one not known here is looked for in the store's
+        catalog first (created a moment ago by another process?), then NotFound."""
+        if isinstance(name, str) and name not in self.schedules:
+            await self.catalog.refresh()
+        return self.schedule(name)
 
     async def enable(self, name: str, *, note: str | None = None) -> ScheduleView:
         """:meth:`set_enabled` to enabled (an operator's action)."""
