@@ -160,6 +160,11 @@ async def test_the_python_api_refuses_what_the_api_and_the_cli_refuse(store_url:
         for before in ("x", ""):
             with pytest.raises(BadInput, match=f'before "{before}" is not a run id'):
                 await st.schedules.runs("digest", before=before)
+        # Named as the API names them (a job's, an execution's: it said "a run id").
+        with pytest.raises(BadInput, match='before "x" is not a job id'):
+            await st.jobs.list("mail", before="x")
+        with pytest.raises(BadInput, match='before "x" is not an execution id'):
+            await st.durable.list(before="x")
         assert CALLS.count("manual") == fired
 
 

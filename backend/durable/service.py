@@ -245,7 +245,7 @@ class Durable:
             raise BadInput(f'status "{printable(str(status), 40)}" is not one of {", ".join(EXECUTION_STATUSES)}', field="status")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise BadInput(f"limit {limit!r} is out of range (1-1000)", field="limit")
-        before = check_before(before)
+        before = check_before(before, "execution")
         rows = await self.store.durable_list(function=function, status=status, limit=limit + 1, before=before)
         if len(rows) > limit:
             return rows[:limit], rows[limit - 1].id

@@ -335,7 +335,7 @@ class Jobs:
             raise BadInput(f'status "{status}" is not one of {", ".join(JOB_STATUSES)}', field="status")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise BadInput(f"limit {limit!r} is out of range (1-1000)", field="limit")
-        before = check_before(before)
+        before = check_before(before, "job")
         await self._known(queue)
         jobs = await self.store.list_jobs(queue, status=cast(JobStatus | None, status), limit=limit + 1, before=before)
         if len(jobs) > limit:
