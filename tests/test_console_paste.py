@@ -404,3 +404,16 @@ def test_an_escape_inside_a_paste_is_text_never_keys(reads: list[str], pasted: s
 def test_keys_outside_a_paste_are_keys_as_before() -> None:
     assert parsed("ab\t") == [("Key", "a"), ("Key", "b"), ("Key", "tab"), ("Key", "z")]
     assert parsed("a", "\x1b[200~p\x1b[201~", "b") == [("Key", "a"), ("Paste", "p"), ("Key", "b"), ("Key", "z")]
+
+
+def test_the_terminal_driver_reads_with_that_parser() -> None:
+    """The driver's input thread makes its parser by the module's name for it: the console
+    puts its own there (a Textual that made it otherwise would drop the fix unsaid)."""
+    import inspect
+
+    from textual.drivers import linux_driver
+
+    driver = batched(linux_driver.LinuxDriver)
+    assert issubclass(driver, linux_driver.LinuxDriver)
+    assert linux_driver.XTermParser is PasteAsText  # type: ignore[attr-defined]
+    assert "XTermParser(" in inspect.getsource(linux_driver.LinuxDriver.run_input_thread)
