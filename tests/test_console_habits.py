@@ -437,6 +437,6 @@ async def test_the_signal_prompts_json_error_is_shown_whole(store_url: str) -> N
         await settle(pilot)
         assert isinstance(app.screen, SignalPrompt)
         error = str(app.screen.query_one("#signal-error").render())
-        assert error == "not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+        assert error == "the payload is not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"
         screen = "".join(row.replace("│", "") for row in rows(app)).replace(" ", "")
         assert error.replace(" ", "") in screen
