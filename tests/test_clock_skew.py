@@ -235,7 +235,12 @@ async def test_an_instance_whose_clock_is_ahead_closes_no_live_instances_runs(pg
         still = await live.store.get_run(run.id)
         assert still is not None and still.status == "running"
         release.set()
-        await until(lambda: not live.launcher.active, "the run to end")
+
+        async def ended() -> bool:  # (its end is written after the launcher lets go of it)
+            got = await live.store.get_run(run.id)
+            return got is not None and got.status != "running"
+
+        await until(ended, "the run's end to be written")
         finished = await live.store.get_run(run.id)
         assert finished is not None and finished.status == "succeeded"
     finally:
