@@ -426,11 +426,14 @@ class CatchUp:
                 if counted:
                     counted = False
                     self._handed()  # its run is the runner's now (see Runner.unbegun)
-                if index == len(to_fire) - 1 and schedule.on_overlap == "skip":
+                if index == len(to_fire) - 1:
                     # The last one need not end first: the timer's slots then meet it as the
-                    # overlap policy says (skipped while it runs). Waited for, they came due
-                    # behind the catch-up and were caught up in turn, after each run: a
-                    # schedule whose runs outlast its interval never came back to its timer.
+                    # overlap policy says (skipped while it runs, or run beside it). Waited
+                    # for, they came due behind the catch-up and were caught up in turn,
+                    # after each run: a schedule whose runs outlast its interval never came
+                    # back to its timer. (``queue`` slots are queued above, not fired here.)
+                    # Started first, so that a ``parallel`` slot due meanwhile starts after it.
+                    await asyncio.shield(run.started())
                     break
                 with launcher.missed_on_stop(schedule, [(s, ids.get(s)) for s in to_fire[index + 1 :]], outcome):
                     await asyncio.shield(run.finished())
