@@ -600,7 +600,8 @@ async def test_catch_up_finishes_before_the_live_timer_arms(make_engine: MakeEng
     gate.release.set()
     await engine.quiesce()
     assert gate.most == 1  # even with on_overlap=parallel: the catch-up's runs one at a time, in order
-    assert gate.started == [at("2026-03-02T07:58:00Z"), at("2026-03-02T07:59:00Z"), at("2026-03-02T08:00:00Z"), at("2026-03-02T08:01:00Z")]  # (the timer's after the last has started)
+    # (the timer's 08:01 after the catch-up's last run has started)
+    assert gate.started == [at("2026-03-02T07:58:00Z"), at("2026-03-02T07:59:00Z"), at("2026-03-02T08:00:00Z"), at("2026-03-02T08:01:00Z")]
 
 
 def count_claims(engine: Engine) -> list[int]:
