@@ -34,6 +34,7 @@ __all__ = [
     "CronError",
     "DefinitionError",
     "DiscoveryError",
+    "EngineStopped",
     "Forbidden",
     "InUse",
     "ListenError",
@@ -180,6 +181,13 @@ class Unavailable(SchedtuiError, ConnectionError):
         super().__init__(message)
         if public is not None:
             self.public = redact(public)
+
+
+class EngineStopped(Unavailable):
+    """An action (or a start) asked of an engine that has stopped, is stopping, or was
+    started on an event loop that has ended: an Engine runs once, on one loop."""
+
+    title = "Engine stopped"
 
 
 class ListenError(SchedtuiError, OSError):

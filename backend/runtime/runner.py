@@ -612,6 +612,12 @@ class HandlerRunner:
                 value = await self._on_thread(invocation, fn, arg, captured)
                 if inspect.isawaitable(value):  # lambda ctx: send(ctx): the work is the awaitable
                     value = await value
+            if inspect.isgenerator(value) or inspect.isasyncgen(value):
+                # (lambda ctx: export(ctx), export's body a generator's): it never ran
+                raise TypeError(
+                    f"the handler returned a{'n async' if inspect.isasyncgen(value) else ''} generator, so its body never ran: "
+                    "a handler is a def or async def without yield (iterate the generator inside it)"
+                )
         except BaseException as exc:  # noqa: B036 - SystemExit & co. fail the run, not the process
             self._raised(invocation, exc)
         else:

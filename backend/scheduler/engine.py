@@ -39,6 +39,8 @@ Time comes only from the injected :class:`~backend.clock.Clock`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -52,7 +54,7 @@ from backend.alerts.system import Alerts, AlertSettings
 from backend.clock import Clock, SystemClock, follows_real_time
 from backend.definitions import Definitions
 from backend.durable import Durable, DurableFunction
-from backend.errors import BadInput, Unavailable
+from backend.errors import BadInput, EngineStopped, Unavailable
 from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
 from backend.events.relay import Relay
@@ -241,6 +243,12 @@ class Engine(EngineReads, EngineActions):
         self._opened = False
         self._started = False
         self._stopping = False
+        self._stopped = False
+        """Stopped once: an engine is not started again (its parts are made for one life)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = os.getpid()
+        self._starting: asyncio.Future[None] | None = None
+        """A start in flight: a stop meanwhile waits for it, then stops what it started."""
 
         self.loops = Loops(self.clock)
         self.ledger = RunLedger(self.store)
@@ -480,6 +488,7 @@ class Engine(EngineReads, EngineActions):
         """Open the store, register this instance, close what dead processes left running."""
         if self._opened:
             return
+        self.check_running("open")
         if self._named_in is not None and self._named_in != os.getpid():
             # Made before a fork (gunicorn --preload, a multiprocessing pool): every child
             # would go by the parent's name, and take each other's work for their own.
@@ -500,30 +509,92 @@ class Engine(EngineReads, EngineActions):
         await lifecycle.open_engine(self)
 
     async def start(self) -> None:
-        """Open, catch up on missed slots, arm every enabled self-triggered schedule."""
-        if not self._started:
+        """Open, catch up on missed slots, arm every enabled self-triggered schedule.
+
+        An engine starts once: started again after :meth:`stop` (or on another event loop)
+        it raises :class:`~backend.errors.EngineStopped`. A start that fails or is cancelled
+        halfway undoes what it did (the store's firing lock, its registration), and may be
+        tried again; a :meth:`stop` while it runs waits for it, then stops."""
+        self.check_running("start")
+        if self._starting is not None:  # (started from two tasks at once: one start)
+            await asyncio.shield(self._starting)
+            return
+        if self._started:
+            return
+        starting = self._starting = asyncio.get_running_loop().create_future()
+        try:
             # One firing process per embedded store, whatever the coordination (claims
             # coordinate the engines of one process: no lease fences another process):
             # refused (InUse) before anything is registered or fired, when another
             # process already fires it.
             await self.store.take_firing_lock(self.instance, claims=self.claims.coordinator.needs_claims)
-        await self.open()
-        if self._started:
-            return
-        self._started = True
-        await lifecycle.join_fleet(self)
-        await lifecycle.record_code_timings(self)
-        lifecycle.start_engine(self)
+            await self.open()
+            self._started = True
+            self._loop, self._pid = asyncio.get_running_loop(), os.getpid()
+            await lifecycle.join_fleet(self)
+            await lifecycle.record_code_timings(self)
+            lifecycle.start_engine(self)
+        except BaseException:
+            self._starting = None  # (its stop must not wait for this start)
+            await asyncio.shield(self._undo_start())
+            raise
+        finally:
+            self._starting = None
+            starting.set_result(None)
+
+    async def _undo_start(self) -> None:
+        """A start failed or was cancelled: let go of what it took. The engine is then as
+        if never started: it may start again (the console retries a store not up yet)."""
+        try:
+            if self._opened:
+                await self.stop(grace=0)
+            else:  # (the firing lock, taken before the store opened)
+                await self.store.close()
+        except Exception as exc:  # (the start's own error is the one to raise)
+            log.error("undoing a failed start: %s", exc, exc_info=exc)
+        self._started = self._stopped = self._stopping = False
+
+    def check_running(self, action: str) -> None:
+        """Refuse ``action`` on an engine that has stopped (or is stopping, or was started
+        on an event loop that has ended, or in a process forked since): it would run work no
+        one records."""
+        if self._started and self._pid != os.getpid():
+            raise BadInput(
+                f"cannot {action}: this engine was started in process {self._pid} and is used in process "
+                f"{os.getpid()}, forked from it since: its timers, workers and connections are that process's; "
+                "make (and start) the engine after the fork"
+            )
+        if self._stopped or self._stopping:
+            raise EngineStopped(
+                f"cannot {action}: this engine has {'stopped' if self._stopped else 'begun to stop'} "
+                "(an Engine runs once; make a new one to run again)"
+            )
+        if self._started and self._loop is not None and self._loop is not _running_loop():
+            raise EngineStopped(
+                f"cannot {action}: this engine was started on another event loop"
+                f"{' (it has ended)' if self._loop.is_closed() else ''}; an Engine runs on the loop it started on"
+            )
+
+    def check_open(self, action: str) -> None:
+        """:meth:`check_running`, and refuse ``action`` on an engine not opened yet."""
+        self.check_running(action)
+        if not self._opened:
+            raise EngineStopped(f"cannot {action}: this engine is not open (start() or open() it first)")
 
     async def stop(self, grace: float | timedelta | None = None) -> None:
         """Stop firing, let runs in flight finish (up to ``grace`` seconds), record the rest."""
         grace = self.shutdown_grace if grace is None else check_seconds(grace, "grace", high=_DAY, zero=True)
+        if self._starting is not None:  # a start in flight: stop what it starts, once it has
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._starting)
         if not self._opened or self._stopping:
             return
         self._stopping = True
         self.launcher.stopping, self.launcher.stop_grace = True, grace
         await lifecycle.stop_engine(self, grace)
         self._opened = False
+        self._stopped = self._started  # (one only opened, a client, may open again)
+        self._stopping = self._stopped
         if not self.runner.lingering:  # (else its row stays, and so does its name: see stop_engine)
             names.let_go(self.store.where, self.instance, self)
 
@@ -589,3 +660,10 @@ class Engine(EngineReads, EngineActions):
     async def close_abandoned(self) -> list[Run]:
         """Close runs (and backfills) left ``running`` by instances that are gone."""
         return await self.registry.close_abandoned()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

@@ -57,6 +57,8 @@ class EngineActions:
 
         def is_enabled(self, name: str) -> bool: ...
 
+        def check_open(self, action: str) -> None: ...
+
         async def get_schedule(self, name: str) -> ScheduleView: ...
 
         async def get_run(self, run_id: str) -> Run: ...
@@ -82,6 +84,7 @@ class EngineActions:
         policy and enabled state. Returns the run once its row is committed, or, with
         ``wait``, once it has finished."""
         schedule = self.schedule(name)
+        self.check_open(f'fire "{name}"')
         health = self.store.health()
         if not health.ok:
             # Refused before firing: its answer could only be a 503 after the fact.
@@ -171,6 +174,7 @@ class EngineActions:
         unless ``allow_self`` (by default :attr:`allow_external_self`). The overlap policy
         applies as for timer firings."""
         schedule = self.schedule(name)
+        self.check_open(f'fire "{name}"')
         if allow_self is None:
             allow_self = self.allow_external_self
         if self.trigger_of(schedule) != "external" and not allow_self:
@@ -194,8 +198,10 @@ class EngineActions:
         """Start firing the slots in ``(start, end]`` in order, in the background (with
         ``skip_succeeded``, only those without a succeeded run); raises :class:`Refused`
         when the plan is refused or one runs for this schedule anywhere."""
+        schedule = self.schedule(name)
+        self.check_open(f'backfill "{name}"')
         return await self.backfills.start(
-            self.schedule(name), start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
+            schedule, start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
         )
 
     async def plan_backfill(

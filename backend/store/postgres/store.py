@@ -38,7 +38,7 @@ from backend.model import (
     Run,
     StoreHealth,
 )
-from backend.store import redact_url, store_unavailable
+from backend.store import forks, redact_url, store_unavailable
 from backend.store.migrations import CORE, applied, components_of, migrate_postgres, postgres_components_current
 from backend.store.postgres.activity import PostgresActivity
 from backend.store.postgres.alerts import PostgresAlerts
@@ -224,6 +224,8 @@ class PostgresStore(
         elif self.pooler.transaction:
             self._listen_conninfo = None
         self._pool: AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]] | None = None
+        self._forked_from: int | None = None
+        """The parent's pid, in a child forked while this store was open (see :mod:`..forks`)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         # writer (group commit)
@@ -296,6 +298,14 @@ class PostgresStore(
         self._wake = asyncio.Event()
         self._writer = asyncio.ensure_future(self._write_loop())
         self._writer.set_name("schedtui postgres writer")
+        forks.opened(self)
+
+    def forget_after_fork(self, parent: int) -> None:
+        """(See :mod:`backend.store.forks`.) The parent's sessions, unclosed: every call of
+        the child's goes to the pool, which is gone, and says why."""
+        self._forked_from = parent
+        self._pool, self._writer, self._listener = None, None, None
+        self._checkpoints, self._senders, self._cyclers = None, [], []
 
     async def _open_pool(self, first: AsyncConnection[Any]) -> AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]:
         """The pool, open; ``first`` (the connection that migrated) is still open, to tell a
@@ -557,6 +567,8 @@ class PostgresStore(
 
     def _require_pool(self) -> AsyncConnectionPool[AsyncConnection[tuple[Any, ...]]]:
         if self._pool is None:
+            if self._forked_from is not None:
+                raise store_unavailable(self.where, forks.forked_problem(self._forked_from))
             raise store_unavailable(self.where, "{store} is not open")
         return self._pool
 

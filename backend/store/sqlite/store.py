@@ -42,7 +42,7 @@ from backend.model import (
     Run,
     StoreHealth,
 )
-from backend.store import store_unavailable
+from backend.store import forks, store_unavailable
 from backend.store.migrations import CORE, applied, components_of, migrate_sqlite, sqlite_components_current
 from backend.store.sqlite.activity import SQLiteActivity
 from backend.store.sqlite.alerts import SQLiteAlerts
@@ -199,6 +199,8 @@ class SQLiteStore(
         self._single = False
         """This store took the firing lock for an engine of ``single`` coordination."""
         self._firing_lock: tuple[int, ...] | None = None
+        self._forked_from: int | None = None
+        """The parent's pid, in a child forked while this store was open (see :mod:`..forks`)."""
         """The firing process's locked files: the lock file, and (Linux) the store file."""
         self._firer: str | None = None
         self._reserve: Reserve | None = None
@@ -309,21 +311,33 @@ class SQLiteStore(
         writer = _Writer(str(self.path), create=self.create)
         writer.start()
         try:
-            await asyncio.wrap_future(writer.ready)
-        except sqlite3.Error as exc:
-            if not self.create and not self.path.exists():
-                self._require_file()  # deleted in between: say so plainly
-            why = f"{exc}; its disk is full" if _disk_full(self.path.parent) else str(exc)
-            raise Unavailable(f'cannot open the store "{self.path}": {why}') from exc
-        self._writer = self._last_writer = writer
-        writer.keep = self._keep_now
-        if self.create or self._firing_lock is not None:
-            await self._write(self._migrate)
-            await self._write_kept()
-        else:
-            # A verb's or a console's look is a read: it never changes the schema (under a
-            # running serve of an older release), nor makes a store of a stray file.
-            await self._peek(self._require_current)
+            try:
+                await asyncio.wrap_future(writer.ready)
+            except sqlite3.Error as exc:
+                if not self.create and not self.path.exists():
+                    self._require_file()  # deleted in between: say so plainly
+                why = f"{exc}; its disk is full" if _disk_full(self.path.parent) else str(exc)
+                raise Unavailable(f'cannot open the store "{self.path}": {why}') from exc
+            self._writer = self._last_writer = writer
+            forks.opened(self)
+            writer.keep = self._keep_now
+            if self.create or self._firing_lock is not None:
+                await self._write(self._migrate)
+                await self._write_kept()
+            else:
+                # A verb's or a console's look is a read: it never changes the schema (under a
+                # running serve of an older release), nor makes a store of a stray file.
+                await self._peek(self._require_current)
+        except BaseException:
+            # Failed or cancelled: no thread of it outlives the open (a writer left waiting
+            # would keep the process from exiting).
+            writer.jobs.put(_STOP)
+            if self._writer is writer:
+                self._writer = None
+            if self._reader is not None:
+                self._reader.shutdown(wait=False)
+                self._reader = None
+            raise
 
     def _require_current(self, conn: sqlite3.Connection) -> None:
         if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'schema_version'").fetchone():
@@ -440,8 +454,18 @@ class SQLiteStore(
         they fire)."""
         if self._firing_lock is not None:
             return
-        self._firing_lock = await asyncio.to_thread(self._hold_firing_lock, instance, single=not claims)
-        self._firer, self._single = instance, not claims
+        hold = asyncio.ensure_future(asyncio.to_thread(self._hold_firing_lock, instance, single=not claims))
+        try:
+            await asyncio.shield(hold)
+        finally:
+            # Cancelled meanwhile, the thread takes the lock all the same: held here once it
+            # has, so that close() lets go of it (else kept for the process's life).
+            while not hold.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(hold)
+            if not hold.cancelled() and hold.exception() is None:
+                self._firing_lock = hold.result()
+                self._firer, self._single = instance, not claims
         if not claims:
             self._reserve = Reserve(self.path.with_name(self.path.name + ".reserve"))
             self._kept = await asyncio.to_thread(self._reserve.open)
@@ -555,7 +579,7 @@ class SQLiteStore(
             if held is None:
                 held = _FIRING_LOCKS[str(self.path)] = _FiringLock(self._lock_firing(instance))
             elif single and held.single:
-                raise InUse(self._in_use_message(self.firing_lock_path))
+                raise InUse(self._in_use_message(self.firing_lock_path, here=True))
             held.users += 1
             held.single = held.single or single
             return held.fds
@@ -610,12 +634,19 @@ class SQLiteStore(
         finally:
             os.close(fd)
 
-    def _in_use_message(self, path: Path) -> str:
+    def _in_use_message(self, path: Path, *, here: bool = False) -> str:
         try:
             holder = json.loads(path.read_text() or "{}")
             who = f'instance "{holder["instance"]}" (pid {holder["pid"]} on {holder["host"]}, since {holder["since"]})'
         except (OSError, ValueError, KeyError, TypeError):
             who = "another process"
+        if here:  # another engine of this very process, on its own timers
+            who = who.split(" (", 1)[0] if who != "another process" else "an engine"
+            return (
+                f'refusing to fire: {who} of this same process already fires the schedules of the store "{self.path}" '
+                "on its own timers; two such engines on one SQLite file would run every slot twice. Give both engines "
+                'coordination="advisoryLock" (their claims then share the slots), or run one engine'
+            )
         return (
             f'refusing to fire: {who} already fires the schedules of the store "{self.path}"; '
             "two firing processes on one SQLite file would run every slot twice. Stop that one first "
@@ -623,10 +654,23 @@ class SQLiteStore(
         )
 
     # -- plumbing -------------------------------------------------------------------------
+    def forget_after_fork(self, parent: int) -> None:
+        """(See :mod:`backend.store.forks`; the firing lock's descriptors are closed by
+        :func:`_let_go_in_a_forked_child`: the parent holds it alone.)"""
+        self._forked_from = parent
+        self._writer = self._last_writer = None
+        self._reader, self._read_conn = None, None
+        self._firing_lock, self._reserve = None, None
+
+    def _not_open(self) -> Unavailable:
+        if self._forked_from is not None:
+            return store_unavailable(self.where, forks.forked_problem(self._forked_from))
+        return store_unavailable(self.where, "{store} is not open")
+
     def _open_writer(self) -> _Writer:
         writer = self._writer
         if writer is None:
-            raise store_unavailable(self.where, "{store} is not open")
+            raise self._not_open()
         if writer.crashed:
             raise store_unavailable(self.where, "the ledger writer of {store} stopped (see the log)")
         return writer
@@ -660,7 +704,7 @@ class SQLiteStore(
             return fn(self._read_conn)
 
         if self._reader is None:
-            raise store_unavailable(self.where, "{store} is not open")
+            raise self._not_open()
         writer = self._writer
         if writer is not None and writer.lost:
             # What the open file still holds is no longer the store at that path (a console

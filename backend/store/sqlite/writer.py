@@ -177,9 +177,12 @@ class _Writer(threading.Thread):
             marker.execute("PRAGMA busy_timeout = 0")  # never waits for the write lock: the writer does
             marker.execute("PRAGMA wal_autocheckpoint = 0")  # never checkpoints: the writer does
             self.marker = marker
-            self.ready.set_result(None)
+            # (an open() cancelled meanwhile cancelled it: it then sends _STOP)
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                self.ready.set_result(None)
         except Exception as exc:  # surfaced by open()
-            self.ready.set_exception(exc)
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                self.ready.set_exception(exc)
             return
         try:
             self._loop(conn)
