@@ -236,3 +236,22 @@ def json_server(answer: Callable[[str, str], object]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def in_a_forked_child(act: Callable[[], Any]) -> str:
+    """Run ``act`` in a child forked now; what it raised (or ``ok``), as its class and text."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe, then ends at once
+        try:
+            asyncio.run(asyncio.wait_for(act(), timeout=10))
+            said = "ok"
+        except BaseException as exc:  # noqa: BLE001 - whatever it was, the parent asserts on it
+            said = f"{type(exc).__name__}: {exc}"
+        os.write(write, said.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(child, 0)
+    return said

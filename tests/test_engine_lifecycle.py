@@ -27,6 +27,7 @@ from backend import (
 )
 from backend.clock import ManualClock
 from backend.store.sqlite.store import SQLiteStore
+from tests.servers import in_a_forked_child
 
 MakeEngine = Callable[..., Engine]
 
@@ -175,25 +176,6 @@ def test_a_second_engine_of_one_process_on_one_sqlite_file_is_told_to_share_its_
     asyncio.run(main())
 
 
-def _in_a_forked_child(act: Callable[[], Any]) -> str:
-    """Run ``act`` in a child forked now; what it raised (or ``ok``), as its class and text."""
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - the child reports through the pipe, then ends at once
-        try:
-            asyncio.run(asyncio.wait_for(act(), timeout=10))
-            said = "ok"
-        except BaseException as exc:  # noqa: BLE001 - whatever it was, the parent asserts on it
-            said = f"{type(exc).__name__}: {exc}"
-        os.write(write, said.encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        said = pipe.read().decode()
-    os.waitpid(child, 0)
-    return said
-
-
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_an_engine_started_before_a_fork_refuses_the_child_and_keeps_serving_the_parent(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
@@ -215,10 +197,10 @@ def test_an_engine_started_before_a_fork_refuses_the_child_and_keeps_serving_the
                      define_queue(name="q", handler=job)], url, instance="master", shutdown_grace=0)  # fmt: skip
     try:
         loop.run_until_complete(engine.start())
-        sent = _in_a_forked_child(lambda: engine.jobs.send("q", 1))
+        sent = in_a_forked_child(lambda: engine.jobs.send("q", 1))
         assert sent.startswith("Unavailable: the store") and "before this process (" in sent, sent
         assert "open the engine (or connect()) after the fork" in sent
-        fired = _in_a_forked_child(lambda: engine.run_now("tick"))
+        fired = in_a_forked_child(lambda: engine.run_now("tick"))
         assert fired.startswith("BadInput: cannot fire \"tick\": this engine was started in process"), fired
         assert ran == []
         # The parent's sessions and threads are its own still.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from backend import Engine, InUse, JobContext, ManualClock, connect, define_queu
 from backend.model import InstanceInfo
 from backend.scheduler import names
 from backend.store import Membership
-from tests.servers import cli_env, dead_pid
+from tests.servers import cli_env, dead_pid, in_a_forked_child
 from tests.test_liveness import LeaseClock
 
 
@@ -245,22 +246,11 @@ def test_an_engine_made_before_a_fork_is_refused_in_the_child(tmp_path: Path) ->
     """gunicorn --preload, a multiprocessing pool: every child would go by the parent's
     default name (its pid), and take the others' work for its own."""
     engine = Engine([], f"sqlite:///{tmp_path / 'state.db'}")
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - the child reports through the pipe, then ends at once
-        try:
-            asyncio.run(engine.open())
-            said = "opened"
-        except BaseException as exc:  # noqa: BLE001 - whatever it was, the parent asserts on it
-            said = f"{type(exc).__name__}: {exc}"
-        os.write(write, said.encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        said = pipe.read().decode()
-    os.waitpid(child, 0)
+    said = in_a_forked_child(engine.open)
+    child = re.search(r"is opened in process (\d+)", said)
+    assert child is not None, said
     assert said == (
-        f"BadInput: this engine was made in process {os.getpid()} and is opened in process {child} (a fork): its "
+        f"BadInput: this engine was made in process {os.getpid()} and is opened in process {child[1]} (a fork): its "
         f'default instance name, "{engine.instance}", is the first one\'s; make the engine after the fork, or give it '
         "instance=…"
     )
