@@ -605,6 +605,18 @@ def test_a_reader_that_stops_reading_ends_the_verb_quietly(cli: Cli) -> None:
     assert process.stderr.read().decode() == ""
 
 
+@pytest.mark.parametrize(("args", "code"), [(("list",), 0), (("runs", "--limit", "0"), 2)])
+def test_a_verb_started_with_its_output_closed_ends_as_it_would_have(cli: Cli, args: tuple[str, ...], code: int) -> None:
+    """``schedtui list >&-`` (an init script, a daemonizer): every verb ended with a
+    traceback (``'NoneType' object has no attribute 'flush'``) and exit 1, serve's clean
+    stop too (found by an outside attack, 2 of 2)."""
+    done = subprocess.run(cli.argv(*args), cwd=cli.root, env=child_env(), stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: os.close(1), timeout=30, check=False)  # fmt: skip
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.splitlines()) == (1 if code else 0), done.stderr
+
+
 # ---------------------------------------------------------------------------------------
 # bad usage: exit 2, one line on stderr naming the bad value, nothing on stdout
 # ---------------------------------------------------------------------------------------

@@ -597,3 +597,49 @@ async def test_the_log_actions_over_http_and_the_remote_backend(engines: Callabl
             await remote.job_log(sent.id, attempt=0)
     finally:
         await remote.close()
+
+
+class _Refusing(io.TextIOBase):
+    """A process stream whose reader left (``serve | head -1``) or whose disk is full."""
+
+    name = "<stdout>"
+
+    def __init__(self, error: OSError) -> None:
+        self.error = error
+        self.buffer = self  # (its binary layer refuses alike)
+
+    def write(self, text: Any) -> int:
+        raise self.error
+
+    def flush(self) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [BrokenPipeError(32, "Broken pipe"), OSError(28, "No space left on device")])
+async def test_a_print_the_processs_stream_refuses_fails_no_run(
+    engines: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, error: OSError
+) -> None:
+    """Found by an outside attack (2 of 2): every run of a printing schedule failed with
+    BrokenPipeError under ``serve | head -1`` with PYTHONUNBUFFERED, and a run that happened
+    to flush a full disk's buffer failed with ENOSPC: the copy to the stream failed the work."""
+
+    async def printing(ctx: Any) -> None:
+        print("<<async>>", flush=True)
+
+    def printing_sync(ctx: Any) -> None:
+        print("<<sync>>")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(b"<<bytes>>\n")
+
+    engine = engines([define_schedule(name="a", cron="0 * * * *", timezone="UTC", handler=printing),
+                      define_schedule(name="s", cron="0 * * * *", timezone="UTC", handler=printing_sync)])  # fmt: skip
+    await engine.open()
+    monkeypatch.setattr(sys, "stdout", _Refusing(error))
+    runs = [await engine.run_now(name, wait=True) for name in ("a", "s", "a")]
+    monkeypatch.undo()
+    assert [(r.status, r.error_message) for r in runs] == [("succeeded", None)] * 3
+    await engine.run_logs.flush()
+    assert "<<async>>" in (await engine.run_logs.run_log(runs[0].id)).text
+    assert "<<sync>>" in (text := (await engine.run_logs.run_log(runs[1].id)).text) and "<<bytes>>" in text
+    said = [r.getMessage() for r in caplog.records if "could not reach stdout" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"a handler's print could not reach stdout ({type(error).__name__}")

@@ -58,6 +58,8 @@ from typing import Any, Final, TextIO
 from backend.observability.logs import LogTarget
 from backend.safetext import RedactingFormatter, redact
 
+_log = logging.getLogger("schedtui.engine")
+
 __all__ = [
     "CURRENT",
     "HEAD_BYTES",
@@ -314,7 +316,37 @@ def _only_handler(record: logging.LogRecord) -> bool:
 _STREAM_EMIT = logging.StreamHandler.emit.__code__
 
 
-class CapturingStream:
+class _PassedOn:
+    """A wrapped stream of the process that a handler's write must never fail on: when it
+    refuses one (``serve | head -1`` with ``PYTHONUNBUFFERED``, a log file on a full disk,
+    a closed stream), the copy is lost, not the run (its log has the text), and the log
+    says so once per kind of failure. Outside any handler it fails as the stream does."""
+
+    wrapped: Any
+    _failing: str | None = None
+
+    def _pass_on(self, write: Callable[[], int], length: int) -> int:
+        if CURRENT.get() is None:
+            return write()
+        try:
+            return write()
+        except (OSError, ValueError) as exc:
+            self._refused(exc)
+            return length
+
+    def flush(self) -> None:
+        self._pass_on(lambda: self.wrapped.flush() or 0, 0)
+
+    def _refused(self, exc: BaseException) -> None:
+        if self._failing != type(exc).__name__:
+            self._failing = type(exc).__name__
+            name = getattr(self.wrapped, "name", None)
+            where = {"<stdout>": "stdout", "<stderr>": "stderr", 1: "stdout", 2: "stderr"}.get(name, "the process's stream")
+            _log.warning("a handler's print could not reach %s (%s: %s): it is kept in its run's log only",
+                         where, type(exc).__name__, exc)  # fmt: skip
+
+
+class CapturingStream(_PassedOn):
     """``sys.stdout`` or ``sys.stderr`` as a handler sees it: each write is copied to the
     capture of the writing code's context, if any, and passed on to the stream it wraps;
     everything else is the wrapped stream's."""
@@ -325,12 +357,14 @@ class CapturingStream:
 
     def write(self, text: str) -> int:
         capture = CURRENT.get()
-        if capture is not None and isinstance(text, str) and sys._getframe(1).f_code is not _STREAM_EMIT:
+        if capture is None:
+            return self.wrapped.write(text)  # type: ignore[no-any-return]
+        if isinstance(text, str) and sys._getframe(1).f_code is not _STREAM_EMIT:
             try:
                 capture.write(text)
             except Exception:  # noqa: S110 - a capture must never break a print
                 pass
-        return self.wrapped.write(text)
+        return self._pass_on(lambda: self.wrapped.write(text), len(text))
 
     def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
@@ -341,7 +375,7 @@ class CapturingStream:
         and of every other handler, failed: its runs stayed ``running`` for good): it is
         flushed instead. Code outside any handler closes it as it would the stream itself."""
         if CURRENT.get() is not None:
-            self.wrapped.flush()
+            self.flush()
         else:
             self.wrapped.close()
 
@@ -351,19 +385,26 @@ class CapturingStream:
         copied too: it went round the capture, and was missing from the run's log."""
         raw = self.wrapped.buffer  # (AttributeError, as the wrapped stream's, if it has none)
         if self._bytes is None or self._bytes.wrapped is not raw:
-            self._bytes = CapturingBytes(raw)
+            self._bytes = CapturingBytes(raw, self)
         return self._bytes
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.wrapped, name)
 
 
-class CapturingBytes:
+class CapturingBytes(_PassedOn):
     """The binary layer of a :class:`CapturingStream`: each write is copied to the capture
     as text (UTF-8, each byte that is not as its escape, ``\\xff``) and passed on."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, text: CapturingStream | None = None) -> None:
         self.wrapped = raw
+        self.text = text
+
+    def _refused(self, exc: BaseException) -> None:
+        if self.text is not None:  # (said once for the stream, whichever layer)
+            self.text._refused(exc)
+        else:
+            super()._refused(exc)
 
     def write(self, data: Any) -> int:
         capture = CURRENT.get()
@@ -372,8 +413,7 @@ class CapturingBytes:
                 capture.write(bytes(data).decode("utf-8", "backslashreplace"))
             except Exception:  # noqa: S110 - a capture must never break a write
                 pass
-        written: int = self.wrapped.write(data)
-        return written
+        return self._pass_on(lambda: self.wrapped.write(data), len(data))
 
     def writelines(self, lines: Iterable[Any]) -> None:
         for line in lines:
@@ -382,7 +422,7 @@ class CapturingBytes:
     def close(self) -> None:
         """As :meth:`CapturingStream.close`: a handler's close is a flush."""
         if CURRENT.get() is not None:
-            self.wrapped.flush()
+            self.flush()
         else:
             self.wrapped.close()
 
@@ -495,3 +535,4 @@ def uninstall() -> None:
         threading.Thread.start = _thread_start  # type: ignore[method-assign]
         concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign]
         logging.basicConfig = _basic_config
+

@@ -969,8 +969,26 @@ def _verbs() -> dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int
 EXIT_PIPE_CLOSED = 141
 
 
+def _fill_closed_standard_streams() -> None:
+    """Started with its standard output or error closed (``>&-``, some init scripts and
+    daemonizers), Python gives ``None`` for it: every verb then ended with a traceback and
+    exit 1, a clean stop of serve too. What it writes there goes to /dev/null instead."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.fstat(fd)
+        except OSError:  # still closed: the stream's own number, so children inherit it too
+            os.dup2(null, fd)
+            os.close(null)
+            null = fd
+        setattr(sys, name, open(null, "w", encoding="utf-8", errors="backslashreplace"))  # noqa: SIM115 - the process's stream
+
+
 def run() -> None:
     """The console script."""
+    _fill_closed_standard_streams()
     try:
         status = main()
         sys.stdout.flush()  # (what is still buffered meets a closed pipe here, not at exit)
