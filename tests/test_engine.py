@@ -586,6 +586,31 @@ async def test_catch_up_walk_is_capped(make_engine: MakeEngine, clock: ManualClo
     assert max(r.scheduled_at for r in missed) == at("2026-03-02T12:00:00Z")  # the newest are kept
 
 
+@pytest.mark.parametrize("backfill", ["latest", "skip"])
+async def test_a_running_engine_far_behind_handles_the_newest_slots(make_engine: MakeEngine, clock: ManualClock, backfill: str) -> None:
+    """Found by an outside attack (2 of 2): a serve whose clock stepped a day ahead (a VM
+    resumed after a night) walked forward from its armed slot, so the 1,000 *oldest* slots
+    were handled: ``latest`` fired a run for a slot hours old, and the current slots were
+    skipped beside it."""
+    fired: list[datetime] = []
+
+    async def handler(ctx: RunContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    engine = make_engine([schedule(cron="* * * * *", handler=handler, backfill=backfill)], catch_up_limit=1000)
+    await engine.start()
+    await engine.quiesce()
+    clock.set("2026-03-03T08:00:30Z")  # a day on: 1,440 slots behind
+    await engine.quiesce()
+    runs = await all_runs(engine, "job")
+    missed = sorted(r.scheduled_at for r in runs if r.status == "missed")
+    assert len(missed) == 999 and missed[-1] == at("2026-03-03T07:59:00Z")  # the newest thousand, less the one fired
+    assert fired == [at("2026-03-03T08:00:00Z")]  # the newest, as a live engine behind fires it; never one hours old
+    clock.set("2026-03-03T08:01:00Z")
+    await engine.quiesce()
+    assert fired[-1] == at("2026-03-03T08:01:00Z")  # on its timer again
+
+
 async def test_catch_up_finishes_before_the_live_timer_arms(make_engine: MakeEngine, clock: ManualClock) -> None:
     gate = Gate()
     clock.set("2026-03-02T08:00:30Z")

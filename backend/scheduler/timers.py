@@ -16,7 +16,7 @@ import asyncio
 import heapq
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from datetime import UTC, datetime
-from itertools import islice
+from itertools import islice, takewhile
 from typing import Any, Final, NamedTuple
 
 from backend.clock import Clock
@@ -249,7 +249,13 @@ class Timers:
                 if armed is None or armed[0] != slot:
                     continue  # disabled (or re-armed) while the due slots above were claimed
                 self.wheel.disarm(schedule.name)
-                due_slots = [slot, *islice(schedule.cron.occurrences(slot, now), self.catch_up_limit)]
+                # Walked back from now, as a start's catch-up does: more than the limit
+                # behind (a VM resumed after a night, a clock stepped a day ahead), the
+                # newest are the ones to handle. Walked forward from the armed slot, the
+                # oldest were: a run fired for a slot hours old, and the current slots were
+                # skipped beside it.
+                due_slots = list(islice(takewhile(slot.__le__, schedule.cron.occurrences_back(now)), self.catch_up_limit + 1))
+                due_slots.reverse()
                 missed = self._untaken(schedule.name, due_slots, now) if self.taken else due_slots
                 if not missed:
                     self.arm(schedule, now)
