@@ -426,6 +426,34 @@ async def test_lost_slots_follow_the_backfill_policy(make_engine: Callable[..., 
     ]
 
 
+async def test_slots_lost_by_a_clock_that_was_ahead_are_not_recorded_once_it_is_right(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
+) -> None:
+    """Found by an outside attack (3 of 3, real serve processes on PostgreSQL): an instance
+    whose wall clock was stepped an hour ahead could not claim (its lease lapsed), and
+    remembered the hour's slots as lost; its clock set right, it claimed and recorded them
+    ``missed`` ("the store was unreachable"), slots still to come, and the healthy instances
+    of the fleet were shut out of every one of them."""
+    store = Outage(open_store(store_url))
+    engine = make_engine([schedule(backfill="latest")], coordination="advisoryLock", store=store)
+    await engine.start()
+    await engine.quiesce()
+    store.down = True  # (as the lapsed lease refuses its claims)
+    clock.advance(60)
+    await engine.quiesce()
+    clock.set("2026-03-02T09:01:30Z")  # stepped an hour ahead: an hour of slots look due, and fail
+    await engine.quiesce()
+    clock.step_back(3600 - 10)  # set right: 08:01:40
+    store.down = False
+    clock.advance(1)  # housekeeping: the lost slots are claimed and recorded
+    await engine.quiesce()
+    await engine.stop()  # (a stop records what is left too)
+    reader = make_engine([schedule()], instance="reader", coordination="advisoryLock")
+    await reader.open()
+    runs = await all_runs(reader, "job")
+    assert runs and max(r.scheduled_at for r in runs) <= at("2026-03-02T08:01:00Z"), sorted(r.scheduled_at for r in runs)[-3:]
+
+
 async def outage_until_just_before(clock: ManualClock, when: datetime, stores: list[Outage], *engines: Engine) -> None:
     """Take the store down now (on a whole second) and bring it back half a second before
     ``when``, advancing in one-second steps from half past: every instance's housekeeping

@@ -9,6 +9,7 @@ debug level, and one line when the store answers again.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 
 from backend.clock import Clock
@@ -22,11 +23,12 @@ class OutageLog:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self.down_since: datetime | None = None
+        self._down_at = 0.0  # (the outage's length on the monotonic clock: a wall clock stepped meanwhile made it negative)
         self._failures: dict[str, int] = {}
 
     def trouble(self, kind: str, what: str, exc: Exception) -> None:
         if self.down_since is None:
-            self.down_since = self.clock.now()
+            self.down_since, self._down_at = self.clock.now(), time.monotonic()
         count = self._failures.get(kind, 0)
         self._failures[kind] = count + 1
         if count % 60 == 0:
@@ -40,7 +42,7 @@ class OutageLog:
             return
         log.info(
             "store reachable again after %.1fs; %d slot(s) that could not be claimed meanwhile will be recorded",
-            (self.clock.now() - self.down_since).total_seconds(),
+            time.monotonic() - self._down_at,
             lost_slots,
         )
         self.down_since = None

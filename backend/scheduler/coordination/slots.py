@@ -417,17 +417,24 @@ class SlotClaims:
         lost, self.lost = self.lost, defaultdict(dict)
         wanted: list[tuple[Schedule, datetime]] = []
         ids: dict[tuple[str, datetime], str] = {}
+        now = self.clock.now()
         for name, entries in lost.items():
             schedule = self.schedules.get(name)
             if schedule is None or self.leaves(name):
                 self.claimed.difference_update(entries.values())
                 continue
             for slot, run_id in sorted(entries.items()):
+                if slot > now:
+                    # Due only by a clock that was ahead (its lease lapsed, so its claims
+                    # failed), corrected since: not lost, still to come. Claimed and
+                    # recorded missed, it was the fleet's loss: no instance ran it.
+                    lost[name].pop(slot)
+                    self.claimed.discard(run_id)
+                    continue
                 wanted.append((schedule, slot))
                 ids[(name, slot)] = run_id
         if not wanted:
             return
-        now = self.clock.now()
         epoch = self.lease.epoch
         claims = self.make_claims(wanted, now, run_ids=ids)
         # A stop has no next round: a claim whose answer was lost is sent once more (the same
