@@ -347,3 +347,38 @@ async def test_a_timer_round_that_raises_leaves_its_schedules_armed_for_their_ne
         await asyncio.wait_for(engine.quiesce(), 20)
     assert fired == ["08:02", "08:03"]
     assert [r.getMessage().split(" (")[0] for r in caplog.records if r.levelname == "ERROR"] == ["timers failed"]
+
+
+async def test_a_stop_while_serve_waits_for_another_instances_migration_ends_it(pg_server: pg.PgServer, tmp_path: Any) -> None:
+    """Found by an outside attack (2 of 2): SIGTERM, twice too, was ignored while serve
+    waited at start for the migration lock another instance held (its owner's ``migrate``
+    in a long transaction); it ended 30 s later on a statement timeout, and ``docker stop``
+    would have killed it meanwhile."""
+    import signal
+    import subprocess
+    import sys
+
+    from backend.store.postgres.sql import LOCK_CLASS, LOCK_MIGRATE, MIGRATE_LOCK
+    from tests.servers import cli_env
+    from tests.test_store import waiting_for_an_advisory_lock
+
+    url = pg_server.create_database("stop_at_start")  # empty: serve must migrate it
+    (tmp_path / "schedules").mkdir()
+    async with await psycopg.AsyncConnection.connect(url) as other:  # another instance, migrating
+        await other.execute(MIGRATE_LOCK, (LOCK_CLASS, LOCK_MIGRATE))
+        serve = subprocess.Popen([sys.executable, "-m", "console.cli", "serve", "--store", url, "--port", "0"],
+                                 cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, preexec_fn=pg.die_with_parent)  # fmt: skip
+        try:
+            await asyncio.wait_for(waiting_for_an_advisory_lock(url), 30)
+            serve.send_signal(signal.SIGTERM)
+            out, err = await asyncio.to_thread(serve.communicate, timeout=20)
+        finally:
+            serve.kill()
+        await other.rollback()
+    assert serve.returncode == 0, err
+    assert "stopped during start-up: nothing was fired" in err
+    assert "Traceback" not in err and "serving" not in out
+    async with await psycopg.AsyncConnection.connect(url) as conn:  # its waiting statement went with it
+        row = await (await conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")).fetchone()
+        assert row == (0,)

@@ -437,7 +437,21 @@ async def _serve(
 
     on_stop_signals(on_stop, backend.interrupt)
     backend.arm = True
-    await backend.connect()
+    # A stop during the start (waiting for another instance's migration, a slow catch-up)
+    # ends it: it was ignored, twice too, until the start ended (`docker stop` then killed it).
+    connecting = asyncio.ensure_future(backend.connect())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not connecting.done():
+        connecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await connecting  # (a start cancelled undoes what it took: see Engine.start)
+        log.info("stopped during start-up: nothing was fired")
+        return
+    connecting.result()
     freeze_startup_heap()
     server: Any = None
     server_task: asyncio.Task[None] | None = None

@@ -65,7 +65,7 @@ __all__ = ["SQLiteRuns"]
 T = TypeVar("T")
 
 #: Most runs a transaction of the retention sweep deletes.
-PRUNE_BATCH = 5_000
+PRUNE_BATCH = 500
 
 #: Above every microsecond a slot may be at (SQLite's largest integer).
 _NO_BOUND = 2**63 - 1
