@@ -727,8 +727,9 @@ async def test_a_run_past_its_deadline_during_a_graceful_stop_is_a_timeout(make_
         await asyncio.sleep(0)
     clock.advance(3)  # ... but not past their own deadline
     await asyncio.wait_for(stopping, 10)
-    await engine.open()
-    [run] = await engine.store.list_runs("s", limit=10)
+    reader = make_engine([], instance="reader")  # (a stopped engine does not open again)
+    await reader.open()
+    [run] = await reader.store.list_runs("s", limit=10)
     assert (run.status, run.error_tag) == ("failed", "timeout")
 
 
