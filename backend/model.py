@@ -500,6 +500,11 @@ class ScheduleView:
     source: Literal["code", "store"] = "code"
     """``code``: defined in a definitions file; ``store``: created at run time."""
     target: ScheduleTarget | None = None
+    problem: str | None = None
+    """Why the instance that answered does not run it (``None``: it does): a stored
+    schedule whose row is not valid there (a zone its time zone database lacks, a value
+    past a bound of its release). Such a schedule has no next slot there; it may be updated
+    or deleted, nothing else (409 ``not_valid_here``)."""
 
     def to_json(self) -> dict[str, Any]:
         extra = {"owner": self.owner} if self.sharded else {}
@@ -520,6 +525,7 @@ class ScheduleView:
             "latest_manual": self.latest_manual.to_json() if self.latest_manual else None,
             "source": self.source,
             "target": self.target.to_json() if self.target else None,
+            "problem": self.problem,
             **extra,
         }
 
@@ -544,6 +550,7 @@ class ScheduleView:
             sharded="owner" in data,
             source="store" if data.get("source") == "store" else "code",  # older servers: all code
             target=ScheduleTarget.from_json(data["target"]) if data.get("target") else None,
+            problem=data.get("problem"),
         )
 
 

@@ -105,13 +105,26 @@ def _keys(*keys: str) -> RunBefore:
     return run_before
 
 
+async def _selected(pilot: Pilot[Any], name: str) -> SchedtuiApp:
+    """The app, settled, with the cursor on schedule ``name``."""
+    await settle(pilot)
+    app = pilot.app
+    assert isinstance(app, SchedtuiApp)
+    app.action_select(name)
+    await settle(pilot)
+    return app
+
+
+def _select(name: str) -> RunBefore:
+    async def run(pilot: Pilot[Any]) -> None:
+        await _selected(pilot, name)
+
+    return run
+
+
 def _backfill(start: str, end: str = "now", confirm: str = "", skip: bool = False, name: str = "flaky-export") -> RunBefore:
     async def run_before(pilot: Pilot[Any]) -> None:
-        await settle(pilot)
-        app = pilot.app
-        assert isinstance(app, SchedtuiApp)
-        app.action_select(name)
-        await settle(pilot)
+        app = await _selected(pilot, name)
         await pilot.press("b")
         await settle(pilot)
         screen = app.screen
@@ -220,11 +233,7 @@ async def _nothing_fires(pilot: Pilot[Any]) -> None:
 
 async def _run_log(pilot: Pilot[Any]) -> None:
     """``l`` on flaky-export's row: the log of its newest run (failed, more than a run keeps)."""
-    await settle(pilot)
-    app = pilot.app
-    assert isinstance(app, SchedtuiApp)
-    app.action_select("flaky-export")
-    await settle(pilot)
+    await _selected(pilot, "flaky-export")
     await pilot.press("l")
     await settle(pilot)
 
@@ -288,6 +297,7 @@ SCENES: dict[str, tuple[dict[str, Any], RunBefore]] = {
     "run-log": ({}, _run_log),
     "run-log-no-color": ({"no_color": True}, _run_log),
     "clock-off": ({"clock_off": True}, _keys("7")),
+    "schedule-not-valid-here": ({"foreign_row": True}, _select("weekly-archive")),
 }
 """name -> (options, what to do before the picture)."""
 
@@ -329,6 +339,25 @@ async def add_clock_off(url: str) -> None:
     await store.close()
 
 
+async def add_foreign_row(url: str) -> None:
+    """A stored schedule as a newer release wrote it: a 14-day watchdog, past this
+    release's bound of 7 days (not valid here)."""
+    from datetime import datetime
+
+    from backend.scheduler.stored import StoredSchedule, check_spec
+    from backend.store import open_store
+
+    store: Any = open_store(url)
+    await store.open()
+    at = datetime.fromisoformat(FROZEN.replace("Z", "+00:00")) - timedelta(hours=2)
+    spec = check_spec({"name": "weekly-archive", "cron": "0 3 * * 0", "timezone": "Europe/Berlin", "queue": "mailer",
+                       "description": "Archives last week's exports"})
+    row = StoredSchedule(**{**spec, "max_runtime": 14 * 86400.0}, created_at=at, created_by="deploy@web-9",
+                         updated_at=at, updated_by="deploy@web-9")  # fmt: skip
+    assert await store.create_stored_schedule(row)
+    await store.close()
+
+
 def scene_app(ledger: Path, name: str) -> tuple[SchedtuiApp, RunBefore]:
     options, run_before = SCENES[name]
     url = copy_ledger(ledger)
@@ -336,6 +365,8 @@ def scene_app(ledger: Path, name: str) -> tuple[SchedtuiApp, RunBefore]:
         asyncio.run(add_alerts(url))
     if options.get("clock_off"):
         asyncio.run(add_clock_off(url))
+    if options.get("foreign_row"):
+        asyncio.run(add_foreign_row(url))
     clock = ManualClock(FROZEN)
     read_only = bool(options.get("read_only"))
     backend: Any = console_backend(url, clock, read_only=read_only)

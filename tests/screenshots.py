@@ -50,6 +50,7 @@ PICTURES = [
     ("run-log", "80x24"),
     ("clock-off", "120x32"),
     ("clock-off", "80x24"),
+    ("schedule-not-valid-here", "80x24"),
 ]
 
 

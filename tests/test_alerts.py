@@ -1021,6 +1021,25 @@ async def test_an_alert_about_a_schedule_no_longer_defined_resolves(tmp_path: Pa
         await store.close()
 
 
+async def test_an_alert_about_a_stored_schedule_not_valid_here_is_left_as_it_is(tmp_path: Path, clock: ManualClock) -> None:
+    """This instance cannot run it (another may, and may see it late): it cannot tell, and
+    says nothing either way, never "no longer defined"."""
+    store: Any = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    await store.open()
+    try:
+        await store.write_transitions([transition("late:foreign", "firing", T0 - timedelta(hours=1), "01KJPS22WGWA546BHC0B9HDTBJ")],
+                                      sinks_after=T0)  # fmt: skip
+        ev = evaluator(store, [], clock=clock)
+        ev.unrunnable = {"foreign": "timezone 'Mars/Olympus_Mons': unknown"}
+        done = await ev.evaluate(clock.now(), sinks_after=T0)
+        assert (done.transitions, [a.state for a in await store.list_alerts()]) == ([], ["firing"])
+        ev.unrunnable = {}  # deleted: gone
+        (gone,) = (await ev.evaluate(clock.now(), sinks_after=T0)).won
+        assert (gone.state, gone.summary) == ("resolved", "schedule foreign is no longer defined")
+    finally:
+        await store.close()
+
+
 # ---------------------------------------------------------------------------------------
 # the read action: API, remote client, CLI, console header
 # ---------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ UTC = UTC
 
 SCHEDULE_KEYS = {
     "name", "cron", "timezone", "trigger", "on_overlap", "backfill", "max_runtime_s", "description",
-    "payload", "enabled", "state_note", "next_fire_at", "last_run", "latest_manual", "source", "target",
+    "payload", "enabled", "state_note", "next_fire_at", "last_run", "latest_manual", "source", "target", "problem",
 }  # fmt: skip
 RUN_KEYS = {
     "id", "name", "scheduled_at", "fired_at", "finished_at", "status", "trigger", "coordination_outcome",
@@ -216,6 +216,7 @@ def test_list_json(cli: Cli) -> None:
         "latest_manual": None,
         "source": "code",
         "target": {"kind": "handler", "name": failing["target"]["name"]},
+        "problem": None,
     }
     assert (webhook["trigger"], webhook["on_overlap"], webhook["next_fire_at"], webhook["max_runtime_s"]) == (
         "external",

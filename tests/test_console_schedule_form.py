@@ -18,7 +18,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Checkbox, Input, Select
 
-from backend import ManualClock
+from backend import Engine, ManualClock
 from backend.client.remote import RemoteBackend
 from backend.model import ScheduleView
 from console import format as fmt
@@ -105,9 +105,13 @@ def preview(app: SchedtuiApp) -> str:
     return str(app.screen.query_one("#preview").render())
 
 
-def name_cell(app: SchedtuiApp, name: str) -> str:
-    value = app.query_one(SchedulesTable).get_cell(name, "name")
+def cell(app: SchedtuiApp, name: str, column: str) -> str:
+    value = app.query_one(SchedulesTable).get_cell(name, column)
     return value if isinstance(value, str) else value.plain
+
+
+def name_cell(app: SchedtuiApp, name: str) -> str:
+    return cell(app, name, "name")
 
 
 async def fill(pilot: Pilot[Any], *, name: str, cron: str, zone: str = "UTC", target: str = "mailer",
@@ -482,3 +486,30 @@ async def test_the_enabled_box_says_ticked_or_not_without_colour(store_url: str,
         await pilot.press("space")
         await settle(pilot)
         assert box.value and drawn().startswith("▐X▌ Enabled")
+
+
+async def test_a_stored_schedule_not_valid_here_shows_why_refuses_run_now_and_is_corrected_by_edit(store_url: str) -> None:
+    """A row another release wrote (a zone this machine lacks): listed as invalid with why
+    in the detail bar, Run now refused in a notification naming the zone, and the edit form
+    corrects it."""
+    async with schedules_view(store_url) as (app, pilot, notes, backend):
+        await stored(app, pilot)
+        engine: Engine = backend.inner.engine
+        row = engine.catalog.rows["reap-sessions"]
+        assert await engine.catalog.store.update_stored_schedule(dataclasses.replace(row, timezone="Mars/Olympus_Mons"), row.version)
+        app.request_refresh()
+        await settle(pilot)
+        assert [cell(app, "reap-sessions", key) for key in ("state", "next")] == ["✗ invalid", "not run"]
+        detail = app.query_one(DetailBar).render().plain
+        assert "✗ not valid here; not run: E edits, D deletes · timezone 'Mars/Olympus_Mons'" in detail
+        await pilot.press("r")
+        await settle(pilot)
+        assert any("Mars/Olympus_Mons" in message for _, message in notes.seen)
+        assert await engine.store.list_runs("reap-sessions", limit=5) == []
+        await pilot.press("E")
+        await settle(pilot)
+        await type_into(pilot, "#zone", "UTC")
+        await pilot.press("ctrl+s")
+        await settle(pilot)
+        assert backend.calls[-1] == ("update", ("reap-sessions", {"timezone": "UTC"}))
+        assert cell(app, "reap-sessions", "state") == "● on"

@@ -5,6 +5,7 @@ by another engine sharing the store on its state poll."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,7 +14,8 @@ import pytest
 from backend import BadInput, Engine, ManualClock, NotFound, Unavailable
 from backend.events.audit import acting_as
 from backend.jobs import JobContext, define_queue
-from backend.scheduler.stored import DefinedInCode, NameTaken
+from backend.model import ScheduleView
+from backend.scheduler.stored import DefinedInCode, NameTaken, NotValidHere, StoredSchedule, check_spec
 from tests.conftest import all_runs
 from tests.test_engine import schedule
 
@@ -336,3 +338,66 @@ async def test_a_schedule_created_again_catches_up_only_its_own_slots(
     await second.start()
     await second.quiesce()
     assert slots(await all_runs(second, "reap")) == ["08:01", "08:31", "08:32"]
+
+
+async def test_a_stored_row_not_valid_here_is_listed_with_why_never_run_and_can_be_corrected(
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row another release wrote (a zone this machine's time zone database lacks, a bound
+    of a newer release): the running definition stops, the schedule stays listed with why
+    (not hidden), every action but an update or a delete is refused naming the problem,
+    and an update that corrects it runs it again."""
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.quiesce()
+    await engine.create_schedule(spec())
+    await step(engine, clock, 60)  # 08:01 fired
+    row = engine.catalog.rows["reap"]
+    written = await engine.catalog.store.update_stored_schedule(
+        replace(row, timezone="Mars/Olympus_Mons", updated_at=clock.now(), updated_by="a newer release"), row.version
+    )
+    assert written is not None
+    await step(engine, clock, 180)  # the poll reads the row; 08:02-08:04 are not fired
+    assert slots(await all_runs(engine, "reap")) == ["08:01"]
+    assert any("Mars/Olympus_Mons" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+
+    listed = {v.name: v for v in await engine.list_schedules()}
+    view = listed["reap"]
+    assert view.problem is not None and "Mars/Olympus_Mons" in view.problem
+    assert (view.timezone, view.next_fire_at, view.source) == ("Mars/Olympus_Mons", None, "store")
+    assert view.last_run is not None and view.last_run.scheduled_at == at("2026-03-02T08:01:00Z")
+    assert (await engine.get_schedule("reap")).problem == view.problem
+    assert engine.upcoming("reap") == []
+    assert ScheduleView.from_json(view.to_json()) == view
+    for act in (
+        lambda: engine.run_now("reap"),
+        lambda: engine.set_enabled("reap", False),
+        lambda: engine.start_backfill("reap", at("2026-03-02T07:00:00Z"), at("2026-03-02T08:00:00Z")),
+    ):
+        with pytest.raises(NotValidHere, match="Mars/Olympus_Mons"):
+            await act()
+
+    fixed = await engine.update_schedule("reap", {"timezone": "Europe/Paris"})
+    assert fixed.problem is None and fixed.next_fire_at is not None
+    await step(engine, clock, 60)
+    assert slots(await all_runs(engine, "reap"))[-1] == fixed.next_fire_at.astimezone(UTC).strftime("%H:%M")
+
+
+async def test_a_row_not_valid_here_at_start_is_listed_and_can_be_deleted(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
+    first = make_engine([queue()])
+    await first.start()
+    await first.quiesce()
+    row = StoredSchedule(**{**check_spec(spec()), "max_runtime": 30 * 86400.0}, created_at=clock.now(),
+                         created_by="a newer release", updated_at=clock.now(), updated_by="a newer release")  # fmt: skip
+    assert await first.catalog.store.create_stored_schedule(row)
+    await first.stop()
+    engine = make_engine([queue()])
+    await engine.start()
+    await step(engine, clock, 120)
+    assert await all_runs(engine, "reap") == []
+    view = await engine.get_schedule("reap")
+    assert view.problem is not None and "max_runtime" in view.problem
+    await engine.delete_schedule("reap")
+    assert "reap" not in {v.name for v in await engine.list_schedules()}
+    with pytest.raises(NotFound):
+        await engine.get_schedule("reap")

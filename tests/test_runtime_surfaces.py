@@ -7,8 +7,9 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import httpx
 import pytest
@@ -18,7 +19,9 @@ from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.definitions import discover_definitions
-from backend.scheduler.stored import DefinedInCode, NameTaken
+from backend.scheduler.catalog import CatalogStore
+from backend.scheduler.stored import DefinedInCode, NameTaken, NotValidHere, StoredSchedule, check_spec
+from backend.store import open_store
 from tests.late_answers import LoseFirstAnswer
 from tests.servers import Server, start_server
 from tests.test_cli import Cli, create_store, write_tree
@@ -129,6 +132,26 @@ async def test_a_deleted_schedules_runs_stay_readable_by_its_name(rt_backend: Ba
         await rt_backend.list_runs("never-was")
 
 
+async def test_a_row_not_valid_here_is_listed_refused_and_corrected_through_the_interface(
+    rt_backend: Backend, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A row the instance cannot run (written by a release whose time zone database has the
+    zone): listed with why, its runs readable, an action on it a 409 naming the problem,
+    an update correcting it answered with the schedule running again."""
+    name = f"foreign-{next(_names)}"
+    folder = tmp_path if isinstance(rt_backend, EmbeddedBackend) else request.getfixturevalue("rt_server").log.parent
+    await write_foreign_row(folder, name)
+    listed = {s.name: s for s in (await rt_backend.list_schedules()).schedules}
+    assert "Mars/Olympus_Mons" in (listed[name].problem or "")
+    assert (listed[name].next_fire_at, listed["hourly"].problem) == (None, None)
+    assert (await rt_backend.list_runs(name)).runs == []
+    with pytest.raises(NotValidHere, match="Mars/Olympus_Mons"):
+        await rt_backend.run_now(name)
+    fixed = await rt_backend.update_schedule(name, {"timezone": "Asia/Tokyo"})
+    assert (fixed.problem, fixed.timezone) == (None, "Asia/Tokyo") and fixed.next_fire_at is not None
+    await rt_backend.delete_schedule(name)
+
+
 async def test_the_api_answers_as_documented(rt_server: Server) -> None:
     auth = {"Authorization": f"Bearer {OPERATE}"}
     async with httpx.AsyncClient(base_url=rt_server.url, headers=auth) as http:
@@ -185,6 +208,33 @@ def rt_cli(tmp_path: Path) -> Cli:
     write_tree(tmp_path, DEFINITIONS)
     create_store(tmp_path / "state.db")
     return Cli(tmp_path)
+
+
+async def write_foreign_row(folder: Path, name: str, zone: str = "Mars/Olympus_Mons") -> None:
+    """A stored row as a release whose time zone database has ``zone`` writes it."""
+    store = open_store(f"sqlite:///{folder / 'state.db'}")
+    await store.open()
+    try:
+        now = datetime.now(UTC)
+        full = {**check_spec({"name": name, "cron": "0 4 * * *", "timezone": "UTC", "queue": "mail"}), "timezone": zone}
+        assert await cast(CatalogStore, store).create_stored_schedule(
+            StoredSchedule(**full, created_at=now, created_by="newer", updated_at=now, updated_by="newer")
+        )
+    finally:
+        await store.close()
+
+
+async def test_the_cli_lists_a_row_not_valid_here_with_why_and_refuses_to_fire_it(rt_cli: Cli) -> None:
+    s = ("--schedules", "schedules")
+    await write_foreign_row(rt_cli.root, "foreign")
+    table = rt_cli.ok("list", *s).stdout
+    row = next(line for line in table.splitlines() if line.startswith("foreign "))
+    assert "not valid here" in row and "Mars/Olympus_Mons" in row
+    assert "foreign is not valid here: timezone 'Mars/Olympus_Mons'" in table
+    fired = rt_cli("fire", "foreign", *s)
+    assert fired.returncode == 3 and fired.stderr.count("\n") == 1 and "Mars/Olympus_Mons" in fired.stderr, fired
+    fixed = json.loads(rt_cli.ok("schedules", "update", "foreign", "--timezone", "UTC", "--json", *s).stdout)
+    assert (fixed["problem"], fixed["timezone"]) == (None, "UTC") and fixed["next_fire_at"] is not None
 
 
 def test_the_cli_creates_updates_and_deletes_embedded(rt_cli: Cli) -> None:

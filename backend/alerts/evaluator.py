@@ -114,7 +114,9 @@ class Evaluator:
     stored schedules come and go); ``states`` gives a schedule's run-time state and whether
     it is enabled; ``fleet`` reads the instances; ``fresh`` is how old a firing member's
     heartbeat may be (the take-over window); ``beat``, when given, writes this instance's own
-    heartbeat if it is due and says whether it did."""
+    heartbeat if it is due and says whether it did; ``unrunnable`` (read at each round) names
+    the stored schedules this instance cannot run (another instance may: their alerts are
+    left as they are, never resolved as gone)."""
 
     def __init__(
         self,
@@ -130,6 +132,7 @@ class Evaluator:
         fleet: Callable[[], Any],
         fresh: timedelta,
         beat: Callable[[datetime], Awaitable[bool]] | None = None,
+        unrunnable: Collection[str] = (),
     ) -> None:
         self.store = store
         self.instance = instance
@@ -142,6 +145,7 @@ class Evaluator:
         self.fleet = fleet
         self.fresh = fresh
         self.beat = beat
+        self.unrunnable = unrunnable
         self._baselines: dict[str, datetime] = {}
         self._overdue: dict[str, tuple[tuple[Any, ...], datetime, conditions.Overdue | None]] = {}
         """Per schedule, its overdue slot as of when (kept until it may change: the cron
@@ -262,7 +266,9 @@ class Evaluator:
             if alert.key in raised:
                 return False  # its rule could not tell
             if alert.subject_kind == "schedule":
-                return True if alert.subject in schedules else None
+                if alert.subject in schedules:
+                    return True
+                return False if alert.subject in self.unrunnable else None
             if alert.condition == "stuck":
                 return not truncated
             return True

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -95,15 +95,18 @@ class Alerts:
         fleet: Callable[[], Any],
         fresh: timedelta,
         beat: Callable[[datetime], Awaitable[bool]] | None = None,
+        unrunnable: Collection[str] = (),
     ) -> None:
         """Hand the evaluator what it reads of the engine (before :meth:`start`); ``beat``
-        writes this instance's heartbeat when it is due (see :class:`Evaluator`)."""
+        writes this instance's heartbeat when it is due, ``unrunnable`` names the stored
+        schedules not valid here (see :class:`Evaluator`)."""
         if self.settings is None:
             return
         store = self._store()
         self.evaluator = Evaluator(
             store=store, instance=self.instance, new_id=self.new_id, schedules=schedules, queues=queues,
             functions=functions, state_of=state_of, is_enabled=is_enabled, fleet=fleet, fresh=fresh, beat=beat,
+            unrunnable=unrunnable,
         )  # fmt: skip
         self.notifier = Notifier(
             store=store, clock=self.clock, loops=self.loops, instance=self.instance,

@@ -144,7 +144,7 @@ class EmbeddedBackend(Backend):
     async def schedule_zone(self, name: str) -> str:
         # (read again from the store when not known here: the API checks a route's schedule
         # with this first, and refused one another process had just created)
-        return (await self._call(self.engine.known_schedule(name))).timezone
+        return await self._call(self.engine.schedule_zone(name))
 
     async def wait_run(self, run_id: str) -> Run:
         return await self._call(self.engine.wait_run(check_id(run_id, "run")))

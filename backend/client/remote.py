@@ -38,7 +38,7 @@ from backend.inputs import check_json, check_text
 from backend.jobs.model import NotDead, QueueFull
 from backend.model import BackfillProgress, Health, Run
 from backend.safetext import printable, redact, redact_url, remember_url_secrets
-from backend.scheduler.stored import DefinedInCode, NameTaken
+from backend.scheduler.stored import DefinedInCode, NameTaken, NotValidHere
 
 __all__ = ["RemoteBackend", "check_server_url", "check_token"]
 
@@ -151,6 +151,7 @@ class RemoteBackend(Backend):
                 "not_dead": NotDead,
                 "defined_in_code": DefinedInCode,
                 "name_taken": NameTaken,
+                "not_valid_here": NotValidHere,
             }.get(str(error.get("code")), Refused)
             raise refusal(message, count=count, reason=reason or message)
         if status == 413:

@@ -38,7 +38,15 @@ from backend.scheduler.catchup import CatchUp
 from backend.scheduler.coordination.cluster import Cluster
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.states import ScheduleStates
-from backend.scheduler.stored import CodeTiming, DefinedInCode, NameTaken, StoredSchedule, check_changes, check_spec
+from backend.scheduler.stored import (
+    CodeTiming,
+    DefinedInCode,
+    NameTaken,
+    NotValidHere,
+    StoredSchedule,
+    check_changes,
+    check_spec,
+)
 from backend.scheduler.timers import Timers, slot_after
 from backend.schedules import RunContext, Schedule
 
@@ -136,6 +144,10 @@ class Catalog:
         """Stored names that a code schedule also defines (the code one runs)."""
         self.known_queues: set[str] = set()
         """Queues recorded in the store by any process (read before a change is checked)."""
+        self.invalid: dict[str, str] = {}
+        """Stored rows this instance cannot run, each with why (a zone its time zone database
+        lacks, a value past a bound of this release): listed, never run, and refused to act
+        on until an update corrects them or a delete removes them."""
         self._changed = asyncio.Event()
 
     def is_stored(self, name: str) -> bool:
@@ -232,11 +244,9 @@ class Catalog:
         try:
             schedule = bind_target(row.to_schedule(), self.durable.start_for_slot)
         except BadInput as exc:
-            log.warning('stored schedule "%s" is not valid here and is not run: %s', row.name, exc.message)
-            # Kept as a row (not run): an operator can still correct or delete it, and it
-            # is not warned about again until it changes.
-            self.rows[row.name] = row
+            self._put_invalid(row, exc.message)
             return
+        self.invalid.pop(row.name, None)
         old_row = self.rows.get(row.name)
         # (another schedule of that name, created since the one read before: armed as new)
         old = self.schedules.get(row.name) if old_row is not None and old_row.created_at == row.created_at else None
@@ -265,8 +275,28 @@ class Catalog:
             after = handled
         timers.arm(schedule, after)
 
+    def _put_invalid(self, row: StoredSchedule, why: str) -> None:
+        """Keep a row this instance cannot run: listed with why, so an operator sees it and
+        can correct or delete it; an earlier definition of it stops running here (what the
+        fleet stored is no longer it). Logged once per change of the row."""
+        log.error('stored schedule "%s" is not valid here and does not run on this instance: %s', row.name, why)
+        self.rows[row.name] = row
+        self.invalid[row.name] = why
+        self.remove_schedule(row.name)
+        self.events.publish("schedules", row.name)
+
+    def check_valid(self, name: str) -> None:
+        """Refuse to act on a stored schedule this instance cannot run (see :attr:`invalid`)."""
+        why = self.invalid.get(name)
+        if why is not None:
+            raise NotValidHere(
+                f'stored schedule "{name}" is not valid here ({why}): correct it with an update, or delete it',
+                reason=why,
+            )
+
     def _remove(self, name: str) -> None:
         del self.rows[name]
+        self.invalid.pop(name, None)
         self.remove_schedule(name)
         self.events.publish("schedules", name)
 

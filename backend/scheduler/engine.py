@@ -342,12 +342,6 @@ class Engine(EngineReads, EngineActions):
         self.shared, self.durable, self.jobs, self.locks = systems.shared, systems.durable, systems.jobs, systems.locks
         self.cluster = systems.cluster
         self.subsystems.extend(systems.in_start_order)
-        self.alerts.watch(
-            schedules=self.schedules, queues=self.jobs.queues, functions=self.durable.functions,
-            state_of=self.states.get, is_enabled=self.states.is_enabled, fleet=self.store.fleet,
-            fresh=timedelta(seconds=abandon_after), beat=self.registry.beat_when_due,
-        )  # fmt: skip
-        self.subsystems.append(self.alerts)
         # A folder's definitions are all there are: a start of any other function is refused.
         self.durable.complete = isinstance(definitions, Definitions)
         self.catalog = Catalog(
@@ -366,6 +360,12 @@ class Engine(EngineReads, EngineActions):
             started=lambda: self.started,
         )
         """The schedules created at run time (kept in the store)."""
+        self.alerts.watch(
+            schedules=self.schedules, queues=self.jobs.queues, functions=self.durable.functions,
+            state_of=self.states.get, is_enabled=self.states.is_enabled, fleet=self.store.fleet,
+            fresh=timedelta(seconds=abandon_after), beat=self.registry.beat_when_due, unrunnable=self.catalog.invalid,
+        )  # fmt: skip
+        self.subsystems.append(self.alerts)
         self.fleet_timings = FleetTimings(
             store=cast(CatalogStore, self.store),
             instance=self.instance,

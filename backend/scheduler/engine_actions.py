@@ -127,6 +127,16 @@ class EngineActions:
             await self.catalog.refresh()
         return self.schedule(name)
 
+    async def schedule_zone(self, name: str) -> str:
+        """The zone of the schedule named ``name`` (:meth:`known_schedule`), a stored one
+        not valid here included: it is there, to be read, corrected or deleted."""
+        if isinstance(name, str) and name not in self.schedules:
+            await self.catalog.refresh()
+            row = self.catalog.rows.get(name)
+            if row is not None and name in self.catalog.invalid:
+                return row.timezone
+        return self.schedule(name).timezone
+
     async def enable(self, name: str, *, note: str | None = None) -> ScheduleView:
         """:meth:`set_enabled` to enabled (an operator's action)."""
         return await self.set_enabled(name, True, note=note)

@@ -24,6 +24,7 @@ from backend.model import (
     SchedulesSnapshot,
     ScheduleView,
 )
+from backend.scheduler.catalog import Catalog
 from backend.scheduler.reads import ScheduleReads, find_schedule, is_schedule_name, no_runs_of
 from backend.scheduler.states import ScheduleStates
 from backend.schedules import Schedule
@@ -45,6 +46,7 @@ class EngineReads:
     instance: str
     default_trigger: Literal["self", "external"]
     states: ScheduleStates
+    catalog: Catalog
     reads: ScheduleReads
 
     if TYPE_CHECKING:  # the engine's
@@ -53,6 +55,11 @@ class EngineReads:
         def coordination(self) -> CoordinationMode: ...
 
     def schedule(self, name: str) -> Schedule:
+        """The schedule named ``name``: :class:`NotFound` when none is, and
+        :class:`~backend.scheduler.stored.NotValidHere` for a stored one this instance
+        cannot run (only an update or a delete acts on it)."""
+        if isinstance(name, str):
+            self.catalog.check_valid(name)
         return find_schedule(self.schedules, name)
 
     def trigger_of(self, schedule: Schedule) -> Literal["self", "external"]:
@@ -109,7 +116,7 @@ class EngineReads:
         schedule's is read as :meth:`list_runs` reads it: a schedule removed from the code
         (or deleted) keeps its runs until the retention takes them; a name the ledger holds
         no run of at all is :class:`NotFound`."""
-        gone = [name for name in names if not is_schedule_name(self.schedules, name)]
+        gone = [name for name in names if not is_schedule_name(self.schedules, name) and name not in self.catalog.invalid]
         found = await self.store.runs_between(names, start, end, limit_per_name=limit_per_name)
         for name in gone:
             if name not in found and not await self.store.list_runs(name, limit=1):

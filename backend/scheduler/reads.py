@@ -108,12 +108,13 @@ class ScheduleReads:
         self.ledger.handoff()
         await self.catalog.refresh()
         await self.states.refresh()
-        return await self._views(list(self.schedules))
+        return await self._views([*self.schedules, *self.catalog.invalid])
 
     async def get_schedule(self, name: str) -> ScheduleView:
         if name not in self.schedules:
             await self.catalog.refresh()  # created a moment ago by another process?
-        find_schedule(self.schedules, name)
+        if name not in self.catalog.invalid:
+            find_schedule(self.schedules, name)
         views = await self._views([name])
         if not views:
             raise NotFound(f'no schedule named "{name}" (deleted a moment ago)')
@@ -138,12 +139,48 @@ class ScheduleReads:
         owners = await self.cluster.owners() if self.cluster is not None else await self.observed_owners()
         views = []
         for name in names:
-            if name not in self.schedules:
-                continue
             newest = latest.get(name)
             manual = newest if newest is not None and newest.trigger == "manual" else None
-            views.append(self._view(self.schedules[name], last.get(name), manual, owners))
+            if name in self.schedules:
+                views.append(self._view(self.schedules[name], last.get(name), manual, owners))
+            elif name in self.catalog.invalid:
+                views.append(
+                    self._invalid_view(self.catalog.rows[name], self.catalog.invalid[name], last.get(name), manual, owners)
+                )
         return views
+
+    def _invalid_view(
+        self,
+        row: StoredSchedule,
+        why: str,
+        last_run: Run | None,
+        latest_manual: Run | None,
+        owners: dict[str, str | None] | None,
+    ) -> ScheduleView:
+        """A stored schedule this instance cannot run, as its row says (no next slot: it
+        does not fire here), with why in ``problem``."""
+        state = self.states.get(row.name)
+        return ScheduleView(
+            name=row.name,
+            cron=row.cron,
+            timezone=row.timezone,
+            trigger="self",
+            on_overlap=row.on_overlap,
+            backfill=row.backfill,
+            max_runtime_s=row.max_runtime,
+            description=row.description,
+            payload=row.payload,
+            enabled=state.enabled if state is not None else row.enabled,
+            state_note=state.state_note if state is not None else None,
+            next_fire_at=None,
+            last_run=last_run,
+            latest_manual=latest_manual,
+            owner=owners.get(row.name) if owners is not None else None,
+            sharded=owners is not None,
+            source="store",
+            target=row.target,
+            problem=why,
+        )
 
     def _view(
         self,
@@ -178,7 +215,7 @@ class ScheduleReads:
     async def list_runs(
         self, name: str, *, limit: int = 50, before: str | None = None
     ) -> tuple[list[Run], str | None]:
-        known = is_schedule_name(self.schedules, name)
+        known = is_schedule_name(self.schedules, name) or name in self.catalog.invalid
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise BadInput(f"limit {shown_number(limit, 60)} is out of range (1-1000)", field="limit")
         check_before(before)  # (what a page of the API or the CLI refuses, refused here too)
@@ -211,6 +248,8 @@ class ScheduleReads:
         return armed if armed is not None else schedule.cron.next_or_none(self.clock.now())
 
     def upcoming(self, name: str, count: int = 5) -> list[datetime]:
+        if isinstance(name, str) and name in self.catalog.invalid:
+            return []  # (not run here: nothing is upcoming)
         schedule = find_schedule(self.schedules, name)
         slots: list[datetime] = []
         at = self.clock.now()

@@ -27,6 +27,7 @@ __all__ = [
     "MAX_PAYLOAD_BYTES",
     "DefinedInCode",
     "NameTaken",
+    "NotValidHere",
     "StoredSchedule",
     "check_changes",
     "check_spec",
@@ -75,6 +76,15 @@ class DefinedInCode(Refused):
 
     title = "Defined in code"
     code = "defined_in_code"
+
+
+class NotValidHere(Refused):
+    """A stored schedule this instance cannot run (its row names a zone this machine's time
+    zone database lacks, or a value past a bound of this release): it may be updated or
+    deleted, nothing else, until it is valid here again."""
+
+    title = "Not valid here"
+    code = "not_valid_here"
 
 
 class NameTaken(Refused):

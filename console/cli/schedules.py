@@ -40,7 +40,9 @@ def schedules_table(schedules: list[ScheduleView], now: datetime) -> str:
     rows = []
     for s in schedules:
         last = s.last_run
-        if not s.enabled:
+        if s.problem is not None:
+            state = "not valid here"
+        elif not s.enabled:
             state = "disabled" + (f" ({s.state_note.note})" if s.state_note and s.state_note.note else "")
         else:
             state = "enabled"
@@ -59,7 +61,11 @@ def schedules_table(schedules: list[ScheduleView], now: datetime) -> str:
             ]
         )
     owner = ["OWNER"] if sharded else []
-    return fmt.table(["NAME", "CRON", "TIMEZONE", "TRIGGER", "STATE", "NEXT FIRE", "LAST RUN", *owner], rows)
+    table = fmt.table(["NAME", "CRON", "TIMEZONE", "TRIGGER", "STATE", "NEXT FIRE", "LAST RUN", *owner], rows)
+    # Why each one not valid here is not run: too long for a column, too important to leave out.
+    notes = [f'{s.name} is not valid here: {s.problem}; correct it with "schedules update" or delete it'
+             for s in schedules if s.problem is not None]  # fmt: skip
+    return "\n".join([table, *notes])
 
 
 def runs_table(runs: list[Run], zone: str) -> str:

@@ -172,6 +172,8 @@ class HelpScreen(ModalScreen[None]):
                      "[$text-muted]○ before a name: disabled[/]")
         lines.append(f"  [$text-accent]{STORED_MARK}[/] after a name: created at run time (stored; E edits, D deletes); "
                      "[$text-muted]the others are in code: e only[/]")
+        lines.append("  [b reverse $text-error]✗ invalid[/] a stored schedule not valid on the instance read "
+                     "(why: in its detail line); not run there until E corrects it")
         return [Content.from_markup(line) for line in lines]
 
     def action_close(self) -> None:

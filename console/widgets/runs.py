@@ -86,7 +86,20 @@ class DetailBar(Widget):
             parts += [sep, (self.page, "bold $text-accent")]
         lines = [Content.assemble(*parts)]
         now = self.now
-        if not view.enabled:
+        if view.problem is not None:
+            # First: nothing else about it holds while it does not run. Why, over the two
+            # lines left (a bound's message is longer than a narrow terminal).
+            head = ("✗ not valid here", "bold reverse $text-error"), ("; not run: E edits, D deletes · ", "$text-muted")
+            room = self.size.width - 2 - sum(len(text) for text, _ in head)
+            problem, cut = view.problem, len(view.problem)
+            if 0 < room < cut:
+                cut = problem.rfind(" ", 0, room + 1)  # (between words)
+                cut = cut if cut > 0 else room
+            first, rest = problem[:cut], problem[cut:].lstrip()
+            lines.append(Content.assemble(*head, first))
+            if rest:
+                lines.append(Content(rest))
+        elif not view.enabled:
             note = view.state_note
             if note is not None:
                 when = fmt.short_time(note.at, self.zone)

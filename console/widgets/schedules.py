@@ -502,6 +502,8 @@ class SchedulesTable(FreshTable):
 
     # -- cells --------------------------------------------------------------------------
     def _state(self, view: ScheduleView, data_now: datetime) -> Text:
+        if view.problem is not None:
+            return Text("✗ invalid", style=Style(color=theme_color(self.app, "text-error"), bold=True, reverse=True))
         if not view.enabled:
             return Text("○ off", style=theme_color(self.app, "text-warning"))
         if self.overdue.since(view, data_now) is not None:
@@ -509,6 +511,8 @@ class SchedulesTable(FreshTable):
         return Text("● on", style=theme_color(self.app, "text-success"))
 
     def _countdown(self, view: ScheduleView, now: datetime) -> Text:
+        if view.problem is not None:
+            return Text("not run", style=theme_color(self.app, "text-muted"))
         if not view.enabled:
             return Text("disabled", style=theme_color(self.app, "text-muted"))
         if view.next_fire_at is None:
