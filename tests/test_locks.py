@@ -818,6 +818,37 @@ async def test_bad_ttls_and_names_are_refused_naming_the_value(engines: Callable
 # ---------------------------------------------------------------------------------------
 # schedules defined with lock=
 # ---------------------------------------------------------------------------------------
+async def test_a_plain_def_handler_takes_locks_through_ctx_locks_sync_on_its_thread(
+    clock: ManualClock, engines: Callable[..., Engine]
+) -> None:
+    """On a handler's thread the lock is taken, held (renewed on the engine's loop) and
+    released by blocking calls; on the loop itself the blocking form is refused, naming
+    the awaitable one (it would wait on the loop that must do the work)."""
+    seen: list[Any] = []
+
+    def rollup(ctx: RunContext) -> None:
+        assert ctx.locks is not None
+        locks = ctx.locks.sync
+        seen.append(threading.current_thread() is not threading.main_thread())
+        result = locks.with_lock("rollup", lambda lease: (lease.token, lease.held))
+        seen.append((result.acquired, result.value))
+        lease = locks.acquire("rollup", ttl=30)
+        assert lease is not None
+        seen.append(([lock.holder for lock in locks.list().locks], lease.token))
+        lease.release()
+        seen.append(lease.held)
+
+    engine = engines([define_schedule(name="rollup", cron="* * * * *", timezone="UTC", handler=rollup)])
+    await engine.start()
+    clock.advance(60)
+    await engine.quiesce()
+    assert [(r.status, r.error_message) for r in await all_runs(engine, "rollup")] == [("succeeded", None)]
+    assert seen == [True, (True, (1, True)), (["i0"], 2), False]
+    assert (await stored_lock(engine.store, "rollup")).holder is None
+    with pytest.raises(RuntimeError, match="await ctx.locks"):
+        engine.locks.sync.acquire("rollup")
+
+
 async def test_a_locked_schedule_runs_holding_its_lock_and_skips_a_slot_when_it_is_held(
     clock: ManualClock, engines: Callable[..., Engine]
 ) -> None:

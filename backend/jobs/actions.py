@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from backend.jobs.model import Job, JobDetail, JobsPage, QueueView, Sent
+from backend.runtime.loops import call_from_thread
 
 if TYPE_CHECKING:
     from backend.jobs.system import Jobs
@@ -107,14 +108,6 @@ class BlockingJobActions:
 
         @functools.wraps(method)
         def call(*args: Any, **kwargs: Any) -> Any:
-            if loop is None or loop.is_closed():
-                raise RuntimeError("the engine is not running")
-            try:
-                running = asyncio.get_running_loop()
-            except RuntimeError:
-                running = None
-            if running is loop:  # waiting here would block the loop that must do the work
-                raise RuntimeError("on the engine's loop, await ctx.jobs.… instead of ctx.jobs.sync.…")
-            return asyncio.run_coroutine_threadsafe(method(*args, **kwargs), loop).result()
+            return call_from_thread(loop, method(*args, **kwargs), "await ctx.jobs.… instead of ctx.jobs.sync.…")
 
         return call

@@ -31,7 +31,7 @@ import contextlib
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
@@ -52,11 +52,13 @@ from backend.locks.model import (
 )
 from backend.locks.store import LockStore
 from backend.model import TAG_UNAVAILABLE, iso
+from backend.runtime.loops import call_from_thread
 from backend.runtime.runner import Outcome
 from backend.runtime.subsystems import answers_of
 
 if TYPE_CHECKING:
     from backend.clock import Clock
+    from backend.locks.sync import SyncLocks
     from backend.runtime.subsystems import Shared
     from backend.schedules import Schedule
 
@@ -118,6 +120,8 @@ class Locks:
         """Acquires on their way, by their store call: their claim and what they would take."""
         self._stopped = False
         """Set by :meth:`stop` before it waits for the acquires on their way: none takes a lock now."""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The engine's event loop (bound at :meth:`open`): where :attr:`sync` carries calls out."""
 
     def lock_now(self) -> datetime | None:
         """The time to hand the store: ``None`` for the database's own clock."""
@@ -129,9 +133,22 @@ class Locks:
         self._runs_done = asyncio.Event()
         self._runs_done.set()
         self._stopped = False
+        self.loop = asyncio.get_running_loop()
 
     def start(self) -> None:
         """No workers: leases renew themselves."""
+
+    @property
+    def sync(self) -> SyncLocks:
+        """These locks for code on another thread (a plain ``def`` handler, as
+        ``ctx.locks.sync``): each call blocks until the engine's loop has carried it out, and
+        the lease renews on that loop while the work runs in the caller's thread."""
+        from backend.locks.sync import SyncLocks  # (it builds on this module)
+
+        return SyncLocks(self, self._blocking)
+
+    def _blocking(self, call: Coroutine[Any, Any, Any]) -> Any:
+        return call_from_thread(self.loop, call, "await ctx.locks.… instead of ctx.locks.sync.…")
 
     async def maintain(self, now: datetime) -> None:
         """Give back what acquires whose answer was lost took. Nothing else to sweep: lock

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from backend.clock import Clock
 
-__all__ = ["RESTART_AFTER_MAX", "Loops", "stop_if_cancelled"]
+T = TypeVar("T")
+
+__all__ = ["RESTART_AFTER_MAX", "Loops", "call_from_thread", "stop_if_cancelled"]
 
 log = logging.getLogger("schedtui.engine")
 
@@ -42,6 +44,23 @@ class _Parking:
     until: datetime | None = None
     wake: asyncio.Event | None = None
     """Set by whoever has new work for the loop; a set event means it is not idle."""
+
+
+def call_from_thread(loop: asyncio.AbstractEventLoop | None, call: Coroutine[Any, Any, T], instead: str) -> T:
+    """Run ``call`` on the engine's ``loop`` and block this thread until it is done (what
+    a plain ``def`` handler's blocking helpers do). Refused on that loop itself, naming
+    ``instead`` (waiting there would block the loop that must do the work), and once the
+    engine has stopped."""
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is None or loop.is_closed() or running is loop:
+        call.close()
+        if running is loop:
+            raise RuntimeError(f"on the engine's loop, {instead}")
+        raise RuntimeError("the engine is not running")
+    return asyncio.run_coroutine_threadsafe(call, loop).result()
 
 
 def stop_if_cancelled() -> None:
