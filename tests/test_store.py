@@ -1721,6 +1721,33 @@ async def test_postgres_unreachable_is_one_line_without_the_password(pg_server: 
         store.save_runs([])  # not open
 
 
+@pytest.mark.postgres
+async def test_postgres_a_pool_all_in_use_is_said_as_busy_not_as_the_server_down(pg_url: str) -> None:
+    """Every pooled connection checked out past the wait: the error and /healthz say the
+    connections were all in use (long statements, too much at once), not that the server
+    is down; once one is back, health is ok again."""
+    from backend.errors import Unavailable
+
+    store: Any = open_store(pg_url)
+    await store.open()
+    try:
+        pool = store._pool
+        held = [await pool.getconn() for _ in range(pool.max_size)]
+        try:
+            with pytest.raises(Unavailable) as info:
+                await store._with_conn(lambda conn: conn.execute("SELECT 1"), wait=0.2)
+            assert "8 connections to the server was in use for 0.2 s" in info.value.message
+            assert "down" not in info.value.message
+            assert store.health().state == "failing" and "in use" in (store.health().error or "")
+        finally:
+            for conn in held:
+                await pool.putconn(conn)
+        await store._with_conn(lambda conn: conn.execute("SELECT 1"))
+        assert store.health().state == "ok"
+    finally:
+        await store.close()
+
+
 async def waiting_for_an_advisory_lock(pg_url: str) -> None:
     """Returns once a backend of the server waits for an advisory lock."""
     async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:

@@ -137,10 +137,28 @@ _PUBLIC_REASONS = (
 _SERVER_CANNOT = ("25006", "42501")
 
 
+class _PoolBusy(PoolTimeout):
+    """No connection in time because every one of the pool's is checked out: the server
+    answers, but slowly, or more work came at once than the pool takes (not "down")."""
+
+
+def _pool_timeout(pool: AsyncConnectionPool[Any], exc: PoolTimeout, waited: float) -> PoolTimeout:
+    """The pool's timeout, said as what it was: every connection busy, or none to be had."""
+    stats = pool.get_stats()
+    if stats.get("pool_size", 0) >= pool.max_size and not stats.get("pool_available", 0):
+        return _PoolBusy(
+            f"every one of the pool's {pool.max_size} connections to the server was in use for "
+            f"{waited:g} s (statements running long, or more work at once than it takes)"
+        )
+    return exc
+
+
 def _public_reason(exc: BaseException) -> str:
     """Why a call failed, in words that name no host, port, user or database: what
     ``/healthz`` and the HTTP API's 503 bodies say (the log and the command line get the
     driver's own line, passwords redacted)."""
+    if isinstance(exc, _PoolBusy):
+        return str(exc)
     if isinstance(exc, PoolTimeout):
         return "no connection to the server (it is down or unreachable)"
     state = getattr(exc, "sqlstate", None) or ""
@@ -538,6 +556,8 @@ class PostgresStore(
 
     # -- plumbing -------------------------------------------------------------------------
     def _why(self, exc: BaseException) -> str:
+        if isinstance(exc, _PoolBusy):
+            return str(exc)
         if isinstance(exc, PoolTimeout):
             return "no connection to the server (it is down or unreachable)"
         return _one_line(exc)
@@ -586,7 +606,7 @@ class PostgresStore(
                 self._store_answered()
                 return result
             except PoolTimeout as exc:
-                raise self._trouble(exc) from None
+                raise self._trouble(_pool_timeout(pool, exc, wait)) from None
             except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.IdleInTransactionSessionTimeout) as exc:
                 self._hint_pooler(exc)
                 if attempt == 2 or not _connection_lost(exc):
