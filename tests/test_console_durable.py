@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Input, Label, Static
 from console.app import SchedtuiApp
 from console.screens.confirm import Confirm
 from console.screens.durable import SignalPrompt, StepsScreen
+from console.views import durable as durable_view
 from console.views.durable import DurableView, ExecutionsTable
 from tests.console_fixtures import add_timeline_history, build_ledger
 from tests.durable_scenes import add_durable_history
@@ -201,3 +202,33 @@ async def test_the_filter_narrows_the_executions(store_url: str) -> None:
         app.active_view.show()
         await settle(pilot)
         assert [(e.function, e.status) for e in table(app).executions] == [("report", "failed")]
+
+
+async def test_older_and_newer_page_through_every_execution_by_keyset(store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the newest page (200; 3 here) ``]`` shows the next, older one, and ``[`` goes
+    back; the title says which page; past the oldest and before the newest, a note."""
+    monkeypatch.setattr(durable_view, "EXECUTIONS_PAGE", 3)
+    async with console(store_url, size=(120, 32)) as (app, pilot, clock, notes):
+        await pilot.press("4")
+        await settle(pilot)
+        seen: list[list[str]] = []
+        titles: list[str] = []
+        for _ in range(3):
+            seen.append([e.id for e in table(app).executions])
+            titles.append(str(app.query_one("#durable-title").render()))
+            await pilot.press("right_square_bracket")
+            await settle(pilot)
+        assert [len(ids) for ids in seen] == [3, 3, 2]
+        every = [i for ids in seen for i in ids]
+        assert len(set(every)) == 8 and every == sorted(every, reverse=True)  # newest first, each once
+        assert "No older executions." in [message for _, message in notes.seen]
+        assert ["] older" in t for t in titles] == [True, True, False]
+        assert "page 3 · [ newer" in titles[2] and "page" not in titles[0]
+        for _ in range(2):
+            await pilot.press("left_square_bracket")
+            await settle(pilot)
+        assert [e.id for e in table(app).executions] == seen[0]
+        assert "page" not in str(app.query_one("#durable-title").render())
+        await pilot.press("left_square_bracket")
+        await settle(pilot)
+        assert "Already on the newest executions." in [message for _, message in notes.seen]

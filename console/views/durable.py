@@ -19,7 +19,7 @@ from backend.durable.model import Execution
 from backend.errors import SchedtuiError, Unavailable
 from backend.observability.logs import RunLog
 from console import format as fmt
-from console.keys import action_key, bindings
+from console.keys import Key, action_key, bindings
 from console.screens.confirm import Confirm
 from console.screens.durable import SignalPrompt, StepsScreen
 from console.screens.log import LogScreen
@@ -139,13 +139,21 @@ class DurableView(View):
         action_key("execution_log", "l", "Log", title="Execution log",
                    help="the log of the execution under the cursor"),
         filter_key("the executions by id, function, status, step, wait or error"),
-    )
+        Key("right_square_bracket", "older_executions", "Older", ("list_executions",), show=False,
+            help=f"older executions (the next {EXECUTIONS_PAGE}, by keyset)"),
+        Key("left_square_bracket", "newer_executions", "Newer", ("list_executions",), show=False,
+            help="newer executions (back towards the newest page)"),
+    )  # fmt: skip
     BINDINGS = bindings(KEYS)
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id or self.view_id)
         self.executions: list[Execution] = []
         self.more = False
+        self.next_before: str | None = None
+        """Where the page after the one on screen begins (``None``: it is the oldest)."""
+        self._pages: list[str | None] = [None]
+        """The ``before`` of each page paged through, the one on screen last (``None``: the newest)."""
 
     def compose(self) -> ComposeResult:
         yield Line("DURABLE", id="durable-title", classes="section")
@@ -160,8 +168,29 @@ class DurableView(View):
         self.table.focus()
 
     async def load(self) -> None:
-        page = await self.console.backend.list_executions(limit=EXECUTIONS_PAGE)
-        self.executions, self.more = page.executions, page.next_before is not None
+        page = await self.console.backend.list_executions(limit=EXECUTIONS_PAGE, before=self._pages[-1])
+        if not page.executions and len(self._pages) > 1:
+            # The page's executions were pruned or deleted meanwhile: back to the newest.
+            self._pages = [None]
+            page = await self.console.backend.list_executions(limit=EXECUTIONS_PAGE)
+        self.executions, self.next_before = page.executions, page.next_before
+        self.more = page.next_before is not None
+
+    def action_older_executions(self) -> None:
+        """``]``: the next page of executions, further back (by keyset)."""
+        if self.next_before is None:
+            self.notify("No older executions.", severity="information")
+            return
+        self._pages.append(self.next_before)
+        self.console.request_refresh()
+
+    def action_newer_executions(self) -> None:
+        """``[``: back towards the newest page."""
+        if len(self._pages) == 1:
+            self.notify("Already on the newest executions.", severity="information")
+            return
+        self._pages.pop()
+        self.console.request_refresh()
 
     def show(self) -> None:
         console = self.console
@@ -172,10 +201,14 @@ class DurableView(View):
         counts = {status: sum(1 for e in shown if e.status == status) for status in ("running", "waiting", "failed")}
         title = f"DURABLE {len(shown)}" + ("+" if self.more and not needle else "")
         title += "".join(f" · {n} {status}" for status, n in counts.items() if n)
+        if len(self._pages) > 1:
+            title += f" · page {len(self._pages)} · {console.key_display(self.KEYS[-1], alone=True)} newer"
         if needle:
             title += f" · filter “{needle}” (esc clears)"
+        # The paging keys where they apply: older while there is an older page (newer: above).
+        hidden = {"filter", "newer_executions", *(() if self.more else ("older_executions",))}
         keys = " · " + " · ".join(f"{console.key_display(key, alone=True)} {key.label.lower()}" for key in self.KEYS
-                                  if key.name != "filter" and console.refusal(key.name) is None)  # fmt: skip
+                                  if key.name not in hidden and console.refusal(key.name) is None)  # fmt: skip
         self._title(title, keys)
         self.call_after_refresh(self._title, title, keys)  # the columns' widths are known once laid out
 
