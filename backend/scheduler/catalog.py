@@ -279,11 +279,21 @@ class Catalog:
         """Keep a row this instance cannot run: listed with why, so an operator sees it and
         can correct or delete it; an earlier definition of it stops running here (what the
         fleet stored is no longer it). Logged once per change of the row."""
-        log.error('stored schedule "%s" is not valid here and does not run on this instance: %s', row.name, why)
+        if self.started():  # (an engine that does not fire, a CLI verb's, says nothing; a start says it)
+            self._say_invalid(row.name, why)
         self.rows[row.name] = row
         self.invalid[row.name] = why
         self.remove_schedule(row.name)
         self.events.publish("schedules", row.name)
+
+    def say_invalid(self) -> None:
+        """Log, at ERROR, each stored schedule this instance cannot run (at its start)."""
+        for name, why in self.invalid.items():
+            self._say_invalid(name, why)
+
+    @staticmethod
+    def _say_invalid(name: str, why: str) -> None:
+        log.error('stored schedule "%s" is not valid here and does not run on this instance: %s', name, why)
 
     def check_valid(self, name: str) -> None:
         """Refuse to act on a stored schedule this instance cannot run (see :attr:`invalid`)."""

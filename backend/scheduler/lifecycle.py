@@ -131,6 +131,7 @@ def start_engine(engine: Engine) -> None:
         engine.store.where,
     )
     engine.registry.log_claims_retention()
+    engine.catalog.say_invalid()
     if engine.cluster_fallback:
         warn_cluster_fallback(engine.store)  # said loudly at start
     now = engine.clock.now()
