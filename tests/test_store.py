@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import psycopg
 import pytest
@@ -1746,6 +1747,37 @@ async def test_postgres_a_pool_all_in_use_is_said_as_busy_not_as_the_server_down
         assert store.health().state == "ok"
     finally:
         await store.close()
+
+
+@pytest.mark.postgres
+async def test_postgres_a_pool_that_cannot_connect_says_the_servers_refusal(pg_server: pg.PgServer) -> None:
+    """The pool's connections lost and its role refused at login since: the error says
+    the server's refusal (learned by connecting once), not "down or unreachable"."""
+    from backend.errors import Unavailable
+
+    role = f"refused_{os.getpid()}"
+    url = pg_server.create_database("refusal")
+    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN SUPERUSER')
+        try:
+            params = {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(url).items() if v is not None}
+            store: Any = open_store("postgresql://?" + urlencode({**params, "user": role}))
+            await store.open()
+            try:
+                admin.execute(f'ALTER ROLE "{role}" NOLOGIN')
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+                with pytest.raises(Unavailable) as info:
+                    for _ in range(3):  # (a connection the pool had not seen die yet is retried first)
+                        await store._with_conn(lambda conn: conn.execute("SELECT 1"), wait=0.5)
+                assert "not permitted to log in" in info.value.message, info.value.message
+                assert "down or unreachable" not in info.value.message
+                assert store.health().error == "the server refused the credentials"
+            finally:
+                await store.close()
+        finally:
+            with psycopg.connect(url, autocommit=True) as there:  # (the tables it made)
+                there.execute(f'DROP OWNED BY "{role}"')
+            admin.execute(f'DROP ROLE "{role}"')
 
 
 async def waiting_for_an_advisory_lock(pg_url: str) -> None:

@@ -128,6 +128,18 @@ _PUBLIC_REASONS = (
     ("25006", "the server takes no writes (a read-only standby, or a failover under way)"),
 )
 
+#: The server's refusals at connection time, by their words (the server's English; see
+#: :func:`_public_reason`), first match wins.
+_CONNECT_REFUSALS = (
+    ("password authentication failed", "the server refused the credentials"),
+    ("is not permitted to log in", "the server refused the credentials"),
+    ("no pg_hba.conf entry", "the server refused the credentials"),
+    ('role "', "the server refused the credentials"),  # (role "x" does not exist)
+    ("too many clients already", "the server has no connection slot left"),
+    ("connection slots are reserved", "the server has no connection slot left"),
+    ("does not exist", "the database does not exist"),
+)
+
 #: Statement errors that say the server cannot do its part now, whatever the statement:
 #: told as an outage (:class:`Unavailable`), as a connection's failure is. A failover
 #: leaves the old primary answering as a read-only standby (or a pooler still sends there
@@ -142,15 +154,22 @@ class _PoolBusy(PoolTimeout):
     answers, but slowly, or more work came at once than the pool takes (not "down")."""
 
 
-def _pool_timeout(pool: AsyncConnectionPool[Any], exc: PoolTimeout, waited: float) -> PoolTimeout:
-    """The pool's timeout, said as what it was: every connection busy, or none to be had."""
+def _pool_busy(pool: AsyncConnectionPool[Any], waited: float) -> _PoolBusy | None:
+    """The pool's timeout as every connection busy (``None``: it had room, and could not
+    connect)."""
     stats = pool.get_stats()
     if stats.get("pool_size", 0) >= pool.max_size and not stats.get("pool_available", 0):
         return _PoolBusy(
             f"every one of the pool's {pool.max_size} connections to the server was in use for "
             f"{waited:g} s (statements running long, or more work at once than it takes)"
         )
-    return exc
+    return None
+
+
+#: At most one connection made to learn why the pool could not connect, this often (s).
+PROBE_EVERY = 5.0
+#: How long that connection may take (s): a server that does not answer is "unreachable".
+PROBE_WAIT = 2.0
 
 
 def _public_reason(exc: BaseException) -> str:
@@ -165,6 +184,12 @@ def _public_reason(exc: BaseException) -> str:
     for prefix, reason in _PUBLIC_REASONS:
         if state.startswith(prefix):
             return reason
+    if not state and isinstance(exc, psycopg.OperationalError):
+        # A refusal at connection time comes without its SQLSTATE (libpq keeps the text only).
+        said = str(exc)
+        for words, reason in _CONNECT_REFUSALS:
+            if words in said:
+                return reason
     if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)) and state[:2] not in ("40", "55", "57"):
         return "the connection to the server failed" + (f" ({state})" if state else "")
     return _one_line(exc)  # a statement's own error (a serialization failure, a lock timeout)
@@ -224,6 +249,9 @@ class PostgresStore(
             params.setdefault(key, value)
         params["application_name"] = _application_name(str(params["application_name"] or ""))
         self._conninfo = make_conninfo("", **params)
+        self._probed: tuple[float, BaseException | None] | None = None
+        """When the pool last could not connect and a connection of its own was tried, and
+        what the server said (``None``: nothing, or no answer in time)."""
         self._connect_kwargs: dict[str, Any] = {"autocommit": True}
         if self.pooler.transaction:
             # A statement prepared on one server connection is missing on the next, or is
@@ -562,6 +590,29 @@ class PostgresStore(
             return "no connection to the server (it is down or unreachable)"
         return _one_line(exc)
 
+    async def _no_connection(self, pool: AsyncConnectionPool[Any], exc: PoolTimeout, waited: float) -> BaseException:
+        """Why the pool gave no connection in time, as it was: every connection busy, or
+        the server's own refusal (a changed password, no connection slot left, a database
+        dropped), learned by connecting once (at most every :data:`PROBE_EVERY` seconds);
+        the pool's timeout itself when the server does not answer."""
+        busy = _pool_busy(pool, waited)
+        if busy is not None:
+            return busy
+        now = asyncio.get_running_loop().time()
+        if self._probed is None or now - self._probed[0] >= PROBE_EVERY:
+            self._probed = (now, self._probed[1] if self._probed else None)  # (one probe at a time)
+            failure: BaseException | None = None
+            try:
+                conn = await asyncio.wait_for(AsyncConnection.connect(self._conninfo, **self._connect_kwargs), PROBE_WAIT)
+            except psycopg.Error as refused:
+                failure = refused
+            except TimeoutError:
+                pass
+            else:
+                await conn.close()
+            self._probed = (now, failure)
+        return self._probed[1] or exc
+
     def _unavailable(self, exc: BaseException) -> Unavailable:
         return store_unavailable(self.where, "{store} is unavailable", self._why(exc), _public_reason(exc))
 
@@ -606,7 +657,7 @@ class PostgresStore(
                 self._store_answered()
                 return result
             except PoolTimeout as exc:
-                raise self._trouble(_pool_timeout(pool, exc, wait)) from None
+                raise self._trouble(await self._no_connection(pool, exc, wait)) from None
             except (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.IdleInTransactionSessionTimeout) as exc:
                 self._hint_pooler(exc)
                 if attempt == 2 or not _connection_lost(exc):
