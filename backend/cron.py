@@ -67,6 +67,7 @@ range (``next_or_none`` answers None), and the iterators simply end there.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Final, cast
@@ -74,7 +75,11 @@ from zoneinfo import ZoneInfo
 
 from backend.cronfields import CronFields
 from backend.cronparse import Invalid, expand, parse
-from backend.errors import CronError
+from backend.errors import CronError, Unavailable
+
+#: Errors reading a zone's file that say the machine is short of something (descriptors,
+#: memory, a disk), not that the zone is unknown.
+_SYSTEM_SHORT: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EIO})
 
 __all__ = ["PLACEHOLDER_ZONES", "Cron", "shared_cron"]
 
@@ -183,7 +188,11 @@ class Cron:
             raise fail(f'timezone "{name}" counts leap seconds; use "{name[6:]}"')
         try:
             zone = ZoneInfo(name)
-        except (ValueError, OSError, KeyError):  # ZoneInfoNotFoundError is a KeyError
+        except OSError as exc:
+            if exc.errno in _SYSTEM_SHORT:  # the machine, not the name: never "unknown" for it
+                raise Unavailable(f'cannot read the time zone database for "{name}": {exc.strerror}') from None
+            raise fail(f'unknown timezone "{name}"') from None
+        except (ValueError, KeyError):  # ZoneInfoNotFoundError is a KeyError
             raise fail(f'unknown timezone "{name}"') from None
         return zone
 

@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import struct
@@ -1189,3 +1190,22 @@ async def test_wait_run_of_a_run_that_just_finished_is_not_stale(tmp_path: Path)
         assert (await backend.wait_run(run.id)).status == "succeeded"
     finally:
         await backend.close()
+
+
+def test_out_of_file_descriptors_is_said_as_such_at_every_limit(cli: Cli) -> None:
+    """Under a low ``ulimit -n`` a verb either works, or fails with one line saying the
+    process is out of file descriptors (never SQLite's bare "unable to open database file",
+    nor a zone taken for unknown because its file could not be opened)."""
+    said = []
+    for limit in range(9, 15):
+        done = subprocess.run(
+            cli.argv("list"), cwd=cli.root, env=child_env(), capture_output=True, text=True, timeout=60,
+            preexec_fn=lambda limit=limit: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)),
+        )  # fmt: skip
+        if done.returncode == 0:
+            continue
+        assert done.stderr.count("\n") == 1, (limit, done.stderr)
+        assert "ulimit -n" in done.stderr or "Too many open files" in done.stderr, (limit, done.stderr)
+        assert "unknown timezone" not in done.stderr
+        said.append(limit)
+    assert said, "no limit tried was low enough to fail"

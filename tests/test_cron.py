@@ -18,9 +18,12 @@ transitions used below were looked up with zoneinfo once, not guessed:
 
 from __future__ import annotations
 
+import errno
+import os
 import pickle
 from datetime import UTC, datetime, timedelta, timezone
 from itertools import islice
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -28,7 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backend.cron import Cron, shared_cron
-from backend.errors import CronError
+from backend.errors import CronError, Unavailable
 
 UTC = UTC
 YEAR = 2026
@@ -851,3 +854,25 @@ def test_shared_cron_keeps_nothing_that_does_not_parse() -> None:
             shared_cron("61 * * * *", "UTC")
     with pytest.raises(CronError, match="must be a string"):
         shared_cron(["* * * * *"], "UTC")  # type: ignore[arg-type]  # the refused value is the point
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE, errno.EIO])
+def test_a_zone_the_machine_cannot_read_now_is_unavailable_never_unknown(monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """Out of descriptors (or memory, or a failing disk) when a zone's file is first read:
+    the zone is not "unknown" (a stored schedule would be taken for invalid), the machine
+    is short."""
+    import backend.cron
+
+    def short(name: str) -> Any:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(backend.cron, "ZoneInfo", short)
+    with pytest.raises(Unavailable, match=f'cannot read the time zone database for "Asia/Kathmandu": {os.strerror(code)}'):
+        Cron("0 4 * * *", "Asia/Kathmandu")
+
+    def missing(name: str) -> Any:
+        raise OSError(errno.ENOENT, os.strerror(errno.ENOENT))
+
+    monkeypatch.setattr(backend.cron, "ZoneInfo", missing)
+    with pytest.raises(CronError, match='unknown timezone "Asia/Kathmandu"'):
+        Cron("0 4 * * *", "Asia/Kathmandu")

@@ -4,10 +4,12 @@ by another engine sharing the store on its state poll."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -401,3 +403,37 @@ async def test_a_row_not_valid_here_at_start_is_listed_and_can_be_deleted(make_e
     assert "reap" not in {v.name for v in await engine.list_schedules()}
     with pytest.raises(NotFound):
         await engine.get_schedule("reap")
+
+
+async def test_a_zone_unreadable_for_want_of_descriptors_leaves_the_schedule_running_and_is_applied_later(
+    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An update read while the process is out of file descriptors (its new zone's file
+    cannot be opened): not taken for a row not valid here, the running definition kept, and
+    the update applied at the next poll once the descriptors are back."""
+    import backend.cron
+
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.quiesce()
+    await engine.create_schedule(spec())
+    await step(engine, clock, 60)  # 08:01 fired
+    row = engine.catalog.rows["reap"]
+    assert await engine.catalog.store.update_stored_schedule(
+        replace(row, cron="0 9 * * *", timezone="Asia/Kathmandu", updated_at=clock.now(), updated_by="elsewhere"), row.version
+    )
+    real = ZoneInfo
+
+    def short(name: str) -> Any:
+        if name == "Asia/Kathmandu":
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(name)
+
+    monkeypatch.setattr(backend.cron, "ZoneInfo", short)
+    await step(engine, clock, 60)
+    assert engine.catalog.invalid == {} and engine.schedules["reap"].timezone == "UTC"
+    assert slots(await all_runs(engine, "reap")) == ["08:01", "08:02"]  # the old definition runs on
+    monkeypatch.setattr(backend.cron, "ZoneInfo", real)
+    await step(engine, clock, 2)
+    assert engine.schedules["reap"].timezone == "Asia/Kathmandu" and engine.catalog.invalid == {}
+    assert (await engine.get_schedule("reap")).next_fire_at == at("2026-03-03T03:15:00Z")

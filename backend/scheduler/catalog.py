@@ -224,7 +224,6 @@ class Catalog:
     def _apply(self, version: int, rows: list[StoredSchedule]) -> None:
         if self.version is not None and version < self.version:
             return  # an older read than one applied already
-        self.version = version
         fresh = {row.name: row for row in rows}
         for name in [n for n in self.rows if n not in fresh]:
             self._remove(name)
@@ -233,6 +232,9 @@ class Catalog:
             # two reads here starts again at version 1 (with another definition, maybe).
             if self.rows.get(row.name) != row:
                 self._put(row)
+        # Only once every row is applied: a row that could not be (the machine short of
+        # descriptors to read its zone: Unavailable) is read and applied again next round.
+        self.version = version
 
     def _put(self, row: StoredSchedule) -> None:
         code = self.schedules.get(row.name)

@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import re
+import resource
 import socket
 import sqlite3
 import stat
@@ -167,6 +168,45 @@ def _disk_full(folder: Path) -> bool:
     except OSError:
         return False
     return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) == 0
+
+
+def _short_of_descriptors() -> str | None:
+    """What to say when this process is (nearly) out of file descriptors (SQLite says only
+    "unable to open database file" when it cannot open the file, its WAL or its shared
+    memory); ``None`` otherwise, or when it cannot be told."""
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            return f"this process has no file descriptor left (its limit is {soft}: raise it, ulimit -n)"
+        return None
+    if soft - used > _DESCRIPTORS_NEEDED:
+        return None
+    return f"this process has {used} of its {soft} file descriptors open (raise the limit: ulimit -n)"
+
+
+#: Descriptors a store's open may need at once (the file, its WAL and shared memory, for
+#: the writer and the reader, and a few more for the folder and the reserve).
+_DESCRIPTORS_NEEDED = 8
+
+
+def _why(exc: BaseException, folder: Path) -> str:
+    """A SQLite error in the operator's words: with the machine's own cause when SQLite's
+    message hides it (a full disk; no file descriptor left)."""
+    said = str(exc)
+    if _disk_full(folder):
+        return f"{said}; its disk is full"
+    if "unable to open" in said:
+        short = _short_of_descriptors()
+        if short is not None:
+            return f"{said}: {short}"
+    return said
 
 
 class SQLiteStore(
@@ -316,7 +356,7 @@ class SQLiteStore(
             except sqlite3.Error as exc:
                 if not self.create and not self.path.exists():
                     self._require_file()  # deleted in between: say so plainly
-                why = f"{exc}; its disk is full" if _disk_full(self.path.parent) else str(exc)
+                why = _why(exc, self.path.parent)
                 raise Unavailable(f'cannot open the store "{self.path}": {why}') from exc
             self._writer = self._last_writer = writer
             forks.opened(self)
@@ -683,7 +723,7 @@ class SQLiteStore(
         except sqlite3.Error as exc:
             if not _is_trouble(exc):
                 raise
-            raise store_unavailable(self.where, "{store} is unavailable", str(exc)) from exc
+            raise store_unavailable(self.where, "{store} is unavailable", _why(exc, self.path.parent)) from exc
 
     async def _peek(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn`` on the writer's connection, between its transactions (a read only)."""
@@ -694,7 +734,7 @@ class SQLiteStore(
         except sqlite3.Error as exc:
             if not _is_trouble(exc):
                 raise
-            raise store_unavailable(self.where, "{store} is unavailable", str(exc)) from exc
+            raise store_unavailable(self.where, "{store} is unavailable", _why(exc, self.path.parent)) from exc
         return result
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -719,7 +759,7 @@ class SQLiteStore(
         except sqlite3.Error as exc:
             if not _is_trouble(exc):
                 raise
-            raise store_unavailable(self.where, "{store} is unavailable", str(exc)) from exc
+            raise store_unavailable(self.where, "{store} is unavailable", _why(exc, self.path.parent)) from exc
 
     # -- runs -----------------------------------------------------------------------------
     def save_runs(self, runs: Sequence[Run]) -> None:
