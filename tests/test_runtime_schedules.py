@@ -342,6 +342,16 @@ async def test_a_schedule_created_again_catches_up_only_its_own_slots(
     assert slots(await all_runs(second, "reap")) == ["08:01", "08:31", "08:32"]
 
 
+async def reap_fired_once(make_engine: Callable[..., Engine], clock: ManualClock) -> Engine:
+    """A started engine whose stored schedule "reap" (every minute) fired its 08:01 slot."""
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.quiesce()
+    await engine.create_schedule(spec())
+    await step(engine, clock, 60)
+    return engine
+
+
 async def test_a_stored_row_not_valid_here_is_listed_with_why_never_run_and_can_be_corrected(
     make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -349,11 +359,7 @@ async def test_a_stored_row_not_valid_here_is_listed_with_why_never_run_and_can_
     of a newer release): the running definition stops, the schedule stays listed with why
     (not hidden), every action but an update or a delete is refused naming the problem,
     and an update that corrects it runs it again."""
-    engine = make_engine([queue()])
-    await engine.start()
-    await engine.quiesce()
-    await engine.create_schedule(spec())
-    await step(engine, clock, 60)  # 08:01 fired
+    engine = await reap_fired_once(make_engine, clock)
     row = engine.catalog.rows["reap"]
     written = await engine.catalog.store.update_stored_schedule(
         replace(row, timezone="Mars/Olympus_Mons", updated_at=clock.now(), updated_by="a newer release"), row.version
@@ -413,11 +419,7 @@ async def test_a_zone_unreadable_for_want_of_descriptors_leaves_the_schedule_run
     the update applied at the next poll once the descriptors are back."""
     import backend.cron
 
-    engine = make_engine([queue()])
-    await engine.start()
-    await engine.quiesce()
-    await engine.create_schedule(spec())
-    await step(engine, clock, 60)  # 08:01 fired
+    engine = await reap_fired_once(make_engine, clock)
     row = engine.catalog.rows["reap"]
     assert await engine.catalog.store.update_stored_schedule(
         replace(row, cron="0 9 * * *", timezone="Asia/Kathmandu", updated_at=clock.now(), updated_by="elsewhere"), row.version
