@@ -1198,10 +1198,13 @@ def test_out_of_file_descriptors_is_said_as_such_at_every_limit(cli: Cli) -> Non
     nor a zone taken for unknown because its file could not be opened)."""
     said = []
     for limit in range(9, 15):
+
+        def low(limit: int = limit) -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
         done = subprocess.run(
-            cli.argv("list"), cwd=cli.root, env=child_env(), capture_output=True, text=True, timeout=60,
-            preexec_fn=lambda limit=limit: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)),
-        )  # fmt: skip
+            cli.argv("list"), cwd=cli.root, env=child_env(), capture_output=True, text=True, timeout=60, preexec_fn=low
+        )
         if done.returncode == 0:
             continue
         assert done.stderr.count("\n") == 1, (limit, done.stderr)
