@@ -28,7 +28,7 @@ from backend import DefinitionError, Engine, ManualClock, RunContext, define_dur
 from backend.alerts import conditions
 from backend.alerts.evaluator import Evaluator
 from backend.alerts.model import Alert, AlertsPage, AlertState, Condition, ordered
-from backend.alerts.notifier import AlertSettings, parse_sinks, sink_of
+from backend.alerts.notifier import CLAIM_BATCH, AlertSettings, Notifier, parse_sinks, sink_of
 from backend.alerts.policy import DurableAlerting, QueueAlerting, ScheduleAlerting
 from backend.alerts.rules import period, prometheus_rules, render_rules
 from backend.alerts.store import AlertStore, DeadJobs, SlotRun, StuckCandidate, Success, Transition
@@ -37,10 +37,13 @@ from backend.client.embedded import EmbeddedBackend
 from backend.client.remote import RemoteBackend
 from backend.cron import Cron
 from backend.errors import BadInput
+from backend.events.audit import AuditLog
+from backend.events.bus import EventBus
 from backend.ids import IdFactory
 from backend.jobs import JobContext
 from backend.model import InstanceInfo, Role, ScheduleState
 from backend.observability.metrics import EngineMetrics
+from backend.runtime.loops import Loops
 from backend.store import Store, open_store
 from console.cli.main import UsageError, main, notify_file_urls
 from tests import pg
@@ -450,6 +453,49 @@ async def test_a_webhook_whose_request_fails_unexpectedly_fails_only_its_own_del
     failing["now"] = False
     await step(engine, clock, 60, times=8)  # no run has failed since: resolved after 5 minutes
     assert receiver.delivered() == [("failing:export", "firing"), ("failing:export", "resolved")]
+
+
+async def test_a_webhook_that_hangs_holds_back_no_other_webhooks_pages(tmp_path: Path, clock: ManualClock) -> None:
+    """One webhook takes the POSTs and never answers (its timeout is long): the other gets
+    every page meanwhile. Before, both sinks' rows were claimed in one batch and the next
+    batch waited for the whole of it: each batch took the hanging one's timeout, and the
+    healthy webhook's pages came minutes late."""
+    hung = "https://hung.example.test/hook"
+    store: Any = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    await store.open()
+    delivered: list[str] = []
+    every_one, hanging = asyncio.Event(), []
+    transitions = 3 * CLAIM_BATCH
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        if str(request.url) == hung:
+            hanging.append(request)
+            await asyncio.Event().wait()  # (never answers: cancelled at the end)
+        delivered.append(json.loads(request.content)["transition"])
+        if len(delivered) == transitions:
+            every_one.set()
+        return httpx.Response(200)
+
+    ids = IdFactory(clock.now)
+    settings = AlertSettings(sinks=(HOOK, hung), timeout=300.0, lease=600.0)
+    audit = AuditLog(store=store, clock=clock, new_id=ids, events=EventBus(), actor="test")
+    notifier = Notifier(store=store, clock=clock, loops=Loops(clock), instance="a", sinks=parse_sinks([HOOK, hung]),
+                        settings=settings, audit=audit, transport=httpx.MockTransport(answer))  # fmt: skip
+    loops: list[asyncio.Task[None]] = []
+    try:
+        await notifier.register(clock.now())
+        written = [transition(f"failing:s{n}", "firing", clock.now(), ids()) for n in range(transitions)]
+        await store.write_transitions(written, sinks_after=clock.now() - timedelta(days=1))
+        loops = [asyncio.ensure_future(notifier.run(sink_id)) for sink_id in notifier.sinks]
+        await asyncio.wait_for(every_one.wait(), 60)  # (a bound: the hanging POSTs take 300 s)
+        assert sorted(delivered) == sorted(t.alert.transition for t in written)
+        assert len(hanging) == CLAIM_BATCH  # its first batch, still waiting
+    finally:
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        await notifier.stop(0)
+        await store.close()
 
 
 async def notifications(engine: Engine) -> dict[str, float]:

@@ -199,8 +199,12 @@ class Notifier:
         self.audit = audit
         self.transport = transport
         """A test's transport (``None``: the network)."""
-        self.wake = asyncio.Event()
-        """Set when this instance wrote a transition: deliver now, not at the next poll."""
+        self.wakes = {sink_id: asyncio.Event() for sink_id in self.sinks}
+        """Per sink, set when this instance wrote a transition: deliver now, not at the next
+        poll (see :meth:`wake_up`)."""
+        self.loop_names = {sink_id: f"alert delivery {n}" for n, sink_id in enumerate(self.sinks, start=1)}
+        """Each sink's delivery loop's name (one loop a sink: see :meth:`run`)."""
+        self._registering = asyncio.Lock()
         self._registered: datetime | None = None
         self._client: httpx.AsyncClient | None = None
         self._sending: set[asyncio.Task[None]] = set()
@@ -254,24 +258,31 @@ class Notifier:
                 await self._client.aclose()
             self._client = None
 
+    def wake_up(self) -> None:
+        """This instance wrote a transition: every sink's loop delivers now."""
+        for wake in self.wakes.values():
+            wake.set()
+
     async def register(self, now: datetime) -> None:
         """Tell the store which sinks this instance delivers to (every :data:`REGISTER_EVERY`)."""
-        if self._registered is not None and now - self._registered < REGISTER_EVERY:
-            return
-        await self.store.register_sinks([(sink.id, sink.shown) for sink in self.sinks.values()], now)
-        self._registered = now
+        async with self._registering:  # (every sink's loop asks: one of them tells)
+            if self._registered is not None and now - self._registered < REGISTER_EVERY:
+                return
+            await self.store.register_sinks([(sink.id, sink.shown) for sink in self.sinks.values()], now)
+            self._registered = now
 
     async def deliver_due(self) -> int:
-        """Claim and deliver every due row of this instance's sinks; how many were handled."""
-        if not self.sinks:
-            return 0
+        """Claim and deliver every due row of this instance's sinks, each sink's apart (a
+        sink that hangs holds back only its own pages); how many were handled."""
+        return sum(await asyncio.gather(*(self.deliver_due_to(sink_id) for sink_id in self.sinks)))
+
+    async def deliver_due_to(self, sink_id: str) -> int:
+        """Claim and deliver every due row of one sink, a batch at a time; how many were handled."""
         handled = 0
         while True:
             now = self.clock.now()
             until = now + timedelta(seconds=self.settings.lease)
-            claiming = asyncio.ensure_future(
-                self.store.claim_deliveries(list(self.sinks), self.instance, now, until, CLAIM_BATCH)
-            )
+            claiming = asyncio.ensure_future(self.store.claim_deliveries([sink_id], self.instance, now, until, CLAIM_BATCH))
             try:
                 claimed = await asyncio.shield(claiming)
             except asyncio.CancelledError:
@@ -352,15 +363,16 @@ class Notifier:
                       delivery.attempts, error)  # fmt: skip
             await self.audit.record("alert.notify_failed", delivery.alert_key, detail, actor=self.instance)
 
-    async def run(self) -> None:
-        """The delivery loop: deliver what is due, then wait for a transition of this
+    async def run(self, sink_id: str) -> None:
+        """One sink's delivery loop (each sink has its own: a webhook that hangs or fails
+        delays no other's pages): deliver what is due, then wait for a transition of this
         instance or the next poll."""
-        name = "alert delivery"
+        name, wake = self.loop_names[sink_id], self.wakes[sink_id]
         while True:
             try:
                 await self.register(self.clock.now())
-                await self.deliver_due()
+                await self.deliver_due_to(sink_id)
             except Unavailable as exc:
-                log.warning("alerts: cannot deliver now: %s", exc)
+                log.warning("alerts: cannot deliver to %s now: %s", self.sinks[sink_id].shown, exc)
             poll = self.clock.now() + timedelta(seconds=self.settings.poll)
-            await self.loops.park(name, poll, self.wake)
+            await self.loops.park(name, poll, wake)

@@ -124,7 +124,7 @@ class Alerts:
         if done.summaries and not done.won:
             self.events.publish("alerts", None)
         if done.won and self.notifier is not None:
-            self.notifier.wake.set()
+            self.notifier.wake_up()
         return done
 
     async def _evaluating(self) -> None:
@@ -156,8 +156,9 @@ class Alerts:
             return
         self.loops.expect("alert evaluation")
         self.loops.spawn(self._evaluating(), "alert evaluation")
-        self.loops.expect("alert delivery")
-        self.loops.spawn(self.notifier.run(), "alert delivery")
+        for sink_id, name in self.notifier.loop_names.items():  # (one loop a sink)
+            self.loops.expect(name)
+            self.loops.spawn(self.notifier.run(sink_id), name)
 
     async def maintain(self, now: datetime) -> None:
         if self.evaluator is None:
