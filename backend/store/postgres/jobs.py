@@ -42,6 +42,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -73,6 +74,7 @@ from backend.store.migrations import Component
 from backend.store.postgres.events import JOBS_CHANNEL
 from backend.store.postgres.lane import Lane, LaneFailed
 from backend.store.postgres.logs import PRUNE_JOB_LOGS_CTE
+from backend.store.postgres.pooler import PoolerSettings
 
 __all__ = ["PostgresJobs"]
 
@@ -772,9 +774,21 @@ class PostgresJobs:
     _fetchone: Callable[..., Awaitable[tuple[Any, ...] | None]]
     _execute: Callable[..., Awaitable[int]]
     commits: int
+    pooler: PoolerSettings
 
     #: This process's rotation of seat numbers (see CLAIM).
     _spin = random.randrange(1 << 16)
+
+    def _one_transaction(self, conn: AsyncConnection[Any]) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The statements of the block as one transaction: pipelined on a direct connection
+        (one round trip: they are one implicit transaction, committed at the pipeline's one
+        Sync, rolled back whole on an error); behind a transaction pooler an explicit one.
+        There psycopg's Flush after a pipeline's Sync can reach PgBouncer after the server
+        answered and was let go, and PgBouncer gives that lone Flush a server connection of
+        its own: the server never answers it, and that connection stays tied to an idle
+        client (no statement or transaction timeout ends it) until the pool is exhausted and
+        every other client waits out ``query_wait_timeout`` (120 s)."""
+        return conn.transaction() if self.pooler.transaction else conn.pipeline()
 
     def _send_lanes(self) -> list[Lane]:
         """The connections kept for sends (made when the store opens, each connected when
@@ -961,7 +975,7 @@ class PostgresJobs:
             # While sharing the lock, leave room for the others that share it now.
             params = {"jobs": batch(), "queue": queue, "at": at, "limit": MAX_HELD if alone else MAX_HELD - _SHARED_ROOM}
             # One round trip: the lock and the send are one implicit transaction (see cycle_jobs).
-            async with conn.pipeline():
+            async with self._one_transaction(conn):
                 await conn.execute(SEND_LOCK_ALONE if alone else SEND_LOCK_SHARED, (queue,))
                 cursor = await conn.execute(SEND, params)
             return await cursor.fetchall()
@@ -1022,8 +1036,9 @@ class PostgresJobs:
         async def cycle(conn: AsyncConnection[Any]) -> tuple[set[str], set[str], list[tuple[Any, ...]]]:
             # Pipelined, one round trip: the statements before the pipeline's one Sync are
             # one (implicit) transaction, committed at the Sync or rolled back whole on an
-            # error. (A `transaction()` block here would cost a Sync of its own first.)
-            async with conn.pipeline():
+            # error. (A `transaction()` block here would cost a Sync of its own first; it is
+            # one behind a transaction pooler: see _one_transaction.)
+            async with self._one_transaction(conn):
                 done = [await conn.execute(sql, params) for sql, params in finishing]
                 handed = await conn.execute(HANDOVER, hand_params) if hand_params else None
                 taken = await conn.execute(CLAIM, claim_params) if claim_params else None
@@ -1099,7 +1114,7 @@ class PostgresJobs:
         finishing = _finish_statements(finishes)
 
         async def finish(conn: AsyncConnection[Any]) -> set[str]:
-            async with conn.pipeline():  # one round trip, one implicit transaction (see cycle_jobs)
+            async with self._one_transaction(conn):  # one round trip, one implicit transaction (see cycle_jobs)
                 done = [await conn.execute(sql, params) for sql, params in finishing]
             return {row[0] for cursor in done for row in await cursor.fetchall()}
 
