@@ -51,6 +51,7 @@ from backend.locks.model import (
     check_ttl,
 )
 from backend.locks.store import LockStore
+from backend.locks.sync import SyncLocks
 from backend.model import TAG_UNAVAILABLE, iso
 from backend.runtime.loops import call_from_thread
 from backend.runtime.runner import Outcome
@@ -143,8 +144,6 @@ class Locks:
         """These locks for code on another thread (a plain ``def`` handler, as
         ``ctx.locks.sync``): each call blocks until the engine's loop has carried it out, and
         the lease renews on that loop while the work runs in the caller's thread."""
-        from backend.locks.sync import SyncLocks  # (it builds on this module)
-
         return SyncLocks(self, self._blocking)
 
     def _blocking(self, call: Coroutine[Any, Any, Any]) -> Any:

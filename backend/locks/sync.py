@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from backend.locks.lease import Lease, LockResult
 from backend.locks.model import DEFAULT_TTL, LeaseLost, LockNotAcquired, LockRelease, LocksSnapshot
-from backend.locks.service import Locks
+
+if TYPE_CHECKING:  # (the service builds these: see Locks.sync)
+    from backend.locks.service import Locks
 
 __all__ = ["SyncLease", "SyncLocks"]
 
