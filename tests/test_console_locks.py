@@ -131,3 +131,27 @@ def test_in_cluster_mode_the_header_says_how_many_schedules_each_instance_owns()
     assert "web-1 ◈2, web-2 ◈1" in text
     plain = ScheduleView("a", "* * * * *", "UTC", "self", "skip", "skip", 60.0, None, None, True, None, None, None)
     assert fleet_of(beats, now, info, [plain]).owned is None  # not in the other modes
+
+
+async def test_x_confirmed_after_the_lock_changed_hands_releases_nothing_and_says_so(store_url: str) -> None:  # noqa: F811
+    """The question names a holder and a token; by the time of ``y`` another run took the
+    lock (a new token). The release refuses (the lease confirmed is gone), never cutting
+    the new holder's."""
+    await add_locks(store_url)
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("5")
+        await settle(pilot)
+        await pilot.press("x")  # nightly-rollup, held by web-2:77 (rollup)
+        await settle(pilot)
+        assert isinstance(app.screen, Confirm)
+        locks = cast(Any, app.backend).engine.locks
+        await locks.release("nightly-rollup")  # meanwhile: freed, and taken by the next run
+        taken = await locks.acquire("nightly-rollup", ttl=300, holder="web-3:12 (rollup)")
+        assert taken is not None
+        await pilot.press("y")
+        await settle(pilot)
+        assert await holder_of(store_url, "nightly-rollup") == "web-3:12 (rollup)"
+        assert notes.titled("Lock released") == []
+        assert notes.titled("Refused") == [f'lock "nightly-rollup" is held by web-3:12 (rollup) (token {taken.token}) '
+                                           "now, no longer token 1: nothing was released; look again"]
+        await taken.release()

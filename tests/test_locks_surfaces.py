@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backend import BadInput, Forbidden, NotFound, connect
+from backend import BadInput, Forbidden, NotFound, Refused, connect
 from backend.client.interface import Backend
 from tests.servers import Server
 from tests.test_cli import Cli, cli  # noqa: F401 - fixtures
@@ -52,6 +52,24 @@ async def test_locks_are_listed_with_their_holder_and_released_by_force(backend:
     snapshot = await backend.list_locks()
     [lock] = [lock for lock in snapshot.locks if lock.name == name]
     assert (lock.holder, lock.token, lock.state(snapshot.now)) == (None, token, "free")
+
+
+async def test_a_release_for_a_token_no_longer_the_locks_is_refused_and_releases_nothing(
+    backend: Backend, held: tuple[str, int]
+) -> None:  # noqa: F811
+    """The lease an operator saw (its token) is gone: the release is a 409 naming the lock's
+    holder and token now, and the lock stays held; for the current token it releases."""
+    name, token = held
+    with pytest.raises(Refused, match=f'lock "{name}" is held by holder:1 \\(token {token}\\) now, no longer token {token + 1}'):
+        await backend.release_lock(name, token=token + 1)
+    [lock] = [lock for lock in (await backend.list_locks()).locks if lock.name == name]
+    assert (lock.holder, lock.token) == ("holder:1", token)
+    done = await backend.release_lock(name, token=token)
+    assert done.released and done.lock.token == token
+    with pytest.raises(Refused, match=f"is free \\(token {token}\\) now, no longer token {token + 7}"):
+        await backend.release_lock(name, token=token + 7)
+    with pytest.raises(BadInput, match="token 0 is out of range \\(1-9007199254740992\\)"):
+        await backend.release_lock(name, token=0)
 
 
 async def test_unknown_and_bad_lock_names(backend: Backend) -> None:  # noqa: F811
@@ -109,7 +127,11 @@ async def test_locks_table_json_and_forced_release(cli: Cli) -> None:  # noqa: F
     refused = cli("locks", "release", "nightly-rollup", "--schedules", "schedules")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "add --yes" in refused.stderr
     assert cli.json("locks", "--schedules", "schedules")[0]["state"] == "held"  # nothing released
-    done = cli.ok("locks", "release", "nightly-rollup", "--yes", "--schedules", "schedules")
+    moved = cli("locks", "release", "nightly-rollup", "--if-token", str(token + 1), "--yes", "--schedules", "schedules")
+    assert moved.returncode == 3 and moved.stderr.count("\n") == 1, moved
+    assert f"held by web-2:77 (token {token}) now, no longer token {token + 1}: nothing was released" in moved.stderr
+    assert cli.json("locks", "--schedules", "schedules")[0]["state"] == "held"
+    done = cli.ok("locks", "release", "nightly-rollup", "--if-token", str(token), "--yes", "--schedules", "schedules")
     assert done.stdout == (
         f'lock "nightly-rollup" released (was held by web-2:77, token {token}); the next holder gets a greater token\n'
     )

@@ -110,6 +110,11 @@ class Limit:
         return {}
 
 
+def _bound(value: float) -> str:
+    """A range's bound as written (an integer in full, not ``9.0072e+15``)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 @dataclass(frozen=True)
 class Range(Limit):
     """A number from ``low`` to ``high``, both included."""
@@ -121,7 +126,7 @@ class Range(Limit):
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             return value  # the type is the implementation's to refuse, in its words
         if not self.low <= value <= self.high:
-            raise BadInput(f"{field} {value} is out of range ({self.low:g}-{self.high:g})", field=field)
+            raise BadInput(f"{field} {value} is out of range ({_bound(self.low)}-{_bound(self.high)})", field=field)
         return value
 
     def schema(self) -> dict[str, Any]:

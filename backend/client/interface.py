@@ -522,9 +522,16 @@ class Backend(abc.ABC):
                           "The next holder gets it at once while the current one may still be working; "
                           "its renewals and fenced writes are refused from then on."),
             http=Http("POST", "/inspect/locks/{name:path}/release", ok="{released, lock, now}",
-                      errors={404: "no lock with that name"}))
-    async def release_lock(self, name: LockName) -> LockRelease:
-        """Release a lock by force, whoever holds it.
+                      errors={404: "no lock with that name", 409: "token given, and no longer the lock's: nothing released"}))
+    async def release_lock(
+        self,
+        name: LockName,
+        *,
+        token: Annotated[int | None, Range(1, 2**53), Help("only while this is its token (the lease you saw)")] = None,
+    ) -> LockRelease:
+        """Release a lock by force, whoever holds it (with token: only while that is still
+        its token, else 409 and nothing released: a lease taken since the operator looked
+        is never cut by mistake).
 
         Its holder's renewals and fenced writes are refused from now on, and the next
         holder gets a greater token. released is false when nobody held it; lock is the

@@ -35,8 +35,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
-from backend.errors import NotFound, Unavailable
-from backend.inputs import is_async_callable
+from backend.errors import BadInput, NotFound, Refused, Unavailable
+from backend.inputs import is_async_callable, shown_number
 from backend.locks.lease import Lease, LockResult
 from backend.locks.model import (
     DEFAULT_TTL,
@@ -494,13 +494,25 @@ class Locks:
         """Every lock (held, expired or free) and the lock clock's now."""
         return await self.store.list_locks(self.lock_now())
 
-    async def release(self, name: str) -> LockRelease:
+    async def release(self, name: str, token: int | None = None) -> LockRelease:
         """Release ``name`` by force, whoever holds it (an operator's action): its holder's
         renewals and fences fail from now on, and the next holder gets a greater token.
-        Returns the lock as it was; :class:`~backend.errors.NotFound` for an unknown name."""
-        done = await self.store.force_release_lock(check_lock_name(name), self.lock_now())
+        Given ``token`` (the lease the operator saw and confirmed), only while that is still
+        the lock's: one taken since is never cut by a confirmation of another (``Refused``,
+        nothing released). Returns the lock as it was; :class:`~backend.errors.NotFound`
+        for an unknown name."""
+        if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
+            raise BadInput(f"token {shown_number(token)} is not a whole number (a lock's token)", field="token")
+        done = await self.store.force_release_lock(check_lock_name(name), self.lock_now(), token)
         if done is None:
             raise NotFound(f'no lock named "{name}"')
+        if token is not None and done.lock.token != token:
+            now = done.lock
+            holder = f"held by {now.holder} (token {now.token})" if now.holder is not None else f"free (token {now.token})"
+            raise Refused(
+                f'lock "{name}" is {holder} now, no longer token {token}: nothing was released; look again',
+                reason="lock changed",
+            )
         if done.released:
             log.warning('lock "%s" released by force (holder %s, token %d)', name, done.lock.holder, done.lock.token)
         await self.audit.record(

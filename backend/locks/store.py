@@ -51,8 +51,9 @@ class LockStore(Protocol):
 
     async def release_lock(self, name: str, token: int, now: datetime | None) -> bool: ...
 
-    async def force_release_lock(self, name: str, now: datetime | None) -> LockRelease | None:
-        """Free the lock whoever holds it; the lock as it was (``None``: no such lock)."""
+    async def force_release_lock(self, name: str, now: datetime | None, token: int | None = None) -> LockRelease | None:
+        """Free the lock whoever holds it (given ``token``: only while that is its token,
+        else nothing changes); the lock as it was (``None``: no such lock)."""
 
     async def get_lock(self, name: str) -> Lock | None: ...
 

@@ -181,16 +181,16 @@ class LocksView(View):
         held = f"Held by {lock.holder} (token {lock.token}); {until}."
 
         def answer(yes: bool | None) -> None:
-            if yes:
-                self._release(lock.name)
+            if yes:  # (the lease confirmed: one taken since is refused, not cut)
+                self._release(lock.name, lock.token)
 
         console.push_screen(Confirm.of("release_lock", {"name": lock.name}, facts=[held]), answer)
 
     @work(group="action")
-    async def _release(self, name: str) -> None:
+    async def _release(self, name: str, token: int) -> None:
         console = self.console
         try:
-            done = await console.backend.release_lock(name)
+            done = await console.backend.release_lock(name, token=token)
         except Unavailable as exc:
             console.connection_lost(exc)
             return

@@ -176,14 +176,16 @@ class PostgresLocks:
         self.commits += 1
         return given_back
 
-    async def force_release_lock(self, name: str, now: datetime | None) -> LockRelease | None:
+    async def force_release_lock(self, name: str, now: datetime | None, token: int | None = None) -> LockRelease | None:
         async def go(conn: Any) -> LockRelease | None:
             async with conn.transaction():
                 row = await (await conn.execute(LOCK_FOR_RELEASE, {"name": name, "now": now})).fetchone()
                 if row is None:
                     return None
-                await conn.execute(FORCE_RELEASE, {"name": name, "now": row[6]})
-                return LockRelease(_lock(row), _utc(row[6]))
+                lock = _lock(row)
+                if token is None or lock.token == token:
+                    await conn.execute(FORCE_RELEASE, {"name": name, "now": row[6]})
+                return LockRelease(lock, _utc(row[6]))
 
         lock = await self._with_conn(go)
         self.commits += 1

@@ -154,15 +154,17 @@ class SQLiteLocks:
         params = (_us(_now(now)), name, claim)
         return await self._write(lambda c: c.execute(GIVE_BACK_LOCK, params).rowcount == 1)
 
-    async def force_release_lock(self, name: str, now: datetime | None) -> LockRelease | None:
+    async def force_release_lock(self, name: str, now: datetime | None, token: int | None = None) -> LockRelease | None:
         at_us = _us(_now(now))
 
         def release(c: sqlite3.Connection) -> LockRelease | None:
             row = c.execute(GET_LOCK, (name,)).fetchone()
             if row is None:
                 return None
-            c.execute(FORCE_RELEASE, (at_us, name))
-            return LockRelease(_lock(row), _dt(at_us))
+            lock = _lock(row)
+            if token is None or lock.token == token:
+                c.execute(FORCE_RELEASE, (at_us, name))
+            return LockRelease(lock, _dt(at_us))
 
         return await self._write(release)
 
