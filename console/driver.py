@@ -19,19 +19,25 @@ escape sequence in Textual's parser, which sent it on as keys, ahead of the past
 rest of the paste became key presses (a tab moved the focus, a return submitted the form
 unasked) and the text was lost or reordered. Here such an ESC is dropped before the
 parser reads it (a field keeps no control character anyway): the paste stays one paste.
+
+A byte that is not UTF-8 (a Latin-1 terminal, a pasted binary) ended Textual's input thread
+with a traceback: here it reads as U+FFFD.
 """
 
 from __future__ import annotations
 
+import codecs
+import functools
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import IO, Any
 
 from textual._xterm_parser import XTermParser
 from textual.driver import Driver
 from textual.message import Message
 
-__all__ = ["PasteAsText", "batched"]
+__all__ = ["PasteAsText", "batched", "lenient_decoder"]
 
 PASTE_START = "\x1b[200~"
 PASTE_END = "\x1b[201~"
@@ -136,6 +142,13 @@ class _Batched(Driver):
             self._app.post_message(message)
 
 
+def lenient_decoder(encoding: str) -> Callable[[], codecs.IncrementalDecoder]:
+    """The terminal's input decoder, which puts U+FFFD for a byte that is not UTF-8 (a
+    Latin-1 terminal's ``é``, a pasted binary) instead of raising: Textual's strict one
+    ended the input thread, and the console with a traceback (exit 0, its engine stopped)."""
+    return functools.partial(codecs.getincrementaldecoder(encoding), errors="replace")
+
+
 def batched(driver: type[Driver]) -> type[Driver]:
     """``driver`` with what it reads handed to the app in batches (and, on a terminal,
     pastes read as text: see :class:`PasteAsText`)."""
@@ -143,4 +156,5 @@ def batched(driver: type[Driver]) -> type[Driver]:
 
     if issubclass(driver, linux_driver.LinuxDriver):
         setattr(linux_driver, "XTermParser", PasteAsText)  # noqa: B010  (the name its input thread makes its parser of)
+        setattr(linux_driver, "getincrementaldecoder", lenient_decoder)  # noqa: B010  (and its decoder of)
     return type(f"Batched{driver.__name__}", (_Batched, driver), {})

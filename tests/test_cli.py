@@ -1032,6 +1032,33 @@ def test_a_firing_console_stopped_by_a_signal_or_a_hangup_lets_its_run_in_flight
         assert "schedtui: SIGTERM: stopping the engine" in shown
 
 
+def test_a_byte_that_is_not_utf8_on_the_terminal_reads_as_a_replacement_not_a_crash(cli: Cli) -> None:
+    """A Latin-1 terminal sends ``é`` as the one byte 0xE9 (a pasted binary sends worse):
+    Textual's strict decoder ended the console's input thread, and the console, with a
+    traceback (exit 0, a firing one's engine stopped). It reads as U+FFFD now, and the
+    console goes on answering keys."""
+    screen = Terminal()
+    try:
+        process = subprocess.Popen(
+            cli.argv("console", "--schedules", "schedules"), cwd=cli.root, env={**child_env(), "TERM": "xterm"},
+            stdin=screen.terminal, stdout=screen.terminal, stderr=screen.terminal, preexec_fn=screen.lead,
+        )  # fmt: skip
+        try:
+            poll(lambda: b"SCHEDULES" in screen.output, timeout=30, what="the console to draw")
+            os.write(screen.controller, b"/caf\xe9 ")
+            poll(lambda: "caf\ufffd" in screen.output.decode(errors="replace"), timeout=30, what="the filter to show it")
+            os.write(screen.controller, b"\x03")  # ctrl+c quits (a key: the console still reads them)
+            assert process.wait(30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(5)
+    finally:
+        screen.close()
+    shown = screen.output.decode(errors="replace")
+    assert "UnicodeDecodeError" not in shown and "Traceback" not in shown
+
+
 async def test_the_consoles_output_outlives_a_terminal_that_hung_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """Textual writes the screen on a thread of its own, from a queue of 30 writes. Its
     thread died of the first write to a terminal that had hung up (EIO), so the app's next
