@@ -160,6 +160,11 @@ class RemoteBackend(Backend):
             raise BadInput(message, field=_field(error))
         if status in (502, 503, 504):
             raise Unavailable(message)
+        if status >= 500:
+            # The server (or a proxy before it) failing: an outage to whoever reads (the
+            # console marks its data stale and retries), in doubt for an action.
+            doubt = "" if route.startswith("GET ") else "; it may have been done all the same: look before doing it again"
+            raise Unavailable(f"{message}{doubt}")
         raise SchedtuiError(message)
 
     def _read(self, route: str, data: Any, build: Callable[[Any], T]) -> T:
