@@ -140,6 +140,7 @@ class Reading(App[None]):
             self.link.snapshot(snapshot.now)
             self.views = snapshot.schedules
             await view.load()
+            view.loaded = True
         except Unavailable as exc:
             self.connection_lost(exc)
             return

@@ -419,3 +419,42 @@ async def test_a_lost_connection_leaves_the_jobs_on_screen_stale_and_comes_back(
             assert not app.query_one("#main").has_class("-stale") and notes.titled("Reconnected")
     finally:
         await backend.close()
+
+
+async def test_a_view_whose_first_read_has_not_answered_says_reading_not_none(store_url: str) -> None:
+    """Behind a slow link the first read of the view switched to takes seconds: its title
+    said "QUEUES 0 · none yet" meanwhile (and "DURABLE 0", "AUDIT 0 · all read"), which
+    reads at 3 AM as "there are none". It says it is reading until the read answers."""
+    clock = ManualClock(FROZEN)
+    backend: Any = console_backend(store_url, clock)
+    answer = asyncio.Event()
+    reads = {name: getattr(backend, name) for name in ("list_queues", "list_executions", "audit")}
+
+    def slowed(read: Any) -> Any:
+        async def slow(*args: Any, **kwargs: Any) -> Any:
+            await answer.wait()
+            return await read(*args, **kwargs)
+
+        return slow
+
+    for name, read in reads.items():
+        setattr(backend, name, slowed(read))
+    app = SchedtuiApp(backend, clock, where=WHERE, operator_zone=ZONE)
+    try:
+        async with app.run_test(size=(120, 32)) as pilot:
+            await settle(pilot)
+            titles = {}
+            for key, title in (("3", "#queues-title"), ("4", "#durable-title"), ("6", "#audit-title")):
+                await pilot.press(key)
+                await pilot.pause()
+                titles[key] = str(app.active_view.query_one(title, Line).content)
+            assert [titles[key].split(" · ")[:2] for key in "346"] == [["QUEUES", "reading…"], ["DURABLE", "reading…"],
+                                                                       ["AUDIT", "reading…"]]
+            answer.set()
+            await settle(pilot)
+            assert str(app.active_view.query_one("#audit-title", Line).content).startswith("AUDIT ")
+            await pilot.press("3")
+            await settle(pilot)
+            assert str(app.active_view.query_one("#queues-title", Line).content).startswith("QUEUES 3 · 1 paused")
+    finally:
+        await backend.close()

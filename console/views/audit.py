@@ -192,6 +192,8 @@ class AuditView(View):
         if needle:
             title += f" of {len(self.entries)} · filter “{needle}” (esc clears)"
         title += " · newest first · " + (f"{self.shown_key('older_entries')} older" if self.next_before else "all read")
+        if not self.loaded:
+            title = "AUDIT · reading…"
         self._title(title)
         self.call_after_refresh(self._title, title)  # the columns' widths are known once laid out
 

@@ -62,6 +62,10 @@ class View(Vertical):
     """Change signals (besides ``runs`` and ``schedules``, which every view follows) that
     make the app refresh while this view is on screen (see :mod:`backend.events.bus`)."""
 
+    loaded = False
+    """Whether a :meth:`load` of this view has answered yet: until then its title says it
+    is reading, not that there is nothing (behind a slow link the first read takes a while)."""
+
     @property
     def console(self) -> SchedtuiApp:
         # Only the app imports its parts (a part importing the app would be an import cycle).

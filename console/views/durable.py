@@ -201,6 +201,8 @@ class DurableView(View):
         counts = {status: sum(1 for e in shown if e.status == status) for status in ("running", "waiting", "failed")}
         title = f"DURABLE {len(shown)}" + ("+" if self.more and not needle else "")
         title += "".join(f" · {n} {status}" for status, n in counts.items() if n)
+        if not self.loaded:
+            title = "DURABLE · reading…"
         if len(self._pages) > 1:
             title += f" · page {len(self._pages)} · {console.key_display(self.KEYS[-1], alone=True)} newer"
         if needle:

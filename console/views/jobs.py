@@ -140,7 +140,9 @@ class JobsView(View):
         shown = len(self.queues)
         paused = sum(1 for q in self.queues if q.paused)
         title = f"QUEUES {shown}" + (f" · {paused} paused" if paused else "")
-        if not self.queues:
+        if not self.loaded:
+            title = "QUEUES · reading…"
+        elif not self.queues:
             title += " · none yet (a queue is recorded when a process with its definition opens the store)"
         self.query_one("#queues-title", Line).update(Content(title))
         if self.selected_queue is not None and self.selected_queue in self.queues_table.queues:
