@@ -639,7 +639,40 @@ async def test_a_print_the_processs_stream_refuses_fails_no_run(
     monkeypatch.undo()
     assert [(r.status, r.error_message) for r in runs] == [("succeeded", None)] * 3
     await engine.run_logs.flush()
-    assert "<<async>>" in (await engine.run_logs.run_log(runs[0].id)).text
-    assert "<<sync>>" in (text := (await engine.run_logs.run_log(runs[1].id)).text) and "<<bytes>>" in text
+    # The warning goes to the process's log, never into the run's (it was spliced into the
+    # print's line, between its text and its newline).
+    assert (await engine.run_logs.run_log(runs[0].id)).text == "<<async>>\n"
+    assert (await engine.run_logs.run_log(runs[1].id)).text == "<<sync>>\n<<bytes>>\n"
     said = [r.getMessage() for r in caplog.records if "could not reach stdout" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"a handler's print could not reach stdout ({type(error).__name__}")
+
+
+async def test_output_of_a_thread_that_outlives_its_handler_is_said_lost_once_in_the_process_log(
+    engines: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A thread the handler started and left running prints after the run ended: its
+    lines cannot join a log that was written and closed, and the log said nothing of them
+    (found by an outside attack). The process's log says so, once, naming the run."""
+    gate, printed = threading.Event(), threading.Event()
+
+    def lingering() -> None:
+        gate.wait(10)
+        print("late 1")
+        print("late 2")
+        printed.set()
+
+    def leaves_a_thread(ctx: Any) -> None:
+        threading.Thread(target=lingering, daemon=True).start()  # (its output is the run's while the run lasts)
+        print("early")
+
+    engine = engines([define_schedule(name="t", cron="0 * * * *", timezone="UTC", handler=leaves_a_thread)])
+    await engine.open()
+    run = await engine.run_now("t", wait=True)
+    await engine.run_logs.flush()
+    gate.set()
+    assert await asyncio.to_thread(printed.wait, 10)
+    await engine.run_logs.flush()
+    assert (await engine.run_logs.run_log(run.id)).text == "early\n"
+    said = [r.getMessage() for r in caplog.records if "output written after it ended" in r.getMessage()]
+    assert said == [f"run {run.id}: output written after it ended (by a thread it left running?) is not kept in its log; "
+                    "it reaches the process's output only"]  # fmt: skip

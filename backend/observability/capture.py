@@ -206,11 +206,14 @@ class Capture:
     handlers write nothing, and those cost no buffer and no store write. A call whose
     output is not kept has no ``opener`` and is never made :data:`CURRENT`."""
 
-    __slots__ = ("buffer", "opener")
+    __slots__ = ("buffer", "opener", "told_late")
 
     def __init__(self) -> None:
         self.buffer: LogBuffer | None = None
         self.opener: Callable[[Capture], LogBuffer] | None = None
+        self.told_late = False
+        """Whether output written after the call ended (a thread it left running) was said
+        to be lost (once a call, in the process's log)."""
 
     def log_target(self) -> LogTarget | None:
         """What the output is kept as (asked at the first write)."""
@@ -227,6 +230,16 @@ class Capture:
                         return
                     buffer = self.buffer = opener(self)
         buffer.write(text)
+        if buffer.closed and not getattr(self, "told_late", False):  # (subclasses set their own slots)
+            self.told_late = True
+            target = self.log_target()
+            whose = f"{target.kind} {target.id}" if target is not None else "a call"
+            outside = CURRENT.set(None)  # (the process's log, not a closed one's)
+            try:
+                _log.warning("%s: output written after it ended (by a thread it left running?) is not kept in its "
+                             "log; it reaches the process's output only", whose)  # fmt: skip
+            finally:
+                CURRENT.reset(outside)
 
 
 CURRENT: contextvars.ContextVar[Capture | None] = contextvars.ContextVar("schedtui_capture", default=None)
@@ -342,8 +355,14 @@ class _PassedOn:
             self._failing = type(exc).__name__
             name = getattr(self.wrapped, "name", None)
             where = {"<stdout>": "stdout", "<stderr>": "stderr", 1: "stdout", 2: "stderr"}.get(name, "the process's stream")
-            _log.warning("a handler's print could not reach %s (%s: %s): it is kept in its run's log only",
-                         where, type(exc).__name__, exc)  # fmt: skip
+            # Outside the handler's capture: the process's log says it, not the run's (it
+            # landed there between the print's text and its newline, one line spliced).
+            outside = CURRENT.set(None)
+            try:
+                _log.warning("a handler's print could not reach %s (%s: %s): it is kept in its run's log only",
+                             where, type(exc).__name__, exc)  # fmt: skip
+            finally:
+                CURRENT.reset(outside)
 
 
 class CapturingStream(_PassedOn):
