@@ -202,8 +202,9 @@ async def test_a_row_stored_before_the_bounds_neither_stops_an_engine_nor_sticks
     await engine.start()  # used to die: OverflowError in the launcher
     await engine.quiesce()
     assert sorted(engine.schedules) == [good]
-    with pytest.raises(NotFound):
-        await engine.get_schedule("big")
+    # Not run, and not hidden either: listed with why (it vanished from every list before).
+    assert "max_runtime 1000000000000000.0" in ((await engine.get_schedule("big")).problem or "")
+    assert {s.name: s.problem is not None for s in await engine.list_schedules()} == {good: False, "big": True, "late": True}
     view = await engine.update_schedule("big", {"max_runtime": 600})  # corrected: it runs
     assert view.max_runtime_s == 600 and "big" in engine.schedules
     await engine.delete_schedule("late")  # or deleted

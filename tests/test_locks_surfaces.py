@@ -61,15 +61,15 @@ async def test_a_release_for_a_token_no_longer_the_locks_is_refused_and_releases
     holder and token now, and the lock stays held; for the current token it releases."""
     name, token = held
     with pytest.raises(Refused, match=f'lock "{name}" is held by holder:1 \\(token {token}\\) now, no longer token {token + 1}'):
-        await backend.release_lock(name, token=token + 1)
+        await backend.release_lock(name, if_token=token + 1)
     [lock] = [lock for lock in (await backend.list_locks()).locks if lock.name == name]
     assert (lock.holder, lock.token) == ("holder:1", token)
-    done = await backend.release_lock(name, token=token)
+    done = await backend.release_lock(name, if_token=token)
     assert done.released and done.lock.token == token
     with pytest.raises(Refused, match=f"is free \\(token {token}\\) now, no longer token {token + 7}"):
-        await backend.release_lock(name, token=token + 7)
-    with pytest.raises(BadInput, match="token 0 is out of range \\(1-9007199254740992\\)"):
-        await backend.release_lock(name, token=0)
+        await backend.release_lock(name, if_token=token + 7)
+    with pytest.raises(BadInput, match="if_token 0 is out of range \\(1-9007199254740992\\)"):
+        await backend.release_lock(name, if_token=0)
 
 
 async def test_unknown_and_bad_lock_names(backend: Backend) -> None:  # noqa: F811

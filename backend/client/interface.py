@@ -527,9 +527,9 @@ class Backend(abc.ABC):
         self,
         name: LockName,
         *,
-        token: Annotated[int | None, Range(1, 2**53), Help("only while this is its token (the lease you saw)")] = None,
+        if_token: Annotated[int | None, Range(1, 2**53), Help("only while this is its token (the lease you saw)")] = None,
     ) -> LockRelease:
-        """Release a lock by force, whoever holds it (with token: only while that is still
+        """Release a lock by force, whoever holds it (with if_token: only while that is still
         its token, else 409 and nothing released: a lease taken since the operator looked
         is never cut by mistake).
 

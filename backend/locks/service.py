@@ -494,23 +494,23 @@ class Locks:
         """Every lock (held, expired or free) and the lock clock's now."""
         return await self.store.list_locks(self.lock_now())
 
-    async def release(self, name: str, token: int | None = None) -> LockRelease:
+    async def release(self, name: str, if_token: int | None = None) -> LockRelease:
         """Release ``name`` by force, whoever holds it (an operator's action): its holder's
         renewals and fences fail from now on, and the next holder gets a greater token.
-        Given ``token`` (the lease the operator saw and confirmed), only while that is still
+        Given ``if_token`` (the lease the operator saw and confirmed), only while that is still
         the lock's: one taken since is never cut by a confirmation of another (``Refused``,
         nothing released). Returns the lock as it was; :class:`~backend.errors.NotFound`
         for an unknown name."""
-        if token is not None and (isinstance(token, bool) or not isinstance(token, int)):
-            raise BadInput(f"token {shown_number(token)} is not a whole number (a lock's token)", field="token")
-        done = await self.store.force_release_lock(check_lock_name(name), self.lock_now(), token)
+        if if_token is not None and (isinstance(if_token, bool) or not isinstance(if_token, int)):
+            raise BadInput(f"if_token {shown_number(if_token)} is not a whole number (a lock's token)", field="if_token")
+        done = await self.store.force_release_lock(check_lock_name(name), self.lock_now(), if_token)
         if done is None:
             raise NotFound(f'no lock named "{name}"')
-        if token is not None and done.lock.token != token:
+        if if_token is not None and done.lock.token != if_token:
             now = done.lock
             holder = f"held by {now.holder} (token {now.token})" if now.holder is not None else f"free (token {now.token})"
             raise Refused(
-                f'lock "{name}" is {holder} now, no longer token {token}: nothing was released; look again',
+                f'lock "{name}" is {holder} now, no longer token {if_token}: nothing was released; look again',
                 reason="lock changed",
             )
         if done.released:

@@ -244,10 +244,7 @@ def _arguments_of(verb: Verb, param: Param) -> list[Argument]:
     positional = (param.required or param.name in verb.positional) and param.name not in verb.options
     flag = _flag(verb, param)
     kind = _kind(param)
-    # A flag the verb renames keeps off the dest of the option it makes way for (``--token``
-    # is the API's; a lock's token is ``--if-token``).
-    dest = param.name if param.name not in verb.flags else "verb_" + flag[2:].replace("-", "_")
-    kwargs: dict[str, Any] = {"dest": dest, "help": _help(param, default)}
+    kwargs: dict[str, Any] = {"dest": param.name, "help": _help(param, default)}
     convert: Callable[[Any], Any] | None = None
     if kind is bool:
         kwargs.update(action="store_true")
@@ -270,7 +267,7 @@ def _arguments_of(verb: Verb, param: Param) -> list[Argument]:
         return [Argument(param.name, None, param.name, (param.name,), kwargs, convert)]
     if param.required:  # taken as an option (``options``): a required one
         kwargs["required"] = True
-    return [Argument(param.name, None, dest, (flag,), kwargs, convert)]
+    return [Argument(param.name, None, param.name, (flag,), kwargs, convert)]
 
 
 def _flag(verb: Verb, param: Param) -> str:

@@ -54,7 +54,7 @@ DERIVED = (
     Verb(("locks",), "list_locks", help="the project locks: who holds what, until when", json=items("locks"),
          show=_show_locks),
     Verb(("locks", "release"), "release_lock", help="release a lock by force (the next holder gets a greater token)",
-         flags={"token": "if-token"}, show=_show_released),  # (--token is the API's)
+         show=_show_released),
 )  # fmt: skip
 
 

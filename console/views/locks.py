@@ -190,7 +190,7 @@ class LocksView(View):
     async def _release(self, name: str, token: int) -> None:
         console = self.console
         try:
-            done = await console.backend.release_lock(name, token=token)
+            done = await console.backend.release_lock(name, if_token=token)
         except Unavailable as exc:
             console.connection_lost(exc)
             return
