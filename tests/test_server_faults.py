@@ -32,6 +32,7 @@ from backend import (
     define_schedule,
     open_store,
 )
+from backend.jobs.cycles import RETRY_AFTER_TROUBLE
 from tests import pg
 from tests.test_liveness import LeaseClock
 
@@ -123,7 +124,13 @@ async def test_a_server_that_takes_no_writes_is_an_outage_not_a_crash(
         assert engine.store.health().state == "ok"
         assert engine.lease.fresh()
         await engine.jobs.send("q", 3)
-        await asyncio.wait_for(engine.quiesce(), 20)
+        for _ in range(3):
+            await asyncio.wait_for(engine.quiesce(), 20)
+            if ran == [1, 3]:
+                break
+            # A cycle that met one of the outage's dropped connections late (a loaded
+            # machine) waits out its retry on the engine's clock: seen once in CI.
+            clock.advance(RETRY_AFTER_TROUBLE)
         assert ran == [1, 3]
         failed = [r.getMessage() for r in caplog.records if r.levelname == "ERROR" and r.name.startswith("schedtui")]
         assert failed == []  # no loop crashed or was started again: each met an outage it knows
