@@ -13,6 +13,7 @@ server's log) against a deadline, never by sleeping a fixed time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -994,6 +995,21 @@ class Terminal:
             self.hang_up()
         os.close(self.terminal)
 
+    @contextlib.contextmanager
+    def running(self, cli: Cli, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+        """``schedtui ARGS`` on this terminal (its controlling one, ``TERM=xterm``), killed
+        on the way out if it is still running."""
+        process = subprocess.Popen(
+            cli.argv(*args), cwd=cli.root, env={**child_env(), "TERM": "xterm"},
+            stdin=self.terminal, stdout=self.terminal, stderr=self.terminal, preexec_fn=self.lead,
+        )  # fmt: skip
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait(5)
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["SIGTERM", "hangup"])
@@ -1005,21 +1021,13 @@ def test_a_firing_console_stopped_by_a_signal_or_a_hangup_lets_its_run_in_flight
     write_tree(cli.root / "fired", {"slow.cron.py": TICKER.format(name="slow", sleep=1.5)})
     screen = Terminal()
     try:
-        process = subprocess.Popen(
-            cli.argv("console", "--fire", "--schedules", "fired"), cwd=cli.root, env={**child_env(), "TERM": "xterm"},
-            stdin=screen.terminal, stdout=screen.terminal, stderr=screen.terminal, preexec_fn=screen.lead,
-        )  # fmt: skip
-        try:
+        with screen.running(cli, "console", "--fire", "--schedules", "fired") as process:
             slot, run_id = poll(lambda: entries(cli, "slow", "start"), timeout=30, what="a run to start")[0]
             if how == "SIGTERM":
                 process.send_signal(signal.SIGTERM)
             else:
                 screen.hang_up()
             assert process.wait(30) == 0
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(5)
     finally:
         screen.close()
     assert (slot, run_id) in entries(cli, "slow", "end")
@@ -1039,20 +1047,12 @@ def test_a_byte_that_is_not_utf8_on_the_terminal_reads_as_a_replacement_not_a_cr
     console goes on answering keys."""
     screen = Terminal()
     try:
-        process = subprocess.Popen(
-            cli.argv("console", "--schedules", "schedules"), cwd=cli.root, env={**child_env(), "TERM": "xterm"},
-            stdin=screen.terminal, stdout=screen.terminal, stderr=screen.terminal, preexec_fn=screen.lead,
-        )  # fmt: skip
-        try:
+        with screen.running(cli, "console", "--schedules", "schedules") as process:
             poll(lambda: b"SCHEDULES" in screen.output, timeout=30, what="the console to draw")
             os.write(screen.controller, b"/caf\xe9 ")
             poll(lambda: "caf\ufffd" in screen.output.decode(errors="replace"), timeout=30, what="the filter to show it")
             os.write(screen.controller, b"\x03")  # ctrl+c quits (a key: the console still reads them)
             assert process.wait(30) == 0
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait(5)
     finally:
         screen.close()
     shown = screen.output.decode(errors="replace")
