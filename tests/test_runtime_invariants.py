@@ -1,10 +1,13 @@
 """Invariants of schedules created at run time, under random sequences (Hypothesis):
 create, update (cron), enable, disable and delete, interleaved with the manual clock
 moving, on an engine that fires (and is restarted, time passing while it is down) and an
-operator engine that acts on the same store. After every step: at most one self run per
-(schedule, slot), and no run of a deleted schedule at a slot after its deletion, nor of
-one created again at a slot between the deletion and its creation (a restart's catch-up
-must not take where the deleted namesake left off for its own)."""
+operator engine that acts on the same store, and another release writing a row this one
+cannot run (a zone its time zone database lacks) or correcting it. After every step: at
+most one self run per (schedule, slot), and no run of a deleted schedule at a slot after
+its deletion, nor of one created again at a slot between the deletion and its creation (a
+restart's catch-up must not take where the deleted namesake left off for its own), nor of
+one at a slot while its row was not valid here; and every schedule is listed, with a
+problem exactly while its row is not valid here (never hidden)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import asyncio
 import shutil
 import tempfile
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,13 +24,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from backend import Engine, ManualClock
+from backend import BadInput, Engine, ManualClock
 from backend.errors import NotFound
 from backend.jobs import JobContext, define_queue
-from backend.scheduler.stored import NameTaken
+from backend.scheduler.stored import NameTaken, NotValidHere
 from tests.bounded import run_within
 
 NAMES = ("a", "b")
+#: A zone no time zone database has: what a newer release's row is to this one.
+FOREIGN_ZONE = "Mars/Olympus_Mons"
 CRONS = ("* * * * *", "*/2 * * * *", "*/3 * * * *")
 
 
@@ -53,6 +59,10 @@ class RuntimeSchedules(RuleBasedStateMachine):
         """(name, deleted at, created again at): no slot in between is the new one's"""
         self.exists: set[str] = set()
         self.disabled: set[str] = set()
+        self.invalid: dict[str, datetime] = {}
+        """name -> since when its row is not valid here (another release wrote it)"""
+        self.invalid_spans: list[tuple[str, datetime, datetime]] = []
+        """(name, made invalid at, corrected or deleted at): no slot in between fires"""
         self.unchanged: dict[str, str] = {}
         """name -> "cron backfill", for schedules not changed since their create (both engines act
         as the same operator: the same create again answers with the schedule)"""
@@ -91,6 +101,9 @@ class RuntimeSchedules(RuleBasedStateMachine):
         except NotFound:
             assert name not in self.exists
             return
+        except BadInput as exc:  # its zone is still one this release lacks: corrected first
+            assert name in self.invalid and FOREIGN_ZONE in exc.message
+            return
         self.unchanged.pop(name, None)
 
     @rule(name=st.sampled_from(NAMES), enabled=st.booleans())
@@ -99,6 +112,9 @@ class RuntimeSchedules(RuleBasedStateMachine):
             self.run(self.firer.set_enabled(name, enabled))
         except NotFound:
             assert name not in self.exists
+            return
+        except NotValidHere:
+            assert name in self.invalid
             return
         (self.disabled.discard if enabled else self.disabled.add)(name)
 
@@ -113,6 +129,33 @@ class RuntimeSchedules(RuleBasedStateMachine):
         self.disabled.discard(name)
         self.unchanged.pop(name, None)
         self.deleted[name] = self.clock.now()
+        self._valid_again(name)
+
+    def _valid_again(self, name: str) -> None:
+        since = self.invalid.pop(name, None)
+        if since is not None:
+            self.invalid_spans.append((name, since, self.clock.now()))
+
+    @rule(name=st.sampled_from(NAMES), valid=st.booleans())
+    def another_release_writes(self, name: str, valid: bool) -> None:
+        """A release whose time zone database differs rewrites the row: with a zone this
+        one lacks (not valid here), or back to one it has (corrected)."""
+        store = self.operator.catalog.store
+        rows = {row.name: row for row in self.run(store.stored_schedules())[1]}
+        row = rows.get(name)
+        if row is None:
+            assert name not in self.exists
+            return
+        zone = "UTC" if valid else FOREIGN_ZONE
+        if row.timezone == zone:
+            return
+        written = replace(row, timezone=zone, updated_at=self.clock.now(), updated_by="another release")
+        assert self.run(store.update_stored_schedule(written, row.version)) is not None
+        self.unchanged.pop(name, None)
+        if valid:
+            self._valid_again(name)
+        else:
+            self.invalid[name] = self.clock.now()
 
     @rule(seconds=st.sampled_from([0.5, 1.0, 20.0, 59.0]))
     def advance(self, seconds: float) -> None:
@@ -164,6 +207,18 @@ class RuntimeSchedules(RuleBasedStateMachine):
                 if gap_name == name:
                     between = [r.scheduled_at for r in runs if deleted_at + timedelta(seconds=1) < r.scheduled_at <= created_at]
                     assert between == [], (name, deleted_at, created_at, between)
+            spans = [(start, end) for n, start, end in self.invalid_spans if n == name]
+            if name in self.invalid:
+                spans.append((self.invalid[name], self.clock.now()))
+            for start, end in spans:  # (heard within one poll, as a delete)
+                while_invalid = [r.scheduled_at for r in runs if start + timedelta(seconds=1) < r.scheduled_at <= end]
+                assert while_invalid == [], (name, start, end, while_invalid)
+
+    @invariant()
+    def every_schedule_is_listed_with_a_problem_exactly_while_not_valid_here(self) -> None:
+        listed = {view.name: view.problem for view in self.run(self.firer.list_schedules())}
+        assert set(listed) == self.exists, (listed, self.exists)
+        assert {name for name, problem in listed.items() if problem is not None} == set(self.invalid), listed
 
     def teardown(self) -> None:
         try:
