@@ -1,22 +1,24 @@
 """Alerts' invariants under random sequences (Hypothesis, stateful), on the injected clock.
 
 Three instances share one SQLite store: each has its evaluator and its notifier (as
-``serve`` has), all delivering to one webhook (a mock transport). The machine records runs
-of two schedules (succeeded or failed), moves the clock, lets any instance evaluate (also
-one whose round reads, then writes later: a slow instance), deliver, claim and POST later
-(stalled, perhaps past the claims' lease), die between its claim and its POST, or stop
-(and start again) while its POSTs are in flight or its claim's answer is on its way, with
-or without a grace, and makes the webhook fail its next requests. After every step:
+``serve`` has), all delivering to two webhooks (mock transports; each webhook has a
+delivery loop of its own). The machine records runs of two schedules (succeeded or
+failed), moves the clock, lets any instance evaluate (also one whose round reads, then
+writes later: a slow instance), deliver, claim and POST later (stalled, perhaps past the
+claims' lease), die between its claim and its POST, or stop (and start again) while its
+POSTs to one webhook or both are in flight (the other answering) or its claim's answer is
+on its way, with or without a grace, and makes either webhook fail its next requests.
+After every step:
 
 * the transitions written alternate per alert, firing first;
-* no transition is accepted by the webhook twice, and every accepted one was written;
+* no transition is accepted by a webhook twice, and every accepted one was written;
 * the store's state of each alert is its last transition's;
 * a stop with a grace returns only once its POSTs in flight were answered;
 * a stop leaves no row claimed by its instance that its claim cut short took: POSTed
   within the grace, or given back with its attempt not counted.
 
 And at the end, once the clock has passed every lease and backoff and the instances have
-delivered what is due: every transition was accepted exactly once.
+delivered what is due: every transition was accepted exactly once by each webhook.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from hypothesis.stateful import (
 from backend import ManualClock, define_schedule
 from backend.alerts.evaluator import Evaluator, Proposal
 from backend.alerts.model import Alert
-from backend.alerts.notifier import AlertSettings, Notifier, parse_sinks
+from backend.alerts.notifier import AlertSettings, Notifier, parse_sinks, sink_of
 from backend.alerts.store import Delivery
 from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
@@ -58,8 +60,10 @@ from backend.store.sqlite.store import SQLiteStore
 
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 HOOK = "https://hooks.example.test/services/secret"
+PAGER = "https://pager.example.test/v2/enqueue"
+HOOKS = (HOOK, PAGER)
 INSTANCES = ("i0", "i1", "i2")
-SETTINGS = AlertSettings(sinks=(HOOK,), lease=60, timeout=10, backoff=5, backoff_max=40, attempts=100)
+SETTINGS = AlertSettings(sinks=HOOKS, lease=60, timeout=10, backoff=5, backoff_max=40, attempts=100)
 PROFILE = settings(max_examples=100, stateful_step_count=50, deadline=None, database=None,
                    suppress_health_check=list(HealthCheck))  # fmt: skip
 
@@ -100,6 +104,20 @@ class Webhook:
         return httpx.Response(204)
 
 
+class Webhooks:
+    """The two webhooks behind one transport, each answering the requests to its host."""
+
+    def __init__(self) -> None:
+        self.by_url = {url: Webhook() for url in HOOKS}
+        self._by_host = {httpx.URL(url).host: hook for url, hook in self.by_url.items()}
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        return await self._by_host[request.url.host](request)
+
+    def __iter__(self) -> Any:
+        return iter(self.by_url.values())
+
+
 class HeldClaims:
     """A store whose claims answer through ``claim`` (the test's), the rest as it is."""
 
@@ -121,7 +139,7 @@ class AlertsMachine(RuleBasedStateMachine):
         self.run(self.store.open())
         self.clock = ManualClock(T0)
         self.ids = IdFactory(self.clock.now)
-        self.webhook = Webhook()
+        self.webhooks = Webhooks()
         self.slots = {name: T0 for name in SCHEDULES}
         self.written: list[Alert] = []
         """Every transition written, by any instance."""
@@ -142,8 +160,8 @@ class AlertsMachine(RuleBasedStateMachine):
         """The notifier of instance ``name``, as a (re)started ``serve`` makes it."""
         audit = AuditLog(store=self.store, clock=self.clock, new_id=self.ids, events=self.events, actor="props")
         notifier = Notifier(
-            store=self.store, clock=self.clock, loops=Loops(self.clock), instance=name, sinks=parse_sinks([HOOK]),
-            settings=SETTINGS, audit=audit, transport=httpx.MockTransport(self.webhook),
+            store=self.store, clock=self.clock, loops=Loops(self.clock), instance=name, sinks=parse_sinks(HOOKS),
+            settings=SETTINGS, audit=audit, transport=httpx.MockTransport(self.webhooks),
         )  # fmt: skip
         self.run(notifier.register(self.clock.now()))
         return notifier
@@ -211,7 +229,7 @@ class AlertsMachine(RuleBasedStateMachine):
         self.written.extend(done.won)
 
     def undelivered(self) -> bool:
-        return len(self.webhook.accepted) < len(self.written)
+        return any(len(webhook.accepted) < len(self.written) for webhook in self.webhooks)
 
     @precondition(undelivered)
     @rule(instance=st.sampled_from(INSTANCES))
@@ -245,50 +263,69 @@ class AlertsMachine(RuleBasedStateMachine):
         self.in_flight.pop(self.claiming(data), None)
 
     @precondition(undelivered)
-    @rule(instance=st.sampled_from(INSTANCES), grace=st.sampled_from([0.0, 5.0]))
-    def stops_mid_post(self, instance: str, grace: float) -> None:
-        """A rolling restart's SIGTERM lands while the instance POSTs what is due: its
-        delivery loop is cancelled, its notifier's stop gives the POSTs in flight ``grace``
-        (real seconds), and the webhook answers once the stop has begun. The instance
-        then starts again."""
-        webhook = self.webhook
-        webhook.hold, webhook.holding, webhook.held = asyncio.Event(), asyncio.Event(), []
+    @rule(instance=st.sampled_from(INSTANCES), grace=st.sampled_from([0.0, 5.0]),
+          hanging=st.sampled_from([HOOKS, HOOKS[:1], HOOKS[1:]]))  # fmt: skip
+    def stops_mid_post(self, instance: str, grace: float, hanging: tuple[str, ...]) -> None:
+        """A rolling restart's SIGTERM lands while the instance POSTs what is due to the
+        ``hanging`` webhooks (the other, if any, answers at once): its delivery loops are
+        cancelled, its notifier's stop gives the POSTs in flight ``grace`` (real seconds),
+        and the webhooks answer once the stop has begun. The instance then starts again."""
+        held = [self.webhooks.by_url[url] for url in hanging]
+        for webhook in held:
+            webhook.hold, webhook.holding, webhook.held = asyncio.Event(), asyncio.Event(), []
         notifier = self.notifiers[instance]
-        delivering = self.loop.create_task(notifier.deliver_due())
-        holding = self.loop.create_task(webhook.holding.wait())
-        self.run(asyncio.wait({delivering, holding}, return_when=asyncio.FIRST_COMPLETED))
-        holding.cancel()
-        posting = webhook.holding.is_set()
-        delivering.cancel()  # the stop cancels the delivery loop first
-        self.run(asyncio.wait({delivering}))
+        # Each webhook's delivery loop: a hanging one's until it POSTs (or had nothing due),
+        # the other's to its end, which must come while the first hangs.
+        loops = {url: self.loop.create_task(notifier.deliver_due_to(sink_of(url).id)) for url in HOOKS}
+        for url, delivering in loops.items():
+            webhook = self.webhooks.by_url[url]
+            holding = self.loop.create_task(webhook.holding.wait()) if url in hanging else None
+            self.run(asyncio.wait({delivering, holding} - {None}, timeout=30, return_when=asyncio.FIRST_COMPLETED))
+            if holding is not None:
+                holding.cancel()
+            assert delivering.done() or webhook.holding.is_set(), f"{url}: its delivery waited for another webhook's"
+        posting = [webhook for webhook in held if webhook.holding.is_set()]
+        for delivering in loops.values():
+            delivering.cancel()  # the stop cancels the delivery loops first
+        self.run(asyncio.wait(set(loops.values())))
         stopping = self.loop.create_task(notifier.stop(grace))
         self.run(asyncio.sleep(0))  # the stop begins
-        webhook.hold.set()
+        for webhook in held:
+            assert webhook.hold is not None
+            webhook.hold.set()
         self.run(stopping)
-        webhook.hold = None
-        event(f"a stop mid-POST, grace {grace:g}" if posting else "a stop with nothing being POSTed")
-        if posting and grace:
+        for webhook in held:
+            webhook.hold = None
+        event(f"a stop mid-POST to {len(posting)} of {len(HOOKS)} webhooks, grace {grace:g}" if posting
+              else "a stop with nothing being POSTed")  # fmt: skip
+        if grace:
             # A graceful stop lets the POSTs in flight end: each was answered before it
             # returned (and its outcome recorded: another instance sending it again once
             # the claim's lease ran out would make the webhook accept it twice).
-            assert webhook.held, "a stop with a grace cut the POSTs in flight short"
+            for webhook in posting:
+                assert webhook.held, "a stop with a grace cut the POSTs in flight short"
         self.notifiers[instance] = self.notifier(instance)
 
     @precondition(undelivered)
     @rule(instance=st.sampled_from(INSTANCES), grace=st.sampled_from([0.0, 5.0]))
     def stops_mid_claim(self, instance: str, grace: float) -> None:
-        """A rolling restart's SIGTERM lands while the instance's claim of what is due has
-        committed and its answer is on its way. With a grace what it took is POSTed before
-        the stop returns; with none it is given back: claimed by nobody, due at once."""
+        """A rolling restart's SIGTERM lands while the instance's claims of what is due (one
+        per webhook) have committed and their answers are on their way. With a grace what
+        they took is POSTed before the stop returns; with none it is given back: claimed by
+        nobody, due at once."""
         notifier = self.notifiers[instance]
         committed, answer = asyncio.Event(), asyncio.Event()
         taken: list[Delivery] = []
+        claims = 0
         claim = self.store.claim_deliveries
 
         async def answers_late(*args: Any) -> list[Delivery]:
+            nonlocal claims
             claimed = await claim(*args)
             taken.extend(claimed)
-            committed.set()
+            claims += 1
+            if claims == len(HOOKS):  # (every webhook's loop: what each took does not depend on timing)
+                committed.set()
             await answer.wait()
             return claimed
 
@@ -322,9 +359,9 @@ class AlertsMachine(RuleBasedStateMachine):
         return row[0], int(row[1])
 
     @precondition(undelivered)
-    @rule(count=st.integers(1, 3))
-    def the_webhook_fails(self, count: int) -> None:
-        self.webhook.failures = count
+    @rule(url=st.sampled_from(HOOKS), count=st.integers(1, 3))
+    def a_webhook_fails(self, url: str, count: int) -> None:
+        self.webhooks.by_url[url].failures = count
 
     # -- invariants -------------------------------------------------------------------------------
     @invariant()
@@ -337,9 +374,10 @@ class AlertsMachine(RuleBasedStateMachine):
 
     @invariant()
     def nothing_is_accepted_twice_or_unwritten(self) -> None:
-        counts = Counter(self.webhook.accepted)
-        assert all(n == 1 for n in counts.values()), counts
-        assert set(counts) <= {a.transition for a in self.written}
+        for url, webhook in self.webhooks.by_url.items():
+            counts = Counter(webhook.accepted)
+            assert all(n == 1 for n in counts.values()), (url, counts)
+            assert set(counts) <= {a.transition for a in self.written}, url
 
     @invariant()
     def the_store_holds_the_last_transition(self) -> None:
@@ -352,13 +390,15 @@ class AlertsMachine(RuleBasedStateMachine):
         }
 
     def check_all_delivered(self) -> None:
-        """Past every lease and backoff, with a healthy webhook: each transition once."""
-        self.webhook.failures = 0
+        """Past every lease and backoff, with healthy webhooks: each transition once to each."""
+        for webhook in self.webhooks:
+            webhook.failures = 0
         for _ in range(3):
             self.clock.advance(SETTINGS.lease + SETTINGS.backoff_max)
             for notifier in self.notifiers.values():
                 self.run(notifier.deliver_due())
-        assert sorted(self.webhook.accepted) == sorted(a.transition for a in self.written)
+        for url, webhook in self.webhooks.by_url.items():
+            assert sorted(webhook.accepted) == sorted(a.transition for a in self.written), url
 
 
 def test_each_transition_is_notified_exactly_once() -> None:
