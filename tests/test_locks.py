@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,6 +32,7 @@ from backend import (
     connect_sync,
     define_schedule,
 )
+from backend.clock import OffsetClock
 from backend.locks import Lease, Lock, LockStore
 from backend.scheduler import lifecycle
 from backend.schedules import RunContext
@@ -282,6 +284,40 @@ async def test_a_lease_that_cannot_be_renewed_is_lost_at_its_deadline_and_async_
     result = await task
     assert result.acquired and result.value is None and finished == []
     assert isinstance(result.error, LeaseLost) and "not renewed before it expired" in str(result.error)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_step_back_of_the_holders_wall_clock_holds_no_renewal_back(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """NTP steps the holder's clock back a minute (a real clock: the step is the fault). Its
+    renewals go on every third of the ttl, measured on a clock that never jumps: nobody
+    else takes the lock, and the work under it ends held. (Measured on the wall clock, the
+    next renewal waited a minute, the lease expired in the store after its ttl, another
+    process took the lock with the next token, and the first still believed it held.)"""
+    if kind == "postgres":
+        request.getfixturevalue("pg_server")
+    url = pg.database_for(tmp_path) if kind == "postgres" else f"sqlite:///{tmp_path / 'state.db'}"
+    stepped = OffsetClock(0)
+    holder = Engine([], url, instance="holder", clock=stepped, shutdown_grace=0)
+    other = Engine([], url, instance="other", shutdown_grace=0)
+    await holder.open()
+    await other.open()
+    try:
+        ttl = 1.5
+        lease = await holder.locks.acquire("nightly", ttl=ttl)
+        assert lease is not None
+        stepped.offset = timedelta(seconds=-60)
+        end = time.monotonic() + 3 * ttl  # past the ttl three times over: renewals had to go on
+        while time.monotonic() < end:
+            assert await other.locks.acquire("nightly", ttl=ttl) is None, "another process took a held lock"
+            assert lease.held, lease.lost_reason
+            await asyncio.sleep(ttl / 6)
+        await lease.release()
+        assert not lease.lost.is_set(), lease.lost_reason
+    finally:
+        await holder.stop(grace=0)
+        await other.stop(grace=0)
 
 
 async def test_a_lock_whose_answer_comes_after_its_ttl_ran_out_is_not_taken_and_no_work_runs(

@@ -542,9 +542,12 @@ class LeaseMachine(RuleBasedStateMachine):
             held = [lease for lease in believers if lease.token not in self.evicted]
             assert len(held) <= 1, held
             for lease in believers:
-                assert now < lease.deadline, "a lease is lost by its deadline at the latest"
+                # (the lease clock of an engine on an injected clock is that clock's time)
+                assert now.timestamp() < lease.deadline, "a lease is lost by its deadline at the latest"
                 if lease.token in self.evicted and id(lease._locks) not in self.frozen:
-                    assert now < lease.renewed_at + lease.ttl / 3, "an evicted holder learns it at its next renewal"
+                    assert now.timestamp() < lease.renewed_at + lease.ttl.total_seconds() / 3, (
+                        "an evicted holder learns it at its next renewal"
+                    )
             for lease in self.leases:
                 if lease.name != name or not lease.lost.is_set() or lease.token in self.evicted | self.stopped:
                     continue

@@ -6,7 +6,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from backend.locks.model import Lock, StaleLease
@@ -35,7 +35,7 @@ class Lease:
     seen for that resource or the lease is no longer the lock's current one.
     """
 
-    def __init__(self, locks: Locks, lock: Lock, ttl: timedelta, asked_at: datetime) -> None:
+    def __init__(self, locks: Locks, lock: Lock, ttl: timedelta, asked_at: float) -> None:
         assert lock.holder is not None
         self._locks = locks
         self.name = lock.name
@@ -45,10 +45,14 @@ class Lease:
         self.acquired_at = lock.acquired_at
         self.expires_at = lock.expires_at
         """Until when the store holds it for us (on the lock clock), as of the last renewal."""
-        self.deadline = asked_at + ttl
-        """Until when it is surely ours on this process's clock: the start of the request that
-        took or last renewed it, plus the ttl (the store's expiry can only be later)."""
+        self.deadline = asked_at + ttl.total_seconds()
+        """Until when it is surely ours, on this process's lease clock (seconds on a clock that
+        never jumps: see :meth:`~backend.locks.Locks.lease_now`): the start of the request
+        that took or last renewed it, plus the ttl (the store's expiry can only be later). A
+        step of the wall clock moves neither: a step back held the renewals back by its
+        size, and another process took the lock over while this one still believed it held."""
         self.renewed_at = asked_at
+        """When the request of the last renewal began, on the lease clock."""
         self.lost = asyncio.Event()
         """Set when the lease could not be renewed in time; readable from any thread."""
         self.lost_reason: str | None = None

@@ -21,7 +21,10 @@ its own next slots as "held").
 
 Times: leases expire on the *lock clock*, the database's own unless the engine runs on an
 injected :class:`~backend.clock.ManualClock` (tests), so that instances whose clocks
-differ agree on expiry. The renewal loop measures durations on the engine's clock.
+differ agree on expiry. This process measures a lease's ttl, and when to renew it, on the
+*lease clock*, one that never jumps (:func:`~backend.runtime.liveness.boot_clock`; an
+injected clock's own time in tests): a step of the wall clock (NTP, a restored VM) neither
+holds a renewal back nor keeps a lease believed held past its ttl.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ import inspect
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
+from backend.clock import follows_real_time
 from backend.errors import BadInput, NotFound, Refused, Unavailable
 from backend.inputs import is_async_callable, shown_number
 from backend.locks.lease import Lease, LockResult
@@ -53,6 +57,7 @@ from backend.locks.model import (
 from backend.locks.store import LockStore
 from backend.locks.sync import SyncLocks
 from backend.model import TAG_UNAVAILABLE, iso
+from backend.runtime.liveness import boot_clock
 from backend.runtime.loops import call_from_thread
 from backend.runtime.runner import Outcome
 from backend.runtime.subsystems import answers_of
@@ -105,6 +110,7 @@ class Locks:
         self.audit = shared.audit
         self.events = shared.events
         self.lock_clock = lock_clock
+        self._real_time = follows_real_time(self.clock)
         self._unanswered: dict[str, _Unanswered] = {}
         """By claim: acquires that failed, whose statement may have taken the lock all the
         same; given back by :meth:`maintain` (and at a stop) until their ttl has run out."""
@@ -123,6 +129,33 @@ class Locks:
         """Set by :meth:`stop` before it waits for the acquires on their way: none takes a lock now."""
         self.loop: asyncio.AbstractEventLoop | None = None
         """The engine's event loop (bound at :meth:`open`): where :attr:`sync` carries calls out."""
+
+    def lease_now(self) -> float:
+        """The lease clock's time (seconds): :func:`~backend.runtime.liveness.boot_clock` on a
+        clock that follows real time, the injected clock's own time otherwise (tests move it)."""
+        return boot_clock() if self._real_time else self.clock.now().timestamp()
+
+    async def _park_until(self, name: str, until: float, wake: asyncio.Event) -> None:
+        """Park the loop ``name`` (on the engine's clock, so that a quiesce sees it) until the
+        lease clock reads ``until``, or ``wake`` is set: it may return early, never late. On
+        real time the wait is bounded on the event loop's monotonic clock too: parked on the
+        wall clock alone, a step back would hold it by the step's size."""
+        left = max(0.0, until - self.lease_now())
+        parked = self.loops.park(name, self.clock.now() + timedelta(seconds=left), wake)
+        if not self._real_time:
+            await parked
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(left):
+                await parked
+
+    async def _sleep_until(self, until: float) -> None:
+        """Return once the lease clock reads ``until``."""
+        while (left := until - self.lease_now()) > 0:
+            if self._real_time:
+                await asyncio.sleep(left)
+            else:
+                await self.clock.sleep_until(self.clock.now() + timedelta(seconds=left))
 
     def lock_now(self) -> datetime | None:
         """The time to hand the store: ``None`` for the database's own clock."""
@@ -230,7 +263,7 @@ class Locks:
         name, span = check_lock_name(name), check_ttl(ttl)
         if self._stopped:
             raise Unavailable(f'lock "{name}" not taken: the engine has stopped')
-        asked_at = self.clock.now()
+        asked_at, asked = self.clock.now(), self.lease_now()
         if self._unanswered:  # this process may hold it unknowingly: give that back first
             await self.give_back_unanswered(asked_at, name)
         claim = uuid.uuid4().hex  # (not an id of the engine's: those are what operators see, in order)
@@ -251,8 +284,8 @@ class Locks:
             raise Unavailable(f'lock "{name}" not taken: the engine stopped while it was being taken')
         if lock is None:
             return None
-        lease = Lease(self, lock, span, asked_at)
-        if self.clock.now() >= lease.deadline:
+        lease = Lease(self, lock, span, asked)
+        if self.lease_now() >= lease.deadline:
             # Its answer came back after the lease it gives would have run out (a partition
             # that healed, a process frozen meanwhile): another holder may have it since.
             log.warning('lock "%s" (token %d): the answer came after its ttl had run out; not taken',
@@ -274,7 +307,7 @@ class Locks:
             self._run_leases.discard(lease)
             if not self._run_leases:
                 self._runs_done.set()
-        asked_at = self.clock.now()
+        asked_at = self.lease_now()
         sending = asyncio.ensure_future(self.store.release_lock(lease.name, lease.token, self.lock_now()))
         try:
             still_held = await asyncio.shield(sending)
@@ -357,21 +390,21 @@ class Locks:
     async def _keep(self, lease: Lease) -> None:
         """Renew every ttl/3 until released; lose the lease when that fails for good."""
         loop = f"lease {lease.name}#{lease.token}"
-        every = lease.ttl / 3
+        every = lease.ttl.total_seconds() / 3
         due = lease.renewed_at + every
         try:
             while True:
-                await self.loops.park(loop, min(due, lease.deadline), lease._stop)
+                await self._park_until(loop, min(due, lease.deadline), lease._stop)
                 if lease.released or lease.lost.is_set():
                     return
-                asked_at = self.clock.now()
+                asked_at = self.lease_now()
                 if asked_at >= lease.deadline:
                     self._lose(lease, "it was not renewed before it expired")
                     return
                 if asked_at < due:
                     continue
                 renewal = asyncio.ensure_future(self.store.renew_lock(lease.name, lease.token, lease.ttl, self.lock_now()))
-                expired = asyncio.ensure_future(self.clock.sleep_until(lease.deadline))
+                expired = asyncio.ensure_future(self._sleep_until(lease.deadline))
                 try:
                     await asyncio.wait({renewal, expired}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
@@ -388,14 +421,14 @@ class Locks:
                 except Unavailable as exc:
                     # Try again soon; the deadline decides when it is too late.
                     log.info('lock "%s": renewal failed (%s); retrying', lease.name, exc)
-                    due = min(self.clock.now() + every / 3, lease.deadline)
+                    due = min(self.lease_now() + every / 3, lease.deadline)
                     continue
                 if expires is None:
                     self._lose(lease, f"token {lease.token} is no longer current (taken over, or released by force)")
                     return
                 lease.expires_at = expires
                 lease.renewed_at = asked_at
-                lease.deadline = asked_at + lease.ttl
+                lease.deadline = asked_at + lease.ttl.total_seconds()
                 due = asked_at + every
         finally:
             self.loops.forget(loop)
