@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from backend.errors import BadInput, NotFound, TooLarge
-from backend.safetext import NOT_TEXT, printable
+from backend.safetext import MAX_JSON_DEPTH, NOT_TEXT, json_depth, printable
 
 __all__ = [
     "decimal_number",
@@ -107,17 +107,27 @@ def check_instance(name: str, field: str = "instance") -> str:
     return name
 
 
-def check_json(value: Any, field: str, limit: int | None = None) -> str:
+def check_json(value: Any, field: str, limit: int | None = None, *, max_depth: int | None = MAX_JSON_DEPTH) -> str:
     """``value`` as the compact JSON text a store keeps (UTF-8, at most ``limit`` bytes).
-    BadInput naming ``field`` when it is not JSON or holds a NUL (PostgreSQL cannot keep
+    BadInput naming ``field`` when it is not JSON, nests deeper than
+    :data:`~backend.safetext.MAX_JSON_DEPTH` levels, or holds a NUL (PostgreSQL cannot keep
     one, in text or jsonb) or a lone surrogate (no UTF-8 store can); TooLarge (HTTP 413)
-    over ``limit``."""
+    over ``limit``. ``max_depth=None``: a value read back from a store, which an earlier
+    release may have taken deeper (only the encoder's own limit then applies)."""
+    too_deep = f"{field} is nested too deeply: its arrays and objects may nest {max_depth} levels deep at most"
     try:
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise BadInput(f"{field} is not JSON ({exc})", field=field) from None
     except RecursionError:
-        raise BadInput(f"{field} is nested too deeply to be encoded", field=field) from None
+        raise BadInput(too_deep, field=field) from None
+    # (Walked only when it holds enough brackets to be that deep: counting is C-fast.)
+    if (
+        max_depth is not None
+        and text.count("[") + text.count("{") > max_depth
+        and (depth := json_depth(value)) > max_depth
+    ):
+        raise BadInput(f"{too_deep} (it nests {depth})", field=field)
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:

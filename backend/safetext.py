@@ -30,17 +30,20 @@ from urllib.parse import unquote
 
 __all__ = [
     "MASK",
+    "MAX_JSON_DEPTH",
     "NOT_JSON_TEXT",
     "NOT_TEXT",
     "RedactingFormatter",
     "escape_json",
     "escape_text",
+    "json_depth",
     "load_json",
     "printable",
     "redact",
     "redact_url",
     "remember_secret",
     "remember_url_secrets",
+    "shallow_json",
     "store_text",
 ]
 
@@ -235,10 +238,52 @@ def escape_json(value: Any) -> Any:
     return value
 
 
+#: The deepest nesting of arrays and objects a JSON value given as input may have (a job's
+#: payload, a durable input, a signal's payload). Python's encoder recurses: a value nested
+#: about 1,000 deep fails where the stack runs out, and one a little shallower was taken,
+#: then failed every page that listed it (the page wraps it a few levels deeper).
+MAX_JSON_DEPTH = 64
+
+
+def json_depth(value: Any) -> int:
+    """How deep ``value``'s arrays and objects nest (a scalar: 0, ``[]``: 1, ``[[1]]``: 2),
+    walked without recursion, so any depth can be measured."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def shallow_json(value: Any, depth: int) -> Any:
+    """``value`` with whatever nests deeper than ``depth`` levels replaced by a string that
+    says so: what a response sends of a stored value too deep to encode (one stored before
+    :data:`MAX_JSON_DEPTH` was checked), rather than failing the whole page."""
+    if not isinstance(value, (dict, list, tuple)):
+        return value
+    if depth <= 0:
+        return "… (nested too deeply to be shown)"
+    if isinstance(value, dict):
+        return {key: shallow_json(item, depth - 1) for key, item in value.items()}
+    return [shallow_json(item, depth - 1) for item in value]
+
+
 def load_json(text: str) -> Any:
     """A JSON text read from a store, as a value fit to show and send: what
-    :func:`escape_json` makes of it. Parsed once; walked only when it can hold one of those."""
-    value = json.loads(text)
+    :func:`escape_json` makes of it. Parsed once; walked only when it can hold one of those.
+    A text nested too deeply to parse (stored before input was held to
+    :data:`MAX_JSON_DEPTH` levels) reads as a string that says so: the read does not fail."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return shallow_json([], 0)
     # (The searches, first ruled out the cheap way: a character class scans ~150 MB/s, and
     # a page of jobs of 256 KiB is read on the engine's loop.)
     plain = text.isascii() and "\x00" not in text or NOT_JSON_TEXT.search(text) is None

@@ -5,6 +5,7 @@ embedded and remote, with its exit codes and ``--json`` objects)."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -469,3 +470,37 @@ async def test_a_send_whose_answer_was_lost_is_sent_again_only_with_a_key(server
                 assert sent.id == new[0].id
         finally:
             await remote.close()
+
+
+async def test_a_payload_nested_past_the_bound_is_refused_and_a_stored_one_never_fails_a_page(
+    server: Server, tmp_path: Path
+) -> None:
+    """A payload may nest 64 levels; one level more is refused (422 naming the bound). A
+    payload nested 960 deep used to be taken, and every page of its queue then answered 500
+    for good (the page wraps it deeper, past where Python's encoder runs out of stack): a
+    row stored that deep, or deeper than a parse can go, now reads cut short."""
+
+    def nested(depth: int) -> Any:
+        value: Any = 1
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {OPERATE}"}) as http:
+        assert (await http.post("/inspect/queues/held/pause")).status_code == 200  # (what is sent stays queued)
+        fits = await http.post("/inspect/queues/held/jobs", json={"payload": nested(64)})
+        assert fits.status_code == 201, fits.text
+        deeper = await http.post("/inspect/queues/held/jobs", json={"payload": nested(65)})
+        assert deeper.status_code == 422 and deeper.json()["error"]["field"] == "payload", deeper.text
+        assert "64 levels deep at most (it nests 65)" in deeper.json()["error"]["message"]
+        for depth in (960, 20_000):  # (stored before the bound: written here behind the server's back)
+            sent = await http.post("/inspect/queues/held/jobs", json={"payload": "placeholder"})
+            job = sent.json()["id"]
+            with sqlite3.connect(server.log.parent / "state.db") as db:  # (the fixture serves the store beside its log)
+                db.execute("UPDATE jobs SET payload = ? WHERE id = ?", ("[" * depth + "]" * depth, job))
+            page = await http.get("/inspect/queues/held/jobs", params={"limit": 500})
+            assert page.status_code == 200, (depth, page.text[:300])
+            shown = next(item for item in page.json()["jobs"] if item["id"] == job)
+            assert "nested too deeply to be shown" in json.dumps(shown["payload"]), depth
+            one = await http.get(f"/inspect/jobs/{job}")
+            assert one.status_code == 200, (depth, one.text[:300])

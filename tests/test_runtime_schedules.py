@@ -411,6 +411,29 @@ async def test_a_row_not_valid_here_at_start_is_listed_and_can_be_deleted(make_e
         await engine.get_schedule("reap")
 
 
+async def test_a_payload_nested_past_the_bound_is_refused_but_a_stored_one_still_runs(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """An operator's payload nests 64 levels at most; a row an earlier release stored deeper
+    is no row "not valid here" after the upgrade: it runs as it did."""
+    deep: Any = 1
+    for _ in range(65):
+        deep = [deep]
+    engine = await reap_fired_once(make_engine, clock)
+    with pytest.raises(BadInput, match="64 levels deep at most"):
+        await engine.create_schedule(spec(name="deep", payload=deep))
+    with pytest.raises(BadInput, match="64 levels deep at most"):
+        await engine.update_schedule("reap", {"payload": deep})
+    row = engine.catalog.rows["reap"]
+    written = await engine.catalog.store.update_stored_schedule(
+        replace(row, payload=deep, updated_at=clock.now(), updated_by="an earlier release"), row.version
+    )
+    assert written is not None
+    await step(engine, clock, 60)
+    assert (await engine.get_schedule("reap")).problem is None
+    assert slots(await all_runs(engine, "reap"))[-2:] == ["08:01", "08:02"]
+
+
 async def test_a_zone_unreadable_for_want_of_descriptors_leaves_the_schedule_running_and_is_applied_later(
     make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

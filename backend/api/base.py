@@ -31,7 +31,7 @@ from backend.errors import (
 )
 from backend.events.audit import acting_as
 from backend.inputs import RepeatedKey, parse_json, whole_number
-from backend.safetext import escape_json, printable
+from backend.safetext import MAX_JSON_DEPTH, escape_json, printable, shallow_json
 
 __all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "Access", "Api", "Endpoint", "JSONResponse", "error_response"]
 
@@ -56,18 +56,28 @@ _STATUS: list[tuple[type[SchedtuiError], int]] = [
 ]
 
 
+#: The levels a response wraps a stored value in (a page of items, each an object): room
+#: kept above :data:`~backend.safetext.MAX_JSON_DEPTH` when a value too deep is cut short.
+_PAGE_LEVELS = 8
+
+
 class JSONResponse(StarletteJSONResponse):
     """The JSON response of every route: a lone surrogate in its content (text no store
     should hold, and no UTF-8 can encode) is sent escaped, as the six characters
     ``\\ud800``, rather than failing the whole response with a 500. Reads of the stores
     escape such text already (:func:`~backend.safetext.load_json`); this is the net under
-    any other way it could come."""
+    any other way it could come. A value too deep to encode is sent cut short the same way
+    (one stored before input was held to :data:`~backend.safetext.MAX_JSON_DEPTH` levels)."""
 
     def render(self, content: Any) -> bytes:
         try:
             return super().render(content)
         except UnicodeEncodeError:
             return super().render(escape_json(content))
+        except RecursionError:
+            # A stored value nested too deeply to encode (taken before its depth was
+            # checked): the page is sent with that value cut short, not refused with a 500.
+            return self.render(shallow_json(content, MAX_JSON_DEPTH + _PAGE_LEVELS))
 
 
 def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:

@@ -20,7 +20,7 @@ from backend.defined import caller_location, made
 from backend.definitions import register_definition_type
 from backend.errors import BadInput, DefinitionError
 from backend.inputs import check_json, check_seconds, check_text, is_async_callable, is_id, shown_number
-from backend.safetext import printable
+from backend.safetext import MAX_JSON_DEPTH, printable
 from backend.schedules import MAX_RUNTIME_LIMIT, NAME_PATTERN, handler_problem
 
 if TYPE_CHECKING:
@@ -208,9 +208,14 @@ def check_cancel(id: object, key: object) -> tuple[Literal["id", "key"], str]:
     return "id", id
 
 
-def check_send(payload: object = None, delay: object = 0, attempts: object = None, key: object = None) -> Send:
+def check_send(
+    payload: object = None, delay: object = 0, attempts: object = None, key: object = None, *,
+    max_depth: int | None = MAX_JSON_DEPTH,
+) -> Send:  # fmt: skip
     """Check one job against every limit; raises :class:`BadInput` (or :class:`TooLarge`
-    for the payload) naming the limit and the value. Nothing is written before this."""
+    for the payload) naming the limit and the value. Nothing is written before this.
+    ``max_depth=None``: a schedule's payload, checked when it was defined (a stored one an
+    earlier release took deeper than the bound still fires)."""
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or (isinstance(delay, float) and not math.isfinite(delay)):
         raise BadInput(
             f"delay {shown_number(delay)} is not a number of seconds (0 to {MAX_DELAY_S:,}, 30 days)", field="delay"
@@ -226,4 +231,4 @@ def check_send(payload: object = None, delay: object = 0, attempts: object = Non
         raise BadInput(f"attempts {shown_number(attempts)} is out of range ({MIN_ATTEMPTS}-{MAX_ATTEMPTS})", field="attempts")
     if key is not None:
         key = check_key(key)  # an empty key is refused, not taken for none: it would not deduplicate
-    return Send(check_json(payload, "payload", MAX_PAYLOAD_BYTES), float(delay), attempts, key)  # type: ignore[arg-type]
+    return Send(check_json(payload, "payload", MAX_PAYLOAD_BYTES, max_depth=max_depth), float(delay), attempts, key)  # type: ignore[arg-type]

@@ -266,7 +266,7 @@ class Jobs:
         """A slot (or Run now) of a schedule that targets ``queue``: one job with the
         schedule's payload, ``cron`` its name and one attempt. Its id is the run's, so a
         run enqueues one job however often it is repeated."""
-        send = check_send(payload, 0, 1, None)
+        send = check_send(payload, 0, 1, None, max_depth=None)
         return (await self.send_checked(queue, [send], cron=schedule, ids=[run_id]))[0]
 
     # -- operator actions ----------------------------------------------------------------------
