@@ -33,6 +33,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "NOT_JSON_TEXT",
     "NOT_TEXT",
+    "in_line",
     "RedactingFormatter",
     "escape_json",
     "escape_text",
@@ -176,6 +177,19 @@ class RedactingFormatter(logging.Formatter):
 
 
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+
+
+#: What :func:`in_line` escapes besides :data:`_UNPRINTABLE`: the bidirectional embedding,
+#: override and isolate controls, which make a terminal that honours them draw the rest of
+#: the line in another order (a holder's name, a description: whoever wrote the row).
+_NOT_IN_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def in_line(text: str) -> str:
+    """``text`` fit for one line of a terminal, whole: every control character, line
+    separator, bidirectional control and lone surrogate as its escape (``\\x1b``,
+    ``\\u202e``). What the command line's tables and messages show of stored text."""
+    return _NOT_IN_LINE.sub(_escape, text)
 
 
 def printable(text: str, limit: int = 200) -> str:

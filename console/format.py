@@ -10,6 +10,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import humanize
 
+from backend.safetext import in_line
+
 STATUS_GLYPHS = {
     "succeeded": "✓",
     "failed": "✗",
@@ -202,7 +204,11 @@ def echoing(message: str, *values: str) -> str:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    """A plain, aligned text table (greppable; no box drawing)."""
+    """A plain, aligned text table (greppable; no box drawing). Each cell is shown
+    :func:`~backend.safetext.in_line`: a stored text's escape sequence (a lock holder's name
+    that clears the screen, a carriage return that draws over the row) never reaches the
+    terminal, whichever table shows it."""
+    rows = [[in_line(cell) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):

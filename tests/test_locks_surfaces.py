@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -155,3 +156,24 @@ def test_locks_over_the_remote_api(cli: Cli, server: Server) -> None:  # noqa: F
     assert isinstance(json.loads(done.stdout), list)
     missing = cli("locks", "release", "never-held", "--yes", "--url", server.url, "--token", OPERATE, store=False)
     assert missing.returncode == 2 and "no lock named" in missing.stderr
+
+
+async def test_a_holder_name_never_reaches_the_terminal_as_a_command(cli: Cli) -> None:  # noqa: F811
+    """A holder given with control characters is refused; one stored by an earlier release
+    (written here behind the engine's back) is shown escaped by the table, the forced
+    release's line and the audit log, never as an escape sequence, a carriage return that
+    draws over the row, or a bidirectional override that reverses the rest of it."""
+    evil = "evil\x1b[2J\x1b]0;pwned\x07\rX\u202eabc"
+    async with connect(cli.store, instance="web-2:77") as st:
+        with pytest.raises(BadInput, match="holder"):
+            await st.locks.acquire("shown", holder=evil)
+    token = await hold_in(cli, "shown")
+    with sqlite3.connect(cli.store.removeprefix("sqlite:///")) as db:
+        assert db.execute("UPDATE locks SET holder = ? WHERE name = 'shown'", (evil,)).rowcount == 1
+    escaped = "evil\\x1b[2J\\x1b]0;pwned\\x07\\x0dX\\u202eabc"
+    table = cli.ok("locks", "--schedules", "schedules").stdout
+    done = cli.ok("locks", "release", "shown", "--yes", "--schedules", "schedules").stdout
+    audit = cli.ok("audit", "--schedules", "schedules").stdout
+    for shown in (table, done, audit):
+        assert escaped in shown and not any(c in shown for c in "\x1b\x07\r\u202e"), shown
+    assert f"(was held by {escaped}, token {token})" in done

@@ -12,6 +12,7 @@ from backend.model import iso, parse_iso
 
 __all__ = [
     "DEFAULT_TTL",
+    "HOLDER_MAX_CHARS",
     "TAG_LEASE_LOST",
     "TAG_LOCKED",
     "LeaseLost",
@@ -31,6 +32,9 @@ LockState = Literal["held", "expired", "free"]
 DEFAULT_TTL: Final = 60.0
 #: The longest lease one acquisition may ask for: a day (it is renewed while held).
 MAX_TTL: Final = 86_400.0
+#: The longest holder name one may give (the default is the instance's name, or for a
+#: locked schedule's run the instance's and the schedule's: at most 387 characters).
+HOLDER_MAX_CHARS = 512
 #: Error tag of a locked schedule's slot skipped because another holder had the lock.
 TAG_LOCKED: Final = "locked"
 #: Error tag of a run whose lease could not be renewed before it expired.

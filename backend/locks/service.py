@@ -40,10 +40,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 from backend.clock import follows_real_time
 from backend.errors import BadInput, NotFound, Refused, Unavailable
-from backend.inputs import is_async_callable, shown_number
+from backend.inputs import check_text, is_async_callable, shown_number
 from backend.locks.lease import Lease, LockResult
 from backend.locks.model import (
     DEFAULT_TTL,
+    HOLDER_MAX_CHARS,
     TAG_LEASE_LOST,
     TAG_LOCKED,
     LeaseLost,
@@ -61,6 +62,7 @@ from backend.runtime.liveness import boot_clock
 from backend.runtime.loops import call_from_thread
 from backend.runtime.runner import Outcome
 from backend.runtime.subsystems import answers_of
+from backend.safetext import in_line
 
 if TYPE_CHECKING:
     from backend.clock import Clock
@@ -261,6 +263,8 @@ class Locks:
     async def acquire(self, name: str, ttl: float | Any = DEFAULT_TTL, *, holder: str | None = None) -> Lease | None:
         """Take the lock if nobody holds it (one statement); ``None`` at once otherwise."""
         name, span = check_lock_name(name), check_ttl(ttl)
+        if holder is not None:
+            check_text(holder, "holder", max_chars=HOLDER_MAX_CHARS, one_line=True)
         if self._stopped:
             raise Unavailable(f'lock "{name}" not taken: the engine has stopped')
         asked_at, asked = self.clock.now(), self.lease_now()
@@ -547,7 +551,8 @@ class Locks:
                 reason="lock changed",
             )
         if done.released:
-            log.warning('lock "%s" released by force (holder %s, token %d)', name, done.lock.holder, done.lock.token)
+            log.warning('lock "%s" released by force (holder %s, token %d)', name, in_line(done.lock.holder or "-"),
+                        done.lock.token)  # fmt: skip
         await self.audit.record(
             "lock.release", name, {"released": done.released, "holder": done.lock.holder, "token": done.lock.token}
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from backend.locks import Lock, LockRelease, LocksSnapshot
+from backend.safetext import in_line
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
 
@@ -43,7 +44,7 @@ def _show_locks(call: Call, snapshot: LocksSnapshot) -> None:
 def _show_released(call: Call, done: LockRelease) -> None:
     if done.released:
         lock = done.lock
-        print(f'lock "{lock.name}" released (was held by {lock.holder}, token {lock.token}); '
+        print(f'lock "{lock.name}" released (was held by {in_line(lock.holder or "-")}, token {lock.token}); '
               "the next holder gets a greater token")
     else:
         print(f'lock "{call.arguments["name"]}" was not held; nothing to release')
