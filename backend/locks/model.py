@@ -13,6 +13,7 @@ from backend.model import iso, parse_iso
 __all__ = [
     "DEFAULT_TTL",
     "HOLDER_MAX_CHARS",
+    "MIN_TTL",
     "TAG_LEASE_LOST",
     "TAG_LOCKED",
     "LeaseLost",
@@ -32,6 +33,10 @@ LockState = Literal["held", "expired", "free"]
 DEFAULT_TTL: Final = 60.0
 #: The longest lease one acquisition may ask for: a day (it is renewed while held).
 MAX_TTL: Final = 86_400.0
+#: The shortest ttl (seconds): renewed every third of it, a lease any shorter cannot be kept
+#: across a round trip to a distant database (and one under a microsecond was zero, so
+#: expired as it was taken, and ``with_lock`` said another holder had the free lock).
+MIN_TTL: Final = 0.1
 #: The longest holder name one may give (the default is the instance's name, or for a
 #: locked schedule's run the instance's and the schedule's: at most 387 characters).
 HOLDER_MAX_CHARS = 512
@@ -74,10 +79,10 @@ def check_lock_name(name: object) -> str:
 
 
 def check_ttl(ttl: object) -> timedelta:
-    """A lease's time to live: seconds (a number) or a timedelta, more than 0, at most a day."""
+    """A lease's time to live: seconds (a number) or a timedelta, from a tenth of a second to a day."""
     seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_TTL:
-        raise BadInput(f"lock ttl {ttl!r} must be more than 0 and at most {MAX_TTL:g} seconds", field="ttl")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not MIN_TTL <= seconds <= MAX_TTL:
+        raise BadInput(f"lock ttl {ttl!r} must be at least {MIN_TTL:g} and at most {MAX_TTL:g} seconds", field="ttl")
     return timedelta(seconds=seconds)
 
 
