@@ -54,6 +54,9 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("an escape sequence in a note", "POST", "/inspect/schedules/berlin/disable",
      {"json": {"note": "\x1b[2J"}}, 422, "note", "\\x1b"),
     ("a NUL run id", "GET", "/inspect/runs/%00", {}, 404, None, 'no run with id "\\x00"'),
+    # (a newline matches no route; the 404 named another lock's, "/inspect/locks/ab/release")
+    ("a newline in a lock name", "POST", "/inspect/locks/a%0Ab/release", {}, 404, None,
+     "no route /inspect/locks/a\\nb/release (a path holds no control character)"),
     ("a NUL backfill id", "GET", "/inspect/backfills/%00", {}, 404, None, 'no backfill with id "\\x00"'),
     ("a NUL before", "GET", "/inspect/schedules/runs", {"params": {"name": "berlin", "before": "\x00"}}, 422,
      "before", 'before "\\x00"'),

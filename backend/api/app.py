@@ -44,6 +44,7 @@ from backend.api.tokens import Tokens
 from backend.client.actions import ACTIONS
 from backend.client.interface import Backend
 from backend.model import iso
+from backend.safetext import in_line, printable
 
 __all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "JSONResponse", "create_app"]
 
@@ -98,7 +99,11 @@ def create_app(
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         codes = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}
-        message = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed here"}.get(
+        # The path as it came (request.url.path drops a newline: "/locks/a%0Ab/release" was
+        # answered "no route /locks/ab/release", another lock's route), escaped.
+        path = request.scope["path"]
+        shown = printable(path, 300) + (" (a path holds no control character)" if in_line(path) != path else "")
+        message = {404: f"no route {shown}", 405: f"{request.method} is not allowed here"}.get(
             exc.status_code, str(exc.detail)
         )
         response = error_response(exc.status_code, codes.get(exc.status_code, "http_error"), message)
