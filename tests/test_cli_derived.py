@@ -108,6 +108,8 @@ def test_options_come_from_the_declaration() -> None:
         (["runs", "hourly", "--limit", "abc"], "'abc' is not a whole number"),
         (["audit", "--limit", "0"], "0 must be at least 1"),
         (["jobs", "list", "q", "--limit", "1001"], "1001 is more than 1000"),
+        (["locks", "release", "x", "--if-token", "99999999999999999999", "--yes"],
+         "99999999999999999999 is more than 9007199254740992"),  # (in full: it said 9.0072e+15)
         (["jobs", "list", "q", "--status", "gone"], "invalid choice: 'gone'"),
         (["queues", "pause"], "say `schedtui queues pause QUEUE`"),
         (["durable", "signal", "01J00000000000000000000000"], "say `schedtui durable signal ID NAME`"),

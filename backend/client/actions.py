@@ -53,6 +53,7 @@ __all__ = [
     "When",
     "action",
     "action_of",
+    "shown_bound",
     "check_arguments",
     "decode",
     "encode",
@@ -110,7 +111,7 @@ class Limit:
         return {}
 
 
-def _bound(value: float) -> str:
+def shown_bound(value: float) -> str:
     """A range's bound as written (an integer in full, not ``9.0072e+15``)."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
@@ -126,7 +127,7 @@ class Range(Limit):
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             return value  # the type is the implementation's to refuse, in its words
         if not self.low <= value <= self.high:
-            raise BadInput(f"{field} {value} is out of range ({_bound(self.low)}-{_bound(self.high)})", field=field)
+            raise BadInput(f"{field} {value} is out of range ({shown_bound(self.low)}-{shown_bound(self.high)})", field=field)
         return value
 
     def schema(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Any, get_origin
 
 from backend import BadInput, Refused
-from backend.client.actions import REQUIRED, Action, Cursor, Param, Range, Schema, When, action_of, encode
+from backend.client.actions import REQUIRED, Action, Cursor, Param, Range, Schema, When, action_of, encode, shown_bound
 from backend.client.interface import Backend
 from backend.durable.service import parse_json_option
 from backend.inputs import decimal_number, shown_number, whole_number
@@ -405,9 +405,9 @@ def _number_type(kind: type, limits: Range | None) -> Callable[[str], Any]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"{shown_number(text, 60)} is not {'a whole number' if kind is int else 'a number'}") from None
         if limits is not None and value < limits.low:
-            raise argparse.ArgumentTypeError(f"{printable(text, 60)} must be at least {limits.low:g}")
+            raise argparse.ArgumentTypeError(f"{printable(text, 60)} must be at least {shown_bound(limits.low)}")
         if limits is not None and value > limits.high:
-            raise argparse.ArgumentTypeError(f"{printable(text, 60)} is more than {limits.high:g}")
+            raise argparse.ArgumentTypeError(f"{printable(text, 60)} is more than {shown_bound(limits.high)}")
         return value
 
     number.__name__ = kind.__name__  # argparse names the type in its messages
