@@ -35,10 +35,9 @@ import inspect
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
-from backend.clock import follows_real_time
 from backend.errors import BadInput, NotFound, Refused, Unavailable
 from backend.inputs import check_text, is_async_callable, shown_number
 from backend.locks.lease import Lease, LockResult
@@ -58,7 +57,7 @@ from backend.locks.model import (
 from backend.locks.store import LockStore
 from backend.locks.sync import SyncLocks
 from backend.model import TAG_UNAVAILABLE, iso
-from backend.runtime.liveness import boot_clock
+from backend.runtime.leaseclock import LeaseClock
 from backend.runtime.loops import call_from_thread
 from backend.runtime.runner import Outcome
 from backend.runtime.subsystems import answers_of
@@ -112,7 +111,7 @@ class Locks:
         self.audit = shared.audit
         self.events = shared.events
         self.lock_clock = lock_clock
-        self._real_time = follows_real_time(self.clock)
+        self.lease_clock = LeaseClock(self.clock, self.loops)
         self._unanswered: dict[str, _Unanswered] = {}
         """By claim: acquires that failed, whose statement may have taken the lock all the
         same; given back by :meth:`maintain` (and at a stop) until their ttl has run out."""
@@ -133,31 +132,8 @@ class Locks:
         """The engine's event loop (bound at :meth:`open`): where :attr:`sync` carries calls out."""
 
     def lease_now(self) -> float:
-        """The lease clock's time (seconds): :func:`~backend.runtime.liveness.boot_clock` on a
-        clock that follows real time, the injected clock's own time otherwise (tests move it)."""
-        return boot_clock() if self._real_time else self.clock.now().timestamp()
-
-    async def _park_until(self, name: str, until: float, wake: asyncio.Event) -> None:
-        """Park the loop ``name`` (on the engine's clock, so that a quiesce sees it) until the
-        lease clock reads ``until``, or ``wake`` is set: it may return early, never late. On
-        real time the wait is bounded on the event loop's monotonic clock too: parked on the
-        wall clock alone, a step back would hold it by the step's size."""
-        left = max(0.0, until - self.lease_now())
-        parked = self.loops.park(name, self.clock.now() + timedelta(seconds=left), wake)
-        if not self._real_time:
-            await parked
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(left):
-                await parked
-
-    async def _sleep_until(self, until: float) -> None:
-        """Return once the lease clock reads ``until``."""
-        while (left := until - self.lease_now()) > 0:
-            if self._real_time:
-                await asyncio.sleep(left)
-            else:
-                await self.clock.sleep_until(self.clock.now() + timedelta(seconds=left))
+        """The lease clock's time (seconds; see :class:`~backend.runtime.leaseclock.LeaseClock`)."""
+        return self.lease_clock.now()
 
     def lock_now(self) -> datetime | None:
         """The time to hand the store: ``None`` for the database's own clock."""
@@ -398,7 +374,7 @@ class Locks:
         due = lease.renewed_at + every
         try:
             while True:
-                await self._park_until(loop, min(due, lease.deadline), lease._stop)
+                await self.lease_clock.park(loop, min(due, lease.deadline), lease._stop)
                 if lease.released or lease.lost.is_set():
                     return
                 asked_at = self.lease_now()
@@ -408,7 +384,7 @@ class Locks:
                 if asked_at < due:
                     continue
                 renewal = asyncio.ensure_future(self.store.renew_lock(lease.name, lease.token, lease.ttl, self.lock_now()))
-                expired = asyncio.ensure_future(self._sleep_until(lease.deadline))
+                expired = asyncio.ensure_future(self.lease_clock.sleep_until(lease.deadline))
                 try:
                     await asyncio.wait({renewal, expired}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
