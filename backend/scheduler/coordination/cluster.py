@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from backend.errors import Unavailable
 from backend.model import Claim, ClaimResult, CoordinationMode, Outcome
+from backend.runtime.leaseclock import LeaseClock
 from backend.scheduler.coordination.suspects import Suspects
 
 if TYPE_CHECKING:
@@ -172,10 +173,12 @@ class ClusterStore(Protocol):
 @dataclass
 class _Held:
     token: int
-    renewed_at: datetime
-    """When this process asked for the lease or its last renewal (its own clock)."""
-    deadline: datetime
-    """Until when the lease is surely ours: ``renewed_at`` + the ttl."""
+    renewed_at: float
+    """When this process asked for the lease or its last renewal, on its lease clock
+    (:class:`~backend.runtime.leaseclock.LeaseClock`: a step of the wall clock neither holds
+    a renewal back nor keeps a shard believed held past its ttl)."""
+    deadline: float
+    """Until when the lease is surely ours: ``renewed_at`` + the ttl (lease clock)."""
 
 
 class ShardTimers(Protocol):
@@ -258,6 +261,7 @@ class Cluster:
         self.lock_now = lock_now
         self.ttl = ttl
         self.poll = poll
+        self.lease_clock = LeaseClock(clock, loops)
         self.grace = ttl
         """How long a shard may stay free before its would-be owner counts as gone."""
         self.hand_over = ttl + 2 * poll
@@ -346,14 +350,15 @@ class Cluster:
             await self._join()
         except Unavailable as exc:
             self.outages.trouble("cluster", "cluster: cannot join the members", exc)
-        await self.loops.park("cluster", self.clock.now() + self.poll)
+        poll = self.poll.total_seconds()
+        await self.lease_clock.park("cluster", self.lease_clock.now() + poll)
         while True:
             try:
                 await self.round()
             except Unavailable as exc:
                 self.outages.trouble("cluster", "cluster: cannot renew or balance the shards", exc)
-                self._expire(self.clock.now())
-            await self.loops.park("cluster", self.clock.now() + self.poll)
+                self._expire()
+            await self.lease_clock.park("cluster", self.lease_clock.now() + poll)
 
     async def round(self) -> None:
         """Renew what is due, read the shards and the members, give back and take."""
@@ -366,8 +371,8 @@ class Cluster:
                 log.warning("cluster: giving every shard back: this instance does not fire (%s)", why)
                 await self.stop(0)
             return
-        self._expire(now)
-        state = await self._renew_and_read(now)
+        self._expire()
+        state = await self._renew_and_read()
         self.last_state = state
         if self._first_round:
             # A previous process of this instance name died holding shards: free them now
@@ -392,7 +397,7 @@ class Cluster:
             if owner == self.instance and shard not in self.held and _free(state, shard)
         ]
         if take:
-            asked_at = self.clock.now()
+            asked_at = self.lease_clock.now()
             got = await self.store.acquire_shards([shard_lock(s) for s in take], self.instance, self.ttl, self.lock_now())
             for name, (token, _) in sorted(got.items()):
                 shard = int(name[len(SHARD_PREFIX) :])
@@ -441,8 +446,8 @@ class Cluster:
         lock = state.locks.get(shard_lock(shard))
         return lock is not None and state.now - lock.expires_at <= self.hand_over
 
-    def _took(self, shard: int, token: int, asked_at: datetime, *, handed_over: bool = False) -> None:
-        self.held[shard] = _Held(token, asked_at, asked_at + self.ttl)
+    def _took(self, shard: int, token: int, asked_at: float, *, handed_over: bool = False) -> None:
+        self.held[shard] = _Held(token, asked_at, asked_at + self.ttl.total_seconds())
         schedules = self.by_shard.get(shard, [])
         log.info("cluster: took shard %02d (token %d, %d schedule(s))", shard, token, len(schedules))
         now = self.clock.now()
@@ -470,7 +475,8 @@ class Cluster:
             log.warning("cluster: fenced on %d shard(s), standing down: %s", len(held), why)
             self._drop(held, why)
 
-    def _expire(self, now: datetime) -> None:
+    def _expire(self) -> None:
+        now = self.lease_clock.now()
         late = [shard for shard, held in self.held.items() if held.deadline <= now]
         if late:
             log.warning("cluster: %d shard lease(s) not renewed in time; standing down on them", len(late))
@@ -480,17 +486,18 @@ class Cluster:
 
     async def _join(self) -> None:
         """Take this instance's member lock: from now on the others hand it shards."""
-        asked_at = self.clock.now()
+        asked_at = self.lease_clock.now()
         got = await self.store.acquire_shards([self.member_lock], self.instance, self.ttl, self.lock_now())
         if self.member_lock in got:
             token, _ = got[self.member_lock]
-            self.member = _Held(token, asked_at, asked_at + self.ttl)
+            self.member = _Held(token, asked_at, asked_at + self.ttl.total_seconds())
 
-    async def _renew_and_read(self, now: datetime) -> ClusterState:
+    async def _renew_and_read(self) -> ClusterState:
         """Renew the leases (the shards' and the member lock) if a third of their ttl has
         passed, and read the shards, the members and the instances: one transaction."""
+        now = self.lease_clock.now()
         leases = list(self.held.values()) + ([self.member] if self.member is not None else [])
-        due = bool(leases) and min(h.renewed_at for h in leases) + self.ttl / 3 <= now
+        due = bool(leases) and min(h.renewed_at for h in leases) + self.ttl.total_seconds() / 3 <= now
         held: dict[str, int] = {}
         if due:
             held = {shard_lock(shard): h.token for shard, h in self.held.items()}
@@ -501,10 +508,11 @@ class Cluster:
             self._renewed(now, held, renewed)
         return state
 
-    def _renewed(self, asked_at: datetime, held: dict[str, int], renewed: dict[str, datetime]) -> None:
+    def _renewed(self, asked_at: float, held: dict[str, int], renewed: dict[str, datetime]) -> None:
+        ttl = self.ttl.total_seconds()
         if self.member is not None and self.member_lock in held:
             if self.member_lock in renewed:
-                self.member.renewed_at, self.member.deadline = asked_at, asked_at + self.ttl
+                self.member.renewed_at, self.member.deadline = asked_at, asked_at + ttl
             else:
                 self.member = None  # taken over by a newer process of this name, or expired
         lost = [name for name in held if name.startswith(SHARD_PREFIX) and name not in renewed]
@@ -515,7 +523,7 @@ class Cluster:
                 continue
             current = self.held.get(int(name[len(SHARD_PREFIX) :]))
             if current is not None:
-                current.renewed_at, current.deadline = asked_at, asked_at + self.ttl
+                current.renewed_at, current.deadline = asked_at, asked_at + ttl
 
     def members(self) -> set[str]:
         """From the last read: the instances holding a live member lock."""
