@@ -258,6 +258,24 @@ async def test_a_lease_renews_every_third_of_its_ttl_and_is_released(clock: Manu
     assert (await stored_lock(engine.store, "nightly")).holder is None
 
 
+async def test_a_renewal_due_between_two_microseconds_waits_for_the_clock_and_never_spins(
+    clock: ManualClock, engines: Callable[..., Engine]
+) -> None:
+    """A third of a 7 s ttl is no whole number of microseconds. Measured in float seconds,
+    the clock moved by that third (rounded to the microsecond) read a few hundred
+    nanoseconds short of the renewal; the loop parked for what was left, which a timedelta
+    rounds to nothing, woke at once and looked again, for ever: the engine never settled."""
+    engine = engines()
+    await engine.open()
+    lease = await engine.locks.acquire("nightly", ttl=7)
+    assert lease is not None
+    clock.advance(timedelta(seconds=7 / 3))  # (2.333333 s)
+    await asyncio.wait_for(engine.quiesce(), 10)
+    clock.advance(timedelta(microseconds=1))
+    await asyncio.wait_for(engine.quiesce(), 10)
+    assert lease.held and lease.expires_at == clock.now() + timedelta(seconds=7)  # renewed
+
+
 async def test_a_lease_that_cannot_be_renewed_is_lost_at_its_deadline_and_async_work_is_cancelled(
     clock: ManualClock, engines: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:

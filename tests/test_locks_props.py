@@ -42,6 +42,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, multip
 from backend import Engine, LeaseLost, ManualClock, RunContext, StaleLease, Unavailable, define_schedule
 from backend.locks import Lease, LockResult, LockStore
 from backend.model import Run
+from backend.runtime.leaseclock import LeaseClock
 from backend.store import open_store
 from tests import pg
 
@@ -542,10 +543,11 @@ class LeaseMachine(RuleBasedStateMachine):
             held = [lease for lease in believers if lease.token not in self.evicted]
             assert len(held) <= 1, held
             for lease in believers:
-                # (the lease clock of an engine on an injected clock is that clock's time)
-                assert now.timestamp() < lease.deadline, "a lease is lost by its deadline at the latest"
+                # (the lease clock of an engine on an injected clock: its time, in nanoseconds)
+                lease_now = (now - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000
+                assert lease_now < lease.deadline, "a lease is lost by its deadline at the latest"
                 if lease.token in self.evicted and id(lease._locks) not in self.frozen:
-                    assert now.timestamp() < lease.renewed_at + lease.ttl.total_seconds() / 3, (
+                    assert lease_now < lease.renewed_at + LeaseClock.span(lease.ttl) // 3, (
                         "an evicted holder learns it at its next renewal"
                     )
             for lease in self.leases:

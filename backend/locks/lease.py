@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.locks.model import Lock, StaleLease
 from backend.model import iso
+from backend.runtime.leaseclock import LeaseClock
 
 if TYPE_CHECKING:
     from backend.locks.service import Locks
@@ -35,7 +36,7 @@ class Lease:
     seen for that resource or the lease is no longer the lock's current one.
     """
 
-    def __init__(self, locks: Locks, lock: Lock, ttl: timedelta, asked_at: float) -> None:
+    def __init__(self, locks: Locks, lock: Lock, ttl: timedelta, asked_at: int) -> None:
         assert lock.holder is not None
         self._locks = locks
         self.name = lock.name
@@ -45,9 +46,9 @@ class Lease:
         self.acquired_at = lock.acquired_at
         self.expires_at = lock.expires_at
         """Until when the store holds it for us (on the lock clock), as of the last renewal."""
-        self.deadline = asked_at + ttl.total_seconds()
-        """Until when it is surely ours, on this process's lease clock (seconds on a clock that
-        never jumps: see :meth:`~backend.locks.Locks.lease_now`): the start of the request
+        self.deadline = asked_at + LeaseClock.span(ttl)
+        """Until when it is surely ours, on this process's lease clock (nanoseconds on a clock
+        that never jumps: see :meth:`~backend.locks.Locks.lease_now`): the start of the request
         that took or last renewed it, plus the ttl (the store's expiry can only be later). A
         step of the wall clock moves neither: a step back held the renewals back by its
         size, and another process took the lock over while this one still believed it held."""

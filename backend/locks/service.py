@@ -22,7 +22,7 @@ its own next slots as "held").
 Times: leases expire on the *lock clock*, the database's own unless the engine runs on an
 injected :class:`~backend.clock.ManualClock` (tests), so that instances whose clocks
 differ agree on expiry. This process measures a lease's ttl, and when to renew it, on the
-*lease clock*, one that never jumps (:func:`~backend.runtime.liveness.boot_clock`; an
+*lease clock*, one that never jumps (``CLOCK_BOOTTIME``; an
 injected clock's own time in tests): a step of the wall clock (NTP, a restored VM) neither
 holds a renewal back nor keeps a lease believed held past its ttl.
 """
@@ -131,8 +131,8 @@ class Locks:
         self.loop: asyncio.AbstractEventLoop | None = None
         """The engine's event loop (bound at :meth:`open`): where :attr:`sync` carries calls out."""
 
-    def lease_now(self) -> float:
-        """The lease clock's time (seconds; see :class:`~backend.runtime.leaseclock.LeaseClock`)."""
+    def lease_now(self) -> int:
+        """The lease clock's time (nanoseconds; see :class:`~backend.runtime.leaseclock.LeaseClock`)."""
         return self.lease_clock.now()
 
     def lock_now(self) -> datetime | None:
@@ -370,7 +370,7 @@ class Locks:
     async def _keep(self, lease: Lease) -> None:
         """Renew every ttl/3 until released; lose the lease when that fails for good."""
         loop = f"lease {lease.name}#{lease.token}"
-        every = lease.ttl.total_seconds() / 3
+        every = LeaseClock.span(lease.ttl) // 3
         due = lease.renewed_at + every
         try:
             while True:
@@ -401,14 +401,14 @@ class Locks:
                 except Unavailable as exc:
                     # Try again soon; the deadline decides when it is too late.
                     log.info('lock "%s": renewal failed (%s); retrying', lease.name, exc)
-                    due = min(self.lease_now() + every / 3, lease.deadline)
+                    due = min(self.lease_now() + every // 3, lease.deadline)
                     continue
                 if expires is None:
                     self._lose(lease, f"token {lease.token} is no longer current (taken over, or released by force)")
                     return
                 lease.expires_at = expires
                 lease.renewed_at = asked_at
-                lease.deadline = asked_at + lease.ttl.total_seconds()
+                lease.deadline = asked_at + LeaseClock.span(lease.ttl)
                 due = asked_at + every
         finally:
             self.loops.forget(loop)

@@ -173,12 +173,12 @@ class ClusterStore(Protocol):
 @dataclass
 class _Held:
     token: int
-    renewed_at: float
+    renewed_at: int
     """When this process asked for the lease or its last renewal, on its lease clock
     (:class:`~backend.runtime.leaseclock.LeaseClock`: a step of the wall clock neither holds
     a renewal back nor keeps a shard believed held past its ttl)."""
-    deadline: float
-    """Until when the lease is surely ours: ``renewed_at`` + the ttl (lease clock)."""
+    deadline: int
+    """Until when the lease is surely ours: ``renewed_at`` + the ttl (lease clock, nanoseconds)."""
 
 
 class ShardTimers(Protocol):
@@ -350,7 +350,7 @@ class Cluster:
             await self._join()
         except Unavailable as exc:
             self.outages.trouble("cluster", "cluster: cannot join the members", exc)
-        poll = self.poll.total_seconds()
+        poll = LeaseClock.span(self.poll)
         await self.lease_clock.park("cluster", self.lease_clock.now() + poll)
         while True:
             try:
@@ -446,8 +446,8 @@ class Cluster:
         lock = state.locks.get(shard_lock(shard))
         return lock is not None and state.now - lock.expires_at <= self.hand_over
 
-    def _took(self, shard: int, token: int, asked_at: float, *, handed_over: bool = False) -> None:
-        self.held[shard] = _Held(token, asked_at, asked_at + self.ttl.total_seconds())
+    def _took(self, shard: int, token: int, asked_at: int, *, handed_over: bool = False) -> None:
+        self.held[shard] = _Held(token, asked_at, asked_at + LeaseClock.span(self.ttl))
         schedules = self.by_shard.get(shard, [])
         log.info("cluster: took shard %02d (token %d, %d schedule(s))", shard, token, len(schedules))
         now = self.clock.now()
@@ -490,14 +490,14 @@ class Cluster:
         got = await self.store.acquire_shards([self.member_lock], self.instance, self.ttl, self.lock_now())
         if self.member_lock in got:
             token, _ = got[self.member_lock]
-            self.member = _Held(token, asked_at, asked_at + self.ttl.total_seconds())
+            self.member = _Held(token, asked_at, asked_at + LeaseClock.span(self.ttl))
 
     async def _renew_and_read(self) -> ClusterState:
         """Renew the leases (the shards' and the member lock) if a third of their ttl has
         passed, and read the shards, the members and the instances: one transaction."""
         now = self.lease_clock.now()
         leases = list(self.held.values()) + ([self.member] if self.member is not None else [])
-        due = bool(leases) and min(h.renewed_at for h in leases) + self.ttl.total_seconds() / 3 <= now
+        due = bool(leases) and min(h.renewed_at for h in leases) + LeaseClock.span(self.ttl) // 3 <= now
         held: dict[str, int] = {}
         if due:
             held = {shard_lock(shard): h.token for shard, h in self.held.items()}
@@ -508,8 +508,8 @@ class Cluster:
             self._renewed(now, held, renewed)
         return state
 
-    def _renewed(self, asked_at: float, held: dict[str, int], renewed: dict[str, datetime]) -> None:
-        ttl = self.ttl.total_seconds()
+    def _renewed(self, asked_at: int, held: dict[str, int], renewed: dict[str, datetime]) -> None:
+        ttl = LeaseClock.span(self.ttl)
         if self.member is not None and self.member_lock in held:
             if self.member_lock in renewed:
                 self.member.renewed_at, self.member.deadline = asked_at, asked_at + ttl
