@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backend import Engine, define_queue
+from backend import BadInput, Engine, define_queue
 from backend.events.audit import AuditEntry, acting_as
 from backend.ids import IdFactory, encode_id
 from backend.jobs import JobContext
@@ -125,19 +125,20 @@ async def _deliver(job: JobContext) -> None:
 
 
 async def test_a_callers_lock_holder_state_and_catalog_author_are_written_escaped(store_url: str) -> None:
-    """What Python code hands the engine past the API's and the CLI's checks: a lock's
-    holder (``locks.acquire(holder=…)``), who changed a schedule's state
-    (``set_enabled(by=…)``), who paused a queue (``jobs.set_paused(by=…)``) and who
-    created or updated a stored schedule (an actor named by ``acting_as``, as the API
-    names a token). SQLite wrote them escaped; PostgreSQL
-    refused the statement (a NUL, a lone surrogate), and the action failed."""
+    """What Python code hands the engine past the API's and the CLI's checks: who changed
+    a schedule's state (``set_enabled(by=…)``), who paused a queue
+    (``jobs.set_paused(by=…)``) and who created or updated a stored schedule (an actor
+    named by ``acting_as``, as the API names a token). SQLite wrote them escaped;
+    PostgreSQL refused the statement (a NUL, a lone surrogate), and the action failed. A
+    lock's holder (``locks.acquire(holder=…)``) is refused instead, naming it: it is shown
+    in every table of locks."""
     engine = Engine([define_queue(name="mail", handler=_deliver)], open_store(store_url, create=True))
     await engine.open()
     try:
         for n, (given, shown) in enumerate(INVALID.items()):
-            lease = await engine.locks.acquire(f"lock-{n}", holder=f"holder {given}")
-            assert lease is not None
-            assert (await engine.store.get_lock(f"lock-{n}")).holder == f"holder {shown}"  # type: ignore[attr-defined]
+            with pytest.raises(BadInput, match="holder"):
+                await engine.locks.acquire(f"lock-{n}", holder=f"holder {given}")
+            assert await engine.store.get_lock(f"lock-{n}") is None  # type: ignore[attr-defined]
             with acting_as(f"by {given}"):
                 await engine.create_schedule({"name": f"job-{n}", "cron": "0 * * * *", "timezone": "UTC", "queue": "mail"})
                 await engine.set_enabled(f"job-{n}", False, by=f"disabler {given}")
