@@ -68,7 +68,13 @@ class RuntimeSchedules(RuleBasedStateMachine):
         as the same operator: the same create again answers with the schedule)"""
 
     def run(self, coro: Any) -> Any:
-        return run_within(self.loop, coro, 60)
+        try:
+            return run_within(self.loop, coro, 60)
+        except AssertionError as exc:  # (a quiesce that did not end: say what it waited for)
+            if "did not end within" not in str(exc):
+                raise
+            waiting = {engine.instance: engine.unsettled() for engine in (self.firer, self.operator)}
+            raise AssertionError(f"{exc}; still busy: {waiting}") from None
 
     def actor(self, on_firer: bool) -> Engine:
         return self.firer if on_firer else self.operator

@@ -193,13 +193,21 @@ class Loops:
         self._poke.set()
 
     def idle(self) -> bool:
+        return not self.busy()
+
+    def busy(self) -> list[str]:
+        """The loops that are not idle, each with why (what a quiesce that never ends is
+        waiting for): not parked, parked until a time already due, or woken."""
         now = self.clock.now()
-        for state in self._parking.values():
-            if not state.parked or (state.until is not None and state.until <= now):
-                return False
-            if state.wake is not None and state.wake.is_set():
-                return False
-        return True
+        busy = []
+        for name, state in self._parking.items():
+            if not state.parked:
+                busy.append(f"{name} (running)")
+            elif state.until is not None and state.until <= now:
+                busy.append(f"{name} (due at {state.until.isoformat()})")
+            elif state.wake is not None and state.wake.is_set():
+                busy.append(f"{name} (woken)")
+        return busy
 
     async def quiesce(self, settled: Callable[[], bool], flush: Callable[[], Awaitable[None]]) -> None:
         """Wait until every loop is idle and ``settled()`` holds, then ``flush()``; repeat

@@ -650,6 +650,11 @@ class Engine(EngineReads, EngineActions):
 
         await self.loops.quiesce(lambda: lifecycle.is_settled(self) if runs else lifecycle.has_started(self), flush)
 
+    def unsettled(self) -> list[str]:
+        """What a :meth:`quiesce` still waits for now: the loops not idle and the parts not
+        settled, each named (empty: nothing). For a test whose quiesce does not end."""
+        return self.loops.busy() + lifecycle.unsettled(self)
+
     # ------------------------------------------------------------------------------------
     # housekeeping: state changes from other processes, heartbeats, abandoned runs, retention
     # ------------------------------------------------------------------------------------

@@ -329,13 +329,19 @@ def has_started(engine: Engine) -> bool:
 
 def is_settled(engine: Engine) -> bool:
     """No run in flight, nothing catching up, recovering or backfilling, every system idle."""
-    return (
-        engine.launcher.idle
-        and not engine.catch_up.busy
-        and not engine.claims.recovering
-        and engine.backfills.idle
-        and all(subsystem.idle for subsystem in engine.subsystems)
-    )
+    return not unsettled(engine)
+
+
+def unsettled(engine: Engine) -> list[str]:
+    """What keeps :func:`is_settled` false, by name (for a quiesce that never ends)."""
+    parts = {
+        "runs in flight": not engine.launcher.idle,
+        "catching up": engine.catch_up.busy,
+        "recovering claims": engine.claims.recovering,
+        "backfilling": not engine.backfills.idle,
+    }
+    busy = [what for what, now in parts.items() if now]
+    return busy + [type(subsystem).__name__ for subsystem in engine.subsystems if not subsystem.idle]
 
 
 async def housekeeping(engine: Engine) -> None:
