@@ -54,6 +54,8 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("an escape sequence in a note", "POST", "/inspect/schedules/berlin/disable",
      {"json": {"note": "\x1b[2J"}}, 422, "note", "\\x1b"),
     ("a NUL run id", "GET", "/inspect/runs/%00", {}, 404, None, 'no run with id "\\x00"'),
+    ("a slash too many", "POST", "/inspect/schedules/berlin/disable/", {}, 404, None,
+     "no route /inspect/schedules/berlin/disable/"),  # (it was a 307 to the route, before the token's check)
     # (a newline matches no route; the 404 named another lock's, "/inspect/locks/ab/release")
     ("a newline in a lock name", "POST", "/inspect/locks/a%0Ab/release", {}, 404, None,
      "no route /inspect/locks/a\\nb/release (a path holds no control character)"),

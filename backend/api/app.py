@@ -134,6 +134,9 @@ def create_app(
         middleware=[Middleware(BrowserGuard, loopback_only=not api.tokens.required, host=host)],
         lifespan=lifespan,
     )
+    # A path with a slash too many is no route (404), not Starlette's redirect to the one
+    # without: that 307 answered an action's POST before its token was checked.
+    app.router.redirect_slashes = False
     app.state.api = api  # serve ends the event streams through it before stopping
     return app
 
