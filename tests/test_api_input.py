@@ -54,6 +54,8 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("an escape sequence in a note", "POST", "/inspect/schedules/berlin/disable",
      {"json": {"note": "\x1b[2J"}}, 422, "note", "\\x1b"),
     ("a NUL run id", "GET", "/inspect/runs/%00", {}, 404, None, 'no run with id "\\x00"'),
+    ("a NaN token", "POST", "/inspect/locks/x/release", {"content": b'{"if_token": NaN}'}, 422, "if_token",
+     "if_token NaN is not a number"),  # (it said "out of range")
     ("a slash too many", "POST", "/inspect/schedules/berlin/disable/", {}, 404, None,
      "no route /inspect/schedules/berlin/disable/"),  # (it was a 307 to the route, before the token's check)
     # (a newline matches no route; the 404 named another lock's, "/inspect/locks/ab/release")

@@ -126,6 +126,8 @@ class Range(Limit):
     def check(self, value: Any, field: str) -> Any:
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             return value  # the type is the implementation's to refuse, in its words
+        if value != value:  # NaN (JSON's NaN is read as one): no number, rather than out of range
+            raise BadInput(f"{field} NaN is not a number", field=field)
         if not self.low <= value <= self.high:
             raise BadInput(f"{field} {value} is out of range ({shown_bound(self.low)}-{shown_bound(self.high)})", field=field)
         return value
