@@ -23,6 +23,7 @@ from backend import BadInput, DefinitionError, Engine, ManualClock, NotFound, Re
 from backend.definitions import discover_definitions
 from backend.durable import DurableContext, Retry, StepFailed, define_durable, execution_id_for_slot
 from backend.durable.store import LOG_LINES, DurableStore, Finish, NewExecution, Progress, StepRecord, Write
+from tests import pg
 from tests.durable_helpers import crash, durable_url, engines  # noqa: F401 - fixtures
 from tests.late_answers import LateAnswer, lapse_and_renew
 from tests.odd_exceptions import ODD_EXCEPTIONS, StrRaises, tag_of
@@ -1714,3 +1715,78 @@ async def test_time_that_passes_during_a_claim_is_not_lost(engines: Callable[...
     engine.durable.executor.poke()
     await engine.quiesce()
     assert (await engine.durable.get(started.id)).output == "woke"
+
+
+async def test_a_cancel_heard_when_an_at_most_once_step_is_marked_stops_it_before_it_runs(
+    engines: Callable[..., Engine],
+) -> None:
+    """An operator cancels from another process while the code is between two steps, the
+    next one at most once (the charge the cancel is meant to prevent). Its owner hears of
+    the cancel in the answer to the step's started mark: the step never runs, and the
+    execution ends cancelled (the step ran, and the execution succeeded)."""
+    between, gate, calls = asyncio.Event(), asyncio.Event(), []
+
+    async def prepare() -> int:
+        return 1
+
+    async def charge() -> str:
+        calls.append("charge")
+        return "charged"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        await ctx.step("prepare", prepare)
+        between.set()
+        await gate.wait()  # (the code between two steps)
+        return await ctx.step("charge", charge, at_most_once=True)
+
+    function = define_durable(name="pay", handler=body)
+    owner, operator = engines([function], instance="owner"), engines([function], instance="operator")
+    await owner.start()
+    await operator.open()  # (another process: it tells the owner through the store only)
+    started = await owner.durable.start_execution("pay")
+    await asyncio.wait_for(between.wait(), 10)
+    asked = await operator.durable.cancel(started.id)
+    assert asked.status == "running"  # asked to stop at its next step
+    gate.set()
+    await owner.quiesce()
+    done = await owner.durable.get(started.id)
+    assert calls == [] and done.status == "cancelled", (calls, done.status)
+
+
+@pytest.mark.postgres
+async def test_a_signal_that_waits_for_its_executions_end_is_refused_not_called_a_duplicate(
+    pg_server: Any, tmp_path: Path, clock: ManualClock
+) -> None:
+    """A signal sent while the owner's end holds the execution's row: once the end commits,
+    the signal is not taken (the execution takes no more), and says so. It read the status
+    as it was before the end, and answered a duplicate of a signal never kept (audited so)."""
+    import psycopg
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.wait_for("approval")
+
+    url = pg.database_for(tmp_path)
+    engine = Engine([define_durable(name="flow", handler=body)], url, clock=clock, instance="i0", shutdown_grace=0)
+    await engine.open()  # (no executor: the execution stays queued, its end written below by hand)
+    try:
+        started = await engine.durable.start_execution("flow")
+        async with await psycopg.AsyncConnection.connect(url) as ending:
+            await ending.execute("UPDATE schedtui_durable_executions SET status = 'succeeded' WHERE id = %s", (started.id,))
+            signal = asyncio.ensure_future(engine.durable.signal(started.id, "approval", {"by": "ops"}))
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as watch:
+                for _ in range(500):  # until the signal waits for the end's lock on the row
+                    row = await (await watch.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    )).fetchone()  # fmt: skip
+                    if row is not None and row[0] >= 1:
+                        break
+                    await asyncio.sleep(0.01)
+                else:
+                    raise AssertionError("the signal never waited for the end")
+            await ending.commit()
+        with pytest.raises(Refused, match="is succeeded; it takes no more signals"):
+            await signal
+        entries = (await engine.audit.list()).entries
+        assert [e.action for e in entries if e.action == "durable.signal"] == []
+    finally:
+        await engine.stop(grace=0)

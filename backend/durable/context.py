@@ -166,6 +166,9 @@ class DurableContext:
                 started = run.now
                 mark = StepRecord(position, name, "step", "running", attempt, started, at_most_once=True)
                 await run.write(Progress(name, started + run.executor.lease_ttl), [mark])
+                # A cancellation this write brought news of stops the step before it runs:
+                # one that runs at most once is the step an operator cancels to prevent.
+                run.boundary()
             # (a plain coroutine function, nearly every step, without asking inspect)
             is_async = (type(fn) is FunctionType and bool(fn.__code__.co_flags & CO_COROUTINE)) or is_async_callable(fn)
             call = run.call_step(name, fn, args, is_async)

@@ -319,8 +319,11 @@ EXPIRE = f"""
     WHERE status = 'running' AND instance = %s AND lease_until > %s
         AND (%s::timestamptz IS NULL OR updated_at < %s::timestamptz)
 """
+#: The status is read from the row locked (FOR UPDATE re-reads it once another write of it,
+#: an end on its way, has committed): read in the statement's snapshot, a signal that waited
+#: for the end was not taken, and was answered a duplicate of a signal never kept.
 SIGNAL = f"""
-    WITH found AS (SELECT status FROM {EXECUTIONS} WHERE id = %(id)s),
+    WITH found AS (SELECT status FROM {EXECUTIONS} WHERE id = %(id)s FOR UPDATE),
     taken AS (
         UPDATE {EXECUTIONS}
         SET signals = signals || jsonb_build_object(
