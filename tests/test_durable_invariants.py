@@ -25,6 +25,9 @@ which is the manual clock. After every rule:
   another lease (unless that one's owner was frozen meanwhile, as a SIGSTOPped process
   resumes where it was, or every process stood still longer than a renewal's period: then
   the owner's lapse and the take-over race, and fencing refuses the stale writes);
+* a cancel heard stops the code at its next step: no step starts under a lease whose
+  owner was answered (by a write or a renewal) that an operator asked to cancel (an
+  at-most-once step did, when the answer was its own started mark's);
 * step outputs replay identically: at each position, every run of an execution's code
   saw the same value;
 * every execution ends, or waits with a reason (what for, until when).
@@ -114,6 +117,9 @@ class World:
         """Clock moves longer than a renewal's period, at once: every process stood still
         that long (a host suspended), and a step in flight races its owner's lapse."""
         self.token = itertools.count()
+        self.heard_cancel: set[tuple[str, int]] = set()
+        """(execution, lease) whose owner was answered that an operator asked to cancel (a
+        write's answer, a renewal's): no step starts under that lease after it."""
 
 
 WORLD = World()
@@ -132,6 +138,8 @@ def begin(execution: str, step: str, lease: int) -> int:
         excused = owner is None or owner.freezes > freezes or owner.frozen is not None or WORLD.stalls > stalls
         if other != lease and not excused:
             WORLD.violations.append(f"step {step} of {execution} started under lease {lease} while one ran under lease {other}")
+    if (execution, lease) in WORLD.heard_cancel:
+        WORLD.violations.append(f"step {step} of {execution} started under lease {lease} after its owner heard of a cancel")
     token = next(WORLD.token)
     mine = WORLD.owner.get((execution, lease))
     WORLD.running[execution][token] = (lease, mine.freezes if mine is not None else 0, WORLD.stalls)
@@ -254,9 +262,11 @@ class Proxy:
             raise Unavailable("the connection broke after the claim committed (test)")
         return claimed
 
-    async def durable_renew(self, *args: Any) -> Any:
+    async def durable_renew(self, instance: str, leases: Any, *args: Any) -> Any:
         await self._gate()
-        return await self._store.durable_renew(*args)
+        renewal = await self._store.durable_renew(instance, leases, *args)
+        WORLD.heard_cancel.update((id_, lease) for id_, lease in leases if id_ in renewal.cancel)
+        return renewal
 
     # A frozen process beats no more: its name falls silent, as its leases lapse.
     async def heartbeat(self, *args: Any, **kwargs: Any) -> Any:
@@ -290,6 +300,8 @@ class Proxy:
         if self.lose_next == "write":
             self.lose_next = None
             raise Unavailable("the connection broke after the write committed (test)")
+        if result:  # (its owner is answered: an operator asked to cancel)
+            WORLD.heard_cancel.add((write.id, write.lease))
         return result
 
 
