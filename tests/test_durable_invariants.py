@@ -3,7 +3,7 @@
 Up to three instances share one store (SQLite, and PostgreSQL) on one manual clock. Hypothesis starts executions
 of random plans (steps that fail a few times or until their attempts run out, at-most-once
 steps, steps that take 3 to 40 s of the clock, sleeps, signal waits, a step name used a
-second time, two steps at once), sends signals, cancels,
+second time, two steps at once, code that takes a while between two steps), sends signals, cancels,
 retries failed executions, moves the clock (so leases expire), crashes instances just before
 or just after one of their writes commits, loses the answer of a claim or a write that
 committed while the instance goes on, freezes an instance (its store calls hang, as
@@ -90,6 +90,10 @@ PLANS = st.lists(
         # A slow step and another at once (asyncio.gather): it fails the execution, once the
         # slow one has returned (a retry never runs it beside itself).
         st.tuples(st.just("gather"), st.sampled_from([3, 40])),
+        # Code between two steps that takes this long (no step: nothing is checkpointed):
+        # an operator's cancel meanwhile is heard at the next write, perhaps an at-most-once
+        # step's started mark.
+        st.tuples(st.just("pause"), st.sampled_from([3, 12])),
     ),
     min_size=1,
     max_size=6,
@@ -117,6 +121,8 @@ class World:
         """Clock moves longer than a renewal's period, at once: every process stood still
         that long (a host suspended), and a step in flight races its owner's lapse."""
         self.token = itertools.count()
+        self.pausing: set[tuple[str, int]] = set()
+        """(execution, lease) whose code is between two steps, waiting on the clock."""
         self.heard_cancel: set[tuple[str, int]] = set()
         """(execution, lease) whose owner was answered that an operator asked to cancel (a
         write's answer, a renewal's): no step starts under that lease after it."""
@@ -190,6 +196,13 @@ async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
             value = await asyncio.gather(
                 ctx.step(f"{name}s", slow, ctx.id, f"{name}s", arg, ctx.fence), ctx.step(f"{name}t", page, ctx.id, f"{name}t", 0, ctx.fence)
             )
+        elif kind == "pause":
+            assert WORLD.clock is not None
+            WORLD.pausing.add((ctx.id, ctx.fence))
+            try:
+                await WORLD.clock.sleep_until(WORLD.clock.now() + timedelta(seconds=arg))
+            finally:
+                WORLD.pausing.discard((ctx.id, ctx.fence))
         elif kind == "sleep":
             await ctx.sleep(name, arg)
         else:
@@ -385,7 +398,7 @@ class DurableFleet(RuleBasedStateMachine):
     async def _quiet(self, engine: Engine) -> None:
         """Wait until the engine has done what the current time calls for: its loops
         parked, and each execution it runs ended, waiting in the store, or in a slow step
-        (which only the clock ends)."""
+        or a pause between steps (which only the clock ends)."""
         executor = engine.durable.executor
         settled = 0
         # Bounded by real time, not by rounds: a run between two slow steps commits each
@@ -399,6 +412,7 @@ class DurableFleet(RuleBasedStateMachine):
             await asyncio.sleep(0 if round_ < 200 else 0.001)  # (then no busy loop beside the server)
             asleep = all(
                 any(lease == run.lease for lease, _, _ in WORLD.running[run.id].values())
+                or (run.id, run.lease) in WORLD.pausing
                 for run in executor.running.values()
             )
             settled = settled + 1 if asleep else 0
@@ -439,9 +453,13 @@ class DurableFleet(RuleBasedStateMachine):
                 pass  # finished already
         self.settle()
 
-    @rule(which=st.integers(0, 15))
-    def cancel(self, which: int) -> None:
-        engine = self.acting
+    @rule(which=st.integers(0, 15), by=st.integers(0, 2))
+    def cancel(self, which: int, by: int) -> None:
+        """An operator cancels through one of the instances: the owner hears of it at once,
+        another one only at its next write or renewal."""
+        able = [engine for engine, proxy in self.live.values()
+                if proxy.frozen is None and proxy.late_answers is None and not proxy.crashed]  # fmt: skip
+        engine = able[by % len(able)] if able else None
         if engine is not None and self.ids:
             try:
                 self.run(engine.durable.cancel(self.ids[which % len(self.ids)]))
