@@ -170,7 +170,10 @@ problem line): enough to recognise it, never a whole pasted payload."""
 
 
 def cut(text: str, width: int) -> str:
-    """``text`` in at most ``width`` characters: cut with an ellipsis when longer."""
+    """``text`` on one line (:func:`~backend.safetext.in_line`: a stored text's escape
+    sequence or bidirectional override is shown as its escape), in at most ``width``
+    characters: cut with an ellipsis when longer."""
+    text = in_line(text)
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 

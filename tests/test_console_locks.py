@@ -155,3 +155,26 @@ async def test_x_confirmed_after_the_lock_changed_hands_releases_nothing_and_say
         assert notes.titled("Refused") == [f'lock "nightly-rollup" is held by web-3:12 (rollup) (token {taken.token}) '
                                            "now, no longer token 1: nothing was released; look again"]
         await taken.release()
+
+
+async def test_a_holder_name_is_drawn_escaped_never_as_a_terminal_command(store_url: str) -> None:  # noqa: F811
+    """A holder an older release stored with an escape sequence and a bidirectional override
+    (written here by the store, past the engine's check): the Locks view and its release
+    question show them as escapes; drawn as they are, they reach the operator's terminal."""
+    frozen = datetime.fromisoformat("2026-03-02T08:00:00+00:00")
+    store: Any = open_store(store_url)
+    await store.open()
+    await store.acquire_lock("evil", "x\x1b]0;pwned\x07\u202eabc", timedelta(hours=1), frozen)
+    await store.close()
+    async with console(store_url) as (app, pilot, clock, notes):
+        await pilot.press("5")
+        await settle(pilot)
+        assert cells(app, "evil")[1].startswith("x\\x1b]0;pwned\\x07")
+        assert not any(c in "".join(cells(app, "evil")) for c in "\x1b\x07\u202e")
+        app.query_one(LocksTable).move_cursor(row=list(app.query_one(LocksTable).locks).index("evil"))
+        await pilot.press("x")
+        await settle(pilot)
+        question = app.screen
+        assert isinstance(question, Confirm)
+        shown = " ".join(str(fact) for fact in question.facts)
+        assert "x\\x1b]0;pwned\\x07\\u202eabc" in shown and "\x1b" not in shown and "\u202e" not in shown

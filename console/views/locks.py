@@ -12,6 +12,7 @@ from textual.content import Content
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.locks import Lock, LocksSnapshot
+from backend.safetext import in_line
 from console import format as fmt
 from console.keys import action_key, bindings
 from console.screens.confirm import Confirm
@@ -178,7 +179,7 @@ class LocksView(View):
             f"its lease runs {fmt.countdown(lock.expires_at, now)}" if state == "held"
             else f"its lease expired {fmt.ago(lock.expires_at, now)}"
         )  # fmt: skip
-        held = f"Held by {lock.holder} (token {lock.token}); {until}."
+        held = f"Held by {in_line(lock.holder)} (token {lock.token}); {until}."
 
         def answer(yes: bool | None) -> None:
             if yes:  # (the lease confirmed: one taken since is refused, not cut)
@@ -198,7 +199,7 @@ class LocksView(View):
             console.report(exc)
             return
         if done.released:
-            console.notify(f'Lock "{name}" released (was held by {done.lock.holder}, token {done.lock.token}).',
+            console.notify(f'Lock "{name}" released (was held by {in_line(done.lock.holder or "-")}, token {done.lock.token}).',
                            title="Lock released", markup=False)  # fmt: skip
         else:
             console.notify(f'Lock "{name}" was not held any more.', title="Release", markup=False)
