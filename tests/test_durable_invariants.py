@@ -40,13 +40,15 @@ the same invariants.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
+import logging
 import os
 import shutil
 import tempfile
-from collections import defaultdict
-from collections.abc import Coroutine
+from collections import defaultdict, deque
+from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -126,6 +128,39 @@ class World:
         self.heard_cancel: set[tuple[str, int]] = set()
         """(execution, lease) whose owner was answered that an operator asked to cancel (a
         write's answer, a renewal's): no step starts under that lease after it."""
+        self.trace: deque[str] = deque(maxlen=120)
+        """The last rules, claims, step starts and ends and the engines' warnings: a
+        violation shows them (a race seen once may not replay)."""
+
+
+def note(text: str) -> None:
+    at = "" if WORLD.clock is None else WORLD.clock.now().strftime("%H:%M:%S")
+    WORLD.trace.append(f"{at} {text}")
+
+
+def violation(text: str) -> None:
+    if not WORLD.violations:  # the first one tells what led to it
+        text += "\nwhat led to it:\n  " + "\n  ".join(WORLD.trace)
+    WORLD.violations.append(text)
+
+
+class Traced(logging.Handler):
+    """The engines' warnings, into the trace."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        note(f"[{record.name}] {record.getMessage()}")
+
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def traced(rule_: F) -> F:
+    @functools.wraps(rule_)
+    def call(self: Any, **kwargs: Any) -> None:
+        note(f"rule {rule_.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})")
+        rule_(self, **kwargs)
+
+    return call  # type: ignore[return-value]
 
 
 WORLD = World()
@@ -136,18 +171,19 @@ def begin(execution: str, step: str, lease: int) -> int:
     the steps of the execution in flight under another lease."""
     newest = WORLD.lease.get(execution, 0)
     if lease < newest:  # its owner was displaced: it must have stopped before this
-        WORLD.violations.append(f"step {step} of {execution} started under lease {lease}; lease {newest} was claimed")
+        violation(f"step {step} of {execution} started under lease {lease}; lease {newest} was claimed")
     for other, freezes, stalls in WORLD.running[execution].values():
         owner = WORLD.owner.get((execution, other))
         # Excused: an owner frozen meanwhile (a SIGSTOPped process resumes its step where
         # it was: fencing refuses what it writes after), or a stall of every process.
         excused = owner is None or owner.freezes > freezes or owner.frozen is not None or WORLD.stalls > stalls
         if other != lease and not excused:
-            WORLD.violations.append(f"step {step} of {execution} started under lease {lease} while one ran under lease {other}")
+            violation(f"step {step} of {execution} started under lease {lease} while one ran under lease {other}")
     if (execution, lease) in WORLD.heard_cancel:
-        WORLD.violations.append(f"step {step} of {execution} started under lease {lease} after its owner heard of a cancel")
+        violation(f"step {step} of {execution} started under lease {lease} after its owner heard of a cancel")
     token = next(WORLD.token)
     mine = WORLD.owner.get((execution, lease))
+    note(f"{'?' if mine is None else mine.name} starts {step} of {execution} under lease {lease} (#{token})")
     WORLD.running[execution][token] = (lease, mine.freezes if mine is not None else 0, WORLD.stalls)
     WORLD.started[(execution, step)].append(next(WORLD.seq))
     return token
@@ -169,6 +205,7 @@ async def slow(execution: str, step: str, seconds: int, lease: int) -> str:
         await WORLD.clock.sleep_until(WORLD.clock.now() + timedelta(seconds=seconds))
     finally:
         del WORLD.running[execution][token]
+        note(f"{step} of {execution} under lease {lease} returns (#{token})")
     return f"{step}#{next(WORLD.seq)}"
 
 
@@ -219,8 +256,9 @@ class Proxy:
     """A store as one instance sees it: it can hang (frozen), or die just before or just
     after one of its writes commits; it checks every write the store accepts."""
 
-    def __init__(self, store: Any, server: ManualClock) -> None:
+    def __init__(self, store: Any, server: ManualClock, name: str) -> None:
         self._store = store
+        self.name = name
         self.server = server
         """The store server's clock: the machine's (every instance compares its own with it)."""
         self.frozen: asyncio.Event | None = None
@@ -256,6 +294,7 @@ class Proxy:
         if inserted and kwargs.get("claim") is not None:  # started and claimed at once: lease 1
             WORLD.lease[execution.id] = max(WORLD.lease.get(execution.id, 0), 1)
             WORLD.owner[(execution.id, 1)] = self
+            note(f"{self.name} started {execution.id} claimed (lease 1)")
         return inserted
 
     async def durable_claim(self, *args: Any) -> list[Claimed]:
@@ -270,6 +309,7 @@ class Proxy:
             # either order (their commits are ordered, their replies are not).
             WORLD.lease[one.execution.id] = max(WORLD.lease.get(one.execution.id, 0), one.execution.lease)
             WORLD.owner[(one.execution.id, one.execution.lease)] = self
+            note(f"{self.name} claimed {one.execution.id} under lease {one.execution.lease}")
         if claimed and self.lose_next == "claim":
             self.lose_next = None
             raise Unavailable("the connection broke after the claim committed (test)")
@@ -303,7 +343,7 @@ class Proxy:
         result: bool | None = await self._store.durable_write(write)
         if result is not None:
             if WORLD.lease.get(write.id) != write.lease:
-                WORLD.violations.append(f"a write under lease {write.lease} landed; the newest is {WORLD.lease.get(write.id)}")
+                violation(f"a write under lease {write.lease} landed; the newest is {WORLD.lease.get(write.id)}")
             for record in write.steps:
                 if record.kind == "step" and record.status == "succeeded":
                     WORLD.committed.setdefault((write.id, record.name), next(WORLD.seq))
@@ -336,6 +376,8 @@ class DurableFleet(RuleBasedStateMachine):
         once thawed (their heartbeats refused) and must write nothing."""
         self.ids: list[str] = []
         self.elsewhere = itertools.count(1)
+        self.traced = Traced(logging.WARNING)
+        logging.getLogger("schedtui").addHandler(self.traced)
         self.run(self._boot("a"))
 
     def store_url(self) -> str:
@@ -354,7 +396,7 @@ class DurableFleet(RuleBasedStateMachine):
     async def _boot(self, name: str, elsewhere: bool = False) -> None:
         """An instance ``name`` in this process, or (``elsewhere``) in a process of another
         host or container, as far as the store can tell."""
-        proxy = Proxy(open_store(self.url), self.clock)
+        proxy = Proxy(open_store(self.url), self.clock, name + ("'" * elsewhere))
         wall = self.walls[name] = OffsetClock(timedelta(0), self.clock)
         # The lease on the manual clock too: a frozen instance's lease lapses as the others'
         # clocks move past it (on real time it never would here, and a claim whose answer
@@ -432,6 +474,7 @@ class DurableFleet(RuleBasedStateMachine):
     # fixed choices and do nothing when theirs does not apply (a precondition or a draw
     # that depended on it would make Hypothesis's generation differ between replays).
     @rule(plan=PLANS)
+    @traced
     def start(self, plan: Plan) -> None:
         engine = self.acting
         if engine is not None:
@@ -439,11 +482,13 @@ class DurableFleet(RuleBasedStateMachine):
         self.settle()
 
     @rule(seconds=st.sampled_from([1, 5, 10, 31]))
+    @traced
     def advance(self, seconds: int) -> None:
         self._advance(seconds)
         self.settle()
 
     @rule(which=st.integers(0, 15), position=st.integers(0, 5), payload=st.integers(0, 100))
+    @traced
     def signal(self, which: int, position: int, payload: int) -> None:
         engine = self.acting
         if engine is not None and self.ids:
@@ -454,6 +499,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.settle()
 
     @rule(which=st.integers(0, 15), by=st.integers(0, 2))
+    @traced
     def cancel(self, which: int, by: int) -> None:
         """An operator cancels through one of the instances: the owner hears of it at once,
         another one only at its next write or renewal."""
@@ -468,6 +514,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.settle()
 
     @rule()
+    @traced
     def retry(self) -> None:
         """An operator retries every failed execution: after a nondeterministic failure or
         a failed step (not after an interrupted at-most-once step: that retry does run it
@@ -481,6 +528,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.settle()
 
     @rule(name=st.sampled_from(NAMES), when=st.sampled_from(["before", "after"]))
+    @traced
     def crash_at_next_write(self, name: str, when: str) -> None:
         entry = self.live.get(name)
         if entry is not None and not entry[1].crashed and entry[1].crash_next is None:
@@ -488,6 +536,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.settle()
 
     @rule(name=st.sampled_from(NAMES), which=st.sampled_from(["claim", "write"]), plan=PLANS, rounds=st.integers(0, 2))
+    @traced
     def lose_an_answer(self, name: str, which: str, plan: Plan, rounds: int) -> None:
         """Its next claim (of at least one execution) or write commits, and the answer is
         lost; the instance goes on (its other calls go through). Something is set off for
@@ -510,6 +559,7 @@ class DurableFleet(RuleBasedStateMachine):
             self.settle()
 
     @rule(name=st.sampled_from(NAMES), claims_go_through=st.booleans())
+    @traced
     def freeze(self, name: str, claims_go_through: bool) -> None:
         """Its store calls hang (a SIGSTOPped process); or its claims commit and only their
         answers hang (frozen just after sending them): runs it claims then come back late."""
@@ -521,6 +571,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.settle()
 
     @rule(name=st.sampled_from(NAMES), first=st.sampled_from([5, 31]))
+    @traced
     def claim_answers_come_late(self, name: str, first: int) -> None:
         """Its claims' answers are held up while the clock moves past the leases they took
         (and its other calls go through): the runs it claimed meanwhile, another instance
@@ -552,6 +603,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.settle()
 
     @rule(name=st.sampled_from(NAMES))
+    @traced
     def thaw(self, name: str) -> None:
         if name in self.live:
             self._thaw(name)
@@ -565,6 +617,7 @@ class DurableFleet(RuleBasedStateMachine):
             frozen.set()
 
     @rule(name=st.sampled_from(NAMES))
+    @traced
     def replaced_under_its_name(self, name: str) -> None:
         """An instance is frozen past the take-over window, and a process under its name
         starts on another host in its place (an orchestrator replacing what it lost: a
@@ -603,6 +656,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.settle()
 
     @rule(name=st.sampled_from(NAMES), seconds=st.sampled_from([-70, -35, -8, 8, 35, 70]))
+    @traced
     def step_a_clock(self, name: str, seconds: int) -> None:
         """An instance's wall clock steps: back, the leases it stamps would look expired to
         the others while it runs their executions; ahead, it would take the others' leases
@@ -613,6 +667,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.settle()
 
     @rule(name=st.sampled_from(NAMES))
+    @traced
     def sync_a_clock(self, name: str) -> None:
         """Time sync puts its wall clock right again: its next heartbeat renews its lease."""
         if name in self.live:
@@ -620,6 +675,7 @@ class DurableFleet(RuleBasedStateMachine):
         self.settle()
 
     @rule(name=st.sampled_from(NAMES))
+    @traced
     def restart(self, name: str) -> None:
         if name not in self.live and self._bootable(name):
             self.run(self._boot(name))
@@ -661,7 +717,7 @@ class DurableFleet(RuleBasedStateMachine):
 
     @invariant()
     def a_stale_lease_never_writes_nor_runs(self) -> None:
-        assert WORLD.violations == []
+        assert not WORLD.violations, "\n".join(WORLD.violations)  # (whole: the trace of what led there)
 
     @invariant()
     def step_outputs_replay_identically(self) -> None:
@@ -712,6 +768,7 @@ class DurableFleet(RuleBasedStateMachine):
             for engine, _ in [*self.live.values(), *self.zombies]:
                 self.run(engine.stop(grace=0))
             self.loop.close()
+            logging.getLogger("schedtui").removeHandler(self.traced)
             shutil.rmtree(self.folder, ignore_errors=True)  # (each example's SQLite file was left behind)
 
     def _run_to_the_end(self) -> None:
