@@ -192,6 +192,28 @@ def in_line(text: str) -> str:
     return _NOT_IN_LINE.sub(_escape, text)
 
 
+#: :data:`_NOT_IN_LINE` but tab and newline: what :func:`in_lines` escapes.
+_NOT_IN_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def in_lines(text: str) -> str:
+    """``text`` fit for a terminal over several lines (a traceback, a log): as
+    :func:`in_line`, but tabs and newlines are kept."""
+    return _NOT_IN_LINES.sub(_escape, text)
+
+
+def never_drawn(text: str) -> str:
+    """``text`` without what a terminal takes for a command or a change of direction
+    (:data:`_NOT_IN_LINE`, each of which a terminal draws in no cell), and each lone
+    surrogate (which no terminal encoding can carry) as U+FFFD, one cell as it was
+    measured: the same cells, drawn; see :mod:`console.unprintable`."""
+    return _NOT_IN_LINE.sub(_never_drawn, text)
+
+
+def _never_drawn(match: re.Match[str]) -> str:
+    return "\ufffd" if "\ud800" <= match.group() <= "\udfff" else ""
+
+
 def printable(text: str, limit: int = 200) -> str:
     """``text`` with control characters (and lone surrogates) as ``\\xNN`` escapes, cut to
     ``limit`` characters: what a client sent, fit for one log line."""

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import ClassVar
 
@@ -51,6 +51,7 @@ from textual.binding import BindingType
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
 from textual.driver import Driver
+from textual.filter import LineFilter
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import ContentSwitcher, Input, Static, TextArea
@@ -72,6 +73,7 @@ from console.link import LATE_AFTER, Link
 from console.reading import Reading, short_where
 from console.schedule_actions import ScheduleActions
 from console.screens.details import RunDetails
+from console.unprintable import Unprintable
 from console.views import VIEWS, UnavailableView, View, view_spec
 from console.views.schedules import PAGE_SIZE, last_status_is
 from console.widgets import ConsoleHeader, FleetBanner
@@ -230,6 +232,11 @@ class SchedtuiApp(Reading, ScheduleActions, Keyboard):
             self.set_keymap(keymap)
         self.key_gate = KeyGate(self, super().on_event)
         """Routes each key once the one before has done what it does (:mod:`console.keygate`)."""
+        self.unprintable = Unprintable()
+        """Applied to every line drawn: no stored text's escape sequence reaches the terminal."""
+
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        return [*super().get_line_filters(), self.unprintable]
 
     # ------------------------------------------------------------------------------------
     # layout

@@ -9,12 +9,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from backend.events.audit import AuditEntry
 from console import format as fmt
+from console.unprintable import escaped
 
 __all__ = ["AuditDetails"]
 
@@ -55,19 +55,19 @@ class AuditDetails(ModalScreen[None]):
         e = self.entry
         label = "[$text-muted]{:<8}[/]".format
         at = fmt.local_time(e.at, self.zone)
-        utc = "" if self.zone == "UTC" else f" [$text-muted]({escape(fmt.local_time(e.at, 'UTC'))})[/]"
+        utc = "" if self.zone == "UTC" else f" [$text-muted]({escaped(fmt.local_time(e.at, 'UTC'))})[/]"
         lines = [
-            f"{label('at')} {escape(at)}{utc}",
-            f"{label('actor')} [b]{escape(e.actor)}[/b]",
-            f"{label('action')} {escape(e.action)}",
-            f"{label('target')} [b]{escape(e.target)}[/b]",
+            f"{label('at')} {escaped(at)}{utc}",
+            f"{label('actor')} [b]{escaped(e.actor)}[/b]",
+            f"{label('action')} {escaped(e.action)}",
+            f"{label('target')} [b]{escaped(e.target)}[/b]",
         ]
         detail = e.detail or {}
         lines += ["", "[$text-muted]detail[/]" if detail else "[$text-muted]no detail[/]"]
         width = max((len(key) for key in detail), default=0)
         for key, value in detail.items():
             shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, indent=2)
-            lines.append(f"  [$text-muted]{escape(key.ljust(width))}[/] {escape(shown)}")
+            lines.append(f"  [$text-muted]{escaped(key.ljust(width))}[/] {escaped(shown)}")
         return Content.from_markup("\n".join(lines))
 
     def action_close(self) -> None:

@@ -7,7 +7,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.content import Content
-from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -15,6 +14,7 @@ from backend.client.interface import Backend
 from backend.errors import SchedtuiError
 from backend.model import Run
 from console import format as fmt
+from console.unprintable import escaped
 from console.widgets.palette import OUTCOME_COLORS, STATUS_COLORS
 from console.widgets.runs import lag
 from console.workers import work
@@ -88,33 +88,33 @@ class RunDetails(ModalScreen[None]):
             also = f" · {fmt.local_time(value, own)}" if own != zone else ""
             return (
                 f"[$text-muted]{label:<13}[/] {fmt.local_time(value, zone)}"
-                f" [$text-muted]({escape(value.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3])}Z{escape(also)})[/]"
+                f" [$text-muted]({escaped(value.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3])}Z{escaped(also)})[/]"
             )
 
         status_style = f"b{' reverse' if run.status == 'failed' else ''} ${status_color}"
         status_glyph = fmt.STATUS_GLYPHS.get(run.status, "?")
         outcome_glyph = fmt.OUTCOME_GLYPHS.get(run.coordination_outcome, "?")
         lines = [
-            f"[$text-muted]{'schedule':<13}[/] [b]{escape(run.name)}[/b]",
+            f"[$text-muted]{'schedule':<13}[/] [b]{escaped(run.name)}[/b]",
             f"[$text-muted]{'status':<13}[/] [{status_style}]{status_glyph} {run.status}[/]",
             f"[$text-muted]{'trigger':<13}[/] {run.trigger}",
             f"[$text-muted]{'coordination':<13}[/] [${outcome_color}]{outcome_glyph} {run.coordination_outcome}[/]",
-            f"[$text-muted]{'instance':<13}[/] {escape(run.instance)}",
+            f"[$text-muted]{'instance':<13}[/] {escaped(run.instance)}",
             when("scheduled at", run.scheduled_at),
             when("fired at", run.fired_at) + (f" [$text-muted]lag[/] {lag(run)}" if run.fired_at else ""),
             when("finished at", run.finished_at),
             f"[$text-muted]{'duration':<13}[/] {fmt.duration(run.duration_ms)}",
         ]
         if run.error_tag or run.error_message:
-            lines.append(f"[$text-muted]{'error':<13}[/] [b reverse $text-error] {escape(run.error_tag or '')} [/]")
+            lines.append(f"[$text-muted]{'error':<13}[/] [b reverse $text-error] {escaped(run.error_tag or '')} [/]")
             if run.error_message:
                 lines.append("")
-                lines.append(f"[$text-error]{escape(run.error_message)}[/]")
+                lines.append(f"[$text-error]{escaped(run.error_message)}[/]")
         # Where the traceback goes once the ledger keeps it (the runner's issue): any
         # ``traceback`` the run carries is shown here, whole; this screen scrolls.
         traceback = getattr(run, "traceback", None)
         if isinstance(traceback, str) and traceback:
-            lines += ["", "[$text-muted]traceback[/]", f"[$text-error]{escape(traceback)}[/]"]
+            lines += ["", "[$text-muted]traceback[/]", f"[$text-error]{escaped(traceback)}[/]"]
         return Content.from_markup("\n".join(lines))
 
     def action_close(self) -> None:

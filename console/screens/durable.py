@@ -18,6 +18,7 @@ from textual.widgets import DataTable, Input, Label, Static
 from backend.durable.model import Execution, StepView
 from backend.durable.service import MAX_SIGNAL_BYTES
 from backend.inputs import json_problem, parse_json
+from backend.safetext import in_line
 from console import format as fmt
 from console.widgets.bounded import BoundedInput
 
@@ -42,7 +43,7 @@ def step_rows(execution: Execution, zone: str, *, failed_only: bool) -> list[tup
                 str(step.attempt),
                 fmt.short_time(step.started_at, zone).rsplit(" ", 1)[0],
                 f"until {fmt.short_time(step.wake_at, zone).rsplit(' ', 1)[0]}" if waits else fmt.duration(step.duration_ms),
-                " ".join(filter(None, [step.error_tag and f"[{step.error_tag}]", step.error_message])),
+                in_line(" ".join(filter(None, [step.error_tag and f"[{step.error_tag}]", step.error_message]))),
             )
         )
     return rows
@@ -114,7 +115,7 @@ class StepsScreen(ModalScreen[None]):
             lines.append(f"output {json.dumps(e.output, ensure_ascii=False)}")
         if e.error_tag or e.error_message:
             lines.append(f"error [{e.error_tag}] {e.error_message}")
-        return "\n".join(lines)
+        return "\n".join(in_line(line) for line in lines)
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)

@@ -13,7 +13,6 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
-from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
@@ -23,6 +22,7 @@ from backend.inputs import json_problem, parse_json
 from backend.jobs.definition import MAX_KEY_BYTES, MAX_PAYLOAD_BYTES
 from backend.jobs.model import Job, JobDetail, Sent
 from console import format as fmt
+from console.unprintable import escaped
 from console.widgets.bounded import NUMBER_CHARS, BoundedInput, BoundedTextArea
 from console.widgets.button import PressButton
 from console.widgets.jobs import JOB_STATUS_COLORS, job_when
@@ -107,36 +107,36 @@ class JobDetails(ModalScreen[None]):
         else:
             color = JOB_STATUS_COLORS.get(job.status, "foreground")
             lines += [
-                f"{label('queue')} [b]{escape(job.queue)}[/b]",
+                f"{label('queue')} [b]{escaped(job.queue)}[/b]",
                 f"{label('status')} [b ${color}]{job.status}[/]   {label('attempt')} [b]{job.attempt}/{job.max_attempts}[/b]",
             ]
             if job.status == "queued":
                 nxt = job_when(job, now)
-                lines.append(f"{label('next try')} [b]{escape(nxt)}[/b] [$text-muted]({escape(when(job.run_after))})[/]")
+                lines.append(f"{label('next try')} [b]{escaped(nxt)}[/b] [$text-muted]({escaped(when(job.run_after))})[/]")
             elif job.status == "running":
-                lines.append(f"{label('running')} {escape(job_when(job, now))} on {escape(job.instance or '?')}")
+                lines.append(f"{label('running')} {escaped(job_when(job, now))} on {escaped(job.instance or '?')}")
             if job.key:
-                lines.append(f"{label('key')} {escape(job.key)}")
+                lines.append(f"{label('key')} {escaped(job.key)}")
             if job.cron:
-                lines.append(f"{label('schedule')} {escape(job.cron)}")
-            lines.append(f"{label('created')} {escape(when(job.created_at))}")
+                lines.append(f"{label('schedule')} {escaped(job.cron)}")
+            lines.append(f"{label('created')} {escaped(when(job.created_at))}")
             if job.error_tag or job.error_message:
-                lines.append(f"{label('last error')} [b reverse $text-error] {escape(job.error_tag or '')} [/] "
-                             f"[$text-error]{escape(job.error_message or '')}[/]")
+                lines.append(f"{label('last error')} [b reverse $text-error] {escaped(job.error_tag or '')} [/] "
+                             f"[$text-error]{escaped(job.error_message or '')}[/]")
             payload = json.dumps(job.payload, separators=(", ", ": "), ensure_ascii=False)
             if len(payload) > PAYLOAD_SHOWN:
                 payload = payload[:PAYLOAD_SHOWN] + f"\n… ({len(payload):,} characters; `schedtui jobs show {job.id} --json` has it all)"
-            lines += ["", "[$text-muted]payload[/]", escape(payload)]
+            lines += ["", "[$text-muted]payload[/]", escaped(payload)]
         attempts = detail.attempts if detail is not None else []
         heading = f"[$text-muted]attempts ({len(attempts)}, kept 7 days)[/]" if attempts else "[$text-muted]no attempt has ended yet[/]"
         lines += ["", heading]
         for a in attempts:
             took = fmt.duration(round((a.finished_at - a.started_at).total_seconds() * 1000))
             mark = "[$text-success]✓[/]" if a.status == "succeeded" else "[b reverse $text-error]✗[/]"
-            line = f"{mark} {a.attempt}  {escape(fmt.local_time(a.started_at, zone))}  {took:>7}  {escape(a.instance)}"
+            line = f"{mark} {a.attempt}  {escaped(fmt.local_time(a.started_at, zone))}  {took:>7}  {escaped(a.instance)}"
             if a.error_tag or a.error_message:
                 why = ": ".join(filter(None, [a.error_tag, a.error_message]))
-                line += f"\n     [$text-error]{escape(why)}[/]"
+                line += f"\n     [$text-error]{escaped(why)}[/]"
             lines.append(line)
         return Content.from_markup("\n".join(lines))
 

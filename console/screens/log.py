@@ -21,6 +21,7 @@ from textual.widgets import Log, Static
 
 from backend.errors import SchedtuiError
 from backend.observability.logs import RunLog
+from backend.safetext import in_lines
 from console import format as fmt
 from console.workers import work
 
@@ -95,7 +96,9 @@ class LogScreen(ModalScreen[None]):
         self.log_data = answer
         text = self.query_one("#log-text", Log)
         if answer.text:
-            text.write(answer.text)
+            # A handler's colours and a progress bar's returns, as their escapes: written as
+            # they are, they would reach the terminal (see console.unprintable).
+            text.write(in_lines(answer.text.replace("\r\n", "\n")))
         self.read_up_to = answer.size
         self.query_one("#log-status", Static).update(self.status_line(answer))
         if answer.running and self._follow is None:

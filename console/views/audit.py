@@ -14,6 +14,7 @@ from textual.widgets import DataTable, Static
 
 from backend.errors import SchedtuiError, Unavailable
 from backend.events.audit import AuditEntry
+from backend.safetext import in_line
 from console import format as fmt
 from console.keys import Key, bindings
 from console.screens.audit import AuditDetails
@@ -39,7 +40,7 @@ def detail_text(entry: AuditEntry) -> str:
             continue
         shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
         parts.append(f"{key}={shown}")
-    return " ".join(parts).replace("\n", " ")
+    return in_line(" ".join(parts).replace("\n", " "))
 
 
 def entry_matches(entry: AuditEntry, needle: str) -> bool:
@@ -79,9 +80,9 @@ class AuditTable(FreshTable):
         muted = Style(color=theme_color(self.app, "text-muted"))
         return (
             Text(fmt.short_time(entry.at, zone).rsplit(" ", 1)[0], style=muted),  # the zone is on the tab line
-            Text(entry.actor, style="bold"),
+            Text(in_line(entry.actor), style="bold"),
             Text(entry.action),
-            Text(entry.target),
+            Text(in_line(entry.target)),
             Text(detail, style=muted),
         )
 
@@ -204,7 +205,7 @@ class AuditView(View):
     def _show_entry(self) -> None:
         """The entry under the cursor, whole, under the table (the column is cut at 80)."""
         entry = self.table.selected_entry
-        text = "" if entry is None else f"{entry.actor} · {entry.action} · {entry.target}  {detail_text(entry)}".rstrip()
+        text = "" if entry is None else in_line(f"{entry.actor} · {entry.action} · {entry.target}  {detail_text(entry)}".rstrip())
         self.query_one("#audit-entry", Static).update(text)
 
     @on(DataTable.RowHighlighted, "#audit-table")

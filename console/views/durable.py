@@ -18,6 +18,7 @@ from textual.widgets import DataTable, Static
 from backend.durable.model import Execution
 from backend.errors import SchedtuiError, Unavailable
 from backend.observability.logs import RunLog
+from backend.safetext import in_line
 from console import format as fmt
 from console.keys import Key, action_key, bindings
 from console.screens.confirm import Confirm
@@ -49,7 +50,7 @@ def execution_matches(execution: Execution, needle: str) -> bool:
 
 def waiting_text(execution: Execution) -> str:
     """``signal approval``, ``retry fetch-31``, ``sleep cool-down``; ``-`` when not waiting."""
-    return execution.waiting_for.replace(":", " ", 1) if execution.waiting_for else "-"
+    return in_line(execution.waiting_for.replace(":", " ", 1)) if execution.waiting_for else "-"
 
 
 class ExecutionsTable(FreshTable):
@@ -78,7 +79,7 @@ class ExecutionsTable(FreshTable):
 
     def _cells(self, e: Execution, zone: str, now: datetime, others: int) -> tuple[Text, ...]:
         muted = Style(color=theme_color(self.app, "text-muted"))
-        error = " ".join(filter(None, [e.error_tag and f"[{e.error_tag}]", e.error_message]))
+        error = in_line(" ".join(filter(None, [e.error_tag and f"[{e.error_tag}]", e.error_message])))
         width = max(self.ERROR_MIN, self.size.width - 1 - 2 * len(self.COLUMNS) - others)
         if len(error) > width:
             error = error[: width - 1] + "…"
@@ -234,6 +235,7 @@ class DurableView(View):
                 text += f" · on {e.instance}"
             if e.error_message:
                 text += f" · {e.error_message}"
+            text = in_line(text)
         self.query_one("#durable-selected", Static).update(text)
 
     @on(DataTable.RowHighlighted, "#durable-table")

@@ -25,6 +25,7 @@ from textual.content import Content
 from backend.activity import Activity, QueueActivity, ScheduleActivity
 from backend.alerts.model import Alert, AlertsPage
 from backend.model import InstanceInfo
+from backend.safetext import in_line
 from console import format as fmt
 from console.fleet import LIVE_WITHIN, is_gone
 from console.views.base import View
@@ -66,7 +67,7 @@ def instance_text(instance: InstanceInfo, now: datetime) -> Content:
     else:
         clock_cell = (_cell(offset, clock), "$text-muted" if instance.clock_offset_s is None else "")
     return Content.assemble(
-        (_cell(instance.name, name), "bold"),
+        (_cell(in_line(instance.name), name), "bold"),
         # Silent past the take-over window: killed or crashed (a clean stop removes its row).
         (_cell("✗ gone", role), "bold $text-error") if is_gone(instance, now)
         else (_cell(instance.role or "-", role), "$text-muted" if instance.role == "observer" else ""),
@@ -88,13 +89,14 @@ def alert_text(alert: Alert, now: datetime, zone: str) -> Content:
     since = alert.since.astimezone(fmt.zone_of(zone))
     today = now.astimezone(fmt.zone_of(zone)).date() == since.date()
     when = since.strftime("%H:%M" if today else "%m-%d %H:%M")
-    subject = alert.subject if len(alert.subject) <= 16 else alert.subject[:15] + "…"
+    subject = in_line(alert.subject)
+    subject = subject if len(subject) <= 16 else subject[:15] + "…"
     return Content.assemble(
         ("▲ ", "bold $text-error"),
         (f"{alert.condition:<11}", "bold"),
         (f"{subject:<17}", ""),
         (f"since {when}, {fmt.age(alert.since, now)}  ", "$text-muted"),
-        " ".join(alert.summary.split()),
+        in_line(" ".join(alert.summary.split())),
     )
 
 

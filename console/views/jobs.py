@@ -23,6 +23,7 @@ from textual.widgets import DataTable
 from backend.errors import SchedtuiError, Unavailable
 from backend.jobs.model import Job, JobsPage, QueueView, Sent
 from backend.observability.logs import RunLog
+from backend.safetext import in_line
 from console.keys import Key, action_key, bindings
 from console.screens.confirm import Confirm
 from console.screens.jobs import RETRY_CONFIRM_ABOVE, JobDetails, SendJobScreen, TypedCount
@@ -354,7 +355,7 @@ class JobsView(View):
             if go:
                 self._delete(queue, job)
 
-        facts = [f"It is {job.status}, try {job.attempt}/{job.max_attempts}" + (f", key {job.key}" if job.key else "") + "."]
+        facts = [f"It is {job.status}, try {job.attempt}/{job.max_attempts}" + (f", key {in_line(job.key)}" if job.key else "") + "."]
         self.app.push_screen(Confirm.of("delete_job", {"queue": queue, "job_id": job.id}, facts=facts), answer)
 
     @work(group="jobs-action")

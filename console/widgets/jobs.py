@@ -15,6 +15,7 @@ from rich.text import Text
 from textual.binding import Binding, BindingType
 
 from backend.jobs.model import Job, QueueView
+from backend.safetext import in_line
 from console import format as fmt
 from console.widgets.palette import FAILED_EMPHASIS, theme_color
 from console.widgets.schedules import FreshTable
@@ -185,7 +186,7 @@ class JobsTable(FreshTable):
 
     def _cells(self, job: Job, now: datetime) -> tuple[Text, ...]:
         muted = theme_color(self.app, "text-muted")
-        error = " ".join(filter(None, [job.error_tag and f"[{job.error_tag}]", job.error_message]))
+        error = in_line(" ".join(filter(None, [job.error_tag and f"[{job.error_tag}]", job.error_message])))
         if len(error) > ERROR_MAX:
             error = error[: ERROR_MAX - 1] + "…"
         last_try = job.attempt >= job.max_attempts and job.status != "dead"
@@ -194,7 +195,7 @@ class JobsTable(FreshTable):
             Text(f"{job.attempt}/{job.max_attempts}", style="bold" if last_try else ""),
             Text(job_when(job, now)),
             Text(short_id(job.id), style=muted),
-            Text(job.key or ""),
+            Text(in_line(job.key or "")),
             Text(job.cron or "", style=muted),
             Text(error, style=Style(color=theme_color(self.app, "text-error")) if error else muted),
         )

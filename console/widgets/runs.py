@@ -13,6 +13,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from backend.model import Run, ScheduleView
+from backend.safetext import in_line
 from console import format as fmt
 from console.fleet import Durations
 from console.widgets.palette import outcome_text, status_cell, status_text, theme_color
@@ -107,8 +108,9 @@ class DetailBar(Widget):
                 # The note first: a narrow terminal cuts the end of the line, and why it is
                 # off matters more than who said so and when.
                 lines.append(Content.assemble(
-                    ("○ disabled", "bold $text-warning"), (": " + note.note) if note.note else "",
-                    (f" (by {note.by} at {when}{ago})", "$text-muted") if note.note else f" by {note.by} at {when}{ago}",
+                    ("○ disabled", "bold $text-warning"), (": " + in_line(note.note)) if note.note else "",
+                    (f" (by {in_line(note.by)} at {when}{ago})", "$text-muted") if note.note
+                    else f" by {in_line(note.by)} at {when}{ago}",
                 ))
             else:
                 lines.append(Content.assemble(("○ disabled in its definition", "bold $text-warning")))
@@ -120,7 +122,7 @@ class DetailBar(Widget):
                 " is an engine firing it?",
             ))
         elif view.description:
-            lines.append(Content.assemble((view.description, "$text-muted")))
+            lines.append(Content.assemble((in_line(view.description), "$text-muted")))
         return Content("\n").join(lines)
 
 
@@ -252,7 +254,7 @@ class RunsTable(FreshTable):
     def _cells(self, run: Run, zone: str, now: datetime) -> tuple[Text, ...]:
         """The run's cells, its error whole (cut to the room left by :meth:`_fitted`)."""
         error = " ".join(filter(None, [run.error_tag and f"[{run.error_tag}]", run.error_message]))
-        error = error.replace("\n", " ")
+        error = in_line(error.replace("\n", " "))  # (a subprocess's colours, as their escapes)
         # Text, never str: a str cell is parsed as markup on every measure and render.
         return (
             Text(fmt.short_time(run.scheduled_at, zone)),
@@ -261,7 +263,7 @@ class RunsTable(FreshTable):
             Text(run_duration(run, self._max_runtime_s, now)),
             Text(lag(run)),
             Text(error, style=Style(color=theme_color(self.app, "text-error"))),
-            Text(run.instance),
+            Text(in_line(run.instance)),
         )
 
     def show(self, runs: list[Run], zone: str, now: datetime, max_runtime_s: float = 1800.0) -> None:
