@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import json
 import random
+import shutil
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -153,6 +154,14 @@ async def build_ledger(folder: Path) -> str:
     await store.close()
     assert clock.now() == datetime.fromisoformat(FROZEN.replace("Z", "+00:00"))
     return url
+
+
+def ledger_copy(ledger: Path, folder: Path) -> str:
+    """The URL of a private copy of the store file ``ledger`` (and its WAL) in ``folder``:
+    a test acts on its own."""
+    for file in ledger.parent.glob(ledger.name + "*"):
+        shutil.copy(file, folder / file.name)
+    return f"sqlite:///{folder / ledger.name}"
 
 
 async def add_locks(url: str) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shutil
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -54,6 +53,7 @@ from tests.console_fixtures import (  # noqa: E402
     Held,
     build_ledger,
     console_backend,
+    ledger_copy,
     seeded_ids,
 )
 
@@ -68,9 +68,7 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def store_url(ledger: Path, tmp_path: Path) -> str:
     """A private copy of the fixture ledger (tests act on it)."""
-    for file in ledger.parent.glob("state.db*"):
-        shutil.copy(file, tmp_path / file.name)
-    return f"sqlite:///{tmp_path / 'state.db'}"
+    return ledger_copy(ledger, tmp_path)
 
 
 class Notes:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import io
 import re
-import shutil
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +27,7 @@ from console.screens.confirm import Confirm
 from console.screens.quit import QuitPrompt
 from console.views.durable import ExecutionsTable
 from console.widgets.jobs import JobsTable
+from tests.console_fixtures import ledger_copy
 from tests.console_scenes import make_ledger
 from tests.test_console import console, select, settle
 from tests.test_console_typing import type_fast, typed
@@ -43,9 +43,7 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def store_url(ledger: Path, tmp_path: Path) -> str:
-    for file in ledger.parent.glob("state.db*"):
-        shutil.copy(file, tmp_path / file.name)
-    return f"sqlite:///{tmp_path / 'state.db'}"
+    return ledger_copy(ledger, tmp_path)
 
 
 def screen_rows(app: App[Any]) -> list[str]:

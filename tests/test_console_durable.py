@@ -6,7 +6,6 @@ confirmation, ``R`` retry; bad input and a read-only console."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from console.screens.confirm import Confirm
 from console.screens.durable import SignalPrompt, StepsScreen
 from console.views import durable as durable_view
 from console.views.durable import DurableView, ExecutionsTable
-from tests.console_fixtures import add_timeline_history, build_ledger
+from tests.console_fixtures import add_timeline_history, build_ledger, ledger_copy
 from tests.durable_scenes import add_durable_history
 from tests.test_console import console, settle
 
@@ -34,9 +33,7 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def store_url(ledger: Path, tmp_path: Path) -> str:
-    for file in ledger.parent.glob("state.db*"):
-        shutil.copy(file, tmp_path / file.name)
-    return f"sqlite:///{tmp_path / 'state.db'}"
+    return ledger_copy(ledger, tmp_path)
 
 
 def table(app: SchedtuiApp) -> ExecutionsTable:

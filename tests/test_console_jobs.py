@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,7 +27,7 @@ from console.views.jobs import JobsView
 from console.widgets.footer import KeyFooter
 from console.widgets.jobs import JobsTable, QueuesTable
 from console.widgets.line import Line
-from tests.console_fixtures import FROZEN, WHERE, Held, console_backend
+from tests.console_fixtures import FROZEN, WHERE, Held, console_backend, ledger_copy
 from tests.console_scenes import make_ledger
 from tests.test_console import Notes, settle
 
@@ -42,9 +41,7 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def store_url(ledger: Path, tmp_path: Path) -> str:
-    for file in ledger.parent.glob("state.db*"):
-        shutil.copy(file, tmp_path / file.name)
-    return f"sqlite:///{tmp_path / 'state.db'}"
+    return ledger_copy(ledger, tmp_path)
 
 
 @asynccontextmanager

@@ -5,7 +5,6 @@ a running log is followed; esc closes."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
@@ -24,7 +23,7 @@ from console.screens.log import LogScreen
 from console.views.jobs import JobsView
 from console.views.schedules import SchedulesView
 from console.widgets import RunsTable
-from tests.console_fixtures import FROZEN, WHERE, console_backend
+from tests.console_fixtures import FROZEN, WHERE, console_backend, ledger_copy
 from tests.console_scenes import make_ledger
 from tests.log_scenes import HEAD, OMITTED_BYTES, TAIL
 from tests.test_console import Notes, settle
@@ -39,9 +38,7 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def store_url(ledger: Path, tmp_path: Path) -> str:
-    for file in ledger.parent.glob("state.db*"):
-        shutil.copy(file, tmp_path / file.name)
-    return f"sqlite:///{tmp_path / 'state.db'}"
+    return ledger_copy(ledger, tmp_path)
 
 
 @asynccontextmanager

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import shutil
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -37,7 +36,7 @@ from console.screens.prompt import NotePrompt
 from console.screens.schedule_form import ScheduleForm
 from console.widgets.bounded import LINE_CHARS, NUMBER_CHARS, BoundedInput, Unit, fit, said, size
 from console.widgets.command_line import CommandLine
-from tests.console_fixtures import FROZEN
+from tests.console_fixtures import FROZEN, ledger_copy
 from tests.console_scenes import make_ledger
 from tests.test_console import settle
 from tests.test_console_schedule_form import schedules_view
@@ -56,9 +55,7 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def store_url(ledger: Path, tmp_path: Path) -> str:
-    for file in ledger.parent.glob("state.db*"):
-        shutil.copy(file, tmp_path / file.name)
-    return f"sqlite:///{tmp_path / 'state.db'}"
+    return ledger_copy(ledger, tmp_path)
 
 
 def blob(size: int) -> str:

@@ -8,7 +8,6 @@ three through a real ``schedtui serve`` (RemoteBackend), audited."""
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,7 +26,7 @@ from console.screens.confirm import Confirm
 from console.screens.schedule_form import SHOWN_PAYLOAD, ScheduleForm, stored_fields
 from console.views.schedules import SchedulesView
 from console.widgets import DetailBar, SchedulesTable
-from tests.console_fixtures import FROZEN, WHERE, console_backend
+from tests.console_fixtures import FROZEN, WHERE, console_backend, ledger_copy
 from tests.console_scenes import make_ledger
 from tests.servers import Server, start_server
 from tests.test_cli import write_tree
@@ -46,9 +45,7 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def store_url(ledger: Path, tmp_path: Path) -> str:
-    for file in ledger.parent.glob("state.db*"):
-        shutil.copy(file, tmp_path / file.name)
-    return f"sqlite:///{tmp_path / 'state.db'}"
+    return ledger_copy(ledger, tmp_path)
 
 
 class Spy:

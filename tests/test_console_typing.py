@@ -9,7 +9,6 @@ tests hand the app all the keys before it handles the first."""
 from __future__ import annotations
 
 import ast
-import shutil
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from console.screens.confirm import Confirm
 from console.screens.prompt import NotePrompt
 from console.screens.schedule_form import ScheduleForm
 from console.widgets.button import PressButton
+from tests.console_fixtures import ledger_copy
 from tests.console_scenes import make_ledger
 from tests.test_console import console, select, settle
 from tests.test_console_schedule_form import schedules_view, stored
@@ -39,9 +39,7 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def store_url(ledger: Path, tmp_path: Path) -> str:
-    for file in ledger.parent.glob("state.db*"):
-        shutil.copy(file, tmp_path / file.name)
-    return f"sqlite:///{tmp_path / 'state.db'}"
+    return ledger_copy(ledger, tmp_path)
 
 
 _CHARACTERS = {"tab": "\t", "enter": "\r", "escape": "\x1b", "backspace": "\x7f"}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import shutil
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -45,7 +44,7 @@ from console.widgets import (
 )
 from console.widgets.palette import status_style
 from console.widgets.schedules import FreshTable, RingFreeCache, last_run_text
-from tests.console_fixtures import FROZEN, WHERE, add_timeline_history, build_ledger, console_backend
+from tests.console_fixtures import FROZEN, WHERE, add_timeline_history, build_ledger, console_backend, ledger_copy
 from tests.test_console import Notes, cell, plain_at, schedules, select, settle
 from tests.test_console_confirm import screen_rows
 
@@ -62,9 +61,7 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def store_url(ledger: Path, tmp_path: Path) -> str:
-    for file in ledger.parent.glob("state.db*"):
-        shutil.copy(file, tmp_path / file.name)
-    return f"sqlite:///{tmp_path / 'state.db'}"
+    return ledger_copy(ledger, tmp_path)
 
 
 @asynccontextmanager
