@@ -202,6 +202,14 @@ def in_lines(text: str) -> str:
     return _NOT_IN_LINES.sub(_escape, text)
 
 
+def in_json(text: str) -> str:
+    """JSON text (``json.dumps(..., ensure_ascii=False)``, which escapes only the C0
+    controls) with each other character :func:`in_lines` would escape written as its JSON
+    escape (``\\u202e``, ``\\u009b``): the same JSON, safe for a terminal. (None of them
+    can stand outside a JSON string.)"""
+    return _NOT_IN_LINES.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def never_drawn(text: str) -> str:
     """``text`` without what a terminal takes for a command or a change of direction
     (:data:`_NOT_IN_LINE`, each of which a terminal draws in no cell), and each lone

@@ -1,10 +1,12 @@
-"""Stored text never reaches the operator's terminal as a command.
+"""Stored text never reaches the operator's terminal as a command: not through the console,
+nor through the command line.
 
 Every text column a handler, a client or an older release could have written is given an
 escape sequence (clear the screen, retitle the window, a C1 CSI), a bell, a bidirectional
 override and isolate, and a line separator, in the store itself (past every check on
 write). Each view, and each screen Enter opens from it, is then drawn, and what the
-terminal would be sent is read: none of them is in it."""
+terminal would be sent is read; and each verb of the command line that reads prints: none
+of them is in it."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from textual.color import Color
 from textual.widgets import Static
 
 from backend.safetext import never_drawn
+from console.cli.main import main
 from console.unprintable import Unprintable
 from tests.console_fixtures import add_alerts, add_jobs, add_locks, add_timeline_history, build_ledger, ledger_copy
 from tests.durable_scenes import add_durable_history
@@ -116,3 +119,30 @@ async def test_a_widget_that_draws_stored_text_as_it_is_sends_no_escape_to_the_t
         text = drawn(app)
         assert "forgot [2J]0;pwnedevil31mx" in text
         assert not [c for c in BAD if c in text]
+
+
+def test_the_command_line_prints_no_stored_escape_and_its_json_means_the_same(
+    store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every verb that reads, as text and as ``--json``: tables, ``jobs show`` and ``durable
+    show`` (a payload's override, a step's error, a log line), logs. The JSON carries each
+    such character as its ``\\u`` escape: the same value, and no command to the terminal."""
+    empty = tmp_path / "definitions"
+    empty.mkdir()
+
+    def printed(*args: str) -> str:
+        assert main([*args, "--store", store_url, "--schedules", str(empty)]) == 0, args
+        out, err = capsys.readouterr()
+        assert not [c for c in BAD if c in out + err], (args, [c for c in BAD if c in out + err])
+        return out
+
+    dead = json.loads(printed("jobs", "list", "mailer", "--status", "dead", "--json"))
+    assert POISON in dead[0]["error_message"]  # the value, whole
+    executions = json.loads(printed("durable", "list", "--json"))
+    assert any(POISON in (e["waiting_for"] or "") for e in executions)
+    assert "\\x1b[2J" in printed("jobs", "show", dead[0]["id"])
+    shown = [printed("durable", "show", e["id"]) + printed("durable", "logs", e["id"]) for e in executions]
+    assert any("\\u202eevil" in text for text in shown)
+    for verb in (["runs", "daily-digest"], ["queues"], ["jobs", "list", "mailer"], ["audit"], ["alerts"], ["locks"]):
+        printed(*verb)
+        json.loads(printed(*verb, "--json"))

@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any
 
 from backend.durable.model import Execution, ExecutionsPage, Signalled, Started
+from backend.safetext import in_lines
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, fields, handlers, items
 from console.cli.logs import FOLLOW, follow_log, no_json_follow, show_log
@@ -101,7 +102,7 @@ async def _show_executions(call: Call, page: ExecutionsPage) -> None:
 
 
 async def _show_execution(call: Call, execution: Execution) -> None:
-    print(execution_text(execution, await call.backend.now()))
+    print(in_lines(execution_text(execution, await call.backend.now())))  # (errors, payloads, log lines as they came)
 
 
 def _show_started(call: Call, started: Started) -> None:

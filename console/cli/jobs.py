@@ -24,7 +24,7 @@ from typing import Any
 from backend import BadInput
 from backend.inputs import is_id
 from backend.jobs.model import Job, JobDetail, JobsPage, QueueView, Sent
-from backend.safetext import printable
+from backend.safetext import in_lines, printable
 from console import format as fmt
 from console.cli.derive import Call, Verb, add_derived, handlers, items
 from console.cli.logs import FOLLOW, follow_log, no_json_follow, show_log
@@ -143,7 +143,7 @@ def _show_sent(call: Call, sent: Sent) -> None:
 
 
 async def _show_detail(call: Call, detail: JobDetail) -> None:
-    print(detail_text(detail, await call.backend.now()))
+    print(in_lines(detail_text(detail, await call.backend.now())))  # (a payload's bidirectional override)
 
 
 def _id_or_key(arguments: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from backend import BadInput
 from backend.observability.logs import RunLog
+from backend.safetext import in_lines
 from console.cli.derive import Call
 from console.cli.main import complain
 
@@ -36,7 +37,7 @@ def _subject(log: RunLog) -> str:
 
 def _write(text: str) -> None:
     if text:
-        sys.stdout.write(text)
+        sys.stdout.write(in_lines(text))  # (the backend escaped the controls; a bidirectional override too)
         sys.stdout.flush()
 
 

@@ -57,7 +57,7 @@ from backend.model import (
 )
 from backend.observability.capture import reinstate_if_moved
 from backend.runtime.signals import HANGUP, on_stop_signals, why
-from backend.safetext import RedactingFormatter, escape_text, printable, redact_url, remember_secret
+from backend.safetext import RedactingFormatter, escape_text, in_json, printable, redact_url, remember_secret
 from backend.scheduler.manifests import PROVIDERS, render_manifests
 from backend.store import Store, store_lost, until_lost
 from backend.store.migrations import summary
@@ -704,7 +704,8 @@ def _tolerant_stdout() -> None:
 
 def _print_json(value: Any) -> None:
     # \u escapes where standard output is not UTF-8: the JSON stays valid and the same.
-    print(json.dumps(value, indent=2, ensure_ascii=not _unicode_stdout()))
+    # (and what a terminal would act on, a C1 control or a bidirectional override, as \u escapes)
+    print(in_json(json.dumps(value, indent=2, ensure_ascii=not _unicode_stdout())))
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
