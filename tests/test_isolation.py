@@ -4,7 +4,9 @@ them, and nothing they do (hang, raise, exit) reaches the engine's process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -40,11 +42,24 @@ def odd(ctx):
 def fine(ctx):
     return {"ran": ctx.name, "slot": ctx.scheduled_at.isoformat()}
 
+def leaves(ctx):
+    # A helper left running in its process group (a cache warmer, a tunnel), and a daemon
+    # in a session of its own: both inherit the handler's stderr.
+    import subprocess, sys
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    left = subprocess.Popen(sleeper)
+    daemon = subprocess.Popen(sleeper, start_new_session=True)
+    (HERE / "left.pids").write_text(f"{left.pid} {daemon.pid}")
+    print("returning now")
+    return "done"
+
 hang_job = define_schedule(name="hang", cron="0 * * * *", timezone="UTC", handler=hang, max_runtime=60, isolation="process")
 boom_job = define_schedule(name="boom", cron="0 * * * *", timezone="UTC", handler=boom, payload={}, isolation="process")
 exit_job = define_schedule(name="exits", cron="0 * * * *", timezone="UTC", handler=exits, isolation="process")
 odd_job = define_schedule(name="odd", cron="0 * * * *", timezone="UTC", handler=odd, isolation="process")
 fine_job = define_schedule(name="fine", cron="0 * * * *", timezone="UTC", handler=fine, isolation="process")
+leaves_job = define_schedule(name="leaves", cron="0 * * * *", timezone="UTC", handler=leaves, isolation="process",
+                             max_runtime=5)
 '''
 
 
@@ -107,6 +122,33 @@ async def test_what_a_handler_in_its_process_does_is_its_runs_outcome(
     if name == "boom":
         assert "KeyError: 'missing'" in (detail.traceback or "") and "a line of the handler's own" not in (detail.error_message or "")
     assert os.getpid() == os.getpid()  # still here: the engine's process survived
+
+
+async def test_a_run_ends_with_its_handlers_process_whatever_that_left_running(
+    make_engine: Callable[..., Engine], definitions: list[Schedule], tmp_path: Path
+) -> None:
+    """The run is the handler's: a process it started and left in its process group held
+    the run open (its inherited stderr never closed) until that process exited, and past
+    ``max_runtime`` the watchdog failed a run that had succeeded. It is stopped with the
+    handler's process, and the run's log says so; a daemon in a session of its own is left
+    running, and its output is not waited for."""
+    engine = make_engine([s for s in definitions if s.name == "leaves"])
+    await engine.start()
+    pids: list[int] = []
+    try:
+        # (bounded on real time: without the fix it waits the sleeper's 600 s, or fails at 5)
+        run = await asyncio.wait_for(engine.run_now("leaves", wait=True), 30)
+        pids = [int(pid) for pid in (tmp_path / "defs" / "left.pids").read_text().split()]
+        assert (run.status, run.error_tag) == ("succeeded", None), run.error_message
+        left, daemon = pids
+        poll(lambda: not alive(left), timeout=10, what="the process it left in its group to be stopped")
+        assert alive(daemon)
+        log = await engine.run_logs.run_log(run.id)
+        assert "returning now" in log.text and "they were stopped with it" in log.text
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_process_isolation_needs_a_definitions_file() -> None:

@@ -37,6 +37,9 @@ __all__ = ["IsolatedFailure", "run_isolated"]
 
 #: The last part of a dead child's stderr kept in the run's error.
 _STDERR_TAIL = 2000
+#: How long, once the handler's process has ended, its stderr is read on (what is still
+#: on its way) when a process it started in a session of its own holds it open.
+LEFTOVER_OUTPUT_S = 1.0
 
 
 class IsolatedFailure(Exception):
@@ -54,12 +57,30 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
 
+class _Exits(asyncio.subprocess.SubprocessStreamProtocol):
+    """The child's pipes, and :attr:`exited` set when the process itself has exited.
+    (``Process.wait()`` also waits for the pipes to close, which a process the handler
+    started and left running holds open as long as it lives.)"""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=2**16, loop=loop)
+        self.exited = asyncio.Event()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self.exited.set()
+
+
 async def run_isolated(spec: dict[str, Any]) -> Any:
     """Run the handler ``spec`` names in a child process; its return value, or
-    :class:`IsolatedFailure`. Cancelling this kills the child's process group."""
+    :class:`IsolatedFailure`. Cancelling this kills the child's process group. The run
+    ends with the handler's process: what that left running in its process group is
+    stopped then (a daemon meant to outlive it starts a session of its own)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
-    process = await asyncio.create_subprocess_exec(
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: _Exits(loop),
         sys.executable,
         "-m",
         "backend.runtime.isolated",
@@ -69,6 +90,7 @@ async def run_isolated(spec: dict[str, Any]) -> Any:
         env=env,
         start_new_session=True,  # its own process group: killed with everything it started
     )
+    process = asyncio.subprocess.Process(transport, protocol, loop)
     capture = CURRENT.get()
     err_tail = ""
 
@@ -88,17 +110,31 @@ async def run_isolated(spec: dict[str, Any]) -> Any:
             process.stdin.write(json.dumps(spec).encode())
             await process.stdin.drain()
             process.stdin.close()
-        return await process.stdout.read()
+        return await process.stdout.read()  # (to its end: the report's descriptor is never inherited)
 
+    reading = asyncio.ensure_future(read_stderr())
     try:
-        out, _ = await asyncio.gather(talk(), read_stderr())
-        await process.wait()
+        out = await talk()
+        await protocol.exited.wait()
+        # What it left running in its group held the run open (its inherited stderr never
+        # closed) until it exited, and past max_runtime failed a run that had succeeded.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+            if capture is not None:
+                capture.write("schedtui: the handler's process ended leaving processes it started running "
+                              "in its process group; they were stopped with it\n")  # fmt: skip
+        # A daemon in a session of its own may hold that stderr on: its output is not the run's.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(reading), LEFTOVER_OUTPUT_S)
     except asyncio.CancelledError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
-            await process.wait()
+            await protocol.exited.wait()
         raise
+    finally:
+        reading.cancel()
+        transport.close()  # (the pipes: a daemon it left holds its end of stderr, not ours)
     lines = out.decode(errors="replace").strip().splitlines()
     try:
         report = json.loads(lines[-1]) if lines else None
