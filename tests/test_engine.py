@@ -1636,10 +1636,44 @@ async def test_external_fire_runs_the_due_slot_once_per_slot(make_engine: MakeEn
     with pytest.raises(Refused, match="trigger=self"):
         await engine.fire_external("timer")
     clock.set("2026-03-02T11:00:05Z")
-    allowed = await engine.fire_external("timer", allow_self=True)
-    assert allowed.created and allowed.run is not None and allowed.run.trigger == "external"
+    # Allowed, a self schedule's external fire is refused all the same where the timer
+    # claims no slot in the store (single, here): the call and the timer both ran the slot.
+    with pytest.raises(Refused, match="coordination single claims no slot in the store") as twice:
+        await engine.fire_external("timer", allow_self=True)
+    assert twice.value.reason == "would run twice"
     with pytest.raises(NotFound):
         await engine.fire_external("nope")
+
+
+@pytest.mark.parametrize("first", ["timer", "call"])
+async def test_an_allowed_external_fire_of_a_self_schedule_and_its_timer_run_a_slot_once(
+    make_engine: MakeEngine, clock: ManualClock, first: str
+) -> None:
+    """Under advisoryLock the timer claims each slot in the store, as the call does: the
+    call answers with the timer's run (or the timer finds the call's claim), in either order."""
+    calls: list[tuple[datetime, str]] = []
+
+    async def handler(ctx: RunContext) -> None:
+        calls.append((ctx.scheduled_at, ctx.trigger))
+
+    engine = make_engine([schedule("timer", cron="0 * * * *", handler=handler)], coordination="advisoryLock")
+    await engine.start()
+    await engine.quiesce()
+    if first == "timer":
+        clock.set("2026-03-02T09:00:00Z")
+        await engine.quiesce()
+        answer = await engine.fire_external("timer", allow_self=True)
+        assert not answer.created
+    else:  # 3 s early (a platform's clock runs fast): it waits for the slot, as the timer does
+        clock.set("2026-03-02T08:59:57Z")
+        calling = asyncio.ensure_future(engine.fire_external("timer", allow_self=True))
+        await engine.quiesce(runs=False)
+        clock.set("2026-03-02T09:00:00Z")
+        answer = await calling
+    await engine.quiesce()
+    assert len(calls) == 1 and calls[0][0] == at("2026-03-02T09:00:00Z")
+    runs = await all_runs(engine, "timer")
+    assert [run.id for run in runs if run.scheduled_at == at("2026-03-02T09:00:00Z")] == [answer.run_id]
 
 
 async def external_pair(make_engine: MakeEngine, *, poll: float) -> tuple[list[datetime], Engine, Engine]:

@@ -22,6 +22,7 @@ from backend.events.audit import AuditLog
 from backend.model import BackfillPlan, BackfillProgress, ExternalFiring, Run, ScheduleView
 from backend.scheduler.backfills import Backfills, live_estimate
 from backend.scheduler.catalog import Catalog, bind_target
+from backend.scheduler.coordination.slots import Coordinator
 from backend.scheduler.external import ExternalFires
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.reads import ScheduleReads
@@ -58,6 +59,9 @@ class EngineActions:
         def is_enabled(self, name: str) -> bool: ...
 
         def check_open(self, action: str) -> None: ...
+
+        @property
+        def coordinator(self) -> Coordinator: ...
 
         async def get_schedule(self, name: str) -> ScheduleView: ...
 
@@ -192,6 +196,16 @@ class EngineActions:
                 f'"{name}" is fired by its own timer (trigger=self); an external fire would run it twice. '
                 "Mark it trigger=\"external\", or allow it explicitly.",
                 reason="not an external schedule",
+            )
+        mode = self.coordinator.mode
+        if self.trigger_of(schedule) != "external" and mode != "advisoryLock":
+            # Only there does the timer claim each slot in the store, as the call does: under
+            # single and cluster the call and the timer both ran the slot, in either order.
+            raise Refused(
+                f'"{name}" is fired by its own timer, which under coordination {mode} claims no slot in the store: '
+                "an external fire would run the slot it fires twice. Allowed under coordination advisoryLock, "
+                'where each slot is claimed once in the store; or mark it trigger="external".',
+                reason="would run twice",
             )
         return await self.external.fire(schedule)
 

@@ -289,7 +289,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                        help="read read-only tokens from this file, one per line")  # fmt: skip
     serve.add_argument(
         "--allow-external-self", action="store_true",
-        help="let the external fire endpoint fire schedules that have their own timer too",
+        help="let the external fire endpoint fire schedules that have their own timer too (advisoryLock only)",
     )
     serve.add_argument(
         "--notify", metavar="URL", action="append", default=[],
