@@ -20,19 +20,24 @@ _UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds
 _RELATIVE = re.compile(r"^([+-])((?:[0-9]+[wdhms])+)$")
 _PART = re.compile(r"([0-9]+)([wdhms])")
 _MAX_DIGITS = 12
+_JUST_BEFORE = timedelta(microseconds=1)
 
 
-def parse_when(text: str, *, now: datetime, zone: ZoneInfo | str = "UTC", field: str = "time") -> datetime:
+def parse_when(
+    text: str, *, now: datetime, zone: ZoneInfo | str = "UTC", field: str = "time", lower: bool = False
+) -> datetime:
     """Parse ``text``; raises :class:`BadInput` naming the field and the value. The result
-    lies within :data:`backend.inputs.EARLIEST` … :data:`~backend.inputs.LATEST`."""
+    lies within :data:`backend.inputs.EARLIEST` … :data:`~backend.inputs.LATEST`.
+    ``lower``: the text is the start of a range that excludes it, ``(start, end]`` (see
+    :func:`wall_instant`)."""
     try:
-        value = _parse(text, now=now, zone=zone, field=field)
+        value = _parse(text, now=now, zone=zone, field=field, lower=lower)
     except OverflowError:  # past the calendar's ends, before or after the zone's offset
         raise out_of_range(field, text) from None
     return check_instant(value, field, text)
 
 
-def _parse(text: str, *, now: datetime, zone: ZoneInfo | str, field: str) -> datetime:
+def _parse(text: str, *, now: datetime, zone: ZoneInfo | str, field: str, lower: bool) -> datetime:
     tz = ZoneInfo(zone) if isinstance(zone, str) else zone
     # datetime.fromisoformat reads "2026-08-10T00:00\x00Z" as midnight: such a character
     # must not be dropped quietly.
@@ -59,15 +64,18 @@ def _parse(text: str, *, now: datetime, zone: ZoneInfo | str, field: str) -> dat
     if len(raw) == 10 and isinstance(value, datetime):  # a bare date: midnight in the zone
         value = datetime.combine(value.date(), time(0))
     if value.tzinfo is None:
-        return wall_instant(value, tz)
+        return wall_instant(value, tz, lower=lower)
     return value.astimezone(UTC)
 
 
-def wall_instant(wall: datetime, tz: tzinfo) -> datetime:
+def wall_instant(wall: datetime, tz: tzinfo, *, lower: bool = False) -> datetime:
     """The instant (UTC) of the naive wall time ``wall`` in ``tz``, as a cron reads one: a
     repeated wall time is its first pass; one in a gap (the hour spring skips) is the
     moment the gap ends, where the cron fires a slot of the skipped hour (Python would
-    read it with the offset before the change: an hour past the gap)."""
+    read it with the offset before the change: an hour past the gap). ``lower``: ``wall``
+    starts a range that excludes its start, ``(start, end]``: one in a gap is a microsecond
+    before the gap ends, so that the range holds the skipped hour's slots, fired there
+    (from 02:00 to 04:00 on the night spring skips 02:00-03:00 held no slot of 02:30)."""
     first = wall.replace(tzinfo=tz, fold=0)
     instant = first.astimezone(UTC)
     if instant.astimezone(tz).replace(tzinfo=None) == wall:
@@ -81,4 +89,4 @@ def wall_instant(wall: datetime, tz: tzinfo) -> datetime:
             hi = mid
         else:
             lo = mid
-    return low + timedelta(seconds=hi)
+    return low + timedelta(seconds=hi) - (_JUST_BEFORE if lower else timedelta(0))

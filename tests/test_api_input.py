@@ -207,6 +207,18 @@ def assert_nothing_written(client: httpx.Client) -> None:
     assert client.get("/inspect/audit").json()["entries"] == []
 
 
+@pytest.mark.parametrize(("start", "end"), [("02:00", "03:00"), ("02:30", "04:00"), ("01:59", "03:00")])
+def test_a_backfill_from_a_time_of_the_skipped_hour_holds_its_slot(server: Server, start: str, end: str) -> None:
+    """The night spring skips 02:00-03:00 in Berlin, the skipped 02:00 slot of an hourly
+    schedule fires as the gap ends; a range (from, to] starting in the gap was "empty
+    range: from equals to", or held no slot, where the same range any other night holds one."""
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {OPERATE}"}, timeout=30) as op:
+        plan = op.post("/inspect/schedules/berlin/backfill/plan",
+                       json={"from": f"2026-03-29T{start}", "to": f"2026-03-29T{end}"})  # fmt: skip
+        assert plan.status_code == 200, plan.text
+        assert (plan.json()["count"], plan.json()["first"]) == (1 + (end == "04:00"), "2026-03-29T01:00:00Z")
+
+
 def test_every_method_of_a_path_is_allowed(server: Server) -> None:
     """A method a URL is not served with is 405 with every method it is served with, also
     where several routes serve it (POST and GET /inspect/schedules; PATCH of a schedule

@@ -248,3 +248,18 @@ def test_a_wall_time_is_read_as_the_cron_reads_it(zone: str, typed: str, instant
     if typed.endswith(("02:59", "02:15")):
         cron = Cron(f"{typed[-2:]} {typed[-5:-3]} * * *", zone)  # the slot of the skipped wall time fires there
         assert cron.next(datetime.fromisoformat(instant) - timedelta(hours=2)) == datetime.fromisoformat(instant)
+
+
+
+def test_the_start_of_a_range_in_the_skipped_hour_is_just_before_the_gap_ends() -> None:
+    """A range ``(from, to]`` whose start is a wall time of spring's skipped hour: the
+    skipped hour's slots fire as the gap ends, where such a start was read, so the range
+    never held them. Read as the start of a range, it is a microsecond before the gap ends
+    (outside the gap, a start is read as any time is). The surfaces: tests/test_api_input.py."""
+    now = datetime(2026, 12, 5, tzinfo=UTC)
+    assert parse_when("2026-03-29T02:30", now=now, zone="Europe/Berlin", lower=True) == datetime.fromisoformat(
+        "2026-03-29T00:59:59.999999Z"
+    )
+    assert parse_when("2026-03-29T03:30", now=now, zone="Europe/Berlin", lower=True) == datetime.fromisoformat(
+        "2026-03-29T01:30:00Z"
+    )

@@ -112,7 +112,7 @@ async def _arguments(api: Api, action: Action, request: Request) -> dict[str, An
                 raise BadInput(f'"{wire}" is required: an ISO 8601 time, now, or an offset such as -2d', field=wire)
             if not clock:
                 clock = {"zone": await backend.schedule_zone(arguments[when.zone_of]), "now": await backend.now()}
-            arguments[param.name] = parse_when(raw, now=clock["now"], zone=clock["zone"], field=wire)
+            arguments[param.name] = parse_when(raw, now=clock["now"], zone=clock["zone"], field=wire, lower=when.lower)
         elif raw is None:
             if param.required:
                 raise BadInput(f'"{wire}" is required', field=wire)

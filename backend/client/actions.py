@@ -178,6 +178,9 @@ class When(Instant):
     parameter ``zone_of`` when it has no offset."""
 
     zone_of: str = "name"
+    lower: bool = False
+    """The start of a range that excludes it, ``(start, end]`` (see
+    :func:`~backend.timeparse.wall_instant`)."""
 
     def schema(self) -> dict[str, Any]:
         return {"description": "ISO 8601, now, or an offset such as -2d or -6h"}

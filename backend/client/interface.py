@@ -445,7 +445,7 @@ class Backend(abc.ABC):
     async def plan_backfill(
         self,
         name: ScheduleName,
-        start: Annotated[datetime, When()],
+        start: Annotated[datetime, When(lower=True)],
         end: Annotated[datetime, When()],
         *,
         confirm: bool = False,
@@ -465,7 +465,7 @@ class Backend(abc.ABC):
     async def start_backfill(
         self,
         name: ScheduleName,
-        start: Annotated[datetime, When()],
+        start: Annotated[datetime, When(lower=True)],
         end: Annotated[datetime, When()],
         *,
         confirm: Annotated[bool, Help("needed above 25 slots")] = False,

@@ -428,7 +428,9 @@ async def _read_instants(call: Call, verb: Verb) -> None:
     call.zone = await call.backend.schedule_zone(call.arguments[when.zone_of])
     now = await call.backend.now()
     for param in typed:
-        call.arguments[param.name] = parse_when(call.arguments[param.name], now=now, zone=call.zone, field=_flag(verb, param))
+        lower = any(isinstance(limit, When) and limit.lower for limit in param.limits)
+        call.arguments[param.name] = parse_when(call.arguments[param.name], now=now, zone=call.zone,
+                                                field=_flag(verb, param), lower=lower)  # fmt: skip
 
 
 def refusal(verb: Verb, arguments: Mapping[str, Any]) -> str:

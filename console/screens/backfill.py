@@ -283,7 +283,7 @@ class BackfillScreen(ModalScreen[None]):
         """The fields read now (relative times against the backend's now)."""
         now = self.now()
         zone = self.view.timezone
-        start = parse_when(self.query_one("#from", Input).value, now=now, zone=zone, field="from")
+        start = parse_when(self.query_one("#from", Input).value, now=now, zone=zone, field="from", lower=True)
         end = parse_when(self.query_one("#to", Input).value, now=now, zone=zone, field="to")
         return start, end
 
