@@ -1,4 +1,5 @@
-"""Reading the instants an operator types: ISO 8601, a date, ``now``, or ``-2d``-style offsets.
+"""Reading the instants an operator types: ISO 8601, a date, ``now``, or ``-2d``-style offsets;
+and writing a span of time as messages show it (``4m 59s``).
 
 A time without an offset is read in the schedule's own timezone, the zone the operator
 sees slots in; the result is always an aware UTC datetime.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, time, timedelta, tzinfo
 from zoneinfo import ZoneInfo
+
+import humanize
 
 from backend.errors import BadInput
 from backend.inputs import check_instant, check_text, out_of_range
@@ -90,3 +93,20 @@ def wall_instant(wall: datetime, tz: tzinfo, *, lower: bool = False) -> datetime
         else:
             lo = mid
     return low + timedelta(seconds=hi) - (_JUST_BEFORE if lower else timedelta(0))
+
+
+def compact_delta(delta: timedelta) -> str:
+    """Two most significant units: ``4m 59s``, ``3h 2m``, ``2d 4h``; ``0s`` at least."""
+    total = int(delta.total_seconds())
+    days, rem = divmod(total, 86400)
+    hours, rem = divmod(rem, 3600)
+    minutes, seconds = divmod(rem, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")]
+    if days >= 365:
+        return humanize.naturaldelta(delta)
+    first = next((i for i, (n, _) in enumerate(parts) if n), None)
+    if first is None:
+        return "0s"
+    # Two adjacent units, the smaller left out when zero: 10h 0m 46s is "10h", never "10h 46s".
+    shown = [f"{n}{u}" for n, u in parts[first : first + 2] if n]
+    return " ".join(shown)

@@ -8,9 +8,8 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import humanize
-
 from backend.safetext import in_line
+from backend.timeparse import compact_delta as compact_delta  # (the console's spans, as the engine's messages write them)
 
 STATUS_GLYPHS = {
     "succeeded": "✓",
@@ -121,22 +120,6 @@ def ago(then: datetime | None, now: datetime) -> str:
         return "in " + compact_delta(-delta)
     return compact_delta(delta) + " ago"
 
-
-def compact_delta(delta: timedelta) -> str:
-    """Two most significant units: ``4m 59s``, ``3h 2m``, ``2d 4h``; ``0s`` at least."""
-    total = int(delta.total_seconds())
-    days, rem = divmod(total, 86400)
-    hours, rem = divmod(rem, 3600)
-    minutes, seconds = divmod(rem, 60)
-    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")]
-    if days >= 365:
-        return humanize.naturaldelta(delta)
-    first = next((i for i, (n, _) in enumerate(parts) if n), None)
-    if first is None:
-        return "0s"
-    # Two adjacent units, the smaller left out when zero: 10h 0m 46s is "10h", never "10h 46s".
-    shown = [f"{n}{u}" for n, u in parts[first : first + 2] if n]
-    return " ".join(shown)
 
 
 def clock_offset(seconds: float | None) -> str:

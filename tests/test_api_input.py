@@ -56,6 +56,8 @@ CASES: list[tuple[str, str, str, dict[str, Any], int, str | None, str]] = [
     ("a NUL run id", "GET", "/inspect/runs/%00", {}, 404, None, 'no run with id "\\x00"'),
     ("a NaN token", "POST", "/inspect/locks/x/release", {"content": b'{"if_token": NaN}'}, 422, "if_token",
      "if_token NaN is not a number"),  # (it said "out of range")
+    ("an external fire without its trigger", "POST", "/schedule/berlin/fire", {}, 422, "trigger",
+     "trigger is required here (use trigger=external)"),  # (it said: trigger "None" is not supported here)
     ("a slash too many", "POST", "/inspect/schedules/berlin/disable/", {}, 404, None,
      "no route /inspect/schedules/berlin/disable/"),  # (it was a 307 to the route, before the token's check)
     # (a newline matches no route; the 404 named another lock's, "/inspect/locks/ab/release")

@@ -1633,6 +1633,7 @@ async def test_external_fire_runs_the_due_slot_once_per_slot(make_engine: MakeEn
     with pytest.raises(Refused, match="no slot") as late:
         await engine.fire_external("job")
     assert late.value.reason == "no slot due"
+    assert "is 11m old (tolerance 10m)" in late.value.message  # (was "is 0:11:00 old (tolerance 0:10:00)")
     with pytest.raises(Refused, match="trigger=self"):
         await engine.fire_external("timer")
     clock.set("2026-03-02T11:00:05Z")

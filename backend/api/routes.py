@@ -86,8 +86,10 @@ async def _arguments(api: Api, action: Action, request: Request) -> dict[str, An
     _check_query_names(action, request)
     for key, wanted in http.fixed.items():
         given = request.query_params.get(key)
+        if given is None:
+            raise BadInput(f"{key} is required here (use {key}={wanted})", field=key)
         if given != wanted:
-            raise BadInput(f'{key} "{given}" is not supported here (use {key}={wanted})', field=key)
+            raise BadInput(f'{key} "{printable(given, 60)}" is not supported here (use {key}={wanted})', field=key)
     for param in action.params:
         if http.where(param.name) == "query":
             arguments[param.name] = _query_value(request, param, http.wire_name(param.name))

@@ -32,6 +32,7 @@ from backend.scheduler.ledger import RunLedger
 from backend.scheduler.states import ScheduleStates
 from backend.schedules import Schedule
 from backend.store import Store
+from backend.timeparse import compact_delta
 
 __all__ = ["ExternalFires", "ExternalFiring"]
 
@@ -102,8 +103,8 @@ class ExternalFires:
             late = now - slot
             if late > self.tolerance:
                 raise Refused(
-                    f'no slot of "{name}" is due: the newest, {slot.isoformat()}, is {late} old '
-                    f"(tolerance {self.tolerance})",
+                    f'no slot of "{name}" is due: the newest, {slot.isoformat()}, is {compact_delta(late)} old '
+                    f"(tolerance {compact_delta(self.tolerance)})",
                     reason="no slot due",
                 )
             proposed = self.claims.new_id()
