@@ -11,11 +11,14 @@ import asyncio
 import concurrent.futures
 import io
 import logging
+import queue
 import re
 import sys
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
+from multiprocessing.pool import ThreadPool
 from pathlib import Path
 from typing import Any, cast
 
@@ -77,7 +80,7 @@ def test_a_megabyte_streamed_keeps_its_head_and_tail_and_never_more() -> None:
     lines = [f"line {n:06d} {'x' * 50}\n" for n in range(16_500)]  # ~1 MiB
     for line in lines:
         buffer.write(line)
-        assert sum(len(chunk) for chunk in buffer._head) <= HEAD_BYTES
+        assert len(buffer._head) <= HEAD_BYTES
         assert buffer._tail_size <= TAIL_BYTES
     shot = buffer.snapshot()
     total = sum(len(line) for line in lines)
@@ -134,6 +137,39 @@ def test_following_by_offsets_prints_each_byte_once_and_says_what_was_left_out()
                             + "".join(f"line {n:02d}\n" for n in range(32, 40)))
     read()
     assert printed.endswith("line 39\n")  # nothing new: nothing more
+
+
+def held(part: Any) -> int:
+    """The memory a part of a buffer holds: its size, and its chunks' if it has any."""
+    if isinstance(part, list | deque):
+        return sys.getsizeof(part) + sum(held(chunk) for chunk in part)
+    return sys.getsizeof(part)
+
+
+def test_a_log_written_a_few_bytes_at_a_time_holds_at_most_twice_its_bound() -> None:
+    """Found by an outside attack: a buffer kept one object per write, in its head and in its
+    tail, and held 6 to 22 times its 64 KiB in memory when a handler wrote a few bytes at a
+    time (``print(x, end="")``, a counter). Writes share chunks now: what a buffer holds is
+    within twice what it keeps, and what it keeps is the same however the text was cut."""
+    buffer = LogBuffer()
+    for _ in range(200_000):
+        buffer.write("ab")
+    assert held(buffer._head) + held(buffer._tail) <= 2 * (HEAD_BYTES + TAIL_BYTES)
+    shot = buffer.snapshot()
+    assert (shot.head, shot.tail) == ("ab" * (HEAD_BYTES // 2), "ab" * (TAIL_BYTES // 2))
+    assert (shot.size, shot.omitted_bytes) == (400_000, 400_000 - HEAD_BYTES - TAIL_BYTES)
+
+    text = "".join(f"line {n} é€ {'z' * (n % 97)}\n" for n in range(3000))
+    whole, pieces = LogBuffer(head=1000, tail=1000), LogBuffer(head=1000, tail=1000)
+    whole.write(text)
+    at, sizes = 0, [1, 2, 3, 5, 8, 13, 700, 4100]  # a piece from one character to past a chunk
+    while at < len(text):
+        size = sizes[at % len(sizes)]
+        pieces.write(text[at : at + size])
+        at += size
+    one, many = whole.snapshot(), pieces.snapshot()
+    assert (one.head, one.tail, one.size, one.omitted_bytes, one.omitted_lines) == (
+        many.head, many.tail, many.size, many.omitted_bytes, many.omitted_lines)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------
@@ -197,6 +233,101 @@ async def test_logs_of_concurrent_runs_are_never_mixed(engines: Callable[..., En
         assert answer.text.count(f"<<{name}:print>>") == 5
 
 
+async def test_a_thread_pool_a_run_made_runs_each_runs_work_in_its_own_log(engines: Callable[..., Engine]) -> None:
+    """Found by an outside attack: a ``multiprocessing.pool.ThreadPool`` made lazily by
+    whichever run needed it first, then shared, had its threads carry that run's capture for
+    good: another run's work on it went to the first run's log. As a ``ThreadPoolExecutor``'s,
+    its threads carry no capture, and each piece of work runs in its submitter's."""
+    shared: list[ThreadPool] = []
+    first_used, second_done = threading.Event(), threading.Event()
+
+    def pool() -> ThreadPool:
+        if not shared:
+            shared.append(ThreadPool(2))
+        return shared[0]
+
+    def first(ctx: Any) -> None:
+        pool().apply(print, ("<<first:apply>>",))
+        first_used.set()
+        second_done.wait(30)  # still running while the second run uses the pool
+
+    def second(ctx: Any) -> None:
+        first_used.wait(30)
+        work = pool()
+        work.apply(print, ("<<second:apply>>",))
+        work.apply_async(log.warning, ("<<second:apply_async>>",)).get(30)
+        work.map(print, ["<<second:map>>"] * 4, chunksize=1)
+        work.starmap(print, [("<<second:starmap>>",)] * 2)
+        list(work.imap(print, ["<<second:imap>>"] * 2))
+        list(work.imap_unordered(print, ["<<second:imap_unordered>>"] * 4, chunksize=2))
+        second_done.set()
+
+    engine = engines([define_schedule(name="first", cron="0 * * * *", timezone="UTC", handler=first),
+                      define_schedule(name="second", cron="0 * * * *", timezone="UTC", handler=second)])  # fmt: skip
+    await engine.open()
+    try:
+        runs = await asyncio.gather(engine.run_now("first", wait=True), engine.run_now("second", wait=True))
+    finally:
+        for made in shared:
+            await asyncio.to_thread(made.terminate)
+    await engine.run_logs.flush()
+    texts = [(await engine.run_logs.run_log(run.id)).text for run in runs]
+    assert markers(texts[0]) == {"first:apply"}, texts[0]
+    kinds = {"apply", "apply_async", "map", "starmap", "imap", "imap_unordered"}
+    assert markers(texts[1]) == {f"second:{kind}" for kind in kinds}, texts[1]
+    assert texts[1].count("<<second:map>>") == texts[1].count("<<second:imap_unordered>>") == 4
+
+
+async def test_a_thread_a_run_left_running_writes_into_no_log_once_that_run_has_ended(
+    engines: Callable[..., Engine], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by an outside attack: a library's worker thread, started on first use by
+    whichever run used it first (an SDK's background sender), carried that run's capture for
+    good: a run that had written nothing got a log after its end, of what the thread did for
+    later runs. Once its run has ended, such a thread writes into no run's log: the process's
+    output only, as code outside any run (and the process's log says so once)."""
+    items: queue.Queue[str | None] = queue.Queue()
+    sent = threading.Event()
+    senders: list[threading.Thread] = []
+
+    def sender() -> None:
+        while (item := items.get()) is not None:
+            print(f"sent {item}")
+            sent.set()
+
+    def send_in_background(item: str | None) -> None:
+        if not senders:  # started on first use
+            senders.append(threading.Thread(target=sender, daemon=True))
+            senders[0].start()
+        if item is not None:
+            items.put(item)
+
+    def first(ctx: Any) -> None:
+        send_in_background(None)  # (a client made, nothing sent yet: the run writes nothing)
+
+    def second(ctx: Any) -> None:
+        print("<<second:print>>")
+        send_in_background("<<second:sent>>")
+        assert sent.wait(30)
+
+    engine = engines([define_schedule(name="first", cron="0 * * * *", timezone="UTC", handler=first),
+                      define_schedule(name="second", cron="0 * * * *", timezone="UTC", handler=second)])  # fmt: skip
+    await engine.open()
+    earlier = await engine.run_now("first", wait=True)
+    await engine.quiesce()  # it has ended
+    later = await engine.run_now("second", wait=True)
+    items.put(None)
+    await asyncio.to_thread(senders[0].join, 30)
+    await engine.run_logs.flush()
+    assert (await engine.run_logs.run_log(earlier.id)).size == 0
+    assert (await engine.run_logs.run_log(later.id)).text == "<<second:print>>\n"
+    assert "sent <<second:sent>>" in capsys.readouterr().out
+    assert [r.getMessage() for r in caplog.records if "output written after it ended" in r.getMessage()] == [
+        f"run {earlier.id}: output written after it ended (by a thread it left running?) is not kept in its log; "
+        "it reaches the process's output only"
+    ]
+
+
 async def test_a_log_record_reaches_the_process_handlers_too_and_a_print_its_stream(
     engines: Callable[..., Engine], capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -212,6 +343,38 @@ async def test_a_log_record_reaches_the_process_handlers_too_and_a_print_its_str
     assert markers(text) == {"printed", "logged"}
     assert "<<printed>>" in capsys.readouterr().out  # a copy: the stream still gets it
     assert any("<<logged>>" in record.getMessage() for record in caplog.records)
+
+
+async def test_a_record_a_process_handler_writes_to_stdout_is_captured_once(
+    engines: Callable[..., Engine], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an outside attack: a process logging through a handler that writes to
+    stdout but is no ``StreamHandler`` (rich's ``RichHandler``, one that prints) had each
+    record twice in the run's log, as the handler rendered it and as the record's line. The
+    record's line is the one copy; the handler's rendering still reaches the stream, and a
+    print of the handler's own is captured as before."""
+
+    class Rendering(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            sys.stdout.write(f"rendered: {record.getMessage()}\n")
+
+    def handler(ctx: Any) -> None:
+        log.warning("<<one record>>")
+        print("<<a print>>")
+
+    engine = engines([define_schedule(name="rich", cron="0 * * * *", timezone="UTC", handler=handler)])
+    await engine.open()
+    rendering = Rendering()
+    logging.getLogger().addHandler(rendering)
+    try:
+        run = await engine.run_now("rich", wait=True)
+    finally:
+        logging.getLogger().removeHandler(rendering)
+    await engine.run_logs.flush()
+    text = (await engine.run_logs.run_log(run.id)).text
+    assert text.count("<<one record>>") == 1 and re.search(r"Z WARNING tests\.run_logs: <<one record>>\n", text), text
+    assert markers(text) == {"one record", "a print"}
+    assert "rendered: <<one record>>" in capsys.readouterr().out
 
 
 async def test_bytes_written_to_the_streams_binary_layer_are_captured(engines: Callable[..., Engine]) -> None:

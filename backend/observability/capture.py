@@ -17,8 +17,9 @@ none:
   a write is copied to the capture and passed on to the real stream, as before (``serve``'s
   handlers' prints reach its output today; an operator grepping it keeps them), and so is
   a write to its binary layer (``sys.stdout.buffer``), as text. Writes to
-  the file descriptors themselves (``os.write``, a child process) bypass it, and so does a
-  ``logging.StreamHandler``'s write of a record (the record is captured once, as a record).
+  the file descriptors themselves (``os.write``, a child process) bypass it, and so does
+  what a ``logging`` handler writes as it handles a record (a ``StreamHandler``, rich's
+  ``RichHandler``, one that prints: the record is captured once, as a record).
 
 The root handler changes nothing else of the process's logging: a record that only it
 takes still goes to Python's last resort (stderr), and ``logging.basicConfig`` works as
@@ -34,11 +35,16 @@ Where the context goes:
   else are untouched. A ``concurrent.futures`` pool's worker thread is left out (it serves
   whoever submits next); instead ``ThreadPoolExecutor.submit`` called while a capture is
   active runs that one work item in a copy of the submitter's context (this also covers
-  ``loop.run_in_executor``).
+  ``loop.run_in_executor``). A ``multiprocessing.pool.ThreadPool`` alike: it is made
+  outside any capture, and the work queued to it while one is active runs in the
+  submitter's;
+* a capture whose call has ended is carried no further: a thread its handler left running
+  (a library's sender, started on first use and serving every later run) then writes as
+  code outside any run does, to the process's output only, never into that call's log.
 
 A capture keeps at most :data:`LIMIT` bytes (UTF-8): the first half and the last half,
 the middle counted (bytes and lines) but dropped, so memory stays bounded however much a
-handler writes (:class:`LogBuffer`).
+handler writes, and in however small pieces (:class:`LogBuffer`).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from __future__ import annotations
 import concurrent.futures
 import concurrent.futures.thread
 import contextvars
+import functools
 import logging
 import sys
 import threading
@@ -106,23 +113,30 @@ def _is_continuation(byte: int) -> bool:
     return byte & 0xC0 == 0x80
 
 
+#: The most a chunk of a buffer's tail holds: a write joins the newest chunk while it fits
+#: (one object per write held 6 to 22 times the bound for writes of a few bytes each).
+_CHUNK_BYTES: Final = 4096
+
+
 class LogBuffer:
-    """A call's output, bounded: the first ``head`` bytes, the last ``tail`` bytes (a ring
-    of chunks) and what fell between them, counted. Thread-safe: a sync handler's threads
-    write while the engine's loop takes snapshots.
+    """A call's output, bounded: the first ``head`` bytes (one bytearray), the last ``tail``
+    bytes (a ring of chunks of up to 4 KiB, small writes joined) and what fell
+    between them, counted. Thread-safe: a sync handler's threads write while the engine's
+    loop takes snapshots.
 
     Contract: whatever is written, it holds at most ``head + tail`` bytes plus the newest
-    write's slice; ``size`` counts every byte written; head and tail are cut at character
-    boundaries; a closed buffer takes no more writes."""
+    write's slice, in memory within a small factor of that however small the writes;
+    ``size`` counts every byte written; head and tail are cut at character boundaries; a
+    closed buffer takes no more writes."""
 
     __slots__ = ("_head", "_head_room", "_lock", "_omitted", "_omitted_lines", "_tail", "_tail_size", "_tail_room",
                  "closed", "size", "version")  # fmt: skip
 
     def __init__(self, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> None:
         self._lock = threading.Lock()
-        self._head: list[bytes] = []
+        self._head = bytearray()
         self._head_room = head
-        self._tail: deque[bytes] = deque()
+        self._tail: deque[bytearray] = deque()
         self._tail_size = 0
         self._tail_room = tail
         self._omitted = 0
@@ -147,16 +161,20 @@ class LogBuffer:
             room = self._head_room
             if room:
                 if len(data) <= room:
-                    self._head.append(data)
+                    self._head += data
                     self._head_room = room - len(data)
                     return
                 cut = room
                 while cut and _is_continuation(data[cut]):
                     cut -= 1
-                self._head.append(data[:cut])
+                self._head += data[:cut]
                 self._head_room = 0
                 data = data[cut:]
-            self._tail.append(data)
+            tail = self._tail
+            if tail and len(tail[-1]) + len(data) <= _CHUNK_BYTES:
+                tail[-1] += data
+            else:
+                tail.append(bytearray(data))
             self._tail_size += len(data)
             self._trim()
 
@@ -166,28 +184,23 @@ class LogBuffer:
         tail = self._tail
         while excess > 0:
             first = tail[0]
-            if len(first) <= excess:
-                tail.popleft()
-                cut = len(first)
-            else:
-                cut = excess
-                while cut < len(first) and _is_continuation(first[cut]):
-                    cut += 1  # never start the tail inside a character
-                tail[0] = first[cut:]
+            cut = min(excess, len(first))
+            while cut < len(first) and _is_continuation(first[cut]):
+                cut += 1  # never start the tail inside a character
             self._omitted += cut
             self._omitted_lines += first.count(b"\n", 0, cut)
             self._tail_size -= cut
             excess -= cut
+            if cut == len(first):
+                tail.popleft()
+            else:
+                del first[:cut]  # (in place: a bytearray gives its memory back once half is free)
 
     def snapshot(self) -> Snapshot:
         with self._lock:
-            if len(self._head) > 1:
-                self._head = [b"".join(self._head)]
-            head = self._head[0] if self._head else b""
-            tail = b"".join(self._tail)
             return Snapshot(
-                head.decode("utf-8", "replace"), tail.decode("utf-8", "replace"), self.size, self._omitted,
-                self._omitted_lines, self.closed, self.version,
+                self._head.decode("utf-8", "replace"), b"".join(self._tail).decode("utf-8", "replace"), self.size,
+                self._omitted, self._omitted_lines, self.closed, self.version,
             )  # fmt: skip
 
     def close(self) -> None:
@@ -208,12 +221,24 @@ class Capture:
 
     __slots__ = ("buffer", "opener", "told_late")
 
+    has_ended: bool = False
+    """Whether the call has ended (its handler returned): the runner's invocation sets its
+    own. An ended capture is carried no further (see :func:`_live`), and opens no log."""
+
     def __init__(self) -> None:
         self.buffer: LogBuffer | None = None
         self.opener: Callable[[Capture], LogBuffer] | None = None
         self.told_late = False
         """Whether output written after the call ended (a thread it left running) was said
         to be lost (once a call, in the process's log)."""
+
+    @property
+    def over(self) -> bool:
+        """Whether the call has ended, or its log was closed: nothing more joins it."""
+        if self.has_ended:
+            return True
+        buffer = self.buffer
+        return buffer is not None and buffer.closed
 
     def log_target(self) -> LogTarget | None:
         """What the output is kept as (asked at the first write)."""
@@ -228,22 +253,45 @@ class Capture:
                     opener = self.opener
                     if opener is None:
                         return
-                    buffer = self.buffer = opener(self)
-        buffer.write(text)
-        if buffer.closed and not getattr(self, "told_late", False):  # (subclasses set their own slots)
-            self.told_late = True
-            target = self.log_target()
-            whose = f"{target.kind} {target.id}" if target is not None else "a call"
-            outside = CURRENT.set(None)  # (the process's log, not a closed one's)
-            try:
-                _log.warning("%s: output written after it ended (by a thread it left running?) is not kept in its "
-                             "log; it reaches the process's output only", whose)  # fmt: skip
-            finally:
-                CURRENT.reset(outside)
+                    if not self.has_ended:  # (else a run that wrote nothing got a log after its end)
+                        buffer = self.buffer = opener(self)
+        if buffer is not None:
+            buffer.write(text)
+            if not buffer.closed:
+                return
+        self.tell_late()
+
+    def tell_late(self) -> None:
+        """Say, once a call, in the process's log, that output came after it ended."""
+        if getattr(self, "told_late", False):  # (subclasses set their own slots)
+            return
+        self.told_late = True
+        target = self.log_target()
+        whose = f"{target.kind} {target.id}" if target is not None else "a call"
+        outside = CURRENT.set(None)  # (the process's log, not a closed one's)
+        try:
+            _log.warning("%s: output written after it ended (by a thread it left running?) is not kept in its "
+                         "log; it reaches the process's output only", whose)  # fmt: skip
+        finally:
+            CURRENT.reset(outside)
 
 
 CURRENT: contextvars.ContextVar[Capture | None] = contextvars.ContextVar("schedtui_capture", default=None)
 """The capture of the handler call whose code is running, if any."""
+
+
+def _live(*, writing: bool = False) -> Capture | None:
+    """:data:`CURRENT`, unless its call has ended: a thread a handler started and left
+    running (a library's sender thread, started by whichever run used it first, serves
+    every later run) then writes as code outside any run does, to the process's output
+    only, never into the ended run's log. ``writing``: a write is lost to that log, said
+    once (:meth:`Capture.tell_late`)."""
+    capture = CURRENT.get()
+    if capture is not None and capture.over:
+        if writing:
+            capture.tell_late()
+        return None
+    return capture
 
 
 class _Formatter(RedactingFormatter):
@@ -292,7 +340,7 @@ class CaptureHandler(logging.Handler):
 
     def handle(self, record: logging.LogRecord) -> bool:
         # Overridden: without a capture, take no lock and format nothing.
-        capture = CURRENT.get()
+        capture = _live(writing=True)
         if capture is not None:
             try:
                 capture.write(self.format(record) + "\n")
@@ -325,8 +373,15 @@ def _only_handler(record: logging.LogRecord) -> bool:
     return True
 
 
-#: A stream handler's write of a record: captured already, as the record.
-_STREAM_EMIT = logging.StreamHandler.emit.__code__
+class _Emitting(threading.local):
+    """``on`` while a ``logging`` handler handles a record on this thread, in a capture: what
+    it writes to the streams meanwhile (a ``StreamHandler``, rich's ``RichHandler``, one that
+    prints) is that record, captured already, as itself, by :class:`CaptureHandler`."""
+
+    on = False
+
+
+_emitting = _Emitting()
 
 
 class _PassedOn:
@@ -339,7 +394,7 @@ class _PassedOn:
     _failing: str | None = None
 
     def _pass_on(self, write: Callable[[], int], length: int) -> int:
-        if CURRENT.get() is None:
+        if _live() is None:
             return write()
         try:
             return write()
@@ -375,10 +430,10 @@ class CapturingStream(_PassedOn):
         self._bytes: CapturingBytes | None = None
 
     def write(self, text: str) -> int:
-        capture = CURRENT.get()
+        capture = _live(writing=True)
         if capture is None:
             return self.wrapped.write(text)  # type: ignore[no-any-return]
-        if isinstance(text, str) and sys._getframe(1).f_code is not _STREAM_EMIT:
+        if isinstance(text, str) and not _emitting.on:
             try:
                 capture.write(text)
             except Exception:  # noqa: S110 - a capture must never break a print
@@ -393,7 +448,7 @@ class CapturingStream(_PassedOn):
         """A handler does not close the process's stream (every later write of the engine,
         and of every other handler, failed: its runs stayed ``running`` for good): it is
         flushed instead. Code outside any handler closes it as it would the stream itself."""
-        if CURRENT.get() is not None:
+        if _live() is not None:
             self.flush()
         else:
             self.wrapped.close()
@@ -426,8 +481,8 @@ class CapturingBytes(_PassedOn):
             super()._refused(exc)
 
     def write(self, data: Any) -> int:
-        capture = CURRENT.get()
-        if capture is not None:
+        capture = _live(writing=True)
+        if capture is not None and not _emitting.on:
             try:
                 capture.write(bytes(data).decode("utf-8", "backslashreplace"))
             except Exception:  # noqa: S110 - a capture must never break a write
@@ -440,7 +495,7 @@ class CapturingBytes(_PassedOn):
 
     def close(self) -> None:
         """As :meth:`CapturingStream.close`: a handler's close is a flush."""
-        if CURRENT.get() is not None:
+        if _live() is not None:
             self.flush()
         else:
             self.wrapped.close()
@@ -456,11 +511,17 @@ _installs = 0
 _thread_start = threading.Thread.start
 _submit = concurrent.futures.ThreadPoolExecutor.submit
 _basic_config = logging.basicConfig
+_handler_handle = logging.Handler.handle
+_thread_pool_originals: dict[str, Any] = {}
+"""What :func:`install` replaced on ``multiprocessing.pool.ThreadPool`` (None: inherited)."""
+#: ``ThreadPool``'s methods that queue work, each taking the function first: every other
+#: way in (``apply``, ``map``, ``starmap`` and their ``_async``) goes through one of them.
+_THREAD_POOL_SUBMITS: Final = ("apply_async", "_map_async", "imap", "imap_unordered")
 
 
 def _start(self: threading.Thread) -> None:
     """``Thread.start``, carrying an active capture into the thread (see the module)."""
-    if CURRENT.get() is not None and getattr(self, "_target", None) is not _EXECUTOR_WORKER:
+    if _live() is not None and getattr(self, "_target", None) is not _EXECUTOR_WORKER:
         context = contextvars.copy_context()
         run = self.run
         self.run = lambda: context.run(run)  # type: ignore[method-assign]
@@ -472,9 +533,91 @@ def _submit_in_context(
 ) -> concurrent.futures.Future[Any]:
     """``ThreadPoolExecutor.submit``: a work item submitted while a capture is active runs
     in a copy of its submitter's context."""
-    if CURRENT.get() is not None:
+    if _live() is not None:
         return _submit(self, contextvars.copy_context().run, fn, *args, **kwargs)
     return _submit(self, fn, *args, **kwargs)
+
+
+class _InCopyOf:
+    """A function queued to a ``multiprocessing.pool.ThreadPool`` while a capture is active:
+    each call runs in a copy of the submitter's context (a ``map``'s calls run on several
+    threads at once, and one context is entered by one thread at a time)."""
+
+    __slots__ = ("context", "fn")
+
+    def __init__(self, context: contextvars.Context, fn: Callable[..., Any]) -> None:
+        self.context = context
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.context.copy().run(self.fn, *args, **kwargs)
+
+
+def _queued_in_context(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A ``ThreadPool`` method that queues work, as ``ThreadPoolExecutor.submit`` is made:
+    work queued while a capture is active runs in the submitter's capture."""
+
+    @functools.wraps(method)
+    def queued(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if _live() is not None:
+            context = contextvars.copy_context()
+            if args:
+                args = (_InCopyOf(context, args[0]), *args[1:])
+            elif "func" in kwargs:
+                kwargs["func"] = _InCopyOf(context, kwargs["func"])
+        return method(self, *args, **kwargs)
+
+    return queued
+
+
+def _made_outside(init: Callable[..., None]) -> Callable[..., None]:
+    """``ThreadPool.__init__``, outside any capture: its threads serve whoever queues work
+    next (made lazily by whichever run used it first, they carried that run's capture and
+    all later runs' work went to its log)."""
+
+    @functools.wraps(init)
+    def made(self: Any, /, *args: Any, **kwargs: Any) -> None:
+        outside = CURRENT.set(None)
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            CURRENT.reset(outside)
+
+    return made
+
+
+def _patch_thread_pool() -> None:
+    from multiprocessing.pool import ThreadPool  # (here: only an engine that captures pays its import)
+
+    patches = {"__init__": _made_outside(ThreadPool.__init__)}
+    patches.update((name, _queued_in_context(getattr(ThreadPool, name))) for name in _THREAD_POOL_SUBMITS)
+    for name, patch in patches.items():
+        _thread_pool_originals[name] = ThreadPool.__dict__.get(name)
+        setattr(ThreadPool, name, patch)
+
+
+def _unpatch_thread_pool() -> None:
+    from multiprocessing.pool import ThreadPool
+
+    for name, original in _thread_pool_originals.items():
+        if original is None:
+            delattr(ThreadPool, name)
+        else:
+            setattr(ThreadPool, name, original)
+    _thread_pool_originals.clear()
+
+
+def _handle_marked(self: logging.Handler, record: logging.LogRecord) -> bool:
+    """``logging.Handler.handle``, marked on its thread while it runs in a capture (see
+    :class:`_Emitting`): a record a handler writes to stdout was captured twice, once as the
+    handler's rendering and once as the record's line, unless it was a ``StreamHandler``."""
+    if CURRENT.get() is None:
+        return _handler_handle(self, record)
+    was, _emitting.on = _emitting.on, True
+    try:
+        return _handler_handle(self, record)
+    finally:
+        _emitting.on = was
 
 
 def _basic_config_around(**kwargs: Any) -> None:
@@ -533,6 +676,8 @@ def install() -> None:
         reinstate()
         threading.Thread.start = _start  # type: ignore[method-assign]
         concurrent.futures.ThreadPoolExecutor.submit = _submit_in_context  # type: ignore[method-assign,assignment]
+        _patch_thread_pool()
+        logging.Handler.handle = _handle_marked  # type: ignore[method-assign]
         logging.basicConfig = _basic_config_around
 
 
@@ -553,5 +698,7 @@ def uninstall() -> None:
                 setattr(sys, name, stream.wrapped)
         threading.Thread.start = _thread_start  # type: ignore[method-assign]
         concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign]
+        _unpatch_thread_pool()
+        logging.Handler.handle = _handler_handle  # type: ignore[method-assign]
         logging.basicConfig = _basic_config
 
