@@ -187,6 +187,33 @@ async def test_a_chatty_executions_log_is_its_newest_lines_in_memory_and_in_the_
             )
 
 
+async def test_a_line_logged_again_as_the_code_replays_is_in_the_log_once(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The code runs again from its start when it resumes after a sleep: each line it logs
+    before the sleep was in the log twice, as if the work had been done twice."""
+
+    async def body(ctx: DurableContext, input: Any) -> int:
+        ctx.log("top of the function")
+        await ctx.step("one", count("one"))
+        ctx.log("between one and the nap")
+        await ctx.sleep("nap", 60)
+        ctx.log("after the nap")
+        await ctx.step("two", count("two"))
+        return 2
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    clock.advance(60)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert done.status == "succeeded"
+    mine = ["top of the function", "between one and the nap", "after the nap"]
+    assert [line.message for line in done.logs or [] if line.message in mine] == mine
+
+
 async def test_one_commit_per_finished_step(engines: Callable[..., Engine]) -> None:
     async def body(ctx: DurableContext, input: Any) -> int:
         for i in range(20):

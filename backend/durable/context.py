@@ -100,8 +100,13 @@ class DurableContext:
     def log(self, message: str) -> None:
         """Add a line to the execution's log (written with its next checkpoint; of a chatty
         stretch between two, only the newest :data:`LOG_LINES` can ever be read: the older
-        are not held)."""
-        logs = self._run.logs
+        are not held). The code runs again from its start on every claim, replaying its
+        recorded steps: a line it writes before a step that is recorded was written the
+        first time through, and is not written again."""
+        run = self._run
+        if run.position + 1 in run.recorded:
+            return  # replaying: the checkpoint of that step wrote this line
+        logs = run.logs
         logs.append(str(message)[:MAX_LOG_LINE])
         if len(logs) > 2 * LOG_LINES:
             del logs[:-LOG_LINES]
