@@ -97,6 +97,33 @@ def test_follow_prints_the_log_as_it_comes_until_the_run_ends(cli: Cli) -> None:
     assert said.strip() == f"schedtui: run {run_id} of slow: succeeded"
 
 
+def test_follow_ends_when_the_process_running_the_run_is_killed(cli: Cli) -> None:
+    firing = subprocess.Popen(cli.argv("fire", "slow"), cwd=cli.root, env=child_env(), stderr=subprocess.PIPE, text=True)
+    assert firing.stderr is not None
+    run_id = firing.stderr.readline().split("run ")[-1].strip()
+    follower = subprocess.Popen(
+        cli.argv("logs", run_id, "--follow"), cwd=cli.root, env=child_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert follower.stdout is not None
+    try:
+        first = follower.stdout.readline()  # the run is followed while it runs
+        firing.kill()  # as SIGKILL leaves it: its run recorded running, its log's last row not final
+        firing.wait(30)
+        rest, said = follower.communicate(timeout=30)  # (its process is gone: nothing more will come)
+    finally:
+        follower.kill()
+        firing.kill()
+    ticks = (first + rest).splitlines()
+    assert ticks == [f"tick {n}" for n in range(len(ticks))] and 0 < len(ticks) < 12
+    assert follower.returncode == 0
+    assert said.strip() == (
+        f"schedtui: run {run_id} of slow: the process running it is gone (recorded running until it is closed as abandoned)"
+    )
+    (closed,) = cli.runs("slow")  # the next verb to open the store closes it, by the same judgement
+    assert (closed["status"], closed["error_tag"]) == ("failed", "abandoned")
+
+
 def run_jobs(root: Path) -> str:
     """Run a job of mail through both its attempts (the first fails) in an engine here."""
 

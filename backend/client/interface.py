@@ -181,7 +181,8 @@ def _check_offset(value: Any) -> Any:
 
 LogOffset = Annotated[
     int, Check(_check_offset, {"minimum": 0}),
-    Help("bytes of the log already read (the size of an earlier answer): only what came since"),
+    Help("where an earlier answer ended (its size: bytes of a run's or a job's log, the newest line's number of a "
+         "durable execution's): only what came since"),
 ]
 #: What a log action answers (the OpenAPI response's description).
 LOG_ANSWER = "{kind, id, name, attempt, status, running, text, size, omitted_bytes, omitted_lines}"

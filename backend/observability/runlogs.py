@@ -11,7 +11,15 @@ The reads answer the ``run_log``, ``job_log`` and ``execution_log`` actions. A l
 process still holds is read from memory (fresher than the store); ``running`` stays true
 while the run is in flight or its final lines may still be on their way (a row not yet
 final, written less than :data:`SETTLE_S` ago: a process that died leaves its last row
-unfinished, and its readers must not wait for ever).
+unfinished, and its readers must not wait for ever). A run or job attempt whose instance is
+known dead (as the abandoned-work sweep judges it: :meth:`InstanceRegistry.gone
+<backend.scheduler.registry.InstanceRegistry.gone>`) is not in flight, though its row still
+says ``running`` until that sweep closes it.
+
+A job's log is its newest attempt's by default: the one running, else the last to end (one
+that has written nothing yet, or ended silent, has an empty log, not an earlier one's). A
+durable execution's log is read by line: its ``size`` is the store's id of its newest line,
+which stays where it is as older lines leave its window (:data:`LOG_LINES`).
 """
 
 from __future__ import annotations
@@ -22,9 +30,10 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 from backend.clock import Clock
+from backend.durable.store import LOG_LINES
 from backend.errors import NotFound, Unavailable
 from backend.observability import capture
 from backend.observability.capture import Capture, LogBuffer, Snapshot
@@ -33,9 +42,10 @@ from backend.runtime.loops import Loops
 from backend.safetext import escape_text
 
 if TYPE_CHECKING:
-    from backend.durable.model import Execution
+    from backend.durable.model import Execution, ExecutionLog
     from backend.jobs.model import JobDetail
     from backend.model import Run
+    from backend.scheduler.registry import InstanceRegistry
 
 __all__ = ["FLUSH_INTERVAL_S", "RunLogs", "SETTLE_S"]
 
@@ -50,6 +60,14 @@ FINAL_BATCH_S: Final = 0.1
 SETTLE_S: Final = 5.0
 #: Ended logs kept in memory while the store cannot take them; beyond, the oldest go.
 MAX_PENDING: Final = 1000
+
+
+class DurableLogReads(Protocol):
+    """The store's read of a durable execution's log by line (both stores have it)."""
+
+    async def durable_log_lines(self, id: str, after: int) -> tuple[list[tuple[int, ExecutionLog]], int | None]:
+        """The newest :data:`LOG_LINES` lines, oldest first, each with its id; and how many
+        lines with an id above ``after`` are older than them (``None``: cannot be told)."""
 
 
 class RunLogs:
@@ -69,6 +87,7 @@ class RunLogs:
         get_run: Callable[[str], Awaitable[Run]],
         get_job: Callable[[str], Awaitable[JobDetail]],
         get_execution: Callable[[str], Awaitable[Execution]],
+        judge: InstanceRegistry | None = None,
         enabled: bool = True,
     ) -> None:
         self.store = store
@@ -79,6 +98,9 @@ class RunLogs:
         self._get_run = get_run
         self._get_job = get_job
         self._get_execution = get_execution
+        self.judge = judge
+        """Says whether the instance a run or job attempt is recorded running on is gone
+        (``None``: each is taken as alive while its row says it runs)."""
         self._lock = threading.Lock()  # buffers are registered from handler threads
         self._open: dict[LogBuffer, LogTarget] = {}
         self._ended: dict[LogBuffer, LogTarget] = {}
@@ -273,8 +295,23 @@ class RunLogs:
         # Not final to a reader until written: a reader elsewhere could not see it yet.
         return _row(target, shot, self.clock.now(), final=False)
 
+    def _local_attempt(self, job_id: str, attempt: int) -> StoredLog | None:
+        """The log of the newest claim of a job's attempt ``attempt`` this process holds."""
+        with self._lock:
+            held = [t for t in self._by_target if t.kind == "job" and t.id == job_id and t.attempt == attempt]
+        return self._local(max(held, key=lambda t: t.seq)) if held else None
+
     def _settling(self, stored: StoredLog | None) -> bool:
         return stored is not None and not stored.final and (self.clock.now() - stored.updated_at).total_seconds() < SETTLE_S
+
+    async def _gone(self, id: str, instance: str | None) -> bool:
+        """Whether the instance recorded running ``id`` (a run, a job) is dead, as the
+        abandoned-work sweep judges it (its row says ``running`` until the sweep closes it)."""
+        judge = self.judge
+        if judge is None or instance is None or judge.is_ours(id):
+            return False
+        beats = await judge.store.instances()
+        return judge.gone(beats, instance, judge.clock.now()) is not None
 
     def _answer(
         self, kind: LogKind, id: str, name: str, status: str, running: bool, stored: StoredLog | None, after: int,
@@ -292,28 +329,34 @@ class RunLogs:
         run = await self._get_run(run_id)
         target = LogTarget("run", run_id)
         stored = self._local(target) or await self.store.get_run_log(run_id)
-        running = run.status == "running" or self._settling(stored)
+        running = self._settling(stored) or (run.status == "running" and not await self._gone(run_id, run.instance))
         return self._answer("run", run_id, run.name, run.status, running, stored, after)
 
     async def job_log(self, job_id: str, attempt: int | None = None, *, after: int = 0) -> RunLog:
-        """What a job attempt's handler logged and printed: the newest attempt's, or
-        attempt ``attempt``'s (of the newest claim with that number)."""
+        """What a job attempt's handler logged and printed: the newest attempt's (the one
+        running, else the last to end), or attempt ``attempt``'s (of the newest claim with
+        that number)."""
         detail = await self._get_job(job_id)
         job = detail.job
-        stored = await self.store.get_job_log(job_id, attempt)
         number = attempt
-        if number is None:
-            if stored is not None:
-                number = stored.target.attempt
-            elif job is not None and job.status == "running":
-                number = job.attempt
-            elif detail.attempts:
-                number = detail.attempts[-1].attempt
+        running_now = job is not None and job.status == "running" and number in (None, job.attempt)
+        if running_now:
+            assert job is not None
+            number = job.attempt
+        elif number is None and detail.attempts:
+            number = detail.attempts[-1].attempt
+        elif number is None:  # none ran to its end, none runs: its log, if one outlived its attempt
+            newest = await self.store.get_job_log(job_id)
+            number = newest.target.attempt if newest is not None else None
         if number is None:  # queued, never tried yet
             return RunLog("job", job_id, job.status if job is not None else "unknown", False, "", 0, name=detail.queue)
-        if stored is not None:
-            stored = self._local(stored.target) or stored
-        running_now = job is not None and job.status == "running" and job.attempt == number
+        local = self._local_attempt(job_id, number)
+        stored = await self.store.get_job_log(job_id, number)
+        if running_now and stored is not None and job is not None and job.started_at is not None \
+                and stored.updated_at < job.started_at:
+            stored = None  # an earlier claim's attempt of that number (a job retried from dead)
+        if local is not None and (stored is None or local.target.seq >= stored.target.seq):
+            stored = local
         finished = [a for a in detail.attempts if a.attempt == number]
         status: str
         if running_now:
@@ -324,18 +367,28 @@ class RunLogs:
             status = job.status if job is not None else "unknown"
         else:
             raise NotFound(f"job {job_id} has no attempt {number}")
-        running = running_now or self._settling(stored)
+        running = self._settling(stored) or (running_now and job is not None and not await self._gone(job_id, job.instance))
         return self._answer("job", job_id, detail.queue, status, running, stored, after, number)
 
     async def execution_log(self, execution_id: str, *, after: int = 0) -> RunLog:
-        """A durable execution's log (the newest 500 lines, as ``durable show`` gives them)."""
-        execution = await self._get_execution(execution_id)
-        lines = execution.logs or []
-        text = "".join(f"{_stamp(line.at)}  {line.message}\n" for line in lines)
-        size = len(text.encode())
-        shown = escape_text(text.encode()[after:].decode("utf-8", "replace") if after else text)
-        return RunLog("durable", execution_id, execution.status, not execution.done, shown, size,
+        """A durable execution's log (the newest :data:`LOG_LINES` lines, as ``durable
+        show`` gives them), read by line: ``size`` is the store's id of its newest line and
+        ``after`` such an id (see the module)."""
+        execution = await self._get_execution(execution_id)  # first: no line is written after it ended
+        lines, left_out = await cast(DurableLogReads, self.store).durable_log_lines(execution_id, after)
+        text = "".join(f"{_stamp(line.at)}  {line.message}\n" for n, line in lines if n > after)
+        if text and left_out != 0:
+            text = _left_out(left_out) + text
+        size = lines[-1][0] if lines else 0
+        return RunLog("durable", execution_id, execution.status, not execution.done, escape_text(text), size,
                       name=execution.function)  # fmt: skip
+
+
+def _left_out(lines: int | None) -> str:
+    """The marker line for lines of a durable execution's log a reader did not see, that
+    left its window before it read them (``None``: how many, if any, cannot be told)."""
+    what = "older lines may have been" if lines is None else f"{lines:,} line{'s' if lines != 1 else ''}"
+    return f"[… {what} left out: a durable execution's log keeps its newest {LOG_LINES} lines …]\n"
 
 
 def _stamp(at: datetime) -> str:

@@ -414,6 +414,7 @@ class Engine(EngineReads, EngineActions):
             get_run=self.get_run,
             get_job=self.jobs.get_job,
             get_execution=self.durable.get,
+            judge=self.registry,
             enabled=capture_logs,
         )
         """Per-run logs: what handlers log and print, kept per run and job attempt, and read."""

@@ -4,7 +4,9 @@ logs``), a durable execution's (``durable logs``), once or followed.
 The log goes to stdout as it was written (control characters escaped by the backend);
 what the command says about it goes to stderr. ``--follow`` prints what is there, then
 reads again every :data:`FOLLOW_EVERY_S` from where it stopped (the answer's ``size``)
-and prints only what is new, until the log says nothing more will come.
+and prints only what is new, until the log says nothing more will come: the run has
+ended, or the process running it is gone (its row says ``running`` until it is closed as
+abandoned), which it says.
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ def _subject(log: RunLog) -> str:
     if log.kind == "durable":
         return f"execution {log.id} of {log.name}"
     return f"run {log.id} of {log.name}"
+
+
+def _orphaned(log: RunLog) -> bool:
+    """Recorded running, but nothing more will come: the process running it is gone."""
+    return log.kind != "durable" and log.status == "running" and not log.running
+
+
+def _gone(log: RunLog) -> str:
+    return f"{_subject(log)}: the process running it is gone (recorded running until it is closed as abandoned)"
 
 
 def _write(text: str) -> None:
@@ -66,10 +77,12 @@ async def follow_log(call: Call, log: RunLog) -> RunLog:
 
 def show_log(call: Call, log: RunLog) -> None:
     if call.args.follow:
-        complain(f"{_subject(log)}: {log.status}")
+        complain(_gone(log) if _orphaned(log) else f"{_subject(log)}: {log.status}")
         return
     _write(log.text)
     if not log.size:
         complain(f"{_subject(log)} wrote nothing ({log.status})")
     if log.running:
         complain(f"{_subject(log)} is still running (--follow reads on)")
+    elif _orphaned(log):
+        complain(_gone(log))

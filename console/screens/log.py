@@ -113,7 +113,11 @@ class LogScreen(ModalScreen[None]):
         parts = [f"{glyph} {answer.status}".strip()]
         if answer.kind == "job" and answer.attempt is not None:
             parts.append(f"attempt {answer.attempt}")
-        parts.append(f"{_amount(answer.size)} written" if answer.size else "nothing written")
+        if answer.kind == "durable":  # (its size is its newest line's number, not an amount)
+            if not answer.size:
+                parts.append("nothing written")
+        else:
+            parts.append(f"{_amount(answer.size)} written" if answer.size else "nothing written")
         if answer.omitted_bytes:
             parts.append(f"{_amount(answer.omitted_bytes)} ({answer.omitted_lines:,} lines) left out in the middle")
         if answer.running:

@@ -356,11 +356,14 @@ FORGET_STEP = "DELETE FROM schedtui_durable_steps WHERE execution_id = %s AND na
 INSERT_LOG = "INSERT INTO schedtui_durable_logs (execution_id, at, message) VALUES (%s, %s, %s)"
 GET = f"SELECT {EXECUTION_COLUMNS} FROM {EXECUTIONS} x WHERE id = %s"
 STEPS_OF = f"SELECT {STEP_COLUMNS} FROM schedtui_durable_steps WHERE execution_id = %s ORDER BY seq"
+#: The newest lines of an execution's log, oldest first, with their ids (a reader's place in it).
 LOGS_OF = """
-    SELECT at, message FROM (
+    SELECT id, at, message FROM (
         SELECT id, at, message FROM schedtui_durable_logs WHERE execution_id = %s ORDER BY id DESC LIMIT %s
     ) l ORDER BY id
 """
+#: How many lines of an execution's log lie between two ids (the older lines are kept).
+LOG_BETWEEN = "SELECT count(*) FROM schedtui_durable_logs WHERE execution_id = %s AND id > %s AND id < %s"
 STALE = f"""
     SELECT function, count(*) FROM {EXECUTIONS}
     WHERE status IN ('queued', 'running', 'waiting') AND (
@@ -735,10 +738,25 @@ class PostgresDurable:
             return replace(
                 execution_from_row(row, _utc),
                 steps=[step_view(step_from_row(s, _utc)) for s in steps],
-                logs=[ExecutionLog(_utc(at), message) for at, message in logs],  # type: ignore[arg-type]
+                logs=[ExecutionLog(_utc(at), message) for _, at, message in logs],  # type: ignore[arg-type]
             )
 
         return await self._with_conn(get)
+
+    async def durable_log_lines(self, id: str, after: int) -> tuple[list[tuple[int, ExecutionLog]], int | None]:
+        """An execution's log as :meth:`durable_get` gives it, each line with its id (ids
+        grow with each line written); and how many of its lines with an id above ``after``
+        are older than these (they are kept: counted)."""
+
+        async def read(conn: AsyncConnection[Any]) -> tuple[list[tuple[int, ExecutionLog]], int | None]:
+            rows = await (await conn.execute(LOGS_OF, (id, LOG_LINES))).fetchall()
+            lines = [(int(row[0]), ExecutionLog(_utc(row[1]), row[2])) for row in rows]  # type: ignore[arg-type]
+            if len(lines) < LOG_LINES or after >= lines[0][0] - 1:
+                return lines, 0
+            row = await (await conn.execute(LOG_BETWEEN, (id, after, lines[0][0]))).fetchone()
+            return lines, int(row[0]) if row else 0
+
+        return await self._with_conn(read)
 
     async def durable_list(
         self, *, function: str | None, status: str | None, limit: int, before: str | None

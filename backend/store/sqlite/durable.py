@@ -201,8 +201,9 @@ REQUEUE = """
 # A retry forgets the failed step's checkpoint so that it runs again: never a succeeded one.
 FORGET_STEP = "DELETE FROM durable_steps WHERE execution_id = ? AND name = ? AND status <> 'succeeded'"
 GET = f"SELECT {EXECUTION_COLUMNS} FROM durable_executions WHERE id = ?"
+#: The newest lines of an execution's log, oldest first, with their ids (a reader's place in it).
 LOGS_OF = """
-    SELECT at, message FROM (
+    SELECT id, at, message FROM (
         SELECT id, at, message FROM durable_logs WHERE execution_id = ? ORDER BY id DESC LIMIT ?
     ) ORDER BY id
 """
@@ -442,11 +443,25 @@ class SQLiteDurable:
             if row is None:
                 return None
             steps = [step_view(step_from_row(r, _dt)) for r in c.execute(STEPS_OF, (id,)).fetchall()]
-            logs = [ExecutionLog(_dt(at), message) for at, message in c.execute(LOGS_OF, (id, LOG_LINES)).fetchall()]  # type: ignore[arg-type]
+            logs = [ExecutionLog(_dt(at), message) for _, at, message in c.execute(LOGS_OF, (id, LOG_LINES)).fetchall()]  # type: ignore[arg-type]
             execution = execution_from_row(row, _dt)
             return replace(execution, steps=steps, logs=logs)
 
         return await self._read(get)
+
+    async def durable_log_lines(self, id: str, after: int) -> tuple[list[tuple[int, ExecutionLog]], int | None]:
+        """An execution's log as :meth:`durable_get` gives it, each line with its id (ids
+        grow with each line written); and how many of its lines with an id above ``after``
+        are older than these: 0, or ``None`` when some may have been (the older lines are
+        deleted as newer ones come, and their ids are the whole store's)."""
+        rows = await self._read(lambda c: c.execute(LOGS_OF, (id, LOG_LINES)).fetchall())
+        lines = [(row[0], ExecutionLog(_dt(row[1]), row[2])) for row in rows]  # type: ignore[arg-type]
+        # Fewer than a window's worth: none was ever deleted (a checkpoint keeps the newest
+        # LOG_LINES). Otherwise none is older than the first kept above ``after`` only when
+        # the reader read up to that line's predecessor in the store, or past it.
+        if len(lines) < LOG_LINES or after >= lines[0][0] - 1:
+            return lines, 0
+        return lines, None
 
     async def durable_list(
         self, *, function: str | None, status: str | None, limit: int, before: str | None
