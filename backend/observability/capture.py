@@ -587,8 +587,10 @@ def _made_outside(init: Callable[..., None]) -> Callable[..., None]:
 
 
 def _patch_thread_pool() -> None:
-    from multiprocessing.pool import ThreadPool  # (here: only an engine that captures pays its import)
-
+    try:
+        from multiprocessing.pool import ThreadPool  # (here: only an engine that captures pays its import)
+    except OSError:  # out of file descriptors (ulimit -n): what the process does next says so, in one line
+        return
     patches = {"__init__": _made_outside(ThreadPool.__init__)}
     patches.update((name, _queued_in_context(getattr(ThreadPool, name))) for name in _THREAD_POOL_SUBMITS)
     for name, patch in patches.items():
@@ -597,7 +599,9 @@ def _patch_thread_pool() -> None:
 
 
 def _unpatch_thread_pool() -> None:
-    from multiprocessing.pool import ThreadPool
+    if not _thread_pool_originals:
+        return  # (never patched)
+    from multiprocessing.pool import ThreadPool  # (imported by the patch)
 
     for name, original in _thread_pool_originals.items():
         if original is None:
