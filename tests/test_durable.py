@@ -13,10 +13,11 @@ import sqlite3
 import textwrap
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
+import psycopg
 import pytest
 
 from backend import BadInput, DefinitionError, Engine, ManualClock, NotFound, Refused, Unavailable, define_schedule
@@ -1817,3 +1818,34 @@ async def test_a_signal_that_waits_for_its_executions_end_is_refused_not_called_
         assert [e.action for e in entries if e.action == "durable.signal"] == []
     finally:
         await engine.stop(grace=0)
+
+
+async def test_a_renewal_that_lands_late_never_shortens_a_lease(
+    engines: Callable[..., Engine], clock: ManualClock, durable_url: str
+) -> None:
+    """Two renewals of one lease in flight at once (the loop's, held up; a step's, past
+    ``held_until``) commit in either order on PostgreSQL's connections: the older one's end,
+    landing last, moved the lease's end back, under what its owner counts as held."""
+    GATES["late"] = reached, gate = asyncio.Event(), asyncio.Event()
+    a = engines([define_durable(name="f", handler=_two_steps_with_a_gate)], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("f", "late")
+    await asyncio.wait_for(reached.wait(), 10)
+    store: Any = a.store
+    [run] = a.durable.executor.running.values()
+    later, earlier = clock.now() + timedelta(seconds=60), clock.now() + timedelta(seconds=30)
+    for until in (later, earlier):  # the newer renewal commits first, the older one after it
+        renewal = await store.durable_renew("a", [(run.id, run.lease)], until)
+        assert run.id not in renewal.lost
+    if durable_url.startswith("sqlite"):
+        with contextlib.closing(sqlite3.connect(durable_url.removeprefix("sqlite:///"))) as conn:
+            row = conn.execute("SELECT lease_until FROM durable_executions WHERE id = ?", (started.id,)).fetchone()
+        until_now = datetime.fromtimestamp(row[0] / 1e6, UTC)
+    else:
+        with psycopg.connect(durable_url, autocommit=True) as pg_conn:
+            found = pg_conn.execute("SELECT lease_until FROM schedtui_durable_executions WHERE id = %s", (started.id,)).fetchone()
+            assert found is not None
+            until_now = found[0]
+    assert until_now == later
+    gate.set()
+    await a.quiesce()

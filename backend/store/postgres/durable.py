@@ -225,7 +225,7 @@ _AND_STEPS_AND_LOGS = f""",
 """
 PROGRESS = f"""
     WITH e AS (
-        UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
+        UPDATE {EXECUTIONS} SET lease_until = greatest(lease_until, %(until)s), step = coalesce(%(step)s, step)
         WHERE {HELD} RETURNING cancel_requested
     )""" + _AND_STEPS_AND_LOGS
 #: A finished step and nothing else, the general form (and every checkpoint's fallback):
@@ -261,7 +261,7 @@ CHECKPOINT_FIRST = _CHECKPOINT_LEAN
 CHECKPOINT_AGAIN = _CHECKPOINT_LEAN + f"ON CONFLICT (execution_id, seq) DO UPDATE SET {_STEP_UPDATE}\n"
 #: Progress without steps or logs: only the update.
 PROGRESS_ONLY = f"""
-    UPDATE {EXECUTIONS} SET lease_until = %(until)s, step = coalesce(%(step)s, step)
+    UPDATE {EXECUTIONS} SET lease_until = greatest(lease_until, %(until)s), step = coalesce(%(step)s, step)
     WHERE {HELD} RETURNING cancel_requested
 """
 #: A signal received by the wait's deadline makes the wait due at once (the replay takes
@@ -301,8 +301,12 @@ FINISH = f"""
             cancel_requested = false, step = coalesce(%(step)s, step)
         WHERE {HELD} RETURNING cancel_requested
     )""" + _AND_STEPS_AND_LOGS
+#: A lease's end never moves back (here, in PROGRESS and PROGRESS_ONLY): two renewals in
+#: flight on two connections commit in either order, and the older one's end, landing
+#: last, cut short a lease its owner counts as held to the newer one's (its held_until
+#: only grows).
 RENEW = f"""
-    UPDATE {EXECUTIONS} e SET lease_until = %(until)s
+    UPDATE {EXECUTIONS} e SET lease_until = greatest(e.lease_until, %(until)s)
     FROM json_to_recordset(%(leases)s::json) AS l(id text, lease bigint)
     WHERE e.id = l.id AND e.lease = l.lease AND e.status = 'running' AND e.instance = %(instance)s
     RETURNING e.id, e.cancel_requested

@@ -136,7 +136,12 @@ CLAIM = """
 STEPS_OF = f"SELECT {STEP_COLUMNS} FROM durable_steps WHERE execution_id = ? ORDER BY seq"
 #: The lease condition every write of the runner carries.
 HELD = "id = ? AND lease = ? AND status = 'running'"
-PROGRESS = f"UPDATE durable_executions SET lease_until = ?, step = coalesce(?, step) WHERE {HELD} RETURNING cancel_requested"
+# A lease's end never moves back (as on PostgreSQL, where two renewals in flight commit in
+# either order; here the writer keeps their order, and this keeps the two stores alike).
+PROGRESS = (
+    f"UPDATE durable_executions SET lease_until = max(ifnull(lease_until, 0), ?), step = coalesce(?, step) WHERE {HELD} "
+    "RETURNING cancel_requested"
+)
 #: A signal received by the wait's deadline makes the wait due at once (the replay takes
 #: such a signal, and only such a one); so does a cancellation asked for meanwhile (the next
 #: claim finishes it). Signal times are ISO 8601 in UTC to the microsecond: they compare as text.
@@ -167,7 +172,8 @@ TRIM_LOG = """
         SELECT id FROM durable_logs WHERE execution_id = ?1 ORDER BY id DESC LIMIT ?2)
 """
 RENEW = f"""
-    UPDATE durable_executions SET lease_until = ? WHERE {HELD} AND instance = ? RETURNING id, cancel_requested
+    UPDATE durable_executions SET lease_until = max(ifnull(lease_until, 0), ?) WHERE {HELD} AND instance = ?
+    RETURNING id, cancel_requested
 """
 OWNERS = "SELECT DISTINCT instance FROM durable_executions WHERE status = 'running' AND lease_until > ?"
 EXPIRE = """
