@@ -696,6 +696,12 @@ class DurableFleet(RuleBasedStateMachine):
                 await store.close()
             return None if row is None else (row.host, row.pid, row.heartbeat_at)
 
+        if any(engine.instance == name and not proxy.crashed for engine, proxy in self.zombies):
+            # A zombie of this process runs on under the name, and takes it back once its
+            # replacement falls silent: a start here would share its host and pid, and be
+            # taken for this process started again (and end the zombie's leases under it,
+            # its step still running). A real process is another pid: refused as in use.
+            return False
         found = self.run(holder())
         if found is None:
             return True
@@ -812,3 +818,33 @@ DurableFleetOnPostgres.TestCase.settings = SETTINGS
 test_durable_invariants_on_postgres = pytest.mark.postgres(
     pytest.mark.usefixtures("pg_server")(DurableFleetOnPostgres.TestCase)
 )
+
+
+def test_the_machine_never_starts_a_second_engine_under_a_name_its_zombie_holds() -> None:
+    """The rules in the order that once reported two steps at once: "a" is replaced under
+    its name (a zombie of this process runs on), its replacement on another host crashes
+    and falls silent, the zombie takes the name back and runs a slow step; then ``restart``
+    booted a second engine "a" in this process (same host and pid: taken for this process
+    started again), whose first round ended the zombie's leases under its running step. A
+    real second process is another pid, refused as in use: the machine must not do it."""
+    machine = DurableFleet()
+    try:
+        machine.restart(name="b")
+        machine.replaced_under_its_name(name="a")
+        zombie = machine.zombies[0][0]
+        replacement = machine.live["a"][0]
+        machine.crash_at_next_write(name="a", when="after")
+        machine.ids.append(machine.run(replacement.durable.start_execution("plan", [("step", 0)])).id)
+        machine.settle()
+        assert "a" not in machine.live  # the replacement crashed at its first write
+        for _ in range(8):  # 5 s at a time (no stall): it falls silent, the zombie takes the name back
+            machine.advance(seconds=5)
+        machine.ids.append(machine.run(zombie.durable.start_execution("plan", [("step", 0), ("slow", 40)])).id)
+        machine.settle()
+        machine.advance(seconds=5)
+        assert any(WORLD.running.values())  # the zombie's slow step runs
+        assert not machine._bootable("a")
+        machine.restart(name="a")
+        machine.a_stale_lease_never_writes_nor_runs()
+    finally:
+        machine.teardown()
