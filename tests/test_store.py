@@ -24,7 +24,7 @@ import sqlite3
 import sys
 import textwrap
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -1720,6 +1720,43 @@ async def test_postgres_unreachable_is_one_line_without_the_password(pg_server: 
     assert "refused" in info.value.message.lower()
     with pytest.raises(Unavailable):
         store.save_runs([])  # not open
+
+
+@pytest.mark.postgres
+async def test_postgres_answers_out_of_step_with_their_commands_are_a_lost_connection(pg_url: str) -> None:
+    """Behind PgBouncer a server connection that died answers the next command with the
+    server's error and the pooler's: psycopg raises InternalError("received 2 results from
+    command 'BEGIN'"), no SQLSTATE. It was taken for the server refusing the statement: a
+    claim lost its slots without a missed row, the ledger dropped a run that had succeeded,
+    a send answered 500. It is retried once on a fresh connection, then Unavailable."""
+    store: Any = open_store(pg_url)
+    await store.open()
+    calls: list[int] = []
+
+    def out_of_step(times: int) -> Callable[[Any], Awaitable[Any]]:
+        async def go(conn: Any) -> Any:
+            calls.append(1)
+            if len(calls) <= times:
+                raise psycopg.InternalError("received 2 results from command 'BEGIN'")
+            return await (await conn.execute("SELECT 1")).fetchone()
+
+        return go
+
+    try:
+        assert await store._with_conn(out_of_step(1)) == (1,)  # once: the retry answers
+        calls.clear()
+        with pytest.raises(Unavailable):
+            await store._with_conn(out_of_step(2))
+        assert len(calls) == 2
+        calls.clear()
+        with pytest.raises(psycopg.ProgrammingError):  # (a client's own error is no outage)
+
+            async def wrong(conn: Any) -> Any:
+                raise psycopg.ProgrammingError("the query has 1 placeholder but 2 parameters were passed")
+
+            await store._with_conn(wrong)
+    finally:
+        await store.close()
 
 
 @pytest.mark.postgres

@@ -213,6 +213,12 @@ def _check_version(version: int) -> None:
         )
 
 
+def _out_of_step(exc: psycopg.Error) -> bool:
+    """A protocol error of the client's, no SQLSTATE: the connection's answers no longer
+    match its commands (a server connection that died behind a pooler)."""
+    return isinstance(exc, psycopg.InternalError) and exc.sqlstate is None
+
+
 def _connection_lost(exc: psycopg.Error) -> bool:
     """True when the error says the connection (not the statement) failed: worth one retry."""
     state = exc.sqlstate
@@ -671,7 +677,20 @@ class PostgresStore(
                 self._hint_pooler(exc)
                 if exc.sqlstate in _SERVER_CANNOT:
                     raise self._trouble(exc) from None
-                raise
+                if not _out_of_step(exc):
+                    raise
+                # A server connection that died behind a pooler answers the next command
+                # with the server's error and the pooler's ("received 2 results from command
+                # 'BEGIN'"): the connection is lost, as a restart's is. Taken for a refusal,
+                # a slot was lost without a missed row and a run that succeeded was closed
+                # abandoned.
+                if attempt == 2:
+                    raise self._trouble(exc) from None
+                log.info("store connection out of step (%s); retrying on a fresh one", _one_line(exc))
+                try:
+                    await pool.check()  # (drop the idle connections that died with it)
+                except Exception:  # the check itself failing is the next attempt's problem
+                    pass
         raise AssertionError("unreachable")
 
     def _hint_pooler(self, exc: psycopg.Error) -> None:
