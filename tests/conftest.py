@@ -62,12 +62,7 @@ def pg_pooler(pg_server: pg.PgServer) -> Iterator[pooler.Pooler]:
     """A PgBouncer in transaction mode in front of the session's server (see
     :mod:`tests.pooler`), started at the first test that needs it. Skipped without
     pgbouncer on the machine, unless $SCHEDTUI_REQUIRE_POSTGRES is set (CI): then it fails."""
-    try:
-        running = pooler.start(pg_server)
-    except pooler.NoPooler as exc:
-        if pg.required():
-            pytest.fail(f"PgBouncer is required here ({pg.REQUIRE_ENV}) but: {exc}", pytrace=False)
-        pytest.skip(f"no PgBouncer: {exc}")
+    running = pooler.started(pg_server)
     yield running
     running.stop()
 

@@ -154,3 +154,16 @@ def start(server: pg.PgServer, *, pool_mode: str = "transaction", pool_size: int
                 pooler.stop()
                 raise NoPooler(f"pgbouncer did not start ({exc}):\n{why}") from None
             time.sleep(0.05)
+
+
+def started(server: pg.PgServer, *, pool_mode: str = "transaction", pool_size: int = POOL_SIZE) -> Pooler:
+    """:func:`start`, for a fixture: without pgbouncer on the machine the test is skipped,
+    unless $SCHEDTUI_REQUIRE_POSTGRES is set (CI): then it fails."""
+    import pytest
+
+    try:
+        return start(server, pool_mode=pool_mode, pool_size=pool_size)
+    except NoPooler as exc:
+        if pg.required():
+            pytest.fail(f"PgBouncer is required here ({pg.REQUIRE_ENV}) but: {exc}", pytrace=False)
+        pytest.skip(f"no PgBouncer: {exc}")

@@ -10,12 +10,14 @@ import asyncio
 import logging
 import textwrap
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg_pool import PoolTimeout
 
 from backend import (
     BadInput,
@@ -37,6 +39,7 @@ from backend.store.postgres import store as store_module
 from backend.store.postgres.pooler import PoolerSettings, split_url
 from backend.store.postgres.store import PostgresStore
 from tests import pg
+from tests import pooler as pooler_module
 from tests.pooler import Pooler
 from tests.servers import poll
 from tests.test_events import listening, pairs, until
@@ -192,6 +195,52 @@ async def test_behind_a_transaction_pooler_a_lock_timeout_of_the_role_is_named_a
     (warning,) = problems(caplog)
     assert "cannot lift the server's lock_timeout (5s for this role and database)" in warning
     assert "ALTER ROLE … SET lock_timeout = 0" in warning and "Behind PgBouncer" in warning
+
+
+@pytest.fixture
+def session_pooler(pg_server: pg.PgServer) -> Iterator[Pooler]:
+    """A PgBouncer in session mode with four server connections per database."""
+    running = pooler_module.started(pg_server, pool_mode="session", pool_size=4)
+    yield running
+    running.stop()
+
+
+@pytest.mark.postgres
+async def test_behind_a_session_pooler_out_of_server_connections_the_store_says_so_not_down(
+    session_pooler: Pooler, pg_server: pg.PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In session mode every client connection holds a server connection for its life: a
+    second process that finds none free was told the server was "down or unreachable"
+    (its connections get in, and no statement is ever served). Both at open and in the
+    probe behind a later pool timeout, the store says what it is."""
+    monkeypatch.setitem(store_module._CONNINFO_DEFAULTS, "connect_timeout", "1")
+    direct = pg_server.create_database(migrated=True)
+    url = session_pooler.url(direct)
+    url += ("&" if "?" in url else "?") + "pooler=session"
+    first = open_store(url)
+    assert isinstance(first, PostgresStore)
+    await first.open()  # (its pool's two connections hold two of the four)
+    held = []
+    try:
+        held.append(await psycopg.AsyncConnection.connect(session_pooler.url(direct), autocommit=True))
+        await held[-1].execute("SELECT 1")  # the third; the second process's first takes the fourth
+        second = open_store(url)
+        with pytest.raises(Unavailable) as refused:
+            await second.open()
+        for said in (str(refused.value), refused.value.public or ""):
+            assert "the server accepts connections but served none of the pool's within 3 s" in said, said
+            assert "no server connection free" in said and "Behind PgBouncer" in said, said
+            assert "down or unreachable" not in said
+        held.append(await psycopg.AsyncConnection.connect(session_pooler.url(direct), autocommit=True))
+        await held[-1].execute("SELECT 1")  # now all four
+        pool = first._pool
+        assert pool is not None
+        why = await first._no_connection(pool, PoolTimeout("no connection in 3 s"), 3.0)
+        assert "served none of the pool's within 3 s" in first._why(why), first._why(why)
+    finally:
+        for conn in held:
+            await conn.close()
+        await first.close()
 
 
 # ---------------------------------------------------------------------------------------

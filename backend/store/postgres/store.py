@@ -154,6 +154,47 @@ class _PoolBusy(PoolTimeout):
     answers, but slowly, or more work came at once than the pool takes (not "down")."""
 
 
+class _NotServed(PoolTimeout):
+    """No connection in time from a server that does answer: it took a connection and then
+    served no statement on it (a pooler with every server connection held: in session mode
+    each client connection holds one for its life), or it took the first connection and
+    the pool's next ones got nowhere. Not "down": told so, and what to look at."""
+
+
+#: What :class:`_NotServed` says (the pooler's section of the README has the sizes).
+NOT_SERVED = (
+    "the server accepts connections but served none of the pool's within {waited:g} s: a pooler "
+    "in front of it with no server connection free (in session mode each client connection holds "
+    "one for its life: see the README's Behind PgBouncer), or the server stuck"
+)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _answers(conn: AsyncConnection[Any], within: float) -> bool:
+    """Whether the server says anything to a statement within ``within`` seconds. Sent
+    below psycopg: its own wait, cancelled, asks the server to cancel the statement and
+    waits up to 5 s more for that (through a pooler with no server connection, all of it)."""
+    pgconn, loop = conn.pgconn, asyncio.get_running_loop()
+    said: asyncio.Future[None] = loop.create_future()
+    try:
+        pgconn.send_query(b"SELECT 1")
+        pgconn.flush()  # (a few bytes leave at once; if not, the server is not reading: silence)
+    except psycopg.Error:
+        return True  # (it broke: not a silence; the pool's own failure says the rest)
+    loop.add_reader(pgconn.socket, _settle, said)
+    try:
+        await asyncio.wait_for(said, within)
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(pgconn.socket)
+    return True
+
+
 def _pool_busy(pool: AsyncConnectionPool[Any], waited: float) -> _PoolBusy | None:
     """The pool's timeout as every connection busy (``None``: it had room, and could not
     connect)."""
@@ -176,7 +217,7 @@ def _public_reason(exc: BaseException) -> str:
     """Why a call failed, in words that name no host, port, user or database: what
     ``/healthz`` and the HTTP API's 503 bodies say (the log and the command line get the
     driver's own line, passwords redacted)."""
-    if isinstance(exc, _PoolBusy):
+    if isinstance(exc, (_PoolBusy, _NotServed)):
         return str(exc)
     if isinstance(exc, PoolTimeout):
         return "no connection to the server (it is down or unreachable)"
@@ -376,10 +417,13 @@ class PostgresStore(
             reconnect_failed=lambda pool: None,
             configure=self._configure_pooled if self.pooler.transaction else self._configure,
         )
+        waited = float(_CONNINFO_DEFAULTS["connect_timeout"]) + 2
         try:
-            await pool.open(wait=True, timeout=float(_CONNINFO_DEFAULTS["connect_timeout"]) + 2)
+            await pool.open(wait=True, timeout=waited)
         except (PoolTimeout, psycopg.Error) as exc:
             await pool.close(timeout=1)
+            if isinstance(exc, PoolTimeout):  # (``first`` got through: the server answers)
+                exc = _NotServed(NOT_SERVED.format(waited=waited))
             raise store_unavailable(self.where, "cannot reach {store}", self._why(exc), _public_reason(exc)) from None
         try:
             if self.pooler.transaction:
@@ -590,7 +634,7 @@ class PostgresStore(
 
     # -- plumbing -------------------------------------------------------------------------
     def _why(self, exc: BaseException) -> str:
-        if isinstance(exc, _PoolBusy):
+        if isinstance(exc, (_PoolBusy, _NotServed)):
             return str(exc)
         if isinstance(exc, PoolTimeout):
             return "no connection to the server (it is down or unreachable)"
@@ -615,7 +659,11 @@ class PostgresStore(
             except TimeoutError:
                 pass
             else:
-                await conn.close()
+                try:  # (a pooler lets a client in without a server connection for it)
+                    if not await _answers(conn, PROBE_WAIT):
+                        failure = _NotServed(NOT_SERVED.format(waited=waited))
+                finally:
+                    await conn.close()
             self._probed = (now, failure)
         return self._probed[1] or exc
 
