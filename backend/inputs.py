@@ -121,6 +121,15 @@ def check_json(value: Any, field: str, limit: int | None = None, *, max_depth: i
         raise BadInput(f"{field} is not JSON ({exc})", field=field) from None
     except RecursionError:
         raise BadInput(too_deep, field=field) from None
+    if "{" in text and (key := _key_not_text(value)) is not _NONE:
+        # json.dumps writes 1, 1.5, True and None as keys "1", "1.5", "true" and "null": the
+        # handler would get another value than was given (and {1: …, "1": …} twice one key).
+        raise BadInput(
+            f"{field} has the key {printable(repr(key), 60)} ({type(key).__name__}): JSON object keys are "
+            f"text, so it would arrive as {printable(json.dumps(next(iter(json.loads(json.dumps({key: 0}))))), 60)}; "
+            "give the key as a string",
+            field=field,
+        )
     # (Walked only when it holds enough brackets to be that deep: counting is C-fast.)
     if (
         max_depth is not None
@@ -138,6 +147,25 @@ def check_json(value: Any, field: str, limit: int | None = None, *, max_depth: i
     if limit is not None and size > limit:
         raise TooLarge(f"{field} is {size:,} bytes of JSON; the limit is {limit:,} bytes ({limit // 1024} KiB)", field=field)
     return text
+
+
+_NONE = object()
+
+
+def _key_not_text(value: Any) -> Any:
+    """The first key of an object in ``value`` that is not a string (``_NONE``: none),
+    walked without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    return key
+            stack.extend(child for child in item.values() if isinstance(child, (dict, list, tuple)))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(child for child in item if isinstance(child, (dict, list, tuple)))
+    return _NONE
 
 
 class RepeatedKey(ValueError):

@@ -92,6 +92,11 @@ def test_a_bad_queue_definition_names_the_queue_and_the_value(kwargs: dict[str, 
         ({"payload": float("nan")}, BadInput, "payload is not JSON"),
         ({"payload": {"note": "a\x00"}}, BadInput, "payload holds a NUL character (\\u0000)"),
         ({"payload": ["\ud800"]}, BadInput, "payload holds a lone surrogate (\\ud800)"),
+        # json.dumps would write these keys as "7", "true" and "null": the handler would
+        # get another value than was sent, and {7: …, "7": …} one key twice.
+        ({"payload": {7: "a"}}, BadInput, 'payload has the key 7 (int): JSON object keys are text, so it would arrive as "7"'),
+        ({"payload": [{"a": {True: 1}}]}, BadInput, 'payload has the key True (bool): JSON object keys are text, so it would arrive as "true"'),  # noqa: E501
+        ({"payload": {"a": ({None: 1},)}}, BadInput, 'payload has the key None (NoneType)'),
         ({"delay": -1}, BadInput, "delay -1s is out of range: 0 to 2,592,000 seconds (30 days)"),
         ({"delay": 30 * 86400 + 1}, BadInput, "delay 2,592,001s is out of range"),
         ({"delay": "soon"}, BadInput, "delay 'soon' is not a number of seconds"),
