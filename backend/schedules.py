@@ -20,7 +20,7 @@ from backend.cron import Cron, shared_cron
 from backend.defined import caller_location, made
 from backend.errors import BadInput, CronError, DefinitionError
 from backend.inputs import check_json, check_seconds, check_text, is_async_callable
-from backend.locks.model import check_lock_name, check_ttl
+from backend.locks.model import check_lock_to_take, check_ttl
 from backend.model import (
     BACKFILL_POLICIES,
     OVERLAP_POLICIES,
@@ -247,7 +247,7 @@ def define_schedule(
         raise bad(f"trigger {trigger!r} is not one of self, external (or None for the app default)")
     try:
         if lock is not None:
-            lock = check_lock_name(lock)
+            lock = check_lock_to_take(lock)
         # Checked with or without a lock: a value kept is a value that must work.
         lock_ttl = check_ttl(lock_ttl).total_seconds()
     except BadInput as exc:

@@ -870,6 +870,23 @@ async def test_bad_ttls_and_names_are_refused_naming_the_value(engines: Callable
         await a.locks.release("never")
 
 
+async def test_the_cluster_coordinations_lock_names_are_refused_to_applications(engines: Callable[..., Engine]) -> None:
+    """``cluster:shard:NN`` held by an application stopped every schedule of that shard from
+    firing (the member took it for another's), and the coordinator gave back a
+    ``cluster:…`` lock of the application held under its instance's name. Taking one is
+    refused; such a lock is still read and released like any other."""
+    a = engines()
+    await a.open()
+    for name in ("cluster:shard:13", "cluster:member:a", "cluster:mine"):
+        with pytest.raises(BadInput, match=f'lock name "{name}" is reserved: names beginning "cluster:"'):
+            await a.locks.acquire(name)
+        with pytest.raises(DefinitionError, match=f'lock name "{name}" is reserved'):
+            define_schedule(name="x", cron="* * * * *", timezone="UTC", handler=lambda ctx: None, lock=name)
+    assert await a.locks.acquire("clusters:x") is not None  # (only the prefix itself)
+    with pytest.raises(NotFound, match='no lock named "cluster:shard:13"'):  # released like any other
+        await a.locks.release("cluster:shard:13")
+
+
 # ---------------------------------------------------------------------------------------
 # schedules defined with lock=
 # ---------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from backend.errors import BadInput, SchedtuiError
 from backend.model import iso, parse_iso
 
 __all__ = [
+    "CLUSTER_LOCKS",
     "DEFAULT_TTL",
     "HOLDER_MAX_CHARS",
     "MIN_TTL",
@@ -24,6 +25,7 @@ __all__ = [
     "LocksSnapshot",
     "StaleLease",
     "check_lock_name",
+    "check_lock_to_take",
     "check_ttl",
 ]
 
@@ -45,6 +47,10 @@ TAG_LOCKED: Final = "locked"
 #: Error tag of a run whose lease could not be renewed before it expired.
 TAG_LEASE_LOST: Final = "lease_lost"
 LOCK_NAME = re.compile(r"[A-Za-z0-9_.:/@-]{1,200}")
+#: The names the ``cluster`` coordination keeps for its shards and members (see
+#: :mod:`backend.scheduler.coordination.cluster`): taken by an application, such a lock
+#: stopped every schedule of its shard from firing, or was given back by the coordinator.
+CLUSTER_LOCKS: Final = "cluster:"
 
 
 class LockNotAcquired(SchedtuiError):
@@ -68,6 +74,19 @@ class StaleLease(SchedtuiError):
 
     title = "Stale lease"
     code = "stale_lease"
+
+
+def check_lock_to_take(name: object) -> str:
+    """A lock name an application may take: :func:`check_lock_name`, and none of the
+    ``cluster:`` names (those are read and released like any other)."""
+    name = check_lock_name(name)
+    if name.startswith(CLUSTER_LOCKS):
+        raise BadInput(
+            f'lock name "{name}" is reserved: names beginning "{CLUSTER_LOCKS}" are the cluster '
+            "coordination's shards and members",
+            field="name",
+        )
+    return name
 
 
 def check_lock_name(name: object) -> str:

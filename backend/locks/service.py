@@ -52,6 +52,7 @@ from backend.locks.model import (
     LockRelease,
     LocksSnapshot,
     check_lock_name,
+    check_lock_to_take,
     check_ttl,
 )
 from backend.locks.store import LockStore
@@ -238,7 +239,7 @@ class Locks:
     # -- leases ----------------------------------------------------------------------------
     async def acquire(self, name: str, ttl: float | Any = DEFAULT_TTL, *, holder: str | None = None) -> Lease | None:
         """Take the lock if nobody holds it (one statement); ``None`` at once otherwise."""
-        name, span = check_lock_name(name), check_ttl(ttl)
+        name, span = check_lock_to_take(name), check_ttl(ttl)
         if holder is not None:
             check_text(holder, "holder", max_chars=HOLDER_MAX_CHARS, one_line=True)
         if self._stopped:

@@ -46,6 +46,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 
 from backend.errors import Unavailable
+from backend.locks.model import CLUSTER_LOCKS
 from backend.model import Claim, ClaimResult, CoordinationMode, Outcome
 from backend.runtime.leaseclock import LeaseClock
 from backend.scheduler.coordination.suspects import Suspects
@@ -77,9 +78,9 @@ log = logging.getLogger("schedtui.cluster")
 #: Shards the schedules are hashed onto: fixed, so every instance agrees on them.
 SHARDS = 64
 #: The lock names of ``cluster``: its shards, and one member lock per instance in it.
-CLUSTER_PREFIX = "cluster:"
-SHARD_PREFIX = "cluster:shard:"
-MEMBER_PREFIX = "cluster:member:"
+CLUSTER_PREFIX = CLUSTER_LOCKS
+SHARD_PREFIX = f"{CLUSTER_LOCKS}shard:"
+MEMBER_PREFIX = f"{CLUSTER_LOCKS}member:"
 
 
 def shard_of(name: str) -> int:
