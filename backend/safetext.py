@@ -176,12 +176,10 @@ class RedactingFormatter(logging.Formatter):
         return redact(super().format(record))
 
 
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
-
-
-#: What :func:`in_line` escapes besides :data:`_UNPRINTABLE`: the bidirectional embedding,
-#: override and isolate controls, which make a terminal that honours them draw the rest of
-#: the line in another order (a holder's name, a description: whoever wrote the row).
+#: What :func:`in_line` and :func:`printable` escape: control characters, line separators,
+#: lone surrogates, and the bidirectional embedding, override and isolate controls, which
+#: make a terminal that honours them draw the rest of the line in another order (a
+#: holder's name, a description: whoever wrote the row; a name typed, quoted back).
 _NOT_IN_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
@@ -223,11 +221,11 @@ def _never_drawn(match: re.Match[str]) -> str:
 
 
 def printable(text: str, limit: int = 200) -> str:
-    """``text`` with control characters (and lone surrogates) as ``\\xNN`` escapes, cut to
+    """``text`` with control characters (lone surrogates, bidirectional controls) as escapes, cut to
     ``limit`` characters: what a client sent, fit for one log line."""
     if len(text) > limit:
         text = text[:limit] + "…"
-    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
+    return _NOT_IN_LINE.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text)
 
 
 #: Characters a stored text may not hold: control characters but tab and newline (NUL is

@@ -97,13 +97,15 @@ def test_an_instance_name_that_is_not_utf8_is_refused_by_every_verb_and_serve(cl
     assert cli.log("hourly") == []
 
 
-TERMINAL_COMMAND = "x\x1b]0;PWNED\x07y\x1b[2J"  # retitles the window, then clears the screen
+# Retitles the window, clears the screen, then draws the rest of the line right to left.
+TERMINAL_COMMAND = "x\x1b]0;PWNED\x07y\x1b[2J\u202egnp.exe"
 
 
 @pytest.mark.parametrize(
     "args",
     [["runs", TERMINAL_COMMAND], ["fire", TERMINAL_COMMAND], ["enable", TERMINAL_COMMAND],
      ["disable", TERMINAL_COMMAND], ["schedules", "delete", TERMINAL_COMMAND],
+     ["enable", "hourly", "--as", TERMINAL_COMMAND],
      ["locks", "release", TERMINAL_COMMAND]],  # (the last: its question, without --yes)
     ids=lambda args: " ".join(args[:2]),
 )  # fmt: skip
@@ -111,8 +113,8 @@ def test_a_name_quoted_in_a_refusal_never_reaches_the_terminal_as_a_command(cli:
     # "no schedule named ..." quoted the name as it came: its escape sequences ran in the
     # operator's terminal.
     line = refused(cli(*args))
-    assert "\x1b" not in line and "\x07" not in line, repr(line)
-    assert "x\\x1b]0;PWNED\\x07y\\x1b[2J" in line, line
+    assert "\x1b" not in line and "\x07" not in line and "\u202e" not in line, repr(line)
+    assert "x\\x1b]0;PWNED\\x07y\\x1b[2J\\u202egnp.exe" in line, line
 
 
 def test_a_printable_instance_name_is_recorded_on_the_run(cli: Cli) -> None:

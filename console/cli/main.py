@@ -57,7 +57,7 @@ from backend.model import (
 )
 from backend.observability.capture import reinstate_if_moved
 from backend.runtime.signals import HANGUP, on_stop_signals, why
-from backend.safetext import RedactingFormatter, escape_text, in_json, printable, redact_url, remember_secret
+from backend.safetext import RedactingFormatter, in_json, in_lines, printable, redact_url, remember_secret
 from backend.scheduler.manifests import PROVIDERS, render_manifests
 from backend.store import Store, store_lost, until_lost
 from backend.store.migrations import summary
@@ -572,7 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:
-        print(escape_text(str(exc)), file=sys.stderr)
+        print(in_lines(str(exc)), file=sys.stderr)
         return EXIT_USAGE
     handler = _verbs()[args.command]
     try:
@@ -615,10 +615,11 @@ async def _awaiting(task: asyncio.Task[int]) -> int:
 
 
 def complain(message: str) -> None:
-    """``schedtui: message`` on stderr, its control characters and lone surrogates
-    escaped (``\\x1b``): a name, or a server's answer, quoted in a message never reaches
-    the terminal as a command (an escape sequence retitles the window, clears the screen)."""
-    print(f"schedtui: {escape_text(message)}", file=sys.stderr)
+    """``schedtui: message`` on stderr, its control characters, bidirectional controls and
+    lone surrogates escaped (``\\x1b``, ``\\u202e``): a name, or a server's answer, quoted in
+    a message never reaches the terminal as a command (an escape sequence retitles the
+    window, clears the screen; an override draws the rest of the line backwards)."""
+    print(f"schedtui: {in_lines(message)}", file=sys.stderr)
 
 
 def _engine(args: argparse.Namespace, *, create: bool = False, definitions_needed: bool = True, **kwargs: Any) -> Engine:
