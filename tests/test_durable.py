@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sqlite3
 import textwrap
 from collections import Counter
@@ -23,7 +24,16 @@ import pytest
 from backend import BadInput, DefinitionError, Engine, ManualClock, NotFound, Refused, Unavailable, define_schedule
 from backend.definitions import discover_definitions
 from backend.durable import DurableContext, Retry, StepFailed, define_durable, execution_id_for_slot
-from backend.durable.store import LOG_LINES, DurableStore, Finish, NewExecution, Progress, StepRecord, Write
+from backend.durable.store import (
+    LOG_LINES,
+    DurableStore,
+    Finish,
+    NewExecution,
+    Progress,
+    StepRecord,
+    Write,
+    signals_from_json,
+)
 from tests import pg
 from tests.durable_helpers import crash, durable_url, engines  # noqa: F401 - fixtures
 from tests.late_answers import LateAnswer, lapse_and_renew
@@ -1080,6 +1090,37 @@ async def test_a_signal_sent_before_the_wait_is_taken_when_the_code_gets_there(
     await engine.quiesce()
     got = await engine.durable.get(started.id)
     assert got.output == [1, 2], (got.waiting_for, got.wake_at, got.steps, got.logs)
+
+
+async def test_a_signals_payload_reaches_the_code_as_sent_numbers_and_key_order_included(
+    engines: Callable[..., Engine],
+) -> None:
+    """PostgreSQL kept a signal's payload as ``jsonb``, its value, not its text: 1e16 came
+    back an int of 17 digits, the largest float an int of 309, an object's keys sorted."""
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        got = await ctx.wait_for("go")
+        return {"keys": list(got), "types": [type(v).__name__ for v in got.values()], "got": got}
+
+    sent = {"b": 1, "a": 2.0, "big": 1e16, "max": 1.7976931348623157e308, "nested": {"z": 1.5e-7, "y": [1e300]}}
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    await engine.durable.signal(started.id, "go", sent)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert done.output == {
+        "keys": ["b", "a", "big", "max", "nested"], "types": ["int", "float", "float", "float", "dict"], "got": sent,
+    }, done.output  # fmt: skip
+    assert json.dumps(done.output["got"]) == json.dumps(sent)  # (the nested order too)
+
+
+def test_signals_kept_before_as_values_still_read() -> None:
+    at = "2026-12-06T10:00:00+00:00"
+    kept = signals_from_json({"old": {"p": {"a": [1, 2.5]}, "at": at}, "new": {"t": '{"b":1e16}', "at": at}})
+    when = datetime(2026, 12, 6, 10, tzinfo=UTC)
+    assert kept == {"old": ('{"a":[1,2.5]}', when), "new": ('{"b":1e16}', when)}
 
 
 async def test_waits_past_the_366_day_bound_fail_the_execution(engines: Callable[..., Engine], clock: ManualClock) -> None:

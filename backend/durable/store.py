@@ -320,11 +320,15 @@ def step_from_row(row: Sequence[Any], when: ToTime) -> StepRecord:
 
 
 def signals_from_json(stored: dict[str, Any]) -> dict[str, tuple[str, datetime]]:
-    """The signals an execution's row keeps (``{name: {"p": payload, "at": iso}}``)."""
+    """The signals an execution's row keeps: ``{name: {"p": payload, "at": iso}}``, or on
+    PostgreSQL ``{name: {"t": payload's JSON text, "at": iso}}``: its ``jsonb`` kept a
+    payload's value, not its text (``1e16`` came back as ``10000000000000000``, an
+    object's keys reordered), so the text is kept as sent (rows written before: ``p``)."""
     signals = {}
     for name, entry in stored.items():
         at = datetime.fromisoformat(entry["at"]).astimezone(UTC)
-        signals[name] = (json.dumps(entry["p"], separators=(",", ":")), at)
+        text = entry["t"] if "t" in entry else json.dumps(entry["p"], separators=(",", ":"))
+        signals[name] = (text, at)
     return signals
 
 

@@ -331,7 +331,7 @@ SIGNAL = f"""
     taken AS (
         UPDATE {EXECUTIONS}
         SET signals = signals || jsonb_build_object(
-                %(name)s::text, jsonb_build_object('p', %(payload)s::jsonb, 'at', %(sent)s::text)),
+                %(name)s::text, jsonb_build_object('t', %(payload)s::text, 'at', %(sent)s::text)),
             wake_at = CASE WHEN status = 'waiting' AND awaits = %(name)s THEN %(now)s ELSE wake_at END
         WHERE id = %(id)s AND status NOT IN ('succeeded', 'failed', 'cancelled') AND NOT signals ? %(name)s::text
         RETURNING id
