@@ -29,6 +29,7 @@ from backend.model import (
     Trigger,
     quick_init,
 )
+from backend.safetext import MAX_JSON_DEPTH
 
 if TYPE_CHECKING:
     from backend.locks import Lease, Locks
@@ -174,6 +175,20 @@ def handler_problem(handler: Any) -> str | None:
     return None
 
 
+def _target_bytes(queue: str | None, durable: str | None) -> int | None:
+    """The largest payload a schedule's target takes (``None``: a handler's, no bound)."""
+    # (Imported here: both modules build on this one.)
+    if queue is not None:
+        from backend.jobs.definition import MAX_PAYLOAD_BYTES
+
+        return MAX_PAYLOAD_BYTES
+    if durable is not None:
+        from backend.durable.service import MAX_INPUT_BYTES
+
+        return MAX_INPUT_BYTES
+    return None
+
+
 def define_schedule(
     *,
     name: str,
@@ -261,9 +276,11 @@ def define_schedule(
     try:
         if description is not None:
             check_text(description, "description")
-        # (No depth bound: a stored row an earlier release took deeper is read through here.
-        # What an operator or a client sends is held to it where it comes in.)
-        check_json(payload, "payload", max_depth=None)
+        # A payload sent to a queue or as a durable input is held here to the bounds a send
+        # or a start has (else each slot failed on it, the file imported fine); a handler's
+        # stays in this process. (A stored schedule's is checked where it comes in, and one an
+        # earlier release took deeper runs as it did: :mod:`backend.scheduler.stored`.)
+        check_json(payload, "payload", _target_bytes(queue, durable), max_depth=None if queue is durable is None else MAX_JSON_DEPTH)
     except BadInput as exc:
         raise bad(exc.message) from None
     try:

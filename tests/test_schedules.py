@@ -247,6 +247,23 @@ def test_non_json_payload(payload: Any, detail: str) -> None:
     assert detail in str(info.value)
 
 
+def test_a_payload_a_queue_or_a_durable_function_would_refuse_is_refused_at_import() -> None:
+    """It imported fine, and every slot then failed: a send of over 256 KiB is TooLarge,
+    and one nested past 64 levels went through to the queue, deeper than any other door
+    lets a payload go. A handler's payload stays in the process: no bound."""
+    deep: Any = 1
+    for _ in range(70):
+        deep = [deep]
+    targets: list[dict[str, Any]] = [{"queue": "mail"}, {"durable": "report"}]
+    for target in targets:
+        with pytest.raises(DefinitionError, match="payload is 300,002 bytes of JSON; the limit is 262,144 bytes"):
+            define_schedule(name="job", cron="* * * * *", timezone="UTC", payload="x" * 300_000, **target)
+        with pytest.raises(DefinitionError, match="nest 64 levels deep at most"):
+            define_schedule(name="job", cron="* * * * *", timezone="UTC", payload=deep, **target)
+    handled = define_schedule(name="job", cron="* * * * *", timezone="UTC", handler=ahandler, payload=[deep, "x" * 300_000])
+    assert handled.payload == [deep, "x" * 300_000]
+
+
 def test_six_field_external_is_refused() -> None:
     with pytest.raises(DefinitionError) as info:
         define(cron="*/30 * * * * *", trigger="external")
