@@ -276,14 +276,6 @@ def check_seconds(
     return float(seconds)
 
 
-def check_count(value: object, field: str, *, low: int, high: int) -> int:
-    """A whole number from ``low`` to ``high``; :class:`BadInput` naming the field and the
-    value otherwise (a bool or a float is not one)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise BadInput(f"{field} {shown_number(value)} must be a whole number from {low:,} to {high:,}", field=field)
-    return value
-
-
 def out_of_range(field: str, text: str) -> BadInput:
     return BadInput(f'{field} "{printable(text, 60)}" is out of range ({EARLIEST.year} to {LATEST.year - 1})', field=field)
 
@@ -292,6 +284,20 @@ def is_async_callable(obj: Any) -> bool:
     """Whether calling ``obj`` makes a coroutine: a coroutine function (partials of one
     included), or a callable object whose ``__call__`` is one."""
     return inspect.iscoroutinefunction(obj) or (callable(obj) and inspect.iscoroutinefunction(obj.__call__))
+
+
+def check_count(value: object, field: str, low: int, high: int, *, span: str | None = None) -> int:
+    """A whole number from ``low`` to ``high``: :class:`BadInput` naming the value, which
+    says "is not a whole number" for a float, a bool or a string (1.0, True and "3" were
+    told they were out of range, with their value inside it) and "is out of range" for a
+    whole one outside (``span``: the range as written there; ``low-high`` otherwise, its
+    thousands separated from 10,000)."""
+    span = span or (f"{low}-{high}" if high < 10_000 else f"{low:,}-{high:,}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadInput(f"{field} {shown_number(value, 60)} is not a whole number ({span})", field=field)
+    if not low <= value <= high:
+        raise BadInput(f"{field} {shown_number(value, 60)} is out of range ({span})", field=field)
+    return value
 
 
 def shown_number(value: object, limit: int = 40) -> str:

@@ -164,6 +164,25 @@ def test_bad_requests_get_the_right_status(
     assert "Traceback" not in response.text
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ({"from": 1764547200, "to": "now"}, '"from" 1764547200 is not a time: give a string, an ISO 8601 time'),
+        ({"from": "-2h", "to": {"at": "now"}}, '"to" {"at": "now"} is not a time'),
+        ({"from": "-2h", "to": "now", "limit": 5.0}, "limit 5.0 is not a whole number (1-10,000)"),
+        ({"from": "-2h", "to": "now", "limit": True}, "limit True is not a whole number (1-10,000)"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_named_as_such_not_as_missing_or_out_of_range(
+    server: Server, body: dict[str, Any], said: str
+) -> None:
+    """A time given as a number was told it was "required"; 5.0 and true, that they were out
+    of a range they are inside."""
+    response = client(server).post("/inspect/schedules/report/backfill", json=body)
+    assert response.status_code == 422, response.text
+    assert said in error_of(response)["message"], error_of(response)
+
+
 def test_a_body_over_the_limit_is_413(server: Server) -> None:
     big = b'{"note": "' + b"x" * (MAX_BODY_BYTES + 10) + b'"}'
     response = client(server).post("/inspect/schedules/report/disable", content=big)

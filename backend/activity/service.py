@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from backend.activity.model import MINUTE, Activity, QueueActivity, ScheduleActivity, window_start
 from backend.activity.store import ActivityStore, MinuteCounts, RunMarks
 from backend.clock import Clock
-from backend.errors import BadInput
+from backend.inputs import check_count
 from backend.jobs.model import QueueView
 from backend.schedules import Schedule
 
@@ -66,8 +66,7 @@ class ActivityReads:
 
     async def read(self, *, minutes: int = 60) -> Activity:
         """The last ``minutes`` minutes (5-180), up to now."""
-        if isinstance(minutes, bool) or not isinstance(minutes, int) or not MIN_MINUTES <= minutes <= MAX_MINUTES:
-            raise BadInput(f"minutes {minutes!r} is out of range ({MIN_MINUTES}-{MAX_MINUTES})", field="minutes")
+        check_count(minutes, "minutes", MIN_MINUTES, MAX_MINUTES)
         self.handoff()
         now = self.clock.now()
         start = window_start(now, minutes)

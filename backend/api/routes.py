@@ -110,8 +110,14 @@ async def _arguments(api: Api, action: Action, request: Request) -> dict[str, An
         raw = body.get(wire)
         when = next((limit for limit in param.limits if isinstance(limit, When)), None)
         if when is not None:
-            if not isinstance(raw, str):
+            if raw is None:
                 raise BadInput(f'"{wire}" is required: an ISO 8601 time, now, or an offset such as -2d', field=wire)
+            if not isinstance(raw, str):  # (given, as a number or an object: said so, not "required")
+                raise BadInput(
+                    f'"{wire}" {printable(json.dumps(raw), 60)} is not a time: give a string, an ISO 8601 time, now, '
+                    "or an offset such as -2d",
+                    field=wire,
+                )
             if not clock:
                 clock = {"zone": await backend.schedule_zone(arguments[when.zone_of]), "now": await backend.now()}
             arguments[param.name] = parse_when(raw, now=clock["now"], zone=clock["zone"], field=wire, lower=when.lower)

@@ -42,7 +42,7 @@ from backend.durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES
 from backend.errors import BadInput
 from backend.events.audit import AuditPage
 from backend.events.bus import Signal
-from backend.inputs import NOTE_MAX_CHARS, check_note
+from backend.inputs import NOTE_MAX_CHARS, check_count, check_note
 from backend.jobs.definition import MAX_PAYLOAD_BYTES, check_cancel, check_queue_name, check_send
 from backend.jobs.model import Job, JobDetail, JobsPage, QueueView, Sent
 from backend.locks import LockRelease, LocksSnapshot
@@ -127,9 +127,7 @@ def check_runs_between(names: list[str], start: datetime, end: datetime, limit_p
         raise BadInput("name: give at least one schedule name", field="name")
     if len(names) > RUNS_BETWEEN_MAX_NAMES:
         raise BadInput(f"{len(names)} names are more than {RUNS_BETWEEN_MAX_NAMES} at once", field="name")
-    if isinstance(limit_per_name, bool) or not 1 <= limit_per_name <= RUNS_BETWEEN_MAX_PER_NAME:
-        raise BadInput(f"limit_per_name {limit_per_name!r} is out of range (1-{RUNS_BETWEEN_MAX_PER_NAME})",
-                       field="limit_per_name")
+    check_count(limit_per_name, "limit_per_name", 1, RUNS_BETWEEN_MAX_PER_NAME)
     if start.tzinfo is None or end.tzinfo is None:
         raise BadInput("from and to must carry a time zone offset", field="from")
     if start >= end:

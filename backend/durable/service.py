@@ -20,7 +20,7 @@ from backend.durable.model import EXECUTION_STATUSES, Execution, ExecutionsPage,
 from backend.durable.run import started_on
 from backend.durable.store import DurableStore, NewExecution
 from backend.errors import BadInput, NotFound, Refused
-from backend.inputs import RepeatedKey, check_before, check_id, check_json, parse_json
+from backend.inputs import RepeatedKey, check_before, check_count, check_id, check_json, parse_json
 from backend.runtime.subsystems import Shared
 from backend.safetext import printable
 from backend.schedules import NAME_PATTERN, RunContext
@@ -243,8 +243,7 @@ class Durable:
             raise BadInput(f'function "{printable(str(function), 60)}" is not a durable function name', field="function")
         if status is not None and status not in EXECUTION_STATUSES:
             raise BadInput(f'status "{printable(str(status), 40)}" is not one of {", ".join(EXECUTION_STATUSES)}', field="status")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise BadInput(f"limit {limit!r} is out of range (1-1000)", field="limit")
+        check_count(limit, "limit", 1, 1000)
         before = check_before(before, "execution")
         rows = await self.store.durable_list(function=function, status=status, limit=limit + 1, before=before)
         if len(rows) > limit:

@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 from backend.clock import Clock
 from backend.errors import BadInput, Unavailable
 from backend.events.bus import EventBus
-from backend.inputs import check_before
+from backend.inputs import check_before, check_count
 from backend.model import iso, parse_iso
 from backend.safetext import load_json, printable
 
@@ -304,8 +304,7 @@ class AuditLog:
 
     async def list(self, *, limit: int = 50, before: str | None = None) -> AuditPage:
         """A page of entries, newest first."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise BadInput(f"limit {limit!r} is out of range (1-1000)", field="limit")
+        check_count(limit, "limit", 1, 1000)
         before = check_before(before, "entry")
         entries = await self._store().list_audit(limit=limit + 1, before=before)
         if len(entries) > limit:

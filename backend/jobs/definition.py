@@ -19,7 +19,7 @@ from backend.alerts.policy import QueueAlerting, queue_alerting
 from backend.defined import caller_location, made
 from backend.definitions import register_definition_type
 from backend.errors import BadInput, DefinitionError
-from backend.inputs import check_json, check_seconds, check_text, is_async_callable, is_id, shown_number
+from backend.inputs import check_count, check_json, check_seconds, check_text, is_async_callable, is_id, shown_number
 from backend.safetext import MAX_JSON_DEPTH, printable
 from backend.schedules import MAX_RUNTIME_LIMIT, NAME_PATTERN, handler_problem
 
@@ -132,10 +132,11 @@ def define_queue(
     problem = handler_problem(handler)
     if problem is not None:
         raise bad(problem)
-    if not _whole(concurrency) or not 1 <= concurrency <= MAX_CONCURRENCY:
-        raise bad(f"concurrency {concurrency!r} is out of range (1-{MAX_CONCURRENCY})")
-    if not _whole(attempts) or not MIN_ATTEMPTS <= attempts <= MAX_ATTEMPTS:
-        raise bad(f"attempts {attempts!r} is out of range ({MIN_ATTEMPTS}-{MAX_ATTEMPTS})")
+    try:
+        check_count(concurrency, "concurrency", 1, MAX_CONCURRENCY)
+        check_count(attempts, "attempts", MIN_ATTEMPTS, MAX_ATTEMPTS)
+    except BadInput as exc:
+        raise bad(exc.message) from None
     try:
         max_runtime = check_seconds(max_runtime, "max_runtime", high=MAX_RUNTIME_LIMIT, span="7 days")
     except BadInput as exc:
@@ -227,8 +228,8 @@ def check_send(
         else:
             shown = f"{int(delay):,}" if delay == int(delay) else f"{delay:,}"
         raise BadInput(f"delay {shown}s is out of range: 0 to {MAX_DELAY_S:,} seconds (30 days)", field="delay")
-    if attempts is not None and (not _whole(attempts) or not MIN_ATTEMPTS <= attempts <= MAX_ATTEMPTS):  # type: ignore[operator]
-        raise BadInput(f"attempts {shown_number(attempts)} is out of range ({MIN_ATTEMPTS}-{MAX_ATTEMPTS})", field="attempts")
+    if attempts is not None:
+        check_count(attempts, "attempts", MIN_ATTEMPTS, MAX_ATTEMPTS)
     if key is not None:
         key = check_key(key)  # an empty key is refused, not taken for none: it would not deduplicate
     return Send(check_json(payload, "payload", MAX_PAYLOAD_BYTES, max_depth=max_depth), float(delay), attempts, key)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
 from backend.errors import BadInput, NotFound, Unavailable
-from backend.inputs import check_before, check_id, shown_number
+from backend.inputs import check_before, check_count, check_id, shown_number
 from backend.jobs.actions import JobActions
 from backend.jobs.definition import (
     ATTEMPTS_KEEP,
@@ -333,8 +333,7 @@ class Jobs:
         """A page of a queue's jobs, newest first, and the ``before`` of the next page."""
         if status is not None and status not in JOB_STATUSES:
             raise BadInput(f'status "{status}" is not one of {", ".join(JOB_STATUSES)}', field="status")
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise BadInput(f"limit {limit!r} is out of range (1-1000)", field="limit")
+        check_count(limit, "limit", 1, 1000)
         before = check_before(before, "job")
         await self._known(queue)
         jobs = await self.store.list_jobs(queue, status=cast(JobStatus | None, status), limit=limit + 1, before=before)

@@ -32,9 +32,9 @@ from itertools import islice
 from typing import Any
 
 from backend.clock import Clock
-from backend.errors import BadInput, NotFound, Refused, Unavailable
+from backend.errors import NotFound, Refused, Unavailable
 from backend.events.audit import AuditLog
-from backend.inputs import check_datetime
+from backend.inputs import check_count, check_datetime
 from backend.model import (
     BACKFILL_CONFIRM_ABOVE,
     BACKFILL_DEFAULT_LIMIT,
@@ -68,8 +68,7 @@ def plan_backfill(
     """What a backfill of the slots in ``(start, end]`` would do; fires nothing."""
     name = schedule.name
     limit = BACKFILL_DEFAULT_LIMIT if limit is None else limit
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= BACKFILL_MAX_LIMIT:
-        raise BadInput(f"limit {limit!r} is out of range (1-{BACKFILL_MAX_LIMIT:,})", field="limit")
+    check_count(limit, "limit", 1, BACKFILL_MAX_LIMIT)
     # Checked here too: Engine.plan_backfill and start_backfill take them from Python as is.
     start, end = utc(check_datetime(start, "from")), utc(check_datetime(end, "to"))
     slots = list(islice(schedule.cron.occurrences(start, end), BACKFILL_MAX_LIMIT + 1)) if start < end else []

@@ -18,7 +18,7 @@ from typing import Literal
 
 from backend.clock import Clock
 from backend.errors import BadInput, NotFound
-from backend.inputs import check_before, shown_number
+from backend.inputs import check_before, check_count, shown_number
 from backend.model import Run, ScheduleTarget, ScheduleView
 from backend.scheduler.catalog import Catalog
 from backend.scheduler.coordination.cluster import Cluster
@@ -216,8 +216,7 @@ class ScheduleReads:
         self, name: str, *, limit: int = 50, before: str | None = None
     ) -> tuple[list[Run], str | None]:
         known = is_schedule_name(self.schedules, name) or name in self.catalog.invalid
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise BadInput(f"limit {shown_number(limit, 60)} is out of range (1-1000)", field="limit")
+        check_count(limit, "limit", 1, 1000)
         check_before(before)  # (what a page of the API or the CLI refuses, refused here too)
         self.ledger.handoff()
         runs = await self.store.list_runs(name, limit=limit + 1, before=before)
