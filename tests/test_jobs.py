@@ -122,6 +122,10 @@ def test_the_limits_themselves_are_accepted() -> None:
     assert (len(send.payload), send.delay, send.attempts, send.key) == (256 * 1024, 30 * 86400, 20, "k" * 256)
     with pytest.raises(BadInput, match="key is empty"):  # refused, not taken for no key: it would not deduplicate
         check_send(key="")
+    # A delay as a timedelta, as a lock's ttl and a max_runtime take one (it was refused).
+    assert check_send(delay=timedelta(minutes=5)).delay == 300.0
+    with pytest.raises(BadInput, match="delay 2,592,001s is out of range"):
+        check_send(delay=timedelta(days=30, seconds=1))
 
 
 async def test_a_refused_send_writes_nothing(make_engine: Callable[..., Engine]) -> None:

@@ -883,6 +883,9 @@ async def test_the_cluster_coordinations_lock_names_are_refused_to_applications(
         with pytest.raises(DefinitionError, match=f'lock name "{name}" is reserved'):
             define_schedule(name="x", cron="* * * * *", timezone="UTC", handler=lambda ctx: None, lock=name)
     assert await a.locks.acquire("clusters:x") is not None  # (only the prefix itself)
+    for nobody in ("", "   "):  # (a lock held by a holder no one can name)
+        with pytest.raises(BadInput, match=f"holder {nobody!r} is empty"):
+            await a.locks.acquire("y", holder=nobody)
     with pytest.raises(NotFound, match='no lock named "cluster:shard:13"'):  # released like any other
         await a.locks.release("cluster:shard:13")
 

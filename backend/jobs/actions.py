@@ -14,6 +14,7 @@ import asyncio
 import builtins
 import functools
 from collections.abc import Iterable, Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from backend.jobs.model import Job, JobDetail, JobsPage, QueueView, Sent
@@ -37,7 +38,7 @@ class JobActions:
         return JobActions(self._jobs, actor)
 
     async def send(
-        self, queue: str, payload: Any = None, *, delay: float = 0, attempts: int | None = None, key: str | None = None
+        self, queue: str, payload: Any = None, *, delay: float | timedelta = 0, attempts: int | None = None, key: str | None = None
     ) -> Sent:
         """Queue one job: ``payload`` JSON up to 256 KiB, ``delay`` 0 to 30 days (seconds),
         ``attempts`` 1 to 20 (default: the queue's), ``key`` up to 256 bytes. With a key

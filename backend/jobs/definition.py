@@ -216,7 +216,10 @@ def check_send(
     """Check one job against every limit; raises :class:`BadInput` (or :class:`TooLarge`
     for the payload) naming the limit and the value. Nothing is written before this.
     ``max_depth=None``: a schedule's payload, checked when it was defined (a stored one an
-    earlier release took deeper than the bound still fires)."""
+    earlier release took deeper than the bound still fires). ``delay``: seconds, or a
+    ``timedelta`` (as a lock's ttl, a max_runtime and an alert's spans take)."""
+    if isinstance(delay, timedelta):
+        delay = delay.total_seconds()
     if isinstance(delay, bool) or not isinstance(delay, (int, float)) or (isinstance(delay, float) and not math.isfinite(delay)):
         raise BadInput(
             f"delay {shown_number(delay)} is not a number of seconds (0 to {MAX_DELAY_S:,}, 30 days)", field="delay"

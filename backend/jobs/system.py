@@ -219,7 +219,7 @@ class Jobs:
         self.shared.events.publish("jobs", queue)
 
     async def send(
-        self, queue: str, payload: Any = None, *, delay: float = 0, attempts: int | None = None, key: str | None = None
+        self, queue: str, payload: Any = None, *, delay: float | timedelta = 0, attempts: int | None = None, key: str | None = None
     ) -> Sent:
         """Send one job (see :meth:`send_many`)."""
         return (await self.send_checked(queue, [check_send(payload, delay, attempts, key)]))[0]
@@ -319,7 +319,7 @@ class Jobs:
         return await self.set_paused(queue, False)
 
     async def send_by_operator(
-        self, queue: str, payload: Any = None, *, delay: float = 0, attempts: int | None = None, key: str | None = None
+        self, queue: str, payload: Any = None, *, delay: float | timedelta = 0, attempts: int | None = None, key: str | None = None
     ) -> Sent:
         """:meth:`send` for an operator (console, CLI, API): recorded in the audit log, as
         the application's own sends are not."""

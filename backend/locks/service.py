@@ -242,6 +242,8 @@ class Locks:
         name, span = check_lock_to_take(name), check_ttl(ttl)
         if holder is not None:
             check_text(holder, "holder", max_chars=HOLDER_MAX_CHARS, one_line=True)
+            if not holder.strip():  # (shown as nobody's: a lock held by no one anyone can name)
+                raise BadInput(f"holder {holder!r} is empty: give a name an operator can tell apart", field="holder")
         if self._stopped:
             raise Unavailable(f'lock "{name}" not taken: the engine has stopped')
         asked_at, asked = self.clock.now(), self.lease_now()
