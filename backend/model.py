@@ -505,6 +505,11 @@ class ScheduleView:
     schedule whose row is not valid there (a zone its time zone database lacks, a value
     past a bound of its release). Such a schedule has no next slot there; it may be updated
     or deleted, nothing else (409 ``not_valid_here``)."""
+    alert: Any = None
+    """Its alerts as they apply (see :mod:`backend.alerts.policy`): ``{"failing": runs in a
+    row or false, "late": true, false or seconds of grace, "disabled": seconds or false,
+    "resolve_after": seconds}``, or ``false`` (off); ``None`` where not known (an older
+    server, a stored row not valid here whose option is not either)."""
 
     def to_json(self) -> dict[str, Any]:
         extra = {"owner": self.owner} if self.sharded else {}
@@ -526,6 +531,7 @@ class ScheduleView:
             "source": self.source,
             "target": self.target.to_json() if self.target else None,
             "problem": self.problem,
+            "alert": self.alert,
             **extra,
         }
 
@@ -551,6 +557,7 @@ class ScheduleView:
             source="store" if data.get("source") == "store" else "code",  # older servers: all code
             target=ScheduleTarget.from_json(data["target"]) if data.get("target") else None,
             problem=data.get("problem"),
+            alert=data.get("alert"),
         )
 
 

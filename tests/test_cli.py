@@ -49,6 +49,7 @@ UTC = UTC
 SCHEDULE_KEYS = {
     "name", "cron", "timezone", "trigger", "on_overlap", "backfill", "max_runtime_s", "description",
     "payload", "enabled", "state_note", "next_fire_at", "last_run", "latest_manual", "source", "target", "problem",
+    "alert",
 }  # fmt: skip
 RUN_KEYS = {
     "id", "name", "scheduled_at", "fired_at", "finished_at", "status", "trigger", "coordination_outcome",
@@ -219,6 +220,8 @@ def test_list_json(cli: Cli) -> None:
         "source": "code",
         "target": {"kind": "handler", "name": failing["target"]["name"]},
         "problem": None,
+        # (its alerts as they apply: the defaults here; an operator could not read them back)
+        "alert": {"failing": 1, "late": True, "disabled": 86400.0, "resolve_after": 300.0},
     }
     assert (webhook["trigger"], webhook["on_overlap"], webhook["next_fire_at"], webhook["max_runtime_s"]) == (
         "external",

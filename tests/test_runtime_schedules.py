@@ -342,6 +342,20 @@ async def test_a_schedule_created_again_catches_up_only_its_own_slots(
     assert slots(await all_runs(second, "reap")) == ["08:01", "08:31", "08:32"]
 
 
+async def test_a_schedules_alerts_are_read_back_as_they_apply(make_engine: Callable[..., Engine]) -> None:
+    """A stored schedule's ``alert`` reached no read but the audit log."""
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.create_schedule(spec(name="strict", alert={"failing": 3, "late": 600}))
+    await engine.create_schedule(spec(name="quiet", alert=False))
+    await engine.create_schedule(spec(name="plain"))
+    views = {v.name: v for v in await engine.list_schedules()}
+    assert views["strict"].alert == {"failing": 3, "late": 600.0, "disabled": 86400.0, "resolve_after": 300.0}
+    assert views["quiet"].alert is False
+    assert views["plain"].alert == {"failing": 1, "late": True, "disabled": 86400.0, "resolve_after": 300.0}
+    assert ScheduleView.from_json(views["strict"].to_json()).alert == views["strict"].alert  # (the remote client's)
+
+
 async def reap_fired_once(make_engine: Callable[..., Engine], clock: ManualClock) -> Engine:
     """A started engine whose stored schedule "reap" (every minute) fired its 08:01 slot."""
     engine = make_engine([queue()])

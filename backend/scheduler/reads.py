@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
+from backend.alerts.policy import schedule_alerting
 from backend.clock import Clock
 from backend.errors import BadInput, NotFound
 from backend.inputs import check_before, check_count, shown_number
@@ -180,6 +181,7 @@ class ScheduleReads:
             source="store",
             target=row.target,
             problem=why,
+            alert=_alerting_of(row.alert),
         )
 
     def _view(
@@ -210,6 +212,7 @@ class ScheduleReads:
             sharded=owners is not None,
             source="store" if self.catalog.is_stored(schedule.name) else "code",
             target=target_of(schedule),
+            alert=schedule.alert.to_json(),
         )
 
     async def list_runs(
@@ -271,3 +274,11 @@ def target_of(schedule: Schedule) -> ScheduleTarget:
     name = getattr(handler, "__qualname__", None) or type(handler).__qualname__
     module = getattr(handler, "__module__", None)
     return ScheduleTarget("handler", f"{module}.{name}" if module else name)
+
+
+def _alerting_of(option: Any) -> Any:
+    """A stored row's ``alert`` option as it would apply (``None``: not one it takes)."""
+    try:
+        return schedule_alerting(option).to_json()
+    except BadInput:
+        return None
