@@ -356,6 +356,15 @@ async def test_a_schedules_alerts_are_read_back_as_they_apply(make_engine: Calla
     assert ScheduleView.from_json(views["strict"].to_json()).alert == views["strict"].alert  # (the remote client's)
 
 
+async def test_an_empty_description_is_none_so_the_command_line_can_clear_one(make_engine: Callable[..., Engine]) -> None:
+    """``--description null`` is that text; the command line has no null for a text."""
+    engine = make_engine([queue()])
+    await engine.start()
+    assert (await engine.create_schedule(spec(description=""))).description is None
+    assert (await engine.update_schedule("reap", {"description": "kept"})).description == "kept"
+    assert (await engine.update_schedule("reap", {"description": ""})).description is None
+
+
 async def reap_fired_once(make_engine: Callable[..., Engine], clock: ManualClock) -> Engine:
     """A started engine whose stored schedule "reap" (every minute) fired its 08:01 slot."""
     engine = make_engine([queue()])

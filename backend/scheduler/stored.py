@@ -168,7 +168,7 @@ def check_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
         "max_runtime": spec.get("max_runtime", DEFAULT_MAX_RUNTIME),
         "alert": spec.get("alert"),
     }
-    _in_seconds(full)
+    _as_kept(full)
     _define(full)
     _check_new_payload(full)
     return full
@@ -198,15 +198,19 @@ def check_changes(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dic
     for key in FIELDS:
         if key in changes:
             full[key] = changes[key]
-    _in_seconds(full)
+    _as_kept(full)
     _define(full)
     _check_new_payload(full)
     return full
 
 
-def _in_seconds(full: dict[str, Any]) -> None:
-    """Lengths of time given as timedeltas (as ``define_schedule`` takes them) as their
-    seconds: what a store keeps, and what JSON can say."""
+def _as_kept(full: dict[str, Any]) -> None:
+    """A spec as a store keeps it: lengths of time given as timedeltas (as
+    ``define_schedule`` takes them) as their seconds, what JSON can say; an empty
+    description as none (what ``--description ''`` clears it with: the command line has
+    no null for a text, and ``--description null`` is that text)."""
+    if full.get("description") == "":
+        full["description"] = None
     if isinstance(full.get("max_runtime"), timedelta):
         full["max_runtime"] = full["max_runtime"].total_seconds()
     alert = full.get("alert")
