@@ -63,3 +63,46 @@ class LoseFirstAnswer(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class LoseEveryAnswer(LoseFirstAnswer):
+    """Every ``POST`` reaches the server and acts; every answer to one is lost."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.method == "POST":
+            await response.aread()
+            self.lost.append(f"{request.method} {request.url.path} {response.status_code}")
+            raise httpx.RemoteProtocolError("the server disconnected before the answer came (test)", request=request)
+        return response
+
+
+class Trickle(httpx.AsyncByteStream):
+    """An answer's body, one byte every ``every`` seconds (each read well within a per-read
+    timeout: only a bound on the whole answer ends it)."""
+
+    def __init__(self, body: bytes, every: float) -> None:
+        self.body, self.every = body, every
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        for byte in self.body:
+            await asyncio.sleep(self.every)
+            yield bytes([byte])
+
+
+class TrickleReads(httpx.AsyncBaseTransport):
+    """Every ``GET`` of ``path`` answers as the server does, trickled (see :class:`Trickle`)."""
+
+    def __init__(self, path: str, every: float) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.path, self.every = path, every
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.method != "GET" or request.url.path != self.path:
+            return response
+        body = await response.aread()
+        return httpx.Response(response.status_code, headers=response.headers, stream=Trickle(body, self.every))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

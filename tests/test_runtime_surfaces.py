@@ -14,7 +14,7 @@ from typing import cast
 import httpx
 import pytest
 
-from backend import BadInput, Engine, NotFound
+from backend import BadInput, Engine, NotFound, Unavailable
 from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
@@ -22,7 +22,7 @@ from backend.definitions import discover_definitions
 from backend.scheduler.catalog import CatalogStore
 from backend.scheduler.stored import DefinedInCode, NameTaken, NotValidHere, StoredSchedule, check_spec
 from backend.store import open_store
-from tests.late_answers import LoseFirstAnswer
+from tests.late_answers import LoseEveryAnswer, LoseFirstAnswer, TrickleReads
 from tests.servers import Server, start_server
 from tests.test_cli import Cli, create_store, write_tree
 
@@ -278,17 +278,72 @@ def test_the_cli_over_the_remote_api(rt_cli: Cli, rt_server: Server) -> None:
     assert again.returncode == 2 and "no schedule named" in again.stderr
 
 
-async def test_a_create_whose_answer_was_lost_is_sent_again_and_answers_as_the_first(rt_server: Server) -> None:
-    """It was sent once (a create is not a read), so the caller saw Unavailable, and its
-    retry by hand was refused as name_taken. It is retried now, and the repeat by the same
-    author answers with the schedule; the audit log marks the repeat."""
+async def test_a_toggle_whose_answer_was_lost_is_not_sent_again_and_says_it_may_have_been_done(rt_server: Server) -> None:
+    """A disable held up in a slow server was sent again, answered "disabled", and its
+    first copy landed after the enable the operator did next, and undid it (an outside
+    attack). A toggle is in doubt instead, sent once."""
+    name = f"toggle-{next(_names)}"
+    plain = RemoteBackend(rt_server.url, OPERATE)
+    await plain.connect()
+    await plain.create_schedule({"name": name, "cron": "0 4 * * *", "timezone": "UTC", "queue": "mail"})
+    await plain.close()
+    transport = LoseFirstAnswer()
+    remote = RemoteBackend(rt_server.url, OPERATE, transport=transport, read_retries=(0.0, 0.0))
+    await remote.connect()
+    try:
+        with pytest.raises(Unavailable, match="it may have been done all the same"):
+            await remote.disable_schedule(name, note="maintenance")
+        assert transport.lost == [f"POST /inspect/schedules/{name}/disable 200"]
+        disables = [e for e in (await remote.audit(limit=50)).entries if e.target == name and e.action == "schedule.disable"]
+        assert len(disables) == 1
+    finally:
+        await remote.close()
+
+
+async def test_an_action_sent_again_whose_every_answer_was_lost_still_says_it_may_have_been_done(rt_server: Server) -> None:
+    """A backfill's cancel may be sent again (a late first copy changes nothing); when no
+    copy's answer came back, the caller was told nothing of the copies that acted."""
+    transport = LoseEveryAnswer()
+    remote = RemoteBackend(rt_server.url, OPERATE, transport=transport, read_retries=(0.0, 0.0))
+    await remote.connect()
+    try:
+        with pytest.raises(Unavailable, match="cannot reach .*; it may have been done all the same"):
+            await remote.cancel_backfill("01JD3Z6Q0V9W4C7PAXH3KJ1M2B")
+    finally:
+        await remote.close()
+    assert len(transport.lost) == 3  # (sent again twice)
+
+
+async def test_an_answer_trickled_a_byte_at_a_time_ends_within_the_whole_answers_bound(rt_server: Server) -> None:
+    """httpx's timeout bounds each read: an answer trickled a byte every 2 s held the
+    command line, and the console's refreshes, for good (an outside attack)."""
+    transport = TrickleReads("/inspect/schedules", every=0.05)
+    remote = RemoteBackend(rt_server.url, OPERATE, transport=transport, timeout=0.1, read_retries=(0.0,))
+    await remote.connect()
+    try:
+        with pytest.raises(Unavailable, match=r"did not answer in time \(GET /inspect/schedules\)"):
+            await remote.list_schedules()
+    finally:
+        await remote.close()
+
+
+async def test_a_create_whose_answer_was_lost_is_in_doubt_and_made_again_by_hand_answers_as_the_first(
+    rt_server: Server,
+) -> None:
+    """It is not sent again by the client (its first copy, landing late, would make again a
+    schedule deleted meanwhile), so the caller sees Unavailable saying it may have been
+    done; its repeat by hand, by the same author, answers with the schedule (it was refused
+    as name_taken once); the audit log marks the repeat."""
     name = f"lost-answer-{next(_names)}"
     transport = LoseFirstAnswer()
     remote = RemoteBackend(rt_server.url, OPERATE, transport=transport, read_retries=(0.0,))
     await remote.connect()
     try:
-        view = await remote.create_schedule({"name": name, "cron": "0 4 * * *", "timezone": "UTC", "queue": "mail"})
+        spec = {"name": name, "cron": "0 4 * * *", "timezone": "UTC", "queue": "mail"}
+        with pytest.raises(Unavailable, match="it may have been done all the same"):
+            await remote.create_schedule(spec)
         assert transport.lost == ["POST /inspect/schedules 201"]
+        view = await remote.create_schedule(spec)
         assert (view.name, view.source, view.cron) == (name, "store", "0 4 * * *")
         entries = [e for e in (await remote.audit(limit=50)).entries if e.target == name]
         assert [(e.action, e.actor, (e.detail or {}).get("again")) for e in reversed(entries)] == [

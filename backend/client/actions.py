@@ -250,10 +250,14 @@ class Http:
     adds fields beside it, ``clock`` adds the engine's ``now`` (and hands it to models whose
     JSON counts ages against it), and ``prelude`` is a read asked before the action whose
     fields join the answer. It has ``status``, or ``again`` when ``repeated(result)`` (a
-    duplicate that made nothing new). The remote client retries a request on a connection
-    error only when ``retry`` (default: for a ``GET``; a callable decides from the
-    arguments): an action a lost answer may have done is never sent twice, unless doing it
-    twice does nothing more (a job sent with a dedupe key).
+    duplicate that made nothing new). The remote client sends a request again when it
+    failed before it left (no connection), and after it may have reached the server only
+    when ``retry`` (default: for a ``GET``; a callable decides from the arguments): where
+    its first copy, landing late, changes nothing whatever was done meanwhile (a read, a
+    backfill's plan or cancel, a signal: a repeat is a duplicate). A toggle is not (a
+    disable held up in a slow server landed after the enable that followed it, and undid
+    it), nor a create or a send (a job sent with a key ran twice: the key is free again
+    once the first job succeeded). Such an action fails as in doubt instead.
     """
 
     method: Literal["GET", "POST", "PATCH", "DELETE"]
@@ -284,7 +288,8 @@ class Http:
         return tuple(re.findall(r"{(\w+)(?::\w+)?}", self.path))
 
     def retried(self, arguments: Mapping[str, Any]) -> bool:
-        """Whether the remote client sends the request again after a connection error."""
+        """Whether the remote client sends the request again after it may have reached the
+        server (see the class docstring)."""
         if self.retry is None:
             return self.method == "GET"
         return self.retry(arguments) if callable(self.retry) else self.retry

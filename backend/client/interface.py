@@ -382,7 +382,7 @@ class Backend(abc.ABC):
         own timer (unless the serving engine allows it) or when no slot is due."""
 
     @action(system="schedules", permission="operate", label="enable", audit="schedule.enable", impl="enable",
-            http=Http("POST", "/inspect/schedules/{name}/enable", retry=True, ok="the schedule",
+            http=Http("POST", "/inspect/schedules/{name}/enable", ok="the schedule",
                       errors={404: "unknown schedule"}))
     async def enable_schedule(
         self, name: ScheduleName, *, note: Annotated[str | None, Check(check_note, {"maxLength": NOTE_MAX_CHARS})] = None
@@ -392,7 +392,7 @@ class Backend(abc.ABC):
         Slots that passed while it was disabled are not caught up."""
 
     @action(system="schedules", permission="operate", label="disable", audit="schedule.disable", impl="disable",
-            http=Http("POST", "/inspect/schedules/{name}/disable", retry=True, ok="the schedule",
+            http=Http("POST", "/inspect/schedules/{name}/disable", ok="the schedule",
                       errors={404: "unknown schedule"}))
     async def disable_schedule(
         self, name: ScheduleName, *, note: Annotated[str | None, Check(check_note, {"maxLength": NOTE_MAX_CHARS})] = None
@@ -402,7 +402,7 @@ class Backend(abc.ABC):
         It keeps its definition, has no next slot and does not fire until enabled."""
 
     @action(system="schedules", permission="operate", label="creating a schedule", audit="schedule.create",
-            http=Http("POST", "/inspect/schedules", status=201, body="spec", retry=True, ok="the schedule created",
+            http=Http("POST", "/inspect/schedules", status=201, body="spec", ok="the schedule created",
                       errors={409: "name_taken: a schedule (in code or stored) has that name"}))
     async def create_schedule(self, spec: Annotated[Mapping[str, Any], Schema(SCHEDULE_SPEC)]) -> ScheduleView:
         """Create a schedule, kept in the store, that every instance arms within 2 s.
@@ -416,7 +416,7 @@ class Backend(abc.ABC):
         answers as the first did. The answer is the schedule, with source "store"."""
 
     @action(system="schedules", permission="operate", label="editing a schedule", audit="schedule.update",
-            http=Http("PATCH", "/inspect/schedules/{name}", body="changes", retry=True, ok="the schedule as changed",
+            http=Http("PATCH", "/inspect/schedules/{name}", body="changes", ok="the schedule as changed",
                       errors={409: "defined_in_code: schedules defined in code are only enabled or disabled"}))
     async def update_schedule(self, name: str, changes: Annotated[Mapping[str, Any], Schema(SCHEDULE_CHANGES)]) -> ScheduleView:
         """Change a stored schedule; every instance re-arms it within 2 s.
@@ -648,12 +648,12 @@ class Backend(abc.ABC):
         """Every queue with its counts (queued, running, dead) and whether it is paused."""
 
     @action(system="jobs", permission="operate", label="pause", audit="queue.pause", impl="jobs.pause",
-            http=Http("POST", "/inspect/queues/{queue}/pause", retry=True, ok="the queue", errors={404: "unknown queue"}))
+            http=Http("POST", "/inspect/queues/{queue}/pause", ok="the queue", errors={404: "unknown queue"}))
     async def pause_queue(self, queue: QueueName) -> QueueView:
         """Pause a queue - its jobs wait (sends are still taken); running ones finish."""
 
     @action(system="jobs", permission="operate", label="resume", audit="queue.resume", impl="jobs.resume",
-            http=Http("POST", "/inspect/queues/{queue}/resume", retry=True, ok="the queue", errors={404: "unknown queue"}))
+            http=Http("POST", "/inspect/queues/{queue}/resume", ok="the queue", errors={404: "unknown queue"}))
     async def resume_queue(self, queue: QueueName) -> QueueView:
         """Resume a paused queue."""
 
@@ -671,7 +671,7 @@ class Backend(abc.ABC):
 
     @action(system="jobs", permission="operate", label="sending a job", audit="job.send", impl="jobs.send_by_operator", check=_check_send,
             http=Http("POST", "/inspect/queues/{queue}/jobs", status=201, again=200, repeated=lambda sent: sent.duplicate,
-                      retry=lambda arguments: arguments.get("key") is not None, max_body=6 * MAX_PAYLOAD_BYTES + 64 * 1024,
+                      max_body=6 * MAX_PAYLOAD_BYTES + 64 * 1024,
                       ok="queued: {id, duplicate: false}; a job with this key exists: {id, duplicate: true}, nothing queued",
                       errors={404: "unknown queue", 409: "queue_full: it holds 10,000 queued and dead jobs",
                               413: "the payload is over 256 KiB"}))

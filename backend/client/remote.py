@@ -91,25 +91,31 @@ class RemoteBackend(Backend):
         self._info: ConnectionInfo | None = None
 
     # -- plumbing -----------------------------------------------------------------------
-    async def _request(self, method: str, path: str, *, retry: bool, **kwargs: Any) -> Any:
-        delays = self._read_retries if retry else ()
-        attempt = 0
+    async def _request(self, method: str, path: str, *, retry: bool, changes: bool = False, **kwargs: Any) -> Any:
+        """``retry``: send it again after it may have reached the server, too (one that
+        failed before it left is always sent again: nothing was done). ``changes``: it is an
+        action, which a request that reached the server may have done all the same."""
+        delays, attempt, doubt = self._read_retries, 0, False
         while True:
             try:
-                response = await self._client.request(method, path, **kwargs)
+                # httpx's timeout bounds each read, not the whole answer: one trickled a
+                # byte every 2 s held the command line, and the console's every refresh
+                # after it, for good.
+                async with asyncio.timeout(self._timeout * WHOLE_ANSWER_READS):
+                    response = await self._client.request(method, path, **kwargs)
                 break
-            except httpx.TimeoutException as exc:
-                if attempt < len(delays):
+            except (httpx.TransportError, TimeoutError) as exc:
+                unsent = isinstance(exc, _NOT_SENT)
+                doubt = doubt or (changes and not unsent)
+                if attempt < len(delays) and (unsent or retry):
                     await asyncio.sleep(delays[attempt])
                     attempt += 1
                     continue
-                raise Unavailable(f"{self.where} did not answer in time ({method} {path}){_in_doubt(retry, exc)}") from None
-            except httpx.TransportError as exc:
-                if attempt < len(delays):
-                    await asyncio.sleep(delays[attempt])
-                    attempt += 1
-                    continue
-                raise Unavailable(f"cannot reach {self.where}: {_reason(exc)}{_in_doubt(retry, exc)}") from None
+                if isinstance(exc, (httpx.TimeoutException, TimeoutError)):
+                    said = f"{self.where} did not answer in time ({method} {path})"
+                else:
+                    said = f"cannot reach {self.where}: {_reason(exc)}"
+                raise Unavailable(said + (_IN_DOUBT if doubt else "")) from None
         return self._decode(response, f"{method} {path}")
 
     def _decode(self, response: httpx.Response, route: str) -> Any:
@@ -238,7 +244,8 @@ class RemoteBackend(Backend):
                 body[wire] = _sendable(encode(value), wire)
         sends_body = http.method in ("POST", "PATCH")
         data = await self._request(
-            http.method, path, retry=http.retried(checked), params=query, **({"json": body} if sends_body else {})
+            http.method, path, retry=http.retried(checked), changes=action.permission != "read", params=query,
+            **({"json": body} if sends_body else {}),
         )
         return self._read(f"{http.method} {path}", data, lambda answer: _result(action, checked, answer))
 
@@ -428,13 +435,15 @@ def _result(action: Action, arguments: Mapping[str, Any], answer: Any) -> Any:
 _NOT_JSON: Any = object()
 
 
-def _in_doubt(retried: bool, exc: httpx.TransportError) -> str:
-    """What an action's caller must know when its request went and no answer came back: it
-    may have been done all the same (a frozen server ran a Run now once it woke: pressed
-    again, it ran twice). Nothing for a read, or for a request that never left."""
-    if retried or isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
-        return ""
-    return "; it may have been done all the same: look before doing it again"
+#: A whole answer may take this many times the client's timeout (which bounds each read).
+WHOLE_ANSWER_READS = 3
+#: The failures of a request that never left: no connection was made, so nothing was done.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+#: What an action's caller must know when one of its requests went and no answer came back
+#: (its repeats included): it may have been done all the same (a frozen server ran a Run now
+#: once it woke: pressed again, it ran twice; a disable landed late, after the enable that
+#: followed it).
+_IN_DOUBT = "; it may have been done all the same: look before doing it again"
 
 
 def _no_json(response: httpx.Response) -> str:
