@@ -16,7 +16,7 @@ import json
 import math
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Final
 
 from backend.errors import BadInput, NotFound, TooLarge
 from backend.safetext import MAX_JSON_DEPTH, NOT_TEXT, json_depth, printable
@@ -105,6 +105,11 @@ def check_instance(name: str, field: str = "instance") -> str:
             field="instance",
         )
     return name
+
+
+#: The largest JSON a job's payload, or a durable execution's input, may be (UTF-8 bytes):
+#: here, below both, so that a schedule's definition holds its payload to them at import.
+MAX_SENT_JSON_BYTES: Final = 256 * 1024
 
 
 def check_json(value: Any, field: str, limit: int | None = None, *, max_depth: int | None = MAX_JSON_DEPTH) -> str:

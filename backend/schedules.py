@@ -19,7 +19,7 @@ from backend.alerts.policy import ScheduleAlerting, schedule_alerting
 from backend.cron import Cron, shared_cron
 from backend.defined import caller_location, made
 from backend.errors import BadInput, CronError, DefinitionError
-from backend.inputs import check_json, check_seconds, check_text, is_async_callable
+from backend.inputs import MAX_SENT_JSON_BYTES, check_json, check_seconds, check_text, is_async_callable
 from backend.locks.model import check_lock_to_take, check_ttl
 from backend.model import (
     BACKFILL_POLICIES,
@@ -175,20 +175,6 @@ def handler_problem(handler: Any) -> str | None:
     return None
 
 
-def _target_bytes(queue: str | None, durable: str | None) -> int | None:
-    """The largest payload a schedule's target takes (``None``: a handler's, no bound)."""
-    # (Imported here: both modules build on this one.)
-    if queue is not None:
-        from backend.jobs.definition import MAX_PAYLOAD_BYTES
-
-        return MAX_PAYLOAD_BYTES
-    if durable is not None:
-        from backend.durable.service import MAX_INPUT_BYTES
-
-        return MAX_INPUT_BYTES
-    return None
-
-
 def define_schedule(
     *,
     name: str,
@@ -280,7 +266,8 @@ def define_schedule(
         # or a start has (else each slot failed on it, the file imported fine); a handler's
         # stays in this process. (A stored schedule's is checked where it comes in, and one an
         # earlier release took deeper runs as it did: :mod:`backend.scheduler.stored`.)
-        check_json(payload, "payload", _target_bytes(queue, durable), max_depth=None if queue is durable is None else MAX_JSON_DEPTH)
+        sent = queue is not None or durable is not None
+        check_json(payload, "payload", MAX_SENT_JSON_BYTES if sent else None, max_depth=MAX_JSON_DEPTH if sent else None)
     except BadInput as exc:
         raise bad(exc.message) from None
     try:

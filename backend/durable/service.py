@@ -20,7 +20,7 @@ from backend.durable.model import EXECUTION_STATUSES, Execution, ExecutionsPage,
 from backend.durable.run import started_on
 from backend.durable.store import DurableStore, NewExecution
 from backend.errors import BadInput, NotFound, Refused
-from backend.inputs import RepeatedKey, check_before, check_count, check_id, check_json, parse_json
+from backend.inputs import MAX_SENT_JSON_BYTES, RepeatedKey, check_before, check_count, check_id, check_json, parse_json
 from backend.runtime.subsystems import Shared
 from backend.safetext import printable
 from backend.schedules import NAME_PATTERN, RunContext
@@ -28,7 +28,7 @@ from backend.schedules import NAME_PATTERN, RunContext
 __all__ = ["MAX_INPUT_BYTES", "MAX_SIGNAL_BYTES", "Durable", "parse_json_option"]
 
 #: Largest input of an execution, and payload of a signal (encoded JSON).
-MAX_INPUT_BYTES: Final = 256 * 1024
+MAX_INPUT_BYTES: Final = MAX_SENT_JSON_BYTES
 MAX_SIGNAL_BYTES: Final = 64 * 1024
 DEFAULT_CONCURRENCY: Final = 32
 

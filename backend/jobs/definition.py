@@ -19,7 +19,7 @@ from backend.alerts.policy import QueueAlerting, queue_alerting
 from backend.defined import caller_location, made
 from backend.definitions import register_definition_type
 from backend.errors import BadInput, DefinitionError
-from backend.inputs import check_count, check_json, check_seconds, check_text, is_async_callable, is_id, shown_number
+from backend.inputs import MAX_SENT_JSON_BYTES, check_count, check_json, check_seconds, check_text, is_async_callable, is_id, shown_number
 from backend.safetext import MAX_JSON_DEPTH, printable
 from backend.schedules import MAX_RUNTIME_LIMIT, NAME_PATTERN, handler_problem
 
@@ -49,7 +49,7 @@ __all__ = [
 JobHandler = Callable[["JobContext"], Awaitable[Any] | Any]
 
 #: The limits of a job (the README's "Job queue" lists them as a sender meets them).
-MAX_PAYLOAD_BYTES: Final = 256 * 1024
+MAX_PAYLOAD_BYTES: Final = MAX_SENT_JSON_BYTES
 MAX_DELAY_S: Final = 30 * 86400
 MIN_ATTEMPTS: Final = 1
 MAX_ATTEMPTS: Final = 20

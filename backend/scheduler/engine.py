@@ -59,7 +59,7 @@ from backend.events.audit import AuditLog
 from backend.events.bus import EventBus
 from backend.events.relay import Relay
 from backend.ids import IdFactory
-from backend.inputs import check_count, check_instance, check_seconds
+from backend.inputs import check_instance, check_seconds, shown_number
 from backend.jobs.definition import BACKOFF_FIRST_S, Queue
 from backend.jobs.system import Jobs
 from backend.locks import Locks
@@ -102,6 +102,13 @@ log = logging.getLogger("schedtui.engine")
 #: polls, heartbeats, take-over window, grace, shard leases), a year for an external call's
 #: tolerance, a century for what it keeps (runs, claims).
 _DAY, _YEAR, _CENTURY = 86_400.0, 366 * 86_400.0, 36_500 * 86_400.0
+
+
+def _whole_option(value: object, option: str, low: int, high: int) -> int:
+    """An engine option's whole number, refused as every option is (``… must be …``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BadInput(f"{option} {shown_number(value)} must be a whole number from {low:,} to {high:,}", field=option)
+    return value
 
 
 def _span(seconds: float) -> timedelta:
@@ -203,16 +210,16 @@ class Engine(EngineReads, EngineActions):
             check_instance(instance)
         retention = None if retention is None else _span(check_seconds(retention, "retention", high=_CENTURY))
         claims_ttl = None if claims_ttl is None else _span(check_seconds(claims_ttl, "claims_ttl", high=_CENTURY))
-        catch_up_limit = check_count(catch_up_limit, "catch_up_limit", low=1, high=1_000_000)
+        catch_up_limit = _whole_option(catch_up_limit, "catch_up_limit", 1, 1_000_000)
         state_poll_interval = check_seconds(state_poll_interval, "state_poll_interval", high=_DAY)
         heartbeat_interval = check_seconds(heartbeat_interval, "heartbeat_interval", high=_DAY)
         abandon_after = check_seconds(abandon_after, "abandon_after", high=_DAY)
         shutdown_grace = check_seconds(shutdown_grace, "shutdown_grace", high=_DAY, zero=True)
         external_tolerance = _span(check_seconds(external_tolerance, "external_tolerance", high=_YEAR, zero=True))
         external_early = _span(check_seconds(external_early, "external_early", high=_DAY, zero=True))
-        max_threads = check_count(max_threads, "max_threads", low=1, high=10_000)
+        max_threads = _whole_option(max_threads, "max_threads", 1, 10_000)
         shard_ttl = check_seconds(shard_ttl, "shard_ttl", high=_DAY)
-        job_backoff = check_count(job_backoff, "job_backoff", low=1, high=int(_DAY))
+        job_backoff = _whole_option(job_backoff, "job_backoff", 1, int(_DAY))
         if default_trigger not in ("self", "external"):
             raise BadInput(f"default_trigger {default_trigger!r} must be \"self\" or \"external\"", field="default_trigger")
         items = _definitions(definitions)
