@@ -136,8 +136,11 @@ class Reading(App[None]):
                 info = await self.backend.connect()
                 await self._connected(info)
             snapshot = await self.backend.list_schedules()
-            await self._read_instances()
+            # The server's clock first: the heartbeats' ages are judged against it (read
+            # before it, the first refresh judged them by this machine's clock, and a server
+            # 90 s behind showed "nothing is firing" for the first 20 s).
             self.link.snapshot(snapshot.now)
+            await self._read_instances()
             self.views = snapshot.schedules
             await view.load()
             view.loaded = True

@@ -10,8 +10,8 @@ import pytest
 from backend.client.remote import RemoteBackend
 from console.app import SchedtuiApp
 from console.screens.schedule_form import ScheduleForm
-from console.widgets import ConsoleHeader, RunsTable, SchedulesTable
-from tests.servers import INSPECT_INFO, Server, json_server, start_server
+from console.widgets import ConsoleHeader, FleetBanner, RunsTable, SchedulesTable
+from tests.servers import INSPECT_INFO, Server, cli_env, json_server, start_server
 from tests.test_console import Notes, settle
 from tests.test_console_schedule_form import fill
 from tests.test_contract import OPERATE, READ, write_schedules
@@ -114,3 +114,27 @@ async def test_a_server_answering_json_of_another_shape_is_a_notification() -> N
                 assert app.is_running
         finally:
             await backend.close()
+
+
+async def test_a_server_whose_clock_is_behind_is_judged_by_its_own_clock(tmp_path: Path) -> None:
+    """A server 90 s behind the operator's machine: the first refresh judged its heartbeats
+    by the operator's clock (read before the server's), so the console said "NOTHING IS
+    FIRING" for its first 20 s; and its countdowns and ages ran on the operator's clock, a
+    slot 11 s away shown in 1m 41s (an outside attack)."""
+    write_schedules(tmp_path)
+    server = start_server(tmp_path, "--schedules", "schedules", "--store", f"sqlite:///{tmp_path / 'state.db'}",
+                          "--token", OPERATE, env=cli_env(SCHEDTUI_CLOCK_OFFSET_MS="-90000"))  # fmt: skip
+    backend = RemoteBackend(server.url, OPERATE)
+    app = SchedtuiApp(backend, refresh_interval=60)
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await settle(pilot)
+            snapshot = await backend.list_schedules()
+            assert abs((snapshot.now - app.clock.now()).total_seconds() + 90) < 5  # (the skew is there)
+            assert app.fleet is not None and not app.fleet.silent, app.fleet
+            assert not app.query_one(FleetBanner).has_class("-silent")
+            table = app.query_one(SchedulesTable)
+            assert table._now is not None and abs((table._now - snapshot.now).total_seconds()) < 5
+    finally:
+        await backend.close()
+        server.stop()

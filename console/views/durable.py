@@ -197,7 +197,7 @@ class DurableView(View):
         console = self.console
         needle = console.filter_text.strip()
         shown = [e for e in self.executions if execution_matches(e, needle)]
-        self.table.show(shown, console.display_zone, console.clock.now())
+        self.table.show(shown, console.display_zone, console.backend_now())
         self._show_selected()
         counts = {status: sum(1 for e in shown if e.status == status) for status in ("running", "waiting", "failed")}
         title = f"DURABLE {len(shown)}" + ("+" if self.more and not needle else "")
@@ -221,6 +221,7 @@ class DurableView(View):
         self.query_one("#durable-title", Line).update(Content(title + self.table.off_screen() + keys))
 
     def tick(self, now: datetime) -> None:
+        now = self.console.backend_now()  # (what the server's times are counted against)
         if self.executions:
             self.table.show(self.table.executions, self.console.display_zone, now)
 
@@ -270,7 +271,7 @@ class DurableView(View):
         except SchedtuiError as exc:
             self.console.report(exc)
             return
-        self.app.push_screen(StepsScreen(execution, self.console.display_zone, self.console.clock.now()))
+        self.app.push_screen(StepsScreen(execution, self.console.display_zone, self.console.backend_now()))
 
     def action_execution_log(self) -> None:
         """``l``: the log of the execution under the cursor."""

@@ -136,7 +136,7 @@ class JobsView(View):
 
     # -- drawing ------------------------------------------------------------------------
     def show(self) -> None:
-        now = self.console.clock.now()
+        now = self.console.backend_now()
         self.queues_table.show(self.queues, now)
         shown = len(self.queues)
         paused = sum(1 for q in self.queues if q.paused)
@@ -154,7 +154,7 @@ class JobsView(View):
 
     def _show_jobs(self) -> None:
         table = self.jobs_table
-        now = self.console.clock.now()
+        now = self.console.backend_now()
         current = (self.selected_queue, self.status, self._pages[-1])
         jobs = self.page.jobs if self.page is not None and self._page_of == current else []
         before = table.selected_job if self._shown_of == current else None  # (a page of another filter: no surprise)
@@ -185,6 +185,7 @@ class JobsView(View):
         self.call_after_refresh(lambda: self.query_one("#jobs-title", Line).update(Content(title + table.off_screen())))
 
     def tick(self, now: datetime) -> None:
+        now = self.console.backend_now()  # (what the server's times are counted against)
         self.queues_table.tick(now)
         self.jobs_table.tick(now)
 

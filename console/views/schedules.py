@@ -165,7 +165,7 @@ class SchedulesView(View):
         table = self.table
         visible = console.visible_views()
         before = self.selected_name
-        table.show(visible, console.clock.now(), console.data_now())
+        table.show(visible, console.backend_now(), console.data_now())
         failing = sum(1 for view in visible if last_status_is(view, "failed"))
         self._title(len(visible), failing)
         self.call_after_refresh(self._title, len(visible), failing)  # hidden columns: once laid out
@@ -196,7 +196,7 @@ class SchedulesView(View):
         console = self.console
         name = self.selected_name
         detail = self.query_one(DetailBar)
-        now = console.clock.now()
+        now = console.backend_now()
         detail.zone, detail.now = console.display_zone, now
         if self._detail is None or name is None or self._detail[0] != name:
             return
@@ -221,6 +221,7 @@ class SchedulesView(View):
         detail.page = "" if len(self._pages) == 1 else f"page {len(self._pages)} · {self.shown_key('newer_runs')} newer"
 
     def tick(self, now: datetime) -> None:
+        now = self.console.backend_now()  # (what the server's times are counted against)
         self.table.tick(now, self.console.data_now())
         detail = self.query_one(DetailBar)
         detail.now = now
@@ -252,7 +253,7 @@ class SchedulesView(View):
             self._detail = None
             self.recent, self.page = [], None
             self.query_one(RecentRuns).runs = []
-            self.query_one(RunsTable).show([], self.console.display_zone, self.console.clock.now())
+            self.query_one(RunsTable).show([], self.console.display_zone, self.console.backend_now())
             self.query_one(UpcomingLine).slots = []
             return
         self.load_detail(name)
@@ -381,7 +382,7 @@ class SchedulesView(View):
         if not view.enabled:
             when = "; disabled"
         elif view.next_fire_at is not None:
-            when = f"; next fire {fmt.countdown(view.next_fire_at, console.clock.now())}"
+            when = f"; next fire {fmt.countdown(view.next_fire_at, console.backend_now())}"
         else:
             when = ""
         # What the backend stored, field by field: a field that went missing shows here.

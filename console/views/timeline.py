@@ -120,7 +120,7 @@ class TimelineView(View):
 
     # -- data ---------------------------------------------------------------------------
     async def load(self) -> None:
-        window = self.window(self.console.clock.now())
+        window = self.window(self.console.backend_now())
         names = self._names_on_screen()
         if not names:
             self.runs, self.loaded_for = {}, (window, frozenset())
@@ -157,7 +157,7 @@ class TimelineView(View):
     # -- drawing ------------------------------------------------------------------------
     def show(self) -> None:
         console = self.console
-        now = console.clock.now()
+        now = console.backend_now()
         window = self.window(now)
         rows = console.visible_views()
         overdue = OverdueNames(rows, console.overdue, console.data_now())
@@ -177,6 +177,7 @@ class TimelineView(View):
         self.query_one("#timeline-title", Line).update(Content(title))
 
     def tick(self, now: datetime) -> None:
+        now = self.console.backend_now()  # (what the server's times are counted against)
         grid = self.grid
         if grid.window is None:
             return
@@ -220,7 +221,7 @@ class TimelineView(View):
             *head, fmt.short_time(run.scheduled_at, zone), "  ", (f"{glyph} {run.status}", style), "  ",
             f"{fmt.OUTCOME_GLYPHS.get(run.coordination_outcome, '?')} {run.coordination_outcome}",
             ("  ", ""), (KIND_MEANINGS[kind_of(run)], "$text-muted"), "  ", run.instance, "  ",
-            run_duration(run, view.max_runtime_s, console.clock.now()),
+            run_duration(run, view.max_runtime_s, console.backend_now()),
         ]
         if run.error_tag or run.error_message:
             parts += ["  ", (f"[{run.error_tag}] {run.error_message or ''}".strip(), "$text-error")]
@@ -233,7 +234,7 @@ class TimelineView(View):
     # -- keys ---------------------------------------------------------------------------
     def action_pan(self, direction: int) -> None:
         """``h``/``l``: a quarter of the window earlier or later."""
-        now = self.console.clock.now()
+        now = self.console.backend_now()
         current = self.window(now)
         self.center = current.center + ZOOMS[self.zoom] / 4 * direction
         following = Window.following(now, ZOOMS[self.zoom], self.grid.cells)
@@ -246,7 +247,7 @@ class TimelineView(View):
         if zoom == self.zoom:
             self.notify(f"Already at {zoom_label(ZOOMS[zoom])}, the {'narrowest' if direction < 0 else 'widest'} span.")
             return
-        now = self.console.clock.now()
+        now = self.console.backend_now()
         if not self.following:
             self.center = self.window(now).center
         self.zoom = zoom
