@@ -14,6 +14,7 @@ import textual._wait
 
 from backend import Engine, ManualClock, Run, Schedule
 from tests import pg, pooler
+from tests.file_seconds import FILE_SECONDS
 
 pytest_plugins = ["tests.timeouts"]  # each test's time limit
 
@@ -37,6 +38,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         root = Path(__file__).resolve().parent.parent
         for package in ("backend", "console", "tests"):
             compileall.compile_dir(root / package, quiet=1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first (see :mod:`tests.file_seconds`), each file's tests in their
+    own order; the sort is stable, so every worker collects the same order."""
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0))
 
 
 @pytest.fixture(scope="session")
