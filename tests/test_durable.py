@@ -34,6 +34,7 @@ from backend.durable.store import (
     Write,
     signals_from_json,
 )
+from backend.store.postgres.store import PostgresStore
 from tests import pg
 from tests.durable_helpers import crash, durable_url, engines  # noqa: F401 - fixtures
 from tests.late_answers import LateAnswer, lapse_and_renew
@@ -1114,6 +1115,9 @@ async def test_a_signals_payload_reaches_the_code_as_sent_numbers_and_key_order_
         "keys": ["b", "a", "big", "max", "nested"], "types": ["int", "float", "float", "float", "dict"], "got": sent,
     }, done.output  # fmt: skip
     assert json.dumps(done.output["got"]) == json.dumps(sent)  # (the nested order too)
+    if isinstance(engine.store, PostgresStore):  # the value too, for the release before (it reads "p")
+        row = await engine.store._fetchone("SELECT signals FROM schedtui_durable_executions WHERE id = %s", (started.id,))
+        assert row is not None and set(row[0]["go"]) == {"t", "p", "at"} and row[0]["go"]["p"]["b"] == 1
 
 
 def test_signals_kept_before_as_values_still_read() -> None:

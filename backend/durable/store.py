@@ -320,10 +320,11 @@ def step_from_row(row: Sequence[Any], when: ToTime) -> StepRecord:
 
 
 def signals_from_json(stored: dict[str, Any]) -> dict[str, tuple[str, datetime]]:
-    """The signals an execution's row keeps: ``{name: {"p": payload, "at": iso}}``, or on
-    PostgreSQL ``{name: {"t": payload's JSON text, "at": iso}}``: its ``jsonb`` kept a
+    """The signals an execution's row keeps: ``{name: {"p": payload, "at": iso}}``, and on
+    PostgreSQL ``"t"``, the payload's JSON text, beside ``p``: its ``jsonb`` keeps a
     payload's value, not its text (``1e16`` came back as ``10000000000000000``, an
-    object's keys reordered), so the text is kept as sent (rows written before: ``p``)."""
+    object's keys reordered), so the text is read where it is there (``p`` stays for the
+    release before, which reads it: a fleet is upgraded one instance at a time)."""
     signals = {}
     for name, entry in stored.items():
         at = datetime.fromisoformat(entry["at"]).astimezone(UTC)

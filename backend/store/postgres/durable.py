@@ -326,12 +326,15 @@ EXPIRE = f"""
 #: The status is read from the row locked (FOR UPDATE re-reads it once another write of it,
 #: an end on its way, has committed): read in the statement's snapshot, a signal that waited
 #: for the end was not taken, and was answered a duplicate of a signal never kept.
+#: A signal's payload kept as its text ("t": jsonb keeps a value, not its text) and as a
+#: value ("p": what the release before reads). Cast to text first: the one parameter is
+#: typed by its first cast, and a jsonb parameter cast to text is jsonb's text again.
 SIGNAL = f"""
     WITH found AS (SELECT status FROM {EXECUTIONS} WHERE id = %(id)s FOR UPDATE),
     taken AS (
         UPDATE {EXECUTIONS}
         SET signals = signals || jsonb_build_object(
-                %(name)s::text, jsonb_build_object('t', %(payload)s::text, 'at', %(sent)s::text)),
+                %(name)s::text, jsonb_build_object('t', %(payload)s::text, 'p', %(payload)s::text::jsonb, 'at', %(sent)s::text)),
             wake_at = CASE WHEN status = 'waiting' AND awaits = %(name)s THEN %(now)s ELSE wake_at END
         WHERE id = %(id)s AND status NOT IN ('succeeded', 'failed', 'cancelled') AND NOT signals ? %(name)s::text
         RETURNING id
