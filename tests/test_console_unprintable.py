@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from textual.widgets import Static
 from backend.safetext import never_drawn
 from console.cli.main import main
 from console.unprintable import Unprintable
+from console.widgets import SchedulesTable
 from tests.console_fixtures import add_alerts, add_jobs, add_locks, add_timeline_history, build_ledger, ledger_copy
 from tests.durable_scenes import add_durable_history
 from tests.test_console import console, settle
@@ -119,6 +121,17 @@ async def test_a_widget_that_draws_stored_text_as_it_is_sends_no_escape_to_the_t
         text = drawn(app)
         assert "forgot [2J]0;pwnedevil31mx" in text
         assert not [c for c in BAD if c in text]
+
+
+async def test_names_crons_and_zones_from_a_server_that_did_not_check_them_are_shown_escaped(store_url: str) -> None:
+    """A server checks them where they are made; an older or a misbehaving one may send
+    controls in them, which the Schedules table drew through the last-resort filter only
+    (stripped: `night]0;PWNED[2Jly`), not as the escapes every other text is shown as."""
+    async with console(store_url) as (app, pilot, clock, notes):
+        table = app.query_one(SchedulesTable)
+        view = replace(app.views[0], name="n\x1b]0;x\x07\u202e", cron="* \x1b[2J* * * *", timezone="UTC\x9b")
+        cells = [str(cell) for cell in table._cells(view, clock.now(), clock.now())]
+        assert (cells[0], cells[4], cells[5]) == ("n\\x1b]0;x\\x07\\u202e", "* \\x1b[2J* * * *", "UTC\\x9b")
 
 
 def test_the_command_line_prints_no_stored_escape_and_its_json_means_the_same(

@@ -38,6 +38,7 @@ from textual.widgets._data_table import _EMPTY_TEXT, Row, default_cell_formatter
 from textual.widgets.data_table import ColumnKey, DuplicateKey, RowKey
 
 from backend.model import Run, ScheduleView
+from backend.safetext import in_line
 from console import format as fmt
 from console.fleet import CronCache, Overdue
 from console.widgets.palette import OUTCOME_COLORS, status_style, theme_color
@@ -526,7 +527,10 @@ class SchedulesTable(FreshTable):
 
     def _cells(self, view: ScheduleView, now: datetime, data_now: datetime) -> tuple[Text | str, ...]:
         # Text, never str: a str cell is parsed as markup on every measure and render.
-        name = view.name if len(view.name) <= NAME_MAX else view.name[: NAME_MAX - 1] + "…"
+        # (A server's names, crons and zones are checked where they are made; one that did not
+        # check them, an older or a misbehaving one, still gets its controls shown escaped.)
+        name = in_line(view.name)
+        name = name if len(name) <= NAME_MAX else name[: NAME_MAX - 1] + "…"
         cell = Text(name, style="bold")
         if view.source == "store":
             cell.append(f" {STORED_MARK}", style=Style(color=theme_color(self.app, "text-accent")))
@@ -535,8 +539,8 @@ class SchedulesTable(FreshTable):
             self._state(view, data_now),
             self._countdown(view, now),
             last_run_text(view, now, self.app),
-            Text(view.cron),
-            Text(view.timezone),
+            Text(in_line(view.cron)),
+            Text(in_line(view.timezone)),
             Text(view.trigger),
         )
 
