@@ -30,6 +30,7 @@ from backend import (
     define_queue,
     define_schedule,
 )
+from backend.durable import DurableContext, define_durable
 from backend.jobs.definition import backoff, check_send
 from backend.jobs.model import NotDead, job_context
 from tests.conftest import expect
@@ -126,6 +127,41 @@ def test_the_limits_themselves_are_accepted() -> None:
     assert check_send(delay=timedelta(minutes=5)).delay == 300.0
     with pytest.raises(BadInput, match="delay 2,592,001s is out of range"):
         check_send(delay=timedelta(days=30, seconds=1))
+
+
+async def test_a_serve_that_defines_no_queue_nor_durable_function_still_prunes_their_rows(
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Their retention is store-wide, and ran only in a process that defined a queue (or a
+    function): a serve whose definitions had none (moved out of them, or jobs sent from
+    elsewhere) kept every dead job, attempt and finished execution for good (an outside
+    soak run: 62,743 attempts kept eight days on)."""
+
+    async def fails(ctx: JobContext) -> None:
+        raise RuntimeError("no")
+
+    async def body(ctx: DurableContext, input: Any) -> int:
+        return 1
+
+    first = make_engine([define_queue(name="mail", handler=fails, attempts=1), define_durable(name="f", handler=body)],
+                        retention=timedelta(days=1))  # fmt: skip
+    await first.start()
+    await first.jobs.send("mail", {"to": "x"})
+    started = await first.durable.start_execution("f")
+    await first.quiesce()
+    assert [j.status for j in (await first.jobs.list_jobs("mail")).jobs] == ["dead"]
+    assert (await first.durable.get(started.id)).status == "succeeded"
+    await first.stop(grace=0)
+    clock.advance(timedelta(days=8))
+    bare = make_engine([], retention=timedelta(days=1), instance="bare")
+    await bare.open()
+    with caplog.at_level(logging.INFO, "schedtui"):
+        await bare.maintain()
+    said = [r.getMessage() for r in caplog.records]
+    assert "job retention: removed 2 dead job(s) and old attempt(s)" in said, said
+    assert "retention: removed 1 durable execution(s) finished more than 1 day, 0:00:00 ago" in said, said
+    with pytest.raises(NotFound, match="no execution with id"):
+        await bare.durable.get(started.id)
 
 
 async def test_a_refused_send_writes_nothing(make_engine: Callable[..., Engine]) -> None:

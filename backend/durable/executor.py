@@ -359,17 +359,20 @@ class DurableExecutor:
                 run.request_cancel()
 
     # -- housekeeping ------------------------------------------------------------------
-    async def maintain(self, now: datetime) -> None:
-        """Take the executions of instances known to be gone, prune old ones, and report
-        runnable executions nobody claims."""
-        if self._owners_checked is None or now - self._owners_checked >= self.check_owners_every:
-            self._owners_checked = now
-            await self._expire_gone(now)
+    async def prune(self, now: datetime) -> None:
+        """Delete the executions finished longer ago than the retention (hourly)."""
         if self.retention is not None and (self._pruned is None or now - self._pruned >= timedelta(hours=1)):
             self._pruned = now
             removed = await self.store.durable_prune(now - self.retention)
             if removed:
                 log.info("retention: removed %d durable execution(s) finished more than %s ago", removed, self.retention)
+
+    async def maintain(self, now: datetime) -> None:
+        """Take the executions of instances known to be gone, and report runnable
+        executions nobody claims (the retention is :meth:`prune`'s)."""
+        if self._owners_checked is None or now - self._owners_checked >= self.check_owners_every:
+            self._owners_checked = now
+            await self._expire_gone(now)
         if self._stale_reported is None or now - self._stale_reported >= STALE_REPORT_EVERY:
             self._stale_reported = now
             await self._report_stale(now)

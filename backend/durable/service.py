@@ -92,6 +92,9 @@ class Durable:
         self.executor.start()
 
     async def maintain(self, now: datetime) -> None:
+        # The retention is store-wide, whatever this process defines (a serve with no
+        # durable function in its definitions kept every finished execution for good).
+        await self.executor.prune(now)
         if self.functions:
             await self.executor.maintain(now)
 

@@ -135,10 +135,12 @@ class Jobs:
         self.workers.start()
 
     async def maintain(self, now: datetime) -> None:
-        if self.workers is None:
-            return
         try:
-            await self.rescue(now)
+            if self.workers is not None:
+                await self.rescue(now)
+            # Store-wide, whatever this process defines: a serve with no queue in its
+            # definitions (moved out of them, or jobs sent from elsewhere) kept every dead
+            # job, attempt and log for good.
             if self.last_prune is None or now - self.last_prune >= timedelta(hours=1):
                 self.last_prune = now
                 removed = await self.store.prune_jobs(now - DEAD_KEEP, now - CRON_DEAD_KEEP, now - ATTEMPTS_KEEP)
