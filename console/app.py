@@ -340,6 +340,8 @@ class SchedtuiApp(Reading, ScheduleActions, Keyboard):
             self._start_events()
         if self._refreshing:
             return
+        if self.refresh_signalled():
+            return
         due = self.link.due(paused=self.paused)
         if due == "refresh":
             self.refresh_data()

@@ -83,6 +83,8 @@ class Reading(App[None]):
     _freeze_heap: bool
     _refreshing: bool
     _refresh_again: bool
+    _refreshed_at: datetime | None
+    _signalled: bool
     _events_task: asyncio.Task[None] | None
 
     def _init_reading(self) -> None:
@@ -91,6 +93,10 @@ class Reading(App[None]):
         self.alerting = None
         self._refreshing = False
         self._refresh_again = False
+        self._refreshed_at = None
+        """When the last refresh started (the console's clock)."""
+        self._signalled = False
+        """Signals arrived that a refresh held back by the view's ``signalled_every`` owes."""
         self._events_task = None
 
     if TYPE_CHECKING:  # the app's
@@ -131,6 +137,7 @@ class Reading(App[None]):
 
     async def _refresh_once(self) -> None:
         view = self.active_view
+        self._refreshed_at, self._signalled = self.clock.now(), False
         try:
             if self.info is None or self.link.retry_at is not None:
                 info = await self.backend.connect()
@@ -278,9 +285,26 @@ class Reading(App[None]):
         if feed is not None:
             self._set_feed(feed)
         if refresh and not self.paused and self.info is not None:
-            self.request_refresh()
+            if self._signal_held():
+                self._signalled = True  # (answered by the tick once due)
+            else:
+                self.request_refresh()
         if alerts and not self.paused and self.info is not None:
             self.refresh_alerts()
+
+    def _signal_held(self) -> bool:
+        """Whether a refresh a signal asks for waits for the view's ``signalled_every``."""
+        every, last = self.active_view.signalled_every, self._refreshed_at
+        return bool(every) and last is not None and (self.clock.now() - last).total_seconds() < every
+
+    def refresh_signalled(self) -> bool:
+        """Start the refresh that held-back signals owe, once the view's interval has passed
+        (the app's tick asks); whether it did."""
+        if self._signalled and not self._signal_held() and not self.paused and self.info is not None:
+            self._signalled = False
+            self.request_refresh()
+            return True
+        return False
 
     def _set_feed(self, events: bool) -> None:
         if not self.link.set_feed(events):

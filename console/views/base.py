@@ -61,6 +61,10 @@ class View(Vertical):
     topics: ClassVar[tuple[str, ...]] = ()
     """Change signals (besides ``runs`` and ``schedules``, which every view follows) that
     make the app refresh while this view is on screen (see :mod:`backend.events.bus`)."""
+    signalled_every: ClassVar[float] = 0.0
+    """The least seconds between two refreshes that change signals start while this view
+    is on screen (0: as soon as the one in flight is done); the signals in between are
+    answered by one refresh once that much has passed."""
 
     loaded = False
     """Whether a :meth:`load` of this view has answered yet: until then its title says it
