@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 
 from backend.api.app import create_app
 from backend.client.interface import ConnectionInfo
@@ -217,3 +218,14 @@ def test_an_instance_silent_past_the_take_over_window_is_shown_gone_not_firing()
     # An observer (this console, a verb) registers once and never beats: its age says nothing.
     watching = InstanceInfo("ops:9633", "h", 3, now - timedelta(minutes=33), role="observer")
     assert instance_text(watching, now).plain.split()[:2] == ["ops:9633", "observer"]
+
+
+@pytest.mark.parametrize(
+    ("count", "shown"),
+    [(0, "0"), (99_999, "99999"), (100_000, "100k"), (525_902, "526k"), (999_500, "1.0M"), (12_345_678, "12M")],
+)
+def test_an_hours_total_fits_its_column_with_a_space_before_it(count: int, shown: str) -> None:
+    """A total of 525,902 ran into its sparkline (``█▄525902``): the column is six cells."""
+    from console.views.health import _counted
+
+    assert _counted(count) == shown and len(shown) < HealthRow.TOTAL

@@ -124,9 +124,20 @@ def dead_text(queue: QueueActivity) -> Content:
 
 
 def _total(count: int, *, bad: bool = False) -> Content:
+    text = _counted(count)
     if bad and count:
-        return Content.styled(str(count), "bold $text-error")
-    return Content.styled(str(count), "$text-muted") if not count else Content(str(count))
+        return Content.styled(text, "bold $text-error")
+    return Content.styled(text, "$text-muted") if not count else Content(text)
+
+
+def _counted(count: int) -> str:
+    """A total in at most five characters (its column is six, one a space): 525,902 ran into
+    its sparkline as ``█▄525902``; shown ``526k``."""
+    if count < 100_000:
+        return str(count)
+    if count < 10_000_000:
+        return f"{count / 1000:.0f}k" if count < 999_500 else f"{count / 1_000_000:.1f}M"
+    return f"{count / 1_000_000:.0f}M"
 
 
 
