@@ -23,7 +23,7 @@ import pytest
 
 from backend import BadInput, DefinitionError, Engine, ManualClock, NotFound, Refused, Unavailable, define_schedule
 from backend.definitions import discover_definitions
-from backend.durable import DurableContext, Retry, StepFailed, define_durable, execution_id_for_slot
+from backend.durable import DurableContext, Retry, Started, StepFailed, define_durable, execution_id_for_slot
 from backend.durable.store import (
     LOG_LINES,
     DurableStore,
@@ -617,6 +617,17 @@ async def _two_steps_with_a_gate(ctx: DurableContext, gate: Any) -> Any:
 GATES: dict[str, tuple[asyncio.Event, asyncio.Event]] = {}
 
 
+async def _held_between_steps(engines: Callable[..., Engine], gate: str) -> tuple[Engine, Started, asyncio.Event]:
+    """Instance "a" running an execution of ``_two_steps_with_a_gate`` held after its first
+    step (checkpointed), and the event that lets it go on."""
+    GATES[gate] = reached, go_on = asyncio.Event(), asyncio.Event()
+    a = engines([define_durable(name="f", handler=_two_steps_with_a_gate)], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("f", gate)
+    await asyncio.wait_for(reached.wait(), 10)  # (the timeouts only bound a broken test)
+    return a, started, go_on
+
+
 async def _until(done: Callable[[], bool]) -> None:
     async def wait() -> None:
         while not done():
@@ -633,11 +644,7 @@ async def test_a_run_whose_lease_was_not_renewed_in_time_starts_no_step_after_it
     is not renewed: the renewal fails, or hangs (a slow store). Past the lease, less the
     margin for the others' clocks, another instance may claim it: no step starts here; it
     is claimed again once its lease has run out, and each step runs once."""
-    GATES["g"] = reached, gate = asyncio.Event(), asyncio.Event()
-    a = engines([define_durable(name="f", handler=_two_steps_with_a_gate)], instance="a")
-    await a.start()
-    started = await a.durable.start_execution("f", "g")
-    await asyncio.wait_for(reached.wait(), 10)  # (the timeouts only bound a broken test)
+    a, started, gate = await _held_between_steps(engines, "g")
     store: Any = a.store
     renew, hang = store.durable_renew, asyncio.Event()
     tries: list[str] = []
@@ -696,11 +703,7 @@ async def test_a_claim_whose_answer_comes_after_the_executions_lease_ran_out_run
 async def test_a_step_past_its_runs_lease_renews_it_first_and_runs(engines: Callable[..., Engine], clock: ManualClock) -> None:
     """The executor's renewal hangs; the code reaches its next step past the lease: the
     step renews the lease itself (the store answers it) and runs, in the same claim."""
-    GATES["g"] = reached, gate = asyncio.Event(), asyncio.Event()
-    a = engines([define_durable(name="f", handler=_two_steps_with_a_gate)], instance="a")
-    await a.start()
-    started = await a.durable.start_execution("f", "g")
-    await asyncio.wait_for(reached.wait(), 10)
+    a, started, gate = await _held_between_steps(engines, "g")
     store: Any = a.store
     renew, hang = store.durable_renew, asyncio.Event()
     tries: list[str] = []
@@ -1871,11 +1874,7 @@ async def test_a_renewal_that_lands_late_never_shortens_a_lease(
     """Two renewals of one lease in flight at once (the loop's, held up; a step's, past
     ``held_until``) commit in either order on PostgreSQL's connections: the older one's end,
     landing last, moved the lease's end back, under what its owner counts as held."""
-    GATES["late"] = reached, gate = asyncio.Event(), asyncio.Event()
-    a = engines([define_durable(name="f", handler=_two_steps_with_a_gate)], instance="a")
-    await a.start()
-    started = await a.durable.start_execution("f", "late")
-    await asyncio.wait_for(reached.wait(), 10)
+    a, started, gate = await _held_between_steps(engines, "late")
     store: Any = a.store
     [run] = a.durable.executor.running.values()
     later, earlier = clock.now() + timedelta(seconds=60), clock.now() + timedelta(seconds=30)
