@@ -1043,6 +1043,26 @@ def test_a_firing_console_stopped_by_a_signal_or_a_hangup_lets_its_run_in_flight
         assert "schedtui: SIGTERM: stopping the engine" in shown
 
 
+@pytest.mark.slow
+def test_a_console_whose_terminal_hangs_up_and_continues_after_its_quit_still_exits(cli: Cli) -> None:
+    """Quit, its engine letting a run in flight finish, then the terminal hung up and the
+    process got a SIGCONT (tmux sends one as it closes a session): Textual's handler for it,
+    left installed after the app had exited, started its driver again, whose input thread
+    spun on the hung-up terminal at 60% of a core, and the process never exited."""
+    write_tree(cli.root / "fired", {"slow.cron.py": TICKER.format(name="slow", sleep=20)})
+    screen = Terminal()
+    try:
+        with screen.running(cli, "console", "--fire", "--schedules", "fired") as process:
+            poll(lambda: entries(cli, "slow", "start"), timeout=30, what="a run to start")
+            os.write(screen.controller, b"q")
+            poll(lambda: b"stopping the engine" in screen.output, timeout=30, what="the app to exit")
+            screen.hang_up()
+            process.send_signal(signal.SIGCONT)
+            assert process.wait(30) == 0
+    finally:
+        screen.close()
+
+
 def test_a_byte_that_is_not_utf8_on_the_terminal_reads_as_a_replacement_not_a_crash(cli: Cli) -> None:
     """A Latin-1 terminal sends ``é`` as the one byte 0xE9 (a pasted binary sends worse):
     Textual's strict decoder ended the console's input thread, and the console, with a

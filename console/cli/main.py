@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Sequence
@@ -897,6 +898,7 @@ async def _run_console(app: Any, backend: Backend) -> int:
     try:
         await app.run_async()
     finally:
+        _release_job_control()
         # The app put back the streams it had redirected, over the run logs' proxies: a run
         # in flight would print onto the terminal, and its log would stop here.
         reinstate_if_moved()
@@ -912,6 +914,18 @@ async def _run_console(app: Any, backend: Backend) -> int:
         finally:
             remove_handlers()
     return EXIT_OK
+
+
+def _release_job_control() -> None:
+    """The app has let go of the terminal: SIGTSTP and SIGCONT back to their defaults.
+    Textual's driver installs handlers for them and never takes them back, so a SIGCONT
+    after the app exited (tmux sends one as it closes a session, the kernel one with the
+    hangup of a stopped group) started a driver again: its input thread spun on the
+    hung-up terminal at 60% of a core, and the process never exited."""
+    for name in ("SIGTSTP", "SIGCONT"):
+        number = getattr(signal, name, None)
+        if number is not None:
+            signal.signal(number, signal.SIG_DFL)
 
 
 def _let_go_of_the_terminal() -> None:
