@@ -106,3 +106,42 @@ class TrickleReads(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class Endless(httpx.AsyncByteStream):
+    """An answer's body that never ends, 64 KiB a read; ``sent`` counts what was read of it."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        chunk = b"[" * 65536
+        while True:
+            self.sent += len(chunk)
+            yield chunk
+
+
+class FloodAnswers(httpx.AsyncBaseTransport):
+    """Every request to ``path`` reaches the server; its answer is replaced by one that never
+    ends (``declared``: or by one whose Content-Length says 10 GB): a URL that serves
+    something else than schedtui, a disk image, a stream."""
+
+    def __init__(self, path: str, *, declared: bool = False) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.path, self.declared = path, declared
+        self.bodies: list[Endless] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.url.path != self.path:
+            return response
+        await response.aread()
+        body = Endless()
+        self.bodies.append(body)
+        headers = {"content-type": "application/octet-stream"}
+        if self.declared:
+            headers["content-length"] = str(10**10)
+        return httpx.Response(200, headers=headers, stream=body)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from backend import BadInput, Engine, NotFound, Unavailable
+from backend.client import remote as remote_module
 from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
@@ -22,7 +23,7 @@ from backend.definitions import discover_definitions
 from backend.scheduler.catalog import CatalogStore
 from backend.scheduler.stored import DefinedInCode, NameTaken, NotValidHere, StoredSchedule, check_spec
 from backend.store import open_store
-from tests.late_answers import LoseEveryAnswer, LoseFirstAnswer, TrickleReads
+from tests.late_answers import FloodAnswers, LoseEveryAnswer, LoseFirstAnswer, TrickleReads
 from tests.servers import Server, start_server
 from tests.test_cli import Cli, create_store, write_tree
 
@@ -325,6 +326,37 @@ async def test_an_answer_trickled_a_byte_at_a_time_ends_within_the_whole_answers
             await remote.list_schedules()
     finally:
         await remote.close()
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["streamed", "declared"])
+async def test_an_answer_past_its_size_bound_is_refused_once_it_passes_it_and_an_action_so_answered_is_in_doubt(
+    rt_server: Server, declared: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URL whose answers never end (a stream, a disk image behind a proxy) was read whole
+    into memory by every refresh: the console's memory grew without a word. Now an answer
+    is read up to its bound (64 MiB; 1 MiB here) and refused with a sentence; one that
+    says it is larger is refused unread; an action so answered may have been done."""
+    monkeypatch.setattr(remote_module, "MAX_ANSWER_BYTES", 1024 * 1024)
+    transport = FloodAnswers("/inspect/schedules", declared=declared)
+    remote = RemoteBackend(rt_server.url, OPERATE, transport=transport, read_retries=(0.0,))
+    await remote.connect()
+    try:
+        said = r"with 10,000,000,000 bytes" if declared else r"with more than 1,048,576 bytes"
+        with pytest.raises(Unavailable, match=rf"answered GET /inspect/schedules {said}; is it a schedtui server\?$"):
+            await remote.list_schedules()
+        (body,) = transport.bodies  # (not read again: no transport error)
+        assert body.sent == (0 if declared else 1024 * 1024 + 65536)
+        name = f"flooded-{next(_names)}"
+        spec = {"name": name, "cron": "0 4 * * *", "timezone": "UTC", "queue": "mail"}
+        with pytest.raises(Unavailable, match=rf"{said}; is it a schedtui server\?; it may have been done all the same"):
+            await remote.create_schedule(spec)
+    finally:
+        await remote.close()
+    plain = RemoteBackend(rt_server.url, OPERATE)
+    try:
+        assert name in {view.name for view in (await plain.list_schedules()).schedules}  # it was
+    finally:
+        await plain.close()
 
 
 async def test_a_create_whose_answer_was_lost_is_in_doubt_and_made_again_by_hand_answers_as_the_first(

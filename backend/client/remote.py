@@ -101,9 +101,11 @@ class RemoteBackend(Backend):
                 # httpx's timeout bounds each read, not the whole answer: one trickled a
                 # byte every 2 s held the command line, and the console's every refresh
                 # after it, for good.
-                async with asyncio.timeout(self._timeout * WHOLE_ANSWER_READS):
-                    response = await self._client.request(method, path, **kwargs)
+                response, body = await self._exchange(method, path, **kwargs)
                 break
+            except _TooLong as exc:
+                doubt = doubt or changes
+                raise self._foreign(f"{method} {path}", str(exc), doubt=doubt) from None
             except (httpx.TransportError, TimeoutError) as exc:
                 unsent = isinstance(exc, _NOT_SENT)
                 doubt = doubt or (changes and not unsent)
@@ -116,15 +118,26 @@ class RemoteBackend(Backend):
                 else:
                     said = f"cannot reach {self.where}: {_reason(exc)}"
                 raise Unavailable(said + (_IN_DOUBT if doubt else "")) from None
-        return self._decode(response, f"{method} {path}")
+        return self._decode(response, body, f"{method} {path}")
 
-    def _decode(self, response: httpx.Response, route: str) -> Any:
+    async def _exchange(self, method: str, path: str, **kwargs: Any) -> tuple[httpx.Response, bytes]:
+        """One request, and its answer read whole (its body, decoded), within
+        :data:`WHOLE_ANSWER_READS` times the timeout and :data:`MAX_ANSWER_BYTES` (or
+        :class:`_TooLong`): httpx's timeout bounds each read, not the whole answer (one
+        trickled a byte every 2 s held the command line, and the console's every refresh
+        after it, for good), and nothing bounds its size (a URL that serves a disk image
+        filled the console's memory before a word was said)."""
+        async with asyncio.timeout(self._timeout * WHOLE_ANSWER_READS):
+            async with self._client.stream(method, path, **kwargs) as response:
+                return response, await _body(response)
+
+    def _decode(self, response: httpx.Response, body: bytes, route: str) -> Any:
         """The JSON of the answer to ``route`` (``GET /inspect/info``), or the error it says.
         An answer without JSON, or a refusal (4xx) that is not the API's ``{"error": {code,
         message}}`` (another service at the URL: any web app answers 404 to /inspect/info),
         is :meth:`_foreign`, not the refusal it seems."""
         try:
-            data = response.json()
+            data = json.loads(body)
         except (ValueError, RecursionError):
             data = _NOT_JSON
         status = response.status_code
@@ -137,8 +150,8 @@ class RemoteBackend(Backend):
         said = error.get("message")
         schedtuis = isinstance(error.get("code"), str) and isinstance(said, str)
         if 400 <= status < 500 and not schedtuis:
-            body = _no_json(response) if data is _NOT_JSON else "JSON that is no schedtui error"
-            raise self._foreign(route, f"with {status} and {body}")
+            held = _no_json(response) if data is _NOT_JSON else "JSON that is no schedtui error"
+            raise self._foreign(route, f"with {status} and {held}")
         message = said if schedtuis and said else f"{self.where} answered {printable(route, 120)} with {status}"
         if status == 401:
             # In the client's words: the server's advice ("send Authorization: Bearer") is for
@@ -191,10 +204,12 @@ class RemoteBackend(Backend):
                 problem = str(exc) or type(exc).__name__
             raise self._foreign(route, f"with JSON schedtui cannot read ({printable(problem, 120)})") from None
 
-    def _foreign(self, route: str, what: str) -> Unavailable:
+    def _foreign(self, route: str, what: str, *, doubt: bool = False) -> Unavailable:
         """An answer to ``route`` that this client cannot read as schedtui's (``what`` it
-        was): the server at the URL is not one it can use."""
-        return Unavailable(f"{self.where} answered {printable(route, 120)} {what}; is it a schedtui server?")
+        was): the server at the URL is not one it can use. ``doubt``: the request was an
+        action, which the server may have done all the same."""
+        said = f"{self.where} answered {printable(route, 120)} {what}; is it a schedtui server?"
+        return Unavailable(said + (_IN_DOUBT if doubt else ""))
 
     async def _get(self, path: str, **params: Any) -> Any:
         return await self._request("GET", path, retry=True, params={k: v for k, v in params.items() if v is not None})
@@ -288,15 +303,19 @@ class RemoteBackend(Backend):
     async def health(self) -> Health:
         """The server's ``/healthz``: a 503 is an answer (the store is failing), not an error."""
         try:
-            response = await self._client.get("/healthz")
+            response, body = await self._exchange("GET", "/healthz")
+        except _TooLong as exc:
+            raise self._foreign("GET /healthz", str(exc)) from None
+        except TimeoutError:
+            raise Unavailable(f"{self.where} did not answer in time (GET /healthz)") from None
         except httpx.TransportError as exc:
             raise Unavailable(f"cannot reach {self.where}: {_reason(exc)}") from None
         if response.status_code == 503:
             try:
-                return Health.from_json(response.json())
-            except (ValueError, KeyError, TypeError):
+                return Health.from_json(json.loads(body))
+            except (ValueError, KeyError, TypeError, RecursionError):
                 pass
-        health: Health = self._read("GET /healthz", self._decode(response, "GET /healthz"), lambda data: decode(Health, data))
+        health: Health = self._read("GET /healthz", self._decode(response, body, "GET /healthz"), lambda data: decode(Health, data))
         return health
 
     async def now(self) -> datetime:
@@ -331,8 +350,11 @@ class RemoteBackend(Backend):
         try:
             async with self._client.stream("GET", "/inspect/events", headers=headers, timeout=timeout) as response:
                 if not response.is_success:
-                    await response.aread()
-                    self._decode(response, "GET /inspect/events")  # raises the error it says
+                    try:
+                        body = await _body(response)
+                    except _TooLong as exc:
+                        raise self._foreign("GET /inspect/events", str(exc)) from None
+                    self._decode(response, body, "GET /inspect/events")  # raises the error it says
                 parser = SseParser()
                 async for chunk in response.aiter_text():
                     batch = parser.feed(chunk)
@@ -437,6 +459,27 @@ _NOT_JSON: Any = object()
 
 #: A whole answer may take this many times the client's timeout (which bounds each read).
 WHOLE_ANSWER_READS = 3
+#: The most a whole answer may hold: far more than any a schedtui server sends (a page
+#: stops past 1 MiB, see :data:`backend.api.routes.MAX_PAGE_BYTES`).
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
+
+class _TooLong(Exception):
+    """An answer past :data:`MAX_ANSWER_BYTES` (its message: how long it was)."""
+
+
+async def _body(response: httpx.Response) -> bytes:
+    """A streamed answer's body (decoded), read up to :data:`MAX_ANSWER_BYTES`."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+        raise _TooLong(f"with {int(declared):,} bytes")
+    chunks, size = [], 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise _TooLong(f"with more than {MAX_ANSWER_BYTES:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 #: The failures of a request that never left: no connection was made, so nothing was done.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 #: What an action's caller must know when one of its requests went and no answer came back
