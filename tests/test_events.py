@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backend import Engine, ManualClock, RunContext, define_schedule
+from backend import Engine, ManualClock, RunContext, Unavailable, define_schedule
 from backend.api.server import serve
 from backend.client.embedded import EmbeddedBackend
 from backend.client.remote import RemoteBackend, SseParser
@@ -774,6 +774,36 @@ def test_the_sse_parser_reads_events_split_anywhere() -> None:
             ("e-1", "ready", "notify"), ("e-2", "runs", "hourly"), ("e-4", "resync", None),
         ]  # fmt: skip
     assert SseParser().feed(": ping\n\n") == [] and SseParser().feed("retry: 1\n\n") is None
+
+
+async def test_an_event_stream_whose_event_never_ends_is_given_up_past_its_bound() -> None:
+    """A URL that streams without a blank line (not an event stream, or a broken one) was
+    held in memory whole, and joined again at every chunk: the console grew without a word.
+    An event past 64 KiB is an answer the client cannot read, said so; the stream is let go
+    (the console then says the stream dropped and connects again, as for any other)."""
+
+    class Endless(httpx.AsyncByteStream):
+        sent = 0
+
+        async def __aiter__(self):  # type: ignore[no-untyped-def]
+            yield b"id: e-1\nevent: runs\ndata: "
+            while True:
+                Endless.sent += 4096
+                yield b"x" * 4096
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Endless())
+
+    remote = RemoteBackend("http://schedtui.test:8787", transport=httpx.MockTransport(answer))
+    try:
+        with pytest.raises(Unavailable, match=r"GET /inspect/events with an event of more than 65,536 characters; is it a"):
+            async for _ in remote.changes():
+                pass
+    finally:
+        await remote.close()
+    assert 64 * 1024 <= Endless.sent < 80 * 1024
+    with pytest.raises(Exception, match="more than 65,536"):
+        SseParser().feed("data: " + "x" * 70_000)
 
 
 @pytest.mark.postgres

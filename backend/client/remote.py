@@ -357,7 +357,10 @@ class RemoteBackend(Backend):
                     self._decode(response, body, "GET /inspect/events")  # raises the error it says
                 parser = SseParser()
                 async for chunk in response.aiter_text():
-                    batch = parser.feed(chunk)
+                    try:
+                        batch = parser.feed(chunk)
+                    except _TooLong as exc:
+                        raise self._foreign("GET /inspect/events", str(exc)) from None
                     if batch is not None:
                         yield batch
         except httpx.TimeoutException:
@@ -378,6 +381,8 @@ class SseParser:
     def feed(self, chunk: str) -> list[Signal] | None:
         self._buffer = (self._buffer + chunk).replace("\r\n", "\n")  # a CR may end one chunk, its LF the next
         *blocks, self._buffer = self._buffer.split("\n\n")
+        if len(self._buffer) > MAX_EVENT_CHARS:  # (a server's events are a few dozen characters)
+            raise _TooLong(f"with an event of more than {MAX_EVENT_CHARS:,} characters")
         if not blocks:
             return None
         signals = []
@@ -462,6 +467,11 @@ WHOLE_ANSWER_READS = 3
 #: The most a whole answer may hold: far more than any a schedtui server sends (a page
 #: stops past 1 MiB, see :data:`backend.api.routes.MAX_PAGE_BYTES`).
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
+
+
+#: The most one event of the event stream may hold, read so far (it held a whole stream
+#: with no blank line in memory).
+MAX_EVENT_CHARS = 64 * 1024
 
 
 class _TooLong(Exception):
