@@ -9,7 +9,7 @@ watchdog then really stops it: past the deadline the child's whole process group
 killed. It costs a Python start (tens of milliseconds) per run, so it suits work that runs
 for seconds or more.
 
-``python -m backend.runtime.isolated`` is the child: it reads ``{file, schedule, context}`` on stdin.
+:func:`child_main` is the child (:data:`CHILD`): it reads ``{file, schedule, context}`` on stdin.
 The handler's prints and its log records (the child logs at ``$SCHEDTUI_LOG_LEVEL``, INFO by
 default) go to the child's stderr, which the engine reads as it comes, into the run's log
 (see :mod:`backend.observability.capture`); its last part also says why a child that died
@@ -82,8 +82,8 @@ async def run_isolated(spec: dict[str, Any]) -> Any:
     transport, protocol = await loop.subprocess_exec(
         lambda: _Exits(loop),
         sys.executable,
-        "-m",
-        "backend.runtime.isolated",
+        "-c",
+        CHILD,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -170,7 +170,13 @@ def _context(data: dict[str, Any]) -> Any:
     )
 
 
-def _child() -> int:
+#: How the child starts. Not ``-m backend.runtime.isolated``: importing ``backend`` imports
+#: this module first, so runpy ran it a second time as ``__main__`` and said so, a
+#: RuntimeWarning that began every isolated run's log.
+CHILD = "import sys; from backend.runtime.isolated import child_main; sys.exit(child_main())"
+
+
+def child_main() -> int:
     # The handler's own prints must not mix with the report: they go to stderr.
     report_to = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
@@ -217,6 +223,3 @@ def _log_to_stderr() -> None:
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
 
-
-if __name__ == "__main__":
-    sys.exit(_child())
