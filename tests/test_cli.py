@@ -316,6 +316,34 @@ def test_fire_json(cli: Cli) -> None:
     assert json.loads(done.stdout)["status"] == "succeeded"
 
 
+def test_fire_json_stays_json_when_the_handler_prints_and_its_info_records_are_kept(cli: Cli) -> None:
+    """A handler's print came before the run's JSON on stdout (no script could read it), and
+    its INFO records were never made (the verb left the root logger at WARNING), so its
+    run's log lacked them where serve's kept them (an outside reading of the README). Its
+    prints now go on to stderr, and its records are made at $SCHEDTUI_LOG_LEVEL."""
+    write_tree(cli.root / "schedules", {"chatty.cron.py": """
+        import logging
+        from backend import define_schedule
+
+        def handler(ctx):
+            print("<<printed>>")
+            logging.getLogger("chatty").info("<<logged at INFO>>")
+
+        chatty = define_schedule(name="chatty", cron="0 4 * * *", timezone="UTC", handler=handler)
+    """})  # fmt: skip
+    for real in (False, True):
+        done = cli("fire", "chatty", "--json", real=real)
+        assert done.returncode == 0, done
+        run = json.loads(done.stdout)
+        assert done.stderr == "<<printed>>\n"
+        log = cli.ok("logs", run["id"]).stdout
+        assert "<<printed>>" in log and "INFO chatty: <<logged at INFO>>" in log, log
+    done = cli("backfill", "chatty", "--from", "2026-01-01T03:00:00Z", "--to", "2026-01-02T05:00:00Z", "--json")
+    assert done.returncode == 0, done
+    json.loads(done.stdout)
+    assert done.stderr.count("<<printed>>\n") == 2  # (beside its progress)
+
+
 @pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
 def test_a_terminal_that_is_not_utf8_gets_escapes_not_a_traceback(cli: Cli, encoding: str) -> None:
     """A legacy locale's terminal (ISO-8859-1) or ``PYTHONIOENCODING=ascii``: ``schedtui
@@ -339,8 +367,8 @@ def test_a_terminal_that_is_not_utf8_gets_escapes_not_a_traceback(cli: Cli, enco
 
 
 def test_fire_an_external_schedule(cli: Cli) -> None:
-    done = cli.ok("fire", "webhook")  # handler=print: prints the context to the CLI's stdout
-    assert "RunContext(name='webhook'" in done.stdout
+    done = cli.ok("fire", "webhook")  # handler=print: prints the context, on stderr (stdout is the run's)
+    assert "RunContext(name='webhook'" in done.stderr and "RunContext" not in done.stdout
     assert [r["trigger"] for r in cli.runs("webhook")] == ["manual"]
 
 

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -77,11 +77,18 @@ def test_logs_of_a_run_that_is_no_run(cli: Cli) -> None:
     assert both.returncode == 2 and "--follow" in both.stderr
 
 
+def _fired(stderr: IO[str]) -> str:
+    """The run's id in "fired slow: run ID", printed on stderr as the run starts (the
+    handler's own prints go there too: `fire` keeps stdout for the run)."""
+    while not (line := stderr.readline()).startswith("fired "):
+        assert line, "fire ended without saying which run it started"
+    return line.split("run ")[-1].strip()
+
+
 def test_follow_prints_the_log_as_it_comes_until_the_run_ends(cli: Cli) -> None:
     firing = subprocess.Popen(cli.argv("fire", "slow"), cwd=cli.root, env=child_env(), stderr=subprocess.PIPE, text=True)
     assert firing.stderr is not None
-    line = firing.stderr.readline()  # "fired slow: run ID", printed as the run starts
-    run_id = line.split("run ")[-1].strip()
+    run_id = _fired(firing.stderr)
     follower = subprocess.Popen(
         cli.argv("logs", run_id, "--follow"), cwd=cli.root, env=child_env(), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
@@ -100,7 +107,7 @@ def test_follow_prints_the_log_as_it_comes_until_the_run_ends(cli: Cli) -> None:
 def test_follow_ends_when_the_process_running_the_run_is_killed(cli: Cli) -> None:
     firing = subprocess.Popen(cli.argv("fire", "slow"), cwd=cli.root, env=child_env(), stderr=subprocess.PIPE, text=True)
     assert firing.stderr is not None
-    run_id = firing.stderr.readline().split("run ")[-1].strip()
+    run_id = _fired(firing.stderr)
     follower = subprocess.Popen(
         cli.argv("logs", run_id, "--follow"), cwd=cli.root, env=child_env(), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import concurrent.futures.thread
+import contextlib
 import contextvars
 import functools
 import logging
@@ -58,7 +59,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
@@ -425,8 +426,10 @@ class CapturingStream(_PassedOn):
     capture of the writing code's context, if any, and passed on to the stream it wraps;
     everything else is the wrapped stream's."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, *, stdout: bool = False) -> None:
         self.wrapped = stream
+        self.stdout = stdout
+        """It stands for ``sys.stdout`` (see :func:`print_handlers_to_stderr`)."""
         self._bytes: CapturingBytes | None = None
 
     def write(self, text: str) -> int:
@@ -438,7 +441,16 @@ class CapturingStream(_PassedOn):
                 capture.write(text)
             except Exception:  # noqa: S110 - a capture must never break a print
                 pass
-        return self._pass_on(lambda: self.wrapped.write(text), len(text))
+        onward = self.onward()
+        return self._pass_on(lambda: onward.write(text), len(text))
+
+    def onward(self) -> Any:
+        """Where a handler's write goes on to: the wrapped stream, but stderr for stdout's
+        in a command that keeps stdout for its own output (:func:`print_handlers_to_stderr`)."""
+        if self.stdout and _handlers_print_to_stderr:
+            err = sys.stderr
+            return err.wrapped if isinstance(err, CapturingStream) else err
+        return self.wrapped
 
     def writelines(self, lines: Iterable[str]) -> None:
         for line in lines:
@@ -487,7 +499,10 @@ class CapturingBytes(_PassedOn):
                 capture.write(bytes(data).decode("utf-8", "backslashreplace"))
             except Exception:  # noqa: S110 - a capture must never break a write
                 pass
-        return self._pass_on(lambda: self.wrapped.write(data), len(data))
+        onward = self.wrapped
+        if self.text is not None and self.text.stdout and _handlers_print_to_stderr and capture is not None:
+            onward = getattr(self.text.onward(), "buffer", onward)
+        return self._pass_on(lambda: onward.write(data), len(data))
 
     def writelines(self, lines: Iterable[Any]) -> None:
         for line in lines:
@@ -508,6 +523,7 @@ HANDLER: Final = CaptureHandler()
 _EXECUTOR_WORKER = getattr(concurrent.futures.thread, "_worker", None)
 _install_lock = threading.Lock()
 _installs = 0
+_handlers_print_to_stderr = False
 _thread_start = threading.Thread.start
 _submit = concurrent.futures.ThreadPoolExecutor.submit
 _basic_config = logging.basicConfig
@@ -666,7 +682,21 @@ def reinstate() -> None:
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is not None and type(stream) is not CapturingStream:
-            setattr(sys, name, CapturingStream(stream))
+            setattr(sys, name, CapturingStream(stream, stdout=name == "stdout"))
+
+
+@contextlib.contextmanager
+def handler_prints_to_stderr() -> Iterator[None]:
+    """Within it, what the handlers print to stdout goes on to stderr (their runs' logs
+    keep it as ever): for a command whose stdout is its own output (``schedtui fire
+    --json``: a handler's print came before the JSON and no script could read it).
+    ``serve`` keeps the copy on stdout, its journal."""
+    global _handlers_print_to_stderr
+    was, _handlers_print_to_stderr = _handlers_print_to_stderr, True
+    try:
+        yield
+    finally:
+        _handlers_print_to_stderr = was
 
 
 def install() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import codecs
+import contextlib
 import importlib
 import io
 import json
@@ -23,7 +24,7 @@ import re
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -56,7 +57,7 @@ from backend.model import (
     DEFAULT_STORE_URL,
     Run,
 )
-from backend.observability.capture import reinstate_if_moved
+from backend.observability.capture import handler_prints_to_stderr, reinstate_if_moved
 from backend.runtime.signals import HANGUP, on_stop_signals, why
 from backend.safetext import RedactingFormatter, in_json, in_lines, printable, redact_url, remember_secret
 from backend.scheduler.manifests import PROVIDERS, render_manifests
@@ -577,7 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     handler = _verbs()[args.command]
     try:
-        return _run(handler(args))
+        with contextlib.nullcontext() if args.command in _OWN_OUTPUT else _verb_output():
+            return _run(handler(args))
     except KeyboardInterrupt:
         return 130
     except (BadInput, NotFound, DefinitionError) as exc:
@@ -711,6 +713,30 @@ def _print_json(value: Any) -> None:
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+#: The commands that set up their own logging and streams (a journal, a screen).
+_OWN_OUTPUT = frozenset({"serve", "console", "demo"})
+
+
+@contextlib.contextmanager
+def _verb_output() -> Iterator[None]:
+    """A verb's stdout is its own output (a table, JSON): what the handlers it runs (``fire``,
+    ``backfill``) print goes on to stderr, and the records they log at
+    ``$SCHEDTUI_LOG_LEVEL`` (INFO by default) are made, so that their runs' logs keep them
+    as ``serve``'s do (below the root's default, WARNING, they were never made). Nothing more
+    is printed: the verb's own words are its output and its one line on stderr."""
+    root = logging.getLogger()
+    level = root.level
+    try:
+        root.setLevel(os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper())
+    except ValueError:
+        root.setLevel(logging.INFO)
+    try:
+        with handler_prints_to_stderr():
+            yield
+    finally:
+        root.setLevel(level)
 
 
 def _configure_logging() -> None:
