@@ -9,7 +9,8 @@ Slow or idle clients are bounded: a request head must arrive within ``head_timeo
 seconds of the connection (or of the previous response), a body within the API's
 ``body_timeout``, an idle keep-alive connection is closed after uvicorn's keep-alive
 timeout, past ``max_connections`` open connections new requests get 503, past
-:data:`MAX_OPEN` none is accepted until one closes, and a body that arrives in too many
+:data:`MAX_OPEN` none is accepted until one closes (connections that have sent nothing
+count toward neither: at the bound the oldest gives its place), and a body in too many
 small pieces is refused (400) before they cost the engine's loop. Those refusals, and
 uvicorn's own, are JSON as the API's errors are.
 """
@@ -73,20 +74,54 @@ LINGER = 2.0
 STOP_WITHIN = 5
 
 
-class _CutShort(logging.Filter):
+class _QuietUvicorn(logging.Filter):
     """The requests a stop cuts short (see :data:`STOP_WITHIN`) are said in one line, not
-    as uvicorn's error and a traceback for each."""
+    as uvicorn's error and a traceback for each; a request it cannot parse (answered a JSON
+    400) is said at debug, not as a warning anyone could send thousands of a second."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError):
             return False  # "Exception in ASGI application": the cut itself
+        if record.msg == "Invalid HTTP request received." and record.levelno < logging.ERROR:
+            # (uvicorn says it before the JSON 400 is sent: what anyone can send, at debug)
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger("uvicorn.error").isEnabledFor(logging.DEBUG)
         if record.getMessage().startswith("Cancel ") and "timeout graceful shutdown exceeded" in record.getMessage():
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.msg, record.args = f"stopping: requests still in progress after {STOP_WITHIN:g}s were cut short", None
         return True
 
 
-logging.getLogger("uvicorn.error").addFilter(_CutShort())
+logging.getLogger("uvicorn.error").addFilter(_QuietUvicorn())
+
+
+#: Seconds a connection that has sent nothing may stay, once the open connections reach
+#: the bound, before a new one takes its place (a real client sends its request at once).
+SILENT_GRACE = 0.1
+
+
+class _Silent:
+    """The connections that have sent nothing yet, oldest first. Bare connects, reopened
+    as fast as they were closed, kept both bounds full: every request of the platform's
+    external triggers and of ``/healthz`` was refused (503) or never accepted while the
+    flood lasted. They no longer count toward the bound of requests (503), and at the
+    bound of open connections the oldest of them gives its place to the next one."""
+
+    def __init__(self) -> None:
+        self.since: dict[Any, float] = {}
+
+    def evict_oldest(self, now: float) -> bool:
+        """Close the oldest connection that has sent nothing for :data:`SILENT_GRACE`
+        seconds; whether there was one."""
+        for protocol, at in self.since.items():
+            if now - at < SILENT_GRACE:
+                return False
+            if protocol.transport.is_closing():
+                continue  # (on its way out: it leaves this when it is gone)
+            protocol.transport.close()
+            log.debug("closing a connection that has sent nothing, for a new one (at the bound of connections)")
+            return True
+        return False
 
 
 class _Acceptor:
@@ -96,13 +131,22 @@ class _Acceptor:
     each with a protocol and a timer: 10,000 bare connects (no byte, no token) made the
     engine on the same loop fire seconds late. Here one connection is accepted at a time,
     between the loop's other work, and none past the bound: the rest wait in the
-    system's listen queue until a connection closes (the protocol calls :meth:`closed`)."""
+    system's listen queue until a connection closes (the protocol calls :meth:`closed`),
+    or until one that has sent nothing gives its place (see :class:`_Silent`)."""
 
-    def __init__(self, sock: socket.socket, protocol: Callable[[], asyncio.Protocol], limit: int, open_now: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        protocol: Callable[[], asyncio.Protocol],
+        limit: int,
+        open_now: Callable[[], int],
+        silent: _Silent,
+    ) -> None:
         self._sock = sock
         self._protocol = protocol
         self._limit = limit
         self._open_now = open_now
+        self._silent = silent
         self._room = asyncio.Event()
         sock.setblocking(False)
         self._task = asyncio.ensure_future(self._accept())
@@ -110,9 +154,10 @@ class _Acceptor:
     async def _accept(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            while self._open_now() >= self._limit:
+            while self._open_now() >= self._limit and not self._silent.evict_oldest(loop.time()):
                 self._room.clear()
-                await self._room.wait()
+                with contextlib.suppress(TimeoutError):  # (a silent one may come of age meanwhile)
+                    await asyncio.wait_for(self._room.wait(), SILENT_GRACE)
             try:
                 conn, _ = await loop.sock_accept(self._sock)
             except OSError as exc:  # out of descriptors, a connection reset in the queue
@@ -136,7 +181,7 @@ class _Acceptor:
             await self._task
 
 
-def _quiet_server_class(limit: int, on_closed: list[Callable[[], None]]) -> type:
+def _quiet_server_class(limit: int, silent: _Silent, on_closed: list[Callable[[], None]]) -> type:
     import uvicorn
 
     class QuietServer(uvicorn.Server):
@@ -157,7 +202,8 @@ def _quiet_server_class(limit: int, on_closed: list[Callable[[], None]]) -> type
                     config=config, server_state=self.server_state, app_state=self.lifespan.state
                 )
 
-            acceptor = _Acceptor(sockets[0], protocol, limit, lambda: len(self.server_state.connections))
+            open_now = self.server_state.connections.__len__
+            acceptor = _Acceptor(sockets[0], protocol, limit, open_now, silent)
             on_closed.append(acceptor.closed)
             self.servers = [acceptor]  # type: ignore[list-item]
             self.started = True
@@ -165,7 +211,9 @@ def _quiet_server_class(limit: int, on_closed: list[Callable[[], None]]) -> type
     return QuietServer
 
 
-def _bounded_protocol(seconds: float, max_connections: int, on_closed: Sequence[Callable[[], None]]) -> type[asyncio.Protocol]:
+def _bounded_protocol(
+    seconds: float, max_connections: int, silent: _Silent, on_closed: Sequence[Callable[[], None]]
+) -> type[asyncio.Protocol]:
     """uvicorn's h11 protocol with a deadline on each request head, a bound on the pieces
     a request body may arrive in, and its refusals in JSON.
 
@@ -193,6 +241,7 @@ def _bounded_protocol(seconds: float, max_connections: int, on_closed: Sequence[
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            silent.since[self] = self.loop.time()
             self._arm_head_deadline()
             parse = self.conn.next_event
 
@@ -200,7 +249,10 @@ def _bounded_protocol(seconds: float, max_connections: int, on_closed: Sequence[
                 event = parse()
                 if isinstance(event, h11.Request):
                     self._pieces = self._piece_bytes = 0
-                    if len(self.connections) >= max_connections or len(self.tasks) >= max_connections:
+                    # (the connections that have sent nothing are not counted: they cost
+                    # nothing, and give their place to new ones at the bound of open ones)
+                    speaking = len(self.connections) - len(silent.since)
+                    if speaking >= max_connections or len(self.tasks) >= max_connections:
                         limit = f"the server is at its limit of {max_connections} open connections; try again shortly"
                         self._refuse(503, "unavailable", limit)
                         return h11.PAUSED
@@ -221,6 +273,7 @@ def _bounded_protocol(seconds: float, max_connections: int, on_closed: Sequence[
             self.conn.next_event = next_event  # type: ignore[method-assign]
 
         def connection_lost(self, exc: Exception | None) -> None:
+            silent.since.pop(self, None)
             self._cancel_head_deadline()
             super().connection_lost(exc)
             for closed in on_closed:
@@ -291,6 +344,7 @@ def _bounded_protocol(seconds: float, max_connections: int, on_closed: Sequence[
             self.loop.call_later(LINGER, self.transport.close)
 
         def data_received(self, data: bytes) -> None:
+            silent.since.pop(self, None)
             if not self._discarding:
                 super().data_received(data)
 
@@ -459,9 +513,11 @@ async def _serve(
         import uvicorn
 
         on_closed: list[Callable[[], None]] = []
+        silent = _Silent()
         config = uvicorn.Config(
             app,
-            http=_bounded_protocol(head_timeout, max_connections, on_closed),
+            http=_bounded_protocol(head_timeout, max_connections, silent, on_closed),
+            ws="none",  # (with `websockets` installed, uvicorn took Upgrade requests for its own)
             log_level="warning",
             log_config=None,  # uvicorn's lines go through the process's logging (redacted)
             access_log=False,
@@ -472,7 +528,7 @@ async def _serve(
             timeout_graceful_shutdown=STOP_WITHIN,
             limit_concurrency=None,  # (the protocol's: uvicorn's answers in text/plain and logs each)
         )
-        server = _quiet_server_class(2 * max_connections, on_closed)(config)
+        server = _quiet_server_class(2 * max_connections, silent, on_closed)(config)
         server_task = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not server_task.done():
             await asyncio.sleep(0.01)  # uvicorn offers no start event

@@ -64,8 +64,10 @@ def plan_backfill(
     *,
     confirm: bool = False,
     limit: int | None = None,
-) -> BackfillPlan:
-    """What a backfill of the slots in ``(start, end]`` would do; fires nothing."""
+) -> tuple[BackfillPlan, list[datetime]]:
+    """What a backfill of the slots in ``(start, end]`` would do, and its slots (one past
+    :data:`BACKFILL_MAX_LIMIT` at most); fires nothing. A walk of 10,000 slots takes about
+    0.1 s of CPU: see :meth:`Backfills.plan`."""
     name = schedule.name
     limit = BACKFILL_DEFAULT_LIMIT if limit is None else limit
     check_count(limit, "limit", 1, BACKFILL_MAX_LIMIT)
@@ -91,7 +93,7 @@ def plan_backfill(
     elif count > BACKFILL_CONFIRM_ABOVE and not confirm:
         reason = "needs confirmation"
         refusal = f"{shown} slots need confirmation (more than {BACKFILL_CONFIRM_ABOVE})"
-    return BackfillPlan(
+    plan = BackfillPlan(
         name=name,
         start=start,
         end=end,
@@ -104,6 +106,7 @@ def plan_backfill(
         refusal=refusal,
         reason=reason,
     )
+    return plan, slots
 
 
 async def live_estimate(store: Store, schedule: Schedule, count: int, now: datetime, *, enabled: bool) -> dict[str, Any]:
@@ -123,7 +126,7 @@ async def live_estimate(store: Store, schedule: Schedule, count: int, now: datet
     live = 0
     if enabled:
         slots = schedule.cron.occurrences(now, now + timedelta(seconds=duration))
-        live = sum(1 for _ in islice(slots, BACKFILL_MAX_LIMIT))
+        live = await asyncio.to_thread(lambda: sum(1 for _ in islice(slots, BACKFILL_MAX_LIMIT)))  # (see Backfills.plan)
     return {**estimate, "run_seconds": run_seconds, "duration_seconds": duration, "live_slots": live}
 
 
@@ -185,10 +188,14 @@ class Backfills:
             for job in self.jobs.values()
         )
 
-    def plan(
+    async def plan(
         self, schedule: Schedule, start: datetime, end: datetime, *, confirm: bool = False, limit: int | None = None
-    ) -> BackfillPlan:
-        return plan_backfill(schedule, start, end, self.clock.now(), confirm=confirm, limit=limit)
+    ) -> tuple[BackfillPlan, list[datetime]]:
+        """:func:`plan_backfill`, on a thread: on the engine's loop, a client that asked for
+        plans one after another (a read token may) made every schedule fire late, a tenth
+        of a second a plan."""
+        now = self.clock.now()
+        return await asyncio.to_thread(lambda: plan_backfill(schedule, start, end, now, confirm=confirm, limit=limit))
 
     async def start(
         self,
@@ -206,14 +213,13 @@ class Backfills:
 
         Raises :class:`Refused` (with the count and reason) when the plan is refused or a
         backfill of this schedule is already running anywhere."""
-        plan = self.plan(schedule, start, end, confirm=confirm, limit=limit)
+        plan, slots = await self.plan(schedule, start, end, confirm=confirm, limit=limit)
         if plan.refusal is not None:
             raise Refused(
                 f'backfill of "{schedule.name}" refused: {plan.refusal}',
                 count=plan.count,
                 reason=plan.reason or plan.refusal,
             )
-        slots = list(schedule.cron.occurrences(plan.start, plan.end))
         if skip_succeeded:
             done = await self.succeeded_slots(schedule, slots)
             slots = [slot for slot in slots if slot not in done]

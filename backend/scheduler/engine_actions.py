@@ -237,10 +237,9 @@ class EngineActions:
         slots (see :func:`~backend.scheduler.backfills.live_estimate`). The one plan every
         surface shows (the API, the CLI, the console, ``connect()``)."""
         schedule = self.schedule(name)
-        plan = self.backfills.plan(schedule, start, end, confirm=confirm, limit=limit)
+        plan, slots = await self.backfills.plan(schedule, start, end, confirm=confirm, limit=limit)
         if plan.count == 0 or plan.reason not in (None, "needs confirmation"):
             return plan
-        slots = list(schedule.cron.occurrences(plan.start, plan.end))
         done = await self.succeeded_slots(name, slots)
         live = await live_estimate(self.store, schedule, plan.count, self.clock.now(), enabled=self.is_enabled(name))
         return dataclasses.replace(plan, already_succeeded=len(done), **live)
