@@ -172,6 +172,39 @@ async def test_a_body_in_too_many_small_pieces_is_refused_before_it_costs_the_lo
     assert large.startswith(b"HTTP/1.1 413") and b"too_large" in large
 
 
+async def test_requests_pipelined_on_one_connection_share_its_bound_of_pieces(running: tuple[str, int]) -> None:
+    """Counted by request, a client pipelining requests of 1,000 one-byte chunks each on one
+    connection never met the bound: eight such connections made a 1-second schedule fire
+    0.4 s late (an outside attack). The bound is the connection's (each request's first
+    piece free: a client's bodies in one piece each never meet it)."""
+    reader, writer = await asyncio.open_connection(*running)
+    writer.write(_chunked("GET", "/inspect/info", [b" "] * 600) * 3)
+    await writer.drain()
+    answers = await _pipelined_answers(reader, 3)
+    writer.close()
+    assert answers[0].startswith(b"HTTP/1.1 200") and answers[1].startswith(b"HTTP/1.1 400"), answers
+    assert b"too_many_pieces" in answers[1] and len(answers) == 2
+    # Bodies in one piece each, a thousand and more on one connection, pass.
+    reader, writer = await asyncio.open_connection(*running)
+    writer.write(_chunked("GET", "/inspect/info", [b" "]) * 1100)
+    await writer.drain()
+    answers = await _pipelined_answers(reader, 1100)
+    writer.close()
+    assert len(answers) == 1100 and all(answer.startswith(b"HTTP/1.1 200") for answer in answers)
+
+
+async def _pipelined_answers(reader: asyncio.StreamReader, most: int) -> list[bytes]:
+    """Each answer's status line and the start of its body, until one closes the connection."""
+    answers: list[bytes] = []
+    while len(answers) < most:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=15)
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        answers.append(head.partition(b"\r\n")[0] + b" " + (await reader.readexactly(length))[:40])
+        if b"connection: close" in head.lower():
+            break
+    return answers
+
+
 async def test_an_absolute_form_target_is_served_as_its_path(running: tuple[str, int]) -> None:
     """RFC 9112 section 3.2.2: a server must accept ``GET http://host/path``; its authority
     is then the request's Host (what a server without tokens checks)."""
