@@ -241,7 +241,9 @@ class EngineActions:
         if plan.count == 0 or plan.reason not in (None, "needs confirmation"):
             return plan
         done = await self.succeeded_slots(name, slots)
-        live = await live_estimate(self.store, schedule, plan.count, self.clock.now(), enabled=self.is_enabled(name))
+        live = await live_estimate(
+            self.store, schedule, plan.count, self.clock.now(), enabled=self.is_enabled(name), walk=self.backfills.walk
+        )
         return dataclasses.replace(plan, already_succeeded=len(done), **live)
 
     async def succeeded_slots(self, name: str, slots: list[datetime]) -> set[datetime]:
