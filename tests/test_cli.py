@@ -322,11 +322,13 @@ def test_fire_json_stays_json_when_the_handler_prints_and_its_info_records_are_k
     run's log lacked them where serve's kept them (an outside reading of the README). Its
     prints now go on to stderr, and its records are made at $SCHEDTUI_LOG_LEVEL."""
     write_tree(cli.root / "schedules", {"chatty.cron.py": """
-        import logging
+        import logging, sys
         from backend import define_schedule
 
         def handler(ctx):
-            print("<<printed>>")
+            print("<<printed>>", flush=True)
+            sys.stdout.buffer.write(b"<<as bytes>>\\n")
+            sys.stdout.buffer.flush()
             logging.getLogger("chatty").info("<<logged at INFO>>")
 
         chatty = define_schedule(name="chatty", cron="0 4 * * *", timezone="UTC", handler=handler)
@@ -335,13 +337,13 @@ def test_fire_json_stays_json_when_the_handler_prints_and_its_info_records_are_k
         done = cli("fire", "chatty", "--json", real=real)
         assert done.returncode == 0, done
         run = json.loads(done.stdout)
-        assert done.stderr == "<<printed>>\n"
+        assert done.stderr == "<<printed>>\n<<as bytes>>\n"
         log = cli.ok("logs", run["id"]).stdout
-        assert "<<printed>>" in log and "INFO chatty: <<logged at INFO>>" in log, log
+        assert "<<printed>>" in log and "<<as bytes>>" in log and "INFO chatty: <<logged at INFO>>" in log, log
     done = cli("backfill", "chatty", "--from", "2026-01-01T03:00:00Z", "--to", "2026-01-02T05:00:00Z", "--json")
     assert done.returncode == 0, done
     json.loads(done.stdout)
-    assert done.stderr.count("<<printed>>\n") == 2  # (beside its progress)
+    assert done.stderr.count("<<printed>>\n") == 2 and done.stderr.count("<<as bytes>>\n") == 2  # (beside its progress)
 
 
 @pytest.mark.parametrize("encoding", ["ascii", "latin-1"])

@@ -9,8 +9,9 @@ Slow or idle clients are bounded: a request head must arrive within ``head_timeo
 seconds of the connection (or of the previous response), a body within the API's
 ``body_timeout``, an idle keep-alive connection is closed after uvicorn's keep-alive
 timeout, past ``max_connections`` open connections new requests get 503, past
-:data:`MAX_OPEN` none is accepted until one closes (connections that have sent nothing
-count toward neither: at the bound the oldest gives its place), and a body in too many
+:data:`MAX_OPEN` none is accepted until one closes (a connection that has sent nothing
+is not counted toward the first, and at the second the oldest such one gives its place
+to the next), and a body in too many
 small pieces is refused (400) before they cost the engine's loop. Those refusals, and
 uvicorn's own, are JSON as the API's errors are.
 """

@@ -429,7 +429,7 @@ class CapturingStream(_PassedOn):
     def __init__(self, stream: TextIO, *, stdout: bool = False) -> None:
         self.wrapped = stream
         self.stdout = stdout
-        """It stands for ``sys.stdout`` (see :func:`print_handlers_to_stderr`)."""
+        """It stands for ``sys.stdout`` (see :func:`handler_prints_to_stderr`)."""
         self._bytes: CapturingBytes | None = None
 
     def write(self, text: str) -> int:
@@ -444,9 +444,13 @@ class CapturingStream(_PassedOn):
         onward = self.onward()
         return self._pass_on(lambda: onward.write(text), len(text))
 
+    def flush(self) -> None:
+        onward = self.onward() if _live() is not None else self.wrapped  # (a handler's flush: its prints')
+        self._pass_on(lambda: onward.flush() or 0, 0)
+
     def onward(self) -> Any:
         """Where a handler's write goes on to: the wrapped stream, but stderr for stdout's
-        in a command that keeps stdout for its own output (:func:`print_handlers_to_stderr`)."""
+        in a command that keeps stdout for its own output (:func:`handler_prints_to_stderr`)."""
         if self.stdout and _handlers_print_to_stderr:
             err = sys.stderr
             return err.wrapped if isinstance(err, CapturingStream) else err
@@ -501,7 +505,7 @@ class CapturingBytes(_PassedOn):
                 pass
         onward = self.wrapped
         if self.text is not None and self.text.stdout and _handlers_print_to_stderr and capture is not None:
-            onward = getattr(self.text.onward(), "buffer", onward)
+            onward = getattr(self.text.onward(), "buffer", onward)  # (stderr's bytes)
         return self._pass_on(lambda: onward.write(data), len(data))
 
     def writelines(self, lines: Iterable[Any]) -> None:
