@@ -78,11 +78,12 @@ def test_logs_of_a_run_that_is_no_run(cli: Cli) -> None:
 
 
 def _fired(stderr: IO[str]) -> str:
-    """The run's id in "fired slow: run ID", printed on stderr as the run starts (the
-    handler's own prints go there too: `fire` keeps stdout for the run)."""
-    while not (line := stderr.readline()).startswith("fired "):
+    """The run's id in "fired slow: run ID", printed on stderr as the run starts. The
+    handler's own prints go there too (`fire` keeps stdout for the run), from its thread:
+    a print's text and its newline are two writes, so the line may come inside another."""
+    while (found := re.search(r"fired slow: run (\w+)", line := stderr.readline())) is None:
         assert line, "fire ended without saying which run it started"
-    return line.split("run ")[-1].strip()
+    return found.group(1)
 
 
 def test_follow_prints_the_log_as_it_comes_until_the_run_ends(cli: Cli) -> None:
