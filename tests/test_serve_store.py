@@ -740,10 +740,10 @@ async def test_an_engine_does_not_close_its_own_run_that_finished_while_it_looke
 def test_the_mount_that_holds_a_store_is_read_from_the_kernels_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The longest mount point above the file, the last mounted there, with its type after
     the optional fields; a mount point's space is written ``\\040``."""
-    from backend.store.sqlite import store as sqlite_store
+    from backend.store.sqlite import file as store_file
 
     if sys.platform == "linux":  # the machine's own table first: the folder of a test is on some mount
-        mount = sqlite_store._mount_of(tmp_path / "state.db")
+        mount = store_file.mount_of(tmp_path / "state.db")
         assert mount is not None and str(tmp_path).startswith(mount[0]) and mount[1] not in ("", "?"), mount
     table = tmp_path / "mountinfo"
     table.write_text(textwrap.dedent("""\
@@ -755,14 +755,14 @@ def test_the_mount_that_holds_a_store_is_read_from_the_kernels_table(tmp_path: P
         44 40 0:54 / /srv/shared rw,relatime - ext4 /dev/vdd rw
         45 27 0:55 / /srv/odd rw,relatime
     """))
-    monkeypatch.setattr(sqlite_store, "MOUNTINFO", str(table))
-    assert sqlite_store._mount_of(Path("/srv/shared/my dir/state.db")) == ("/srv/shared/my dir", "fuse.sshfs")
-    assert sqlite_store._mount_of(Path("/srv/shared-not/state.db")) == ("/srv/shared-not", "ext4")
-    assert sqlite_store._mount_of(Path("/srv/shared/state.db")) == ("/srv/shared", "ext4")  # mounted over the nfs4
-    assert sqlite_store._mount_of(Path("/srv/odd/state.db")) == ("/srv", "ext4")  # (a line without a type: skipped)
-    assert sqlite_store._mount_of(Path("/var/state.db")) == ("/", "ext4")
-    monkeypatch.setattr(sqlite_store, "MOUNTINFO", str(tmp_path / "missing"))
-    assert sqlite_store._mount_of(Path("/srv/state.db")) is None
+    monkeypatch.setattr(store_file, "MOUNTINFO", str(table))
+    assert store_file.mount_of(Path("/srv/shared/my dir/state.db")) == ("/srv/shared/my dir", "fuse.sshfs")
+    assert store_file.mount_of(Path("/srv/shared-not/state.db")) == ("/srv/shared-not", "ext4")
+    assert store_file.mount_of(Path("/srv/shared/state.db")) == ("/srv/shared", "ext4")  # mounted over the nfs4
+    assert store_file.mount_of(Path("/srv/odd/state.db")) == ("/srv", "ext4")  # (a line without a type: skipped)
+    assert store_file.mount_of(Path("/var/state.db")) == ("/", "ext4")
+    monkeypatch.setattr(store_file, "MOUNTINFO", str(tmp_path / "missing"))
+    assert store_file.mount_of(Path("/srv/state.db")) is None
 
 
 def test_a_store_on_a_network_filesystem_is_warned_of_once(
@@ -770,7 +770,7 @@ def test_a_store_on_a_network_filesystem_is_warned_of_once(
 ) -> None:
     """SQLite keeps apart the processes of one machine only: a file on NFS (or SMB, 9p,
     sshfs…) that another machine opens too may be fired twice or corrupted."""
-    from backend.store.sqlite import store as sqlite_store
+    from backend.store.sqlite import file as store_file
 
     async def open_and_close(path: Path) -> None:
         store = SQLiteStore(path)
@@ -783,7 +783,7 @@ def test_a_store_on_a_network_filesystem_is_warned_of_once(
     assert [r for r in caplog.records if "network filesystem" in r.getMessage()] == []
     table = tmp_path / "mountinfo"
     table.write_text(f"27 1 254:0 / / rw - ext4 /dev/vda rw\n41 27 0:51 / {folder} rw - nfs4 files:/export rw\n")
-    monkeypatch.setattr(sqlite_store, "MOUNTINFO", str(table))
+    monkeypatch.setattr(store_file, "MOUNTINFO", str(table))
     for _ in range(2):
         asyncio.run(open_and_close(folder / "state.db"))
     [warning] = [r.getMessage() for r in caplog.records if "network filesystem" in r.getMessage()]

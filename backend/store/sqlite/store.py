@@ -7,7 +7,8 @@ event loop never waits on the disk. Reads use their own connection on their own 
 WAL lets them proceed while the writer commits, and lets the CLI read and act on the same
 file while ``schedtui serve`` runs.
 
-The writer thread is :mod:`backend.store.sqlite.writer`; every statement of the runs,
+The writer thread is :mod:`backend.store.sqlite.writer`; the checks of the file (its one
+name, its mount) are :mod:`.file`, its firing lock :mod:`.firing`; every statement of the runs,
 states, instances, claims and backfills is in :mod:`backend.store.sqlite.sql` (the calls
 that use them in :mod:`.runs` and :mod:`.instances`; the other systems' are in their own
 modules: :mod:`.jobs`, :mod:`.durable`, ...).
@@ -18,26 +19,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import errno
-import fcntl
 import json
 import logging
 import math
 import os
-import re
-import resource
-import socket
 import sqlite3
-import stat
-import sys
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
-from backend.errors import BadInput, InUse, NotFound, Unavailable
+from backend.errors import BadInput, Unavailable
 from backend.model import (
     CoordinationMode,
     Run,
@@ -45,12 +36,14 @@ from backend.model import (
 )
 from backend.store import forks, store_unavailable
 from backend.store.migrations import CORE, applied, components_of, migrate_sqlite, sqlite_components_current
+from backend.store.sqlite import firing
 from backend.store.sqlite.activity import SQLiteActivity
 from backend.store.sqlite.alerts import SQLiteAlerts
 from backend.store.sqlite.audit import SQLiteAudit
 from backend.store.sqlite.catalog import SQLiteCatalog
 from backend.store.sqlite.durable import SQLiteDurable
 from backend.store.sqlite.events import SQLiteEvents
+from backend.store.sqlite.file import explain, make_folder, refuse_other_names, require_file, warn_if_shared
 from backend.store.sqlite.instances import SQLiteInstances
 from backend.store.sqlite.jobs import SQLiteJobs
 from backend.store.sqlite.locks import SQLiteLocks
@@ -74,140 +67,6 @@ from backend.store.sqlite.writer import (
 
 log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
-
-@dataclass
-class _FiringLock:
-    """A store file's firing lock, as this process holds it (see :data:`_FIRING_LOCKS`)."""
-
-    fds: tuple[int, ...]
-    users: int = 0
-    single: bool = False
-    """An engine of ``single`` coordination holds it: no second one in this process may."""
-
-
-#: Per store file, the firing lock this process holds: taken from the OS once, shared by
-#: the engines of this process that fire it (those that claim, as the demo's two and the
-#: tests' fleets; and beside them one ``single`` engine, as in a rolling change of mode,
-#: which waits for the other mode's instances to leave), refused to any other process.
-_FIRING_LOCKS: dict[str, _FiringLock] = {}
-_FIRING_GUARD = threading.Lock()
-
-
-def _let_go_in_a_forked_child() -> None:
-    """In a child forked from this process (a handler's ``os.fork``, a multiprocessing pool
-    of the fork kind): the kernel lets go of a firing lock when the last descriptor of it
-    closes, so the child's copies would hold it for as long as the child lives, after its
-    parent has died (SIGKILL too), and a restarted serve would be refused meanwhile. They
-    are closed here; the parent holds the lock alone. The child holds no firing lock: it
-    may take one of its own (and is refused while the parent lives)."""
-    global _FIRING_GUARD
-    _FIRING_GUARD = threading.Lock()  # (another thread may have held it at the fork)
-    for held in _FIRING_LOCKS.values():
-        for fd in held.fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-    _FIRING_LOCKS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_let_go_in_a_forked_child)
-#: The store files on a network filesystem this process has warned of.
-_WARNED_SHARED: set[str] = set()
-
-
-#: Where the kernel lists this process's mounts (Linux).
-MOUNTINFO = "/proc/self/mountinfo"
-#: Filesystems whose files other machines may open as well (by their type in MOUNTINFO).
-#: SQLite's locks and its write-ahead log's shared memory keep apart the processes of one
-#: machine only, and the firing lock too where the mount does not pass locks on (NFS's
-#: ``nolock``): a process on another machine may fire beside this one, or checkpoint the
-#: log while this one writes it (a corrupt store).
-NETWORK_FILESYSTEMS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "afs", "gpfs", "beegfs",
-    "ocfs2", "gfs2", "fuse.sshfs", "fuse.rclone", "fuse.s3fs", "fuse.gcsfuse", "fuse.juicefs", "fuse.goofys",
-    "fuse.glusterfs", "fuse.ceph-fuse",
-})  # fmt: skip
-
-
-def _mount_of(path: Path) -> tuple[str, str] | None:
-    """The mount that holds ``path`` (its mount point and filesystem type: the longest
-    mount point above the file it leads to, the last mounted there), or ``None`` where
-    the kernel does not say (not Linux)."""
-    try:
-        with open(MOUNTINFO, encoding="utf-8", errors="surrogateescape") as info:
-            lines = info.read().splitlines()
-    except OSError:
-        return None
-    real = os.path.realpath(path)
-    found: tuple[str, str] | None = None
-    for line in lines:
-        fields = line.split(" ")
-        if len(fields) < 5 or "-" not in fields[5:]:
-            continue
-        # the fifth field is the mount point, with space, tab, newline and backslash as \ooo;
-        # the type follows the optional fields' end ("-")
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-        kind = fields[fields.index("-", 5) + 1] if len(fields) > fields.index("-", 5) + 1 else "?"
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and (found is None or len(point) >= len(found[0])):
-            found = (point, kind)
-    return found
-
-
-def _mounted_alone(path: Path) -> bool:
-    """Whether the file ``path`` is a mount point (bind-mounted on its own); Linux only."""
-    mount = _mount_of(path)
-    return mount is not None and mount[0] == os.path.realpath(path)
-
-
-def _disk_full(folder: Path) -> bool:
-    """Whether the disk holding ``folder`` has no block left for this process (SQLite says
-    "disk I/O error" when it cannot make its shared memory there)."""
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return False
-    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) == 0
-
-
-def _short_of_descriptors() -> str | None:
-    """What to say when this process is (nearly) out of file descriptors (SQLite says only
-    "unable to open database file" when it cannot open the file, its WAL or its shared
-    memory); ``None`` otherwise, or when it cannot be told."""
-    try:
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (OSError, ValueError):
-        return None
-    if soft == resource.RLIM_INFINITY:
-        return None
-    try:
-        used = len(os.listdir("/proc/self/fd"))
-    except OSError as exc:
-        if exc.errno in (errno.EMFILE, errno.ENFILE):
-            return f"this process has no file descriptor left (its limit is {soft}: raise it, ulimit -n)"
-        return None
-    if soft - used > _DESCRIPTORS_NEEDED:
-        return None
-    return f"this process has {used} of its {soft} file descriptors open (raise the limit: ulimit -n)"
-
-
-#: Descriptors a store's open may need at once (the file, its WAL and shared memory, for
-#: the writer and the reader, and a few more for the folder and the reserve).
-_DESCRIPTORS_NEEDED = 8
-
-
-def _why(exc: BaseException, folder: Path) -> str:
-    """A SQLite error in the operator's words: with the machine's own cause when SQLite's
-    message hides it (a full disk; no file descriptor left)."""
-    said = str(exc)
-    if _disk_full(folder):
-        return f"{said}; its disk is full"
-    if "unable to open" in said:
-        short = _short_of_descriptors()
-        if short is not None:
-            return f"{said}: {short}"
-    return said
-
 
 class SQLiteStore(
     SQLiteRuns, SQLiteInstances, SQLiteJobs, SQLiteCatalog, SQLiteDurable, SQLiteLocks, SQLiteAudit, SQLiteAlerts, SQLiteEvents,
@@ -250,7 +109,7 @@ class SQLiteStore(
         self._marks: dict[str, int] = {}
         """The burst marks this process committed: instance -> slot (microseconds)."""
         if not create:
-            self._require_file()
+            require_file(self.path)
 
     @property
     def commits(self) -> int:
@@ -264,81 +123,13 @@ class SQLiteStore(
         """Run rows upserted by this store's writer (also after close)."""
         return self._last_writer.rows_written if self._last_writer else 0
 
-    @property
-    def firing_lock_path(self) -> Path:
-        """The file whose lock marks the one process firing this store's schedules."""
-        return self.path.with_name(self.path.name + ".firing-lock")
-
-    def _require_file(self) -> None:
-        if self.path.exists() and not self.path.is_file():
-            self._refuse_other_names()  # says what it is
-        if not self.path.is_file():
-            raise NotFound(
-                f'no store at "{self.path}" (no such file); check --store and the working '
-                "directory (only `schedtui serve` and `schedtui demo` create a store)"
-            )
-
-    def _make_folder(self) -> None:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise Unavailable(
-                f'cannot create the folder for the store "{self.path}": {exc.strerror or exc}'
-            ) from None
-
-    def _refuse_other_names(self) -> None:
-        """Refuse a store file that has more than one name (hard links). SQLite keeps its
-        write-ahead log and shared memory beside the name a file is opened by: a second
-        name gets a log of its own, each process sees only its own name's recent writes,
-        a firing lock beside each name lets a firer in through each, and a checkpoint
-        through one name overwrites what the other's log holds (a corrupt store)."""
-        try:
-            st = os.stat(self.path)
-        except (FileNotFoundError, NotADirectoryError):
-            return  # created by the writer (one name), in a folder made first (or refused then)
-        except OSError as exc:
-            raise Unavailable(f'cannot look at the store file "{self.path}": {exc.strerror or exc}') from None
-        if not stat.S_ISREG(st.st_mode):
-            what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-            raise BadInput(f'the store "{self.path}" is {what}; --store names the database file itself', field="store")
-        if _mounted_alone(self.path):
-            raise BadInput(
-                f'the store file "{self.path}" is mounted on its own (a bind mount of the file, as '
-                "`docker run -v state.db:…` makes); SQLite keeps its write-ahead log beside the name it opens, so "
-                "the log would be outside the mount, apart from the file: mount the folder that holds it instead",
-                field="store",
-            )
-        names = st.st_nlink
-        if names > 1:
-            raise BadInput(
-                f'the store file "{self.path}" has {names} names (hard links); SQLite would keep a write-ahead log '
-                "beside each name and the store would be corrupted: remove the other names (find them with "
-                f"`find / -xdev -samefile {self.path}`) and use one, or a symlink",
-                field="store",
-            )
-
-    def _warn_if_shared(self) -> None:
-        """Say so (once a process) when the store is on a network filesystem (see
-        NETWORK_FILESYSTEMS): nothing here can tell whether another machine opens it too."""
-        mount = _mount_of(self.path)
-        if mount is None or mount[1] not in NETWORK_FILESYSTEMS or str(self.path) in _WARNED_SHARED:
-            return
-        _WARNED_SHARED.add(str(self.path))
-        log.warning(
-            'the store "%s" is on a network filesystem (%s, mounted at %s): SQLite keeps apart the processes of one '
-            "machine only; a process on another machine that opens this file (a second serve, a console, a CLI "
-            "verb) may fire beside this one or corrupt the store. Keep the file on a local disk and use it from "
-            "this machine only, or share the work between machines through PostgreSQL",
-            self.path, mount[1], mount[0],
-        )  # fmt: skip
-
     async def open(self) -> None:
         if self.create:
-            self._make_folder()
+            make_folder(self.path)
         else:
-            self._require_file()
-        self._refuse_other_names()
-        self._warn_if_shared()
+            require_file(self.path)
+        refuse_other_names(self.path)
+        warn_if_shared(self.path)
         if not self.create:
             with contextlib.suppress(OSError):
                 if self.path.stat().st_size == 0:  # (SQLite would make it one, switching it to WAL)
@@ -355,9 +146,8 @@ class SQLiteStore(
                 await asyncio.wrap_future(writer.ready)
             except sqlite3.Error as exc:
                 if not self.create and not self.path.exists():
-                    self._require_file()  # deleted in between: say so plainly
-                why = _why(exc, self.path.parent)
-                raise Unavailable(f'cannot open the store "{self.path}": {why}') from exc
+                    require_file(self.path)  # deleted in between: say so plainly
+                raise Unavailable(f'cannot open the store "{self.path}": {explain(exc, self.path.parent)}') from exc
             self._writer = self._last_writer = writer
             forks.opened(self)
             writer.keep = self._keep_now
@@ -457,17 +247,7 @@ class SQLiteStore(
             self._reserve = None
         if self._firing_lock is not None:
             self._firing_lock = None
-            with _FIRING_GUARD:
-                held = _FIRING_LOCKS.get(str(self.path))
-                if held is None:
-                    return  # (a forked child's copy of a store: its descriptors were closed at the fork)
-                held.users -= 1
-                held.single = held.single and not self._single
-                if held.users:
-                    return  # another engine of this process still fires it
-                del _FIRING_LOCKS[str(self.path)]
-            for fd in held.fds:
-                os.close(fd)  # releases the lock
+            firing.release(self.path, single=self._single)
 
     def _close_reader(self) -> None:
         if self._read_conn is not None:
@@ -494,7 +274,7 @@ class SQLiteStore(
         they fire)."""
         if self._firing_lock is not None:
             return
-        hold = asyncio.ensure_future(asyncio.to_thread(self._hold_firing_lock, instance, single=not claims))
+        hold = asyncio.ensure_future(asyncio.to_thread(firing.hold, self.path, instance, single=not claims, create=self.create))
         try:
             await asyncio.shield(hold)
         finally:
@@ -578,125 +358,20 @@ class SQLiteStore(
             # The last resort: the log is the only place left that can keep it.
             log.error("run not written to the ledger: %s", json.dumps(run.to_json(), ensure_ascii=False))
 
-    def _lock_firing(self, instance: str) -> tuple[int, ...]:
-        self._refuse_other_names()
-        path = self.firing_lock_path
-        if self.create:
-            self._make_folder()
-        fd = self._flock(path, "the firing lock", create=True)
-        fds: tuple[int, ...] = (fd,)
-        if sys.platform == "linux":
-            # The store file itself is locked too: the lock file is found by its name, so a
-            # lock file deleted by a tidy-up, or a second name for the store that the checks
-            # cannot see, would let a second firer in; the file's own lock is its inode's. flock
-            # and SQLite's own fcntl locks never meet on Linux (they would on BSD and macOS).
-            try:
-                fds += (self._flock(self.path, "the store file", create=self.create),)
-            except BaseException:
-                os.close(fd)
-                raise
-        holder = {
-            "instance": instance,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "since": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-        }
-        line = (json.dumps(holder) + "\n").encode()
-        try:
-            # Over the last holder's line, then cut: on a full disk, no block is let go of
-            # and asked for again.
-            os.pwrite(fd, line, 0)
-            os.ftruncate(fd, len(line))
-        except OSError as exc:
-            for held in fds:
-                os.close(held)
-            raise Unavailable(f'cannot write the firing lock "{path}": {exc.strerror or exc}') from None
-        return fds
-
-    def _hold_firing_lock(self, instance: str, *, single: bool) -> tuple[int, ...]:
-        with _FIRING_GUARD:  # (engines of one process start together, on several threads)
-            held = _FIRING_LOCKS.get(str(self.path))
-            if held is None:
-                held = _FIRING_LOCKS[str(self.path)] = _FiringLock(self._lock_firing(instance))
-            elif single and held.single:
-                raise InUse(self._in_use_message(self.firing_lock_path, here=True))
-            held.users += 1
-            held.single = held.single or single
-            return held.fds
-
-    def _flock(self, path: Path, what: str, *, create: bool) -> int:
-        """``path`` opened and locked alone (:class:`InUse` when another process holds it).
-        Never through a symlink, nor anything but a regular file: the lock file is truncated
-        and written, and a link planted there would have its target overwritten."""
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0), 0o644)
-        except FileNotFoundError:
-            self._require_file()  # (deleted in between: says so plainly)
-            raise
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise BadInput(f'{what} "{path}" is a symbolic link; it is schedtui\'s own file: remove the link', field="store") from None
-            raise Unavailable(f'cannot open {what} "{path}": {exc.strerror or exc}') from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise BadInput(f'{what} "{path}" is not a regular file; it is schedtui\'s own file: remove it', field="store")
-        try:
-            # flock: held by this open file, released by the kernel when the process ends,
-            # however it ends (SIGKILL too); not inherited across exec.
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise Unavailable(f'cannot lock {what} "{path}": {exc.strerror or exc}') from None
-            raise InUse(self._in_use_message(self.firing_lock_path)) from None
-        return fd
+    @property
+    def firing_lock_path(self) -> Path:
+        """The file whose lock marks the one process firing this store's schedules."""
+        return firing.lock_path(self.path)
 
     def live_firer(self) -> str | None:
         """The instance that holds this file's firing lock now (its kernel lock proves it
         alive, whatever its heartbeat says), or ``None``."""
-        if self._firing_lock is not None:
-            return self._firer
-        path = self.firing_lock_path
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            return None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError:
-                holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
-                return holder.get("instance") if isinstance(holder, dict) else None
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
-        except ValueError:
-            return None
-        finally:
-            os.close(fd)
-
-    def _in_use_message(self, path: Path, *, here: bool = False) -> str:
-        try:
-            holder = json.loads(path.read_text() or "{}")
-            who = f'instance "{holder["instance"]}" (pid {holder["pid"]} on {holder["host"]}, since {holder["since"]})'
-        except (OSError, ValueError, KeyError, TypeError):
-            who = "another process"
-        if here:  # another engine of this very process, on its own timers
-            who = who.split(" (", 1)[0] if who != "another process" else "an engine"
-            return (
-                f'refusing to fire: {who} of this same process already fires the schedules of the store "{self.path}" '
-                "on its own timers; two such engines on one SQLite file would run every slot twice. Give both engines "
-                'coordination="advisoryLock" (their claims then share the slots), or run one engine'
-            )
-        return (
-            f'refusing to fire: {who} already fires the schedules of the store "{self.path}"; '
-            "two firing processes on one SQLite file would run every slot twice. Stop that one first "
-            "(the other verbs, and a console without --fire, work beside it; several firing instances need PostgreSQL)"
-        )
+        return self._firer if self._firing_lock is not None else firing.holder(self.path)
 
     # -- plumbing -------------------------------------------------------------------------
     def forget_after_fork(self, parent: int) -> None:
         """(See :mod:`backend.store.forks`; the firing lock's descriptors are closed by
-        :func:`_let_go_in_a_forked_child`: the parent holds it alone.)"""
+        :mod:`.firing`: the parent holds it alone.)"""
         self._forked_from = parent
         self._writer = self._last_writer = None
         self._reader, self._read_conn = None, None
@@ -723,7 +398,7 @@ class SQLiteStore(
         except sqlite3.Error as exc:
             if not _is_trouble(exc):
                 raise
-            raise store_unavailable(self.where, "{store} is unavailable", _why(exc, self.path.parent)) from exc
+            raise store_unavailable(self.where, "{store} is unavailable", explain(exc, self.path.parent)) from exc
 
     async def _peek(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn`` on the writer's connection, between its transactions (a read only)."""
@@ -734,7 +409,7 @@ class SQLiteStore(
         except sqlite3.Error as exc:
             if not _is_trouble(exc):
                 raise
-            raise store_unavailable(self.where, "{store} is unavailable", _why(exc, self.path.parent)) from exc
+            raise store_unavailable(self.where, "{store} is unavailable", explain(exc, self.path.parent)) from exc
         return result
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -759,7 +434,7 @@ class SQLiteStore(
         except sqlite3.Error as exc:
             if not _is_trouble(exc):
                 raise
-            raise store_unavailable(self.where, "{store} is unavailable", _why(exc, self.path.parent)) from exc
+            raise store_unavailable(self.where, "{store} is unavailable", explain(exc, self.path.parent)) from exc
 
     # -- runs -----------------------------------------------------------------------------
     def save_runs(self, runs: Sequence[Run]) -> None:

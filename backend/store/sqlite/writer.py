@@ -493,7 +493,7 @@ class _Writer(threading.Thread):
                 if not force or len(self.sidecars) < len(_SIDECARS):
                     self._note_sidecars()
                 if st.st_nlink > 1 and not self.other_names:
-                    # Opened under one name only (see SQLiteStore._refuse_other_names): no
+                    # Opened under one name only (see backend.store.sqlite.file.refuse_other_names): no
                     # schedtui process opens it through the other, but any other tool would.
                     self.other_names = True
                     log.error(
