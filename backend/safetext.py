@@ -28,6 +28,9 @@ import threading
 from typing import Any, overload
 from urllib.parse import unquote
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
 __all__ = [
     "MASK",
     "MAX_JSON_DEPTH",
@@ -85,10 +88,20 @@ def remember_secret(value: str | None) -> None:
 
 
 def remember_url_secrets(url: str) -> None:
-    """Remember the passwords a URL carries (user part and query), as written and decoded."""
+    """Remember the passwords a URL carries (user part and query), as written and decoded,
+    and a PostgreSQL URL's or conninfo's as libpq itself reads them."""
     for secret in _url_secrets(url):
         remember_secret(secret)
         remember_secret(unquote(secret))
+    if url.partition("://")[0].lower() in _LIBPQ_SCHEMES or "=" in url:
+        try:
+            given = conninfo_to_dict(url)
+        except (psycopg.Error, ValueError, TypeError):
+            return  # (what libpq cannot read connects nowhere; its error is redacted by structure)
+        for key in SECRET_PARAMETERS:
+            value = given.get(key)
+            if isinstance(value, str):
+                remember_secret(value)
 
 
 def redact(text: str) -> str:
@@ -107,6 +120,9 @@ def redact(text: str) -> str:
     return _KEYWORD_VALUE.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
 
 
+#: The URL schemes libpq takes (its own reading of the user part, see :func:`_split`).
+_LIBPQ_SCHEMES = ("postgresql", "postgres")
+
 # A URL inside free text: its scheme, then everything up to a blank, a quote or a bracket.
 _URL_IN_TEXT = re.compile(r"""\b[A-Za-z][A-Za-z0-9+.-]*://[^\s"'<>`]+""")
 
@@ -120,6 +136,13 @@ def _split(url: str) -> tuple[str, str, str | None, str, list[tuple[str, str, st
     if not sep:
         return None
     end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    if scheme.lower() in _LIBPQ_SCHEMES:
+        # libpq reads the user part up to an "@" before any "/", "?" and "#" included: a
+        # password "Pa55?word" is one to it (and a generic reading would show it whole).
+        slash = rest.find("/")
+        at = rest.rfind("@", 0, len(rest) if slash < 0 else slash)
+        if at > end and ":" in rest[:at]:
+            end = min((i for i in (rest.find(c, at + 1) for c in "/?#") if i >= 0), default=len(rest))
     netloc, tail = rest[:end], rest[end:]
     user, password = "", None
     if "@" in netloc:
