@@ -1179,9 +1179,9 @@ def test_serve_refuses_a_bad_notify_option_in_one_line(tmp_path: Path, capsys: p
 @pytest.mark.parametrize(
     ("url", "said"),
     [
-        ("http://[::1/hook", "notify URL 'http://[::1/hook' is not a URL (Invalid IPv6 URL)"),
-        ("http://[zz]/x", "notify URL 'http://[zz]/x' is not a URL ('zz' does not appear to be an IPv4 or IPv6 address)"),
-        ("http://]x/", "notify URL 'http://]x/' is not a URL (Invalid IPv6 URL)"),
+        ("http://[::1/hook", "notify URL http://… is not a URL (Invalid IPv6 URL)"),
+        ("http://[zz]/x", "notify URL http://… is not a URL ('zz' does not appear to be an IPv4 or IPv6 address)"),
+        ("http://]x/", "notify URL http://… is not a URL (Invalid IPv6 URL)"),
         # What httpx refuses at its first request: taken, it ended the delivery loop of every webhook.
         ("http://127.0.0.1:9000/bad\x01x", "notify URL http://127.0.0.1:9000/… #"),
         ("https://hooks.exa\xadmple.com/services/T0/B0/x", "is refused by the HTTP client: Invalid IDNA hostname"),
@@ -1199,6 +1199,29 @@ def test_serve_refuses_a_notify_url_no_request_could_go_to_in_one_line(
         lines = [line for line in capsys.readouterr().err.strip().splitlines() if "warning: --notify" not in line]
         assert len(lines) == 1 and said in lines[0], lines  # (beside --notify's documented warning)
         assert "services/T0" not in lines[0] and "bad" not in lines[0].split("#")[0].split("9000")[-1]
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("alice:HookPass99@hooks.example/T0", "notify URL of 33 characters (not shown: it may hold its secret) is not"),
+        ("https//hooks.slack.com/services/T0/B0/SEcret", "notify URL of 44 characters"),
+        ("//bob:S3cretPw@alerts.internal/x", "notify URL of 32 characters"),
+        ("ftp://carol:Pw123456@hooks.example/T0/B0", "notify URL ftp://hooks.example is not an http:// or https://"),
+        ("http://dave:Pw123456@[::1/T0/B0", "notify URL http://… is not a URL (Invalid IPv6 URL)"),
+    ],
+)
+def test_a_refused_notify_url_is_never_quoted(url: str, said: str) -> None:
+    """Only its scheme and host are shown, when they parse: its user part and its path may
+    be its secret (a mistyped scheme was quoted, credentials and path included)."""
+    with pytest.raises(BadInput) as refused:
+        sink_of(url)
+    assert said in refused.value.message
+    for secret in ("HookPass99", "T0", "SEcret", "S3cretPw", "Pw123456", "alice", "bob"):
+        assert secret not in refused.value.message
+    with pytest.raises(BadInput) as refused:
+        parse_sinks(["https://ok.example/a", url])
+    assert refused.value.message.endswith("(notify URL 2 of 2)")
 
 
 def test_a_notify_file_takes_comments_after_a_url_and_refuses_other_text() -> None:
@@ -1236,7 +1259,7 @@ def test_sinks_are_known_by_a_hash_and_shown_without_their_secret() -> None:
     assert sink.url == HOOK and len(sink.id) == 16 and sink.shown == f"https://hooks.example.test/… #{sink.id[:6]}"
     assert sink_of("http://127.0.0.1:9000").shown.startswith("http://127.0.0.1:9000 #")
     assert len(parse_sinks([HOOK, HOOK + " ", "http://other.test/x"])) == 2
-    with pytest.raises(BadInput, match="notify URL 'not a url' is not"):
+    with pytest.raises(BadInput, match=r"notify URL of 9 characters \(not shown: it may hold its secret\) is not"):
         sink_of("not a url")
 
 

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -105,6 +106,9 @@ class Sink:
     shown: str
 
 
+#: A URL scheme that may be shown (a short word; anything else may be part of a secret).
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,15}")
+
 #: Each sink's URL as httpx writes it (``str(request.url)``) -> its shown form.
 _SHOWN: dict[str, str] = {}
 
@@ -130,13 +134,18 @@ def sink_of(url: str) -> Sink:
     """A sink from its URL; :class:`BadInput` naming it (without its path) if it is none.
     httpx's log line of a request to it shows it as its shown form (see _RedactedRequests)."""
     text = url.strip()
+    # Never quoted whole, not even its start: its user part or its path may be its secret.
+    scheme = text.partition("://")[0] if _SCHEME.fullmatch(text.partition("://")[0]) and "://" in text else None
     try:
         parts = urlsplit(text)
         parts.hostname  # noqa: B018  (a bracketed host that is no address raises here)
     except ValueError as exc:  # "Invalid IPv6 URL", a bracketed host that is no address
-        raise BadInput(f"notify URL {text[:40]!r} is not a URL ({exc})", field="notify") from None
+        raise BadInput(f"notify URL {scheme or ''}://… is not a URL ({exc})", field="notify") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        shown = f"{parts.scheme}://{parts.hostname}" if parts.scheme and parts.hostname else repr(text[:40])
+        if scheme is not None and parts.hostname:
+            shown = f"{scheme}://{printable(parts.hostname, 100)}"
+        else:
+            shown = f"of {len(text)} characters (not shown: it may hold its secret)"
         raise BadInput(f"notify URL {shown} is not an http:// or https:// URL with a host", field="notify")
     try:
         port = parts.port
@@ -157,10 +166,16 @@ def sink_of(url: str) -> Sink:
 
 
 def parse_sinks(urls: Sequence[str]) -> tuple[Sink, ...]:
-    """Sinks from URLs (``--notify`` and the lines of ``--notify-file``), each once."""
+    """Sinks from URLs (``--notify`` and the lines of ``--notify-file``), each once; a
+    refusal of one of several says which it is."""
     sinks: dict[str, Sink] = {}
-    for url in urls:
-        sink = sink_of(url)
+    for number, url in enumerate(urls, start=1):
+        try:
+            sink = sink_of(url)
+        except BadInput as exc:
+            if len(urls) == 1:
+                raise
+            raise BadInput(f"{exc.message} (notify URL {number} of {len(urls)})", field="notify") from None
         sinks.setdefault(sink.id, sink)
     return tuple(sinks.values())
 
