@@ -37,7 +37,9 @@ __all__ = [
     "NOT_JSON_TEXT",
     "NOT_TEXT",
     "in_line",
+    "in_lines",
     "RedactingFormatter",
+    "TerminalFormatter",
     "escape_json",
     "escape_text",
     "json_depth",
@@ -197,6 +199,15 @@ class RedactingFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
+
+
+class TerminalFormatter(RedactingFormatter):
+    """:class:`RedactingFormatter` for a terminal or a journal: every control character but
+    tab and newline escaped (see :func:`in_lines`), so that no text a record quotes (a
+    handler's error, a name) sends an escape sequence to whoever follows the log."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return in_lines(super().format(record))
 
 
 #: What :func:`in_line` and :func:`printable` escape: control characters, line separators,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from backend import (
     define_schedule,
 )
 from backend.model import Claim, ClaimResult, Run
+from backend.observability.capture import LOG_FORMAT
+from backend.safetext import TerminalFormatter
 from backend.store import open_store
 from tests.conftest import all_runs, expect
 from tests.late_answers import LateAnswer, lapse_and_renew
@@ -1342,6 +1345,38 @@ async def test_run_now_always_runs_even_disabled_and_overlapping(make_engine: Ma
     assert (await engine.wait_run(run.id)).status == "succeeded"
     with pytest.raises(NotFound, match='"nope"'):
         await engine.run_now("nope")
+
+
+async def test_a_failed_runs_log_line_sends_no_escape_sequence_and_forges_no_line(
+    make_engine: MakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """serve's line for a failed run quotes its handler's error: an OSC sequence in it
+    reached the terminal of whoever followed the log (a clipboard write, a title), and a
+    newline in it made a line that looked like the engine's own (outside security review)."""
+    forged = "2026-12-07 00:00:00,000 INFO schedtui.engine: run X of job succeeded"
+
+    async def vendor(ctx: RunContext) -> None:
+        raise RuntimeError(f"vendor said: \x1b]52;c;cm0gLXJmIH4K\x07\x1b]0;owned\x07\n{forged}")
+
+    stream = io.StringIO()
+    followed = logging.StreamHandler(stream)
+    followed.setFormatter(TerminalFormatter(LOG_FORMAT))
+    engine_log = logging.getLogger("schedtui.engine")
+    engine_log.addHandler(followed)
+    try:
+        with caplog.at_level(logging.INFO, logger="schedtui.engine"):
+            engine = make_engine([schedule(handler=vendor)])
+            await engine.start()
+            run = await engine.wait_run((await engine.run_now("job")).id)
+    finally:
+        engine_log.removeHandler(followed)
+    assert run.status == "failed" and run.error_message is not None and "\x1b]52" in run.error_message  # (the ledger's, whole)
+    text = stream.getvalue()
+    assert "\x1b" not in text and "\x07" not in text
+    [line] = [line for line in text.splitlines() if " failed: RuntimeError: " in line]
+    assert line.endswith(f"vendor said: \\x1b]52;c;cm0gLXJmIH4K\\x07\\x1b]0;owned\\x07\\x0a{forged}")
+    assert not any(line.startswith(forged) for line in text.splitlines())  # the traceback's lines are indented
+    assert any(line.startswith("  Traceback (most recent call last):") for line in text.splitlines())
 
 
 async def test_disable_persists_and_enable_skips_the_disabled_slots(make_engine: MakeEngine, clock: ManualClock) -> None:

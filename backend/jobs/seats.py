@@ -20,6 +20,7 @@ from backend.jobs.store import Claimed, Finish, FinishKind, Handover
 from backend.model import TAG_ABANDONED, TAG_INTERRUPTED, TAG_LEASE_LOST
 from backend.observability.logs import LogTarget
 from backend.runtime.runner import TAG_THREADS_EXHAUSTED, Invocation, Outcome, RunnerSaturated
+from backend.safetext import in_line
 
 if TYPE_CHECKING:
     from backend.jobs.system import Jobs
@@ -261,7 +262,7 @@ class Seats:
             )  # fmt: skip
         kind, retry_at = decide(c, outcome, stopping=self.stopping, first_backoff=self.first_backoff)
         if kind == "dead":
-            log.warning("job %s of %s is dead after %d attempt(s): %s", c.id, c.queue, c.attempt, outcome.error_message)
+            log.warning("job %s of %s is dead after %d attempt(s): %s", c.id, c.queue, c.attempt, in_line(outcome.error_message or ""))
         finish = Finish(
             c.id, c.queue, c.tries, kind, c.attempt, run.started_at, outcome.at, self.instance,
             outcome.error_tag, outcome.error_message, retry_at,

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import textwrap
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import datetime, timedelta
@@ -27,6 +28,7 @@ from backend.model import TAG_INTERRUPTED, TAG_LEASE_LOST, TAG_UNAVAILABLE, Outc
 from backend.observability.logs import LogTarget
 from backend.runtime.runner import TAG_THREADS_EXHAUSTED, HandlerRunner, Invocation, RunnerSaturated
 from backend.runtime.runner import Outcome as CallOutcome
+from backend.safetext import in_line
 from backend.scheduler.ledger import RunLedger
 from backend.schedules import RunContext, Schedule
 from backend.store import MarksNow, Store
@@ -519,8 +521,13 @@ class Launcher:
         )
         if traceback is not None:
             # The handler raised: say so where serve's operator looks (its log), whole. INFO:
-            # a handler failing is the ledger's news, not the engine's trouble.
-            log.info("%s failed: %s: %s\n%s", scheduled.label, error_tag, error_message, traceback.rstrip())
+            # a handler failing is the ledger's news, not the engine's trouble. Its message
+            # on the line itself, escaped, and its traceback indented under it: no text of
+            # the handler's makes a line that looks like the engine's own.
+            log.info(
+                "%s failed: %s: %s\n%s", scheduled.label, error_tag, in_line(error_message or ""),
+                textwrap.indent(traceback.rstrip(), "  "),
+            )  # fmt: skip
         self.ledger.record(run)
         if scheduled.has_ended:  # recorded after its handler returned: a locked success, confirmed
             self.active.pop(scheduled.run_id, None)

@@ -33,7 +33,7 @@ from backend.errors import InUse, NameTaken, Unavailable
 from backend.model import TAG_ABANDONED, BackfillProgress, CoordinationMode, Role, Run
 from backend.runtime.liveness import WorkLease
 from backend.runtime.skew import ClockCheck, ClockReading
-from backend.safetext import printable
+from backend.safetext import in_line, printable
 from backend.scheduler.ledger import RunLedger
 from backend.store import Beat, KnowsFirer, Membership, ReadsServerClock, Store, Unfinished
 
@@ -484,7 +484,7 @@ class InstanceRegistry:
             written = await self.store.close_runs(closing)
             for finished in closing:
                 if finished.id in written:
-                    log.warning("run %s of %s abandoned: %s", finished.id, finished.name, finished.error_message)
+                    log.warning("run %s of %s abandoned: %s", finished.id, finished.name, in_line(finished.error_message or ""))
                     closed.append(finished)
                     self.ledger.stats["abandoned"] += 1
                     self.ledger.tell(finished)

@@ -59,7 +59,7 @@ from backend.model import (
 )
 from backend.observability.capture import handler_prints_to_stderr, reinstate_if_moved
 from backend.runtime.signals import HANGUP, on_stop_signals, why
-from backend.safetext import RedactingFormatter, in_json, in_lines, printable, redact_url, remember_secret
+from backend.safetext import TerminalFormatter, in_json, in_lines, printable, redact_url, remember_secret
 from backend.scheduler.manifests import PROVIDERS, render_manifests
 from backend.store import Store, store_lost, until_lost
 from backend.store.migrations import summary
@@ -741,7 +741,7 @@ def _verb_output() -> Iterator[None]:
 
 def _configure_logging() -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(RedactingFormatter(LOG_FORMAT))  # no store password, no token, ever
+    handler.setFormatter(TerminalFormatter(LOG_FORMAT))  # no store password, no token, no escape sequence, ever
     logging.basicConfig(level=os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper(), handlers=[handler])
 
 
@@ -893,7 +893,7 @@ def _quiet_logging() -> None:
     """Log lines would tear the console's screen: send them to $SCHEDTUI_LOG_FILE, or nowhere."""
     path = os.environ.get("SCHEDTUI_LOG_FILE")
     handler: logging.Handler = logging.FileHandler(path) if path else logging.NullHandler()
-    handler.setFormatter(RedactingFormatter(LOG_FORMAT))
+    handler.setFormatter(TerminalFormatter(LOG_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(os.environ.get("SCHEDTUI_LOG_LEVEL", "INFO").upper())
