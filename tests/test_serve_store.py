@@ -789,3 +789,36 @@ def test_a_store_on_a_network_filesystem_is_warned_of_once(
     [warning] = [r.getMessage() for r in caplog.records if "network filesystem" in r.getMessage()]
     assert warning.startswith(f'the store "{folder / "state.db"}" is on a network filesystem (nfs4, mounted at {folder})')
     assert "through PostgreSQL" in warning
+
+
+def test_a_store_and_the_files_beside_it_are_made_their_owners_alone(tmp_path: Path) -> None:
+    """Under the usual umask (022), the store's folder was 0755 and its files 0644: every
+    local user could read what handlers printed, payloads and the audit log (outside
+    security review). Now 0700 and 0600, as a PostgreSQL data folder; a store given a mode
+    of its own (shared with a group) lends it to the files made beside it."""
+    path = tmp_path / "app" / ".schedtui" / "state.db"
+
+    async def fire_a_while() -> dict[str, int]:
+        engine = Engine([], f"sqlite:///{path}", clock=ManualClock(datetime(2026, 3, 2, tzinfo=UTC)), shutdown_grace=0)
+        await engine.start()
+        try:
+            folder = path.parent
+            return {p.name: os.stat(p).st_mode & 0o777 for p in [folder, *folder.iterdir()]}
+        finally:
+            await engine.stop()
+
+    was = os.umask(0o022)
+    try:
+        modes = asyncio.run(fire_a_while())
+        assert modes == {
+            ".schedtui": 0o700, "state.db": 0o600, "state.db-wal": 0o600, "state.db-shm": 0o600,
+            "state.db.firing-lock": 0o600, "state.db.reserve": 0o600,
+        }, {name: oct(mode) for name, mode in modes.items()}  # fmt: skip
+        assert os.stat(path.parent.parent).st_mode & 0o777 == 0o755  # (only the store's own folder)
+        path.chmod(0o640)
+        for side in ("state.db.firing-lock", "state.db.reserve"):
+            (path.parent / side).unlink()
+        modes = asyncio.run(fire_a_while())
+        assert (modes["state.db.firing-lock"], modes["state.db.reserve"], modes["state.db-shm"]) == (0o640, 0o640, 0o640)
+    finally:
+        os.umask(was)

@@ -22,8 +22,11 @@ from backend.errors import BadInput, NotFound, Unavailable
 __all__ = [
     "MOUNTINFO",
     "NETWORK_FILESYSTEMS",
+    "PRIVATE_FILE",
+    "create_private",
     "explain",
     "make_folder",
+    "mode_beside",
     "mount_of",
     "refuse_other_names",
     "require_file",
@@ -141,12 +144,43 @@ def require_file(path: Path) -> None:
         )
 
 
+#: The mode of a store's files when schedtui makes them: its owner's alone, as a
+#: PostgreSQL data folder's are (they hold what handlers printed, job payloads, durable
+#: inputs and the audit log). A store file given another mode (``chmod g+rw``, to share it
+#: with a group) lends it to the files made beside it, as SQLite does to its log's.
+PRIVATE_FILE = 0o600
+#: The mode of the folder schedtui makes for a store (``.schedtui/``).
+PRIVATE_FOLDER = 0o700
+
+
 def make_folder(path: Path) -> None:
-    """Create the folders above the store file ``path``."""
+    """Create the folder of the store file ``path`` (its owner's alone), and the folders above it."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_FOLDER)
     except OSError as exc:
         raise Unavailable(f'cannot create the folder for the store "{path}": {exc.strerror or exc}') from None
+
+
+def mode_beside(path: Path) -> int:
+    """The mode to make a file beside the store file ``path`` with: the store's, or
+    :data:`PRIVATE_FILE` while there is none."""
+    try:
+        return os.stat(path).st_mode & 0o666
+    except OSError:
+        return PRIVATE_FILE
+
+
+def create_private(path: Path) -> None:
+    """Make the store file ``path``, empty and its owner's alone, unless it is there (SQLite
+    would make it with the umask's mode, readable by every local user, and its log and
+    shared memory after it)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise Unavailable(f'cannot create the store "{path}": {exc.strerror or exc}') from None
+    os.close(fd)
 
 
 def refuse_other_names(path: Path) -> None:

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from backend.errors import BadInput, InUse, Unavailable
-from backend.store.sqlite.file import make_folder, refuse_other_names, require_file
+from backend.store.sqlite.file import make_folder, mode_beside, refuse_other_names, require_file
 
 __all__ = ["hold", "holder", "lock_path", "release"]
 
@@ -163,7 +163,7 @@ def _flock(store: Path, path: Path, what: str, *, create: bool) -> int:
     Never through a symlink, nor anything but a regular file: the lock file is truncated
     and written, and a link planted there would have its target overwritten."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0), 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0), mode_beside(store))
     except FileNotFoundError:
         require_file(store)  # (deleted in between: says so plainly)
         raise

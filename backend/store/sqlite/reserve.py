@@ -62,8 +62,10 @@ class Reserve:
     """The reserve file of one firing process (the holder of the store's firing lock: no
     other process touches it meanwhile). Blocking calls: run them off the event loop."""
 
-    def __init__(self, path: Path, size: int = RESERVE_BYTES) -> None:
+    def __init__(self, path: Path, size: int = RESERVE_BYTES, mode: int = 0o600) -> None:
         self.path = path
+        self.mode = mode
+        """The mode it is made with (its store file's: it holds runs)."""
         self.size = size
         self._fd: int | None = None
         self.capacity = 0
@@ -76,7 +78,7 @@ class Reserve:
         try:
             # Never through a symlink, nor into anything but a regular file: it is grown and
             # written, and a link planted there would have its target overwritten.
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, self.mode)
         except OSError as exc:
             why = "a symbolic link: not followed" if exc.errno == errno.ELOOP else exc.strerror
             log.warning('cannot open the reserve "%s" (%s): %s', self.path, why, _WITHOUT)

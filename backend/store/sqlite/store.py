@@ -43,7 +43,7 @@ from backend.store.sqlite.audit import SQLiteAudit
 from backend.store.sqlite.catalog import SQLiteCatalog
 from backend.store.sqlite.durable import SQLiteDurable
 from backend.store.sqlite.events import SQLiteEvents
-from backend.store.sqlite.file import explain, make_folder, refuse_other_names, require_file, warn_if_shared
+from backend.store.sqlite.file import create_private, explain, make_folder, mode_beside, refuse_other_names, require_file, warn_if_shared
 from backend.store.sqlite.instances import SQLiteInstances
 from backend.store.sqlite.jobs import SQLiteJobs
 from backend.store.sqlite.locks import SQLiteLocks
@@ -129,6 +129,8 @@ class SQLiteStore(
         else:
             require_file(self.path)
         refuse_other_names(self.path)
+        if self.create:
+            create_private(self.path)
         warn_if_shared(self.path)
         if not self.create:
             with contextlib.suppress(OSError):
@@ -287,7 +289,7 @@ class SQLiteStore(
                 self._firing_lock = hold.result()
                 self._firer, self._single = instance, not claims
         if not claims:
-            self._reserve = Reserve(self.path.with_name(self.path.name + ".reserve"))
+            self._reserve = Reserve(self.path.with_name(self.path.name + ".reserve"), mode=mode_beside(self.path))
             self._kept = await asyncio.to_thread(self._reserve.open)
             if self._writer is not None:
                 await self._write_kept()
