@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import textwrap
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from backend import DefinitionError, Engine, ManualClock, RunContext, Schedule, define_schedule, discover
+from backend.runtime import isolated
 from tests.conftest import all_runs
 from tests.servers import poll
 
@@ -149,6 +151,40 @@ async def test_a_run_ends_with_its_handlers_process_whatever_that_left_running(
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_handler_in_its_process_imports_as_the_engines_process_does(
+    make_engine: Callable[..., Engine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child had the folder ``backend/`` itself on its path (a move of this module left
+    the path one folder too deep): the application's own package ``jobs`` (or ``api``,
+    ``store``, ``events``…) was backend's there, and a folder the application put on its
+    path at run time was missing (outside review of the package as shipped)."""
+    app = tmp_path / "app"
+    (app / "jobs").mkdir(parents=True)
+    (app / "jobs" / "__init__.py").write_text("def cleanup():\n    return \"the application's cleanup\"\n")
+    monkeypatch.syspath_prepend(str(app))  # (as an application does at run time: not in PYTHONPATH)
+    folder = tmp_path / "defs"
+    folder.mkdir()
+    (folder / "app.cron.py").write_text(textwrap.dedent("""
+        import sys
+        from backend import define_schedule
+
+        def cleanup(ctx):
+            import json, jobs
+            print("said:", jobs.cleanup())
+            print("path:", json.dumps(sys.path))
+
+        job = define_schedule(name="cleanup", cron="0 * * * *", timezone="UTC", handler=cleanup, isolation="process")
+    """))
+    engine = make_engine(discover(folder))
+    await engine.start()
+    run = await engine.run_now("cleanup", wait=True)
+    assert (run.status, run.error_tag) == ("succeeded", None), run.error_message
+    log = (await engine.run_logs.run_log(run.id)).text
+    assert "said: the application's cleanup" in log, log
+    [path] = [json.loads(line.split("path: ", 1)[1]) for line in log.splitlines() if "path: " in line]
+    assert str(app) in path and str(Path(isolated.__file__).resolve().parents[1]) not in path
 
 
 def test_process_isolation_needs_a_definitions_file() -> None:

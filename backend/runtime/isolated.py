@@ -54,7 +54,8 @@ class IsolatedFailure(Exception):
 
 
 def _package_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
+    """The folder that holds the ``backend`` package (site-packages, or a checkout)."""
+    return str(Path(__file__).resolve().parents[2])
 
 
 class _Exits(asyncio.subprocess.SubprocessStreamProtocol):
@@ -76,18 +77,20 @@ async def run_isolated(spec: dict[str, Any]) -> Any:
     :class:`IsolatedFailure`. Cancelling this kills the child's process group. The run
     ends with the handler's process: what that left running in its process group is
     stopped then (a daemon meant to outlive it starts a session of its own)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
+    # The child imports as this process does: its import path is this one's (a folder the
+    # application put there at run time too), and the folder of ``backend`` comes last,
+    # where it shadows nothing, for the child to find it before it has read the spec.
+    spec = {**spec, "path": list(sys.path)}
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.subprocess_exec(
         lambda: _Exits(loop),
         sys.executable,
         "-c",
         CHILD,
+        _package_root(),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=env,
         start_new_session=True,  # its own process group: killed with everything it started
     )
     process = asyncio.subprocess.Process(transport, protocol, loop)
@@ -173,7 +176,7 @@ def _context(data: dict[str, Any]) -> Any:
 #: How the child starts. Not ``-m backend.runtime.isolated``: importing ``backend`` imports
 #: this module first, so runpy ran it a second time as ``__main__`` and said so, a
 #: RuntimeWarning that began every isolated run's log.
-CHILD = "import sys; from backend.runtime.isolated import child_main; sys.exit(child_main())"
+CHILD = "import sys; sys.path.append(sys.argv[1]); from backend.runtime.isolated import child_main; sys.exit(child_main())"
 
 
 def child_main() -> int:
@@ -186,6 +189,9 @@ def child_main() -> int:
         from backend.schedules import Schedule
 
         spec = json.loads(sys.stdin.read())
+        path = spec.get("path")
+        if isinstance(path, list):
+            sys.path[:] = [*path, *(entry for entry in sys.path if entry not in path)]
         found = [item for item in load_file(Path(spec["file"])) if isinstance(item, Schedule)]
         schedule = next((s for s in found if s.name == spec["schedule"]), None)
         if schedule is None:
