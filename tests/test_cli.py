@@ -264,6 +264,29 @@ def test_every_bad_file_is_named_and_serve_refuses_to_start(cli: Cli) -> None:
     assert "refuses to start" in cli("serve", "--help", store=False).stdout
 
 
+def test_the_installed_command_imports_the_projects_own_modules_from_its_working_directory(tmp_path: Path) -> None:
+    """A console script's import path starts at the environment's bin/, not where it runs:
+    a definition importing the project's own package failed every verb, and serve would
+    not start (outside review of the package as shipped). ``python -m`` always had it."""
+    write_tree(tmp_path, {
+        "myapp/__init__.py": "def send_digest():\n    print('digest sent')\n",
+        "schedules/digest.cron.py": """
+            from backend import define_schedule
+            from myapp import send_digest
+
+            digest = define_schedule(name="digest", cron="0 8 * * *", timezone="UTC", handler=lambda ctx: send_digest())
+        """,
+    })  # fmt: skip
+    create_store(tmp_path / "state.db")
+    command = Path(sys.executable).parent / "schedtui"
+    assert command.is_file(), "the project is installed (pip install -e .): its console script is there"
+    env = {k: v for k, v in child_env().items() if k != "PYTHONPATH"}  # (the installed package alone)
+    done = subprocess.run([str(command), "fire", "digest", "--store", f"sqlite:///{tmp_path / 'state.db'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "digest sent" in done.stderr and "✓ succeeded" in done.stdout
+
+
 # ---------------------------------------------------------------------------------------
 # fire
 # ---------------------------------------------------------------------------------------

@@ -1031,6 +1031,13 @@ def _fill_closed_standard_streams() -> None:
 def run() -> None:
     """The console script."""
     _fill_closed_standard_streams()
+    # As `python -m` and uvicorn do: the working directory first on the import path, so that
+    # definitions import the project's own modules (a console script's own folder is the
+    # environment's bin/, which holds none of them).
+    with contextlib.suppress(OSError):  # (a working directory deleted meanwhile)
+        here = os.getcwd()
+        if "" not in sys.path and here not in sys.path:
+            sys.path.insert(0, here)
     try:
         status = main()
         sys.stdout.flush()  # (what is still buffered meets a closed pipe here, not at exit)
