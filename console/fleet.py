@@ -85,6 +85,9 @@ class Fleet:
     standing_down: tuple[InstanceInfo, ...] = ()
     """Firing members that beat within :data:`LIVE_WITHIN` but take no work: their clock is
     off the database server's (not counted in :attr:`firing`)."""
+    last_run: Run | None = None
+    """The newest run of any schedule (to say since when, where no heartbeat is left: an
+    engine that stopped cleanly takes its instance's row with it)."""
 
     @property
     def silent(self) -> bool:
@@ -113,7 +116,9 @@ def fleet_of(
         for view in views:
             if view.owner is not None:
                 owned[view.owner] = owned.get(view.owner, 0) + 1
-    return Fleet(firing, last, count, owned, standing_down)
+    fired = [(v.last_run.fired_at, v.last_run) for v in views if v.last_run is not None and v.last_run.fired_at is not None]
+    newest = max(fired, key=lambda pair: pair[0], default=None)
+    return Fleet(firing, last, count, owned, standing_down, None if newest is None else newest[1])
 
 
 class Overdue:

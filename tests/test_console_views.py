@@ -314,6 +314,29 @@ def test_a_member_standing_down_for_its_clock_does_not_count_as_firing_and_the_b
     assert [i.name for i in fleet_of([agreeing], now, watching, [timer]).firing] == ["web-3"]
 
 
+def test_the_banner_says_since_when_nothing_fires_after_an_engine_stopped_cleanly() -> None:
+    """An engine that stops cleanly takes its instance's row with it: the banner said "no
+    engine has ever registered in this store" over a store full of its runs (outside review
+    of the package as shipped). It says when the newest run was fired, and by whom."""
+    now = parse_iso(FROZEN)
+    watching = ConnectionInfo("embedded", "state.db", "single", "console", False, fires=False)
+    fired = now - timedelta(minutes=3)
+    last = Run(id="a", name="a", scheduled_at=fired, status="succeeded", trigger="self", coordination_outcome="single",
+               instance="web-1:4242", fired_at=fired, finished_at=fired)  # fmt: skip
+    older = replace(last, id="b", fired_at=fired - timedelta(hours=1), instance="web-0:1")
+    timer = ScheduleView("a", "* * * * *", "UTC", "self", "skip", "skip", 60.0, None, None, True, None, None, last)
+    other = replace(timer, name="b", last_run=older)
+    banner = FleetBanner()
+    banner.fleet, banner.now = fleet_of([], now, watching, [other, timer]), now
+    assert banner.render().plain == (
+        "✗ NOTHING IS FIRING: no engine is sending heartbeats; none is registered (one that stops takes its "
+        "registration with it); the newest run was fired 3m ago by web-1:4242. 2 enabled schedules need an "
+        "engine's timer: start `schedtui serve`."
+    )
+    banner.fleet = fleet_of([], now, watching, [replace(timer, last_run=None)])
+    assert "none is registered, and no schedule has run yet." in banner.render().plain
+
+
 # ----------------------------------------------------------------------------------------
 # columns by priority, ages, elapsed time, durations
 # ----------------------------------------------------------------------------------------

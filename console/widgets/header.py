@@ -225,8 +225,13 @@ class FleetBanner(Widget):
                 f"the last heartbeat was {fmt.compact_delta(max(self.now - fleet.last_beat.heartbeat_at, self.now - self.now))}"
                 f" ago ({fleet.last_beat.name})"
             )
+        elif fleet.last_run is not None and (fired := fleet.last_run.fired_at) is not None and self.now is not None:
+            since = (
+                f"none is registered (one that stops takes its registration with it); the newest run was fired "
+                f"{fmt.compact_delta(max(self.now - fired, self.now - self.now))} ago by {fleet.last_run.instance}"
+            )
         else:
-            since = "no engine has ever registered in this store"
+            since = "none is registered, and no schedule has run yet"
         return Content(
             f"✗ NOTHING IS FIRING: no engine is sending heartbeats; {since}. "
             f"{fleet.self_triggered} enabled schedule{plural} an engine's timer: start `schedtui serve`."
