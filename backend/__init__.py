@@ -4,6 +4,8 @@ recorded in a durable ledger, and operable by hand.
 The public API is re-exported here; the modules behind it are private unless documented.
 """
 
+from importlib import metadata as _metadata
+
 from backend.client.connection import Client, SyncClient, connect, connect_sync
 from backend.clock import Clock, ManualClock, SystemClock
 from backend.cron import Cron
@@ -115,4 +117,7 @@ __all__ = [
     "open_store",
 ]
 
-__version__ = "0.1.0"
+try:  # one place says the version: the package's metadata (pyproject.toml)
+    __version__ = _metadata.version("schedtui")
+except _metadata.PackageNotFoundError:  # (imported from a checkout that was never installed)
+    __version__ = "0+unknown"

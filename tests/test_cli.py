@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import importlib.metadata
 import json
 import os
 import re
@@ -35,6 +36,7 @@ from typing import Any
 
 import pytest
 
+import backend
 from backend import Engine, ManualClock, Run, define_schedule
 from backend.client.embedded import EmbeddedBackend
 from backend.events.audit import os_user
@@ -262,6 +264,13 @@ def test_every_bad_file_is_named_and_serve_refuses_to_start(cli: Cli) -> None:
         ]
         assert "starting" not in done.stderr  # serve never started an engine
     assert "refuses to start" in cli("serve", "--help", store=False).stdout
+
+
+def test_the_version_is_the_packages_own(cli: Cli) -> None:
+    """One place says it (pyproject.toml, through the package's metadata): the command and
+    ``backend.__version__`` said 0.1.0 by hand through two rounds of schema changes."""
+    done = cli("--version", store=False)
+    assert done.stdout.strip() == f"schedtui {importlib.metadata.version('schedtui')}" and backend.__version__ != "0.1.0"
 
 
 def test_the_installed_command_imports_the_projects_own_modules_from_its_working_directory(tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ from backend import (
     SchedtuiError,
     Unauthorized,
     Unavailable,
+    __version__,
     discover,
     open_store,
 )
@@ -239,7 +240,7 @@ SERVE_DESCRIPTION = (
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The parser, and each verb's own parser (to tell which shared options a verb takes)."""
     parser = _Parser(prog="schedtui", description="Run and operate scheduled work.")
-    parser.add_argument("--version", action="version", version="schedtui 0.1.0")
+    parser.add_argument("--version", action="version", version=f"schedtui {__version__}")
     _add_shared(parser, _CONSOLE)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", parser_class=_Parser)
     by_verb: dict[str, argparse.ArgumentParser] = {}
