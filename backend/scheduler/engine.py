@@ -77,7 +77,7 @@ from backend.scheduler import lifecycle, names
 from backend.scheduler.backfills import Backfills
 from backend.scheduler.catalog import Catalog, CatalogStore
 from backend.scheduler.catchup import CatchUp
-from backend.scheduler.coordination.cluster import Cluster, ClusterStore, shard_owners
+from backend.scheduler.coordination.cluster import Cluster
 from backend.scheduler.coordination.slots import Coordinator, SlotClaims, make_coordinator
 from backend.scheduler.engine_actions import EngineActions
 from backend.scheduler.engine_reads import EngineReads
@@ -90,7 +90,7 @@ from backend.scheduler.registry import InstanceRegistry
 from backend.scheduler.states import ScheduleStates
 from backend.scheduler.systems import build_systems
 from backend.scheduler.timers import Timers
-from backend.scheduler.timings import FleetTimings, zone_rules
+from backend.scheduler.timings import FleetTimings
 from backend.schedules import Schedule
 from backend.store import Store, open_store
 
@@ -440,15 +440,6 @@ class Engine(EngineReads, EngineActions):
             early=external_early,
         )
 
-    def code_timings(self) -> dict[str, tuple[str, str, str]]:
-        """The ``(cron, timezone, zone rules)`` of each schedule defined in code (see
-        :mod:`backend.scheduler.timings`), as this process fires them."""
-        return {
-            name: (schedule.cron.expr, schedule.cron.timezone, zone_rules(schedule.cron.timezone))
-            for name, schedule in self.schedules.items()
-            if not self.catalog.is_stored(name)
-        }
-
     @property
     def started(self) -> bool:
         return self._started and not self._stopping
@@ -460,26 +451,6 @@ class Engine(EngineReads, EngineActions):
     @coordinator.setter
     def coordinator(self, coordinator: Coordinator) -> None:
         self.claims.coordinator = coordinator
-
-    @property
-    def coordination(self) -> CoordinationMode:
-        return self.claims.coordinator.mode
-
-    async def observed_coordination(self) -> CoordinationMode:
-        """The mode the schedules are fired by: this engine's when it was given one or
-        fires; for one left to the store's default that does not fire (a CLI verb, a
-        ``connect()`` client, a console waiting for another mode's fleet), the mode the live
-        firing members record, if any fires."""
-        if self.coordination_given or (self._started and self.registry.role != "waiting"):
-            return self.coordination
-        return await self.registry.fleet_mode(self.clock.now()) or self.coordination
-
-    async def _observed_owners(self) -> dict[str, str | None] | None:
-        """An observer of a ``cluster`` fleet: who holds each self-triggered schedule's shard."""
-        if await self.observed_coordination() != "cluster" or self.cluster is not None:
-            return None
-        names = [name for name, schedule in self.schedules.items() if self.trigger_of(schedule) == "self"]
-        return await shard_owners(cast(ClusterStore, self.store), names, self.locks.lock_now())
 
     @property
     def stats(self) -> dict[str, int]:

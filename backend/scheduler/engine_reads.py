@@ -1,5 +1,5 @@
-"""The engine's reads: its schedules and their states, schedule views, run pages, upcoming
-slots, the fleet and health (a part of :class:`~backend.scheduler.engine.Engine`).
+"""The engine's reads: the fleet's coordination, its schedules and their states, schedule
+views, run pages, upcoming slots, the fleet and health (a part of :class:`~backend.scheduler.engine.Engine`).
 
 The views, pages and slots themselves are built by :class:`~backend.scheduler.reads.ScheduleReads`
 (the engine's ``reads``), to which most of these delegate; none changes anything but
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, cast
 
 from backend.clock import Clock
 from backend.errors import Unavailable
+from backend.locks import Locks
 from backend.model import (
     CoordinationMode,
     Health,
@@ -25,8 +26,12 @@ from backend.model import (
     ScheduleView,
 )
 from backend.scheduler.catalog import Catalog
+from backend.scheduler.coordination.cluster import Cluster, ClusterStore, shard_owners
+from backend.scheduler.coordination.slots import SlotClaims
 from backend.scheduler.reads import ScheduleReads, find_schedule, is_schedule_name, no_runs_of
+from backend.scheduler.registry import InstanceRegistry
 from backend.scheduler.states import ScheduleStates
+from backend.scheduler.timings import zone_rules
 from backend.schedules import Schedule
 from backend.store import Store
 
@@ -48,12 +53,44 @@ class EngineReads:
     states: ScheduleStates
     catalog: Catalog
     reads: ScheduleReads
+    claims: SlotClaims
+    registry: InstanceRegistry
+    locks: Locks
+    cluster: Cluster | None
+    coordination_given: bool
+    _started: bool
 
-    if TYPE_CHECKING:  # the engine's
+    # -- the fleet's coordination, and what this process fires -----------------------------
+    def code_timings(self) -> dict[str, tuple[str, str, str]]:
+        """The ``(cron, timezone, zone rules)`` of each schedule defined in code (see
+        :mod:`backend.scheduler.timings`), as this process fires them."""
+        return {
+            name: (schedule.cron.expr, schedule.cron.timezone, zone_rules(schedule.cron.timezone))
+            for name, schedule in self.schedules.items()
+            if not self.catalog.is_stored(name)
+        }
 
-        @property
-        def coordination(self) -> CoordinationMode: ...
+    @property
+    def coordination(self) -> CoordinationMode:
+        return self.claims.coordinator.mode
 
+    async def observed_coordination(self) -> CoordinationMode:
+        """The mode the schedules are fired by: this engine's when it was given one or
+        fires; for one left to the store's default that does not fire (a CLI verb, a
+        ``connect()`` client, a console waiting for another mode's fleet), the mode the live
+        firing members record, if any fires."""
+        if self.coordination_given or (self._started and self.registry.role != "waiting"):
+            return self.coordination
+        return await self.registry.fleet_mode(self.clock.now()) or self.coordination
+
+    async def _observed_owners(self) -> dict[str, str | None] | None:
+        """An observer of a ``cluster`` fleet: who holds each self-triggered schedule's shard."""
+        if await self.observed_coordination() != "cluster" or self.cluster is not None:
+            return None
+        names = [name for name, schedule in self.schedules.items() if self.trigger_of(schedule) == "self"]
+        return await shard_owners(cast(ClusterStore, self.store), names, self.locks.lock_now())
+
+    # -- schedules ------------------------------------------------------------------------
     def schedule(self, name: str) -> Schedule:
         """The schedule named ``name``: :class:`NotFound` when none is, and
         :class:`~backend.scheduler.stored.NotValidHere` for a stored one this instance
