@@ -15,6 +15,9 @@ connection broken checks the pool's idle connections and retries once on a fresh
 the server is really gone the call raises :class:`~backend.errors.Unavailable` with a
 one-line message, and the pool keeps reconnecting by itself in the background. Runs handed
 in meanwhile stay with the writer, which retries until the server is back.
+
+What an open asks of the server (a UTF8 database, durable commits, and behind a
+transaction pooler read committed sessions and timeouts) is :mod:`.server_checks`.
 """
 
 from __future__ import annotations
@@ -58,6 +61,12 @@ from backend.store.postgres.logs import PostgresLogs
 from backend.store.postgres.metrics import PostgresMetrics
 from backend.store.postgres.pooler import SEE, detect_sharing, split_url
 from backend.store.postgres.runs import PostgresRuns
+from backend.store.postgres.server_checks import (
+    check_encoding,
+    check_pooled_isolation,
+    check_pooled_timeouts,
+    check_synchronous_commit,
+)
 from backend.store.postgres.sql import (
     CONFIGURE,
     CONFIGURE_POOLED,
@@ -65,14 +74,10 @@ from backend.store.postgres.sql import (
     GET_VERSION,
     HAS_VERSION_TABLE,
     INSERT_VERSION,
-    ISOLATION,
     LOCK_CLASS,
     LOCK_MIGRATE,
     MIGRATE_LOCK,
     MIGRATIONS,
-    POOLED_TIMEOUTS,
-    SERVER_ENCODING,
-    SYNCHRONOUS_COMMIT,
     UPDATE_VERSION,
     WHO_MIGRATES,
 )
@@ -364,10 +369,10 @@ class PostgresStore(
         except psycopg.Error as exc:
             raise store_unavailable(self.where, "cannot reach {store}", _one_line(exc), _public_reason(exc)) from None
         try:
-            await self._check_encoding(conn)
-            await self._check_synchronous_commit(conn)  # (what the session got, before CONFIGURE)
+            await check_encoding(conn, self.where)
+            await check_synchronous_commit(conn, self.where, pooled=self.pooler.transaction)  # (what the session got, before CONFIGURE)
             if self.pooler.transaction:
-                await self._check_pooled_isolation(conn)
+                await check_pooled_isolation(conn, self.where)
                 await self._configure_pooled(conn)
             else:
                 await self._configure(conn)  # (read committed, for the migration's lock-then-read)
@@ -427,7 +432,7 @@ class PostgresStore(
             raise store_unavailable(self.where, "cannot reach {store}", self._why(exc), _public_reason(exc)) from None
         try:
             if self.pooler.transaction:
-                await self._check_pooled_timeouts(first)
+                await check_pooled_timeouts(first, self.where)
             else:
                 async with pool.connection() as second:
                     shared = await detect_sharing(first, second)
@@ -446,93 +451,9 @@ class PostgresStore(
             raise
         return pool
 
-    async def _check_pooled_timeouts(self, conn: AsyncConnection[Any]) -> None:
-        """Behind a transaction pooler the store sets no timeout of its own (a ``SET``
-        would stay on the server connection for the pooler's next client): say so when the
-        server's, for this role and database, are none."""
-        row = await (await conn.execute(POOLED_TIMEOUTS)).fetchone()
-        names = ("statement_timeout", "idle_in_transaction_session_timeout")
-        unset = [name for name, value in zip(names, row or (), strict=False) if value == "0"]
-        lock_timeout = row[2] if row and len(row) > 2 else "0"
-        if lock_timeout != "0":
-            log.warning(
-                'the store "%s" is behind a transaction pooler, where schedtui cannot lift the server\'s '
-                "lock_timeout (%s for this role and database): its waits for its own locks fail past it (a start "
-                "while another instance migrates the tables fails to open; a schedule's run that waits for its "
-                "turn is recorded failed); lift it for schedtui's role: ALTER ROLE … SET lock_timeout = 0 (%s)",
-                self.where, lock_timeout, SEE,
-            )  # fmt: skip
-        if unset:
-            log.warning(
-                'the store "%s" is behind a transaction pooler, where schedtui sets no timeout per connection, '
-                "and the server's %s unlimited: a statement or transaction left hanging holds its locks; set them "
-                "for schedtui's role, e.g. ALTER ROLE … SET statement_timeout = '30s'; ALTER ROLE … SET "
-                "idle_in_transaction_session_timeout = '60s' (%s)",
-                self.where, " and ".join(unset) + (" are" if len(unset) > 1 else " is"), SEE,
-            )  # fmt: skip
-
-    async def _check_encoding(self, conn: AsyncConnection[Any]) -> None:
-        """Refuse a database that is not UTF8: a LATIN1 one fails every write of a character
-        it has no byte for (a handler's error, a payload, a note), and a SQL_ASCII one every
-        statement with text, each as a driver error in the middle of the work; better once,
-        at start, saying what to do."""
-        row = await (await conn.execute(SERVER_ENCODING)).fetchone()
-        encoding = row[0] if row else "UTF8"
-        if isinstance(encoding, bytes):  # (a SQL_ASCII database's text comes back undecoded)
-            encoding = encoding.decode("ascii", "replace")
-        if encoding != "UTF8":
-            raise store_unavailable(
-                self.where,
-                "cannot use {store} as given",
-                f"its database's encoding is {encoding}, and schedtui's text (names, payloads, a handler's errors "
-                "and logs) is Unicode: create the database with ENCODING 'UTF8' (CREATE DATABASE … TEMPLATE "
-                "template0 ENCODING 'UTF8')",
-                f"the database's encoding is {encoding} (UTF8 is needed)",
-            )
-
-    async def _check_pooled_isolation(self, conn: AsyncConnection[Any]) -> None:
-        """Behind a transaction pooler the store cannot make its sessions ``read committed``
-        (see CONFIGURE): refuse a server whose sessions default to anything else, rather
-        than fire, claim and fence under a snapshot that misses the commits they wait for."""
-        row = await (await conn.execute(ISOLATION)).fetchone()
-        level = row[0] if row else "read committed"
-        if level != "read committed":
-            raise store_unavailable(
-                self.where,
-                "cannot use {store} as given",
-                f"its sessions default to {level} isolation (default_transaction_isolation), and behind a "
-                "transaction pooler schedtui cannot set read committed for its own: its claims, fences and locks "
-                "need it; set it for schedtui's role: ALTER ROLE … SET default_transaction_isolation = "
-                f"'read committed' ({SEE})",
-                f"the server's sessions default to {level} isolation (read committed is needed)",
-            )
-
     @staticmethod
     async def _configure(conn: AsyncConnection[Any]) -> None:
         await conn.execute(CONFIGURE)
-
-    async def _check_synchronous_commit(self, conn: AsyncConnection[Any]) -> None:
-        """Warn when the server's sessions of this role and database do not make a commit
-        durable before answering it (see CONFIGURE): the store turns it back on for its
-        own connections, but not behind a transaction pooler, where it cannot."""
-        row = await (await conn.execute(SYNCHRONOUS_COMMIT)).fetchone()
-        if not row or row[0] != "off":
-            return
-        if self.pooler.transaction:
-            log.warning(
-                'the store "%s" has synchronous_commit = off for this role or database, and behind a transaction '
-                "pooler schedtui cannot turn it on for its own sessions: a server crash can lose commits it already "
-                "acknowledged, and with them the claims, checkpoints and lock tokens that keep work from running "
-                "twice; set it for schedtui's role: ALTER ROLE … SET synchronous_commit = on (%s)",
-                self.where, SEE,
-            )  # fmt: skip
-        else:
-            log.warning(
-                'the store "%s" has synchronous_commit = off for this role or database: schedtui turns it on for '
-                "its own connections (a commit lost in a server crash after it was acknowledged could run work "
-                "twice); other clients of the database keep it off",
-                self.where,
-            )
 
     @staticmethod
     async def _configure_pooled(conn: AsyncConnection[Any]) -> None:
