@@ -1260,6 +1260,28 @@ async def test_a_job_whose_instance_died_is_retried_within_the_abandon_window(
     assert "has not sent a heartbeat since" in (attempts[0].error_message or "")
 
 
+async def test_an_instance_without_queues_closes_a_dead_instances_running_jobs(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """A deploy that moved every queue out of a serve's definitions, after a crash: the dead
+    instance's job stayed running on a gone instance for good, its seat taken, because only
+    an instance with workers looked (outside attack: the code changes between deploys)."""
+    sender = make_engine([define_queue(name="mail", handler=Handler(), attempts=3)], instance="old")
+    await sender.open()
+    sent = await sender.jobs.send("mail", "x")
+    store: Any = sender.store
+    await store.heartbeat("ghost", "another-host", 1, clock.now())
+    await store.cycle_jobs([], {"mail": 1}, "ghost", "tok", clock.now())
+    engine = make_engine([], abandon_after=30)  # the new release: no queue at all
+    await engine.start()
+    clock.advance(31)
+    await engine.quiesce()
+    job = (await detail(engine, sent.id)).job
+    assert (job.status, job.attempt) == ("queued", 1)  # retried: due again for an instance with the queue
+    attempts = (await detail(engine, sent.id)).attempts
+    assert [(a.attempt, a.status, a.error_tag, a.instance) for a in attempts] == [(1, "failed", "abandoned", "ghost")]
+
+
 async def test_an_abandoned_last_attempt_makes_the_job_dead(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     engine = make_engine([define_queue(name="mail", handler=Handler(), attempts=1)], abandon_after=30)
     await engine.open()

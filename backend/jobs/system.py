@@ -136,11 +136,11 @@ class Jobs:
 
     async def maintain(self, now: datetime) -> None:
         try:
-            if self.workers is not None:
-                await self.rescue(now)
-            # Store-wide, whatever this process defines: a serve with no queue in its
-            # definitions (moved out of them, or jobs sent from elsewhere) kept every dead
-            # job, attempt and log for good.
+            # Both store-wide, whatever this process defines: a serve with no queue in its
+            # definitions (moved out of them by a deploy, or jobs sent from elsewhere) left
+            # a dead instance's jobs running for good, and kept every dead job, attempt and
+            # log for good.
+            await self.rescue(now)
             if self.last_prune is None or now - self.last_prune >= timedelta(hours=1):
                 self.last_prune = now
                 removed = await self.store.prune_jobs(now - DEAD_KEEP, now - CRON_DEAD_KEEP, now - ATTEMPTS_KEEP)
@@ -166,20 +166,21 @@ class Jobs:
     async def rescue(self, now: datetime) -> int:
         """Close the attempts of running jobs whose instance is gone as failed/``abandoned``:
         retried at once while attempts remain, else dead. Every live instance looks; the
-        finish is conditional, so each attempt is closed once. Jobs this instance claimed
-        in a cycle whose answer was lost go back untouched instead (they never started)."""
+        finish is conditional, so each attempt is closed once; an instance without workers
+        (no queue in its definitions) looks too. Jobs this instance claimed in a cycle whose
+        answer was lost go back untouched instead (they never started)."""
         workers = self.workers
-        assert workers is not None
         running = await self.store.running_jobs()
         if not running:
             return 0
         registry = self.shared.registry
         beats = await self.shared.store.instances()
-        finishes = workers.release_unanswered(running, now)
+        finishes = workers.release_unanswered(running, now) if workers is not None else []
         released = {finish.id for finish in finishes}
         for job in running:
             if job.instance == self.shared.instance:
-                if workers.holds(job.id, job.token) or job.id in released or not registry.holds_name():
+                held = workers is not None and workers.holds(job.id, job.token)
+                if held or job.id in released or not registry.holds_name():
                     continue
                 why = OWN_CLAIM_CLOSED
             else:
