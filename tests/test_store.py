@@ -35,9 +35,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend import BackfillProgress, InUse, NotFound, Refused, Run, ScheduleState, Unavailable
+from backend import BackfillProgress, Engine, InUse, ManualClock, NotFound, Refused, Run, ScheduleState, Unavailable
+from backend.durable import DurableContext, define_durable
 from backend.errors import NameTaken
+from backend.events.audit import AuditEntry
 from backend.ids import IdFactory, id_floor
+from backend.jobs import JobContext, define_queue
 from backend.model import Claim, StoreHealth, Turn, slot_key
 from backend.observability.logs import LogTarget, StoredLog
 from backend.store import Beat, Membership, Store, open_store
@@ -698,7 +701,7 @@ async def test_a_sqlite_retention_sweep_is_many_short_transactions_taking_the_lo
 ) -> None:
     # One delete of 1.6 million runs held every other write (a firing's) for 25 s and grew
     # the write-ahead log to the store's size.
-    monkeypatch.setattr("backend.store.sqlite.runs.PRUNE_BATCH", 3, raising=False)
+    monkeypatch.setattr("backend.store.sqlite.batches.PRUNE_BATCH", 3)
     store = SQLiteStore(tmp_path / "state.db")
     await store.open()
     try:
@@ -714,6 +717,63 @@ async def test_a_sqlite_retention_sweep_is_many_short_transactions_taking_the_lo
         assert [await store.get_run_log(r.id) for r in made[:-1]] == [None] * 10
     finally:
         await store.close()
+
+
+async def test_a_sqlite_sweep_of_jobs_executions_logs_and_audit_is_many_short_transactions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runs were swept a batch at a time, but the durable executions, the job attempts
+    and their logs, the dead jobs and the audit were each deleted in one transaction: a
+    backlog of 200,000 executions and 2,000,000 attempts held every other write 2-4 s, fired
+    an every-second schedule 2 s late, and grew the write-ahead log to 465 MB (outside
+    attack: the store's data over its life)."""
+    monkeypatch.setattr("backend.store.sqlite.batches.PRUNE_BATCH", 2)
+
+    async def fails(job: JobContext) -> None:
+        print("a line of its log")
+        raise RuntimeError("no")
+
+    async def body(ctx: DurableContext, input: Any) -> int:
+        await ctx.step("one", lambda: 1)
+        return 1
+
+    clock = ManualClock(T0)
+    engine = Engine([define_queue(name="mail", handler=fails, attempts=1), define_durable(name="f", handler=body)],
+                    f"sqlite:///{tmp_path / 'state.db'}", clock=clock, retention=None, shutdown_grace=0)  # fmt: skip
+    await engine.start()
+    try:
+        for n in range(5):
+            await engine.jobs.send("mail", n)
+            await engine.durable.start_execution("f")
+        await engine.quiesce()
+        store: Any = engine.store
+        ids = IdFactory(clock.now)
+        for n in range(5):
+            await store.append_audit(AuditEntry(ids(), T0, "me", "schedule.fire", f"job{n}", None))
+        transactions: list[int] = []
+        write = store._write
+
+        async def counted(fn: Callable[[sqlite3.Connection], Any]) -> Any:
+            result = await write(fn)
+            transactions.append(result)
+            return result
+
+        monkeypatch.setattr(store, "_write", counted)
+        later = T0 + timedelta(days=400)
+        assert await store.durable_prune(later) == 5
+        assert transactions == [2, 2, 1]
+        transactions.clear()
+        assert await store.prune_jobs(later, later, later) == 10  # 5 dead jobs, 5 attempts
+        assert transactions == [2, 2, 1, 2, 2, 1, 2, 2, 1]  # the jobs, their logs, their attempts
+        transactions.clear()
+        removed = await store.prune_audit(later)  # the 5 entries here, and the engine's own (its starts)
+        assert removed >= 5 and max(transactions) == 2 and sum(transactions) == removed
+        assert await store.list_audit(limit=10) == [] and (await engine.jobs.list_jobs("mail")).jobs == []
+        assert (await engine.durable.list())[0] == []
+        # and a checkpoint gives the log's space back (it stayed at its high-water mark)
+        assert await store._peek(lambda c: c.execute("PRAGMA journal_size_limit").fetchone()[0]) == 64 * 1024 * 1024
+    finally:
+        await engine.stop()
 
 
 async def test_pruning_keeps_each_schedules_newest_timed_slot(store: Store) -> None:

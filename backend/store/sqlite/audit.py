@@ -15,6 +15,7 @@ from backend.events.audit import AuditEntry, decode_detail, encode_detail
 from backend.ids import id_floor
 from backend.safetext import store_text
 from backend.store.migrations import Component
+from backend.store.sqlite.batches import delete_in_batches
 
 __all__ = ["SQLiteAudit", "append_audit_in"]
 
@@ -34,7 +35,7 @@ AUDIT_COLUMNS = "id, at, actor, action, target, detail"
 APPEND_AUDIT = f"INSERT INTO audit ({AUDIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
 LIST_AUDIT = f"SELECT {AUDIT_COLUMNS} FROM audit ORDER BY id DESC LIMIT ?"
 LIST_AUDIT_BEFORE = f"SELECT {AUDIT_COLUMNS} FROM audit WHERE id < ? ORDER BY id DESC LIMIT ?"
-PRUNE_AUDIT = "DELETE FROM audit WHERE id < ?"
+PRUNE_AUDIT = "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE id < ? ORDER BY id LIMIT ?)"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -74,4 +75,4 @@ class SQLiteAudit:
 
     async def prune_audit(self, before: datetime) -> int:
         floor = id_floor(before)
-        return await self._write(lambda c: int(c.execute(PRUNE_AUDIT, (floor,)).rowcount))
+        return await delete_in_batches(self._write, lambda c, n: int(c.execute(PRUNE_AUDIT, (floor, n)).rowcount))

@@ -40,6 +40,7 @@ from backend.events.audit import AuditEntry
 from backend.safetext import store_text
 from backend.store.migrations import Component
 from backend.store.sqlite.audit import append_audit_in
+from backend.store.sqlite.batches import delete_in_batches
 from backend.store.sqlite.sql import _dt, _us
 
 T = TypeVar("T")
@@ -220,10 +221,12 @@ STALE = """
         OR (status = 'running' AND lease_until < ?))
     GROUP BY function ORDER BY function
 """
-PRUNE = [
-    "DELETE FROM durable_steps WHERE execution_id IN (SELECT id FROM durable_executions WHERE finished_at < ?)",
-    "DELETE FROM durable_logs WHERE execution_id IN (SELECT id FROM durable_executions WHERE finished_at < ?)",
-    "DELETE FROM durable_executions WHERE finished_at < ?",
+#: A batch of the executions the retention removes (see :mod:`.batches`), then each one's rows.
+PRUNE_BATCH_OF = "SELECT id FROM durable_executions WHERE finished_at < ? LIMIT ?"
+DROP_EXECUTION = [
+    "DELETE FROM durable_steps WHERE execution_id = ?",
+    "DELETE FROM durable_logs WHERE execution_id = ?",
+    "DELETE FROM durable_executions WHERE id = ?",
 ]
 
 FINISHED_SQL = ("succeeded", "failed", "cancelled")
@@ -487,13 +490,13 @@ class SQLiteDurable:
     async def durable_prune(self, finished_before: datetime) -> int:
         at = _us(finished_before)
 
-        def prune(c: sqlite3.Connection) -> int:
-            count = 0
-            for sql in PRUNE:
-                count = int(c.execute(sql, (at,)).rowcount)
-            return count
+        def prune(c: sqlite3.Connection, batch: int) -> int:
+            ids = c.execute(PRUNE_BATCH_OF, (at, batch)).fetchall()
+            for sql in DROP_EXECUTION:
+                c.executemany(sql, ids)
+            return len(ids)
 
-        return await self._write(prune)
+        return await delete_in_batches(self._write, prune)
 
 
 def _step_params(step: StepRecord) -> tuple[Any, ...]:

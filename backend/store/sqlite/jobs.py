@@ -29,6 +29,7 @@ from backend.store.job_rows import (
     running_from_row,
 )
 from backend.store.migrations import Component
+from backend.store.sqlite.batches import delete_in_batches
 from backend.store.sqlite.logs import PRUNE_JOB_LOGS
 from backend.store.sqlite.sql import _dt, _us
 
@@ -164,11 +165,16 @@ ATTEMPTS = f"""
     SELECT queue, {", ".join(ATTEMPT_FIELDS)}
     FROM job_attempts WHERE job_id = ? ORDER BY seq
 """
+# Each a batch (see :mod:`.batches`): its last parameter is how many rows at most.
 PRUNE_DEAD = """
-    DELETE FROM jobs WHERE status = 'dead'
-        AND ((cron IS NULL AND dead_at < ?) OR (cron IS NOT NULL AND dead_at < ?))
+    DELETE FROM jobs WHERE id IN (
+        SELECT id FROM jobs WHERE status = 'dead'
+            AND ((cron IS NULL AND dead_at < ?) OR (cron IS NOT NULL AND dead_at < ?))
+        LIMIT ?)
 """
-PRUNE_ATTEMPTS = "DELETE FROM job_attempts WHERE finished_at < ?"
+PRUNE_ATTEMPTS = """
+    DELETE FROM job_attempts WHERE (job_id, seq) IN (SELECT job_id, seq FROM job_attempts WHERE finished_at < ? LIMIT ?)
+"""
 
 # ---------------------------------------------------------------------------------------
 
@@ -391,13 +397,11 @@ class SQLiteJobs:
         return (rows[0][0] if rows else None), [attempt_from_row(row[1:], _dt) for row in rows]
 
     async def prune_jobs(self, dead_before: datetime, cron_dead_before: datetime, attempts_before: datetime) -> int:
-        def prune(c: sqlite3.Connection) -> int:
-            jobs = c.execute(PRUNE_DEAD, (_us(dead_before), _us(cron_dead_before))).rowcount
-            c.execute(PRUNE_JOB_LOGS, (_us(attempts_before),))  # the attempts' logs, with them
-            return int(jobs + c.execute(PRUNE_ATTEMPTS, (_us(attempts_before),)).rowcount)
-
-        result: int = await self._write(prune)
-        return result
+        dead, cron_dead, attempts = _us(dead_before), _us(cron_dead_before), _us(attempts_before)
+        removed = await delete_in_batches(self._write, lambda c, n: int(c.execute(PRUNE_DEAD, (dead, cron_dead, n)).rowcount))
+        # the attempts' logs, with them (not counted: a log is part of its attempt)
+        await delete_in_batches(self._write, lambda c, n: int(c.execute(PRUNE_JOB_LOGS, (attempts, n)).rowcount))
+        return removed + await delete_in_batches(self._write, lambda c, n: int(c.execute(PRUNE_ATTEMPTS, (attempts, n)).rowcount))
 
     async def notify_jobs(self, queues: Sequence[str]) -> None:
         """Nothing to tell: SQLite has no channel between processes (workers poll)."""

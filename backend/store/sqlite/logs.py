@@ -73,7 +73,7 @@ DROP_RUN_LOG = "DELETE FROM run_logs WHERE run_id = ?"
 #: At the end of a sweep (same id floor): any other log whose run is gone.
 PRUNE_RUN_LOGS = "DELETE FROM run_logs WHERE run_id < ? AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.id = run_logs.run_id)"
 #: With ``PRUNE_ATTEMPTS`` (same cut-off): job attempts' logs last written before it.
-PRUNE_JOB_LOGS = "DELETE FROM job_logs WHERE updated_at < ?"
+PRUNE_JOB_LOGS = "DELETE FROM job_logs WHERE (job_id, seq) IN (SELECT job_id, seq FROM job_logs WHERE updated_at < ? LIMIT ?)"
 
 
 def _stored(kind: str, row: Sequence[Any]) -> StoredLog:

@@ -19,6 +19,7 @@ from backend.ids import id_floor
 from backend.model import BackfillProgress, Claim, ClaimResult, Run, ScheduleState, Turn, unique_claims
 from backend.safetext import store_text
 from backend.store.rows import backfill_progress_params
+from backend.store.sqlite.batches import delete_in_batches
 from backend.store.sqlite.logs import DROP_RUN_LOG, PRUNE_RUN_LOGS
 from backend.store.sqlite.sql import (
     _EPOCH,
@@ -63,9 +64,6 @@ from backend.store.sqlite.writer import _Peek, _Writer
 __all__ = ["SQLiteRuns"]
 
 T = TypeVar("T")
-
-#: Most runs a transaction of the retention sweep deletes.
-PRUNE_BATCH = 500
 
 #: Above every microsecond a slot may be at (SQLite's largest integer).
 _NO_BOUND = 2**63 - 1
@@ -168,22 +166,15 @@ class SQLiteRuns:
         # of 1.6 million runs held every write for 25 s and grew the log to the store's size).
         floor, us = id_floor(created_before), _us(created_before)
         await self._write(lambda c: c.execute(PRUNE_BACKFILLS, (us,)))
-        removed = 0
-        while limit is None or removed < limit:
-            batch = PRUNE_BATCH if limit is None else min(PRUNE_BATCH, limit - removed)
 
-            def prune(c: sqlite3.Connection, batch: int = batch) -> int:
-                gone = c.execute(PRUNE_RUNS, (floor, batch)).fetchall()
-                c.executemany(DROP_RUN_LOG, gone)  # their logs
-                if len(gone) < batch:
-                    c.execute(PRUNE_RUN_LOGS, (floor,))  # the sweep's end: any other log left
-                return len(gone)
+        def prune(c: sqlite3.Connection, batch: int) -> int:
+            gone = c.execute(PRUNE_RUNS, (floor, batch)).fetchall()
+            c.executemany(DROP_RUN_LOG, gone)  # their logs
+            if len(gone) < batch:
+                c.execute(PRUNE_RUN_LOGS, (floor,))  # the sweep's end: any other log left
+            return len(gone)
 
-            done = await self._write(prune)
-            removed += done
-            if done < batch:
-                break
-        return removed
+        return await delete_in_batches(self._write, prune, limit)
 
     # -- schedule state -------------------------------------------------------------------
     async def get_states(self) -> dict[str, ScheduleState]:

@@ -29,6 +29,10 @@ log = logging.getLogger("schedtui.store")
 T = TypeVar("T")
 
 
+#: Bytes the write-ahead log is cut back to once checkpointed.
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
+
+
 def _connect(path: str, *, create: bool = True) -> sqlite3.Connection:
     if create:
         conn = sqlite3.connect(path, timeout=15.0, isolation_level=None, check_same_thread=False)
@@ -52,6 +56,9 @@ def _connect(path: str, *, create: bool = True) -> sqlite3.Connection:
     # NORMAL under WAL survives a process crash; only an OS crash can lose the last commits.
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA busy_timeout = 15000")
+    # A checkpoint gives the write-ahead log back down to this: a burst of writes (a big
+    # retention sweep, a backfill) left it at its high-water mark for the process's life.
+    conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
     return conn
 
 
