@@ -822,3 +822,29 @@ def test_a_store_and_the_files_beside_it_are_made_their_owners_alone(tmp_path: P
         assert (modes["state.db.firing-lock"], modes["state.db.reserve"], modes["state.db-shm"]) == (0o640, 0o640, 0o640)
     finally:
         os.umask(was)
+
+
+def test_a_store_on_a_read_only_filesystem_is_said_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store on a read-only mount (a backup's snapshot) cannot be opened even to read it
+    (SQLite makes its log's shared memory beside it): every verb said only "unable to open
+    database file" (outside attack: the store's data over its life)."""
+    from backend.store.sqlite import file as store_file
+
+    statvfs = os.statvfs
+
+    def read_only(folder: Path) -> os.statvfs_result:
+        real = statvfs(folder)
+        return os.statvfs_result((*real[:8], real.f_flag | os.ST_RDONLY, real.f_namemax))
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "statvfs", read_only)
+        said = store_file.explain(sqlite3.OperationalError("unable to open database file"), tmp_path)
+    assert said.startswith("unable to open database file: its folder is on a read-only filesystem"), said
+    assert "copy the store (with its -wal file) to a writable folder" in said
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "access", lambda *args, **kwargs: False)  # (root may write anywhere: as another user)
+        said = store_file.explain(sqlite3.OperationalError("unable to open database file"), tmp_path)
+    assert f'this user cannot write in its folder "{tmp_path}"' in said
+    assert store_file.explain(sqlite3.OperationalError("unable to open database file"), tmp_path) == (
+        "unable to open database file"
+    )

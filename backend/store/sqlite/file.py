@@ -122,15 +122,40 @@ _DESCRIPTORS_NEEDED = 8
 
 def explain(exc: BaseException, folder: Path) -> str:
     """A SQLite error in the operator's words: with the machine's own cause when SQLite's
-    message hides it (a full disk; no file descriptor left)."""
+    message hides it (a full disk; no file descriptor left; a folder it cannot write in)."""
     said = str(exc)
     if disk_full(folder):
         return f"{said}; its disk is full"
-    if "unable to open" in said:
+    if "unable to open" in said or "readonly" in said:
         short = short_of_descriptors()
         if short is not None:
             return f"{said}: {short}"
+        unwritable = unwritable_folder(folder)
+        if unwritable is not None:
+            return f"{said}: {unwritable}"
     return said
+
+
+def unwritable_folder(folder: Path) -> str | None:
+    """What to say when this process cannot write in the store's folder (a read-only mount:
+    a backup's snapshot, a read-only volume; or another user's folder), where SQLite must
+    make the write-ahead log's shared memory to open the store at all, even to read it;
+    ``None`` when it can, or it cannot be told."""
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        return None
+    if read_only:
+        return (
+            "its folder is on a read-only filesystem, and SQLite must make the shared memory of its write-ahead log "
+            "beside it even to read it: copy the store (with its -wal file) to a writable folder to read it there"
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return (
+            f'this user cannot write in its folder "{folder}", and SQLite must make the shared memory of its '
+            "write-ahead log there even to read it: run as the store's owner, or give this user write access"
+        )
+    return None
 
 
 def require_file(path: Path) -> None:
