@@ -109,6 +109,7 @@ class Cron:
         "is_fixed_time",
         "fields",
         "seconds_field",
+        "timing",
         "_search",
         "_utcoffset",
     )
@@ -120,6 +121,11 @@ class Cron:
     is_fixed_time: bool
     fields: tuple[str, str, str, str, str]
     seconds_field: str | None
+    timing: tuple[object, ...]
+    """What the expression fires, whatever its spelling (``*/4`` or ``0-59/4``, ``0 9``
+    or ``00 09``, five fields or six with ``0`` seconds): the values of each field, whether
+    the day fields are OR-ed, and whether it follows the wall clock through DST. Two
+    expressions with one ``timing`` fire the same instants in one zone."""
     _search: CronFields
     _utcoffset: Callable[[datetime], timedelta]
 
@@ -163,7 +169,9 @@ class Cron:
         dom_star = text[3].startswith("*")
         dow_star = text[5].startswith("*")
         # Vixie cron: OR the day fields only when both are restricted.
-        set_(self, "_search", CronFields(values, day_or=not dom_star and not dow_star))
+        day_or = not dom_star and not dow_star
+        set_(self, "_search", CronFields(values, day_or=day_or))
+        set_(self, "timing", (values, day_or, self.is_fixed_time))
         self._check_fires(fail, every_weekday=len(values.dow) == 7)
 
     # -- construction helpers -------------------------------------------------------

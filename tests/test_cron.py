@@ -876,3 +876,19 @@ def test_a_zone_the_machine_cannot_read_now_is_unavailable_never_unknown(monkeyp
     monkeypatch.setattr(backend.cron, "ZoneInfo", missing)
     with pytest.raises(CronError, match='unknown timezone "Asia/Kathmandu"'):
         Cron("0 4 * * *", "Asia/Kathmandu")
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "same"),
+    [
+        ("*/4 * * * * *", "0-59/4 * * * * *", True),
+        ("0 9 * * *", "00 09 * * *", True),
+        ("0 9 * * 1-5", "0 9 * * mon-fri", True),
+        ("10,40 * * * *", "0 10,40 * * * *", True),  # (hour "*": both follow real time)
+        ("0 2 * * *", "0 0 2 * * *", False),  # five fields with a literal hour follow the wall clock through DST
+        ("0 9 1 * *", "0 9 1 * 1", False),  # both day fields restricted: OR-ed
+        ("0 9 * * *", "0 10 * * *", False),
+    ],
+)
+def test_a_timing_is_what_an_expression_fires_whatever_its_spelling(one: str, other: str, same: bool) -> None:
+    assert (Cron(one, "Europe/Berlin").timing == Cron(other, "Europe/Berlin").timing) is same

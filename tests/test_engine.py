@@ -578,6 +578,28 @@ async def test_a_deploy_that_changes_a_schedules_timing_catches_up_no_slot_from_
     assert [r.scheduled_at.strftime("%H:%M") for r in await all_runs(third, "job")] == ["08:10", "08:25"]
 
 
+async def test_a_deploy_that_only_rewrites_a_schedules_timing_catches_up_what_it_missed(
+    make_engine: MakeEngine, clock: ManualClock
+) -> None:
+    """The same timing written another way (six fields with 0 seconds, the zone ``UTC`` as
+    ``Etc/UTC``) was taken for a change: the catch-up started from the deploy, and the slots
+    missed while none ran got no run and no ``missed`` row (outside attack: code changes
+    between deploys). It is the same timing; the store keeps it as first recorded."""
+    clock.set("2026-03-02T08:09:00Z")
+    first = make_engine([schedule(cron="10,40 * * * *", backfill="all")])
+    await first.start()
+    clock.set("2026-03-02T08:10:00Z")
+    await first.quiesce()
+    await first.stop()
+    clock.set("2026-03-02T09:20:00Z")  # down through 08:40 and 09:10
+    second = make_engine([schedule(cron="0 10,40 * * * *", timezone="Etc/UTC", backfill="all")])
+    await second.start()
+    await second.quiesce()
+    assert [r.scheduled_at.strftime("%H:%M") for r in await all_runs(second, "job")] == ["08:10", "08:40", "09:10"]
+    recorded = (await second.catalog.store.code_timings())["job"]
+    assert (recorded.cron, recorded.timezone, recorded.instance) == ("10,40 * * * *", "UTC", second.instance)
+
+
 async def test_catch_up_walk_is_capped(make_engine: MakeEngine, clock: ManualClock) -> None:
     clock.set("2026-03-02T12:00:30Z")
     engine = make_engine([schedule(cron="* * * * *", backfill="skip")], catch_up_limit=1000)

@@ -20,6 +20,7 @@ from backend.model import ScheduleState
 from backend.runtime.liveness import boot_clock, linger_grace
 from backend.runtime.loopwatch import EXIT_LEASE_LAPSED, LoopWatch
 from backend.scheduler.coordination.slots import warn_cluster_fallback
+from backend.scheduler.timings import same_timing
 from backend.schedules import Schedule
 
 if TYPE_CHECKING:
@@ -73,7 +74,13 @@ async def record_code_timings(engine: Engine) -> None:
     changed since an instance last recorded it (a deploy) changed now, and the catch-up
     starts from there, as it does from a stored schedule's change."""
     code = engine.code_timings()
-    timings = [(name, cron, zone) for name, (cron, zone, _) in code.items()]
+    recorded = await engine.catalog.store.code_timings() if code else {}
+    timings = []
+    for name, (cron, zone, digest) in code.items():
+        fleet = recorded.get(name)
+        if fleet is not None and same_timing(fleet, (cron, zone, digest)):
+            cron, zone = fleet.cron, fleet.timezone  # written another way: the same timing, kept as recorded
+        timings.append((name, cron, zone))
     rules = {name: digest for name, (_, _, digest) in code.items()}
     now = engine.clock.now()
     changed = await engine.catalog.store.record_code_timings(timings, now, instance=engine.instance, rules=rules)

@@ -31,6 +31,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Protocol
 from zoneinfo import ZoneInfo
 
+from backend.cron import Cron
+from backend.errors import CronError
 from backend.events.bus import RESYNC
 from backend.model import InstanceInfo
 from backend.scheduler.stored import CodeTiming
@@ -39,7 +41,7 @@ from backend.store import Beat
 if TYPE_CHECKING:
     from backend.scheduler.catalog import CatalogStore
 
-__all__ = ["FleetTimings"]
+__all__ = ["FleetTimings", "same_timing", "zone_rules"]
 
 log = logging.getLogger("schedtui.engine")
 
@@ -204,7 +206,25 @@ class FleetTimings:
 
 
 def _differ(fleet: CodeTiming, mine: tuple[str, str, str]) -> bool:
-    """Whether the fleet's timing of a schedule is another than this instance's: another
-    expression or zone, or the same ones by other rules of the zone (where both said)."""
+    """Whether the fleet's timing of a schedule is another than this instance's (see
+    :func:`same_timing`)."""
+    return not same_timing(fleet, mine)
+
+
+def same_timing(fleet: CodeTiming, mine: tuple[str, str, str]) -> bool:
+    """Whether the fleet's recorded timing of a schedule fires what this instance's
+    ``(cron, zone, zone rules)`` does: the same instants by the same rules of the zone
+    (where both said), however either is written. A rewrite of the expression
+    (``*/4`` as ``0-59/4``) or of the zone's name (``UTC`` as ``Etc/UTC``) is no change
+    of timing: taken for one, it restarted the catch-up from the deploy, and the slots
+    missed while none ran were never caught up."""
     cron, zone, rules = mine
-    return (fleet.cron, fleet.timezone) != (cron, zone) or (fleet.rules is not None and fleet.rules != rules)
+    if fleet.rules is not None and fleet.rules != rules:
+        return False
+    if (fleet.cron, fleet.timezone) == (cron, zone):
+        return True
+    try:
+        theirs, ours = Cron(fleet.cron, fleet.timezone), Cron(cron, zone)
+    except CronError:
+        return False  # (a zone or expression this machine cannot read: not known to be the same)
+    return theirs.timing == ours.timing and zone_rules(fleet.timezone) == zone_rules(zone)
