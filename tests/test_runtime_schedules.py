@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from backend import BadInput, Engine, ManualClock, NotFound, Unavailable
+from backend.durable import DurableContext, define_durable
 from backend.events.audit import acting_as
 from backend.jobs import JobContext, define_queue
 from backend.model import ScheduleView
@@ -64,6 +65,38 @@ async def test_created_schedule_is_armed_and_fires_on_its_slot(make_engine: Call
     await step(engine, clock, 60)
     assert slots(await all_runs(engine, "reap")) == ["08:01", "08:02"]
     assert {r.status for r in await all_runs(engine, "reap")} == {"succeeded"}
+
+
+async def test_a_slot_won_where_its_durable_function_is_not_defined_starts_it_for_an_instance_that_is(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """A stored schedule made through an instance of the new release, whose durable
+    function only that release defines: the old instances that won its slots failed them,
+    NotFound, and no execution was ever started (outside attack: code changes between
+    deploys). The slot starts its execution, which waits for an instance that defines it."""
+
+    async def flow(ctx: DurableContext, input: Any) -> str:
+        return "done"
+
+    async def other(ctx: DurableContext, input: Any) -> None:
+        pass
+
+    new = make_engine([define_durable(name="newfn", handler=flow)], instance="new")
+    await new.open()
+    await new.create_schedule({"name": "nf", "cron": "* * * * *", "timezone": "UTC", "durable": "newfn"})
+    await new.stop()
+    old = make_engine([define_durable(name="other", handler=other)], instance="old")
+    await old.start()
+    await step(old, clock, 60)
+    [run] = [r for r in await all_runs(old, "nf") if r.trigger == "self"]
+    assert (run.status, run.error_tag, run.instance) == ("succeeded", None, "old"), run.error_message
+    [execution] = (await old.durable.list("newfn"))[0]
+    assert execution.status == "queued"  # waiting for an instance that defines it
+    await old.stop()
+    newer = make_engine([define_durable(name="newfn", handler=flow)], instance="new-2")
+    await newer.start()
+    await newer.quiesce()
+    assert (await newer.durable.get(execution.id)).status == "succeeded"
 
 
 async def test_update_of_cron_rearms_and_a_slot_due_during_it_fires_once(make_engine: Callable[..., Engine], clock: ManualClock) -> None:

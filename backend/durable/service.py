@@ -109,10 +109,10 @@ class Durable:
         return id_ in self.executor.running
 
     # -- operations --------------------------------------------------------------------
-    def _function(self, name: object) -> str:
+    def _function(self, name: object, *, anywhere: bool = False) -> str:
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
             raise NotFound(f'no durable function named "{printable(str(name), 60)}"')
-        if (self.functions or self.complete) and name not in self.functions:
+        if not anywhere and (self.functions or self.complete) and name not in self.functions:
             known = ", ".join(sorted(self.functions)) or "none"
             raise NotFound(f'no durable function named "{name}" (defined here: {known})')
         return name
@@ -125,15 +125,16 @@ class Durable:
         id: str | None = None,
         schedule: str | None = None,
         scheduled_at: datetime | None = None,
+        anywhere: bool = False,
     ) -> Started:
         """Queue an execution of ``function`` with ``input`` (JSON, at most 256 KiB).
 
         Any instance that defines the function runs it. Where this process read a
         definitions folder (or was given durable functions), an unknown name is refused,
-        even when the folder defines none; a process without definitions (``connect()``
-        without them) cannot check, and the execution waits for an instance that defines
-        it (``serve`` warns about it)."""
-        name = self._function(function)
+        even when the folder defines none, unless ``anywhere``; a process without
+        definitions (``connect()`` without them) cannot check. Such an execution waits for
+        an instance that defines it (``serve`` warns about it)."""
+        name = self._function(function, anywhere=anywhere)
         text = check_json(input, "input", MAX_INPUT_BYTES)
         execution_id = id or self.shared.new_id()
         now = self.clock.now()
@@ -264,6 +265,11 @@ class Durable:
     async def start_for_slot(self, function: str, ctx: RunContext) -> Started:
         """What a schedule defined with ``durable=function`` does for a slot: start one
         execution, whose id derives from the schedule and the slot, so the slot starts one
-        however many instances fire it (Run now starts a new one each time)."""
+        however many instances fire it (Run now starts a new one each time). The function
+        may be one only other instances define (a stored schedule made through an instance
+        of a newer release, during a rolling deploy): the slot's execution waits for one of
+        them, rather than the slot failing where this instance wins it."""
         id_ = None if ctx.trigger == "manual" else execution_id_for_slot(ctx.name, ctx.scheduled_at)
-        return await self.start_execution(function, ctx.payload, id=id_, schedule=ctx.name, scheduled_at=ctx.scheduled_at)
+        return await self.start_execution(
+            function, ctx.payload, id=id_, schedule=ctx.name, scheduled_at=ctx.scheduled_at, anywhere=True
+        )
