@@ -13,6 +13,7 @@ import re
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -1084,6 +1085,47 @@ async def test_an_alert_about_a_stored_schedule_not_valid_here_is_left_as_it_is(
         assert (gone.state, gone.summary) == ("resolved", "schedule foreign is no longer defined")
     finally:
         await store.close()
+
+
+async def test_an_alert_about_a_schedule_the_other_release_still_runs_is_left_as_it_is(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """A rolling deploy that removes a failing schedule: the new release's instance resolved
+    its alert as gone, the old one's fired it again, a page and its resolution every round
+    for as long as both ran (outside attack: code changes between deploys). While a live
+    firing instance defines it (the last to start with it, as the fleet's timings say),
+    it is not gone."""
+    store: Any = open_store(f"sqlite:///{tmp_path / 'state.db'}")
+    await store.open()
+    try:
+        await store.write_transitions([transition("failing:fails", "firing", T0 - timedelta(hours=1), "01KJPS22WGWA546BHC0B9HDTBJ")],
+                                      sinks_after=T0)  # fmt: skip
+        fleet = [InstanceInfo("new", "h", 1, clock.now(), role="firing"), InstanceInfo("old", "h", 2, clock.now(), role="firing")]
+        ev = evaluator(store, [], instance="new", fleet=fleet, clock=clock)
+
+        async def owners() -> dict[str, str | None]:
+            return {"fails": "old", "kept": "new"}
+
+        ev.code_owners = owners
+        for _ in range(3):
+            done = await ev.evaluate(clock.now(), sinks_after=T0)
+            assert (done.transitions, [a.state for a in await store.list_alerts()]) == ([], ["firing"])
+            clock.advance(15)
+        fleet[1] = replace(fleet[1], heartbeat_at=clock.now() - timedelta(seconds=31))  # the old release is gone
+        fleet[0] = replace(fleet[0], heartbeat_at=clock.now())
+        (gone,) = (await ev.evaluate(clock.now(), sinks_after=T0)).won
+        assert (gone.state, gone.summary) == ("resolved", "schedule fails is no longer defined")
+    finally:
+        await store.close()
+
+
+async def test_an_engine_reads_who_defines_each_schedule_in_code(make_engine: Callable[..., Engine]) -> None:
+    old = make_engine([define_schedule(name="fails", cron="* * * * *", timezone="UTC", handler=noop)], instance="old")
+    await old.start()
+    new = make_engine([], instance="new")
+    await new.open()
+    assert await new._code_owners() == {"fails": "old"}
+    assert new.alerts.evaluator is None or new.alerts.evaluator.code_owners is not None
 
 
 # ---------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -116,7 +116,10 @@ class Evaluator:
     heartbeat may be (the take-over window); ``beat``, when given, writes this instance's own
     heartbeat if it is due and says whether it did; ``unrunnable`` (read at each round) names
     the stored schedules this instance cannot run (another instance may: their alerts are
-    left as they are, never resolved as gone)."""
+    left as they are, never resolved as gone); ``code_owners``, when given, reads the
+    instance that last started with each schedule defined in code (the fleet's timings):
+    a schedule this instance does not define but a live firing instance does (the other
+    release of a rolling deploy) is not gone either."""
 
     def __init__(
         self,
@@ -133,8 +136,10 @@ class Evaluator:
         fresh: timedelta,
         beat: Callable[[datetime], Awaitable[bool]] | None = None,
         unrunnable: Collection[str] = (),
+        code_owners: Callable[[], Awaitable[Mapping[str, str | None]]] | None = None,
     ) -> None:
         self.store = store
+        self.code_owners = code_owners
         self.instance = instance
         self.new_id = new_id
         self.schedules = schedules
@@ -167,13 +172,15 @@ class Evaluator:
 
     # -- facts -> findings -----------------------------------------------------------------------
     async def find(
-        self, now: datetime, firing: Collection[str] = ()
+        self, now: datetime, firing: Mapping[str, Alert] | None = None
     ) -> tuple[dict[str, Finding], Callable[[Alert], bool | None], list[str]]:
         """What holds now, a judge of a firing alert that no finding holds about: ``True``
         resolve it (its condition was looked at and no longer holds), ``None`` resolve it
         as gone (its subject is no longer defined), ``False`` leave it (this round could not
         tell: its rule raised), and the keys of the rules that raised. ``firing``: the keys
-        of the alerts firing now (a condition may hold longer than it takes to fire)."""
+        of the alerts firing now, each its alert (a condition may hold longer than it takes
+        to fire)."""
+        firing = firing or {}
         findings: dict[str, Finding] = {}
         raised: dict[str, str] = {}
 
@@ -261,6 +268,7 @@ class Evaluator:
                     add(conditions.stuck(candidate, limits.get(candidate.function, default_limit), now))
         for key in set(self._raising) - set(raised):  # not evaluated this round: its subject is gone
             del self._raising[key]
+        elsewhere = await self._defined_elsewhere(firing.values(), schedules, instances, now)
 
         def judge(alert: Alert) -> bool | None:
             if alert.key in raised:
@@ -268,12 +276,25 @@ class Evaluator:
             if alert.subject_kind == "schedule":
                 if alert.subject in schedules:
                     return True
-                return False if alert.subject in self.unrunnable else None
+                return False if alert.subject in self.unrunnable or alert.subject in elsewhere else None
             if alert.condition == "stuck":
                 return not truncated
             return True
 
         return findings, judge, sorted(raised)
+
+    async def _defined_elsewhere(
+        self, firing: Iterable[Alert], schedules: Mapping[str, Schedule], instances: Sequence[InstanceInfo], now: datetime
+    ) -> set[str]:
+        """The schedules of firing alerts that this instance does not define, but a live
+        firing instance does: resolved as gone here, they fired again there, a page and its
+        resolution every round of a rolling deploy that adds or removes a schedule."""
+        others = {a.subject for a in firing if a.subject_kind == "schedule" and a.subject not in schedules}
+        if not others or self.code_owners is None:
+            return set()
+        owners = await self.code_owners()
+        live = {i.name for i in instances if i.fires and now - i.heartbeat_at <= self.fresh and i.name != self.instance}
+        return {name for name in others if owners.get(name) in live}
 
     # -- findings -> transitions -------------------------------------------------------------
     async def propose(self, now: datetime) -> Proposal:

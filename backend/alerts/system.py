@@ -96,17 +96,19 @@ class Alerts:
         fresh: timedelta,
         beat: Callable[[datetime], Awaitable[bool]] | None = None,
         unrunnable: Collection[str] = (),
+        code_owners: Callable[[], Awaitable[Mapping[str, str | None]]] | None = None,
     ) -> None:
         """Hand the evaluator what it reads of the engine (before :meth:`start`); ``beat``
         writes this instance's heartbeat when it is due, ``unrunnable`` names the stored
-        schedules not valid here (see :class:`Evaluator`)."""
+        schedules not valid here, ``code_owners`` reads who defines each code schedule
+        (see :class:`Evaluator`)."""
         if self.settings is None:
             return
         store = self._store()
         self.evaluator = Evaluator(
             store=store, instance=self.instance, new_id=self.new_id, schedules=schedules, queues=queues,
             functions=functions, state_of=state_of, is_enabled=is_enabled, fleet=fleet, fresh=fresh, beat=beat,
-            unrunnable=unrunnable,
+            unrunnable=unrunnable, code_owners=code_owners,
         )  # fmt: skip
         self.notifier = Notifier(
             store=store, clock=self.clock, loops=self.loops, instance=self.instance,

@@ -83,6 +83,10 @@ class EngineReads:
             return self.coordination
         return await self.registry.fleet_mode(self.clock.now()) or self.coordination
 
+    async def _code_owners(self) -> dict[str, str | None]:
+        """Each schedule defined in code by some instance: the last instance to start with it."""
+        return {name: timing.instance for name, timing in (await self.catalog.store.code_timings()).items()}
+
     async def _observed_owners(self) -> dict[str, str | None] | None:
         """An observer of a ``cluster`` fleet: who holds each self-triggered schedule's shard."""
         if await self.observed_coordination() != "cluster" or self.cluster is not None:
