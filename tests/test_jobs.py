@@ -1282,6 +1282,33 @@ async def test_an_instance_without_queues_closes_a_dead_instances_running_jobs(
     assert [(a.attempt, a.status, a.error_tag, a.instance) for a in attempts] == [(1, "failed", "abandoned", "ghost")]
 
 
+async def test_jobs_of_a_queue_no_instance_runs_are_said_in_the_log(
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deploy that renamed a queue: sends to the old name are still accepted (it is
+    recorded), and its jobs waited in silence, nothing in any log nor alert (outside attack:
+    code changes between deploys). As for a durable function nobody defines, an instance
+    that does not run the queue says so, at most every 5 minutes."""
+    old = make_engine([define_queue(name="mailer", handler=Handler())], instance="old")
+    await old.open()
+    for n in range(3):
+        await old.jobs.send("mailer", n)
+    new = make_engine([define_queue(name="mailer-v2", handler=Handler())], instance="new")
+    await new.start()
+    with caplog.at_level(logging.WARNING, "schedtui.jobs"):
+        await new.quiesce()
+        assert not [r for r in caplog.records if "no instance has claimed them" in r.getMessage()]  # due just now
+        clock.advance(61)
+        await new.maintain()
+        clock.advance(60)
+        await new.maintain()  # (said again in 5 minutes, not at every round)
+    said = [r.getMessage() for r in caplog.records if "no instance has claimed them" in r.getMessage()]
+    assert said == [
+        '3 job(s) of queue "mailer" have been due for over 60s and no instance has claimed them; this instance '
+        "does not run that queue (it runs: mailer-v2)"
+    ]
+
+
 async def test_an_abandoned_last_attempt_makes_the_job_dead(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     engine = make_engine([define_queue(name="mail", handler=Handler(), attempts=1)], abandon_after=30)
     await engine.open()

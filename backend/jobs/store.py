@@ -235,6 +235,10 @@ class JobStore(Protocol):
     async def running_jobs(self) -> list[RunningJob]:
         """Every ``running`` job, from any instance."""
 
+    async def waiting_jobs(self, due_before: datetime) -> dict[str, int]:
+        """Per queue, how many queued jobs were due before ``due_before`` and are still
+        queued (nobody has claimed them since)."""
+
     async def cancel_job(self, queue: str, *, id: str | None = None, key: str | None = None) -> bool:
         """Delete the queued job with this id, or this key (one of them is given); True if
         there was one."""

@@ -45,6 +45,11 @@ log = logging.getLogger("schedtui.jobs")
 #: was lost, or an earlier process of that name.
 OWN_CLAIM_CLOSED: Final = "claimed by this instance in a claim whose answer was lost, or by an earlier process of that name"
 
+#: Due jobs of a queue this instance does not run, unclaimed for this long, are reported
+#: (looked for that often; said every 5 minutes at most), as a durable function's are.
+WAITING_AFTER: Final = timedelta(seconds=60)
+WAITING_REPORT_EVERY: Final = timedelta(minutes=5)
+
 #: Seconds between claims of a queue when nothing says there is work (the fallback poll).
 DEFAULT_POLL_INTERVAL = 1.0
 
@@ -110,6 +115,8 @@ class Jobs:
         """Set once started: only ``serve`` (and a console with ``--fire``) runs jobs."""
         self.loop: asyncio.AbstractEventLoop | None = None
         self.last_prune: datetime | None = None
+        self.waiting_checked: datetime | None = None
+        self.waiting_reported: datetime | None = None
         self.meters: list[Callable[[Finish], None]] = []
         """Told every attempt this process ran and the store took the end of (succeeded,
         retry or dead), once (the metrics); a failing one is logged."""
@@ -141,6 +148,9 @@ class Jobs:
             # a dead instance's jobs running for good, and kept every dead job, attempt and
             # log for good.
             await self.rescue(now)
+            if self.waiting_checked is None or now - self.waiting_checked >= WAITING_AFTER:
+                self.waiting_checked = now
+                await self._report_waiting(now)
             if self.last_prune is None or now - self.last_prune >= timedelta(hours=1):
                 self.last_prune = now
                 removed = await self.store.prune_jobs(now - DEAD_KEEP, now - CRON_DEAD_KEEP, now - ATTEMPTS_KEEP)
@@ -161,6 +171,23 @@ class Jobs:
 
     def is_ours(self, id_: str) -> bool:
         return self.workers is not None and id_ in self.workers.running
+
+    async def _report_waiting(self, now: datetime) -> None:
+        """Say which queues this instance does not run have jobs due for a while that nobody
+        claims (a queue renamed or removed by a deploy, sends to it still accepted): else
+        they waited in silence, with nothing in any log."""
+        if self.waiting_reported is not None and now - self.waiting_reported < WAITING_REPORT_EVERY:
+            return
+        waiting = await self.store.waiting_jobs(now - WAITING_AFTER)
+        for queue, count in waiting.items():
+            if queue in self.queues:
+                continue  # ours: claimed as soon as a seat is free
+            self.waiting_reported = now
+            log.warning(
+                '%d job(s) of queue "%s" have been due for over %ds and no instance has claimed them; this instance '
+                "does not run that queue (it runs: %s)",
+                count, queue, WAITING_AFTER.total_seconds(), ", ".join(sorted(self.queues)) or "none",
+            )  # fmt: skip
 
     # -- jobs whose worker died --------------------------------------------------------------
     async def rescue(self, now: datetime) -> int:

@@ -399,6 +399,10 @@ HANDOVER = """
     RETURNING j.id
 """
 RUNNING = f"SELECT {', '.join(RUNNING_FIELDS)} FROM schedtui_jobs WHERE status = 'running'"
+WAITING = """
+    SELECT queue, count(*) FROM schedtui_jobs WHERE status = 'queued' AND NOT deleted AND run_after < %s
+    GROUP BY queue ORDER BY queue
+"""
 #: A job claimed ahead (not on a seat yet) as the list shows it: queued, with its last
 #: attempt's number, start and instance (what it showed before the claim).
 SHOWN_FIELDS = {
@@ -1133,6 +1137,9 @@ class PostgresJobs:
 
     async def running_jobs(self) -> list[RunningJob]:
         return [running_from_row(row, _utc) for row in await self._fetchall(RUNNING)]
+
+    async def waiting_jobs(self, due_before: datetime) -> dict[str, int]:
+        return {queue: int(count) for queue, count in await self._fetchall(WAITING, (due_before,))}
 
     async def cancel_job(self, queue: str, *, id: str | None = None, key: str | None = None) -> bool:
         sql, value = (CANCEL_BY_KEY, key) if id is None else (CANCEL_BY_ID, id)

@@ -144,6 +144,10 @@ CLAIM = """
 """
 NEXT_DUE = "SELECT min(run_after) FROM jobs WHERE queue = ? AND status = 'queued' AND run_after > ?"
 RUNNING = f"SELECT {', '.join(RUNNING_FIELDS)} FROM jobs WHERE status = 'running'"
+WAITING = """
+    SELECT queue, count(*) FROM jobs WHERE status = 'queued' AND deleted = 0 AND run_after < ?
+    GROUP BY queue ORDER BY queue
+"""
 # -- operator actions
 CANCEL_BY_ID = "DELETE FROM jobs WHERE queue = ? AND id = ? AND status = 'queued' AND deleted = 0"
 CANCEL_BY_KEY = "DELETE FROM jobs WHERE queue = ? AND key = ? AND status = 'queued' AND deleted = 0"
@@ -312,6 +316,10 @@ class SQLiteJobs:
     async def running_jobs(self) -> list[RunningJob]:
         rows = await self._read(lambda c: c.execute(RUNNING).fetchall())
         return [running_from_row(row, _dt) for row in rows]
+
+    async def waiting_jobs(self, due_before: datetime) -> dict[str, int]:
+        rows = await self._read(lambda c: c.execute(WAITING, (_us(due_before),)).fetchall())
+        return {queue: int(count) for queue, count in rows}
 
     async def cancel_job(self, queue: str, *, id: str | None = None, key: str | None = None) -> bool:
         sql, value = (CANCEL_BY_KEY, store_text(key)) if id is None else (CANCEL_BY_ID, id)
