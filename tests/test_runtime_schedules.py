@@ -5,6 +5,7 @@ by another engine sharing the store on its state poll."""
 from __future__ import annotations
 
 import errno
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -97,6 +98,35 @@ async def test_a_slot_won_where_its_durable_function_is_not_defined_starts_it_fo
     await newer.start()
     await newer.quiesce()
     assert (await newer.durable.get(execution.id)).status == "succeeded"
+
+
+async def test_a_stored_schedule_a_code_schedule_shadows_can_be_deleted_and_the_code_one_runs_on(
+    make_engine: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A deploy added to the code a schedule named as a stored one: the stored row was
+    ignored (rightly), but could not be deleted (`"dup" is defined in code`), every verb
+    warned of it, and a rollback of that code brought it back (outside attack: code changes
+    between deploys)."""
+    first = make_engine([queue()], instance="first")
+    await first.open()
+    await first.create_schedule(spec(name="dup"))
+    await first.stop()
+    engine = make_engine([queue(), schedule(name="dup", cron="0 * * * *")], instance="second")
+    with caplog.at_level(logging.WARNING, "schedtui"):
+        await engine.start()
+        await engine.quiesce()
+    assert any("(delete the stored one: schedtui schedules delete dup)" in r.getMessage() for r in caplog.records)
+    with pytest.raises(DefinedInCode):
+        await engine.update_schedule("dup", {"cron": "*/5 * * * *"})  # (the code's is not edited here)
+    await engine.delete_schedule("dup")
+    assert (await engine.catalog.store.stored_schedules())[1] == []
+    view = await engine.get_schedule("dup")
+    assert (view.source, view.cron) == ("code", "0 * * * *")  # the code's runs on
+    clock.set("2026-03-02T08:59:58Z")
+    await step(engine, clock, 3)
+    assert slots(await all_runs(engine, "dup")) == ["09:00"]
+    with pytest.raises(DefinedInCode):
+        await engine.delete_schedule("dup")  # nothing stored by that name now: the code's, as before
 
 
 async def test_update_of_cron_rearms_and_a_slot_due_during_it_fires_once(make_engine: Callable[..., Engine], clock: ManualClock) -> None:

@@ -140,7 +140,7 @@ class Catalog:
         self.version: int | None = None
         self.polled_at: datetime | None = None
         """When the housekeeping round last read the catalog and the states."""
-        self.shadowed: set[str] = set()
+        self.shadowed: dict[str, StoredSchedule] = {}
         """Stored names that a code schedule also defines (the code one runs)."""
         self.known_queues: set[str] = set()
         """Queues recorded in the store by any process (read before a change is checked)."""
@@ -153,8 +153,11 @@ class Catalog:
     def is_stored(self, name: str) -> bool:
         return name in self.rows
 
-    def check_stored(self, name: str) -> None:
-        """Refuse a schedule defined in code (stored ones, and unknown names, pass)."""
+    def check_stored(self, name: str, *, deleting: bool = False) -> None:
+        """Refuse a schedule defined in code (stored ones, and unknown names, pass; and, to
+        be deleted, a stored row a code schedule of its name shadows)."""
+        if deleting and name in self.shadowed:
+            return
         if name in self.schedules and not self.is_stored(name):
             raise DefinedInCode(
                 f'"{name}" is defined in code; it can be enabled or disabled, not edited or deleted here',
@@ -227,6 +230,8 @@ class Catalog:
         fresh = {row.name: row for row in rows}
         for name in [n for n in self.rows if n not in fresh]:
             self._remove(name)
+        for name in [n for n in self.shadowed if n not in fresh]:
+            del self.shadowed[name]
         for row in rows:
             # The whole row, not its version: a schedule deleted and created again between
             # two reads here starts again at version 1 (with another definition, maybe).
@@ -240,8 +245,11 @@ class Catalog:
         code = self.schedules.get(row.name)
         if code is not None and row.name not in self.rows:
             if row.name not in self.shadowed:
-                log.warning('stored schedule "%s" is ignored: a schedule defined in code has that name', row.name)
-                self.shadowed.add(row.name)
+                log.warning(
+                    'stored schedule "%s" is ignored: a schedule defined in code has that name (delete the stored one: '
+                    "schedtui schedules delete %s)", row.name, row.name,
+                )  # fmt: skip
+            self.shadowed[row.name] = row
             return
         try:
             schedule = bind_target(row.to_schedule(), self.durable.start_for_slot)
@@ -362,8 +370,10 @@ class Catalog:
         raise Unavailable(f'"{name}" was changed by someone else at the same moment, {UPDATE_TRIES} times; try again')
 
     async def delete(self, name: str) -> StoredSchedule:
+        """Delete the stored schedule ``name``, also one a schedule in code shadows (the code's
+        runs on; the stored row came back with every rollback of that code)."""
         await self.refresh()
-        row = self._row(name)
+        row = self.shadowed.get(name) or self._row(name)
         if not await self.store.delete_stored_schedule(name):
             raise NotFound(f'no schedule named "{name}"')
         await self._after_change()

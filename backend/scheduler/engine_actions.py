@@ -177,7 +177,7 @@ class EngineActions:
 
     async def delete_schedule(self, name: str) -> None:
         """Delete a stored schedule: it stops firing here at once, everywhere within 2 s."""
-        self.catalog.check_stored(name)
+        self.catalog.check_stored(name, deleting=True)
         actor = self.audit.actor()
         row = await self.catalog.delete(name)
         await self.audit.record("schedule.delete", name, {"spec": row.spec()}, actor=actor)
