@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -76,7 +77,7 @@ async def test_the_retention_sweep_takes_a_bounded_part_a_round_until_none_is_le
     left = [PRUNE_ROUND + PRUNE_ROUND // 2]
 
     class Backlog:
-        async def prune_runs(self, created_before: datetime, limit: int | None = None) -> int:
+        async def prune_runs(self, created_before: datetime, limit: int | None = None, keep: Collection[str] = ()) -> int:
             calls.append(limit)
             removed = min(left[0], limit if limit is not None else left[0])
             left[0] -= removed

@@ -657,7 +657,14 @@ async def test_close_runs_sees_runs_handed_in_before_it(store: Store) -> None:
 # ---------------------------------------------------------------------------------------
 # retention
 # ---------------------------------------------------------------------------------------
+async def defined(store: Any, *names: str) -> None:
+    """``names`` are schedules some instance defines (its start records their timings):
+    the retention keeps each one's newest timed run."""
+    await store.record_code_timings([(name, "* * * * *", "UTC") for name in names], T0, instance="i")
+
+
 async def test_prune_runs_by_creation_time(store: Store) -> None:
+    await defined(store, "job")
     ids = Ids()
     made: dict[str, Run] = {}
     for hours in (0, 1, 2, 3):
@@ -685,6 +692,7 @@ async def test_prune_runs_by_creation_time(store: Store) -> None:
 
 
 async def test_prune_runs_takes_the_oldest_first_at_most_its_limit(store: Store) -> None:
+    await defined(store, "job")
     ids = Ids()
     made = [run(ids(), scheduled_at=T0 + timedelta(minutes=i)) for i in range(7)]
     store.save_runs(made)
@@ -705,6 +713,7 @@ async def test_a_sqlite_retention_sweep_is_many_short_transactions_taking_the_lo
     store = SQLiteStore(tmp_path / "state.db")
     await store.open()
     try:
+        await defined(store, "job")
         ids = Ids()
         made = [run(ids(), scheduled_at=T0 + timedelta(minutes=i)) for i in range(11)]
         store.save_runs(made)
@@ -778,18 +787,24 @@ async def test_a_sqlite_sweep_of_jobs_executions_logs_and_audit_is_many_short_tr
 
 async def test_pruning_keeps_each_schedules_newest_timed_slot(store: Store) -> None:
     """A schedule rarer than the retention (monthly, with 30 days kept) would otherwise
-    forget that it ran, and its missed slots would be neither fired nor recorded missed."""
+    forget that it ran, and its missed slots would be neither fired nor recorded missed.
+    Only a schedule that is (defined in some instance's code, as the fleet's timings
+    record, or stored): a deleted one's newest run was kept for good, one row per name ever
+    created at run time (outside attack: the store's data over its life)."""
     ids = Ids()
+    await defined(store, "monthly", "other")
     monthly = [run(ids(), name="monthly", scheduled_at=T0 + timedelta(days=31 * i)) for i in range(3)]
     manual = run(ids(), name="monthly", scheduled_at=T0 + timedelta(days=90), trigger="manual")
     other = [run(ids(), name="other", scheduled_at=T0 + timedelta(minutes=i)) for i in range(3)]
     only_manual = run(ids(), name="by-hand", trigger="manual")
-    store.save_runs([*monthly, manual, *other, only_manual])
+    deleted = [run(ids(), name="tenant-42", scheduled_at=T0 + timedelta(minutes=i)) for i in range(2)]
+    store.save_runs([*monthly, manual, *other, only_manual, *deleted])
     await store.flush()
-    assert await store.prune_runs(T0 + timedelta(days=400)) == 6  # everything else, at any age
+    assert await store.prune_runs(T0 + timedelta(days=400)) == 8  # everything else, at any age
     assert [r.id for r in await store.list_runs("monthly", limit=10)] == [monthly[2].id]
     assert [r.id for r in await store.list_runs("other", limit=10)] == [other[2].id]
     assert await store.list_runs("by-hand", limit=10) == []
+    assert await store.list_runs("tenant-42", limit=10) == []
     assert await store.last_slots(["monthly", "other", "by-hand"]) == {
         "monthly": monthly[2].scheduled_at, "other": other[2].scheduled_at,
     }  # fmt: skip

@@ -189,6 +189,7 @@ def build_schedule_parts(
         new_id=core.new_id,
         lease=core.lease,
         coordination=coordinator.mode,
+        defined=core.schedules.keys,
     )
     registry.on_abandoned_backfill = backfills.abandoned
     claims.lease = core.lease

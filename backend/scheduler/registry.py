@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
@@ -117,8 +117,11 @@ class InstanceRegistry:
         new_id: Callable[[], str] = lambda: "",
         lease: WorkLease | None = None,
         coordination: CoordinationMode | None = None,
+        defined: Callable[[], Collection[str]] = lambda: (),
     ) -> None:
         self.clock = clock
+        self.defined = defined
+        """The schedules this process defines: the retention keeps each one's newest timed run."""
         self.store = store
         self.ledger = ledger
         self.instance = instance
@@ -549,7 +552,7 @@ class InstanceRegistry:
         if self._last_prune is not None and now - self._last_prune < timedelta(hours=1):
             return
         if self.retention is not None:
-            removed = await self.store.prune_runs(now - self.retention, limit=PRUNE_ROUND)
+            removed = await self.store.prune_runs(now - self.retention, limit=PRUNE_ROUND, keep=self.defined())
             self._pruned += removed
             if removed >= PRUNE_ROUND:
                 return  # more in the next round

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -216,9 +216,11 @@ class Store(Protocol):
         ``running``, in one transaction; the ids written. Runs handed to :meth:`save_runs`
         before the call land first."""
 
-    async def prune_runs(self, created_before: datetime, limit: int | None = None) -> int:
+    async def prune_runs(self, created_before: datetime, limit: int | None = None, keep: Collection[str] = ()) -> int:
         """Delete runs created before the given time, the oldest ``limit`` of them at most
-        (``None``: all); returns how many."""
+        (``None``: all); returns how many. Never one in flight, nor the newest timed run of
+        a schedule that is (stored, in some instance's code as the fleet's timings record,
+        or named in ``keep``): the catch-up counts from it."""
 
     # -- schedule state -----------------------------------------------------------------
     async def get_states(self) -> dict[str, ScheduleState]: ...

@@ -7,7 +7,7 @@ here is one statement (or one transaction) per call on a pooled connection.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -133,14 +133,14 @@ class PostgresRuns:
         self.commits += 1
         return {str(row[0]) for row in rows}
 
-    async def prune_runs(self, created_before: datetime, limit: int | None = None) -> int:
+    async def prune_runs(self, created_before: datetime, limit: int | None = None, keep: Collection[str] = ()) -> int:
         await self.flush()
         floor = id_floor(created_before)
 
         async def prune(conn: AsyncConnection[Any]) -> int:
             async with conn.transaction():
                 await conn.execute(PRUNE_BACKFILLS, (created_before,))
-                removed = (await conn.execute(PRUNE_RUNS, (floor, limit))).rowcount  # (LIMIT NULL: no limit)
+                removed = (await conn.execute(PRUNE_RUNS, (floor, sorted(keep), limit))).rowcount  # (LIMIT NULL: no limit)
                 await conn.execute(PRUNE_RUN_LOGS, (floor,))  # their logs
                 return removed
 

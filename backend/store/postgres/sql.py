@@ -233,14 +233,20 @@ LAST_SLOTS = """
 RUNNING_RUNS = f"SELECT {RUN_COLUMNS}, held FROM schedtui_runs WHERE status = 'running' OR held"
 #: Runs created before the floor, but never one in flight, nor the run of each schedule's
 #: newest timed slot (whatever its age): the catch-up counts from that slot (LAST_SLOT), so
-#: a schedule rarer than the retention would otherwise forget it ever ran.
-#: The oldest of them, at most ``%s`` (a sweep is many short transactions: see ``prune_runs``).
+#: a schedule rarer than the retention would otherwise forget it ever ran. Only of a
+#: schedule that is: stored, defined in some instance's code (the fleet's timings), or
+#: named by the sweep (``%s``: the sweeper's own); a deleted one's was kept for good,
+#: one row per name ever created at run time. The oldest of them, at most ``%s`` (a sweep is many short transactions: see ``prune_runs``).
 PRUNE_RUNS = """
     DELETE FROM schedtui_runs WHERE id IN (
         SELECT o.id FROM schedtui_runs o WHERE o.id < %s AND o.status <> 'running' AND NOT o.held
-            AND o.id IS DISTINCT FROM (
-                SELECT n.id FROM schedtui_runs n WHERE n.name = o.name AND n.trigger <> 'manual' AND n.scheduled_at IS NOT NULL
-                ORDER BY n.scheduled_at DESC, n.id DESC LIMIT 1)
+            AND (o.id IS DISTINCT FROM (
+                    SELECT n.id FROM schedtui_runs n WHERE n.name = o.name AND n.trigger <> 'manual'
+                        AND n.scheduled_at IS NOT NULL
+                    ORDER BY n.scheduled_at DESC, n.id DESC LIMIT 1)
+                OR (o.name NOT IN (SELECT name FROM schedtui_stored_schedules)
+                    AND o.name NOT IN (SELECT name FROM schedtui_code_schedule_timings)
+                    AND o.name <> ALL(%s::text[])))
         ORDER BY o.id LIMIT %s)
 """
 GET_STATES = "SELECT name, enabled, changed_by, changed_at, note FROM schedtui_schedule_state"

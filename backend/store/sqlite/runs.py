@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
@@ -160,15 +160,15 @@ class SQLiteRuns:
 
         return await self._write(close)
 
-    async def prune_runs(self, created_before: datetime, limit: int | None = None) -> int:
+    async def prune_runs(self, created_before: datetime, limit: int | None = None, keep: Collection[str] = ()) -> int:
         # Many short transactions, not one: the writer takes the runs (and any other write)
         # handed in meanwhile between two, and the write-ahead log stays small (one delete
         # of 1.6 million runs held every write for 25 s and grew the log to the store's size).
-        floor, us = id_floor(created_before), _us(created_before)
+        floor, us, kept = id_floor(created_before), _us(created_before), json.dumps(sorted(keep))
         await self._write(lambda c: c.execute(PRUNE_BACKFILLS, (us,)))
 
         def prune(c: sqlite3.Connection, batch: int) -> int:
-            gone = c.execute(PRUNE_RUNS, (floor, batch)).fetchall()
+            gone = c.execute(PRUNE_RUNS, (floor, kept, batch)).fetchall()
             c.executemany(DROP_RUN_LOG, gone)  # their logs
             if len(gone) < batch:
                 c.execute(PRUNE_RUN_LOGS, (floor,))  # the sweep's end: any other log left

@@ -177,14 +177,20 @@ LAST_SLOT = "SELECT max(scheduled_at) FROM runs WHERE name = ? AND trigger <> 'm
 RUNNING_RUNS = f"SELECT {RUN_COLUMNS}, held FROM runs WHERE status = 'running' OR held = 1"
 #: Runs created before the floor, but never one in flight, nor the run of each schedule's
 #: newest timed slot (whatever its age): the catch-up counts from that slot (LAST_SLOT), so
-#: a schedule rarer than the retention would otherwise forget it ever ran.
-#: The oldest of them, at most ``?`` (a sweep is many short transactions: see ``prune_runs``).
+#: a schedule rarer than the retention would otherwise forget it ever ran. Only of a
+#: schedule that is: stored, defined in some instance's code (the fleet's timings), or
+#: named by the sweep (``?``, a JSON list: the sweeper's own); a deleted one's was kept
+#: for good, one row per name ever created at run time. The oldest of them, at most ``?``
+#: (a sweep is many short transactions: see ``prune_runs``).
 PRUNE_RUNS = """
     DELETE FROM runs WHERE id IN (
         SELECT o.id FROM runs o WHERE o.id < ? AND o.status <> 'running' AND o.held = 0
-            AND o.id IS NOT (  -- (null-safe: a schedule with no timed run)
-                SELECT n.id FROM runs n WHERE n.name = o.name AND n.trigger <> 'manual' AND n.scheduled_at IS NOT NULL
-                ORDER BY n.scheduled_at DESC, n.id DESC LIMIT 1)
+            AND (o.id IS NOT (  -- (null-safe: a schedule with no timed run)
+                    SELECT n.id FROM runs n WHERE n.name = o.name AND n.trigger <> 'manual' AND n.scheduled_at IS NOT NULL
+                    ORDER BY n.scheduled_at DESC, n.id DESC LIMIT 1)
+                OR (o.name NOT IN (SELECT name FROM stored_schedules)
+                    AND o.name NOT IN (SELECT name FROM code_schedule_timings)
+                    AND o.name NOT IN (SELECT value FROM json_each(?))))
         ORDER BY o.id LIMIT ?)
     RETURNING id
 """
