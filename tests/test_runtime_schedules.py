@@ -129,6 +129,43 @@ async def test_a_stored_schedule_a_code_schedule_shadows_can_be_deleted_and_the_
         await engine.delete_schedule("dup")  # nothing stored by that name now: the code's, as before
 
 
+async def test_an_instances_own_change_is_applied_without_reading_every_row_again(
+    make_engine: Callable[..., Engine], clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each create, update or delete read every stored row again: 5,000 schedules created
+    one after another through the API read 12.5 million rows, each create took 84 ms at
+    5,500, and a core stayed busy (outside attack: run-time schedules at scale). The
+    instance's own change is applied by itself when it is the only one since its last read;
+    another instance's change between makes it read them all, as before."""
+    engine = make_engine([queue()])
+    await engine.start()
+    await engine.quiesce()
+    store: Any = engine.catalog.store
+    reads: list[int] = []
+    read_all = store.stored_schedules
+
+    async def counted() -> Any:
+        version, rows = await read_all()
+        reads.append(len(rows))
+        return version, rows
+
+    monkeypatch.setattr(store, "stored_schedules", counted)
+    for n in range(20):
+        await engine.create_schedule(spec(name=f"s{n}"))
+    await engine.update_schedule("s3", {"cron": "*/2 * * * *"})
+    await engine.delete_schedule("s4")
+    assert reads == []
+    other = make_engine([queue()], instance="other")
+    await other.open()
+    await other.create_schedule(spec(name="theirs"))
+    await engine.create_schedule(spec(name="mine"))  # two changes since this instance's last read
+    assert reads == [21]
+    assert sorted(engine.catalog.rows) == sorted([*(f"s{n}" for n in range(20) if n != 4), "theirs", "mine"])
+    assert engine.schedules["s3"].cron.expr == "*/2 * * * *" and "s4" not in engine.schedules
+    await step(engine, clock, 60)
+    assert slots(await all_runs(engine, "s0")) == ["08:01"] and slots(await all_runs(engine, "theirs")) == ["08:01"]
+
+
 async def test_update_of_cron_rearms_and_a_slot_due_during_it_fires_once(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     engine = make_engine([queue()])
     await engine.start()
