@@ -112,8 +112,10 @@ class Claim:
     """If this claim is won, the schedule's claims older than this can go."""
     scheduled_at: datetime | None = None
     """The slot itself. When given, the store also refuses the claim if the ledger already
-    holds a run of that slot that was claimed (outcome ``wonLock`` or ``external``), so a
-    slot stays taken after its claim is pruned;
+    holds a run of that slot that was claimed (outcome ``wonLock`` or ``external``; for an
+    external fire, any run of the slot but a manual one: one the timer fired under
+    ``single`` or ``cluster`` before a deploy made the schedule external), so a slot stays
+    taken after its claim is pruned;
     and writes the winner's run row as a ``running`` placeholder (no ``fired_at`` yet) in
     the same transaction as the claim: from the moment a slot is won, every instance can
     see it in flight, and a winner that dies before starting leaves a row to close."""

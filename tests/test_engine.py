@@ -1732,6 +1732,41 @@ async def test_external_fire_runs_the_due_slot_once_per_slot(make_engine: MakeEn
         await engine.fire_external("nope")
 
 
+@pytest.mark.parametrize(("where", "coordination"), [("sqlite", "single"), ("postgres", "single")])
+async def test_an_external_call_for_a_slot_the_timer_fired_before_a_deploy_made_it_external_runs_nothing(
+    make_engine: MakeEngine, clock: ManualClock, request: pytest.FixtureRequest, where: str, coordination: str
+) -> None:
+    """A deploy from ``trigger="self"`` to ``external``: the old release's timer fired the
+    slot (under ``single``, or ``cluster`` on its shard), and the platform's call for it on
+    the new release ran it again, 202 created (outside attack: code changes between
+    deploys, 8 of 8 slots twice). A call answers with the run the slot has, whoever fired it.
+    (``cluster`` claims no key either: its runs are refused by the same check.)"""
+    url = request.getfixturevalue("pg_url") if where == "postgres" else None
+    calls: list[tuple[datetime, str]] = []
+
+    async def handler(ctx: RunContext) -> None:
+        calls.append((ctx.scheduled_at, ctx.trigger))
+
+    clock.set("2026-03-02T08:59:00Z")
+    at_store = {"store": url} if url is not None else {}
+    old = make_engine([schedule(cron="0 * * * *", handler=handler)], coordination=coordination, instance="old", **at_store)
+    await old.start()
+    await old.quiesce()
+    clock.set("2026-03-02T09:00:00Z")
+    await old.quiesce()
+    [fired] = await all_runs(old, "job")
+    await old.stop()
+    assert fired.coordination_outcome == coordination
+    new = make_engine([schedule(cron="0 * * * *", handler=handler, trigger="external")],
+                      coordination="advisoryLock" if url is not None else "single", instance="new", **at_store)  # fmt: skip
+    await new.start()
+    clock.set("2026-03-02T09:00:30Z")
+    call = await new.fire_external("job")
+    assert (call.created, call.run_id) == (False, fired.id)
+    await new.quiesce()
+    assert calls == [(at("2026-03-02T09:00:00Z"), "self")]
+
+
 @pytest.mark.parametrize("first", ["timer", "call"])
 async def test_an_allowed_external_fire_of_a_self_schedule_and_its_timer_run_a_slot_once(
     make_engine: MakeEngine, clock: ManualClock, first: str

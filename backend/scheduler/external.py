@@ -36,6 +36,9 @@ from backend.timeparse import compact_delta
 
 __all__ = ["ExternalFires", "ExternalFiring"]
 
+#: The smallest step of time: a slot's own instant, as a range ``[slot, slot + _TICK)``.
+_TICK = timedelta(microseconds=1)
+
 log = logging.getLogger("schedtui.engine")
 
 
@@ -116,11 +119,20 @@ class ExternalFires:
                 winner = await self.store.claimed_run(key)
                 if winner is None:
                     self._forget(key)
+                    ran = await self._slot_run(name, slot)
+                    if ran is not None:  # fired without a claim (the timer, before a deploy made it external)
+                        return await self._result(ran, created=False)
                     raise Unavailable(f"could not claim slot {key}; try again")
                 return await self._adopt(key, winner)
             _, _, run_id = owned[0]
             skipped = self.launcher.fire(schedule, slot, "external", "external", run_id, remote=busy.get(name))
             return await self._fired(run_id, skipped)
+
+    async def _slot_run(self, name: str, slot: datetime) -> str | None:
+        """The run the ledger holds for the slot, but a manual one (its claim refused because
+        of it: fired by the timer under ``single`` or ``cluster``, which claim no key)."""
+        runs = await self.store.runs_between([name], slot, slot + _TICK, limit_per_name=10)
+        return next((run.id for run in runs.get(name, []) if run.trigger != "manual"), None)
 
     async def _adopt(self, key: str, run_id: str) -> ExternalFiring:
         """The slot ``key`` is claimed for ``run_id``: if that is the claim of ours whose

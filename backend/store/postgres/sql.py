@@ -369,7 +369,9 @@ CLAIM = f"""
         WHERE (
             SELECT 1 FROM schedtui_runs r
             WHERE r.name = w.name AND r.scheduled_at = w.slot AND r.trigger <> 'manual'
-                AND r.outcome IN ('wonLock', 'external')
+                -- an external fire: a run by any coordination (a deploy from trigger self to
+                -- external: the slot the timer fired under cluster or single fired again)
+                AND (r.outcome IN ('wonLock', 'external') OR w.trigger = 'external')
             LIMIT 1
         ) IS NULL
         ORDER BY w.key

@@ -205,7 +205,7 @@ class SQLiteRuns:
                     if owner[0] != claim.run_id:
                         continue
                     won.add(claim.key)  # our own earlier attempt: its reply was lost
-                elif slot is not None and c.execute(SLOT_TAKEN, (claim.name, slot)).fetchone():
+                elif slot is not None and c.execute(SLOT_TAKEN, (claim.name, slot, claim.trigger == "external")).fetchone():
                     continue  # fired already; its claim has been pruned since
                 else:
                     c.execute(CLAIM, (claim.key, claim.name, instance, us, claim.run_id))

@@ -248,9 +248,12 @@ RELEASE_PLACEHOLDER = """
         AND EXISTS (SELECT 1 FROM claims WHERE key = ? AND run_id = ?)
 """
 RELEASE_CLAIM = "DELETE FROM claims WHERE key = ? AND run_id = ?"
+#: Whether a slot has run already (its claim pruned since): by a claim; and, for an
+#: external fire (``?`` true), by any coordination (a deploy from ``trigger="self"`` to
+#: ``external``: the slot the timer fired under ``single`` or ``cluster`` was fired again).
 SLOT_TAKEN = """
     SELECT 1 FROM runs WHERE name = ? AND scheduled_at = ? AND trigger <> 'manual'
-        AND outcome IN ('wonLock', 'external') LIMIT 1
+        AND (outcome IN ('wonLock', 'external') OR ?) LIMIT 1
 """
 INSERT_PLACEHOLDER = """
     INSERT INTO runs (id, name, scheduled_at, status, trigger, outcome, instance)
