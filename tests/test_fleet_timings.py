@@ -15,6 +15,7 @@ import pytest
 from backend import Engine, ManualClock, Run, RunContext, Schedule, define_schedule
 from backend.model import CoordinationMode
 from backend.scheduler.timings import zone_rules
+from backend.store import Membership
 from tests.conftest import all_runs
 from tests.servers import until
 
@@ -188,11 +189,17 @@ async def test_a_timing_whose_last_instance_fires_nothing_is_not_waited_for(
 @pytest.mark.postgres
 async def test_under_cluster_coordination_nothing_is_left(pg_url: str) -> None:
     """``cluster`` fires each schedule on its shard's owner only: one timing at a time
-    already; the owner fires by its own."""
+    already; the owner fires by its own, while the instance of the other timing lives and
+    fires too (a rolling deploy that moves a cron: the owner left its shards' schedules to
+    the other timing's instance, which does not own them, and nobody fired them for the
+    whole deploy: outside attack, code changes between deploys, part two). (Before, the
+    other timing's instance here was dead: the owner took the schedule for that reason.)"""
     clock = ManualClock("2026-03-02T00:30:00Z")
     member = engine(pg_url, clock, "0 2 * * *", "web-1", "cluster")
     await member.start()
     try:
+        store: Any = member.store
+        await store.heartbeat("web-9", "h", 9, clock.now(), Membership("firing", "cluster", clock.now()))
         await member.catalog.store.record_code_timings([("export", "0 3 * * *", "UTC")], clock.now(), instance="web-9")
         await member.fleet_timings.review(clock.now(), force=True)
         assert not member.fleet_timings.leaves("export")

@@ -385,7 +385,8 @@ class Engine(EngineReads, EngineActions):
             beats=self.store.instances,
             fleet=self.store.fleet,
             judge=self.registry,
-            claims=lambda: self.claims.coordinator.needs_claims and self.registry.member,
+            # (not under cluster: a shard's owner fires alone, by its timing; nobody else may)
+            claims=lambda: self.claims.coordinator.mode == "advisoryLock" and self.registry.member,
             signal=lambda: self.events.publish("schedules"),
             every=self.registry.heartbeat_interval,
         )
