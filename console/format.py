@@ -36,7 +36,18 @@ EXECUTION_GLYPHS = {
     "failed": "✗",
     "cancelled": "⊘",
 }
-STEP_GLYPHS = {"running": "▶", "waiting": "◷", "succeeded": "✓", "failed": "✗", "cancelled": "⊘"}
+STEP_GLYPHS = {"running": "▶", "waiting": "◷", "succeeded": "✓", "failed": "✗", "cancelled": "⊘", "ended": "⊘"}
+#: What a finished execution's step is that never finished itself.
+_OPEN_STEPS = ("waiting", "running")
+
+
+def step_status(step: str, execution: str) -> str:
+    """A step's status as shown: one still ``waiting`` or ``running`` in an execution that
+    has ended (failed, cancelled) is ``ended``: it waits for nothing and runs nowhere (a
+    sleep was shown "waiting until …" in an execution failed ``nondeterministic``)."""
+    if step in _OPEN_STEPS and execution in ("succeeded", "failed", "cancelled"):
+        return "ended"
+    return step
 
 
 def operator_zone() -> str:

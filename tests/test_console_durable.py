@@ -6,15 +6,19 @@ confirmation, ``R`` retry; bad input and a read-only console."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from textual.widgets import DataTable, Input, Label, Static
 
+from backend.durable.model import Execution, StepView
 from console.app import SchedtuiApp
+from console.cli.durable import execution_text
 from console.screens.confirm import Confirm
-from console.screens.durable import SignalPrompt, StepsScreen
+from console.screens.durable import SignalPrompt, StepsScreen, step_rows
 from console.views import durable as durable_view
 from console.views.durable import DurableView, ExecutionsTable
 from tests.console_fixtures import add_timeline_history, build_ledger, ledger_copy
@@ -229,3 +233,24 @@ async def test_older_and_newer_page_through_every_execution_by_keyset(store_url:
         await pilot.press("left_square_bracket")
         await settle(pilot)
         assert "Already on the newest executions." in [message for _, message in notes.seen]
+
+
+def test_a_step_left_open_in_an_execution_that_ended_is_shown_ended() -> None:
+    """A sleep recorded ``waiting`` in an execution that failed ``nondeterministic`` (the
+    code changed under it) was shown "◷ waiting until …" in ``durable show`` and the
+    console's timeline: it waits for nothing (outside attack: code changes between deploys)."""
+    at = datetime(2026, 3, 2, 8, tzinfo=UTC)
+    steps = [
+        StepView(1, "fetch", "step", "succeeded", 1, at, at),
+        StepView(2, "nap", "sleep", "waiting", 1, at, None, wake_at=datetime(2026, 3, 3, tzinfo=UTC)),
+    ]
+    execution = Execution(id="01J0000000000000000000000X", function="release", status="failed", input=None, output=None,
+                          error_tag="nondeterministic", error_message="reached step c where nap is recorded",
+                          schedule=None, scheduled_at=None, created_at=at, finished_at=at, waiting_for=None, wake_at=None,
+                          instance=None, steps=steps)  # fmt: skip
+    [_, nap] = step_rows(execution, "UTC", failed_only=False)
+    assert nap[3] == "⊘ ended" and not nap[6].startswith("until")
+    text = execution_text(execution, at)
+    assert "⊘ ended" in text and "until" not in text.split("nap", 1)[1].splitlines()[0]
+    waiting = dataclasses.replace(execution, status="waiting", error_tag=None, error_message=None)
+    assert step_rows(waiting, "UTC", failed_only=False)[1][3] == "◷ waiting"  # (one that waits is shown waiting)

@@ -66,15 +66,16 @@ def execution_text(e: Execution, now: datetime) -> str:
     steps = e.steps or []
     lines.append("")
     if steps:
+        shown = {s.seq: fmt.step_status(s.status, e.status) for s in steps}
         rows = [
             [
                 str(s.seq),
                 s.name,
                 s.kind + (" (at most once)" if s.at_most_once else ""),
-                f"{STEP_GLYPHS.get(s.status, '?')} {s.status}",
+                f"{STEP_GLYPHS.get(shown[s.seq], '?')} {shown[s.seq]}",
                 str(s.attempt),
                 fmt.local_time(s.started_at, "UTC"),
-                fmt.duration(s.duration_ms) if s.status != "waiting" else f"until {fmt.local_time(s.wake_at, 'UTC')}",
+                fmt.duration(s.duration_ms) if shown[s.seq] != "waiting" else f"until {fmt.local_time(s.wake_at, 'UTC')}",
                 " ".join(filter(None, [s.error_tag and f"[{s.error_tag}]", s.error_message])) or "",
             ]
             for s in steps

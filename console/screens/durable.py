@@ -33,13 +33,14 @@ def step_rows(execution: Execution, zone: str, *, failed_only: bool) -> list[tup
     for step in execution.steps or []:
         if failed_only and not _failed(step):
             continue
-        waits = step.status == "waiting" and step.wake_at is not None
+        status = fmt.step_status(step.status, execution.status)
+        waits = status == "waiting" and step.wake_at is not None
         rows.append(
             (
                 str(step.seq),
                 step.name,
                 step.kind + (" ¹" if step.at_most_once else ""),
-                f"{fmt.STEP_GLYPHS.get(step.status, '?')} {step.status}",
+                f"{fmt.STEP_GLYPHS.get(status, '?')} {status}",
                 str(step.attempt),
                 fmt.short_time(step.started_at, zone).rsplit(" ", 1)[0],
                 f"until {fmt.short_time(step.wake_at, zone).rsplit(' ', 1)[0]}" if waits else fmt.duration(step.duration_ms),
