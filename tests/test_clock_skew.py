@@ -18,11 +18,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import pytest
 from prometheus_client import generate_latest
 
 from backend import Engine, JobContext, RunContext, connect, define_queue, define_schedule
 from backend.alerts.conditions import not_firing
+from backend.alerts.notifier import AlertSettings
 from backend.clock import ManualClock, OffsetClock, SystemClock, follows_real_time
 from backend.model import InstanceInfo
 from backend.observability.metrics import EngineMetrics
@@ -323,4 +325,64 @@ async def test_an_instance_whose_clock_jumps_ahead_closes_no_live_instances_jobs
     finally:
         release.set()
         await jumpy.stop(grace=0)
+        await live.stop(grace=0)
+
+
+class Receiver:
+    """A webhook: the requests it was sent."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return httpx.Response(200)
+
+
+async def test_an_instance_whose_clock_is_off_neither_judges_nor_delivers_alerts(pg_url: str) -> None:
+    """Standing down for its clock, an instance still evaluated the conditions on it and
+    delivered pages: a minute ahead, it paged "no instance fires" beside a healthy instance
+    (whose heartbeats looked a minute old to it), and a clock behind took delivery leases
+    that ran out early by the others' clocks (a page sent twice). It does neither until its
+    clock agrees; then it delivers what is its to deliver."""
+
+    async def broken(job: JobContext) -> None:
+        raise RuntimeError("the dependency went away")
+
+    queue = define_queue(name="mail", handler=broken, attempts=1, alert={"dead_jobs": 1})
+    live_hook, ahead_hook = Receiver(), Receiver()
+    clock = OffsetClock(timedelta(seconds=60))
+    live = Engine([queue], pg_url, instance="live", abandon_after=WINDOW, heartbeat_interval=0.2, shutdown_grace=0,
+                  alerting=AlertSettings(sinks=("https://live.example.test/hook",), poll=0.2),
+                  alert_transport=httpx.MockTransport(live_hook))  # fmt: skip
+    ahead = Engine([queue], pg_url, clock=clock, instance="ahead", abandon_after=WINDOW, heartbeat_interval=0.2,
+                   shutdown_grace=0, alerting=AlertSettings(sinks=("https://ahead.example.test/hook",), poll=0.2),
+                   alert_transport=httpx.MockTransport(ahead_hook))  # fmt: skip
+    await live.start()
+    await ahead.start()
+    try:
+        assert ahead.registry.clock_off
+        notifier = ahead.alerts.notifier
+        assert notifier is not None
+        await notifier.register(ahead.clock.now())  # (its sink known: a transition is its to deliver too)
+        # By its clock the live instance's heartbeat is a minute old: it would page that none fires.
+        judged = await ahead.alerts.evaluate()
+        assert judged.transitions == [] and judged.findings == {}
+        sent = await live.jobs.send("mail", "hello")
+
+        async def dead() -> bool:
+            detail = await live.jobs.get_job(sent.id)
+            return detail.job is not None and detail.job.status == "dead"
+
+        await until(dead, "the job to die")
+        await live.alerts.evaluate()  # (or its own loop's round did: one of them wrote it)
+        await until(lambda: len(live_hook.requests) == 1, "the live instance's page")
+        assert await notifier.deliver_due() == 0 and ahead_hook.requests == []
+        page = await live.alerts.page()
+        assert [a.key for a in page.alerts] == ["dead_jobs:mail"]  # no "not_firing" of its making
+        clock.offset = timedelta(0)  # its time sync is fixed
+        await until(lambda: not ahead.registry.clock_off, "the clocks to agree")
+        await until(lambda: len(ahead_hook.requests) == 1, "its own webhook's page, delivered once it agrees")
+    finally:
+        await ahead.stop(grace=0)
         await live.stop(grace=0)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from backend import ManualClock, RunContext, define_schedule, open_store
+from backend.clock import OffsetClock
 from backend.model import InstanceInfo, Run, RunStatus, ScheduleState
 from backend.runtime.loops import Loops
 from backend.scheduler.ledger import RunLedger
@@ -355,6 +356,25 @@ async def test_a_park_returns_at_its_time_or_its_wake_and_leaves_no_sleeper_behi
         await parked
     await asyncio.sleep(0)
     assert clock.sleepers == 0 and not loops._parking["p"].parked
+
+
+async def test_a_loop_parked_on_the_real_clock_wakes_when_that_clock_steps_back() -> None:
+    """Parked a fifth of a second on the machine's clock, a loop whose clock then stepped a
+    minute back (NTP fixing a clock that was ahead) idled that minute: it delivered no page
+    and claimed no job. It wakes once the span it parked for has passed, and reads the clock
+    again; on a clock that does not step (an injected one) nothing changes."""
+    clock = OffsetClock(timedelta(0))
+    loops = Loops(clock)
+    parked = asyncio.ensure_future(loops.park("p", clock.now() + timedelta(seconds=0.2)))
+    await asyncio.sleep(0)
+    clock.offset = timedelta(seconds=-60)
+    await asyncio.wait_for(parked, 5)  # (without the bound: a minute)
+    manual = ManualClock(T0)
+    still = asyncio.ensure_future(Loops(manual).park("p", T0 + timedelta(seconds=0.2)))
+    await asyncio.sleep(0.5)
+    assert not still.done()
+    manual.advance(0.2)
+    await asyncio.wait_for(still, 5)
 
 
 async def test_a_loop_whose_work_lost_a_cancellation_still_stops() -> None:

@@ -27,7 +27,7 @@ import hashlib
 import logging
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -204,9 +204,13 @@ class Notifier:
         settings: AlertSettings,
         audit: AuditLog,
         transport: httpx.AsyncBaseTransport | None = None,
+        standing_down: Callable[[], bool] = lambda: False,
     ) -> None:
         self.store = store
         self.clock = clock
+        self.standing_down = standing_down
+        """Whether this instance claims no delivery now (its clock is off: a lease it took
+        would run out early or late by the others' clocks; see :meth:`Alerts.standing_down`)."""
         self.loops = loops
         self.instance = instance
         self.sinks = {sink.id: sink for sink in sinks}
@@ -294,7 +298,7 @@ class Notifier:
     async def deliver_due_to(self, sink_id: str) -> int:
         """Claim and deliver every due row of one sink, a batch at a time; how many were handled."""
         handled = 0
-        while True:
+        while not self.standing_down():
             now = self.clock.now()
             until = now + timedelta(seconds=self.settings.lease)
             claiming = asyncio.ensure_future(self.store.claim_deliveries([sink_id], self.instance, now, until, CLAIM_BATCH))
@@ -304,12 +308,13 @@ class Notifier:
                 keep_for_the_stop(claiming, self._cut_claims)  # the stop sends what it took, or gives it back
                 raise
             if not claimed:
-                return handled
+                break
             # Shielded: a stop cancels this loop at once, and gives the POSTs its grace.
             together = asyncio.gather(*self._send(claimed))
             together.add_done_callback(_retrieved)  # (read here, unless this loop was cancelled)
             await asyncio.shield(together)
             handled += len(claimed)
+        return handled
 
     def _send(self, claimed: Sequence[Delivery]) -> list[asyncio.Task[None]]:
         """Start POSTing claimed rows, each a task a stop waits for within its grace."""

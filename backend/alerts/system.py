@@ -97,11 +97,14 @@ class Alerts:
         beat: Callable[[datetime], Awaitable[bool]] | None = None,
         unrunnable: Collection[str] = (),
         code_owners: Callable[[], Awaitable[Mapping[str, str | None]]] | None = None,
+        clock_off: Callable[[], bool] = lambda: False,
     ) -> None:
         """Hand the evaluator what it reads of the engine (before :meth:`start`); ``beat``
         writes this instance's heartbeat when it is due, ``unrunnable`` names the stored
         schedules not valid here, ``code_owners`` reads who defines each code schedule
-        (see :class:`Evaluator`)."""
+        (see :class:`Evaluator`). ``clock_off``: whether this instance's clock is off the
+        store server's now; meanwhile it neither judges nor delivers (see :meth:`standing_down`)."""
+        self.clock_off = clock_off
         if self.settings is None:
             return
         store = self._store()
@@ -113,12 +116,24 @@ class Alerts:
         self.notifier = Notifier(
             store=store, clock=self.clock, loops=self.loops, instance=self.instance,
             sinks=parse_sinks(self.settings.sinks), settings=self.settings, audit=self.audit, transport=self.transport,
+            standing_down=self.standing_down,
         )  # fmt: skip
 
+    def standing_down(self) -> bool:
+        """Whether this instance leaves alerting to the others now: its clock is off the
+        store server's (it stands down from all work then). Judged on that clock, the
+        others' heartbeats look old or young, a schedule's slots late, and a transition it
+        stamps, or a delivery lease it takes, is ahead of or behind theirs: it paged
+        "no instance fires" beside a healthy one, and sent pages a second time."""
+        return self.clock_off()
+
     async def evaluate(self) -> Round:
-        """One evaluation round now: the transitions it wrote wake the delivery."""
+        """One evaluation round now: the transitions it wrote wake the delivery. None while
+        this instance stands down (see :meth:`standing_down`): an empty round."""
         assert self.evaluator is not None and self.settings is not None, "evaluation needs settings"
         now = self.clock.now()
+        if self.standing_down():
+            return Round(at=now)
         done = await self.evaluator.evaluate(now, sinks_after=now - timedelta(seconds=self.settings.sink_ttl))
         self.last_round = done
         for alert in done.won:

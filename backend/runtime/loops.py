@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from backend.clock import Clock
+from backend.clock import Clock, follows_real_time
 
 T = TypeVar("T")
 
@@ -34,6 +34,9 @@ RESTART_AFTER_MAX = 60.0
 #: A loop that ran this long (seconds, on the clock) before it raised starts its count of
 #: failures in a row afresh.
 _HEALTHY_FOR = 300.0
+#: Seconds past a park's span (on the event loop's clock, which never steps) after which a
+#: loop parked on the real wall clock wakes even if that clock has not reached its deadline.
+STEP_SLACK = 0.1
 
 
 @dataclass
@@ -44,6 +47,11 @@ class _Parking:
     until: datetime | None = None
     wake: asyncio.Event | None = None
     """Set by whoever has new work for the loop; a set event means it is not idle."""
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def call_from_thread(loop: asyncio.AbstractEventLoop | None, call: Coroutine[Any, Any, T], instead: str) -> T:
@@ -78,12 +86,19 @@ class Loops:
 
     Contract: a loop registered with :meth:`expect` counts as busy until it first parks;
     :meth:`park` returns when ``until`` has passed on the clock or ``wake`` was set (and
-    clears ``wake``); :meth:`poke` must be called whenever something that
-    :meth:`quiesce`'s condition reads may have changed.
+    clears ``wake``), or, on the real clock, once as long as ``until`` was away has passed
+    (the wall clock stepped back meanwhile): a parked loop reads the clock again before it
+    acts; :meth:`poke` must be called whenever something that :meth:`quiesce`'s condition
+    reads may have changed.
     """
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
+        self._steps_back = follows_real_time(clock)
+        """Whether the clock may step back (the machine's, which NTP or an operator sets):
+        a loop parked until a time it then reads as a minute away would idle that minute
+        (an instance whose clock was fixed a minute back delivered no page, claimed no job
+        for a minute)."""
         self._parking: dict[str, _Parking] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self._poke = asyncio.Event()
@@ -233,10 +248,16 @@ class Loops:
         state = self._parking.setdefault(name, _Parking())
         state.parked, state.until, state.wake = True, until, wake
         self.poke()
+        bound: asyncio.TimerHandle | None = None
         try:
             waiters: list[asyncio.Future[Any]] = []
             if until is not None:
                 waiters.append(asyncio.ensure_future(self.clock.sleep_until(until)))
+                if self._steps_back:  # (a future and a timer: no task of its own on a hot path)
+                    span = max((until - self.clock.now()).total_seconds(), 0.0)
+                    stepped: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    bound = asyncio.get_running_loop().call_later(span + STEP_SLACK, _settle, stepped)
+                    waiters.append(stepped)
             if wake is not None:
                 waiters.append(asyncio.ensure_future(wake.wait()))
             if not waiters:
@@ -249,4 +270,6 @@ class Loops:
             if wake is not None:
                 wake.clear()
         finally:
+            if bound is not None:
+                bound.cancel()
             state.parked = False

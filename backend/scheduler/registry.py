@@ -254,7 +254,8 @@ class InstanceRegistry:
         if check.judge(ClockReading.between(before, server, self.clock.now())):
             if check.off:
                 log.error(
-                    "CLOCK: %s; it stops its work and takes none (nor closes other instances' work) until they "
+                    "CLOCK: %s; it stops its work and takes none (nor closes other instances' work, nor judges or sends alerts) "
+                    "until they "
                     "agree: fix its time sync (NTP)",
                     check.describe(),
                 )
