@@ -386,3 +386,32 @@ async def test_an_instance_whose_clock_is_off_neither_judges_nor_delivers_alerts
     finally:
         await ahead.stop(grace=0)
         await live.stop(grace=0)
+
+
+@pytest.mark.parametrize("offset", [300, -300], ids=["ahead", "behind"])
+async def test_a_client_whose_clock_is_off_stamps_what_it_sends_by_the_databases_clock(pg_url: str, offset: int) -> None:
+    """A web process five minutes ahead held every job it sent five minutes (its due time
+    stamped by its clock); one behind ran a job sent with a minute's delay at once. A
+    client whose clock is off the database's stamps its sends by the database's clock."""
+    started: list[str] = []
+
+    async def handler(job: JobContext) -> None:
+        started.append(job.payload)
+
+    queue = define_queue(name="q", handler=handler)
+    live = Engine([queue], pg_url, instance="live", abandon_after=WINDOW, heartbeat_interval=0.2, shutdown_grace=0)
+    web = Engine([queue], pg_url, clock=OffsetClock(timedelta(seconds=offset)), instance="web", abandon_after=WINDOW)
+    await live.start()
+    await web.open()  # (what connect() does: it sends, runs nothing)
+    try:
+        assert web.registry.clock_off
+        later = await web.jobs.send("q", "later", delay=60)
+        detail = await live.jobs.get_job(later.id)
+        assert detail.job is not None
+        due_in = (detail.job.run_after - datetime.now(UTC)).total_seconds()
+        assert 55 < due_in <= 60, due_in
+        await web.jobs.send("q", "now")
+        await until(lambda: started == ["now"], "the job sent without a delay to run")
+    finally:
+        await web.stop()
+        await live.stop(grace=0)

@@ -281,7 +281,7 @@ class Jobs:
             return []
         if len(sends) > MAX_HELD:
             raise BadInput(f"{len(sends):,} jobs in one send; a queue holds at most {MAX_HELD:,}", field="jobs")
-        now = self.shared.clock.now()
+        now = self.shared.registry.store_time(self.shared.clock.now())
         new = [
             NewJob(ids[i] if ids else self.shared.new_id(), s.payload, now + timedelta(seconds=s.delay), s.attempts, s.key, cron)
             for i, s in enumerate(sends)
