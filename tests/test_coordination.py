@@ -1078,6 +1078,45 @@ async def test_an_instance_started_just_after_a_slot_leaves_it_to_the_fleet_not_
     assert [slot for _, slot in fired] == slots
 
 
+async def test_an_instance_started_with_its_clock_ahead_leaves_every_slot_of_the_grace_to_the_fleet(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """b starts with its clock 1.9 s ahead of a's (within what the clocks may differ by) when
+    a has just fired 08:00:01 of an every-second schedule: by b's clock 08:00:02 and :03 are
+    due. Only the newest was current; b's catch-up recorded 08:00:02 ``missed`` before a
+    came to it, and that slot ran nowhere (each of four restarts of a real fleet lost one).
+    Every slot due within the grace is current: each runs once, the claim deciding where."""
+    from backend.clock import OffsetClock
+
+    fired: list[tuple[str, datetime]] = []
+
+    def handler_for(name: str) -> Any:
+        async def handler(ctx: RunContext) -> None:
+            fired.append((name, ctx.scheduled_at))
+
+        return handler
+
+    def engine(name: str, **kwargs: Any) -> Engine:
+        return make_engine([schedule(cron="* * * * * *", handler=handler_for(name), backfill="skip")], instance=name,
+                           coordination="advisoryLock", **kwargs)  # fmt: skip
+
+    clock.set(at("2026-03-02T08:00:00.5Z"))
+    a = engine("a")
+    await a.start()
+    clock.advance(0.6)  # 08:00:01.1: a fires 08:00:01
+    await settle(clock, a)
+    b = engine("b", clock=OffsetClock(1.9, clock))  # 08:00:03.0 by its clock
+    await b.start()
+    await settle(clock, a, b)
+    for _ in range(4):  # to 08:00:03.1: a comes to :02 and :03, b to :04 and :05
+        clock.advance(0.5)
+        await settle(clock, a, b)
+    runs = await all_runs(a, "job")
+    slots = [at(f"2026-03-02T08:00:0{second}Z") for second in range(1, 6)]
+    assert [(r.scheduled_at, r.status) for r in runs] == [(slot, "succeeded") for slot in slots]
+    assert sorted(slot for _, slot in fired) == slots
+
+
 async def test_default_coordination_comes_from_the_store(make_engine: Callable[..., Engine], store_url: str) -> None:
     engine = make_engine([schedule()])
     expected = "advisoryLock" if store_url.startswith("postgresql") else "single"

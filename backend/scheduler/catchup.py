@@ -48,10 +48,11 @@ _AHEAD_LIMIT = 100_000
 
 #: Slots claimed in one go when a batch of schedules catches up at start or take-over.
 _CLAIM_CHUNK = 5_000
-#: At a start, the newest slot due at most this long ago is the current one, not a missed
-#: one: it fires whatever the backfill policy. Another live instance may be about to fire
-#: it (its clock a little behind, its loop busy) and the claim decides which one runs it;
-#: recorded ``missed`` here, a restart of one instance took the slot from the fleet.
+#: At a start, the slots due at most this long ago are current ones, not missed: each fires
+#: whatever the backfill policy. Another live instance may be about to fire them (its
+#: clock a little behind this one's, its loop busy) and the claim decides which one runs
+#: each; recorded ``missed`` here, a restart of one instance took them from the fleet (a
+#: start two seconds ahead took the one before the newest of an every-second schedule).
 BOOT_GRACE = timedelta(seconds=2)
 
 
@@ -187,7 +188,7 @@ class CatchUp:
             except BaseException:
                 self.busy.difference_update(names)
                 raise
-        catching: list[tuple[Schedule, list[datetime], str | None, bool]] = []
+        catching: list[tuple[Schedule, list[datetime], str | None, int]] = []
         ahead = [(schedule, now, left_off[schedule.name]) for schedule, now in resting if left_off.get(schedule.name, now) > now]
         for schedule, now, reason, late_by in batch:
             recorded = left_off.get(schedule.name)
@@ -222,16 +223,22 @@ class CatchUp:
                 if never_ran:
                     missed = missed[-1:]  # (nothing before it was ever due to it here)
             if missed:
-                # A slot due within BOOT_GRACE is not late (the timer, armed after now, would
-                # not fire it), nor is one a cluster hand-over held up by less than late_by:
-                # it fires whatever the policy, as a live catch-up's newest does.
-                catching.append((schedule, missed, reason, missed[-1] >= now - max(late_by, BOOT_GRACE)))
+                # At a start, a slot due within BOOT_GRACE is not late (the timer, armed after
+                # now, would not fire it, and another instance may be about to): each fires
+                # whatever the policy, as a live catch-up's newest does. At a cluster
+                # hand-over (late_by), nobody else fires the window's slots: its newest fires
+                # if it was held up by less than late_by, the older ones were missed.
+                if late_by:
+                    on_time = int(missed[-1] >= now - max(late_by, BOOT_GRACE))
+                else:
+                    on_time = sum(1 for slot in missed if slot >= now - BOOT_GRACE)
+                catching.append((schedule, missed, reason, on_time))
             else:
                 self.busy.discard(schedule.name)
                 self.timers.arm(schedule, now)
         if ahead:
             await self._pass_over_recorded(ahead)
-        newest = {(schedule.name, missed[-1]) for schedule, missed, _, on_time in catching if _fires_newest(schedule, on_time)}
+        newest = {(schedule.name, slot) for schedule, missed, _, on_time in catching for slot in _current(schedule, missed, on_time)}
         claimed = await self._claim_together([(schedule, missed) for schedule, missed, *_ in catching], current=newest)
         for schedule, missed, reason, on_time in catching:
             claim = claimed.get(schedule.name, ({}, None)) if claimed is not None else None
@@ -328,7 +335,7 @@ class CatchUp:
         fire: bool = True,
         reason: str | None = None,
         claimed: tuple[dict[datetime, str], str | None] | None = None,
-        on_time: bool = False,
+        on_time: int = 0,
     ) -> None:
         """Start a catch-up as a task of its own, counted in :attr:`unhanded` until it
         hands its slots on."""
@@ -352,7 +359,7 @@ class CatchUp:
         reason: str | None = None,
         claimed: tuple[dict[datetime, str], str | None] | None = None,
         counted: bool = False,
-        on_time: bool = False,
+        on_time: int = 0,
     ) -> None:
         """Apply the schedule's backfill policy to ``slots`` (ascending, all due), then arm.
 
@@ -360,7 +367,8 @@ class CatchUp:
         fires the newest, ``all`` fires each in order. When a live engine finds itself
         behind (``live``), the newest slot is simply the current one and always fires; the
         policy decides about the older ones; so it is at boot when the newest is not late,
-        or late by a cluster hand-over only (``on_time``). Without ``fire``, all are recorded ``missed``.
+        or late by a cluster hand-over only: the newest ``on_time`` slots are current, each
+        fires. Without ``fire``, all are recorded ``missed``.
         A slot fired while a run of the schedule is in flight (here or elsewhere) goes
         through the overlap policy, as any timer firing."""
         launcher = self.launcher
@@ -382,7 +390,9 @@ class CatchUp:
             policy = schedule.backfill if fire else "skip"
             if policy == "all":
                 to_fire, to_record = slots, []
-            elif policy == "latest" or ((live or on_time) and fire):
+            elif on_time and fire:
+                to_fire, to_record = slots[-on_time:], slots[:-on_time]
+            elif policy == "latest" or (live and fire):
                 to_fire, to_record = slots[-1:], slots[:-1]
             else:
                 to_fire, to_record = [], slots
@@ -393,7 +403,7 @@ class CatchUp:
                 to_fire = [s for s in to_fire if s in ids]
                 to_record = [s for s in to_record if s in ids]
             elif self.claims.coordinator.needs_claims:
-                newest = {(name, slots[-1])} if fire and (live or _fires_newest(schedule, on_time)) else set()
+                newest = {(name, slot) for slot in (slots[-1:] if live else _current(schedule, slots, on_time))} if fire else set()
                 owned, busy = await self.claims.claim([(schedule, slot) for slot in slots], self.clock.now(), current=newest)
                 ids = {slot: run_id for _, slot, run_id in owned}
                 remote = busy.get(name)
@@ -481,7 +491,10 @@ class CatchUp:
                 self.timers.arm(current, slots[-1] if slots else self.clock.now())
 
 
-def _fires_newest(schedule: Schedule, on_time: bool) -> bool:
-    """Whether a catch-up at a start fires the schedule's newest missed slot (a stop that
-    cuts its claim short starts that one within its grace: see ``SlotClaims.claim``)."""
-    return on_time or schedule.backfill in ("latest", "all")
+def _current(schedule: Schedule, slots: list[datetime], on_time: int) -> list[datetime]:
+    """The slots a catch-up at a start fires as current ones (a stop that cuts its claim
+    short starts those within its grace: see ``SlotClaims.claim``): the newest ``on_time``,
+    due within the grace; if none is, the newest where the policy fires it."""
+    if on_time:
+        return slots[-on_time:]
+    return slots[-1:] if schedule.backfill in ("latest", "all") else []
