@@ -18,12 +18,26 @@ a lapse. The grace is a third of what is left of the window after the bound (a s
 most); the thread looks twice, a grace apart (a process that has just resumed lets its
 loop stop its handlers itself), so the process is gone before the others may take its
 work over.
+
+That thread is Python: it needs the GIL, which a handler stuck in one C call never hands
+back (a catastrophic regex, ``sum(range(10**10))``, an extension that does not release
+it), and then neither the heartbeat nor the thread runs. A job whose handler held the GIL
+30 s ran a second attempt elsewhere beside it. So the thread also keeps a CPU-time timer
+armed (``ITIMER_PROF``, :attr:`LoopWatch.hard_stop`): each round it sets it to what is
+left until its own deadline. A process stuck in C burns CPU without a round, the timer
+runs out, and the kernel's ``SIGPROF`` ends the process, after faulthandler (which needs
+no GIL) wrote every thread's traceback to stderr (the stuck handler's frame is in it). A
+process frozen (SIGSTOP, a suspended VM) burns none: thawed, its loop stops its handlers
+itself, as above. The timer is only armed where ``SIGPROF`` is unhandled (a profiler that
+samples with it keeps it) and the lease is held.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -45,15 +59,24 @@ class LoopWatch:
     handler is running; ``end`` ends the process (``None``: only log, for hosts that must
     not exit: ``Engine(exit_when_lease_lapses=False)``)."""
 
-    def __init__(self, lease: WorkLease, busy: Callable[[], bool], end: Callable[[int], None] | None = os._exit) -> None:
+    def __init__(
+        self, lease: WorkLease, busy: Callable[[], bool], end: Callable[[int], None] | None = os._exit, *, hard_stop: bool = False
+    ) -> None:
         self.lease = lease
         self.busy = busy
         self.end = end
         self.grace = min(1.0, (lease.window.total_seconds() - lease.bound) / 3)
+        self.hard_stop = hard_stop
+        """Whether the thread keeps the CPU-time timer armed behind itself (see the module):
+        only where the process may end itself (``end`` is ``os._exit``)."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._told = False
         self._seen_at: float | None = None
+        self._timer = False
+        """Whether the timer is ours to arm (SIGPROF unhandled at the start, faulthandler on it)."""
+        self._stderr: int | None = None
+        """A copy of the standard error descriptor faulthandler writes to (a handler may close 2)."""
 
     def check(self) -> bool:
         """Whether the loop is blocked past the lapse with a handler running (then the
@@ -93,9 +116,47 @@ class LoopWatch:
         self.end(EXIT_LEASE_LAPSED)
         return True
 
+    def deadline(self) -> float | None:
+        """When, on the lease clock, :meth:`check` has ended the process at the latest if the
+        loop stayed blocked since the last renewal, and half a grace more; ``None`` when it
+        would not (the lease lapsed or is not held, not enforced)."""
+        lease, renewed_at = self.lease, self.lease.renewed_at
+        if not lease.enforced or lease.clock is None or renewed_at is None or lease.lapsed:
+            return None
+        return renewed_at + lease.bound + 2.5 * self.grace
+
+    def arm(self) -> None:
+        """Set the CPU-time timer to what is left until :meth:`deadline` (see the module),
+        or disarm it: no deadline, or one passed (the loop is blocked while this thread
+        runs: :meth:`check` ends the process)."""
+        if not self._timer:
+            return
+        deadline, clock = self.deadline(), self.lease.clock
+        left = 0.0 if deadline is None or clock is None else deadline - clock()
+        signal.setitimer(signal.ITIMER_PROF, max(left, 0.0))
+
+    def _take_timer(self) -> None:
+        if not self.hard_stop or signal.getsignal(signal.SIGPROF) is not signal.SIG_DFL:
+            return
+        self._stderr = os.dup(2)
+        # (chained: once the tracebacks are written, SIGPROF's default action ends the process)
+        faulthandler.register(signal.SIGPROF, file=self._stderr, all_threads=True, chain=True)
+        self._timer = True
+
+    def _give_timer_back(self) -> None:
+        if self._timer:
+            signal.setitimer(signal.ITIMER_PROF, 0)
+            faulthandler.unregister(signal.SIGPROF)
+            self._timer = False
+        if self._stderr is not None:
+            os.close(self._stderr)
+            self._stderr = None
+
     def start(self) -> None:
         if self._thread is not None:
             return
+        self._take_timer()
+        self.arm()  # (before any handler runs: one holding the GIL from its start gives no round)
         self._stop.clear()
         every = max(0.05, self.grace / 4)
         self._thread = threading.Thread(target=self._run, args=(every,), name="schedtui-loop-watch", daemon=True)
@@ -105,6 +166,7 @@ class LoopWatch:
         while not self._stop.wait(every):
             try:
                 self.check()
+                self.arm()
             except Exception:  # noqa: BLE001 - the watch must outlive a bad reading
                 log.exception("the event loop's watch failed a round")
 
@@ -113,3 +175,4 @@ class LoopWatch:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout=5)
+        self._give_timer_back()

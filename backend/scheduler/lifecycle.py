@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -158,6 +159,7 @@ def start_engine(engine: Engine) -> None:
             engine.lease,
             busy=lambda: bool(engine.runner.in_flight),
             end=(lambda code: engine.end_process(code)) if engine.exit_when_lease_lapses else None,
+            hard_stop=engine.exit_when_lease_lapses and engine.end_process is os._exit,
         )
         engine.loop_watch.start()
     engine.loops.expect("lease")
