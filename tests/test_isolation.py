@@ -55,6 +55,20 @@ def leaves(ctx):
     print("returning now")
     return "done"
 
+def forks(ctx):
+    # A helper made with a bare fork keeps every descriptor, the report's pipe too.
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(600)
+        os._exit(0)
+    (HERE / "forked.pid").write_text(str(pid))
+    return "done"
+
+def lingers(ctx):
+    import atexit
+    atexit.register(time.sleep, 600)  # a library's exit hook that takes its time
+    return "done"
+
 hang_job = define_schedule(name="hang", cron="0 * * * *", timezone="UTC", handler=hang, max_runtime=60, isolation="process")
 boom_job = define_schedule(name="boom", cron="0 * * * *", timezone="UTC", handler=boom, payload={}, isolation="process")
 exit_job = define_schedule(name="exits", cron="0 * * * *", timezone="UTC", handler=exits, isolation="process")
@@ -62,6 +76,10 @@ odd_job = define_schedule(name="odd", cron="0 * * * *", timezone="UTC", handler=
 fine_job = define_schedule(name="fine", cron="0 * * * *", timezone="UTC", handler=fine, isolation="process")
 leaves_job = define_schedule(name="leaves", cron="0 * * * *", timezone="UTC", handler=leaves, isolation="process",
                              max_runtime=5)
+forks_job = define_schedule(name="forks", cron="0 * * * *", timezone="UTC", handler=forks, isolation="process",
+                            max_runtime=10)
+lingers_job = define_schedule(name="lingers", cron="0 * * * *", timezone="UTC", handler=lingers, isolation="process",
+                              max_runtime=10)
 '''
 
 
@@ -151,6 +169,32 @@ async def test_a_run_ends_with_its_handlers_process_whatever_that_left_running(
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("name", ["forks", "lingers"])
+async def test_a_run_ends_with_its_handlers_result_whatever_holds_its_process_after(
+    make_engine: Callable[..., Engine], definitions: list[Schedule], tmp_path: Path, name: str
+) -> None:
+    """A handler that forked a helper (which holds the report's pipe: the run waited for the
+    pipe's end) or registered an atexit hook that takes its time (the process exits after
+    it) had returned, yet its run was failed ``timeout`` at ``max_runtime``, and the next
+    slots of a ``skip`` schedule were skipped meanwhile. The run ends with the handler's
+    result; the process has a moment to exit, then its group is stopped."""
+    engine = make_engine([s for s in definitions if s.name == name])
+    await engine.start()
+    forked = tmp_path / "defs" / "forked.pid"
+    try:
+        # (bounded on real time: without the fix it fails at max_runtime, 10 s)
+        run = await asyncio.wait_for(engine.run_now(name, wait=True), 30)
+        assert (run.status, run.error_tag) == ("succeeded", None), run.error_message
+        if forked.exists():
+            poll(lambda: not alive(int(forked.read_text())), timeout=10, what="the forked helper to be stopped")
+        log = await engine.run_logs.run_log(run.id)
+        assert "had not exited 2s after its result" in log.text or "they were stopped with it" in log.text, log.text
+    finally:
+        if forked.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(forked.read_text()), signal.SIGKILL)
 
 
 async def test_a_handler_in_its_process_imports_as_the_engines_process_does(

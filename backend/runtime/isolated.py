@@ -40,6 +40,9 @@ _STDERR_TAIL = 2000
 #: How long, once the handler's process has ended, its stderr is read on (what is still
 #: on its way) when a process it started in a session of its own holds it open.
 LEFTOVER_OUTPUT_S = 1.0
+#: How long the handler's process has, once it has reported how the handler ended, to exit
+#: (its atexit hooks, its interpreter's end) before its process group is stopped.
+EXIT_AFTER_REPORT_S = 2.0
 
 
 class IsolatedFailure(Exception):
@@ -113,19 +116,38 @@ async def run_isolated(spec: dict[str, Any]) -> Any:
             process.stdin.write(json.dumps(spec).encode())
             await process.stdin.drain()
             process.stdin.close()
-        return await process.stdout.read()  # (to its end: the report's descriptor is never inherited)
+        # The report is one line, read to its end, not to the pipe's: a process the handler
+        # forked holds the pipe open as long as it lives (a forked descriptor is inherited).
+        out = b""
+        while not out.endswith(b"\n") and (chunk := await process.stdout.read(65536)):
+            out += chunk
+        return out
 
     reading = asyncio.ensure_future(read_stderr())
     try:
         out = await talk()
-        await protocol.exited.wait()
+        ended = True
+        if out:
+            # Reported: what is left is its exit. An atexit hook that sleeps, or a forked
+            # helper, held the run open past max_runtime, which failed a run that had succeeded.
+            try:
+                await asyncio.wait_for(protocol.exited.wait(), EXIT_AFTER_REPORT_S)
+            except TimeoutError:
+                ended = False
+        else:
+            await protocol.exited.wait()
         # What it left running in its group held the run open (its inherited stderr never
         # closed) until it exited, and past max_runtime failed a run that had succeeded.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
-            if capture is not None:
+            if capture is not None and not ended:
+                capture.write(f"schedtui: the handler's process had not exited {EXIT_AFTER_REPORT_S:g}s after its "
+                              "result (an atexit hook?); it was stopped, with what it started\n")  # fmt: skip
+            elif capture is not None:
                 capture.write("schedtui: the handler's process ended leaving processes it started running "
                               "in its process group; they were stopped with it\n")  # fmt: skip
+        if not ended:
+            await protocol.exited.wait()
         # A daemon in a session of its own may hold that stderr on: its output is not the run's.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(reading), LEFTOVER_OUTPUT_S)
