@@ -263,3 +263,30 @@ async def test_a_start_refused_may_be_tried_again(store_url: str, clock: ManualC
     await second.start()
     assert second.started
     await second.stop()
+
+
+async def test_a_handler_that_fills_the_default_executor_does_not_hold_the_stop(store_url: str, clock: ManualClock) -> None:
+    """A handler whose ``asyncio.to_thread`` calls never return filled the loop's default
+    executor (five or six threads on a small machine), and the store's close, queued behind
+    them there, never ran: the stop, and ``serve``, never ended. The engine's own blocking
+    calls run on threads of their own."""
+    import threading
+
+    never = threading.Event()  # (set at the end: the threads it holds then return)
+    began = asyncio.Event()
+
+    async def hog(ctx: RunContext) -> None:
+        calls = [asyncio.to_thread(never.wait) for _ in range(64)]
+        began.set()
+        await asyncio.gather(*calls)
+
+    schedule = define_schedule(name="hog", cron="0 0 1 1 *", timezone="UTC", handler=hog)
+    engine = Engine([schedule], store_url, clock=clock, instance="hog", shutdown_grace=0)
+    await engine.start()
+    try:
+        await engine.run_now("hog", wait=False)
+        await began.wait()
+        await asyncio.sleep(0)  # (its calls are handed to the executor)
+        await asyncio.wait_for(engine.stop(), 30)  # (without its own threads: for ever)
+    finally:
+        never.set()

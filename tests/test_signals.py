@@ -40,3 +40,38 @@ def test_a_child_forked_by_a_handler_and_terminated_does_not_stop_the_engine() -
                           text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split(maxsplit=1) == [str(-signal.SIGTERM), "[]\n"]
+
+
+HANGS_IN_A_THREAD = '''
+import asyncio, time
+from pathlib import Path
+from backend import define_schedule
+
+async def fetch(ctx):
+    Path("started").touch()
+    await asyncio.to_thread(time.sleep, 3600)  # a requests.get with no timeout, that never returns
+
+fetch_job = define_schedule(name="fetch", cron="* * * * * *", timezone="UTC", handler=fetch, max_runtime=1)
+'''
+
+
+def test_serve_ends_once_stopped_whatever_thread_a_handler_left_hanging(tmp_path: Path) -> None:
+    """A handler's ``asyncio.to_thread`` call that never returned (the watchdog failed its run;
+    a thread cannot be stopped) held ``serve`` after its stop for ever: closing the loop, and
+    the interpreter's exit, join the executor's threads; further SIGTERMs changed nothing. It
+    ends :data:`~console.cli.exitwatch.EXIT_WITHIN` seconds after the stop, naming them."""
+    from console.cli.exitwatch import EXIT_WITHIN
+    from tests.servers import poll, start_server
+
+    (tmp_path / "defs").mkdir()
+    (tmp_path / "defs" / "fetch.cron.py").write_text(HANGS_IN_A_THREAD)
+    server = start_server(tmp_path, "--schedules", "defs", "--store", f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        poll(lambda: (tmp_path / "started").exists(), timeout=20, what="the handler to start")
+        server.process.send_signal(signal.SIGTERM)
+        code = server.process.wait(EXIT_WITHIN + 20)  # (without the watch: for ever)
+    finally:
+        server.process.kill()
+    log = server.log_text()
+    assert code == 0, log
+    assert "thread(s) a handler left running still hold the process (asyncio_0" in log, log

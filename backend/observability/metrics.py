@@ -54,6 +54,7 @@ from backend.jobs.store import Finish
 from backend.model import Run
 from backend.observability.exposition import FamilyText
 from backend.observability.fleet import JOB_STATES, MEMBER_ROLES, FleetSnapshot, FleetStore
+from backend.runtime.ownthread import in_own_thread
 
 if TYPE_CHECKING:
     from backend.scheduler.engine import Engine
@@ -177,7 +178,7 @@ class EngineMetrics:
                 if kept is not None and len(pending) <= INLINE_SCHEDULES:
                     text = tallies.text(counts)
                 else:
-                    text = await asyncio.to_thread(tallies.text, counts)
+                    text = await in_own_thread(tallies.text, counts, name="schedtui metrics")
                 kept = self._counts = (counts.version, text)
         return kept[1]
 
@@ -552,7 +553,7 @@ class FleetGauges(Collector):
                 self.snapshot = None
                 log.exception("metrics: reading the fleet's state failed")
             rows = self._take(self.snapshot, now)
-            self.text = await asyncio.to_thread(self._render, rows)
+            self.text = await in_own_thread(self._render, rows, name="schedtui metrics")
             self._rows = rows
             self.built += 1
         finally:

@@ -65,6 +65,7 @@ from backend.scheduler.manifests import PROVIDERS, render_manifests
 from backend.store import Store, store_lost, until_lost
 from backend.store.migrations import summary
 from console import format as fmt
+from console.cli import exitwatch
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
 
@@ -580,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = _verbs()[args.command]
     try:
         with contextlib.nullcontext() if args.command in _OWN_OUTPUT else _verb_output():
-            return _run(handler(args))
+            return _run(handler(args), args.command)
     except KeyboardInterrupt:
         return 130
     except (BadInput, NotFound, DefinitionError) as exc:
@@ -597,21 +598,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
-def _run(verb: Coroutine[Any, Any, int]) -> int:
+def _run(verb: Coroutine[Any, Any, int], name: str) -> int:
     """``asyncio.run(verb)``, but a loop stopped from inside (a handler that called
     ``loop.stop()``) runs on: the verb has not ended, and asyncio.run would have cancelled
-    every task (the runs, the API's requests) and ended the process."""
+    every task (the runs, the API's requests) and ended the process. Once the verb has
+    ended, threads a handler left running do not hold the process (see :mod:`exitwatch`:
+    closing the loop joins its executor's threads)."""
     with asyncio.Runner() as runner:
         task = runner.get_loop().create_task(verb)
         while True:
             try:
-                return runner.run(_awaiting(task))  # (Ctrl-C cancels the waiter, and so the verb)
+                status = runner.run(_awaiting(task))  # (Ctrl-C cancels the waiter, and so the verb)
             except RuntimeError:
                 if task.done():
+                    exitwatch.arm(EXIT_FAILURE, name)
                     raise
                 logging.getLogger("schedtui").warning(
                     "the event loop was stopped by the code it ran (loop.stop() in a handler?); it runs on"
                 )
+            except KeyboardInterrupt:
+                exitwatch.arm(130, name)
+                raise
+            except BaseException:
+                exitwatch.arm(EXIT_FAILURE, name)
+                raise
+            else:
+                exitwatch.arm(status, name)
+                return status
 
 
 async def _awaiting(task: asyncio.Task[int]) -> int:
@@ -1031,6 +1044,7 @@ def _fill_closed_standard_streams() -> None:
 
 def run() -> None:
     """The console script."""
+    exitwatch.allow()
     _fill_closed_standard_streams()
     # As `python -m` and uvicorn do: the working directory first on the import path, so that
     # definitions import the project's own modules (a console script's own folder is the

@@ -25,6 +25,7 @@ import math
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -34,6 +35,7 @@ from backend.model import (
     Run,
     StoreHealth,
 )
+from backend.runtime.ownthread import in_own_thread
 from backend.store import forks, store_unavailable
 from backend.store.migrations import CORE, applied, components_of, migrate_sqlite, sqlite_components_current
 from backend.store.sqlite import firing
@@ -237,9 +239,9 @@ class SQLiteStore(
             except Unavailable as exc:
                 log.error("closing the store with run(s) not written: %s", exc)
             writer.jobs.put(_STOP)
-            await asyncio.to_thread(writer.join)
+            await in_own_thread(writer.join, name="schedtui store close")
             self._writer = None
-            await asyncio.to_thread(self._keep_unwritten, writer)
+            await in_own_thread(self._keep_unwritten, writer, name="schedtui store close")
         if self._reader is not None:
             reader, self._reader = self._reader, None
             await asyncio.wrap_future(reader.submit(self._close_reader))
@@ -276,7 +278,8 @@ class SQLiteStore(
         they fire)."""
         if self._firing_lock is not None:
             return
-        hold = asyncio.ensure_future(asyncio.to_thread(firing.hold, self.path, instance, single=not claims, create=self.create))
+        hold = asyncio.ensure_future(in_own_thread(partial(firing.hold, self.path, instance, single=not claims, create=self.create),
+                                                   name="schedtui firing lock"))
         try:
             await asyncio.shield(hold)
         finally:
@@ -290,7 +293,7 @@ class SQLiteStore(
                 self._firer, self._single = instance, not claims
         if not claims:
             self._reserve = Reserve(self.path.with_name(self.path.name + ".reserve"), mode=mode_beside(self.path))
-            self._kept = await asyncio.to_thread(self._reserve.open)
+            self._kept = await in_own_thread(self._reserve.open, name="schedtui reserve")
             if self._writer is not None:
                 await self._write_kept()
 
