@@ -785,6 +785,40 @@ async def test_a_sqlite_sweep_of_jobs_executions_logs_and_audit_is_many_short_tr
         await engine.stop()
 
 
+async def test_no_commit_of_the_sqlite_store_checkpoints_its_checkpointer_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit that took the write-ahead log past a thousand pages checkpointed inside
+    it (three fsyncs): on a slow disk the ledger's commit took seconds, the timers waited
+    for it, and every-second schedules lost slots at each checkpoint. Commits leave it to
+    the checkpointer's thread: the file takes the log's pages only when that one runs."""
+    from backend.store.sqlite import checkpointer
+
+    monkeypatch.setattr(checkpointer, "CHECKPOINT_EVERY", 3600.0)  # (it waits: the commits alone)
+    store = SQLiteStore(tmp_path / "state.db", create=True)
+    await store.open()
+    try:
+        size = (tmp_path / "state.db").stat().st_size
+        ids = Ids()
+        big = "x" * 2000
+        for _ in range(5):  # about 2,500 pages of log, in five commits
+            store.save_runs([run(ids(), error_message=big, status="failed") for _ in range(1000)])
+            await store.flush()
+        assert (tmp_path / "state.db-wal").stat().st_size > 4096 * 2000
+        assert (tmp_path / "state.db").stat().st_size == size  # no commit copied the log in
+        writer = store._writer
+        assert writer is not None and writer.checkpointer.checkpoints == 0
+    finally:
+        await store.close()
+    assert (tmp_path / "state.db").stat().st_size > 2000 * 5000  # the checkpointer's last, at the close
+    reopened = SQLiteStore(tmp_path / "state.db")
+    await reopened.open()
+    try:
+        assert len(await reopened.list_runs("job", limit=10_000)) == 5000
+    finally:
+        await reopened.close()
+
+
 async def test_pruning_keeps_each_schedules_newest_timed_slot(store: Store) -> None:
     """A schedule rarer than the retention (monthly, with 30 days kept) would otherwise
     forget that it ran, and its missed slots would be neither fired nor recorded missed.

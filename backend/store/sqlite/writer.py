@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from backend.errors import Unavailable
 from backend.model import Run, StoreHealth
 from backend.store import store_unavailable
+from backend.store.sqlite.checkpointer import Checkpointer
 from backend.store.sqlite.sql import MARK_STARTING, NOTE_LAST_FIRED, UPSERT_RUN, _run_params
 
 log = logging.getLogger("schedtui.store")
@@ -59,6 +60,8 @@ def _connect(path: str, *, create: bool = True) -> sqlite3.Connection:
     # A checkpoint gives the write-ahead log back down to this: a burst of writes (a big
     # retention sweep, a backfill) left it at its high-water mark for the process's life.
     conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+    # No commit checkpoints (three fsyncs inside it): the checkpointer's thread does.
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
     return conn
 
 
@@ -173,6 +176,8 @@ class _Writer(threading.Thread):
         waiting each round they changed while the ledger cannot take them, so that a process
         killed meanwhile (SIGKILL, the end of `docker stop`'s grace) loses none of them."""
         self.kept: tuple[int, int] | None = None  # what was given to keep last: (taken, pending)
+        self.checkpointer: Checkpointer
+        """Copies the log into the file (see :mod:`backend.store.sqlite.checkpointer`)."""
 
     def run(self) -> None:
         try:
@@ -182,8 +187,9 @@ class _Writer(threading.Thread):
             self._note_sidecars()
             marker = _connect(self.path, create=False)
             marker.execute("PRAGMA busy_timeout = 0")  # never waits for the write lock: the writer does
-            marker.execute("PRAGMA wal_autocheckpoint = 0")  # never checkpoints: the writer does
             self.marker = marker
+            self.checkpointer = Checkpointer(lambda: _connect(self.path, create=False), lambda: self.commits + self.marks_now)
+            self.checkpointer.start()
             # (an open() cancelled meanwhile cancelled it: it then sends _STOP)
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 self.ready.set_result(None)
@@ -203,6 +209,8 @@ class _Writer(threading.Thread):
             with self.marker_lock:
                 self.marker = None
             marker.close()
+            self.checkpointer.stop()
+            self.checkpointer.join()
             conn.close()
 
     def mark_now(self, params: tuple[int | None, str]) -> bool:
