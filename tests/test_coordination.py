@@ -426,6 +426,29 @@ async def test_lost_slots_follow_the_backfill_policy(make_engine: Callable[..., 
     ]
 
 
+async def test_a_catch_up_that_wins_nothing_while_the_store_is_down_says_nothing(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by an outside attack (the host runs out): while PostgreSQL was down, every
+    schedule logged `caught up: 0 slot(s) recorded missed, 0 fired` every 2 s (an engine
+    behind catches up; its claims fail, so it records and fires nothing)."""
+    store = Outage(open_store(store_url))
+    engine = make_engine([schedule(cron="* * * * * *")], coordination="advisoryLock", store=store)
+    await engine.start()
+    await engine.quiesce()
+    caplog.set_level(logging.INFO, "schedtui")
+    store.down = True
+    for _ in range(3):  # 3 s a step: behind each time, a catch-up whose claims fail
+        clock.advance(3)
+        await engine.quiesce()
+    assert "cannot claim" in caplog.text
+    assert "caught up" not in caplog.text
+    store.down = False
+    clock.advance(3)
+    await engine.quiesce()
+    assert "caught up" in caplog.text  # (what it does record or fire is still said)
+
+
 async def test_slots_lost_by_a_clock_that_was_ahead_are_not_recorded_once_it_is_right(
     make_engine: Callable[..., Engine], clock: ManualClock, store_url: str
 ) -> None:

@@ -447,13 +447,16 @@ class CatchUp:
                     break
                 with launcher.missed_on_stop(schedule, [(s, ids.get(s)) for s in to_fire[index + 1 :]], outcome):
                     await asyncio.shield(run.finished())
-            log.info(
-                "%s caught up: %d slot(s) recorded missed, %d fired (backfill=%s)",
-                name,
-                len(to_record),
-                len(to_fire),
-                policy,
-            )
+            if to_record or to_fire:
+                # (Nothing won, as while the store is down: a line per schedule per round
+                # would say nothing happened, every 2 s.)
+                log.info(
+                    "%s caught up: %d slot(s) recorded missed, %d fired (backfill=%s)",
+                    name,
+                    len(to_record),
+                    len(to_fire),
+                    policy,
+                )
         finally:
             if counted:
                 self._handed()
