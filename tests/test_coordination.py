@@ -313,7 +313,9 @@ async def test_an_enable_heard_late_by_the_instance_left_catches_up_the_slots_du
 class Outage:
     """Wraps a store; while ``down``, every call that reaches the server raises Unavailable
     (the writer keeps its runs, like the real stores do). ``lose_reply`` makes the next
-    claim commit and then fail, as when a connection drops after the commit."""
+    claim commit and then fail, as when a connection drops after the commit. The calls
+    named in ``refused`` raise while the others go through (a full disk: a claim inserts,
+    a heartbeat updates in place)."""
 
     CALLS = {
         "claim", "claimed_run", "get_states", "set_state", "heartbeat", "heartbeat_and_unfinished", "instances", "running_runs",
@@ -327,6 +329,7 @@ class Outage:
         self.down = False
         self.lose_reply = False
         self.down_after_lost_reply = False  # and stays down (until the test brings it back)
+        self.refused: set[str] = set()
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.inner, name)
@@ -336,6 +339,8 @@ class Outage:
         async def call(*args: Any, **kwargs: Any) -> Any:
             if self.down:
                 raise Unavailable("the store is down (test)")
+            if name in self.refused:
+                raise Unavailable("could not extend file: No space left on device (test)")
             result = await value(*args, **kwargs)
             if name == "claim" and self.lose_reply:
                 self.lose_reply = False
@@ -376,7 +381,7 @@ async def test_no_claim_no_fire_and_the_lost_slots_are_recorded_once_back(
         await settle(clock, a, b)
     assert [slot.minute for _, slot in fired] == [1]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "cannot claim" in r.getMessage()]
-    assert len(warnings) == 2  # one per instance, not one per slot
+    assert len(warnings) == 2 * 3  # one a minute per instance (08:02, 08:03, 08:04), not one per failed claim
     for s in stores:
         s.down = False
     clock.advance(1)  # housekeeping: the store is back, lost slots are claimed and recorded
@@ -424,6 +429,33 @@ async def test_lost_slots_follow_the_backfill_policy(make_engine: Callable[..., 
         (2, "missed"),
         (3, "succeeded"),
     ]
+
+
+async def test_a_store_that_takes_heartbeats_but_no_claims_is_warned_of_once_a_minute(
+    make_engine: Callable[..., Engine], clock: ManualClock, store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by an outside attack (the host runs out: PostgreSQL on a full disk): reads and
+    the heartbeat went through, claims did not. Each housekeeping round that succeeded
+    ended the outage: a `cannot claim` warning and a false `store reachable again` every
+    second, for every instance."""
+    store = Outage(open_store(store_url))
+    engine = make_engine([schedule(cron="* * * * * *")], coordination="advisoryLock", store=store)
+    await engine.start()
+    await engine.quiesce()
+    caplog.set_level(logging.INFO, "schedtui")
+    store.refused = {"claim"}
+    for _ in range(59):  # a slot a second, a housekeeping round a second: each claim fails
+        clock.advance(1)
+        await engine.quiesce()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "cannot claim" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "reachable again" not in caplog.text
+    store.refused = set()
+    clock.advance(1)
+    await engine.quiesce()
+    back = [r.getMessage() for r in caplog.records if "reachable again" in r.getMessage()]
+    assert len(back) == 1
+    assert "59 slot(s) that could not be claimed" in back[0]
 
 
 async def test_a_catch_up_that_wins_nothing_while_the_store_is_down_says_nothing(

@@ -186,6 +186,9 @@ class DurableExecutor:
             if isinstance(exc, asyncio.CancelledError):
                 keep_for_the_stop(claiming, self._claims_cut)
             raise
+        # (Only a claim ends the trouble: a round that sends nothing says nothing of the
+        # store, and renewals, updates in place, go through on a full disk.)
+        self.shared.outages.back("durable")
         if claimed and not lease.holds(epoch):
             self._not_run(len(claimed))
             self.not_run_here(claim, until)

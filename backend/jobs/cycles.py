@@ -183,6 +183,7 @@ class Cycles:
             try:
                 await self.store.define_queues(specs, self.clock.now(), update=True)
                 self.defined = True
+                self.outages.back("jobs")
             except Unavailable as exc:
                 self.outages.trouble("jobs", "store unavailable to the job workers", exc)
                 await self.loops.park("jobs", self.clock.now() + timedelta(seconds=RETRY_AFTER_TROUBLE))
@@ -317,6 +318,7 @@ class Cycles:
             self.cycled.set()
             self.wake.set()
             return
+        self.outages.back("jobs")
         for (finish, run), applied in zip(batch, cycle.applied, strict=False):
             self._handed_in(run, finish, applied)
         for (handover, run), moved in zip(handovers, cycle.handed, strict=False):

@@ -158,7 +158,11 @@ class Jobs:
                     log.info("job retention: removed %d dead job(s) and old attempt(s)", removed)
         except Unavailable as exc:
             # The rest of the engine's housekeeping goes on; the next round tries again.
-            self.shared.outages.trouble("jobs", "store unavailable for the job queue's housekeeping", exc)
+            # (A kind of its own: its rescues and prunes going through say nothing of the
+            # workers' cycles, which insert.)
+            self.shared.outages.trouble("job housekeeping", "store unavailable for the job queue's housekeeping", exc)
+        else:
+            self.shared.outages.back("job housekeeping")
 
     async def stop(self, grace: float) -> None:
         if self.workers is not None:

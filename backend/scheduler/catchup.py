@@ -307,9 +307,12 @@ class CatchUp:
         quiesce() sees it idle."""
         while True:
             try:
-                return await self.store.last_slots(names, until=until)
+                last = await self.store.last_slots(names, until=until)
             except Unavailable as exc:
                 self.outages.trouble("catch-up", f"catch-up of {len(names)} schedule(s) waits for the store", exc)
+            else:
+                self.outages.back("catch-up")
+                return last
             self.busy.difference_update(names)
             try:
                 await self.loops.park(loop, self.clock.now() + self.poll_interval)

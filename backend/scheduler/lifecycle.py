@@ -187,6 +187,7 @@ async def renew_lease(engine: Engine) -> None:
         try:
             await registry.beat_and_sweep(engine.clock.now())
             failed = False
+            engine.outages.back("lease")
         except Unavailable as exc:
             engine.outages.trouble("lease", "cannot renew this instance's lease (its heartbeat)", exc)
             failed = True
@@ -361,6 +362,10 @@ async def housekeeping(engine: Engine) -> None:
             await maintain(engine)
         except Unavailable as exc:
             engine.outages.trouble("maintain", "store unavailable for housekeeping", exc)
+        else:
+            # (Its own kind only: a full disk takes this round's reads and updates while
+            # the claims' inserts fail.)
+            engine.outages.back("maintain")
         # Counted from the round's start: a slow round does not push the next one out, so a
         # change made while it read (after its read) is seen a poll interval later at most.
         await engine.loops.park("maintenance", began + engine.state_poll_interval)
@@ -387,4 +392,3 @@ async def maintain(engine: Engine) -> None:
     await engine.launcher.release_remote_waits()
     for subsystem in engine.subsystems:
         await subsystem.maintain(now)
-    engine.outages.back(engine.claims.lost_count)

@@ -349,6 +349,7 @@ class Cluster:
         # second later.
         try:
             await self._join()
+            self.outages.back("cluster")
         except Unavailable as exc:
             self.outages.trouble("cluster", "cluster: cannot join the members", exc)
         poll = LeaseClock.span(self.poll)
@@ -356,6 +357,7 @@ class Cluster:
         while True:
             try:
                 await self.round()
+                self.outages.back("cluster")
             except Unavailable as exc:
                 self.outages.trouble("cluster", "cluster: cannot renew or balance the shards", exc)
                 self._expire()

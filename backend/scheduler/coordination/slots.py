@@ -168,6 +168,8 @@ class SlotClaims:
         """Run ids this instance won a claim for whose run is not recorded finished yet."""
         self.lost: dict[str, dict[datetime, str]] = defaultdict(dict)
         """Slots that could not be claimed (store unreachable), with the run id proposed."""
+        self.lost_on_their_way = 0
+        """Lost slots taken out of :attr:`lost` by a claim of them not answered yet."""
         self.recovering: set[str] = set()
         """Schedules whose recovered slots are being fired."""
         self.lease: WorkLease = WorkLease(timedelta(seconds=30), None)
@@ -234,7 +236,7 @@ class SlotClaims:
                 for (schedule, slot), claim in zip(slots, claims, strict=False):
                     self._remember_lost(schedule, slot, claim.run_id)
             return [], {}
-        self.outages.back(self.lost_count)
+        self.outages.back("claim", self.lost_count + self.lost_on_their_way)
         won = result.won
         if won and not self.lease.holds(epoch):
             # Its answer came back after the lease lapsed (a partition that healed, a process
@@ -439,18 +441,22 @@ class SlotClaims:
         claims = self.make_claims(wanted, now, run_ids=ids)
         # A stop has no next round: a claim whose answer was lost is sent once more (the same
         # run ids: what committed is won again), or its placeholders would stay running.
-        for attempts_left in reversed(range(2 if self.launcher.stopping else 1)):
-            try:
-                result = await self._send(claims, now)
-                break
-            except Unavailable as exc:
-                if attempts_left:
-                    continue
-                for schedule, slot in wanted:
-                    self._remember_lost(schedule, slot, ids[(schedule.name, slot)])
-                self.outages.trouble("claim", f"not firing {len(wanted)} slot(s): cannot claim them", exc)
-                return
-        self.outages.back(self.lost_count)
+        self.lost_on_their_way += len(wanted)  # (a timer's claim answered meanwhile counts them)
+        try:
+            for attempts_left in reversed(range(2 if self.launcher.stopping else 1)):
+                try:
+                    result = await self._send(claims, now)
+                    break
+                except Unavailable as exc:
+                    if attempts_left:
+                        continue
+                    for schedule, slot in wanted:
+                        self._remember_lost(schedule, slot, ids[(schedule.name, slot)])
+                    self.outages.trouble("claim", f"not firing {len(wanted)} slot(s): cannot claim them", exc)
+                    return
+            self.outages.back("claim", self.lost_count + self.lost_on_their_way)
+        finally:
+            self.lost_on_their_way -= len(wanted)
         won: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
         for (schedule, slot), claim in zip(wanted, claims, strict=False):
             if claim.key in result.won:
@@ -556,6 +562,7 @@ class SlotClaims:
                 return True  # it holds the turn (its claim's, or taken below): nothing elsewhere starts
             try:
                 running = await self.store.running_runs()
+                self.outages.back("recover")
             except Unavailable as exc:
                 self.outages.trouble("recover", f"{name}: lost slots wait for the store", exc)
                 running = None
@@ -567,8 +574,11 @@ class SlotClaims:
                 try:
                     turn = await self.store.take_turn(run_id, name, slot, self.instance)
                 except Unavailable as exc:
-                    self.outages.trouble("recover", f"{name}: lost slots wait for the store", exc)
+                    # (A kind of its own: the read above goes through on a full disk, this
+                    # write does not.)
+                    self.outages.trouble("recover turn", f"{name}: lost slots wait for the store", exc)
                 else:
+                    self.outages.back("recover turn")
                     if turn.taken:
                         # (Its own timer may have started a run of the schedule while the
                         # turn was taken: the loop waits for that one first.)
