@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import sqlite3
 import textwrap
 from collections import Counter
@@ -438,6 +439,32 @@ async def test_an_execution_taken_by_a_claim_whose_answer_was_lost_is_given_back
     await a.quiesce()
     execution = await a.durable.get(started.id)
     assert (execution.status, execution.output, CALLS) == ("succeeded", 1, {"one": 1})
+
+
+async def test_a_full_disk_that_refuses_every_give_back_is_logged_once_a_minute(
+    engines: Callable[..., Engine], clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by an outside attack (the host runs out: SQLite on a full disk): every round's
+    failed claim is given back by the next, which failed too, and logged `could not give
+    back what a claim nobody runs here took (...database or disk is full...)` every second
+    for the whole outage."""
+    a = engines([define_durable(name="f", handler=_one_step)], instance="a")
+    await a.open()
+    store: Any = a.store
+
+    async def full(*args: Any) -> Any:
+        raise Unavailable("database or disk is full (test)")
+
+    store.durable_claim = store.durable_give_back = full
+    caplog.set_level(logging.DEBUG, "schedtui")
+    await a.start()
+    await a.quiesce()
+    for _ in range(59):
+        clock.advance(1)
+        await a.quiesce()
+    tries = [r for r in caplog.records if "could not give back" in r.getMessage()]
+    assert len(tries) >= 30  # a try a round
+    assert [r.levelno for r in tries if r.levelno >= logging.INFO] == [logging.WARNING]
 
 
 async def test_a_stop_waits_for_a_claim_on_its_way_before_it_gives_back_what_it_took(

@@ -225,8 +225,13 @@ class DurableExecutor:
             try:
                 given_back = await self.store.durable_give_back(self.instance, claim, until, now)
             except Unavailable as exc:
-                log.info("could not give back what a claim nobody runs here took (%s); retrying", exc)
+                # Through the outage log: a full disk failed this every round (each round's
+                # failed claim adds one), a line a second for the whole outage.
+                self.shared.outages.trouble(
+                    "durable give-back", "could not give back what a claim nobody runs here took; it is retried", exc
+                )
                 return
+            self.shared.outages.back("durable give-back")
             del self._unanswered[claim]
             if given_back:
                 log.warning("%d durable execution(s) taken by a claim whose answer was lost, or came too late, "
