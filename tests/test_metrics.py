@@ -25,7 +25,7 @@ from backend.model import Run, RunStatus
 from backend.observability.fleet import FleetStore
 from backend.observability.metrics import DURATION_BUCKETS, EngineMetrics
 from backend.store import Membership
-from tests.conftest import expect
+from tests.conftest import all_runs, expect
 
 OPERATE, READ = "op-secret", "read-secret"
 T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
@@ -633,6 +633,43 @@ async def test_the_run_counts_show_at_once_between_snapshots(make_engine: Callab
     await engine.quiesce()
     _, after = parse((await metrics.render()).decode())
     assert sum(series(after, "schedtui_runs_total").values()) == 1.0 and metrics.fleet.reads == 1
+
+
+async def test_runs_a_killed_instance_left_are_counted_once_by_the_instance_that_closes_them(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """The operator's incident: a run whose process was SIGKILLed is closed ``failed``
+    (``abandoned``) by a survivor's sweep, and the webhook alert fired, but no instance
+    counted it in ``schedtui_runs_total``: the ``SchedtuiFailing`` rule never saw it. Both
+    ways of closing a dead instance's runs count: its run left ``running``, and the runs of
+    the burst it was starting, whose rows never landed."""
+    schedules = [
+        define_schedule(name="nightly", cron="0 3 * * *", timezone="UTC", handler=ok),
+        define_schedule(name="hourly", cron="0 * * * *", timezone="UTC", handler=ok),
+    ]
+    engine = make_engine(schedules, abandon_after=30)
+    metrics = EngineMetrics(engine, clock=ManualClock(T0))
+    await engine.start()
+    store = engine.store
+    three = datetime(2026, 3, 2, 3, 0, tzinfo=UTC)
+    await store.heartbeat("killed", "another-host", 4242, clock.now())
+    store.save_runs([Run(engine.new_id(), "nightly", three, "running", "self", "single", "killed", three)])
+    await store.mark_starting("killed", T0)  # its 08:00 burst: hourly's row never landed
+    await store.flush()
+    clock.advance(31)  # its heartbeat is past the take-over window: the sweep closes its work
+    await engine.quiesce()
+    closed = [(r.name, r.status, r.error_tag) for name in ("nightly", "hourly") for r in await all_runs(engine, name)]
+    assert closed == [("nightly", "failed", "abandoned"), ("hourly", "failed", "abandoned")]
+    _, samples = parse((await metrics.render()).decode())
+    assert series(samples, "schedtui_runs_total") == {
+        frozenset({"schedule": "nightly", "status": "failed", "outcome": "single", "trigger": "self"}.items()): 1.0,
+        frozenset({"schedule": "hourly", "status": "failed", "outcome": "single", "trigger": "self"}.items()): 1.0,
+    }
+    # Its end is when the survivor noticed, not how long it ran: no duration.
+    assert series(samples, "schedtui_run_duration_seconds_count") == {}
+    await engine.close_abandoned()  # a later sweep finds nothing more: counted once
+    _, samples = parse((await metrics.render()).decode())
+    assert sum(series(samples, "schedtui_runs_total").values()) == 2.0
 
 
 @pytest.mark.parametrize("count", [10, 300])

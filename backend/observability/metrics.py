@@ -51,7 +51,7 @@ from backend.cron import Cron
 from backend.durable.model import EXECUTION_STATUSES
 from backend.errors import Unavailable
 from backend.jobs.store import Finish
-from backend.model import Run
+from backend.model import TAG_ABANDONED, Run
 from backend.observability.exposition import FamilyText
 from backend.observability.fleet import JOB_STATES, MEMBER_ROLES, FleetSnapshot, FleetStore
 from backend.runtime.ownthread import in_own_thread
@@ -327,7 +327,9 @@ class Tallies(Collector):
             counts = self.runs[run.name] = {}
         key = (run.status, run.coordination_outcome, run.trigger)
         counts[key] = counts.get(key, 0) + 1
-        if run.status in ("succeeded", "failed") and run.fired_at is not None and run.finished_at is not None:
+        # An abandoned run's end is when a survivor noticed its instance gone, not a duration.
+        timed = run.status in ("succeeded", "failed") and run.error_tag != TAG_ABANDONED
+        if timed and run.fired_at is not None and run.finished_at is not None:
             seconds = max(0.0, (run.finished_at - run.fired_at).total_seconds())
             durations = self.durations.get(run.name)
             if durations is None:

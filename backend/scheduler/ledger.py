@@ -44,8 +44,9 @@ class RunLedger:
         self.on_finished: Callable[[Run], None] | None = None
         """Called for every run recorded in a final status (the claims' bookkeeping)."""
         self.meters: list[RunListener] = []
-        """Told every run this engine records in a final status, once (the metrics); a
-        failing one is logged, as a listener is."""
+        """Told every run this engine records in a final status, and every run of another
+        instance it closes (:meth:`closed`), once (the metrics); a failing one is logged,
+        as a listener is."""
         self.on_handoff: list[Callable[[], None]] = []
         """Called after each hand-off of rows to the store (the change signals wait for it)."""
 
@@ -64,11 +65,7 @@ class RunLedger:
         if status != "running":
             if self.on_finished is not None:
                 self.on_finished(run)
-            for meter in self.meters:
-                try:
-                    meter(run)
-                except Exception:
-                    log.exception("a run meter failed")
+            self._meter(run)
         self.keep(run)
         self.stats[status] += 1
         for listener in self.listeners:  # tell(run), inlined: twice per run
@@ -86,13 +83,19 @@ class RunLedger:
             # After the tasks already scheduled (handlers starting), not before them.
             asyncio.get_running_loop().call_soon(self._scheduled_handoff)
 
+    def closed(self, run: Run) -> None:
+        """A run of another instance that this engine closed in the store (its instance
+        gone): counted here, once, as this engine is the only one that sees it end, and
+        told to the listeners."""
+        self._meter(run)
+        self.tell(run)
+
+    def _meter(self, run: Run) -> None:
+        _tell_each(self.meters, run, "meter")
+
     def tell(self, run: Run) -> None:
         """Tell the listeners about a run version (also one written by someone else)."""
-        for listener in self.listeners:
-            try:
-                listener(run)
-            except Exception:
-                log.exception("a run listener failed")
+        _tell_each(self.listeners, run, "listener")
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[None]:
@@ -121,3 +124,12 @@ class RunLedger:
         """Return once every run recorded so far is committed to the store."""
         self.handoff()
         await self.store.flush()
+
+
+def _tell_each(callbacks: list[RunListener], run: Run, kind: str) -> None:
+    """Call each of them with the run; one that fails is logged and stops nothing."""
+    for callback in callbacks:
+        try:
+            callback(run)
+        except Exception:
+            log.exception("a run %s failed", kind)

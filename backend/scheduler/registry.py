@@ -504,7 +504,7 @@ class InstanceRegistry:
                     log.warning("run %s of %s abandoned: %s", finished.id, finished.name, in_line(finished.error_message or ""))
                     closed.append(finished)
                     self.ledger.stats["abandoned"] += 1
-                    self.ledger.tell(finished)
+                    self.ledger.closed(finished)
         for progress in backfills:
             if self.is_ours(progress.id):
                 continue
@@ -537,7 +537,7 @@ class InstanceRegistry:
             for run in written:
                 log.warning("run %s of %s abandoned: %s", run.id, run.name, message)
                 self.ledger.stats["abandoned"] += 1
-                self.ledger.tell(run)
+                self.ledger.closed(run)
             closed += written
         return closed
 
