@@ -12,6 +12,7 @@ without ever sleeping for real.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Collection, Coroutine
 from dataclasses import dataclass
@@ -131,7 +132,9 @@ class Loops:
             hurried.cancel()
 
     def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
+        return self._track(asyncio.ensure_future(coro), name)
+
+    def _track(self, task: asyncio.Task[Any], name: str) -> asyncio.Task[Any]:
         task.set_name(f"schedtui {name}")
         self.tasks.add(task)
 
@@ -151,8 +154,15 @@ class Loops:
         under, ``name`` by default) if the loop parks at all. A store error a loop did not expect, or a bug in one of
         its rounds, fails that round: it must never stop the instance's lease, timers or
         workers for good while the process looks alive. The first failure is logged with
-        its traceback, then every tenth while they go on."""
-        return self.spawn(self._kept(loop, name, parks_as or name), name)
+        its traceback, then every tenth while they go on.
+
+        It runs in a context of its own, empty: one started from a handler's (a run's first
+        print starts the log writer, a handler's send the jobs notifier) or a request's
+        would carry that caller's context variables for good: the run's capture, which
+        took the loop's warnings minutes later for that ended run's late output, or the
+        request's actor."""
+        kept = self._kept(loop, name, parks_as or name)
+        return self._track(asyncio.get_running_loop().create_task(kept, context=contextvars.Context()), name)
 
     async def _kept(self, loop: Callable[[], Awaitable[Any]], name: str, parks_as: str) -> None:
         failures = 0
