@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from backend.jobs.model import Attempt
 from backend.safetext import in_line
 from backend.timeparse import compact_delta as compact_delta  # (the console's spans, as the engine's messages write them)
 
@@ -214,3 +215,12 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     for row in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
     return "\n".join(lines)
+
+
+def attempt_label(attempt: Attempt, attempts: list[Attempt]) -> str:
+    """A job's attempt as ``jobs show`` and the console list it: its number (what
+    ``--attempt`` takes); for a job retried from dead, its round and its number within it
+    too (the rounds' attempts all count from 1)."""
+    if attempts and attempts[-1].round > 1:
+        return f"{attempt.number} (round {attempt.round}: {attempt.attempt})"
+    return str(attempt.number)

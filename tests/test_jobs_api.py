@@ -47,7 +47,7 @@ JOB_KEYS = {
     "id", "queue", "status", "payload", "key", "cron", "attempt", "max_attempts", "run_after", "created_at",
     "started_at", "instance", "error_tag", "error_message",
 }  # fmt: skip
-ATTEMPT_KEYS = {"attempt", "started_at", "finished_at", "status", "error_tag", "error_message", "instance"}
+ATTEMPT_KEYS = {"number", "round", "attempt", "started_at", "finished_at", "status", "error_tag", "error_message", "instance"}
 QUEUE_KEYS = {"name", "concurrency", "paused", "queued", "running", "dead", "oldest_queued_at"}
 
 

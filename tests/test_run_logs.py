@@ -34,6 +34,7 @@ from backend.observability import capture
 from backend.observability.capture import HEAD_BYTES, TAIL_BYTES, LogBuffer
 from backend.observability.logs import LogStore, LogTarget, StoredLog, compose
 from backend.store import open_store
+from console.cli.jobs import detail_text
 from tests import pg
 
 log = logging.getLogger("tests.run_logs")
@@ -650,6 +651,47 @@ async def test_job_attempts_have_a_log_each(engines: Callable[..., Engine], cloc
         await engine.run_logs.job_log(NOT_AN_ID)
 
 
+async def test_every_attempt_of_a_job_retried_from_dead_keeps_a_log_of_its_own(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """An operator's retry of a dead job numbers its attempts from 1 again: ``jobs show``
+    listed attempts 1, 2, 1, 2, and attempt 1's log was the newest round's, the first
+    round's out of reach though stored (outside attack: the operator's incident, end to
+    end). Attempts are numbered on across the retries, each log reached by its number."""
+    rounds = [1]
+
+    async def deliver(job: Any) -> None:
+        print(f"<<round {rounds[0]} attempt {job.attempt}>>")
+        raise ConnectionError("smtp down")
+
+    engine = engines([define_queue(name="mail", handler=deliver, attempts=2)])
+    await engine.start()
+    sent = await engine.jobs.send("mail", {"to": "ops"})
+    await engine.quiesce()
+    clock.advance(11)  # the retry's backoff: attempt 2 fails too, the job is dead
+    await engine.quiesce()
+    rounds[0] = 2
+    await engine.jobs.retry("mail", sent.id)
+    await engine.quiesce()
+    clock.advance(11)
+    await engine.quiesce()
+    detail = await engine.jobs.get_job(sent.id)
+    assert detail.job is not None and detail.job.status == "dead"
+    assert [(a.number, a.round, a.attempt) for a in detail.attempts] == [(1, 1, 1), (2, 1, 2), (3, 2, 1), (4, 2, 2)]
+    assert [(a["number"], a["round"], a["attempt"]) for a in detail.to_json()["attempts"]] == [
+        (1, 1, 1), (2, 1, 2), (3, 2, 1), (4, 2, 2)]  # fmt: skip
+    assert "seq" not in detail.to_json()["attempts"][0]
+    shown = [line.split("  ")[0] for line in detail_text(detail, clock.now()).splitlines()[-4:]]
+    assert shown == ["1 (round 1: 1)", "2 (round 1: 2)", "3 (round 2: 1)", "4 (round 2: 2)"]  # what --attempt takes, first
+    for number, said in ((1, "round 1 attempt 1"), (2, "round 1 attempt 2"), (3, "round 2 attempt 1"), (4, "round 2 attempt 2")):
+        log = await engine.run_logs.job_log(sent.id, number)
+        assert (log.attempt, log.status, markers(log.text)) == (number, "failed", {said})
+    newest = await engine.run_logs.job_log(sent.id)
+    assert (newest.attempt, markers(newest.text)) == (4, {"round 2 attempt 2"})
+    with pytest.raises(NotFound, match=r"has no attempt 5 \(its attempts are numbered 1 to 4\)"):
+        await engine.run_logs.job_log(sent.id, 5)
+
+
 async def test_logs_are_pruned_with_their_runs_and_job_attempts(engines: Callable[..., Engine], clock: ManualClock) -> None:
     hold = asyncio.Event()
 
@@ -700,7 +742,9 @@ async def test_a_final_log_is_never_replaced(url: str, clock: ManualClock) -> No
                                StoredLog(LogTarget("job", NOT_AN_ID, 2, 1), "again\n", "", 6, 0, 0, True, at),
                                StoredLog(LogTarget("job", NOT_AN_ID, 3, 2), "two\n", "", 4, 0, 0, False, at)])
         assert (await store.get_job_log(NOT_AN_ID)).head == "two\n"
-        assert (await store.get_job_log(NOT_AN_ID, 1)).head == "again\n"  # the newest claim with that number
+        assert (await store.get_job_log(NOT_AN_ID, 1)).head == "one\n"  # by claim: its attempt number repeats
+        assert (await store.get_job_log(NOT_AN_ID, 2)).head == "again\n"
+        assert await store.get_job_log(NOT_AN_ID, 4) is None
     finally:
         await store.close()
 

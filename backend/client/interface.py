@@ -692,7 +692,8 @@ class Backend(abc.ABC):
 
     @action(system="jobs", permission="read", impl="jobs.get_job",
             http=Http("GET", "/inspect/jobs/{job_id}", errors={404: "unknown job"},
-                      ok="the job with attempts: [{attempt, started_at, finished_at, status, error_tag, error_message, instance}]"))
+                      ok="the job with attempts: [{number, round, attempt, started_at, finished_at, status, error_tag, error_message, "
+                         "instance}]"))
     async def get_job(self, job_id: Annotated[str, Id("job")]) -> JobDetail:
         """A job (while it exists) and its attempts; once gone, its attempts (job fields null)."""
 
@@ -702,12 +703,15 @@ class Backend(abc.ABC):
         self,
         job_id: Annotated[str, Id("job")],
         *,
-        attempt: Annotated[int | None, Range(1, 1000), Help("the attempt (default: the newest)")] = None,
+        attempt: Annotated[int | None, Range(1, 1000),
+                           Help("the attempt's number, as jobs show lists it (on across retries; default: the newest)")] = None,
         after: LogOffset = 0,
     ) -> RunLog:
         """What a job attempt's handler logged and printed (its first and last 32 KiB).
 
-        The newest attempt's, or attempt ``attempt``'s; the same answer as a run's log."""
+        The newest attempt's, or that of the attempt numbered ``attempt`` (its ``number``
+        in the job's ``attempts``: 1, 2, … on across retries from dead, where ``attempt``
+        starts again from 1); the same answer as a run's log, ``attempt`` its number."""
 
     @action(system="jobs", permission="operate", label="cancel", audit="job.cancel", impl="jobs.cancel", check=_check_cancel,
             http=Http("POST", "/inspect/queues/{queue}/cancel", envelope="cancelled",

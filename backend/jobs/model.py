@@ -4,7 +4,7 @@ them: a job, its attempts, a queue, a send's answer, a page of jobs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -27,6 +27,7 @@ __all__ = [
     "QueueFull",
     "QueueView",
     "Sent",
+    "numbered",
 ]
 
 JobStatus = Literal["queued", "running", "dead"]
@@ -125,15 +126,26 @@ class Attempt:
     """One finished attempt of a job (kept 7 days)."""
 
     attempt: int
+    """Its number within its round (against ``max_attempts``): from 1 again after a retry from dead."""
     started_at: datetime
     finished_at: datetime
     status: AttemptStatus
     error_tag: str | None
     error_message: str | None
     instance: str
+    seq: int = 0
+    """The claim it ran under (its job's count of claims then): what its log is kept by.
+    Not in its JSON."""
+    number: int = 0
+    """Its place among the job's attempts kept, oldest first (see :func:`numbered`): how
+    ``jobs show`` lists it and ``job_log`` addresses it."""
+    round: int = 1
+    """1, and one more with each retry from dead (see :func:`numbered`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "number": self.number,
+            "round": self.round,
             "attempt": self.attempt,
             "started_at": iso(self.started_at),
             "finished_at": iso(self.finished_at),
@@ -156,6 +168,21 @@ class Attempt:
             error_message=data.get("error_message"),
             instance=data["instance"],
         )
+
+
+def numbered(attempts: list[Attempt]) -> list[Attempt]:
+    """A job's attempts (oldest first) with their :attr:`~Attempt.number` (1, 2, … on
+    across retries from dead, so that each attempt's log has an address of its own: a
+    retried job's attempts were 1, 2, 1, 2) and :attr:`~Attempt.round` (an attempt whose
+    number within its round is not past the one before began a round: a retry from dead)."""
+    out: list[Attempt] = []
+    round_, before = 1, 0
+    for number, attempt in enumerate(attempts, 1):
+        if attempt.attempt <= before:
+            round_ += 1
+        before = attempt.attempt
+        out.append(replace(attempt, number=number, round=round_))
+    return out
 
 
 _JOB_FIELDS = (
@@ -183,7 +210,8 @@ class JobDetail:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> JobDetail:
         job = Job.from_json(data) if data.get("status") is not None else None
-        return cls(data["id"], data["queue"], job, [Attempt.from_json(a) for a in data.get("attempts", [])])
+        # (numbered here, as the server numbers them: an older server's answer has no numbers)
+        return cls(data["id"], data["queue"], job, numbered([Attempt.from_json(a) for a in data.get("attempts", [])]))
 
 
 @dataclass(frozen=True, slots=True)

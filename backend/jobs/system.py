@@ -30,7 +30,7 @@ from backend.jobs.definition import (
     check_queue_name,
     check_send,
 )
-from backend.jobs.model import JOB_STATUSES, Job, JobDetail, JobsPage, JobStatus, QueueView, Sent
+from backend.jobs.model import JOB_STATUSES, Job, JobDetail, JobsPage, JobStatus, QueueView, Sent, numbered
 from backend.jobs.store import REVOKE, Finish, FinishKind, JobStore, NewJob, QueueSpec
 from backend.jobs.workers import Workers
 from backend.model import TAG_ABANDONED
@@ -382,7 +382,7 @@ class Jobs:
         queue, attempts = await self.store.job_attempts(job_id)
         if job is None and queue is None:
             raise NotFound(f'no job with id "{job_id}" (a job that succeeded or was deleted is gone once its attempts are)')
-        return JobDetail(job_id, job.queue if job is not None else str(queue), job, attempts)
+        return JobDetail(job_id, job.queue if job is not None else str(queue), job, numbered(attempts))
 
     async def cancel(self, queue: str, id: str | None = None, *, key: str | None = None) -> bool:
         """Delete a queued job by its id, or by its key (exactly one); True if it was queued

@@ -63,8 +63,9 @@ class LogStore(Protocol):
 
     async def get_run_log(self, run_id: str) -> StoredLog | None: ...
 
-    async def get_job_log(self, job_id: str, attempt: int | None = None) -> StoredLog | None:
-        """The log of the job's newest claim (of attempt number ``attempt``, if given)."""
+    async def get_job_log(self, job_id: str, seq: int | None = None) -> StoredLog | None:
+        """The log of the job's claim ``seq`` (its attempt's :attr:`~backend.jobs.model.Attempt.seq`),
+        or of its newest claim."""
 
 
 def marker(omitted_bytes: int, omitted_lines: int | None) -> str:

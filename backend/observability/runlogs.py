@@ -17,7 +17,9 @@ known dead (as the abandoned-work sweep judges it: :meth:`InstanceRegistry.gone
 says ``running`` until that sweep closes it.
 
 A job's log is its newest attempt's by default: the one running, else the last to end (one
-that has written nothing yet, or ended silent, has an empty log, not an earlier one's). A
+that has written nothing yet, or ended silent, has an empty log, not an earlier one's). An
+attempt is addressed by its number among the job's attempts, on across retries from dead,
+and its log found by the claim it ran under. A
 durable execution's log is read by line: its ``size`` is the store's id of its newest line,
 which stays where it is as older lines leave its window (:data:`LOG_LINES`).
 """
@@ -295,10 +297,12 @@ class RunLogs:
         # Not final to a reader until written: a reader elsewhere could not see it yet.
         return _row(target, shot, self.clock.now(), final=False)
 
-    def _local_attempt(self, job_id: str, attempt: int) -> StoredLog | None:
-        """The log of the newest claim of a job's attempt ``attempt`` this process holds."""
+    def _local_claim(self, job_id: str, seq: int | None, *, past: int = 0) -> StoredLog | None:
+        """The log this process holds of a job's claim ``seq``, or (``None``) of its newest
+        claim past ``past``."""
         with self._lock:
-            held = [t for t in self._by_target if t.kind == "job" and t.id == job_id and t.attempt == attempt]
+            held = [t for t in self._by_target
+                    if t.kind == "job" and t.id == job_id and (t.seq == seq if seq is not None else t.seq > past)]  # fmt: skip
         return self._local(max(held, key=lambda t: t.seq)) if held else None
 
     def _settling(self, stored: StoredLog | None) -> bool:
@@ -334,39 +338,41 @@ class RunLogs:
 
     async def job_log(self, job_id: str, attempt: int | None = None, *, after: int = 0) -> RunLog:
         """What a job attempt's handler logged and printed: the newest attempt's (the one
-        running, else the last to end), or attempt ``attempt``'s (of the newest claim with
-        that number)."""
+        running, else the last to end), or that of the attempt numbered ``attempt`` (its
+        :attr:`~backend.jobs.model.Attempt.number`, as ``jobs show`` lists it; the one
+        running, or one no end was recorded of, is numbered after the last that ended)."""
         detail = await self._get_job(job_id)
-        job = detail.job
+        job, ended = detail.job, detail.attempts
+        running_now = job is not None and job.status == "running"
+        after_ended = len(ended) + 1
         number = attempt
-        running_now = job is not None and job.status == "running" and number in (None, job.attempt)
-        if running_now:
-            assert job is not None
-            number = job.attempt
-        elif number is None and detail.attempts:
-            number = detail.attempts[-1].attempt
-        elif number is None:  # none ran to its end, none runs: its log, if one outlived its attempt
-            newest = await self.store.get_job_log(job_id)
-            number = newest.target.attempt if newest is not None else None
-        if number is None:  # queued, never tried yet
-            return RunLog("job", job_id, job.status if job is not None else "unknown", False, "", 0, name=detail.queue)
-        local = self._local_attempt(job_id, number)
-        stored = await self.store.get_job_log(job_id, number)
-        if running_now and stored is not None and job is not None and job.started_at is not None \
-                and stored.updated_at < job.started_at:
-            stored = None  # an earlier claim's attempt of that number (a job retried from dead)
+        if number is None:
+            number = after_ended if running_now or not ended else len(ended)
+        if 1 <= number <= len(ended):
+            this = ended[number - 1]
+            local = self._local_claim(job_id, this.seq)
+            stored = local or await self.store.get_job_log(job_id, this.seq)
+            return self._answer("job", job_id, detail.queue, this.status, self._settling(stored), stored, after, number)
+        if number != after_ended:
+            raise _no_attempt(job_id, number, len(ended))
+        # The attempt after the last that ended: running, or left by a process that died
+        # (or ran on after its job was deleted): its claim is past the last ended one's.
+        past = ended[-1].seq if ended else 0
+        stored = await self.store.get_job_log(job_id)
+        if stored is not None and stored.target.seq <= past:
+            stored = None  # the last ended attempt's: this one has said nothing yet
+        local = self._local_claim(job_id, None, past=past)
         if local is not None and (stored is None or local.target.seq >= stored.target.seq):
             stored = local
-        finished = [a for a in detail.attempts if a.attempt == number]
         status: str
         if running_now:
             status = "running"
-        elif finished:
-            status = finished[-1].status
         elif stored is not None:
             status = job.status if job is not None else "unknown"
+        elif attempt is None:  # queued, never tried yet
+            return RunLog("job", job_id, job.status if job is not None else "unknown", False, "", 0, name=detail.queue)
         else:
-            raise NotFound(f"job {job_id} has no attempt {number}")
+            raise _no_attempt(job_id, number, len(ended))
         running = self._settling(stored) or (running_now and job is not None and not await self._gone(job_id, job.instance))
         return self._answer("job", job_id, detail.queue, status, running, stored, after, number)
 
@@ -382,6 +388,11 @@ class RunLogs:
         size = lines[-1][0] if lines else 0
         return RunLog("durable", execution_id, execution.status, not execution.done, escape_text(text), size,
                       name=execution.function)  # fmt: skip
+
+
+def _no_attempt(job_id: str, number: int, ended: int) -> NotFound:
+    known = f"its attempts are numbered 1 to {ended}" if ended else "none has run yet"
+    return NotFound(f"job {job_id} has no attempt {number} ({known})")
 
 
 def _left_out(lines: int | None) -> str:

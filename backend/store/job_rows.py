@@ -20,7 +20,7 @@ CLAIMED_FIELDS = (
     "id", "queue", "payload", "key", "cron", "attempt", "max_attempts", "tries", "created_at", "started_at",
 )  # fmt: skip
 #: The columns of an attempt, in the order every store selects them (after the job's queue).
-ATTEMPT_FIELDS = ("attempt", "started_at", "finished_at", "status", "error_tag", "error_message", "instance")
+ATTEMPT_FIELDS = ("attempt", "started_at", "finished_at", "status", "error_tag", "error_message", "instance", "seq")
 RUNNING_FIELDS = ("id", "queue", "instance", "token", "tries", "attempt", "max_attempts", "started_at", "seat")
 
 
@@ -54,7 +54,7 @@ def claimed_from_row(row: Sequence[Any], when: ToTime, seat: int | None = None) 
 def attempt_from_row(row: Sequence[Any], when: ToTime) -> Attempt:
     started_at, finished_at = when(row[1]), when(row[2])
     assert started_at is not None and finished_at is not None
-    return Attempt(row[0], started_at, finished_at, row[3], row[4], row[5], row[6])
+    return Attempt(row[0], started_at, finished_at, row[3], row[4], row[5], row[6], row[7])
 
 
 def running_from_row(row: Sequence[Any], when: ToTime) -> RunningJob:

@@ -95,7 +95,7 @@ def detail_text(detail: JobDetail, now: datetime) -> str:
     if detail.attempts:
         rows = [
             [
-                str(a.attempt),
+                fmt.attempt_label(a, detail.attempts),
                 fmt.local_time(a.started_at, "UTC"),
                 fmt.duration(round((a.finished_at - a.started_at).total_seconds() * 1000)),
                 a.status,

@@ -133,7 +133,8 @@ class JobDetails(ModalScreen[None]):
         for a in attempts:
             took = fmt.duration(round((a.finished_at - a.started_at).total_seconds() * 1000))
             mark = "[$text-success]✓[/]" if a.status == "succeeded" else "[b reverse $text-error]✗[/]"
-            line = f"{mark} {a.attempt}  {escaped(fmt.local_time(a.started_at, zone))}  {took:>7}  {escaped(a.instance)}"
+            number = fmt.attempt_label(a, attempts)
+            line = f"{mark} {number}  {escaped(fmt.local_time(a.started_at, zone))}  {took:>7}  {escaped(a.instance)}"
             if a.error_tag or a.error_message:
                 why = ": ".join(filter(None, [a.error_tag, a.error_message]))
                 line += f"\n     [$text-error]{escaped(why)}[/]"

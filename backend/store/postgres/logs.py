@@ -65,10 +65,7 @@ SAVE_JOB_LOGS = (
 )
 GET_RUN_LOG = f"SELECT run_id, 0, 0, {_BODY} FROM schedtui_run_logs WHERE run_id = %s"
 GET_JOB_LOG = f"SELECT job_id, seq, attempt, {_BODY} FROM schedtui_job_logs WHERE job_id = %s ORDER BY seq DESC LIMIT 1"
-GET_JOB_ATTEMPT_LOG = (
-    f"SELECT job_id, seq, attempt, {_BODY} FROM schedtui_job_logs WHERE job_id = %s AND attempt = %s "
-    "ORDER BY seq DESC LIMIT 1"
-)
+GET_JOB_CLAIM_LOG = f"SELECT job_id, seq, attempt, {_BODY} FROM schedtui_job_logs WHERE job_id = %s AND seq = %s"
 #: After ``PRUNE_RUNS`` (same id floor, same transaction): the logs of the runs it deleted.
 PRUNE_RUN_LOGS = """
     DELETE FROM schedtui_run_logs l WHERE l.run_id < %s
@@ -125,9 +122,9 @@ class PostgresLogs:
         row = await self._fetchone(GET_RUN_LOG, (run_id,))
         return _stored("run", row) if row else None
 
-    async def get_job_log(self, job_id: str, attempt: int | None = None) -> StoredLog | None:
-        if attempt is None:
+    async def get_job_log(self, job_id: str, seq: int | None = None) -> StoredLog | None:
+        if seq is None:
             row = await self._fetchone(GET_JOB_LOG, (job_id,))
         else:
-            row = await self._fetchone(GET_JOB_ATTEMPT_LOG, (job_id, attempt))
+            row = await self._fetchone(GET_JOB_CLAIM_LOG, (job_id, seq))
         return _stored("job", row) if row else None

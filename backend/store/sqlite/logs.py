@@ -65,9 +65,7 @@ SAVE_JOB_LOG = (
 )
 GET_RUN_LOG = f"SELECT run_id, 0, 0, {_BODY} FROM run_logs WHERE run_id = ?"
 GET_JOB_LOG = f"SELECT job_id, seq, attempt, {_BODY} FROM job_logs WHERE job_id = ? ORDER BY seq DESC LIMIT 1"
-GET_JOB_ATTEMPT_LOG = (
-    f"SELECT job_id, seq, attempt, {_BODY} FROM job_logs WHERE job_id = ? AND attempt = ? ORDER BY seq DESC LIMIT 1"
-)
+GET_JOB_CLAIM_LOG = f"SELECT job_id, seq, attempt, {_BODY} FROM job_logs WHERE job_id = ? AND seq = ?"
 #: In ``PRUNE_RUNS``' transaction: the log of each run it deleted.
 DROP_RUN_LOG = "DELETE FROM run_logs WHERE run_id = ?"
 #: At the end of a sweep (same id floor): any other log whose run is gone.
@@ -118,9 +116,9 @@ class SQLiteLogs:
         row = await self._read(lambda c: c.execute(GET_RUN_LOG, (run_id,)).fetchone())
         return _stored("run", row) if row else None
 
-    async def get_job_log(self, job_id: str, attempt: int | None = None) -> StoredLog | None:
-        if attempt is None:
+    async def get_job_log(self, job_id: str, seq: int | None = None) -> StoredLog | None:
+        if seq is None:
             row = await self._read(lambda c: c.execute(GET_JOB_LOG, (job_id,)).fetchone())
         else:
-            row = await self._read(lambda c: c.execute(GET_JOB_ATTEMPT_LOG, (job_id, attempt)).fetchone())
+            row = await self._read(lambda c: c.execute(GET_JOB_CLAIM_LOG, (job_id, seq)).fetchone())
         return _stored("job", row) if row else None
