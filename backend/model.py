@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal, TypeVar
 
 RunStatus = Literal["succeeded", "failed", "skipped", "missed", "running"]
@@ -327,6 +327,15 @@ class InstanceInfo:
     a member then stands down, firing nothing and taking no work, until the clocks agree.
     Stored rather than derived from the offset: the limit is the instance's (a twelfth of its
     take-over window) and a reading too slow to tell keeps the previous verdict."""
+
+    @property
+    def heard_at(self) -> datetime:
+        """When it beat last, by the database server's clock: its heartbeat's stamp less its
+        recorded offset (a process a minute behind looked gone to every other while it beat;
+        one five minutes ahead that crashed looked alive five minutes more)."""
+        if self.clock_offset_s is None:
+            return self.heartbeat_at
+        return self.heartbeat_at - timedelta(seconds=self.clock_offset_s)
 
     @property
     def fires(self) -> bool:

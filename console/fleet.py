@@ -35,7 +35,7 @@ def is_gone(instance: InstanceInfo, now: datetime) -> bool:
     """A member (firing or waiting) silent past :data:`LIVE_WITHIN`: killed or crashed (a
     clean stop removes its row; the fleet took its work over). Not an observer (a console,
     a verb): it registers when it opens and never beats, so its silence says nothing."""
-    return instance.role != "observer" and now - instance.heartbeat_at > LIVE_WITHIN
+    return instance.role != "observer" and now - instance.heard_at > LIVE_WITHIN
 
 
 OVERDUE_AFTER = timedelta(seconds=30)
@@ -103,11 +103,11 @@ def fleet_of(
     is off) whose heartbeat is recent. A console, a CLI verb or a ``connect()`` client is an
     observer and never counts."""
     others = [i for i in instances if info.fires or i.name != info.instance]
-    live = sorted((i for i in others if now - i.heartbeat_at <= LIVE_WITHIN), key=lambda i: i.name)
+    live = sorted((i for i in others if now - i.heard_at <= LIVE_WITHIN), key=lambda i: i.name)
     # A member whose clock is off beats on but fires nothing: it is no engine that fires.
     firing = tuple(i for i in live if i.fires)
     standing_down = tuple(i for i in live if i.stands_down)
-    last = max(others, key=lambda i: i.heartbeat_at, default=None)
+    last = max(others, key=lambda i: i.heard_at, default=None)
     views = list(views)
     count = sum(1 for v in views if v.enabled and v.trigger == "self")
     owned: dict[str, int] | None = None

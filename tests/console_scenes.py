@@ -334,7 +334,8 @@ async def add_clock_off(url: str) -> None:
     await store.open()
     at = datetime.fromisoformat(FROZEN.replace("Z", "+00:00"))
     await store.heartbeat("web-2", "web-2.internal", 4242, at, Membership("firing", "advisoryLock", at, 0.004))
-    await store.heartbeat("web-3", "web-3.internal", 977, at - timedelta(seconds=2),
+    behind = timedelta(seconds=61.24)  # (its stamps are its clock's: a minute behind)
+    await store.heartbeat("web-3", "web-3.internal", 977, at - timedelta(seconds=2) - behind,
                           Membership("firing", "advisoryLock", at, -61.24, True))  # fmt: skip
     await store.close()
 

@@ -200,7 +200,8 @@ async def test_rows_are_kept_between_refreshes_and_capped(store_url: str, monkey
 def test_an_instance_line_shows_every_age_whole_and_fits_80_columns() -> None:
     """A silent member is when an operator looks: its heartbeat's age must read whole."""
     now = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
-    silent = InstanceInfo("ip-10-0-1-23:4821", "h", 1, now - timedelta(minutes=59, seconds=59), now - timedelta(minutes=12, seconds=57),
+    beat = now - timedelta(minutes=59, seconds=59) - timedelta(seconds=61.2)  # (stamped by its clock, a minute behind)
+    silent = InstanceInfo("ip-10-0-1-23:4821", "h", 1, beat, now - timedelta(minutes=12, seconds=57),
                           role="firing", clock_offset_s=-61.2, clock_off=True)  # fmt: skip
     line = instance_text(silent, now).plain
     assert "59m 59s ago" in line and "12m 57s ago" in line and "-61.2s ✗ off" in line and "takes no work" in line

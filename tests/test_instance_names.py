@@ -181,6 +181,23 @@ async def test_a_name_silent_elsewhere_for_the_window_is_taken_and_its_runs_clos
         assert "worker" not in {i.name for i in await other.engine.store.fleet()}  # its own row, let go of
 
 
+async def test_a_name_whose_holder_crashed_with_its_clock_ahead_is_taken_once_silent_for_the_window(
+    pg_url: str, clock: ManualClock
+) -> None:
+    """Its holder's clock was five minutes ahead (it stood down for it) when it crashed;
+    the replacement, on a host whose clock is right, waited for its heartbeat's stamp plus
+    the window: five minutes and a half. The holder is judged by when it beat on the
+    database server's clock: its stamp less the offset it recorded."""
+    async with connect(pg_url) as other:
+        ahead = clock.now() + timedelta(minutes=5)
+        await other.engine.store.heartbeat("worker", ELSEWHERE, 1, ahead,
+                                           Membership(clock_offset=300.0, clock_off=True, window=30.0))  # fmt: skip
+        engine = Engine([], pg_url, instance="worker", clock=clock, shutdown_grace=0, abandon_after=30)
+        opening = await _open_in_background(engine)
+        await _advance_while_it_waits(clock, opening, 30)
+        await _took_the_name(engine, other.engine, opening)
+
+
 async def test_a_name_held_elsewhere_with_a_longer_window_is_waited_for_by_that_window(
     store_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -124,6 +124,20 @@ def test_the_instances_table_shows_one_silent_past_the_take_over_window_as_gone(
     assert alive.split()[:2] == ["alive", "firing"]
     assert killed.split()[:4] == ["killed", "✗", "gone", "(firing)"]
     assert console.split()[:2] == ["console", "observer"]
+
+
+def test_an_instance_is_judged_by_when_it_beat_on_the_database_servers_clock() -> None:
+    """Its stamps are its clock's: one 45 s behind that beat just now showed as ``✗ gone
+    (firing) 49s ago``, and one five minutes ahead that crashed two minutes ago as beating
+    ``in 3m``. Each stamp is taken back by the offset the instance recorded."""
+    now = T0
+    table = instances_table(Instances(now, [
+        InstanceInfo("behind", "h", 1, now - timedelta(seconds=45), role="firing", clock_offset_s=-45.0, clock_off=True),
+        InstanceInfo("crashed", "h", 2, now + timedelta(minutes=3), role="firing", clock_offset_s=300.0, clock_off=True),
+    ]))  # fmt: skip
+    behind, crashed = table.splitlines()[1:]
+    assert behind.split()[:4] == ["behind", "firing", "0s", "ago"], behind
+    assert crashed.split()[:6] == ["crashed", "✗", "gone", "(firing)", "2m", "ago"], crashed
 def test_gone_judges_an_instance_by_its_own_window_or_the_judges_if_longer() -> None:
     """A fleet whose --abandon-after differs (a rolling change of it): an instance stops its
     own work at two thirds of its own window, so a judge with a shorter one took the work of

@@ -55,7 +55,7 @@ def instances_table(answer: Instances) -> str:
     now = answer.now
     rows = [
         [printable(i.name) + (" (this command)" if i.name == answer.this else ""), role_cell(i, now),
-         fmt.ago(i.heartbeat_at, now), fmt.ago(i.last_fired_at, now), clock_cell(i)]
+         fmt.ago(i.heard_at, now), fmt.ago(i.last_fired_at, now), clock_cell(i)]
         for i in answer.instances
     ]  # fmt: skip
     return fmt.table(["NAME", "ROLE", "HEARTBEAT", "LAST START", "CLOCK"], rows)

@@ -60,7 +60,7 @@ def instance_text(instance: InstanceInfo, now: datetime) -> Content:
     (``+61.0s ✗ off`` in the error style when its own verdict is off; ``-`` when not
     measured), and for a member standing down for it, ``takes no work``."""
     (_, name), (_, role), (_, beat), (_, last), (_, clock) = INSTANCE_COLUMNS
-    silent = now - instance.heartbeat_at > LIVE_WITHIN
+    silent = now - instance.heard_at > LIVE_WITHIN
     offset = fmt.clock_offset(instance.clock_offset_s)
     if instance.clock_off:
         clock_cell = (_cell(f"{offset} ✗ off", clock), "bold $text-error")
@@ -71,7 +71,7 @@ def instance_text(instance: InstanceInfo, now: datetime) -> Content:
         # Silent past the take-over window: killed or crashed (a clean stop removes its row).
         (_cell("✗ gone", role), "bold $text-error") if is_gone(instance, now)
         else (_cell(instance.role or "-", role), "$text-muted" if instance.role == "observer" else ""),
-        (_cell(fmt.ago(instance.heartbeat_at, now), beat), "$text-warning" if silent else ""),
+        (_cell(fmt.ago(instance.heard_at, now), beat), "$text-warning" if silent else ""),
         (_cell(fmt.ago(instance.last_fired_at, now), last), "$text-muted" if instance.last_fired_at is None else ""),
         clock_cell,
         ("takes no work" if instance.stands_down else "", "$text-error"),

@@ -256,13 +256,18 @@ SET_STATE = """
     ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, changed_by = excluded.changed_by,
         changed_at = excluded.changed_at, note = excluded.note
 """
+#: When a name's holder was last heard from, by the server's clock: its heartbeat's stamp,
+#: less the offset of its clock it recorded (a process five minutes ahead that crashed kept
+#: its name from the replacement started on a host with a right clock for five minutes
+#: more than the window; one behind looked silent while it beat).
+HEARD_AT = "(schedtui_instances.heartbeat_at - make_interval(secs => coalesce(schedtui_instances.clock_offset, 0)))"
 #: Register or refresh an instance, deciding its role in the same statement: a member that
 #: asks to fire waits instead while a live firing member of another mode beats (one fleet,
 #: one coordination; live by the caller's window, or by its own if longer, as a name's
 #: holder is). Members take FLEET_LOCK first, so two of different modes starting
 #: at once see each other. A NULL mode (an older version, a bare heartbeat) is not gated
 #: and does not gate.
-HEARTBEAT = """
+HEARTBEAT = f"""
     INSERT INTO schedtui_instances (
         instance, host, pid, heartbeat_at, role, coordination, clock_offset, clock_off, abandon_after)
     VALUES (%(instance)s, %(host)s, %(pid)s, %(at)s,
@@ -277,12 +282,13 @@ HEARTBEAT = """
         heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination,
         clock_offset = excluded.clock_offset, clock_off = excluded.clock_off, abandon_after = excluded.abandon_after
     WHERE (schedtui_instances.host = excluded.host AND schedtui_instances.pid = excluded.pid)
-        OR %(taken_before)s::timestamptz IS NULL OR schedtui_instances.heartbeat_at <= least(%(taken_before)s::timestamptz,
+        OR %(taken_before)s::timestamptz IS NULL OR {HEARD_AT} <= least(%(taken_before)s::timestamptz,
             %(at)s::timestamptz - make_interval(secs => coalesce(schedtui_instances.abandon_after, 0)))
     RETURNING role
 """
-#: Who holds an instance's name (a heartbeat that did not write: see Membership.taken_before).
-NAME_HOLDER = "SELECT host, pid, heartbeat_at, abandon_after FROM schedtui_instances WHERE instance = %s"
+#: Who holds an instance's name (a heartbeat that did not write: see Membership.taken_before),
+#: and when it was last heard from (see HEARD_AT).
+NAME_HOLDER = f"SELECT host, pid, {HEARD_AT}, abandon_after FROM schedtui_instances WHERE instance = %s"
 #: A dead process's row, deleted only while it is still that process's.
 FORGET_HOLDER = "DELETE FROM schedtui_instances WHERE instance = %s AND host = %s AND pid = %s"
 FLEET_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {LOCK_FLEET})"
