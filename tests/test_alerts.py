@@ -245,6 +245,15 @@ def test_not_firing_when_no_firing_member_has_a_fresh_heartbeat() -> None:
         "no instance fires: web-3 stands down, its clock is 61.2s behind the database server's"
     )
     assert conditions.not_firing([skewed, instance("a", "2026-03-02T08:00:45Z")], now, fresh) is None  # another fires
+    # Every live instance off by the same: the database server's clock is the odd one out (it
+    # halted the fleet, and each instance was told to fix its own time sync).
+    alike = [InstanceInfo(name, "host", 1, at("2026-03-02T08:00:29Z"), role="firing", clock_offset_s=offset, clock_off=True)
+             for name, offset in (("web-1", -30.2), ("web-2", -29.8))]  # fmt: skip
+    halted = conditions.not_firing(alike, now, fresh)
+    assert halted is not None and halted.summary == (
+        "no instance fires: all 2 live instances stand down, their clocks 30s behind the database server's alike: "
+        "its clock is likely the one that is off (check its time sync)"
+    )
 
 
 def test_dead_jobs_and_stuck_hold_past_their_thresholds() -> None:

@@ -185,7 +185,8 @@ async def test_a_member_whose_clock_is_off_stops_takes_nothing_and_resumes_once_
         metrics.close()
         assert re.search(r'^schedtui_instances\{role="firing"\} 0\.0$', text, re.MULTILINE), text
         assert re.search(r'^schedtui_instances\{role="standing_down"\} 1\.0$', text, re.MULTILINE), text
-        paged = not_firing(await engine.store.fleet(), engine.clock.now(), timedelta(seconds=WINDOW))
+        now = engine.registry.store_time(engine.clock.now())  # (what its alerting judges by)
+        paged = not_firing(await engine.store.fleet(), now, timedelta(seconds=WINDOW))
         assert paged is not None and paged.summary.startswith("no instance fires: off stands down, its clock is 60.")
         health = (await engine.health()).to_json()  # what /healthz says of it
         (said,) = [i for i in health["instances"] if i["name"] == "off"]
@@ -339,52 +340,94 @@ class Receiver:
         return httpx.Response(200)
 
 
-async def test_an_instance_whose_clock_is_off_neither_judges_nor_delivers_alerts(pg_url: str) -> None:
-    """Standing down for its clock, an instance still evaluated the conditions on it and
-    delivered pages: a minute ahead, it paged "no instance fires" beside a healthy instance
-    (whose heartbeats looked a minute old to it), and a clock behind took delivery leases
-    that ran out early by the others' clocks (a page sent twice). It does neither until its
-    clock agrees; then it delivers what is its to deliver."""
+async def dead_job(engine: Engine, queue: str = "mail") -> None:
+    """A job of ``queue`` sent to ``engine``, which it runs, and which dies."""
+    sent = await engine.jobs.send(queue, "hello")
+
+    async def dead() -> bool:
+        detail = await engine.jobs.get_job(sent.id)
+        return detail.job is not None and detail.job.status == "dead"
+
+    await until(dead, "the job to die")
+
+
+async def test_an_instance_whose_clock_is_ahead_judges_alerts_by_the_databases_time(pg_url: str) -> None:
+    """Standing down for its clock, an instance judged the alert conditions on that clock: a
+    minute ahead, the live instance's heartbeats looked a minute old to it, and it paged "no
+    instance fires" beside it, stamped in the future (which the live one could not resolve).
+    It judges by the database server's time, and its own webhook gets the fleet's page."""
 
     async def broken(job: JobContext) -> None:
         raise RuntimeError("the dependency went away")
 
     queue = define_queue(name="mail", handler=broken, attempts=1, alert={"dead_jobs": 1})
     live_hook, ahead_hook = Receiver(), Receiver()
-    clock = OffsetClock(timedelta(seconds=60))
     live = Engine([queue], pg_url, instance="live", abandon_after=WINDOW, heartbeat_interval=0.2, shutdown_grace=0,
                   alerting=AlertSettings(sinks=("https://live.example.test/hook",), poll=0.2),
                   alert_transport=httpx.MockTransport(live_hook))  # fmt: skip
-    ahead = Engine([queue], pg_url, clock=clock, instance="ahead", abandon_after=WINDOW, heartbeat_interval=0.2,
-                   shutdown_grace=0, alerting=AlertSettings(sinks=("https://ahead.example.test/hook",), poll=0.2),
+    ahead = Engine([queue], pg_url, clock=OffsetClock(timedelta(seconds=60)), instance="ahead", abandon_after=WINDOW,
+                   heartbeat_interval=0.2, shutdown_grace=0,
+                   alerting=AlertSettings(sinks=("https://ahead.example.test/hook",), poll=0.2),
                    alert_transport=httpx.MockTransport(ahead_hook))  # fmt: skip
     await live.start()
     await ahead.start()
     try:
         assert ahead.registry.clock_off
-        notifier = ahead.alerts.notifier
-        assert notifier is not None
-        await notifier.register(ahead.clock.now())  # (its sink known: a transition is its to deliver too)
-        # By its clock the live instance's heartbeat is a minute old: it would page that none fires.
-        judged = await ahead.alerts.evaluate()
-        assert judged.transitions == [] and judged.findings == {}
-        sent = await live.jobs.send("mail", "hello")
-
-        async def dead() -> bool:
-            detail = await live.jobs.get_job(sent.id)
-            return detail.job is not None and detail.job.status == "dead"
-
-        await until(dead, "the job to die")
-        await live.alerts.evaluate()  # (or its own loop's round did: one of them wrote it)
-        await until(lambda: len(live_hook.requests) == 1, "the live instance's page")
-        assert await notifier.deliver_due() == 0 and ahead_hook.requests == []
+        judged = await ahead.alerts.evaluate()  # by its clock the live heartbeat is a minute old
+        assert "not_firing" not in {f.condition for f in judged.findings.values()}, judged.findings
+        await dead_job(live)
+        await ahead.alerts.evaluate()  # (or the live one's round: one of them writes it)
+        await until(lambda: len(live_hook.requests) == 1 and len(ahead_hook.requests) == 1, "each webhook's page")
         page = await live.alerts.page()
-        assert [a.key for a in page.alerts] == ["dead_jobs:mail"]  # no "not_firing" of its making
-        clock.offset = timedelta(0)  # its time sync is fixed
-        await until(lambda: not ahead.registry.clock_off, "the clocks to agree")
-        await until(lambda: len(ahead_hook.requests) == 1, "its own webhook's page, delivered once it agrees")
+        assert [a.key for a in page.alerts] == ["dead_jobs:mail"]
+        (alert,) = page.alerts
+        assert abs((alert.since - datetime.now(UTC)).total_seconds()) < 30  # stamped by the database's time
     finally:
         await ahead.stop(grace=0)
+        await live.stop(grace=0)
+
+
+async def test_an_instance_whose_clock_is_behind_takes_delivery_leases_by_the_databases_time(pg_url: str) -> None:
+    """Two minutes behind, an instance's delivery lease (a minute, on its clock) had run out
+    by the others' clocks when it took it: while its POST was on its way another instance
+    claimed the same page and sent it again (ten pages of twelve sent twice)."""
+
+    async def broken(job: JobContext) -> None:
+        raise RuntimeError("the dependency went away")
+
+    queue = define_queue(name="mail-2", handler=broken, attempts=1, alert={"dead_jobs": 1})
+    hook = "https://hooks.example.test/one"
+    answered = asyncio.Event()
+    slow: list[Any] = []
+    quick = Receiver()
+
+    async def hangs(request: httpx.Request) -> httpx.Response:
+        slow.append(request)
+        await answered.wait()
+        return httpx.Response(200)
+
+    live = Engine([queue], pg_url, instance="live", abandon_after=WINDOW, heartbeat_interval=0.2, shutdown_grace=0,
+                  alerting=AlertSettings(sinks=(hook,), poll=3600, interval=3600),
+                  alert_transport=httpx.MockTransport(quick))  # fmt: skip
+    behind = Engine([queue], pg_url, clock=OffsetClock(timedelta(seconds=-120)), instance="behind",
+                    abandon_after=WINDOW, heartbeat_interval=0.2, shutdown_grace=0,
+                    alerting=AlertSettings(sinks=(hook,), poll=0.2, interval=3600),
+                    alert_transport=httpx.MockTransport(hangs))  # fmt: skip
+    await live.start()
+    await behind.start()
+    try:
+        assert behind.registry.clock_off
+        await dead_job(live, "mail-2")
+        done = await behind.alerts.evaluate()
+        assert [a.key for a in done.won] == ["dead_jobs:mail-2"]
+        await until(lambda: len(slow) == 1, "its POST on its way")
+        live_notifier = live.alerts.notifier
+        assert live_notifier is not None
+        assert await live_notifier.deliver_due() == 0 and quick.requests == []  # leased, by the database's time
+        answered.set()
+    finally:
+        answered.set()
+        await behind.stop(grace=0)
         await live.stop(grace=0)
 
 

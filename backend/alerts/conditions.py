@@ -246,23 +246,35 @@ def late(
 
 
 # -- not_firing ----------------------------------------------------------------------------------
+#: Seconds within which the offsets of instances that all stand down point at the database
+#: server's clock rather than theirs.
+SAME_OFFSET_S = 1.0
+
 def not_firing(instances: Sequence[InstanceInfo], now: datetime, fresh: timedelta) -> Finding | None:
-    """No instance that fires has beaten within ``fresh`` of ``now``."""
+    """No instance that fires has beaten within ``fresh`` of ``now`` (each by when it beat on
+    the database server's clock: see :attr:`InstanceInfo.heard_at`)."""
     members = [i for i in instances if i.fires]
-    if any(now - i.heartbeat_at <= fresh for i in members):
+    if any(now - i.heard_at <= fresh for i in members):
         return None
-    standing = [i for i in instances if i.stands_down and now - i.heartbeat_at <= fresh]
+    standing = [i for i in instances if i.stands_down and now - i.heard_at <= fresh]
     if standing:  # alive, but its clock is off: the page should say so
         first = standing[0]
         more = f" (and {len(standing) - 1} more)" if len(standing) > 1 else ""
-        return Finding("not_firing", FLEET, _short(f"no instance fires: {first.name}{more} stands down, {first.clock_text()}"))
+        summary = f"no instance fires: {first.name}{more} stands down, {first.clock_text()}"
+        offsets = [i.clock_offset_s for i in standing if i.clock_offset_s is not None]
+        if len(offsets) > 1 and len(offsets) == len(standing) and max(offsets) - min(offsets) <= SAME_OFFSET_S:
+            # Every instance off by the same: they agree with one another, not with the server.
+            summary = (f"no instance fires: all {len(standing)} live instances stand down, their clocks "
+                       f"{_seconds(round(abs(sum(offsets) / len(offsets)), 1))} {'ahead of' if offsets[0] > 0 else 'behind'} "
+                       "the database server's alike: its clock is likely the one that is off (check its time sync)")  # fmt: skip
+        return Finding("not_firing", FLEET, _short(summary))
     if not members:
         summary = "no instance of the fleet fires (none registered as firing)"
     else:
-        newest = max(members, key=lambda i: i.heartbeat_at)
+        newest = max(members, key=lambda i: i.heard_at)
         summary = (
             f"no firing instance has a heartbeat within {_seconds(fresh.total_seconds())}; "
-            f"the newest is {newest.name}'s, at {iso(newest.heartbeat_at)}"
+            f"the newest is {newest.name}'s, at {iso(newest.heard_at)}"
         )
     return Finding("not_firing", FLEET, _short(summary))
 

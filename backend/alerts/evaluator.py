@@ -293,7 +293,7 @@ class Evaluator:
         if not others or self.code_owners is None:
             return set()
         owners = await self.code_owners()
-        live = {i.name for i in instances if i.fires and now - i.heartbeat_at <= self.fresh and i.name != self.instance}
+        live = {i.name for i in instances if i.fires and now - i.heard_at <= self.fresh and i.name != self.instance}
         return {name for name in others if owners.get(name) in live}
 
     # -- findings -> transitions -------------------------------------------------------------

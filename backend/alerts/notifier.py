@@ -204,13 +204,12 @@ class Notifier:
         settings: AlertSettings,
         audit: AuditLog,
         transport: httpx.AsyncBaseTransport | None = None,
-        standing_down: Callable[[], bool] = lambda: False,
+        now: Callable[[], datetime] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
-        self.standing_down = standing_down
-        """Whether this instance claims no delivery now (its clock is off: a lease it took
-        would run out early or late by the others' clocks; see :meth:`Alerts.standing_down`)."""
+        self.now = now or clock.now
+        """The time a delivery's lease is taken and judged by (see :meth:`Alerts.now`)."""
         self.loops = loops
         self.instance = instance
         self.sinks = {sink.id: sink for sink in sinks}
@@ -298,8 +297,8 @@ class Notifier:
     async def deliver_due_to(self, sink_id: str) -> int:
         """Claim and deliver every due row of one sink, a batch at a time; how many were handled."""
         handled = 0
-        while not self.standing_down():
-            now = self.clock.now()
+        while True:
+            now = self.now()
             until = now + timedelta(seconds=self.settings.lease)
             claiming = asyncio.ensure_future(self.store.claim_deliveries([sink_id], self.instance, now, until, CLAIM_BATCH))
             try:
@@ -327,7 +326,7 @@ class Notifier:
     async def deliver(self, delivery: Delivery) -> None:
         """POST one claimed row and record what came of it."""
         sink = self.sinks[delivery.sink]
-        if self.clock.now() >= delivery.until:
+        if self.now() >= delivery.until:
             # Stalled past the lease since the claim: another instance may be sending it.
             log.warning("alert %s to %s: not sent, its claim ran out first", delivery.alert_key, sink.shown)
             return
@@ -357,7 +356,7 @@ class Notifier:
         except Exception as exc:  # anything else one sink's request raises fails its delivery, not every sink's
             log.warning("alert %s to %s: the request failed unexpectedly", delivery.alert_key, sink.shown, exc_info=exc)
             error = _error(exc).replace(sink.url, sink.shown)
-        now = self.clock.now()
+        now = self.now()
         retry_at = None
         if error is not None and delivery.attempts < self.settings.attempts:
             retry_at = now + self.settings.retry_delay(delivery.attempts)
@@ -390,7 +389,7 @@ class Notifier:
         name, wake = self.loop_names[sink_id], self.wakes[sink_id]
         while True:
             try:
-                await self.register(self.clock.now())
+                await self.register(self.now())
                 await self.deliver_due_to(sink_id)
             except Unavailable as exc:
                 log.warning("alerts: cannot deliver to %s now: %s", self.sinks[sink_id].shown, exc)

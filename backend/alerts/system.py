@@ -80,7 +80,7 @@ class Alerts:
     async def page(self, *, resolved: bool = False) -> AlertsPage:
         """The firing alerts (and, with ``resolved``, those resolved in the last
         :data:`RESOLVED_SHOWN`), firing ones first, newest first."""
-        after = self.clock.now() - RESOLVED_SHOWN if resolved else None
+        after = self.now() - RESOLVED_SHOWN if resolved else None
         return ordered(await self._store().list_alerts(resolved_after=after))
 
     # -- evaluation and delivery (serve) ------------------------------------------------------
@@ -97,14 +97,14 @@ class Alerts:
         beat: Callable[[datetime], Awaitable[bool]] | None = None,
         unrunnable: Collection[str] = (),
         code_owners: Callable[[], Awaitable[Mapping[str, str | None]]] | None = None,
-        clock_off: Callable[[], bool] = lambda: False,
+        store_time: Callable[[datetime], datetime] = lambda now: now,
     ) -> None:
         """Hand the evaluator what it reads of the engine (before :meth:`start`); ``beat``
         writes this instance's heartbeat when it is due, ``unrunnable`` names the stored
         schedules not valid here, ``code_owners`` reads who defines each code schedule
-        (see :class:`Evaluator`). ``clock_off``: whether this instance's clock is off the
-        store server's now; meanwhile it neither judges nor delivers (see :meth:`standing_down`)."""
-        self.clock_off = clock_off
+        (see :class:`Evaluator`). ``store_time``: this clock's time as the store server's
+        (see :meth:`now`)."""
+        self.store_time = store_time
         if self.settings is None:
             return
         store = self._store()
@@ -116,24 +116,23 @@ class Alerts:
         self.notifier = Notifier(
             store=store, clock=self.clock, loops=self.loops, instance=self.instance,
             sinks=parse_sinks(self.settings.sinks), settings=self.settings, audit=self.audit, transport=self.transport,
-            standing_down=self.standing_down,
+            now=self.now,
         )  # fmt: skip
 
-    def standing_down(self) -> bool:
-        """Whether this instance leaves alerting to the others now: its clock is off the
-        store server's (it stands down from all work then). Judged on that clock, the
-        others' heartbeats look old or young, a schedule's slots late, and a transition it
-        stamps, or a delivery lease it takes, is ahead of or behind theirs: it paged
-        "no instance fires" beside a healthy one, and sent pages a second time."""
-        return self.clock_off()
+    def now(self) -> datetime:
+        """The time alerting judges and stamps by: this clock's, or the store server's where
+        this clock is off it (by the newest reading). On a clock a minute ahead the others'
+        heartbeats looked a minute old (it paged "no instance fires" beside a healthy one,
+        stamped in the future, which the others could not resolve); one behind took
+        delivery leases that had run out by the others' clocks (a page sent twice). Judged
+        so, an instance that stands down for its clock still pages, and a fleet that all
+        stands down (the database server's clock off) is paged."""
+        return self.store_time(self.clock.now())
 
     async def evaluate(self) -> Round:
-        """One evaluation round now: the transitions it wrote wake the delivery. None while
-        this instance stands down (see :meth:`standing_down`): an empty round."""
+        """One evaluation round now (see :meth:`now`): the transitions it wrote wake the delivery."""
         assert self.evaluator is not None and self.settings is not None, "evaluation needs settings"
-        now = self.clock.now()
-        if self.standing_down():
-            return Round(at=now)
+        now = self.now()
         done = await self.evaluator.evaluate(now, sinks_after=now - timedelta(seconds=self.settings.sink_ttl))
         self.last_round = done
         for alert in done.won:

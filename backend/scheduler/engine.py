@@ -371,7 +371,7 @@ class Engine(EngineReads, EngineActions):
             schedules=self.schedules, queues=self.jobs.queues, functions=self.durable.functions,
             state_of=self.states.get, is_enabled=self.states.is_enabled, fleet=self.store.fleet,
             fresh=timedelta(seconds=abandon_after), beat=self.registry.beat_when_due, unrunnable=self.catalog.invalid,
-            code_owners=self._code_owners, clock_off=lambda: self.registry.clock_off,
+            code_owners=self._code_owners, store_time=self.registry.store_time,
         )  # fmt: skip
         self.subsystems.append(self.alerts)
         self.fleet_timings = FleetTimings(

@@ -257,8 +257,8 @@ class InstanceRegistry:
                           "fix its time sync (NTP)", check.describe())  # fmt: skip
             elif check.off:
                 log.error(
-                    "CLOCK: %s; it stops its work and takes none (nor closes other instances' work, nor judges or "
-                    "sends alerts) until they agree: fix its time sync (NTP)",
+                    "CLOCK: %s; it stops its work and takes none (nor closes other instances' work; it judges and "
+                    "sends alerts by the database server's time) until they agree: fix its time sync (NTP)",
                     check.describe(),
                 )
             else:
