@@ -41,7 +41,7 @@ from console.views.health import HealthRows
 from console.widgets import ConsoleHeader, TimelineGrid
 from console.widgets.command_line import CommandLine, commands_of, resolve
 from console.widgets.line import Line
-from tests.console_fixtures import FROZEN, WHERE, console_backend
+from tests.console_fixtures import FROZEN, WHERE, FlakyBackend, console_backend
 from tests.console_scenes import OPERATOR_ZONE, make_ledger, settle
 from tests.test_console import Notes
 from tests.test_console_snapshots import screen_text
@@ -422,6 +422,39 @@ async def test_the_header_keeps_the_instance_at_80_columns(store_url: str, where
         assert "timers off" in text, text
         assert text.count("state.db") == 1, text
         assert app.query_one("#mode").display is read_only  # READ-ONLY is said in the footer
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+async def test_a_lost_connection_keeps_the_instance_and_the_address_in_sight(store_url: str, size: str) -> None:
+    """Lost at 80 columns, the header was "schedtui │ ✗ connection lost · stale, last good
+    13s ago · retry in 4s │ ⚑ 1 │" and nothing more: with one console per server, the
+    operator could not tell which one was down. The lost state says it in short words first."""
+    clock = ManualClock(FROZEN)
+    flaky: Any = FlakyBackend(console_backend(store_url, clock))
+    app = SchedtuiApp(flaky, clock, where=FlakyBackend.URL, operator_zone=OPERATOR_ZONE)
+    try:
+        async with app.run_test(size=SIZES[size]) as pilot:
+            await settle(pilot)
+            header = app.query_one(ConsoleHeader)
+            flaky.down = True
+            await pilot.press("ctrl+r")
+            await settle(pilot)
+            for _ in range(4):  # the retries 1, 2, 5 and 5 s later fail too: 13 s stale
+                assert header.state == "lost" and header.retry_at is not None
+                clock.advance(header.retry_at - clock.now())
+                app.tick()
+                await settle(pilot)
+            text = header.render().plain
+            assert header.state == "lost" and len(text) <= SIZES[size][0], text
+            assert text.endswith(" console") and "10.0.0.7:8080" in text and "⚑ 2" in text and "▲ 1 firing" in text, text
+            # Its long words give way to short ones that say the same, its retry's countdown
+            # last of all (it retries by itself).
+            if size == "80x24":
+                assert text.startswith("schedtui │ ✗ lost · stale 13s │ "), text
+            else:
+                assert text.startswith("schedtui │ ✗ connection lost · stale, last good 13s ago · retry in 5s │ "), text
+    finally:
+        await flaky.close()
 
 
 async def test_the_signal_prompts_json_error_is_shown_whole(store_url: str) -> None:

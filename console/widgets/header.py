@@ -72,15 +72,22 @@ class ConsoleHeader(Widget):
     silent for longer than :data:`EVENTS_LATE` is not live (a frozen server keeps its
     connections open and says nothing), until the stream is given up for broken."""
 
+    #: What gives way, in this order, when the header does not fit (after the location,
+    #: cut down to its last part: the file, the host and port), so that the instance at the
+    #: end and the location stay in sight: the names of the firing engines (their count
+    #: stays), the words "embedded" (a path says it), "instance" and "alerting" (the flag
+    #: and count stay), the store's kind ("sqlite", "remote": the location stays), the
+    #: coordination (every run's outcome says it), a lost connection's long words (its
+    #: short ones say the same: ``✗ lost · stale 9s · retry 4s``), the feed's word
+    #: ("(events)", "(polling)": live stays), the READ-ONLY badge (the footer's left end
+    #: says it too) and last a lost connection's retry countdown (it retries by itself).
+    #: At 80 columns the instance was never in sight, nor, lost, the server it watches.
+    GIVES_WAY = (
+        "names", "embedded", "instance", "alerting", "kind", "coordination", "connection words", "feed", "read-only",
+        "retry",
+    )  # fmt: skip
+
     def render(self) -> Content:
-        # What gives way when it does not fit, so that the instance at the end stays in
-        # sight: the location first, down to its last part (the file, the host and port),
-        # then the names of the firing engines (their count stays), then the words
-        # "embedded" (a path says it), "instance" and "alerting" (the flag and count stay),
-        # then the store's kind ("sqlite", "remote": the location stays), the coordination
-        # (every run's outcome says it), the feed's word ("(events)", "(polling)": live
-        # stays) and last the READ-ONLY badge (the footer's left end says it too). At 80
-        # columns the instance was never in sight.
         width = self.size.width
         where = self.where or (self.info.where if self.info is not None else "")
         content = self._content(where)
@@ -91,39 +98,41 @@ class ConsoleHeader(Widget):
             if keep < len(where):
                 where = "…" + where[-keep:]
                 content = self._content(where)
-        for gives_way in range(1, 9):
+        for gives_way in range(1, len(self.GIVES_WAY) + 1):
             if content.cell_length <= width:
                 break
-            content = self._content(where, gives_way=gives_way)
+            content = self._content(where, gone=frozenset(self.GIVES_WAY[:gives_way]))
         return content
 
-    def _content(self, where: str, *, gives_way: int = 0) -> Content:
-        """The header with ``where`` as the location; ``gives_way`` (0-8): how many of the
-        names of the firing engines, the words "embedded", "instance" and "alerting", the
-        store's kind, the coordination, the feed's word and the READ-ONLY badge are left out."""
+    def _content(self, where: str, *, gone: frozenset[str] = frozenset()) -> Content:
+        """The header with ``where`` as the location, without what ``gone`` names of
+        :attr:`GIVES_WAY`."""
         # Most telling first: what is true now, then what it is connected to (cut at 80 columns).
-        parts: list[str] = ["[b]schedtui[/b]", self._connection(feed=gives_way < 7)]
-        if self.read_only and gives_way < 8:
+        connection = self._connection(
+            feed="feed" not in gone, short="connection words" in gone, retry="retry" not in gone
+        )
+        parts: list[str] = ["[b]schedtui[/b]", connection]
+        if self.read_only and "read-only" not in gone:
             parts.append("[b reverse $text-warning] READ-ONLY [/]")
         if self.alerting:  # a flag, not the fleet's ▲: the two counts sit side by side
-            word = "" if gives_way >= 4 else " alerting"
+            word = "" if "alerting" in gone else " alerting"
             parts.append(f"[b reverse $text-error] ⚑ {self.alerting}{word} [/]")
         if self.fleet is not None:
-            parts.append(self._fleet(self.fleet, names=gives_way < 1))
+            parts.append(self._fleet(self.fleet, names="names" not in gone))
         info = self.info
         if info is not None:
             kind = f"{info.kind} {info.store_kind}".strip() if info.kind == "embedded" else "remote"
-            if gives_way >= 2 and info.kind == "embedded":
+            if "embedded" in gone and info.kind == "embedded":
                 kind = info.store_kind
-            if gives_way >= 5:
+            if "kind" in gone:
                 kind = ""
             parts.append(f"{escape(kind)} [b]{escape(where or info.where)}[/b]".strip())
             if not info.fires:
                 # An embedded console that does not run timers: `serve` (or nothing) fires.
                 parts.append("[$text-muted]timers off[/]")
-            if gives_way < 6:
+            if "coordination" not in gone:
                 parts.append(escape(info.coordination))
-            parts.append(("" if gives_way >= 3 else "[$text-muted]instance[/] ") + escape(info.instance))
+            parts.append(("" if "instance" in gone else "[$text-muted]instance[/] ") + escape(info.instance))
         elif where:
             parts.append(escape(where))
         return Content.from_markup(" [$text-muted]│[/] ".join(parts))
@@ -148,19 +157,27 @@ class ConsoleHeader(Widget):
         count = f"[$text-success]▲ {len(fleet.firing)} firing[/]"
         return (f"{count} [$text-muted]{escape(shown)}[/]" if names else count) + down
 
-    def _connection(self, *, feed: bool = True) -> str:
-        """The connection's state; ``feed``: whether a live one says how it stays fresh."""
-        age = ""
+    def _connection(self, *, feed: bool = True, short: bool = False, retry: bool = True) -> str:
+        """The connection's state; ``feed``: whether a live one says how it stays fresh;
+        ``short``: a lost one in its short words; ``retry``: whether a lost one says when it
+        tries again."""
+        since = age = ""  # (since the last good refresh)
         if self.last_ok is not None and self.now is not None:
-            age = fmt.compact_delta(max(self.now - self.last_ok, self.now - self.now)) + " ago"
+            since = fmt.compact_delta(max(self.now - self.last_ok, self.now - self.now))
+            age = since + " ago"
         if self.state == "connecting":
             return "[$text-warning]◌ connecting…[/]"
         if self.state == "lost":
-            retry = ""
-            if self.retry_at is not None and self.now is not None:
-                retry = f" · retry {fmt.countdown(self.retry_at, self.now)}"
+            next_try = ""
+            if retry and self.retry_at is not None and self.now is not None:
+                next_try = fmt.countdown(self.retry_at, self.now)
+            if short:
+                stale = f" · [b]stale[/b] {since}" if since else ""
+                next_try = f" · retry {next_try.removeprefix('in ')}" if next_try else ""
+                return f"[b $text-error]✗ lost[/]{stale}{next_try}"
             stale = f" · [b]stale[/b], last good {age}" if age else ""
-            return f"[b $text-error]✗ connection lost[/]{stale}{retry}"
+            next_try = f" · retry {next_try}" if next_try else ""
+            return f"[b $text-error]✗ connection lost[/]{stale}{next_try}"
         if self.state == "error":
             return "[b $text-error]✗ not connected[/] [$text-muted](ctrl+r retries)[/]"
         if self.state == "refused":
