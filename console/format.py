@@ -88,11 +88,33 @@ def zone_abbr(zone: str, at: datetime) -> str:
     return at.astimezone(zone_of(zone)).strftime("%Z")
 
 
-def short_time(dt: datetime | None, zone: str) -> str:
-    """``03-02 09:00:00 CET``: month-day and time in ``zone``."""
+#: How far from now a time is written with its year even within the year: "12-30" read on
+#: January 2nd is taken for three days ago, not a year on.
+YEAR_SHOWN_FROM = timedelta(days=183)
+
+
+def short_time(dt: datetime | None, zone: str, now: datetime | None, *, seconds: bool = True) -> str:
+    """``03-02 09:00:00 CET``: month-day and time in ``zone``; ``2027-12-08 02:29:03 CET``
+    for a time in another year than ``now`` or half a year or more from it, or when ``now``
+    is not known (a wait's 366-day limit read "until 12-08 02:29:03": tomorrow, to an
+    operator, where it meant a year on). ``seconds=False`` leaves the seconds out."""
     if dt is None:
         return "-"
-    return dt.astimezone(zone_of(zone)).strftime("%m-%d %H:%M:%S %Z")
+    local = dt.astimezone(zone_of(zone))
+    day = "%m-%d"
+    if now is None or now.astimezone(local.tzinfo).year != local.year or abs(dt - now) >= YEAR_SHOWN_FROM:
+        day = "%Y-%m-%d"
+    return local.strftime(f"{day} %H:%M:%S %Z" if seconds else f"{day} %H:%M %Z")
+
+
+def day_time(dt: datetime, zone: str, now: datetime) -> str:
+    """``09:00:00``, the time alone, for a time on ``now``'s day in ``zone``; another day's
+    as :func:`short_time` writes it, without the zone (a CREATED column said ``09:00:00``
+    for an execution created weeks before)."""
+    local = dt.astimezone(zone_of(zone))
+    if local.date() == now.astimezone(local.tzinfo).date():
+        return local.strftime("%H:%M:%S")
+    return short_time(dt, zone, now).rsplit(" ", 1)[0]
 
 
 def age(then: datetime, now: datetime) -> str:

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from textual.widgets import DataTable, Input, Label, Static
 
+from backend import Engine, ManualClock
+from backend.durable import DurableContext, define_durable
 from backend.durable.model import Execution, StepView
 from console.app import SchedtuiApp
 from console.cli.durable import execution_text
@@ -21,7 +23,7 @@ from console.screens.confirm import Confirm
 from console.screens.durable import SignalPrompt, StepsScreen, step_rows
 from console.views import durable as durable_view
 from console.views.durable import DurableView, ExecutionsTable
-from tests.console_fixtures import add_timeline_history, build_ledger, ledger_copy
+from tests.console_fixtures import FROZEN, add_timeline_history, build_ledger, ledger_copy
 from tests.durable_scenes import add_durable_history
 from tests.test_console import console, settle
 
@@ -108,6 +110,37 @@ async def test_enter_opens_the_step_timeline_and_f_keeps_the_failed(store_url: s
         await settle(pilot)
         failed = app.screen.query_one(DataTable)
         assert [c if isinstance(c, str) else c.plain for c in failed.get_row_at(0)][1:4] == ["render", "step", "✗ failed"]
+
+
+async def test_a_wait_a_year_away_says_its_year_and_an_older_execution_its_day(store_url: str) -> None:
+    """``ctx.wait_for("approval")`` with no timeout wakes at the 366-day limit: its step
+    said "until 03-03 09:00:05" under "in 366d", read as tomorrow. And the CREATED column
+    said the time of day alone, whatever the day."""
+
+    async def gate(ctx: DurableContext, input: Any) -> Any:
+        return await ctx.wait_for("approval")
+
+    engine = Engine([define_durable(name="gate", handler=gate)], store_url, clock=ManualClock(FROZEN),
+                    instance="web-1", coordination="advisoryLock", shutdown_grace=0, retention=None)  # fmt: skip
+    await engine.start()
+    await engine.durable.start_execution("gate")
+    await engine.quiesce()
+    await engine.stop()
+    async with console(store_url, size=(120, 32)) as (app, pilot, clock, notes):
+        await pilot.press("4")
+        await settle(pilot)
+        assert texts(app, row(app, "gate", "waiting"))[1] == "09:00:05"  # today's (Europe/Berlin): the time alone
+        await on(pilot, app, "gate", "waiting")
+        await pilot.press("enter")
+        await settle(pilot)
+        steps = app.screen.query_one(DataTable)
+        wait = [c if isinstance(c, str) else c.plain for c in steps.get_row_at(0)]
+        assert wait[5:7] == ["09:00:05", "until 2027-03-03 09:00:05"], wait
+        await pilot.press("escape")
+        clock.advance(timedelta(days=1))
+        app.tick()
+        await settle(pilot)
+        assert texts(app, row(app, "gate", "waiting"))[1] == "03-02 09:00:05"  # yesterday's: with its day
 
 
 async def test_a_sends_the_awaited_signal_with_a_payload_and_refuses_bad_json(store_url: str) -> None:
@@ -248,9 +281,9 @@ def test_a_step_left_open_in_an_execution_that_ended_is_shown_ended() -> None:
                           error_tag="nondeterministic", error_message="reached step c where nap is recorded",
                           schedule=None, scheduled_at=None, created_at=at, finished_at=at, waiting_for=None, wake_at=None,
                           instance=None, steps=steps)  # fmt: skip
-    [_, nap] = step_rows(execution, "UTC", failed_only=False)
+    [_, nap] = step_rows(execution, "UTC", at, failed_only=False)
     assert nap[3] == "⊘ ended" and not nap[6].startswith("until")
     text = execution_text(execution, at)
     assert "⊘ ended" in text and "until" not in text.split("nap", 1)[1].splitlines()[0]
     waiting = dataclasses.replace(execution, status="waiting", error_tag=None, error_message=None)
-    assert step_rows(waiting, "UTC", failed_only=False)[1][3] == "◷ waiting"  # (one that waits is shown waiting)
+    assert step_rows(waiting, "UTC", at, failed_only=False)[1][3] == "◷ waiting"  # (one that waits is shown waiting)

@@ -25,10 +25,11 @@ from console.widgets.bounded import BoundedInput
 __all__ = ["SignalPrompt", "StepsScreen", "step_rows"]
 
 
-def step_rows(execution: Execution, zone: str, *, failed_only: bool) -> list[tuple[str, ...]]:
-    """The timeline's rows: position, name, kind, status, attempt, start, duration or
-    what it waits until, error. ``failed_only`` keeps the steps with a failed attempt:
-    failed, waiting for a retry, or succeeded after one."""
+def step_rows(execution: Execution, zone: str, now: datetime, *, failed_only: bool) -> list[tuple[str, ...]]:
+    """The timeline's rows: position, name, kind, status, attempt, start (the time alone
+    on ``now``'s day), duration or what it waits until (with its year when far from
+    ``now``), error. ``failed_only``
+    keeps the steps with a failed attempt: failed, waiting for a retry, or succeeded after one."""
     rows: list[tuple[str, ...]] = []
     for step in execution.steps or []:
         if failed_only and not _failed(step):
@@ -42,8 +43,9 @@ def step_rows(execution: Execution, zone: str, *, failed_only: bool) -> list[tup
                 step.kind + (" ¹" if step.at_most_once else ""),
                 f"{fmt.STEP_GLYPHS.get(status, '?')} {status}",
                 str(step.attempt),
-                fmt.short_time(step.started_at, zone).rsplit(" ", 1)[0],
-                f"until {fmt.short_time(step.wake_at, zone).rsplit(' ', 1)[0]}" if waits else fmt.duration(step.duration_ms),
+                # Today's start, the time alone: room at 80 columns for a wait's year.
+                fmt.day_time(step.started_at, zone, now) if step.started_at is not None else "-",
+                f"until {fmt.short_time(step.wake_at, zone, now).rsplit(' ', 1)[0]}" if waits else fmt.duration(step.duration_ms),
                 in_line(" ".join(filter(None, [step.error_tag and f"[{step.error_tag}]", step.error_message]))),
             )
         )
@@ -128,7 +130,7 @@ class StepsScreen(ModalScreen[None]):
     def _fill(self) -> None:
         table = self.query_one(DataTable)
         table.clear()
-        rows = step_rows(self.execution, self.zone, failed_only=self.failed_only)
+        rows = step_rows(self.execution, self.zone, self.now, failed_only=self.failed_only)
         for row in rows:
             status = row[3]
             style = "bold red" if "failed" in status else "yellow" if "waiting" in status else "dim" if "cancelled" in status else ""

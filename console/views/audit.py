@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import ClassVar
 
 from rich.style import Style
@@ -72,29 +73,30 @@ class AuditTable(FreshTable):
         for key, label in self.COLUMNS:
             self.add_column(label, key=key)
 
-    def _cells(self, entry: AuditEntry, zone: str, others: int) -> tuple[Text, ...]:
+    def _cells(self, entry: AuditEntry, at: str, others: int) -> tuple[Text, ...]:
         detail = detail_text(entry)
         width = max(self.DETAIL_MIN, self.size.width - 1 - 2 * len(self.COLUMNS) - others)
         if len(detail) > width:
             detail = detail[: width - 1] + "…"
         muted = Style(color=theme_color(self.app, "text-muted"))
         return (
-            Text(fmt.short_time(entry.at, zone).rsplit(" ", 1)[0], style=muted),  # the zone is on the tab line
+            Text(at, style=muted),
             Text(in_line(entry.actor), style="bold"),
             Text(entry.action),
             Text(in_line(entry.target)),
             Text(detail, style=muted),
         )
 
-    def show(self, entries: list[AuditEntry], zone: str) -> None:
+    def show(self, entries: list[AuditEntry], zone: str, now: datetime) -> None:
         """Show ``entries``; the cursor stays on the same entry when it is still there."""
+        ats = [fmt.short_time(e.at, zone, now).rsplit(" ", 1)[0] for e in entries]  # the zone is on the tab line
         others = (
             (max((len(e.actor) for e in entries), default=5))
             + (max((len(e.action) for e in entries), default=6))
             + (max((len(e.target) for e in entries), default=6))
-            + 14
+            + max(map(len, ats), default=14)  # (a year's entry's has its year)
         )
-        shown = [(e.id, self._cells(e, zone, others)) for e in entries]
+        shown = [(e.id, self._cells(e, at, others)) for e, at in zip(entries, ats, strict=True)]
         if shown == self._shown:
             return
         selected = self.selected_entry.id if self.selected_entry is not None else None
@@ -187,7 +189,7 @@ class AuditView(View):
         console = self.console
         needle = console.filter_text.strip()
         shown = [e for e in self.entries if entry_matches(e, needle)]
-        self.table.show(shown, console.display_zone)
+        self.table.show(shown, console.display_zone, console.backend_now())
         self._show_entry()
         title = f"AUDIT {len(shown)}"
         if needle:

@@ -77,7 +77,7 @@ class ExecutionsTable(FreshTable):
         for key, label in self.COLUMNS:
             self.add_column(label, key=key)
 
-    def _cells(self, e: Execution, zone: str, now: datetime, others: int) -> tuple[Text, ...]:
+    def _cells(self, e: Execution, created: str, now: datetime, others: int) -> tuple[Text, ...]:
         muted = Style(color=theme_color(self.app, "text-muted"))
         error = in_line(" ".join(filter(None, [e.error_tag and f"[{e.error_tag}]", e.error_message])))
         width = max(self.ERROR_MIN, self.size.width - 1 - 2 * len(self.COLUMNS) - others)
@@ -85,7 +85,7 @@ class ExecutionsTable(FreshTable):
             error = error[: width - 1] + "…"
         return (
             Text(e.id[-6:], style=muted),
-            Text(fmt.short_time(e.created_at, zone).rsplit(" ", 1)[0][6:], style=muted),  # the zone is on the tab line
+            Text(created, style=muted),
             Text(e.function, style="bold"),
             Text(f"{fmt.EXECUTION_GLYPHS.get(e.status, '?')} {e.status}", style=_STATUS_STYLE.get(e.status, "")),
             Text(e.current_step or "-"),
@@ -96,12 +96,14 @@ class ExecutionsTable(FreshTable):
 
     def show(self, executions: list[Execution], zone: str, now: datetime) -> None:
         """Show ``executions``; the cursor stays on the same one when it is still there."""
+        # The time alone for today's, the day too for older ones (the zone is on the tab line).
+        created = [fmt.day_time(e.created_at, zone, now) for e in executions]
         others = (
-            6 + 8 + max((len(e.function) for e in executions), default=8) + 11
+            6 + max(map(len, created), default=8) + max((len(e.function) for e in executions), default=8) + 11
             + max((len(e.current_step or "-") for e in executions), default=4)
             + max((len(waiting_text(e)) for e in executions), default=11) + 9
         )  # fmt: skip
-        shown = [(e.id, self._cells(e, zone, now, others)) for e in executions]
+        shown = [(e.id, self._cells(e, at, now, others)) for e, at in zip(executions, created, strict=True)]
         if shown == self._shown:
             return
         selected = self.selected_execution.id if self.selected_execution is not None else None

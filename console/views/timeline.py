@@ -162,14 +162,15 @@ class TimelineView(View):
         rows = console.visible_views()
         overdue = OverdueNames(rows, console.overdue, console.data_now())
         self.grid.show(rows, self.runs, window, now, console.display_zone, limit=self.limit_per_name, overdue=overdue)
-        self._title(window, len(rows))
+        self._title(window, len(rows), now)
         if self._stale(window):
             self.reload()
 
-    def _title(self, window: Window, shown: int) -> None:
+    def _title(self, window: Window, shown: int, now: datetime) -> None:
         console = self.console
         zone = console.display_zone
-        span = f"{fmt.short_time(window.start, zone)[:11]} – {fmt.short_time(window.end, zone)[:11]} {fmt.zone_abbr(zone, window.end)}"
+        start, end = (fmt.short_time(at, zone, now, seconds=False).rsplit(" ", 1)[0] for at in (window.start, window.end))
+        span = f"{start} – {end} {fmt.zone_abbr(zone, window.end)}"
         mode = "following now" if self.following else "panned · 0 returns to now"
         title = f"TIMELINE {shown} schedules · {zoom_label(ZOOMS[self.zoom])} · {span} · {mode}"
         if console.filter_text:
@@ -209,7 +210,8 @@ class TimelineView(View):
             info.update(Content.assemble(*head, (hint, "$text-muted")))
             return
         assert self.grid.window is not None
-        at = fmt.short_time(self.grid.window.cell_start(index), zone)
+        now = console.backend_now()
+        at = fmt.short_time(self.grid.window.cell_start(index), zone, now)
         run = cell.worst
         if run is None:
             what = "a slot with no run: missed without a record (was an engine firing?)" if cell.gap else "next fire"
@@ -218,10 +220,10 @@ class TimelineView(View):
         glyph = fmt.STATUS_GLYPHS.get(run.status, "?")
         style = "bold reverse $text-error" if run.status == "failed" else "bold"
         parts: list[str | tuple[str, str]] = [
-            *head, fmt.short_time(run.scheduled_at, zone), "  ", (f"{glyph} {run.status}", style), "  ",
+            *head, fmt.short_time(run.scheduled_at, zone, now), "  ", (f"{glyph} {run.status}", style), "  ",
             f"{fmt.OUTCOME_GLYPHS.get(run.coordination_outcome, '?')} {run.coordination_outcome}",
             ("  ", ""), (KIND_MEANINGS[kind_of(run)], "$text-muted"), "  ", run.instance, "  ",
-            run_duration(run, view.max_runtime_s, console.backend_now()),
+            run_duration(run, view.max_runtime_s, now),
         ]
         if run.error_tag or run.error_message:
             parts += ["  ", (f"[{run.error_tag}] {run.error_message or ''}".strip(), "$text-error")]

@@ -103,7 +103,7 @@ class DetailBar(Widget):
         elif not view.enabled:
             note = view.state_note
             if note is not None:
-                when = fmt.short_time(note.at, self.zone)
+                when = fmt.short_time(note.at, self.zone, now)
                 ago = f", {fmt.age(note.at, now)} ago" if now is not None else ""
                 # The note first: a narrow terminal cuts the end of the line, and why it is
                 # off matters more than who said so and when.
@@ -118,7 +118,7 @@ class DetailBar(Widget):
             late = f" ({fmt.age(self.overdue_since, now)} ago)" if now is not None else ""
             lines.append(Content.assemble(
                 ("⚠ overdue", "bold reverse $text-warning"),
-                f" no run for the slot of {fmt.short_time(self.overdue_since, self.zone)}{late} or since:"
+                f" no run for the slot of {fmt.short_time(self.overdue_since, self.zone, now)}{late} or since:"
                 " is an engine firing it?",
             ))
         elif view.description:
@@ -257,7 +257,7 @@ class RunsTable(FreshTable):
         error = in_line(error.replace("\n", " "))  # (a subprocess's colours, as their escapes)
         # Text, never str: a str cell is parsed as markup on every measure and render.
         return (
-            Text(fmt.short_time(run.scheduled_at, zone)),
+            Text(fmt.short_time(run.scheduled_at, zone, now)),
             status_text(self.app, run.status),
             outcome_text(self.app, run.coordination_outcome),
             Text(run_duration(run, self._max_runtime_s, now)),
