@@ -75,3 +75,33 @@ def test_serve_ends_once_stopped_whatever_thread_a_handler_left_hanging(tmp_path
     log = server.log_text()
     assert code == 0, log
     assert "thread(s) a handler left running still hold the process (asyncio_0" in log, log
+
+
+IGNORES_SIGTERM = """
+import asyncio, os, signal
+from backend.runtime import signals
+
+async def main():
+    stopped = []
+    signals.KEEP_EVERY = 0.05
+    signals.on_stop_signals(stopped.append, lambda: None)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # what an async handler did, on the loop's thread
+    while signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:  # (set back within a look)
+        await asyncio.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGTERM)
+    while not stopped:
+        await asyncio.sleep(0.01)
+    print(stopped)
+
+asyncio.run(main())
+"""
+
+
+def test_a_stop_signal_a_handler_ignored_is_set_back() -> None:
+    """An async handler's ``signal.signal(SIGTERM, SIG_IGN)`` (it runs on the loop's thread,
+    the main one) left ``serve`` deaf to SIGTERM, silently: two SIGTERMs were ignored. The
+    stop signals' handlers are looked at every second and set back, with a warning."""
+    done = subprocess.run([sys.executable, "-c", IGNORES_SIGTERM], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"[{signal.SIGTERM!r}]\n"
+    assert "SIGTERM's handler was changed by code the engine ran" in done.stderr

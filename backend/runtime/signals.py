@@ -9,13 +9,16 @@ the hangup is ignored (``nohup``), which it stays.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-__all__ = ["HANGUP", "on_stop_signals", "stop_signals", "why"]
+__all__ = ["HANGUP", "KEEP_EVERY", "on_stop_signals", "stop_signals", "why"]
+
+log = logging.getLogger("schedtui.engine")
 
 #: SIGHUP, where there is one.
 HANGUP: int | None = getattr(signal, "SIGHUP", None)
@@ -50,22 +53,45 @@ def on_stop_signals(stop: Callable[[int], None], hurry: Callable[[], None]) -> C
         else:
             hurry()
 
-    installed: list[int] = []
+    installed: dict[int, object] = {}
     for sig in stop_signals():
         before = signal.getsignal(sig)
         try:
             loop.add_signal_handler(sig, on_signal, sig)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
             continue
-        installed.append(sig)
+        installed[sig] = signal.getsignal(sig)
         _INSTALLED[sig] = before
 
+    watching: asyncio.TimerHandle | None = None
+
+    def keep() -> None:
+        # A handler running on the loop (the main thread) may set a stop signal's handler
+        # itself: signal.signal(SIGTERM, SIG_IGN) left serve deaf to SIGTERM, silently.
+        for sig, ours in installed.items():
+            if signal.getsignal(sig) is not ours:
+                log.warning("%s's handler was changed by code the engine ran (a handler's signal.signal?): "
+                            "set back, so that it stops this process", signal.Signals(sig).name)  # fmt: skip
+                loop.add_signal_handler(sig, on_signal, sig)
+                installed[sig] = signal.getsignal(sig)
+        nonlocal watching
+        watching = loop.call_later(KEEP_EVERY, keep)
+
+    if installed:
+        watching = loop.call_later(KEEP_EVERY, keep)
+
     def remove() -> None:
+        if watching is not None:
+            watching.cancel()
         for sig in installed:
             loop.remove_signal_handler(sig)
             _INSTALLED.pop(sig, None)
 
     return remove
+
+
+#: Seconds between two looks at the stop signals' handlers (see :func:`on_stop_signals`).
+KEEP_EVERY = 1.0
 
 
 #: The stop signals handled by an engine's loop in this process, with what each was before.
