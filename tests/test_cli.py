@@ -627,7 +627,8 @@ def test_instances_show_each_clock_offset_and_why_a_member_whose_clock_is_off_st
         store = SQLiteStore(cli.root / "state.db")
         await store.open()
         await store.heartbeat("web-1", "h", 1, now, Membership("firing", "advisoryLock", now, 0.003))
-        await store.heartbeat("web-2", "h", 2, now, Membership("firing", "advisoryLock", now, 61.04, True))
+        ahead = now + timedelta(seconds=61.04)  # (its stamps are its clock's)
+        await store.heartbeat("web-2", "h", 2, ahead, Membership("firing", "advisoryLock", now, 61.04, True))
         await store.close()
 
     asyncio.run(beat())

@@ -636,7 +636,8 @@ class DurableFleet(RuleBasedStateMachine):
         self._advance(31)  # past the window: its last heartbeat is older than 30 s
         self.settle()
         acting = self.acting
-        beats = {} if acting is None else {i.name: i.heartbeat_at for i in self.run(acting.store.fleet())}
+        # (when each beat by the store server's clock: a clock stepped back stamps them old)
+        beats = {} if acting is None else {i.name: i.heard_at for i in self.run(acting.store.fleet())}
         if beats.get(name, self.clock.now()) >= self.clock.now() - timedelta(seconds=30):
             # Another process beats under the name: one this rule left running before, which
             # took its name back once its replacement fell silent (as it should). A new one
@@ -694,7 +695,7 @@ class DurableFleet(RuleBasedStateMachine):
                 row = next((i for i in await store.fleet() if i.name == name), None)
             finally:
                 await store.close()
-            return None if row is None else (row.host, row.pid, row.heartbeat_at)
+            return None if row is None else (row.host, row.pid, row.heard_at)
 
         if any(engine.instance == name and not proxy.crashed for engine, proxy in self.zombies):
             # A zombie of this process runs on under the name, and takes it back once its

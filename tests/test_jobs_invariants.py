@@ -702,7 +702,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.run(self.settle())
 
     def silent_for_the_window(self, name: str) -> bool:
-        beats = {i.name: i.heartbeat_at for i in self.run(self.any_engine(0).store.fleet())}
+        beats = {i.name: i.heard_at for i in self.run(self.any_engine(0).store.fleet())}
         last = beats.get(name)
         return last is None or last < self.clock.now() - timedelta(seconds=ABANDON_AFTER + 1)
 

@@ -200,17 +200,21 @@ SET_STATE = """
     ON CONFLICT (name) DO UPDATE SET enabled = excluded.enabled, changed_by = excluded.changed_by,
         changed_at = excluded.changed_at, note = excluded.note
 """
-HEARTBEAT = """
+#: When a name's holder was last heard from, by the store server's clock (the PostgreSQL
+#: store's HEARD_AT): its stamp less the offset of its clock it recorded, if any.
+HEARD_AT = "(instances.heartbeat_at - CAST(coalesce(instances.clock_offset, 0) * 1000000 AS INTEGER))"
+HEARTBEAT = f"""
     INSERT INTO instances (instance, host, pid, heartbeat_at, role, coordination, clock_offset, clock_off, abandon_after)
     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?10)
     ON CONFLICT (instance) DO UPDATE SET host = excluded.host, pid = excluded.pid,
         heartbeat_at = excluded.heartbeat_at, role = excluded.role, coordination = excluded.coordination,
         clock_offset = excluded.clock_offset, clock_off = excluded.clock_off, abandon_after = excluded.abandon_after
     WHERE (instances.host = excluded.host AND instances.pid = excluded.pid) OR ?9 IS NULL
-        OR instances.heartbeat_at <= min(?9, ?4 - CAST(coalesce(instances.abandon_after, 0) * 1000000 AS INTEGER))
+        OR {HEARD_AT} <= min(?9, ?4 - CAST(coalesce(instances.abandon_after, 0) * 1000000 AS INTEGER))
 """
-#: Who holds an instance's name (a heartbeat that did not write: see Membership.taken_before).
-NAME_HOLDER = "SELECT host, pid, heartbeat_at, abandon_after FROM instances WHERE instance = ?"
+#: Who holds an instance's name (a heartbeat that did not write: see Membership.taken_before),
+#: and when it was last heard from (see HEARD_AT).
+NAME_HOLDER = f"SELECT host, pid, {HEARD_AT}, abandon_after FROM instances WHERE instance = ?"
 #: A dead process's row, deleted only while it is still that process's.
 FORGET_HOLDER = "DELETE FROM instances WHERE instance = ? AND host = ? AND pid = ?"
 #: A live firing member of another mode (see the PostgreSQL store's HEARTBEAT).
