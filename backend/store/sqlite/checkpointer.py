@@ -7,8 +7,10 @@ for seconds; the runs about to start waited for it, the timers with them (two se
 most), and every-second schedules lost their next slots at each checkpoint. So no
 connection of the store checkpoints when it commits (``wal_autocheckpoint = 0``), and this
 thread checkpoints instead, every :data:`CHECKPOINT_EVERY` seconds when something was
-committed since the last time, with ``PASSIVE`` (never waiting for a reader or a writer:
-writers go on appending to the log meanwhile). Commits never fsync then (WAL with
+committed since the last time, and as soon as :data:`CHECKPOINT_COMMITS` commits were (a
+log left to grow for seconds of a busy writer slowed every read, which searches it), with
+``PASSIVE`` (never waiting for a reader or a writer: writers go on appending to the log
+meanwhile). Commits never fsync then (WAL with
 ``synchronous = NORMAL``): a slow disk slows the checkpoints, not the writer.
 """
 
@@ -26,6 +28,8 @@ log = logging.getLogger("schedtui.store")
 
 #: Seconds between two checkpoints while the store is written to.
 CHECKPOINT_EVERY: Final = 2.0
+#: Commits after which a checkpoint is due at once (a few hundred pages of log).
+CHECKPOINT_COMMITS: Final = 100
 
 
 class Checkpointer(threading.Thread):
@@ -37,6 +41,9 @@ class Checkpointer(threading.Thread):
         self.connect = connect
         self.written = written
         self.checkpoints = 0
+        self._done = 0
+        """What ``written()`` said at the last checkpoint."""
+        self._due = threading.Event()
         self._stopping = threading.Event()
         self._failing: str | None = None
 
@@ -47,11 +54,13 @@ class Checkpointer(threading.Thread):
             log.debug("the checkpointer could not open the store: %s", exc)
             return
         try:
-            done = self.written()
-            while not self._stopping.wait(CHECKPOINT_EVERY):
+            self._done = self.written()
+            while not self._stopping.is_set():
+                self._due.wait(CHECKPOINT_EVERY)
+                self._due.clear()
                 now = self.written()
-                if now != done and self.checkpoint(conn):
-                    done = now
+                if now != self._done and self.checkpoint(conn):
+                    self._done = now
             self.checkpoint(conn)  # (what the last seconds wrote: the next open reads less log)
         finally:
             conn.close()
@@ -70,5 +79,12 @@ class Checkpointer(threading.Thread):
         self.checkpoints += 1
         return True
 
+    def committed(self, written: int) -> None:
+        """The writer committed (``written``: the count so far): a checkpoint is due at once
+        after :data:`CHECKPOINT_COMMITS` of them."""
+        if written - self._done >= CHECKPOINT_COMMITS:
+            self._due.set()
+
     def stop(self) -> None:
         self._stopping.set()
+        self._due.set()

@@ -187,9 +187,9 @@ class _Writer(threading.Thread):
             self._note_sidecars()
             marker = _connect(self.path, create=False)
             marker.execute("PRAGMA busy_timeout = 0")  # never waits for the write lock: the writer does
-            self.marker = marker
             self.checkpointer = Checkpointer(lambda: _connect(self.path, create=False), lambda: self.commits + self.marks_now)
             self.checkpointer.start()
+            self.marker = marker
             # (an open() cancelled meanwhile cancelled it: it then sends _STOP)
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 self.ready.set_result(None)
@@ -239,6 +239,7 @@ class _Writer(threading.Thread):
             except sqlite3.Error:
                 return False  # a write in progress (busy), or trouble the writer will name
             self.marks_now += 1
+            self.checkpointer.committed(self.commits + self.marks_now)
             return True
         finally:
             self.marker_lock.release()
@@ -431,6 +432,7 @@ class _Writer(threading.Thread):
                 result = fn(conn)
                 conn.execute("COMMIT")
                 self.commits += 1
+                self.checkpointer.committed(self.commits + self.marks_now)
                 return result
             except BaseException:
                 # SQLite rolls back by itself on some errors (SQLITE_FULL among them); a
