@@ -1210,7 +1210,9 @@ def test_serve_as_process_1_of_a_container_says_it_reaps_no_orphans(cli: Cli, se
     except FileNotFoundError:
         pytest.skip("no unshare here")
     try:
-        said = poll(lambda: server.log() if "serve runs as process 1" in server.log() or server.proc.poll() is not None
+        # (until its engine starts: its stop signals are handled from then, and a SIGINT
+        # before that, as process 1 says its warning first, ended it with 130)
+        said = poll(lambda: server.log() if "schedtui.engine: starting" in server.log() or server.proc.poll() is not None
                     else None, timeout=30, what="serve to start in its own PID namespace")  # fmt: skip
         if server.proc.poll() is not None and "Operation not permitted" in said:
             pytest.skip(f"cannot make a PID namespace here: {said.strip()}")
