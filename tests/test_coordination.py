@@ -1097,6 +1097,23 @@ async def test_instances_booting_together_catch_each_missed_slot_up_once(
     assert [slot for _, slot in fired] == [at("2026-03-02T06:00:00Z")]
 
 
+def recording_fleet(
+    make_engine: Callable[..., Engine], cron: str = "* * * * *"
+) -> tuple[list[tuple[str, datetime]], Callable[..., Engine]]:
+    """The slots each instance fired (its name, the slot), and a maker of advisoryLock
+    instances of one ``backfill="skip"`` schedule that record them there."""
+    fired: list[tuple[str, datetime]] = []
+
+    def engine(name: str, **kwargs: Any) -> Engine:
+        async def handler(ctx: RunContext) -> None:
+            fired.append((name, ctx.scheduled_at))
+
+        return make_engine([schedule(cron=cron, handler=handler, backfill="skip")], instance=name,
+                           coordination="advisoryLock", **kwargs)  # fmt: skip
+
+    return fired, engine
+
+
 async def test_an_instance_started_just_after_a_slot_leaves_it_to_the_fleet_not_missed(
     make_engine: Callable[..., Engine], clock: ManualClock
 ) -> None:
@@ -1105,16 +1122,7 @@ async def test_an_instance_started_just_after_a_slot_leaves_it_to_the_fleet_not_
     it ran nowhere: a rolling restart took the current slot from the fleet."""
     from backend.clock import OffsetClock
 
-    fired: list[tuple[str, datetime]] = []
-
-    def handler_for(name: str) -> Any:
-        async def handler(ctx: RunContext) -> None:
-            fired.append((name, ctx.scheduled_at))
-
-        return handler
-
-    def engine(name: str, **kwargs: Any) -> Engine:
-        return make_engine([schedule(handler=handler_for(name), backfill="skip")], instance=name, coordination="advisoryLock", **kwargs)
+    fired, engine = recording_fleet(make_engine)
 
     a = engine("a", clock=OffsetClock(-0.3, clock))
     await a.start()
@@ -1143,17 +1151,7 @@ async def test_an_instance_started_with_its_clock_ahead_leaves_every_slot_of_the
     Every slot due within the grace is current: each runs once, the claim deciding where."""
     from backend.clock import OffsetClock
 
-    fired: list[tuple[str, datetime]] = []
-
-    def handler_for(name: str) -> Any:
-        async def handler(ctx: RunContext) -> None:
-            fired.append((name, ctx.scheduled_at))
-
-        return handler
-
-    def engine(name: str, **kwargs: Any) -> Engine:
-        return make_engine([schedule(cron="* * * * * *", handler=handler_for(name), backfill="skip")], instance=name,
-                           coordination="advisoryLock", **kwargs)  # fmt: skip
+    fired, engine = recording_fleet(make_engine, cron="* * * * * *")
 
     clock.set(at("2026-03-02T08:00:00.5Z"))
     a = engine("a")
