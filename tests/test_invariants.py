@@ -1086,7 +1086,7 @@ class EngineMachine(RuleBasedStateMachine):
                     # (d') nor did one start while a Run now of it ran: a Run now starts whatever
                     # is in flight, but counts in flight for what comes after it, on every
                     # instance (at the same instant either may go first).
-                    manual = [(r.fired_at, r.finished_at or now, r) for r in runs
+                    manual = [(r.fired_at, r.finished_at or datetime.max.replace(tzinfo=now.tzinfo), r) for r in runs
                               if r.trigger == "manual" and r.fired_at is not None and self.epoch_of(r) == epoch]  # fmt: skip
                     beside = [(m, r) for start, _, r in spans for m_start, m_end, m in manual if m_start < start < m_end]
                     assert not beside, f"(d') {name}: started while a Run now ran: {self.show({r.scheduled_at: [m, r] for m, r in beside})}"
@@ -1372,6 +1372,58 @@ def test_a_lost_slot_that_takes_its_turn_waits_for_the_run_its_own_timer_started
         runs = {r.scheduled_at.strftime("%H:%M"): r for r in machine.run(machine.ledger())["min"]}
         assert (runs["08:04"].status, runs["08:04"].fired_at is not None) == ("running", True)
         assert (runs["08:03"].status, runs["08:03"].fired_at) == ("running", None)  # waiting for it
+    finally:
+        machine.teardown()
+
+
+def test_a_catch_ups_later_slot_takes_its_turn_again_after_a_run_now_started_elsewhere() -> None:
+    """A sequence the machine fails on without the fix, checking (d'): the clock jumps 61 s
+    and b catches up ``sec``'s three slots (``backfill="all"``, 90 s runs) one after
+    another (or a does); its claim took the newest's turn. 30 s later the other's Run now
+    starts (beside it, as a Run now does). When the first catch-up run ended, the newest started on the
+    turn its claim had taken a minute and a half before: beside the Run now."""
+    machine = EngineMachine()
+    try:
+        long, quick = ("skip", "all", Behaviour("sleep", 90.0), 600.0), ("skip", "skip", Behaviour("noop"), 30.0)
+        machine.set_up(mode="fleet", policies=[long, quick, quick])
+        machine.advance(61)
+        machine.ledger_holds()
+        catching = {r.instance for r in machine.run(machine.ledger())["sec"]}
+        assert len(catching) == 1, catching
+        machine.advance(30)
+        machine.run_now("b" if catching == {"a"} else "a", "sec", 0.0)
+        machine.ledger_holds()
+        machine.advance(62)
+        machine.ledger_holds()
+        runs = {r.scheduled_at.strftime("%H:%M:%S"): r for r in machine.run(machine.ledger())["sec"]}
+        assert (runs["08:01:00"].status, runs["08:01:00"].fired_at) == ("skipped", None)
+    finally:
+        machine.teardown()
+
+
+def test_a_queued_slot_takes_its_turn_again_after_a_run_now_started_elsewhere() -> None:
+    """The same on a ``queue`` schedule: a fires ``sec`` at 08:00:20 (30 s runs) and claims
+    08:00:40, taking its turn, which waits in its queue. At 08:00:45 b's Run now starts.
+    When a's run ended at 08:00:50, the queued slot started on its claim's turn, beside it;
+    it now waits for the Run now."""
+    machine = EngineMachine()
+    try:
+        queued, quick = ("queue", "skip", Behaviour("sleep", 30.0), 600.0), ("skip", "skip", Behaviour("noop"), 30.0)
+        machine.set_up(mode="fleet", policies=[queued, quick, quick], order=1)
+        machine.advance(20)
+        machine.advance(20)
+        assert {r.instance for r in machine.run(machine.ledger())["sec"]} == {"a"}
+        machine.advance(5)
+        machine.run_now("b", "sec", 0.0)
+        for _ in range(4):
+            machine.advance(5)
+            machine.ledger_holds()
+        runs = {r.scheduled_at.strftime("%H:%M:%S"): r for r in machine.run(machine.ledger())["sec"]}
+        assert (runs["08:00:40"].status, runs["08:00:40"].fired_at) == ("running", None)  # waiting for it
+        machine.advance(15)
+        machine.ledger_holds()
+        runs = {r.scheduled_at.strftime("%H:%M:%S"): r for r in machine.run(machine.ledger())["sec"]}
+        assert runs["08:00:40"].fired_at == runs["08:00:45"].finished_at
     finally:
         machine.teardown()
 

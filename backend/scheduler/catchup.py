@@ -435,6 +435,8 @@ class CatchUp:
                 if (remote is not None or launcher.inflight[name]) and schedule.on_overlap == "skip":
                     launcher.fire(schedule, slot, "self", outcome, ids.get(slot) or launcher.new_id(), remote=remote)
                     continue
+                if index:
+                    launcher.waits(ids.get(slot))  # (it waited for the one before it)
                 run = launcher.launch(schedule, slot, "self", outcome, ids.get(slot))
                 if counted:
                     counted = False

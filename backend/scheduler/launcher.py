@@ -312,6 +312,7 @@ class Launcher:
                 return self.record_closed(schedule, slot, trigger, outcome, run_id, "skipped", "overlap", message)
             if schedule.on_overlap == "queue":
                 self.waiting[name].append((slot, trigger, outcome, run_id))
+                self.waits(run_id)
                 if remote:
                     self.remote[name] = remote  # released by release_remote_waits
                 return None
@@ -332,6 +333,16 @@ class Launcher:
         elif waiting and not self.inflight[name] and name not in self.remote and not self.stopping:
             slot, trigger, outcome, run_id = waiting.popleft()
             self.launch(schedule, slot, trigger, outcome, run_id)
+        for entry in waiting:
+            self.waits(entry[3])
+
+    def waits(self, run_id: str | None) -> None:
+        """A run whose claim took its schedule's turn waits before it starts (queued, or
+        behind a catch-up's earlier slot): by the time it starts the turn is stale (a Run
+        now may have started on another instance meanwhile, which counts in flight for what
+        starts after it), so it takes its turn again then (see :meth:`needs_turn`)."""
+        if run_id is not None:
+            self.turns.discard(run_id)
 
     def launch(
         self,

@@ -558,6 +558,7 @@ class SlotClaims:
                 # place, and waiting for its finish spun the loop until the handler returned)
                 mine = [r.gone() for r in launcher.active.values() if r.schedule is schedule]
                 await (asyncio.wait(mine) if mine else asyncio.sleep(0))  # sleep(0): not started yet
+                launcher.waits(run_id)
             if run_id in launcher.turns:
                 return True  # it holds the turn (its claim's, or taken below): nothing elsewhere starts
             try:
