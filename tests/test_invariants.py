@@ -915,12 +915,17 @@ class EngineMachine(RuleBasedStateMachine):
                 # The start catches up from the newest slot recorded before now, by whichever
                 # clock: one recorded before the clock stepped back, inside this downtime,
                 # hides the slots of the downtime before it (the ledger cannot tell where
-                # this clock's runs left off; see the README).
+                # this clock's runs left off; see the README). Nor those before the stop whose
+                # rows the full disk lost with it: the downtime begins, for the ledger, where
+                # this clock's rows end.
                 for n, runs in ledger.items():
+                    ours = [r.scheduled_at for r in runs if self.epoch_of(r) == self.handlers.epoch
+                            and r.trigger != "manual" and r.scheduled_at <= stopped_at]  # fmt: skip
+                    since = min(stopped_at, max(ours, default=stopped_at))
                     earlier = [r.scheduled_at for r in runs if self.epoch_of(r) < self.handlers.epoch
-                               and r.trigger != "manual" and stopped_at < r.scheduled_at <= self.clock.now()]  # fmt: skip
+                               and r.trigger != "manual" and since < r.scheduled_at <= self.clock.now()]  # fmt: skip
                     if earlier:
-                        self.models[n].excused.append((stopped_at, max(earlier)))
+                        self.models[n].excused.append((since, max(earlier)))
             if retimed is not None:
                 # The catch-up starts from the deploy: the slots the old cron still owed at
                 # the stop (a catch-up held them) and either cron's while none ran are not
@@ -1424,6 +1429,42 @@ def test_a_queued_slot_takes_its_turn_again_after_a_run_now_started_elsewhere() 
         machine.ledger_holds()
         runs = {r.scheduled_at.strftime("%H:%M:%S"): r for r in machine.run(machine.ledger())["sec"]}
         assert runs["08:00:40"].fired_at == runs["08:00:45"].finished_at
+    finally:
+        machine.teardown()
+
+
+def test_a_slot_run_before_the_clock_stepped_back_is_not_recorded_missed_by_a_catch_up_disabled_meanwhile() -> None:
+    """A sequence the machine fails on without the fix, checking (a): ``min`` (backfill
+    "all", overrunning handlers) ran 08:01; the clock steps back 15 minutes, the engine
+    restarts and later again; a backfill and handlers that block the loop put it behind,
+    and ``min`` is paused and resumed while its catch-up holds the timer. The catch-up's
+    end recorded the slots due meanwhile ``missed``, 08:01 among them, beside its run."""
+    machine = EngineMachine()
+    try:
+        overrun = Behaviour("overrun", 45.0)
+        machine.set_up(
+            mode="single",
+            policies=[("skip", "skip", overrun, 30.0), ("parallel", "all", overrun, 30.0), ("skip", "skip", Behaviour("noop"), 30.0)],
+            order=17205,
+        )
+        steps: list[Callable[[], None]] = [
+            lambda: machine.lose_claim_answers(count=2, then=61.0),
+            lambda: machine.advance(30),
+            lambda: machine.restart_stepped_back(back=900.0, graceful=False),
+            lambda: machine.pause(instance="a", name="min", note=None, then=61.0),
+            lambda: machine.advance(30),
+            lambda: machine.run_now(instance="a", name="ext", then=150.0),
+            lambda: machine.advance(235),
+            lambda: machine.advance(233),
+            lambda: machine.restart(down_for=0.0, graceful=False, instance="a", mid_claim=0.0, other_mode=False, retime=None),
+            lambda: machine.backfill(back=6, count=2, instance="a", name="min", then=150.0),
+            lambda: machine.pause(instance="a", name="min", note=None, then=0.5),
+            lambda: machine.lose_claim_answers(count=1, then=150.0),
+            lambda: machine.restart(down_for=0.5, graceful=True, instance="a", mid_claim=0.0, other_mode=True, retime="min"),
+        ]
+        for step in steps:
+            step()
+            machine.ledger_holds()
     finally:
         machine.teardown()
 
