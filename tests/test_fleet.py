@@ -239,12 +239,12 @@ def test_four_instances_fire_every_slot_once_and_catch_up_once_across_a_restart(
     boot = datetime.now(UTC)
     first = [fleet.start(name, wait=False) for name in ("a", "b", "c", "d")]  # all four boot at once
     fleet.wait_ready(*first)
-    poll(lambda: fleet.slots("tick00") >= 8, timeout=30, what="8 s of slots")
+    poll(lambda: fleet.slots("tick00") >= 6, timeout=30, what="6 s of slots")
     # A rolling restart: two instances stop and come back; the others keep firing.
     for old in first[1:3]:
         assert old.stop() == 0, old.log()
     fleet.wait_ready(fleet.start("b2", wait=False), fleet.start("c2", wait=False))
-    poll(lambda: fleet.slots("tick00") >= 20, timeout=40, what="20 s of slots")
+    poll(lambda: fleet.slots("tick00") >= 14, timeout=40, what="14 s of slots")
     fleet.stop_all()
     fleet.assert_healthy_logs()
 
@@ -253,7 +253,7 @@ def test_four_instances_fire_every_slot_once_and_catch_up_once_across_a_restart(
     for i in range(ticks):
         mine = runs[f"tick{i:02d}"]
         assert_once_and_contiguous(mine)
-        assert len(mine) >= 20
+        assert len(mine) >= 14
         odd = [(r.scheduled_at, r.status, r.instance, r.error_message) for r in mine if r.status != "succeeded"]
         assert {(r.status, r.trigger, r.coordination_outcome) for r in mine} == {("succeeded", "self", "wonLock")}, odd
 
