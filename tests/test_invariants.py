@@ -82,6 +82,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
@@ -663,11 +664,16 @@ class EngineMachine(RuleBasedStateMachine):
         self.log.append(f"{engine.instance}: run_now({name})")
 
         async def go() -> None:
+            waiting = engine.registry.role == "waiting"
             try:
                 run = await engine.run_now(name)
             except Unavailable:
                 assert self.world.full, "Run now refused with room on the disk"
                 return  # refused: the store cannot record it
+            except Refused:
+                assert waiting, "Run now refused by an instance that fires"
+                return  # it fires nothing while the other mode's instances fire
+            assert not waiting, "Run now started by an instance that fires nothing"
             assert (run.trigger, run.coordination_outcome) == ("manual", "manual")
             await self.settle()
 
@@ -683,10 +689,13 @@ class EngineMachine(RuleBasedStateMachine):
         self.log.append(f"{engine.instance}: backfill({name}, {start:%H:%M:%S}, {end:%H:%M:%S})")
 
         async def go() -> None:
+            waiting = engine.registry.role == "waiting"
             try:
                 await engine.start_backfill(name, start, end, confirm=True)
             except (Refused, Unavailable):
-                pass  # one at a time, a range before the first slot, or the store is down
+                pass  # one at a time, a range before the first slot, the store is down, or it fires nothing
+            else:
+                assert not waiting, "a backfill started by an instance that fires nothing"
             await self.settle()
 
         self.run(go())
@@ -1465,6 +1474,37 @@ def test_a_slot_run_before_the_clock_stepped_back_is_not_recorded_missed_by_a_ca
         for step in steps:
             step()
             machine.ledger_holds()
+    finally:
+        machine.teardown()
+
+
+def test_a_run_now_through_an_instance_that_waits_for_the_other_mode_is_refused() -> None:
+    """A sequence the machine fails on without the fix, checking (d'): a is restarted as
+    ``single`` during a rolling change of mode and fires; b (``advisoryLock``) waits. b's
+    Run now of ``min`` (200 s runs) ran on b, and a's next slot started beside it: under
+    ``single`` nothing looks at another instance's runs. b now refuses it."""
+    machine = EngineMachine()
+    try:
+        short, long = ("skip", "skip", Behaviour("sleep", 5.0), 30.0), ("skip", "latest", Behaviour("sleep", 200.0), 600.0)
+        machine.set_up(mode="fleet", policies=[short, long, short], order=7211)
+        steps: list[Callable[[], None]] = [
+            lambda: machine.outage(then=0.0),
+            lambda: machine.restart(down_for=0.0, graceful=True, instance="a", other_mode=True),
+            *[lambda: machine.advance(30)] * 6,
+            lambda: machine.restart(down_for=150.0, graceful=True, instance="b", other_mode=False),
+            lambda: machine.platform_fire(calls=["a"], disabled_by=None, early=False, then=150.0, together=False),
+            lambda: machine.run_now(instance="a", name="ext", then=0.0),
+            lambda: machine.advance(30),
+        ]
+        for step in steps:
+            step()
+            machine.ledger_holds()
+        assert (machine.engines["a"].registry.role, machine.engines["b"].registry.role) == ("firing", "waiting")
+        with pytest.raises(Refused, match="fires nothing"):
+            machine.run(machine.engines["b"].run_now("min"))
+        machine.run_now(instance="b", name="min", then=0.0)
+        machine.advance(30)
+        machine.ledger_holds()
     finally:
         machine.teardown()
 

@@ -26,6 +26,7 @@ from backend.scheduler.coordination.slots import Coordinator
 from backend.scheduler.external import ExternalFires
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.reads import ScheduleReads
+from backend.scheduler.registry import InstanceRegistry
 from backend.scheduler.states import ScheduleStates
 from backend.schedules import Schedule
 from backend.store import Store
@@ -49,6 +50,7 @@ class EngineActions:
     backfills: Backfills
     durable: Durable
     reads: ScheduleReads
+    registry: InstanceRegistry
 
     if TYPE_CHECKING:  # the engine's (its reads: :class:`~backend.scheduler.engine_reads.EngineReads`)
 
@@ -68,6 +70,19 @@ class EngineActions:
         async def get_run(self, run_id: str) -> Run: ...
 
         async def flush(self) -> None: ...
+
+    def check_fires_here(self, action: str) -> None:
+        """A Run now or a backfill starts its runs on this instance: one that fires nothing
+        while instances of another coordination mode fire (a rolling change of
+        ``--coordination``) refuses it. Under ``single`` the firing instance looks at no
+        other instance's runs: its next slot started beside the Run now (the stateful
+        test found it)."""
+        if self.registry.role == "waiting":
+            raise Refused(
+                f"cannot {action} here: this instance fires nothing while instances of another coordination "
+                "mode fire (a rolling change of --coordination); do it through one of those",
+                reason="this instance fires nothing",
+            )
 
     def bind_target(self, schedule: Schedule) -> Schedule:
         """A schedule defined with ``durable=F`` starts an execution of F per slot."""
@@ -89,6 +104,7 @@ class EngineActions:
         ``wait``, once it has finished."""
         schedule = self.schedule(name)
         self.check_open(f'fire "{name}"')
+        self.check_fires_here(f'fire "{name}"')
         health = self.store.health()
         if not health.ok:
             # Refused before firing: its answer could only be a 503 after the fact.
@@ -224,6 +240,7 @@ class EngineActions:
         when the plan is refused or one runs for this schedule anywhere."""
         schedule = self.schedule(name)
         self.check_open(f'backfill "{name}"')
+        self.check_fires_here(f'backfill "{name}"')
         return await self.backfills.start(
             schedule, start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
         )
