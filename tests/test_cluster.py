@@ -515,6 +515,54 @@ async def test_a_member_that_never_takes_its_shards_is_counted_out_ever_longer_a
     assert not duplicates(runs) and not holes(runs, f.clock.now() - timedelta(seconds=2))
 
 
+
+@pg_only
+async def test_a_queued_slot_of_an_owner_waits_for_a_run_now_started_on_another_member(fleet: Callable[..., Fleet]) -> None:
+    """The owner of a ``queue`` schedule claims its next slot while its own run is in flight
+    (nothing runs elsewhere: it queues behind its own). A Run now through another member
+    starts meanwhile. When the owner's run ended, the queued slot started at once, beside
+    the Run now: its claim's view was old by then. It now looks again, and waits."""
+    holding = False
+    gates: dict[str, asyncio.Event] = {}
+
+    async def held(ctx: Any) -> None:
+        if holding:
+            gates[ctx.run_id] = gate = asyncio.Event()
+            await gate.wait()
+
+    f = fleet([define_schedule(name="q", cron="*/10 * * * * *", timezone="UTC", handler=held, on_overlap="queue", max_runtime=3600)])
+    for name in ("a", "b"):
+        await f.start(name)
+    await f.settle()
+    owner_name = (await f.engines["a"][0].list_schedules())[0].owner
+    owner, other = f.engines[owner_name][0], f.engines["b" if owner_name == "a" else "a"][0]
+    holding = True
+
+    async def tick(seconds: int) -> None:
+        for _ in range(seconds):
+            f.clock.advance(1)
+            for engine, _ in f.engines.values():
+                await engine.quiesce(runs=False)
+
+    await tick(10 - f.clock.now().second % 10)  # the owner's run of this slot starts, and holds
+    assert len(gates) == 1, gates
+    first = next(iter(gates))
+    await tick(10)  # the next slot: claimed, queued behind it
+    assert len(gates) == 1 and len(owner.launcher.waiting["q"]) == 1
+    manual = await other.run_now("q")
+    await other.quiesce(runs=False)
+    assert set(gates) == {first, manual.id}
+    gates[first].set()
+    await tick(3)
+    assert set(gates) == {first, manual.id}, "the queued slot started beside the Run now"
+    gates[manual.id].set()
+    await tick(3)
+    assert len(gates) == 3, "the queued slot never started after the Run now ended"
+    for gate in gates.values():
+        gate.set()
+    await tick(1)
+
+
 @pg_only
 async def test_a_member_counted_out_while_alive_is_counted_back_in_once_it_takes_its_shards(
     fleet: Callable[..., Fleet], caplog: pytest.LogCaptureFixture

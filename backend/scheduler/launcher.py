@@ -257,6 +257,11 @@ class Launcher:
         self.turns: set[str] = set()
         """Run ids whose claim took their schedule's turn (:attr:`backend.model.Claim.turn`),
         not started or recorded finished yet."""
+        self.rechecks_waits = False
+        """Where the coordination claims slots (``advisoryLock``, ``cluster``): a run that
+        waited after its claim takes its turn in the store as it starts (see :meth:`waits`)."""
+        self.waited: set[str] = set()
+        """Run ids that waited after their claim, not launched since."""
         self.stopping = False
         self.stop_grace = 0.0
         """The grace of the stop under way (see :meth:`stop`)."""
@@ -337,12 +342,15 @@ class Launcher:
             self.waits(entry[3])
 
     def waits(self, run_id: str | None) -> None:
-        """A run whose claim took its schedule's turn waits before it starts (queued, or
-        behind a catch-up's earlier slot): by the time it starts the turn is stale (a Run
-        now may have started on another instance meanwhile, which counts in flight for what
-        starts after it), so it takes its turn again then (see :meth:`needs_turn`)."""
+        """A claimed run waits before it starts (queued, or behind a catch-up's earlier
+        slot): by the time it starts, what its claim saw is old (a Run now may have started
+        on another instance meanwhile, which counts in flight for what starts after it), and
+        a turn it took is stale. It takes its turn in the store as it starts (see
+        :meth:`needs_turn`): under ``cluster`` too, whose owner otherwise takes none."""
         if run_id is not None:
             self.turns.discard(run_id)
+            if self.rechecks_waits:
+                self.waited.add(run_id)
 
     def launch(
         self,
@@ -368,6 +376,7 @@ class Launcher:
         self.inflight[schedule.name] += 1
         self.active[scheduled.run_id] = scheduled
         if run_id is not None and self.needs_turn(schedule, trigger, run_id):
+            self.waited.discard(run_id)
             task = asyncio.ensure_future(self._take_turn(scheduled))
             self._turning.add(task)
             task.add_done_callback(self._turned)
@@ -396,10 +405,11 @@ class Launcher:
         in ``advisoryLock``, a timed run of a ``skip`` or ``queue`` schedule whose claim did
         not take it (a queued slot released, a lost or caught-up slot fired later). Its
         claim's overlap check is old by then: another instance may have started a run of
-        the schedule since, or be about to (it claimed a later slot before this one)."""
-        return (
-            self.takes_turns and trigger != "manual" and schedule.on_overlap != "parallel" and run_id not in self.turns
-        )
+        the schedule since, or be about to (it claimed a later slot before this one). In
+        ``cluster``, a run that waited after its claim (:meth:`waits`)."""
+        if trigger == "manual" or schedule.on_overlap == "parallel" or run_id in self.turns:
+            return False
+        return self.takes_turns or run_id in self.waited
 
     async def _take_turn(self, scheduled: ScheduleRun) -> None:
         """Take ``scheduled``'s turn (see :meth:`Store.take_turn`), then start it; or, when
@@ -433,6 +443,7 @@ class Launcher:
                 self.record_missed(schedule, *entry[:3], "the engine stopped before this queued firing started", entry[3])
                 return
             self.waiting[schedule.name].appendleft(entry)
+            self.waits(scheduled.run_id)
             self.remote[schedule.name] = blocker or "(unknown: the store was unreachable)"  # see release_remote_waits
             return
         if blocker is not None:

@@ -104,6 +104,7 @@ def build_schedule_parts(
         poke=core.loops.poke,
     )
     launcher.takes_turns = coordinator.takes_turns
+    launcher.rechecks_waits = coordinator.needs_claims
     claims = SlotClaims(
         coordinator=coordinator,
         store=core.store,
@@ -122,6 +123,7 @@ def build_schedule_parts(
         claims.claimed.discard(run.id)  # claims.finished(), inlined: once per run
         launcher.placed.discard(run.id)
         launcher.turns.discard(run.id)
+        launcher.waited.discard(run.id)
 
     core.ledger.on_finished = finished
     timers = Timers(
