@@ -535,6 +535,7 @@ async def test_a_queued_slot_of_an_owner_waits_for_a_run_now_started_on_another_
         await f.start(name)
     await f.settle()
     owner_name = (await f.engines["a"][0].list_schedules())[0].owner
+    assert owner_name is not None
     owner, other = f.engines[owner_name][0], f.engines["b" if owner_name == "a" else "a"][0]
     holding = True
 
