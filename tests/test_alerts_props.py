@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sqlite3
 import tempfile
 from collections import Counter
@@ -64,7 +65,8 @@ PAGER = "https://pager.example.test/v2/enqueue"
 HOOKS = (HOOK, PAGER)
 INSTANCES = ("i0", "i1", "i2")
 SETTINGS = AlertSettings(sinks=HOOKS, lease=60, timeout=10, backoff=5, backoff_max=40, attempts=100)
-PROFILE = settings(max_examples=100, stateful_step_count=50, deadline=None, database=None,
+PROFILE = settings(max_examples=int(os.environ.get("SCHEDTUI_HYPOTHESIS_EXAMPLES", "100")), stateful_step_count=50,
+                   deadline=None, database=None,
                    suppress_health_check=list(HealthCheck))  # fmt: skip
 
 

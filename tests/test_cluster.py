@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import statistics
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -730,7 +731,8 @@ def test_hand_over_never_fires_a_slot_twice_nor_leaves_a_silent_hole(pg_server: 
     run_state_machine_as_test(
         HandOver,
         settings=settings(
-            max_examples=12, stateful_step_count=12, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+            max_examples=int(os.environ.get("SCHEDTUI_HYPOTHESIS_EXAMPLES", "12")), stateful_step_count=12, deadline=None,
+            database=None, suppress_health_check=list(HealthCheck),
         ),
     )
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import sqlite3
 import tempfile
 from dataclasses import dataclass
@@ -51,7 +52,11 @@ T0 = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
 NAMES = ["a", "b"]
 RESOURCES = ["r1", "r2"]
 SETTINGS = settings(
-    max_examples=25, stateful_step_count=30, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    max_examples=int(os.environ.get("SCHEDTUI_HYPOTHESIS_EXAMPLES", "25")),
+    stateful_step_count=30,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
 )
 
 

@@ -12,6 +12,7 @@ problem exactly while its row is not valid here (never hidden)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from collections import Counter
@@ -236,7 +237,7 @@ class RuntimeSchedules(RuleBasedStateMachine):
 
 
 RuntimeSchedules.TestCase.settings = settings(
-    max_examples=40,
+    max_examples=int(os.environ.get("SCHEDTUI_HYPOTHESIS_EXAMPLES", "40")),
     stateful_step_count=20,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
