@@ -227,6 +227,25 @@ def instance(name: str, beat: str, role: Role = "firing") -> InstanceInfo:
     return InstanceInfo(name, "host", 1, at(beat), role=role)
 
 
+def test_instance_lost_names_each_silent_member_but_the_judge_and_observers() -> None:
+    now, fresh = datetime(2026, 3, 2, 8, 1, tzinfo=UTC), timedelta(seconds=30)
+    fleet = [
+        instance("live", "2026-03-02T08:00:45Z"),
+        instance("killed", "2026-03-02T08:00:20Z"),
+        instance("waiting", "2026-03-02T07:50:00Z", "waiting"),
+        instance("console", "2026-03-02T07:00:00Z", "observer"),
+        instance("me", "2026-03-02T07:00:00Z"),  # (its own row: it is judging, so alive)
+    ]
+    found = conditions.instance_lost(fleet, now, fresh, "me")
+    assert [(f.key, f.summary.split(" has ")[0]) for f in found] == [
+        ("instance_lost:killed", "instance killed (host, pid 1)"), ("instance_lost:waiting", "instance waiting (host, pid 1)"),
+    ]
+    assert "2026-03-02T08:00:20Z" in found[0].summary and "did not stop cleanly" in found[0].summary
+    # Its heartbeat read by the database server's clock: a member 40 s behind that beats is not lost.
+    behind = InstanceInfo("behind", "h", 1, now - timedelta(seconds=45), role="firing", clock_offset_s=-40.0)
+    assert conditions.instance_lost([behind], now, fresh, "me") == []
+
+
 def test_not_firing_when_no_firing_member_has_a_fresh_heartbeat() -> None:
     fresh = timedelta(seconds=30)
     now = at("2026-03-02T08:01:00Z")
@@ -1047,15 +1066,16 @@ async def test_instances_evaluating_the_same_facts_make_one_transition(tmp_path:
         b = evaluator(store, [], instance="b", fleet=stale, clock=clock)
         first = await a.evaluate(clock.now(), sinks_after=T0)
         second = await b.evaluate(clock.now(), sinks_after=T0)
-        assert [x.key for x in first.won] == ["not_firing:fleet"] and second.transitions == [] and second.won == []
+        assert sorted(x.key for x in first.won) == ["instance_lost:gone", "not_firing:fleet"]
+        assert second.transitions == [] and second.won == []
         # Both read the same facts and propose at once: one wins.
         clock.advance(15)
         live = [InstanceInfo("back", "h", 1, clock.now(), role="firing")]
         a.fleet = b.fleet = lambda: _value(live)
         proposals = [await e.evaluate(clock.now(), sinks_after=T0) for e in (a, b)]
-        assert [len(p.won) for p in proposals] == [1, 0]
+        assert [len(p.won) for p in proposals] == [2, 0]
         claimed = await store.claim_deliveries(["sink"], "a", clock.now(), clock.now() + timedelta(minutes=1), 10)
-        assert sorted(json.loads(d.payload)["state"] for d in claimed) == ["firing", "resolved"]
+        assert sorted(json.loads(d.payload)["state"] for d in claimed) == ["firing", "firing", "resolved", "resolved"]
     finally:
         await store.close()
 
@@ -1122,7 +1142,9 @@ async def test_an_alert_about_a_schedule_the_other_release_still_runs_is_left_as
             clock.advance(15)
         fleet[1] = replace(fleet[1], heartbeat_at=clock.now() - timedelta(seconds=31))  # the old release is gone
         fleet[0] = replace(fleet[0], heartbeat_at=clock.now())
-        (gone,) = (await ev.evaluate(clock.now(), sinks_after=T0)).won
+        won = {a.key: a for a in (await ev.evaluate(clock.now(), sinks_after=T0)).won}
+        assert sorted(won) == ["failing:fails", "instance_lost:old"]  # (killed, not stopped: it pages too)
+        gone = won["failing:fails"]
         assert (gone.state, gone.summary) == ("resolved", "schedule fails is no longer defined")
     finally:
         await store.close()
@@ -1388,7 +1410,8 @@ def test_the_prometheus_rules_cover_every_condition_with_the_overrides() -> None
     (group,) = document["groups"]
     rules = group["rules"]
     assert {r["alert"] for r in rules} == {
-        "SchedtuiFailing", "SchedtuiLate", "SchedtuiNotFiring", "SchedtuiLeaseLapsed", "SchedtuiClockOffset",
+        "SchedtuiFailing", "SchedtuiLate", "SchedtuiNotFiring", "SchedtuiInstanceLost", "SchedtuiLeaseLapsed",
+        "SchedtuiClockOffset",
         "SchedtuiNotificationsGivenUp", "SchedtuiDeadJobs", "SchedtuiStuck",
     }  # fmt: skip
     for rule in rules:

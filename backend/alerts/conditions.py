@@ -19,6 +19,8 @@ rewritten every round.
   it for an incident is not paged, one who forgot to enable it again is, the next day. A
   schedule defined ``enabled=False`` and never enabled is never late.
 * ``not_firing``: no firing member of the fleet has a fresh heartbeat.
+* ``instance_lost``: a member of the fleet fell silent without stopping cleanly (killed,
+  crashed, frozen, cut off from the store), though others still beat.
 * ``dead_jobs``: N or more of a queue's jobs died within its window.
 * ``stuck``: a durable execution queued or running without progress, or waiting past its
   wake time, for longer than its function's ``stuck`` setting.
@@ -44,6 +46,7 @@ __all__ = [
     "Overdue",
     "dead_jobs",
     "failing",
+    "instance_lost",
     "late",
     "late_grace",
     "not_firing",
@@ -279,6 +282,23 @@ def not_firing(instances: Sequence[InstanceInfo], now: datetime, fresh: timedelt
     return Finding("not_firing", FLEET, _short(summary))
 
 
+# -- instance_lost -------------------------------------------------------------------------------
+def instance_lost(instances: Sequence[InstanceInfo], now: datetime, fresh: timedelta, me: str) -> list[Finding]:
+    """The members (firing, waiting or standing down; not consoles, CLI verbs or clients, which
+    observe) that have not beaten within ``fresh`` of ``now``, but ``me``, the instance judging.
+    A clean stop removes its own row: a silent one was killed, crashed, frozen or cut off from
+    the store. It holds until the member beats again or its row is gone (a new process took
+    its name, or it was forgotten after a day of silence)."""
+    return [
+        Finding("instance_lost", i.name, _short(
+            f"instance {i.name} ({i.host}, pid {i.pid}) has not beaten since {iso(i.heard_at)} and did not stop "
+            "cleanly: killed, crashed, frozen or cut off from the store; the live instances take its work over"
+        ))  # fmt: skip
+        for i in instances
+        if i.name != me and i.role != "observer" and now - i.heard_at > fresh
+    ]
+
+
 # -- dead_jobs -----------------------------------------------------------------------------------
 def dead_jobs(queue: str, policy: QueueAlerting, facts: DeadJobs) -> Finding | None:
     """``facts.recent``: how many died within the policy's window."""
@@ -326,6 +346,7 @@ def resolved_summary(alert: Alert, *, gone: bool) -> str:
         "failing": "the newest run did not fail",
         "late": "a slot run succeeded since (or the schedule is no longer expected to run)",
         "not_firing": "a firing instance beats again",
+        "instance_lost": "the instance beats again, or its row is gone (its name taken by a new process, or forgotten)",
         "dead_jobs": "no more dead jobs within the window than the alert allows",
         "stuck": "the execution moved on (or finished)",
     }.get(alert.condition, "the condition no longer holds")

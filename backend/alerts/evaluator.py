@@ -245,8 +245,11 @@ class Evaluator:
             # again. Always: a beat that committed just after the read, its stamp taken
             # before this call, says nothing was written here, yet the read was stale.
             await self.beat(now)
-            silent = conditions.not_firing(await self.fleet(), now, self.fresh)
+            instances = await self.fleet()
+            silent = conditions.not_firing(instances, now, self.fresh)
         add(silent)
+        for lost in conditions.instance_lost(instances, now, self.fresh, self.instance):
+            add(lost)
 
         queues = dict(self.queues)
         windows = {name: now - timedelta(seconds=q.alert.window) for name, q in queues.items()}

@@ -26,10 +26,10 @@ __all__ = [
     "alert_key",
 ]
 
-Condition = Literal["failing", "late", "not_firing", "dead_jobs", "stuck"]
-CONDITIONS: Final = ("failing", "late", "not_firing", "dead_jobs", "stuck")
-SubjectKind = Literal["schedule", "queue", "execution", "fleet"]
-SUBJECT_KINDS: Final = ("schedule", "queue", "execution", "fleet")
+Condition = Literal["failing", "late", "not_firing", "instance_lost", "dead_jobs", "stuck"]
+CONDITIONS: Final = ("failing", "late", "not_firing", "instance_lost", "dead_jobs", "stuck")
+SubjectKind = Literal["schedule", "queue", "execution", "fleet", "instance"]
+SUBJECT_KINDS: Final = ("schedule", "queue", "execution", "fleet", "instance")
 AlertState = Literal["firing", "resolved"]
 STATES: Final = ("firing", "resolved")
 
@@ -41,6 +41,7 @@ SUBJECT_OF: Final[dict[Condition, SubjectKind]] = {
     "failing": "schedule",
     "late": "schedule",
     "not_firing": "fleet",
+    "instance_lost": "instance",
     "dead_jobs": "queue",
     "stuck": "execution",
 }

@@ -17,6 +17,8 @@ engine sees, and each rule says how in its ``description``:
   to run);
 * ``not_firing``: no firing member (``schedtui_instances{role="firing"}``), or no instance
   scraped at all;
+* ``instance_lost``: fewer members beat than at any time in the last 30 minutes
+  (``schedtui_instances``; a clean stop counts too, which the engine's condition does not);
 * ``dead_jobs``: the dead jobs of a queue grew by N within its window (``schedtui_jobs``);
 * ``stuck``: the count of a function's queued or running executions stayed the same and
   above zero for its ``stuck`` time (``schedtui_durable_executions``: a count cannot tell
@@ -210,6 +212,14 @@ def prometheus_rules(
         'max(schedtui_instances{role="firing"}) < 1 or absent(schedtui_instances{role="firing"})',
         "not_firing", "no schedtui instance fires",
         "No instance of the fleet is a firing member, or none is scraped at all: nothing fires the schedules.",
+    ), _rule(
+        "SchedtuiInstanceLost",
+        "max(sum without (role) (schedtui_instances)) "
+        "< max_over_time(max(sum without (role) (schedtui_instances))[30m:1m])",
+        "instance_lost", "fewer schedtui instances than in the last 30 minutes",
+        "Fewer members beat than did within the last 30 minutes: one was killed, crashed, froze or was cut off from "
+        "the store (or was stopped on purpose: Prometheus cannot tell a clean stop, the engine can; `schedtui "
+        "alerts` names the instance). It resolves 30 minutes after the count dropped, or once it is back.",
     ), _rule(
         "SchedtuiLeaseLapsed",
         "increase(schedtui_lease_lapses_total[10m]) > 0",

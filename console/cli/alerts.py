@@ -42,7 +42,7 @@ def _show_alerts(call: Call, page: AlertsPage) -> None:
 
 
 DERIVED = (
-    Verb(("alerts",), "alerts", help="what is alerting now (failing, late, not_firing, dead_jobs, stuck)",
+    Verb(("alerts",), "alerts", help="what is alerting now (failing, late, not_firing, instance_lost, dead_jobs, stuck)",
          show=_show_alerts),
 )  # fmt: skip
 
