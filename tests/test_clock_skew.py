@@ -417,6 +417,9 @@ async def test_an_instance_whose_clock_is_behind_takes_delivery_leases_by_the_da
     await behind.start()
     try:
         assert behind.registry.clock_off
+        # (Each one's first round, at its start, before the dead job: a loaded machine ran the
+        # live one's after it, and that one wrote the page.)
+        await until(lambda: live.alerts.last_round is not None and behind.alerts.last_round is not None, "the first rounds")
         await dead_job(live, "mail-2")
         done = await behind.alerts.evaluate()
         assert [a.key for a in done.won] == ["dead_jobs:mail-2"]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from backend.clock import Clock
 from backend.durable import Durable
-from backend.errors import NotFound, Refused, Unavailable
+from backend.errors import EngineStopped, NotFound, Refused, Unavailable
 from backend.events.audit import AuditLog
 from backend.model import BackfillPlan, BackfillProgress, ExternalFiring, Run, ScheduleView
 from backend.scheduler.backfills import Backfills, live_estimate
@@ -113,7 +113,14 @@ class EngineActions:
         await scheduled.started()
         await self.audit.record("schedule.fire", name, {"run_id": scheduled.run.id})
         run = await scheduled.finished() if wait else scheduled.run
-        await self.flush()
+        try:
+            await self.flush()
+        except Unavailable:
+            try:
+                self.check_open("flush")
+            except EngineStopped:
+                return run  # stopped while it ran: the stop wrote its row, and closed the store
+            raise
         return run
 
     async def wait_run(self, run_id: str) -> Run:
