@@ -238,9 +238,12 @@ def test_instance_lost_names_each_silent_member_but_the_judge_and_observers() ->
     ]
     found = conditions.instance_lost(fleet, now, fresh, "me")
     assert [(f.key, f.summary.split(" has ")[0]) for f in found] == [
-        ("instance_lost:killed", "instance killed (host, pid 1)"), ("instance_lost:waiting", "instance waiting (host, pid 1)"),
+        ("instance_lost:killed", "instance killed (host host, pid 1)"), ("instance_lost:waiting", "instance waiting (host host, pid 1)"),
     ]
     assert "2026-03-02T08:00:20Z" in found[0].summary and "did not stop cleanly" in found[0].summary
+    # The host's name, without the boot and PID namespace the row's host also carries.
+    shared = InstanceInfo("other", "web-1#boot-id#4026531836", 7, now - timedelta(minutes=1), role="firing")
+    assert "(host web-1, pid 7)" in conditions.instance_lost([shared], now, fresh, "me")[0].summary
     # Its heartbeat read by the database server's clock: a member 40 s behind that beats is not lost.
     behind = InstanceInfo("behind", "h", 1, now - timedelta(seconds=45), role="firing", clock_offset_s=-40.0)
     assert conditions.instance_lost([behind], now, fresh, "me") == []

@@ -12,11 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
+from backend.alerts.model import CONDITIONS, Alert, Condition
 from backend.api.app import create_app
 from backend.client.interface import ConnectionInfo
 from backend.client.remote import RemoteBackend
 from backend.model import InstanceInfo
-from console.views.health import HealthView, instance_text
+from console.views.health import HealthView, alert_text, instance_text
 from console.widgets import ConsoleHeader
 from console.widgets.health import HealthRow, levels
 from console.widgets.line import Line
@@ -58,7 +59,7 @@ async def test_seven_shows_what_is_alerting_and_a_row_of_sparklines_per_schedule
         shown = alert_lines(app)
         assert len(shown) == len(FIRING_ALERTS) == 3  # the resolved one is not listed
         failing = next(line for line in shown if "flaky-export" in line)
-        assert failing.startswith("▲ failing    flaky-export")
+        assert failing.startswith("▲ failing       flaky-export")
         assert "since 08:59, 25s" in failing  # 07:59:40 UTC, in the operator's zone (CET)
         assert failing.endswith("newest run failed: TimeoutError: export API answered 504 after 30s")
         schedules = rows(app, "#schedule-rows")
@@ -230,3 +231,12 @@ def test_an_hours_total_fits_its_column_with_a_space_before_it(count: int, shown
     from console.views.health import _counted
 
     assert _counted(count) == shown and len(shown) < HealthRow.TOTAL
+
+
+@pytest.mark.parametrize("condition", list(CONDITIONS))
+def test_every_conditions_name_stands_apart_from_its_subject(condition: Condition) -> None:
+    """``instance_lost`` is longer than the column was: ``▲ instance_lostbeta``."""
+    now = datetime(2026, 3, 2, 8, 0, tzinfo=UTC)
+    alert = Alert(f"{condition}:beta", condition, "instance", "beta", "firing", now, "why", now, "01KJPS22WGWA546BHC0B9HDTBJ")
+    text = alert_text(alert, now, "UTC").plain
+    assert re.match(rf"▲ {condition} +beta +since 08:00", text), text

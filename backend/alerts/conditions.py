@@ -39,6 +39,7 @@ from backend.alerts.policy import LATE_MARGIN, DurableAlerting, QueueAlerting, S
 from backend.alerts.store import DeadJobs, SlotRun, StuckCandidate, Success
 from backend.cron import Cron
 from backend.model import InstanceInfo, ScheduleState, iso
+from backend.safetext import printable
 
 __all__ = [
     "RECOVERY_RUNS",
@@ -291,7 +292,8 @@ def instance_lost(instances: Sequence[InstanceInfo], now: datetime, fresh: timed
     its name, or it was forgotten after a day of silence)."""
     return [
         Finding("instance_lost", i.name, _short(
-            f"instance {i.name} ({i.host}, pid {i.pid}) has not beaten since {iso(i.heard_at)} and did not stop "
+            f"instance {i.name} (host {printable(i.host.split('#')[0])}, pid {i.pid}) has not beaten since "
+            f"{iso(i.heard_at)} and did not stop "
             "cleanly: killed, crashed, frozen or cut off from the store; the live instances take its work over"
         ))  # fmt: skip
         for i in instances

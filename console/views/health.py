@@ -23,7 +23,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 
 from backend.activity import Activity, QueueActivity, ScheduleActivity
-from backend.alerts.model import Alert, AlertsPage
+from backend.alerts.model import CONDITIONS, Alert, AlertsPage
 from backend.model import InstanceInfo
 from backend.safetext import in_line
 from console import format as fmt
@@ -83,6 +83,10 @@ def _instances_first(instances: list[InstanceInfo]) -> list[InstanceInfo]:
     return sorted(instances, key=lambda i: (not i.stands_down, i.role == "observer", i.name))
 
 
+#: The condition's column: the longest name and a space (``instance_lost`` ran into its subject).
+CONDITION_WIDTH: Final = max(map(len, CONDITIONS)) + 1
+
+
 def alert_text(alert: Alert, now: datetime, zone: str) -> Content:
     """One firing alert on one line: ``▲ failing   flaky-export   since 07:20, 40m  why``
     (the time in ``zone``, with the date when it is not today's)."""
@@ -93,7 +97,7 @@ def alert_text(alert: Alert, now: datetime, zone: str) -> Content:
     subject = subject if len(subject) <= 16 else subject[:15] + "…"
     return Content.assemble(
         ("▲ ", "bold $text-error"),
-        (f"{alert.condition:<11}", "bold"),
+        (alert.condition.ljust(CONDITION_WIDTH), "bold"),
         (f"{subject:<17}", ""),
         (f"since {when}, {fmt.age(alert.since, now)}  ", "$text-muted"),
         in_line(" ".join(alert.summary.split())),
