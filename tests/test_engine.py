@@ -1369,6 +1369,33 @@ async def test_run_now_always_runs_even_disabled_and_overlapping(make_engine: Ma
         await engine.run_now("nope")
 
 
+async def test_a_run_now_waited_for_returns_its_run_when_the_engine_stops_while_it_runs(
+    make_engine: MakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A console quitting with a Run now in flight: the stop let the run finish within its
+    grace, wrote its row and closed the store before ``run_now(wait=True)`` flushed, which
+    then raised that the store was not open (seen in CI). The order is forced here: the
+    caller's flush comes after the stop."""
+    gate = Gate()
+    engine = make_engine([schedule(handler=gate)])
+    await engine.start()
+    waiting = asyncio.ensure_future(engine.run_now("job", wait=True))
+    await gate.entered.wait()
+    stopping = asyncio.ensure_future(engine.stop(grace=30))
+    flush = engine.flush
+
+    async def after_the_stop() -> None:
+        if asyncio.current_task() is waiting:
+            await stopping
+        await flush()
+
+    monkeypatch.setattr(engine, "flush", after_the_stop)
+    gate.release.set()
+    run = await waiting
+    assert (run.trigger, run.status) == ("manual", "succeeded")
+    await stopping
+
+
 async def test_a_failed_runs_log_line_sends_no_escape_sequence_and_forges_no_line(
     make_engine: MakeEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
