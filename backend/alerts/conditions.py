@@ -293,8 +293,8 @@ def instance_lost(instances: Sequence[InstanceInfo], now: datetime, fresh: timed
     return [
         Finding("instance_lost", i.name, _short(
             f"instance {i.name} (host {printable(i.host.split('#')[0])}, pid {i.pid}) has not beaten since "
-            f"{iso(i.heard_at)} and did not stop "
-            "cleanly: killed, crashed, frozen or cut off from the store; the live instances take its work over"
+            f"{iso(i.heard_at)} and did not stop cleanly: killed, crashed, frozen or cut off from the store; "
+            "the live instances take its work over"
         ))  # fmt: skip
         for i in instances
         if i.name != me and i.role != "observer" and now - i.heard_at > fresh

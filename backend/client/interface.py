@@ -621,8 +621,8 @@ class Backend(abc.ABC):
         alerts is [{key, condition, subject_kind, subject, state, since, summary, updated_at,
         transition}]: condition is failing, late, not_firing, instance_lost, dead_jobs or stuck;
         subject the schedule, queue, execution id, fleet or instance name; since when it took its
-        state; firing counts
-        the firing ones. With resolved, the alerts resolved in the last 24 hours follow."""
+        state; firing counts the firing ones. With resolved, the alerts resolved in the last 24
+        hours follow."""
 
     # -- health ----------------------------------------------------------------------------
     @action(system="health", permission="read", impl="activity.read",

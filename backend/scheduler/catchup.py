@@ -498,7 +498,6 @@ class CatchUp:
             if current is not None:
                 self.timers.arm(current, slots[-1] if slots else self.clock.now())
 
-
     async def _unrecorded(self, name: str, slots: list[datetime]) -> list[datetime]:
         """``slots`` without those the ledger already holds a timed run of. Slots recorded
         before the clock was stepped back come due again; the timer passes over those the

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from backend.alerts.model import AlertsPage
+from backend.alerts.model import CONDITIONS, AlertsPage
 from backend.alerts.rules import PROVIDERS, render_rules
 from backend.definitions import discover_definitions
 from backend.durable import DurableFunction
@@ -42,7 +42,7 @@ def _show_alerts(call: Call, page: AlertsPage) -> None:
 
 
 DERIVED = (
-    Verb(("alerts",), "alerts", help="what is alerting now (failing, late, not_firing, instance_lost, dead_jobs, stuck)",
+    Verb(("alerts",), "alerts", help=f"what is alerting now ({', '.join(CONDITIONS)})",
          show=_show_alerts),
 )  # fmt: skip
 
