@@ -109,6 +109,18 @@ async def make_engine(clock: ManualClock, store_url: str) -> AsyncIterator[Calla
         await engine.stop(grace=0)
 
 
+def fail_once(owner: object, method: str, error: BaseException) -> None:
+    """Make ``owner.method`` (a coroutine method) raise ``error`` at its next call only: a
+    store that refuses one write (a full disk, a connection lost) and then answers again."""
+    original = getattr(owner, method)
+
+    async def failing(*args: object, **kwargs: object) -> None:
+        setattr(owner, method, original)
+        raise error
+
+    setattr(owner, method, failing)
+
+
 def expect(engine: Engine, predicate: Callable[[Run], bool], timeout: float = 10.0) -> Awaitable[Run]:
     """Start listening now for the first recorded run matching ``predicate``; await it later.
 

@@ -23,7 +23,7 @@ from backend import Engine, ManualClock, Run, RunContext, Schedule, Unavailable,
 from backend.model import Claim, ClaimResult, slot_key
 from backend.scheduler.coordination.slots import ClaimCoordinator
 from backend.store import Store, open_store
-from tests.conftest import all_runs, expect
+from tests.conftest import all_runs, expect, fail_once
 from tests.test_engine import LostAnswers
 
 UTC = UTC
@@ -188,12 +188,15 @@ async def test_queue_waits_for_the_run_on_another_instance(make_engine: Callable
     ]
 
 
+@pytest.mark.parametrize("coordination", ["advisoryLock", "single"])
 async def test_run_now_on_one_instance_counts_as_in_flight_for_the_others(
-    make_engine: Callable[..., Engine], clock: ManualClock
+    make_engine: Callable[..., Engine], clock: ManualClock, coordination: str
 ) -> None:
+    """Also under ``single``: a is then a process that fires nothing (``schedtui fire`` in
+    another shell while ``serve`` fires), whose Run now b's 08:01 once started beside."""
     gate = Gate()
-    a = make_engine([schedule(handler=gate)], instance="a", coordination="advisoryLock", abandon_after=3600)
-    b = make_engine([schedule(handler=gate)], instance="b", coordination="advisoryLock", abandon_after=3600)
+    a = make_engine([schedule(handler=gate)], instance="a", coordination=coordination, abandon_after=3600)
+    b = make_engine([schedule(handler=gate)], instance="b", coordination=coordination, abandon_after=3600)
     await a.open()  # acts on the store, arms nothing (like a CLI verb)
     await b.start()
     manual = await a.run_now("job")
@@ -201,15 +204,132 @@ async def test_run_now_on_one_instance_counts_as_in_flight_for_the_others(
     assert await b.store.count_claims() == 0  # Run now never claims
     skipped = expect(b, lambda r: r.status == "skipped")
     clock.advance(60)
-    assert (await skipped).error_message is not None
+    assert manual.id in ((await skipped).error_message or "")
+    assert gate.most == 1
     gate.release.set()
     await settle(clock, a, b)
     assert [(r.trigger, r.status) for r in await all_runs(b, "job")] == [("manual", "succeeded"), ("self", "skipped")]
 
 
+@pytest.mark.parametrize("coordination", ["advisoryLock", "single"])
+async def test_a_run_now_whose_row_the_store_refuses_does_not_start(
+    make_engine: Callable[..., Engine], clock: ManualClock, coordination: str
+) -> None:
+    """The store refuses the commit of the row of a's Run now (a fires nothing; a full
+    disk, a lost connection): it must not start, for b, which fires, could not count it
+    in flight. Before, it started anyway."""
+    gate = Gate()
+    a = make_engine([schedule(handler=gate)], instance="a", coordination=coordination)
+    b = make_engine([schedule(handler=gate)], instance="b", coordination=coordination)
+    await a.open()
+    await b.start()
+    fail_once(a.store, "flush", Unavailable("cannot be written: database or disk is full (test)"))
+    manual = await a.run_now("job")
+    assert gate.started == []
+    assert (manual.status, manual.error_tag, manual.fired_at) == ("failed", "unavailable", None)
+    assert "not started: its row could not be committed" in (manual.error_message or "")
+    ran = expect(b, lambda r: r.status == "succeeded")
+    gate.release.set()
+    clock.advance(60)  # b's 08:01 runs: nothing is in flight
+    assert (await ran).scheduled_at == at("2026-03-02T08:01:00Z")
+    await a.flush()
+    assert (await b.get_run(manual.id)).status == "failed"
+
+
+@pytest.mark.parametrize("backfill", ["skip", "all"])
+async def test_a_catch_up_under_single_meets_a_run_now_of_a_process_that_fires_nothing(
+    make_engine: Callable[..., Engine], clock: ManualClock, backfill: str
+) -> None:
+    """b (``single``) finds itself behind (the clock jumped three slots) while a's Run now
+    runs: the catch-up's slots are recorded skipped, naming it, never started beside it
+    (the stateful test found the catch-up asking nobody)."""
+    gate = Gate()
+    job = schedule(handler=gate, backfill=backfill)
+    a = make_engine([job], instance="a", coordination="single", abandon_after=3600)
+    b = make_engine([job], instance="b", coordination="single", abandon_after=3600)
+    await b.start()
+    await a.open()
+    manual = await a.run_now("job")
+    await gate.entered.wait()
+    clock.advance(150)  # 08:02:30: 08:01 and 08:02 are due at once
+    await settle(clock, a, b, runs=False)
+    assert gate.most == 1 and len(gate.started) == 1
+    timed = [r for r in await all_runs(b, "job") if r.trigger == "self"]
+    assert timed and {r.status for r in timed} <= {"skipped", "missed"}
+    assert any(r.status == "skipped" and manual.id in (r.error_message or "") for r in timed)
+    gate.release.set()
+    await settle(clock, a, b)
+
+
+async def test_a_slot_queued_behind_its_own_run_waits_for_a_run_now_of_a_process_that_fires_nothing(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Under ``single``, b's 08:02 queues behind b's own 08:01; a (which fires nothing)
+    starts a Run now meanwhile. When 08:01 ends, 08:02 reads the store before it starts:
+    it waits for the Run now (before, it started beside it; the stateful test found it)."""
+    own, manual_gate = Gate(), Gate()
+
+    def handler(ctx: RunContext) -> Any:
+        return (own if ctx.trigger == "self" else manual_gate)(ctx)
+
+    job = schedule(handler=handler, on_overlap="queue")
+    a = make_engine([job], instance="a", coordination="single", abandon_after=3600)
+    b = make_engine([job], instance="b", coordination="single", abandon_after=3600)
+    await b.start()
+    clock.advance(60)  # 08:01 starts on b, and holds
+    await own.entered.wait()
+    clock.advance(60)  # 08:02 queues behind it
+    await settle(clock, b, runs=False)
+    await a.open()
+    manual = await a.run_now("job")
+    await manual_gate.entered.wait()
+    first_ended = expect(b, lambda r: r.trigger == "self" and r.status == "succeeded")
+    own.release.set()  # 08:01 ends: 08:02 must now wait for a's Run now
+    await first_ended
+    await settle(clock, a, b, runs=False)
+    assert [slot for slot, _ in own.started] == [at("2026-03-02T08:01:00Z")]
+    manual_gate.release.set()
+    await settle(clock, a, b)
+    clock.advance(1)  # b's housekeeping reads the Run now ended, and starts 08:02
+    await settle(clock, a, b)
+    assert [slot for slot, _ in own.started] == [at("2026-03-02T08:01:00Z"), at("2026-03-02T08:02:00Z")]
+    runs = {r.id: r for r in await all_runs(b, "job")}
+    ended = runs[manual.id].finished_at
+    (second,) = [r for r in runs.values() if r.trigger == "self" and r.scheduled_at == at("2026-03-02T08:02:00Z")]
+    assert ended is not None and second.fired_at is not None and second.fired_at >= ended
+
+
+@pytest.mark.parametrize("coordination", ["advisoryLock", "single"])
+async def test_a_queued_slot_waits_for_a_run_now_of_a_process_that_fires_nothing(
+    make_engine: Callable[..., Engine], clock: ManualClock, coordination: str
+) -> None:
+    """Under ``queue``, b's 08:01 waits for a's Run now (a fires nothing), and starts once
+    b's housekeeping reads it finished; 08:02, due meanwhile, queues behind it."""
+    gate = Gate()
+    job = schedule(handler=gate, on_overlap="queue")
+    a = make_engine([job], instance="a", coordination=coordination, abandon_after=3600)
+    b = make_engine([job], instance="b", coordination=coordination, abandon_after=3600)
+    await a.open()
+    await b.start()
+    manual = await a.run_now("job")
+    await gate.entered.wait()
+    for _ in range(2):
+        clock.advance(60)
+        await settle(clock, a, b, runs=False)
+    assert gate.started == [(manual.scheduled_at, manual.id)] and gate.most == 1
+    gate.release.set()
+    await settle(clock, a, b)
+    clock.advance(1)  # b's housekeeping sees the Run now finished, and starts its queue in order
+    await settle(clock, a, b)
+    assert [slot for slot, _ in gate.started[1:]] == [at("2026-03-02T08:01:00Z"), at("2026-03-02T08:02:00Z")]
+    assert gate.most == 1
+    runs = await all_runs(b, "job")
+    assert [(r.trigger, r.status) for r in runs] == [("manual", "succeeded"), ("self", "succeeded"), ("self", "succeeded")]
+
+
 @pytest.mark.parametrize(("coordination", "on_overlap", "holds"), [
     ("advisoryLock", "skip", True), ("advisoryLock", "queue", True), ("advisoryLock", "parallel", False),
-    ("single", "skip", False),
+    ("single", "skip", True), ("single", "parallel", False),
 ])  # fmt: skip
 async def test_a_run_now_holds_its_schedules_turn_from_its_first_row(
     make_engine: Callable[..., Engine], clock: ManualClock, coordination: str, on_overlap: str, holds: bool
@@ -217,7 +337,8 @@ async def test_a_run_now_holds_its_schedules_turn_from_its_first_row(
     """The row a Run now commits before its handler starts holds the schedule's turn
     (``held``), so that the other instances count it in flight from that commit, whatever
     slot they decide for (the store commits it under the turn's lock: see test_store.py);
-    its started and finished rows let go. Not where no turn is kept (``parallel``, ``single``)."""
+    its started and finished rows let go. Under ``single`` too: the firing process counts
+    the Run nows of processes that fire nothing. Not where no turn is kept (``parallel``)."""
     gate = Gate()
     a = make_engine([schedule(handler=gate, on_overlap=on_overlap)], instance="a", coordination=coordination)
     await a.open()

@@ -28,7 +28,7 @@ from backend.model import Claim, ClaimResult, Run
 from backend.observability.capture import LOG_FORMAT
 from backend.safetext import TerminalFormatter
 from backend.store import open_store
-from tests.conftest import all_runs, expect
+from tests.conftest import all_runs, expect, fail_once
 from tests.late_answers import LateAnswer, lapse_and_renew
 
 MakeEngine = Callable[..., Engine]  # the make_engine fixture (tests/conftest.py)
@@ -2020,13 +2020,7 @@ async def test_an_external_call_whose_run_cannot_be_written_yet_says_it_fired(
     the platform nothing ran (the machine's deep run found it on a full disk)."""
     calls, engine, _ = await external_pair(make_engine, poll=1)
     clock.set("2026-03-02T09:00:30Z")
-    flush = engine.ledger.flush
-
-    async def cannot_write() -> None:
-        engine.ledger.flush = flush  # type: ignore[method-assign]  # (once)
-        raise Unavailable("the disk is full (test)")
-
-    engine.ledger.flush = cannot_write  # type: ignore[method-assign]
+    fail_once(engine.ledger, "flush", Unavailable("the disk is full (test)"))
     firing = await engine.fire_external("job")
     assert firing.created
     await engine.quiesce()

@@ -342,6 +342,10 @@ class ScheduleModel:
         return [s for s in slots if not any(a < s <= b for a, b in self.excused)]
 
 
+#: The instance name of the process that fires nothing (see EngineMachine.run_now_elsewhere).
+OBSERVER = "cli"
+
+
 class EngineMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -364,6 +368,11 @@ class EngineMachine(RuleBasedStateMachine):
         self.world = World()
         self.generation = 0  # engines made so far: seeds their ids
         self.engines: dict[str, Engine] = {}
+        self.observer: Engine | None = None
+        self.room_at: datetime | None = None
+        """When the disk last got room again."""
+        """A process that fires nothing, opened to do a Run now (``schedtui fire`` in another
+        shell): it lives on while its runs do, until a restart of the clock's epoch or the end."""
         self.mode = "single"
         self.modes: dict[str, CoordinationMode] = {}
         self.windows: dict[str, float] = {}
@@ -442,8 +451,12 @@ class EngineMachine(RuleBasedStateMachine):
             self.clock.sleepers,
             self.tasks_made,
             self.tasks_ended,
-            tuple(sum(e.stats.values()) for e in self.engines.values()),
+            tuple(sum(e.stats.values()) for e in self.every_engine()),
         )
+
+    def every_engine(self) -> list[Engine]:
+        """The firing instances and the observer, if open."""
+        return [*self.engines.values(), *([self.observer] if self.observer is not None else [])]
 
     async def settle(self) -> None:
         """Wait until the engines have done everything the current time calls for, short
@@ -453,7 +466,7 @@ class EngineMachine(RuleBasedStateMachine):
         the manual clock never does until the clock moves.)"""
         last, stable = None, 0
         for _ in range(2000):
-            for engine in self.engines.values():
+            for engine in self.every_engine():
                 try:
                     await engine.quiesce(runs=False)
                 except Unavailable:
@@ -469,7 +482,7 @@ class EngineMachine(RuleBasedStateMachine):
         raise AssertionError(f"the engines did not settle{self.steps()}")
 
     async def ledger(self) -> dict[str, list[Run]]:
-        for engine in self.engines.values():
+        for engine in self.every_engine():
             try:
                 await engine.flush()
             except Unavailable:
@@ -561,7 +574,7 @@ class EngineMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         async def go() -> None:
             self.handlers.stopping = True
-            for engine in self.engines.values():
+            for engine in self.every_engine():
                 await engine.stop(grace=0)
             if self.world.full:
                 # Stopped on a full disk: the rows it could not write are in the reserve,
@@ -679,6 +692,43 @@ class EngineMachine(RuleBasedStateMachine):
 
         self.run(go())
         self.advance(then)
+
+    @rule(name=names, then=then)
+    def run_now_elsewhere(self, name: str, then: float) -> None:
+        """A Run now through a process that fires nothing (``schedtui fire`` in another shell,
+        a console without ``--fire``), opened for it, beside the firing instances: under
+        ``single`` the firing one once looked at no other process's runs, and started its
+        next slot beside this one."""
+        self.log.append(f"{OBSERVER}: run_now({name})")
+
+        async def go() -> None:
+            if self.observer is None:
+                observer = self.new_engine(OBSERVER)
+                try:
+                    await observer.open()
+                except Unavailable:
+                    await observer.stop(grace=0)
+                    return  # the store is down: the verb fails
+                self.observer = observer
+            try:
+                run = await self.observer.run_now(name)
+            except Unavailable:
+                return  # refused: the store cannot record it
+            assert (run.trigger, run.coordination_outcome) == ("manual", "manual")
+            await self.settle()
+
+        self.run(go())
+        self.advance(then)
+
+    async def close_observer(self) -> None:
+        """The process that fires nothing exits (its runs are interrupted)."""
+        if self.observer is not None:
+            observer, self.observer = self.observer, None
+            stopping, self.handlers.stopping = self.handlers.stopping, True  # (its handlers end with it)
+            try:
+                await observer.stop(grace=0)
+            finally:
+                self.handlers.stopping = stopping
 
     @rule(instance=instances, name=names, back=st.integers(1, 6), count=st.integers(1, 4), then=then)
     def backfill(self, instance: str, name: str, back: int, count: int, then: float) -> None:
@@ -821,8 +871,16 @@ class EngineMachine(RuleBasedStateMachine):
         """The disk fills up, or has room again (``single``: the one firer, whose stop keeps
         what it cannot write in the reserve; the other modes have no reserve)."""
         if self.mode == "single":
+            if not self.world.full and self.observer is not None:
+                # A process that fires nothing has no reserve: the ends of its runs that
+                # a full disk refused stay running until the firer judges its pid gone,
+                # which no process here does (one pid for all). It exits first.
+                self.log.append("cli exits")
+                self.run(self.close_observer())
             self.world.full = not self.world.full
             self.log.append("disk full" if self.world.full else "disk has room")
+            if not self.world.full:
+                self.room_at = self.clock.now()
             for store in self.world.stores:
                 assert isinstance(store, SQLiteStore)
                 store.limit_pages(0 if self.world.full else None)
@@ -883,12 +941,16 @@ class EngineMachine(RuleBasedStateMachine):
         async def go() -> None:
             self.handlers.stopping = True
             try:
+                if back is not None:
+                    await self.close_observer()  # (its runs would run into the next epoch)
                 if mid_claim is None or not await self.stop_mid_claim(engine, mid_claim):
                     await self.stop_checking_current_slots(engine, grace)
             finally:
                 self.handlers.stopping = False
             del self.engines[name]
-            self.world.full = False  # its rows not written are in the reserve; the next store has room
+            if self.world.full:
+                self.world.full = False  # its rows not written are in the reserve; the next store has room
+                self.room_at = self.clock.now()
             await self.settle()
             assert self.checker is not None
             left = [r for r in await self.checker.running_runs() if r.instance == name]
@@ -1145,9 +1207,17 @@ class EngineMachine(RuleBasedStateMachine):
 
         def ended(r: Run) -> datetime:
             span = ran.get(r.id)
-            return max(r.finished_at or never, span[1] or never) if span is not None else r.finished_at or never
+            end = max(r.finished_at or never, span[1] or never) if span is not None else r.finished_at or never
+            if r.instance == OBSERVER and end != never:
+                # Another process's run: the firing instance reads it ended at its next
+                # housekeeping round, which a full disk put off until it had room again.
+                end = max(end, self.room_at or end) + timedelta(seconds=POLL)
+            return end
 
-        running = [r.scheduled_at for r in runs if r.status == "running" or (r.id in ran and ran[r.id][1] is None)]
+        running = [
+            r.scheduled_at for r in runs
+            if r.status == "running" or (r.id in ran and ran[r.id][1] is None) or (r.instance == OBSERVER and ended(r) > now)
+        ]  # fmt: skip
         if not running:
             return lambda slot: False
         oldest = min(running)

@@ -166,7 +166,7 @@ class Invocation(Capture):
         self.is_async = is_async
         self.task: asyncio.Task[None] | None = None
         self.outcome: Outcome | None = None
-        self.gate: asyncio.Future[None] | None = None
+        self.gate: asyncio.Future[Any] | None = None
         """If set, the call waits for it before it begins (its ledger row being committed)."""
         self.epoch = 0
         """The epoch of this instance's lease when the call was started (claimed)."""
@@ -583,8 +583,8 @@ class HandlerRunner:
             try:
                 if invocation.gate is not None:
                     await invocation.gate
-                if self._lapsed(invocation):
-                    return
+                if invocation.done or self._lapsed(invocation):
+                    return  # (settled as it waited: its row refused, or its engine stopping)
                 arg = invocation.begin(self.clock.now())
             finally:
                 self._unbegun.discard(key)

@@ -414,6 +414,8 @@ class CatchUp:
                 to_record = [s for s in to_record if s in ids]
             elif not self.claims.fires():
                 to_fire, to_record = [], []  # waiting for another mode's fleet, which fires them
+            elif to_fire:  # single: no claim, but a Run now of a process that fires nothing counts
+                remote = (await self.claims.busy_elsewhere([(schedule, to_fire[0])])).get(name)
             if not fire:
                 why = "due while a catch-up held the schedule's timer, and disabled before it ended"
             elif live:

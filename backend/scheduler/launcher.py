@@ -91,8 +91,9 @@ class ScheduleRun(Invocation):
         if run is None:
             # A Run now (or a backfill's run) holds its schedule's place from the commit of
             # its row, before its handler starts: the other instances' overlap checks count
-            # it in flight whatever its slot (see Launcher.place).
-            held = self.trigger == "manual" and self.launcher.takes_turns and self.schedule.on_overlap != "parallel"
+            # it in flight whatever its slot (see Launcher.place), in every mode (under
+            # single, the firing process's for a Run now of one that fires nothing).
+            held = self.trigger == "manual" and self.schedule.on_overlap != "parallel"
             run = self._run = Run(
                 self.run_id, self.schedule.name, self.slot, "running", self.trigger, self.coordination,
                 self.launcher.instance, held=held,
@@ -258,6 +259,10 @@ class Launcher:
         """Run ids whose claim took their schedule's turn (:attr:`backend.model.Claim.turn`),
         not started or recorded finished yet."""
         self.rechecks_waits = False
+        self.blocker_elsewhere: Callable[[str, datetime, str], Awaitable[str | None]] | None = None
+        """Under ``single``: the run in flight in another process (a Run now of one that
+        fires nothing) that a run of a schedule's slot must not start beside, read from the
+        store; what a run that waited asks as it starts, in place of taking a turn."""
         """Where the coordination claims slots (``advisoryLock``, ``cluster``): a run that
         waited after its claim takes its turn in the store as it starts (see :meth:`waits`)."""
         self.waited: set[str] = set()
@@ -275,7 +280,7 @@ class Launcher:
         self.shard_fence: Callable[[str], int | None] | None = None
         """In ``cluster`` coordination: the token of the shard holding a schedule."""
         self._turning: set[asyncio.Future[None]] = set()
-        self._batch: tuple[list[Run], asyncio.Future[None]] | None = None
+        self._batch: tuple[list[Run], asyncio.Future[bool | None]] | None = None
         self._slow_flush: asyncio.Future[None] | None = None
         self._mark_now = store.mark_starting_now if isinstance(store, MarksNow) else None
 
@@ -346,7 +351,9 @@ class Launcher:
         slot): by the time it starts, what its claim saw is old (a Run now may have started
         on another instance meanwhile, which counts in flight for what starts after it), and
         a turn it took is stale. It takes its turn in the store as it starts (see
-        :meth:`needs_turn`): under ``cluster`` too, whose owner otherwise takes none."""
+        :meth:`needs_turn`): under ``cluster`` too, whose owner otherwise takes none, and
+        under ``single``, which reads instead what other processes run
+        (:attr:`blocker_elsewhere`)."""
         if run_id is not None:
             self.turns.discard(run_id)
             if self.rechecks_waits:
@@ -370,13 +377,18 @@ class Launcher:
         process still leaves its run in the ledger, to be closed as abandoned."""
         if run_id is None:
             scheduled = ScheduleRun(self, schedule, self.new_id(), slot, trigger, outcome)
-            scheduled.gate = self._place_soon(scheduled.run)
+            placed = self._place_soon(scheduled.run)
+            scheduled.gate = asyncio.ensure_future(self._shown(scheduled, placed)) if scheduled.run.held else placed
+            # Under single, a timed run launched without an id is a catch-up's, whose slots
+            # wait for each other (or in the queue): each reads what other processes run.
+            recheck = self.blocker_elsewhere is not None and trigger != "manual" and schedule.on_overlap != "parallel"
         else:
             scheduled = ScheduleRun(self, schedule, run_id, slot, trigger, outcome)
+            recheck = self.needs_turn(schedule, trigger, run_id)
         self.inflight[schedule.name] += 1
         self.active[scheduled.run_id] = scheduled
-        if run_id is not None and self.needs_turn(schedule, trigger, run_id):
-            self.waited.discard(run_id)
+        if recheck:
+            self.waited.discard(scheduled.run_id)
             task = asyncio.ensure_future(self._take_turn(scheduled))
             self._turning.add(task)
             task.add_done_callback(self._turned)
@@ -406,7 +418,8 @@ class Launcher:
         not take it (a queued slot released, a lost or caught-up slot fired later). Its
         claim's overlap check is old by then: another instance may have started a run of
         the schedule since, or be about to (it claimed a later slot before this one). In
-        ``cluster``, a run that waited after its claim (:meth:`waits`)."""
+        ``cluster``, a run that waited after its claim (:meth:`waits`); in ``single``, one
+        that waited, which reads what other processes run instead (:attr:`blocker_elsewhere`)."""
         if trigger == "manual" or schedule.on_overlap == "parallel" or run_id in self.turns:
             return False
         return self.takes_turns or run_id in self.waited
@@ -418,7 +431,11 @@ class Launcher:
         schedule, now = scheduled.schedule, self.clock.now
         turn: Turn | None = None
         try:
-            turn = await self.store.take_turn(scheduled.run_id, schedule.name, scheduled.slot, self.instance)
+            if self.blocker_elsewhere is not None:  # single: no turn to take, only a read
+                blocker = await self.blocker_elsewhere(schedule.name, scheduled.slot, self.instance)
+                turn = Turn(blocker is None, blocker)
+            else:
+                turn = await self.store.take_turn(scheduled.run_id, schedule.name, scheduled.slot, self.instance)
         except Unavailable as exc:
             trouble: Exception | None = exc
         else:
@@ -468,7 +485,16 @@ class Launcher:
             log.warning("%s not started: %s", scheduled.label, exc)
             scheduled.settle(CallOutcome("skipped", self.clock.now(), TAG_THREADS_EXHAUSTED, f"not started: {exc}"))
 
-    def place(self, runs: list[Run]) -> asyncio.Future[None]:
+    async def _shown(self, scheduled: ScheduleRun, placed: asyncio.Future[bool | None]) -> None:
+        """A run that holds its schedule's place (a Run now) starts once its row is
+        committed, not when the store refused it: the other processes count it in flight
+        by that row alone (the firing one under ``single``, for a Run now of one that fires
+        nothing). Only a slow store (no answer yet) lets it start before."""
+        if await placed is False and not scheduled.done:
+            why = "its row could not be committed, so no other process could count it in flight"
+            scheduled.settle(CallOutcome("failed", self.clock.now(), TAG_UNAVAILABLE, f"not started: {why}"))
+
+    def place(self, runs: list[Run]) -> asyncio.Future[bool | None]:
         """Hand the ``running`` rows of runs about to start to the store now; the future
         resolves once they are committed (after :data:`PLACE_WAIT_S` at most, and at once
         while the store is that slow: their rows then wait in the writer). A Run now's row
@@ -487,14 +513,16 @@ class Launcher:
             return
         await self._committed(lambda: self.store.mark_starting(self.instance, slot))
 
-    async def _committed(self, write: Callable[[], Awaitable[None]] | None = None) -> None:
+    async def _committed(self, write: Callable[[], Awaitable[None]] | None = None) -> bool | None:
         """Wait for ``write`` (default: a flush of the rows handed in) to commit, at most
-        :data:`PLACE_WAIT_S`, and not at all while the store is failing or that slow."""
+        :data:`PLACE_WAIT_S`, and not at all while the store is failing or that slow. True
+        once committed, False when the store refused it (or is failing), None when it has
+        not answered yet (slow)."""
         if not self.store.health().ok:
-            return  # the store says why, once; its rows wait in the writer
+            return False  # the store says why, once; its rows wait in the writer
         if self._slow_flush is not None:
             if not self._slow_flush.done():
-                return
+                return None
             self._slow_flush = None
         flush = asyncio.ensure_future(write() if write is not None else self.store.flush())
         done, _ = await asyncio.wait({flush}, timeout=PLACE_WAIT_S)
@@ -506,10 +534,13 @@ class Launcher:
                 "(their rows wait in the writer) until it does",
                 PLACE_WAIT_S,
             )
-        elif flush.exception() is not None:
+            return None
+        if flush.exception() is not None:
             log.warning("could not commit the rows of runs about to start (%s); starting them anyway", flush.exception())
+            return False
+        return True
 
-    def _place_soon(self, run: Run) -> asyncio.Future[None]:
+    def _place_soon(self, run: Run) -> asyncio.Future[bool | None]:
         """Add ``run``'s row to the batch written at the end of this loop iteration."""
         if self._batch is None:
             self._batch = ([], asyncio.get_running_loop().create_future())
@@ -522,10 +553,11 @@ class Launcher:
         await asyncio.sleep(0)  # let the rest of this iteration's launches join the batch
         assert self._batch is not None
         (rows, gate), self._batch = self._batch, None
+        committed: bool | None = False
         try:
-            await self.place(rows)
+            committed = await self.place(rows)
         finally:
-            gate.set_result(None)
+            gate.set_result(committed)
 
     def close(
         self,

@@ -26,7 +26,7 @@ from backend.runtime.runner import HandlerRunner
 from backend.runtime.subsystems import Subsystem
 from backend.scheduler.backfills import Backfills
 from backend.scheduler.catchup import CatchUp
-from backend.scheduler.coordination.slots import Coordinator, SlotClaims
+from backend.scheduler.coordination.slots import Coordinator, SingleCoordinator, SlotClaims
 from backend.scheduler.launcher import Launcher
 from backend.scheduler.ledger import RunLedger
 from backend.scheduler.registry import InstanceRegistry
@@ -105,6 +105,9 @@ def build_schedule_parts(
     )
     launcher.takes_turns = coordinator.takes_turns
     launcher.rechecks_waits = coordinator.needs_claims
+    if isinstance(coordinator, SingleCoordinator):
+        launcher.rechecks_waits = True
+        launcher.blocker_elsewhere = coordinator.blocker
     claims = SlotClaims(
         coordinator=coordinator,
         store=core.store,

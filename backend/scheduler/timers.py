@@ -282,7 +282,8 @@ class Timers:
                     # handler calling os._exit). One small write, not a thousand rows
                     # before the first start.
                     await self.launcher.mark_starting(due[-1][1])  # the latest slot: due is in slot order
-                    await self._fire_owned(self._with_ids(due), outcome, {})
+                    busy = await claims.busy_elsewhere([(schedule, slot) for schedule, slot, _ in due])
+                    await self._fire_owned(self._with_ids(due), outcome, busy)
         finally:
             # Even when the round raised what it does not handle (the loop starts again):
             # a popped schedule stays armed at its popped slot, with no timer, until re-armed.

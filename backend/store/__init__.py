@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -322,6 +322,15 @@ class Store(Protocol):
         holding its turn, or claimed for an earlier slot), and, if there is none, mark the
         row :attr:`~backend.model.Run.held`. Two instances' calls for different slots of
         one schedule never both take it. See :class:`~backend.model.Turn`."""
+
+    async def busy_elsewhere(self, firsts: Mapping[str, datetime], instance: str) -> dict[str, str]:
+        """For each schedule of ``firsts``, a run of it in flight on an instance other than
+        ``instance`` that a run of its slot ``firsts[name]`` must not start beside (as
+        :attr:`ClaimResult.busy` counts them: started, holding its turn, or placed for an
+        earlier slot); schedules with none are left out. A read: under ``single`` the
+        firing instance asks it before its timed runs start, for the Run nows of processes
+        that fire nothing (``schedtui fire`` in another shell, a console without
+        ``--fire``)."""
 
     async def claimed_run(self, key: str) -> str | None:
         """The run id recorded with a claim, if the key is claimed."""

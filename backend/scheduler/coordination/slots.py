@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -32,7 +32,7 @@ from backend.runtime.liveness import WorkLease
 from backend.runtime.loops import Loops
 from backend.runtime.outages import OutageLog
 from backend.scheduler.coordination.cluster import ClusterCoordinator, ClusterStore
-from backend.scheduler.launcher import Launcher
+from backend.scheduler.launcher import PLACE_WAIT_S, Launcher
 from backend.schedules import Schedule
 
 if TYPE_CHECKING:
@@ -70,15 +70,49 @@ class Coordinator(Protocol):
 
 
 class SingleCoordinator:
-    """No gate: this instance assumes it is the only one."""
+    """No gate: this instance assumes it is the only one that fires. Processes that fire
+    nothing may still run a schedule's handler (a Run now from ``schedtui fire`` in
+    another shell, or a console without ``--fire``): a timed run of a ``skip`` or ``queue``
+    schedule meets theirs as it meets one on another instance (:attr:`ClaimResult.busy`),
+    read from the store before it starts."""
 
     mode: CoordinationMode = "single"
     outcome: Outcome = "single"
     needs_claims = False
     takes_turns = False
 
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
     async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
-        return ClaimResult(frozenset(claim.key for claim in claims))
+        slots = [(claim.name, claim.scheduled_at) for claim in claims if claim.scheduled_at is not None]
+        return ClaimResult(frozenset(claim.key for claim in claims), await self.busy(slots, instance))
+
+    async def blocker(self, name: str, slot: datetime, instance: str) -> str | None:
+        """The run in flight in another process that ``name``'s run of ``slot`` must not
+        start beside (a slot that waited, queued or behind a catch-up's earlier one)."""
+        return (await self.busy([(name, slot)], instance)).get(name)
+
+    async def busy(self, slots: Iterable[tuple[str, datetime]], instance: str) -> dict[str, str]:
+        """Of the schedules of ``slots`` (each with a slot about to start), those with a run
+        in flight in another process (see :meth:`Store.busy_elsewhere`). Fails open: this
+        mode fires whatever the store's state, and a store that cannot answer has no Run
+        now of another process's starting either."""
+        firsts: dict[str, datetime] = {}
+        for name, slot in slots:
+            first = firsts.get(name)
+            if first is None or slot < first:
+                firsts[name] = slot
+        if not firsts:
+            return {}
+        try:
+            # Asked even while the store fails its writes (a full disk still answers reads),
+            # and waited for at most as long as a run waits for its row: a server that
+            # stopped answering holds a burst back that long, not a pool's whole timeout.
+            return await asyncio.wait_for(self.store.busy_elsewhere(firsts, instance), PLACE_WAIT_S)
+        except (Unavailable, TimeoutError) as exc:
+            log.debug("runs of other processes not read (%s): the due runs start", exc or "no answer")
+            return {}
 
 
 class ClaimCoordinator:
@@ -105,12 +139,12 @@ def make_coordinator(coordination: CoordinationMode | Coordinator | None, store:
         return coordination, False
     mode = coordination or store.default_coordination
     if mode == "single":
-        return SingleCoordinator(), False
+        return SingleCoordinator(store), False
     if mode == "advisoryLock":
         return ClaimCoordinator(store), False
     if mode == "cluster":
         if store.kind != "postgresql":
-            return SingleCoordinator(), True
+            return SingleCoordinator(store), True
         return ClusterCoordinator(cast(ClusterStore, store)), False
     raise BadInput(f'coordination "{mode}" is not one of single, advisoryLock, cluster')
 
@@ -186,6 +220,16 @@ class SlotClaims:
 
     def finished(self, run_id: str) -> None:
         self.claimed.discard(run_id)
+
+    async def busy_elsewhere(self, slots: Sequence[tuple[Schedule, datetime]]) -> dict[str, str]:
+        """Under ``single``, which claims nothing: the schedules of ``slots`` (slots about to
+        start, ``skip`` and ``queue``) with a run in flight in another process, a Run now of
+        one that fires nothing (see :class:`SingleCoordinator`). Empty in the other modes,
+        whose claims answer it."""
+        coordinator = self.coordinator
+        if not isinstance(coordinator, SingleCoordinator):
+            return {}
+        return await coordinator.busy(((s.name, slot) for s, slot in slots if s.on_overlap != "parallel"), self.instance)
 
     def horizon(self, schedule: Schedule, now: datetime) -> datetime:
         """How far back a winner keeps its schedule's claims: long enough that a replica

@@ -7,7 +7,7 @@ here is one statement (or one transaction) per call on a pooled connection.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -21,6 +21,7 @@ from backend.safetext import store_text
 from backend.store.postgres.logs import PRUNE_RUN_LOGS
 from backend.store.postgres.sql import (
     BACKFILL_PKEY,
+    BUSY_OF,
     CLAIM,
     CLAIMED_RUN,
     CLOSE_RUNS,
@@ -207,6 +208,10 @@ class PostgresRuns:
         self.commits += 1
         blocker, taken = row if row is not None else (None, False)
         return Turn(bool(taken), blocker)
+
+    async def busy_elsewhere(self, firsts: Mapping[str, datetime], instance: str) -> dict[str, str]:
+        params = {"names": list(firsts), "firsts": [first.isoformat() for first in firsts.values()], "instance": instance}
+        return {str(name): str(run_id) for name, run_id in await self._fetchall(BUSY_OF, params)}
 
     async def claimed_run(self, key: str) -> str | None:
         row = await self._fetchone(CLAIMED_RUN, (key,))

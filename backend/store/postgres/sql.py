@@ -363,6 +363,12 @@ BUSY_ELSEWHERE = """
         AND (r.fired_at IS NOT NULL OR r.held OR r.scheduled_at < f.first)
     ORDER BY r.name, r.id LIMIT 1
 """
+#: Of each schedule in ``names``, a run in flight on another instance that a run of its
+#: slot in ``firsts`` must not start beside (see Store.busy_elsewhere).
+BUSY_OF = f"""
+    SELECT f.name, b.id FROM unnest(%(names)s::text[], %(firsts)s::text[]::timestamptz[]) AS f(name, first)
+    CROSS JOIN LATERAL ({BUSY_ELSEWHERE}) b
+"""
 CLAIM = f"""
     WITH wanted AS (
         SELECT * FROM json_to_recordset(%(claims)s::json) AS w(

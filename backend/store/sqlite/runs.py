@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
@@ -33,6 +33,7 @@ from backend.store.sqlite.sql import (
     GET_BACKFILL,
     GET_RUN,
     GET_STATES,
+    IN_FLIGHT_ELSEWHERE,
     INSERT_BACKFILL,
     INSERT_PLACEHOLDER,
     LAST_RUNS,
@@ -235,6 +236,15 @@ class SQLiteRuns:
             return Turn(c.execute(TAKE_TURN, (run_id,)).rowcount == 1)
 
         return await self._write(take)
+
+    async def busy_elsewhere(self, firsts: Mapping[str, datetime], instance: str) -> dict[str, str]:
+        rows = await self._read(lambda c: c.execute(IN_FLIGHT_ELSEWHERE, (instance, instance)).fetchall())
+        busy: dict[str, str] = {}
+        for name, run_id, scheduled_at, fired_at, held in sorted(rows, key=lambda row: row[1]):
+            first = firsts.get(name)
+            if first is not None and name not in busy and (fired_at is not None or held or scheduled_at < _us(first)):
+                busy[name] = run_id  # (the lowest id, as a claim names it)
+        return busy
 
     async def claimed_run(self, key: str) -> str | None:
         row = await self._read(lambda c: c.execute(CLAIMED_RUN, (key,)).fetchone())

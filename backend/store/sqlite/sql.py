@@ -270,6 +270,13 @@ BUSY_ELSEWHERE = """
         AND (fired_at IS NOT NULL OR held = 1 OR scheduled_at < ?)
     ORDER BY id LIMIT 1
 """
+#: Every run in flight on other instances (see Store.busy_elsewhere): through the indexes
+#: of running and of held rows (an OR would walk each schedule's whole ledger).
+IN_FLIGHT_ELSEWHERE = """
+    SELECT name, id, scheduled_at, fired_at, held FROM runs WHERE status = 'running' AND instance <> ?
+    UNION ALL
+    SELECT name, id, scheduled_at, fired_at, held FROM runs WHERE held = 1 AND status <> 'running' AND instance <> ?
+"""
 #: A placeholder takes its schedule's turn (see Store.take_turn).
 TAKE_TURN = "UPDATE runs SET held = 1 WHERE id = ? AND status = 'running'"
 PRUNE_OWN_CLAIMS = "DELETE FROM claims WHERE name = ? AND claimed_at < ?"
