@@ -236,6 +236,43 @@ async def test_a_run_now_whose_row_the_store_refuses_does_not_start(
     assert (await b.get_run(manual.id)).status == "failed"
 
 
+async def run_now_from_a_process_that_fires_nothing(
+    make_engine: Callable[..., Engine], job: Schedule, gate: Gate, coordination: str, abandon_after: float = 3600
+) -> tuple[Engine, Engine, Run]:
+    """b fires ``job``; a, opened but not started (``schedtui fire`` in another shell),
+    starts a Run now of it, whose handler (``gate``) has entered: (a, b, that run)."""
+    a = make_engine([job], instance="a", coordination=coordination, abandon_after=abandon_after)
+    b = make_engine([job], instance="b", coordination=coordination, abandon_after=abandon_after)
+    await b.start()
+    await a.open()
+    manual = await a.run_now("job")
+    await gate.entered.wait()
+    return a, b, manual
+
+
+@pytest.mark.parametrize("coordination", ["advisoryLock", "single"])
+async def test_a_run_now_longer_than_the_take_over_window_keeps_its_process_alive_to_the_fleet(
+    make_engine: Callable[..., Engine], clock: ManualClock, coordination: str
+) -> None:
+    """a fires nothing (``schedtui fire``) and its Run now runs 12 minutes, past b's
+    take-over window of 5: a's heartbeat goes on while it runs, so b never takes it for
+    gone (before, b closed the run ``abandoned`` and started the next slot beside it)."""
+    gate = Gate()
+    a, b, manual = await run_now_from_a_process_that_fires_nothing(
+        make_engine, schedule(handler=gate, max_runtime=7200), gate, coordination, abandon_after=300
+    )
+    for _ in range(12):
+        clock.advance(60)
+        await settle(clock, a, b, runs=False)
+    assert (await b.get_run(manual.id)).status == "running"
+    assert gate.most == 1
+    timed = [r for r in await all_runs(b, "job") if r.trigger == "self"]
+    assert len(timed) == 12 and {r.status for r in timed} == {"skipped"}
+    gate.release.set()
+    await settle(clock, a, b)
+    assert (await b.get_run(manual.id)).status == "succeeded"
+
+
 @pytest.mark.parametrize("backfill", ["skip", "all"])
 async def test_a_catch_up_under_single_meets_a_run_now_of_a_process_that_fires_nothing(
     make_engine: Callable[..., Engine], clock: ManualClock, backfill: str
@@ -244,13 +281,9 @@ async def test_a_catch_up_under_single_meets_a_run_now_of_a_process_that_fires_n
     runs: the catch-up's slots are recorded skipped, naming it, never started beside it
     (the stateful test found the catch-up asking nobody)."""
     gate = Gate()
-    job = schedule(handler=gate, backfill=backfill)
-    a = make_engine([job], instance="a", coordination="single", abandon_after=3600)
-    b = make_engine([job], instance="b", coordination="single", abandon_after=3600)
-    await b.start()
-    await a.open()
-    manual = await a.run_now("job")
-    await gate.entered.wait()
+    a, b, manual = await run_now_from_a_process_that_fires_nothing(
+        make_engine, schedule(handler=gate, backfill=backfill), gate, "single"
+    )
     clock.advance(150)  # 08:02:30: 08:01 and 08:02 are due at once
     await settle(clock, a, b, runs=False)
     assert gate.most == 1 and len(gate.started) == 1
@@ -306,13 +339,9 @@ async def test_a_queued_slot_waits_for_a_run_now_of_a_process_that_fires_nothing
     """Under ``queue``, b's 08:01 waits for a's Run now (a fires nothing), and starts once
     b's housekeeping reads it finished; 08:02, due meanwhile, queues behind it."""
     gate = Gate()
-    job = schedule(handler=gate, on_overlap="queue")
-    a = make_engine([job], instance="a", coordination=coordination, abandon_after=3600)
-    b = make_engine([job], instance="b", coordination=coordination, abandon_after=3600)
-    await a.open()
-    await b.start()
-    manual = await a.run_now("job")
-    await gate.entered.wait()
+    a, b, manual = await run_now_from_a_process_that_fires_nothing(
+        make_engine, schedule(handler=gate, on_overlap="queue"), gate, coordination
+    )
     for _ in range(2):
         clock.advance(60)
         await settle(clock, a, b, runs=False)
@@ -329,7 +358,7 @@ async def test_a_queued_slot_waits_for_a_run_now_of_a_process_that_fires_nothing
 
 @pytest.mark.parametrize(("coordination", "on_overlap", "holds"), [
     ("advisoryLock", "skip", True), ("advisoryLock", "queue", True), ("advisoryLock", "parallel", False),
-    ("single", "skip", True), ("single", "parallel", False),
+    ("single", "skip", True), ("single", "parallel", False), ("cluster", "queue", True),
 ])  # fmt: skip
 async def test_a_run_now_holds_its_schedules_turn_from_its_first_row(
     make_engine: Callable[..., Engine], clock: ManualClock, coordination: str, on_overlap: str, holds: bool
@@ -338,7 +367,9 @@ async def test_a_run_now_holds_its_schedules_turn_from_its_first_row(
     (``held``), so that the other instances count it in flight from that commit, whatever
     slot they decide for (the store commits it under the turn's lock: see test_store.py);
     its started and finished rows let go. Under ``single`` too: the firing process counts
-    the Run nows of processes that fire nothing. Not where no turn is kept (``parallel``)."""
+    the Run nows of processes that fire nothing; and under ``cluster``, whose owner's claim
+    of a slot due before the Run now's row was committed once missed a row with no
+    ``fired_at`` yet placed after that slot. Not where no turn is kept (``parallel``)."""
     gate = Gate()
     a = make_engine([schedule(handler=gate, on_overlap=on_overlap)], instance="a", coordination=coordination)
     await a.open()

@@ -249,6 +249,8 @@ class Engine(EngineReads, EngineActions):
         self.states = ScheduleStates(self.store, self.schedules)
         self._opened = False
         self._started = False
+        self._beating = False
+        """Whether this engine, opened but not started, keeps its heartbeat (see :meth:`keep_beating`)."""
         self._stopping = False
         self._stopped = False
         """Stopped once: an engine is not started again (its parts are made for one life)."""
@@ -573,7 +575,7 @@ class Engine(EngineReads, EngineActions):
         self._stopping = True
         self.launcher.stopping, self.launcher.stop_grace = True, grace
         await lifecycle.stop_engine(self, grace)
-        self._opened = False
+        self._opened = self._beating = False
         self._stopped = self._started  # (one only opened, a client, may open again)
         self._stopping = self._stopped
         if not self.runner.lingering:  # (else its row stays, and so does its name: see stop_engine)
@@ -586,6 +588,15 @@ class Engine(EngineReads, EngineActions):
         locked runs, alert POSTs), each ending what it waited for as a stop with no grace."""
         self.loops.hurry()
         self.launcher.interrupt("interrupted while the engine was stopping")
+
+    def keep_beating(self) -> None:
+        """About to run a handler here (a Run now, a backfill): an engine opened but not
+        started keeps its heartbeat from now on (see :func:`lifecycle.renew_lease`)."""
+        if self._started or self._beating:
+            return
+        self._beating = True
+        self.loops.expect("heartbeat")
+        self.loops.keep(lambda: lifecycle.renew_lease(self, member=False), "heartbeat")
 
     async def __aenter__(self) -> Engine:
         await self.open()

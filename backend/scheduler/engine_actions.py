@@ -71,6 +71,8 @@ class EngineActions:
 
         async def flush(self) -> None: ...
 
+        def keep_beating(self) -> None: ...
+
     def check_fires_here(self, action: str) -> None:
         """A Run now or a backfill starts its runs on this instance: one that fires nothing
         while instances of another coordination mode fire (a rolling change of
@@ -83,6 +85,7 @@ class EngineActions:
                 "mode fire (a rolling change of --coordination); do it through one of those",
                 reason="this instance fires nothing",
             )
+        self.keep_beating()  # (its runs here: the others must not judge it gone meanwhile)
 
     def bind_target(self, schedule: Schedule) -> Schedule:
         """A schedule defined with ``durable=F`` starts an execution of F per slot."""

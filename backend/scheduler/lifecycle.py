@@ -179,20 +179,26 @@ def start_engine(engine: Engine) -> None:
         engine.loops.keep(engine.catalog.follow_signals, "catalog signals")
 
 
-async def renew_lease(engine: Engine) -> None:
+async def renew_lease(engine: Engine, *, member: bool = True) -> None:
     """The lease loop: a heartbeat every ``heartbeat_interval`` (a slow housekeeping round
-    must not delay it), with the abandoned-work sweep that reads in the same transaction."""
-    registry = engine.registry
+    must not delay it), with the abandoned-work sweep that reads in the same transaction.
+
+    With ``member=False``, the heartbeat alone, of an engine opened, not started, once it
+    runs a handler (a Run now, a backfill's runs: ``schedtui fire``, a console without
+    ``--fire``; see :meth:`Engine.keep_beating`): the instances that fire judge a silent
+    instance gone after their take-over window, close its runs as abandoned, and would
+    start the schedule's next run beside its handler."""
+    registry, name = engine.registry, "lease" if member else "heartbeat"
     while True:
         try:
-            await registry.beat_and_sweep(engine.clock.now())
+            await (registry.beat_and_sweep if member else registry.beat)(engine.clock.now())
             failed = False
-            engine.outages.back("lease")
+            engine.outages.back(name)
         except Unavailable as exc:
-            engine.outages.trouble("lease", "cannot renew this instance's lease (its heartbeat)", exc)
+            engine.outages.trouble(name, "cannot renew this instance's lease (its heartbeat)", exc)
             failed = True
-        engine.lease.check()  # (the watcher does too, on real time)
-        await engine.loops.park("lease", registry.next_beat_at(engine.clock.now(), failed=failed), engine.lease.jumped)
+        engine.lease.check()  # (the watcher does too, on real time; an observer holds none)
+        await engine.loops.park(name, registry.next_beat_at(engine.clock.now(), failed=failed), engine.lease.jumped)
 
 
 def end_if_threads_run(engine: Engine, why: str) -> None:
@@ -309,7 +315,9 @@ async def _fire_current_lost_slots(engine: Engine, grace: float) -> float:
 
 
 # (The run logs' loop writes the logs of the runs finishing meanwhile, for their followers.)
-_KEPT_WHILE_STOPPING = frozenset({"schedtui watchdog", "schedtui lease", "schedtui lease watch", "schedtui run logs"})
+_KEPT_WHILE_STOPPING = frozenset(
+    {"schedtui watchdog", "schedtui lease", "schedtui lease watch", "schedtui run logs", "schedtui heartbeat"}
+)
 
 
 def is_armed(engine: Engine) -> bool:
