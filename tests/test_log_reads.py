@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from backend import Engine, ManualClock, define_durable, define_queue, define_schedule
+from backend import Engine, ManualClock, Unavailable, define_durable, define_queue, define_schedule
 from backend.durable.store import LOG_LINES
 
 
@@ -75,9 +75,14 @@ async def test_a_log_is_not_in_flight_once_the_instance_running_it_is_gone(
         await hold.wait()
 
     runner = make_engine([define_schedule(name="long", cron="0 * * * *", timezone="UTC", handler=handler)])
-    await runner.open()  # opened, not started: it beats once, and never again (as if frozen, or killed)
+    await runner.open()  # opened, not started (schedtui fire): it beats while its Run now runs
     run = await runner.run_now("long")
     await runner.quiesce(runs=False)
+
+    async def cut_off(now: Any, *, force: bool = False) -> bool:
+        raise Unavailable("cut off (test)")
+
+    runner.registry.beat = cut_off  # type: ignore[method-assign]  # from now on, as if frozen, or killed
     await runner.run_logs.flush()
     reader = make_engine([])
     await reader.open()

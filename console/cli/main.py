@@ -694,9 +694,14 @@ async def _unless_lost(store: Store, body: Coroutine[Any, Any, int]) -> int:
             work.cancel()
             await asyncio.wait([work])
         lost.cancel()
-    if not work.cancelled():
-        return work.result()
-    raise _lost(store)
+    if work.cancelled():
+        raise _lost(store)
+    failure = work.exception()
+    if isinstance(failure, Unavailable) and store.health().state == "lost":
+        # A write of its own met the loss first (a run's end, the heartbeat of a process
+        # running a Run now): the same stop, told the same way.
+        raise _lost(store) from failure
+    return work.result()
 
 
 def _lost(store: Store) -> Unavailable:
