@@ -73,19 +73,20 @@ class EngineActions:
 
         def keep_beating(self) -> None: ...
 
-    def check_fires_here(self, action: str) -> None:
-        """A Run now or a backfill starts its runs on this instance: one that fires nothing
-        while instances of another coordination mode fire (a rolling change of
-        ``--coordination``) refuses it. Under ``single`` the firing instance looks at no
-        other instance's runs: its next slot started beside the Run now (the stateful
-        test found it)."""
+    def prepare_runs_here(self, action: str) -> None:
+        """A Run now or a backfill is about to start its runs on this instance. One that
+        fires nothing while instances of another coordination mode fire (a rolling change
+        of ``--coordination``) refuses it: those instances are where it belongs (the
+        stateful test found a ``single`` firer, which then looked at no other process's
+        runs, starting its next slot beside such a Run now). Otherwise this instance keeps
+        its heartbeat from now on, if it only opened (see :meth:`Engine.keep_beating`)."""
         if self.registry.role == "waiting":
             raise Refused(
                 f"cannot {action} here: this instance fires nothing while instances of another coordination "
                 "mode fire (a rolling change of --coordination); do it through one of those",
                 reason="this instance fires nothing",
             )
-        self.keep_beating()  # (its runs here: the others must not judge it gone meanwhile)
+        self.keep_beating()
 
     def bind_target(self, schedule: Schedule) -> Schedule:
         """A schedule defined with ``durable=F`` starts an execution of F per slot."""
@@ -107,7 +108,7 @@ class EngineActions:
         ``wait``, once it has finished."""
         schedule = self.schedule(name)
         self.check_open(f'fire "{name}"')
-        self.check_fires_here(f'fire "{name}"')
+        self.prepare_runs_here(f'fire "{name}"')
         health = self.store.health()
         if not health.ok:
             # Refused before firing: its answer could only be a 503 after the fact.
@@ -250,7 +251,7 @@ class EngineActions:
         when the plan is refused or one runs for this schedule anywhere."""
         schedule = self.schedule(name)
         self.check_open(f'backfill "{name}"')
-        self.check_fires_here(f'backfill "{name}"')
+        self.prepare_runs_here(f'backfill "{name}"')
         return await self.backfills.start(
             schedule, start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
         )
