@@ -22,7 +22,7 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 
-from backend import Engine, JobContext, RunContext, connect, define_queue, define_schedule
+from backend import Engine, JobContext, Refused, RunContext, connect, define_queue, define_schedule
 from backend.alerts.conditions import not_firing
 from backend.alerts.notifier import AlertSettings
 from backend.clock import ManualClock, OffsetClock, SystemClock, follows_real_time
@@ -461,3 +461,24 @@ async def test_a_client_whose_clock_is_off_stamps_what_it_sends_by_the_databases
     finally:
         await web.stop()
         await live.stop(grace=0)
+
+
+async def test_a_process_that_fires_nothing_and_whose_clock_is_off_runs_no_handler(pg_url: str) -> None:
+    """``schedtui fire`` on a machine whose clock is a minute behind the database's: its
+    heartbeat would look a minute old to the instances that fire, which would close its
+    Run now as abandoned and start the next run beside it. It refuses the Run now, saying
+    why; once its time sync is fixed, it runs it."""
+    started: list[int] = []
+    job = define_schedule(name="job", cron="0 0 1 1 *", timezone="UTC", handler=lambda ctx: started.append(1))
+    clock = OffsetClock(timedelta(seconds=-60))
+    cli = Engine([job], pg_url, clock=clock, instance="cli", abandon_after=WINDOW, shutdown_grace=0)
+    await cli.open()
+    try:
+        with pytest.raises(Refused, match=r"cannot fire \"job\" here: its heartbeat does not renew this process's "
+                                          r"lease \(this instance's clock is 60\.\d+s behind the database server's"):  # fmt: skip
+            await cli.run_now("job")
+        assert started == [] and await cli.store.list_runs("job", limit=5) == []
+        clock.offset = timedelta(0)
+        assert (await cli.run_now("job", wait=True)).status == "succeeded" and started == [1]
+    finally:
+        await cli.stop()

@@ -26,6 +26,7 @@ from backend.runtime.runner import Invocation
 from backend.scheduler.registry import InstanceRegistry, pid_alive
 from backend.store import Beat
 from console.fleet import fleet_of
+from tests.conftest import fail_once
 from tests.servers import dead_pid
 
 UTC = UTC
@@ -397,6 +398,92 @@ async def test_async_runs_of_schedules_are_stopped_at_a_lapse(make_engine: Calla
     await engine.quiesce()
     [run] = await engine.store.list_runs("s", limit=10)
     assert (run.status, run.error_tag) == ("failed", TAG_LEASE_LOST)
+
+
+# ---------------------------------------------------------------------------------------
+# a process that fires nothing but runs a handler holds a lease too
+# ---------------------------------------------------------------------------------------
+def _run_now_only(handler: Callable[..., Any]) -> Any:
+    return define_schedule(name="job", cron="0 0 1 1 *", timezone="UTC", handler=handler)
+
+
+async def test_a_run_now_of_a_process_that_fires_nothing_is_stopped_when_its_lease_lapses(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """``schedtui fire`` (opened, not started) runs a Run now: cut off past its renewal
+    bound, it stops the handler as a member does. Before, it ran on: the instances that
+    fire, which judge it gone after their window, closed its run ``abandoned`` and
+    started the next slot beside it. Its next Run now renews the lease first."""
+    lease_clock = LeaseClock()
+    release, entered = asyncio.Event(), asyncio.Event()
+    ends: list[str] = []
+
+    async def handler(ctx: RunContext) -> None:
+        entered.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            ends.append("cancelled")
+            raise
+        ends.append("returned")
+
+    cli = make_engine([_run_now_only(handler)], instance="cli", lease_clock=lease_clock)
+    await cli.open()
+    assert not cli.lease.enforced  # only opened: it holds nothing yet
+    run = await cli.run_now("job")
+    await entered.wait()
+    assert cli.lease.enforced and cli.lease.fresh()
+    lease_clock.now += 20  # no heartbeat for the renewal bound (two thirds of 30 s)
+    cli.lease.check()
+    stopped = await cli.wait_run(run.id)
+    await cli.quiesce()  # (the handler's task, cancelled, has ended)
+    assert (stopped.status, stopped.error_tag, ends) == ("failed", TAG_LEASE_LOST, ["cancelled"])
+    assert cli.lease.lapsed
+    entered.clear()
+    again = await cli.run_now("job")  # renewed first: it runs
+    await entered.wait()
+    assert not cli.lease.lapsed
+    release.set()
+    assert (await cli.wait_run(again.id)).status == "succeeded" and ends == ["cancelled", "returned"]
+
+
+async def test_a_lapse_during_a_sync_run_now_of_a_process_that_fires_nothing_ends_it(
+    make_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    ended: list[int] = []
+    lease_clock = LeaseClock()
+    release, entered = threading.Event(), threading.Event()
+
+    def handler(ctx: RunContext) -> None:
+        entered.set()
+        release.wait(30)
+
+    cli = make_engine([_run_now_only(handler)], instance="cli", lease_clock=lease_clock)
+    cli.end_process = ended.append
+    await cli.open()
+    await cli.run_now("job")
+    await asyncio.to_thread(entered.wait, 10)
+    lease_clock.now += 20
+    try:
+        cli.lease.check()
+        assert ended == [75]
+        assert "ENDING THE PROCESS: 1 sync handler(s) still run and a thread cannot be stopped" in caplog.text
+    finally:
+        release.set()
+
+
+async def test_a_process_that_fires_nothing_and_cannot_write_its_heartbeat_runs_nothing(
+    make_engine: Callable[..., Engine],
+) -> None:
+    started: list[int] = []
+    cli = make_engine([_run_now_only(lambda ctx: started.append(1))], instance="cli", lease_clock=LeaseClock())
+    await cli.open()
+    fail_once(cli.store, "heartbeat", Unavailable("connection refused"))
+    with pytest.raises(Unavailable, match=r'cannot fire "job" here: this process\'s heartbeat could not be written'):
+        await cli.run_now("job")
+    assert started == [] and await cli.store.list_runs("job", limit=5) == []
+    await cli.run_now("job", wait=True)  # the store answers again
+    assert started == [1]
 
 
 # ---------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ renewal bound is 4 s), so each test takes some ten to twenty seconds.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,7 @@ import pytest
 
 from tests.servers import Server, cli_env, poll, readline_within, start_server
 from tests.tcp_relay import relay_to, via
+from tests.test_cli import Terminal
 from tests.test_jobs_fleet import Fleet, Line
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -359,7 +361,8 @@ def test_a_sync_handler_past_max_runtime_holds_its_seat_until_it_returns(workers
 # ---------------------------------------------------------------------------------------
 # a schedule's overlap place across the fleet
 # ---------------------------------------------------------------------------------------
-SCHEDULES = """
+#: What each schedule file below starts with: its handlers note their runs in the jobs' log.
+NOTES = """
     import asyncio
     import os
     import time
@@ -376,6 +379,8 @@ SCHEDULES = """
         with open(LOG, "a") as f:
             f.write(f"{what} {ctx.name}:{ctx.run_id} 1 {os.getpid()} {time.time():.6f}\\n")
 
+"""
+SCHEDULES = NOTES + """
 
     def overruns(ctx):  # a sync handler past max_runtime: its thread runs on until the release
         note("start", ctx)
@@ -484,3 +489,92 @@ def test_an_instance_of_a_shorter_window_never_takes_a_live_one_of_a_longer_wind
     )  # fmt: skip
     assert "LEASE LAPSED" not in a.log_text()
     assert one_at_a_time(workers.lines(), "long") >= 1
+
+
+# ---------------------------------------------------------------------------------------
+# a process that fires nothing (``schedtui fire``) cut off while its Run now runs
+# ---------------------------------------------------------------------------------------
+PACED = NOTES + """
+
+    def paced(ctx):  # a timed run is brief; a Run now runs until the release, on a thread
+        note("start", ctx)
+        while ctx.trigger == "manual" and not RELEASE.exists():
+            time.sleep(0.05)
+        note("end", ctx)
+
+
+    paced_schedule = define_schedule(name="paced", cron="* * * * * *", timezone="UTC", handler=paced, on_overlap="skip")
+"""
+
+
+def test_a_cut_off_fire_command_ends_itself_before_the_fleet_starts_the_next_run_beside_its_handler(
+    workers: Workers,
+) -> None:
+    """``schedtui fire paced`` (a process that fires nothing, window 30 s) runs a sync
+    Run now through a path that freezes. Before, it held no lease: b judged it gone after
+    30 s, closed its run ``abandoned`` and started the next slot beside its handler, which
+    ran on. Now its lease lapses after 20 s and, a thread not being stoppable, it ends
+    itself first."""
+    (workers.root / "schedules" / "fleet.cron.py").write_text(textwrap.dedent(PACED))
+    b = workers.start("b")
+    poll(lambda: workers.starts(b.process.pid), timeout=30, what="b to run the schedule")
+    with relay_to(workers.url) as relay:
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "console.cli", "fire", "paced", "--schedules", "schedules", "--store",
+             via(workers.url, relay.port), "--instance", "cli"],
+            cwd=workers.root, env=cli_env(), stdout=subprocess.DEVNULL, stderr=(workers.root / "cli.log").open("w"), text=True,
+        )  # fmt: skip
+        workers.others.append(cli)
+        poll(lambda: workers.starts(cli.pid), timeout=30, what="the Run now to start")
+        poll(lambda: "(on another instance) was still in flight" in str(workers.sql(
+            "SELECT error_message FROM schedtui_runs WHERE instance = 'b' AND status = 'skipped'")),
+            timeout=30, what="b to skip a slot for the Run now")  # fmt: skip
+        relay.freeze()
+        frozen_at = time.time()
+        assert cli.wait(40) == 75  # a thread cannot be stopped: the process ends itself
+        ended_at = time.time()  # (at the latest)
+        assert ended_at < frozen_at + 30, "it ended before the take-over window"
+        assert "ENDING THE PROCESS: 1 sync handler(s) still run" in (workers.root / "cli.log").read_text()
+        poll(lambda: [line for line in workers.starts(b.process.pid) if line.at > frozen_at + 25], timeout=40,
+             what="b to run the schedule again once the Run now's process is gone")  # fmt: skip
+    (manual,) = workers.starts(cli.pid)
+    assert not [line for line in workers.lines() if line.pid == cli.pid and line.what == "end"]
+    beside = [line for line in workers.starts(b.process.pid) if manual.at < line.at < ended_at]
+    assert not beside, f"b started {beside} while the Run now's handler still ran"
+    assert workers.sql("SELECT status, error_tag FROM schedtui_runs WHERE trigger = 'manual'") == [("failed", "abandoned")]
+
+
+def test_a_cut_off_console_that_fires_nothing_ends_itself_and_gives_the_terminal_back(workers: Workers) -> None:
+    """The same Run now pressed (``r``) in a console without ``--fire``, over SSH: it ends
+    itself before the take-over too, out of the alternate screen, saying why on the
+    terminal (the engine's account goes to the log, which would tear the screen)."""
+    (workers.root / "schedules" / "fleet.cron.py").write_text(textwrap.dedent(PACED))
+    b = workers.start("b")
+    poll(lambda: workers.starts(b.process.pid), timeout=30, what="b to run the schedule")
+    screen = Terminal()
+    try:
+        with relay_to(workers.url) as relay:
+            console = subprocess.Popen(
+                [sys.executable, "-m", "console.cli", "console", "--schedules", "schedules", "--store",
+                 via(workers.url, relay.port), "--instance", "console"],
+                cwd=workers.root, env={**cli_env(SCHEDTUI_LOG_FILE=str(workers.root / "console.log")), "TERM": "xterm"},
+                stdin=screen.terminal, stdout=screen.terminal, stderr=screen.terminal, preexec_fn=screen.lead, text=True,
+            )  # fmt: skip
+            workers.others.append(console)
+            poll(lambda: b"paced" in screen.output, timeout=30, what="the console to show the schedule")
+            os.write(screen.controller, b"r")
+            poll(lambda: workers.starts(console.pid), timeout=30, what="the Run now to start")
+            relay.freeze()
+            frozen_at = time.time()
+            assert console.wait(40) == 75
+            ended_at = time.time()
+            assert ended_at < frozen_at + 30, "it ended before the take-over window"
+    finally:
+        screen.close()
+    shown = screen.output.decode(errors="replace")
+    after = shown[shown.rindex("\x1b[?1049l"):]  # out of the alternate screen, then the reason
+    assert "schedtui: ENDING THE CONSOLE (exit code 75)" in after
+    assert "ENDING THE PROCESS: 1 sync handler(s) still run" in (workers.root / "console.log").read_text()
+    (manual,) = workers.starts(console.pid)
+    beside = [line for line in workers.starts(b.process.pid) if manual.at < line.at < ended_at]
+    assert not beside, f"b started {beside} while the Run now's handler still ran"

@@ -250,7 +250,9 @@ class Engine(EngineReads, EngineActions):
         self._opened = False
         self._started = False
         self._beating = False
-        """Whether this engine, opened but not started, keeps its heartbeat (see :meth:`keep_beating`)."""
+        """Whether this engine, opened but not started, keeps its heartbeat (see :meth:`hold_lease_here`)."""
+        self._holding = asyncio.Lock()
+        """Held while :meth:`hold_lease_here` writes the heartbeat (two Run nows at once wait for one)."""
         self._stopping = False
         self._stopped = False
         """Stopped once: an engine is not started again (its parts are made for one life)."""
@@ -576,6 +578,8 @@ class Engine(EngineReads, EngineActions):
         self.launcher.stopping, self.launcher.stop_grace = True, grace
         await lifecycle.stop_engine(self, grace)
         self._opened = self._beating = False
+        if not self._started:
+            self.lease.enforced = False  # (an observer opened again holds none until it runs a handler)
         self._stopped = self._started  # (one only opened, a client, may open again)
         self._stopping = self._stopped
         if not self.runner.lingering:  # (else its row stays, and so does its name: see stop_engine)
@@ -589,14 +593,18 @@ class Engine(EngineReads, EngineActions):
         self.loops.hurry()
         self.launcher.interrupt("interrupted while the engine was stopping")
 
-    def keep_beating(self) -> None:
+    async def hold_lease_here(self, action: str) -> None:
         """About to run a handler here (a Run now, a backfill): an engine opened but not
-        started keeps its heartbeat from now on (see :func:`lifecycle.renew_lease`)."""
-        if self._started or self._beating:
+        started holds a lease from now on, as a member does (see
+        :func:`lifecycle.hold_observer_lease`); one that holds it already renews it first
+        if it lapsed (cut off from the store since its last Run now)."""
+        if self._started:
             return
-        self._beating = True
-        self.loops.expect("heartbeat")
-        self.loops.keep(lambda: lifecycle.renew_lease(self, member=False), "heartbeat")
+        async with self._holding:
+            if self._beating and self.lease.fresh():
+                return
+            await lifecycle.hold_observer_lease(self, action, first=not self._beating)
+            self._beating = True
 
     async def __aenter__(self) -> Engine:
         await self.open()

@@ -71,22 +71,22 @@ class EngineActions:
 
         async def flush(self) -> None: ...
 
-        def keep_beating(self) -> None: ...
+        async def hold_lease_here(self, action: str) -> None: ...
 
-    def prepare_runs_here(self, action: str) -> None:
+    async def prepare_runs_here(self, action: str) -> None:
         """A Run now or a backfill is about to start its runs on this instance. One that
         fires nothing while instances of another coordination mode fire (a rolling change
         of ``--coordination``) refuses it: those instances are where it belongs (the
         stateful test found a ``single`` firer, which then looked at no other process's
-        runs, starting its next slot beside such a Run now). Otherwise this instance keeps
-        its heartbeat from now on, if it only opened (see :meth:`Engine.keep_beating`)."""
+        runs, starting its next slot beside such a Run now). Otherwise this instance holds
+        a lease from now on, if it only opened (see :meth:`Engine.hold_lease_here`)."""
         if self.registry.role == "waiting":
             raise Refused(
                 f"cannot {action} here: this instance fires nothing while instances of another coordination "
                 "mode fire (a rolling change of --coordination); do it through one of those",
                 reason="this instance fires nothing",
             )
-        self.keep_beating()
+        await self.hold_lease_here(action)
 
     def bind_target(self, schedule: Schedule) -> Schedule:
         """A schedule defined with ``durable=F`` starts an execution of F per slot."""
@@ -108,11 +108,11 @@ class EngineActions:
         ``wait``, once it has finished."""
         schedule = self.schedule(name)
         self.check_open(f'fire "{name}"')
-        self.prepare_runs_here(f'fire "{name}"')
         health = self.store.health()
         if not health.ok:
             # Refused before firing: its answer could only be a 503 after the fact.
             raise Unavailable(f'"{name}" not fired: the store cannot record runs now ({health.error})')
+        await self.prepare_runs_here(f'fire "{name}"')
         scheduled = self.launcher.launch(schedule, self.clock.now(), "manual", "manual")
         await scheduled.started()
         await self.audit.record("schedule.fire", name, {"run_id": scheduled.run.id})
@@ -251,7 +251,7 @@ class EngineActions:
         when the plan is refused or one runs for this schedule anywhere."""
         schedule = self.schedule(name)
         self.check_open(f'backfill "{name}"')
-        self.prepare_runs_here(f'backfill "{name}"')
+        await self.prepare_runs_here(f'backfill "{name}"')
         return await self.backfills.start(
             schedule, start, end, confirm=confirm, limit=limit, skip_succeeded=skip_succeeded
         )

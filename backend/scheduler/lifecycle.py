@@ -16,7 +16,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from backend.errors import Unavailable
+from backend.errors import Refused, Unavailable
 from backend.model import ScheduleState
 from backend.runtime.liveness import boot_clock, linger_grace
 from backend.runtime.loopwatch import EXIT_LEASE_LAPSED, LoopWatch
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from backend.scheduler.engine import Engine
 
 __all__ = [
+    "hold_observer_lease",
     "housekeeping",
     "is_armed",
     "is_settled",
@@ -38,6 +39,7 @@ __all__ = [
     "start_engine",
     "state_changed",
     "stop_engine",
+    "watch_lease",
 ]
 
 log = logging.getLogger("schedtui.engine")
@@ -153,18 +155,9 @@ def start_engine(engine: Engine) -> None:
     engine.timers.start()
     for subsystem in engine.subsystems:
         subsystem.start()
-    engine.lease.after_lapse = lambda why: end_if_threads_run(engine, why)
-    if engine.lease.clock is boot_clock:  # (real time: a thread cannot follow an injected clock)
-        engine.loop_watch = LoopWatch(
-            engine.lease,
-            busy=lambda: bool(engine.runner.in_flight),
-            end=(lambda code: engine.end_process(code)) if engine.exit_when_lease_lapses else None,
-            hard_stop=engine.exit_when_lease_lapses and engine.end_process is os._exit,
-        )
-        engine.loop_watch.start()
+    watch_lease(engine)
     engine.loops.expect("lease")
     engine.loops.keep(lambda: renew_lease(engine), "lease")
-    engine.loops.keep(engine.lease.watch, "lease watch")
     engine.loops.expect("maintenance")
     engine.loops.keep(lambda: housekeeping(engine), "maintenance")
     if engine.relay.postgres is not None:
@@ -179,13 +172,72 @@ def start_engine(engine: Engine) -> None:
         engine.loops.keep(engine.catalog.follow_signals, "catalog signals")
 
 
+def watch_lease(engine: Engine) -> None:
+    """Enforce this instance's lease from now on (a member's at its start, an observer's
+    once it runs a handler: see :func:`hold_observer_lease`): a lapse stops its handlers,
+    and ends the process if a sync handler still runs (:func:`end_if_threads_run`); a task
+    lapses it as soon as its bound passes, and a thread ends the process if a handler
+    blocks the event loop past it (:class:`~backend.runtime.loopwatch.LoopWatch`)."""
+    engine.lease.enforced = True
+    engine.lease.after_lapse = lambda why: end_if_threads_run(engine, why)
+    if engine.lease.clock is boot_clock:  # (real time: a thread cannot follow an injected clock)
+        engine.loop_watch = LoopWatch(
+            engine.lease,
+            busy=lambda: bool(engine.runner.in_flight),
+            end=(lambda code: engine.end_process(code)) if engine.exit_when_lease_lapses else None,
+            hard_stop=engine.exit_when_lease_lapses and engine.end_process is os._exit,
+        )
+        engine.loop_watch.start()
+    engine.loops.keep(engine.lease.watch, "lease watch")
+
+
+async def hold_observer_lease(engine: Engine, action: str, *, first: bool) -> None:
+    """An engine opened, not started (``schedtui fire``, a console without ``--fire``),
+    is about to run a handler: from now on it holds a lease as a member does. Its
+    heartbeat is written now (the lease is fresh before the handler starts) and kept
+    (``first``: the loop starts), and its lease is enforced (:func:`watch_lease`).
+
+    Before, such a process only beat: frozen (SIGSTOP, a suspended VM) or cut off past
+    the take-over window while its Run now ran, it was judged gone, its run closed
+    ``abandoned``, and the schedule's next run started beside its handler, which ran on
+    once it woke. Now the lapse stops that handler first, as a member's. Raises
+    :class:`Unavailable` (the heartbeat could not be written) or :class:`Refused` (it was
+    written, but this process's clock is off the database server's: the others would judge
+    its heartbeat by it)."""
+    lease, registry = engine.lease, engine.registry
+    sent = lease.clock() if lease.clock is not None else None
+    try:
+        await registry.beat(engine.clock.now(), force=True)
+    except Unavailable as exc:
+        raise Unavailable(f"cannot {action} here: this process's heartbeat could not be written ({exc})") from None
+    if first:
+        engine.loops.expect("heartbeat")
+        engine.loops.keep(lambda: renew_lease(engine, member=False), "heartbeat")
+    if sent is None:
+        return  # (not enforced: SQLite, whose firer holds the file's lock; an injected clock)
+    if lease.renewed_at is None or lease.renewed_at < sent:
+        why = (
+            registry.clock_check.describe()
+            if registry.clock_check is not None and registry.clock_off
+            else "this instance's wall clock jumped"
+        )
+        raise Refused(
+            f"cannot {action} here: its heartbeat does not renew this process's lease ({why}); the instances "
+            "that fire would judge it silent and start the next run beside its handler: fix its time sync "
+            "(NTP), or do it through one of those",
+            reason="its clock is off",
+        )
+    if not lease.enforced:
+        watch_lease(engine)
+
+
 async def renew_lease(engine: Engine, *, member: bool = True) -> None:
     """The lease loop: a heartbeat every ``heartbeat_interval`` (a slow housekeeping round
     must not delay it), with the abandoned-work sweep that reads in the same transaction.
 
     With ``member=False``, the heartbeat alone, of an engine opened, not started, once it
     runs a handler (a Run now, a backfill's runs: ``schedtui fire``, a console without
-    ``--fire``; see :meth:`Engine.keep_beating`): the instances that fire judge a silent
+    ``--fire``; see :func:`hold_observer_lease`): the instances that fire judge a silent
     instance gone after their take-over window, close its runs as abandoned, and would
     start the schedule's next run beside its handler."""
     registry, name = engine.registry, "lease" if member else "heartbeat"
@@ -197,7 +249,7 @@ async def renew_lease(engine: Engine, *, member: bool = True) -> None:
         except Unavailable as exc:
             engine.outages.trouble(name, "cannot renew this instance's lease (its heartbeat)", exc)
             failed = True
-        engine.lease.check()  # (the watcher does too, on real time; an observer holds none)
+        engine.lease.check()  # (the watcher does too, on real time)
         await engine.loops.park(name, registry.next_beat_at(engine.clock.now(), failed=failed), engine.lease.jumped)
 
 

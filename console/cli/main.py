@@ -939,6 +939,8 @@ async def _run_console(app: Any, backend: Backend) -> int:
         app.exit()
 
     hurry = backend.interrupt if isinstance(backend, EmbeddedBackend) else (lambda: None)
+    if isinstance(backend, EmbeddedBackend):
+        backend.engine.end_process = lambda code: _end_with_the_terminal_back(app, code)
     remove_handlers = on_stop_signals(on_stop, hurry)
     try:
         await app.run_async()
@@ -971,6 +973,28 @@ def _release_job_control() -> None:
         number = getattr(signal, name, None)
         if number is not None:
             signal.signal(number, signal.SIG_DFL)
+
+
+def _end_with_the_terminal_back(app: Any, code: int) -> None:
+    """The engine ends the process: its lease lapsed while a handler it cannot stop still
+    ran (a sync handler's thread; a Run now's, in a console without ``--fire`` too). The
+    terminal is given back first (out of the alternate screen, its modes as they were),
+    with a line saying why (the engine's own account goes to the log), rather than left
+    as the app had it. On the engine's thread, or its loop watch's: the app's is not
+    waited for."""
+    driver = getattr(app, "_driver", None)
+    if driver is not None:
+        with contextlib.suppress(Exception):  # ending anyway
+            driver.stop_application_mode()
+            driver.close()  # (its writer thread writes what is queued, then stops)
+    said = (
+        f"schedtui: ENDING THE CONSOLE (exit code {code}): its lease on the work it runs lapsed (it could not write "
+        "its heartbeat) while a handler that cannot be stopped still ran; another instance may take that work over: "
+        "see the log ($SCHEDTUI_LOG_FILE) for which\n"
+    )
+    with contextlib.suppress(OSError):
+        os.write(2, said.encode())  # (the descriptor: the app captured sys.stderr)
+    os._exit(code)
 
 
 def _let_go_of_the_terminal() -> None:
