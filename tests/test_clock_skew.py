@@ -480,5 +480,7 @@ async def test_a_process_that_fires_nothing_and_whose_clock_is_off_runs_no_handl
         assert started == [] and await cli.store.list_runs("job", limit=5) == []
         clock.offset = timedelta(0)
         assert (await cli.run_now("job", wait=True)).status == "succeeded" and started == [1]
+        beating = [task.get_name() for task in cli.loops.tasks].count("schedtui heartbeat")
+        assert beating == 1, "one heartbeat loop, whatever was refused before it"
     finally:
         await cli.stop()

@@ -210,12 +210,7 @@ async def hold_observer_lease(engine: Engine, action: str, *, first: bool) -> No
         await registry.beat(engine.clock.now(), force=True)
     except Unavailable as exc:
         raise Unavailable(f"cannot {action} here: this process's heartbeat could not be written ({exc})") from None
-    if first:
-        engine.loops.expect("heartbeat")
-        engine.loops.keep(lambda: renew_lease(engine, member=False), "heartbeat")
-    if sent is None:
-        return  # (not enforced: SQLite, whose firer holds the file's lock; an injected clock)
-    if lease.renewed_at is None or lease.renewed_at < sent:
+    if sent is not None and (lease.renewed_at is None or lease.renewed_at < sent):
         why = (
             registry.clock_check.describe()
             if registry.clock_check is not None and registry.clock_off
@@ -227,7 +222,10 @@ async def hold_observer_lease(engine: Engine, action: str, *, first: bool) -> No
             "(NTP), or do it through one of those",
             reason="its clock is off",
         )
-    if not lease.enforced:
+    if first:  # (only once it holds the lease: a refused process is asked again at its next Run now)
+        engine.loops.expect("heartbeat")
+        engine.loops.keep(lambda: renew_lease(engine, member=False), "heartbeat")
+    if sent is not None and not lease.enforced:  # (not on SQLite, whose firer holds the file's lock; an injected clock)
         watch_lease(engine)
 
 
