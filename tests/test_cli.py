@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import importlib.metadata
 import json
@@ -32,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -1305,6 +1306,50 @@ async def test_wait_run_of_a_run_that_just_finished_is_not_stale(tmp_path: Path)
         assert (await backend.wait_run(run.id)).status == "succeeded"
     finally:
         await backend.close()
+
+
+def test_a_verb_works_when_an_extension_module_cannot_be_loaded(cli: Cli, tmp_path: Path) -> None:
+    """Found by CI at ``ulimit -n 13``: loading ``_multiprocessing`` (for the run logs' patch
+    of ``ThreadPool``) failed in dlopen, which raises ImportError, not OSError, and the verb
+    ended in a traceback. Here the extension fails the same way with descriptors to spare:
+    the verb works, and only a ThreadPool a handler makes goes unpatched."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "_multiprocessing.py").write_text(
+        'raise ImportError("_multiprocessing.so: cannot open shared object file: Too many open files")\n'
+    )
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(broken), env["PYTHONPATH"]])
+    done = subprocess.run(cli.argv("list"), cwd=cli.root, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert "hourly" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(errno.EMFILE, "Too many open files", "schedules/hourly.py"),
+        ImportError("_ssl.so: cannot open shared object file: Too many open files"),
+    ],
+    ids=["os-error", "import-error"],
+)
+def test_out_of_descriptors_where_no_store_said_it_is_one_line(
+    cli: Cli, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> None:
+    """Whatever runs short first (a lazy import, a definition file, a socket), the verb ends
+    in one line naming the limit, exit 1; any other OSError is still a traceback (a bug)."""
+    import console.cli.main as cli_main
+
+    def short(*args: object, **kwargs: object) -> NoReturn:
+        raise error
+
+    monkeypatch.setattr(cli_main, "discover_definitions", short)
+    done = cli("list")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("schedtui: ") and "ulimit -n" in done.stderr, done.stderr
+    assert "Too many open files" in done.stderr
 
 
 def test_out_of_file_descriptors_is_said_as_such_at_every_limit(cli: Cli) -> None:

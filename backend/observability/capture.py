@@ -609,7 +609,10 @@ def _made_outside(init: Callable[..., None]) -> Callable[..., None]:
 def _patch_thread_pool() -> None:
     try:
         from multiprocessing.pool import ThreadPool  # (here: only an engine that captures pays its import)
-    except OSError:  # out of file descriptors (ulimit -n): what the process does next says so, in one line
+    except (OSError, ImportError):
+        # Out of file descriptors (ulimit -n), the extension module cannot be loaded: dlopen's
+        # failure is an ImportError, not an OSError. Nothing can make a ThreadPool then, so
+        # there is nothing to patch; what the process does next says so, in one line.
         return
     patches = {"__init__": _made_outside(ThreadPool.__init__)}
     patches.update((name, _queued_in_context(getattr(ThreadPool, name))) for name in _THREAD_POOL_SUBMITS)

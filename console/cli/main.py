@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import codecs
 import contextlib
+import errno
 import importlib
 import io
 import json
@@ -64,6 +65,7 @@ from backend.safetext import TerminalFormatter, in_json, in_lines, printable, re
 from backend.scheduler.manifests import PROVIDERS, render_manifests
 from backend.store import Store, store_lost, until_lost
 from backend.store.migrations import summary
+from backend.store.sqlite.file import short_of_descriptors
 from console import format as fmt
 from console.cli import exitwatch
 
@@ -596,6 +598,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SchedtuiError as exc:
         complain(exc.message)
         return EXIT_FAILURE
+    except (OSError, ImportError) as exc:
+        # Out of file descriptors where no store or server said it first: a lazy import
+        # (dlopen's failure is an ImportError), a log file, a socket. One line, not a traceback.
+        if not _out_of_descriptors(exc):
+            raise
+        complain(f"{exc}: {short_of_descriptors() or 'this process has no file descriptor left (raise it: ulimit -n)'}")
+        return EXIT_FAILURE
+
+
+def _out_of_descriptors(exc: BaseException) -> bool:
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.EMFILE, errno.ENFILE)
+    return "Too many open files" in str(exc)
 
 
 def _run(verb: Coroutine[Any, Any, int], name: str) -> int:
