@@ -63,6 +63,12 @@ def series(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], floa
     return {labels: v for (n, labels), v in samples.items() if n == name}
 
 
+def counted(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    """A counter's series that counted something (every schedule's and queue's are there
+    from 0, see test_every_family_and_label_set_after_real_work)."""
+    return {labels: v for labels, v in series(samples, name).items() if v}
+
+
 def at(dt: datetime) -> float:
     return dt.timestamp()
 
@@ -198,11 +204,18 @@ async def test_every_family_and_label_set_after_real_work(served: Callable[..., 
     assert {"process_cpu_seconds", "process_resident_memory_bytes", "python_info", "python_gc_objects_collected"} <= set(types)
 
     outcome = "single" if engine.coordination == "single" else "wonLock"
-    assert series(samples, "schedtui_runs_total") == {
-        frozenset({"schedule": "good", "status": "succeeded", "outcome": outcome, "trigger": "self"}.items()): 1.0,
-        frozenset({"schedule": "good", "status": "succeeded", "outcome": "manual", "trigger": "manual"}.items()): 1.0,
-        frozenset({"schedule": "broken", "status": "failed", "outcome": outcome, "trigger": "self"}.items()): 1.0,
-    }
+    runs = {(d["schedule"], d["status"], d["outcome"], d["trigger"]): v
+            for d, v in ((dict(k), v) for k, v in series(samples, "schedtui_runs_total").items())}  # fmt: skip
+    # Every schedule shows its succeeded and failed counts from 0, as it is fired here (a
+    # series that first appears at 1 is no increase to Prometheus: its first failure
+    # would page nobody); only what happened adds more.
+    expected = {(name, status, outcome, "self"): 0.0 for name in ("good", "broken", "yearly", "paused")
+                for status in ("succeeded", "failed")}  # fmt: skip
+    expected.update({("platform", status, "external", "external"): 0.0 for status in ("succeeded", "failed")})
+    expected[("good", "succeeded", outcome, "self")] = 1.0
+    expected[("good", "succeeded", "manual", "manual")] = 1.0
+    expected[("broken", "failed", outcome, "self")] = 1.0
+    assert runs == expected
     assert value(samples, "schedtui_run_duration_seconds_count", schedule="good") == 2.0
     assert value(samples, "schedtui_run_duration_seconds_count", schedule="broken") == 1.0
     assert value(samples, "schedtui_run_duration_seconds_sum", schedule="good") == 0.0  # the manual clock stood still
@@ -233,11 +246,12 @@ async def test_every_family_and_label_set_after_real_work(served: Callable[..., 
         (("queue", "idle"), ("state", "running")): 0.0,
         (("queue", "idle"), ("state", "dead")): 0.0,
     }
-    assert {tuple(sorted(dict(k).items())): v for k, v in series(samples, "schedtui_jobs_finished_total").items()} == {
-        (("outcome", "succeeded"), ("queue", "mail")): 1.0,
-        (("outcome", "dead"), ("queue", "mail")): 1.0,
-        (("outcome", "retried"), ("queue", "retrying")): 1.0,
-    }
+    finished = {(d["queue"], d["outcome"]): v
+                for d, v in ((dict(k), v) for k, v in series(samples, "schedtui_jobs_finished_total").items())}  # fmt: skip
+    assert finished == {
+        (queue, outcome): float((queue, outcome) in {("mail", "succeeded"), ("mail", "dead"), ("retrying", "retried")})
+        for queue in ("mail", "retrying", "idle") for outcome in ("succeeded", "retried", "dead")
+    }  # every queue's outcomes from 0
     durable = {(dict(k)["function"], dict(k)["status"]): v for k, v in series(samples, "schedtui_durable_executions").items()}
     assert durable[("flow", "succeeded")] == 1.0 and durable[("flow", "waiting")] == 1.0
     assert durable[("unused", "failed")] == 0.0  # every status of every function defined here
@@ -271,7 +285,7 @@ async def test_a_schedule_that_never_succeeded_has_no_last_success_and_skips_and
     await skipped
     _, samples = await server.samples()
     outcome = "single" if engine.coordination == "single" else "wonLock"
-    assert series(samples, "schedtui_runs_total") == {
+    assert counted(samples, "schedtui_runs_total") == {
         frozenset({"schedule": "slow", "status": "skipped", "outcome": outcome, "trigger": "self"}.items()): 1.0,
     }
     assert series(samples, "schedtui_run_duration_seconds_count") == {}  # nothing ran to an end
@@ -479,10 +493,11 @@ async def test_counts_are_rendered_between_scrapes_so_a_scrape_has_only_the_last
     rendered = metrics.next_render()
     cache_clock.advance(1)
     await asyncio.wait_for(rendered, 10)
-    assert not tallies.pending and [family.rendered for family in tallies.texts][:2] == [40, 40]
+    # (and the first scrape's counts of "s" at 0, which has no histogram yet)
+    assert not tallies.pending and [family.rendered for family in tallies.texts][:2] == [41, 40]
     tallies.run_finished(took("s00", 2.0))  # one more since: the scrape renders it alone
     _, families = parse((await metrics.render()).decode())
-    assert [family.rendered for family in tallies.texts][:2] == [41, 41]
+    assert [family.rendered for family in tallies.texts][:2] == [42, 41]
     assert value(families, "schedtui_runs_total", schedule="s00", status="succeeded", outcome="single", trigger="self") == 2.0
     assert value(families, "schedtui_runs_total", schedule="s39", status="succeeded", outcome="single", trigger="self") == 1.0
     metrics.close()
@@ -539,11 +554,12 @@ async def test_closed_metrics_count_and_read_no_more(make_engine: Callable[..., 
     metrics = EngineMetrics(engine, clock=cache_clock)
     await engine.start()
     await metrics.render()
+    counted_before = metrics.tallies.changes  # (the schedule's counts at 0)
     metrics.close()
     clock.advance(MINUTE)
     await engine.quiesce()
     cache_clock.advance(60)
-    assert metrics.fleet.reads == 1 and cache_clock.sleepers == 0 and metrics.tallies.changes == 0
+    assert metrics.fleet.reads == 1 and cache_clock.sleepers == 0 and metrics.tallies.changes == counted_before
 
 
 async def test_a_removed_schedule_s_fleet_series_go_and_a_changed_one_is_rendered_again(
@@ -623,12 +639,44 @@ async def test_concurrent_scrapes_share_one_read(make_engine: Callable[..., Engi
     assert all(b'schedtui_schedule_enabled{schedule="s"} 1.0' in body for body in bodies)
 
 
+async def _no_job(job: JobContext) -> None:
+    pass
+
+
+async def test_every_schedule_counts_from_zero_so_that_its_first_failure_is_an_increase(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Prometheus's ``increase()`` sees nothing in a series that first appears at 1: a rule on
+    ``schedtui_runs_total{status="failed"}`` (as `schedtui alerts rules` writes) missed a
+    schedule's first failure after a start, or after it was created. Each schedule's
+    succeeded and failed counts show at 0 from the first scrape (a stored schedule's from
+    the first after its creation), each queue's finished jobs too, and a failure moves that
+    same series from 0 to 1."""
+    engine = make_engine([define_schedule(name="broken", cron="* * * * *", timezone="UTC", handler=bad),
+                          define_queue(name="mail", handler=_no_job)])  # fmt: skip
+    metrics = EngineMetrics(engine, clock=ManualClock(T0))
+    await engine.start()
+    outcome = "single" if engine.coordination == "single" else "wonLock"
+    _, before = parse((await metrics.render()).decode())
+    failed = {"status": "failed", "outcome": outcome, "trigger": "self"}
+    assert value(before, "schedtui_runs_total", schedule="broken", **failed) == 0.0
+    assert value(before, "schedtui_jobs_finished_total", queue="mail", outcome="dead") == 0.0
+    await engine.create_schedule({"name": "reap", "cron": "0 0 1 1 *", "timezone": "UTC", "queue": "mail"})
+    _, created = parse((await metrics.render()).decode())
+    assert value(created, "schedtui_runs_total", schedule="reap", **failed) == 0.0
+    clock.advance(MINUTE)
+    await engine.quiesce()
+    _, after = parse((await metrics.render()).decode())
+    assert value(after, "schedtui_runs_total", schedule="broken", **failed) == 1.0
+    assert set(series(after, "schedtui_runs_total")) == set(series(created, "schedtui_runs_total"))
+
+
 async def test_the_run_counts_show_at_once_between_snapshots(make_engine: Callable[..., Engine], clock: ManualClock) -> None:
     engine = make_engine([define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=ok)])
     metrics = EngineMetrics(engine, clock=ManualClock(T0))
     await engine.start()
     _, before = parse((await metrics.render()).decode())
-    assert series(before, "schedtui_runs_total") == {}
+    assert counted(before, "schedtui_runs_total") == {}
     clock.advance(MINUTE)
     await engine.quiesce()
     _, after = parse((await metrics.render()).decode())
@@ -661,7 +709,7 @@ async def test_runs_a_killed_instance_left_are_counted_once_by_the_instance_that
     closed = [(r.name, r.status, r.error_tag) for name in ("nightly", "hourly") for r in await all_runs(engine, name)]
     assert closed == [("nightly", "failed", "abandoned"), ("hourly", "failed", "abandoned")]
     _, samples = parse((await metrics.render()).decode())
-    assert series(samples, "schedtui_runs_total") == {
+    assert counted(samples, "schedtui_runs_total") == {
         frozenset({"schedule": "nightly", "status": "failed", "outcome": "single", "trigger": "self"}.items()): 1.0,
         frozenset({"schedule": "hourly", "status": "failed", "outcome": "single", "trigger": "self"}.items()): 1.0,
     }
@@ -731,7 +779,7 @@ async def test_several_engines_in_one_process_count_apart(make_engine: Callable[
     _, a = parse((await one.render()).decode())
     _, b = parse((await two.render()).decode())
     assert sum(series(a, "schedtui_runs_total").values()) == 1.0
-    assert series(b, "schedtui_runs_total") == {}
+    assert counted(b, "schedtui_runs_total") == {}
     assert one.registry is not two.registry
 
 

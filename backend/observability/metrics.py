@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, cast
@@ -98,6 +98,9 @@ CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 #: How a job attempt's end reads as ``schedtui_jobs_finished_total``'s outcome.
 _JOB_OUTCOMES = {"succeeded": "succeeded", "retry": "retried", "dead": "dead"}
 
+#: The run statuses every schedule's counts show from the start (at 0), for rules on them.
+_EXPECTED_STATUSES = ("succeeded", "failed")
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LE = [cast(Callable[[float], str], floatToGoString)(bound) for bound in DURATION_BUCKETS] + ["+Inf"]
 """The buckets' ``le`` labels, as prometheus_client writes them."""
@@ -136,6 +139,8 @@ class EngineMetrics:
         self.registry.register(self.tallies)
         self.registry.register(self.fleet)
         self._counts: tuple[int, bytes] | None = None
+        self._expected: tuple[Collection[str], Collection[str], str] = ((), (), "")
+        """The schedules and queues given zero counts, and the outcome they were given them under."""
         self._rendering = asyncio.Lock()
         self._between: asyncio.Task[None] | None = None
         self._rendered: asyncio.Future[None] | None = None
@@ -157,6 +162,7 @@ class EngineMetrics:
         only), and take this instance's counts (on the loop that counts them: a renderer on
         another thread reads the copy). What every scrape does first."""
         await self.fleet.current()
+        self._expect()
         self.tallies.freeze()
 
     async def render(self) -> bytes:
@@ -167,6 +173,22 @@ class EngineMetrics:
         counts = await self._counts_text()
         # A few dozen series read from /proc: a fraction of a millisecond, not worth a thread.
         return b"".join([counts, self.fleet.text, generate_latest(self.process)])
+
+    def _expect(self) -> None:
+        """Zero counts for the schedules and queues this instance knows, as it would count
+        their runs (see :meth:`Tallies.expect`): the definitions' and the stored schedules'
+        (created since, too). Only the new ones cost more than a set's difference."""
+        engine = self.engine
+        outcome = engine.coordinator.outcome
+        known, seen = (engine.schedules.keys(), engine.jobs.queues.keys(), outcome), self._expected
+        if outcome == seen[2] and not known[0] - seen[0] and not known[1] - seen[1]:
+            return
+        schedules = []
+        for name, schedule in engine.schedules.items():
+            trigger = engine.trigger_of(schedule)
+            schedules.append((name, "external" if trigger == "external" else outcome, trigger))
+        self.tallies.expect(schedules, engine.jobs.queues)
+        self._expected = (set(known[0]), set(known[1]), outcome)
 
     async def _counts_text(self) -> bytes:
         """This instance's counts as of the last freeze, rendered again where they changed."""
@@ -338,6 +360,31 @@ class Tallies(Collector):
             durations.total += seconds
         self._changed.add(run.name)
         self.changes += 1
+
+    def expect(self, schedules: Iterable[tuple[str, str, str]], queues: Iterable[str]) -> None:
+        """Zero counts, where none is kept yet, of the succeeded and failed runs of each
+        ``(schedule, outcome, trigger)`` and of the finished jobs of each queue, in every
+        outcome. Prometheus's ``increase()`` sees no increase in a series that first appears
+        at 1: without a zero before it, a schedule's first failure after a start (or after
+        it was created) would page nobody through a rule on ``schedtui_runs_total``."""
+        for name, outcome, trigger in schedules:
+            counts = self.runs.get(name)
+            if counts is None:
+                counts = self.runs[name] = {}
+            added = False
+            for status in _EXPECTED_STATUSES:
+                key = (status, outcome, trigger)
+                if key not in counts:
+                    counts[key] = 0
+                    added = True
+            if added:
+                self._changed.add(name)
+                self.changes += 1
+        for queue in queues:
+            for outcome in _JOB_OUTCOMES.values():
+                if (queue, outcome) not in self.jobs:
+                    self.jobs[(queue, outcome)] = 0
+                    self.changes += 1
 
     def job_finished(self, finish: Finish) -> None:
         outcome = _JOB_OUTCOMES.get(finish.kind)

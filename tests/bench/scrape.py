@@ -19,8 +19,8 @@ What it does:
 3. times ``--scrapes`` (50) scrapes in each case, after a warm-up that is not counted (the
    fleet's state is read in the background every 5 s meanwhile, as when serving):
 
-   * ``fresh``: this instance has finished no run yet (the counts are empty, as after a
-     restart): the families are the fleet's (three series a schedule);
+   * ``fresh``: this instance has finished no run yet (as after a restart): the fleet's
+     families (three series a schedule) and each schedule's counts at 0 (two more);
    * ``busy``: every schedule has finished runs here (a run count and a duration
      histogram per schedule: about seventeen series a schedule in all);
 
