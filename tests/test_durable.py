@@ -1391,6 +1391,41 @@ async def test_a_crashed_instances_execution_resumes_elsewhere_without_rerunning
     assert any("taken over by b" in line.message for line in done.logs or [])
 
 
+async def test_an_execution_claimed_again_under_the_same_name_says_so_not_taken_over_from_itself(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """A process restarted under a fixed ``--instance`` name claims the execution its killed
+    predecessor held: its log said "taken over by a ... the lease of a had expired"."""
+    entered = asyncio.Event()
+    hang = {"on": True}
+
+    async def page(n: int) -> int:
+        if n == 2 and hang["on"]:
+            entered.set()
+            await asyncio.Event().wait()
+        return n
+
+    async def body(ctx: DurableContext, input: Any) -> int:
+        return sum([await ctx.step(f"page-{n}", page, n) for n in range(1, 4)])
+
+    function = define_durable(name="again", handler=body)
+    a = engines([function], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("again")
+    await entered.wait()
+    await crash(a)
+    hang["on"] = False
+    clock.advance(31)
+    restarted = engines([function], instance="a")
+    await restarted.start()
+    await restarted.quiesce()
+    done = await restarted.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", 6)
+    lines = [line.message for line in done.logs or []]
+    assert not any("taken over" in line for line in lines), lines
+    assert any(line.startswith("claimed again by a (lease 2): its lease had expired") for line in lines), lines
+
+
 async def test_an_at_most_once_step_interrupted_by_a_crash_is_not_run_again(
     engines: Callable[..., Engine], clock: ManualClock
 ) -> None:

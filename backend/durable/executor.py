@@ -308,7 +308,13 @@ class DurableExecutor:
         execution = claimed.execution
         held_until = lease_until - self.lease_margin
         run = ExecutionRun(self, claimed, self.functions[execution.function], held_until, start_logged=start_logged)
-        if execution.was == "running":
+        if execution.was == "running" and execution.was_instance == self.instance:
+            log.warning(
+                "execution %s of %s claimed again under this instance's name (its lease had expired: "
+                "the process of this name that held it stopped renewing it)",
+                execution.id, execution.function,
+            )  # fmt: skip
+        elif execution.was == "running":
             log.warning(
                 "execution %s of %s taken over from %s (its lease had expired)",
                 execution.id, execution.function, execution.was_instance,

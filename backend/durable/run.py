@@ -167,7 +167,14 @@ class ExecutionRun:
         then failed)."""
         self.context: DurableContext = DurableContext(self)
         self.input: Any = decode(row.input)
-        if row.was == "running":
+        if row.was == "running" and row.was_instance == executor.instance:
+            # A process under the same name (a restart with a fixed --instance) or this one,
+            # back from a freeze or a partition: nobody else took it.
+            self.logs.append(
+                f"claimed again by {executor.instance} (lease {row.lease}): its lease had expired "
+                "(the process of this name that held it stopped renewing it: killed, frozen or cut off)"
+            )
+        elif row.was == "running":
             self.logs.append(
                 f"taken over by {executor.instance} (lease {row.lease}): the lease of {row.was_instance} had expired"
             )
