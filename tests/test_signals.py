@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +43,24 @@ def test_a_child_forked_by_a_handler_and_terminated_does_not_stop_the_engine() -
     assert done.stdout.split(maxsplit=1) == [str(-signal.SIGTERM), "[]\n"]
 
 
+def _serve_stopped(tmp_path: Path, file: str, definitions: str, ready: Callable[[], object]) -> tuple[int, str]:
+    """``serve`` over one definitions file, stopped by SIGTERM once ``ready()`` returns: its
+    exit code (within EXIT_WITHIN and some; without the exit watch, never) and its log."""
+    from console.cli.exitwatch import EXIT_WITHIN
+    from tests.servers import start_server
+
+    (tmp_path / "defs").mkdir()
+    (tmp_path / "defs" / file).write_text(definitions)
+    server = start_server(tmp_path, "--schedules", "defs", "--store", f"sqlite:///{tmp_path / 'state.db'}")
+    try:
+        ready()
+        server.process.send_signal(signal.SIGTERM)
+        code = server.process.wait(EXIT_WITHIN + 20)
+    finally:
+        server.process.kill()
+    return code, server.log_text()
+
+
 HANGS_IN_A_THREAD = '''
 import asyncio, time
 from pathlib import Path
@@ -60,21 +79,39 @@ def test_serve_ends_once_stopped_whatever_thread_a_handler_left_hanging(tmp_path
     a thread cannot be stopped) held ``serve`` after its stop for ever: closing the loop, and
     the interpreter's exit, join the executor's threads; further SIGTERMs changed nothing. It
     ends :data:`~console.cli.exitwatch.EXIT_WITHIN` seconds after the stop, naming them."""
-    from console.cli.exitwatch import EXIT_WITHIN
-    from tests.servers import poll, start_server
+    from tests.servers import poll
 
-    (tmp_path / "defs").mkdir()
-    (tmp_path / "defs" / "fetch.cron.py").write_text(HANGS_IN_A_THREAD)
-    server = start_server(tmp_path, "--schedules", "defs", "--store", f"sqlite:///{tmp_path / 'state.db'}")
-    try:
-        poll(lambda: (tmp_path / "started").exists(), timeout=20, what="the handler to start")
-        server.process.send_signal(signal.SIGTERM)
-        code = server.process.wait(EXIT_WITHIN + 20)  # (without the watch: for ever)
-    finally:
-        server.process.kill()
-    log = server.log_text()
+    code, log = _serve_stopped(tmp_path, "fetch.cron.py", HANGS_IN_A_THREAD, lambda: poll(
+        lambda: (tmp_path / "started").exists(), timeout=20, what="the handler to start"))  # fmt: skip
     assert code == 0, log
     assert "thread(s) a handler left running still hold the process (asyncio_0" in log, log
+
+
+HANGS_AT_EXIT = '''
+import atexit, time
+from backend import define_schedule
+
+def flush_telemetry():
+    time.sleep(3600)  # a library's flush at exit, with no timeout, to a collector that never answers
+
+atexit.register(flush_telemetry)
+
+def tick(ctx):
+    pass
+
+tick_job = define_schedule(name="tick", cron="0 0 1 1 *", timezone="UTC", handler=tick)
+'''
+
+
+def test_serve_ends_once_stopped_whatever_exit_hook_a_definitions_module_left_hanging(tmp_path: Path) -> None:
+    """An ``atexit`` hook that never returned (registered by a definitions module, or a
+    library it imports) held ``serve`` after its stop for ever, as a hung thread did: the
+    interpreter runs the hooks after the verb ends. It ends :data:`EXIT_WITHIN` seconds
+    after the stop too, naming the hook."""
+    code, log = _serve_stopped(tmp_path, "tick.cron.py", HANGS_AT_EXIT, lambda: None)
+    assert code == 0, log
+    assert "an exit hook (atexit) still runs in flush_telemetry (" in log, log
+    assert "tick.cron.py:" in log, log
 
 
 IGNORES_SIGTERM = """
