@@ -81,6 +81,20 @@ class Loser(ClaimCoordinator):
         return await super().claim(claims, instance, now)
 
 
+def noting(
+    into: list[Any], instance: str, note: Callable[[RunContext, str], Any] | None = None, gate: Gate | None = None
+) -> Any:
+    """A handler for ``instance`` that appends ``note(ctx, instance)`` to ``into`` (by default
+    ``(instance, slot)``), then waits on ``gate`` if given."""
+
+    async def handler(ctx: RunContext) -> None:
+        into.append(note(ctx, instance) if note is not None else (instance, ctx.scheduled_at))
+        if gate is not None:
+            await gate(ctx)
+
+    return handler
+
+
 async def settle(clock: ManualClock, *engines: Engine, runs: bool = True) -> None:
     for engine in engines:
         await engine.quiesce(runs=runs)
@@ -399,10 +413,7 @@ async def test_a_fleet_fires_each_slot_once_after_disable_and_enable_within_an_i
     fired: list[tuple[str, datetime]] = []
 
     def handler_for(name: str) -> Any:
-        async def handler(ctx: RunContext) -> None:
-            fired.append((name, ctx.scheduled_at))
-
-        return handler
+        return noting(fired, name)
 
     a, b = (
         # The clock jumps a minute at a time: a long abandon window, or one instance may
@@ -509,10 +520,7 @@ async def test_no_claim_no_fire_and_the_lost_slots_are_recorded_once_back(
     fired: list[tuple[str, datetime]] = []
 
     def handler_for(name: str) -> Any:
-        async def handler(ctx: RunContext) -> None:
-            fired.append((name, ctx.scheduled_at))
-
-        return handler
+        return noting(fired, name)
 
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
@@ -741,11 +749,7 @@ async def _gated_pair(
     wait on ``gate``; and their stores."""
 
     def handler_for(instance: str) -> Any:
-        async def handler(ctx: RunContext) -> None:
-            started.append((ctx.scheduled_at.minute, instance))
-            await gate(ctx)
-
-        return handler
+        return noting(started, instance, lambda ctx, i: (ctx.scheduled_at.minute, i), gate)
 
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
@@ -799,11 +803,7 @@ async def test_lost_slots_waiting_on_another_instance_and_then_on_a_run_here_lea
     started: list[tuple[int, str, str]] = []
 
     def handler_for(instance: str) -> Any:
-        async def handler(ctx: RunContext) -> None:
-            started.append((ctx.scheduled_at.minute, ctx.trigger, instance))
-            await gate(ctx)
-
-        return handler
+        return noting(started, instance, lambda ctx, i: (ctx.scheduled_at.minute, ctx.trigger, i), gate)
 
     stores = [Outage(open_store(store_url)) for _ in range(2)]
     a, b = (
@@ -1005,10 +1005,7 @@ async def test_a_stop_with_a_grace_starts_the_current_slot_whose_claim_answer_wa
     fired: list[tuple[datetime, str]] = []
 
     def handler_for(name: str) -> Any:
-        async def handler(ctx: RunContext) -> None:
-            fired.append((ctx.scheduled_at, name))
-
-        return handler
+        return noting(fired, name, lambda ctx, i: (ctx.scheduled_at, i))
 
     store = Outage(open_store(store_url))
     a = make_engine([schedule(handler=handler_for("a"))], instance="a", coordination="advisoryLock", store=store,
@@ -1223,10 +1220,7 @@ async def test_instances_booting_together_catch_each_missed_slot_up_once(
     fired: list[tuple[str, datetime]] = []
 
     def handler_for(name: str) -> Any:
-        async def handler(ctx: RunContext) -> None:
-            fired.append((name, ctx.scheduled_at))
-
-        return handler
+        return noting(fired, name)
 
     engines = [
         make_engine([schedule("daily", "0 6 * * *", handler=handler_for(n), backfill="latest")], instance=n, coordination="advisoryLock")
