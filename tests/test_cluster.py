@@ -45,13 +45,14 @@ EXTERNAL = "x"  # the HandOver machine's platform-fired schedule
 
 
 class ViewClock:
-    """One engine's view of the shared :class:`ManualClock`, which can be frozen."""
+    """One engine's view of the shared :class:`ManualClock`, which stops while it is frozen
+    (its loops wait for the thaw, then see the jump all at once)."""
 
     def __init__(self, shared: ManualClock) -> None:
         self.shared = shared
         self.frozen_at: datetime | None = None
-        self._thawed = asyncio.Event()
-        self._thawed.set()
+        self.thawed = asyncio.Event()
+        self.thawed.set()
 
     def now(self) -> datetime:
         return self.frozen_at if self.frozen_at is not None else self.shared.now()
@@ -61,15 +62,15 @@ class ViewClock:
             await self.shared.sleep_until(deadline)
             if self.frozen_at is None:
                 return
-            await self._thawed.wait()
+            await self.thawed.wait()
 
     def freeze(self) -> None:
         self.frozen_at = self.shared.now()
-        self._thawed.clear()
+        self.thawed.clear()
 
     def thaw(self) -> None:
         self.frozen_at = None
-        self._thawed.set()
+        self.thawed.set()
 
 
 async def noop(ctx: Any) -> None:
