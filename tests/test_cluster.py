@@ -426,6 +426,36 @@ async def test_a_slot_that_has_a_run_is_never_claimed_again_even_by_its_current_
 
 
 @pg_only
+async def test_two_claims_of_one_owner_for_one_slot_at_once_start_one_run(fleet: Callable[..., Fleet]) -> None:
+    """Found by the schedule liveness machine: after a stall longer than a shard's lease,
+    the timers' catch-up of a schedule and the catch-up of its shard, taken again, claimed
+    the same slots at once, and each statement saw no row for them in its snapshot (the
+    shard's lock is only shared by a claim): every slot of the stall ran twice. A process's
+    claims now go one at a time."""
+    f = fleet(every_second(2))
+    owner = await f.start("a")
+    await f.tick(2)
+    schedule, slot = f.schedules[0], f.clock.now() + timedelta(seconds=5)
+    store = cast(PostgresStore, owner.store)
+    through, at_once, most = store.cluster_claim, [0], [0]
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        at_once[0] += 1
+        most[0] = max(most[0], at_once[0])
+        try:
+            return await through(*args, **kwargs)
+        finally:
+            at_once[0] -= 1
+
+    store.cluster_claim = counted  # type: ignore[method-assign]
+    claims = [owner.claims.make_claims([(schedule, slot)], f.clock.now()) for _ in range(2)]  # two run ids
+    results = await asyncio.gather(*(owner.coordinator.claim(c, "a", f.clock.now()) for c in claims))
+    assert most[0] == 1
+    assert sorted(len(r.won) for r in results) == [0, 1]
+    assert len([r for r in await f.runs() if r[:2] == (schedule.name, slot)]) == 1
+
+
+@pg_only
 async def test_a_settled_members_round_is_one_transaction_every_fifth_of_a_lease(fleet: Callable[..., Fleet]) -> None:
     # Renewing the leases and reading the shards and members was two round trips, one of
     # them every second: with a fleet of N, N reads a second before any firing. Now one

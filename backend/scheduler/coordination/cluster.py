@@ -37,6 +37,7 @@ PostgreSQL only; the engine falls back to ``single`` on SQLite, loudly.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import logging
@@ -215,15 +216,21 @@ class ClusterCoordinator:
         self.store = store
         self.cluster: Cluster | None = None
         """Set by the engine once the cluster exists."""
+        self._claiming = asyncio.Lock()
+        """One claim of this process at a time. A claim inserts a slot's row where its
+        statement's snapshot shows none, holding the shard's lock only shared: two claims of
+        one owner for one slot at once (after a stall, the timers' catch-up of a schedule and
+        the catch-up of its shard taken again) each saw no row, and the slot ran twice."""
 
     async def claim(self, claims: Sequence[Claim], instance: str, now: datetime) -> ClaimResult:
         cluster = self.cluster
         assert cluster is not None, "the engine wires the cluster in"
-        fences = {name: fence for name in {c.name for c in claims} if (fence := cluster.fence_of(name)) is not None}
-        mine = [claim for claim in claims if claim.name in fences]
-        if not mine:
-            return ClaimResult(frozenset())
-        result, stale = await self.store.cluster_claim(mine, fences, instance, cluster.lock_now())
+        async with self._claiming:
+            fences = {name: fence for name in {c.name for c in claims} if (fence := cluster.fence_of(name)) is not None}
+            mine = [claim for claim in claims if claim.name in fences]
+            if not mine:
+                return ClaimResult(frozenset())
+            result, stale = await self.store.cluster_claim(mine, fences, instance, cluster.lock_now())
         if stale:
             cluster.stand_down(stale, "its token is no longer current (the shard was taken over or its lease expired)")
         return result
