@@ -582,6 +582,53 @@ async def test_the_running_row_is_committed_before_the_handler_starts(
     assert len(seen) == 1 and seen[0] is not None and seen[0].status == "running"
 
 
+@pytest.mark.parametrize("trigger", ["manual", "self"])
+async def test_a_run_stopped_alone_as_its_batch_is_committed_does_not_cancel_the_others(
+    make_engine: Callable[..., Engine], clock: ManualClock, trigger: str
+) -> None:
+    """Runs launched in one loop iteration wait for one batch's commit. One stopped alone as
+    they wait (its lease lost, an operator's stop) is cancelled; before, its cancellation
+    went through to the batch's shared future, and every other run of the batch failed
+    ``interrupted`` without its handler ever running (and the batch's task raised
+    ``InvalidStateError`` into the log)."""
+    ran: list[str] = []
+
+    async def handler(ctx: RunContext) -> None:
+        ran.append(ctx.name)
+
+    # (parallel: a timed run launched without a claim's id starts without asking its turn)
+    overlap = "skip" if trigger == "manual" else "parallel"
+    engine = make_engine([schedule(handler, "a", on_overlap=overlap), schedule(handler, "b", on_overlap=overlap)])
+    await engine.start()
+    await engine.quiesce()
+    hold = asyncio.Event()
+    flush = engine.store.flush
+
+    async def held() -> None:
+        await hold.wait()
+        await flush()
+
+    engine.store.flush = held  # type: ignore[method-assign]
+    launcher = engine.launcher
+    slot = clock.now().replace(second=0, microsecond=0)
+    a = launcher.launch(launcher.schedules["a"], slot, trigger, "manual" if trigger == "manual" else "single")  # type: ignore[arg-type]
+    b = launcher.launch(launcher.schedules["b"], slot, trigger, "manual" if trigger == "manual" else "single")  # type: ignore[arg-type]
+    try:
+        for _ in range(5):  # both calls wait for the batch, whose commit is held
+            await asyncio.sleep(0)
+        assert a.task is not None and b.task is not None and not a.done and not b.done
+        engine.runner.stop_call(a, Outcome("failed", clock.now(), "interrupted", "stopped alone (test)"))
+        for _ in range(5):
+            await asyncio.sleep(0)
+    finally:
+        hold.set()
+    await engine.quiesce()
+    runs = {r.name: r for name in ("a", "b") for r in await all_runs(engine, name) if r.id in (a.run_id, b.run_id)}
+    assert ran == ["b"]
+    assert runs["b"].status == "succeeded", runs["b"]
+    assert runs["a"].status == "failed" and runs["a"].error_message == "stopped alone (test)"
+
+
 def test_a_handler_that_kills_its_process_leaves_its_run_to_be_closed(tmp_path: Path) -> None:
     folder = tmp_path / "schedules"
     folder.mkdir()

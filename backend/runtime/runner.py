@@ -582,7 +582,9 @@ class HandlerRunner:
         try:
             try:
                 if invocation.gate is not None:
-                    await invocation.gate
+                    # Shielded: a gate may be shared (the rows of a burst, committed in one
+                    # batch), and this call's cancellation must not cancel it for the others.
+                    await asyncio.shield(invocation.gate)
                 if invocation.done or self._lapsed(invocation):
                     return  # (settled as it waited: its row refused, or its engine stopping)
                 arg = invocation.begin(self.clock.now())

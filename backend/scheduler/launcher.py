@@ -490,7 +490,7 @@ class Launcher:
         committed, not when the store refused it: the other processes count it in flight
         by that row alone (the firing one under ``single``, for a Run now of one that fires
         nothing). Only a slow store (no answer yet) lets it start before."""
-        if await placed is False and not scheduled.done:
+        if await asyncio.shield(placed) is False and not scheduled.done:
             why = "its row could not be committed, so no other process could count it in flight"
             scheduled.settle(CallOutcome("failed", self.clock.now(), TAG_UNAVAILABLE, f"not started: {why}"))
 
@@ -541,7 +541,9 @@ class Launcher:
         return True
 
     def _place_soon(self, run: Run) -> asyncio.Future[bool | None]:
-        """Add ``run``'s row to the batch written at the end of this loop iteration."""
+        """Add ``run``'s row to the batch written at the end of this loop iteration. The
+        future is the whole batch's: await it shielded (a run stopped alone as it waits
+        must not cancel it under the others, which would then fail as cancelled)."""
         if self._batch is None:
             self._batch = ([], asyncio.get_running_loop().create_future())
             asyncio.ensure_future(self._place_batch())
@@ -557,7 +559,7 @@ class Launcher:
         try:
             committed = await self.place(rows)
         finally:
-            gate.set_result(committed)
+            gate.set_result(committed)  # (never cancelled: each run awaits it shielded)
 
     def close(
         self,
