@@ -22,7 +22,36 @@ def run_within(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], bo
     task = loop.create_task(coro)
     loop.run_until_complete(asyncio.wait({task}, timeout=bound))
     if not task.done():
+        where = _awaiting(task)
         task.cancel()
         loop.run_until_complete(asyncio.wait({task}, timeout=5))
-        raise AssertionError(f"{name} did not end within {bound} s")
+        raise AssertionError(f"{name} did not end within {bound} s; it was waiting at:\n{where}")
     return task.result()
+
+
+def _awaiting(task: asyncio.Task[Any], depth: int = 0) -> str:
+    """Where ``task`` waits: each frame of its chain of awaits, outermost first, then what
+    it waits on, into the tasks it awaits (what a hung rule was stuck on, which its replay
+    may never reach again)."""
+    pad = "  " * (depth + 1)
+    lines: list[str] = []
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is not None:
+            lines.append(f"{pad}{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    waiter = getattr(task, "_fut_waiter", None)  # (the future its await parks on)
+    if depth > 8:
+        lines.append(f"{pad}…")
+    elif isinstance(waiter, asyncio.Task):
+        lines.append(f"{pad}on task {waiter.get_name()}:")
+        lines.append(_awaiting(waiter, depth + 1))
+    elif getattr(waiter, "_children", None) is not None:  # asyncio.gather's future
+        for child in waiter._children:  # type: ignore[union-attr]
+            if isinstance(child, asyncio.Task) and not child.done():
+                lines.append(f"{pad}on gathered task {child.get_name()}:")
+                lines.append(_awaiting(child, depth + 1))
+    elif waiter is not None:
+        lines.append(f"{pad}on {waiter!r}")
+    return "\n".join(lines) or f"{pad}(nothing)"

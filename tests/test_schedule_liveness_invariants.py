@@ -292,7 +292,7 @@ class ScheduleLivenessMachine(RuleBasedStateMachine):
         # Each process in a PID namespace of its own: only its lease says when it is gone.
         engine.registry.host = f"{host_identity()}#sim{self.serial}"
         engine.registry.pid = DEAD_PID
-        engine.end_process = lambda code: self.ended.add(process)
+        engine.end_process = lambda code: self.exit(process)
         process.engine = engine
         self.processes.append(process)
         self.note(f"start {name}")
@@ -301,6 +301,14 @@ class ScheduleLivenessMachine(RuleBasedStateMachine):
         else:
             await engine.open()
         await self.settle()
+
+    def exit(self, process: Process) -> None:
+        """The process ends itself (``os._exit``, at once): from here it takes no step (its
+        clock stops, its statements wait), until the next settle stops it for good. Before,
+        it went on until then: its heartbeat renewed its lease and its timer started a slot,
+        which the real process, gone, never did."""
+        self.ended.add(process)
+        process.view.freeze()
 
     # -- the handlers ---------------------------------------------------------------------
     def began(self, ctx: RunContext, process: Process, sync: bool) -> Live:
