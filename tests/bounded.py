@@ -23,9 +23,16 @@ def run_within(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], bo
     loop.run_until_complete(asyncio.wait({task}, timeout=bound))
     if not task.done():
         where = _awaiting(task)
+        others = [t for t in asyncio.all_tasks(loop) if t is not task and not t.done()]
+        # What the others wait on too: the rule may wait for one of them (a writer parked on
+        # a statement whose lock another process holds), which is where the hang is.
+        rest = "\n".join(f"task {t.get_name()}:\n{_awaiting(t)}" for t in sorted(others, key=lambda t: t.get_name())[:40])
         task.cancel()
         loop.run_until_complete(asyncio.wait({task}, timeout=5))
-        raise AssertionError(f"{name} did not end within {bound} s; it was waiting at:\n{where}")
+        raise AssertionError(
+            f"{name} did not end within {bound} s; it was waiting at:\n{where}\n"
+            f"the loop's {len(others)} other task(s) (40 at most):\n{rest}"
+        )
     return task.result()
 
 

@@ -132,7 +132,7 @@ def test_a_danger_fills_its_placeholders_and_leaves_unknown_ones() -> None:
     assert question == 'Release lock "nightly" by force?'
     dangerous = {name for name, action in ACTIONS.items() if action.danger is not None}
     assert dangerous == {"delete_schedule", "start_backfill", "cancel_backfill", "release_lock", "cancel_execution",
-                         "delete_job"}  # fmt: skip
+                         "delete_job", "forget_instance"}  # fmt: skip
 
 
 async def test_every_action_has_a_route_and_an_openapi_entry(embedded: EmbeddedBackend) -> None:

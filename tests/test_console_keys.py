@@ -16,6 +16,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -315,12 +316,27 @@ async def _backfill_form(app: SchedtuiApp, pilot: Pilot[Any]) -> None:
     await settle(pilot)
 
 
+async def _lost_instance(app: SchedtuiApp, pilot: Pilot[Any]) -> tuple[dict[str, object], Callable[[], Awaitable[bool]]]:
+    """A member killed five minutes ago on another host (its row left behind)."""
+    store = app.backend.engine.store  # type: ignore[attr-defined]
+    await store.heartbeat("web-3", "elsewhere", 4242, app.clock.now() - timedelta(minutes=5))
+    app.refresh_instances()
+    await settle(pilot)
+    await show(pilot, app, "health")
+
+    async def forgotten() -> bool:
+        return "web-3" not in {i.name for i in await app.backend.instances()}
+
+    return {"name": "web-3"}, forgotten
+
+
 SCENES: dict[str, Scene] = {
     "release_lock": _lock,
     "delete_job": _job,
     "cancel_execution": _execution,
     "delete_schedule": _stored_schedule,
     "start_backfill": _backfill,
+    "forget_instance": _lost_instance,
 }
 FORMS = {"start_backfill": _backfill_form}
 """Actions whose key opens a form first (it collects input); the form's submit asks."""

@@ -42,7 +42,7 @@ from backend.durable.service import MAX_INPUT_BYTES, MAX_SIGNAL_BYTES
 from backend.errors import BadInput
 from backend.events.audit import AuditPage
 from backend.events.bus import Signal
-from backend.inputs import NOTE_MAX_CHARS, check_count, check_note
+from backend.inputs import INSTANCE_MAX_CHARS, NOTE_MAX_CHARS, check_count, check_instance, check_note
 from backend.jobs.definition import MAX_PAYLOAD_BYTES, check_cancel, check_queue_name, check_send
 from backend.jobs.model import Job, JobDetail, JobsPage, QueueView, Sent
 from backend.locks import LockRelease, LocksSnapshot
@@ -169,6 +169,10 @@ LockName = Annotated[
     str, Check(check_lock_name, {"pattern": "^[A-Za-z0-9_.:/@-]{1,200}$"}), Help('the lock\'s name (it may hold "/")')
 ]
 PageSize = Annotated[int, Range(1, 1000), Help("how many, at most")]
+InstanceName = Annotated[
+    str, Check(lambda name: check_instance(name, "name"), {"minLength": 1, "maxLength": INSTANCE_MAX_CHARS}),
+    Help("the instance's name (as schedtui instances lists it)"),
+]
 
 
 def _check_offset(value: Any) -> Any:
@@ -339,6 +343,26 @@ class Backend(abc.ABC):
         CLI verb, a watching console) beat once, when it opened it. On PostgreSQL each
         heartbeat carries the instance's clock offset from the database server's, and
         whether the instance stands down for it (``stands_down`` says why)."""
+
+    @action(system="fleet", permission="operate", label="forgetting an instance", audit="instance.forget",
+            impl="forget_instance",
+            danger=Danger('Forget instance "{name}"?',
+                          "Only one the fleet judges gone (silent past its take-over window, or its pid dead): its "
+                          "instance_lost alert resolves and the others take its work over now."),
+            http=Http("DELETE", "/inspect/instances/{name:path}", clock=True, ok="the instance as it was registered",
+                      errors={404: "no instance with that name is registered",
+                              409: "alive by its heartbeat, beat again just now, or its last burst is not recorded yet: "
+                                   "nothing forgotten"}))
+    async def forget_instance(self, name: InstanceName) -> InstanceInfo:
+        """Forget a lost instance: delete its row, so that its instance_lost alert resolves
+        and it leaves the instance lists now, not a day later.
+
+        Only an instance the fleet judges gone, as a member does before taking its work
+        over: silent past its take-over window, or its pid dead on the judging host; a
+        killed or crashed process that a replacement under another name (the default,
+        hostname:pid) will never bring back. An instance that is alive, or beats between
+        the look and the delete, is refused (409) and nothing is forgotten; so is this
+        very instance. Its work is taken over as it would be anyway."""
 
     @action(system="schedules", permission="read",
             http=Http("GET", "/inspect/runs/{run_id}", ok="the run", errors={404: "unknown run"}))

@@ -81,6 +81,8 @@ ACTIONS: frozenset[str] = frozenset(
         "durable.retry",
         # locks
         "lock.release",
+        # the fleet
+        "instance.forget",
         # alerts: a notification delivered to a sink, or given up on (the system's, not an operator's)
         "alert.notified",
         "alert.notify_failed",

@@ -1,6 +1,7 @@
 """The engine's operator actions: on schedules (run now, enable and disable, create, update
-and delete, fire for an external scheduler, add and remove, bind to a durable function)
-and on backfills: plan, start, cancel, follow (a part of :class:`~backend.scheduler.engine.Engine`).
+and delete, fire for an external scheduler, add and remove, bind to a durable function),
+on backfills (plan, start, cancel, follow) and on the fleet (forget a lost instance): a part
+of :class:`~backend.scheduler.engine.Engine`.
 
 Each checks what it is asked and hands the work to the part that does it (the launcher,
 the states, the catalog, the external fires, the backfills); those an operator takes are
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,7 +21,9 @@ from backend.clock import Clock
 from backend.durable import Durable
 from backend.errors import EngineStopped, NotFound, Refused, Unavailable
 from backend.events.audit import AuditLog
-from backend.model import BackfillPlan, BackfillProgress, ExternalFiring, Run, ScheduleView
+from backend.inputs import check_instance
+from backend.model import BackfillPlan, BackfillProgress, ExternalFiring, InstanceInfo, Run, ScheduleView, iso
+from backend.safetext import in_line
 from backend.scheduler.backfills import Backfills, live_estimate
 from backend.scheduler.catalog import Catalog, bind_target
 from backend.scheduler.coordination.slots import Coordinator
@@ -33,9 +37,11 @@ from backend.store import Store
 
 __all__ = ["EngineActions"]
 
+log = logging.getLogger("schedtui.engine")
+
 
 class EngineActions:
-    """The operator actions on schedules and backfills (see the module docstring): a part of
+    """The operator actions on schedules, backfills and the fleet (see the module docstring): a part of
     the engine, which sets up what is declared here in its ``__init__``."""
 
     schedules: dict[str, Schedule]
@@ -294,3 +300,53 @@ class EngineActions:
 
     async def wait_backfill(self, backfill_id: str) -> BackfillProgress:
         return await self.backfills.wait(backfill_id)
+
+    # -- the fleet --------------------------------------------------------------------------
+    async def forget_instance(self, name: str) -> InstanceInfo:
+        """Forget a lost instance (an operator's action): delete the row of an instance the
+        fleet judges gone, as every member's sweep judges it before taking its work over
+        (silent past its take-over window, or its pid dead on this host), so that its
+        ``instance_lost`` alert resolves and it leaves the instance lists now rather than a
+        day later. Its work is taken over as it would be anyway (a row gone is an instance
+        gone). Returns the instance as it was registered.
+
+        :class:`NotFound` for a name not registered; :class:`Refused` for this very
+        instance, one that is alive by its heartbeat (or while this instance cannot judge:
+        its clock off, its lease lapsed), one whose last burst a sweep has yet to record,
+        and one that beat between the look and the delete (nothing is deleted)."""
+        check_instance(name, "name")
+        registry = self.registry
+        if name == registry.instance:
+            raise Refused(f'instance "{name}" is the one answering: it is alive (stop it instead)', reason="alive")
+        beats = await self.store.instances()
+        beat = beats.get(name)
+        info = next((i for i in await self.store.fleet() if i.name == name), None)
+        if beat is None or info is None:
+            raise NotFound(f'no instance named "{name}" is registered (gone already, or never was)')
+        now = self.clock.now()
+        why = registry.gone(beats, name, now)
+        if why is None:
+            age = max(0.0, (now - beat.at).total_seconds())
+            judge = "" if registry.holds_name() else (
+                "; besides, this instance cannot judge another gone now (its clock is off the database's, "
+                "or its own lease lapsed)"
+            )
+            raise Refused(
+                f'instance "{name}" is alive as far as the fleet can tell: its last heartbeat was {age:.0f}s ago, '
+                f"within its take-over window{judge}; stop it instead, or wait until it is judged gone",
+                reason="alive",
+            )
+        if name in await self.store.starting_marks():
+            raise Refused(
+                f'instance "{name}" died while starting a burst of runs that a member has yet to record; '
+                "try again in a few seconds",
+                reason="burst not recorded",
+            )
+        if not await self.store.forget_lost_instance(name, beat.host, beat.pid, beat.at):
+            raise Refused(f'instance "{name}" beat again just now, or its row changed: nothing forgotten; look again',
+                          reason="changed")  # fmt: skip
+        log.warning("instance %s forgotten by an operator: %s", in_line(name), why)
+        await self.audit.record(
+            "instance.forget", name, {"host": beat.host, "pid": beat.pid, "heartbeat_at": iso(beat.at), "why": why}
+        )
+        return info

@@ -255,6 +255,13 @@ class Store(Protocol):
     async def forget_instance(self, instance: str, host: str | None = None, pid: int | None = None) -> None:
         """Delete the instance's row; given ``host`` and ``pid``, only while it is theirs."""
 
+    async def forget_lost_instance(self, instance: str, host: str, pid: int, heartbeat_at: datetime) -> bool:
+        """Delete the row of an instance an operator judged lost, only while it is still the
+        row judged: that ``host`` and ``pid``, its heartbeat still ``heartbeat_at`` (as
+        :meth:`instances` read it: it has not beaten since), and no :meth:`mark_starting`
+        mark on it (a burst of the dead process's that a sweep has yet to record). Whether
+        it was deleted; atomic across every process sharing the store."""
+
     async def mark_starting(self, instance: str, slot: datetime) -> None:
         """Record, committed when this returns, that ``instance`` is about to start the
         runs due at ``slot`` whose rows are not written yet (a burst of ``single``-mode

@@ -77,10 +77,16 @@ def _show_instances(call: Call, answer: Instances) -> None:
             print(f"✗ {printable(instance.name)} stands down: {why}")
 
 
+def _show_forgotten(call: Call, instance: InstanceInfo) -> None:
+    print(f"instance {printable(instance.name)} forgotten (pid {instance.pid} on {printable(instance.host)}, "
+          f"last heartbeat {iso(instance.heartbeat_at)}): its instance_lost alert resolves at the next evaluation")
+
+
 #: The verbs, in the order ``schedtui --help`` lists them.
 DERIVED = (
-    Verb(("instances",), "instances", help="the registered instances: role, last heartbeat, clock offset",
-         json=items("instances"), follow=_with_now, show=_show_instances),
+    Verb(("instances",), "instances", help="the registered instances: role, last heartbeat, clock offset; or forget a "
+         "lost one", json=items("instances"), follow=_with_now, show=_show_instances),
+    Verb(("instances", "forget"), "forget_instance", show=_show_forgotten),
 )  # fmt: skip
 
 

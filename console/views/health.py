@@ -1,7 +1,8 @@
 """View 7: health. What is alerting now (:meth:`~backend.client.interface.Backend.alerts`:
 condition, subject, since when, why), the instances as their heartbeats say (role, heartbeat
-age, last start, clock offset: a member whose clock is off stands down), then per schedule
-and per queue the last hour by the minute (:meth:`~backend.client.interface.Backend.activity`).
+age, last start, clock offset: a member whose clock is off stands down; ``x`` forgets one
+that is lost, once confirmed), then per schedule and per queue the last hour by the minute
+(:meth:`~backend.client.interface.Backend.activity`).
 
 A schedule's row: its runs a minute and its failures a minute as sparklines, each with its
 total for the hour beside it, and how late it is now (see
@@ -24,13 +25,17 @@ from textual.content import Content
 
 from backend.activity import Activity, QueueActivity, ScheduleActivity
 from backend.alerts.model import CONDITIONS, Alert, AlertsPage
+from backend.errors import SchedtuiError, Unavailable
 from backend.model import InstanceInfo
 from backend.safetext import in_line
 from console import format as fmt
 from console.fleet import LIVE_WITHIN, is_gone
+from console.keys import action_key, bindings
+from console.screens.confirm import Confirm
 from console.views.base import View
 from console.widgets.health import HealthRow
 from console.widgets.line import Line
+from console.workers import work
 
 __all__ = [
     "MAX_ALERTS", "MAX_INSTANCES", "MAX_ROWS", "HealthView", "alert_text", "dead_text", "instance_text", "late_text",
@@ -171,6 +176,12 @@ class HealthView(View):
     # steady work (a signal always arrived meanwhile), one console kept the serve busy,
     # more so as the hour filled (40-50% of a core at 150 jobs/s, 92% with a full hour).
     signalled_every: ClassVar[float] = 5.0
+
+    KEYS = (
+        action_key("forget_instance", "x", "Forget lost",
+                   help="forget a lost instance (a member silent past its take-over window), once confirmed"),
+    )  # fmt: skip
+    BINDINGS = bindings(KEYS)
 
     DEFAULT_CSS = """
     HealthView #health-rows {
@@ -318,9 +329,14 @@ class HealthView(View):
             title.update("INSTANCES · not known (the server cannot list them)")
         else:
             down = sum(1 for i in instances if i.stands_down)
+            lost = sum(1 for i in instances if is_gone(i, now))
             text = Content(f"INSTANCES {len(instances)}")
             if down:
                 text = Content.assemble(text, " · ", (f"{down} standing down: clock off", "$text-error"))
+            if lost:
+                text = Content.assemble(text, " · ", (f"{lost} lost", "$text-error"))
+                if self.console.refusal("forget_instance") is None:  # (no key offered that is refused)
+                    text = Content.assemble(text, f" ({self.shown_key('forget_instance')} forgets one)")
             title.update(text)
         for line, instance in zip(lines, [*instances, *[None] * len(lines)], strict=False):
             line.display = instance is not None
@@ -329,6 +345,42 @@ class HealthView(View):
         more = self.query_one("#instances-more", Line)
         more.display = len(instances) > len(lines)
         more.update(f"… and {len(instances) - len(lines)} more (schedtui instances lists them all)")
+
+    # -- actions --------------------------------------------------------------------------
+    def action_forget_instance(self) -> None:
+        """``x``: forget the lost instance silent longest, once confirmed (one at a time)."""
+        console = self.console
+        now = self.backend_now(console.clock.now())
+        lost = sorted((i for i in console.instances or [] if is_gone(i, now)), key=lambda i: i.heard_at)
+        if not lost:
+            console.notify("No lost instance: every member beat within its take-over window.", title="Forget",
+                           markup=False)  # fmt: skip
+            return
+        instance = lost[0]
+        fact = (f"{in_line(instance.name)}: pid {instance.pid} on {in_line(instance.host)}, "
+                f"{instance.role or 'member'}, last heartbeat {fmt.ago(instance.heard_at, now)}.")  # fmt: skip
+        facts = [fact] if len(lost) == 1 else [fact, f"{len(lost) - 1} more lost: {self.shown_key('forget_instance')} again."]
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self._forget(instance.name)
+
+        console.push_screen(Confirm.of("forget_instance", {"name": instance.name}, facts=facts), answer)
+
+    @work(group="action")
+    async def _forget(self, name: str) -> None:
+        console = self.console
+        try:
+            await console.backend.forget_instance(name)
+        except Unavailable as exc:
+            console.connection_lost(exc)
+            return
+        except SchedtuiError as exc:
+            console.report(exc)
+            return
+        console.notify(f'Instance "{name}" forgotten: its instance_lost alert resolves at the next evaluation.',
+                       title="Instance forgotten", markup=False)  # fmt: skip
+        console.refresh_instances()  # (the heartbeats alone: the list loses it now, not at their next read)
 
     def _rows(self, where: str, more: str, count: int, what: str) -> list[HealthRow]:
         """The rows of a section, as many as there is data for (up to :data:`MAX_ROWS`):

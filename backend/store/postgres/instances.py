@@ -20,6 +20,7 @@ from backend.store.postgres.sql import (
     FLEET_LOCK,
     FORGET_HOLDER,
     FORGET_INSTANCE,
+    FORGET_LOST,
     HEARTBEAT,
     INSTANCE_LIST,
     INSTANCES,
@@ -93,6 +94,9 @@ class PostgresInstances:
             await self._execute(FORGET_INSTANCE, (instance,))
         else:
             await self._execute(FORGET_HOLDER, (instance, host, pid))
+
+    async def forget_lost_instance(self, instance: str, host: str, pid: int, heartbeat_at: datetime) -> bool:
+        return await self._execute(FORGET_LOST, (instance, host, pid, heartbeat_at)) > 0
 
     async def mark_starting(self, instance: str, slot: datetime) -> None:
         await self._execute(MARK_STARTING, (slot, instance))

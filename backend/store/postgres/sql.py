@@ -291,6 +291,9 @@ HEARTBEAT = f"""
 NAME_HOLDER = f"SELECT host, pid, {HEARD_AT}, abandon_after FROM schedtui_instances WHERE instance = %s"
 #: A dead process's row, deleted only while it is still that process's.
 FORGET_HOLDER = "DELETE FROM schedtui_instances WHERE instance = %s AND host = %s AND pid = %s"
+#: A lost instance's row, forgotten by an operator: only while it is the row they judged (the
+#: same process, not beaten since) and no burst of it is left to record (its mark is on it).
+FORGET_LOST = FORGET_HOLDER + " AND heartbeat_at = %s AND starting_at IS NULL"
 FLEET_LOCK = f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, {LOCK_FLEET})"
 #: The server's clock at this moment (not the transaction's start): what every instance's
 #: clock is compared with.

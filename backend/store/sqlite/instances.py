@@ -19,6 +19,7 @@ from backend.store.sqlite.sql import (
     CLEAR_STARTING,
     FORGET_HOLDER,
     FORGET_INSTANCE,
+    FORGET_LOST,
     HEARTBEAT,
     INSTANCE_LIST,
     INSTANCES,
@@ -99,6 +100,10 @@ class SQLiteInstances:
             await self._write(lambda c: c.execute(FORGET_INSTANCE, (instance,)))
         else:
             await self._write(lambda c: c.execute(FORGET_HOLDER, (instance, host, pid)))
+
+    async def forget_lost_instance(self, instance: str, host: str, pid: int, heartbeat_at: datetime) -> bool:
+        params = (instance, host, pid, _us(heartbeat_at))
+        return await self._write(lambda c: c.execute(FORGET_LOST, params).rowcount) > 0
 
     async def mark_starting(self, instance: str, slot: datetime) -> None:
         us = (slot - _EPOCH) // _MICROSECOND

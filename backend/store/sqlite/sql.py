@@ -217,6 +217,8 @@ HEARTBEAT = f"""
 NAME_HOLDER = f"SELECT host, pid, {HEARD_AT}, abandon_after FROM instances WHERE instance = ?"
 #: A dead process's row, deleted only while it is still that process's.
 FORGET_HOLDER = "DELETE FROM instances WHERE instance = ? AND host = ? AND pid = ?"
+#: A lost instance's row, forgotten by an operator (see the PostgreSQL store's).
+FORGET_LOST = FORGET_HOLDER + " AND heartbeat_at = ? AND starting_at IS NULL"
 #: A live firing member of another mode (see the PostgreSQL store's HEARTBEAT).
 OTHER_MODE_FIRING = """
     SELECT 1 FROM instances WHERE instance <> ?1 AND role = 'firing' AND coordination <> ?2
