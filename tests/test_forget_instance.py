@@ -99,9 +99,9 @@ async def test_an_instance_that_beats_between_the_look_and_the_delete_is_kept(
     store = engine.store
     marks = store.starting_marks
 
-    async def thawed_meanwhile() -> dict[str, object]:
+    async def thawed_meanwhile() -> dict[str, datetime]:
         await store.heartbeat(LOST, HOST, PID, clock.now())
-        return await marks()  # type: ignore[return-value]
+        return await marks()
 
     store.starting_marks = thawed_meanwhile  # type: ignore[method-assign]
     with pytest.raises(Refused, match="beat again just now"):

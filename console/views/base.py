@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from datetime import datetime
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import TYPE_CHECKING, ClassVar, TypeVar, cast
 
 from textual.app import ComposeResult
 from textual.binding import BindingType
@@ -11,10 +12,13 @@ from textual.containers import Vertical
 from textual.content import Content
 from textual.widgets import Static
 
+from backend.errors import SchedtuiError, Unavailable
 from console.keys import Key, action_key
 
 if TYPE_CHECKING:
     from console.app import SchedtuiApp
+
+T = TypeVar("T")
 
 __all__ = ["SCHEDULE_KEYS", "UnavailableView", "View", "details_key", "filter_key"]
 
@@ -100,6 +104,19 @@ class View(Vertical):
         moved by itself since the operator last chose it (the schedule under the cursor was
         deleted elsewhere); then the view says so, and the next press acts."""
         return True
+
+    async def attempt(self, call: Awaitable[T]) -> tuple[bool, T | None]:
+        """An operator action's call: whether it went through, and its answer. A backend
+        that cannot be reached is the connection's news (the header says it); any other
+        refusal is said in a notification naming it."""
+        console = self.console
+        try:
+            return True, await call
+        except Unavailable as exc:
+            console.connection_lost(exc)
+        except SchedtuiError as exc:
+            console.report(exc)
+        return False, None
 
     async def load(self) -> None:
         """Read this view's own data (runs, jobs…) for what it will show."""

@@ -25,7 +25,6 @@ from textual.content import Content
 
 from backend.activity import Activity, QueueActivity, ScheduleActivity
 from backend.alerts.model import CONDITIONS, Alert, AlertsPage
-from backend.errors import SchedtuiError, Unavailable
 from backend.model import InstanceInfo
 from backend.safetext import in_line
 from console import format as fmt
@@ -370,13 +369,8 @@ class HealthView(View):
     @work(group="action")
     async def _forget(self, name: str) -> None:
         console = self.console
-        try:
-            await console.backend.forget_instance(name)
-        except Unavailable as exc:
-            console.connection_lost(exc)
-            return
-        except SchedtuiError as exc:
-            console.report(exc)
+        done, _ = await self.attempt(console.backend.forget_instance(name))
+        if not done:
             return
         console.notify(f'Instance "{name}" forgotten: its instance_lost alert resolves at the next evaluation.',
                        title="Instance forgotten", markup=False)  # fmt: skip

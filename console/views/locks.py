@@ -10,7 +10,6 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.content import Content
 
-from backend.errors import SchedtuiError, Unavailable
 from backend.locks import Lock, LocksSnapshot
 from backend.safetext import in_line
 from console import format as fmt
@@ -190,13 +189,8 @@ class LocksView(View):
     @work(group="action")
     async def _release(self, name: str, token: int) -> None:
         console = self.console
-        try:
-            done = await console.backend.release_lock(name, if_token=token)
-        except Unavailable as exc:
-            console.connection_lost(exc)
-            return
-        except SchedtuiError as exc:
-            console.report(exc)
+        went, done = await self.attempt(console.backend.release_lock(name, if_token=token))
+        if not went or done is None:
             return
         if done.released:
             console.notify(f'Lock "{name}" released (was held by {in_line(done.lock.holder or "-")}, token {done.lock.token}).',
