@@ -329,6 +329,12 @@ class InstanceInfo:
     take-over window) and a reading too slow to tell keeps the previous verdict."""
 
     @property
+    def hostname(self) -> str:
+        """The host's name alone, as an operator knows it (``host`` also carries hashes of
+        its boot and PID namespace, which tell processes apart)."""
+        return self.host.split("#")[0]
+
+    @property
     def heard_at(self) -> datetime:
         """When it beat last, by the database server's clock: its heartbeat's stamp less its
         recorded offset (a process a minute behind looked gone to every other while it beat;

@@ -292,7 +292,7 @@ def instance_lost(instances: Sequence[InstanceInfo], now: datetime, fresh: timed
     its name, or it was forgotten after a day of silence)."""
     return [
         Finding("instance_lost", i.name, _short(
-            f"instance {i.name} (host {printable(i.host.split('#')[0])}, pid {i.pid}) has not beaten since "
+            f"instance {i.name} (host {printable(i.hostname)}, pid {i.pid}) has not beaten since "
             f"{iso(i.heard_at)} and did not stop cleanly: killed, crashed, frozen or cut off from the store; "
             "the live instances take its work over"
         ))  # fmt: skip

@@ -78,7 +78,7 @@ def _show_instances(call: Call, answer: Instances) -> None:
 
 
 def _show_forgotten(call: Call, instance: InstanceInfo) -> None:
-    print(f"instance {printable(instance.name)} forgotten (pid {instance.pid} on {printable(instance.host)}, "
+    print(f"instance {printable(instance.name)} forgotten (pid {instance.pid} on {printable(instance.hostname)}, "
           f"last heartbeat {iso(instance.heartbeat_at)}): its instance_lost alert resolves at the next evaluation")
 
 

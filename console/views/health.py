@@ -356,7 +356,7 @@ class HealthView(View):
                            markup=False)  # fmt: skip
             return
         instance = lost[0]
-        fact = (f"{in_line(instance.name)}: pid {instance.pid} on {in_line(instance.host)}, "
+        fact = (f"{in_line(instance.name)}: pid {instance.pid} on {in_line(instance.hostname)}, "
                 f"{instance.role or 'member'}, last heartbeat {fmt.ago(instance.heard_at, now)}.")  # fmt: skip
         facts = [fact] if len(lost) == 1 else [fact, f"{len(lost) - 1} more lost: {self.shown_key('forget_instance')} again."]
 
