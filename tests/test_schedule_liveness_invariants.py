@@ -233,6 +233,8 @@ class ScheduleLivenessMachine(RuleBasedStateMachine):
         self.violations: list[str] = []
         self.ended: set[Process] = set()
         """Processes that ended themselves (their lease lapsed with a sync handler running)."""
+        self.closing = False
+        """Tearing down: every engine is stopped, and faults are off."""
         self.started: set[tuple[str, datetime]] = set()
         self.seq = 0
         self.serial = 0
@@ -308,7 +310,8 @@ class ScheduleLivenessMachine(RuleBasedStateMachine):
         it went on until then: its heartbeat renewed its lease and its timer started a slot,
         which the real process, gone, never did."""
         self.ended.add(process)
-        process.view.freeze()
+        if not self.closing:
+            process.view.freeze()
 
     # -- the handlers ---------------------------------------------------------------------
     def began(self, ctx: RunContext, process: Process, sync: bool) -> Live:
@@ -490,8 +493,14 @@ class ScheduleLivenessMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
+            # Every fault off for good, the armed ones too: an engine's stop claims its lost
+            # slots and flushes its ledger, and a process that ends itself as the others stop
+            # (its lease lapsed with a sync handler not returned yet) must still stop.
+            self.closing = True
             for process in self.processes:
                 process.cut = False
+                process.after_claim = None
+                process.freeze_after_flush = False
                 process.view.thaw()
                 if process.answer is not None:
                     process.answer.set()
