@@ -2156,3 +2156,39 @@ async def test_postgres_keeps_runs_whose_messages_it_cannot_store_verbatim(pg_ur
     got = [await store.get_run(r.id) for r in runs]
     assert [g.error_message if g else None for g in got] == ["nul \\0 inside", "lone \\udcff surrogate", None]
     await store.close()
+
+
+@pytest.mark.postgres
+async def test_the_ledger_writer_ends_when_cancelled_as_its_backoff_wakes(pg_url: str) -> None:
+    """A close cancels the writer. When the cancellation lands as the writer's backoff
+    wakes (a flush set the event in the same moment: the close flushes first), Python
+    3.11's ``asyncio.wait_for`` returns as if woken and drops the cancellation; the writer
+    went on retrying for good, and the close, waiting for it, hung the process's stop
+    (found by the schedule liveness machine: a crashed member's store never closed)."""
+    store: Any = open_store(pg_url)
+    await store.open()
+    down = {"now": True}
+    upsert = store._upsert
+
+    async def refusing(conn: Any, runs: list[Run]) -> None:
+        if down["now"]:
+            raise Unavailable("the server is gone (test)")
+        await upsert(conn, runs)
+
+    store._upsert = refusing
+    try:
+        store.save_runs([run(Ids()())])
+        writer = store._writer
+        for _ in range(200):  # its first write fails: it waits out its backoff
+            await asyncio.sleep(0)
+            if store._write_failures:
+                break
+        assert store._write_failures == 1
+        store._wake.set()  # the wake and the cancellation, in one moment
+        writer.cancel()
+        done, _ = await asyncio.wait({writer}, timeout=5)
+        assert writer in done and writer.cancelled()
+    finally:
+        down["now"] = False
+        store._writer = None  # (cancelled: the close has no writer left to flush)
+        await store.close()

@@ -22,6 +22,7 @@ from psycopg import AsyncConnection
 
 from backend.errors import Unavailable
 from backend.model import Run
+from backend.runtime.loops import stop_if_cancelled
 from backend.store import store_unavailable
 from backend.store.postgres.events import NOTIFY_CHOSEN, _one_line
 from backend.store.postgres.sql import NOTE_LAST_FIRED, UPSERT_RUNS, WRITTEN_TURN_LOCKS, _runs_json
@@ -111,6 +112,9 @@ class PostgresLedgerWriter:
         assert self._wake is not None
         pending = self._pending
         while True:
+            # The backoff's wait_for below (and psycopg's pool) can drop a cancellation
+            # (Python 3.11): the close that sent it would then wait for this loop for ever.
+            stop_if_cancelled()
             if not pending:
                 await self._wake.wait()
             self._wake.clear()

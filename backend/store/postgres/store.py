@@ -528,9 +528,15 @@ class PostgresStore(
                 await asyncio.wait_for(self.flush(), timeout=10)
             except (Unavailable, TimeoutError) as exc:
                 log.error("closing the store with run(s) not written: %s", exc or "no answer within 10s")
-            self._writer.cancel()
-            await asyncio.gather(self._writer, return_exceptions=True)
-            self._writer = None
+            writer, self._writer = self._writer, None
+            writer.cancel()
+            # Bounded: a writer that never ends (a statement that never answers) must not
+            # hang the process's stop; what it held is logged below as not written.
+            done, _ = await asyncio.wait({writer}, timeout=10)
+            if not done:
+                log.error("the ledger's writer did not stop within 10s of its cancellation; closing without it")
+            elif not writer.cancelled() and writer.exception() is not None:  # (retrieved: a bug, said)
+                log.error("the ledger's writer failed: %s", writer.exception())
             with self._lock:
                 left, self._incoming = [*self._pending.values(), *self._incoming], []
             self._pending.clear()
