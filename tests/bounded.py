@@ -22,11 +22,11 @@ def run_within(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], bo
     task = loop.create_task(coro)
     loop.run_until_complete(asyncio.wait({task}, timeout=bound))
     if not task.done():
-        where = _awaiting(task)
+        where = awaiting(task)
         others = [t for t in asyncio.all_tasks(loop) if t is not task and not t.done()]
         # What the others wait on too: the rule may wait for one of them (a writer parked on
         # a statement whose lock another process holds), which is where the hang is.
-        rest = "\n".join(f"task {t.get_name()}:\n{_awaiting(t)}" for t in sorted(others, key=lambda t: t.get_name())[:40])
+        rest = "\n".join(f"task {t.get_name()}:\n{awaiting(t)}" for t in sorted(others, key=lambda t: t.get_name())[:40])
         task.cancel()
         loop.run_until_complete(asyncio.wait({task}, timeout=5))
         raise AssertionError(
@@ -36,7 +36,7 @@ def run_within(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], bo
     return task.result()
 
 
-def _awaiting(task: asyncio.Task[Any], depth: int = 0) -> str:
+def awaiting(task: asyncio.Task[Any], depth: int = 0) -> str:
     """Where ``task`` waits: each frame of its chain of awaits, outermost first, then what
     it waits on, into the tasks it awaits (what a hung rule was stuck on, which its replay
     may never reach again)."""
@@ -53,12 +53,12 @@ def _awaiting(task: asyncio.Task[Any], depth: int = 0) -> str:
         lines.append(f"{pad}…")
     elif isinstance(waiter, asyncio.Task):
         lines.append(f"{pad}on task {waiter.get_name()}:")
-        lines.append(_awaiting(waiter, depth + 1))
+        lines.append(awaiting(waiter, depth + 1))
     elif getattr(waiter, "_children", None) is not None:  # asyncio.gather's future
         for child in waiter._children:  # type: ignore[union-attr]
             if isinstance(child, asyncio.Task) and not child.done():
                 lines.append(f"{pad}on gathered task {child.get_name()}:")
-                lines.append(_awaiting(child, depth + 1))
+                lines.append(awaiting(child, depth + 1))
     elif waiter is not None:
         lines.append(f"{pad}on {waiter!r}")
     return "\n".join(lines) or f"{pad}(nothing)"

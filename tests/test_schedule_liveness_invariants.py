@@ -85,7 +85,7 @@ from backend.scheduler.registry import host_identity
 from backend.store import store_unavailable
 from backend.store.postgres.store import PostgresStore
 from tests import pg
-from tests.bounded import run_within
+from tests.bounded import awaiting, run_within
 from tests.servers import dead_pid
 from tests.test_cluster import ViewClock
 
@@ -518,6 +518,30 @@ class ScheduleLivenessMachine(RuleBasedStateMachine):
             self.loop.close()
             self.db.close()
 
+    def where_left(self, run_id: str, instance: str) -> str:
+        """What the process a run left ``running`` belongs to knows of it (its row, and
+        where in the engine it is: claimed, active, lost, its schedule recovering)."""
+        row = self.db.execute(
+            "SELECT name, scheduled_at, fired_at, finished_at, trigger, outcome, error_tag FROM schedtui_runs WHERE id = %s",
+            (run_id,),
+        ).fetchone()
+        owner = next((p for p in self.processes if p.name == instance), None)
+        if owner is None:
+            return f"{run_id}: {row}; no process named {instance}"
+        engine = owner.engine
+        claims = engine.claims
+        lost = {name: sorted(slot.isoformat() for slot in entries) for name, entries in claims.lost.items() if entries}
+        tasks = sorted(t.get_name() for t in engine.loops.tasks if not t.done())
+        recovering = "".join(
+            f"\n  {t.get_name()} waits at:\n{awaiting(t)}" for t in engine.loops.tasks if "recover" in t.get_name() and not t.done()
+        )
+        return (
+            f"{run_id}: {row}; {instance} dead={owner.dead} frozen={owner.frozen} ended={owner in self.ended} "
+            f"lapsed={engine.lease.lapsed}; claimed={run_id in claims.claimed} active={run_id in engine.launcher.active} "
+            f"turn={run_id in engine.launcher.turns} recovering={sorted(claims.recovering)} lost={lost} "
+            f"inflight={dict(engine.launcher.inflight)} tasks={tasks}{recovering}"
+        )
+
     # -- picking ----------------------------------------------------------------------------
     @staticmethod
     def pick_of(candidates: list[Process], pick: int) -> Process | None:
@@ -789,7 +813,10 @@ class ScheduleLivenessMachine(RuleBasedStateMachine):
         left = self.db.execute(
             "SELECT id, name, status, held, instance FROM schedtui_runs WHERE status = 'running' OR held ORDER BY id"
         ).fetchall()
-        assert not left, f"left running (or holding its place) with no handler executing: {left}\n" + "\n".join(self.log)
+        assert not left, (
+            f"left running (or holding its place) with no handler executing: {left}\n"
+            + "\n".join(self.where_left(str(row[0]), str(row[4])) for row in left) + "\n" + "\n".join(self.log)
+        )
         tags = self.db.execute("SELECT DISTINCT trigger, status, error_tag FROM schedtui_runs").fetchall()
         for tag in tags:
             self.saw(f"ledger: {' '.join(str(part) for part in tag)}")
