@@ -400,6 +400,55 @@ async def test_async_runs_of_schedules_are_stopped_at_a_lapse(make_engine: Calla
     assert (run.status, run.error_tag) == ("failed", TAG_LEASE_LOST)
 
 
+async def test_a_lost_slot_whose_wait_outlasts_a_lapse_is_missed_not_started(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """A slot lost while the lease lapsed is claimed once it is renewed, and waits for the
+    run of its schedule still in flight here (a sync handler, which a lapse cannot stop).
+    A second lapse and renewal while it waited: it started all the same, under a claim of
+    the lapsed lease (found in ``cluster`` coordination, where another member had taken the
+    schedule's shard meanwhile and fired its current slot: two runs at once)."""
+    lease_clock = LeaseClock()
+    release = threading.Event()
+    started: list[datetime] = []
+
+    def handler(ctx: RunContext) -> None:
+        started.append(ctx.scheduled_at)
+        release.wait(30)
+
+    engine = make_engine(
+        [define_schedule(name="s", cron="* * * * *", timezone="UTC", handler=handler, on_overlap="skip")],
+        coordination="advisoryLock", lease_clock=lease_clock, exit_when_lease_lapses=False,
+    )  # fmt: skip
+    await engine.start()
+    clock.advance(60)  # 08:01 starts, and runs on
+    await engine.quiesce(runs=False)
+    while not started:
+        await asyncio.sleep(0)
+
+    def lapse_then_renew() -> None:
+        lease_clock.now += 21
+        engine.lease.check()
+        assert engine.lease.lapsed
+
+    lapse_then_renew()
+    clock.advance(60)  # 08:02 is due while lapsed: lost
+    await engine.quiesce(runs=False)
+    clock.advance(5)  # renewed; the next round claims 08:02, which waits for 08:01's handler
+    await engine.quiesce(runs=False)
+    assert not engine.lease.lapsed
+    assert any(t.get_name() == "schedtui recover s" and not t.done() for t in engine.loops.tasks)  # (waiting)
+    lapse_then_renew()
+    clock.advance(5)
+    await engine.quiesce(runs=False)
+    assert not engine.lease.lapsed
+    release.set()  # 08:01's handler returns: the lost slot's wait ends
+    await engine.quiesce()
+    runs = {run.scheduled_at.minute: run for run in await engine.store.list_runs("s", limit=10)}
+    assert started == [T0 + timedelta(minutes=1)], started
+    assert runs[2].status == "missed" and "lease lapsed while this lost slot waited" in (runs[2].error_message or "")
+
+
 # ---------------------------------------------------------------------------------------
 # a process that fires nothing but runs a handler holds a lease too
 # ---------------------------------------------------------------------------------------

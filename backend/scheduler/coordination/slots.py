@@ -541,7 +541,7 @@ class SlotClaims:
                 self.launcher.fire(schedule, newest, "self", outcome, to_fire[0][1], remote=result.busy.get(name))
             elif to_fire:
                 self.recovering.add(name)
-                self.loops.spawn(self._fire_in_order(schedule, to_fire, result.busy.get(name)), f"recover {name}")
+                self.loops.spawn(self._fire_in_order(schedule, to_fire, result.busy.get(name), epoch), f"recover {name}")
             log.info(
                 "%s: %d slot(s) lost while the store was unreachable: %d recorded missed, %d fired (backfill=%s%s)",
                 name,
@@ -552,12 +552,19 @@ class SlotClaims:
                 "; the current slot fires late" if current and to_fire else "",
             )
 
-    async def _fire_in_order(self, schedule: Schedule, slots: list[tuple[datetime, str]], remote: str | None) -> None:
+    async def _fire_in_order(
+        self, schedule: Schedule, slots: list[tuple[datetime, str]], remote: str | None, epoch: int
+    ) -> None:
         """Fire owned lost slots oldest first, one at a time. They were due when the store
         was down, so a run in flight (the live timer's, here or on another instance) does
         not make ``skip`` skip them: they wait for it. ``queue`` puts them in its queue, in
         slot order, so ahead of the newer slots waiting there (``remote``: a run in flight
-        elsewhere, from the claim, holds the queue); ``parallel`` does not wait."""
+        elsewhere, from the claim, holds the queue); ``parallel`` does not wait.
+
+        They were claimed under the lease's ``epoch``: one whose wait outlasts a lapse of it
+        is recorded ``missed`` instead, with those after it, whatever renewed the lease
+        since (another member may own the schedule by then: under ``cluster`` it took the
+        shard and fired the current slot, and the recovered one started beside it)."""
         name = schedule.name
         launcher = self.launcher
         outcome = self.coordinator.outcome
@@ -569,6 +576,11 @@ class SlotClaims:
                 with launcher.missed_on_stop(schedule, slots[index:], outcome):
                     if schedule.on_overlap == "skip" and not await self._until_idle(schedule, slot, run_id):
                         continue
+                if not self.lease.holds(epoch):
+                    why = "not fired: this instance's lease lapsed while this lost slot waited to start"
+                    for late, late_id in slots[index:]:
+                        launcher.record_missed(schedule, late, "self", outcome, why, late_id)
+                    return
                 run = launcher.launch(schedule, slot, "self", outcome, run_id)
                 with launcher.missed_on_stop(schedule, slots[index + 1 :], outcome):
                     await asyncio.shield(run.finished())
