@@ -20,6 +20,7 @@ from backend.api.app import create_app
 from backend.client.embedded import EmbeddedBackend
 from backend.store import Store
 from tests.servers import run_main
+from tests.test_liveness import LeaseClock
 
 LOST, HOST, PID = "web-3", "elsewhere", 4242
 
@@ -166,3 +167,20 @@ async def test_the_cli_asks_for_yes_then_forgets_and_refuses_a_live_one_on_one_l
     listed = run_main(tmp_path, "instances", "--json", "--store", store_url)
     names = {i["name"] for i in json.loads(listed.stdout)}
     assert LOST not in names and "web-2" in names
+
+
+async def test_an_instance_whose_own_lease_lapsed_judges_nobody_gone(
+    make_engine: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Cut off or frozen past its bound, its view of the others' silence says nothing: it
+    refuses, as its sweep takes no work over then, and the row stays."""
+    lease_clock = LeaseClock()
+    engine = make_engine([], instance="web-1", lease_clock=lease_clock, exit_when_lease_lapses=False)
+    await engine.start()
+    await engine.quiesce()
+    await killed_member(engine.store, clock)
+    lease_clock.now += 21
+    engine.lease.check()
+    with pytest.raises(Refused, match=r'instance "web-3" cannot be judged gone by this instance now'):
+        await engine.forget_instance(LOST)
+    assert LOST in await registered(engine)

@@ -325,15 +325,17 @@ class EngineActions:
             raise NotFound(f'no instance named "{name}" is registered (gone already, or never was)')
         now = self.clock.now()
         why = registry.gone(beats, name, now)
+        if why is None and not registry.holds_name():
+            raise Refused(
+                f'instance "{name}" cannot be judged gone by this instance now: its own clock is off the '
+                "database's, or its own lease lapsed; try again through another instance, or once this one's holds",
+                reason="cannot judge",
+            )
         if why is None:
             age = max(0.0, (now - beat.at).total_seconds())
-            judge = "" if registry.holds_name() else (
-                "; besides, this instance cannot judge another gone now (its clock is off the database's, "
-                "or its own lease lapsed)"
-            )
             raise Refused(
                 f'instance "{name}" is alive as far as the fleet can tell: its last heartbeat was {age:.0f}s ago, '
-                f"within its take-over window{judge}; stop it instead, or wait until it is judged gone",
+                "within its take-over window; stop it instead, or wait until it is judged gone",
                 reason="alive",
             )
         if name in await self.store.starting_marks():
