@@ -13,7 +13,6 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import DataTable, Static
 
-from backend.errors import SchedtuiError, Unavailable
 from backend.events.audit import AuditEntry
 from backend.safetext import in_line
 from console import format as fmt
@@ -172,13 +171,8 @@ class AuditView(View):
         if self.next_before is None:
             self.notify("No older entries.", severity="information")
             return
-        try:
-            page = await self.console.backend.audit(limit=AUDIT_PAGE, before=self.next_before)
-        except Unavailable as exc:
-            self.console.connection_lost(exc)
-            return
-        except SchedtuiError as exc:
-            self.console.report(exc)
+        went, page = await self.attempt(self.console.backend.audit(limit=AUDIT_PAGE, before=self.next_before))
+        if not went or page is None:
             return
         self._older_read = True
         self.entries += page.entries

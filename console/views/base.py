@@ -106,9 +106,10 @@ class View(Vertical):
         return True
 
     async def attempt(self, call: Awaitable[T]) -> tuple[bool, T | None]:
-        """An operator action's call: whether it went through, and its answer. A backend
-        that cannot be reached is the connection's news (the header says it); any other
-        refusal is said in a notification naming it."""
+        """A call to the backend that a key or a selection made (an operator's action, a
+        read for the view): whether it went through, and its answer. A backend that cannot
+        be reached is the connection's news (the header says it); any other refusal is said
+        in a notification naming it."""
         console = self.console
         try:
             return True, await call

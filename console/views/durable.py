@@ -16,7 +16,7 @@ from textual.content import Content
 from textual.widgets import DataTable, Static
 
 from backend.durable.model import Execution
-from backend.errors import SchedtuiError, Unavailable
+from backend.errors import SchedtuiError
 from backend.observability.logs import RunLog
 from backend.safetext import in_line
 from console import format as fmt
@@ -265,13 +265,8 @@ class DurableView(View):
 
     @work(group="durable-steps", exclusive=True)
     async def _open_steps(self, execution_id: str) -> None:
-        try:
-            execution = await self.console.backend.get_execution(execution_id)
-        except Unavailable as exc:
-            self.console.connection_lost(exc)
-            return
-        except SchedtuiError as exc:
-            self.console.report(exc)
+        went, execution = await self.attempt(self.console.backend.get_execution(execution_id))
+        if not went or execution is None:
             return
         self.app.push_screen(StepsScreen(execution, self.console.display_zone, self.console.backend_now()))
 

@@ -20,7 +20,7 @@ from textual.app import ComposeResult
 from textual.content import Content
 from textual.widgets import DataTable
 
-from backend.errors import SchedtuiError, Unavailable
+from backend.errors import SchedtuiError
 from backend.jobs.model import Job, JobsPage, QueueView, Sent
 from backend.observability.logs import RunLog
 from backend.safetext import in_line
@@ -121,13 +121,8 @@ class JobsView(View):
         queue, status, before = self.selected_queue, self.status, self._pages[-1]
         if queue is None:
             return
-        try:
-            page = await self.console.backend.list_jobs(queue, status=status, limit=JOBS_PAGE, before=before)
-        except Unavailable as exc:
-            self.console.connection_lost(exc)
-            return
-        except SchedtuiError as exc:
-            self.console.report(exc)
+        went, page = await self.attempt(self.console.backend.list_jobs(queue, status=status, limit=JOBS_PAGE, before=before))
+        if not went or page is None:
             return
         if (queue, status, before) == (self.selected_queue, self.status, self._pages[-1]):
             self.page = page

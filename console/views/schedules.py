@@ -147,14 +147,10 @@ class SchedulesView(View):
     @work(exclusive=True, group="detail")
     async def load_detail(self, name: str) -> None:
         """Read the selected schedule's newest runs (or the page on screen) and next slots."""
-        try:
-            recent, page, upcoming = await self._fetch_detail(name)
-        except Unavailable as exc:
-            self.console.connection_lost(exc)
+        went, detail = await self.attempt(self._fetch_detail(name))
+        if not went or detail is None:
             return
-        except SchedtuiError as exc:
-            self.console.report(exc)
-            return
+        recent, page, upcoming = detail
         if name == self.selected_name:
             self._detail = (name, recent, page, upcoming)
             self._show_detail()

@@ -9,7 +9,6 @@ from textual import on
 from textual.app import ComposeResult
 from textual.content import Content
 
-from backend.errors import SchedtuiError, Unavailable
 from backend.model import Run, ScheduleView
 from console import format as fmt
 from console.fleet import Overdue
@@ -133,13 +132,8 @@ class TimelineView(View):
     @work(exclusive=True, group="timeline")
     async def reload(self) -> None:
         """Read again for what is on screen now (after a pan, a zoom or a scroll)."""
-        try:
-            await self.load()
-        except Unavailable as exc:
-            self.console.connection_lost(exc)
-            return
-        except SchedtuiError as exc:
-            self.console.report(exc)
+        went, _ = await self.attempt(self.load())
+        if not went:
             return
         self.show()
 
