@@ -8,10 +8,10 @@ of the CLI and the shared backend interface all use the same shapes).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal, TypeVar
+from typing import Annotated, Any, Final, Literal, NotRequired, TypedDict, TypeVar, overload
 
 RunStatus = Literal["succeeded", "failed", "skipped", "missed", "running"]
 Trigger = Literal["self", "external", "manual"]
@@ -82,6 +82,27 @@ def utc(dt: datetime) -> datetime:
     return dt.astimezone(UTC)
 
 
+@dataclass(frozen=True)
+class JsonFormat:
+    """The ``format`` of a JSON string field, as the OpenAPI document states it."""
+
+    name: str
+
+
+Timestamp = Annotated[str, JsonFormat("date-time")]
+"""A moment in a model's JSON: ISO 8601 in UTC with a ``Z`` (:func:`iso`).
+
+Each model's ``to_json`` returns a ``TypedDict`` that states its JSON's shape: mypy holds
+the code to it, and the OpenAPI document's answers are derived from it
+(:mod:`backend.api.schemas`)."""
+
+
+@overload
+def iso(dt: datetime) -> str: ...
+@overload
+def iso(dt: None) -> None: ...
+@overload
+def iso(dt: datetime | None) -> str | None: ...
 def iso(dt: datetime | None) -> str | None:
     """ISO 8601 in UTC with a ``Z``; seconds precision unless there are fractions."""
     if dt is None:
@@ -174,6 +195,24 @@ class Turn:
     blocker: str | None = None
 
 
+class RunJson(TypedDict):
+    """A run of the ledger: a firing, or a slot that did not fire and why."""
+
+    id: str
+    name: str
+    scheduled_at: Timestamp
+    fired_at: Timestamp | None
+    finished_at: Timestamp | None
+    status: RunStatus
+    trigger: Trigger
+    coordination_outcome: Outcome
+    instance: str
+    error_tag: str | None
+    error_message: str | None
+    duration_ms: int | None
+    traceback: str | None
+
+
 @quick_init
 @dataclass(frozen=True, slots=True)
 class Run:
@@ -226,7 +265,7 @@ class Run:
             self.instance, self.fired_at, at, error_tag, error_message, traceback,
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RunJson:
         return {
             "id": self.id,
             "name": self.name,
@@ -244,7 +283,7 @@ class Run:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Run:
+    def from_json(cls, data: Mapping[str, Any]) -> Run:
         def when(key: str) -> datetime | None:
             value = data.get(key)
             return parse_iso(value) if value else None
@@ -270,6 +309,15 @@ class Run:
 StoreState = Literal["ok", "failing", "lost"]
 
 
+class StoreHealthJson(TypedDict):
+    """Whether the store can write: ``ok``, ``failing`` (rows wait in memory) or ``lost``."""
+
+    state: StoreState
+    error: str | None
+    waiting: int
+    since: Timestamp | None
+
+
 @dataclass(frozen=True, slots=True)
 class StoreHealth:
     """What a store knows about its own writes, without asking the database.
@@ -290,17 +338,34 @@ class StoreHealth:
     def ok(self) -> bool:
         return self.state == "ok"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StoreHealthJson:
         return {"state": self.state, "error": self.error, "waiting": self.waiting, "since": iso(self.since)}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StoreHealth:
+    def from_json(cls, data: Mapping[str, Any]) -> StoreHealth:
         return cls(
             state=data["state"],
             error=data.get("error"),
             waiting=data.get("waiting", 0),
             since=parse_iso(data["since"]) if data.get("since") else None,
         )
+
+
+class InstanceJson(TypedDict):
+    """A registered instance, as its heartbeat row says; ``stands_down`` says why it fires
+    nothing when its clock is off the database server's."""
+
+    name: str
+    host: str
+    pid: int
+    heartbeat_at: Timestamp
+    heartbeat_age_s: float
+    last_fired_at: Timestamp | None
+    role: Role | None
+    coordination: CoordinationMode | None
+    clock_offset_s: float | None
+    clock_off: bool
+    stands_down: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,7 +430,7 @@ class InstanceInfo:
             "no work until they agree (fix its time sync)"
         )
 
-    def to_json(self, now: datetime) -> dict[str, Any]:
+    def to_json(self, now: datetime) -> InstanceJson:
         return {
             "name": self.name,
             "host": self.host,
@@ -381,7 +446,7 @@ class InstanceInfo:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> InstanceInfo:
+    def from_json(cls, data: Mapping[str, Any]) -> InstanceInfo:
         return cls(
             name=data["name"],
             host=data["host"],
@@ -393,6 +458,23 @@ class InstanceInfo:
             clock_offset_s=data.get("clock_offset_s"),  # (absent from an older server's)
             clock_off=bool(data.get("clock_off")),
         )
+
+
+class StoreStatusJson(StoreHealthJson):
+    """The store's kind (``sqlite``, ``postgresql``) and whether it can write."""
+
+    kind: str
+
+
+class HealthJson(TypedDict):
+    """``/healthz``: whether the store can record runs, and every instance's signs of life."""
+
+    status: StoreState
+    instance: str
+    coordination: CoordinationMode
+    store: StoreStatusJson
+    instances: list[InstanceJson] | None
+    now: Timestamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,7 +498,7 @@ class Health:
     def status(self) -> StoreState:
         return self.store.state
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> HealthJson:
         return {
             "status": self.status,
             "instance": self.instance,
@@ -427,7 +509,7 @@ class Health:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Health:
+    def from_json(cls, data: Mapping[str, Any]) -> Health:
         store = dict(data["store"])
         kind = store.pop("kind")
         instances = data.get("instances")
@@ -441,6 +523,14 @@ class Health:
         )
 
 
+class StateNoteJson(TypedDict):
+    """Who last enabled or disabled a schedule, when, and why."""
+
+    by: str
+    at: Timestamp
+    note: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class StateNote:
     """Who last enabled or disabled a schedule, when, and why."""
@@ -449,11 +539,11 @@ class StateNote:
     at: datetime
     note: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StateNoteJson:
         return {"by": self.by, "at": iso(self.at), "note": self.note}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StateNote:
+    def from_json(cls, data: Mapping[str, Any]) -> StateNote:
         return cls(by=data["by"], at=parse_iso(data["at"]), note=data.get("note"))
 
 
@@ -472,6 +562,13 @@ class ScheduleState:
         return StateNote(by=self.changed_by, at=self.changed_at, note=self.note)
 
 
+class ScheduleTargetJson(TypedDict):
+    """What a schedule's slots do: call a handler, send a job to a queue, start a durable function."""
+
+    kind: Literal["handler", "queue", "durable"]
+    name: str
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleTarget:
     """What a schedule's slots do: call a ``handler`` (its qualified name), send a job to a
@@ -480,12 +577,37 @@ class ScheduleTarget:
     kind: Literal["handler", "queue", "durable"]
     name: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ScheduleTargetJson:
         return {"kind": self.kind, "name": self.name}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ScheduleTarget:
+    def from_json(cls, data: Mapping[str, Any]) -> ScheduleTarget:
         return cls(kind=data["kind"], name=data["name"])
+
+
+class ScheduleJson(TypedDict):
+    """A schedule as an operator sees it; ``owner`` (the instance holding its shard) only
+    under ``cluster`` coordination; ``alert`` its alerts as they apply (``false``: off)."""
+
+    name: str
+    cron: str
+    timezone: str
+    trigger: Literal["self", "external"]
+    on_overlap: OverlapPolicy
+    backfill: BackfillPolicy
+    max_runtime_s: float
+    description: str | None
+    payload: Any
+    enabled: bool
+    state_note: StateNoteJson | None
+    next_fire_at: Timestamp | None
+    last_run: RunJson | None
+    latest_manual: RunJson | None
+    source: Literal["code", "store"]
+    target: ScheduleTargetJson | None
+    problem: str | None
+    alert: Any
+    owner: NotRequired[str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -528,9 +650,8 @@ class ScheduleView:
     "resolve_after": seconds}``, or ``false`` (off); ``None`` where not known (an older
     server, a stored row not valid here whose option is not either)."""
 
-    def to_json(self) -> dict[str, Any]:
-        extra = {"owner": self.owner} if self.sharded else {}
-        return {
+    def to_json(self) -> ScheduleJson:
+        json: ScheduleJson = {
             "name": self.name,
             "cron": self.cron,
             "timezone": self.timezone,
@@ -549,11 +670,13 @@ class ScheduleView:
             "target": self.target.to_json() if self.target else None,
             "problem": self.problem,
             "alert": self.alert,
-            **extra,
         }
+        if self.sharded:
+            json["owner"] = self.owner
+        return json
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ScheduleView:
+    def from_json(cls, data: Mapping[str, Any]) -> ScheduleView:
         return cls(
             name=data["name"],
             cron=data["cron"],
@@ -588,6 +711,15 @@ BACKFILL_MAX_LIMIT: Final = 10_000
 BACKFILL_ESTIMATE_RUNS: Final = 20
 
 
+class SchedulesJson(TypedDict):
+    """Every schedule at one instant of the engine's clock (``now``)."""
+
+    coordination: CoordinationMode
+    instance: str
+    now: Timestamp
+    schedules: list[ScheduleJson]
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulesSnapshot:
     """Every schedule at one instant (``now`` is the engine's clock at that instant)."""
@@ -597,7 +729,7 @@ class SchedulesSnapshot:
     now: datetime
     schedules: list[ScheduleView]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SchedulesJson:
         return {
             "coordination": self.coordination,
             "instance": self.instance,
@@ -606,13 +738,20 @@ class SchedulesSnapshot:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SchedulesSnapshot:
+    def from_json(cls, data: Mapping[str, Any]) -> SchedulesSnapshot:
         return cls(
             coordination=data["coordination"],
             instance=data["instance"],
             now=parse_iso(data["now"]),
             schedules=[ScheduleView.from_json(s) for s in data["schedules"]],
         )
+
+
+class RunsPageJson(TypedDict):
+    """A page of runs, newest first; ``next_before`` (a run id) asks for the page after it."""
+
+    runs: list[RunJson]
+    next_before: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -622,12 +761,40 @@ class RunsPage:
     runs: list[Run]
     next_before: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RunsPageJson:
         return {"runs": [r.to_json() for r in self.runs], "next_before": self.next_before}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunsPage:
+    def from_json(cls, data: Mapping[str, Any]) -> RunsPage:
         return cls(runs=[Run.from_json(r) for r in data["runs"]], next_before=data.get("next_before"))
+
+
+BackfillPlanJson = TypedDict(
+    "BackfillPlanJson",
+    {
+        "name": str,
+        "from": Timestamp,
+        "to": Timestamp,
+        "count": int,
+        "count_exceeds": bool,
+        "first": Timestamp | None,
+        "last": Timestamp | None,
+        "limit": int,
+        "confirm": bool,
+        "needs_confirmation": bool,
+        "ok": bool,
+        "refusal": str | None,
+        "reason": str | None,
+        "already_succeeded": int,
+        "on_overlap": OverlapPolicy | None,
+        "run_seconds": float | None,
+        "duration_seconds": float | None,
+        "live_slots": int | None,
+    },
+)
+# (``from`` and ``to`` are keywords in Python: the functional form, its docstring assigned)
+BackfillPlanJson.__doc__ = """What a range backfill would do, computed without side effects: ``ok`` or the
+``refusal`` (and its ``reason``), the slots it would fire, and what it would do to the live ones."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -702,7 +869,7 @@ class BackfillPlan:
     def count_text(self) -> str:
         return f"more than {self.count - 1:,}" if self.count_exceeds else f"{self.count:,}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> BackfillPlanJson:
         return {
             "name": self.name,
             "from": iso(self.start),
@@ -725,7 +892,7 @@ class BackfillPlan:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BackfillPlan:
+    def from_json(cls, data: Mapping[str, Any]) -> BackfillPlan:
         return cls(
             name=data["name"],
             start=parse_iso(data["from"]),
@@ -765,6 +932,27 @@ BackfillState = Literal["running", "done", "cancelled", "abandoned"]
 ``abandoned``: the process running it stopped."""
 
 
+BackfillProgressJson = TypedDict(
+    "BackfillProgressJson",
+    {
+        "id": str,
+        "name": str,
+        "from": Timestamp,
+        "to": Timestamp,
+        "total": int,
+        "fired": int,
+        "failed": int,
+        "remaining": int,
+        "state": BackfillState,
+        "instance": str,
+        "started_at": Timestamp,
+        "finished_at": Timestamp | None,
+        "current": Timestamp | None,
+    },
+)
+BackfillProgressJson.__doc__ = """How far a range backfill has got (``state``: running, done, cancelled or abandoned)."""
+
+
 @dataclass(frozen=True, slots=True)
 class BackfillProgress:
     """How far a range backfill has got; readable by any process while it runs."""
@@ -790,7 +978,7 @@ class BackfillProgress:
     def succeeded(self) -> int:
         return self.fired - self.failed
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> BackfillProgressJson:
         return {
             "id": self.id,
             "name": self.name,
@@ -808,7 +996,7 @@ class BackfillProgress:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BackfillProgress:
+    def from_json(cls, data: Mapping[str, Any]) -> BackfillProgress:
         return cls(
             id=data["id"],
             name=data["name"],
@@ -825,6 +1013,15 @@ class BackfillProgress:
         )
 
 
+class ExternalFiringJson(TypedDict):
+    """What an external fire did: the due slot's run, and whether this call made it."""
+
+    run_id: str
+    created: bool
+    queued: bool
+    run: RunJson | None
+
+
 @dataclass(frozen=True, slots=True)
 class ExternalFiring:
     """What an external fire did: the run of the due slot, and whether this call made it."""
@@ -837,7 +1034,7 @@ class ExternalFiring:
     """False when the slot had already been fired (a retry): ``run`` is that firing."""
     queued: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ExternalFiringJson:
         return {
             "run_id": self.run_id,
             "created": self.created,
@@ -846,7 +1043,7 @@ class ExternalFiring:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ExternalFiring:
+    def from_json(cls, data: Mapping[str, Any]) -> ExternalFiring:
         run = data.get("run")
         return cls(
             run_id=data["run_id"],

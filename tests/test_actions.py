@@ -5,23 +5,29 @@ the declarations, with no per-action code of their own."""
 from __future__ import annotations
 
 import ast
+import asyncio
 import inspect
+import json
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, get_origin
 
 import httpx
+import jsonschema_rs
 import pytest
+from starlette.routing import compile_path
+from starlette.types import ASGIApp
 
-from backend import Engine, define_durable, define_queue, define_schedule
-from backend.api.app import create_app
+from backend import Engine, connect, define_durable, define_queue, define_schedule
+from backend.api.app import SERVICE_ANSWERS, create_app
 from backend.client.actions import ACTIONS, REQUIRED, Action, Danger, Id, Param, action_of
 from backend.client.embedded import EmbeddedBackend
 from backend.client.interface import Backend
 from backend.client.remote import RemoteBackend
 from backend.errors import Forbidden, SchedtuiError
 from backend.events.audit import ACTIONS as AUDIT_ACTIONS
+from tests.servers import until
 
 TOKEN = "actions-operator-token"
 SOME_ID = "01JD3Z6Q0V9W4C7PAXH3KJ1M2B"
@@ -61,9 +67,59 @@ async def embedded(tmp_path: Path) -> AsyncIterator[EmbeddedBackend]:
     await backend.close()
 
 
+def json_schema(node: Any) -> Any:
+    """An OpenAPI 3.0 schema as JSON Schema: ``nullable`` as a choice of ``null``."""
+    if isinstance(node, list):
+        return [json_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    converted = {key: json_schema(value) for key, value in node.items() if key != "nullable"}
+    return {"anyOf": [converted, {"type": "null"}]} if node.get("nullable") else converted
+
+
+class CheckedAnswers(httpx.AsyncBaseTransport):
+    """The API over a backend, in this process, with every success of an action (and every
+    answer of ``/healthz`` and ``/inspect/info``) checked against the schema
+    ``/openapi.json`` documents for it; ``answered`` names the actions and paths whose
+    answers were."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.inner = httpx.ASGITransport(app=app)
+        self.answered: set[str] = set()
+        self.routes = [(a.name, a.http.method, a.http.path.replace(":path}", "}"), compile_path(a.http.path)[0])
+                       for a in ACTIONS.values()]  # fmt: skip
+        self.routes += [(path, "GET", path, compile_path(path)[0]) for path in SERVICE_ANSWERS]
+        self.validators: dict[str, Any] = {}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        route = next((r for r in self.routes if r[1] == request.method and r[3].fullmatch(request.url.path)), None)
+        if route is None or not (200 <= response.status_code < 300 or route[0] in SERVICE_ANSWERS):
+            return response
+        name, method, path, _ = route
+        body = await response.aread()
+        validator = await self.validator(path, method, response.status_code)
+        answer = json.loads(body)
+        errors = [f"{'/'.join(map(str, e.instance_path)) or '(the body)'}: {e.message}" for e in validator.iter_errors(answer)]
+        assert not errors, f"{name} answered otherwise than documented: {errors}\n{json.dumps(answer, indent=1)[:2000]}"
+        self.answered.add(name)
+        return httpx.Response(response.status_code, headers=response.headers, content=body)
+
+    async def validator(self, path: str, method: str, status: int) -> Any:
+        key = f"{method} {path} {status}"
+        if key not in self.validators:
+            request = httpx.Request("GET", "http://schedtui.test/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"})
+            document = json.loads(await (await self.inner.handle_async_request(request)).aread())
+            schema = document["paths"][path][method.lower()]["responses"][str(status)]["content"]["application/json"]["schema"]
+            root = {"allOf": [json_schema(schema)], "components": json_schema(document["components"])}
+            self.validators[key] = jsonschema_rs.Draft7Validator(root)
+        return self.validators[key]
+
+
 def remote_over(backend: Backend, *, read_only: bool = False) -> RemoteBackend:
-    """A remote backend whose server is the API over ``backend``, in this process."""
-    transport = httpx.ASGITransport(app=create_app(backend, token=TOKEN))
+    """A remote backend whose server is the API over ``backend``, in this process (every
+    answer of an action checked against its schema: :class:`CheckedAnswers`)."""
+    transport = CheckedAnswers(create_app(backend, token=TOKEN))
     return RemoteBackend("http://schedtui.test", TOKEN, read_only=read_only, transport=transport)
 
 
@@ -138,13 +194,23 @@ def test_a_danger_fills_its_placeholders_and_leaves_unknown_ones() -> None:
 async def test_every_action_has_a_route_and_an_openapi_entry(embedded: EmbeddedBackend) -> None:
     app = create_app(embedded, token=TOKEN)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://schedtui.test") as http:
-        paths = (await http.get("/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"})).json()["paths"]
+        document = (await http.get("/openapi.json", headers={"Authorization": f"Bearer {TOKEN}"})).json()
+    paths, components = document["paths"], document["components"]["schemas"]
+    # Every answer but the event stream's (and /metrics', text) has its JSON's schema; each
+    # object the answers hold is a component that says what it is (its TypedDict's docstring).
+    for path, operations in paths.items():
+        for method, entry in operations.items():
+            for status, response in entry["responses"].items():
+                if path != "/inspect/events":
+                    assert "schema" in response.get("content", {}).get("application/json", {}), (method, path, status)
+    assert all(schema.get("description") for name, schema in components.items() if name != "Error"), components
     for action in ACTIONS.values():
         path = action.http.path.replace(":path}", "}")
         entry = paths[path][action.http.method.lower()]
         assert entry["operationId"] == action.name
         assert entry["summary"] == action.summary
         assert str(action.http.status) in entry["responses"]
+        assert "schema" in entry["responses"][str(action.http.status)]["content"]["application/json"], action.name
         documented = {p["name"] for p in entry.get("parameters", [])}
         body = entry.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
         for param in action.params:
@@ -240,3 +306,105 @@ async def test_each_action_records_the_audit_name_it_declares(embedded: Embedded
     assert len(done) == 17
     if backend is not embedded:
         await backend.close()
+
+
+async def test_every_action_answers_as_its_schema_in_the_openapi_document_says(tmp_path: Path) -> None:
+    """Each action once through the API, with things to act on: its answer is checked
+    against the schema ``/openapi.json`` derives from its result's type."""
+    gate = asyncio.Event()
+
+    async def held_open(ctx: Any) -> None:
+        await gate.wait()
+
+    async def fails(job: Any) -> None:
+        raise RuntimeError("it fails")
+
+    async def broken(ctx: Any, input: Any) -> None:
+        await ctx.step("boom", fails, None, retry=False)
+
+    store = f"sqlite:///{tmp_path / 'state.db'}"
+    inner = EmbeddedBackend(Engine([
+        *definitions(),
+        define_schedule(name="ext", cron="* * * * *", timezone="UTC", handler=work, trigger="external"),
+        define_schedule(name="slow", cron="0 * * * *", timezone="UTC", handler=held_open),
+        define_queue(name="bad", handler=fails, attempts=1),
+        define_durable(name="broken", handler=broken),
+    ], store), arm=True)  # fmt: skip  (armed: its workers run the jobs and executions)
+    await inner.connect()
+    transport = CheckedAnswers(create_app(inner, token=TOKEN))
+    backend = RemoteBackend("http://schedtui.test", TOKEN, transport=transport)
+    await backend.connect()
+    try:
+        now = await backend.now()
+        # Schedules and their runs.
+        await backend.list_schedules()
+        run = await backend.wait_run((await backend.run_now("hourly")).id)
+        await backend.list_runs("hourly")
+        await backend.runs_between(["hourly", "ext"], now - timedelta(hours=1), now + timedelta(hours=1))
+        await backend.get_run(run.id)
+        await backend.run_log(run.id)
+        await backend.upcoming("hourly")
+        await backend.fire_external("ext")
+        await backend.disable_schedule("hourly", note="maintenance")
+        await backend.enable_schedule("hourly")
+        await backend.create_schedule({"name": "made", "cron": "0 * * * *", "timezone": "UTC", "queue": "mail"})
+        await backend.update_schedule("made", {"cron": "30 * * * *"})
+        await backend.delete_schedule("made")
+        await backend.plan_backfill("hourly", now - timedelta(hours=3), now - timedelta(minutes=1))
+        progress = await backend.start_backfill("slow", now - timedelta(hours=3), now - timedelta(minutes=1))
+        await backend.backfill_progress(progress.id)
+        await backend.running_backfills()
+        await backend.cancel_backfill(progress.id)
+        gate.set()
+        # The fleet: a member on another host that beat five minutes ago and never again.
+        await backend.instances()
+        await inner.engine.store.heartbeat("web-3", "elsewhere", 4242, now - timedelta(minutes=5))
+        await backend.forget_instance("web-3")
+        # Locks: one held by another process's client.
+        async with connect(store, instance="holder:1") as other:
+            assert await other.locks.acquire("tour/lock", ttl=300) is not None
+            await backend.list_locks()
+            await backend.release_lock("tour/lock")
+        # Durable executions.
+        started = await backend.start_execution("flow", {"n": 1})
+        await backend.list_executions()
+        await backend.get_execution(started.id)
+        await backend.execution_log(started.id)
+        await backend.signal_execution(started.id, "go", {"ok": True})
+        await backend.cancel_execution((await backend.start_execution("flow", {"n": 2})).id)
+        failing = await backend.start_execution("broken", None)
+
+        async def execution_failed() -> bool:
+            return (await inner.get_execution(failing.id)).status == "failed"
+
+        await until(execution_failed, "the broken execution to fail")
+        await backend.retry_execution(failing.id)
+        # Jobs.
+        await backend.list_queues()
+        await backend.pause_queue("mail")
+        await backend.resume_queue("mail")
+        sent = await backend.send_job("mail", {"to": "a"}, delay=3600, key="k1")
+        await backend.list_jobs("mail")
+        await backend.get_job(sent.id)
+        await backend.job_log(sent.id)
+        await backend.cancel_job("mail", key="k1")
+        await backend.delete_job("mail", (await backend.send_job("mail", {"to": "b"}, delay=3600)).id)
+        dead = await backend.send_job("bad", None)
+
+        async def job_dead() -> bool:
+            job = (await inner.get_job(dead.id)).job
+            return job is not None and job.status == "dead"
+
+        await until(job_dead, "the failing job to be dead")
+        await backend.retry_job("bad", dead.id)
+        # The record of it all, and the routes that are no action.
+        await backend.audit()
+        await backend.alerts()
+        await backend.activity()
+        async with httpx.AsyncClient(transport=transport, base_url="http://schedtui.test") as http:
+            for path in SERVICE_ANSWERS:
+                assert (await http.get(path, headers={"Authorization": f"Bearer {TOKEN}"})).status_code == 200, path
+    finally:
+        await backend.close()
+        await inner.close()
+    assert transport.answered == set(ACTIONS) | set(SERVICE_ANSWERS)

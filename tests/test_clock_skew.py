@@ -189,10 +189,12 @@ async def test_a_member_whose_clock_is_off_stops_takes_nothing_and_resumes_once_
         paged = not_firing(await engine.store.fleet(), now, timedelta(seconds=WINDOW))
         assert paged is not None and paged.summary.startswith("no instance fires: off stands down, its clock is 60.")
         health = (await engine.health()).to_json()  # what /healthz says of it
+        assert health["instances"] is not None
         (said,) = [i for i in health["instances"] if i["name"] == "off"]
         where = "ahead of" if offset > 0 else "behind"
-        assert said["clock_off"] and abs(said["clock_offset_s"] - offset) < 1.0
-        assert said["stands_down"].startswith("its clock is 60.") and f"{where} the database server's" in said["stands_down"]
+        assert said["clock_off"] and said["clock_offset_s"] is not None and abs(said["clock_offset_s"] - offset) < 1.0
+        reason = said["stands_down"]
+        assert reason is not None and reason.startswith("its clock is 60.") and f"{where} the database server's" in reason
         assert InstanceInfo.from_json(said).stands_down  # what a remote client reads back
         async with connect(pg_url, definitions=[queue]) as client:  # an observer on this machine's clock
             sent = await client.engine.jobs.send("q", "a")

@@ -8,11 +8,12 @@ exactly ``hh:mm:00`` counts in minute ``hh:mm``. Every series holds one count pe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
-from backend.model import iso, parse_iso
+from backend.model import Timestamp, iso, parse_iso
 
 __all__ = ["MINUTE", "Activity", "QueueActivity", "ScheduleActivity", "window_start"]
 
@@ -30,9 +31,23 @@ def _series(data: Any) -> tuple[int, ...]:
     return tuple(int(n) for n in data)
 
 
-def _when(data: dict[str, Any], key: str) -> datetime | None:
+def _when(data: Mapping[str, Any], key: str) -> datetime | None:
     value = data.get(key)
     return parse_iso(value) if value else None
+
+
+class ScheduleActivityJson(TypedDict):
+    """One schedule over the window: the runs that ended in each minute and those that failed;
+    ``late_since`` the first slot since its newest success once that slot has come (null while
+    on time), ``late_s`` how late it is now in seconds."""
+
+    name: str
+    enabled: bool
+    runs: list[int]
+    failures: list[int]
+    last_success_at: Timestamp | None
+    late_since: Timestamp | None
+    late_s: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +88,7 @@ class ScheduleActivity:
             return None
         return max(timedelta(0), now - self.late_since)
 
-    def to_json(self, now: datetime | None = None) -> dict[str, Any]:
+    def to_json(self, now: datetime | None = None) -> ScheduleActivityJson:
         lateness = self.lateness(now) if now is not None else None
         return {
             "name": self.name,
@@ -86,7 +101,7 @@ class ScheduleActivity:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ScheduleActivity:
+    def from_json(cls, data: Mapping[str, Any]) -> ScheduleActivity:
         return cls(
             name=data["name"],
             enabled=bool(data["enabled"]),
@@ -95,6 +110,17 @@ class ScheduleActivity:
             last_success_at=_when(data, "last_success_at"),
             late_since=_when(data, "late_since"),
         )
+
+
+class QueueActivityJson(TypedDict):
+    """One job queue over the window: attempts that ended in each minute, those that failed, the
+    jobs that died in it (and are dead still); ``dead_now`` the dead jobs it holds now."""
+
+    name: str
+    finished: list[int]
+    failed: list[int]
+    dead: list[int]
+    dead_now: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +151,7 @@ class QueueActivity:
         """How many jobs died in the window (and are dead still)."""
         return sum(self.dead)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> QueueActivityJson:
         return {
             "name": self.name,
             "finished": list(self.finished),
@@ -135,7 +161,7 @@ class QueueActivity:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> QueueActivity:
+    def from_json(cls, data: Mapping[str, Any]) -> QueueActivity:
         return cls(
             name=data["name"],
             finished=_series(data["finished"]),
@@ -143,6 +169,20 @@ class QueueActivity:
             dead=_series(data["dead"]),
             dead_now=int(data.get("dead_now", 0)),
         )
+
+
+ActivityJson = TypedDict(
+    "ActivityJson",
+    {
+        "now": Timestamp,
+        "from": Timestamp,
+        "minutes": int,
+        "schedules": list[ScheduleActivityJson],
+        "queues": list[QueueActivityJson],
+    },
+)
+ActivityJson.__doc__ = """What happened per schedule and per queue in each of the ``minutes`` whole minutes from
+``from`` (the last one the minute ``now`` is in); every series holds one count per minute."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +199,7 @@ class Activity:
     def start(self) -> datetime:
         return window_start(self.now, self.minutes)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ActivityJson:
         return {
             "now": iso(self.now),
             "from": iso(self.start),
@@ -169,7 +209,7 @@ class Activity:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Activity:
+    def from_json(cls, data: Mapping[str, Any]) -> Activity:
         return cls(
             now=parse_iso(data["now"]),
             minutes=int(data["minutes"]),

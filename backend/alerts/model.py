@@ -8,11 +8,12 @@ every instance of a fleet reads and only one instance changes per transition.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypedDict
 
-from backend.model import iso, parse_iso
+from backend.model import Timestamp, iso, parse_iso
 
 __all__ = [
     "CONDITIONS",
@@ -53,6 +54,21 @@ def alert_key(condition: str, subject: str) -> str:
     return f"{condition}:{subject}"
 
 
+class AlertJson(TypedDict):
+    """One alert: a condition about a subject (``key`` is ``CONDITION:SUBJECT``), ``firing``
+    or ``resolved`` since its last transition (``transition`` its id; empty if not stored)."""
+
+    key: str
+    condition: Condition
+    subject_kind: SubjectKind
+    subject: str
+    state: AlertState
+    since: Timestamp
+    summary: str
+    updated_at: Timestamp
+    transition: str
+
+
 @dataclass(frozen=True, slots=True)
 class Alert:
     """One alert: a condition about a subject, and its state since its last transition."""
@@ -73,7 +89,7 @@ class Alert:
     """The id of the transition that gave it its state (what a notification carries, and
     its ``Idempotency-Key``); empty for an alert worked out at read time and not stored."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AlertJson:
         return {
             "key": self.key,
             "condition": self.condition,
@@ -87,7 +103,7 @@ class Alert:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Alert:
+    def from_json(cls, data: Mapping[str, Any]) -> Alert:
         return cls(
             key=data["key"],
             condition=data["condition"],
@@ -101,6 +117,13 @@ class Alert:
         )
 
 
+class AlertsPageJson(TypedDict):
+    """The alerts, firing ones first, each group newest first; ``firing`` counts those firing."""
+
+    alerts: list[AlertJson]
+    firing: int
+
+
 @dataclass(frozen=True, slots=True)
 class AlertsPage:
     """The alerts, firing ones first, each group newest first; ``firing`` counts those
@@ -109,11 +132,11 @@ class AlertsPage:
     alerts: tuple[Alert, ...]
     firing: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AlertsPageJson:
         return {"alerts": [alert.to_json() for alert in self.alerts], "firing": self.firing}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> AlertsPage:
+    def from_json(cls, data: Mapping[str, Any]) -> AlertsPage:
         alerts = tuple(Alert.from_json(item) for item in data["alerts"])
         return cls(alerts=alerts, firing=int(data.get("firing", sum(1 for a in alerts if a.state == "firing"))))
 

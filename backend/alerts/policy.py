@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final
+from typing import Any, Final, Literal, TypedDict
 
 from backend.errors import BadInput
 from backend.inputs import check_seconds, shown_number
@@ -64,6 +64,17 @@ MAX_FAILING: Final = 100
 MAX_ALERT_SECONDS: Final = 365 * 86_400
 
 
+class ScheduleAlertingJson(TypedDict):
+    """A schedule's alerts as they apply (``false``: that condition is off): ``failing`` runs in
+    a row; ``late`` ``true`` (the default grace) or a grace in seconds; ``disabled`` seconds a
+    run-time disable counts after; ``resolve_after`` seconds without a failure to resolve."""
+
+    failing: int | Literal[False]
+    late: float | bool
+    disabled: float | Literal[False]
+    resolve_after: float
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleAlerting:
     """A schedule's alerts: ``failing`` runs in a row (0: off), resolved once none failed
@@ -77,7 +88,7 @@ class ScheduleAlerting:
     disabled_after: float | None = DEFAULT_DISABLED_AFTER
     resolve_after: float = DEFAULT_RESOLVE_AFTER
 
-    def to_json(self) -> dict[str, Any] | bool:
+    def to_json(self) -> ScheduleAlertingJson | Literal[False]:
         if self == OFF_SCHEDULE:
             return False
         return {

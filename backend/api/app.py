@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -40,10 +40,11 @@ from backend.api.events import event_routes
 from backend.api.metrics import Exposition, metrics_routes
 from backend.api.routes import action_routes
 from backend.api.routes import operation as action_operation
+from backend.api.schemas import AnswerSchemas
 from backend.api.tokens import Tokens
 from backend.client.actions import ACTIONS
 from backend.client.interface import Backend
-from backend.model import iso
+from backend.model import CoordinationMode, Health, Timestamp, iso
 from backend.safetext import in_line, printable
 
 __all__ = ["BODY_TIMEOUT", "MAX_BODY_BYTES", "JSONResponse", "create_app"]
@@ -94,9 +95,16 @@ def create_app(
     def _openapi() -> dict[str, Any]:
         schema = _declare_path_parameters(schemas.get_schema(routes=app.routes))
         paths = schema.setdefault("paths", {})
+        answers = AnswerSchemas()
         for action in ACTIONS.values():  # the actions' routes are left out above: derived here
             path = _CONVERTER.sub(r"{\1}", action.http.path)
-            paths.setdefault(path, {})[action.http.method.lower()] = action_operation(action)
+            paths.setdefault(path, {})[action.http.method.lower()] = action_operation(action, answers)
+        for path, statuses in SERVICE_ANSWERS.items():
+            operation = paths[path]["get"]
+            operation["responses"] = responses = {str(status): entry for status, entry in operation["responses"].items()}
+            for status, answer in statuses.items():  # (the docstring's YAML reads a status as a number)
+                responses[status]["content"] = {"application/json": {"schema": answers.of(answer)}}
+        schema["components"]["schemas"] = dict(sorted(answers.components.items()))
         access = {
             (_CONVERTER.sub(r"{\1}", route.path), method.lower()): api.access[route.endpoint]
             for route in routes
@@ -150,6 +158,26 @@ def create_app(
     return app
 
 
+class ServerInfo(TypedDict):
+    """What this server is (its instance, coordination and store), what the caller's token
+    may do (``access``; ``actor``: the token's name), its clock and the systems it runs."""
+
+    instance: str
+    coordination: CoordinationMode
+    store_kind: str
+    access: Literal["read", "operate"]
+    actor: str
+    now: Timestamp
+    systems: list[str]
+
+
+#: The answers of the routes that are no action, by path and status.
+SERVICE_ANSWERS: dict[str, dict[str, Any]] = {
+    "/healthz": {"200": Health, "503": Health},
+    "/inspect/info": {"200": ServerInfo},
+}
+
+
 def service_routes(api: Api) -> list[Route]:
     """Health and info: what a client asks before any action."""
     backend, endpoint = api.backend, api.endpoint
@@ -163,13 +191,10 @@ def service_routes(api: Api) -> list[Route]:
         description: >
           status is the store's state: ok, failing (it cannot write now, e.g. a full disk or a
           database that is down; runs wait in memory and are retried) or lost (the SQLite file
-          was deleted while in use). store carries {kind, state, error, waiting, since};
-          instances lists every registered instance {name, host, pid, heartbeat_at,
-          heartbeat_age_s, last_fired_at, role (firing, waiting or observer), coordination,
-          clock_offset_s (its clock minus the database server's, null where not measured),
-          clock_off, stands_down (why a member whose clock is off fires nothing, else null)}
-          (null when the store cannot be read); now is the
-          engine's clock. No URL, path or password is ever included.
+          was deleted while in use). instances is null when the store cannot be read; an
+          instance's clock_offset_s is its clock minus the database server's (null where not
+          measured), and stands_down says why a member whose clock is off fires nothing. now
+          is the engine's clock. No URL, path or password is ever included.
         responses:
           200: {description: "the store can record runs"}
           503: {description: "the store cannot record runs: store.error says why"}
@@ -189,17 +214,16 @@ def service_routes(api: Api) -> list[Route]:
         api.refuse_unknown_query(request)
         token = api.token_of(request)
         connection = backend.info()
-        return JSONResponse(
-            {
-                "instance": connection.instance,
-                "coordination": connection.coordination,
-                "store_kind": connection.store_kind,
-                "access": token.access,
-                "actor": token.name,
-                "now": iso(await backend.now()),
-                "systems": list(connection.systems),
-            }
-        )
+        answer: ServerInfo = {
+            "instance": connection.instance,
+            "coordination": connection.coordination,
+            "store_kind": connection.store_kind,
+            "access": token.access,
+            "actor": token.name,
+            "now": iso(await backend.now()),
+            "systems": list(connection.systems),
+        }
+        return JSONResponse(answer)
 
     return [
         Route("/healthz", healthz, methods=["GET"]),

@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from backend.api.base import MAX_BODY_BYTES, Api, JSONResponse
+from backend.api.schemas import AnswerSchemas
 from backend.client.actions import ACTIONS, Action, Known, Param, Range, Schema, When, encode
 from backend.errors import BadInput
 from backend.inputs import check_instant, check_text, out_of_range, whole_number
@@ -201,9 +202,10 @@ def _query_value(request: Request, param: Param, wire: str) -> Any:
 # -- the OpenAPI document ------------------------------------------------------------------
 
 
-def operation(action: Action) -> dict[str, Any]:
+def operation(action: Action, answers: AnswerSchemas) -> dict[str, Any]:
     """The OpenAPI operation of an action: its summary and description (the docstring),
-    its parameters and body (the signature), its answers (the HTTP form)."""
+    its parameters and body (the signature), its answers (the HTTP form; the success's
+    body from the result's type, its schema's components kept in ``answers``)."""
     http = action.http
     op: dict[str, Any] = {"summary": action.summary, "operationId": action.name}
     if action.description:
@@ -238,9 +240,10 @@ def operation(action: Action) -> dict[str, Any]:
         if required:
             body["required"] = required
         op["requestBody"] = {"content": {"application/json": {"schema": body}}}
-    responses: dict[str, Any] = {str(http.status): {"description": http.ok or "done"}}
+    body = {"application/json": {"schema": answers.answer(action)}}
+    responses: dict[str, Any] = {str(http.status): {"description": http.ok or "done", "content": body}}
     if http.again is not None:
-        responses[str(http.again)] = {"description": "nothing new was made: the same answer as before"}
+        responses[str(http.again)] = {"description": "nothing new was made: the same answer as before", "content": body}
     for status, text in http.errors.items():
         responses[str(status)] = {"description": text}
     op["responses"] = responses

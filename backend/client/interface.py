@@ -16,7 +16,7 @@ import abc
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 
 from backend.activity import Activity
 from backend.alerts.model import AlertsPage
@@ -50,6 +50,7 @@ from backend.locks.model import check_lock_name
 from backend.model import (
     BACKFILL_MAX_LIMIT,
     BackfillPlan,
+    BackfillPlanJson,
     BackfillProgress,
     CoordinationMode,
     ExternalFiring,
@@ -59,6 +60,7 @@ from backend.model import (
     RunsPage,
     SchedulesSnapshot,
     ScheduleView,
+    Timestamp,
     iso,
 )
 from backend.observability.logs import RunLog
@@ -70,6 +72,7 @@ __all__ = [
     "Action",
     "Backend",
     "ConnectionInfo",
+    "ConnectionInfoJson",
     "RunsPage",
     "SchedulesSnapshot",
     "action_of",
@@ -79,6 +82,21 @@ SYSTEMS = ("schedules", "jobs", "durable", "locks", "audit", "alerts", "health")
 """The systems an engine of this version offers (an older server offers only
 ``schedules``; ``alerts`` and ``health``, the activity read, came after ``audit``); a
 console shows a view only for a system its backend offers."""
+
+
+class ConnectionInfoJson(TypedDict):
+    """What a console or CLI is connected to: an engine in this process (``embedded``) or a
+    server (``remote``), the systems it offers, and who its actions are recorded as."""
+
+    kind: Literal["embedded", "remote"]
+    where: str
+    coordination: CoordinationMode
+    instance: str
+    read_only: bool
+    store_kind: str
+    fires: bool
+    systems: list[str]
+    actor: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +120,7 @@ class ConnectionInfo:
     """Who the actions are recorded as: the OS user or ``--as`` (embedded), the token's
     name (remote)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ConnectionInfoJson:
         return {
             "kind": self.kind,
             "where": self.where,
@@ -190,11 +208,45 @@ LogOffset = Annotated[
 LOG_ANSWER = "{kind, id, name, attempt, status, running, text, size, omitted_bytes, omitted_lines}"
 
 
-def _deleted(result: None, arguments: Mapping[str, Any]) -> dict[str, Any]:
+# -- the fields some answers add beside the result (their types are the OpenAPI document's)
+
+
+class Deleted(TypedDict):
+    deleted: Literal[True]
+
+
+def _deleted(result: None, arguments: Mapping[str, Any]) -> Deleted:
     return {"deleted": True}
 
 
-async def _backfill_plan(backend: Backend, arguments: Mapping[str, Any]) -> dict[str, Any]:
+Window = TypedDict("Window", {"from": Timestamp, "to": Timestamp})
+
+
+def _window(runs: Any, arguments: Mapping[str, Any]) -> Window:
+    return {"from": iso(arguments["start"]), "to": iso(arguments["end"])}
+
+
+class Fired(TypedDict):
+    run_id: str
+
+
+def _fired(run: Run, arguments: Mapping[str, Any]) -> Fired:
+    return {"run_id": run.id}
+
+
+class BackfillId(TypedDict):
+    id: str
+
+
+def _backfill_id(progress: BackfillProgress, arguments: Mapping[str, Any]) -> BackfillId:
+    return {"id": progress.id}
+
+
+class PlanBeside(TypedDict):
+    plan: BackfillPlanJson
+
+
+async def _backfill_plan(backend: Backend, arguments: Mapping[str, Any]) -> PlanBeside:
     """The plan beside a started backfill's progress (asked before it starts)."""
     plan = await backend.plan_backfill(
         arguments["name"], arguments["start"], arguments["end"], confirm=arguments["confirm"], limit=arguments["limit"]
@@ -314,7 +366,7 @@ class Backend(abc.ABC):
 
     @action(system="schedules", permission="read", check=_check_window,
             http=Http("GET", "/inspect/runs", envelope="runs", wire={"names": "name", "start": "from", "end": "to"},
-                      extra=lambda runs, a: {"from": iso(a["start"]), "to": iso(a["end"])},
+                      extra=_window,
                       ok="{from, to, runs: {name: [run]}}", errors={404: "a schedule neither defined nor in the ledger"}))
     async def runs_between(
         self,
@@ -387,7 +439,7 @@ class Backend(abc.ABC):
 
     @action(system="schedules", permission="operate", label="Run now", audit="schedule.fire",
             http=Http("POST", "/inspect/schedules/{name}/fire", status=202, envelope="run",
-                      extra=lambda run, a: {"run_id": run.id}, ok="{run_id, run}", errors={404: "unknown schedule"}))
+                      extra=_fired, ok="{run_id, run}", errors={404: "unknown schedule"}))
     async def run_now(self, name: ScheduleName) -> Run:
         """Run now (trigger and outcome manual), whatever the overlap policy.
 
@@ -483,7 +535,7 @@ class Backend(abc.ABC):
                           "Every slot of the range fires now, one after another, as if it had been due; "
                           "their handlers run with those slots' times."),
             http=Http("POST", "/inspect/schedules/{name}/backfill", status=202, envelope="progress",
-                      wire={"start": "from", "end": "to"}, prelude=_backfill_plan, extra=lambda p, a: {"id": p.id},
+                      wire={"start": "from", "end": "to"}, prelude=_backfill_plan, extra=_backfill_id,
                       ok="{id, plan, progress}", errors={404: "unknown schedule", 409: "refused: {count, reason}"}))
     async def start_backfill(
         self,

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 from backend.errors import describe_exception
 from backend.ids import encode_id
-from backend.model import iso, parse_iso
+from backend.model import Timestamp, iso, parse_iso
 
 __all__ = [
     "EXECUTION_STATUSES",
@@ -32,11 +33,17 @@ __all__ = [
     "TAG_NONDETERMINISTIC",
     "TAG_NOT_JSON",
     "Execution",
+    "ExecutionJson",
     "ExecutionLog",
+    "ExecutionLogLineJson",
     "ExecutionStatus",
     "ExecutionsPage",
+    "ExecutionsPageJson",
     "Signalled",
+    "SignalledJson",
     "Started",
+    "StartedJson",
+    "StepJson",
     "StepKind",
     "StepStatus",
     "StepViewStatus",
@@ -90,9 +97,27 @@ def execution_id_for_slot(schedule: str, scheduled_at: datetime) -> str:
     return encode_id(ms, int.from_bytes(digest[:10], "big"))
 
 
-def _when(data: dict[str, Any], key: str) -> datetime | None:
+def _when(data: Mapping[str, Any], key: str) -> datetime | None:
     value = data.get(key)
     return parse_iso(value) if value else None
+
+
+class StepJson(TypedDict):
+    """One entry of an execution's timeline: a step, a sleep or a signal wait, in the order
+    the code reached it (``seq``, from 1)."""
+
+    seq: int
+    name: str
+    kind: StepKind
+    status: StepViewStatus
+    attempt: int
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+    duration_ms: int | None
+    error_tag: str | None
+    error_message: str | None
+    wake_at: Timestamp | None
+    at_most_once: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +146,7 @@ class StepView:
             return None
         return round((self.finished_at - self.started_at).total_seconds() * 1000)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StepJson:
         return {
             "seq": self.seq,
             "name": self.name,
@@ -138,7 +163,7 @@ class StepView:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StepView:
+    def from_json(cls, data: Mapping[str, Any]) -> StepView:
         return cls(
             seq=data["seq"],
             name=data["name"],
@@ -154,6 +179,13 @@ class StepView:
         )
 
 
+class ExecutionLogLineJson(TypedDict):
+    """One line of an execution's log: what the executor (or the function's code) noted, and when."""
+
+    at: Timestamp
+    message: str
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutionLog:
     """One line of an execution's log: what the executor (or the code, ``ctx.log``) noted."""
@@ -161,12 +193,35 @@ class ExecutionLog:
     at: datetime
     message: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ExecutionLogLineJson:
         return {"at": iso(self.at), "message": self.message}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ExecutionLog:
+    def from_json(cls, data: Mapping[str, Any]) -> ExecutionLog:
         return cls(at=parse_iso(data["at"]), message=data["message"])
+
+
+class ExecutionJson(TypedDict):
+    """One execution of a durable function; ``steps`` (its timeline) and ``logs`` only when
+    one execution is read, not in lists."""
+
+    id: str
+    function: str
+    status: ExecutionStatus
+    input: Any
+    output: Any
+    error_tag: str | None
+    error_message: str | None
+    schedule: str | None
+    scheduled_at: Timestamp | None
+    created_at: Timestamp
+    finished_at: Timestamp | None
+    waiting_for: str | None
+    wake_at: Timestamp | None
+    instance: str | None
+    current_step: str | None
+    steps: NotRequired[list[StepJson]]
+    logs: NotRequired[list[ExecutionLogLineJson]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +268,8 @@ class Execution:
         ]  # fmt: skip
         return replace(self, steps=steps)
 
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_json(self) -> ExecutionJson:
+        data: ExecutionJson = {
             "id": self.id,
             "function": self.function,
             "status": self.status,
@@ -238,7 +293,7 @@ class Execution:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Execution:
+    def from_json(cls, data: Mapping[str, Any]) -> Execution:
         created = _when(data, "created_at")
         assert created is not None
         steps, logs = data.get("steps"), data.get("logs")
@@ -263,6 +318,13 @@ class Execution:
         )
 
 
+class ExecutionsPageJson(TypedDict):
+    """A page of executions, newest first; ``next_before`` pages further back (``null``: the last page)."""
+
+    executions: list[ExecutionJson]
+    next_before: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class ExecutionsPage:
     """A page of executions, newest first; ``next_before`` pages further back."""
@@ -270,12 +332,20 @@ class ExecutionsPage:
     executions: list[Execution]
     next_before: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ExecutionsPageJson:
         return {"executions": [e.to_json() for e in self.executions], "next_before": self.next_before}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ExecutionsPage:
+    def from_json(cls, data: Mapping[str, Any]) -> ExecutionsPage:
         return cls([Execution.from_json(e) for e in data["executions"]], data.get("next_before"))
+
+
+class StartedJson(TypedDict):
+    """An execution started: its id, and whether it existed already (``duplicate``: an id
+    given twice, or a schedule's slot another instance started first)."""
+
+    id: str
+    duplicate: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,12 +356,21 @@ class Started:
     id: str
     duplicate: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StartedJson:
         return {"id": self.id, "duplicate": self.duplicate}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Started:
+    def from_json(cls, data: Mapping[str, Any]) -> Started:
         return cls(data["id"], bool(data.get("duplicate", False)))
+
+
+class SignalledJson(TypedDict):
+    """A signal sent to an execution; ``duplicate`` when it had a signal of that name already
+    (the first one is kept: signals are idempotent per execution and name)."""
+
+    execution_id: str
+    name: str
+    duplicate: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,11 +382,11 @@ class Signalled:
     name: str
     duplicate: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SignalledJson:
         return {"execution_id": self.execution_id, "name": self.name, "duplicate": self.duplicate}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Signalled:
+    def from_json(cls, data: Mapping[str, Any]) -> Signalled:
         return cls(data["execution_id"], data["name"], bool(data["duplicate"]))
 
 

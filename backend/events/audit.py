@@ -29,21 +29,23 @@ from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from backend.clock import Clock
 from backend.errors import BadInput, Unavailable
 from backend.events.bus import EventBus
 from backend.inputs import check_before, check_count
-from backend.model import iso, parse_iso
+from backend.model import Timestamp, iso, parse_iso
 from backend.safetext import load_json, printable
 
 __all__ = [
     "ACTIONS",
     "RETENTION",
     "AuditEntry",
+    "AuditEntryJson",
     "AuditLog",
     "AuditPage",
+    "AuditPageJson",
     "AuditStore",
     "acting_as",
     "check_actor",
@@ -137,6 +139,18 @@ def current_actor() -> str | None:
     return _actor.get()
 
 
+class AuditEntryJson(TypedDict):
+    """One operator action of the audit log: who (``actor``) did what (``action``, as
+    ``system.verb``) to which thing (``target``), and when; ``detail`` is the action's own data."""
+
+    id: str
+    at: Timestamp
+    actor: str
+    action: str
+    target: str
+    detail: dict[str, Any] | None
+
+
 @dataclass(frozen=True, slots=True)
 class AuditEntry:
     """One operator action: ``id`` sorts by time; ``target`` is what was acted on (a
@@ -150,7 +164,7 @@ class AuditEntry:
     target: str
     detail: dict[str, Any] | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AuditEntryJson:
         return {
             "id": self.id,
             "at": iso(self.at),
@@ -172,6 +186,13 @@ class AuditEntry:
         )
 
 
+class AuditPageJson(TypedDict):
+    """A page of audit entries, newest first; ``next_before`` pages further back (``null``: the last page)."""
+
+    entries: list[AuditEntryJson]
+    next_before: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class AuditPage:
     """A page of entries, newest first; ``next_before`` pages further back (``None``: the last)."""
@@ -179,7 +200,7 @@ class AuditPage:
     entries: list[AuditEntry]
     next_before: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AuditPageJson:
         return {"entries": [e.to_json() for e in self.entries], "next_before": self.next_before}
 
     @classmethod

@@ -29,9 +29,9 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
-__all__ = ["READY", "RESYNC", "STREAM", "TOPICS", "EventBus", "Signal", "Subscription"]
+__all__ = ["READY", "RESYNC", "STREAM", "TOPICS", "EventBus", "Signal", "SignalJson", "Subscription"]
 
 #: What a signal can be about.
 TOPICS: tuple[str, ...] = ("runs", "schedules", "jobs", "durable", "locks", "audit", "alerts")
@@ -51,6 +51,16 @@ DEFAULT_INBOX = 256
 DEFAULT_HISTORY = 4096
 
 
+class SignalJson(TypedDict):
+    """A change signal: ``topic`` says what kind of thing changed (``runs``, ``schedules``,
+    ``jobs``, ``durable``, ``locks``, ``audit``, ``alerts``; ``resync``: refetch everything),
+    ``name`` which one (``null``: not one in particular); never the data itself."""
+
+    id: str
+    topic: str
+    name: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class Signal:
     """``topic`` is one of :data:`TOPICS`, :data:`RESYNC` or :data:`STREAM`; ``name`` is
@@ -60,7 +70,7 @@ class Signal:
     topic: str
     name: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SignalJson:
         return {"id": self.id, "topic": self.topic, "name": self.name}
 
 

@@ -4,12 +4,13 @@ them: a job, its attempts, a queue, a send's answer, a page of jobs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict
 
 from backend.errors import Refused
-from backend.model import iso, parse_iso
+from backend.model import Timestamp, iso, parse_iso
 
 if TYPE_CHECKING:
     from backend.jobs.actions import JobActions
@@ -50,9 +51,29 @@ class NotDead(Refused):
     code = "not_dead"
 
 
-def _when(data: dict[str, Any], key: str) -> datetime | None:
+def _when(data: Mapping[str, Any], key: str) -> datetime | None:
     value = data.get(key)
     return parse_iso(value) if value else None
+
+
+class JobJson(TypedDict):
+    """A job while it exists: ``queued`` (also delayed, or waiting for a retry), ``running``
+    or ``dead``; ``attempt`` counts the attempts made since it was sent or retried from dead."""
+
+    id: str
+    queue: str
+    status: JobStatus
+    payload: Any
+    key: str | None
+    cron: str | None
+    attempt: int
+    max_attempts: int
+    run_after: Timestamp
+    created_at: Timestamp
+    started_at: Timestamp | None
+    instance: str | None
+    error_tag: str | None
+    error_message: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +102,7 @@ class Job:
     error_message: str | None = None
     """Why its latest attempt failed."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JobJson:
         return {
             "id": self.id,
             "queue": self.queue,
@@ -100,7 +121,7 @@ class Job:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Job:
+    def from_json(cls, data: Mapping[str, Any]) -> Job:
         run_after, created_at = _when(data, "run_after"), _when(data, "created_at")
         assert run_after is not None and created_at is not None
         return cls(
@@ -119,6 +140,21 @@ class Job:
             error_tag=data.get("error_tag"),
             error_message=data.get("error_message"),
         )
+
+
+class AttemptJson(TypedDict):
+    """One finished attempt of a job: ``number`` is its place among the job's attempts kept
+    (oldest first), ``attempt`` its number within its ``round`` (a round per retry from dead)."""
+
+    number: int
+    round: int
+    attempt: int
+    started_at: Timestamp
+    finished_at: Timestamp
+    status: AttemptStatus
+    error_tag: str | None
+    error_message: str | None
+    instance: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +178,7 @@ class Attempt:
     round: int = 1
     """1, and one more with each retry from dead (see :func:`numbered`)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> AttemptJson:
         return {
             "number": self.number,
             "round": self.round,
@@ -156,7 +192,7 @@ class Attempt:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Attempt:
+    def from_json(cls, data: Mapping[str, Any]) -> Attempt:
         started, finished = _when(data, "started_at"), _when(data, "finished_at")
         assert started is not None and finished is not None
         return cls(
@@ -185,10 +221,25 @@ def numbered(attempts: list[Attempt]) -> list[Attempt]:
     return out
 
 
-_JOB_FIELDS = (
-    "status", "payload", "key", "cron", "attempt", "max_attempts", "run_after", "created_at", "started_at",
-    "instance", "error_tag", "error_message",
-)  # fmt: skip
+class JobDetailJson(TypedDict):
+    """A job and its attempts, oldest first. Once the job is gone (it succeeded, or was
+    deleted) only its attempts remain: every field but ``id``, ``queue`` and ``attempts`` is null."""
+
+    id: str
+    queue: str
+    status: JobStatus | None
+    payload: Any
+    key: str | None
+    cron: str | None
+    attempt: int | None
+    max_attempts: int | None
+    run_after: Timestamp | None
+    created_at: Timestamp | None
+    started_at: Timestamp | None
+    instance: str | None
+    error_tag: str | None
+    error_message: str | None
+    attempts: list[AttemptJson]
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,16 +253,45 @@ class JobDetail:
     job: Job | None
     attempts: list[Attempt] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        body = self.job.to_json() if self.job is not None else {"id": self.id, "queue": self.queue, **dict.fromkeys(_JOB_FIELDS)}
-        body["attempts"] = [a.to_json() for a in self.attempts]
-        return body
+    def to_json(self) -> JobDetailJson:
+        attempts = [a.to_json() for a in self.attempts]
+        if self.job is not None:
+            return {**self.job.to_json(), "attempts": attempts}
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "status": None,
+            "payload": None,
+            "key": None,
+            "cron": None,
+            "attempt": None,
+            "max_attempts": None,
+            "run_after": None,
+            "created_at": None,
+            "started_at": None,
+            "instance": None,
+            "error_tag": None,
+            "error_message": None,
+            "attempts": attempts,
+        }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> JobDetail:
+    def from_json(cls, data: Mapping[str, Any]) -> JobDetail:
         job = Job.from_json(data) if data.get("status") is not None else None
         # (numbered here, as the server numbers them: an older server's answer has no numbers)
         return cls(data["id"], data["queue"], job, numbered([Attempt.from_json(a) for a in data.get("attempts", [])]))
+
+
+class QueueJson(TypedDict):
+    """A job queue as operators see it: its settings, and how many of its jobs are in each state."""
+
+    name: str
+    concurrency: int
+    paused: bool
+    queued: int
+    running: int
+    dead: int
+    oldest_queued_at: Timestamp | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +307,7 @@ class QueueView:
     oldest_queued_at: datetime | None
     """When the job that has waited longest became due (``None`` when none is due)."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> QueueJson:
         return {
             "name": self.name,
             "concurrency": self.concurrency,
@@ -239,7 +319,7 @@ class QueueView:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> QueueView:
+    def from_json(cls, data: Mapping[str, Any]) -> QueueView:
         return cls(
             name=data["name"],
             concurrency=int(data["concurrency"]),
@@ -251,6 +331,14 @@ class QueueView:
         )
 
 
+class SentJson(TypedDict):
+    """What a send did: the job's id, and whether a job with the same key was there already
+    (then nothing was queued and ``id`` is that job's)."""
+
+    id: str
+    duplicate: bool
+
+
 @dataclass(frozen=True, slots=True)
 class Sent:
     """What a send did: the job's id, and whether a job with the same key was there already
@@ -259,12 +347,19 @@ class Sent:
     id: str
     duplicate: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SentJson:
         return {"id": self.id, "duplicate": self.duplicate}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Sent:
+    def from_json(cls, data: Mapping[str, Any]) -> Sent:
         return cls(id=data["id"], duplicate=bool(data["duplicate"]))
+
+
+class JobsPageJson(TypedDict):
+    """A page of a queue's jobs, newest first; ``next_before`` (a job id) asks for the page after it."""
+
+    jobs: list[JobJson]
+    next_before: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,11 +369,11 @@ class JobsPage:
     jobs: list[Job]
     next_before: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JobsPageJson:
         return {"jobs": [j.to_json() for j in self.jobs], "next_before": self.next_before}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> JobsPage:
+    def from_json(cls, data: Mapping[str, Any]) -> JobsPage:
         return cls(jobs=[Job.from_json(j) for j in data["jobs"]], next_before=data.get("next_before"))
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypedDict
 
 from backend.errors import BadInput, SchedtuiError
-from backend.model import iso, parse_iso
+from backend.model import Timestamp, iso, parse_iso
 
 __all__ = [
     "CLUSTER_LOCKS",
@@ -105,6 +106,19 @@ def check_ttl(ttl: object) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+class LockJson(TypedDict):
+    """A lock and its lease: ``holder`` is null once released (then ``expires_at`` is when);
+    ``state`` is ``held``, ``expired`` (the lease ran out unreleased) or ``free``."""
+
+    name: str
+    holder: str | None
+    token: int
+    acquired_at: Timestamp
+    expires_at: Timestamp
+    renewed_at: Timestamp
+    state: LockState
+
+
 @dataclass(frozen=True, slots=True)
 class Lock:
     """One row of the lock table. A lock that was released keeps its row, its last token
@@ -123,7 +137,7 @@ class Lock:
             return "free"
         return "held" if self.expires_at > now else "expired"
 
-    def to_json(self, now: datetime) -> dict[str, Any]:
+    def to_json(self, now: datetime) -> LockJson:
         return {
             "name": self.name,
             "holder": self.holder,
@@ -135,7 +149,7 @@ class Lock:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Lock:
+    def from_json(cls, data: Mapping[str, Any]) -> Lock:
         return cls(
             name=data["name"],
             holder=data.get("holder"),
@@ -144,6 +158,14 @@ class Lock:
             renewed_at=parse_iso(data["renewed_at"]),
             expires_at=parse_iso(data["expires_at"]),
         )
+
+
+class LockReleaseJson(TypedDict):
+    """A forced release: the lock as it was just before, whether anyone held it, and the lock clock's ``now``."""
+
+    released: bool
+    lock: LockJson
+    now: Timestamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,12 +180,20 @@ class LockRelease:
         """False when nobody held it (it was free already)."""
         return self.lock.holder is not None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> LockReleaseJson:
         return {"released": self.released, "lock": self.lock.to_json(self.now), "now": iso(self.now)}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LockRelease:
+    def from_json(cls, data: Mapping[str, Any]) -> LockRelease:
         return cls(lock=Lock.from_json(data["lock"]), now=parse_iso(data["now"]))
+
+
+class LocksJson(TypedDict):
+    """Every lock, and the lock clock's ``now`` (the database's): a lease's time left is
+    ``expires_at - now``, whatever the reader's own clock says."""
+
+    now: Timestamp
+    locks: list[LockJson]
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,9 +204,9 @@ class LocksSnapshot:
     now: datetime
     locks: list[Lock]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> LocksJson:
         return {"now": iso(self.now), "locks": [lock.to_json(self.now) for lock in self.locks]}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LocksSnapshot:
+    def from_json(cls, data: Mapping[str, Any]) -> LocksSnapshot:
         return cls(now=parse_iso(data["now"]), locks=[Lock.from_json(item) for item in data["locks"]])

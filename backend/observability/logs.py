@@ -14,12 +14,12 @@ what is new.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Literal, NamedTuple, Protocol
+from typing import Any, Final, Literal, NamedTuple, Protocol, TypedDict
 
-__all__ = ["LogKind", "LogStore", "LogTarget", "RunLog", "StoredLog", "compose", "marker"]
+__all__ = ["LogKind", "LogStore", "LogTarget", "RunLog", "RunLogJson", "StoredLog", "compose", "marker"]
 
 LogKind = Literal["run", "job", "durable"]
 
@@ -92,6 +92,22 @@ def compose(head: str, tail: str, size: int, omitted_bytes: int, omitted_lines: 
     return b"".join(parts).decode("utf-8", "replace")
 
 
+class RunLogJson(TypedDict):
+    """A run's, a job attempt's or a durable execution's log, from the ``after`` asked for on:
+    ``size`` is the ``after`` of the next read; while ``running``, more may come."""
+
+    kind: LogKind
+    id: str
+    name: str
+    attempt: int | None
+    status: str
+    running: bool
+    text: str
+    size: int
+    omitted_bytes: int
+    omitted_lines: int
+
+
 @dataclass(frozen=True, slots=True)
 class RunLog:
     """A run's, a job attempt's or a durable execution's log, as read.
@@ -113,7 +129,7 @@ class RunLog:
     name: str = ""
     """The schedule, the queue or the durable function."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RunLogJson:
         return {
             "kind": self.kind,
             "id": self.id,
@@ -128,7 +144,7 @@ class RunLog:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunLog:
+    def from_json(cls, data: Mapping[str, Any]) -> RunLog:
         attempt = data.get("attempt")
         return cls(
             kind=data["kind"],

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from backend.cron import Cron
 from backend.errors import BadInput, CronError, DefinitionError, Refused
 from backend.inputs import check_json, check_text
-from backend.model import BACKFILL_POLICIES, OVERLAP_POLICIES, BackfillPolicy, OverlapPolicy, ScheduleTarget, iso
+from backend.model import BACKFILL_POLICIES, OVERLAP_POLICIES, BackfillPolicy, OverlapPolicy, ScheduleTarget
 from backend.schedules import DEFAULT_MAX_RUNTIME, NAME_PATTERN, Schedule, define_schedule
 
 __all__ = [
@@ -132,16 +132,6 @@ class StoredSchedule:
     def to_schedule(self) -> Schedule:
         """The schedule the engine runs (raises :class:`BadInput` if the row is invalid)."""
         return replace(_define(self.spec()), created_at=self.created_at, timing_changed_at=self.timing_changed_at)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **self.spec(),
-            "created_at": iso(self.created_at),
-            "created_by": self.created_by,
-            "updated_at": iso(self.updated_at),
-            "updated_by": self.updated_by,
-            "version": self.version,
-        }
 
 
 def check_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
