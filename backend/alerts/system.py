@@ -10,6 +10,7 @@ resolved alerts and finished deliveries after :data:`KEEP`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -71,6 +72,8 @@ class Alerts:
         self.notifier: Notifier | None = None
         self.last_round: Round | None = None
         self._last_prune: datetime | None = None
+        self._again = asyncio.Event()
+        """Set: the evaluation loop runs a round now, not at its next interval."""
 
     def _store(self) -> AlertStore:
         if not isinstance(self.store, AlertStore):
@@ -143,6 +146,12 @@ class Alerts:
             self.notifier.wake_up()
         return done
 
+    def evaluate_soon(self) -> None:
+        """Have the evaluation loop run a round now: an operator's action changed what it
+        judges (an instance forgotten: its ``instance_lost`` resolves in seconds, not at the
+        next interval). Nothing without evaluation (no settings, or not started)."""
+        self._again.set()
+
     async def _evaluating(self) -> None:
         assert self.settings is not None
         every = timedelta(seconds=self.settings.interval)
@@ -161,7 +170,7 @@ class Alerts:
                 if failing is not None:
                     log.info("alerts: evaluation works again (the rounds before failed with %s)", failing)
                 failing = None
-            await self.loops.park("alert evaluation", self.clock.now() + every)
+            await self.loops.park("alert evaluation", self.clock.now() + every, wake=self._again)
 
     # -- the subsystem ---------------------------------------------------------------------------
     async def open(self) -> None:

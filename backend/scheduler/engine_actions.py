@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from backend.alerts.system import Alerts
 from backend.clock import Clock
 from backend.durable import Durable
 from backend.errors import EngineStopped, NotFound, Refused, Unavailable
@@ -57,6 +58,7 @@ class EngineActions:
     durable: Durable
     reads: ScheduleReads
     registry: InstanceRegistry
+    alerts: Alerts
 
     if TYPE_CHECKING:  # the engine's (its reads: :class:`~backend.scheduler.engine_reads.EngineReads`)
 
@@ -351,4 +353,5 @@ class EngineActions:
         await self.audit.record(
             "instance.forget", name, {"host": beat.host, "pid": beat.pid, "heartbeat_at": iso(beat.at), "why": why}
         )
+        self.alerts.evaluate_soon()  # (its instance_lost resolves now)
         return info
