@@ -68,12 +68,16 @@ async def embedded(tmp_path: Path) -> AsyncIterator[EmbeddedBackend]:
 
 
 def json_schema(node: Any) -> Any:
-    """An OpenAPI 3.0 schema as JSON Schema: ``nullable`` as a choice of ``null``."""
+    """An OpenAPI 3.0 schema as JSON Schema: ``nullable`` as a choice of ``null``, and an
+    object with no field but those it documents (the document lets later versions add
+    some; this version's answers must hold exactly those)."""
     if isinstance(node, list):
         return [json_schema(item) for item in node]
     if not isinstance(node, dict):
         return node
     converted = {key: json_schema(value) for key, value in node.items() if key != "nullable"}
+    if "properties" in converted:
+        converted.setdefault("additionalProperties", False)
     return {"anyOf": [converted, {"type": "null"}]} if node.get("nullable") else converted
 
 

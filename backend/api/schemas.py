@@ -3,7 +3,7 @@
 Each model's ``to_json`` returns a ``TypedDict`` (``RunJson``, ``JobJson``…) that states its
 JSON: mypy holds the code that builds it to that shape, and :class:`AnswerSchemas` turns
 it into the document's schema, one component per ``TypedDict`` (its docstring the
-description, its keys the properties, no other property allowed). An action's answer is
+description, its keys the properties). An action's answer is
 its result's JSON (``{envelope: result}`` where it has one), with the fields its ``extra``
 and ``prelude`` add (their return annotations, ``TypedDict`` too) and the engine's ``now``
 when it adds the clock.
@@ -152,7 +152,10 @@ class AnswerSchemas:
 
     @staticmethod
     def _object(properties: Mapping[str, Any], required: list[str]) -> dict[str, Any]:
-        schema: dict[str, Any] = {"type": "object", "properties": dict(properties), "additionalProperties": False}
+        # (No "additionalProperties": false: a later version may add a field, and a client
+        # generated from this document must still read its answers. The suite holds each
+        # answer to exactly these fields.)
+        schema: dict[str, Any] = {"type": "object", "properties": dict(properties)}
         if required:
             schema["required"] = list(required)
         return schema
