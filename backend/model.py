@@ -585,6 +585,17 @@ class ScheduleTarget:
         return cls(kind=data["kind"], name=data["name"])
 
 
+class ScheduleAlertingJson(TypedDict):
+    """A schedule's alerts as they apply (``false``: that condition is off): ``failing`` runs in
+    a row; ``late`` ``true`` (the default grace) or a grace in seconds; ``disabled`` seconds a
+    run-time disable counts after; ``resolve_after`` seconds without a failure to resolve."""
+
+    failing: int | Literal[False]
+    late: float | bool
+    disabled: float | Literal[False]
+    resolve_after: float
+
+
 class ScheduleJson(TypedDict):
     """A schedule as an operator sees it; ``owner`` (the instance holding its shard) only
     under ``cluster`` coordination; ``alert`` its alerts as they apply (``false``: off)."""
@@ -606,7 +617,7 @@ class ScheduleJson(TypedDict):
     source: Literal["code", "store"]
     target: ScheduleTargetJson | None
     problem: str | None
-    alert: Any
+    alert: ScheduleAlertingJson | Literal[False] | None
     owner: NotRequired[str | None]
 
 

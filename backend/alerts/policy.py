@@ -29,10 +29,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final, Literal
 
 from backend.errors import BadInput
 from backend.inputs import check_seconds, shown_number
+from backend.model import ScheduleAlertingJson
 
 __all__ = [
     "DEFAULT_DEAD_JOBS_WINDOW",
@@ -62,17 +63,6 @@ MAX_FAILING: Final = 100
 #: The longest any alert's seconds may be (a year): an evaluation subtracts it from now
 #: and adds it to slots, which must stay well inside the calendar.
 MAX_ALERT_SECONDS: Final = 365 * 86_400
-
-
-class ScheduleAlertingJson(TypedDict):
-    """A schedule's alerts as they apply (``false``: that condition is off): ``failing`` runs in
-    a row; ``late`` ``true`` (the default grace) or a grace in seconds; ``disabled`` seconds a
-    run-time disable counts after; ``resolve_after`` seconds without a failure to resolve."""
-
-    failing: int | Literal[False]
-    late: float | bool
-    disabled: float | Literal[False]
-    resolve_after: float
 
 
 @dataclass(frozen=True, slots=True)
