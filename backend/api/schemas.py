@@ -3,10 +3,10 @@
 Each model's ``to_json`` returns a ``TypedDict`` (``RunJson``, ``JobJson``…) that states its
 JSON: mypy holds the code that builds it to that shape, and :class:`AnswerSchemas` turns
 it into the document's schema, one component per ``TypedDict`` (its docstring the
-description, its keys the properties). An action's answer is
-its result's JSON (``{envelope: result}`` where it has one), with the fields its ``extra``
-and ``prelude`` add (their return annotations, ``TypedDict`` too) and the engine's ``now``
-when it adds the clock.
+description, its keys the properties). An action's answer is its result's JSON (a
+reference to its component), or ``{envelope: result}`` where it has one, with the fields
+its ``extra`` and ``prelude`` add (their return annotations, ``TypedDict`` too) and the
+engine's ``now`` when it adds the clock.
 """
 
 from __future__ import annotations
@@ -23,12 +23,7 @@ from backend.model import JsonFormat, Timestamp
 
 __all__ = ["AnswerSchemas"]
 
-_PLAIN: Mapping[Any, dict[str, Any]] = {
-    str: {"type": "string"},
-    int: {"type": "integer"},
-    float: {"type": "number"},
-    bool: {"type": "boolean"},
-}
+#: The JSON type of each Python scalar (by exact type: a ``bool`` is no ``integer``).
 _JSON_TYPES: Mapping[type, str] = {str: "string", bool: "boolean", int: "integer", float: "number"}
 
 
@@ -45,6 +40,8 @@ class AnswerSchemas:
         """The schema of the body an action answers with on success."""
         http = action.http
         result = self.of(action.result) if action.result not in (None, type(None)) else None
+        if result is not None and http.envelope is None and not (http.extra or http.prelude or http.clock):
+            return result  # (its component, by reference: a generated client names the type)
         if http.envelope is not None:
             assert result is not None, f"{action.name}: an envelope around no result"
             body = self._object({http.envelope: result}, [http.envelope])
@@ -116,8 +113,8 @@ class AnswerSchemas:
             return {}
         if annotation is datetime:
             return self.of(Timestamp)
-        if annotation in _PLAIN:
-            return dict(_PLAIN[annotation])
+        if annotation in _JSON_TYPES:
+            return {"type": _JSON_TYPES[annotation]}
         if is_typeddict(annotation):
             return {"$ref": f"#/components/schemas/{self._component(annotation)}"}
         raise TypeError(f"no JSON schema for {annotation!r}")
