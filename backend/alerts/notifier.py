@@ -28,13 +28,14 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 import httpx
 
+from backend.alerts import pagerduty
 from backend.alerts.store import AlertStore, Delivery
 from backend.clock import Clock
 from backend.errors import BadInput, Unavailable
@@ -99,11 +100,13 @@ class AlertSettings:
 
 @dataclass(frozen=True)
 class Sink:
-    """A webhook: its URL (kept in memory only), its id and its shown form."""
+    """A webhook: its URL (kept in memory only), its id and its shown form; or PagerDuty
+    (``routing_key`` set: the events are PagerDuty's, see :mod:`backend.alerts.pagerduty`)."""
 
-    url: str
+    url: str = field(repr=False)  # (a webhook's path is its secret)
     id: str
     shown: str
+    routing_key: str | None = field(default=None, repr=False)
 
 
 #: A URL scheme that may be shown (a short word; anything else may be part of a secret).
@@ -134,6 +137,12 @@ def sink_of(url: str) -> Sink:
     """A sink from its URL; :class:`BadInput` naming it (without its path) if it is none.
     httpx's log line of a request to it shows it as its shown form (see _RedactedRequests)."""
     text = url.strip()
+    if text.startswith(f"{pagerduty.SCHEME}://"):
+        if any(char.isspace() for char in text):
+            raise BadInput(f"notify URL {pagerduty.SCHEME}://… holds a space", field="notify")
+        target = pagerduty.target_of(text)
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+        return Sink(target.url, digest, f"{pagerduty.SCHEME}://{target.host} #{digest[:6]}", target.routing_key)
     # Never quoted whole, not even its start: its user part or its path may be its secret.
     scheme = text.partition("://")[0] if _SCHEME.fullmatch(text.partition("://")[0]) and "://" in text else None
     try:
@@ -336,10 +345,14 @@ class Notifier:
             # answers a byte at a time held it past the lease, when another instance sends
             # it again), and the answer's body is never read: its status is the outcome (a
             # receiver's gigabyte stays on the wire, not in this process).
+            content = delivery.payload.encode("utf-8")
+            if sink.routing_key is not None:  # PagerDuty: the alert's state now (see its module)
+                firing = next((a for a in await self.store.list_alerts() if a.key == delivery.alert_key), None)
+                content = pagerduty.event(sink.routing_key, delivery.payload, firing)
             async with asyncio.timeout(timeout), self.client().stream(
                 "POST",
                 sink.url,
-                content=delivery.payload.encode("utf-8"),
+                content=content,
                 headers={
                     "content-type": "application/json",
                     "idempotency-key": delivery.transition,
@@ -349,6 +362,8 @@ class Notifier:
                 },
             ) as answer:
                 error = None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
+        except Unavailable as exc:  # (PagerDuty's: the alert's state could not be read)
+            error = f"the alert's state could not be read: {exc}"
         except (httpx.HTTPError, httpx.InvalidURL) as exc:  # (InvalidURL is no HTTPError)
             error = _error(exc).replace(sink.url, sink.shown)  # the URL's path is its secret
         except TimeoutError:

@@ -300,9 +300,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     serve.add_argument(
         "--notify", metavar="URL", action="append", default=[],
         help="POST every alert transition to this webhook (JSON with a `text` a Slack or Mattermost incoming webhook "
-        "shows); several allowed; visible to other users in `ps`: prefer --notify-file",
+        "shows), or to PagerDuty with pagerduty://ROUTING_KEY; several allowed; visible to other users in `ps`: "
+        "prefer --notify-file",
     )
-    serve.add_argument("--notify-file", metavar="PATH", help="webhook URLs to notify, one per line (# comments)")
+    serve.add_argument("--notify-file", metavar="PATH",
+                       help="webhook (or pagerduty://) URLs to notify, one per line (# comments)")  # fmt: skip
     serve.add_argument("--alert-interval", type=_seconds, default=15.0, metavar="S",
                        help="evaluate the alert conditions every S seconds (15)")  # fmt: skip
     serve.add_argument("--notify-timeout", type=_seconds, default=10.0, metavar="S",
