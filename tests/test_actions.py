@@ -204,6 +204,7 @@ async def test_every_action_has_a_route_and_an_openapi_entry(embedded: EmbeddedB
     # object the answers hold is a component that says what it is (its TypedDict's docstring).
     for path, operations in paths.items():
         for method, entry in operations.items():
+            assert entry.get("tags"), (method, path)  # (a generated client's classes, Swagger UI's sections)
             for status, response in entry["responses"].items():
                 if path != "/inspect/events":
                     assert "schema" in response.get("content", {}).get("application/json", {}), (method, path, status)

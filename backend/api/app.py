@@ -187,6 +187,7 @@ def service_routes(api: Api) -> list[Route]:
         """
         ---
         summary: Health, without a token - can the store record runs, and what each instance last did
+        tags: [health]
         security: []
         description: >
           status is the store's state: ok, failing (it cannot write now, e.g. a full disk or a
@@ -208,6 +209,7 @@ def service_routes(api: Api) -> list[Route]:
         """
         ---
         summary: What this server is, and what the caller's token may do
+        tags: [health]
         responses:
           200: {description: "instance, coordination, store kind, access (read or operate), actor (the token's name)"}
         """

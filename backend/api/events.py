@@ -108,6 +108,7 @@ def event_routes(api: Api) -> list[Route]:
         """
         ---
         summary: Live change signals (Server-Sent Events)
+        tags: [events]
         description: >
           text/event-stream. Each event names what changed, never the data: event is the
           topic (runs, schedules, jobs, durable, locks, audit; resync: refetch everything;

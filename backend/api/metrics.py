@@ -33,6 +33,7 @@ def metrics_routes(api: Api, exposition: Exposition) -> list[Route]:
         """
         ---
         summary: Metrics for Prometheus (text exposition format)
+        tags: [health]
         description: >
           The families schedtui_runs_total, schedtui_run_duration_seconds,
           schedtui_jobs_finished_total (this instance's), schedtui_schedule_last_success_timestamp_seconds,

@@ -207,7 +207,8 @@ def operation(action: Action, answers: AnswerSchemas) -> dict[str, Any]:
     its parameters and body (the signature), its answers (the HTTP form; the success's
     body from the result's type, its schema's components kept in ``answers``)."""
     http = action.http
-    op: dict[str, Any] = {"summary": action.summary, "operationId": action.name}
+    # (tagged by its system: a generated client makes one class per tag, Swagger UI a section)
+    op: dict[str, Any] = {"summary": action.summary, "operationId": action.name, "tags": [action.system]}
     if action.description:
         op["description"] = action.description
     parameters: list[dict[str, Any]] = []
