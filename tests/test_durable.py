@@ -1569,27 +1569,44 @@ async def test_a_stop_leaves_an_execution_whose_step_runs_on_a_thread_to_its_lea
     assert (CALLS["blocking"], blocking.most) == (2, 1)  # cut short, run again: never two at once
 
 
-@pytest.mark.parametrize("second", ["step", "sleep", "wait"])
-async def test_steps_in_progress_at_once_fail_the_execution_instead_of_running_twice(
+class Held:
+    """An async step held until :attr:`release` is set, counting its calls (``CALLS[name]``)."""
+
+    def __init__(self, name: str, value: Any = None) -> None:
+        self.name, self.value = name, value
+        self.release = asyncio.Event()
+
+    async def __call__(self) -> Any:
+        CALLS[self.name] += 1
+        await self.release.wait()
+        return self.value
+
+
+async def taken_over(
+    engines: Callable[..., Engine], clock: ManualClock, a: Engine, held: Held, body: Callable[..., Any]
+) -> Engine:
+    """``a`` dies with ``held`` in flight (never checkpointed), which then returns; ``b``
+    takes the execution over once a's lease has ended, and runs it to its end."""
+    await crash(a)
+    held.release.set()
+    b = engines([define_durable(name="f", handler=body)], instance="b")
+    await b.start()
+    clock.advance(60)
+    await b.quiesce()
+    return b
+
+
+@pytest.mark.parametrize("second", ["sleep", "wait"])
+async def test_a_sleep_or_a_wait_beside_a_step_in_progress_fails_the_execution_instead_of_leaving_it_running(
     engines: Callable[..., Engine], clock: ManualClock, second: str
 ) -> None:
-    """``asyncio.gather`` of a step and another step (whose retry then waited), a sleep or a
-    wait: the execution let go of itself with the first step still running, and the next
-    claim ran that step again beside it. They run one at a time: the second fails it."""
-    release = asyncio.Event()
-
-    async def slow() -> str:
-        CALLS["slow"] += 1
-        await release.wait()
-        return "slow"
-
-    def flaky() -> str:
-        CALLS["flaky"] += 1
-        raise RuntimeError("transient")
+    """``asyncio.gather`` of a step and a sleep or a wait: the sleep would let go of the
+    execution with the step still running, and the next claim would run that step again
+    beside it. Steps may run at once; a sleep or a wait runs alone: it fails the execution."""
+    slow = Held("slow", "slow")
 
     async def body(ctx: DurableContext, input: Any) -> Any:
         others: dict[str, Callable[[], Awaitable[Any]]] = {
-            "step": lambda: ctx.step("flaky", flaky, retry=Retry(attempts=3, initial_delay=1, max_delay=1)),
             "sleep": lambda: ctx.sleep("nap", 1),
             "wait": lambda: ctx.wait_for("go", timeout=1),
         }
@@ -1599,16 +1616,179 @@ async def test_steps_in_progress_at_once_fail_the_execution_instead_of_running_t
     await engine.start()
     started = await engine.durable.start_execution("f")
     await engine.quiesce()
-    release.set()
+    slow.release.set()
     clock.advance(5)
     await engine.quiesce()
     done = await engine.durable.get(started.id)
     assert (done.status, done.error_tag) == ("failed", "concurrent_steps")
-    named = {"step": 'step "flaky"', "sleep": 'sleep "nap"', "wait": 'signal "go"'}[second]
+    named = {"sleep": 'sleep "nap"', "wait": 'signal "go"'}[second]
     assert done.error_message is not None and done.error_message.startswith(
-        f'{named} was reached while step "slow" was still in progress: the steps, sleeps and waits of an execution run '
-        "one at a time")
-    assert (CALLS["slow"], CALLS["flaky"]) == (1, 0)
+        f'{named} was reached while step "slow" was still in progress: steps may run at once (asyncio.gather of '
+        "steps), but a sleep or a wait runs alone")
+    assert CALLS["slow"] == 1
+
+
+async def test_branches_of_steps_gathered_replay_by_name_whatever_order_their_steps_were_reached_in(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Two branches of two steps each, gathered: the positions their second steps take
+    depend on which first step ended first. A replay reaches them in another order (a
+    recorded step returns at once): found by position, store-0 would meet fetch-1's record
+    and fail the execution as changed. An execution whose steps ran at once is replayed by
+    name (its checkpoints say so), and only what did not finish runs again."""
+    held = Held("store-0", "stored 0")
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        async def branch(i: int) -> Any:
+            fetched = await ctx.step(f"fetch-{i}", count(f"fetch-{i}", i))
+            return await ctx.step(f"store-{i}", held if i == 0 else count(f"store-{i}", f"stored {fetched}"))
+
+        return await asyncio.gather(branch(0), branch(1))
+
+    a = engines([define_durable(name="f", handler=body)], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("f")
+    await a.quiesce(runs=False)
+    first = await a.durable.get(started.id)
+    assert {(step.name, step.status) for step in first.steps or []} == {
+        ("fetch-0", "succeeded"), ("fetch-1", "succeeded"), ("store-1", "succeeded")}  # store-0 in flight
+    b = await taken_over(engines, clock, a, held, body)
+    done = await b.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", ["stored 0", "stored 1"])
+    assert (CALLS["fetch-0"], CALLS["fetch-1"], CALLS["store-1"], CALLS["store-0"]) == (1, 1, 1, 2)
+    assert len({step.seq for step in done.steps or []}) == 4  # each its own position
+
+
+async def test_a_step_reached_inside_another_steps_function_fails_the_execution(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """A step's function that reaches a step of its own: the outer cannot end before the
+    inner, whose retry would wait for the outer to end. Not gathered beside it but inside
+    it: it fails the execution, naming both, and neither runs again."""
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        async def outer() -> Any:
+            CALLS["outer"] += 1
+            return await ctx.step("inner", count("inner", 1))
+
+        return await ctx.step("outer", outer)
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.error_tag) == ("failed", "concurrent_steps")
+    assert done.error_message is not None
+    assert done.error_message.startswith('step "inner" was reached inside step "outer": a step\'s function cannot reach')
+    assert (CALLS["outer"], CALLS["inner"]) == (1, 0)
+
+
+async def test_gathered_steps_run_at_once_and_a_retrys_wait_waits_for_the_others_to_end(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Two steps at once, one of them failing its first attempts: its retry's wait is
+    written only once the other has ended and is checkpointed, so the execution never lets
+    go of a step still running (the next claim would run it again beside itself)."""
+    slow = Held("slow", "slow")
+
+    def flaky() -> str:
+        CALLS["flaky"] += 1
+        if CALLS["flaky"] < 3:
+            raise RuntimeError("transient")
+        return "flaky"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        return await asyncio.gather(
+            ctx.step("slow", slow), ctx.step("flaky", flaky, retry=Retry(attempts=3, initial_delay=1, max_delay=1))
+        )
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce(runs=False)
+    # flaky's first attempt failed at once; its wait is not written while slow runs.
+    running = await engine.durable.get(started.id)
+    assert (running.status, CALLS["slow"], CALLS["flaky"]) == ("running", 1, 1)
+    slow.release.set()
+    await engine.quiesce()
+    waiting = await engine.durable.get(started.id)
+    assert (waiting.status, waiting.waiting_for) == ("waiting", "retry:flaky")
+    assert {(step.name, step.status) for step in waiting.steps or []} == {("slow", "succeeded"), ("flaky", "waiting")}
+    for _ in range(2):
+        clock.advance(2)
+        await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", ["slow", "flaky"])
+    assert (CALLS["slow"], CALLS["flaky"]) == (1, 3)  # the finished step never ran again
+
+
+async def test_a_step_reached_while_another_waits_to_leave_the_code_does_not_start(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """One step failed and waits to leave the code for its retry, a slow one still runs,
+    and a third branch reaches a step: it does not start (the execution is about to let
+    go); it runs after the wait, on the next claim."""
+    slow, go = Held("slow", "slow"), asyncio.Event()
+
+    def flaky() -> str:
+        CALLS["flaky"] += 1
+        if CALLS["flaky"] == 1:
+            raise RuntimeError("transient")
+        return "flaky"
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        async def later() -> Any:
+            await go.wait()
+            return await ctx.step("late", count("late", "late"))
+
+        return await asyncio.gather(
+            ctx.step("slow", slow), ctx.step("flaky", flaky, retry=Retry(attempts=2, initial_delay=1, max_delay=1)), later()
+        )
+
+    engine = engines([define_durable(name="f", handler=body)])
+    await engine.start()
+    started = await engine.durable.start_execution("f")
+    await engine.quiesce(runs=False)
+    go.set()  # flaky waits to leave (slow runs): late is reached now
+    await engine.quiesce(runs=False)
+    assert (CALLS["slow"], CALLS["flaky"], CALLS["late"]) == (1, 1, 0)
+    slow.release.set()
+    await engine.quiesce()
+    waiting = await engine.durable.get(started.id)
+    assert (waiting.status, waiting.waiting_for) == ("waiting", "retry:flaky")
+    assert {(step.name, step.status) for step in waiting.steps or []} == {("slow", "succeeded"), ("flaky", "waiting")}
+    clock.advance(2)
+    await engine.quiesce()
+    done = await engine.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", ["slow", "flaky", "late"])
+    assert (CALLS["slow"], CALLS["flaky"], CALLS["late"]) == (1, 2, 1)
+
+
+async def test_gathered_steps_that_finished_before_a_crash_are_not_run_again(
+    engines: Callable[..., Engine], clock: ManualClock
+) -> None:
+    """Of three steps gathered, two finished (checkpointed) and one was in flight when the
+    instance died: the next claim runs that one only, and each takes its own position."""
+    held = Held("held", "held")
+
+    async def body(ctx: DurableContext, input: Any) -> Any:
+        values = await asyncio.gather(
+            ctx.step("one", count("one", 1)), ctx.step("held", held), ctx.step("three", count("three", 3))
+        )
+        return [*values, await ctx.step("after", count("after", "after"))]
+
+    a = engines([define_durable(name="f", handler=body)], instance="a")
+    await a.start()
+    started = await a.durable.start_execution("f")
+    await a.quiesce(runs=False)
+    assert (CALLS["one"], CALLS["held"], CALLS["three"]) == (1, 1, 1)
+    b = await taken_over(engines, clock, a, held, body)
+    done = await b.durable.get(started.id)
+    assert (done.status, done.output) == ("succeeded", [1, "held", 3, "after"])
+    assert (CALLS["one"], CALLS["held"], CALLS["three"], CALLS["after"]) == (1, 2, 1, 1)
+    # Each its own position; held, run again after the crash, takes one after those recorded.
+    assert [(step.seq, step.name) for step in done.steps or []] == [(1, "one"), (3, "three"), (4, "held"), (5, "after")]
 
 
 async def test_an_execution_failed_with_a_step_in_flight_ends_once_that_step_has_returned(
@@ -1619,8 +1799,12 @@ async def test_an_execution_failed_with_a_step_in_flight_ends_once_that_step_has
     end waits for the thread (the lease renewed meanwhile)."""
     blocking = Blocking()
 
+    def broken() -> None:
+        CALLS["broken"] += 1
+        raise RuntimeError("broken")
+
     async def body(ctx: DurableContext, input: Any) -> Any:
-        return await asyncio.gather(ctx.step("blocking", blocking), ctx.step("second", count("second")))
+        return await asyncio.gather(ctx.step("blocking", blocking), ctx.step("broken", broken, retry=False))
 
     engine = engines([define_durable(name="f", handler=body)])
     await engine.start()
@@ -1633,10 +1817,10 @@ async def test_an_execution_failed_with_a_step_in_flight_ends_once_that_step_has
     blocking.release.set()
     await engine.quiesce()  # (the thread returns; then the end is written)
     failed = await engine.durable.get(started.id)
-    assert (failed.status, failed.error_tag) == ("failed", "concurrent_steps")
+    assert (failed.status, failed.error_tag, failed.current_step) == ("failed", "RuntimeError", "broken")
     await engine.durable.retry(started.id)
     await engine.quiesce()
-    assert (CALLS["blocking"], CALLS["second"], blocking.most) == (2, 0, 1)
+    assert (CALLS["blocking"], CALLS["broken"], blocking.most) == (2, 2, 1)
 
 
 async def test_stopping_when_the_last_run_ends_during_the_final_renewal(

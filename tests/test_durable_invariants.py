@@ -3,7 +3,8 @@
 Up to three instances share one store (SQLite, and PostgreSQL) on one manual clock. Hypothesis starts executions
 of random plans (steps that fail a few times or until their attempts run out, at-most-once
 steps, steps that take 3 to 40 s of the clock, sleeps, signal waits, a step name used a
-second time, two steps at once, code that takes a while between two steps), sends signals, cancels,
+second time, steps at once (a slow one beside one whose retries wait, beside an
+at-most-once one; two branches of two steps each), code that takes a while between two steps), sends signals, cancels,
 retries failed executions, moves the clock (so leases expire), crashes instances just before
 or just after one of their writes commits, loses the answer of a claim or a write that
 committed while the instance goes on, freezes an instance (its store calls hang, as
@@ -89,9 +90,15 @@ PLANS = st.lists(
         st.tuples(st.just("sleep"), st.integers(0, 20)),
         st.tuples(st.just("wait"), st.integers(1, 40)),  # timeout
         st.tuples(st.just("slow"), st.sampled_from([3, 12, 40])),  # a step that takes this long
-        # A slow step and another at once (asyncio.gather): it fails the execution, once the
-        # slow one has returned (a retry never runs it beside itself).
+        # A slow step and another at once (asyncio.gather).
         st.tuples(st.just("gather"), st.sampled_from([3, 40])),
+        # Three at once: a slow step, one that fails this many times first (its retry's wait
+        # waits for the others to end) and an at-most-once one.
+        st.tuples(st.just("fan"), st.integers(0, 5)),
+        # Two branches of two steps, gathered (the second of one fails this many times
+        # first): the positions the second steps take depend on which first step ended
+        # first, so replays find them by name.
+        st.tuples(st.just("branches"), st.integers(0, 5)),
         # Code between two steps that takes this long (no step: nothing is checkpointed):
         # an operator's cancel meanwhile is heard at the next write, perhaps an at-most-once
         # step's started mark.
@@ -233,6 +240,24 @@ async def plan_body(ctx: DurableContext, plan: Plan) -> list[Any]:
             value = await asyncio.gather(
                 ctx.step(f"{name}s", slow, ctx.id, f"{name}s", arg, ctx.fence), ctx.step(f"{name}t", page, ctx.id, f"{name}t", 0, ctx.fence)
             )
+        elif kind == "fan":
+            steps.extend([f"{name}s", f"{name}f", f"{name}m"])
+            WORLD.amo.add((ctx.id, f"{name}m"))
+            value = await asyncio.gather(
+                ctx.step(f"{name}s", slow, ctx.id, f"{name}s", 12, ctx.fence),
+                ctx.step(f"{name}f", page, ctx.id, f"{name}f", arg, ctx.fence, retry=Retry(attempts=4, initial_delay=5, max_delay=5)),
+                ctx.step(f"{name}m", page, ctx.id, f"{name}m", 0, ctx.fence, at_most_once=True),
+            )
+        elif kind == "branches":
+            steps.extend([f"{name}a0", f"{name}a1", f"{name}b0", f"{name}b1"])
+
+            async def branch(i: int, name: str = name, fails: int = arg) -> list[Any]:
+                first = await ctx.step(f"{name}a{i}", slow if i == 0 else page, ctx.id, f"{name}a{i}", 3 if i == 0 else 0, ctx.fence)
+                second = await ctx.step(f"{name}b{i}", page, ctx.id, f"{name}b{i}", fails if i == 1 else 0, ctx.fence,
+                                        retry=Retry(attempts=4, initial_delay=5, max_delay=5))  # fmt: skip
+                return [first, second]
+
+            value = await asyncio.gather(branch(0), branch(1))
         elif kind == "pause":
             assert WORLD.clock is not None
             WORLD.pausing.add((ctx.id, ctx.fence))

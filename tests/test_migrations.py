@@ -130,6 +130,7 @@ async def test_a_store_from_before_additions_were_counted_takes_them(where: tupl
     prefix = "" if kind == "sqlite" else "schedtui_"
     before = [f"ALTER TABLE {prefix}schema_components DROP COLUMN additions",  # as those releases made them
               f"ALTER TABLE {prefix}locks DROP COLUMN claim", f"ALTER TABLE {prefix}durable_executions DROP COLUMN claim",
+              f"ALTER TABLE {prefix}durable_steps DROP COLUMN gathered",
               f"ALTER TABLE {prefix}stored_schedules DROP COLUMN timing_changed_at",
               f"DROP TABLE {prefix}code_schedule_timings"]  # fmt: skip
     for statement in before:

@@ -3,7 +3,10 @@
 Every call names an entry of the execution's timeline. Names are unique within an
 execution, and the code must reach its recorded entries in the order they were recorded:
 that is how a replay knows that the checkpoint it hands back belongs where the code is.
-An entry already finished is answered from its checkpoint and never runs again.
+Steps may run at once (``asyncio.gather``); once they have, the order later entries are
+reached in depends on timing, and a replay finds recorded entries by name instead (see
+:attr:`~backend.durable.run.ExecutionRun.by_name`). An entry already finished is answered
+from its checkpoint and never runs again.
 """
 
 from __future__ import annotations
@@ -102,7 +105,8 @@ class DurableContext:
         stretch between two, only the newest :data:`LOG_LINES` can ever be read: the older
         are not held). The code runs again from its start on every claim, replaying its
         recorded steps: a line it writes before a step that is recorded was written the
-        first time through, and is not written again."""
+        first time through, and is not written again (where steps ran at once, a line
+        between them may be)."""
         run = self._run
         if run.position + 1 in run.recorded:
             return  # replaying: the checkpoint of that step wrote this line
@@ -128,7 +132,9 @@ class DurableContext:
         failure raises :class:`StepFailed`. ``at_most_once``: the step is checkpointed as
         started before it runs and is never retried; found started but unfinished after a
         crash, it is not run again and the execution fails (``at_most_once_interrupted``).
-        Each attempt is bounded by the function's ``step_timeout``."""
+        Each attempt is bounded by the function's ``step_timeout``. Steps may run at once
+        (``asyncio.gather`` of steps, or of branches of them); a retry's wait then waits for
+        the others to end (see :meth:`~backend.durable.run.ExecutionRun.join`)."""
         run = self._run
         try:
             position, record = run.enter(name, "step")
@@ -158,10 +164,12 @@ class DurableContext:
                     )
                 if record.status == "waiting":  # a failed attempt waiting for its retry
                     if record.wake_at is not None and record.wake_at > run.now:
-                        await run.suspend(f"retry:{name}", record.wake_at)
+                        await run.suspend(f"retry:{name}", record.wake_at, step=name)
                     attempt = record.attempt + 1
                     earlier = record
             run.boundary()
+            if run.leaving:  # a step beside it waits to leave the code: it does not start now
+                await run.join(name, None)
             if run.clock.now() >= run.held_until:
                 await run.hold_lease()
             if not callable(fn):
@@ -169,7 +177,7 @@ class DurableContext:
             started: datetime | None = None
             if at_most_once:
                 started = run.now
-                mark = StepRecord(position, name, "step", "running", attempt, started, at_most_once=True)
+                mark = StepRecord(position, name, "step", "running", attempt, started, at_most_once=True, gathered=run.by_name)
                 await run.write(Progress(name, started + run.executor.lease_ttl), [mark])
                 # A cancellation this write brought news of stops the step before it runs:
                 # one that runs at most once is the step an operator cancels to prevent.
@@ -193,7 +201,7 @@ class DurableContext:
                 call.cancel()  # the code is cancelled: so is the step it waits for
                 raise
             finally:
-                run.call = None
+                run.calls.discard(call)
             run.check()
             if started is None:
                 started = call.started or outcome.at  # (never begun: not started for lack of a thread or lease)
@@ -206,7 +214,7 @@ class DurableContext:
                     tag = earlier.error_tag if earlier is not None else None
                     why = f"attempt {earlier.attempt} failed: {earlier.error_message}" if earlier is not None else None
                     done = StepRecord(position, name, "step", "succeeded", attempt, started, outcome.at, None, text, tag, why,
-                                      at_most_once)  # fmt: skip
+                                      at_most_once, gathered=run.by_name)  # fmt: skip
                     await run.checkpoint(done, outcome.at)
                     # Exactly what a replay will return: the value itself where its JSON gives it back as it is.
                     return value if type(value) in SAME_AS_JSON else json.loads(text)
@@ -221,11 +229,11 @@ class DurableContext:
                     f'step "{name}" attempt {attempt} of {policy.attempts} failed: {what}; next attempt at {wake.isoformat()}'
                 )
                 waiting = StepRecord(position, name, "step", "waiting", attempt, started, outcome.at, wake_at=wake,
-                                     error_tag=outcome.error_tag, error_message=outcome.error_message)  # fmt: skip
-                await run.suspend(f"retry:{name}", wake, waiting)
+                                     error_tag=outcome.error_tag, error_message=outcome.error_message, gathered=run.by_name)  # fmt: skip
+                await run.suspend(f"retry:{name}", wake, waiting, step=name)
             run.logs.append(f'step "{name}" failed (attempt {attempt} of {policy.attempts}): {what}')
             failed = StepRecord(position, name, "step", "failed", attempt, started, outcome.at, error_tag=outcome.error_tag,
-                                error_message=outcome.error_message, at_most_once=at_most_once)  # fmt: skip
+                                error_message=outcome.error_message, at_most_once=at_most_once, gathered=run.by_name)  # fmt: skip
             await run.checkpoint(failed, outcome.at)
             run.failure = StepFailed(name, position, attempt, outcome.error_tag, outcome.error_message)
             raise run.failure
@@ -246,9 +254,11 @@ class DurableContext:
             started = record.started_at if record is not None and record.started_at else now
             wake = record.wake_at if record is not None and record.wake_at else run.wake_after(f'the sleep "{name}"', now, length)
             if wake <= now:
-                run.pending.append(StepRecord(position, name, "sleep", "succeeded", 1, started, now, wake_at=wake))
+                run.pending.append(StepRecord(position, name, "sleep", "succeeded", 1, started, now, wake_at=wake, gathered=run.by_name))
                 return
-            waiting = None if record is not None else StepRecord(position, name, "sleep", "waiting", 1, started, wake_at=wake)
+            waiting = None if record is not None else StepRecord(
+                position, name, "sleep", "waiting", 1, started, wake_at=wake, gathered=run.by_name
+            )
             await run.suspend(f"sleep:{name}", wake, waiting)
         finally:
             run.leave(name)
@@ -278,15 +288,17 @@ class DurableContext:
             signal = run.signals.get(name)
             if signal is not None and signal[1] <= wake:
                 payload = signal[0]
-                run.pending.append(StepRecord(position, name, "signal", "succeeded", 1, started, now, output=payload))
+                run.pending.append(StepRecord(position, name, "signal", "succeeded", 1, started, now, output=payload, gathered=run.by_name))
                 return decode(payload)
             if wake <= now:
                 run.pending.append(
                     StepRecord(position, name, "signal", "succeeded", 1, started, now, wake_at=wake, output="null",
-                               error_message="timed out without the signal")  # fmt: skip
+                               error_message="timed out without the signal", gathered=run.by_name)  # fmt: skip
                 )
                 return None
-            waiting = None if record is not None else StepRecord(position, name, "signal", "waiting", 1, started, wake_at=wake)
+            waiting = None if record is not None else StepRecord(
+                position, name, "signal", "waiting", 1, started, wake_at=wake, gathered=run.by_name
+            )
             await run.suspend(f"signal:{name}", wake, waiting, signal=name)
         finally:
             run.leave(name)

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from asyncio import current_task
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from backend.durable.definition import DurableFunction
 from backend.durable.errors import Cancelled, Ended, Fatal, LeaseLost, Released, StepFailed, Stop, Suspended
@@ -110,6 +111,15 @@ class StepCall(Invocation):
             self.finished.set_result(self.outcome)
 
 
+class _Wait(NamedTuple):
+    """What a step waiting to leave the code waits for (see :meth:`ExecutionRun.join`)."""
+
+    wake_at: datetime
+    waiting_for: str
+    record: StepRecord | None
+    signal: str | None
+
+
 class ExecutionRun:
     """Replay state and writes of one claimed execution (see the module docstring)."""
 
@@ -140,6 +150,10 @@ class ExecutionRun:
         self.step_timeout = timedelta(seconds=function.step_timeout)
         self.recorded: dict[int, StepRecord] = {step.seq: step for step in claimed.steps}
         self.positions: dict[str, int] = {step.name: step.seq for step in claimed.steps}
+        self.by_name = any(step.gathered for step in claimed.steps)
+        """Recorded steps are found by their names, not their positions: the code has had
+        steps in progress at once (in this run, or in one its checkpoints recorded), and
+        the positions its steps take then depend on which ended first."""
         self.signals = claimed.signals
         self.pending: list[StepRecord] = []
         """Checkpoints that need no commit of their own (a sleep or wait found over): they
@@ -153,15 +167,26 @@ class ExecutionRun:
         self.ending: Stop | None = None
         """Why the code must stop, once decided: every later call of the context raises it."""
         self.body: BodyCall | None = None
-        self.call: StepCall | None = None
+        self.calls: set[StepCall] = set()
+        """The steps' attempts in flight (several at once when the code gathers steps)."""
         self.threads: set[StepCall] = set()
         """Steps running on a thread: a thread cannot be stopped, so while one runs, the
         execution is not handed to another instance (see :meth:`_conclude`)."""
         self._released = asyncio.Event()
         """Set when the instance stops: what waits for the steps in flight waits no more."""
-        self.in_step: str | None = None
-        """The step, sleep or wait in progress, from its start to its return: one at a time."""
-        self.in_store = False
+        self.in_progress: dict[str, str] = {}
+        """The steps, sleeps and waits in progress (from their start to their return), by
+        name: their kind. Steps may run at once; a sleep or a wait runs alone."""
+        self._tasks: dict[asyncio.Task[Any] | None, str] = {}
+        """The step in progress on each task: one reached on a task that has one is inside it."""
+        self.writing = 0
+        """Writes in flight (a step's checkpoint each, when steps run at once)."""
+        self._suspending: dict[str, _Wait | None] = {}
+        """Steps in progress that would leave the code (a retry's wait; ``None``: one reached
+        while another waited to): the execution waits once no other step of it still runs."""
+        self._suspension: asyncio.Future[None] | None = None
+        """Settled once that one wait has been written (or could not be)."""
+        self._joiners: list[asyncio.Future[None]] = []
         self.failure: StepFailed | None = None
         """The last step failure raised into the code (it failed the execution if the code
         then failed)."""
@@ -207,6 +232,7 @@ class ExecutionRun:
         ending = self.ending
         if ending is None:  # (what the code left behind meets this at its next step)
             self.ending = Ended(f"execution {self.id} has ended: no step runs after its code returned")
+            self._wake_joiners()  # (a step the code left waiting to leave it meets it now)
         if isinstance(ending, (Suspended, LeaseLost)):
             return
         if not isinstance(ending, Released):
@@ -271,11 +297,11 @@ class ExecutionRun:
         ``asyncio.gather`` failed it, a task the code did not await) is cancelled if async
         and waited for; a thread cannot be cancelled: it is waited for, the lease renewed
         meanwhile, unless the instance stops (:meth:`interrupt`)."""
-        call = self.call
         waits: set[asyncio.Future[Any]] = {c.finished for c in self.threads if c.finished is not None}
-        if call is not None and call.is_async and call.task is not None and not call.has_ended:
-            call.cancel()
-            waits.add(call.task)
+        for call in list(self.calls):
+            if call.is_async and call.task is not None and not call.has_ended:
+                call.cancel()
+                waits.add(call.task)
         if not waits:
             return
         released = asyncio.ensure_future(self._released.wait())
@@ -297,12 +323,12 @@ class ExecutionRun:
         """An operator asked: stop at the next step boundary; async work in flight is
         cancelled now (a step on a thread cannot be: the boundary after it is the stop)."""
         self.cancel_requested = True
-        call = self.call
-        if call is not None:
-            if call.is_async:
-                call.cancel()
-        elif not self.in_store and self.body is not None and self.ending is None:
-            self.body.cancel()  # the code is between steps, in its own awaits
+        if self.calls:
+            for call in list(self.calls):
+                if call.is_async:
+                    call.cancel()
+        elif not self.writing and self.body is not None and self.ending is None:
+            self.body.cancel()  # the code is between steps, in its own awaits (or waiting to leave)
 
     def lose(self, why: str) -> None:
         """The lease is gone: stop at once, write nothing."""
@@ -325,10 +351,12 @@ class ExecutionRun:
             # A thread cannot be stopped: its call is settled and lingers (the instance stays
             # registered while it runs; the execution is not handed on: see _conclude).
             self.executor.runner.stop_call(call, Outcome("failed", now, TAG_INTERRUPTED, "its execution was let go of"))
-        if self.call is not None and self.call not in self.threads:
-            self.call.cancel()
+        for call in list(self.calls):
+            if call not in self.threads:
+                call.cancel()
         if self.body is not None:
             self.body.cancel()
+        self._wake_joiners()
 
     # -- helpers for the context ------------------------------------------------------
     def check(self) -> None:
@@ -373,18 +401,16 @@ class ExecutionRun:
         self.check()
         if not isinstance(name, str) or not name or len(name) > 200 or not name.isprintable():
             raise ValueError(f"a step name must be 1-200 printable characters, not {name!r}")
-        if self.in_step is not None:
-            # Two in progress at once: a retry's wait would leave the other running (and
-            # the next claim would run it again beside itself), a stop would hand it back.
-            self.ending = Fatal(
-                TAG_CONCURRENT_STEPS,
-                f'{kind} "{name}" was reached while step "{self.in_step}" was still in progress: the steps, sleeps '
-                "and waits of an execution run one at a time (await each before reaching the next; asyncio.gather "
-                "or tasks of them are not supported)",
-                name,
-            )
-            raise self.ending
-        position = self.position + 1
+        task = current_task()
+        if self.in_progress:  # (steps at once; or a step inside one, a sleep beside one: refused)
+            self._beside(name, kind, task)
+        recorded_at = self.positions.get(name)
+        if not self.by_name:
+            position = self.position + 1
+        elif recorded_at is not None:
+            position = recorded_at
+        else:  # a new one: after every position recorded or taken
+            position = max(self.position, max(self.recorded, default=0)) + 1
         first = self.seen.get(name)
         if first is not None:
             raise self.nondeterministic(
@@ -392,11 +418,12 @@ class ExecutionRun:
                 f'step name "{name}" is used twice in this execution (positions {first} and {position}); '
                 "step names must be unique within an execution",
             )
-        self.position = position
+        if position > self.position:
+            self.position = position
         self.seen[name] = position
         self.current_step = name
-        self.in_step = name
-        recorded_at = self.positions.get(name)
+        self.in_progress[name] = kind
+        self._tasks[task] = name
         if recorded_at is not None and recorded_at != position:
             raise self.nondeterministic(
                 name,
@@ -419,10 +446,44 @@ class ExecutionRun:
             )
         return position, record
 
+    def _beside(self, name: str, kind: str, task: asyncio.Task[Any] | None) -> None:
+        """``name`` is reached while others are in progress: another step beside steps is
+        taken (and from now on recorded steps are found by name: see :attr:`by_name`); one
+        inside a step's function, or a sleep or a wait beside any, fails the execution."""
+        outer = self._tasks.get(task)
+        if outer is not None:
+            # Inside another step's function: that one cannot end before this one does, and
+            # this one's retry would wait for it to (see join).
+            self.ending = Fatal(
+                TAG_CONCURRENT_STEPS,
+                f'{kind} "{name}" was reached inside step "{outer}": a step\'s function cannot reach a step, a sleep '
+                "or a wait of its execution (call it from the code, beside or after that step)",
+                name,
+            )
+            raise self.ending
+        for other, what in self.in_progress.items():
+            if what != "step" or kind != "step":
+                # A sleep or a wait leaves the code: beside a step in progress, it would
+                # leave that step running (the next claim would run it again beside itself).
+                self.ending = Fatal(
+                    TAG_CONCURRENT_STEPS,
+                    f'{kind} "{name}" was reached while {what} "{other}" was still in progress: steps may run at '
+                    "once (asyncio.gather of steps), but a sleep or a wait runs alone (await the steps before it, "
+                    "and it before the next)",
+                    name,
+                )
+                raise self.ending
+        self.by_name = True
+
     def leave(self, name: str) -> None:
         """The step, sleep or wait ``name`` returned or raised (once :meth:`enter` took it)."""
-        if self.in_step == name:
-            self.in_step = None
+        task = current_task()
+        if self._tasks.get(task) != name:
+            return  # (refused before it was taken: a name used twice is the other one's)
+        del self._tasks[task]
+        del self.in_progress[name]
+        if self._joiners:
+            self._wake_joiners()  # (one waiting to leave the code may now)
 
     def wake_after(self, what: str, now: datetime, length: timedelta) -> datetime:
         """``now + length``: when a sleep or a wait ends; one past the lifetime bound fails
@@ -459,7 +520,7 @@ class ExecutionRun:
         else:
             logs = ()
         write = Write(self.id, self.lease, now or self.clock.now(), then, pending, logs)
-        self.in_store = True
+        self.writing += 1
         try:
             cancel = await self.store.durable_write(write)
         except Unavailable as exc:
@@ -467,7 +528,7 @@ class ExecutionRun:
             self.lose(f"the store cannot be reached to checkpoint ({exc})")
             raise LeaseLost(str(exc)) from None
         finally:
-            self.in_store = False
+            self.writing -= 1
         if cancel is None:
             if isinstance(self.ending, (Fatal, Cancelled, Ended)):
                 self.ending = None  # the end it was writing is not written: its lease is gone
@@ -491,18 +552,70 @@ class ExecutionRun:
         wake_at: datetime,
         record: StepRecord | None = None,
         signal: str | None = None,
-    ) -> None:
-        """Write the wait and leave the code: nothing is held while it waits."""
+        *,
+        step: str | None = None,
+    ) -> NoReturn:
+        """Write the wait and leave the code: nothing is held while it waits. A ``step``
+        whose siblings still run (the code gathered steps) first waits for them to end:
+        see :meth:`join`."""
         self.check_bound(f'the wait "{waiting_for}"', wake_at)
+        if step is not None and (len(self.in_progress) > 1 or self._suspending):
+            await self.join(step, _Wait(wake_at, waiting_for, record, signal))
         then = Suspend("waiting", self.current_step, waiting_for, wake_at, signal)
         await self.write(then, [record] if record is not None else [])
         self.ending = Suspended(waiting_for)
         self.executor.poke()  # due already (a signal that arrived meanwhile)? claim it again now
         raise self.ending
 
+    @property
+    def leaving(self) -> bool:
+        """A step of the code waits to leave it (see :meth:`join`): no other step starts."""
+        return bool(self._suspending)
+
+    async def join(self, step: str, wait: _Wait | None) -> NoReturn:
+        """Leave the code together with the steps running beside ``step``: a retry's wait
+        (``wait``) is written only once every other step of the execution has ended or waits
+        to leave too, so that none is left running when the execution lets go (the next
+        claim would run it again beside itself; an at-most-once one would be found
+        interrupted). The last to get here writes one wait for all of them, until the
+        earliest, with each one's record; a step reached meanwhile joins without running
+        (``None``: the next claim runs it)."""
+        self._suspending[step] = wait
+        loop = asyncio.get_running_loop()
+        while self._suspension is None and any(name not in self._suspending for name in self.in_progress):
+            self.check()
+            joined = loop.create_future()
+            self._joiners.append(joined)
+            await joined
+        self.check()
+        if self._suspension is not None:  # another wrote it: leave with it
+            await asyncio.shield(self._suspension)
+            self.check()
+            raise Released("the wait it joined was not written")  # (never: the writer ends the run either way)
+        waits = [w for w in self._suspending.values() if w is not None]
+        if not waits:  # (never: the one with a wait stays here until it is written)
+            raise Released("no step waits to leave the code any more")
+        self._suspension = loop.create_future()
+        try:
+            first = min(waits, key=lambda w: w.wake_at)
+            then = Suspend("waiting", self.current_step, first.waiting_for, first.wake_at, first.signal)
+            await self.write(then, [w.record for w in waits if w.record is not None])
+            self.ending = Suspended(first.waiting_for)
+            self.executor.poke()
+        finally:
+            self._suspension.set_result(None)
+            self._wake_joiners()
+        raise self.ending
+
+    def _wake_joiners(self) -> None:
+        joiners, self._joiners = self._joiners, []
+        for joined in joiners:
+            if not joined.done():
+                joined.set_result(None)
+
     def call_step(self, step: str, fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool) -> StepCall:
         call = StepCall(self, step, args, is_async)
-        self.call = call
+        self.calls.add(call)
         if not is_async:
             self.threads.add(call)  # (until it has ended: StepCall.ended)
         return call

@@ -64,6 +64,9 @@ class StepRecord:
     error_tag: str | None = None
     error_message: str | None = None
     at_most_once: bool = False
+    gathered: bool = False
+    """Reached after its execution's code had steps in progress at once: the positions of
+    such an execution's steps depend on timing, so its replays find them by name."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +275,7 @@ EXECUTION_FIELDS = (
 #: The columns of a step checkpoint (after its execution's id).
 STEP_FIELDS = (
     "seq", "name", "kind", "status", "attempt", "started_at", "finished_at", "wake_at", "output",
-    "error_tag", "error_message", "at_most_once",
+    "error_tag", "error_message", "at_most_once", "gathered",
 )  # fmt: skip
 
 ToTime = Callable[[Any], "datetime | None"]
@@ -316,6 +319,7 @@ def step_from_row(row: Sequence[Any], when: ToTime) -> StepRecord:
         error_tag=row[9],
         error_message=row[10],
         at_most_once=bool(row[11]),
+        gathered=bool(row[12]),
     )
 
 

@@ -128,7 +128,11 @@ COMPONENT = Component(
     ),
     # The claim that took a running execution, so that a claim whose answer was lost
     # can give back what it took (durable_give_back).
-    additions=("ALTER TABLE schedtui_durable_executions ADD COLUMN claim text",),
+    additions=(
+        "ALTER TABLE schedtui_durable_executions ADD COLUMN claim text",
+        # Steps that ran at once (StepRecord.gathered): older releases do not read it.
+        "ALTER TABLE schedtui_durable_steps ADD COLUMN gathered boolean NOT NULL DEFAULT false",
+    ),
 )
 
 EXECUTIONS = "schedtui_durable_executions"
@@ -204,7 +208,7 @@ _STEP_UPDATE = """name = excluded.name, kind = excluded.kind,
         status = excluded.status, attempt = excluded.attempt, started_at = excluded.started_at,
         finished_at = excluded.finished_at, wake_at = excluded.wake_at, output = excluded.output,
         error_tag = excluded.error_tag, error_message = excluded.error_message,
-        at_most_once = excluded.at_most_once"""
+        at_most_once = excluded.at_most_once, gathered = excluded.gathered"""
 #: What a write does besides updating the execution ("e"), only if that update matched.
 _AND_STEPS_AND_LOGS = f""",
     s AS (
@@ -212,7 +216,7 @@ _AND_STEPS_AND_LOGS = f""",
         SELECT %(id)s, r.* FROM json_to_recordset(%(steps)s::json) AS r(
             seq integer, name text, kind text, status text, attempt integer, started_at timestamptz,
             finished_at timestamptz, wake_at timestamptz, output text, error_tag text, error_message text,
-            at_most_once boolean)
+            at_most_once boolean, gathered boolean)
         WHERE EXISTS (SELECT 1 FROM e)
         ON CONFLICT (execution_id, seq) DO UPDATE SET {_STEP_UPDATE}
     ),
@@ -240,7 +244,7 @@ CHECKPOINT = f"""
     )
     INSERT INTO schedtui_durable_steps (execution_id, {STEP_COLUMNS})
     SELECT e.id, %s::integer, %s::text, %s::text, %s::text, %s::integer, %s::timestamptz, %s::timestamptz,
-        %s::timestamptz, %s::text, %s::text, %s::text, %s::boolean FROM e
+        %s::timestamptz, %s::text, %s::text, %s::text, %s::boolean, %s::boolean FROM e
     ON CONFLICT (execution_id, seq) DO UPDATE SET {_STEP_UPDATE}
     RETURNING (SELECT cancel_requested FROM e)
 """
@@ -253,7 +257,7 @@ CHECKPOINT = f"""
 _CHECKPOINT_LEAN = f"""
     INSERT INTO schedtui_durable_steps (execution_id, {STEP_COLUMNS})
     SELECT e.id, %s::integer, %s::text, %s::text, %s::text, %s::integer, %s::timestamptz, %s::timestamptz,
-        %s::timestamptz, %s::text, %s::text, %s::text, %s::boolean
+        %s::timestamptz, %s::text, %s::text, %s::text, %s::boolean, %s::boolean
     FROM {EXECUTIONS} e WHERE e.id = %s AND e.lease = %s AND e.status = 'running' AND NOT e.cancel_requested
     FOR SHARE OF e
 """
@@ -433,7 +437,7 @@ def _when(value: datetime | None) -> bytes | None:
 
 
 #: The hot checkpoint's parameter formats: its three timestamps binary (see _when).
-_CHECKPOINT_FORMATS = (0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0)
+_CHECKPOINT_FORMATS = (0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0)
 
 
 def _lane_text(value: Any) -> bytes | None:
@@ -466,6 +470,7 @@ def _steps_json(steps: Sequence[StepRecord]) -> str:
                 "error_tag": _text(s.error_tag),
                 "error_message": _text(s.error_message),
                 "at_most_once": s.at_most_once,
+                "gathered": s.gathered,
             }
             for s in steps
         ],
@@ -641,7 +646,8 @@ class PostgresDurable:
                     b"%d" % s.seq, s.name.encode(), s.kind.encode(), s.status.encode(),
                     b"%d" % s.attempt, _when(s.started_at), _when(s.finished_at), _when(wake),
                     _utf8(_text(s.output)), None if tag is None else _utf8(_text(tag)),
-                    None if message is None else _utf8(_text(message)), b"t" if s.at_most_once else b"f", key[2], key[3],
+                    None if message is None else _utf8(_text(message)), b"t" if s.at_most_once else b"f",
+                    b"t" if s.gathered else b"f", key[2], key[3],
                 ), _CHECKPOINT_FORMATS)  # fmt: skip
             except LaneFailed:
                 pass  # unknown whether it took effect (or a row was there): the upsert, on the pool
@@ -653,7 +659,7 @@ class PostgresDurable:
                 # step is written all the same, and the code stops at its next boundary).
         params = (
             write.id, write.lease, s.seq, s.name, s.kind, s.status, s.attempt, s.started_at, s.finished_at, s.wake_at,
-            _text(s.output), _text(s.error_tag), _text(s.error_message), s.at_most_once,
+            _text(s.output), _text(s.error_tag), _text(s.error_message), s.at_most_once, s.gathered,
         )  # fmt: skip
         rows = await self._fetch_write(CHECKPOINT, params)
         return bool(rows[0][0]) if rows else None

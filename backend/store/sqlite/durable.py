@@ -110,7 +110,11 @@ COMPONENT = Component(
     ),
     # The claim that took a running execution, so that a claim whose answer was lost
     # can give back what it took (durable_give_back).
-    additions=("ALTER TABLE durable_executions ADD COLUMN claim TEXT",),
+    additions=(
+        "ALTER TABLE durable_executions ADD COLUMN claim TEXT",
+        # Steps that ran at once (StepRecord.gathered): older releases do not read it.
+        "ALTER TABLE durable_steps ADD COLUMN gathered INTEGER NOT NULL DEFAULT 0",
+    ),
 )
 
 EXECUTION_COLUMNS = ", ".join(EXECUTION_FIELDS)
@@ -160,11 +164,12 @@ FINISH = f"""
     WHERE {HELD} RETURNING cancel_requested
 """
 UPSERT_STEP = f"""
-    INSERT INTO durable_steps (execution_id, {STEP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    INSERT INTO durable_steps (execution_id, {STEP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (execution_id, seq) DO UPDATE SET name = excluded.name, kind = excluded.kind,
         status = excluded.status, attempt = excluded.attempt, started_at = excluded.started_at,
         finished_at = excluded.finished_at, wake_at = excluded.wake_at, output = excluded.output,
-        error_tag = excluded.error_tag, error_message = excluded.error_message, at_most_once = excluded.at_most_once
+        error_tag = excluded.error_tag, error_message = excluded.error_message, at_most_once = excluded.at_most_once,
+        gathered = excluded.gathered
 """
 INSERT_LOG = "INSERT INTO durable_logs (execution_id, at, message) VALUES (?, ?, ?)"
 #: After a checkpoint's lines: the execution's lines but the newest ``?2`` (all a reader gets).
@@ -513,6 +518,7 @@ def _step_params(step: StepRecord) -> tuple[Any, ...]:
         store_text(step.error_tag),
         store_text(step.error_message),
         int(step.at_most_once),
+        int(step.gathered),
     )
 
 
