@@ -118,6 +118,9 @@ class World:
         self.committed: dict[tuple[str, str], int] = {}
         self.amo: set[tuple[str, str]] = set()
         self.lease: dict[str, int] = {}
+        self.committed_lease: dict[str, int] = {}
+        """The newest lease of each execution whose claim the store has answered (as soon as
+        it has: before an answer the machine holds up reaches its instance)."""
         self.violations: list[str] = []
         self.seen: dict[tuple[str, int], set[str]] = defaultdict(set)
         self.clock: ManualClock | None = None
@@ -327,6 +330,9 @@ class Proxy:
         if frozen is None:
             await self._gate()
         claimed: list[Claimed] = await self._store.durable_claim(*args)
+        for one in claimed:
+            key = one.execution.id
+            WORLD.committed_lease[key] = max(WORLD.committed_lease.get(key, 0), one.execution.lease)
         if frozen is not None:
             await frozen.wait()  # committed; the answer comes after the thaw
         for one in claimed:
@@ -365,10 +371,14 @@ class Proxy:
         if when == "before":
             self.crashed = True
             raise Unavailable("crashed before the write (test)")
+        # A newer claim the store had answered before this write was sent committed first:
+        # the write must be refused. One answered while the write was in flight may have
+        # committed after it (the two answers come back in either order): no evidence.
+        newer = WORLD.committed_lease.get(write.id, 0)
         result: bool | None = await self._store.durable_write(write)
         if result is not None:
-            if WORLD.lease.get(write.id) != write.lease:
-                violation(f"a write under lease {write.lease} landed; the newest is {WORLD.lease.get(write.id)}")
+            if newer > write.lease:
+                violation(f"a write under lease {write.lease} landed; lease {newer} was claimed before it was sent")
             for record in write.steps:
                 if record.kind == "step" and record.status == "succeeded":
                     WORLD.committed.setdefault((write.id, record.name), next(WORLD.seq))
