@@ -134,7 +134,7 @@ class DurableContext:
         crash, it is not run again and the execution fails (``at_most_once_interrupted``).
         Each attempt is bounded by the function's ``step_timeout``. Steps may run at once
         (``asyncio.gather`` of steps, or of branches of them); a retry's wait then waits for
-        the others to end (see :meth:`~backend.durable.run.ExecutionRun.join`)."""
+        the others to end (see :mod:`backend.durable.departure`)."""
         run = self._run
         try:
             position, record = run.enter(name, "step")
@@ -168,8 +168,8 @@ class DurableContext:
                     attempt = record.attempt + 1
                     earlier = record
             run.boundary()
-            if run.leaving:  # a step beside it waits to leave the code: it does not start now
-                await run.join(name, None)
+            if run.departure.pending:  # a step beside it waits to leave the code: it does not start now
+                await run.departure.join(name, None)
             if run.clock.now() >= run.held_until:
                 await run.hold_lease()
             if not callable(fn):

@@ -18,9 +18,10 @@ import logging
 from asyncio import current_task
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from backend.durable.definition import DurableFunction
+from backend.durable.departure import Departure, Wait
 from backend.durable.errors import Cancelled, Ended, Fatal, LeaseLost, Released, StepFailed, Stop, Suspended
 from backend.durable.model import (
     MAX_LIFETIME,
@@ -111,15 +112,6 @@ class StepCall(Invocation):
             self.finished.set_result(self.outcome)
 
 
-class _Wait(NamedTuple):
-    """What a step waiting to leave the code waits for (see :meth:`ExecutionRun.join`)."""
-
-    wake_at: datetime
-    waiting_for: str
-    record: StepRecord | None
-    signal: str | None
-
-
 class ExecutionRun:
     """Replay state and writes of one claimed execution (see the module docstring)."""
 
@@ -181,12 +173,9 @@ class ExecutionRun:
         """The step in progress on each task: one reached on a task that has one is inside it."""
         self.writing = 0
         """Writes in flight (a step's checkpoint each, when steps run at once)."""
-        self._suspending: dict[str, _Wait | None] = {}
-        """Steps in progress that would leave the code (a retry's wait; ``None``: one reached
-        while another waited to): the execution waits once no other step of it still runs."""
-        self._suspension: asyncio.Future[None] | None = None
-        """Settled once that one wait has been written (or could not be)."""
-        self._joiners: list[asyncio.Future[None]] = []
+        self.departure = Departure(self)
+        """Steps in progress waiting to leave the code together (a retry's wait beside steps
+        still running)."""
         self.failure: StepFailed | None = None
         """The last step failure raised into the code (it failed the execution if the code
         then failed)."""
@@ -232,7 +221,7 @@ class ExecutionRun:
         ending = self.ending
         if ending is None:  # (what the code left behind meets this at its next step)
             self.ending = Ended(f"execution {self.id} has ended: no step runs after its code returned")
-            self._wake_joiners()  # (a step the code left waiting to leave it meets it now)
+            self.departure.wake()  # (a step the code left waiting to leave it meets it now)
         if isinstance(ending, (Suspended, LeaseLost)):
             return
         if not isinstance(ending, Released):
@@ -356,7 +345,7 @@ class ExecutionRun:
                 call.cancel()
         if self.body is not None:
             self.body.cancel()
-        self._wake_joiners()
+        self.departure.wake()
 
     # -- helpers for the context ------------------------------------------------------
     def check(self) -> None:
@@ -482,8 +471,7 @@ class ExecutionRun:
             return  # (refused before it was taken: a name used twice is the other one's)
         del self._tasks[task]
         del self.in_progress[name]
-        if self._joiners:
-            self._wake_joiners()  # (one waiting to leave the code may now)
+        self.departure.wake()  # (one waiting to leave the code may now)
 
     def wake_after(self, what: str, now: datetime, length: timedelta) -> datetime:
         """``now + length``: when a sleep or a wait ends; one past the lifetime bound fails
@@ -557,61 +545,15 @@ class ExecutionRun:
     ) -> NoReturn:
         """Write the wait and leave the code: nothing is held while it waits. A ``step``
         whose siblings still run (the code gathered steps) first waits for them to end:
-        see :meth:`join`."""
+        see :mod:`.departure`."""
         self.check_bound(f'the wait "{waiting_for}"', wake_at)
-        if step is not None and (len(self.in_progress) > 1 or self._suspending):
-            await self.join(step, _Wait(wake_at, waiting_for, record, signal))
+        if step is not None and (len(self.in_progress) > 1 or self.departure.pending):
+            await self.departure.join(step, Wait(wake_at, waiting_for, record, signal))
         then = Suspend("waiting", self.current_step, waiting_for, wake_at, signal)
         await self.write(then, [record] if record is not None else [])
         self.ending = Suspended(waiting_for)
         self.executor.poke()  # due already (a signal that arrived meanwhile)? claim it again now
         raise self.ending
-
-    @property
-    def leaving(self) -> bool:
-        """A step of the code waits to leave it (see :meth:`join`): no other step starts."""
-        return bool(self._suspending)
-
-    async def join(self, step: str, wait: _Wait | None) -> NoReturn:
-        """Leave the code together with the steps running beside ``step``: a retry's wait
-        (``wait``) is written only once every other step of the execution has ended or waits
-        to leave too, so that none is left running when the execution lets go (the next
-        claim would run it again beside itself; an at-most-once one would be found
-        interrupted). The last to get here writes one wait for all of them, until the
-        earliest, with each one's record; a step reached meanwhile joins without running
-        (``None``: the next claim runs it)."""
-        self._suspending[step] = wait
-        loop = asyncio.get_running_loop()
-        while self._suspension is None and any(name not in self._suspending for name in self.in_progress):
-            self.check()
-            joined = loop.create_future()
-            self._joiners.append(joined)
-            await joined
-        self.check()
-        if self._suspension is not None:  # another wrote it: leave with it
-            await asyncio.shield(self._suspension)
-            self.check()
-            raise Released("the wait it joined was not written")  # (never: the writer ends the run either way)
-        waits = [w for w in self._suspending.values() if w is not None]
-        if not waits:  # (never: the one with a wait stays here until it is written)
-            raise Released("no step waits to leave the code any more")
-        self._suspension = loop.create_future()
-        try:
-            first = min(waits, key=lambda w: w.wake_at)
-            then = Suspend("waiting", self.current_step, first.waiting_for, first.wake_at, first.signal)
-            await self.write(then, [w.record for w in waits if w.record is not None])
-            self.ending = Suspended(first.waiting_for)
-            self.executor.poke()
-        finally:
-            self._suspension.set_result(None)
-            self._wake_joiners()
-        raise self.ending
-
-    def _wake_joiners(self) -> None:
-        joiners, self._joiners = self._joiners, []
-        for joined in joiners:
-            if not joined.done():
-                joined.set_result(None)
 
     def call_step(self, step: str, fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool) -> StepCall:
         call = StepCall(self, step, args, is_async)
